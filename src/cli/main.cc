@@ -1,0 +1,58 @@
+// `conduit`: one binary for every subcommand (launch, bench, train, sim, ...).
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cli/registry.h"
+#include "core/error.h"
+
+namespace conduit::cli {
+namespace {
+
+struct Entry {
+  int order;
+  Setup setup;
+};
+
+std::vector<Entry>& entries() {
+  static std::vector<Entry> e;
+  return e;
+}
+
+int& exit_code() {
+  static int code = 0;
+  return code;
+}
+
+}  // namespace
+
+bool register_command(int order, Setup setup) {
+  entries().push_back({order, std::move(setup)});
+  return true;
+}
+
+void set_exit_code(int code) { exit_code() = code; }
+
+}  // namespace conduit::cli
+
+int main(int argc, char** argv) {
+  using namespace conduit::cli;
+  CLI::App app{"Conduit: communication-efficient distributed deep learning"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "conduit 0.1.0");
+  auto es = entries();
+  std::stable_sort(es.begin(), es.end(), [](const Entry& a, const Entry& b) { return a.order < b.order; });
+  for (auto& e : es) e.setup(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const conduit::Error& e) {
+    std::fprintf(stderr, "conduit: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "conduit: error: %s\n", e.what());
+    return 1;
+  }
+  return exit_code();
+}

@@ -1,0 +1,18 @@
+#pragma once
+// Subcommands of `conduit` register themselves from their own file, so areas do not edit one another's code:
+//   static const bool kRegistered = conduit::cli::register_command(100, [](CLI::App& app) { ... });
+// The setup function adds a subcommand to `app` and its callback. A callback reports its exit code with
+// set_exit_code(); conduit::Error escaping a callback prints "conduit: error: <message>" and exits with 2.
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace conduit::cli {
+
+using Setup = std::function<void(CLI::App& app)>;
+
+// `order` sorts the subcommands in --help (launch 10, train 20, bench 30, cluster 40, sweep 50, fl 60, sim 70).
+bool register_command(int order, Setup setup);
+void set_exit_code(int code);
+
+}  // namespace conduit::cli

@@ -1,0 +1,54 @@
+#pragma once
+#include <chrono>
+#include <cstdint>
+
+namespace conduit {
+
+using Clock = std::chrono::steady_clock;
+using Seconds = std::chrono::duration<double>;
+
+inline double now_seconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+inline uint64_t now_micros_wall() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A point in time after which a blocking operation gives up. Default-constructed: never.
+class Deadline {
+ public:
+  Deadline() : at_(Clock::time_point::max()) {}
+  explicit Deadline(Clock::time_point at) : at_(at) {}
+  static Deadline after(double seconds) {
+    if (seconds <= 0) return Deadline(Clock::now());
+    if (seconds > 1e9) return Deadline();
+    return Deadline(Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(seconds)));
+  }
+  static Deadline never() { return Deadline(); }
+  bool expired() const { return at_ != Clock::time_point::max() && Clock::now() >= at_; }
+  bool is_never() const { return at_ == Clock::time_point::max(); }
+  Clock::time_point at() const { return at_; }
+  double remaining_seconds() const {
+    if (is_never()) return 1e18;
+    return std::chrono::duration<double>(at_ - Clock::now()).count();
+  }
+  Deadline min(const Deadline& o) const { return at_ < o.at_ ? *this : o; }
+
+ private:
+  Clock::time_point at_;
+};
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(Clock::now()) {}
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  void reset() { start_ = Clock::now(); }
+
+ private:
+  Clock::time_point start_;
+};
+
+}  // namespace conduit

@@ -1,0 +1,183 @@
+#include "core/dtype.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace conduit {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::f16: return 2;
+    case DType::bf16: return 2;
+    case DType::i8: return 1;
+    case DType::u8: return 1;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  throw InvalidArgument(fmt::format("unknown dtype code {}", static_cast<int>(t)));
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i8: return "i8";
+    case DType::u8: return "u8";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+bool is_floating(DType t) { return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16; }
+
+const char* dtype_names_allowed() { return "f32, f64, f16, bf16, i8, u8, i32, i64"; }
+
+DType parse_dtype(std::string_view n) {
+  if (n == "f32" || n == "float32" || n == "float") return DType::f32;
+  if (n == "f64" || n == "float64" || n == "double") return DType::f64;
+  if (n == "f16" || n == "float16" || n == "half") return DType::f16;
+  if (n == "bf16" || n == "bfloat16") return DType::bf16;
+  if (n == "i8" || n == "int8") return DType::i8;
+  if (n == "u8" || n == "uint8") return DType::u8;
+  if (n == "i32" || n == "int32" || n == "int") return DType::i32;
+  if (n == "i64" || n == "int64") return DType::i64;
+  throw ConfigError(fmt::format("unknown dtype '{}': allowed are {}", n, dtype_names_allowed()));
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t exp = (x >> 23) & 0xffu;
+  uint32_t mant = x & 0x7fffffu;
+  if (exp == 0xff) {  // inf or nan
+    return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u | (mant >> 13) : 0u));
+  }
+  int32_t e = static_cast<int32_t>(exp) - 127 + 15;
+  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (e <= 0) {                                                 // subnormal or zero
+    if (e < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    uint32_t shift = static_cast<uint32_t>(14 - e);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into exponent: correct
+  return static_cast<uint16_t>(half);
+}
+
+float f16_to_f32(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      mant &= 0x3ffu;
+      x = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    x = sign | 0x7f800000u | (mant << 13);
+  } else {
+    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+#if defined(__x86_64__)
+namespace {
+bool has_f16c() {
+  static const bool v = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+  return v;
+}
+
+__attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(in + i);
+    __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < n; ++i) out[i] = f32_to_f16(in[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = f16_to_f32(in[i]);
+}
+}  // namespace
+#endif
+
+void convert_f32_to_f16(const float* in, uint16_t* out, size_t n) {
+#if defined(__x86_64__)
+  if (has_f16c()) return f32_to_f16_f16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = f32_to_f16(in[i]);
+}
+
+void convert_f16_to_f32(const uint16_t* in, float* out, size_t n) {
+#if defined(__x86_64__)
+  if (has_f16c()) return f16_to_f32_f16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(in[i]);
+}
+
+__attribute__((target_clones("avx2", "default"))) void convert_f32_to_bf16(const float* in, uint16_t* out,
+                                                                           size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, in + i, 4);
+    uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+    uint16_t r = static_cast<uint16_t>((x + rounding) >> 16);
+    // NaN must stay NaN (the rounding could carry a NaN's mantissa into infinity).
+    out[i] = ((x & 0x7fffffffu) > 0x7f800000u) ? static_cast<uint16_t>((x >> 16) | 0x40u) : r;
+  }
+}
+
+__attribute__((target_clones("avx2", "default"))) void convert_bf16_to_f32(const uint16_t* in, float* out,
+                                                                           size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(out + i, &bits, 4);
+  }
+}
+
+}  // namespace conduit

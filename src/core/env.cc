@@ -1,0 +1,127 @@
+#include "core/env.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace conduit {
+
+std::optional<std::string> env_string(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::optional<long long> env_int(const char* name, long long lo, long long hi) {
+  auto s = env_string(name);
+  if (!s) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s->c_str(), &end, 10);
+  if (errno != 0 || end == s->c_str() || *end != '\0' || v < lo || v > hi) {
+    throw ConfigError(fmt::format("environment variable {}='{}' is invalid: expected an integer in [{}, {}]", name,
+                                  *s, lo, hi));
+  }
+  return v;
+}
+
+std::optional<double> env_seconds(const char* name) {
+  auto s = env_string(name);
+  if (!s) return std::nullopt;
+  char* end = nullptr;
+  double v = std::strtod(s->c_str(), &end);
+  if (end == s->c_str() || *end != '\0' || !(v > 0) || !std::isfinite(v)) {
+    throw ConfigError(
+        fmt::format("environment variable {}='{}' is invalid: expected a positive number of seconds", name, *s));
+  }
+  return v;
+}
+
+bool env_flag(const char* name) {
+  auto s = env_string(name);
+  if (!s) return false;
+  std::string v;
+  for (char c : *s) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  throw ConfigError(fmt::format("environment variable {}='{}' is invalid: expected 1/0, true/false, yes/no or on/off",
+                                name, *s));
+}
+
+uint64_t parse_bytes(std::string_view text, std::string_view what) {
+  std::string t = trim(text);
+  auto bad = [&]() {
+    return ConfigError(fmt::format("{} '{}' is not a size: expected a non-negative number with an optional K, M or G "
+                                   "suffix (powers of 1024), e.g. 4096, 64K, 4M, 1G",
+                                   what, text));
+  };
+  if (t.empty()) throw bad();
+  char* end = nullptr;
+  double v = std::strtod(t.c_str(), &end);
+  if (end == t.c_str() || !(v >= 0) || !std::isfinite(v)) throw bad();
+  std::string suffix;
+  for (const char* p = end; *p; ++p) suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
+  double mult = 1;
+  if (suffix.empty() || suffix == "B") mult = 1;
+  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") mult = 1024.0;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") mult = 1024.0 * 1024 * 1024;
+  else throw bad();
+  double bytes = v * mult;
+  if (bytes > 1.0e18) throw bad();
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  if (u == 0) return fmt::format("{:.0f} B", bytes);
+  if (bytes == std::floor(bytes)) return fmt::format("{:.0f} {}", bytes, units[u]);
+  return fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+double default_timeout_seconds() {
+  auto v = env_seconds("CONDUIT_TIMEOUT");
+  return v ? *v : 300.0;
+}
+
+std::vector<std::string> split(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t pos = text.find(sep, start);
+    if (pos == std::string_view::npos) {
+      out.emplace_back(text.substr(start));
+      break;
+    }
+    out.emplace_back(text.substr(start, pos - start));
+    start = pos + 1;
+  }
+  return out;
+}
+
+std::string trim(std::string_view text) {
+  size_t b = 0, e = text.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
+  return std::string(text.substr(b, e - b));
+}
+
+std::string join(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
+}  // namespace conduit

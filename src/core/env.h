@@ -1,0 +1,30 @@
+#pragma once
+// Environment and size/duration parsing shared by every layer. Parse failures are ConfigErrors naming the
+// variable and what is allowed.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace conduit {
+
+std::optional<std::string> env_string(const char* name);
+// Integer env var; nullopt when unset; ConfigError when set but not an integer in [lo, hi].
+std::optional<long long> env_int(const char* name, long long lo, long long hi);
+// Seconds (a positive number, fractions allowed); ConfigError when not.
+std::optional<double> env_seconds(const char* name);
+bool env_flag(const char* name);  // 1/true/yes/on -> true; 0/false/no/off/unset -> false; else ConfigError
+
+// "4096", "4K", "4KiB", "1.5M", "2G" -> bytes (powers of 1024). `what` names the field in errors.
+uint64_t parse_bytes(std::string_view text, std::string_view what);
+std::string format_bytes(double bytes);  // 4 MiB, 512 B, 1.5 GiB
+
+// The default timeout of blocking collectives: CONDUIT_TIMEOUT seconds, else 300.
+double default_timeout_seconds();
+
+std::vector<std::string> split(std::string_view text, char sep);
+std::string trim(std::string_view text);
+std::string join(const std::vector<std::string>& parts, std::string_view sep);
+
+}  // namespace conduit

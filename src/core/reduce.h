@@ -1,0 +1,22 @@
+#pragma once
+// Reduction kernels. f16/bf16 are widened to f32 for the arithmetic and rounded once per call.
+#include <cstddef>
+#include <string_view>
+
+#include "core/dtype.h"
+
+namespace conduit {
+
+enum class ReduceOp : uint8_t { sum = 0, avg, min, max, prod };
+
+const char* reduce_op_name(ReduceOp op);
+ReduceOp parse_reduce_op(std::string_view name);  // ConfigError listing sum, avg, min, max, prod
+
+// acc[i] = op(acc[i], in[i]) for i < count. avg reduces as sum; call finalize_avg once at the end.
+void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp op);
+// out[i] = op(a[i], b[i]); out may alias a or b.
+void reduce_to(void* out, const void* a, const void* b, size_t count, DType dtype, ReduceOp op);
+// buf[i] /= n (integer types truncate toward zero).
+void finalize_avg(void* buf, size_t count, DType dtype, int n);
+
+}  // namespace conduit

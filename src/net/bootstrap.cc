@@ -1,0 +1,148 @@
+#include "net/bootstrap.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "net/mpi_transport.h"
+#include "net/routed.h"
+#include "net/shm.h"
+
+namespace conduit::net {
+namespace {
+
+std::string host_identity() {
+  if (auto id = env_string("CONDUIT_HOST_ID")) return *id;
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(name) + "/" + boot;
+}
+
+int required_int(const char* var, long long lo, long long hi) {
+  auto v = env_int(var, lo, hi);
+  if (!v) throw ConfigError(fmt::format("environment variable {} must be set (an integer in [{}, {}])", var, lo, hi));
+  return static_cast<int>(*v);
+}
+
+void fill_hosts(Bootstrap& b) {
+  auto ids = b.allgather(host_identity());
+  std::map<std::string, int> index;
+  b.hosts.resize(b.size);
+  for (int r = 0; r < b.size; ++r) {
+    auto it = index.find(ids[r]);
+    if (it == index.end()) it = index.emplace(ids[r], static_cast<int>(index.size())).first;
+    b.hosts[r] = it->second;
+  }
+  b.local_size = 0;
+  b.local_rank = 0;
+  for (int r = 0; r < b.size; ++r) {
+    if (b.hosts[r] != b.hosts[b.rank]) continue;
+    if (r < b.rank) ++b.local_rank;
+    ++b.local_size;
+  }
+}
+
+std::string new_job_id() {
+  auto t = std::chrono::system_clock::now().time_since_epoch().count();
+  return fmt::format("{:x}{:x}", static_cast<unsigned long>(::getpid()), static_cast<unsigned long long>(t) & 0xffffffffffull);
+}
+
+}  // namespace
+
+const char* transport_kinds_allowed() { return "auto, tcp, shm, mpi"; }
+
+std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
+  auto b = std::make_shared<Bootstrap>();
+  Deadline deadline = Deadline::after(timeout_s);
+  if (mpi_launched()) {
+    mpi_init_once();
+    b->method = "mpi";
+    b->rank = mpi_world_rank();
+    b->size = mpi_world_size();
+    b->allgather = [](const std::string& mine) { return mpi_allgather_strings(mine); };
+  } else if (env_string("RANK") || env_string("WORLD_SIZE")) {
+    b->size = required_int("WORLD_SIZE", 1, 1 << 20);
+    b->rank = required_int("RANK", 0, b->size - 1);
+    auto addr = env_string("MASTER_ADDR");
+    auto path = env_string("CONDUIT_STORE_PATH");
+    if (addr) {
+      int port = required_int("MASTER_PORT", 1, 65535);
+      b->method = "tcp-store";
+      b->store = make_tcp_store(*addr, port, b->rank == 0, deadline);
+    } else if (path) {
+      b->method = "file-store";
+      b->store = make_file_store(*path);
+    } else {
+      throw ConfigError(
+          "RANK and WORLD_SIZE are set but neither MASTER_ADDR/MASTER_PORT (TCP store) nor CONDUIT_STORE_PATH (file "
+          "store) says where to meet the other ranks");
+    }
+    auto counter = std::make_shared<std::atomic<int>>(0);
+    std::string job_prefix = env_string("CONDUIT_JOB_ID").value_or("job");
+    StorePtr store = b->store;
+    int rank = b->rank, size = b->size;
+    b->allgather = [store, counter, rank, size, job_prefix, timeout_s](const std::string& mine) {
+      std::string prefix = fmt::format("conduit/{}/bootstrap/{}", job_prefix, counter->fetch_add(1));
+      return store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s));
+    };
+  } else {
+    b->method = "single";
+    b->allgather = [](const std::string& mine) { return std::vector<std::string>{mine}; };
+  }
+  // Every rank takes rank 0's job id (CONDUIT_JOB_ID when set), so segment names agree.
+  std::string job = env_string("CONDUIT_JOB_ID").value_or(new_job_id());
+  b->job = b->allgather(job)[0];
+  fill_hosts(*b);
+  set_log_rank(b->rank);
+  CONDUIT_LOG_INFO("bootstrap: rank {} of {} via {}, {} host(s)", b->rank, b->size, b->method,
+                   b->hosts.empty() ? 1 : *std::max_element(b->hosts.begin(), b->hosts.end()) + 1);
+  return b;
+}
+
+TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double timeout_s) {
+  Deadline deadline = Deadline::after(timeout_s);
+  if (kind == "mpi") {
+    if (b.method != "mpi")
+      throw ConfigError("transport 'mpi' needs the program to be started by mpirun (OMPI_COMM_WORLD_RANK is not set)");
+    return make_mpi_transport(b.hosts);
+  }
+  if (kind != "auto" && kind != "tcp" && kind != "shm")
+    throw ConfigError(fmt::format("unknown transport '{}': allowed are {}", kind, transport_kinds_allowed()));
+  std::vector<char> local(b.size, 0), remote(b.size, 0);
+  bool any_remote = false;
+  for (int r = 0; r < b.size; ++r) {
+    if (r == b.rank) continue;
+    if (b.hosts[r] == b.hosts[b.rank]) local[r] = 1;
+    else {
+      remote[r] = 1;
+      any_remote = true;
+    }
+  }
+  if (kind == "shm" && any_remote)
+    throw ConfigError("transport 'shm' needs every rank on one host, but the ranks span several hosts; use auto or tcp");
+  if (kind == "tcp" || b.size == 1) {
+    return make_tcp_transport(b.rank, b.size, b.hosts, b.allgather, deadline);
+  }
+  if (kind == "shm" || !any_remote) {
+    return make_shm_transport(b.rank, b.size, b.hosts, b.job, b.allgather);
+  }
+  // auto across hosts: shm to the local peers, tcp to the rest.
+  auto shm = make_shm_transport(b.rank, b.size, b.hosts, b.job, b.allgather, local);
+  auto tcp = make_tcp_transport(b.rank, b.size, b.hosts, b.allgather, deadline, remote);
+  std::vector<TransportPtr> route(b.size);
+  for (int r = 0; r < b.size; ++r) route[r] = local[r] ? shm : (remote[r] ? tcp : nullptr);
+  return make_routed_transport(b.rank, b.size, b.hosts, route, "shm+tcp");
+}
+
+}  // namespace conduit::net

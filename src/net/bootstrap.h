@@ -1,0 +1,39 @@
+#pragma once
+// How a process finds its peers, without flags:
+//   - started by mpirun/mpiexec (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK set): MPI's own ranks;
+//   - RANK and WORLD_SIZE set (torchrun, `conduit launch`): a TCP store at MASTER_ADDR:MASTER_PORT served by rank 0,
+//     or a file store in CONDUIT_STORE_PATH when MASTER_ADDR is not set;
+//   - otherwise: a single rank.
+// Then a transport: CONDUIT_TRANSPORT=auto (default: shm to peers on the same host, tcp to the others), tcp, shm
+// or mpi.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/store.h"
+#include "net/tcp.h"
+#include "net/transport.h"
+
+namespace conduit::net {
+
+struct Bootstrap {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::string method;       // "single", "tcp-store", "file-store", "mpi"
+  std::string job;          // unique id of this job (names shared-memory segments)
+  std::vector<int> hosts;   // host index of every rank
+  StorePtr store;           // null under mpi and single
+  AllgatherFn allgather;    // exchanges one string per rank
+};
+
+// ConfigError when the environment is inconsistent (e.g. RANK >= WORLD_SIZE, RANK without MASTER_ADDR or
+// CONDUIT_STORE_PATH). Waits at most `timeout_s` for the peers.
+std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s);
+
+// kind: "auto", "tcp", "shm", "mpi". ConfigError for anything else, or for shm across hosts, or mpi without mpirun.
+TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double timeout_s);
+const char* transport_kinds_allowed();
+
+}  // namespace conduit::net

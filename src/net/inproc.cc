@@ -1,0 +1,174 @@
+#include "net/inproc.h"
+
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "net/tags.h"
+
+namespace conduit::net {
+
+struct InprocOp {
+  RequestPtr req;
+  const void* src = nullptr;  // sends
+  void* dst = nullptr;        // receives
+  size_t bytes = 0;
+  bool reduce = false;
+  size_t count = 0;
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+};
+
+class InprocWorld {
+ public:
+  explicit InprocWorld(int size) : boxes_(size) {}
+  struct Box {
+    std::mutex mu;
+    std::map<std::pair<int, uint64_t>, std::deque<InprocOp>> sends, recvs;
+  };
+  std::vector<Box> boxes_;
+  std::mutex abort_mu;
+  std::string aborted;
+  std::vector<Transport*> members;
+
+  static void deliver(const InprocOp& send, const InprocOp& recv) {
+    if (send.bytes != recv.bytes) {
+      auto err = std::make_exception_ptr(ProtocolError(
+          fmt::format("message size mismatch on tag {:#x}: rank {} sent {} bytes, rank {} expected {} bytes",
+                      send.req->tag(), recv.req->peer(), send.bytes, send.req->peer(), recv.bytes)));
+      send.req->fail(err);
+      recv.req->fail(err);
+      return;
+    }
+    if (recv.reduce) {
+      reduce_into(recv.dst, send.src, recv.count, recv.dtype, recv.op);
+    } else if (send.bytes > 0) {
+      std::memcpy(recv.dst, send.src, send.bytes);
+    }
+    recv.req->complete();
+    send.req->complete();
+  }
+};
+
+namespace {
+
+class InprocTransport : public Transport {
+ public:
+  InprocTransport(std::shared_ptr<InprocWorld> world, int rank, int size, std::vector<int> hosts)
+      : world_(std::move(world)) {
+    rank_ = rank;
+    size_ = size;
+    hosts_ = std::move(hosts);
+  }
+  const char* name() const override { return "inproc"; }
+
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    InprocOp op;
+    op.req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
+    op.src = data;
+    op.bytes = bytes;
+    RequestPtr req = op.req;
+    post(peer, rank_, tag, std::move(op), /*is_send=*/true);
+    return req;
+  }
+
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    InprocOp op;
+    op.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, bytes);
+    op.dst = data;
+    op.bytes = bytes;
+    post(rank_, peer, tag, op, false);
+    return op.req;
+  }
+
+  RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp rop) override {
+    InprocOp op;
+    op.bytes = count * dtype_size(dtype);
+    op.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, op.bytes);
+    op.dst = dst;
+    op.reduce = true;
+    op.count = count;
+    op.dtype = dtype;
+    op.op = rop;
+    post(rank_, peer, tag, op, false);
+    return op.req;
+  }
+
+  void abort(const std::string& reason) override {
+    std::string why = fmt::format("rank {} aborted: {}", rank_, reason);
+    {
+      std::lock_guard<std::mutex> lk(world_->abort_mu);
+      if (world_->aborted.empty()) world_->aborted = why;
+    }
+    auto err = std::make_exception_ptr(PeerError(why));
+    for (auto& box : world_->boxes_) {
+      std::lock_guard<std::mutex> lk(box.mu);
+      for (auto* table : {&box.sends, &box.recvs}) {
+        for (auto& [key, q] : *table)
+          for (auto& op : q) op.req->fail(err);
+        table->clear();
+      }
+    }
+    for (auto* t : world_->members) static_cast<InprocTransport*>(t)->set_aborted(why);
+  }
+
+ private:
+  // Posts an op into the mailbox of `dst_rank` keyed by (src_rank, tag), matching the opposite queue.
+  void post(int dst_rank, int src_rank, uint64_t tag, InprocOp op, bool is_send) {
+    int peer = is_send ? dst_rank : src_rank;
+    if (peer < 0 || peer >= size_) {
+      throw InvalidArgument(fmt::format("inproc: peer rank {} out of range [0, {})", peer, size_));
+    }
+    {
+      std::lock_guard<std::mutex> lk(world_->abort_mu);
+      if (!world_->aborted.empty()) {
+        op.req->fail(std::make_exception_ptr(PeerError(world_->aborted)));
+        return;
+      }
+    }
+    auto& box = world_->boxes_[dst_rank];
+    InprocOp match;
+    bool matched = false;
+    {
+      std::lock_guard<std::mutex> lk(box.mu);
+      auto key = std::make_pair(src_rank, tag);
+      auto& other = is_send ? box.recvs : box.sends;
+      auto it = other.find(key);
+      if (it != other.end() && !it->second.empty()) {
+        match = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) other.erase(it);
+        matched = true;
+      } else {
+        (is_send ? box.sends : box.recvs)[key].push_back(op);
+      }
+    }
+    if (matched) {
+      if (is_send) InprocWorld::deliver(op, match);
+      else InprocWorld::deliver(match, op);
+    }
+  }
+
+  std::shared_ptr<InprocWorld> world_;
+};
+
+}  // namespace
+
+std::vector<TransportPtr> make_inproc_world(int size, int ranks_per_host) {
+  if (size < 1) throw InvalidArgument(fmt::format("inproc world size {} must be at least 1", size));
+  auto world = std::make_shared<InprocWorld>(size);
+  std::vector<int> hosts(size);
+  for (int r = 0; r < size; ++r) hosts[r] = ranks_per_host > 0 ? r / ranks_per_host : 0;
+  std::vector<TransportPtr> out;
+  for (int r = 0; r < size; ++r) {
+    out.push_back(std::make_shared<InprocTransport>(world, r, size, hosts));
+    world->members.push_back(out.back().get());
+  }
+  return out;
+}
+
+}  // namespace conduit::net

@@ -1,0 +1,643 @@
+#include "net/shm.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <sched.h>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "net/wire.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace conduit::net {
+namespace {
+
+struct alignas(64) SegHeader {
+  std::atomic<uint32_t> doorbell;
+  std::atomic<uint32_t> sleepers;
+  std::atomic<int32_t> aborted;
+  int32_t pid;
+  char reason[kMaxAbortReason + 1];
+};
+
+struct alignas(64) RingHeader {
+  alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer)
+  alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (consumer)
+};
+
+int futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
+  return static_cast<int>(syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0));
+}
+
+void ring_doorbell(SegHeader* h) {
+  h->doorbell.fetch_add(1, std::memory_order_release);
+  if (h->sleepers.load(std::memory_order_acquire) > 0) futex(&h->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+struct ShmRecv {
+  RequestPtr req;
+  char* dst = nullptr;
+  size_t bytes = 0;
+  bool reduce = false;
+  size_t count = 0;
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+};
+
+struct ShmUnexpected {
+  std::vector<char> data;
+  size_t got = 0;
+  bool complete = false;
+  bool has_waiter = false;
+  ShmRecv waiter;
+};
+
+struct ShmSend {
+  RequestPtr req;
+  FrameHeader hdr;
+  const char* data = nullptr;
+  size_t bytes = 0;
+  size_t sent = 0;  // includes header
+};
+
+enum class Target { none, posted, unexpected, abort };
+
+struct ShmPeer {
+  int rank = -1;
+  bool serve = false;
+  bool failed = false;
+  std::exception_ptr error;
+  pid_t pid = 0;
+  SegHeader* seg = nullptr;    // the peer's segment (we write into our ring there)
+  RingHeader* out = nullptr;   // ring rank -> peer (in the peer's segment)
+  char* out_data = nullptr;
+  RingHeader* in = nullptr;    // ring peer -> rank (in our segment)
+  char* in_data = nullptr;
+  std::deque<ShmSend> sendq;
+  FrameHeader hdr{};
+  size_t hdr_got = 0;
+  bool have_hdr = false;
+  Target target = Target::none;
+  ShmRecv cur;
+  std::shared_ptr<ShmUnexpected> cur_unexp;
+  std::string abort_buf;
+  size_t pay_got = 0;
+  size_t reduced_bytes = 0;
+  std::vector<char> carry;  // a partial element split across the ring's wrap point
+  std::map<uint64_t, std::deque<ShmRecv>> posted;
+  std::map<uint64_t, std::deque<std::shared_ptr<ShmUnexpected>>> unexpected;
+  size_t unexpected_bytes = 0;
+  bool pending() const { return !sendq.empty() || !posted.empty() || target != Target::none || have_hdr; }
+};
+
+class ShmTransport : public Transport, public Progressor {
+ public:
+  ShmTransport(int rank, int size, std::vector<int> hosts, const std::string& job, const AllgatherFn& allgather,
+               std::vector<char> serve)
+      : peers_(size) {
+    rank_ = rank;
+    size_ = size;
+    hosts_ = std::move(hosts);
+    if (serve.empty()) serve.assign(size, 1);
+    ring_bytes_ = 2ull << 20;
+    if (auto s = env_string("CONDUIT_SHM_RING_BYTES")) ring_bytes_ = parse_bytes(*s, "CONDUIT_SHM_RING_BYTES");
+    if (ring_bytes_ < 4096 || (ring_bytes_ & (ring_bytes_ - 1)) != 0)
+      throw ConfigError(fmt::format("CONDUIT_SHM_RING_BYTES={} is invalid: expected a power of two >= 4096",
+                                    ring_bytes_));
+    unexpected_budget_ = 64ull << 20;
+    max_len_ = max_message_bytes();
+    seg_bytes_ = sizeof(SegHeader) + static_cast<size_t>(size) * (sizeof(RingHeader) + ring_bytes_);
+
+    std::string my_name = segment_name(job, rank);
+    int fd = ::shm_open(my_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0)
+      throw Error(fmt::format("shm: cannot create segment {}: {} (is another job using CONDUIT_JOB_ID={}?)", my_name,
+                              std::strerror(errno), job));
+    if (::ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
+      int e = errno;
+      ::close(fd);
+      ::shm_unlink(my_name.c_str());
+      throw Error(fmt::format("shm: cannot size segment {} to {} bytes: {}", my_name, seg_bytes_, std::strerror(e)));
+    }
+    mine_ = static_cast<char*>(::mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    ::close(fd);
+    if (mine_ == MAP_FAILED) {
+      ::shm_unlink(my_name.c_str());
+      throw Error(fmt::format("shm: cannot map segment {}: {}", my_name, std::strerror(errno)));
+    }
+    auto* h = new (mine_) SegHeader();
+    h->pid = ::getpid();
+    for (int i = 0; i < size; ++i) new (ring_at(mine_, i)) RingHeader();
+    my_seg_ = h;
+
+    std::vector<std::string> pids;
+    try {
+      pids = allgather(std::to_string(::getpid()));  // every segment exists after this
+    } catch (...) {
+      ::shm_unlink(my_name.c_str());
+      throw;
+    }
+    maps_.assign(size, nullptr);
+    for (int p = 0; p < size; ++p) {
+      ShmPeer& peer = peers_[p];
+      peer.rank = p;
+      peer.serve = serve[p] && p != rank;
+      if (!peer.serve) continue;
+      std::string name = segment_name(job, p);
+      int pfd = ::shm_open(name.c_str(), O_RDWR, 0600);
+      if (pfd < 0) {
+        ::shm_unlink(my_name.c_str());
+        throw Error(fmt::format("shm: cannot open segment {} of rank {}: {}", name, p, std::strerror(errno)));
+      }
+      maps_[p] = static_cast<char*>(::mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0));
+      ::close(pfd);
+      if (maps_[p] == MAP_FAILED) {
+        ::shm_unlink(my_name.c_str());
+        throw Error(fmt::format("shm: cannot map segment {} of rank {}", name, p));
+      }
+      peer.seg = reinterpret_cast<SegHeader*>(maps_[p]);
+      peer.pid = static_cast<pid_t>(std::stol(pids[p]));
+      peer.out = ring_at(maps_[p], rank);
+      peer.out_data = reinterpret_cast<char*>(peer.out) + sizeof(RingHeader);
+      peer.in = ring_at(mine_, p);
+      peer.in_data = reinterpret_cast<char*>(peer.in) + sizeof(RingHeader);
+    }
+    try {
+      allgather("mapped");  // every peer has mapped our segment: its name is no longer needed
+    } catch (...) {
+      ::shm_unlink(my_name.c_str());
+      throw;
+    }
+    ::shm_unlink(my_name.c_str());
+  }
+
+  ~ShmTransport() override {
+    for (char* m : maps_)
+      if (m != nullptr && m != MAP_FAILED) ::munmap(m, seg_bytes_);
+    if (mine_ != nullptr && mine_ != MAP_FAILED) ::munmap(mine_, seg_bytes_);
+  }
+
+  const char* name() const override { return "shm"; }
+
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    check_peer(peer);
+    auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
+    req->set_progressor(this);
+    std::lock_guard<std::mutex> lk(mu_);
+    ShmPeer& p = peers_[peer];
+    if (p.failed) {
+      req->fail(p.error);
+      return req;
+    }
+    ShmSend s;
+    s.req = req;
+    s.hdr = make_frame(kFrameData, tag, bytes, rank_);
+    s.data = static_cast<const char*>(data);
+    s.bytes = bytes;
+    p.sendq.push_back(std::move(s));
+    if (p.sendq.size() == 1) write_some(p);
+    return req;
+  }
+
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    ShmRecv r;
+    r.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, bytes);
+    r.dst = static_cast<char*>(data);
+    r.bytes = bytes;
+    return post_recv(peer, tag, std::move(r));
+  }
+
+  RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
+    ShmRecv r;
+    r.bytes = count * dtype_size(dtype);
+    r.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, r.bytes);
+    r.dst = static_cast<char*>(dst);
+    r.reduce = true;
+    r.count = count;
+    r.dtype = dtype;
+    r.op = op;
+    return post_recv(peer, tag, std::move(r));
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::string why = fmt::format("rank {} aborted: {}", rank_, reason);
+    set_aborted(why);
+    for (auto& p : peers_) {
+      if (!p.serve || p.seg == nullptr) continue;
+      int32_t expected = 0;
+      if (p.seg->aborted.compare_exchange_strong(expected, rank_ + 1)) {
+        std::snprintf(p.seg->reason, sizeof p.seg->reason, "%s", why.c_str());
+      }
+      ring_doorbell(p.seg);
+    }
+    fail_all(std::make_exception_ptr(PeerError(why)));
+  }
+
+  // Progressor
+  bool progress() override {
+    tl_seen_ = my_seg_->doorbell.load(std::memory_order_acquire);
+    std::lock_guard<std::mutex> lk(mu_);
+    return progress_locked();
+  }
+
+  void wait_for_activity(const Deadline& until) override {
+    uint32_t seen = tl_seen_;
+    // Spin a little: a peer usually answers within microseconds.
+    for (int i = 0; i < 2000; ++i) {
+      if (my_seg_->doorbell.load(std::memory_order_acquire) != seen) return;
+      cpu_relax();
+    }
+    sched_yield();
+    if (my_seg_->doorbell.load(std::memory_order_acquire) != seen) return;
+    double rem = std::min(until.remaining_seconds(), 0.05);
+    if (rem > 0) {
+      timespec ts{0, static_cast<long>(rem * 1e9)};
+      my_seg_->sleepers.fetch_add(1, std::memory_order_acq_rel);
+      if (my_seg_->doorbell.load(std::memory_order_acquire) == seen) futex(&my_seg_->doorbell, FUTEX_WAIT, seen, &ts);
+      my_seg_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    if (my_seg_->doorbell.load(std::memory_order_acquire) == seen) check_liveness();
+  }
+
+ private:
+  static std::string segment_name(const std::string& job, int rank) {
+    return fmt::format("/conduit-{}-{}", job, rank);
+  }
+  RingHeader* ring_at(char* seg, int src) const {
+    return reinterpret_cast<RingHeader*>(seg + sizeof(SegHeader) +
+                                         static_cast<size_t>(src) * (sizeof(RingHeader) + ring_bytes_));
+  }
+
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= size_ || !peers_[peer].serve)
+      throw InvalidArgument(
+          fmt::format("shm: peer rank {} is not another rank of [0, {}) on this host", peer, size_));
+  }
+
+  RequestPtr post_recv(int peer, uint64_t tag, ShmRecv r) {
+    check_peer(peer);
+    r.req->set_progressor(this);
+    RequestPtr req = r.req;
+    std::lock_guard<std::mutex> lk(mu_);
+    ShmPeer& p = peers_[peer];
+    auto it = p.unexpected.find(tag);
+    if (it != p.unexpected.end() && !it->second.empty()) {
+      auto u = it->second.front();
+      it->second.pop_front();
+      if (it->second.empty()) p.unexpected.erase(it);
+      if (u->complete) {
+        p.unexpected_bytes -= u->data.size();
+        deliver_unexpected(*u, r);
+      } else {
+        u->has_waiter = true;
+        u->waiter = std::move(r);
+      }
+      return req;
+    }
+    if (p.failed) {
+      req->fail(p.error);
+      return req;
+    }
+    p.posted[tag].push_back(std::move(r));
+    read_some(p);  // the message may already sit in the ring
+    return req;
+  }
+
+  static void deliver_unexpected(ShmUnexpected& u, ShmRecv& r) {
+    if (u.data.size() != r.bytes) {
+      r.req->fail(std::make_exception_ptr(ProtocolError(fmt::format(
+          "shm: rank {} sent {} bytes on tag {:#x} but {} were expected", r.req->peer(), u.data.size(), r.req->tag(),
+          r.bytes))));
+      return;
+    }
+    if (r.reduce) reduce_into(r.dst, u.data.data(), r.count, r.dtype, r.op);
+    else if (r.bytes) std::memcpy(r.dst, u.data.data(), r.bytes);
+    r.req->complete();
+  }
+
+  bool progress_locked() {
+    bool moved = false;
+    if (my_seg_->aborted.load(std::memory_order_acquire) != 0 && aborted_reason().empty()) {
+      std::string why(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason));
+      if (why.empty()) why = fmt::format("rank {} aborted", my_seg_->aborted.load() - 1);
+      set_aborted(why);
+      fail_all(std::make_exception_ptr(PeerError(why)));
+      return true;
+    }
+    for (auto& p : peers_) {
+      if (!p.serve || p.failed) continue;
+      if (!p.sendq.empty()) moved |= write_some(p);
+      moved |= read_some(p);
+    }
+    return moved;
+  }
+
+  // Copies queued sends into the ring in the peer's segment. True if anything was written.
+  bool write_some(ShmPeer& p) {
+    bool wrote = false;
+    while (!p.sendq.empty()) {
+      ShmSend& s = p.sendq.front();
+      uint64_t head = p.out->head.load(std::memory_order_relaxed);
+      uint64_t tail = p.out->tail.load(std::memory_order_acquire);
+      size_t space = ring_bytes_ - static_cast<size_t>(head - tail);
+      if (space == 0) break;
+      size_t total = sizeof(FrameHeader) + s.bytes;
+      size_t n = std::min(space, total - s.sent);
+      size_t done = 0;
+      while (done < n) {
+        size_t pos = static_cast<size_t>((head + done) & (ring_bytes_ - 1));
+        size_t chunk = std::min(n - done, ring_bytes_ - pos);
+        size_t off = s.sent + done;  // offset within header+payload
+        if (off < sizeof(FrameHeader)) chunk = std::min(chunk, sizeof(FrameHeader) - off);
+        const char* src = off < sizeof(FrameHeader) ? reinterpret_cast<const char*>(&s.hdr) + off
+                                                     : s.data + (off - sizeof(FrameHeader));
+        std::memcpy(p.out_data + pos, src, chunk);
+        done += chunk;
+      }
+      p.out->head.store(head + n, std::memory_order_release);
+      s.sent += n;
+      wrote = true;
+      if (s.sent < total) break;
+      RequestPtr r = s.req;
+      p.sendq.pop_front();
+      r->complete();
+    }
+    if (wrote) ring_doorbell(p.seg);
+    return wrote;
+  }
+
+  bool read_some(ShmPeer& p) {
+    bool consumed_any = false;
+    while (!p.failed) {
+      uint64_t tail = p.in->tail.load(std::memory_order_relaxed);
+      uint64_t head = p.in->head.load(std::memory_order_acquire);
+      size_t avail = static_cast<size_t>(head - tail);
+      if (avail > ring_bytes_) {
+        fail_protocol(p, "ring indices are corrupt");
+        break;
+      }
+      if (!p.have_hdr) {
+        if (avail == 0) break;
+        size_t n = std::min(avail, sizeof(FrameHeader) - p.hdr_got);
+        copy_out(p, tail, reinterpret_cast<char*>(&p.hdr) + p.hdr_got, n);
+        consume(p, tail, n);
+        consumed_any = true;
+        p.hdr_got += n;
+        if (p.hdr_got < sizeof(FrameHeader)) continue;
+        std::string bad = validate_frame(p.hdr, p.rank, max_len_);
+        if (!bad.empty()) {
+          fail_protocol(p, bad);
+          break;
+        }
+        p.have_hdr = true;
+        p.target = Target::none;
+      }
+      if (p.target == Target::none) {
+        if (!choose_target(p)) break;  // stalled: wait for a receive to be posted
+        if (p.failed) break;
+        if (p.hdr.length == 0) {
+          finish_payload(p);
+          continue;
+        }
+      }
+      tail = p.in->tail.load(std::memory_order_relaxed);
+      avail = static_cast<size_t>(p.in->head.load(std::memory_order_acquire) - tail);
+      if (avail == 0) break;
+      size_t n = std::min(avail, static_cast<size_t>(p.hdr.length - p.pay_got));
+      consume_payload(p, tail, n);
+      consume(p, tail, n);
+      consumed_any = true;
+      p.pay_got += n;
+      if (p.pay_got == p.hdr.length) finish_payload(p);
+    }
+    if (consumed_any) ring_doorbell(p.seg);  // the sender may be waiting for space
+    return consumed_any;
+  }
+
+  void copy_out(ShmPeer& p, uint64_t from, char* dst, size_t n) {
+    size_t pos = static_cast<size_t>(from & (ring_bytes_ - 1));
+    size_t first = std::min(n, ring_bytes_ - pos);
+    std::memcpy(dst, p.in_data + pos, first);
+    if (first < n) std::memcpy(dst + first, p.in_data, n - first);
+  }
+
+  void consume(ShmPeer& p, uint64_t tail, size_t n) { p.in->tail.store(tail + n, std::memory_order_release); }
+
+  void consume_payload(ShmPeer& p, uint64_t from, size_t n) {
+    switch (p.target) {
+      case Target::posted:
+        if (!p.cur.reduce) {
+          copy_out(p, from, p.cur.dst + p.pay_got, n);
+        } else {
+          reduce_from_ring(p, from, n);
+        }
+        break;
+      case Target::unexpected:
+        copy_out(p, from, p.cur_unexp->data.data() + p.pay_got, n);
+        break;
+      case Target::abort:
+        copy_out(p, from, p.abort_buf.data() + p.pay_got, n);
+        break;
+      case Target::none:
+        break;
+    }
+  }
+
+  // Reduces n bytes starting at ring position `from` into the current receive, element-aligned; a partial element
+  // (at the ring's wrap point or the end of what has arrived) is carried to the next call.
+  void reduce_from_ring(ShmPeer& p, uint64_t from, size_t n) {
+    size_t esz = dtype_size(p.cur.dtype);
+    while (n > 0) {
+      if (!p.carry.empty()) {
+        size_t need = esz - p.carry.size();
+        size_t take = std::min(need, n);
+        size_t old = p.carry.size();
+        p.carry.resize(old + take);
+        copy_out(p, from, p.carry.data() + old, take);
+        from += take;
+        n -= take;
+        if (p.carry.size() == esz) {
+          reduce_into(p.cur.dst + p.reduced_bytes, p.carry.data(), 1, p.cur.dtype, p.cur.op);
+          p.reduced_bytes += esz;
+          p.carry.clear();
+        }
+        continue;
+      }
+      size_t pos = static_cast<size_t>(from & (ring_bytes_ - 1));
+      size_t contiguous = std::min(n, ring_bytes_ - pos);
+      size_t whole = contiguous / esz;
+      if (whole > 0) {
+        reduce_into(p.cur.dst + p.reduced_bytes, p.in_data + pos, whole, p.cur.dtype, p.cur.op);
+        p.reduced_bytes += whole * esz;
+        from += whole * esz;
+        n -= whole * esz;
+      } else {
+        size_t take = std::min(n, esz);
+        p.carry.resize(take);
+        copy_out(p, from, p.carry.data(), take);
+        from += take;
+        n -= take;
+        if (take == esz) {
+          reduce_into(p.cur.dst + p.reduced_bytes, p.carry.data(), 1, p.cur.dtype, p.cur.op);
+          p.reduced_bytes += esz;
+          p.carry.clear();
+        }
+      }
+    }
+  }
+
+  bool choose_target(ShmPeer& p) {
+    const FrameHeader& h = p.hdr;
+    p.pay_got = 0;
+    if (h.type == kFrameAbort) {
+      p.target = Target::abort;
+      p.abort_buf.assign(h.length, '\0');
+      return true;
+    }
+    if (h.type != kFrameData) {
+      fail_protocol(p, "unexpected hello frame in a shared-memory ring");
+      return true;
+    }
+    auto it = p.posted.find(h.tag);
+    if (it != p.posted.end() && !it->second.empty()) {
+      p.cur = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) p.posted.erase(it);
+      if (p.cur.bytes != h.length) {
+        std::string what = fmt::format("message of {} bytes on tag {:#x} but the receive expects {} bytes", h.length,
+                                       h.tag, p.cur.bytes);
+        p.cur.req->fail(
+            std::make_exception_ptr(ProtocolError(fmt::format("shm: from rank {}: {}", p.rank, what))));
+        p.target = Target::none;
+        fail_protocol(p, what);
+        return true;
+      }
+      p.target = Target::posted;
+      p.reduced_bytes = 0;
+      p.carry.clear();
+      return true;
+    }
+    if (p.unexpected_bytes + h.length > unexpected_budget_) return false;
+    auto u = std::make_shared<ShmUnexpected>();
+    u->data.resize(h.length);
+    p.unexpected_bytes += h.length;
+    p.unexpected[h.tag].push_back(u);
+    p.cur_unexp = u;
+    p.target = Target::unexpected;
+    return true;
+  }
+
+  void finish_payload(ShmPeer& p) {
+    Target t = p.target;
+    p.target = Target::none;
+    p.have_hdr = false;
+    p.hdr_got = 0;
+    if (t == Target::posted) {
+      RequestPtr r = p.cur.req;
+      p.cur = ShmRecv{};
+      r->complete();
+    } else if (t == Target::unexpected) {
+      auto u = p.cur_unexp;
+      p.cur_unexp.reset();
+      u->complete = true;
+      if (u->has_waiter) {
+        p.unexpected_bytes -= u->data.size();
+        deliver_unexpected(*u, u->waiter);
+      }
+    } else if (t == Target::abort) {
+      std::string why = fmt::format("rank {} aborted: {}", p.rank, p.abort_buf);
+      set_aborted(why);
+      fail_all(std::make_exception_ptr(PeerError(why)));
+    }
+  }
+
+  void fail_protocol(ShmPeer& p, const std::string& what) {
+    CONDUIT_LOG_ERROR("shm: rank {}: protocol error in the ring from rank {}: {}", rank_, p.rank, what);
+    fail_peer(p, std::make_exception_ptr(
+                     ProtocolError(fmt::format("shm: protocol error in the ring from rank {}: {}", p.rank, what))));
+  }
+
+  void fail_peer(ShmPeer& p, std::exception_ptr err) {
+    if (!p.failed) {
+      p.failed = true;
+      p.error = err;
+    }
+    for (auto& s : p.sendq) s.req->fail(err);
+    p.sendq.clear();
+    for (auto& [tag, q] : p.posted)
+      for (auto& r : q) r.req->fail(err);
+    p.posted.clear();
+    if (p.target == Target::posted && p.cur.req) p.cur.req->fail(err);
+    if (p.target == Target::unexpected && p.cur_unexp && p.cur_unexp->has_waiter) p.cur_unexp->waiter.req->fail(err);
+    p.target = Target::none;
+    p.have_hdr = false;
+    p.cur_unexp.reset();
+    p.unexpected.clear();
+    p.unexpected_bytes = 0;
+  }
+
+  void fail_all(std::exception_ptr err) {
+    for (auto& p : peers_)
+      if (p.serve) fail_peer(p, err);
+  }
+
+  // A peer process that no longer exists will never answer: fail what waits on it.
+  void check_liveness() {
+    std::lock_guard<std::mutex> lk(mu_);
+    progress_locked();
+    for (auto& p : peers_) {
+      if (!p.serve || p.failed || !p.pending()) continue;
+      if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+        fail_peer(p, std::make_exception_ptr(
+                         PeerError(fmt::format("shm: rank {} (pid {}) died", p.rank, static_cast<long>(p.pid)))));
+      }
+    }
+  }
+
+  std::vector<ShmPeer> peers_;
+  std::vector<char*> maps_;
+  char* mine_ = nullptr;
+  SegHeader* my_seg_ = nullptr;
+  size_t ring_bytes_;
+  size_t seg_bytes_;
+  uint64_t unexpected_budget_;
+  uint64_t max_len_;
+  std::mutex mu_;
+  static thread_local uint32_t tl_seen_;
+};
+
+thread_local uint32_t ShmTransport::tl_seen_ = 0;
+
+}  // namespace
+
+TransportPtr make_shm_transport(int rank, int size, std::vector<int> hosts, const std::string& job,
+                                const AllgatherFn& allgather, std::vector<char> serve) {
+  return std::make_shared<ShmTransport>(rank, size, std::move(hosts), job, allgather, std::move(serve));
+}
+
+}  // namespace conduit::net

@@ -1,0 +1,20 @@
+#pragma once
+// Shared-memory transport for ranks on one host. Each rank owns a segment (/dev/shm, unlinked as soon as every
+// peer has mapped it, so nothing is left behind after a crash) holding one single-producer/single-consumer byte
+// ring per sending peer (CONDUIT_SHM_RING_BYTES, default 2 MiB). Frames are the tcp frames (net/wire.h), checked
+// the same way. Progress happens in the waiting thread (no helper thread competes for cores): a waiter moves
+// data, spins briefly, then sleeps on a futex doorbell that peers ring when they write or free ring space.
+// Receives that reduce read straight out of the ring. A dead peer is detected by its pid while waiting.
+#include <string>
+#include <vector>
+
+#include "net/tcp.h"
+#include "net/transport.h"
+
+namespace conduit::net {
+
+// `job` names the segments (unique per job); `serve` marks the peers reached through shared memory (empty: all).
+TransportPtr make_shm_transport(int rank, int size, std::vector<int> hosts, const std::string& job,
+                                const AllgatherFn& allgather, std::vector<char> serve = {});
+
+}  // namespace conduit::net

@@ -1,0 +1,39 @@
+#pragma once
+// Rendezvous key-value stores. Ranks publish their addresses under keys and read their peers'; every blocking
+// call has a deadline and throws TimeoutError naming the key it waited for.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+
+namespace conduit::net {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Blocks until `key` exists, then returns its value.
+  virtual std::string get(const std::string& key, const Deadline& deadline) = 0;
+  // Atomically adds `delta` to the integer under `key` (absent = 0) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // True if `key` exists now (does not block).
+  virtual bool check(const std::string& key) = 0;
+};
+
+using StorePtr = std::shared_ptr<Store>;
+
+// Served by rank 0 (is_server) on host:port; clients connect (retrying until the deadline).
+// Wire format: see tcp_store.cc; every request and reply is validated (magic, lengths <= 64 MiB).
+StorePtr make_tcp_store(const std::string& host, int port, bool is_server, const Deadline& connect_deadline);
+// A directory on a shared file system; each key is a file written atomically (write + rename).
+StorePtr make_file_store(const std::string& dir);
+
+// Collective helpers over any store, for bootstrap: every one of `size` ranks calls them in the same order with
+// the same `prefix`.
+std::vector<std::string> store_allgather(Store& store, const std::string& prefix, int rank, int size,
+                                         const std::string& value, const Deadline& deadline);
+void store_barrier(Store& store, const std::string& prefix, int rank, int size, const Deadline& deadline);
+
+}  // namespace conduit::net

@@ -1,0 +1,721 @@
+#include "net/tcp.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "net/wire.h"
+
+namespace conduit::net {
+
+std::string tcp_listen_address(std::string* why) {
+  const char* vars[] = {"CONDUIT_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"};
+  std::string wanted, var;
+  for (const char* v : vars) {
+    if (auto s = env_string(v)) {
+      wanted = *s;
+      var = v;
+      break;
+    }
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) throw Error(fmt::format("getifaddrs failed: {}", std::strerror(errno)));
+  std::string found, found_if, names;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (!names.empty()) names += ", ";
+    names += a->ifa_name;
+    char buf[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
+    bool up = (a->ifa_flags & IFF_UP) != 0;
+    bool loop = (a->ifa_flags & IFF_LOOPBACK) != 0;
+    if (!wanted.empty()) {
+      if (wanted == a->ifa_name) {
+        found = buf;
+        found_if = a->ifa_name;
+        break;
+      }
+    } else if (up && !loop && found.empty()) {
+      found = buf;
+      found_if = a->ifa_name;
+    }
+  }
+  freeifaddrs(list);
+  std::string reason;
+  if (!wanted.empty() && found.empty()) {
+    throw ConfigError(fmt::format("{}={} names no interface with an IPv4 address; interfaces here: {}", var, wanted,
+                                  names));
+  }
+  if (!wanted.empty()) reason = fmt::format("interface {} ({}) from {}", found_if, found, var);
+  else if (!found.empty()) reason = fmt::format("interface {} ({}): first up non-loopback interface", found_if, found);
+  else {
+    found = "127.0.0.1";
+    reason = "loopback 127.0.0.1: no other interface is up";
+  }
+  if (why) *why = reason;
+  return found;
+}
+
+namespace {
+
+constexpr size_t kStagingBytes = 256 * 1024;
+
+struct TcpRecv {
+  RequestPtr req;
+  char* dst = nullptr;
+  size_t bytes = 0;
+  bool reduce = false;
+  size_t count = 0;
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+};
+
+struct Unexpected {
+  std::vector<char> data;
+  size_t got = 0;
+  bool complete = false;
+  bool has_waiter = false;
+  TcpRecv waiter;
+};
+
+struct TcpSend {
+  RequestPtr req;
+  FrameHeader hdr;
+  const char* data = nullptr;
+  size_t bytes = 0;
+  size_t sent = 0;  // counts the header too
+  std::string owned;
+};
+
+enum class Target { none, posted, unexpected, abort };
+
+struct Peer {
+  int rank = -1;
+  int fd = -1;
+  bool failed = false;
+  std::exception_ptr error;
+  std::deque<TcpSend> sendq;
+  uint32_t interest = 0;
+  // receive state machine
+  FrameHeader hdr{};
+  size_t hdr_got = 0;
+  bool have_hdr = false;
+  Target target = Target::none;
+  TcpRecv cur;
+  std::shared_ptr<Unexpected> cur_unexp;
+  std::string abort_buf;
+  size_t pay_got = 0;
+  std::vector<char> staging;
+  size_t staged = 0;
+  size_t reduced_elems = 0;
+  std::map<uint64_t, std::deque<TcpRecv>> posted;
+  std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>> unexpected;
+  size_t unexpected_bytes = 0;
+};
+
+void set_nonblocking(int fd) {
+  int fl = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+bool poll_fd(int fd, short events, const Deadline& d) {
+  while (true) {
+    double rem = d.remaining_seconds();
+    if (rem <= 0) return false;
+    pollfd p{fd, events, 0};
+    int ms = rem > 1e6 ? 1000 : static_cast<int>(rem * 1000) + 1;
+    int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+void write_all_blocking(int fd, const void* data, size_t n, const Deadline& d) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w > 0) {
+      p += w;
+      n -= static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+      if (!poll_fd(fd, POLLOUT, d)) throw TimeoutError("tcp: handshake write timed out");
+      continue;
+    }
+    throw PeerError(fmt::format("tcp: handshake write failed: {}", std::strerror(errno)));
+  }
+}
+
+void read_all_blocking(int fd, void* data, size_t n, const Deadline& d) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    if (!poll_fd(fd, POLLIN, d)) throw TimeoutError("tcp: handshake read timed out");
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+    } else if (r == 0) {
+      throw PeerError("tcp: connection closed during handshake");
+    } else if (errno != EAGAIN && errno != EINTR) {
+      throw PeerError(fmt::format("tcp: handshake read failed: {}", std::strerror(errno)));
+    }
+  }
+}
+
+class TcpTransport : public Transport {
+ public:
+  TcpTransport(int rank, int size, std::vector<int> hosts, std::vector<char> serve, const AllgatherFn& allgather,
+               const Deadline& deadline)
+      : peers_(size), serve_(std::move(serve)) {
+    if (serve_.empty()) serve_.assign(size, 1);
+    rank_ = rank;
+    size_ = size;
+    hosts_ = std::move(hosts);
+    unexpected_budget_ = 64ull << 20;
+    if (auto s = env_string("CONDUIT_TCP_UNEXPECTED_BYTES"))
+      unexpected_budget_ = parse_bytes(*s, "CONDUIT_TCP_UNEXPECTED_BYTES");
+    max_len_ = max_message_bytes();
+    for (int i = 0; i < size; ++i) peers_[i].rank = i;
+    connect_all(allgather, deadline);
+    ep_ = epoll_create1(EPOLL_CLOEXEC);
+    evfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = 0xffffffffu;
+    epoll_ctl(ep_, EPOLL_CTL_ADD, evfd_, &ev);
+    for (auto& p : peers_) {
+      if (p.fd < 0) continue;
+      epoll_event pe{};
+      p.interest = EPOLLIN;
+      pe.events = p.interest;
+      pe.data.u32 = static_cast<uint32_t>(p.rank);
+      epoll_ctl(ep_, EPOLL_CTL_ADD, p.fd, &pe);
+    }
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  ~TcpTransport() override {
+    running_ = false;
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(evfd_, &one, 8);
+    if (thread_.joinable()) thread_.join();
+    for (auto& p : peers_)
+      if (p.fd >= 0) ::close(p.fd);
+    ::close(ep_);
+    ::close(evfd_);
+  }
+
+  const char* name() const override { return "tcp"; }
+
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    check_peer(peer);
+    auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
+    std::lock_guard<std::mutex> lk(mu_);
+    Peer& p = peers_[peer];
+    if (p.failed) {
+      req->fail(p.error);
+      return req;
+    }
+    TcpSend s;
+    s.req = req;
+    s.hdr = make_frame(kFrameData, tag, bytes, rank_);
+    s.data = static_cast<const char*>(data);
+    s.bytes = bytes;
+    p.sendq.push_back(std::move(s));
+    if (p.sendq.size() == 1) handle_write(p);  // try to send from the caller's thread right away
+    update_interest(p);
+    return req;
+  }
+
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    TcpRecv r;
+    r.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, bytes);
+    r.dst = static_cast<char*>(data);
+    r.bytes = bytes;
+    return post_recv(peer, tag, std::move(r));
+  }
+
+  RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
+    TcpRecv r;
+    r.bytes = count * dtype_size(dtype);
+    r.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, r.bytes);
+    r.dst = static_cast<char*>(dst);
+    r.reduce = true;
+    r.count = count;
+    r.dtype = dtype;
+    r.op = op;
+    return post_recv(peer, tag, std::move(r));
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::string why = fmt::format("rank {} aborted: {}", rank_, reason);
+    set_aborted(why);
+    std::string msg = reason.substr(0, kMaxAbortReason);
+    for (auto& p : peers_) {
+      if (p.fd < 0 || p.failed) continue;
+      bool mid_frame = !p.sendq.empty() && p.sendq.front().sent > 0;
+      if (!mid_frame) {
+        FrameHeader h = make_frame(kFrameAbort, 0, msg.size(), rank_);
+        iovec iov[2] = {{&h, sizeof h}, {msg.data(), msg.size()}};
+        msghdr mh{};
+        mh.msg_iov = iov;
+        mh.msg_iovlen = 2;
+        [[maybe_unused]] ssize_t w = ::sendmsg(p.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      ::shutdown(p.fd, SHUT_RDWR);
+    }
+    auto err = std::make_exception_ptr(PeerError(why));
+    for (auto& p : peers_) fail_peer(p, err);
+  }
+
+ private:
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_ || !serve_[peer])
+      throw InvalidArgument(fmt::format("tcp: peer rank {} is not another rank of [0, {}) served by tcp", peer, size_));
+  }
+
+  RequestPtr post_recv(int peer, uint64_t tag, TcpRecv r) {
+    check_peer(peer);
+    RequestPtr req = r.req;
+    std::lock_guard<std::mutex> lk(mu_);
+    Peer& p = peers_[peer];
+    auto it = p.unexpected.find(tag);
+    if (it != p.unexpected.end() && !it->second.empty()) {
+      auto u = it->second.front();
+      it->second.pop_front();
+      if (it->second.empty()) p.unexpected.erase(it);
+      if (u->complete) {
+        p.unexpected_bytes -= u->data.size();
+        deliver_unexpected(*u, r);
+        if (p.have_hdr && p.target == Target::none) wake();  // a stalled connection may go on now
+      } else {
+        u->has_waiter = true;
+        u->waiter = std::move(r);
+      }
+      return req;
+    }
+    if (p.failed) {
+      req->fail(p.error);
+      return req;
+    }
+    p.posted[tag].push_back(std::move(r));
+    if (p.have_hdr && p.target == Target::none) wake();
+    return req;
+  }
+
+  void deliver_unexpected(Unexpected& u, TcpRecv& r) {
+    if (u.data.size() != r.bytes) {
+      r.req->fail(std::make_exception_ptr(ProtocolError(
+          fmt::format("tcp: rank {} sent {} bytes on tag {:#x} but {} were expected", r.req->peer(), u.data.size(),
+                      r.req->tag(), r.bytes))));
+      return;
+    }
+    if (r.reduce) reduce_into(r.dst, u.data.data(), r.count, r.dtype, r.op);
+    else if (r.bytes) std::memcpy(r.dst, u.data.data(), r.bytes);
+    r.req->complete();
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t w = ::write(evfd_, &one, 8);
+  }
+
+  void update_interest(Peer& p) {
+    if (p.fd < 0 || p.failed) return;
+    uint32_t want = 0;
+    bool stalled = p.have_hdr && p.target == Target::none;
+    if (!stalled) want |= EPOLLIN;
+    if (!p.sendq.empty()) want |= EPOLLOUT;
+    if (want == p.interest) return;
+    p.interest = want;
+    epoll_event ev{};
+    ev.events = want;
+    ev.data.u32 = static_cast<uint32_t>(p.rank);
+    epoll_ctl(ep_, EPOLL_CTL_MOD, p.fd, &ev);
+  }
+
+  void fail_peer(Peer& p, std::exception_ptr err) {
+    if (!p.failed) {
+      p.failed = true;
+      p.error = err;
+      if (p.fd >= 0) epoll_ctl(ep_, EPOLL_CTL_DEL, p.fd, nullptr);
+    }
+    for (auto& s : p.sendq) s.req->fail(err);
+    p.sendq.clear();
+    for (auto& [tag, q] : p.posted)
+      for (auto& r : q) r.req->fail(err);
+    p.posted.clear();
+    if (p.target == Target::posted) p.cur.req->fail(err);
+    if (p.target == Target::unexpected && p.cur_unexp && p.cur_unexp->has_waiter) p.cur_unexp->waiter.req->fail(err);
+    p.target = Target::none;
+    p.have_hdr = false;
+    p.cur_unexp.reset();
+    p.unexpected.clear();
+    p.unexpected_bytes = 0;
+  }
+
+  void fail_peer_protocol(Peer& p, const std::string& what) {
+    CONDUIT_LOG_ERROR("tcp: rank {}: protocol error on the connection from rank {}: {}", rank_, p.rank, what);
+    auto err = std::make_exception_ptr(
+        ProtocolError(fmt::format("tcp: protocol error on the connection from rank {}: {}", p.rank, what)));
+    ::shutdown(p.fd, SHUT_RDWR);
+    fail_peer(p, err);
+  }
+
+  // Writes as much of the send queue as the socket takes now.
+  void handle_write(Peer& p) {
+    while (!p.sendq.empty() && !p.failed) {
+      TcpSend& s = p.sendq.front();
+      size_t total = sizeof(FrameHeader) + s.bytes;
+      iovec iov[2];
+      int n = 0;
+      if (s.sent < sizeof(FrameHeader)) {
+        iov[n++] = {reinterpret_cast<char*>(&s.hdr) + s.sent, sizeof(FrameHeader) - s.sent};
+        if (s.bytes) iov[n++] = {const_cast<char*>(s.data), s.bytes};
+      } else {
+        size_t off = s.sent - sizeof(FrameHeader);
+        iov[n++] = {const_cast<char*>(s.data) + off, s.bytes - off};
+      }
+      msghdr mh{};
+      mh.msg_iov = iov;
+      mh.msg_iovlen = n;
+      ssize_t w = ::sendmsg(p.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0) {
+        if (errno == EAGAIN || errno == EINTR) return;
+        fail_peer(p, std::make_exception_ptr(PeerError(fmt::format(
+                         "tcp: sending to rank {} failed: {} (the peer died or closed its connection)", p.rank,
+                         std::strerror(errno)))));
+        return;
+      }
+      s.sent += static_cast<size_t>(w);
+      if (s.sent < total) return;
+      RequestPtr done = s.req;
+      p.sendq.pop_front();
+      done->complete();
+    }
+  }
+
+  // Decides where the payload of a complete header goes. Returns false when the connection must stall.
+  bool choose_target(Peer& p) {
+    const FrameHeader& h = p.hdr;
+    p.pay_got = 0;
+    if (h.type == kFrameAbort) {
+      p.target = Target::abort;
+      p.abort_buf.assign(h.length, '\0');
+      return true;
+    }
+    if (h.type == kFrameHello) {
+      fail_peer_protocol(p, "unexpected hello frame after the handshake");
+      return true;
+    }
+    auto it = p.posted.find(h.tag);
+    if (it != p.posted.end() && !it->second.empty()) {
+      p.cur = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) p.posted.erase(it);
+      if (p.cur.bytes != h.length) {
+        RequestPtr r = p.cur.req;
+        p.target = Target::none;
+        std::string what = fmt::format("message of {} bytes on tag {:#x} but the receive expects {} bytes", h.length,
+                                       h.tag, p.cur.bytes);
+        r->fail(std::make_exception_ptr(ProtocolError("tcp: from rank " + std::to_string(p.rank) + ": " + what)));
+        fail_peer_protocol(p, what);
+        return true;
+      }
+      p.target = Target::posted;
+      p.staged = 0;
+      p.reduced_elems = 0;
+      if (p.cur.reduce && p.staging.empty()) p.staging.resize(kStagingBytes);
+      return true;
+    }
+    if (p.unexpected_bytes + h.length > unexpected_budget_) {
+      p.target = Target::none;  // stall until a receive is posted or buffered messages are consumed
+      return false;
+    }
+    auto u = std::make_shared<Unexpected>();
+    u->data.resize(h.length);
+    p.unexpected_bytes += h.length;
+    p.unexpected[h.tag].push_back(u);
+    p.cur_unexp = u;
+    p.target = Target::unexpected;
+    return true;
+  }
+
+  void finish_payload(Peer& p) {
+    switch (p.target) {
+      case Target::posted: {
+        if (p.cur.reduce) flush_staging(p, true);
+        RequestPtr r = p.cur.req;
+        p.cur = TcpRecv{};
+        r->complete();
+        break;
+      }
+      case Target::unexpected: {
+        auto u = p.cur_unexp;
+        p.cur_unexp.reset();
+        u->complete = true;
+        if (u->has_waiter) {
+          p.unexpected_bytes -= u->data.size();
+          deliver_unexpected(*u, u->waiter);
+          // it was already removed from the unexpected queue when the waiter attached
+        }
+        break;
+      }
+      case Target::abort: {
+        std::string why = fmt::format("rank {} aborted: {}", p.rank, p.abort_buf);
+        set_aborted(why);
+        auto err = std::make_exception_ptr(PeerError(why));
+        p.target = Target::none;
+        p.have_hdr = false;
+        for (auto& q : peers_) fail_peer(q, err);
+        return;
+      }
+      case Target::none: break;
+    }
+    p.target = Target::none;
+    p.have_hdr = false;
+    p.hdr_got = 0;
+  }
+
+  void flush_staging(Peer& p, bool final) {
+    size_t esz = dtype_size(p.cur.dtype);
+    size_t whole = p.staged / esz;
+    if (whole > 0) {
+      reduce_into(p.cur.dst + p.reduced_elems * esz, p.staging.data(), whole, p.cur.dtype, p.cur.op);
+      p.reduced_elems += whole;
+      size_t rest = p.staged - whole * esz;
+      if (rest) std::memmove(p.staging.data(), p.staging.data() + whole * esz, rest);
+      p.staged = rest;
+    }
+    (void)final;
+  }
+
+  void handle_read(Peer& p) {
+    for (int rounds = 0; rounds < 64 && !p.failed; ++rounds) {
+      if (!p.have_hdr) {
+        ssize_t r = ::recv(p.fd, reinterpret_cast<char*>(&p.hdr) + p.hdr_got, sizeof(FrameHeader) - p.hdr_got,
+                           MSG_DONTWAIT);
+        if (!check_read(p, r)) return;
+        p.hdr_got += static_cast<size_t>(r);
+        if (p.hdr_got < sizeof(FrameHeader)) continue;
+        std::string bad = validate_frame(p.hdr, p.rank, max_len_);
+        if (!bad.empty()) return fail_peer_protocol(p, bad);
+        p.have_hdr = true;
+        p.target = Target::none;
+      }
+      if (p.target == Target::none) {
+        if (!choose_target(p)) return update_interest(p);
+        if (p.failed) return;
+        if (p.hdr.length == 0) {
+          finish_payload(p);
+          continue;
+        }
+      }
+      char* dst = nullptr;
+      size_t want = p.hdr.length - p.pay_got;
+      if (p.target == Target::posted && p.cur.reduce) {
+        want = std::min(want, p.staging.size() - p.staged);
+        dst = p.staging.data() + p.staged;
+      } else if (p.target == Target::posted) {
+        dst = p.cur.dst + p.pay_got;
+      } else if (p.target == Target::unexpected) {
+        dst = p.cur_unexp->data.data() + p.pay_got;
+      } else {
+        dst = p.abort_buf.data() + p.pay_got;
+      }
+      ssize_t r = ::recv(p.fd, dst, want, MSG_DONTWAIT);
+      if (!check_read(p, r)) return;
+      p.pay_got += static_cast<size_t>(r);
+      if (p.target == Target::posted && p.cur.reduce) {
+        p.staged += static_cast<size_t>(r);
+        if (p.staged == p.staging.size() || p.pay_got == p.hdr.length) flush_staging(p, p.pay_got == p.hdr.length);
+      }
+      if (p.pay_got == p.hdr.length) finish_payload(p);
+    }
+  }
+
+  // False when nothing more can be read now (EAGAIN) or the connection failed.
+  bool check_read(Peer& p, ssize_t r) {
+    if (r > 0) return true;
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    std::string what = r == 0 ? "closed its connection (it exited or crashed)"
+                              : fmt::format("connection error: {}", std::strerror(errno));
+    std::string why = aborted_reason();
+    auto err = std::make_exception_ptr(
+        PeerError(!why.empty() ? why : fmt::format("tcp: rank {} {}", p.rank, what)));
+    if (p.have_hdr && r == 0) {
+      fail_peer_protocol(p, fmt::format("truncated frame: the connection closed {} bytes into a {}-byte payload",
+                                        p.pay_got, p.hdr.length));
+      return false;
+    }
+    fail_peer(p, err);
+    return false;
+  }
+
+  void loop() {
+    epoll_event evs[64];
+    while (running_) {
+      int n = epoll_wait(ep_, evs, 64, 200);
+      std::lock_guard<std::mutex> lk(mu_);
+      for (int i = 0; i < n; ++i) {
+        uint32_t id = evs[i].data.u32;
+        if (id == 0xffffffffu) {
+          uint64_t v;
+          while (::read(evfd_, &v, 8) > 0) {
+          }
+          for (auto& p : peers_) {
+            if (p.fd < 0 || p.failed) continue;
+            if (p.have_hdr && p.target == Target::none) handle_read(p);
+            update_interest(p);
+          }
+          continue;
+        }
+        Peer& p = peers_[id];
+        if (p.failed) continue;
+        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) handle_read(p);
+        if (!p.failed && (evs[i].events & EPOLLOUT)) handle_write(p);
+        update_interest(p);
+      }
+    }
+  }
+
+  void connect_all(const AllgatherFn& allgather, const Deadline& deadline) {
+    std::string why;
+    std::string addr = tcp_listen_address(&why);
+    CONDUIT_LOG_INFO("tcp: rank {} listens on {}", rank_, why);
+    int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = 0;
+    inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
+    if (::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(lfd, 1024) != 0) {
+      int e = errno;
+      ::close(lfd);
+      throw Error(fmt::format("tcp: cannot listen on {}: {}", addr, std::strerror(e)));
+    }
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &sl);
+    std::string mine = fmt::format("{}:{}", addr, ntohs(sa.sin_port));
+    std::vector<std::string> all;
+    try {
+      all = allgather(mine);
+    } catch (...) {
+      ::close(lfd);
+      throw;
+    }
+    try {
+      // Higher ranks connect to lower ones and introduce themselves with a hello frame.
+      for (int j = 0; j < rank_; ++j)
+        if (serve_[j]) peers_[j].fd = connect_to(all[j], j, deadline);
+      int expected = 0;
+      for (int k = rank_ + 1; k < size_; ++k) expected += serve_[k] ? 1 : 0;
+      for (int k = 0; k < expected; ++k) {
+        if (!poll_fd(lfd, POLLIN, deadline))
+          throw TimeoutError(fmt::format("tcp: rank {} timed out waiting for {} more peers to connect", rank_,
+                                         expected - k));
+        int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) {
+          --k;
+          continue;
+        }
+        FrameHeader h{};
+        try {
+          read_all_blocking(fd, &h, sizeof h, deadline);
+        } catch (const Error& e) {
+          CONDUIT_LOG_WARN("tcp: rank {} dropped a connection during handshake: {}", rank_, e.what());
+          ::close(fd);
+          --k;
+          continue;
+        }
+        std::string bad = validate_frame(h, -1, 0);
+        if (bad.empty() && h.type != kFrameHello) bad = "first frame is not a hello";
+        if (bad.empty() && (h.src <= static_cast<uint32_t>(rank_) || h.src >= static_cast<uint32_t>(size_) ||
+                            !serve_[h.src] || peers_[h.src].fd >= 0))
+          bad = fmt::format("hello from unexpected rank {}", h.src);
+        if (!bad.empty()) {
+          CONDUIT_LOG_WARN("tcp: rank {} rejected a connection: {}", rank_, bad);
+          ::close(fd);
+          --k;
+          continue;
+        }
+        peers_[h.src].fd = fd;
+      }
+    } catch (...) {
+      ::close(lfd);
+      throw;
+    }
+    ::close(lfd);
+    for (auto& p : peers_) {
+      if (p.fd < 0) continue;
+      int one = 1;
+      setsockopt(p.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      set_nonblocking(p.fd);
+    }
+  }
+
+  int connect_to(const std::string& hostport, int peer, const Deadline& deadline) {
+    auto colon = hostport.rfind(':');
+    if (colon == std::string::npos) throw ProtocolError(fmt::format("tcp: bad address '{}' of rank {}", hostport, peer));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
+    if (inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &sa.sin_addr) != 1)
+      throw ProtocolError(fmt::format("tcp: bad address '{}' of rank {}", hostport, peer));
+    double backoff = 0.001;
+    while (true) {
+      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+        FrameHeader h = make_frame(kFrameHello, 0, 0, rank_);
+        write_all_blocking(fd, &h, sizeof h, deadline);
+        return fd;
+      }
+      int e = errno;
+      ::close(fd);
+      if (deadline.expired())
+        throw TimeoutError(fmt::format("tcp: rank {} could not connect to rank {} at {}: {}", rank_, peer, hostport,
+                                       std::strerror(e)));
+      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+      backoff = std::min(backoff * 2, 0.2);
+    }
+  }
+
+  std::vector<Peer> peers_;
+  std::vector<char> serve_;
+  std::mutex mu_;
+  int ep_ = -1, evfd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> running_{true};
+  uint64_t unexpected_budget_;
+  uint64_t max_len_;
+};
+
+}  // namespace
+
+TransportPtr make_tcp_transport(int rank, int size, std::vector<int> hosts, const AllgatherFn& allgather,
+                                const Deadline& connect_deadline, std::vector<char> serve) {
+  return std::make_shared<TcpTransport>(rank, size, std::move(hosts), std::move(serve), allgather, connect_deadline);
+}
+
+}  // namespace conduit::net

@@ -1,0 +1,146 @@
+#include "net/transport.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace conduit::net {
+
+bool Request::test() {
+  if (progressor_ != nullptr && !done()) progressor_->progress();
+  int s = state_.load(std::memory_order_acquire);
+  if (s == kFailed) std::rethrow_exception(error_);
+  return s == kDone;
+}
+
+void Request::wait(const Deadline& deadline) {
+  if (progressor_ != nullptr) {
+    while (!done()) {
+      if (progressor_->progress()) continue;
+      if (done()) break;
+      if (deadline.expired()) break;
+      progressor_->wait_for_activity(deadline);
+    }
+  } else if (!done()) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (deadline.is_never()) {
+      cv_.wait(lk, [&] { return done(); });
+    } else {
+      cv_.wait_until(lk, deadline.at(), [&] { return done(); });
+    }
+  }
+  int s = state_.load(std::memory_order_acquire);
+  if (s == kFailed) std::rethrow_exception(error_);
+  if (s != kDone) {
+    throw TimeoutError(fmt::format("{} of {} bytes with rank {} did not complete before the deadline",
+                                   kind_ == Kind::send ? "send" : "receive", bytes_, peer_));
+  }
+}
+
+void Request::complete() {
+  on_complete();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    state_.store(kDone, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+void Request::fail(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (state_.load() != kPending) return;
+    error_ = std::move(error);
+    state_.store(kFailed, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+int Transport::num_hosts() const {
+  return static_cast<int>(std::set<int>(hosts_.begin(), hosts_.end()).size());
+}
+
+std::string Transport::aborted_reason() const {
+  std::lock_guard<std::mutex> lk(abort_mu_);
+  return aborted_;
+}
+
+void Transport::set_aborted(const std::string& reason) {
+  std::lock_guard<std::mutex> lk(abort_mu_);
+  if (aborted_.empty()) aborted_ = reason.empty() ? "aborted" : reason;
+}
+
+namespace {
+// A receive that lands in a staging buffer and is reduced into the destination when it completes.
+class StagedReduceRequest : public Request {
+ public:
+  StagedReduceRequest(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op)
+      : Request(Kind::recv, peer, tag, count * dtype_size(dtype)),
+        dst_(dst), count_(count), dtype_(dtype), op_(op), staging_(count * dtype_size(dtype)) {}
+  void attach(RequestPtr inner) { inner_ = std::move(inner); }
+  bool poll() {
+    if (done()) return true;
+    if (!inner_->test()) return false;
+    reduce_into(dst_, staging_.data(), count_, dtype_, op_);
+    complete();
+    return true;
+  }
+  char* staging() { return staging_.data(); }
+  RequestPtr inner_;
+
+ private:
+  void* dst_;
+  size_t count_;
+  DType dtype_;
+  ReduceOp op_;
+  std::vector<char> staging_;
+};
+
+// Drives a staged request: waiting on it waits on the inner receive, then reduces.
+class StagedProgressor : public Progressor {
+ public:
+  explicit StagedProgressor(StagedReduceRequest* r) : r_(r) {}
+  bool progress() override {
+    try {
+      return r_->poll();
+    } catch (...) {
+      r_->fail(std::current_exception());
+      return true;
+    }
+  }
+  void wait_for_activity(const Deadline& until) override {
+    try {
+      r_->inner_->wait(until);
+    } catch (const TimeoutError&) {
+    } catch (...) {
+      r_->fail(std::current_exception());
+    }
+  }
+
+ private:
+  StagedReduceRequest* r_;
+};
+
+class OwningStaged : public StagedReduceRequest {
+ public:
+  using StagedReduceRequest::StagedReduceRequest;
+  StagedProgressor prog_{this};
+};
+}  // namespace
+
+RequestPtr Transport::irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) {
+  auto r = std::make_shared<OwningStaged>(peer, tag, dst, count, dtype, op);
+  r->attach(irecv(peer, tag, r->staging(), count * dtype_size(dtype)));
+  r->set_progressor(&r->prog_);
+  return r;
+}
+
+void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline) {
+  // The first failure (or the deadline) ends the wait; the caller aborts the transport, which fails the rest.
+  for (const auto& r : reqs) r->wait(deadline);
+}
+
+}  // namespace conduit::net

@@ -1,0 +1,108 @@
+#pragma once
+// Point-to-point transports (Gloo's split): a Transport owns I/O to every peer of one job; messages are tagged and
+// non-blocking; every wait has a deadline.
+//
+// Matching rule (as MPI's non-overtaking rule): between one sender and one receiver, messages with the same tag
+// match receives in the order both were posted. A receive names the exact byte size it expects; a message of
+// another size is a ProtocolError on that connection. Tags carry a kind in their top byte (see tags.h).
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/dtype.h"
+#include "core/reduce.h"
+
+namespace conduit::net {
+
+// Something that moves data when a waiter calls it (the shared-memory transport progresses in the caller).
+class Progressor {
+ public:
+  virtual ~Progressor() = default;
+  // Moves whatever can move now; returns true if anything moved.
+  virtual bool progress() = 0;
+  // Blocks until something may have changed or until `until`; spins briefly first.
+  virtual void wait_for_activity(const Deadline& until) = 0;
+};
+
+class Request {
+ public:
+  enum class Kind : uint8_t { send, recv };
+  Request(Kind kind, int peer, uint64_t tag, size_t bytes) : kind_(kind), peer_(peer), tag_(tag), bytes_(bytes) {}
+  virtual ~Request() = default;
+
+  // True once complete; rethrows the failure (PeerError, ProtocolError, ...) if it failed.
+  bool test();
+  // Blocks until complete; TimeoutError once `deadline` passes; rethrows a failure.
+  void wait(const Deadline& deadline);
+  bool done() const { return state_.load(std::memory_order_acquire) != kPending; }
+
+  Kind kind() const { return kind_; }
+  int peer() const { return peer_; }
+  uint64_t tag() const { return tag_; }
+  size_t bytes() const { return bytes_; }
+
+  // Called by transports.
+  void complete();
+  void fail(std::exception_ptr error);
+  void set_progressor(Progressor* p) { progressor_ = p; }
+  // Runs when the request completes successfully, in the completing thread, before waiters wake.
+  virtual void on_complete() {}
+
+ protected:
+  static constexpr int kPending = 0, kDone = 1, kFailed = 2;
+  Kind kind_;
+  int peer_;
+  uint64_t tag_;
+  size_t bytes_;
+  std::atomic<int> state_{kPending};
+  std::exception_ptr error_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Progressor* progressor_ = nullptr;
+};
+
+using RequestPtr = std::shared_ptr<Request>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Host index of every rank (ranks with equal index share a host and can use shared memory).
+  const std::vector<int>& hosts() const { return hosts_; }
+  int num_hosts() const;
+
+  virtual RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
+  virtual RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+  // Receives `count` elements of `dtype` from `peer` and reduces them into dst (dst = op(dst, incoming)).
+  // Transports that can reduce straight out of their buffers override this; the default stages the message.
+  virtual RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op);
+
+  // Fails every pending and future request with PeerError(reason) and tells the peers (best effort) so that
+  // their pending requests fail too instead of waiting for their deadline.
+  virtual void abort(const std::string& reason) = 0;
+  // Empty when healthy, else why it was aborted.
+  std::string aborted_reason() const;
+
+ protected:
+  void set_aborted(const std::string& reason);
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<int> hosts_;
+  mutable std::mutex abort_mu_;
+  std::string aborted_;
+};
+
+using TransportPtr = std::shared_ptr<Transport>;
+
+// Waits for every request (all of them, even after one fails, up to the deadline) and rethrows the first failure.
+void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline);
+
+}  // namespace conduit::net

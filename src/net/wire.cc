@@ -1,0 +1,46 @@
+#include "net/wire.h"
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "net/tags.h"
+
+namespace conduit::net {
+
+uint32_t frame_checksum(const FrameHeader& h) {
+  // FNV-1a over the fields before `check`.
+  const auto* p = reinterpret_cast<const unsigned char*>(&h);
+  uint32_t x = 2166136261u;
+  for (size_t i = 0; i < offsetof(FrameHeader, check); ++i) x = (x ^ p[i]) * 16777619u;
+  return x;
+}
+
+FrameHeader make_frame(FrameType type, uint64_t tag, uint64_t length, int src) {
+  FrameHeader h{kFrameMagic, kWireVersion, type, tag, length, static_cast<uint32_t>(src), 0};
+  h.check = frame_checksum(h);
+  return h;
+}
+
+std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_length) {
+  if (h.magic != kFrameMagic) return fmt::format("bad frame magic {:#010x} (expected {:#010x})", h.magic, kFrameMagic);
+  if (h.version != kWireVersion) return fmt::format("unsupported wire version {} (this build speaks {})", h.version, kWireVersion);
+  if (h.check != frame_checksum(h)) return "frame header checksum mismatch (corrupted header)";
+  if (h.type != kFrameData && h.type != kFrameAbort && h.type != kFrameHello)
+    return fmt::format("unknown frame type {} (allowed 1..3)", h.type);
+  if (h.type == kFrameData && !tag_valid(h.tag)) return fmt::format("invalid tag {:#x} (unknown tag kind)", h.tag);
+  if (expected_src >= 0 && h.src != static_cast<uint32_t>(expected_src))
+    return fmt::format("frame claims source rank {} on the connection of rank {}", h.src, expected_src);
+  uint64_t limit = h.type == kFrameAbort ? kMaxAbortReason : max_length;
+  if (h.length > limit) return fmt::format("frame length {} exceeds the limit of {} bytes", h.length, limit);
+  return {};
+}
+
+uint64_t max_message_bytes() {
+  static const uint64_t v = [] {
+    auto s = env_string("CONDUIT_MAX_MESSAGE_BYTES");
+    return s ? parse_bytes(*s, "CONDUIT_MAX_MESSAGE_BYTES") : (16ull << 30);
+  }();
+  return v;
+}
+
+}  // namespace conduit::net

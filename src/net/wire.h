@@ -1,0 +1,35 @@
+#pragma once
+// The frame every byte stream transport (tcp, shm) puts in front of a message, and its validation.
+// Little-endian, 32 bytes:
+//   u32 magic 'CNDT' | u16 version | u16 type | u64 tag | u64 length | u32 src rank | u32 header checksum
+// A frame is rejected (ProtocolError on that connection, never a crash) when the magic, version, type, tag kind,
+// source rank or checksum is wrong, or when the length exceeds the limit (CONDUIT_MAX_MESSAGE_BYTES, default 16 GiB;
+// abort frames at most 4 KiB).
+#include <cstdint>
+#include <string>
+
+namespace conduit::net {
+
+inline constexpr uint32_t kFrameMagic = 0x54444e43u;  // "CNDT"
+inline constexpr uint16_t kWireVersion = 1;
+enum FrameType : uint16_t { kFrameData = 1, kFrameAbort = 2, kFrameHello = 3 };
+inline constexpr uint64_t kMaxAbortReason = 4096;
+
+struct FrameHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint64_t tag;
+  uint64_t length;
+  uint32_t src;
+  uint32_t check;
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+uint32_t frame_checksum(const FrameHeader& h);
+FrameHeader make_frame(FrameType type, uint64_t tag, uint64_t length, int src);
+// Empty string when valid, else what is wrong (one line). `expected_src` is the peer the stream belongs to.
+std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_length);
+uint64_t max_message_bytes();
+
+}  // namespace conduit::net
