@@ -1,0 +1,71 @@
+// `conduit launch -n N [--master-port P] [--master-addr A] [--tag-output/--no-tag-output] -- PROGRAM [ARGS...]`:
+// starts N local workers with torchrun's environment (see cli/launcher.h).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/launcher.h"
+#include "cli/registry.h"
+#include "core/error.h"
+
+namespace conduit::cli {
+namespace {
+
+struct LaunchOptions {
+  int nprocs = 1;
+  int master_port = 0;
+  std::string master_addr = "127.0.0.1";
+  bool tag_output = true;
+  bool port_given = false;
+  std::vector<std::string> command;
+};
+
+void run_launch(const LaunchOptions& o) {
+  if (o.nprocs < 1 || o.nprocs > kMaxLocalWorkers) {
+    throw ConfigError(fmt::format("launch: -n must be between 1 and {}, got {}", kMaxLocalWorkers, o.nprocs));
+  }
+  if (o.port_given && (o.master_port < 1 || o.master_port > 65535)) {
+    throw ConfigError(fmt::format("launch: --master-port must be between 1 and 65535, got {}", o.master_port));
+  }
+  if (o.command.empty()) {
+    throw ConfigError("launch: no program given; usage: conduit launch -n N [options] -- PROGRAM [ARGS...]");
+  }
+  LaunchSpec spec;
+  spec.nprocs = o.nprocs;
+  spec.master_addr = o.master_addr;
+  spec.master_port = o.master_port;
+  spec.command = o.command;
+  spec.tag_output = o.tag_output;
+  set_exit_code(run_local_workers(spec));
+}
+
+const bool kRegistered = register_command(10, [](CLI::App& app) {
+  auto opts = std::make_shared<LaunchOptions>();
+  auto* c = app.add_subcommand(
+      "launch",
+      "Start N local worker processes with the rendezvous environment torchrun sets (MASTER_ADDR, MASTER_PORT, "
+      "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, CONDUIT_JOB_ID); prefix their output lines with "
+      "the rank; stop all when one fails");
+  c->add_option("-n,--nprocs", opts->nprocs, "number of worker processes (1..1024)")->required();
+  auto* port = c->add_option("--master-port", opts->master_port,
+                "port of the rendezvous store served by rank 0 (1..65535; default: a free port)");
+  c->add_option("--master-addr", opts->master_addr, "address of rank 0's rendezvous store")
+      ->capture_default_str();
+  c->add_flag("--tag-output,!--no-tag-output", opts->tag_output,
+              "prefix each output line with [rank K] (default on)");
+  // After "--" everything is the program and its arguments, even what looks like an option.
+  c->add_option("command", opts->command, "PROGRAM [ARGS...] that every worker runs (put it after --)");
+  c->footer("Example: conduit launch -n 4 -- conduit bench coll --op allreduce\n"
+            "SIGINT/SIGTERM are forwarded to the workers; those still running CONDUIT_LAUNCH_GRACE seconds "
+            "(default 10) after a stop get SIGKILL.");
+  c->callback([opts, port]() {
+    LaunchOptions o = *opts;
+    o.port_given = port->count() > 0;
+    run_launch(o);
+  });
+});
+
+}  // namespace
+}  // namespace conduit::cli

@@ -1,0 +1,702 @@
+#include "cli/launcher.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+
+extern char** environ;
+
+namespace conduit::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr double kDefaultGraceSeconds = 10.0;
+// After the last worker exited, how long to keep reading pipes still held open by processes it left behind.
+constexpr auto kDrainTime = std::chrono::seconds(2);
+constexpr size_t kReadChunk = 64 * 1024;
+// A line longer than this is forwarded in pieces rather than buffered without bound.
+constexpr size_t kMaxPendingLine = 1 << 20;
+
+// The variables the launcher owns in a worker's environment; inherited values are dropped.
+constexpr std::string_view kOwnedVariables[] = {
+    "MASTER_ADDR", "MASTER_PORT",      "RANK",      "WORLD_SIZE",      "LOCAL_RANK",    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CONDUIT_JOB_ID"};
+// Left by an outer mpirun: a worker that saw them would bootstrap through MPI instead of the TCP store.
+constexpr std::string_view kDroppedPrefixes[] = {"OMPI_", "PMIX_"};
+
+// ---- signals: handlers write the signal number into a self-pipe that the poll loop watches ----
+
+int g_signal_write_fd = -1;
+std::atomic<bool> g_running{false};
+
+void on_signal(int sig) {
+  int saved = errno;
+  unsigned char byte = static_cast<unsigned char>(sig);
+  if (g_signal_write_fd >= 0) {
+    ssize_t r = ::write(g_signal_write_fd, &byte, 1);
+    (void)r;
+  }
+  errno = saved;
+}
+
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(FileDescriptor&& o) noexcept : fd_(o.release()) {}
+  FileDescriptor& operator=(FileDescriptor&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::pair<FileDescriptor, FileDescriptor> make_pipe(int flags) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | flags) != 0) {
+    throw Error(fmt::format("launch: cannot create a pipe: {}", std::strerror(errno)));
+  }
+  return {FileDescriptor(fds[0]), FileDescriptor(fds[1])};
+}
+
+// Installs the handlers for the duration of one launch and restores the previous ones.
+class SignalScope {
+ public:
+  SignalScope() {
+    if (g_running.exchange(true)) throw Error("launch: run_local_workers is already running in this process");
+    auto [r, w] = make_pipe(O_NONBLOCK);
+    read_ = std::move(r);
+    write_ = std::move(w);
+    g_signal_write_fd = write_.get();
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a blocking call returns EINTR and the loop looks at the pipe
+    for (int i = 0; i < kHandled; ++i) {
+      struct sigaction use = sa;
+      if (kSignals[i] == SIGCHLD) use.sa_flags |= SA_NOCLDSTOP;
+      ::sigaction(kSignals[i], &use, &old_[i]);
+    }
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, &old_pipe_);  // a closed stdout must not kill the launcher and orphan workers
+  }
+  ~SignalScope() {
+    for (int i = 0; i < kHandled; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+    ::sigaction(SIGPIPE, &old_pipe_, nullptr);
+    g_signal_write_fd = -1;
+    g_running = false;
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+  int fd() const { return read_.get(); }
+
+  // Signal numbers received since the last call, in order.
+  std::vector<int> drain() {
+    std::vector<int> sigs;
+    unsigned char buf[256];
+    while (true) {
+      ssize_t r = ::read(read_.get(), buf, sizeof buf);
+      if (r > 0) {
+        sigs.insert(sigs.end(), buf, buf + r);
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      break;
+    }
+    return sigs;
+  }
+
+  static constexpr int kHandled = 3;
+  static constexpr int kSignals[kHandled] = {SIGINT, SIGTERM, SIGCHLD};
+
+ private:
+  FileDescriptor read_, write_;
+  struct sigaction old_[kHandled] {};
+  struct sigaction old_pipe_ {};
+};
+
+// Blocks every signal in this thread while a child is forked, so no handler runs in the child before exec.
+class BlockSignals {
+ public:
+  BlockSignals() {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_);
+  }
+  ~BlockSignals() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+ private:
+  sigset_t old_;
+};
+
+// ---- output forwarding ----
+
+void write_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t w = ::write(fd, data, size);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // stdout/stderr closed or broken: drop the output, keep supervising the workers
+    }
+    data += w;
+    size -= static_cast<size_t>(w);
+  }
+}
+
+struct Stream {
+  FileDescriptor fd;  // read end of the worker's stdout or stderr pipe
+  int out_fd = 1;     // where its lines go
+  std::string pending;  // an incomplete last line
+};
+
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  Stream streams[2];
+  std::string prefix;
+};
+
+// Appends data to the stream and writes out every complete line, each with the prefix, in one write call.
+void forward(Stream& s, const std::string& prefix, const char* data, size_t size) {
+  s.pending.append(data, size);
+  size_t last = s.pending.rfind('\n');
+  if (last == std::string::npos) {
+    if (s.pending.size() >= kMaxPendingLine) {
+      std::string out = prefix + s.pending + "\n";
+      write_all(s.out_fd, out.data(), out.size());
+      s.pending.clear();
+    }
+    return;
+  }
+  if (prefix.empty()) {
+    write_all(s.out_fd, s.pending.data(), last + 1);
+  } else {
+    std::string out;
+    out.reserve(last + 1 + prefix.size() * 8);
+    size_t start = 0;
+    while (start <= last) {
+      size_t nl = s.pending.find('\n', start);
+      out += prefix;
+      out.append(s.pending, start, nl + 1 - start);
+      start = nl + 1;
+    }
+    write_all(s.out_fd, out.data(), out.size());
+  }
+  s.pending.erase(0, last + 1);
+}
+
+// Writes an unterminated last line (with a newline added) and closes the stream.
+void finish(Stream& s, const std::string& prefix) {
+  if (!s.pending.empty()) {
+    std::string out = prefix + s.pending + "\n";
+    write_all(s.out_fd, out.data(), out.size());
+    s.pending.clear();
+  }
+  s.fd.reset();
+}
+
+// Reads once from a readable stream; closes it at end of file.
+void pump(Stream& s, const std::string& prefix, std::vector<char>& buf) {
+  ssize_t r = ::read(s.fd.get(), buf.data(), buf.size());
+  if (r > 0) {
+    forward(s, prefix, buf.data(), static_cast<size_t>(r));
+  } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+    finish(s, prefix);
+  }
+}
+
+// Reads everything a stream holds right now (used before announcing that its worker exited).
+void pump_all(Stream& s, const std::string& prefix, std::vector<char>& buf) {
+  while (s.fd.valid()) {
+    ssize_t r = ::read(s.fd.get(), buf.data(), buf.size());
+    if (r > 0) {
+      forward(s, prefix, buf.data(), static_cast<size_t>(r));
+    } else if (r < 0 && errno == EINTR) {
+      continue;
+    } else {
+      if (r == 0 || errno != EAGAIN) finish(s, prefix);
+      return;
+    }
+  }
+}
+
+// ---- program lookup ----
+
+bool is_executable_file(const std::string& path, int* err) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    *err = errno;
+    return false;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    *err = EISDIR;
+    return false;
+  }
+  if (::access(path.c_str(), X_OK) != 0) {
+    *err = errno;
+    return false;
+  }
+  return true;
+}
+
+// The path execve will run, as execvp would find it; nullopt with `why` set when there is none.
+std::optional<std::string> resolve_program(const std::string& program, std::string* why) {
+  int err = ENOENT;
+  if (program.empty()) {
+    *why = "the program name is empty";
+    return std::nullopt;
+  }
+  if (program.find('/') != std::string::npos) {
+    if (is_executable_file(program, &err)) return program;
+    *why = std::strerror(err);
+    return std::nullopt;
+  }
+  auto path = env_string("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  int first_err = 0;
+  for (const auto& dir : split(path, ':')) {
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    int e = 0;
+    if (is_executable_file(candidate, &e)) return candidate;
+    if (e != ENOENT && e != ENOTDIR && first_err == 0) first_err = e;  // found but not runnable: say why
+  }
+  *why = first_err != 0 ? std::strerror(first_err) : "not found in PATH";
+  return std::nullopt;
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
+}
+
+std::string describe_exit(const siginfo_t& info, int* code) {
+  if (info.si_code == CLD_EXITED) {
+    *code = info.si_status;
+    return fmt::format("exited with code {}", info.si_status);
+  }
+  *code = 128 + info.si_status;
+  return fmt::format("was killed by signal {} ({})", info.si_status, signal_name(info.si_status));
+}
+
+std::string plural_workers(int n) { return fmt::format("{} worker{}", n, n == 1 ? "" : "s"); }
+
+std::string stopping_others(int others) {
+  if (others == 0) return "";
+  if (others == 1) return "; stopping the other worker";
+  return fmt::format("; stopping the other {} workers", others);
+}
+
+void message(const LaunchSpec& spec, const std::string& text) {
+  std::string line = spec.name + ": " + text + "\n";
+  write_all(2, line.data(), line.size());
+}
+
+std::vector<std::string> current_environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  out.reserve(v.size() + 1);
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// In the child between fork and exec: async-signal-safe calls only.
+[[noreturn]] void exec_child(int out_fd, int err_fd, int null_fd, int report_fd, pid_t parent, const char* path,
+                             char* const* argv, char* const* envp) {
+  ::setpgid(0, 0);  // own process group: the launcher signals the worker and everything it starts
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL does not leave workers behind
+  if (::getppid() != parent) ::_exit(kExecFailedCode);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+  int targets[3] = {0, 1, 2};
+  int sources[3] = {null_fd, out_fd, err_fd};
+  for (int i = 0; i < 3; ++i) {
+    if (sources[i] == targets[i]) {
+      ::fcntl(targets[i], F_SETFD, 0);  // dup2 onto itself would keep close-on-exec
+    } else if (::dup2(sources[i], targets[i]) < 0) {
+      int e = errno;
+      ssize_t r = ::write(report_fd, &e, sizeof e);
+      (void)r;
+      ::_exit(kExecFailedCode);
+    }
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
+  ::execve(path, argv, envp);
+  int e = errno;
+  ssize_t r = ::write(report_fd, &e, sizeof e);
+  (void)r;
+  ::_exit(kExecFailedCode);
+}
+
+}  // namespace
+
+int find_free_port(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(addr.c_str(), "0", &hints, &res);
+  if (rc != 0) {
+    throw ConfigError(fmt::format("launch: master address '{}' cannot be resolved: {}", addr, ::gai_strerror(rc)));
+  }
+  std::string last_error = "no address";
+  int port = 0;
+  for (addrinfo* ai = res; ai != nullptr && port == 0; ai = ai->ai_next) {
+    FileDescriptor s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!s.valid() || ::bind(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    if (bound.ss_family == AF_INET) port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    if (bound.ss_family == AF_INET6) port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  }
+  ::freeaddrinfo(res);
+  if (port == 0) {
+    throw ConfigError(fmt::format(
+        "launch: cannot bind a port on master address '{}' ({}); give an address of this host with --master-addr "
+        "or a port with --master-port",
+        addr, last_error));
+  }
+  return port;
+}
+
+std::string make_job_id() {
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::system_clock::now().time_since_epoch())
+                .count();
+  return fmt::format("{:x}-{:x}", static_cast<unsigned>(::getpid()), static_cast<unsigned long long>(ns));
+}
+
+std::vector<std::string> worker_environment(const std::vector<std::string>& base, const LaunchSpec& spec, int rank,
+                                            int master_port, const std::string& job_id) {
+  auto key_of = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
+  auto dropped = [&](std::string_view key) {
+    for (auto p : kDroppedPrefixes)
+      if (key.starts_with(p)) return true;
+    for (auto k : kOwnedVariables)
+      if (key == k) return true;
+    for (const auto& [k, v] : spec.extra_env)
+      if (key == k) return true;
+    return false;
+  };
+  std::vector<std::string> env;
+  env.reserve(base.size() + 16);
+  bool has_omp_threads = false;
+  for (const auto& entry : base) {
+    auto key = key_of(entry);
+    if (key == "OMP_NUM_THREADS") has_omp_threads = true;
+    if (!dropped(key)) env.push_back(entry);
+  }
+  const int n = spec.nprocs;
+  auto set = [&](std::string_view key, const std::string& value) { env.push_back(fmt::format("{}={}", key, value)); };
+  set("MASTER_ADDR", spec.master_addr);
+  set("MASTER_PORT", std::to_string(master_port));
+  set("RANK", std::to_string(rank));
+  set("WORLD_SIZE", std::to_string(n));
+  set("LOCAL_RANK", std::to_string(rank));
+  set("LOCAL_WORLD_SIZE", std::to_string(n));
+  set("GROUP_RANK", "0");
+  set("GROUP_WORLD_SIZE", "1");
+  set("ROLE_RANK", std::to_string(rank));
+  set("ROLE_WORLD_SIZE", std::to_string(n));
+  set("CONDUIT_JOB_ID", job_id);
+  // As torchrun: several workers each running a full OpenMP pool would oversubscribe the cores.
+  if (!has_omp_threads && n > 1) set("OMP_NUM_THREADS", "1");
+  for (const auto& [k, v] : spec.extra_env) set(k, v);
+  return env;
+}
+
+int run_local_workers(const LaunchSpec& spec) {
+  if (spec.nprocs < 1 || spec.nprocs > kMaxLocalWorkers) {
+    throw ConfigError(fmt::format("launch: the number of workers (-n) must be between 1 and {}, got {}",
+                                  kMaxLocalWorkers, spec.nprocs));
+  }
+  if (spec.master_port < 0 || spec.master_port > 65535) {
+    throw ConfigError(
+        fmt::format("launch: --master-port must be between 1 and 65535 (0 = pick a free one), got {}",
+                    spec.master_port));
+  }
+  if (spec.master_addr.empty()) throw ConfigError("launch: --master-addr is empty; give a host name or IP address");
+  if (spec.command.empty()) throw ConfigError("launch: no program given; usage: conduit launch -n N -- PROGRAM [ARGS]");
+  for (const auto& [k, v] : spec.extra_env) {
+    if (k.empty() || k.find('=') != std::string::npos) {
+      throw ConfigError(fmt::format("launch: environment variable name '{}' is invalid", k));
+    }
+  }
+  double grace = spec.grace_seconds;
+  if (grace < 0) grace = env_seconds("CONDUIT_LAUNCH_GRACE").value_or(kDefaultGraceSeconds);
+  const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
+
+  const std::string& program = spec.command[0];
+  std::string why;
+  auto resolved = resolve_program(program, &why);
+  if (!resolved) {
+    message(spec, fmt::format("cannot execute '{}': {}", program, why));
+    return kExecFailedCode;
+  }
+  const int port = spec.master_port != 0 ? spec.master_port : find_free_port(spec.master_addr);
+  const std::string job_id = spec.job_id.empty() ? make_job_id() : spec.job_id;
+
+  SignalScope signals;
+  FileDescriptor dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));
+
+  const auto base_env = current_environment();
+  std::vector<std::string> args = spec.command;
+  std::vector<char*> argv = c_strings(args);
+  std::vector<Worker> workers(static_cast<size_t>(spec.nprocs));
+
+  int result = 0;
+  bool have_result = false;
+  bool stopping = false;
+  bool killed = false;
+  int user_signals = 0;
+  Clock::time_point kill_deadline{};
+
+  auto running_count = [&]() {
+    return static_cast<int>(std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return w.running; }));
+  };
+  auto signal_all = [&](int sig) {
+    for (auto& w : workers)
+      if (w.running) ::kill(-w.pid, sig);
+  };
+  auto begin_stop = [&](int sig) {
+    signal_all(sig);
+    if (!stopping) {
+      stopping = true;
+      kill_deadline = Clock::now() + grace_time;
+    }
+  };
+  auto kill_all = [&]() {
+    signal_all(SIGKILL);
+    killed = true;
+  };
+
+  // ---- start the workers ----
+  for (int rank = 0; rank < spec.nprocs && !have_result; ++rank) {
+    Worker& w = workers[static_cast<size_t>(rank)];
+    w.rank = rank;
+    w.prefix = spec.tag_output ? fmt::format("[rank {}] ", rank) : std::string();
+    auto env = worker_environment(base_env, spec, rank, port, job_id);
+    std::vector<char*> envp = c_strings(env);
+    auto [out_r, out_w] = make_pipe(0);
+    auto [err_r, err_w] = make_pipe(0);
+    auto [rep_r, rep_w] = make_pipe(0);
+    pid_t parent = ::getpid();
+    pid_t pid;
+    {
+      BlockSignals block;
+      pid = ::fork();
+      if (pid == 0) {
+        exec_child(out_w.get(), err_w.get(), dev_null.get(), rep_w.get(), parent, resolved->c_str(), argv.data(),
+                   envp.data());
+      }
+    }
+    if (pid < 0) {
+      message(spec, fmt::format("cannot start rank {}: fork failed: {}", rank, std::strerror(errno)));
+      result = kExecFailedCode;
+      have_result = true;
+      begin_stop(SIGTERM);
+      break;
+    }
+    ::setpgid(pid, pid);  // also here, so that signalling the group cannot race the child's own setpgid
+    out_w.reset();
+    err_w.reset();
+    rep_w.reset();
+    w.pid = pid;
+    w.running = true;
+    ::fcntl(out_r.get(), F_SETFL, O_NONBLOCK);  // the read ends only: the worker's stdout stays blocking
+    ::fcntl(err_r.get(), F_SETFL, O_NONBLOCK);
+    w.streams[0].fd = std::move(out_r);
+    w.streams[0].out_fd = 1;
+    w.streams[1].fd = std::move(err_r);
+    w.streams[1].out_fd = 2;
+    // The report pipe closes on a successful exec; an errno arrives when exec failed.
+    int exec_errno = 0;
+    ssize_t r;
+    do {
+      r = ::read(rep_r.get(), &exec_errno, sizeof exec_errno);
+    } while (r < 0 && errno == EINTR);
+    if (r == static_cast<ssize_t>(sizeof exec_errno)) {
+      ::waitpid(pid, nullptr, 0);
+      w.running = false;
+      for (auto& s : w.streams) s.fd.reset();
+      int others = running_count();
+      message(spec, fmt::format("cannot execute '{}' for rank {}: {}{}", program, rank, std::strerror(exec_errno),
+                                stopping_others(others)));
+      result = kExecFailedCode;
+      have_result = true;
+      begin_stop(SIGTERM);
+    }
+  }
+
+  // ---- supervise: forward output, signals and exits until every worker is gone ----
+  std::vector<char> buf(kReadChunk);
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Stream*, const std::string*>> polled;  // stream and its worker's prefix
+  std::optional<Clock::time_point> drain_deadline;
+
+  auto reap = [&]() {
+    for (auto& w : workers) {
+      if (!w.running) continue;
+      siginfo_t info{};
+      // WNOWAIT keeps the worker a zombie, so its process group id cannot be reused while we signal it.
+      if (::waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != w.pid)
+        continue;
+      int code = 0;
+      std::string what = describe_exit(info, &code);
+      bool failed = code != 0;
+      // Whatever a failed or stopped worker started goes with it.
+      if (failed || stopping) ::kill(-w.pid, SIGKILL);
+      ::waitpid(w.pid, nullptr, 0);
+      w.running = false;
+      if (failed && !stopping) {
+        for (auto& st : w.streams) pump_all(st, w.prefix, buf);
+        int others = running_count();
+        message(spec, fmt::format("rank {} (pid {}) {}{}", w.rank, w.pid, what,
+                                  stopping_others(others)));
+        result = code;
+        have_result = true;
+        begin_stop(SIGTERM);
+      }
+    }
+  };
+
+  while (true) {
+    bool any_running = running_count() > 0;
+    bool any_open = false;
+    for (auto& w : workers)
+      for (auto& s : w.streams) any_open = any_open || s.fd.valid();
+    if (!any_running && !any_open) break;
+    auto now = Clock::now();
+    if (!any_running && !drain_deadline) drain_deadline = now + kDrainTime;
+    if (drain_deadline && now >= *drain_deadline) {
+      for (auto& w : workers)
+        for (auto& s : w.streams)
+          if (s.fd.valid()) finish(s, w.prefix);
+      break;
+    }
+    if (stopping && !killed && any_running && now >= kill_deadline) {
+      message(spec, fmt::format("{} still running {:.3g} s after SIGTERM; sending SIGKILL",
+                                plural_workers(running_count()), grace));
+      kill_all();
+    }
+
+    std::optional<Clock::time_point> wake;
+    if (stopping && !killed && any_running) wake = kill_deadline;
+    if (drain_deadline) wake = wake ? std::min(*wake, *drain_deadline) : *drain_deadline;
+    int timeout_ms = -1;
+    if (wake) {
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(*wake - now).count();
+      timeout_ms = static_cast<int>(std::clamp<long long>(ms, 0, 60 * 60 * 1000));
+    }
+
+    fds.clear();
+    polled.clear();
+    fds.push_back({signals.fd(), POLLIN, 0});
+    for (auto& w : workers) {
+      for (auto& s : w.streams) {
+        if (!s.fd.valid()) continue;
+        fds.push_back({s.fd.get(), POLLIN, 0});
+        polled.emplace_back(&s, &w.prefix);
+      }
+    }
+    int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(fmt::format("launch: poll failed: {}", std::strerror(errno)));
+    }
+
+    bool child_event = false;
+    if (fds[0].revents != 0) {
+      for (int sig : signals.drain()) {
+        if (sig == SIGCHLD) {
+          child_event = true;  // reaped below
+          continue;
+        }
+        ++user_signals;
+        if (!have_result) {
+          result = 128 + sig;
+          have_result = true;
+        }
+        if (user_signals == 1) {
+          message(spec, fmt::format("received {}; forwarding it to {}", signal_name(sig),
+                                    plural_workers(running_count())));
+          begin_stop(sig);
+        } else if (!killed) {
+          message(spec, fmt::format("received {} again; killing {}", signal_name(sig),
+                                    plural_workers(running_count())));
+          kill_all();
+        }
+      }
+    }
+    // Output first, so that what a worker printed before exiting comes before the launcher's line about it.
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      pump(*polled[i - 1].first, *polled[i - 1].second, buf);
+    }
+    if (child_event || n == 0) reap();
+  }
+  return have_result ? result : 0;
+}
+
+}  // namespace conduit::cli

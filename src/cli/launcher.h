@@ -1,0 +1,45 @@
+#pragma once
+// Local process launcher: what torchrun's standalone mode does for one host. Starts N worker processes with the
+// rendezvous environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// CONDUIT_JOB_ID), forwards each line of their output with a "[rank K] " prefix, forwards SIGINT/SIGTERM, and when
+// one worker fails stops the others and returns that worker's exit code. Used by `conduit launch` and by
+// subcommands that start their own workers (`conduit train -n N`).
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace conduit::cli {
+
+struct LaunchSpec {
+  int nprocs = 1;                           // 1..kMaxLocalWorkers
+  std::string master_addr = "127.0.0.1";    // MASTER_ADDR
+  int master_port = 0;                      // MASTER_PORT; 0 = a free port found by binding port 0 on master_addr
+  std::vector<std::string> command;         // program (looked up in PATH when it has no '/') and its arguments
+  std::vector<std::pair<std::string, std::string>> extra_env;  // set in every worker after the launcher's own
+  bool tag_output = true;                   // prefix each output line with "[rank K] "
+  double grace_seconds = -1;                // SIGTERM -> SIGKILL delay; < 0 = CONDUIT_LAUNCH_GRACE, else 10 s
+  std::string job_id;                       // CONDUIT_JOB_ID; empty = a fresh unique id
+  std::string name = "conduit launch";      // how the launcher names itself in its messages
+};
+
+inline constexpr int kMaxLocalWorkers = 1024;
+inline constexpr int kExecFailedCode = 127;
+
+// Runs the workers to completion. Returns 0 when all exit 0; the exit code of the first worker that failed
+// (128 + signal when it was killed by one); 128 + signal when the launcher itself got SIGINT/SIGTERM; 127 when the
+// program cannot be executed. Problems with the spec itself (bad n, port, empty command) throw ConfigError.
+// Installs SIGINT/SIGTERM/SIGCHLD/SIGPIPE handlers for its duration and restores the previous ones; not reentrant.
+int run_local_workers(const LaunchSpec& spec);
+
+// A TCP port that was free on `addr` a moment ago (bind to port 0, read it back, close).
+int find_free_port(const std::string& addr);
+
+// A unique id for one launch (hex of pid and time), safe in file and shared-memory names.
+std::string make_job_id();
+
+// The environment a worker starts with: `base` (KEY=VALUE entries) without OMPI_*/PMIX_* variables inherited from
+// an outer mpirun and without the variables set here, then the rendezvous variables for `rank`, then extra_env.
+std::vector<std::string> worker_environment(const std::vector<std::string>& base, const LaunchSpec& spec, int rank,
+                                            int master_port, const std::string& job_id);
+
+}  // namespace conduit::cli
