@@ -1,0 +1,248 @@
+#include "sim/cluster.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "sim/presets_data.h"
+#include "sim/units.h"
+
+namespace conduit::sim {
+namespace {
+
+std::string where(const std::string& origin, const std::string& path) { return origin + ": " + path; }
+
+YAML::Node require(const YAML::Node& parent, const char* key, const std::string& origin, const std::string& path) {
+  YAML::Node n = parent[key];
+  if (!n) throw ConfigError(fmt::format("{}.{} is missing", where(origin, path), key));
+  return n;
+}
+
+std::string get_string(const YAML::Node& n, const std::string& field) {
+  try {
+    return n.as<std::string>();
+  } catch (const YAML::Exception&) {
+    throw ConfigError(fmt::format("{} must be a string", field));
+  }
+}
+
+double get_number(const YAML::Node& n, const std::string& field, double lo, double hi) {
+  double v;
+  try {
+    v = n.as<double>();
+  } catch (const YAML::Exception&) {
+    throw ConfigError(fmt::format("{} must be a number in [{}, {}]", field, lo, hi));
+  }
+  if (!(v >= lo && v <= hi)) throw ConfigError(fmt::format("{} = {} is out of range [{}, {}]", field, v, lo, hi));
+  return v;
+}
+
+int get_int(const YAML::Node& n, const std::string& field, int lo, int hi) {
+  double v = get_number(n, field, lo, hi);
+  if (v != static_cast<int>(v)) throw ConfigError(fmt::format("{} = {} must be an integer", field, v));
+  return static_cast<int>(v);
+}
+
+LinkSpec parse_link(const YAML::Node& n, const std::string& field) {
+  if (!n || !n.IsMap()) throw ConfigError(fmt::format("{} must be a map with bandwidth and latency", field));
+  LinkSpec l;
+  if (!n["bandwidth"]) throw ConfigError(fmt::format("{}.bandwidth is missing (e.g. 200 Gb/s)", field));
+  if (!n["latency"]) throw ConfigError(fmt::format("{}.latency is missing (e.g. 2 us)", field));
+  l.bandwidth = parse_bandwidth(get_string(n["bandwidth"], field + ".bandwidth"), field + ".bandwidth");
+  l.latency = parse_duration(get_string(n["latency"], field + ".latency"), field + ".latency");
+  if (l.bandwidth <= 0) throw ConfigError(fmt::format("{}.bandwidth must be positive", field));
+  return l;
+}
+
+Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
+  if (!n || !n.IsMap()) throw ConfigError(fmt::format("{} must be a map", f));
+  Accelerator a;
+  auto req = [&](const char* k) {
+    if (!n[k]) throw ConfigError(fmt::format("{}.{} is missing", f, k));
+    return n[k];
+  };
+  a.name = n["name"] ? get_string(n["name"], f + ".name") : "accelerator";
+  a.peak_flops = parse_flops(get_string(req("peak_bf16"), f + ".peak_bf16"), f + ".peak_bf16");
+  a.peak_flops_fp32 = n["peak_fp32"] ? parse_flops(get_string(n["peak_fp32"], f + ".peak_fp32"), f + ".peak_fp32")
+                                     : a.peak_flops / 16;
+  a.memory_bytes = parse_size(get_string(req("memory"), f + ".memory"), f + ".memory");
+  a.memory_bandwidth =
+      parse_bandwidth(get_string(req("memory_bandwidth"), f + ".memory_bandwidth"), f + ".memory_bandwidth");
+  if (a.peak_flops <= 0 || a.memory_bytes <= 0 || a.memory_bandwidth <= 0)
+    throw ConfigError(fmt::format("{}: peak_bf16, memory and memory_bandwidth must be positive", f));
+  if (n["sm_count"]) a.sm_count = get_int(n["sm_count"], f + ".sm_count", 1, 100000);
+  if (n["gemm_tile"]) {
+    auto t = n["gemm_tile"];
+    if (!t.IsSequence() || t.size() != 2) throw ConfigError(fmt::format("{}.gemm_tile must be [M, N]", f));
+    a.tile_m = get_int(t[0], f + ".gemm_tile[0]", 1, 4096);
+    a.tile_n = get_int(t[1], f + ".gemm_tile[1]", 1, 4096);
+  }
+  if (n["gemm_efficiency"]) a.gemm_efficiency = get_number(n["gemm_efficiency"], f + ".gemm_efficiency", 0.01, 1);
+  if (n["memory_efficiency"])
+    a.memory_efficiency = get_number(n["memory_efficiency"], f + ".memory_efficiency", 0.01, 1);
+  if (n["kernel_overhead"])
+    a.kernel_overhead = parse_duration(get_string(n["kernel_overhead"], f + ".kernel_overhead"), f + ".kernel_overhead");
+  if (auto c = n["calibration"]) {
+    if (!c.IsSequence()) throw ConfigError(fmt::format("{}.calibration must be a list of {{m, n, k, achieved}}", f));
+    for (size_t i = 0; i < c.size(); ++i) {
+      std::string fi = fmt::format("{}.calibration[{}]", f, i);
+      GemmSample s;
+      s.m = get_number(require(c[i], "m", "", fi), fi + ".m", 1, 1e9);
+      s.n = get_number(require(c[i], "n", "", fi), fi + ".n", 1, 1e9);
+      s.k = get_number(require(c[i], "k", "", fi), fi + ".k", 1, 1e9);
+      s.flops = parse_flops(get_string(require(c[i], "achieved", "", fi), fi + ".achieved"), fi + ".achieved");
+      if (s.flops <= 0) throw ConfigError(fmt::format("{}.achieved must be positive", fi));
+      a.calibration.push_back(s);
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+long long ClusterSpec::described_gpus() const {
+  long long total = 0;
+  for (const auto& k : node_kinds) {
+    if (k.count <= 0) return 0;
+    total += static_cast<long long>(k.count) * k.gpus;
+  }
+  return total;
+}
+
+ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: not valid YAML: {}", origin, e.what()));
+  }
+  if (!root.IsMap()) throw ConfigError(fmt::format("{}: a cluster file is a map with name, nodes and network", origin));
+  ClusterSpec c;
+  c.name = root["name"] ? get_string(root["name"], origin + ": name") : origin;
+  c.description = root["description"] ? get_string(root["description"], origin + ": description") : "";
+  auto nodes = require(root, "nodes", origin, "cluster");
+  if (!nodes.IsSequence() || nodes.size() == 0)
+    throw ConfigError(fmt::format("{}: nodes must be a non-empty list of node kinds", origin));
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::string f = fmt::format("{}: nodes[{}]", origin, i);
+    const YAML::Node& n = nodes[i];
+    NodeKind k;
+    k.name = n["name"] ? get_string(n["name"], f + ".name") : fmt::format("kind{}", i);
+    if (n["count"]) k.count = get_int(n["count"], f + ".count", 1, 10000000);
+    k.gpus = get_int(require(n, "gpus", origin, f), f + ".gpus", 1, 1024);
+    k.accelerator = parse_accelerator(n["accelerator"], f + ".accelerator");
+    auto intra = n["intra"];
+    if (!intra) throw ConfigError(fmt::format("{}.intra is missing (kind, bandwidth, latency)", f));
+    k.intra_kind = intra["kind"] ? get_string(intra["kind"], f + ".intra.kind") : "nvswitch";
+    if (k.intra_kind != "nvswitch" && k.intra_kind != "pcie" && k.intra_kind != "none")
+      throw ConfigError(fmt::format("{}.intra.kind = '{}' (allowed: nvswitch, pcie, none)", f, k.intra_kind));
+    k.intra = parse_link(intra, f + ".intra");
+    k.nics = get_int(require(n, "nics", origin, f), f + ".nics", 1, 1024);
+    if (k.gpus % k.nics != 0 && k.nics % k.gpus != 0)
+      throw ConfigError(fmt::format("{}: gpus ({}) and nics ({}) must divide one another", f, k.gpus, k.nics));
+    if (k.nics > k.gpus) k.nics = k.gpus;  // extra NICs beyond one per GPU are not used by collectives
+    k.nic = parse_link(n["nic"], f + ".nic");
+    c.node_kinds.push_back(std::move(k));
+  }
+  if (c.node_kinds.size() > 1) {
+    for (size_t i = 0; i < c.node_kinds.size(); ++i) {
+      if (c.node_kinds[i].count <= 0)
+        throw ConfigError(fmt::format("{}: nodes[{}].count is required when a cluster has several node kinds", origin, i));
+      if (c.node_kinds[i].gpus != c.node_kinds[0].gpus)
+        throw ConfigError(fmt::format("{}: nodes[{}].gpus must equal nodes[0].gpus ({}) in this version", origin, i,
+                                      c.node_kinds[0].gpus));
+    }
+  }
+  auto net = require(root, "network", origin, "cluster");
+  std::string f = origin + ": network";
+  NetworkSpec& ns = c.network;
+  std::string topo = get_string(require(net, "topology", origin, "network"), f + ".topology");
+  if (topo == "fat-tree") ns.topology = TopologyKind::kFatTree;
+  else if (topo == "rail-optimized") ns.topology = TopologyKind::kRailOptimized;
+  else if (topo == "torus") ns.topology = TopologyKind::kTorus;
+  else if (topo == "flat") ns.topology = TopologyKind::kFlat;
+  else
+    throw ConfigError(fmt::format("{}.topology = '{}' (allowed: fat-tree, rail-optimized, torus, flat)", f, topo));
+  if (net["nodes_per_leaf"]) ns.nodes_per_leaf = get_int(net["nodes_per_leaf"], f + ".nodes_per_leaf", 1, 1 << 20);
+  if (net["oversubscription"]) ns.oversubscription = get_number(net["oversubscription"], f + ".oversubscription", 1, 1000);
+  if (net["switch_latency"])
+    ns.switch_latency = parse_duration(get_string(net["switch_latency"], f + ".switch_latency"), f + ".switch_latency");
+  if (net["software_overhead"])
+    ns.software_overhead =
+        parse_duration(get_string(net["software_overhead"], f + ".software_overhead"), f + ".software_overhead");
+  if (net["reduction_bandwidth"])
+    ns.reduction_bandwidth = parse_bandwidth(get_string(net["reduction_bandwidth"], f + ".reduction_bandwidth"),
+                                             f + ".reduction_bandwidth");
+  if (net["in_network_reduction"]) {
+    try {
+      ns.in_network_reduction = net["in_network_reduction"].as<bool>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError(fmt::format("{}.in_network_reduction must be true or false", f));
+    }
+  }
+  if (ns.topology == TopologyKind::kTorus) {
+    auto d = net["torus_dims"];
+    if (!d || !d.IsSequence() || d.size() < 1 || d.size() > 3)
+      throw ConfigError(fmt::format("{}.torus_dims must be a list of 1-3 node counts, e.g. [8, 8, 8]", f));
+    for (size_t i = 0; i < d.size(); ++i) ns.torus_dims.push_back(get_int(d[i], f + ".torus_dims", 1, 1 << 16));
+    ns.torus_link = parse_link(net["torus_link"], f + ".torus_link");
+  }
+  return c;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> out;
+  for (const auto& p : detail::kPresetTexts) out.emplace_back(p.name);
+  return out;
+}
+
+const char* preset_yaml(const std::string& name) {
+  for (const auto& p : detail::kPresetTexts)
+    if (name == p.name) return p.yaml;
+  throw ConfigError(fmt::format("--cluster: unknown preset '{}' (presets: {}; or give a path to a YAML file)", name,
+                                join(preset_names(), ", ")));
+}
+
+ClusterSpec load_cluster(const std::string& preset_or_file) {
+  for (const auto& p : detail::kPresetTexts)
+    if (preset_or_file == p.name) return parse_cluster_yaml(p.yaml, std::string("preset ") + p.name);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(preset_or_file, ec)) {
+    throw ConfigError(fmt::format("--cluster: '{}' is neither a preset ({}) nor a readable YAML file", preset_or_file,
+                                  join(preset_names(), ", ")));
+  }
+  std::ifstream in(preset_or_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_cluster_yaml(ss.str(), preset_or_file);
+}
+
+ClusterSpec flat_cluster(double alpha, double bandwidth, double gamma, double peak_flops) {
+  ClusterSpec c;
+  c.name = "flat";
+  c.description = "every endpoint has one alpha-beta link (closed-form checks)";
+  NodeKind k;
+  k.name = "endpoint";
+  k.gpus = 1;
+  k.accelerator.name = "ideal";
+  k.accelerator.peak_flops = peak_flops;
+  k.accelerator.peak_flops_fp32 = peak_flops;
+  k.accelerator.memory_bytes = 1e12;
+  k.accelerator.memory_bandwidth = 1e13;
+  k.intra_kind = "none";
+  k.intra = {bandwidth, 0};
+  k.nics = 1;
+  k.nic = {bandwidth, 0};
+  c.node_kinds.push_back(k);
+  c.network.topology = TopologyKind::kFlat;
+  c.network.software_overhead = alpha;
+  c.network.reduction_bandwidth = gamma > 0 ? 1.0 / gamma : 1e300;
+  return c;
+}
+
+}  // namespace conduit::sim

@@ -1,0 +1,85 @@
+#pragma once
+// A cluster description: kinds of nodes (accelerator, intra-node fabric, NICs) and the inter-node network.
+// Loaded from YAML (configs/clusters/*.yaml; the same text is embedded as presets). All values are SI.
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace conduit::sim {
+
+// A measured GEMM: shape and achieved FLOP/s. A calibration table overrides the analytical efficiency model for
+// shapes near a measured one (see compute.h).
+struct GemmSample {
+  double m = 0, n = 0, k = 0;
+  double flops = 0;  // achieved FLOP/s
+};
+
+struct Accelerator {
+  std::string name;
+  double peak_flops = 0;       // dense BF16/FP16 tensor FLOP/s
+  double peak_flops_fp32 = 0;  // FP32 FLOP/s (non-tensor)
+  double memory_bytes = 0;
+  double memory_bandwidth = 0;  // bytes/s
+  int sm_count = 1;
+  int tile_m = 128, tile_n = 128;
+  double gemm_efficiency = 0.8;    // fraction of peak reached by large, well-shaped GEMMs
+  double memory_efficiency = 0.85; // fraction of memory bandwidth reached by streaming kernels
+  double kernel_overhead = 4e-6;   // seconds per kernel launch
+  std::vector<GemmSample> calibration;
+};
+
+struct LinkSpec {
+  double bandwidth = 0;  // bytes/s per direction
+  double latency = 0;    // seconds
+};
+
+struct NodeKind {
+  std::string name;
+  int count = 0;  // nodes of this kind in the described cluster (0: as many as --gpus needs)
+  int gpus = 1;   // accelerators per node
+  Accelerator accelerator;
+  std::string intra_kind = "nvswitch";  // nvswitch | pcie | none
+  LinkSpec intra;
+  int nics = 1;
+  LinkSpec nic;
+};
+
+enum class TopologyKind { kFatTree, kRailOptimized, kTorus, kFlat };
+
+struct NetworkSpec {
+  TopologyKind topology = TopologyKind::kFatTree;
+  int nodes_per_leaf = 1;
+  double oversubscription = 1;  // leaf downlink capacity / uplink capacity
+  double switch_latency = 0;    // seconds per switch traversed
+  std::vector<int> torus_dims;  // torus: nodes along each dimension
+  LinkSpec torus_link;          // torus: each neighbour link
+  double software_overhead = 0; // seconds per collective step (alpha's software part)
+  double reduction_bandwidth = 1e12;  // bytes/s reduced (gamma = 1 / this)
+  bool in_network_reduction = false;
+};
+
+struct ClusterSpec {
+  std::string name;
+  std::string description;
+  std::vector<NodeKind> node_kinds;
+  NetworkSpec network;
+
+  bool heterogeneous() const { return node_kinds.size() > 1; }
+  int gpus_per_node() const { return node_kinds.front().gpus; }
+  // Total accelerators described when every kind has a count; 0 when the cluster scales with --gpus.
+  long long described_gpus() const;
+};
+
+// Parses a cluster YAML text; `origin` names the file or preset in errors.
+ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origin);
+// A preset name (dgx-a100, dgx-h100, ethernet-25g, edge) or a path to a YAML file.
+ClusterSpec load_cluster(const std::string& preset_or_file);
+std::vector<std::string> preset_names();
+// The embedded YAML text of a preset; ConfigError naming the presets when unknown.
+const char* preset_yaml(const std::string& name);
+
+// A cluster whose every link is the same alpha-beta link (for closed-form checks): `gpus` endpoints, one per
+// node, each with one link of `bandwidth` and a per-message latency `alpha`; reductions at `gamma` s/byte.
+ClusterSpec flat_cluster(double alpha, double bandwidth, double gamma, double peak_flops = 100e12);
+
+}  // namespace conduit::sim

@@ -1,0 +1,584 @@
+#include "sim/collective.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "sim/flow.h"
+
+namespace conduit::sim {
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "allreduce";
+    case Collective::kReduceScatter: return "reduce-scatter";
+    case Collective::kAllGather: return "allgather";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduce: return "reduce";
+    case Collective::kAllToAll: return "all-to-all";
+    case Collective::kShift: return "pipeline-shift";
+  }
+  return "?";
+}
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::kAuto: return "auto";
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kHalvingDoubling: return "halving-doubling";
+    case Algorithm::kRecursiveDoubling: return "recursive-doubling";
+    case Algorithm::kBinomialTree: return "binomial-tree";
+    case Algorithm::kDoubleBinaryTree: return "double-binary-tree";
+    case Algorithm::kHierarchical: return "hierarchical";
+    case Algorithm::kInNetwork: return "in-network";
+    case Algorithm::kDirect: return "direct";
+  }
+  return "?";
+}
+
+Algorithm parse_algorithm(const std::string& s) {
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling,
+                      Algorithm::kBinomialTree, Algorithm::kDoubleBinaryTree, Algorithm::kHierarchical,
+                      Algorithm::kInNetwork, Algorithm::kDirect}) {
+    if (s == algorithm_name(a)) return a;
+  }
+  throw ConfigError(fmt::format(
+      "--algorithm = '{}' (allowed: auto, ring, halving-doubling, recursive-doubling, binomial-tree, "
+      "double-binary-tree, hierarchical, in-network, direct)",
+      s));
+}
+
+namespace {
+
+struct Builder {
+  const Topology& topo;
+  Group g;
+  long long gid(long long i) const { return g.first + i * g.stride; }
+};
+
+long long floor_pow2(long long p) {
+  long long q = 1;
+  while (q * 2 <= p) q *= 2;
+  return q;
+}
+
+int ceil_log2(long long p) {
+  int k = 0;
+  while ((1LL << k) < p) ++k;
+  return k;
+}
+
+// Ring over relative ranks `idx` (in order), `repeat` steps of `frac` each.
+Step ring_step(const Builder& b, const std::vector<long long>& idx, double frac, double repeat, double reduce,
+               const char* phase) {
+  Step s;
+  s.repeat = repeat;
+  s.latency_hops = 1;
+  s.reduce = reduce;
+  s.phase = phase;
+  const size_t m = idx.size();
+  s.transfers.reserve(m);
+  for (size_t i = 0; i < m; ++i) s.transfers.push_back({b.gid(idx[i]), b.gid(idx[(i + 1) % m]), frac, {}, -1});
+  return s;
+}
+
+void append_ring(const Builder& b, Collective c, const std::vector<std::vector<long long>>& rings, double frac_total,
+                 std::vector<Step>& out, const char* phase_prefix) {
+  // `rings` run concurrently; each has m ranks and works on frac_total of n.
+  const size_t m = rings.front().size();
+  if (m < 2) return;
+  auto merged = [&](double frac, double reduce, const char* phase) {
+    Step s;
+    s.repeat = static_cast<double>(m - 1);
+    s.reduce = reduce;
+    s.phase = fmt::format("{}{}", phase_prefix, phase);
+    for (const auto& r : rings) {
+      Step one = ring_step(b, r, frac, 1, 0, "");
+      s.transfers.insert(s.transfers.end(), one.transfers.begin(), one.transfers.end());
+    }
+    return s;
+  };
+  const double chunk = frac_total / static_cast<double>(m);
+  if (c == Collective::kAllReduce || c == Collective::kReduceScatter) out.push_back(merged(chunk, chunk, "reduce-scatter"));
+  if (c == Collective::kAllReduce || c == Collective::kAllGather) out.push_back(merged(chunk, 0, "allgather"));
+}
+
+std::vector<long long> iota(long long p) {
+  std::vector<long long> v(p);
+  for (long long i = 0; i < p; ++i) v[i] = i;
+  return v;
+}
+
+// Recursive halving (reduce-scatter) and doubling (allgather) over relative ranks 0..p-1 with the MPICH
+// treatment of non-powers of two: the p - p' extra ranks fold their data into a partner first and get the result
+// back at the end. Distances grow (1, 2, 4, ...) so the largest messages travel between the nearest ranks.
+void append_halving_doubling(const Builder& b, Collective c, long long p, std::vector<Step>& out) {
+  const long long q = floor_pow2(p);
+  const long long extra = p - q;
+  const bool rs = c == Collective::kAllReduce || c == Collective::kReduceScatter;
+  const bool ag = c == Collective::kAllReduce || c == Collective::kAllGather;
+  if (extra > 0 && c == Collective::kAllReduce) {
+    Step s;
+    s.phase = "fold extra ranks";
+    s.reduce = 1;
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, {}, -1});
+    out.push_back(std::move(s));
+  }
+  const int logq = ceil_log2(q);
+  if (rs) {
+    for (int k = 0; k < logq; ++k) {
+      Step s;
+      s.phase = "recursive halving";
+      double frac = 1.0 / static_cast<double>(2LL << k);
+      s.reduce = frac;
+      long long d = 1LL << k;
+      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, {}, -1});
+      out.push_back(std::move(s));
+    }
+  }
+  if (ag) {
+    for (int k = logq - 1; k >= 0; --k) {
+      Step s;
+      s.phase = "recursive doubling";
+      double frac = 1.0 / static_cast<double>(2LL << k);
+      long long d = 1LL << k;
+      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, {}, -1});
+      out.push_back(std::move(s));
+    }
+  }
+  if (extra > 0 && c == Collective::kAllReduce) {
+    Step s;
+    s.phase = "return to extra ranks";
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, {}, -1});
+    out.push_back(std::move(s));
+  }
+  if (extra > 0 && c != Collective::kAllReduce)
+    throw UnsupportedError(fmt::format("halving-doubling {} needs a power-of-two group (got {})", collective_name(c), p));
+}
+
+void append_recursive_doubling_allreduce(const Builder& b, long long p, std::vector<Step>& out) {
+  const long long q = floor_pow2(p);
+  const long long extra = p - q;
+  if (extra > 0) {
+    Step s;
+    s.phase = "fold extra ranks";
+    s.reduce = 1;
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, {}, -1});
+    out.push_back(std::move(s));
+  }
+  for (int k = 0; (1LL << k) < q; ++k) {
+    Step s;
+    s.phase = "recursive doubling";
+    s.reduce = 1;
+    for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ (1LL << k)), 1.0, {}, -1});
+    out.push_back(std::move(s));
+  }
+  if (extra > 0) {
+    Step s;
+    s.phase = "return to extra ranks";
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, {}, -1});
+    out.push_back(std::move(s));
+  }
+}
+
+// Binomial tree rooted at relative rank 0.
+void append_binomial(const Builder& b, long long p, bool reduce, std::vector<Step>& out) {
+  const int steps = ceil_log2(p);
+  std::vector<Step> down;
+  for (int k = 0; k < steps; ++k) {
+    Step s;
+    s.phase = reduce ? "binomial reduce" : "binomial broadcast";
+    long long d = 1LL << k;
+    for (long long i = 0; i < d && i + d < p; ++i) {
+      if (reduce) s.transfers.push_back({b.gid(i + d), b.gid(i), 1.0, {}, -1});
+      else s.transfers.push_back({b.gid(i), b.gid(i + d), 1.0, {}, -1});
+    }
+    s.reduce = reduce ? 1.0 : 0.0;
+    down.push_back(std::move(s));
+  }
+  if (reduce) std::reverse(down.begin(), down.end());
+  for (auto& s : down) out.push_back(std::move(s));
+}
+
+// In-order binary tree on positions 1..p; returns the parent position (0 for the root) and the depth.
+long long inorder_parent(long long v, long long p) {
+  long long root = floor_pow2(p);
+  if (v == root) return 0;
+  long long par = v;
+  do {
+    long long bit = par & -par;
+    par = (par - bit) | (bit << 1);
+  } while (par > p);
+  return par;
+}
+
+int inorder_depth(long long p) {
+  int depth = 0;
+  for (long long v = 1; v <= p; ++v) {
+    int d = 0;
+    for (long long x = v; inorder_parent(x, p) != 0; x = inorder_parent(x, p)) ++d;
+    depth = std::max(depth, d);
+  }
+  return depth;
+}
+
+void append_double_binary_tree(const Builder& b, long long p, std::vector<Step>& out) {
+  Step s;
+  s.phase = "double binary tree (pipelined reduce + broadcast)";
+  s.reduce = 1;
+  // Tree A: rank r at position r+1; tree B mirrors it (position p-r), so A's leaves are B's inner nodes.
+  for (int tree = 0; tree < 2; ++tree) {
+    for (long long r = 0; r < p; ++r) {
+      long long v = tree == 0 ? r + 1 : p - r;
+      long long par = inorder_parent(v, p);
+      if (par == 0) continue;
+      long long pr = tree == 0 ? par - 1 : p - par;
+      s.transfers.push_back({b.gid(r), b.gid(pr), 0.5, {}, -1});  // reduce up
+      s.transfers.push_back({b.gid(pr), b.gid(r), 0.5, {}, -1});  // broadcast down
+    }
+  }
+  int depth = p <= 64 ? inorder_depth(p) : static_cast<int>(std::floor(std::log2(static_cast<double>(p))));
+  s.latency_hops = 2.0 * std::max(1, depth);
+  out.push_back(std::move(s));
+}
+
+// Ranks of the group that share the first rank's node (the group is assumed to tile nodes uniformly).
+long long ranks_per_node(const Builder& b, long long p) {
+  long long node0 = b.topo.node_of(b.gid(0));
+  long long k = 0;
+  while (k < p && b.topo.node_of(b.gid(k)) == node0) ++k;
+  if (p % k != 0) return 1;
+  for (long long i = 0; i < p; ++i)
+    if (b.topo.node_of(b.gid(i)) != b.topo.node_of(b.gid((i / k) * k))) return 1;
+  return k;
+}
+
+void append_in_network(const Builder& b, const std::vector<long long>& members, double frac, std::vector<Step>& out,
+                       const char* phase) {
+  const Topology& t = b.topo;
+  if (t.spec().network.topology == TopologyKind::kTorus)
+    throw UnsupportedError("in-network aggregation needs a switched network (fat-tree, rail-optimized or flat)");
+  if (!t.spec().network.in_network_reduction && t.spec().network.topology != TopologyKind::kFlat)
+    throw UnsupportedError(fmt::format("cluster '{}' has no in-network reduction (network.in_network_reduction)",
+                                       t.spec().name));
+  Step s;
+  s.phase = phase;
+  s.latency_hops = 2;  // up to the aggregation root and back down
+  std::vector<int> behind;
+  std::unordered_map<int, long long> leaves;  // leaf-up link -> a member behind it
+  double lat = 0;
+  for (long long i : members) {
+    long long r = b.gid(i);
+    behind.clear();
+    t.links_behind(r, behind);
+    if (behind.size() < 4) throw UnsupportedError("in-network aggregation: no NIC links in this topology");
+    const NodeKind& k = t.kind_of_gpu(r);
+    s.transfers.push_back({r, r, frac, {behind[2]}, k.nic.latency});
+    s.transfers.push_back({r, r, frac, {behind[3]}, k.nic.latency});
+    lat = std::max(lat, k.nic.latency);
+    if (behind.size() >= 6) leaves.emplace(behind[4], r);
+  }
+  if (leaves.size() > 1) {
+    for (auto [up, r] : leaves) {
+      s.transfers.push_back({r, r, frac, {up}, t.spec().network.switch_latency * 2});
+      s.transfers.push_back({r, r, frac, {up + static_cast<int>(t.leaves())}, t.spec().network.switch_latency * 2});
+    }
+  }
+  out.push_back(std::move(s));
+}
+
+}  // namespace
+
+std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, const Group& g) {
+  if (g.size < 1 || g.stride < 1 || g.first < 0 || g.first + (g.size - 1) * g.stride >= topo.gpus())
+    throw InvalidArgument(fmt::format("collective group (first {}, size {}, stride {}) does not fit {} accelerators",
+                                      g.first, g.size, g.stride, topo.gpus()));
+  Builder b{topo, g};
+  const long long p = g.size;
+  std::vector<Step> out;
+  if (p == 1) return out;
+  if (a == Algorithm::kAuto) throw InvalidArgument("make_pattern: resolve kAuto first");
+  switch (c) {
+    case Collective::kShift: {
+      Step s;
+      s.phase = "send to next stage";
+      for (long long i = 0; i + 1 < p; ++i) s.transfers.push_back({b.gid(i), b.gid(i + 1), 1.0, {}, -1});
+      out.push_back(std::move(s));
+      return out;
+    }
+    case Collective::kAllToAll: {
+      if (p > 4096) throw UnsupportedError(fmt::format("all-to-all over {} ranks: at most 4096 in this version", p));
+      for (long long k = 1; k < p; ++k) {
+        Step s;
+        s.phase = "pairwise exchange";
+        for (long long i = 0; i < p; ++i) s.transfers.push_back({b.gid(i), b.gid((i + k) % p), 1.0 / p, {}, -1});
+        out.push_back(std::move(s));
+      }
+      return out;
+    }
+    case Collective::kBroadcast:
+    case Collective::kReduce: {
+      if (a == Algorithm::kBinomialTree) {
+        append_binomial(b, p, c == Collective::kReduce, out);
+        return out;
+      }
+      if (a == Algorithm::kRing) {  // pipelined chain: (p-1) latencies, n over each link once
+        Step s;
+        s.phase = "pipelined chain";
+        s.latency_hops = static_cast<double>(p - 1);
+        s.reduce = c == Collective::kReduce ? 1.0 : 0.0;
+        for (long long i = 0; i + 1 < p; ++i) {
+          if (c == Collective::kBroadcast) s.transfers.push_back({b.gid(i), b.gid(i + 1), 1.0, {}, -1});
+          else s.transfers.push_back({b.gid(i + 1), b.gid(i), 1.0, {}, -1});
+        }
+        out.push_back(std::move(s));
+        return out;
+      }
+      break;
+    }
+    case Collective::kAllReduce:
+    case Collective::kReduceScatter:
+    case Collective::kAllGather: {
+      switch (a) {
+        case Algorithm::kRing:
+          append_ring(b, c, {iota(p)}, 1.0, out, "ring ");
+          return out;
+        case Algorithm::kHalvingDoubling:
+          append_halving_doubling(b, c, p, out);
+          return out;
+        case Algorithm::kRecursiveDoubling:
+          if (c != Collective::kAllReduce) break;
+          append_recursive_doubling_allreduce(b, p, out);
+          return out;
+        case Algorithm::kBinomialTree:
+          if (c != Collective::kAllReduce) break;
+          append_binomial(b, p, true, out);
+          append_binomial(b, p, false, out);
+          return out;
+        case Algorithm::kDoubleBinaryTree:
+          if (c != Collective::kAllReduce) break;
+          append_double_binary_tree(b, p, out);
+          return out;
+        case Algorithm::kHierarchical:
+        case Algorithm::kInNetwork: {
+          const long long k = ranks_per_node(b, p);
+          const long long m = p / k;
+          if (a == Algorithm::kInNetwork && c != Collective::kAllReduce) break;
+          if (k > 1) {
+            std::vector<std::vector<long long>> intra;
+            for (long long n = 0; n < m; ++n) {
+              std::vector<long long> r;
+              for (long long j = 0; j < k; ++j) r.push_back(n * k + j);
+              intra.push_back(r);
+            }
+            if (c != Collective::kAllGather) append_ring(b, Collective::kReduceScatter, intra, 1.0, out, "intra-node ");
+          }
+          if (m > 1) {
+            if (a == Algorithm::kInNetwork) {
+              for (long long j = 0; j < k; ++j) {
+                std::vector<long long> members;
+                for (long long n = 0; n < m; ++n) members.push_back(n * k + j);
+                append_in_network(b, members, 1.0 / k, out, "in-network allreduce");
+              }
+              // The k aggregations run at once: merge them into one step.
+              if (k > 1) {
+                Step merged = std::move(out[out.size() - k]);
+                for (long long j = 1; j < k; ++j) {
+                  auto& s = out[out.size() - k + j];
+                  merged.transfers.insert(merged.transfers.end(), s.transfers.begin(), s.transfers.end());
+                }
+                out.resize(out.size() - k);
+                out.push_back(std::move(merged));
+              }
+            } else {
+              std::vector<std::vector<long long>> inter;
+              for (long long j = 0; j < k; ++j) {
+                std::vector<long long> r;
+                for (long long n = 0; n < m; ++n) r.push_back(n * k + j);
+                inter.push_back(r);
+              }
+              append_ring(b, c, inter, 1.0 / k, out, "inter-node ");
+            }
+          }
+          if (k > 1 && c != Collective::kReduceScatter) {
+            std::vector<std::vector<long long>> intra;
+            for (long long n = 0; n < m; ++n) {
+              std::vector<long long> r;
+              for (long long j = 0; j < k; ++j) r.push_back(n * k + j);
+              intra.push_back(r);
+            }
+            append_ring(b, Collective::kAllGather, intra, 1.0, out, "intra-node ");
+          }
+          return out;
+        }
+        default:
+          break;
+      }
+      break;
+    }
+  }
+  throw UnsupportedError(fmt::format("algorithm {} does not implement {}", algorithm_name(a), collective_name(c)));
+}
+
+std::vector<Algorithm> candidate_algorithms(Collective c, const Topology& topo) {
+  switch (c) {
+    case Collective::kAllReduce: {
+      std::vector<Algorithm> v{Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kDoubleBinaryTree,
+                               Algorithm::kHierarchical, Algorithm::kRecursiveDoubling};
+      if (topo.spec().network.in_network_reduction) v.push_back(Algorithm::kInNetwork);
+      return v;
+    }
+    case Collective::kReduceScatter:
+    case Collective::kAllGather:
+      return {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kHierarchical};
+    case Collective::kBroadcast:
+    case Collective::kReduce:
+      return {Algorithm::kRing, Algorithm::kBinomialTree};
+    case Collective::kAllToAll:
+    case Collective::kShift:
+      return {Algorithm::kDirect};
+  }
+  return {Algorithm::kRing};
+}
+
+CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, const Group& g) {
+  CollectiveCost cost;
+  cost.algorithm = a;
+  cost.gamma = 1.0 / topo_.spec().network.reduction_bandwidth;
+  std::vector<Step> steps = make_pattern(topo_, c, a, g);
+  if (steps.empty()) return cost;
+  const size_t nl = topo_.num_links();
+  if (load_.size() != nl) {
+    load_.assign(nl, 0.0);
+    ranks_behind_.assign(nl, 0);
+  }
+  std::vector<int> behind_touched, behind;
+  for (long long i = 0; i < g.size; ++i) {
+    behind.clear();
+    topo_.links_behind(g.first + i * g.stride, behind);
+    for (int l : behind) {
+      if (ranks_behind_[l]++ == 0) behind_touched.push_back(l);
+    }
+  }
+  const double overhead = topo_.spec().network.software_overhead;
+  std::vector<int> touched, path;
+  std::map<std::string, double> by_kind;
+  for (const Step& s : steps) {
+    double lat = 0;
+    for (const Transfer& t : s.transfers) {
+      path.clear();
+      double l;
+      if (!t.links.empty()) {
+        path = t.links;
+        l = std::max(0.0, t.latency);
+      } else {
+        l = topo_.route(t.src, t.dst, path);
+      }
+      lat = std::max(lat, l);
+      for (int id : path) {
+        if (load_[id] == 0.0) touched.push_back(id);
+        load_[id] += t.frac;
+      }
+    }
+    double coeff = 0;
+    LinkKind worst = LinkKind::kGpuOut;
+    for (int id : touched) {
+      const Link& L = topo_.link(id);
+      double share = static_cast<double>(topo_.gpus_behind(id)) / std::max(1, ranks_behind_[id]);
+      double v = load_[id] * std::max(1.0, share) / L.bandwidth;
+      if (v > coeff) {
+        coeff = v;
+        worst = L.kind;
+      }
+      load_[id] = 0.0;
+    }
+    touched.clear();
+    cost.latency += s.repeat * s.latency_hops * (lat + overhead);
+    cost.per_byte += s.repeat * coeff;
+    cost.reduce_frac += s.repeat * s.reduce;
+    cost.steps += s.repeat;
+    by_kind[link_kind_name(worst)] += s.repeat * coeff;
+  }
+  for (int l : behind_touched) ranks_behind_[l] = 0;
+  double best = -1;
+  for (auto& [k, v] : by_kind)
+    if (v > best) {
+      best = v;
+      cost.bottleneck = k;
+    }
+  return cost;
+}
+
+CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& g, double n_hint) {
+  if (a == Algorithm::kAuto) {
+    CollectiveCost best;
+    double best_t = -1;
+    for (Algorithm cand : candidate_algorithms(c, topo_)) {
+      CollectiveCost cc;
+      try {
+        cc = profile(c, cand, g, n_hint);
+      } catch (const UnsupportedError&) {
+        continue;
+      }
+      double t = cc.time(n_hint);
+      if (best_t < 0 || t < best_t) {
+        best_t = t;
+        best = cc;
+      }
+    }
+    if (best_t < 0) throw UnsupportedError(fmt::format("no algorithm implements {}", collective_name(c)));
+    return best;
+  }
+  auto key = std::make_tuple(static_cast<int>(c), static_cast<int>(a), g.size, g.stride, g.first);
+  auto it = cache_.find(key);
+  if (it != cache_.end()) return it->second;
+  CollectiveCost cost = evaluate_symmetric(c, a, g);
+  cache_.emplace(key, cost);
+  return cost;
+}
+
+double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, double n) {
+  if (a == Algorithm::kAuto) a = profile(c, a, g, n).algorithm;
+  const long long block = g.size * g.stride;
+  if (topo_.gpus() % block != 0)
+    throw InvalidArgument(fmt::format("full-detail mode: groups of {} ranks with stride {} do not tile {} accelerators",
+                                      g.size, g.stride, topo_.gpus()));
+  std::vector<std::vector<Step>> all;
+  for (long long bk = 0; bk < topo_.gpus() / block; ++bk)
+    for (long long j = 0; j < g.stride; ++j) all.push_back(make_pattern(topo_, c, a, Group{g.size, g.stride, bk * block + j}));
+  std::vector<double> cap(topo_.num_links());
+  for (size_t i = 0; i < cap.size(); ++i) cap[i] = topo_.link(i).bandwidth;
+  const double overhead = topo_.spec().network.software_overhead;
+  const double gamma = 1.0 / topo_.spec().network.reduction_bandwidth;
+  double total = 0;
+  for (size_t si = 0; si < all.front().size(); ++si) {
+    std::vector<Flow> flows;
+    double max_lat = 0;
+    const Step& s0 = all.front()[si];
+    for (const auto& pat : all) {
+      const Step& s = pat[si];
+      for (const Transfer& t : s.transfers) {
+        Flow f;
+        if (!t.links.empty()) {
+          f.path = t.links;
+          f.latency = std::max(0.0, t.latency);
+        } else {
+          f.latency = topo_.route(t.src, t.dst, f.path);
+        }
+        f.bytes = t.frac * n;
+        max_lat = std::max(max_lat, f.latency);
+        flows.push_back(std::move(f));
+      }
+    }
+    FlowResult r = simulate_flows(flows, cap);
+    double step = r.makespan + overhead + (s0.latency_hops - 1) * (max_lat + overhead) + s0.reduce * n * gamma;
+    total += s0.repeat * step;
+  }
+  return total;
+}
+
+}  // namespace conduit::sim

@@ -1,0 +1,117 @@
+#pragma once
+// Collective cost models mapped onto a topology.
+//
+// Every algorithm is written as a pattern: a list of steps, each a set of concurrent transfers (source rank,
+// destination rank, fraction of the message n), repeated `repeat` times, with `reduce` bytes summed per rank.
+// A step costs   latency (path latency + software overhead) + max over links of (bytes on link / bandwidth)
+//                + reduced bytes * gamma,
+// and a collective costs the sum of its steps. On a flat network (every rank one link of bandwidth 1/beta,
+// latency alpha) the patterns reproduce the MPICH closed forms (Thakur, Rabenseifner & Gropp, IJHPCA 2005):
+//   ring allreduce               2(p-1)a + 2(p-1)/p nb + (p-1)/p ng
+//   Rabenseifner allreduce       2 log p a + 2(p-1)/p nb + (p-1)/p ng            (p a power of two)
+//   recursive-doubling allreduce log p (a + nb + ng)
+//   ring / recursive-halving reduce-scatter   (p-1)a or log p a, + (p-1)/p nb + (p-1)/p ng
+//   ring / recursive-doubling allgather       (p-1)a or log p a, + (p-1)/p nb
+//   binomial broadcast           ceil(log p)(a + nb);   binomial reduce  ceil(log p)(a + nb + ng)
+//   double binary tree allreduce 2 depth a + 2 nb + ng   (pipelined, NCCL's two complementary trees)
+//   in-network aggregation       2a + nb                 (each rank sends n up and receives n down once)
+//   hierarchical allreduce       intra ring reduce-scatter, inter allreduce of n/k, intra ring allgather
+//
+// Two evaluations:
+//   symmetric   the representative group (the one holding rank `first`) is routed; a link's load is that group's
+//               load times the number of concurrent groups sharing it (accelerators behind the link / the
+//               group's ranks behind it). Linear in n, cached: O(group size) once, then O(1) per message size.
+//   full        every concurrent group's transfers are routed and share links max-min fairly (flow.h); exact
+//               for any placement, O(total transfers) per step. Used to validate the symmetric mode.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "sim/topology.h"
+
+namespace conduit::sim {
+
+enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce, kAllToAll, kShift };
+enum class Algorithm {
+  kAuto,
+  kRing,
+  kHalvingDoubling,  // Rabenseifner allreduce; recursive halving reduce-scatter; recursive doubling allgather
+  kRecursiveDoubling,
+  kBinomialTree,
+  kDoubleBinaryTree,
+  kHierarchical,     // intra-node ring reduce-scatter, inter-node ring allreduce, intra-node ring allgather
+  kInNetwork,        // switch aggregation (SHARP); hierarchical when a group has several ranks per node
+  kDirect,           // all-to-all pairwise exchange; pipeline shift
+};
+
+const char* collective_name(Collective c);
+const char* algorithm_name(Algorithm a);
+Algorithm parse_algorithm(const std::string& s);  // ConfigError naming the allowed values
+
+// Ranks first + i * stride, i in [0, size).
+struct Group {
+  long long size = 1;
+  long long stride = 1;
+  long long first = 0;
+};
+
+struct Transfer {
+  long long src = 0, dst = 0;  // global accelerator ids
+  double frac = 0;             // bytes = frac * n
+  std::vector<int> links;      // explicit links (in-network aggregation), else routed src -> dst
+  double latency = -1;         // with explicit links: the latency of this leg (else the route's)
+};
+
+struct Step {
+  std::vector<Transfer> transfers;
+  double repeat = 1;        // identical steps in a row
+  double latency_hops = 1;  // latencies paid per repeat (pipelined algorithms pay their depth once)
+  double reduce = 0;        // fraction of n each rank reduces per repeat
+  std::string phase;        // "reduce-scatter", "inter allreduce", ...
+};
+
+// The pattern of one group (global ids). Throws UnsupportedError when the algorithm does not apply.
+std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, const Group& g);
+
+struct CollectiveCost {
+  double latency = 0;       // seconds, independent of n
+  double per_byte = 0;      // seconds per byte of n on the wire
+  double reduce_frac = 0;   // bytes reduced per byte of n (times gamma)
+  double gamma = 0;         // seconds per reduced byte
+  double steps = 0;
+  std::string bottleneck;   // the link kind that bounds most of the bandwidth term
+  Algorithm algorithm = Algorithm::kRing;
+  double time(double n) const { return n <= 0 ? 0.0 : latency + n * per_byte + n * reduce_frac * gamma; }
+};
+
+enum class EvalMode { kSymmetric, kFull };
+
+// Caches symmetric profiles per (collective, algorithm, group shape).
+class CollectiveModel {
+ public:
+  explicit CollectiveModel(const Topology& topo) : topo_(topo) {}
+  const Topology& topology() const { return topo_; }
+
+  // Symmetric profile (linear in n). kAuto picks the fastest applicable algorithm for `n_hint` bytes.
+  CollectiveCost profile(Collective c, Algorithm a, const Group& g, double n_hint = 1e8);
+  double time(Collective c, Algorithm a, const Group& g, double n) { return profile(c, a, g, n).time(n); }
+  // Full-detail time: every group that tiles the cluster like `g` runs at once, sharing links max-min fairly.
+  double time_full(Collective c, Algorithm a, const Group& g, double n);
+
+  size_t cache_size() const { return cache_.size(); }
+
+ private:
+  CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g);
+  const Topology& topo_;
+  std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> cache_;
+  std::vector<double> load_;     // scratch, per link
+  std::vector<int> ranks_behind_;
+};
+
+// Algorithms worth trying for a collective (the tuner's candidate list).
+std::vector<Algorithm> candidate_algorithms(Collective c, const Topology& topo);
+
+}  // namespace conduit::sim

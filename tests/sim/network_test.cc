@@ -1,0 +1,209 @@
+// Closed forms of the collective cost models (MPICH formulas on a flat alpha-beta network), max-min fairness,
+// and agreement of the symmetric and full-detail modes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "sim/cluster.h"
+#include "sim/collective.h"
+#include "sim/flow.h"
+#include "sim/topology.h"
+
+namespace conduit::sim {
+namespace {
+
+constexpr double kAlpha = 5e-6;       // s
+constexpr double kBw = 10e9;          // bytes/s
+constexpr double kBeta = 1.0 / kBw;   // s/byte
+constexpr double kGamma = 1.0 / 40e9; // s/byte
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+class FlatTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(FlatTest, MpichClosedForms) {
+  const int p = GetParam();
+  const double n = 64e6;
+  Topology topo(flat_cluster(kAlpha, kBw, kGamma), p);
+  CollectiveModel m(topo);
+  Group g{p, 1, 0};
+  const double lg = std::log2(static_cast<double>(p));
+  // Ring allreduce: 2(p-1)a + 2(p-1)/p nb + (p-1)/p ng.
+  double ring = 2 * (p - 1) * kAlpha + 2.0 * (p - 1) / p * n * kBeta + 1.0 * (p - 1) / p * n * kGamma;
+  EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kRing, g, n), ring), 1e-9);
+  // Ring reduce-scatter and allgather.
+  EXPECT_LT(rel(m.time(Collective::kReduceScatter, Algorithm::kRing, g, n),
+                (p - 1) * kAlpha + 1.0 * (p - 1) / p * n * (kBeta + kGamma)), 1e-9);
+  EXPECT_LT(rel(m.time(Collective::kAllGather, Algorithm::kRing, g, n), (p - 1) * kAlpha + 1.0 * (p - 1) / p * n * kBeta),
+            1e-9);
+  // Binomial broadcast and reduce: ceil(log p)(a + nb [+ ng]).
+  const double clg = std::ceil(lg);
+  EXPECT_LT(rel(m.time(Collective::kBroadcast, Algorithm::kBinomialTree, g, n), clg * (kAlpha + n * kBeta)), 1e-9);
+  EXPECT_LT(rel(m.time(Collective::kReduce, Algorithm::kBinomialTree, g, n), clg * (kAlpha + n * kBeta + n * kGamma)),
+            1e-9);
+  if ((p & (p - 1)) == 0) {
+    // Rabenseifner: 2 log p a + 2(p-1)/p nb + (p-1)/p ng.
+    double rab = 2 * lg * kAlpha + 2.0 * (p - 1) / p * n * kBeta + 1.0 * (p - 1) / p * n * kGamma;
+    EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kHalvingDoubling, g, n), rab), 1e-9);
+    // Recursive doubling: log p (a + nb + ng).
+    EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kRecursiveDoubling, g, n),
+                  lg * (kAlpha + n * kBeta + n * kGamma)), 1e-9);
+    // Recursive halving reduce-scatter, recursive doubling allgather.
+    EXPECT_LT(rel(m.time(Collective::kReduceScatter, Algorithm::kHalvingDoubling, g, n),
+                  lg * kAlpha + 1.0 * (p - 1) / p * n * (kBeta + kGamma)), 1e-9);
+    EXPECT_LT(rel(m.time(Collective::kAllGather, Algorithm::kHalvingDoubling, g, n),
+                  lg * kAlpha + 1.0 * (p - 1) / p * n * kBeta), 1e-9);
+  } else {
+    // Non-power of two (MPICH): fold the p - p' extra ranks in first (a + nb + ng) and return (a + nb) at the end.
+    const double q = std::exp2(std::floor(lg));
+    double rab = 2 * std::log2(q) * kAlpha + 2.0 * (q - 1) / q * n * kBeta + (q - 1) / q * n * kGamma +
+                 2 * (kAlpha + n * kBeta) + n * kGamma;
+    EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kHalvingDoubling, g, n), rab), 1e-9);
+  }
+  // In-network aggregation: each rank sends n up and receives n down once: 2a + nb.
+  EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kInNetwork, g, n), 2 * kAlpha + n * kBeta), 1e-9);
+}
+
+INSTANTIATE_TEST_SUITE_P(GroupSizes, FlatTest, ::testing::Values(2, 4, 8, 64, 6, 12));
+
+TEST(Collective, DoubleBinaryTreeOnFlat) {
+  // p = 8: tree depth 3 (in-order tree rooted at 8), every rank is inner in one tree and a leaf in the other,
+  // so each link carries 2n: 2*3*a + 2nb + ng.
+  const double n = 32e6;
+  Topology topo(flat_cluster(kAlpha, kBw, kGamma), 8);
+  CollectiveModel m(topo);
+  double t = m.time(Collective::kAllReduce, Algorithm::kDoubleBinaryTree, Group{8, 1, 0}, n);
+  EXPECT_LT(rel(t, 6 * kAlpha + 2 * n * kBeta + n * kGamma), 1e-9);
+}
+
+TEST(Collective, AutoPicksLatencyOptimalForSmallAndBandwidthOptimalForLarge) {
+  Topology topo(flat_cluster(kAlpha, kBw, kGamma), 64);
+  CollectiveModel m(topo);
+  Group g{64, 1, 0};
+  auto small = m.profile(Collective::kAllReduce, Algorithm::kAuto, g, 1024);
+  auto large = m.profile(Collective::kAllReduce, Algorithm::kAuto, g, 1e9);
+  EXPECT_NE(small.algorithm, Algorithm::kRing);  // 126 alphas lose to 12 for a 1 KiB message
+  EXPECT_NE(large.algorithm, Algorithm::kRecursiveDoubling);  // log p full copies lose for 1 GB
+  EXPECT_NE(large.algorithm, Algorithm::kBinomialTree);
+}
+
+ClusterSpec two_level(int gpus_per_node, int nics, double intra_bw, double nic_bw, TopologyKind topo) {
+  ClusterSpec c = flat_cluster(0, nic_bw, 0);
+  c.node_kinds[0].gpus = gpus_per_node;
+  c.node_kinds[0].nics = nics;
+  c.node_kinds[0].intra = {intra_bw, 1e-6};
+  c.node_kinds[0].nic = {nic_bw, 3e-6};
+  c.network.topology = topo;
+  c.network.nodes_per_leaf = 2;
+  c.network.oversubscription = 2;
+  c.network.switch_latency = 0.5e-6;
+  c.network.software_overhead = 4e-6;
+  c.network.reduction_bandwidth = 200e9;
+  return c;
+}
+
+TEST(Collective, HierarchicalMatchesItsClosedForm) {
+  // 4 nodes x 4 GPUs, one NIC per GPU, one leaf (no oversubscription on the path).
+  ClusterSpec c = two_level(4, 4, 100e9, 10e9, TopologyKind::kFatTree);
+  c.network.nodes_per_leaf = 4;
+  Topology topo(c, 16);
+  CollectiveModel m(topo);
+  const double n = 256e6, k = 4, nodes = 4, a = 4e-6, g = 1 / 200e9;
+  double intra = (k - 1) * (a + 1e-6) + (k - 1) / k * n / 100e9;
+  double inter = 2 * (nodes - 1) * (a + 3e-6 + 0.5e-6) + 2 * (nodes - 1) / nodes * (n / k) / 10e9;
+  double red = (k - 1) / k * n * g + (nodes - 1) / nodes * (n / k) * g;
+  double expect = 2 * intra + inter + red;
+  EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kHierarchical, Group{16, 1, 0}, n), expect), 1e-9);
+}
+
+TEST(Flow, TwoFlowsOnOneLinkEachGetHalf) {
+  std::vector<double> cap{10e9};
+  auto r = max_min_rates({{0}, {0}}, cap);
+  EXPECT_DOUBLE_EQ(r[0], 5e9);
+  EXPECT_DOUBLE_EQ(r[1], 5e9);
+  // Completion: 1 GB each at 5 GB/s -> 0.2 s; after one ends the other speeds up.
+  auto res = simulate_flows({{{0}, 1e9, 0, 0}, {{0}, 0.5e9, 0, 0}}, cap);
+  EXPECT_NEAR(res.finish[1], 0.1, 1e-12);       // 0.5 GB at 5 GB/s
+  EXPECT_NEAR(res.finish[0], 0.1 + 0.05, 1e-12);  // 0.5 GB left at 10 GB/s
+}
+
+TEST(Flow, MaxMinGivesLeftoverToUnbottleneckedFlows) {
+  // Link 0 (10) shared by A and B; link 1 (4) shared by B and C. B is bottlenecked at link 1 (2 each),
+  // A gets the rest of link 0 (8).
+  auto r = max_min_rates({{0}, {0, 1}, {1}}, {10, 4});
+  EXPECT_DOUBLE_EQ(r[1], 2);
+  EXPECT_DOUBLE_EQ(r[2], 2);
+  EXPECT_DOUBLE_EQ(r[0], 8);
+}
+
+TEST(Flow, LateArrivalSharesFromItsStart) {
+  auto res = simulate_flows({{{0}, 10, 0, 0}, {{0}, 5, 0.5, 0}}, {10});
+  // Alone for 0.5 s (5 bytes), then 5 each at rate 5 -> both finish at 1.5 s.
+  EXPECT_NEAR(res.finish[0], 1.5, 1e-12);
+  EXPECT_NEAR(res.finish[1], 1.5, 1e-12);
+}
+
+struct Agree {
+  const char* preset;
+  int gpus;
+  long long size, stride;
+  Algorithm alg;
+  Collective coll;
+};
+
+class AgreeTest : public ::testing::TestWithParam<Agree> {};
+
+TEST_P(AgreeTest, SymmetricMatchesFullDetail) {
+  const Agree a = GetParam();
+  Topology topo(load_cluster(a.preset), a.gpus);
+  CollectiveModel m(topo);
+  Group g{a.size, a.stride, 0};
+  const double n = 128e6;
+  double sym = m.time(a.coll, a.alg, g, n);
+  double full = m.time_full(a.coll, a.alg, g, n);
+  EXPECT_LT(rel(sym, full), 1e-6) << "symmetric " << sym << " full " << full;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, AgreeTest,
+    ::testing::Values(Agree{"dgx-a100", 64, 8, 1, Algorithm::kRing, Collective::kAllReduce},      // TP groups
+                      Agree{"dgx-a100", 64, 8, 8, Algorithm::kRing, Collective::kAllReduce},      // DP, one per node
+                      Agree{"dgx-a100", 64, 16, 4, Algorithm::kRing, Collective::kAllReduce},     // DP, 2 per node
+                      Agree{"dgx-a100", 64, 64, 1, Algorithm::kHierarchical, Collective::kAllReduce},
+                      Agree{"dgx-a100", 64, 8, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce},
+                      Agree{"dgx-a100", 64, 8, 8, Algorithm::kInNetwork, Collective::kAllReduce},
+                      Agree{"ethernet-25g", 32, 8, 4, Algorithm::kRing, Collective::kAllReduce},  // NIC shared by 4
+                      Agree{"ethernet-25g", 256, 64, 4, Algorithm::kRing, Collective::kAllGather},  // oversubscribed
+                      Agree{"dgx-h100", 128, 4, 32, Algorithm::kDirect, Collective::kShift}));
+
+TEST(Topology, OversubscribedUplinkSlowsCrossLeafRings) {
+  // ethernet-25g: 32 nodes a leaf, 3:1 oversubscribed. A ring of 64 nodes (2 leaves) with 4 concurrent rings
+  // (one per GPU slot) pushes 4 flows over each leaf uplink of 32*25/3 Gb/s: still NIC-bound (4 GPUs share the
+  // NIC). Check the NIC is reported as the bottleneck and the time equals the NIC-bound closed form.
+  Topology topo(load_cluster("ethernet-25g"), 256);
+  CollectiveModel m(topo);
+  auto c = m.profile(Collective::kAllReduce, Algorithm::kRing, Group{64, 4, 0});
+  EXPECT_EQ(c.bottleneck, "nic-out");
+  EXPECT_NEAR(c.per_byte, 2.0 * 63 / 64 * 4 / (25e9 / 8), 1e-15);
+}
+
+TEST(Topology, RoutesAndErrors) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  std::vector<int> path;
+  topo.route(0, 1, path);
+  EXPECT_EQ(path.size(), 2u);  // NVSwitch
+  path.clear();
+  topo.route(0, 8, path);
+  EXPECT_EQ(path.size(), 2u);  // same rail, same leaf: NIC out, NIC in
+  path.clear();
+  topo.route(0, 9, path);
+  EXPECT_EQ(path.size(), 4u);  // PXN: NVLink to GPU 1, then rail 1
+  EXPECT_THROW(Topology(load_cluster("dgx-a100"), 12), ConfigError);
+  Topology flat(flat_cluster(1e-6, 1e9, 0), 4);
+  CollectiveModel m(flat);
+  EXPECT_THROW(m.time(Collective::kAllReduce, Algorithm::kRing, Group{8, 1, 0}, 1), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace conduit::sim
