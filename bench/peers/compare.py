@@ -1,0 +1,213 @@
+#!/usr/bin/python3
+"""Runs the same f32 allreduce sweep with Conduit, OpenMPI's MPI_Allreduce and PyTorch's gloo, one after the
+other, and prints one table side by side per size: time and busbw of each, and the ratios conduit/openmpi and
+conduit/gloo (peer time / conduit time, i.e. conduit busbw / peer busbw: above 1 means Conduit is faster).
+
+    /usr/bin/python3 bench/peers/compare.py -n 2 --min-bytes 8 --max-bytes 256M --iters 20
+
+A peer that cannot be built, fails or times out is reported as failed in the table (with its reason below it);
+the others still run. --json-out FILE keeps every record (JSON lines) for plots.
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PEERS = ("conduit", "openmpi", "gloo")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-n", "--nprocs", type=int, default=2, help="world size (default 2)")
+    p.add_argument("--min-bytes", default="8", help="smallest message (K/M/G suffixes; default 8)")
+    p.add_argument("--max-bytes", default="256M", help="largest message (default 256M)")
+    p.add_argument("--iters", type=int, default=20, help="timed operations per size (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed operations per size for the peers (default 5)")
+    p.add_argument("--transport", default=None, help="Conduit's transport (tcp, shm, ...; default: its own choice)")
+    p.add_argument("--algo", default=None, help="Conduit's allreduce algorithm (default: its tuner's choice)")
+    p.add_argument("--conduit", default=os.path.join(ROOT, "build", "bin", "conduit"), help="conduit binary")
+    p.add_argument("--peers", default=",".join(PEERS), help="which to run, comma-separated (default: all three)")
+    p.add_argument("--build-dir", default=os.path.join(ROOT, "build-peers"), help="where mpi_allreduce is built")
+    p.add_argument("--timeout", type=float, default=600, help="seconds each run may take (default 600)")
+    p.add_argument("--json-out", default=None, help="also write every record to this file (JSON lines)")
+    a = p.parse_args()
+    if not 1 <= a.nprocs <= 1024:
+        p.error("-n must be between 1 and 1024")
+    if a.iters < 1:
+        p.error("--iters must be at least 1")
+    a.peers = [x.strip() for x in a.peers.split(",") if x.strip()]
+    for x in a.peers:
+        if x not in PEERS:
+            p.error(f"--peers: unknown peer '{x}'; allowed: {', '.join(PEERS)}")
+    return a
+
+
+class PeerFailed(Exception):
+    pass
+
+
+def sweep_args(a):
+    return ["--min-bytes", str(a.min_bytes), "--max-bytes", str(a.max_bytes), "--iters", str(a.iters)]
+
+
+def conduit_command(a):
+    binary = os.path.abspath(a.conduit)
+    if not os.access(binary, os.X_OK):
+        raise PeerFailed(f"conduit binary not found: {binary} (build it, or give --conduit)")
+    cmd = [binary, "launch", "-n", str(a.nprocs), "--", binary, "bench", "coll", "--op", "allreduce",
+           "--dtype", "f32"] + sweep_args(a) + ["--json"]
+    if a.transport:
+        cmd += ["--transport", a.transport]
+    if a.algo:
+        cmd += ["--algo", a.algo]
+    return cmd, None
+
+
+def openmpi_command(a):
+    src = os.path.join(HERE, "mpi_allreduce.c")
+    binary = os.path.join(a.build_dir, "mpi_allreduce")
+    if not shutil.which("mpicc") or not shutil.which("mpirun"):
+        raise PeerFailed("mpicc/mpirun not found (install openmpi-bin and libopenmpi-dev)")
+    if not os.path.exists(binary) or os.path.getmtime(binary) < os.path.getmtime(src):
+        os.makedirs(a.build_dir, exist_ok=True)
+        r = subprocess.run(["mpicc", "-O2", "-o", binary, src, "-lm"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise PeerFailed("mpicc failed: " + last_line(r.stderr))
+    env = dict(os.environ)
+    cmd = ["mpirun", "-n", str(a.nprocs), "--oversubscribe"]
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd += [binary] + sweep_args(a) + ["--warmup", str(a.warmup)]
+    return cmd, env
+
+
+def gloo_command(a):
+    python = "/usr/bin/python3"  # Debian's python3-torch, not a python3 earlier in PATH
+    if not os.access(python, os.X_OK):
+        raise PeerFailed(f"{python} not found (install python3-torch)")
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        env.pop(k, None)  # gloo_allreduce.py starts its own processes
+    cmd = [python, os.path.join(HERE, "gloo_allreduce.py"), "-n", str(a.nprocs)] + sweep_args(a) + \
+          ["--warmup", str(a.warmup)]
+    return cmd, env
+
+
+def last_line(text):
+    lines = [l.strip() for l in (text or "").splitlines() if l.strip()]
+    return lines[-1][:200] if lines else "(no output)"
+
+
+RANK_PREFIX = re.compile(r"^\[rank \d+\] ")
+
+
+def parse_records(stdout):
+    recs = {}
+    for line in stdout.splitlines():
+        line = RANK_PREFIX.sub("", line.strip())
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and "bytes" in r and "time_us" in r:
+            recs.setdefault(int(r["bytes"]), r)
+    return recs
+
+
+def run_peer(name, a):
+    """Returns (records by bytes, error or None, command line, seconds)."""
+    try:
+        cmd, env = {"conduit": conduit_command, "openmpi": openmpi_command, "gloo": gloo_command}[name](a)
+    except PeerFailed as e:
+        return {}, str(e), "", 0.0
+    line = " ".join(shlex.quote(c) for c in cmd)
+    print(f"# {name}: {line}", file=sys.stderr, flush=True)
+    t0 = time.time()
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return parse_records(out), f"timed out after {a.timeout:g} s", line, time.time() - t0
+    except OSError as e:
+        return {}, f"cannot run: {e}", line, time.time() - t0
+    recs = parse_records(r.stdout)
+    err = None
+    if r.returncode != 0:
+        err = f"exit {r.returncode}: {last_line(r.stderr or r.stdout)}"
+    elif not recs:
+        err = f"no JSON records in its output: {last_line(r.stdout or r.stderr)}"
+    return recs, err, line, time.time() - t0
+
+
+def fmt_size(b):
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if b >= div and b % div == 0:
+            return f"{b // div}{unit}"
+    return str(b)
+
+
+def main():
+    a = parse_args()
+    results = {}
+    for name in PEERS:
+        if name in a.peers:
+            results[name] = run_peer(name, a)
+    names = list(results)
+
+    sizes = sorted({b for recs, _, _, _ in results.values() for b in recs})
+    print(f"allreduce f32 sum, world {a.nprocs}, iters {a.iters}, {os.cpu_count()} CPUs; time in us (mean per op, "
+          f"slowest rank), busbw in GB/s; ratio = peer time / conduit time (>1: conduit faster)")
+    head = f"{'bytes':>7} |" + "".join(f" {n + ' us':>12} {'busbw':>7} |" for n in names)
+    peers_for_ratio = [n for n in names if n != "conduit"] if "conduit" in names else []
+    head += "".join(f" {'c/' + ('ompi' if n == 'openmpi' else n):>7}" for n in peers_for_ratio)
+    print(head)
+    print("-" * len(head))
+    wrong_any = False
+    for b in sizes:
+        row = f"{fmt_size(b):>7} |"
+        for n in names:
+            recs, err, _, _ = results[n]
+            r = recs.get(b)
+            if r is None:
+                row += f" {'failed' if err else '-':>12} {'':>7} |"
+            else:
+                mark = "!" if r.get("wrong", 0) else ""
+                wrong_any = wrong_any or bool(mark)
+                row += f" {r['time_us']:>12.2f} {r['busbw_gbs']:>6.3f}{mark or ' '}|"
+        c = results.get("conduit", ({}, None, "", 0))[0].get(b)
+        for n in peers_for_ratio:
+            p = results[n][0].get(b)
+            if c and p and c["time_us"] > 0:
+                row += f" {p['time_us'] / c['time_us']:>6.2f}x"
+            else:
+                row += f" {'-':>7}"
+        print(row)
+    if not sizes:
+        print("(no results)")
+    if wrong_any:
+        print("! = the correctness check found wrong elements at this size")
+    for n in names:
+        recs, err, line, secs = results[n]
+        if err:
+            print(f"{n}: FAILED: {err}")
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            for n in names:
+                for b in sorted(results[n][0]):
+                    f.write(json.dumps(results[n][0][b], separators=(",", ":")) + "\n")
+    return 0 if all(results[n][1] is None for n in names) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

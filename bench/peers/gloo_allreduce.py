@@ -1,0 +1,145 @@
+#!/usr/bin/python3
+"""PyTorch gloo peer of `conduit bench coll --op allreduce`.
+
+torch.distributed.all_reduce (f32, sum, gloo backend, over TCP) on a sweep of sizes, one JSON line per size in the
+format of Conduit's benchmark records (printed by rank 0). Run it with Debian's python3-torch:
+
+    /usr/bin/python3 bench/peers/gloo_allreduce.py -n 2 --min-bytes 8 --max-bytes 256M --iters 20
+
+With -n it starts the N processes itself (a free port on 127.0.0.1). Under a launcher that sets torchrun's variables
+(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), e.g. `conduit launch -n 2 -- /usr/bin/python3 gloo_allreduce.py`,
+each process is one rank and -n is ignored.
+
+Sizes double from --min-bytes to --max-bytes (K/M/G suffixes, powers of 1024). Each size runs --warmup untimed
+operations, then --iters timed ones; time_us is the mean time per operation, the largest over the ranks.
+algbw = bytes / time, busbw = algbw * 2(n-1)/n (as nccl-tests). all_reduce is in place, so the tensor is refilled
+and reduced once more for the check; "wrong" counts wrong elements over all ranks.
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+
+def parse_bytes(text):
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGkmg]?)(i?B?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size: expected e.g. 8, 64K, 4M or 1G")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
+    return int(round(float(m.group(1)) * mult))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description="PyTorch gloo allreduce sweep (JSON lines)")
+    p.add_argument("-n", "--nprocs", type=int, default=2, help="processes to start when not under a launcher")
+    p.add_argument("--min-bytes", type=parse_bytes, default=8)
+    p.add_argument("--max-bytes", type=parse_bytes, default=256 << 20)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=300, help="seconds for rendezvous and each collective")
+    a = p.parse_args(argv)
+    if a.nprocs < 1 or a.iters < 1 or a.warmup < 0:
+        p.error("-n and --iters must be at least 1, --warmup at least 0")
+    if a.max_bytes < a.min_bytes:
+        p.error("--max-bytes is smaller than --min-bytes")
+    return a
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(args, argv):
+    """Starts args.nprocs copies of this script with torchrun's variables; returns the first failing code."""
+    env = dict(os.environ)
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env["MASTER_PORT"] = str(free_port())
+    env["WORLD_SIZE"] = str(args.nprocs)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    procs = []
+    for rank in range(args.nprocs):
+        env_r = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=env_r))
+    code = 0
+    try:
+        for p in procs:
+            rc = p.wait()
+            if rc != 0 and code == 0:
+                code = rc if rc > 0 else 128 - rc
+                for q in procs:
+                    if q.poll() is None:
+                        q.terminate()
+    except KeyboardInterrupt:
+        for q in procs:
+            q.terminate()
+        code = 130
+    for q in procs:
+        q.wait()
+    return code
+
+
+def worker(args):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo" if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost") else "")
+    if not os.environ["GLOO_SOCKET_IFNAME"]:
+        del os.environ["GLOO_SOCKET_IFNAME"]
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    max_count = max(1, args.max_bytes // 4)
+    # Element i of rank r holds (r + 1) * (i % 13 + 1): small integers, so every sum is exact in f32.
+    pattern = (torch.arange(max_count, dtype=torch.int64) % 13 + 1).to(torch.float32)
+    local = pattern * (rank + 1)
+    expected = pattern * (world * (world + 1) // 2)
+    buf = torch.empty(max_count, dtype=torch.float32)
+    bytes_ = max(4, args.min_bytes)
+    while bytes_ <= args.max_bytes:
+        count = bytes_ // 4
+        nbytes = count * 4
+        t = buf[:count]
+        t.copy_(local[:count])
+        for _ in range(args.warmup):
+            dist.all_reduce(t)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            dist.all_reduce(t)
+        mean = (time.perf_counter() - t0) / args.iters
+        slowest = torch.tensor([mean], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        t.copy_(local[:count])
+        dist.all_reduce(t)
+        wrong = torch.tensor([int((t != expected[:count]).sum())], dtype=torch.int64)
+        dist.all_reduce(wrong)
+        if rank == 0:
+            time_s = float(slowest[0])
+            algbw = nbytes / time_s / 1e9
+            rec = {"impl": "gloo", "op": "allreduce", "algo": "gloo", "transport": "tcp", "world": world,
+                   "dtype": "f32", "bytes": nbytes, "count": count, "iters": args.iters,
+                   "time_us": round(time_s * 1e6, 3), "algbw_gbs": round(algbw, 4),
+                   "busbw_gbs": round(algbw * 2 * (world - 1) / world, 4), "wrong": int(wrong[0])}
+            print(json.dumps(rec, separators=(",", ":")), flush=True)
+        bytes_ *= 2
+    dist.destroy_process_group()
+    return 0
+
+
+def main():
+    argv = sys.argv[1:]
+    args = parse_args(argv)
+    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return worker(args)
+    return spawn(args, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
