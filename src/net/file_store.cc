@@ -1,0 +1,180 @@
+// File rendezvous store: a directory on a file system every rank sees (a shared mount, or /tmp on one host).
+// Each key is a file "k_<escaped key>"; a value is written to a temporary file and renamed over the key's file,
+// so readers see either no file or the whole value. add() holds flock() on "<dir>/.lock" around its
+// read-modify-write. get() polls with a growing pause (1 ms to 50 ms) until the key appears or the deadline passes.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "net/store.h"
+
+namespace conduit::net {
+namespace {
+
+constexpr size_t kMaxNameBytes = 200;  // well below NAME_MAX (255) with the prefix and a hash suffix
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Letters, digits, '-', '_' and '.' stay; every other byte becomes %XX. Very long names keep their head and get
+// a hash of the whole key appended, so distinct keys stay distinct files.
+std::string escape_key(const std::string& key) {
+  std::string out = "k_";
+  for (unsigned char c : key) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  if (out.size() > kMaxNameBytes) out = fmt::format("{}~{:016x}", out.substr(0, kMaxNameBytes - 17), fnv1a(key));
+  return out;
+}
+
+class FileStore : public Store {
+ public:
+  explicit FileStore(std::string dir) : dir_(std::move(dir)) {
+    while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+    struct stat st {};
+    if (dir_.empty() || stat(dir_.c_str(), &st) != 0) {
+      throw ConfigError(fmt::format("file store: directory '{}' does not exist ({}); create it on a file system "
+                                    "every rank can see",
+                                    dir_, dir_.empty() ? "empty path" : std::strerror(errno)));
+    }
+    if (!S_ISDIR(st.st_mode)) throw ConfigError(fmt::format("file store: '{}' is not a directory", dir_));
+    if (access(dir_.c_str(), R_OK | W_OK | X_OK) != 0) {
+      throw ConfigError(fmt::format("file store: directory '{}' is not writable: {}", dir_, std::strerror(errno)));
+    }
+  }
+
+  void set(const std::string& key, const std::string& value) override { write_atomic(key, value); }
+
+  std::string get(const std::string& key, const Deadline& deadline) override {
+    auto pause = std::chrono::microseconds(1000);
+    Stopwatch sw;
+    while (true) {
+      std::string v;
+      if (read(key, &v)) return v;
+      if (deadline.expired()) {
+        throw TimeoutError(fmt::format("file store {}: key '{}' did not appear within {:.1f}s", dir_, key,
+                                       sw.seconds()));
+      }
+      auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+          Seconds(std::max(0.0, deadline.remaining_seconds())));
+      std::this_thread::sleep_for(std::min(pause, left));
+      pause = std::min(pause * 2, std::chrono::microseconds(50000));
+    }
+  }
+
+  int64_t add(const std::string& key, int64_t delta) override {
+    std::string lock_path = dir_ + "/.lock";
+    int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error(fmt::format("file store: cannot open {}: {}", lock_path, std::strerror(errno)));
+    while (flock(fd, LOCK_EX) != 0) {
+      if (errno != EINTR) {
+        int e = errno;
+        close(fd);
+        throw Error(fmt::format("file store: flock on {} failed: {}", lock_path, std::strerror(e)));
+      }
+    }
+    try {
+      int64_t cur = 0;
+      std::string v;
+      if (read(key, &v)) {
+        char* end = nullptr;
+        errno = 0;
+        cur = std::strtoll(v.c_str(), &end, 10);
+        if (v.empty() || errno != 0 || *end != '\0') {
+          throw InvalidArgument(fmt::format("file store {}: add on key '{}' whose value is not an integer", dir_, key));
+        }
+      }
+      int64_t next = static_cast<int64_t>(static_cast<uint64_t>(cur) + static_cast<uint64_t>(delta));
+      write_atomic(key, std::to_string(next));
+      flock(fd, LOCK_UN);
+      close(fd);
+      return next;
+    } catch (...) {
+      flock(fd, LOCK_UN);
+      close(fd);
+      throw;
+    }
+  }
+
+  bool check(const std::string& key) override {
+    std::string path = dir_ + "/" + escape_key(key);
+    return access(path.c_str(), F_OK) == 0;
+  }
+
+ private:
+  bool read(const std::string& key, std::string* out) {
+    std::string path = dir_ + "/" + escape_key(key);
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return false;
+      throw Error(fmt::format("file store: cannot read key '{}' from {}: {}", key, path, std::strerror(errno)));
+    }
+    out->clear();
+    char buf[65536];
+    while (true) {
+      ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n > 0) {
+        out->append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      int e = errno;
+      close(fd);
+      if (n < 0) throw Error(fmt::format("file store: reading {} failed: {}", path, std::strerror(e)));
+      return true;
+    }
+  }
+
+  void write_atomic(const std::string& key, const std::string& value) {
+    static std::atomic<uint64_t> counter{0};
+    std::string path = dir_ + "/" + escape_key(key);
+    std::string tmp = fmt::format("{}/.tmp.{}.{}", dir_, getpid(), counter.fetch_add(1));
+    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      throw Error(fmt::format("file store: cannot write key '{}' into {}: {}", key, dir_, std::strerror(errno)));
+    }
+    size_t off = 0;
+    while (off < value.size()) {
+      ssize_t n = ::write(fd, value.data() + off, value.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp.c_str());
+        throw Error(fmt::format("file store: writing key '{}' into {} failed: {}", key, dir_, std::strerror(e)));
+      }
+      off += static_cast<size_t>(n);
+    }
+    close(fd);
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+      int e = errno;
+      unlink(tmp.c_str());
+      throw Error(fmt::format("file store: renaming {} to {} failed: {}", tmp, path, std::strerror(e)));
+    }
+  }
+
+  std::string dir_;
+};
+
+}  // namespace
+
+StorePtr make_file_store(const std::string& dir) { return std::make_shared<FileStore>(dir); }
+
+}  // namespace conduit::net

@@ -1,0 +1,548 @@
+// OpenMPI transport.
+//
+// Communicators: two duplicates of MPI_COMM_WORLD, both with MPI_ERRORS_RETURN so that errors come back as codes
+// (and become Conduit exceptions) instead of killing the job: `data` carries messages, `ctrl` carries abort notices
+// (every rank keeps one MPI_Irecv(MPI_ANY_SOURCE) posted on it; abort() sends its reason to every peer there).
+//
+// Tag mapping. Conduit tags are 64 bits (tags.h: kind | 24-bit communicator id | 32-bit sequence or user tag);
+// MPI tags are 0..MPI_TAG_UB (at least 32767; 2^31-1 on OpenMPI). With B = floor(log2(MPI_TAG_UB + 1)) usable
+// bits, R = B - 2, c = R / 3 and l = R - c:
+//     mpi_tag = (kind - 1) << R  |  (comm_id mod 2^c) << l  |  (low32 mod 2^l)
+// OpenMPI: B = 31, c = 9, l = 20. The map is deterministic, so one Conduit tag always travels under one MPI tag
+// and MPI's non-overtaking rule gives FIFO per (peer, tag) as transport.h requires. Collision bound: two
+// distinct tags of the same kind share an MPI tag only if their communicator ids are congruent mod 2^c AND their
+// low 32 bits are congruent mod 2^l. So messages in flight between one pair of ranks never cross as long as
+// live communicator ids differ by less than 2^c (512) and in-flight sequence numbers (or user tags) of one
+// communicator differ by less than 2^l (about one million) -- far beyond any real pipeline depth. User tags
+// should stay below 2^l.
+//
+// Sizes: a message up to INT_MAX bytes is `count` MPI_BYTEs; a larger one uses a derived datatype (1 GiB blocks
+// plus a remainder), and MPI_Get_elements_x measures what arrived. A receive whose message is larger than expected
+// fails as MPI_ERR_TRUNCATE, a smaller one is caught by the count: both are ProtocolErrors.
+//
+// Progress: no progress thread. Request::wait calls progress() (MPI_Test on every pending request, and on the
+// abort listener) and wait_for_activity(), which spins ~30 us, then sleeps with a growing pause (20 us to 1 ms)
+// so that a rank waiting on a slow peer does not hold a core.
+#include "net/mpi_transport.h"
+
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "net/tags.h"
+
+namespace conduit::net {
+namespace {
+
+constexpr int kCtrlTag = 0;
+constexpr int kCtrlMaxBytes = 4096;
+
+// Set when the library provides less than MPI_THREAD_MULTIPLE: every MPI call then takes g_mpi_mu.
+bool g_serialize = false;
+std::recursive_mutex g_mpi_mu;  // recursive: a guarded section may call a helper that guards again
+
+struct MpiGuard {
+  std::unique_lock<std::recursive_mutex> lk;
+  MpiGuard() {
+    if (g_serialize) lk = std::unique_lock<std::recursive_mutex>(g_mpi_mu);
+  }
+};
+
+bool mpi_finalized() {
+  int f = 0;
+  MPI_Finalized(&f);
+  return f != 0;
+}
+
+std::string mpi_error_string(int rc) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", rc);
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+int mpi_error_class(int rc) {
+  int cls = rc;
+  MPI_Error_class(rc, &cls);
+  return cls;
+}
+
+void check_mpi(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) throw Error(fmt::format("{} failed: {}", what, mpi_error_string(rc)));
+}
+
+void finalize_at_exit() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init && !mpi_finalized()) MPI_Finalize();
+}
+
+// count + datatype for a contiguous byte buffer of any size. `owned` types must be freed by the caller (allowed
+// right after the operation is posted).
+struct ByteType {
+  int count;
+  MPI_Datatype type;
+  bool owned;
+};
+
+ByteType byte_type(size_t bytes) {
+  if (bytes <= static_cast<size_t>(INT_MAX)) return {static_cast<int>(bytes), MPI_BYTE, false};
+  constexpr size_t kBlock = size_t{1} << 30;
+  MPI_Datatype block, blocks, whole;
+  size_t n = bytes / kBlock, rem = bytes % kBlock;
+  check_mpi(MPI_Type_contiguous(static_cast<int>(kBlock), MPI_BYTE, &block), "MPI_Type_contiguous");
+  check_mpi(MPI_Type_contiguous(static_cast<int>(n), block, &blocks), "MPI_Type_contiguous");
+  MPI_Type_free(&block);
+  if (rem == 0) {
+    whole = blocks;
+  } else {
+    int lens[2] = {1, static_cast<int>(rem)};
+    MPI_Aint disp[2] = {0, static_cast<MPI_Aint>(n * kBlock)};
+    MPI_Datatype types[2] = {blocks, MPI_BYTE};
+    check_mpi(MPI_Type_create_struct(2, lens, disp, types, &whole), "MPI_Type_create_struct");
+    MPI_Type_free(&blocks);
+  }
+  check_mpi(MPI_Type_commit(&whole), "MPI_Type_commit");
+  return {1, whole, true};
+}
+
+class MpiEngine;
+
+class MpiRequest : public Request {
+ public:
+  MpiRequest(Kind kind, int peer, uint64_t tag, size_t bytes, std::shared_ptr<MpiEngine> engine)
+      : Request(kind, peer, tag, bytes), engine_(std::move(engine)) {}
+  MPI_Request req_ = MPI_REQUEST_NULL;
+
+ private:
+  std::shared_ptr<MpiEngine> engine_;  // keeps the progressor alive as long as the request
+};
+
+// Owns the communicators and the pending requests; outlives the transport while requests reference it.
+class MpiEngine : public Progressor {
+ public:
+  MpiEngine() {
+    MpiGuard g;
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &data_), "MPI_Comm_dup");
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &ctrl_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(data_, &rank_);
+    MPI_Comm_size(data_, &size_);
+    void* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    tag_ub_ = flag ? *static_cast<int*>(ub) : 32767;
+    check_mpi(MPI_Irecv(ctrl_buf_, kCtrlMaxBytes, MPI_CHAR, MPI_ANY_SOURCE, kCtrlTag, ctrl_, &ctrl_req_),
+              "MPI_Irecv (abort listener)");
+  }
+
+  ~MpiEngine() override { shutdown(); }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  void set_abort_callback(std::function<void(const std::string&)> cb) {
+    std::lock_guard<std::mutex> lk(mu_);
+    on_abort_ = std::move(cb);
+  }
+
+  RequestPtr post(Request::Kind kind, int peer, uint64_t tag, void* data, size_t bytes,
+                  const std::shared_ptr<MpiEngine>& self) {
+    const char* what = kind == Request::Kind::send ? "isend" : "irecv";
+    if (peer < 0 || peer >= size_) {
+      throw InvalidArgument(fmt::format("mpi transport: {} to rank {} is invalid: expected 0 <= peer < {}", what,
+                                        peer, size_));
+    }
+    if (!tag_valid(tag)) {
+      throw InvalidArgument(fmt::format("mpi transport: {} with tag {:#x} is invalid: its kind byte must be 1..4 "
+                                        "(see net/tags.h)",
+                                        what, tag));
+    }
+    if (bytes > 0 && data == nullptr) {
+      throw InvalidArgument(fmt::format("mpi transport: {} of {} bytes with a null buffer", what, bytes));
+    }
+    auto r = std::make_shared<MpiRequest>(kind, peer, tag, bytes, self);
+    r->set_progressor(this);
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!aborted_.empty()) {
+        err = std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} rank {} tag {:#x} refused: "
+                                                            "the transport was aborted: {}",
+                                                            rank_, what, peer, tag, aborted_)));
+      } else {
+        MpiGuard g;
+        ByteType bt = byte_type(bytes);
+        int mtag = mpi_tag_for(tag, tag_ub_);
+        int rc = kind == Request::Kind::send ? MPI_Isend(data, bt.count, bt.type, peer, mtag, data_, &r->req_)
+                                             : MPI_Irecv(data, bt.count, bt.type, peer, mtag, data_, &r->req_);
+        if (bt.owned) MPI_Type_free(&bt.type);
+        if (rc != MPI_SUCCESS) {
+          err = std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} of {} bytes, rank {} tag "
+                                                              "{:#x}: {}",
+                                                              rank_, what, bytes, peer, tag, mpi_error_string(rc))));
+        } else {
+          pending_.push_back(r);
+        }
+      }
+    }
+    if (err) r->fail(err);
+    return r;
+  }
+
+  bool progress() override {
+    std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>> finished;
+    std::string remote_abort;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (shut_) return false;
+      MpiGuard g;
+      if (ctrl_req_ != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Status st;
+        int rc = MPI_Test(&ctrl_req_, &flag, &st);
+        if (rc == MPI_SUCCESS && flag) {
+          int n = 0;
+          MPI_Get_count(&st, MPI_CHAR, &n);
+          remote_abort = fmt::format("rank {} aborted: {}", st.MPI_SOURCE,
+                                     std::string(ctrl_buf_, static_cast<size_t>(std::max(n, 0))));
+          if (aborted_.empty()) aborted_ = remote_abort;
+          ctrl_req_ = MPI_REQUEST_NULL;
+        } else if (rc != MPI_SUCCESS) {
+          CONDUIT_LOG_WARN("mpi transport (rank {}): the abort listener failed: {}", rank_, mpi_error_string(rc));
+          ctrl_req_ = MPI_REQUEST_NULL;
+        }
+      }
+      if (!remote_abort.empty()) {
+        fail_all_locked(remote_abort, finished);
+      } else {
+        for (size_t i = 0; i < pending_.size();) {
+          auto& r = pending_[i];
+          int flag = 0;
+          MPI_Status st;
+          int rc = MPI_Test(&r->req_, &flag, &st);
+          if (rc == MPI_SUCCESS && !flag) {
+            ++i;
+            continue;
+          }
+          finished.emplace_back(r, rc == MPI_SUCCESS ? check_size(*r, st) : error_for(*r, rc));
+          r->req_ = MPI_REQUEST_NULL;
+          pending_[i] = std::move(pending_.back());
+          pending_.pop_back();
+        }
+      }
+      if (!remote_abort.empty() && on_abort_) on_abort_(remote_abort);
+      reap_locked();
+    }
+    for (auto& [r, e] : finished) {
+      if (e) {
+        r->fail(e);
+      } else {
+        r->complete();
+      }
+    }
+    return !finished.empty() || !remote_abort.empty();
+  }
+
+  void wait_for_activity(const Deadline& until) override {
+    Stopwatch sw;
+    while (sw.seconds() < 30e-6) {
+      if (progress() || until.expired()) return;
+    }
+    auto pause = std::chrono::microseconds(20);
+    while (!until.expired()) {
+      auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+          Seconds(std::max(0.0, until.remaining_seconds())));
+      std::this_thread::sleep_for(std::min(pause, left));
+      if (progress()) return;
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  // Fails everything pending, tells every peer (best effort), refuses later requests.
+  void abort(const std::string& reason) {
+    std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>> finished;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (shut_ || !aborted_.empty()) return;
+      aborted_ = reason;
+      if (!mpi_finalized()) {
+        MpiGuard g;
+        abort_msg_ = reason.substr(0, kCtrlMaxBytes);
+        for (int p = 0; p < size_; ++p) {
+          if (p == rank_) continue;
+          MPI_Request q = MPI_REQUEST_NULL;
+          int rc = MPI_Isend(abort_msg_.data(), static_cast<int>(abort_msg_.size()), MPI_CHAR, p, kCtrlTag, ctrl_, &q);
+          if (rc == MPI_SUCCESS) {
+            ctrl_sends_.push_back(q);
+          } else {
+            CONDUIT_LOG_WARN("mpi transport (rank {}): could not tell rank {} about the abort: {}", rank_, p,
+                             mpi_error_string(rc));
+          }
+        }
+      }
+      fail_all_locked(fmt::format("mpi transport (rank {}) aborted: {}", rank_, reason), finished);
+    }
+    for (auto& [r, e] : finished) r->fail(e);
+  }
+
+  // Called by the transport's destructor: no MPI call happens after this one.
+  void shutdown() {
+    std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>> finished;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (shut_) return;
+      on_abort_ = nullptr;
+      fail_all_locked(fmt::format("mpi transport (rank {}) was destroyed", rank_), finished);
+      shut_ = true;
+      if (!mpi_finalized()) {
+        MpiGuard g;
+        if (ctrl_req_ != MPI_REQUEST_NULL) {
+          MPI_Cancel(&ctrl_req_);
+          MPI_Wait(&ctrl_req_, MPI_STATUS_IGNORE);  // a cancelled (or already matched, small) receive completes
+        }
+        // Give abort notices a moment to leave, then let go of whatever is still in flight.
+        Stopwatch sw;
+        while (sw.seconds() < 0.2) {
+          if (reap_locked()) break;
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        for (MPI_Request& q : zombies_) {
+          MPI_Cancel(&q);
+          MPI_Request_free(&q);
+        }
+        for (MPI_Request& q : ctrl_sends_) MPI_Request_free(&q);
+        zombies_.clear();
+        ctrl_sends_.clear();
+        MPI_Comm_free(&data_);
+        MPI_Comm_free(&ctrl_);
+      }
+    }
+    for (auto& [r, e] : finished) r->fail(e);
+  }
+
+ private:
+  std::exception_ptr check_size(const MpiRequest& r, const MPI_Status& st) {
+    if (r.kind() != Request::Kind::recv) return nullptr;
+    MPI_Count got = 0;
+    MPI_Get_elements_x(&st, MPI_BYTE, &got);
+    if (got == static_cast<MPI_Count>(r.bytes())) return nullptr;
+    return std::make_exception_ptr(ProtocolError(fmt::format(
+        "mpi transport (rank {}): message from rank {} with tag {:#x} has {} bytes but the receive expects {} "
+        "(the ranks disagree on the message size)",
+        rank_, r.peer(), r.tag(), static_cast<long long>(got), r.bytes())));
+  }
+
+  std::exception_ptr error_for(const MpiRequest& r, int rc) {
+    const char* what = r.kind() == Request::Kind::send ? "send to" : "receive from";
+    if (mpi_error_class(rc) == MPI_ERR_TRUNCATE) {
+      return std::make_exception_ptr(ProtocolError(fmt::format(
+          "mpi transport (rank {}): message from rank {} with tag {:#x} is larger than the {} bytes the receive "
+          "expects (the ranks disagree on the message size)",
+          rank_, r.peer(), r.tag(), r.bytes())));
+    }
+    return std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} rank {} (tag {:#x}, {} bytes) "
+                                                         "failed: {}",
+                                                         rank_, what, r.peer(), r.tag(), r.bytes(),
+                                                         mpi_error_string(rc))));
+  }
+
+  void fail_all_locked(const std::string& why,
+                       std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>>& out) {
+    bool can_call = !mpi_finalized();
+    for (auto& r : pending_) {
+      if (can_call && r->req_ != MPI_REQUEST_NULL) {
+        MpiGuard g;
+        if (r->kind() == Request::Kind::recv) MPI_Cancel(&r->req_);
+        zombies_.push_back(r->req_);
+        r->req_ = MPI_REQUEST_NULL;
+      }
+      out.emplace_back(r, std::make_exception_ptr(PeerError(fmt::format(
+                              "{} ({} rank {}, tag {:#x}, {} bytes)", why,
+                              r->kind() == Request::Kind::send ? "send to" : "receive from", r->peer(), r->tag(),
+                              r->bytes()))));
+    }
+    pending_.clear();
+  }
+
+  // Tests abandoned requests (cancelled receives, sends of an aborted job, abort notices); true when none is left.
+  bool reap_locked() {
+    auto test_list = [](std::vector<MPI_Request>& v) {
+      for (size_t i = 0; i < v.size();) {
+        int flag = 0;
+        int rc = MPI_Test(&v[i], &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS || flag) {
+          v[i] = v.back();
+          v.pop_back();
+        } else {
+          ++i;
+        }
+      }
+    };
+    if (zombies_.empty() && ctrl_sends_.empty()) return true;
+    MpiGuard g;
+    test_list(zombies_);
+    test_list(ctrl_sends_);
+    return zombies_.empty() && ctrl_sends_.empty();
+  }
+
+  MPI_Comm data_ = MPI_COMM_NULL, ctrl_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, tag_ub_ = 32767;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<MpiRequest>> pending_;
+  std::vector<MPI_Request> zombies_, ctrl_sends_;
+  MPI_Request ctrl_req_ = MPI_REQUEST_NULL;
+  char ctrl_buf_[kCtrlMaxBytes];
+  std::string abort_msg_;
+  std::string aborted_;
+  bool shut_ = false;
+  std::function<void(const std::string&)> on_abort_;
+};
+
+class MpiTransport : public Transport {
+ public:
+  explicit MpiTransport(std::vector<int> hosts) : engine_(std::make_shared<MpiEngine>()) {
+    rank_ = engine_->rank();
+    size_ = engine_->size();
+    hosts_ = std::move(hosts);
+    engine_->set_abort_callback([this](const std::string& why) { set_aborted(why); });
+  }
+  ~MpiTransport() override { engine_->shutdown(); }
+
+  const char* name() const override { return "mpi"; }
+
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    return engine_->post(Request::Kind::send, peer, tag, const_cast<void*>(data), bytes, engine_);
+  }
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    return engine_->post(Request::Kind::recv, peer, tag, data, bytes, engine_);
+  }
+  void abort(const std::string& reason) override {
+    set_aborted(reason);
+    engine_->abort(reason.empty() ? "aborted" : reason);
+  }
+
+ private:
+  std::shared_ptr<MpiEngine> engine_;
+};
+
+}  // namespace
+
+int mpi_tag_for(uint64_t tag, int tag_ub) {
+  int bits = 0;
+  while (bits < 31 && (static_cast<uint64_t>(1) << (bits + 1)) - 1 <= static_cast<uint64_t>(tag_ub)) ++bits;
+  int r = bits - 2, c = r / 3, l = r - c;
+  uint64_t kind = (tag_kind(tag) - 1u) & 3u;
+  uint64_t comm = (tag >> 32) & 0xffffffu;
+  uint64_t low = tag & 0xffffffffu;
+  uint64_t m = (kind << r) | ((comm & ((uint64_t{1} << c) - 1)) << l) | (low & ((uint64_t{1} << l) - 1));
+  return static_cast<int>(m);
+}
+
+bool mpi_launched() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    const char* s = std::getenv(v);
+    if (s != nullptr && *s != '\0') return true;
+  }
+  return false;
+}
+
+void mpi_init_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int init = 0;
+    MPI_Initialized(&init);
+    int provided = MPI_THREAD_SINGLE;
+    if (init) {
+      if (mpi_finalized()) throw Error("mpi transport: MPI was already finalized in this process");
+      MPI_Query_thread(&provided);
+    } else {
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+      std::atexit(finalize_at_exit);
+    }
+    if (provided < MPI_THREAD_MULTIPLE) {
+      g_serialize = true;
+      CONDUIT_LOG_WARN("mpi: the MPI library provides thread level {} (< MPI_THREAD_MULTIPLE = {}); Conduit "
+                       "serializes its MPI calls with one lock{}",
+                       provided, MPI_THREAD_MULTIPLE,
+                       provided < MPI_THREAD_SERIALIZED ? ", which is only safe if one thread uses Conduit" : "");
+    }
+  });
+}
+
+int mpi_world_rank() {
+  mpi_init_once();
+  int r = 0;
+  MpiGuard g;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int mpi_world_size() {
+  mpi_init_once();
+  int n = 1;
+  MpiGuard g;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+std::vector<std::string> mpi_allgather_strings(const std::string& mine) {
+  mpi_init_once();
+  if (mine.size() > static_cast<size_t>(INT_MAX / 1024)) {
+    throw InvalidArgument(fmt::format("mpi_allgather_strings: {} bytes is too large", mine.size()));
+  }
+  MpiGuard g;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(size), displs(size);
+  check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather");
+  long long total = 0;
+  for (int i = 0; i < size; ++i) {
+    displs[i] = static_cast<int>(total);
+    total += lens[i];
+    if (lens[i] < 0 || total > INT_MAX) throw ProtocolError("mpi_allgather_strings: invalid lengths from peers");
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
+                           MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+  std::vector<std::string> out(size);
+  for (int i = 0; i < size; ++i) out[i] = all.substr(displs[i], lens[i]);
+  return out;
+}
+
+TransportPtr make_mpi_transport(std::vector<int> hosts) {
+  mpi_init_once();
+  int size = mpi_world_size();
+  if (hosts.empty()) {
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    auto names = mpi_allgather_strings(name);
+    std::unordered_map<std::string, int> index;
+    for (const auto& n : names) {
+      auto it = index.emplace(n, static_cast<int>(index.size())).first;
+      hosts.push_back(it->second);
+    }
+  }
+  if (static_cast<int>(hosts.size()) != size) {
+    throw InvalidArgument(fmt::format("make_mpi_transport: {} host indices for {} ranks (expected one per rank)",
+                                      hosts.size(), size));
+  }
+  return std::make_shared<MpiTransport>(std::move(hosts));
+}
+
+}  // namespace conduit::net

@@ -1,0 +1,31 @@
+#pragma once
+// OpenMPI transport: the path to many hosts when a job is started by mpirun. Messages are MPI_Isend/MPI_Irecv on a
+// private duplicate of MPI_COMM_WORLD; requests progress when a waiter calls MPI_Test (there is no progress
+// thread). Conduit's 64-bit tags are folded into MPI's tag range, see mpi_transport.cc for the mapping and its
+// collision bound.
+#include <string>
+#include <vector>
+
+#include "net/transport.h"
+
+namespace conduit::net {
+
+// True when this process was started by mpirun/mpiexec (OMPI_COMM_WORLD_RANK, PMIX_RANK or PMI_RANK is set).
+bool mpi_launched();
+// MPI_Init_thread(MPI_THREAD_MULTIPLE) once per process (a no-op when the program already initialized MPI);
+// registers MPI_Finalize with atexit. When the library provides less than MULTIPLE a warning is logged and every
+// MPI call Conduit makes is serialized by one mutex.
+void mpi_init_once();
+int mpi_world_rank();
+int mpi_world_size();
+// Every rank's string, in rank order (MPI_Allgather + MPI_Allgatherv on MPI_COMM_WORLD). Collective.
+std::vector<std::string> mpi_allgather_strings(const std::string& mine);
+
+// A transport over a duplicate of MPI_COMM_WORLD; collective (every rank calls it). `hosts` is the host index of
+// every rank (empty: derived from the host names). Errors are returned, not fatal (MPI_ERRORS_RETURN).
+TransportPtr make_mpi_transport(std::vector<int> hosts);
+
+// The MPI tag a Conduit tag travels under (exposed for tests and docs). `tag_ub` is MPI_TAG_UB.
+int mpi_tag_for(uint64_t tag, int tag_ub);
+
+}  // namespace conduit::net

@@ -1,0 +1,752 @@
+// TCP rendezvous store (as torch's TCPStore with MASTER_ADDR/MASTER_PORT): rank 0 serves a key-value map from a
+// background thread; every rank (rank 0 included, over loopback) talks to it as a client.
+//
+// Wire format (little-endian), the same 24-byte header in front of every request and reply:
+//   u32 magic 'CDST' | u16 version | u8 op | u8 status | u64 request id | u32 key length | u32 value length
+// followed by the key and the value bytes. Requests: set(key, value), get(key) (the server parks it until the key
+// exists, so a waiting client sleeps in poll(), never spins), add(key, 8-byte delta) (the reply carries the new
+// value; the stored value is its decimal text so get() reads it too), check(key) (status ok / not found).
+// A reply has op = request op | 0x80 and echoes the request id; a client that timed out on a get may later
+// receive the stale reply on the same connection and skips it by id.
+// Validation: a bad magic, version or op, or a length > kMaxStoreFieldBytes (64 MiB) makes the server drop that
+// client with a logged error (other clients are unaffected) and makes a client throw ProtocolError. A frame cut
+// short by end-of-stream is also dropped / a PeerError.
+//
+// Concurrency: the server is one thread around poll() (listening socket, a wake-up pipe, every client); it keeps
+// no thread per client. A client keeps a small pool of connections so that several threads sharing one Store can
+// block in get() at the same time without serializing behind each other.
+#include "net/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace conduit::net {
+namespace {
+
+constexpr uint32_t kMagic = 0x54534443u;  // "CDST" as bytes on the wire
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHeaderBytes = 24;
+enum Op : uint8_t { kOpSet = 1, kOpGet = 2, kOpAdd = 3, kOpCheck = 4, kOpPing = 5, kReplyBit = 0x80 };
+enum Status : uint8_t { kOk = 0, kNotFound = 1, kBadRequest = 2 };
+
+struct Header {
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint8_t op = 0;
+  uint8_t status = kOk;
+  uint64_t id = 0;
+  uint32_t key_len = 0;
+  uint32_t value_len = 0;
+};
+
+template <typename T>
+void put_le(char* p, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
+}
+template <typename T>
+T get_le(const char* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return static_cast<T>(v);
+}
+
+void encode_header(const Header& h, char* p) {
+  put_le<uint32_t>(p, h.magic);
+  put_le<uint16_t>(p + 4, h.version);
+  p[6] = static_cast<char>(h.op);
+  p[7] = static_cast<char>(h.status);
+  put_le<uint64_t>(p + 8, h.id);
+  put_le<uint32_t>(p + 16, h.key_len);
+  put_le<uint32_t>(p + 20, h.value_len);
+}
+
+Header decode_header(const char* p) {
+  Header h;
+  h.magic = get_le<uint32_t>(p);
+  h.version = get_le<uint16_t>(p + 4);
+  h.op = static_cast<uint8_t>(p[6]);
+  h.status = static_cast<uint8_t>(p[7]);
+  h.id = get_le<uint64_t>(p + 8);
+  h.key_len = get_le<uint32_t>(p + 16);
+  h.value_len = get_le<uint32_t>(p + 20);
+  return h;
+}
+
+// Empty when the header is acceptable, else one line saying what is wrong.
+std::string check_header(const Header& h, bool reply) {
+  if (h.magic != kMagic) return fmt::format("bad magic {:#010x} (expected {:#010x})", h.magic, kMagic);
+  if (h.version != kVersion) return fmt::format("unsupported version {} (this build speaks {})", h.version, kVersion);
+  uint8_t op = reply ? static_cast<uint8_t>(h.op & ~kReplyBit) : h.op;
+  if (reply != ((h.op & kReplyBit) != 0) || op < kOpSet || op > kOpPing)
+    return fmt::format("unexpected op {:#04x} in a {}", h.op, reply ? "reply" : "request");
+  if (h.key_len > kMaxStoreFieldBytes || h.value_len > kMaxStoreFieldBytes)
+    return fmt::format("key length {} / value length {} exceed the limit of {} bytes", h.key_len, h.value_len,
+                       kMaxStoreFieldBytes);
+  return {};
+}
+
+std::string frame(const Header& h, const std::string& key, const std::string& value) {
+  std::string out(kHeaderBytes + key.size() + value.size(), '\0');
+  Header hh = h;
+  hh.key_len = static_cast<uint32_t>(key.size());
+  hh.value_len = static_cast<uint32_t>(value.size());
+  encode_header(hh, out.data());
+  std::memcpy(out.data() + kHeaderBytes, key.data(), key.size());
+  std::memcpy(out.data() + kHeaderBytes + key.size(), value.data(), value.size());
+  return out;
+}
+
+std::string encode_i64(int64_t v) {
+  std::string s(8, '\0');
+  put_le<uint64_t>(s.data(), static_cast<uint64_t>(v));
+  return s;
+}
+
+void set_nonblocking(int fd) {
+  int fl = fcntl(fd, F_GETFL, 0);
+  if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+int poll_timeout_ms(const Deadline& d, int cap_ms) {
+  if (d.is_never()) return cap_ms;
+  double r = d.remaining_seconds();
+  if (r <= 0) return 0;
+  return static_cast<int>(std::min<double>(cap_ms, r * 1000.0 + 1.0));
+}
+
+std::string connect_host(const std::string& host) {
+  if (host.empty() || host == "*" || host == "0.0.0.0") return "127.0.0.1";
+  if (host == "::") return "::1";
+  return host;
+}
+
+// ------------------------------------------------------------------------------------------------ server
+
+class TcpStoreServer {
+ public:
+  TcpStoreServer(const std::string& host, int port) : host_(host) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* res = nullptr;
+    bool any = host.empty() || host == "*";
+    int rc = getaddrinfo(any ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res);
+    if (rc != 0) {
+      throw ConfigError(fmt::format("tcp store: cannot resolve server address '{}:{}': {} (check MASTER_ADDR)",
+                                    host, port, gai_strerror(rc)));
+    }
+    std::string why = "no address";
+    for (addrinfo* ai = res; ai != nullptr && listen_fd_ < 0; ai = ai->ai_next) {
+      int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+      if (fd < 0) {
+        why = std::strerror(errno);
+        continue;
+      }
+      int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+        why = std::strerror(errno);
+        close(fd);
+        continue;
+      }
+      listen_fd_ = fd;
+    }
+    freeaddrinfo(res);
+    if (listen_fd_ < 0) {
+      throw ConfigError(fmt::format(
+          "tcp store: cannot listen on {}:{}: {} (is another job using this MASTER_PORT? choose another port)", host,
+          port, why));
+    }
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len);
+    port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                     : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    set_nonblocking(listen_fd_);
+    if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+      close(listen_fd_);
+      throw Error(fmt::format("tcp store: pipe2 failed: {}", std::strerror(errno)));
+    }
+    thread_ = std::thread([this] { run(); });
+    CONDUIT_LOG_INFO("tcp store: serving on {}:{}", host_, port_);
+  }
+
+  ~TcpStoreServer() {
+    char b = 1;
+    while (write(wake_[1], &b, 1) < 0 && errno == EINTR) {
+    }
+    if (thread_.joinable()) thread_.join();
+    for (auto& [id, c] : clients_) close(c.fd);
+    close(listen_fd_);
+    close(wake_[0]);
+    close(wake_[1]);
+  }
+
+  int port() const { return port_; }
+
+ private:
+  struct Client {
+    int fd = -1;
+    std::string peer;
+    std::string in;
+    std::string out;
+    size_t out_off = 0;
+  };
+
+  void run() {
+    std::vector<pollfd> fds;
+    std::vector<uint64_t> ids;
+    while (true) {
+      fds.clear();
+      ids.clear();
+      fds.push_back({wake_[0], POLLIN, 0});
+      fds.push_back({listen_fd_, POLLIN, 0});
+      for (auto& [id, c] : clients_) {
+        short ev = POLLIN;
+        if (c.out_off < c.out.size()) ev |= POLLOUT;
+        fds.push_back({c.fd, ev, 0});
+        ids.push_back(id);
+      }
+      int n = poll(fds.data(), fds.size(), -1);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        CONDUIT_LOG_ERROR("tcp store server {}:{}: poll failed: {}; stopping", host_, port_, std::strerror(errno));
+        return;
+      }
+      if (fds[0].revents != 0) return;  // destructor asked us to stop
+      if (fds[1].revents & POLLIN) accept_all();
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        auto it = clients_.find(ids[i - 2]);
+        if (it == clients_.end()) continue;
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+          if (!read_client(it->first, it->second)) {
+            drop(it->first);
+            continue;
+          }
+        }
+      }
+      // Flush every client with pending output (replies may have been queued for any client, e.g. by a set).
+      std::vector<uint64_t> dead;
+      for (auto& [id, c] : clients_) {
+        if (c.out_off < c.out.size() && !flush(c)) dead.push_back(id);
+      }
+      for (uint64_t id : dead) drop(id);
+    }
+  }
+
+  void accept_all() {
+    while (true) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          CONDUIT_LOG_WARN("tcp store server {}:{}: accept failed: {}", host_, port_, std::strerror(errno));
+        return;
+      }
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      char name[INET6_ADDRSTRLEN] = "?";
+      int peer_port = 0;
+      if (ss.ss_family == AF_INET) {
+        auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+        inet_ntop(AF_INET, &a->sin_addr, name, sizeof(name));
+        peer_port = ntohs(a->sin_port);
+      } else if (ss.ss_family == AF_INET6) {
+        auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+        inet_ntop(AF_INET6, &a->sin6_addr, name, sizeof(name));
+        peer_port = ntohs(a->sin6_port);
+      }
+      Client c;
+      c.fd = fd;
+      c.peer = fmt::format("{}:{}", name, peer_port);
+      clients_.emplace(next_client_++, std::move(c));
+    }
+  }
+
+  // Reads what is available and serves every complete request. False: drop the client.
+  bool read_client(uint64_t id, Client& c) {
+    char buf[65536];
+    while (true) {
+      ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
+      if (n > 0) {
+        c.in.append(buf, static_cast<size_t>(n));
+        if (!serve(id, c)) return false;
+        if (static_cast<size_t>(n) < sizeof(buf)) return true;
+        continue;
+      }
+      if (n == 0) {
+        if (!c.in.empty()) {
+          CONDUIT_LOG_ERROR("tcp store server {}:{}: client {} closed the connection in the middle of a frame "
+                            "({} bytes pending); dropped it",
+                            host_, port_, c.peer, c.in.size());
+        }
+        return false;
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      CONDUIT_LOG_WARN("tcp store server {}:{}: read from client {} failed: {}; dropped it", host_, port_, c.peer,
+                       std::strerror(errno));
+      return false;
+    }
+  }
+
+  bool serve(uint64_t id, Client& c) {
+    size_t off = 0;
+    bool ok = true;
+    while (c.in.size() - off >= kHeaderBytes) {
+      Header h = decode_header(c.in.data() + off);
+      std::string bad = check_header(h, false);
+      if (!bad.empty()) {
+        CONDUIT_LOG_ERROR("tcp store server {}:{}: malformed request from {}: {}; dropped the client", host_, port_,
+                          c.peer, bad);
+        ok = false;
+        break;
+      }
+      size_t total = kHeaderBytes + static_cast<size_t>(h.key_len) + h.value_len;
+      if (c.in.size() - off < total) {
+        c.in.reserve(off + total);
+        break;
+      }
+      std::string key = c.in.substr(off + kHeaderBytes, h.key_len);
+      std::string value = c.in.substr(off + kHeaderBytes + h.key_len, h.value_len);
+      off += total;
+      if (!handle(id, c, h, std::move(key), std::move(value))) {
+        ok = false;
+        break;
+      }
+    }
+    if (off > 0) c.in.erase(0, off);
+    return ok;
+  }
+
+  void reply(Client& c, const Header& req, Status st, const std::string& value) {
+    Header h;
+    h.op = static_cast<uint8_t>(req.op | kReplyBit);
+    h.status = st;
+    h.id = req.id;
+    c.out += frame(h, std::string(), value);
+  }
+
+  bool handle(uint64_t id, Client& c, const Header& h, std::string key, std::string value) {
+    switch (h.op) {
+      case kOpSet:
+        set_key(key, std::move(value));
+        reply(c, h, kOk, {});
+        return true;
+      case kOpGet: {
+        auto it = data_.find(key);
+        if (it != data_.end()) {
+          reply(c, h, kOk, it->second);
+        } else {
+          waiters_[key].push_back({id, h.id});
+        }
+        return true;
+      }
+      case kOpAdd: {
+        if (value.size() != 8) {
+          CONDUIT_LOG_ERROR("tcp store server {}:{}: add from {} carries {} value bytes (expected 8); dropped the client",
+                            host_, port_, c.peer, value.size());
+          return false;
+        }
+        auto delta = static_cast<int64_t>(get_le<uint64_t>(value.data()));
+        int64_t cur = 0;
+        auto it = data_.find(key);
+        if (it != data_.end()) {
+          char* end = nullptr;
+          errno = 0;
+          cur = std::strtoll(it->second.c_str(), &end, 10);
+          if (it->second.empty() || errno != 0 || *end != '\0') {
+            reply(c, h, kBadRequest, fmt::format("value of key '{}' is not an integer", key));
+            return true;
+          }
+        }
+        int64_t next = static_cast<int64_t>(static_cast<uint64_t>(cur) + static_cast<uint64_t>(delta));
+        set_key(key, std::to_string(next));
+        reply(c, h, kOk, encode_i64(next));
+        return true;
+      }
+      case kOpCheck:
+        reply(c, h, data_.count(key) ? kOk : kNotFound, {});
+        return true;
+      case kOpPing:
+        reply(c, h, kOk, {});
+        return true;
+      default:
+        return false;  // unreachable: check_header rejects other ops
+    }
+  }
+
+  void set_key(const std::string& key, std::string value) {
+    auto& slot = data_[key];
+    slot = std::move(value);
+    auto w = waiters_.find(key);
+    if (w == waiters_.end()) return;
+    for (auto [client_id, req_id] : w->second) {
+      auto c = clients_.find(client_id);
+      if (c == clients_.end()) continue;  // that client went away while it waited
+      Header req;
+      req.op = kOpGet;
+      req.id = req_id;
+      reply(c->second, req, kOk, slot);
+    }
+    waiters_.erase(w);
+  }
+
+  bool flush(Client& c) {
+    while (c.out_off < c.out.size()) {
+      ssize_t n = send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out_off += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      CONDUIT_LOG_WARN("tcp store server {}:{}: write to client {} failed: {}; dropped it", host_, port_, c.peer,
+                       std::strerror(errno));
+      return false;
+    }
+    if (c.out_off == c.out.size()) {
+      c.out.clear();
+      c.out_off = 0;
+    } else if (c.out_off > (1u << 20)) {
+      c.out.erase(0, c.out_off);
+      c.out_off = 0;
+    }
+    return true;
+  }
+
+  void drop(uint64_t id) {
+    auto it = clients_.find(id);
+    if (it == clients_.end()) return;
+    close(it->second.fd);
+    clients_.erase(it);
+  }
+
+  std::string host_;
+  int port_ = 0;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
+  // Owned by the server thread only.
+  std::unordered_map<uint64_t, Client> clients_;
+  uint64_t next_client_ = 1;
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> waiters_;
+};
+
+// ------------------------------------------------------------------------------------------------ client
+
+struct Conn {
+  int fd = -1;
+  uint64_t next_id = 1;
+  ~Conn() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+class TcpStore : public Store {
+ public:
+  TcpStore(std::shared_ptr<TcpStoreServer> server, const std::string& host, int port, const Deadline& connect_deadline)
+      : server_(std::move(server)), host_(host), port_(port), addr_(fmt::format("{}:{}", host, port)) {
+    // Connect eagerly so that a wrong address or a missing server surfaces here, within the connect deadline.
+    auto c = connect(connect_deadline, /*first=*/true);
+    std::lock_guard<std::mutex> lk(mu_);
+    idle_.push_back(std::move(c));
+  }
+
+  ~TcpStore() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    idle_.clear();  // close our connections before the server (if ours) stops
+  }
+
+  int port() const { return port_; }
+
+  void set(const std::string& key, const std::string& value) override {
+    check_sizes(key, value.size());
+    request(kOpSet, key, value, op_deadline());
+  }
+
+  std::string get(const std::string& key, const Deadline& deadline) override {
+    check_sizes(key, 0);
+    return request(kOpGet, key, {}, deadline).second;
+  }
+
+  int64_t add(const std::string& key, int64_t delta) override {
+    check_sizes(key, 8);
+    auto [st, v] = request(kOpAdd, key, encode_i64(delta), op_deadline());
+    if (v.size() != 8) throw ProtocolError(fmt::format("tcp store {}: add reply for key '{}' carries {} bytes "
+                                                       "(expected 8)", addr_, key, v.size()));
+    return static_cast<int64_t>(get_le<uint64_t>(v.data()));
+  }
+
+  bool check(const std::string& key) override {
+    check_sizes(key, 0);
+    return request(kOpCheck, key, {}, op_deadline()).first == kOk;
+  }
+
+ private:
+  void check_sizes(const std::string& key, size_t value_bytes) const {
+    if (key.size() > kMaxStoreFieldBytes || value_bytes > kMaxStoreFieldBytes) {
+      throw InvalidArgument(fmt::format("tcp store {}: key '{}...' or its value is larger than the {} byte limit",
+                                        addr_, key.substr(0, 64), kMaxStoreFieldBytes));
+    }
+  }
+
+  static Deadline op_deadline() { return Deadline::after(default_timeout_seconds()); }
+
+  std::unique_ptr<Conn> connect(const Deadline& deadline, bool first) {
+    // After the first connection succeeded the server is known to be up: a refused connection then means it is
+    // gone, and waiting out a long deadline would only hide that.
+    Deadline d = first ? deadline : deadline.min(Deadline::after(1.0));
+    std::string target = connect_host(host_);
+    std::string why = "no attempt";
+    auto backoff = std::chrono::milliseconds(5);
+    while (true) {
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* res = nullptr;
+      int rc = getaddrinfo(target.c_str(), std::to_string(port_).c_str(), &hints, &res);
+      if (rc != 0) {
+        why = fmt::format("cannot resolve '{}': {}", target, gai_strerror(rc));
+      } else {
+        for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+          int fd = try_connect(ai, d, &why);
+          if (fd >= 0) {
+            freeaddrinfo(res);
+            auto c = std::make_unique<Conn>();
+            c->fd = fd;
+            return c;
+          }
+        }
+        freeaddrinfo(res);
+      }
+      if (d.expired()) break;
+      auto wait = std::min<std::chrono::nanoseconds>(
+          backoff, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       Seconds(std::max(0.0, d.remaining_seconds()))));
+      std::this_thread::sleep_for(wait);
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(500));
+      if (d.expired()) break;
+    }
+    if (first) {
+      throw TimeoutError(fmt::format("tcp store: could not connect to the server at {} before the deadline: {} "
+                                     "(is rank 0 running and MASTER_ADDR/MASTER_PORT right?)",
+                                     addr_, why));
+    }
+    throw PeerError(fmt::format("tcp store: the server at {} is unreachable: {} (did rank 0 exit?)", addr_, why));
+  }
+
+  static int try_connect(addrinfo* ai, const Deadline& d, std::string* why) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) {
+      *why = std::strerror(errno);
+      return -1;
+    }
+    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int n;
+      do {
+        n = poll(&p, 1, poll_timeout_ms(d, 1000));
+      } while (n < 0 && errno == EINTR);
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (n <= 0) {
+        err = n == 0 ? ETIMEDOUT : errno;
+      } else {
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      }
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc != 0) {
+      *why = std::strerror(errno);
+      close(fd);
+      return -1;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return fd;
+  }
+
+  std::unique_ptr<Conn> acquire(const Deadline& deadline) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!idle_.empty()) {
+        auto c = std::move(idle_.back());
+        idle_.pop_back();
+        return c;
+      }
+    }
+    return connect(deadline, /*first=*/false);
+  }
+
+  void release(std::unique_ptr<Conn> c) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (idle_.size() < 8) idle_.push_back(std::move(c));
+  }
+
+  static const char* op_name(uint8_t op) {
+    switch (op) {
+      case kOpSet: return "set";
+      case kOpGet: return "get";
+      case kOpAdd: return "add";
+      case kOpCheck: return "check";
+      default: return "ping";
+    }
+  }
+
+  [[noreturn]] void timeout(uint8_t op, const std::string& key, const Deadline& d) const {
+    throw TimeoutError(fmt::format("tcp store {}: {} of key '{}' did not complete before the deadline", addr_,
+                                   op_name(op), key));
+  }
+
+  [[noreturn]] void gone(uint8_t op, const std::string& key, const std::string& why) const {
+    throw PeerError(fmt::format("tcp store {}: connection to the server lost during {} of key '{}': {} (did rank 0 "
+                                "exit?)",
+                                addr_, op_name(op), key, why));
+  }
+
+  // Waits until fd is ready for `events`; false on deadline.
+  static bool wait_fd(int fd, short events, const Deadline& d) {
+    while (true) {
+      pollfd p{fd, events, 0};
+      int n = poll(&p, 1, poll_timeout_ms(d, 1000));
+      if (n > 0) return true;
+      if (n < 0 && errno != EINTR) return true;  // let the following read/write report the error
+      if (d.expired()) return false;
+    }
+  }
+
+  void send_all(Conn& c, const std::string& bytes, uint8_t op, const std::string& key, const Deadline& d) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      ssize_t n = ::send(c.fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!wait_fd(c.fd, POLLOUT, d)) timeout(op, key, d);
+        continue;
+      }
+      gone(op, key, std::strerror(errno));
+    }
+  }
+
+  void recv_all(Conn& c, char* p, size_t len, uint8_t op, const std::string& key, const Deadline& d) {
+    size_t off = 0;
+    while (off < len) {
+      ssize_t n = ::recv(c.fd, p + off, len - off, 0);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+        continue;
+      }
+      if (n == 0) gone(op, key, off == 0 ? "server closed the connection" : "server closed the connection mid-reply");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!wait_fd(c.fd, POLLIN, d)) timeout(op, key, d);
+        continue;
+      }
+      gone(op, key, std::strerror(errno));
+    }
+  }
+
+  std::pair<uint8_t, std::string> request(uint8_t op, const std::string& key, const std::string& value,
+                                          const Deadline& deadline) {
+    auto c = acquire(deadline);
+    Header h;
+    h.op = op;
+    h.id = c->next_id++;
+    try {
+      send_all(*c, frame(h, key, value), op, key, deadline);
+      while (true) {
+        char hb[kHeaderBytes];
+        recv_all(*c, hb, kHeaderBytes, op, key, deadline);
+        Header r = decode_header(hb);
+        std::string bad = check_header(r, true);
+        if (!bad.empty()) {
+          throw ProtocolError(fmt::format("tcp store {}: malformed reply to {} of key '{}': {}", addr_, op_name(op),
+                                          key, bad));
+        }
+        std::string body(static_cast<size_t>(r.key_len) + r.value_len, '\0');
+        recv_all(*c, body.data(), body.size(), op, key, deadline);
+        if (r.id < h.id) continue;  // the late reply of an earlier request that timed out
+        if (r.id != h.id || (r.op & ~kReplyBit) != op) {
+          throw ProtocolError(fmt::format("tcp store {}: reply id {} op {:#04x} does not match request id {} ({})",
+                                          addr_, r.id, r.op, h.id, op_name(op)));
+        }
+        if (r.status == kBadRequest) {
+          release(std::move(c));
+          throw InvalidArgument(fmt::format("tcp store {}: {} of key '{}' rejected: {}", addr_, op_name(op), key,
+                                            body.substr(r.key_len)));
+        }
+        if (r.status != kOk && !(op == kOpCheck && r.status == kNotFound)) {
+          throw ProtocolError(fmt::format("tcp store {}: unknown status {} in the reply to {} of key '{}'", addr_,
+                                          r.status, op_name(op), key));
+        }
+        release(std::move(c));
+        return {r.status, body.substr(r.key_len)};
+      }
+    } catch (const Error&) {
+      // `c` is closed here, not returned to the pool: after a timeout or an error it may hold half a frame.
+      throw;
+    }
+  }
+
+  std::shared_ptr<TcpStoreServer> server_;  // declared first: destroyed after the connections
+  std::string host_;
+  int port_;
+  std::string addr_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Conn>> idle_;
+};
+
+}  // namespace
+
+StorePtr make_tcp_store(const std::string& host, int port, bool is_server, const Deadline& connect_deadline) {
+  if (port < 0 || port > 65535) {
+    throw ConfigError(fmt::format("tcp store: port {} is invalid: expected 0..65535 (MASTER_PORT)", port));
+  }
+  if (!is_server && port == 0) {
+    throw ConfigError("tcp store: a client needs the server's port, got 0 (set MASTER_PORT)");
+  }
+  std::shared_ptr<TcpStoreServer> server;
+  if (is_server) {
+    server = std::make_shared<TcpStoreServer>(host, port);
+    port = server->port();
+  }
+  return std::make_shared<TcpStore>(std::move(server), host, port, connect_deadline);
+}
+
+int tcp_store_port(const Store& store) {
+  const auto* t = dynamic_cast<const TcpStore*>(&store);
+  if (t == nullptr) throw InvalidArgument("tcp_store_port: the store is not a TCP store");
+  return t->port();
+}
+
+}  // namespace conduit::net

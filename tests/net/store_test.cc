@@ -1,0 +1,554 @@
+// Rendezvous stores: TCP (server thread, clients across threads and processes, malformed input, server death),
+// file store, and the allgather/barrier helpers. No fixed ports: servers bind port 0.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "net/store.h"
+#include "net/tcp_store.h"
+
+namespace conduit::net {
+namespace {
+
+StorePtr start_server(int* port) {
+  auto s = make_tcp_store("127.0.0.1", 0, true, Deadline::after(10));
+  *port = tcp_store_port(*s);
+  return s;
+}
+
+StorePtr client(int port, double connect_seconds = 10) {
+  return make_tcp_store("127.0.0.1", port, false, Deadline::after(connect_seconds));
+}
+
+// A port that was free a moment ago (bind 0, read it, close).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+int raw_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Waits for a child with a bound; kills it when the bound passes. Returns its exit code (or -signal).
+int wait_child(pid_t pid, double seconds = 30) {
+  Stopwatch sw;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (sw.seconds() > seconds) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1000;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "conduit_store_XXXXXX").string();
+    path_ = mkdtemp(t.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The semantics every store shares.
+void basic_semantics(Store& s) {
+  EXPECT_FALSE(s.check("a"));
+  s.set("a", "hello");
+  EXPECT_TRUE(s.check("a"));
+  EXPECT_EQ(s.get("a", Deadline::after(5)), "hello");
+  s.set("a", "again");
+  EXPECT_EQ(s.get("a", Deadline::after(5)), "again");
+  std::string bin("\0\x01\xff binary", 10);
+  s.set("bin", bin);
+  EXPECT_EQ(s.get("bin", Deadline::after(5)), bin);
+  s.set("empty", "");
+  EXPECT_TRUE(s.check("empty"));
+  EXPECT_EQ(s.get("empty", Deadline::after(5)), "");
+  EXPECT_EQ(s.add("n", 5), 5);
+  EXPECT_EQ(s.add("n", -2), 3);
+  EXPECT_EQ(s.add("n", 0), 3);
+  EXPECT_EQ(s.get("n", Deadline::after(5)), "3");
+  EXPECT_THROW(s.add("a", 1), InvalidArgument);
+  // Keys with separators, dots and odd bytes stay distinct.
+  s.set("x/y", "1");
+  s.set("x%2Fy", "2");
+  s.set("..", "3");
+  s.set("sp ace", "4");
+  EXPECT_EQ(s.get("x/y", Deadline::after(5)), "1");
+  EXPECT_EQ(s.get("x%2Fy", Deadline::after(5)), "2");
+  EXPECT_EQ(s.get("..", Deadline::after(5)), "3");
+  EXPECT_EQ(s.get("sp ace", Deadline::after(5)), "4");
+  std::string long_a(400, 'a'), long_b = std::string(399, 'a') + "b";
+  s.set(long_a, "A");
+  s.set(long_b, "B");
+  EXPECT_EQ(s.get(long_a, Deadline::after(5)), "A");
+  EXPECT_EQ(s.get(long_b, Deadline::after(5)), "B");
+}
+
+void get_blocks_until_set(Store& reader, Store& writer) {
+  auto f = std::async(std::launch::async, [&] {
+    Stopwatch sw;
+    std::string v = reader.get("late", Deadline::after(10));
+    return std::make_pair(v, sw.seconds());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  writer.set("late", "now");
+  auto [v, secs] = f.get();
+  EXPECT_EQ(v, "now");
+  EXPECT_GE(secs, 0.1);
+  EXPECT_LT(secs, 5.0);
+}
+
+void get_times_out(Store& s, const std::string& where) {
+  Stopwatch sw;
+  try {
+    s.get("never/set", Deadline::after(0.2));
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("never/set"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+  }
+  EXPECT_GE(sw.seconds(), 0.19);
+  EXPECT_LT(sw.seconds(), 2.0);
+  // The store stays usable after a timeout.
+  s.set("after", "ok");
+  EXPECT_EQ(s.get("after", Deadline::after(5)), "ok");
+}
+
+// ---------------------------------------------------------------------------------------------- TCP store
+
+TEST(TcpStore, SetGetAddCheck) {
+  int port = 0;
+  auto server = start_server(&port);
+  EXPECT_GT(port, 0);
+  basic_semantics(*server);
+  auto c = client(port);
+  EXPECT_EQ(c->get("a", Deadline::after(5)), "again");
+  EXPECT_EQ(c->add("n", 1), 4);
+}
+
+TEST(TcpStore, LargeValue) {
+  int port = 0;
+  auto server = start_server(&port);
+  auto c = client(port);
+  std::string big(8 << 20, 'x');
+  for (size_t i = 0; i < big.size(); i += 4093) big[i] = static_cast<char>(i);
+  c->set("big", big);
+  EXPECT_EQ(server->get("big", Deadline::after(10)), big);
+  EXPECT_THROW(c->set("huge", std::string(kMaxStoreFieldBytes + 1, 'y')), InvalidArgument);
+}
+
+TEST(TcpStore, GetBlocksUntilLaterSet) {
+  int port = 0;
+  auto server = start_server(&port);
+  auto c = client(port);
+  get_blocks_until_set(*c, *server);
+}
+
+TEST(TcpStore, GetDeadlineThrowsTimeoutNamingKeyAndAddress) {
+  int port = 0;
+  auto server = start_server(&port);
+  auto c = client(port);
+  get_times_out(*c, "127.0.0.1:" + std::to_string(port));
+}
+
+TEST(TcpStore, ThreadsShareOneStoreAndCount) {
+  int port = 0;
+  auto server = start_server(&port);
+  auto shared = client(port);
+  constexpr int kThreads = 8, kAdds = 50;
+  std::vector<std::thread> ts;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      try {
+        // Half the threads share one client (and block in get at the same time), half have their own.
+        StorePtr own = t % 2 ? client(port) : nullptr;
+        Store& s = own ? *own : *shared;
+        for (int i = 0; i < kAdds; ++i) s.add("count", 1);
+        s.set("t" + std::to_string(t), std::to_string(t));
+        for (int o = 0; o < kThreads; ++o) {
+          if (s.get("t" + std::to_string(o), Deadline::after(10)) != std::to_string(o)) failures++;
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        failures++;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(server->add("count", 0), kThreads * kAdds);
+}
+
+TEST(TcpStore, ClientConnectsBeforeServerStarts) {
+  int port = free_port();
+  auto f = std::async(std::launch::async, [&] {
+    auto c = client(port, 10);
+    return c->get("k", Deadline::after(10));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto server = make_tcp_store("127.0.0.1", port, true, Deadline::after(10));
+  server->set("k", "v");
+  EXPECT_EQ(f.get(), "v");
+}
+
+TEST(TcpStore, ConnectDeadlineWithoutServer) {
+  int port = free_port();
+  Stopwatch sw;
+  try {
+    client(port, 0.3);
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(sw.seconds(), 3.0);
+}
+
+TEST(TcpStore, BadPortIsConfigError) {
+  EXPECT_THROW(make_tcp_store("127.0.0.1", 70000, true, Deadline::after(1)), ConfigError);
+  EXPECT_THROW(make_tcp_store("127.0.0.1", 0, false, Deadline::after(1)), ConfigError);
+  int port = 0;
+  auto server = start_server(&port);
+  EXPECT_THROW(make_tcp_store("127.0.0.1", port, true, Deadline::after(1)), ConfigError);  // in use
+}
+
+TEST(TcpStore, MalformedFramesDropOnlyThatClient) {
+  int port = 0;
+  auto server = start_server(&port);
+  auto good = client(port);
+  good->set("before", "1");
+
+  auto expect_dropped = [](int fd) {
+    char b[64];
+    ssize_t n = recv(fd, b, sizeof(b), 0);
+    EXPECT_LE(n, 0) << "server should have closed the connection";
+    close(fd);
+  };
+  {  // garbage
+    int fd = raw_connect(port);
+    const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_GT(send(fd, junk, sizeof(junk), MSG_NOSIGNAL), 0);
+    expect_dropped(fd);
+  }
+  {  // right magic and version, oversized key length
+    int fd = raw_connect(port);
+    unsigned char h[24] = {0x43, 0x44, 0x53, 0x54, 1, 0, 1, 0};
+    uint32_t huge = 0xfffffff0u;
+    std::memcpy(h + 16, &huge, 4);
+    ASSERT_EQ(send(fd, h, sizeof(h), MSG_NOSIGNAL), 24);
+    expect_dropped(fd);
+  }
+  {  // wrong version
+    int fd = raw_connect(port);
+    unsigned char h[24] = {0x43, 0x44, 0x53, 0x54, 9, 0, 1, 0};
+    ASSERT_EQ(send(fd, h, sizeof(h), MSG_NOSIGNAL), 24);
+    expect_dropped(fd);
+  }
+  {  // unknown op
+    int fd = raw_connect(port);
+    unsigned char h[24] = {0x43, 0x44, 0x53, 0x54, 1, 0, 0x42, 0};
+    ASSERT_EQ(send(fd, h, sizeof(h), MSG_NOSIGNAL), 24);
+    expect_dropped(fd);
+  }
+  {  // add with a wrong value length
+    int fd = raw_connect(port);
+    unsigned char h[24 + 1 + 3] = {0x43, 0x44, 0x53, 0x54, 1, 0, 3, 0};
+    h[16] = 1;
+    h[20] = 3;
+    ASSERT_EQ(send(fd, h, sizeof(h), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(h)));
+    expect_dropped(fd);
+  }
+  {  // truncated frame: a header announcing 100 key bytes, then 10, then close
+    int fd = raw_connect(port);
+    unsigned char h[24 + 10] = {0x43, 0x44, 0x53, 0x54, 1, 0, 1, 0};
+    h[16] = 100;
+    ASSERT_EQ(send(fd, h, sizeof(h), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(h)));
+    close(fd);
+  }
+  {  // half a header, then close
+    int fd = raw_connect(port);
+    ASSERT_EQ(send(fd, "CDST", 4, MSG_NOSIGNAL), 4);
+    close(fd);
+  }
+  // The server still serves everyone else.
+  EXPECT_EQ(good->get("before", Deadline::after(5)), "1");
+  auto fresh = client(port);
+  fresh->set("after", "2");
+  EXPECT_EQ(good->get("after", Deadline::after(5)), "2");
+  EXPECT_EQ(server->add("c", 1), 1);
+}
+
+TEST(TcpStore, MalformedReplyIsProtocolError) {
+  // A fake server that answers every request with garbage.
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(lfd, 4), 0);
+  socklen_t len = sizeof(a);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  std::thread fake([lfd] {
+    int fd = accept(lfd, nullptr, nullptr);
+    char b[256];
+    recv(fd, b, sizeof(b), 0);  // the request
+    unsigned char reply[24] = {0x43, 0x44, 0x53, 0x54, 1, 0, 0x81, 0};
+    reply[8] = 1;  // id 1
+    uint32_t huge = 0x7fffffffu;
+    std::memcpy(reply + 20, &huge, 4);
+    send(fd, reply, sizeof(reply), MSG_NOSIGNAL);
+    recv(fd, b, sizeof(b), 0);  // until the client closes
+    close(fd);
+  });
+  {
+    auto c = client(port);
+    EXPECT_THROW(c->set("k", "v"), ProtocolError);
+  }
+  fake.join();
+  close(lfd);
+}
+
+TEST(TcpStore, ServerDestroyedIsPeerError) {
+  int port = 0;
+  auto server = start_server(&port);
+  auto c = client(port);
+  auto f = std::async(std::launch::async, [&] { return c->get("never", Deadline::after(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Stopwatch sw;
+  server.reset();  // stops the server thread and closes every connection
+  try {
+    f.get();
+    FAIL() << "expected PeerError";
+  } catch (const PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port)), std::string::npos) << e.what();
+  }
+  EXPECT_LT(sw.seconds(), 5.0);
+  EXPECT_THROW(c->set("k", "v"), PeerError);
+}
+
+TEST(TcpStore, ServerProcessKilledIsPeerError) {
+  int pfd[2];
+  ASSERT_EQ(pipe(pfd), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(pfd[0]);
+    try {
+      int port = 0;
+      auto s = start_server(&port);
+      s->set("hello", "world");
+      if (write(pfd[1], &port, sizeof(port)) != sizeof(port)) _exit(2);
+      pause();
+    } catch (...) {
+    }
+    _exit(1);
+  }
+  close(pfd[1]);
+  int port = 0;
+  ASSERT_EQ(read(pfd[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  close(pfd[0]);
+  auto c = client(port);
+  EXPECT_EQ(c->get("hello", Deadline::after(5)), "world");
+  auto f = std::async(std::launch::async, [&] { return c->get("never", Deadline::after(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  kill(pid, SIGKILL);
+  EXPECT_EQ(wait_child(pid), -SIGKILL);
+  Stopwatch sw;
+  EXPECT_THROW(f.get(), PeerError);
+  EXPECT_LT(sw.seconds(), 5.0);
+  EXPECT_THROW(c->add("k", 1), PeerError);
+}
+
+TEST(TcpStore, AcrossProcesses) {
+  int port = 0;
+  auto server = start_server(&port);
+  constexpr int kProcs = 4;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kProcs; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        auto c = client(port);
+        for (int i = 0; i < 25; ++i) c->add("procs/count", 1);
+        auto all = store_allgather(*c, "procs/ag", r, kProcs, "v" + std::to_string(r), Deadline::after(20));
+        for (int o = 0; o < kProcs; ++o) {
+          if (all[o] != "v" + std::to_string(o)) code = 3;
+        }
+        store_barrier(*c, "procs/b", r, kProcs, Deadline::after(20));
+        if (c->add("procs/count", 0) != 25 * kProcs) code = 4;
+      } catch (...) {
+        code = 5;
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t p : pids) EXPECT_EQ(wait_child(p), 0);
+  EXPECT_EQ(server->add("procs/count", 0), 25 * kProcs);
+}
+
+// --------------------------------------------------------------------------------------------- file store
+
+TEST(FileStore, SetGetAddCheck) {
+  TempDir d;
+  auto s = make_file_store(d.path());
+  basic_semantics(*s);
+  auto other = make_file_store(d.path() + "/");
+  EXPECT_EQ(other->get("a", Deadline::after(1)), "again");
+}
+
+TEST(FileStore, GetBlocksUntilLaterSet) {
+  TempDir d;
+  auto a = make_file_store(d.path());
+  auto b = make_file_store(d.path());
+  get_blocks_until_set(*a, *b);
+}
+
+TEST(FileStore, GetDeadlineThrowsTimeoutNamingKeyAndDir) {
+  TempDir d;
+  auto s = make_file_store(d.path());
+  get_times_out(*s, d.path());
+}
+
+TEST(FileStore, MissingOrUnusableDirIsConfigError) {
+  TempDir d;
+  try {
+    make_file_store(d.path() + "/missing");
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(d.path() + "/missing"), std::string::npos) << e.what();
+  }
+  std::string file = d.path() + "/file";
+  fclose(fopen(file.c_str(), "w"));
+  EXPECT_THROW(make_file_store(file), ConfigError);
+  EXPECT_THROW(make_file_store(""), ConfigError);
+}
+
+TEST(FileStore, AddIsAtomicAcrossProcesses) {
+  TempDir d;
+  constexpr int kProcs = 4, kAdds = 50;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kProcs; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        auto s = make_file_store(d.path());
+        for (int i = 0; i < kAdds; ++i) s->add("count", 1);
+        store_barrier(*s, "b", r, kProcs, Deadline::after(20));
+        if (s->add("count", 0) != kProcs * kAdds) code = 3;
+      } catch (...) {
+        code = 5;
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t p : pids) EXPECT_EQ(wait_child(p), 0);
+  EXPECT_EQ(make_file_store(d.path())->add("count", 0), kProcs * kAdds);
+}
+
+// ------------------------------------------------------------------------------------ allgather / barrier
+
+void run_collectives(const std::function<StorePtr()>& open, int size) {
+  std::vector<std::thread> ts;
+  std::atomic<int> failures{0};
+  for (int r = 0; r < size; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        auto s = open();
+        for (int round = 0; round < 3; ++round) {
+          std::string prefix = "round" + std::to_string(round);
+          auto all = store_allgather(*s, prefix + "/ag", r, size, fmt::format("{}:{}", round, r), Deadline::after(20));
+          for (int o = 0; o < size; ++o) {
+            if (all[o] != fmt::format("{}:{}", round, o)) failures++;
+          }
+          store_barrier(*s, prefix + "/barrier", r, size, Deadline::after(20));
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+        failures++;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(StoreCollectives, AllgatherAndBarrierOverTcp) {
+  int port = 0;
+  auto server = start_server(&port);
+  run_collectives([&] { return client(port); }, 5);
+}
+
+TEST(StoreCollectives, AllgatherAndBarrierOverOneSharedTcpStore) {
+  int port = 0;
+  auto server = start_server(&port);
+  run_collectives([&] { return server; }, 6);
+}
+
+TEST(StoreCollectives, AllgatherAndBarrierOverFiles) {
+  TempDir d;
+  run_collectives([&] { return make_file_store(d.path()); }, 5);
+}
+
+TEST(StoreCollectives, BarrierTimeoutSaysWhoArrived) {
+  TempDir d;
+  auto s = make_file_store(d.path());
+  s->add("b/arrived", 1);  // one other rank arrived; the third never comes
+  Stopwatch sw;
+  try {
+    store_barrier(*s, "b", 0, 3, Deadline::after(0.2));
+    FAIL() << "expected TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 of 3"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(sw.seconds(), 2.0);
+  EXPECT_THROW(store_allgather(*s, "ag", 3, 3, "x", Deadline::after(1)), InvalidArgument);
+  EXPECT_THROW(store_allgather(*s, "ag", 1, 2, "x", Deadline::after(0.1)), TimeoutError);
+}
+
+}  // namespace
+}  // namespace conduit::net
