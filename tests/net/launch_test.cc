@@ -1,0 +1,419 @@
+// End-to-end tests of `conduit launch`: the built binary runs small sh scripts as workers. Every run has a
+// deadline (a hung launcher is killed and the test fails), no test binds a fixed port, and every test works in
+// its own temporary directory, so they can run in parallel.
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+struct RunResult {
+  int code = -1;  // exit code, 128 + signal when killed
+  bool timed_out = false;
+  double seconds = 0;
+  std::string out, err;
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::string line;
+  std::istringstream in(text);
+  while (std::getline(in, line)) lines.push_back(line);
+  return lines;
+}
+
+// True when the process no longer runs (gone, or a zombie waiting for its reaper).
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::string stat = read_file(fs::path("/proc") / std::to_string(pid) / "stat");
+  auto close_paren = stat.rfind(')');
+  return stat.empty() || (close_paren != std::string::npos && close_paren + 2 < stat.size() &&
+                          stat[close_paren + 2] == 'Z');
+}
+
+bool wait_gone(pid_t pid, std::chrono::milliseconds limit) {
+  auto end = Clock::now() + limit;
+  while (!process_gone(pid)) {
+    if (Clock::now() > end) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+class LaunchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char templ[] = "/tmp/conduit_launch_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(templ), nullptr);
+    dir_ = templ;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // Starts `conduit ARGS` with stdout/stderr going to files; `env` adds or replaces variables.
+  pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+    std::vector<std::string> argv_s = {CONDUIT_BINARY};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string entry = *e;
+      std::string key = entry.substr(0, entry.find('='));
+      if (env.count(key) == 0 && key != "CONDUIT_LAUNCH_GRACE") env_s.push_back(entry);
+    }
+    for (const auto& [k, v] : env) env_s.push_back(k + "=" + v);
+    std::vector<char*> argv, envp;
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (auto& s : env_s) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string out = (dir_ / "launcher.out").string(), err = (dir_ / "launcher.err").string();
+    started_ = Clock::now();
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      FILE* o = std::freopen(out.c_str(), "w", stdout);
+      FILE* e = std::freopen(err.c_str(), "w", stderr);
+      if (o == nullptr || e == nullptr) ::_exit(126);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(126);
+    }
+    return pid;
+  }
+
+  RunResult finish(pid_t pid, std::chrono::milliseconds limit = 20s) {
+    RunResult r;
+    int status = 0;
+    auto end = Clock::now() + limit;
+    while (true) {
+      pid_t w = ::waitpid(pid, &status, WNOHANG);
+      if (w == pid) break;
+      if (Clock::now() > end) {
+        r.timed_out = true;
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    r.seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = read_file(dir_ / "launcher.out");
+    r.err = read_file(dir_ / "launcher.err");
+    return r;
+  }
+
+  RunResult run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
+                std::chrono::milliseconds limit = 20s) {
+    return finish(start(args, env), limit);
+  }
+
+  // Waits until `name` in the test directory holds a pid; -1 after `limit`.
+  pid_t wait_pid_file(const std::string& name, std::chrono::milliseconds limit = 10s) {
+    auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      std::string text = read_file(dir_ / name);
+      if (!text.empty() && text.back() == '\n') return static_cast<pid_t>(std::stol(text));
+      std::this_thread::sleep_for(10ms);
+    }
+    return -1;
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+  Clock::time_point started_;
+};
+
+std::map<std::string, std::string> parse_fields(const std::string& text) {
+  std::map<std::string, std::string> fields;
+  std::istringstream in(text);
+  std::string item;
+  while (in >> item) {
+    auto eq = item.find('=');
+    if (eq != std::string::npos) fields[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return fields;
+}
+
+TEST_F(LaunchTest, SetsTorchrunEnvironmentForEveryRank) {
+  const std::string script =
+      "echo \"env RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE "
+      "GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT JOB=$CONDUIT_JOB_ID "
+      "OMPI=${OMPI_COMM_WORLD_RANK:-unset} PMIX=${PMIX_RANK:-unset} KEPT=${CONDUIT_TEST_KEPT:-unset}\"";
+  // Variables left by an outer mpirun must not reach the workers; the launcher's own ones replace inherited ones.
+  std::map<std::string, std::string> env = {{"OMPI_COMM_WORLD_RANK", "7"},
+                                            {"PMIX_RANK", "3"},
+                                            {"RANK", "99"},
+                                            {"MASTER_PORT", "1"},
+                                            {"CONDUIT_TEST_KEPT", "yes"}};
+  auto r = run({"launch", "-n", "4", "--", "sh", "-c", script}, env);
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::regex line_re(R"(^\[rank (\d+)\] env (.*)$)");
+  std::set<int> ranks;
+  std::string port, job;
+  for (const auto& line : lines_of(r.out)) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, line_re)) << line;
+    int rank = std::stoi(m[1]);
+    auto f = parse_fields(m[2]);
+    EXPECT_EQ(f["RANK"], std::to_string(rank));
+    EXPECT_EQ(f["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(f["WORLD_SIZE"], "4");
+    EXPECT_EQ(f["LOCAL_WORLD_SIZE"], "4");
+    EXPECT_EQ(f["GROUP_RANK"], "0");
+    EXPECT_EQ(f["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(f["OMPI"], "unset");
+    EXPECT_EQ(f["PMIX"], "unset");
+    EXPECT_EQ(f["KEPT"], "yes");
+    int p = std::stoi(f["MASTER_PORT"]);
+    EXPECT_GE(p, 1);
+    EXPECT_LE(p, 65535);
+    EXPECT_NE(p, 1);  // a free port was chosen, not the inherited value
+    EXPECT_FALSE(f["JOB"].empty());
+    if (port.empty()) port = f["MASTER_PORT"], job = f["JOB"];
+    EXPECT_EQ(f["MASTER_PORT"], port) << "every rank must see the same port";
+    EXPECT_EQ(f["JOB"], job) << "every rank must see the same job id";
+    ranks.insert(rank);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+
+  // A second launch is a different job.
+  auto r2 = run({"launch", "-n", "1", "--", "sh", "-c", "echo $CONDUIT_JOB_ID"});
+  ASSERT_EQ(r2.code, 0) << r2.err;
+  EXPECT_NE(r2.out, "[rank 0] " + job + "\n");
+}
+
+TEST_F(LaunchTest, UsesGivenMasterAddressAndPort) {
+  auto r = run({"launch", "-n", "2", "--master-addr", "localhost", "--master-port", "23456", "--", "sh", "-c",
+                "echo $MASTER_ADDR:$MASTER_PORT"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(lines_of(r.out).size(), 2u);
+  EXPECT_NE(r.out.find("[rank 0] localhost:23456\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] localhost:23456\n"), std::string::npos) << r.out;
+}
+
+TEST_F(LaunchTest, PrefixesEveryLineAndKeepsLinesIntact) {
+  const std::string pad(60, 'x');
+  // seq writes through a 4 KiB stdio buffer, so lines are cut across writes; the shell loop writes line by line.
+  const std::string script = "seq -f \"out $RANK %g " + pad +
+                             "\" 1 3000; i=0; while [ $i -lt 200 ]; do echo \"err $RANK $i\" >&2; i=$((i+1)); "
+                             "done; printf \"tail $RANK\"; printf \"etail $RANK\" >&2";
+  auto r = run({"launch", "-n", "4", "--", "sh", "-c", script});
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  std::regex out_re("^\\[rank (\\d)\\] out (\\d) (\\d+) " + pad + "$");
+  std::regex tail_re(R"(^\[rank (\d)\] tail (\d)$)");
+  std::map<int, int> next;  // per rank, the next line number expected
+  std::map<int, int> tails;
+  for (const auto& line : lines_of(r.out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, out_re)) {
+      int rank = std::stoi(m[1]);
+      ASSERT_EQ(m[2], m[1]) << line;
+      int expected = next.count(rank) ? next[rank] : 1;
+      ASSERT_EQ(std::stoi(m[3]), expected) << "rank " << rank << " lines out of order or lost: " << line;
+      next[rank] = expected + 1;
+    } else if (std::regex_match(line, m, tail_re)) {
+      ASSERT_EQ(m[2], m[1]) << line;
+      ++tails[std::stoi(m[1])];
+    } else {
+      FAIL() << "stdout line not intact or not prefixed: '" << line << "'";
+    }
+  }
+  std::regex err_re(R"(^\[rank (\d)\] err (\d) (\d+)$)");
+  std::regex etail_re(R"(^\[rank (\d)\] etail (\d)$)");
+  std::map<int, int> errs, etails;
+  for (const auto& line : lines_of(r.err)) {
+    std::smatch m;
+    if (std::regex_match(line, m, err_re)) {
+      ASSERT_EQ(m[2], m[1]) << line;
+      ASSERT_EQ(std::stoi(m[3]), errs[std::stoi(m[1])]++) << line;
+    } else if (std::regex_match(line, m, etail_re)) {
+      ++etails[std::stoi(m[1])];
+    } else {
+      FAIL() << "stderr line not intact or not prefixed: '" << line << "'";
+    }
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(next[rank], 3001) << "rank " << rank;
+    EXPECT_EQ(tails[rank], 1) << "unterminated last stdout line of rank " << rank << " must be flushed once";
+    EXPECT_EQ(errs[rank], 200) << "rank " << rank;
+    EXPECT_EQ(etails[rank], 1) << "unterminated last stderr line of rank " << rank << " must be flushed once";
+  }
+}
+
+TEST_F(LaunchTest, NoTagOutputKeepsLinesWithoutPrefix) {
+  auto r = run({"launch", "-n", "3", "--no-tag-output", "--", "sh", "-c", "seq -f \"line %g of $RANK\" 1 500"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto lines = lines_of(r.out);
+  EXPECT_EQ(lines.size(), 1500u);
+  std::regex re(R"(^line \d+ of \d$)");
+  for (const auto& line : lines) ASSERT_TRUE(std::regex_match(line, re)) << line;
+}
+
+TEST_F(LaunchTest, FailingWorkerStopsTheOthersAndItsCodeIsReturned) {
+  const std::string script = "echo $$ > " + path("pid") +
+                             ".$RANK; if [ \"$RANK\" = 2 ]; then for r in 0 1 3; do while [ ! -s " + path("pid") +
+                             ".$r ]; do sleep 0.02; done; done; echo failing >&2; exit 3; fi; exec sleep 60";
+  auto r = run({"launch", "-n", "4", "--", "sh", "-c", script});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_LT(r.seconds, 8.0) << "the sleeping workers must be stopped at once, not after their 60 s";
+  std::regex line_re(R"((^|\n)conduit launch: rank 2 \(pid \d+\) exited with code 3; stopping the other 3 workers\n)");
+  EXPECT_TRUE(std::regex_search(r.err, line_re)) << r.err;
+  // The worker's own last words come before the launcher's line about it.
+  EXPECT_LT(r.err.find("[rank 2] failing"), r.err.find("conduit launch: rank 2")) << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    pid_t pid = wait_pid_file("pid." + std::to_string(rank), 1s);
+    ASSERT_GT(pid, 0);
+    EXPECT_TRUE(wait_gone(pid, 2s)) << "rank " << rank << " (pid " << pid << ") still running";
+  }
+}
+
+TEST_F(LaunchTest, WorkerKilledBySignalGives128PlusSignal) {
+  auto r = run({"launch", "-n", "2", "--", "sh", "-c", "if [ \"$RANK\" = 1 ]; then kill -KILL $$; fi; exec sleep 60"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 128 + SIGKILL) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  std::regex line_re(R"(conduit launch: rank 1 \(pid \d+\) was killed by signal 9 \(SIGKILL\); stopping the other worker)");
+  EXPECT_TRUE(std::regex_search(r.err, line_re)) << r.err;
+}
+
+TEST_F(LaunchTest, WorkerIgnoringSigtermIsKilledAfterGracePeriod) {
+  // Rank 0 ignores SIGTERM (so does the sleep it execs); rank 1 fails once rank 0 is ready.
+  const std::string ready = path("ready");
+  const std::string script = "if [ \"$RANK\" = 0 ]; then trap '' TERM; touch " + ready +
+                             "; exec sleep 60; fi; while [ ! -e " + ready + " ]; do sleep 0.02; done; exit 1";
+  auto r = run({"launch", "-n", "2", "--", "sh", "-c", script}, {{"CONDUIT_LAUNCH_GRACE", "0.5"}});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  EXPECT_NE(r.err.find("rank 1 (pid "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sending SIGKILL"), std::string::npos) << r.err;
+}
+
+class LaunchSignalTest : public LaunchTest, public ::testing::WithParamInterface<int> {};
+
+// Sends a signal to the launcher once its workers and their children run; all of them must stop.
+TEST_P(LaunchSignalTest, SignalToLauncherStopsWorkersAndTheirChildren) {
+  const int sig = GetParam();
+  // Each worker starts a child of its own; the launcher must stop it too (it signals the process group).
+  const std::string script = "sleep 60 & echo $! > " + path("child") + ".$RANK; echo $$ > " + path("pid") +
+                             ".$RANK; wait";
+  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script});
+  std::vector<pid_t> pids;
+  for (const char* name : {"pid.0", "pid.1", "child.0", "child.1"}) {
+    pid_t pid = wait_pid_file(name);
+    if (pid <= 0) {
+      ::kill(launcher, SIGKILL);
+      finish(launcher);
+      FAIL() << "worker did not write " << name;
+    }
+    pids.push_back(pid);
+  }
+  ASSERT_EQ(::kill(launcher, sig), 0);
+  auto r = finish(launcher, 10s);
+  ASSERT_FALSE(r.timed_out);
+  // Background jobs of sh ignore SIGINT: the children then go with SIGKILL once their worker has exited.
+  EXPECT_EQ(r.code, 128 + sig) << r.err;
+  EXPECT_NE(r.err.find(std::string("conduit launch: received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM")),
+            std::string::npos)
+      << r.err;
+  for (pid_t pid : pids) EXPECT_TRUE(wait_gone(pid, 2s)) << "pid " << pid << " still running";
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest, ::testing::Values(SIGTERM, SIGINT),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == SIGTERM ? std::string("Sigterm") : std::string("Sigint");
+                         });
+
+TEST_F(LaunchTest, ExitCodesOfCleanRuns) {
+  auto ok = run({"launch", "-n", "3", "--", "true"});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_EQ(ok.err, "");
+  EXPECT_EQ(ok.out, "");
+  auto five = run({"launch", "-n", "1", "--", "sh", "-c", "exit 5"});
+  EXPECT_EQ(five.code, 5);
+  EXPECT_NE(five.err.find("conduit launch: rank 0 (pid "), std::string::npos) << five.err;
+  EXPECT_NE(five.err.find("exited with code 5\n"), std::string::npos) << five.err;
+}
+
+TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"launch", "-n", "0", "--", "true"}, "-n must be between 1 and 1024, got 0"},
+      {{"launch", "-n", "1025", "--", "true"}, "-n must be between 1 and 1024, got 1025"},
+      {{"launch", "-n", "2", "--master-port", "0", "--", "true"}, "--master-port must be between 1 and 65535"},
+      {{"launch", "-n", "2", "--master-port", "70000", "--", "true"}, "--master-port must be between 1 and 65535"},
+      {{"launch", "-n", "2"}, "no program given"},
+      {{"launch", "-n", "2", "--"}, "no program given"},
+  };
+  for (const auto& c : cases) {
+    auto r = run(c.args, {}, 10s);
+    ASSERT_FALSE(r.timed_out);
+    EXPECT_EQ(r.code, 2) << c.expect;
+    auto lines = lines_of(r.err);
+    ASSERT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_EQ(lines[0].rfind("conduit: error: launch: ", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find(c.expect), std::string::npos) << lines[0];
+    EXPECT_EQ(r.out, "");
+  }
+  // Flags CLI11 itself rejects: a usage error, not a launch.
+  for (const auto& args : std::vector<std::vector<std::string>>{{"launch", "-n", "two", "--", "true"},
+                                                                 {"launch", "--", "true"},
+                                                                 {"launch", "-n", "2", "--bogus", "--", "true"}}) {
+    auto r = run(args, {}, 10s);
+    ASSERT_FALSE(r.timed_out);
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.code, 127);
+    EXPECT_FALSE(r.err.empty());
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST_F(LaunchTest, ProgramThatCannotRunIsReportedWith127) {
+  auto missing = run({"launch", "-n", "2", "--", "/nonexistent/conduit-worker", "x"}, {}, 10s);
+  EXPECT_EQ(missing.code, 127);
+  EXPECT_EQ(missing.err, "conduit launch: cannot execute '/nonexistent/conduit-worker': No such file or directory\n");
+  auto not_in_path = run({"launch", "-n", "2", "--", "conduit-no-such-program"}, {}, 10s);
+  EXPECT_EQ(not_in_path.code, 127);
+  EXPECT_NE(not_in_path.err.find("cannot execute 'conduit-no-such-program': not found in PATH"), std::string::npos)
+      << not_in_path.err;
+  auto not_executable = run({"launch", "-n", "1", "--", std::string(CONDUIT_SOURCE_DIR) + "/CMakeLists.txt"}, {}, 10s);
+  EXPECT_EQ(not_executable.code, 127);
+  EXPECT_NE(not_executable.err.find("Permission denied"), std::string::npos) << not_executable.err;
+}
+
+}  // namespace
