@@ -102,8 +102,12 @@ def gloo_command(a):
 
 
 def last_line(text):
+    """The line that best says why a run failed: the first naming an error, else the last one."""
     lines = [l.strip() for l in (text or "").splitlines() if l.strip()]
-    return lines[-1][:200] if lines else "(no output)"
+    for l in lines:
+        if re.search(r"error|not expected|required|invalid|cannot|failed|abort|unknown", l, re.IGNORECASE):
+            return l[:240]
+    return lines[-1][:240] if lines else "(no output)"
 
 
 RANK_PREFIX = re.compile(r"^\[rank \d+\] ")
