@@ -54,6 +54,8 @@ Topology::Topology(const ClusterSpec& spec, long long gpus) : spec_(spec), gpus_
     for (size_t i = 0; i < share.size(); ++i)
       for (long long j = 0; j < share[i]; ++j) node_kind_[pos++] = static_cast<uint16_t>(i);
   }
+  kind_counts_.assign(spec_.node_kinds.size(), 0);
+  for (uint16_t k : node_kind_) kind_counts_[k]++;
   for (const auto& k : spec_.node_kinds) max_nics_ = std::max(max_nics_, k.nics);
   const NetworkSpec& net = spec_.network;
   const bool rail = net.topology == TopologyKind::kRailOptimized;

@@ -40,6 +40,8 @@ class Topology {
   const NodeKind& kind_of_node(long long node) const { return spec_.node_kinds[node_kind_[node]]; }
   const NodeKind& kind_of_gpu(long long gpu) const { return kind_of_node(node_of(gpu)); }
   long long leaves() const { return leaves_; }
+  // Nodes of each kind (index into spec().node_kinds) in this instance.
+  const std::vector<long long>& kind_counts() const { return kind_counts_; }
 
   size_t num_links() const { return links_.size(); }
   const Link& link(size_t id) const { return links_[id]; }
@@ -71,6 +73,7 @@ class Topology {
   long long leaves_ = 1;
   long long nic_base_ = 0, leaf_base_ = 0, torus_base_ = 0;
   std::vector<uint16_t> node_kind_;
+  std::vector<long long> kind_counts_;
   std::vector<Link> links_;
   std::vector<long long> behind_;
 };

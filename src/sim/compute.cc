@@ -1,0 +1,54 @@
+#include "sim/compute.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace conduit::sim {
+namespace {
+
+double analytic_time(const Accelerator& acc, const GemmShape& g) {
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;
+  const double tiles = std::ceil(g.m / acc.tile_m) * std::ceil(g.n / acc.tile_n) * g.batch;
+  const double waves = std::ceil(tiles / acc.sm_count);
+  const double wave_util = tiles / (waves * acc.sm_count);
+  const double compute = g.flops() / (acc.peak_flops * acc.gemm_efficiency * wave_util);
+  const double bytes = 2.0 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch;
+  const double memory = bytes / (acc.memory_bandwidth * acc.memory_efficiency);
+  return std::max(compute, memory);
+}
+
+}  // namespace
+
+double gemm_time(const Accelerator& acc, const GemmShape& g) {
+  double t = analytic_time(acc, g);
+  if (t <= 0) return 0;
+  if (!acc.calibration.empty()) {
+    double best = std::numeric_limits<double>::infinity();
+    const GemmSample* near = nullptr;
+    for (const auto& s : acc.calibration) {
+      double d = std::pow(std::log(s.m / g.m), 2) + std::pow(std::log(s.n / g.n), 2) + std::pow(std::log(s.k / g.k), 2);
+      if (d < best) {
+        best = d;
+        near = &s;
+      }
+    }
+    GemmShape sg{near->m, near->n, near->k, 1};
+    double predicted = analytic_time(acc, sg);
+    double measured = sg.flops() / near->flops;
+    if (predicted > 0 && measured > 0) t *= measured / predicted;
+  }
+  return t + acc.kernel_overhead;
+}
+
+double gemm_efficiency(const Accelerator& acc, const GemmShape& g) {
+  double t = gemm_time(acc, g);
+  return t > 0 ? g.flops() / t / acc.peak_flops : 0;
+}
+
+double memory_time(const Accelerator& acc, double bytes, int kernels) {
+  if (bytes <= 0) return 0;
+  return bytes / (acc.memory_bandwidth * acc.memory_efficiency) + kernels * acc.kernel_overhead;
+}
+
+}  // namespace conduit::sim

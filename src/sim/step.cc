@@ -1,0 +1,388 @@
+#include "sim/step.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "sim/units.h"
+
+namespace conduit::sim {
+
+Compression parse_compression(const std::string& s) {
+  Compression c;
+  auto parts = split(s, ':');
+  c.kind = parts.empty() ? "" : parts[0];
+  auto bad = [&]() {
+    return ConfigError(fmt::format(
+        "--compression = '{}' (allowed: none, fp16, int8, int4, topk:DENSITY in (0,1], powersgd:RANK >= 1)", s));
+  };
+  if (c.kind == "none" || c.kind == "fp16" || c.kind == "int8" || c.kind == "int4") {
+    if (parts.size() != 1) throw bad();
+    return c;
+  }
+  if ((c.kind == "topk" || c.kind == "powersgd") && parts.size() == 2) {
+    char* end = nullptr;
+    c.param = std::strtod(parts[1].c_str(), &end);
+    if (end == parts[1].c_str() || *end != 0) throw bad();
+    if (c.kind == "topk" && (c.param <= 0 || c.param > 1)) throw bad();
+    if (c.kind == "powersgd" && (c.param < 1 || c.param != std::floor(c.param))) throw bad();
+    return c;
+  }
+  throw bad();
+}
+
+SyncScheme parse_sync(const std::string& s) {
+  SyncScheme k;
+  auto parts = split(s, ':');
+  auto bad = [&]() { return ConfigError(fmt::format("--sync = '{}' (allowed: bsp, local-sgd:PERIOD >= 1, async)", s)); };
+  if (parts.empty()) throw bad();
+  k.kind = parts[0];
+  if ((k.kind == "bsp" || k.kind == "async") && parts.size() == 1) return k;
+  if (k.kind == "local-sgd" && parts.size() == 2) {
+    char* end = nullptr;
+    long v = std::strtol(parts[1].c_str(), &end, 10);
+    if (end == parts[1].c_str() || *end != 0 || v < 1 || v > 1000000) throw bad();
+    k.period = static_cast<int>(v);
+    return k;
+  }
+  throw bad();
+}
+
+void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus) {
+  m.validate();
+  if (c.tp < 1) throw ConfigError(fmt::format("--tp = {} must be at least 1", c.tp));
+  if (c.pp < 1) throw ConfigError(fmt::format("--pp = {} must be at least 1", c.pp));
+  if (gpus % (static_cast<long long>(c.tp) * c.pp) != 0)
+    throw ConfigError(fmt::format("--tp ({}) x --pp ({}) must divide --gpus ({})", c.tp, c.pp, gpus));
+  long long dp = gpus / (static_cast<long long>(c.tp) * c.pp);
+  if (c.dp != 0 && c.dp != dp)
+    throw ConfigError(fmt::format("--dp ({}) x --tp ({}) x --pp ({}) must equal --gpus ({})", c.dp, c.tp, c.pp, gpus));
+  if (m.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m.heads));
+  if (m.vocab % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --vocab = {}", c.tp, m.vocab));
+  if (c.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", c.micro_batch));
+  if (c.global_batch % (static_cast<long long>(c.micro_batch) * dp) != 0)
+    throw ConfigError(fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x data-parallel size ({})",
+                                  c.global_batch, c.micro_batch, dp));
+  const long long mb = c.global_batch / (static_cast<long long>(c.micro_batch) * dp);
+  const int v = c.schedule == Schedule::kInterleaved ? c.virtual_stages : 1;
+  if (c.schedule == Schedule::kInterleaved) {
+    if (c.virtual_stages < 2) throw ConfigError("--schedule interleaved needs --virtual-stages >= 2");
+    if (c.pp < 2) throw ConfigError("--schedule interleaved needs --pp >= 2");
+    if (mb % c.pp != 0)
+      throw ConfigError(fmt::format("--schedule interleaved needs the number of micro-batches ({}) to be a multiple of --pp ({})",
+                                    mb, c.pp));
+  } else if (c.virtual_stages != 1) {
+    throw ConfigError("--virtual-stages > 1 needs --schedule interleaved");
+  }
+  if (m.layers % (c.pp * v) != 0)
+    throw ConfigError(fmt::format("--layers ({}) must be a multiple of --pp x virtual stages ({})", m.layers, c.pp * v));
+  if (c.zero < 0 || c.zero > 3) throw ConfigError(fmt::format("--zero = {} (allowed: 0, 1, 2, 3)", c.zero));
+  if (c.zero >= 2 && c.pp > 1)
+    throw ConfigError("--zero 2 and 3 with --pp > 1 are not modelled (DeepSpeed does not combine them either)");
+  if (c.zero > 0 && c.compression.kind != "none")
+    throw ConfigError("--compression with --zero > 0 is not modelled (compress the data-parallel allreduce of --zero 0)");
+  if (c.bucket_bytes <= 0) throw ConfigError("--bucket must be positive");
+  if (c.grad_bytes != 2 && c.grad_bytes != 4) throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
+}
+
+namespace {
+
+struct MicroTimes {
+  double fwd_compute = 0, bwd_compute = 0, recompute = 0;  // per micro-batch on the last stage
+  double layer_fwd = 0, layer_bwd = 0;                     // one layer (for ZeRO-3 overlap)
+};
+
+GemmShape dgrad(const GemmShape& g) { return {g.m, g.k, g.n, g.batch}; }
+GemmShape wgrad(const GemmShape& g) { return {g.k, g.n, g.m, g.batch}; }
+
+MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const ParallelConfig& c, int layers_per_stage,
+                       bool last_stage) {
+  MicroTimes t;
+  const int tp = c.tp;
+  const double b = c.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
+  const double a = static_cast<double>(m.heads), f = m.ffn_mult * h;
+  double fwd = 0, core = 0, bwd = 0;
+  for (const auto& g : gpt_layer_gemms(m, b, tp)) {
+    double tf = gemm_time(acc, g.shape);
+    fwd += tf;
+    if (g.attention_core) core += tf;
+    bwd += gemm_time(acc, dgrad(g.shape)) + gemm_time(acc, wgrad(g.shape));
+  }
+  // Element-wise kernels, 2-byte elements: two layer norms (read + write), two bias-dropout-adds (two reads, a
+  // write, a 1-byte mask), fused scale-mask-softmax (read + write) and attention dropout (read, write, mask) on
+  // the b*a/t*s*s scores, fused bias-GeLU (read + write) on the b*s*4h/t MLP activations.
+  const double hdiv = c.sequence_parallel ? tp : 1;
+  const double h_bytes = 2 * (2 * 2 + 2 * 3.5) * b * s * h / hdiv;
+  const double s_bytes = 2 * (2 + 2.5) * b * (a / tp) * s * s;
+  const double f_bytes = 2 * 2 * b * s * f / tp;
+  const double ew_fwd = memory_time(acc, h_bytes + s_bytes + f_bytes, 7);
+  const double ew_bwd = memory_time(acc, 2 * (h_bytes + s_bytes + f_bytes), 14);
+  const double ew_core = memory_time(acc, s_bytes, 2);
+  t.layer_fwd = fwd + ew_fwd;
+  t.layer_bwd = bwd + ew_bwd;
+  double rec = 0;
+  if (c.recompute == Recompute::kFull) rec = fwd + ew_fwd;
+  if (c.recompute == Recompute::kSelective) rec = core + ew_core;
+  t.fwd_compute = layers_per_stage * t.layer_fwd;
+  t.bwd_compute = layers_per_stage * (t.layer_bwd + rec);
+  t.recompute = layers_per_stage * rec;
+  if (last_stage) {
+    GemmShape lg = gpt_logits_gemm(m, b, tp);
+    const double ce = memory_time(acc, 3 * 4 * b * s * static_cast<double>(m.vocab) / tp, 3);  // fp32 softmax + loss
+    t.fwd_compute += gemm_time(acc, lg) + ce;
+    t.bwd_compute += gemm_time(acc, dgrad(lg)) + gemm_time(acc, wgrad(lg)) + ce;
+  }
+  return t;
+}
+
+// Time of bucketed gradient exchange overlapped with a backward pass of length `window`: buckets become ready
+// uniformly during the window and are exchanged one after another. Returns the time past the window's end.
+template <class TimeOf>
+double bucketed_exposed(double window, double total_bytes, double bucket_bytes, TimeOf time_of) {
+  if (total_bytes <= 0) return 0;
+  const long long nb = std::max<long long>(1, static_cast<long long>(std::ceil(total_bytes / bucket_bytes)));
+  const double each = total_bytes / nb;
+  const double t_each = time_of(each);
+  double end = 0;
+  for (long long i = 0; i < nb; ++i) {
+    double ready = window * static_cast<double>(i + 1) / nb;
+    end = std::max(end, ready) + t_each;
+  }
+  return std::max(0.0, end - window);
+}
+
+}  // namespace
+
+StepResult simulate_step(CollectiveModel& net, const GptModel& m, const ParallelConfig& cfg) {
+  const Topology& topo = net.topology();
+  const long long gpus = topo.gpus();
+  validate_config(m, cfg, gpus);
+  StepResult r;
+  r.config = cfg;
+  r.gpus = gpus;
+  // Collective time in the chosen mode: symmetric profiles, or every concurrent group simulated flow by flow.
+  auto ctime = [&](Collective c, const CollectiveCost& prof, const Group& g, double n) {
+    if (cfg.mode == EvalMode::kFull) return net.time_full(c, prof.algorithm, g, n);
+    return prof.time(n);
+  };
+  const int t = cfg.tp, p = cfg.pp;
+  const long long d = gpus / (static_cast<long long>(t) * p);
+  r.config.dp = d;
+  const int v = cfg.schedule == Schedule::kInterleaved ? cfg.virtual_stages : 1;
+  const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
+  r.microbatches = mb;
+  const int lps = m.layers / p;
+  const double b = cfg.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
+  const double V = static_cast<double>(m.vocab);
+
+  // Compute: the slowest node kind bounds a synchronous step.
+  MicroTimes mt;
+  const Accelerator* slowest = nullptr;
+  double mem_capacity = 1e300;
+  int kinds = 0;
+  for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
+    if (topo.kind_counts()[i] == 0) continue;
+    ++kinds;
+    const NodeKind& k = topo.spec().node_kinds[i];
+    MicroTimes x = micro_times(k.accelerator, m, cfg, lps, true);
+    if (!slowest || x.fwd_compute + x.bwd_compute > mt.fwd_compute + mt.bwd_compute) {
+      mt = x;
+      slowest = &k.accelerator;
+    }
+    mem_capacity = std::min(mem_capacity, k.accelerator.memory_bytes);
+  }
+  if (kinds > 1) r.notes.push_back(fmt::format("heterogeneous cluster: {} accelerators bound the step", slowest->name));
+  const Accelerator& acc = *slowest;
+
+  // Tensor-parallel communication per micro-batch per layer.
+  double tp_fwd = 0, tp_bwd = 0;
+  if (t > 1) {
+    const Group tg{t, 1, 0};
+    const double act = b * s * h * 2;
+    if (cfg.sequence_parallel) {
+      auto ag = net.profile(Collective::kAllGather, cfg.tp_algorithm, tg, act);
+      auto rs = net.profile(Collective::kReduceScatter, cfg.tp_algorithm, tg, act);
+      tp_fwd = 2 * (ctime(Collective::kAllGather, ag, tg, act) + ctime(Collective::kReduceScatter, rs, tg, act));
+      r.tp_algorithm = algorithm_name(ag.algorithm);
+    } else {
+      auto ar = net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, act);
+      tp_fwd = 2 * ctime(Collective::kAllReduce, ar, tg, act);
+      r.tp_algorithm = algorithm_name(ar.algorithm);
+    }
+    tp_bwd = tp_fwd + (cfg.recompute == Recompute::kFull ? tp_fwd : 0);
+  }
+  double tp_mb = lps * (tp_fwd + tp_bwd);
+  if (t > 1) {  // vocab-parallel cross entropy: allreduce of per-token max and sum (fp32)
+    const Group tg{t, 1, 0};
+    tp_mb += 2 * ctime(Collective::kAllReduce, net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, b * s * 4), tg, b * s * 4);
+  }
+
+  // Pipeline point-to-point per micro-batch: forward activations and backward gradients, v times (interleaved).
+  double p2p_mb = 0;
+  if (p > 1) {
+    const double msg = b * s * h * 2 / t;  // scatter/gather across the t ranks of a stage
+    const Group pg{p, static_cast<long long>(t) * d, 0};
+    double one = ctime(Collective::kShift, net.profile(Collective::kShift, Algorithm::kDirect, pg, msg), pg, msg);
+    p2p_mb = 2.0 * v * one;
+  }
+
+  const double compute_mb = mt.fwd_compute + mt.bwd_compute;
+  const double slot = compute_mb + tp_mb + p2p_mb;
+  const double pipe = (static_cast<double>(mb) + static_cast<double>(p - 1) / v) * slot;
+  r.breakdown.compute = mb * compute_mb;
+  r.breakdown.recompute = mb * mt.recompute;
+  r.breakdown.tp_comm = mb * tp_mb;
+  r.breakdown.pp_comm = mb * p2p_mb;
+  r.breakdown.bubble = static_cast<double>(p - 1) / v * slot;
+
+  // Parameters per GPU on the largest stage (the first holds the embeddings; with p = 1 everything).
+  const double layer_params = gpt_layer_parameters(m);
+  const double emb = (V + s) * h;
+  const double params_gpu = (lps * layer_params + emb) / t;
+
+  // Data-parallel exchange.
+  double dp_total = 0, dp_exposed = 0, comp_time = 0;
+  const double bwd_window = mt.bwd_compute + lps * tp_bwd;
+  if (d > 1) {
+    const Group dg{d, static_cast<long long>(t), 0};
+    const double grad_bytes = params_gpu * cfg.grad_bytes;
+    if (cfg.zero == 3) {
+      const double layer_bytes = layer_params / t * 2;
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
+      auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, layer_params / t * cfg.grad_bytes);
+      const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes),
+                   t_rs = ctime(Collective::kReduceScatter, rs, dg, layer_params / t * cfg.grad_bytes);
+      const double per_mb = lps * (2 * t_ag + t_rs);
+      const double exposed_mb = t_ag + lps * (std::max(0.0, t_ag - mt.layer_fwd) +
+                                              std::max(0.0, t_ag + t_rs - mt.layer_bwd));
+      dp_total = mb * per_mb;
+      r.breakdown.zero3_exposed = mb * exposed_mb;
+      r.dp_algorithm = algorithm_name(ag.algorithm);
+      r.dp_bottleneck = ag.bottleneck;
+      r.notes.push_back(fmt::format("ZeRO-3: every micro-batch allgathers each layer's parameters twice ({} each) and "
+                                    "reduce-scatters its gradients ({}); {} exposed per iteration",
+                                    format_seconds(t_ag), format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
+    } else if (cfg.zero >= 1) {
+      auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
+      const double t_rs = ctime(Collective::kReduceScatter, rs, dg, grad_bytes),
+                   t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2);
+      dp_total = t_rs + t_ag;
+      dp_exposed = (cfg.dp_overlap ? bucketed_exposed(bwd_window, grad_bytes, cfg.bucket_bytes,
+                                                      [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n); })
+                                    : t_rs) + t_ag;
+      r.dp_algorithm = algorithm_name(rs.algorithm);
+      r.dp_bottleneck = rs.bottleneck;
+    } else {
+      const Compression& cp = cfg.compression;
+      const double elems = params_gpu;
+      if (cp.kind == "none" || cp.kind == "fp16" || cp.kind == "int8" || cp.kind == "int4") {
+        double bytes_per = cp.kind == "none" ? cfg.grad_bytes : cp.kind == "fp16" ? 2 : cp.kind == "int8" ? 1 : 0.5;
+        const double wire = elems * bytes_per;
+        auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
+        dp_total = ctime(Collective::kAllReduce, ar, dg, wire);
+        dp_exposed = cfg.dp_overlap ? bucketed_exposed(bwd_window, wire, cfg.bucket_bytes * bytes_per / cfg.grad_bytes,
+                                                      [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n); })
+                                    : dp_total;
+        if (cp.kind != "none") {
+          // Quantize before sending, dequantize-accumulate-requantize at each reduction step (fused, one pass
+          // over the local gradient each way) and dequantize at the end; error feedback adds a pass.
+          comp_time = memory_time(acc, elems * (cfg.grad_bytes * 4 + bytes_per * 2), 4);
+        }
+        r.dp_algorithm = algorithm_name(ar.algorithm);
+        r.dp_bottleneck = ar.bottleneck;
+      } else if (cp.kind == "topk") {
+        const double per_rank = cp.param * elems * (2 + 4);  // fp16 value + int32 index
+        auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, per_rank * d);
+        dp_total = ctime(Collective::kAllGather, ag, dg, per_rank * d);
+        dp_exposed = dp_total;  // needs the whole gradient for selection: after backward
+        comp_time = memory_time(acc, elems * cfg.grad_bytes * 3 + per_rank * d * 2, 4 + 1);
+        r.dp_algorithm = algorithm_name(ag.algorithm);
+        r.dp_bottleneck = ag.bottleneck;
+      } else if (cp.kind == "powersgd") {
+        const double rank = cp.param;
+        // Weight matrices of a layer per GPU: (h x 3h/t), (h/t x h), (h x 4h/t), (4h/t x h); embedding (V/t x h).
+        const double f = m.ffn_mult * h;
+        const std::vector<std::pair<double, double>> mats{{h, 3 * h / t}, {h / t, h}, {h, f / t}, {f / t, h}};
+        double factors = 0, gemm = 0;
+        for (auto [rows, cols] : mats) {
+          factors += rank * (rows + cols);
+          gemm += 3 * gemm_time(acc, {rows, rank, cols, 1});  // P = MQ, Q = M^T P, decompress P Q^T
+        }
+        factors *= lps;
+        gemm *= lps;
+        factors += rank * (V / t + h);
+        gemm += 3 * gemm_time(acc, {V / t, rank, h, 1});
+        auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, factors);
+        dp_total = 2 * ctime(Collective::kAllReduce, ar, dg, factors);  // P then Q: each about half of the fp16 factors
+        dp_exposed = dp_total;
+        comp_time = gemm + memory_time(acc, elems * cfg.grad_bytes * 2, 2);
+        r.dp_algorithm = algorithm_name(ar.algorithm);
+        r.dp_bottleneck = ar.bottleneck;
+      }
+      dp_exposed += comp_time;
+    }
+    if (cfg.sync.kind == "local-sgd") {
+      dp_total /= cfg.sync.period;
+      dp_exposed /= cfg.sync.period;
+      comp_time /= cfg.sync.period;
+      r.breakdown.zero3_exposed /= cfg.sync.period;
+      r.notes.push_back(fmt::format("local SGD: parameters averaged every {} steps; the exchange is amortized", cfg.sync.period));
+    } else if (cfg.sync.kind == "async") {
+      dp_exposed = std::max(0.0, dp_total + comp_time - pipe);
+      r.notes.push_back("asynchronous: the exchange overlaps the next step's compute (gradients one step stale)");
+    }
+  }
+  r.breakdown.dp_comm = dp_total;
+  r.breakdown.dp_exposed = dp_exposed;
+  r.breakdown.compression = comp_time;
+
+  // Optimizer: Adam over this GPU's (sharded) parameters: ~28 bytes of memory traffic per parameter.
+  const double opt_params = params_gpu / (cfg.zero >= 1 ? static_cast<double>(d) : 1.0);
+  r.breakdown.optimizer = memory_time(acc, opt_params * 28, 4);
+
+  r.time = pipe + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
+
+  // Memory per GPU (first stage: the embedding and the most in-flight micro-batches).
+  ModelState st = zero_model_state(params_gpu, d, cfg.zero);
+  r.memory.params = st.params;
+  r.memory.grads = st.grads;
+  r.memory.optimizer = st.optimizer;
+  double inflight;
+  if (p == 1) inflight = 1;
+  else if (cfg.schedule == Schedule::kGpipe) inflight = static_cast<double>(mb);
+  else if (cfg.schedule == Schedule::k1F1B) inflight = std::min<double>(p, mb);
+  else inflight = p * (1.0 + static_cast<double>(p - 1) / (static_cast<double>(p) * v));
+  double layer_act = gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, cfg.recompute);
+  double act = layer_act * lps * inflight;
+  if (cfg.recompute != Recompute::kNone)  // the layer being recomputed holds its full activations
+    act += gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, Recompute::kNone);
+  if (p == 1) act += 4 * b * s * V / t;  // fp32 logits for the loss
+  r.memory.activations = act;
+  r.memory_capacity = mem_capacity;
+  r.fits = r.memory.total() <= mem_capacity;
+  if (!r.fits)
+    r.notes.push_back(fmt::format("does not fit: {} per GPU > {} capacity", format_gb(r.memory.total()), format_gb(mem_capacity)));
+
+  r.model_flops = gpt_iteration_flops(m, static_cast<double>(cfg.global_batch), Recompute::kNone);
+  r.hardware_flops = gpt_iteration_flops(m, static_cast<double>(cfg.global_batch), cfg.recompute);
+  r.model_tflops_per_gpu = r.model_flops / r.time / gpus / 1e12;
+  r.hardware_tflops_per_gpu = r.hardware_flops / r.time / gpus / 1e12;
+  r.mfu = r.model_flops / r.time / gpus / acc.peak_flops;
+
+  if (p > 1)
+    r.notes.push_back(fmt::format("pipeline bubble {:.1f}% of ideal = (p-1)/(v m) with p={}, v={}, m={}",
+                                  100 * pipeline_bubble_fraction(p, mb, v), p, v, mb));
+  if (d > 1 && cfg.zero != 3)
+    r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed", format_seconds(dp_total),
+                                  r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed)));
+  if (t > 1)
+    r.notes.push_back(fmt::format("tensor-parallel collectives {} per iteration ({}), not overlapped",
+                                  format_seconds(r.breakdown.tp_comm), r.tp_algorithm));
+  return r;
+}
+
+}  // namespace conduit::sim

@@ -1,0 +1,106 @@
+#pragma once
+// One training iteration of a GPT model under 3-D parallelism (DP x TP x PP, ZeRO, recompute, schedules,
+// compression, synchronization schemes) on a cluster.
+//
+// Ranks are laid out as Megatron-LM does: rank = tp + t * (dp + d * pp) (tensor parallel innermost, inside a
+// node; data parallel next; pipeline outermost). Collectives run over those groups on the topology.
+//
+// Per micro-batch, on the slowest (last) pipeline stage with L/p layers:
+//   t_f = L/p * (layer forward GEMMs + element-wise kernels + 2 TP allreduces [SP: 2 allgather + 2 reduce-scatter])
+//         + logits
+//   t_b = L/p * (2x forward GEMMs + element-wise + 2 TP allreduces + recomputation) + logits backward
+//   p2p = activations b*s*h*2 bytes (divided by t: Megatron's scatter/gather) forward and backward, v times
+//         per micro-batch for the interleaved schedule
+// Pipeline: (m + (p-1)/v) (t_f + t_b + p2p); the bubble is (p-1)/v (t_f + t_b + p2p) = (p-1)/(v m) of ideal.
+// Data parallel: gradients in buckets, reduced while the last micro-batch's backward runs (exposed part only);
+//   ZeRO-1/2 reduce-scatter the gradients and allgather the updated fp16 parameters; ZeRO-3 also allgathers
+//   every layer's parameters before its forward and backward of every micro-batch (prefetched, exposed where
+//   the allgather is longer than the layer's compute).
+// Optimizer: Adam reads/writes 28 bytes per (sharded) parameter at memory bandwidth.
+// Synchronization: bsp (every step), local-sgd:H (the DP exchange every H steps: 1/H of it per step),
+//   async (the exchange overlaps the next step's compute; only its excess over the compute is exposed).
+// Compression (data-parallel gradients): fp16/int8/int4 quantization (allreduce of fewer bytes + a compress and
+//   decompress pass per reduction step), topk:DENSITY (allgather of values + indices), powersgd:RANK
+//   (allreduce of the rank-r factors P and Q + the GEMMs that compute them).
+#include <string>
+#include <vector>
+
+#include "sim/collective.h"
+#include "sim/workload.h"
+
+namespace conduit::sim {
+
+struct Compression {
+  std::string kind = "none";  // none | fp16 | int8 | int4 | topk | powersgd
+  double param = 0;           // topk density, powersgd rank
+};
+Compression parse_compression(const std::string& s);  // "none", "int8", "topk:0.01", "powersgd:4"
+
+struct SyncScheme {
+  std::string kind = "bsp";  // bsp | local-sgd | async
+  int period = 1;
+};
+SyncScheme parse_sync(const std::string& s);  // "bsp", "local-sgd:8", "async"
+
+struct ParallelConfig {
+  int tp = 1, pp = 1;
+  long long dp = 0;  // 0: gpus / (tp * pp)
+  int micro_batch = 1;
+  long long global_batch = 1;
+  int zero = 0;
+  Recompute recompute = Recompute::kNone;
+  Schedule schedule = Schedule::k1F1B;
+  int virtual_stages = 1;  // interleaved: model chunks per GPU (v)
+  bool sequence_parallel = false;
+  bool dp_overlap = true;
+  double bucket_bytes = 25e6;
+  double grad_bytes = 2;  // bytes per gradient element on the wire
+  Algorithm dp_algorithm = Algorithm::kAuto;
+  Algorithm tp_algorithm = Algorithm::kAuto;
+  Compression compression;
+  SyncScheme sync;
+  EvalMode mode = EvalMode::kSymmetric;
+};
+
+struct StepBreakdown {
+  double compute = 0;         // GEMMs + element-wise, all micro-batches, excluding the bubble
+  double recompute = 0;       // part of compute spent recomputing
+  double bubble = 0;
+  double tp_comm = 0;         // exposed (Megatron does not overlap it)
+  double pp_comm = 0;
+  double dp_comm = 0;         // total data-parallel exchange time
+  double dp_exposed = 0;
+  double zero3_exposed = 0;
+  double compression = 0;     // compress/decompress compute
+  double optimizer = 0;
+};
+
+struct MemoryBreakdown {
+  double params = 0, grads = 0, optimizer = 0, activations = 0;
+  double total() const { return params + grads + optimizer + activations; }
+};
+
+struct StepResult {
+  ParallelConfig config;
+  long long gpus = 0;
+  long long microbatches = 0;
+  double time = 0;                 // seconds per iteration
+  StepBreakdown breakdown;
+  MemoryBreakdown memory;          // per GPU (the most loaded: first pipeline stage)
+  double memory_capacity = 0;
+  bool fits = true;
+  double model_flops = 0;          // per iteration, no recompute (72 formula terms from the GEMMs)
+  double hardware_flops = 0;       // including recompute
+  double model_tflops_per_gpu = 0;
+  double hardware_tflops_per_gpu = 0;
+  double mfu = 0;                  // model FLOP/s per GPU / peak
+  std::string dp_algorithm, tp_algorithm, dp_bottleneck;
+  std::vector<std::string> notes;  // explanations
+};
+
+// Checks the configuration against the model and the cluster; ConfigError naming the flag.
+void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus);
+
+StepResult simulate_step(CollectiveModel& net, const GptModel& m, const ParallelConfig& c);
+
+}  // namespace conduit::sim

@@ -1,0 +1,179 @@
+#include "sim/workload.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+
+namespace conduit::sim {
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::kNone;
+  if (s == "selective") return Recompute::kSelective;
+  if (s == "full") return Recompute::kFull;
+  throw ConfigError(fmt::format("--recompute = '{}' (allowed: none, selective, full)", s));
+}
+
+Schedule parse_schedule(const std::string& s) {
+  if (s == "gpipe") return Schedule::kGpipe;
+  if (s == "1f1b") return Schedule::k1F1B;
+  if (s == "interleaved") return Schedule::kInterleaved;
+  throw ConfigError(fmt::format("--schedule = '{}' (allowed: gpipe, 1f1b, interleaved)", s));
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::kGpipe: return "gpipe";
+    case Schedule::k1F1B: return "1f1b";
+    case Schedule::kInterleaved: return "interleaved";
+  }
+  return "?";
+}
+
+void GptModel::validate() const {
+  if (layers < 1) throw ConfigError(fmt::format("--layers = {} must be at least 1", layers));
+  if (hidden < 1) throw ConfigError(fmt::format("--hidden = {} must be at least 1", hidden));
+  if (heads < 1 || hidden % heads != 0)
+    throw ConfigError(fmt::format("--heads = {} must divide --hidden = {}", heads, hidden));
+  if (seq < 1) throw ConfigError(fmt::format("--seq = {} must be at least 1", seq));
+  if (vocab < 1) throw ConfigError(fmt::format("--vocab = {} must be at least 1", vocab));
+}
+
+double gpt_layer_parameters(const GptModel& m) {
+  const double h = static_cast<double>(m.hidden);
+  // QKV 3h^2+3h, projection h^2+h, MLP 2*f*h^2 + f*h + h, two layer norms 4h (f = 4: 12h^2 + 13h).
+  return 4 * h * h + 4 * h + 2 * m.ffn_mult * h * h + m.ffn_mult * h + h + 4 * h;
+}
+
+double gpt_parameters(const GptModel& m) {
+  const double h = static_cast<double>(m.hidden);
+  return m.layers * gpt_layer_parameters(m) + static_cast<double>(m.vocab + m.seq) * h;
+}
+
+std::vector<NamedGemm> gpt_layer_gemms(const GptModel& m, double b, int t) {
+  const double s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
+  const double f = m.ffn_mult * h;
+  const double bs = b * s;
+  return {
+      {"qkv", {bs, 3 * h / t, h, 1}, false},
+      {"attention scores", {s, s, h / a, b * a / t}, true},
+      {"attention context", {s, h / a, s, b * a / t}, true},
+      {"projection", {bs, h, h / t, 1}, false},
+      {"mlp up", {bs, f / t, h, 1}, false},
+      {"mlp down", {bs, h, f / t, 1}, false},
+  };
+}
+
+GemmShape gpt_logits_gemm(const GptModel& m, double b, int t) {
+  return {b * m.seq, static_cast<double>(m.vocab) / t, static_cast<double>(m.hidden), 1};
+}
+
+double gpt_iteration_flops(const GptModel& m, double global_batch, Recompute r) {
+  double fwd = 0, core = 0;
+  for (const auto& g : gpt_layer_gemms(m, 1, 1)) {
+    fwd += g.shape.flops();
+    if (g.attention_core) core += g.shape.flops();
+  }
+  double passes_layer = 3 * fwd;  // forward + backward (2x)
+  if (r == Recompute::kFull) passes_layer += fwd;
+  if (r == Recompute::kSelective) passes_layer += core;
+  const double logits = 3 * gpt_logits_gemm(m, 1, 1).flops();
+  return global_batch * (m.layers * passes_layer + logits);
+}
+
+double megatron_flops_formula(const GptModel& m, double B, bool full_recompute) {
+  const double s = static_cast<double>(m.seq), l = m.layers, h = static_cast<double>(m.hidden),
+               V = static_cast<double>(m.vocab);
+  if (full_recompute) return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
+}
+
+ModelState zero_model_state(double psi, long long dp, int stage) {
+  if (stage < 0 || stage > 3) throw ConfigError(fmt::format("--zero = {} (allowed: 0, 1, 2, 3)", stage));
+  const double n = static_cast<double>(std::max<long long>(1, dp));
+  ModelState s;
+  s.params = 2 * psi / (stage >= 3 ? n : 1);
+  s.grads = 2 * psi / (stage >= 2 ? n : 1);
+  s.optimizer = 12 * psi / (stage >= 1 ? n : 1);
+  return s;
+}
+
+double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sp, Recompute r) {
+  const double s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
+  const double sbh = s * b * h;
+  const double attn = 5 * a * s / (h * t);
+  switch (r) {
+    case Recompute::kFull:
+      return 2 * sbh / (sp ? t : 1);
+    case Recompute::kSelective:
+      return sp ? sbh * 34 / t : sbh * (10 + 24.0 / t);
+    case Recompute::kNone:
+      break;
+  }
+  if (t == 1) return sbh * (34 + 5 * a * s / h);
+  return sp ? sbh * (34.0 / t + attn) : sbh * (10 + 24.0 / t + attn);
+}
+
+double pipeline_bubble_fraction(int p, long long m, int v) {
+  if (p < 1 || m < 1 || v < 1) throw InvalidArgument("pipeline_bubble_fraction: p, m and v must be positive");
+  return static_cast<double>(p - 1) / (static_cast<double>(v) * static_cast<double>(m));
+}
+
+double Layer::params() const {
+  if (kind == "conv") return in * out * kernel * kernel + out;
+  return in * out + out;
+}
+
+GemmShape Layer::forward_gemm(double batch) const {
+  if (kind == "conv") return {batch * height * width, out, in * kernel * kernel, 1};
+  return {batch, out, in, 1};
+}
+
+double LayerModel::params() const {
+  double p = 0;
+  for (const auto& l : layers) p += l.params();
+  return p;
+}
+
+LayerModel parse_layer_model(const std::string& spec) {
+  LayerModel m;
+  m.name = "layers";
+  for (const std::string& item : split(spec, ',')) {
+    std::string it = trim(item);
+    if (it.empty()) continue;
+    auto colon = it.find(':');
+    auto bad = [&]() {
+      return ConfigError(fmt::format(
+          "--layers-spec: '{}' is not a layer (allowed: dense:INxOUT, conv:INxOUTkK@HxW, e.g. conv:3x64k3@32x32)", it));
+    };
+    if (colon == std::string::npos) throw bad();
+    Layer l;
+    l.kind = it.substr(0, colon);
+    std::string rest = it.substr(colon + 1);
+    if (l.kind == "dense") {
+      if (std::sscanf(rest.c_str(), "%lfx%lf", &l.in, &l.out) != 2) throw bad();
+    } else if (l.kind == "conv") {
+      if (std::sscanf(rest.c_str(), "%lfx%lfk%lf@%lfx%lf", &l.in, &l.out, &l.kernel, &l.height, &l.width) != 5)
+        throw bad();
+    } else {
+      throw bad();
+    }
+    if (l.in <= 0 || l.out <= 0 || l.kernel <= 0 || l.height <= 0 || l.width <= 0) throw bad();
+    m.layers.push_back(l);
+  }
+  if (m.layers.empty()) throw ConfigError("--layers-spec: no layers given");
+  return m;
+}
+
+}  // namespace conduit::sim

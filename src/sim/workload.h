@@ -1,0 +1,90 @@
+#pragma once
+// Workload models: GPT-style transformers (FLOPs per layer from their GEMMs, parameters, memory per GPU) and
+// models given as a list of layers (MLP, CNN).
+//
+// GPT layer, micro-batch b, sequence s, hidden h, heads a, tensor parallel t (per GPU):
+//   QKV (bs x h)(h x 3h/t), scores (s x h/a)(h/a x s) x ba/t, context (s x s)(s x h/a) x ba/t,
+//   projection (bs x h/t)(h/t x h), MLP up (bs x h)(h x 4h/t), MLP down (bs x 4h/t)(4h/t x h)
+//   -> forward 24bsh^2 + 4bs^2h FLOPs per layer (t = 1); backward twice the forward (input and weight gradients);
+//   logits (bs x h)(h x V/t): 2bshV forward.
+//   Recompute none: 3 passes; selective: + the attention core (scores, softmax, context) forward again
+//   (Korthikanti et al. 2022); full: + the whole layer forward again. With full recompute a GPT iteration is
+//   Megatron's 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs (Narayanan et al. 2021, eq. 3).
+// Parameters: 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) (Narayanan et al. 2021, eq. 2).
+// Model state, mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020): 2 (fp16 params) + 2 (fp16 grads)
+// + 12 (fp32 params, momentum, variance) bytes per parameter; stage 1 shards the 12, stage 2 also the grads,
+// stage 3 also the params over the data-parallel ranks.
+// Activations per layer (Korthikanti et al. 2022, bytes): sbh(34 + 5as/h) without parallelism;
+//   tensor parallel sbh(10 + 24/t + 5as/(ht)); + sequence parallel sbh(34/t + 5as/(ht));
+//   selective recompute drops the 5as/h term; full recompute keeps only the layer input 2sbh (/t with SP).
+#include <string>
+#include <vector>
+
+#include "sim/compute.h"
+
+namespace conduit::sim {
+
+enum class Recompute { kNone, kSelective, kFull };
+enum class Schedule { kGpipe, k1F1B, kInterleaved };
+Recompute parse_recompute(const std::string& s);
+Schedule parse_schedule(const std::string& s);
+const char* recompute_name(Recompute r);
+const char* schedule_name(Schedule s);
+
+struct GptModel {
+  std::string name = "gpt";
+  int layers = 1;
+  long long hidden = 1, heads = 1, seq = 1, vocab = 1;
+  double ffn_mult = 4;
+  void validate() const;  // ConfigError naming the field
+};
+
+double gpt_parameters(const GptModel& m);
+double gpt_layer_parameters(const GptModel& m);  // 12h^2 + 13h
+
+struct NamedGemm {
+  const char* name;
+  GemmShape shape;
+  bool attention_core;  // recomputed by selective recompute
+};
+
+// The forward GEMMs of one transformer layer on one GPU (micro-batch b, tensor parallel t).
+std::vector<NamedGemm> gpt_layer_gemms(const GptModel& m, double b, int t);
+GemmShape gpt_logits_gemm(const GptModel& m, double b, int t);
+
+// FLOPs of one iteration (global batch B) counted from the GEMMs above, including recomputation.
+double gpt_iteration_flops(const GptModel& m, double global_batch, Recompute r);
+// Megatron's closed forms: 96 B s l h^2 (1 + s/6h + V/(16 l h)) with full recompute, 72 B s l h^2 (1 + s/6h +
+// V/(12 l h)) without.
+double megatron_flops_formula(const GptModel& m, double global_batch, bool full_recompute);
+
+// ZeRO model-state bytes per GPU for `params` parameters over `dp` ranks (mixed-precision Adam, K = 12).
+struct ModelState {
+  double params = 0, grads = 0, optimizer = 0;
+  double total() const { return params + grads + optimizer; }
+};
+ModelState zero_model_state(double params, long long dp, int stage);
+
+// Activation bytes of one layer for one micro-batch.
+double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sequence_parallel, Recompute r);
+
+// Pipeline bubble as a fraction of the ideal (bubble-free) time: (p-1)/m, or (p-1)/(v m) interleaved.
+double pipeline_bubble_fraction(int p, long long m, int v);
+
+// A model given as a list of layers, for data-parallel training (MLPs, CNNs).
+struct Layer {
+  std::string kind;  // dense | conv
+  double in = 0, out = 0;        // dense: features; conv: channels
+  double kernel = 1, height = 1, width = 1;  // conv: kernel size and output feature map
+  double params() const;
+  GemmShape forward_gemm(double batch) const;  // conv as implicit GEMM (M = batch*H*W, N = out, K = in*k*k)
+};
+struct LayerModel {
+  std::string name;
+  std::vector<Layer> layers;
+  double params() const;
+};
+// Parses "dense:784x1024,dense:1024x10" or "conv:3x64k3@32x32,...,dense:4096x10".
+LayerModel parse_layer_model(const std::string& spec);
+
+}  // namespace conduit::sim

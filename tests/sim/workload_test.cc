@@ -1,0 +1,203 @@
+// Workload closed forms: Megatron's FLOPs and parameter formulas, ZeRO memory, activation memory, bubbles,
+// compute efficiency, and the step model's structure.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "sim/compute.h"
+#include "sim/step.h"
+#include "sim/workload.h"
+
+namespace conduit::sim {
+namespace {
+
+double rel(double a, double b) { return std::abs(a - b) / std::abs(b); }
+
+GptModel gpt(int l, long long h, long long a, long long s = 2048, long long V = 51200) {
+  GptModel m;
+  m.layers = l;
+  m.hidden = h;
+  m.heads = a;
+  m.seq = s;
+  m.vocab = V;
+  return m;
+}
+
+TEST(Workload, MegatronFlopsFormulaWithFullRecompute) {
+  // GEMM-by-GEMM count against 96 B s l h^2 (1 + s/6h + V/(16 l h)) for the paper's GPT-3 and 1T configs.
+  for (auto [m, B] : {std::pair{gpt(96, 12288, 96), 1536.0}, std::pair{gpt(128, 25600, 160), 3072.0},
+                      std::pair{gpt(24, 2304, 24), 512.0}}) {
+    double counted = gpt_iteration_flops(m, B, Recompute::kFull);
+    double formula = megatron_flops_formula(m, B, true);
+    EXPECT_LT(rel(counted, formula), 1e-12) << m.layers;
+    EXPECT_LT(rel(gpt_iteration_flops(m, B, Recompute::kNone), megatron_flops_formula(m, B, false)), 1e-12);
+  }
+  // Selective recompute sits in between (only the attention core is recomputed).
+  GptModel m = gpt(96, 12288, 96);
+  EXPECT_GT(gpt_iteration_flops(m, 8, Recompute::kSelective), gpt_iteration_flops(m, 8, Recompute::kNone));
+  EXPECT_LT(gpt_iteration_flops(m, 8, Recompute::kSelective), gpt_iteration_flops(m, 8, Recompute::kFull));
+}
+
+TEST(Workload, MegatronParameterCounts) {
+  // Table 1 of Narayanan et al. 2021: 1.7B, 18.4B, 145.6B, 1008.0B.
+  EXPECT_NEAR(gpt_parameters(gpt(24, 2304, 24)) / 1e9, 1.7, 0.05);
+  EXPECT_NEAR(gpt_parameters(gpt(40, 6144, 48)) / 1e9, 18.4, 0.05);
+  EXPECT_NEAR(gpt_parameters(gpt(80, 12288, 96)) / 1e9, 145.6, 0.05);
+  EXPECT_NEAR(gpt_parameters(gpt(128, 25600, 160)) / 1e9, 1008.0, 0.5);
+}
+
+TEST(Workload, ZeroMemoryFor7_5BOn64Ranks) {
+  // ZeRO paper (Rajbhandari et al. 2020), figure 1: 120, 31.4, 16.6 and 1.9 GB per GPU for stages 0-3.
+  const double psi = 7.5e9;
+  EXPECT_NEAR(zero_model_state(psi, 64, 0).total() / 1e9, 120.0, 0.05);
+  EXPECT_NEAR(zero_model_state(psi, 64, 1).total() / 1e9, 31.4, 0.05);
+  EXPECT_NEAR(zero_model_state(psi, 64, 2).total() / 1e9, 16.6, 0.05);
+  EXPECT_NEAR(zero_model_state(psi, 64, 3).total() / 1e9, 1.9, 0.05);
+  EXPECT_THROW(zero_model_state(psi, 64, 4), ConfigError);
+}
+
+TEST(Workload, ActivationMemoryKorthikanti) {
+  // GPT-3 175B, s = 2048, b = 1, t = 8: sbh(34/t + 5as/(ht)) with sequence parallelism.
+  GptModel m = gpt(96, 12288, 96);
+  const double sbh = 2048.0 * 12288;
+  EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 8, true, Recompute::kNone), sbh * (34.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8))), 1e-12);
+  EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 8, false, Recompute::kNone), sbh * (10 + 24.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8))), 1e-12);
+  EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 8, true, Recompute::kSelective), sbh * 34.0 / 8), 1e-12);
+  EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 1, false, Recompute::kFull), 2 * sbh), 1e-12);
+}
+
+TEST(Workload, PipelineBubble) {
+  EXPECT_DOUBLE_EQ(pipeline_bubble_fraction(8, 64, 1), 7.0 / 64);
+  EXPECT_DOUBLE_EQ(pipeline_bubble_fraction(8, 64, 4), 7.0 / 256);
+  EXPECT_THROW(pipeline_bubble_fraction(0, 1, 1), InvalidArgument);
+}
+
+TEST(Compute, EfficiencyGrowsWithShapeAndWavesQuantize) {
+  Accelerator a;
+  a.peak_flops = 312e12;
+  a.memory_bandwidth = 2039e9;
+  a.sm_count = 108;
+  a.tile_m = 256;
+  a.tile_n = 128;
+  a.gemm_efficiency = 0.8;
+  a.memory_efficiency = 0.85;
+  a.kernel_overhead = 4e-6;
+  double small = gemm_efficiency(a, {256, 256, 256, 1});
+  double large = gemm_efficiency(a, {8192, 8192, 8192, 1});
+  EXPECT_LT(small, 0.1);
+  EXPECT_GT(large, 0.75);
+  EXPECT_LE(large, 0.8);
+  // 108 SMs: 12 x 9 = 108 tiles fill one wave; 12 x 10 = 120 tiles need two (the second 11% full).
+  double full = gemm_efficiency(a, {256 * 12, 128 * 9, 8192, 1});
+  double spill = gemm_efficiency(a, {256 * 12, 128 * 10, 8192, 1});
+  EXPECT_GT(full, spill * 1.6);
+  // A skinny GEMM is memory-bound: bytes / bandwidth, not FLOPs / peak.
+  GemmShape skinny{8192, 16, 8192, 1};
+  EXPECT_NEAR(gemm_time(a, skinny), 2.0 * (8192.0 * 8192 + 8192 * 16 + 8192 * 16) / (2039e9 * 0.85) + 4e-6, 1e-9);
+  // Calibration: a measured shape predicts itself.
+  a.calibration.push_back({4096, 4096, 4096, 200e12});
+  EXPECT_NEAR(gemm_time(a, {4096, 4096, 4096, 1}), 2.0 * 4096 * 4096 * 4096 / 200e12 + 4e-6, 1e-9);
+}
+
+ParallelConfig cfg(int tp, int pp, int b, long long B) {
+  ParallelConfig c;
+  c.tp = tp;
+  c.pp = pp;
+  c.micro_batch = b;
+  c.global_batch = B;
+  return c;
+}
+
+TEST(Step, BubbleMatchesClosedFormInsideTheStep) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(32, 4096, 32);
+  for (auto [sched, v] : {std::pair{Schedule::k1F1B, 1}, std::pair{Schedule::kInterleaved, 4}}) {
+    ParallelConfig c = cfg(8, 4, 1, 64);  // d = 2, m = 32
+    c.schedule = sched;
+    c.virtual_stages = v;
+    StepResult r = simulate_step(net, m, c);
+    double ideal = r.breakdown.compute + r.breakdown.tp_comm + r.breakdown.pp_comm;
+    EXPECT_NEAR(r.breakdown.bubble / ideal, pipeline_bubble_fraction(4, 32, v), 1e-12);
+  }
+}
+
+TEST(Step, ThroughputAndMemoryAreSane) {
+  Topology topo(load_cluster("dgx-a100"), 128);
+  CollectiveModel net(topo);
+  GptModel m = gpt(36, 4096, 32);  // 7.5B, table 1 row 3
+  ParallelConfig c = cfg(4, 1, 1, 512);
+  c.recompute = Recompute::kFull;
+  StepResult r = simulate_step(net, m, c);
+  EXPECT_GT(r.hardware_tflops_per_gpu, 50);
+  EXPECT_LT(r.hardware_tflops_per_gpu, 312 * 0.8);
+  EXPECT_TRUE(r.fits);
+  EXPECT_NEAR(r.hardware_flops, megatron_flops_formula(m, 512, true), 1e-6 * r.hardware_flops);
+  // ZeRO stages shrink the model state monotonically.
+  double prev = 1e300;
+  for (int z = 0; z <= 3; ++z) {
+    c.zero = z;
+    StepResult rz = simulate_step(net, m, c);
+    double state = rz.memory.params + rz.memory.grads + rz.memory.optimizer;
+    EXPECT_LT(state, prev);
+    prev = state;
+  }
+}
+
+TEST(Step, SymmetricAndFullDetailStepsAgree) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(16, 2048, 16, 1024, 32000);
+  ParallelConfig c = cfg(4, 2, 1, 64);
+  StepResult sym = simulate_step(net, m, c);
+  c.mode = EvalMode::kFull;
+  StepResult full = simulate_step(net, m, c);
+  EXPECT_LT(rel(sym.time, full.time), 1e-6);
+}
+
+TEST(Step, CompressionAndLocalSgdReduceExposedCommunication) {
+  Topology topo(load_cluster("ethernet-25g"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(12, 768, 12, 1024, 50304);  // GPT-2 small
+  ParallelConfig c = cfg(1, 1, 8, 512);
+  StepResult base = simulate_step(net, m, c);
+  c.compression = parse_compression("int8");
+  StepResult q = simulate_step(net, m, c);
+  EXPECT_LT(q.breakdown.dp_comm, base.breakdown.dp_comm * 0.6);
+  c.compression = parse_compression("powersgd:4");
+  StepResult ps = simulate_step(net, m, c);
+  EXPECT_LT(ps.breakdown.dp_comm, q.breakdown.dp_comm);
+  c.compression = parse_compression("none");
+  c.sync = parse_sync("local-sgd:8");
+  StepResult ls = simulate_step(net, m, c);
+  EXPECT_NEAR(ls.breakdown.dp_comm, base.breakdown.dp_comm / 8, 1e-12);
+  EXPECT_THROW(parse_compression("topk:2"), ConfigError);
+  EXPECT_THROW(parse_sync("local-sgd:0"), ConfigError);
+}
+
+TEST(Step, BadConfigurationsNameTheFlag) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(32, 4096, 32);
+  auto expect_msg = [&](ParallelConfig c, const char* needle) {
+    try {
+      simulate_step(net, m, c);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_msg(cfg(3, 1, 1, 64), "--tp");
+  expect_msg(cfg(8, 3, 1, 64), "--tp");
+  expect_msg(cfg(8, 1, 3, 64), "--global-batch");
+  ParallelConfig c = cfg(8, 2, 1, 64);
+  c.zero = 3;
+  expect_msg(c, "--zero");
+  c = cfg(8, 2, 1, 64);
+  c.schedule = Schedule::kInterleaved;
+  expect_msg(c, "--virtual-stages");
+}
+
+}  // namespace
+}  // namespace conduit::sim
