@@ -33,6 +33,14 @@ bool register_command(int order, Setup setup) {
 
 void set_exit_code(int code) { exit_code() = code; }
 
+CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::string& description) {
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == name) return sub;
+  auto* g = app.add_subcommand(name, description);
+  g->require_subcommand(1);
+  return g;
+}
+
 }  // namespace conduit::cli
 
 int main(int argc, char** argv) {

@@ -14,5 +14,8 @@ using Setup = std::function<void(CLI::App& app)>;
 // `order` sorts the subcommands in --help (launch 10, train 20, bench 30, cluster 40, sweep 50, fl 60, sim 70).
 bool register_command(int order, Setup setup);
 void set_exit_code(int code);
+// The subcommand `name` of `app`, created on first use: lets several files add children to one group
+// (`conduit bench coll` and `conduit bench compress` live in different areas).
+CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::string& description);
 
 }  // namespace conduit::cli

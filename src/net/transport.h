@@ -41,6 +41,7 @@ class Request {
   // Blocks until complete; TimeoutError once `deadline` passes; rethrows a failure.
   void wait(const Deadline& deadline);
   bool done() const { return state_.load(std::memory_order_acquire) != kPending; }
+  bool succeeded() const { return state_.load(std::memory_order_acquire) == kDone; }
 
   Kind kind() const { return kind_; }
   int peer() const { return peer_; }

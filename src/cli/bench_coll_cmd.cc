@@ -1,0 +1,249 @@
+// `conduit bench coll`: an nccl-tests-style sweep of one collective over message sizes, with a correctness check
+// per size; `conduit selftest`: every collective, algorithm and several dtypes/counts checked over the world
+// communicator (used by the test suite over real processes: tcp, shm, mpi).
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/registry.h"
+#include "coll/communicator.h"
+#include "coll/verify.h"
+#include "core/env.h"
+#include "core/error.h"
+
+namespace conduit::cli {
+namespace {
+
+using coll::CollOptions;
+using coll::Communicator;
+
+struct BenchArgs {
+  std::string op = "allreduce";
+  std::string algo;
+  std::string transport;
+  std::string dtype = "f32";
+  std::string reduce = "sum";
+  std::string min_bytes = "8";
+  std::string max_bytes = "64M";
+  int iters = 20;
+  int warmup = 5;
+  int root = 0;
+  double timeout = 0;
+  bool json = false;
+  bool check = true;
+};
+
+// nccl-tests' bus bandwidth factors.
+double bus_factor(const std::string& op, int n) {
+  if (n <= 1) return 1;
+  if (op == "allreduce") return 2.0 * (n - 1) / n;
+  if (op == "reduce_scatter" || op == "allgather" || op == "alltoall") return static_cast<double>(n - 1) / n;
+  return 1;
+}
+
+coll::Work launch_op(Communicator& c, const BenchArgs& a, DType dt, ReduceOp rop, size_t count, char* in, char* out,
+                     const CollOptions& o) {
+  const std::string& op = a.op;
+  if (op == "allreduce") return c.allreduce(in, count, dt, rop, o);
+  if (op == "reduce_scatter") return c.reduce_scatter(in, out, count, dt, rop, o);
+  if (op == "allgather") return c.allgather(in, out, count, dt, o);
+  if (op == "broadcast") return c.broadcast(in, count, dt, a.root, o);
+  if (op == "reduce") return c.reduce(in, out, count, dt, rop, a.root, o);
+  if (op == "alltoall") return c.alltoall(in, out, count, dt, o);
+  if (op == "gather") return c.gather(in, out, count, dt, a.root, o);
+  if (op == "scatter") return c.scatter(in, out, count, dt, a.root, o);
+  throw ConfigError(fmt::format(
+      "--op '{}' is not supported: allowed are allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, "
+      "gather, scatter",
+      op));
+}
+
+void run_bench(const BenchArgs& a) {
+  DType dt = parse_dtype(a.dtype);
+  ReduceOp rop = parse_reduce_op(a.reduce);
+  uint64_t lo = parse_bytes(a.min_bytes, "--min-bytes"), hi = parse_bytes(a.max_bytes, "--max-bytes");
+  if (lo == 0) lo = dtype_size(dt);
+  if (hi < lo) throw ConfigError(fmt::format("--max-bytes {} is below --min-bytes {}", a.max_bytes, a.min_bytes));
+  if (a.iters < 1 || a.iters > 1000000) throw ConfigError("--iters must be in [1, 1000000]");
+  if (a.warmup < 0) throw ConfigError("--warmup must be >= 0");
+  coll::CommConfig cfg;
+  cfg.timeout_s = a.timeout;
+  cfg.transport = a.transport;
+  auto comm = Communicator::from_env(cfg);
+  Communicator& c = *comm;
+  const int n = c.size();
+  if (a.root < 0 || a.root >= n) throw ConfigError(fmt::format("--root {} is not a rank of [0, {})", a.root, n));
+  CollOptions o;
+  o.algorithm = a.algo;
+  if (!a.algo.empty()) {
+    auto op = a.op == "allreduce" ? coll::CollOp::allreduce
+              : a.op == "reduce_scatter" ? coll::CollOp::reduce_scatter
+              : a.op == "allgather" ? coll::CollOp::allgather
+              : a.op == "broadcast" ? coll::CollOp::broadcast
+              : a.op == "reduce" ? coll::CollOp::reduce
+              : throw ConfigError(fmt::format("--algo applies to allreduce, reduce_scatter, allgather, broadcast and "
+                                              "reduce, not to --op {}", a.op));
+    coll::Tuner::check_algorithm(op, a.algo);
+  }
+  const size_t esz = dtype_size(dt);
+  if (c.rank() == 0 && !a.json) {
+    std::printf("# conduit bench coll: op %s, %d ranks, transport %s, dtype %s, reduce %s, iters %d\n", a.op.c_str(),
+                n, c.transport().name(), dtype_name(dt), reduce_op_name(rop), a.iters);
+    std::printf("# cost model (%s): %s\n", c.tuner().model().source.c_str(),
+                coll::format_cost_model(c.tuner().model()).c_str());
+    std::printf("%12s %12s %6s %8s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "#wrong", "algo");
+  }
+  for (uint64_t bytes = lo; bytes <= hi; bytes *= 2) {
+    // size = the bytes each rank contributes (allreduce, broadcast, reduce) or the full vector (gather-like).
+    size_t count = bytes / esz;
+    bool per_rank_block = a.op == "reduce_scatter" || a.op == "allgather" || a.op == "alltoall" ||
+                          a.op == "gather" || a.op == "scatter";
+    if (per_rank_block) count = std::max<size_t>(1, bytes / esz / n);
+    size_t in_elems = (a.op == "reduce_scatter" || a.op == "alltoall" || a.op == "scatter") ? count * n : count;
+    size_t out_elems = (a.op == "allgather" || a.op == "alltoall" || a.op == "gather") ? count * n : count;
+    std::vector<char> in(std::max<size_t>(in_elems, 1) * esz, 0), out(std::max<size_t>(out_elems, 1) * esz, 0);
+    std::string algo_used;
+    for (int i = 0; i < a.warmup; ++i) launch_op(c, a, dt, rop, count, in.data(), out.data(), o).wait();
+    c.barrier().wait();
+    Stopwatch sw;
+    for (int i = 0; i < a.iters; ++i) {
+      auto w = launch_op(c, a, dt, rop, count, in.data(), out.data(), o);
+      w.wait();
+      algo_used = w.algorithm();
+    }
+    double t = sw.seconds() / a.iters;
+    c.allreduce(&t, 1, DType::f64, ReduceOp::max).wait();
+    uint64_t wrong = 0;
+    if (a.check) {
+      coll::VerifyCase vc{a.op, a.algo, dt, rop, count, a.root, a.timeout};
+      wrong = coll::run_and_verify(c, vc);
+      c.allreduce(&wrong, 1, DType::i64, ReduceOp::sum).wait();
+    }
+    double size_bytes = static_cast<double>(per_rank_block ? count * n * esz : count * esz);
+    double algbw = size_bytes / t / 1e9;
+    double busbw = algbw * bus_factor(a.op, n);
+    if (c.rank() == 0) {
+      if (a.json) {
+        nlohmann::json j{{"impl", "conduit"},      {"op", a.op},
+                         {"algo", algo_used},      {"transport", c.transport().name()},
+                         {"world", n},             {"dtype", dtype_name(dt)},
+                         {"bytes", size_bytes},    {"count", per_rank_block ? count * n : count},
+                         {"iters", a.iters},       {"time_us", t * 1e6},
+                         {"algbw_gbs", algbw},     {"busbw_gbs", busbw},
+                         {"wrong", wrong}};
+        std::cout << j.dump() << std::endl;
+      } else {
+        std::printf("%12.0f %12zu %6s %8s %10.2f %10.3f %10.3f %7llu  %s\n", size_bytes,
+                    per_rank_block ? count * n : count, dtype_name(dt), reduce_op_name(rop), t * 1e6, algbw, busbw,
+                    static_cast<unsigned long long>(wrong), algo_used.c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (wrong) set_exit_code(1);
+    if (bytes > hi / 2) break;
+  }
+}
+
+struct SelftestArgs {
+  std::string transport;
+  double timeout = 0;
+  int crash_rank = -1;
+  int hang_rank = -1;
+  std::string ops = "all";
+};
+
+void run_selftest(const SelftestArgs& a) {
+  coll::CommConfig cfg;
+  cfg.timeout_s = a.timeout;
+  cfg.transport = a.transport;
+  auto comm = Communicator::from_env(cfg);
+  Communicator& c = *comm;
+  if (c.rank() == a.crash_rank) {
+    std::fprintf(stderr, "selftest: rank %d exits abruptly as asked (--crash-rank)\n", c.rank());
+    std::fflush(stderr);
+    ::_exit(3);
+  }
+  if (c.rank() == a.hang_rank) {
+    std::fprintf(stderr, "selftest: rank %d sleeps instead of taking part (--hang-rank)\n", c.rank());
+    std::this_thread::sleep_for(std::chrono::duration<double>(c.timeout_s() + 5));
+    return;
+  }
+  struct Case {
+    std::string op;
+    std::vector<std::string> algos;
+  };
+  std::vector<Case> cases = {{"allreduce", {"ring", "rhd", "rd", "tree", "hier"}},
+                             {"reduce_scatter", {"ring", "rh"}},
+                             {"allgather", {"ring", "rd"}},
+                             {"allgatherv", {"ring", "rd"}},
+                             {"broadcast", {"tree", "chain"}},
+                             {"reduce", {"tree", "rsg"}},
+                             {"gather", {""}},
+                             {"scatter", {""}},
+                             {"alltoall", {""}},
+                             {"alltoallv", {""}},
+                             {"barrier", {""}},
+                             {"sendrecv", {""}}};
+  size_t ncases = 0, wrong = 0;
+  for (auto& cs : cases) {
+    if (a.ops != "all" && a.ops != cs.op) continue;
+    for (auto& algo : cs.algos)
+      for (DType t : {DType::f32, DType::bf16, DType::i64})
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{5003}, size_t{300001}}) {
+          for (ReduceOp rop : {ReduceOp::sum, ReduceOp::max}) {
+            coll::VerifyCase vc{cs.op, algo, t, rop, count, static_cast<int>(count % c.size()), a.timeout};
+            size_t w = coll::run_and_verify(c, vc);
+            if (w)
+              std::fprintf(stderr, "selftest: rank %d: %s %s %s count %zu: %zu wrong\n", c.rank(), cs.op.c_str(),
+                           algo.c_str(), dtype_name(t), count, w);
+            wrong += w;
+            ++ncases;
+          }
+        }
+  }
+  uint64_t total = wrong;
+  c.allreduce(&total, 1, DType::i64, ReduceOp::sum).wait();
+  if (c.rank() == 0)
+    std::printf("selftest: %zu cases on %d ranks over %s: %llu wrong elements\n", ncases, c.size(),
+                c.transport().name(), static_cast<unsigned long long>(total));
+  if (total) set_exit_code(1);
+}
+
+const bool kRegistered = register_command(30, [](CLI::App& app) {
+  auto* bench = subcommand_group(app, "bench", "Benchmarks: collectives (coll), compression (compress)");
+  auto a = std::make_shared<BenchArgs>();
+  auto* c = bench->add_subcommand("coll", "nccl-tests-style sweep of a collective over message sizes");
+  c->add_option("--op", a->op, "allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, gather, scatter")
+      ->capture_default_str();
+  c->add_option("--algo", a->algo, "force an algorithm (default: the tuner's choice per size)");
+  c->add_option("--transport", a->transport, "auto, tcp, shm, mpi (default: CONDUIT_TRANSPORT or auto)");
+  c->add_option("--dtype", a->dtype, "f32, f64, f16, bf16, i8, u8, i32, i64")->capture_default_str();
+  c->add_option("--reduce", a->reduce, "sum, avg, min, max, prod")->capture_default_str();
+  c->add_option("--min-bytes,-b", a->min_bytes, "smallest size (K/M/G suffixes)")->capture_default_str();
+  c->add_option("--max-bytes,-e", a->max_bytes, "largest size (K/M/G suffixes)")->capture_default_str();
+  c->add_option("--iters,-n", a->iters, "timed iterations per size")->capture_default_str();
+  c->add_option("--warmup,-w", a->warmup, "untimed iterations per size")->capture_default_str();
+  c->add_option("--root", a->root, "root rank of broadcast/reduce/gather/scatter")->capture_default_str();
+  c->add_option("--timeout", a->timeout, "seconds before a collective fails (default CONDUIT_TIMEOUT or 300)");
+  c->add_flag("--json", a->json, "one JSON object per size instead of the table");
+  c->add_flag("!--no-check", a->check, "skip the correctness check");
+  c->callback([a] { run_bench(*a); });
+
+  auto s = std::make_shared<SelftestArgs>();
+  auto* st = app.add_subcommand("selftest", "check every collective and algorithm over this job's ranks");
+  st->add_option("--transport", s->transport, "auto, tcp, shm, mpi");
+  st->add_option("--timeout", s->timeout, "seconds before a collective fails");
+  st->add_option("--op", s->ops, "one operation, or all")->capture_default_str();
+  st->add_option("--crash-rank", s->crash_rank, "(testing) this rank exits abruptly before the first collective");
+  st->add_option("--hang-rank", s->hang_rank, "(testing) this rank never takes part");
+  st->callback([s] { run_selftest(*s); });
+});
+
+}  // namespace
+}  // namespace conduit::cli

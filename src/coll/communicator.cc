@@ -1,0 +1,638 @@
+#include "coll/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "coll/algorithms.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "net/inproc.h"
+#include "net/tags.h"
+
+namespace conduit::coll {
+
+// ---------------------------------------------------------------------------------------------------------- Work
+
+void Work::wait() {
+  if (!s_) throw InvalidArgument("wait() on an empty Work handle");
+  std::unique_lock<std::mutex> lk(s_->mu);
+  s_->cv.wait(lk, [&] { return s_->done; });
+  if (s_->error) std::rethrow_exception(s_->error);
+}
+
+bool Work::test() {
+  if (!s_) throw InvalidArgument("test() on an empty Work handle");
+  std::lock_guard<std::mutex> lk(s_->mu);
+  if (s_->done && s_->error) std::rethrow_exception(s_->error);
+  return s_->done;
+}
+
+double Work::seconds() const { return s_ ? s_->seconds : 0; }
+std::string Work::algorithm() const { return s_ ? s_->algorithm : ""; }
+
+// ----------------------------------------------------------------------------------------------------------- Ctx
+
+namespace {
+// The receives posted by the operation running on this thread (including those of sub-communicators it uses), so
+// that a failure can name the ranks that never answered.
+thread_local std::vector<net::RequestPtr>* tl_op_recvs = nullptr;
+}  // namespace
+
+int Ctx::rank() const { return comm_.rank(); }
+int Ctx::size() const { return comm_.size(); }
+
+net::RequestPtr Ctx::send(int peer, const void* data, size_t bytes) {
+  return comm_.transport_->isend(comm_.members_[peer], tag_, data, bytes);
+}
+
+net::RequestPtr Ctx::recv(int peer, void* data, size_t bytes) {
+  auto r = comm_.transport_->irecv(comm_.members_[peer], tag_, data, bytes);
+  if (tl_op_recvs) tl_op_recvs->push_back(r);
+  return r;
+}
+
+net::RequestPtr Ctx::recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op) {
+  auto r = comm_.transport_->irecv_reduce(comm_.members_[peer], tag_, dst, count, dtype, op);
+  if (tl_op_recvs) tl_op_recvs->push_back(r);
+  return r;
+}
+
+std::vector<int> Communicator::silent_peers(const std::vector<net::RequestPtr>& recvs) const {
+  std::set<int> s;
+  for (const auto& r : recvs) {
+    if (r->succeeded()) continue;
+    auto it = std::find(members_.begin(), members_.end(), r->peer());
+    if (it != members_.end()) s.insert(static_cast<int>(it - members_.begin()));
+  }
+  return {s.begin(), s.end()};
+}
+
+// -------------------------------------------------------------------------------------------------- Communicator
+
+namespace {
+uint32_t mix_id(uint32_t a, uint32_t b, uint32_t c) {
+  uint64_t x = (static_cast<uint64_t>(a) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(b) << 20) ^ c;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<uint32_t>(x & 0xffffffu) | 1u;  // never 0 (the world communicator)
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::vector<std::string> s;
+  for (int x : v) s.push_back(std::to_string(x));
+  return join(s, ", ");
+}
+}  // namespace
+
+Communicator::Communicator(net::TransportPtr transport, std::vector<int> members, uint32_t comm_id,
+                           const CommConfig& cfg, std::shared_ptr<Tuner> tuner)
+    : transport_(std::move(transport)), members_(std::move(members)), id_(comm_id & 0xffffffu) {
+  auto it = std::find(members_.begin(), members_.end(), transport_->rank());
+  if (it == members_.end()) throw InvalidArgument("communicator: this rank is not a member");
+  rank_ = static_cast<int>(it - members_.begin());
+  timeout_s_ = cfg.timeout_s > 0 ? cfg.timeout_s : default_timeout_seconds();
+  debug_ = cfg.debug_collectives || env_flag("CONDUIT_DEBUG_COLLECTIVES");
+  tuner_ = tuner ? std::move(tuner) : Tuner::from_env();
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lk(qmu_);
+    stopping_ = true;
+  }
+  qcv_.notify_all();
+  if (worker_.joinable()) {
+    if (worker_.get_id() == std::this_thread::get_id()) worker_.detach();
+    else worker_.join();
+  }
+}
+
+CommPtr Communicator::create(net::TransportPtr transport, std::vector<int> members, uint32_t comm_id,
+                             const CommConfig& cfg, std::shared_ptr<Tuner> tuner) {
+  return CommPtr(new Communicator(std::move(transport), std::move(members), comm_id, cfg, std::move(tuner)));
+}
+
+std::vector<CommPtr> Communicator::inproc(int n, int ranks_per_host, const CommConfig& cfg) {
+  auto ts = net::make_inproc_world(n, ranks_per_host);
+  std::vector<int> members(n);
+  std::iota(members.begin(), members.end(), 0);
+  std::vector<CommPtr> out;
+  for (auto& t : ts) out.push_back(create(t, members, 0, cfg));
+  return out;
+}
+
+int Communicator::num_hosts() const {
+  std::set<int> h;
+  for (int m : members_) h.insert(transport_->hosts()[m]);
+  return static_cast<int>(h.size());
+}
+
+std::string Communicator::describe() const {
+  return fmt::format("rank {} of {} ({})", rank_, size(), transport_->name());
+}
+
+void Communicator::check_root(int root, const char* op) const {
+  if (root < 0 || root >= size())
+    throw InvalidArgument(fmt::format("{}: root {} is not a rank of this communicator [0, {})", op, root, size()));
+}
+
+void Communicator::check_counts(const std::vector<size_t>& counts, const char* what) const {
+  if (counts.size() != static_cast<size_t>(size()))
+    throw InvalidArgument(
+        fmt::format("{}: {} counts given for a communicator of {} ranks", what, counts.size(), size()));
+}
+
+Communicator::HostGroups& Communicator::host_groups() {
+  if (groups_) return *groups_;
+  groups_ = std::make_unique<HostGroups>();
+  std::vector<int> local, leaders;
+  std::map<int, std::vector<int>> by_host;  // host -> members (transport ranks) in group order
+  for (int m : members_) by_host[transport_->hosts()[m]].push_back(m);
+  int my_host = host_of(rank_);
+  local = by_host[my_host];
+  int my_local = static_cast<int>(std::find(local.begin(), local.end(), members_[rank_]) - local.begin());
+  bool uniform = true;
+  for (auto& [h, v] : by_host) {
+    if (v.size() != local.size()) uniform = false;
+    leaders.push_back(v.front());
+  }
+  groups_->uniform = uniform;
+  CommConfig cfg;
+  cfg.timeout_s = timeout_s_;
+  groups_->local = create(transport_, local, mix_id(id_, 0x10000u, static_cast<uint32_t>(my_host)), cfg, tuner_);
+  if (uniform) {
+    std::vector<int> cross;
+    for (auto& [h, v] : by_host) cross.push_back(v[my_local]);
+    groups_->cross = create(transport_, cross, mix_id(id_, 0x20000u, static_cast<uint32_t>(my_local)), cfg, tuner_);
+  }
+  if (my_local == 0) groups_->leaders = create(transport_, leaders, mix_id(id_, 0x30000u, 0), cfg, tuner_);
+  return *groups_;
+}
+
+CommPtr Communicator::split(int color, int key) {
+  // Every rank contributes (color, key); the members of each color are ordered by (key, old rank).
+  std::vector<int64_t> mine{color, key}, all(2 * size());
+  allgather(mine.data(), all.data(), 2, DType::i64).wait();
+  uint32_t salt = ++split_count_;
+  if (color < 0) return nullptr;
+  std::vector<std::pair<std::pair<int64_t, int>, int>> sel;
+  for (int r = 0; r < size(); ++r)
+    if (all[2 * r] == color) sel.push_back({{all[2 * r + 1], r}, members_[r]});
+  std::sort(sel.begin(), sel.end());
+  std::vector<int> members;
+  for (auto& s : sel) members.push_back(s.second);
+  CommConfig cfg;
+  cfg.timeout_s = timeout_s_;
+  cfg.debug_collectives = debug_;
+  return create(transport_, members, mix_id(id_, salt, static_cast<uint32_t>(color)), cfg, tuner_);
+}
+
+// -------------------------------------------------------------------------------------------- execution engine
+
+void Communicator::worker_loop() {
+  while (true) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lk(qmu_);
+      qcv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+Work Communicator::submit(const char* op_name, const Signature& sig, double timeout_s, Body body) {
+  auto state = std::make_shared<Work::State>();
+  uint64_t seq = next_seq();
+  auto task = [this, state, op_name, sig, seq, timeout_s, body = std::move(body)]() mutable {
+    Stopwatch sw;
+    std::exception_ptr err;
+    std::string algo;
+    try {
+      algo = run_op(op_name, seq, sig, Deadline::after(timeout_s), body);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lk(state->mu);
+      state->done = true;
+      state->error = err;
+      state->seconds = sw.seconds();
+      state->algorithm = algo;
+    }
+    state->cv.notify_all();
+  };
+  {
+    std::lock_guard<std::mutex> lk(qmu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+    queue_.push_back(std::move(task));
+  }
+  qcv_.notify_one();
+  return Work(state);
+}
+
+namespace {
+template <typename E>
+[[noreturn]] void rethrow_as(const std::string& msg) {
+  throw E(msg);
+}
+}  // namespace
+
+std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signature& sig, const Deadline& d,
+                                 Body& body) {
+  {
+    std::lock_guard<std::mutex> lk(fail_mu_);
+    if (!failed_.empty())
+      throw PeerError(fmt::format("{} #{} on {}: the communicator was aborted earlier: {}", op_name, seq, describe(),
+                                  failed_));
+  }
+  std::string reason = transport_->aborted_reason();
+  if (!reason.empty())
+    throw PeerError(fmt::format("{} #{} on {}: the transport was aborted earlier: {}", op_name, seq, describe(),
+                                reason));
+  Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(seq)), d);
+  Stopwatch sw;
+  std::vector<net::RequestPtr> recvs;
+  tl_op_recvs = &recvs;
+  struct Reset {
+    ~Reset() { tl_op_recvs = nullptr; }
+  } reset;
+  try {
+    if (debug_ && size() > 1) check_signature(seq, sig, d, op_name);
+    return body(ctx);
+  } catch (const Error& e) {
+    auto silent = silent_peers(recvs);
+    std::string msg = fmt::format("{} #{} on {} failed after {:.1f} s: {}", op_name, seq, describe(), sw.seconds(),
+                                  e.what());
+    if (!silent.empty()) msg += fmt::format("; no data yet from rank(s) {}", join_ints(silent));
+    {
+      std::lock_guard<std::mutex> lk(fail_mu_);
+      if (failed_.empty()) failed_ = msg;
+    }
+    if (dynamic_cast<const InvalidArgument*>(&e) == nullptr) {
+      transport_->abort(msg);  // so that the other ranks fail now rather than at their deadline
+    }
+    if (dynamic_cast<const TimeoutError*>(&e)) rethrow_as<TimeoutError>(msg);
+    if (dynamic_cast<const ProtocolError*>(&e)) rethrow_as<ProtocolError>(msg);
+    if (dynamic_cast<const MismatchError*>(&e)) rethrow_as<MismatchError>(msg);
+    if (dynamic_cast<const InvalidArgument*>(&e)) rethrow_as<InvalidArgument>(msg);
+    rethrow_as<PeerError>(msg);
+  }
+}
+
+void Communicator::check_signature(uint64_t seq, const Signature& sig, const Deadline& d, const char* op_name) {
+  // Rank 0 collects every rank's (op, dtype, count, root, reduction) and answers with a verdict.
+  uint64_t tag = net::make_tag(net::kDebug, id_, static_cast<uint32_t>(seq));
+  struct Verdict {
+    char text[480];
+  };
+  static const char* op_names[] = {"allreduce", "reduce_scatter", "allgather", "allgatherv", "broadcast", "reduce",
+                                   "gather",    "scatter",        "alltoall",  "alltoallv",  "barrier"};
+  auto describe_sig = [&](const Signature& s) {
+    return fmt::format("{}(dtype={}, count={}, root={}, op={})", s.op < 11 ? op_names[s.op] : "?",
+                       dtype_name(static_cast<DType>(s.dtype)), s.count, s.root,
+                       reduce_op_name(static_cast<ReduceOp>(s.redop)));
+  };
+  Verdict v{};
+  if (rank_ == 0) {
+    std::vector<Signature> all(size());
+    std::vector<net::RequestPtr> rs;
+    for (int r = 1; r < size(); ++r) rs.push_back(transport_->irecv(members_[r], tag, &all[r], sizeof(Signature)));
+    net::wait_all(rs, d);
+    all[0] = sig;
+    std::string bad;
+    for (int r = 1; r < size(); ++r) {
+      if (std::memcmp(&all[r], &all[0], sizeof(Signature)) != 0) {
+        bad = fmt::format("collective mismatch at call #{}: rank 0 called {} but rank {} called {}", seq,
+                          describe_sig(all[0]), r, describe_sig(all[r]));
+        break;
+      }
+    }
+    std::snprintf(v.text, sizeof v.text, "%s", bad.c_str());
+    std::vector<net::RequestPtr> ss;
+    for (int r = 1; r < size(); ++r) ss.push_back(transport_->isend(members_[r], tag, &v, sizeof v));
+    net::wait_all(ss, d);
+  } else {
+    auto sq = transport_->isend(members_[0], tag, &sig, sizeof sig);
+    auto rq = transport_->irecv(members_[0], tag, &v, sizeof v);
+    sq->wait(d);
+    rq->wait(d);
+  }
+  if (v.text[0] != '\0') throw MismatchError(std::string(v.text) + " (CONDUIT_DEBUG_COLLECTIVES)");
+  (void)op_name;
+}
+
+// ------------------------------------------------------------------------------------------------- collectives
+
+namespace {
+enum SigOp : uint32_t {
+  kSigAllreduce = 0, kSigReduceScatter, kSigAllgather, kSigAllgatherv, kSigBroadcast, kSigReduce, kSigGather,
+  kSigScatter, kSigAlltoall, kSigAlltoallv, kSigBarrier
+};
+
+void check_buffer(const void* p, size_t bytes, const char* what) {
+  if (p == nullptr && bytes > 0) throw InvalidArgument(fmt::format("{}: null buffer for {} bytes", what, bytes));
+}
+
+std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t bytes) {
+  if (!forced.empty()) {
+    Tuner::check_algorithm(op, forced);
+    return forced;
+  }
+  return c.tuner().choose(op, bytes, c.size(), c.num_hosts(), c.host_groups().uniform);
+}
+}  // namespace
+
+void Communicator::run_allreduce(const Deadline& d, void* buf, size_t count, DType dt, ReduceOp op,
+                                 const std::string& algo) {
+  Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(next_seq())), d);
+  if (size() == 1 || count == 0) return;
+  if (algo == "ring") ring_allreduce(ctx, buf, count, dt, op);
+  else if (algo == "rhd") rhd_allreduce(ctx, buf, count, dt, op);
+  else if (algo == "rd") rd_allreduce(ctx, buf, count, dt, op);
+  else if (algo == "tree") tree_allreduce(ctx, buf, count, dt, op);
+  else if (algo == "hier") {
+    if (num_hosts() <= 1) ring_allreduce(ctx, buf, count, dt, op);
+    else hier_allreduce(ctx, buf, count, dt, op);
+  } else Tuner::check_algorithm(CollOp::allreduce, algo);
+}
+
+void Communicator::run_reduce_scatter(const Deadline& d, const void* in, void* out, const std::vector<size_t>& counts,
+                                      DType dt, ReduceOp op, const std::string& algo) {
+  Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(next_seq())), d);
+  Blocks b(counts);
+  const size_t esz = dtype_size(dt);
+  char* work;
+  std::vector<char> scratch;
+  if (out == nullptr) {
+    work = static_cast<char*>(const_cast<void*>(in));  // in place: block r stays at its offset
+  } else {
+    scratch.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b.total() * esz);
+    work = scratch.data();
+  }
+  if (size() > 1) {
+    if (algo == "rh") rh_reduce_scatter_inplace(ctx, work, b, dt, op);
+    else ring_reduce_scatter_inplace(ctx, work, b, dt, op);
+  }
+  if (out != nullptr && b.count[rank_]) std::memcpy(out, work + b.offset[rank_] * esz, b.count[rank_] * esz);
+}
+
+void Communicator::run_allgatherv(const Deadline& d, const void* in, void* out, const std::vector<size_t>& counts,
+                                  DType dt, const std::string& algo) {
+  Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(next_seq())), d);
+  Blocks b(counts);
+  const size_t esz = dtype_size(dt);
+  char* o = static_cast<char*>(out);
+  if (in != nullptr && counts[rank_] && o + b.offset[rank_] * esz != in)
+    std::memmove(o + b.offset[rank_] * esz, in, counts[rank_] * esz);
+  if (size() == 1) return;
+  if (algo == "rd") rd_allgather_inplace(ctx, o, b, esz);
+  else ring_allgather_inplace(ctx, o, b, esz);
+}
+
+void Communicator::run_broadcast(const Deadline& d, void* buf, size_t count, DType dt, int root,
+                                 const std::string& algo) {
+  Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(next_seq())), d);
+  if (size() == 1) return;
+  if (algo == "chain") chain_broadcast(ctx, buf, count * dtype_size(dt), root);
+  else tree_broadcast(ctx, buf, count * dtype_size(dt), root);
+}
+
+void Communicator::run_reduce(const Deadline& d, const void* in, void* out, size_t count, DType dt, ReduceOp op,
+                              int root, const std::string& algo) {
+  const size_t esz = dtype_size(dt);
+  const size_t bytes = count * esz;
+  if (algo == "rsg" && size() > 1) {
+    // Ring reduce-scatter, then every rank's reduced block goes to the root.
+    Blocks b(count, size());
+    std::vector<char> work(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
+    run_reduce_scatter(d, work.data(), nullptr, b.count, dt, op, "ring");
+    Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(next_seq())), d);
+    if (rank_ == root) {
+      char* o = static_cast<char*>(out);
+      std::vector<net::RequestPtr> rs;
+      for (int r = 0; r < size(); ++r)
+        if (r != root) rs.push_back(ctx.recv(r, o + b.offset[r] * esz, b.count[r] * esz));
+      std::memcpy(o + b.offset[root] * esz, work.data() + b.offset[root] * esz, b.count[root] * esz);
+      ctx.wait_all(rs);
+    } else {
+      ctx.wait(ctx.send(root, work.data() + b.offset[rank_] * esz, b.count[rank_] * esz));
+    }
+    return;
+  }
+  Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(next_seq())), d);
+  if (rank_ == root) {
+    if (out != in && bytes) std::memmove(out, in, bytes);
+    tree_reduce_inplace(ctx, out, count, dt, op, root);
+  } else {
+    std::vector<char> work(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
+    tree_reduce_inplace(ctx, work.data(), count, dt, op, root);
+  }
+}
+
+Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, const CollOptions& o) {
+  check_buffer(buf, count, "allreduce");
+  Signature sig{kSigAllreduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count};
+  std::string forced = o.algorithm;
+  if (!forced.empty()) Tuner::check_algorithm(CollOp::allreduce, forced);
+  return submit("allreduce", sig, effective_timeout(o), [=, this](Ctx& c) {
+    std::string algo = pick(*this, CollOp::allreduce, forced, count * dtype_size(dt));
+    run_allreduce(c.deadline(), buf, count, dt, op, algo);
+    if (op == ReduceOp::avg) finalize_avg(buf, count, dt, size());
+    return algo;
+  });
+}
+
+Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t> counts, DType dt, ReduceOp op,
+                                  const CollOptions& o) {
+  check_counts(counts, "reduce_scatter");
+  size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  check_buffer(in, total, "reduce_scatter input");
+  check_buffer(out, counts[rank_], "reduce_scatter output");
+  Signature sig{kSigReduceScatter, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, total};
+  std::string forced = o.algorithm;
+  if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce_scatter, forced);
+  return submit("reduce_scatter", sig, effective_timeout(o), [=, this](Ctx& c) {
+    std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt));
+    run_reduce_scatter(c.deadline(), in, out, counts, dt, op, algo);
+    if (op == ReduceOp::avg) finalize_avg(out, counts[rank_], dt, size());
+    return algo;
+  });
+}
+
+Work Communicator::reduce_scatter(const void* in, void* out, size_t recv_count, DType dt, ReduceOp op,
+                                  const CollOptions& o) {
+  return reduce_scatter(in, out, std::vector<size_t>(size(), recv_count), dt, op, o);
+}
+
+Work Communicator::allgather(const void* in, void* out, size_t count, DType dt, const CollOptions& o) {
+  return allgatherv(in, out, std::vector<size_t>(size(), count), dt, o);
+}
+
+Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> counts, DType dt, const CollOptions& o) {
+  check_counts(counts, "allgatherv");
+  size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  check_buffer(in, counts[rank_], "allgather input");
+  check_buffer(out, total, "allgather output");
+  Signature sig{kSigAllgatherv, static_cast<uint32_t>(dt), 0, -1, total};
+  std::string forced = o.algorithm;
+  if (!forced.empty()) Tuner::check_algorithm(CollOp::allgather, forced);
+  return submit("allgather", sig, effective_timeout(o), [=, this](Ctx& c) {
+    std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt));
+    run_allgatherv(c.deadline(), in, out, counts, dt, algo);
+    return algo;
+  });
+}
+
+Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const CollOptions& o) {
+  check_root(root, "broadcast");
+  check_buffer(buf, count, "broadcast");
+  Signature sig{kSigBroadcast, static_cast<uint32_t>(dt), 0, root, count};
+  std::string forced = o.algorithm;
+  if (!forced.empty()) Tuner::check_algorithm(CollOp::broadcast, forced);
+  return submit("broadcast", sig, effective_timeout(o), [=, this](Ctx& c) {
+    std::string algo = pick(*this, CollOp::broadcast, forced, count * dtype_size(dt));
+    run_broadcast(c.deadline(), buf, count, dt, root, algo);
+    return algo;
+  });
+}
+
+Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, int root,
+                          const CollOptions& o) {
+  check_root(root, "reduce");
+  check_buffer(in, count, "reduce input");
+  if (rank_ == root) check_buffer(out, count, "reduce output");
+  Signature sig{kSigReduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count};
+  std::string forced = o.algorithm;
+  if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce, forced);
+  return submit("reduce", sig, effective_timeout(o), [=, this](Ctx& c) {
+    std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt));
+    run_reduce(c.deadline(), in, out, count, dt, op, root, algo);
+    if (op == ReduceOp::avg && rank_ == root) finalize_avg(out, count, dt, size());
+    return algo;
+  });
+}
+
+Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
+  check_root(root, "gather");
+  check_buffer(in, count, "gather input");
+  if (rank_ == root) check_buffer(out, count * size(), "gather output");
+  Signature sig{kSigGather, static_cast<uint32_t>(dt), 0, root, count};
+  return submit("gather", sig, effective_timeout(o), [=](Ctx& c) {
+    linear_gather(c, in, out, count * dtype_size(dt), root);
+    return std::string("linear");
+  });
+}
+
+Work Communicator::scatter(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
+  check_root(root, "scatter");
+  check_buffer(out, count, "scatter output");
+  if (rank_ == root) check_buffer(in, count * size(), "scatter input");
+  Signature sig{kSigScatter, static_cast<uint32_t>(dt), 0, root, count};
+  return submit("scatter", sig, effective_timeout(o), [=](Ctx& c) {
+    linear_scatter(c, in, out, count * dtype_size(dt), root);
+    return std::string("linear");
+  });
+}
+
+Work Communicator::alltoall(const void* in, void* out, size_t count, DType dt, const CollOptions& o) {
+  return alltoallv(in, std::vector<size_t>(size(), count), out, std::vector<size_t>(size(), count), dt, o);
+}
+
+Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, void* out,
+                             std::vector<size_t> recv_counts, DType dt, const CollOptions& o) {
+  check_counts(send_counts, "alltoallv send_counts");
+  check_counts(recv_counts, "alltoallv recv_counts");
+  if (send_counts[rank_] != recv_counts[rank_])
+    throw InvalidArgument(fmt::format("alltoallv: rank {} sends {} elements to itself but expects {}", rank_,
+                                      send_counts[rank_], recv_counts[rank_]));
+  const size_t esz = dtype_size(dt);
+  std::vector<size_t> sb(size()), rb(size());
+  for (int i = 0; i < size(); ++i) {
+    sb[i] = send_counts[i] * esz;
+    rb[i] = recv_counts[i] * esz;
+  }
+  size_t st = std::accumulate(sb.begin(), sb.end(), size_t{0}), rt = std::accumulate(rb.begin(), rb.end(), size_t{0});
+  check_buffer(in, st, "alltoallv input");
+  check_buffer(out, rt, "alltoallv output");
+  Signature sig{kSigAlltoallv, static_cast<uint32_t>(dt), 0, -1, 0};
+  return submit("alltoall", sig, effective_timeout(o), [=](Ctx& c) {
+    pairwise_alltoallv(c, static_cast<const char*>(in), sb, static_cast<char*>(out), rb);
+    return std::string("pairwise");
+  });
+}
+
+Work Communicator::barrier(const CollOptions& o) {
+  Signature sig{kSigBarrier, 0, 0, -1, 0};
+  return submit("barrier", sig, effective_timeout(o), [](Ctx& c) {
+    dissemination_barrier(c);
+    return std::string("dissemination");
+  });
+}
+
+Work Communicator::send(const void* buf, size_t count, DType dt, int peer, uint32_t tag, const CollOptions& o) {
+  if (peer < 0 || peer >= size() || peer == rank_)
+    throw InvalidArgument(fmt::format("send: peer {} is not another rank of [0, {})", peer, size()));
+  check_buffer(buf, count, "send");
+  auto req = transport_->isend(members_[peer], net::make_tag(net::kUser, id_, tag), buf, count * dtype_size(dt));
+  double t = effective_timeout(o);
+  auto state = std::make_shared<Work::State>();
+  // Point-to-point does not go through the worker queue: a helper waits so that the Work reflects completion.
+  std::thread([state, req, t, peer, tag, this_desc = describe()] {
+    Stopwatch sw;
+    std::exception_ptr err;
+    try {
+      req->wait(Deadline::after(t));
+    } catch (const Error& e) {
+      err = std::make_exception_ptr(PeerError(fmt::format("send to rank {} (tag {}) on {} failed: {}", peer, tag,
+                                                          this_desc, e.what())));
+    }
+    std::lock_guard<std::mutex> lk(state->mu);
+    state->done = true;
+    state->error = err;
+    state->seconds = sw.seconds();
+    state->algorithm = "p2p";
+    state->cv.notify_all();
+  }).detach();
+  return Work(state);
+}
+
+Work Communicator::recv(void* buf, size_t count, DType dt, int peer, uint32_t tag, const CollOptions& o) {
+  if (peer < 0 || peer >= size() || peer == rank_)
+    throw InvalidArgument(fmt::format("recv: peer {} is not another rank of [0, {})", peer, size()));
+  check_buffer(buf, count, "recv");
+  auto req = transport_->irecv(members_[peer], net::make_tag(net::kUser, id_, tag), buf, count * dtype_size(dt));
+  double t = effective_timeout(o);
+  auto state = std::make_shared<Work::State>();
+  std::thread([state, req, t, peer, tag, this_desc = describe()] {
+    Stopwatch sw;
+    std::exception_ptr err;
+    try {
+      req->wait(Deadline::after(t));
+    } catch (const TimeoutError& e) {
+      err = std::make_exception_ptr(TimeoutError(fmt::format(
+          "recv from rank {} (tag {}) on {} timed out after {:.1f} s: no message from rank {}", peer, tag, this_desc,
+          sw.seconds(), peer)));
+    } catch (const Error& e) {
+      err = std::make_exception_ptr(
+          PeerError(fmt::format("recv from rank {} (tag {}) on {} failed: {}", peer, tag, this_desc, e.what())));
+    }
+    std::lock_guard<std::mutex> lk(state->mu);
+    state->done = true;
+    state->error = err;
+    state->seconds = sw.seconds();
+    state->algorithm = "p2p";
+    state->cv.notify_all();
+  }).detach();
+  return Work(state);
+}
+
+}  // namespace conduit::coll

@@ -1,0 +1,195 @@
+#pragma once
+// A Communicator is a group of ranks over one transport. Collectives are non-blocking: each call is queued on the
+// communicator's worker thread (in call order, which must be the same on every rank) and returns a Work handle.
+// Every collective has a deadline (CollOptions::timeout_s, else the communicator's, else CONDUIT_TIMEOUT, else
+// 300 s); on timeout or a peer's failure every rank raises an error naming the operation, its sequence number and
+// the ranks it has not heard from, and the communicator is aborted (later calls fail at once).
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coll/tuner.h"
+#include "core/dtype.h"
+#include "core/reduce.h"
+#include "net/bootstrap.h"
+#include "net/transport.h"
+
+namespace conduit::coll {
+
+struct CollOptions {
+  double timeout_s = 0;   // 0: the communicator's timeout
+  std::string algorithm;  // empty: the tuner chooses; else one of algorithms_for(op)
+};
+
+struct CommConfig {
+  double timeout_s = 0;          // 0: CONDUIT_TIMEOUT or 300 s
+  std::string transport = "";    // empty: CONDUIT_TRANSPORT or auto
+  bool debug_collectives = false;  // also on with CONDUIT_DEBUG_COLLECTIVES=1
+  bool measure_cost_model = true;  // measure alpha/beta/gamma at start-up unless CONDUIT_COST_MODEL is set
+};
+
+class Work {
+ public:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+    double seconds = 0;
+    std::string algorithm;
+  };
+  Work() = default;
+  explicit Work(std::shared_ptr<State> s) : s_(std::move(s)) {}
+  void wait();        // rethrows the operation's error
+  bool test();        // true when done; rethrows the error
+  double seconds() const;          // execution time once done
+  std::string algorithm() const;   // the algorithm that ran
+  bool valid() const { return s_ != nullptr; }
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+class Communicator;
+using CommPtr = std::shared_ptr<Communicator>;
+
+// The context an algorithm runs in: its tag, deadline and the requests it posted (for error reports).
+class Ctx {
+ public:
+  Ctx(Communicator& comm, uint64_t tag, const Deadline& deadline) : comm_(comm), tag_(tag), deadline_(deadline) {}
+  Communicator& comm() { return comm_; }
+  int rank() const;
+  int size() const;
+  const Deadline& deadline() const { return deadline_; }
+  net::RequestPtr send(int peer, const void* data, size_t bytes);
+  net::RequestPtr recv(int peer, void* data, size_t bytes);
+  net::RequestPtr recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op);
+  void wait(const net::RequestPtr& r) { r->wait(deadline_); }
+  void wait_all(const std::vector<net::RequestPtr>& rs) { net::wait_all(rs, deadline_); }
+
+ private:
+  Communicator& comm_;
+  uint64_t tag_;
+  Deadline deadline_;
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  // The world communicator of this process, from the environment (net/bootstrap.h).
+  static CommPtr from_env(const CommConfig& cfg = {});
+  // Communicators over an existing transport; `members` are transport ranks (in group order).
+  static CommPtr create(net::TransportPtr transport, std::vector<int> members, uint32_t comm_id,
+                        const CommConfig& cfg = {}, std::shared_ptr<Tuner> tuner = nullptr);
+  // n in-process ranks (threads), for tests and simulations; rank r on host r / ranks_per_host.
+  static std::vector<CommPtr> inproc(int n, int ranks_per_host = 0, const CommConfig& cfg = {});
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  uint32_t id() const { return id_; }
+  net::Transport& transport() { return *transport_; }
+  int transport_rank(int group_rank) const { return members_[group_rank]; }
+  int host_of(int group_rank) const { return transport_->hosts()[members_[group_rank]]; }
+  int num_hosts() const;
+  double timeout_s() const { return timeout_s_; }
+  Tuner& tuner() { return *tuner_; }
+  const net::Bootstrap* bootstrap() const { return bootstrap_.get(); }
+
+  // Collective over this communicator: ranks with the same color form a new communicator, ordered by (key, rank).
+  // A negative color returns nullptr (the rank joins none).
+  CommPtr split(int color, int key);
+
+  Work allreduce(void* buf, size_t count, DType dtype, ReduceOp op, const CollOptions& o = {});
+  // in: sum(counts) elements in rank order; out: counts[rank] elements.
+  Work reduce_scatter(const void* in, void* out, std::vector<size_t> counts, DType dtype, ReduceOp op,
+                      const CollOptions& o = {});
+  Work reduce_scatter(const void* in, void* out, size_t recv_count, DType dtype, ReduceOp op,
+                      const CollOptions& o = {});
+  Work allgather(const void* in, void* out, size_t count, DType dtype, const CollOptions& o = {});
+  Work allgatherv(const void* in, void* out, std::vector<size_t> counts, DType dtype, const CollOptions& o = {});
+  Work broadcast(void* buf, size_t count, DType dtype, int root, const CollOptions& o = {});
+  // out is used at the root only (it may equal in).
+  Work reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root, const CollOptions& o = {});
+  Work gather(const void* in, void* out, size_t count, DType dtype, int root, const CollOptions& o = {});
+  Work scatter(const void* in, void* out, size_t count, DType dtype, int root, const CollOptions& o = {});
+  Work alltoall(const void* in, void* out, size_t count, DType dtype, const CollOptions& o = {});
+  Work alltoallv(const void* in, std::vector<size_t> send_counts, void* out, std::vector<size_t> recv_counts,
+                 DType dtype, const CollOptions& o = {});
+  Work barrier(const CollOptions& o = {});
+  // Point-to-point within the group; `tag` is the user's (any 32-bit value).
+  Work send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag, const CollOptions& o = {});
+  Work recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag, const CollOptions& o = {});
+
+  // Synchronous variants used by algorithms that compose others (run on the calling thread, which must be the
+  // worker thread of a parent operation). The op's sequence number is taken now.
+  void run_allreduce(const Deadline& d, void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algo);
+  void run_reduce_scatter(const Deadline& d, const void* in, void* out, const std::vector<size_t>& counts,
+                          DType dtype, ReduceOp op, const std::string& algo);
+  void run_allgatherv(const Deadline& d, const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                      const std::string& algo);
+  void run_broadcast(const Deadline& d, void* buf, size_t count, DType dtype, int root, const std::string& algo);
+  void run_reduce(const Deadline& d, const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root,
+                  const std::string& algo);
+
+  // Intra-host and cross-host sub-communicators (built without communication from the host map).
+  struct HostGroups {
+    CommPtr local;   // ranks on my host
+    CommPtr cross;   // ranks with my local index on every host (null when hosts differ in rank count)
+    CommPtr leaders; // local rank 0 of every host (null unless I am one)
+    bool uniform = false;
+  };
+  HostGroups& host_groups();
+
+  std::string describe() const;  // "rank 1 of 4 (tcp)"
+  // Group ranks of the receives in `recvs` that are not complete.
+  std::vector<int> silent_peers(const std::vector<net::RequestPtr>& recvs) const;
+
+ private:
+  Communicator(net::TransportPtr transport, std::vector<int> members, uint32_t comm_id, const CommConfig& cfg,
+               std::shared_ptr<Tuner> tuner);
+  using Body = std::function<std::string(Ctx&)>;  // returns the algorithm name
+  struct Signature {
+    uint32_t op = 0, dtype = 0, redop = 0;
+    int32_t root = -1;
+    uint64_t count = 0;
+  };
+  Work submit(const char* op_name, const Signature& sig, double timeout_s, Body body);
+  std::string run_op(const char* op_name, uint64_t seq, const Signature& sig, const Deadline& d, Body& body);
+  void check_signature(uint64_t seq, const Signature& sig, const Deadline& d, const char* op_name);
+  void worker_loop();
+  uint64_t next_seq() { return seq_++; }
+  double effective_timeout(const CollOptions& o) const { return o.timeout_s > 0 ? o.timeout_s : timeout_s_; }
+  void check_root(int root, const char* op) const;
+  void check_counts(const std::vector<size_t>& counts, const char* what) const;
+
+  net::TransportPtr transport_;
+  std::vector<int> members_;
+  int rank_ = 0;
+  uint32_t id_;
+  double timeout_s_;
+  bool debug_;
+  std::shared_ptr<Tuner> tuner_;
+  std::shared_ptr<net::Bootstrap> bootstrap_;
+  uint64_t seq_ = 0;
+  uint32_t split_count_ = 0;
+  std::unique_ptr<HostGroups> groups_;
+
+  std::mutex qmu_;
+  std::condition_variable qcv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+  std::string failed_;  // set once an operation failed: the communicator is unusable
+  std::mutex fail_mu_;
+
+  friend class Ctx;
+};
+
+}  // namespace conduit::coll

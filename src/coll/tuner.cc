@@ -1,0 +1,214 @@
+#include "coll/tuner.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+
+namespace conduit::coll {
+
+const char* coll_op_name(CollOp op) {
+  switch (op) {
+    case CollOp::allreduce: return "allreduce";
+    case CollOp::reduce_scatter: return "reduce_scatter";
+    case CollOp::allgather: return "allgather";
+    case CollOp::broadcast: return "broadcast";
+    case CollOp::reduce: return "reduce";
+  }
+  return "?";
+}
+
+namespace {
+const char* env_var(CollOp op) {
+  switch (op) {
+    case CollOp::allreduce: return "CONDUIT_ALLREDUCE";
+    case CollOp::reduce_scatter: return "CONDUIT_REDUCE_SCATTER";
+    case CollOp::allgather: return "CONDUIT_ALLGATHER";
+    case CollOp::broadcast: return "CONDUIT_BROADCAST";
+    case CollOp::reduce: return "CONDUIT_REDUCE";
+  }
+  return "";
+}
+
+LinkCost parse_link(const std::string& v, const std::string& what) {
+  auto parts = split(v, ',');
+  if (parts.size() != 3)
+    throw ConfigError(fmt::format("{}: '{}' must be three numbers ALPHA,BETA,GAMMA", what, v));
+  double x[3];
+  for (int i = 0; i < 3; ++i) {
+    char* end = nullptr;
+    std::string t = trim(parts[i]);
+    x[i] = std::strtod(t.c_str(), &end);
+    if (t.empty() || *end != '\0' || !(x[i] >= 0) || !std::isfinite(x[i]))
+      throw ConfigError(fmt::format("{}: '{}' is not a non-negative number", what, parts[i]));
+  }
+  return LinkCost{x[0], x[1], x[2]};
+}
+
+double log2i(int p) { return std::ceil(std::log2(std::max(p, 1))); }
+bool pow2(int p) { return p > 0 && (p & (p - 1)) == 0; }
+}  // namespace
+
+CostModel parse_cost_model(const std::string& text, const std::string& what) {
+  CostModel m;
+  bool intra = false, inter = false;
+  for (auto& part : split(text, ';')) {
+    std::string t = trim(part);
+    if (t.empty()) continue;
+    auto eq = t.find('=');
+    std::string k = eq == std::string::npos ? "" : trim(t.substr(0, eq));
+    if (k == "intra") {
+      m.intra = parse_link(t.substr(eq + 1), what + " intra");
+      intra = true;
+    } else if (k == "inter") {
+      m.inter = parse_link(t.substr(eq + 1), what + " inter");
+      inter = true;
+    } else {
+      throw ConfigError(fmt::format("{}: '{}' is not intra=ALPHA,BETA,GAMMA or inter=ALPHA,BETA,GAMMA", what, t));
+    }
+  }
+  if (!intra && !inter) throw ConfigError(fmt::format("{}: expected intra=... and/or inter=...", what));
+  if (!inter) m.inter = m.intra;
+  if (!intra) m.intra = m.inter;
+  m.source = what;
+  return m;
+}
+
+std::string format_cost_model(const CostModel& m) {
+  return fmt::format("intra={:.3g},{:.3g},{:.3g};inter={:.3g},{:.3g},{:.3g}", m.intra.alpha, m.intra.beta,
+                     m.intra.gamma, m.inter.alpha, m.inter.beta, m.inter.gamma);
+}
+
+Tuner::Tuner(CostModel model) : model_(model) {}
+
+std::shared_ptr<Tuner> Tuner::from_env() {
+  auto t = std::make_shared<Tuner>();
+  if (auto s = env_string("CONDUIT_COST_MODEL")) t->set_model(parse_cost_model(*s, "CONDUIT_COST_MODEL"));
+  for (int i = 0; i < kNumCollOps; ++i) {
+    CollOp op = static_cast<CollOp>(i);
+    if (auto s = env_string(env_var(op))) t->force(op, parse_rules(op, *s, env_var(op)));
+  }
+  return t;
+}
+
+const std::vector<std::string>& Tuner::algorithms(CollOp op) {
+  static const std::vector<std::string> ar{"ring", "rhd", "rd", "tree", "hier"};
+  static const std::vector<std::string> rs{"ring", "rh"};
+  static const std::vector<std::string> ag{"ring", "rd"};
+  static const std::vector<std::string> bc{"tree", "chain"};
+  static const std::vector<std::string> rd{"tree", "rsg"};
+  switch (op) {
+    case CollOp::allreduce: return ar;
+    case CollOp::reduce_scatter: return rs;
+    case CollOp::allgather: return ag;
+    case CollOp::broadcast: return bc;
+    case CollOp::reduce: return rd;
+  }
+  return ar;
+}
+
+void Tuner::check_algorithm(CollOp op, const std::string& algo) {
+  for (auto& a : algorithms(op))
+    if (a == algo) return;
+  throw ConfigError(fmt::format("unknown {} algorithm '{}': allowed are {}", coll_op_name(op), algo,
+                                join(algorithms(op), ", ")));
+}
+
+std::vector<ForceRule> Tuner::parse_rules(CollOp op, const std::string& spec, const std::string& what) {
+  std::vector<ForceRule> rules;
+  for (auto& part : split(spec, ',')) {
+    std::string t = trim(part);
+    if (t.empty()) continue;
+    ForceRule r;
+    auto colon = t.find(':');
+    r.algorithm = trim(t.substr(0, colon));
+    check_algorithm(op, r.algorithm);
+    if (colon != std::string::npos) {
+      std::string range = t.substr(colon + 1);
+      auto dash = range.find('-');
+      if (dash == std::string::npos)
+        throw ConfigError(fmt::format("{}: range '{}' must be LO-HI or LO- (sizes in bytes, K/M/G allowed)", what,
+                                      range));
+      std::string lo = trim(range.substr(0, dash)), hi = trim(range.substr(dash + 1));
+      r.lo = lo.empty() ? 0 : parse_bytes(lo, what);
+      r.hi = hi.empty() ? static_cast<size_t>(-1) : parse_bytes(hi, what);
+      if (r.hi <= r.lo) throw ConfigError(fmt::format("{}: range '{}' is empty", what, range));
+    }
+    rules.push_back(r);
+  }
+  if (rules.empty()) throw ConfigError(fmt::format("{}: no algorithm given", what));
+  return rules;
+}
+
+void Tuner::force(CollOp op, std::vector<ForceRule> rules) { forced_[static_cast<int>(op)] = std::move(rules); }
+
+double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int hosts) const {
+  if (p <= 1) return 0;
+  // Links: a flat algorithm over several hosts is limited by the inter-host link.
+  const LinkCost& l = hosts > 1 ? model_.inter : model_.intra;
+  const double a = l.alpha, b = l.beta, g = l.gamma;
+  const double P = p, lg = log2i(p);
+  const double frac = (P - 1) / P;
+  const bool p2 = pow2(p);
+  // Non-power-of-two fix-up of the recursive algorithms: one extra exchange of the whole vector before and after.
+  const double fix = p2 ? 0 : 2 * (a + n * b) + n * g;
+  switch (op) {
+    case CollOp::allreduce:
+      if (algo == "ring") return 2 * (P - 1) * a + 2 * frac * n * b + frac * n * g;
+      if (algo == "rhd") return 2 * std::floor(std::log2(P)) * a + 2 * frac * n * b + frac * n * g + fix;
+      if (algo == "rd") return std::floor(std::log2(P)) * (a + n * b + n * g) + fix;
+      if (algo == "tree") return 2 * lg * (a + n * b) + lg * n * g;
+      if (algo == "hier") {
+        if (hosts <= 1) return std::numeric_limits<double>::infinity();
+        const LinkCost& in = model_.intra;
+        const LinkCost& ex = model_.inter;
+        double L = P / hosts, H = hosts;
+        double local_rs = (L - 1) * in.alpha + (L - 1) / L * n * (in.beta + in.gamma);
+        double cross = 2 * (H - 1) * ex.alpha + 2 * (H - 1) / H * (n / L) * ex.beta + (H - 1) / H * (n / L) * ex.gamma;
+        double local_ag = (L - 1) * in.alpha + (L - 1) / L * n * in.beta;
+        return local_rs + cross + local_ag;
+      }
+      break;
+    case CollOp::reduce_scatter:
+      if (algo == "ring") return (P - 1) * a + frac * n * (b + g);
+      if (algo == "rh") return std::floor(std::log2(P)) * a + frac * n * (b + g) + fix;
+      break;
+    case CollOp::allgather:
+      if (algo == "ring") return (P - 1) * a + frac * n * b;
+      if (algo == "rd") return lg * a + frac * n * b + (p2 ? 0 : lg * a);
+      break;
+    case CollOp::broadcast:
+      if (algo == "tree") return lg * (a + n * b);
+      if (algo == "chain") {
+        double segs = std::max(1.0, std::ceil(n / (1 << 20)));
+        return (P - 1 + segs - 1) * (a + (n / segs) * b);
+      }
+      break;
+    case CollOp::reduce:
+      if (algo == "tree") return lg * (a + n * b + n * g);
+      if (algo == "rsg") return (P - 1) * a + frac * n * (b + g) + lg * a + frac * n * b;
+      break;
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+std::string Tuner::choose(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const {
+  for (const auto& r : forced_[static_cast<int>(op)])
+    if (bytes >= r.lo && bytes < r.hi) return r.algorithm;
+  std::string best;
+  double best_t = std::numeric_limits<double>::infinity();
+  for (const auto& a : algorithms(op)) {
+    if (a == "hier" && (hosts <= 1 || !uniform_hosts)) continue;
+    double t = predict(op, a, static_cast<double>(bytes), p, hosts);
+    if (t < best_t) {
+      best_t = t;
+      best = a;
+    }
+  }
+  return best.empty() ? algorithms(op).front() : best;
+}
+
+}  // namespace conduit::coll

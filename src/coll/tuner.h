@@ -1,0 +1,70 @@
+#pragma once
+// Algorithm choice, separate from the algorithms (as NCCL's tuner plugins are). An alpha-beta-gamma cost model
+// (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009) predicts each algorithm's time; the cheapest wins.
+// alpha: seconds per message, beta: seconds per byte on the wire, gamma: seconds per byte reduced; one triple for
+// links inside a host and one across hosts. Parameters are measured at start-up (Communicator::from_env) or given
+// by CONDUIT_COST_MODEL="intra=ALPHA,BETA,GAMMA;inter=ALPHA,BETA,GAMMA" (seconds, seconds/byte, seconds/byte).
+// Forcing, per operation, as oneCCL's CCL_ALLREDUCE: CONDUIT_ALLREDUCE="ring" or
+// "tree:0-64K,rhd:64K-4M,ring:4M-" (byte ranges, lower bound inclusive); likewise CONDUIT_REDUCE_SCATTER,
+// CONDUIT_ALLGATHER, CONDUIT_BROADCAST, CONDUIT_REDUCE.
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace conduit::coll {
+
+enum class CollOp { allreduce = 0, reduce_scatter, allgather, broadcast, reduce };
+inline constexpr int kNumCollOps = 5;
+const char* coll_op_name(CollOp op);
+
+struct LinkCost {
+  double alpha = 5e-6;    // 5 us
+  double beta = 1e-10;    // 10 GB/s
+  double gamma = 2.5e-10; // 4 GB/s reduction
+};
+
+struct CostModel {
+  LinkCost intra;
+  LinkCost inter{20e-6, 1e-9, 2.5e-10};
+  std::string source = "defaults";  // "defaults", "measured", "CONDUIT_COST_MODEL", "config"
+};
+
+// Parses "intra=a,b,g;inter=a,b,g"; ConfigError naming the part that is wrong.
+CostModel parse_cost_model(const std::string& text, const std::string& what);
+std::string format_cost_model(const CostModel& m);
+
+struct ForceRule {
+  std::string algorithm;
+  size_t lo = 0;
+  size_t hi = static_cast<size_t>(-1);  // exclusive
+};
+
+class Tuner {
+ public:
+  explicit Tuner(CostModel model = {});
+  // Reads CONDUIT_COST_MODEL and the CONDUIT_<OP> forcing variables.
+  static std::shared_ptr<Tuner> from_env();
+
+  static const std::vector<std::string>& algorithms(CollOp op);
+  // ConfigError unless `algo` is one of algorithms(op).
+  static void check_algorithm(CollOp op, const std::string& algo);
+
+  // Predicted seconds of `algo` for `bytes` per rank (the full vector for allreduce/broadcast/reduce, the
+  // output for allgather, the input for reduce_scatter) over p ranks on `hosts` hosts.
+  double predict(CollOp op, const std::string& algo, double bytes, int p, int hosts) const;
+  // The forced algorithm for this size if any, else the cheapest that applies.
+  std::string choose(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const;
+
+  void set_model(const CostModel& m) { model_ = m; }
+  const CostModel& model() const { return model_; }
+  void force(CollOp op, std::vector<ForceRule> rules);
+  // Parses a forcing spec ("ring" or "tree:0-64K,ring:64K-"); ConfigError naming `what`.
+  static std::vector<ForceRule> parse_rules(CollOp op, const std::string& spec, const std::string& what);
+
+ private:
+  CostModel model_;
+  std::vector<ForceRule> forced_[kNumCollOps];
+};
+
+}  // namespace conduit::coll

@@ -1,0 +1,205 @@
+#include "coll/verify.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace conduit::coll {
+namespace {
+
+double get(const std::vector<char>& b, size_t i, DType t) {
+  const char* p = b.data() + i * dtype_size(t);
+  switch (t) {
+    case DType::f32: { float v; std::memcpy(&v, p, 4); return v; }
+    case DType::f64: { double v; std::memcpy(&v, p, 8); return v; }
+    case DType::f16: { uint16_t v; std::memcpy(&v, p, 2); return f16_to_f32(v); }
+    case DType::bf16: { uint16_t v; std::memcpy(&v, p, 2); return bf16_to_f32(v); }
+    case DType::i8: return static_cast<int8_t>(*p);
+    case DType::u8: return static_cast<uint8_t>(*p);
+    case DType::i32: { int32_t v; std::memcpy(&v, p, 4); return v; }
+    case DType::i64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
+  }
+  return 0;
+}
+
+void put(std::vector<char>& b, size_t i, DType t, double x) {
+  char* p = b.data() + i * dtype_size(t);
+  switch (t) {
+    case DType::f32: { float v = static_cast<float>(x); std::memcpy(p, &v, 4); break; }
+    case DType::f64: std::memcpy(p, &x, 8); break;
+    case DType::f16: { uint16_t v = f32_to_f16(static_cast<float>(x)); std::memcpy(p, &v, 2); break; }
+    case DType::bf16: { uint16_t v = f32_to_bf16(static_cast<float>(x)); std::memcpy(p, &v, 2); break; }
+    case DType::i8: *p = static_cast<char>(static_cast<int8_t>(x)); break;
+    case DType::u8: *p = static_cast<char>(static_cast<uint8_t>(x)); break;
+    case DType::i32: { int32_t v = static_cast<int32_t>(x); std::memcpy(p, &v, 4); break; }
+    case DType::i64: { int64_t v = static_cast<int64_t>(x); std::memcpy(p, &v, 8); break; }
+  }
+}
+
+bool is_unsigned(DType t) { return t == DType::u8; }
+
+// Small integers, so that every sum, min, max and product stays exact in every dtype for up to 8 ranks.
+double value(int rank, size_t i, DType t, ReduceOp op) {
+  if (op == ReduceOp::prod) {
+    bool two = rank < 3 && (i + rank) % 2 == 0;
+    bool neg = !is_unsigned(t) && (i + 2 * rank) % 5 == 0;
+    return (two ? 2.0 : 1.0) * (neg ? -1.0 : 1.0);
+  }
+  double v = static_cast<double>((rank * 7 + i * 3) % 11);
+  return is_unsigned(t) ? v : v - 5;
+}
+
+double combine(double a, double b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return a + b;
+    case ReduceOp::prod: return a * b;
+    case ReduceOp::min: return std::min(a, b);
+    case ReduceOp::max: return std::max(a, b);
+  }
+  return a;
+}
+
+double reduced(int p, size_t i, DType t, ReduceOp op) {
+  double acc = value(0, i, t, op);
+  for (int r = 1; r < p; ++r) acc = combine(acc, value(r, i, t, op), op);
+  if (op == ReduceOp::avg) {
+    if (is_floating(t)) acc /= p;
+    else acc = std::trunc(acc / p);
+  }
+  return acc;
+}
+
+bool close(double got, double want, DType t, ReduceOp op) {
+  if (op != ReduceOp::avg || !is_floating(t)) return got == want;
+  double tol = (t == DType::f16 || t == DType::bf16) ? 1e-2 : 1e-5;
+  return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
+}
+
+std::vector<char> make(size_t n, DType t) { return std::vector<char>(std::max<size_t>(n, 1) * dtype_size(t)); }
+
+// A rank's count in the v-variants: uneven, some zero.
+size_t vcount(int r, size_t base) { return r % 3 == 1 ? 0 : base + static_cast<size_t>(r); }
+
+}  // namespace
+
+const char* verify_ops_allowed() {
+  return "allreduce, reduce_scatter, allgather, allgatherv, broadcast, reduce, gather, scatter, alltoall, alltoallv, "
+         "barrier, sendrecv";
+}
+
+size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
+  const int p = c.size(), r = c.rank();
+  const DType t = vc.dtype;
+  const size_t n = vc.count;
+  CollOptions o;
+  o.algorithm = vc.algorithm;
+  o.timeout_s = vc.timeout_s;
+  size_t wrong = 0;
+  auto expect = [&](const std::vector<char>& b, size_t at, double want) {
+    if (!close(get(b, at, t), want, t, vc.reduce)) ++wrong;
+  };
+  if (vc.op == "allreduce") {
+    auto b = make(n, t);
+    for (size_t i = 0; i < n; ++i) put(b, i, t, value(r, i, t, vc.reduce));
+    c.allreduce(b.data(), n, t, vc.reduce, o).wait();
+    for (size_t i = 0; i < n; ++i) expect(b, i, reduced(p, i, t, vc.reduce));
+  } else if (vc.op == "reduce_scatter") {
+    std::vector<size_t> counts(p);
+    for (int k = 0; k < p; ++k) counts[k] = n + static_cast<size_t>(k % 2);
+    size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    auto in = make(total, t), out = make(counts[r], t);
+    for (size_t i = 0; i < total; ++i) put(in, i, t, value(r, i, t, vc.reduce));
+    c.reduce_scatter(in.data(), out.data(), counts, t, vc.reduce, o).wait();
+    size_t off = std::accumulate(counts.begin(), counts.begin() + r, size_t{0});
+    for (size_t i = 0; i < counts[r]; ++i) expect(out, i, reduced(p, off + i, t, vc.reduce));
+  } else if (vc.op == "allgather" || vc.op == "allgatherv") {
+    bool v = vc.op == "allgatherv";
+    std::vector<size_t> counts(p);
+    for (int k = 0; k < p; ++k) counts[k] = v ? vcount(k, n) : n;
+    size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    auto in = make(counts[r], t), out = make(total, t);
+    for (size_t i = 0; i < counts[r]; ++i) put(in, i, t, value(r, i, t, ReduceOp::sum));
+    if (v) c.allgatherv(in.data(), out.data(), counts, t, o).wait();
+    else c.allgather(in.data(), out.data(), n, t, o).wait();
+    size_t off = 0;
+    for (int k = 0; k < p; ++k) {
+      for (size_t i = 0; i < counts[k]; ++i) expect(out, off + i, value(k, i, t, ReduceOp::sum));
+      off += counts[k];
+    }
+  } else if (vc.op == "broadcast") {
+    auto b = make(n, t);
+    for (size_t i = 0; i < n; ++i) put(b, i, t, r == vc.root ? value(vc.root, i, t, ReduceOp::sum) : 99);
+    c.broadcast(b.data(), n, t, vc.root, o).wait();
+    for (size_t i = 0; i < n; ++i) expect(b, i, value(vc.root, i, t, ReduceOp::sum));
+  } else if (vc.op == "reduce") {
+    auto in = make(n, t), out = make(n, t);
+    for (size_t i = 0; i < n; ++i) put(in, i, t, value(r, i, t, vc.reduce));
+    auto copy = in;
+    c.reduce(in.data(), out.data(), n, t, vc.reduce, vc.root, o).wait();
+    if (r == vc.root)
+      for (size_t i = 0; i < n; ++i) expect(out, i, reduced(p, i, t, vc.reduce));
+    if (in != copy) wrong += 1;  // the input must not be clobbered
+  } else if (vc.op == "gather") {
+    auto in = make(n, t), out = make(n * p, t);
+    for (size_t i = 0; i < n; ++i) put(in, i, t, value(r, i, t, ReduceOp::sum));
+    c.gather(in.data(), out.data(), n, t, vc.root, o).wait();
+    if (r == vc.root)
+      for (int k = 0; k < p; ++k)
+        for (size_t i = 0; i < n; ++i) expect(out, k * n + i, value(k, i, t, ReduceOp::sum));
+  } else if (vc.op == "scatter") {
+    auto in = make(n * p, t), out = make(n, t);
+    if (r == vc.root)
+      for (int k = 0; k < p; ++k)
+        for (size_t i = 0; i < n; ++i) put(in, k * n + i, t, value(k, i, t, ReduceOp::sum));
+    c.scatter(in.data(), out.data(), n, t, vc.root, o).wait();
+    for (size_t i = 0; i < n; ++i) expect(out, i, value(r, i, t, ReduceOp::sum));
+  } else if (vc.op == "alltoall" || vc.op == "alltoallv") {
+    bool v = vc.op == "alltoallv";
+    // Rank a sends cnt(a, b) elements to rank b; element i of that block is value(a * p + b, i).
+    auto cnt = [&](int a, int b) { return v ? (a + 2 * b) % 3 == 0 ? 0 : n + static_cast<size_t>(a + b) : n; };
+    std::vector<size_t> sc(p), rc(p);
+    for (int k = 0; k < p; ++k) {
+      sc[k] = cnt(r, k);
+      rc[k] = cnt(k, r);
+    }
+    auto in = make(std::accumulate(sc.begin(), sc.end(), size_t{0}), t);
+    auto out = make(std::accumulate(rc.begin(), rc.end(), size_t{0}), t);
+    size_t off = 0;
+    for (int k = 0; k < p; ++k)
+      for (size_t i = 0; i < sc[k]; ++i) put(in, off++, t, value(r * p + k, i, t, ReduceOp::sum));
+    c.alltoallv(in.data(), sc, out.data(), rc, t, o).wait();
+    off = 0;
+    for (int k = 0; k < p; ++k)
+      for (size_t i = 0; i < rc[k]; ++i) expect(out, off++, value(k * p + r, i, t, ReduceOp::sum));
+  } else if (vc.op == "barrier") {
+    c.barrier(o).wait();
+  } else if (vc.op == "sendrecv") {
+    if (p == 1) return 0;
+    // A ring exchange with several tags in flight.
+    int next = (r + 1) % p, prev = (r + p - 1) % p;
+    auto a = make(n, t), b = make(n, t), ra = make(n, t), rb = make(n, t);
+    for (size_t i = 0; i < n; ++i) {
+      put(a, i, t, value(r, i, t, ReduceOp::sum));
+      put(b, i, t, value(r + 1, i, t, ReduceOp::sum));
+    }
+    auto w1 = c.recv(rb.data(), n, t, prev, 2, o);
+    auto w2 = c.recv(ra.data(), n, t, prev, 1, o);
+    auto w3 = c.send(a.data(), n, t, next, 1, o);
+    auto w4 = c.send(b.data(), n, t, next, 2, o);
+    w1.wait(); w2.wait(); w3.wait(); w4.wait();
+    for (size_t i = 0; i < n; ++i) {
+      expect(ra, i, value(prev, i, t, ReduceOp::sum));
+      expect(rb, i, value(prev + 1, i, t, ReduceOp::sum));
+    }
+  } else {
+    throw ConfigError(fmt::format("unknown operation '{}': allowed are {}", vc.op, verify_ops_allowed()));
+  }
+  return wrong;
+}
+
+}  // namespace conduit::coll

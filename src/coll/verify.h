@@ -1,0 +1,27 @@
+#pragma once
+// Runs one collective on deterministic per-rank data and counts the elements that differ from a simple reference
+// computed locally in double precision. Used by the test suite (every op, algorithm, dtype and count), by
+// `conduit selftest` over real processes, and by `conduit bench coll` for its #wrong column.
+#include <cstddef>
+#include <string>
+
+#include "coll/communicator.h"
+
+namespace conduit::coll {
+
+struct VerifyCase {
+  std::string op;         // allreduce, reduce_scatter, allgather, allgatherv, broadcast, reduce, gather, scatter,
+                          // alltoall, alltoallv, barrier, sendrecv
+  std::string algorithm;  // empty: tuner
+  DType dtype = DType::f32;
+  ReduceOp reduce = ReduceOp::sum;
+  size_t count = 0;       // elements per rank (per block for gather-like ops)
+  int root = 0;
+  double timeout_s = 0;
+};
+
+const char* verify_ops_allowed();
+// Returns the number of wrong elements on this rank (0 when correct). Throws on communication errors.
+size_t run_and_verify(Communicator& c, const VerifyCase& vc);
+
+}  // namespace conduit::coll

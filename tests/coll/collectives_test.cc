@@ -1,0 +1,231 @@
+// Every collective, algorithm, dtype and reduction against a simple reference, for 1 to 8 in-process ranks
+// (non-powers of two included), with counts 0, 1, odd and larger than the ring segment (set to 4 KiB here).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "coll/communicator.h"
+#include "coll/verify.h"
+#include "core/error.h"
+
+using namespace conduit;
+using namespace conduit::coll;
+
+namespace {
+
+const bool kSmallSegments = [] {
+  setenv("CONDUIT_RING_SEGMENT_BYTES", "4096", 1);
+  return true;
+}();
+
+// Runs fn(comm) on n in-process ranks (2 ranks per emulated host) and returns each rank's result.
+template <typename Fn>
+std::vector<size_t> on_ranks(int n, Fn fn, int ranks_per_host = 2) {
+  CommConfig cfg;
+  cfg.timeout_s = 30;
+  auto comms = Communicator::inproc(n, ranks_per_host, cfg);
+  std::vector<size_t> out(n, 0);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        out[r] = fn(*comms[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return out;
+}
+
+size_t total(const std::vector<size_t>& v) {
+  size_t s = 0;
+  for (auto x : v) s += x;
+  return s;
+}
+
+const DType kAllTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
+                           DType::i8,  DType::u8,  DType::i32, DType::i64};
+const ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod};
+const size_t kCounts[] = {0, 1, 7, 5003};
+
+class WorldSize : public ::testing::TestWithParam<int> {};
+
+TEST_P(WorldSize, AllreduceEveryAlgorithmTypeAndOp) {
+  int n = GetParam();
+  for (const std::string algo : {"ring", "rhd", "rd", "tree", "hier"}) {
+    auto wrong = on_ranks(n, [&](Communicator& c) {
+      size_t w = 0;
+      for (DType t : kAllTypes)
+        for (ReduceOp op : kAllOps)
+          for (size_t count : kCounts) {
+            size_t e = run_and_verify(c, {"allreduce", algo, t, op, count, 0, 0});
+            if (e) ADD_FAILURE() << algo << " " << dtype_name(t) << " " << reduce_op_name(op) << " count " << count
+                                 << ": " << e << " wrong on rank " << c.rank();
+            w += e;
+          }
+      return w;
+    });
+    EXPECT_EQ(total(wrong), 0u) << algo << " n=" << n;
+  }
+}
+
+TEST_P(WorldSize, ReduceScatterAllgatherBroadcastReduce) {
+  int n = GetParam();
+  auto wrong = on_ranks(n, [&](Communicator& c) {
+    size_t w = 0;
+    for (DType t : {DType::f32, DType::bf16, DType::i32})
+      for (size_t count : kCounts) {
+        for (const std::string a : {"ring", "rh"})
+          for (ReduceOp op : kAllOps) w += run_and_verify(c, {"reduce_scatter", a, t, op, count, 0, 0});
+        for (const std::string a : {"ring", "rd"}) {
+          w += run_and_verify(c, {"allgather", a, t, ReduceOp::sum, count, 0, 0});
+          w += run_and_verify(c, {"allgatherv", a, t, ReduceOp::sum, count, 0, 0});
+        }
+        for (int root = 0; root < c.size(); ++root) {
+          for (const std::string a : {"tree", "chain"})
+            w += run_and_verify(c, {"broadcast", a, t, ReduceOp::sum, count, root, 0});
+          for (const std::string a : {"tree", "rsg"})
+            for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg})
+              w += run_and_verify(c, {"reduce", a, t, op, count, root, 0});
+        }
+      }
+    return w;
+  });
+  EXPECT_EQ(total(wrong), 0u);
+}
+
+TEST_P(WorldSize, GatherScatterAlltoallBarrierSendRecv) {
+  int n = GetParam();
+  auto wrong = on_ranks(n, [&](Communicator& c) {
+    size_t w = 0;
+    for (DType t : {DType::f64, DType::u8})
+      for (size_t count : kCounts) {
+        for (int root = 0; root < c.size(); ++root) {
+          w += run_and_verify(c, {"gather", "", t, ReduceOp::sum, count, root, 0});
+          w += run_and_verify(c, {"scatter", "", t, ReduceOp::sum, count, root, 0});
+        }
+        w += run_and_verify(c, {"alltoall", "", t, ReduceOp::sum, count, 0, 0});
+        w += run_and_verify(c, {"alltoallv", "", t, ReduceOp::sum, count, 0, 0});
+        w += run_and_verify(c, {"barrier", "", t, ReduceOp::sum, 0, 0, 0});
+        w += run_and_verify(c, {"sendrecv", "", t, ReduceOp::sum, count, 0, 0});
+      }
+    return w;
+  });
+  EXPECT_EQ(total(wrong), 0u);
+}
+
+TEST_P(WorldSize, TunerChoiceIsCorrectAtEverySize) {
+  int n = GetParam();
+  auto wrong = on_ranks(n, [&](Communicator& c) {
+    size_t w = 0;
+    for (size_t count : {size_t{1}, size_t{100}, size_t{20000}, size_t{300000}})
+      w += run_and_verify(c, {"allreduce", "", DType::f32, ReduceOp::sum, count, 0, 0});
+    return w;
+  });
+  EXPECT_EQ(total(wrong), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, WorldSize, ::testing::Range(1, 9));
+
+TEST(Communicator, SplitFormsGroupsOrderedByKey) {
+  auto wrong = on_ranks(6, [&](Communicator& c) {
+    // Odd and even ranks, reversed order inside each group; rank 5 opts out.
+    int color = c.rank() == 5 ? -1 : c.rank() % 2;
+    auto sub = c.split(color, -c.rank());
+    if (c.rank() == 5) return size_t(sub != nullptr);
+    size_t w = 0;
+    int expected_size = c.rank() % 2 == 0 ? 3 : 2;
+    if (sub->size() != expected_size) ++w;
+    // Highest old rank first.
+    int pos = 0;
+    for (int r = 5; r >= 0; --r)
+      if (r % 2 == c.rank() % 2 && r != 5) {
+        if (r == c.rank() && sub->rank() != pos) ++w;
+        ++pos;
+      }
+    w += run_and_verify(*sub, {"allreduce", "ring", DType::f32, ReduceOp::sum, 1000, 0, 0});
+    w += run_and_verify(*sub, {"allreduce", "hier", DType::f32, ReduceOp::sum, 1000, 0, 0});
+    return w;
+  });
+  EXPECT_EQ(total(wrong), 0u);
+}
+
+TEST(Communicator, MissingRankTimesOutNamingOpSequenceAndSilentRank) {
+  CommConfig cfg;
+  cfg.timeout_s = 0.5;
+  auto comms = Communicator::inproc(3, 0, cfg);
+  std::vector<std::string> msgs(2);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      std::vector<float> b(16, 1.0f);
+      CollOptions o;
+      o.algorithm = "ring";
+      try {
+        comms[r]->allreduce(b.data(), b.size(), DType::f32, ReduceOp::sum, o).wait();
+      } catch (const TimeoutError& e) {
+        msgs[r] = std::string("timeout: ") + e.what();
+      } catch (const PeerError& e) {
+        msgs[r] = std::string("peer: ") + e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 5.0);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(msgs[r].find("allreduce #0"), std::string::npos) << msgs[r];
+  }
+  // One of them times out first and aborts; the other learns of it at once. Rank 0 waits for rank 2 (its ring
+  // predecessor) and must name it either way.
+  EXPECT_TRUE(msgs[0].rfind("timeout: ", 0) == 0 || msgs[1].rfind("timeout: ", 0) == 0) << msgs[0] << " | " << msgs[1];
+  EXPECT_NE(msgs[0].find("rank(s) 2"), std::string::npos) << msgs[0];
+  // The communicator is unusable afterwards and says so at once.
+  std::vector<float> b(4);
+  EXPECT_THROW(comms[0]->allreduce(b.data(), 4, DType::f32, ReduceOp::sum).wait(), PeerError);
+}
+
+TEST(Communicator, DebugModeReportsMismatchedCalls) {
+  CommConfig cfg;
+  cfg.timeout_s = 10;
+  cfg.debug_collectives = true;
+  auto comms = Communicator::inproc(3, 0, cfg);
+  std::vector<std::string> msgs(3);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      std::vector<float> b(100, 1.0f);
+      try {
+        comms[r]->allreduce(b.data(), r == 2 ? 50 : 100, DType::f32, ReduceOp::sum).wait();
+      } catch (const Error& e) {
+        msgs[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(msgs[r].find("mismatch"), std::string::npos) << "rank " << r << ": " << msgs[r];
+  }
+  EXPECT_NE(msgs[0].find("rank 2 called allreduce(dtype=f32, count=50"), std::string::npos) << msgs[0];
+}
+
+TEST(Communicator, BadArgumentsAreRejectedWithClearErrors) {
+  auto comms = Communicator::inproc(1);
+  std::vector<float> b(4);
+  EXPECT_THROW(comms[0]->broadcast(b.data(), 4, DType::f32, 3), InvalidArgument);
+  CollOptions o;
+  o.algorithm = "bogus";
+  try {
+    comms[0]->allreduce(b.data(), 4, DType::f32, ReduceOp::sum, o);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("allowed are ring, rhd, rd, tree, hier"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(comms[0]->allgatherv(b.data(), b.data(), {1, 2}, DType::f32), InvalidArgument);
+  EXPECT_THROW(comms[0]->allreduce(nullptr, 4, DType::f32, ReduceOp::sum), InvalidArgument);
+}
+
+}  // namespace
