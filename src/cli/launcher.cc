@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <optional>
 #include <string_view>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -94,7 +96,7 @@ class FileDescriptor {
 std::pair<FileDescriptor, FileDescriptor> make_pipe(int flags) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC | flags) != 0) {
-    throw Error(fmt::format("launch: cannot create a pipe: {}", std::strerror(errno)));
+    throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
   }
   return {FileDescriptor(fds[0]), FileDescriptor(fds[1])};
 }
@@ -350,10 +352,11 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
 
 // In the child between fork and exec: async-signal-safe calls only.
 [[noreturn]] void exec_child(int out_fd, int err_fd, int null_fd, int report_fd, pid_t parent, const char* path,
-                             char* const* argv, char* const* envp) {
+                             char* const* argv, char* const* envp, const rlimit* file_limit) {
   ::setpgid(0, 0);  // own process group: the launcher signals the worker and everything it starts
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL does not leave workers behind
   if (::getppid() != parent) ::_exit(kExecFailedCode);
+  if (file_limit != nullptr) ::setrlimit(RLIMIT_NOFILE, file_limit);  // what the launcher raised for itself
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
@@ -378,6 +381,23 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   ssize_t r = ::write(report_fd, &e, sizeof e);
   (void)r;
   ::_exit(kExecFailedCode);
+}
+
+// Each worker keeps two pipe ends open in the launcher: raise the soft limit on open files when it is too low.
+// Returns the limit to restore in the workers when it was raised.
+std::optional<rlimit> ensure_file_limit(int nprocs) {
+  const rlim_t needed = static_cast<rlim_t>(nprocs) * 2 + 64;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= needed) return std::nullopt;
+  rlimit raised = lim;
+  raised.rlim_cur = lim.rlim_max == RLIM_INFINITY ? needed : std::min(lim.rlim_max, needed);
+  if (raised.rlim_cur < needed || ::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    throw ConfigError(fmt::format("launch: {} workers need about {} open files but the limit is {} (raise it with "
+                                  "ulimit -n, or start fewer workers)",
+                                  nprocs, static_cast<unsigned long long>(needed),
+                                  static_cast<unsigned long long>(lim.rlim_max)));
+  }
+  return lim;
 }
 
 }  // namespace
@@ -496,6 +516,7 @@ int run_local_workers(const LaunchSpec& spec) {
   const int port = spec.master_port != 0 ? spec.master_port : find_free_port(spec.master_addr);
   const std::string job_id = spec.job_id.empty() ? make_job_id() : spec.job_id;
 
+  const std::optional<rlimit> worker_file_limit = ensure_file_limit(spec.nprocs);
   SignalScope signals;
   FileDescriptor dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));
@@ -538,9 +559,18 @@ int run_local_workers(const LaunchSpec& spec) {
     w.prefix = spec.tag_output ? fmt::format("[rank {}] ", rank) : std::string();
     auto env = worker_environment(base_env, spec, rank, port, job_id);
     std::vector<char*> envp = c_strings(env);
-    auto [out_r, out_w] = make_pipe(0);
-    auto [err_r, err_w] = make_pipe(0);
-    auto [rep_r, rep_w] = make_pipe(0);
+    FileDescriptor out_r, out_w, err_r, err_w, rep_r, rep_w;
+    try {
+      std::tie(out_r, out_w) = make_pipe(0);
+      std::tie(err_r, err_w) = make_pipe(0);
+      std::tie(rep_r, rep_w) = make_pipe(0);
+    } catch (const Error& e) {
+      message(spec, fmt::format("cannot start rank {}: {}{}", rank, e.what(), stopping_others(running_count())));
+      result = 1;
+      have_result = true;
+      begin_stop(SIGTERM);
+      break;
+    }
     pid_t parent = ::getpid();
     pid_t pid;
     {
@@ -548,7 +578,7 @@ int run_local_workers(const LaunchSpec& spec) {
       pid = ::fork();
       if (pid == 0) {
         exec_child(out_w.get(), err_w.get(), dev_null.get(), rep_w.get(), parent, resolved->c_str(), argv.data(),
-                   envp.data());
+                   envp.data(), worker_file_limit ? &*worker_file_limit : nullptr);
       }
     }
     if (pid < 0) {

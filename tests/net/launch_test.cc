@@ -211,6 +211,18 @@ TEST_F(LaunchTest, SetsTorchrunEnvironmentForEveryRank) {
   EXPECT_NE(r2.out, "[rank 0] " + job + "\n");
 }
 
+TEST_F(LaunchTest, ManyWorkersEachGetTheirRank) {
+  auto r = run({"launch", "-n", "64", "--", "sh", "-c", "echo $RANK/$WORLD_SIZE"});
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::set<std::string> lines;
+  for (const auto& line : lines_of(r.out)) lines.insert(line);
+  ASSERT_EQ(lines.size(), 64u) << r.out;
+  for (int rank = 0; rank < 64; ++rank) {
+    EXPECT_EQ(lines.count("[rank " + std::to_string(rank) + "] " + std::to_string(rank) + "/64"), 1u) << rank;
+  }
+}
+
 TEST_F(LaunchTest, UsesGivenMasterAddressAndPort) {
   auto r = run({"launch", "-n", "2", "--master-addr", "localhost", "--master-port", "23456", "--", "sh", "-c",
                 "echo $MASTER_ADDR:$MASTER_PORT"});
