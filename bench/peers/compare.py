@@ -188,7 +188,7 @@ def main():
             else:
                 mark = "!" if r.get("wrong", 0) else ""
                 wrong_any = wrong_any or bool(mark)
-                row += f" {r['time_us']:>12.2f} {r['busbw_gbs']:>6.3f}{mark or ' '}|"
+                row += f" {r['time_us']:>12.2f} {r['busbw_gbs']:>6.3g}{mark or ' '}|"
         c = results.get("conduit", ({}, None, "", 0))[0].get(b)
         for n in peers_for_ratio:
             p = results[n][0].get(b)

@@ -1,10 +1,10 @@
 // `conduit launch -n N [--master-port P] [--master-addr A] [--tag-output/--no-tag-output] -- PROGRAM [ARGS...]`:
 // starts N local workers with torchrun's environment (see cli/launcher.h).
+#include <fmt/format.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "cli/launcher.h"
 #include "cli/registry.h"
@@ -50,17 +50,16 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
       "the rank; stop all when one fails");
   c->add_option("-n,--nprocs", opts->nprocs, "number of worker processes (1..1024)")->required();
   auto* port = c->add_option("--master-port", opts->master_port,
-                "port of the rendezvous store served by rank 0 (1..65535; default: a free port)");
-  c->add_option("--master-addr", opts->master_addr, "address of rank 0's rendezvous store")
-      ->capture_default_str();
-  c->add_flag("--tag-output,!--no-tag-output", opts->tag_output,
-              "prefix each output line with [rank K] (default on)");
+                             "port of the rendezvous store served by rank 0 (1..65535; default: a free port)");
+  c->add_option("--master-addr", opts->master_addr, "address of rank 0's rendezvous store")->capture_default_str();
+  c->add_flag("--tag-output,!--no-tag-output", opts->tag_output, "prefix each output line with [rank K] (default on)");
   // After "--" everything is the program and its arguments, even what looks like an option.
   c->add_option("command", opts->command, "PROGRAM [ARGS...] that every worker runs (put it after --)");
-  c->footer("Example: conduit launch -n 4 -- conduit bench coll --op allreduce\n"
-            "SIGINT/SIGTERM are forwarded to the workers; those still running CONDUIT_LAUNCH_GRACE seconds "
-            "(default 10) after a stop get SIGKILL. Workers read stdin from /dev/null and run in their own process "
-            "groups.");
+  c->footer(
+      "Example: conduit launch -n 4 -- conduit bench coll --op allreduce\n"
+      "SIGINT/SIGTERM are forwarded to the workers; those still running CONDUIT_LAUNCH_GRACE seconds "
+      "(default 10) after a stop get SIGKILL. Workers read stdin from /dev/null and run in their own process "
+      "groups.");
   c->callback([opts, port]() {
     LaunchOptions o = *opts;
     o.port_given = port->count() > 0;

@@ -1,6 +1,7 @@
 #include "cli/launcher.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -23,8 +24,6 @@
 #include <string_view>
 #include <tuple>
 
-#include <fmt/format.h>
-
 #include "core/env.h"
 #include "core/error.h"
 
@@ -43,9 +42,9 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxPendingLine = 1 << 20;
 
 // The variables the launcher owns in a worker's environment; inherited values are dropped.
-constexpr std::string_view kOwnedVariables[] = {
-    "MASTER_ADDR", "MASTER_PORT",      "RANK",      "WORLD_SIZE",      "LOCAL_RANK",    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CONDUIT_JOB_ID"};
+constexpr std::string_view kOwnedVariables[] = {"MASTER_ADDR", "MASTER_PORT",      "RANK",          "WORLD_SIZE",
+                                                "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "GROUP_RANK",    "GROUP_WORLD_SIZE",
+                                                "ROLE_RANK",   "ROLE_WORLD_SIZE",  "CONDUIT_JOB_ID"};
 // Left by an outer mpirun: a worker that saw them would bootstrap through MPI instead of the TCP store.
 constexpr std::string_view kDroppedPrefixes[] = {"OMPI_", "PMIX_"};
 
@@ -189,8 +188,8 @@ void write_all(int fd, const char* data, size_t size) {
 }
 
 struct Stream {
-  FileDescriptor fd;  // read end of the worker's stdout or stderr pipe
-  int out_fd = 1;     // where its lines go
+  FileDescriptor fd;    // read end of the worker's stdout or stderr pipe
+  int out_fd = 1;       // where its lines go
   std::string pending;  // an incomplete last line
 };
 
@@ -353,7 +352,7 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
 // In the child between fork and exec: async-signal-safe calls only.
 [[noreturn]] void exec_child(int out_fd, int err_fd, int null_fd, int report_fd, pid_t parent, const char* path,
                              char* const* argv, char* const* envp, const rlimit* file_limit) {
-  ::setpgid(0, 0);  // own process group: the launcher signals the worker and everything it starts
+  ::setpgid(0, 0);                     // own process group: the launcher signals the worker and everything it starts
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL does not leave workers behind
   if (::getppid() != parent) ::_exit(kExecFailedCode);
   if (file_limit != nullptr) ::setrlimit(RLIMIT_NOFILE, file_limit);  // what the launcher raised for itself
@@ -392,10 +391,10 @@ std::optional<rlimit> ensure_file_limit(int nprocs) {
   rlimit raised = lim;
   raised.rlim_cur = lim.rlim_max == RLIM_INFINITY ? needed : std::min(lim.rlim_max, needed);
   if (raised.rlim_cur < needed || ::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
-    throw ConfigError(fmt::format("launch: {} workers need about {} open files but the limit is {} (raise it with "
-                                  "ulimit -n, or start fewer workers)",
-                                  nprocs, static_cast<unsigned long long>(needed),
-                                  static_cast<unsigned long long>(lim.rlim_max)));
+    throw ConfigError(
+        fmt::format("launch: {} workers need about {} open files but the limit is {} (raise it with "
+                    "ulimit -n, or start fewer workers)",
+                    nprocs, static_cast<unsigned long long>(needed), static_cast<unsigned long long>(lim.rlim_max)));
   }
   return lim;
 }
@@ -440,9 +439,8 @@ int find_free_port(const std::string& addr) {
 }
 
 std::string make_job_id() {
-  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                std::chrono::system_clock::now().time_since_epoch())
-                .count();
+  auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   return fmt::format("{:x}-{:x}", static_cast<unsigned>(::getpid()), static_cast<unsigned long long>(ns));
 }
 
@@ -491,9 +489,8 @@ int run_local_workers(const LaunchSpec& spec) {
                                   kMaxLocalWorkers, spec.nprocs));
   }
   if (spec.master_port < 0 || spec.master_port > 65535) {
-    throw ConfigError(
-        fmt::format("launch: --master-port must be between 1 and 65535 (0 = pick a free one), got {}",
-                    spec.master_port));
+    throw ConfigError(fmt::format("launch: --master-port must be between 1 and 65535 (0 = pick a free one), got {}",
+                                  spec.master_port));
   }
   if (spec.master_addr.empty()) throw ConfigError("launch: --master-addr is empty; give a host name or IP address");
   if (spec.command.empty()) throw ConfigError("launch: no program given; usage: conduit launch -n N -- PROGRAM [ARGS]");
@@ -642,8 +639,7 @@ int run_local_workers(const LaunchSpec& spec) {
       if (failed && !stopping) {
         for (auto& st : w.streams) pump_all(st, w.prefix, buf);
         int others = running_count();
-        message(spec, fmt::format("rank {} (pid {}) {}{}", w.rank, w.pid, what,
-                                  stopping_others(others)));
+        message(spec, fmt::format("rank {} (pid {}) {}{}", w.rank, w.pid, what, stopping_others(others)));
         result = code;
         have_result = true;
         begin_stop(SIGTERM);
@@ -709,12 +705,12 @@ int run_local_workers(const LaunchSpec& spec) {
           have_result = true;
         }
         if (user_signals == 1) {
-          message(spec, fmt::format("received {}; forwarding it to {}", signal_name(sig),
-                                    plural_workers(running_count())));
+          message(spec,
+                  fmt::format("received {}; forwarding it to {}", signal_name(sig), plural_workers(running_count())));
           begin_stop(sig);
         } else if (!killed) {
-          message(spec, fmt::format("received {} again; killing {}", signal_name(sig),
-                                    plural_workers(running_count())));
+          message(spec,
+                  fmt::format("received {} again; killing {}", signal_name(sig), plural_workers(running_count())));
           kill_all();
         }
       }

@@ -11,15 +11,16 @@
 namespace conduit::cli {
 
 struct LaunchSpec {
-  int nprocs = 1;                           // 1..kMaxLocalWorkers
-  std::string master_addr = "127.0.0.1";    // MASTER_ADDR
-  int master_port = 0;                      // MASTER_PORT; 0 = a free port found by binding port 0 on master_addr
-  std::vector<std::string> command;         // program (looked up in PATH when it has no '/') and its arguments
-  std::vector<std::pair<std::string, std::string>> extra_env;  // set in every worker after the launcher's own
-  bool tag_output = true;                   // prefix each output line with "[rank K] "
-  double grace_seconds = -1;                // SIGTERM -> SIGKILL delay; < 0 = CONDUIT_LAUNCH_GRACE, else 10 s
-  std::string job_id;                       // CONDUIT_JOB_ID; empty = a fresh unique id
-  std::string name = "conduit launch";      // how the launcher names itself in its messages
+  int nprocs = 1;                         // 1..kMaxLocalWorkers
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR
+  int master_port = 0;                    // MASTER_PORT; 0 = a free port found by binding port 0 on master_addr
+  std::vector<std::string> command;       // program (looked up in PATH when it has no '/') and its arguments
+  // Variables set in every worker after the launcher's own (they win over inherited and rendezvous ones).
+  std::vector<std::pair<std::string, std::string>> extra_env;
+  bool tag_output = true;               // prefix each output line with "[rank K] "
+  double grace_seconds = -1;            // SIGTERM -> SIGKILL delay; < 0 = CONDUIT_LAUNCH_GRACE, else 10 s
+  std::string job_id;                   // CONDUIT_JOB_ID; empty = a fresh unique id
+  std::string name = "conduit launch";  // how the launcher names itself in its messages
 };
 
 inline constexpr int kMaxLocalWorkers = 1024;

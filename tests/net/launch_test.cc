@@ -1,6 +1,7 @@
 // End-to-end tests of `conduit launch`: the built binary runs small sh scripts as workers. Every run has a
 // deadline (a hung launcher is killed and the test fails), no test binds a fixed port, and every test works in
 // its own temporary directory, so they can run in parallel.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -17,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace {
 
@@ -53,8 +52,8 @@ bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
   std::string stat = read_file(fs::path("/proc") / std::to_string(pid) / "stat");
   auto close_paren = stat.rfind(')');
-  return stat.empty() || (close_paren != std::string::npos && close_paren + 2 < stat.size() &&
-                          stat[close_paren + 2] == 'Z');
+  return stat.empty() ||
+         (close_paren != std::string::npos && close_paren + 2 < stat.size() && stat[close_paren + 2] == 'Z');
 }
 
 bool wait_gone(pid_t pid, std::chrono::milliseconds limit) {
@@ -316,7 +315,8 @@ TEST_F(LaunchTest, WorkerKilledBySignalGives128PlusSignal) {
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.code, 128 + SIGKILL) << r.err;
   EXPECT_LT(r.seconds, 8.0);
-  std::regex line_re(R"(conduit launch: rank 1 \(pid \d+\) was killed by signal 9 \(SIGKILL\); stopping the other worker)");
+  std::regex line_re(
+      R"(conduit launch: rank 1 \(pid \d+\) was killed by signal 9 \(SIGKILL\); stopping the other worker)");
   EXPECT_TRUE(std::regex_search(r.err, line_re)) << r.err;
 }
 
@@ -339,8 +339,8 @@ class LaunchSignalTest : public LaunchTest, public ::testing::WithParamInterface
 TEST_P(LaunchSignalTest, SignalToLauncherStopsWorkersAndTheirChildren) {
   const int sig = GetParam();
   // Each worker starts a child of its own; the launcher must stop it too (it signals the process group).
-  const std::string script = "sleep 60 & echo $! > " + path("child") + ".$RANK; echo $$ > " + path("pid") +
-                             ".$RANK; wait";
+  const std::string script =
+      "sleep 60 & echo $! > " + path("child") + ".$RANK; echo $$ > " + path("pid") + ".$RANK; wait";
   pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script});
   std::vector<pid_t> pids;
   for (const char* name : {"pid.0", "pid.1", "child.0", "child.1"}) {
@@ -404,8 +404,8 @@ TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
   }
   // Flags CLI11 itself rejects: a usage error, not a launch.
   for (const auto& args : std::vector<std::vector<std::string>>{{"launch", "-n", "two", "--", "true"},
-                                                                 {"launch", "--", "true"},
-                                                                 {"launch", "-n", "2", "--bogus", "--", "true"}}) {
+                                                                {"launch", "--", "true"},
+                                                                {"launch", "-n", "2", "--bogus", "--", "true"}}) {
     auto r = run(args, {}, 10s);
     ASSERT_FALSE(r.timed_out);
     EXPECT_NE(r.code, 0);
