@@ -50,6 +50,42 @@ void GptModel::validate() const {
   if (vocab < 1) throw ConfigError(fmt::format("--vocab = {} must be at least 1", vocab));
 }
 
+namespace {
+struct NamedModel {
+  const char* name;
+  int layers;
+  long long hidden, heads, seq, vocab;
+};
+constexpr NamedModel kModels[] = {
+    {"gpt2-small", 12, 768, 12, 1024, 50304},    {"gpt2-xl", 48, 1600, 25, 1024, 50304},
+    {"gpt-1.7b", 24, 2304, 24, 2048, 51200},     {"gpt-7.5b", 36, 4096, 32, 2048, 51200},
+    {"gpt-18.4b", 40, 6144, 48, 2048, 51200},    {"gpt-39b", 48, 8192, 64, 2048, 51200},
+    {"gpt3-175b", 96, 12288, 96, 2048, 51200},   {"gpt-530b", 105, 20480, 128, 2048, 51200},
+    {"gpt-1t", 128, 25600, 160, 2048, 51200},    {"llama2-70b-like", 80, 8192, 64, 4096, 32000},
+};
+}  // namespace
+
+bool named_gpt(const std::string& name, GptModel& out) {
+  for (const auto& n : kModels) {
+    if (name == n.name) {
+      out.name = n.name;
+      out.layers = n.layers;
+      out.hidden = n.hidden;
+      out.heads = n.heads;
+      out.seq = n.seq;
+      out.vocab = n.vocab;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> named_gpt_names() {
+  std::vector<std::string> v;
+  for (const auto& n : kModels) v.emplace_back(n.name);
+  return v;
+}
+
 double gpt_layer_parameters(const GptModel& m) {
   const double h = static_cast<double>(m.hidden);
   // QKV 3h^2+3h, projection h^2+h, MLP 2*f*h^2 + f*h + h, two layer norms 4h (f = 4: 12h^2 + 13h).

@@ -39,6 +39,11 @@ struct GptModel {
   void validate() const;  // ConfigError naming the field
 };
 
+// Named shapes: Megatron-LM's table 1 rows, GPT-2/GPT-3 (vocabularies padded to a multiple of 128).
+// Returns false when `name` is not one of them.
+bool named_gpt(const std::string& name, GptModel& out);
+std::vector<std::string> named_gpt_names();
+
 double gpt_parameters(const GptModel& m);
 double gpt_layer_parameters(const GptModel& m);  // 12h^2 + 13h
 

@@ -1,0 +1,539 @@
+// `conduit sim ...`: the cluster simulator and planner (src/sim). Subcommands:
+//   presets   list the embedded cluster presets, or --dump one as YAML
+//   coll      cost of one collective on a cluster, every algorithm, symmetric or full-detail
+//   step      one training iteration of a GPT model under DP x TP x PP (table or --json)
+//   plan      search the parallel configurations, rank the ones that fit, explain the best
+//   infer     prefill and decode latency/throughput of tensor/pipeline-parallel serving with a KV cache
+//   cluster   a job-scheduling simulation (FIFO, least-attained-service) with topology-aware placement
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/registry.h"
+#include "core/clock.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "sim/cluster.h"
+#include "sim/collective.h"
+#include "sim/inference.h"
+#include "sim/plan.h"
+#include "sim/scheduler.h"
+#include "sim/step.h"
+#include "sim/units.h"
+
+namespace conduit::cli {
+namespace {
+
+using namespace conduit::sim;
+using nlohmann::json;
+
+struct ModelArgs {
+  std::string model = "gpt";
+  int layers = 0;
+  long long hidden = 0, heads = 0, seq = 0, vocab = 0;  // 0: the named model's, else 2048 / 51200
+};
+
+struct StepArgs {
+  std::string cluster = "dgx-a100";
+  long long gpus = 8;
+  ModelArgs model;
+  long long global_batch = 0;
+  int micro_batch = 1;
+  int tp = 1, pp = 1;
+  long long dp = 0;
+  int zero = 0;
+  std::string recompute = "none";
+  std::string schedule = "1f1b";
+  int virtual_stages = 0;
+  bool sp = false;
+  bool no_overlap = false;
+  std::string bucket = "25M";
+  double grad_bytes = 2;
+  std::string dp_algorithm = "auto", tp_algorithm = "auto";
+  std::string compression = "none";
+  std::string sync = "bsp";
+  std::string mode = "symmetric";
+  bool json = false;
+  int top = 5;
+  std::string tp_options, pp_options, mb_options;
+};
+
+GptModel make_model(const ModelArgs& a) {
+  GptModel m;
+  m.name = a.model;
+  bool named = named_gpt(a.model, m);
+  if (!named && a.model != "gpt") {
+    std::string names = "gpt, " + join(named_gpt_names(), ", ");
+    throw ConfigError(fmt::format("--model = '{}' (allowed: {})", a.model, names));
+  }
+  if (!named) {
+    if (a.layers <= 0 || a.hidden <= 0 || a.heads <= 0)
+      throw ConfigError("--model gpt needs --layers, --hidden and --heads (or a named --model such as gpt3-175b)");
+    m.seq = 2048;
+    m.vocab = 51200;
+  }
+  if (a.layers > 0) m.layers = a.layers;
+  if (a.hidden > 0) m.hidden = a.hidden;
+  if (a.heads > 0) m.heads = a.heads;
+  if (a.seq > 0) m.seq = a.seq;
+  if (a.vocab > 0) m.vocab = a.vocab;
+  m.validate();
+  return m;
+}
+
+void add_model_flags(CLI::App* c, StepArgs& a) {
+  c->add_option("--cluster", a.cluster, "preset (dgx-a100, dgx-h100, ethernet-25g, edge) or YAML file")->capture_default_str();
+  c->add_option("--gpus", a.gpus, "accelerators")->capture_default_str();
+  c->add_option("--model", a.model.model, "gpt (give --layers/--hidden/--heads) or a named model: gpt2-small, gpt2-xl, "
+                                          "gpt-1.7b, gpt-7.5b, gpt-18.4b, gpt3-175b, gpt-530b, gpt-1t, llama2-70b-like")
+      ->capture_default_str();
+  c->add_option("--layers", a.model.layers, "transformer layers");
+  c->add_option("--hidden", a.model.hidden, "hidden size");
+  c->add_option("--heads", a.model.heads, "attention heads");
+  c->add_option("--seq", a.model.seq, "sequence length (default: the named model's, else 2048)");
+  c->add_option("--vocab", a.model.vocab, "vocabulary size (default: the named model's, else 51200)");
+}
+
+ParallelConfig make_config(const StepArgs& a) {
+  ParallelConfig c;
+  c.tp = a.tp;
+  c.pp = a.pp;
+  c.dp = a.dp;
+  c.micro_batch = a.micro_batch;
+  c.global_batch = a.global_batch;
+  c.zero = a.zero;
+  c.recompute = parse_recompute(a.recompute);
+  c.schedule = parse_schedule(a.schedule);
+  c.virtual_stages = a.virtual_stages > 0 ? a.virtual_stages : (c.schedule == Schedule::kInterleaved ? 2 : 1);
+  c.sequence_parallel = a.sp;
+  c.dp_overlap = !a.no_overlap;
+  c.bucket_bytes = static_cast<double>(parse_bytes(a.bucket, "--bucket"));
+  c.grad_bytes = a.grad_bytes;
+  c.dp_algorithm = parse_algorithm(a.dp_algorithm);
+  c.tp_algorithm = parse_algorithm(a.tp_algorithm);
+  c.compression = parse_compression(a.compression);
+  c.sync = parse_sync(a.sync);
+  if (a.mode == "symmetric") c.mode = EvalMode::kSymmetric;
+  else if (a.mode == "full") c.mode = EvalMode::kFull;
+  else throw ConfigError(fmt::format("--mode = '{}' (allowed: symmetric, full)", a.mode));
+  return c;
+}
+
+json config_json(const ParallelConfig& c) {
+  return json{{"dp", c.dp},
+              {"tp", c.tp},
+              {"pp", c.pp},
+              {"micro_batch", c.micro_batch},
+              {"global_batch", c.global_batch},
+              {"zero", c.zero},
+              {"recompute", recompute_name(c.recompute)},
+              {"schedule", schedule_name(c.schedule)},
+              {"virtual_stages", c.virtual_stages},
+              {"sequence_parallel", c.sequence_parallel},
+              {"compression", c.compression.kind},
+              {"compression_param", c.compression.param},
+              {"sync", c.sync.kind},
+              {"sync_period", c.sync.period}};
+}
+
+json step_json(const std::string& cluster, const GptModel& m, const StepResult& r) {
+  const StepBreakdown& b = r.breakdown;
+  return json{{"kind", "sim.step"},
+              {"cluster", cluster},
+              {"gpus", r.gpus},
+              {"model", {{"name", m.name}, {"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads},
+                         {"seq", m.seq}, {"vocab", m.vocab}, {"parameters", gpt_parameters(m)}}},
+              {"config", config_json(r.config)},
+              {"microbatches", r.microbatches},
+              {"time_s", r.time},
+              {"model_tflops_per_gpu", r.model_tflops_per_gpu},
+              {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
+              {"mfu", r.mfu},
+              {"memory_gb", {{"params", r.memory.params / 1e9}, {"grads", r.memory.grads / 1e9},
+                             {"optimizer", r.memory.optimizer / 1e9}, {"activations", r.memory.activations / 1e9},
+                             {"total", r.memory.total() / 1e9}, {"capacity", r.memory_capacity / 1e9}}},
+              {"fits", r.fits},
+              {"breakdown_s", {{"compute", b.compute - b.recompute}, {"recompute", b.recompute}, {"bubble", b.bubble},
+                               {"tp_comm", b.tp_comm}, {"pp_comm", b.pp_comm}, {"dp_comm_total", b.dp_comm},
+                               {"dp_exposed", b.dp_exposed}, {"zero3_exposed", b.zero3_exposed},
+                               {"compression", b.compression}, {"optimizer", b.optimizer}}},
+              {"dp_algorithm", r.dp_algorithm},
+              {"tp_algorithm", r.tp_algorithm},
+              {"notes", r.notes}};
+}
+
+void print_step(const std::string& cluster, const GptModel& m, const StepResult& r) {
+  const StepBreakdown& b = r.breakdown;
+  fmt::print("cluster {}  gpus {}  model {} ({:.2f}B params: l={} h={} a={} s={} V={})\n", cluster, r.gpus, m.name,
+             gpt_parameters(m) / 1e9, m.layers, m.hidden, m.heads, m.seq, m.vocab);
+  fmt::print("config  {}  micro-batches {}\n\n", describe_config(r.config), r.microbatches);
+  fmt::print("  time per iteration        {}\n", format_seconds(r.time));
+  fmt::print("  model TFLOP/s per GPU     {:.1f}  (MFU {:.1f}%)\n", r.model_tflops_per_gpu, 100 * r.mfu);
+  fmt::print("  hardware TFLOP/s per GPU  {:.1f}  (with recompute; Megatron's reporting)\n", r.hardware_tflops_per_gpu);
+  fmt::print("  memory per GPU            {} of {}{}\n", format_gb(r.memory.total()), format_gb(r.memory_capacity),
+             r.fits ? "" : "  DOES NOT FIT");
+  fmt::print("    params {}  grads {}  optimizer {}  activations {}\n\n", format_gb(r.memory.params),
+             format_gb(r.memory.grads), format_gb(r.memory.optimizer), format_gb(r.memory.activations));
+  fmt::print("  {:<32} {:>12} {:>8}\n", "breakdown", "time", "share");
+  auto row = [&](const char* name, double v) {
+    fmt::print("  {:<32} {:>12} {:>7.1f}%\n", name, format_seconds(v), 100 * v / r.time);
+  };
+  row("compute", b.compute - b.recompute);
+  row("recompute", b.recompute);
+  row("pipeline bubble", b.bubble);
+  row("tensor-parallel comm (exposed)", b.tp_comm);
+  row("pipeline p2p (exposed)", b.pp_comm);
+  row("data-parallel comm (exposed)", b.dp_exposed);
+  row("ZeRO-3 gathers (exposed)", b.zero3_exposed);
+  row("optimizer step", b.optimizer);
+  fmt::print("  {:<32} {:>12}\n", "data-parallel comm (total)", format_seconds(b.dp_comm));
+  if (!r.notes.empty()) {
+    fmt::print("\n");
+    for (const auto& n : r.notes) fmt::print("  - {}\n", n);
+  }
+}
+
+std::vector<int> parse_int_list(const std::string& s, const char* flag) {
+  std::vector<int> out;
+  if (s.empty()) return out;
+  for (const auto& p : split(s, ',')) {
+    char* end = nullptr;
+    long v = std::strtol(trim(p).c_str(), &end, 10);
+    if (trim(p).empty() || *end != 0 || v < 1 || v > 1 << 20)
+      throw ConfigError(fmt::format("{} = '{}': a comma-separated list of positive integers", flag, s));
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+void run_step(const StepArgs& a) {
+  ClusterSpec spec = load_cluster(a.cluster);
+  GptModel m = make_model(a.model);
+  if (a.global_batch <= 0) throw ConfigError("--global-batch is required (a positive number of sequences)");
+  ParallelConfig c = make_config(a);
+  Topology topo(spec, a.gpus);
+  CollectiveModel net(topo);
+  Stopwatch sw;
+  StepResult r = simulate_step(net, m, c);
+  double took = sw.seconds();
+  if (a.json) {
+    json j = step_json(spec.name, m, r);
+    j["simulation_wall_s"] = took;
+    std::cout << j.dump() << "\n";
+  } else {
+    print_step(spec.name, m, r);
+    fmt::print("\n  (simulated in {})\n", format_seconds(took));
+  }
+}
+
+void run_plan(const StepArgs& a) {
+  ClusterSpec spec = load_cluster(a.cluster);
+  GptModel m = make_model(a.model);
+  if (a.global_batch <= 0) throw ConfigError("--global-batch is required (a positive number of sequences)");
+  ParallelConfig base = make_config(a);
+  Topology topo(spec, a.gpus);
+  CollectiveModel net(topo);
+  PlanSpace space;
+  space.base = base;
+  space.tp = parse_int_list(a.tp_options, "--tp-options");
+  space.pp = parse_int_list(a.pp_options, "--pp-options");
+  space.micro_batch = parse_int_list(a.mb_options, "--micro-batch-options");
+  if (a.compression != "none") space.compression = {Compression{}, parse_compression(a.compression)};
+  PlanResult pr = plan(net, m, a.global_batch, space, static_cast<size_t>(std::max(1, a.top)));
+  if (a.json) {
+    json plans = json::array();
+    for (size_t i = 0; i < pr.ranked.size(); ++i) {
+      json j = step_json(spec.name, m, pr.ranked[i]);
+      j["rank"] = i + 1;
+      j["explanation"] = explain_plan(pr.ranked[i], i + 1 < pr.ranked.size() ? &pr.ranked[i + 1] : nullptr);
+      plans.push_back(j);
+    }
+    json out{{"kind", "sim.plan"}, {"cluster", spec.name}, {"gpus", a.gpus}, {"candidates", pr.candidates},
+             {"valid", pr.valid}, {"fitting", pr.fitting}, {"search_s", pr.seconds},
+             {"candidates_per_s", pr.candidates / std::max(pr.seconds, 1e-9)}, {"plans", plans}};
+    std::cout << out.dump() << "\n";
+    return;
+  }
+  fmt::print("cluster {}  gpus {}  model {} ({:.2f}B params)  global batch {}\n", spec.name, a.gpus, m.name,
+             gpt_parameters(m) / 1e9, a.global_batch);
+  fmt::print("searched {} candidates ({} valid, {} fit in memory) in {} ({:.0f} candidates/s)\n\n", pr.candidates,
+             pr.valid, pr.fitting, format_seconds(pr.seconds), pr.candidates / std::max(pr.seconds, 1e-9));
+  if (pr.ranked.empty()) {
+    if (pr.any_oom)
+      fmt::print("no plan fits in memory; the fastest needs {} per GPU: {}\n", format_gb(pr.best_oom.memory.total()),
+                 describe_config(pr.best_oom.config));
+    else
+      fmt::print("no valid plan (check that --gpus, --global-batch and the model's sizes have common divisors)\n");
+    set_exit_code(1);
+    return;
+  }
+  fmt::print("  {:>4} {:>10} {:>8} {:>6} {:>9}  {}\n", "rank", "time", "TFLOP/s", "MFU", "memory", "plan");
+  for (size_t i = 0; i < pr.ranked.size(); ++i) {
+    const auto& r = pr.ranked[i];
+    fmt::print("  {:>4} {:>10} {:>8.1f} {:>5.1f}% {:>9}  {}\n", i + 1, format_seconds(r.time), r.model_tflops_per_gpu,
+               100 * r.mfu, format_gb(r.memory.total()), describe_config(r.config));
+  }
+  size_t explain_n = std::min<size_t>(3, pr.ranked.size());
+  for (size_t i = 0; i < explain_n; ++i) {
+    fmt::print("\n#{} {}\n", i + 1, describe_config(pr.ranked[i].config));
+    for (const auto& line : explain_plan(pr.ranked[i], i + 1 < pr.ranked.size() ? &pr.ranked[i + 1] : nullptr))
+      fmt::print("  - {}\n", line);
+  }
+}
+
+struct CollArgs {
+  std::string cluster = "dgx-a100";
+  long long gpus = 64;
+  std::string op = "allreduce";
+  std::string algorithm = "all";
+  std::string size = "256M";
+  long long group = 0, stride = 1;
+  std::string mode = "symmetric";
+  bool json = false;
+};
+
+void run_coll(const CollArgs& a) {
+  ClusterSpec spec = load_cluster(a.cluster);
+  Topology topo(spec, a.gpus);
+  CollectiveModel net(topo);
+  Collective c;
+  if (a.op == "allreduce") c = Collective::kAllReduce;
+  else if (a.op == "reduce-scatter") c = Collective::kReduceScatter;
+  else if (a.op == "allgather") c = Collective::kAllGather;
+  else if (a.op == "broadcast") c = Collective::kBroadcast;
+  else if (a.op == "reduce") c = Collective::kReduce;
+  else if (a.op == "all-to-all") c = Collective::kAllToAll;
+  else
+    throw ConfigError(fmt::format("--op = '{}' (allowed: allreduce, reduce-scatter, allgather, broadcast, reduce, all-to-all)", a.op));
+  if (a.mode != "symmetric" && a.mode != "full")
+    throw ConfigError(fmt::format("--mode = '{}' (allowed: symmetric, full)", a.mode));
+  const double n = static_cast<double>(parse_bytes(a.size, "--size"));
+  Group g{a.group > 0 ? a.group : a.gpus, a.stride, 0};
+  std::vector<Algorithm> algs;
+  if (a.algorithm == "all") algs = candidate_algorithms(c, topo);
+  else algs = {parse_algorithm(a.algorithm)};
+  if (!a.json)
+    fmt::print("{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n  {:<20} {:>12} {:>12} {:>10}  {}\n",
+               a.op, format_bytes(n), g.size, g.stride, spec.name, a.gpus, a.mode, "algorithm", "time", "bus GB/s",
+               "steps", "bottleneck");
+  for (Algorithm alg : algs) {
+    CollectiveCost cost;
+    double t;
+    try {
+      cost = net.profile(c, alg, g, n);
+      Stopwatch sw;
+      t = a.mode == "full" ? net.time_full(c, cost.algorithm, g, n) : cost.time(n);
+      (void)sw;
+    } catch (const UnsupportedError& e) {
+      if (!a.json) fmt::print("  {:<20} {}\n", algorithm_name(alg), e.what());
+      continue;
+    }
+    double p = static_cast<double>(g.size);
+    double factor = c == Collective::kAllReduce ? 2 * (p - 1) / p : (c == Collective::kBroadcast || c == Collective::kReduce) ? 1 : (p - 1) / p;
+    double busbw = n * factor / t / 1e9;
+    if (a.json) {
+      std::cout << json{{"kind", "sim.coll"}, {"cluster", spec.name}, {"gpus", a.gpus}, {"op", a.op},
+                        {"algorithm", algorithm_name(cost.algorithm)}, {"bytes", n}, {"ranks", g.size},
+                        {"stride", g.stride}, {"mode", a.mode}, {"time_s", t}, {"bus_gbps", busbw},
+                        {"steps", cost.steps}, {"bottleneck", cost.bottleneck}}
+                       .dump()
+                << "\n";
+    } else {
+      fmt::print("  {:<20} {:>12} {:>12.1f} {:>10.0f}  {}\n", algorithm_name(cost.algorithm), format_seconds(t), busbw,
+                 cost.steps, cost.bottleneck);
+    }
+  }
+}
+
+InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long long gen) {
+  InferenceConfig c;
+  c.tp = a.tp;
+  c.pp = a.pp;
+  c.batch = batch;
+  c.prompt = prompt;
+  c.generate = gen;
+  return c;
+}
+
+struct InferArgs {
+  int batch = 1;
+  long long prompt = 1024, generate = 256;
+};
+
+void run_infer(const StepArgs& a, const InferArgs& ia) {
+  ClusterSpec spec = load_cluster(a.cluster);
+  GptModel m = make_model(a.model);
+  Topology topo(spec, a.gpus);
+  CollectiveModel net(topo);
+  InferenceResult r = simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate));
+  if (a.json) {
+    std::cout << json{{"kind", "sim.infer"}, {"cluster", spec.name}, {"gpus", a.gpus}, {"model", m.name},
+                      {"tp", a.tp}, {"pp", a.pp}, {"replicas", r.replicas}, {"batch", ia.batch},
+                      {"prompt", ia.prompt}, {"generate", ia.generate},
+                      {"prefill_s", r.prefill}, {"decode_token_s", r.decode_per_token},
+                      {"time_to_first_token_s", r.prefill}, {"request_latency_s", r.request_latency},
+                      {"tokens_per_s", r.tokens_per_second}, {"weights_gb", r.weight_bytes / 1e9},
+                      {"kv_cache_gb", r.kv_bytes / 1e9}, {"memory_gb", r.memory_total / 1e9},
+                      {"capacity_gb", r.memory_capacity / 1e9}, {"fits", r.fits}, {"max_batch", r.max_batch},
+                      {"decode_bound", r.decode_bound}}
+                     .dump()
+              << "\n";
+    return;
+  }
+  fmt::print("cluster {}  model {} ({:.1f}B)  tp={} pp={} ({} replicas on {} accelerators)\n", spec.name, m.name,
+             gpt_parameters(m) / 1e9, a.tp, a.pp, r.replicas, a.gpus);
+  fmt::print("batch {}  prompt {} tokens  generate {} tokens\n\n", ia.batch, ia.prompt, ia.generate);
+  fmt::print("  prefill (time to first token)   {}\n", format_seconds(r.prefill));
+  fmt::print("  decode per token                {}  ({}-bound)\n", format_seconds(r.decode_per_token), r.decode_bound);
+  fmt::print("  request latency                 {}\n", format_seconds(r.request_latency));
+  fmt::print("  throughput (all replicas)       {:.0f} generated tokens/s\n", r.tokens_per_second);
+  fmt::print("  memory per GPU                  {} of {} (weights {}, KV cache {}){}\n", format_gb(r.memory_total),
+             format_gb(r.memory_capacity), format_gb(r.weight_bytes), format_gb(r.kv_bytes), r.fits ? "" : "  DOES NOT FIT");
+  fmt::print("  largest batch that fits         {}\n", r.max_batch);
+}
+
+struct ClusterArgs {
+  std::string cluster = "dgx-a100";
+  long long gpus = 512;
+  std::string jobs;
+  std::string scheduler = "fifo";
+  std::string placement = "topology";
+  bool json = false;
+};
+
+void run_cluster(const ClusterArgs& a) {
+  ClusterSpec spec = load_cluster(a.cluster);
+  std::vector<JobSpec> jobs = load_job_trace(a.jobs);
+  SchedulerOptions o;
+  o.policy = parse_policy(a.scheduler);
+  o.placement = parse_placement(a.placement);
+  Stopwatch sw;
+  ScheduleResult r = simulate_cluster(spec, a.gpus, jobs, o);
+  double took = sw.seconds();
+  if (a.json) {
+    json js = json::array();
+    for (const auto& j : r.jobs)
+      js.push_back({{"id", j.id}, {"submit_s", j.submit}, {"start_s", j.start}, {"finish_s", j.finish},
+                    {"jct_s", j.finish - j.submit}, {"gpus", j.gpus}, {"leaves", j.leaves_used},
+                    {"slowdown", j.slowdown}, {"preemptions", j.preemptions}});
+    std::cout << json{{"kind", "sim.cluster"}, {"cluster", spec.name}, {"gpus", a.gpus}, {"scheduler", a.scheduler},
+                      {"placement", a.placement}, {"jobs", js}, {"mean_jct_s", r.mean_jct}, {"p50_jct_s", r.p50_jct},
+                      {"p99_jct_s", r.p99_jct}, {"makespan_s", r.makespan}, {"utilization", r.utilization},
+                      {"simulation_wall_s", took}}
+                     .dump()
+              << "\n";
+    return;
+  }
+  fmt::print("cluster {} ({} accelerators)  scheduler {}  placement {}  {} jobs\n\n", spec.name, a.gpus, a.scheduler,
+             a.placement, r.jobs.size());
+  fmt::print("  {:<12} {:>6} {:>10} {:>10} {:>10} {:>10} {:>7} {:>9} {:>6}\n", "job", "gpus", "submit", "start", "finish",
+             "JCT", "leaves", "slowdown", "preempt");
+  for (const auto& j : r.jobs)
+    fmt::print("  {:<12} {:>6} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>7} {:>8.2f}x {:>6}\n", j.id, j.gpus, j.submit,
+               j.start, j.finish, j.finish - j.submit, j.leaves_used, j.slowdown, j.preemptions);
+  fmt::print("\n  mean JCT {:.0f} s   p50 {:.0f} s   p99 {:.0f} s   makespan {:.0f} s   utilization {:.1f}%\n", r.mean_jct,
+             r.p50_jct, r.p99_jct, r.makespan, 100 * r.utilization);
+  fmt::print("  (simulated in {})\n", format_seconds(took));
+}
+
+void setup(CLI::App& app) {
+  auto* sim = app.add_subcommand("sim", "Simulate training and inference on clusters far larger than this machine");
+  sim->require_subcommand(1);
+
+  {
+    auto* c = sim->add_subcommand("presets", "List the embedded cluster presets, or --dump one as YAML");
+    auto dump = std::make_shared<std::string>();
+    c->add_option("--dump", *dump, "print this preset's YAML (edit it and pass the file to --cluster)");
+    c->callback([dump]() {
+      if (!dump->empty()) {
+        std::cout << preset_yaml(*dump);
+        return;
+      }
+      for (const auto& n : preset_names()) {
+        ClusterSpec s = parse_cluster_yaml(preset_yaml(n), n);
+        fmt::print("  {:<14} {}\n", n, s.description);
+      }
+    });
+  }
+  {
+    auto* c = sim->add_subcommand("coll", "Cost of one collective, per algorithm, mapped onto a cluster's topology");
+    auto a = std::make_shared<CollArgs>();
+    c->add_option("--cluster", a->cluster, "preset or YAML file")->capture_default_str();
+    c->add_option("--gpus", a->gpus, "accelerators in the cluster")->capture_default_str();
+    c->add_option("--op", a->op, "allreduce, reduce-scatter, allgather, broadcast, reduce, all-to-all")->capture_default_str();
+    c->add_option("--algorithm", a->algorithm, "all, or one algorithm")->capture_default_str();
+    c->add_option("--size", a->size, "message size (e.g. 64M)")->capture_default_str();
+    c->add_option("--group", a->group, "ranks in the group (default: all)");
+    c->add_option("--stride", a->stride, "distance between consecutive ranks of the group")->capture_default_str();
+    c->add_option("--mode", a->mode, "symmetric or full (every concurrent group, max-min fair flows)")->capture_default_str();
+    c->add_flag("--json", a->json, "JSON lines");
+    c->callback([a]() { run_coll(*a); });
+  }
+  for (const char* name : {"step", "plan"}) {
+    const bool is_step = std::string(name) == "step";
+    auto* c = sim->add_subcommand(name, is_step ? "Predict one training iteration: time, TFLOP/s, memory, breakdown"
+                                                : "Search parallel configurations; rank those that fit; explain the best");
+    auto a = std::make_shared<StepArgs>();
+    add_model_flags(c, *a);
+    c->add_option("--global-batch", a->global_batch, "sequences per iteration")->required();
+    c->add_option("--micro-batch", a->micro_batch, "sequences per micro-batch")->capture_default_str();
+    c->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str();
+    c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
+    c->add_option("--dp", a->dp, "data-parallel size (default: gpus / (tp pp))");
+    c->add_option("--zero", a->zero, "ZeRO stage 0-3")->capture_default_str();
+    c->add_option("--recompute", a->recompute, "none, selective or full")->capture_default_str();
+    c->add_option("--schedule", a->schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
+    c->add_option("--virtual-stages", a->virtual_stages, "model chunks per GPU for --schedule interleaved (default 2)");
+    c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism");
+    c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
+    c->add_option("--bucket", a->bucket, "gradient bucket size")->capture_default_str();
+    c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")->capture_default_str();
+    c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")->capture_default_str();
+    c->add_option("--tp-algorithm", a->tp_algorithm, "collective algorithm for tensor parallelism")->capture_default_str();
+    c->add_option("--compression", a->compression, "none, fp16, int8, int4, topk:DENSITY, powersgd:RANK")->capture_default_str();
+    c->add_option("--sync", a->sync, "bsp, local-sgd:PERIOD or async")->capture_default_str();
+    c->add_option("--mode", a->mode, "symmetric or full (every group's flows, max-min fair)")->capture_default_str();
+    c->add_flag("--json", a->json, "one JSON record instead of the table");
+    if (is_step) {
+      c->callback([a]() { run_step(*a); });
+    } else {
+      c->add_option("--top", a->top, "plans to list")->capture_default_str();
+      c->add_option("--tp-options", a->tp_options, "tensor-parallel sizes to try, e.g. 1,2,4,8");
+      c->add_option("--pp-options", a->pp_options, "pipeline sizes to try");
+      c->add_option("--micro-batch-options", a->mb_options, "micro-batch sizes to try");
+      c->callback([a]() { run_plan(*a); });
+    }
+  }
+  {
+    auto* c = sim->add_subcommand("infer", "Prefill and decode latency and throughput of LLM serving with a KV cache");
+    auto a = std::make_shared<StepArgs>();
+    auto ia = std::make_shared<InferArgs>();
+    add_model_flags(c, *a);
+    c->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str();
+    c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
+    c->add_option("--batch", ia->batch, "concurrent sequences")->capture_default_str();
+    c->add_option("--prompt", ia->prompt, "prompt tokens")->capture_default_str();
+    c->add_option("--generate", ia->generate, "generated tokens")->capture_default_str();
+    c->add_flag("--json", a->json, "one JSON record");
+    c->callback([a, ia]() { run_infer(*a, *ia); });
+  }
+  {
+    auto* c = sim->add_subcommand("cluster", "Job-scheduling simulation: FIFO or least-attained-service, topology-aware placement");
+    auto a = std::make_shared<ClusterArgs>();
+    c->add_option("--cluster", a->cluster, "preset or YAML file")->capture_default_str();
+    c->add_option("--gpus", a->gpus, "accelerators in the cluster")->capture_default_str();
+    c->add_option("--jobs", a->jobs, "job trace (CSV: id,submit_s,gpus,model,iterations[,global_batch])")->required();
+    c->add_option("--scheduler", a->scheduler, "fifo or las")->capture_default_str();
+    c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")->capture_default_str();
+    c->add_flag("--json", a->json, "one JSON record");
+    c->callback([a]() { run_cluster(*a); });
+  }
+}
+
+const bool kRegistered = register_command(70, setup);
+
+}  // namespace
+}  // namespace conduit::cli

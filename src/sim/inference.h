@@ -1,0 +1,40 @@
+#pragma once
+// LLM serving: prefill and decode of a GPT model with tensor and pipeline parallelism and a KV cache.
+//   prefill   the prompt (batch x prompt tokens) runs through every layer as in training's forward pass, with
+//             two tensor-parallel allreduces per layer and the pipeline stages one after another
+//   decode    one token per sequence per step: the same GEMMs with M = batch (memory-bound: every step reads
+//             all weights), attention reads the KV cache (2 x layers x hidden x context x 2 bytes per sequence,
+//             split over tensor and pipeline ranks), two small allreduces per layer (latency-bound)
+//   memory    weights 2 bytes/param / (t p) + KV cache of batch x (prompt + generate) tokens
+// Replicas: accelerators / (t p) independent copies serve requests in parallel.
+#include <string>
+
+#include "sim/collective.h"
+#include "sim/workload.h"
+
+namespace conduit::sim {
+
+struct InferenceConfig {
+  int tp = 1, pp = 1;
+  int batch = 1;
+  long long prompt = 1024, generate = 256;
+};
+
+struct InferenceResult {
+  long long replicas = 1;
+  double prefill = 0;           // seconds (time to first token)
+  double decode_per_token = 0;  // seconds per generated token (whole batch)
+  double request_latency = 0;
+  double tokens_per_second = 0; // generated tokens/s over all replicas
+  double weight_bytes = 0, kv_bytes = 0, memory_total = 0, memory_capacity = 0;
+  bool fits = true;
+  long long max_batch = 0;
+  std::string decode_bound;     // "memory" or "compute"
+};
+
+// KV-cache bytes per GPU: 2 (K and V) x layers/p x hidden/t x tokens x batch x 2 bytes.
+double kv_cache_bytes(const GptModel& m, int tp, int pp, long long tokens, long long batch);
+
+InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m, const InferenceConfig& c);
+
+}  // namespace conduit::sim

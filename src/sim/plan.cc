@@ -1,0 +1,147 @@
+#include "sim/plan.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "sim/units.h"
+
+namespace conduit::sim {
+
+std::string describe_config(const ParallelConfig& c) {
+  std::string s = fmt::format("dp={} tp={} pp={} b={} zero={} recompute={}", c.dp, c.tp, c.pp, c.micro_batch, c.zero,
+                              recompute_name(c.recompute));
+  if (c.pp > 1) {
+    s += fmt::format(" schedule={}", schedule_name(c.schedule));
+    if (c.schedule == Schedule::kInterleaved) s += fmt::format(" v={}", c.virtual_stages);
+  }
+  if (c.tp > 1 && c.sequence_parallel) s += " sp";
+  if (c.compression.kind != "none")
+    s += c.compression.param > 0 ? fmt::format(" compression={}:{}", c.compression.kind, c.compression.param)
+                                 : fmt::format(" compression={}", c.compression.kind);
+  return s;
+}
+
+PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space_in, size_t top) {
+  m.validate();
+  const auto start = std::chrono::steady_clock::now();
+  const Topology& topo = net.topology();
+  const long long gpus = topo.gpus();
+  PlanSpace space = space_in;
+  if (space.tp.empty())
+    for (int t = 1; t <= std::min<long long>(m.heads, 2LL * topo.gpus_per_node()); t *= 2) space.tp.push_back(t);
+  if (space.pp.empty())
+    for (int p = 1; p <= std::min(m.layers, 128); ++p)
+      if (m.layers % p == 0) space.pp.push_back(p);
+  if (space.micro_batch.empty()) space.micro_batch = {1, 2, 4, 8, 16};
+  PlanResult res;
+  std::vector<StepResult> all;
+  for (int t : space.tp) {
+    for (int p : space.pp) {
+      if (gpus % (static_cast<long long>(t) * p) != 0) continue;
+      const long long d = gpus / (static_cast<long long>(t) * p);
+      for (int b : space.micro_batch) {
+        if (global_batch % (static_cast<long long>(b) * d) != 0) continue;
+        for (int z : space.zero) {
+          if (z >= 2 && p > 1) continue;
+          if (z > 0 && d == 1) continue;  // nothing to shard
+          for (Recompute rc : space.recompute) {
+            for (bool sp : space.sequence_parallel) {
+              if (sp && t == 1) continue;
+              for (const Compression& cp : space.compression) {
+                if (cp.kind != "none" && (z > 0 || d == 1)) continue;
+                std::vector<std::pair<Schedule, int>> scheds;
+                if (p == 1) scheds.push_back({Schedule::k1F1B, 1});
+                else
+                  for (Schedule s : space.schedules) {
+                    if (s == Schedule::kInterleaved)
+                      for (int v : space.virtual_stages) scheds.push_back({s, v});
+                    else scheds.push_back({s, 1});
+                  }
+                for (auto [sched, v] : scheds) {
+                  ParallelConfig c = space.base;
+                  c.tp = t;
+                  c.pp = p;
+                  c.dp = 0;
+                  c.micro_batch = b;
+                  c.global_batch = global_batch;
+                  c.zero = z;
+                  c.recompute = rc;
+                  c.sequence_parallel = sp;
+                  c.compression = cp;
+                  c.schedule = sched;
+                  c.virtual_stages = v;
+                  ++res.candidates;
+                  StepResult r;
+                  try {
+                    r = simulate_step(net, m, c);
+                  } catch (const ConfigError&) {
+                    continue;
+                  }
+                  ++res.valid;
+                  if (!r.fits) {
+                    if (!res.any_oom || r.time < res.best_oom.time) {
+                      res.best_oom = r;
+                      res.any_oom = true;
+                    }
+                    continue;
+                  }
+                  ++res.fitting;
+                  all.push_back(std::move(r));
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::sort(all.begin(), all.end(), [](const StepResult& a, const StepResult& b) { return a.time < b.time; });
+  if (all.size() > top) all.resize(top);
+  res.ranked = std::move(all);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return res;
+}
+
+std::vector<std::string> explain_plan(const StepResult& best, const StepResult* other) {
+  std::vector<std::string> out;
+  const StepBreakdown& b = best.breakdown;
+  struct Part {
+    const char* name;
+    double v;
+  };
+  std::vector<Part> parts{{"compute", b.compute - b.recompute}, {"recompute", b.recompute},
+                          {"pipeline bubble", b.bubble},      {"tensor-parallel comm", b.tp_comm},
+                          {"pipeline p2p", b.pp_comm},        {"exposed data-parallel comm", b.dp_exposed + b.zero3_exposed},
+                          {"optimizer", b.optimizer}};
+  std::sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
+  std::string top;
+  for (size_t i = 0; i < parts.size() && i < 3; ++i) {
+    if (parts[i].v <= 0) break;
+    if (!top.empty()) top += ", ";
+    top += fmt::format("{} {:.0f}%", parts[i].name, 100 * parts[i].v / best.time);
+  }
+  out.push_back(fmt::format("time goes to {}", top));
+  out.push_back(fmt::format("memory {} of {} ({} activations)", format_gb(best.memory.total()),
+                            format_gb(best.memory_capacity), format_gb(best.memory.activations)));
+  if (other) {
+    const StepBreakdown& o = other->breakdown;
+    std::vector<Part> diffs{{"compute", (o.compute - o.recompute) - (b.compute - b.recompute)},
+                            {"recompute", o.recompute - b.recompute},
+                            {"pipeline bubble", o.bubble - b.bubble},
+                            {"tensor-parallel comm", o.tp_comm - b.tp_comm},
+                            {"pipeline p2p", o.pp_comm - b.pp_comm},
+                            {"exposed data-parallel comm", (o.dp_exposed + o.zero3_exposed) - (b.dp_exposed + b.zero3_exposed)},
+                            {"optimizer", o.optimizer - b.optimizer}};
+    std::sort(diffs.begin(), diffs.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
+    if (diffs.front().v > 0)
+      out.push_back(fmt::format("beats the next plan ({}) by {:.1f}% mostly through {} ({} less)",
+                                describe_config(other->config), 100 * (other->time - best.time) / other->time,
+                                diffs.front().name, format_seconds(diffs.front().v)));
+  }
+  return out;
+}
+
+}  // namespace conduit::sim

@@ -1,0 +1,42 @@
+#pragma once
+// The planner: searches DP x TP x PP x micro-batch x ZeRO stage x schedule x recompute (x sequence parallel,
+// x compression) for a GPT model on a cluster, keeps the plans that fit in memory, ranks them by predicted
+// iteration time and explains the best ones. Collective profiles are cached per group shape, so a candidate
+// costs a few microseconds.
+#include <string>
+#include <vector>
+
+#include "sim/step.h"
+
+namespace conduit::sim {
+
+struct PlanSpace {
+  std::vector<int> tp;           // empty: powers of two up to min(heads, 2 x GPUs per node)
+  std::vector<int> pp;           // empty: divisors of the layer count up to 128
+  std::vector<int> micro_batch;  // empty: 1, 2, 4, 8, 16
+  std::vector<int> zero{0, 1, 2, 3};
+  std::vector<Schedule> schedules{Schedule::k1F1B, Schedule::kInterleaved, Schedule::kGpipe};
+  std::vector<int> virtual_stages{2, 4};
+  std::vector<Recompute> recompute{Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  std::vector<bool> sequence_parallel{false, true};
+  std::vector<Compression> compression{Compression{}};
+  ParallelConfig base;  // everything the search does not vary (grad bytes, bucket, algorithms, sync, mode)
+};
+
+struct PlanResult {
+  std::vector<StepResult> ranked;  // fitting plans, fastest first (at most `top`)
+  long long candidates = 0;        // configurations generated
+  long long valid = 0;             // passed validation (divisibility etc.)
+  long long fitting = 0;           // fit in memory
+  double seconds = 0;              // wall time of the search
+  StepResult best_oom;             // the fastest plan that did not fit (when none fits)
+  bool any_oom = false;
+};
+
+PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space, size_t top);
+
+// One line per reason the plan wins (or loses) against `other`.
+std::vector<std::string> explain_plan(const StepResult& best, const StepResult* runner_up);
+std::string describe_config(const ParallelConfig& c);
+
+}  // namespace conduit::sim

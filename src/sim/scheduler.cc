@@ -1,0 +1,328 @@
+#include "sim/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "sim/plan.h"
+
+namespace conduit::sim {
+
+Policy parse_policy(const std::string& s) {
+  if (s == "fifo") return Policy::kFifo;
+  if (s == "las") return Policy::kLas;
+  throw ConfigError(fmt::format("--scheduler = '{}' (allowed: fifo, las)", s));
+}
+
+Placement parse_placement(const std::string& s) {
+  if (s == "topology") return Placement::kTopology;
+  if (s == "spread") return Placement::kSpread;
+  throw ConfigError(fmt::format("--placement = '{}' (allowed: topology, spread)", s));
+}
+
+std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string& origin) {
+  std::vector<JobSpec> jobs;
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  bool header = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    std::string t = trim(line);
+    if (t.empty() || t[0] == '#') continue;
+    auto f = split(t, ',');
+    for (auto& x : f) x = trim(x);
+    if (!header) {
+      header = true;
+      if (f.size() < 5 || f[0] != "id" || f[1] != "submit_s" || f[2] != "gpus" || f[3] != "model" || f[4] != "iterations")
+        throw ConfigError(fmt::format("{}:{}: the header must be id,submit_s,gpus,model,iterations[,global_batch]", origin, lineno));
+      continue;
+    }
+    if (f.size() < 5 || f.size() > 6)
+      throw ConfigError(fmt::format("{}:{}: expected 5 or 6 comma-separated fields, got {}", origin, lineno, f.size()));
+    JobSpec j;
+    j.id = f[0];
+    auto num = [&](const std::string& v, const char* field, double lo) {
+      char* end = nullptr;
+      double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != 0 || !(x >= lo))
+        throw ConfigError(fmt::format("{}:{}: {} = '{}' must be a number >= {}", origin, lineno, field, v, lo));
+      return x;
+    };
+    j.submit = num(f[1], "submit_s", 0);
+    j.gpus = static_cast<long long>(num(f[2], "gpus", 1));
+    j.model = f[3];
+    GptModel probe;
+    if (!named_gpt(j.model, probe))
+      throw ConfigError(fmt::format("{}:{}: model = '{}' (allowed: {})", origin, lineno, j.model, join(named_gpt_names(), ", ")));
+    j.iterations = static_cast<long long>(num(f[4], "iterations", 1));
+    if (f.size() == 6) j.global_batch = static_cast<long long>(num(f[5], "global_batch", 1));
+    jobs.push_back(j);
+  }
+  if (jobs.empty()) throw ConfigError(fmt::format("{}: no jobs", origin));
+  return jobs;
+}
+
+std::vector<JobSpec> load_job_trace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("--jobs: cannot read '{}'", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_job_trace(ss.str(), path);
+}
+
+double job_iteration_time(const ClusterSpec& spec, const std::string& model, long long gpus, long long global_batch,
+                          int leaves) {
+  static thread_local std::map<std::tuple<std::string, std::string, long long, long long, int>, double> cache;
+  auto key = std::make_tuple(spec.name, model, gpus, global_batch, leaves);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  GptModel m;
+  if (!named_gpt(model, m)) throw ConfigError(fmt::format("model '{}' is not a named model", model));
+  ClusterSpec s = spec;
+  const long long gpn = spec.gpus_per_node();
+  const long long nodes = std::max<long long>(1, (gpus + gpn - 1) / gpn);
+  s.network.nodes_per_leaf = static_cast<int>(std::max<long long>(1, (nodes + leaves - 1) / leaves));
+  Topology topo(s, nodes * gpn);
+  CollectiveModel net(topo);
+  PlanSpace space;
+  space.tp.clear();
+  for (int t = 1; t <= std::min<long long>(gpn, m.heads); t *= 2) space.tp.push_back(t);
+  space.micro_batch = {1, 2, 4};
+  space.zero = {0, 1};
+  space.schedules = {Schedule::k1F1B};
+  space.recompute = {Recompute::kNone, Recompute::kFull};
+  space.sequence_parallel = {true};
+  const long long B = global_batch > 0 ? global_batch : 8 * nodes * gpn;
+  PlanResult pr = plan(net, m, B, space, 1);
+  double t = pr.ranked.empty() ? std::numeric_limits<double>::infinity() : pr.ranked.front().time;
+  cache.emplace(key, t);
+  return t;
+}
+
+namespace {
+
+struct Running {
+  size_t job;
+  std::vector<std::pair<long long, long long>> alloc;  // (leaf, gpus)
+  double iter_time;
+};
+
+}  // namespace
+
+ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const std::vector<JobSpec>& jobs,
+                                const SchedulerOptions& opt) {
+  const long long gpn = spec.gpus_per_node();
+  if (gpus % gpn != 0) throw ConfigError(fmt::format("--gpus = {} must be a multiple of {} per node", gpus, gpn));
+  const long long per_leaf = static_cast<long long>(spec.network.nodes_per_leaf) * gpn;
+  const long long nleaves = (gpus + per_leaf - 1) / per_leaf;
+  std::vector<long long> free_(nleaves);
+  for (long long l = 0; l < nleaves; ++l) free_[l] = std::min(per_leaf, gpus - l * per_leaf);
+  const size_t n = jobs.size();
+  for (const auto& j : jobs) {
+    if (j.gpus > gpus) throw ConfigError(fmt::format("job {} asks for {} accelerators; the cluster has {}", j.id, j.gpus, gpus));
+    if (j.gpus > gpn && j.gpus % gpn != 0)
+      throw ConfigError(fmt::format("job {}: gpus = {} must be at most {} or a multiple of it (whole nodes)", j.id, j.gpus, gpn));
+  }
+  std::vector<JobOutcome> out(n);
+  std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
+  std::vector<int> state(n, 0);  // 0 not arrived, 1 waiting, 2 running, 3 done
+  std::vector<double> restart_at(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    out[i].id = jobs[i].id;
+    out[i].gpus = jobs[i].gpus;
+    out[i].submit = jobs[i].submit;
+    remaining[i] = static_cast<double>(jobs[i].iterations);
+    packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1);
+  }
+  std::vector<Running> running;
+  double now = 0, busy = 0;
+
+  auto place = [&](long long need, std::vector<std::pair<long long, long long>>& alloc) -> bool {
+    long long total = 0;
+    for (long long f : free_) total += f;
+    if (total < need) return false;
+    alloc.clear();
+    if (opt.placement == Placement::kTopology) {
+      long long best = -1;
+      for (long long l = 0; l < nleaves; ++l)
+        if (free_[l] >= need && (best < 0 || free_[l] < free_[best])) best = l;
+      if (best >= 0) {
+        alloc.push_back({best, need});
+      } else {
+        std::vector<long long> order(nleaves);
+        for (long long l = 0; l < nleaves; ++l) order[l] = l;
+        std::sort(order.begin(), order.end(), [&](long long a, long long b) { return free_[a] > free_[b]; });
+        long long left = need;
+        for (long long l : order) {
+          long long take = std::min(left, (free_[l] / std::min(need, gpn)) * std::min(need, gpn));
+          if (take <= 0) continue;
+          alloc.push_back({l, take});
+          left -= take;
+          if (left == 0) break;
+        }
+        if (left > 0) return false;
+      }
+    } else {
+      long long left = need;
+      const long long unit = std::min(need, gpn);
+      std::vector<long long> got(nleaves, 0);
+      bool progress = true;
+      while (left > 0 && progress) {
+        progress = false;
+        for (long long l = 0; l < nleaves && left > 0; ++l) {
+          if (free_[l] - got[l] >= unit) {
+            got[l] += unit;
+            left -= unit;
+            progress = true;
+          }
+        }
+      }
+      if (left > 0) return false;
+      for (long long l = 0; l < nleaves; ++l)
+        if (got[l] > 0) alloc.push_back({l, got[l]});
+    }
+    for (auto [l, g] : alloc) free_[l] -= g;
+    return true;
+  };
+  auto release = [&](const Running& r) {
+    for (auto [l, g] : r.alloc) free_[l] += g;
+  };
+  auto queue_of = [&](size_t i) {
+    double th = opt.las_first_threshold;
+    for (int q = 0; q < opt.las_queues - 1; ++q, th *= 10)
+      if (attained[i] < th) return q;
+    return opt.las_queues - 1;
+  };
+  auto start_job = [&](size_t i, std::vector<std::pair<long long, long long>>& alloc) {
+    int leaves = static_cast<int>(alloc.size());
+    double it = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, leaves);
+    running.push_back({i, alloc, it});
+    if (out[i].start < 0) out[i].start = now;
+    else restart_at[i] = now + opt.restart_penalty;  // a resumed job first reloads its checkpoint
+    out[i].leaves_used = leaves;
+    out[i].slowdown = it / packed[i];
+    out[i].iteration_time = it;
+    state[i] = 2;
+  };
+  auto schedule = [&]() {
+    if (opt.policy == Policy::kFifo) {
+      std::vector<size_t> waiting;
+      for (size_t i = 0; i < n; ++i)
+        if (state[i] == 1) waiting.push_back(i);
+      std::stable_sort(waiting.begin(), waiting.end(), [&](size_t a, size_t b) { return jobs[a].submit < jobs[b].submit; });
+      for (size_t i : waiting) {
+        std::vector<std::pair<long long, long long>> alloc;
+        if (!place(jobs[i].gpus, alloc)) break;  // strict FIFO
+        start_job(i, alloc);
+      }
+      return;
+    }
+    // LAS: rank every active job; keep the running ones that still rank inside the capacity, preempt others.
+    std::vector<size_t> active;
+    for (size_t i = 0; i < n; ++i)
+      if (state[i] == 1 || state[i] == 2) active.push_back(i);
+    std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
+      int qa = queue_of(a), qb = queue_of(b);
+      if (qa != qb) return qa < qb;
+      return jobs[a].submit < jobs[b].submit;
+    });
+    long long cap = gpus;
+    std::vector<char> keep(n, 0);
+    for (size_t i : active) {
+      if (jobs[i].gpus <= cap) {
+        keep[i] = 1;
+        cap -= jobs[i].gpus;
+      }
+    }
+    for (size_t k = 0; k < running.size();) {
+      size_t i = running[k].job;
+      if (!keep[i]) {
+        release(running[k]);
+        state[i] = 1;
+        out[i].preemptions++;
+        running.erase(running.begin() + static_cast<long>(k));
+      } else {
+        ++k;
+      }
+    }
+    for (size_t i : active) {
+      if (!keep[i] || state[i] == 2) continue;
+      std::vector<std::pair<long long, long long>> alloc;
+      if (place(jobs[i].gpus, alloc)) start_job(i, alloc);
+    }
+  };
+
+  size_t done = 0;
+  while (done < n) {
+    // Arrivals at `now`.
+    for (size_t i = 0; i < n; ++i)
+      if (state[i] == 0 && jobs[i].submit <= now) state[i] = 1;
+    schedule();
+    // Next event: an arrival, a completion, or (LAS) a queue demotion.
+    double next = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < n; ++i)
+      if (state[i] == 0) next = std::min(next, jobs[i].submit);
+    for (const auto& r : running) {
+      size_t i = r.job;
+      double begin = std::max(now, restart_at[i]);
+      next = std::min(next, begin + remaining[i] * r.iter_time);
+      if (opt.policy == Policy::kLas) {
+        double th = opt.las_first_threshold;
+        for (int q = 0; q < opt.las_queues - 1; ++q, th *= 10)
+          if (attained[i] < th) {
+            next = std::min(next, now + (th - attained[i]) / static_cast<double>(jobs[i].gpus) + 1e-9);
+            break;
+          }
+      }
+    }
+    if (!std::isfinite(next)) throw ConfigError("cluster simulation: jobs can never run (a job needs more than the cluster)");
+    const double dt = next - now;
+    for (const auto& r : running) {
+      size_t i = r.job;
+      double useful = std::max(0.0, next - std::max(now, restart_at[i]));
+      remaining[i] -= useful / r.iter_time;
+      attained[i] += dt * static_cast<double>(jobs[i].gpus);
+      busy += dt * static_cast<double>(jobs[i].gpus);
+    }
+    now = next;
+    for (size_t k = 0; k < running.size();) {
+      size_t i = running[k].job;
+      if (remaining[i] <= 1e-9) {
+        release(running[k]);
+        state[i] = 3;
+        out[i].finish = now;
+        ++done;
+        running.erase(running.begin() + static_cast<long>(k));
+      } else {
+        ++k;
+      }
+    }
+  }
+  ScheduleResult res;
+  res.jobs = out;
+  std::vector<double> jct;
+  double first = std::numeric_limits<double>::infinity();
+  for (const auto& j : out) {
+    jct.push_back(j.finish - j.submit);
+    res.makespan = std::max(res.makespan, j.finish);
+    first = std::min(first, j.submit);
+  }
+  std::sort(jct.begin(), jct.end());
+  for (double x : jct) res.mean_jct += x / static_cast<double>(jct.size());
+  auto pct = [&](double q) { return jct[std::min(jct.size() - 1, static_cast<size_t>(std::ceil(q * jct.size())) - 1)]; };
+  res.p50_jct = pct(0.5);
+  res.p99_jct = pct(0.99);
+  res.utilization = busy / (static_cast<double>(gpus) * (res.makespan - first));
+  return res;
+}
+
+}  // namespace conduit::sim

@@ -1,0 +1,69 @@
+#pragma once
+// Cluster scheduling simulation: jobs arrive, ask for accelerators, and run at the speed the step model
+// predicts for their placement (a job spread over more leaf switches crosses the oversubscribed spine and runs
+// slower). Policies:
+//   fifo   strict arrival order, no backfilling (head-of-line blocking)
+//   las    Tiresias-style discretized two-dimensional least-attained-service (Gu et al., NSDI'19): jobs are
+//          prioritized by attained service (accelerators x seconds) in queues with exponentially growing
+//          thresholds, arrival order inside a queue; preemptive (a preempted job restarts from its last
+//          checkpoint after `restart_penalty` seconds), lower-priority jobs backfill idle accelerators.
+// Placement: topology (the fewest leaves: best fit in one leaf, else the emptiest leaves) or spread (round-robin
+// across leaves).
+// Job speed for a placement: the planner's best configuration for the job's model and accelerator count on a
+// cluster whose job nodes span that many leaves (cached per model, size and leaf count).
+#include <string>
+#include <vector>
+
+#include "sim/cluster.h"
+
+namespace conduit::sim {
+
+struct JobSpec {
+  std::string id;
+  double submit = 0;       // seconds
+  long long gpus = 1;
+  std::string model;       // a named GPT model (workload.h)
+  long long iterations = 1;
+  long long global_batch = 0;  // 0: 8 sequences per accelerator
+};
+
+// CSV with a header: id,submit_s,gpus,model,iterations[,global_batch]. ConfigError naming the line and field.
+std::vector<JobSpec> load_job_trace(const std::string& path);
+std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string& origin);
+
+enum class Policy { kFifo, kLas };
+enum class Placement { kTopology, kSpread };
+Policy parse_policy(const std::string& s);
+Placement parse_placement(const std::string& s);
+
+struct SchedulerOptions {
+  Policy policy = Policy::kFifo;
+  Placement placement = Placement::kTopology;
+  double las_first_threshold = 3600;  // accelerator-seconds of the first LAS queue; each next one x10
+  int las_queues = 3;
+  double restart_penalty = 60;        // seconds lost when a preempted job restarts
+};
+
+struct JobOutcome {
+  std::string id;
+  long long gpus = 0;
+  double submit = 0, start = -1, finish = -1;
+  int leaves_used = 0;     // of its last placement
+  double slowdown = 1;     // iteration time of its last placement / iteration time packed in one leaf
+  int preemptions = 0;
+  double iteration_time = 0;
+};
+
+struct ScheduleResult {
+  std::vector<JobOutcome> jobs;
+  double mean_jct = 0, p50_jct = 0, p99_jct = 0, makespan = 0, utilization = 0;
+};
+
+ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const std::vector<JobSpec>& jobs,
+                                const SchedulerOptions& opt);
+
+// Iteration time of a job on `gpus` accelerators whose nodes span `leaves` leaf switches.
+double job_iteration_time(const ClusterSpec& spec, const std::string& model, long long gpus, long long global_batch,
+                          int leaves);
+
+}  // namespace conduit::sim
