@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -52,9 +53,14 @@ constexpr std::string_view kDroppedPrefixes[] = {"OMPI_", "PMIX_"};
 
 int g_signal_write_fd = -1;
 std::atomic<bool> g_running{false};
+// Set by SIGINT/SIGTERM: a write to a stalled stdout gives up, so that the signal is handled.
+volatile sig_atomic_t g_stop_requested = 0;
+// Set for stdout (1) / stderr (2) once a write to it stalled during a stop: later output to it is dropped.
+bool g_output_stalled[3] = {false, false, false};
 
 void on_signal(int sig) {
   int saved = errno;
+  if (sig != SIGCHLD) g_stop_requested = 1;
   unsigned char byte = static_cast<unsigned char>(sig);
   if (g_signal_write_fd >= 0) {
     ssize_t r = ::write(g_signal_write_fd, &byte, 1);
@@ -109,6 +115,8 @@ class SignalScope {
     read_ = std::move(r);
     write_ = std::move(w);
     g_signal_write_fd = write_.get();
+    g_stop_requested = 0;
+    for (bool& stalled : g_output_stalled) stalled = false;
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -175,9 +183,25 @@ class BlockSignals {
 
 // ---- output forwarding ----
 
+// Writes everything, blocking as the reader requires (back-pressure on the workers). Once SIGINT/SIGTERM arrived,
+// waits at most kStalledOutputWait for the output to take more, so a stalled terminal or pipe cannot keep the
+// launcher from stopping the workers.
 void write_all(int fd, const char* data, size_t size) {
+  constexpr int kStalledOutputWaitMs = 1000;
   while (size > 0) {
-    ssize_t w = ::write(fd, data, size);
+    size_t chunk = size;
+    if (g_stop_requested) {
+      if (fd >= 0 && fd < 3 && g_output_stalled[fd]) return;
+      pollfd p{fd, POLLOUT, 0};
+      int r = ::poll(&p, 1, kStalledOutputWaitMs);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0 || (p.revents & (POLLERR | POLLNVAL)) != 0) {
+        if (fd >= 0 && fd < 3) g_output_stalled[fd] = true;
+        return;
+      }
+      chunk = std::min<size_t>(size, PIPE_BUF);  // fits in the room POLLOUT promised
+    }
+    ssize_t w = ::write(fd, data, chunk);
     if (w < 0) {
       if (errno == EINTR) continue;
       return;  // stdout/stderr closed or broken: drop the output, keep supervising the workers

@@ -78,7 +78,8 @@ class LaunchTest : public ::testing::Test {
   }
 
   // Starts `conduit ARGS` with stdout/stderr going to files; `env` adds or replaces variables.
-  pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+  pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
+              int stdout_fd = -1) {
     std::vector<std::string> argv_s = {CONDUIT_BINARY};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<std::string> env_s;
@@ -97,9 +98,10 @@ class LaunchTest : public ::testing::Test {
     started_ = Clock::now();
     pid_t pid = ::fork();
     if (pid == 0) {
-      FILE* o = std::freopen(out.c_str(), "w", stdout);
+      FILE* o = stdout_fd >= 0 ? stdout : std::freopen(out.c_str(), "w", stdout);
       FILE* e = std::freopen(err.c_str(), "w", stderr);
       if (o == nullptr || e == nullptr) ::_exit(126);
+      if (stdout_fd >= 0 && ::dup2(stdout_fd, 1) < 0) ::_exit(126);
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(126);
     }
@@ -367,6 +369,20 @@ INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest, ::testing::Values(SIGTERM, S
                          [](const ::testing::TestParamInfo<int>& info) {
                            return info.param == SIGTERM ? std::string("Sigterm") : std::string("Sigint");
                          });
+
+TEST_F(LaunchTest, SignalStopsWorkersEvenWhenStdoutIsStalled) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  // Nobody reads the pipe: once it is full the launcher blocks writing the workers' output.
+  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", "exec yes"}, {}, fds[1]);
+  ::close(fds[1]);
+  std::this_thread::sleep_for(500ms);
+  ASSERT_EQ(::kill(launcher, SIGTERM), 0);
+  auto r = finish(launcher, 10s);
+  ::close(fds[0]);
+  ASSERT_FALSE(r.timed_out) << "a stalled stdout kept the launcher from stopping";
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
+}
 
 TEST_F(LaunchTest, ExitCodesOfCleanRuns) {
   auto ok = run({"launch", "-n", "3", "--", "true"});
