@@ -48,8 +48,11 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
           if (z >= 2 && p > 1) continue;
           if (z > 0 && d == 1) continue;  // nothing to shard
           for (Recompute rc : space.recompute) {
-            for (bool sp : space.sequence_parallel) {
-              if (sp && t == 1) continue;
+            const bool has_plain = std::find(space.sequence_parallel.begin(), space.sequence_parallel.end(), false) !=
+                                   space.sequence_parallel.end();
+            for (bool sp_option : space.sequence_parallel) {
+              if (sp_option && t == 1 && has_plain) continue;  // the same plan as sp = false
+              const bool sp = sp_option && t > 1;
               for (const Compression& cp : space.compression) {
                 if (cp.kind != "none" && (z > 0 || d == 1)) continue;
                 std::vector<std::pair<Schedule, int>> scheds;

@@ -142,6 +142,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     out[i].submit = jobs[i].submit;
     remaining[i] = static_cast<double>(jobs[i].iterations);
     packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1);
+    if (!std::isfinite(packed[i]))
+      throw ConfigError(fmt::format("job {}: no parallel configuration of {} fits in memory on {} accelerators", jobs[i].id,
+                                    jobs[i].model, jobs[i].gpus));
   }
   std::vector<Running> running;
   double now = 0, busy = 0;

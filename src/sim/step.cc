@@ -140,8 +140,9 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
 
 // Time of bucketed gradient exchange overlapped with a backward pass of length `window`: buckets become ready
 // uniformly during the window and are exchanged one after another. Returns the time past the window's end.
+// `busy` (when given) receives the total exchange time of all buckets (each pays its own latency).
 template <class TimeOf>
-double bucketed_exposed(double window, double total_bytes, double bucket_bytes, TimeOf time_of) {
+double bucketed_exposed(double window, double total_bytes, double bucket_bytes, TimeOf time_of, double* busy = nullptr) {
   if (total_bytes <= 0) return 0;
   const long long nb = std::max<long long>(1, static_cast<long long>(std::ceil(total_bytes / bucket_bytes)));
   const double each = total_bytes / nb;
@@ -151,6 +152,7 @@ double bucketed_exposed(double window, double total_bytes, double bucket_bytes, 
     double ready = window * static_cast<double>(i + 1) / nb;
     end = std::max(end, ready) + t_each;
   }
+  if (busy) *busy = t_each * static_cast<double>(nb);
   return std::max(0.0, end - window);
 }
 
@@ -271,9 +273,12 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
       const double t_rs = ctime(Collective::kReduceScatter, rs, dg, grad_bytes),
                    t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2);
       dp_total = t_rs + t_ag;
+      double busy = t_rs;
       dp_exposed = (cfg.dp_overlap ? bucketed_exposed(bwd_window, grad_bytes, cfg.bucket_bytes,
-                                                      [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n); })
+                                                      [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n); },
+                                                      &busy)
                                     : t_rs) + t_ag;
+      dp_total = busy + t_ag;
       r.dp_algorithm = algorithm_name(rs.algorithm);
       r.dp_bottleneck = rs.bottleneck;
     } else {
@@ -285,7 +290,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
         auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
         dp_total = ctime(Collective::kAllReduce, ar, dg, wire);
         dp_exposed = cfg.dp_overlap ? bucketed_exposed(bwd_window, wire, cfg.bucket_bytes * bytes_per / cfg.grad_bytes,
-                                                      [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n); })
+                                                      [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n); },
+                                                      &dp_total)
                                     : dp_total;
         if (cp.kind != "none") {
           // Quantize before sending, dequantize-accumulate-requantize at each reduction step (fused, one pass

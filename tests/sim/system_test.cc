@@ -1,0 +1,224 @@
+// Planner, inference, cluster scheduling, presets, scale, and the `conduit sim` command line.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "sim/cluster.h"
+#include "sim/inference.h"
+#include "sim/plan.h"
+#include "sim/scheduler.h"
+#include "sim/step.h"
+
+namespace conduit::sim {
+namespace {
+
+GptModel named(const char* n) {
+  GptModel m;
+  EXPECT_TRUE(named_gpt(n, m));
+  return m;
+}
+
+TEST(Presets, AllParseAndTheFilesMatchTheEmbeddedText) {
+  for (const auto& name : preset_names()) {
+    ClusterSpec s = load_cluster(name);
+    EXPECT_EQ(s.name, name);
+    EXPECT_GT(s.node_kinds.front().accelerator.peak_flops, 1e12);
+    std::ifstream in(std::string(CONDUIT_SOURCE_DIR) + "/configs/clusters/" + name + ".yaml");
+    ASSERT_TRUE(in) << name;
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, preset_yaml(name)) << "rebuild after editing configs/clusters/" << name << ".yaml";
+  }
+  EXPECT_EQ(preset_names().size(), 4u);
+}
+
+TEST(Presets, BadFilesNameTheField) {
+  auto msg = [](const std::string& yaml) {
+    try {
+      parse_cluster_yaml(yaml, "x.yaml");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string good = preset_yaml("dgx-a100");
+  std::string bad_unit = good;
+  bad_unit.replace(bad_unit.find("bandwidth: 200 Gb/s"), 19, "bandwidth: 200 Gbps");
+  EXPECT_NE(msg(bad_unit).find("nodes[0].nic.bandwidth"), std::string::npos) << msg(bad_unit);
+  std::string bad_topo = good;
+  bad_topo.replace(bad_topo.find("rail-optimized  "), 14, "dragonfly-plus");
+  EXPECT_NE(msg(bad_topo).find("network.topology"), std::string::npos) << msg(bad_topo);
+  EXPECT_NE(msg("nodes: []\n").find("nodes"), std::string::npos);
+  EXPECT_NE(msg("{").find("not valid YAML"), std::string::npos);
+  EXPECT_THROW(load_cluster("no-such-preset"), ConfigError);
+}
+
+TEST(Presets, HeterogeneousEdgeScalesKindsProportionally) {
+  Topology t(load_cluster("edge"), 32);
+  EXPECT_EQ(t.kind_counts()[0], 8);
+  EXPECT_EQ(t.kind_counts()[1], 24);
+  CollectiveModel net(t);
+  GptModel m = named("gpt2-small");
+  ParallelConfig c;
+  c.global_batch = 64;
+  c.micro_batch = 2;
+  StepResult r = simulate_step(net, m, c);
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes.front().find("Orin-Nano"), std::string::npos);  // the slow kind bounds the step
+}
+
+TEST(Planner, RanksFittingPlansFastAndExplains) {
+  Topology topo(load_cluster("dgx-a100"), 512);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt-39b");
+  PlanSpace space;
+  PlanResult pr = plan(net, m, 1536, space, 10);
+  ASSERT_FALSE(pr.ranked.empty());
+  EXPECT_GT(pr.candidates, 1000);
+  EXPECT_GT(pr.candidates / pr.seconds, 1000.0);  // thousands of candidates per second
+  for (size_t i = 1; i < pr.ranked.size(); ++i) EXPECT_LE(pr.ranked[i - 1].time, pr.ranked[i].time);
+  for (const auto& r : pr.ranked) EXPECT_TRUE(r.fits);
+  auto why = explain_plan(pr.ranked[0], &pr.ranked[1]);
+  EXPECT_GE(why.size(), 2u);
+  // The best plan is at least as fast as Megatron's published configuration (t=8, p=2, b=1, full recompute).
+  ParallelConfig meg;
+  meg.tp = 8;
+  meg.pp = 2;
+  meg.global_batch = 1536;
+  meg.recompute = Recompute::kFull;
+  EXPECT_LE(pr.ranked[0].time, simulate_step(net, m, meg).time);
+}
+
+TEST(Inference, DecodeIsMemoryBoundAndKvCacheMatchesItsFormula) {
+  Topology topo(load_cluster("dgx-h100"), 8);
+  CollectiveModel net(topo);
+  GptModel m = named("llama2-70b-like");
+  InferenceConfig c;
+  c.tp = 8;
+  c.batch = 1;
+  c.prompt = 1024;
+  c.generate = 128;
+  InferenceResult r = simulate_inference(net, m, c);
+  EXPECT_EQ(r.decode_bound, "memory");
+  const double weights = 2 * gpt_parameters(m) / 8;
+  EXPECT_NEAR(r.weight_bytes, weights, 1);
+  const double floor = weights / (3350e9 * 0.85);  // every decode step streams the weights once
+  EXPECT_GT(r.decode_per_token, floor);
+  EXPECT_LT(r.decode_per_token, 2.5 * floor);
+  EXPECT_DOUBLE_EQ(kv_cache_bytes(m, 8, 1, 1152, 1), 2.0 * 80 * 1024 * 1152 * 2);
+  EXPECT_NEAR(r.kv_bytes, kv_cache_bytes(m, 8, 1, 1152, 1), 1);
+  // Larger batches amortize the weights: more tokens/s, longer steps; the KV cache grows linearly.
+  c.batch = 32;
+  InferenceResult big = simulate_inference(net, m, c);
+  EXPECT_GT(big.tokens_per_second, 10 * r.tokens_per_second);
+  EXPECT_NEAR(big.kv_bytes, 32 * r.kv_bytes, 1);
+  EXPECT_GT(big.prefill, r.prefill);
+  EXPECT_GT(r.max_batch, 32);
+}
+
+TEST(Scheduler, LasBeatsFifoOnMeanJctWithAHeadOfLineJob) {
+  // A long 512-GPU job arrives first; short jobs queue behind it under FIFO; LAS lets them through.
+  std::string trace =
+      "id,submit_s,gpus,model,iterations\n"
+      "big,0,512,gpt-7.5b,4000\n"
+      "s1,10,64,gpt2-xl,100\n"
+      "s2,20,64,gpt2-xl,100\n"
+      "s3,30,128,gpt2-xl,100\n";
+  auto jobs = parse_job_trace(trace, "trace");
+  ClusterSpec spec = load_cluster("dgx-a100");
+  SchedulerOptions fifo;
+  SchedulerOptions las;
+  las.policy = Policy::kLas;
+  auto rf = simulate_cluster(spec, 512, jobs, fifo);
+  auto rl = simulate_cluster(spec, 512, jobs, las);
+  EXPECT_LT(rl.mean_jct, rf.mean_jct);
+  EXPECT_GT(rl.jobs[0].preemptions, 0);
+  for (const auto& j : rf.jobs) EXPECT_GE(j.start, j.submit);
+  EXPECT_GT(rf.utilization, 0.5);
+  EXPECT_LE(rf.utilization, 1.0 + 1e-9);
+}
+
+TEST(Scheduler, SpreadPlacementIsSlowerOnAnOversubscribedNetwork) {
+  ClusterSpec spec = load_cluster("ethernet-25g");
+  double packed = job_iteration_time(spec, "gpt2-small", 64, 0, 1);
+  double spread = job_iteration_time(spec, "gpt2-small", 64, 0, 4);
+  EXPECT_GT(spread, packed);  // a ring barely notices 3:1 oversubscription; halving-doubling does
+  std::string trace = "id,submit_s,gpus,model,iterations\na,0,64,gpt2-small,100\nb,0,64,gpt2-small,100\n";
+  SchedulerOptions topo, spr;
+  spr.placement = Placement::kSpread;
+  auto a = simulate_cluster(spec, 512, parse_job_trace(trace, "t"), topo);
+  auto b = simulate_cluster(spec, 512, parse_job_trace(trace, "t"), spr);
+  EXPECT_EQ(a.jobs[0].leaves_used, 1);
+  EXPECT_GT(b.jobs[0].leaves_used, 1);
+  EXPECT_LT(a.makespan, b.makespan);
+  EXPECT_THROW(parse_job_trace("id,submit_s,gpus,model,iterations\nx,0,8,nope,1\n", "t"), ConfigError);
+  EXPECT_THROW(parse_job_trace("bad header\n", "t"), ConfigError);
+}
+
+TEST(Scale, HundredThousandGpuIterationUnderOneSecond) {
+  auto t0 = std::chrono::steady_clock::now();
+  Topology topo(load_cluster("dgx-h100"), 100000);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt3-175b");
+  ParallelConfig c;
+  c.tp = 8;
+  c.pp = 4;
+  c.global_batch = 12500;
+  c.recompute = Recompute::kSelective;
+  c.sequence_parallel = true;
+  StepResult r = simulate_step(net, m, c);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 1.0);
+  EXPECT_GT(r.time, 0);
+  EXPECT_EQ(r.config.dp, 3125);
+}
+
+std::string run(const std::string& args, int* rc) {
+  std::string cmd = std::string(CONDUIT_BINARY) + " " + args + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
+  *rc = WEXITSTATUS(pclose(p.release()));
+  return out;
+}
+
+TEST(Cli, StepPlanAndErrors) {
+  int rc = 0;
+  std::string out = run("sim step --cluster dgx-a100 --gpus 64 --model gpt --layers 24 --hidden 2304 --heads 24 "
+                        "--global-batch 64 --tp 2 --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"kind\":\"sim.step\""), std::string::npos) << out;
+  EXPECT_NE(out.find("model_tflops_per_gpu"), std::string::npos);
+  out = run("sim step --cluster dgx-a100 --gpus 64 --model gpt --layers 24 --hidden 2304 --heads 24 --global-batch 64 --tp 5", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("conduit: error: --tp"), std::string::npos) << out;
+  out = run("sim step --cluster nowhere --gpus 8 --model gpt2-small --global-batch 8", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--cluster"), std::string::npos) << out;
+  out = run("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --recompute some", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--recompute"), std::string::npos) << out;
+  out = run("sim plan --cluster dgx-h100 --gpus 64 --model gpt-7.5b --global-batch 256 --top 3", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("rank"), std::string::npos);
+  out = run("sim presets --dump dgx-h100", &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(out.find("989 TFLOP/s"), std::string::npos);
+  out = run("sim coll --cluster dgx-a100 --gpus 64 --size 64M --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"algorithm\":\"ring\""), std::string::npos);
+  out = run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --batch 4", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("decode per token"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace conduit::sim
