@@ -274,9 +274,10 @@ void pump(Stream& s, const std::string& prefix, std::vector<char>& buf) {
   }
 }
 
-// Reads everything a stream holds right now (used before announcing that its worker exited).
+// Reads what a stream holds right now, up to a bound (a process left behind may keep writing), before the
+// launcher announces that the stream's worker exited.
 void pump_all(Stream& s, const std::string& prefix, std::vector<char>& buf) {
-  while (s.fd.valid()) {
+  for (int reads = 0; reads < 64 && s.fd.valid(); ++reads) {
     ssize_t r = ::read(s.fd.get(), buf.data(), buf.size());
     if (r > 0) {
       forward(s, prefix, buf.data(), static_cast<size_t>(r));
@@ -552,6 +553,7 @@ int run_local_workers(const LaunchSpec& spec) {
   bool stopping = false;
   bool killed = false;
   int user_signals = 0;
+  int stop_signal = SIGTERM;  // what the workers were asked to stop with
   Clock::time_point kill_deadline{};
 
   auto running_count = [&]() {
@@ -565,6 +567,7 @@ int run_local_workers(const LaunchSpec& spec) {
     signal_all(sig);
     if (!stopping) {
       stopping = true;
+      stop_signal = sig;
       kill_deadline = Clock::now() + grace_time;
     }
   };
@@ -574,7 +577,8 @@ int run_local_workers(const LaunchSpec& spec) {
   };
 
   // ---- start the workers ----
-  for (int rank = 0; rank < spec.nprocs && !have_result; ++rank) {
+  // A SIGINT/SIGTERM that arrives meanwhile ends the loop; the supervision below handles it.
+  for (int rank = 0; rank < spec.nprocs && !have_result && !g_stop_requested; ++rank) {
     Worker& w = workers[static_cast<size_t>(rank)];
     w.rank = rank;
     w.prefix = spec.tag_output ? fmt::format("[rank {}] ", rank) : std::string();
@@ -686,8 +690,8 @@ int run_local_workers(const LaunchSpec& spec) {
       break;
     }
     if (stopping && !killed && any_running && now >= kill_deadline) {
-      message(spec, fmt::format("{} still running {:.3g} s after SIGTERM; sending SIGKILL",
-                                plural_workers(running_count()), grace));
+      message(spec, fmt::format("{} still running {:.3g} s after {}; sending SIGKILL", plural_workers(running_count()),
+                                grace, signal_name(stop_signal)));
       kill_all();
     }
 
