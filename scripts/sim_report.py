@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Regenerates the simulator's validation and scaling tables (docs/sim.md) and its plots (docs/sim-img/*.png).
+
+Usage: scripts/sim_report.py [--conduit build/bin/conduit] [--no-plots]
+Every number comes from `conduit sim ... --json`; published figures are quoted with their source below.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC'21,
+# table 1 (weak scaling on Selene, DGX A100 80GB, seq 2048, vocab 51200, full activation recompute; per-GPU
+# teraFLOP/s counted with the 96 B s l h^2 (1 + s/6h + V/16lh) formula). Micro-batch sizes are not in the table:
+# the simulator uses b = 1 for every row (stated, not tuned per row).
+MEGATRON_TABLE1 = [
+    # params(B), heads, hidden, layers, t, p, gpus, batch, published TFLOP/s per GPU
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+
+# Same paper, table 2: ZeRO-3 without model parallelism, GPT-3 175B, global batch 1536.
+ZERO3_TABLE2 = [
+    # gpus, micro-batch, published TFLOP/s per GPU
+    (384, 4, 144),
+    (768, 2, 88),
+    (1536, 1, 44),
+]
+
+
+def sim(conduit, *args):
+    out = subprocess.run([conduit, "sim", *args, "--json"], check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def validation(conduit):
+    rows = []
+    for params, a, h, l, t, p, n, B, pub in MEGATRON_TABLE1:
+        d = sim(conduit, "step", "--cluster", "dgx-a100", "--gpus", str(n), "--model", "gpt", "--layers", str(l),
+                "--hidden", str(h), "--heads", str(a), "--seq", "2048", "--vocab", "51200", "--global-batch", str(B),
+                "--micro-batch", "1", "--tp", str(t), "--pp", str(p), "--recompute", "full")
+        rows.append((params, t, p, n, B, pub, d))
+    print("| model | t | p | GPUs | batch | published TFLOP/s/GPU | predicted | error | predicted step | bubble | TP comm | DP exposed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    errs = []
+    for params, t, p, n, B, pub, d in rows:
+        pred = d["hardware_tflops_per_gpu"]
+        err = (pred - pub) / pub
+        errs.append(abs(err))
+        b = d["breakdown_s"]
+        print(f"| {params}B | {t} | {p} | {n} | {B} | {pub} | {pred:.1f} | {100*err:+.1f}% | {d['time_s']:.2f} s | "
+              f"{100*b['bubble']/d['time_s']:.1f}% | {100*b['tp_comm']/d['time_s']:.1f}% | {100*b['dp_exposed']/d['time_s']:.1f}% |")
+    print(f"\nmean |error| {100*statistics.mean(errs):.1f}%, max {100*max(errs):.1f}%, "
+          f"{sum(e <= 0.10 for e in errs)}/{len(errs)} rows within 10%\n")
+    print("| ZeRO-3, GPT-3 175B | GPUs | micro-batch | published TFLOP/s/GPU | predicted | error |")
+    print("|---|---|---|---|---|---|")
+    for n, mb, pub in ZERO3_TABLE2:
+        d = sim(conduit, "step", "--cluster", "dgx-a100", "--gpus", str(n), "--model", "gpt3-175b", "--global-batch",
+                "1536", "--micro-batch", str(mb), "--zero", "3", "--recompute", "full")
+        pred = d["hardware_tflops_per_gpu"]
+        print(f"| DeepSpeed ZeRO-3 | {n} | {mb} | {pub} | {pred:.1f} | {100*(pred-pub)/pub:+.1f}% |")
+    return rows
+
+
+def scaling(conduit):
+    print("\n| accelerators | workload | simulated step | wall time to simulate (mean of 3) |")
+    print("|---|---|---|---|")
+    out = []
+    for n, tp, pp, B in [(1024, 8, 4, 1024), (8192, 8, 4, 8192), (32768, 8, 4, 32768), (100000, 8, 4, 12500),
+                         (131072, 8, 8, 131072)]:
+        walls = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            d = sim(conduit, "step", "--cluster", "dgx-h100", "--gpus", str(n), "--model", "gpt3-175b", "--global-batch",
+                    str(B), "--tp", str(tp), "--pp", str(pp), "--recompute", "selective", "--sp")
+            walls.append(time.perf_counter() - t0)
+        print(f"| {n} | GPT-3 175B, t={tp} p={pp} d={n//(tp*pp)}, dgx-h100 | {d['time_s']:.2f} s | "
+              f"{1e3*statistics.mean(walls):.0f} ms (process), {1e3*d['simulation_wall_s']:.1f} ms (model) |")
+        out.append((n, d))
+    print("\n| full-detail vs symmetric | accelerators | symmetric step | full step | wall (full) |")
+    print("|---|---|---|---|---|")
+    for n in [64, 256, 1024]:
+        s = sim(conduit, "step", "--cluster", "dgx-a100", "--gpus", str(n), "--model", "gpt-7.5b", "--global-batch",
+                str(n * 2), "--tp", "4", "--pp", "2")
+        t0 = time.perf_counter()
+        f = sim(conduit, "step", "--cluster", "dgx-a100", "--gpus", str(n), "--model", "gpt-7.5b", "--global-batch",
+                str(n * 2), "--tp", "4", "--pp", "2", "--mode", "full")
+        wall = time.perf_counter() - t0
+        print(f"| GPT 7.5B t=4 p=2 | {n} | {s['time_s']:.4f} s | {f['time_s']:.4f} s | {wall:.2f} s |")
+    return out
+
+
+def plots(conduit, rows, outdir):
+    if not shutil.which("gnuplot"):
+        print("gnuplot not found: no plots", file=sys.stderr)
+        return
+    os.makedirs(outdir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        dat = os.path.join(tmp, "megatron.dat")
+        with open(dat, "w") as f:
+            for params, t, p, n, B, pub, d in rows:
+                b = d["breakdown_s"]
+                T = d["time_s"]
+                f.write(f"{params}B {pub} {d['hardware_tflops_per_gpu']:.2f} {b['compute']/T:.4f} {b['recompute']/T:.4f} "
+                        f"{b['bubble']/T:.4f} {b['tp_comm']/T:.4f} {(b['pp_comm']+b['dp_exposed']+b['optimizer'])/T:.4f}\n")
+        scal = os.path.join(tmp, "scaling.dat")
+        with open(scal, "w") as f:
+            for cl in ["dgx-a100", "dgx-h100"]:
+                for n in [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]:
+                    d = sim(conduit, "plan", "--cluster", cl, "--gpus", str(n), "--model", "gpt-18.4b", "--global-batch",
+                            "2048", "--top", "1")
+                    best = d["plans"][0] if d["plans"] else None
+                    f.write(f"{cl} {n} {best['model_tflops_per_gpu'] if best else 0:.2f}\n")
+        gp = f"""
+set terminal pngcairo size 1000,520 font ',10'
+set output '{outdir}/sim-megatron-validation.png'
+set title 'Megatron-LM table 1 (DGX A100): published vs predicted TFLOP/s per GPU'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set ylabel 'TFLOP/s per GPU'
+set yrange [0:200]
+set key top left
+plot '{dat}' using 2:xtic(1) title 'published', '' using 3 title 'predicted (conduit sim step)'
+set output '{outdir}/sim-breakdown.png'
+set title 'Predicted iteration breakdown (share of step time)'
+set style histogram rowstacked
+set yrange [0:1]
+set ylabel 'share of iteration'
+set key outside right
+plot '{dat}' using 4:xtic(1) title 'compute', '' using 5 title 'recompute', '' using 6 title 'bubble', '' using 7 title 'TP comm', '' using 8 title 'p2p + DP + optimizer'
+set output '{outdir}/sim-scaling.png'
+set title 'GPT 18.4B, global batch 2048 (strong scaling), best plan per size (conduit sim plan)'
+set style data linespoints
+set logscale x 2
+set yrange [0:*]
+set xlabel 'accelerators'
+set ylabel 'model TFLOP/s per GPU'
+set key top right
+plot '< grep dgx-a100 {scal}' using 2:3 title 'dgx-a100', '< grep dgx-h100 {scal}' using 2:3 title 'dgx-h100'
+"""
+        subprocess.run(["gnuplot"], input=gp, text=True, check=True)
+    print(f"\nplots written to {outdir}/", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--conduit", default="build/bin/conduit")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--outdir", default="docs/sim-img")
+    a = ap.parse_args()
+    rows = validation(a.conduit)
+    scaling(a.conduit)
+    if not a.no_plots:
+        plots(a.conduit, rows, a.outdir)
+
+
+if __name__ == "__main__":
+    main()
