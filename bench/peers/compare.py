@@ -172,7 +172,7 @@ def main():
     sizes = sorted({b for recs, _, _, _ in results.values() for b in recs})
     print(f"allreduce f32 sum, world {a.nprocs}, iters {a.iters}, {os.cpu_count()} CPUs; time in us (mean per op, "
           f"slowest rank), busbw in GB/s; ratio = peer time / conduit time (>1: conduit faster)")
-    head = f"{'bytes':>7} |" + "".join(f" {n + ' us':>12} {'busbw':>7} |" for n in names)
+    head = f"{'bytes':>7} |" + "".join(f" {n + ' us':>12} {'busbw':>8} |" for n in names)
     peers_for_ratio = [n for n in names if n != "conduit"] if "conduit" in names else []
     head += "".join(f" {'c/' + ('ompi' if n == 'openmpi' else n):>7}" for n in peers_for_ratio)
     print(head)
@@ -184,16 +184,16 @@ def main():
             recs, err, _, _ = results[n]
             r = recs.get(b)
             if r is None:
-                row += f" {'failed' if err else '-':>12} {'':>7} |"
+                row += f" {'failed' if err else '-':>12} {'':>9}|"
             else:
                 mark = "!" if r.get("wrong", 0) else ""
                 wrong_any = wrong_any or bool(mark)
-                row += f" {r['time_us']:>12.2f} {r['busbw_gbs']:>6.3g}{mark or ' '}|"
+                row += f" {r['time_us']:>12.2f} {r['busbw_gbs']:>8.3g}{mark or ' '}|"
         c = results.get("conduit", ({}, None, "", 0))[0].get(b)
         for n in peers_for_ratio:
             p = results[n][0].get(b)
             if c and p and c["time_us"] > 0:
-                row += f" {p['time_us'] / c['time_us']:>6.2f}x"
+                row += f" {p['time_us'] / c['time_us']:>6.3g}x"
             else:
                 row += f" {'-':>7}"
         print(row)

@@ -125,8 +125,8 @@ def worker(args):
             algbw = nbytes / time_s / 1e9
             rec = {"impl": "gloo", "op": "allreduce", "algo": "gloo", "transport": "tcp", "world": world,
                    "dtype": "f32", "bytes": nbytes, "count": count, "iters": args.iters,
-                   "time_us": round(time_s * 1e6, 3), "algbw_gbs": round(algbw, 4),
-                   "busbw_gbs": round(algbw * 2 * (world - 1) / world, 4), "wrong": int(wrong[0])}
+                   "time_us": round(time_s * 1e6, 3), "algbw_gbs": float(f"{algbw:.6g}"),
+                   "busbw_gbs": float(f"{algbw * 2 * (world - 1) / world:.6g}"), "wrong": int(wrong[0])}
             print(json.dumps(rec, separators=(",", ":")), flush=True)
         bytes_ *= 2
     dist.destroy_process_group()

@@ -114,8 +114,8 @@ int main(int argc, char** argv) {
       double algbw = (double)nbytes / slowest / 1e9;
       double busbw = algbw * 2.0 * (world - 1) / world;
       printf("{\"impl\":\"openmpi\",\"op\":\"allreduce\",\"algo\":\"MPI_Allreduce\",\"transport\":\"mpi\",\"world\":%d,"
-             "\"dtype\":\"f32\",\"bytes\":%zu,\"count\":%zu,\"iters\":%ld,\"time_us\":%.3f,\"algbw_gbs\":%.4f,"
-             "\"busbw_gbs\":%.4f,\"wrong\":%lld}\n",
+             "\"dtype\":\"f32\",\"bytes\":%zu,\"count\":%zu,\"iters\":%ld,\"time_us\":%.3f,\"algbw_gbs\":%.6g,"
+             "\"busbw_gbs\":%.6g,\"wrong\":%lld}\n",
              world, nbytes, count, iters, slowest * 1e6, algbw, busbw, wrong_total);
       fflush(stdout);
     }
