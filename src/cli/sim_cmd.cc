@@ -32,6 +32,7 @@ using nlohmann::json;
 
 struct ModelArgs {
   std::string model = "gpt";
+  std::string layers_spec;  // --model layers
   int layers = 0;
   long long hidden = 0, heads = 0, seq = 0, vocab = 0;  // 0: the named model's, else 2048 / 51200
 };
@@ -67,7 +68,7 @@ GptModel make_model(const ModelArgs& a) {
   bool named = named_gpt(a.model, m);
   if (!named && a.model != "gpt") {
     std::string names = "gpt, " + join(named_gpt_names(), ", ");
-    throw ConfigError(fmt::format("--model = '{}' (allowed: {})", a.model, names));
+    throw ConfigError(fmt::format("--model = '{}' (allowed: {}; layers with --layers-spec for `sim step`)", a.model, names));
   }
   if (!named) {
     if (a.layers <= 0 || a.hidden <= 0 || a.heads <= 0)
@@ -91,6 +92,8 @@ void add_model_flags(CLI::App* c, StepArgs& a) {
                                           "gpt-1.7b, gpt-7.5b, gpt-18.4b, gpt3-175b, gpt-530b, gpt-1t, llama2-70b-like")
       ->capture_default_str();
   c->add_option("--layers", a.model.layers, "transformer layers");
+  c->add_option("--layers-spec", a.model.layers_spec,
+                "with --model layers: dense:INxOUT,conv:INxOUTkK@HxW,... (an MLP or CNN, data parallel)");
   c->add_option("--hidden", a.model.hidden, "hidden size");
   c->add_option("--heads", a.model.heads, "attention heads");
   c->add_option("--seq", a.model.seq, "sequence length (default: the named model's, else 2048)");
@@ -209,7 +212,44 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
   return out;
 }
 
+void run_layer_step(const StepArgs& a) {
+  ClusterSpec spec = load_cluster(a.cluster);
+  LayerModel lm = parse_layer_model(a.model.layers_spec);
+  if (a.global_batch <= 0) throw ConfigError("--global-batch is required (a positive number of samples)");
+  ParallelConfig c = make_config(a);
+  Topology topo(spec, a.gpus);
+  CollectiveModel net(topo);
+  StepResult r = simulate_layer_step(net, lm, c);
+  const StepBreakdown& b = r.breakdown;
+  if (a.json) {
+    std::cout << json{{"kind", "sim.step"}, {"cluster", spec.name}, {"gpus", r.gpus},
+                      {"model", {{"name", "layers"}, {"spec", a.model.layers_spec}, {"parameters", lm.params()}}},
+                      {"config", config_json(r.config)}, {"time_s", r.time},
+                      {"model_tflops_per_gpu", r.model_tflops_per_gpu}, {"mfu", r.mfu},
+                      {"memory_gb", {{"total", r.memory.total() / 1e9}, {"activations", r.memory.activations / 1e9}}},
+                      {"fits", r.fits},
+                      {"breakdown_s", {{"compute", b.compute}, {"dp_comm_total", b.dp_comm}, {"dp_exposed", b.dp_exposed},
+                                       {"compression", b.compression}, {"optimizer", b.optimizer}}},
+                      {"dp_algorithm", r.dp_algorithm}, {"notes", r.notes}}
+                     .dump()
+              << "\n";
+    return;
+  }
+  fmt::print("cluster {}  gpus {}  layer model ({:.1f}M params, {} layers)  global batch {}  micro-batch {}\n\n",
+             spec.name, r.gpus, lm.params() / 1e6, lm.layers.size(), c.global_batch, c.micro_batch);
+  fmt::print("  time per iteration        {}\n", format_seconds(r.time));
+  fmt::print("  TFLOP/s per GPU           {:.2f}  (MFU {:.1f}%)\n", r.model_tflops_per_gpu, 100 * r.mfu);
+  fmt::print("  memory per GPU            {} of {}\n", format_gb(r.memory.total()), format_gb(r.memory_capacity));
+  fmt::print("  compute {}  data-parallel exposed {} (total {})  optimizer {}\n", format_seconds(b.compute),
+             format_seconds(b.dp_exposed), format_seconds(b.dp_comm), format_seconds(b.optimizer));
+  for (const auto& n : r.notes) fmt::print("  - {}\n", n);
+}
+
 void run_step(const StepArgs& a) {
+  if (a.model.model == "layers") {
+    run_layer_step(a);
+    return;
+  }
   ClusterSpec spec = load_cluster(a.cluster);
   GptModel m = make_model(a.model);
   if (a.global_batch <= 0) throw ConfigError("--global-batch is required (a positive number of sequences)");

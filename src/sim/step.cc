@@ -391,4 +391,100 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   return r;
 }
 
+StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const ParallelConfig& cfg) {
+  const Topology& topo = net.topology();
+  const long long gpus = topo.gpus();
+  if (cfg.tp != 1 || cfg.pp != 1) throw ConfigError("--tp and --pp must be 1 for a layer-list model (data parallel only)");
+  if (cfg.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", cfg.micro_batch));
+  if (cfg.global_batch % (static_cast<long long>(cfg.micro_batch) * gpus) != 0)
+    throw ConfigError(fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x --gpus ({})",
+                                  cfg.global_batch, cfg.micro_batch, gpus));
+  if (cfg.zero < 0 || cfg.zero > 2) throw ConfigError(fmt::format("--zero = {} (allowed for layer models: 0, 1, 2)", cfg.zero));
+  if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
+      cfg.compression.kind != "int4")
+    throw ConfigError("--compression for layer models: none, fp16, int8 or int4");
+  StepResult r;
+  r.config = cfg;
+  r.config.dp = gpus;
+  r.gpus = gpus;
+  const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * gpus);
+  r.microbatches = mb;
+  const double b = cfg.micro_batch;
+  const Accelerator* slow = nullptr;
+  double fwd = 0, bwd = 0, cap = 1e300;
+  for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
+    if (topo.kind_counts()[i] == 0) continue;
+    const Accelerator& acc = topo.spec().node_kinds[i].accelerator;
+    double f = 0, bw = 0;
+    for (const auto& l : m.layers) {
+      GemmShape g = l.forward_gemm(b);
+      f += gemm_time(acc, g) + memory_time(acc, 2 * 2 * g.m * g.n, 1);  // activation function: read + write
+      bw += gemm_time(acc, dgrad(g)) + gemm_time(acc, wgrad(g)) + memory_time(acc, 3 * 2 * g.m * g.n, 1);
+    }
+    if (!slow || f + bw > fwd + bwd) {
+      fwd = f;
+      bwd = bw;
+      slow = &acc;
+    }
+    cap = std::min(cap, acc.memory_bytes);
+  }
+  const double params = m.params();
+  r.breakdown.compute = mb * (fwd + bwd);
+  double dp_total = 0, dp_exposed = 0, comp = 0;
+  if (gpus > 1) {
+    const Group dg{gpus, 1, 0};
+    const std::string& k = cfg.compression.kind;
+    const double per = k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : k == "int8" ? 1 : 0.5;
+    const double wire = params * per;
+    const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter : Collective::kAllReduce;
+    auto prof = net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
+    auto tof = [&](double n) { return cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n); };
+    dp_total = tof(wire);
+    dp_exposed = cfg.dp_overlap ? bucketed_exposed(bwd, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total) : dp_total;
+    if (cfg.zero >= 1) {
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params * 2);
+      double t_ag = cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, params * 2) : ag.time(params * 2);
+      dp_total += t_ag;
+      dp_exposed += t_ag;
+    }
+    if (k != "none") comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
+    dp_exposed += comp;
+    r.dp_algorithm = algorithm_name(prof.algorithm);
+    r.dp_bottleneck = prof.bottleneck;
+    if (cfg.sync.kind == "local-sgd") {
+      dp_total /= cfg.sync.period;
+      dp_exposed /= cfg.sync.period;
+      comp /= cfg.sync.period;
+    } else if (cfg.sync.kind == "async") {
+      dp_exposed = std::max(0.0, dp_total + comp - r.breakdown.compute);
+    }
+  }
+  r.breakdown.dp_comm = dp_total;
+  r.breakdown.dp_exposed = dp_exposed;
+  r.breakdown.compression = comp;
+  r.breakdown.optimizer = memory_time(*slow, params / (cfg.zero >= 1 ? static_cast<double>(gpus) : 1.0) * 28, 4);
+  r.time = r.breakdown.compute + dp_exposed + r.breakdown.optimizer;
+  ModelState st = zero_model_state(params, gpus, cfg.zero);
+  r.memory.params = st.params;
+  r.memory.grads = st.grads;
+  r.memory.optimizer = st.optimizer;
+  double act = 0;
+  for (const auto& l : m.layers) {
+    GemmShape g = l.forward_gemm(b);
+    act += 2 * g.m * g.n * 2;  // pre- and post-activation outputs kept for backward
+  }
+  r.memory.activations = act;
+  r.memory_capacity = cap;
+  r.fits = r.memory.total() <= cap;
+  double flops = 0;
+  for (const auto& l : m.layers) flops += 3 * l.forward_gemm(1).flops();
+  r.model_flops = r.hardware_flops = flops * static_cast<double>(cfg.global_batch);
+  r.model_tflops_per_gpu = r.hardware_tflops_per_gpu = r.model_flops / r.time / gpus / 1e12;
+  r.mfu = r.model_flops / r.time / gpus / slow->peak_flops;
+  if (gpus > 1)
+    r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed", format_seconds(dp_total),
+                                  r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed)));
+  return r;
+}
+
 }  // namespace conduit::sim

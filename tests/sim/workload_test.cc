@@ -201,3 +201,33 @@ TEST(Step, BadConfigurationsNameTheFlag) {
 
 }  // namespace
 }  // namespace conduit::sim
+
+namespace conduit::sim {
+namespace {
+
+TEST(LayerModel, ParsesAndScalesWithDataParallelism) {
+  LayerModel m = parse_layer_model("conv:3x64k3@32x32, conv:64x128k3@16x16, dense:32768x1024, dense:1024x10");
+  EXPECT_EQ(m.layers.size(), 4u);
+  EXPECT_DOUBLE_EQ(m.layers[0].params(), 3 * 64 * 9 + 64);
+  // Implicit GEMM of a convolution: M = batch*H*W, N = out channels, K = in channels * k * k.
+  GemmShape g = m.layers[1].forward_gemm(8);
+  EXPECT_DOUBLE_EQ(g.m, 8 * 16 * 16);
+  EXPECT_DOUBLE_EQ(g.n, 128);
+  EXPECT_DOUBLE_EQ(g.k, 64 * 9);
+  Topology one(load_cluster("ethernet-25g"), 4), many(load_cluster("ethernet-25g"), 64);
+  CollectiveModel n1(one), n2(many);
+  ParallelConfig c;
+  c.micro_batch = 32;
+  c.global_batch = 32 * 64;
+  StepResult a = simulate_layer_step(n2, m, c);
+  c.global_batch = 32 * 4;
+  StepResult b = simulate_layer_step(n1, m, c);
+  EXPECT_GT(a.breakdown.dp_comm, b.breakdown.dp_comm);  // 16 nodes over 25 GbE vs one PCIe server
+  EXPECT_NEAR(a.breakdown.compute, b.breakdown.compute, 1e-12);  // same work per GPU
+  EXPECT_THROW(parse_layer_model("dense:10"), ConfigError);
+  c.tp = 2;
+  EXPECT_THROW(simulate_layer_step(n1, m, c), ConfigError);
+}
+
+}  // namespace
+}  // namespace conduit::sim
