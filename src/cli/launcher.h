@@ -38,8 +38,8 @@ int find_free_port(const std::string& addr);
 // A unique id for one launch (hex of pid and time), safe in file and shared-memory names.
 std::string make_job_id();
 
-// The environment a worker starts with: `base` (KEY=VALUE entries) without OMPI_*/PMIX_* variables inherited from
-// an outer mpirun and without the variables set here, then the rendezvous variables for `rank`, then extra_env.
+// The environment a worker starts with: `base` (KEY=VALUE entries) without OMPI_*/PMIX_*/PMI_* variables inherited
+// from an outer mpirun and without the variables set here, then the rendezvous variables for `rank`, then extra_env.
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, const LaunchSpec& spec, int rank,
                                             int master_port, const std::string& job_id);
 
