@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <functional>
@@ -39,6 +40,7 @@
 
 #include <fmt/format.h>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "net/tags.h"
@@ -59,6 +61,12 @@ struct MpiGuard {
     if (g_serialize) lk = std::unique_lock<std::recursive_mutex>(g_mpi_mu);
   }
 };
+
+// Bumped after requests complete (any engine). progress() reports "something moved" to a thread when the count
+// changed since that thread last looked, so a waiter whose request was completed by another thread's progress()
+// wakes up instead of sleeping until its deadline.
+std::atomic<uint64_t> g_completions{0};
+thread_local uint64_t t_seen_completions = 0;
 
 bool mpi_finalized() {
   int f = 0;
@@ -247,14 +255,11 @@ class MpiEngine : public Progressor {
       if (!remote_abort.empty() && on_abort_) on_abort_(remote_abort);
       reap_locked();
     }
-    for (auto& [r, e] : finished) {
-      if (e) {
-        r->fail(e);
-      } else {
-        r->complete();
-      }
-    }
-    return !finished.empty() || !remote_abort.empty();
+    finish(finished);
+    uint64_t now = g_completions.load(std::memory_order_acquire);
+    bool others = now != t_seen_completions;
+    t_seen_completions = now;
+    return !finished.empty() || !remote_abort.empty() || others;
   }
 
   void wait_for_activity(const Deadline& until) override {
@@ -296,7 +301,7 @@ class MpiEngine : public Progressor {
       }
       fail_all_locked(fmt::format("mpi transport (rank {}) aborted: {}", rank_, reason), finished);
     }
-    for (auto& [r, e] : finished) r->fail(e);
+    finish(finished);
   }
 
   // Called by the transport's destructor: no MPI call happens after this one.
@@ -331,10 +336,25 @@ class MpiEngine : public Progressor {
         MPI_Comm_free(&ctrl_);
       }
     }
-    for (auto& [r, e] : finished) r->fail(e);
+    finish(finished);
   }
 
  private:
+  using Finished = std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>>;
+
+  // Completes or fails requests taken off the pending list (outside the lock), then bumps the completion count.
+  static void finish(Finished& finished) {
+    if (finished.empty()) return;
+    for (auto& [r, e] : finished) {
+      if (e) {
+        r->fail(e);
+      } else {
+        r->complete();
+      }
+    }
+    g_completions.fetch_add(1, std::memory_order_acq_rel);
+  }
+
   std::exception_ptr check_size(const MpiRequest& r, const MPI_Status& st) {
     if (r.kind() != Request::Kind::recv) return nullptr;
     MPI_Count got = 0;
@@ -473,7 +493,10 @@ void mpi_init_once() {
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       std::atexit(finalize_at_exit);
     }
-    if (provided < MPI_THREAD_MULTIPLE) {
+    if (env_flag("CONDUIT_MPI_SERIALIZE")) {  // tests the fallback path on a library that provides MULTIPLE
+      g_serialize = true;
+      CONDUIT_LOG_INFO("mpi: CONDUIT_MPI_SERIALIZE=1: serializing every MPI call with one lock");
+    } else if (provided < MPI_THREAD_MULTIPLE) {
       g_serialize = true;
       CONDUIT_LOG_WARN("mpi: the MPI library provides thread level {} (< MPI_THREAD_MULTIPLE = {}); Conduit "
                        "serializes its MPI calls with one lock{}",

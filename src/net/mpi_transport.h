@@ -14,7 +14,7 @@ namespace conduit::net {
 bool mpi_launched();
 // MPI_Init_thread(MPI_THREAD_MULTIPLE) once per process (a no-op when the program already initialized MPI);
 // registers MPI_Finalize with atexit. When the library provides less than MULTIPLE a warning is logged and every
-// MPI call Conduit makes is serialized by one mutex.
+// MPI call Conduit makes is serialized by one mutex (env CONDUIT_MPI_SERIALIZE=1 forces that mode, for tests).
 void mpi_init_once();
 int mpi_world_rank();
 int mpi_world_size();

@@ -1,0 +1,256 @@
+// Started by tests/net/mpi_transport_test.cc as `mpirun -np 3 net_mpi_worker`: exercises the MPI transport between
+// real processes and prints one "rank R: ok <phase>" line per phase passed, then "rank R: ALL OK". Any failure
+// prints "rank R: FAIL ..." and exits 1. Every wait has a deadline, so a broken transport fails instead of hanging.
+#include <cstdio>
+#include <cstring>
+#include <atomic>
+#include <numeric>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "net/mpi_transport.h"
+#include "net/tags.h"
+
+using namespace conduit;
+using namespace conduit::net;
+
+namespace {
+
+int g_rank = -1;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::printf("rank %d: FAIL %s\n", g_rank, what.c_str());
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) fail(what);
+}
+
+void ok(const char* phase) {
+  std::printf("rank %d: ok %s\n", g_rank, phase);
+  std::fflush(stdout);
+}
+
+void barrier() { mpi_allgather_strings("b"); }
+
+uint8_t pattern(int src, int dst, int msg, size_t i) { return static_cast<uint8_t>(src * 31 + dst * 7 + msg * 13 + i); }
+
+// Every rank sends several messages with distinct tags (different kinds, communicators, sequence numbers, sizes)
+// to every other rank; receivers post them in the reverse order. Then 6 messages on one tag arrive in order.
+void tags_in_flight(Transport& t) {
+  const int n = t.size(), me = t.rank();
+  const std::vector<size_t> sizes = {0, 1, 7, 4096, 65536, 3 << 20};
+  auto tag_of = [](int m) {
+    TagKind kinds[] = {kCollective, kUser, kDebug, kControl};
+    return make_tag(kinds[m % 4], static_cast<uint32_t>(m * 3), static_cast<uint32_t>(1000 + m));
+  };
+  const int kMsgs = static_cast<int>(sizes.size());
+  std::vector<std::vector<uint8_t>> out, in;
+  std::vector<RequestPtr> reqs;
+  std::vector<std::tuple<int, int, size_t>> expect;  // (src, msg, index into in)
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    for (int m = kMsgs - 1; m >= 0; --m) {  // receives first, in reverse order
+      in.emplace_back(sizes[m], 0);
+      expect.emplace_back(p, m, in.size() - 1);
+    }
+  }
+  for (size_t i = 0; i < expect.size(); ++i) {
+    auto [src, m, idx] = expect[i];
+    reqs.push_back(t.irecv(src, tag_of(m), in[idx].data(), in[idx].size()));
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    for (int m = 0; m < kMsgs; ++m) {
+      out.emplace_back(sizes[m]);
+      for (size_t i = 0; i < sizes[m]; ++i) out.back()[i] = pattern(me, p, m, i);
+      reqs.push_back(t.isend(p, tag_of(m), out.back().data(), out.back().size()));
+    }
+  }
+  wait_all(reqs, Deadline::after(30));
+  for (auto [src, m, idx] : expect) {
+    for (size_t i = 0; i < in[idx].size(); ++i) {
+      if (in[idx][i] != pattern(src, me, m, i)) fail(fmt::format("tags: message {} from rank {} byte {}", m, src, i));
+    }
+  }
+  // FIFO on one tag.
+  const uint64_t tag = make_tag(kUser, 5, 77);
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  std::vector<int64_t> sent(6), got(6, -1);
+  std::iota(sent.begin(), sent.end(), me * 100);
+  reqs.clear();
+  for (int i = 0; i < 6; ++i) reqs.push_back(t.irecv(prev, tag, &got[i], sizeof(int64_t)));
+  for (int i = 0; i < 6; ++i) reqs.push_back(t.isend(next, tag, &sent[i], sizeof(int64_t)));
+  wait_all(reqs, Deadline::after(30));
+  for (int i = 0; i < 6; ++i) check(got[i] == prev * 100 + i, fmt::format("fifo: slot {} holds {}", i, got[i]));
+  // test() polls without blocking.
+  int64_t a = me, b = -1;
+  auto r = t.irecv(prev, tag, &b, sizeof(b));
+  auto s = t.isend(next, tag, &a, sizeof(a));
+  Deadline d = Deadline::after(30);
+  while (!(r->test() && s->test())) check(!d.expired(), "test() never completed");
+  check(b == prev, "test(): wrong value");
+  ok("tags");
+}
+
+// Rank 0 sends 100 bytes twice to rank 1, which expects 80 and then 120: both are ProtocolErrors; the transport
+// keeps working afterwards.
+void size_mismatch(Transport& t) {
+  const uint64_t tag_a = make_tag(kUser, 9, 1), tag_b = make_tag(kUser, 9, 2), tag_c = make_tag(kUser, 9, 3);
+  std::vector<char> msg(100, 'x'), buf(120);
+  if (t.rank() == 0) {
+    auto s1 = t.isend(1, tag_a, msg.data(), 100);
+    auto s2 = t.isend(1, tag_b, msg.data(), 100);
+    auto s3 = t.isend(1, tag_c, msg.data(), 100);
+    wait_all({s1, s2, s3}, Deadline::after(30));
+  } else if (t.rank() == 1) {
+    auto expect_protocol_error = [&](uint64_t tag, size_t bytes, const char* which) {
+      auto r = t.irecv(0, tag, buf.data(), bytes);
+      try {
+        r->wait(Deadline::after(30));
+        fail(fmt::format("{} message accepted", which));
+      } catch (const ProtocolError& e) {
+        std::printf("rank %d: info %s\n", g_rank, e.what());
+        check(std::strstr(e.what(), "100") != nullptr || std::strstr(e.what(), "larger") != nullptr,
+              fmt::format("error names the size: {}", e.what()));
+      } catch (const std::exception& e) {
+        fail(fmt::format("{} message: expected ProtocolError, got {}", which, e.what()));
+      }
+    };
+    expect_protocol_error(tag_a, 80, "larger");
+    expect_protocol_error(tag_b, 120, "smaller");
+    auto r = t.irecv(0, tag_c, buf.data(), 100);
+    r->wait(Deadline::after(30));
+    check(buf[99] == 'x', "message after the mismatches");
+  }
+  barrier();
+  ok("size-mismatch");
+}
+
+// Several threads post and wait on one transport at once (MPI_THREAD_MULTIPLE, or the serializing lock).
+void threads(Transport& t) {
+  const int n = t.size(), me = t.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  constexpr int kThreads = 4, kIters = 50;
+  std::vector<std::thread> ts;
+  std::atomic<int> bad{0};
+  for (int th = 0; th < kThreads; ++th) {
+    ts.emplace_back([&, th] {
+      int i = 0;
+      try {
+        for (i = 0; i < kIters; ++i) {
+          const uint64_t tag = make_tag(kCollective, 40 + th, i);
+          std::vector<int32_t> out(257 * (th + 1), me * 1000 + i), in(out.size(), -1);
+          auto r = t.irecv(prev, tag, in.data(), in.size() * sizeof(int32_t));
+          auto s = t.isend(next, tag, out.data(), out.size() * sizeof(int32_t));
+          wait_all({r, s}, Deadline::after(30));
+          if (in.front() != prev * 1000 + i || in.back() != prev * 1000 + i) bad++;
+        }
+      } catch (const std::exception& e) {
+        std::printf("rank %d: FAIL thread %d iteration %d: %s\n", g_rank, th, i, e.what());
+        std::fflush(stdout);
+        std::_Exit(1);  // the failed receive may still write into this thread's buffers
+      }
+    });
+  }
+  for (auto& x : ts) x.join();
+  check(bad.load() == 0, "threads: wrong data or errors");
+  ok("threads");
+}
+
+// A receive nobody matches times out at its deadline.
+void deadline(Transport& t) {
+  if (t.rank() == 2 % t.size()) {
+    char b[8];
+    auto r = t.irecv(0, make_tag(kUser, 11, 1), b, sizeof(b));
+    Stopwatch sw;
+    try {
+      r->wait(Deadline::after(0.3));
+      fail("unmatched receive completed");
+    } catch (const TimeoutError&) {
+    }
+    check(sw.seconds() >= 0.29 && sw.seconds() < 3.0, fmt::format("timeout took {:.3f}s", sw.seconds()));
+    check(!r->done(), "timed-out request should still be pending");
+  }
+  barrier();
+  ok("deadline");
+}
+
+// Rank 0 aborts; every other rank's pending receive fails with PeerError well before its deadline.
+void abort_propagates(Transport& t) {
+  char b[8];
+  if (t.rank() == 0) {
+    auto r = t.irecv(1, make_tag(kUser, 12, 1), b, sizeof(b));
+    barrier();
+    t.abort("worker test abort");
+    try {
+      r->wait(Deadline::after(5));
+      fail("rank 0: pending receive survived abort");
+    } catch (const PeerError&) {
+    }
+    check(!t.aborted_reason().empty(), "rank 0: aborted_reason empty");
+    auto s = t.isend(1, make_tag(kUser, 12, 2), b, sizeof(b));
+    check(s->done(), "send after abort should fail at once");
+    try {
+      s->wait(Deadline::after(1));
+      fail("send after abort succeeded");
+    } catch (const PeerError&) {
+    }
+  } else {
+    auto r = t.irecv(0, make_tag(kUser, 12, 1), b, sizeof(b));
+    barrier();
+    Stopwatch sw;
+    try {
+      r->wait(Deadline::after(20));
+      fail("receive from an aborted rank completed");
+    } catch (const PeerError& e) {
+      std::printf("rank %d: info %s\n", g_rank, e.what());
+      check(std::strstr(e.what(), "worker test abort") != nullptr, fmt::format("reason not forwarded: {}", e.what()));
+    }
+    check(sw.seconds() < 5, fmt::format("abort took {:.2f}s to arrive", sw.seconds()));
+    check(t.aborted_reason().find("rank 0") != std::string::npos, "aborted_reason should name rank 0");
+  }
+  barrier();
+  ok("abort");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    check(mpi_launched(), "not started by mpirun");
+    mpi_init_once();
+    g_rank = mpi_world_rank();
+    check(mpi_world_size() >= 2, "needs at least 2 ranks");
+    auto names = mpi_allgather_strings(fmt::format("r{}", g_rank));
+    for (int i = 0; i < mpi_world_size(); ++i) check(names[i] == fmt::format("r{}", i), "allgather_strings");
+    {
+      auto t = make_mpi_transport({});
+      check(t->rank() == g_rank && t->size() == mpi_world_size(), "rank/size");
+      check(t->num_hosts() == 1, "one host expected");
+      check(std::string(t->name()) == "mpi", "name");
+      tags_in_flight(*t);
+      threads(*t);
+      size_mismatch(*t);
+      deadline(*t);
+      // A second transport (another communicator pair) works next to the first.
+      {
+        std::vector<int> hosts(mpi_world_size(), 0);
+        auto t2 = make_mpi_transport(hosts);
+        tags_in_flight(*t2);
+      }
+      abort_propagates(*t);
+    }
+    std::printf("rank %d: ALL OK\n", g_rank);
+    std::fflush(stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    fail(fmt::format("exception: {}", e.what()));
+  }
+}
