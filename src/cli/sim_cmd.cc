@@ -6,8 +6,11 @@
 //   infer     prefill and decode latency/throughput of tensor/pipeline-parallel serving with a KV cache
 //   cluster   a job-scheduling simulation (FIFO, least-attained-service) with topology-aware placement
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +19,7 @@
 #include "core/clock.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "sim/calibrate.h"
 #include "sim/cluster.h"
 #include "sim/collective.h"
 #include "sim/inference.h"
@@ -479,6 +483,101 @@ void run_cluster(const ClusterArgs& a) {
   fmt::print("  (simulated in {})\n", format_seconds(took));
 }
 
+struct CalibrateArgs {
+  std::vector<std::string> bench;
+  std::string gemm;
+  std::string peak;
+  std::string transport;
+  std::string out;
+  std::string name = "local-calibrated";
+};
+
+std::string read_file(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("{}: cannot read '{}'", flag, path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void run_calibrate(const CalibrateArgs& a) {
+  if (a.bench.empty()) throw ConfigError("--bench is required: JSON lines from `conduit bench coll --json`");
+  std::map<std::string, std::vector<BenchSample>> by_transport;
+  long long ranks = 0;
+  for (const auto& f : a.bench) {
+    int skipped = 0;
+    for (auto& s : parse_bench_lines(read_file(f, "--bench"), f, &skipped)) {
+      ranks = std::max(ranks, s.world);
+      by_transport[s.transport].push_back(s);
+    }
+  }
+  std::string chosen = a.transport;
+  if (chosen.empty()) {
+    size_t most = 0;
+    for (auto& [t, v] : by_transport)
+      if (v.size() > most) {
+        most = v.size();
+        chosen = t;
+      }
+  }
+  if (!by_transport.count(chosen))
+    throw ConfigError(fmt::format("--transport = '{}': no samples over it in the --bench files", chosen));
+  AlphaBetaGamma chosen_fit;
+  for (auto& [t, v] : by_transport) {
+    int unmodelled = 0;
+    AlphaBetaGamma f = fit_alpha_beta_gamma(v, &unmodelled);
+    fmt::print("{:<8} {:>4} samples ({} unmodelled): alpha {:.2f} us  beta {:.3g} s/B ({:.2f} GB/s)  gamma {:.3g} s/B  "
+               "rms error {:.1f}%\n",
+               t, f.samples, unmodelled, f.alpha * 1e6, f.beta, f.beta > 0 ? 1e-9 / f.beta : 0.0, f.gamma,
+               100 * f.rms_relative_error);
+    if (t == chosen) chosen_fit = f;
+  }
+  std::vector<GemmSample> gemms;
+  double peak = 0;
+  if (!a.gemm.empty()) {
+    std::istringstream in(read_file(a.gemm, "--gemm"));
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.find('{') == std::string::npos) continue;
+      auto j = json::parse(line);
+      GemmSample g{j.at("m").get<double>(), j.at("n").get<double>(), j.at("k").get<double>(),
+                   j.at("gflops").get<double>() * 1e9};
+      peak = std::max(peak, g.flops);
+      gemms.push_back(g);
+    }
+  }
+  if (!a.peak.empty()) peak = parse_flops(a.peak, "--peak");
+  if (peak <= 0)
+    throw ConfigError("give --gemm FILE (JSON lines {m, n, k, gflops} measured with libtorch) or --peak (e.g. 50 GFLOP/s)");
+  double mem_bytes = 0;
+  {
+    std::ifstream mi("/proc/meminfo");
+    std::string key;
+    double kb = 0;
+    std::string unit;
+    while (mi >> key >> kb >> unit)
+      if (key == "MemTotal:") {
+        mem_bytes = kb * 1024;
+        break;
+      }
+  }
+  if (mem_bytes <= 0) mem_bytes = 8e9;
+  double bw = measure_memory_bandwidth();
+  fmt::print("memory bandwidth (copy, measured): {:.1f} GB/s; memory {:.1f} GB; peak {:.1f} GFLOP/s\n", bw / 1e9,
+             mem_bytes / 1e9, peak / 1e9);
+  std::string yaml = calibrated_cluster_yaml(a.name, static_cast<int>(ranks), chosen_fit, bw,
+                                             mem_bytes / static_cast<double>(ranks), peak, gemms, chosen);
+  parse_cluster_yaml(yaml, "calibrated cluster");  // what we write must load
+  if (a.out.empty() || a.out == "-") {
+    std::cout << yaml;
+  } else {
+    std::ofstream out(a.out);
+    if (!out) throw ConfigError(fmt::format("--out: cannot write '{}'", a.out));
+    out << yaml;
+    fmt::print("wrote {} (use: conduit sim step --cluster {} --gpus {} ...)\n", a.out, a.out, ranks);
+  }
+}
+
 void setup(CLI::App& app) {
   auto* sim = app.add_subcommand("sim", "Simulate training and inference on clusters far larger than this machine");
   sim->require_subcommand(1);
@@ -559,6 +658,17 @@ void setup(CLI::App& app) {
     c->add_option("--generate", ia->generate, "generated tokens")->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
     c->callback([a, ia]() { run_infer(*a, *ia); });
+  }
+  {
+    auto* c = sim->add_subcommand("calibrate", "Fit alpha/beta/gamma from `conduit bench coll --json` runs into a cluster file");
+    auto a = std::make_shared<CalibrateArgs>();
+    c->add_option("--bench", a->bench, "files of `conduit bench coll --json` lines (any ops, algorithms, sizes)")->required();
+    c->add_option("--gemm", a->gemm, "JSON lines {m, n, k, gflops} of measured GEMMs (e.g. from libtorch)");
+    c->add_option("--peak", a->peak, "compute rate when no --gemm is given (e.g. 80 GFLOP/s)");
+    c->add_option("--transport", a->transport, "which transport's fit to write (default: the one with most samples)");
+    c->add_option("--name", a->name, "cluster name")->capture_default_str();
+    c->add_option("--out", a->out, "cluster YAML to write (default: stdout)");
+    c->callback([a]() { run_calibrate(*a); });
   }
   {
     auto* c = sim->add_subcommand("cluster", "Job-scheduling simulation: FIFO or least-attained-service, topology-aware placement");

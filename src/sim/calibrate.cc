@@ -1,0 +1,215 @@
+#include "sim/calibrate.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "sim/collective.h"
+#include "sim/topology.h"
+
+namespace conduit::sim {
+
+std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::string& origin, int* skipped) {
+  std::vector<BenchSample> out;
+  std::istringstream in(text);
+  std::string line;
+  int skip = 0;
+  while (std::getline(in, line)) {
+    if (line.find('{') == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line.substr(line.find('{')));
+    } catch (const std::exception&) {
+      ++skip;
+      continue;
+    }
+    if (!j.contains("op") || !j.contains("world") || !j.contains("bytes") || !j.contains("time_us")) {
+      ++skip;
+      continue;
+    }
+    BenchSample s;
+    s.op = j["op"].get<std::string>();
+    s.algo = j.value("algo", std::string("ring"));
+    s.transport = j.value("transport", std::string("?"));
+    s.world = j["world"].get<long long>();
+    s.bytes = j["bytes"].get<double>();
+    s.seconds = j["time_us"].get<double>() * 1e-6;
+    if (s.world < 2 || s.bytes <= 0 || s.seconds <= 0) {
+      ++skip;
+      continue;
+    }
+    out.push_back(s);
+  }
+  if (skipped) *skipped = skip;
+  if (out.empty()) throw ConfigError(fmt::format("{}: no `conduit bench coll --json` records (op, world, bytes, time_us)", origin));
+  return out;
+}
+
+namespace {
+
+bool map_op(const std::string& s, Collective& c) {
+  if (s == "allreduce") c = Collective::kAllReduce;
+  else if (s == "reduce_scatter" || s == "reduce-scatter") c = Collective::kReduceScatter;
+  else if (s == "allgather") c = Collective::kAllGather;
+  else if (s == "broadcast") c = Collective::kBroadcast;
+  else if (s == "reduce") c = Collective::kReduce;
+  else return false;
+  return true;
+}
+
+bool map_algo(std::string s, Algorithm& a) {
+  std::replace(s.begin(), s.end(), '_', '-');
+  if (s == "ring") a = Algorithm::kRing;
+  else if (s == "halving-doubling" || s == "rabenseifner" || s == "recursive-halving") a = Algorithm::kHalvingDoubling;
+  else if (s == "recursive-doubling") a = Algorithm::kRecursiveDoubling;
+  else if (s == "tree" || s == "binomial" || s == "binomial-tree") a = Algorithm::kBinomialTree;
+  else if (s == "double-binary-tree") a = Algorithm::kDoubleBinaryTree;
+  else return false;
+  return true;
+}
+
+// Solves the 3x3 normal equations restricted to the `active` unknowns.
+std::vector<double> least_squares(const std::vector<std::array<double, 3>>& X, const std::vector<double>& y,
+                                  const std::array<bool, 3>& active) {
+  std::vector<int> idx;
+  for (int i = 0; i < 3; ++i)
+    if (active[i]) idx.push_back(i);
+  const size_t k = idx.size();
+  std::vector<std::vector<double>> A(k, std::vector<double>(k + 1, 0.0));
+  for (size_t r = 0; r < X.size(); ++r)
+    for (size_t i = 0; i < k; ++i) {
+      for (size_t j = 0; j < k; ++j) A[i][j] += X[r][idx[i]] * X[r][idx[j]];
+      A[i][k] += X[r][idx[i]] * y[r];
+    }
+  for (size_t c = 0; c < k; ++c) {  // Gauss-Jordan with partial pivoting
+    size_t piv = c;
+    for (size_t r = c + 1; r < k; ++r)
+      if (std::abs(A[r][c]) > std::abs(A[piv][c])) piv = r;
+    std::swap(A[c], A[piv]);
+    if (std::abs(A[c][c]) < 1e-300) continue;
+    for (size_t r = 0; r < k; ++r) {
+      if (r == c) continue;
+      double f = A[r][c] / A[c][c];
+      for (size_t j = c; j <= k; ++j) A[r][j] -= f * A[c][j];
+    }
+  }
+  std::vector<double> x(3, 0.0);
+  for (size_t i = 0; i < k; ++i) x[idx[i]] = std::abs(A[i][i]) > 1e-300 ? A[i][k] / A[i][i] : 0.0;
+  return x;
+}
+
+}  // namespace
+
+AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int* unmodelled) {
+  std::vector<std::array<double, 3>> X;
+  std::vector<double> y;
+  int skip = 0;
+  for (const auto& s : samples) {
+    Collective c;
+    Algorithm a;
+    if (!map_op(s.op, c) || !map_algo(s.algo, a)) {
+      ++skip;
+      continue;
+    }
+    // Coefficients from the pattern on a flat network with alpha = 1, beta = 1, gamma = 1.
+    Topology flat(flat_cluster(1.0, 1.0, 1.0), s.world);
+    CollectiveModel m(flat);
+    CollectiveCost cost;
+    try {
+      cost = m.profile(c, a, Group{s.world, 1, 0});
+    } catch (const Error&) {
+      ++skip;
+      continue;
+    }
+    // Weight each sample by 1/time so that small and large messages count alike (relative error).
+    const double w = 1.0 / s.seconds;
+    X.push_back({cost.latency * w, cost.per_byte * s.bytes * w, cost.reduce_frac * s.bytes * w});
+    y.push_back(1.0);
+  }
+  if (unmodelled) *unmodelled = skip;
+  if (X.size() < 3)
+    throw ConfigError(fmt::format("calibrate: {} usable samples; need at least 3 (sweep sizes with `conduit bench coll "
+                                  "--json -b 8 -e 64M`)", X.size()));
+  // Non-negative least squares by active sets over the three unknowns: drop any negative coefficient and refit.
+  std::array<bool, 3> active{true, true, true};
+  bool any_gamma = false;
+  for (const auto& r : X) any_gamma |= r[2] > 0;
+  if (!any_gamma) active[2] = false;
+  std::vector<double> x;
+  for (int iter = 0; iter < 4; ++iter) {
+    x = least_squares(X, y, active);
+    bool changed = false;
+    for (int i = 0; i < 3; ++i)
+      if (active[i] && x[i] < 0) {
+        active[i] = false;
+        changed = true;
+      }
+    if (!changed) break;
+  }
+  AlphaBetaGamma f;
+  f.alpha = std::max(0.0, x[0]);
+  f.beta = std::max(0.0, x[1]);
+  f.gamma = std::max(0.0, x[2]);
+  f.samples = X.size();
+  double se = 0;
+  for (size_t r = 0; r < X.size(); ++r) {
+    double pred = X[r][0] * f.alpha + X[r][1] * f.beta + X[r][2] * f.gamma;
+    se += (pred - 1) * (pred - 1);
+  }
+  f.rms_relative_error = std::sqrt(se / X.size());
+  return f;
+}
+
+double measure_memory_bandwidth(size_t bytes, int repeats) {
+  const size_t n = bytes / sizeof(double);
+  std::vector<double> a(n, 1.0), b(n, 2.0), c(n, 0.0);
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) c[i] = a[i] + 1.5 * b[i];
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile double sink = c[n / 2];
+    (void)sink;
+    best = std::max(best, 3.0 * n * sizeof(double) / dt);
+  }
+  return best;
+}
+
+std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
+                                    double memory_bandwidth, double memory_bytes, double peak_flops,
+                                    const std::vector<GemmSample>& gemms, const std::string& transport) {
+  std::string y;
+  y += fmt::format("# Written by `conduit sim calibrate` from {} `conduit bench coll --json` samples over {}\n", fit.samples,
+                   transport);
+  y += fmt::format("# (fit: alpha {:.3g} s/step, beta {:.3g} s/B, gamma {:.3g} s/B; rms relative error {:.1f}%).\n",
+                   fit.alpha, fit.beta, fit.gamma, 100 * fit.rms_relative_error);
+  y += fmt::format("name: {}\ndescription: this machine, {} ranks over {}, calibrated\nnodes:\n", name, ranks, transport);
+  y += fmt::format("  - name: local\n    gpus: {}\n    accelerator:\n      name: calibrated-worker\n", ranks);
+  y += fmt::format("      peak_bf16: {:.6g} GFLOP/s\n", peak_flops / 1e9);
+  y += fmt::format("      memory: {:.6g} GB\n", memory_bytes / 1e9);
+  y += fmt::format("      memory_bandwidth: {:.6g} GB/s   # measured copy bandwidth shared by the ranks\n",
+                   memory_bandwidth / ranks / 1e9);
+  y += "      sm_count: 1\n      gemm_tile: [64, 64]\n      gemm_efficiency: 1.0\n      memory_efficiency: 1.0\n";
+  y += "      kernel_overhead: 1 us\n";
+  if (!gemms.empty()) {
+    y += "      calibration:\n";
+    for (const auto& g : gemms)
+      y += fmt::format("        - {{m: {}, n: {}, k: {}, achieved: {:.6g} GFLOP/s}}\n", g.m, g.n, g.k, g.flops / 1e9);
+  }
+  const double bw = fit.beta > 0 ? 1.0 / fit.beta : 1e15;
+  y += fmt::format("    intra:\n      kind: nvswitch\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);
+  y += fmt::format("    nics: 1\n    nic:\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);
+  y += "network:\n  topology: fat-tree\n  nodes_per_leaf: 1\n  oversubscription: 1\n  switch_latency: 0 us\n";
+  y += fmt::format("  software_overhead: {:.6g} us\n", fit.alpha * 1e6);
+  y += fmt::format("  reduction_bandwidth: {:.6g} MB/s\n", fit.gamma > 0 ? 1.0 / fit.gamma / 1e6 : 1e9);
+  y += "  in_network_reduction: false\n";
+  return y;
+}
+
+}  // namespace conduit::sim

@@ -1,0 +1,42 @@
+#pragma once
+// Calibration: fit alpha (per-step latency), beta (seconds per byte) and gamma (seconds per reduced byte) of a
+// transport from measured collective times (`conduit bench coll --json` lines), using the simulator's own
+// patterns: every measured (op, algorithm, ranks, bytes) has time = A alpha + B n beta + C n gamma, where A, B and C
+// are read off the pattern on a flat network; non-negative least squares over all lines. The fitted values
+// and a measured memory bandwidth (a STREAM-like copy) or GEMM samples make a cluster file that `conduit sim
+// step --cluster FILE` uses to predict runs on this machine.
+#include <string>
+#include <vector>
+
+#include "sim/cluster.h"
+
+namespace conduit::sim {
+
+struct BenchSample {
+  std::string op, algo, transport;
+  long long world = 1;
+  double bytes = 0;
+  double seconds = 0;
+};
+
+// Parses JSON lines of `conduit bench coll --json`; lines that are not bench records are skipped and counted.
+std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::string& origin, int* skipped = nullptr);
+
+struct AlphaBetaGamma {
+  double alpha = 0, beta = 0, gamma = 0;
+  size_t samples = 0;
+  double rms_relative_error = 0;  // of the fit over the samples
+};
+
+// Fits one transport's samples. Samples whose algorithm the simulator does not model are skipped (counted).
+AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int* unmodelled = nullptr);
+
+// Measured bytes/s of a large copy (a + b -> c, three streams), `bytes` per array.
+double measure_memory_bandwidth(size_t bytes = 64 << 20, int repeats = 3);
+
+// A cluster file for this machine: one node of `ranks` workers joined by the fitted transport.
+std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
+                                    double memory_bandwidth, double memory_bytes, double peak_flops,
+                                    const std::vector<GemmSample>& gemms, const std::string& transport);
+
+}  // namespace conduit::sim
