@@ -407,6 +407,9 @@ TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
       {{"launch", "-n", "2", "--master-port", "70000", "--", "true"}, "--master-port must be between 1 and 65535"},
       {{"launch", "-n", "2"}, "no program given"},
       {{"launch", "-n", "2", "--"}, "no program given"},
+      // Not an address of this host (TEST-NET-3): no free port can be found on it.
+      {{"launch", "-n", "2", "--master-addr", "203.0.113.7", "--", "true"},
+       "cannot bind a port on master address '203.0.113.7'"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args, {}, 10s);
