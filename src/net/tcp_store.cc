@@ -239,10 +239,14 @@ class TcpStoreServer {
         auto it = clients_.find(ids[i - 2]);
         if (it == clients_.end()) continue;
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-          if (!read_client(it->first, it->second)) {
-            drop(it->first);
-            continue;
+          bool keep = false;
+          try {
+            keep = read_client(it->first, it->second);
+          } catch (const std::exception& e) {  // e.g. out of memory for a large value: lose the client, not the job
+            CONDUIT_LOG_ERROR("tcp store server {}:{}: serving client {} failed: {}; dropped it", host_, port_,
+                              it->second.peer, e.what());
           }
+          if (!keep) drop(it->first);
         }
       }
       // Flush every client with pending output (replies may have been queued for any client, e.g. by a set).
