@@ -567,7 +567,28 @@ void run_calibrate(const CalibrateArgs& a) {
              mem_bytes / 1e9, peak / 1e9);
   std::string yaml = calibrated_cluster_yaml(a.name, static_cast<int>(ranks), chosen_fit, bw,
                                              mem_bytes / static_cast<double>(ranks), peak, gemms, chosen);
-  parse_cluster_yaml(yaml, "calibrated cluster");  // what we write must load
+  ClusterSpec cal = parse_cluster_yaml(yaml, "calibrated cluster");  // what we write must load
+  {
+    // Predicted (from the written cluster) against measured, sample by sample.
+    Topology topo(cal, ranks);
+    CollectiveModel net(topo);
+    fmt::print("\n  {:<10} {:<6} {:>10} {:>12} {:>12} {:>8}\n", "op", "algo", "bytes", "measured", "predicted", "error");
+    double worst = 0, sum = 0;
+    int count = 0;
+    for (const auto& s : by_transport[chosen]) {
+      Collective c;
+      Algorithm al;
+      if (!bench_collective(s.op, c) || !bench_algorithm(s.algo, al) || s.world != ranks) continue;
+      double pred = net.time(c, al, Group{s.world, 1, 0}, s.bytes);
+      double err = (pred - s.seconds) / s.seconds;
+      worst = std::max(worst, std::abs(err));
+      sum += std::abs(err);
+      ++count;
+      fmt::print("  {:<10} {:<6} {:>10.0f} {:>12} {:>12} {:>+7.1f}%\n", s.op, s.algo, s.bytes, format_seconds(s.seconds),
+                 format_seconds(pred), 100 * err);
+    }
+    if (count) fmt::print("  mean |error| {:.1f}%, max {:.1f}% over {} samples\n\n", 100 * sum / count, 100 * worst, count);
+  }
   if (a.out.empty() || a.out == "-") {
     std::cout << yaml;
   } else {

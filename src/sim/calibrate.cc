@@ -53,7 +53,9 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
 
 namespace {
 
-bool map_op(const std::string& s, Collective& c) {
+}  // namespace
+
+bool bench_collective(const std::string& s, Collective& c) {
   if (s == "allreduce") c = Collective::kAllReduce;
   else if (s == "reduce_scatter" || s == "reduce-scatter") c = Collective::kReduceScatter;
   else if (s == "allgather") c = Collective::kAllGather;
@@ -63,16 +65,19 @@ bool map_op(const std::string& s, Collective& c) {
   return true;
 }
 
-bool map_algo(std::string s, Algorithm& a) {
+bool bench_algorithm(std::string s, Algorithm& a) {
   std::replace(s.begin(), s.end(), '_', '-');
   if (s == "ring") a = Algorithm::kRing;
-  else if (s == "halving-doubling" || s == "rabenseifner" || s == "recursive-halving") a = Algorithm::kHalvingDoubling;
-  else if (s == "recursive-doubling") a = Algorithm::kRecursiveDoubling;
+  // The runtime's names (src/coll: ring, rhd, rd, tree) and the simulator's.
+  else if (s == "rhd" || s == "halving-doubling" || s == "rabenseifner" || s == "recursive-halving") a = Algorithm::kHalvingDoubling;
+  else if (s == "rd" || s == "recursive-doubling") a = Algorithm::kRecursiveDoubling;
   else if (s == "tree" || s == "binomial" || s == "binomial-tree") a = Algorithm::kBinomialTree;
   else if (s == "double-binary-tree") a = Algorithm::kDoubleBinaryTree;
   else return false;
   return true;
 }
+
+namespace {
 
 // Solves the 3x3 normal equations restricted to the `active` unknowns.
 std::vector<double> least_squares(const std::vector<std::array<double, 3>>& X, const std::vector<double>& y,
@@ -113,7 +118,7 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   for (const auto& s : samples) {
     Collective c;
     Algorithm a;
-    if (!map_op(s.op, c) || !map_algo(s.algo, a)) {
+    if (!bench_collective(s.op, c) || !bench_algorithm(s.algo, a)) {
       ++skip;
       continue;
     }

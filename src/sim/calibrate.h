@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sim/cluster.h"
+#include "sim/collective.h"
 
 namespace conduit::sim {
 
@@ -21,6 +22,11 @@ struct BenchSample {
 
 // Parses JSON lines of `conduit bench coll --json`; lines that are not bench records are skipped and counted.
 std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::string& origin, int* skipped = nullptr);
+
+// The simulator's collective and algorithm for a bench record's op and algo (runtime names: ring, rhd, rd, tree);
+// false when not modelled.
+bool bench_collective(const std::string& op, Collective& c);
+bool bench_algorithm(std::string algo, Algorithm& a);
 
 struct AlphaBetaGamma {
   double alpha = 0, beta = 0, gamma = 0;
