@@ -1,12 +1,13 @@
 // Started by tests/net/mpi_transport_test.cc as `mpirun -np 3 net_mpi_worker`: exercises the MPI transport between
 // real processes and prints one "rank R: ok <phase>" line per phase passed, then "rank R: ALL OK". Any failure
 // prints "rank R: FAIL ..." and exits 1. Every wait has a deadline, so a broken transport fails instead of hanging.
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <atomic>
 #include <numeric>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -100,15 +101,16 @@ void tags_in_flight(Transport& t) {
   ok("tags");
 }
 
-// Rank 0 sends 100 bytes twice to rank 1, which expects 80 and then 120: both are ProtocolErrors; the transport
-// keeps working afterwards.
-void size_mismatch(Transport& t) {
-  const uint64_t tag_a = make_tag(kUser, 9, 1), tag_b = make_tag(kUser, 9, 2), tag_c = make_tag(kUser, 9, 3);
-  std::vector<char> msg(100, 'x'), buf(120);
+// Rank 0 sends `n` bytes three times to rank 1, which expects 4n/5, then 6n/5, then n: the first two are
+// ProtocolErrors; the transport keeps working afterwards.
+void size_mismatch(Transport& t, size_t n) {
+  const uint32_t comm = 9 + static_cast<uint32_t>(n % 1000);
+  const uint64_t tag_a = make_tag(kUser, comm, 1), tag_b = make_tag(kUser, comm, 2), tag_c = make_tag(kUser, comm, 3);
+  std::vector<char> msg(n, 'x'), buf(n * 6 / 5);
   if (t.rank() == 0) {
-    auto s1 = t.isend(1, tag_a, msg.data(), 100);
-    auto s2 = t.isend(1, tag_b, msg.data(), 100);
-    auto s3 = t.isend(1, tag_c, msg.data(), 100);
+    auto s1 = t.isend(1, tag_a, msg.data(), n);
+    auto s2 = t.isend(1, tag_b, msg.data(), n);
+    auto s3 = t.isend(1, tag_c, msg.data(), n);
     wait_all({s1, s2, s3}, Deadline::after(30));
   } else if (t.rank() == 1) {
     auto expect_protocol_error = [&](uint64_t tag, size_t bytes, const char* which) {
@@ -118,20 +120,40 @@ void size_mismatch(Transport& t) {
         fail(fmt::format("{} message accepted", which));
       } catch (const ProtocolError& e) {
         std::printf("rank %d: info %s\n", g_rank, e.what());
-        check(std::strstr(e.what(), "100") != nullptr || std::strstr(e.what(), "larger") != nullptr,
+        check(std::strstr(e.what(), std::to_string(bytes).c_str()) != nullptr,
               fmt::format("error names the size: {}", e.what()));
       } catch (const std::exception& e) {
         fail(fmt::format("{} message: expected ProtocolError, got {}", which, e.what()));
       }
     };
-    expect_protocol_error(tag_a, 80, "larger");
-    expect_protocol_error(tag_b, 120, "smaller");
-    auto r = t.irecv(0, tag_c, buf.data(), 100);
+    expect_protocol_error(tag_a, n * 4 / 5, "larger");
+    expect_protocol_error(tag_b, n * 6 / 5, "smaller");
+    std::fill(buf.begin(), buf.end(), 0);
+    auto r = t.irecv(0, tag_c, buf.data(), n);
     r->wait(Deadline::after(30));
-    check(buf[99] == 'x', "message after the mismatches");
+    check(buf[0] == 'x' && buf[n - 1] == 'x', "message after the mismatches");
   }
   barrier();
   ok("size-mismatch");
+}
+
+// irecv_reduce (the default staging implementation): dst = dst + incoming, f32.
+void reduce(Transport& t) {
+  const int n = t.size(), me = t.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  const size_t count = 1001;
+  std::vector<float> out(count), dst(count);
+  for (size_t i = 0; i < count; ++i) {
+    out[i] = static_cast<float>(me * 10000 + i);
+    dst[i] = 0.5f;
+  }
+  const uint64_t tag = make_tag(kCollective, 13, 1);
+  auto r = t.irecv_reduce(prev, tag, dst.data(), count, DType::f32, ReduceOp::sum);
+  auto s = t.isend(next, tag, out.data(), count * sizeof(float));
+  wait_all({r, s}, Deadline::after(30));
+  for (size_t i = 0; i < count; ++i) {
+    if (dst[i] != static_cast<float>(prev * 10000 + i) + 0.5f) fail(fmt::format("reduce: element {} is {}", i, dst[i]));
+  }
+  ok("reduce");
 }
 
 // Several threads post and wait on one transport at once (MPI_THREAD_MULTIPLE, or the serializing lock).
@@ -237,7 +259,9 @@ int main() {
       check(std::string(t->name()) == "mpi", "name");
       tags_in_flight(*t);
       threads(*t);
-      size_mismatch(*t);
+      size_mismatch(*t, 100);
+      size_mismatch(*t, 5000);
+      reduce(*t);
       deadline(*t);
       // A second transport (another communicator pair) works next to the first.
       {

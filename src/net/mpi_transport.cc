@@ -21,8 +21,9 @@
 // fails as MPI_ERR_TRUNCATE, a smaller one is caught by the count: both are ProtocolErrors.
 //
 // Progress: no progress thread. Request::wait calls progress() (MPI_Test on every pending request, and on the
-// abort listener) and wait_for_activity(), which spins ~30 us, then sleeps with a growing pause (20 us to 1 ms)
-// so that a rank waiting on a slow peer does not hold a core.
+// abort listener) and wait_for_activity(), which spins ~20 us, yields until ~200 us, then sleeps with a growing
+// pause (50 us to 1 ms) so that a rank waiting on a slow peer does not hold a core. progress() also reports
+// requests that another thread completed, so no waiter sleeps through its own completion.
 #include "net/mpi_transport.h"
 
 #define OMPI_SKIP_MPICXX 1
@@ -105,11 +106,28 @@ struct ByteType {
   bool owned;
 };
 
+// Messages above kMaxCount bytes use a derived type of kBlock-byte blocks. Env CONDUIT_MPI_TEST_BLOCK_BYTES lowers
+// both (a test hook, so that the derived-type path runs with small messages).
+struct BlockSizes {
+  size_t max_count = static_cast<size_t>(INT_MAX);
+  size_t block = size_t{1} << 30;
+};
+
+const BlockSizes& block_sizes() {
+  static const BlockSizes b = [] {
+    BlockSizes v;
+    if (auto n = env_int("CONDUIT_MPI_TEST_BLOCK_BYTES", 1, INT_MAX)) v.max_count = v.block = static_cast<size_t>(*n);
+    return v;
+  }();
+  return b;
+}
+
 ByteType byte_type(size_t bytes) {
-  if (bytes <= static_cast<size_t>(INT_MAX)) return {static_cast<int>(bytes), MPI_BYTE, false};
-  constexpr size_t kBlock = size_t{1} << 30;
+  if (bytes <= block_sizes().max_count) return {static_cast<int>(bytes), MPI_BYTE, false};
+  const size_t kBlock = block_sizes().block;
   MPI_Datatype block, blocks, whole;
   size_t n = bytes / kBlock, rem = bytes % kBlock;
+  if (n > static_cast<size_t>(INT_MAX)) throw InvalidArgument(fmt::format("mpi transport: {} bytes is too large", bytes));
   check_mpi(MPI_Type_contiguous(static_cast<int>(kBlock), MPI_BYTE, &block), "MPI_Type_contiguous");
   check_mpi(MPI_Type_contiguous(static_cast<int>(n), block, &blocks), "MPI_Type_contiguous");
   MPI_Type_free(&block);
@@ -262,12 +280,18 @@ class MpiEngine : public Progressor {
     return !finished.empty() || !remote_abort.empty() || others;
   }
 
+  // Spin ~20 us (a reply from a busy peer often lands within that), yield until ~200 us (lets another rank on an
+  // oversubscribed core run), then sleep with a pause growing from 50 us to 1 ms.
   void wait_for_activity(const Deadline& until) override {
     Stopwatch sw;
-    while (sw.seconds() < 30e-6) {
+    while (sw.seconds() < 20e-6) {
       if (progress() || until.expired()) return;
     }
-    auto pause = std::chrono::microseconds(20);
+    while (sw.seconds() < 200e-6) {
+      std::this_thread::yield();
+      if (progress() || until.expired()) return;
+    }
+    auto pause = std::chrono::microseconds(50);
     while (!until.expired()) {
       auto left = std::chrono::duration_cast<std::chrono::microseconds>(
           Seconds(std::max(0.0, until.remaining_seconds())));

@@ -94,7 +94,10 @@ void run_worker(const std::string& env) {
 TEST(MpiTransport, ThreeProcessesUnderMpirun) { run_worker("CONDUIT_MPI_SERIALIZE=0"); }
 
 // The same with every MPI call behind one lock (the path taken when MPI only provides MPI_THREAD_SERIALIZED).
-TEST(MpiTransport, ThreeProcessesUnderMpirunSerialized) { run_worker("CONDUIT_MPI_SERIALIZE=1"); }
+// Also sends everything above 1000 bytes as derived datatypes (the path of messages > 2 GiB).
+TEST(MpiTransport, ThreeProcessesUnderMpirunSerialized) {
+  run_worker("CONDUIT_MPI_SERIALIZE=1 CONDUIT_MPI_TEST_BLOCK_BYTES=1000");
+}
 
 }  // namespace
 }  // namespace conduit::net
