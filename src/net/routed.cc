@@ -16,16 +16,34 @@ class RoutedTransport : public Transport {
     rank_ = rank;
     size_ = size;
     hosts_ = std::move(hosts);
+    // A transport that progresses in the waiting thread (shm) must keep moving while the thread waits on a request
+    // of another transport (tcp): every request gets that progressor, and the other transports wake it when they
+    // complete something.
+    for (auto& t : route_)
+      if (t && !progressor_) progressor_ = dynamic_cast<Progressor*>(t.get());
+    if (progressor_) {
+      Progressor* prog = progressor_;
+      for (auto& t : route_)
+        if (t && dynamic_cast<Progressor*>(t.get()) != prog) t->set_activity_target(prog);
+    }
+  }
+  ~RoutedTransport() override {
+    // The other transports' threads notify the progressor: stop and destroy them before it goes.
+    for (auto& t : route_)
+      if (t && dynamic_cast<Progressor*>(t.get()) != progressor_) {
+        t->set_activity_target(nullptr);
+        t.reset();
+      }
   }
   const char* name() const override { return desc_.c_str(); }
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
-    return at(peer).isend(peer, tag, data, bytes);
+    return adopt(at(peer).isend(peer, tag, data, bytes));
   }
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
-    return at(peer).irecv(peer, tag, data, bytes);
+    return adopt(at(peer).irecv(peer, tag, data, bytes));
   }
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
-    return at(peer).irecv_reduce(peer, tag, dst, count, dtype, op);
+    return adopt(at(peer).irecv_reduce(peer, tag, dst, count, dtype, op));
   }
   void abort(const std::string& reason) override {
     set_aborted(reason);
@@ -40,8 +58,13 @@ class RoutedTransport : public Transport {
       throw InvalidArgument(fmt::format("peer rank {} is not another rank of [0, {})", peer, size_));
     return *route_[peer];
   }
+  RequestPtr adopt(RequestPtr r) {
+    if (progressor_ && !r->has_progressor()) r->set_progressor(progressor_);
+    return r;
+  }
   std::vector<TransportPtr> route_;
   std::string desc_;
+  Progressor* progressor_ = nullptr;
 };
 
 }  // namespace

@@ -265,6 +265,8 @@ class ShmTransport : public Transport, public Progressor {
     return progress_locked();
   }
 
+  void notify() override { ring_doorbell(my_seg_); }
+
   void wait_for_activity(const Deadline& until) override {
     uint32_t seen = tl_seen_;
     // Spin a little: a peer usually answers within microseconds.

@@ -598,6 +598,8 @@ class TcpTransport : public Transport {
         if (!p.failed && (evs[i].events & EPOLLOUT)) handle_write(p);
         update_interest(p);
       }
+      if (n > 0)
+        if (Progressor* t = activity_target_.load(std::memory_order_acquire)) t->notify();
     }
   }
 

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,6 +29,8 @@ class Progressor {
   virtual bool progress() = 0;
   // Blocks until something may have changed or until `until`; spins briefly first.
   virtual void wait_for_activity(const Deadline& until) = 0;
+  // Wakes the threads blocked in wait_for_activity (called when another transport completes a request).
+  virtual void notify() {}
 };
 
 class Request {
@@ -52,6 +55,7 @@ class Request {
   void complete();
   void fail(std::exception_ptr error);
   void set_progressor(Progressor* p) { progressor_ = p; }
+  bool has_progressor() const { return progressor_ != nullptr; }
   // Runs when the request completes successfully, in the completing thread, before waiters wake.
   virtual void on_complete() {}
 
@@ -91,12 +95,16 @@ class Transport {
   virtual void abort(const std::string& reason) = 0;
   // Empty when healthy, else why it was aborted.
   std::string aborted_reason() const;
+  // Called (from the transport's own thread) after it completes or fails requests; lets a routed transport wake
+  // waiters that sleep in another transport's progressor.
+  void set_activity_target(Progressor* p) { activity_target_.store(p, std::memory_order_release); }
 
  protected:
   void set_aborted(const std::string& reason);
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> hosts_;
+  std::atomic<Progressor*> activity_target_{nullptr};
   mutable std::mutex abort_mu_;
   std::string aborted_;
 };

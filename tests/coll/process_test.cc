@@ -1,0 +1,170 @@
+// Collectives over real processes: tcp, shm, shm+tcp across emulated hosts and mpi, each checked by
+// `conduit selftest`; a crashed peer and an expired deadline give the errors the runtime promises, in time.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+const std::string kConduit = CONDUIT_BINARY;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  double seconds = 0;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string temp_path(const std::string& stem) {
+  return "/tmp/conduit-test-" + std::to_string(::getpid()) + "-" + stem;
+}
+
+// Runs a shell command with a time limit; returns its exit code and combined output.
+Result run_sh(const std::string& cmd, int limit_s = 240) {
+  std::string out = temp_path("out.txt");
+  std::string full = "timeout -k 5 " + std::to_string(limit_s) + " sh -c '" + cmd + "' > " + out + " 2>&1";
+  auto t0 = std::chrono::steady_clock::now();
+  int rc = std::system(full.c_str());
+  Result r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = slurp(out);
+  std::remove(out.c_str());
+  return r;
+}
+
+int free_port() {
+  // The launcher's own port finder is not linked here; let the kernel pick via a short-lived listener.
+  std::string p = temp_path("port.txt");
+  std::system(("/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); "
+               "print(s.getsockname()[1])' > " + p).c_str());
+  int port = std::atoi(slurp(p).c_str());
+  std::remove(p.c_str());
+  return port;
+}
+
+TEST(Processes, SelftestOverTcp) {
+  auto r = run_sh(kConduit + " launch -n 3 -- " + kConduit + " selftest --transport tcp --timeout 60");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("over tcp: 0 wrong elements"), std::string::npos) << r.out;
+}
+
+TEST(Processes, SelftestOverShm) {
+  auto r = run_sh(kConduit + " launch -n 4 -- " + kConduit + " selftest --transport shm --timeout 60");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("over shm: 0 wrong elements"), std::string::npos) << r.out;
+}
+
+TEST(Processes, SelftestAcrossTwoEmulatedHostsUsesShmAndTcp) {
+  // Ranks 0,1 claim host a, ranks 2,3 host b: shared memory inside a host, tcp across, hierarchical allreduce.
+  auto r = run_sh(kConduit + " launch -n 4 -- sh -c \"CONDUIT_HOST_ID=h\\$((RANK / 2)) exec " + kConduit +
+                  " selftest --timeout 60\"");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("over shm+tcp: 0 wrong elements"), std::string::npos) << r.out;
+}
+
+TEST(Processes, SelftestUnderMpirunOverMpi) {
+  auto r = run_sh("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
+                  "--oversubscribe -np 3 " + kConduit + " selftest --transport mpi --timeout 60");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("over mpi: 0 wrong elements"), std::string::npos) << r.out;
+}
+
+TEST(Processes, UnderMpirunTheDefaultTransportBootstrapsThroughMpi) {
+  auto r = run_sh("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 " +
+                  kConduit + " selftest --op allreduce --timeout 60");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("over shm: 0 wrong elements"), std::string::npos) << r.out;
+}
+
+// Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.
+std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const std::string& extra, double timeout) {
+  int port = free_port();
+  std::string job = "t" + std::to_string(::getpid()) + transport;
+  std::vector<pid_t> pids(n);
+  std::vector<std::string> outs(n);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < n; ++r) {
+    outs[r] = temp_path("rank" + std::to_string(r) + transport);
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("CONDUIT_JOB_ID", job.c_str(), 1);
+      std::string cmd = "exec " + kConduit + " selftest --transport " + transport + " --timeout " +
+                        std::to_string(timeout) + " " + extra + " > " + outs[r] + " 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids[r] = pid;
+  }
+  std::vector<Result> res(n);
+  int left = n;
+  while (left > 0) {
+    int status = 0;
+    pid_t p = waitpid(-1, &status, 0);
+    if (p < 0) break;
+    for (int r = 0; r < n; ++r)
+      if (pids[r] == p) {
+        res[r].code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        res[r].seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        --left;
+      }
+  }
+  for (int r = 0; r < n; ++r) {
+    res[r].out = slurp(outs[r]);
+    std::remove(outs[r].c_str());
+  }
+  return res;
+}
+
+class Failures : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Failures, KilledPeerFailsTheOthersFastNamingTheOperation) {
+  // Rank 1 dies before its first collective; the deadline is 60 s but the survivors must fail well before it.
+  auto res = run_ranks_by_hand(3, GetParam(), "--crash-rank 1", 60);
+  EXPECT_EQ(res[1].code, 3) << res[1].out;
+  for (int r : {0, 2}) {
+    EXPECT_NE(res[r].code, 0) << res[r].out;
+    EXPECT_LT(res[r].seconds, 30) << res[r].out;
+    EXPECT_NE(res[r].out.find("conduit: error: "), std::string::npos) << res[r].out;
+    EXPECT_NE(res[r].out.find(" #"), std::string::npos) << res[r].out;
+    EXPECT_NE(res[r].out.find("rank 1"), std::string::npos) << res[r].out;
+  }
+}
+
+TEST_P(Failures, ExpiredDeadlineNamesTheSilentRank) {
+  auto res = run_ranks_by_hand(3, GetParam(), "--hang-rank 2", 2);
+  for (int r : {0, 1}) {
+    EXPECT_NE(res[r].code, 0) << res[r].out;
+    EXPECT_LT(res[r].seconds, 20) << res[r].out;
+    EXPECT_NE(res[r].out.find("failed after"), std::string::npos) << res[r].out;
+  }
+  // Rank 1's ring predecessor is rank 0 and rank 0's is rank 2: the one that waited on rank 2 names it.
+  bool named = res[0].out.find("rank(s) 2") != std::string::npos || res[1].out.find("rank(s) 2") != std::string::npos;
+  EXPECT_TRUE(named) << res[0].out << "\n---\n" << res[1].out;
+  bool timed_out = res[0].out.find("deadline") != std::string::npos ||
+                   res[1].out.find("deadline") != std::string::npos;
+  EXPECT_TRUE(timed_out) << res[0].out << "\n---\n" << res[1].out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Failures, ::testing::Values("tcp", "shm"));
+
+}  // namespace
