@@ -200,7 +200,14 @@ double Topology::route(long long src, long long dst, std::vector<int>& path) con
 void Topology::links_behind(long long gpu, std::vector<int>& out) const {
   out.push_back(gpu_out(gpu));
   out.push_back(gpu_in(gpu));
-  if (spec_.network.topology == TopologyKind::kTorus) return;
+  if (spec_.network.topology == TopologyKind::kTorus) {
+    // A node's torus links carry the traffic of the node's accelerators.
+    const long long node = node_of(gpu);
+    const size_t dims = spec_.network.torus_dims.size();
+    for (size_t d = 0; d < dims; ++d)
+      for (int dir = 0; dir < 2; ++dir) out.push_back(static_cast<int>(torus_base_ + (node * dims + d) * 2 + dir));
+    return;
+  }
   long long n = node_of(gpu);
   const NodeKind& k = kind_of_node(n);
   int nic = nic_of_local(local_of(gpu), k);

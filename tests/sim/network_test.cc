@@ -144,6 +144,32 @@ TEST(Flow, LateArrivalSharesFromItsStart) {
   EXPECT_NEAR(res.finish[1], 1.5, 1e-12);
 }
 
+ClusterSpec torus_cluster() {
+  ClusterSpec c = load_cluster("dgx-h100");
+  c.network.topology = TopologyKind::kTorus;
+  c.network.torus_dims = {4, 4};
+  c.network.torus_link = {50e9, 1e-6};
+  c.network.in_network_reduction = false;
+  return c;
+}
+
+TEST(Topology, TorusRingMatchesItsClosedForm) {
+  // A 1-D torus of 8 single-GPU nodes: a ring over neighbours uses one torus link per step.
+  ClusterSpec c = flat_cluster(4e-6, 1e12, 0);
+  c.network.topology = TopologyKind::kTorus;
+  c.network.torus_dims = {8};
+  c.network.torus_link = {20e9, 1e-6};
+  Topology topo(c, 8);
+  std::vector<int> path;
+  EXPECT_NEAR(topo.route(0, 3, path), 3e-6, 1e-15);  // 3 hops one way
+  path.clear();
+  EXPECT_NEAR(topo.route(0, 6, path), 2e-6, 1e-15);  // 2 hops the other way round
+  CollectiveModel m(topo);
+  const double n = 64e6, p = 8;
+  EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kRing, Group{8, 1, 0}, n),
+                2 * (p - 1) * (4e-6 + 1e-6) + 2 * (p - 1) / p * n / 20e9), 1e-9);
+}
+
 struct Agree {
   const char* preset;
   int gpus;
@@ -156,7 +182,7 @@ class AgreeTest : public ::testing::TestWithParam<Agree> {};
 
 TEST_P(AgreeTest, SymmetricMatchesFullDetail) {
   const Agree a = GetParam();
-  Topology topo(load_cluster(a.preset), a.gpus);
+  Topology topo(std::string(a.preset) == "torus" ? torus_cluster() : load_cluster(a.preset), a.gpus);
   CollectiveModel m(topo);
   Group g{a.size, a.stride, 0};
   const double n = 128e6;
@@ -175,7 +201,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Agree{"dgx-a100", 64, 8, 8, Algorithm::kInNetwork, Collective::kAllReduce},
                       Agree{"ethernet-25g", 32, 8, 4, Algorithm::kRing, Collective::kAllReduce},  // NIC shared by 4
                       Agree{"ethernet-25g", 256, 64, 4, Algorithm::kRing, Collective::kAllGather},  // oversubscribed
-                      Agree{"dgx-h100", 128, 4, 32, Algorithm::kDirect, Collective::kShift}));
+                      Agree{"dgx-h100", 128, 4, 32, Algorithm::kDirect, Collective::kShift},
+                      Agree{"dgx-a100", 64, 32, 2, Algorithm::kRing, Collective::kAllReduce},   // PXN across rails
+                      Agree{"dgx-a100", 64, 32, 2, Algorithm::kDoubleBinaryTree, Collective::kAllReduce},
+                      Agree{"dgx-a100", 64, 64, 1, Algorithm::kBinomialTree, Collective::kBroadcast},
+                      Agree{"dgx-a100", 640, 80, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce},  // 4 pods
+                      Agree{"edge", 64, 64, 1, Algorithm::kRing, Collective::kAllReduce},        // heterogeneous NICs
+                      Agree{"torus", 128, 16, 8, Algorithm::kRing, Collective::kAllReduce},
+                      Agree{"torus", 128, 128, 1, Algorithm::kRing, Collective::kAllReduce},
+                      Agree{"torus", 128, 16, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce}));
 
 TEST(Topology, OversubscribedUplinkSlowsCrossLeafRings) {
   // ethernet-25g: 32 nodes a leaf, 3:1 oversubscribed. A ring of 64 nodes (2 leaves) with 4 concurrent rings
