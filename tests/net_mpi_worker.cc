@@ -81,6 +81,21 @@ void tags_in_flight(Transport& t) {
       if (in[idx][i] != pattern(src, me, m, i)) fail(fmt::format("tags: message {} from rank {} byte {}", m, src, i));
     }
   }
+  // Same-size messages of communicators whose ids differ by multiples of 64 and 512 (the same sequence number),
+  // received in the opposite order: each must land in its own buffer.
+  {
+    const uint32_t comms[] = {5, 5 + 64, 5 + 512, 5 + (1u << 20)};
+    std::vector<int64_t> vals(4), got(4, -1);
+    std::vector<RequestPtr> rq;
+    const int to = (me + 1) % n, from = (me + n - 1) % n;
+    for (int i = 3; i >= 0; --i) rq.push_back(t.irecv(from, make_tag(kCollective, comms[i], 0), &got[i], 8));
+    for (int i = 0; i < 4; ++i) {
+      vals[i] = me * 10 + i;
+      rq.push_back(t.isend(to, make_tag(kCollective, comms[i], 0), &vals[i], 8));
+    }
+    wait_all(rq, Deadline::after(30));
+    for (int i = 0; i < 4; ++i) check(got[i] == from * 10 + i, fmt::format("communicator {} got {}", comms[i], got[i]));
+  }
   // FIFO on one tag.
   const uint64_t tag = make_tag(kUser, 5, 77);
   const int next = (me + 1) % n, prev = (me + n - 1) % n;

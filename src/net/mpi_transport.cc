@@ -1,20 +1,21 @@
 // OpenMPI transport.
 //
-// Communicators: two duplicates of MPI_COMM_WORLD, both with MPI_ERRORS_RETURN so that errors come back as codes
-// (and become Conduit exceptions) instead of killing the job: `data` carries messages, `ctrl` carries abort notices
-// (every rank keeps one MPI_Irecv(MPI_ANY_SOURCE) posted on it; abort() sends its reason to every peer there).
+// Communicators: duplicates of MPI_COMM_WORLD, all with MPI_ERRORS_RETURN so that errors come back as codes (and
+// become Conduit exceptions) instead of killing the job: kDataComms (64) carry messages, one more carries abort
+// notices (every rank keeps one MPI_Irecv(MPI_ANY_SOURCE) posted on it; abort() sends its reason to every peer).
 //
 // Tag mapping. Conduit tags are 64 bits (tags.h: kind | 24-bit communicator id | 32-bit sequence or user tag);
-// MPI tags are 0..MPI_TAG_UB (at least 32767; 2^31-1 on OpenMPI). With B = floor(log2(MPI_TAG_UB + 1)) usable
-// bits, R = B - 2, c = R / 3 and l = R - c:
-//     mpi_tag = (kind - 1) << R  |  (comm_id mod 2^c) << l  |  (low32 mod 2^l)
-// OpenMPI: B = 31, c = 9, l = 20. The map is deterministic, so one Conduit tag always travels under one MPI tag
-// and MPI's non-overtaking rule gives FIFO per (peer, tag) as transport.h requires. Collision bound: two
-// distinct tags of the same kind share an MPI tag only if their communicator ids are congruent mod 2^c AND their
-// low 32 bits are congruent mod 2^l. So messages in flight between one pair of ranks never cross as long as
-// live communicator ids differ by less than 2^c (512) and in-flight sequence numbers (or user tags) of one
-// communicator differ by less than 2^l (about one million) -- far beyond any real pipeline depth. User tags
-// should stay below 2^l.
+// MPI tags are 0..MPI_TAG_UB (at least 32767; 2^31-1 on OpenMPI). A Conduit tag travels on data communicator
+// (comm_id mod 64) under an MPI tag built from B = floor(log2(MPI_TAG_UB + 1)) bits, R = B - 2:
+//     mpi_tag = (kind - 1) << R  |  (comm_id >> 6 mod 2^t) << l  |  (low32 mod 2^l)
+// with t = 18 and l = R - 18 when R >= 29 (OpenMPI: l = 11), else l = R / 3 and t = R - l. With OpenMPI the
+// (kind, communicator id) pair is kept whole (6 bits pick the MPI communicator, 18 sit in the tag): messages of
+// different Conduit communicators or kinds never match each other. Only the low 32 bits are folded, mod 2^l:
+// two tags of one communicator and kind whose low parts differ by a multiple of 2^l (2048) share an MPI tag.
+// That is harmless for collective sequence numbers, because both ranks issue one communicator's operations in the
+// same order and MPI matches messages of one MPI tag in posting order (non-overtaking); it matters only for user
+// tags >= 2^l sent and received in different orders. The map is deterministic, so FIFO per (peer, tag) holds as
+// transport.h requires.
 //
 // Sizes: a message up to INT_MAX bytes is `count` MPI_BYTEs; a larger one uses a derived datatype (1 GiB blocks
 // plus a remainder), and MPI_Get_elements_x measures what arrived. A receive whose message is larger than expected
@@ -161,12 +162,14 @@ class MpiEngine : public Progressor {
  public:
   MpiEngine() {
     MpiGuard g;
-    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &data_), "MPI_Comm_dup");
+    for (auto& c : data_) {
+      check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c), "MPI_Comm_dup");
+      MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    }
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &ctrl_), "MPI_Comm_dup");
-    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(data_, &rank_);
-    MPI_Comm_size(data_, &size_);
+    MPI_Comm_rank(ctrl_, &rank_);
+    MPI_Comm_size(ctrl_, &size_);
     void* ub = nullptr;
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
@@ -212,9 +215,10 @@ class MpiEngine : public Progressor {
       } else {
         MpiGuard g;
         ByteType bt = byte_type(bytes);
-        int mtag = mpi_tag_for(tag, tag_ub_);
-        int rc = kind == Request::Kind::send ? MPI_Isend(data, bt.count, bt.type, peer, mtag, data_, &r->req_)
-                                             : MPI_Irecv(data, bt.count, bt.type, peer, mtag, data_, &r->req_);
+        MpiRoute route = mpi_route_for(tag, tag_ub_);
+        MPI_Comm comm = data_[route.comm];
+        int rc = kind == Request::Kind::send ? MPI_Isend(data, bt.count, bt.type, peer, route.tag, comm, &r->req_)
+                                             : MPI_Irecv(data, bt.count, bt.type, peer, route.tag, comm, &r->req_);
         if (bt.owned) MPI_Type_free(&bt.type);
         if (rc != MPI_SUCCESS) {
           err = std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} of {} bytes, rank {} tag "
@@ -356,7 +360,7 @@ class MpiEngine : public Progressor {
         for (MPI_Request& q : ctrl_sends_) MPI_Request_free(&q);
         zombies_.clear();
         ctrl_sends_.clear();
-        MPI_Comm_free(&data_);
+        for (auto& c : data_) MPI_Comm_free(&c);
         MPI_Comm_free(&ctrl_);
       }
     }
@@ -443,7 +447,8 @@ class MpiEngine : public Progressor {
     return zombies_.empty() && ctrl_sends_.empty();
   }
 
-  MPI_Comm data_ = MPI_COMM_NULL, ctrl_ = MPI_COMM_NULL;
+  MPI_Comm data_[kDataComms];
+  MPI_Comm ctrl_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   std::mutex mu_;
   std::vector<std::shared_ptr<MpiRequest>> pending_;
@@ -485,15 +490,16 @@ class MpiTransport : public Transport {
 
 }  // namespace
 
-int mpi_tag_for(uint64_t tag, int tag_ub) {
+MpiRoute mpi_route_for(uint64_t tag, int tag_ub) {
   int bits = 0;
   while (bits < 31 && (static_cast<uint64_t>(1) << (bits + 1)) - 1 <= static_cast<uint64_t>(tag_ub)) ++bits;
-  int r = bits - 2, c = r / 3, l = r - c;
-  uint64_t kind = (tag_kind(tag) - 1u) & 3u;
-  uint64_t comm = (tag >> 32) & 0xffffffu;
-  uint64_t low = tag & 0xffffffffu;
-  uint64_t m = (kind << r) | ((comm & ((uint64_t{1} << c) - 1)) << l) | (low & ((uint64_t{1} << l) - 1));
-  return static_cast<int>(m);
+  const int r = bits - 2;
+  const int l = r >= 29 ? r - 18 : r / 3, t = r - l;
+  const uint64_t kind = (tag_kind(tag) - 1u) & 3u;
+  const uint64_t comm = (tag >> 32) & 0xffffffu;
+  const uint64_t low = tag & 0xffffffffu;
+  const uint64_t m = (kind << r) | (((comm >> 6) & ((uint64_t{1} << t) - 1)) << l) | (low & ((uint64_t{1} << l) - 1));
+  return {static_cast<int>(comm % kDataComms), static_cast<int>(m)};
 }
 
 bool mpi_launched() {

@@ -1,8 +1,9 @@
 #pragma once
-// OpenMPI transport: the path to many hosts when a job is started by mpirun. Messages are MPI_Isend/MPI_Irecv on a
-// private duplicate of MPI_COMM_WORLD; requests progress when a waiter calls MPI_Test (there is no progress
-// thread). Conduit's 64-bit tags are folded into MPI's tag range, see mpi_transport.cc for the mapping and its
-// collision bound.
+// OpenMPI transport: the path to many hosts when a job is started by mpirun. Messages are MPI_Isend/MPI_Irecv on
+// private duplicates of MPI_COMM_WORLD; requests progress when a waiter calls MPI_Test (there is no progress
+// thread). Conduit's 64-bit tags are spread over 64 communicators and folded into MPI's tag range, see
+// mpi_transport.cc for the mapping and its collision bound.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,13 @@ std::vector<std::string> mpi_allgather_strings(const std::string& mine);
 // every rank (empty: derived from the host names). Errors are returned, not fatal (MPI_ERRORS_RETURN).
 TransportPtr make_mpi_transport(std::vector<int> hosts);
 
-// The MPI tag a Conduit tag travels under (exposed for tests and docs). `tag_ub` is MPI_TAG_UB.
-int mpi_tag_for(uint64_t tag, int tag_ub);
+// Where a Conduit tag travels: which of the transport's kDataComms duplicated communicators, and which MPI tag
+// (exposed for tests and docs; the mapping and its collision bound are described in mpi_transport.cc).
+inline constexpr int kDataComms = 64;
+struct MpiRoute {
+  int comm;  // 0 .. kDataComms-1
+  int tag;   // 0 .. tag_ub
+};
+MpiRoute mpi_route_for(uint64_t tag, int tag_ub);
 
 }  // namespace conduit::net

@@ -36,27 +36,47 @@ int run(const std::string& cmd, std::string* out) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+bool same_route(uint64_t a, uint64_t b, int ub) {
+  MpiRoute x = mpi_route_for(a, ub), y = mpi_route_for(b, ub);
+  return x.comm == y.comm && x.tag == y.tag;
+}
+
 TEST(MpiTags, MappingStaysInRangeAndSeparatesNearbyTags) {
   for (int ub : {32767, 65535, 0x7fffffff}) {
-    std::set<int> seen;
+    std::set<std::pair<int, int>> seen;
     for (TagKind k : {kCollective, kUser, kDebug, kControl}) {
-      for (uint32_t comm = 0; comm < 4; ++comm) {
-        for (uint32_t seq = 0; seq < 200; ++seq) {
-          int m = mpi_tag_for(make_tag(k, comm, seq), ub);
-          ASSERT_GE(m, 0);
-          ASSERT_LE(m, ub);
-          seen.insert(m);
+      for (uint32_t comm : {0u, 1u, 63u, 64u, 65u, 4096u, 0xffffffu}) {
+        for (uint32_t seq = 0; seq < 16; ++seq) {  // 2^l >= 16 even for the smallest MPI_TAG_UB (32767)
+          MpiRoute r = mpi_route_for(make_tag(k, comm, seq), ub);
+          ASSERT_GE(r.tag, 0);
+          ASSERT_LE(r.tag, ub);
+          ASSERT_GE(r.comm, 0);
+          ASSERT_LT(r.comm, kDataComms);
+          seen.insert({r.comm, r.tag});
         }
       }
     }
-    EXPECT_EQ(seen.size(), 4u * 4u * 200u) << "collision among nearby tags with MPI_TAG_UB " << ub;
+    EXPECT_EQ(seen.size(), 4u * 7u * 16u) << "collision among nearby tags with MPI_TAG_UB " << ub;
   }
-  // The documented bound on OpenMPI (B = 31: 9 communicator bits, 20 sequence bits): tags 2^20 apart collide.
-  EXPECT_EQ(mpi_tag_for(make_tag(kCollective, 1, 5), 0x7fffffff),
-            mpi_tag_for(make_tag(kCollective, 1, 5 + (1u << 20)), 0x7fffffff));
-  EXPECT_NE(mpi_tag_for(make_tag(kCollective, 1, 5), 0x7fffffff),
-            mpi_tag_for(make_tag(kCollective, 1, 5 + (1u << 19)), 0x7fffffff));
-  EXPECT_NE(mpi_tag_for(make_tag(kCollective, 1, 5), 0x7fffffff), mpi_tag_for(make_tag(kUser, 1, 5), 0x7fffffff));
+}
+
+TEST(MpiTags, OpenMpiKeepsKindAndCommunicatorWhole) {
+  const int ub = 0x7fffffff;
+  // Communicator ids are hashes (coll/communicator.cc): any two distinct ids must stay apart, whatever the seq.
+  uint32_t x = 0x9e3779u;
+  for (int i = 0; i < 2000; ++i) {
+    uint32_t a = (x = x * 1103515245u + 12345u) & 0xffffffu;
+    uint32_t b = (x = x * 1103515245u + 12345u) & 0xffffffu;
+    if (a == b) continue;
+    for (uint32_t seq : {0u, 1u, 2048u, 77777u}) {
+      ASSERT_FALSE(same_route(make_tag(kCollective, a, seq), make_tag(kCollective, b, seq), ub)) << a << " " << b;
+    }
+  }
+  EXPECT_FALSE(same_route(make_tag(kCollective, 1, 5), make_tag(kUser, 1, 5), ub));
+  EXPECT_FALSE(same_route(make_tag(kDebug, 7, 5), make_tag(kControl, 7, 5), ub));
+  // The documented fold: low parts 2^11 apart share a route (harmless for in-order sequences), 2^10 apart do not.
+  EXPECT_TRUE(same_route(make_tag(kCollective, 1, 5), make_tag(kCollective, 1, 5 + (1u << 11)), ub));
+  EXPECT_FALSE(same_route(make_tag(kCollective, 1, 5), make_tag(kCollective, 1, 5 + (1u << 10)), ub));
 }
 
 TEST(MpiTransport, NotLaunchedByMpirun) {
