@@ -337,6 +337,7 @@ struct CollArgs {
   long long group = 0, stride = 1;
   std::string mode = "symmetric";
   bool json = false;
+  bool steps = false;
 };
 
 void run_coll(const CollArgs& a) {
@@ -388,6 +389,12 @@ void run_coll(const CollArgs& a) {
     } else {
       fmt::print("  {:<20} {:>12} {:>12.1f} {:>10.0f}  {}\n", algorithm_name(cost.algorithm), format_seconds(t), busbw,
                  cost.steps, cost.bottleneck);
+      if (a.steps) {
+        for (const auto& st : net.explain(c, cost.algorithm, g, n))
+          fmt::print("      x{:<6.0f} {:<34} {:>7} transfers {:>7} links  bound by {} (link {}, {} per step)  {}\n",
+                     st.repeat, st.phase, st.transfers, st.links_used, st.bottleneck, st.bottleneck_link,
+                     format_bytes(st.bottleneck_bytes), format_seconds(st.time));
+      }
     }
   }
 }
@@ -630,6 +637,7 @@ void setup(CLI::App& app) {
     c->add_option("--stride", a->stride, "distance between consecutive ranks of the group")->capture_default_str();
     c->add_option("--mode", a->mode, "symmetric or full (every concurrent group, max-min fair flows)")->capture_default_str();
     c->add_flag("--json", a->json, "JSON lines");
+    c->add_flag("--steps", a->steps, "show each step: the links it uses and the one that bounds it");
     c->callback([a]() { run_coll(*a); });
   }
   for (const char* name : {"step", "plan"}) {

@@ -513,6 +513,60 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
   return cost;
 }
 
+std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, const Group& g, double n) {
+  if (a == Algorithm::kAuto) a = profile(c, a, g, n).algorithm;
+  std::vector<Step> steps = make_pattern(topo_, c, a, g);
+  std::vector<StepReport> out;
+  std::unordered_map<int, double> load;
+  std::unordered_map<int, int> behind;
+  std::vector<int> tmp;
+  for (long long i = 0; i < g.size; ++i) {
+    tmp.clear();
+    topo_.links_behind(g.first + i * g.stride, tmp);
+    for (int l : tmp) behind[l]++;
+  }
+  const double overhead = topo_.spec().network.software_overhead;
+  const double gamma = 1.0 / topo_.spec().network.reduction_bandwidth;
+  std::vector<int> path;
+  for (const Step& s : steps) {
+    load.clear();
+    double lat = 0;
+    for (const Transfer& t : s.transfers) {
+      path.clear();
+      double l;
+      if (!t.links.empty()) {
+        path = t.links;
+        l = std::max(0.0, t.latency);
+      } else {
+        l = topo_.route(t.src, t.dst, path);
+      }
+      lat = std::max(lat, l);
+      for (int id : path) load[id] += t.frac * n;
+    }
+    StepReport r;
+    r.phase = s.phase;
+    r.repeat = s.repeat;
+    r.transfers = s.transfers.size();
+    r.links_used = load.size();
+    double worst = 0;
+    for (auto [id, bytes] : load) {
+      auto it = behind.find(id);
+      double share = static_cast<double>(topo_.gpus_behind(id)) / std::max(1, it == behind.end() ? 0 : it->second);
+      double total = bytes * std::max(1.0, share);
+      double t = total / topo_.link(id).bandwidth;
+      if (t > worst || r.bottleneck_link < 0) {
+        worst = t;
+        r.bottleneck_link = id;
+        r.bottleneck = link_kind_name(topo_.link(id).kind);
+        r.bottleneck_bytes = total;
+      }
+    }
+    r.time = s.latency_hops * (lat + overhead) + worst + s.reduce * n * gamma;
+    out.push_back(r);
+  }
+  return out;
+}
+
 CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& g, double n_hint) {
   if (a == Algorithm::kAuto) {
     CollectiveCost best;

@@ -89,6 +89,18 @@ struct CollectiveCost {
 
 enum class EvalMode { kSymmetric, kFull };
 
+// One step of a pattern as mapped onto the topology (symmetric mode): the links it uses and the one that bounds it.
+struct StepReport {
+  std::string phase;
+  double repeat = 1;
+  size_t transfers = 0;        // in the representative group
+  size_t links_used = 0;
+  std::string bottleneck;      // link kind
+  int bottleneck_link = -1;
+  double bottleneck_bytes = 0; // on that link per repeat (all concurrent groups)
+  double time = 0;             // per repeat, seconds, for the given n
+};
+
 // Caches symmetric profiles per (collective, algorithm, group shape).
 class CollectiveModel {
  public:
@@ -100,6 +112,9 @@ class CollectiveModel {
   double time(Collective c, Algorithm a, const Group& g, double n) { return profile(c, a, g, n).time(n); }
   // Full-detail time: every group that tiles the cluster like `g` runs at once, sharing links max-min fairly.
   double time_full(Collective c, Algorithm a, const Group& g, double n);
+
+  // Step by step: which links each step uses and which one bounds it, for message size n.
+  std::vector<StepReport> explain(Collective c, Algorithm a, const Group& g, double n);
 
   size_t cache_size() const { return cache_.size(); }
 

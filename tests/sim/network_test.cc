@@ -241,3 +241,23 @@ TEST(Topology, RoutesAndErrors) {
 
 }  // namespace
 }  // namespace conduit::sim
+
+namespace conduit::sim {
+namespace {
+
+TEST(Collective, ExplainedStepsAddUpToTheProfile) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel m(topo);
+  const double n = 256e6;
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kHierarchical, Algorithm::kInNetwork}) {
+    double sum = 0;
+    for (const auto& s : m.explain(Collective::kAllReduce, a, Group{64, 1, 0}, n)) {
+      EXPECT_GE(s.bottleneck_link, 0);
+      sum += s.repeat * s.time;
+    }
+    EXPECT_NEAR(sum / m.time(Collective::kAllReduce, a, Group{64, 1, 0}, n), 1.0, 1e-9) << algorithm_name(a);
+  }
+}
+
+}  // namespace
+}  // namespace conduit::sim
