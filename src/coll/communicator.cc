@@ -20,6 +20,7 @@ namespace conduit::coll {
 
 void Work::wait() {
   if (!s_) throw InvalidArgument("wait() on an empty Work handle");
+  if (auto owner = s_->owner.lock()) owner->try_run_inline(s_);
   std::unique_lock<std::mutex> lk(s_->mu);
   s_->cv.wait(lk, [&] { return s_->done; });
   if (s_->error) std::rethrow_exception(s_->error);
@@ -196,21 +197,38 @@ CommPtr Communicator::split(int color, int key) {
 // -------------------------------------------------------------------------------------------- execution engine
 
 void Communicator::worker_loop() {
+  std::unique_lock<std::mutex> lk(qmu_);
   while (true) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lk(qmu_);
-      qcv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    task();
+    qcv_.wait(lk, [&] { return (stopping_ && !executing_) || (!queue_.empty() && !executing_); });
+    if (queue_.empty()) return;
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    executing_ = true;
+    lk.unlock();
+    task.fn();
+    lk.lock();
+    executing_ = false;
+    qcv_.notify_all();
   }
+}
+
+bool Communicator::try_run_inline(const std::shared_ptr<Work::State>& state) {
+  std::unique_lock<std::mutex> lk(qmu_);
+  if (executing_ || queue_.empty() || queue_.front().state != state) return false;
+  Task task = std::move(queue_.front());
+  queue_.pop_front();
+  executing_ = true;
+  lk.unlock();
+  task.fn();
+  lk.lock();
+  executing_ = false;
+  qcv_.notify_all();
+  return true;
 }
 
 Work Communicator::submit(const char* op_name, const Signature& sig, double timeout_s, Body body) {
   auto state = std::make_shared<Work::State>();
+  state->owner = weak_from_this();
   uint64_t seq = next_seq();
   auto task = [this, state, op_name, sig, seq, timeout_s, body = std::move(body)]() mutable {
     Stopwatch sw;
@@ -233,7 +251,7 @@ Work Communicator::submit(const char* op_name, const Signature& sig, double time
   {
     std::lock_guard<std::mutex> lk(qmu_);
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-    queue_.push_back(std::move(task));
+    queue_.push_back(Task{state, std::move(task)});
   }
   qcv_.notify_one();
   return Work(state);

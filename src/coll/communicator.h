@@ -35,6 +35,8 @@ struct CommConfig {
   bool measure_cost_model = true;  // measure alpha/beta/gamma at start-up unless CONDUIT_COST_MODEL is set
 };
 
+class Communicator;
+
 class Work {
  public:
   struct State {
@@ -44,6 +46,7 @@ class Work {
     std::exception_ptr error;
     double seconds = 0;
     std::string algorithm;
+    std::weak_ptr<Communicator> owner;  // lets a waiter run the operation itself when it is next in line
   };
   Work() = default;
   explicit Work(std::shared_ptr<State> s) : s_(std::move(s)) {}
@@ -164,6 +167,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string run_op(const char* op_name, uint64_t seq, const Signature& sig, const Deadline& d, Body& body);
   void check_signature(uint64_t seq, const Signature& sig, const Deadline& d, const char* op_name);
   void worker_loop();
+  // Runs the queued operation of `state` on the calling thread if it is next and nothing else is running: a
+  // waiting caller then pays no thread hand-off (the latency of small collectives).
+  bool try_run_inline(const std::shared_ptr<Work::State>& state);
+  friend class Work;
   uint64_t next_seq() { return seq_++; }
   double effective_timeout(const CollOptions& o) const { return o.timeout_s > 0 ? o.timeout_s : timeout_s_; }
   void check_root(int root, const char* op) const;
@@ -183,7 +190,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   std::mutex qmu_;
   std::condition_variable qcv_;
-  std::deque<std::function<void()>> queue_;
+  struct Task {
+    std::shared_ptr<Work::State> state;
+    std::function<void()> fn;
+  };
+  std::deque<Task> queue_;
+  bool executing_ = false;
   bool stopping_ = false;
   std::thread worker_;
   std::string failed_;  // set once an operation failed: the communicator is unusable

@@ -1,0 +1,57 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "coll/tuner.h"
+#include "core/error.h"
+
+using namespace conduit;
+using namespace conduit::coll;
+
+TEST(Tuner, RingCostIsTheClosedForm) {
+  CostModel m;
+  m.intra = {1e-5, 1e-9, 5e-10};
+  Tuner t(m);
+  double n = 1 << 20;
+  int p = 4;
+  double want = 2 * (p - 1) * 1e-5 + 2.0 * (p - 1) / p * n * 1e-9 + (p - 1.0) / p * n * 5e-10;
+  EXPECT_NEAR(t.predict(CollOp::allreduce, "ring", n, p, 1), want, 1e-12);
+}
+
+TEST(Tuner, LatencyBoundSizesPickLogarithmicAlgorithmsAndLargeOnesBandwidthOptimal) {
+  CostModel m;
+  m.intra = {1e-5, 1e-10, 1e-10};
+  Tuner t(m);
+  std::string small = t.choose(CollOp::allreduce, 8, 8, 1, true);
+  EXPECT_TRUE(small == "rd" || small == "rhd" || small == "tree") << small;
+  std::string big = t.choose(CollOp::allreduce, 256 << 20, 8, 1, true);
+  EXPECT_TRUE(big == "ring" || big == "rhd") << big;
+  EXPECT_NE(t.choose(CollOp::allreduce, 256 << 20, 7, 1, true), "rd");
+  // Several hosts with a slow inter-host link: the hierarchical algorithm moves fewer bytes across it.
+  CostModel two;
+  two.intra = {1e-6, 1e-11, 1e-10};
+  two.inter = {5e-5, 1e-8, 1e-10};
+  Tuner th(two);
+  EXPECT_EQ(th.choose(CollOp::allreduce, 64 << 20, 8, 2, true), "hier");
+  EXPECT_NE(th.choose(CollOp::allreduce, 64 << 20, 8, 2, false), "hier");
+}
+
+TEST(Tuner, ForcingRulesBySizeRange) {
+  Tuner t;
+  t.force(CollOp::allreduce, Tuner::parse_rules(CollOp::allreduce, "tree:0-64K,rhd:64K-4M,ring:4M-", "X"));
+  EXPECT_EQ(t.choose(CollOp::allreduce, 100, 4, 1, true), "tree");
+  EXPECT_EQ(t.choose(CollOp::allreduce, 64 << 10, 4, 1, true), "rhd");
+  EXPECT_EQ(t.choose(CollOp::allreduce, 1 << 30, 4, 1, true), "ring");
+  EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "warp", "X"), ConfigError);
+  EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "ring:5M-1M", "X"), ConfigError);
+  EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "ring:abc", "X"), ConfigError);
+}
+
+TEST(Tuner, CostModelTextRoundTripsAndRejectsGarbage) {
+  CostModel m = parse_cost_model("intra=1e-6,2e-10,3e-10;inter=2e-5,1e-9,3e-10", "CONDUIT_COST_MODEL");
+  EXPECT_DOUBLE_EQ(m.intra.alpha, 1e-6);
+  EXPECT_DOUBLE_EQ(m.inter.beta, 1e-9);
+  EXPECT_THROW(parse_cost_model("intra=1,2", "X"), ConfigError);
+  EXPECT_THROW(parse_cost_model("cross=1,2,3", "X"), ConfigError);
+  EXPECT_THROW(parse_cost_model("intra=1,-2,3", "X"), ConfigError);
+}

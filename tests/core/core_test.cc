@@ -1,0 +1,156 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/dtype.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/reduce.h"
+
+using namespace conduit;
+
+TEST(DType, NamesParseAndSizes) {
+  EXPECT_EQ(parse_dtype("float32"), DType::f32);
+  EXPECT_EQ(parse_dtype("bf16"), DType::bf16);
+  EXPECT_EQ(dtype_size(DType::i64), 8u);
+  EXPECT_EQ(dtype_size(DType::f16), 2u);
+  try {
+    parse_dtype("f8");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("allowed are f32, f64, f16, bf16, i8, u8, i32, i64"), std::string::npos);
+  }
+}
+
+TEST(DType, HalfConversionIsExactForEveryHalfValue) {
+  // Every finite f16 value converts to f32 and back to itself; NaNs stay NaN.
+  for (uint32_t h = 0; h < 65536; ++h) {
+    uint16_t v = static_cast<uint16_t>(h);
+    float f = f16_to_f32(v);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    ASSERT_EQ(f32_to_f16(f), v) << "h=" << h;
+  }
+}
+
+TEST(DType, HalfRoundsToNearestEvenAndOverflowsToInfinity) {
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(f16_to_f32(f32_to_f16(65504.0f)), 65504.0f);
+  EXPECT_TRUE(std::isinf(f16_to_f32(f32_to_f16(70000.0f))));
+  // 1 + 2^-11 lies exactly between 1 and the next half (1 + 2^-10): ties go to even (1.0).
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + std::ldexp(1.0f, -11))), 1.0f);
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11))), 1.0f + std::ldexp(1.0f, -9));
+  // Subnormals: the smallest positive half.
+  EXPECT_EQ(f16_to_f32(f32_to_f16(std::ldexp(1.0f, -24))), std::ldexp(1.0f, -24));
+}
+
+TEST(DType, BulkConversionsMatchScalar) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0, 100);
+  std::vector<float> x(10007);
+  for (auto& v : x) v = d(rng);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[6] = std::numeric_limits<float>::infinity();
+  std::vector<uint16_t> h(x.size()), b(x.size());
+  convert_f32_to_f16(x.data(), h.data(), x.size());
+  convert_f32_to_bf16(x.data(), b.data(), x.size());
+  std::vector<float> hb(x.size()), bb(x.size());
+  convert_f16_to_f32(h.data(), hb.data(), x.size());
+  convert_bf16_to_f32(b.data(), bb.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (i == 5) {
+      EXPECT_TRUE(std::isnan(hb[i]));
+      EXPECT_TRUE(std::isnan(bb[i]));
+      continue;
+    }
+    ASSERT_EQ(h[i], f32_to_f16(x[i])) << i;
+    ASSERT_EQ(b[i], f32_to_bf16(x[i])) << i;
+    ASSERT_EQ(hb[i], f16_to_f32(h[i]));
+    ASSERT_EQ(bb[i], bf16_to_f32(b[i]));
+  }
+}
+
+template <typename T>
+void check_reduce(DType dt) {
+  std::vector<T> a(1001), b(1001);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<T>(static_cast<int>(i % 13) - 6);
+    b[i] = static_cast<T>(static_cast<int>(i % 7) - 3);
+  }
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max, ReduceOp::prod}) {
+    auto acc = a;
+    reduce_into(acc.data(), b.data(), acc.size(), dt, op);
+    for (size_t i = 0; i < a.size(); ++i) {
+      T want = op == ReduceOp::sum   ? static_cast<T>(a[i] + b[i])
+               : op == ReduceOp::min ? std::min(a[i], b[i])
+               : op == ReduceOp::max ? std::max(a[i], b[i])
+                                     : static_cast<T>(a[i] * b[i]);
+      ASSERT_EQ(acc[i], want) << reduce_op_name(op) << " at " << i;
+    }
+  }
+}
+
+TEST(Reduce, EveryOpOnNativeTypes) {
+  check_reduce<float>(DType::f32);
+  check_reduce<double>(DType::f64);
+  check_reduce<int8_t>(DType::i8);
+  check_reduce<int32_t>(DType::i32);
+  check_reduce<int64_t>(DType::i64);
+}
+
+TEST(Reduce, HalfTypesAccumulateInFloat) {
+  // 2048 + 1 is not representable in f16 (spacing 2 there) but the f32 sum 2048 + 1 + 1 rounds once to 2050.
+  for (DType dt : {DType::f16, DType::bf16}) {
+    auto enc = [&](float f) { return dt == DType::f16 ? f32_to_f16(f) : f32_to_bf16(f); };
+    auto dec = [&](uint16_t h) { return dt == DType::f16 ? f16_to_f32(h) : bf16_to_f32(h); };
+    std::vector<uint16_t> a(3000), b(3000), out(3000);
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = enc(static_cast<float>(i % 50) * 0.5f);
+      b[i] = enc(-static_cast<float>(i % 30) * 0.25f);
+    }
+    reduce_to(out.data(), a.data(), b.data(), a.size(), dt, ReduceOp::sum);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(out[i], enc(dec(a[i]) + dec(b[i]))) << i;
+  }
+}
+
+TEST(Reduce, InPlaceAliasingAndAverage) {
+  std::vector<float> a{1, 2, 3, 4};
+  reduce_to(a.data(), a.data(), a.data(), a.size(), DType::f32, ReduceOp::sum);
+  EXPECT_EQ(a, (std::vector<float>{2, 4, 6, 8}));
+  finalize_avg(a.data(), a.size(), DType::f32, 4);
+  EXPECT_EQ(a, (std::vector<float>{0.5f, 1, 1.5f, 2}));
+  std::vector<int32_t> i{7, -7, 9};
+  finalize_avg(i.data(), i.size(), DType::i32, 2);
+  EXPECT_EQ(i, (std::vector<int32_t>{3, -3, 4}));
+  EXPECT_THROW(parse_reduce_op("mean2"), ConfigError);
+}
+
+TEST(Env, ParseBytesAcceptsSuffixesAndRejectsGarbage) {
+  EXPECT_EQ(parse_bytes("4096", "x"), 4096u);
+  EXPECT_EQ(parse_bytes("64K", "x"), 65536u);
+  EXPECT_EQ(parse_bytes("4M", "x"), 4u << 20);
+  EXPECT_EQ(parse_bytes("1.5G", "x"), 3ull << 29);
+  EXPECT_EQ(parse_bytes("2MiB", "x"), 2u << 20);
+  for (const char* bad : {"", "-1", "4X", "abc", "1e30"}) {
+    try {
+      parse_bytes(bad, "--max-bytes");
+      FAIL() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--max-bytes"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(format_bytes(4 << 20), "4 MiB");
+}
+
+TEST(Env, TimeoutVariableIsValidated) {
+  setenv("CONDUIT_TIMEOUT_TEST_VAR", "abc", 1);
+  EXPECT_THROW(env_seconds("CONDUIT_TIMEOUT_TEST_VAR"), ConfigError);
+  setenv("CONDUIT_TIMEOUT_TEST_VAR", "2.5", 1);
+  EXPECT_EQ(*env_seconds("CONDUIT_TIMEOUT_TEST_VAR"), 2.5);
+  unsetenv("CONDUIT_TIMEOUT_TEST_VAR");
+}
