@@ -5,15 +5,15 @@
 //   plan      search the parallel configurations, rank the ones that fit, explain the best
 //   infer     prefill and decode latency/throughput of tensor/pipeline-parallel serving with a KV cache
 //   cluster   a job-scheduling simulation (FIFO, least-attained-service) with topology-aware placement
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
-#include <sstream>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/registry.h"
 #include "core/clock.h"
@@ -72,7 +72,8 @@ GptModel make_model(const ModelArgs& a) {
   bool named = named_gpt(a.model, m);
   if (!named && a.model != "gpt") {
     std::string names = "gpt, " + join(named_gpt_names(), ", ");
-    throw ConfigError(fmt::format("--model = '{}' (allowed: {}; layers with --layers-spec for `sim step`)", a.model, names));
+    throw ConfigError(
+        fmt::format("--model = '{}' (allowed: {}; layers with --layers-spec for `sim step`)", a.model, names));
   }
   if (!named) {
     if (a.layers <= 0 || a.hidden <= 0 || a.heads <= 0)
@@ -90,10 +91,12 @@ GptModel make_model(const ModelArgs& a) {
 }
 
 void add_model_flags(CLI::App* c, StepArgs& a) {
-  c->add_option("--cluster", a.cluster, "preset (dgx-a100, dgx-h100, ethernet-25g, edge) or YAML file")->capture_default_str();
+  c->add_option("--cluster", a.cluster, "preset (dgx-a100, dgx-h100, ethernet-25g, edge) or YAML file")
+      ->capture_default_str();
   c->add_option("--gpus", a.gpus, "accelerators")->capture_default_str();
-  c->add_option("--model", a.model.model, "gpt (give --layers/--hidden/--heads) or a named model: gpt2-small, gpt2-xl, "
-                                          "gpt-1.7b, gpt-7.5b, gpt-18.4b, gpt3-175b, gpt-530b, gpt-1t, llama2-70b-like")
+  c->add_option("--model", a.model.model,
+                "gpt (give --layers/--hidden/--heads) or a named model: gpt2-small, gpt2-xl, "
+                "gpt-1.7b, gpt-7.5b, gpt-18.4b, gpt3-175b, gpt-530b, gpt-1t, llama2-70b-like")
       ->capture_default_str();
   c->add_option("--layers", a.model.layers, "transformer layers");
   c->add_option("--layers-spec", a.model.layers_spec,
@@ -123,9 +126,12 @@ ParallelConfig make_config(const StepArgs& a) {
   c.tp_algorithm = parse_algorithm(a.tp_algorithm);
   c.compression = parse_compression(a.compression);
   c.sync = parse_sync(a.sync);
-  if (a.mode == "symmetric") c.mode = EvalMode::kSymmetric;
-  else if (a.mode == "full") c.mode = EvalMode::kFull;
-  else throw ConfigError(fmt::format("--mode = '{}' (allowed: symmetric, full)", a.mode));
+  if (a.mode == "symmetric")
+    c.mode = EvalMode::kSymmetric;
+  else if (a.mode == "full")
+    c.mode = EvalMode::kFull;
+  else
+    throw ConfigError(fmt::format("--mode = '{}' (allowed: symmetric, full)", a.mode));
   return c;
 }
 
@@ -151,22 +157,39 @@ json step_json(const std::string& cluster, const GptModel& m, const StepResult& 
   return json{{"kind", "sim.step"},
               {"cluster", cluster},
               {"gpus", r.gpus},
-              {"model", {{"name", m.name}, {"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads},
-                         {"seq", m.seq}, {"vocab", m.vocab}, {"parameters", gpt_parameters(m)}}},
+              {"model",
+               {{"name", m.name},
+                {"layers", m.layers},
+                {"hidden", m.hidden},
+                {"heads", m.heads},
+                {"seq", m.seq},
+                {"vocab", m.vocab},
+                {"parameters", gpt_parameters(m)}}},
               {"config", config_json(r.config)},
               {"microbatches", r.microbatches},
               {"time_s", r.time},
               {"model_tflops_per_gpu", r.model_tflops_per_gpu},
               {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
               {"mfu", r.mfu},
-              {"memory_gb", {{"params", r.memory.params / 1e9}, {"grads", r.memory.grads / 1e9},
-                             {"optimizer", r.memory.optimizer / 1e9}, {"activations", r.memory.activations / 1e9},
-                             {"total", r.memory.total() / 1e9}, {"capacity", r.memory_capacity / 1e9}}},
+              {"memory_gb",
+               {{"params", r.memory.params / 1e9},
+                {"grads", r.memory.grads / 1e9},
+                {"optimizer", r.memory.optimizer / 1e9},
+                {"activations", r.memory.activations / 1e9},
+                {"total", r.memory.total() / 1e9},
+                {"capacity", r.memory_capacity / 1e9}}},
               {"fits", r.fits},
-              {"breakdown_s", {{"compute", b.compute - b.recompute}, {"recompute", b.recompute}, {"bubble", b.bubble},
-                               {"tp_comm", b.tp_comm}, {"pp_comm", b.pp_comm}, {"dp_comm_total", b.dp_comm},
-                               {"dp_exposed", b.dp_exposed}, {"zero3_exposed", b.zero3_exposed},
-                               {"compression", b.compression}, {"optimizer", b.optimizer}}},
+              {"breakdown_s",
+               {{"compute", b.compute - b.recompute},
+                {"recompute", b.recompute},
+                {"bubble", b.bubble},
+                {"tp_comm", b.tp_comm},
+                {"pp_comm", b.pp_comm},
+                {"dp_comm_total", b.dp_comm},
+                {"dp_exposed", b.dp_exposed},
+                {"zero3_exposed", b.zero3_exposed},
+                {"compression", b.compression},
+                {"optimizer", b.optimizer}}},
               {"dp_algorithm", r.dp_algorithm},
               {"tp_algorithm", r.tp_algorithm},
               {"notes", r.notes}};
@@ -226,15 +249,24 @@ void run_layer_step(const StepArgs& a) {
   StepResult r = simulate_layer_step(net, lm, c);
   const StepBreakdown& b = r.breakdown;
   if (a.json) {
-    std::cout << json{{"kind", "sim.step"}, {"cluster", spec.name}, {"gpus", r.gpus},
+    std::cout << json{{"kind", "sim.step"},
+                      {"cluster", spec.name},
+                      {"gpus", r.gpus},
                       {"model", {{"name", "layers"}, {"spec", a.model.layers_spec}, {"parameters", lm.params()}}},
-                      {"config", config_json(r.config)}, {"time_s", r.time},
-                      {"model_tflops_per_gpu", r.model_tflops_per_gpu}, {"mfu", r.mfu},
+                      {"config", config_json(r.config)},
+                      {"time_s", r.time},
+                      {"model_tflops_per_gpu", r.model_tflops_per_gpu},
+                      {"mfu", r.mfu},
                       {"memory_gb", {{"total", r.memory.total() / 1e9}, {"activations", r.memory.activations / 1e9}}},
                       {"fits", r.fits},
-                      {"breakdown_s", {{"compute", b.compute}, {"dp_comm_total", b.dp_comm}, {"dp_exposed", b.dp_exposed},
-                                       {"compression", b.compression}, {"optimizer", b.optimizer}}},
-                      {"dp_algorithm", r.dp_algorithm}, {"notes", r.notes}}
+                      {"breakdown_s",
+                       {{"compute", b.compute},
+                        {"dp_comm_total", b.dp_comm},
+                        {"dp_exposed", b.dp_exposed},
+                        {"compression", b.compression},
+                        {"optimizer", b.optimizer}}},
+                      {"dp_algorithm", r.dp_algorithm},
+                      {"notes", r.notes}}
                      .dump()
               << "\n";
     return;
@@ -295,9 +327,11 @@ void run_plan(const StepArgs& a) {
       j["explanation"] = explain_plan(pr.ranked[i], i + 1 < pr.ranked.size() ? &pr.ranked[i + 1] : nullptr);
       plans.push_back(j);
     }
-    json out{{"kind", "sim.plan"}, {"cluster", spec.name}, {"gpus", a.gpus}, {"candidates", pr.candidates},
-             {"valid", pr.valid}, {"fitting", pr.fitting}, {"search_s", pr.seconds},
-             {"candidates_per_s", pr.candidates / std::max(pr.seconds, 1e-9)}, {"plans", plans}};
+    json out{{"kind", "sim.plan"},     {"cluster", spec.name},
+             {"gpus", a.gpus},         {"candidates", pr.candidates},
+             {"valid", pr.valid},      {"fitting", pr.fitting},
+             {"search_s", pr.seconds}, {"candidates_per_s", pr.candidates / std::max(pr.seconds, 1e-9)},
+             {"plans", plans}};
     std::cout << out.dump() << "\n";
     return;
   }
@@ -345,25 +379,35 @@ void run_coll(const CollArgs& a) {
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   Collective c;
-  if (a.op == "allreduce") c = Collective::kAllReduce;
-  else if (a.op == "reduce-scatter") c = Collective::kReduceScatter;
-  else if (a.op == "allgather") c = Collective::kAllGather;
-  else if (a.op == "broadcast") c = Collective::kBroadcast;
-  else if (a.op == "reduce") c = Collective::kReduce;
-  else if (a.op == "all-to-all") c = Collective::kAllToAll;
+  if (a.op == "allreduce")
+    c = Collective::kAllReduce;
+  else if (a.op == "reduce-scatter")
+    c = Collective::kReduceScatter;
+  else if (a.op == "allgather")
+    c = Collective::kAllGather;
+  else if (a.op == "broadcast")
+    c = Collective::kBroadcast;
+  else if (a.op == "reduce")
+    c = Collective::kReduce;
+  else if (a.op == "all-to-all")
+    c = Collective::kAllToAll;
   else
-    throw ConfigError(fmt::format("--op = '{}' (allowed: allreduce, reduce-scatter, allgather, broadcast, reduce, all-to-all)", a.op));
+    throw ConfigError(fmt::format(
+        "--op = '{}' (allowed: allreduce, reduce-scatter, allgather, broadcast, reduce, all-to-all)", a.op));
   if (a.mode != "symmetric" && a.mode != "full")
     throw ConfigError(fmt::format("--mode = '{}' (allowed: symmetric, full)", a.mode));
   const double n = static_cast<double>(parse_bytes(a.size, "--size"));
   Group g{a.group > 0 ? a.group : a.gpus, a.stride, 0};
   std::vector<Algorithm> algs;
-  if (a.algorithm == "all") algs = candidate_algorithms(c, topo);
-  else algs = {parse_algorithm(a.algorithm)};
+  if (a.algorithm == "all")
+    algs = candidate_algorithms(c, topo);
+  else
+    algs = {parse_algorithm(a.algorithm)};
   if (!a.json)
-    fmt::print("{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n  {:<20} {:>12} {:>12} {:>10}  {}\n",
-               a.op, format_bytes(n), g.size, g.stride, spec.name, a.gpus, a.mode, "algorithm", "time", "bus GB/s",
-               "steps", "bottleneck");
+    fmt::print(
+        "{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n  {:<20} {:>12} {:>12} {:>10}  {}\n",
+        a.op, format_bytes(n), g.size, g.stride, spec.name, a.gpus, a.mode, "algorithm", "time", "bus GB/s", "steps",
+        "bottleneck");
   for (Algorithm alg : algs) {
     CollectiveCost cost;
     double t;
@@ -377,13 +421,24 @@ void run_coll(const CollArgs& a) {
       continue;
     }
     double p = static_cast<double>(g.size);
-    double factor = c == Collective::kAllReduce ? 2 * (p - 1) / p : (c == Collective::kBroadcast || c == Collective::kReduce) ? 1 : (p - 1) / p;
+    double factor = c == Collective::kAllReduce                                 ? 2 * (p - 1) / p
+                    : (c == Collective::kBroadcast || c == Collective::kReduce) ? 1
+                                                                                : (p - 1) / p;
     double busbw = n * factor / t / 1e9;
     if (a.json) {
-      std::cout << json{{"kind", "sim.coll"}, {"cluster", spec.name}, {"gpus", a.gpus}, {"op", a.op},
-                        {"algorithm", algorithm_name(cost.algorithm)}, {"bytes", n}, {"ranks", g.size},
-                        {"stride", g.stride}, {"mode", a.mode}, {"time_s", t}, {"bus_gbps", busbw},
-                        {"steps", cost.steps}, {"bottleneck", cost.bottleneck}}
+      std::cout << json{{"kind", "sim.coll"},
+                        {"cluster", spec.name},
+                        {"gpus", a.gpus},
+                        {"op", a.op},
+                        {"algorithm", algorithm_name(cost.algorithm)},
+                        {"bytes", n},
+                        {"ranks", g.size},
+                        {"stride", g.stride},
+                        {"mode", a.mode},
+                        {"time_s", t},
+                        {"bus_gbps", busbw},
+                        {"steps", cost.steps},
+                        {"bottleneck", cost.bottleneck}}
                        .dump()
                 << "\n";
     } else {
@@ -421,14 +476,27 @@ void run_infer(const StepArgs& a, const InferArgs& ia) {
   CollectiveModel net(topo);
   InferenceResult r = simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate));
   if (a.json) {
-    std::cout << json{{"kind", "sim.infer"}, {"cluster", spec.name}, {"gpus", a.gpus}, {"model", m.name},
-                      {"tp", a.tp}, {"pp", a.pp}, {"replicas", r.replicas}, {"batch", ia.batch},
-                      {"prompt", ia.prompt}, {"generate", ia.generate},
-                      {"prefill_s", r.prefill}, {"decode_token_s", r.decode_per_token},
-                      {"time_to_first_token_s", r.prefill}, {"request_latency_s", r.request_latency},
-                      {"tokens_per_s", r.tokens_per_second}, {"weights_gb", r.weight_bytes / 1e9},
-                      {"kv_cache_gb", r.kv_bytes / 1e9}, {"memory_gb", r.memory_total / 1e9},
-                      {"capacity_gb", r.memory_capacity / 1e9}, {"fits", r.fits}, {"max_batch", r.max_batch},
+    std::cout << json{{"kind", "sim.infer"},
+                      {"cluster", spec.name},
+                      {"gpus", a.gpus},
+                      {"model", m.name},
+                      {"tp", a.tp},
+                      {"pp", a.pp},
+                      {"replicas", r.replicas},
+                      {"batch", ia.batch},
+                      {"prompt", ia.prompt},
+                      {"generate", ia.generate},
+                      {"prefill_s", r.prefill},
+                      {"decode_token_s", r.decode_per_token},
+                      {"time_to_first_token_s", r.prefill},
+                      {"request_latency_s", r.request_latency},
+                      {"tokens_per_s", r.tokens_per_second},
+                      {"weights_gb", r.weight_bytes / 1e9},
+                      {"kv_cache_gb", r.kv_bytes / 1e9},
+                      {"memory_gb", r.memory_total / 1e9},
+                      {"capacity_gb", r.memory_capacity / 1e9},
+                      {"fits", r.fits},
+                      {"max_batch", r.max_batch},
                       {"decode_bound", r.decode_bound}}
                      .dump()
               << "\n";
@@ -442,7 +510,8 @@ void run_infer(const StepArgs& a, const InferArgs& ia) {
   fmt::print("  request latency                 {}\n", format_seconds(r.request_latency));
   fmt::print("  throughput (all replicas)       {:.0f} generated tokens/s\n", r.tokens_per_second);
   fmt::print("  memory per GPU                  {} of {} (weights {}, KV cache {}){}\n", format_gb(r.memory_total),
-             format_gb(r.memory_capacity), format_gb(r.weight_bytes), format_gb(r.kv_bytes), r.fits ? "" : "  DOES NOT FIT");
+             format_gb(r.memory_capacity), format_gb(r.weight_bytes), format_gb(r.kv_bytes),
+             r.fits ? "" : "  DOES NOT FIT");
   fmt::print("  largest batch that fits         {}\n", r.max_batch);
 }
 
@@ -467,26 +536,32 @@ void run_cluster(const ClusterArgs& a) {
   if (a.json) {
     json js = json::array();
     for (const auto& j : r.jobs)
-      js.push_back({{"id", j.id}, {"submit_s", j.submit}, {"start_s", j.start}, {"finish_s", j.finish},
-                    {"jct_s", j.finish - j.submit}, {"gpus", j.gpus}, {"leaves", j.leaves_used},
-                    {"slowdown", j.slowdown}, {"preemptions", j.preemptions}});
-    std::cout << json{{"kind", "sim.cluster"}, {"cluster", spec.name}, {"gpus", a.gpus}, {"scheduler", a.scheduler},
-                      {"placement", a.placement}, {"jobs", js}, {"mean_jct_s", r.mean_jct}, {"p50_jct_s", r.p50_jct},
-                      {"p99_jct_s", r.p99_jct}, {"makespan_s", r.makespan}, {"utilization", r.utilization},
-                      {"simulation_wall_s", took}}
+      js.push_back({{"id", j.id},
+                    {"submit_s", j.submit},
+                    {"start_s", j.start},
+                    {"finish_s", j.finish},
+                    {"jct_s", j.finish - j.submit},
+                    {"gpus", j.gpus},
+                    {"leaves", j.leaves_used},
+                    {"slowdown", j.slowdown},
+                    {"preemptions", j.preemptions}});
+    std::cout << json{{"kind", "sim.cluster"},    {"cluster", spec.name},         {"gpus", a.gpus},
+                      {"scheduler", a.scheduler}, {"placement", a.placement},     {"jobs", js},
+                      {"mean_jct_s", r.mean_jct}, {"p50_jct_s", r.p50_jct},       {"p99_jct_s", r.p99_jct},
+                      {"makespan_s", r.makespan}, {"utilization", r.utilization}, {"simulation_wall_s", took}}
                      .dump()
               << "\n";
     return;
   }
   fmt::print("cluster {} ({} accelerators)  scheduler {}  placement {}  {} jobs\n\n", spec.name, a.gpus, a.scheduler,
              a.placement, r.jobs.size());
-  fmt::print("  {:<12} {:>6} {:>10} {:>10} {:>10} {:>10} {:>7} {:>9} {:>6}\n", "job", "gpus", "submit", "start", "finish",
-             "JCT", "leaves", "slowdown", "preempt");
+  fmt::print("  {:<12} {:>6} {:>10} {:>10} {:>10} {:>10} {:>7} {:>9} {:>6}\n", "job", "gpus", "submit", "start",
+             "finish", "JCT", "leaves", "slowdown", "preempt");
   for (const auto& j : r.jobs)
     fmt::print("  {:<12} {:>6} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>7} {:>8.2f}x {:>6}\n", j.id, j.gpus, j.submit,
                j.start, j.finish, j.finish - j.submit, j.leaves_used, j.slowdown, j.preemptions);
-  fmt::print("\n  mean JCT {:.0f} s   p50 {:.0f} s   p99 {:.0f} s   makespan {:.0f} s   utilization {:.1f}%\n", r.mean_jct,
-             r.p50_jct, r.p99_jct, r.makespan, 100 * r.utilization);
+  fmt::print("\n  mean JCT {:.0f} s   p50 {:.0f} s   p99 {:.0f} s   makespan {:.0f} s   utilization {:.1f}%\n",
+             r.mean_jct, r.p50_jct, r.p99_jct, r.makespan, 100 * r.utilization);
   fmt::print("  (simulated in {})\n", format_seconds(took));
 }
 
@@ -533,10 +608,11 @@ void run_calibrate(const CalibrateArgs& a) {
   for (auto& [t, v] : by_transport) {
     int unmodelled = 0;
     AlphaBetaGamma f = fit_alpha_beta_gamma(v, &unmodelled);
-    fmt::print("{:<8} {:>4} samples ({} unmodelled): alpha {:.2f} us  beta {:.3g} s/B ({:.2f} GB/s)  gamma {:.3g} s/B  "
-               "rms error {:.1f}%\n",
-               t, f.samples, unmodelled, f.alpha * 1e6, f.beta, f.beta > 0 ? 1e-9 / f.beta : 0.0, f.gamma,
-               100 * f.rms_relative_error);
+    fmt::print(
+        "{:<8} {:>4} samples ({} unmodelled): alpha {:.2f} us  beta {:.3g} s/B ({:.2f} GB/s)  gamma {:.3g} s/B  "
+        "rms error {:.1f}%\n",
+        t, f.samples, unmodelled, f.alpha * 1e6, f.beta, f.beta > 0 ? 1e-9 / f.beta : 0.0, f.gamma,
+        100 * f.rms_relative_error);
     if (t == chosen) chosen_fit = f;
   }
   std::vector<GemmSample> gemms;
@@ -555,7 +631,8 @@ void run_calibrate(const CalibrateArgs& a) {
   }
   if (!a.peak.empty()) peak = parse_flops(a.peak, "--peak");
   if (peak <= 0)
-    throw ConfigError("give --gemm FILE (JSON lines {m, n, k, gflops} measured with libtorch) or --peak (e.g. 50 GFLOP/s)");
+    throw ConfigError(
+        "give --gemm FILE (JSON lines {m, n, k, gflops} measured with libtorch) or --peak (e.g. 50 GFLOP/s)");
   double mem_bytes = 0;
   {
     std::ifstream mi("/proc/meminfo");
@@ -579,7 +656,8 @@ void run_calibrate(const CalibrateArgs& a) {
     // Predicted (from the written cluster) against measured, sample by sample.
     Topology topo(cal, ranks);
     CollectiveModel net(topo);
-    fmt::print("\n  {:<10} {:<6} {:>10} {:>12} {:>12} {:>8}\n", "op", "algo", "bytes", "measured", "predicted", "error");
+    fmt::print("\n  {:<10} {:<6} {:>10} {:>12} {:>12} {:>8}\n", "op", "algo", "bytes", "measured", "predicted",
+               "error");
     double worst = 0, sum = 0;
     int count = 0;
     for (const auto& s : by_transport[chosen]) {
@@ -591,10 +669,11 @@ void run_calibrate(const CalibrateArgs& a) {
       worst = std::max(worst, std::abs(err));
       sum += std::abs(err);
       ++count;
-      fmt::print("  {:<10} {:<6} {:>10.0f} {:>12} {:>12} {:>+7.1f}%\n", s.op, s.algo, s.bytes, format_seconds(s.seconds),
-                 format_seconds(pred), 100 * err);
+      fmt::print("  {:<10} {:<6} {:>10.0f} {:>12} {:>12} {:>+7.1f}%\n", s.op, s.algo, s.bytes,
+                 format_seconds(s.seconds), format_seconds(pred), 100 * err);
     }
-    if (count) fmt::print("  mean |error| {:.1f}%, max {:.1f}% over {} samples\n\n", 100 * sum / count, 100 * worst, count);
+    if (count)
+      fmt::print("  mean |error| {:.1f}%, max {:.1f}% over {} samples\n\n", 100 * sum / count, 100 * worst, count);
   }
   if (a.out.empty() || a.out == "-") {
     std::cout << yaml;
@@ -630,20 +709,23 @@ void setup(CLI::App& app) {
     auto a = std::make_shared<CollArgs>();
     c->add_option("--cluster", a->cluster, "preset or YAML file")->capture_default_str();
     c->add_option("--gpus", a->gpus, "accelerators in the cluster")->capture_default_str();
-    c->add_option("--op", a->op, "allreduce, reduce-scatter, allgather, broadcast, reduce, all-to-all")->capture_default_str();
+    c->add_option("--op", a->op, "allreduce, reduce-scatter, allgather, broadcast, reduce, all-to-all")
+        ->capture_default_str();
     c->add_option("--algorithm", a->algorithm, "all, or one algorithm")->capture_default_str();
     c->add_option("--size", a->size, "message size (e.g. 64M)")->capture_default_str();
     c->add_option("--group", a->group, "ranks in the group (default: all)");
     c->add_option("--stride", a->stride, "distance between consecutive ranks of the group")->capture_default_str();
-    c->add_option("--mode", a->mode, "symmetric or full (every concurrent group, max-min fair flows)")->capture_default_str();
+    c->add_option("--mode", a->mode, "symmetric or full (every concurrent group, max-min fair flows)")
+        ->capture_default_str();
     c->add_flag("--json", a->json, "JSON lines");
     c->add_flag("--steps", a->steps, "show each step: the links it uses and the one that bounds it");
     c->callback([a]() { run_coll(*a); });
   }
   for (const char* name : {"step", "plan"}) {
     const bool is_step = std::string(name) == "step";
-    auto* c = sim->add_subcommand(name, is_step ? "Predict one training iteration: time, TFLOP/s, memory, breakdown"
-                                                : "Search parallel configurations; rank those that fit; explain the best");
+    auto* c =
+        sim->add_subcommand(name, is_step ? "Predict one training iteration: time, TFLOP/s, memory, breakdown"
+                                          : "Search parallel configurations; rank those that fit; explain the best");
     auto a = std::make_shared<StepArgs>();
     add_model_flags(c, *a);
     c->add_option("--global-batch", a->global_batch, "sequences per iteration")->required();
@@ -658,10 +740,14 @@ void setup(CLI::App& app) {
     c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism");
     c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
     c->add_option("--bucket", a->bucket, "gradient bucket size")->capture_default_str();
-    c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")->capture_default_str();
-    c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")->capture_default_str();
-    c->add_option("--tp-algorithm", a->tp_algorithm, "collective algorithm for tensor parallelism")->capture_default_str();
-    c->add_option("--compression", a->compression, "none, fp16, int8, int4, topk:DENSITY, powersgd:RANK")->capture_default_str();
+    c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
+        ->capture_default_str();
+    c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")
+        ->capture_default_str();
+    c->add_option("--tp-algorithm", a->tp_algorithm, "collective algorithm for tensor parallelism")
+        ->capture_default_str();
+    c->add_option("--compression", a->compression, "none, fp16, int8, int4, topk:DENSITY, powersgd:RANK")
+        ->capture_default_str();
     c->add_option("--sync", a->sync, "bsp, local-sgd:PERIOD or async")->capture_default_str();
     c->add_option("--mode", a->mode, "symmetric or full (every group's flows, max-min fair)")->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record instead of the table");
@@ -689,9 +775,11 @@ void setup(CLI::App& app) {
     c->callback([a, ia]() { run_infer(*a, *ia); });
   }
   {
-    auto* c = sim->add_subcommand("calibrate", "Fit alpha/beta/gamma from `conduit bench coll --json` runs into a cluster file");
+    auto* c = sim->add_subcommand("calibrate",
+                                  "Fit alpha/beta/gamma from `conduit bench coll --json` runs into a cluster file");
     auto a = std::make_shared<CalibrateArgs>();
-    c->add_option("--bench", a->bench, "files of `conduit bench coll --json` lines (any ops, algorithms, sizes)")->required();
+    c->add_option("--bench", a->bench, "files of `conduit bench coll --json` lines (any ops, algorithms, sizes)")
+        ->required();
     c->add_option("--gemm", a->gemm, "JSON lines {m, n, k, gflops} of measured GEMMs (e.g. from libtorch)");
     c->add_option("--peak", a->peak, "compute rate when no --gemm is given (e.g. 80 GFLOP/s)");
     c->add_option("--transport", a->transport, "which transport's fit to write (default: the one with most samples)");
@@ -700,13 +788,15 @@ void setup(CLI::App& app) {
     c->callback([a]() { run_calibrate(*a); });
   }
   {
-    auto* c = sim->add_subcommand("cluster", "Job-scheduling simulation: FIFO or least-attained-service, topology-aware placement");
+    auto* c = sim->add_subcommand(
+        "cluster", "Job-scheduling simulation: FIFO or least-attained-service, topology-aware placement");
     auto a = std::make_shared<ClusterArgs>();
     c->add_option("--cluster", a->cluster, "preset or YAML file")->capture_default_str();
     c->add_option("--gpus", a->gpus, "accelerators in the cluster")->capture_default_str();
     c->add_option("--jobs", a->jobs, "job trace (CSV: id,submit_s,gpus,model,iterations[,global_batch])")->required();
     c->add_option("--scheduler", a->scheduler, "fifo or las")->capture_default_str();
-    c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")->capture_default_str();
+    c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")
+        ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
     c->callback([a]() { run_cluster(*a); });
   }

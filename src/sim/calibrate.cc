@@ -1,13 +1,13 @@
 #include "sim/calibrate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <sstream>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 #include "sim/collective.h"
@@ -47,21 +47,26 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
     out.push_back(s);
   }
   if (skipped) *skipped = skip;
-  if (out.empty()) throw ConfigError(fmt::format("{}: no `conduit bench coll --json` records (op, world, bytes, time_us)", origin));
+  if (out.empty())
+    throw ConfigError(fmt::format("{}: no `conduit bench coll --json` records (op, world, bytes, time_us)", origin));
   return out;
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 bool bench_collective(const std::string& s, Collective& c) {
-  if (s == "allreduce") c = Collective::kAllReduce;
-  else if (s == "reduce_scatter" || s == "reduce-scatter") c = Collective::kReduceScatter;
-  else if (s == "allgather") c = Collective::kAllGather;
-  else if (s == "broadcast") c = Collective::kBroadcast;
-  else if (s == "reduce") c = Collective::kReduce;
-  else return false;
+  if (s == "allreduce")
+    c = Collective::kAllReduce;
+  else if (s == "reduce_scatter" || s == "reduce-scatter")
+    c = Collective::kReduceScatter;
+  else if (s == "allgather")
+    c = Collective::kAllGather;
+  else if (s == "broadcast")
+    c = Collective::kBroadcast;
+  else if (s == "reduce")
+    c = Collective::kReduce;
+  else
+    return false;
   return true;
 }
 
@@ -69,11 +74,16 @@ bool bench_algorithm(std::string s, Algorithm& a) {
   std::replace(s.begin(), s.end(), '_', '-');
   if (s == "ring") a = Algorithm::kRing;
   // The runtime's names (src/coll: ring, rhd, rd, tree) and the simulator's.
-  else if (s == "rhd" || s == "halving-doubling" || s == "rabenseifner" || s == "recursive-halving") a = Algorithm::kHalvingDoubling;
-  else if (s == "rd" || s == "recursive-doubling") a = Algorithm::kRecursiveDoubling;
-  else if (s == "tree" || s == "binomial" || s == "binomial-tree") a = Algorithm::kBinomialTree;
-  else if (s == "double-binary-tree") a = Algorithm::kDoubleBinaryTree;
-  else return false;
+  else if (s == "rhd" || s == "halving-doubling" || s == "rabenseifner" || s == "recursive-halving")
+    a = Algorithm::kHalvingDoubling;
+  else if (s == "rd" || s == "recursive-doubling")
+    a = Algorithm::kRecursiveDoubling;
+  else if (s == "tree" || s == "binomial" || s == "binomial-tree")
+    a = Algorithm::kBinomialTree;
+  else if (s == "double-binary-tree")
+    a = Algorithm::kDoubleBinaryTree;
+  else
+    return false;
   return true;
 }
 
@@ -139,8 +149,10 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   }
   if (unmodelled) *unmodelled = skip;
   if (X.size() < 3)
-    throw ConfigError(fmt::format("calibrate: {} usable samples; need at least 3 (sweep sizes with `conduit bench coll "
-                                  "--json -b 8 -e 64M`)", X.size()));
+    throw ConfigError(
+        fmt::format("calibrate: {} usable samples; need at least 3 (sweep sizes with `conduit bench coll "
+                    "--json -b 8 -e 64M`)",
+                    X.size()));
   // Non-negative least squares by active sets over the three unknowns: drop any negative coefficient and refit.
   std::array<bool, 3> active{true, true, true};
   bool any_gamma = false;
@@ -190,11 +202,12 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
                                     const std::vector<GemmSample>& gemms, const std::string& transport) {
   std::string y;
-  y += fmt::format("# Written by `conduit sim calibrate` from {} `conduit bench coll --json` samples over {}\n", fit.samples,
-                   transport);
+  y += fmt::format("# Written by `conduit sim calibrate` from {} `conduit bench coll --json` samples over {}\n",
+                   fit.samples, transport);
   y += fmt::format("# (fit: alpha {:.3g} s/step, beta {:.3g} s/B, gamma {:.3g} s/B; rms relative error {:.1f}%).\n",
                    fit.alpha, fit.beta, fit.gamma, 100 * fit.rms_relative_error);
-  y += fmt::format("name: {}\ndescription: this machine, {} ranks over {}, calibrated\nnodes:\n", name, ranks, transport);
+  y += fmt::format("name: {}\ndescription: this machine, {} ranks over {}, calibrated\nnodes:\n", name, ranks,
+                   transport);
   y += fmt::format("  - name: local\n    gpus: {}\n    accelerator:\n      name: calibrated-worker\n", ranks);
   y += fmt::format("      peak_bf16: {:.6g} GFLOP/s\n", peak_flops / 1e9);
   y += fmt::format("      memory: {:.6g} GB\n", memory_bytes / 1e9);

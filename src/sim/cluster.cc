@@ -1,11 +1,11 @@
 #include "sim/cluster.h"
 
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <fmt/format.h>
-#include <yaml-cpp/yaml.h>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -68,8 +68,8 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
   };
   a.name = n["name"] ? get_string(n["name"], f + ".name") : "accelerator";
   a.peak_flops = parse_flops(get_string(req("peak_bf16"), f + ".peak_bf16"), f + ".peak_bf16");
-  a.peak_flops_fp32 = n["peak_fp32"] ? parse_flops(get_string(n["peak_fp32"], f + ".peak_fp32"), f + ".peak_fp32")
-                                     : a.peak_flops / 16;
+  a.peak_flops_fp32 =
+      n["peak_fp32"] ? parse_flops(get_string(n["peak_fp32"], f + ".peak_fp32"), f + ".peak_fp32") : a.peak_flops / 16;
   a.memory_bytes = parse_size(get_string(req("memory"), f + ".memory"), f + ".memory");
   a.memory_bandwidth =
       parse_bandwidth(get_string(req("memory_bandwidth"), f + ".memory_bandwidth"), f + ".memory_bandwidth");
@@ -86,7 +86,8 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
   if (n["memory_efficiency"])
     a.memory_efficiency = get_number(n["memory_efficiency"], f + ".memory_efficiency", 0.01, 1);
   if (n["kernel_overhead"])
-    a.kernel_overhead = parse_duration(get_string(n["kernel_overhead"], f + ".kernel_overhead"), f + ".kernel_overhead");
+    a.kernel_overhead =
+        parse_duration(get_string(n["kernel_overhead"], f + ".kernel_overhead"), f + ".kernel_overhead");
   if (auto c = n["calibration"]) {
     if (!c.IsSequence()) throw ConfigError(fmt::format("{}.calibration must be a list of {{m, n, k, achieved}}", f));
     for (size_t i = 0; i < c.size(); ++i) {
@@ -152,7 +153,8 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
   if (c.node_kinds.size() > 1) {
     for (size_t i = 0; i < c.node_kinds.size(); ++i) {
       if (c.node_kinds[i].count <= 0)
-        throw ConfigError(fmt::format("{}: nodes[{}].count is required when a cluster has several node kinds", origin, i));
+        throw ConfigError(
+            fmt::format("{}: nodes[{}].count is required when a cluster has several node kinds", origin, i));
       if (c.node_kinds[i].gpus != c.node_kinds[0].gpus)
         throw ConfigError(fmt::format("{}: nodes[{}].gpus must equal nodes[0].gpus ({}) in this version", origin, i,
                                       c.node_kinds[0].gpus));
@@ -162,22 +164,27 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
   std::string f = origin + ": network";
   NetworkSpec& ns = c.network;
   std::string topo = get_string(require(net, "topology", origin, "network"), f + ".topology");
-  if (topo == "fat-tree") ns.topology = TopologyKind::kFatTree;
-  else if (topo == "rail-optimized") ns.topology = TopologyKind::kRailOptimized;
-  else if (topo == "torus") ns.topology = TopologyKind::kTorus;
-  else if (topo == "flat") ns.topology = TopologyKind::kFlat;
+  if (topo == "fat-tree")
+    ns.topology = TopologyKind::kFatTree;
+  else if (topo == "rail-optimized")
+    ns.topology = TopologyKind::kRailOptimized;
+  else if (topo == "torus")
+    ns.topology = TopologyKind::kTorus;
+  else if (topo == "flat")
+    ns.topology = TopologyKind::kFlat;
   else
     throw ConfigError(fmt::format("{}.topology = '{}' (allowed: fat-tree, rail-optimized, torus, flat)", f, topo));
   if (net["nodes_per_leaf"]) ns.nodes_per_leaf = get_int(net["nodes_per_leaf"], f + ".nodes_per_leaf", 1, 1 << 20);
-  if (net["oversubscription"]) ns.oversubscription = get_number(net["oversubscription"], f + ".oversubscription", 1, 1000);
+  if (net["oversubscription"])
+    ns.oversubscription = get_number(net["oversubscription"], f + ".oversubscription", 1, 1000);
   if (net["switch_latency"])
     ns.switch_latency = parse_duration(get_string(net["switch_latency"], f + ".switch_latency"), f + ".switch_latency");
   if (net["software_overhead"])
     ns.software_overhead =
         parse_duration(get_string(net["software_overhead"], f + ".software_overhead"), f + ".software_overhead");
   if (net["reduction_bandwidth"])
-    ns.reduction_bandwidth = parse_bandwidth(get_string(net["reduction_bandwidth"], f + ".reduction_bandwidth"),
-                                             f + ".reduction_bandwidth");
+    ns.reduction_bandwidth =
+        parse_bandwidth(get_string(net["reduction_bandwidth"], f + ".reduction_bandwidth"), f + ".reduction_bandwidth");
   if (net["in_network_reduction"]) {
     try {
       ns.in_network_reduction = net["in_network_reduction"].as<bool>();

@@ -22,9 +22,9 @@ struct Accelerator {
   double memory_bandwidth = 0;  // bytes/s
   int sm_count = 1;
   int tile_m = 128, tile_n = 128;
-  double gemm_efficiency = 0.8;    // fraction of peak reached by large, well-shaped GEMMs
-  double memory_efficiency = 0.85; // fraction of memory bandwidth reached by streaming kernels
-  double kernel_overhead = 4e-6;   // seconds per kernel launch
+  double gemm_efficiency = 0.8;     // fraction of peak reached by large, well-shaped GEMMs
+  double memory_efficiency = 0.85;  // fraction of memory bandwidth reached by streaming kernels
+  double kernel_overhead = 4e-6;    // seconds per kernel launch
   std::vector<GemmSample> calibration;
 };
 
@@ -49,11 +49,11 @@ enum class TopologyKind { kFatTree, kRailOptimized, kTorus, kFlat };
 struct NetworkSpec {
   TopologyKind topology = TopologyKind::kFatTree;
   int nodes_per_leaf = 1;
-  double oversubscription = 1;  // leaf downlink capacity / uplink capacity
-  double switch_latency = 0;    // seconds per switch traversed
-  std::vector<int> torus_dims;  // torus: nodes along each dimension
-  LinkSpec torus_link;          // torus: each neighbour link
-  double software_overhead = 0; // seconds per collective step (alpha's software part)
+  double oversubscription = 1;        // leaf downlink capacity / uplink capacity
+  double switch_latency = 0;          // seconds per switch traversed
+  std::vector<int> torus_dims;        // torus: nodes along each dimension
+  LinkSpec torus_link;                // torus: each neighbour link
+  double software_overhead = 0;       // seconds per collective step (alpha's software part)
   double reduction_bandwidth = 1e12;  // bytes/s reduced (gamma = 1 / this)
   bool in_network_reduction = false;
 };

@@ -1,10 +1,10 @@
 #include "sim/collective.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
-
-#include <fmt/format.h>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -14,28 +14,44 @@ namespace conduit::sim {
 
 const char* collective_name(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "allreduce";
-    case Collective::kReduceScatter: return "reduce-scatter";
-    case Collective::kAllGather: return "allgather";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kReduce: return "reduce";
-    case Collective::kAllToAll: return "all-to-all";
-    case Collective::kShift: return "pipeline-shift";
+    case Collective::kAllReduce:
+      return "allreduce";
+    case Collective::kReduceScatter:
+      return "reduce-scatter";
+    case Collective::kAllGather:
+      return "allgather";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kReduce:
+      return "reduce";
+    case Collective::kAllToAll:
+      return "all-to-all";
+    case Collective::kShift:
+      return "pipeline-shift";
   }
   return "?";
 }
 
 const char* algorithm_name(Algorithm a) {
   switch (a) {
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kHalvingDoubling: return "halving-doubling";
-    case Algorithm::kRecursiveDoubling: return "recursive-doubling";
-    case Algorithm::kBinomialTree: return "binomial-tree";
-    case Algorithm::kDoubleBinaryTree: return "double-binary-tree";
-    case Algorithm::kHierarchical: return "hierarchical";
-    case Algorithm::kInNetwork: return "in-network";
-    case Algorithm::kDirect: return "direct";
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kHalvingDoubling:
+      return "halving-doubling";
+    case Algorithm::kRecursiveDoubling:
+      return "recursive-doubling";
+    case Algorithm::kBinomialTree:
+      return "binomial-tree";
+    case Algorithm::kDoubleBinaryTree:
+      return "double-binary-tree";
+    case Algorithm::kHierarchical:
+      return "hierarchical";
+    case Algorithm::kInNetwork:
+      return "in-network";
+    case Algorithm::kDirect:
+      return "direct";
   }
   return "?";
 }
@@ -46,10 +62,10 @@ Algorithm parse_algorithm(const std::string& s) {
                       Algorithm::kInNetwork, Algorithm::kDirect}) {
     if (s == algorithm_name(a)) return a;
   }
-  throw ConfigError(fmt::format(
-      "--algorithm = '{}' (allowed: auto, ring, halving-doubling, recursive-doubling, binomial-tree, "
-      "double-binary-tree, hierarchical, in-network, direct)",
-      s));
+  throw ConfigError(
+      fmt::format("--algorithm = '{}' (allowed: auto, ring, halving-doubling, recursive-doubling, binomial-tree, "
+                  "double-binary-tree, hierarchical, in-network, direct)",
+                  s));
 }
 
 namespace {
@@ -103,7 +119,8 @@ void append_ring(const Builder& b, Collective c, const std::vector<std::vector<l
     return s;
   };
   const double chunk = frac_total / static_cast<double>(m);
-  if (c == Collective::kAllReduce || c == Collective::kReduceScatter) out.push_back(merged(chunk, chunk, "reduce-scatter"));
+  if (c == Collective::kAllReduce || c == Collective::kReduceScatter)
+    out.push_back(merged(chunk, chunk, "reduce-scatter"));
   if (c == Collective::kAllReduce || c == Collective::kAllGather) out.push_back(merged(chunk, 0, "allgather"));
 }
 
@@ -157,7 +174,8 @@ void append_halving_doubling(const Builder& b, Collective c, long long p, std::v
     out.push_back(std::move(s));
   }
   if (extra > 0 && c != Collective::kAllReduce)
-    throw UnsupportedError(fmt::format("halving-doubling {} needs a power-of-two group (got {})", collective_name(c), p));
+    throw UnsupportedError(
+        fmt::format("halving-doubling {} needs a power-of-two group (got {})", collective_name(c), p));
 }
 
 void append_recursive_doubling_allreduce(const Builder& b, long long p, std::vector<Step>& out) {
@@ -194,8 +212,10 @@ void append_binomial(const Builder& b, long long p, bool reduce, std::vector<Ste
     s.phase = reduce ? "binomial reduce" : "binomial broadcast";
     long long d = 1LL << k;
     for (long long i = 0; i < d && i + d < p; ++i) {
-      if (reduce) s.transfers.push_back({b.gid(i + d), b.gid(i), 1.0, {}, -1});
-      else s.transfers.push_back({b.gid(i), b.gid(i + d), 1.0, {}, -1});
+      if (reduce)
+        s.transfers.push_back({b.gid(i + d), b.gid(i), 1.0, {}, -1});
+      else
+        s.transfers.push_back({b.gid(i), b.gid(i + d), 1.0, {}, -1});
     }
     s.reduce = reduce ? 1.0 : 0.0;
     down.push_back(std::move(s));
@@ -263,8 +283,8 @@ void append_in_network(const Builder& b, const std::vector<long long>& members, 
   if (t.spec().network.topology == TopologyKind::kTorus)
     throw UnsupportedError("in-network aggregation needs a switched network (fat-tree, rail-optimized or flat)");
   if (!t.spec().network.in_network_reduction && t.spec().network.topology != TopologyKind::kFlat)
-    throw UnsupportedError(fmt::format("cluster '{}' has no in-network reduction (network.in_network_reduction)",
-                                       t.spec().name));
+    throw UnsupportedError(
+        fmt::format("cluster '{}' has no in-network reduction (network.in_network_reduction)", t.spec().name));
   Step s;
   s.phase = phase;
   s.latency_hops = 2;  // up to the aggregation root and back down
@@ -332,8 +352,10 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
         s.latency_hops = static_cast<double>(p - 1);
         s.reduce = c == Collective::kReduce ? 1.0 : 0.0;
         for (long long i = 0; i + 1 < p; ++i) {
-          if (c == Collective::kBroadcast) s.transfers.push_back({b.gid(i), b.gid(i + 1), 1.0, {}, -1});
-          else s.transfers.push_back({b.gid(i + 1), b.gid(i), 1.0, {}, -1});
+          if (c == Collective::kBroadcast)
+            s.transfers.push_back({b.gid(i), b.gid(i + 1), 1.0, {}, -1});
+          else
+            s.transfers.push_back({b.gid(i + 1), b.gid(i), 1.0, {}, -1});
         }
         out.push_back(std::move(s));
         return out;
@@ -603,7 +625,8 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
                                       g.size, g.stride, topo_.gpus()));
   std::vector<std::vector<Step>> all;
   for (long long bk = 0; bk < topo_.gpus() / block; ++bk)
-    for (long long j = 0; j < g.stride; ++j) all.push_back(make_pattern(topo_, c, a, Group{g.size, g.stride, bk * block + j}));
+    for (long long j = 0; j < g.stride; ++j)
+      all.push_back(make_pattern(topo_, c, a, Group{g.size, g.stride, bk * block + j}));
   std::vector<double> cap(topo_.num_links());
   for (size_t i = 0; i < cap.size(); ++i) cap[i] = topo_.link(i).bandwidth;
   const double overhead = topo_.spec().network.software_overhead;

@@ -42,9 +42,9 @@ enum class Algorithm {
   kRecursiveDoubling,
   kBinomialTree,
   kDoubleBinaryTree,
-  kHierarchical,     // intra-node ring reduce-scatter, inter-node ring allreduce, intra-node ring allgather
-  kInNetwork,        // switch aggregation (SHARP); hierarchical when a group has several ranks per node
-  kDirect,           // all-to-all pairwise exchange; pipeline shift
+  kHierarchical,  // intra-node ring reduce-scatter, inter-node ring allreduce, intra-node ring allgather
+  kInNetwork,     // switch aggregation (SHARP); hierarchical when a group has several ranks per node
+  kDirect,        // all-to-all pairwise exchange; pipeline shift
 };
 
 const char* collective_name(Collective c);
@@ -77,12 +77,12 @@ struct Step {
 std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, const Group& g);
 
 struct CollectiveCost {
-  double latency = 0;       // seconds, independent of n
-  double per_byte = 0;      // seconds per byte of n on the wire
-  double reduce_frac = 0;   // bytes reduced per byte of n (times gamma)
-  double gamma = 0;         // seconds per reduced byte
+  double latency = 0;      // seconds, independent of n
+  double per_byte = 0;     // seconds per byte of n on the wire
+  double reduce_frac = 0;  // bytes reduced per byte of n (times gamma)
+  double gamma = 0;        // seconds per reduced byte
   double steps = 0;
-  std::string bottleneck;   // the link kind that bounds most of the bandwidth term
+  std::string bottleneck;  // the link kind that bounds most of the bandwidth term
   Algorithm algorithm = Algorithm::kRing;
   double time(double n) const { return n <= 0 ? 0.0 : latency + n * per_byte + n * reduce_frac * gamma; }
 };
@@ -93,12 +93,12 @@ enum class EvalMode { kSymmetric, kFull };
 struct StepReport {
   std::string phase;
   double repeat = 1;
-  size_t transfers = 0;        // in the representative group
+  size_t transfers = 0;  // in the representative group
   size_t links_used = 0;
-  std::string bottleneck;      // link kind
+  std::string bottleneck;  // link kind
   int bottleneck_link = -1;
-  double bottleneck_bytes = 0; // on that link per repeat (all concurrent groups)
-  double time = 0;             // per repeat, seconds, for the given n
+  double bottleneck_bytes = 0;  // on that link per repeat (all concurrent groups)
+  double time = 0;              // per repeat, seconds, for the given n
 };
 
 // Caches symmetric profiles per (collective, algorithm, group shape).
@@ -122,7 +122,7 @@ class CollectiveModel {
   CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g);
   const Topology& topo_;
   std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> cache_;
-  std::vector<double> load_;     // scratch, per link
+  std::vector<double> load_;  // scratch, per link
   std::vector<int> ranks_behind_;
 };
 

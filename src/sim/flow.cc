@@ -20,7 +20,8 @@ std::vector<double> max_min_rates(const std::vector<std::vector<int>>& paths, co
   std::vector<std::vector<int>> fl(nf);
   for (size_t f = 0; f < nf; ++f) {
     for (int l : paths[f]) {
-      if (l < 0 || static_cast<size_t>(l) >= capacity.size()) throw InvalidArgument("max_min_rates: link id out of range");
+      if (l < 0 || static_cast<size_t>(l) >= capacity.size())
+        throw InvalidArgument("max_min_rates: link id out of range");
       auto [it, fresh] = index.emplace(l, static_cast<int>(cap.size()));
       if (fresh) {
         cap.push_back(capacity[l]);
@@ -36,8 +37,10 @@ std::vector<double> max_min_rates(const std::vector<std::vector<int>>& paths, co
   std::vector<char> frozen(nf, 0);
   size_t left = 0;
   for (size_t f = 0; f < nf; ++f) {
-    if (fl[f].empty()) frozen[f] = 1;
-    else ++left;
+    if (fl[f].empty())
+      frozen[f] = 1;
+    else
+      ++left;
   }
   while (left > 0) {
     // The bottleneck: the link with the smallest fair share among links with unfrozen flows.

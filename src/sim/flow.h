@@ -8,8 +8,8 @@ namespace conduit::sim {
 struct Flow {
   std::vector<int> path;  // link ids
   double bytes = 0;
-  double start = 0;       // seconds; the flow joins at this time
-  double latency = 0;     // added to its completion (propagation + software), not sharing bandwidth
+  double start = 0;    // seconds; the flow joins at this time
+  double latency = 0;  // added to its completion (propagation + software), not sharing bandwidth
 };
 
 // Max-min fair rates of flows that share links of the given capacities (bytes/s). Flows with an empty path get

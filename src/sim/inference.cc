@@ -1,17 +1,17 @@
 #include "sim/inference.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 
 namespace conduit::sim {
 
 double kv_cache_bytes(const GptModel& m, int tp, int pp, long long tokens, long long batch) {
-  return 2.0 * (static_cast<double>(m.layers) / pp) * (static_cast<double>(m.hidden) / tp) * static_cast<double>(tokens) *
-         static_cast<double>(batch) * 2.0;
+  return 2.0 * (static_cast<double>(m.layers) / pp) * (static_cast<double>(m.hidden) / tp) *
+         static_cast<double>(tokens) * static_cast<double>(batch) * 2.0;
 }
 
 InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, const InferenceConfig& c) {
@@ -50,8 +50,8 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, con
   const double ctx = static_cast<double>(c.prompt) + static_cast<double>(c.generate) / 2;
   double dlayer = 0, flops = 0, bytes = 0;
   const double d = h / a, f = m0.ffn_mult * h;
-  const GemmShape shapes[] = {{b, 3 * h / t, h, 1},        {1, ctx, d, b * a / t}, {1, d, ctx, b * a / t},
-                              {b, h, h / t, 1},            {b, f / t, h, 1},       {b, h, f / t, 1}};
+  const GemmShape shapes[] = {{b, 3 * h / t, h, 1}, {1, ctx, d, b * a / t}, {1, d, ctx, b * a / t},
+                              {b, h, h / t, 1},     {b, f / t, h, 1},       {b, h, f / t, 1}};
   for (const auto& g : shapes) {
     dlayer += gemm_time(acc, g);
     flops += g.flops();
@@ -76,7 +76,8 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, con
   r.memory_capacity = acc.memory_bytes;
   r.fits = r.memory_total <= r.memory_capacity;
   const double per_seq = kv_cache_bytes(m0, t, p, tokens, 1) + act / b;
-  r.max_batch = std::max<long long>(0, static_cast<long long>(std::floor((r.memory_capacity - r.weight_bytes) / per_seq)));
+  r.max_batch =
+      std::max<long long>(0, static_cast<long long>(std::floor((r.memory_capacity - r.weight_bytes) / per_seq)));
   return r;
 }
 

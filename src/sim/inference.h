@@ -25,11 +25,11 @@ struct InferenceResult {
   double prefill = 0;           // seconds (time to first token)
   double decode_per_token = 0;  // seconds per generated token (whole batch)
   double request_latency = 0;
-  double tokens_per_second = 0; // generated tokens/s over all replicas
+  double tokens_per_second = 0;  // generated tokens/s over all replicas
   double weight_bytes = 0, kv_bytes = 0, memory_total = 0, memory_capacity = 0;
   bool fits = true;
   long long max_batch = 0;
-  std::string decode_bound;     // "memory" or "compute"
+  std::string decode_bound;  // "memory" or "compute"
 };
 
 // KV-cache bytes per GPU: 2 (K and V) x layers/p x hidden/t x tokens x batch x 2 bytes.

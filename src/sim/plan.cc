@@ -1,9 +1,9 @@
 #include "sim/plan.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "sim/units.h"
@@ -24,7 +24,8 @@ std::string describe_config(const ParallelConfig& c) {
   return s;
 }
 
-PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space_in, size_t top) {
+PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space_in,
+                size_t top) {
   m.validate();
   const auto start = std::chrono::steady_clock::now();
   const Topology& topo = net.topology();
@@ -56,12 +57,14 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
               for (const Compression& cp : space.compression) {
                 if (cp.kind != "none" && (z > 0 || d == 1)) continue;
                 std::vector<std::pair<Schedule, int>> scheds;
-                if (p == 1) scheds.push_back({Schedule::k1F1B, 1});
+                if (p == 1)
+                  scheds.push_back({Schedule::k1F1B, 1});
                 else
                   for (Schedule s : space.schedules) {
                     if (s == Schedule::kInterleaved)
                       for (int v : space.virtual_stages) scheds.push_back({s, v});
-                    else scheds.push_back({s, 1});
+                    else
+                      scheds.push_back({s, 1});
                   }
                 for (auto [sched, v] : scheds) {
                   ParallelConfig c = space.base;
@@ -115,9 +118,12 @@ std::vector<std::string> explain_plan(const StepResult& best, const StepResult* 
     const char* name;
     double v;
   };
-  std::vector<Part> parts{{"compute", b.compute - b.recompute}, {"recompute", b.recompute},
-                          {"pipeline bubble", b.bubble},      {"tensor-parallel comm", b.tp_comm},
-                          {"pipeline p2p", b.pp_comm},        {"exposed data-parallel comm", b.dp_exposed + b.zero3_exposed},
+  std::vector<Part> parts{{"compute", b.compute - b.recompute},
+                          {"recompute", b.recompute},
+                          {"pipeline bubble", b.bubble},
+                          {"tensor-parallel comm", b.tp_comm},
+                          {"pipeline p2p", b.pp_comm},
+                          {"exposed data-parallel comm", b.dp_exposed + b.zero3_exposed},
                           {"optimizer", b.optimizer}};
   std::sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
   std::string top;
@@ -131,13 +137,14 @@ std::vector<std::string> explain_plan(const StepResult& best, const StepResult* 
                             format_gb(best.memory_capacity), format_gb(best.memory.activations)));
   if (other) {
     const StepBreakdown& o = other->breakdown;
-    std::vector<Part> diffs{{"compute", (o.compute - o.recompute) - (b.compute - b.recompute)},
-                            {"recompute", o.recompute - b.recompute},
-                            {"pipeline bubble", o.bubble - b.bubble},
-                            {"tensor-parallel comm", o.tp_comm - b.tp_comm},
-                            {"pipeline p2p", o.pp_comm - b.pp_comm},
-                            {"exposed data-parallel comm", (o.dp_exposed + o.zero3_exposed) - (b.dp_exposed + b.zero3_exposed)},
-                            {"optimizer", o.optimizer - b.optimizer}};
+    std::vector<Part> diffs{
+        {"compute", (o.compute - o.recompute) - (b.compute - b.recompute)},
+        {"recompute", o.recompute - b.recompute},
+        {"pipeline bubble", o.bubble - b.bubble},
+        {"tensor-parallel comm", o.tp_comm - b.tp_comm},
+        {"pipeline p2p", o.pp_comm - b.pp_comm},
+        {"exposed data-parallel comm", (o.dp_exposed + o.zero3_exposed) - (b.dp_exposed + b.zero3_exposed)},
+        {"optimizer", o.optimizer - b.optimizer}};
     std::sort(diffs.begin(), diffs.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
     if (diffs.front().v > 0)
       out.push_back(fmt::format("beats the next plan ({}) by {:.1f}% mostly through {} ({} less)",

@@ -1,5 +1,7 @@
 #include "sim/scheduler.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -7,8 +9,6 @@
 #include <map>
 #include <sstream>
 #include <tuple>
-
-#include <fmt/format.h>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -42,8 +42,10 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
     for (auto& x : f) x = trim(x);
     if (!header) {
       header = true;
-      if (f.size() < 5 || f[0] != "id" || f[1] != "submit_s" || f[2] != "gpus" || f[3] != "model" || f[4] != "iterations")
-        throw ConfigError(fmt::format("{}:{}: the header must be id,submit_s,gpus,model,iterations[,global_batch]", origin, lineno));
+      if (f.size() < 5 || f[0] != "id" || f[1] != "submit_s" || f[2] != "gpus" || f[3] != "model" ||
+          f[4] != "iterations")
+        throw ConfigError(
+            fmt::format("{}:{}: the header must be id,submit_s,gpus,model,iterations[,global_batch]", origin, lineno));
       continue;
     }
     if (f.size() < 5 || f.size() > 6)
@@ -62,7 +64,8 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
     j.model = f[3];
     GptModel probe;
     if (!named_gpt(j.model, probe))
-      throw ConfigError(fmt::format("{}:{}: model = '{}' (allowed: {})", origin, lineno, j.model, join(named_gpt_names(), ", ")));
+      throw ConfigError(
+          fmt::format("{}:{}: model = '{}' (allowed: {})", origin, lineno, j.model, join(named_gpt_names(), ", ")));
     j.iterations = static_cast<long long>(num(f[4], "iterations", 1));
     if (f.size() == 6) j.global_batch = static_cast<long long>(num(f[5], "global_batch", 1));
     jobs.push_back(j);
@@ -128,9 +131,11 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   for (long long l = 0; l < nleaves; ++l) free_[l] = std::min(per_leaf, gpus - l * per_leaf);
   const size_t n = jobs.size();
   for (const auto& j : jobs) {
-    if (j.gpus > gpus) throw ConfigError(fmt::format("job {} asks for {} accelerators; the cluster has {}", j.id, j.gpus, gpus));
+    if (j.gpus > gpus)
+      throw ConfigError(fmt::format("job {} asks for {} accelerators; the cluster has {}", j.id, j.gpus, gpus));
     if (j.gpus > gpn && j.gpus % gpn != 0)
-      throw ConfigError(fmt::format("job {}: gpus = {} must be at most {} or a multiple of it (whole nodes)", j.id, j.gpus, gpn));
+      throw ConfigError(
+          fmt::format("job {}: gpus = {} must be at most {} or a multiple of it (whole nodes)", j.id, j.gpus, gpn));
   }
   std::vector<JobOutcome> out(n);
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
@@ -143,8 +148,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     remaining[i] = static_cast<double>(jobs[i].iterations);
     packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1);
     if (!std::isfinite(packed[i]))
-      throw ConfigError(fmt::format("job {}: no parallel configuration of {} fits in memory on {} accelerators", jobs[i].id,
-                                    jobs[i].model, jobs[i].gpus));
+      throw ConfigError(fmt::format("job {}: no parallel configuration of {} fits in memory on {} accelerators",
+                                    jobs[i].id, jobs[i].model, jobs[i].gpus));
   }
   std::vector<Running> running;
   double now = 0, busy = 0;
@@ -209,8 +214,10 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     int leaves = static_cast<int>(alloc.size());
     double it = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, leaves);
     running.push_back({i, alloc, it});
-    if (out[i].start < 0) out[i].start = now;
-    else restart_at[i] = now + opt.restart_penalty;  // a resumed job first reloads its checkpoint
+    if (out[i].start < 0)
+      out[i].start = now;
+    else
+      restart_at[i] = now + opt.restart_penalty;  // a resumed job first reloads its checkpoint
     out[i].leaves_used = leaves;
     out[i].slowdown = it / packed[i];
     out[i].iteration_time = it;
@@ -221,7 +228,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       std::vector<size_t> waiting;
       for (size_t i = 0; i < n; ++i)
         if (state[i] == 1) waiting.push_back(i);
-      std::stable_sort(waiting.begin(), waiting.end(), [&](size_t a, size_t b) { return jobs[a].submit < jobs[b].submit; });
+      std::stable_sort(waiting.begin(), waiting.end(),
+                       [&](size_t a, size_t b) { return jobs[a].submit < jobs[b].submit; });
       for (size_t i : waiting) {
         std::vector<std::pair<long long, long long>> alloc;
         if (!place(jobs[i].gpus, alloc)) break;  // strict FIFO
@@ -287,7 +295,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
           }
       }
     }
-    if (!std::isfinite(next)) throw ConfigError("cluster simulation: jobs can never run (a job needs more than the cluster)");
+    if (!std::isfinite(next))
+      throw ConfigError("cluster simulation: jobs can never run (a job needs more than the cluster)");
     const double dt = next - now;
     for (const auto& r : running) {
       size_t i = r.job;
@@ -321,7 +330,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   }
   std::sort(jct.begin(), jct.end());
   for (double x : jct) res.mean_jct += x / static_cast<double>(jct.size());
-  auto pct = [&](double q) { return jct[std::min(jct.size() - 1, static_cast<size_t>(std::ceil(q * jct.size())) - 1)]; };
+  auto pct = [&](double q) {
+    return jct[std::min(jct.size() - 1, static_cast<size_t>(std::ceil(q * jct.size())) - 1)];
+  };
   res.p50_jct = pct(0.5);
   res.p99_jct = pct(0.99);
   res.utilization = busy / (static_cast<double>(gpus) * (res.makespan - first));

@@ -20,9 +20,9 @@ namespace conduit::sim {
 
 struct JobSpec {
   std::string id;
-  double submit = 0;       // seconds
+  double submit = 0;  // seconds
   long long gpus = 1;
-  std::string model;       // a named GPT model (workload.h)
+  std::string model;  // a named GPT model (workload.h)
   long long iterations = 1;
   long long global_batch = 0;  // 0: 8 sequences per accelerator
 };
@@ -41,15 +41,15 @@ struct SchedulerOptions {
   Placement placement = Placement::kTopology;
   double las_first_threshold = 3600;  // accelerator-seconds of the first LAS queue; each next one x10
   int las_queues = 3;
-  double restart_penalty = 60;        // seconds lost when a preempted job restarts
+  double restart_penalty = 60;  // seconds lost when a preempted job restarts
 };
 
 struct JobOutcome {
   std::string id;
   long long gpus = 0;
   double submit = 0, start = -1, finish = -1;
-  int leaves_used = 0;     // of its last placement
-  double slowdown = 1;     // iteration time of its last placement / iteration time packed in one leaf
+  int leaves_used = 0;  // of its last placement
+  double slowdown = 1;  // iteration time of its last placement / iteration time packed in one leaf
   int preemptions = 0;
   double iteration_time = 0;
 };

@@ -1,9 +1,9 @@
 #include "sim/step.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -37,7 +37,9 @@ Compression parse_compression(const std::string& s) {
 SyncScheme parse_sync(const std::string& s) {
   SyncScheme k;
   auto parts = split(s, ':');
-  auto bad = [&]() { return ConfigError(fmt::format("--sync = '{}' (allowed: bsp, local-sgd:PERIOD >= 1, async)", s)); };
+  auto bad = [&]() {
+    return ConfigError(fmt::format("--sync = '{}' (allowed: bsp, local-sgd:PERIOD >= 1, async)", s));
+  };
   if (parts.empty()) throw bad();
   k.kind = parts[0];
   if ((k.kind == "bsp" || k.kind == "async") && parts.size() == 1) return k;
@@ -64,28 +66,32 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
   if (m.vocab % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --vocab = {}", c.tp, m.vocab));
   if (c.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", c.micro_batch));
   if (c.global_batch % (static_cast<long long>(c.micro_batch) * dp) != 0)
-    throw ConfigError(fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x data-parallel size ({})",
-                                  c.global_batch, c.micro_batch, dp));
+    throw ConfigError(
+        fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x data-parallel size ({})",
+                    c.global_batch, c.micro_batch, dp));
   const long long mb = c.global_batch / (static_cast<long long>(c.micro_batch) * dp);
   const int v = c.schedule == Schedule::kInterleaved ? c.virtual_stages : 1;
   if (c.schedule == Schedule::kInterleaved) {
     if (c.virtual_stages < 2) throw ConfigError("--schedule interleaved needs --virtual-stages >= 2");
     if (c.pp < 2) throw ConfigError("--schedule interleaved needs --pp >= 2");
     if (mb % c.pp != 0)
-      throw ConfigError(fmt::format("--schedule interleaved needs the number of micro-batches ({}) to be a multiple of --pp ({})",
-                                    mb, c.pp));
+      throw ConfigError(fmt::format(
+          "--schedule interleaved needs the number of micro-batches ({}) to be a multiple of --pp ({})", mb, c.pp));
   } else if (c.virtual_stages != 1) {
     throw ConfigError("--virtual-stages > 1 needs --schedule interleaved");
   }
   if (m.layers % (c.pp * v) != 0)
-    throw ConfigError(fmt::format("--layers ({}) must be a multiple of --pp x virtual stages ({})", m.layers, c.pp * v));
+    throw ConfigError(
+        fmt::format("--layers ({}) must be a multiple of --pp x virtual stages ({})", m.layers, c.pp * v));
   if (c.zero < 0 || c.zero > 3) throw ConfigError(fmt::format("--zero = {} (allowed: 0, 1, 2, 3)", c.zero));
   if (c.zero >= 2 && c.pp > 1)
     throw ConfigError("--zero 2 and 3 with --pp > 1 are not modelled (DeepSpeed does not combine them either)");
   if (c.zero > 0 && c.compression.kind != "none")
-    throw ConfigError("--compression with --zero > 0 is not modelled (compress the data-parallel allreduce of --zero 0)");
+    throw ConfigError(
+        "--compression with --zero > 0 is not modelled (compress the data-parallel allreduce of --zero 0)");
   if (c.bucket_bytes <= 0) throw ConfigError("--bucket must be positive");
-  if (c.grad_bytes != 2 && c.grad_bytes != 4) throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
+  if (c.grad_bytes != 2 && c.grad_bytes != 4)
+    throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
 }
 
 namespace {
@@ -142,7 +148,8 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
 // uniformly during the window and are exchanged one after another. Returns the time past the window's end.
 // `busy` (when given) receives the total exchange time of all buckets (each pays its own latency).
 template <class TimeOf>
-double bucketed_exposed(double window, double total_bytes, double bucket_bytes, TimeOf time_of, double* busy = nullptr) {
+double bucketed_exposed(double window, double total_bytes, double bucket_bytes, TimeOf time_of,
+                        double* busy = nullptr) {
   if (total_bytes <= 0) return 0;
   const long long nb = std::max<long long>(1, static_cast<long long>(std::ceil(total_bytes / bucket_bytes)));
   const double each = total_bytes / nb;
@@ -219,7 +226,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   double tp_mb = lps * (tp_fwd + tp_bwd);
   if (t > 1) {  // vocab-parallel cross entropy: allreduce of per-token max and sum (fp32)
     const Group tg{t, 1, 0};
-    tp_mb += 2 * ctime(Collective::kAllReduce, net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, b * s * 4), tg, b * s * 4);
+    tp_mb += 2 * ctime(Collective::kAllReduce, net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, b * s * 4), tg,
+                       b * s * 4);
   }
 
   // Pipeline point-to-point per micro-batch: forward activations and backward gradients, v times (interleaved).
@@ -258,15 +266,16 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
       const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes),
                    t_rs = ctime(Collective::kReduceScatter, rs, dg, layer_params / t * cfg.grad_bytes);
       const double per_mb = lps * (2 * t_ag + t_rs);
-      const double exposed_mb = t_ag + lps * (std::max(0.0, t_ag - mt.layer_fwd) +
-                                              std::max(0.0, t_ag + t_rs - mt.layer_bwd));
+      const double exposed_mb =
+          t_ag + lps * (std::max(0.0, t_ag - mt.layer_fwd) + std::max(0.0, t_ag + t_rs - mt.layer_bwd));
       dp_total = mb * per_mb;
       r.breakdown.zero3_exposed = mb * exposed_mb;
       r.dp_algorithm = algorithm_name(ag.algorithm);
       r.dp_bottleneck = ag.bottleneck;
-      r.notes.push_back(fmt::format("ZeRO-3: every micro-batch allgathers each layer's parameters twice ({} each) and "
-                                    "reduce-scatters its gradients ({}); {} exposed per iteration",
-                                    format_seconds(t_ag), format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
+      r.notes.push_back(
+          fmt::format("ZeRO-3: every micro-batch allgathers each layer's parameters twice ({} each) and "
+                      "reduce-scatters its gradients ({}); {} exposed per iteration",
+                      format_seconds(t_ag), format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
     } else if (cfg.zero >= 1) {
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
@@ -274,10 +283,11 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
                    t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2);
       dp_total = t_rs + t_ag;
       double busy = t_rs;
-      dp_exposed = (cfg.dp_overlap ? bucketed_exposed(bwd_window, grad_bytes, cfg.bucket_bytes,
-                                                      [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n); },
-                                                      &busy)
-                                    : t_rs) + t_ag;
+      dp_exposed = (cfg.dp_overlap ? bucketed_exposed(
+                                         bwd_window, grad_bytes, cfg.bucket_bytes,
+                                         [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n); }, &busy)
+                                   : t_rs) +
+                   t_ag;
       dp_total = busy + t_ag;
       r.dp_algorithm = algorithm_name(rs.algorithm);
       r.dp_bottleneck = rs.bottleneck;
@@ -289,9 +299,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
         const double wire = elems * bytes_per;
         auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
         dp_total = ctime(Collective::kAllReduce, ar, dg, wire);
-        dp_exposed = cfg.dp_overlap ? bucketed_exposed(bwd_window, wire, cfg.bucket_bytes * bytes_per / cfg.grad_bytes,
-                                                      [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n); },
-                                                      &dp_total)
+        dp_exposed = cfg.dp_overlap ? bucketed_exposed(
+                                          bwd_window, wire, cfg.bucket_bytes * bytes_per / cfg.grad_bytes,
+                                          [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n); }, &dp_total)
                                     : dp_total;
         if (cp.kind != "none") {
           // Quantize before sending, dequantize-accumulate-requantize at each reduction step (fused, one pass
@@ -336,7 +346,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
       dp_exposed /= cfg.sync.period;
       comp_time /= cfg.sync.period;
       r.breakdown.zero3_exposed /= cfg.sync.period;
-      r.notes.push_back(fmt::format("local SGD: parameters averaged every {} steps; the exchange is amortized", cfg.sync.period));
+      r.notes.push_back(
+          fmt::format("local SGD: parameters averaged every {} steps; the exchange is amortized", cfg.sync.period));
     } else if (cfg.sync.kind == "async") {
       dp_exposed = std::max(0.0, dp_total + comp_time - pipe);
       r.notes.push_back("asynchronous: the exchange overlaps the next step's compute (gradients one step stale)");
@@ -358,10 +369,14 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   r.memory.grads = st.grads;
   r.memory.optimizer = st.optimizer;
   double inflight;
-  if (p == 1) inflight = 1;
-  else if (cfg.schedule == Schedule::kGpipe) inflight = static_cast<double>(mb);
-  else if (cfg.schedule == Schedule::k1F1B) inflight = std::min<double>(p, mb);
-  else inflight = p * (1.0 + static_cast<double>(p - 1) / (static_cast<double>(p) * v));
+  if (p == 1)
+    inflight = 1;
+  else if (cfg.schedule == Schedule::kGpipe)
+    inflight = static_cast<double>(mb);
+  else if (cfg.schedule == Schedule::k1F1B)
+    inflight = std::min<double>(p, mb);
+  else
+    inflight = p * (1.0 + static_cast<double>(p - 1) / (static_cast<double>(p) * v));
   double layer_act = gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, cfg.recompute);
   double act = layer_act * lps * inflight;
   if (cfg.recompute != Recompute::kNone)  // the layer being recomputed holds its full activations
@@ -371,7 +386,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   r.memory_capacity = mem_capacity;
   r.fits = r.memory.total() <= mem_capacity;
   if (!r.fits)
-    r.notes.push_back(fmt::format("does not fit: {} per GPU > {} capacity", format_gb(r.memory.total()), format_gb(mem_capacity)));
+    r.notes.push_back(
+        fmt::format("does not fit: {} per GPU > {} capacity", format_gb(r.memory.total()), format_gb(mem_capacity)));
 
   r.model_flops = gpt_iteration_flops(m, static_cast<double>(cfg.global_batch), Recompute::kNone);
   r.hardware_flops = gpt_iteration_flops(m, static_cast<double>(cfg.global_batch), cfg.recompute);
@@ -394,12 +410,14 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
 StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const ParallelConfig& cfg) {
   const Topology& topo = net.topology();
   const long long gpus = topo.gpus();
-  if (cfg.tp != 1 || cfg.pp != 1) throw ConfigError("--tp and --pp must be 1 for a layer-list model (data parallel only)");
+  if (cfg.tp != 1 || cfg.pp != 1)
+    throw ConfigError("--tp and --pp must be 1 for a layer-list model (data parallel only)");
   if (cfg.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", cfg.micro_batch));
   if (cfg.global_batch % (static_cast<long long>(cfg.micro_batch) * gpus) != 0)
     throw ConfigError(fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x --gpus ({})",
                                   cfg.global_batch, cfg.micro_batch, gpus));
-  if (cfg.zero < 0 || cfg.zero > 2) throw ConfigError(fmt::format("--zero = {} (allowed for layer models: 0, 1, 2)", cfg.zero));
+  if (cfg.zero < 0 || cfg.zero > 2)
+    throw ConfigError(fmt::format("--zero = {} (allowed for layer models: 0, 1, 2)", cfg.zero));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
       cfg.compression.kind != "int4")
     throw ConfigError("--compression for layer models: none, fp16, int8 or int4");
@@ -438,12 +456,16 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     const double wire = params * per;
     const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter : Collective::kAllReduce;
     auto prof = net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
-    auto tof = [&](double n) { return cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n); };
+    auto tof = [&](double n) {
+      return cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n);
+    };
     dp_total = tof(wire);
-    dp_exposed = cfg.dp_overlap ? bucketed_exposed(bwd, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total) : dp_total;
+    dp_exposed = cfg.dp_overlap ? bucketed_exposed(bwd, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total)
+                                : dp_total;
     if (cfg.zero >= 1) {
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params * 2);
-      double t_ag = cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, params * 2) : ag.time(params * 2);
+      double t_ag = cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, params * 2)
+                                                : ag.time(params * 2);
       dp_total += t_ag;
       dp_exposed += t_ag;
     }

@@ -63,15 +63,15 @@ struct ParallelConfig {
 };
 
 struct StepBreakdown {
-  double compute = 0;         // GEMMs + element-wise, all micro-batches, excluding the bubble
-  double recompute = 0;       // part of compute spent recomputing
+  double compute = 0;    // GEMMs + element-wise, all micro-batches, excluding the bubble
+  double recompute = 0;  // part of compute spent recomputing
   double bubble = 0;
-  double tp_comm = 0;         // exposed (Megatron does not overlap it)
+  double tp_comm = 0;  // exposed (Megatron does not overlap it)
   double pp_comm = 0;
-  double dp_comm = 0;         // total data-parallel exchange time
+  double dp_comm = 0;  // total data-parallel exchange time
   double dp_exposed = 0;
   double zero3_exposed = 0;
-  double compression = 0;     // compress/decompress compute
+  double compression = 0;  // compress/decompress compute
   double optimizer = 0;
 };
 
@@ -84,16 +84,16 @@ struct StepResult {
   ParallelConfig config;
   long long gpus = 0;
   long long microbatches = 0;
-  double time = 0;                 // seconds per iteration
+  double time = 0;  // seconds per iteration
   StepBreakdown breakdown;
-  MemoryBreakdown memory;          // per GPU (the most loaded: first pipeline stage)
+  MemoryBreakdown memory;  // per GPU (the most loaded: first pipeline stage)
   double memory_capacity = 0;
   bool fits = true;
-  double model_flops = 0;          // per iteration, no recompute (72 formula terms from the GEMMs)
-  double hardware_flops = 0;       // including recompute
+  double model_flops = 0;     // per iteration, no recompute (72 formula terms from the GEMMs)
+  double hardware_flops = 0;  // including recompute
   double model_tflops_per_gpu = 0;
   double hardware_tflops_per_gpu = 0;
-  double mfu = 0;                  // model FLOP/s per GPU / peak
+  double mfu = 0;  // model FLOP/s per GPU / peak
   std::string dp_algorithm, tp_algorithm, dp_bottleneck;
   std::vector<std::string> notes;  // explanations
 };

@@ -1,9 +1,9 @@
 #include "sim/topology.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -11,13 +11,20 @@ namespace conduit::sim {
 
 const char* link_kind_name(LinkKind k) {
   switch (k) {
-    case LinkKind::kGpuOut: return "gpu-out";
-    case LinkKind::kGpuIn: return "gpu-in";
-    case LinkKind::kNicOut: return "nic-out";
-    case LinkKind::kNicIn: return "nic-in";
-    case LinkKind::kLeafUp: return "leaf-up";
-    case LinkKind::kLeafDown: return "leaf-down";
-    case LinkKind::kTorus: return "torus";
+    case LinkKind::kGpuOut:
+      return "gpu-out";
+    case LinkKind::kGpuIn:
+      return "gpu-in";
+    case LinkKind::kNicOut:
+      return "nic-out";
+    case LinkKind::kNicIn:
+      return "nic-in";
+    case LinkKind::kLeafUp:
+      return "leaf-up";
+    case LinkKind::kLeafDown:
+      return "leaf-down";
+    case LinkKind::kTorus:
+      return "torus";
   }
   return "?";
 }
@@ -27,8 +34,8 @@ Topology::Topology(const ClusterSpec& spec, long long gpus) : spec_(spec), gpus_
   gpn_ = spec_.node_kinds.front().gpus;
   if (gpus < 1) throw ConfigError(fmt::format("--gpus = {} must be at least 1", gpus));
   if (gpus % gpn_ != 0)
-    throw ConfigError(fmt::format("--gpus = {} must be a multiple of the {} accelerators per node of cluster '{}'", gpus,
-                                  gpn_, spec_.name));
+    throw ConfigError(fmt::format("--gpus = {} must be a multiple of the {} accelerators per node of cluster '{}'",
+                                  gpus, gpn_, spec_.name));
   if (gpus > (1LL << 30)) throw ConfigError(fmt::format("--gpus = {} is beyond the simulator's limit of 2^30", gpus));
   nodes_ = gpus / gpn_;
   // Node kinds: a homogeneous cluster repeats its one kind; a heterogeneous one is scaled to `nodes_` keeping
@@ -48,7 +55,8 @@ Topology::Topology(const ClusterSpec& spec, long long gpus) : spec_(spec), gpus_
       assigned += share[i];
       rem.push_back({exact - share[i], i});
     }
-    std::sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::sort(rem.begin(), rem.end(),
+              [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
     for (size_t j = 0; assigned < nodes_; ++j, ++assigned) share[rem[j % rem.size()].second]++;
     long long pos = 0;
     for (size_t i = 0; i < share.size(); ++i)
@@ -65,7 +73,8 @@ Topology::Topology(const ClusterSpec& spec, long long gpus) : spec_(spec), gpus_
     long long cap = 1;
     for (int d : net.torus_dims) cap *= d;
     if (cap != nodes_)
-      throw ConfigError(fmt::format("network.torus_dims hold {} nodes but --gpus = {} needs {} nodes", cap, gpus, nodes_));
+      throw ConfigError(
+          fmt::format("network.torus_dims hold {} nodes but --gpus = {} needs {} nodes", cap, gpus, nodes_));
   }
 
   links_.reserve(2 * gpus_ + 2 * nodes_ * max_nics_ + 2 * leaves_);

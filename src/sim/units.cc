@@ -1,10 +1,10 @@
 #include "sim/units.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -24,8 +24,8 @@ Split split_number(std::string_view text, std::string_view field, std::string_vi
   char* end = nullptr;
   double v = std::strtod(begin, &end);
   if (end == begin || !std::isfinite(v) || v < 0) {
-    throw ConfigError(fmt::format("{}: '{}' is not a non-negative number with a unit (allowed units: {})", field,
-                                  text, allowed));
+    throw ConfigError(
+        fmt::format("{}: '{}' is not a non-negative number with a unit (allowed units: {})", field, text, allowed));
   }
   std::string unit;
   for (const char* p = end; *p; ++p) {
@@ -36,12 +36,19 @@ Split split_number(std::string_view text, std::string_view field, std::string_vi
 
 double scale_prefix(char c) {
   switch (c) {
-    case 'K': case 'k': return 1e3;
-    case 'M': return 1e6;
-    case 'G': return 1e9;
-    case 'T': return 1e12;
-    case 'P': return 1e15;
-    default: return 0;
+    case 'K':
+    case 'k':
+      return 1e3;
+    case 'M':
+      return 1e6;
+    case 'G':
+      return 1e9;
+    case 'T':
+      return 1e12;
+    case 'P':
+      return 1e15;
+    default:
+      return 0;
   }
 }
 

@@ -12,7 +12,7 @@ double parse_duration(std::string_view text, std::string_view field);   // -> se
 double parse_size(std::string_view text, std::string_view field);       // -> bytes (B, KB.., KiB..)
 double parse_flops(std::string_view text, std::string_view field);      // -> FLOP/s (GFLOP/s, TFLOP/s, PFLOP/s)
 
-std::string format_seconds(double s);     // "12.3 ms", "850 us", "1.20 s"
+std::string format_seconds(double s);      // "12.3 ms", "850 us", "1.20 s"
 std::string format_bandwidth(double bps);  // "25.0 GB/s"
 std::string format_gb(double bytes);       // "31.4 GB" (decimal, as the ZeRO paper)
 

@@ -1,8 +1,8 @@
 #include "sim/workload.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <cmath>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -25,18 +25,24 @@ Schedule parse_schedule(const std::string& s) {
 
 const char* recompute_name(Recompute r) {
   switch (r) {
-    case Recompute::kNone: return "none";
-    case Recompute::kSelective: return "selective";
-    case Recompute::kFull: return "full";
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
   }
   return "?";
 }
 
 const char* schedule_name(Schedule s) {
   switch (s) {
-    case Schedule::kGpipe: return "gpipe";
-    case Schedule::k1F1B: return "1f1b";
-    case Schedule::kInterleaved: return "interleaved";
+    case Schedule::kGpipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved:
+      return "interleaved";
   }
   return "?";
 }
@@ -57,11 +63,11 @@ struct NamedModel {
   long long hidden, heads, seq, vocab;
 };
 constexpr NamedModel kModels[] = {
-    {"gpt2-small", 12, 768, 12, 1024, 50304},    {"gpt2-xl", 48, 1600, 25, 1024, 50304},
-    {"gpt-1.7b", 24, 2304, 24, 2048, 51200},     {"gpt-7.5b", 36, 4096, 32, 2048, 51200},
-    {"gpt-18.4b", 40, 6144, 48, 2048, 51200},    {"gpt-39b", 48, 8192, 64, 2048, 51200},
-    {"gpt3-175b", 96, 12288, 96, 2048, 51200},   {"gpt-530b", 105, 20480, 128, 2048, 51200},
-    {"gpt-1t", 128, 25600, 160, 2048, 51200},    {"llama2-70b-like", 80, 8192, 64, 4096, 32000},
+    {"gpt2-small", 12, 768, 12, 1024, 50304},  {"gpt2-xl", 48, 1600, 25, 1024, 50304},
+    {"gpt-1.7b", 24, 2304, 24, 2048, 51200},   {"gpt-7.5b", 36, 4096, 32, 2048, 51200},
+    {"gpt-18.4b", 40, 6144, 48, 2048, 51200},  {"gpt-39b", 48, 8192, 64, 2048, 51200},
+    {"gpt3-175b", 96, 12288, 96, 2048, 51200}, {"gpt-530b", 105, 20480, 128, 2048, 51200},
+    {"gpt-1t", 128, 25600, 160, 2048, 51200},  {"llama2-70b-like", 80, 8192, 64, 4096, 32000},
 };
 }  // namespace
 

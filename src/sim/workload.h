@@ -78,8 +78,8 @@ double pipeline_bubble_fraction(int p, long long m, int v);
 
 // A model given as a list of layers, for data-parallel training (MLPs, CNNs).
 struct Layer {
-  std::string kind;  // dense | conv
-  double in = 0, out = 0;        // dense: features; conv: channels
+  std::string kind;                          // dense | conv
+  double in = 0, out = 0;                    // dense: features; conv: channels
   double kernel = 1, height = 1, width = 1;  // conv: kernel size and output feature map
   double params() const;
   GemmShape forward_gemm(double batch) const;  // conv as implicit GEMM (M = batch*H*W, N = out, K = in*k*k)

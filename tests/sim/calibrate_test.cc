@@ -1,13 +1,13 @@
 // Calibration recovers the alpha, beta and gamma that generated a set of collective timings, and the cluster
 // file it writes predicts those timings.
+#include "sim/calibrate.h"
+
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include <fmt/format.h>
-
 #include "core/error.h"
-#include "sim/calibrate.h"
 #include "sim/collective.h"
 
 namespace conduit::sim {
@@ -19,13 +19,16 @@ TEST(Calibrate, RecoversAlphaBetaGammaFromSyntheticBenchLines) {
   CollectiveModel m(truth);
   std::string lines;
   for (double n = 1024; n <= 64e6; n *= 4) {
-    for (auto [op, c, algo, a] : {std::tuple{"allreduce", Collective::kAllReduce, "ring", Algorithm::kRing},
-                                  std::tuple{"allreduce", Collective::kAllReduce, "halving_doubling", Algorithm::kHalvingDoubling},
-                                  std::tuple{"allgather", Collective::kAllGather, "ring", Algorithm::kRing},
-                                  std::tuple{"broadcast", Collective::kBroadcast, "binomial", Algorithm::kBinomialTree}}) {
+    for (auto [op, c, algo, a] :
+         {std::tuple{"allreduce", Collective::kAllReduce, "ring", Algorithm::kRing},
+          std::tuple{"allreduce", Collective::kAllReduce, "halving_doubling", Algorithm::kHalvingDoubling},
+          std::tuple{"allgather", Collective::kAllGather, "ring", Algorithm::kRing},
+          std::tuple{"broadcast", Collective::kBroadcast, "binomial", Algorithm::kBinomialTree}}) {
       double t = m.time(c, a, Group{4, 1, 0}, n);
-      lines += fmt::format("{{\"impl\":\"conduit\",\"op\":\"{}\",\"algo\":\"{}\",\"transport\":\"shm\",\"world\":4,"
-                           "\"bytes\":{},\"time_us\":{}}}\n", op, algo, n, t * 1e6);
+      lines += fmt::format(
+          "{{\"impl\":\"conduit\",\"op\":\"{}\",\"algo\":\"{}\",\"transport\":\"shm\",\"world\":4,"
+          "\"bytes\":{},\"time_us\":{}}}\n",
+          op, algo, n, t * 1e6);
     }
   }
   lines += "# a comment line\n{\"op\":\"alltoall\",\"algo\":\"pairwise\",\"world\":4,\"bytes\":1024,\"time_us\":50}\n";
@@ -45,7 +48,8 @@ TEST(Calibrate, RecoversAlphaBetaGammaFromSyntheticBenchLines) {
   CollectiveModel mh(here);
   double n = 16e6;
   EXPECT_NEAR(mh.time(Collective::kAllReduce, Algorithm::kRing, Group{4, 1, 0}, n) /
-                  m.time(Collective::kAllReduce, Algorithm::kRing, Group{4, 1, 0}, n), 1, 1e-4);
+                  m.time(Collective::kAllReduce, Algorithm::kRing, Group{4, 1, 0}, n),
+              1, 1e-4);
   EXPECT_THROW(parse_bench_lines("nothing here\n", "x"), ConfigError);
 }
 

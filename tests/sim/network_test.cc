@@ -13,10 +13,10 @@
 namespace conduit::sim {
 namespace {
 
-constexpr double kAlpha = 5e-6;       // s
-constexpr double kBw = 10e9;          // bytes/s
-constexpr double kBeta = 1.0 / kBw;   // s/byte
-constexpr double kGamma = 1.0 / 40e9; // s/byte
+constexpr double kAlpha = 5e-6;        // s
+constexpr double kBw = 10e9;           // bytes/s
+constexpr double kBeta = 1.0 / kBw;    // s/byte
+constexpr double kGamma = 1.0 / 40e9;  // s/byte
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
@@ -34,9 +34,11 @@ TEST_P(FlatTest, MpichClosedForms) {
   EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kRing, g, n), ring), 1e-9);
   // Ring reduce-scatter and allgather.
   EXPECT_LT(rel(m.time(Collective::kReduceScatter, Algorithm::kRing, g, n),
-                (p - 1) * kAlpha + 1.0 * (p - 1) / p * n * (kBeta + kGamma)), 1e-9);
-  EXPECT_LT(rel(m.time(Collective::kAllGather, Algorithm::kRing, g, n), (p - 1) * kAlpha + 1.0 * (p - 1) / p * n * kBeta),
+                (p - 1) * kAlpha + 1.0 * (p - 1) / p * n * (kBeta + kGamma)),
             1e-9);
+  EXPECT_LT(
+      rel(m.time(Collective::kAllGather, Algorithm::kRing, g, n), (p - 1) * kAlpha + 1.0 * (p - 1) / p * n * kBeta),
+      1e-9);
   // Binomial broadcast and reduce: ceil(log p)(a + nb [+ ng]).
   const double clg = std::ceil(lg);
   EXPECT_LT(rel(m.time(Collective::kBroadcast, Algorithm::kBinomialTree, g, n), clg * (kAlpha + n * kBeta)), 1e-9);
@@ -48,12 +50,15 @@ TEST_P(FlatTest, MpichClosedForms) {
     EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kHalvingDoubling, g, n), rab), 1e-9);
     // Recursive doubling: log p (a + nb + ng).
     EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kRecursiveDoubling, g, n),
-                  lg * (kAlpha + n * kBeta + n * kGamma)), 1e-9);
+                  lg * (kAlpha + n * kBeta + n * kGamma)),
+              1e-9);
     // Recursive halving reduce-scatter, recursive doubling allgather.
     EXPECT_LT(rel(m.time(Collective::kReduceScatter, Algorithm::kHalvingDoubling, g, n),
-                  lg * kAlpha + 1.0 * (p - 1) / p * n * (kBeta + kGamma)), 1e-9);
+                  lg * kAlpha + 1.0 * (p - 1) / p * n * (kBeta + kGamma)),
+              1e-9);
     EXPECT_LT(rel(m.time(Collective::kAllGather, Algorithm::kHalvingDoubling, g, n),
-                  lg * kAlpha + 1.0 * (p - 1) / p * n * kBeta), 1e-9);
+                  lg * kAlpha + 1.0 * (p - 1) / p * n * kBeta),
+              1e-9);
   } else {
     // Non-power of two (MPICH): fold the p - p' extra ranks in first (a + nb + ng) and return (a + nb) at the end.
     const double q = std::exp2(std::floor(lg));
@@ -83,7 +88,7 @@ TEST(Collective, AutoPicksLatencyOptimalForSmallAndBandwidthOptimalForLarge) {
   Group g{64, 1, 0};
   auto small = m.profile(Collective::kAllReduce, Algorithm::kAuto, g, 1024);
   auto large = m.profile(Collective::kAllReduce, Algorithm::kAuto, g, 1e9);
-  EXPECT_NE(small.algorithm, Algorithm::kRing);  // 126 alphas lose to 12 for a 1 KiB message
+  EXPECT_NE(small.algorithm, Algorithm::kRing);               // 126 alphas lose to 12 for a 1 KiB message
   EXPECT_NE(large.algorithm, Algorithm::kRecursiveDoubling);  // log p full copies lose for 1 GB
   EXPECT_NE(large.algorithm, Algorithm::kBinomialTree);
 }
@@ -124,7 +129,7 @@ TEST(Flow, TwoFlowsOnOneLinkEachGetHalf) {
   EXPECT_DOUBLE_EQ(r[1], 5e9);
   // Completion: 1 GB each at 5 GB/s -> 0.2 s; after one ends the other speeds up.
   auto res = simulate_flows({{{0}, 1e9, 0, 0}, {{0}, 0.5e9, 0, 0}}, cap);
-  EXPECT_NEAR(res.finish[1], 0.1, 1e-12);       // 0.5 GB at 5 GB/s
+  EXPECT_NEAR(res.finish[1], 0.1, 1e-12);         // 0.5 GB at 5 GB/s
   EXPECT_NEAR(res.finish[0], 0.1 + 0.05, 1e-12);  // 0.5 GB left at 10 GB/s
 }
 
@@ -167,7 +172,8 @@ TEST(Topology, TorusRingMatchesItsClosedForm) {
   CollectiveModel m(topo);
   const double n = 64e6, p = 8;
   EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kRing, Group{8, 1, 0}, n),
-                2 * (p - 1) * (4e-6 + 1e-6) + 2 * (p - 1) / p * n / 20e9), 1e-9);
+                2 * (p - 1) * (4e-6 + 1e-6) + 2 * (p - 1) / p * n / 20e9),
+            1e-9);
 }
 
 struct Agree {
@@ -193,20 +199,20 @@ TEST_P(AgreeTest, SymmetricMatchesFullDetail) {
 
 INSTANTIATE_TEST_SUITE_P(
     Placements, AgreeTest,
-    ::testing::Values(Agree{"dgx-a100", 64, 8, 1, Algorithm::kRing, Collective::kAllReduce},      // TP groups
-                      Agree{"dgx-a100", 64, 8, 8, Algorithm::kRing, Collective::kAllReduce},      // DP, one per node
-                      Agree{"dgx-a100", 64, 16, 4, Algorithm::kRing, Collective::kAllReduce},     // DP, 2 per node
+    ::testing::Values(Agree{"dgx-a100", 64, 8, 1, Algorithm::kRing, Collective::kAllReduce},   // TP groups
+                      Agree{"dgx-a100", 64, 8, 8, Algorithm::kRing, Collective::kAllReduce},   // DP, one per node
+                      Agree{"dgx-a100", 64, 16, 4, Algorithm::kRing, Collective::kAllReduce},  // DP, 2 per node
                       Agree{"dgx-a100", 64, 64, 1, Algorithm::kHierarchical, Collective::kAllReduce},
                       Agree{"dgx-a100", 64, 8, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce},
                       Agree{"dgx-a100", 64, 8, 8, Algorithm::kInNetwork, Collective::kAllReduce},
-                      Agree{"ethernet-25g", 32, 8, 4, Algorithm::kRing, Collective::kAllReduce},  // NIC shared by 4
+                      Agree{"ethernet-25g", 32, 8, 4, Algorithm::kRing, Collective::kAllReduce},    // NIC shared by 4
                       Agree{"ethernet-25g", 256, 64, 4, Algorithm::kRing, Collective::kAllGather},  // oversubscribed
                       Agree{"dgx-h100", 128, 4, 32, Algorithm::kDirect, Collective::kShift},
-                      Agree{"dgx-a100", 64, 32, 2, Algorithm::kRing, Collective::kAllReduce},   // PXN across rails
+                      Agree{"dgx-a100", 64, 32, 2, Algorithm::kRing, Collective::kAllReduce},  // PXN across rails
                       Agree{"dgx-a100", 64, 32, 2, Algorithm::kDoubleBinaryTree, Collective::kAllReduce},
                       Agree{"dgx-a100", 64, 64, 1, Algorithm::kBinomialTree, Collective::kBroadcast},
                       Agree{"dgx-a100", 640, 80, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce},  // 4 pods
-                      Agree{"edge", 64, 64, 1, Algorithm::kRing, Collective::kAllReduce},        // heterogeneous NICs
+                      Agree{"edge", 64, 64, 1, Algorithm::kRing, Collective::kAllReduce},  // heterogeneous NICs
                       Agree{"torus", 128, 16, 8, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"torus", 128, 128, 1, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"torus", 128, 16, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce}));

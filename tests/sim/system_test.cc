@@ -192,12 +192,16 @@ std::string run(const std::string& args, int* rc) {
 
 TEST(Cli, StepPlanAndErrors) {
   int rc = 0;
-  std::string out = run("sim step --cluster dgx-a100 --gpus 64 --model gpt --layers 24 --hidden 2304 --heads 24 "
-                        "--global-batch 64 --tp 2 --json", &rc);
+  std::string out =
+      run("sim step --cluster dgx-a100 --gpus 64 --model gpt --layers 24 --hidden 2304 --heads 24 "
+          "--global-batch 64 --tp 2 --json",
+          &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"kind\":\"sim.step\""), std::string::npos) << out;
   EXPECT_NE(out.find("model_tflops_per_gpu"), std::string::npos);
-  out = run("sim step --cluster dgx-a100 --gpus 64 --model gpt --layers 24 --hidden 2304 --heads 24 --global-batch 64 --tp 5", &rc);
+  out = run(
+      "sim step --cluster dgx-a100 --gpus 64 --model gpt --layers 24 --hidden 2304 --heads 24 --global-batch 64 --tp 5",
+      &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("conduit: error: --tp"), std::string::npos) << out;
   out = run("sim step --cluster nowhere --gpus 8 --model gpt2-small --global-batch 8", &rc);

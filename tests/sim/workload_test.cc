@@ -1,5 +1,7 @@
 // Workload closed forms: Megatron's FLOPs and parameter formulas, ZeRO memory, activation memory, bubbles,
 // compute efficiency, and the step model's structure.
+#include "sim/workload.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,7 +9,6 @@
 #include "core/error.h"
 #include "sim/compute.h"
 #include "sim/step.h"
-#include "sim/workload.h"
 
 namespace conduit::sim {
 namespace {
@@ -61,8 +62,12 @@ TEST(Workload, ActivationMemoryKorthikanti) {
   // GPT-3 175B, s = 2048, b = 1, t = 8: sbh(34/t + 5as/(ht)) with sequence parallelism.
   GptModel m = gpt(96, 12288, 96);
   const double sbh = 2048.0 * 12288;
-  EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 8, true, Recompute::kNone), sbh * (34.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8))), 1e-12);
-  EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 8, false, Recompute::kNone), sbh * (10 + 24.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8))), 1e-12);
+  EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 8, true, Recompute::kNone),
+                sbh * (34.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8))),
+            1e-12);
+  EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 8, false, Recompute::kNone),
+                sbh * (10 + 24.0 / 8 + 5.0 * 96 * 2048 / (12288 * 8))),
+            1e-12);
   EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 8, true, Recompute::kSelective), sbh * 34.0 / 8), 1e-12);
   EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 1, false, Recompute::kFull), 2 * sbh), 1e-12);
 }
@@ -222,7 +227,7 @@ TEST(LayerModel, ParsesAndScalesWithDataParallelism) {
   StepResult a = simulate_layer_step(n2, m, c);
   c.global_batch = 32 * 4;
   StepResult b = simulate_layer_step(n1, m, c);
-  EXPECT_GT(a.breakdown.dp_comm, b.breakdown.dp_comm);  // 16 nodes over 25 GbE vs one PCIe server
+  EXPECT_GT(a.breakdown.dp_comm, b.breakdown.dp_comm);           // 16 nodes over 25 GbE vs one PCIe server
   EXPECT_NEAR(a.breakdown.compute, b.breakdown.compute, 1e-12);  // same work per GPU
   EXPECT_THROW(parse_layer_model("dense:10"), ConfigError);
   c.tp = 2;
