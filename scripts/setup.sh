@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
   iproute2 python3 python3-torch gnuplot-nox
+  libopenblas-dev
 )
 
 missing=()

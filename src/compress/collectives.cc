@@ -1,0 +1,273 @@
+// Compressed collectives; see collectives.h.
+#include "compress/collectives.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "compress/detail.h"
+#include "compress/powersgd.h"
+#include "core/clock.h"
+#include "core/error.h"
+#include "net/tags.h"
+
+namespace conduit::compress {
+
+namespace {
+
+coll::CollOptions coll_opts(const ReduceOptions& o) {
+  coll::CollOptions c;
+  c.timeout_s = o.timeout_s;
+  return c;
+}
+
+void scale(std::span<float> x, float f) {
+  for (auto& v : x) v *= f;
+}
+
+size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const std::vector<TensorState*>& states,
+                          const std::vector<std::span<float>>& data, const ReduceOptions& o) {
+  const int w = comm.size();
+  auto co = coll_opts(o);
+  std::vector<PowerSgd::Plan> plans;
+  size_t p_total = 0, raw_total = 0, q_total = 0;
+  for (size_t t = 0; t < data.size(); ++t) {
+    plans.push_back(ps.plan(data[t].size(), *states[t]));
+    if (plans.back().compressed) {
+      p_total += plans.back().p_len();
+      q_total += plans.back().q_len();
+    } else {
+      raw_total += data[t].size();
+    }
+  }
+  // Round 1: every P and every uncompressed tensor in one buffer.
+  std::vector<float> buf1(p_total + raw_total);
+  size_t po = 0, ro = p_total;
+  for (size_t t = 0; t < data.size(); ++t) {
+    if (plans[t].compressed) {
+      ps.phase_p(data[t], *states[t], std::span<float>(buf1).subspan(po, plans[t].p_len()));
+      po += plans[t].p_len();
+    } else {
+      if (!data[t].empty()) std::memcpy(buf1.data() + ro, data[t].data(), 4 * data[t].size());
+      ro += data[t].size();
+    }
+  }
+  if (!buf1.empty()) comm.allreduce(buf1.data(), buf1.size(), DType::f32, ReduceOp::sum, co).wait();
+  // Round 2: every Q.
+  std::vector<float> buf2(q_total);
+  po = 0;
+  size_t qo = 0;
+  for (size_t t = 0; t < data.size(); ++t) {
+    if (!plans[t].compressed) continue;
+    ps.phase_q(data[t], *states[t], std::span<float>(buf1).subspan(po, plans[t].p_len()),
+               std::span<float>(buf2).subspan(qo, plans[t].q_len()));
+    po += plans[t].p_len();
+    qo += plans[t].q_len();
+  }
+  if (!buf2.empty()) comm.allreduce(buf2.data(), buf2.size(), DType::f32, ReduceOp::sum, co).wait();
+  po = 0;
+  qo = 0;
+  ro = p_total;
+  for (size_t t = 0; t < data.size(); ++t) {
+    if (plans[t].compressed) {
+      ps.finish(data[t], *states[t], std::span<const float>(buf1).subspan(po, plans[t].p_len()),
+                std::span<const float>(buf2).subspan(qo, plans[t].q_len()), w, o.average, data[t]);
+      po += plans[t].p_len();
+      qo += plans[t].q_len();
+    } else {
+      if (!data[t].empty()) std::memcpy(data[t].data(), buf1.data() + ro, 4 * data[t].size());
+      ro += data[t].size();
+      if (o.average) scale(data[t], 1.0f / static_cast<float>(w));
+      ps.skip(*states[t]);
+    }
+  }
+  return 4 * (buf1.size() + buf2.size());
+}
+
+}  // namespace
+
+void majority_vote(std::span<const uint8_t> payloads, int n, std::span<float> out) {
+  size_t d = out.size(), per = detail::ceil_div(d, 8);
+  if (payloads.size() != per * static_cast<size_t>(n))
+    throw InvalidArgument(fmt::format("majority_vote: {} bytes for {} ranks of {} elements (want {})",
+                                      payloads.size(), n, d, per * n));
+  std::vector<int32_t> neg(d, 0);
+  for (int r = 0; r < n; ++r) {
+    const uint8_t* p = payloads.data() + r * per;
+    for (size_t i = 0; i < d; ++i) neg[i] += (p[i / 8] >> (i % 8)) & 1;
+  }
+  for (size_t i = 0; i < d; ++i) {
+    int32_t s = n - 2 * neg[i];  // (#positive - #negative)
+    out[i] = s > 0 ? 1.0f : (s < 0 ? -1.0f : 0.0f);
+  }
+}
+
+size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
+                            const ReduceOptions& o) {
+  const int w = comm.size();
+  auto co = coll_opts(o);
+  switch (c.collective()) {
+    case Collective::powersgd: {
+      const auto* ps = dynamic_cast<const PowerSgd*>(&c);
+      if (!ps) throw InvalidArgument(fmt::format("compressor {} claims the powersgd collective", c.name()));
+      return powersgd_allreduce(comm, *ps, {&st}, {data}, o);
+    }
+    case Collective::allreduce: {
+      Bytes payload = c.compress(data, st);
+      size_t es = dtype_size(c.linear_dtype());
+      if (payload.size() % es)
+        throw InvalidArgument(fmt::format("{}: linear payload of {} bytes is not a whole number of {}", c.name(),
+                                          payload.size(), dtype_name(c.linear_dtype())));
+      if (!payload.empty())
+        comm.allreduce(payload.data(), payload.size() / es, c.linear_dtype(), ReduceOp::sum, co).wait();
+      c.decompress(payload, st, data);
+      if (o.average) scale(data, 1.0f / static_cast<float>(w));
+      return payload.size();
+    }
+    case Collective::allgather:
+    case Collective::majority_vote: {
+      Bytes payload = c.compress(data, st);
+      std::vector<size_t> counts(w, payload.size());
+      if (!c.fixed_size()) {
+        std::vector<uint64_t> sizes(w);
+        uint64_t mine = payload.size();
+        comm.allgather(&mine, sizes.data(), 1, DType::i64, co).wait();
+        for (int r = 0; r < w; ++r) counts[r] = sizes[r];
+      }
+      size_t total = 0;
+      for (auto n : counts) total += n;
+      Bytes all(total);
+      comm.allgatherv(payload.data(), all.data(), counts, DType::u8, co).wait();
+      if (c.collective() == Collective::majority_vote) {
+        majority_vote(all, w, data);
+        return payload.size();
+      }
+      std::fill(data.begin(), data.end(), 0.0f);
+      size_t off = 0;
+      for (int r = 0; r < w; ++r) {
+        c.decompress_add(std::span<const uint8_t>(all).subspan(off, counts[r]), st, data);
+        off += counts[r];
+      }
+      if (o.average) scale(data, 1.0f / static_cast<float>(w));
+      return payload.size();
+    }
+  }
+  return 0;
+}
+
+size_t compressed_allreduce_many(coll::Communicator& comm, const Compressor& c, const std::vector<TensorState*>& states,
+                                 const std::vector<std::span<float>>& data, const ReduceOptions& o) {
+  if (states.size() != data.size())
+    throw InvalidArgument(fmt::format("compressed_allreduce_many: {} states for {} tensors", states.size(),
+                                      data.size()));
+  if (c.collective() == Collective::powersgd) {
+    const auto* ps = dynamic_cast<const PowerSgd*>(&c);
+    if (!ps) throw InvalidArgument(fmt::format("compressor {} claims the powersgd collective", c.name()));
+    return powersgd_allreduce(comm, *ps, states, data, o);
+  }
+  size_t bytes = 0;
+  for (size_t t = 0; t < data.size(); ++t) bytes += compressed_allreduce(comm, c, *states[t], data[t], o);
+  return bytes;
+}
+
+Chunk ring_chunk(size_t d, int n, int c) {
+  size_t base = d / n, extra = d % n, uc = static_cast<size_t>(c);
+  Chunk ch;
+  ch.count = base + (uc < extra ? 1 : 0);
+  ch.offset = uc * base + std::min(uc, extra);
+  return ch;
+}
+
+const char* ring_codecs_allowed() { return "none, fp16, bf16, int8, uint8"; }
+
+CompressorPtr make_ring_codec(const std::string& name) {
+  if (name == "none" || name == "fp16" || name == "bf16" || name == "int8" || name == "uint8")
+    return make_compressor(name);
+  throw ConfigError(fmt::format("quantized ring: unknown codec '{}'; allowed: {}", name, ring_codecs_allowed()));
+}
+
+namespace {
+
+constexpr uint32_t kRingTagBase = 0xFFF00000u;
+
+struct Ring {
+  coll::Communicator& comm;
+  Deadline deadline;
+  int w, r, right, left;
+
+  Ring(coll::Communicator& c, const ReduceOptions& o)
+      : comm(c), deadline(Deadline::after(o.timeout_s > 0 ? o.timeout_s : c.timeout_s())) {
+    w = c.size();
+    r = c.rank();
+    right = (r + 1) % w;
+    left = (r - 1 + w) % w;
+  }
+  void exchange(const Bytes& send, Bytes& recv, uint32_t tag) {
+    auto& t = comm.transport();
+    uint64_t full = net::make_tag(net::kUser, comm.id(), kRingTagBase + tag);
+    auto rq = t.irecv(comm.transport_rank(left), full, recv.data(), recv.size());
+    auto sq = t.isend(comm.transport_rank(right), full, send.data(), send.size());
+    net::wait_all({rq, sq}, deadline);
+  }
+  int mod(int x) const { return ((x % w) + w) % w; }
+};
+
+// Leaves the fully reduced chunk `rank` in data (the others hold partial sums).
+void ring_reduce_scatter_inplace(Ring& ring, const Compressor& codec, std::span<float> data) {
+  size_t d = data.size();
+  TensorState st;
+  Bytes send, recv;
+  for (int s = 0; s < ring.w - 1; ++s) {
+    Chunk sc = ring_chunk(d, ring.w, ring.mod(ring.r - s - 1));
+    Chunk rc = ring_chunk(d, ring.w, ring.mod(ring.r - s - 2));
+    codec.compress(data.subspan(sc.offset, sc.count), st, send);
+    recv.resize(codec.wire_bytes(rc.count, st));
+    ring.exchange(send, recv, static_cast<uint32_t>(s));
+    codec.decompress_add(recv, st, data.subspan(rc.offset, rc.count));
+  }
+}
+
+}  // namespace
+
+void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const float> in, std::span<float> out,
+                                   const std::string& codec_name, const ReduceOptions& o) {
+  auto codec = make_ring_codec(codec_name);
+  Chunk mine = ring_chunk(in.size(), comm.size(), comm.rank());
+  if (out.size() != mine.count)
+    throw InvalidArgument(fmt::format("quantized_ring_reduce_scatter: output of {} elements, rank {} owns {} of {}",
+                                      out.size(), comm.rank(), mine.count, in.size()));
+  std::vector<float> work(in.begin(), in.end());
+  if (comm.size() > 1) {
+    Ring ring(comm, o);
+    ring_reduce_scatter_inplace(ring, *codec, work);
+  }
+  std::copy(work.begin() + mine.offset, work.begin() + mine.offset + mine.count, out.begin());
+  if (o.average) scale(out, 1.0f / static_cast<float>(comm.size()));
+}
+
+void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, const std::string& codec_name,
+                              const ReduceOptions& o) {
+  auto codec = make_ring_codec(codec_name);
+  if (comm.size() > 1) {
+    Ring ring(comm, o);
+    ring_reduce_scatter_inplace(ring, *codec, data);
+    size_t d = data.size();
+    TensorState st;
+    // Allgather of encoded final chunks: encode mine once, decode it too so that every rank holds the same values.
+    Bytes cur, next;
+    Chunk mine = ring_chunk(d, ring.w, ring.r);
+    codec->compress(data.subspan(mine.offset, mine.count), st, cur);
+    codec->decompress(cur, st, data.subspan(mine.offset, mine.count));
+    for (int s = 0; s < ring.w - 1; ++s) {
+      Chunk rc = ring_chunk(d, ring.w, ring.mod(ring.r - s - 1));
+      next.resize(codec->wire_bytes(rc.count, st));
+      ring.exchange(cur, next, 0x8000u + static_cast<uint32_t>(s));
+      codec->decompress(next, st, data.subspan(rc.offset, rc.count));
+      std::swap(cur, next);
+    }
+  }
+  if (o.average) scale(data, 1.0f / static_cast<float>(comm.size()));
+}
+
+}  // namespace conduit::compress

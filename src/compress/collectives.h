@@ -1,0 +1,60 @@
+#pragma once
+// Compressed collectives: each compressor's payloads travel by the collective that suits it.
+//
+//   allreduce      linear payloads (none, fp16, bf16, randk): allreduce the payload as its linear dtype (sum),
+//                  then decode once.                        bytes per rank: one payload through the allreduce
+//   allgather      non-linear payloads: allgatherv the payloads (sizes exchanged first when they vary), decode
+//                  each and sum in rank order (identical on every rank).
+//                                                            bytes per rank: (W-1) payloads received
+//   majority_vote  1-bit signs, allgathered; out_i = sign(sum_r s_ri) in {-1, 0, +1} (0 on a tie).
+//   powersgd       allreduce P, orthonormalise, allreduce Q (see powersgd.h); the batched form packs every
+//                  tensor's P (and the raw tensors) in one allreduce and every Q in a second.
+//
+// The quantized ring (Alistarh-style re-quantization, as in e.g. "ring allreduce with compression"): a ring
+// reduce-scatter whose partial sums are re-encoded (fp16, bf16, int8 or uint8 per 256-element chunk) at every hop,
+// so a large tensor is never allgathered: rank r sends chunk (r-s-1) mod W at step s and adds the decoded chunk
+// (r-s-2) mod W it receives: 2(W-1) messages per rank, each of codec_bytes(d/W). The allreduce then circulates
+// each owner's encoded final chunk (encoded once, forwarded unchanged), so every rank ends bit-identical.
+// Its messages use the communicator's transport directly with user tags 0xFFF00000 and above (reserved).
+//
+// Everything works on any Communicator (sub-communicators from split included) and on every transport.
+#include <span>
+#include <string>
+#include <vector>
+
+#include "coll/communicator.h"
+#include "compress/compressor.h"
+
+namespace conduit::compress {
+
+struct ReduceOptions {
+  bool average = false;  // divide by the number of ranks (majority vote ignores it)
+  double timeout_s = 0;  // 0: the communicator's
+};
+
+// Replaces `data` (this rank's tensor) by the combination of every rank's compressed tensor; returns the payload
+// bytes this rank contributed.
+size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
+                            const ReduceOptions& o = {});
+// Many tensors; for PowerSGD this is the batched variant (two allreduces in all), else one call per tensor.
+size_t compressed_allreduce_many(coll::Communicator& comm, const Compressor& c, const std::vector<TensorState*>& states,
+                                 const std::vector<std::span<float>>& data, const ReduceOptions& o = {});
+
+// Majority vote over `n` sign payloads of ceil(d/8) bytes each, laid end to end.
+void majority_vote(std::span<const uint8_t> payloads, int n, std::span<float> out);
+
+// Element range [offset, offset+count) of chunk c when d elements are split over n ranks (first d%n get one more).
+struct Chunk {
+  size_t offset = 0, count = 0;
+};
+Chunk ring_chunk(size_t d, int n, int c);
+// Codecs of the quantized ring: none (f32), fp16, bf16, int8, uint8 (256 elements per scale).
+CompressorPtr make_ring_codec(const std::string& name);
+const char* ring_codecs_allowed();
+// out = this rank's chunk (ring_chunk(in.size(), W, rank)) of the sum, re-encoded at each hop.
+void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const float> in, std::span<float> out,
+                                   const std::string& codec, const ReduceOptions& o = {});
+void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, const std::string& codec,
+                              const ReduceOptions& o = {});
+
+}  // namespace conduit::compress

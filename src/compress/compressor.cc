@@ -1,0 +1,385 @@
+// The factory, parameter checking, state (de)serialisation and the bit-packing helpers every method shares.
+#include "compress/compressor.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include "compress/detail.h"
+#include "compress/methods.h"
+#include "core/error.h"
+
+namespace conduit::compress {
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::allreduce: return "allreduce";
+    case Collective::allgather: return "allgather";
+    case Collective::majority_vote: return "majority_vote";
+    case Collective::powersgd: return "powersgd";
+  }
+  return "?";
+}
+
+std::vector<float>& TensorState::buffer(const std::string& name, size_t n) {
+  auto& b = buffers[name];
+  if (b.size() != n) b.assign(n, 0.0f);
+  return b;
+}
+
+namespace {
+constexpr uint32_t kStateMagic = 0x53544443;  // "CDTS"
+constexpr uint32_t kStateVersion = 1;
+
+void put_u64(Bytes& out, uint64_t v) {
+  size_t o = out.size();
+  out.resize(o + 8);
+  std::memcpy(out.data() + o, &v, 8);
+}
+
+struct Reader {
+  std::span<const uint8_t> in;
+  size_t pos = 0;
+  void need(size_t n) {
+    if (pos + n > in.size() || pos + n < pos)
+      throw InvalidArgument(fmt::format("compressor state: truncated at byte {} of {} (need {} more)", pos,
+                                        in.size(), n));
+  }
+  uint64_t u64() {
+    need(8);
+    uint64_t v;
+    std::memcpy(&v, in.data() + pos, 8);
+    pos += 8;
+    return v;
+  }
+};
+}  // namespace
+
+Bytes TensorState::save() const {
+  Bytes out;
+  put_u64(out, (static_cast<uint64_t>(kStateVersion) << 32) | kStateMagic);
+  put_u64(out, shape.size());
+  for (auto s : shape) put_u64(out, s);
+  put_u64(out, step);
+  put_u64(out, seed);
+  put_u64(out, stream);
+  put_u64(out, buffers.size());
+  for (const auto& [name, v] : buffers) {
+    put_u64(out, name.size());
+    size_t o = out.size();
+    out.resize(o + name.size());
+    if (!name.empty()) std::memcpy(out.data() + o, name.data(), name.size());
+    put_u64(out, v.size());
+    o = out.size();
+    out.resize(o + 4 * v.size());
+    if (!v.empty()) std::memcpy(out.data() + o, v.data(), 4 * v.size());
+  }
+  return out;
+}
+
+TensorState TensorState::load(std::span<const uint8_t> bytes) {
+  Reader r{bytes};
+  uint64_t head = r.u64();
+  if ((head & 0xffffffffu) != kStateMagic || (head >> 32) != kStateVersion)
+    throw InvalidArgument("compressor state: bad magic or version (not bytes from TensorState::save, version 1)");
+  TensorState st;
+  uint64_t nd = r.u64();
+  if (nd > 64) throw InvalidArgument(fmt::format("compressor state: {} dimensions (at most 64)", nd));
+  for (uint64_t i = 0; i < nd; ++i) st.shape.push_back(r.u64());
+  st.step = r.u64();
+  st.seed = r.u64();
+  st.stream = r.u64();
+  uint64_t nb = r.u64();
+  for (uint64_t i = 0; i < nb; ++i) {
+    uint64_t len = r.u64();
+    r.need(len);
+    std::string name(reinterpret_cast<const char*>(bytes.data() + r.pos), len);
+    r.pos += len;
+    uint64_t n = r.u64();
+    if (n > (bytes.size() - r.pos) / 4) throw InvalidArgument("compressor state: buffer longer than the bytes left");
+    std::vector<float> v(n);
+    std::memcpy(v.data(), bytes.data() + r.pos, n * 4);
+    r.pos += n * 4;
+    st.buffers.emplace(std::move(name), std::move(v));
+  }
+  if (r.pos != bytes.size())
+    throw InvalidArgument(fmt::format("compressor state: {} trailing bytes", bytes.size() - r.pos));
+  return st;
+}
+
+double Compressor::ratio(size_t numel, const TensorState& st) const {
+  size_t w = wire_bytes(numel, st);
+  return w == 0 ? 0.0 : 4.0 * static_cast<double>(numel) / static_cast<double>(w);
+}
+
+void Compressor::decompress_add(std::span<const uint8_t> payload, const TensorState& st,
+                                std::span<float> acc) const {
+  std::vector<float> tmp(acc.size());
+  decompress(payload, st, tmp);
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] += tmp[i];
+}
+
+TensorState Compressor::make_state(std::vector<size_t> shape, uint64_t seed, uint64_t stream) const {
+  TensorState st;
+  st.shape = std::move(shape);
+  st.seed = seed;
+  st.stream = stream;
+  return st;
+}
+
+namespace detail {
+
+ParamReader::ParamReader(std::string compressor, const Params& defaults, const Params& given)
+    : name_(std::move(compressor)), values_(defaults) {
+  for (const auto& [k, v] : given) {
+    if (!defaults.count(k)) {
+      std::string allowed;
+      for (const auto& [dk, dv] : defaults) allowed += (allowed.empty() ? "" : ", ") + dk;
+      throw ConfigError(fmt::format("compressor {}: unknown parameter '{}'; allowed: {}", name_, k,
+                                    allowed.empty() ? "(none)" : allowed));
+    }
+    values_[k] = v;
+  }
+}
+
+double ParamReader::real(const std::string& key, double lo, double hi) const {
+  const std::string& s = values_.at(key);
+  double v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || !(v >= lo && v <= hi))
+    throw ConfigError(fmt::format("compressor {}: parameter {}='{}' must be a number in [{}, {}]", name_, key, s, lo,
+                                  hi));
+  return v;
+}
+
+int64_t ParamReader::integer(const std::string& key, int64_t lo, int64_t hi) const {
+  const std::string& s = values_.at(key);
+  int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || v < lo || v > hi)
+    throw ConfigError(fmt::format("compressor {}: parameter {}='{}' must be an integer in [{}, {}]", name_, key, s,
+                                  lo, hi));
+  return v;
+}
+
+bool ParamReader::boolean(const std::string& key) const {
+  const std::string& s = values_.at(key);
+  if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+  if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+  throw ConfigError(fmt::format("compressor {}: parameter {}='{}' must be one of 1, 0, true, false, on, off", name_,
+                                key, s));
+}
+
+const std::string& ParamReader::text(const std::string& key) const { return values_.at(key); }
+
+void check_payload(const std::string& who, size_t got, size_t want) {
+  if (got != want)
+    throw InvalidArgument(fmt::format("{}: payload of {} bytes, expected {} (compressed with another configuration "
+                                      "or tensor size?)",
+                                      who, got, want));
+}
+
+void check_out(const std::string& who, size_t got, size_t want) {
+  if (got != want) throw InvalidArgument(fmt::format("{}: output of {} elements, expected {}", who, got, want));
+}
+
+void pack_codes(const uint16_t* codes, size_t n, int bits, uint8_t* out) {
+  if (bits == 8) {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(codes[i]);
+    return;
+  }
+  if (bits == 4) {
+    size_t full = n / 2;
+    for (size_t j = 0; j < full; ++j) out[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+    if (n & 1) out[full] = static_cast<uint8_t>(codes[n - 1]);
+    return;
+  }
+  if (bits == 2) {
+    size_t full = n / 4;
+    for (size_t j = 0; j < full; ++j)
+      out[j] = static_cast<uint8_t>(codes[4 * j] | (codes[4 * j + 1] << 2) | (codes[4 * j + 2] << 4) |
+                                    (codes[4 * j + 3] << 6));
+    if (n % 4) {
+      uint8_t b = 0;
+      for (size_t i = full * 4; i < n; ++i) b |= static_cast<uint8_t>(codes[i] << (2 * (i - full * 4)));
+      out[full] = b;
+    }
+    return;
+  }
+  uint64_t acc = 0;
+  int have = 0;
+  size_t o = 0;
+  for (size_t i = 0; i < n; ++i) {
+    acc |= static_cast<uint64_t>(codes[i]) << have;
+    have += bits;
+    while (have >= 8) {
+      out[o++] = static_cast<uint8_t>(acc);
+      acc >>= 8;
+      have -= 8;
+    }
+  }
+  if (have > 0) out[o++] = static_cast<uint8_t>(acc);
+}
+
+void unpack_codes(const uint8_t* in, size_t n, int bits, uint16_t* codes) {
+  if (bits == 8) {
+    for (size_t i = 0; i < n; ++i) codes[i] = in[i];
+    return;
+  }
+  if (bits == 4) {
+    for (size_t i = 0; i < n; ++i) codes[i] = (in[i / 2] >> (4 * (i & 1))) & 0xf;
+    return;
+  }
+  if (bits == 2) {
+    for (size_t i = 0; i < n; ++i) codes[i] = (in[i / 4] >> (2 * (i & 3))) & 0x3;
+    return;
+  }
+  uint64_t acc = 0;
+  int have = 0;
+  size_t p = 0;
+  const uint64_t mask = (1ull << bits) - 1;
+  for (size_t i = 0; i < n; ++i) {
+    while (have < bits) {
+      acc |= static_cast<uint64_t>(in[p++]) << have;
+      have += 8;
+    }
+    codes[i] = static_cast<uint16_t>(acc & mask);
+    acc >>= bits;
+    have -= bits;
+  }
+}
+
+CONDUIT_HOT void pack_signs(const float* x, size_t n, uint8_t* out) {
+  size_t full = n / 8;
+  for (size_t j = 0; j < full; ++j) {
+    uint8_t b = 0;
+    for (int t = 0; t < 8; ++t) b |= static_cast<uint8_t>((x[8 * j + t] < 0.0f) << t);
+    out[j] = b;
+  }
+  if (n % 8) {
+    uint8_t b = 0;
+    for (size_t i = full * 8; i < n; ++i) b |= static_cast<uint8_t>((x[i] < 0.0f) << (i - full * 8));
+    out[full] = b;
+  }
+}
+
+CONDUIT_HOT void unpack_signs(const uint8_t* in, size_t n, float pos, float neg, float* out) {
+  size_t full = n / 8;
+  for (size_t j = 0; j < full; ++j) {
+    uint8_t b = in[j];
+    for (int t = 0; t < 8; ++t) out[8 * j + t] = ((b >> t) & 1) ? neg : pos;
+  }
+  for (size_t i = full * 8; i < n; ++i) out[i] = ((in[full] >> (i - full * 8)) & 1) ? neg : pos;
+}
+
+}  // namespace detail
+
+namespace {
+
+struct Entry {
+  const char* name;
+  const char* summary;
+  Params defaults;
+  std::function<CompressorPtr(const detail::ParamReader&)> make;
+};
+
+const std::vector<Entry>& registry() {
+  using detail::ParamReader;
+  static const std::vector<Entry> kEntries = {
+      {"none", "f32 as is (4 bytes/element)", {}, methods::make_none},
+      {"fp16", "IEEE half precision, allreduced as f16", {}, methods::make_fp16},
+      {"bf16", "bfloat16, allreduced as bf16", {}, methods::make_bf16},
+      {"int8", "symmetric 8-bit with an f32 scale per chunk", {{"chunk", "256"}}, methods::make_int8},
+      {"uint8", "min-max 8-bit with f32 min and scale per chunk", {{"chunk", "256"}}, methods::make_uint8},
+      {"qsgd", "QSGD: norm + stochastic levels 0..s with sign", {{"levels", "127"}, {"bucket", "0"}},
+       methods::make_qsgd},
+      {"terngrad", "TernGrad: scale max|g| + 2-bit ternary", {{"clip", "0"}}, methods::make_terngrad},
+      {"natural", "natural compression: stochastic power of two, 9 bits", {}, methods::make_natural},
+      {"signsgd", "sign bits, majority vote", {}, methods::make_signsgd},
+      {"signum", "sign of momentum, majority vote", {{"momentum", "0.9"}}, methods::make_signum},
+      {"scaled_sign", "||x||_1/d * sign(x) (no error feedback)", {}, methods::make_scaled_sign},
+      {"efsignsgd", "EF-signSGD: scaled sign with error feedback", {}, methods::make_efsignsgd},
+      {"onebit", "1-bit SGD: sign + two reconstruction means, error feedback", {}, methods::make_onebit},
+      {"topk", "top-k by magnitude: u32 indices + f32 values", {{"ratio", "0.01"}, {"sample", "0.01"}},
+       methods::make_topk},
+      {"randk", "random-k with shared seed: f32 values only", {{"ratio", "0.01"}, {"unbiased", "1"}},
+       methods::make_randk},
+      {"threshold", "every |x| >= threshold: u32 indices + f32 values", {{"threshold", "0.001"}},
+       methods::make_threshold},
+      {"dgc", "deep gradient compression",
+       {{"ratio", "0.001"}, {"momentum", "0.9"}, {"clip_norm", "0"}, {"warmup_steps", "0"}, {"sample", "0.01"}},
+       methods::make_dgc},
+      {"powersgd", "PowerSGD low rank with error feedback",
+       {{"rank", "1"},
+        {"start_iter", "0"},
+        {"min_ratio", "2"},
+        {"error_feedback", "1"},
+        {"warm_start", "1"}},
+       methods::make_powersgd},
+  };
+  return kEntries;
+}
+
+std::string names_line() {
+  std::string s;
+  for (const auto& e : registry()) s += (s.empty() ? "" : ", ") + std::string(e.name);
+  return s + ", ef:<name>";
+}
+
+}  // namespace
+
+std::vector<std::string> compressor_names() {
+  std::vector<std::string> v;
+  for (const auto& e : registry()) v.push_back(e.name);
+  return v;
+}
+
+Params compressor_defaults(const std::string& name) {
+  if (name.rfind("ef:", 0) == 0) return compressor_defaults(name.substr(3));
+  for (const auto& e : registry())
+    if (name == e.name) return e.defaults;
+  throw ConfigError(fmt::format("unknown compressor '{}'; allowed: {}", name, names_line()));
+}
+
+CompressorPtr make_compressor(const std::string& name, const Params& params) {
+  if (name.rfind("ef:", 0) == 0) {
+    std::string inner = name.substr(3);
+    if (inner.rfind("ef:", 0) == 0 || inner == "efsignsgd" || inner == "onebit" || inner == "dgc" ||
+        inner == "powersgd")
+      throw ConfigError(fmt::format("compressor '{}': {} already has error feedback (or momentum) of its own", name,
+                                    inner));
+    return methods::make_error_feedback(make_compressor(inner, params), name);
+  }
+  for (const auto& e : registry())
+    if (name == e.name) return e.make(detail::ParamReader(name, e.defaults, params));
+  throw ConfigError(fmt::format("unknown compressor '{}'; allowed: {}", name, names_line()));
+}
+
+CompressorPtr parse_compressor(const std::string& spec) {
+  // name[:k=v,k=v]; "ef:" is part of the name.
+  size_t start = spec.rfind("ef:", 0) == 0 ? 3 : 0;
+  size_t colon = spec.find(':', start);
+  std::string name = spec.substr(0, colon);
+  Params p;
+  if (colon != std::string::npos) {
+    std::string rest = spec.substr(colon + 1);
+    size_t pos = 0;
+    while (pos <= rest.size() && !rest.empty()) {
+      size_t comma = rest.find(',', pos);
+      std::string kv = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw ConfigError(fmt::format("compressor spec '{}': '{}' is not key=value (form: name:key=value,...)", spec,
+                                      kv));
+      p[kv.substr(0, eq)] = kv.substr(eq + 1);
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+  }
+  return make_compressor(name, p);
+}
+
+}  // namespace conduit::compress

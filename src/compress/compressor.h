@@ -1,0 +1,94 @@
+#pragma once
+// One interface for every gradient compressor. A Compressor is configuration only (built by make_compressor from a
+// name and string parameters); everything that changes from step to step lives in a TensorState the caller owns,
+// one per tensor: residuals, momentum, PowerSGD's Q, the step counter and the RNG stream. A TensorState saves to
+// and restores from bytes, so a run resumed from a checkpoint continues bit for bit.
+//
+// compress() turns f32 input into a packed payload whose size is the exact number of bytes that travel on the
+// wire (no header: sizes are known from the configuration or, for variable-size methods, from the payload length).
+// decompress() turns a payload back into f32 (it only reads the state, so a rank can decompress its peers'
+// payloads). collective() says how payloads of several ranks are combined (see compress/collectives.h).
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace conduit::compress {
+
+using Params = std::map<std::string, std::string>;
+using Bytes = std::vector<uint8_t>;
+
+enum class Collective : uint8_t {
+  allreduce,      // linear: payloads are arrays of linear_dtype() that sum element-wise
+  allgather,      // non-linear: allgatherv the payloads, decompress each and sum
+  majority_vote,  // 1-bit signs, allgathered, combined by majority vote (sign of the sum of signs)
+  powersgd,       // two allreduces (P then Q) with an orthogonalisation in between
+};
+const char* collective_name(Collective c);
+
+struct TensorState {
+  std::vector<size_t> shape;  // the tensor's shape (PowerSGD views it as shape[0] x rest); empty: 1-D
+  uint64_t step = 0;          // number of compress() calls so far
+  uint64_t seed = 0;          // shared by every rank (random-k indices, PowerSGD's initial Q)
+  uint64_t stream = 0;        // differs per rank (stochastic rounding noise), e.g. the rank
+  std::map<std::string, std::vector<float>> buffers;  // residual, momentum, Q, ...
+
+  std::vector<float>& buffer(const std::string& name, size_t n);  // created zero-filled on first use
+  Bytes save() const;
+  static TensorState load(std::span<const uint8_t> bytes);  // InvalidArgument when the bytes are not a state
+  bool operator==(const TensorState& o) const = default;
+};
+
+class Compressor {
+ public:
+  virtual ~Compressor() = default;
+  virtual std::string name() const = 0;
+  virtual Collective collective() const = 0;
+  bool linear() const { return collective() == Collective::allreduce; }
+  // For linear compressors: the element type the payload is summed as (f32, f16 or bf16).
+  virtual DType linear_dtype() const { return DType::f32; }
+  // False when the payload size depends on the data (threshold): then only the payload's length tells it.
+  virtual bool fixed_size() const { return true; }
+  // Bytes on the wire for the next compress() of a tensor of `numel` elements with this state (fixed-size methods).
+  virtual size_t wire_bytes(size_t numel, const TensorState& st) const = 0;
+  double ratio(size_t numel, const TensorState& st) const;  // 4*numel / wire_bytes
+
+  // Compresses `in` into `out` (resized to the exact wire size) and advances the state (step += 1).
+  virtual void compress(std::span<const float> in, TensorState& st, Bytes& out) const = 0;
+  // Decodes a payload produced by the last compress() on this rank or on any rank in step with it.
+  virtual void decompress(std::span<const uint8_t> payload, const TensorState& st, std::span<float> out) const = 0;
+  // out += decode(payload); the default decodes into a temporary.
+  virtual void decompress_add(std::span<const uint8_t> payload, const TensorState& st, std::span<float> acc) const;
+
+  Bytes compress(std::span<const float> in, TensorState& st) const {
+    Bytes b;
+    compress(in, st, b);
+    return b;
+  }
+  // A fresh state for a tensor (the parameters decide which buffers it will hold).
+  TensorState make_state(std::vector<size_t> shape, uint64_t seed = 0, uint64_t stream = 0) const;
+  TensorState make_state(size_t numel, uint64_t seed = 0, uint64_t stream = 0) const {
+    return make_state(std::vector<size_t>{numel}, seed, stream);
+  }
+  // Whether compress() changes anything but the step counter (EF residuals, momentum, Q).
+  virtual bool stateful() const { return false; }
+};
+
+using CompressorPtr = std::unique_ptr<Compressor>;
+
+// Names: none fp16 bf16 int8 uint8 qsgd terngrad natural signsgd signum scaled_sign efsignsgd onebit topk randk
+// threshold dgc powersgd, and "ef:<name>" (error feedback around any of them). Unknown names or parameters raise
+// ConfigError with one line listing what is allowed; bad values name the parameter and the allowed range.
+CompressorPtr make_compressor(const std::string& name, const Params& params = {});
+std::vector<std::string> compressor_names();
+// The parameters `name` accepts with their defaults, e.g. {"ratio","0.01"} for topk.
+Params compressor_defaults(const std::string& name);
+// "topk:ratio=0.01,sample=0.01" -> make_compressor("topk", {{"ratio","0.01"},{"sample","0.01"}}).
+CompressorPtr parse_compressor(const std::string& spec);
+
+}  // namespace conduit::compress

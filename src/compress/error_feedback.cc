@@ -1,0 +1,50 @@
+// Error feedback (Seide et al. 2014; Karimireddy et al. 2019) around any compressor C with decoder D:
+//   p = g + e;  send C(p);  e = p - D(C(p))
+// so that, summed over steps, what was sent plus the final residual equals what was given:
+//   sum_t D(C(p_t)) + e_T = sum_t g_t   (exactly up to f32 rounding of the two subtractions per step).
+// Wire format, bytes and collective are the inner compressor's; the state adds the residual "ef.residual".
+#include <vector>
+
+#include "compress/methods.h"
+
+namespace conduit::compress::methods {
+namespace {
+
+class ErrorFeedback : public Compressor {
+ public:
+  ErrorFeedback(CompressorPtr inner, std::string name) : inner_(std::move(inner)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  Collective collective() const override { return inner_->collective(); }
+  DType linear_dtype() const override { return inner_->linear_dtype(); }
+  bool fixed_size() const override { return inner_->fixed_size(); }
+  bool stateful() const override { return true; }
+  size_t wire_bytes(size_t d, const TensorState& st) const override { return inner_->wire_bytes(d, st); }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    size_t d = in.size();
+    auto& e = st.buffer("ef.residual", d);
+    thread_local std::vector<float> decoded;
+    for (size_t i = 0; i < d; ++i) e[i] += in[i];  // e now holds p = g + e
+    inner_->compress(e, st, out);
+    decoded.resize(d);
+    inner_->decompress(out, st, decoded);
+    for (size_t i = 0; i < d; ++i) e[i] -= decoded[i];
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
+    inner_->decompress(p, st, out);
+  }
+  void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
+    inner_->decompress_add(p, st, acc);
+  }
+
+ private:
+  CompressorPtr inner_;
+  std::string name_;
+};
+
+}  // namespace
+
+CompressorPtr make_error_feedback(CompressorPtr inner, std::string name) {
+  return std::make_unique<ErrorFeedback>(std::move(inner), std::move(name));
+}
+
+}  // namespace conduit::compress::methods

@@ -1,0 +1,61 @@
+#pragma once
+// PowerSGD (Vogels et al. 2019): a rank-r approximation of each gradient matrix M (n x m: shape[0] x the rest) by
+// one step of subspace iteration, warm-started from the previous step's Q, with error feedback:
+//   M = G + E;  P = M Q;  allreduce P;  P = orthonormalise(P);  Q = M^T P;  allreduce Q;  approx = P Q^T / W
+//   E = M - approx (per worker; approx is the same on every worker)
+// Both products and the final approximation are cblas_sgemm calls; the Gram-Schmidt step is O(n r^2).
+// Tensors that are 1-D, whose ratio n*m / (r*(n+m)) is below min_ratio, or seen before start_iter go uncompressed
+// (allreduced as f32; no error feedback yet before start_iter, as in the reference implementation).
+//
+// Wire: 4*r*(n+m) bytes per compressed matrix (P then Q), 4*d otherwise.
+// State: "psgd.q" (m x r, kept between steps when warm_start), "psgd.residual" (n x m when error_feedback).
+// Layout: P and Q are stored transposed (r x n and r x m, each column of P contiguous).
+//
+// The Compressor interface (compress/decompress) runs the single-worker form (W = 1): the payload is P then Q and
+// decompress returns P Q^T. compressed_allreduce runs the phases below over a communicator; the batched variant
+// (compressed_allreduce_many) packs the P's (and raw tensors) of many tensors into one allreduce and the Q's into
+// a second one.
+#include "compress/compressor.h"
+
+namespace conduit::compress {
+
+class PowerSgd : public Compressor {
+ public:
+  PowerSgd(int rank, uint64_t start_iter, double min_ratio, bool error_feedback, bool warm_start)
+      : r_(rank), start_iter_(start_iter), min_ratio_(min_ratio), ef_(error_feedback), warm_(warm_start) {}
+  std::string name() const override { return "powersgd"; }
+  Collective collective() const override { return Collective::powersgd; }
+  bool stateful() const override { return true; }
+  size_t wire_bytes(size_t numel, const TensorState& st) const override;
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override;
+  void decompress(std::span<const uint8_t> payload, const TensorState& st, std::span<float> out) const override;
+
+  struct Plan {
+    bool compressed = false;
+    size_t n = 0, m = 0, r = 0;
+    size_t p_len() const { return n * r; }
+    size_t q_len() const { return m * r; }
+  };
+  Plan plan(size_t numel, const TensorState& st) const;
+  // Phase 1 (compressed plans only): folds the residual into M and writes P = M Q (r x n, transposed) into p.
+  void phase_p(std::span<const float> in, TensorState& st, std::span<float> p) const;
+  // Phase 2: orthonormalises the summed P in place and writes this worker's Q = M^T P into q.
+  void phase_q(std::span<const float> in, TensorState& st, std::span<float> p, std::span<float> q) const;
+  // Phase 3: with the summed Q, out = P Q^T (divided by `world` when average), residual = M - P Q^T / world, keeps
+  // Q / world for the next warm start and advances the step. out may alias in.
+  void finish(std::span<const float> in, TensorState& st, std::span<const float> p, std::span<const float> q_sum,
+              int world, bool average, std::span<float> out) const;
+  // For uncompressed plans: advance the state (out = the allreduced tensor, handled by the caller).
+  void skip(TensorState& st) const { ++st.step; }
+
+  // Gram-Schmidt on the r rows (length n) of a row-major r x n matrix; rows with ~zero norm stay ~zero.
+  static void orthonormalise(float* rows, size_t r, size_t n);
+
+ private:
+  int r_;
+  uint64_t start_iter_;
+  double min_ratio_;
+  bool ef_, warm_;
+};
+
+}  // namespace conduit::compress

@@ -1,0 +1,440 @@
+// Element-wise quantizers.
+//
+//   method    wire format                                               bytes for d elements     collective
+//   none      f32[d]                                                    4d                       allreduce (f32)
+//   fp16      f16[d] (round to nearest even)                            2d                       allreduce (f16)
+//   bf16      bf16[d]                                                   2d                       allreduce (bf16)
+//   int8      f32 scale[c] , i8[d]  (scale = max|x|/127 per chunk)      d + 4*ceil(d/chunk)      allgather
+//   uint8     (f32 min, f32 scale)[c] , u8[d]  (min-max per chunk)      d + 8*ceil(d/chunk)      allgather
+//   qsgd      f32 norm[c] , b-bit codes (level<<1 | sign), b=1+ceil(log2(s+1))
+//                                                                        4*c + ceil(d*b/8)        allgather
+//   terngrad  f32 scale , 2-bit codes (0, +1, -1)                        4 + ceil(d/4)            allgather
+//   natural   sign bits[ceil(d/8)] , u8 exponent[d]                      d + ceil(d/8)            allgather
+//
+// QSGD (Alistarh et al. 2017): with norm = ||v||_2 of a bucket and r = s|v_i|/norm, the level is floor(r) + 1 with
+// probability r - floor(r), else floor(r); Q(v_i) = norm * sign(v_i) * level / s is unbiased.
+// TernGrad (Wen et al. 2017): s = max|g| (after optional clipping to 2.5 sigma), Q(g_i) = s sign(g_i) b_i with
+// b_i ~ Bernoulli(|g_i|/s): unbiased when not clipped.
+// Natural compression (Horvath et al. 2019): |x| in [2^e, 2^(e+1)) rounds up to 2^(e+1) with probability
+// (|x| - 2^e)/2^e, which is the mantissa fraction: unbiased and E[C(x)^2] <= 9/8 x^2. Exponents saturate at 2^127;
+// inf and NaN decode as inf.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "compress/methods.h"
+#include "core/error.h"
+
+namespace conduit::compress::methods {
+namespace {
+
+using detail::ceil_div;
+using detail::check_out;
+using detail::check_payload;
+using detail::get_f32;
+using detail::put_f32;
+
+class NoneCompressor : public Compressor {
+ public:
+  std::string name() const override { return "none"; }
+  Collective collective() const override { return Collective::allreduce; }
+  size_t wire_bytes(size_t d, const TensorState&) const override { return 4 * d; }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    out.resize(4 * in.size());
+    if (!in.empty()) std::memcpy(out.data(), in.data(), 4 * in.size());
+    ++st.step;
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState&, std::span<float> out) const override {
+    check_payload("none", p.size(), 4 * out.size());
+    if (!out.empty()) std::memcpy(out.data(), p.data(), p.size());
+  }
+};
+
+class HalfCompressor : public Compressor {
+ public:
+  explicit HalfCompressor(bool bf) : bf_(bf) {}
+  std::string name() const override { return bf_ ? "bf16" : "fp16"; }
+  Collective collective() const override { return Collective::allreduce; }
+  DType linear_dtype() const override { return bf_ ? DType::bf16 : DType::f16; }
+  size_t wire_bytes(size_t d, const TensorState&) const override { return 2 * d; }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    out.resize(2 * in.size());
+    auto* o = reinterpret_cast<uint16_t*>(out.data());
+    if (bf_)
+      convert_f32_to_bf16(in.data(), o, in.size());
+    else
+      convert_f32_to_f16(in.data(), o, in.size());
+    ++st.step;
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState&, std::span<float> out) const override {
+    check_payload(name(), p.size(), 2 * out.size());
+    auto* i = reinterpret_cast<const uint16_t*>(p.data());
+    if (bf_)
+      convert_bf16_to_f32(i, out.data(), out.size());
+    else
+      convert_f16_to_f32(i, out.data(), out.size());
+  }
+
+ private:
+  bool bf_;
+};
+
+CONDUIT_HOT float abs_max(const float* x, size_t n) {
+  float m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+}
+
+CONDUIT_HOT void quant_i8(const float* x, size_t n, float inv, int8_t* q) {
+  for (size_t i = 0; i < n; ++i) {
+    float v = x[i] * inv;
+    v = std::clamp(v, -127.0f, 127.0f);
+    q[i] = static_cast<int8_t>(static_cast<int>(v + (v >= 0 ? 0.5f : -0.5f)));
+  }
+}
+
+CONDUIT_HOT void dequant_i8(const int8_t* q, size_t n, float scale, float* out, bool add) {
+  if (add)
+    for (size_t i = 0; i < n; ++i) out[i] += static_cast<float>(q[i]) * scale;
+  else
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
+}
+
+CONDUIT_HOT void min_max(const float* x, size_t n, float& lo, float& hi) {
+  float a = x[0], b = x[0];
+  for (size_t i = 0; i < n; ++i) {
+    a = std::min(a, x[i]);
+    b = std::max(b, x[i]);
+  }
+  lo = a;
+  hi = b;
+}
+
+CONDUIT_HOT void quant_u8(const float* x, size_t n, float lo, float inv, uint8_t* q) {
+  for (size_t i = 0; i < n; ++i) {
+    float v = (x[i] - lo) * inv;
+    v = std::clamp(v, 0.0f, 255.0f);
+    q[i] = static_cast<uint8_t>(static_cast<int>(v + 0.5f));
+  }
+}
+
+CONDUIT_HOT void dequant_u8(const uint8_t* q, size_t n, float lo, float scale, float* out, bool add) {
+  if (add)
+    for (size_t i = 0; i < n; ++i) out[i] += lo + static_cast<float>(q[i]) * scale;
+  else
+    for (size_t i = 0; i < n; ++i) out[i] = lo + static_cast<float>(q[i]) * scale;
+}
+
+// int8 (symmetric) and uint8 (min-max), one scale (and min) per chunk.
+class ByteQuantizer : public Compressor {
+ public:
+  ByteQuantizer(bool is_signed, size_t chunk) : signed_(is_signed), chunk_(chunk) {}
+  std::string name() const override { return signed_ ? "int8" : "uint8"; }
+  Collective collective() const override { return Collective::allgather; }
+  size_t header(size_t d) const { return (signed_ ? 4 : 8) * ceil_div(d, chunk_); }
+  size_t wire_bytes(size_t d, const TensorState&) const override { return d + header(d); }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    size_t d = in.size();
+    out.resize(d + header(d));
+    uint8_t* h = out.data();
+    uint8_t* q = out.data() + header(d);
+    for (size_t c = 0, off = 0; off < d; ++c, off += chunk_) {
+      size_t n = std::min(chunk_, d - off);
+      if (signed_) {
+        float m = abs_max(in.data() + off, n);
+        float scale = m / 127.0f;
+        put_f32(h + 4 * c, scale);
+        quant_i8(in.data() + off, n, scale > 0 ? 1.0f / scale : 0.0f, reinterpret_cast<int8_t*>(q + off));
+      } else {
+        float lo, hi;
+        min_max(in.data() + off, n, lo, hi);
+        float scale = (hi - lo) / 255.0f;
+        put_f32(h + 8 * c, lo);
+        put_f32(h + 8 * c + 4, scale);
+        quant_u8(in.data() + off, n, lo, scale > 0 ? 1.0f / scale : 0.0f, q + off);
+      }
+    }
+    ++st.step;
+  }
+  void decode(std::span<const uint8_t> p, std::span<float> out, bool add) const {
+    size_t d = out.size();
+    check_payload(name(), p.size(), d + header(d));
+    const uint8_t* h = p.data();
+    const uint8_t* q = p.data() + header(d);
+    for (size_t c = 0, off = 0; off < d; ++c, off += chunk_) {
+      size_t n = std::min(chunk_, d - off);
+      if (signed_)
+        dequant_i8(reinterpret_cast<const int8_t*>(q + off), n, get_f32(h + 4 * c), out.data() + off, add);
+      else
+        dequant_u8(q + off, n, get_f32(h + 8 * c), get_f32(h + 8 * c + 4), out.data() + off, add);
+    }
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState&, std::span<float> out) const override {
+    decode(p, out, false);
+  }
+  void decompress_add(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
+    decode(p, acc, true);
+  }
+
+ private:
+  bool signed_;
+  size_t chunk_;
+};
+
+CONDUIT_HOT double sum_squares(const float* x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+constexpr size_t kBlock = 1024;  // codes are staged per block of this many elements (a multiple of 8)
+
+CONDUIT_HOT void qsgd_codes(const float* x, size_t n, float scale, uint32_t smax, uint32_t base, uint32_t k_lo,
+                            uint32_t k_hi, uint16_t* codes) {
+  for (size_t i = 0; i < n; ++i) {
+    float r = std::fabs(x[i]) * scale;
+    float l = std::floor(r);
+    float u = detail::u01(detail::hash32(k_lo, k_hi, base + static_cast<uint32_t>(i)));
+    uint32_t level = std::min(static_cast<uint32_t>(l) + (u < r - l ? 1u : 0u), smax);
+    codes[i] = static_cast<uint16_t>((level << 1) | (x[i] < 0.0f ? 1u : 0u));
+  }
+}
+
+class Qsgd : public Compressor {
+ public:
+  Qsgd(int levels, size_t bucket) : s_(levels), bucket_(bucket) {
+    int lb = 0;
+    while ((1 << lb) < s_ + 1) ++lb;
+    bits_ = 1 + lb;
+  }
+  std::string name() const override { return "qsgd"; }
+  Collective collective() const override { return Collective::allgather; }
+  size_t bucket(size_t d) const { return bucket_ == 0 ? std::max<size_t>(d, 1) : bucket_; }
+  size_t buckets(size_t d) const { return d == 0 ? 0 : ceil_div(d, bucket(d)); }
+  size_t wire_bytes(size_t d, const TensorState&) const override {
+    return 4 * buckets(d) + ceil_div(d * bits_, 8);
+  }
+  int bits() const { return bits_; }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    size_t d = in.size();
+    out.assign(wire_bytes(d, st), 0);
+    size_t bk = bucket(d), nb = buckets(d);
+    uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x5153);
+    uint32_t k_lo = static_cast<uint32_t>(key), k_hi = static_cast<uint32_t>(key >> 32);
+    uint8_t* codes_out = out.data() + 4 * nb;
+    uint16_t codes[kBlock];
+    // Blocks never straddle buckets when bucket is a multiple of 8; pack per block of whole bytes.
+    for (size_t b = 0; b < nb; ++b) {
+      size_t off = b * bk, n = std::min(bk, d - off);
+      float norm = static_cast<float>(std::sqrt(sum_squares(in.data() + off, n)));
+      put_f32(out.data() + 4 * b, norm);
+      float scale = norm > 0 ? static_cast<float>(s_) / norm : 0.0f;
+      for (size_t o = 0; o < n; o += kBlock) {
+        size_t m = std::min(kBlock, n - o);
+        qsgd_codes(in.data() + off + o, m, scale, static_cast<uint32_t>(s_), static_cast<uint32_t>(off + o), k_lo,
+                   k_hi, codes);
+        write_codes(codes, m, off + o, codes_out);
+      }
+    }
+    ++st.step;
+  }
+  void decode(std::span<const uint8_t> p, std::span<float> out, bool add) const {
+    size_t d = out.size();
+    TensorState none;
+    check_payload("qsgd", p.size(), wire_bytes(d, none));
+    size_t bk = bucket(d), nb = buckets(d);
+    const uint8_t* codes_in = p.data() + 4 * nb;
+    uint16_t codes[kBlock];
+    for (size_t b = 0; b < nb; ++b) {
+      size_t off = b * bk, n = std::min(bk, d - off);
+      float unit = get_f32(p.data() + 4 * b) / static_cast<float>(s_);
+      for (size_t o = 0; o < n; o += kBlock) {
+        size_t m = std::min(kBlock, n - o);
+        read_codes(codes_in, off + o, m, codes);
+        float* y = out.data() + off + o;
+        for (size_t i = 0; i < m; ++i) {
+          float v = unit * static_cast<float>(codes[i] >> 1);
+          v = (codes[i] & 1) ? -v : v;
+          y[i] = add ? y[i] + v : v;
+        }
+      }
+    }
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState&, std::span<float> out) const override {
+    decode(p, out, false);
+  }
+  void decompress_add(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
+    decode(p, acc, true);
+  }
+
+ private:
+  // Codes of elements [first, first+m) at bit offset first*bits_; byte-aligned fast path when possible.
+  void write_codes(const uint16_t* codes, size_t m, size_t first, uint8_t* out) const {
+    size_t bit = first * bits_;
+    if (bit % 8 == 0) {
+      detail::pack_codes(codes, m, bits_, out + bit / 8);
+      return;
+    }
+    for (size_t i = 0; i < m; ++i, bit += bits_)
+      for (int t = 0; t < bits_; ++t)
+        if ((codes[i] >> t) & 1) out[(bit + t) / 8] |= static_cast<uint8_t>(1u << ((bit + t) % 8));
+  }
+  void read_codes(const uint8_t* in, size_t first, size_t m, uint16_t* codes) const {
+    size_t bit = first * bits_;
+    if (bit % 8 == 0) {
+      detail::unpack_codes(in + bit / 8, m, bits_, codes);
+      return;
+    }
+    for (size_t i = 0; i < m; ++i, bit += bits_) {
+      uint16_t c = 0;
+      for (int t = 0; t < bits_; ++t) c |= static_cast<uint16_t>(((in[(bit + t) / 8] >> ((bit + t) % 8)) & 1) << t);
+      codes[i] = c;
+    }
+  }
+  int s_;
+  size_t bucket_;
+  int bits_;
+};
+
+CONDUIT_HOT void tern_codes(const float* x, size_t n, float lo, float hi, float inv, uint32_t base, uint32_t k_lo,
+                            uint32_t k_hi, uint8_t* out) {
+  // n is a multiple of 4 except at the end; 4 codes per byte.
+  for (size_t j = 0; j < n / 4; ++j) {
+    uint8_t b = 0;
+    for (int t = 0; t < 4; ++t) {
+      size_t i = 4 * j + t;
+      float v = std::clamp(x[i], lo, hi);
+      float u = detail::u01(detail::hash32(k_lo, k_hi, base + static_cast<uint32_t>(i)));
+      uint8_t c = (u < std::fabs(v) * inv) ? (v < 0 ? 2 : 1) : 0;
+      b |= static_cast<uint8_t>(c << (2 * t));
+    }
+    out[j] = b;
+  }
+  if (n % 4) {
+    uint8_t b = 0;
+    for (size_t i = n / 4 * 4; i < n; ++i) {
+      float v = std::clamp(x[i], lo, hi);
+      float u = detail::u01(detail::hash32(k_lo, k_hi, base + static_cast<uint32_t>(i)));
+      uint8_t c = (u < std::fabs(v) * inv) ? (v < 0 ? 2 : 1) : 0;
+      b |= static_cast<uint8_t>(c << (2 * (i % 4)));
+    }
+    out[n / 4] = b;
+  }
+}
+
+CONDUIT_HOT void tern_decode(const uint8_t* in, size_t n, float s, float* out, bool add) {
+  const float table[4] = {0.0f, s, -s, 0.0f};
+  for (size_t i = 0; i < n; ++i) {
+    float v = table[(in[i / 4] >> (2 * (i % 4))) & 3];
+    out[i] = add ? out[i] + v : v;
+  }
+}
+
+class TernGrad : public Compressor {
+ public:
+  explicit TernGrad(bool clip) : clip_(clip) {}
+  std::string name() const override { return "terngrad"; }
+  Collective collective() const override { return Collective::allgather; }
+  size_t wire_bytes(size_t d, const TensorState&) const override { return 4 + ceil_div(d, 4); }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    size_t d = in.size();
+    out.resize(wire_bytes(d, st));
+    float lo = -INFINITY, hi = INFINITY;
+    if (clip_ && d > 0) {
+      double sum = 0;
+      for (float v : in) sum += v;
+      double mean = sum / static_cast<double>(d);
+      double var = sum_squares(in.data(), d) / static_cast<double>(d) - mean * mean;
+      float c = static_cast<float>(2.5 * std::sqrt(std::max(var, 0.0)));
+      lo = -c;
+      hi = c;
+    }
+    float s = d ? std::min(abs_max(in.data(), d), hi) : 0.0f;
+    put_f32(out.data(), s);
+    uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x7465);
+    tern_codes(in.data(), d, lo, hi, s > 0 ? 1.0f / s : 0.0f, 0, static_cast<uint32_t>(key),
+               static_cast<uint32_t>(key >> 32), out.data() + 4);
+    ++st.step;
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
+    check_payload("terngrad", p.size(), wire_bytes(out.size(), st));
+    tern_decode(p.data() + 4, out.size(), get_f32(p.data()), out.data(), false);
+  }
+  void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
+    check_payload("terngrad", p.size(), wire_bytes(acc.size(), st));
+    tern_decode(p.data() + 4, acc.size(), get_f32(p.data()), acc.data(), true);
+  }
+
+ private:
+  bool clip_;
+};
+
+CONDUIT_HOT void natural_exponents(const float* x, size_t n, uint32_t base, uint32_t k_lo, uint32_t k_hi,
+                                   uint8_t* exps) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], 4);
+    uint32_t e = (bits >> 23) & 0xff, mant = bits & 0x7fffff;
+    uint32_t u = detail::hash32(k_lo, k_hi, base + static_cast<uint32_t>(i)) >> 9;  // 23 bits
+    uint32_t up = (e < 254 && u < mant) ? 1u : 0u;
+    exps[i] = static_cast<uint8_t>(e + up);
+  }
+}
+
+CONDUIT_HOT void natural_decode(const uint8_t* signs, const uint8_t* exps, size_t n, float* out, bool add) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = (static_cast<uint32_t>((signs[i / 8] >> (i % 8)) & 1) << 31) |
+                    (static_cast<uint32_t>(exps[i]) << 23);
+    float v;
+    std::memcpy(&v, &bits, 4);
+    out[i] = add ? out[i] + v : v;
+  }
+}
+
+class Natural : public Compressor {
+ public:
+  std::string name() const override { return "natural"; }
+  Collective collective() const override { return Collective::allgather; }
+  size_t wire_bytes(size_t d, const TensorState&) const override { return d + ceil_div(d, 8); }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    size_t d = in.size();
+    out.resize(wire_bytes(d, st));
+    detail::pack_signs(in.data(), d, out.data());
+    uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x6e61);
+    natural_exponents(in.data(), d, 0, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
+                      out.data() + ceil_div(d, 8));
+    ++st.step;
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
+    size_t d = out.size();
+    check_payload("natural", p.size(), wire_bytes(d, st));
+    natural_decode(p.data(), p.data() + ceil_div(d, 8), d, out.data(), false);
+  }
+  void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
+    size_t d = acc.size();
+    check_payload("natural", p.size(), wire_bytes(d, st));
+    natural_decode(p.data(), p.data() + ceil_div(d, 8), d, acc.data(), true);
+  }
+};
+
+}  // namespace
+
+CompressorPtr make_none(const ParamReader&) { return std::make_unique<NoneCompressor>(); }
+CompressorPtr make_fp16(const ParamReader&) { return std::make_unique<HalfCompressor>(false); }
+CompressorPtr make_bf16(const ParamReader&) { return std::make_unique<HalfCompressor>(true); }
+CompressorPtr make_int8(const ParamReader& p) {
+  return std::make_unique<ByteQuantizer>(true, static_cast<size_t>(p.integer("chunk", 1, 1 << 30)));
+}
+CompressorPtr make_uint8(const ParamReader& p) {
+  return std::make_unique<ByteQuantizer>(false, static_cast<size_t>(p.integer("chunk", 1, 1 << 30)));
+}
+CompressorPtr make_qsgd(const ParamReader& p) {
+  return std::make_unique<Qsgd>(static_cast<int>(p.integer("levels", 1, 32767)),
+                                static_cast<size_t>(p.integer("bucket", 0, int64_t(1) << 40)));
+}
+CompressorPtr make_terngrad(const ParamReader& p) { return std::make_unique<TernGrad>(p.boolean("clip")); }
+CompressorPtr make_natural(const ParamReader&) { return std::make_unique<Natural>(); }
+
+}  // namespace conduit::compress::methods

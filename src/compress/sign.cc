@@ -1,0 +1,134 @@
+// Sign methods: one bit per element (bit set = negative; zero counts as positive).
+//
+//   method       wire format                              bytes for d     collective      state
+//   signsgd      sign bits                                ceil(d/8)       majority_vote   -
+//   signum       sign bits of the momentum m              ceil(d/8)       majority_vote   momentum m
+//   scaled_sign  f32 ||x||_1/d , sign bits                4 + ceil(d/8)   allgather       -
+//   efsignsgd    scaled_sign of g + e                     4 + ceil(d/8)   allgather       residual e
+//   onebit       f32 mean of x>=0 , f32 mean of x<0 , sign bits of g + e
+//                                                          8 + ceil(d/8)   allgather       residual e
+//
+// signSGD / Signum (Bernstein et al. 2018): workers send sign(g) (Signum: sign of m = beta m + (1-beta) g); the
+// server's majority vote is sign(sum of signs). EF-signSGD (Karimireddy et al. 2019): error feedback around the
+// scaled sign ||p||_1/d sign(p). 1-bit SGD (Seide et al. 2014): error feedback around a 1-bit quantizer whose two
+// reconstruction values are the means of the non-negative and of the negative entries.
+#include <cmath>
+
+#include "compress/methods.h"
+
+namespace conduit::compress::methods {
+namespace {
+
+using detail::ceil_div;
+using detail::check_payload;
+using detail::get_f32;
+using detail::put_f32;
+
+class SignSgd : public Compressor {
+ public:
+  explicit SignSgd(double momentum = -1) : beta_(static_cast<float>(momentum)) {}
+  std::string name() const override { return beta_ >= 0 ? "signum" : "signsgd"; }
+  Collective collective() const override { return Collective::majority_vote; }
+  bool stateful() const override { return beta_ >= 0; }
+  size_t wire_bytes(size_t d, const TensorState&) const override { return ceil_div(d, 8); }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    out.resize(ceil_div(in.size(), 8));
+    if (beta_ >= 0) {
+      auto& m = st.buffer("signum.momentum", in.size());
+      for (size_t i = 0; i < in.size(); ++i) m[i] = beta_ * m[i] + (1 - beta_) * in[i];
+      detail::pack_signs(m.data(), m.size(), out.data());
+    } else {
+      detail::pack_signs(in.data(), in.size(), out.data());
+    }
+    ++st.step;
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState&, std::span<float> out) const override {
+    check_payload(name(), p.size(), ceil_div(out.size(), 8));
+    detail::unpack_signs(p.data(), out.size(), 1.0f, -1.0f, out.data());
+  }
+
+ private:
+  float beta_;
+};
+
+CONDUIT_HOT double abs_sum(const float* x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += std::fabs(x[i]);
+  return s;
+}
+
+CONDUIT_HOT void split_means(const float* x, size_t n, double& pos_sum, size_t& pos_n, double& neg_sum) {
+  double ps = 0, ns = 0;
+  size_t pn = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bool neg = x[i] < 0.0f;
+    ps += neg ? 0.0 : x[i];
+    ns += neg ? x[i] : 0.0;
+    pn += neg ? 0 : 1;
+  }
+  pos_sum = ps;
+  neg_sum = ns;
+  pos_n = pn;
+}
+
+CONDUIT_HOT void add_signs(const uint8_t* in, size_t n, float pos, float neg, float* acc) {
+  for (size_t i = 0; i < n; ++i) acc[i] += ((in[i / 8] >> (i % 8)) & 1) ? neg : pos;
+}
+
+// scaled_sign (one scale) and the 1-bit quantizer (two reconstruction values).
+class ScaledSign : public Compressor {
+ public:
+  explicit ScaledSign(bool two_values) : two_(two_values) {}
+  std::string name() const override { return two_ ? "onebit_quantizer" : "scaled_sign"; }
+  Collective collective() const override { return Collective::allgather; }
+  size_t header() const { return two_ ? 8 : 4; }
+  size_t wire_bytes(size_t d, const TensorState&) const override { return header() + ceil_div(d, 8); }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    size_t d = in.size();
+    out.resize(header() + ceil_div(d, 8));
+    if (two_) {
+      double ps, ns;
+      size_t pn;
+      split_means(in.data(), d, ps, pn, ns);
+      put_f32(out.data(), pn ? static_cast<float>(ps / static_cast<double>(pn)) : 0.0f);
+      put_f32(out.data() + 4, d > pn ? static_cast<float>(ns / static_cast<double>(d - pn)) : 0.0f);
+    } else {
+      put_f32(out.data(), d ? static_cast<float>(abs_sum(in.data(), d) / static_cast<double>(d)) : 0.0f);
+    }
+    detail::pack_signs(in.data(), d, out.data() + header());
+    ++st.step;
+  }
+  void values(std::span<const uint8_t> p, float& pos, float& neg) const {
+    pos = get_f32(p.data());
+    neg = two_ ? get_f32(p.data() + 4) : -pos;
+  }
+  void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
+    check_payload(name(), p.size(), wire_bytes(out.size(), st));
+    float pos, neg;
+    values(p, pos, neg);
+    detail::unpack_signs(p.data() + header(), out.size(), pos, neg, out.data());
+  }
+  void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
+    check_payload(name(), p.size(), wire_bytes(acc.size(), st));
+    float pos, neg;
+    values(p, pos, neg);
+    add_signs(p.data() + header(), acc.size(), pos, neg, acc.data());
+  }
+
+ private:
+  bool two_;
+};
+
+}  // namespace
+
+CompressorPtr make_signsgd(const ParamReader&) { return std::make_unique<SignSgd>(); }
+CompressorPtr make_signum(const ParamReader& p) { return std::make_unique<SignSgd>(p.real("momentum", 0, 1)); }
+CompressorPtr make_scaled_sign(const ParamReader&) { return std::make_unique<ScaledSign>(false); }
+CompressorPtr make_efsignsgd(const ParamReader&) {
+  return make_error_feedback(std::make_unique<ScaledSign>(false), "efsignsgd");
+}
+CompressorPtr make_onebit(const ParamReader&) {
+  return make_error_feedback(std::make_unique<ScaledSign>(true), "onebit");
+}
+
+}  // namespace conduit::compress::methods
