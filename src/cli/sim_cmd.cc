@@ -397,7 +397,12 @@ void run_coll(const CollArgs& a) {
   if (a.mode != "symmetric" && a.mode != "full")
     throw ConfigError(fmt::format("--mode = '{}' (allowed: symmetric, full)", a.mode));
   const double n = static_cast<double>(parse_bytes(a.size, "--size"));
+  if (n <= 0) throw ConfigError("--size must be positive (e.g. 64M)");
   Group g{a.group > 0 ? a.group : a.gpus, a.stride, 0};
+  if (a.group < 0 || a.stride < 1 || (g.size - 1) * g.stride >= a.gpus)
+    throw ConfigError(fmt::format("--group ({}) and --stride ({}) must place the group's ranks within --gpus ({}): "
+                                  "group >= 1, stride >= 1, (group - 1) x stride < gpus",
+                                  g.size, g.stride, a.gpus));
   std::vector<Algorithm> algs;
   if (a.algorithm == "all")
     algs = candidate_algorithms(c, topo);
