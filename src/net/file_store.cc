@@ -145,7 +145,8 @@ class FileStore : public Store {
   void write_atomic(const std::string& key, const std::string& value) {
     static std::atomic<uint64_t> counter{0};
     std::string path = dir_ + "/" + escape_key(key);
-    std::string tmp = fmt::format("{}/.tmp.{}.{}", dir_, getpid(), counter.fetch_add(1));
+    // Unique across the hosts sharing the directory: host name, pid and a per-process counter.
+    std::string tmp = fmt::format("{}/.tmp.{}.{}.{}", dir_, host_, getpid(), counter.fetch_add(1));
     int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
       throw Error(fmt::format("file store: cannot write key '{}' into {}: {}", key, dir_, std::strerror(errno)));
@@ -171,6 +172,13 @@ class FileStore : public Store {
   }
 
   std::string dir_;
+  std::string host_ = [] {
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    std::string h;
+    for (char* p = name; *p; ++p) h += std::isalnum(static_cast<unsigned char>(*p)) || *p == '-' ? *p : '_';
+    return h;
+  }();
 };
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -186,7 +187,10 @@ class TcpStoreServer {
       close(listen_fd_);
       throw Error(fmt::format("tcp store: pipe2 failed: {}", std::strerror(errno)));
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "conduit-store");
+      run();
+    });
     CONDUIT_LOG_INFO("tcp store: serving on {}:{}", host_, port_);
   }
 
@@ -739,12 +743,14 @@ StorePtr make_tcp_store(const std::string& host, int port, bool is_server, const
   if (!is_server && port == 0) {
     throw ConfigError("tcp store: a client needs the server's port, got 0 (set MASTER_PORT)");
   }
+  std::string h = host;
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);  // "[::1]"
   std::shared_ptr<TcpStoreServer> server;
   if (is_server) {
-    server = std::make_shared<TcpStoreServer>(host, port);
+    server = std::make_shared<TcpStoreServer>(h, port);
     port = server->port();
   }
-  return std::make_shared<TcpStore>(std::move(server), host, port, connect_deadline);
+  return std::make_shared<TcpStore>(std::move(server), h, port, connect_deadline);
 }
 
 int tcp_store_port(const Store& store) {

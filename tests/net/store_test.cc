@@ -242,6 +242,18 @@ TEST(TcpStore, ConnectDeadlineWithoutServer) {
   EXPECT_LT(sw.seconds(), 3.0);
 }
 
+TEST(TcpStore, Ipv6Loopback) {
+  StorePtr server;
+  try {
+    server = make_tcp_store("[::1]", 0, true, Deadline::after(5));
+  } catch (const ConfigError& e) {
+    GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+  }
+  auto c = make_tcp_store("::1", tcp_store_port(*server), false, Deadline::after(5));
+  c->set("k", "v6");
+  EXPECT_EQ(server->get("k", Deadline::after(5)), "v6");
+}
+
 TEST(TcpStore, BadPortIsConfigError) {
   EXPECT_THROW(make_tcp_store("127.0.0.1", 70000, true, Deadline::after(1)), ConfigError);
   EXPECT_THROW(make_tcp_store("127.0.0.1", 0, false, Deadline::after(1)), ConfigError);
