@@ -794,12 +794,12 @@ void setup(CLI::App& app) {
   }
   {
     auto* c = sim->add_subcommand(
-        "cluster", "Job-scheduling simulation: FIFO or least-attained-service, topology-aware placement");
+        "cluster", "Job-scheduling simulation: FIFO, least-attained-service or SRTF; topology-aware placement");
     auto a = std::make_shared<ClusterArgs>();
     c->add_option("--cluster", a->cluster, "preset or YAML file")->capture_default_str();
     c->add_option("--gpus", a->gpus, "accelerators in the cluster")->capture_default_str();
     c->add_option("--jobs", a->jobs, "job trace (CSV: id,submit_s,gpus,model,iterations[,global_batch])")->required();
-    c->add_option("--scheduler", a->scheduler, "fifo or las")->capture_default_str();
+    c->add_option("--scheduler", a->scheduler, "fifo, las (Tiresias-style) or srtf (shortest predicted remaining time)")->capture_default_str();
     c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")
         ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");

@@ -19,7 +19,8 @@ namespace conduit::sim {
 Policy parse_policy(const std::string& s) {
   if (s == "fifo") return Policy::kFifo;
   if (s == "las") return Policy::kLas;
-  throw ConfigError(fmt::format("--scheduler = '{}' (allowed: fifo, las)", s));
+  if (s == "srtf") return Policy::kSrtf;
+  throw ConfigError(fmt::format("--scheduler = '{}' (allowed: fifo, las, srtf)", s));
 }
 
 Placement parse_placement(const std::string& s) {
@@ -237,15 +238,24 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       }
       return;
     }
-    // LAS: rank every active job; keep the running ones that still rank inside the capacity, preempt others.
+    // LAS / SRTF: rank every active job; keep the running ones that still rank inside the capacity, preempt others.
     std::vector<size_t> active;
     for (size_t i = 0; i < n; ++i)
       if (state[i] == 1 || state[i] == 2) active.push_back(i);
-    std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
-      int qa = queue_of(a), qb = queue_of(b);
-      if (qa != qb) return qa < qb;
-      return jobs[a].submit < jobs[b].submit;
-    });
+    if (opt.policy == Policy::kSrtf) {
+      std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
+        double ra = remaining[a] * packed[a] * static_cast<double>(jobs[a].gpus);
+        double rb = remaining[b] * packed[b] * static_cast<double>(jobs[b].gpus);
+        if (ra != rb) return ra < rb;
+        return jobs[a].submit < jobs[b].submit;
+      });
+    } else {
+      std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
+        int qa = queue_of(a), qb = queue_of(b);
+        if (qa != qb) return qa < qb;
+        return jobs[a].submit < jobs[b].submit;
+      });
+    }
     long long cap = gpus;
     std::vector<char> keep(n, 0);
     for (size_t i : active) {

@@ -31,7 +31,7 @@ struct JobSpec {
 std::vector<JobSpec> load_job_trace(const std::string& path);
 std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string& origin);
 
-enum class Policy { kFifo, kLas };
+enum class Policy { kFifo, kLas, kSrtf };
 enum class Placement { kTopology, kSpread };
 Policy parse_policy(const std::string& s);
 Placement parse_placement(const std::string& s);

@@ -73,6 +73,27 @@ TEST(Presets, HeterogeneousEdgeScalesKindsProportionally) {
   EXPECT_NE(r.notes.front().find("Orin-Nano"), std::string::npos);  // the slow kind bounds the step
 }
 
+TEST(Step, ScheduleMemoryGpipeHoldsAllMicroBatches) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt-7.5b");
+  ParallelConfig c;
+  c.tp = 4;
+  c.pp = 4;
+  c.global_batch = 64;  // d = 4, m = 16 micro-batches
+  StepResult f1b = simulate_step(net, m, c);
+  c.schedule = Schedule::kGpipe;
+  StepResult gp = simulate_step(net, m, c);
+  c.schedule = Schedule::kInterleaved;
+  c.virtual_stages = 3;
+  StepResult il = simulate_step(net, m, c);
+  // GPipe keeps all 16 micro-batches' activations, 1F1B keeps p = 4, interleaved p (1 + (p-1)/(p v)).
+  EXPECT_NEAR(gp.memory.activations / f1b.memory.activations, 16.0 / 4, 1e-9);
+  EXPECT_NEAR(il.memory.activations / f1b.memory.activations, 1 + 3.0 / 12, 1e-9);
+  EXPECT_LT(il.breakdown.bubble, f1b.breakdown.bubble);
+  EXPECT_DOUBLE_EQ(gp.time, f1b.time);  // same bubble; GPipe only costs memory
+}
+
 TEST(Planner, RanksFittingPlansFastAndExplains) {
   Topology topo(load_cluster("dgx-a100"), 512);
   CollectiveModel net(topo);
@@ -139,6 +160,11 @@ TEST(Scheduler, LasBeatsFifoOnMeanJctWithAHeadOfLineJob) {
   auto rl = simulate_cluster(spec, 512, jobs, las);
   EXPECT_LT(rl.mean_jct, rf.mean_jct);
   EXPECT_GT(rl.jobs[0].preemptions, 0);
+  SchedulerOptions srtf;
+  srtf.policy = Policy::kSrtf;
+  auto rs = simulate_cluster(spec, 512, jobs, srtf);
+  EXPECT_LT(rs.mean_jct, rf.mean_jct);  // knowing the predicted lengths helps at least as much
+  EXPECT_THROW(parse_policy("lottery"), ConfigError);
   for (const auto& j : rf.jobs) EXPECT_GE(j.start, j.submit);
   EXPECT_GT(rf.utilization, 0.5);
   EXPECT_LE(rf.utilization, 1.0 + 1e-9);
