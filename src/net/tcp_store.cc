@@ -559,7 +559,7 @@ class TcpStore : public Store {
       backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(500));
       if (d.expired()) break;
     }
-    if (first) {
+    if (first || deadline.expired()) {
       throw TimeoutError(fmt::format("tcp store: could not connect to the server at {} before the deadline: {} "
                                      "(is rank 0 running and MASTER_ADDR/MASTER_PORT right?)",
                                      addr_, why));
@@ -578,7 +578,7 @@ class TcpStore : public Store {
       pollfd p{fd, POLLOUT, 0};
       int n;
       do {
-        n = poll(&p, 1, poll_timeout_ms(d, 1000));
+        n = poll(&p, 1, std::max(10, poll_timeout_ms(d, 1000)));  // even a spent deadline gets one real try
       } while (n < 0 && errno == EINTR);
       int err = 0;
       socklen_t len = sizeof(err);
@@ -600,7 +600,7 @@ class TcpStore : public Store {
     return fd;
   }
 
-  std::unique_ptr<Conn> acquire(const Deadline& deadline) {
+  std::unique_ptr<Conn> acquire(const Deadline& deadline, uint8_t op, const std::string& key) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (!idle_.empty()) {
@@ -609,7 +609,12 @@ class TcpStore : public Store {
         return c;
       }
     }
-    return connect(deadline, /*first=*/false);
+    try {
+      return connect(deadline, /*first=*/false);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(fmt::format("tcp store {}: {} of key '{}' did not complete before the deadline ({})", addr_,
+                                     op_name(op), key, e.what()));
+    }
   }
 
   void release(std::unique_ptr<Conn> c) {
@@ -686,7 +691,7 @@ class TcpStore : public Store {
 
   std::pair<uint8_t, std::string> request(uint8_t op, const std::string& key, const std::string& value,
                                           const Deadline& deadline) {
-    auto c = acquire(deadline);
+    auto c = acquire(deadline, op, key);
     Header h;
     h.op = op;
     h.id = c->next_id++;

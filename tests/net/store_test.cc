@@ -189,6 +189,19 @@ TEST(TcpStore, GetDeadlineThrowsTimeoutNamingKeyAndAddress) {
   get_times_out(*c, "127.0.0.1:" + std::to_string(port));
 }
 
+TEST(TcpStore, ExpiredDeadlineIsTimeoutNotPeerError) {
+  int port = 0;
+  auto server = start_server(&port);
+  auto c = client(port);
+  c->set("k", "v");
+  // Two concurrent gets: the second needs a fresh pooled connection, which must not be a PeerError.
+  auto f = std::async(std::launch::async, [&] { return c->get("k", Deadline::after(5)); });
+  EXPECT_EQ(f.get(), "v");
+  EXPECT_THROW(c->get("missing", Deadline::after(0)), TimeoutError);
+  EXPECT_THROW(c->get("missing", Deadline::after(-1)), TimeoutError);
+  EXPECT_EQ(c->get("k", Deadline::after(5)), "v");
+}
+
 TEST(TcpStore, ThreadsShareOneStoreAndCount) {
   int port = 0;
   auto server = start_server(&port);
