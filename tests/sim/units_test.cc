@@ -1,0 +1,144 @@
+// Units in cluster files, and the smaller switches of the step model (ZeRO-1/2 traffic, top-k, async, pipeline
+// inference) that the closed-form tests do not reach.
+#include "sim/units.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "sim/inference.h"
+#include "sim/plan.h"
+#include "sim/step.h"
+
+namespace conduit::sim {
+namespace {
+
+TEST(Units, ParseEveryUnitAndRejectTheRest) {
+  EXPECT_DOUBLE_EQ(parse_bandwidth("200 Gb/s", "f"), 25e9);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("300 GB/s", "f"), 300e9);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("1.5 Mb/s", "f"), 1.5e6 / 8);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("12B/s", "f"), 12);
+  EXPECT_DOUBLE_EQ(parse_duration("0.7 us", "f"), 0.7e-6);
+  EXPECT_DOUBLE_EQ(parse_duration("130 ns", "f"), 130e-9);
+  EXPECT_DOUBLE_EQ(parse_duration("2 ms", "f"), 2e-3);
+  EXPECT_DOUBLE_EQ(parse_size("80 GiB", "f"), 80.0 * (1LL << 30));
+  EXPECT_DOUBLE_EQ(parse_size("32 GB", "f"), 32e9);
+  EXPECT_DOUBLE_EQ(parse_size("4 KiB", "f"), 4096);
+  EXPECT_DOUBLE_EQ(parse_flops("312 TFLOP/s", "f"), 312e12);
+  EXPECT_DOUBLE_EQ(parse_flops("20 GFLOP/s", "f"), 20e9);
+  for (const char* bad : {"200", "200 Gbps", "fast", "-1 GB/s", "nan GB/s"}) {
+    try {
+      parse_bandwidth(bad, "nodes[0].nic.bandwidth");
+      ADD_FAILURE() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("nodes[0].nic.bandwidth"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_duration("3 hours", "f"), ConfigError);
+  EXPECT_THROW(parse_size("3 Gb", "f"), ConfigError);
+  EXPECT_THROW(parse_flops("3 TOPS", "f"), ConfigError);
+  EXPECT_EQ(format_seconds(1.5e-3), "1.50 ms");
+  EXPECT_EQ(format_gb(31.4e9), "31.4 GB");
+}
+
+GptModel gpt(int l, long long h, long long a, long long s, long long V) {
+  GptModel m;
+  m.layers = l;
+  m.hidden = h;
+  m.heads = a;
+  m.seq = s;
+  m.vocab = V;
+  return m;
+}
+
+TEST(Step, ZeroStagesMoveTheSameGradientBytesPlusAParameterGather) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(24, 2048, 16, 2048, 51200);
+  ParallelConfig c;
+  c.global_batch = 128;
+  c.micro_batch = 2;
+  c.dp_overlap = false;
+  c.dp_algorithm = Algorithm::kRing;  // ring RS + AG is exactly one ring allreduce (auto may pick SHARP for it)
+  StepResult z0 = simulate_step(net, m, c);
+  c.zero = 1;
+  StepResult z1 = simulate_step(net, m, c);
+  c.zero = 2;
+  StepResult z2 = simulate_step(net, m, c);
+  c.zero = 3;
+  StepResult z3 = simulate_step(net, m, c);
+  // ZeRO-1/2: reduce-scatter + allgather ~ one allreduce (same wire bytes), and the optimizer shards by 64.
+  EXPECT_NEAR(z1.breakdown.dp_comm / z0.breakdown.dp_comm, 1.0, 1e-9);
+  EXPECT_DOUBLE_EQ(z1.breakdown.dp_comm, z2.breakdown.dp_comm);
+  EXPECT_NEAR(z0.breakdown.optimizer / z1.breakdown.optimizer, 64, 64 * 0.1);
+  // ZeRO-3 gathers the parameters twice per micro-batch: more traffic than one allreduce per step.
+  EXPECT_GT(z3.breakdown.dp_comm, z0.breakdown.dp_comm);
+  EXPECT_LT(z3.memory.params, z0.memory.params / 60);
+}
+
+TEST(Step, TopkAndAsyncChangeTheExchange) {
+  Topology topo(load_cluster("ethernet-25g"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(12, 768, 12, 1024, 50304);
+  ParallelConfig c;
+  c.global_batch = 512;
+  c.micro_batch = 8;
+  StepResult base = simulate_step(net, m, c);
+  c.compression = parse_compression("topk:0.001");
+  StepResult tk = simulate_step(net, m, c);
+  EXPECT_LT(tk.breakdown.dp_comm, base.breakdown.dp_comm / 5);
+  EXPECT_GT(tk.breakdown.compression, 0);
+  c.compression = parse_compression("none");
+  c.sync = parse_sync("async");
+  StepResult as = simulate_step(net, m, c);
+  EXPECT_LE(as.breakdown.dp_exposed, base.breakdown.dp_exposed);
+  EXPECT_NEAR(as.breakdown.dp_exposed,
+              std::max(0.0, as.breakdown.dp_comm - (as.time - as.breakdown.dp_exposed - as.breakdown.optimizer)), 1e-9);
+}
+
+TEST(Inference, PipelineStagesAddLatencyButSplitTheWeights) {
+  Topology topo(load_cluster("dgx-a100"), 16);
+  CollectiveModel net(topo);
+  GptModel m = gpt(96, 12288, 96, 2048, 51200);
+  InferenceConfig c;
+  c.tp = 8;
+  c.pp = 2;
+  c.batch = 8;
+  InferenceResult two = simulate_inference(net, m, c);
+  EXPECT_EQ(two.replicas, 1);
+  EXPECT_TRUE(two.fits);
+  c.pp = 1;
+  InferenceResult one = simulate_inference(net, m, c);  // 175B in fp16 on 8 x 80 GB: 43.7 GB of weights each
+  EXPECT_TRUE(one.fits);
+  EXPECT_EQ(one.replicas, 2);
+  EXPECT_NEAR(two.weight_bytes * 2, one.weight_bytes, 1);
+  EXPECT_GT(two.max_batch, 2 * one.max_batch);              // half the weights and half the KV cache per GPU
+  EXPECT_GT(one.tokens_per_second, two.tokens_per_second);  // two replicas beat one two-stage pipeline
+  EXPECT_THROW(simulate_inference(net, m, InferenceConfig{3, 1, 1, 16, 16}), ConfigError);
+}
+
+TEST(Planner, DescribesAndExplainsInWords) {
+  ParallelConfig c;
+  c.dp = 4;
+  c.tp = 8;
+  c.pp = 2;
+  c.schedule = Schedule::kInterleaved;
+  c.virtual_stages = 2;
+  c.sequence_parallel = true;
+  EXPECT_EQ(describe_config(c), "dp=4 tp=8 pp=2 b=1 zero=0 recompute=none schedule=interleaved v=2 sp");
+  StepResult a, b;
+  a.time = 1;
+  a.breakdown.compute = 0.8;
+  a.breakdown.bubble = 0.2;
+  b.time = 1.5;
+  b.breakdown.compute = 0.8;
+  b.breakdown.bubble = 0.7;
+  auto lines = explain_plan(a, &b);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_NE(lines[0].find("compute 80%"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[2].find("pipeline bubble"), std::string::npos) << lines[2];
+}
+
+}  // namespace
+}  // namespace conduit::sim
