@@ -36,6 +36,7 @@ struct BenchArgs {
   double timeout = 0;
   bool json = false;
   bool check = true;
+  bool blocking = true;
 };
 
 // nccl-tests' bus bandwidth factors.
@@ -80,6 +81,7 @@ void run_bench(const BenchArgs& a) {
   if (a.root < 0 || a.root >= n) throw ConfigError(fmt::format("--root {} is not a rank of [0, {})", a.root, n));
   CollOptions o;
   o.algorithm = a.algo;
+  o.blocking = a.blocking;
   if (!a.algo.empty()) {
     auto op = a.op == "allreduce" ? coll::CollOp::allreduce
               : a.op == "reduce_scatter" ? coll::CollOp::reduce_scatter
@@ -133,7 +135,7 @@ void run_bench(const BenchArgs& a) {
         nlohmann::json j{{"impl", "conduit"},      {"op", a.op},
                          {"algo", algo_used},      {"transport", c.transport().name()},
                          {"world", n},             {"dtype", dtype_name(dt)},
-                         {"bytes", size_bytes},    {"count", per_rank_block ? count * n : count},
+                         {"bytes", static_cast<uint64_t>(size_bytes)},    {"count", per_rank_block ? count * n : count},
                          {"iters", a.iters},       {"time_us", t * 1e6},
                          {"algbw_gbs", algbw},     {"busbw_gbs", busbw},
                          {"wrong", wrong}};
@@ -233,6 +235,9 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
   c->add_option("--timeout", a->timeout, "seconds before a collective fails (default CONDUIT_TIMEOUT or 300)");
   c->add_flag("--json", a->json, "one JSON object per size instead of the table");
   c->add_flag("!--no-check", a->check, "skip the correctness check");
+  c->add_flag("!--async", a->blocking,
+              "start each operation on the communicator's worker thread and wait for it (default: blocking calls "
+              "on the calling thread, as MPI_Allreduce)");
   c->callback([a] { run_bench(*a); });
 
   auto s = std::make_shared<SelftestArgs>();

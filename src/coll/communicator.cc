@@ -226,7 +226,8 @@ bool Communicator::try_run_inline(const std::shared_ptr<Work::State>& state) {
   return true;
 }
 
-Work Communicator::submit(const char* op_name, const Signature& sig, double timeout_s, Body body) {
+Work Communicator::submit(const char* op_name, const Signature& sig, const CollOptions& o, Body body) {
+  double timeout_s = effective_timeout(o);
   auto state = std::make_shared<Work::State>();
   state->owner = weak_from_this();
   uint64_t seq = next_seq();
@@ -249,12 +250,23 @@ Work Communicator::submit(const char* op_name, const Signature& sig, double time
     state->cv.notify_all();
   };
   {
-    std::lock_guard<std::mutex> lk(qmu_);
+    std::unique_lock<std::mutex> lk(qmu_);
+    if (o.blocking && queue_.empty() && !executing_) {
+      executing_ = true;
+      lk.unlock();
+      task();
+      lk.lock();
+      executing_ = false;
+      if (!queue_.empty()) qcv_.notify_all();
+      return Work(state);
+    }
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
     queue_.push_back(Task{state, std::move(task)});
   }
   qcv_.notify_one();
-  return Work(state);
+  Work w(state);
+  if (o.blocking) w.wait();
+  return w;
 }
 
 namespace {
@@ -461,7 +473,7 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
   Signature sig{kSigAllreduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allreduce, forced);
-  return submit("allreduce", sig, effective_timeout(o), [=, this](Ctx& c) {
+  return submit("allreduce", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::allreduce, forced, count * dtype_size(dt));
     run_allreduce(c.deadline(), buf, count, dt, op, algo);
     if (op == ReduceOp::avg) finalize_avg(buf, count, dt, size());
@@ -478,7 +490,7 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
   Signature sig{kSigReduceScatter, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, total};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce_scatter, forced);
-  return submit("reduce_scatter", sig, effective_timeout(o), [=, this](Ctx& c) {
+  return submit("reduce_scatter", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt));
     run_reduce_scatter(c.deadline(), in, out, counts, dt, op, algo);
     if (op == ReduceOp::avg) finalize_avg(out, counts[rank_], dt, size());
@@ -503,7 +515,7 @@ Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> cou
   Signature sig{kSigAllgatherv, static_cast<uint32_t>(dt), 0, -1, total};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allgather, forced);
-  return submit("allgather", sig, effective_timeout(o), [=, this](Ctx& c) {
+  return submit("allgather", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt));
     run_allgatherv(c.deadline(), in, out, counts, dt, algo);
     return algo;
@@ -516,7 +528,7 @@ Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const 
   Signature sig{kSigBroadcast, static_cast<uint32_t>(dt), 0, root, count};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::broadcast, forced);
-  return submit("broadcast", sig, effective_timeout(o), [=, this](Ctx& c) {
+  return submit("broadcast", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::broadcast, forced, count * dtype_size(dt));
     run_broadcast(c.deadline(), buf, count, dt, root, algo);
     return algo;
@@ -531,7 +543,7 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
   Signature sig{kSigReduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce, forced);
-  return submit("reduce", sig, effective_timeout(o), [=, this](Ctx& c) {
+  return submit("reduce", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt));
     run_reduce(c.deadline(), in, out, count, dt, op, root, algo);
     if (op == ReduceOp::avg && rank_ == root) finalize_avg(out, count, dt, size());
@@ -544,7 +556,7 @@ Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int
   check_buffer(in, count, "gather input");
   if (rank_ == root) check_buffer(out, count * size(), "gather output");
   Signature sig{kSigGather, static_cast<uint32_t>(dt), 0, root, count};
-  return submit("gather", sig, effective_timeout(o), [=](Ctx& c) {
+  return submit("gather", sig, o, [=](Ctx& c) {
     linear_gather(c, in, out, count * dtype_size(dt), root);
     return std::string("linear");
   });
@@ -555,7 +567,7 @@ Work Communicator::scatter(const void* in, void* out, size_t count, DType dt, in
   check_buffer(out, count, "scatter output");
   if (rank_ == root) check_buffer(in, count * size(), "scatter input");
   Signature sig{kSigScatter, static_cast<uint32_t>(dt), 0, root, count};
-  return submit("scatter", sig, effective_timeout(o), [=](Ctx& c) {
+  return submit("scatter", sig, o, [=](Ctx& c) {
     linear_scatter(c, in, out, count * dtype_size(dt), root);
     return std::string("linear");
   });
@@ -582,7 +594,7 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
   check_buffer(in, st, "alltoallv input");
   check_buffer(out, rt, "alltoallv output");
   Signature sig{kSigAlltoallv, static_cast<uint32_t>(dt), 0, -1, 0};
-  return submit("alltoall", sig, effective_timeout(o), [=](Ctx& c) {
+  return submit("alltoall", sig, o, [=](Ctx& c) {
     pairwise_alltoallv(c, static_cast<const char*>(in), sb, static_cast<char*>(out), rb);
     return std::string("pairwise");
   });
@@ -590,7 +602,7 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
 
 Work Communicator::barrier(const CollOptions& o) {
   Signature sig{kSigBarrier, 0, 0, -1, 0};
-  return submit("barrier", sig, effective_timeout(o), [](Ctx& c) {
+  return submit("barrier", sig, o, [](Ctx& c) {
     dissemination_barrier(c);
     return std::string("dissemination");
   });

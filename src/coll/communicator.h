@@ -25,7 +25,10 @@ namespace conduit::coll {
 
 struct CollOptions {
   double timeout_s = 0;   // 0: the communicator's timeout
-  std::string algorithm;  // empty: the tuner chooses; else one of algorithms_for(op)
+  std::string algorithm;  // empty: the tuner chooses; else one of Tuner::algorithms(op)
+  // Run on the calling thread and return when done (as MPI_Allreduce does): no hand-off to the worker thread,
+  // the lowest latency. The default starts the operation in the background and returns at once.
+  bool blocking = false;
 };
 
 struct CommConfig {
@@ -163,7 +166,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     int32_t root = -1;
     uint64_t count = 0;
   };
-  Work submit(const char* op_name, const Signature& sig, double timeout_s, Body body);
+  Work submit(const char* op_name, const Signature& sig, const CollOptions& o, Body body);
   std::string run_op(const char* op_name, uint64_t seq, const Signature& sig, const Deadline& d, Body& body);
   void check_signature(uint64_t seq, const Signature& sig, const Deadline& d, const char* op_name);
   void worker_loop();
