@@ -1,6 +1,8 @@
 // Started by tests/net/mpi_transport_test.cc as `mpirun -np 3 net_mpi_worker`: exercises the MPI transport between
 // real processes and prints one "rank R: ok <phase>" line per phase passed, then "rank R: ALL OK". Any failure
 // prints "rank R: FAIL ..." and exits 1. Every wait has a deadline, so a broken transport fails instead of hanging.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -9,8 +11,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/clock.h"
 #include "core/error.h"

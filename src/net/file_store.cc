@@ -3,6 +3,7 @@
 // so readers see either no file or the whole value. add() holds flock() on "<dir>/.lock" around its
 // read-modify-write. get() polls with a growing pause (1 ms to 50 ms) until the key appears or the deadline passes.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,8 +13,6 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "net/store.h"
@@ -50,9 +49,10 @@ class FileStore : public Store {
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
     struct stat st {};
     if (dir_.empty() || stat(dir_.c_str(), &st) != 0) {
-      throw ConfigError(fmt::format("file store: directory '{}' does not exist ({}); create it on a file system "
-                                    "every rank can see",
-                                    dir_, dir_.empty() ? "empty path" : std::strerror(errno)));
+      throw ConfigError(
+          fmt::format("file store: directory '{}' does not exist ({}); create it on a file system "
+                      "every rank can see",
+                      dir_, dir_.empty() ? "empty path" : std::strerror(errno)));
     }
     if (!S_ISDIR(st.st_mode)) throw ConfigError(fmt::format("file store: '{}' is not a directory", dir_));
     if (access(dir_.c_str(), R_OK | W_OK | X_OK) != 0) {
@@ -69,11 +69,11 @@ class FileStore : public Store {
       std::string v;
       if (read(key, &v)) return v;
       if (deadline.expired()) {
-        throw TimeoutError(fmt::format("file store {}: key '{}' did not appear within {:.1f}s", dir_, key,
-                                       sw.seconds()));
+        throw TimeoutError(
+            fmt::format("file store {}: key '{}' did not appear within {:.1f}s", dir_, key, sw.seconds()));
       }
-      auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-          Seconds(std::max(0.0, deadline.remaining_seconds())));
+      auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(Seconds(std::max(0.0, deadline.remaining_seconds())));
       std::this_thread::sleep_for(std::min(pause, left));
       pause = std::min(pause * 2, std::chrono::microseconds(50000));
     }

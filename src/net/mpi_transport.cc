@@ -28,6 +28,7 @@
 #include "net/mpi_transport.h"
 
 #define OMPI_SKIP_MPICXX 1
+#include <fmt/format.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -39,8 +40,6 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
-
-#include <fmt/format.h>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -128,7 +127,8 @@ ByteType byte_type(size_t bytes) {
   const size_t kBlock = block_sizes().block;
   MPI_Datatype block, blocks, whole;
   size_t n = bytes / kBlock, rem = bytes % kBlock;
-  if (n > static_cast<size_t>(INT_MAX)) throw InvalidArgument(fmt::format("mpi transport: {} bytes is too large", bytes));
+  if (n > static_cast<size_t>(INT_MAX))
+    throw InvalidArgument(fmt::format("mpi transport: {} bytes is too large", bytes));
   check_mpi(MPI_Type_contiguous(static_cast<int>(kBlock), MPI_BYTE, &block), "MPI_Type_contiguous");
   check_mpi(MPI_Type_contiguous(static_cast<int>(n), block, &blocks), "MPI_Type_contiguous");
   MPI_Type_free(&block);
@@ -192,13 +192,14 @@ class MpiEngine : public Progressor {
                   const std::shared_ptr<MpiEngine>& self) {
     const char* what = kind == Request::Kind::send ? "isend" : "irecv";
     if (peer < 0 || peer >= size_) {
-      throw InvalidArgument(fmt::format("mpi transport: {} to rank {} is invalid: expected 0 <= peer < {}", what,
-                                        peer, size_));
+      throw InvalidArgument(
+          fmt::format("mpi transport: {} to rank {} is invalid: expected 0 <= peer < {}", what, peer, size_));
     }
     if (!tag_valid(tag)) {
-      throw InvalidArgument(fmt::format("mpi transport: {} with tag {:#x} is invalid: its kind byte must be 1..4 "
-                                        "(see net/tags.h)",
-                                        what, tag));
+      throw InvalidArgument(
+          fmt::format("mpi transport: {} with tag {:#x} is invalid: its kind byte must be 1..4 "
+                      "(see net/tags.h)",
+                      what, tag));
     }
     if (bytes > 0 && data == nullptr) {
       throw InvalidArgument(fmt::format("mpi transport: {} of {} bytes with a null buffer", what, bytes));
@@ -209,9 +210,10 @@ class MpiEngine : public Progressor {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (!aborted_.empty()) {
-        err = std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} rank {} tag {:#x} refused: "
-                                                            "the transport was aborted: {}",
-                                                            rank_, what, peer, tag, aborted_)));
+        err =
+            std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} rank {} tag {:#x} refused: "
+                                                          "the transport was aborted: {}",
+                                                          rank_, what, peer, tag, aborted_)));
       } else {
         MpiGuard g;
         ByteType bt = byte_type(bytes);
@@ -221,9 +223,10 @@ class MpiEngine : public Progressor {
                                              : MPI_Irecv(data, bt.count, bt.type, peer, route.tag, comm, &r->req_);
         if (bt.owned) MPI_Type_free(&bt.type);
         if (rc != MPI_SUCCESS) {
-          err = std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} of {} bytes, rank {} tag "
-                                                              "{:#x}: {}",
-                                                              rank_, what, bytes, peer, tag, mpi_error_string(rc))));
+          err =
+              std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} of {} bytes, rank {} tag "
+                                                            "{:#x}: {}",
+                                                            rank_, what, bytes, peer, tag, mpi_error_string(rc))));
         } else {
           pending_.push_back(r);
         }
@@ -297,8 +300,8 @@ class MpiEngine : public Progressor {
     }
     auto pause = std::chrono::microseconds(50);
     while (!until.expired()) {
-      auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-          Seconds(std::max(0.0, until.remaining_seconds())));
+      auto left =
+          std::chrono::duration_cast<std::chrono::microseconds>(Seconds(std::max(0.0, until.remaining_seconds())));
       std::this_thread::sleep_for(std::min(pause, left));
       if (progress()) return;
       pause = std::min(pause * 2, std::chrono::microseconds(1000));
@@ -402,10 +405,10 @@ class MpiEngine : public Progressor {
           "expects (the ranks disagree on the message size)",
           rank_, r.peer(), r.tag(), r.bytes())));
     }
-    return std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} rank {} (tag {:#x}, {} bytes) "
-                                                         "failed: {}",
-                                                         rank_, what, r.peer(), r.tag(), r.bytes(),
-                                                         mpi_error_string(rc))));
+    return std::make_exception_ptr(
+        PeerError(fmt::format("mpi transport (rank {}): {} rank {} (tag {:#x}, {} bytes) "
+                              "failed: {}",
+                              rank_, what, r.peer(), r.tag(), r.bytes(), mpi_error_string(rc))));
   }
 
   void fail_all_locked(const std::string& why,
@@ -418,10 +421,10 @@ class MpiEngine : public Progressor {
         zombies_.push_back(r->req_);
         r->req_ = MPI_REQUEST_NULL;
       }
-      out.emplace_back(r, std::make_exception_ptr(PeerError(fmt::format(
-                              "{} ({} rank {}, tag {:#x}, {} bytes)", why,
-                              r->kind() == Request::Kind::send ? "send to" : "receive from", r->peer(), r->tag(),
-                              r->bytes()))));
+      out.emplace_back(
+          r, std::make_exception_ptr(PeerError(fmt::format(
+                 "{} ({} rank {}, tag {:#x}, {} bytes)", why,
+                 r->kind() == Request::Kind::send ? "send to" : "receive from", r->peer(), r->tag(), r->bytes()))));
     }
     pending_.clear();
   }
@@ -528,10 +531,11 @@ void mpi_init_once() {
       CONDUIT_LOG_INFO("mpi: CONDUIT_MPI_SERIALIZE=1: serializing every MPI call with one lock");
     } else if (provided < MPI_THREAD_MULTIPLE) {
       g_serialize = true;
-      CONDUIT_LOG_WARN("mpi: the MPI library provides thread level {} (< MPI_THREAD_MULTIPLE = {}); Conduit "
-                       "serializes its MPI calls with one lock{}",
-                       provided, MPI_THREAD_MULTIPLE,
-                       provided < MPI_THREAD_SERIALIZED ? ", which is only safe if one thread uses Conduit" : "");
+      CONDUIT_LOG_WARN(
+          "mpi: the MPI library provides thread level {} (< MPI_THREAD_MULTIPLE = {}); Conduit "
+          "serializes its MPI calls with one lock{}",
+          provided, MPI_THREAD_MULTIPLE,
+          provided < MPI_THREAD_SERIALIZED ? ", which is only safe if one thread uses Conduit" : "");
     }
   });
 }
@@ -570,9 +574,9 @@ std::vector<std::string> mpi_allgather_strings(const std::string& mine) {
     if (lens[i] < 0 || total > INT_MAX) throw ProtocolError("mpi_allgather_strings: invalid lengths from peers");
   }
   std::string all(static_cast<size_t>(total), '\0');
-  check_mpi(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
-                           MPI_COMM_WORLD),
-            "MPI_Allgatherv");
+  check_mpi(
+      MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, MPI_COMM_WORLD),
+      "MPI_Allgatherv");
   std::vector<std::string> out(size);
   for (int i = 0; i < size; ++i) out[i] = all.substr(displs[i], lens[i]);
   return out;
@@ -592,8 +596,8 @@ TransportPtr make_mpi_transport(std::vector<int> hosts) {
     }
   }
   if (static_cast<int>(hosts.size()) != size) {
-    throw InvalidArgument(fmt::format("make_mpi_transport: {} host indices for {} ranks (expected one per rank)",
-                                      hosts.size(), size));
+    throw InvalidArgument(
+        fmt::format("make_mpi_transport: {} host indices for {} ranks (expected one per rank)", hosts.size(), size));
   }
   return std::make_shared<MpiTransport>(std::move(hosts));
 }

@@ -2,10 +2,11 @@
 //   allgather: "<prefix>/<rank>" holds each rank's value.
 //   barrier:   "<prefix>/arrived" counts arrivals (add); the last rank to arrive sets "<prefix>/done", which every
 //              rank gets (blocking in the store, no polling loop here).
+#include "net/store.h"
+
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "net/store.h"
 
 namespace conduit::net {
 namespace {
@@ -43,8 +44,8 @@ void store_barrier(Store& store, const std::string& prefix, int rank, int size, 
   const std::string done = prefix + "/done";
   int64_t n = store.add(arrived, 1);
   if (n > size) {
-    throw InvalidArgument(fmt::format("store_barrier '{}': {} arrivals for a group of {} (was the prefix reused?)",
-                                      prefix, n, size));
+    throw InvalidArgument(
+        fmt::format("store_barrier '{}': {} arrivals for a group of {} (was the prefix reused?)", prefix, n, size));
   }
   if (n == size) {
     store.set(done, "1");

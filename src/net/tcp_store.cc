@@ -19,6 +19,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -32,8 +33,6 @@
 #include <cstring>
 #include <thread>
 #include <unordered_map>
-
-#include <fmt/format.h>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -152,8 +151,8 @@ class TcpStoreServer {
     bool any = host.empty() || host == "*";
     int rc = getaddrinfo(any ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res);
     if (rc != 0) {
-      throw ConfigError(fmt::format("tcp store: cannot resolve server address '{}:{}': {} (check MASTER_ADDR)",
-                                    host, port, gai_strerror(rc)));
+      throw ConfigError(fmt::format("tcp store: cannot resolve server address '{}:{}': {} (check MASTER_ADDR)", host,
+                                    port, gai_strerror(rc)));
     }
     std::string why = "no address";
     for (addrinfo* ai = res; ai != nullptr && listen_fd_ < 0; ai = ai->ai_next) {
@@ -306,9 +305,10 @@ class TcpStoreServer {
       }
       if (n == 0) {
         if (!c.in.empty()) {
-          CONDUIT_LOG_ERROR("tcp store server {}:{}: client {} closed the connection in the middle of a frame "
-                            "({} bytes pending); dropped it",
-                            host_, port_, c.peer, c.in.size());
+          CONDUIT_LOG_ERROR(
+              "tcp store server {}:{}: client {} closed the connection in the middle of a frame "
+              "({} bytes pending); dropped it",
+              host_, port_, c.peer, c.in.size());
         }
         return false;
       }
@@ -374,8 +374,9 @@ class TcpStoreServer {
       }
       case kOpAdd: {
         if (value.size() != 8) {
-          CONDUIT_LOG_ERROR("tcp store server {}:{}: add from {} carries {} value bytes (expected 8); dropped the client",
-                            host_, port_, c.peer, value.size());
+          CONDUIT_LOG_ERROR(
+              "tcp store server {}:{}: add from {} carries {} value bytes (expected 8); dropped the client", host_,
+              port_, c.peer, value.size());
           return false;
         }
         auto delta = static_cast<int64_t>(get_le<uint64_t>(value.data()));
@@ -504,8 +505,11 @@ class TcpStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override {
     check_sizes(key, 8);
     auto [st, v] = request(kOpAdd, key, encode_i64(delta), op_deadline());
-    if (v.size() != 8) throw ProtocolError(fmt::format("tcp store {}: add reply for key '{}' carries {} bytes "
-                                                       "(expected 8)", addr_, key, v.size()));
+    if (v.size() != 8)
+      throw ProtocolError(
+          fmt::format("tcp store {}: add reply for key '{}' carries {} bytes "
+                      "(expected 8)",
+                      addr_, key, v.size()));
     return static_cast<int64_t>(get_le<uint64_t>(v.data()));
   }
 
@@ -553,16 +557,16 @@ class TcpStore : public Store {
       }
       if (d.expired()) break;
       auto wait = std::min<std::chrono::nanoseconds>(
-          backoff, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       Seconds(std::max(0.0, d.remaining_seconds()))));
+          backoff, std::chrono::duration_cast<std::chrono::nanoseconds>(Seconds(std::max(0.0, d.remaining_seconds()))));
       std::this_thread::sleep_for(wait);
       backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(500));
       if (d.expired()) break;
     }
     if (first || deadline.expired()) {
-      throw TimeoutError(fmt::format("tcp store: could not connect to the server at {} before the deadline: {} "
-                                     "(is rank 0 running and MASTER_ADDR/MASTER_PORT right?)",
-                                     addr_, why));
+      throw TimeoutError(
+          fmt::format("tcp store: could not connect to the server at {} before the deadline: {} "
+                      "(is rank 0 running and MASTER_ADDR/MASTER_PORT right?)",
+                      addr_, why));
     }
     throw PeerError(fmt::format("tcp store: the server at {} is unreachable: {} (did rank 0 exit?)", addr_, why));
   }
@@ -624,23 +628,29 @@ class TcpStore : public Store {
 
   static const char* op_name(uint8_t op) {
     switch (op) {
-      case kOpSet: return "set";
-      case kOpGet: return "get";
-      case kOpAdd: return "add";
-      case kOpCheck: return "check";
-      default: return "ping";
+      case kOpSet:
+        return "set";
+      case kOpGet:
+        return "get";
+      case kOpAdd:
+        return "add";
+      case kOpCheck:
+        return "check";
+      default:
+        return "ping";
     }
   }
 
   [[noreturn]] void timeout(uint8_t op, const std::string& key, const Deadline& d) const {
-    throw TimeoutError(fmt::format("tcp store {}: {} of key '{}' did not complete before the deadline", addr_,
-                                   op_name(op), key));
+    throw TimeoutError(
+        fmt::format("tcp store {}: {} of key '{}' did not complete before the deadline", addr_, op_name(op), key));
   }
 
   [[noreturn]] void gone(uint8_t op, const std::string& key, const std::string& why) const {
-    throw PeerError(fmt::format("tcp store {}: connection to the server lost during {} of key '{}': {} (did rank 0 "
-                                "exit?)",
-                                addr_, op_name(op), key, why));
+    throw PeerError(
+        fmt::format("tcp store {}: connection to the server lost during {} of key '{}': {} (did rank 0 "
+                    "exit?)",
+                    addr_, op_name(op), key, why));
   }
 
   // Waits until fd is ready for `events`; false on deadline.
@@ -703,8 +713,8 @@ class TcpStore : public Store {
         Header r = decode_header(hb);
         std::string bad = check_header(r, true);
         if (!bad.empty()) {
-          throw ProtocolError(fmt::format("tcp store {}: malformed reply to {} of key '{}': {}", addr_, op_name(op),
-                                          key, bad));
+          throw ProtocolError(
+              fmt::format("tcp store {}: malformed reply to {} of key '{}': {}", addr_, op_name(op), key, bad));
         }
         std::string body(static_cast<size_t>(r.key_len) + r.value_len, '\0');
         recv_all(*c, body.data(), body.size(), op, key, deadline);

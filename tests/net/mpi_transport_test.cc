@@ -1,5 +1,8 @@
 // The MPI transport between real processes: runs `mpirun -np 3 net_mpi_worker` (tests/net_mpi_worker.cc, built
 // next to this binary) and checks that every rank passed every phase. The tag mapping is checked in-process.
+#include "net/mpi_transport.h"
+
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,9 +12,6 @@
 #include <set>
 #include <string>
 
-#include <gtest/gtest.h>
-
-#include "net/mpi_transport.h"
 #include "net/tags.h"
 
 namespace conduit::net {

@@ -1,6 +1,10 @@
 // Rendezvous stores: TCP (server thread, clients across threads and processes, malformed input, server death),
 // file store, and the allgather/barrier helpers. No fixed ports: servers bind port 0.
+#include "net/store.h"
+
 #include <arpa/inet.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -14,11 +18,7 @@
 #include <future>
 #include <thread>
 
-#include <fmt/format.h>
-#include <gtest/gtest.h>
-
 #include "core/error.h"
-#include "net/store.h"
 #include "net/tcp_store.h"
 
 namespace conduit::net {
