@@ -231,6 +231,23 @@ TEST(TcpStore, ThreadsShareOneStoreAndCount) {
   EXPECT_EQ(server->add("count", 0), kThreads * kAdds);
 }
 
+TEST(TcpStore, ManyClientsParkedOnOneKeyWakeTogether) {
+  int port = 0;
+  auto server = start_server(&port);
+  constexpr int kClients = 48;
+  std::vector<StorePtr> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(client(port));
+  std::vector<std::future<std::string>> gets;
+  for (auto& c : clients) {
+    gets.push_back(std::async(std::launch::async, [c] { return c->get("go", Deadline::after(20)); }));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Stopwatch sw;
+  server->set("go", "now");
+  for (auto& g : gets) EXPECT_EQ(g.get(), "now");
+  EXPECT_LT(sw.seconds(), 5.0);
+}
+
 TEST(TcpStore, ClientConnectsBeforeServerStarts) {
   int port = free_port();
   auto f = std::async(std::launch::async, [&] {
