@@ -40,18 +40,33 @@ size_t PowerSgd::wire_bytes(size_t numel, const TensorState& st) const {
 }
 
 void PowerSgd::orthonormalise(float* rows, size_t r, size_t n) {
+  // O(n r^2), small next to the products; dot products in double. (Hand-written: OpenBLAS 0.3.21's snrm2 returned
+  // wrong norms for the nearly cancelled columns of rank-deficient inputs.)
   for (size_t i = 0; i < r; ++i) {
     float* a = rows + i * n;
-    for (size_t j = 0; j < i; ++j) {
-      const float* b = rows + j * n;
-      float dot = cblas_sdot(static_cast<int>(n), a, 1, b, 1);
-      cblas_saxpy(static_cast<int>(n), -dot, b, 1, a, 1);
-    }
-    float norm = cblas_snrm2(static_cast<int>(n), a, 1);
-    if (norm > 1e-30f)
-      cblas_sscal(static_cast<int>(n), 1.0f / norm, a, 1);
-    else
+    double before = 0;
+    for (size_t k = 0; k < n; ++k) before += static_cast<double>(a[k]) * a[k];
+    // Two passes ("twice is enough"): one pass loses orthogonality when a column is nearly dependent on the
+    // previous ones (e.g. a gradient of rank below r), and the normalised remainder would leak into their span.
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t j = 0; j < i; ++j) {
+        const float* b = rows + j * n;
+        double dot = 0;
+        for (size_t k = 0; k < n; ++k) dot += static_cast<double>(a[k]) * b[k];
+        float f = static_cast<float>(dot);
+        for (size_t k = 0; k < n; ++k) a[k] -= f * b[k];
+      }
+    double ss = 0;
+    for (size_t k = 0; k < n; ++k) ss += static_cast<double>(a[k]) * a[k];
+    double norm = std::sqrt(ss);
+    // A column (numerically) in the span of the previous ones carries no new direction: its remainder is rounding
+    // noise that would not be orthogonal to the span. It becomes zero (phase_p draws a fresh Q column for it).
+    if (norm > 1e-30 && norm > 1e-4 * std::sqrt(before)) {
+      float inv = static_cast<float>(1.0 / norm);
+      for (size_t k = 0; k < n; ++k) a[k] *= inv;
+    } else {
       std::fill(a, a + n, 0.0f);
+    }
   }
 }
 
@@ -68,6 +83,14 @@ void PowerSgd::phase_p(std::span<const float> in, TensorState& st, std::span<flo
   if (fresh) {
     detail::Rng rng(detail::call_key(st.seed, 0, st.step, 0x7073));
     for (auto& v : q) v = static_cast<float>(rng.normal());
+  } else {
+    // A column of Q that became zero (its P column was dependent) is redrawn, identically on every rank.
+    detail::Rng rng(detail::call_key(st.seed, 1, st.step, 0x7073));
+    for (size_t j = 0; j < pl.r; ++j) {
+      float* row = q.data() + j * pl.m;
+      if (std::all_of(row, row + pl.m, [](float v) { return v == 0.0f; }))
+        for (size_t k = 0; k < pl.m; ++k) row[k] = static_cast<float>(rng.normal());
+    }
   }
   // P^T (r x n) = Q^T (r x m) * M^T
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(pl.r), static_cast<int>(pl.n),

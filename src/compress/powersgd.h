@@ -48,7 +48,8 @@ class PowerSgd : public Compressor {
   // For uncompressed plans: advance the state (out = the allreduced tensor, handled by the caller).
   void skip(TensorState& st) const { ++st.step; }
 
-  // Gram-Schmidt on the r rows (length n) of a row-major r x n matrix; rows with ~zero norm stay ~zero.
+  // Gram-Schmidt (two passes) on the r rows (length n) of a row-major r x n matrix; a row that is numerically
+  // dependent on the previous ones (remainder below 1e-4 of its norm) becomes zero.
   static void orthonormalise(float* rows, size_t r, size_t n);
 
  private:

@@ -1,0 +1,264 @@
+// Every compressed collective equals decompress-then-reduce, for 1 to 8 in-process ranks and on sub-communicators:
+//  - allgather and majority-vote methods: bit for bit (payloads decoded and summed in rank order on every rank);
+//  - linear methods (allreduce of the payload in its dtype): within the dtype's rounding of n additions;
+//  - PowerSGD: equal to a local simulation of its two allreduces (f32 rounding), batched equal to per-tensor;
+//  - the re-quantizing ring: bit for bit equal to a local simulation of the ring's hops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "compress/collectives.h"
+#include "compress/powersgd.h"
+#include "core/error.h"
+#include "ranks.h"
+
+using namespace conduit;
+using namespace conduit::compress;
+using conduit::compress::testing::on_ranks;
+
+namespace {
+
+std::vector<float> gaussian(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(g);
+  return v;
+}
+
+struct Method {
+  std::string name;
+  Params p;
+};
+
+const std::vector<Method> kMethods = {
+    {"none", {}},        {"fp16", {}},      {"bf16", {}},       {"int8", {}},
+    {"uint8", {}},       {"qsgd", {{"levels", "3"}}},           {"terngrad", {}},
+    {"natural", {}},     {"signsgd", {}},   {"signum", {}},     {"scaled_sign", {}},
+    {"efsignsgd", {}},   {"onebit", {}},    {"topk", {{"ratio", "0.05"}}},
+    {"randk", {{"ratio", "0.1"}}},          {"threshold", {{"threshold", "1.5"}}},
+    {"dgc", {{"ratio", "0.05"}}},           {"ef:topk", {{"ratio", "0.02"}}}};
+
+// Tolerance of a linear method's allreduce against f32 decode-then-sum: n roundings to the payload dtype.
+double linear_tol(DType t, int n) {
+  if (t == DType::f16) return n * (1.0 / 1024);
+  if (t == DType::bf16) return n * (1.0 / 128);
+  return n * 1e-5;
+}
+
+// The check of one method on one communicator. `members` are the world ranks of the group (their data seeds).
+void check_method(coll::Communicator& c, const Method& m, const std::vector<int>& members, size_t d) {
+  auto comp = make_compressor(m.name, m.p);
+  const int n = c.size();
+  TensorState st = comp->make_state(d, 77, members[c.rank()]);
+  std::vector<TensorState> ref;
+  for (int r = 0; r < n; ++r) ref.push_back(comp->make_state(d, 77, members[r]));
+  for (int step = 0; step < 3; ++step) {
+    auto mine = gaussian(d, 1000 * step + members[c.rank()]);
+    std::vector<float> got = mine;
+    size_t sent = compressed_allreduce(c, *comp, st, got);
+    std::vector<Bytes> payloads;
+    for (int r = 0; r < n; ++r) payloads.push_back(comp->compress(gaussian(d, 1000 * step + members[r]), ref[r]));
+    EXPECT_EQ(sent, payloads[c.rank()].size());
+    std::vector<float> want(d, 0.0f);
+    if (comp->collective() == Collective::majority_vote) {
+      Bytes all;
+      for (auto& p : payloads) all.insert(all.end(), p.begin(), p.end());
+      majority_vote(all, n, want);
+      // The vote is the sign of the sum of decoded signs.
+      std::vector<float> sum(d, 0.0f), one(d);
+      for (int r = 0; r < n; ++r) {
+        comp->decompress(payloads[r], ref[r], one);
+        for (size_t i = 0; i < d; ++i) sum[i] += one[i];
+      }
+      for (size_t i = 0; i < d; ++i) ASSERT_EQ(want[i], sum[i] > 0 ? 1.0f : (sum[i] < 0 ? -1.0f : 0.0f));
+    } else {
+      for (int r = 0; r < n; ++r) comp->decompress_add(payloads[r], ref[c.rank()], want);
+    }
+    if (comp->linear()) {
+      double tol = linear_tol(comp->linear_dtype(), n);
+      for (size_t i = 0; i < d; ++i) {
+        ASSERT_NEAR(got[i], want[i], tol * (std::fabs(want[i]) + n * 4.0) + 1e-6)
+            << m.name << " n=" << n << " step " << step << " i=" << i;
+      }
+    } else {
+      ASSERT_EQ(got, want) << m.name << " n=" << n << " step " << step;
+    }
+  }
+  EXPECT_EQ(st, ref[c.rank()]) << m.name;  // the state advanced exactly as a local run's
+}
+
+}  // namespace
+
+class Ranks : public ::testing::TestWithParam<int> {};
+
+TEST_P(Ranks, EveryMethodEqualsDecompressThenReduce) {
+  int n = GetParam();
+  std::vector<int> members(n);
+  for (int r = 0; r < n; ++r) members[r] = r;
+  on_ranks(n, [&](coll::Communicator& c) {
+    for (const auto& m : kMethods) check_method(c, m, members, 1003);
+    check_method(c, kMethods[6], members, 0);  // empty tensors pass through
+    check_method(c, kMethods[13], members, 1);
+  });
+}
+
+// Local simulation of the quantized ring for chunk `ch`: the chain starts at rank ch+1 and ends at rank ch.
+std::vector<float> simulate_ring_chunk(const std::vector<std::vector<float>>& data, Chunk ck, int owner,
+                                       const Compressor& codec) {
+  int n = static_cast<int>(data.size());
+  TensorState st;
+  int first = (owner + 1) % n;
+  std::vector<float> acc(data[first].begin() + ck.offset, data[first].begin() + ck.offset + ck.count);
+  for (int j = 2; j <= n; ++j) {
+    int r = (owner + j) % n;
+    std::vector<float> mine(data[r].begin() + ck.offset, data[r].begin() + ck.offset + ck.count);
+    Bytes q = codec.compress(acc, st);
+    codec.decompress_add(q, st, mine);
+    acc = mine;
+  }
+  return acc;
+}
+
+TEST_P(Ranks, QuantizedRingEqualsItsSimulationBitForBit) {
+  int n = GetParam();
+  on_ranks(n, [&](coll::Communicator& c) {
+    for (std::string codec : {"none", "fp16", "bf16", "int8", "uint8"}) {
+      auto cd = make_ring_codec(codec);
+      for (size_t d : {size_t(0), size_t(5), size_t(1003), size_t(40000)}) {
+        std::vector<std::vector<float>> data;
+        for (int r = 0; r < n; ++r) data.push_back(gaussian(d, 7 * r + d));
+        // reduce-scatter
+        Chunk mine = ring_chunk(d, n, c.rank());
+        std::vector<float> out(mine.count);
+        quantized_ring_reduce_scatter(c, data[c.rank()], out, codec);
+        std::vector<float> want =
+            n == 1 ? data[0] : simulate_ring_chunk(data, mine, c.rank(), *cd);
+        ASSERT_EQ(out, want) << codec << " d=" << d << " n=" << n;
+        // allreduce
+        std::vector<float> all = data[c.rank()];
+        quantized_ring_allreduce(c, all, codec);
+        std::vector<double> exact(d, 0);
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < d; ++i) exact[i] += data[r][i];
+        for (int k = 0; k < n && n > 1; ++k) {
+          Chunk ck = ring_chunk(d, n, k);
+          auto acc = simulate_ring_chunk(data, ck, k, *cd);
+          TensorState st;
+          Bytes q = cd->compress(acc, st);
+          std::vector<float> fin(ck.count);
+          cd->decompress(q, st, fin);
+          for (size_t i = 0; i < ck.count; ++i) ASSERT_EQ(all[ck.offset + i], fin[i]) << codec << " chunk " << k;
+        }
+        if (n == 1) ASSERT_EQ(all, data[0]);
+        // And it is close to the exact sum (the codec's resolution times the hops).
+        double tol = codec == "none" ? 1e-5 : codec == "fp16" ? 4e-3 : 0.05;
+        for (size_t i = 0; i < d; ++i) ASSERT_NEAR(all[i], exact[i], tol * n * 3) << codec;
+      }
+    }
+    std::vector<float> x(10), wrong(3);
+    EXPECT_THROW(quantized_ring_allreduce(c, x, "int4"), ConfigError);
+    if (n == 2) EXPECT_THROW(quantized_ring_reduce_scatter(c, x, wrong, "fp16"), InvalidArgument);
+  });
+}
+
+// PowerSGD over n ranks equals a local simulation of its two allreduces; batched equals per-tensor.
+TEST_P(Ranks, PowerSgdEqualsSimulationAndBatchedEqualsPerTensor) {
+  int n = GetParam();
+  auto comp = make_compressor("powersgd", {{"rank", "2"}, {"start_iter", "1"}});
+  const auto& ps = dynamic_cast<const PowerSgd&>(*comp);
+  const std::vector<std::vector<size_t>> shapes = {{30, 40}, {17}, {3, 4}, {64, 9}};
+  on_ranks(n, [&](coll::Communicator& c) {
+    std::vector<TensorState> a, b;
+    std::vector<std::vector<TensorState>> ref(shapes.size());
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      a.push_back(comp->make_state(shapes[t], 5, c.rank()));
+      b.push_back(comp->make_state(shapes[t], 5, c.rank()));
+      for (int r = 0; r < n; ++r) ref[t].push_back(comp->make_state(shapes[t], 5, r));
+    }
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::vector<float>> xa, xb;
+      for (size_t t = 0; t < shapes.size(); ++t) {
+        size_t d = 1;
+        for (auto s : shapes[t]) d *= s;
+        xa.push_back(gaussian(d, 100 * step + 10 * t + c.rank()));
+      }
+      xb = xa;
+      // per tensor
+      for (size_t t = 0; t < shapes.size(); ++t) compressed_allreduce(c, *comp, a[t], xa[t], {true, 0});
+      // batched
+      std::vector<TensorState*> sp;
+      std::vector<std::span<float>> dp;
+      for (size_t t = 0; t < shapes.size(); ++t) sp.push_back(&b[t]), dp.push_back(xb[t]);
+      compressed_allreduce_many(c, *comp, sp, dp, {true, 0});
+      for (size_t t = 0; t < shapes.size(); ++t) {
+        size_t d = xa[t].size();
+        // simulation
+        std::vector<std::vector<float>> in(n);
+        for (int r = 0; r < n; ++r) in[r] = gaussian(d, 100 * step + 10 * t + r);
+        std::vector<float> want(d, 0.0f);
+        auto plan = ps.plan(d, ref[t][0]);
+        if (!plan.compressed) {
+          for (int r = 0; r < n; ++r)
+            for (size_t i = 0; i < d; ++i) want[i] += in[r][i];
+          for (auto& v : want) v /= n;
+          for (int r = 0; r < n; ++r) ps.skip(ref[t][r]);
+        } else {
+          std::vector<float> psum(plan.p_len(), 0.0f), qsum(plan.q_len(), 0.0f), p(plan.p_len()), q(plan.q_len());
+          for (int r = 0; r < n; ++r) {
+            ps.phase_p(in[r], ref[t][r], p);
+            for (size_t i = 0; i < p.size(); ++i) psum[i] += p[i];
+          }
+          std::vector<float> pr;
+          for (int r = 0; r < n; ++r) {
+            pr = psum;
+            ps.phase_q(in[r], ref[t][r], pr, q);
+            for (size_t i = 0; i < q.size(); ++i) qsum[i] += q[i];
+          }
+          for (int r = 0; r < n; ++r) ps.finish(in[r], ref[t][r], pr, qsum, n, true, want);
+        }
+        double scale = 0;
+        for (float v : want) scale = std::max(scale, double(std::fabs(v)));
+        for (size_t i = 0; i < d; ++i) {
+          ASSERT_NEAR(xa[t][i], want[i], 1e-4 * (scale + 1)) << "tensor " << t << " step " << step;
+          ASSERT_NEAR(xb[t][i], want[i], 1e-4 * (scale + 1)) << "batched tensor " << t << " step " << step;
+        }
+        EXPECT_EQ(a[t].step, ref[t][c.rank()].step);
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(OneToEight, Ranks, ::testing::Range(1, 9));
+
+// Two groups of four from one world of eight run at the same time on their sub-communicators.
+TEST(SubCommunicators, MethodsRingAndPowerSgdOnSplitGroups) {
+  on_ranks(8, [&](coll::Communicator& world) {
+    int color = world.rank() % 2;
+    auto sub = world.split(color, world.rank());
+    ASSERT_TRUE(sub);
+    ASSERT_EQ(sub->size(), 4);
+    std::vector<int> members;
+    for (int r = 0; r < 8; ++r)
+      if (r % 2 == color) members.push_back(r);
+    for (const auto& m : kMethods)
+      if (m.name == "topk" || m.name == "fp16" || m.name == "signum" || m.name == "randk" || m.name == "qsgd")
+        check_method(*sub, m, members, 777);
+    std::vector<float> x = gaussian(1000, 3 + world.rank()), y = x;
+    quantized_ring_allreduce(*sub, x, "int8");
+    std::vector<double> exact(1000, 0);
+    for (int r : members) {
+      auto g = gaussian(1000, 3 + r);
+      for (size_t i = 0; i < 1000; ++i) exact[i] += g[i];
+    }
+    for (size_t i = 0; i < 1000; ++i) ASSERT_NEAR(x[i], exact[i], 0.1);
+    auto comp = make_compressor("powersgd", {{"rank", "8"}});
+    auto st = comp->make_state({40, 50}, 1, sub->rank());
+    std::vector<float> mtx(2000);
+    for (size_t i = 0; i < 2000; ++i) mtx[i] = float(i % 7) * (1 + color);  // same on every member
+    auto want = mtx;
+    compressed_allreduce(*sub, *comp, st, mtx, {true, 0});
+    for (size_t i = 0; i < 2000; ++i) ASSERT_NEAR(mtx[i], want[i], 1e-3);  // rank 7 <= 8: exact
+  });
+}
