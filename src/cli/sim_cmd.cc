@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -400,9 +401,10 @@ void run_coll(const CollArgs& a) {
   if (n <= 0) throw ConfigError("--size must be positive (e.g. 64M)");
   Group g{a.group > 0 ? a.group : a.gpus, a.stride, 0};
   if (a.group < 0 || a.stride < 1 || (g.size - 1) * g.stride >= a.gpus)
-    throw ConfigError(fmt::format("--group ({}) and --stride ({}) must place the group's ranks within --gpus ({}): "
-                                  "group >= 1, stride >= 1, (group - 1) x stride < gpus",
-                                  g.size, g.stride, a.gpus));
+    throw ConfigError(
+        fmt::format("--group ({}) and --stride ({}) must place the group's ranks within --gpus ({}): "
+                    "group >= 1, stride >= 1, (group - 1) x stride < gpus",
+                    g.size, g.stride, a.gpus));
   std::vector<Algorithm> algs;
   if (a.algorithm == "all")
     algs = candidate_algorithms(c, topo);
@@ -690,6 +692,101 @@ void run_calibrate(const CalibrateArgs& a) {
   }
 }
 
+struct ScaleArgs {
+  std::string gpus_list = "64,128,256,512,1024,2048,4096,8192";
+  long long batch_per_gpu = 0;
+  std::string plot;
+};
+
+// A scaling curve: for each accelerator count, the planner's best plan (or the fixed --tp/--pp/... when
+// --fixed), at a fixed global batch (strong scaling) or a fixed batch per GPU (weak scaling).
+void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
+  ClusterSpec spec = load_cluster(a.cluster);
+  GptModel m = make_model(a.model);
+  std::vector<int> counts = parse_int_list(sa.gpus_list, "--gpus-list");
+  if (counts.empty()) throw ConfigError("--gpus-list: give at least one accelerator count");
+  if (sa.batch_per_gpu <= 0 && a.global_batch <= 0)
+    throw ConfigError("give --global-batch (strong scaling) or --batch-per-gpu (weak scaling)");
+  struct Point {
+    long long gpus;
+    StepResult r;
+    bool ok;
+  };
+  std::vector<Point> pts;
+  for (int n : counts) {
+    Topology topo(spec, n);
+    CollectiveModel net(topo);
+    const long long B = sa.batch_per_gpu > 0 ? sa.batch_per_gpu * n : a.global_batch;
+    Point p{n, {}, false};
+    if (fixed) {
+      StepArgs f = a;
+      f.global_batch = B;
+      ParallelConfig c = make_config(f);
+      try {
+        p.r = simulate_step(net, m, c);
+        p.ok = p.r.fits;
+      } catch (const ConfigError&) {
+      }
+    } else {
+      PlanSpace space;
+      space.base = make_config(a);
+      PlanResult pr = plan(net, m, B, space, 1);
+      if (!pr.ranked.empty()) {
+        p.r = pr.ranked.front();
+        p.ok = true;
+      }
+    }
+    pts.push_back(p);
+  }
+  const Point* base = nullptr;
+  for (const auto& p : pts)
+    if (p.ok) {
+      base = &p;
+      break;
+    }
+  if (a.json) {
+    for (const auto& p : pts) {
+      json j = p.ok ? step_json(spec.name, m, p.r) : json{{"kind", "sim.step"}, {"gpus", p.gpus}, {"fits", false}};
+      j["kind"] = "sim.scale";
+      if (p.ok && base) j["scaling_efficiency"] = p.r.model_tflops_per_gpu / base->r.model_tflops_per_gpu;
+      std::cout << j.dump() << "\n";
+    }
+  } else {
+    fmt::print("cluster {}  model {} ({:.1f}B)  {}  {}\n\n", spec.name, m.name, gpt_parameters(m) / 1e9,
+               sa.batch_per_gpu > 0 ? fmt::format("weak scaling, {} sequences per GPU", sa.batch_per_gpu)
+                                    : fmt::format("strong scaling, global batch {}", a.global_batch),
+               fixed ? "fixed configuration" : "best plan per size");
+    fmt::print("  {:>8} {:>11} {:>9} {:>7} {:>11}  {}\n", "GPUs", "time", "TFLOP/s", "MFU", "efficiency", "plan");
+    for (const auto& p : pts) {
+      if (!p.ok) {
+        fmt::print("  {:>8}  no configuration fits\n", p.gpus);
+        continue;
+      }
+      fmt::print("  {:>8} {:>11} {:>9.1f} {:>6.1f}% {:>10.1f}%  {}\n", p.gpus, format_seconds(p.r.time),
+                 p.r.model_tflops_per_gpu, 100 * p.r.mfu, 100 * p.r.model_tflops_per_gpu / base->r.model_tflops_per_gpu,
+                 describe_config(p.r.config));
+    }
+  }
+  if (!sa.plot.empty()) {
+    std::string dat = sa.plot + ".dat";
+    {
+      std::ofstream f(dat);
+      if (!f) throw ConfigError(fmt::format("--plot: cannot write '{}'", dat));
+      for (const auto& p : pts)
+        if (p.ok) f << p.gpus << " " << p.r.model_tflops_per_gpu << "\n";
+    }
+    std::string script = fmt::format(
+        "set terminal pngcairo size 900,500 font ',10'; set output '{}'; set logscale x 2; set yrange [0:*];"
+        "set xlabel 'accelerators'; set ylabel 'model TFLOP/s per GPU'; set title '{} on {}';"
+        "plot '{}' using 1:2 with linespoints title 'predicted'",
+        sa.plot, m.name, spec.name, dat);
+    std::string cmd = "gnuplot -e \"" + script + "\"";
+    if (std::system(cmd.c_str()) != 0)
+      throw ConfigError(fmt::format("--plot: gnuplot failed (is it installed?); the data are in {}", dat));
+    if (!a.json) fmt::print("\n  plot: {} (data: {})\n", sa.plot, dat);
+  }
+}
+
 void setup(CLI::App& app) {
   auto* sim = app.add_subcommand("sim", "Simulate training and inference on clusters far larger than this machine");
   sim->require_subcommand(1);
@@ -767,6 +864,27 @@ void setup(CLI::App& app) {
     }
   }
   {
+    auto* c = sim->add_subcommand("scale", "Scaling curve: best plan (or a fixed one) per accelerator count");
+    auto a = std::make_shared<StepArgs>();
+    auto sa = std::make_shared<ScaleArgs>();
+    auto fixed = std::make_shared<bool>(false);
+    add_model_flags(c, *a);
+    c->add_option("--gpus-list", sa->gpus_list, "accelerator counts")->capture_default_str();
+    c->add_option("--global-batch", a->global_batch, "sequences per iteration (strong scaling)");
+    c->add_option("--batch-per-gpu", sa->batch_per_gpu, "sequences per GPU per iteration (weak scaling)");
+    c->add_flag("--fixed", *fixed, "simulate the given --tp/--pp/--micro-batch/... instead of planning each size");
+    c->add_option("--tp", a->tp, "tensor-parallel size (with --fixed)")->capture_default_str();
+    c->add_option("--pp", a->pp, "pipeline-parallel size (with --fixed)")->capture_default_str();
+    c->add_option("--micro-batch", a->micro_batch, "micro-batch (with --fixed)")->capture_default_str();
+    c->add_option("--zero", a->zero, "ZeRO stage (with --fixed)")->capture_default_str();
+    c->add_option("--recompute", a->recompute, "none, selective, full (with --fixed)")->capture_default_str();
+    c->add_option("--schedule", a->schedule, "gpipe, 1f1b, interleaved (with --fixed)")->capture_default_str();
+    c->add_flag("--sp", a->sp, "sequence parallelism (with --fixed)");
+    c->add_option("--plot", sa->plot, "write a PNG of the curve with gnuplot");
+    c->add_flag("--json", a->json, "one JSON record per size");
+    c->callback([a, sa, fixed]() { run_scale(*a, *sa, *fixed); });
+  }
+  {
     auto* c = sim->add_subcommand("infer", "Prefill and decode latency and throughput of LLM serving with a KV cache");
     auto a = std::make_shared<StepArgs>();
     auto ia = std::make_shared<InferArgs>();
@@ -799,7 +917,8 @@ void setup(CLI::App& app) {
     c->add_option("--cluster", a->cluster, "preset or YAML file")->capture_default_str();
     c->add_option("--gpus", a->gpus, "accelerators in the cluster")->capture_default_str();
     c->add_option("--jobs", a->jobs, "job trace (CSV: id,submit_s,gpus,model,iterations[,global_batch])")->required();
-    c->add_option("--scheduler", a->scheduler, "fifo, las (Tiresias-style) or srtf (shortest predicted remaining time)")->capture_default_str();
+    c->add_option("--scheduler", a->scheduler, "fifo, las (Tiresias-style) or srtf (shortest predicted remaining time)")
+        ->capture_default_str();
     c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")
         ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");

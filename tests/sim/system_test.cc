@@ -245,6 +245,13 @@ TEST(Cli, StepPlanAndErrors) {
   out = run("sim coll --cluster dgx-a100 --gpus 64 --size 64M --json", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"algorithm\":\"ring\""), std::string::npos);
+  out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --fixed --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"kind\":\"sim.scale\""), std::string::npos) << out;
+  EXPECT_NE(out.find("scaling_efficiency"), std::string::npos) << out;
+  out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --gpus-list 32", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--batch-per-gpu"), std::string::npos) << out;
   out = run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --batch 4", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("decode per token"), std::string::npos);
