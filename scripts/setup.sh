@@ -10,6 +10,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev
   iproute2 python3 python3-torch gnuplot-nox
   libopenblas-dev
+  libtorch-dev libopenblas0-pthread dataset-fashion-mnist
 )
 
 missing=()

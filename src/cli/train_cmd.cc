@@ -1,0 +1,150 @@
+// `conduit train [--config FILE.yaml] [--model M] [--workers N] ...`: data-parallel training on libtorch.
+// Under mpirun or with torchrun's environment (RANK/WORLD_SIZE) this process is one worker; otherwise it starts
+// `workers` local workers through the launcher (cli/launcher.h), each running `conduit train --config
+// <output>/config.yaml`, and prints the summary when they are done.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "cli/launcher.h"
+#include "cli/registry.h"
+#include "coll/communicator.h"
+#include "core/error.h"
+#include "net/mpi_transport.h"
+#include "torch/config.h"
+#include "torch/metrics.h"
+#include "torch/trainer.h"
+
+namespace conduit::cli {
+namespace {
+
+namespace tr = conduit::train;
+namespace fs = std::filesystem;
+
+struct TrainArgs {
+  std::string config;
+  std::map<std::string, std::string> flags;  // key -> value as given
+};
+
+// WORLD_SIZE of an outer launcher: mpirun (OMPI/PMI/PMIx) or torchrun / conduit launch. 0 when none.
+int env_world_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"}) {
+    const char* s = std::getenv(v);
+    if (!s || !*s) continue;
+    char* end = nullptr;
+    long n = std::strtol(s, &end, 10);
+    if (*end != '\0' || n < 1 || n > (1 << 20))
+      throw ConfigError(fmt::format("environment: {}='{}' is not a world size; allowed: an integer >= 1", v, s));
+    return int(n);
+  }
+  if (std::getenv("RANK"))
+    throw ConfigError("environment: RANK is set but WORLD_SIZE is not; allowed: both (torchrun) or neither");
+  return 0;
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("conduit") : p.string();
+}
+
+void print_summary(const std::string& out) {
+  fs::path p = fs::path(out) / "summary.json";
+  if (!fs::exists(p)) return;
+  auto s = tr::read_json_file(p.string());
+  std::string tta = s["time_to_target_s"].is_null() ? std::string("not reached")
+                                                    : fmt::format("{:.1f} s", s["time_to_target_s"].get<double>());
+  std::printf(
+      "conduit train: %s on %s, %d workers, compressor %s: test accuracy %.2f%% after %d epochs in %.1f s; time "
+      "to target %s; %.1f MB on the wire (uncompressed %.1f MB); communication hidden %.0f%%; output %s\n",
+      s.value("model", std::string()).c_str(), s.value("dataset", std::string()).c_str(), s.value("workers", 0),
+      s.value("compressor", std::string()).c_str(), 100 * s.value("final_test_accuracy", 0.0), s.value("epochs", 0),
+      s.value("wall_time_s", 0.0), tta.c_str(), s.value("bytes_on_wire", 0.0) / 1e6,
+      s.value("uncompressed_bytes", 0.0) / 1e6, 100 * s.value("hidden_comm_fraction", 0.0), out.c_str());
+}
+
+void run_train(const TrainArgs& a) {
+  tr::RawConfig raw;
+  if (!a.config.empty()) raw = tr::read_yaml_config(a.config);
+  for (auto& [k, v] : a.flags) raw[k] = v;
+  const int env_world = net::mpi_launched() ? std::max(env_world_size(), 1) : env_world_size();
+  const bool workers_given = raw.count("workers") > 0;
+  tr::TrainConfig cfg = tr::resolve_config(raw, env_world, workers_given);
+  tr::check_dataset(cfg);
+  tr::check_model_config(cfg, cfg.workers);
+
+  if (env_world > 0 || cfg.workers == 1) {
+    // This process is one worker.
+    coll::CommConfig cc;
+    cc.timeout_s = cfg.timeout_s;
+    cc.transport = cfg.transport == "auto" ? "" : cfg.transport;
+    auto comm = coll::Communicator::from_env(cc);
+    if (comm->size() != cfg.workers)
+      throw ConfigError(fmt::format("config: workers: {} does not match the {} ranks found in the environment",
+                                    cfg.workers, comm->size()));
+    tr::train_worker(cfg, comm);
+    if (comm->rank() == 0 && env_world == 0) print_summary(cfg.output);
+    return;
+  }
+
+  // Start the workers: they read the resolved configuration from the output directory.
+  fs::create_directories(cfg.output);
+  fs::path cfg_path = fs::path(cfg.output) / "config.yaml";
+  {
+    std::ofstream f(cfg_path);
+    f << tr::config_to_yaml(cfg);
+    if (!f) throw ConfigError(fmt::format("config: output: cannot write '{}'", cfg_path.string()));
+  }
+  LaunchSpec spec;
+  spec.nprocs = cfg.workers;
+  spec.command = {self_exe(), "train", "--config", cfg_path.string()};
+  spec.name = "conduit train";
+  spec.extra_env = {{"OMP_NUM_THREADS", "1"}};
+  if (cfg.transport != "auto") spec.extra_env.push_back({"CONDUIT_TRANSPORT", cfg.transport});
+  int rc = run_local_workers(spec);
+  if (rc == 0) print_summary(cfg.output);
+  set_exit_code(rc);
+}
+
+const bool kRegistered = register_command(20, [](CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  auto* c = app.add_subcommand(
+      "train",
+      "Data-parallel training on libtorch (MLP, CNN or ResNet on Fashion-MNIST, MNIST or synthetic data) with "
+      "bucketed, overlapped and optionally compressed gradient averaging. With no arguments: the CNN on "
+      "Fashion-MNIST with 4 local workers. Under mpirun or torchrun it is one worker and starts nothing.");
+  c->add_option("--config", args->config, "YAML file of key: value (the keys below, with _); flags win over it");
+  auto values = std::make_shared<std::map<std::string, std::string>>();
+  for (auto& [key, help] : tr::config_keys()) {
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (key == "overlap" || key == "trace" || key == "progress") {
+      c->add_option_function<std::string>(
+           flag, [values, key = key](const std::string& v) { (*values)[key] = v.empty() ? "true" : v; }, help)
+          ->expected(0, 1)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    } else {
+      c->add_option_function<std::string>(
+          flag, [values, key = key](const std::string& v) { (*values)[key] = v; }, help)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+  }
+  c->footer(
+      "Example: conduit train --model cnn --workers 4 --compressor powersgd:rank=4 --epochs 3 --output runs/psgd\n"
+      "Outputs: <output>/metrics.jsonl (per step and per epoch), summary.json, config.yaml, checkpoint/ (resume "
+      "with --resume <output>/checkpoint), trace-rank<R>.json with --trace (chrome://tracing, Perfetto).");
+  c->callback([args, values]() {
+    TrainArgs a = *args;
+    a.flags = *values;
+    run_train(a);
+  });
+});
+
+}  // namespace
+}  // namespace conduit::cli

@@ -1,0 +1,298 @@
+// Configuration of `conduit train`: defaults, YAML, flags, validation (torch-free).
+#include "torch/config.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#ifdef CONDUIT_WITH_COMPRESS
+#include "compress/compressor.h"
+#endif
+
+namespace conduit::train {
+namespace {
+
+[[noreturn]] void bad(const std::string& key, const std::string& value, const std::string& allowed) {
+  throw ConfigError(fmt::format("config: {}: '{}' is not allowed; {}", key, value, allowed));
+}
+
+std::string one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed)
+    if (v == a) return v;
+  std::string list;
+  for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+  bad(key, v, "allowed: " + list);
+}
+
+int64_t to_int(const std::string& key, const std::string& v, int64_t lo, int64_t hi) {
+  int64_t x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || p != v.data() + v.size() || x < lo || x > hi)
+    bad(key, v, fmt::format("allowed: an integer from {} to {}", lo, hi));
+  return x;
+}
+
+double to_double(const std::string& key, const std::string& v, double lo, double hi, bool lo_open,
+                 const char* what) {
+  double x = 0;
+  size_t used = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  bool ok = used == v.size() && !v.empty() && std::isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi;
+  if (!ok) bad(key, v, fmt::format("allowed: {}", what));
+  return x;
+}
+
+bool to_bool(const std::string& key, const std::string& v) {
+  if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
+  if (v == "false" || v == "0" || v == "no" || v == "off") return false;
+  bad(key, v, "allowed: true or false");
+}
+
+}  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> k = {
+      {"model", "mlp | cnn | resnet (default cnn)"},
+      {"dataset", "fashion-mnist | mnist | synthetic (default fashion-mnist)"},
+      {"data_dir", "folder with the IDX files (gzipped or not)"},
+      {"workers", "local workers to start when not under mpirun/torchrun (default 4)"},
+      {"transport", "auto | tcp | shm | mpi (default auto)"},
+      {"compressor", "gradient compressor spec name[:key=value,...], e.g. none, fp16, ef:topk:ratio=0.01, "
+                     "powersgd:rank=4"},
+      {"optimizer", "sgd (with momentum) | adam (default sgd)"},
+      {"lr", "learning rate for the global batch (> 0)"},
+      {"momentum", "SGD momentum in [0, 1)"},
+      {"weight_decay", "L2 weight decay (>= 0)"},
+      {"lr_schedule", "constant | step | cosine (default cosine)"},
+      {"warmup_epochs", "linear warm-up length in epochs (>= 0)"},
+      {"epochs", "number of epochs (>= 1)"},
+      {"batch_size", "samples per worker per step (>= 1)"},
+      {"seed", "seed of initialisation and shuffling (same on every rank)"},
+      {"output", "output directory (default runs/<model>-<compressor>-<time>)"},
+      {"target_accuracy", "test accuracy in (0, 1] whose first reach is timed in summary.json"},
+      {"bucket_cap_mb", "gradient bucket cap in MiB (default 25)"},
+      {"first_bucket_mb", "cap of the first bucket in MiB (default 1), so communication starts early"},
+      {"overlap", "communicate buckets while backward runs (default true)"},
+      {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
+      {"checkpoint_every", "steps between checkpoints; 0: at each epoch end (default 0)"},
+      {"resume", "checkpoint directory to resume from"},
+      {"max_steps", "stop after this many steps (0: no limit)"},
+      {"train_limit", "use only the first N training samples (0: all)"},
+      {"test_limit", "evaluate on the first N test samples (0: all)"},
+      {"synthetic_samples", "training samples of the synthetic dataset"},
+      {"progress", "rank 0 shows a progress bar (default true)"},
+      {"timeout_s", "deadline of each collective in seconds (default 300)"},
+  };
+  return k;
+}
+
+RawConfig read_yaml_config(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(fmt::format("config: cannot read '{}' (no such file or not readable)", path));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("config: '{}' is not valid YAML: {}", path, e.msg));
+  }
+  RawConfig raw;
+  if (root.IsNull()) return raw;
+  if (!root.IsMap()) throw ConfigError(fmt::format("config: '{}' must be a mapping of key: value", path));
+  std::set<std::string> known;
+  for (auto& [k, d] : config_keys()) known.insert(k);
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    std::string key = it->first.as<std::string>();
+    std::replace(key.begin(), key.end(), '-', '_');
+    if (!known.count(key)) {
+      std::string list;
+      for (auto& [k, d] : config_keys()) list += (list.empty() ? "" : ", ") + k;
+      throw ConfigError(fmt::format("config: unknown key '{}' in {}; allowed: {}", key, path, list));
+    }
+    const YAML::Node& v = it->second;
+    if (key == "compressor" && v.IsMap()) {
+      // {name: topk, ratio: 0.01} -> "topk:ratio=0.01"
+      std::string name, params;
+      for (auto p = v.begin(); p != v.end(); ++p) {
+        auto pk = p->first.as<std::string>();
+        if (pk == "name")
+          name = p->second.as<std::string>();
+        else
+          params += (params.empty() ? "" : ",") + pk + "=" + p->second.as<std::string>();
+      }
+      if (name.empty()) throw ConfigError("config: compressor: a mapping needs a 'name' key, e.g. {name: topk, ratio: 0.01}");
+      raw[key] = params.empty() ? name : name + ":" + params;
+    } else if (v.IsScalar()) {
+      raw[key] = v.as<std::string>();
+    } else if (v.IsNull()) {
+      raw[key] = "";
+    } else {
+      throw ConfigError(fmt::format("config: {}: must be a single value in {}", key, path));
+    }
+  }
+  return raw;
+}
+
+std::pair<std::string, std::map<std::string, std::string>> split_compressor_spec(const std::string& spec) {
+  // Names may nest ("ef:topk:ratio=0.01"): the parameters follow the last ':' whose tail has an '='.
+  std::map<std::string, std::string> params;
+  auto colon = spec.rfind(':');
+  if (colon == std::string::npos || spec.find('=', colon) == std::string::npos) return {spec, params};
+  std::string name = spec.substr(0, colon);
+  std::stringstream ss(spec.substr(colon + 1));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos)
+      throw ConfigError(fmt::format("config: compressor: '{}' is not key=value in '{}'", item, spec));
+    params[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  return {name, params};
+}
+
+TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_given) {
+  TrainConfig c;
+  std::set<std::string> known;
+  for (auto& [k, d] : config_keys()) known.insert(k);
+  for (auto& [k, v] : raw) {
+    if (!known.count(k)) throw ConfigError(fmt::format("config: unknown key '{}'", k));
+  }
+  auto get = [&](const char* k) -> const std::string* {
+    auto it = raw.find(k);
+    return it == raw.end() ? nullptr : &it->second;
+  };
+  if (auto v = get("model")) c.model = one_of("model", *v, {"mlp", "cnn", "resnet"});
+  if (auto v = get("dataset")) c.dataset = one_of("dataset", *v, {"fashion-mnist", "mnist", "synthetic"});
+  if (auto v = get("data_dir")) c.data_dir = *v;
+  else if (c.dataset == "mnist") c.data_dir = "/usr/share/datasets/mnist";
+  if (auto v = get("workers")) c.workers = static_cast<int>(to_int("workers", *v, 1, 1024));
+  if (auto v = get("transport")) c.transport = one_of("transport", *v, {"auto", "tcp", "shm", "mpi"});
+  if (auto v = get("compressor")) c.compressor = v->empty() ? "none" : *v;
+#ifdef CONDUIT_WITH_COMPRESS
+  try {
+    compress::parse_compressor(c.compressor);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.rfind("config: ", 0) == 0) msg = msg.substr(8);
+    throw ConfigError(fmt::format("config: compressor: {}", msg));
+  }
+#else
+  if (c.compressor != "none") bad("compressor", c.compressor, "allowed: none (built without src/compress)");
+#endif
+  if (auto v = get("optimizer")) c.optimizer = one_of("optimizer", *v, {"sgd", "adam"});
+  if (auto v = get("lr")) c.lr = to_double("lr", *v, 0, 1e3, true, "a number > 0 and <= 1000");
+  if (auto v = get("momentum")) c.momentum = to_double("momentum", *v, 0, 0.999999, false, "a number in [0, 1)");
+  if (auto v = get("weight_decay")) c.weight_decay = to_double("weight_decay", *v, 0, 1, false, "a number in [0, 1]");
+  if (auto v = get("lr_schedule")) c.lr_schedule = one_of("lr_schedule", *v, {"constant", "step", "cosine"});
+  if (auto v = get("warmup_epochs"))
+    c.warmup_epochs = to_double("warmup_epochs", *v, 0, 1e6, false, "a number >= 0");
+  if (auto v = get("epochs")) c.epochs = static_cast<int>(to_int("epochs", *v, 1, 1000000));
+  if (auto v = get("batch_size")) c.batch_size = static_cast<int>(to_int("batch_size", *v, 1, 1 << 20));
+  if (auto v = get("seed")) c.seed = static_cast<uint64_t>(to_int("seed", *v, 0, INT64_MAX));
+  if (auto v = get("output")) c.output = *v;
+  if (auto v = get("target_accuracy"))
+    c.target_accuracy = to_double("target_accuracy", *v, 0, 1, false, "a fraction in [0, 1] (0: none), e.g. 0.9");
+  if (auto v = get("bucket_cap_mb"))
+    c.bucket_cap_mb = to_double("bucket_cap_mb", *v, 0, 1 << 20, true, "a size in MiB > 0");
+  if (auto v = get("first_bucket_mb"))
+    c.first_bucket_mb = to_double("first_bucket_mb", *v, 0, 1 << 20, true, "a size in MiB > 0");
+  if (auto v = get("overlap")) c.overlap = to_bool("overlap", *v);
+  if (auto v = get("trace")) c.trace = to_bool("trace", *v);
+  if (auto v = get("checkpoint_every"))
+    c.checkpoint_every = static_cast<int>(to_int("checkpoint_every", *v, 0, INT32_MAX));
+  if (auto v = get("resume")) c.resume = *v;
+  if (auto v = get("max_steps")) c.max_steps = to_int("max_steps", *v, 0, INT64_MAX);
+  if (auto v = get("train_limit")) c.train_limit = to_int("train_limit", *v, 0, INT64_MAX);
+  if (auto v = get("test_limit")) c.test_limit = to_int("test_limit", *v, 0, INT64_MAX);
+  if (auto v = get("synthetic_samples"))
+    c.synthetic_samples = to_int("synthetic_samples", *v, 1, int64_t{1} << 30);
+  if (auto v = get("progress")) c.progress = to_bool("progress", *v);
+  if (auto v = get("timeout_s")) c.timeout_s = to_double("timeout_s", *v, 0, 1e7, true, "seconds > 0");
+  if (env_world > 0 && workers_given && c.workers != env_world) {
+    throw ConfigError(fmt::format(
+        "config: workers: {} does not match WORLD_SIZE={} of the launcher that started this process; allowed: {} "
+        "or leave workers unset",
+        c.workers, env_world, env_world));
+  }
+  if (env_world > 0) c.workers = env_world;
+  if (c.resume.size() && !std::filesystem::exists(std::filesystem::path(c.resume) / "checkpoint.json"))
+    throw ConfigError(fmt::format("config: resume: '{}' holds no checkpoint.json; allowed: a checkpoint directory "
+                                  "written by conduit train (<output>/checkpoint)",
+                                  c.resume));
+  if (c.output.empty()) c.output = default_output_dir(c);
+  return c;
+}
+
+void check_dataset(const TrainConfig& c) {
+  if (c.dataset == "synthetic") return;
+  namespace fs = std::filesystem;
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                        "t10k-labels-idx1-ubyte"}) {
+    fs::path p = fs::path(c.data_dir) / f;
+    if (!fs::exists(p) && !fs::exists(p.string() + ".gz")) {
+      throw ConfigError(fmt::format(
+          "config: data_dir: '{}' has no {}[.gz]; allowed: a folder with the four MNIST-format IDX files (Debian: "
+          "apt-get install dataset-fashion-mnist) or dataset: synthetic",
+          c.data_dir, f));
+    }
+  }
+}
+
+std::string default_output_dir(const TrainConfig& c) {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
+  std::string comp = c.compressor;
+  for (char& ch : comp)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
+  return fmt::format("runs/{}-{}-{}", c.model, comp, buf);
+}
+
+std::string config_to_yaml(const TrainConfig& c) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  e << YAML::Key << "model" << YAML::Value << c.model;
+  e << YAML::Key << "dataset" << YAML::Value << c.dataset;
+  e << YAML::Key << "data_dir" << YAML::Value << c.data_dir;
+  e << YAML::Key << "workers" << YAML::Value << c.workers;
+  e << YAML::Key << "transport" << YAML::Value << c.transport;
+  e << YAML::Key << "compressor" << YAML::Value << c.compressor;
+  e << YAML::Key << "optimizer" << YAML::Value << c.optimizer;
+  e << YAML::Key << "lr" << YAML::Value << fmt::format("{}", c.lr);
+  e << YAML::Key << "momentum" << YAML::Value << fmt::format("{}", c.momentum);
+  e << YAML::Key << "weight_decay" << YAML::Value << fmt::format("{}", c.weight_decay);
+  e << YAML::Key << "lr_schedule" << YAML::Value << c.lr_schedule;
+  e << YAML::Key << "warmup_epochs" << YAML::Value << fmt::format("{}", c.warmup_epochs);
+  e << YAML::Key << "epochs" << YAML::Value << c.epochs;
+  e << YAML::Key << "batch_size" << YAML::Value << c.batch_size;
+  e << YAML::Key << "seed" << YAML::Value << c.seed;
+  e << YAML::Key << "output" << YAML::Value << c.output;
+  e << YAML::Key << "target_accuracy" << YAML::Value << fmt::format("{}", c.target_accuracy);
+  e << YAML::Key << "bucket_cap_mb" << YAML::Value << fmt::format("{}", c.bucket_cap_mb);
+  e << YAML::Key << "first_bucket_mb" << YAML::Value << fmt::format("{}", c.first_bucket_mb);
+  e << YAML::Key << "overlap" << YAML::Value << (c.overlap ? "true" : "false");
+  e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
+  e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
+  if (!c.resume.empty()) e << YAML::Key << "resume" << YAML::Value << c.resume;
+  e << YAML::Key << "max_steps" << YAML::Value << c.max_steps;
+  e << YAML::Key << "train_limit" << YAML::Value << c.train_limit;
+  e << YAML::Key << "test_limit" << YAML::Value << c.test_limit;
+  e << YAML::Key << "synthetic_samples" << YAML::Value << c.synthetic_samples;
+  e << YAML::Key << "progress" << YAML::Value << (c.progress ? "true" : "false");
+  e << YAML::Key << "timeout_s" << YAML::Value << fmt::format("{}", c.timeout_s);
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace conduit::train

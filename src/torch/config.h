@@ -1,0 +1,63 @@
+#pragma once
+// Configuration of `conduit train` (torch-free). Every option is a YAML key of the --config file and a flag of the
+// same name (`batch_size` <-> `--batch-size`); flags win over the file. resolve_config() checks every value and
+// throws ConfigError with one line naming the field and what is allowed.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace conduit::train {
+
+struct TrainConfig {
+  std::string model = "cnn";             // mlp | cnn | resnet
+  std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | synthetic
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int workers = 4;                        // local workers started when not under mpirun/torchrun
+  std::string transport = "auto";         // auto | tcp | shm | mpi
+  std::string compressor = "none";        // a compressor spec, "name:key=value,..." (compress/compressor.h)
+  std::string optimizer = "sgd";          // sgd (with momentum) | adam
+  double lr = 0.05;                       // for the global batch (workers * batch_size)
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  std::string lr_schedule = "cosine";     // constant | step | cosine
+  double warmup_epochs = 0.0;
+  int epochs = 3;
+  int batch_size = 64;                    // per worker
+  uint64_t seed = 42;
+  std::string output;                     // empty: runs/<model>-<compressor>-<time>
+  double target_accuracy = 0.0;           // in (0, 1]; 0: not set
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  bool overlap = true;                    // communicate full buckets while backward goes on
+  bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)
+  int checkpoint_every = 0;               // steps between checkpoints (0: at the end of every epoch only)
+  std::string resume;                     // checkpoint directory to resume from (empty: none)
+  int64_t max_steps = 0;                  // stop after this many steps in all (0: no limit)
+  int64_t train_limit = 0;                // use the first N training samples (0: all)
+  int64_t test_limit = 0;                 // evaluate on the first N test samples (0: all)
+  int64_t synthetic_samples = 4096;       // training samples of the synthetic dataset (test: a quarter)
+  bool progress = true;                   // rank 0 prints a progress bar
+  double timeout_s = 300;                 // deadline of every collective
+};
+
+// Raw key -> value strings (from YAML and flags) before checking.
+using RawConfig = std::map<std::string, std::string>;
+
+// Every key, in the order `conduit train --help` lists them, with a one-line description.
+const std::vector<std::pair<std::string, std::string>>& config_keys();
+// Reads a YAML mapping of scalars (the value of `compressor` may also be a mapping {name: topk, ratio: 0.01}).
+// Unknown keys and unreadable files raise ConfigError.
+RawConfig read_yaml_config(const std::string& path);
+// Applies `raw` over the defaults and validates; `env_world` is WORLD_SIZE of an outer launcher (0 when none) and
+// `workers_given` says whether workers was set explicitly (it must then agree with env_world).
+TrainConfig resolve_config(const RawConfig& raw, int env_world = 0, bool workers_given = false);
+// Checks that need the file system (the dataset files); separate so tests can run without the dataset.
+void check_dataset(const TrainConfig& c);
+// The config as YAML (every key), so workers and resumed runs read exactly what the first run used.
+std::string config_to_yaml(const TrainConfig& c);
+std::string default_output_dir(const TrainConfig& c);
+// The compressor spec split into name and parameters ("topk:ratio=0.01" -> topk, {ratio: 0.01}).
+std::pair<std::string, std::map<std::string, std::string>> split_compressor_spec(const std::string& spec);
+
+}  // namespace conduit::train

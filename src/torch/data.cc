@@ -1,0 +1,163 @@
+// IDX reader (zlib), synthetic data and the distributed sampler (torch-free).
+#include "torch/data.h"
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "core/error.h"
+
+namespace conduit::train {
+namespace {
+
+std::vector<uint8_t> read_gz_file(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files too
+  if (!f) throw ConfigError(fmt::format("data: cannot open '{}'", path));
+  std::vector<uint8_t> out;
+  uint8_t buf[1 << 16];
+  for (;;) {
+    int got = gzread(f, buf, sizeof buf);
+    if (got < 0) {
+      int err = 0;
+      std::string msg = gzerror(f, &err);
+      gzclose(f);
+      throw InvalidArgument(fmt::format("data: '{}' is corrupt ({})", path, msg));
+    }
+    if (got == 0) break;
+    out.insert(out.end(), buf, buf + got);
+  }
+  gzclose(f);
+  return out;
+}
+
+uint32_t be32(const uint8_t* p) { return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3]; }
+
+std::string find_file(const std::string& dir, const std::string& base) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::path(dir) / base;
+  if (fs::exists(p.string() + ".gz")) return p.string() + ".gz";
+  if (fs::exists(p)) return p.string();
+  throw ConfigError(fmt::format("data: '{}' has no {}[.gz]", dir, base));
+}
+
+}  // namespace
+
+IdxArray read_idx(const std::string& path) {
+  auto bytes = read_gz_file(path);
+  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)
+    throw InvalidArgument(fmt::format("data: '{}' is not an IDX file (bad magic)", path));
+  if (bytes[2] != 0x08)
+    throw InvalidArgument(fmt::format("data: '{}': IDX type 0x{:02x} is not supported (only unsigned bytes, 0x08)",
+                                      path, bytes[2]));
+  int nd = bytes[3];
+  if (nd < 1 || bytes.size() < 4 + 4 * size_t(nd))
+    throw InvalidArgument(fmt::format("data: '{}': truncated IDX header", path));
+  IdxArray a;
+  size_t total = 1;
+  for (int i = 0; i < nd; ++i) {
+    a.dims.push_back(be32(&bytes[4 + 4 * i]));
+    total *= a.dims.back();
+  }
+  size_t off = 4 + 4 * size_t(nd);
+  if (bytes.size() - off != total)
+    throw InvalidArgument(fmt::format("data: '{}': {} data bytes, the header says {}", path, bytes.size() - off, total));
+  a.data.assign(bytes.begin() + off, bytes.end());
+  return a;
+}
+
+ImageSet load_mnist_format(const std::string& dir, bool train, int64_t limit) {
+  std::string pre = train ? "train" : "t10k";
+  auto img_path = find_file(dir, pre + "-images-idx3-ubyte");
+  auto lab_path = find_file(dir, pre + "-labels-idx1-ubyte");
+  IdxArray img = read_idx(img_path), lab = read_idx(lab_path);
+  if (img.dims.size() != 3) throw InvalidArgument(fmt::format("data: '{}' is not 3-D (n x rows x cols)", img_path));
+  if (lab.dims.size() != 1 || lab.dims[0] != img.dims[0])
+    throw InvalidArgument(fmt::format("data: '{}' has {} labels for {} images", lab_path,
+                                      lab.dims.empty() ? 0 : lab.dims[0], img.dims[0]));
+  ImageSet s;
+  s.n = img.dims[0];
+  s.rows = img.dims[1];
+  s.cols = img.dims[2];
+  s.pixels = std::move(img.data);
+  s.labels = std::move(lab.data);
+  for (auto l : s.labels)
+    if (l >= 10) throw InvalidArgument(fmt::format("data: '{}' has label {} (allowed 0..9)", lab_path, int(l)));
+  if (limit > 0 && limit < s.n) {
+    s.n = limit;
+    s.pixels.resize(size_t(limit * s.rows * s.cols));
+    s.labels.resize(size_t(limit));
+  }
+  // Mean and standard deviation of the training pixels (scaled to [0, 1]).
+  double sum = 0, sq = 0;
+  for (auto p : s.pixels) {
+    sum += p;
+    sq += double(p) * p;
+  }
+  double cnt = double(s.pixels.size());
+  double m = sum / cnt / 255.0;
+  double var = sq / cnt / (255.0 * 255.0) - m * m;
+  s.mean = float(m);
+  s.stddev = float(std::sqrt(std::max(var, 1e-6)));
+  return s;
+}
+
+ImageSet make_synthetic(int64_t n, uint64_t seed, bool train) {
+  ImageSet s;
+  s.n = n;
+  s.rows = s.cols = 28;
+  const size_t px = 28 * 28;
+  std::mt19937_64 proto_rng(seed * 7919 + 17);
+  std::vector<float> proto(10 * px);
+  for (auto& p : proto) p = float(proto_rng() % 256);
+  std::mt19937_64 rng(seed * 104729 + (train ? 1 : 2));
+  s.pixels.resize(size_t(n) * px);
+  s.labels.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int label = int(rng() % 10);
+    s.labels[i] = uint8_t(label);
+    for (size_t k = 0; k < px; ++k) {
+      int noise = int(rng() % 161) - 80;
+      int v = int(proto[label * px + k]) + noise;
+      s.pixels[size_t(i) * px + k] = uint8_t(std::clamp(v, 0, 255));
+    }
+  }
+  s.mean = 0.5f;
+  s.stddev = 0.3f;
+  return s;
+}
+
+DistributedSampler::DistributedSampler(int64_t n, int world, int rank, uint64_t seed, bool shuffle)
+    : n_(n), per_rank_(n / world), world_(world), rank_(rank), seed_(seed), shuffle_(shuffle) {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw InvalidArgument(fmt::format("sampler: rank {} of world {} is out of range", rank, world));
+  set_epoch(0);
+}
+
+void DistributedSampler::set_epoch(int64_t epoch) {
+  perm_.resize(size_t(n_));
+  for (int64_t i = 0; i < n_; ++i) perm_[size_t(i)] = i;
+  if (!shuffle_) return;
+  // Fisher-Yates with an explicit draw, so every rank and every standard library gets the same permutation.
+  std::mt19937_64 rng(seed_ ^ (0x9E3779B97F4A7C15ull * uint64_t(epoch + 1)));
+  for (int64_t i = n_ - 1; i > 0; --i) {
+    int64_t j = int64_t(rng() % uint64_t(i + 1));
+    std::swap(perm_[size_t(i)], perm_[size_t(j)]);
+  }
+}
+
+std::vector<int64_t> DistributedSampler::batch(int64_t step, int64_t batch) const {
+  std::vector<int64_t> out;
+  out.reserve(size_t(batch));
+  for (int64_t j = 0; j < batch; ++j) {
+    int64_t local = step * batch + j;
+    if (local >= per_rank_) break;
+    out.push_back(perm_[size_t(local * world_ + rank_)]);
+  }
+  return out;
+}
+
+}  // namespace conduit::train

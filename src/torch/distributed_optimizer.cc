@@ -1,0 +1,441 @@
+// DistributedOptimizer: gradient hooks, buckets, the communication thread, step statistics and trace.
+#include "torch/distributed_optimizer.h"
+
+#include <fmt/format.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#ifdef CONDUIT_WITH_COMPRESS
+#include "compress/collectives.h"
+#include "compress/compressor.h"
+#endif
+
+namespace conduit::train {
+
+namespace {
+
+DType to_dtype(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat: return DType::f32;
+    case torch::kDouble: return DType::f64;
+    case torch::kLong: return DType::i64;
+    case torch::kInt: return DType::i32;
+    case torch::kByte: return DType::u8;
+    case torch::kChar: return DType::i8;
+    default:
+      throw InvalidArgument(fmt::format("DistributedOptimizer: tensors of type {} cannot be broadcast",
+                                        c10::toString(t.scalar_type())));
+  }
+}
+
+}  // namespace
+
+struct DistributedOptimizer::Core {
+  struct Bucket {
+    std::vector<int> params;      // parameter indices
+    std::vector<size_t> offsets;  // element offset of each in flat
+    std::vector<float> flat;
+  };
+
+  coll::CommPtr comm;
+  DistOptions opt;
+  std::vector<torch::Tensor> params;
+  std::vector<size_t> numel;
+  std::vector<std::vector<size_t>> shapes;
+#ifdef CONDUIT_WITH_COMPRESS
+  compress::CompressorPtr compressor;
+  std::vector<compress::TensorState> states;
+#endif
+  bool compressed = false;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Bucket> buckets;
+  std::vector<int> param_bucket;    // bucket of each parameter
+  std::vector<int> param_slot;      // position inside its bucket
+  std::vector<char> got;            // gradient arrived this step
+  std::vector<int> pending;         // gradients still missing per bucket
+  std::vector<char> ready;          // bucket full
+  int next = 0;                     // next bucket the thread communicates
+  bool flush = false, stop = false, alive = true;
+  std::exception_ptr error;
+  std::vector<int> ready_order;     // parameter order observed during the first step
+  bool record_order = true;
+  StepStats step;                   // accumulated by the thread for the current step
+  std::thread thread;
+
+  void build_buckets(const std::vector<int>& order) {
+    buckets.clear();
+    param_bucket.assign(params.size(), -1);
+    param_slot.assign(params.size(), -1);
+    Bucket cur;
+    size_t bytes = 0;
+    auto close = [&] {
+      if (cur.params.empty()) return;
+      cur.flat.assign(cur.offsets.back() + numel[size_t(cur.params.back())], 0.f);
+      buckets.push_back(std::move(cur));
+      cur = Bucket{};
+      bytes = 0;
+    };
+    for (int i : order) {
+      size_t cap = buckets.empty() ? opt.first_bucket_bytes : opt.bucket_cap_bytes;
+      size_t b = numel[size_t(i)] * sizeof(float);
+      if (!cur.params.empty() && bytes + b > cap) close();
+      param_bucket[size_t(i)] = int(buckets.size());
+      param_slot[size_t(i)] = int(cur.params.size());
+      cur.offsets.push_back(cur.params.empty() ? 0 : cur.offsets.back() + numel[size_t(cur.params.back())]);
+      cur.params.push_back(i);
+      bytes += b;
+    }
+    close();
+    reset_step_locked();
+  }
+
+  void reset_step_locked() {
+    got.assign(params.size(), 0);
+    pending.resize(buckets.size());
+    for (size_t b = 0; b < buckets.size(); ++b) pending[b] = int(buckets[b].params.size());
+    ready.assign(buckets.size(), 0);
+    next = 0;
+    flush = false;
+  }
+
+  // Autograd hook: runs on the thread doing backward.
+  void on_grad(int i, const torch::Tensor& grad) {
+    if (grad.scalar_type() != torch::kFloat)
+      throw InvalidArgument("DistributedOptimizer: only float32 gradients are supported");
+    torch::Tensor g = grad.contiguous();
+    std::unique_lock<std::mutex> lk(mu);
+    if (!alive) return;
+    int b = param_bucket[size_t(i)];
+    Bucket& bk = buckets[size_t(b)];
+    float* dst = bk.flat.data() + bk.offsets[size_t(param_slot[size_t(i)])];
+    if (got[size_t(i)]) {  // a second gradient for the same parameter before step(): accumulate
+      const float* src = g.data_ptr<float>();
+      for (size_t k = 0; k < numel[size_t(i)]; ++k) dst[k] += src[k];
+      return;
+    }
+    std::memcpy(dst, g.data_ptr<float>(), numel[size_t(i)] * sizeof(float));
+    got[size_t(i)] = 1;
+    if (record_order) ready_order.push_back(i);
+    if (--pending[size_t(b)] == 0) {
+      ready[size_t(b)] = 1;
+      if (opt.trace) opt.trace->instant("bucket ready", 0, now_s(), {{"bucket", b}});
+      if (opt.overlap) cv.notify_all();
+    }
+  }
+
+  void communicate(int b) {
+    Bucket& bk = buckets[size_t(b)];
+    const int w = comm->size();
+    const size_t n = bk.flat.size();
+    const double t0 = now_s();
+    uint64_t payload = n * sizeof(float);
+    double factor_sent = w > 1 ? 2.0 * (w - 1) / w : 0.0;  // ring-equivalent allreduce volume per rank
+    double factor_recv = factor_sent;
+    if (!compressed) {
+      coll::CollOptions co;
+      co.timeout_s = opt.timeout_s;
+      if (w > 1) comm->allreduce(bk.flat.data(), n, DType::f32, ReduceOp::sum, co).wait();
+      const double t1 = now_s();
+      const float inv = 1.0f / float(w);
+      for (float& x : bk.flat) x *= inv;
+      if (opt.trace) {
+        opt.trace->complete("communicate", 1, t0, t1, {{"bucket", b}, {"bytes", payload}, {"op", "allreduce"}});
+        opt.trace->complete("average", 1, t1, now_s(), {{"bucket", b}});
+      }
+    } else {
+#ifdef CONDUIT_WITH_COMPRESS
+      std::vector<compress::TensorState*> st;
+      std::vector<std::span<float>> data;
+      for (size_t k = 0; k < bk.params.size(); ++k) {
+        int i = bk.params[k];
+        st.push_back(&states[size_t(i)]);
+        data.emplace_back(bk.flat.data() + bk.offsets[k], numel[size_t(i)]);
+      }
+      compress::ReduceOptions ro;
+      ro.average = true;
+      ro.timeout_s = opt.timeout_s;
+      payload = compress::compressed_allreduce_many(*comm, *compressor, st, data, ro);
+      switch (compressor->collective()) {
+        case compress::Collective::allreduce:
+        case compress::Collective::powersgd:
+          break;
+        case compress::Collective::allgather:
+        case compress::Collective::majority_vote:
+          factor_sent = factor_recv = double(w - 1);  // every payload reaches every other rank
+          break;
+      }
+      if (opt.trace)
+        opt.trace->complete("compress+communicate+decompress", 1, t0, now_s(),
+                            {{"bucket", b}, {"bytes", payload}, {"compressor", compressor->name()},
+                             {"collective", compress::collective_name(compressor->collective())}});
+#endif
+    }
+    const double t2 = now_s();
+    std::lock_guard<std::mutex> lk(mu);
+    step.comm_s += t2 - t0;
+    step.payload_bytes += payload;
+    step.grad_bytes += n * sizeof(float);
+    step.bytes_sent += uint64_t(factor_sent * double(payload) + 0.5);
+    step.bytes_recv += uint64_t(factor_recv * double(payload) + 0.5);
+    step.raw_bytes += uint64_t((w > 1 ? 2.0 * (w - 1) / w : 0.0) * double(n * sizeof(float)) + 0.5);
+    step.buckets += 1;
+  }
+
+  void loop() {
+    for (;;) {
+      int b;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] {
+          return stop || (next < int(buckets.size()) && (flush || (opt.overlap && ready[size_t(next)])));
+        });
+        if (stop) return;
+        b = next;
+        if (flush && !ready[size_t(b)]) {  // parameters without a gradient this step contribute zeros
+          Bucket& bk = buckets[size_t(b)];
+          for (size_t k = 0; k < bk.params.size(); ++k)
+            if (!got[size_t(bk.params[k])])
+              std::fill_n(bk.flat.data() + bk.offsets[k], numel[size_t(bk.params[k])], 0.f);
+        }
+      }
+      try {
+        communicate(b);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (!error) error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        next = b + 1;
+        if (error) next = int(buckets.size());
+      }
+      cv.notify_all();
+    }
+  }
+};
+
+DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> model,
+                                           std::shared_ptr<torch::optim::Optimizer> optimizer, coll::CommPtr comm,
+                                           DistOptions options)
+    : model_(std::move(model)), optimizer_(std::move(optimizer)), comm_(std::move(comm)),
+      core_(std::make_shared<Core>()) {
+  if (!model_ || !optimizer_ || !comm_) throw InvalidArgument("DistributedOptimizer: model, optimizer and comm are required");
+  if (options.bucket_cap_bytes == 0 || options.first_bucket_bytes == 0)
+    throw ConfigError("config: bucket_cap_mb: must be > 0");
+  Core& c = *core_;
+  c.comm = comm_;
+  c.opt = options;
+  for (auto& p : model_->parameters()) {
+    if (!p.requires_grad()) continue;
+    if (p.scalar_type() != torch::kFloat)
+      throw InvalidArgument("DistributedOptimizer: only float32 parameters are supported");
+    c.params.push_back(p);
+    c.numel.push_back(size_t(p.numel()));
+    std::vector<size_t> shape;
+    for (auto d : p.sizes()) shape.push_back(size_t(d));
+    c.shapes.push_back(shape);
+  }
+  c.compressed = options.compressor != "none" && !options.compressor.empty();
+#ifdef CONDUIT_WITH_COMPRESS
+  if (c.compressed) {
+    c.compressor = compress::parse_compressor(options.compressor);
+    for (size_t i = 0; i < c.params.size(); ++i)
+      c.states.push_back(c.compressor->make_state(c.shapes[i], options.seed + 1000003 * i, uint64_t(comm_->rank())));
+  }
+#else
+  if (c.compressed)
+    throw ConfigError(fmt::format("config: compressor: '{}' is not available (built without src/compress); allowed: none",
+                                  options.compressor));
+#endif
+  // Reverse registration order approximates the order backward produces gradients.
+  std::vector<int> order;
+  for (int i = int(c.params.size()) - 1; i >= 0; --i) order.push_back(i);
+  c.build_buckets(order);
+  broadcast_initial_state();
+  std::weak_ptr<Core> weak = core_;
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    c.params[i].register_hook([weak, i](torch::Tensor grad) {
+      if (auto core = weak.lock()) core->on_grad(int(i), grad);
+    });
+  }
+  c.thread = std::thread([&c] { c.loop(); });
+}
+
+DistributedOptimizer::~DistributedOptimizer() {
+  {
+    std::lock_guard<std::mutex> lk(core_->mu);
+    core_->stop = true;
+    core_->alive = false;
+  }
+  core_->cv.notify_all();
+  if (core_->thread.joinable()) core_->thread.join();
+}
+
+void DistributedOptimizer::broadcast_initial_state() {
+  torch::NoGradGuard ng;
+  auto bcast = [&](torch::Tensor t) {
+    if (comm_->size() == 1 || t.numel() == 0) return;
+    torch::Tensor c = t.contiguous();
+    comm_->broadcast(c.data_ptr(), size_t(c.numel()), to_dtype(c), 0).wait();
+    if (!c.is_same(t)) t.copy_(c);
+  };
+  for (auto& p : model_->parameters()) bcast(p);
+  for (auto& b : model_->buffers()) bcast(b);
+}
+
+void DistributedOptimizer::zero_grad() {
+  last_step_end_ = now_s();  // compute time counts from here to step()
+  for (auto& p : core_->params) {
+    if (p.grad().defined()) {
+      p.mutable_grad().detach_();
+      p.mutable_grad().zero_();
+    }
+  }
+}
+
+void DistributedOptimizer::synchronize() {
+  Core& c = *core_;
+  const double t0 = now_s();
+  std::unique_lock<std::mutex> lk(c.mu);
+  c.flush = true;
+  c.cv.notify_all();
+  c.cv.wait(lk, [&] { return c.next >= int(c.buckets.size()); });
+  const double t1 = now_s();
+  if (c.error) {
+    auto e = c.error;
+    c.error = nullptr;
+    c.reset_step_locked();
+    std::rethrow_exception(e);
+  }
+  if (c.opt.trace) c.opt.trace->complete("wait for communication", 0, t0, t1);
+  {
+    torch::NoGradGuard ng;
+    for (auto& bk : c.buckets) {
+      for (size_t k = 0; k < bk.params.size(); ++k) {
+        torch::Tensor& p = c.params[size_t(bk.params[k])];
+        auto shape = p.sizes();
+        torch::Tensor avg =
+            torch::from_blob(bk.flat.data() + bk.offsets[k], shape, torch::TensorOptions().dtype(torch::kFloat));
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        p.mutable_grad().copy_(avg);
+      }
+    }
+  }
+  last_ = c.step;
+  last_.compute_s = last_step_end_ >= 0 ? t0 - last_step_end_ : 0;
+  last_.exposed_comm_s = t1 - t0;
+  c.step = StepStats{};
+  bool rebuild = c.record_order;
+  c.record_order = false;
+  std::vector<int> order = c.ready_order;
+  c.reset_step_locked();
+  lk.unlock();
+  if (rebuild && c.opt.rebuild_buckets) {
+    // Agree on rank 0's observed order (parameters without a gradient keep reverse registration order at the end).
+    std::vector<char> seen(c.params.size(), 0);
+    for (int i : order) seen[size_t(i)] = 1;
+    for (int i = int(c.params.size()) - 1; i >= 0; --i)
+      if (!seen[size_t(i)]) order.push_back(i);
+    std::vector<int64_t> o(order.begin(), order.end());
+    if (comm_->size() > 1) comm_->broadcast(o.data(), o.size(), DType::i64, 0).wait();
+    std::vector<int> agreed(o.begin(), o.end());
+    std::vector<int> current;
+    for (auto& bk : c.buckets) current.insert(current.end(), bk.params.begin(), bk.params.end());
+    if (agreed != current) {
+      lk.lock();
+      c.build_buckets(agreed);
+    }
+  }
+}
+
+void DistributedOptimizer::step() {
+  synchronize();
+  const double t0 = now_s();
+  optimizer_->step();
+  const double t1 = now_s();
+  last_.step_s = t1 - t0;
+  if (core_->opt.trace) core_->opt.trace->complete("step", 0, t0, t1);
+  add_to_totals(last_);
+}
+
+void DistributedOptimizer::add_to_totals(const StepStats& s) {
+  total_.compute_s += s.compute_s;
+  total_.comm_s += s.comm_s;
+  total_.exposed_comm_s += s.exposed_comm_s;
+  total_.step_s += s.step_s;
+  total_.bytes_sent += s.bytes_sent;
+  total_.bytes_recv += s.bytes_recv;
+  total_.raw_bytes += s.raw_bytes;
+  total_.payload_bytes += s.payload_bytes;
+  total_.grad_bytes += s.grad_bytes;
+  total_.buckets += s.buckets;
+}
+
+std::vector<std::vector<int>> DistributedOptimizer::bucket_layout() const {
+  std::lock_guard<std::mutex> lk(core_->mu);
+  std::vector<std::vector<int>> out;
+  for (auto& b : core_->buckets) out.push_back(b.params);
+  return out;
+}
+
+std::string DistributedOptimizer::compressor_name() const {
+#ifdef CONDUIT_WITH_COMPRESS
+  if (core_->compressor) return core_->compressor->name();
+#endif
+  return "none";
+}
+
+std::vector<uint8_t> DistributedOptimizer::save_compressor_state() const {
+  std::vector<uint8_t> out;
+  auto put64 = [&](uint64_t v) {
+    for (int k = 0; k < 8; ++k) out.push_back(uint8_t(v >> (8 * k)));
+  };
+#ifdef CONDUIT_WITH_COMPRESS
+  put64(core_->states.size());
+  for (auto& s : core_->states) {
+    auto b = s.save();
+    put64(b.size());
+    out.insert(out.end(), b.begin(), b.end());
+  }
+#else
+  put64(0);
+#endif
+  return out;
+}
+
+void DistributedOptimizer::load_compressor_state(const std::vector<uint8_t>& bytes) {
+  size_t pos = 0;
+  auto get64 = [&]() {
+    if (pos + 8 > bytes.size()) throw InvalidArgument("checkpoint: compressor state is truncated");
+    uint64_t v = 0;
+    for (int k = 0; k < 8; ++k) v |= uint64_t(bytes[pos + size_t(k)]) << (8 * k);
+    pos += 8;
+    return v;
+  };
+  uint64_t n = get64();
+#ifdef CONDUIT_WITH_COMPRESS
+  if (n != core_->states.size())
+    throw InvalidArgument(fmt::format("checkpoint: compressor state holds {} tensors, this run has {} (same "
+                                      "compressor and model needed to resume)",
+                                      n, core_->states.size()));
+  for (auto& s : core_->states) {
+    uint64_t len = get64();
+    if (pos + len > bytes.size()) throw InvalidArgument("checkpoint: compressor state is truncated");
+    s = compress::TensorState::load(std::span<const uint8_t>(bytes.data() + pos, len));
+    pos += len;
+  }
+#else
+  if (n != 0) throw InvalidArgument("checkpoint: it holds compressor state but this build has no compressors");
+#endif
+}
+
+}  // namespace conduit::train

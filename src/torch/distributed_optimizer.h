@@ -1,0 +1,81 @@
+#pragma once
+// DistributedOptimizer: data-parallel training of a torch::nn::Module over a Conduit communicator, as Horovod's
+// DistributedOptimizer and PyTorch DDP do.
+//
+//  - At construction rank 0's parameters and buffers are broadcast, so every rank starts from the same model.
+//  - A hook on every parameter copies its gradient into a flat bucket as soon as autograd produces it. Buckets hold
+//    parameters in the order their gradients become ready (reverse registration order at first; after the first
+//    step the order rank 0 observed, broadcast so every rank agrees), the first one capped small
+//    (first_bucket_bytes) so communication starts early, the others at bucket_cap_bytes (default 25 MiB).
+//  - A full bucket goes to a background communication thread at once (overlap) which compresses, reduces
+//    (averages) and decompresses it while backward goes on; buckets are communicated in bucket order on every rank.
+//  - step() waits only for what is still in flight, writes the averaged gradients into .grad and runs the wrapped
+//    optimizer's step.
+//  - Any compressor of src/compress plugs in (compressed_allreduce_many per bucket; PowerSGD per matrix); its state
+//    is kept per parameter and saved in checkpoints.
+//
+// One backward per step (no gradient accumulation across backward calls); every rank runs the same model.
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coll/communicator.h"
+#include "torch/metrics.h"
+
+namespace conduit::train {
+
+struct DistOptions {
+  size_t bucket_cap_bytes = size_t(25) << 20;
+  size_t first_bucket_bytes = size_t(1) << 20;
+  bool overlap = true;             // false: communicate every bucket only when step() is called
+  std::string compressor = "none";  // compressor spec (compress/compressor.h); "none": plain f32 allreduce
+  uint64_t seed = 0;               // compressor seed (the same on every rank)
+  bool rebuild_buckets = true;     // after the first step, re-bucket by the observed gradient-ready order
+  double timeout_s = 0;            // collective deadline (0: the communicator's)
+  Trace* trace = nullptr;          // optional timeline
+};
+
+class DistributedOptimizer {
+ public:
+  DistributedOptimizer(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer,
+                       coll::CommPtr comm, DistOptions options = {});
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  void zero_grad();
+  // Waits for the communication still in flight, writes the averaged gradients into .grad, runs the optimizer.
+  void step();
+  // The first half of step(): every gradient averaged and in .grad (no optimizer update).
+  void synchronize();
+
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  coll::Communicator& comm() { return *comm_; }
+  const StepStats& last_stats() const { return last_; }
+  const StepStats& total_stats() const { return total_; }
+  void add_to_totals(const StepStats& s);  // restores counters from a checkpoint
+  // Parameter indices (registration order of model->parameters()) of every bucket, in communication order.
+  std::vector<std::vector<int>> bucket_layout() const;
+  std::string compressor_name() const;
+
+  // Compressor state of every parameter (residuals, PowerSGD's Q, step counters), for checkpoints.
+  std::vector<uint8_t> save_compressor_state() const;
+  void load_compressor_state(const std::vector<uint8_t>& bytes);
+
+  struct Core;
+
+ private:
+  void broadcast_initial_state();
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  coll::CommPtr comm_;
+  std::shared_ptr<Core> core_;
+  StepStats last_, total_;
+  double last_step_end_ = -1;
+};
+
+}  // namespace conduit::train

@@ -1,0 +1,88 @@
+#pragma once
+// Measurement and reporting for training (torch-free): per-step statistics of the DistributedOptimizer, a
+// Chrome-trace timeline (chrome://tracing, Perfetto), JSON-lines metrics and rank 0's progress bar.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace conduit::train {
+
+// What one optimizer step cost. Times in seconds.
+struct StepStats {
+  double compute_s = 0;        // from the previous step's end to step() (forward + backward + data)
+  double comm_s = 0;           // communication thread busy time (compress + collective + decompress)
+  double exposed_comm_s = 0;   // time step() waited for communication (not hidden behind backward)
+  double step_s = 0;           // the optimizer update itself
+  uint64_t bytes_sent = 0;     // payload bytes this rank put on the wire (collective algorithm's count)
+  uint64_t bytes_recv = 0;
+  uint64_t raw_bytes = 0;      // what an uncompressed f32 allreduce would have sent
+  uint64_t payload_bytes = 0;  // compressed payload bytes of this rank (before the collective)
+  uint64_t grad_bytes = 0;     // f32 bytes of all gradients
+  int buckets = 0;
+  double ratio() const { return payload_bytes ? double(grad_bytes) / double(payload_bytes) : 1.0; }
+  nlohmann::json to_json() const;
+};
+
+// Monotonic seconds since the first call in this process.
+double now_s();
+
+// Complete events ("ph":"X") on named threads of one process (= one rank), written as a JSON trace file.
+class Trace {
+ public:
+  explicit Trace(int rank = 0) : rank_(rank) {}
+  void enable(bool on) { on_ = on; }
+  bool enabled() const { return on_; }
+  // tid: 0 main (forward/backward/step), 1 communication thread.
+  void complete(const std::string& name, int tid, double start_s, double end_s, nlohmann::json args = {});
+  void instant(const std::string& name, int tid, double at_s, nlohmann::json args = {});
+  void write(const std::string& path) const;
+  size_t size() const;
+
+ private:
+  int rank_;
+  bool on_ = false;
+  mutable std::mutex mu_;
+  std::vector<nlohmann::json> events_;
+};
+
+// Appends one JSON object per line; flushes every line so a killed run keeps what it measured.
+class JsonlWriter {
+ public:
+  JsonlWriter() = default;
+  explicit JsonlWriter(const std::string& path, bool append = false);
+  ~JsonlWriter();
+  JsonlWriter(const JsonlWriter&) = delete;
+  JsonlWriter& operator=(const JsonlWriter&) = delete;
+  void write(const nlohmann::json& j);
+  bool open() const { return f_ != nullptr; }
+
+ private:
+  std::FILE* f_ = nullptr;
+};
+
+// "epoch 2/5 [########------------] 40% loss 0.4123 acc 85.3% 2310 samples/s 12.4 MB sent"
+// On a terminal it redraws one line; otherwise (under a launcher) it prints a line every 10% of the epoch.
+class ProgressBar {
+ public:
+  ProgressBar(int epoch, int epochs, int64_t total_steps, bool enabled);
+  void update(int64_t step, double loss, double acc, double samples_per_s, double mb_sent);
+  void finish(const std::string& tail);
+
+ private:
+  std::string line(int64_t step, double loss, double acc, double sps, double mb) const;
+  int epoch_, epochs_;
+  int64_t total_;
+  bool on_, tty_;
+  int last_decile_ = -1;
+  double last_draw_ = 0;
+};
+
+void write_json_file(const std::string& path, const nlohmann::json& j);
+nlohmann::json read_json_file(const std::string& path);
+
+}  // namespace conduit::train

@@ -1,0 +1,20 @@
+#pragma once
+// Models for 28x28 single-channel images and 10 classes: an MLP, a small CNN and a small ResNet.
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+
+namespace conduit::train {
+
+class Net : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(torch::Tensor x) = 0;  // x: (B, 1, 28, 28) -> logits (B, 10)
+};
+
+// "mlp", "cnn" or "resnet"; ConfigError for anything else. Initialised from torch's global generator.
+std::shared_ptr<Net> make_model(const std::string& name);
+const char* model_names_allowed();
+
+}  // namespace conduit::train

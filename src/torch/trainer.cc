@@ -1,0 +1,431 @@
+// The training loop: data, model, DistributedOptimizer, evaluation, metrics, checkpoints.
+#include "torch/trainer.h"
+
+#include <fmt/format.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <numbers>
+
+#include "core/error.h"
+#include "torch/data.h"
+#include "torch/distributed_optimizer.h"
+#include "torch/metrics.h"
+#include "torch/models.h"
+
+namespace conduit::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Data {
+  ImageSet train, test;
+};
+
+Data load_data(const TrainConfig& c) {
+  Data d;
+  if (c.dataset == "synthetic") {
+    d.train = make_synthetic(c.synthetic_samples, c.seed, true);
+    d.test = make_synthetic(std::max<int64_t>(c.synthetic_samples / 4, 1), c.seed, false);
+  } else {
+    d.train = load_mnist_format(c.data_dir, true, c.train_limit);
+    d.test = load_mnist_format(c.data_dir, false, c.test_limit);
+    d.test.mean = d.train.mean;
+    d.test.stddev = d.train.stddev;
+  }
+  if (c.dataset == "synthetic" && c.train_limit > 0 && c.train_limit < d.train.n) {
+    d.train.n = c.train_limit;
+  }
+  if (c.dataset == "synthetic" && c.test_limit > 0 && c.test_limit < d.test.n) d.test.n = c.test_limit;
+  return d;
+}
+
+void make_batch(const ImageSet& s, const std::vector<int64_t>& idx, torch::Tensor& x, torch::Tensor& y) {
+  const int64_t b = int64_t(idx.size()), px = s.rows * s.cols;
+  x = torch::empty({b, 1, s.rows, s.cols}, torch::kFloat);
+  y = torch::empty({b}, torch::kLong);
+  float* xp = x.data_ptr<float>();
+  int64_t* yp = y.data_ptr<int64_t>();
+  const float scale = 1.0f / (255.0f * s.stddev), shift = s.mean / s.stddev;
+  for (int64_t i = 0; i < b; ++i) {
+    const uint8_t* src = s.pixels.data() + idx[size_t(i)] * px;
+    for (int64_t k = 0; k < px; ++k) xp[i * px + k] = float(src[k]) * scale - shift;
+    yp[i] = s.labels[size_t(idx[size_t(i)])];
+  }
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, Net& model) {
+  if (c.optimizer == "adam")
+    return std::make_shared<torch::optim::Adam>(model.parameters(),
+                                                torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  return std::make_shared<torch::optim::SGD>(
+      model.parameters(), torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+}
+
+void set_lr(torch::optim::Optimizer& opt, const std::string& kind, double lr) {
+  for (auto& g : opt.param_groups()) {
+    if (kind == "adam")
+      static_cast<torch::optim::AdamOptions&>(g.options()).lr(lr);
+    else
+      static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
+  }
+}
+
+double lr_at(const TrainConfig& c, int64_t step, int64_t total, int64_t warmup) {
+  if (warmup > 0 && step < warmup) return c.lr * double(step + 1) / double(warmup);
+  double t = total > warmup ? double(step - warmup) / double(total - warmup) : 1.0;
+  t = std::clamp(t, 0.0, 1.0);
+  if (c.lr_schedule == "cosine") return c.lr * 0.5 * (1 + std::cos(std::numbers::pi * t));
+  if (c.lr_schedule == "step") return c.lr * (t < 0.5 ? 1.0 : t < 0.75 ? 0.1 : 0.01);
+  return c.lr;
+}
+
+// Accuracy and mean loss on the test set, sharded over the ranks and summed.
+std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Communicator& comm) {
+  torch::NoGradGuard ng;
+  model.eval();
+  double sums[3] = {0, 0, 0};  // correct, loss sum, count
+  std::vector<int64_t> idx;
+  const int64_t chunk = 500;
+  for (int64_t i = comm.rank(); i < test.n; i += comm.size()) {
+    idx.push_back(i);
+    if (int64_t(idx.size()) == chunk || i + comm.size() >= test.n) {
+      torch::Tensor x, y;
+      make_batch(test, idx, x, y);
+      auto out = model.forward(x);
+      sums[0] += double(out.argmax(1).eq(y).sum().item<int64_t>());
+      sums[1] += double(torch::nn::functional::cross_entropy(
+                            out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                            .item<float>());
+      sums[2] += double(idx.size());
+      idx.clear();
+    }
+  }
+  if (comm.size() > 1) comm.allreduce(sums, 3, DType::f64, ReduceOp::sum).wait();
+  model.train();
+  return {sums[2] > 0 ? sums[0] / sums[2] : 0.0, sums[2] > 0 ? sums[1] / sums[2] : 0.0};
+}
+
+std::vector<uint8_t> read_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) throw ConfigError(fmt::format("checkpoint: cannot read '{}'", p.string()));
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const fs::path& p, const std::vector<uint8_t>& b) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+  if (!f) throw ConfigError(fmt::format("checkpoint: cannot write '{}'", p.string()));
+}
+
+nlohmann::json totals_json(const StepStats& s) { return s.to_json(); }
+
+StepStats totals_from_json(const nlohmann::json& j) {
+  StepStats s;
+  s.compute_s = j.value("compute_s", 0.0);
+  s.comm_s = j.value("comm_s", 0.0);
+  s.exposed_comm_s = j.value("exposed_comm_s", 0.0);
+  s.step_s = j.value("step_s", 0.0);
+  s.bytes_sent = j.value("bytes_sent", uint64_t{0});
+  s.bytes_recv = j.value("bytes_recv", uint64_t{0});
+  s.raw_bytes = j.value("raw_bytes", uint64_t{0});
+  s.payload_bytes = j.value("payload_bytes", uint64_t{0});
+  s.grad_bytes = j.value("grad_bytes", uint64_t{0});
+  s.buckets = j.value("buckets", 0);
+  return s;
+}
+
+}  // namespace
+
+void check_model_config(const TrainConfig& c, int world) {
+  torch::NoGradGuard ng;
+  auto model = make_model(c.model);
+  auto [name, params] = split_compressor_spec(c.compressor);
+  if (name.find("powersgd") != std::string::npos && params.count("rank")) {
+    int64_t rank = 0;
+    try {
+      rank = std::stoll(params["rank"]);
+    } catch (...) {
+      rank = 0;
+    }
+    int64_t most = 0;
+    for (auto& p : model->parameters()) {
+      if (p.dim() < 2) continue;
+      int64_t n = p.size(0), m = p.numel() / p.size(0);
+      most = std::max(most, std::min(n, m));
+    }
+    if (rank > most)
+      throw ConfigError(fmt::format("config: compressor: rank {} is larger than any layer of model {} allows; "
+                                    "allowed: 1..{}",
+                                    rank, c.model, most));
+  }
+  int64_t train_n = c.dataset == "synthetic" ? c.synthetic_samples : 0;
+  if (c.dataset != "synthetic") {
+    train_n = 60000;  // the IDX header is read by the workers; MNIST-format training sets have 60000 samples
+    if (c.train_limit > 0) train_n = std::min(train_n, c.train_limit);
+  } else if (c.train_limit > 0) {
+    train_n = std::min(train_n, c.train_limit);
+  }
+  if (int64_t(c.batch_size) * world > train_n)
+    throw ConfigError(fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
+                                  "samples; allowed: at most {}",
+                                  c.batch_size, world, train_n, std::max<int64_t>(train_n / world, 1)));
+}
+
+TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const WorkerOptions& wo) {
+  coll::Communicator& comm = *comm_ptr;
+  const int rank = comm.rank(), world = comm.size();
+  const bool lead = rank == 0;
+  const bool outputs = wo.write_outputs;
+  torch::set_num_threads(1);
+  Data data = load_data(c);
+  std::shared_ptr<Net> model;
+  {
+    // torch's generator is global: ranks that are threads of one process (tests) must not interleave their draws.
+    static std::mutex init_mu;
+    std::lock_guard<std::mutex> lk(init_mu);
+    torch::manual_seed(c.seed);
+    model = make_model(c.model);
+  }
+  auto optimizer = make_optimizer(c, *model);
+
+  Trace trace(rank);
+  trace.enable(c.trace && outputs);
+  DistOptions dopts;
+  dopts.bucket_cap_bytes = size_t(c.bucket_cap_mb * 1024 * 1024);
+  dopts.first_bucket_bytes = size_t(c.first_bucket_mb * 1024 * 1024);
+  dopts.overlap = c.overlap;
+  dopts.compressor = c.compressor;
+  dopts.seed = c.seed;
+  dopts.timeout_s = c.timeout_s;
+  dopts.trace = &trace;
+  DistributedOptimizer dopt(model, optimizer, comm_ptr, dopts);
+
+  DistributedSampler sampler(data.train.n, world, rank, c.seed);
+  const int64_t spe = sampler.steps_per_epoch(c.batch_size);
+  if (spe < 1)
+    throw ConfigError(fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
+                                  "samples",
+                                  c.batch_size, world, data.train.n));
+  int64_t total_steps = int64_t(c.epochs) * spe;
+  if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
+  const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
+
+  fs::path out(c.output), ckdir = out / "checkpoint";
+  if (outputs) fs::create_directories(out);
+
+  // Resume.
+  int start_epoch = 0;
+  int64_t start_step = 0, global_step = 0;
+  double wall_before = 0, time_to_target = -1, last_acc = 0;
+  if (!c.resume.empty()) {
+    fs::path rd(c.resume);
+    auto meta = read_json_file((rd / "checkpoint.json").string());
+    if (meta.value("world", 0) != world)
+      throw ConfigError(fmt::format("config: resume: the checkpoint was written by {} workers, this run has {}; "
+                                    "allowed: {} workers",
+                                    meta.value("world", 0), world, meta.value("world", 0)));
+    if (meta.value("model", std::string()) != c.model || meta.value("compressor", std::string()) != c.compressor)
+      throw ConfigError(fmt::format("config: resume: the checkpoint is of model {} with compressor {}; allowed: "
+                                    "the same model and compressor",
+                                    meta.value("model", std::string()), meta.value("compressor", std::string())));
+    fs::path mine = rd / fmt::format("rank-{}", rank);
+    {
+      torch::serialize::InputArchive a;
+      a.load_from((mine / "model.pt").string());
+      model->load(a);
+    }
+    {
+      torch::serialize::InputArchive a;
+      a.load_from((mine / "optimizer.pt").string());
+      optimizer->load(a);
+    }
+    dopt.load_compressor_state(read_bytes(mine / "compressor.bin"));
+    start_epoch = meta.at("epoch").get<int>();
+    start_step = meta.at("step").get<int64_t>();
+    global_step = meta.at("global_step").get<int64_t>();
+    wall_before = meta.value("wall_s", 0.0);
+    time_to_target = meta.value("time_to_target_s", -1.0);
+    last_acc = meta.value("test_accuracy", 0.0);
+    auto tot = read_json_file((mine / "totals.json").string());
+    dopt.add_to_totals(totals_from_json(tot));
+  }
+
+  std::unique_ptr<JsonlWriter> metrics;
+  if (outputs && lead) {
+    metrics = std::make_unique<JsonlWriter>((out / "metrics.jsonl").string(), !c.resume.empty());
+    std::ofstream(out / "config.yaml") << config_to_yaml(c);
+  }
+
+  const double t_start = now_s();
+  auto elapsed = [&] { return wall_before + now_s() - t_start; };
+
+  auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
+    if (!outputs) return;
+    fs::path mine = ckdir / fmt::format("rank-{}", rank);
+    fs::create_directories(mine);
+    {
+      torch::serialize::OutputArchive a;
+      model->save(a);
+      a.save_to((mine / "model.pt").string());
+    }
+    {
+      torch::serialize::OutputArchive a;
+      optimizer->save(a);
+      a.save_to((mine / "optimizer.pt").string());
+    }
+    write_bytes(mine / "compressor.bin", dopt.save_compressor_state());
+    write_json_file((mine / "totals.json").string(), totals_json(dopt.total_stats()));
+    comm.barrier().wait();  // every rank's files are complete before rank 0 declares the checkpoint
+    if (lead) {
+      write_json_file((ckdir / "checkpoint.json").string(),
+                      {{"epoch", epoch},
+                       {"step", step},
+                       {"global_step", global_step},
+                       {"world", world},
+                       {"model", c.model},
+                       {"compressor", c.compressor},
+                       {"wall_s", elapsed()},
+                       {"time_to_target_s", time_to_target},
+                       {"test_accuracy", acc}});
+    }
+  };
+
+  TrainResult res;
+  res.test_accuracy = last_acc;
+  bool stop = global_step >= total_steps;
+  int epoch = start_epoch;
+  for (; epoch < c.epochs && !stop; ++epoch) {
+    sampler.set_epoch(epoch);
+    ProgressBar bar(epoch + 1, c.epochs, spe, lead && c.progress && outputs);
+    double loss_sum = 0, correct = 0, seen = 0;
+    const double epoch_t0 = now_s();
+    int64_t step = epoch == start_epoch ? start_step : 0;
+    const int64_t first_step = step;
+    for (; step < spe; ++step) {
+      if (global_step >= total_steps) {
+        stop = true;
+        break;
+      }
+      const double lr = lr_at(c, global_step, total_steps, warmup);
+      set_lr(*optimizer, c.optimizer, lr);
+      dopt.zero_grad();
+      torch::Tensor x, y;
+      make_batch(data.train, sampler.batch(step, c.batch_size), x, y);
+      const double f0 = now_s();
+      auto logits = model->forward(x);
+      auto loss = torch::nn::functional::cross_entropy(logits, y);
+      const double f1 = now_s();
+      loss.backward();
+      const double f2 = now_s();
+      trace.complete("forward", 0, f0, f1, {{"step", global_step}});
+      trace.complete("backward", 0, f1, f2, {{"step", global_step}});
+      dopt.step();
+      ++global_step;
+      const double l = loss.item<float>();
+      const double corr = double(logits.argmax(1).eq(y).sum().item<int64_t>());
+      loss_sum += l * double(x.size(0));
+      correct += corr;
+      seen += double(x.size(0));
+      const auto& st = dopt.last_stats();
+      const double dt = now_s() - epoch_t0;
+      const double sps = dt > 0 ? double(step + 1 - first_step) * c.batch_size * world / dt : 0;
+      if (metrics) {
+        nlohmann::json j = {{"kind", "step"}, {"epoch", epoch + 1}, {"step", step + 1},   {"global_step", global_step},
+                            {"loss", l},      {"lr", lr},           {"time_s", elapsed()}};
+        j.update(st.to_json());
+        metrics->write(j);
+      }
+      bar.update(step + 1, loss_sum / seen, correct / seen, sps, double(dopt.total_stats().bytes_sent) / 1e6);
+      if (c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0 && step + 1 < spe)
+        save_checkpoint(epoch, step + 1, res.test_accuracy);
+    }
+    const bool epoch_done = step >= spe;
+    auto [acc, test_loss] = evaluate(*model, data.test, comm);
+    res.test_accuracy = acc;
+    res.train_loss = seen > 0 ? loss_sum / seen : 0;
+    if (c.target_accuracy > 0 && time_to_target < 0 && acc >= c.target_accuracy) time_to_target = elapsed();
+    const auto& tot = dopt.total_stats();
+    const double dt = now_s() - epoch_t0;
+    if (metrics) {
+      metrics->write({{"kind", "epoch"},
+                      {"epoch", epoch + 1},
+                      {"complete", epoch_done},
+                      {"train_loss", res.train_loss},
+                      {"train_accuracy", seen > 0 ? correct / seen : 0},
+                      {"test_accuracy", acc},
+                      {"test_loss", test_loss},
+                      {"samples_per_s", dt > 0 ? seen * world / dt : 0},
+                      {"time_s", elapsed()},
+                      {"bytes_sent", tot.bytes_sent},
+                      {"raw_bytes", tot.raw_bytes},
+                      {"comm_s", tot.comm_s},
+                      {"exposed_comm_s", tot.exposed_comm_s},
+                      {"compute_s", tot.compute_s}});
+    }
+    bar.finish(fmt::format("epoch {}/{} done: train loss {:.4f} acc {:.1f}%, test acc {:.2f}%, {:.0f} samples/s, "
+                           "{:.1f} MB sent, {:.1f} s",
+                           epoch + 1, c.epochs, res.train_loss, seen > 0 ? 100 * correct / seen : 0, 100 * acc,
+                           dt > 0 ? seen * world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
+    if (epoch_done) save_checkpoint(epoch + 1, 0, acc);
+    if (epoch_done) res.epochs = epoch + 1;
+  }
+  if (res.epochs == 0) res.epochs = epoch;
+
+  const auto& tot = dopt.total_stats();
+  res.wall_s = elapsed();
+  res.time_to_target_s = time_to_target;
+  res.steps = global_step;
+  res.bytes_sent = tot.bytes_sent;
+  res.bytes_recv = tot.bytes_recv;
+  res.raw_bytes = tot.raw_bytes;
+  res.payload_bytes = tot.payload_bytes;
+  res.grad_bytes = tot.grad_bytes;
+  res.compute_s = tot.compute_s;
+  res.comm_s = tot.comm_s;
+  res.exposed_comm_s = tot.exposed_comm_s;
+  uint64_t sums[2] = {tot.bytes_sent, tot.raw_bytes};
+  if (world > 1) comm.allreduce(sums, 2, DType::i64, ReduceOp::sum).wait();
+  res.world_bytes_sent = sums[0];
+  res.world_raw_bytes = sums[1];
+  if (wo.keep_params) {
+    for (auto& p : model->parameters()) {
+      auto f = p.detach().contiguous().view(-1);
+      res.params.insert(res.params.end(), f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+    }
+  }
+  if (outputs && c.trace) trace.write((out / fmt::format("trace-rank{}.json", rank)).string());
+  if (outputs && lead) {
+    write_json_file((out / "summary.json").string(),
+                    {{"model", c.model},
+                     {"dataset", c.dataset},
+                     {"compressor", c.compressor},
+                     {"workers", world},
+                     {"epochs", res.epochs},
+                     {"steps", res.steps},
+                     {"batch_size", c.batch_size},
+                     {"final_test_accuracy", res.test_accuracy},
+                     {"final_train_loss", res.train_loss},
+                     {"wall_time_s", res.wall_s},
+                     {"target_accuracy", c.target_accuracy > 0 ? nlohmann::json(c.target_accuracy) : nlohmann::json()},
+                     {"time_to_target_s", time_to_target >= 0 ? nlohmann::json(time_to_target) : nlohmann::json()},
+                     {"bytes_on_wire", res.world_bytes_sent},
+                     {"uncompressed_bytes", res.world_raw_bytes},
+                     {"bytes_on_wire_rank0", res.bytes_sent},
+                     {"compression_ratio", res.payload_bytes ? double(res.grad_bytes) / double(res.payload_bytes) : 1.0},
+                     {"compute_s", res.compute_s},
+                     {"comm_s", res.comm_s},
+                     {"exposed_comm_s", res.exposed_comm_s},
+                     {"hidden_comm_fraction", res.comm_s > 0 ? 1.0 - res.exposed_comm_s / res.comm_s : 0.0}});
+  }
+  return res;
+}
+
+}  // namespace conduit::train

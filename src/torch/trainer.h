@@ -1,0 +1,36 @@
+#pragma once
+// The training loop of one worker (torch-free interface, so the CLI and tests need no libtorch headers).
+#include <cstdint>
+#include <vector>
+
+#include "coll/communicator.h"
+#include "torch/config.h"
+
+namespace conduit::train {
+
+struct TrainResult {
+  double test_accuracy = 0;     // after the last epoch evaluated (sharded over the ranks)
+  double train_loss = 0;        // mean loss of the last epoch (this rank)
+  double wall_s = 0;            // training time, resumed runs included
+  double time_to_target_s = -1; // first epoch end with test accuracy >= target (-1: not reached / not set)
+  int epochs = 0;               // epochs completed
+  int64_t steps = 0;            // optimizer steps in all
+  uint64_t bytes_sent = 0, bytes_recv = 0, raw_bytes = 0, payload_bytes = 0, grad_bytes = 0;  // this rank
+  uint64_t world_bytes_sent = 0, world_raw_bytes = 0;  // summed over ranks
+  double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+  std::vector<float> params;    // every parameter, flattened in registration order (when keep_params)
+};
+
+struct WorkerOptions {
+  bool keep_params = false;  // fill TrainResult::params
+  bool write_outputs = true; // metrics, summary, checkpoints, trace under c.output
+};
+
+// Trains on `comm` (every rank calls it with the same config). Rank 0 prints the progress bar and writes
+// metrics.jsonl, summary.json and checkpoint/checkpoint.json; every rank writes its own checkpoint files.
+TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm, const WorkerOptions& o = {});
+
+// Checks that need the model: a PowerSGD rank no layer allows, a batch larger than the data. ConfigError.
+void check_model_config(const TrainConfig& c, int world);
+
+}  // namespace conduit::train

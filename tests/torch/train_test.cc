@@ -1,0 +1,472 @@
+// Training on libtorch through the torch-free interface (config, data, sampler, trainer): BSP with N workers equals
+// one worker with an N-times batch, checkpoint-resume continues bit for bit, configuration errors are one line.
+// Tests named Slow* start real processes (select with ctest -R Slow, skip with ctest -E Slow).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "coll/communicator.h"
+#include "core/error.h"
+#include "torch/config.h"
+#include "torch/data.h"
+#include "torch/metrics.h"
+#include "torch/trainer.h"
+
+namespace conduit::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / fmt::format("conduit-train-test-{}-{}", ::getpid(), name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+// The one-line ConfigError message of resolve_config(raw); empty when it passes.
+std::string config_error(const RawConfig& raw, int env_world = 0) {
+  try {
+    resolve_config(raw, env_world, raw.count("workers") > 0);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_one_line(const std::string& msg, const std::string& field) {
+  EXPECT_FALSE(msg.empty()) << "no error for " << field;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find(field), std::string::npos) << msg;
+  EXPECT_NE(msg.find("allowed"), std::string::npos) << msg;
+}
+
+TEST(TrainConfig, DefaultsAreTheCnnOnFashionMnistWithFourWorkers) {
+  TrainConfig c = resolve_config({});
+  EXPECT_EQ(c.model, "cnn");
+  EXPECT_EQ(c.dataset, "fashion-mnist");
+  EXPECT_EQ(c.workers, 4);
+  EXPECT_FALSE(c.output.empty());
+}
+
+TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
+  expect_one_line(config_error({{"model", "vgg"}}), "model");
+  expect_one_line(config_error({{"lr", "-0.1"}}), "lr");
+  expect_one_line(config_error({{"lr", "abc"}}), "lr");
+  expect_one_line(config_error({{"epochs", "0"}}), "epochs");
+  expect_one_line(config_error({{"batch_size", "-3"}}), "batch_size");
+  expect_one_line(config_error({{"workers", "0"}}), "workers");
+  expect_one_line(config_error({{"transport", "udp"}}), "transport");
+  expect_one_line(config_error({{"optimizer", "lbfgs"}}), "optimizer");
+  expect_one_line(config_error({{"target_accuracy", "90"}}), "target_accuracy");
+  expect_one_line(config_error({{"compressor", "zip"}}), "compressor");
+  expect_one_line(config_error({{"overlap", "maybe"}}), "overlap");
+  expect_one_line(config_error({{"resume", "/nonexistent/ckpt"}}), "resume");
+  // An inconsistent world size: 4 workers asked for under a launcher of 2.
+  expect_one_line(config_error({{"workers", "4"}}, 2), "workers");
+  EXPECT_EQ(config_error({{"workers", "2"}}, 2), "");
+  EXPECT_EQ(resolve_config({}, 3).workers, 3);
+}
+
+TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
+  TrainConfig c = resolve_config({{"data_dir", "/nonexistent/fashion"}});
+  try {
+    check_dataset(c);
+    FAIL() << "no error for a missing dataset";
+  } catch (const ConfigError& e) {
+    expect_one_line(e.what(), "data_dir");
+  }
+  TrainConfig p;
+  p.model = "mlp";
+  p.compressor = "powersgd:rank=1000";
+  try {
+    check_model_config(p, 1);
+    FAIL() << "no error for a PowerSGD rank larger than every layer";
+  } catch (const ConfigError& e) {
+    expect_one_line(e.what(), "rank");
+  }
+  TrainConfig b;
+  b.dataset = "synthetic";
+  b.synthetic_samples = 100;
+  b.batch_size = 64;
+  try {
+    check_model_config(b, 4);
+    FAIL() << "no error for a batch larger than the data";
+  } catch (const ConfigError& e) {
+    expect_one_line(e.what(), "batch_size");
+  }
+}
+
+TEST(TrainConfig, YamlKeysAndUnknownKeys) {
+  auto dir = temp_dir("yaml");
+  {
+    std::ofstream f(dir / "a.yaml");
+    f << "model: mlp\nbatch-size: 32\nlr: 0.1\ncompressor: none\n";
+  }
+  auto raw = read_yaml_config((dir / "a.yaml").string());
+  TrainConfig c = resolve_config(raw);
+  EXPECT_EQ(c.model, "mlp");
+  EXPECT_EQ(c.batch_size, 32);
+  EXPECT_DOUBLE_EQ(c.lr, 0.1);
+  // What config_to_yaml writes reads back to the same configuration.
+  {
+    std::ofstream f(dir / "b.yaml");
+    f << config_to_yaml(c);
+  }
+  TrainConfig d = resolve_config(read_yaml_config((dir / "b.yaml").string()));
+  EXPECT_EQ(config_to_yaml(c), config_to_yaml(d));
+  {
+    std::ofstream f(dir / "c.yaml");
+    f << "modle: mlp\n";
+  }
+  try {
+    read_yaml_config((dir / "c.yaml").string());
+    FAIL();
+  } catch (const ConfigError& e) {
+    expect_one_line(e.what(), "modle");
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Data, IdxReaderReadsGzippedAndPlainFiles) {
+  auto dir = temp_dir("idx");
+  std::vector<uint8_t> file = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 3};
+  for (int i = 0; i < 12; ++i) file.push_back(uint8_t(i * 10));
+  gzFile g = gzopen((dir / "x.gz").string().c_str(), "wb");
+  gzwrite(g, file.data(), unsigned(file.size()));
+  gzclose(g);
+  std::ofstream(dir / "y", std::ios::binary).write(reinterpret_cast<char*>(file.data()), std::streamsize(file.size()));
+  for (auto name : {"x.gz", "y"}) {
+    IdxArray a = read_idx((dir / name).string());
+    EXPECT_EQ(a.dims, (std::vector<uint32_t>{2, 2, 3}));
+    ASSERT_EQ(a.data.size(), 12u);
+    EXPECT_EQ(a.data[11], 110);
+  }
+  file[2] = 0x0D;  // floats: not supported
+  std::ofstream(dir / "z", std::ios::binary).write(reinterpret_cast<char*>(file.data()), std::streamsize(file.size()));
+  EXPECT_THROW(read_idx((dir / "z").string()), InvalidArgument);
+  file[2] = 8;
+  file.pop_back();  // truncated
+  std::ofstream(dir / "w", std::ios::binary).write(reinterpret_cast<char*>(file.data()), std::streamsize(file.size()));
+  EXPECT_THROW(read_idx((dir / "w").string()), InvalidArgument);
+  EXPECT_THROW(read_idx((dir / "missing").string()), ConfigError);
+  fs::remove_all(dir);
+}
+
+TEST(Data, FashionMnistLoadsWhenInstalled) {
+  const char* dir = "/usr/share/datasets/fashion-mnist";
+  if (!fs::exists(dir)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  ImageSet s = load_mnist_format(dir, false, 100);
+  EXPECT_EQ(s.n, 100);
+  EXPECT_EQ(s.rows, 28);
+  EXPECT_EQ(s.pixels.size(), 100u * 784);
+  ImageSet full = load_mnist_format(dir, false);
+  EXPECT_EQ(full.n, 10000);
+}
+
+TEST(Data, SamplerShardsByRankAndReshufflesPerEpoch) {
+  const int64_t n = 103;
+  const int w = 4;
+  for (int64_t epoch : {0, 1}) {
+    std::set<int64_t> all;
+    for (int r = 0; r < w; ++r) {
+      DistributedSampler s(n, w, r, 7);
+      s.set_epoch(epoch);
+      EXPECT_EQ(s.per_rank(), 25);
+      auto b = s.batch(0, 25);
+      ASSERT_EQ(b.size(), 25u);
+      for (auto i : b) EXPECT_TRUE(all.insert(i).second) << "index " << i << " on two ranks";
+    }
+    EXPECT_EQ(all.size(), 100u);
+  }
+  DistributedSampler a(n, w, 0, 7), b(n, w, 0, 7), c(n, w, 0, 8);
+  EXPECT_EQ(a.batch(0, 10), b.batch(0, 10));
+  EXPECT_NE(a.batch(0, 10), c.batch(0, 10));
+  b.set_epoch(1);
+  EXPECT_NE(a.batch(0, 10), b.batch(0, 10));
+  // The ranks' k-th batches of size 3 together are the k-th batch of size 12 of one worker.
+  DistributedSampler one(n, 1, 0, 7);
+  for (int64_t k = 0; k < 2; ++k) {
+    std::multiset<int64_t> u, ref;
+    for (int r = 0; r < w; ++r)
+      for (auto i : DistributedSampler(n, w, r, 7).batch(k, 3)) u.insert(i);
+    for (auto i : one.batch(k, 12)) ref.insert(i);
+    EXPECT_EQ(u, ref);
+  }
+}
+
+// Runs train_worker on `world` in-process ranks (threads) and returns every rank's result.
+std::vector<TrainResult> train_inproc(const TrainConfig& c, int world, bool outputs = false) {
+  auto comms = coll::Communicator::inproc(world);
+  std::vector<TrainResult> res(static_cast<size_t>(world));
+  std::vector<std::exception_ptr> errs(static_cast<size_t>(world));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        WorkerOptions o;
+        o.keep_params = true;
+        o.write_outputs = outputs;
+        res[size_t(r)] = train_worker(c, comms[size_t(r)], o);
+      } catch (...) {
+        errs[size_t(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+  return res;
+}
+
+TrainConfig tiny(const std::string& model) {
+  TrainConfig c;
+  c.model = model;
+  c.dataset = "synthetic";
+  c.synthetic_samples = 384;
+  c.test_limit = 64;
+  c.epochs = 1;
+  c.batch_size = 8;
+  c.lr = 0.05;
+  c.lr_schedule = "constant";
+  c.progress = false;
+  c.seed = 3;
+  c.bucket_cap_mb = 0.05;  // several buckets
+  c.first_bucket_mb = 0.01;
+  return c;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    m = std::max(m, std::abs(double(a[i]) - double(b[i])) / (1e-3 + std::abs(double(b[i]))));
+  return m;
+}
+
+TEST(Train, BspWithNWorkersEqualsOneWorkerWithNTimesTheBatch) {
+  for (std::string model : {"mlp", "cnn"}) {
+    for (int world : {2, 4}) {
+      TrainConfig c = tiny(model);
+      c.max_steps = 6;
+      auto multi = train_inproc(c, world);
+      TrainConfig one = c;
+      one.batch_size = c.batch_size * world;
+      auto single = train_inproc(one, 1);
+      // Every rank holds the same model, and it matches the single worker's to float tolerance.
+      for (int r = 1; r < world; ++r) EXPECT_EQ(multi[size_t(r)].params, multi[0].params);
+      EXPECT_LT(max_rel_diff(multi[0].params, single[0].params), 2e-4) << model << " world " << world;
+      EXPECT_EQ(multi[0].steps, 6);
+      // Bytes: a plain f32 allreduce sends 2 (W-1)/W of the gradient per step.
+      EXPECT_EQ(multi[0].payload_bytes, multi[0].grad_bytes);
+      EXPECT_NEAR(double(multi[0].bytes_sent), 2.0 * (world - 1) / world * double(multi[0].grad_bytes),
+                  double(multi[0].grad_bytes) * 1e-6 + 64);
+    }
+  }
+}
+
+TEST(Train, BucketCapDoesNotChangeTheResult) {
+  // One bucket per tensor (= per-tensor allreduce) and one bucket for everything give the same model; with two
+  // ranks every element is a + b whatever the algorithm, so the match is exact.
+  TrainConfig per_tensor = tiny("mlp");
+  per_tensor.max_steps = 5;
+  per_tensor.bucket_cap_mb = 1e-6;
+  per_tensor.first_bucket_mb = 1e-6;
+  TrainConfig fused = per_tensor;
+  fused.bucket_cap_mb = 64;
+  fused.first_bucket_mb = 64;
+  TrainConfig serial = per_tensor;
+  serial.overlap = false;
+  auto a = train_inproc(per_tensor, 2), b = train_inproc(fused, 2), s = train_inproc(serial, 2);
+  EXPECT_EQ(a[0].params, b[0].params);
+  EXPECT_EQ(a[0].params, s[0].params);
+}
+
+std::vector<std::string> resume_compressors() {
+  std::vector<std::string> v = {"none"};
+#ifdef CONDUIT_WITH_COMPRESS
+  v.push_back("ef:topk:ratio=0.1");
+  v.push_back("powersgd:rank=2");
+#endif
+  return v;
+}
+
+TEST(Train, CheckpointResumeContinuesBitForBit) {
+  // 24 steps per epoch; the epoch-end checkpoint (step 24) resumes into the second epoch up to step 30.
+  for (const auto& comp : resume_compressors()) {
+    auto dir = temp_dir("resume");
+    TrainConfig c = tiny("mlp");
+    c.compressor = comp;
+    c.epochs = 2;
+    c.max_steps = 30;
+    c.lr_schedule = "cosine";
+    c.output = (dir / "straight").string();
+    auto straight = train_inproc(c, 2, true);
+    ASSERT_TRUE(fs::exists(dir / "straight" / "summary.json"));
+    auto meta = read_json_file((dir / "straight" / "checkpoint" / "checkpoint.json").string());
+    EXPECT_EQ(meta["global_step"].get<int64_t>(), 24);
+    EXPECT_EQ(meta["epoch"].get<int>(), 1);
+    TrainConfig resumed = c;
+    resumed.output = (dir / "resumed").string();
+    resumed.resume = (dir / "straight" / "checkpoint").string();
+    auto r = train_inproc(resumed, 2, true);
+    EXPECT_EQ(r[0].params, straight[0].params) << comp;
+    EXPECT_EQ(r[1].params, straight[1].params) << comp;
+    EXPECT_EQ(r[0].steps, 30);
+    EXPECT_EQ(r[0].bytes_sent, straight[0].bytes_sent) << comp;
+    fs::remove_all(dir);
+  }
+}
+
+TEST(Train, MidEpochCheckpointResumesAtTheSamplerPosition) {
+  for (const auto& comp : resume_compressors()) {
+    auto dir = temp_dir("mid");
+    TrainConfig c = tiny("cnn");
+    c.compressor = comp;
+    c.max_steps = 12;
+    c.output = (dir / "straight").string();
+    auto straight = train_inproc(c, 2, true);
+    TrainConfig part = c;
+    part.max_steps = 7;
+    part.checkpoint_every = 7;
+    part.output = (dir / "part").string();
+    train_inproc(part, 2, true);
+    auto meta = read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string());
+    EXPECT_EQ(meta["step"].get<int64_t>(), 7);
+    TrainConfig rest = c;
+    rest.resume = (dir / "part" / "checkpoint").string();
+    rest.output = (dir / "rest").string();
+    auto r = train_inproc(rest, 2, true);
+    EXPECT_EQ(r[0].params, straight[0].params) << comp;
+    fs::remove_all(dir);
+  }
+}
+
+TEST(Train, WritesMetricsSummaryAndTrace) {
+  auto dir = temp_dir("outputs");
+  TrainConfig c = tiny("mlp");
+  c.output = dir.string();
+  c.trace = true;
+  c.target_accuracy = 0.5;
+  auto r = train_inproc(c, 2, true);
+  auto s = read_json_file((dir / "summary.json").string());
+  EXPECT_EQ(s["workers"], 2);
+  EXPECT_EQ(s["epochs"], 1);
+  EXPECT_GT(s["final_test_accuracy"].get<double>(), 0.5);  // the synthetic classes are easy
+  EXPECT_FALSE(s["time_to_target_s"].is_null());
+  EXPECT_EQ(s["bytes_on_wire"].get<uint64_t>(), 2 * r[0].bytes_sent);
+  EXPECT_EQ(s["uncompressed_bytes"].get<uint64_t>(), 2 * r[0].raw_bytes);
+  std::ifstream m(dir / "metrics.jsonl");
+  std::string line;
+  int steps = 0, epochs = 0;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "step") {
+      ++steps;
+      EXPECT_TRUE(j.contains("exposed_comm_s"));
+      EXPECT_TRUE(j.contains("bytes_sent"));
+      EXPECT_TRUE(j.contains("ratio"));
+    }
+    if (j["kind"] == "epoch") ++epochs;
+  }
+  EXPECT_EQ(steps, 24);
+  EXPECT_EQ(epochs, 1);
+  for (int rank : {0, 1}) {
+    auto t = read_json_file((dir / fmt::format("trace-rank{}.json", rank)).string());
+    std::set<std::string> names;
+    for (auto& e : t["traceEvents"]) names.insert(e["name"].get<std::string>());
+    for (auto n : {"forward", "backward", "bucket ready", "wait for communication", "step"})
+      EXPECT_TRUE(names.count(n)) << n;
+  }
+  fs::remove_all(dir);
+}
+
+#ifdef CONDUIT_WITH_COMPRESS
+TEST(Train, CompressorsPlugIn) {
+  for (std::string comp : {"fp16", "ef:topk:ratio=0.05", "powersgd:rank=2", "ef:signsgd", "qsgd"}) {
+    TrainConfig c = tiny("mlp");
+    c.compressor = comp;
+    c.max_steps = 20;
+    auto r = train_inproc(c, 2);
+    EXPECT_EQ(r[0].params, r[1].params) << comp;  // every rank applies the same update
+    EXPECT_LT(r[0].payload_bytes, r[0].grad_bytes) << comp;
+    EXPECT_GT(r[0].test_accuracy, 0.3) << comp;
+  }
+}
+#endif
+
+// The `conduit train` binary.
+struct CliRun {
+  int code;
+  std::string out;
+};
+
+CliRun run_conduit(const std::string& args) {
+  std::string cmd = std::string(CONDUIT_BINARY) + " train " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
+}
+
+TEST(TrainCli, ConfigurationErrorsStopBeforeTrainingWithOneLine) {
+  for (auto [args, field] : std::vector<std::pair<std::string, std::string>>{
+           {"--model vgg", "model"},
+           {"--lr -1", "lr"},
+           {"--compressor nosuch", "compressor"},
+           {"--data-dir /nonexistent", "data_dir"},
+           {"--workers 0", "workers"},
+           {"--model mlp --compressor powersgd:rank=100000", "rank"},
+       }) {
+    CliRun r = run_conduit(args + " --output /tmp/conduit-train-never");
+    EXPECT_NE(r.code, 0) << args;
+    // One line: "conduit: error: config: <field>: ..."
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_NE(r.out.find("conduit: error: config: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(field), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(fs::exists("/tmp/conduit-train-never/metrics.jsonl"));
+  // Under torchrun's environment, --workers must agree with WORLD_SIZE.
+  std::string env = "env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 ";
+  FILE* p = popen((env + CONDUIT_BINARY + " train --workers 4 --dataset synthetic 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  EXPECT_NE(WEXITSTATUS(st), 0);
+  EXPECT_NE(out.find("workers: 4 does not match WORLD_SIZE=2"), std::string::npos) << out;
+}
+
+TEST(SlowTrainCli, TwoLocalWorkersTrainAndResume) {
+  auto dir = temp_dir("cli");
+  std::string common = "--model mlp --dataset synthetic --synthetic-samples 512 --batch-size 16 --workers 2 "
+                       "--epochs 2 --progress false --transport tcp";
+  CliRun r = run_conduit(common + " --output " + (dir / "a").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("conduit train: mlp on synthetic, 2 workers"), std::string::npos) << r.out;
+  auto s = read_json_file((dir / "a" / "summary.json").string());
+  EXPECT_EQ(s["epochs"], 2);
+  EXPECT_GT(s["final_test_accuracy"].get<double>(), 0.5);
+  // Resume from the epoch-1... (the last checkpoint is the end of epoch 2: nothing is left to train).
+  CliRun again = run_conduit(common + " --epochs 3 --output " + (dir / "b").string() + " --resume " +
+                          (dir / "a" / "checkpoint").string());
+  ASSERT_EQ(again.code, 0) << again.out;
+  auto s2 = read_json_file((dir / "b" / "summary.json").string());
+  EXPECT_EQ(s2["epochs"], 3);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace conduit::train
