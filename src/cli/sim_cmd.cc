@@ -64,7 +64,7 @@ struct StepArgs {
   std::string mode = "symmetric";
   bool json = false;
   int top = 5;
-  std::string tp_options, pp_options, mb_options;
+  std::string tp_options, pp_options, mb_options, zero_options, recompute_options;
 };
 
 GptModel make_model(const ModelArgs& a) {
@@ -318,6 +318,19 @@ void run_plan(const StepArgs& a) {
   space.tp = parse_int_list(a.tp_options, "--tp-options");
   space.pp = parse_int_list(a.pp_options, "--pp-options");
   space.micro_batch = parse_int_list(a.mb_options, "--micro-batch-options");
+  if (!a.zero_options.empty()) {
+    space.zero.clear();
+    for (const auto& z : split(a.zero_options, ',')) {
+      std::string t = trim(z);
+      if (t != "0" && t != "1" && t != "2" && t != "3")
+        throw ConfigError(fmt::format("--zero-options = '{}': a comma-separated list of 0, 1, 2, 3", a.zero_options));
+      space.zero.push_back(t[0] - '0');
+    }
+  }
+  if (!a.recompute_options.empty()) {
+    space.recompute.clear();
+    for (const auto& r : split(a.recompute_options, ',')) space.recompute.push_back(parse_recompute(trim(r)));
+  }
   if (a.compression != "none") space.compression = {Compression{}, parse_compression(a.compression)};
   PlanResult pr = plan(net, m, a.global_batch, space, static_cast<size_t>(std::max(1, a.top)));
   if (a.json) {
@@ -860,6 +873,8 @@ void setup(CLI::App& app) {
       c->add_option("--tp-options", a->tp_options, "tensor-parallel sizes to try, e.g. 1,2,4,8");
       c->add_option("--pp-options", a->pp_options, "pipeline sizes to try");
       c->add_option("--micro-batch-options", a->mb_options, "micro-batch sizes to try");
+      c->add_option("--zero-options", a->zero_options, "ZeRO stages to try, e.g. 0,1");
+      c->add_option("--recompute-options", a->recompute_options, "recompute modes to try, e.g. selective,full");
       c->callback([a]() { run_plan(*a); });
     }
   }
