@@ -18,6 +18,7 @@ struct LaunchOptions {
   int master_port = 0;
   std::string master_addr = "127.0.0.1";
   bool tag_output = true;
+  std::string bind = "auto";
   bool port_given = false;
   std::vector<std::string> command;
 };
@@ -38,6 +39,7 @@ void run_launch(const LaunchOptions& o) {
   spec.master_port = o.master_port;
   spec.command = o.command;
   spec.tag_output = o.tag_output;
+  spec.bind = o.bind;
   set_exit_code(run_local_workers(spec));
 }
 
@@ -53,6 +55,9 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
                              "port of the rendezvous store served by rank 0 (1..65535; default: a free port)");
   c->add_option("--master-addr", opts->master_addr, "address of rank 0's rendezvous store")->capture_default_str();
   c->add_flag("--tag-output,!--no-tag-output", opts->tag_output, "prefix each output line with [rank K] (default on)");
+  c->add_option("--bind", opts->bind,
+                "auto (default: one core per worker when there are enough), core, none")
+      ->capture_default_str();
   // After "--" everything is the program and its arguments, even what looks like an option.
   c->add_option("command", opts->command, "PROGRAM [ARGS...] that every worker runs (put it after --)");
   c->footer(

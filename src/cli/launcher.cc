@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -377,7 +378,13 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
 
 // In the child between fork and exec: async-signal-safe calls only.
 [[noreturn]] void exec_child(int out_fd, int err_fd, int null_fd, int report_fd, pid_t parent, const char* path,
-                             char* const* argv, char* const* envp, const rlimit* file_limit) {
+                             char* const* argv, char* const* envp, const rlimit* file_limit, int cpu) {
+  if (cpu >= 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ::sched_setaffinity(0, sizeof one, &one);
+  }
   ::setpgid(0, 0);                     // own process group: the launcher signals the worker and everything it starts
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL does not leave workers behind
   if (::getppid() != parent) ::_exit(kExecFailedCode);
@@ -509,6 +516,23 @@ std::vector<std::string> worker_environment(const std::vector<std::string>& base
   return env;
 }
 
+namespace {
+// The CPUs workers are bound to, in order (empty: no binding).
+std::vector<int> binding_cpus(const LaunchSpec& spec) {
+  if (spec.bind != "auto" && spec.bind != "core" && spec.bind != "none")
+    throw ConfigError(fmt::format("launch: --bind '{}' is not one of auto, core, none", spec.bind));
+  if (spec.bind == "none") return {};
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (spec.bind == "auto" && static_cast<int>(cpus.size()) < spec.nprocs) return {};
+  return cpus;
+}
+}  // namespace
+
 int run_local_workers(const LaunchSpec& spec) {
   if (spec.nprocs < 1 || spec.nprocs > kMaxLocalWorkers) {
     throw ConfigError(fmt::format("launch: the number of workers (-n) must be between 1 and {}, got {}",
@@ -540,6 +564,7 @@ int run_local_workers(const LaunchSpec& spec) {
   const std::string job_id = spec.job_id.empty() ? make_job_id() : spec.job_id;
 
   const std::optional<rlimit> worker_file_limit = ensure_file_limit(spec.nprocs);
+  const std::vector<int> bind_cpus = binding_cpus(spec);
   SignalScope signals;
   FileDescriptor dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));
@@ -604,7 +629,8 @@ int run_local_workers(const LaunchSpec& spec) {
       pid = ::fork();
       if (pid == 0) {
         exec_child(out_w.get(), err_w.get(), dev_null.get(), rep_w.get(), parent, resolved->c_str(), argv.data(),
-                   envp.data(), worker_file_limit ? &*worker_file_limit : nullptr);
+                   envp.data(), worker_file_limit ? &*worker_file_limit : nullptr,
+                   bind_cpus.empty() ? -1 : bind_cpus[rank % bind_cpus.size()]);
       }
     }
     if (pid < 0) {

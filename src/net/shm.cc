@@ -130,6 +130,12 @@ class ShmTransport : public Transport, public Progressor {
                                     ring_bytes_));
     unexpected_budget_ = 64ull << 20;
     max_len_ = max_message_bytes();
+    int local = 0;
+    for (int i = 0; i < size; ++i) local += (serve[i] || i == rank) ? 1 : 0;
+    long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    long spin_us = local > cpus ? 5 : 50;
+    if (auto v = env_int("CONDUIT_SHM_SPIN_US", 0, 1000000)) spin_us = *v;
+    spin_ = std::chrono::microseconds(spin_us);
     seg_bytes_ = sizeof(SegHeader) + static_cast<size_t>(size) * (sizeof(RingHeader) + ring_bytes_);
 
     std::string my_name = segment_name(job, rank);
@@ -269,10 +275,15 @@ class ShmTransport : public Transport, public Progressor {
 
   void wait_for_activity(const Deadline& until) override {
     uint32_t seen = tl_seen_;
-    // Spin a little: a peer usually answers within microseconds.
-    for (int i = 0; i < 2000; ++i) {
-      if (my_seg_->doorbell.load(std::memory_order_acquire) != seen) return;
-      cpu_relax();
+    // Spin first: a peer on another core answers within microseconds, and giving the core away costs a
+    // scheduler round trip (milliseconds on a busy machine). Oversubscribed hosts spin briefly.
+    auto spin_until = Clock::now() + spin_;
+    while (true) {
+      for (int i = 0; i < 64; ++i) {
+        if (my_seg_->doorbell.load(std::memory_order_acquire) != seen) return;
+        cpu_relax();
+      }
+      if (Clock::now() >= spin_until) break;
     }
     sched_yield();
     if (my_seg_->doorbell.load(std::memory_order_acquire) != seen) return;
@@ -629,6 +640,7 @@ class ShmTransport : public Transport, public Progressor {
   size_t seg_bytes_;
   uint64_t unexpected_budget_;
   uint64_t max_len_;
+  Clock::duration spin_;
   std::mutex mu_;
   static thread_local uint32_t tl_seen_;
 };
