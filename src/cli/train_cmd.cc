@@ -105,7 +105,8 @@ void run_train(const TrainArgs& a) {
   spec.nprocs = cfg.workers;
   spec.command = {self_exe(), "train", "--config", cfg_path.string()};
   spec.name = "conduit train";
-  spec.extra_env = {{"OMP_NUM_THREADS", "1"}};
+  // One intra-op thread per worker: the workers share the cores.
+  spec.extra_env = {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}};
   if (cfg.transport != "auto") spec.extra_env.push_back({"CONDUIT_TRANSPORT", cfg.transport});
   int rc = run_local_workers(spec);
   if (rc == 0) print_summary(cfg.output);

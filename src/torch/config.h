@@ -17,7 +17,7 @@ struct TrainConfig {
   std::string transport = "auto";         // auto | tcp | shm | mpi
   std::string compressor = "none";        // a compressor spec, "name:key=value,..." (compress/compressor.h)
   std::string optimizer = "sgd";          // sgd (with momentum) | adam
-  double lr = 0.05;                       // for the global batch (workers * batch_size)
+  double lr = 0.1;                        // for the global batch (workers * batch_size)
   double momentum = 0.9;
   double weight_decay = 0.0;
   std::string lr_schedule = "cosine";     // constant | step | cosine

@@ -395,6 +395,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (world > 1) comm.allreduce(sums, 2, DType::i64, ReduceOp::sum).wait();
   res.world_bytes_sent = sums[0];
   res.world_raw_bytes = sums[1];
+  res.buckets = dopt.bucket_layout();
+  for (auto& p : model->parameters()) res.param_numel.push_back(size_t(p.numel()));
   if (wo.keep_params) {
     for (auto& p : model->parameters()) {
       auto f = p.detach().contiguous().view(-1);

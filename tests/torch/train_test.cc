@@ -292,6 +292,28 @@ TEST(Train, BucketCapDoesNotChangeTheResult) {
   EXPECT_EQ(a[0].params, s[0].params);
 }
 
+TEST(Train, BucketsFollowGradientReadyOrderWithASmallFirstBucket) {
+  TrainConfig c = tiny("cnn");  // conv1.w conv1.b conv2.w conv2.b fc1.w fc1.b fc2.w fc2.b
+  c.max_steps = 2;
+  c.bucket_cap_mb = 25;
+  c.first_bucket_mb = 0.01;
+  auto r = train_inproc(c, 2);
+  ASSERT_EQ(r[0].param_numel.size(), 8u);
+  std::vector<int> seen(8, 0);
+  for (auto& b : r[0].buckets)
+    for (int i : b) ++seen[size_t(i)];
+  EXPECT_EQ(seen, std::vector<int>(8, 1));
+  ASSERT_EQ(r[0].buckets.size(), 2u);
+  // Backward produces fc2's gradients first: they fill the small first bucket; fc1.w (1.6 MB) starts the next.
+  size_t first_bytes = 0;
+  for (int i : r[0].buckets[0]) first_bytes += 4 * r[0].param_numel[size_t(i)];
+  EXPECT_LE(first_bytes, size_t(0.01 * 1024 * 1024));
+  std::set<int> first(r[0].buckets[0].begin(), r[0].buckets[0].end());
+  EXPECT_TRUE(first.count(6) && first.count(7));
+  EXPECT_EQ(r[0].buckets[1].front(), 4);
+  EXPECT_EQ(r[0].buckets, r[1].buckets);
+}
+
 std::vector<std::string> resume_compressors() {
   std::vector<std::string> v = {"none"};
 #ifdef CONDUIT_WITH_COMPRESS
@@ -385,10 +407,20 @@ TEST(Train, WritesMetricsSummaryAndTrace) {
     auto t = read_json_file((dir / fmt::format("trace-rank{}.json", rank)).string());
     std::set<std::string> names;
     for (auto& e : t["traceEvents"]) names.insert(e["name"].get<std::string>());
-    for (auto n : {"forward", "backward", "bucket ready", "wait for communication", "step"})
+    for (auto n : {"forward", "backward", "bucket ready", "communicate", "wait for communication", "step"})
       EXPECT_TRUE(names.count(n)) << n;
   }
   fs::remove_all(dir);
+#ifdef CONDUIT_WITH_COMPRESS
+  c.compressor = "ef:topk:ratio=0.05";
+  c.max_steps = 3;
+  train_inproc(c, 2, true);
+  auto t = read_json_file((dir / "trace-rank1.json").string());
+  std::set<std::string> names;
+  for (auto& e : t["traceEvents"]) names.insert(e["name"].get<std::string>());
+  for (auto n : {"compress", "communicate", "decompress"}) EXPECT_TRUE(names.count(n)) << n;
+  fs::remove_all(dir);
+#endif
 }
 
 #ifdef CONDUIT_WITH_COMPRESS
