@@ -56,6 +56,7 @@ struct StepArgs {
   int virtual_stages = 0;
   bool sp = false;
   bool no_overlap = false;
+  bool balance = false;
   std::string bucket = "25M";
   double grad_bytes = 2;
   std::string dp_algorithm = "auto", tp_algorithm = "auto";
@@ -121,6 +122,7 @@ ParallelConfig make_config(const StepArgs& a) {
   c.virtual_stages = a.virtual_stages > 0 ? a.virtual_stages : (c.schedule == Schedule::kInterleaved ? 2 : 1);
   c.sequence_parallel = a.sp;
   c.dp_overlap = !a.no_overlap;
+  c.balance = a.balance;
   c.bucket_bytes = static_cast<double>(parse_bytes(a.bucket, "--bucket"));
   c.grad_bytes = a.grad_bytes;
   c.dp_algorithm = parse_algorithm(a.dp_algorithm);
@@ -854,6 +856,8 @@ void setup(CLI::App& app) {
     c->add_option("--virtual-stages", a->virtual_stages, "model chunks per GPU for --schedule interleaved (default 2)");
     c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism");
     c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
+    c->add_flag("--balance", a->balance,
+                "heterogeneous clusters (data parallel): batch shares proportional to each accelerator's speed");
     c->add_option("--bucket", a->bucket, "gradient bucket size")->capture_default_str();
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();

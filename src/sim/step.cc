@@ -203,7 +203,31 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
     }
     mem_capacity = std::min(mem_capacity, k.accelerator.memory_bytes);
   }
-  if (kinds > 1) r.notes.push_back(fmt::format("heterogeneous cluster: {} accelerators bound the step", slowest->name));
+  if (kinds > 1 && cfg.balance) {
+    if (t != 1 || p != 1) throw ConfigError("--balance needs --tp 1 and --pp 1 (data parallelism only)");
+    // Shares proportional to speed: all ranks finish their micro-batches together after
+    // (global micro-batches) / sum over ranks of (1 / time per micro-batch).
+    double rate = 0;
+    for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
+      if (topo.kind_counts()[i] == 0) continue;
+      const NodeKind& k = topo.spec().node_kinds[i];
+      MicroTimes x = micro_times(k.accelerator, m, cfg, lps, true);
+      rate += static_cast<double>(topo.kind_counts()[i] * k.gpus) / (x.fwd_compute + x.bwd_compute);
+    }
+    const double total_mb = static_cast<double>(cfg.global_batch) / cfg.micro_batch;
+    const double ratio = (total_mb / rate) / (static_cast<double>(mb) * (mt.fwd_compute + mt.bwd_compute));
+    mt.fwd_compute *= ratio;
+    mt.bwd_compute *= ratio;
+    mt.recompute *= ratio;
+    mt.layer_fwd *= ratio;
+    mt.layer_bwd *= ratio;
+    r.notes.push_back(
+        fmt::format("heterogeneous cluster, batch shares proportional to speed: compute {:.0f}% of the "
+                    "equal-share time bounded by {}",
+                    100 * ratio, slowest->name));
+  } else if (kinds > 1) {
+    r.notes.push_back(fmt::format("heterogeneous cluster: {} accelerators bound the step", slowest->name));
+  }
   const Accelerator& acc = *slowest;
 
   // Tensor-parallel communication per micro-batch per layer.

@@ -53,6 +53,9 @@ struct ParallelConfig {
   int virtual_stages = 1;  // interleaved: model chunks per GPU (v)
   bool sequence_parallel = false;
   bool dp_overlap = true;
+  // Heterogeneous clusters, data parallel only: give each accelerator a share of the global batch proportional
+  // to its speed instead of equal shares (the slowest kind then no longer bounds the step).
+  bool balance = false;
   double bucket_bytes = 25e6;
   double grad_bytes = 2;  // bytes per gradient element on the wire
   Algorithm dp_algorithm = Algorithm::kAuto;

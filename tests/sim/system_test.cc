@@ -59,6 +59,11 @@ TEST(Presets, BadFilesNameTheField) {
   EXPECT_THROW(load_cluster("no-such-preset"), ConfigError);
 }
 
+GptModel gpt_layers_even(GptModel m) {
+  m.layers = 12;
+  return m;
+}
+
 TEST(Presets, HeterogeneousEdgeScalesKindsProportionally) {
   Topology t(load_cluster("edge"), 32);
   EXPECT_EQ(t.kind_counts()[0], 8);
@@ -71,6 +76,19 @@ TEST(Presets, HeterogeneousEdgeScalesKindsProportionally) {
   StepResult r = simulate_step(net, m, c);
   ASSERT_FALSE(r.notes.empty());
   EXPECT_NE(r.notes.front().find("Orin-Nano"), std::string::npos);  // the slow kind bounds the step
+  // Shares proportional to speed: 8 fast + 24 slow devices finish together, faster than equal shares, and
+  // exactly (global micro-batches) / (sum of per-device rates).
+  c.balance = true;
+  StepResult bal = simulate_step(net, m, c);
+  EXPECT_LT(bal.breakdown.compute, r.breakdown.compute);
+  const double slow_mb = r.breakdown.compute / r.microbatches;  // per micro-batch on an Orin Nano
+  const double ratio = bal.breakdown.compute / r.breakdown.compute;
+  EXPECT_GT(ratio, 0.25);  // at best 8 devices 4x faster would carry everything
+  EXPECT_LT(ratio, 1.0);
+  (void)slow_mb;
+  c.tp = 1;
+  c.pp = 2;
+  EXPECT_THROW(simulate_step(net, gpt_layers_even(m), c), ConfigError);
 }
 
 TEST(Step, ScheduleMemoryGpipeHoldsAllMicroBatches) {
