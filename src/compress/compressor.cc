@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "compress/detail.h"
+#include "compress/kernels.h"
 #include "compress/methods.h"
 #include "core/error.h"
 
@@ -252,27 +253,10 @@ void unpack_codes(const uint8_t* in, size_t n, int bits, uint16_t* codes) {
   }
 }
 
-CONDUIT_HOT void pack_signs(const float* x, size_t n, uint8_t* out) {
-  size_t full = n / 8;
-  for (size_t j = 0; j < full; ++j) {
-    uint8_t b = 0;
-    for (int t = 0; t < 8; ++t) b |= static_cast<uint8_t>((x[8 * j + t] < 0.0f) << t);
-    out[j] = b;
-  }
-  if (n % 8) {
-    uint8_t b = 0;
-    for (size_t i = full * 8; i < n; ++i) b |= static_cast<uint8_t>((x[i] < 0.0f) << (i - full * 8));
-    out[full] = b;
-  }
-}
+void pack_signs(const float* x, size_t n, uint8_t* out) { kernels::get().pack_signs(x, n, out); }
 
-CONDUIT_HOT void unpack_signs(const uint8_t* in, size_t n, float pos, float neg, float* out) {
-  size_t full = n / 8;
-  for (size_t j = 0; j < full; ++j) {
-    uint8_t b = in[j];
-    for (int t = 0; t < 8; ++t) out[8 * j + t] = ((b >> t) & 1) ? neg : pos;
-  }
-  for (size_t i = full * 8; i < n; ++i) out[i] = ((in[full] >> (i - full * 8)) & 1) ? neg : pos;
+void unpack_signs(const uint8_t* in, size_t n, float pos, float neg, float* out) {
+  kernels::get().unpack_signs(in, n, pos, neg, out, false);
 }
 
 }  // namespace detail

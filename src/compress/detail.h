@@ -9,12 +9,9 @@
 
 #include "compress/compressor.h"
 
-// Hot loops are compiled for AVX2 and for the baseline, chosen at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CONDUIT_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
+// Marks the hot loops. (target_clones was tried: its ifunc dispatch went through the dynamic linker's symbol lookup
+// on every call and cost more than the wider vectors gained; the loops are written to vectorize at -O3.)
 #define CONDUIT_HOT
-#endif
 
 namespace conduit::compress::detail {
 
@@ -102,7 +99,7 @@ void check_out(const std::string& who, size_t got, size_t want);
 void pack_codes(const uint16_t* codes, size_t n, int bits, uint8_t* out);
 void unpack_codes(const uint8_t* in, size_t n, int bits, uint16_t* codes);
 
-// Sign bits: bit i set when x[i] < 0 (so +0 and -0 both count as +); ceil(n/8) bytes.
+// Sign bits: bit i is x[i]'s sign bit (set for negatives and -0); ceil(n/8) bytes.
 void pack_signs(const float* x, size_t n, uint8_t* out);
 // out[i] = bit ? -neg_val... : pos_val (the two reconstruction values).
 void unpack_signs(const uint8_t* in, size_t n, float pos, float neg, float* out);

@@ -5,6 +5,7 @@
 // Wire format, bytes and collective are the inner compressor's; the state adds the residual "ef.residual".
 #include <vector>
 
+#include "compress/kernels.h"
 #include "compress/methods.h"
 
 namespace conduit::compress::methods {
@@ -23,11 +24,11 @@ class ErrorFeedback : public Compressor {
     size_t d = in.size();
     auto& e = st.buffer("ef.residual", d);
     thread_local std::vector<float> decoded;
-    for (size_t i = 0; i < d; ++i) e[i] += in[i];  // e now holds p = g + e
+    kernels::get().add_to(e.data(), in.data(), d);  // e now holds p = g + e
     inner_->compress(e, st, out);
     decoded.resize(d);
     inner_->decompress(out, st, decoded);
-    for (size_t i = 0; i < d; ++i) e[i] -= decoded[i];
+    kernels::get().sub_from(e.data(), decoded.data(), d);
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     inner_->decompress(p, st, out);

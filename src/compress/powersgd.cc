@@ -4,6 +4,8 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -15,6 +17,18 @@
 namespace conduit::compress {
 
 namespace {
+std::atomic<uint64_t> g_blas_ns{0};
+
+// Times one cblas_sgemm call.
+template <typename... A>
+void sgemm(A... args) {
+  auto t0 = std::chrono::steady_clock::now();
+  cblas_sgemm(args...);
+  g_blas_ns.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - t0).count()),
+                      std::memory_order_relaxed);
+}
+
 constexpr const char* kQ = "psgd.q";
 constexpr const char* kResidual = "psgd.residual";
 }  // namespace
@@ -70,6 +84,8 @@ void PowerSgd::orthonormalise(float* rows, size_t r, size_t n) {
   }
 }
 
+double PowerSgd::blas_seconds() { return static_cast<double>(g_blas_ns.load()) * 1e-9; }
+
 void PowerSgd::phase_p(std::span<const float> in, TensorState& st, std::span<float> p) const {
   Plan pl = plan(in.size(), st);
   const float* m = in.data();
@@ -93,7 +109,7 @@ void PowerSgd::phase_p(std::span<const float> in, TensorState& st, std::span<flo
     }
   }
   // P^T (r x n) = Q^T (r x m) * M^T
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(pl.r), static_cast<int>(pl.n),
+  sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(pl.r), static_cast<int>(pl.n),
               static_cast<int>(pl.m), 1.0f, q.data(), static_cast<int>(pl.m), m, static_cast<int>(pl.m), 0.0f,
               p.data(), static_cast<int>(pl.n));
 }
@@ -103,7 +119,7 @@ void PowerSgd::phase_q(std::span<const float> in, TensorState& st, std::span<flo
   const float* m = ef_ ? st.buffers.at(kResidual).data() : in.data();
   orthonormalise(p.data(), pl.r, pl.n);
   // Q^T (r x m) = P^T (r x n) * M (n x m)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(pl.r), static_cast<int>(pl.m),
+  sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(pl.r), static_cast<int>(pl.m),
               static_cast<int>(pl.n), 1.0f, p.data(), static_cast<int>(pl.n), m, static_cast<int>(pl.m), 0.0f,
               q.data(), static_cast<int>(pl.m));
 }
@@ -113,7 +129,7 @@ void PowerSgd::finish(std::span<const float> in, TensorState& st, std::span<cons
   Plan pl = plan(in.size(), st);
   float inv_w = 1.0f / static_cast<float>(world);
   // out (n x m) = P (n x r) * Q^T (r x m), with P stored as P^T
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(pl.n), static_cast<int>(pl.m),
+  sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(pl.n), static_cast<int>(pl.m),
               static_cast<int>(pl.r), average ? inv_w : 1.0f, p.data(), static_cast<int>(pl.n), q_sum.data(),
               static_cast<int>(pl.m), 0.0f, out.data(), static_cast<int>(pl.m));
   if (ef_) {
@@ -156,7 +172,7 @@ void PowerSgd::decompress(std::span<const uint8_t> payload, const TensorState& s
   detail::check_payload("powersgd", payload.size(), 4 * r * (n + m));
   const float* p = reinterpret_cast<const float*>(payload.data());
   const float* q = p + n * r;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(m), static_cast<int>(r),
+  sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(m), static_cast<int>(r),
               1.0f, p, static_cast<int>(n), q, static_cast<int>(m), 0.0f, out.data(), static_cast<int>(m));
 }
 

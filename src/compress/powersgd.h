@@ -51,6 +51,8 @@ class PowerSgd : public Compressor {
   // Gram-Schmidt (two passes) on the r rows (length n) of a row-major r x n matrix; a row that is numerically
   // dependent on the previous ones (remainder below 1e-4 of its norm) becomes zero.
   static void orthonormalise(float* rows, size_t r, size_t n);
+  // Seconds spent in the matrix products (cblas_sgemm) by this process so far (for `conduit bench compress`).
+  static double blas_seconds();
 
  private:
   int r_;

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "compress/kernels.h"
 #include "compress/methods.h"
 #include "core/error.h"
 
@@ -35,6 +36,36 @@ using detail::check_out;
 using detail::check_payload;
 using detail::get_f32;
 using detail::put_f32;
+
+// Thin forwards to the kernels chosen for this CPU (kernels.h).
+float abs_max(const float* x, size_t n) { return kernels::get().abs_max(x, n); }
+void min_max(const float* x, size_t n, float& lo, float& hi) { kernels::get().min_max(x, n, lo, hi); }
+double sum_squares(const float* x, size_t n) { return kernels::get().sum_squares(x, n); }
+void quant_i8(const float* x, size_t n, float inv, int8_t* q) { kernels::get().quant_i8(x, n, inv, q); }
+void quant_u8(const float* x, size_t n, float lo, float inv, uint8_t* q) { kernels::get().quant_u8(x, n, lo, inv, q); }
+void dequant_i8(const int8_t* q, size_t n, float scale, float* out, bool add) {
+  kernels::get().dequant_i8(q, n, scale, out, add);
+}
+void dequant_u8(const uint8_t* q, size_t n, float lo, float scale, float* out, bool add) {
+  kernels::get().dequant_u8(q, n, lo, scale, out, add);
+}
+void qsgd_codes(const float* x, size_t n, float scale, uint32_t smax, uint32_t base, uint32_t k_lo, uint32_t k_hi,
+                uint16_t* codes) {
+  kernels::get().qsgd_codes(x, n, scale, smax, base, k_lo, k_hi, codes);
+}
+void tern_codes(const float* x, size_t n, float lo, float hi, float inv, uint32_t base, uint32_t k_lo, uint32_t k_hi,
+                uint8_t* out) {
+  kernels::get().tern_codes(x, n, lo, hi, inv, base, k_lo, k_hi, out);
+}
+void tern_decode(const uint8_t* in, size_t n, float s, float* out, bool add) {
+  kernels::get().tern_decode(in, n, s, out, add);
+}
+void natural_exponents(const float* x, size_t n, uint32_t base, uint32_t k_lo, uint32_t k_hi, uint8_t* exps) {
+  kernels::get().natural_exponents(x, n, base, k_lo, k_hi, exps);
+}
+void natural_decode(const uint8_t* signs, const uint8_t* exps, size_t n, float* out, bool add) {
+  kernels::get().natural_decode(signs, exps, n, out, add);
+}
 
 class NoneCompressor : public Compressor {
  public:
@@ -81,51 +112,11 @@ class HalfCompressor : public Compressor {
   bool bf_;
 };
 
-CONDUIT_HOT float abs_max(const float* x, size_t n) {
-  float m = 0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
-  return m;
-}
 
-CONDUIT_HOT void quant_i8(const float* x, size_t n, float inv, int8_t* q) {
-  for (size_t i = 0; i < n; ++i) {
-    float v = x[i] * inv;
-    v = std::clamp(v, -127.0f, 127.0f);
-    q[i] = static_cast<int8_t>(static_cast<int>(v + (v >= 0 ? 0.5f : -0.5f)));
-  }
-}
 
-CONDUIT_HOT void dequant_i8(const int8_t* q, size_t n, float scale, float* out, bool add) {
-  if (add)
-    for (size_t i = 0; i < n; ++i) out[i] += static_cast<float>(q[i]) * scale;
-  else
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
-}
 
-CONDUIT_HOT void min_max(const float* x, size_t n, float& lo, float& hi) {
-  float a = x[0], b = x[0];
-  for (size_t i = 0; i < n; ++i) {
-    a = std::min(a, x[i]);
-    b = std::max(b, x[i]);
-  }
-  lo = a;
-  hi = b;
-}
 
-CONDUIT_HOT void quant_u8(const float* x, size_t n, float lo, float inv, uint8_t* q) {
-  for (size_t i = 0; i < n; ++i) {
-    float v = (x[i] - lo) * inv;
-    v = std::clamp(v, 0.0f, 255.0f);
-    q[i] = static_cast<uint8_t>(static_cast<int>(v + 0.5f));
-  }
-}
 
-CONDUIT_HOT void dequant_u8(const uint8_t* q, size_t n, float lo, float scale, float* out, bool add) {
-  if (add)
-    for (size_t i = 0; i < n; ++i) out[i] += lo + static_cast<float>(q[i]) * scale;
-  else
-    for (size_t i = 0; i < n; ++i) out[i] = lo + static_cast<float>(q[i]) * scale;
-}
 
 // int8 (symmetric) and uint8 (min-max), one scale (and min) per chunk.
 class ByteQuantizer : public Compressor {
@@ -183,24 +174,9 @@ class ByteQuantizer : public Compressor {
   size_t chunk_;
 };
 
-CONDUIT_HOT double sum_squares(const float* x, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-  return s;
-}
 
 constexpr size_t kBlock = 1024;  // codes are staged per block of this many elements (a multiple of 8)
 
-CONDUIT_HOT void qsgd_codes(const float* x, size_t n, float scale, uint32_t smax, uint32_t base, uint32_t k_lo,
-                            uint32_t k_hi, uint16_t* codes) {
-  for (size_t i = 0; i < n; ++i) {
-    float r = std::fabs(x[i]) * scale;
-    float l = std::floor(r);
-    float u = detail::u01(detail::hash32(k_lo, k_hi, base + static_cast<uint32_t>(i)));
-    uint32_t level = std::min(static_cast<uint32_t>(l) + (u < r - l ? 1u : 0u), smax);
-    codes[i] = static_cast<uint16_t>((level << 1) | (x[i] < 0.0f ? 1u : 0u));
-  }
-}
 
 class Qsgd : public Compressor {
  public:
@@ -298,39 +274,7 @@ class Qsgd : public Compressor {
   int bits_;
 };
 
-CONDUIT_HOT void tern_codes(const float* x, size_t n, float lo, float hi, float inv, uint32_t base, uint32_t k_lo,
-                            uint32_t k_hi, uint8_t* out) {
-  // n is a multiple of 4 except at the end; 4 codes per byte.
-  for (size_t j = 0; j < n / 4; ++j) {
-    uint8_t b = 0;
-    for (int t = 0; t < 4; ++t) {
-      size_t i = 4 * j + t;
-      float v = std::clamp(x[i], lo, hi);
-      float u = detail::u01(detail::hash32(k_lo, k_hi, base + static_cast<uint32_t>(i)));
-      uint8_t c = (u < std::fabs(v) * inv) ? (v < 0 ? 2 : 1) : 0;
-      b |= static_cast<uint8_t>(c << (2 * t));
-    }
-    out[j] = b;
-  }
-  if (n % 4) {
-    uint8_t b = 0;
-    for (size_t i = n / 4 * 4; i < n; ++i) {
-      float v = std::clamp(x[i], lo, hi);
-      float u = detail::u01(detail::hash32(k_lo, k_hi, base + static_cast<uint32_t>(i)));
-      uint8_t c = (u < std::fabs(v) * inv) ? (v < 0 ? 2 : 1) : 0;
-      b |= static_cast<uint8_t>(c << (2 * (i % 4)));
-    }
-    out[n / 4] = b;
-  }
-}
 
-CONDUIT_HOT void tern_decode(const uint8_t* in, size_t n, float s, float* out, bool add) {
-  const float table[4] = {0.0f, s, -s, 0.0f};
-  for (size_t i = 0; i < n; ++i) {
-    float v = table[(in[i / 4] >> (2 * (i % 4))) & 3];
-    out[i] = add ? out[i] + v : v;
-  }
-}
 
 class TernGrad : public Compressor {
  public:
@@ -343,9 +287,7 @@ class TernGrad : public Compressor {
     out.resize(wire_bytes(d, st));
     float lo = -INFINITY, hi = INFINITY;
     if (clip_ && d > 0) {
-      double sum = 0;
-      for (float v : in) sum += v;
-      double mean = sum / static_cast<double>(d);
+      double mean = kernels::get().sum(in.data(), d) / static_cast<double>(d);
       double var = sum_squares(in.data(), d) / static_cast<double>(d) - mean * mean;
       float c = static_cast<float>(2.5 * std::sqrt(std::max(var, 0.0)));
       lo = -c;
@@ -371,27 +313,7 @@ class TernGrad : public Compressor {
   bool clip_;
 };
 
-CONDUIT_HOT void natural_exponents(const float* x, size_t n, uint32_t base, uint32_t k_lo, uint32_t k_hi,
-                                   uint8_t* exps) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &x[i], 4);
-    uint32_t e = (bits >> 23) & 0xff, mant = bits & 0x7fffff;
-    uint32_t u = detail::hash32(k_lo, k_hi, base + static_cast<uint32_t>(i)) >> 9;  // 23 bits
-    uint32_t up = (e < 254 && u < mant) ? 1u : 0u;
-    exps[i] = static_cast<uint8_t>(e + up);
-  }
-}
 
-CONDUIT_HOT void natural_decode(const uint8_t* signs, const uint8_t* exps, size_t n, float* out, bool add) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits = (static_cast<uint32_t>((signs[i / 8] >> (i % 8)) & 1) << 31) |
-                    (static_cast<uint32_t>(exps[i]) << 23);
-    float v;
-    std::memcpy(&v, &bits, 4);
-    out[i] = add ? out[i] + v : v;
-  }
-}
 
 class Natural : public Compressor {
  public:

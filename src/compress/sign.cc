@@ -1,4 +1,4 @@
-// Sign methods: one bit per element (bit set = negative; zero counts as positive).
+// Sign methods: one bit per element (the sign bit: set for negatives and -0).
 //
 //   method       wire format                              bytes for d     collective      state
 //   signsgd      sign bits                                ceil(d/8)       majority_vote   -
@@ -14,6 +14,7 @@
 // reconstruction values are the means of the non-negative and of the negative entries.
 #include <cmath>
 
+#include "compress/kernels.h"
 #include "compress/methods.h"
 
 namespace conduit::compress::methods {
@@ -35,7 +36,8 @@ class SignSgd : public Compressor {
     out.resize(ceil_div(in.size(), 8));
     if (beta_ >= 0) {
       auto& m = st.buffer("signum.momentum", in.size());
-      for (size_t i = 0; i < in.size(); ++i) m[i] = beta_ * m[i] + (1 - beta_) * in[i];
+      const float b = beta_, a = 1 - beta_;
+      for (size_t i = 0; i < in.size(); ++i) m[i] = b * m[i] + a * in[i];
       detail::pack_signs(m.data(), m.size(), out.data());
     } else {
       detail::pack_signs(in.data(), in.size(), out.data());
@@ -51,29 +53,8 @@ class SignSgd : public Compressor {
   float beta_;
 };
 
-CONDUIT_HOT double abs_sum(const float* x, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; ++i) s += std::fabs(x[i]);
-  return s;
-}
 
-CONDUIT_HOT void split_means(const float* x, size_t n, double& pos_sum, size_t& pos_n, double& neg_sum) {
-  double ps = 0, ns = 0;
-  size_t pn = 0;
-  for (size_t i = 0; i < n; ++i) {
-    bool neg = x[i] < 0.0f;
-    ps += neg ? 0.0 : x[i];
-    ns += neg ? x[i] : 0.0;
-    pn += neg ? 0 : 1;
-  }
-  pos_sum = ps;
-  neg_sum = ns;
-  pos_n = pn;
-}
 
-CONDUIT_HOT void add_signs(const uint8_t* in, size_t n, float pos, float neg, float* acc) {
-  for (size_t i = 0; i < n; ++i) acc[i] += ((in[i / 8] >> (i % 8)) & 1) ? neg : pos;
-}
 
 // scaled_sign (one scale) and the 1-bit quantizer (two reconstruction values).
 class ScaledSign : public Compressor {
@@ -89,11 +70,11 @@ class ScaledSign : public Compressor {
     if (two_) {
       double ps, ns;
       size_t pn;
-      split_means(in.data(), d, ps, pn, ns);
+      kernels::get().split_sums(in.data(), d, ps, pn, ns);
       put_f32(out.data(), pn ? static_cast<float>(ps / static_cast<double>(pn)) : 0.0f);
       put_f32(out.data() + 4, d > pn ? static_cast<float>(ns / static_cast<double>(d - pn)) : 0.0f);
     } else {
-      put_f32(out.data(), d ? static_cast<float>(abs_sum(in.data(), d) / static_cast<double>(d)) : 0.0f);
+      put_f32(out.data(), d ? static_cast<float>(kernels::get().abs_sum(in.data(), d) / static_cast<double>(d)) : 0.0f);
     }
     detail::pack_signs(in.data(), d, out.data() + header());
     ++st.step;
@@ -112,7 +93,7 @@ class ScaledSign : public Compressor {
     check_payload(name(), p.size(), wire_bytes(acc.size(), st));
     float pos, neg;
     values(p, pos, neg);
-    add_signs(p.data() + header(), acc.size(), pos, neg, acc.data());
+    kernels::get().unpack_signs(p.data() + header(), acc.size(), pos, neg, acc.data(), true);
   }
 
  private:

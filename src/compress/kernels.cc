@@ -1,0 +1,33 @@
+// Picks the kernel table for this CPU once.
+#include "compress/kernels.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace conduit::compress::kernels {
+
+namespace {
+#define CONDUIT_TABLE(ns)                                                                                     \
+  Table {                                                                                                     \
+    #ns, ns::abs_max, ns::min_max, ns::sum_squares, ns::abs_sum, ns::sum, ns::split_sums, ns::quant_i8,       \
+        ns::quant_u8, ns::dequant_i8, ns::dequant_u8, ns::pack_signs, ns::unpack_signs, ns::qsgd_codes,       \
+        ns::tern_codes, ns::tern_decode, ns::natural_exponents, ns::natural_decode, ns::add_to, ns::sub_from \
+  }
+
+bool use_avx2() {
+#if defined(__x86_64__) && defined(CONDUIT_COMPRESS_AVX2)
+  const char* force = std::getenv("CONDUIT_COMPRESS_KERNELS");  // "base" forces the baseline (tests, comparisons)
+  if (force && std::strcmp(force, "base") == 0) return false;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+const Table& get() {
+  static const Table t = use_avx2() ? CONDUIT_TABLE(avx2) : CONDUIT_TABLE(base);
+  return t;
+}
+
+}  // namespace conduit::compress::kernels

@@ -1,0 +1,64 @@
+#pragma once
+// Element-wise kernels of the quantizers and sign methods (kernels.inc), compiled for AVX2+FMA and for the
+// baseline; kernels::get() returns the table for this CPU (chosen once).
+#include <cstddef>
+#include <cstdint>
+
+namespace conduit::compress::kernels {
+
+#define CONDUIT_KERNEL_DECLS                                                                                        \
+  float abs_max(const float* x, size_t n);                                                                         \
+  void min_max(const float* x, size_t n, float& lo, float& hi);                                                    \
+  double sum_squares(const float* x, size_t n);                                                                    \
+  double abs_sum(const float* x, size_t n);                                                                        \
+  double sum(const float* x, size_t n);                                                                            \
+  void split_sums(const float* x, size_t n, double& pos_sum, size_t& pos_n, double& neg_sum);                      \
+  void quant_i8(const float* x, size_t n, float inv, int8_t* q);                                                   \
+  void quant_u8(const float* x, size_t n, float lo, float inv, uint8_t* q);                                        \
+  void dequant_i8(const int8_t* q, size_t n, float scale, float* out, bool add);                                   \
+  void dequant_u8(const uint8_t* q, size_t n, float lo, float scale, float* out, bool add);                        \
+  void pack_signs(const float* x, size_t n, uint8_t* out);                                                         \
+  void unpack_signs(const uint8_t* in, size_t n, float pos, float neg, float* out, bool add);                      \
+  void qsgd_codes(const float* x, size_t n, float scale, uint32_t smax, uint32_t base, uint32_t k_lo,              \
+                  uint32_t k_hi, uint16_t* codes);                                                                 \
+  void tern_codes(const float* x, size_t n, float lo, float hi, float inv, uint32_t base, uint32_t k_lo,           \
+                  uint32_t k_hi, uint8_t* out);                                                                    \
+  void tern_decode(const uint8_t* in, size_t n, float s, float* out, bool add);                                    \
+  void natural_exponents(const float* x, size_t n, uint32_t base, uint32_t k_lo, uint32_t k_hi, uint8_t* exps);    \
+  void natural_decode(const uint8_t* signs, const uint8_t* exps, size_t n, float* out, bool add);                  \
+  void add_to(float* acc, const float* x, size_t n);                                                               \
+  void sub_from(float* acc, const float* x, size_t n);
+
+namespace avx2 {
+CONDUIT_KERNEL_DECLS
+}
+namespace base {
+CONDUIT_KERNEL_DECLS
+}
+
+struct Table {
+  const char* name;
+  float (*abs_max)(const float*, size_t);
+  void (*min_max)(const float*, size_t, float&, float&);
+  double (*sum_squares)(const float*, size_t);
+  double (*abs_sum)(const float*, size_t);
+  double (*sum)(const float*, size_t);
+  void (*split_sums)(const float*, size_t, double&, size_t&, double&);
+  void (*quant_i8)(const float*, size_t, float, int8_t*);
+  void (*quant_u8)(const float*, size_t, float, float, uint8_t*);
+  void (*dequant_i8)(const int8_t*, size_t, float, float*, bool);
+  void (*dequant_u8)(const uint8_t*, size_t, float, float, float*, bool);
+  void (*pack_signs)(const float*, size_t, uint8_t*);
+  void (*unpack_signs)(const uint8_t*, size_t, float, float, float*, bool);
+  void (*qsgd_codes)(const float*, size_t, float, uint32_t, uint32_t, uint32_t, uint32_t, uint16_t*);
+  void (*tern_codes)(const float*, size_t, float, float, float, uint32_t, uint32_t, uint32_t, uint8_t*);
+  void (*tern_decode)(const uint8_t*, size_t, float, float*, bool);
+  void (*natural_exponents)(const float*, size_t, uint32_t, uint32_t, uint32_t, uint8_t*);
+  void (*natural_decode)(const uint8_t*, const uint8_t*, size_t, float*, bool);
+  void (*add_to)(float*, const float*, size_t);
+  void (*sub_from)(float*, const float*, size_t);
+};
+
+const Table& get();
+
+}  // namespace conduit::compress::kernels
