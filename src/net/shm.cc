@@ -41,6 +41,9 @@ struct alignas(64) SegHeader {
 struct alignas(64) RingHeader {
   alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer)
   alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (consumer)
+  // Set by a producer that found the ring full; the consumer rings the producer's doorbell only then, so an
+  // ordinary message costs no cache-line transfer back to the sender.
+  alignas(64) std::atomic<uint32_t> want_space;
 };
 
 int futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
@@ -95,6 +98,7 @@ struct ShmPeer {
   SegHeader* seg = nullptr;    // the peer's segment (we write into our ring there)
   RingHeader* out = nullptr;   // ring rank -> peer (in the peer's segment)
   char* out_data = nullptr;
+  uint64_t out_tail_cache = 0;  // last tail of `out` read
   RingHeader* in = nullptr;    // ring peer -> rank (in our segment)
   char* in_data = nullptr;
   std::deque<ShmSend> sendq;
@@ -376,9 +380,22 @@ class ShmTransport : public Transport, public Progressor {
     while (!p.sendq.empty()) {
       ShmSend& s = p.sendq.front();
       uint64_t head = p.out->head.load(std::memory_order_relaxed);
-      uint64_t tail = p.out->tail.load(std::memory_order_acquire);
+      // The consumer's tail is read only when the cached value says the ring is too full: its cache line then
+      // stays with the consumer.
+      size_t total_left = sizeof(FrameHeader) + s.bytes - s.sent;
+      uint64_t tail = p.out_tail_cache;
       size_t space = ring_bytes_ - static_cast<size_t>(head - tail);
-      if (space == 0) break;
+      if (space < total_left) {
+        tail = p.out_tail_cache = p.out->tail.load(std::memory_order_acquire);
+        space = ring_bytes_ - static_cast<size_t>(head - tail);
+      }
+      if (space == 0) {
+        // Ask the consumer to ring us when it frees space, then look again (it may have just done so).
+        p.out->want_space.store(1, std::memory_order_seq_cst);
+        tail = p.out_tail_cache = p.out->tail.load(std::memory_order_seq_cst);
+        space = ring_bytes_ - static_cast<size_t>(head - tail);
+        if (space == 0) break;
+      }
       size_t total = sizeof(FrameHeader) + s.bytes;
       size_t n = std::min(space, total - s.sent);
       size_t done = 0;
@@ -448,7 +465,13 @@ class ShmTransport : public Transport, public Progressor {
       p.pay_got += n;
       if (p.pay_got == p.hdr.length) finish_payload(p);
     }
-    if (consumed_any) ring_doorbell(p.seg);  // the sender may be waiting for space
+    if (consumed_any) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (p.in->want_space.load(std::memory_order_relaxed) != 0) {
+        p.in->want_space.store(0, std::memory_order_relaxed);
+        ring_doorbell(p.seg);  // the sender waits for space
+      }
+    }
     return consumed_any;
   }
 
