@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "core/error.h"
 #include "sim/inference.h"
@@ -138,6 +139,57 @@ TEST(Planner, DescribesAndExplainsInWords) {
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_NE(lines[0].find("compute 80%"), std::string::npos) << lines[0];
   EXPECT_NE(lines[2].find("pipeline bubble"), std::string::npos) << lines[2];
+}
+
+}  // namespace
+}  // namespace conduit::sim
+
+namespace conduit::sim {
+namespace {
+
+TEST(Robustness, RandomConfigurationsEitherFailCleanlyOrGiveFiniteResults) {
+  // Fixed seed: 400 random (cluster, model, parallel configuration) triples. Every one either raises a
+  // ConfigError naming a flag or yields a finite, positive time and memory.
+  std::mt19937 rng(12345);
+  auto pick = [&](std::initializer_list<long long> v) { return *(v.begin() + rng() % v.size()); };
+  const char* clusters[] = {"dgx-a100", "dgx-h100", "ethernet-25g", "edge"};
+  int ok = 0, rejected = 0;
+  for (int i = 0; i < 400; ++i) {
+    std::string cl = clusters[rng() % 4];
+    long long gpus = cl == "edge" ? pick({8, 16, 64}) : pick({8, 16, 64, 256, 1024});
+    Topology topo(load_cluster(cl), gpus);
+    CollectiveModel net(topo);
+    GptModel m;
+    m.layers = static_cast<int>(pick({2, 12, 24, 30, 96}));
+    m.heads = pick({8, 12, 16, 32});
+    m.hidden = m.heads * pick({64, 128});
+    m.seq = pick({128, 1024, 2048});
+    m.vocab = pick({32000, 50304, 51200});
+    ParallelConfig c;
+    c.tp = static_cast<int>(pick({1, 2, 4, 8, 3}));
+    c.pp = static_cast<int>(pick({1, 2, 4, 6}));
+    c.micro_batch = static_cast<int>(pick({1, 2, 4}));
+    c.global_batch = pick({8, 64, 256, 1000});
+    c.zero = static_cast<int>(pick({0, 1, 2, 3}));
+    c.recompute = static_cast<Recompute>(rng() % 3);
+    c.schedule = static_cast<Schedule>(rng() % 3);
+    c.virtual_stages = c.schedule == Schedule::kInterleaved ? 2 : 1;
+    c.sequence_parallel = rng() % 2;
+    c.compression = parse_compression(std::vector<std::string>{"none", "int8", "topk:0.01", "powersgd:2"}[rng() % 4]);
+    c.sync = parse_sync(std::vector<std::string>{"bsp", "local-sgd:4", "async"}[rng() % 3]);
+    try {
+      StepResult r = simulate_step(net, m, c);
+      EXPECT_TRUE(std::isfinite(r.time) && r.time > 0) << describe_config(r.config);
+      EXPECT_TRUE(std::isfinite(r.memory.total()) && r.memory.total() > 0);
+      EXPECT_GE(r.breakdown.dp_exposed, 0);
+      ++ok;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--"), std::string::npos) << e.what();
+      ++rejected;
+    }
+  }
+  EXPECT_GT(ok, 20);
+  EXPECT_GT(rejected, 20);
 }
 
 }  // namespace
