@@ -123,6 +123,14 @@ void Compressor::decompress_add(std::span<const uint8_t> payload, const TensorSt
   for (size_t i = 0; i < acc.size(); ++i) acc[i] += tmp[i];
 }
 
+void Compressor::decompress_sub(std::span<const uint8_t> payload, const TensorState& st,
+                                std::span<float> acc) const {
+  thread_local std::vector<float> tmp;
+  tmp.resize(acc.size());
+  decompress(payload, st, tmp);
+  kernels::get().sub_from(acc.data(), tmp.data(), acc.size());
+}
+
 TensorState Compressor::make_state(std::vector<size_t> shape, uint64_t seed, uint64_t stream) const {
   TensorState st;
   st.shape = std::move(shape);

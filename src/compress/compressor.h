@@ -64,6 +64,8 @@ class Compressor {
   virtual void decompress(std::span<const uint8_t> payload, const TensorState& st, std::span<float> out) const = 0;
   // out += decode(payload); the default decodes into a temporary.
   virtual void decompress_add(std::span<const uint8_t> payload, const TensorState& st, std::span<float> acc) const;
+  // acc -= decode(payload) (error feedback's residual update); sparse and sign methods override it.
+  virtual void decompress_sub(std::span<const uint8_t> payload, const TensorState& st, std::span<float> acc) const;
 
   Bytes compress(std::span<const float> in, TensorState& st) const {
     Bytes b;

@@ -23,18 +23,18 @@ class ErrorFeedback : public Compressor {
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
     auto& e = st.buffer("ef.residual", d);
-    thread_local std::vector<float> decoded;
     kernels::get().add_to(e.data(), in.data(), d);  // e now holds p = g + e
     inner_->compress(e, st, out);
-    decoded.resize(d);
-    inner_->decompress(out, st, decoded);
-    kernels::get().sub_from(e.data(), decoded.data(), d);
+    inner_->decompress_sub(out, st, e);
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     inner_->decompress(p, st, out);
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
     inner_->decompress_add(p, st, acc);
+  }
+  void decompress_sub(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
+    inner_->decompress_sub(p, st, acc);
   }
 
  private:

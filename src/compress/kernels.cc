@@ -11,7 +11,9 @@ namespace {
   Table {                                                                                                     \
     #ns, ns::abs_max, ns::min_max, ns::sum_squares, ns::abs_sum, ns::sum, ns::split_sums, ns::quant_i8,       \
         ns::quant_u8, ns::dequant_i8, ns::dequant_u8, ns::pack_signs, ns::unpack_signs, ns::qsgd_codes,       \
-        ns::tern_codes, ns::tern_decode, ns::natural_exponents, ns::natural_decode, ns::add_to, ns::sub_from \
+        ns::tern_codes, ns::tern_decode, ns::natural_exponents, ns::natural_decode, ns::add_to, ns::sub_from,      \
+        ns::quant_i8_chunks, ns::dequant_i8_chunks, ns::quant_u8_chunks, ns::dequant_u8_chunks,                \
+        ns::momentum_signs \
   }
 
 bool use_avx2() {

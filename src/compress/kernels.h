@@ -27,7 +27,12 @@ namespace conduit::compress::kernels {
   void natural_exponents(const float* x, size_t n, uint32_t base, uint32_t k_lo, uint32_t k_hi, uint8_t* exps);    \
   void natural_decode(const uint8_t* signs, const uint8_t* exps, size_t n, float* out, bool add);                  \
   void add_to(float* acc, const float* x, size_t n);                                                               \
-  void sub_from(float* acc, const float* x, size_t n);
+  void sub_from(float* acc, const float* x, size_t n);                                                             \
+  void quant_i8_chunks(const float* x, size_t n, size_t chunk, float* scales, int8_t* q);                          \
+  void dequant_i8_chunks(const int8_t* q, size_t n, size_t chunk, const float* scales, float* out, bool add);      \
+  void quant_u8_chunks(const float* x, size_t n, size_t chunk, float* header, uint8_t* q);                         \
+  void dequant_u8_chunks(const uint8_t* q, size_t n, size_t chunk, const float* header, float* out, bool add);     \
+  void momentum_signs(float* m, const float* g, size_t n, float beta, uint8_t* out);
 
 namespace avx2 {
 CONDUIT_KERNEL_DECLS
@@ -57,6 +62,11 @@ struct Table {
   void (*natural_decode)(const uint8_t*, const uint8_t*, size_t, float*, bool);
   void (*add_to)(float*, const float*, size_t);
   void (*sub_from)(float*, const float*, size_t);
+  void (*quant_i8_chunks)(const float*, size_t, size_t, float*, int8_t*);
+  void (*dequant_i8_chunks)(const int8_t*, size_t, size_t, const float*, float*, bool);
+  void (*quant_u8_chunks)(const float*, size_t, size_t, float*, uint8_t*);
+  void (*dequant_u8_chunks)(const uint8_t*, size_t, size_t, const float*, float*, bool);
+  void (*momentum_signs)(float*, const float*, size_t, float, uint8_t*);
 };
 
 const Table& get();

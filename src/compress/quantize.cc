@@ -39,15 +39,8 @@ using detail::put_f32;
 
 // Thin forwards to the kernels chosen for this CPU (kernels.h).
 float abs_max(const float* x, size_t n) { return kernels::get().abs_max(x, n); }
-void min_max(const float* x, size_t n, float& lo, float& hi) { kernels::get().min_max(x, n, lo, hi); }
 double sum_squares(const float* x, size_t n) { return kernels::get().sum_squares(x, n); }
-void quant_i8(const float* x, size_t n, float inv, int8_t* q) { kernels::get().quant_i8(x, n, inv, q); }
-void quant_u8(const float* x, size_t n, float lo, float inv, uint8_t* q) { kernels::get().quant_u8(x, n, lo, inv, q); }
-void dequant_i8(const int8_t* q, size_t n, float scale, float* out, bool add) {
-  kernels::get().dequant_i8(q, n, scale, out, add);
 }
-void dequant_u8(const uint8_t* q, size_t n, float lo, float scale, float* out, bool add) {
-  kernels::get().dequant_u8(q, n, lo, scale, out, add);
 }
 void qsgd_codes(const float* x, size_t n, float scale, uint32_t smax, uint32_t base, uint32_t k_lo, uint32_t k_hi,
                 uint16_t* codes) {
@@ -129,38 +122,23 @@ class ByteQuantizer : public Compressor {
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
     out.resize(d + header(d));
-    uint8_t* h = out.data();
+    auto* h = reinterpret_cast<float*>(out.data());
     uint8_t* q = out.data() + header(d);
-    for (size_t c = 0, off = 0; off < d; ++c, off += chunk_) {
-      size_t n = std::min(chunk_, d - off);
-      if (signed_) {
-        float m = abs_max(in.data() + off, n);
-        float scale = m / 127.0f;
-        put_f32(h + 4 * c, scale);
-        quant_i8(in.data() + off, n, scale > 0 ? 1.0f / scale : 0.0f, reinterpret_cast<int8_t*>(q + off));
-      } else {
-        float lo, hi;
-        min_max(in.data() + off, n, lo, hi);
-        float scale = (hi - lo) / 255.0f;
-        put_f32(h + 8 * c, lo);
-        put_f32(h + 8 * c + 4, scale);
-        quant_u8(in.data() + off, n, lo, scale > 0 ? 1.0f / scale : 0.0f, q + off);
-      }
-    }
+    if (signed_)
+      kernels::get().quant_i8_chunks(in.data(), d, chunk_, h, reinterpret_cast<int8_t*>(q));
+    else
+      kernels::get().quant_u8_chunks(in.data(), d, chunk_, h, q);
     ++st.step;
   }
   void decode(std::span<const uint8_t> p, std::span<float> out, bool add) const {
     size_t d = out.size();
     check_payload(name(), p.size(), d + header(d));
-    const uint8_t* h = p.data();
+    const auto* h = reinterpret_cast<const float*>(p.data());
     const uint8_t* q = p.data() + header(d);
-    for (size_t c = 0, off = 0; off < d; ++c, off += chunk_) {
-      size_t n = std::min(chunk_, d - off);
-      if (signed_)
-        dequant_i8(reinterpret_cast<const int8_t*>(q + off), n, get_f32(h + 4 * c), out.data() + off, add);
-      else
-        dequant_u8(q + off, n, get_f32(h + 8 * c), get_f32(h + 8 * c + 4), out.data() + off, add);
-    }
+    if (signed_)
+      kernels::get().dequant_i8_chunks(reinterpret_cast<const int8_t*>(q), d, chunk_, h, out.data(), add);
+    else
+      kernels::get().dequant_u8_chunks(q, d, chunk_, h, out.data(), add);
   }
   void decompress(std::span<const uint8_t> p, const TensorState&, std::span<float> out) const override {
     decode(p, out, false);

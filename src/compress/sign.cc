@@ -36,9 +36,7 @@ class SignSgd : public Compressor {
     out.resize(ceil_div(in.size(), 8));
     if (beta_ >= 0) {
       auto& m = st.buffer("signum.momentum", in.size());
-      const float b = beta_, a = 1 - beta_;
-      for (size_t i = 0; i < in.size(); ++i) m[i] = b * m[i] + a * in[i];
-      detail::pack_signs(m.data(), m.size(), out.data());
+      kernels::get().momentum_signs(m.data(), in.data(), in.size(), beta_, out.data());
     } else {
       detail::pack_signs(in.data(), in.size(), out.data());
     }
@@ -94,6 +92,12 @@ class ScaledSign : public Compressor {
     float pos, neg;
     values(p, pos, neg);
     kernels::get().unpack_signs(p.data() + header(), acc.size(), pos, neg, acc.data(), true);
+  }
+  void decompress_sub(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
+    check_payload(name(), p.size(), wire_bytes(acc.size(), st));
+    float pos, neg;
+    values(p, pos, neg);
+    kernels::get().unpack_signs(p.data() + header(), acc.size(), -pos, -neg, acc.data(), true);
   }
 
  private:

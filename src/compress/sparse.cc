@@ -165,7 +165,8 @@ void write_sparse(std::span<const float> x, const std::vector<uint32_t>& idx, By
   for (size_t i = 0; i < n; ++i) v[i] = x[idx[i]];
 }
 
-void read_sparse(const std::string& who, std::span<const uint8_t> p, std::span<float> out, bool add) {
+void read_sparse(const std::string& who, std::span<const uint8_t> p, std::span<float> out, bool add,
+                 bool subtract = false) {
   if (p.size() % 8) throw InvalidArgument(fmt::format("{}: payload of {} bytes is not 8 per entry", who, p.size()));
   size_t n = p.size() / 8;
   if (!add) std::fill(out.begin(), out.end(), 0.0f);
@@ -178,7 +179,10 @@ void read_sparse(const std::string& who, std::span<const uint8_t> p, std::span<f
     std::memcpy(&v, vp + 4 * i, 4);
     if (j >= out.size())
       throw InvalidArgument(fmt::format("{}: index {} out of range for {} elements", who, j, out.size()));
-    out[j] += v;
+    if (subtract)
+      out[j] -= v;
+    else
+      out[j] += v;
   }
 }
 
@@ -201,6 +205,9 @@ class TopK : public Compressor {
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
     read_sparse("topk", p, acc, true);
+  }
+  void decompress_sub(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
+    read_sparse("topk", p, acc, true, true);
   }
 
  private:
@@ -289,6 +296,9 @@ class Threshold : public Compressor {
   void decompress_add(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
     read_sparse("threshold", p, acc, true);
   }
+  void decompress_sub(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
+    read_sparse("threshold", p, acc, true, true);
+  }
 
  private:
   float t_;
@@ -338,6 +348,9 @@ class Dgc : public Compressor {
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
     read_sparse("dgc", p, acc, true);
+  }
+  void decompress_sub(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
+    read_sparse("dgc", p, acc, true, true);
   }
 
  private:
