@@ -40,8 +40,6 @@ using detail::put_f32;
 // Thin forwards to the kernels chosen for this CPU (kernels.h).
 float abs_max(const float* x, size_t n) { return kernels::get().abs_max(x, n); }
 double sum_squares(const float* x, size_t n) { return kernels::get().sum_squares(x, n); }
-}
-}
 void qsgd_codes(const float* x, size_t n, float scale, uint32_t smax, uint32_t base, uint32_t k_lo, uint32_t k_hi,
                 uint16_t* codes) {
   kernels::get().qsgd_codes(x, n, scale, smax, base, k_lo, k_hi, codes);
