@@ -92,6 +92,30 @@ TEST(Processes, UnderMpirunTheDefaultTransportBootstrapsThroughMpi) {
   EXPECT_NE(r.out.find("over shm: 0 wrong elements"), std::string::npos) << r.out;
 }
 
+TEST(Processes, FileStoreRendezvousWithoutFlags) {
+  // RANK and WORLD_SIZE with CONDUIT_STORE_PATH (no MASTER_ADDR): the ranks meet through files.
+  std::string dir = temp_path("store");
+  std::string cmd = "mkdir -p " + dir + " && for r in 0 1 2; do RANK=$r WORLD_SIZE=3 CONDUIT_STORE_PATH=" + dir +
+                    " CONDUIT_JOB_ID=fs$$ " + kConduit + " selftest --op allreduce --timeout 60 & done; wait";
+  auto r = run_sh(cmd);
+  std::system(("rm -rf " + dir).c_str());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("on 3 ranks over shm: 0 wrong elements"), std::string::npos) << r.out;
+}
+
+TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
+  auto r = run_sh("CONDUIT_ALLREDUCE=tree:0-1K,rhd:1K- " + kConduit + " launch -n 3 -- " + kConduit +
+                  " bench coll --min-bytes 512 --max-bytes 2K --iters 2 --warmup 0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tree"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rhd"), std::string::npos) << r.out;
+  auto bad = run_sh("CONDUIT_ALLREDUCE=warp " + kConduit + " launch -n 2 -- " + kConduit + " bench coll");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("unknown allreduce algorithm 'warp': allowed are ring, rhd, rd, tree, hier"),
+            std::string::npos)
+      << bad.out;
+}
+
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.
 std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const std::string& extra, double timeout) {
   int port = free_port();
