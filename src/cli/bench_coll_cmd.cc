@@ -3,6 +3,7 @@
 // communicator (used by the test suite over real processes: tcp, shm, mpi).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <thread>
@@ -64,7 +65,14 @@ coll::Work launch_op(Communicator& c, const BenchArgs& a, DType dt, ReduceOp rop
       op));
 }
 
+const char* kBenchOps[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "gather",
+                           "scatter"};
+
 void run_bench(const BenchArgs& a) {
+  if (std::find(std::begin(kBenchOps), std::end(kBenchOps), a.op) == std::end(kBenchOps))
+    throw ConfigError(fmt::format("--op '{}' is not supported: allowed are allreduce, reduce_scatter, allgather, "
+                                  "broadcast, reduce, alltoall, gather, scatter",
+                                  a.op));
   DType dt = parse_dtype(a.dtype);
   ReduceOp rop = parse_reduce_op(a.reduce);
   uint64_t lo = parse_bytes(a.min_bytes, "--min-bytes"), hi = parse_bytes(a.max_bytes, "--max-bytes");
