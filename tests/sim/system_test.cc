@@ -234,6 +234,8 @@ std::string run(const std::string& args, int* rc) {
   return out;
 }
 
+// Each run starts the whole `conduit` binary, which loads every area's libraries (libtorch's dependency chain
+// alone takes about a second to load here), so this test keeps to four runs; the library tests cover the rest.
 TEST(Cli, StepPlanAndErrors) {
   int rc = 0;
   std::string out =
@@ -248,31 +250,13 @@ TEST(Cli, StepPlanAndErrors) {
       &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("conduit: error: --tp"), std::string::npos) << out;
-  out = run("sim step --cluster nowhere --gpus 8 --model gpt2-small --global-batch 8", &rc);
-  EXPECT_EQ(rc, 2);
-  EXPECT_NE(out.find("--cluster"), std::string::npos) << out;
-  out = run("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --recompute some", &rc);
-  EXPECT_EQ(rc, 2);
-  EXPECT_NE(out.find("--recompute"), std::string::npos) << out;
   out = run("sim plan --cluster dgx-h100 --gpus 64 --model gpt-7.5b --global-batch 256 --top 3", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("rank"), std::string::npos);
-  out = run("sim presets --dump dgx-h100", &rc);
-  EXPECT_EQ(rc, 0);
-  EXPECT_NE(out.find("989 TFLOP/s"), std::string::npos);
-  out = run("sim coll --cluster dgx-a100 --gpus 64 --size 64M --json", &rc);
-  EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("\"algorithm\":\"ring\""), std::string::npos);
   out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --fixed --json", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"kind\":\"sim.scale\""), std::string::npos) << out;
   EXPECT_NE(out.find("scaling_efficiency"), std::string::npos) << out;
-  out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --gpus-list 32", &rc);
-  EXPECT_EQ(rc, 2);
-  EXPECT_NE(out.find("--batch-per-gpu"), std::string::npos) << out;
-  out = run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --batch 4", &rc);
-  EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("decode per token"), std::string::npos);
 }
 
 }  // namespace
