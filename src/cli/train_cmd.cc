@@ -89,7 +89,8 @@ void run_train(const TrainArgs& a) {
       throw ConfigError(fmt::format("config: workers: {} does not match the {} ranks found in the environment",
                                     cfg.workers, comm->size()));
     tr::train_worker(cfg, comm);
-    if (comm->rank() == 0 && env_world == 0) print_summary(cfg.output);
+    // Under mpirun/torchrun rank 0 prints the summary; under our own launcher the parent does.
+    if (comm->rank() == 0 && !std::getenv("CONDUIT_TRAIN_PARENT")) print_summary(cfg.output);
     return;
   }
 
@@ -106,7 +107,7 @@ void run_train(const TrainArgs& a) {
   spec.command = {self_exe(), "train", "--config", cfg_path.string()};
   spec.name = "conduit train";
   // One intra-op thread per worker: the workers share the cores.
-  spec.extra_env = {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}};
+  spec.extra_env = {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}, {"CONDUIT_TRAIN_PARENT", "1"}};
   if (cfg.transport != "auto") spec.extra_env.push_back({"CONDUIT_TRANSPORT", cfg.transport});
   int rc = run_local_workers(spec);
   if (rc == 0) print_summary(cfg.output);

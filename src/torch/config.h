@@ -15,7 +15,13 @@ struct TrainConfig {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int workers = 4;                        // local workers started when not under mpirun/torchrun
   std::string transport = "auto";         // auto | tcp | shm | mpi
-  std::string compressor = "none";        // a compressor spec, "name:key=value,..." (compress/compressor.h)
+  // A compressor spec, "name:key=value,..." (compress/compressor.h). Default: PowerSGD rank 4 with error feedback
+  // (docs/training.md says why); "none" when built without src/compress.
+#ifdef CONDUIT_WITH_COMPRESS
+  std::string compressor = "powersgd:rank=4";
+#else
+  std::string compressor = "none";
+#endif
   std::string optimizer = "sgd";          // sgd (with momentum) | adam
   double lr = 0.1;                        // for the global batch (workers * batch_size)
   double momentum = 0.9;

@@ -57,6 +57,9 @@ TEST(TrainConfig, DefaultsAreTheCnnOnFashionMnistWithFourWorkers) {
   EXPECT_EQ(c.dataset, "fashion-mnist");
   EXPECT_EQ(c.workers, 4);
   EXPECT_FALSE(c.output.empty());
+#ifdef CONDUIT_WITH_COMPRESS
+  EXPECT_EQ(c.compressor, "powersgd:rank=4");
+#endif
 }
 
 TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
@@ -232,6 +235,7 @@ std::vector<TrainResult> train_inproc(const TrainConfig& c, int world, bool outp
 TrainConfig tiny(const std::string& model) {
   TrainConfig c;
   c.model = model;
+  c.compressor = "none";
   c.dataset = "synthetic";
   c.synthetic_samples = 384;
   c.test_limit = 64;
