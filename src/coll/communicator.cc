@@ -18,8 +18,32 @@ namespace conduit::coll {
 
 // ---------------------------------------------------------------------------------------------------------- Work
 
+namespace {
+// Waits on (or tests) a point-to-point request and records its outcome in the state, once.
+bool settle_request(Work::State& s, bool block) {
+  Stopwatch sw;
+  std::exception_ptr err;
+  try {
+    if (block) s.request->wait(s.deadline);
+    else if (!s.request->test()) return false;
+  } catch (const TimeoutError& e) {
+    err = std::make_exception_ptr(TimeoutError(fmt::format("{} timed out: {}", s.what, e.what())));
+  } catch (const Error& e) {
+    err = std::make_exception_ptr(PeerError(fmt::format("{} failed: {}", s.what, e.what())));
+  }
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (!s.done) {
+    s.done = true;
+    s.error = err;
+    s.seconds = sw.seconds();
+  }
+  return true;
+}
+}  // namespace
+
 void Work::wait() {
   if (!s_) throw InvalidArgument("wait() on an empty Work handle");
+  if (s_->request) settle_request(*s_, true);
   if (auto owner = s_->owner.lock()) owner->try_run_inline(s_);
   std::unique_lock<std::mutex> lk(s_->mu);
   s_->cv.wait(lk, [&] { return s_->done; });
@@ -28,6 +52,7 @@ void Work::wait() {
 
 bool Work::test() {
   if (!s_) throw InvalidArgument("test() on an empty Work handle");
+  if (s_->request && !settle_request(*s_, false)) return false;
   std::lock_guard<std::mutex> lk(s_->mu);
   if (s_->done && s_->error) std::rethrow_exception(s_->error);
   return s_->done;
@@ -608,61 +633,30 @@ Work Communicator::barrier(const CollOptions& o) {
   });
 }
 
-Work Communicator::send(const void* buf, size_t count, DType dt, int peer, uint32_t tag, const CollOptions& o) {
+Work Communicator::p2p(bool is_send, void* buf, size_t count, DType dt, int peer, uint32_t tag,
+                       const CollOptions& o) {
+  const char* what = is_send ? "send" : "recv";
   if (peer < 0 || peer >= size() || peer == rank_)
-    throw InvalidArgument(fmt::format("send: peer {} is not another rank of [0, {})", peer, size()));
-  check_buffer(buf, count, "send");
-  auto req = transport_->isend(members_[peer], net::make_tag(net::kUser, id_, tag), buf, count * dtype_size(dt));
-  double t = effective_timeout(o);
+    throw InvalidArgument(fmt::format("{}: peer {} is not another rank of [0, {})", what, peer, size()));
+  check_buffer(buf, count, what);
+  uint64_t t = net::make_tag(net::kUser, id_, tag);
+  size_t bytes = count * dtype_size(dt);
   auto state = std::make_shared<Work::State>();
-  // Point-to-point does not go through the worker queue: a helper waits so that the Work reflects completion.
-  std::thread([state, req, t, peer, tag, this_desc = describe()] {
-    Stopwatch sw;
-    std::exception_ptr err;
-    try {
-      req->wait(Deadline::after(t));
-    } catch (const Error& e) {
-      err = std::make_exception_ptr(PeerError(fmt::format("send to rank {} (tag {}) on {} failed: {}", peer, tag,
-                                                          this_desc, e.what())));
-    }
-    std::lock_guard<std::mutex> lk(state->mu);
-    state->done = true;
-    state->error = err;
-    state->seconds = sw.seconds();
-    state->algorithm = "p2p";
-    state->cv.notify_all();
-  }).detach();
+  // Point-to-point does not go through the worker queue: the Work waits on the transport request itself.
+  state->request = is_send ? transport_->isend(members_[peer], t, buf, bytes)
+                           : transport_->irecv(members_[peer], t, buf, bytes);
+  state->deadline = Deadline::after(effective_timeout(o));
+  state->algorithm = "p2p";
+  state->what = fmt::format("{} {} rank {} (tag {}) on {}", what, is_send ? "to" : "from", peer, tag, describe());
   return Work(state);
 }
 
+Work Communicator::send(const void* buf, size_t count, DType dt, int peer, uint32_t tag, const CollOptions& o) {
+  return p2p(true, const_cast<void*>(buf), count, dt, peer, tag, o);
+}
+
 Work Communicator::recv(void* buf, size_t count, DType dt, int peer, uint32_t tag, const CollOptions& o) {
-  if (peer < 0 || peer >= size() || peer == rank_)
-    throw InvalidArgument(fmt::format("recv: peer {} is not another rank of [0, {})", peer, size()));
-  check_buffer(buf, count, "recv");
-  auto req = transport_->irecv(members_[peer], net::make_tag(net::kUser, id_, tag), buf, count * dtype_size(dt));
-  double t = effective_timeout(o);
-  auto state = std::make_shared<Work::State>();
-  std::thread([state, req, t, peer, tag, this_desc = describe()] {
-    Stopwatch sw;
-    std::exception_ptr err;
-    try {
-      req->wait(Deadline::after(t));
-    } catch (const TimeoutError& e) {
-      err = std::make_exception_ptr(TimeoutError(fmt::format(
-          "recv from rank {} (tag {}) on {} timed out after {:.1f} s: no message from rank {}", peer, tag, this_desc,
-          sw.seconds(), peer)));
-    } catch (const Error& e) {
-      err = std::make_exception_ptr(
-          PeerError(fmt::format("recv from rank {} (tag {}) on {} failed: {}", peer, tag, this_desc, e.what())));
-    }
-    std::lock_guard<std::mutex> lk(state->mu);
-    state->done = true;
-    state->error = err;
-    state->seconds = sw.seconds();
-    state->algorithm = "p2p";
-    state->cv.notify_all();
-  }).detach();
-  return Work(state);
+  return p2p(false, buf, count, dt, peer, tag, o);
 }
 
 }  // namespace conduit::coll

@@ -50,6 +50,10 @@ class Work {
     double seconds = 0;
     std::string algorithm;
     std::weak_ptr<Communicator> owner;  // lets a waiter run the operation itself when it is next in line
+    // Point-to-point operations: the transport request, its deadline and what it is (for errors).
+    net::RequestPtr request;
+    Deadline deadline;
+    std::string what;
   };
   Work() = default;
   explicit Work(std::shared_ptr<State> s) : s_(std::move(s)) {}
@@ -167,6 +171,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     uint64_t count = 0;
   };
   Work submit(const char* op_name, const Signature& sig, const CollOptions& o, Body body);
+  Work p2p(bool is_send, void* buf, size_t count, DType dt, int peer, uint32_t tag, const CollOptions& o);
   std::string run_op(const char* op_name, uint64_t seq, const Signature& sig, const Deadline& d, Body& body);
   void check_signature(uint64_t seq, const Signature& sig, const Deadline& d, const char* op_name);
   void worker_loop();

@@ -229,3 +229,29 @@ TEST(Communicator, BadArgumentsAreRejectedWithClearErrors) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Communicator, PointToPointHonoursItsDeadline) {
+  auto comms = Communicator::inproc(2);
+  float x = 0;
+  CollOptions o;
+  o.timeout_s = 0.3;
+  auto w = comms[0]->recv(&x, 1, DType::f32, 1, 77, o);
+  EXPECT_FALSE(w.test());
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    w.wait();
+    FAIL() << "no timeout";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("recv from rank 1 (tag 77)"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  // A matching send completes both sides.
+  float y = 4.5f, z = 0;
+  auto r = comms[1]->recv(&z, 1, DType::f32, 0, 5);
+  comms[0]->send(&y, 1, DType::f32, 1, 5).wait();
+  r.wait();
+  EXPECT_EQ(z, 4.5f);
+  EXPECT_THROW(comms[0]->send(&y, 1, DType::f32, 0, 5), InvalidArgument);
+}
+}  // namespace
