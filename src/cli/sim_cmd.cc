@@ -489,13 +489,52 @@ InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long 
 struct InferArgs {
   int batch = 1;
   long long prompt = 1024, generate = 256;
+  std::string batch_list;
 };
+
+// The serving trade-off: latency against throughput over batch sizes.
+void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec, const GptModel& m,
+                     CollectiveModel& net) {
+  std::vector<int> batches = parse_int_list(ia.batch_list, "--batch-list");
+  if (!a.json)
+    fmt::print(
+        "cluster {}  model {}  tp={} pp={}  prompt {}  generate {}\n\n  {:>6} {:>12} {:>14} {:>12} {:>14} {:>10}\n",
+        spec.name, m.name, a.tp, a.pp, ia.prompt, ia.generate, "batch", "TTFT", "per token", "request", "tokens/s",
+        "memory");
+  for (int b : batches) {
+    InferenceResult r = simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate));
+    if (a.json) {
+      std::cout << json{{"kind", "sim.infer"},
+                        {"cluster", spec.name},
+                        {"model", m.name},
+                        {"tp", a.tp},
+                        {"pp", a.pp},
+                        {"batch", b},
+                        {"prefill_s", r.prefill},
+                        {"decode_token_s", r.decode_per_token},
+                        {"request_latency_s", r.request_latency},
+                        {"tokens_per_s", r.tokens_per_second},
+                        {"memory_gb", r.memory_total / 1e9},
+                        {"fits", r.fits}}
+                       .dump()
+                << "\n";
+    } else {
+      fmt::print("  {:>6} {:>12} {:>14} {:>12} {:>14.0f} {:>10}{}\n", b, format_seconds(r.prefill),
+                 format_seconds(r.decode_per_token), format_seconds(r.request_latency), r.tokens_per_second,
+                 format_gb(r.memory_total), r.fits ? "" : "  does not fit");
+    }
+  }
+}
 
 void run_infer(const StepArgs& a, const InferArgs& ia) {
   ClusterSpec spec = load_cluster(a.cluster);
   GptModel m = make_model(a.model);
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
+  if (!ia.batch_list.empty()) {
+    run_infer_sweep(a, ia, spec, m, net);
+    return;
+  }
   InferenceResult r = simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate));
   if (a.json) {
     std::cout << json{{"kind", "sim.infer"},
@@ -911,6 +950,7 @@ void setup(CLI::App& app) {
     c->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str();
     c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
     c->add_option("--batch", ia->batch, "concurrent sequences")->capture_default_str();
+    c->add_option("--batch-list", ia->batch_list, "sweep batch sizes, e.g. 1,4,16,64 (latency vs throughput)");
     c->add_option("--prompt", ia->prompt, "prompt tokens")->capture_default_str();
     c->add_option("--generate", ia->generate, "generated tokens")->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
