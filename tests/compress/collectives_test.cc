@@ -151,7 +151,9 @@ TEST_P(Ranks, QuantizedRingEqualsItsSimulationBitForBit) {
           cd->decompress(q, st, fin);
           for (size_t i = 0; i < ck.count; ++i) ASSERT_EQ(all[ck.offset + i], fin[i]) << codec << " chunk " << k;
         }
-        if (n == 1) ASSERT_EQ(all, data[0]);
+        if (n == 1) {
+          ASSERT_EQ(all, data[0]);
+        }
         // And it is close to the exact sum (the codec's resolution times the hops).
         double tol = codec == "none" ? 1e-5 : codec == "fp16" ? 4e-3 : 0.05;
         for (size_t i = 0; i < d; ++i) ASSERT_NEAR(all[i], exact[i], tol * n * 3) << codec;
@@ -159,7 +161,9 @@ TEST_P(Ranks, QuantizedRingEqualsItsSimulationBitForBit) {
     }
     std::vector<float> x(10), wrong(3);
     EXPECT_THROW(quantized_ring_allreduce(c, x, "int4"), ConfigError);
-    if (n == 2) EXPECT_THROW(quantized_ring_reduce_scatter(c, x, wrong, "fp16"), InvalidArgument);
+    if (n == 2) {
+      EXPECT_THROW(quantized_ring_reduce_scatter(c, x, wrong, "fp16"), InvalidArgument);
+    }
   });
 }
 
