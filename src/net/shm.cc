@@ -21,6 +21,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "net/matching.h"
 #include "net/wire.h"
 
 #if defined(__x86_64__)
@@ -61,24 +62,6 @@ inline void cpu_relax() {
 #endif
 }
 
-struct ShmRecv {
-  RequestPtr req;
-  char* dst = nullptr;
-  size_t bytes = 0;
-  bool reduce = false;
-  size_t count = 0;
-  DType dtype = DType::f32;
-  ReduceOp op = ReduceOp::sum;
-};
-
-struct ShmUnexpected {
-  std::vector<char> data;
-  size_t got = 0;
-  bool complete = false;
-  bool has_waiter = false;
-  ShmRecv waiter;
-};
-
 struct ShmSend {
   RequestPtr req;
   FrameHeader hdr;
@@ -106,16 +89,14 @@ struct ShmPeer {
   size_t hdr_got = 0;
   bool have_hdr = false;
   Target target = Target::none;
-  ShmRecv cur;
-  std::shared_ptr<ShmUnexpected> cur_unexp;
+  PostedRecv cur;
+  std::shared_ptr<Unexpected> cur_unexp;
   std::string abort_buf;
   size_t pay_got = 0;
   size_t reduced_bytes = 0;
   std::vector<char> carry;  // a partial element split across the ring's wrap point
-  std::map<uint64_t, std::deque<ShmRecv>> posted;
-  std::map<uint64_t, std::deque<std::shared_ptr<ShmUnexpected>>> unexpected;
-  size_t unexpected_bytes = 0;
-  bool pending() const { return !sendq.empty() || !posted.empty() || target != Target::none || have_hdr; }
+  MatchQueues q;
+  bool pending() const { return !sendq.empty() || q.has_posted() || target != Target::none || have_hdr; }
 };
 
 class ShmTransport : public Transport, public Progressor {
@@ -234,23 +215,11 @@ class ShmTransport : public Transport, public Progressor {
   }
 
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
-    ShmRecv r;
-    r.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, bytes);
-    r.dst = static_cast<char*>(data);
-    r.bytes = bytes;
-    return post_recv(peer, tag, std::move(r));
+    return post_recv(peer, tag, make_recv(Request::Kind::recv, peer, tag, data, bytes));
   }
 
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
-    ShmRecv r;
-    r.bytes = count * dtype_size(dtype);
-    r.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, r.bytes);
-    r.dst = static_cast<char*>(dst);
-    r.reduce = true;
-    r.count = count;
-    r.dtype = dtype;
-    r.op = op;
-    return post_recv(peer, tag, std::move(r));
+    return post_recv(peer, tag, make_reduce_recv(peer, tag, dst, count, dtype, op));
   }
 
   void abort(const std::string& reason) override {
@@ -316,45 +285,20 @@ class ShmTransport : public Transport, public Progressor {
           fmt::format("shm: peer rank {} is not another rank of [0, {}) on this host", peer, size_));
   }
 
-  RequestPtr post_recv(int peer, uint64_t tag, ShmRecv r) {
+  RequestPtr post_recv(int peer, uint64_t tag, PostedRecv r) {
     check_peer(peer);
     r.req->set_progressor(this);
     RequestPtr req = r.req;
     std::lock_guard<std::mutex> lk(mu_);
     ShmPeer& p = peers_[peer];
-    auto it = p.unexpected.find(tag);
-    if (it != p.unexpected.end() && !it->second.empty()) {
-      auto u = it->second.front();
-      it->second.pop_front();
-      if (it->second.empty()) p.unexpected.erase(it);
-      if (u->complete) {
-        p.unexpected_bytes -= u->data.size();
-        deliver_unexpected(*u, r);
-      } else {
-        u->has_waiter = true;
-        u->waiter = std::move(r);
-      }
-      return req;
-    }
+    if (p.q.take_unexpected(tag, r, "shm")) return req;
     if (p.failed) {
       req->fail(p.error);
       return req;
     }
-    p.posted[tag].push_back(std::move(r));
+    p.q.post(tag, std::move(r));
     read_some(p);  // the message may already sit in the ring
     return req;
-  }
-
-  static void deliver_unexpected(ShmUnexpected& u, ShmRecv& r) {
-    if (u.data.size() != r.bytes) {
-      r.req->fail(std::make_exception_ptr(ProtocolError(fmt::format(
-          "shm: rank {} sent {} bytes on tag {:#x} but {} were expected", r.req->peer(), u.data.size(), r.req->tag(),
-          r.bytes))));
-      return;
-    }
-    if (r.reduce) reduce_into(r.dst, u.data.data(), r.count, r.dtype, r.op);
-    else if (r.bytes) std::memcpy(r.dst, u.data.data(), r.bytes);
-    r.req->complete();
   }
 
   bool progress_locked() {
@@ -559,11 +503,7 @@ class ShmTransport : public Transport, public Progressor {
       fail_protocol(p, "unexpected hello frame in a shared-memory ring");
       return true;
     }
-    auto it = p.posted.find(h.tag);
-    if (it != p.posted.end() && !it->second.empty()) {
-      p.cur = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) p.posted.erase(it);
+    if (p.q.pop_posted(h.tag, &p.cur)) {
       if (p.cur.bytes != h.length) {
         std::string what = fmt::format("message of {} bytes on tag {:#x} but the receive expects {} bytes", h.length,
                                        h.tag, p.cur.bytes);
@@ -578,12 +518,8 @@ class ShmTransport : public Transport, public Progressor {
       p.carry.clear();
       return true;
     }
-    if (p.unexpected_bytes + h.length > unexpected_budget_) return false;
-    auto u = std::make_shared<ShmUnexpected>();
-    u->data.resize(h.length);
-    p.unexpected_bytes += h.length;
-    p.unexpected[h.tag].push_back(u);
-    p.cur_unexp = u;
+    if (!p.q.can_buffer(h.length, unexpected_budget_)) return false;  // stall: the ring itself holds it
+    p.cur_unexp = p.q.add_unexpected(h.tag, h.length);
     p.target = Target::unexpected;
     return true;
   }
@@ -595,16 +531,12 @@ class ShmTransport : public Transport, public Progressor {
     p.hdr_got = 0;
     if (t == Target::posted) {
       RequestPtr r = p.cur.req;
-      p.cur = ShmRecv{};
+      p.cur = PostedRecv{};
       r->complete();
     } else if (t == Target::unexpected) {
       auto u = p.cur_unexp;
       p.cur_unexp.reset();
-      u->complete = true;
-      if (u->has_waiter) {
-        p.unexpected_bytes -= u->data.size();
-        deliver_unexpected(*u, u->waiter);
-      }
+      p.q.complete_unexpected(*u, "shm");
     } else if (t == Target::abort) {
       std::string why = fmt::format("rank {} aborted: {}", p.rank, p.abort_buf);
       set_aborted(why);
@@ -625,16 +557,11 @@ class ShmTransport : public Transport, public Progressor {
     }
     for (auto& s : p.sendq) s.req->fail(err);
     p.sendq.clear();
-    for (auto& [tag, q] : p.posted)
-      for (auto& r : q) r.req->fail(err);
-    p.posted.clear();
     if (p.target == Target::posted && p.cur.req) p.cur.req->fail(err);
-    if (p.target == Target::unexpected && p.cur_unexp && p.cur_unexp->has_waiter) p.cur_unexp->waiter.req->fail(err);
+    p.q.fail_all(err);
     p.target = Target::none;
     p.have_hdr = false;
     p.cur_unexp.reset();
-    p.unexpected.clear();
-    p.unexpected_bytes = 0;
   }
 
   void fail_all(std::exception_ptr err) {

@@ -24,6 +24,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "net/matching.h"
 #include "net/wire.h"
 
 namespace conduit::net {
@@ -80,24 +81,6 @@ namespace {
 
 constexpr size_t kStagingBytes = 256 * 1024;
 
-struct TcpRecv {
-  RequestPtr req;
-  char* dst = nullptr;
-  size_t bytes = 0;
-  bool reduce = false;
-  size_t count = 0;
-  DType dtype = DType::f32;
-  ReduceOp op = ReduceOp::sum;
-};
-
-struct Unexpected {
-  std::vector<char> data;
-  size_t got = 0;
-  bool complete = false;
-  bool has_waiter = false;
-  TcpRecv waiter;
-};
-
 struct TcpSend {
   RequestPtr req;
   FrameHeader hdr;
@@ -121,16 +104,14 @@ struct Peer {
   size_t hdr_got = 0;
   bool have_hdr = false;
   Target target = Target::none;
-  TcpRecv cur;
+  PostedRecv cur;
   std::shared_ptr<Unexpected> cur_unexp;
   std::string abort_buf;
   size_t pay_got = 0;
   std::vector<char> staging;
   size_t staged = 0;
   size_t reduced_elems = 0;
-  std::map<uint64_t, std::deque<TcpRecv>> posted;
-  std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>> unexpected;
-  size_t unexpected_bytes = 0;
+  MatchQueues q;
 };
 
 void set_nonblocking(int fd) {
@@ -249,23 +230,11 @@ class TcpTransport : public Transport {
   }
 
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
-    TcpRecv r;
-    r.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, bytes);
-    r.dst = static_cast<char*>(data);
-    r.bytes = bytes;
-    return post_recv(peer, tag, std::move(r));
+    return post_recv(peer, tag, make_recv(Request::Kind::recv, peer, tag, data, bytes));
   }
 
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
-    TcpRecv r;
-    r.bytes = count * dtype_size(dtype);
-    r.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, r.bytes);
-    r.dst = static_cast<char*>(dst);
-    r.reduce = true;
-    r.count = count;
-    r.dtype = dtype;
-    r.op = op;
-    return post_recv(peer, tag, std::move(r));
+    return post_recv(peer, tag, make_reduce_recv(peer, tag, dst, count, dtype, op));
   }
 
   void abort(const std::string& reason) override {
@@ -296,45 +265,20 @@ class TcpTransport : public Transport {
       throw InvalidArgument(fmt::format("tcp: peer rank {} is not another rank of [0, {}) served by tcp", peer, size_));
   }
 
-  RequestPtr post_recv(int peer, uint64_t tag, TcpRecv r) {
+  RequestPtr post_recv(int peer, uint64_t tag, PostedRecv r) {
     check_peer(peer);
     RequestPtr req = r.req;
     std::lock_guard<std::mutex> lk(mu_);
     Peer& p = peers_[peer];
-    auto it = p.unexpected.find(tag);
-    if (it != p.unexpected.end() && !it->second.empty()) {
-      auto u = it->second.front();
-      it->second.pop_front();
-      if (it->second.empty()) p.unexpected.erase(it);
-      if (u->complete) {
-        p.unexpected_bytes -= u->data.size();
-        deliver_unexpected(*u, r);
-        if (p.have_hdr && p.target == Target::none) wake();  // a stalled connection may go on now
-      } else {
-        u->has_waiter = true;
-        u->waiter = std::move(r);
+    if (!p.q.take_unexpected(tag, r, "tcp")) {
+      if (p.failed) {
+        req->fail(p.error);
+        return req;
       }
-      return req;
+      p.q.post(tag, std::move(r));
     }
-    if (p.failed) {
-      req->fail(p.error);
-      return req;
-    }
-    p.posted[tag].push_back(std::move(r));
-    if (p.have_hdr && p.target == Target::none) wake();
+    if (p.have_hdr && p.target == Target::none) wake();  // a stalled connection may go on now
     return req;
-  }
-
-  void deliver_unexpected(Unexpected& u, TcpRecv& r) {
-    if (u.data.size() != r.bytes) {
-      r.req->fail(std::make_exception_ptr(ProtocolError(
-          fmt::format("tcp: rank {} sent {} bytes on tag {:#x} but {} were expected", r.req->peer(), u.data.size(),
-                      r.req->tag(), r.bytes))));
-      return;
-    }
-    if (r.reduce) reduce_into(r.dst, u.data.data(), r.count, r.dtype, r.op);
-    else if (r.bytes) std::memcpy(r.dst, u.data.data(), r.bytes);
-    r.req->complete();
   }
 
   void wake() {
@@ -364,16 +308,11 @@ class TcpTransport : public Transport {
     }
     for (auto& s : p.sendq) s.req->fail(err);
     p.sendq.clear();
-    for (auto& [tag, q] : p.posted)
-      for (auto& r : q) r.req->fail(err);
-    p.posted.clear();
     if (p.target == Target::posted) p.cur.req->fail(err);
-    if (p.target == Target::unexpected && p.cur_unexp && p.cur_unexp->has_waiter) p.cur_unexp->waiter.req->fail(err);
+    p.q.fail_all(err);
     p.target = Target::none;
     p.have_hdr = false;
     p.cur_unexp.reset();
-    p.unexpected.clear();
-    p.unexpected_bytes = 0;
   }
 
   void fail_peer_protocol(Peer& p, const std::string& what) {
@@ -430,11 +369,7 @@ class TcpTransport : public Transport {
       fail_peer_protocol(p, "unexpected hello frame after the handshake");
       return true;
     }
-    auto it = p.posted.find(h.tag);
-    if (it != p.posted.end() && !it->second.empty()) {
-      p.cur = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) p.posted.erase(it);
+    if (p.q.pop_posted(h.tag, &p.cur)) {
       if (p.cur.bytes != h.length) {
         RequestPtr r = p.cur.req;
         p.target = Target::none;
@@ -450,15 +385,11 @@ class TcpTransport : public Transport {
       if (p.cur.reduce && p.staging.empty()) p.staging.resize(kStagingBytes);
       return true;
     }
-    if (p.unexpected_bytes + h.length > unexpected_budget_) {
+    if (!p.q.can_buffer(h.length, unexpected_budget_)) {
       p.target = Target::none;  // stall until a receive is posted or buffered messages are consumed
       return false;
     }
-    auto u = std::make_shared<Unexpected>();
-    u->data.resize(h.length);
-    p.unexpected_bytes += h.length;
-    p.unexpected[h.tag].push_back(u);
-    p.cur_unexp = u;
+    p.cur_unexp = p.q.add_unexpected(h.tag, h.length);
     p.target = Target::unexpected;
     return true;
   }
@@ -468,19 +399,14 @@ class TcpTransport : public Transport {
       case Target::posted: {
         if (p.cur.reduce) flush_staging(p, true);
         RequestPtr r = p.cur.req;
-        p.cur = TcpRecv{};
+        p.cur = PostedRecv{};
         r->complete();
         break;
       }
       case Target::unexpected: {
         auto u = p.cur_unexp;
         p.cur_unexp.reset();
-        u->complete = true;
-        if (u->has_waiter) {
-          p.unexpected_bytes -= u->data.size();
-          deliver_unexpected(*u, u->waiter);
-          // it was already removed from the unexpected queue when the waiter attached
-        }
+        p.q.complete_unexpected(*u, "tcp");
         break;
       }
       case Target::abort: {

@@ -1,0 +1,97 @@
+#include "net/matching.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace conduit::net {
+
+PostedRecv make_recv(Request::Kind kind, int peer, uint64_t tag, void* dst, size_t bytes) {
+  PostedRecv r;
+  r.req = std::make_shared<Request>(kind, peer, tag, bytes);
+  r.dst = static_cast<char*>(dst);
+  r.bytes = bytes;
+  return r;
+}
+
+PostedRecv make_reduce_recv(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) {
+  PostedRecv r = make_recv(Request::Kind::recv, peer, tag, dst, count * dtype_size(dtype));
+  r.reduce = true;
+  r.count = count;
+  r.dtype = dtype;
+  r.op = op;
+  return r;
+}
+
+void deliver(const Unexpected& u, PostedRecv& r, const char* transport) {
+  if (u.data.size() != r.bytes) {
+    r.req->fail(std::make_exception_ptr(ProtocolError(fmt::format(
+        "{}: rank {} sent {} bytes on tag {:#x} but {} were expected", transport, r.req->peer(), u.data.size(),
+        r.req->tag(), r.bytes))));
+    return;
+  }
+  if (r.reduce) reduce_into(r.dst, u.data.data(), r.count, r.dtype, r.op);
+  else if (r.bytes) std::memcpy(r.dst, u.data.data(), r.bytes);
+  r.req->complete();
+}
+
+bool MatchQueues::take_unexpected(uint64_t tag, PostedRecv& r, const char* transport) {
+  auto it = unexpected_.find(tag);
+  if (it == unexpected_.end() || it->second.empty()) return false;
+  auto u = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) unexpected_.erase(it);
+  if (u->complete) {
+    unexpected_bytes_ -= u->data.size();
+    deliver(*u, r, transport);
+  } else {
+    u->has_waiter = true;
+    u->waiter = std::move(r);
+    arriving_.push_back(u);
+  }
+  return true;
+}
+
+bool MatchQueues::pop_posted(uint64_t tag, PostedRecv* out) {
+  auto it = posted_.find(tag);
+  if (it == posted_.end() || it->second.empty()) return false;
+  *out = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) posted_.erase(it);
+  return true;
+}
+
+std::shared_ptr<Unexpected> MatchQueues::add_unexpected(uint64_t tag, size_t bytes) {
+  auto u = std::make_shared<Unexpected>();
+  u->data.resize(bytes);
+  unexpected_bytes_ += bytes;
+  unexpected_[tag].push_back(u);
+  return u;
+}
+
+void MatchQueues::complete_unexpected(Unexpected& u, const char* transport) {
+  u.complete = true;
+  if (!u.has_waiter) return;
+  // It left the unexpected queue when the receive attached; deliver now.
+  unexpected_bytes_ -= u.data.size();
+  deliver(u, u.waiter, transport);
+  arriving_.erase(std::remove_if(arriving_.begin(), arriving_.end(),
+                                 [&](const std::shared_ptr<Unexpected>& p) { return p.get() == &u; }),
+                  arriving_.end());
+}
+
+void MatchQueues::fail_all(std::exception_ptr err) {
+  for (auto& [tag, q] : posted_)
+    for (auto& r : q) r.req->fail(err);
+  posted_.clear();
+  for (auto& u : arriving_)
+    if (u->has_waiter) u->waiter.req->fail(err);
+  arriving_.clear();
+  unexpected_.clear();
+  unexpected_bytes_ = 0;
+}
+
+}  // namespace conduit::net

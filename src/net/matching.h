@@ -1,0 +1,62 @@
+#pragma once
+// Receive matching shared by the byte-stream transports (tcp, shm): per peer, receives posted before their message
+// arrives and messages that arrive before their receive (buffered up to a budget), both FIFO per tag, so the
+// non-overtaking rule of transport.h holds.
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "net/transport.h"
+
+namespace conduit::net {
+
+struct PostedRecv {
+  RequestPtr req;
+  char* dst = nullptr;
+  size_t bytes = 0;
+  bool reduce = false;  // dst = op(dst, incoming) instead of a copy
+  size_t count = 0;
+  DType dtype = DType::f32;
+  ReduceOp op = ReduceOp::sum;
+};
+
+PostedRecv make_recv(Request::Kind kind, int peer, uint64_t tag, void* dst, size_t bytes);
+PostedRecv make_reduce_recv(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op);
+
+struct Unexpected {
+  std::vector<char> data;
+  bool complete = false;
+  bool has_waiter = false;  // a receive matched it while its bytes were still arriving
+  PostedRecv waiter;
+};
+
+class MatchQueues {
+ public:
+  // A receive just posted: takes the oldest buffered message of its tag if there is one (delivering it now when
+  // complete, or attaching the receive to it) and returns true; false when the receive must wait in the queue.
+  bool take_unexpected(uint64_t tag, PostedRecv& r, const char* transport);
+  void post(uint64_t tag, PostedRecv r) { posted_[tag].push_back(std::move(r)); }
+  // The oldest posted receive of `tag`, if any.
+  bool pop_posted(uint64_t tag, PostedRecv* out);
+  // Room for `bytes` more buffered bytes within `budget`?
+  bool can_buffer(size_t bytes, size_t budget) const { return unexpected_bytes_ + bytes <= budget; }
+  std::shared_ptr<Unexpected> add_unexpected(uint64_t tag, size_t bytes);
+  // The message's bytes have all arrived: deliver it if a receive is attached.
+  void complete_unexpected(Unexpected& u, const char* transport);
+  bool has_posted() const { return !posted_.empty(); }
+  // Fails every posted receive and attached waiter, and drops buffered messages.
+  void fail_all(std::exception_ptr err);
+
+ private:
+  std::map<uint64_t, std::deque<PostedRecv>> posted_;
+  std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>> unexpected_;
+  std::vector<std::shared_ptr<Unexpected>> arriving_;  // matched while arriving (for fail_all)
+  size_t unexpected_bytes_ = 0;
+};
+
+// Copies or reduces a buffered message into its receive and completes it; ProtocolError on a size mismatch.
+void deliver(const Unexpected& u, PostedRecv& r, const char* transport);
+
+}  // namespace conduit::net
