@@ -154,7 +154,8 @@ void PowerSgd::compress(std::span<const float> in, TensorState& st, Bytes& out) 
   std::span<float> q(reinterpret_cast<float*>(out.data()) + pl.p_len(), pl.q_len());
   phase_p(in, st, p);
   phase_q(in, st, p, q);
-  std::vector<float> approx(in.size());
+  thread_local std::vector<float> approx;  // reused: a fresh n x m buffer per call would cost page faults
+  approx.resize(in.size());
   finish(in, st, p, q, 1, true, approx);
 }
 
