@@ -1,0 +1,577 @@
+#include "cli/cluster.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+
+namespace conduit::cli::cluster {
+namespace {
+
+constexpr const char* kNetnsDir = "/run/netns";
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// Splits "12.5mbit" into 12.5 and "mbit"; false when there is no leading number.
+bool split_number(const std::string& text, double* value, std::string* unit) {
+  const std::string t = trim(text);
+  if (t.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(t.c_str(), &end);
+  if (end == t.c_str() || errno != 0 || !std::isfinite(v)) return false;
+  *value = v;
+  *unit = lower(trim(std::string(end)));
+  return true;
+}
+
+std::string first_line(const std::string& s) {
+  std::string t = trim(s);
+  const size_t nl = t.find('\n');
+  return nl == std::string::npos ? t : t.substr(0, nl);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) {
+    if (!out.empty()) out += ' ';
+    out += s;
+  }
+  return out;
+}
+
+// Runs argv; throws Error naming `what` and the command's first line of output when it fails.
+void must(const std::vector<std::string>& argv, const std::string& what) {
+  std::string out;
+  const int rc = run_program(argv, &out);
+  if (rc != 0) {
+    throw Error(fmt::format("{}: `{}` failed (exit {}): {}", what, join(argv), rc, first_line(out)));
+  }
+}
+
+std::string state_path(const std::string& name) { return state_dir() + "/cluster-" + name + ".json"; }
+
+std::vector<std::string> netns_entries() {
+  std::vector<std::string> out;
+  DIR* d = opendir(kNetnsDir);
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+const std::regex& ns_regex() {
+  static const std::regex re("^conduit-([a-z0-9_-]+)-(sw|h[0-9]+)$");
+  return re;
+}
+
+nlohmann::json link_json(const LinkSpec& l) {
+  return {{"rate_bps", l.rate_bps}, {"latency_s", l.latency_s}, {"loss", l.loss}};
+}
+
+LinkSpec link_from_json(const nlohmann::json& j) {
+  LinkSpec l;
+  l.rate_bps = j.value("rate_bps", 0.0);
+  l.latency_s = j.value("latency_s", 0.0);
+  l.loss = j.value("loss", 0.0);
+  return l;
+}
+
+void write_state(const ClusterState& s) {
+  const std::string dir = state_dir();
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw Error(fmt::format("cluster: cannot create state directory {}: {}", dir, std::strerror(errno)));
+  }
+  nlohmann::json j;
+  j["name"] = s.name;
+  j["switch_ns"] = s.switch_ns;
+  j["shaping"] = s.shaping;
+  j["hosts"] = nlohmann::json::array();
+  for (const auto& h : s.hosts) {
+    j["hosts"].push_back({{"ns", h.ns}, {"address", h.address}, {"ifname", kHostIfname}, {"link", link_json(h.link)}});
+  }
+  const std::string path = state_path(s.name);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << j.dump(2) << "\n";
+    if (!f) throw Error(fmt::format("cluster: cannot write {}", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw Error(fmt::format("cluster: cannot write {}: {}", path, std::strerror(errno)));
+  }
+}
+
+// tbf burst: above a 64 KiB GSO super-packet and at least 1 ms of the rate; queue: 50 ms of the rate on top.
+long burst_bytes(double rate_bps) { return std::max<long>(96 * 1024, static_cast<long>(rate_bps / 8 * 0.001)); }
+long limit_bytes(double rate_bps) {
+  return burst_bytes(rate_bps) + std::max<long>(64 * 1024, static_cast<long>(rate_bps / 8 * 0.05));
+}
+
+// Shapes egress of `dev` in namespace `ns`: rate, plus delay/loss through netem when asked (and available).
+void shape(const std::string& ns, const std::string& dev, double rate_bps, double delay_s, double loss) {
+  const std::string rate = fmt::format("{}bit", static_cast<long long>(std::llround(rate_bps)));
+  const std::string what = fmt::format("cluster up: shaping {} in {}", dev, ns);
+  const bool netem = delay_s > 0 || loss > 0;
+  std::vector<std::string> netem_args;
+  if (netem) {
+    netem_args = {"netem", "limit", "100000"};
+    if (delay_s > 0) {
+      netem_args.insert(netem_args.end(),
+                        {"delay", fmt::format("{}us", static_cast<long long>(std::llround(delay_s * 1e6)))});
+    }
+    if (loss > 0) netem_args.insert(netem_args.end(), {"loss", fmt::format("{}%", loss * 100)});
+  }
+  if (rate_bps <= 0) {
+    if (!netem) return;
+    std::vector<std::string> a = {"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:"};
+    a.insert(a.end(), netem_args.begin(), netem_args.end());
+    must(a, what);
+    return;
+  }
+  const std::string burst = std::to_string(burst_bytes(rate_bps));
+  if (!netem) {
+    must({"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate, "burst", burst,
+          "limit", std::to_string(limit_bytes(rate_bps))},
+         what);
+    return;
+  }
+  must({"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1"}, what);
+  must({"tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
+        "burst", burst, "cburst", burst},
+       what);
+  std::vector<std::string> a = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:"};
+  a.insert(a.end(), netem_args.begin(), netem_args.end());
+  must(a, what);
+}
+
+void kill_namespace_processes(const std::string& ns) {
+  for (int round = 0; round < 20; ++round) {
+    std::string out;
+    if (run_program({"ip", "netns", "pids", ns}, &out) != 0) return;
+    std::vector<pid_t> pids;
+    std::istringstream in(out);
+    long p;
+    while (in >> p) {
+      if (p > 1 && p != getpid()) pids.push_back(static_cast<pid_t>(p));
+    }
+    if (pids.empty()) return;
+    for (pid_t pid : pids) kill(pid, round < 10 ? SIGTERM : SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+int run_program(const std::vector<std::string>& argv, std::string* out) {
+  if (argv.empty()) throw InvalidArgument("run_program: empty argv");
+  int fds[2] = {-1, -1};
+  if (out != nullptr && pipe2(fds, O_CLOEXEC) != 0) {
+    throw Error(fmt::format("cannot create a pipe: {}", std::strerror(errno)));
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw Error(fmt::format("cannot fork to run {}: {}", argv[0], std::strerror(errno)));
+  if (pid == 0) {
+    const int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) dup2(devnull, 0);
+    if (out != nullptr) {
+      dup2(fds[1], 1);
+      dup2(fds[1], 2);
+    }
+    execvp(args[0], args.data());
+    const std::string msg = fmt::format("cannot run {}: {}\n", argv[0], std::strerror(errno));
+    (void)!write(2, msg.data(), msg.size());
+    _exit(127);
+  }
+  if (out != nullptr) {
+    close(fds[1]);
+    out->clear();
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = read(fds[0], buf, sizeof buf);
+      if (n > 0) {
+        out->append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        break;
+      }
+    }
+    close(fds[0]);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw Error(fmt::format("waitpid for {} failed: {}", argv[0], std::strerror(errno)));
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+double parse_rate(const std::string& text, const std::string& field) {
+  double v = 0;
+  std::string unit;
+  const auto bad = [&]() {
+    return ConfigError(fmt::format("{}: '{}' is not a rate; use e.g. 100mbit, 1gbit, 500kbit (bits per second)",
+                                   field, text));
+  };
+  if (!split_number(text, &v, &unit)) throw bad();
+  if (unit.size() > 2 && unit.substr(unit.size() - 2) == "/s") unit = unit.substr(0, unit.size() - 2);
+  if (unit.size() > 3 && unit.substr(unit.size() - 3) == "bps") unit = unit.substr(0, unit.size() - 3) + "bit";
+  double mult = 0;
+  if (unit.empty() || unit == "bit" || unit == "b") {
+    mult = 1;
+  } else if (unit == "k" || unit == "kbit" || unit == "kb") {
+    mult = 1e3;
+  } else if (unit == "m" || unit == "mbit" || unit == "mb") {
+    mult = 1e6;
+  } else if (unit == "g" || unit == "gbit" || unit == "gb") {
+    mult = 1e9;
+  } else {
+    throw bad();
+  }
+  const double bps = v * mult;
+  if (bps < 8000 || bps > 400e9) {
+    throw ConfigError(fmt::format("{}: {} is out of range; allowed 8kbit .. 400gbit", field, text));
+  }
+  return bps;
+}
+
+double parse_duration(const std::string& text, const std::string& field) {
+  double v = 0;
+  std::string unit;
+  if (!split_number(text, &v, &unit) || v < 0) {
+    throw ConfigError(fmt::format("{}: '{}' is not a duration; use e.g. 0, 500us, 5ms, 0.1s", field, text));
+  }
+  double mult = 0;
+  if (unit == "s" || (unit.empty() && v == 0)) {
+    mult = 1;
+  } else if (unit == "ms") {
+    mult = 1e-3;
+  } else if (unit == "us") {
+    mult = 1e-6;
+  } else {
+    throw ConfigError(fmt::format("{}: '{}' needs a unit: us, ms or s (e.g. 5ms)", field, text));
+  }
+  const double s = v * mult;
+  if (s > 10) throw ConfigError(fmt::format("{}: {} is out of range; allowed 0 .. 10s", field, text));
+  return s;
+}
+
+double parse_loss(const std::string& text, const std::string& field) {
+  double v = 0;
+  std::string unit;
+  if (!split_number(text, &v, &unit) || (!unit.empty() && unit != "%") || v < 0) {
+    throw ConfigError(fmt::format("{}: '{}' is not a loss rate; use e.g. 0.1% or 0.001", field, text));
+  }
+  const double p = unit == "%" ? v / 100 : v;
+  if (p >= 1) throw ConfigError(fmt::format("{}: {} is out of range; allowed 0 <= loss < 100%", field, text));
+  return p;
+}
+
+void validate_name(const std::string& name) {
+  static const std::regex re("^[a-z0-9_]([a-z0-9_-]{0,22}[a-z0-9_])?$");
+  if (!std::regex_match(name, re)) {
+    throw ConfigError(fmt::format(
+        "cluster: --name '{}' is not allowed; use 1-24 of a-z 0-9 _ (and - inside), e.g. c1 or sweep-3", name));
+  }
+}
+
+std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(fmt::format("--hosts-file: cannot read {}", path));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("--hosts-file {}: not valid YAML: {}", path, e.what()));
+  }
+  if (!root.IsMap()) throw ConfigError(fmt::format("--hosts-file {}: expected a map with 'hosts' and 'defaults'", path));
+  const auto apply = [&](const YAML::Node& n, LinkSpec l, const std::string& where) {
+    if (!n.IsMap()) throw ConfigError(fmt::format("--hosts-file {}: {} must be a map", path, where));
+    for (const auto& kv : n) {
+      const std::string key = kv.first.as<std::string>();
+      const std::string val = kv.second.as<std::string>();
+      const std::string field = fmt::format("--hosts-file {}: {}.{}", path, where, key);
+      if (key == "bandwidth" || key == "rate") {
+        l.rate_bps = parse_rate(val, field);
+      } else if (key == "latency" || key == "delay") {
+        l.latency_s = parse_duration(val, field);
+      } else if (key == "loss") {
+        l.loss = parse_loss(val, field);
+      } else {
+        throw ConfigError(fmt::format("{}: unknown key; allowed bandwidth, latency, loss", field));
+      }
+    }
+    return l;
+  };
+  LinkSpec defaults = base;
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    if (key != "defaults" && key != "hosts") {
+      throw ConfigError(fmt::format("--hosts-file {}: unknown key '{}'; allowed defaults, hosts", path, key));
+    }
+  }
+  if (root["defaults"]) defaults = apply(root["defaults"], defaults, "defaults");
+  std::vector<LinkSpec> out;
+  if (root["hosts"]) {
+    const YAML::Node list = root["hosts"];
+    if (!list.IsSequence() || list.size() == 0) {
+      throw ConfigError(fmt::format("--hosts-file {}: hosts must be a non-empty list", path));
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      out.push_back(list[i].IsNull() ? defaults : apply(list[i], defaults, fmt::format("hosts[{}]", i)));
+    }
+    if (hosts > 0 && static_cast<int>(out.size()) != hosts) {
+      throw ConfigError(fmt::format("--hosts {} does not match the {} hosts listed in {}", hosts, out.size(), path));
+    }
+  } else {
+    if (hosts <= 0) throw ConfigError(fmt::format("--hosts-file {} lists no hosts; give --hosts N", path));
+    out.assign(static_cast<size_t>(hosts), defaults);
+  }
+  if (static_cast<int>(out.size()) > kMaxHosts) {
+    throw ConfigError(fmt::format("--hosts-file {}: {} hosts; allowed 1..{}", path, out.size(), kMaxHosts));
+  }
+  return out;
+}
+
+bool kernel_has_netem() {
+  static int cached = -1;
+  if (cached >= 0) return cached == 1;
+  const std::string ns = fmt::format("conduit-probe{}", getpid());
+  std::string out;
+  bool ok = false;
+  if (run_program({"ip", "netns", "add", ns}, &out) == 0) {
+    ok = run_program({"ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"}, &out) == 0 &&
+         run_program({"tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"}, &out) == 0;
+    run_program({"ip", "netns", "del", ns}, &out);
+  }
+  cached = ok ? 1 : 0;
+  return ok;
+}
+
+std::string state_dir() {
+  const char* d = std::getenv("CONDUIT_CLUSTER_STATE_DIR");
+  return d != nullptr && *d != '\0' ? d : "/run/conduit";
+}
+
+std::string host_ns(const std::string& name, int index) { return fmt::format("{}{}-h{}", kNsPrefix, name, index); }
+std::string switch_ns(const std::string& name) { return fmt::format("{}{}-sw", kNsPrefix, name); }
+
+std::string format_rate(double bps) {
+  if (bps <= 0) return "unshaped";
+  if (bps >= 1e9) return fmt::format("{:g}gbit", bps / 1e9);
+  if (bps >= 1e6) return fmt::format("{:g}mbit", bps / 1e6);
+  if (bps >= 1e3) return fmt::format("{:g}kbit", bps / 1e3);
+  return fmt::format("{:g}bit", bps);
+}
+
+std::vector<std::string> existing_namespaces(const std::string& name) {
+  std::vector<std::string> out;
+  std::smatch m;
+  for (const auto& n : netns_entries()) {
+    if (std::regex_match(n, m, ns_regex()) && m[1].str() == name) out.push_back(n);
+  }
+  return out;
+}
+
+ClusterState up(const std::string& name, const std::vector<LinkSpec>& links) {
+  validate_name(name);
+  if (links.empty() || static_cast<int>(links.size()) > kMaxHosts) {
+    throw ConfigError(fmt::format("cluster up: --hosts must be between 1 and {}, got {}", kMaxHosts, links.size()));
+  }
+  struct stat st {};
+  if (!existing_namespaces(name).empty() || stat(state_path(name).c_str(), &st) == 0) {
+    throw ConfigError(
+        fmt::format("cluster up: a cluster named '{}' exists; run `conduit cluster down --name {}` first", name, name));
+  }
+  bool wants_netem = false;
+  for (const auto& l : links) wants_netem = wants_netem || l.latency_s > 0 || l.loss > 0;
+  if (wants_netem && !kernel_has_netem()) {
+    throw UnsupportedError(
+        "cluster up: --latency/--loss need the netem qdisc (sch_netem), which this kernel lacks (tc: \"Specified "
+        "qdisc kind is unknown\"); use a kernel with CONFIG_NET_SCH_NETEM or leave --latency/--loss at 0");
+  }
+  ClusterState s;
+  s.name = name;
+  s.switch_ns = switch_ns(name);
+  s.shaping = wants_netem ? "htb+netem" : "tbf";
+  for (size_t k = 0; k < links.size(); ++k) {
+    s.hosts.push_back({host_ns(name, static_cast<int>(k)), fmt::format("{}{}", kSubnetPrefix, k + 1), links[k]});
+  }
+  // Record first, so that `down` knows the cluster even when this is interrupted half way.
+  write_state(s);
+  try {
+    must({"ip", "netns", "add", s.switch_ns}, "cluster up");
+    must({"ip", "-n", s.switch_ns, "link", "add", "br0", "type", "bridge"}, "cluster up");
+    must({"ip", "-n", s.switch_ns, "link", "set", "br0", "up"}, "cluster up");
+    for (size_t k = 0; k < s.hosts.size(); ++k) {
+      const HostInfo& h = s.hosts[k];
+      const std::string port = fmt::format("p{}", k);
+      must({"ip", "netns", "add", h.ns}, "cluster up");
+      must({"ip", "-n", s.switch_ns, "link", "add", port, "type", "veth", "peer", "name", kHostIfname, "netns", h.ns},
+           "cluster up");
+      must({"ip", "-n", s.switch_ns, "link", "set", port, "master", "br0"}, "cluster up");
+      must({"ip", "-n", s.switch_ns, "link", "set", port, "up"}, "cluster up");
+      must({"ip", "-n", h.ns, "link", "set", "lo", "up"}, "cluster up");
+      must({"ip", "-n", h.ns, "addr", "add", h.address + "/24", "dev", kHostIfname}, "cluster up");
+      must({"ip", "-n", h.ns, "link", "set", kHostIfname, "up"}, "cluster up");
+      // Host -> switch carries the loss and half the latency; switch -> host the other half.
+      shape(h.ns, kHostIfname, h.link.rate_bps, h.link.latency_s / 2, h.link.loss);
+      shape(s.switch_ns, port, h.link.rate_bps, h.link.latency_s / 2, 0);
+    }
+  } catch (...) {
+    try {
+      down(name);
+    } catch (...) {
+    }
+    throw;
+  }
+  return s;
+}
+
+int down(const std::string& name) {
+  validate_name(name);
+  const auto names = existing_namespaces(name);
+  // Hosts first (their processes hold sockets), the switch last.
+  for (const auto& ns : names) kill_namespace_processes(ns);
+  int removed = 0;
+  std::string errors;
+  for (const auto& ns : names) {
+    std::string out;
+    if (run_program({"ip", "netns", "del", ns}, &out) == 0) {
+      ++removed;
+    } else {
+      errors += fmt::format(" {}: {};", ns, first_line(out));
+    }
+  }
+  std::remove(state_path(name).c_str());
+  if (!errors.empty()) throw Error(fmt::format("cluster down: could not delete namespaces:{}", errors));
+  return removed;
+}
+
+std::vector<std::string> list_clusters() {
+  std::set<std::string> names;
+  std::smatch m;
+  for (const auto& n : netns_entries()) {
+    if (std::regex_match(n, m, ns_regex())) names.insert(m[1].str());
+  }
+  if (DIR* d = opendir(state_dir().c_str())) {
+    static const std::regex re("^cluster-([a-z0-9_-]+)\\.json$");
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (std::regex_match(n, m, re)) names.insert(m[1].str());
+    }
+    closedir(d);
+  }
+  return {names.begin(), names.end()};
+}
+
+ClusterState load_state(const std::string& name) {
+  validate_name(name);
+  std::ifstream f(state_path(name));
+  if (!f) {
+    throw ConfigError(fmt::format("cluster: no cluster named '{}' (start one with `conduit cluster up --name {} "
+                                  "--hosts N --bandwidth RATE`)",
+                                  name, name));
+  }
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    ClusterState s;
+    s.name = j.at("name").get<std::string>();
+    s.switch_ns = j.at("switch_ns").get<std::string>();
+    s.shaping = j.value("shaping", "tbf");
+    for (const auto& h : j.at("hosts")) {
+      s.hosts.push_back({h.at("ns").get<std::string>(), h.at("address").get<std::string>(), link_from_json(h.at("link"))});
+    }
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("cluster: state file {} is damaged ({}); run `conduit cluster down --name {}`",
+                                  state_path(name), e.what(), name));
+  }
+}
+
+int resolve_host(const ClusterState& state, const std::string& host) {
+  const int n = static_cast<int>(state.hosts.size());
+  std::string h = host;
+  if (h == "rank") {
+    const char* r = std::getenv("RANK");
+    if (r == nullptr) throw ConfigError("cluster exec: host 'rank' needs RANK in the environment");
+    h = r;
+  }
+  for (int k = 0; k < n; ++k) {
+    if (h == state.hosts[static_cast<size_t>(k)].address || h == state.hosts[static_cast<size_t>(k)].ns) return k;
+  }
+  std::string digits = (!h.empty() && h[0] == 'h') ? h.substr(1) : h;
+  if (!digits.empty() && digits.size() < 5 && std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+    const int k = std::stoi(digits);
+    if (k < n) return k;
+  }
+  throw ConfigError(fmt::format("cluster exec: no host '{}' in cluster '{}'; use 0..{}, h0..h{} or an address {}1..",
+                                host, state.name, n - 1, n - 1, kSubnetPrefix));
+}
+
+void exec_in_host(const ClusterState& state, int index, const std::vector<std::string>& command) {
+  if (command.empty()) throw ConfigError("cluster exec: no command given; usage: conduit cluster exec HOST -- CMD...");
+  const HostInfo& h = state.hosts.at(static_cast<size_t>(index));
+  const std::string path = std::string(kNetnsDir) + "/" + h.ns;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw Error(fmt::format("cluster exec: namespace {} is gone ({}); run `conduit cluster down --name {}` and up again",
+                            h.ns, std::strerror(errno), state.name));
+  }
+  if (setns(fd, CLONE_NEWNET) != 0) {
+    throw Error(fmt::format("cluster exec: cannot enter {}: {} (needs root)", h.ns, std::strerror(errno)));
+  }
+  close(fd);
+  setenv("CONDUIT_SOCKET_IFNAME", kHostIfname, 1);
+  setenv("CONDUIT_CLUSTER_HOST", std::to_string(index).c_str(), 1);
+  setenv("CONDUIT_CLUSTER_NAME", state.name.c_str(), 1);
+  setenv("CONDUIT_CLUSTER_ADDR", h.address.c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& a : command) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  const int err = errno;
+  fmt::print(stderr, "conduit: error: cluster exec: cannot run {}: {}\n", command[0], std::strerror(err));
+  std::fflush(stderr);
+  _exit(127);
+}
+
+}  // namespace conduit::cli::cluster

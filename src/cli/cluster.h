@@ -1,0 +1,94 @@
+#pragma once
+// Emulated clusters on one machine (`conduit cluster ...`): N Linux network namespaces ("hosts"), each with one
+// interface eth0 whose veth peer sits on a bridge in a switch namespace of the cluster's own. The root namespace
+// only gains the namespaces themselves: every link, bridge and qdisc lives inside them, so `down` (deleting the
+// namespaces) removes all of it, and no host has a route out of its cluster.
+//
+//   namespace conduit-NAME-sw:  br0 (bridge, no address)  <- p0, p1, ... (veth ends toward the hosts)
+//   namespace conduit-NAME-hK:  lo, eth0 = 10.213.0.(K+1)/24 (veth end), no default route
+//
+// Each host's link is shaped in both directions at its rate: tbf on the host's eth0 (host -> switch) and on the
+// switch's pK (switch -> host), burst above the MTU (and above a GSO super-packet) so TCP never stalls. Latency and
+// loss need netem: when the kernel has it, each direction gets htb (rate) with a netem leaf (half the latency each
+// way, the loss on the host's egress); when it does not, asking for them fails with one line naming what is missing.
+// State is kept in /run/conduit/cluster-NAME.json (CONDUIT_CLUSTER_STATE_DIR overrides); `down` also finds
+// namespaces of the cluster by their names, so it cleans up after an interrupted `up`.
+#include <string>
+#include <vector>
+
+namespace conduit::cli::cluster {
+
+inline constexpr int kMaxHosts = 250;
+inline constexpr const char* kNsPrefix = "conduit-";
+inline constexpr const char* kHostIfname = "eth0";
+inline constexpr const char* kSubnetPrefix = "10.213.0.";  // host K is kSubnetPrefix + (K + 1), /24
+
+// One host's link to the switch. rate_bps 0 = unshaped.
+struct LinkSpec {
+  double rate_bps = 0;
+  double latency_s = 0;  // one-way host-to-host latency this link contributes (half on each direction)
+  double loss = 0;       // probability in [0, 1) that a packet leaving the host is dropped
+};
+
+struct HostInfo {
+  std::string ns;       // network namespace name
+  std::string address;  // IPv4 address of eth0
+  LinkSpec link;
+};
+
+struct ClusterState {
+  std::string name;
+  std::string switch_ns;
+  std::string shaping;  // "tbf" or "htb+netem"
+  std::vector<HostInfo> hosts;
+};
+
+// "100mbit", "1gbit", "1Gbit/s", "500kbit", "2.5G", "1000000" (bit/s) -> bit/s. Throws ConfigError naming `field`.
+double parse_rate(const std::string& text, const std::string& field);
+// "0", "5ms", "100us", "0.2s" -> seconds.
+double parse_duration(const std::string& text, const std::string& field);
+// "1%", "0.5%", "0.01" -> probability in [0, 1).
+double parse_loss(const std::string& text, const std::string& field);
+// Cluster names: 1-24 characters of [a-z0-9_] and '-' inside; throws ConfigError otherwise.
+void validate_name(const std::string& name);
+
+// Per-host links from a YAML file:
+//   defaults: {bandwidth: 1gbit, latency: 0ms, loss: 0%}     # optional, over `base`
+//   hosts:                                                    # one entry per host, in order
+//     - {bandwidth: 100mbit}
+//     - {bandwidth: 1gbit, latency: 2ms}
+// `hosts` (> 0) must equal the number of entries when the file lists any; with no `hosts` list, `hosts` copies
+// of the defaults. Unknown keys are ConfigErrors.
+std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base);
+
+bool kernel_has_netem();
+
+std::string state_dir();
+std::string host_ns(const std::string& name, int index);
+std::string switch_ns(const std::string& name);
+
+// Creates the cluster; on any failure removes what it made and rethrows. Throws ConfigError when a cluster of that
+// name exists (or left namespaces behind: run down first) and UnsupportedError when latency/loss need netem.
+ClusterState up(const std::string& name, const std::vector<LinkSpec>& links);
+// Removes the cluster's namespaces (stopping processes still inside them) and state file. Returns the number of
+// namespaces removed; 0 when there was nothing.
+int down(const std::string& name);
+// Names of clusters with a state file or namespaces.
+std::vector<std::string> list_clusters();
+// The recorded state; throws ConfigError when there is no such cluster.
+ClusterState load_state(const std::string& name);
+// The namespaces named like this cluster's that exist now.
+std::vector<std::string> existing_namespaces(const std::string& name);
+
+// Host index from "3", "h3" or "10.213.0.4"; "rank" reads RANK from the environment. Throws ConfigError.
+int resolve_host(const ClusterState& state, const std::string& host);
+// Enters the host's namespace, sets CONDUIT_SOCKET_IFNAME=eth0 and CONDUIT_CLUSTER_HOST, and execs the command
+// (PATH lookup). Returns only on failure (throws Error).
+[[noreturn]] void exec_in_host(const ClusterState& state, int index, const std::vector<std::string>& command);
+
+// Runs a program (argv[0] looked up in PATH) and returns its exit status; output captured into *out when given.
+int run_program(const std::vector<std::string>& argv, std::string* out = nullptr);
+
+std::string format_rate(double bps);
+
+}  // namespace conduit::cli::cluster

@@ -1,0 +1,234 @@
+// `conduit cluster up|down|status|exec|run`: emulated clusters of network namespaces on one machine (cli/cluster.h).
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/cluster.h"
+#include "cli/launcher.h"
+#include "cli/registry.h"
+#include "core/error.h"
+
+namespace conduit::cli {
+namespace {
+
+namespace cl = conduit::cli::cluster;
+
+struct ClusterOptions {
+  std::string name = "default";
+  int hosts = 0;
+  std::string bandwidth;
+  std::string latency = "0";
+  std::string loss = "0";
+  std::string hosts_file;
+  bool all = false;
+  bool json = false;
+  bool quiet = false;
+  std::string host;
+  int master_port = 29500;
+  std::vector<std::string> command;
+};
+
+std::string self_exe() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw Error("cluster: cannot find the conduit binary (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+void require_root(const std::string& what) {
+  if (geteuid() != 0) {
+    throw ConfigError(fmt::format("cluster {}: needs root (network namespaces and tc); run it with sudo", what));
+  }
+}
+
+std::string fmt_latency(double s) { return s <= 0 ? "0" : fmt::format("{:g}ms", s * 1e3); }
+std::string fmt_loss(double p) { return p <= 0 ? "0" : fmt::format("{:g}%", p * 100); }
+
+void print_state(const cl::ClusterState& s) {
+  const auto present = cl::existing_namespaces(s.name);
+  const auto has = [&](const std::string& ns) {
+    return std::find(present.begin(), present.end(), ns) != present.end();
+  };
+  fmt::print("cluster {}: {} hosts, shaping {}, switch namespace {}{}\n", s.name, s.hosts.size(), s.shaping,
+             s.switch_ns, has(s.switch_ns) ? "" : " (MISSING)");
+  fmt::print("  {:<5} {:<24} {:<12} {:<10} {:<9} {:<7} {}\n", "host", "namespace", "address", "bandwidth", "latency",
+             "loss", "state");
+  for (size_t k = 0; k < s.hosts.size(); ++k) {
+    const auto& h = s.hosts[k];
+    fmt::print("  {:<5} {:<24} {:<12} {:<10} {:<9} {:<7} {}\n", k, h.ns, h.address, cl::format_rate(h.link.rate_bps),
+               fmt_latency(h.link.latency_s), fmt_loss(h.link.loss), has(h.ns) ? "up" : "MISSING");
+  }
+}
+
+void cmd_up(const ClusterOptions& o) {
+  require_root("up");
+  cl::validate_name(o.name);
+  cl::LinkSpec base;
+  if (!o.bandwidth.empty()) base.rate_bps = cl::parse_rate(o.bandwidth, "--bandwidth");
+  base.latency_s = cl::parse_duration(o.latency, "--latency");
+  base.loss = cl::parse_loss(o.loss, "--loss");
+  std::vector<cl::LinkSpec> links;
+  if (!o.hosts_file.empty()) {
+    links = cl::load_hosts_file(o.hosts_file, o.hosts, base);
+  } else {
+    if (o.hosts < 1 || o.hosts > cl::kMaxHosts) {
+      throw ConfigError(fmt::format("cluster up: --hosts must be between 1 and {}, got {}", cl::kMaxHosts, o.hosts));
+    }
+    if (o.bandwidth.empty()) {
+      throw ConfigError("cluster up: --bandwidth is required (e.g. --bandwidth 1gbit) unless --hosts-file sets it");
+    }
+    links.assign(static_cast<size_t>(o.hosts), base);
+  }
+  const auto s = cl::up(o.name, links);
+  if (!o.quiet) print_state(s);
+}
+
+void cmd_down(const ClusterOptions& o) {
+  require_root("down");
+  std::vector<std::string> names;
+  if (o.all) {
+    names = cl::list_clusters();
+  } else {
+    cl::validate_name(o.name);
+    names = {o.name};
+  }
+  for (const auto& n : names) {
+    const int removed = cl::down(n);
+    if (!o.quiet) fmt::print("cluster {}: removed {} namespaces\n", n, removed);
+  }
+}
+
+void cmd_status(const ClusterOptions& o) {
+  const auto names = cl::list_clusters();
+  nlohmann::json out = nlohmann::json::array();
+  if (names.empty() && !o.json) fmt::print("no clusters\n");
+  for (const auto& n : names) {
+    cl::ClusterState s;
+    try {
+      s = cl::load_state(n);
+    } catch (const ConfigError&) {
+      const auto left = cl::existing_namespaces(n);
+      if (o.json) {
+        out.push_back({{"name", n}, {"state", "leftover"}, {"namespaces", left}});
+      } else {
+        fmt::print("cluster {}: no state file; leftover namespaces: {}; run `conduit cluster down --name {}`\n", n,
+                   fmt::join(left, " "), n);
+      }
+      continue;
+    }
+    if (o.json) {
+      nlohmann::json j = {{"name", s.name}, {"switch_ns", s.switch_ns}, {"shaping", s.shaping}};
+      j["hosts"] = nlohmann::json::array();
+      for (const auto& h : s.hosts) {
+        j["hosts"].push_back({{"ns", h.ns},
+                              {"address", h.address},
+                              {"ifname", cl::kHostIfname},
+                              {"rate_bps", h.link.rate_bps},
+                              {"latency_s", h.link.latency_s},
+                              {"loss", h.link.loss}});
+      }
+      out.push_back(j);
+    } else {
+      print_state(s);
+    }
+  }
+  if (o.json) fmt::print("{}\n", out.dump());
+}
+
+void cmd_exec(const ClusterOptions& o) {
+  require_root("exec");
+  if (o.host.empty() || o.command.empty()) {
+    throw ConfigError("cluster exec: usage: conduit cluster exec [--name NAME] HOST -- CMD [ARGS...]");
+  }
+  const auto s = cl::load_state(o.name);
+  cl::exec_in_host(s, cl::resolve_host(s, o.host), o.command);
+}
+
+void cmd_run(const ClusterOptions& o) {
+  require_root("run");
+  if (o.command.empty()) throw ConfigError("cluster run: usage: conduit cluster run [--name NAME] -- PROGRAM [ARGS...]");
+  if (o.master_port < 1 || o.master_port > 65535) {
+    throw ConfigError(fmt::format("cluster run: --master-port must be between 1 and 65535, got {}", o.master_port));
+  }
+  const auto s = cl::load_state(o.name);
+  const int n = o.hosts > 0 ? o.hosts : static_cast<int>(s.hosts.size());
+  if (n > static_cast<int>(s.hosts.size())) {
+    throw ConfigError(fmt::format("cluster run: --hosts {} but cluster '{}' has {}", n, s.name, s.hosts.size()));
+  }
+  LaunchSpec spec;
+  spec.nprocs = n;
+  spec.master_addr = s.hosts[0].address;
+  spec.master_port = o.master_port;
+  spec.name = "conduit cluster run";
+  // Each worker is `conduit cluster exec rank -- PROGRAM...`: it enters the namespace of host RANK and execs.
+  spec.command = {self_exe(), "cluster", "exec", "--name", s.name, "rank", "--"};
+  spec.command.insert(spec.command.end(), o.command.begin(), o.command.end());
+  spec.extra_env = {{"CONDUIT_TRANSPORT", "tcp"}, {"CONDUIT_SOCKET_IFNAME", cl::kHostIfname}};
+  set_exit_code(run_local_workers(spec));
+}
+
+const bool kRegistered = register_command(40, [](CLI::App& app) {
+  auto* grp = app.add_subcommand(
+      "cluster", "Emulated clusters on this machine: network namespaces joined by a bridge, links shaped with tc");
+  grp->require_subcommand(1);
+  grp->footer(
+      "Example:\n  conduit cluster up --hosts 4 --bandwidth 1gbit\n  conduit cluster run -- conduit bench coll\n"
+      "  conduit cluster down");
+
+  auto add_name = [](CLI::App* c, const std::shared_ptr<ClusterOptions>& o) {
+    c->add_option("--name", o->name, "cluster name (1-24 of a-z 0-9 _ -)")->capture_default_str();
+  };
+
+  auto up = std::make_shared<ClusterOptions>();
+  auto* cu = grp->add_subcommand("up", "Create N hosts (namespaces conduit-NAME-hK, 10.213.0.K+1 on eth0)");
+  add_name(cu, up);
+  cu->add_option("--hosts", up->hosts, "number of hosts (1..250)");
+  cu->add_option("--bandwidth", up->bandwidth, "each host's link rate, both directions (e.g. 100mbit, 1gbit)");
+  cu->add_option("--latency", up->latency, "one-way host-to-host latency (needs netem; e.g. 5ms)")
+      ->capture_default_str();
+  cu->add_option("--loss", up->loss, "packet loss on each host's egress (needs netem; e.g. 0.1%)")
+      ->capture_default_str();
+  cu->add_option("--hosts-file", up->hosts_file, "YAML with per-host bandwidth/latency/loss (see docs/cluster.md)");
+  cu->add_flag("-q,--quiet", up->quiet, "print nothing on success");
+  cu->callback([up]() { cmd_up(*up); });
+
+  auto dn = std::make_shared<ClusterOptions>();
+  auto* cd = grp->add_subcommand("down", "Remove a cluster's namespaces, links and qdiscs (also after a failed up)");
+  add_name(cd, dn);
+  cd->add_flag("--all", dn->all, "remove every cluster (all namespaces named conduit-*-sw / conduit-*-hK)");
+  cd->add_flag("-q,--quiet", dn->quiet, "print nothing on success");
+  cd->callback([dn]() { cmd_down(*dn); });
+
+  auto st = std::make_shared<ClusterOptions>();
+  auto* cs = grp->add_subcommand("status", "List clusters, their hosts and links, and leftovers");
+  cs->add_flag("--json", st->json, "one JSON array");
+  cs->callback([st]() { cmd_status(*st); });
+
+  auto ex = std::make_shared<ClusterOptions>();
+  auto* ce = grp->add_subcommand("exec", "Run a command inside one host's namespace (CONDUIT_SOCKET_IFNAME=eth0)");
+  add_name(ce, ex);
+  ce->add_option("host", ex->host, "host: index, hK, its address, or 'rank' (RANK from the environment)");
+  ce->add_option("command", ex->command, "CMD [ARGS...] (put it after --)");
+  ce->callback([ex]() { cmd_exec(*ex); });
+
+  auto rn = std::make_shared<ClusterOptions>();
+  auto* cr = grp->add_subcommand(
+      "run",
+      "Start one worker per host (rank K in host K) over tcp with the rendezvous environment of `conduit launch`; "
+      "MASTER_ADDR is host 0");
+  add_name(cr, rn);
+  cr->add_option("--hosts", rn->hosts, "use the first N hosts (default: all)");
+  cr->add_option("--master-port", rn->master_port, "rendezvous port on host 0")->capture_default_str();
+  cr->add_option("command", rn->command, "PROGRAM [ARGS...] (put it after --)");
+  cr->footer("Example: conduit cluster run -- conduit bench coll --op allreduce -b 1M -e 64M --json");
+  cr->callback([rn]() { cmd_run(*rn); });
+});
+
+}  // namespace
+}  // namespace conduit::cli

@@ -1,0 +1,716 @@
+// `conduit sweep FILE.yaml [--output DIR] [--dry-run]`: a grid of runs on emulated clusters (cli/cluster.h), one
+// cell after another: (sync scheme x compressor) of `conduit train`, PyTorch DDP peers (bench/peers/ddp_train.py with
+// a communication hook) and `conduit bench coll`, each at every network setting and seed. Every cell runs through
+// `conduit cluster run` (one worker per emulated host, over tcp) with its own output folder and log; the sweep
+// writes results.csv, results.json and PNG plots (gnuplot): accuracy vs wall time, accuracy vs bytes sent,
+// throughput vs bandwidth (and bench busbw vs bandwidth).
+//
+// FILE.yaml:
+//   name: demo                       # optional; output defaults to runs/sweep-<name>
+//   output: runs/sweep-demo          # optional; --output wins
+//   hosts: 4                         # emulated hosts = workers
+//   networks:                        # each: bandwidth, latency, loss (or hosts_file), optional label
+//     - {bandwidth: 100mbit}
+//     - {bandwidth: 1gbit}
+//   seeds: [42]
+//   schemes: [bsp]                   # conduit train cells: schemes x compressors
+//   compressors: [none, "powersgd:rank=4"]
+//   peers: [none, fp16, powersgd]    # PyTorch DDP cells, one per hook
+//   peer_powersgd_rank: 4
+//   train: {epochs: 1, train_limit: 8192, test_limit: 2000, target_accuracy: 0.85}   # conduit train flags
+//   bench: {op: allreduce, min_bytes: 1M, max_bytes: 16M, iters: 5, warmup: 2}      # adds a bench cell
+//   timeout_s: 1800                  # per cell
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/cluster.h"
+#include "cli/registry.h"
+#include "core/error.h"
+
+namespace conduit::cli {
+namespace {
+
+namespace cl = conduit::cli::cluster;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Network {
+  std::string label;
+  std::vector<cl::LinkSpec> links;
+  double rate_bps = 0, latency_s = 0, loss = 0;
+};
+
+struct Cell {
+  int index = 0;
+  std::string kind;  // train | ddp | bench
+  std::string scheme, compressor, hook;
+  const Network* net = nullptr;
+  uint64_t seed = 0;
+  std::string label;  // series name: what is compared (not the network or seed)
+  std::string dir;
+};
+
+struct SweepSpec {
+  std::string name = "sweep";
+  std::string output;
+  int hosts = 2;
+  std::vector<Network> networks;
+  std::vector<uint64_t> seeds = {42};
+  std::vector<std::string> schemes, compressors, peers;
+  int peer_powersgd_rank = 4;
+  std::vector<std::pair<std::string, std::string>> train;  // flag (dashes) -> value
+  bool has_bench = false;
+  std::vector<std::pair<std::string, std::string>> bench;
+  double timeout_s = 1800;
+  std::string python = "/usr/bin/python3";
+  std::string ddp_script;
+};
+
+volatile sig_atomic_t g_stop = 0;
+void on_stop(int sig) { g_stop = sig; }
+
+std::string self_exe() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw Error("sweep: cannot find the conduit binary (/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+std::string scalar(const YAML::Node& n, const std::string& where) {
+  if (!n.IsScalar()) throw ConfigError(fmt::format("sweep: {} must be a scalar", where));
+  return n.as<std::string>();
+}
+
+std::vector<std::string> string_list(const YAML::Node& n, const std::string& where) {
+  std::vector<std::string> out;
+  if (!n) return out;
+  if (n.IsScalar()) return {n.as<std::string>()};
+  if (!n.IsSequence()) throw ConfigError(fmt::format("sweep: {} must be a list", where));
+  for (size_t i = 0; i < n.size(); ++i) out.push_back(scalar(n[i], fmt::format("{}[{}]", where, i)));
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> flag_map(const YAML::Node& n, const std::string& where) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!n) return out;
+  if (!n.IsMap()) throw ConfigError(fmt::format("sweep: {} must be a map of key: value", where));
+  for (const auto& kv : n) {
+    std::string k = kv.first.as<std::string>();
+    for (auto& c : k) {
+      if (c == '_') c = '-';
+    }
+    if (k.empty() || k.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos) {
+      throw ConfigError(fmt::format("sweep: {}: key '{}' is not a flag name", where, k));
+    }
+    out.emplace_back(k, scalar(kv.second, where + "." + k));
+  }
+  return out;
+}
+
+std::string find_ddp_script() {
+  const fs::path exe = self_exe();
+  for (const fs::path& p : {exe.parent_path().parent_path().parent_path() / "bench/peers/ddp_train.py",
+                            fs::current_path() / "bench/peers/ddp_train.py"}) {
+    if (fs::exists(p)) return fs::canonical(p).string();
+  }
+  return "";
+}
+
+SweepSpec load_spec(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw ConfigError(fmt::format("sweep: cannot read {}", path));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("sweep: {} is not valid YAML: {}", path, e.what()));
+  }
+  if (!root.IsMap()) throw ConfigError(fmt::format("sweep: {} must be a YAML map", path));
+  static const std::set<std::string> kKeys = {"name",  "output", "hosts", "networks",           "seeds",
+                                              "schemes", "compressors", "peers", "peer_powersgd_rank", "train",
+                                              "bench", "timeout_s", "python", "ddp_script"};
+  for (const auto& kv : root) {
+    const std::string k = kv.first.as<std::string>();
+    if (!kKeys.count(k)) {
+      throw ConfigError(fmt::format("sweep: unknown key '{}' in {}; allowed: name, output, hosts, networks, seeds, "
+                                    "schemes, compressors, peers, peer_powersgd_rank, train, bench, timeout_s, python, "
+                                    "ddp_script",
+                                    k, path));
+    }
+  }
+  SweepSpec s;
+  try {
+    if (root["name"]) s.name = scalar(root["name"], "name");
+    if (root["output"]) s.output = scalar(root["output"], "output");
+    if (root["hosts"]) s.hosts = root["hosts"].as<int>();
+    if (root["timeout_s"]) s.timeout_s = root["timeout_s"].as<double>();
+    if (root["peer_powersgd_rank"]) s.peer_powersgd_rank = root["peer_powersgd_rank"].as<int>();
+    if (root["python"]) s.python = scalar(root["python"], "python");
+    if (root["ddp_script"]) s.ddp_script = scalar(root["ddp_script"], "ddp_script");
+    if (root["seeds"]) {
+      s.seeds.clear();
+      for (const auto& v : string_list(root["seeds"], "seeds")) s.seeds.push_back(std::stoull(v));
+    }
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("sweep: {}: {}", path, e.what()));
+  } catch (const std::logic_error&) {
+    throw ConfigError(fmt::format("sweep: {}: seeds must be non-negative integers", path));
+  }
+  if (s.hosts < 1 || s.hosts > cl::kMaxHosts) {
+    throw ConfigError(fmt::format("sweep: hosts must be between 1 and {}, got {}", cl::kMaxHosts, s.hosts));
+  }
+  if (s.timeout_s <= 0) throw ConfigError("sweep: timeout_s must be positive");
+  if (s.seeds.empty()) throw ConfigError("sweep: seeds must list at least one seed");
+  s.schemes = string_list(root["schemes"], "schemes");
+  s.compressors = string_list(root["compressors"], "compressors");
+  s.peers = string_list(root["peers"], "peers");
+  s.train = flag_map(root["train"], "train");
+  if (root["bench"]) {
+    s.has_bench = true;
+    s.bench = flag_map(root["bench"], "bench");
+  }
+  if (!s.compressors.empty() && s.schemes.empty()) s.schemes = {"bsp"};
+  if (!s.schemes.empty() && s.compressors.empty()) s.compressors = {"none"};
+  for (const auto& p : s.peers) {
+    if (p != "none" && p != "fp16" && p != "powersgd") {
+      throw ConfigError(fmt::format("sweep: peers: '{}' is not a DDP hook; allowed none, fp16, powersgd", p));
+    }
+  }
+  for (const auto& sc : s.schemes) {
+    if (sc.empty() || sc.find_first_of(" \t'\"") != std::string::npos) {
+      throw ConfigError(fmt::format("sweep: schemes: '{}' is not a scheme name", sc));
+    }
+  }
+  const YAML::Node nets = root["networks"];
+  if (!nets || !nets.IsSequence() || nets.size() == 0) {
+    throw ConfigError("sweep: networks must list at least one setting, e.g. networks: [{bandwidth: 100mbit}]");
+  }
+  for (size_t i = 0; i < nets.size(); ++i) {
+    const std::string where = fmt::format("networks[{}]", i);
+    if (!nets[i].IsMap()) throw ConfigError(fmt::format("sweep: {} must be a map", where));
+    Network n;
+    cl::LinkSpec l;
+    std::string hosts_file;
+    for (const auto& kv : nets[i]) {
+      const std::string k = kv.first.as<std::string>();
+      const std::string v = scalar(kv.second, where + "." + k);
+      if (k == "bandwidth") {
+        l.rate_bps = cl::parse_rate(v, "sweep: " + where + ".bandwidth");
+      } else if (k == "latency") {
+        l.latency_s = cl::parse_duration(v, "sweep: " + where + ".latency");
+      } else if (k == "loss") {
+        l.loss = cl::parse_loss(v, "sweep: " + where + ".loss");
+      } else if (k == "hosts_file") {
+        hosts_file = v;
+      } else if (k == "label") {
+        n.label = v;
+      } else {
+        throw ConfigError(
+            fmt::format("sweep: {}: unknown key '{}'; allowed bandwidth, latency, loss, hosts_file, label", where, k));
+      }
+    }
+    n.links = hosts_file.empty() ? std::vector<cl::LinkSpec>(static_cast<size_t>(s.hosts), l)
+                                 : cl::load_hosts_file(hosts_file, s.hosts, l);
+    n.rate_bps = l.rate_bps;
+    n.latency_s = l.latency_s;
+    n.loss = l.loss;
+    if (n.rate_bps <= 0 && hosts_file.empty()) {
+      throw ConfigError(fmt::format("sweep: {}: bandwidth is required (e.g. 100mbit)", where));
+    }
+    if (n.rate_bps <= 0) n.rate_bps = n.links[0].rate_bps;
+    if (n.label.empty()) {
+      n.label = cl::format_rate(n.rate_bps);
+      if (n.latency_s > 0) n.label += fmt::format("-{:g}ms", n.latency_s * 1e3);
+      if (n.loss > 0) n.label += fmt::format("-{:g}pct", n.loss * 100);
+      if (!hosts_file.empty()) n.label += "-hetero";
+    }
+    s.networks.push_back(n);
+  }
+  if (s.schemes.empty() && s.peers.empty() && !s.has_bench) {
+    throw ConfigError("sweep: nothing to run; give compressors (and schemes), peers, or bench");
+  }
+  if (!s.peers.empty() && s.ddp_script.empty()) {
+    s.ddp_script = find_ddp_script();
+    if (s.ddp_script.empty()) {
+      throw ConfigError("sweep: peers need bench/peers/ddp_train.py; run from the repository root or set ddp_script");
+    }
+  }
+  return s;
+}
+
+std::string sanitize(const std::string& s) {
+  std::string out;
+  for (char c : s) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-') ? c : '_';
+  return out;
+}
+
+std::vector<Cell> make_cells(const SweepSpec& s, const std::string& out_dir) {
+  std::vector<Cell> cells;
+  for (const auto& net : s.networks) {
+    for (uint64_t seed : s.seeds) {
+      const auto add = [&](Cell c) {
+        c.index = static_cast<int>(cells.size());
+        c.net = &net;
+        c.seed = seed;
+        c.dir = (fs::path(out_dir) / fmt::format("cell{:03d}-{}-{}-s{}", c.index, sanitize(c.label), sanitize(net.label),
+                                                 seed))
+                    .string();
+        cells.push_back(c);
+      };
+      for (const auto& sc : s.schemes) {
+        for (const auto& comp : s.compressors) {
+          Cell c;
+          c.kind = "train";
+          c.scheme = sc;
+          c.compressor = comp;
+          c.label = fmt::format("conduit {} {}", sc, comp);
+          add(c);
+        }
+      }
+      for (const auto& h : s.peers) {
+        Cell c;
+        c.kind = "ddp";
+        c.scheme = "bsp";
+        c.hook = h;
+        c.compressor = h == "powersgd" ? fmt::format("powersgd:rank={}", s.peer_powersgd_rank) : h;
+        c.label = fmt::format("ddp {}", c.compressor);
+        add(c);
+      }
+      if (s.has_bench) {
+        Cell c;
+        c.kind = "bench";
+        c.label = "bench coll";
+        add(c);
+      }
+    }
+  }
+  return cells;
+}
+
+bool train_supports_sync(const std::string& exe) {
+  std::string out;
+  cl::run_program({exe, "train", "--help"}, &out);
+  return out.find("--sync") != std::string::npos;
+}
+
+std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const std::string& cluster,
+                                      const std::string& exe) {
+  std::vector<std::string> cmd = {exe, "cluster", "run", "--name", cluster, "--"};
+  if (c.kind == "train") {
+    cmd.insert(cmd.end(), {exe, "train", "--transport", "tcp", "--compressor", c.compressor, "--seed",
+                           std::to_string(c.seed), "--output", c.dir, "--progress", "false"});
+    if (c.scheme != "bsp") cmd.insert(cmd.end(), {"--sync", c.scheme});
+    for (const auto& [k, v] : s.train) cmd.insert(cmd.end(), {"--" + k, v});
+  } else if (c.kind == "ddp") {
+    cmd.insert(cmd.end(), {s.python, s.ddp_script, "--hook", c.hook, "--powersgd-rank",
+                           std::to_string(s.peer_powersgd_rank), "--seed", std::to_string(c.seed), "--output", c.dir});
+    static const std::set<std::string> kDdpKeys = {"model",      "data-dir",    "epochs",      "batch-size",
+                                                   "lr",         "momentum",    "lr-schedule", "train-limit",
+                                                   "test-limit", "max-steps",   "target-accuracy", "timeout"};
+    for (const auto& [k, v] : s.train) {
+      if (kDdpKeys.count(k)) cmd.insert(cmd.end(), {"--" + k, v});
+    }
+  } else {
+    cmd.insert(cmd.end(), {exe, "bench", "coll", "--json", "--transport", "tcp"});
+    for (const auto& [k, v] : s.bench) cmd.insert(cmd.end(), {"--" + k, v});
+  }
+  return cmd;
+}
+
+// Bytes the hosts sent during a cell: the switch ports' receive counters.
+uint64_t switch_rx_bytes(const std::string& cluster) {
+  std::string out;
+  if (cl::run_program({"ip", "-n", cl::switch_ns(cluster), "-s", "-j", "link", "show"}, &out) != 0) return 0;
+  uint64_t sum = 0;
+  try {
+    for (const auto& l : json::parse(out)) {
+      const std::string ifname = l.value("ifname", "");
+      if (ifname.size() > 1 && ifname[0] == 'p' && l.contains("stats64")) sum += l["stats64"]["rx"]["bytes"].get<uint64_t>();
+    }
+  } catch (const json::exception&) {
+    return 0;
+  }
+  return sum;
+}
+
+// Runs argv with stdout/stderr into `log`; kills it after timeout_s or when the sweep is told to stop.
+int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s, bool* timed_out) {
+  *timed_out = false;
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(fmt::format("sweep: cannot write {}", log));
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw Error("sweep: fork failed");
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    const int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(fd);
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  bool termed = false;
+  std::chrono::steady_clock::time_point term_at;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    const auto now = std::chrono::steady_clock::now();
+    const bool late = std::chrono::duration<double>(now - t0).count() > timeout_s;
+    if ((late || g_stop) && !termed) {
+      *timed_out = late;
+      kill(pid, SIGTERM);
+      termed = true;
+      term_at = now;
+    } else if (termed && now - term_at > std::chrono::seconds(15)) {
+      kill(-pid, SIGKILL);
+      kill(pid, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+json read_json_file(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) return nullptr;
+  try {
+    return json::parse(f);
+  } catch (const json::exception&) {
+    return nullptr;
+  }
+}
+
+std::string csv_field(const json& v) {
+  if (v.is_null()) return "";
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    if (s.find_first_of(",\"\n") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  }
+  if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
+  return v.dump();
+}
+
+// Collects what a finished cell wrote: summary and per-epoch curve (train/ddp), JSON records (bench).
+void collect(const Cell& c, json& row, json& detail) {
+  const fs::path dir = c.dir;
+  if (c.kind == "bench") {
+    std::ifstream log(dir / "log.txt");
+    std::string line;
+    json recs = json::array();
+    double best = 0;
+    while (std::getline(log, line)) {
+      const size_t b = line.find('{');
+      if (line.rfind("[rank 0] ", 0) != 0 || b == std::string::npos) continue;
+      try {
+        json r = json::parse(line.substr(b));
+        recs.push_back(r);
+        best = std::max(best, r.value("busbw_gbs", 0.0));
+      } catch (const json::exception&) {
+      }
+    }
+    detail["records"] = recs;
+    if (!recs.empty()) {
+      row["busbw_gbs_max"] = best;
+      row["busbw_link_frac"] = best * 8e9 / c.net->rate_bps;
+    }
+    return;
+  }
+  const json sum = read_json_file(dir / "summary.json");
+  if (sum.is_object()) {
+    row["final_test_accuracy"] = sum.value("final_test_accuracy", json());
+    row["time_to_target_s"] = sum.value("time_to_target_s", json());
+    row["wall_s"] = sum.value("wall_time_s", json());
+    row["bytes_on_wire"] = sum.value("bytes_on_wire", json());
+  }
+  json curve = json::array();
+  std::ifstream m(dir / "metrics.jsonl");
+  std::string line;
+  double sps = 0;
+  while (std::getline(m, line)) {
+    try {
+      json r = json::parse(line);
+      if (r.value("kind", "") != "epoch") continue;
+      curve.push_back({{"epoch", r.value("epoch", 0)},
+                       {"time_s", r.value("time_s", 0.0)},
+                       {"test_accuracy", r.value("test_accuracy", 0.0)},
+                       {"bytes_sent", r.value("bytes_sent", 0.0)},
+                       {"samples_per_s", r.value("samples_per_s", 0.0)}});
+      sps = r.value("samples_per_s", 0.0);
+    } catch (const json::exception&) {
+    }
+  }
+  detail["curve"] = curve;
+  if (!curve.empty()) row["samples_per_s"] = sps;
+  std::ofstream dat(dir / "curve.dat");
+  dat << "# time_s test_accuracy bytes_sent_MB\n";
+  for (const auto& p : curve) {
+    dat << p["time_s"].get<double>() << " " << p["test_accuracy"].get<double>() << " "
+        << p["bytes_sent"].get<double>() / 1e6 << "\n";
+  }
+}
+
+const std::vector<std::string> kColumns = {
+    "cell",        "label",   "kind",           "scheme",         "compressor",       "network",
+    "bandwidth_mbit", "latency_ms", "loss_pct", "hosts",          "seed",             "status",
+    "exit_code",   "wall_s",  "final_test_accuracy", "time_to_target_s", "bytes_on_wire", "net_bytes",
+    "samples_per_s", "busbw_gbs_max", "busbw_link_frac", "output"};
+
+void write_results(const fs::path& out, const json& rows, const json& details) {
+  std::ofstream csv(out / "results.csv");
+  for (size_t i = 0; i < kColumns.size(); ++i) csv << (i ? "," : "") << kColumns[i];
+  csv << "\n";
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < kColumns.size(); ++i) csv << (i ? "," : "") << csv_field(r.value(kColumns[i], json()));
+    csv << "\n";
+  }
+  json all = json::array();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    json j = rows[i];
+    j.update(details[i]);
+    all.push_back(j);
+  }
+  std::ofstream(out / "results.json") << all.dump(2) << "\n";
+}
+
+std::string gp_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// Writes plot.gp and the data files beside it, runs gnuplot; returns the PNGs made.
+std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cells, const json& rows) {
+  std::ostringstream gp;
+  gp << "set terminal pngcairo size 900,600 noenhanced\nset grid\nset key outside right\n";
+  std::vector<std::string> pngs;
+  std::vector<std::string> curves;  // plot clauses for per-cell curves
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const auto& c = cells[i];
+    if (c.kind == "bench" || rows[i].value("status", "") != "ok") continue;
+    if (!fs::exists(fs::path(c.dir) / "curve.dat") || fs::file_size(fs::path(c.dir) / "curve.dat") < 40) continue;
+    curves.push_back(fmt::format("{} using {{X}}:2 with linespoints title {}",
+                                 gp_quote(fs::relative(fs::path(c.dir) / "curve.dat", out).string()),
+                                 gp_quote(fmt::format("{} @{} s{}", c.label, c.net->label, c.seed))));
+  }
+  const auto join_plot = [&](const std::string& x) {
+    std::string s;
+    for (const auto& c : curves) {
+      std::string t = c;
+      t.replace(t.find("{X}"), 3, x);
+      s += (s.empty() ? "" : ", \\\n  ") + t;
+    }
+    return s;
+  };
+  if (!curves.empty()) {
+    gp << "set output 'accuracy_vs_time.png'\nset xlabel 'wall time (s)'\nset ylabel 'test accuracy'\n"
+       << "set title 'Test accuracy vs wall time'\nplot " << join_plot("1") << "\n";
+    gp << "set output 'accuracy_vs_bytes.png'\nset xlabel 'bytes sent, all ranks (MB)'\n"
+       << "set title 'Test accuracy vs bytes sent'\nplot " << join_plot("3") << "\n";
+    pngs.insert(pngs.end(), {"accuracy_vs_time.png", "accuracy_vs_bytes.png"});
+  }
+  // Throughput vs bandwidth: one series per label (train/ddp: samples/s; bench: busbw in Gbit/s).
+  std::map<std::string, std::vector<std::pair<double, double>>> tput, busbw;
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const auto& r = rows[i];
+    if (r.value("status", "") != "ok") continue;
+    const double mbit = cells[i].net->rate_bps / 1e6;
+    if (r.contains("samples_per_s") && r["samples_per_s"].is_number()) {
+      tput[cells[i].label].emplace_back(mbit, r["samples_per_s"].get<double>());
+    }
+    if (r.contains("busbw_gbs_max") && r["busbw_gbs_max"].is_number()) {
+      busbw[cells[i].label].emplace_back(mbit, r["busbw_gbs_max"].get<double>() * 8e3);
+    }
+  }
+  const auto series = [&](const std::map<std::string, std::vector<std::pair<double, double>>>& m,
+                          const std::string& stem) {
+    std::string s;
+    int k = 0;
+    for (auto [label, pts] : m) {
+      std::sort(pts.begin(), pts.end());
+      const std::string file = fmt::format("{}-{}.dat", stem, k++);
+      std::ofstream d(out / file);
+      for (const auto& [x, y] : pts) d << x << " " << y << "\n";
+      s += (s.empty() ? "" : ", \\\n  ") + fmt::format("{} using 1:2 with linespoints title {}", gp_quote(file),
+                                                       gp_quote(label));
+    }
+    return s;
+  };
+  if (!tput.empty()) {
+    gp << "set output 'throughput_vs_bandwidth.png'\nset logscale x\nset xlabel 'link bandwidth (Mbit/s)'\n"
+       << "set ylabel 'training throughput (samples/s)'\nset title 'Throughput vs bandwidth'\nplot "
+       << series(tput, "throughput") << "\nunset logscale x\n";
+    pngs.push_back("throughput_vs_bandwidth.png");
+  }
+  if (!busbw.empty()) {
+    std::string s = series(busbw, "busbw");
+    gp << "set output 'busbw_vs_bandwidth.png'\nset logscale xy\nset xlabel 'link bandwidth (Mbit/s)'\n"
+       << "set ylabel 'best busbw (Mbit/s)'\nset title 'Collective throughput vs bandwidth'\nplot " << s
+       << ", x with lines dashtype 2 title 'link rate'\nunset logscale xy\n";
+    pngs.push_back("busbw_vs_bandwidth.png");
+  }
+  if (pngs.empty()) return pngs;
+  std::ofstream(out / "plot.gp") << gp.str();
+  std::string log;
+  const std::string cwd = fs::current_path().string();
+  fs::current_path(out);
+  const int rc = cl::run_program({"gnuplot", "plot.gp"}, &log);
+  fs::current_path(cwd);
+  if (rc != 0) {
+    fmt::print(stderr, "sweep: gnuplot failed (exit {}): {}\n", rc, log.substr(0, log.find('\n')));
+    return {};
+  }
+  return pngs;
+}
+
+void run_sweep(const std::string& file, std::string output, bool dry_run) {
+  SweepSpec s = load_spec(file);
+  if (output.empty()) output = s.output.empty() ? "runs/sweep-" + sanitize(s.name) : s.output;
+  const fs::path out = fs::absolute(output);
+  const auto cells = make_cells(s, out.string());
+  const std::string exe = self_exe();
+  const std::string cluster = fmt::format("sweep{}", getpid());
+  bool needs_sync = false;
+  for (const auto& c : cells) needs_sync = needs_sync || (c.kind == "train" && c.scheme != "bsp");
+  if (needs_sync && !train_supports_sync(exe)) {
+    throw ConfigError("sweep: schemes other than bsp need `conduit train --sync`, which this build lacks");
+  }
+  fmt::print("sweep {}: {} cells on {} emulated hosts, output {}\n", s.name, cells.size(), s.hosts, out.string());
+  if (dry_run) {
+    for (const auto& c : cells) {
+      fmt::print("cell {}: {} @ {} seed {}: {}\n", c.index, c.label, c.net->label, c.seed,
+                 fmt::join(cell_command(s, c, cluster, exe), " "));
+    }
+    return;
+  }
+  if (geteuid() != 0) throw ConfigError("sweep: needs root (emulated clusters); run it with sudo");
+  fs::create_directories(out);
+  struct sigaction sa {}, old_int {}, old_term {};
+  sa.sa_handler = on_stop;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  g_stop = 0;
+  json rows = json::array(), details = json::array();
+  const Network* up_net = nullptr;
+  int failed = 0;
+  try {
+    for (const auto& c : cells) {
+      if (g_stop) break;
+      if (up_net != c.net) {
+        if (up_net != nullptr) cl::down(cluster);
+        cl::up(cluster, c.net->links);
+        up_net = c.net;
+      }
+      fs::create_directories(c.dir);
+      const auto cmd = cell_command(s, c, cluster, exe);
+      std::ofstream(fs::path(c.dir) / "command.txt") << fmt::format("{}\n", fmt::join(cmd, " "));
+      fmt::print("[{}/{}] {} @ {} seed {} ... ", c.index + 1, cells.size(), c.label, c.net->label, c.seed);
+      std::fflush(stdout);
+      const uint64_t rx0 = switch_rx_bytes(cluster);
+      const auto t0 = std::chrono::steady_clock::now();
+      bool timed_out = false;
+      const int rc = run_logged(cmd, (fs::path(c.dir) / "log.txt").string(), s.timeout_s, &timed_out);
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const uint64_t rx1 = switch_rx_bytes(cluster);
+      json row = {{"cell", c.index},
+                  {"label", c.label},
+                  {"kind", c.kind},
+                  {"scheme", c.kind == "bench" ? json() : json(c.scheme)},
+                  {"compressor", c.kind == "bench" ? json() : json(c.compressor)},
+                  {"network", c.net->label},
+                  {"bandwidth_mbit", c.net->rate_bps / 1e6},
+                  {"latency_ms", c.net->latency_s * 1e3},
+                  {"loss_pct", c.net->loss * 100},
+                  {"hosts", s.hosts},
+                  {"seed", c.seed},
+                  {"status", timed_out ? "timeout" : g_stop ? "stopped" : rc == 0 ? "ok" : "failed"},
+                  {"exit_code", rc},
+                  {"wall_s", secs},
+                  {"net_bytes", rx1 - rx0},
+                  {"output", fs::relative(c.dir, out).string()}};
+      json detail = json::object();
+      collect(c, row, detail);
+      if (row["status"] != "ok") ++failed;
+      fmt::print("{} in {:.1f} s{}\n", row["status"].get<std::string>(), secs,
+                 row.contains("final_test_accuracy") && row["final_test_accuracy"].is_number()
+                     ? fmt::format(", test acc {:.2f}%", 100 * row["final_test_accuracy"].get<double>())
+                 : row.contains("busbw_gbs_max")
+                     ? fmt::format(", best busbw {:.3f} GB/s = {:.0f}% of the link",
+                                   row["busbw_gbs_max"].get<double>(), 100 * row["busbw_link_frac"].get<double>())
+                     : "");
+      rows.push_back(row);
+      details.push_back(detail);
+      write_results(out, rows, details);  // after every cell, so an interrupted sweep keeps what it has
+    }
+  } catch (...) {
+    if (up_net != nullptr) cl::down(cluster);
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    throw;
+  }
+  if (up_net != nullptr) cl::down(cluster);
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  write_results(out, rows, details);
+  const std::vector<Cell> done(cells.begin(), cells.begin() + static_cast<long>(rows.size()));
+  const auto pngs = plot(out, done, rows);
+  fmt::print("results: {}/results.csv, results.json; plots: {}\n", out.string(),
+             pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
+  if (g_stop) {
+    set_exit_code(128 + g_stop);
+  } else if (failed > 0) {
+    fmt::print(stderr, "sweep: {} of {} cells failed; see their log.txt\n", failed, rows.size());
+    set_exit_code(1);
+  }
+}
+
+const bool kRegistered = register_command(50, [](CLI::App& app) {
+  auto file = std::make_shared<std::string>();
+  auto output = std::make_shared<std::string>();
+  auto dry = std::make_shared<bool>(false);
+  auto* c = app.add_subcommand(
+      "sweep",
+      "Run a grid (sync scheme x compressor x network x seed, plus PyTorch DDP peers and bench cells) on emulated "
+      "clusters, one cell after another; results.csv, results.json and PNG plots");
+  c->add_option("file", *file, "sweep YAML (see docs/cluster.md)")->required();
+  c->add_option("-o,--output", *output, "output folder (default: the file's output, else runs/sweep-<name>)");
+  c->add_flag("--dry-run", *dry, "print the cells and their commands, run nothing");
+  c->footer("Example: conduit sweep examples/sweep-fmnist.yaml -o runs/fmnist");
+  c->callback([file, output, dry]() { run_sweep(*file, *output, *dry); });
+});
+
+}  // namespace
+}  // namespace conduit::cli

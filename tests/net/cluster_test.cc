@@ -1,0 +1,354 @@
+// End-to-end tests of `conduit cluster`: emulated hosts in network namespaces. They need root (as in CI) and skip
+// otherwise. Every cluster is named after the test and this process's pid, so runs in parallel do not collide; a
+// guard removes the cluster even when an assertion fails; every command runs under `timeout`.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs a fixed shell command line (no user input) with a deadline.
+Result sh(const std::string& cmd, int timeout_s = 60) {
+  Result r;
+  const std::string line = "timeout -s KILL " + std::to_string(timeout_s) + " sh -c '" + cmd + "' 2>&1";
+  FILE* p = popen(line.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+std::string conduit() { return CONDUIT_BINARY; }
+
+std::string unique_name(const std::string& tag) { return "t" + std::to_string(getpid()) + tag; }
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// Removes the cluster when the test ends, however it ends.
+struct ClusterGuard {
+  std::string name;
+  explicit ClusterGuard(std::string n) : name(std::move(n)) {}
+  ~ClusterGuard() { sh(conduit() + " cluster down -q --name " + name); }
+};
+
+std::vector<std::string> namespaces_of(const std::string& name) {
+  std::vector<std::string> out;
+  if (!fs::exists("/run/netns")) return out;
+  for (const auto& e : fs::directory_iterator("/run/netns")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("conduit-" + name + "-", 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces)";
+    if (sh("ip netns list").code != 0 || sh("tc qdisc show dev lo").code != 0) GTEST_SKIP() << "needs ip and tc";
+  }
+};
+
+TEST_F(ClusterTest, UpDownLeavesNothingBehind) {
+  const std::string name = unique_name("ud");
+  ClusterGuard guard(name);
+  // Root-namespace links and qdiscs before, to compare after (other tests' namespaces do not show here).
+  const std::string links_before = sh("ip -o link show | cut -d: -f2 | sort").out;
+  const std::string qdisc_before = sh("tc qdisc show | sort").out;
+  Result up = sh(conduit() + " cluster up --name " + name + " --hosts 3 --bandwidth 100mbit");
+  ASSERT_EQ(up.code, 0) << up.out;
+  EXPECT_NE(up.out.find("10.213.0.3"), std::string::npos) << up.out;
+  EXPECT_EQ(namespaces_of(name).size(), 4u);
+  Result qd = sh("tc -n conduit-" + name + "-h2 qdisc show dev eth0");
+  EXPECT_NE(qd.out.find("tbf"), std::string::npos) << qd.out;
+  EXPECT_NE(qd.out.find("100Mbit"), std::string::npos) << qd.out;
+  Result sw = sh("tc -n conduit-" + name + "-sw qdisc show dev p1");
+  EXPECT_NE(sw.out.find("100Mbit"), std::string::npos) << sw.out;
+  Result st = sh(conduit() + " cluster status");
+  EXPECT_NE(st.out.find("cluster " + name + ": 3 hosts"), std::string::npos) << st.out;
+  // A second up with the same name is refused in one line.
+  Result again = sh(conduit() + " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit");
+  EXPECT_EQ(again.code, 2);
+  EXPECT_EQ(count_lines(again.out), 1) << again.out;
+
+  Result down = sh(conduit() + " cluster down --name " + name);
+  ASSERT_EQ(down.code, 0) << down.out;
+  EXPECT_NE(down.out.find("removed 4 namespaces"), std::string::npos) << down.out;
+  EXPECT_TRUE(namespaces_of(name).empty());
+  EXPECT_FALSE(fs::exists("/run/conduit/cluster-" + name + ".json"));
+  EXPECT_EQ(sh("ip -o link show | cut -d: -f2 | sort").out, links_before);
+  EXPECT_EQ(sh("tc qdisc show | sort").out, qdisc_before);
+  // Down again is harmless.
+  EXPECT_EQ(sh(conduit() + " cluster down --name " + name).code, 0);
+}
+
+TEST_F(ClusterTest, DownCleansUpAfterAnInterruptedUp) {
+  const std::string name = unique_name("ir");
+  ClusterGuard guard(name);
+  // What a killed `up` leaves: namespaces, a veth half made, no state file.
+  ASSERT_EQ(sh("ip netns add conduit-" + name + "-sw && ip netns add conduit-" + name + "-h0 && ip -n conduit-" + name +
+               "-sw link add p0 type veth peer name eth0 netns conduit-" + name + "-h0")
+                .code,
+            0);
+  Result st = sh(conduit() + " cluster status");
+  EXPECT_NE(st.out.find("cluster " + name + ": no state file"), std::string::npos) << st.out;
+  Result up = sh(conduit() + " cluster up --name " + name + " --hosts 1 --bandwidth 1gbit");
+  EXPECT_EQ(up.code, 2) << up.out;
+  EXPECT_NE(up.out.find("cluster down --name " + name), std::string::npos) << up.out;
+  Result down = sh(conduit() + " cluster down --name " + name);
+  EXPECT_EQ(down.code, 0) << down.out;
+  EXPECT_TRUE(namespaces_of(name).empty());
+}
+
+TEST_F(ClusterTest, ExecRunsInsideAHost) {
+  const std::string name = unique_name("ex");
+  ClusterGuard guard(name);
+  ASSERT_EQ(sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 1gbit").code, 0);
+  Result r = sh(conduit() + " cluster exec --name " + name + " 1 -- ip -o -4 addr show");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("10.213.0.2/24"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("10.213.0.1/"), std::string::npos) << r.out;
+  EXPECT_EQ(count_lines(r.out), 2) << "only lo and the host's own eth0: " << r.out;
+  // Hosts reach each other, and nothing else: no default route.
+  if (sh("command -v ping").code == 0) {
+    EXPECT_EQ(sh(conduit() + " cluster exec --name " + name + " h0 -- ping -c 1 -W 2 10.213.0.2").code, 0);
+  }
+  Result routes = sh(conduit() + " cluster exec --name " + name + " 0 -- ip route show default");
+  EXPECT_EQ(routes.code, 0);
+  EXPECT_TRUE(routes.out.empty()) << routes.out;
+  Result env = sh(conduit() + " cluster exec --name " + name + " 10.213.0.2 -- sh -c \"echo \\$CONDUIT_SOCKET_IFNAME \\$CONDUIT_CLUSTER_HOST\"");
+  EXPECT_EQ(env.out, "eth0 1\n");
+  EXPECT_EQ(sh(conduit() + " cluster exec --name " + name + " 0 -- sh -c \"exit 3\"").code, 3);
+  Result missing = sh(conduit() + " cluster exec --name " + name + " 0 -- /nonexistent/program");
+  EXPECT_EQ(missing.code, 127) << missing.out;
+  Result bad_host = sh(conduit() + " cluster exec --name " + name + " 7 -- true");
+  EXPECT_EQ(bad_host.code, 2);
+  EXPECT_EQ(count_lines(bad_host.out), 1) << bad_host.out;
+}
+
+TEST_F(ClusterTest, RunStartsOneRankPerHost) {
+  const std::string name = unique_name("rn");
+  ClusterGuard guard(name);
+  ASSERT_EQ(sh(conduit() + " cluster up -q --name " + name + " --hosts 3 --bandwidth 1gbit").code, 0);
+  Result r = sh(conduit() + " cluster run --name " + name +
+                " -- sh -c \"echo \\$RANK \\$WORLD_SIZE \\$MASTER_ADDR \\$CONDUIT_TRANSPORT \\$CONDUIT_CLUSTER_ADDR\"");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[rank 0] 0 3 10.213.0.1 tcp 10.213.0.1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 2] 2 3 10.213.0.1 tcp 10.213.0.3"), std::string::npos) << r.out;
+}
+
+// Receives on host 1 what host 0 sends over TCP through the shaped links; returns the receiver's goodput in bit/s
+// (first byte to last), or a negative value on failure.
+double measure_goodput(const std::string& name, size_t bytes) {
+  const auto enter = [&](int host) {
+    const std::string path = "/run/netns/conduit-" + name + "-h" + std::to_string(host);
+    const int fd = open(path.c_str(), O_RDONLY);
+    return fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+  };
+  int pfd[2];
+  if (pipe(pfd) != 0) return -1;
+  int ready[2];
+  if (pipe(ready) != 0) return -1;
+  const pid_t rx = fork();
+  if (rx == 0) {
+    alarm(30);
+    double rate = -1;
+    if (enter(1)) {
+      int ls = socket(AF_INET, SOCK_STREAM, 0);
+      int one = 1;
+      setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(5201);
+      inet_pton(AF_INET, "10.213.0.2", &a.sin_addr);
+      if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(ls, 1) == 0) {
+        (void)!write(ready[1], "r", 1);
+        int c = accept(ls, nullptr, nullptr);
+        std::vector<char> buf(1 << 16);
+        size_t got = 0;
+        auto t0 = std::chrono::steady_clock::now();
+        while (got < bytes) {
+          ssize_t n = read(c, buf.data(), buf.size());
+          if (n <= 0) break;
+          if (got == 0) t0 = std::chrono::steady_clock::now();
+          got += static_cast<size_t>(n);
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (got == bytes && s > 0) rate = static_cast<double>(bytes) * 8 / s;
+      }
+    }
+    (void)!write(pfd[1], &rate, sizeof rate);
+    _exit(0);
+  }
+  char r;
+  if (read(ready[0], &r, 1) != 1) return -1;
+  const pid_t tx = fork();
+  if (tx == 0) {
+    alarm(30);
+    if (!enter(0)) _exit(1);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(5201);
+    inet_pton(AF_INET, "10.213.0.2", &a.sin_addr);
+    if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) _exit(1);
+    std::vector<char> buf(1 << 16, 'x');
+    size_t sent = 0;
+    while (sent < bytes) {
+      ssize_t n = write(s, buf.data(), std::min(buf.size(), bytes - sent));
+      if (n <= 0) _exit(1);
+      sent += static_cast<size_t>(n);
+    }
+    close(s);
+    _exit(0);
+  }
+  double rate = -1;
+  if (read(pfd[0], &rate, sizeof rate) != sizeof rate) rate = -1;
+  int st;
+  waitpid(tx, &st, 0);
+  waitpid(rx, &st, 0);
+  close(pfd[0]);
+  close(pfd[1]);
+  close(ready[0]);
+  close(ready[1]);
+  return rate;
+}
+
+TEST_F(ClusterTest, ShapedRateIsHonouredWithinTenPercent) {
+  const std::string name = unique_name("bw");
+  ClusterGuard guard(name);
+  ASSERT_EQ(sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 50mbit").code, 0);
+  // 6 MB at 50 Mbit/s: about a second. tbf counts whole frames, so TCP goodput sits a few percent below the rate.
+  const double bps = measure_goodput(name, 6'000'000);
+  ASSERT_GT(bps, 0) << "transfer failed";
+  EXPECT_GT(bps, 0.90 * 50e6) << bps / 1e6 << " Mbit/s";
+  EXPECT_LT(bps, 1.10 * 50e6) << bps / 1e6 << " Mbit/s";
+}
+
+TEST_F(ClusterTest, HostsFileGivesHeterogeneousLinks) {
+  const std::string name = unique_name("hf");
+  ClusterGuard guard(name);
+  const fs::path file = fs::temp_directory_path() / (name + "-hosts.yaml");
+  {
+    std::ofstream f(file);
+    f << "defaults: {bandwidth: 1gbit}\nhosts:\n  - {bandwidth: 20mbit}\n  - {}\n  - bandwidth: 200mbit\n";
+  }
+  Result up = sh(conduit() + " cluster up --name " + name + " --hosts-file " + file.string());
+  fs::remove(file);
+  ASSERT_EQ(up.code, 0) << up.out;
+  EXPECT_NE(sh("tc -n conduit-" + name + "-h0 qdisc show dev eth0").out.find("20Mbit"), std::string::npos);
+  EXPECT_NE(sh("tc -n conduit-" + name + "-h1 qdisc show dev eth0").out.find("1Gbit"), std::string::npos);
+  EXPECT_NE(sh("tc -n conduit-" + name + "-sw qdisc show dev p2").out.find("200Mbit"), std::string::npos);
+}
+
+TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
+  const std::string name = unique_name("bf");
+  ClusterGuard guard(name);
+  const std::vector<std::string> bad = {
+      " cluster up --name " + name + " --hosts 0 --bandwidth 1gbit",
+      " cluster up --name " + name + " --hosts 2 --bandwidth fast",
+      " cluster up --name " + name + " --hosts 2",
+      " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --latency 5",
+      " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --loss 120%",
+      " cluster up --name BAD/name --hosts 2 --bandwidth 1gbit",
+      " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --hosts-file /nonexistent.yaml",
+      " cluster exec --name " + name + "-none 0 -- true",
+      " cluster run --name " + name + "-none -- true",
+  };
+  for (const auto& args : bad) {
+    Result r = sh(conduit() + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+    EXPECT_EQ(count_lines(r.out), 1) << args << ": " << r.out;
+    EXPECT_EQ(r.out.rfind("conduit: error: ", 0), 0u) << args << ": " << r.out;
+  }
+  EXPECT_TRUE(namespaces_of(name).empty());
+}
+
+TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
+  const std::string name = unique_name("nm");
+  ClusterGuard guard(name);
+  Result r = sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 100mbit --latency 10ms --loss 1%");
+  if (r.code == 0) {
+    // The kernel has netem: it is in place on both directions.
+    EXPECT_NE(sh("tc -n conduit-" + name + "-h0 qdisc show dev eth0").out.find("netem"), std::string::npos);
+    EXPECT_NE(sh("tc -n conduit-" + name + "-sw qdisc show dev p0").out.find("netem"), std::string::npos);
+  } else {
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(count_lines(r.out), 1) << r.out;
+    EXPECT_NE(r.out.find("netem"), std::string::npos) << r.out;
+    EXPECT_TRUE(namespaces_of(name).empty()) << "a refused up leaves nothing";
+  }
+}
+
+TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
+  if (sh("command -v gnuplot").code != 0) GTEST_SKIP() << "needs gnuplot (scripts/setup.sh installs gnuplot-nox)";
+  const fs::path dir = fs::temp_directory_path() / unique_name("sweep");
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path d;
+    ~Cleanup() { fs::remove_all(d); }
+  } cleanup{dir};
+  {
+    std::ofstream f(dir / "sweep.yaml");
+    f << "name: two\nhosts: 2\nnetworks:\n  - {bandwidth: 50mbit}\n  - {bandwidth: 200mbit}\n"
+         "bench: {op: allreduce, min_bytes: 256K, max_bytes: 1M, iters: 3, warmup: 1}\ntimeout_s: 60\n";
+  }
+  Result r = sh(conduit() + " sweep " + (dir / "sweep.yaml").string() + " -o " + (dir / "out").string(), 120);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream csv(dir / "out" / "results.csv");
+  std::stringstream ss;
+  ss << csv.rdbuf();
+  const std::string text = ss.str();
+  EXPECT_EQ(count_lines(text), 3) << text;
+  EXPECT_EQ(text.rfind("cell,label,kind,", 0), 0u) << text;
+  EXPECT_NE(text.find(",ok,"), std::string::npos) << text;
+  EXPECT_TRUE(fs::exists(dir / "out" / "results.json"));
+  ASSERT_TRUE(fs::exists(dir / "out" / "busbw_vs_bandwidth.png")) << r.out;
+  std::ifstream png(dir / "out" / "busbw_vs_bandwidth.png", std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+TEST(SweepConfig, BadFileIsRejectedInOneLine) {
+  const fs::path file = fs::temp_directory_path() / (unique_name("badsweep") + ".yaml");
+  {
+    std::ofstream f(file);
+    f << "hosts: 2\nnetworks: [{bandwidth: 10mbit}]\nbench: {}\ncolour: blue\n";
+  }
+  Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  fs::remove(file);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("colour"), std::string::npos) << r.out;
+}
+
+}  // namespace
