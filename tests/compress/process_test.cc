@@ -1,4 +1,4 @@
-// Compressed collectives over real processes started by `conduit launch`: tcp and shm, on the world communicator
+// Compressed collectives over real processes (`conduit launch`: tcp, shm; mpirun: mpi), on the world communicator
 // and on a split, each method checked against decompress-then-reduce by `conduit selftest-compress`.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -44,4 +44,11 @@ TEST(Processes, CompressedCollectivesOverShm) {
   auto r = run_sh(kConduit + " launch -n 4 -- " + kConduit + " selftest-compress --transport shm --timeout 60");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("on 4 ranks over shm: 0 wrong elements"), std::string::npos) << r.out;
+}
+
+TEST(Processes, CompressedCollectivesUnderMpirunOverMpi) {
+  auto r = run_sh("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 3 " +
+                  kConduit + " selftest-compress --transport mpi --timeout 60");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("on 3 ranks over mpi: 0 wrong elements"), std::string::npos) << r.out;
 }
