@@ -239,11 +239,20 @@ void unpack_codes(const uint8_t* in, size_t n, int bits, uint16_t* codes) {
     return;
   }
   if (bits == 4) {
-    for (size_t i = 0; i < n; ++i) codes[i] = (in[i / 2] >> (4 * (i & 1))) & 0xf;
+    for (size_t j = 0; j < n / 2; ++j) {
+      uint8_t b = in[j];
+      codes[2 * j] = b & 0xf;
+      codes[2 * j + 1] = b >> 4;
+    }
+    if (n & 1) codes[n - 1] = in[n / 2] & 0xf;
     return;
   }
   if (bits == 2) {
-    for (size_t i = 0; i < n; ++i) codes[i] = (in[i / 4] >> (2 * (i & 3))) & 0x3;
+    for (size_t j = 0; j < n / 4; ++j) {
+      uint8_t b = in[j];
+      for (int t = 0; t < 4; ++t) codes[4 * j + t] = (b >> (2 * t)) & 0x3;
+    }
+    for (size_t i = n / 4 * 4; i < n; ++i) codes[i] = (in[i / 4] >> (2 * (i & 3))) & 0x3;
     return;
   }
   uint64_t acc = 0;
