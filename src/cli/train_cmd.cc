@@ -58,7 +58,8 @@ void print_summary(const std::string& out) {
   fs::path p = fs::path(out) / "summary.json";
   if (!fs::exists(p)) return;
   auto s = tr::read_json_file(p.string());
-  std::string tta = s["time_to_target_s"].is_null() ? std::string("not reached")
+  std::string tta = s["target_accuracy"].is_null()    ? std::string("not set")
+                    : s["time_to_target_s"].is_null() ? std::string("not reached")
                                                     : fmt::format("{:.1f} s", s["time_to_target_s"].get<double>());
   std::printf(
       "conduit train: %s on %s, %d workers, compressor %s: test accuracy %.2f%% after %d epochs in %.1f s; time "

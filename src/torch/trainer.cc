@@ -425,7 +425,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                      {"compute_s", res.compute_s},
                      {"comm_s", res.comm_s},
                      {"exposed_comm_s", res.exposed_comm_s},
-                     {"hidden_comm_fraction", res.comm_s > 0 ? 1.0 - res.exposed_comm_s / res.comm_s : 0.0}});
+                     {"hidden_comm_fraction",
+                      res.comm_s > 0 ? std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0) : 0.0}});
   }
   return res;
 }
