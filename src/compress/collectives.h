@@ -15,7 +15,8 @@
 // so a large tensor is never allgathered: rank r sends chunk (r-s-1) mod W at step s and adds the decoded chunk
 // (r-s-2) mod W it receives: 2(W-1) messages per rank, each of codec_bytes(d/W). The allreduce then circulates
 // each owner's encoded final chunk (encoded once, forwarded unchanged), so every rank ends bit-identical.
-// Its messages use the communicator's transport directly with user tags 0xFFF00000 and above (reserved).
+// Its messages use the communicator's transport directly with user tags 0xFFF00000 and above (reserved), so run one
+// quantized ring at a time per communicator (like any collective, in the same order on every rank).
 //
 // Everything works on any Communicator (sub-communicators from split included) and on every transport.
 #include <span>
