@@ -1,0 +1,158 @@
+// Schemes built on allreduce: bsp, local (post-local, adaptive), diloco, easgd.
+//
+// Bytes per rank and round (d parameters, n ranks, ring-equivalent volume): one allreduce of 4d bytes sends
+// 2(n-1)/n * 4d bytes. bsp: every step. local: every `period` steps (+ 8 bytes for the adaptive divergence).
+// diloco: every `period` steps. easgd: every `period` steps.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "sync/detail.h"
+#include "sync/schemes.h"
+
+namespace conduit::sync {
+
+using detail::allreduce_avg;
+
+bool BspStrategy::before_step(uint64_t, std::span<float>, std::span<float> grads) {
+  allreduce_avg(*comm_, grads, stats_);
+  return true;
+}
+
+LocalSgdStrategy::LocalSgdStrategy(coll::CommPtr comm, int period, int64_t warmup, bool adaptive, int max_period,
+                                   double target)
+    : Strategy(std::move(comm)), period_(period), warmup_(warmup), adaptive_(adaptive),
+      max_period_(std::max(max_period, period)), target_(target) {}
+
+bool LocalSgdStrategy::before_step(uint64_t step, std::span<float>, std::span<float> grads) {
+  if (static_cast<int64_t>(step) < warmup_) allreduce_avg(*comm_, grads, stats_);
+  return true;
+}
+
+void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
+  if (static_cast<int64_t>(step) < warmup_) return;
+  if (++since_avg_ < period_) return;
+  since_avg_ = 0;
+  if (!adaptive_) {
+    allreduce_avg(*comm_, params, stats_);
+    return;
+  }
+  // Relative divergence sum_i |x_i - xbar|^2 / sum_i |x_i|^2 = 1 - n|xbar|^2 / sum_i |x_i|^2, from one extra
+  // allreduce of one number before the average.
+  double own = 0;
+  for (float v : params) own += double(v) * v;
+  float sq = static_cast<float>(own);
+  if (comm_->size() > 1)
+    comm_->allreduce(&sq, 1, DType::f32, ReduceOp::sum, detail::blocking_opts()).wait();
+  stats_.bytes_sent += 4;
+  allreduce_avg(*comm_, params, stats_);
+  double mean = 0;
+  for (float v : params) mean += double(v) * v;
+  double div = sq > 0 ? std::max(0.0, 1.0 - comm_->size() * mean / sq) : 0;
+  if (div < target_)
+    period_ = std::min(period_ * 2, max_period_);
+  else if (div > 2 * target_)
+    period_ = std::max(period_ / 2, 1);
+}
+
+void LocalSgdStrategy::finish(std::span<float> params) {
+  if (since_avg_ > 0) allreduce_avg(*comm_, params, stats_);
+  since_avg_ = 0;
+}
+
+Bytes LocalSgdStrategy::save_state() const {
+  detail::Writer w;
+  w.u64(period_);
+  w.u64(since_avg_);
+  return w.take();
+}
+void LocalSgdStrategy::load_state(std::span<const uint8_t> bytes) {
+  detail::Reader r(bytes, name());
+  period_ = static_cast<int>(r.u64());
+  since_avg_ = static_cast<int64_t>(r.u64());
+  r.done();
+}
+
+DilocoStrategy::DilocoStrategy(coll::CommPtr comm, int period, double outer_lr, double momentum, bool nesterov)
+    : Strategy(std::move(comm)), period_(period), outer_lr_(outer_lr), momentum_(momentum), nesterov_(nesterov) {}
+
+void DilocoStrategy::setup(std::span<float> params) {
+  Strategy::setup(params);
+  outer_.assign(params.begin(), params.end());
+  velocity_.assign(params.size(), 0.f);
+  delta_.resize(params.size());
+}
+
+void DilocoStrategy::after_step(uint64_t, std::span<float> params) {
+  if (outer_.size() != params.size())
+    throw InvalidArgument(fmt::format("sync diloco: {} parameters but setup() saw {}", params.size(), outer_.size()));
+  if (++since_sync_ < period_) return;
+  since_sync_ = 0;
+  for (size_t i = 0; i < params.size(); ++i) delta_[i] = outer_[i] - params[i];  // outer gradient
+  allreduce_avg(*comm_, delta_, stats_);
+  const float lr = static_cast<float>(outer_lr_), mu = static_cast<float>(momentum_);
+  for (size_t i = 0; i < params.size(); ++i) {
+    float g = delta_[i];
+    velocity_[i] = mu * velocity_[i] + g;
+    float upd = nesterov_ ? g + mu * velocity_[i] : velocity_[i];
+    outer_[i] -= lr * upd;
+    params[i] = outer_[i];
+  }
+}
+
+Bytes DilocoStrategy::save_state() const {
+  detail::Writer w;
+  w.u64(since_sync_);
+  w.floats(outer_);
+  w.floats(velocity_);
+  return w.take();
+}
+void DilocoStrategy::load_state(std::span<const uint8_t> bytes) {
+  detail::Reader r(bytes, name());
+  since_sync_ = static_cast<int64_t>(r.u64());
+  outer_ = r.floats();
+  velocity_ = r.floats();
+  r.done();
+  delta_.resize(outer_.size());
+}
+
+EasgdStrategy::EasgdStrategy(coll::CommPtr comm, int period, double alpha)
+    : Strategy(std::move(comm)), period_(period), alpha_(alpha) {}
+
+void EasgdStrategy::setup(std::span<float> params) {
+  Strategy::setup(params);
+  center_.assign(params.begin(), params.end());
+  diff_.resize(params.size());
+}
+
+void EasgdStrategy::after_step(uint64_t, std::span<float> params) {
+  if (center_.size() != params.size())
+    throw InvalidArgument(fmt::format("sync easgd: {} parameters but setup() saw {}", params.size(), center_.size()));
+  if (++since_sync_ < period_) return;
+  since_sync_ = 0;
+  const float a = static_cast<float>(alpha_);
+  for (size_t i = 0; i < params.size(); ++i) {
+    diff_[i] = params[i] - center_[i];
+    params[i] -= a * diff_[i];
+  }
+  allreduce_avg(*comm_, diff_, stats_);  // mean of the differences
+  const float an = a * comm_->size();
+  for (size_t i = 0; i < params.size(); ++i) center_[i] += an * diff_[i];
+}
+
+Bytes EasgdStrategy::save_state() const {
+  detail::Writer w;
+  w.u64(since_sync_);
+  w.floats(center_);
+  return w.take();
+}
+void EasgdStrategy::load_state(std::span<const uint8_t> bytes) {
+  detail::Reader r(bytes, name());
+  since_sync_ = static_cast<int64_t>(r.u64());
+  center_ = r.floats();
+  r.done();
+  diff_.resize(center_.size());
+}
+
+}  // namespace conduit::sync

@@ -1,0 +1,82 @@
+#pragma once
+// Internals shared by the strategies: parameter parsing and point-to-point helpers over a communicator's transport.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "coll/communicator.h"
+#include "net/tags.h"
+#include "sync/strategy.h"
+
+namespace conduit::sync::detail {
+
+// Reads a scheme's parameters: unknown keys raise ConfigError listing the allowed ones; values are range-checked.
+class ParamReader {
+ public:
+  ParamReader(std::string scheme, const Params& given, const Params& defaults);
+  double real(const std::string& key, double lo, double hi) const;
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) const;
+  bool flag(const std::string& key) const;
+  std::string choice(const std::string& key, const std::vector<std::string>& allowed) const;
+  std::string str(const std::string& key) const;
+
+ private:
+  std::string scheme_;
+  Params values_;
+};
+
+// User tags of the strategies (top byte 0x5x keeps them apart from a trainer's own point-to-point tags).
+enum SyncTag : uint32_t {
+  kTagGossip = 0x51000001,
+  kTagGossipLen = 0x51000002,
+  kTagPushSum = 0x51000003,
+  kTagPairReq = 0x51000004,
+  kTagPairRep = 0x51000005,
+  kTagPsHeader = 0x51000010,
+  kTagPsPayload = 0x51000011,
+  kTagPsReplyHeader = 0x51000012,
+  kTagPsReply = 0x51000013,
+  kTagPsInit = 0x51000014,
+};
+
+net::RequestPtr isend(coll::Communicator& c, int peer, uint32_t tag, const void* data, size_t bytes);
+net::RequestPtr irecv(coll::Communicator& c, int peer, uint32_t tag, void* data, size_t bytes);
+void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs);
+void wait(coll::Communicator& c, const net::RequestPtr& r);
+
+inline coll::CollOptions blocking_opts() {
+  coll::CollOptions o;
+  o.blocking = true;
+  return o;
+}
+
+// Blocking average of buf over the communicator (ReduceOp::avg), with stats accounting.
+void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats);
+
+// Byte (de)serialization for save_state/load_state.
+class Writer {
+ public:
+  void u64(uint64_t v);
+  void f64(double v);
+  void floats(std::span<const float> v);
+  Bytes take() { return std::move(b_); }
+
+ private:
+  Bytes b_;
+};
+class Reader {
+ public:
+  Reader(std::span<const uint8_t> b, std::string what) : b_(b), what_(std::move(what)) {}
+  uint64_t u64();
+  double f64();
+  std::vector<float> floats();
+  void done() const;
+
+ private:
+  void need(size_t n) const;
+  std::span<const uint8_t> b_;
+  size_t pos_ = 0;
+  std::string what_;
+};
+
+}  // namespace conduit::sync::detail

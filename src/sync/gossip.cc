@@ -1,0 +1,304 @@
+// Decentralized schemes: dpsgd (with optional CHOCO compressed gossip), sgp (PushSum), adpsgd (pairwise).
+//
+// Bytes per rank and step (d parameters): dpsgd sends 4d to each of its deg neighbours (ring 2, torus 4,
+// exponential ~2 log2 n) and receives as much; with a compressor, wire_bytes(d) + 8 per neighbour instead.
+// sgp sends 4(d+1) to each of `peers` out-neighbours. adpsgd: an active rank sends 4(d+1) and receives 4d per step;
+// a passive rank sends 4d and receives 4(d+1) per request it answers.
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "sync/detail.h"
+#include "sync/schemes.h"
+
+namespace conduit::sync {
+
+using detail::irecv;
+using detail::isend;
+
+DpsgdStrategy::DpsgdStrategy(coll::CommPtr comm, Graph graph, compress::CompressorPtr compressor, double gamma,
+                             uint64_t seed)
+    : Strategy(std::move(comm)), graph_(std::move(graph)), compressor_(std::move(compressor)), gamma_(gamma) {
+  nbrs_ = graph_.neighbours(comm_->rank());
+  if (compressor_) cstate_ = compressor_->make_state(0, seed, comm_->rank());
+}
+
+void DpsgdStrategy::setup(std::span<float> params) {
+  Strategy::setup(params);
+  inbox_.assign(nbrs_.size(), std::vector<float>(params.size()));
+  if (compressor_) {
+    hat_.assign(nbrs_.size() + 1, std::vector<float>(params.begin(), params.end()));
+    cstate_ = compressor_->make_state(params.size(), cstate_.seed, cstate_.stream);
+  }
+}
+
+void DpsgdStrategy::after_step(uint64_t, std::span<float> params) {
+  if (nbrs_.empty()) return;
+  if (!inbox_.empty() && inbox_[0].size() != params.size())
+    throw InvalidArgument(fmt::format("sync dpsgd: {} parameters but setup() saw {}", params.size(),
+                                      inbox_[0].size()));
+  if (inbox_.empty()) throw InvalidArgument("sync dpsgd: after_step before setup()");
+  Stopwatch sw;
+  if (compressor_)
+    choco_gossip(params);
+  else
+    plain_gossip(params);
+  stats_.comm_seconds += sw.seconds();
+  stats_.rounds += 1;
+}
+
+void DpsgdStrategy::plain_gossip(std::span<float> params) {
+  auto& c = *comm_;
+  std::vector<net::RequestPtr> reqs;
+  for (size_t k = 0; k < nbrs_.size(); ++k)
+    reqs.push_back(irecv(c, nbrs_[k], detail::kTagGossip, inbox_[k].data(), params.size_bytes()));
+  for (int p : nbrs_) reqs.push_back(isend(c, p, detail::kTagGossip, params.data(), params.size_bytes()));
+  detail::wait_all(c, reqs);
+  stats_.bytes_sent += nbrs_.size() * params.size_bytes();
+  stats_.bytes_received += nbrs_.size() * params.size_bytes();
+  const int me = c.rank();
+  const float wii = static_cast<float>(graph_.weight(me, me));
+  std::vector<float> wk(nbrs_.size());
+  for (size_t k = 0; k < nbrs_.size(); ++k) wk[k] = static_cast<float>(graph_.weight(me, nbrs_[k]));
+  for (size_t i = 0; i < params.size(); ++i) {
+    float v = wii * params[i];
+    for (size_t k = 0; k < nbrs_.size(); ++k) v += wk[k] * inbox_[k][i];
+    params[i] = v;
+  }
+}
+
+void DpsgdStrategy::choco_gossip(std::span<float> params) {
+  auto& c = *comm_;
+  const size_t d = params.size();
+  std::vector<float> diff(d);
+  for (size_t i = 0; i < d; ++i) diff[i] = params[i] - hat_[0][i];
+  compress::Bytes q;
+  compressor_->compress(diff, cstate_, q);
+  uint64_t len = q.size();
+  const size_t m = nbrs_.size();
+  std::vector<uint64_t> lens(m);
+  std::vector<net::RequestPtr> reqs;
+  for (size_t k = 0; k < m; ++k) reqs.push_back(irecv(c, nbrs_[k], detail::kTagGossipLen, &lens[k], 8));
+  for (int p : nbrs_) reqs.push_back(isend(c, p, detail::kTagGossipLen, &len, 8));
+  detail::wait_all(c, reqs);
+  reqs.clear();
+  std::vector<compress::Bytes> in(m);
+  for (size_t k = 0; k < m; ++k) {
+    in[k].resize(lens[k]);
+    reqs.push_back(irecv(c, nbrs_[k], detail::kTagGossip, in[k].data(), lens[k]));
+  }
+  for (int p : nbrs_) reqs.push_back(isend(c, p, detail::kTagGossip, q.data(), q.size()));
+  detail::wait_all(c, reqs);
+  stats_.bytes_sent += m * (q.size() + 8);
+  for (auto l : lens) stats_.bytes_received += l + 8;
+  compressor_->decompress_add(q, cstate_, hat_[0]);
+  for (size_t k = 0; k < m; ++k) compressor_->decompress_add(in[k], cstate_, hat_[k + 1]);
+  const int me = c.rank();
+  const float g = static_cast<float>(gamma_);
+  for (size_t k = 0; k < m; ++k) {
+    const float w = g * static_cast<float>(graph_.weight(me, nbrs_[k]));
+    const auto& h = hat_[k + 1];
+    for (size_t i = 0; i < d; ++i) params[i] += w * (h[i] - hat_[0][i]);
+  }
+}
+
+Bytes DpsgdStrategy::save_state() const {
+  detail::Writer w;
+  w.u64(hat_.size());
+  for (const auto& h : hat_) w.floats(h);
+  auto cs = compressor_ ? cstate_.save() : Bytes{};
+  w.u64(cs.size());
+  Bytes out = w.take();
+  out.insert(out.end(), cs.begin(), cs.end());
+  return out;
+}
+void DpsgdStrategy::load_state(std::span<const uint8_t> bytes) {
+  detail::Reader r(bytes, name());
+  uint64_t nh = r.u64();
+  if (nh != hat_.size())
+    throw InvalidArgument(fmt::format("sync dpsgd: state holds {} public copies, this rank needs {}", nh, hat_.size()));
+  for (auto& h : hat_) h = r.floats();
+  uint64_t cs = r.u64();
+  if (cs) cstate_ = compress::TensorState::load(bytes.subspan(bytes.size() - cs));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+SgpStrategy::SgpStrategy(coll::CommPtr comm, int peers_per_step) : Strategy(std::move(comm)), peers_(peers_per_step) {}
+
+std::vector<int> SgpStrategy::out_peers(int rank, int n, uint64_t t, int peers_per_step) {
+  std::vector<int> offs;
+  for (int64_t h = 1; h < n; h *= 2) offs.push_back(int(h));
+  std::vector<int> out;
+  if (offs.empty()) return out;
+  int k = std::min<int>(peers_per_step, int(offs.size()));
+  for (int p = 0; p < k; ++p) out.push_back((rank + offs[(t * k + p) % offs.size()]) % n);
+  return out;
+}
+
+void SgpStrategy::setup(std::span<float> params) {
+  Strategy::setup(params);
+  x_.assign(params.begin(), params.end());
+  z_ = x_;
+  w_ = 1;
+  in_.resize(params.size() + 1);
+}
+
+void SgpStrategy::after_step(uint64_t step, std::span<float> params) {
+  if (x_.size() != params.size())
+    throw InvalidArgument(fmt::format("sync sgp: {} parameters but setup() saw {}", params.size(), x_.size()));
+  const size_t d = params.size();
+  for (size_t i = 0; i < d; ++i) x_[i] += params[i] - z_[i];  // the local optimizer's update, on the numerator
+  const int n = comm_->size(), me = comm_->rank();
+  auto outs = out_peers(me, n, step, peers_);
+  if (!outs.empty()) {
+    Stopwatch sw;
+    const float share = 1.0f / float(outs.size() + 1);
+    std::vector<float> msg(d + 1);
+    for (size_t i = 0; i < d; ++i) x_[i] *= share, msg[i] = x_[i];
+    w_ *= share;
+    msg[d] = static_cast<float>(w_);
+    // In-peers use the same offsets, backwards.
+    std::vector<std::vector<float>> in(outs.size(), std::vector<float>(d + 1));
+    std::vector<net::RequestPtr> reqs;
+    for (size_t k = 0; k < outs.size(); ++k) {
+      int from = ((me - (outs[k] - me)) % n + 2 * n) % n;
+      reqs.push_back(irecv(*comm_, from, detail::kTagPushSum, in[k].data(), (d + 1) * 4));
+    }
+    for (int p : outs) reqs.push_back(isend(*comm_, p, detail::kTagPushSum, msg.data(), (d + 1) * 4));
+    detail::wait_all(*comm_, reqs);
+    for (const auto& m : in) {
+      for (size_t i = 0; i < d; ++i) x_[i] += m[i];
+      w_ += m[d];
+    }
+    stats_.bytes_sent += outs.size() * (d + 1) * 4;
+    stats_.bytes_received += outs.size() * (d + 1) * 4;
+    stats_.rounds += 1;
+    stats_.comm_seconds += sw.seconds();
+  }
+  const float inv = static_cast<float>(1.0 / w_);
+  for (size_t i = 0; i < d; ++i) params[i] = z_[i] = x_[i] * inv;
+}
+
+void SgpStrategy::finish(std::span<float>) {}
+
+Bytes SgpStrategy::save_state() const {
+  detail::Writer w;
+  w.f64(w_);
+  w.floats(x_);
+  return w.take();
+}
+void SgpStrategy::load_state(std::span<const uint8_t> bytes) {
+  detail::Reader r(bytes, name());
+  w_ = r.f64();
+  x_ = r.floats();
+  r.done();
+  z_.resize(x_.size());
+  for (size_t i = 0; i < x_.size(); ++i) z_[i] = static_cast<float>(x_[i] / w_);
+  in_.resize(x_.size() + 1);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed)
+    : Strategy(std::move(comm)), rng_(seed * 1000003 + comm_->rank()) {
+  const int n = comm_->size(), me = comm_->rank();
+  for (int j : Graph("ring", n).neighbours(me))
+    if (j % 2 != me % 2) nbrs_.push_back(j);  // bipartite: active (even) <-> passive (odd)
+}
+
+AdpsgdStrategy::~AdpsgdStrategy() {
+  for (auto& t : servers_)
+    if (t.joinable()) t.detach();  // finish() was not called: the transport's abort ends them
+}
+
+void AdpsgdStrategy::setup(std::span<float> params) {
+  Strategy::setup(params);
+  const size_t d = params.size();
+  send_.resize(d + 1);
+  recv_.resize(d);
+  shadow_.assign(params.begin(), params.end());
+  pending_.assign(d, 0.f);
+  if (!active())
+    for (int p : nbrs_) servers_.emplace_back([this, p] { serve_peer(p); });
+}
+
+void AdpsgdStrategy::serve_peer(int peer) {
+  const size_t d = shadow_.size();
+  std::vector<float> req(d + 1), rep(d);
+  try {
+    for (;;) {
+      auto r = irecv(*comm_, peer, detail::kTagPairReq, req.data(), req.size() * 4);
+      r->wait(Deadline::after(comm_->timeout_s()));
+      if (req[d] == 0) return;  // the active neighbour finished
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (size_t i = 0; i < d; ++i) {
+          rep[i] = shadow_[i];
+          float half = 0.5f * (req[i] - shadow_[i]);
+          shadow_[i] += half;
+          pending_[i] += half;
+        }
+        stats_.bytes_received += req.size() * 4;
+        stats_.bytes_sent += d * 4;
+        stats_.rounds += 1;
+      }
+      exchanges_++;
+      detail::wait(*comm_, isend(*comm_, peer, detail::kTagPairRep, rep.data(), d * 4));
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
+void AdpsgdStrategy::apply_pending(std::span<float> params) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (error_) std::rethrow_exception(error_);
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i] += pending_[i];
+    pending_[i] = 0;
+    shadow_[i] = params[i];
+  }
+}
+
+void AdpsgdStrategy::after_step(uint64_t, std::span<float> params) {
+  if (shadow_.size() != params.size())
+    throw InvalidArgument(fmt::format("sync adpsgd: {} parameters but setup() saw {}", params.size(), shadow_.size()));
+  if (nbrs_.empty()) return;
+  if (!active()) {
+    apply_pending(params);
+    return;
+  }
+  Stopwatch sw;
+  const size_t d = params.size();
+  int peer = nbrs_[std::uniform_int_distribution<size_t>(0, nbrs_.size() - 1)(rng_)];
+  std::memcpy(send_.data(), params.data(), d * 4);
+  send_[d] = 1;
+  auto r = irecv(*comm_, peer, detail::kTagPairRep, recv_.data(), d * 4);
+  detail::wait_all(*comm_, {isend(*comm_, peer, detail::kTagPairReq, send_.data(), (d + 1) * 4), r});
+  for (size_t i = 0; i < d; ++i) params[i] = 0.5f * (params[i] + recv_[i]);
+  stats_.bytes_sent += (d + 1) * 4;
+  stats_.bytes_received += d * 4;
+  stats_.rounds += 1;
+  stats_.comm_seconds += sw.seconds();
+  exchanges_++;
+}
+
+void AdpsgdStrategy::finish(std::span<float> params) {
+  if (finished_) return;
+  finished_ = true;
+  if (active()) {
+    std::vector<float> stop(shadow_.size() + 1, 0.f);
+    std::vector<net::RequestPtr> reqs;
+    for (int p : nbrs_) reqs.push_back(isend(*comm_, p, detail::kTagPairReq, stop.data(), stop.size() * 4));
+    detail::wait_all(*comm_, reqs);
+  } else {
+    for (auto& t : servers_) t.join();
+    servers_.clear();
+    apply_pending(params);
+  }
+}
+
+}  // namespace conduit::sync

@@ -1,0 +1,453 @@
+// Sharded parameter servers: ps-asp, ps-ssp, ps-bsp.
+//
+// Layout (n ranks, S shards, d parameters): shard s holds parameters [s*d/S, (s+1)*d/S). colocate=0: the last S
+// ranks are servers only (they call serve()), the first n-S are workers; colocate=1: every rank is a worker and
+// shard s lives on rank s mod n, served by background threads (one per worker and shard).
+//
+// Per step a worker pushes its gradient shard to each server (24-byte header + 4*d/S bytes, or the compressor's
+// wire size) and pulls the shard back (16-byte header + 4*d/S bytes, or with a pull compressor the compressed
+// difference between the server's parameters and the copy it knows the worker holds). The server owns the
+// optimizer (SGD with momentum and weight decay). asp/ssp apply each gradient on arrival scaled by 1/W (a round of
+// W pushes is then one averaged step); bsp sums the W gradients of a clock and applies their average once.
+// A pull for clock c is released when: asp always; ssp when the slowest worker's clock >= c - s; bsp when clock c
+// has been applied. Replies are built under the shard's lock at the moment their condition becomes true, so
+// ssp with s = 0 reads exactly what bsp reads.
+#include "sync/ps.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "compress/compressor.h"
+#include "core/error.h"
+#include "sync/detail.h"
+
+namespace conduit::sync {
+
+namespace {
+
+using detail::irecv;
+using detail::isend;
+
+enum : uint64_t { kInit = 0, kPush = 1, kStop = 2, kPull = 3 };
+
+struct Header {
+  uint64_t kind = 0, bytes = 0, clock = 0;
+};
+struct ReplyHeader {
+  uint64_t bytes = 0, raw = 1;
+};
+
+compress::CompressorPtr ps_compressor(const std::string& spec, const char* what) {
+  if (spec.empty() || spec == "none") return nullptr;
+  auto c = compress::parse_compressor(spec);
+  if (c->collective() == compress::Collective::powersgd)
+    throw ConfigError(fmt::format("sync ps: {} '{}' needs a collective; use a quantizer or sparsifier", what, spec));
+  return c;
+}
+
+std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
+  return {size_t(d * s / S), size_t(d * (s + 1) / S)};
+}
+
+class Shard {
+ public:
+  Shard(const PsConfig& cfg, int64_t index, int workers, const compress::Compressor* push, const compress::Compressor* pull)
+      : cfg_(cfg), index_(index), workers_(workers), push_(push), pull_(pull), clocks_(workers, 0),
+        stopped_(workers, false), slots_(workers) {}
+
+  void init(std::span<const float> p) {
+    std::lock_guard<std::mutex> lk(mu_);
+    params_.assign(p.begin(), p.end());
+    momentum_.assign(p.size(), 0.f);
+    agg_.assign(p.size(), 0.f);
+    for (auto& s : slots_) {
+      if (push_) s.push_state = push_->make_state(p.size(), 0, 0);
+      if (pull_) s.pull_state = pull_->make_state(p.size(), 1, 0);
+    }
+    initialized_ = true;
+    cv_.notify_all();
+  }
+
+  // Handles one message from worker w; returns the reply (header + payload), empty for stop.
+  std::pair<ReplyHeader, Bytes> handle(int w, const Header& h, std::span<const uint8_t> payload,
+                                       double timeout_s) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_; }))
+      throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
+    auto& slot = slots_[w];
+    if (h.kind == kStop) {
+      stopped_[w] = true;
+      maybe_apply_bsp();
+      release_ready();
+      cv_.notify_all();
+      return {};
+    }
+    if (h.kind == kPull) {
+      slot.replica = params_;
+      Bytes b(params_.size() * 4);
+      std::memcpy(b.data(), params_.data(), b.size());
+      return {ReplyHeader{b.size(), 1}, std::move(b)};
+    }
+    // Push.
+    const size_t d = params_.size();
+    grad_.resize(d);
+    if (push_) {
+      slot.push_state.step = h.clock;
+      push_->decompress(payload, slot.push_state, grad_);
+    } else {
+      if (payload.size() != d * 4)
+        throw ProtocolError(fmt::format("sync ps shard {}: worker {} pushed {} bytes, expected {}", index_, w,
+                                        payload.size(), d * 4));
+      std::memcpy(grad_.data(), payload.data(), d * 4);
+    }
+    clocks_[w] = static_cast<int64_t>(h.clock);
+    stats_.pushes++;
+    if (cfg_.mode == "bsp") {
+      for (size_t i = 0; i < d; ++i) agg_[i] += grad_[i];
+      bsp_count_++;
+      bsp_clock_ = static_cast<int64_t>(h.clock);
+      maybe_apply_bsp();
+    } else {
+      apply(grad_, 1.0f / workers_);
+    }
+    slot.waiting = static_cast<int64_t>(h.clock);
+    slot.ready = false;
+    bool waited = false;
+    release_ready();
+    cv_.notify_all();
+    if (!slot.ready) {
+      waited = true;
+      if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return slot.ready; }))
+        throw TimeoutError(fmt::format(
+            "sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})", index_, w,
+            h.clock, timeout_s, min_clock()));
+    }
+    if (waited) stats_.waits++;
+    slot.waiting = -1;
+    slot.ready = false;
+    return {slot.reply_header, std::move(slot.reply)};
+  }
+
+  PsClockStats stats() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return stats_;
+  }
+
+ private:
+  struct Slot {
+    int64_t waiting = -1;
+    bool ready = false;
+    ReplyHeader reply_header;
+    Bytes reply;
+    std::vector<float> replica;  // what the worker holds (pull compression)
+    compress::TensorState push_state, pull_state;
+  };
+
+  int64_t min_clock() const {
+    int64_t m = INT64_MAX;
+    for (int w = 0; w < workers_; ++w)
+      if (!stopped_[w]) m = std::min(m, clocks_[w]);
+    return m;
+  }
+
+  void apply(const std::vector<float>& g, float scale) {
+    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      float gi = scale * g[i] + wd * params_[i];
+      momentum_[i] = mu * momentum_[i] + gi;
+      params_[i] -= lr * momentum_[i];
+    }
+  }
+
+  void maybe_apply_bsp() {
+    int active = 0;
+    for (int w = 0; w < workers_; ++w) active += !stopped_[w];
+    if (bsp_count_ == 0 || bsp_count_ < active) return;
+    apply(agg_, 1.0f / bsp_count_);
+    std::fill(agg_.begin(), agg_.end(), 0.f);
+    bsp_count_ = 0;
+    applied_clock_ = bsp_clock_;
+  }
+
+  bool releasable(int64_t c) const {
+    if (cfg_.mode == "bsp") return applied_clock_ >= c;
+    if (cfg_.staleness < 0) return true;
+    int64_t m = min_clock();
+    return m == INT64_MAX || c - m <= cfg_.staleness;
+  }
+
+  // Builds the replies of every waiting worker whose condition now holds (under the lock).
+  void release_ready() {
+    for (int w = 0; w < workers_; ++w) {
+      auto& s = slots_[w];
+      if (s.waiting < 0 || s.ready || !releasable(s.waiting)) continue;
+      int64_t m = min_clock();
+      if (m != INT64_MAX) stats_.max_gap = std::max(stats_.max_gap, s.waiting - m);
+      if (pull_) {
+        std::vector<float> delta(params_.size());
+        for (size_t i = 0; i < delta.size(); ++i) delta[i] = params_[i] - s.replica[i];
+        pull_->compress(delta, s.pull_state, s.reply);
+        pull_->decompress_add(s.reply, s.pull_state, s.replica);
+        s.reply_header = {s.reply.size(), 0};
+      } else {
+        s.reply.resize(params_.size() * 4);
+        std::memcpy(s.reply.data(), params_.data(), s.reply.size());
+        s.reply_header = {s.reply.size(), 1};
+      }
+      s.ready = true;
+    }
+  }
+
+  const PsConfig& cfg_;
+  int64_t index_;
+  int workers_;
+  const compress::Compressor* push_;
+  const compress::Compressor* pull_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool initialized_ = false;
+  std::vector<float> params_, momentum_, agg_, grad_;
+  std::vector<int64_t> clocks_;
+  std::vector<bool> stopped_;
+  std::vector<Slot> slots_;
+  int bsp_count_ = 0;
+  int64_t bsp_clock_ = 0, applied_clock_ = 0;
+  PsClockStats stats_;
+};
+
+class PsStrategy : public Strategy {
+ public:
+  PsStrategy(coll::CommPtr comm, const PsConfig& cfg) : Strategy(std::move(comm)), cfg_(cfg) {
+    const int n = comm_->size();
+    if (!cfg_.colocate && cfg_.servers >= n)
+      throw ConfigError(fmt::format("sync ps-{}: servers = {} leaves no worker among {} ranks (use fewer servers or "
+                                    "colocate=1)", cfg_.mode, cfg_.servers, n));
+    workers_ = cfg_.colocate ? n : n - int(cfg_.servers);
+    push_ = ps_compressor(cfg_.push_compressor, "push_compressor");
+    pull_ = ps_compressor(cfg_.pull_compressor, "pull_compressor");
+    for (int64_t s = 0; s < cfg_.servers; ++s)
+      if (host_of(s) == comm_->rank())
+        shards_.emplace(s, std::make_unique<Shard>(cfg_, s, workers_, push_.get(), pull_.get()));
+  }
+  ~PsStrategy() override {
+    for (auto& t : threads_)
+      if (t.joinable()) t.detach();
+  }
+
+  std::string name() const override { return "ps-" + cfg_.mode; }
+  bool is_worker() const override { return comm_->rank() < workers_; }
+  int worker_rank() const override { return is_worker() ? comm_->rank() : -1; }
+  int num_workers() const override { return workers_; }
+
+  void serve() override {
+    if (is_worker()) throw InvalidArgument(fmt::format("sync {}: rank {} is a worker; only server ranks serve()",
+                                                       name(), comm_->rank()));
+    start_threads();
+    join_threads();
+  }
+
+  void setup(std::span<float> params) override {
+    if (!is_worker()) throw InvalidArgument(fmt::format("sync {}: rank {} is a server: call serve()", name(),
+                                                        comm_->rank()));
+    d_ = params.size();
+    start_threads();
+    const int me = comm_->rank();
+    if (me == 0) {
+      std::vector<net::RequestPtr> reqs;
+      std::vector<Header> hs(cfg_.servers);
+      for (int64_t s = 0; s < cfg_.servers; ++s) {
+        auto [lo, hi] = shard_range(d_, s, cfg_.servers);
+        if (host_of(s) == me) {
+          shards_.at(s)->init(params.subspan(lo, hi - lo));
+          continue;
+        }
+        hs[s] = {kInit, (hi - lo) * 4, d_};
+        reqs.push_back(isend(*comm_, host_of(s), detail::kTagPsInit, &hs[s], sizeof(Header)));
+        reqs.push_back(isend(*comm_, host_of(s), detail::kTagPsInit, params.data() + lo, (hi - lo) * 4));
+      }
+      detail::wait_all(*comm_, reqs);
+    }
+    exchange(kPull, params, {});
+    push_states_.clear();
+    for (int64_t s = 0; s < cfg_.servers; ++s) {
+      auto [lo, hi] = shard_range(d_, s, cfg_.servers);
+      if (push_) push_states_.push_back(push_->make_state(hi - lo, 0, me));
+      if (pull_) pull_states_.push_back(pull_->make_state(hi - lo, 1, 0));
+    }
+  }
+
+  bool before_step(uint64_t, std::span<float> params, std::span<float> grads) override {
+    if (params.size() != d_ || grads.size() != d_)
+      throw InvalidArgument(fmt::format("sync {}: {} parameters and {} gradients but setup() saw {}", name(),
+                                        params.size(), grads.size(), d_));
+    exchange(kPush, params, grads);
+    return false;
+  }
+
+  void finish(std::span<float> params) override {
+    if (finished_) return;
+    finished_ = true;
+    exchange(kStop, params, {});
+    join_threads();
+  }
+
+  PsClockStats clock_stats() const {
+    PsClockStats out;
+    for (const auto& [s, sh] : shards_) {
+      auto st = sh->stats();
+      out.max_gap = std::max(out.max_gap, st.max_gap);
+      out.pushes += st.pushes;
+      out.waits += st.waits;
+    }
+    return out;
+  }
+
+ private:
+  int host_of(int64_t shard) const {
+    const int n = comm_->size();
+    return cfg_.colocate ? int(shard % n) : n - int(cfg_.servers) + int(shard);
+  }
+
+  void start_threads() {
+    if (started_) return;
+    started_ = true;
+    for (auto& [s, sh] : shards_)
+      for (int w = 0; w < workers_; ++w)
+        if (w != comm_->rank()) threads_.emplace_back([this, s = s, w] { serve_worker(s, w); });
+  }
+
+  void join_threads() {
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  // One thread per (local shard, remote worker).
+  void serve_worker(int64_t s, int w) {
+    auto& shard = *shards_.at(s);
+    try {
+      const double t = comm_->timeout_s();
+      if (w == 0) {  // the initial parameters come first
+        Header h;
+        detail::wait(*comm_, irecv(*comm_, 0, detail::kTagPsInit, &h, sizeof h));
+        std::vector<float> p(h.bytes / 4);
+        detail::wait(*comm_, irecv(*comm_, 0, detail::kTagPsInit, p.data(), h.bytes));
+        shard.init(p);
+      }
+      Bytes payload;
+      for (;;) {
+        Header h;
+        net::RequestPtr r = irecv(*comm_, w, detail::kTagPsHeader, &h, sizeof h);
+        r->wait(Deadline::after(t));
+        payload.resize(h.bytes);
+        if (h.bytes) detail::wait(*comm_, irecv(*comm_, w, detail::kTagPsPayload, payload.data(), h.bytes));
+        auto [rh, reply] = shard.handle(w, h, payload, t);
+        if (h.kind == kStop) return;
+        detail::wait_all(*comm_, {isend(*comm_, w, detail::kTagPsReplyHeader, &rh, sizeof rh),
+                                  isend(*comm_, w, detail::kTagPsReply, reply.data(), reply.size())});
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(err_mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+
+  // Sends one message (push, pull or stop) to every shard and applies the replies to params.
+  void exchange(uint64_t kind, std::span<float> params, std::span<const float> grads) {
+    Stopwatch sw;
+    const int me = comm_->rank();
+    const int64_t S = cfg_.servers;
+    if (kind == kPush) clock_++;
+    std::vector<Header> hs(S);
+    std::vector<Bytes> payloads(S);
+    std::vector<ReplyHeader> rhs(S);
+    std::vector<Bytes> replies(S);
+    std::vector<net::RequestPtr> sends, rrecv;
+    for (int64_t s = 0; s < S; ++s) {
+      auto [lo, hi] = shard_range(d_, s, S);
+      if (kind == kPush) {
+        if (push_) {
+          push_->compress(grads.subspan(lo, hi - lo), push_states_[s], payloads[s]);
+        } else {
+          payloads[s].resize((hi - lo) * 4);
+          std::memcpy(payloads[s].data(), grads.data() + lo, (hi - lo) * 4);
+        }
+      }
+      hs[s] = {kind, payloads[s].size(), kind == kPush ? clock_ : 0};  // = the push state's step after compress
+      if (host_of(s) == me) continue;
+      int h = host_of(s);
+      sends.push_back(isend(*comm_, h, detail::kTagPsHeader, &hs[s], sizeof(Header)));
+      if (!payloads[s].empty())
+        sends.push_back(isend(*comm_, h, detail::kTagPsPayload, payloads[s].data(), payloads[s].size()));
+      if (kind != kStop) rrecv.push_back(irecv(*comm_, h, detail::kTagPsReplyHeader, &rhs[s], sizeof(ReplyHeader)));
+      stats_.bytes_sent += sizeof(Header) + payloads[s].size();
+    }
+    // Local shards (co-located) are served on this thread, after the remote pushes left.
+    for (int64_t s = 0; s < S; ++s) {
+      if (host_of(s) != me) continue;
+      auto [rh, reply] = shards_.at(s)->handle(me, hs[s], payloads[s], comm_->timeout_s());
+      rhs[s] = rh;
+      replies[s] = std::move(reply);
+    }
+    detail::wait_all(*comm_, sends);
+    if (kind == kStop) {
+      stats_.comm_seconds += sw.seconds();
+      return;
+    }
+    detail::wait_all(*comm_, rrecv);
+    std::vector<net::RequestPtr> precv;
+    for (int64_t s = 0; s < S; ++s) {
+      if (host_of(s) == me) continue;
+      replies[s].resize(rhs[s].bytes);
+      precv.push_back(irecv(*comm_, host_of(s), detail::kTagPsReply, replies[s].data(), rhs[s].bytes));
+      stats_.bytes_received += sizeof(ReplyHeader) + rhs[s].bytes;
+    }
+    detail::wait_all(*comm_, precv);
+    for (int64_t s = 0; s < S; ++s) {
+      auto [lo, hi] = shard_range(d_, s, S);
+      auto dst = params.subspan(lo, hi - lo);
+      if (rhs[s].raw) {
+        if (replies[s].size() != dst.size_bytes())
+          throw ProtocolError(fmt::format("sync {}: shard {} sent {} bytes, expected {}", name(), s,
+                                          replies[s].size(), dst.size_bytes()));
+        std::memcpy(dst.data(), replies[s].data(), dst.size_bytes());
+      } else {
+        pull_states_[s].step++;  // in step with the server's state after its compress
+        pull_->decompress_add(replies[s], pull_states_[s], dst);
+      }
+    }
+    stats_.rounds++;
+    stats_.comm_seconds += sw.seconds();
+  }
+
+  PsConfig cfg_;
+  int workers_ = 0;
+  size_t d_ = 0;
+  compress::CompressorPtr push_, pull_;
+  std::map<int64_t, std::unique_ptr<Shard>> shards_;
+  std::vector<std::thread> threads_;
+  std::mutex err_mu_;
+  std::exception_ptr error_;
+  std::vector<compress::TensorState> push_states_, pull_states_;
+  uint64_t clock_ = 0;
+  bool started_ = false, finished_ = false;
+};
+
+}  // namespace
+
+StrategyPtr make_ps_strategy(coll::CommPtr comm, const PsConfig& cfg) {
+  return std::make_unique<PsStrategy>(std::move(comm), cfg);
+}
+
+PsClockStats ps_clock_stats(const Strategy& s) {
+  auto* ps = dynamic_cast<const PsStrategy*>(&s);
+  if (!ps) throw InvalidArgument(fmt::format("sync: {} is not a parameter-server scheme", s.name()));
+  return ps->clock_stats();
+}
+
+}  // namespace conduit::sync

@@ -1,0 +1,274 @@
+// Strategy defaults, parameter parsing, point-to-point helpers and the factory.
+#include "sync/strategy.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "core/error.h"
+#include "sync/detail.h"
+#include "sync/ps.h"
+#include "sync/schemes.h"
+
+namespace conduit::sync {
+
+int Strategy::worker_rank() const { return comm_->rank(); }
+int Strategy::num_workers() const { return comm_->size(); }
+void Strategy::serve() {
+  throw InvalidArgument(fmt::format("sync {}: serve() is only for dedicated parameter-server ranks", name()));
+}
+void Strategy::setup(std::span<float> params) {
+  // Replicas start from rank 0's parameters.
+  if (comm_->size() > 1) comm_->broadcast(params.data(), params.size(), DType::f32, 0, detail::blocking_opts()).wait();
+}
+bool Strategy::before_step(uint64_t, std::span<float>, std::span<float>) { return true; }
+void Strategy::after_step(uint64_t, std::span<float>) {}
+void Strategy::finish(std::span<float>) {}
+void Strategy::load_state(std::span<const uint8_t> bytes) {
+  if (!bytes.empty())
+    throw InvalidArgument(fmt::format("sync {}: load_state got {} bytes but this scheme keeps no state", name(),
+                                      bytes.size()));
+}
+
+namespace detail {
+
+ParamReader::ParamReader(std::string scheme, const Params& given, const Params& defaults)
+    : scheme_(std::move(scheme)), values_(defaults) {
+  for (const auto& [k, v] : given) {
+    if (!defaults.count(k)) {
+      std::string allowed;
+      for (const auto& [dk, dv] : defaults) allowed += (allowed.empty() ? "" : ", ") + dk;
+      throw ConfigError(fmt::format("sync {}: unknown parameter '{}' (allowed: {})", scheme_, k,
+                                    allowed.empty() ? "none" : allowed));
+    }
+    values_[k] = v;
+  }
+}
+
+std::string ParamReader::str(const std::string& key) const { return values_.at(key); }
+
+double ParamReader::real(const std::string& key, double lo, double hi) const {
+  const std::string& s = values_.at(key);
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
+    throw ConfigError(fmt::format("sync {}: parameter '{}' = '{}' must be a number in [{}, {}]", scheme_, key, s, lo,
+                                  hi));
+  return v;
+}
+
+int64_t ParamReader::integer(const std::string& key, int64_t lo, int64_t hi) const {
+  const std::string& s = values_.at(key);
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || v < lo || v > hi)
+    throw ConfigError(fmt::format("sync {}: parameter '{}' = '{}' must be an integer in [{}, {}]", scheme_, key, s,
+                                  lo, hi));
+  return v;
+}
+
+bool ParamReader::flag(const std::string& key) const { return choice(key, {"0", "1", "false", "true"}) == "1" ||
+                                                              values_.at(key) == "true"; }
+
+std::string ParamReader::choice(const std::string& key, const std::vector<std::string>& allowed) const {
+  const std::string& s = values_.at(key);
+  for (const auto& a : allowed)
+    if (a == s) return s;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  throw ConfigError(fmt::format("sync {}: parameter '{}' = '{}' is not one of: {}", scheme_, key, s, list));
+}
+
+net::RequestPtr isend(coll::Communicator& c, int peer, uint32_t tag, const void* data, size_t bytes) {
+  return c.transport().isend(c.transport_rank(peer), net::make_tag(net::kUser, c.id(), tag), data, bytes);
+}
+net::RequestPtr irecv(coll::Communicator& c, int peer, uint32_t tag, void* data, size_t bytes) {
+  return c.transport().irecv(c.transport_rank(peer), net::make_tag(net::kUser, c.id(), tag), data, bytes);
+}
+void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs) {
+  net::wait_all(reqs, Deadline::after(c.timeout_s()));
+}
+void wait(coll::Communicator& c, const net::RequestPtr& r) { r->wait(Deadline::after(c.timeout_s())); }
+
+void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats) {
+  if (c.size() <= 1) return;
+  Stopwatch sw;
+  c.allreduce(buf.data(), buf.size(), DType::f32, ReduceOp::avg, detail::blocking_opts()).wait();
+  stats.comm_seconds += sw.seconds();
+  uint64_t b = 2ull * (c.size() - 1) * buf.size_bytes() / c.size();
+  stats.bytes_sent += b;
+  stats.bytes_received += b;
+  stats.rounds += 1;
+}
+
+void Writer::u64(uint64_t v) {
+  size_t p = b_.size();
+  b_.resize(p + 8);
+  std::memcpy(b_.data() + p, &v, 8);
+}
+void Writer::f64(double v) {
+  uint64_t u;
+  std::memcpy(&u, &v, 8);
+  u64(u);
+}
+void Writer::floats(std::span<const float> v) {
+  u64(v.size());
+  size_t p = b_.size();
+  b_.resize(p + v.size_bytes());
+  if (!v.empty()) std::memcpy(b_.data() + p, v.data(), v.size_bytes());
+}
+void Reader::need(size_t n) const {
+  if (pos_ + n > b_.size())
+    throw InvalidArgument(fmt::format("sync {}: state is truncated ({} bytes, needed {})", what_, b_.size(), pos_ + n));
+}
+uint64_t Reader::u64() {
+  need(8);
+  uint64_t v;
+  std::memcpy(&v, b_.data() + pos_, 8);
+  pos_ += 8;
+  return v;
+}
+double Reader::f64() {
+  uint64_t u = u64();
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+}
+std::vector<float> Reader::floats() {
+  uint64_t n = u64();
+  need(n * 4);
+  std::vector<float> v(n);
+  if (n) std::memcpy(v.data(), b_.data() + pos_, n * 4);
+  pos_ += n * 4;
+  return v;
+}
+void Reader::done() const {
+  if (pos_ != b_.size())
+    throw InvalidArgument(fmt::format("sync {}: state has {} trailing bytes", what_, b_.size() - pos_));
+}
+
+}  // namespace detail
+
+namespace {
+
+struct Entry {
+  Params defaults;
+  std::function<StrategyPtr(const detail::ParamReader&, coll::CommPtr)> make;
+};
+
+compress::CompressorPtr optional_compressor(const std::string& spec) {
+  if (spec.empty() || spec == "none") return nullptr;
+  return compress::parse_compressor(spec);
+}
+
+const std::map<std::string, Entry>& registry() {
+  static const std::map<std::string, Entry> r = [] {
+    std::map<std::string, Entry> m;
+    m["bsp"] = {{}, [](const detail::ParamReader&, coll::CommPtr c) -> StrategyPtr {
+                  return std::make_unique<BspStrategy>(std::move(c));
+                }};
+    m["local"] = {{{"period", "8"}, {"warmup", "0"}, {"adaptive", "0"}, {"max_period", "64"}, {"target", "0.01"}},
+                  [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+                    return std::make_unique<LocalSgdStrategy>(
+                        std::move(c), p.integer("period", 1, 1 << 20), p.integer("warmup", 0, int64_t(1) << 50),
+                        p.flag("adaptive"), p.integer("max_period", 1, 1 << 20), p.real("target", 0, 1e9));
+                  }};
+    m["diloco"] = {{{"period", "100"}, {"outer_lr", "0.7"}, {"momentum", "0.9"}, {"nesterov", "1"}},
+                   [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+                     return std::make_unique<DilocoStrategy>(std::move(c), p.integer("period", 1, 1 << 24),
+                                                             p.real("outer_lr", 0, 100), p.real("momentum", 0, 0.9999),
+                                                             p.flag("nesterov"));
+                   }};
+    m["easgd"] = {{{"period", "4"}, {"alpha", "0"}},
+                  [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+                    double a = p.real("alpha", 0, 1);
+                    if (a == 0) a = 0.9 / c->size();  // the paper's beta = 0.9 split over p workers
+                    return std::make_unique<EasgdStrategy>(std::move(c), p.integer("period", 1, 1 << 24), a);
+                  }};
+    m["dpsgd"] = {{{"graph", "ring"}, {"rows", "0"}, {"compressor", "none"}, {"gamma", "0.5"}, {"seed", "0"}},
+                  [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+                    std::string kind = p.choice("graph", Graph::kinds());
+                    int n = c->size();
+                    return std::make_unique<DpsgdStrategy>(c, Graph(kind, n, p.integer("rows", 0, n)),
+                                                           optional_compressor(p.str("compressor")),
+                                                           p.real("gamma", 1e-6, 1), p.integer("seed", 0, INT64_MAX));
+                  }};
+    m["sgp"] = {{{"peers", "1"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+                  return std::make_unique<SgpStrategy>(std::move(c), p.integer("peers", 1, 32));
+                }};
+    m["adpsgd"] = {{{"seed", "0"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+                     return std::make_unique<AdpsgdStrategy>(std::move(c), p.integer("seed", 0, INT64_MAX));
+                   }};
+    for (std::string mode : {"asp", "ssp", "bsp"}) {
+      Params d = {{"servers", "1"}, {"colocate", "0"}, {"lr", "0.1"}, {"momentum", "0.9"}, {"weight_decay", "0"},
+                  {"push_compressor", "none"}, {"pull_compressor", "none"}};
+      if (mode == "ssp") d["staleness"] = "3";
+      m["ps-" + mode] = {d, [mode](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+                           PsConfig cfg;
+                           cfg.mode = mode;
+                           cfg.staleness = mode == "ssp" ? p.integer("staleness", 0, 1 << 30) : (mode == "bsp" ? 0 : -1);
+                           cfg.servers = p.integer("servers", 1, 1 << 20);
+                           cfg.colocate = p.flag("colocate");
+                           cfg.lr = p.real("lr", 0, 1e6);
+                           cfg.momentum = p.real("momentum", 0, 0.9999);
+                           cfg.weight_decay = p.real("weight_decay", 0, 1e6);
+                           cfg.push_compressor = p.str("push_compressor");
+                           cfg.pull_compressor = p.str("pull_compressor");
+                           return make_ps_strategy(std::move(c), cfg);
+                         }};
+    }
+    return m;
+  }();
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> strategy_names() {
+  std::vector<std::string> v;
+  for (const auto& [k, e] : registry()) v.push_back(k);
+  return v;
+}
+
+Params strategy_defaults(const std::string& name) {
+  auto it = registry().find(name);
+  if (it == registry().end()) make_strategy(name, {}, nullptr);  // throws the one-line error
+  return it->second.defaults;
+}
+
+StrategyPtr make_strategy(const std::string& name, const Params& params, coll::CommPtr comm) {
+  auto it = registry().find(name);
+  if (it == registry().end()) {
+    std::string list;
+    for (const auto& n : strategy_names()) list += (list.empty() ? "" : ", ") + n;
+    throw ConfigError(fmt::format("sync: unknown scheme '{}' (allowed: {})", name, list));
+  }
+  detail::ParamReader reader(name, params, it->second.defaults);
+  if (!comm) throw InvalidArgument(fmt::format("sync {}: no communicator", name));
+  return it->second.make(reader, std::move(comm));
+}
+
+StrategyPtr parse_strategy(const std::string& spec, coll::CommPtr comm) {
+  auto colon = spec.find(':');
+  std::string name = spec.substr(0, colon);
+  Params p;
+  if (colon != std::string::npos) {
+    std::string rest = spec.substr(colon + 1);
+    size_t pos = 0;
+    while (pos <= rest.size() && !rest.empty()) {
+      size_t comma = rest.find(',', pos);
+      std::string kv = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw ConfigError(fmt::format("sync: '{}' in '{}' is not key=value (e.g. local:period=8,warmup=100)", kv, spec));
+      p[kv.substr(0, eq)] = kv.substr(eq + 1);
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+  }
+  return make_strategy(name, p, std::move(comm));
+}
+
+}  // namespace conduit::sync
