@@ -14,8 +14,8 @@ variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), e.g. `conduit cluster ru
 bench/peers/ddp_train.py ...`, each process is one rank (GLOO_SOCKET_IFNAME follows CONDUIT_SOCKET_IFNAME).
 
 Rank 0 writes <output>/metrics.jsonl (one {"kind":"epoch",...} record per epoch: test_accuracy, time_s,
-bytes_sent, samples_per_s) and <output>/summary.json with the keys of conduit train's summary (final_test_accuracy,
-wall_time_s, time_to_target_s, bytes_on_wire, ...). bytes_on_wire is what the ranks' interfaces sent during training
+bytes_sent and bytes_payload of rank 0, samples_per_s) and <output>/summary.json with the keys of conduit train's summary (final_test_accuracy,
+wall_time_s, time_to_target_s, bytes_on_wire, ...). bytes_on_wire is what all ranks' interfaces sent during training
 (/proc/net/dev of each rank's network namespace, summed; on loopback it is the whole machine's lo counter and
 only an upper bound), plus the hook's own count of payload bytes in bytes_payload.
 """
@@ -237,8 +237,8 @@ def worker(a):
         elapsed = time.time() - t0
         if a.target_accuracy > 0 and reached is None and acc >= a.target_accuracy:
             reached = elapsed
+        # Per epoch, rank 0's own counters (as conduit train's epoch records); the summary sums over ranks.
         tx = torch.tensor([netdev_tx_bytes() - tx0, payload[0]], dtype=torch.float64)
-        dist.all_reduce(tx)
         if metrics:
             metrics.write(json.dumps({"kind": "epoch", "impl": "pytorch-ddp", "hook": a.hook, "epoch": epoch + 1,
                                       "train_loss": loss_sum / max(seen, 1), "test_accuracy": acc,
