@@ -204,7 +204,8 @@ void SgpStrategy::load_state(std::span<const uint8_t> bytes) {
 AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed)
     : Strategy(std::move(comm)), rng_(seed * 1000003 + comm_->rank()) {
   const int n = comm_->size(), me = comm_->rank();
-  for (int j : Graph("ring", n).neighbours(me))
+  const Graph ring("ring", n);
+  for (int j : ring.neighbours(me))
     if (j % 2 != me % 2) nbrs_.push_back(j);  // bipartite: active (even) <-> passive (odd)
 }
 

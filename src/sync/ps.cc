@@ -50,6 +50,10 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
   return c;
 }
 
+// Every message carries its shard in the tag (bits 8..23): threads serving two shards of one rank never
+// take each other's messages.
+uint32_t shard_tag(uint32_t base, int64_t shard) { return base | (uint32_t(shard & 0xffff) << 8); }
+
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
 }
@@ -63,6 +67,7 @@ class Shard {
   void init(std::span<const float> p) {
     std::lock_guard<std::mutex> lk(mu_);
     params_.assign(p.begin(), p.end());
+    initial_ = params_;
     momentum_.assign(p.size(), 0.f);
     agg_.assign(p.size(), 0.f);
     for (auto& s : slots_) {
@@ -88,9 +93,11 @@ class Shard {
       return {};
     }
     if (h.kind == kPull) {
-      slot.replica = params_;
-      Bytes b(params_.size() * 4);
-      std::memcpy(b.data(), params_.data(), b.size());
+      // The starting point, whatever faster workers have pushed since (asp/ssp apply pushes on arrival).
+      slot.replica = initial_;
+      Bytes b(initial_.size() * 4);
+      std::memcpy(b.data(), initial_.data(), b.size());
+      if (++initial_pulls_ == workers_) initial_ = {};
       return {ReplyHeader{b.size(), 1}, std::move(b)};
     }
     // Push.
@@ -211,7 +218,8 @@ class Shard {
   std::mutex mu_;
   std::condition_variable cv_;
   bool initialized_ = false;
-  std::vector<float> params_, momentum_, agg_, grad_;
+  std::vector<float> params_, initial_, momentum_, agg_, grad_;
+  int initial_pulls_ = 0;
   std::vector<int64_t> clocks_;
   std::vector<bool> stopped_;
   std::vector<Slot> slots_;
@@ -267,8 +275,8 @@ class PsStrategy : public Strategy {
           continue;
         }
         hs[s] = {kInit, (hi - lo) * 4, d_};
-        reqs.push_back(isend(*comm_, host_of(s), detail::kTagPsInit, &hs[s], sizeof(Header)));
-        reqs.push_back(isend(*comm_, host_of(s), detail::kTagPsInit, params.data() + lo, (hi - lo) * 4));
+        reqs.push_back(isend(*comm_, host_of(s), shard_tag(detail::kTagPsInit, s), &hs[s], sizeof(Header)));
+        reqs.push_back(isend(*comm_, host_of(s), shard_tag(detail::kTagPsInit, s), params.data() + lo, (hi - lo) * 4));
       }
       detail::wait_all(*comm_, reqs);
     }
@@ -334,22 +342,22 @@ class PsStrategy : public Strategy {
       const double t = comm_->timeout_s();
       if (w == 0) {  // the initial parameters come first
         Header h;
-        detail::wait(*comm_, irecv(*comm_, 0, detail::kTagPsInit, &h, sizeof h));
+        detail::wait(*comm_, irecv(*comm_, 0, shard_tag(detail::kTagPsInit, s), &h, sizeof h));
         std::vector<float> p(h.bytes / 4);
-        detail::wait(*comm_, irecv(*comm_, 0, detail::kTagPsInit, p.data(), h.bytes));
+        detail::wait(*comm_, irecv(*comm_, 0, shard_tag(detail::kTagPsInit, s), p.data(), h.bytes));
         shard.init(p);
       }
       Bytes payload;
       for (;;) {
         Header h;
-        net::RequestPtr r = irecv(*comm_, w, detail::kTagPsHeader, &h, sizeof h);
+        net::RequestPtr r = irecv(*comm_, w, shard_tag(detail::kTagPsHeader, s), &h, sizeof h);
         r->wait(Deadline::after(t));
         payload.resize(h.bytes);
-        if (h.bytes) detail::wait(*comm_, irecv(*comm_, w, detail::kTagPsPayload, payload.data(), h.bytes));
+        if (h.bytes) detail::wait(*comm_, irecv(*comm_, w, shard_tag(detail::kTagPsPayload, s), payload.data(), h.bytes));
         auto [rh, reply] = shard.handle(w, h, payload, t);
         if (h.kind == kStop) return;
-        detail::wait_all(*comm_, {isend(*comm_, w, detail::kTagPsReplyHeader, &rh, sizeof rh),
-                                  isend(*comm_, w, detail::kTagPsReply, reply.data(), reply.size())});
+        detail::wait_all(*comm_, {isend(*comm_, w, shard_tag(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
+                                  isend(*comm_, w, shard_tag(detail::kTagPsReply, s), reply.data(), reply.size())});
       }
     } catch (...) {
       std::lock_guard<std::mutex> lk(err_mu_);
@@ -381,10 +389,10 @@ class PsStrategy : public Strategy {
       hs[s] = {kind, payloads[s].size(), kind == kPush ? clock_ : 0};  // = the push state's step after compress
       if (host_of(s) == me) continue;
       int h = host_of(s);
-      sends.push_back(isend(*comm_, h, detail::kTagPsHeader, &hs[s], sizeof(Header)));
+      sends.push_back(isend(*comm_, h, shard_tag(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
       if (!payloads[s].empty())
-        sends.push_back(isend(*comm_, h, detail::kTagPsPayload, payloads[s].data(), payloads[s].size()));
-      if (kind != kStop) rrecv.push_back(irecv(*comm_, h, detail::kTagPsReplyHeader, &rhs[s], sizeof(ReplyHeader)));
+        sends.push_back(isend(*comm_, h, shard_tag(detail::kTagPsPayload, s), payloads[s].data(), payloads[s].size()));
+      if (kind != kStop) rrecv.push_back(irecv(*comm_, h, shard_tag(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
       stats_.bytes_sent += sizeof(Header) + payloads[s].size();
     }
     // Local shards (co-located) are served on this thread, after the remote pushes left.
@@ -404,7 +412,7 @@ class PsStrategy : public Strategy {
     for (int64_t s = 0; s < S; ++s) {
       if (host_of(s) == me) continue;
       replies[s].resize(rhs[s].bytes);
-      precv.push_back(irecv(*comm_, host_of(s), detail::kTagPsReply, replies[s].data(), rhs[s].bytes));
+      precv.push_back(irecv(*comm_, host_of(s), shard_tag(detail::kTagPsReply, s), replies[s].data(), rhs[s].bytes));
       stats_.bytes_received += sizeof(ReplyHeader) + rhs[s].bytes;
     }
     detail::wait_all(*comm_, precv);

@@ -209,7 +209,7 @@ const std::map<std::string, Entry>& registry() {
                            PsConfig cfg;
                            cfg.mode = mode;
                            cfg.staleness = mode == "ssp" ? p.integer("staleness", 0, 1 << 30) : (mode == "bsp" ? 0 : -1);
-                           cfg.servers = p.integer("servers", 1, 1 << 20);
+                           cfg.servers = p.integer("servers", 1, 65536);
                            cfg.colocate = p.flag("colocate");
                            cfg.lr = p.real("lr", 0, 1e6);
                            cfg.momentum = p.real("momentum", 0, 0.9999);

@@ -1,0 +1,143 @@
+// bsp, local SGD, DiLoCo and EASGD on in-process ranks.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "harness.h"
+#include "sync/schemes.h"
+
+using namespace conduit;
+using namespace conduit::sync;
+using conduit::sync::harness::max_abs_diff;
+using conduit::sync::harness::on_ranks;
+using conduit::sync::harness::train;
+
+namespace {
+
+std::vector<std::vector<float>> run(int n, const std::string& name, const Params& p, int steps, size_t d = 40) {
+  std::vector<std::vector<float>> out(n);
+  on_ranks(n, [&](int r, coll::CommPtr c) { out[r] = train(r, c, name, p, steps, d); });
+  return out;
+}
+
+TEST(SyncCollective, BspAveragesGradientsAndKeepsReplicasEqual) {
+  auto b = run(4, "bsp", {}, 20);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(b[r], b[0]);
+  // Averaged gradients converge to the minimizer of the sum.
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_NEAR(b[0][i], harness::optimum(i, 4), 0.05);
+  }
+}
+
+TEST(SyncCollective, LocalSgdWithPeriodOneEqualsBsp) {
+  for (int n : {2, 3, 4}) {
+    auto b = run(n, "bsp", {}, 15);
+    auto l = run(n, "local", {{"period", "1"}}, 15);
+    for (int r = 0; r < n; ++r) EXPECT_LT(max_abs_diff(b[r], l[r]), 1e-5) << n << " ranks, rank " << r;
+    // A longer period is not BSP (the comparison above can fail).
+    auto l4 = run(n, "local", {{"period", "4"}}, 15);
+    EXPECT_GT(max_abs_diff(b[0], l4[0]), 1e-3);
+  }
+}
+
+TEST(SyncCollective, PostLocalWarmupIsBspThenLocal) {
+  auto b = run(3, "bsp", {}, 6);
+  auto l = run(3, "local", {{"period", "100"}, {"warmup", "6"}}, 6);
+  for (int r = 0; r < 3; ++r) EXPECT_LT(max_abs_diff(b[r], l[r]), 1e-6);
+  // Warm-up replicas stay equal; afterwards they diverge until the final average in finish().
+  std::vector<std::vector<float>> mid(3);
+  on_ranks(3, [&](int r, coll::CommPtr c) {
+    auto s = make_strategy("local", {{"period", "100"}, {"warmup", "2"}}, c);
+    auto x = harness::initial(r, 8);
+    std::vector<float> g(8);
+    s->setup(x);
+    for (int t = 0; t < 5; ++t) {
+      for (size_t i = 0; i < 8; ++i) g[i] = x[i] - harness::target(r, i);
+      if (s->before_step(t, x, g))
+        for (size_t i = 0; i < 8; ++i) x[i] -= 0.1f * g[i];
+      s->after_step(t, x);
+    }
+    mid[r] = x;
+    s->finish(x);
+    if (r == 0) EXPECT_GT(s->stats().rounds, 2u);
+  });
+  EXPECT_GT(max_abs_diff(mid[0], mid[1]), 1e-3);
+}
+
+TEST(SyncCollective, AdaptivePeriodGrowsWhenReplicasAgree) {
+  on_ranks(2, [](int r, coll::CommPtr c) {
+    LocalSgdStrategy s(c, 1, 0, true, 16, 0.5);  // divergence is far below 0.5 here: the period doubles
+    std::vector<float> x(16, 1.0f + 0.001f * r);
+    s.setup(x);
+    for (int t = 0; t < 40; ++t) s.after_step(t, x);
+    EXPECT_EQ(s.period(), 16);
+    auto st = s.save_state();
+    LocalSgdStrategy s2(c, 1, 0, true, 16, 0.5);
+    s2.load_state(st);
+    EXPECT_EQ(s2.period(), 16);
+  });
+}
+
+TEST(SyncCollective, DilocoWithPeriodOneUnitOuterLrNoMomentumIsPlainAveraging) {
+  auto avg = run(4, "local", {{"period", "1"}}, 12);
+  auto dl = run(4, "diloco", {{"period", "1"}, {"outer_lr", "1"}, {"momentum", "0"}, {"nesterov", "0"}}, 12);
+  for (int r = 0; r < 4; ++r) EXPECT_LT(max_abs_diff(avg[r], dl[r]), 1e-5);
+  // With Nesterov momentum it is a different method.
+  auto dn = run(4, "diloco", {{"period", "1"}, {"outer_lr", "1"}, {"momentum", "0.9"}}, 12);
+  EXPECT_GT(max_abs_diff(avg[0], dn[0]), 1e-3);
+  // And H = 3 with lr 1, no momentum equals local SGD with period 3.
+  auto l3 = run(4, "local", {{"period", "3"}}, 12);
+  auto d3 = run(4, "diloco", {{"period", "3"}, {"outer_lr", "1"}, {"momentum", "0"}, {"nesterov", "0"}}, 12);
+  for (int r = 0; r < 4; ++r) EXPECT_LT(max_abs_diff(l3[r], d3[r]), 1e-5);
+}
+
+TEST(SyncCollective, DilocoStateRoundTrips) {
+  on_ranks(2, [](int r, coll::CommPtr c) {
+    DilocoStrategy a(c, 2, 0.7, 0.9, true), b(c, 2, 0.7, 0.9, true);
+    auto x = harness::initial(r, 10);
+    a.setup(x);
+    for (int t = 0; t < 3; ++t) {
+      for (auto& v : x) v *= 0.9f;
+      a.after_step(t, x);
+    }
+    auto y = x;
+    b.setup(y);
+    b.load_state(a.save_state());
+    for (auto* v : {&x, &y}) for (auto& e : *v) e += 0.5f;
+    a.after_step(3, x);
+    b.after_step(3, y);
+    EXPECT_EQ(x, y);
+    EXPECT_THROW(b.load_state(std::vector<uint8_t>(3)), InvalidArgument);
+  });
+}
+
+TEST(SyncCollective, EasgdPreservesSumOfWorkersPlusCenterWithZeroGradients) {
+  const int n = 4;
+  const size_t d = 12;
+  std::vector<std::vector<float>> x(n), center(n);
+  std::vector<double> before(d, 0);
+  std::mutex mu;
+  on_ranks(n, [&](int r, coll::CommPtr c) {
+    EasgdStrategy s(c, 1, 0.2);
+    auto p = harness::initial(0, d);
+    s.setup(p);
+    // Replicas drift apart (as local steps would make them), then only communication happens.
+    for (size_t i = 0; i < d; ++i) p[i] += harness::target(r, i);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      for (size_t i = 0; i < d; ++i) before[i] += p[i] + (r == 0 ? s.center()[i] : 0);
+    }
+    for (int t = 0; t < 30; ++t) s.after_step(t, p);
+    x[r] = p;
+    center[r] = s.center();
+  });
+  for (int r = 1; r < n; ++r) EXPECT_EQ(center[r], center[0]);
+  double spread = 0;
+  for (size_t i = 0; i < d; ++i) {
+    double after = center[0][i];
+    for (int r = 0; r < n; ++r) after += x[r][i], spread = std::max(spread, double(std::abs(x[r][i] - center[0][i])));
+    EXPECT_NEAR(after, before[i], 1e-4) << i;
+  }
+  EXPECT_LT(spread, 1e-2);  // the elastic force pulled workers and center together
+}
+
+}  // namespace

@@ -1,0 +1,196 @@
+// D-PSGD (plain and CHOCO), PushSum and AD-PSGD conservation laws and consensus rates on in-process ranks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+#include <numbers>
+
+#include "compress/compressor.h"
+#include "core/error.h"
+#include "harness.h"
+#include "sync/graph.h"
+#include "sync/schemes.h"
+
+using namespace conduit;
+using namespace conduit::sync;
+using conduit::sync::harness::on_ranks;
+
+namespace {
+
+TEST(SyncGraph, MixingMatricesAreSymmetricDoublyStochastic) {
+  for (const auto& kind : Graph::kinds())
+    for (int n : {1, 2, 3, 4, 6, 8, 9, 12}) {
+      Graph g(kind, n);
+      auto w = g.mixing_matrix();
+      for (int i = 0; i < n; ++i) {
+        double row = 0, col = 0;
+        for (int j = 0; j < n; ++j) {
+          row += w[i * n + j], col += w[j * n + i];
+          EXPECT_DOUBLE_EQ(w[i * n + j], w[j * n + i]);
+          EXPECT_GE(w[i * n + j], 0);
+        }
+        EXPECT_NEAR(row, 1, 1e-12) << kind << " n=" << n;
+        EXPECT_NEAR(col, 1, 1e-12) << kind << " n=" << n;
+      }
+      if (n > 2) EXPECT_LT(second_largest_eigenvalue_modulus(w, n), 1.0) << kind << " n=" << n;  // connected
+    }
+  EXPECT_EQ(Graph("ring", 8).neighbours(0), (std::vector<int>{1, 7}));
+  EXPECT_EQ(Graph("torus", 12, 3).neighbours(0), (std::vector<int>{1, 3, 4, 8}));
+  EXPECT_EQ(Graph("exponential", 8).neighbours(0), (std::vector<int>{1, 2, 4, 6, 7}));
+}
+
+TEST(SyncGraph, RingEigenvalueMatchesClosedForm) {
+  for (int n : {3, 5, 8, 10}) {
+    double lam = second_largest_eigenvalue_modulus(Graph("ring", n).mixing_matrix(), n);
+    // W = (I + shift + shift^T) / 3: eigenvalues (1 + 2 cos(2 pi k / n)) / 3.
+    double expect = 0;
+    for (int k = 1; k < n; ++k) expect = std::max(expect, std::abs((1 + 2 * std::cos(2 * std::numbers::pi * k / n)) / 3));
+    EXPECT_NEAR(lam, expect, 1e-9) << n;
+  }
+}
+
+// Each rank perturbs the broadcast start by its own vector, then runs `steps` zero-gradient gossip rounds.
+// Returns x[step][rank] (step 0 = before the first round).
+std::vector<std::vector<std::vector<float>>> gossip(int n, size_t d, int steps, const Params& p,
+                                                    const std::function<float(int, size_t)>& perturb) {
+  std::vector<std::vector<std::vector<float>>> xs(steps + 1, std::vector<std::vector<float>>(n));
+  on_ranks(n, [&](int r, coll::CommPtr c) {
+    auto s = make_strategy("dpsgd", p, c);
+    std::vector<float> x(d, 0.5f);
+    s->setup(x);
+    for (size_t i = 0; i < d; ++i) x[i] += perturb(r, i);
+    xs[0][r] = x;
+    for (int t = 0; t < steps; ++t) {
+      s->after_step(t, x);
+      xs[t + 1][r] = x;
+    }
+  });
+  return xs;
+}
+
+double consensus_error(const std::vector<std::vector<float>>& x) {
+  size_t d = x[0].size();
+  double e = 0;
+  for (size_t i = 0; i < d; ++i) {
+    double m = 0;
+    for (const auto& v : x) m += v[i];
+    m /= x.size();
+    for (const auto& v : x) e += (v[i] - m) * (v[i] - m);
+  }
+  return std::sqrt(e);
+}
+
+std::vector<double> averages(const std::vector<std::vector<float>>& x) {
+  std::vector<double> a(x[0].size(), 0);
+  for (const auto& v : x)
+    for (size_t i = 0; i < v.size(); ++i) a[i] += double(v[i]) / x.size();
+  return a;
+}
+
+TEST(SyncDpsgd, ZeroGradientsPreserveTheAverageOnEveryGraph) {
+  for (const std::string kind : {"ring", "torus", "exponential"})
+    for (int n : {2, 4, 6}) {
+      auto xs = gossip(n, 16, 10, {{"graph", kind}}, [](int r, size_t i) { return harness::target(r, i); });
+      auto a0 = averages(xs[0]);
+      auto a1 = averages(xs.back());
+      for (size_t i = 0; i < a0.size(); ++i) EXPECT_NEAR(a1[i], a0[i], 1e-5) << kind << " n=" << n;
+      EXPECT_LT(consensus_error(xs.back()), consensus_error(xs[0])) << kind << " n=" << n;
+    }
+}
+
+TEST(SyncDpsgd, RingConsensusShrinksAtLeastAsFastAsLambda2) {
+  for (int n : {4, 6, 8}) {
+    double lam = second_largest_eigenvalue_modulus(Graph("ring", n).mixing_matrix(), n);
+    // Random start: the error contracts by at least lambda2 per round.
+    auto xs = gossip(n, 32, 12, {}, [](int r, size_t i) { return std::sin(7.3f * r + 1.9f * i * i); });
+    double e0 = consensus_error(xs[0]);
+    for (int t = 1; t <= 12; ++t)
+      EXPECT_LE(consensus_error(xs[t]), std::pow(lam, t) * e0 * (1 + 1e-4) + 1e-5) << "n=" << n << " t=" << t;
+    // Start on the slowest eigenvector: the bound is attained, so lambda2 is the true rate.
+    auto slow = gossip(n, 4, 8, {}, [n](int r, size_t) { return float(std::cos(2 * std::numbers::pi * r / n)); });
+    double s0 = consensus_error(slow[0]);
+    EXPECT_NEAR(consensus_error(slow[8]) / s0, std::pow(lam, 8), 1e-3) << "n=" << n;
+  }
+}
+
+TEST(SyncDpsgd, ChocoCompressedGossipPreservesAverageAndReachesConsensus) {
+  const int n = 4;
+  auto xs = gossip(n, 64, 200, {{"compressor", "topk:ratio=0.25"}, {"gamma", "0.5"}},
+                   [](int r, size_t i) { return harness::target(r, i); });
+  auto a0 = averages(xs[0]);
+  auto a1 = averages(xs.back());
+  for (size_t i = 0; i < a0.size(); ++i) EXPECT_NEAR(a1[i], a0[i], 1e-4);
+  EXPECT_LT(consensus_error(xs.back()), 1e-2 * consensus_error(xs[0]));
+}
+
+TEST(SyncSgp, PushSumPreservesSumOfNumeratorsAndWeights) {
+  for (int n : {2, 3, 5, 8})
+    for (int peers : {1, 2}) {
+      const size_t d = 10;
+      std::vector<double> sum0(d, 0), sum1(d, 0);
+      double w1 = 0;
+      std::vector<std::vector<float>> z(n);
+      std::mutex mu;
+      on_ranks(n, [&](int r, coll::CommPtr c) {
+        SgpStrategy s(c, peers);
+        std::vector<float> x(d, 0.f);
+        s.setup(x);
+        for (size_t i = 0; i < d; ++i) x[i] = harness::target(r, i);  // one local "step" away from the start
+        s.after_step(0, x);
+        std::vector<float> x1 = s.numerator();
+        double w = s.weight();
+        for (int t = 1; t < 40; ++t) s.after_step(t, x);
+        std::lock_guard<std::mutex> lk(mu);
+        for (size_t i = 0; i < d; ++i) sum0[i] += x1[i], sum1[i] += s.numerator()[i];
+        (void)w;
+        w1 += s.weight();
+        z[r] = x;
+      });
+      EXPECT_NEAR(w1, n, 1e-5) << n;
+      for (size_t i = 0; i < d; ++i) {
+        EXPECT_NEAR(sum1[i], sum0[i], 1e-4) << "n=" << n;
+        double mean = 0;
+        for (int r = 0; r < n; ++r) mean += harness::target(r, i) / n;
+        for (int r = 0; r < n; ++r) EXPECT_NEAR(z[r][i], mean, 1e-3) << "n=" << n << " peers=" << peers;  // de-biased
+      }
+    }
+}
+
+TEST(SyncSgp, TimeVaryingOutPeers) {
+  EXPECT_EQ(SgpStrategy::out_peers(0, 8, 0, 1), (std::vector<int>{1}));
+  EXPECT_EQ(SgpStrategy::out_peers(0, 8, 1, 1), (std::vector<int>{2}));
+  EXPECT_EQ(SgpStrategy::out_peers(0, 8, 2, 1), (std::vector<int>{4}));
+  EXPECT_EQ(SgpStrategy::out_peers(0, 8, 3, 1), (std::vector<int>{1}));
+  EXPECT_EQ(SgpStrategy::out_peers(6, 8, 1, 2), (std::vector<int>{2, 7}));
+  EXPECT_TRUE(SgpStrategy::out_peers(0, 1, 0, 1).empty());
+}
+
+TEST(SyncAdpsgd, PairwiseAveragingPreservesTheSum) {
+  for (int n : {2, 4, 5, 6}) {
+    const size_t d = 12;
+    std::vector<std::vector<float>> x(n), x0(n);
+    std::vector<uint64_t> ex(n);
+    on_ranks(n, [&](int r, coll::CommPtr c) {
+      AdpsgdStrategy s(c, 7);
+      std::vector<float> p(d, 0.f);
+      s.setup(p);
+      for (size_t i = 0; i < d; ++i) p[i] = harness::target(r, i);
+      x0[r] = p;
+      // Ranks run at different speeds: exchanges interleave with the passive ranks' steps (a passive rank answers
+      // with its model as of its last after_step, so the slowed ranks here are active ones).
+      for (int t = 0; t < 30; ++t) {
+        if (r % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        s.after_step(t, p);
+      }
+      s.finish(p);
+      x[r] = p;
+      ex[r] = s.exchanges();
+    });
+    auto a0 = averages(x0), a1 = averages(x);
+    for (size_t i = 0; i < d; ++i) EXPECT_NEAR(a1[i], a0[i], 1e-5) << "n=" << n;
+    EXPECT_LT(consensus_error(x), 0.5 * consensus_error(x0)) << "n=" << n;
+    for (int r = 0; r < n; r += 2) EXPECT_EQ(ex[r], 30u) << "active rank " << r;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,94 @@
+#pragma once
+// Runs strategies on n in-process ranks (threads) over a quadratic problem: rank r minimizes
+// 0.5 h_r |x - a_r|^2 with a_r[i] = sin(1 + r + 0.37 i), so replicas drift apart between synchronizations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coll/communicator.h"
+#include "sync/strategy.h"
+
+namespace conduit::sync::harness {
+
+inline std::vector<coll::CommPtr> make_comms(int n) {
+  coll::CommConfig cfg;
+  cfg.timeout_s = 20;
+  cfg.measure_cost_model = false;
+  return coll::Communicator::inproc(n, 0, cfg);
+}
+
+// Runs fn(rank, comm) on n ranks; fails the test with every rank's error.
+inline void on_ranks(int n, const std::function<void(int, coll::CommPtr)>& fn) {
+  auto comms = make_comms(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        fn(r, comms[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+inline float target(int rank, size_t i) { return std::sin(1.0f + rank + 0.37f * i); }
+
+// Curvature differs per rank, so local steps do not commute with averaging (local SGD is not BSP here).
+inline float curvature(int rank) { return 1.0f + 0.5f * rank; }
+
+// The minimizer of sum_r curvature(r) |x - a_r|^2 / 2 over n ranks.
+inline float optimum(size_t i, int n) {
+  float num = 0, den = 0;
+  for (int r = 0; r < n; ++r) num += curvature(r) * target(r, i), den += curvature(r);
+  return num / den;
+}
+
+inline std::vector<float> initial(int rank, size_t d) {
+  std::vector<float> x(d);
+  for (size_t i = 0; i < d; ++i) x[i] = std::cos(0.5f * rank + 0.11f * i);
+  return x;
+}
+
+// Trains with plain SGD (lr) for `steps` steps; returns this rank's final parameters (empty on server ranks).
+// `slow`: extra sleep per step on this rank.
+inline std::vector<float> train(int rank, coll::CommPtr comm, const std::string& name, const Params& p, int steps,
+                                size_t d = 40, float lr = 0.1f, double slow_ms = 0, Strategy** out = nullptr,
+                                std::function<void(Strategy&)> after = nullptr) {
+  auto s = make_strategy(name, p, comm);
+  if (out) *out = s.get();
+  if (!s->is_worker()) {
+    s->serve();
+    if (after) after(*s);
+    return {};
+  }
+  int w = s->worker_rank();
+  auto x = initial(rank, d);
+  std::vector<float> g(d);
+  s->setup(x);
+  for (int t = 0; t < steps; ++t) {
+    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms));
+    for (size_t i = 0; i < d; ++i) g[i] = curvature(w) * (x[i] - target(w, i));
+    if (s->before_step(t, x, g))
+      for (size_t i = 0; i < d; ++i) x[i] -= lr * g[i];
+    s->after_step(t, x);
+  }
+  s->finish(x);
+  if (after) after(*s);
+  return x;
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, double(std::abs(a[i] - b[i])));
+  return m;
+}
+
+}  // namespace conduit::sync::harness

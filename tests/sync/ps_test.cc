@@ -1,0 +1,90 @@
+// Parameter servers: the SSP staleness bound (instrumented), s = 0 equals BSP, sharding, compression.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "harness.h"
+#include "sync/ps.h"
+
+using namespace conduit;
+using namespace conduit::sync;
+using conduit::sync::harness::max_abs_diff;
+using conduit::sync::harness::on_ranks;
+using conduit::sync::harness::train;
+
+namespace {
+
+struct Run {
+  std::vector<std::vector<float>> x;
+  PsClockStats clocks;  // merged over every shard
+};
+
+Run run(int n, const std::string& name, Params p, int steps, double slow_ms_rank1 = 0) {
+  Run out;
+  out.x.resize(n);
+  std::mutex mu;
+  on_ranks(n, [&](int r, coll::CommPtr c) {
+    out.x[r] = train(r, c, name, p, steps, 40, 0.1f, r == 1 ? slow_ms_rank1 : 0, nullptr, [&](Strategy& s) {
+      if (name.rfind("ps-", 0) != 0) return;
+      auto st = ps_clock_stats(s);
+      std::lock_guard<std::mutex> lk(mu);
+      out.clocks.max_gap = std::max(out.clocks.max_gap, st.max_gap);
+      out.clocks.pushes += st.pushes;
+      out.clocks.waits += st.waits;
+    });
+  });
+  return out;
+}
+
+TEST(SyncPs, BspThroughServersEqualsAllreduceBsp) {
+  // Plain SGD on the server (momentum 0) with the trainer's lr: the same updates as bsp + a local SGD step.
+  auto ref = run(3, "bsp", {}, 10);
+  for (auto [servers, colocate] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {5, 1}}) {
+    auto ps = run(3, "ps-bsp", {{"momentum", "0"}, {"servers", std::to_string(servers)},
+                                {"colocate", std::to_string(colocate)}}, 10);
+    for (int r = 0; r < 3; ++r) EXPECT_LT(max_abs_diff(ps.x[r], ref.x[0]), 1e-5) << servers << " shards";
+    EXPECT_EQ(ps.clocks.pushes, 3u * 10 * servers);
+  }
+  // Dedicated server ranks: 3 workers + 2 servers.
+  auto ded = run(5, "ps-bsp", {{"momentum", "0"}, {"servers", "2"}}, 10);
+  for (int r = 0; r < 3; ++r) EXPECT_LT(max_abs_diff(ded.x[r], ref.x[0]), 1e-5);
+  EXPECT_TRUE(ded.x[3].empty());
+}
+
+TEST(SyncPs, SspWithZeroStalenessEqualsBsp) {
+  auto bsp = run(4, "ps-bsp", {{"momentum", "0"}, {"servers", "2"}, {"colocate", "1"}}, 12, 1.0);
+  auto ssp = run(4, "ps-ssp", {{"momentum", "0"}, {"servers", "2"}, {"colocate", "1"}, {"staleness", "0"}}, 12, 1.0);
+  for (int r = 0; r < 4; ++r) EXPECT_LT(max_abs_diff(ssp.x[r], bsp.x[r]), 1e-5);
+  EXPECT_EQ(ssp.clocks.max_gap, 0);
+}
+
+TEST(SyncPs, SspNeverLetsTheClockGapExceedStaleness) {
+  for (int s : {1, 3}) {
+    // 4 workers and a dedicated server; worker 1 is slow.
+    auto r = run(5, "ps-ssp", {{"staleness", std::to_string(s)}}, 30, 2.0);
+    EXPECT_LE(r.clocks.max_gap, s);
+    EXPECT_EQ(r.clocks.max_gap, s) << "the fast workers should reach the bound";
+    EXPECT_GT(r.clocks.waits, 0u);
+  }
+  // Without the bound the same run drifts further apart (the instrumentation sees it).
+  auto asp = run(5, "ps-asp", {}, 30, 2.0);
+  EXPECT_GT(asp.clocks.max_gap, 3);
+}
+
+// Bounded staleness keeps every worker's last pull near the optimum (under asp a worker that runs alone at the end
+// pulls the model toward its own target).
+TEST(SyncPs, SspTrainingConvergesWithCompressionBothWays) {
+  for (Params p : {Params{}, Params{{"push_compressor", "int8"}, {"pull_compressor", "topk:ratio=0.3"}},
+                   Params{{"push_compressor", "ef:topk:ratio=0.2"}, {"servers", "3"}, {"colocate", "1"}}}) {
+    p["momentum"] = "0.5";
+    p["lr"] = "0.03";
+    p["colocate"] = "1";
+    p["staleness"] = "2";
+    auto r = run(3, "ps-ssp", p, 150);
+    for (size_t i = 0; i < 40; ++i) {
+      float mean = harness::optimum(i, 3);
+      for (int w = 0; w < 3; ++w) EXPECT_NEAR(r.x[w][i], mean, 0.1) << p.size() << " i=" << i;
+    }
+  }
+}
+
+}  // namespace
