@@ -83,7 +83,7 @@ TEST(SyncConfig, ParseSpec) {
   EXPECT_NE(m.find("key=value"), std::string::npos) << m;
 }
 
-TEST(SyncConfig, SlowFlag) {
+TEST(SyncConfig, StragglerFlag) {
   auto f = parse_slow("1:3,2:1.5", 4);
   ASSERT_EQ(f.size(), 2u);
   EXPECT_EQ(f[1], 3.0);
