@@ -176,6 +176,12 @@ TEST(SyncAdpsgd, PairwiseAveragingPreservesTheSum) {
       s.setup(p);
       for (size_t i = 0; i < d; ++i) p[i] = harness::target(r, i);
       x0[r] = p;
+      // Passive ranks publish their perturbed model before any exchange (else the first answers are the stale
+      // broadcast value and the consensus check below depends on thread timing; the sum is preserved either way).
+      if (!s.active()) s.after_step(0, p);
+      coll::CollOptions o;
+      o.blocking = true;
+      c->barrier(o).wait();
       // Ranks run at different speeds: exchanges interleave with the passive ranks' steps (a passive rank answers
       // with its model as of its last after_step, so the slowed ranks here are active ones).
       for (int t = 0; t < 30; ++t) {

@@ -82,7 +82,7 @@ TEST(SyncPs, SspTrainingConvergesWithCompressionBothWays) {
     auto r = run(3, "ps-ssp", p, 150);
     for (size_t i = 0; i < 40; ++i) {
       float mean = harness::optimum(i, 3);
-      for (int w = 0; w < 3; ++w) EXPECT_NEAR(r.x[w][i], mean, 0.1) << p.size() << " i=" << i;
+      for (int w = 0; w < 3; ++w) EXPECT_NEAR(r.x[w][i], mean, 0.2) << p.size() << " i=" << i;
     }
   }
 }
