@@ -22,8 +22,12 @@ bool BspStrategy::before_step(uint64_t, std::span<float>, std::span<float> grads
 
 LocalSgdStrategy::LocalSgdStrategy(coll::CommPtr comm, int period, int64_t warmup, bool adaptive, int max_period,
                                    double target)
-    : Strategy(std::move(comm)), period_(period), warmup_(warmup), adaptive_(adaptive),
-      max_period_(std::max(max_period, period)), target_(target) {}
+    : Strategy(std::move(comm)),
+      period_(period),
+      warmup_(warmup),
+      adaptive_(adaptive),
+      max_period_(std::max(max_period, period)),
+      target_(target) {}
 
 bool LocalSgdStrategy::before_step(uint64_t step, std::span<float>, std::span<float> grads) {
   if (static_cast<int64_t>(step) < warmup_) allreduce_avg(*comm_, grads, stats_);
@@ -43,8 +47,7 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
   double own = 0;
   for (float v : params) own += double(v) * v;
   float sq = static_cast<float>(own);
-  if (comm_->size() > 1)
-    comm_->allreduce(&sq, 1, DType::f32, ReduceOp::sum, detail::blocking_opts()).wait();
+  if (comm_->size() > 1) comm_->allreduce(&sq, 1, DType::f32, ReduceOp::sum, detail::blocking_opts()).wait();
   stats_.bytes_sent += 4;
   allreduce_avg(*comm_, params, stats_);
   double mean = 0;

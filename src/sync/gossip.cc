@@ -36,8 +36,7 @@ void DpsgdStrategy::setup(std::span<float> params) {
 void DpsgdStrategy::after_step(uint64_t, std::span<float> params) {
   if (nbrs_.empty()) return;
   if (!inbox_.empty() && inbox_[0].size() != params.size())
-    throw InvalidArgument(fmt::format("sync dpsgd: {} parameters but setup() saw {}", params.size(),
-                                      inbox_[0].size()));
+    throw InvalidArgument(fmt::format("sync dpsgd: {} parameters but setup() saw {}", params.size(), inbox_[0].size()));
   if (inbox_.empty()) throw InvalidArgument("sync dpsgd: after_step before setup()");
   Stopwatch sw;
   if (compressor_)

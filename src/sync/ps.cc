@@ -60,9 +60,16 @@ std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
 
 class Shard {
  public:
-  Shard(const PsConfig& cfg, int64_t index, int workers, const compress::Compressor* push, const compress::Compressor* pull)
-      : cfg_(cfg), index_(index), workers_(workers), push_(push), pull_(pull), clocks_(workers, 0),
-        stopped_(workers, false), slots_(workers) {}
+  Shard(const PsConfig& cfg, int64_t index, int workers, const compress::Compressor* push,
+        const compress::Compressor* pull)
+      : cfg_(cfg),
+        index_(index),
+        workers_(workers),
+        push_(push),
+        pull_(pull),
+        clocks_(workers, 0),
+        stopped_(workers, false),
+        slots_(workers) {}
 
   void init(std::span<const float> p) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -79,8 +86,7 @@ class Shard {
   }
 
   // Handles one message from worker w; returns the reply (header + payload), empty for stop.
-  std::pair<ReplyHeader, Bytes> handle(int w, const Header& h, std::span<const uint8_t> payload,
-                                       double timeout_s) {
+  std::pair<ReplyHeader, Bytes> handle(int w, const Header& h, std::span<const uint8_t> payload, double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_; }))
       throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
@@ -108,8 +114,8 @@ class Shard {
       push_->decompress(payload, slot.push_state, grad_);
     } else {
       if (payload.size() != d * 4)
-        throw ProtocolError(fmt::format("sync ps shard {}: worker {} pushed {} bytes, expected {}", index_, w,
-                                        payload.size(), d * 4));
+        throw ProtocolError(
+            fmt::format("sync ps shard {}: worker {} pushed {} bytes, expected {}", index_, w, payload.size(), d * 4));
       std::memcpy(grad_.data(), payload.data(), d * 4);
     }
     clocks_[w] = static_cast<int64_t>(h.clock);
@@ -130,9 +136,9 @@ class Shard {
     if (!slot.ready) {
       waited = true;
       if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return slot.ready; }))
-        throw TimeoutError(fmt::format(
-            "sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})", index_, w,
-            h.clock, timeout_s, min_clock()));
+        throw TimeoutError(
+            fmt::format("sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})",
+                        index_, w, h.clock, timeout_s, min_clock()));
     }
     if (waited) stats_.waits++;
     slot.waiting = -1;
@@ -233,8 +239,10 @@ class PsStrategy : public Strategy {
   PsStrategy(coll::CommPtr comm, const PsConfig& cfg) : Strategy(std::move(comm)), cfg_(cfg) {
     const int n = comm_->size();
     if (!cfg_.colocate && cfg_.servers >= n)
-      throw ConfigError(fmt::format("sync ps-{}: servers = {} leaves no worker among {} ranks (use fewer servers or "
-                                    "colocate=1)", cfg_.mode, cfg_.servers, n));
+      throw ConfigError(
+          fmt::format("sync ps-{}: servers = {} leaves no worker among {} ranks (use fewer servers or "
+                      "colocate=1)",
+                      cfg_.mode, cfg_.servers, n));
     workers_ = cfg_.colocate ? n : n - int(cfg_.servers);
     push_ = ps_compressor(cfg_.push_compressor, "push_compressor");
     pull_ = ps_compressor(cfg_.pull_compressor, "pull_compressor");
@@ -253,15 +261,16 @@ class PsStrategy : public Strategy {
   int num_workers() const override { return workers_; }
 
   void serve() override {
-    if (is_worker()) throw InvalidArgument(fmt::format("sync {}: rank {} is a worker; only server ranks serve()",
-                                                       name(), comm_->rank()));
+    if (is_worker())
+      throw InvalidArgument(
+          fmt::format("sync {}: rank {} is a worker; only server ranks serve()", name(), comm_->rank()));
     start_threads();
     join_threads();
   }
 
   void setup(std::span<float> params) override {
-    if (!is_worker()) throw InvalidArgument(fmt::format("sync {}: rank {} is a server: call serve()", name(),
-                                                        comm_->rank()));
+    if (!is_worker())
+      throw InvalidArgument(fmt::format("sync {}: rank {} is a server: call serve()", name(), comm_->rank()));
     d_ = params.size();
     start_threads();
     const int me = comm_->rank();
@@ -353,7 +362,8 @@ class PsStrategy : public Strategy {
         net::RequestPtr r = irecv(*comm_, w, shard_tag(detail::kTagPsHeader, s), &h, sizeof h);
         r->wait(Deadline::after(t));
         payload.resize(h.bytes);
-        if (h.bytes) detail::wait(*comm_, irecv(*comm_, w, shard_tag(detail::kTagPsPayload, s), payload.data(), h.bytes));
+        if (h.bytes)
+          detail::wait(*comm_, irecv(*comm_, w, shard_tag(detail::kTagPsPayload, s), payload.data(), h.bytes));
         auto [rh, reply] = shard.handle(w, h, payload, t);
         if (h.kind == kStop) return;
         detail::wait_all(*comm_, {isend(*comm_, w, shard_tag(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
@@ -392,7 +402,8 @@ class PsStrategy : public Strategy {
       sends.push_back(isend(*comm_, h, shard_tag(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
       if (!payloads[s].empty())
         sends.push_back(isend(*comm_, h, shard_tag(detail::kTagPsPayload, s), payloads[s].data(), payloads[s].size()));
-      if (kind != kStop) rrecv.push_back(irecv(*comm_, h, shard_tag(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
+      if (kind != kStop)
+        rrecv.push_back(irecv(*comm_, h, shard_tag(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
       stats_.bytes_sent += sizeof(Header) + payloads[s].size();
     }
     // Local shards (co-located) are served on this thread, after the remote pushes left.
@@ -421,8 +432,8 @@ class PsStrategy : public Strategy {
       auto dst = params.subspan(lo, hi - lo);
       if (rhs[s].raw) {
         if (replies[s].size() != dst.size_bytes())
-          throw ProtocolError(fmt::format("sync {}: shard {} sent {} bytes, expected {}", name(), s,
-                                          replies[s].size(), dst.size_bytes()));
+          throw ProtocolError(fmt::format("sync {}: shard {} sent {} bytes, expected {}", name(), s, replies[s].size(),
+                                          dst.size_bytes()));
         std::memcpy(dst.data(), replies[s].data(), dst.size_bytes());
       } else {
         pull_states_[s].step++;  // in step with the server's state after its compress

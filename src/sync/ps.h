@@ -11,7 +11,7 @@ struct PsConfig {
   int64_t staleness = 3;     // ssp: a worker more than this many clocks ahead of the slowest waits; asp: -1
   int64_t servers = 1;       // shards (parameters split in contiguous ranges)
   bool colocate = false;     // shard s on rank s (every rank a worker) vs. the last `servers` ranks serve only
-  double lr = 0.1, momentum = 0.9, weight_decay = 0;  // the servers' SGD
+  double lr = 0.1, momentum = 0.9, weight_decay = 0;               // the servers' SGD
   std::string push_compressor = "none", pull_compressor = "none";  // compressor specs (compress/compressor.h)
 };
 
@@ -19,9 +19,9 @@ StrategyPtr make_ps_strategy(coll::CommPtr comm, const PsConfig& cfg);
 
 // Clock instrumentation of one shard (tests assert the SSP bound on it).
 struct PsClockStats {
-  int64_t max_gap = 0;      // max over released pulls of (worker clock - slowest worker's clock)
-  uint64_t pushes = 0;      // gradients applied
-  uint64_t waits = 0;       // pulls that had to wait for slower workers
+  int64_t max_gap = 0;  // max over released pulls of (worker clock - slowest worker's clock)
+  uint64_t pushes = 0;  // gradients applied
+  uint64_t waits = 0;   // pulls that had to wait for slower workers
 };
 // The stats of the shards served in this process on `comm`'s rank (empty when it serves none). Valid after finish()
 // (co-located) or serve() returned.

@@ -28,8 +28,8 @@ void Strategy::after_step(uint64_t, std::span<float>) {}
 void Strategy::finish(std::span<float>) {}
 void Strategy::load_state(std::span<const uint8_t> bytes) {
   if (!bytes.empty())
-    throw InvalidArgument(fmt::format("sync {}: load_state got {} bytes but this scheme keeps no state", name(),
-                                      bytes.size()));
+    throw InvalidArgument(
+        fmt::format("sync {}: load_state got {} bytes but this scheme keeps no state", name(), bytes.size()));
 }
 
 namespace detail {
@@ -40,8 +40,8 @@ ParamReader::ParamReader(std::string scheme, const Params& given, const Params& 
     if (!defaults.count(k)) {
       std::string allowed;
       for (const auto& [dk, dv] : defaults) allowed += (allowed.empty() ? "" : ", ") + dk;
-      throw ConfigError(fmt::format("sync {}: unknown parameter '{}' (allowed: {})", scheme_, k,
-                                    allowed.empty() ? "none" : allowed));
+      throw ConfigError(
+          fmt::format("sync {}: unknown parameter '{}' (allowed: {})", scheme_, k, allowed.empty() ? "none" : allowed));
     }
     values_[k] = v;
   }
@@ -54,8 +54,8 @@ double ParamReader::real(const std::string& key, double lo, double hi) const {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
-    throw ConfigError(fmt::format("sync {}: parameter '{}' = '{}' must be a number in [{}, {}]", scheme_, key, s, lo,
-                                  hi));
+    throw ConfigError(
+        fmt::format("sync {}: parameter '{}' = '{}' must be a number in [{}, {}]", scheme_, key, s, lo, hi));
   return v;
 }
 
@@ -64,13 +64,14 @@ int64_t ParamReader::integer(const std::string& key, int64_t lo, int64_t hi) con
   char* end = nullptr;
   long long v = std::strtoll(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || v < lo || v > hi)
-    throw ConfigError(fmt::format("sync {}: parameter '{}' = '{}' must be an integer in [{}, {}]", scheme_, key, s,
-                                  lo, hi));
+    throw ConfigError(
+        fmt::format("sync {}: parameter '{}' = '{}' must be an integer in [{}, {}]", scheme_, key, s, lo, hi));
   return v;
 }
 
-bool ParamReader::flag(const std::string& key) const { return choice(key, {"0", "1", "false", "true"}) == "1" ||
-                                                              values_.at(key) == "true"; }
+bool ParamReader::flag(const std::string& key) const {
+  return choice(key, {"0", "1", "false", "true"}) == "1" || values_.at(key) == "true";
+}
 
 std::string ParamReader::choice(const std::string& key, const std::vector<std::string>& allowed) const {
   const std::string& s = values_.at(key);
@@ -181,8 +182,7 @@ const std::map<std::string, Entry>& registry() {
                                                              p.real("outer_lr", 0, 100), p.real("momentum", 0, 0.9999),
                                                              p.flag("nesterov"));
                    }};
-    m["easgd"] = {{{"period", "4"}, {"alpha", "0"}},
-                  [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+    m["easgd"] = {{{"period", "4"}, {"alpha", "0"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                     double a = p.real("alpha", 0, 1);
                     if (a == 0) a = 0.9 / c->size();  // the paper's beta = 0.9 split over p workers
                     return std::make_unique<EasgdStrategy>(std::move(c), p.integer("period", 1, 1 << 24), a);
@@ -202,13 +202,15 @@ const std::map<std::string, Entry>& registry() {
                      return std::make_unique<AdpsgdStrategy>(std::move(c), p.integer("seed", 0, INT64_MAX));
                    }};
     for (std::string mode : {"asp", "ssp", "bsp"}) {
-      Params d = {{"servers", "1"}, {"colocate", "0"}, {"lr", "0.1"}, {"momentum", "0.9"}, {"weight_decay", "0"},
-                  {"push_compressor", "none"}, {"pull_compressor", "none"}};
+      Params d = {{"servers", "1"},           {"colocate", "0"},     {"lr", "0.1"},
+                  {"momentum", "0.9"},        {"weight_decay", "0"}, {"push_compressor", "none"},
+                  {"pull_compressor", "none"}};
       if (mode == "ssp") d["staleness"] = "3";
       m["ps-" + mode] = {d, [mode](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                            PsConfig cfg;
                            cfg.mode = mode;
-                           cfg.staleness = mode == "ssp" ? p.integer("staleness", 0, 1 << 30) : (mode == "bsp" ? 0 : -1);
+                           cfg.staleness =
+                               mode == "ssp" ? p.integer("staleness", 0, 1 << 30) : (mode == "bsp" ? 0 : -1);
                            cfg.servers = p.integer("servers", 1, 65536);
                            cfg.colocate = p.flag("colocate");
                            cfg.lr = p.real("lr", 0, 1e6);
@@ -262,7 +264,8 @@ StrategyPtr parse_strategy(const std::string& spec, coll::CommPtr comm) {
       std::string kv = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
       auto eq = kv.find('=');
       if (eq == std::string::npos || eq == 0)
-        throw ConfigError(fmt::format("sync: '{}' in '{}' is not key=value (e.g. local:period=8,warmup=100)", kv, spec));
+        throw ConfigError(
+            fmt::format("sync: '{}' in '{}' is not key=value (e.g. local:period=8,warmup=100)", kv, spec));
       p[kv.substr(0, eq)] = kv.substr(eq + 1);
       if (comma == std::string::npos) break;
       pos = comma + 1;

@@ -102,7 +102,8 @@ TEST(SyncCollective, DilocoStateRoundTrips) {
     auto y = x;
     b.setup(y);
     b.load_state(a.save_state());
-    for (auto* v : {&x, &y}) for (auto& e : *v) e += 0.5f;
+    for (auto* v : {&x, &y})
+      for (auto& e : *v) e += 0.5f;
     a.after_step(3, x);
     b.after_step(3, y);
     EXPECT_EQ(x, y);

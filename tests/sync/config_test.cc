@@ -54,13 +54,20 @@ TEST(SyncConfig, BadValuesNameTheParameterAndRange) {
     std::string name, key, value, expect;
   };
   std::vector<Case> cases = {
-      {"local", "period", "0", "'period'"},         {"local", "period", "abc", "integer"},
-      {"local", "adaptive", "yes", "one of"},       {"local", "target", "-1", "'target'"},
-      {"diloco", "outer_lr", "nan", "'outer_lr'"},  {"diloco", "momentum", "1", "'momentum'"},
-      {"easgd", "alpha", "2", "'alpha'"},           {"dpsgd", "graph", "star", "ring, torus, exponential"},
-      {"dpsgd", "rows", "3", "torus rows"},         {"dpsgd", "compressor", "zip", "zip"},
-      {"sgp", "peers", "0", "'peers'"},             {"ps-ssp", "staleness", "-1", "'staleness'"},
-      {"ps-asp", "servers", "0", "'servers'"},      {"ps-bsp", "lr", "x", "'lr'"},
+      {"local", "period", "0", "'period'"},
+      {"local", "period", "abc", "integer"},
+      {"local", "adaptive", "yes", "one of"},
+      {"local", "target", "-1", "'target'"},
+      {"diloco", "outer_lr", "nan", "'outer_lr'"},
+      {"diloco", "momentum", "1", "'momentum'"},
+      {"easgd", "alpha", "2", "'alpha'"},
+      {"dpsgd", "graph", "star", "ring, torus, exponential"},
+      {"dpsgd", "rows", "3", "torus rows"},
+      {"dpsgd", "compressor", "zip", "zip"},
+      {"sgp", "peers", "0", "'peers'"},
+      {"ps-ssp", "staleness", "-1", "'staleness'"},
+      {"ps-asp", "servers", "0", "'servers'"},
+      {"ps-bsp", "lr", "x", "'lr'"},
       {"ps-asp", "push_compressor", "powersgd", "needs a collective"},
       {"ps-asp", "servers", "1", "leaves no worker"},
   };

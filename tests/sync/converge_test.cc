@@ -15,8 +15,8 @@ namespace {
 struct Case {
   std::string name;
   Params params;
-  int ranks;      // including dedicated servers
-  double tol;     // on the average worker model, max over coordinates
+  int ranks;   // including dedicated servers
+  double tol;  // on the average worker model, max over coordinates
 };
 
 TEST(SyncConverge, EverySchemeReachesTheOptimum) {
@@ -31,21 +31,20 @@ TEST(SyncConverge, EverySchemeReachesTheOptimum) {
       {"dpsgd", {{"graph", "exponential"}}, 5, 0.05},
       {"dpsgd", {{"compressor", "topk:ratio=0.3"}}, 4, 0.1},
       {"sgp", {}, 5, 0.05},
-      {"adpsgd", {}, 4, 0.6}  /* timing-dependent: 0.06-0.4 seen */,
+      {"adpsgd", {}, 4, 0.6} /* timing-dependent: 0.06-0.4 seen */,
       {"ps-bsp", {{"servers", "2"}}, 6, 0.05},
       // Stale gradients with the servers' default momentum 0.9 diverge at this lr (asynchrony acts as extra momentum).
       {"ps-ssp", {{"servers", "2"}, {"colocate", "1"}, {"staleness", "2"}, {"momentum", "0"}}, 4, 0.2},
-      {"ps-asp", {{"push_compressor", "int8"}, {"momentum", "0"}}, 5, 0.6}  /* uneven ending: up to 0.28 seen */,
+      {"ps-asp", {{"push_compressor", "int8"}, {"momentum", "0"}}, 5, 0.6} /* uneven ending: up to 0.28 seen */,
   };
   for (const auto& c : cases) {
     std::vector<std::vector<float>> x(c.ranks);
     int workers = 0;
     harness::on_ranks(c.ranks, [&](int r, coll::CommPtr comm) {
       Strategy* s = nullptr;
-      x[r] = harness::train(r, comm, c.name, c.params, 80, 20, 0.1f, 0.2, &s,
-                            [&](Strategy& st) {
-                              if (r == 0) workers = st.num_workers();
-                            });
+      x[r] = harness::train(r, comm, c.name, c.params, 80, 20, 0.1f, 0.2, &s, [&](Strategy& st) {
+        if (r == 0) workers = st.num_workers();
+      });
     });
     ASSERT_GT(workers, 0);
     double worst = 0;

@@ -44,7 +44,8 @@ TEST(SyncGraph, RingEigenvalueMatchesClosedForm) {
     double lam = second_largest_eigenvalue_modulus(Graph("ring", n).mixing_matrix(), n);
     // W = (I + shift + shift^T) / 3: eigenvalues (1 + 2 cos(2 pi k / n)) / 3.
     double expect = 0;
-    for (int k = 1; k < n; ++k) expect = std::max(expect, std::abs((1 + 2 * std::cos(2 * std::numbers::pi * k / n)) / 3));
+    for (int k = 1; k < n; ++k)
+      expect = std::max(expect, std::abs((1 + 2 * std::cos(2 * std::numbers::pi * k / n)) / 3));
     EXPECT_NEAR(lam, expect, 1e-9) << n;
   }
 }

@@ -1,9 +1,10 @@
 // Parameter servers: the SSP staleness bound (instrumented), s = 0 equals BSP, sharding, compression.
+#include "sync/ps.h"
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
 #include "harness.h"
-#include "sync/ps.h"
 
 using namespace conduit;
 using namespace conduit::sync;
@@ -39,8 +40,9 @@ TEST(SyncPs, BspThroughServersEqualsAllreduceBsp) {
   // Plain SGD on the server (momentum 0) with the trainer's lr: the same updates as bsp + a local SGD step.
   auto ref = run(3, "bsp", {}, 10);
   for (auto [servers, colocate] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {5, 1}}) {
-    auto ps = run(3, "ps-bsp", {{"momentum", "0"}, {"servers", std::to_string(servers)},
-                                {"colocate", std::to_string(colocate)}}, 10);
+    auto ps =
+        run(3, "ps-bsp",
+            {{"momentum", "0"}, {"servers", std::to_string(servers)}, {"colocate", std::to_string(colocate)}}, 10);
     for (int r = 0; r < 3; ++r) EXPECT_LT(max_abs_diff(ps.x[r], ref.x[0]), 1e-5) << servers << " shards";
     EXPECT_EQ(ps.clocks.pushes, 3u * 10 * servers);
   }
