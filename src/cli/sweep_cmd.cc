@@ -483,7 +483,7 @@ void collect(const Cell& c, json& row, json& detail) {
 const std::vector<std::string> kColumns = {
     "cell",        "label",   "kind",           "scheme",         "compressor",       "network",
     "bandwidth_mbit", "latency_ms", "loss_pct", "hosts",          "seed",             "status",
-    "exit_code",   "wall_s",  "final_test_accuracy", "time_to_target_s", "bytes_on_wire", "net_bytes",
+    "exit_code",   "cell_s", "wall_s",  "final_test_accuracy", "time_to_target_s", "bytes_on_wire", "net_bytes",
     "samples_per_s", "busbw_gbs_max", "busbw_link_frac", "output"};
 
 void write_results(const fs::path& out, const json& rows, const json& details) {
@@ -515,7 +515,7 @@ std::string gp_quote(const std::string& s) {
 // Writes plot.gp and the data files beside it, runs gnuplot; returns the PNGs made.
 std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cells, const json& rows) {
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 900,600 noenhanced\nset grid\nset key outside right\n";
+  gp << "set terminal pngcairo size 900,600 noenhanced\nset grid\nset key below\n";
   std::vector<std::string> pngs;
   std::vector<std::string> curves;  // plot clauses for per-cell curves
   for (size_t i = 0; i < cells.size(); ++i) {
@@ -538,7 +538,7 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
   if (!curves.empty()) {
     gp << "set output 'accuracy_vs_time.png'\nset xlabel 'wall time (s)'\nset ylabel 'test accuracy'\n"
        << "set title 'Test accuracy vs wall time'\nplot " << join_plot("1") << "\n";
-    gp << "set output 'accuracy_vs_bytes.png'\nset xlabel 'bytes sent, all ranks (MB)'\n"
+    gp << "set output 'accuracy_vs_bytes.png'\nset xlabel 'bytes sent by rank 0 (MB)'\n"
        << "set title 'Test accuracy vs bytes sent'\nplot " << join_plot("3") << "\n";
     pngs.insert(pngs.end(), {"accuracy_vs_time.png", "accuracy_vs_bytes.png"});
   }
@@ -658,7 +658,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run) {
                   {"seed", c.seed},
                   {"status", timed_out ? "timeout" : g_stop ? "stopped" : rc == 0 ? "ok" : "failed"},
                   {"exit_code", rc},
-                  {"wall_s", secs},
+                  {"cell_s", secs},
                   {"net_bytes", rx1 - rx0},
                   {"output", fs::relative(c.dir, out).string()}};
       json detail = json::object();
