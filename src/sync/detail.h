@@ -59,6 +59,7 @@ class Writer {
   void u64(uint64_t v);
   void f64(double v);
   void floats(std::span<const float> v);
+  void bytes(std::span<const uint8_t> v);
   Bytes take() { return std::move(b_); }
 
  private:
@@ -70,6 +71,7 @@ class Reader {
   uint64_t u64();
   double f64();
   std::vector<float> floats();
+  Bytes bytes();
   void done() const;
 
  private:

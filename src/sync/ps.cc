@@ -151,6 +151,42 @@ class Shard {
     return stats_;
   }
 
+  void save(detail::Writer& w) {
+    std::lock_guard<std::mutex> lk(mu_);
+    w.floats(params_);
+    w.floats(momentum_);
+    w.u64(applied_clock_);
+    for (int k = 0; k < workers_; ++k) {
+      w.u64(clocks_[k]);
+      w.floats(slots_[k].replica);
+      w.bytes(push_ ? slots_[k].push_state.save() : Bytes{});
+      w.bytes(pull_ ? slots_[k].pull_state.save() : Bytes{});
+    }
+  }
+
+  void load(detail::Reader& r) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto p = r.floats();
+    if (initialized_ && p.size() != params_.size())
+      throw InvalidArgument(fmt::format("sync ps shard {}: state holds {} parameters, the shard has {}", index_,
+                                        p.size(), params_.size()));
+    params_ = std::move(p);
+    momentum_ = r.floats();
+    applied_clock_ = static_cast<int64_t>(r.u64());
+    bsp_clock_ = applied_clock_;
+    for (int k = 0; k < workers_; ++k) {
+      clocks_[k] = static_cast<int64_t>(r.u64());
+      slots_[k].replica = r.floats();
+      auto ps = r.bytes(), pl = r.bytes();
+      if (push_ && !ps.empty()) slots_[k].push_state = compress::TensorState::load(ps);
+      if (pull_ && !pl.empty()) slots_[k].pull_state = compress::TensorState::load(pl);
+    }
+    agg_.assign(params_.size(), 0.f);
+    bsp_count_ = 0;
+    initialized_ = true;
+    cv_.notify_all();
+  }
+
  private:
   struct Slot {
     int64_t waiting = -1;
@@ -311,6 +347,48 @@ class PsStrategy : public Strategy {
     finished_ = true;
     exchange(kStop, params, {});
     join_threads();
+  }
+
+  // Worker side (clock, compressor states) and the shards served in this process (co-located servers). On resume:
+  // setup() on every rank, a barrier (every initial pull served), load_state(), a barrier, then the next step.
+  // Dedicated server ranks are not checkpointed.
+  Bytes save_state() const override {
+    detail::Writer w;
+    w.u64(clock_);
+    w.u64(push_states_.size());
+    for (const auto& st : push_states_) w.bytes(st.save());
+    w.u64(pull_states_.size());
+    for (const auto& st : pull_states_) w.bytes(st.save());
+    w.u64(shards_.size());
+    for (const auto& [s, sh] : shards_) {
+      w.u64(s);
+      sh->save(w);
+    }
+    return w.take();
+  }
+
+  void load_state(std::span<const uint8_t> bytes) override {
+    detail::Reader r(bytes, name());
+    clock_ = r.u64();
+    if (r.u64() != push_states_.size())
+      throw InvalidArgument(fmt::format("sync {}: state's push compressor states do not match", name()));
+    for (auto& st : push_states_) st = compress::TensorState::load(r.bytes());
+    if (r.u64() != pull_states_.size())
+      throw InvalidArgument(fmt::format("sync {}: state's pull compressor states do not match", name()));
+    for (auto& st : pull_states_) st = compress::TensorState::load(r.bytes());
+    uint64_t ns = r.u64();
+    if (ns != shards_.size())
+      throw InvalidArgument(
+          fmt::format("sync {}: state holds {} shards, rank {} serves {}", name(), ns, comm_->rank(), shards_.size()));
+    for (uint64_t k = 0; k < ns; ++k) {
+      int64_t s = static_cast<int64_t>(r.u64());
+      auto it = shards_.find(s);
+      if (it == shards_.end())
+        throw InvalidArgument(
+            fmt::format("sync {}: state holds shard {}, not served by rank {}", name(), s, comm_->rank()));
+      it->second->load(r);
+    }
+    r.done();
   }
 
   PsClockStats clock_stats() const {

@@ -120,6 +120,17 @@ void Writer::floats(std::span<const float> v) {
   b_.resize(p + v.size_bytes());
   if (!v.empty()) std::memcpy(b_.data() + p, v.data(), v.size_bytes());
 }
+void Writer::bytes(std::span<const uint8_t> v) {
+  u64(v.size());
+  b_.insert(b_.end(), v.begin(), v.end());
+}
+Bytes Reader::bytes() {
+  uint64_t n = u64();
+  need(n);
+  Bytes v(b_.begin() + pos_, b_.begin() + pos_ + n);
+  pos_ += n;
+  return v;
+}
 void Reader::need(size_t n) const {
   if (pos_ + n > b_.size())
     throw InvalidArgument(fmt::format("sync {}: state is truncated ({} bytes, needed {})", what_, b_.size(), pos_ + n));
