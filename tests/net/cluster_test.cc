@@ -249,6 +249,7 @@ TEST_F(ClusterTest, ShapedRateIsHonouredWithinTenPercent) {
   // 6 MB at 50 Mbit/s: about a second. tbf counts whole frames, so TCP goodput sits a few percent below the rate.
   const double bps = measure_goodput(name, 6'000'000);
   ASSERT_GT(bps, 0) << "transfer failed";
+  std::printf("goodput %.2f Mbit/s at a 50 Mbit/s link (%.1f%%)\n", bps / 1e6, bps / 50e6 * 100);
   EXPECT_GT(bps, 0.90 * 50e6) << bps / 1e6 << " Mbit/s";
   EXPECT_LT(bps, 1.10 * 50e6) << bps / 1e6 << " Mbit/s";
 }
