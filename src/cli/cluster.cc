@@ -2,13 +2,12 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -172,8 +171,8 @@ void shape(const std::string& ns, const std::string& dev, double rate_bps, doubl
     return;
   }
   must({"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1"}, what);
-  must({"tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate, "ceil", rate,
-        "burst", burst, "cburst", burst},
+  must({"tc",  "-n",  ns,     "class", "add",  "dev", dev,     "parent", "1:",     "classid",
+        "1:1", "htb", "rate", rate,    "ceil", rate,  "burst", burst,    "cburst", burst},
        what);
   std::vector<std::string> a = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:"};
   a.insert(a.end(), netem_args.begin(), netem_args.end());
@@ -248,8 +247,8 @@ double parse_rate(const std::string& text, const std::string& field) {
   double v = 0;
   std::string unit;
   const auto bad = [&]() {
-    return ConfigError(fmt::format("{}: '{}' is not a rate; use e.g. 100mbit, 1gbit, 500kbit (bits per second)",
-                                   field, text));
+    return ConfigError(
+        fmt::format("{}: '{}' is not a rate; use e.g. 100mbit, 1gbit, 500kbit (bits per second)", field, text));
   };
   if (!split_number(text, &v, &unit)) throw bad();
   if (unit.size() > 2 && unit.substr(unit.size() - 2) == "/s") unit = unit.substr(0, unit.size() - 2);
@@ -322,7 +321,8 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("--hosts-file {}: not valid YAML: {}", path, e.what()));
   }
-  if (!root.IsMap()) throw ConfigError(fmt::format("--hosts-file {}: expected a map with 'hosts' and 'defaults'", path));
+  if (!root.IsMap())
+    throw ConfigError(fmt::format("--hosts-file {}: expected a map with 'hosts' and 'defaults'", path));
   const auto apply = [&](const YAML::Node& n, LinkSpec l, const std::string& where) {
     if (!n.IsMap()) throw ConfigError(fmt::format("--hosts-file {}: {} must be a map", path, where));
     for (const auto& kv : n) {
@@ -507,9 +507,10 @@ ClusterState load_state(const std::string& name) {
   validate_name(name);
   std::ifstream f(state_path(name));
   if (!f) {
-    throw ConfigError(fmt::format("cluster: no cluster named '{}' (start one with `conduit cluster up --name {} "
-                                  "--hosts N --bandwidth RATE`)",
-                                  name, name));
+    throw ConfigError(
+        fmt::format("cluster: no cluster named '{}' (start one with `conduit cluster up --name {} "
+                    "--hosts N --bandwidth RATE`)",
+                    name, name));
   }
   try {
     nlohmann::json j = nlohmann::json::parse(f);
@@ -518,7 +519,8 @@ ClusterState load_state(const std::string& name) {
     s.switch_ns = j.at("switch_ns").get<std::string>();
     s.shaping = j.value("shaping", "tbf");
     for (const auto& h : j.at("hosts")) {
-      s.hosts.push_back({h.at("ns").get<std::string>(), h.at("address").get<std::string>(), link_from_json(h.at("link"))});
+      s.hosts.push_back(
+          {h.at("ns").get<std::string>(), h.at("address").get<std::string>(), link_from_json(h.at("link"))});
     }
     return s;
   } catch (const nlohmann::json::exception& e) {
@@ -553,8 +555,9 @@ void exec_in_host(const ClusterState& state, int index, const std::vector<std::s
   const std::string path = std::string(kNetnsDir) + "/" + h.ns;
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    throw Error(fmt::format("cluster exec: namespace {} is gone ({}); run `conduit cluster down --name {}` and up again",
-                            h.ns, std::strerror(errno), state.name));
+    throw Error(
+        fmt::format("cluster exec: namespace {} is gone ({}); run `conduit cluster down --name {}` and up again", h.ns,
+                    std::strerror(errno), state.name));
   }
   if (setns(fd, CLONE_NEWNET) != 0) {
     throw Error(fmt::format("cluster exec: cannot enter {}: {} (needs root)", h.ns, std::strerror(errno)));

@@ -1,7 +1,6 @@
 // `conduit cluster up|down|status|exec|run`: emulated clusters of network namespaces on one machine (cli/cluster.h).
-#include <unistd.h>
-
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <climits>
 #include <memory>
@@ -152,7 +151,8 @@ void cmd_exec(const ClusterOptions& o) {
 
 void cmd_run(const ClusterOptions& o) {
   require_root("run");
-  if (o.command.empty()) throw ConfigError("cluster run: usage: conduit cluster run [--name NAME] -- PROGRAM [ARGS...]");
+  if (o.command.empty())
+    throw ConfigError("cluster run: usage: conduit cluster run [--name NAME] -- PROGRAM [ARGS...]");
   if (o.master_port < 1 || o.master_port > 65535) {
     throw ConfigError(fmt::format("cluster run: --master-port must be between 1 and 65535, got {}", o.master_port));
   }

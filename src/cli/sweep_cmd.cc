@@ -20,12 +20,11 @@
 //   train: {epochs: 1, train_limit: 8192, test_limit: 2000, target_accuracy: 0.85}   # conduit train flags
 //   bench: {op: allreduce, min_bytes: 1M, max_bytes: 16M, iters: 5, warmup: 2}      # adds a bench cell
 //   timeout_s: 1800                  # per cell
-#include <signal.h>
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
@@ -145,16 +144,17 @@ SweepSpec load_spec(const std::string& path) {
     throw ConfigError(fmt::format("sweep: {} is not valid YAML: {}", path, e.what()));
   }
   if (!root.IsMap()) throw ConfigError(fmt::format("sweep: {} must be a YAML map", path));
-  static const std::set<std::string> kKeys = {"name",  "output", "hosts", "networks",           "seeds",
-                                              "schemes", "compressors", "peers", "peer_powersgd_rank", "train",
-                                              "bench", "timeout_s", "python", "ddp_script"};
+  static const std::set<std::string> kKeys = {"name",    "output",      "hosts",  "networks",           "seeds",
+                                              "schemes", "compressors", "peers",  "peer_powersgd_rank", "train",
+                                              "bench",   "timeout_s",   "python", "ddp_script"};
   for (const auto& kv : root) {
     const std::string k = kv.first.as<std::string>();
     if (!kKeys.count(k)) {
-      throw ConfigError(fmt::format("sweep: unknown key '{}' in {}; allowed: name, output, hosts, networks, seeds, "
-                                    "schemes, compressors, peers, peer_powersgd_rank, train, bench, timeout_s, python, "
-                                    "ddp_script",
-                                    k, path));
+      throw ConfigError(
+          fmt::format("sweep: unknown key '{}' in {}; allowed: name, output, hosts, networks, seeds, "
+                      "schemes, compressors, peers, peer_powersgd_rank, train, bench, timeout_s, python, "
+                      "ddp_script",
+                      k, path));
     }
   }
   SweepSpec s;
@@ -271,8 +271,8 @@ std::vector<Cell> make_cells(const SweepSpec& s, const std::string& out_dir) {
         c.index = static_cast<int>(cells.size());
         c.net = &net;
         c.seed = seed;
-        c.dir = (fs::path(out_dir) / fmt::format("cell{:03d}-{}-{}-s{}", c.index, sanitize(c.label), sanitize(net.label),
-                                                 seed))
+        c.dir = (fs::path(out_dir) /
+                 fmt::format("cell{:03d}-{}-{}-s{}", c.index, sanitize(c.label), sanitize(net.label), seed))
                     .string();
         cells.push_back(c);
       };
@@ -323,9 +323,9 @@ std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const s
   } else if (c.kind == "ddp") {
     cmd.insert(cmd.end(), {s.python, s.ddp_script, "--hook", c.hook, "--powersgd-rank",
                            std::to_string(s.peer_powersgd_rank), "--seed", std::to_string(c.seed), "--output", c.dir});
-    static const std::set<std::string> kDdpKeys = {"model",      "data-dir",    "epochs",      "batch-size",
-                                                   "lr",         "momentum",    "lr-schedule", "train-limit",
-                                                   "test-limit", "max-steps",   "target-accuracy", "timeout"};
+    static const std::set<std::string> kDdpKeys = {"model",      "data-dir",  "epochs",          "batch-size",
+                                                   "lr",         "momentum",  "lr-schedule",     "train-limit",
+                                                   "test-limit", "max-steps", "target-accuracy", "timeout"};
     for (const auto& [k, v] : s.train) {
       if (kDdpKeys.count(k)) cmd.insert(cmd.end(), {"--" + k, v});
     }
@@ -344,7 +344,8 @@ uint64_t switch_rx_bytes(const std::string& cluster) {
   try {
     for (const auto& l : json::parse(out)) {
       const std::string ifname = l.value("ifname", "");
-      if (ifname.size() > 1 && ifname[0] == 'p' && l.contains("stats64")) sum += l["stats64"]["rx"]["bytes"].get<uint64_t>();
+      if (ifname.size() > 1 && ifname[0] == 'p' && l.contains("stats64"))
+        sum += l["stats64"]["rx"]["bytes"].get<uint64_t>();
     }
   } catch (const json::exception&) {
     return 0;
@@ -480,11 +481,29 @@ void collect(const Cell& c, json& row, json& detail) {
   }
 }
 
-const std::vector<std::string> kColumns = {
-    "cell",        "label",   "kind",           "scheme",         "compressor",       "network",
-    "bandwidth_mbit", "latency_ms", "loss_pct", "hosts",          "seed",             "status",
-    "exit_code",   "cell_s", "wall_s",  "final_test_accuracy", "time_to_target_s", "bytes_on_wire", "net_bytes",
-    "samples_per_s", "busbw_gbs_max", "busbw_link_frac", "output"};
+const std::vector<std::string> kColumns = {"cell",
+                                           "label",
+                                           "kind",
+                                           "scheme",
+                                           "compressor",
+                                           "network",
+                                           "bandwidth_mbit",
+                                           "latency_ms",
+                                           "loss_pct",
+                                           "hosts",
+                                           "seed",
+                                           "status",
+                                           "exit_code",
+                                           "cell_s",
+                                           "wall_s",
+                                           "final_test_accuracy",
+                                           "time_to_target_s",
+                                           "bytes_on_wire",
+                                           "net_bytes",
+                                           "samples_per_s",
+                                           "busbw_gbs_max",
+                                           "busbw_link_frac",
+                                           "output"};
 
 void write_results(const fs::path& out, const json& rows, const json& details) {
   std::ofstream csv(out / "results.csv");
@@ -564,8 +583,8 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
       const std::string file = fmt::format("{}-{}.dat", stem, k++);
       std::ofstream d(out / file);
       for (const auto& [x, y] : pts) d << x << " " << y << "\n";
-      s += (s.empty() ? "" : ", \\\n  ") + fmt::format("{} using 1:2 with linespoints title {}", gp_quote(file),
-                                                       gp_quote(label));
+      s += (s.empty() ? "" : ", \\\n  ") +
+           fmt::format("{} using 1:2 with linespoints title {}", gp_quote(file), gp_quote(label));
     }
     return s;
   };
@@ -618,7 +637,8 @@ void run_sweep(const std::string& file, std::string output, bool dry_run) {
   }
   if (geteuid() != 0) throw ConfigError("sweep: needs root (emulated clusters); run it with sudo");
   fs::create_directories(out);
-  struct sigaction sa {}, old_int {}, old_term {};
+  struct sigaction sa {
+  }, old_int{}, old_term{};
   sa.sa_handler = on_stop;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
@@ -656,7 +676,10 @@ void run_sweep(const std::string& file, std::string output, bool dry_run) {
                   {"loss_pct", c.net->loss * 100},
                   {"hosts", s.hosts},
                   {"seed", c.seed},
-                  {"status", timed_out ? "timeout" : g_stop ? "stopped" : rc == 0 ? "ok" : "failed"},
+                  {"status", timed_out ? "timeout"
+                             : g_stop  ? "stopped"
+                             : rc == 0 ? "ok"
+                                       : "failed"},
                   {"exit_code", rc},
                   {"cell_s", secs},
                   {"net_bytes", rx1 - rx0},
@@ -668,8 +691,8 @@ void run_sweep(const std::string& file, std::string output, bool dry_run) {
                  row.contains("final_test_accuracy") && row["final_test_accuracy"].is_number()
                      ? fmt::format(", test acc {:.2f}%", 100 * row["final_test_accuracy"].get<double>())
                  : row.contains("busbw_gbs_max")
-                     ? fmt::format(", best busbw {:.3f} GB/s = {:.0f}% of the link",
-                                   row["busbw_gbs_max"].get<double>(), 100 * row["busbw_link_frac"].get<double>())
+                     ? fmt::format(", best busbw {:.3f} GB/s = {:.0f}% of the link", row["busbw_gbs_max"].get<double>(),
+                                   100 * row["busbw_link_frac"].get<double>())
                      : "");
       rows.push_back(row);
       details.push_back(detail);

@@ -144,7 +144,8 @@ TEST_F(ClusterTest, ExecRunsInsideAHost) {
   Result routes = sh(conduit() + " cluster exec --name " + name + " 0 -- ip route show default");
   EXPECT_EQ(routes.code, 0);
   EXPECT_TRUE(routes.out.empty()) << routes.out;
-  Result env = sh(conduit() + " cluster exec --name " + name + " 10.213.0.2 -- sh -c \"echo \\$CONDUIT_SOCKET_IFNAME \\$CONDUIT_CLUSTER_HOST\"");
+  Result env = sh(conduit() + " cluster exec --name " + name +
+                  " 10.213.0.2 -- sh -c \"echo \\$CONDUIT_SOCKET_IFNAME \\$CONDUIT_CLUSTER_HOST\"");
   EXPECT_EQ(env.out, "eth0 1\n");
   EXPECT_EQ(sh(conduit() + " cluster exec --name " + name + " 0 -- sh -c \"exit 3\"").code, 3);
   Result missing = sh(conduit() + " cluster exec --name " + name + " 0 -- /nonexistent/program");
@@ -296,7 +297,8 @@ TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
 TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
   const std::string name = unique_name("nm");
   ClusterGuard guard(name);
-  Result r = sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 100mbit --latency 10ms --loss 1%");
+  Result r =
+      sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 100mbit --latency 10ms --loss 1%");
   if (r.code == 0) {
     // The kernel has netem: it is in place on both directions.
     EXPECT_NE(sh("tc -n conduit-" + name + "-h0 qdisc show dev eth0").out.find("netem"), std::string::npos);
