@@ -221,25 +221,7 @@ CommPtr Communicator::split(int color, int key) {
 
 // -------------------------------------------------------------------------------------------- execution engine
 
-void Communicator::worker_loop() {
-  std::unique_lock<std::mutex> lk(qmu_);
-  while (true) {
-    qcv_.wait(lk, [&] { return (stopping_ && !executing_) || (!queue_.empty() && !executing_); });
-    if (queue_.empty()) return;
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
-    executing_ = true;
-    lk.unlock();
-    task.fn();
-    lk.lock();
-    executing_ = false;
-    qcv_.notify_all();
-  }
-}
-
-bool Communicator::try_run_inline(const std::shared_ptr<Work::State>& state) {
-  std::unique_lock<std::mutex> lk(qmu_);
-  if (executing_ || queue_.empty() || queue_.front().state != state) return false;
+void Communicator::run_front(std::unique_lock<std::mutex>& lk) {
   Task task = std::move(queue_.front());
   queue_.pop_front();
   executing_ = true;
@@ -248,6 +230,21 @@ bool Communicator::try_run_inline(const std::shared_ptr<Work::State>& state) {
   lk.lock();
   executing_ = false;
   qcv_.notify_all();
+}
+
+void Communicator::worker_loop() {
+  std::unique_lock<std::mutex> lk(qmu_);
+  while (true) {
+    qcv_.wait(lk, [&] { return (stopping_ && !executing_) || (!queue_.empty() && !executing_); });
+    if (queue_.empty()) return;
+    run_front(lk);
+  }
+}
+
+bool Communicator::try_run_inline(const std::shared_ptr<Work::State>& state) {
+  std::unique_lock<std::mutex> lk(qmu_);
+  if (executing_ || queue_.empty() || queue_.front().state != state) return false;
+  run_front(lk);
   return true;
 }
 

@@ -175,6 +175,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string run_op(const char* op_name, uint64_t seq, const Signature& sig, const Deadline& d, Body& body);
   void check_signature(uint64_t seq, const Signature& sig, const Deadline& d, const char* op_name);
   void worker_loop();
+  // Runs the task at the front of the queue with qmu_ released meanwhile (lk holds qmu_ on entry and exit).
+  void run_front(std::unique_lock<std::mutex>& lk);
   // Runs the queued operation of `state` on the calling thread if it is next and nothing else is running: a
   // waiting caller then pays no thread hand-off (the latency of small collectives).
   bool try_run_inline(const std::shared_ptr<Work::State>& state);
