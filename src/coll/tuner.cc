@@ -198,12 +198,17 @@ double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int h
 std::string Tuner::choose(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const {
   for (const auto& r : forced_[static_cast<int>(op)])
     if (bytes >= r.lo && bytes < r.hi) return r.algorithm;
+  // The cheapest prediction wins, but an algorithm listed earlier (ring first) keeps the choice while the later one
+  // is less than kTieMargin cheaper: for large vectors ring and Rabenseifner predict the same bandwidth term, and
+  // measured here ring is faster (each rank sends and receives on different links, segments pipeline), e.g. 94-96%
+  // of a shaped 1 Gbit/s link against 65-85% for rhd (docs/cluster.md).
+  constexpr double kTieMargin = 0.10;
   std::string best;
   double best_t = std::numeric_limits<double>::infinity();
   for (const auto& a : algorithms(op)) {
     if (a == "hier" && (hosts <= 1 || !uniform_hosts)) continue;
     double t = predict(op, a, static_cast<double>(bytes), p, hosts);
-    if (t < best_t) {
+    if (best.empty() || t < best_t * (1 - kTieMargin)) {
       best_t = t;
       best = a;
     }
