@@ -11,6 +11,7 @@
 #include "compress/detail.h"
 #include "compress/kernels.h"
 #include "compress/methods.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace conduit::compress {
@@ -366,19 +367,9 @@ CompressorPtr parse_compressor(const std::string& spec) {
   std::string name = spec.substr(0, colon);
   Params p;
   if (colon != std::string::npos) {
-    std::string rest = spec.substr(colon + 1);
-    size_t pos = 0;
-    while (pos <= rest.size() && !rest.empty()) {
-      size_t comma = rest.find(',', pos);
-      std::string kv = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      size_t eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw ConfigError(fmt::format("compressor spec '{}': '{}' is not key=value (form: name:key=value,...)", spec,
-                                      kv));
-      p[kv.substr(0, eq)] = kv.substr(eq + 1);
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-    }
+    p = parse_key_values(spec.substr(colon + 1), [&](const std::string& kv) {
+      return fmt::format("compressor spec '{}': '{}' is not key=value (form: name:key=value,...)", spec, kv);
+    });
   }
   return make_compressor(name, p);
 }

@@ -108,6 +108,18 @@ std::vector<std::string> split(std::string_view text, char sep) {
   return out;
 }
 
+std::map<std::string, std::string> parse_key_values(
+    std::string_view text, const std::function<std::string(const std::string&)>& bad_item) {
+  std::map<std::string, std::string> out;
+  if (text.empty()) return out;
+  for (const auto& kv : split(text, ',')) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) throw ConfigError(bad_item(kv));
+    out[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return out;
+}
+
 std::string trim(std::string_view text) {
   size_t b = 0, e = text.size();
   while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;

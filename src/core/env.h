@@ -2,6 +2,8 @@
 // Environment and size/duration parsing shared by every layer. Parse failures are ConfigErrors naming the
 // variable and what is allowed.
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +26,10 @@ std::string format_bytes(double bytes);  // 4 MiB, 512 B, 1.5 GiB
 double default_timeout_seconds();
 
 std::vector<std::string> split(std::string_view text, char sep);
+// Parses "key=value,key=value" (empty text: no pairs). An item without '=' or with an empty key is a ConfigError
+// whose message is bad_item(item).
+std::map<std::string, std::string> parse_key_values(std::string_view text,
+                                                    const std::function<std::string(const std::string&)>& bad_item);
 std::string trim(std::string_view text);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 

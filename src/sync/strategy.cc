@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "sync/detail.h"
 #include "sync/ps.h"
@@ -268,19 +269,9 @@ StrategyPtr parse_strategy(const std::string& spec, coll::CommPtr comm) {
   std::string name = spec.substr(0, colon);
   Params p;
   if (colon != std::string::npos) {
-    std::string rest = spec.substr(colon + 1);
-    size_t pos = 0;
-    while (pos <= rest.size() && !rest.empty()) {
-      size_t comma = rest.find(',', pos);
-      std::string kv = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw ConfigError(
-            fmt::format("sync: '{}' in '{}' is not key=value (e.g. local:period=8,warmup=100)", kv, spec));
-      p[kv.substr(0, eq)] = kv.substr(eq + 1);
-      if (comma == std::string::npos) break;
-      pos = comma + 1;
-    }
+    p = parse_key_values(spec.substr(colon + 1), [&](const std::string& kv) {
+      return fmt::format("sync: '{}' in '{}' is not key=value (e.g. local:period=8,warmup=100)", kv, spec);
+    });
   }
   return make_strategy(name, p, std::move(comm));
 }
