@@ -62,10 +62,10 @@ void print_summary(const std::string& out) {
                     : s["time_to_target_s"].is_null() ? std::string("not reached")
                                                     : fmt::format("{:.1f} s", s["time_to_target_s"].get<double>());
   std::printf(
-      "conduit train: %s on %s, %d workers, compressor %s: test accuracy %.2f%% after %d epochs in %.1f s; time "
+      "conduit train: %s on %s, %d workers, sync %s, compressor %s: test accuracy %.2f%% after %d epochs in %.1f s; time "
       "to target %s; %.1f MB on the wire (uncompressed %.1f MB); communication hidden %.0f%%; output %s\n",
       s.value("model", std::string()).c_str(), s.value("dataset", std::string()).c_str(), s.value("workers", 0),
-      s.value("compressor", std::string()).c_str(), 100 * s.value("final_test_accuracy", 0.0), s.value("epochs", 0),
+      s.value("sync", std::string("bsp")).c_str(), s.value("compressor", std::string()).c_str(), 100 * s.value("final_test_accuracy", 0.0), s.value("epochs", 0),
       s.value("wall_time_s", 0.0), tta.c_str(), s.value("bytes_on_wire", 0.0) / 1e6,
       s.value("uncompressed_bytes", 0.0) / 1e6, 100 * s.value("hidden_comm_fraction", 0.0), out.c_str());
 }
@@ -79,6 +79,7 @@ void run_train(const TrainArgs& a) {
   tr::TrainConfig cfg = tr::resolve_config(raw, env_world, workers_given);
   tr::check_dataset(cfg);
   tr::check_model_config(cfg, cfg.workers);
+  tr::check_sync_config(cfg);
 
   if (env_world > 0 || cfg.workers == 1) {
     // This process is one worker.
@@ -140,6 +141,7 @@ const bool kRegistered = register_command(20, [](CLI::App& app) {
   }
   c->footer(
       "Example: conduit train --model cnn --workers 4 --compressor powersgd:rank=4 --epochs 3 --output runs/psgd\n"
+      "         conduit train --sync ps-ssp --staleness 3 --slow 3:3    (parameter servers, one worker 3x slower)\n"
       "Outputs: <output>/metrics.jsonl (per step and per epoch), summary.json, config.yaml, checkpoint/ (resume "
       "with --resume <output>/checkpoint), trace-rank<R>.json with --trace (chrome://tracing, Perfetto).");
   c->callback([args, values]() {

@@ -12,7 +12,11 @@
 #include <set>
 #include <sstream>
 
+#include "coll/communicator.h"
+#include "core/env.h"
 #include "core/error.h"
+#include "sync/straggler.h"
+#include "sync/strategy.h"
 #ifdef CONDUIT_WITH_COMPRESS
 #include "compress/compressor.h"
 #endif
@@ -52,6 +56,19 @@ double to_double(const std::string& key, const std::string& v, double lo, double
   bool ok = used == v.size() && !v.empty() && std::isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi;
   if (!ok) bad(key, v, fmt::format("allowed: {}", what));
   return x;
+}
+
+// "config: sync: unknown..." -> "unknown...": the message of a lower layer under this layer's own prefix.
+std::string without_prefixes(std::string msg, std::initializer_list<const char*> prefixes) {
+  for (bool again = true; again;) {
+    again = false;
+    for (const char* p : prefixes)
+      if (msg.rfind(p, 0) == 0) {
+        msg = msg.substr(std::string_view(p).size());
+        again = true;
+      }
+  }
+  return msg;
 }
 
 bool to_bool(const std::string& key, const std::string& v) {
@@ -94,6 +111,12 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"synthetic_samples", "training samples of the synthetic dataset"},
       {"progress", "rank 0 shows a progress bar (default true)"},
       {"timeout_s", "deadline of each collective in seconds (default 300)"},
+      {"sync", "synchronization scheme name[:key=value,...]: bsp | local | diloco | easgd | dpsgd | sgp | adpsgd | "
+               "ps-asp | ps-ssp | ps-bsp (default bsp; docs/sync.md)"},
+      {"sync_period", "steps between synchronizations of local, diloco and easgd (0: the scheme's default)"},
+      {"staleness", "ps-ssp staleness bound s: a worker more than s steps ahead of the slowest waits (-1: 3)"},
+      {"slow", "straggler injection RANK:FACTOR[,...]: those ranks' compute takes FACTOR times longer"},
+      {"eval_every", "steps between extra test evaluations (0: at epoch ends only)"},
   };
   return k;
 }
@@ -121,8 +144,8 @@ RawConfig read_yaml_config(const std::string& path) {
       throw ConfigError(fmt::format("config: unknown key '{}' in {}; allowed: {}", key, path, list));
     }
     const YAML::Node& v = it->second;
-    if (key == "compressor" && v.IsMap()) {
-      // {name: topk, ratio: 0.01} -> "topk:ratio=0.01"
+    if ((key == "compressor" || key == "sync") && v.IsMap()) {
+      // {name: topk, ratio: 0.01} -> "topk:ratio=0.01"; {name: local, period: 8} -> "local:period=8"
       std::string name, params;
       for (auto p = v.begin(); p != v.end(); ++p) {
         auto pk = p->first.as<std::string>();
@@ -131,7 +154,9 @@ RawConfig read_yaml_config(const std::string& path) {
         else
           params += (params.empty() ? "" : ",") + pk + "=" + p->second.as<std::string>();
       }
-      if (name.empty()) throw ConfigError("config: compressor: a mapping needs a 'name' key, e.g. {name: topk, ratio: 0.01}");
+      if (name.empty())
+        throw ConfigError(fmt::format("config: {}: a mapping needs a 'name' key, e.g. {}", key,
+                                      key == "sync" ? "{name: local, period: 8}" : "{name: topk, ratio: 0.01}"));
       raw[key] = params.empty() ? name : name + ":" + params;
     } else if (v.IsScalar()) {
       raw[key] = v.as<std::string>();
@@ -219,6 +244,13 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     c.synthetic_samples = to_int("synthetic_samples", *v, 1, int64_t{1} << 30);
   if (auto v = get("progress")) c.progress = to_bool("progress", *v);
   if (auto v = get("timeout_s")) c.timeout_s = to_double("timeout_s", *v, 0, 1e7, true, "seconds > 0");
+  if (auto v = get("sync")) c.sync = v->empty() ? "bsp" : *v;
+  if (auto v = get("sync_period")) c.sync_period = to_int("sync_period", *v, 0, 1 << 24);
+  if (auto v = get("staleness")) c.staleness = to_int("staleness", *v, -1, 1 << 30);
+  if (auto v = get("slow")) c.slow = *v;
+  if (auto v = get("eval_every")) c.eval_every = to_int("eval_every", *v, 0, INT64_MAX);
+  // Schemes other than bsp average parameters, not gradients: the default gradient compressor does not apply.
+  if (c.sync.substr(0, c.sync.find(':')) != "bsp" && !get("compressor")) c.compressor = "none";
   if (env_world > 0 && workers_given && c.workers != env_world) {
     throw ConfigError(fmt::format(
         "config: workers: {} does not match WORLD_SIZE={} of the launcher that started this process; allowed: {} "
@@ -231,7 +263,106 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
                                   "written by conduit train (<output>/checkpoint)",
                                   c.resume));
   if (c.output.empty()) c.output = default_output_dir(c);
+  effective_sync(c);  // names and applicability (values: check_sync_config)
+  try {
+    sync::parse_slow(c.slow, c.workers);
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("config: slow: {}; allowed: RANK:FACTOR[,RANK:FACTOR...] with RANK < workers "
+                                  "and FACTOR in [1, 1000]",
+                                  without_prefixes(e.what(), {"config: ", "--slow: "})));
+  }
   return c;
+}
+
+std::string SyncSpec::to_string() const {
+  std::string s = name;
+  char sep = ':';
+  for (const auto& [k, v] : params) {
+    s += fmt::format("{}{}={}", sep, k, v);
+    sep = ',';
+  }
+  return s;
+}
+
+SyncSpec effective_sync(const TrainConfig& c) {
+  SyncSpec s;
+  auto colon = c.sync.find(':');
+  s.name = c.sync.substr(0, colon);
+  if (colon != std::string::npos) {
+    s.params = parse_key_values(c.sync.substr(colon + 1), [&](const std::string& kv) {
+      return fmt::format("config: sync: '{}' in '{}' is not key=value (e.g. local:period=8)", kv, c.sync);
+    });
+  }
+  sync::Params defaults;
+  try {
+    defaults = sync::strategy_defaults(s.name);
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("config: sync: {}", without_prefixes(e.what(), {"config: ", "sync: "})));
+  }
+  for (const auto& [k, v] : s.params) {
+    if (!defaults.count(k)) {
+      std::string allowed;
+      for (const auto& [dk, dv] : defaults) allowed += (allowed.empty() ? "" : ", ") + dk;
+      throw ConfigError(fmt::format("config: sync: scheme {} has no parameter '{}'; allowed: {}", s.name, k,
+                                    allowed.empty() ? "none" : allowed));
+    }
+  }
+  auto set = [&](const std::string& key, const std::string& value, const char* from) {
+    auto it = s.params.find(key);
+    if (it != s.params.end() && it->second != value)
+      throw ConfigError(fmt::format("config: {}: {} contradicts {}={} of sync '{}'; allowed: give it once", from,
+                                    value, key, it->second, c.sync));
+    s.params[key] = value;
+  };
+  if (c.sync_period > 0) {
+    if (!defaults.count("period"))
+      throw ConfigError(fmt::format("config: sync_period: scheme {} has no period; allowed with local, diloco, "
+                                    "easgd",
+                                    s.name));
+    set("period", std::to_string(c.sync_period), "sync_period");
+  }
+  if (c.staleness >= 0) {
+    if (!defaults.count("staleness"))
+      throw ConfigError(fmt::format("config: staleness: scheme {} has no staleness bound; allowed with ps-ssp",
+                                    s.name));
+    set("staleness", std::to_string(c.staleness), "staleness");
+  }
+  const bool compressed = c.compressor != "none";
+  if (s.parameter_server()) {
+    s.params.try_emplace("lr", fmt::format("{}", c.lr));
+    s.params.try_emplace("weight_decay", fmt::format("{}", c.weight_decay));
+    s.params.try_emplace("momentum", fmt::format("{}", c.momentum));
+    s.params.try_emplace("colocate", "1");
+    // Co-located: one shard per worker spreads the servers' work (and traffic) evenly, as BytePS does.
+    if (s.params["colocate"] == "1") s.params.try_emplace("servers", std::to_string(c.workers));
+    if (!c.resume.empty() && s.params["colocate"] == "0")
+      throw ConfigError(fmt::format("config: resume: {} with dedicated server ranks (colocate=0) keeps the model on "
+                                    "ranks that are not checkpointed; allowed: colocate=1",
+                                    s.name));
+    if (compressed) set("push_compressor", c.compressor, "compressor");
+    if (c.optimizer != "sgd")
+      throw ConfigError(fmt::format("config: optimizer: {} runs on the workers, but {} servers own the optimizer "
+                                    "(SGD with momentum); allowed: sgd",
+                                    c.optimizer, s.name));
+  } else if (s.name == "dpsgd") {
+    if (compressed) set("compressor", c.compressor, "compressor");
+  } else if (!s.bsp() && compressed) {
+    throw ConfigError(fmt::format("config: compressor: {} averages parameters, not gradients, so '{}' does not "
+                                  "apply; allowed: none, or a scheme that compresses (bsp, dpsgd, ps-*)",
+                                  s.name, c.compressor));
+  }
+  return s;
+}
+
+void check_sync_config(const TrainConfig& c) {
+  SyncSpec s = effective_sync(c);
+  if (s.bsp()) return;
+  auto comms = coll::Communicator::inproc(c.workers);
+  try {
+    sync::make_strategy(s.name, s.params, comms[0]);
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("config: sync: {}", without_prefixes(e.what(), {"config: ", "sync "})));
+  }
 }
 
 void check_dataset(const TrainConfig& c) {
@@ -254,6 +385,8 @@ std::string default_output_dir(const TrainConfig& c) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::localtime(&t));
   std::string comp = c.compressor;
+  const std::string scheme = c.sync.substr(0, c.sync.find(':'));
+  if (scheme != "bsp") comp = scheme + (c.compressor == "none" ? "" : "-" + c.compressor);
   for (char& ch : comp)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
   return fmt::format("runs/{}-{}-{}", c.model, comp, buf);
@@ -291,6 +424,11 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "synthetic_samples" << YAML::Value << c.synthetic_samples;
   e << YAML::Key << "progress" << YAML::Value << (c.progress ? "true" : "false");
   e << YAML::Key << "timeout_s" << YAML::Value << fmt::format("{}", c.timeout_s);
+  e << YAML::Key << "sync" << YAML::Value << c.sync;
+  e << YAML::Key << "sync_period" << YAML::Value << c.sync_period;
+  e << YAML::Key << "staleness" << YAML::Value << c.staleness;
+  e << YAML::Key << "slow" << YAML::Value << c.slow;
+  e << YAML::Key << "eval_every" << YAML::Value << c.eval_every;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }

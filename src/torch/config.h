@@ -45,7 +45,28 @@ struct TrainConfig {
   int64_t synthetic_samples = 4096;       // training samples of the synthetic dataset (test: a quarter)
   bool progress = true;                   // rank 0 prints a progress bar
   double timeout_s = 300;                 // deadline of every collective
+  // Synchronization scheme spec "name[:key=value,...]" (sync/strategy.h, docs/sync.md): bsp (the
+  // DistributedOptimizer above), local, diloco, easgd, dpsgd, sgp, adpsgd, ps-asp, ps-ssp, ps-bsp.
+  std::string sync = "bsp";
+  int64_t sync_period = 0;                // H of local / diloco / easgd (0: the scheme's own default)
+  int64_t staleness = -1;                 // s of ps-ssp (-1: the scheme's default, 3)
+  std::string slow;                       // straggler injection "RANK:FACTOR[,RANK:FACTOR...]" (empty: none)
+  int64_t eval_every = 0;                 // steps between extra test evaluations (0: at epoch ends only)
 };
+
+// The scheme of c.sync with the trainer's settings folded in: sync_period -> period, staleness, ps-* take the
+// trainer's lr, momentum and weight_decay and co-locate one shard per worker unless told otherwise; a compressor goes to dpsgd (CHOCO gossip) or
+// ps-* (push_compressor). ConfigError (one line) where a setting does not apply to the scheme.
+struct SyncSpec {
+  std::string name = "bsp";
+  std::map<std::string, std::string> params;
+  bool bsp() const { return name == "bsp"; }
+  // Schemes whose workers never wait for a slower one at every step (ps-asp, ps-ssp, adpsgd).
+  bool asynchronous() const { return name == "ps-asp" || name == "ps-ssp" || name == "adpsgd"; }
+  bool parameter_server() const { return name.rfind("ps-", 0) == 0; }
+  std::string to_string() const;
+};
+SyncSpec effective_sync(const TrainConfig& c);
 
 // Raw key -> value strings (from YAML and flags) before checking.
 using RawConfig = std::map<std::string, std::string>;
@@ -58,6 +79,8 @@ RawConfig read_yaml_config(const std::string& path);
 // Applies `raw` over the defaults and validates; `env_world` is WORLD_SIZE of an outer launcher (0 when none) and
 // `workers_given` says whether workers was set explicitly (it must then agree with env_world).
 TrainConfig resolve_config(const RawConfig& raw, int env_world = 0, bool workers_given = false);
+// Builds the scheme on `workers` in-process ranks, so every parameter value is checked before workers start.
+void check_sync_config(const TrainConfig& c);
 // Checks that need the file system (the dataset files); separate so tests can run without the dataset.
 void check_dataset(const TrainConfig& c);
 // The config as YAML (every key), so workers and resumed runs read exactly what the first run used.

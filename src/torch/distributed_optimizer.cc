@@ -21,20 +21,6 @@ namespace conduit::train {
 
 namespace {
 
-DType to_dtype(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat: return DType::f32;
-    case torch::kDouble: return DType::f64;
-    case torch::kLong: return DType::i64;
-    case torch::kInt: return DType::i32;
-    case torch::kByte: return DType::u8;
-    case torch::kChar: return DType::i8;
-    default:
-      throw InvalidArgument(fmt::format("DistributedOptimizer: tensors of type {} cannot be broadcast",
-                                        c10::toString(t.scalar_type())));
-  }
-}
-
 #ifdef CONDUIT_WITH_COMPRESS
 // Forwards to a compressor and puts its compress() and decompress() calls on the timeline (communication thread).
 class TracedCompressor : public compress::Compressor {
@@ -323,17 +309,38 @@ DistributedOptimizer::~DistributedOptimizer() {
   if (core_->thread.joinable()) core_->thread.join();
 }
 
-void DistributedOptimizer::broadcast_initial_state() {
+namespace {
+
+DType to_dtype(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat: return DType::f32;
+    case torch::kDouble: return DType::f64;
+    case torch::kLong: return DType::i64;
+    case torch::kInt: return DType::i32;
+    case torch::kByte: return DType::u8;
+    case torch::kChar: return DType::i8;
+    default:
+      throw InvalidArgument(fmt::format("train: tensors of type {} cannot be broadcast; allowed: float, double, long, int, uint8, int8",
+                                        c10::toString(t.scalar_type())));
+  }
+}
+
+}  // namespace
+
+void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters) {
   torch::NoGradGuard ng;
   auto bcast = [&](torch::Tensor t) {
-    if (comm_->size() == 1 || t.numel() == 0) return;
+    if (comm.size() == 1 || t.numel() == 0) return;
     torch::Tensor c = t.contiguous();
-    comm_->broadcast(c.data_ptr(), size_t(c.numel()), to_dtype(c), 0).wait();
+    comm.broadcast(c.data_ptr(), size_t(c.numel()), to_dtype(c), 0).wait();
     if (!c.is_same(t)) t.copy_(c);
   };
-  for (auto& p : model_->parameters()) bcast(p);
-  for (auto& b : model_->buffers()) bcast(b);
+  if (parameters)
+    for (auto& p : model.parameters()) bcast(p);
+  for (auto& b : model.buffers()) bcast(b);
 }
+
+void DistributedOptimizer::broadcast_initial_state() { broadcast_module(*model_, *comm_, true); }
 
 void DistributedOptimizer::zero_grad() {
   last_step_end_ = now_s();  // compute time counts from here to step()
@@ -411,16 +418,7 @@ void DistributedOptimizer::step() {
 }
 
 void DistributedOptimizer::add_to_totals(const StepStats& s) {
-  total_.compute_s += s.compute_s;
-  total_.comm_s += s.comm_s;
-  total_.exposed_comm_s += s.exposed_comm_s;
-  total_.step_s += s.step_s;
-  total_.bytes_sent += s.bytes_sent;
-  total_.bytes_recv += s.bytes_recv;
-  total_.raw_bytes += s.raw_bytes;
-  total_.payload_bytes += s.payload_bytes;
-  total_.grad_bytes += s.grad_bytes;
-  total_.buckets += s.buckets;
+  total_ += s;
 }
 
 std::vector<std::vector<int>> DistributedOptimizer::bucket_layout() const {

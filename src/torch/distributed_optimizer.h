@@ -39,6 +39,9 @@ struct DistOptions {
   Trace* trace = nullptr;          // optional timeline
 };
 
+// Broadcasts the buffers (and, with parameters, the parameters) of `model` from rank 0 of `comm`.
+void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters);
+
 class DistributedOptimizer {
  public:
   DistributedOptimizer(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer,

@@ -11,6 +11,20 @@
 
 namespace conduit::train {
 
+StepStats& StepStats::operator+=(const StepStats& s) {
+  compute_s += s.compute_s;
+  comm_s += s.comm_s;
+  exposed_comm_s += s.exposed_comm_s;
+  step_s += s.step_s;
+  bytes_sent += s.bytes_sent;
+  bytes_recv += s.bytes_recv;
+  raw_bytes += s.raw_bytes;
+  payload_bytes += s.payload_bytes;
+  grad_bytes += s.grad_bytes;
+  buckets += s.buckets;
+  return *this;
+}
+
 nlohmann::json StepStats::to_json() const {
   return {{"compute_s", compute_s},   {"comm_s", comm_s},         {"exposed_comm_s", exposed_comm_s},
           {"step_s", step_s},         {"bytes_sent", bytes_sent}, {"bytes_recv", bytes_recv},

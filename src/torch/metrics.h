@@ -25,6 +25,7 @@ struct StepStats {
   uint64_t grad_bytes = 0;     // f32 bytes of all gradients
   int buckets = 0;
   double ratio() const { return payload_bytes ? double(grad_bytes) / double(payload_bytes) : 1.0; }
+  StepStats& operator+=(const StepStats& s);  // sums every field (totals over steps)
   nlohmann::json to_json() const;
 };
 

@@ -19,6 +19,8 @@
 #include "torch/distributed_optimizer.h"
 #include "torch/metrics.h"
 #include "torch/models.h"
+#include "torch/scheme_optimizer.h"
+#include "sync/straggler.h"
 
 namespace conduit::train {
 namespace fs = std::filesystem;
@@ -87,16 +89,17 @@ double lr_at(const TrainConfig& c, int64_t step, int64_t total, int64_t warmup) 
   return c.lr;
 }
 
-// Accuracy and mean loss on the test set, sharded over the ranks and summed.
-std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Communicator& comm) {
+// Accuracy and mean loss on the test set: sharded over the ranks and summed (comm), or on this rank alone (nullptr).
+std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Communicator* comm) {
   torch::NoGradGuard ng;
   model.eval();
   double sums[3] = {0, 0, 0};  // correct, loss sum, count
   std::vector<int64_t> idx;
   const int64_t chunk = 500;
-  for (int64_t i = comm.rank(); i < test.n; i += comm.size()) {
+  const int rank = comm ? comm->rank() : 0, size = comm ? comm->size() : 1;
+  for (int64_t i = rank; i < test.n; i += size) {
     idx.push_back(i);
-    if (int64_t(idx.size()) == chunk || i + comm.size() >= test.n) {
+    if (int64_t(idx.size()) == chunk || i + size >= test.n) {
       torch::Tensor x, y;
       make_batch(test, idx, x, y);
       auto out = model.forward(x);
@@ -108,7 +111,7 @@ std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Commu
       idx.clear();
     }
   }
-  if (comm.size() > 1) comm.allreduce(sums, 3, DType::f64, ReduceOp::sum).wait();
+  if (size > 1) comm->allreduce(sums, 3, DType::f64, ReduceOp::sum).wait();
   model.train();
   return {sums[2] > 0 ? sums[0] / sums[2] : 0.0, sums[2] > 0 ? sums[1] / sums[2] : 0.0};
 }
@@ -180,12 +183,10 @@ void check_model_config(const TrainConfig& c, int world) {
 }
 
 TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const WorkerOptions& wo) {
-  coll::Communicator& comm = *comm_ptr;
-  const int rank = comm.rank(), world = comm.size();
-  const bool lead = rank == 0;
+  const SyncSpec spec = effective_sync(c);
+  const int global_rank = comm_ptr->rank();
   const bool outputs = wo.write_outputs;
   torch::set_num_threads(1);
-  Data data = load_data(c);
   std::shared_ptr<Net> model;
   {
     // torch's generator is global: ranks that are threads of one process (tests) must not interleave their draws.
@@ -196,17 +197,69 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   }
   auto optimizer = make_optimizer(c, *model);
 
-  Trace trace(rank);
+  // Resume: the model and optimizer state first (SchemeOptimizer re-seats the parameters afterwards).
+  fs::path rd(c.resume);
+  nlohmann::json meta;
+  if (!c.resume.empty()) {
+    meta = read_json_file((rd / "checkpoint.json").string());
+    if (meta.value("world", 0) != comm_ptr->size())
+      throw ConfigError(fmt::format("config: resume: the checkpoint was written by {} ranks, this run has {}; "
+                                    "allowed: {} ranks",
+                                    meta.value("world", 0), comm_ptr->size(), meta.value("world", 0)));
+    if (meta.value("model", std::string()) != c.model || meta.value("compressor", std::string()) != c.compressor ||
+        meta.value("sync", std::string("bsp")) != spec.name)
+      throw ConfigError(fmt::format("config: resume: the checkpoint is of model {} with compressor {} and sync {}; "
+                                    "allowed: the same model, compressor and sync scheme",
+                                    meta.value("model", std::string()), meta.value("compressor", std::string()),
+                                    meta.value("sync", std::string("bsp"))));
+    fs::path mine = rd / fmt::format("rank-{}", global_rank);
+    {
+      torch::serialize::InputArchive a;
+      a.load_from((mine / "model.pt").string());
+      model->load(a);
+    }
+    {
+      torch::serialize::InputArchive a;
+      a.load_from((mine / "optimizer.pt").string());
+      optimizer->load(a);
+    }
+  }
+
+  Trace trace(global_rank);
   trace.enable(c.trace && outputs);
-  DistOptions dopts;
-  dopts.bucket_cap_bytes = size_t(c.bucket_cap_mb * 1024 * 1024);
-  dopts.first_bucket_bytes = size_t(c.first_bucket_mb * 1024 * 1024);
-  dopts.overlap = c.overlap;
-  dopts.compressor = c.compressor;
-  dopts.seed = c.seed;
-  dopts.timeout_s = c.timeout_s;
-  dopts.trace = &trace;
-  DistributedOptimizer dopt(model, optimizer, comm_ptr, dopts);
+  // bsp: the bucketed, overlapped, compressed DistributedOptimizer; any other scheme: a sync::Strategy.
+  std::unique_ptr<DistributedOptimizer> dopt;
+  std::unique_ptr<SchemeOptimizer> sopt;
+  coll::CommPtr wcomm = comm_ptr;
+  if (spec.bsp()) {
+    DistOptions dopts;
+    dopts.bucket_cap_bytes = size_t(c.bucket_cap_mb * 1024 * 1024);
+    dopts.first_bucket_bytes = size_t(c.first_bucket_mb * 1024 * 1024);
+    dopts.overlap = c.overlap;
+    dopts.compressor = c.compressor;
+    dopts.seed = c.seed;
+    dopts.timeout_s = c.timeout_s;
+    dopts.trace = &trace;
+    dopt = std::make_unique<DistributedOptimizer>(model, optimizer, comm_ptr, dopts);
+  } else {
+    sopt = std::make_unique<SchemeOptimizer>(model, optimizer, comm_ptr, spec, c.lr, &trace);
+    if (!sopt->is_worker()) {  // a dedicated parameter server (ps-* with colocate=0)
+      sopt->serve();
+      return {};
+    }
+    wcomm = sopt->worker_comm();
+    sopt->setup(!c.resume.empty());
+  }
+  // From here on: the workers only (dedicated servers returned above).
+  coll::Communicator& comm = *wcomm;
+  const int rank = comm.rank(), world = comm.size();
+  const bool lead = rank == 0;
+  // Schemes other than bsp keep replicas that may differ: worker 0 evaluates its own, alone, so no evaluation makes
+  // the workers wait for each other.
+  coll::Communicator* eval_comm = spec.bsp() ? &comm : nullptr;
+  const bool evaluates = spec.bsp() || lead;
+  Data data = load_data(c);
+  sync::Straggler straggler(sync::parse_slow(c.slow, comm_ptr->size()), global_rank);
 
   DistributedSampler sampler(data.train.n, world, rank, c.seed);
   const int64_t spe = sampler.steps_per_epoch(c.batch_size);
@@ -221,33 +274,16 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   fs::path out(c.output), ckdir = out / "checkpoint";
   if (outputs) fs::create_directories(out);
 
-  // Resume.
   int start_epoch = 0;
   int64_t start_step = 0, global_step = 0;
   double wall_before = 0, time_to_target = -1, last_acc = 0;
   if (!c.resume.empty()) {
-    fs::path rd(c.resume);
-    auto meta = read_json_file((rd / "checkpoint.json").string());
-    if (meta.value("world", 0) != world)
-      throw ConfigError(fmt::format("config: resume: the checkpoint was written by {} workers, this run has {}; "
-                                    "allowed: {} workers",
-                                    meta.value("world", 0), world, meta.value("world", 0)));
-    if (meta.value("model", std::string()) != c.model || meta.value("compressor", std::string()) != c.compressor)
-      throw ConfigError(fmt::format("config: resume: the checkpoint is of model {} with compressor {}; allowed: "
-                                    "the same model and compressor",
-                                    meta.value("model", std::string()), meta.value("compressor", std::string())));
-    fs::path mine = rd / fmt::format("rank-{}", rank);
-    {
-      torch::serialize::InputArchive a;
-      a.load_from((mine / "model.pt").string());
-      model->load(a);
+    fs::path mine = rd / fmt::format("rank-{}", global_rank);
+    if (dopt) {
+      dopt->load_compressor_state(read_bytes(mine / "compressor.bin"));
+    } else {
+      sopt->resume(read_bytes(mine / "sync.bin"));
     }
-    {
-      torch::serialize::InputArchive a;
-      a.load_from((mine / "optimizer.pt").string());
-      optimizer->load(a);
-    }
-    dopt.load_compressor_state(read_bytes(mine / "compressor.bin"));
     start_epoch = meta.at("epoch").get<int>();
     start_step = meta.at("step").get<int64_t>();
     global_step = meta.at("global_step").get<int64_t>();
@@ -255,8 +291,13 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     time_to_target = meta.value("time_to_target_s", -1.0);
     last_acc = meta.value("test_accuracy", 0.0);
     auto tot = read_json_file((mine / "totals.json").string());
-    dopt.add_to_totals(totals_from_json(tot));
+    if (dopt)
+      dopt->add_to_totals(totals_from_json(tot));
+    else
+      sopt->add_to_totals(totals_from_json(tot));
   }
+  auto last_stats = [&]() -> const StepStats& { return dopt ? dopt->last_stats() : sopt->last_stats(); };
+  auto total_stats = [&]() -> const StepStats& { return dopt ? dopt->total_stats() : sopt->total_stats(); };
 
   std::unique_ptr<JsonlWriter> metrics;
   if (outputs && lead) {
@@ -267,9 +308,14 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const double t_start = now_s();
   auto elapsed = [&] { return wall_before + now_s() - t_start; };
 
+  int64_t checkpointed_at = -1;  // global step of the last checkpoint written
   auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
     if (!outputs) return;
-    fs::path mine = ckdir / fmt::format("rank-{}", rank);
+    checkpointed_at = global_step;
+    // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
+    // inside a step), so the saved server shards and replicas are one consistent state.
+    if (sopt) comm.barrier().wait();
+    fs::path mine = ckdir / fmt::format("rank-{}", global_rank);
     fs::create_directories(mine);
     {
       torch::serialize::OutputArchive a;
@@ -281,17 +327,21 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       optimizer->save(a);
       a.save_to((mine / "optimizer.pt").string());
     }
-    write_bytes(mine / "compressor.bin", dopt.save_compressor_state());
-    write_json_file((mine / "totals.json").string(), totals_json(dopt.total_stats()));
+    if (dopt)
+      write_bytes(mine / "compressor.bin", dopt->save_compressor_state());
+    else
+      write_bytes(mine / "sync.bin", sopt->save_state());
+    write_json_file((mine / "totals.json").string(), totals_json(total_stats()));
     comm.barrier().wait();  // every rank's files are complete before rank 0 declares the checkpoint
     if (lead) {
       write_json_file((ckdir / "checkpoint.json").string(),
                       {{"epoch", epoch},
                        {"step", step},
                        {"global_step", global_step},
-                       {"world", world},
+                       {"world", comm_ptr->size()},
                        {"model", c.model},
                        {"compressor", c.compressor},
+                       {"sync", spec.name},
                        {"wall_s", elapsed()},
                        {"time_to_target_s", time_to_target},
                        {"test_accuracy", acc}});
@@ -300,8 +350,24 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
 
   TrainResult res;
   res.test_accuracy = last_acc;
+  // Evaluates (collectively under bsp, on worker 0 alone otherwise) and times the first reach of the target.
+  auto run_eval = [&](const char* kind, int epoch) -> std::pair<double, double> {
+    if (!evaluates) return {0, 0};
+    auto r = evaluate(*model, data.test, eval_comm);
+    if (c.target_accuracy > 0 && time_to_target < 0 && r.first >= c.target_accuracy) time_to_target = elapsed();
+    if (metrics && std::string(kind) == "eval")
+      metrics->write({{"kind", "eval"},
+                      {"epoch", epoch + 1},
+                      {"global_step", global_step},
+                      {"test_accuracy", r.first},
+                      {"test_loss", r.second},
+                      {"time_s", elapsed()},
+                      {"bytes_sent", total_stats().bytes_sent}});
+    return r;
+  };
   bool stop = global_step >= total_steps;
   int epoch = start_epoch;
+  int64_t end_epoch_pos = start_epoch, end_step_pos = start_step;  // where training stopped (final checkpoint)
   for (; epoch < c.epochs && !stop; ++epoch) {
     sampler.set_epoch(epoch);
     ProgressBar bar(epoch + 1, c.epochs, spe, lead && c.progress && outputs);
@@ -316,25 +382,34 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       }
       const double lr = lr_at(c, global_step, total_steps, warmup);
       set_lr(*optimizer, c.optimizer, lr);
-      dopt.zero_grad();
+      if (dopt)
+        dopt->zero_grad();
+      else
+        sopt->zero_grad();
       torch::Tensor x, y;
       make_batch(data.train, sampler.batch(step, c.batch_size), x, y);
+      straggler.begin();
       const double f0 = now_s();
       auto logits = model->forward(x);
       auto loss = torch::nn::functional::cross_entropy(logits, y);
       const double f1 = now_s();
       loss.backward();
       const double f2 = now_s();
+      const double slept = straggler.end();
       trace.complete("forward", 0, f0, f1, {{"step", global_step}});
       trace.complete("backward", 0, f1, f2, {{"step", global_step}});
-      dopt.step();
+      if (slept > 0) trace.complete("straggler sleep", 0, f2, f2 + slept, {{"factor", straggler.factor()}});
+      if (dopt)
+        dopt->step();
+      else
+        sopt->step(uint64_t(global_step), lr);
       ++global_step;
       const double l = loss.item<float>();
       const double corr = double(logits.argmax(1).eq(y).sum().item<int64_t>());
       loss_sum += l * double(x.size(0));
       correct += corr;
       seen += double(x.size(0));
-      const auto& st = dopt.last_stats();
+      const auto& st = last_stats();
       const double dt = now_s() - epoch_t0;
       const double sps = dt > 0 ? double(step + 1 - first_step) * c.batch_size * world / dt : 0;
       if (metrics) {
@@ -343,16 +418,21 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         j.update(st.to_json());
         metrics->write(j);
       }
-      bar.update(step + 1, loss_sum / seen, correct / seen, sps, double(dopt.total_stats().bytes_sent) / 1e6);
+      bar.update(step + 1, loss_sum / seen, correct / seen, sps, double(total_stats().bytes_sent) / 1e6);
+      if (c.eval_every > 0 && global_step % c.eval_every == 0 && step + 1 < spe && global_step < total_steps) {
+        auto [acc, tl] = run_eval("eval", epoch);
+        if (evaluates) res.test_accuracy = acc;
+      }
       if (c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0 && step + 1 < spe)
         save_checkpoint(epoch, step + 1, res.test_accuracy);
     }
     const bool epoch_done = step >= spe;
-    auto [acc, test_loss] = evaluate(*model, data.test, comm);
+    end_epoch_pos = epoch_done ? epoch + 1 : epoch;
+    end_step_pos = epoch_done ? 0 : step;
+    auto [acc, test_loss] = run_eval("epoch", epoch);
     res.test_accuracy = acc;
     res.train_loss = seen > 0 ? loss_sum / seen : 0;
-    if (c.target_accuracy > 0 && time_to_target < 0 && acc >= c.target_accuracy) time_to_target = elapsed();
-    const auto& tot = dopt.total_stats();
+    const auto& tot = total_stats();
     const double dt = now_s() - epoch_t0;
     if (metrics) {
       metrics->write({{"kind", "epoch"},
@@ -374,12 +454,29 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                            "{:.1f} MB sent, {:.1f} s",
                            epoch + 1, c.epochs, res.train_loss, seen > 0 ? 100 * correct / seen : 0, 100 * acc,
                            dt > 0 ? seen * world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
-    if (epoch_done) save_checkpoint(epoch + 1, 0, acc);
+    // bsp checkpoints at every epoch end; other schemes only where asked (a checkpoint is a barrier) and at the end.
+    if (epoch_done && dopt) save_checkpoint(epoch + 1, 0, acc);
+    if (epoch_done && sopt && c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0)
+      save_checkpoint(epoch + 1, 0, acc);
     if (epoch_done) res.epochs = epoch + 1;
   }
   if (res.epochs == 0) res.epochs = epoch;
+  if (sopt) {
+    // The state to continue from is the one before the scheme's last word (local SGD's final average, the servers'
+    // stop): a resumed run goes on exactly as an uninterrupted one would have.
+    if (checkpointed_at != global_step && (global_step > start_step || epoch > start_epoch))
+      save_checkpoint(int(end_epoch_pos), end_step_pos, res.test_accuracy);
+    // Then the scheme's last word and worker 0's final accuracy for all.
+    sopt->finish();
+    double acc[2] = {0, 0};
+    if (lead) std::tie(acc[0], acc[1]) = run_eval("final", epoch);
+    if (world > 1) comm.broadcast(acc, 2, DType::f64, 0).wait();
+    res.test_accuracy = acc[0];
+    if (metrics)
+      metrics->write({{"kind", "final"}, {"test_accuracy", acc[0]}, {"test_loss", acc[1]}, {"time_s", elapsed()}});
+  }
 
-  const auto& tot = dopt.total_stats();
+  const auto& tot = total_stats();
   res.wall_s = elapsed();
   res.time_to_target_s = time_to_target;
   res.steps = global_step;
@@ -391,11 +488,13 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   res.compute_s = tot.compute_s;
   res.comm_s = tot.comm_s;
   res.exposed_comm_s = tot.exposed_comm_s;
-  uint64_t sums[2] = {tot.bytes_sent, tot.raw_bytes};
+  // Bytes on the wire, summed over the workers: what they sent, plus for parameter servers what the servers sent
+  // them (the pulls; a server's sends are its workers' receives, and co-located shards' own traffic never leaves).
+  uint64_t sums[2] = {tot.bytes_sent + (spec.parameter_server() ? tot.bytes_recv : 0), tot.raw_bytes};
   if (world > 1) comm.allreduce(sums, 2, DType::i64, ReduceOp::sum).wait();
   res.world_bytes_sent = sums[0];
   res.world_raw_bytes = sums[1];
-  res.buckets = dopt.bucket_layout();
+  if (dopt) res.buckets = dopt->bucket_layout();
   for (auto& p : model->parameters()) res.param_numel.push_back(size_t(p.numel()));
   if (wo.keep_params) {
     for (auto& p : model->parameters()) {
@@ -403,13 +502,16 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       res.params.insert(res.params.end(), f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
     }
   }
-  if (outputs && c.trace) trace.write((out / fmt::format("trace-rank{}.json", rank)).string());
+  if (outputs && c.trace) trace.write((out / fmt::format("trace-rank{}.json", global_rank)).string());
   if (outputs && lead) {
     write_json_file((out / "summary.json").string(),
                     {{"model", c.model},
                      {"dataset", c.dataset},
                      {"compressor", c.compressor},
+                     {"sync", spec.to_string()},
+                     {"slow", c.slow},
                      {"workers", world},
+                     {"ranks", comm_ptr->size()},
                      {"epochs", res.epochs},
                      {"steps", res.steps},
                      {"batch_size", c.batch_size},

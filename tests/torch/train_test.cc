@@ -21,35 +21,14 @@
 #include "torch/data.h"
 #include "torch/metrics.h"
 #include "torch/trainer.h"
+#include "train_util.h"
 
 namespace conduit::train {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace test_util;
 
-fs::path temp_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / fmt::format("conduit-train-test-{}-{}", ::getpid(), name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-// The one-line ConfigError message of resolve_config(raw); empty when it passes.
-std::string config_error(const RawConfig& raw, int env_world = 0) {
-  try {
-    resolve_config(raw, env_world, raw.count("workers") > 0);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-void expect_one_line(const std::string& msg, const std::string& field) {
-  EXPECT_FALSE(msg.empty()) << "no error for " << field;
-  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  EXPECT_NE(msg.find(field), std::string::npos) << msg;
-  EXPECT_NE(msg.find("allowed"), std::string::npos) << msg;
-}
 
 TEST(TrainConfig, DefaultsAreTheCnnOnFashionMnistWithFourWorkers) {
   TrainConfig c = resolve_config({});
@@ -208,55 +187,6 @@ TEST(Data, SamplerShardsByRankAndReshufflesPerEpoch) {
   }
 }
 
-// Runs train_worker on `world` in-process ranks (threads) and returns every rank's result.
-std::vector<TrainResult> train_inproc(const TrainConfig& c, int world, bool outputs = false) {
-  auto comms = coll::Communicator::inproc(world);
-  std::vector<TrainResult> res(static_cast<size_t>(world));
-  std::vector<std::exception_ptr> errs(static_cast<size_t>(world));
-  std::vector<std::thread> ts;
-  for (int r = 0; r < world; ++r) {
-    ts.emplace_back([&, r] {
-      try {
-        WorkerOptions o;
-        o.keep_params = true;
-        o.write_outputs = outputs;
-        res[size_t(r)] = train_worker(c, comms[size_t(r)], o);
-      } catch (...) {
-        errs[size_t(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
-  for (auto& e : errs)
-    if (e) std::rethrow_exception(e);
-  return res;
-}
-
-TrainConfig tiny(const std::string& model) {
-  TrainConfig c;
-  c.model = model;
-  c.compressor = "none";
-  c.dataset = "synthetic";
-  c.synthetic_samples = 384;
-  c.test_limit = 64;
-  c.epochs = 1;
-  c.batch_size = 8;
-  c.lr = 0.05;
-  c.lr_schedule = "constant";
-  c.progress = false;
-  c.seed = 3;
-  c.bucket_cap_mb = 0.05;  // several buckets
-  c.first_bucket_mb = 0.01;
-  return c;
-}
-
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    m = std::max(m, std::abs(double(a[i]) - double(b[i])) / (1e-3 + std::abs(double(b[i]))));
-  return m;
-}
 
 TEST(Train, BspWithNWorkersEqualsOneWorkerWithNTimesTheBatch) {
   for (std::string model : {"mlp", "cnn"}) {
@@ -441,21 +371,6 @@ TEST(Train, CompressorsPlugIn) {
 }
 #endif
 
-// The `conduit train` binary.
-struct CliRun {
-  int code;
-  std::string out;
-};
-
-CliRun run_conduit(const std::string& args) {
-  std::string cmd = std::string(CONDUIT_BINARY) + " train " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128, out};
-}
 
 TEST(TrainCli, ConfigurationErrorsStopBeforeTrainingWithOneLine) {
   for (auto [args, field] : std::vector<std::pair<std::string, std::string>>{

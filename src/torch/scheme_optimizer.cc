@@ -1,0 +1,134 @@
+// SchemeOptimizer: a sync::Strategy around the local optimizer, on flat views of the model's parameters.
+#include "torch/scheme_optimizer.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "torch/distributed_optimizer.h"
+
+namespace conduit::train {
+
+SchemeOptimizer::SchemeOptimizer(std::shared_ptr<torch::nn::Module> model,
+                                 std::shared_ptr<torch::optim::Optimizer> optimizer, coll::CommPtr comm,
+                                 const SyncSpec& spec, double base_lr, Trace* trace)
+    : model_(std::move(model)),
+      optimizer_(std::move(optimizer)),
+      comm_(std::move(comm)),
+      spec_(spec),
+      base_lr_(base_lr),
+      trace_(trace) {
+  strategy_ = sync::make_strategy(spec_.name, spec_.params, comm_);
+  workers_ = comm_->size() == 1 ? comm_ : comm_->split(strategy_->is_worker() ? 0 : 1, comm_->rank());
+
+  // Re-seat every parameter (and its gradient) as a view of one flat tensor: the layout is registration order, the
+  // same on every rank.
+  torch::NoGradGuard ng;
+  auto params = model_->parameters();
+  for (auto& p : params) {
+    if (p.scalar_type() != torch::kFloat)
+      throw InvalidArgument(fmt::format("train: --sync {} needs f32 parameters", spec_.name));
+    d_ += size_t(p.numel());
+  }
+  flat_params_ = torch::empty({int64_t(d_)}, torch::kFloat);
+  flat_grads_ = torch::zeros({int64_t(d_)}, torch::kFloat);
+  int64_t off = 0;
+  for (auto& p : params) {
+    const int64_t n = p.numel();
+    auto view = flat_params_.narrow(0, off, n).view(p.sizes());
+    view.copy_(p);
+    p.set_data(view);
+    p.mutable_grad() = flat_grads_.narrow(0, off, n).view(p.sizes());
+    off += n;
+  }
+}
+
+SchemeOptimizer::~SchemeOptimizer() = default;
+
+void SchemeOptimizer::setup(bool resuming) {
+  torch::NoGradGuard ng;
+  if (resuming) own_params_ = flat_params_.clone();
+  broadcast_module(*model_, *workers_, false);  // the parameters are the strategy's
+  strategy_->setup({flat_params_.data_ptr<float>(), d_});
+  seen_ = strategy_->stats();
+  last_step_end_ = now_s();
+}
+
+void SchemeOptimizer::resume(const std::vector<uint8_t>& state) {
+  if (!own_params_.defined()) throw InvalidArgument("train: SchemeOptimizer::resume needs setup(true) first");
+  workers_->barrier().wait();
+  strategy_->load_state(state);
+  {
+    torch::NoGradGuard ng;
+    flat_params_.copy_(own_params_);
+  }
+  own_params_ = torch::Tensor();
+  workers_->barrier().wait();
+}
+
+void SchemeOptimizer::zero_grad() {
+  last_step_end_ = now_s();  // compute time counts from here to step()
+  flat_grads_.zero_();
+  // Backward accumulates into .grad in place as long as it is defined: make sure nothing replaced our views.
+  int64_t off = 0;
+  for (auto& p : model_->parameters()) {
+    if (!p.grad().defined() || p.grad().data_ptr() != flat_grads_.data_ptr<float>() + off)
+      throw InvalidArgument("train: a parameter's .grad no longer views the flat gradient buffer (was zero_grad of "
+                            "the optimizer called?)");
+    off += p.numel();
+  }
+}
+
+void SchemeOptimizer::step(uint64_t step, double lr) {
+  torch::NoGradGuard ng;
+  const double t0 = now_s();
+  StepStats s;
+  s.compute_s = last_step_end_ >= 0 ? t0 - last_step_end_ : 0;
+  std::span<float> params(flat_params_.data_ptr<float>(), d_), grads(flat_grads_.data_ptr<float>(), d_);
+  if (spec_.parameter_server() && lr != base_lr_) flat_grads_.mul_(lr / base_lr_);
+  const bool local = strategy_->before_step(step, params, grads);
+  const double t1 = now_s();
+  if (local) optimizer_->step();
+  const double t2 = now_s();
+  strategy_->after_step(step, params);
+  const double t3 = now_s();
+  if (trace_) {
+    trace_->complete("sync before_step", 0, t0, t1, {{"step", step}, {"scheme", spec_.name}});
+    if (local) trace_->complete("optimizer", 0, t1, t2, {{"step", step}});
+    trace_->complete("sync after_step", 0, t2, t3, {{"step", step}, {"scheme", spec_.name}});
+  }
+  const sync::SyncStats& now = strategy_->stats();
+  s.bytes_sent = now.bytes_sent - seen_.bytes_sent;
+  s.bytes_recv = now.bytes_received - seen_.bytes_received;
+  s.comm_s = now.comm_seconds - seen_.comm_seconds;
+  s.exposed_comm_s = s.comm_s;  // strategies block the training thread while they communicate
+  s.step_s = t2 - t1;
+  s.grad_bytes = d_ * 4;
+  s.payload_bytes = s.bytes_sent;
+  const int w = strategy_->num_workers();
+  s.raw_bytes = w > 1 ? uint64_t(2.0 * (w - 1) / w * double(d_ * 4)) : 0;  // what one bsp allreduce sends
+  seen_ = now;
+  last_ = s;
+  add_to_totals(s);
+  last_step_end_ = now_s();
+}
+
+void SchemeOptimizer::finish() {
+  if (finished_) return;
+  finished_ = true;
+  strategy_->finish({flat_params_.data_ptr<float>(), d_});
+  const sync::SyncStats& now = strategy_->stats();
+  StepStats s;
+  s.bytes_sent = now.bytes_sent - seen_.bytes_sent;
+  s.bytes_recv = now.bytes_received - seen_.bytes_received;
+  s.comm_s = s.exposed_comm_s = now.comm_seconds - seen_.comm_seconds;
+  s.payload_bytes = s.bytes_sent;
+  seen_ = now;
+  add_to_totals(s);
+}
+
+void SchemeOptimizer::add_to_totals(const StepStats& s) {
+  total_ += s;
+}
+
+}  // namespace conduit::train

@@ -1,0 +1,265 @@
+// `conduit train --sync`: the synchronization schemes of src/sync driving real libtorch training. Schemes that
+// are mathematically BSP (local SGD with period 1, parameter servers in BSP mode) match the DistributedOptimizer;
+// every scheme trains; checkpoints resume; configuration errors are one line; straggler injection slows one rank.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "torch/config.h"
+#include "torch/metrics.h"
+#include "torch/trainer.h"
+#include "train_util.h"
+
+namespace conduit::train {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace test_util;
+
+TrainConfig tiny_sync(const std::string& sync) {
+  TrainConfig c = tiny("mlp");
+  c.sync = sync;
+  c.momentum = 0.9;
+  return c;
+}
+
+TEST(TrainSync, LocalSgdWithPeriodOneEqualsBsp) {
+  // Averaging the parameters after every momentum step is averaging the gradients (the update is linear in them).
+  TrainConfig bsp = tiny_sync("bsp");
+  bsp.max_steps = 10;
+  TrainConfig local = bsp;
+  local.sync = "local:period=1";
+  auto a = train_inproc(bsp, 2), b = train_inproc(local, 2);
+  EXPECT_EQ(b[0].params, b[1].params);  // replicas agree after an average
+  EXPECT_LT(max_rel_diff(b[0].params, a[0].params), 1e-4);
+  // ... and a longer period does not.
+  TrainConfig h4 = bsp;
+  h4.sync = "local:period=4";
+  h4.max_steps = 10;  // the last average was at step 8; finish() averages once more
+  auto c = train_inproc(h4, 2);
+  EXPECT_EQ(c[0].params, c[1].params);
+  EXPECT_GT(max_rel_diff(c[0].params, a[0].params), 1e-3);
+  // Bytes: one parameter allreduce every 4 steps plus the final one, 2 (W-1)/W * 4d each.
+  const double per = double(c[0].grad_bytes) / 10;  // 4d
+  EXPECT_NEAR(double(c[0].bytes_sent), 3 * per, 64);
+}
+
+TEST(TrainSync, ParameterServersInBspModeEqualBsp) {
+  // The servers own SGD with momentum: the same update as the workers' torch::optim::SGD on averaged gradients.
+  TrainConfig bsp = tiny_sync("bsp");
+  bsp.max_steps = 8;
+  auto ref = train_inproc(bsp, 2);
+  for (std::string spec : {"ps-bsp", "ps-bsp:servers=3"}) {
+    TrainConfig c = bsp;
+    c.sync = spec;
+    auto r = train_inproc(c, 2);
+    EXPECT_EQ(r[0].params, r[1].params) << spec;
+    EXPECT_LT(max_rel_diff(r[0].params, ref[0].params), 1e-4) << spec;
+  }
+  // Dedicated servers: 3 ranks are 2 workers and 1 server; the server rank returns an empty result.
+  TrainConfig ded = bsp;
+  ded.sync = "ps-bsp:colocate=0";
+  auto r = train_inproc(ded, 3);
+  EXPECT_LT(max_rel_diff(r[0].params, ref[0].params), 1e-4);
+  EXPECT_EQ(r[2].steps, 0);
+  EXPECT_TRUE(r[2].params.empty());
+  // Pushes and pulls are counted: 4d (+ header) each way per step.
+  EXPECT_GT(r[0].bytes_sent, 8 * uint64_t(r[0].grad_bytes / 8));
+  EXPECT_GT(r[0].bytes_recv, 8 * uint64_t(r[0].grad_bytes / 8));
+}
+
+TEST(TrainSync, LearningRateScheduleReachesTheServers) {
+  // With a cosine schedule the servers' steps shrink with the trainer's: ps-bsp with momentum 0 equals bsp (SGD
+  // without momentum scales the step and the gradient alike).
+  TrainConfig bsp = tiny_sync("bsp");
+  bsp.momentum = 0;
+  bsp.lr_schedule = "cosine";
+  bsp.max_steps = 12;
+  auto ref = train_inproc(bsp, 2);
+  TrainConfig ps = bsp;
+  ps.sync = "ps-bsp";
+  auto r = train_inproc(ps, 2);
+  EXPECT_LT(max_rel_diff(r[0].params, ref[0].params), 1e-4);
+  // SSP with s = 0 reads what BSP reads; without momentum applying each gradient on arrival (scaled by 1/W) is the
+  // averaged step. (With momentum it is not: asp/ssp take one momentum step per push.)
+  TrainConfig ssp0 = ps;
+  ssp0.sync = "ps-ssp:staleness=0";
+  auto s0 = train_inproc(ssp0, 2);
+  EXPECT_LT(max_rel_diff(s0[0].params, ref[0].params), 1e-4);
+  TrainConfig constant = ps;
+  constant.lr_schedule = "constant";
+  auto k = train_inproc(constant, 2);
+  EXPECT_GT(max_rel_diff(k[0].params, ref[0].params), 1e-3);
+}
+
+TEST(TrainSync, EverySchemeTrains) {
+  for (std::string spec : {"local:period=4", "local:period=2,warmup=6", "local:adaptive=1,period=2", "diloco:period=4",
+                           "easgd:period=2", "dpsgd", "dpsgd:graph=exponential", "sgp", "adpsgd", "ps-asp",
+                           "ps-ssp:staleness=2", "ps-ssp:servers=2,colocate=0"}) {
+    TrainConfig c = tiny_sync(spec);
+    const bool dedicated = spec.find("colocate=0") != std::string::npos;
+    auto r = train_inproc(c, dedicated ? 5 : 3);  // 3 workers (+ 2 server ranks)
+    for (int w = 0; w < 3; ++w) {
+      EXPECT_EQ(r[size_t(w)].steps, 16) << spec;  // 384 samples / (3 workers x 8)
+      EXPECT_GT(r[size_t(w)].bytes_sent + r[size_t(w)].bytes_recv, 0u) << spec << " rank " << w;
+      EXPECT_DOUBLE_EQ(r[size_t(w)].test_accuracy, r[0].test_accuracy) << spec;  // worker 0's, for everyone
+    }
+    EXPECT_GT(r[0].test_accuracy, 0.5) << spec;  // the synthetic classes are easy; chance is 0.1
+  }
+}
+
+TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
+  TrainConfig c = tiny_sync("ps-asp");
+  c.compressor = "ef:topk:ratio=0.1";
+  auto spec = effective_sync(c);
+  EXPECT_EQ(spec.params.at("push_compressor"), "ef:topk:ratio=0.1");
+  EXPECT_EQ(spec.params.at("lr"), "0.05");
+  EXPECT_EQ(spec.params.at("momentum"), "0.9");
+  EXPECT_EQ(spec.params.at("colocate"), "1");
+  EXPECT_EQ(spec.params.at("servers"), "4");  // one shard per worker (resolve_config's default of 4 workers)
+  auto dense = train_inproc(tiny_sync("ps-asp"), 2);
+  auto r = train_inproc(c, 2);
+  EXPECT_LT(r[1].bytes_sent * 3, dense[1].bytes_sent);  // top-10% pushes (values + indices) from worker 1
+  EXPECT_GT(r[0].test_accuracy, 0.5);
+  TrainConfig g = tiny_sync("dpsgd");
+  g.compressor = "topk:ratio=0.25";
+  EXPECT_EQ(effective_sync(g).params.at("compressor"), "topk:ratio=0.25");  // CHOCO gossip
+  auto rg = train_inproc(g, 3);
+  EXPECT_GT(rg[0].test_accuracy, 0.5);
+}
+
+TEST(TrainSync, CheckpointResumeContinues) {
+  // local SGD checkpointed between two averages (replicas differ) and parameter servers with co-located shards
+  // (server parameters and momentum) resume where they were: bit for bit with 2 workers.
+  for (std::string spec : {"local:period=4", "ps-bsp", "dpsgd"}) {
+    auto dir = temp_dir("sync-resume");
+    TrainConfig c = tiny_sync(spec);
+    c.max_steps = 14;
+    c.output = (dir / "straight").string();
+    auto straight = train_inproc(c, 2, true);
+    TrainConfig part = c;
+    part.max_steps = 6;
+    part.checkpoint_every = 6;
+    part.output = (dir / "part").string();
+    train_inproc(part, 2, true);
+    auto meta = read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string());
+    EXPECT_EQ(meta["step"].get<int64_t>(), 6) << spec;
+    EXPECT_EQ(meta["sync"], spec.substr(0, spec.find(':'))) << spec;
+    TrainConfig rest = c;
+    rest.resume = (dir / "part" / "checkpoint").string();
+    rest.output = (dir / "rest").string();
+    auto r = train_inproc(rest, 2, true);
+    EXPECT_EQ(r[0].params, straight[0].params) << spec;
+    EXPECT_EQ(r[1].params, straight[1].params) << spec;
+    EXPECT_EQ(r[0].steps, 14);
+    // Another scheme cannot resume this checkpoint.
+    TrainConfig other = rest;
+    other.sync = spec == "dpsgd" ? "local" : "dpsgd";
+    EXPECT_THROW(train_inproc(other, 2, true), ConfigError) << spec;
+    fs::remove_all(dir);
+  }
+}
+
+TEST(TrainSync, StragglerSleepsOnlyOnItsRankAndOutputsNameTheScheme) {
+  auto dir = temp_dir("straggler");
+  TrainConfig c = tiny_sync("adpsgd");
+  c.slow = "1:2";
+  c.trace = true;
+  c.max_steps = 6;
+  c.eval_every = 3;
+  c.target_accuracy = 0.2;
+  c.output = dir.string();
+  train_inproc(c, 2, true);
+  auto names = [&](int rank) {
+    std::set<std::string> n;
+    auto t = read_json_file((dir / fmt::format("trace-rank{}.json", rank)).string());
+    for (auto& e : t["traceEvents"]) n.insert(e["name"].get<std::string>());
+    return n;
+  };
+  EXPECT_FALSE(names(0).count("straggler sleep"));
+  EXPECT_TRUE(names(1).count("straggler sleep"));
+  EXPECT_TRUE(names(0).count("sync after_step"));
+  auto s = read_json_file((dir / "summary.json").string());
+  EXPECT_EQ(s["sync"], "adpsgd");
+  EXPECT_EQ(s["slow"], "1:2");
+  EXPECT_FALSE(s["time_to_target_s"].is_null());
+  int evals = 0, finals = 0;
+  std::ifstream m(dir / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    evals += j["kind"] == "eval";
+    finals += j["kind"] == "final";
+  }
+  EXPECT_EQ(evals, 1);  // at step 3; step 6 ends the run, where the epoch-end evaluation runs
+  EXPECT_EQ(finals, 1);
+  fs::remove_all(dir);
+}
+
+TEST(TrainSync, ConfigurationErrorsAreOneLine) {
+  expect_one_line(config_error({{"sync", "gossip"}}), "sync");
+  expect_one_line(config_error({{"sync", "local:perod=3"}}), "perod");
+  expect_one_line(config_error({{"sync", "ps-asp"}, {"sync_period", "4"}}), "sync_period");
+  expect_one_line(config_error({{"sync", "local"}, {"staleness", "2"}}), "staleness");
+  expect_one_line(config_error({{"sync", "local:period=4"}, {"sync_period", "8"}}), "sync_period");
+  expect_one_line(config_error({{"sync", "local"}, {"compressor", "fp16"}}), "compressor");
+  expect_one_line(config_error({{"sync", "ps-ssp"}, {"optimizer", "adam"}}), "optimizer");
+  expect_one_line(config_error({{"slow", "9:3"}, {"workers", "4"}}), "slow");
+  expect_one_line(config_error({{"slow", "1"}}), "slow");
+  expect_one_line(config_error({{"staleness", "-2"}}), "staleness");
+  // Values only the scheme can check are caught before any worker starts.
+  TrainConfig c = resolve_config({{"sync", "dpsgd:graph=star"}, {"workers", "3"}});
+  try {
+    check_sync_config(c);
+    FAIL() << "no error for an unknown graph";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("graph"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+  TrainConfig ok = resolve_config({{"sync", "ps-ssp"}, {"staleness", "0"}, {"workers", "3"}});
+  EXPECT_NO_THROW(check_sync_config(ok));
+  EXPECT_EQ(effective_sync(ok).params.at("staleness"), "0");
+  // Schemes other than bsp drop the default gradient compressor; bsp keeps it.
+  EXPECT_EQ(resolve_config({{"sync", "local"}}).compressor, "none");
+}
+
+TEST(TrainSync, YamlTakesTheSchemeAsAMapping) {
+  auto dir = temp_dir("sync-yaml");
+  {
+    std::ofstream f(dir / "a.yaml");
+    f << "sync: {name: local, period: 8, warmup: 100}\nslow: \"3:3\"\neval-every: 50\n";
+  }
+  TrainConfig c = resolve_config(read_yaml_config((dir / "a.yaml").string()));
+  EXPECT_EQ(effective_sync(c).to_string(), "local:period=8,warmup=100");
+  EXPECT_EQ(c.slow, "3:3");
+  EXPECT_EQ(c.eval_every, 50);
+  {
+    std::ofstream f(dir / "b.yaml");
+    f << config_to_yaml(c);
+  }
+  EXPECT_EQ(config_to_yaml(resolve_config(read_yaml_config((dir / "b.yaml").string()))), config_to_yaml(c));
+  fs::remove_all(dir);
+}
+
+TEST(SlowTrainCli, SyncSchemesRunAsProcesses) {
+  auto dir = temp_dir("sync-cli");
+  std::string common = "--model mlp --dataset synthetic --synthetic-samples 480 --batch-size 16 --epochs 1 "
+                       "--progress false --transport tcp";
+  // 3 processes: 2 workers and a dedicated parameter server; worker 1 twice as slow.
+  CliRun r = run_conduit(common + " --workers 3 --sync ps-ssp:colocate=0 --staleness 1 --slow 1:2 --output " +
+                         (dir / "ps").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("2 workers, sync ps-ssp:colocate=0"), std::string::npos) << r.out;
+  auto s = read_json_file((dir / "ps" / "summary.json").string());
+  EXPECT_EQ(s["ranks"], 3);
+  EXPECT_GT(s["final_test_accuracy"].get<double>(), 0.5);
+  CliRun g = run_conduit(common + " --workers 2 --sync adpsgd --output " + (dir / "gossip").string());
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_NE(g.out.find("sync adpsgd"), std::string::npos) << g.out;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace conduit::train
