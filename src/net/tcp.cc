@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -18,8 +19,6 @@
 #include <deque>
 #include <map>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -64,11 +63,13 @@ std::string tcp_listen_address(std::string* why) {
   freeifaddrs(list);
   std::string reason;
   if (!wanted.empty() && found.empty()) {
-    throw ConfigError(fmt::format("{}={} names no interface with an IPv4 address; interfaces here: {}", var, wanted,
-                                  names));
+    throw ConfigError(
+        fmt::format("{}={} names no interface with an IPv4 address; interfaces here: {}", var, wanted, names));
   }
-  if (!wanted.empty()) reason = fmt::format("interface {} ({}) from {}", found_if, found, var);
-  else if (!found.empty()) reason = fmt::format("interface {} ({}): first up non-loopback interface", found_if, found);
+  if (!wanted.empty())
+    reason = fmt::format("interface {} ({}) from {}", found_if, found, var);
+  else if (!found.empty())
+    reason = fmt::format("interface {} ({}): first up non-loopback interface", found_if, found);
   else {
     found = "127.0.0.1";
     reason = "loopback 127.0.0.1: no other interface is up";
@@ -92,13 +93,23 @@ struct TcpSend {
 
 enum class Target { none, posted, unexpected, abort };
 
+// Locks: the transport's mu_ guards the receive side of every peer (state machine, matching queues, failure);
+// send_mu guards one peer's send queue and socket writes, so a caller's isend never waits for the progress thread
+// to finish reading (and reducing) another connection; interest_mu guards the epoll registration. Order: mu_, then
+// send_mu, then interest_mu.
 struct Peer {
   int rank = -1;
   int fd = -1;
-  bool failed = false;
+  std::atomic<bool> failed{false};  // set (with error, under mu_) once; error is read after failed is seen
   std::exception_ptr error;
+  std::mutex send_mu;
   std::deque<TcpSend> sendq;
+  std::exception_ptr send_error;         // a write failed: later sends fail at once (the read side fails the rest)
+  std::atomic<bool> send_failed{false};  // send_error is set (readable without send_mu)
+  std::mutex interest_mu;
   uint32_t interest = 0;
+  std::atomic<bool> want_out{false};  // sendq is not empty (updated under send_mu)
+  std::atomic<bool> stalled{false};   // a header waits for a receive to be posted (updated under mu_)
   // receive state machine
   FrameHeader hdr{};
   size_t hdr_got = 0;
@@ -212,10 +223,10 @@ class TcpTransport : public Transport {
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     check_peer(peer);
     auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
-    std::lock_guard<std::mutex> lk(mu_);
     Peer& p = peers_[peer];
-    if (p.failed) {
-      req->fail(p.error);
+    std::lock_guard<std::mutex> lk(p.send_mu);
+    if (p.failed || p.send_error) {
+      req->fail(p.failed ? p.error : p.send_error);
       return req;
     }
     TcpSend s;
@@ -225,6 +236,7 @@ class TcpTransport : public Transport {
     s.bytes = bytes;
     p.sendq.push_back(std::move(s));
     if (p.sendq.size() == 1) handle_write(p);  // try to send from the caller's thread right away
+    p.want_out = !p.sendq.empty();
     update_interest(p);
     return req;
   }
@@ -244,6 +256,7 @@ class TcpTransport : public Transport {
     std::string msg = reason.substr(0, kMaxAbortReason);
     for (auto& p : peers_) {
       if (p.fd < 0 || p.failed) continue;
+      std::lock_guard<std::mutex> sl(p.send_mu);
       bool mid_frame = !p.sendq.empty() && p.sendq.front().sent > 0;
       if (!mid_frame) {
         FrameHeader h = make_frame(kFrameAbort, 0, msg.size(), rank_);
@@ -286,12 +299,18 @@ class TcpTransport : public Transport {
     [[maybe_unused]] ssize_t w = ::write(evfd_, &one, 8);
   }
 
+  // Under mu_: the read side's part of the epoll interest.
+  void refresh_read_interest(Peer& p) {
+    p.stalled = p.have_hdr && p.target == Target::none;
+    update_interest(p);
+  }
+
   void update_interest(Peer& p) {
+    std::lock_guard<std::mutex> lk(p.interest_mu);
     if (p.fd < 0 || p.failed) return;
     uint32_t want = 0;
-    bool stalled = p.have_hdr && p.target == Target::none;
-    if (!stalled) want |= EPOLLIN;
-    if (!p.sendq.empty()) want |= EPOLLOUT;
+    if (!p.stalled) want |= EPOLLIN;
+    if (p.want_out) want |= EPOLLOUT;
     if (want == p.interest) return;
     p.interest = want;
     epoll_event ev{};
@@ -300,14 +319,20 @@ class TcpTransport : public Transport {
     epoll_ctl(ep_, EPOLL_CTL_MOD, p.fd, &ev);
   }
 
+  // Under mu_.
   void fail_peer(Peer& p, std::exception_ptr err) {
     if (!p.failed) {
-      p.failed = true;
       p.error = err;
+      p.failed = true;
+      std::lock_guard<std::mutex> il(p.interest_mu);
       if (p.fd >= 0) epoll_ctl(ep_, EPOLL_CTL_DEL, p.fd, nullptr);
     }
-    for (auto& s : p.sendq) s.req->fail(err);
-    p.sendq.clear();
+    {
+      std::lock_guard<std::mutex> sl(p.send_mu);
+      for (auto& s : p.sendq) s.req->fail(err);
+      p.sendq.clear();
+      p.want_out = false;
+    }
     if (p.target == Target::posted) p.cur.req->fail(err);
     p.q.fail_all(err);
     p.target = Target::none;
@@ -323,9 +348,9 @@ class TcpTransport : public Transport {
     fail_peer(p, err);
   }
 
-  // Writes as much of the send queue as the socket takes now.
+  // Under p.send_mu: writes as much of the send queue as the socket takes now.
   void handle_write(Peer& p) {
-    while (!p.sendq.empty() && !p.failed) {
+    while (!p.sendq.empty() && !p.failed && !p.send_error) {
       TcpSend& s = p.sendq.front();
       size_t total = sizeof(FrameHeader) + s.bytes;
       iovec iov[2];
@@ -343,9 +368,14 @@ class TcpTransport : public Transport {
       ssize_t w = ::sendmsg(p.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
         if (errno == EAGAIN || errno == EINTR) return;
-        fail_peer(p, std::make_exception_ptr(PeerError(fmt::format(
-                         "tcp: sending to rank {} failed: {} (the peer died or closed its connection)", p.rank,
-                         std::strerror(errno)))));
+        // The sends fail here; the receives fail when the progress thread sees the connection end (it is woken).
+        p.send_error = std::make_exception_ptr(
+            PeerError(fmt::format("tcp: sending to rank {} failed: {} (the peer died or closed its connection)", p.rank,
+                                  std::strerror(errno))));
+        p.send_failed = true;
+        for (auto& q : p.sendq) q.req->fail(p.send_error);
+        p.sendq.clear();
+        wake();
         return;
       }
       s.sent += static_cast<size_t>(w);
@@ -418,7 +448,8 @@ class TcpTransport : public Transport {
         for (auto& q : peers_) fail_peer(q, err);
         return;
       }
-      case Target::none: break;
+      case Target::none:
+        break;
     }
     p.target = Target::none;
     p.have_hdr = false;
@@ -435,14 +466,14 @@ class TcpTransport : public Transport {
       if (rest) std::memmove(p.staging.data(), p.staging.data() + whole * esz, rest);
       p.staged = rest;
     }
-    (void)final;
+    (void) final;
   }
 
   void handle_read(Peer& p) {
     for (int rounds = 0; rounds < 64 && !p.failed; ++rounds) {
       if (!p.have_hdr) {
-        ssize_t r = ::recv(p.fd, reinterpret_cast<char*>(&p.hdr) + p.hdr_got, sizeof(FrameHeader) - p.hdr_got,
-                           MSG_DONTWAIT);
+        ssize_t r =
+            ::recv(p.fd, reinterpret_cast<char*>(&p.hdr) + p.hdr_got, sizeof(FrameHeader) - p.hdr_got, MSG_DONTWAIT);
         if (!check_read(p, r)) return;
         p.hdr_got += static_cast<size_t>(r);
         if (p.hdr_got < sizeof(FrameHeader)) continue;
@@ -452,7 +483,7 @@ class TcpTransport : public Transport {
         p.target = Target::none;
       }
       if (p.target == Target::none) {
-        if (!choose_target(p)) return update_interest(p);
+        if (!choose_target(p)) return refresh_read_interest(p);
         if (p.failed) return;
         if (p.hdr.length == 0) {
           finish_payload(p);
@@ -489,8 +520,7 @@ class TcpTransport : public Transport {
     std::string what = r == 0 ? "closed its connection (it exited or crashed)"
                               : fmt::format("connection error: {}", std::strerror(errno));
     std::string why = aborted_reason();
-    auto err = std::make_exception_ptr(
-        PeerError(!why.empty() ? why : fmt::format("tcp: rank {} {}", p.rank, what)));
+    auto err = std::make_exception_ptr(PeerError(!why.empty() ? why : fmt::format("tcp: rank {} {}", p.rank, what)));
     if (p.have_hdr && r == 0) {
       fail_peer_protocol(p, fmt::format("truncated frame: the connection closed {} bytes into a {}-byte payload",
                                         p.pay_got, p.hdr.length));
@@ -504,25 +534,34 @@ class TcpTransport : public Transport {
     epoll_event evs[64];
     while (running_) {
       int n = epoll_wait(ep_, evs, 64, 200);
-      std::lock_guard<std::mutex> lk(mu_);
       for (int i = 0; i < n; ++i) {
         uint32_t id = evs[i].data.u32;
         if (id == 0xffffffffu) {
           uint64_t v;
           while (::read(evfd_, &v, 8) > 0) {
           }
+          std::lock_guard<std::mutex> lk(mu_);
           for (auto& p : peers_) {
             if (p.fd < 0 || p.failed) continue;
             if (p.have_hdr && p.target == Target::none) handle_read(p);
-            update_interest(p);
+            if (p.send_failed && !p.failed) handle_read(p);  // a write failed: let the read side see the end
+            refresh_read_interest(p);
           }
           continue;
         }
         Peer& p = peers_[id];
         if (p.failed) continue;
-        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) handle_read(p);
-        if (!p.failed && (evs[i].events & EPOLLOUT)) handle_write(p);
-        update_interest(p);
+        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+          std::lock_guard<std::mutex> lk(mu_);
+          if (!p.failed) handle_read(p);
+          refresh_read_interest(p);
+        }
+        if (evs[i].events & EPOLLOUT) {
+          std::lock_guard<std::mutex> sl(p.send_mu);
+          handle_write(p);
+          p.want_out = !p.sendq.empty();
+          update_interest(p);
+        }
       }
       if (n > 0)
         if (Progressor* t = activity_target_.load(std::memory_order_acquire)) t->notify();
@@ -561,8 +600,8 @@ class TcpTransport : public Transport {
       for (int k = rank_ + 1; k < size_; ++k) expected += serve_[k] ? 1 : 0;
       for (int k = 0; k < expected; ++k) {
         if (!poll_fd(lfd, POLLIN, deadline))
-          throw TimeoutError(fmt::format("tcp: rank {} timed out waiting for {} more peers to connect", rank_,
-                                         expected - k));
+          throw TimeoutError(
+              fmt::format("tcp: rank {} timed out waiting for {} more peers to connect", rank_, expected - k));
         int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
           --k;
@@ -605,7 +644,8 @@ class TcpTransport : public Transport {
 
   int connect_to(const std::string& hostport, int peer, const Deadline& deadline) {
     auto colon = hostport.rfind(':');
-    if (colon == std::string::npos) throw ProtocolError(fmt::format("tcp: bad address '{}' of rank {}", hostport, peer));
+    if (colon == std::string::npos)
+      throw ProtocolError(fmt::format("tcp: bad address '{}' of rank {}", hostport, peer));
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
