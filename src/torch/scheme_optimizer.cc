@@ -73,8 +73,9 @@ void SchemeOptimizer::zero_grad() {
   int64_t off = 0;
   for (auto& p : model_->parameters()) {
     if (!p.grad().defined() || p.grad().data_ptr() != flat_grads_.data_ptr<float>() + off)
-      throw InvalidArgument("train: a parameter's .grad no longer views the flat gradient buffer (was zero_grad of "
-                            "the optimizer called?)");
+      throw InvalidArgument(
+          "train: a parameter's .grad no longer views the flat gradient buffer (was zero_grad of "
+          "the optimizer called?)");
     off += p.numel();
   }
 }
@@ -127,8 +128,6 @@ void SchemeOptimizer::finish() {
   add_to_totals(s);
 }
 
-void SchemeOptimizer::add_to_totals(const StepStats& s) {
-  total_ += s;
-}
+void SchemeOptimizer::add_to_totals(const StepStats& s) { total_ += s; }
 
 }  // namespace conduit::train

@@ -15,12 +15,12 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "sync/straggler.h"
 #include "torch/data.h"
 #include "torch/distributed_optimizer.h"
 #include "torch/metrics.h"
 #include "torch/models.h"
 #include "torch/scheme_optimizer.h"
-#include "sync/straggler.h"
 
 namespace conduit::train {
 namespace fs = std::filesystem;
@@ -165,9 +165,10 @@ void check_model_config(const TrainConfig& c, int world) {
       most = std::max(most, std::min(n, m));
     }
     if (rank > most)
-      throw ConfigError(fmt::format("config: compressor: rank {} is larger than any layer of model {} allows; "
-                                    "allowed: 1..{}",
-                                    rank, c.model, most));
+      throw ConfigError(
+          fmt::format("config: compressor: rank {} is larger than any layer of model {} allows; "
+                      "allowed: 1..{}",
+                      rank, c.model, most));
   }
   int64_t train_n = c.dataset == "synthetic" ? c.synthetic_samples : 0;
   if (c.dataset != "synthetic") {
@@ -177,9 +178,10 @@ void check_model_config(const TrainConfig& c, int world) {
     train_n = std::min(train_n, c.train_limit);
   }
   if (int64_t(c.batch_size) * world > train_n)
-    throw ConfigError(fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
-                                  "samples; allowed: at most {}",
-                                  c.batch_size, world, train_n, std::max<int64_t>(train_n / world, 1)));
+    throw ConfigError(
+        fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
+                    "samples; allowed: at most {}",
+                    c.batch_size, world, train_n, std::max<int64_t>(train_n / world, 1)));
 }
 
 TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const WorkerOptions& wo) {
@@ -203,15 +205,17 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (!c.resume.empty()) {
     meta = read_json_file((rd / "checkpoint.json").string());
     if (meta.value("world", 0) != comm_ptr->size())
-      throw ConfigError(fmt::format("config: resume: the checkpoint was written by {} ranks, this run has {}; "
-                                    "allowed: {} ranks",
-                                    meta.value("world", 0), comm_ptr->size(), meta.value("world", 0)));
+      throw ConfigError(
+          fmt::format("config: resume: the checkpoint was written by {} ranks, this run has {}; "
+                      "allowed: {} ranks",
+                      meta.value("world", 0), comm_ptr->size(), meta.value("world", 0)));
     if (meta.value("model", std::string()) != c.model || meta.value("compressor", std::string()) != c.compressor ||
         meta.value("sync", std::string("bsp")) != spec.name)
-      throw ConfigError(fmt::format("config: resume: the checkpoint is of model {} with compressor {} and sync {}; "
-                                    "allowed: the same model, compressor and sync scheme",
-                                    meta.value("model", std::string()), meta.value("compressor", std::string()),
-                                    meta.value("sync", std::string("bsp"))));
+      throw ConfigError(
+          fmt::format("config: resume: the checkpoint is of model {} with compressor {} and sync {}; "
+                      "allowed: the same model, compressor and sync scheme",
+                      meta.value("model", std::string()), meta.value("compressor", std::string()),
+                      meta.value("sync", std::string("bsp"))));
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
     {
       torch::serialize::InputArchive a;
@@ -264,9 +268,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   DistributedSampler sampler(data.train.n, world, rank, c.seed);
   const int64_t spe = sampler.steps_per_epoch(c.batch_size);
   if (spe < 1)
-    throw ConfigError(fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
-                                  "samples",
-                                  c.batch_size, world, data.train.n));
+    throw ConfigError(
+        fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
+                    "samples",
+                    c.batch_size, world, data.train.n));
   int64_t total_steps = int64_t(c.epochs) * spe;
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
@@ -308,10 +313,56 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const double t_start = now_s();
   auto elapsed = [&] { return wall_before + now_s() - t_start; };
 
+  // eval_every: worker 0 copies its model (parameters and buffers) every eval_every steps and evaluates the copies
+  // after training, so evaluating does not perturb what is timed (an evaluation of the full test set takes worker 0
+  // seconds, during which asynchronous workers would go on and synchronous ones would wait).
+  struct Snapshot {
+    int epoch;
+    int64_t global_step;
+    double time_s;
+    uint64_t bytes_sent;
+    std::vector<torch::Tensor> state;
+  };
+  std::vector<Snapshot> snapshots;
+  auto model_state = [&] {
+    torch::NoGradGuard ng;
+    std::vector<torch::Tensor> st;
+    for (auto& p : model->parameters()) st.push_back(p.detach().clone());
+    for (auto& b : model->buffers()) st.push_back(b.detach().clone());
+    return st;
+  };
+  auto set_model_state = [&](const std::vector<torch::Tensor>& st) {
+    torch::NoGradGuard ng;
+    size_t i = 0;
+    for (auto& p : model->parameters()) p.copy_(st[i++]);
+    for (auto& b : model->buffers()) b.copy_(st[i++]);
+  };
+  auto evaluate_snapshots = [&] {
+    if (snapshots.empty()) return;
+    auto now = model_state();
+    for (auto& sn : snapshots) {
+      set_model_state(sn.state);
+      auto [acc, loss] = evaluate(*model, data.test, nullptr);
+      if (c.target_accuracy > 0 && acc >= c.target_accuracy && (time_to_target < 0 || sn.time_s < time_to_target))
+        time_to_target = sn.time_s;
+      if (metrics)
+        metrics->write({{"kind", "eval"},
+                        {"epoch", sn.epoch + 1},
+                        {"global_step", sn.global_step},
+                        {"test_accuracy", acc},
+                        {"test_loss", loss},
+                        {"time_s", sn.time_s},
+                        {"bytes_sent", sn.bytes_sent}});
+    }
+    set_model_state(now);
+    snapshots.clear();
+  };
+
   int64_t checkpointed_at = -1;  // global step of the last checkpoint written
   auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
     if (!outputs) return;
     checkpointed_at = global_step;
+    if (lead) evaluate_snapshots();  // their accuracies and time to target belong to the checkpoint
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
     // inside a step), so the saved server shards and replicas are one consistent state.
     if (sopt) comm.barrier().wait();
@@ -334,35 +385,26 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     write_json_file((mine / "totals.json").string(), totals_json(total_stats()));
     comm.barrier().wait();  // every rank's files are complete before rank 0 declares the checkpoint
     if (lead) {
-      write_json_file((ckdir / "checkpoint.json").string(),
-                      {{"epoch", epoch},
-                       {"step", step},
-                       {"global_step", global_step},
-                       {"world", comm_ptr->size()},
-                       {"model", c.model},
-                       {"compressor", c.compressor},
-                       {"sync", spec.name},
-                       {"wall_s", elapsed()},
-                       {"time_to_target_s", time_to_target},
-                       {"test_accuracy", acc}});
+      write_json_file((ckdir / "checkpoint.json").string(), {{"epoch", epoch},
+                                                             {"step", step},
+                                                             {"global_step", global_step},
+                                                             {"world", comm_ptr->size()},
+                                                             {"model", c.model},
+                                                             {"compressor", c.compressor},
+                                                             {"sync", spec.name},
+                                                             {"wall_s", elapsed()},
+                                                             {"time_to_target_s", time_to_target},
+                                                             {"test_accuracy", acc}});
     }
   };
 
   TrainResult res;
   res.test_accuracy = last_acc;
   // Evaluates (collectively under bsp, on worker 0 alone otherwise) and times the first reach of the target.
-  auto run_eval = [&](const char* kind, int epoch) -> std::pair<double, double> {
+  auto run_eval = [&]() -> std::pair<double, double> {
     if (!evaluates) return {0, 0};
     auto r = evaluate(*model, data.test, eval_comm);
     if (c.target_accuracy > 0 && time_to_target < 0 && r.first >= c.target_accuracy) time_to_target = elapsed();
-    if (metrics && std::string(kind) == "eval")
-      metrics->write({{"kind", "eval"},
-                      {"epoch", epoch + 1},
-                      {"global_step", global_step},
-                      {"test_accuracy", r.first},
-                      {"test_loss", r.second},
-                      {"time_s", elapsed()},
-                      {"bytes_sent", total_stats().bytes_sent}});
     return r;
   };
   bool stop = global_step >= total_steps;
@@ -419,17 +461,15 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         metrics->write(j);
       }
       bar.update(step + 1, loss_sum / seen, correct / seen, sps, double(total_stats().bytes_sent) / 1e6);
-      if (c.eval_every > 0 && global_step % c.eval_every == 0 && step + 1 < spe && global_step < total_steps) {
-        auto [acc, tl] = run_eval("eval", epoch);
-        if (evaluates) res.test_accuracy = acc;
-      }
+      if (lead && c.eval_every > 0 && global_step % c.eval_every == 0 && step + 1 < spe && global_step < total_steps)
+        snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
       if (c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0 && step + 1 < spe)
         save_checkpoint(epoch, step + 1, res.test_accuracy);
     }
     const bool epoch_done = step >= spe;
     end_epoch_pos = epoch_done ? epoch + 1 : epoch;
     end_step_pos = epoch_done ? 0 : step;
-    auto [acc, test_loss] = run_eval("epoch", epoch);
+    auto [acc, test_loss] = run_eval();
     res.test_accuracy = acc;
     res.train_loss = seen > 0 ? loss_sum / seen : 0;
     const auto& tot = total_stats();
@@ -450,10 +490,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       {"exposed_comm_s", tot.exposed_comm_s},
                       {"compute_s", tot.compute_s}});
     }
-    bar.finish(fmt::format("epoch {}/{} done: train loss {:.4f} acc {:.1f}%, test acc {:.2f}%, {:.0f} samples/s, "
-                           "{:.1f} MB sent, {:.1f} s",
-                           epoch + 1, c.epochs, res.train_loss, seen > 0 ? 100 * correct / seen : 0, 100 * acc,
-                           dt > 0 ? seen * world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
+    bar.finish(
+        fmt::format("epoch {}/{} done: train loss {:.4f} acc {:.1f}%, test acc {:.2f}%, {:.0f} samples/s, "
+                    "{:.1f} MB sent, {:.1f} s",
+                    epoch + 1, c.epochs, res.train_loss, seen > 0 ? 100 * correct / seen : 0, 100 * acc,
+                    dt > 0 ? seen * world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
     // bsp checkpoints at every epoch end; other schemes only where asked (a checkpoint is a barrier) and at the end.
     if (epoch_done && dopt) save_checkpoint(epoch + 1, 0, acc);
     if (epoch_done && sopt && c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0)
@@ -469,15 +510,17 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // Then the scheme's last word and worker 0's final accuracy for all.
     sopt->finish();
     double acc[2] = {0, 0};
-    if (lead) std::tie(acc[0], acc[1]) = run_eval("final", epoch);
+    if (lead) std::tie(acc[0], acc[1]) = run_eval();
     if (world > 1) comm.broadcast(acc, 2, DType::f64, 0).wait();
     res.test_accuracy = acc[0];
     if (metrics)
       metrics->write({{"kind", "final"}, {"test_accuracy", acc[0]}, {"test_loss", acc[1]}, {"time_s", elapsed()}});
   }
 
+  const double wall = elapsed();
+  if (lead) evaluate_snapshots();
   const auto& tot = total_stats();
-  res.wall_s = elapsed();
+  res.wall_s = wall;
   res.time_to_target_s = time_to_target;
   res.steps = global_step;
   res.bytes_sent = tot.bytes_sent;
@@ -504,31 +547,31 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   }
   if (outputs && c.trace) trace.write((out / fmt::format("trace-rank{}.json", global_rank)).string());
   if (outputs && lead) {
-    write_json_file((out / "summary.json").string(),
-                    {{"model", c.model},
-                     {"dataset", c.dataset},
-                     {"compressor", c.compressor},
-                     {"sync", spec.to_string()},
-                     {"slow", c.slow},
-                     {"workers", world},
-                     {"ranks", comm_ptr->size()},
-                     {"epochs", res.epochs},
-                     {"steps", res.steps},
-                     {"batch_size", c.batch_size},
-                     {"final_test_accuracy", res.test_accuracy},
-                     {"final_train_loss", res.train_loss},
-                     {"wall_time_s", res.wall_s},
-                     {"target_accuracy", c.target_accuracy > 0 ? nlohmann::json(c.target_accuracy) : nlohmann::json()},
-                     {"time_to_target_s", time_to_target >= 0 ? nlohmann::json(time_to_target) : nlohmann::json()},
-                     {"bytes_on_wire", res.world_bytes_sent},
-                     {"uncompressed_bytes", res.world_raw_bytes},
-                     {"bytes_on_wire_rank0", res.bytes_sent},
-                     {"compression_ratio", res.payload_bytes ? double(res.grad_bytes) / double(res.payload_bytes) : 1.0},
-                     {"compute_s", res.compute_s},
-                     {"comm_s", res.comm_s},
-                     {"exposed_comm_s", res.exposed_comm_s},
-                     {"hidden_comm_fraction",
-                      res.comm_s > 0 ? std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0) : 0.0}});
+    write_json_file(
+        (out / "summary.json").string(),
+        {{"model", c.model},
+         {"dataset", c.dataset},
+         {"compressor", c.compressor},
+         {"sync", spec.to_string()},
+         {"slow", c.slow},
+         {"workers", world},
+         {"ranks", comm_ptr->size()},
+         {"epochs", res.epochs},
+         {"steps", res.steps},
+         {"batch_size", c.batch_size},
+         {"final_test_accuracy", res.test_accuracy},
+         {"final_train_loss", res.train_loss},
+         {"wall_time_s", res.wall_s},
+         {"target_accuracy", c.target_accuracy > 0 ? nlohmann::json(c.target_accuracy) : nlohmann::json()},
+         {"time_to_target_s", time_to_target >= 0 ? nlohmann::json(time_to_target) : nlohmann::json()},
+         {"bytes_on_wire", res.world_bytes_sent},
+         {"uncompressed_bytes", res.world_raw_bytes},
+         {"bytes_on_wire_rank0", res.bytes_sent},
+         {"compression_ratio", res.payload_bytes ? double(res.grad_bytes) / double(res.payload_bytes) : 1.0},
+         {"compute_s", res.compute_s},
+         {"comm_s", res.comm_s},
+         {"exposed_comm_s", res.exposed_comm_s},
+         {"hidden_comm_fraction", res.comm_s > 0 ? std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0) : 0.0}});
   }
   return res;
 }

@@ -245,8 +245,9 @@ TEST(TrainSync, YamlTakesTheSchemeAsAMapping) {
 
 TEST(SlowTrainCli, SyncSchemesRunAsProcesses) {
   auto dir = temp_dir("sync-cli");
-  std::string common = "--model mlp --dataset synthetic --synthetic-samples 480 --batch-size 16 --epochs 1 "
-                       "--progress false --transport tcp";
+  std::string common =
+      "--model mlp --dataset synthetic --synthetic-samples 480 --batch-size 16 --epochs 1 "
+      "--progress false --transport tcp";
   // 3 processes: 2 workers and a dedicated parameter server; worker 1 twice as slow.
   CliRun r = run_conduit(common + " --workers 3 --sync ps-ssp:colocate=0 --staleness 1 --slow 1:2 --output " +
                          (dir / "ps").string());
