@@ -57,7 +57,7 @@ def main():
     base = dict(rows).get("bsp")
     print(f"\n{a.workers} workers, --slow {a.slow}, target {100 * a.target:.0f}% (worker 0 evaluates every "
           f"{a.eval_every} steps)\n")
-    print("| scheme | time to target (s) | vs bsp | final acc | wall (s) | GB on wire | vs bsp |")
+    print("| scheme | time to target (s) | time vs bsp | final acc | training time (s) | GB on wire | bytes vs bsp |")
     print("|---|---|---|---|---|---|---|")
     for name, s in rows:
         tta = s.get("time_to_target_s")

@@ -13,7 +13,8 @@
 //     - {bandwidth: 100mbit}
 //     - {bandwidth: 1gbit}
 //   seeds: [42]
-//   schemes: [bsp]                   # conduit train cells: schemes x compressors
+//   schemes: [bsp]                   # conduit train cells: schemes x compressors (pairs of a scheme that
+//                                    # averages parameters with a compressor are left out)
 //   compressors: [none, "powersgd:rank=4"]
 //   peers: [none, fp16, powersgd]    # PyTorch DDP cells, one per hook
 //   peer_powersgd_rank: 4
@@ -263,6 +264,13 @@ std::string sanitize(const std::string& s) {
   return out;
 }
 
+// Schemes that average parameters (local, diloco, easgd, sgp, adpsgd) take no gradient compressor (conduit train
+// refuses the pair): the grid leaves those cells out. bsp compresses gradients, dpsgd its gossip, ps-* its pushes.
+bool compressor_applies(const std::string& scheme, const std::string& compressor) {
+  const std::string name = scheme.substr(0, scheme.find(':'));
+  return compressor == "none" || name == "bsp" || name == "dpsgd" || name.rfind("ps-", 0) == 0;
+}
+
 std::vector<Cell> make_cells(const SweepSpec& s, const std::string& out_dir) {
   std::vector<Cell> cells;
   for (const auto& net : s.networks) {
@@ -278,6 +286,7 @@ std::vector<Cell> make_cells(const SweepSpec& s, const std::string& out_dir) {
       };
       for (const auto& sc : s.schemes) {
         for (const auto& comp : s.compressors) {
+          if (!compressor_applies(sc, comp)) continue;
           Cell c;
           c.kind = "train";
           c.scheme = sc;
@@ -628,6 +637,11 @@ void run_sweep(const std::string& file, std::string output, bool dry_run) {
     throw ConfigError("sweep: schemes other than bsp need `conduit train --sync`, which this build lacks");
   }
   fmt::print("sweep {}: {} cells on {} emulated hosts, output {}\n", s.name, cells.size(), s.hosts, out.string());
+  for (const auto& sc : s.schemes)
+    for (const auto& comp : s.compressors)
+      if (!compressor_applies(sc, comp))
+        fmt::print("sweep: left out {} with {}: {} averages parameters and takes no gradient compressor\n", sc, comp,
+                   sc.substr(0, sc.find(':')));
   if (dry_run) {
     for (const auto& c : cells) {
       fmt::print("cell {}: {} @ {} seed {}: {}\n", c.index, c.label, c.net->label, c.seed,

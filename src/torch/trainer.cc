@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <numbers>
 
@@ -310,8 +311,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     std::ofstream(out / "config.yaml") << config_to_yaml(c);
   }
 
+  // The training clock: wall time without the evaluations (under bsp every worker waits for them; elsewhere only
+  // worker 0 does, and epoch ends are snapshots when eval_every is set), so time to accuracy is the training's.
   const double t_start = now_s();
-  auto elapsed = [&] { return wall_before + now_s() - t_start; };
+  double untimed_s = 0;
+  auto elapsed = [&] { return wall_before + now_s() - t_start - untimed_s; };
 
   // eval_every: worker 0 copies its model (parameters and buffers) every eval_every steps and evaluates the copies
   // after training, so evaluating does not perturb what is timed (an evaluation of the full test set takes worker 0
@@ -339,6 +343,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   };
   auto evaluate_snapshots = [&] {
     if (snapshots.empty()) return;
+    const double t0 = now_s();
     auto now = model_state();
     for (auto& sn : snapshots) {
       set_model_state(sn.state);
@@ -356,6 +361,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     }
     set_model_state(now);
     snapshots.clear();
+    untimed_s += now_s() - t0;
   };
 
   int64_t checkpointed_at = -1;  // global step of the last checkpoint written
@@ -403,8 +409,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   // Evaluates (collectively under bsp, on worker 0 alone otherwise) and times the first reach of the target.
   auto run_eval = [&]() -> std::pair<double, double> {
     if (!evaluates) return {0, 0};
+    const double t0 = now_s(), at = elapsed();
     auto r = evaluate(*model, data.test, eval_comm);
-    if (c.target_accuracy > 0 && time_to_target < 0 && r.first >= c.target_accuracy) time_to_target = elapsed();
+    untimed_s += now_s() - t0;
+    if (c.target_accuracy > 0 && time_to_target < 0 && r.first >= c.target_accuracy) time_to_target = at;
     return r;
   };
   bool stop = global_step >= total_steps;
@@ -469,8 +477,15 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     const bool epoch_done = step >= spe;
     end_epoch_pos = epoch_done ? epoch + 1 : epoch;
     end_step_pos = epoch_done ? 0 : step;
-    auto [acc, test_loss] = run_eval();
-    res.test_accuracy = acc;
+    // Schemes other than bsp with eval_every: a snapshot, so worker 0 does not stop while the others go on.
+    const bool snapshot_epoch = sopt && c.eval_every > 0;
+    double acc = std::numeric_limits<double>::quiet_NaN(), test_loss = acc;
+    if (!snapshot_epoch) {
+      std::tie(acc, test_loss) = run_eval();
+      res.test_accuracy = acc;
+    } else if (lead && (snapshots.empty() || snapshots.back().global_step != global_step)) {
+      snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
+    }
     res.train_loss = seen > 0 ? loss_sum / seen : 0;
     const auto& tot = total_stats();
     const double dt = now_s() - epoch_t0;
@@ -491,14 +506,15 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       {"compute_s", tot.compute_s}});
     }
     bar.finish(
-        fmt::format("epoch {}/{} done: train loss {:.4f} acc {:.1f}%, test acc {:.2f}%, {:.0f} samples/s, "
+        fmt::format("epoch {}/{} done: train loss {:.4f} acc {:.1f}%, test acc {}, {:.0f} samples/s, "
                     "{:.1f} MB sent, {:.1f} s",
-                    epoch + 1, c.epochs, res.train_loss, seen > 0 ? 100 * correct / seen : 0, 100 * acc,
+                    epoch + 1, c.epochs, res.train_loss, seen > 0 ? 100 * correct / seen : 0,
+                    std::isnan(acc) ? std::string("after training (snapshot)") : fmt::format("{:.2f}%", 100 * acc),
                     dt > 0 ? seen * world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
     // bsp checkpoints at every epoch end; other schemes only where asked (a checkpoint is a barrier) and at the end.
     if (epoch_done && dopt) save_checkpoint(epoch + 1, 0, acc);
     if (epoch_done && sopt && c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0)
-      save_checkpoint(epoch + 1, 0, acc);
+      save_checkpoint(epoch + 1, 0, res.test_accuracy);
     if (epoch_done) res.epochs = epoch + 1;
   }
   if (res.epochs == 0) res.epochs = epoch;
@@ -562,6 +578,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"final_test_accuracy", res.test_accuracy},
          {"final_train_loss", res.train_loss},
          {"wall_time_s", res.wall_s},
+         {"evaluation_s", untimed_s},
          {"target_accuracy", c.target_accuracy > 0 ? nlohmann::json(c.target_accuracy) : nlohmann::json()},
          {"time_to_target_s", time_to_target >= 0 ? nlohmann::json(time_to_target) : nlohmann::json()},
          {"bytes_on_wire", res.world_bytes_sent},

@@ -341,6 +341,22 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
 }
 
+TEST(SweepConfig, GridLeavesOutCompressorsOfSchemesThatAverageParameters) {
+  const fs::path file = fs::temp_directory_path() / (unique_name("gridsweep") + ".yaml");
+  {
+    std::ofstream f(file);
+    f << "hosts: 4\nnetworks: [{bandwidth: 100mbit}]\nschemes: [bsp, \"local:period=8\", ps-asp]\n"
+         "compressors: [none, fp16]\ntrain: {epochs: 1}\n";
+  }
+  Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  fs::remove(file);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("5 cells"), std::string::npos) << r.out;  // 3 x 2 minus local with fp16
+  EXPECT_NE(r.out.find("left out local:period=8 with fp16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--sync local:period=8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--sync ps-asp"), std::string::npos) << r.out;
+}
+
 TEST(SweepConfig, BadFileIsRejectedInOneLine) {
   const fs::path file = fs::temp_directory_path() / (unique_name("badsweep") + ".yaml");
   {
