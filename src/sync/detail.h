@@ -52,6 +52,8 @@ inline coll::CollOptions blocking_opts() {
 
 // Blocking average of buf over the communicator (ReduceOp::avg), with stats accounting.
 void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats);
+// The same with any reduction.
+void allreduce_f32(coll::Communicator& c, std::span<float> buf, ReduceOp op, SyncStats& stats);
 
 // Byte (de)serialization for save_state/load_state.
 class Writer {

@@ -146,6 +146,12 @@ class Shard {
     return {slot.reply_header, std::move(slot.reply)};
   }
 
+  // The shard's current parameters into out (its length).
+  void copy_params(float* out) {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::copy(params_.begin(), params_.end(), out);
+  }
+
   PsClockStats stats() {
     std::lock_guard<std::mutex> lk(mu_);
     return stats_;
@@ -347,6 +353,15 @@ class PsStrategy : public Strategy {
     finished_ = true;
     exchange(kStop, params, {});
     join_threads();
+    // Co-located shards: once this rank's server threads have every worker's stop, all pushes are applied; one
+    // allreduce of the shards each rank hosts gives every worker the servers' final model (what pushes after its
+    // own last pull changed, e.g. a slow worker's last steps under asp). Dedicated servers keep the last pull.
+    if (cfg_.colocate && comm_->size() > 1) {
+      std::vector<float> full(d_, 0.f);
+      for (auto& [s, sh] : shards_) sh->copy_params(full.data() + shard_range(d_, s, cfg_.servers).first);
+      detail::allreduce_f32(*comm_, full, ReduceOp::sum, stats_);
+      std::copy(full.begin(), full.end(), params.begin());
+    }
   }
 
   // Worker side (clock, compressor states) and the shards served in this process (co-located servers). On resume:

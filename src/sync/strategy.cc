@@ -95,9 +95,13 @@ void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs) {
 void wait(coll::Communicator& c, const net::RequestPtr& r) { r->wait(Deadline::after(c.timeout_s())); }
 
 void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats) {
+  allreduce_f32(c, buf, ReduceOp::avg, stats);
+}
+
+void allreduce_f32(coll::Communicator& c, std::span<float> buf, ReduceOp op, SyncStats& stats) {
   if (c.size() <= 1) return;
   Stopwatch sw;
-  c.allreduce(buf.data(), buf.size(), DType::f32, ReduceOp::avg, detail::blocking_opts()).wait();
+  c.allreduce(buf.data(), buf.size(), DType::f32, op, detail::blocking_opts()).wait();
   stats.comm_seconds += sw.seconds();
   uint64_t b = 2ull * (c.size() - 1) * buf.size_bytes() / c.size();
   stats.bytes_sent += b;

@@ -72,6 +72,15 @@ TEST(SyncPs, SspNeverLetsTheClockGapExceedStaleness) {
   EXPECT_GT(asp.clocks.max_gap, 3);
 }
 
+TEST(SyncPs, ColocatedWorkersEndWithTheServersFinalModel) {
+  // Under asp a slow worker's last pushes land after the fast workers' last pulls; finish() hands every worker the
+  // servers' final model, so all replicas agree (a dedicated-server run keeps each worker's last pull).
+  auto r = run(3, "ps-asp", {{"servers", "3"}, {"colocate", "1"}, {"momentum", "0"}}, 20, 2.0);
+  for (int w = 1; w < 3; ++w) EXPECT_EQ(r.x[w], r.x[0]);
+  auto ded = run(4, "ps-asp", {{"servers", "1"}, {"momentum", "0"}}, 20, 2.0);
+  EXPECT_GT(max_abs_diff(ded.x[0], ded.x[1]), 0.0);
+}
+
 // Bounded staleness keeps every worker's last pull near the optimum (under asp a worker that runs alone at the end
 // pulls the model toward its own target).
 TEST(SyncPs, SspTrainingConvergesWithCompressionBothWays) {

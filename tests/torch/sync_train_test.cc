@@ -116,10 +116,14 @@ TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
   c.compressor = "ef:topk:ratio=0.1";
   auto spec = effective_sync(c);
   EXPECT_EQ(spec.params.at("push_compressor"), "ef:topk:ratio=0.1");
-  EXPECT_EQ(spec.params.at("lr"), "0.05");
-  EXPECT_EQ(spec.params.at("momentum"), "0.5");  // ps-asp: at most 0.5 (stale gradients add momentum)
+  // ps-asp: momentum at most 0.5 (stale gradients add momentum), with the trainer's lr / (1 - momentum) kept.
+  EXPECT_EQ(spec.params.at("momentum"), "0.5");
+  EXPECT_NEAR(std::stod(spec.params.at("lr")), 0.05 * 0.5 / 0.1, 1e-12);
   TrainConfig ssp = tiny_sync("ps-ssp");
   EXPECT_EQ(effective_sync(ssp).params.at("momentum"), "0.9");
+  EXPECT_EQ(effective_sync(ssp).params.at("lr"), "0.05");
+  TrainConfig given = tiny_sync("ps-asp:momentum=0.9");  // what the spec gives stays
+  EXPECT_EQ(effective_sync(given).params.at("lr"), "0.05");
   EXPECT_EQ(spec.params.at("colocate"), "1");
   EXPECT_EQ(spec.params.at("servers"), "4");  // one shard per worker (resolve_config's default of 4 workers)
   auto dense = train_inproc(tiny_sync("ps-asp"), 2);
