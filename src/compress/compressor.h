@@ -66,6 +66,11 @@ class Compressor {
   virtual void decompress_add(std::span<const uint8_t> payload, const TensorState& st, std::span<float> acc) const;
   // acc -= decode(payload) (error feedback's residual update); sparse and sign methods override it.
   virtual void decompress_sub(std::span<const uint8_t> payload, const TensorState& st, std::span<float> acc) const;
+  // Error feedback's step fused into fewer passes: e += in, compress e into out (step += 1), e -= decode(out), with
+  // the same results as those three calls. False (and nothing done) when the method has no fused form.
+  virtual bool compress_feedback(std::span<const float> in, std::span<float> e, TensorState& st, Bytes& out) const {
+    return false;
+  }
 
   Bytes compress(std::span<const float> in, TensorState& st) const {
     Bytes b;

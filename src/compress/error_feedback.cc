@@ -23,6 +23,7 @@ class ErrorFeedback : public Compressor {
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
     auto& e = st.buffer("ef.residual", d);
+    if (inner_->compress_feedback(in, e, st, out)) return;
     kernels::get().add_to(e.data(), in.data(), d);  // e now holds p = g + e
     inner_->compress(e, st, out);
     inner_->decompress_sub(out, st, e);

@@ -9,11 +9,11 @@ namespace conduit::compress::kernels {
 namespace {
 #define CONDUIT_TABLE(ns)                                                                                     \
   Table {                                                                                                     \
-    #ns, ns::abs_max, ns::min_max, ns::sum_squares, ns::abs_sum, ns::sum, ns::split_sums, ns::quant_i8,       \
-        ns::quant_u8, ns::dequant_i8, ns::dequant_u8, ns::pack_signs, ns::unpack_signs, ns::qsgd_codes,       \
-        ns::tern_codes, ns::tern_decode, ns::natural_exponents, ns::natural_decode, ns::add_to, ns::sub_from,      \
-        ns::quant_i8_chunks, ns::dequant_i8_chunks, ns::quant_u8_chunks, ns::dequant_u8_chunks,                \
-        ns::momentum_signs \
+#ns, ns::abs_max, ns::min_max, ns::sum_squares, ns::sum, ns::sign_stats, ns::quant_i8, ns::quant_u8,      \
+        ns::dequant_i8, ns::dequant_u8, ns::pack_signs, ns::unpack_signs, ns::qsgd_codes, ns::qsgd_pack,      \
+        ns::qsgd_unpack, ns::tern_codes, ns::tern_decode, ns::natural_encode, ns::natural_decode, ns::add_to, \
+        ns::sub_from, ns::quant_i8_chunks, ns::dequant_i8_chunks, ns::quant_u8_chunks, ns::dequant_u8_chunks, \
+        ns::momentum_signs                                                                                    \
   }
 
 bool use_avx2() {
@@ -27,8 +27,13 @@ bool use_avx2() {
 }
 }  // namespace
 
+const Table& base_table() {
+  static const Table t = CONDUIT_TABLE(base);
+  return t;
+}
+
 const Table& get() {
-  static const Table t = use_avx2() ? CONDUIT_TABLE(avx2) : CONDUIT_TABLE(base);
+  static const Table t = use_avx2() ? CONDUIT_TABLE(avx2) : base_table();
   return t;
 }
 

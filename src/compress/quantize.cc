@@ -18,11 +18,11 @@
 // Natural compression (Horvath et al. 2019): |x| in [2^e, 2^(e+1)) rounds up to 2^(e+1) with probability
 // (|x| - 2^e)/2^e, which is the mantissa fraction: unbiased and E[C(x)^2] <= 9/8 x^2. Exponents saturate at 2^127;
 // inf and NaN decode as inf.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "compress/kernels.h"
 #include "compress/methods.h"
@@ -50,9 +50,6 @@ void tern_codes(const float* x, size_t n, float lo, float hi, float inv, uint32_
 }
 void tern_decode(const uint8_t* in, size_t n, float s, float* out, bool add) {
   kernels::get().tern_decode(in, n, s, out, add);
-}
-void natural_exponents(const float* x, size_t n, uint32_t base, uint32_t k_lo, uint32_t k_hi, uint8_t* exps) {
-  kernels::get().natural_exponents(x, n, base, k_lo, k_hi, exps);
 }
 void natural_decode(const uint8_t* signs, const uint8_t* exps, size_t n, float* out, bool add) {
   kernels::get().natural_decode(signs, exps, n, out, add);
@@ -103,12 +100,6 @@ class HalfCompressor : public Compressor {
   bool bf_;
 };
 
-
-
-
-
-
-
 // int8 (symmetric) and uint8 (min-max), one scale (and min) per chunk.
 class ByteQuantizer : public Compressor {
  public:
@@ -150,9 +141,7 @@ class ByteQuantizer : public Compressor {
   size_t chunk_;
 };
 
-
 constexpr size_t kBlock = 1024;  // codes are staged per block of this many elements (a multiple of 8)
-
 
 class Qsgd : public Compressor {
  public:
@@ -165,13 +154,19 @@ class Qsgd : public Compressor {
   Collective collective() const override { return Collective::allgather; }
   size_t bucket(size_t d) const { return bucket_ == 0 ? std::max<size_t>(d, 1) : bucket_; }
   size_t buckets(size_t d) const { return d == 0 ? 0 : ceil_div(d, bucket(d)); }
-  size_t wire_bytes(size_t d, const TensorState&) const override {
-    return 4 * buckets(d) + ceil_div(d * bits_, 8);
-  }
+  size_t wire_bytes(size_t d, const TensorState&) const override { return 4 * buckets(d) + ceil_div(d * bits_, 8); }
   int bits() const { return bits_; }
+  // 2-, 4- and 8-bit codes of buckets that start on a byte boundary are computed and packed by one kernel.
+  bool byte_aligned(size_t d) const {
+    return (bits_ == 2 || bits_ == 4 || bits_ == 8) && (buckets(d) <= 1 || bucket(d) * bits_ % 8 == 0);
+  }
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
-    out.assign(wire_bytes(d, st), 0);
+    bool packed = byte_aligned(d);
+    if (packed)
+      out.resize(wire_bytes(d, st));  // every byte is written
+    else
+      out.assign(wire_bytes(d, st), 0);
     size_t bk = bucket(d), nb = buckets(d);
     uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x5153);
     uint32_t k_lo = static_cast<uint32_t>(key), k_hi = static_cast<uint32_t>(key >> 32);
@@ -183,10 +178,15 @@ class Qsgd : public Compressor {
       float norm = static_cast<float>(std::sqrt(sum_squares(in.data() + off, n)));
       put_f32(out.data() + 4 * b, norm);
       float scale = norm > 0 ? static_cast<float>(s_) / norm : 0.0f;
+      if (packed) {
+        kernels::get().qsgd_pack(in.data() + off, n, scale, static_cast<uint32_t>(s_), bits_,
+                                 static_cast<uint32_t>(off), k_lo, k_hi, codes_out + off * bits_ / 8);
+        continue;
+      }
       for (size_t o = 0; o < n; o += kBlock) {
         size_t m = std::min(kBlock, n - o);
-        qsgd_codes(in.data() + off + o, m, scale, static_cast<uint32_t>(s_), static_cast<uint32_t>(off + o), k_lo,
-                   k_hi, codes);
+        qsgd_codes(in.data() + off + o, m, scale, static_cast<uint32_t>(s_), static_cast<uint32_t>(off + o), k_lo, k_hi,
+                   codes);
         write_codes(codes, m, off + o, codes_out);
       }
     }
@@ -198,10 +198,15 @@ class Qsgd : public Compressor {
     check_payload("qsgd", p.size(), wire_bytes(d, none));
     size_t bk = bucket(d), nb = buckets(d);
     const uint8_t* codes_in = p.data() + 4 * nb;
+    bool packed = byte_aligned(d);
     uint16_t codes[kBlock];
     for (size_t b = 0; b < nb; ++b) {
       size_t off = b * bk, n = std::min(bk, d - off);
       float unit = get_f32(p.data() + 4 * b) / static_cast<float>(s_);
+      if (packed) {
+        kernels::get().qsgd_unpack(codes_in + off * bits_ / 8, n, bits_, unit, out.data() + off, add);
+        continue;
+      }
       for (size_t o = 0; o < n; o += kBlock) {
         size_t m = std::min(kBlock, n - o);
         read_codes(codes_in, off + o, m, codes);
@@ -250,8 +255,6 @@ class Qsgd : public Compressor {
   int bits_;
 };
 
-
-
 class TernGrad : public Compressor {
  public:
   explicit TernGrad(bool clip) : clip_(clip) {}
@@ -289,8 +292,6 @@ class TernGrad : public Compressor {
   bool clip_;
 };
 
-
-
 class Natural : public Compressor {
  public:
   std::string name() const override { return "natural"; }
@@ -299,10 +300,9 @@ class Natural : public Compressor {
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
     out.resize(wire_bytes(d, st));
-    detail::pack_signs(in.data(), d, out.data());
     uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x6e61);
-    natural_exponents(in.data(), d, 0, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
-                      out.data() + ceil_div(d, 8));
+    kernels::get().natural_encode(in.data(), d, 0, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
+                                  out.data(), out.data() + ceil_div(d, 8));
     ++st.step;
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {

@@ -51,9 +51,6 @@ class SignSgd : public Compressor {
   float beta_;
 };
 
-
-
-
 // scaled_sign (one scale) and the 1-bit quantizer (two reconstruction values).
 class ScaledSign : public Compressor {
  public:
@@ -63,19 +60,30 @@ class ScaledSign : public Compressor {
   size_t header() const { return two_ ? 8 : 4; }
   size_t wire_bytes(size_t d, const TensorState&) const override { return header() + ceil_div(d, 8); }
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
-    size_t d = in.size();
-    out.resize(header() + ceil_div(d, 8));
-    if (two_) {
-      double ps, ns;
-      size_t pn;
-      kernels::get().split_sums(in.data(), d, ps, pn, ns);
-      put_f32(out.data(), pn ? static_cast<float>(ps / static_cast<double>(pn)) : 0.0f);
-      put_f32(out.data() + 4, d > pn ? static_cast<float>(ns / static_cast<double>(d - pn)) : 0.0f);
-    } else {
-      put_f32(out.data(), d ? static_cast<float>(kernels::get().abs_sum(in.data(), d) / static_cast<double>(d)) : 0.0f);
-    }
-    detail::pack_signs(in.data(), d, out.data() + header());
+    encode(in.data(), nullptr, nullptr, in.size(), out);
     ++st.step;
+  }
+  // Error feedback in two passes over the residual e: e += g with the sums and sign bits, then e -= decode.
+  bool compress_feedback(std::span<const float> g, std::span<float> e, TensorState& st, Bytes& out) const override {
+    encode(e.data(), g.data(), e.data(), e.size(), out);
+    float pos, neg;
+    values(out, pos, neg);
+    kernels::get().unpack_signs(out.data() + header(), e.size(), -pos, -neg, e.data(), true);
+    ++st.step;
+    return true;
+  }
+  // The payload of p = x (or x + g, stored to p) in one pass: the scale(s), then the sign bits.
+  void encode(const float* x, const float* g, float* p, size_t d, Bytes& out) const {
+    out.resize(header() + ceil_div(d, 8));
+    double a, b;
+    size_t pn;
+    kernels::get().sign_stats(x, g, p, d, two_, a, b, pn, out.data() + header());
+    if (two_) {
+      put_f32(out.data(), pn ? static_cast<float>(a / static_cast<double>(pn)) : 0.0f);
+      put_f32(out.data() + 4, d > pn ? static_cast<float>(b / static_cast<double>(d - pn)) : 0.0f);
+    } else {
+      put_f32(out.data(), d ? static_cast<float>(a / static_cast<double>(d)) : 0.0f);
+    }
   }
   void values(std::span<const uint8_t> p, float& pos, float& neg) const {
     pos = get_f32(p.data());

@@ -1,0 +1,223 @@
+// The element-wise kernels (src/compress/kernels.inc) against plain scalar references written from the methods'
+// definitions, bit for bit, for the baseline build and (on CPUs with AVX2) the AVX2 build: the vector bodies, the
+// 32-element packing and the scalar tails must agree, and the counter-based random stream (detail::hash32) must be
+// the one every rank uses. Sizes cover empty, tails of every length and offsets that are not multiples of 32.
+#include "compress/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "compress/detail.h"
+
+using namespace conduit::compress;
+
+namespace {
+
+std::vector<const kernels::Table*> tables() {
+  std::vector<const kernels::Table*> t{&kernels::base_table()};
+  if (std::strcmp(kernels::get().name, "base") != 0) t.push_back(&kernels::get());
+  return t;
+}
+
+std::vector<float> data(size_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(g);
+  if (n > 3) v[1] = 0.0f, v[2] = -0.0f;
+  return v;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+const size_t kN[] = {0, 1, 7, 8, 31, 32, 33, 63, 100, 1000, 4099, 9000};
+constexpr uint32_t kLo = 0x12345678u, kHi = 0x9abcdef0u, kBase = 77;
+
+}  // namespace
+
+TEST(Kernels, QsgdPackEqualsScalarCodesForEveryWidth) {
+  for (auto* k : tables())
+    for (size_t n : kN) {
+      auto x = data(n, n + 1);
+      for (int bits : {2, 4, 8}) {
+        uint32_t smax = (1u << (bits - 1)) - 1;
+        float scale = static_cast<float>(smax) / 1.5f;
+        std::vector<uint16_t> want(n);
+        for (size_t i = 0; i < n; ++i) {
+          float r = std::fabs(x[i]) * scale;
+          int32_t l = static_cast<int32_t>(r);
+          float u = detail::u01(detail::hash32(kLo, kHi, kBase + static_cast<uint32_t>(i)));
+          uint32_t level = std::min<uint32_t>(static_cast<uint32_t>(l) + (u < r - static_cast<float>(l)), smax);
+          want[i] = static_cast<uint16_t>(level << 1 | bits_of(x[i]) >> 31);
+        }
+        std::vector<uint16_t> codes(n);
+        k->qsgd_codes(x.data(), n, scale, smax, kBase, kLo, kHi, codes.data());
+        EXPECT_EQ(codes, want) << k->name << " n=" << n;
+        std::vector<uint8_t> packed((n * bits + 7) / 8 + 1, 0xee), want_packed(packed.size(), 0xee);
+        detail::pack_codes(want.data(), n, bits, want_packed.data());
+        k->qsgd_pack(x.data(), n, scale, smax, bits, kBase, kLo, kHi, packed.data());
+        EXPECT_EQ(packed, want_packed) << k->name << " n=" << n << " bits=" << bits;
+        for (bool add : {false, true}) {
+          std::vector<float> y(n, 0.25f), ref(n, 0.25f);
+          k->qsgd_unpack(packed.data(), n, bits, 0.375f, y.data(), add);
+          for (size_t i = 0; i < n; ++i) {
+            float v = 0.375f * static_cast<float>(want[i] >> 1);
+            v = (want[i] & 1) ? -v : v;
+            ref[i] = add ? ref[i] + v : v;
+          }
+          EXPECT_EQ(y, ref) << k->name << " n=" << n << " bits=" << bits << " add=" << add;
+        }
+      }
+    }
+}
+
+TEST(Kernels, TernGradCodesAndDecodeEqualScalar) {
+  for (auto* k : tables())
+    for (size_t n : kN)
+      for (float c : {INFINITY, 1.0f}) {
+        auto x = data(n, n + 2);
+        float s = 2.5f, inv = 1 / s;
+        std::vector<uint8_t> want((n + 3) / 4 + 1, 0xee), got(want.size(), 0xee);
+        std::fill(want.begin(), want.begin() + static_cast<long>((n + 3) / 4), 0);
+        for (size_t i = 0; i < n; ++i) {
+          float v = std::min(std::max(x[i], -c), c);
+          float u = detail::u01(detail::hash32(kLo, kHi, kBase + static_cast<uint32_t>(i)));
+          uint32_t code = u < std::fabs(v) * inv ? (v < 0 ? 2u : 1u) : 0u;
+          want[i / 4] |= static_cast<uint8_t>(code << (2 * (i % 4)));
+        }
+        k->tern_codes(x.data(), n, -c, c, inv, kBase, kLo, kHi, got.data());
+        EXPECT_EQ(got, want) << k->name << " n=" << n;
+        for (bool add : {false, true}) {
+          std::vector<float> y(n, 0.5f), ref(n, 0.5f);
+          k->tern_decode(got.data(), n, s, y.data(), add);
+          for (size_t i = 0; i < n; ++i) {
+            uint32_t code = (got[i / 4] >> (2 * (i % 4))) & 3;
+            float v = code == 1 ? s : code == 2 ? -s : 0.0f;
+            ref[i] = add ? ref[i] + v : v;
+          }
+          EXPECT_EQ(y, ref) << k->name << " n=" << n;
+        }
+      }
+}
+
+TEST(Kernels, NaturalEncodeDecodeEqualScalar) {
+  for (auto* k : tables())
+    for (size_t n : kN) {
+      auto x = data(n, n + 3);
+      if (n > 5) x[3] = INFINITY, x[4] = 3e38f, x[5] = 1e-40f;  // saturating and subnormal exponents
+      std::vector<uint8_t> signs((n + 7) / 8, 0xee), exps(n, 0xee), want_signs((n + 7) / 8, 0), want_exps(n);
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t b = bits_of(x[i]), e = (b >> 23) & 0xff;
+        uint32_t u = detail::hash32(kLo, kHi, kBase + static_cast<uint32_t>(i)) >> 9;
+        want_exps[i] = static_cast<uint8_t>(e + (e < 254 && u < (b & 0x7fffff)));
+        want_signs[i / 8] |= static_cast<uint8_t>((b >> 31) << (i % 8));
+      }
+      k->natural_encode(x.data(), n, kBase, kLo, kHi, signs.data(), exps.data());
+      EXPECT_EQ(signs, want_signs) << k->name << " n=" << n;
+      EXPECT_EQ(exps, want_exps) << k->name << " n=" << n;
+      for (bool add : {false, true}) {
+        std::vector<float> y(n, 1.0f), ref(n, 1.0f);
+        k->natural_decode(signs.data(), exps.data(), n, y.data(), add);
+        for (size_t i = 0; i < n; ++i) {
+          float v = from_bits(((signs[i / 8] >> (i % 8)) & 1u) << 31 | uint32_t(exps[i]) << 23);
+          ref[i] = add ? ref[i] + v : v;
+        }
+        for (size_t i = 0; i < n; ++i) EXPECT_EQ(bits_of(y[i]), bits_of(ref[i])) << k->name << " n=" << n << " i=" << i;
+      }
+    }
+}
+
+TEST(Kernels, ByteQuantizersEqualScalar) {
+  for (auto* k : tables())
+    for (size_t n : kN) {
+      auto x = data(n, n + 4);
+      std::vector<int8_t> q(n), want(n);
+      std::vector<uint8_t> uq(n), uwant(n);
+      const float inv = 40.0f, lo = -2.0f, uinv = 60.0f;  // some values clamp
+      for (size_t i = 0; i < n; ++i) {
+        float v = std::min(std::max(x[i] * inv, -127.0f), 127.0f);
+        want[i] = static_cast<int8_t>(static_cast<int32_t>(v + std::copysign(0.5f, v)));
+        float w = std::min(std::max((x[i] - lo) * uinv, 0.0f), 255.0f);
+        uwant[i] = static_cast<uint8_t>(static_cast<int32_t>(w + 0.5f));
+      }
+      k->quant_i8(x.data(), n, inv, q.data());
+      k->quant_u8(x.data(), n, lo, uinv, uq.data());
+      EXPECT_EQ(q, want) << k->name << " n=" << n;
+      EXPECT_EQ(uq, uwant) << k->name << " n=" << n;
+    }
+}
+
+TEST(Kernels, SignStatsEqualSeparatePassesAndFeedbackAdds) {
+  for (auto* k : tables())
+    for (size_t n : {size_t(0), size_t(5), size_t(4096), size_t(4103), size_t(10000)}) {
+      auto x = data(n, n + 5), g = data(n, n + 6);
+      std::vector<uint8_t> want_signs((n + 7) / 8), signs(want_signs.size(), 0xee);
+      k->pack_signs(x.data(), n, want_signs.data());
+      double a, b;
+      size_t pn;
+      k->sign_stats(x.data(), nullptr, nullptr, n, false, a, b, pn, signs.data());
+      EXPECT_EQ(signs, want_signs);
+      double l1 = 0;
+      for (float v : x) l1 += std::fabs(v);
+      EXPECT_NEAR(a, l1, 1e-5 * (1 + l1));
+      k->sign_stats(x.data(), nullptr, nullptr, n, true, a, b, pn, signs.data());
+      double ps = 0, ns = 0;
+      size_t cnt = 0;
+      for (float v : x) {
+        if (v < 0)
+          ns += v;
+        else
+          ps += v, ++cnt;
+      }
+      EXPECT_EQ(pn, cnt);
+      EXPECT_NEAR(a, ps, 1e-5 * (1 + ps));
+      EXPECT_NEAR(b, ns, 1e-5 * (1 - ns));
+      // With g: p = x + g is stored and is what the signs and sums describe.
+      std::vector<float> p = x, want_p = x;
+      k->add_to(want_p.data(), g.data(), n);
+      k->sign_stats(p.data(), g.data(), p.data(), n, false, a, b, pn, signs.data());
+      EXPECT_EQ(p, want_p);
+      k->pack_signs(want_p.data(), n, want_signs.data());
+      EXPECT_EQ(signs, want_signs);
+    }
+  // Every table gives the same sums bit for bit.
+  auto x = data(10007, 8);
+  std::vector<uint8_t> s(10007 / 8 + 1);
+  std::vector<double> firsts;
+  for (auto* k : tables()) {
+    double a, b;
+    size_t pn;
+    k->sign_stats(x.data(), nullptr, nullptr, x.size(), true, a, b, pn, s.data());
+    double c, d;
+    k->sign_stats(x.data(), nullptr, nullptr, x.size(), false, c, d, pn, s.data());
+    firsts.insert(firsts.end(), {a, b, c});
+  }
+  for (size_t i = 3; i < firsts.size(); ++i) EXPECT_EQ(firsts[i], firsts[i % 3]);
+}
+
+TEST(Kernels, MomentumSignsEqualScalar) {
+  for (auto* k : tables())
+    for (size_t n : kN) {
+      auto m = data(n, n + 9), g = data(n, n + 10), want_m = m;
+      std::vector<uint8_t> out((n + 7) / 8, 0xee), want((n + 7) / 8, 0);
+      for (size_t i = 0; i < n; ++i) {
+        want_m[i] = 0.9f * m[i] + (1 - 0.9f) * g[i];
+        want[i / 8] |= static_cast<uint8_t>((bits_of(want_m[i]) >> 31) << (i % 8));
+      }
+      k->momentum_signs(m.data(), g.data(), n, 0.9f, out.data());
+      EXPECT_EQ(m, want_m) << k->name << " n=" << n;
+      EXPECT_EQ(out, want) << k->name << " n=" << n;
+    }
+}
