@@ -116,9 +116,9 @@ TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
   c.compressor = "ef:topk:ratio=0.1";
   auto spec = effective_sync(c);
   EXPECT_EQ(spec.params.at("push_compressor"), "ef:topk:ratio=0.1");
-  // ps-asp: momentum at most 0.5 (stale gradients add momentum), with the trainer's lr / (1 - momentum) kept.
+  // ps-asp: momentum at most 0.5 (stale gradients add momentum), with half the trainer's lr / (1 - momentum).
   EXPECT_EQ(spec.params.at("momentum"), "0.5");
-  EXPECT_NEAR(std::stod(spec.params.at("lr")), 0.05 * 0.5 / 0.1, 1e-12);
+  EXPECT_NEAR(std::stod(spec.params.at("lr")), 0.5 * 0.05 * 0.5 / 0.1, 1e-12);
   TrainConfig ssp = tiny_sync("ps-ssp");
   EXPECT_EQ(effective_sync(ssp).params.at("momentum"), "0.9");
   EXPECT_EQ(effective_sync(ssp).params.at("lr"), "0.05");
