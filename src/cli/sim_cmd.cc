@@ -5,8 +5,10 @@
 //   plan      search the parallel configurations, rank the ones that fit, explain the best
 //   infer     prefill and decode latency/throughput of tensor/pipeline-parallel serving with a KV cache
 //   cluster   a job-scheduling simulation (FIFO, least-attained-service) with topology-aware placement
+//   calibrate this machine as a cluster file (bench coll lines; GEMMs from `conduit bench gemm` or timed here)
 #include <fmt/format.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -14,7 +16,9 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "cli/registry.h"
 #include "core/clock.h"
@@ -28,6 +32,10 @@
 #include "sim/scheduler.h"
 #include "sim/step.h"
 #include "sim/units.h"
+#include "sim/workload.h"
+#ifdef CONDUIT_WITH_TORCH
+#include "torch/gemm_bench.h"  // torch-free interface; libtorch only links in
+#endif
 
 namespace conduit::cli {
 namespace {
@@ -633,6 +641,9 @@ struct CalibrateArgs {
   std::string transport;
   std::string out;
   std::string name = "local-calibrated";
+  long long ranks = 0;  // 0: the largest world in the bench files
+  double share = 0;     // 0: cores / ranks, at most 1
+  int batch = 64;       // samples per worker for the GEMMs timed when neither --gemm nor --peak is given
 };
 
 std::string read_file(const std::string& path, const char* flag) {
@@ -646,13 +657,24 @@ std::string read_file(const std::string& path, const char* flag) {
 void run_calibrate(const CalibrateArgs& a) {
   if (a.bench.empty()) throw ConfigError("--bench is required: JSON lines from `conduit bench coll --json`");
   std::map<std::string, std::vector<BenchSample>> by_transport;
-  long long ranks = 0;
+  std::vector<BenchSample> all;
+  long long ranks = a.ranks;
   for (const auto& f : a.bench) {
     int skipped = 0;
-    for (auto& s : parse_bench_lines(read_file(f, "--bench"), f, &skipped)) {
-      ranks = std::max(ranks, s.world);
-      by_transport[s.transport].push_back(s);
-    }
+    for (auto& s : parse_bench_lines(read_file(f, "--bench"), f, &skipped)) all.push_back(s);
+  }
+  if (a.ranks < 0) throw ConfigError(fmt::format("--ranks = {} must be positive", a.ranks));
+  std::set<long long> worlds;
+  for (const auto& s : all) worlds.insert(s.world);
+  if (ranks == 0) ranks = *worlds.rbegin();
+  // With --ranks, fit the samples taken at that world size only: ranks that share cores are slower per step.
+  for (const auto& s : all)
+    if (a.ranks == 0 || s.world == ranks) by_transport[s.transport].push_back(s);
+  if (by_transport.empty()) {
+    std::vector<std::string> have;
+    for (long long w : worlds) have.push_back(std::to_string(w));
+    throw ConfigError(fmt::format("--ranks = {}: no samples with that world size in the --bench files (have: {})",
+                                  ranks, join(have, ", ")));
   }
   std::string chosen = a.transport;
   if (chosen.empty()) {
@@ -678,22 +700,32 @@ void run_calibrate(const CalibrateArgs& a) {
   }
   std::vector<GemmSample> gemms;
   double peak = 0;
-  if (!a.gemm.empty()) {
-    std::istringstream in(read_file(a.gemm, "--gemm"));
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.find('{') == std::string::npos) continue;
-      auto j = json::parse(line);
-      GemmSample g{j.at("m").get<double>(), j.at("n").get<double>(), j.at("k").get<double>(),
-                   j.at("gflops").get<double>() * 1e9};
-      peak = std::max(peak, g.flops);
-      gemms.push_back(g);
-    }
+  if (!a.gemm.empty()) gemms = parse_gemm_lines(read_file(a.gemm, "--gemm"), a.gemm);
+  if (a.gemm.empty() && a.peak.empty()) {
+#ifdef CONDUIT_WITH_TORCH
+    if (a.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", a.batch));
+    std::vector<std::array<int64_t, 3>> shapes;
+    for (const auto& g : calibration_gemm_shapes(a.batch))
+      shapes.push_back({static_cast<int64_t>(g.m), static_cast<int64_t>(g.n), static_cast<int64_t>(g.k)});
+    for (const auto& t : train::time_gemms(shapes, 1, 0.05))
+      gemms.push_back(GemmSample{double(t.m), double(t.n), double(t.k), t.gflops() * 1e9});
+    fmt::print("timed {} GEMMs with libtorch (one thread; conduit train's CNN and MLP at batch {}, square 32..1024)\n",
+               gemms.size(), a.batch);
+#else
+    throw ConfigError(
+        "give --gemm FILE (JSON lines {m, n, k, gflops}, e.g. from `conduit bench gemm --json`) or --peak (e.g. 50 "
+        "GFLOP/s): this conduit was built without libtorch, so it cannot time GEMMs itself");
+#endif
   }
+  for (const auto& g : gemms) peak = std::max(peak, g.flops);
   if (!a.peak.empty()) peak = parse_flops(a.peak, "--peak");
   if (peak <= 0)
     throw ConfigError(
-        "give --gemm FILE (JSON lines {m, n, k, gflops} measured with libtorch) or --peak (e.g. 50 GFLOP/s)");
+        "give --gemm FILE (JSON lines {m, n, k, gflops} from `conduit bench gemm --json`) or --peak (e.g. 50 GFLOP/s)");
+  double share = a.share;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  if (share == 0) share = std::min(1.0, double(cores) / double(ranks));
+  if (!(share > 0) || share > 1) throw ConfigError(fmt::format("--share = {} must be in (0, 1]", a.share));
   double mem_bytes = 0;
   {
     std::ifstream mi("/proc/meminfo");
@@ -710,8 +742,10 @@ void run_calibrate(const CalibrateArgs& a) {
   double bw = measure_memory_bandwidth();
   fmt::print("memory bandwidth (copy, measured): {:.1f} GB/s; memory {:.1f} GB; peak {:.1f} GFLOP/s\n", bw / 1e9,
              mem_bytes / 1e9, peak / 1e9);
+  fmt::print("{} ranks on {} cores: each rank gets {:.3g} of the measured one-thread compute and copy rates\n", ranks,
+             cores, share);
   std::string yaml = calibrated_cluster_yaml(a.name, static_cast<int>(ranks), chosen_fit, bw,
-                                             mem_bytes / static_cast<double>(ranks), peak, gemms, chosen);
+                                             mem_bytes / static_cast<double>(ranks), peak, gemms, chosen, share);
   ClusterSpec cal = parse_cluster_yaml(yaml, "calibrated cluster");  // what we write must load
   {
     // Predicted (from the written cluster) against measured, sample by sample.
@@ -957,13 +991,23 @@ void setup(CLI::App& app) {
     c->callback([a, ia]() { run_infer(*a, *ia); });
   }
   {
-    auto* c = sim->add_subcommand("calibrate",
-                                  "Fit alpha/beta/gamma from `conduit bench coll --json` runs into a cluster file");
+    auto* c =
+        sim->add_subcommand("calibrate",
+                            "This machine as a cluster file: alpha/beta/gamma fitted to `conduit bench coll --json` "
+                            "runs, GEMM speed measured with libtorch");
     auto a = std::make_shared<CalibrateArgs>();
     c->add_option("--bench", a->bench, "files of `conduit bench coll --json` lines (any ops, algorithms, sizes)")
         ->required();
-    c->add_option("--gemm", a->gemm, "JSON lines {m, n, k, gflops} of measured GEMMs (e.g. from libtorch)");
-    c->add_option("--peak", a->peak, "compute rate when no --gemm is given (e.g. 80 GFLOP/s)");
+    c->add_option("--gemm", a->gemm,
+                  "JSON lines {m, n, k, gflops} of measured GEMMs (`conduit bench gemm --json`); with neither --gemm "
+                  "nor --peak, calibrate times them itself with libtorch");
+    c->add_option("--peak", a->peak, "compute rate instead of measured GEMMs (e.g. 80 GFLOP/s)");
+    c->add_option("--ranks", a->ranks,
+                  "workers of the cluster file; fits only bench samples of that world size (default: the largest)");
+    c->add_option("--share", a->share,
+                  "fraction of one thread's measured speed each rank gets (default: cores / ranks, at most 1)");
+    c->add_option("--batch", a->batch, "samples per worker of the model GEMMs timed without --gemm")
+        ->capture_default_str();
     c->add_option("--transport", a->transport, "which transport's fit to write (default: the one with most samples)");
     c->add_option("--name", a->name, "cluster name")->capture_default_str();
     c->add_option("--out", a->out, "cluster YAML to write (default: stdout)");

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "sim/collective.h"
 #include "sim/topology.h"
+#include "sim/workload.h"
 
 namespace conduit::sim {
 
@@ -52,7 +53,56 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
   return out;
 }
 
-namespace {}  // namespace
+std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::string& origin) {
+  std::vector<GemmSample> out;
+  std::istringstream in(text);
+  std::string line;
+  int no = 0;
+  while (std::getline(in, line)) {
+    ++no;
+    const auto brace = line.find('{');
+    if (brace == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line.substr(brace));
+    } catch (const std::exception&) {
+      throw ConfigError(
+          fmt::format("{}:{}: not a JSON record (allowed: {{\"m\", \"n\", \"k\", \"gflops\"}} per line)", origin, no));
+    }
+    if (!j.is_object()) throw ConfigError(fmt::format("{}:{}: not a JSON object", origin, no));
+    if (j.contains("kind") && j["kind"] != "bench.gemm") continue;  // e.g. bench.model_step lines
+    auto field = [&](const char* f) {
+      if (!j.contains(f) || !j[f].is_number() || !(j[f].get<double>() > 0) || !std::isfinite(j[f].get<double>()))
+        throw ConfigError(fmt::format("{}:{}: field '{}' {} (a GEMM record needs positive numbers m, n, k, gflops)",
+                                      origin, no, f, j.contains(f) ? "must be a positive number" : "is missing"));
+      return j[f].get<double>();
+    };
+    GemmSample g;
+    g.m = field("m");
+    g.n = field("n");
+    g.k = field("k");
+    g.flops = field("gflops") * 1e9;
+    out.push_back(g);
+  }
+  if (out.empty())
+    throw ConfigError(
+        fmt::format("{}: no GEMM records {{m, n, k, gflops}} (write them with `conduit bench gemm --json`)", origin));
+  return out;
+}
+
+std::vector<GemmShape> calibration_gemm_shapes(double batch) {
+  std::vector<GemmShape> all;
+  for (const char* spec : {kTrainCnnLayers, kTrainMlpLayers})
+    for (const auto& g : layer_step_gemms(parse_layer_model(spec), batch)) all.push_back(g);
+  for (double s = 32; s <= 1024; s *= 2) all.push_back({s, s, s, 1});
+  std::vector<GemmShape> out;
+  for (const auto& g : all) {
+    bool dup = false;
+    for (const auto& o : out) dup |= o.m == g.m && o.n == g.n && o.k == g.k;
+    if (!dup) out.push_back(g);
+  }
+  return out;
+}
 
 bool bench_collective(const std::string& s, Collective& c) {
   if (s == "allreduce")
@@ -200,7 +250,8 @@ double measure_memory_bandwidth(size_t bytes, int repeats) {
 
 std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
-                                    const std::vector<GemmSample>& gemms, const std::string& transport) {
+                                    const std::vector<GemmSample>& gemms, const std::string& transport, double share) {
+  if (!(share > 0) || share > 1) throw ConfigError(fmt::format("calibrate: share = {} must be in (0, 1]", share));
   std::string y;
   y += fmt::format("# Written by `conduit sim calibrate` from {} `conduit bench coll --json` samples over {}\n",
                    fit.samples, transport);
@@ -209,16 +260,20 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
   y += fmt::format("name: {}\ndescription: this machine, {} ranks over {}, calibrated\nnodes:\n", name, ranks,
                    transport);
   y += fmt::format("  - name: local\n    gpus: {}\n    accelerator:\n      name: calibrated-worker\n", ranks);
-  y += fmt::format("      peak_bf16: {:.6g} GFLOP/s\n", peak_flops / 1e9);
+  if (share < 1)
+    y += fmt::format("      # each rank runs on {:.3g} of a core: measured (one-thread) rates below are scaled by it\n",
+                     share);
+  y += fmt::format("      peak_bf16: {:.6g} GFLOP/s   # fp32 on this CPU\n", peak_flops * share / 1e9);
   y += fmt::format("      memory: {:.6g} GB\n", memory_bytes / 1e9);
-  y += fmt::format("      memory_bandwidth: {:.6g} GB/s   # measured copy bandwidth shared by the ranks\n",
-                   memory_bandwidth / ranks / 1e9);
+  y += fmt::format("      memory_bandwidth: {:.6g} GB/s   # measured one-thread copy bandwidth x share\n",
+                   memory_bandwidth * share / 1e9);
   y += "      sm_count: 1\n      gemm_tile: [64, 64]\n      gemm_efficiency: 1.0\n      memory_efficiency: 1.0\n";
   y += "      kernel_overhead: 1 us\n";
   if (!gemms.empty()) {
     y += "      calibration:\n";
     for (const auto& g : gemms)
-      y += fmt::format("        - {{m: {}, n: {}, k: {}, achieved: {:.6g} GFLOP/s}}\n", g.m, g.n, g.k, g.flops / 1e9);
+      y += fmt::format("        - {{m: {}, n: {}, k: {}, achieved: {:.6g} GFLOP/s}}\n", g.m, g.n, g.k,
+                       g.flops * share / 1e9);
   }
   const double bw = fit.beta > 0 ? 1.0 / fit.beta : 1e15;
   y += fmt::format("    intra:\n      kind: nvswitch\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);

@@ -3,13 +3,15 @@
 // transport from measured collective times (`conduit bench coll --json` lines), using the simulator's own
 // patterns: every measured (op, algorithm, ranks, bytes) has time = A alpha + B n beta + C n gamma, where A, B and C
 // are read off the pattern on a flat network; non-negative least squares over all lines. The fitted values
-// and a measured memory bandwidth (a STREAM-like copy) or GEMM samples make a cluster file that `conduit sim
+// and a measured memory bandwidth (a STREAM-like copy) and GEMM samples (`conduit bench gemm --json`, libtorch) or a
+// peak rate make a cluster file that `conduit sim
 // step --cluster FILE` uses to predict runs on this machine.
 #include <string>
 #include <vector>
 
 #include "sim/cluster.h"
 #include "sim/collective.h"
+#include "sim/compute.h"
 
 namespace conduit::sim {
 
@@ -40,9 +42,22 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
 // Measured bytes/s of a large copy (a + b -> c, three streams), `bytes` per array.
 double measure_memory_bandwidth(size_t bytes = 64 << 20, int repeats = 3);
 
-// A cluster file for this machine: one node of `ranks` workers joined by the fitted transport.
+// Parses JSON lines of measured GEMMs, {"m", "n", "k", "gflops"} as `conduit bench gemm --json` writes them.
+// Lines without '{' and records of another "kind" are skipped; a GEMM record whose m, n, k or gflops is missing or
+// not a positive number is a ConfigError naming the file, line and field; no GEMM record at all is one too.
+std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::string& origin);
+
+// The GEMM shapes `conduit bench gemm` and `conduit sim calibrate` time by default: every GEMM of a training step
+// (forward, input and weight gradients) of `conduit train`'s CNN and MLP at `batch` samples per worker, and a
+// square sweep 32..1024, without duplicates.
+std::vector<GemmShape> calibration_gemm_shapes(double batch);
+
+// A cluster file for this machine: one node of `ranks` workers joined by the fitted transport. `memory_bandwidth`,
+// `peak_flops` and the GEMMs are measured by one thread; each rank gets `share` of that speed (the fraction of a
+// core it runs on: cores / ranks when ranks outnumber the cores, else 1).
 std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
-                                    const std::vector<GemmSample>& gemms, const std::string& transport);
+                                    const std::vector<GemmSample>& gemms, const std::string& transport,
+                                    double share = 1.0);
 
 }  // namespace conduit::sim

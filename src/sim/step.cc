@@ -442,6 +442,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                                   cfg.global_batch, cfg.micro_batch, gpus));
   if (cfg.zero < 0 || cfg.zero > 2)
     throw ConfigError(fmt::format("--zero = {} (allowed for layer models: 0, 1, 2)", cfg.zero));
+  if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
+    throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", cfg.grad_bytes));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
       cfg.compression.kind != "int4")
     throw ConfigError("--compression for layer models: none, fp16, int8 or int4");
@@ -452,6 +454,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * gpus);
   r.microbatches = mb;
   const double b = cfg.micro_batch;
+  // Activations are held in the precision the gradients are exchanged in: 2 bytes (mixed precision) or 4 (f32,
+  // as `conduit train` runs on CPUs).
+  const double eb = cfg.grad_bytes;
   const Accelerator* slow = nullptr;
   double fwd = 0, bwd = 0, cap = 1e300;
   for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
@@ -460,8 +465,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     double f = 0, bw = 0;
     for (const auto& l : m.layers) {
       GemmShape g = l.forward_gemm(b);
-      f += gemm_time(acc, g) + memory_time(acc, 2 * 2 * g.m * g.n, 1);  // activation function: read + write
-      bw += gemm_time(acc, dgrad(g)) + gemm_time(acc, wgrad(g)) + memory_time(acc, 3 * 2 * g.m * g.n, 1);
+      f += gemm_time(acc, g) + memory_time(acc, 2 * eb * g.m * g.n, 1);  // activation function: read + write
+      bw += gemm_time(acc, dgrad(g)) + gemm_time(acc, wgrad(g)) + memory_time(acc, 3 * eb * g.m * g.n, 1);
     }
     if (!slow || f + bw > fwd + bwd) {
       fwd = f;
@@ -517,7 +522,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   double act = 0;
   for (const auto& l : m.layers) {
     GemmShape g = l.forward_gemm(b);
-    act += 2 * g.m * g.n * 2;  // pre- and post-activation outputs kept for backward
+    act += 2 * g.m * g.n * eb;  // pre- and post-activation outputs kept for backward
   }
   r.memory.activations = act;
   r.memory_capacity = cap;

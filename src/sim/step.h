@@ -107,7 +107,8 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
 StepResult simulate_step(CollectiveModel& net, const GptModel& m, const ParallelConfig& c);
 
 // A model given as a list of layers (MLP, CNN), data parallel only (tp = pp = 1): forward GEMMs (convolutions as
-// implicit GEMMs), backward input and weight gradients, an activation function pass per layer, the gradient
+// implicit GEMMs), backward input and weight gradients, an activation function pass per layer over elements of
+// --grad-bytes (2: mixed precision, 4: f32), the gradient
 // exchange bucketed and overlapped with backward (quantized when --compression says so), ZeRO memory.
 StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const ParallelConfig& c);
 

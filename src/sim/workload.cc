@@ -182,6 +182,17 @@ GemmShape Layer::forward_gemm(double batch) const {
   return {batch, out, in, 1};
 }
 
+std::vector<GemmShape> layer_step_gemms(const LayerModel& m, double batch) {
+  std::vector<GemmShape> out;
+  for (const auto& l : m.layers) {
+    GemmShape f = l.forward_gemm(batch);
+    out.push_back(f);
+    out.push_back({f.m, f.k, f.n, f.batch});  // input gradient (as step.cc's dgrad)
+    out.push_back({f.k, f.n, f.m, f.batch});  // weight gradient (as step.cc's wgrad)
+  }
+  return out;
+}
+
 double LayerModel::params() const {
   double p = 0;
   for (const auto& l : layers) p += l.params();

@@ -92,4 +92,13 @@ struct LayerModel {
 // Parses "dense:784x1024,dense:1024x10" or "conv:3x64k3@32x32,...,dense:4096x10".
 LayerModel parse_layer_model(const std::string& spec);
 
+// `conduit train`'s models (src/torch/models.cc) as layer lists: the CNN (conv 3x3 32 on 28x28, pool, conv 3x3 64
+// on 14x14, pool, fc 3136-128, fc 128-10; pooling and ReLU are element-wise) and the MLP (784-256-128-10).
+inline constexpr const char* kTrainCnnLayers = "conv:1x32k3@28x28,conv:32x64k3@14x14,dense:3136x128,dense:128x10";
+inline constexpr const char* kTrainMlpLayers = "dense:784x256,dense:256x128,dense:128x10";
+
+// The GEMMs of one training step of a layer model at `batch` samples, the shapes simulate_layer_step times: per
+// layer the forward (M x K)(K x N), the input gradient (M x N)(N x K) and the weight gradient (K x M)(M x N).
+std::vector<GemmShape> layer_step_gemms(const LayerModel& m, double batch);
+
 }  // namespace conduit::sim

@@ -1,9 +1,19 @@
-// MLP, CNN and a small ResNet for 28x28 images.
+// MLP, CNN and a small ResNet for 28x28 images; and the libtorch timings of torch/gemm_bench.h (here, so that no
+// further translation unit includes libtorch).
 #include "torch/models.h"
 
+#include <ATen/Parallel.h>
 #include <torch/nn.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "core/error.h"
+#include "torch/gemm_bench.h"
+
+// OpenBLAS's own thread count (the pthread build ignores OpenMP's); weak, so other BLAS libraries link too.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+extern "C" int openblas_get_num_threads() __attribute__((weak));
 
 namespace conduit::train {
 namespace {
@@ -108,6 +118,89 @@ std::shared_ptr<Net> make_model(const std::string& name) {
   if (name == "cnn") return std::make_shared<Cnn>();
   if (name == "resnet") return std::make_shared<ResNet>();
   throw ConfigError("config: model: '" + name + "' is not allowed; allowed: " + model_names_allowed());
+}
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// Sets libtorch's and OpenBLAS's thread counts for its lifetime.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int threads) : torch_(at::get_num_threads()) {
+    if (openblas_get_num_threads) blas_ = openblas_get_num_threads();
+    at::set_num_threads(std::max(1, threads));
+    if (openblas_set_num_threads) openblas_set_num_threads(std::max(1, threads));
+  }
+  ~ThreadScope() {
+    at::set_num_threads(torch_);
+    if (openblas_set_num_threads && blas_ > 0) openblas_set_num_threads(blas_);
+  }
+
+ private:
+  int torch_ = 1, blas_ = 0;
+};
+
+}  // namespace
+
+std::vector<GemmTiming> time_gemms(const std::vector<std::array<int64_t, 3>>& shapes, int threads, double min_seconds) {
+  ThreadScope scope(threads);
+  torch::NoGradGuard ng;
+  std::vector<GemmTiming> out;
+  for (const auto& [m, n, k] : shapes) {
+    if (m <= 0 || n <= 0 || k <= 0)
+      throw ConfigError("gemm shape " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                        ": every dimension must be positive");
+    auto a = torch::randn({m, k});
+    auto b = torch::randn({k, n});
+    auto c = torch::mm(a, b);  // untimed: first-touch and BLAS buffers
+    std::vector<double> t;
+    const double start = now();
+    while ((t.size() < 5 || now() - start < min_seconds) && t.size() < 100000) {
+      const double t0 = now();
+      c = torch::mm(a, b);
+      t.push_back(now() - t0);
+    }
+    GemmTiming g;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.seconds = median(t);
+    g.calls = static_cast<int>(t.size());
+    out.push_back(g);
+  }
+  return out;
+}
+
+ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps) {
+  ThreadScope scope(threads);
+  auto model = make_model(name);
+  auto x = torch::randn({batch, 1, 28, 28});
+  auto y = torch::randint(10, {batch}, torch::kLong);
+  std::vector<double> f, b;
+  for (int s = 0; s <= std::max(1, steps); ++s) {
+    model->zero_grad();
+    const double t0 = now();
+    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    const double t1 = now();
+    loss.backward();
+    const double t2 = now();
+    if (s == 0) continue;  // untimed
+    f.push_back(t1 - t0);
+    b.push_back(t2 - t1);
+  }
+  ModelStepTiming r;
+  r.forward_s = median(f);
+  r.backward_s = median(b);
+  r.steps = static_cast<int>(f.size());
+  return r;
 }
 
 }  // namespace conduit::train

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -257,6 +258,47 @@ TEST(Cli, StepPlanAndErrors) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"kind\":\"sim.scale\""), std::string::npos) << out;
   EXPECT_NE(out.find("scaling_efficiency"), std::string::npos) << out;
+}
+
+// `conduit bench gemm --json` (libtorch) feeds `conduit sim calibrate --gemm`; its shapes land in the written
+// cluster file's calibration table. Bad --gemm input fails with one line naming the field. Three `conduit` runs.
+TEST(Cli, GemmBenchFeedsCalibrate) {
+  const std::string dir = ::testing::TempDir() + "conduit_gemm_calibrate";
+  std::string mk = "mkdir -p " + dir;
+  ASSERT_EQ(std::system(mk.c_str()), 0);
+  int rc = 0;
+  std::string gemm = run("bench gemm --json --shapes 48x40x24,32x32x32 --min-time 0.005", &rc);
+  if (rc != 0 && gemm.find("gemm") != std::string::npos && gemm.find("bench.gemm") == std::string::npos)
+    GTEST_SKIP() << "conduit built without libtorch: " << gemm;
+  ASSERT_EQ(rc, 0) << gemm;
+  std::ofstream(dir + "/gemm.jsonl") << gemm;
+  // Collective timings of a flat 2-rank network (alpha 20 us, 1 GB/s, gamma 1/4 GB/s): ring allreduce.
+  {
+    std::ofstream b(dir + "/bench.jsonl");
+    for (double n = 1024; n <= 16e6; n *= 4) {
+      double t = 2 * 20e-6 + n / 1e9 + 0.5 * n / 4e9;
+      b << "{\"op\":\"allreduce\",\"algo\":\"ring\",\"transport\":\"shm\",\"world\":2,\"bytes\":" << n
+        << ",\"time_us\":" << t * 1e6 << "}\n";
+    }
+  }
+  std::string out = run("sim calibrate --bench " + dir + "/bench.jsonl --gemm " + dir + "/gemm.jsonl --share 1 --out " +
+                            dir + "/here.yaml",
+                        &rc);
+  ASSERT_EQ(rc, 0) << out;
+  ClusterSpec c = load_cluster(dir + "/here.yaml");
+  const auto& cal = c.node_kinds.at(0).accelerator.calibration;
+  ASSERT_EQ(cal.size(), 2u) << out;
+  EXPECT_EQ(cal[0].m, 48);
+  EXPECT_EQ(cal[0].n, 40);
+  EXPECT_EQ(cal[0].k, 24);
+  EXPECT_GT(cal[0].flops, 0);
+  EXPECT_EQ(cal[1].m, 32);
+  std::ofstream(dir + "/bad.jsonl") << "{\"m\":64,\"n\":64,\"k\":64,\"gflops\":0}\n";
+  out = run("sim calibrate --bench " + dir + "/bench.jsonl --gemm " + dir + "/bad.jsonl", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("conduit: error: " + dir + "/bad.jsonl:1: field 'gflops' must be a positive number"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

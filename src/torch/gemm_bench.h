@@ -1,0 +1,33 @@
+#pragma once
+// Timing libtorch on this machine for the simulator's calibration (`conduit bench gemm`, `conduit sim calibrate`):
+// matrix multiplications of given shapes and one forward/backward of a training model. A torch-free interface;
+// the code lives in models.cc so that no further translation unit includes libtorch (~20 s of compile each).
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace conduit::train {
+
+struct GemmTiming {
+  int64_t m = 0, n = 0, k = 0;
+  double seconds = 0;  // median of the timed calls
+  int calls = 0;
+  double gflops() const { return seconds > 0 ? 2.0 * double(m) * double(n) * double(k) / seconds / 1e9 : 0; }
+};
+
+// Times torch::mm of an (m x k) by (k x n) float32 CPU matrix, as training runs it (the output allocated per call),
+// with `threads` intra-op threads (libtorch's and OpenBLAS's; training workers use one). Per shape: one untimed
+// call, then calls until `min_seconds` have passed (at least 5); the median call. Restores the thread counts.
+std::vector<GemmTiming> time_gemms(const std::vector<std::array<int64_t, 3>>& shapes, int threads, double min_seconds);
+
+struct ModelStepTiming {
+  double forward_s = 0, backward_s = 0;  // medians: forward with the cross-entropy loss; backward
+  int steps = 0;
+};
+
+// One worker's forward and backward of model `name` (mlp, cnn, resnet) at `batch` random 28x28 images, `steps`
+// timed steps after one untimed step, with `threads` intra-op threads. ConfigError for an unknown model.
+ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps);
+
+}  // namespace conduit::train
