@@ -47,6 +47,9 @@ def parse_args(argv):
     p.add_argument("--test-limit", type=int, default=0, help="first N test samples (0: all)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     p.add_argument("--target-accuracy", type=float, default=0.0)
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="rank 0 copies the model every N steps; the copies are evaluated after training (as conduit "
+                        "train does), so evaluating does not stop the timed run")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--output", default="runs/ddp")
     p.add_argument("--timeout", type=float, default=300)
@@ -200,6 +203,22 @@ def worker(a):
     dist.barrier()
     tx0 = netdev_tx_bytes()
     t0 = time.time()
+    untimed = [0.0]  # evaluations: the clock below (as conduit train's) leaves them out
+
+    def clock():
+        return time.time() - t0 - untimed[0]
+
+    def evaluate(net, shard, nshards):
+        sums = torch.zeros(3, dtype=torch.float64)
+        with torch.no_grad():
+            for i in range(shard * 500, Xte.shape[0], 500 * nshards):
+                out = net(Xte[i:i + 500])
+                sums[0] += float((out.argmax(1) == Yte[i:i + 500]).sum())
+                sums[1] += float(F.cross_entropy(out, Yte[i:i + 500], reduction="sum"))
+                sums[2] += out.shape[0]
+        return sums
+
+    snapshots = []
     step = 0
     reached = None
     acc = 0.0
@@ -224,17 +243,16 @@ def worker(a):
             loss_sum += float(loss) * len(idx)
             seen += len(idx)
             step += 1
+            if rank == 0 and a.eval_every > 0 and step % a.eval_every == 0 and s + 1 < steps_per_epoch:
+                snapshots.append((epoch, step, clock(),
+                                  {k: v.detach().clone() for k, v in model.module.state_dict().items()}))
         model.eval()
-        sums = torch.zeros(3, dtype=torch.float64)
-        with torch.no_grad():
-            for i in range(rank * 500, Xte.shape[0], 500 * world):
-                out = model.module(Xte[i:i + 500])
-                sums[0] += float((out.argmax(1) == Yte[i:i + 500]).sum())
-                sums[1] += float(F.cross_entropy(out, Yte[i:i + 500], reduction="sum"))
-                sums[2] += out.shape[0]
+        elapsed = clock()
+        ev0 = time.time()
+        sums = evaluate(model.module, rank, world)
         dist.all_reduce(sums)
+        untimed[0] += time.time() - ev0
         acc = float(sums[0] / sums[2])
-        elapsed = time.time() - t0
         if a.target_accuracy > 0 and reached is None and acc >= a.target_accuracy:
             reached = elapsed
         # Per epoch, rank 0's own counters (as conduit train's epoch records); the summary sums over ranks.
@@ -251,7 +269,19 @@ def worker(a):
                   f"{tx[0] / 1e6:.1f} MB sent", flush=True)
         if a.max_steps > 0 and step >= a.max_steps:
             break
-    wall = time.time() - t0
+    wall = clock()
+    if rank == 0 and snapshots:
+        final_state = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+        for ep, st, at, state in snapshots:
+            model.module.load_state_dict(state)
+            sums = evaluate(model.module, 0, 1)
+            sacc = float(sums[0] / sums[2])
+            if a.target_accuracy > 0 and sacc >= a.target_accuracy and (reached is None or at < reached):
+                reached = at
+            metrics.write(json.dumps({"kind": "eval", "impl": "pytorch-ddp", "epoch": ep + 1, "global_step": st,
+                                      "test_accuracy": sacc, "test_loss": float(sums[1] / sums[2]),
+                                      "time_s": at}) + "\n")
+        model.module.load_state_dict(final_state)
     tx = torch.tensor([netdev_tx_bytes() - tx0, payload[0]], dtype=torch.float64)
     dist.all_reduce(tx)
     if rank == 0:

@@ -334,7 +334,8 @@ std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const s
                            std::to_string(s.peer_powersgd_rank), "--seed", std::to_string(c.seed), "--output", c.dir});
     static const std::set<std::string> kDdpKeys = {"model",      "data-dir",  "epochs",          "batch-size",
                                                    "lr",         "momentum",  "lr-schedule",     "train-limit",
-                                                   "test-limit", "max-steps", "target-accuracy", "timeout"};
+                                                   "test-limit", "max-steps", "target-accuracy", "timeout",
+                                                   "eval-every"};
     for (const auto& [k, v] : s.train) {
       if (kDdpKeys.count(k)) cmd.insert(cmd.end(), {"--" + k, v});
     }
