@@ -338,8 +338,8 @@ SyncSpec effective_sync(const TrainConfig& c) {
       if (!s.params.count("lr")) lr = 0.5 * c.lr * (1 - 0.5) / (1 - momentum);
       momentum = 0.5;
     }
-    s.params.try_emplace("lr", fmt::format("{}", lr));
-    s.params.try_emplace("momentum", fmt::format("{}", momentum));
+    s.params.try_emplace("lr", fmt::format("{:.6g}", lr));
+    s.params.try_emplace("momentum", fmt::format("{:.6g}", momentum));
     s.params.try_emplace("weight_decay", fmt::format("{}", c.weight_decay));
     s.params.try_emplace("colocate", "1");
     // Co-located: one shard per worker spreads the servers' work (and traffic) evenly, as BytePS does.
