@@ -26,6 +26,21 @@ void scale(std::span<float> x, float f) {
   for (auto& v : x) v *= f;
 }
 
+// Sums x over the communicator, sent as `wire` (f32, or f16/bf16 converted here and summed in f32 at each hop).
+void allreduce_wire(coll::Communicator& comm, DType wire, std::vector<float>& x, const coll::CollOptions& co) {
+  if (x.empty()) return;
+  if (wire == DType::f32) {
+    comm.allreduce(x.data(), x.size(), DType::f32, ReduceOp::sum, co).wait();
+    return;
+  }
+  std::vector<uint16_t> h(x.size());
+  if (wire == DType::f16) convert_f32_to_f16(x.data(), h.data(), x.size());
+  else convert_f32_to_bf16(x.data(), h.data(), x.size());
+  comm.allreduce(h.data(), h.size(), wire, ReduceOp::sum, co).wait();
+  if (wire == DType::f16) convert_f16_to_f32(h.data(), x.data(), x.size());
+  else convert_bf16_to_f32(h.data(), x.data(), x.size());
+}
+
 size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const std::vector<TensorState*>& states,
                           const std::vector<std::span<float>>& data, const ReduceOptions& o) {
   const int w = comm.size();
@@ -53,7 +68,7 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
       ro += data[t].size();
     }
   }
-  if (!buf1.empty()) comm.allreduce(buf1.data(), buf1.size(), DType::f32, ReduceOp::sum, co).wait();
+  allreduce_wire(comm, ps.wire(), buf1, co);
   // Round 2: every Q.
   std::vector<float> buf2(q_total);
   po = 0;
@@ -65,7 +80,7 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
     po += plans[t].p_len();
     qo += plans[t].q_len();
   }
-  if (!buf2.empty()) comm.allreduce(buf2.data(), buf2.size(), DType::f32, ReduceOp::sum, co).wait();
+  allreduce_wire(comm, ps.wire(), buf2, co);
   po = 0;
   qo = 0;
   ro = p_total;
@@ -82,7 +97,7 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
       ps.skip(*states[t]);
     }
   }
-  return 4 * (buf1.size() + buf2.size());
+  return ps.wire_size() * (buf1.size() + buf2.size());
 }
 
 }  // namespace

@@ -319,7 +319,8 @@ const std::vector<Entry>& registry() {
         {"start_iter", "0"},
         {"min_ratio", "2"},
         {"error_feedback", "1"},
-        {"warm_start", "1"}},
+        {"warm_start", "1"},
+        {"wire", "f32"}},
        methods::make_powersgd},
   };
   return kEntries;

@@ -50,8 +50,36 @@ PowerSgd::Plan PowerSgd::plan(size_t numel, const TensorState& st) const {
 
 size_t PowerSgd::wire_bytes(size_t numel, const TensorState& st) const {
   Plan p = plan(numel, st);
-  return p.compressed ? 4 * (p.p_len() + p.q_len()) : 4 * numel;
+  return wire_size() * (p.compressed ? p.p_len() + p.q_len() : numel);
 }
+
+void PowerSgd::round_to_wire(std::span<float> x) const {
+  if (wire_ == DType::f32 || x.empty()) return;
+  std::vector<uint16_t> h(x.size());
+  if (wire_ == DType::f16) {
+    convert_f32_to_f16(x.data(), h.data(), x.size());
+    convert_f16_to_f32(h.data(), x.data(), x.size());
+  } else {
+    convert_f32_to_bf16(x.data(), h.data(), x.size());
+    convert_bf16_to_f32(h.data(), x.data(), x.size());
+  }
+}
+
+namespace {
+// Writes x as the wire type into out (x.size() * size bytes).
+void encode_wire(DType wire, std::span<const float> x, uint8_t* out) {
+  if (x.empty()) return;
+  if (wire == DType::f32) std::memcpy(out, x.data(), 4 * x.size());
+  else if (wire == DType::f16) convert_f32_to_f16(x.data(), reinterpret_cast<uint16_t*>(out), x.size());
+  else convert_f32_to_bf16(x.data(), reinterpret_cast<uint16_t*>(out), x.size());
+}
+void decode_wire(DType wire, const uint8_t* in, std::span<float> x) {
+  if (x.empty()) return;
+  if (wire == DType::f32) std::memcpy(x.data(), in, 4 * x.size());
+  else if (wire == DType::f16) convert_f16_to_f32(reinterpret_cast<const uint16_t*>(in), x.data(), x.size());
+  else convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(in), x.data(), x.size());
+}
+}  // namespace
 
 void PowerSgd::orthonormalise(float* rows, size_t r, size_t n) {
   // O(n r^2), small next to the products; dot products in double. (Hand-written: OpenBLAS 0.3.21's snrm2 returned
@@ -143,26 +171,35 @@ void PowerSgd::finish(std::span<const float> in, TensorState& st, std::span<cons
 
 void PowerSgd::compress(std::span<const float> in, TensorState& st, Bytes& out) const {
   Plan pl = plan(in.size(), st);
+  const size_t w = wire_size();
   if (!pl.compressed) {
-    out.resize(4 * in.size());
-    if (!in.empty()) std::memcpy(out.data(), in.data(), 4 * in.size());
+    out.resize(w * in.size());
+    encode_wire(wire_, in, out.data());
     skip(st);
     return;
   }
-  out.resize(4 * (pl.p_len() + pl.q_len()));
-  std::span<float> p(reinterpret_cast<float*>(out.data()), pl.p_len());
-  std::span<float> q(reinterpret_cast<float*>(out.data()) + pl.p_len(), pl.q_len());
+  // The single-worker form of the allreduce path: P and Q rounded to the wire type as a receiver sees them, and the
+  // approximation (hence the residual) made from exactly what the payload carries.
+  thread_local std::vector<float> p, q, approx;  // reused: fresh buffers per call would cost page faults
+  p.resize(pl.p_len());
+  q.resize(pl.q_len());
   phase_p(in, st, p);
+  round_to_wire(p);
   phase_q(in, st, p, q);
-  thread_local std::vector<float> approx;  // reused: a fresh n x m buffer per call would cost page faults
+  round_to_wire(p);
+  round_to_wire(q);
+  out.resize(w * (pl.p_len() + pl.q_len()));
+  encode_wire(wire_, p, out.data());
+  encode_wire(wire_, q, out.data() + w * pl.p_len());
   approx.resize(in.size());
   finish(in, st, p, q, 1, true, approx);
 }
 
 void PowerSgd::decompress(std::span<const uint8_t> payload, const TensorState& st, std::span<float> out) const {
   size_t d = out.size();
-  if (payload.size() == 4 * d) {
-    if (d) std::memcpy(out.data(), payload.data(), 4 * d);
+  const size_t w = wire_size();
+  if (payload.size() == w * d) {
+    decode_wire(wire_, payload.data(), out);
     return;
   }
   if (st.shape.size() < 2 || st.shape[0] == 0 || d % st.shape[0])
@@ -170,8 +207,11 @@ void PowerSgd::decompress(std::span<const uint8_t> payload, const TensorState& s
                                       payload.size(), d));
   size_t n = st.shape[0], m = d / n;
   size_t r = std::min<size_t>({static_cast<size_t>(r_), n, m});
-  detail::check_payload("powersgd", payload.size(), 4 * r * (n + m));
-  const float* p = reinterpret_cast<const float*>(payload.data());
+  detail::check_payload("powersgd", payload.size(), w * r * (n + m));
+  thread_local std::vector<float> pq;
+  pq.resize(r * (n + m));
+  decode_wire(wire_, payload.data(), pq);
+  const float* p = pq.data();
   const float* q = p + n * r;
   sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(m), static_cast<int>(r),
               1.0f, p, static_cast<int>(n), q, static_cast<int>(m), 0.0f, out.data(), static_cast<int>(m));
@@ -179,10 +219,14 @@ void PowerSgd::decompress(std::span<const uint8_t> payload, const TensorState& s
 
 namespace methods {
 CompressorPtr make_powersgd(const ParamReader& p) {
+  const std::string& w = p.text("wire");
+  DType wire = w == "f32" ? DType::f32 : w == "f16" ? DType::f16 : w == "bf16" ? DType::bf16 : DType::i8;
+  if (wire == DType::i8)
+    throw ConfigError(fmt::format("compressor powersgd: parameter wire='{}' must be one of f32, f16, bf16", w));
   return std::make_unique<PowerSgd>(static_cast<int>(p.integer("rank", 1, 1 << 20)),
                                     static_cast<uint64_t>(p.integer("start_iter", 0, int64_t(1) << 40)),
                                     p.real("min_ratio", 0, 1e12), p.boolean("error_feedback"),
-                                    p.boolean("warm_start"));
+                                    p.boolean("warm_start"), wire);
 }
 }  // namespace methods
 

@@ -7,7 +7,11 @@
 // Tensors that are 1-D, whose ratio n*m / (r*(n+m)) is below min_ratio, or seen before start_iter go uncompressed
 // (allreduced as f32; no error feedback yet before start_iter, as in the reference implementation).
 //
-// Wire: 4*r*(n+m) bytes per compressed matrix (P then Q), 4*d otherwise.
+// Wire: w*r*(n+m) bytes per compressed matrix (P then Q), w*d otherwise, where w is the wire element size: 4 for
+// `wire=f32` (the default), 2 for `wire=f16` / `wire=bf16` (P, Q and the uncompressed tensors travel as 16-bit floats,
+// summed in f32 at each hop by the runtime's allreduce, as PyTorch's powerSGD hook over an fp16 bucket does). The
+// approximation and the residual are computed from the rounded P and Q everyone received, so error feedback also
+// absorbs the rounding.
 // State: "psgd.q" (m x r, kept between steps when warm_start), "psgd.residual" (n x m when error_feedback).
 // Layout: P and Q are stored transposed (r x n and r x m, each column of P contiguous).
 //
@@ -16,13 +20,15 @@
 // (compressed_allreduce_many) packs the P's (and raw tensors) of many tensors into one allreduce and the Q's into
 // a second one.
 #include "compress/compressor.h"
+#include "core/dtype.h"
 
 namespace conduit::compress {
 
 class PowerSgd : public Compressor {
  public:
-  PowerSgd(int rank, uint64_t start_iter, double min_ratio, bool error_feedback, bool warm_start)
-      : r_(rank), start_iter_(start_iter), min_ratio_(min_ratio), ef_(error_feedback), warm_(warm_start) {}
+  PowerSgd(int rank, uint64_t start_iter, double min_ratio, bool error_feedback, bool warm_start,
+           DType wire = DType::f32)
+      : r_(rank), start_iter_(start_iter), min_ratio_(min_ratio), ef_(error_feedback), warm_(warm_start), wire_(wire) {}
   std::string name() const override { return "powersgd"; }
   Collective collective() const override { return Collective::powersgd; }
   bool stateful() const override { return true; }
@@ -45,6 +51,11 @@ class PowerSgd : public Compressor {
   // Q / world for the next warm start and advances the step. out may alias in.
   void finish(std::span<const float> in, TensorState& st, std::span<const float> p, std::span<const float> q_sum,
               int world, bool average, std::span<float> out) const;
+  // The element type P, Q and uncompressed tensors travel as (f32, f16 or bf16) and its size in bytes.
+  DType wire() const { return wire_; }
+  size_t wire_size() const { return wire_ == DType::f32 ? 4 : 2; }
+  // Rounds x in place to the wire type (what a receiver gets back after converting to f32); no-op for f32.
+  void round_to_wire(std::span<float> x) const;
   // For uncompressed plans: advance the state (out = the allreduced tensor, handled by the caller).
   void skip(TensorState& st) const { ++st.step; }
 
@@ -59,6 +70,7 @@ class PowerSgd : public Compressor {
   uint64_t start_iter_;
   double min_ratio_;
   bool ef_, warm_;
+  DType wire_;
 };
 
 }  // namespace conduit::compress

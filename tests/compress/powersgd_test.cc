@@ -7,6 +7,7 @@
 
 #include "compress/collectives.h"
 #include "compress/powersgd.h"
+#include "core/error.h"
 #include "ranks.h"
 
 using namespace conduit;
@@ -153,4 +154,64 @@ TEST(PowerSgd, RankBelowRIsStillRecovered) {
   // Its Q column was redrawn for this step (not stuck at zero).
   c->decompress(p, st, y);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(y[i], x[i], 1e-3) << i;
+}
+
+// wire=f16 / bf16: half the bytes (P, Q and uncompressed tensors), the same result as wire=f32 up to the 16-bit
+// rounding, and error feedback that absorbs the rounding (what was reconstructed plus the residual is the input).
+TEST(PowerSgd, SixteenBitWireHalvesTheBytesAndFeedsBackTheRounding) {
+  const size_t n = 48, m = 64, r = 4;
+  for (std::string wire : {"f16", "bf16"}) {
+    auto c32 = make_compressor("powersgd", {{"rank", "4"}});
+    auto c16 = make_compressor("powersgd", {{"rank", "4"}, {"wire", wire}});
+    auto s32 = c32->make_state({n, m}, 3, 0), s16 = c16->make_state({n, m}, 3, 0);
+    auto x = gaussian(n * m, 5);
+    EXPECT_EQ(c16->wire_bytes(n * m, s16), 2 * r * (n + m));
+    EXPECT_EQ(c32->wire_bytes(n * m, s32), 4 * r * (n + m));
+    Bytes p16 = c16->compress(x, s16), p32 = c32->compress(x, s32);
+    ASSERT_EQ(p16.size(), 2 * r * (n + m));
+    std::vector<float> y16(n * m), y32(n * m);
+    c16->decompress(p16, s16, y16);
+    c32->decompress(p32, s32, y32);
+    double tol = wire == "f16" ? 5e-3 : 4e-2, scale = 0;
+    for (float v : y32) scale = std::max(scale, double(std::fabs(v)));
+    double diff = 0;
+    for (size_t i = 0; i < y16.size(); ++i) {
+      ASSERT_NEAR(y16[i], y32[i], tol * scale) << wire << " " << i;
+      diff = std::max(diff, double(std::fabs(y16[i] - y32[i])));
+    }
+    EXPECT_GT(diff, 0.0) << wire << ": the 16-bit wire rounds something";
+    // Error feedback: reconstruction + residual == input (to f32 rounding), although the payload was rounded.
+    const auto& e = s16.buffers.at("psgd.residual");
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(y16[i] + e[i], x[i], 1e-5) << wire << " " << i;
+    // A 1-D tensor goes uncompressed, as 16-bit values.
+    auto b = c16->make_state({10}, 3, 0);
+    std::vector<float> v = {1.0f, -2.5f, 3.25f, 1e-3f, 0, 7, 8, 9, 10, 11.5f}, w(10);
+    Bytes pb = c16->compress(v, b);
+    ASSERT_EQ(pb.size(), 20u);
+    c16->decompress(pb, b, w);
+    for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(w[i], v[i], 1e-2 * std::fabs(v[i]) + 1e-6) << wire;
+  }
+  // Across workers the collective sends half the bytes and stays close to the f32-wire result.
+  for (int w : {2, 4}) {
+    std::vector<std::vector<float>> out32(w), out16(w);
+    std::vector<size_t> bytes32(w), bytes16(w);
+    for (std::string wire : {"f32", "f16"}) {
+      auto c = make_compressor("powersgd", {{"rank", "4"}, {"wire", wire}});
+      conduit::compress::testing::on_ranks(w, [&](coll::Communicator& comm) {
+        auto st = c->make_state({n, m}, 9, comm.rank());
+        auto x = gaussian(n * m, 70 + comm.rank());
+        size_t sent = compressed_allreduce(comm, *c, st, x);
+        (wire == "f32" ? out32 : out16)[comm.rank()] = x;
+        (wire == "f32" ? bytes32 : bytes16)[comm.rank()] = sent;
+      });
+    }
+    for (int k = 0; k < w; ++k) {
+      EXPECT_EQ(bytes16[k] * 2, bytes32[k]) << "w=" << w;
+      EXPECT_EQ(out16[k], out16[0]) << "every rank ends with the same result";
+      double scale = 0;
+      for (float v : out32[k]) scale = std::max(scale, double(std::fabs(v)));
+      for (size_t i = 0; i < n * m; ++i) ASSERT_NEAR(out16[k][i], out32[k][i], 1e-2 * scale) << "w=" << w;
+    }
+  }
+  EXPECT_THROW(make_compressor("powersgd", {{"wire", "f8"}}), ConfigError);
 }
