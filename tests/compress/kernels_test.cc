@@ -1,7 +1,8 @@
 // The element-wise kernels (src/compress/kernels.inc) against plain scalar references written from the methods'
 // definitions, bit for bit, for the baseline build and (on CPUs with AVX2) the AVX2 build: the vector bodies, the
 // 32-element packing and the scalar tails must agree, and the counter-based random stream (detail::hash32) must be
-// the one every rank uses. Sizes cover empty, tails of every length and offsets that are not multiples of 32.
+// the one every rank uses. Sizes cover empty, tails of every length and offsets that are not multiples of 32; the
+// random stream's bases cover the aligned fast path (a multiple of 16) and the lane-by-lane one.
 #include "compress/kernels.h"
 
 #include <gtest/gtest.h>
@@ -42,101 +43,143 @@ float from_bits(uint32_t b) {
   return f;
 }
 
-const size_t kN[] = {0, 1, 7, 8, 31, 32, 33, 63, 100, 1000, 4099, 9000};
-constexpr uint32_t kLo = 0x12345678u, kHi = 0x9abcdef0u, kBase = 77;
+const size_t kN[] = {0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 100, 1000, 4099, 9000};
+const uint32_t kBases[] = {64, 77};
+constexpr uint32_t kLo = 0x12345678u, kHi = 0x9abcdef0u;
+
+// The quantizers' random stream, from its definition: element e takes the low (e & 8 == 0) or high 16 bits of
+// hash32(counter), counter = (e / 16) * 8 + e % 8.
+uint32_t draw16(uint32_t e) {
+  uint32_t h = detail::hash32(kLo, kHi, (e / 16) * 8 + e % 8);
+  return (e & 8) ? h >> 16 : h & 0xffff;
+}
+// round(v) to nearest even as int32, INT32_MIN for NaN and out of range.
+int32_t round_i32(float v) {
+  double r = std::nearbyint(static_cast<double>(v));
+  return r >= -2147483648.0 && r < 2147483648.0 ? static_cast<int32_t>(r) : INT32_MIN;
+}
 
 }  // namespace
 
 TEST(Kernels, QsgdPackEqualsScalarCodesForEveryWidth) {
   for (auto* k : tables())
-    for (size_t n : kN) {
-      auto x = data(n, n + 1);
-      for (int bits : {2, 4, 8}) {
-        uint32_t smax = (1u << (bits - 1)) - 1;
-        float scale = static_cast<float>(smax) / 1.5f;
-        std::vector<uint16_t> want(n);
-        for (size_t i = 0; i < n; ++i) {
-          float r = std::fabs(x[i]) * scale;
-          int32_t l = static_cast<int32_t>(r);
-          float u = detail::u01(detail::hash32(kLo, kHi, kBase + static_cast<uint32_t>(i)));
-          uint32_t level = std::min<uint32_t>(static_cast<uint32_t>(l) + (u < r - static_cast<float>(l)), smax);
-          want[i] = static_cast<uint16_t>(level << 1 | bits_of(x[i]) >> 31);
-        }
-        std::vector<uint16_t> codes(n);
-        k->qsgd_codes(x.data(), n, scale, smax, kBase, kLo, kHi, codes.data());
-        EXPECT_EQ(codes, want) << k->name << " n=" << n;
-        std::vector<uint8_t> packed((n * bits + 7) / 8 + 1, 0xee), want_packed(packed.size(), 0xee);
-        detail::pack_codes(want.data(), n, bits, want_packed.data());
-        k->qsgd_pack(x.data(), n, scale, smax, bits, kBase, kLo, kHi, packed.data());
-        EXPECT_EQ(packed, want_packed) << k->name << " n=" << n << " bits=" << bits;
-        for (bool add : {false, true}) {
-          std::vector<float> y(n, 0.25f), ref(n, 0.25f);
-          k->qsgd_unpack(packed.data(), n, bits, 0.375f, y.data(), add);
-          for (size_t i = 0; i < n; ++i) {
-            float v = 0.375f * static_cast<float>(want[i] >> 1);
-            v = (want[i] & 1) ? -v : v;
-            ref[i] = add ? ref[i] + v : v;
+    for (uint32_t kBase : kBases)
+      for (size_t n : kN)
+        for (float tiny : {1.0f, 1e-36f}) {  // 1e-36: scale * 2^16 overflows (the kernels' other path)
+          auto x = data(n, n + 1);
+          for (auto& v : x) v *= tiny;
+          for (int bits : {2, 4, 8}) {
+            uint32_t smax = (1u << (bits - 1)) - 1;
+            float scale = static_cast<float>(smax) / (1.5f * tiny);
+            std::vector<uint16_t> want(n);
+            for (size_t i = 0; i < n; ++i) {
+              // level = floor((R + u) / 2^16), R = round(|x| scale 2^16), at most smax.
+              float r = std::fabs(x[i]) * scale;
+              uint32_t R = static_cast<uint32_t>(round_i32(r * 65536.0f));
+              uint32_t level = std::min<uint32_t>((R + draw16(kBase + static_cast<uint32_t>(i))) >> 16, smax);
+              want[i] = static_cast<uint16_t>(level << 1 | bits_of(x[i]) >> 31);
+            }
+            std::vector<uint16_t> codes(n);
+            k->qsgd_codes(x.data(), n, scale, smax, kBase, kLo, kHi, codes.data());
+            EXPECT_EQ(codes, want) << k->name << " n=" << n << " base=" << kBase;
+            std::vector<uint8_t> packed((n * bits + 7) / 8 + 1, 0xee), want_packed(packed.size(), 0xee);
+            detail::pack_codes(want.data(), n, bits, want_packed.data());
+            k->qsgd_pack(x.data(), n, scale, smax, bits, kBase, kLo, kHi, packed.data());
+            EXPECT_EQ(packed, want_packed) << k->name << " n=" << n << " bits=" << bits << " base=" << kBase;
+            for (bool add : {false, true}) {
+              std::vector<float> y(n, 0.25f), ref(n, 0.25f);
+              k->qsgd_unpack(packed.data(), n, bits, 0.375f, y.data(), add);
+              for (size_t i = 0; i < n; ++i) {
+                float v = 0.375f * static_cast<float>(want[i] >> 1);
+                v = (want[i] & 1) ? -v : v;
+                ref[i] = add ? ref[i] + v : v;
+              }
+              EXPECT_EQ(y, ref) << k->name << " n=" << n << " bits=" << bits << " add=" << add;
+            }
           }
-          EXPECT_EQ(y, ref) << k->name << " n=" << n << " bits=" << bits << " add=" << add;
         }
-      }
-    }
+}
+
+// NaN and infinities: QSGD gives level smax for them (R = INT32_MIN), TernGrad never keeps a NaN.
+TEST(Kernels, NonFiniteInputs) {
+  const size_t n = 40;
+  std::vector<float> x(n, 0.5f);
+  x[3] = NAN, x[20] = -NAN, x[21] = INFINITY;
+  for (auto* k : tables()) {
+    std::vector<uint16_t> codes(n);
+    k->qsgd_codes(x.data(), n, 2.0f, 7, 0, kLo, kHi, codes.data());
+    EXPECT_EQ(codes[3] >> 1, 7u);
+    EXPECT_EQ(codes[20], 7u << 1 | 1u);
+    EXPECT_EQ(codes[21] >> 1, 7u);
+    std::vector<uint8_t> t(n / 4);
+    k->tern_codes(x.data(), n, -INFINITY, INFINITY, 0.5f, 0, kLo, kHi, t.data());
+    EXPECT_EQ((t[3 / 4] >> (2 * (3 % 4))) & 3, 0);
+    EXPECT_EQ((t[20 / 4] >> (2 * (20 % 4))) & 3, 0);
+  }
 }
 
 TEST(Kernels, TernGradCodesAndDecodeEqualScalar) {
   for (auto* k : tables())
-    for (size_t n : kN)
-      for (float c : {INFINITY, 1.0f}) {
-        auto x = data(n, n + 2);
-        float s = 2.5f, inv = 1 / s;
-        std::vector<uint8_t> want((n + 3) / 4 + 1, 0xee), got(want.size(), 0xee);
-        std::fill(want.begin(), want.begin() + static_cast<long>((n + 3) / 4), 0);
-        for (size_t i = 0; i < n; ++i) {
-          float v = std::min(std::max(x[i], -c), c);
-          float u = detail::u01(detail::hash32(kLo, kHi, kBase + static_cast<uint32_t>(i)));
-          uint32_t code = u < std::fabs(v) * inv ? (v < 0 ? 2u : 1u) : 0u;
-          want[i / 4] |= static_cast<uint8_t>(code << (2 * (i % 4)));
-        }
-        k->tern_codes(x.data(), n, -c, c, inv, kBase, kLo, kHi, got.data());
-        EXPECT_EQ(got, want) << k->name << " n=" << n;
-        for (bool add : {false, true}) {
-          std::vector<float> y(n, 0.5f), ref(n, 0.5f);
-          k->tern_decode(got.data(), n, s, y.data(), add);
-          for (size_t i = 0; i < n; ++i) {
-            uint32_t code = (got[i / 4] >> (2 * (i % 4))) & 3;
-            float v = code == 1 ? s : code == 2 ? -s : 0.0f;
-            ref[i] = add ? ref[i] + v : v;
+    for (uint32_t kBase : kBases)
+      for (size_t n : kN)
+        for (float c : {INFINITY, 1.0f})
+          for (float s : {2.5f, 2.5e-36f}) {  // 2.5e-36: inv * 2^16 overflows (the kernels' other path)
+            auto x = data(n, n + 2);
+            for (auto& v : x) v *= s / 2.5f;
+            float cc = c * s / 2.5f, inv = 1 / s;
+            std::vector<uint8_t> want((n + 3) / 4 + 1, 0xee), got(want.size(), 0xee);
+            std::fill(want.begin(), want.begin() + static_cast<long>((n + 3) / 4), 0);
+            for (size_t i = 0; i < n; ++i) {
+              // Kept if u < R, R = round(|v| inv 2^16).
+              float v = std::min(std::max(x[i], -cc), cc);
+              int32_t R = round_i32(std::fabs(v) * inv * 65536.0f);
+              uint32_t code =
+                  static_cast<int32_t>(draw16(kBase + static_cast<uint32_t>(i))) < R ? (v < 0 ? 2u : 1u) : 0u;
+              want[i / 4] |= static_cast<uint8_t>(code << (2 * (i % 4)));
+            }
+            k->tern_codes(x.data(), n, -cc, cc, inv, kBase, kLo, kHi, got.data());
+            EXPECT_EQ(got, want) << k->name << " n=" << n << " base=" << kBase << " s=" << s;
+            for (bool add : {false, true}) {
+              std::vector<float> y(n, 0.5f), ref(n, 0.5f);
+              k->tern_decode(got.data(), n, s, y.data(), add);
+              for (size_t i = 0; i < n; ++i) {
+                uint32_t code = (got[i / 4] >> (2 * (i % 4))) & 3;
+                float v = code == 1 ? s : code == 2 ? -s : 0.0f;
+                ref[i] = add ? ref[i] + v : v;
+              }
+              EXPECT_EQ(y, ref) << k->name << " n=" << n;
+            }
           }
-          EXPECT_EQ(y, ref) << k->name << " n=" << n;
-        }
-      }
 }
 
 TEST(Kernels, NaturalEncodeDecodeEqualScalar) {
   for (auto* k : tables())
-    for (size_t n : kN) {
-      auto x = data(n, n + 3);
-      if (n > 5) x[3] = INFINITY, x[4] = 3e38f, x[5] = 1e-40f;  // saturating and subnormal exponents
-      std::vector<uint8_t> signs((n + 7) / 8, 0xee), exps(n, 0xee), want_signs((n + 7) / 8, 0), want_exps(n);
-      for (size_t i = 0; i < n; ++i) {
-        uint32_t b = bits_of(x[i]), e = (b >> 23) & 0xff;
-        uint32_t u = detail::hash32(kLo, kHi, kBase + static_cast<uint32_t>(i)) >> 9;
-        want_exps[i] = static_cast<uint8_t>(e + (e < 254 && u < (b & 0x7fffff)));
-        want_signs[i / 8] |= static_cast<uint8_t>((b >> 31) << (i % 8));
-      }
-      k->natural_encode(x.data(), n, kBase, kLo, kHi, signs.data(), exps.data());
-      EXPECT_EQ(signs, want_signs) << k->name << " n=" << n;
-      EXPECT_EQ(exps, want_exps) << k->name << " n=" << n;
-      for (bool add : {false, true}) {
-        std::vector<float> y(n, 1.0f), ref(n, 1.0f);
-        k->natural_decode(signs.data(), exps.data(), n, y.data(), add);
+    for (uint32_t kBase : kBases)
+      for (size_t n : kN) {
+        auto x = data(n, n + 3);
+        if (n > 5) x[3] = INFINITY, x[4] = 3e38f, x[5] = 1e-40f;  // saturating and subnormal exponents
+        std::vector<uint8_t> signs((n + 7) / 8, 0xee), exps(n, 0xee), want_signs((n + 7) / 8, 0), want_exps(n);
         for (size_t i = 0; i < n; ++i) {
-          float v = from_bits(((signs[i / 8] >> (i % 8)) & 1u) << 31 | uint32_t(exps[i]) << 23);
-          ref[i] = add ? ref[i] + v : v;
+          // Rounded up if u < round(mantissa / 2^7) (half up).
+          uint32_t b = bits_of(x[i]), e = (b >> 23) & 0xff;
+          uint32_t u = draw16(kBase + static_cast<uint32_t>(i));
+          want_exps[i] = static_cast<uint8_t>(e + (e < 254 && u < (((b & 0x7fffff) + 64) >> 7)));
+          want_signs[i / 8] |= static_cast<uint8_t>((b >> 31) << (i % 8));
         }
-        for (size_t i = 0; i < n; ++i) EXPECT_EQ(bits_of(y[i]), bits_of(ref[i])) << k->name << " n=" << n << " i=" << i;
+        k->natural_encode(x.data(), n, kBase, kLo, kHi, signs.data(), exps.data());
+        EXPECT_EQ(signs, want_signs) << k->name << " n=" << n;
+        EXPECT_EQ(exps, want_exps) << k->name << " n=" << n;
+        for (bool add : {false, true}) {
+          std::vector<float> y(n, 1.0f), ref(n, 1.0f);
+          k->natural_decode(signs.data(), exps.data(), n, y.data(), add);
+          for (size_t i = 0; i < n; ++i) {
+            float v = from_bits(((signs[i / 8] >> (i % 8)) & 1u) << 31 | uint32_t(exps[i]) << 23);
+            ref[i] = add ? ref[i] + v : v;
+          }
+          for (size_t i = 0; i < n; ++i)
+            EXPECT_EQ(bits_of(y[i]), bits_of(ref[i])) << k->name << " n=" << n << " i=" << i;
+        }
       }
-    }
 }
 
 TEST(Kernels, ByteQuantizersEqualScalar) {
