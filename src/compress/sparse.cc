@@ -18,6 +18,7 @@
 // exponentially 25%, 6.25%, 1.5625%, 0.4% (never below ratio) over four equal stages of warmup_steps.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -81,8 +82,32 @@ bool gather_above(std::span<const float> x, float t, size_t cap, std::vector<uin
 
 }  // namespace
 
+namespace {
+void topk_select_finite(std::span<const float> x, size_t k, double sample_fraction, uint64_t sample_seed,
+                        std::vector<uint32_t>& idx);
+}  // namespace
+
 void topk_select(std::span<const float> x, size_t k, double sample_fraction, uint64_t sample_seed,
                  std::vector<uint32_t>& idx) {
+  topk_select_finite(x, k, sample_fraction, sample_seed, idx);
+  if (idx.size() == std::min(k, x.size())) return;
+  // Only NaN makes the comparisons above select fewer than k (a diverged gradient). Every rank must still send
+  // exactly k entries (receivers size their buffers from k), so rank |x| with NaN as the largest value: the NaNs
+  // travel and the divergence shows on every rank instead of breaking the collective.
+  auto mag = [&](uint32_t i) {
+    float a = std::fabs(x[i]);
+    return std::isnan(a) ? std::numeric_limits<float>::infinity() : a;
+  };
+  idx.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) idx[i] = static_cast<uint32_t>(i);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return mag(a) > mag(b); });
+  idx.resize(std::min(k, x.size()));
+  std::sort(idx.begin(), idx.end());
+}
+
+namespace {
+void topk_select_finite(std::span<const float> x, size_t k, double sample_fraction, uint64_t sample_seed,
+                        std::vector<uint32_t>& idx) {
   const size_t d = x.size();
   if (k >= d) {
     idx.resize(d);
@@ -135,6 +160,7 @@ void topk_select(std::span<const float> x, size_t k, double sample_fraction, uin
     }
   }
 }
+}  // namespace
 
 }  // namespace detail
 

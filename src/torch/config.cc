@@ -87,7 +87,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"workers", "local workers to start when not under mpirun/torchrun (default 4)"},
       {"transport", "auto | tcp | shm | mpi (default auto)"},
       {"compressor", "gradient compressor spec name[:key=value,...], e.g. none, fp16, ef:topk:ratio=0.01 "
-                     "(default powersgd:rank=4)"},
+                     "(default powersgd:rank=4,wire=f16)"},
       {"optimizer", "sgd (with momentum) | adam (default sgd)"},
       {"lr", "learning rate for the global batch (> 0, default 0.1)"},
       {"momentum", "SGD momentum in [0, 1) (default 0.9)"},
@@ -101,6 +101,8 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"target_accuracy", "test accuracy in [0, 1] whose first reach is timed in summary.json (0: none)"},
       {"bucket_cap_mb", "gradient bucket cap in MiB (default 25)"},
       {"first_bucket_mb", "cap of the first bucket in MiB (default 1), so communication starts early"},
+      {"compress_min_bytes", "parameters whose gradient is smaller (bytes) skip the compressor and are allreduced "
+                             "uncompressed (default 0: none)"},
       {"overlap", "communicate buckets while backward runs (default true)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every", "steps between checkpoints; 0: at each epoch end (default 0)"},
@@ -232,6 +234,8 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     c.bucket_cap_mb = to_double("bucket_cap_mb", *v, 0, 1 << 20, true, "a size in MiB > 0");
   if (auto v = get("first_bucket_mb"))
     c.first_bucket_mb = to_double("first_bucket_mb", *v, 0, 1 << 20, true, "a size in MiB > 0");
+  if (auto v = get("compress_min_bytes"))
+    c.compress_min_bytes = to_int("compress_min_bytes", *v, 0, INT64_MAX);
   if (auto v = get("overlap")) c.overlap = to_bool("overlap", *v);
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);
   if (auto v = get("checkpoint_every"))
@@ -251,6 +255,18 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("eval_every")) c.eval_every = to_int("eval_every", *v, 0, INT64_MAX);
   // Schemes other than bsp average parameters, not gradients: the default gradient compressor does not apply.
   if (c.sync.substr(0, c.sync.find(':')) != "bsp" && !get("compressor")) c.compressor = "none";
+  // DGC (Lin et al. 2018) corrects momentum locally: the compressor accumulates the velocity (momentum factor
+  // masking included) and sends its largest entries, so the optimizer must not add momentum a second time. It takes
+  // the trainer's momentum unless the spec sets its own, and the optimizer then runs plain SGD.
+  if (c.compressor.substr(0, c.compressor.find(':')) == "dgc") {
+    if (c.optimizer != "sgd")
+      throw ConfigError(fmt::format("config: optimizer: {} with compressor dgc, which applies SGD momentum itself "
+                                    "(momentum correction); allowed: sgd",
+                                    c.optimizer));
+    if (!split_compressor_spec(c.compressor).second.count("momentum"))
+      c.compressor += fmt::format("{}momentum={}", c.compressor.find(':') == std::string::npos ? ":" : ",",
+                                  c.momentum);
+  }
   if (env_world > 0 && workers_given && c.workers != env_world) {
     throw ConfigError(fmt::format(
         "config: workers: {} does not match WORLD_SIZE={} of the launcher that started this process; allowed: {} "
@@ -282,6 +298,10 @@ std::string SyncSpec::to_string() const {
     sep = ',';
   }
   return s;
+}
+
+double optimizer_momentum(const TrainConfig& c) {
+  return c.compressor.substr(0, c.compressor.find(':')) == "dgc" ? 0.0 : c.momentum;
 }
 
 SyncSpec effective_sync(const TrainConfig& c) {
@@ -328,6 +348,15 @@ SyncSpec effective_sync(const TrainConfig& c) {
     set("staleness", std::to_string(c.staleness), "staleness");
   }
   const bool compressed = c.compressor != "none";
+  if (!s.bsp() && c.compress_min_bytes > 0)
+    throw ConfigError(fmt::format("config: compress_min_bytes: applies to bsp's gradient buckets, not to {}; "
+                                  "allowed with {}: 0",
+                                  s.name, s.name));
+  if (!s.bsp() && c.compressor.substr(0, c.compressor.find(':')) == "dgc")
+    throw ConfigError(fmt::format("config: compressor: dgc corrects the momentum of gradients averaged by bsp, but {} "
+                                  "sends {}; allowed with {}: a compressor without momentum (e.g. ef:topk)",
+                                  s.name, s.parameter_server() ? "gradients to servers that own the momentum" :
+                                  "parameters", s.name));
   if (s.parameter_server()) {
     // Stale gradients act as extra momentum: ps-asp with the trainer's 0.9 diverged on the Fashion-MNIST CNN with
     // one worker 3x slow (10% accuracy from step 50). So ps-asp takes momentum at most 0.5 and half the trainer's
@@ -423,6 +452,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "target_accuracy" << YAML::Value << fmt::format("{}", c.target_accuracy);
   e << YAML::Key << "bucket_cap_mb" << YAML::Value << fmt::format("{}", c.bucket_cap_mb);
   e << YAML::Key << "first_bucket_mb" << YAML::Value << fmt::format("{}", c.first_bucket_mb);
+  e << YAML::Key << "compress_min_bytes" << YAML::Value << c.compress_min_bytes;
   e << YAML::Key << "overlap" << YAML::Value << (c.overlap ? "true" : "false");
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;

@@ -18,7 +18,7 @@ struct TrainConfig {
   // A compressor spec, "name:key=value,..." (compress/compressor.h). Default: PowerSGD rank 4 with error feedback
   // (docs/training.md says why); "none" when built without src/compress.
 #ifdef CONDUIT_WITH_COMPRESS
-  std::string compressor = "powersgd:rank=4";
+  std::string compressor = "powersgd:rank=4,wire=f16";
 #else
   std::string compressor = "none";
 #endif
@@ -35,6 +35,7 @@ struct TrainConfig {
   double target_accuracy = 0.0;           // in (0, 1]; 0: not set
   double bucket_cap_mb = 25.0;
   double first_bucket_mb = 1.0;
+  int64_t compress_min_bytes = 0;         // gradients smaller than this skip the compressor (plain allreduce)
   bool overlap = true;                    // communicate full buckets while backward goes on
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)
   int checkpoint_every = 0;               // steps between checkpoints (0: at the end of every epoch only)
@@ -67,6 +68,9 @@ struct SyncSpec {
   std::string to_string() const;
 };
 SyncSpec effective_sync(const TrainConfig& c);
+// The momentum the local optimizer applies: 0 with compressor dgc, whose momentum correction replaces it (resolve_config
+// gives dgc the trainer's momentum unless its spec names one); c.momentum otherwise.
+double optimizer_momentum(const TrainConfig& c);
 
 // Raw key -> value strings (from YAML and flags) before checking.
 using RawConfig = std::map<std::string, std::string>;

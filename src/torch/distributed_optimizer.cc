@@ -178,34 +178,69 @@ struct DistributedOptimizer::Core {
 #ifdef CONDUIT_WITH_COMPRESS
       std::vector<compress::TensorState*> st;
       std::vector<std::span<float>> data;
+      std::vector<std::span<float>> dense;  // below compress_min_bytes: plain allreduce
+      size_t dense_n = 0;
       for (size_t k = 0; k < bk.params.size(); ++k) {
         int i = bk.params[k];
-        st.push_back(&states[size_t(i)]);
-        data.emplace_back(bk.flat.data() + bk.offsets[k], numel[size_t(i)]);
+        std::span<float> g(bk.flat.data() + bk.offsets[k], numel[size_t(i)]);
+        if (numel[size_t(i)] * sizeof(float) < opt.compress_min_bytes) {
+          dense.push_back(g);
+          dense_n += g.size();
+        } else {
+          st.push_back(&states[size_t(i)]);
+          data.push_back(g);
+        }
       }
-      compress::ReduceOptions ro;
-      ro.average = true;
-      ro.timeout_s = opt.timeout_s;
-      // PowerSGD's collective needs the PowerSgd object itself: its phases stay inside one "communicate" event.
-      if (opt.trace && opt.trace->enabled() && compressor->collective() != compress::Collective::powersgd) {
-        TracedCompressor traced(*compressor, opt.trace);
-        payload = compress::compressed_allreduce_many(*comm, traced, st, data, ro);
-      } else {
-        payload = compress::compressed_allreduce_many(*comm, *compressor, st, data, ro);
+      payload = 0;
+      if (dense_n > 0) {
+        std::vector<float> buf(dense_n);
+        size_t o = 0;
+        for (auto g : dense) std::copy(g.begin(), g.end(), buf.begin() + std::ptrdiff_t(o)), o += g.size();
+        coll::CollOptions co;
+        co.timeout_s = opt.timeout_s;
+        if (w > 1) comm->allreduce(buf.data(), dense_n, DType::f32, ReduceOp::sum, co).wait();
+        const float inv = 1.0f / float(w);
+        o = 0;
+        for (auto g : dense) {
+          for (size_t j = 0; j < g.size(); ++j) g[j] = buf[o + j] * inv;
+          o += g.size();
+        }
+        payload += dense_n * sizeof(float);
       }
+      uint64_t comp_payload = 0;
+      if (!data.empty()) {
+        compress::ReduceOptions ro;
+        ro.average = true;
+        ro.timeout_s = opt.timeout_s;
+        // PowerSGD's collective needs the PowerSgd object itself: its phases stay inside one "communicate" event.
+        if (opt.trace && opt.trace->enabled() && compressor->collective() != compress::Collective::powersgd) {
+          TracedCompressor traced(*compressor, opt.trace);
+          comp_payload = compress::compressed_allreduce_many(*comm, traced, st, data, ro);
+        } else {
+          comp_payload = compress::compressed_allreduce_many(*comm, *compressor, st, data, ro);
+        }
+      }
+      payload += comp_payload;
+      double comp_factor = factor_sent;
       switch (compressor->collective()) {
         case compress::Collective::allreduce:
         case compress::Collective::powersgd:
           break;
         case compress::Collective::allgather:
         case compress::Collective::majority_vote:
-          factor_sent = factor_recv = double(w - 1);  // every payload reaches every other rank
+          comp_factor = double(w - 1);  // every payload reaches every other rank
           break;
+      }
+      // Dense part at the allreduce factor, compressed part at its collective's; as one effective factor.
+      if (payload > 0) {
+        factor_sent = factor_recv =
+            (factor_sent * double(dense_n * sizeof(float)) + comp_factor * double(comp_payload)) / double(payload);
       }
       if (opt.trace)
         opt.trace->complete("communicate", 1, t0, now_s(),
                             {{"bucket", b}, {"bytes", payload}, {"compressor", compressor->name()},
-                             {"collective", compress::collective_name(compressor->collective())}});
+                             {"collective", compress::collective_name(compressor->collective())},
+                             {"uncompressed_bytes", dense_n * sizeof(float)}});
 #endif
     }
     const double t2 = now_s();

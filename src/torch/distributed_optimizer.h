@@ -33,6 +33,10 @@ struct DistOptions {
   size_t first_bucket_bytes = size_t(1) << 20;
   bool overlap = true;             // false: communicate every bucket only when step() is called
   std::string compressor = "none";  // compressor spec (compress/compressor.h); "none": plain f32 allreduce
+  // Parameters whose gradient has fewer bytes than this skip the compressor and go through a plain f32 allreduce
+  // (as BytePS's min-compress-bytes): sparsifying a 32-element bias keeps almost nothing, at a byte cost that is
+  // negligible next to the large layers. 0: every parameter goes through the compressor.
+  size_t compress_min_bytes = 0;
   uint64_t seed = 0;               // compressor seed (the same on every rank)
   bool rebuild_buckets = true;     // after the first step, re-bucket by the observed gradient-ready order
   double timeout_s = 0;            // collective deadline (0: the communicator's)

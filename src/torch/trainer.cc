@@ -69,7 +69,7 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, Ne
     return std::make_shared<torch::optim::Adam>(model.parameters(),
                                                 torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
   return std::make_shared<torch::optim::SGD>(
-      model.parameters(), torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+      model.parameters(), torch::optim::SGDOptions(c.lr).momentum(optimizer_momentum(c)).weight_decay(c.weight_decay));
 }
 
 void set_lr(torch::optim::Optimizer& opt, const std::string& kind, double lr) {
@@ -240,6 +240,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     DistOptions dopts;
     dopts.bucket_cap_bytes = size_t(c.bucket_cap_mb * 1024 * 1024);
     dopts.first_bucket_bytes = size_t(c.first_bucket_mb * 1024 * 1024);
+    dopts.compress_min_bytes = size_t(c.compress_min_bytes);
     dopts.overlap = c.overlap;
     dopts.compressor = c.compressor;
     dopts.seed = c.seed;
@@ -455,6 +456,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         sopt->step(uint64_t(global_step), lr);
       ++global_step;
       const double l = loss.item<float>();
+      if (!std::isfinite(l))
+        throw Error(fmt::format("train: the training loss is {} at step {} on rank {}: the run diverged; allowed: a "
+                                "smaller lr, a warm-up (warmup_epochs) or a less aggressive compressor",
+                                l, global_step, global_rank));
       const double corr = double(logits.argmax(1).eq(y).sum().item<int64_t>());
       loss_sum += l * double(x.size(0));
       correct += corr;

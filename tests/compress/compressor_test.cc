@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "compress/compressor.h"
@@ -270,6 +271,18 @@ TEST(TopK, SampledSelectionEqualsExactAndContracts) {
   detail::topk_select(spiky, 2000, 0.01, 5, idx);
   ASSERT_EQ(idx.size(), 2000u);
   for (auto i : idx) EXPECT_GT(spiky[i], 1000.0f);
+  // NaN (a diverged gradient) still gives exactly k indices, sampled or exact: every rank's payload keeps the size
+  // receivers expect.
+  for (double sample : {0.01, 0.0}) {
+    auto g = gaussian(1 << 18, 9);
+    for (size_t i = 0; i < g.size(); i += 1000) g[i] = std::numeric_limits<float>::quiet_NaN();
+    detail::topk_select(g, 2000, sample, 5, idx);
+    ASSERT_EQ(idx.size(), 2000u) << sample;
+    EXPECT_TRUE(std::is_sorted(idx.begin(), idx.end()));
+    auto tk = make_compressor("topk", {{"ratio", "0.01"}});
+    TensorState st;
+    EXPECT_EQ(tk->compress(g, st).size(), tk->wire_bytes(g.size(), st));
+  }
 }
 
 // Error feedback: sum_t D(C(g_t + e_t)) + e_T = sum_t g_t.

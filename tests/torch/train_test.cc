@@ -37,7 +37,25 @@ TEST(TrainConfig, DefaultsAreTheCnnOnFashionMnistWithFourWorkers) {
   EXPECT_EQ(c.workers, 4);
   EXPECT_FALSE(c.output.empty());
 #ifdef CONDUIT_WITH_COMPRESS
-  EXPECT_EQ(c.compressor, "powersgd:rank=4");
+  EXPECT_EQ(c.compressor, "powersgd:rank=4,wire=f16");
+#endif
+}
+
+// DGC's momentum correction replaces the optimizer's momentum: the compressor takes the trainer's momentum unless its
+// spec names one, the optimizer runs without, and schemes or optimizers it cannot serve are refused.
+TEST(TrainConfig, DgcTakesOverTheMomentum) {
+#ifdef CONDUIT_WITH_COMPRESS
+  TrainConfig c = resolve_config({{"compressor", "dgc:ratio=0.01"}, {"momentum", "0.8"}});
+  EXPECT_EQ(c.compressor, "dgc:ratio=0.01,momentum=0.8");
+  EXPECT_EQ(optimizer_momentum(c), 0.0);
+  EXPECT_EQ(resolve_config({{"compressor", "dgc"}}).compressor, "dgc:momentum=0.9");
+  EXPECT_EQ(resolve_config({{"compressor", "dgc:momentum=0.5"}}).compressor, "dgc:momentum=0.5");
+  EXPECT_EQ(optimizer_momentum(resolve_config({{"compressor", "ef:topk"}})), 0.9);
+  expect_one_line(config_error({{"compressor", "dgc"}, {"optimizer", "adam"}}), "optimizer");
+  expect_one_line(config_error({{"compressor", "dgc"}, {"sync", "ps-asp"}}), "compressor");
+  expect_one_line(config_error({{"compressor", "dgc"}, {"sync", "dpsgd"}}), "compressor");
+  expect_one_line(config_error({{"compress_min_bytes", "-1"}}), "compress_min_bytes");
+  expect_one_line(config_error({{"compress_min_bytes", "4096"}, {"sync", "local"}}), "compress_min_bytes");
 #endif
 }
 
@@ -359,7 +377,9 @@ TEST(Train, WritesMetricsSummaryAndTrace) {
 
 #ifdef CONDUIT_WITH_COMPRESS
 TEST(Train, CompressorsPlugIn) {
-  for (std::string comp : {"fp16", "ef:topk:ratio=0.05", "powersgd:rank=2", "ef:signsgd", "qsgd"}) {
+  for (std::string comp :
+       {"fp16", "ef:topk:ratio=0.05", "powersgd:rank=2", "powersgd:rank=2,wire=f16", "ef:signsgd", "qsgd",
+        "dgc:ratio=0.05"}) {
     TrainConfig c = tiny("mlp");
     c.compressor = comp;
     c.max_steps = 20;
@@ -368,6 +388,32 @@ TEST(Train, CompressorsPlugIn) {
     EXPECT_LT(r[0].payload_bytes, r[0].grad_bytes) << comp;
     EXPECT_GT(r[0].test_accuracy, 0.3) << comp;
   }
+}
+
+// compress_min_bytes: gradients below the size skip the compressor. Above every layer's size the run equals
+// uncompressed training (2 ranks: a + b is exact, so bit for bit); in between, the small layers' bytes are the f32
+// bytes and the large layers' the compressor's.
+TEST(Train, SmallGradientsSkipTheCompressor) {
+  TrainConfig c = tiny("mlp");
+  c.max_steps = 12;
+  c.compressor = "none";
+  auto plain = train_inproc(c, 2);
+  c.compressor = "ef:topk:ratio=0.01";
+  auto topk = train_inproc(c, 2);
+  c.compress_min_bytes = int64_t(1) << 30;
+  auto all_dense = train_inproc(c, 2);
+  EXPECT_EQ(all_dense[0].params, plain[0].params);
+  EXPECT_EQ(all_dense[0].payload_bytes, plain[0].payload_bytes);
+  EXPECT_NE(topk[0].params, plain[0].params);
+  // The MLP's layers: 784x256, 256x128, 128x10 and their biases; below 200 KB: all but the first weight.
+  c.compress_min_bytes = 200000;
+  auto mixed = train_inproc(c, 2);
+  EXPECT_EQ(mixed[0].params, mixed[1].params);
+  const uint64_t small = 4 * (256 + 256 * 128 + 128 + 128 * 10 + 10);
+  const uint64_t k_first = (784 * 256 + 99) / 100;  // top-k of the first weight: u32 index + f32 value each
+  EXPECT_EQ(mixed[0].payload_bytes, uint64_t(c.max_steps) * (small + 8 * k_first));
+  EXPECT_GT(mixed[0].payload_bytes, topk[0].payload_bytes);
+  EXPECT_LT(mixed[0].payload_bytes, plain[0].payload_bytes);
 }
 #endif
 
