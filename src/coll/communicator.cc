@@ -125,6 +125,14 @@ Communicator::Communicator(net::TransportPtr transport, std::vector<int> members
   timeout_s_ = cfg.timeout_s > 0 ? cfg.timeout_s : default_timeout_seconds();
   debug_ = cfg.debug_collectives || env_flag("CONDUIT_DEBUG_COLLECTIVES");
   tuner_ = tuner ? std::move(tuner) : Tuner::from_env();
+  // The transport's fast allreduce serves one communicator: the world one (id 0, every transport rank in order),
+  // which exists once per transport. CONDUIT_SHM_FAST_BYTES lowers its size limit (0 turns it off).
+  bool world = id_ == 0 && static_cast<int>(members_.size()) == transport_->size();
+  for (size_t i = 0; world && i < members_.size(); ++i) world = members_[i] == static_cast<int>(i);
+  fast_allreduce_bytes_ = world ? transport_->fast_allreduce_max_bytes() : 0;
+  if (auto v = env_int("CONDUIT_SHM_FAST_BYTES", 0, int64_t(1) << 40))
+    fast_allreduce_bytes_ = std::min<size_t>(fast_allreduce_bytes_, static_cast<size_t>(*v));
+  fast_allreduce_ok_ = fast_allreduce_bytes_ > 0;
 }
 
 Communicator::~Communicator() {
@@ -300,7 +308,7 @@ template <typename E>
 
 std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signature& sig, const Deadline& d,
                                  Body& body) {
-  {
+  if (failed_flag_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lk(fail_mu_);
     if (!failed_.empty())
       throw PeerError(fmt::format("{} #{} on {}: the communicator was aborted earlier: {}", op_name, seq, describe(),
@@ -328,6 +336,7 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
     {
       std::lock_guard<std::mutex> lk(fail_mu_);
       if (failed_.empty()) failed_ = msg;
+      failed_flag_.store(true, std::memory_order_release);
     }
     if (dynamic_cast<const InvalidArgument*>(&e) == nullptr) {
       transport_->abort(msg);  // so that the other ranks fail now rather than at their deadline
@@ -496,6 +505,15 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allreduce, forced);
   return submit("allreduce", sig, o, [=, this](Ctx& c) {
+    // Small vectors of a communicator spanning every rank of a shared-memory transport skip messages altogether
+    // (unless an algorithm is forced, by the call or by a rule): each rank publishes its vector in its segment and
+    // reduces everyone's.
+    if (forced.empty() && fast_allreduce_ok_ && count > 0 && count * dtype_size(dt) <= fast_allreduce_bytes_ &&
+        !tuner_->forced_at(CollOp::allreduce, count * dtype_size(dt))) {
+      transport_->fast_allreduce(buf, count, dt, op, c.deadline());
+      if (op == ReduceOp::avg) finalize_avg(buf, count, dt, size());
+      return std::string("shm-fast");
+    }
     std::string algo = pick(*this, CollOp::allreduce, forced, count * dtype_size(dt));
     run_allreduce(c.deadline(), buf, count, dt, op, algo);
     if (op == ReduceOp::avg) finalize_avg(buf, count, dt, size());

@@ -190,6 +190,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<int> members_;
   int rank_ = 0;
   uint32_t id_;
+  bool fast_allreduce_ok_ = false;   // small allreduces go through the transport's shared-memory fast path
+  size_t fast_allreduce_bytes_ = 0;  // up to this many bytes
   double timeout_s_;
   bool debug_;
   std::shared_ptr<Tuner> tuner_;
@@ -209,6 +211,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   bool stopping_ = false;
   std::thread worker_;
   std::string failed_;  // set once an operation failed: the communicator is unusable
+  std::atomic<bool> failed_flag_{false};  // failed_ is set (checked before taking fail_mu_)
   std::mutex fail_mu_;
 
   friend class Ctx;

@@ -1,5 +1,7 @@
 #include "coll/tuner.h"
 
+#include <atomic>
+
 #include <cmath>
 #include <limits>
 
@@ -143,7 +145,15 @@ std::vector<ForceRule> Tuner::parse_rules(CollOp op, const std::string& spec, co
   return rules;
 }
 
-void Tuner::force(CollOp op, std::vector<ForceRule> rules) { forced_[static_cast<int>(op)] = std::move(rules); }
+void Tuner::force(CollOp op, std::vector<ForceRule> rules) {
+  forced_[static_cast<int>(op)] = std::move(rules);
+  version_ = next_version();
+}
+
+uint64_t Tuner::next_version() {
+  static std::atomic<uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int hosts) const {
   if (p <= 1) return 0;
@@ -196,6 +206,26 @@ double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int h
 }
 
 std::string Tuner::choose(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const {
+  // Training and benchmarks repeat the same sizes: remember the last answer per operation (per thread, so shared
+  // tuners need no lock). Predicting every algorithm costs more than a small message's whole exchange on shm.
+  struct Entry {
+    uint64_t version = 0;
+    size_t bytes = 0;
+    int p = 0, hosts = 0;
+    bool uniform = false;
+    std::string algo;
+  };
+  thread_local Entry cache[kNumCollOps];
+  Entry& e = cache[static_cast<int>(op)];
+  if (e.version == version_ && e.bytes == bytes && e.p == p && e.hosts == hosts &&
+      e.uniform == uniform_hosts)
+    return e.algo;
+  std::string algo = choose_uncached(op, bytes, p, hosts, uniform_hosts);
+  e = Entry{version_, bytes, p, hosts, uniform_hosts, algo};
+  return algo;
+}
+
+std::string Tuner::choose_uncached(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const {
   for (const auto& r : forced_[static_cast<int>(op)])
     if (bytes >= r.lo && bytes < r.hi) return r.algorithm;
   // The cheapest prediction wins, but an algorithm listed earlier (ring first) keeps the choice while the later one

@@ -55,8 +55,17 @@ class Tuner {
   double predict(CollOp op, const std::string& algo, double bytes, int p, int hosts) const;
   // The forced algorithm for this size if any, else the cheapest that applies.
   std::string choose(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const;
+  // True when a forced rule (force(), CONDUIT_<OP>) names the algorithm for this size.
+  bool forced_at(CollOp op, size_t bytes) const {
+    for (const auto& r : forced_[static_cast<int>(op)])
+      if (bytes >= r.lo && bytes < r.hi) return true;
+    return false;
+  }
 
-  void set_model(const CostModel& m) { model_ = m; }
+  void set_model(const CostModel& m) {
+    model_ = m;
+    version_ = next_version();
+  }
   const CostModel& model() const { return model_; }
   void force(CollOp op, std::vector<ForceRule> rules);
   // Parses a forcing spec ("ring" or "tree:0-64K,ring:64K-"); ConfigError naming `what`.
@@ -65,6 +74,11 @@ class Tuner {
  private:
   CostModel model_;
   std::vector<ForceRule> forced_[kNumCollOps];
+  // Unique across every tuner and every change (copies share it with the state they copy), so choose()'s
+  // per-thread cache never answers for another model or rule set.
+  static uint64_t next_version();
+  uint64_t version_ = next_version();
+  std::string choose_uncached(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const;
 };
 
 }  // namespace conduit::coll

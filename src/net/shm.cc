@@ -17,10 +17,12 @@
 #include <sched.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/reduce.h"
 #include "net/matching.h"
 #include "net/wire.h"
 
@@ -61,6 +63,16 @@ inline void cpu_relax() {
   _mm_pause();
 #endif
 }
+
+// One rank's slot of the small-allreduce fast path (two per segment, used alternately): the payload, then the
+// sequence number of the operation it belongs to, published last (release), so a reader that sees the number
+// reads a complete payload. A rank writes slot s % 2 for operation s only after it has read every peer's payload of
+// operation s - 1, and each peer published s - 1 only after finishing s - 2: nobody still reads the slot it reuses.
+constexpr size_t kFastBytes = 1024;
+struct alignas(64) FastSlot {
+  std::atomic<uint64_t> seq;
+  char data[kFastBytes];
+};
 
 struct ShmSend {
   RequestPtr req;
@@ -121,7 +133,10 @@ class ShmTransport : public Transport, public Progressor {
     long spin_us = local > cpus ? 5 : 50;
     if (auto v = env_int("CONDUIT_SHM_SPIN_US", 0, 1000000)) spin_us = *v;
     spin_ = std::chrono::microseconds(spin_us);
-    seg_bytes_ = sizeof(SegHeader) + static_cast<size_t>(size) * (sizeof(RingHeader) + ring_bytes_);
+    seg_bytes_ = sizeof(SegHeader) + static_cast<size_t>(size) * (sizeof(RingHeader) + ring_bytes_) +
+                 2 * sizeof(FastSlot);
+    all_local_ = true;
+    for (int i = 0; i < size; ++i) all_local_ = all_local_ && (i == rank || serve[i]);
 
     std::string my_name = segment_name(job, rank);
     int fd = ::shm_open(my_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -143,6 +158,7 @@ class ShmTransport : public Transport, public Progressor {
     auto* h = new (mine_) SegHeader();
     h->pid = ::getpid();
     for (int i = 0; i < size; ++i) new (ring_at(mine_, i)) RingHeader();
+    for (int i = 0; i < 2; ++i) new (fast_slot(mine_, i)) FastSlot();
     my_seg_ = h;
 
     std::vector<std::string> pids;
@@ -237,6 +253,30 @@ class ShmTransport : public Transport, public Progressor {
     fail_all(std::make_exception_ptr(PeerError(why)));
   }
 
+  size_t fast_allreduce_max_bytes() const override { return all_local_ && size_ > 1 ? kFastBytes : 0; }
+
+  void fast_allreduce(void* buf, size_t count, DType dtype, ReduceOp op, const Deadline& deadline) override {
+    const size_t bytes = count * dtype_size(dtype);
+    if (fast_allreduce_max_bytes() == 0 || bytes > kFastBytes)
+      throw InvalidArgument(fmt::format("shm: fast allreduce of {} bytes (at most {}, all ranks on this host)",
+                                        bytes, fast_allreduce_max_bytes()));
+    const uint64_t seq = ++fast_seq_;
+    FastSlot* mine = fast_slot(mine_, seq & 1);
+    std::memcpy(mine->data, buf, bytes);
+    mine->seq.store(seq, std::memory_order_release);
+    // Wake the peers that gave up spinning (they raise `sleepers` before their last look at our slot).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && peers_[r].seg->sleepers.load(std::memory_order_relaxed) > 0) ring_doorbell(peers_[r].seg);
+    // Reduce in rank order so every rank computes the same bits.
+    for (int r = 0; r < size_; ++r) {
+      const FastSlot* src = r == rank_ ? mine : fast_slot(maps_[r], seq & 1);
+      if (r != rank_) wait_fast(r, src, seq, deadline);
+      if (r == 0) std::memcpy(buf, src->data, bytes);
+      else reduce_into(buf, src->data, count, dtype, op);
+    }
+  }
+
   // Progressor
   bool progress() override {
     tl_seen_ = my_seg_->doorbell.load(std::memory_order_acquire);
@@ -274,6 +314,59 @@ class ShmTransport : public Transport, public Progressor {
   static std::string segment_name(const std::string& job, int rank) {
     return fmt::format("/conduit-{}-{}", job, rank);
   }
+  FastSlot* fast_slot(char* seg, uint64_t parity) const {
+    return reinterpret_cast<FastSlot*>(seg + sizeof(SegHeader) +
+                                       static_cast<size_t>(size_) * (sizeof(RingHeader) + ring_bytes_)) +
+           parity;
+  }
+
+  // Waits until rank r has published operation seq: spins for the transport's spin budget, then sleeps on this
+  // rank's doorbell (publishers ring the doorbells of sleeping peers), checking at least every millisecond for
+  // the deadline, an abort and whether r is still alive.
+  void wait_fast(int r, const FastSlot* slot, uint64_t seq, const Deadline& deadline) {
+    for (int i = 0; i < 256; ++i) {  // a peer on another core answers within a microsecond: no clock until then
+      if (slot->seq.load(std::memory_order_acquire) == seq) return;
+      cpu_relax();
+    }
+    const auto spin_until = Clock::now() + spin_;
+    for (uint64_t i = 1;; ++i) {
+      if (slot->seq.load(std::memory_order_acquire) == seq) return;
+      if ((i & 63) != 0 || Clock::now() < spin_until) {
+        cpu_relax();
+        continue;
+      }
+      break;
+    }
+    while (true) {
+      uint32_t seen = my_seg_->doorbell.load(std::memory_order_acquire);
+      my_seg_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (slot->seq.load(std::memory_order_seq_cst) != seq) {
+        double rem = std::clamp(deadline.remaining_seconds(), 0.0, 1e-3);
+        timespec ts{0, static_cast<long>(rem * 1e9)};
+        if (rem > 0) futex(&my_seg_->doorbell, FUTEX_WAIT, seen, &ts);
+      }
+      my_seg_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      if (slot->seq.load(std::memory_order_acquire) == seq) return;
+      if (my_seg_->aborted.load(std::memory_order_acquire) != 0) {
+        std::string why(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason));
+        throw PeerError(why.empty() ? fmt::format("rank {} aborted", my_seg_->aborted.load() - 1) : why);
+      }
+      std::string reason = aborted_reason();
+      if (!reason.empty()) throw PeerError(reason);
+      if (::kill(peers_[r].pid, 0) != 0 && errno == ESRCH)
+        throw PeerError(fmt::format("shm: rank {} (pid {}) died", r, static_cast<long>(peers_[r].pid)));
+      if (deadline.expired()) {
+        std::vector<int> silent;
+        for (int q = 0; q < size_; ++q)
+          if (q != rank_ && fast_slot(maps_[q], seq & 1)->seq.load(std::memory_order_acquire) != seq)
+            silent.push_back(q);
+        throw TimeoutError(fmt::format("shm: fast allreduce #{} did not complete before the deadline; no data yet "
+                                       "from rank(s) {}",
+                                       seq, fmt::join(silent, ", ")));
+      }
+    }
+  }
+
   RingHeader* ring_at(char* seg, int src) const {
     return reinterpret_cast<RingHeader*>(seg + sizeof(SegHeader) +
                                          static_cast<size_t>(src) * (sizeof(RingHeader) + ring_bytes_));
@@ -592,6 +685,8 @@ class ShmTransport : public Transport, public Progressor {
   uint64_t max_len_;
   Clock::duration spin_;
   std::mutex mu_;
+  bool all_local_ = false;    // every other rank is served here (the fast allreduce needs them all)
+  uint64_t fast_seq_ = 0;     // fast allreduces so far (the same count on every rank)
   static thread_local uint32_t tl_seen_;
 };
 

@@ -59,11 +59,17 @@ void Request::fail(std::exception_ptr error) {
   cv_.notify_all();
 }
 
+void Transport::fast_allreduce(void*, size_t, DType, ReduceOp, const Deadline&) {
+  throw InvalidArgument(fmt::format("{}: no shared-memory fast allreduce (check fast_allreduce_max_bytes first)",
+                                    name()));
+}
+
 int Transport::num_hosts() const {
   return static_cast<int>(std::set<int>(hosts_.begin(), hosts_.end()).size());
 }
 
 std::string Transport::aborted_reason() const {
+  if (!aborted_flag_.load(std::memory_order_acquire)) return {};  // every operation asks: no lock when healthy
   std::lock_guard<std::mutex> lk(abort_mu_);
   return aborted_;
 }
@@ -71,6 +77,7 @@ std::string Transport::aborted_reason() const {
 void Transport::set_aborted(const std::string& reason) {
   std::lock_guard<std::mutex> lk(abort_mu_);
   if (aborted_.empty()) aborted_ = reason.empty() ? "aborted" : reason;
+  aborted_flag_.store(true, std::memory_order_release);
 }
 
 namespace {

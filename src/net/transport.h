@@ -90,6 +90,13 @@ class Transport {
   // Transports that can reduce straight out of their buffers override this; the default stages the message.
   virtual RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op);
 
+  // Small allreduce of the whole transport through shared memory, bypassing messages (shm between ranks that are all
+  // on one host): the largest payload it takes, 0 where unsupported. fast_allreduce reduces buf in place (op as
+  // reduce_into; avg is summed, the caller divides); every rank calls it in the same order with the same count,
+  // dtype and op, and every rank gets the same bits (reduced in rank order). One caller at a time per transport.
+  virtual size_t fast_allreduce_max_bytes() const { return 0; }
+  virtual void fast_allreduce(void* buf, size_t count, DType dtype, ReduceOp op, const Deadline& deadline);
+
   // Fails every pending and future request with PeerError(reason) and tells the peers (best effort) so that
   // their pending requests fail too instead of waiting for their deadline.
   virtual void abort(const std::string& reason) = 0;
@@ -107,6 +114,7 @@ class Transport {
   std::atomic<Progressor*> activity_target_{nullptr};
   mutable std::mutex abort_mu_;
   std::string aborted_;
+  std::atomic<bool> aborted_flag_{false};  // aborted_ is set
 };
 
 using TransportPtr = std::shared_ptr<Transport>;

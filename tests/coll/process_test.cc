@@ -116,6 +116,24 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
       << bad.out;
 }
 
+// Small allreduces over shm take the shared-memory fast path (checked results), larger ones an algorithm; a forced
+// algorithm or CONDUIT_SHM_FAST_BYTES=0 turns the fast path off.
+TEST(Processes, SmallShmAllreducesTakeTheFastPath) {
+  const std::string bench = " bench coll --transport shm --min-bytes 8 --max-bytes 4K --iters 50 --warmup 2";
+  auto r = run_sh(kConduit + " launch -n 3 -- " + kConduit + bench + " --dtype bf16 --reduce avg");
+  EXPECT_EQ(r.code, 0) << r.out;
+  size_t fast = 0;
+  for (size_t at = r.out.find(" 0  shm-fast"); at != std::string::npos; at = r.out.find(" 0  shm-fast", at + 1))
+    ++fast;
+  EXPECT_EQ(fast, 8u) << r.out;  // 8 B to 1 KiB, each with 0 wrong elements
+  EXPECT_NE(r.out.find(" 0  rd"), std::string::npos) << r.out;  // 2 KiB and 4 KiB: recursive doubling, no errors
+  for (const std::string& off : {"CONDUIT_SHM_FAST_BYTES=0 ", "CONDUIT_ALLREDUCE=ring "}) {
+    auto o = run_sh(off + kConduit + " launch -n 2 -- " + kConduit + bench);
+    EXPECT_EQ(o.code, 0) << o.out;
+    EXPECT_EQ(o.out.find("shm-fast"), std::string::npos) << off << o.out;
+  }
+}
+
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.
 std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const std::string& extra, double timeout) {
   int port = free_port();

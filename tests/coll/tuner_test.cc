@@ -47,6 +47,36 @@ TEST(Tuner, ForcingRulesBySizeRange) {
   EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "ring:abc", "X"), ConfigError);
 }
 
+// choose() remembers its last answer per operation; any change of rules or model, and another tuner, is seen.
+TEST(Tuner, RememberedChoicesFollowChangesAndOtherTuners) {
+  Tuner t;
+  std::string first = t.choose(CollOp::allreduce, 4096, 4, 1, true);
+  EXPECT_EQ(t.choose(CollOp::allreduce, 4096, 4, 1, true), first);
+  std::string other = first == "ring" ? "tree" : "ring";
+  t.force(CollOp::allreduce, Tuner::parse_rules(CollOp::allreduce, other + ":0-", "X"));
+  EXPECT_EQ(t.choose(CollOp::allreduce, 4096, 4, 1, true), other);
+  EXPECT_TRUE(t.forced_at(CollOp::allreduce, 4096));
+  Tuner copy = t;  // shares the rules it copied
+  EXPECT_EQ(copy.choose(CollOp::allreduce, 4096, 4, 1, true), other);
+  t.force(CollOp::allreduce, {});
+  EXPECT_FALSE(t.forced_at(CollOp::allreduce, 4096));
+  EXPECT_EQ(t.choose(CollOp::allreduce, 4096, 4, 1, true), first);
+  EXPECT_EQ(copy.choose(CollOp::allreduce, 4096, 4, 1, true), other);
+  // A model where latency dominates everything against one where bandwidth does: the answer follows the model.
+  CostModel lat, bw;
+  lat.intra = {1e-3, 1e-12, 0};
+  bw.intra = {1e-9, 1e-6, 0};
+  Tuner m(lat);
+  std::string a = m.choose(CollOp::allreduce, 64 << 20, 8, 1, true);
+  m.set_model(bw);
+  std::string b = m.choose(CollOp::allreduce, 64 << 20, 8, 1, true);
+  Tuner fresh(bw);
+  EXPECT_EQ(b, fresh.choose(CollOp::allreduce, 64 << 20, 8, 1, true));
+  Tuner fresh_lat(lat);
+  EXPECT_EQ(a, fresh_lat.choose(CollOp::allreduce, 64 << 20, 8, 1, true));
+  EXPECT_NE(a, b);
+}
+
 TEST(Tuner, CostModelTextRoundTripsAndRejectsGarbage) {
   CostModel m = parse_cost_model("intra=1e-6,2e-10,3e-10;inter=2e-5,1e-9,3e-10", "CONDUIT_COST_MODEL");
   EXPECT_DOUBLE_EQ(m.intra.alpha, 1e-6);
