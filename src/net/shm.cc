@@ -71,6 +71,8 @@ inline void cpu_relax() {
 constexpr size_t kFastBytes = 1024;
 struct alignas(64) FastSlot {
   std::atomic<uint64_t> seq;
+  uint32_t bytes;  // what the contribution is, checked by every reader (a mismatch is an error, not garbage)
+  uint8_t dtype, op;
   char data[kFastBytes];
 };
 
@@ -263,6 +265,9 @@ class ShmTransport : public Transport, public Progressor {
     const uint64_t seq = ++fast_seq_;
     FastSlot* mine = fast_slot(mine_, seq & 1);
     std::memcpy(mine->data, buf, bytes);
+    mine->bytes = static_cast<uint32_t>(bytes);
+    mine->dtype = static_cast<uint8_t>(dtype);
+    mine->op = static_cast<uint8_t>(op);
     mine->seq.store(seq, std::memory_order_release);
     // Wake the peers that gave up spinning (they raise `sleepers` before their last look at our slot).
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -271,7 +276,15 @@ class ShmTransport : public Transport, public Progressor {
     // Reduce in rank order so every rank computes the same bits.
     for (int r = 0; r < size_; ++r) {
       const FastSlot* src = r == rank_ ? mine : fast_slot(maps_[r], seq & 1);
-      if (r != rank_) wait_fast(r, src, seq, deadline);
+      if (r != rank_) {
+        wait_fast(r, src, seq, deadline);
+        if (src->bytes != bytes || src->dtype != mine->dtype || src->op != mine->op)
+          throw MismatchError(fmt::format(
+              "shm: fast allreduce #{}: rank {} contributed {} bytes of {} with {}, this rank {} bytes of {} with {}",
+              seq, r, src->bytes, src->dtype < 8 ? dtype_name(static_cast<DType>(src->dtype)) : "?",
+              src->op < 5 ? reduce_op_name(static_cast<ReduceOp>(src->op)) : "?", bytes, dtype_name(dtype),
+              reduce_op_name(op)));
+      }
       if (r == 0) std::memcpy(buf, src->data, bytes);
       else reduce_into(buf, src->data, count, dtype, op);
     }
