@@ -341,17 +341,22 @@ class ShmTransport : public Transport, public Progressor {
       if (slot->seq.load(std::memory_order_acquire) == seq) return;
       cpu_relax();
     }
+    // While waiting, keep this rank's messages moving (progress happens in waiting threads): a peer may need the
+    // rest of a non-blocking send of ours before it reaches this allreduce.
     const auto spin_until = Clock::now() + spin_;
     for (uint64_t i = 1;; ++i) {
       if (slot->seq.load(std::memory_order_acquire) == seq) return;
-      if ((i & 63) != 0 || Clock::now() < spin_until) {
+      if ((i & 63) != 0) {
         cpu_relax();
         continue;
       }
-      break;
+      progress();
+      if (Clock::now() >= spin_until) break;
     }
     while (true) {
-      uint32_t seen = my_seg_->doorbell.load(std::memory_order_acquire);
+      tl_seen_ = my_seg_->doorbell.load(std::memory_order_acquire);
+      progress();
+      uint32_t seen = tl_seen_;
       my_seg_->sleepers.fetch_add(1, std::memory_order_seq_cst);
       if (slot->seq.load(std::memory_order_seq_cst) != seq) {
         double rem = std::clamp(deadline.remaining_seconds(), 0.0, 1e-3);

@@ -17,6 +17,7 @@
 #include "coll/verify.h"
 #include "core/error.h"
 #include "net/shm.h"
+#include "net/tags.h"
 
 namespace conduit::coll {
 namespace {
@@ -110,6 +111,31 @@ TEST(ShmFastAllreduce, EveryRankGetsTheSameBits) {
   });
   for (int r = 0; r < 4; ++r) EXPECT_EQ(errors[r], "");
   for (int r = 1; r < 4; ++r) EXPECT_EQ(out[r], out[0]) << "rank " << r;
+}
+
+// A rank waiting in the fast path keeps its messages moving: rank 0 leaves a send larger than the ring unfinished and
+// enters an allreduce that rank 1 reaches only after receiving all of it.
+TEST(ShmFastAllreduce, WaitingMovesThisRanksPendingSends) {
+  ShmRanks ranks(2);
+  auto errors = ranks.run(
+      [&](Communicator& c) {
+        const size_t n = size_t(6) << 20;  // floats: 24 MiB, 12 rings of the default 2 MiB
+        std::vector<float> big(n, c.rank() == 0 ? 2.5f : 0.0f);
+        uint64_t tag = net::make_tag(net::kUser, c.id(), 7);
+        float v = 1;
+        if (c.rank() == 0) {
+          auto s = c.transport().isend(1, tag, big.data(), n * 4);
+          c.allreduce(&v, 1, DType::f32, ReduceOp::sum).wait();
+          s->wait(Deadline::after(10));
+        } else {
+          c.transport().irecv(0, tag, big.data(), n * 4)->wait(Deadline::after(10));
+          c.allreduce(&v, 1, DType::f32, ReduceOp::sum).wait();
+          if (big[n - 1] != 2.5f) throw Error("the message did not arrive whole");
+        }
+        if (v != 2) throw Error(fmt::format("allreduce gave {}", v));
+      },
+      10.0);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
 }
 
 TEST(ShmFastAllreduce, MismatchedCallsAndASilentRankAreErrors) {
