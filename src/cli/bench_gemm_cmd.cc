@@ -1,6 +1,8 @@
 // `conduit bench gemm`: libtorch matrix multiplications timed on this CPU, as `conduit train`'s workers run them
 // (one intra-op thread by default), over the GEMMs of the training models' steps and a square sweep, or given
-// shapes. `--json` writes the {m, n, k, gflops} lines `conduit sim calibrate --gemm` reads. `--model` also times
+// shapes; and the CNN's convolution layers as convolutions (forward, input gradient, weight gradient: oneDNN's
+// direct kernels, not the im2col GEMMs). `--json` writes the {m, n, k, gflops} and bench.conv lines
+// `conduit sim calibrate --gemm` reads. `--model` also times
 // one forward and backward of a training model, to compare with the sum of its GEMMs.
 // Torch-free: the timing code is in src/torch/models.cc behind torch/gemm_bench.h. Built only with libtorch and
 // the simulator (the GEMM shapes of a step are the simulator's).
@@ -40,6 +42,30 @@ struct Shape {
   std::string label;
 };
 
+struct Conv {
+  train::ConvTiming shape;
+  std::string label;
+};
+
+// The convolution layers of a layer list at `batch`, as models.cc builds them: stride 1, padding kernel / 2.
+void add_layer_convs(std::vector<Conv>& out, const std::string& name, const std::string& spec, int batch) {
+  auto lm = sim::parse_layer_model(spec);
+  for (size_t i = 0; i < lm.layers.size(); ++i) {
+    const auto& l = lm.layers[i];
+    if (l.kind != "conv") continue;
+    train::ConvTiming c;
+    c.batch = batch;
+    c.in = int64_t(l.in);
+    c.out = int64_t(l.out);
+    c.height = int64_t(l.height);
+    c.width = int64_t(l.width);
+    c.kernel = int64_t(l.kernel);
+    c.stride = 1;
+    c.padding = c.kernel / 2;
+    out.push_back({c, fmt::format("{} conv{}", name, i + 1)});
+  }
+}
+
 void add_layer_gemms(std::vector<Shape>& out, const std::string& name, const char* spec, int batch) {
   const char* kinds[] = {"fwd", "dgrad", "wgrad"};
   auto lm = sim::parse_layer_model(spec);
@@ -51,12 +77,25 @@ void add_layer_gemms(std::vector<Shape>& out, const std::string& name, const cha
   }
 }
 
-std::vector<Shape> parse_shapes(const GemmArgs& a) {
+std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs) {
   std::vector<Shape> out;
   for (const auto& item : split(a.shapes, ',')) {
     const std::string s = trim(item);
     if (s == "cnn") {
       add_layer_gemms(out, "cnn", sim::kTrainCnnLayers, a.batch);
+      add_layer_convs(convs, "cnn", sim::kTrainCnnLayers, a.batch);
+    } else if (s.rfind("conv:", 0) == 0) {
+      std::vector<Conv> one;
+      add_layer_convs(one, "given", s, a.batch);
+      const auto& c = one.at(0).shape;
+      if (c.kernel > c.height || c.kernel > c.width || c.in * c.kernel * c.kernel > (1LL << 20) ||
+          double(a.batch) * c.in * c.height * c.width > double(1LL << 28) ||
+          double(a.batch) * c.out * c.height * c.width > double(1LL << 28))
+        throw ConfigError(
+            fmt::format("--shapes: '{}': each tensor must be at most 2^28 elements and the kernel at "
+                        "most the feature map",
+                        s));
+      convs.push_back(one.at(0));
     } else if (s == "mlp") {
       add_layer_gemms(out, "mlp", sim::kTrainMlpLayers, a.batch);
     } else if (s == "square") {
@@ -67,8 +106,8 @@ std::vector<Shape> parse_shapes(const GemmArgs& a) {
       if (std::sscanf(s.c_str(), "%lldx%lldx%lld%c", &m, &n, &k, &tail) != 3 || m < 1 || n < 1 || k < 1 ||
           m * n > (1LL << 28) || m * k > (1LL << 28) || n * k > (1LL << 28))
         throw ConfigError(fmt::format(
-            "--shapes: '{}' is not allowed; allowed: cnn, mlp, square or MxNxK (positive, each matrix at most 2^28 "
-            "elements), comma-separated",
+            "--shapes: '{}' is not allowed; allowed: cnn, mlp, square, MxNxK (positive, each matrix at most 2^28 "
+            "elements) or conv:INxOUTkK@HxW (a stride-1 convolution padded by K/2 at --batch), comma-separated",
             s));
       out.push_back({{m, n, k}, "given"});
     }
@@ -80,7 +119,16 @@ std::vector<Shape> parse_shapes(const GemmArgs& a) {
     for (const auto& u : uniq) dup |= u.mnk == s.mnk;
     if (!dup) uniq.push_back(s);
   }
-  if (uniq.empty()) throw ConfigError("--shapes: no shapes given");
+  std::vector<Conv> cu;
+  for (const auto& c : convs) {
+    bool dup = false;
+    for (const auto& u : cu)
+      dup |= u.shape.in == c.shape.in && u.shape.out == c.shape.out && u.shape.height == c.shape.height &&
+             u.shape.width == c.shape.width && u.shape.kernel == c.shape.kernel;
+    if (!dup) cu.push_back(c);
+  }
+  convs = cu;
+  if (uniq.empty() && convs.empty()) throw ConfigError("--shapes: no shapes given");
   return uniq;
 }
 
@@ -91,17 +139,23 @@ void run_gemm(const GemmArgs& a) {
     throw ConfigError(fmt::format("--min-time = {} (allowed: seconds in (0, 60])", a.min_time));
   if (a.model_steps < 1 || a.model_steps > 10000)
     throw ConfigError(fmt::format("--model-steps = {} (allowed: 1..10000)", a.model_steps));
-  std::vector<Shape> shapes = parse_shapes(a);
+  std::vector<Conv> convs;
+  std::vector<Shape> shapes = parse_shapes(a, convs);
   std::vector<std::array<int64_t, 3>> mnk;
   for (const auto& s : shapes) mnk.push_back(s.mnk);
   auto timings = train::time_gemms(mnk, a.threads, a.min_time);
-  double gemm_sum = 0;  // of the --model's step GEMMs
+  double gemm_sum = 0;   // of the --model's step GEMMs
+  double dense_sum = 0;  // of its dense layers' GEMMs
+  double conv_sum = 0;   // of its convolutions, timed as convolutions
   const std::string prefix = a.model + " ";
-  if (!a.json)
+  if (!a.json && !shapes.empty())
     fmt::print("  {:<20} {:>8} {:>8} {:>8} {:>12} {:>10} {:>8}\n", "gemm", "m", "n", "k", "time", "GFLOP/s", "calls");
   for (size_t i = 0; i < timings.size(); ++i) {
     const auto& t = timings[i];
-    if (!a.model.empty() && shapes[i].label.rfind(prefix, 0) == 0) gemm_sum += t.seconds;
+    if (!a.model.empty() && shapes[i].label.rfind(prefix, 0) == 0) {
+      gemm_sum += t.seconds;
+      if (shapes[i].label.rfind(prefix + "dense", 0) == 0) dense_sum += t.seconds;
+    }
     if (a.json) {
       std::cout << nlohmann::json{{"kind", "bench.gemm"},
                                   {"label", shapes[i].label},
@@ -120,19 +174,66 @@ void run_gemm(const GemmArgs& a) {
                  t.seconds * 1e6, t.gflops(), t.calls);
     }
   }
+  std::vector<train::ConvTiming> cshapes;
+  for (const auto& c : convs) cshapes.push_back(c.shape);
+  auto ctimes = train::time_convs(cshapes, a.threads, a.min_time);
+  if (!a.json && !ctimes.empty())
+    fmt::print("\n  {:<20} {:>5} {:>4} {:>4} {:>9} {:>3} {:>11} {:>11} {:>11} {:>21}\n", "conv", "batch", "in", "out",
+               "HxW", "k", "forward", "input grad", "weight grad", "GFLOP/s (f / i / w)");
+  for (size_t i = 0; i < ctimes.size(); ++i) {
+    const auto& c = ctimes[i];
+    if (!a.model.empty() && convs[i].label.rfind(prefix, 0) == 0)
+      conv_sum += c.forward_s + c.input_grad_s + c.weight_grad_s;
+    auto gf = [&](double s) { return s > 0 ? c.flops() / s / 1e9 : 0.0; };
+    if (a.json) {
+      std::cout << nlohmann::json{{"kind", "bench.conv"},
+                                  {"label", convs[i].label},
+                                  {"batch", c.batch},
+                                  {"in", c.in},
+                                  {"out", c.out},
+                                  {"height", c.height},
+                                  {"width", c.width},
+                                  {"kernel", c.kernel},
+                                  {"stride", c.stride},
+                                  {"padding", c.padding},
+                                  {"forward_us", c.forward_s * 1e6},
+                                  {"input_grad_us", c.input_grad_s * 1e6},
+                                  {"weight_grad_us", c.weight_grad_s * 1e6},
+                                  {"forward_gflops", gf(c.forward_s)},
+                                  {"input_grad_gflops", gf(c.input_grad_s)},
+                                  {"weight_grad_gflops", gf(c.weight_grad_s)},
+                                  {"calls", c.calls},
+                                  {"threads", a.threads},
+                                  {"dtype", "f32"}}
+                       .dump()
+                << "\n";
+    } else {
+      fmt::print(
+          "  {:<20} {:>5} {:>4} {:>4} {:>9} {:>3} {:>8.1f} us {:>8.1f} us {:>8.1f} us {:>6.1f} /{:>6.1f} /{:>6.1f}\n",
+          convs[i].label, c.batch, c.in, c.out, fmt::format("{}x{}", c.height, c.width), c.kernel, c.forward_s * 1e6,
+          c.input_grad_s * 1e6, c.weight_grad_s * 1e6, gf(c.forward_s), gf(c.input_grad_s), gf(c.weight_grad_s));
+    }
+  }
   if (!a.model.empty()) {
     auto ms = train::time_model_step(a.model, a.batch, a.threads, a.model_steps);
     if (a.json) {
-      std::cout << nlohmann::json{{"kind", "bench.model_step"}, {"model", a.model},
-                                  {"batch", a.batch},           {"threads", a.threads},
-                                  {"forward_s", ms.forward_s},  {"backward_s", ms.backward_s},
-                                  {"steps", ms.steps},          {"gemm_sum_s", gemm_sum}}
+      std::cout << nlohmann::json{{"kind", "bench.model_step"},
+                                  {"model", a.model},
+                                  {"batch", a.batch},
+                                  {"threads", a.threads},
+                                  {"forward_s", ms.forward_s},
+                                  {"backward_s", ms.backward_s},
+                                  {"steps", ms.steps},
+                                  {"gemm_sum_s", gemm_sum},
+                                  {"conv_dense_sum_s", conv_sum > 0 ? conv_sum + dense_sum : 0.0}}
                        .dump()
                 << "\n";
     } else {
       fmt::print("\n  {} at batch {}: forward {:.2f} ms + backward {:.2f} ms = {:.2f} ms (median of {} steps)", a.model,
                  a.batch, ms.forward_s * 1e3, ms.backward_s * 1e3, (ms.forward_s + ms.backward_s) * 1e3, ms.steps);
       if (gemm_sum > 0) fmt::print("; its GEMMs above sum to {:.2f} ms", gemm_sum * 1e3);
+      if (conv_sum > 0)
+        fmt::print("; its convolutions (as convolutions) and dense GEMMs to {:.2f} ms", (conv_sum + dense_sum) * 1e3);
       fmt::print("\n");
     }
   }
@@ -144,7 +245,8 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
   auto a = std::make_shared<GemmArgs>();
   c->add_option("--shapes", a->shapes,
                 "comma-separated: cnn and mlp (every GEMM of a training step of conduit train's models at --batch: "
-                "forward, input and weight gradients; convolutions as im2col GEMMs), square (32..1024), MxNxK")
+                "forward, input and weight gradients; convolutions as im2col GEMMs, and cnn's convolution layers also "
+                "as convolutions: forward, input and weight gradients), square (32..1024), MxNxK, conv:INxOUTkK@HxW")
       ->capture_default_str();
   c->add_option("--batch", a->batch, "samples per worker for the cnn/mlp shapes and --model")->capture_default_str();
   c->add_option("--threads", a->threads, "intra-op threads (conduit train's workers use 1)")->capture_default_str();
@@ -152,7 +254,10 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--model", a->model, "also time one forward+backward of this training model (mlp, cnn, resnet)");
   c->add_option("--model-steps", a->model_steps, "timed steps for --model")->capture_default_str();
-  c->add_flag("--json", a->json, "JSON lines {kind: bench.gemm, m, n, k, gflops, ...} for sim calibrate --gemm");
+  c->add_flag(
+      "--json", a->json,
+      "JSON lines {kind: bench.gemm, m, n, k, gflops, ...} and {kind: bench.conv, batch, in, out, height, width, "
+      "kernel, stride, padding, forward_us, input_grad_us, weight_grad_us, ...} for sim calibrate --gemm");
   c->callback([a]() { run_gemm(*a); });
 });
 

@@ -699,8 +699,15 @@ void run_calibrate(const CalibrateArgs& a) {
     if (t == chosen) chosen_fit = f;
   }
   std::vector<GemmSample> gemms;
+  std::vector<ConvSample> convs;
   double peak = 0;
-  if (!a.gemm.empty()) gemms = parse_gemm_lines(read_file(a.gemm, "--gemm"), a.gemm);
+  if (!a.gemm.empty()) {
+    const std::string text = read_file(a.gemm, "--gemm");
+    gemms = parse_gemm_lines(text, a.gemm);
+    convs = parse_conv_lines(text, a.gemm);
+    fmt::print("{}: {} GEMM records, {} convolution records{}\n", a.gemm, gemms.size(), convs.size(),
+               convs.empty() ? " (convolution layers will be costed as im2col GEMMs)" : "");
+  }
   if (a.gemm.empty() && a.peak.empty()) {
 #ifdef CONDUIT_WITH_TORCH
     if (a.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", a.batch));
@@ -709,8 +716,38 @@ void run_calibrate(const CalibrateArgs& a) {
       shapes.push_back({static_cast<int64_t>(g.m), static_cast<int64_t>(g.n), static_cast<int64_t>(g.k)});
     for (const auto& t : train::time_gemms(shapes, 1, 0.05))
       gemms.push_back(GemmSample{double(t.m), double(t.n), double(t.k), t.gflops() * 1e9});
-    fmt::print("timed {} GEMMs with libtorch (one thread; conduit train's CNN and MLP at batch {}, square 32..1024)\n",
-               gemms.size(), a.batch);
+    std::vector<train::ConvTiming> cshapes;
+    for (const auto& c : calibration_conv_shapes(a.batch)) {
+      train::ConvTiming t;
+      t.batch = int64_t(c.batch);
+      t.in = int64_t(c.in);
+      t.out = int64_t(c.out);
+      t.height = int64_t(c.height);
+      t.width = int64_t(c.width);
+      t.kernel = int64_t(c.kernel);
+      t.stride = int64_t(c.stride);
+      t.padding = int64_t(c.padding);
+      cshapes.push_back(t);
+    }
+    for (const auto& t : train::time_convs(cshapes, 1, 0.05)) {
+      ConvSample c;
+      c.batch = double(t.batch);
+      c.in = double(t.in);
+      c.out = double(t.out);
+      c.height = double(t.height);
+      c.width = double(t.width);
+      c.kernel = double(t.kernel);
+      c.stride = double(t.stride);
+      c.padding = double(t.padding);
+      c.forward_s = t.forward_s;
+      c.input_grad_s = t.input_grad_s;
+      c.weight_grad_s = t.weight_grad_s;
+      convs.push_back(c);
+    }
+    fmt::print(
+        "timed {} GEMMs and {} convolutions with libtorch (one thread; conduit train's CNN and MLP at batch {}, square "
+        "32..1024)\n",
+        gemms.size(), convs.size(), a.batch);
 #else
     throw ConfigError(
         "give --gemm FILE (JSON lines {m, n, k, gflops}, e.g. from `conduit bench gemm --json`) or --peak (e.g. 50 "
@@ -745,7 +782,7 @@ void run_calibrate(const CalibrateArgs& a) {
   fmt::print("{} ranks on {} cores: each rank gets {:.3g} of the measured one-thread compute and copy rates\n", ranks,
              cores, share);
   std::string yaml = calibrated_cluster_yaml(a.name, static_cast<int>(ranks), chosen_fit, bw,
-                                             mem_bytes / static_cast<double>(ranks), peak, gemms, chosen, share);
+                                             mem_bytes / static_cast<double>(ranks), peak, gemms, chosen, share, convs);
   ClusterSpec cal = parse_cluster_yaml(yaml, "calibrated cluster");  // what we write must load
   {
     // Predicted (from the written cluster) against measured, sample by sample.
@@ -999,8 +1036,9 @@ void setup(CLI::App& app) {
     c->add_option("--bench", a->bench, "files of `conduit bench coll --json` lines (any ops, algorithms, sizes)")
         ->required();
     c->add_option("--gemm", a->gemm,
-                  "JSON lines {m, n, k, gflops} of measured GEMMs (`conduit bench gemm --json`); with neither --gemm "
-                  "nor --peak, calibrate times them itself with libtorch");
+                  "JSON lines {m, n, k, gflops} of measured GEMMs and {kind: bench.conv, ...} of measured convolutions "
+                  "(`conduit bench gemm --json`); with neither --gemm nor --peak, calibrate times them itself with "
+                  "libtorch");
     c->add_option("--peak", a->peak, "compute rate instead of measured GEMMs (e.g. 80 GFLOP/s)");
     c->add_option("--ranks", a->ranks,
                   "workers of the cluster file; fits only bench samples of that world size (default: the largest)");

@@ -90,6 +90,77 @@ std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::str
   return out;
 }
 
+std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::string& origin) {
+  std::vector<ConvSample> out;
+  std::istringstream in(text);
+  std::string line;
+  int no = 0;
+  while (std::getline(in, line)) {
+    ++no;
+    const auto brace = line.find('{');
+    if (brace == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line.substr(brace));
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("{}:{}: not a JSON record", origin, no));
+    }
+    if (!j.is_object()) throw ConfigError(fmt::format("{}:{}: not a JSON object", origin, no));
+    if (!j.contains("kind") || j["kind"] != "bench.conv") continue;
+    // A positive number (lo = 0: greater than 0; else at least lo); `fallback` when absent if it is >= 0.
+    auto field = [&](const char* f, double lo, double fallback) {
+      if (!j.contains(f) && fallback >= 0) return fallback;
+      if (j.contains(f) && j[f].is_number()) {
+        const double v = j[f].get<double>();
+        if (std::isfinite(v) && (lo > 0 ? v >= lo : lo == 0 && fallback == 0 ? v >= 0 : v > 0)) return v;
+      }
+      const char* need = !j.contains(f)             ? "is missing"
+                         : lo > 0                   ? "must be a number >= 1"
+                         : lo == 0 && fallback == 0 ? "must be a number >= 0"
+                                                    : "must be a positive number";
+      throw ConfigError(fmt::format(
+          "{}:{}: field '{}' {} (a convolution record needs batch, in, out, height, width, kernel, forward_us, "
+          "input_grad_us, weight_grad_us > 0; stride >= 1, padding >= 0)",
+          origin, no, f, need));
+    };
+    ConvSample c;
+    c.batch = field("batch", 0, -1);
+    c.in = field("in", 0, -1);
+    c.out = field("out", 0, -1);
+    c.height = field("height", 0, -1);
+    c.width = field("width", 0, -1);
+    c.kernel = field("kernel", 0, -1);
+    c.stride = field("stride", 1, 1);
+    c.padding = field("padding", 0, 0);
+    if (c.out_height() < 1 || c.out_width() < 1)
+      throw ConfigError(fmt::format("{}:{}: field 'kernel' ({}) does not fit the input {}x{} padded by {}", origin, no,
+                                    c.kernel, c.height, c.width, c.padding));
+    c.forward_s = field("forward_us", 0, -1) * 1e-6;
+    c.input_grad_s = field("input_grad_us", 0, -1) * 1e-6;
+    c.weight_grad_s = field("weight_grad_us", 0, -1) * 1e-6;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<ConvSample> calibration_conv_shapes(double batch) {
+  std::vector<ConvSample> out;
+  for (const auto& l : parse_layer_model(kTrainCnnLayers).layers) {
+    if (l.kind != "conv") continue;
+    ConvSample c;
+    c.batch = batch;
+    c.in = l.in;
+    c.out = l.out;
+    c.height = l.height;  // stride 1, padding k / 2: the input is the output's size
+    c.width = l.width;
+    c.kernel = l.kernel;
+    c.stride = 1;
+    c.padding = std::floor(l.kernel / 2);
+    out.push_back(c);
+  }
+  return out;
+}
+
 std::vector<GemmShape> calibration_gemm_shapes(double batch) {
   std::vector<GemmShape> all;
   for (const char* spec : {kTrainCnnLayers, kTrainMlpLayers})
@@ -250,7 +321,8 @@ double measure_memory_bandwidth(size_t bytes, int repeats) {
 
 std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
-                                    const std::vector<GemmSample>& gemms, const std::string& transport, double share) {
+                                    const std::vector<GemmSample>& gemms, const std::string& transport, double share,
+                                    const std::vector<ConvSample>& convs) {
   if (!(share > 0) || share > 1) throw ConfigError(fmt::format("calibrate: share = {} must be in (0, 1]", share));
   std::string y;
   y += fmt::format("# Written by `conduit sim calibrate` from {} `conduit bench coll --json` samples over {}\n",
@@ -274,6 +346,15 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
     for (const auto& g : gemms)
       y += fmt::format("        - {{m: {}, n: {}, k: {}, achieved: {:.6g} GFLOP/s}}\n", g.m, g.n, g.k,
                        g.flops * share / 1e9);
+  }
+  if (!convs.empty()) {
+    y += "      conv_calibration:   # measured convolutions (forward, input and weight gradients), times / share\n";
+    for (const auto& c : convs)
+      y += fmt::format(
+          "        - {{batch: {}, in: {}, out: {}, height: {}, width: {}, kernel: {}, stride: {}, padding: {}, "
+          "forward: {:.6g} us, input_grad: {:.6g} us, weight_grad: {:.6g} us}}\n",
+          c.batch, c.in, c.out, c.height, c.width, c.kernel, c.stride, c.padding, c.forward_s / share * 1e6,
+          c.input_grad_s / share * 1e6, c.weight_grad_s / share * 1e6);
   }
   const double bw = fit.beta > 0 ? 1.0 / fit.beta : 1e15;
   y += fmt::format("    intra:\n      kind: nvswitch\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);

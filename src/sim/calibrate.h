@@ -47,6 +47,17 @@ double measure_memory_bandwidth(size_t bytes = 64 << 20, int repeats = 3);
 // not a positive number is a ConfigError naming the file, line and field; no GEMM record at all is one too.
 std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::string& origin);
 
+// Parses the convolution records of the same lines, {"kind": "bench.conv", "batch", "in", "out", "height", "width",
+// "kernel", "stride", "padding", "forward_us", "input_grad_us", "weight_grad_us"} (input size; stride defaults to 1,
+// padding to 0); other records are skipped. A convolution record with a missing or non-positive field (padding:
+// negative), or whose kernel does not fit the padded input, is a ConfigError naming the file, line and field. None
+// at all is not an error (the GEMM model then costs convolutions).
+std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::string& origin);
+
+// The convolutions `conduit bench gemm` and `conduit sim calibrate` time by default: every convolution layer of
+// `conduit train`'s CNN at `batch` samples per worker (stride 1, padding kernel / 2, as models.cc builds them).
+std::vector<ConvSample> calibration_conv_shapes(double batch);
+
 // The GEMM shapes `conduit bench gemm` and `conduit sim calibrate` time by default: every GEMM of a training step
 // (forward, input and weight gradients) of `conduit train`'s CNN and MLP at `batch` samples per worker, and a
 // square sweep 32..1024, without duplicates.
@@ -54,10 +65,11 @@ std::vector<GemmShape> calibration_gemm_shapes(double batch);
 
 // A cluster file for this machine: one node of `ranks` workers joined by the fitted transport. `memory_bandwidth`,
 // `peak_flops` and the GEMMs are measured by one thread; each rank gets `share` of that speed (the fraction of a
-// core it runs on: cores / ranks when ranks outnumber the cores, else 1).
+// core it runs on: cores / ranks when ranks outnumber the cores, else 1). Measured convolutions (one thread)
+// become the conv_calibration table, their times divided by `share`.
 std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
                                     const std::vector<GemmSample>& gemms, const std::string& transport,
-                                    double share = 1.0);
+                                    double share = 1.0, const std::vector<ConvSample>& convs = {});
 
 }  // namespace conduit::sim

@@ -101,6 +101,37 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       a.calibration.push_back(s);
     }
   }
+  if (auto c = n["conv_calibration"]) {
+    if (!c.IsSequence())
+      throw ConfigError(fmt::format(
+          "{}.conv_calibration must be a list of {{batch, in, out, height, width, kernel, stride, padding, forward, "
+          "input_grad, weight_grad}}",
+          f));
+    for (size_t i = 0; i < c.size(); ++i) {
+      std::string fi = fmt::format("{}.conv_calibration[{}]", f, i);
+      ConvSample s;
+      s.batch = get_number(require(c[i], "batch", "", fi), fi + ".batch", 1, 1e9);
+      s.in = get_number(require(c[i], "in", "", fi), fi + ".in", 1, 1e9);
+      s.out = get_number(require(c[i], "out", "", fi), fi + ".out", 1, 1e9);
+      s.height = get_number(require(c[i], "height", "", fi), fi + ".height", 1, 1e9);
+      s.width = get_number(require(c[i], "width", "", fi), fi + ".width", 1, 1e9);
+      s.kernel = get_number(require(c[i], "kernel", "", fi), fi + ".kernel", 1, 1e4);
+      if (c[i]["stride"]) s.stride = get_number(c[i]["stride"], fi + ".stride", 1, 1e4);
+      if (c[i]["padding"]) s.padding = get_number(c[i]["padding"], fi + ".padding", 0, 1e4);
+      if (s.out_height() < 1 || s.out_width() < 1)
+        throw ConfigError(fmt::format("{}: the kernel does not fit the padded input", fi));
+      auto dur = [&](const char* key) {
+        const std::string fk = fi + "." + key;
+        double t = parse_duration(get_string(require(c[i], key, "", fi), fk), fk);
+        if (!(t > 0)) throw ConfigError(fmt::format("{} must be positive", fk));
+        return t;
+      };
+      s.forward_s = dur("forward");
+      s.input_grad_s = dur("input_grad");
+      s.weight_grad_s = dur("weight_grad");
+      a.conv_calibration.push_back(s);
+    }
+  }
   return a;
 }
 

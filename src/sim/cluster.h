@@ -1,6 +1,7 @@
 #pragma once
 // A cluster description: kinds of nodes (accelerator, intra-node fabric, NICs) and the inter-node network.
 // Loaded from YAML (configs/clusters/*.yaml; the same text is embedded as presets). All values are SI.
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,17 @@ namespace conduit::sim {
 struct GemmSample {
   double m = 0, n = 0, k = 0;
   double flops = 0;  // achieved FLOP/s
+};
+
+// A measured 2-D convolution (`conduit bench gemm --json` "bench.conv" records): input batch x in x height x width,
+// `out` filters of kernel x kernel, stride and zero padding; the seconds of its forward, its input gradient and its
+// weight (and bias) gradient as the framework runs them (CPU libtorch: oneDNN direct kernels, not im2col GEMMs).
+// A conv calibration table replaces the implicit-GEMM model for convolution layers near a measured one.
+struct ConvSample {
+  double batch = 0, in = 0, out = 0, height = 0, width = 0, kernel = 0, stride = 1, padding = 0;
+  double forward_s = 0, input_grad_s = 0, weight_grad_s = 0;
+  double out_height() const { return std::floor((height + 2 * padding - kernel) / stride) + 1; }
+  double out_width() const { return std::floor((width + 2 * padding - kernel) / stride) + 1; }
 };
 
 struct Accelerator {
@@ -26,6 +38,7 @@ struct Accelerator {
   double memory_efficiency = 0.85;  // fraction of memory bandwidth reached by streaming kernels
   double kernel_overhead = 4e-6;    // seconds per kernel launch
   std::vector<GemmSample> calibration;
+  std::vector<ConvSample> conv_calibration;
 };
 
 struct LinkSpec {

@@ -41,6 +41,51 @@ double gemm_time(const Accelerator& acc, const GemmShape& g) {
   return t + acc.kernel_overhead;
 }
 
+GemmShape conv_pass_gemm(const ConvShape& c, ConvPass p) {
+  const GemmShape f = c.forward_gemm();
+  switch (p) {
+    case ConvPass::kInputGrad:
+      return {f.m, f.k, f.n, f.batch};
+    case ConvPass::kWeightGrad:
+      return {f.k, f.n, f.m, f.batch};
+    default:
+      return f;
+  }
+}
+
+namespace {
+ConvShape sample_shape(const ConvSample& s) { return {s.batch, s.in, s.out, s.out_height(), s.out_width(), s.kernel}; }
+}  // namespace
+
+const ConvSample* nearest_conv_sample(const Accelerator& acc, const ConvShape& c) {
+  const ConvSample* near = nullptr;
+  double best = std::numeric_limits<double>::infinity();
+  const GemmShape g = c.forward_gemm();
+  for (const auto& s : acc.conv_calibration) {
+    const GemmShape h = sample_shape(s).forward_gemm();
+    double d = std::pow(std::log(h.m / g.m), 2) + std::pow(std::log(h.n / g.n), 2) + std::pow(std::log(h.k / g.k), 2);
+    if (d < best) {
+      best = d;
+      near = &s;
+    }
+  }
+  return near;
+}
+
+double conv_time(const Accelerator& acc, const ConvShape& c, ConvPass p) {
+  const GemmShape g = conv_pass_gemm(c, p);
+  const ConvSample* near = nearest_conv_sample(acc, c);
+  if (!near) return gemm_time(acc, g);
+  double t = analytic_time(acc, g);
+  if (t <= 0) return 0;
+  const double measured = p == ConvPass::kForward     ? near->forward_s
+                          : p == ConvPass::kInputGrad ? near->input_grad_s
+                                                      : near->weight_grad_s;
+  const double predicted = analytic_time(acc, conv_pass_gemm(sample_shape(*near), p));
+  if (predicted > 0 && measured > 0) t *= measured / predicted;
+  return t + acc.kernel_overhead;
+}
+
 double gemm_efficiency(const Accelerator& acc, const GemmShape& g) {
   double t = gemm_time(acc, g);
   return t > 0 ? g.flops() / t / acc.peak_flops : 0;

@@ -10,6 +10,12 @@
 // e_max, e_mem, the tile and the SM count come from the cluster file (published kernel measurements). A
 // `calibration:` table of measured GEMMs rescales the model by the measured/predicted ratio of the nearest
 // measured shape (log distance), so a measured machine predicts itself.
+// A 2-D convolution is costed as its implicit GEMM (M = batch * H_out * W_out, N = out channels, K = in * k * k;
+// the input gradient (M x N)(N x K), the weight gradient (K x M)(M x N)), unless the accelerator has a
+// `conv_calibration:` table of measured convolutions: then the pass's time is the nearest measured convolution's
+// (log distance over M, N, K) time for that pass, scaled by the implicit-GEMM model's ratio between the two shapes
+// (exactly the measured time at a measured shape). CPU frameworks run convolutions as direct kernels (oneDNN),
+// several times faster than the im2col GEMM of the same shape.
 // Element-wise kernels are memory-bound: bytes / (memory bandwidth * e_mem) + launch overhead.
 #include "sim/cluster.h"
 
@@ -20,7 +26,19 @@ struct GemmShape {
   double flops() const { return 2.0 * m * n * k * batch; }
 };
 
+// A convolution with an output feature map of out_h x out_w (stride and padding only set the input size).
+struct ConvShape {
+  double batch = 1, in = 1, out = 1, out_h = 1, out_w = 1, kernel = 1;
+  GemmShape forward_gemm() const { return {batch * out_h * out_w, out, in * kernel * kernel, 1}; }
+  double flops() const { return forward_gemm().flops(); }  // each of the three passes
+};
+enum class ConvPass { kForward, kInputGrad, kWeightGrad };
+GemmShape conv_pass_gemm(const ConvShape& c, ConvPass p);  // the implicit GEMM of a pass
+
 double gemm_time(const Accelerator& acc, const GemmShape& g);
+double conv_time(const Accelerator& acc, const ConvShape& c, ConvPass p);
+// The measured convolution conv_time scales from (nullptr without a conv calibration table).
+const ConvSample* nearest_conv_sample(const Accelerator& acc, const ConvShape& c);
 double gemm_efficiency(const Accelerator& acc, const GemmShape& g);  // achieved / peak
 double memory_time(const Accelerator& acc, double bytes, int kernels = 1);
 

@@ -463,10 +463,21 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     if (topo.kind_counts()[i] == 0) continue;
     const Accelerator& acc = topo.spec().node_kinds[i].accelerator;
     double f = 0, bw = 0;
-    for (const auto& l : m.layers) {
+    for (size_t li = 0; li < m.layers.size(); ++li) {
+      const Layer& l = m.layers[li];
       GemmShape g = l.forward_gemm(b);
-      f += gemm_time(acc, g) + memory_time(acc, 2 * eb * g.m * g.n, 1);  // activation function: read + write
-      bw += gemm_time(acc, dgrad(g)) + gemm_time(acc, wgrad(g)) + memory_time(acc, 3 * eb * g.m * g.n, 1);
+      // Convolutions through conv_time (measured convolutions when the cluster has them, else the implicit GEMM).
+      // The first layer computes no input gradient: its input is the data, which needs none.
+      if (l.kind == "conv") {
+        const ConvShape c = l.conv_shape(b);
+        f += conv_time(acc, c, ConvPass::kForward);
+        bw += (li > 0 ? conv_time(acc, c, ConvPass::kInputGrad) : 0) + conv_time(acc, c, ConvPass::kWeightGrad);
+      } else {
+        f += gemm_time(acc, g);
+        bw += (li > 0 ? gemm_time(acc, dgrad(g)) : 0) + gemm_time(acc, wgrad(g));
+      }
+      f += memory_time(acc, 2 * eb * g.m * g.n, 1);   // activation function: read + write
+      bw += memory_time(acc, 3 * eb * g.m * g.n, 1);  // its gradient
     }
     if (!slow || f + bw > fwd + bwd) {
       fwd = f;

@@ -83,6 +83,9 @@ struct Layer {
   double kernel = 1, height = 1, width = 1;  // conv: kernel size and output feature map
   double params() const;
   GemmShape forward_gemm(double batch) const;  // conv as implicit GEMM (M = batch*H*W, N = out, K = in*k*k)
+  ConvShape conv_shape(double batch) const {   // conv layers
+    return {batch, in, out, height, width, kernel};
+  }
 };
 struct LayerModel {
   std::string name;

@@ -21,6 +21,25 @@ struct GemmTiming {
 // call, then calls until `min_seconds` have passed (at least 5); the median call. Restores the thread counts.
 std::vector<GemmTiming> time_gemms(const std::vector<std::array<int64_t, 3>>& shapes, int threads, double min_seconds);
 
+struct ConvTiming {
+  int64_t batch = 0, in = 0, out = 0, height = 0, width = 0, kernel = 0, stride = 1, padding = 0;  // input size
+  double forward_s = 0, input_grad_s = 0, weight_grad_s = 0;  // medians of the timed calls of each pass
+  int calls = 0;                                              // timed calls of the forward
+  int64_t out_height() const { return (height + 2 * padding - kernel) / stride + 1; }
+  int64_t out_width() const { return (width + 2 * padding - kernel) / stride + 1; }
+  double flops() const {  // of each pass: 2 x batch x H_out x W_out x out x in x k^2
+    return 2.0 * double(batch) * double(out_height()) * double(out_width()) * double(out) * double(in) *
+           double(kernel) * double(kernel);
+  }
+};
+
+// Times a float32 2-D convolution (bias included) as training runs it, with `threads` intra-op threads: the forward
+// (torch::conv2d) and the two passes of its backward through at::convolution_backward, the function autograd
+// calls: the input gradient alone, and the weight and bias gradients together. Per pass: one untimed call, then
+// calls until `min_seconds` have passed (at least 5); the median call. `batch`, `in`, ... of each element are the
+// shape (the times are filled in). ConfigError for a shape that is not positive or whose kernel does not fit.
+std::vector<ConvTiming> time_convs(const std::vector<ConvTiming>& shapes, int threads, double min_seconds);
+
 struct ModelStepTiming {
   double forward_s = 0, backward_s = 0;  // medians: forward with the cross-entropy loss; backward
   int steps = 0;

@@ -179,6 +179,59 @@ std::vector<GemmTiming> time_gemms(const std::vector<std::array<int64_t, 3>>& sh
   return out;
 }
 
+namespace {
+// Median seconds of `call` (one untimed call first), at least 5 calls and `min_seconds`.
+template <class F>
+double median_call(F&& call, double min_seconds, int* calls) {
+  call();
+  std::vector<double> t;
+  const double start = now();
+  while ((t.size() < 5 || now() - start < min_seconds) && t.size() < 100000) {
+    const double t0 = now();
+    call();
+    t.push_back(now() - t0);
+  }
+  if (calls) *calls = static_cast<int>(t.size());
+  return median(t);
+}
+}  // namespace
+
+std::vector<ConvTiming> time_convs(const std::vector<ConvTiming>& shapes, int threads, double min_seconds) {
+  ThreadScope scope(threads);
+  torch::NoGradGuard ng;
+  std::vector<ConvTiming> out;
+  for (ConvTiming c : shapes) {
+    if (c.batch < 1 || c.in < 1 || c.out < 1 || c.height < 1 || c.width < 1 || c.kernel < 1 || c.stride < 1 ||
+        c.padding < 0 || c.out_height() < 1 || c.out_width() < 1)
+      throw ConfigError("conv shape " + std::to_string(c.batch) + "x" + std::to_string(c.in) + "x" +
+                        std::to_string(c.height) + "x" + std::to_string(c.width) + " -> " + std::to_string(c.out) +
+                        " k" + std::to_string(c.kernel) + ": every dimension must be positive and the kernel must fit");
+    auto x = torch::randn({c.batch, c.in, c.height, c.width});
+    auto w = torch::randn({c.out, c.in, c.kernel, c.kernel});
+    auto b = torch::randn({c.out});
+    const std::vector<int64_t> stride{c.stride, c.stride}, pad{c.padding, c.padding}, dil{1, 1}, opad{0, 0};
+    torch::Tensor y;
+    c.forward_s = median_call([&] { y = torch::conv2d(x, w, b, stride, pad); }, min_seconds, &c.calls);
+    auto gy = torch::randn_like(y);
+    const std::vector<int64_t> bias_sizes{c.out};
+    std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> g;
+    c.input_grad_s = median_call(
+        [&] {
+          g = at::convolution_backward(gy, x, w, at::IntArrayRef(bias_sizes), stride, pad, dil, false, opad, 1,
+                                       {true, false, false});
+        },
+        min_seconds, nullptr);
+    c.weight_grad_s = median_call(
+        [&] {
+          g = at::convolution_backward(gy, x, w, at::IntArrayRef(bias_sizes), stride, pad, dil, false, opad, 1,
+                                       {false, true, true});
+        },
+        min_seconds, nullptr);
+    out.push_back(c);
+  }
+  return out;
+}
+
 ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps) {
   ThreadScope scope(threads);
   auto model = make_model(name);

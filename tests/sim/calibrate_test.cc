@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "sim/collective.h"
 #include "sim/compute.h"
+#include "sim/step.h"
+#include "sim/topology.h"
 #include "sim/workload.h"
 
 namespace conduit::sim {
@@ -113,6 +115,146 @@ TEST(Calibrate, BadGemmLinesFailNamingTheField) {
   e = error_of("nothing\n");
   EXPECT_NE(e.find("no GEMM records"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos);  // one line
+}
+
+// `conduit bench gemm --json` convolution records (bench.conv) land in the cluster file's conv_calibration table,
+// their times divided by each rank's share of a core; the compute model then costs a measured convolution layer at
+// its measured time per pass, a larger one by the implicit-GEMM model's ratio, and falls back to the implicit GEMM
+// without the table.
+TEST(Calibrate, ConvLinesLandInTheConvCalibrationTableAndCostConvLayers) {
+  const std::string lines =
+      "{\"kind\":\"bench.gemm\",\"label\":\"cnn conv2 fwd\",\"m\":12544,\"n\":64,\"k\":288,\"gflops\":40}\n"
+      "{\"kind\":\"bench.conv\",\"label\":\"cnn conv2\",\"batch\":64,\"in\":32,\"out\":64,\"height\":14,\"width\":14,"
+      "\"kernel\":3,\"stride\":1,\"padding\":1,\"forward_us\":4000,\"input_grad_us\":5000,\"weight_grad_us\":6000,"
+      "\"forward_gflops\":115.6,\"calls\":20,\"threads\":1,\"dtype\":\"f32\"}\n"
+      "{\"kind\":\"bench.conv\",\"batch\":8,\"in\":3,\"out\":16,\"height\":32,\"width\":32,\"kernel\":5,"
+      "\"forward_us\":100,\"input_grad_us\":200,\"weight_grad_us\":300}\n";
+  auto gemms = parse_gemm_lines(lines, "gemm.jsonl");
+  auto convs = parse_conv_lines(lines, "gemm.jsonl");
+  ASSERT_EQ(gemms.size(), 1u);
+  ASSERT_EQ(convs.size(), 2u);
+  EXPECT_EQ(convs[0].in, 32);
+  EXPECT_EQ(convs[0].out_height(), 14);
+  EXPECT_DOUBLE_EQ(convs[0].weight_grad_s, 6e-3);
+  EXPECT_EQ(convs[1].stride, 1);  // defaults
+  EXPECT_EQ(convs[1].padding, 0);
+  EXPECT_EQ(convs[1].out_height(), 28);
+  EXPECT_TRUE(parse_conv_lines("{\"m\":1,\"n\":1,\"k\":1,\"gflops\":1}\n", "g").empty());  // none: not an error
+  AlphaBetaGamma f;
+  f.alpha = 20e-6;
+  f.beta = 1 / 2e9;
+  f.samples = 10;
+  const std::string yaml = calibrated_cluster_yaml("here", 4, f, 10e9, 8e9, 40e9, gemms, "shm", 0.5, convs);
+  ClusterSpec c = parse_cluster_yaml(yaml, "here");
+  const Accelerator& acc = c.node_kinds.at(0).accelerator;
+  ASSERT_EQ(acc.conv_calibration.size(), 2u);
+  EXPECT_NEAR(acc.conv_calibration[0].forward_s, 8e-3, 1e-12);  // half a core each: twice the time
+  EXPECT_NEAR(acc.conv_calibration[0].input_grad_s, 10e-3, 1e-12);
+  EXPECT_NEAR(acc.conv_calibration[1].weight_grad_s, 600e-6, 1e-12);
+  EXPECT_EQ(acc.conv_calibration[1].kernel, 5);
+  // The CNN's conv2 as a layer: measured time per pass.
+  const LayerModel cnn = parse_layer_model(kTrainCnnLayers);
+  const ConvShape conv2 = cnn.layers[1].conv_shape(64);
+  EXPECT_NEAR(conv_time(acc, conv2, ConvPass::kForward) - acc.kernel_overhead, 8e-3, 1e-12);
+  EXPECT_NEAR(conv_time(acc, conv2, ConvPass::kInputGrad) - acc.kernel_overhead, 10e-3, 1e-12);
+  EXPECT_NEAR(conv_time(acc, conv2, ConvPass::kWeightGrad) - acc.kernel_overhead, 12e-3, 1e-12);
+  // Twice the batch (nearest: conv2; compute-bound on one "SM"): twice the time.
+  const ConvShape conv2x2 = cnn.layers[1].conv_shape(128);
+  EXPECT_EQ(nearest_conv_sample(acc, conv2x2), &acc.conv_calibration[0]);
+  EXPECT_NEAR((conv_time(acc, conv2x2, ConvPass::kWeightGrad) - acc.kernel_overhead) / 12e-3, 2, 1e-9);
+  // Without the table: the implicit GEMM (12544 x 64 x 288 forward, at the measured 40 GFLOP/s x 0.5).
+  Accelerator plain = acc;
+  plain.conv_calibration.clear();
+  EXPECT_EQ(nearest_conv_sample(plain, conv2), nullptr);
+  EXPECT_DOUBLE_EQ(conv_time(plain, conv2, ConvPass::kForward), gemm_time(plain, {12544, 64, 288, 1}));
+  EXPECT_NEAR(conv_time(plain, conv2, ConvPass::kForward) - plain.kernel_overhead, conv2.flops() / 20e9, 1e-9);
+  // A data-parallel step of the CNN (4 workers, one micro-batch each): its convolution layers are costed by conv_time
+  // (conv1 scaled from the nearest measured convolution, the 5x5 one), its dense layers as before; the first layer
+  // computes no input gradient.
+  ClusterSpec with = c, without = c;
+  without.node_kinds[0].accelerator.conv_calibration.clear();
+  Topology tw(with, 4), to(without, 4);
+  CollectiveModel nw(tw), no(to);
+  ParallelConfig pc;
+  pc.micro_batch = 64;
+  pc.global_batch = 4 * 64;
+  pc.grad_bytes = 4;
+  StepResult rw = simulate_layer_step(nw, cnn, pc), ro = simulate_layer_step(no, cnn, pc);
+  double conv_with = 0, conv_without = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const ConvShape cs = cnn.layers[i].conv_shape(64);
+    for (ConvPass p : {ConvPass::kForward, ConvPass::kInputGrad, ConvPass::kWeightGrad}) {
+      if (i == 0 && p == ConvPass::kInputGrad) continue;  // the data needs no gradient
+      conv_with += conv_time(acc, cs, p);
+      conv_without += conv_time(plain, cs, p);
+    }
+  }
+  EXPECT_NEAR(ro.breakdown.compute - rw.breakdown.compute, conv_without - conv_with, 1e-12);
+  EXPECT_GT(conv_without, conv_with);  // 20 GFLOP/s GEMMs vs conv2 at ~29-58 GFLOP/s per half core
+}
+
+std::string conv_error_of(const std::string& text) {
+  try {
+    parse_conv_lines(text, "gemm.jsonl");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Calibrate, BadConvLinesFailNamingFileLineAndField) {
+  const std::string ok =
+      "\"batch\":64,\"in\":32,\"out\":64,\"height\":14,\"width\":14,\"kernel\":3,\"stride\":1,\"padding\":1,"
+      "\"forward_us\":4000,\"input_grad_us\":5000";
+  std::string e = conv_error_of("# convs\n{\"kind\":\"bench.conv\"," + ok + "}\n");
+  EXPECT_NE(e.find("gemm.jsonl:2: field 'weight_grad_us' is missing"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos);  // one line
+  e = conv_error_of("{\"kind\":\"bench.conv\"," + ok + ",\"weight_grad_us\":0}\n");
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'weight_grad_us' must be a positive number"), std::string::npos) << e;
+  e = conv_error_of("{\"kind\":\"bench.gemm\",\"m\":1}\n{\"kind\":\"bench.conv\",\"batch\":\"64\"}\n");
+  EXPECT_NE(e.find("gemm.jsonl:2: field 'batch' must be a positive number"), std::string::npos) << e;
+  const std::string full = ok + ",\"weight_grad_us\":6000";
+  auto with = [&](const std::string& key, const std::string& value) {
+    std::string t = "{\"kind\":\"bench.conv\"," + full + "}\n";
+    const auto at = t.find("\"" + key + "\":");
+    const auto end = t.find_first_of(",}", at);
+    return t.substr(0, at) + "\"" + key + "\":" + value + t.substr(end);
+  };
+  EXPECT_EQ(conv_error_of(with("in", "32")), "(no error)");
+  e = conv_error_of(with("stride", "0"));
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'stride' must be a number >= 1"), std::string::npos) << e;
+  e = conv_error_of(with("padding", "-1"));
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'padding' must be a number >= 0"), std::string::npos) << e;
+  e = conv_error_of(with("kernel", "31"));
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'kernel' (31) does not fit the input 14x14 padded by 1"), std::string::npos)
+      << e;
+  e = conv_error_of(with("out", "-64"));
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'out' must be a positive number"), std::string::npos) << e;
+  e = conv_error_of("{\"kind\":\"bench.conv\"," + full + "\n");
+  EXPECT_NE(e.find("gemm.jsonl:1: not a JSON record"), std::string::npos) << e;
+  // A cluster file's conv_calibration entry names its field.
+  AlphaBetaGamma f;
+  f.alpha = 20e-6;
+  f.beta = 1 / 2e9;
+  f.samples = 10;
+  ConvSample cs;
+  cs.batch = 64;
+  cs.in = 32;
+  cs.out = 64;
+  cs.height = cs.width = 14;
+  cs.kernel = 3;
+  cs.padding = 1;
+  cs.forward_s = cs.input_grad_s = cs.weight_grad_s = 1e-3;
+  std::string yaml = calibrated_cluster_yaml("here", 2, f, 10e9, 8e9, 40e9, {}, "shm", 1.0, {cs});
+  EXPECT_NO_THROW(parse_cluster_yaml(yaml, "here.yaml"));
+  const auto at = yaml.find("input_grad: ");
+  std::string bad = yaml.substr(0, at) + yaml.substr(yaml.find(", ", at) + 2);
+  try {
+    parse_cluster_yaml(bad, "here.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("conv_calibration[0].input_grad is missing"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
