@@ -50,8 +50,10 @@ struct Conv {
 // The convolution layers of a layer list at `batch`, as models.cc builds them: stride 1, padding kernel / 2.
 void add_layer_convs(std::vector<Conv>& out, const std::string& name, const std::string& spec, int batch) {
   auto lm = sim::parse_layer_model(spec);
+  int n = 0;  // numbered as the GEMM labels: among the layers with GEMMs (pooling has none)
   for (size_t i = 0; i < lm.layers.size(); ++i) {
     const auto& l = lm.layers[i];
+    if (l.kind != "pool") ++n;
     if (l.kind != "conv") continue;
     train::ConvTiming c;
     c.batch = batch;
@@ -62,28 +64,49 @@ void add_layer_convs(std::vector<Conv>& out, const std::string& name, const std:
     c.kernel = int64_t(l.kernel);
     c.stride = 1;
     c.padding = c.kernel / 2;
-    out.push_back({c, fmt::format("{} conv{}", name, i + 1)});
+    out.push_back({c, fmt::format("{} conv{}", name, n)});
   }
 }
 
 void add_layer_gemms(std::vector<Shape>& out, const std::string& name, const char* spec, int batch) {
   const char* kinds[] = {"fwd", "dgrad", "wgrad"};
   auto lm = sim::parse_layer_model(spec);
-  auto gs = sim::layer_step_gemms(lm, batch);
-  for (size_t i = 0; i < gs.size(); ++i) {
-    const auto& l = lm.layers[i / 3];
+  auto gs = sim::layer_step_gemms(lm, batch);  // three per layer with GEMMs (not pooling), in order
+  std::vector<const sim::Layer*> with_gemms;
+  for (const auto& l : lm.layers)
+    if (l.kind != "pool") with_gemms.push_back(&l);
+  for (size_t i = 0; i < gs.size(); ++i)
     out.push_back({{int64_t(gs[i].m), int64_t(gs[i].n), int64_t(gs[i].k)},
-                   fmt::format("{} {}{} {}", name, l.kind, i / 3 + 1, kinds[i % 3])});
+                   fmt::format("{} {}{} {}", name, with_gemms.at(i / 3)->kind, i / 3 + 1, kinds[i % 3])});
+}
+
+struct Pool {
+  train::PoolTiming shape;
+  std::string label;
+};
+
+void add_layer_pools(std::vector<Pool>& out, const std::string& name, const std::string& spec, int batch) {
+  int n = 0;
+  for (const auto& l : sim::parse_layer_model(spec).layers) {
+    if (l.kind != "pool") continue;
+    train::PoolTiming p;
+    p.batch = batch;
+    p.channels = int64_t(l.in);
+    p.height = int64_t(l.height);
+    p.width = int64_t(l.width);
+    p.kernel = int64_t(l.kernel);
+    out.push_back({p, fmt::format("{} pool{}", name, ++n)});
   }
 }
 
-std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs) {
+std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std::vector<Pool>& pools) {
   std::vector<Shape> out;
   for (const auto& item : split(a.shapes, ',')) {
     const std::string s = trim(item);
     if (s == "cnn") {
       add_layer_gemms(out, "cnn", sim::kTrainCnnLayers, a.batch);
       add_layer_convs(convs, "cnn", sim::kTrainCnnLayers, a.batch);
+      add_layer_pools(pools, "cnn", sim::kTrainCnnLayers, a.batch);
     } else if (s.rfind("conv:", 0) == 0) {
       std::vector<Conv> one;
       add_layer_convs(one, "given", s, a.batch);
@@ -140,7 +163,8 @@ void run_gemm(const GemmArgs& a) {
   if (a.model_steps < 1 || a.model_steps > 10000)
     throw ConfigError(fmt::format("--model-steps = {} (allowed: 1..10000)", a.model_steps));
   std::vector<Conv> convs;
-  std::vector<Shape> shapes = parse_shapes(a, convs);
+  std::vector<Pool> pools;
+  std::vector<Shape> shapes = parse_shapes(a, convs, pools);
   std::vector<std::array<int64_t, 3>> mnk;
   for (const auto& s : shapes) mnk.push_back(s.mnk);
   auto timings = train::time_gemms(mnk, a.threads, a.min_time);
@@ -214,6 +238,35 @@ void run_gemm(const GemmArgs& a) {
           c.input_grad_s * 1e6, c.weight_grad_s * 1e6, gf(c.forward_s), gf(c.input_grad_s), gf(c.weight_grad_s));
     }
   }
+  std::vector<train::PoolTiming> pshapes;
+  for (const auto& p : pools) pshapes.push_back(p.shape);
+  auto ptimes = train::time_pools(pshapes, a.threads, a.min_time);
+  if (!a.json && !ptimes.empty())
+    fmt::print("\n  {:<20} {:>5} {:>8} {:>9} {:>3} {:>11} {:>11}\n", "max pool", "batch", "channels", "HxW", "k",
+               "forward", "backward");
+  for (size_t i = 0; i < ptimes.size(); ++i) {
+    const auto& p = ptimes[i];
+    if (!a.model.empty() && pools[i].label.rfind(prefix, 0) == 0) conv_sum += p.forward_s + p.backward_s;
+    if (a.json) {
+      std::cout << nlohmann::json{{"kind", "bench.pool"},
+                                  {"label", pools[i].label},
+                                  {"batch", p.batch},
+                                  {"channels", p.channels},
+                                  {"height", p.height},
+                                  {"width", p.width},
+                                  {"kernel", p.kernel},
+                                  {"forward_us", p.forward_s * 1e6},
+                                  {"backward_us", p.backward_s * 1e6},
+                                  {"calls", p.calls},
+                                  {"threads", a.threads},
+                                  {"dtype", "f32"}}
+                       .dump()
+                << "\n";
+    } else {
+      fmt::print("  {:<20} {:>5} {:>8} {:>9} {:>3} {:>8.1f} us {:>8.1f} us\n", pools[i].label, p.batch, p.channels,
+                 fmt::format("{}x{}", p.height, p.width), p.kernel, p.forward_s * 1e6, p.backward_s * 1e6);
+    }
+  }
   if (!a.model.empty()) {
     auto ms = train::time_model_step(a.model, a.batch, a.threads, a.model_steps);
     if (a.json) {
@@ -225,7 +278,7 @@ void run_gemm(const GemmArgs& a) {
                                   {"backward_s", ms.backward_s},
                                   {"steps", ms.steps},
                                   {"gemm_sum_s", gemm_sum},
-                                  {"conv_dense_sum_s", conv_sum > 0 ? conv_sum + dense_sum : 0.0}}
+                                  {"conv_pool_dense_sum_s", conv_sum > 0 ? conv_sum + dense_sum : 0.0}}
                        .dump()
                 << "\n";
     } else {
@@ -233,7 +286,8 @@ void run_gemm(const GemmArgs& a) {
                  a.batch, ms.forward_s * 1e3, ms.backward_s * 1e3, (ms.forward_s + ms.backward_s) * 1e3, ms.steps);
       if (gemm_sum > 0) fmt::print("; its GEMMs above sum to {:.2f} ms", gemm_sum * 1e3);
       if (conv_sum > 0)
-        fmt::print("; its convolutions (as convolutions) and dense GEMMs to {:.2f} ms", (conv_sum + dense_sum) * 1e3);
+        fmt::print("; its convolutions (as convolutions), poolings and dense GEMMs to {:.2f} ms",
+                   (conv_sum + dense_sum) * 1e3);
       fmt::print("\n");
     }
   }
@@ -246,7 +300,8 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
   c->add_option("--shapes", a->shapes,
                 "comma-separated: cnn and mlp (every GEMM of a training step of conduit train's models at --batch: "
                 "forward, input and weight gradients; convolutions as im2col GEMMs, and cnn's convolution layers also "
-                "as convolutions: forward, input and weight gradients), square (32..1024), MxNxK, conv:INxOUTkK@HxW")
+                "as convolutions: forward, input and weight gradients, and its max poolings), square (32..1024), "
+                "MxNxK, conv:INxOUTkK@HxW")
       ->capture_default_str();
   c->add_option("--batch", a->batch, "samples per worker for the cnn/mlp shapes and --model")->capture_default_str();
   c->add_option("--threads", a->threads, "intra-op threads (conduit train's workers use 1)")->capture_default_str();

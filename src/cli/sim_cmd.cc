@@ -700,13 +700,15 @@ void run_calibrate(const CalibrateArgs& a) {
   }
   std::vector<GemmSample> gemms;
   std::vector<ConvSample> convs;
+  std::vector<PoolSample> pools;
   double peak = 0;
   if (!a.gemm.empty()) {
     const std::string text = read_file(a.gemm, "--gemm");
     gemms = parse_gemm_lines(text, a.gemm);
     convs = parse_conv_lines(text, a.gemm);
-    fmt::print("{}: {} GEMM records, {} convolution records{}\n", a.gemm, gemms.size(), convs.size(),
-               convs.empty() ? " (convolution layers will be costed as im2col GEMMs)" : "");
+    pools = parse_pool_lines(text, a.gemm);
+    fmt::print("{}: {} GEMM records, {} convolution records, {} pooling records{}\n", a.gemm, gemms.size(),
+               convs.size(), pools.size(), convs.empty() ? " (convolution layers will be costed as im2col GEMMs)" : "");
   }
   if (a.gemm.empty() && a.peak.empty()) {
 #ifdef CONDUIT_WITH_TORCH
@@ -744,10 +746,32 @@ void run_calibrate(const CalibrateArgs& a) {
       c.weight_grad_s = t.weight_grad_s;
       convs.push_back(c);
     }
+    std::vector<train::PoolTiming> pshapes;
+    for (const auto& p : calibration_pool_shapes(a.batch)) {
+      train::PoolTiming t;
+      t.batch = int64_t(p.batch);
+      t.channels = int64_t(p.channels);
+      t.height = int64_t(p.height);
+      t.width = int64_t(p.width);
+      t.kernel = int64_t(p.kernel);
+      pshapes.push_back(t);
+    }
+    for (const auto& t : train::time_pools(pshapes, 1, 0.05)) {
+      PoolSample p;
+      p.batch = double(t.batch);
+      p.channels = double(t.channels);
+      p.height = double(t.height);
+      p.width = double(t.width);
+      p.kernel = double(t.kernel);
+      p.forward_s = t.forward_s;
+      p.backward_s = t.backward_s;
+      pools.push_back(p);
+    }
     fmt::print(
-        "timed {} GEMMs and {} convolutions with libtorch (one thread; conduit train's CNN and MLP at batch {}, square "
+        "timed {} GEMMs, {} poolings and {} convolutions with libtorch (one thread; conduit train's CNN and MLP at "
+        "batch {}, square "
         "32..1024)\n",
-        gemms.size(), convs.size(), a.batch);
+        gemms.size(), pools.size(), convs.size(), a.batch);
 #else
     throw ConfigError(
         "give --gemm FILE (JSON lines {m, n, k, gflops}, e.g. from `conduit bench gemm --json`) or --peak (e.g. 50 "
@@ -781,8 +805,9 @@ void run_calibrate(const CalibrateArgs& a) {
              mem_bytes / 1e9, peak / 1e9);
   fmt::print("{} ranks on {} cores: each rank gets {:.3g} of the measured one-thread compute and copy rates\n", ranks,
              cores, share);
-  std::string yaml = calibrated_cluster_yaml(a.name, static_cast<int>(ranks), chosen_fit, bw,
-                                             mem_bytes / static_cast<double>(ranks), peak, gemms, chosen, share, convs);
+  std::string yaml =
+      calibrated_cluster_yaml(a.name, static_cast<int>(ranks), chosen_fit, bw, mem_bytes / static_cast<double>(ranks),
+                              peak, gemms, chosen, share, convs, pools);
   ClusterSpec cal = parse_cluster_yaml(yaml, "calibrated cluster");  // what we write must load
   {
     // Predicted (from the written cluster) against measured, sample by sample.

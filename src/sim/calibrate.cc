@@ -143,6 +143,62 @@ std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::str
   return out;
 }
 
+std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::string& origin) {
+  std::vector<PoolSample> out;
+  std::istringstream in(text);
+  std::string line;
+  int no = 0;
+  while (std::getline(in, line)) {
+    ++no;
+    const auto brace = line.find('{');
+    if (brace == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line.substr(brace));
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("{}:{}: not a JSON record", origin, no));
+    }
+    if (!j.is_object()) throw ConfigError(fmt::format("{}:{}: not a JSON object", origin, no));
+    if (!j.contains("kind") || j["kind"] != "bench.pool") continue;
+    auto field = [&](const char* f) {
+      if (j.contains(f) && j[f].is_number() && std::isfinite(j[f].get<double>()) && j[f].get<double>() > 0)
+        return j[f].get<double>();
+      throw ConfigError(fmt::format(
+          "{}:{}: field '{}' {} (a pooling record needs batch, channels, height, width, kernel, forward_us, "
+          "backward_us > 0)",
+          origin, no, f, j.contains(f) ? "must be a positive number" : "is missing"));
+    };
+    PoolSample p;
+    p.batch = field("batch");
+    p.channels = field("channels");
+    p.height = field("height");
+    p.width = field("width");
+    p.kernel = field("kernel");
+    if (p.kernel > p.height || p.kernel > p.width)
+      throw ConfigError(fmt::format("{}:{}: field 'kernel' ({}) is larger than the map {}x{}", origin, no, p.kernel,
+                                    p.height, p.width));
+    p.forward_s = field("forward_us") * 1e-6;
+    p.backward_s = field("backward_us") * 1e-6;
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<PoolSample> calibration_pool_shapes(double batch) {
+  std::vector<PoolSample> out;
+  for (const auto& l : parse_layer_model(kTrainCnnLayers).layers) {
+    if (l.kind != "pool") continue;
+    PoolSample p;
+    p.batch = batch;
+    p.channels = l.in;
+    p.height = l.height;
+    p.width = l.width;
+    p.kernel = l.kernel;
+    out.push_back(p);
+  }
+  return out;
+}
+
 std::vector<ConvSample> calibration_conv_shapes(double batch) {
   std::vector<ConvSample> out;
   for (const auto& l : parse_layer_model(kTrainCnnLayers).layers) {
@@ -322,7 +378,7 @@ double measure_memory_bandwidth(size_t bytes, int repeats) {
 std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
                                     const std::vector<GemmSample>& gemms, const std::string& transport, double share,
-                                    const std::vector<ConvSample>& convs) {
+                                    const std::vector<ConvSample>& convs, const std::vector<PoolSample>& pools) {
   if (!(share > 0) || share > 1) throw ConfigError(fmt::format("calibrate: share = {} must be in (0, 1]", share));
   std::string y;
   y += fmt::format("# Written by `conduit sim calibrate` from {} `conduit bench coll --json` samples over {}\n",
@@ -355,6 +411,15 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
           "forward: {:.6g} us, input_grad: {:.6g} us, weight_grad: {:.6g} us}}\n",
           c.batch, c.in, c.out, c.height, c.width, c.kernel, c.stride, c.padding, c.forward_s / share * 1e6,
           c.input_grad_s / share * 1e6, c.weight_grad_s / share * 1e6);
+  }
+  if (!pools.empty()) {
+    y += "      pool_calibration:   # measured max poolings (forward with indices, backward), times / share\n";
+    for (const auto& p : pools)
+      y += fmt::format(
+          "        - {{batch: {}, channels: {}, height: {}, width: {}, kernel: {}, forward: {:.6g} us, backward: "
+          "{:.6g} "
+          "us}}\n",
+          p.batch, p.channels, p.height, p.width, p.kernel, p.forward_s / share * 1e6, p.backward_s / share * 1e6);
   }
   const double bw = fit.beta > 0 ? 1.0 / fit.beta : 1e15;
   y += fmt::format("    intra:\n      kind: nvswitch\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);

@@ -54,6 +54,15 @@ std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::str
 // at all is not an error (the GEMM model then costs convolutions).
 std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::string& origin);
 
+// Parses the pooling records, {"kind": "bench.pool", "batch", "channels", "height", "width", "kernel", "forward_us",
+// "backward_us"} (max pooling in kernel x kernel windows, stride kernel); other records are skipped. A pooling record
+// with a missing or non-positive field, or a kernel larger than the map, is a ConfigError naming the file, line and
+// field. None at all is not an error (pooling is then costed as memory-bound).
+std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::string& origin);
+
+// The poolings of `conduit train`'s CNN at `batch` samples per worker.
+std::vector<PoolSample> calibration_pool_shapes(double batch);
+
 // The convolutions `conduit bench gemm` and `conduit sim calibrate` time by default: every convolution layer of
 // `conduit train`'s CNN at `batch` samples per worker (stride 1, padding kernel / 2, as models.cc builds them).
 std::vector<ConvSample> calibration_conv_shapes(double batch);
@@ -66,10 +75,12 @@ std::vector<GemmShape> calibration_gemm_shapes(double batch);
 // A cluster file for this machine: one node of `ranks` workers joined by the fitted transport. `memory_bandwidth`,
 // `peak_flops` and the GEMMs are measured by one thread; each rank gets `share` of that speed (the fraction of a
 // core it runs on: cores / ranks when ranks outnumber the cores, else 1). Measured convolutions (one thread)
-// become the conv_calibration table, their times divided by `share`.
+// become the conv_calibration table and measured poolings the pool_calibration table, their times divided by
+// `share`.
 std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
                                     const std::vector<GemmSample>& gemms, const std::string& transport,
-                                    double share = 1.0, const std::vector<ConvSample>& convs = {});
+                                    double share = 1.0, const std::vector<ConvSample>& convs = {},
+                                    const std::vector<PoolSample>& pools = {});
 
 }  // namespace conduit::sim

@@ -132,6 +132,29 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       a.conv_calibration.push_back(s);
     }
   }
+  if (auto c = n["pool_calibration"]) {
+    if (!c.IsSequence())
+      throw ConfigError(fmt::format(
+          "{}.pool_calibration must be a list of {{batch, channels, height, width, kernel, forward, backward}}", f));
+    for (size_t i = 0; i < c.size(); ++i) {
+      std::string fi = fmt::format("{}.pool_calibration[{}]", f, i);
+      PoolSample s;
+      s.batch = get_number(require(c[i], "batch", "", fi), fi + ".batch", 1, 1e9);
+      s.channels = get_number(require(c[i], "channels", "", fi), fi + ".channels", 1, 1e9);
+      s.height = get_number(require(c[i], "height", "", fi), fi + ".height", 1, 1e9);
+      s.width = get_number(require(c[i], "width", "", fi), fi + ".width", 1, 1e9);
+      s.kernel = get_number(require(c[i], "kernel", "", fi), fi + ".kernel", 1, std::min(s.height, s.width));
+      auto dur = [&](const char* key) {
+        const std::string fk = fi + "." + key;
+        double t = parse_duration(get_string(require(c[i], key, "", fi), fk), fk);
+        if (!(t > 0)) throw ConfigError(fmt::format("{} must be positive", fk));
+        return t;
+      };
+      s.forward_s = dur("forward");
+      s.backward_s = dur("backward");
+      a.pool_calibration.push_back(s);
+    }
+  }
   return a;
 }
 

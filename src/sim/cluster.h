@@ -26,6 +26,14 @@ struct ConvSample {
   double out_width() const { return std::floor((width + 2 * padding - kernel) / stride) + 1; }
 };
 
+// A measured max pooling (`conduit bench gemm --json` "bench.pool" records): kernel x kernel windows with stride
+// `kernel` over batch x channels x height x width; the seconds of its forward (with indices, as training runs it) and
+// backward. CPU libtorch's pooling is compute-bound (~10x its memory time), so the element-wise model misses it.
+struct PoolSample {
+  double batch = 0, channels = 0, height = 0, width = 0, kernel = 0;
+  double forward_s = 0, backward_s = 0;
+};
+
 struct Accelerator {
   std::string name;
   double peak_flops = 0;       // dense BF16/FP16 tensor FLOP/s
@@ -39,6 +47,7 @@ struct Accelerator {
   double kernel_overhead = 4e-6;    // seconds per kernel launch
   std::vector<GemmSample> calibration;
   std::vector<ConvSample> conv_calibration;
+  std::vector<PoolSample> pool_calibration;
 };
 
 struct LinkSpec {

@@ -86,6 +86,26 @@ double conv_time(const Accelerator& acc, const ConvShape& c, ConvPass p) {
   return t + acc.kernel_overhead;
 }
 
+double pool_time(const Accelerator& acc, const PoolShape& p, bool backward, double elem_bytes) {
+  const double n = p.elements();
+  if (n <= 0) return 0;
+  const PoolSample* near = nullptr;
+  double best = std::numeric_limits<double>::infinity();
+  for (const auto& s : acc.pool_calibration) {
+    const double sn = s.batch * s.channels * s.height * s.width;
+    const double d = std::pow(std::log(sn / n), 2) + std::pow(std::log(s.kernel / p.kernel), 2);
+    if (d < best) {
+      best = d;
+      near = &s;
+    }
+  }
+  if (near)
+    return (backward ? near->backward_s : near->forward_s) * n /
+               (near->batch * near->channels * near->height * near->width) +
+           acc.kernel_overhead;
+  return memory_time(acc, elem_bytes * n * (1 + 1 / (p.kernel * p.kernel)), 1);
+}
+
 double gemm_efficiency(const Accelerator& acc, const GemmShape& g) {
   double t = gemm_time(acc, g);
   return t > 0 ? g.flops() / t / acc.peak_flops : 0;

@@ -16,6 +16,9 @@
 // (log distance over M, N, K) time for that pass, scaled by the implicit-GEMM model's ratio between the two shapes
 // (exactly the measured time at a measured shape). CPU frameworks run convolutions as direct kernels (oneDNN),
 // several times faster than the im2col GEMM of the same shape.
+// Max pooling (k x k windows, stride k) over N = batch * channels * H * W elements of `elem_bytes` each: the nearest
+// measured pooling (`pool_calibration:`, log distance over N and k) scaled by N / its N; without one, memory-bound
+// (forward reads N and writes N / k^2 elements, backward the reverse).
 // Element-wise kernels are memory-bound: bytes / (memory bandwidth * e_mem) + launch overhead.
 #include "sim/cluster.h"
 
@@ -37,6 +40,12 @@ GemmShape conv_pass_gemm(const ConvShape& c, ConvPass p);  // the implicit GEMM 
 
 double gemm_time(const Accelerator& acc, const GemmShape& g);
 double conv_time(const Accelerator& acc, const ConvShape& c, ConvPass p);
+struct PoolShape {
+  double batch = 1, channels = 1, height = 1, width = 1, kernel = 2;
+  double elements() const { return batch * channels * height * width; }
+};
+double pool_time(const Accelerator& acc, const PoolShape& p, bool backward, double elem_bytes);
+
 // The measured convolution conv_time scales from (nullptr without a conv calibration table).
 const ConvSample* nearest_conv_sample(const Accelerator& acc, const ConvShape& c);
 double gemm_efficiency(const Accelerator& acc, const GemmShape& g);  // achieved / peak

@@ -468,6 +468,11 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       GemmShape g = l.forward_gemm(b);
       // Convolutions through conv_time (measured convolutions when the cluster has them, else the implicit GEMM).
       // The first layer computes no input gradient: its input is the data, which needs none.
+      if (l.kind == "pool") {  // max pooling: no GEMM, no activation function of its own
+        f += pool_time(acc, l.pool_shape(b), false, eb);
+        bw += pool_time(acc, l.pool_shape(b), true, eb);
+        continue;
+      }
       if (l.kind == "conv") {
         const ConvShape c = l.conv_shape(b);
         f += conv_time(acc, c, ConvPass::kForward);

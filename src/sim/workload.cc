@@ -173,11 +173,13 @@ double pipeline_bubble_fraction(int p, long long m, int v) {
 }
 
 double Layer::params() const {
+  if (kind == "pool") return 0;
   if (kind == "conv") return in * out * kernel * kernel + out;
   return in * out + out;
 }
 
 GemmShape Layer::forward_gemm(double batch) const {
+  if (kind == "pool") return {0, 0, 0, 0};  // no GEMM (zero time, zero FLOPs)
   if (kind == "conv") return {batch * height * width, out, in * kernel * kernel, 1};
   return {batch, out, in, 1};
 }
@@ -185,6 +187,7 @@ GemmShape Layer::forward_gemm(double batch) const {
 std::vector<GemmShape> layer_step_gemms(const LayerModel& m, double batch) {
   std::vector<GemmShape> out;
   for (const auto& l : m.layers) {
+    if (l.kind == "pool") continue;
     GemmShape f = l.forward_gemm(batch);
     out.push_back(f);
     out.push_back({f.m, f.k, f.n, f.batch});  // input gradient (as step.cc's dgrad)
@@ -208,7 +211,9 @@ LayerModel parse_layer_model(const std::string& spec) {
     auto colon = it.find(':');
     auto bad = [&]() {
       return ConfigError(fmt::format(
-          "--layers-spec: '{}' is not a layer (allowed: dense:INxOUT, conv:INxOUTkK@HxW, e.g. conv:3x64k3@32x32)", it));
+          "--layers-spec: '{}' is not a layer (allowed: dense:INxOUT, conv:INxOUTkK@HxW, pool:CkK@HxW, e.g. "
+          "conv:3x64k3@32x32)",
+          it));
     };
     if (colon == std::string::npos) throw bad();
     Layer l;
@@ -219,6 +224,10 @@ LayerModel parse_layer_model(const std::string& spec) {
     } else if (l.kind == "conv") {
       if (std::sscanf(rest.c_str(), "%lfx%lfk%lf@%lfx%lf", &l.in, &l.out, &l.kernel, &l.height, &l.width) != 5)
         throw bad();
+    } else if (l.kind == "pool") {
+      if (std::sscanf(rest.c_str(), "%lfk%lf@%lfx%lf", &l.in, &l.kernel, &l.height, &l.width) != 4) throw bad();
+      l.out = l.in;
+      if (l.kernel > l.height || l.kernel > l.width) throw bad();
     } else {
       throw bad();
     }

@@ -78,30 +78,34 @@ double pipeline_bubble_fraction(int p, long long m, int v);
 
 // A model given as a list of layers, for data-parallel training (MLPs, CNNs).
 struct Layer {
-  std::string kind;                          // dense | conv
+  std::string kind;                          // dense | conv | pool
   double in = 0, out = 0;                    // dense: features; conv: channels
-  double kernel = 1, height = 1, width = 1;  // conv: kernel size and output feature map
+  double kernel = 1, height = 1, width = 1;  // conv: kernel size and output feature map; pool: window, input map
   double params() const;
   GemmShape forward_gemm(double batch) const;  // conv as implicit GEMM (M = batch*H*W, N = out, K = in*k*k)
   ConvShape conv_shape(double batch) const {   // conv layers
     return {batch, in, out, height, width, kernel};
   }
+  PoolShape pool_shape(double batch) const { return {batch, in, height, width, kernel}; }  // pool layers
 };
 struct LayerModel {
   std::string name;
   std::vector<Layer> layers;
   double params() const;
 };
-// Parses "dense:784x1024,dense:1024x10" or "conv:3x64k3@32x32,...,dense:4096x10".
+// Parses "dense:784x1024,dense:1024x10" or "conv:3x64k3@32x32,pool:64k2@32x32,...,dense:4096x10" (pool:CkK@HxW:
+// max pooling of C channels of an HxW map in KxK windows, stride K; no parameters, no GEMM).
 LayerModel parse_layer_model(const std::string& spec);
 
-// `conduit train`'s models (src/torch/models.cc) as layer lists: the CNN (conv 3x3 32 on 28x28, pool, conv 3x3 64
-// on 14x14, pool, fc 3136-128, fc 128-10; pooling and ReLU are element-wise) and the MLP (784-256-128-10).
-inline constexpr const char* kTrainCnnLayers = "conv:1x32k3@28x28,conv:32x64k3@14x14,dense:3136x128,dense:128x10";
+// `conduit train`'s models (src/torch/models.cc) as layer lists: the CNN (conv 3x3 32 on 28x28, max pool 2, conv 3x3
+// 64 on 14x14, max pool 2, fc 3136-128, fc 128-10; ReLU is element-wise) and the MLP (784-256-128-10).
+inline constexpr const char* kTrainCnnLayers =
+    "conv:1x32k3@28x28,pool:32k2@28x28,conv:32x64k3@14x14,pool:64k2@14x14,dense:3136x128,dense:128x10";
 inline constexpr const char* kTrainMlpLayers = "dense:784x256,dense:256x128,dense:128x10";
 
 // The GEMMs of one training step of a layer model at `batch` samples, the shapes simulate_layer_step times: per
 // layer the forward (M x K)(K x N), the input gradient (M x N)(N x K) and the weight gradient (K x M)(M x N).
+// Pooling layers have none.
 std::vector<GemmShape> layer_step_gemms(const LayerModel& m, double batch);
 
 }  // namespace conduit::sim

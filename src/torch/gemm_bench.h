@@ -40,6 +40,16 @@ struct ConvTiming {
 // shape (the times are filled in). ConfigError for a shape that is not positive or whose kernel does not fit.
 std::vector<ConvTiming> time_convs(const std::vector<ConvTiming>& shapes, int threads, double min_seconds);
 
+struct PoolTiming {
+  int64_t batch = 0, channels = 0, height = 0, width = 0, kernel = 2;  // max pooling, stride = kernel
+  double forward_s = 0, backward_s = 0;                                // medians
+  int calls = 0;
+};
+
+// Times float32 max pooling as training runs it (the input requires a gradient): the forward with indices
+// (at::max_pool2d_with_indices) and its backward (at::max_pool2d_with_indices_backward), as time_convs does.
+std::vector<PoolTiming> time_pools(const std::vector<PoolTiming>& shapes, int threads, double min_seconds);
+
 struct ModelStepTiming {
   double forward_s = 0, backward_s = 0;  // medians: forward with the cross-entropy loss; backward
   int steps = 0;

@@ -232,6 +232,31 @@ std::vector<ConvTiming> time_convs(const std::vector<ConvTiming>& shapes, int th
   return out;
 }
 
+std::vector<PoolTiming> time_pools(const std::vector<PoolTiming>& shapes, int threads, double min_seconds) {
+  ThreadScope scope(threads);
+  torch::NoGradGuard ng;
+  std::vector<PoolTiming> out;
+  for (PoolTiming p : shapes) {
+    if (p.batch < 1 || p.channels < 1 || p.height < 1 || p.width < 1 || p.kernel < 1 || p.kernel > p.height ||
+        p.kernel > p.width)
+      throw ConfigError("pool shape " + std::to_string(p.batch) + "x" + std::to_string(p.channels) + "x" +
+                        std::to_string(p.height) + "x" + std::to_string(p.width) + " k" + std::to_string(p.kernel) +
+                        ": every dimension must be positive and the window must fit");
+    auto x = torch::randn({p.batch, p.channels, p.height, p.width});
+    const std::vector<int64_t> k{p.kernel, p.kernel}, pad{0, 0}, dil{1, 1};
+    std::tuple<torch::Tensor, torch::Tensor> y;
+    p.forward_s =
+        median_call([&] { y = at::max_pool2d_with_indices(x, k, k, pad, dil, false); }, min_seconds, &p.calls);
+    auto gy = torch::randn_like(std::get<0>(y));
+    torch::Tensor gx;
+    p.backward_s = median_call(
+        [&] { gx = at::max_pool2d_with_indices_backward(gy, x, k, k, pad, dil, false, std::get<1>(y)); }, min_seconds,
+        nullptr);
+    out.push_back(p);
+  }
+  return out;
+}
+
 ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps) {
   ThreadScope scope(threads);
   auto model = make_model(name);

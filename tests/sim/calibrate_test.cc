@@ -154,12 +154,12 @@ TEST(Calibrate, ConvLinesLandInTheConvCalibrationTableAndCostConvLayers) {
   EXPECT_EQ(acc.conv_calibration[1].kernel, 5);
   // The CNN's conv2 as a layer: measured time per pass.
   const LayerModel cnn = parse_layer_model(kTrainCnnLayers);
-  const ConvShape conv2 = cnn.layers[1].conv_shape(64);
+  const ConvShape conv2 = cnn.layers[2].conv_shape(64);
   EXPECT_NEAR(conv_time(acc, conv2, ConvPass::kForward) - acc.kernel_overhead, 8e-3, 1e-12);
   EXPECT_NEAR(conv_time(acc, conv2, ConvPass::kInputGrad) - acc.kernel_overhead, 10e-3, 1e-12);
   EXPECT_NEAR(conv_time(acc, conv2, ConvPass::kWeightGrad) - acc.kernel_overhead, 12e-3, 1e-12);
   // Twice the batch (nearest: conv2; compute-bound on one "SM"): twice the time.
-  const ConvShape conv2x2 = cnn.layers[1].conv_shape(128);
+  const ConvShape conv2x2 = cnn.layers[2].conv_shape(128);
   EXPECT_EQ(nearest_conv_sample(acc, conv2x2), &acc.conv_calibration[0]);
   EXPECT_NEAR((conv_time(acc, conv2x2, ConvPass::kWeightGrad) - acc.kernel_overhead) / 12e-3, 2, 1e-9);
   // Without the table: the implicit GEMM (12544 x 64 x 288 forward, at the measured 40 GFLOP/s x 0.5).
@@ -181,7 +181,8 @@ TEST(Calibrate, ConvLinesLandInTheConvCalibrationTableAndCostConvLayers) {
   pc.grad_bytes = 4;
   StepResult rw = simulate_layer_step(nw, cnn, pc), ro = simulate_layer_step(no, cnn, pc);
   double conv_with = 0, conv_without = 0;
-  for (size_t i = 0; i < 2; ++i) {
+  for (size_t i : {0, 2}) {  // conv1, pool1, conv2, ...
+    ASSERT_EQ(cnn.layers[i].kind, "conv");
     const ConvShape cs = cnn.layers[i].conv_shape(64);
     for (ConvPass p : {ConvPass::kForward, ConvPass::kInputGrad, ConvPass::kWeightGrad}) {
       if (i == 0 && p == ConvPass::kInputGrad) continue;  // the data needs no gradient
@@ -255,6 +256,82 @@ TEST(Calibrate, BadConvLinesFailNamingFileLineAndField) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("conv_calibration[0].input_grad is missing"), std::string::npos) << e.what();
   }
+}
+
+// Max pooling: bench.pool records land in the pool_calibration table (times / share) and cost the CNN's pooling
+// layers by their element count; without the table pooling is memory-bound; bad records name file, line and field.
+TEST(Calibrate, PoolLinesCostPoolingLayers) {
+  const std::string lines =
+      "{\"kind\":\"bench.gemm\",\"m\":64,\"n\":64,\"k\":64,\"gflops\":10}\n"
+      "{\"kind\":\"bench.pool\",\"label\":\"cnn pool1\",\"batch\":64,\"channels\":32,\"height\":28,\"width\":28,"
+      "\"kernel\":2,\"forward_us\":9000,\"backward_us\":5000,\"calls\":20}\n";
+  auto pools = parse_pool_lines(lines, "gemm.jsonl");
+  ASSERT_EQ(pools.size(), 1u);
+  EXPECT_EQ(pools[0].channels, 32);
+  EXPECT_DOUBLE_EQ(pools[0].backward_s, 5e-3);
+  EXPECT_TRUE(parse_pool_lines("{\"m\":1}\n", "g").empty());
+  AlphaBetaGamma f;
+  f.alpha = 20e-6;
+  f.beta = 1 / 2e9;
+  f.samples = 10;
+  ClusterSpec c = parse_cluster_yaml(
+      calibrated_cluster_yaml("here", 4, f, 10e9, 8e9, 40e9, parse_gemm_lines(lines, "g"), "shm", 0.5, {}, pools),
+      "here");
+  const Accelerator& acc = c.node_kinds.at(0).accelerator;
+  ASSERT_EQ(acc.pool_calibration.size(), 1u);
+  EXPECT_NEAR(acc.pool_calibration[0].forward_s, 18e-3, 1e-12);
+  const LayerModel cnn = parse_layer_model(kTrainCnnLayers);
+  ASSERT_EQ(cnn.layers[1].kind, "pool");
+  EXPECT_EQ(cnn.layers[1].params(), 0);
+  EXPECT_EQ(layer_step_gemms(cnn, 64).size(), 12u);  // pooling has no GEMMs
+  const PoolShape p1 = cnn.layers[1].pool_shape(64), p2 = cnn.layers[3].pool_shape(64);
+  EXPECT_NEAR(pool_time(acc, p1, false, 4) - acc.kernel_overhead, 18e-3, 1e-12);
+  EXPECT_NEAR(pool_time(acc, p1, true, 4) - acc.kernel_overhead, 10e-3, 1e-12);
+  EXPECT_NEAR(pool_time(acc, p2, false, 4) - acc.kernel_overhead, 9e-3, 1e-12);  // half the elements
+  Accelerator plain = acc;
+  plain.pool_calibration.clear();
+  EXPECT_NEAR(pool_time(plain, p1, false, 4), memory_time(plain, 4 * p1.elements() * 1.25), 1e-15);
+  // The step: the two poolings' measured time is in the compute.
+  ClusterSpec without = c;
+  without.node_kinds[0].accelerator.pool_calibration.clear();
+  Topology tw(c, 4), to(without, 4);
+  CollectiveModel nw(tw), no(to);
+  ParallelConfig pc;
+  pc.micro_batch = 64;
+  pc.global_batch = 4 * 64;
+  pc.grad_bytes = 4;
+  double with_p = 0, without_p = 0;
+  for (const PoolShape& p : {p1, p2})
+    for (bool bw : {false, true}) {
+      with_p += pool_time(acc, p, bw, 4);
+      without_p += pool_time(plain, p, bw, 4);
+    }
+  EXPECT_NEAR(simulate_layer_step(nw, cnn, pc).breakdown.compute - simulate_layer_step(no, cnn, pc).breakdown.compute,
+              with_p - without_p, 1e-12);
+  // Bad records and layers.
+  auto err = [](const std::string& text) {
+    try {
+      parse_pool_lines(text, "gemm.jsonl");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string e =
+      err("# pools\n{\"kind\":\"bench.pool\",\"batch\":64,\"channels\":32,\"height\":28,\"width\":28,"
+          "\"kernel\":2,\"forward_us\":9000}\n");
+  EXPECT_NE(e.find("gemm.jsonl:2: field 'backward_us' is missing"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+  e =
+      err("{\"kind\":\"bench.pool\",\"batch\":64,\"channels\":0,\"height\":28,\"width\":28,\"kernel\":2,"
+          "\"forward_us\":1,\"backward_us\":1}\n");
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'channels' must be a positive number"), std::string::npos) << e;
+  e =
+      err("{\"kind\":\"bench.pool\",\"batch\":64,\"channels\":3,\"height\":2,\"width\":28,\"kernel\":4,"
+          "\"forward_us\":1,\"backward_us\":1}\n");
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'kernel' (4) is larger than the map 2x28"), std::string::npos) << e;
+  EXPECT_THROW(parse_layer_model("pool:32k2"), ConfigError);
+  EXPECT_THROW(parse_layer_model("pool:32k30@28x28"), ConfigError);
 }
 
 }  // namespace
