@@ -769,8 +769,7 @@ void run_calibrate(const CalibrateArgs& a) {
     }
     fmt::print(
         "timed {} GEMMs, {} poolings and {} convolutions with libtorch (one thread; conduit train's CNN and MLP at "
-        "batch {}, square "
-        "32..1024)\n",
+        "batch {}, square 32..1024)\n",
         gemms.size(), pools.size(), convs.size(), a.batch);
 #else
     throw ConfigError(
