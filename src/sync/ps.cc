@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -101,6 +102,7 @@ class Shard {
     if (h.kind == kPull) {
       // The starting point, whatever faster workers have pushed since (asp/ssp apply pushes on arrival).
       slot.replica = initial_;
+      if (cfg_.dc > 0 && !pull_) slot.backup = initial_;
       Bytes b(initial_.size() * 4);
       std::memcpy(b.data(), initial_.data(), b.size());
       if (++initial_pulls_ == workers_) initial_ = {};
@@ -126,6 +128,7 @@ class Shard {
       bsp_clock_ = static_cast<int64_t>(h.clock);
       maybe_apply_bsp();
     } else {
+      if (cfg_.dc > 0) compensate_delay(slot, grad_);
       apply(grad_, 1.0f / workers_);
     }
     slot.waiting = static_cast<int64_t>(h.clock);
@@ -161,10 +164,12 @@ class Shard {
     std::lock_guard<std::mutex> lk(mu_);
     w.floats(params_);
     w.floats(momentum_);
+    w.floats(mean_sq_);
     w.u64(applied_clock_);
     for (int k = 0; k < workers_; ++k) {
       w.u64(clocks_[k]);
       w.floats(slots_[k].replica);
+      w.floats(slots_[k].backup);
       w.bytes(push_ ? slots_[k].push_state.save() : Bytes{});
       w.bytes(pull_ ? slots_[k].pull_state.save() : Bytes{});
     }
@@ -178,11 +183,13 @@ class Shard {
                                         p.size(), params_.size()));
     params_ = std::move(p);
     momentum_ = r.floats();
+    mean_sq_ = r.floats();
     applied_clock_ = static_cast<int64_t>(r.u64());
     bsp_clock_ = applied_clock_;
     for (int k = 0; k < workers_; ++k) {
       clocks_[k] = static_cast<int64_t>(r.u64());
       slots_[k].replica = r.floats();
+      slots_[k].backup = r.floats();
       auto ps = r.bytes(), pl = r.bytes();
       if (push_ && !ps.empty()) slots_[k].push_state = compress::TensorState::load(ps);
       if (pull_ && !pl.empty()) slots_[k].pull_state = compress::TensorState::load(pl);
@@ -200,6 +207,7 @@ class Shard {
     ReplyHeader reply_header;
     Bytes reply;
     std::vector<float> replica;  // what the worker holds (pull compression)
+    std::vector<float> backup;   // what the worker holds (no pull compression), kept for delay compensation
     compress::TensorState push_state, pull_state;
   };
 
@@ -208,6 +216,20 @@ class Shard {
     for (int w = 0; w < workers_; ++w)
       if (!stopped_[w]) m = std::min(m, clocks_[w]);
     return m;
+  }
+
+  // DC-ASGD-a: g += dc / sqrt(ms) * g*g*(w - w_bak), with ms the running mean square of the gradients this shard
+  // received and w_bak the parameters worker `slot` holds (its last reply, or its replica under pull compression).
+  void compensate_delay(const Slot& slot, std::vector<float>& g) {
+    const std::vector<float>& bak = pull_ ? slot.replica : slot.backup;
+    if (bak.size() != g.size()) return;  // resumed without a backup: one uncompensated step
+    if (mean_sq_.size() != g.size()) mean_sq_.assign(g.size(), 0.f);
+    const float lam = float(cfg_.dc), m = 0.95f;
+    for (size_t i = 0; i < g.size(); ++i) {
+      mean_sq_[i] = m * mean_sq_[i] + (1 - m) * g[i] * g[i];
+      float l = lam / std::sqrt(mean_sq_[i] + 1e-12f);
+      g[i] += l * g[i] * g[i] * (params_[i] - bak[i]);
+    }
   }
 
   void apply(const std::vector<float>& g, float scale) {
@@ -253,6 +275,7 @@ class Shard {
         s.reply.resize(params_.size() * 4);
         std::memcpy(s.reply.data(), params_.data(), s.reply.size());
         s.reply_header = {s.reply.size(), 1};
+        if (cfg_.dc > 0) s.backup = params_;
       }
       s.ready = true;
     }
@@ -266,7 +289,7 @@ class Shard {
   std::mutex mu_;
   std::condition_variable cv_;
   bool initialized_ = false;
-  std::vector<float> params_, initial_, momentum_, agg_, grad_;
+  std::vector<float> params_, initial_, momentum_, agg_, grad_, mean_sq_;
   int initial_pulls_ = 0;
   std::vector<int64_t> clocks_;
   std::vector<bool> stopped_;

@@ -12,6 +12,10 @@ struct PsConfig {
   int64_t servers = 1;       // shards (parameters split in contiguous ranges)
   bool colocate = false;     // shard s on rank s (every rank a worker) vs. the last `servers` ranks serve only
   double lr = 0.1, momentum = 0.9, weight_decay = 0;               // the servers' SGD
+  // asp/ssp delay compensation (DC-ASGD-a, Zheng et al. 2017): a gradient computed on the parameters w_bak a worker
+  // last received is applied as g + lambda * g*g*(w - w_bak), lambda = dc / sqrt(mean square of g) per element.
+  // 0: off.
+  double dc = 0;
   std::string push_compressor = "none", pull_compressor = "none";  // compressor specs (compress/compressor.h)
 };
 
