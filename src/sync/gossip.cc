@@ -200,8 +200,8 @@ void SgpStrategy::load_state(std::span<const uint8_t> bytes) {
 
 // ---------------------------------------------------------------------------------------------------------------
 
-AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed)
-    : Strategy(std::move(comm)), rng_(seed * 1000003 + comm_->rank()) {
+AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed, bool final_average)
+    : Strategy(std::move(comm)), rng_(seed * 1000003 + comm_->rank()), final_average_(final_average) {
   const int n = comm_->size(), me = comm_->rank();
   const Graph ring("ring", n);
   for (int j : ring.neighbours(me))
@@ -299,6 +299,9 @@ void AdpsgdStrategy::finish(std::span<float> params) {
     servers_.clear();
     apply_pending(params);
   }
+  // Gossip leaves the replicas close, not equal, and asynchronous workers end unevenly: one average (as local SGD's
+  // finish) makes every worker end with the consensus model that AD-PSGD's analysis is about.
+  if (final_average_ && comm_->size() > 1) detail::allreduce_avg(*comm_, params, stats_);
 }
 
 }  // namespace conduit::sync

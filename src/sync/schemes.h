@@ -133,9 +133,11 @@ class SgpStrategy : public Strategy {
 // adpsgd: asynchronous pairwise averaging on a bipartite graph (even ranks active, odd ranks passive, as in the
 // AD-PSGD paper): after its step an active rank averages with a random passive neighbour, which answers from a
 // background thread and applies the change at its next after_step. Passive ranks never initiate: no deadlock.
+// finish() averages the replicas once (an allreduce; final_average = false: not), so every worker ends with the
+// consensus model.
 class AdpsgdStrategy : public Strategy {
  public:
-  AdpsgdStrategy(coll::CommPtr comm, uint64_t seed);
+  AdpsgdStrategy(coll::CommPtr comm, uint64_t seed, bool final_average = true);
   ~AdpsgdStrategy() override;
   std::string name() const override { return "adpsgd"; }
   void setup(std::span<float> params) override;
@@ -157,6 +159,7 @@ class AdpsgdStrategy : public Strategy {
   std::vector<std::thread> servers_;
   std::exception_ptr error_;
   std::atomic<uint64_t> exchanges_{0};
+  bool final_average_ = true;
   bool finished_ = false;
 };
 

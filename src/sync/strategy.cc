@@ -214,8 +214,10 @@ const std::map<std::string, Entry>& registry() {
     m["sgp"] = {{{"peers", "1"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                   return std::make_unique<SgpStrategy>(std::move(c), p.integer("peers", 1, 32));
                 }};
-    m["adpsgd"] = {{{"seed", "0"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
-                     return std::make_unique<AdpsgdStrategy>(std::move(c), p.integer("seed", 0, INT64_MAX));
+    m["adpsgd"] = {{{"seed", "0"}, {"final_average", "1"}},
+                   [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+                     return std::make_unique<AdpsgdStrategy>(std::move(c), p.integer("seed", 0, INT64_MAX),
+                                                             p.flag("final_average"));
                    }};
     for (std::string mode : {"asp", "ssp", "bsp"}) {
       Params d = {{"servers", "1"},           {"colocate", "0"},     {"lr", "0.1"},

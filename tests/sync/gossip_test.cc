@@ -167,12 +167,13 @@ TEST(SyncSgp, TimeVaryingOutPeers) {
 }
 
 TEST(SyncAdpsgd, PairwiseAveragingPreservesTheSum) {
+  // Without the final average, which would make both checks below hold trivially.
   for (int n : {2, 4, 5, 6}) {
     const size_t d = 12;
     std::vector<std::vector<float>> x(n), x0(n);
     std::vector<uint64_t> ex(n);
     on_ranks(n, [&](int r, coll::CommPtr c) {
-      AdpsgdStrategy s(c, 7);
+      AdpsgdStrategy s(c, 7, false);
       std::vector<float> p(d, 0.f);
       s.setup(p);
       for (size_t i = 0; i < d; ++i) p[i] = harness::target(r, i);
@@ -197,7 +198,24 @@ TEST(SyncAdpsgd, PairwiseAveragingPreservesTheSum) {
     for (size_t i = 0; i < d; ++i) EXPECT_NEAR(a1[i], a0[i], 1e-5) << "n=" << n;
     EXPECT_LT(consensus_error(x), 0.5 * consensus_error(x0)) << "n=" << n;
     for (int r = 0; r < n; r += 2) EXPECT_EQ(ex[r], 30u) << "active rank " << r;
+    EXPECT_GT(consensus_error(x), 0.0) << "n=" << n << ": gossip alone leaves the replicas apart";
   }
+  // By default finish() averages once more: every worker ends with the same (average) model.
+  const int n = 4;
+  std::vector<std::vector<float>> x(n), x0(n);
+  on_ranks(n, [&](int r, coll::CommPtr c) {
+    AdpsgdStrategy s(c, 7);
+    std::vector<float> p(8, 0.f);
+    s.setup(p);
+    for (size_t i = 0; i < p.size(); ++i) p[i] = harness::target(r, i);
+    x0[r] = p;
+    for (int t = 0; t < 5; ++t) s.after_step(t, p);
+    s.finish(p);
+    x[r] = p;
+  });
+  auto a0 = averages(x0);
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(x[r][i], a0[i], 1e-5) << "rank " << r;
 }
 
 }  // namespace
