@@ -53,8 +53,12 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
   return out;
 }
 
-std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::string& origin) {
-  std::vector<GemmSample> out;
+namespace {
+// Calls fn(record, line number) for every JSON object of `text`, one per line (text before a line's first '{' is a
+// prefix such as "[rank 0] "; lines without one are skipped); a line that is not a JSON object is a ConfigError
+// naming origin:line, with `hint` appended.
+template <typename Fn>
+void for_each_json_line(const std::string& text, const std::string& origin, const std::string& hint, Fn fn) {
   std::istringstream in(text);
   std::string line;
   int no = 0;
@@ -66,11 +70,19 @@ std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::str
     try {
       j = nlohmann::json::parse(line.substr(brace));
     } catch (const std::exception&) {
-      throw ConfigError(
-          fmt::format("{}:{}: not a JSON record (allowed: {{\"m\", \"n\", \"k\", \"gflops\"}} per line)", origin, no));
+      throw ConfigError(fmt::format("{}:{}: not a JSON record{}", origin, no, hint));
     }
     if (!j.is_object()) throw ConfigError(fmt::format("{}:{}: not a JSON object", origin, no));
-    if (j.contains("kind") && j["kind"] != "bench.gemm") continue;  // e.g. bench.model_step lines
+    fn(j, no);
+  }
+}
+}  // namespace
+
+std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::string& origin) {
+  std::vector<GemmSample> out;
+  for_each_json_line(text, origin, R"( (allowed: {"m", "n", "k", "gflops"} per line))", [&](const nlohmann::json& j,
+                                                                                             int no) {
+    if (j.contains("kind") && j["kind"] != "bench.gemm") return;  // e.g. bench.model_step lines
     auto field = [&](const char* f) {
       if (!j.contains(f) || !j[f].is_number() || !(j[f].get<double>() > 0) || !std::isfinite(j[f].get<double>()))
         throw ConfigError(fmt::format("{}:{}: field '{}' {} (a GEMM record needs positive numbers m, n, k, gflops)",
@@ -83,7 +95,7 @@ std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::str
     g.k = field("k");
     g.flops = field("gflops") * 1e9;
     out.push_back(g);
-  }
+  });
   if (out.empty())
     throw ConfigError(
         fmt::format("{}: no GEMM records {{m, n, k, gflops}} (write them with `conduit bench gemm --json`)", origin));
@@ -92,21 +104,8 @@ std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::str
 
 std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::string& origin) {
   std::vector<ConvSample> out;
-  std::istringstream in(text);
-  std::string line;
-  int no = 0;
-  while (std::getline(in, line)) {
-    ++no;
-    const auto brace = line.find('{');
-    if (brace == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line.substr(brace));
-    } catch (const std::exception&) {
-      throw ConfigError(fmt::format("{}:{}: not a JSON record", origin, no));
-    }
-    if (!j.is_object()) throw ConfigError(fmt::format("{}:{}: not a JSON object", origin, no));
-    if (!j.contains("kind") || j["kind"] != "bench.conv") continue;
+  for_each_json_line(text, origin, "", [&](const nlohmann::json& j, int no) {
+    if (!j.contains("kind") || j["kind"] != "bench.conv") return;
     // A positive number (lo = 0: greater than 0; else at least lo); `fallback` when absent if it is >= 0.
     auto field = [&](const char* f, double lo, double fallback) {
       if (!j.contains(f) && fallback >= 0) return fallback;
@@ -139,27 +138,14 @@ std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::str
     c.input_grad_s = field("input_grad_us", 0, -1) * 1e-6;
     c.weight_grad_s = field("weight_grad_us", 0, -1) * 1e-6;
     out.push_back(c);
-  }
+  });
   return out;
 }
 
 std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::string& origin) {
   std::vector<PoolSample> out;
-  std::istringstream in(text);
-  std::string line;
-  int no = 0;
-  while (std::getline(in, line)) {
-    ++no;
-    const auto brace = line.find('{');
-    if (brace == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line.substr(brace));
-    } catch (const std::exception&) {
-      throw ConfigError(fmt::format("{}:{}: not a JSON record", origin, no));
-    }
-    if (!j.is_object()) throw ConfigError(fmt::format("{}:{}: not a JSON object", origin, no));
-    if (!j.contains("kind") || j["kind"] != "bench.pool") continue;
+  for_each_json_line(text, origin, "", [&](const nlohmann::json& j, int no) {
+    if (!j.contains("kind") || j["kind"] != "bench.pool") return;
     auto field = [&](const char* f) {
       if (j.contains(f) && j[f].is_number() && std::isfinite(j[f].get<double>()) && j[f].get<double>() > 0)
         return j[f].get<double>();
@@ -180,7 +166,7 @@ std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::str
     p.forward_s = field("forward_us") * 1e-6;
     p.backward_s = field("backward_us") * 1e-6;
     out.push_back(p);
-  }
+  });
   return out;
 }
 
