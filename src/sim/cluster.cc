@@ -59,6 +59,14 @@ LinkSpec parse_link(const YAML::Node& n, const std::string& field) {
   return l;
 }
 
+// A required duration ("12 ms", "350 us") under `key` of a calibration record at `fi`, positive.
+double positive_duration(const YAML::Node& record, const char* key, const std::string& fi) {
+  const std::string fk = fi + "." + key;
+  double t = parse_duration(get_string(require(record, key, "", fi), fk), fk);
+  if (!(t > 0)) throw ConfigError(fmt::format("{} must be positive", fk));
+  return t;
+}
+
 Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
   if (!n || !n.IsMap()) throw ConfigError(fmt::format("{} must be a map", f));
   Accelerator a;
@@ -120,15 +128,9 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       if (c[i]["padding"]) s.padding = get_number(c[i]["padding"], fi + ".padding", 0, 1e4);
       if (s.out_height() < 1 || s.out_width() < 1)
         throw ConfigError(fmt::format("{}: the kernel does not fit the padded input", fi));
-      auto dur = [&](const char* key) {
-        const std::string fk = fi + "." + key;
-        double t = parse_duration(get_string(require(c[i], key, "", fi), fk), fk);
-        if (!(t > 0)) throw ConfigError(fmt::format("{} must be positive", fk));
-        return t;
-      };
-      s.forward_s = dur("forward");
-      s.input_grad_s = dur("input_grad");
-      s.weight_grad_s = dur("weight_grad");
+      s.forward_s = positive_duration(c[i], "forward", fi);
+      s.input_grad_s = positive_duration(c[i], "input_grad", fi);
+      s.weight_grad_s = positive_duration(c[i], "weight_grad", fi);
       a.conv_calibration.push_back(s);
     }
   }
@@ -144,14 +146,8 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       s.height = get_number(require(c[i], "height", "", fi), fi + ".height", 1, 1e9);
       s.width = get_number(require(c[i], "width", "", fi), fi + ".width", 1, 1e9);
       s.kernel = get_number(require(c[i], "kernel", "", fi), fi + ".kernel", 1, std::min(s.height, s.width));
-      auto dur = [&](const char* key) {
-        const std::string fk = fi + "." + key;
-        double t = parse_duration(get_string(require(c[i], key, "", fi), fk), fk);
-        if (!(t > 0)) throw ConfigError(fmt::format("{} must be positive", fk));
-        return t;
-      };
-      s.forward_s = dur("forward");
-      s.backward_s = dur("backward");
+      s.forward_s = positive_duration(c[i], "forward", fi);
+      s.backward_s = positive_duration(c[i], "backward", fi);
       a.pool_calibration.push_back(s);
     }
   }
