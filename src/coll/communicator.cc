@@ -67,6 +67,7 @@ namespace {
 // The receives posted by the operation running on this thread (including those of sub-communicators it uses), so
 // that a failure can name the ranks that never answered.
 thread_local std::vector<net::RequestPtr>* tl_op_recvs = nullptr;
+thread_local Clock::time_point tl_op_start{};  // when the operation running on this thread started
 }  // namespace
 
 int Ctx::rank() const { return comm_.rank(); }
@@ -262,11 +263,18 @@ Work Communicator::submit(const char* op_name, const Signature& sig, const CollO
   state->owner = weak_from_this();
   uint64_t seq = next_seq();
   auto task = [this, state, op_name, sig, seq, timeout_s, body = std::move(body)]() mutable {
-    Stopwatch sw;
+    // One clock read starts the operation's stopwatch and deadline (and run_op's error messages): small operations
+    // on shared memory take under a microsecond, where every clock read shows.
+    const auto start = Clock::now();
+    tl_op_start = start;
     std::exception_ptr err;
     std::string algo;
     try {
-      algo = run_op(op_name, seq, sig, Deadline::after(timeout_s), body);
+      Deadline d = timeout_s <= 0 ? Deadline(start)
+                   : timeout_s > 1e9
+                       ? Deadline::never()
+                       : Deadline(start + std::chrono::duration_cast<Clock::duration>(Seconds(timeout_s)));
+      algo = run_op(op_name, seq, sig, d, body);
     } catch (...) {
       err = std::current_exception();
     }
@@ -274,7 +282,7 @@ Work Communicator::submit(const char* op_name, const Signature& sig, const CollO
       std::lock_guard<std::mutex> lk(state->mu);
       state->done = true;
       state->error = err;
-      state->seconds = sw.seconds();
+      state->seconds = std::chrono::duration<double>(Clock::now() - start).count();
       state->algorithm = algo;
     }
     state->cv.notify_all();
@@ -319,7 +327,7 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
     throw PeerError(fmt::format("{} #{} on {}: the transport was aborted earlier: {}", op_name, seq, describe(),
                                 reason));
   Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(seq)), d);
-  Stopwatch sw;
+  const auto start = tl_op_start;  // set by submit's task, which runs this on the same thread
   std::vector<net::RequestPtr> recvs;
   tl_op_recvs = &recvs;
   struct Reset {
@@ -330,7 +338,8 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
     return body(ctx);
   } catch (const Error& e) {
     auto silent = silent_peers(recvs);
-    std::string msg = fmt::format("{} #{} on {} failed after {:.1f} s: {}", op_name, seq, describe(), sw.seconds(),
+    std::string msg = fmt::format("{} #{} on {} failed after {:.1f} s: {}", op_name, seq, describe(),
+                                  std::chrono::duration<double>(Clock::now() - start).count(),
                                   e.what());
     if (!silent.empty()) msg += fmt::format("; no data yet from rank(s) {}", join_ints(silent));
     {
