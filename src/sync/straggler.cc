@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
@@ -42,11 +45,21 @@ Straggler::Straggler(const std::map<int, double>& factors, int rank) {
   if (it != factors.end()) factor_ = it->second;
 }
 
-void Straggler::begin() { sw_.reset(); }
+namespace {
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+}  // namespace
+
+void Straggler::begin() {
+  if (factor_ > 1) cpu0_ = thread_cpu_seconds();
+}
 
 double Straggler::end() {
   if (factor_ <= 1) return 0;
-  double s = (factor_ - 1) * sw_.seconds();
+  double s = (factor_ - 1) * std::max(0.0, thread_cpu_seconds() - cpu0_);
   std::this_thread::sleep_for(std::chrono::duration<double>(s));
   slept_ += s;
   return s;

@@ -1,13 +1,15 @@
 #pragma once
 // Straggler injection: `--slow RANK:FACTOR[,RANK:FACTOR...]` makes the chosen ranks' compute FACTOR times slower by
-// sleeping (FACTOR - 1) x the measured compute time after it.
+// sleeping (FACTOR - 1) x the CPU time the compute used (the calling thread's CPU clock), not its wall time: when
+// more workers than cores share the machine, wall time also holds the time spent waiting for a core, which depends
+// on what the other workers do at that moment (under bsp they wait while the straggler computes, under asynchronous
+// schemes they compute beside it), and the straggler would be slower under one scheme than under another.
 //
 //   sync::Straggler slow(sync::parse_slow(flag), rank);
 //   slow.begin();  forward/backward;  slow.end();   // sleeps on slowed ranks only
 #include <map>
 #include <string>
 
-#include "core/clock.h"
 
 namespace conduit::sync {
 
@@ -20,13 +22,13 @@ class Straggler {
   Straggler(const std::map<int, double>& factors, int rank);
   double factor() const { return factor_; }
   void begin();
-  // Sleeps (factor - 1) x the time since begin(); returns the seconds slept.
+  // Sleeps (factor - 1) x the CPU time this thread used since begin(); returns the seconds slept.
   double end();
   double slept_seconds() const { return slept_; }
 
  private:
   double factor_ = 1;
-  Stopwatch sw_;
+  double cpu0_ = 0;
   double slept_ = 0;
 };
 

@@ -361,9 +361,14 @@ SyncSpec effective_sync(const TrainConfig& c) {
     // Stale gradients act as extra momentum: ps-asp with the trainer's 0.9 diverged on the Fashion-MNIST CNN with
     // one worker 3x slow (10% accuracy from step 50). So ps-asp takes momentum at most 0.5 and half the trainer's
     // effective step lr / (1 - momentum) (0.1 at 0.9 -> 0.25 at 0.5): the whole effective step (0.5) reached 88%
-    // once in 33 s and diverged in another run; the half reached it in 42.6 s. ps-ssp trained at 0.9.
+    // once in 33 s and diverged in another run; the half reached it in 42.6 s. ps-ssp with s > 0 is asynchronous
+    // within its bound and diverged the same way (10.5% after 150 steps at 0.9, s = 3, once the straggler no longer
+    // slowed the fast workers' steps: sync/straggler.h), so it takes the same; s = 0 is bsp and keeps 0.9.
     double lr = c.lr, momentum = c.momentum;
-    if (s.name == "ps-asp" && !s.params.count("momentum") && momentum > 0.5) {
+    auto staleness = s.params.find("staleness");
+    const bool stale = s.name == "ps-asp" ||
+                       (s.name == "ps-ssp" && (staleness == s.params.end() || staleness->second != "0"));
+    if (stale && !s.params.count("momentum") && momentum > 0.5) {
       if (!s.params.count("lr")) lr = 0.5 * c.lr * (1 - 0.5) / (1 - momentum);
       momentum = 0.5;
     }

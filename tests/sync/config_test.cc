@@ -1,5 +1,6 @@
 // Every bad scheme name, parameter and value gives one ConfigError line naming it and what is allowed.
 #include <gtest/gtest.h>
+#include <time.h>
 
 #include "core/error.h"
 #include "harness.h"
@@ -102,18 +103,33 @@ TEST(SyncConfig, StragglerFlag) {
   }
 }
 
-TEST(SyncStraggler, SleepsFactorMinusOneTimesCompute) {
+TEST(SyncStraggler, SleepsFactorMinusOneTimesTheComputesCpuTime) {
   Straggler fast(parse_slow("1:3"), 0), slow(parse_slow("1:3"), 1);
   EXPECT_EQ(fast.factor(), 1.0);
   fast.begin();
   EXPECT_EQ(fast.end(), 0.0);
+  // 20 ms of CPU work on this thread: the straggler sleeps about twice that.
+  auto busy = [](double seconds) {
+    timespec t0{}, t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    volatile double x = 1;
+    do {
+      for (int i = 0; i < 1000; ++i) x = x * 1.0000001 + 1e-9;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    } while (double(t.tv_sec - t0.tv_sec) + 1e-9 * double(t.tv_nsec - t0.tv_nsec) < seconds);
+  };
   slow.begin();
-  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  busy(0.02);
   Stopwatch sw;
   double s = slow.end();
-  EXPECT_GE(s, 0.019);
-  EXPECT_GE(sw.seconds(), 0.019);
+  EXPECT_GE(s, 0.039);
+  EXPECT_GE(sw.seconds(), 0.039);
   EXPECT_LT(s, 0.2);
+  // Time spent off the CPU (waiting for a core, or here sleeping) is not compute and is not multiplied.
+  slow.begin();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_LT(slow.end(), 0.02);
+  EXPECT_NEAR(slow.slept_seconds(), s, 0.02);
 }
 
 }  // namespace

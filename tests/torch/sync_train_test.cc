@@ -119,7 +119,11 @@ TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
   // ps-asp: momentum at most 0.5 (stale gradients add momentum), with half the trainer's lr / (1 - momentum).
   EXPECT_EQ(spec.params.at("momentum"), "0.5");
   EXPECT_NEAR(std::stod(spec.params.at("lr")), 0.5 * 0.05 * 0.5 / 0.1, 1e-12);
+  // ps-ssp with s > 0 (its default 3) is asynchronous within the bound and takes the same; s = 0 is bsp.
   TrainConfig ssp = tiny_sync("ps-ssp");
+  EXPECT_EQ(effective_sync(ssp).params.at("momentum"), "0.5");
+  EXPECT_EQ(effective_sync(ssp).params.at("lr"), spec.params.at("lr"));
+  ssp.staleness = 0;
   EXPECT_EQ(effective_sync(ssp).params.at("momentum"), "0.9");
   EXPECT_EQ(effective_sync(ssp).params.at("lr"), "0.05");
   TrainConfig given = tiny_sync("ps-asp:momentum=0.9");  // what the spec gives stays
