@@ -184,6 +184,11 @@ struct DistributedOptimizer::Core {
         int i = bk.params[k];
         std::span<float> g(bk.flat.data() + bk.offsets[k], numel[size_t(i)]);
         if (numel[size_t(i)] * sizeof(float) < opt.compress_min_bytes) {
+          if (opt.dense_momentum > 0) {
+            auto& u = states[size_t(i)].buffer("dense.momentum", g.size());
+            const float m = float(opt.dense_momentum);
+            for (size_t j = 0; j < g.size(); ++j) g[j] = u[j] = m * u[j] + g[j];
+          }
           dense.push_back(g);
           dense_n += g.size();
         } else {

@@ -37,6 +37,11 @@ struct DistOptions {
   // (as BytePS's min-compress-bytes): sparsifying a 32-element bias keeps almost nothing, at a byte cost that is
   // negligible next to the large layers. 0: every parameter goes through the compressor.
   size_t compress_min_bytes = 0;
+  // SGD momentum applied to those plain-allreduced gradients before they are averaged (their state is kept with the
+  // parameter's compressor state and checkpointed). For compressors that take over the optimizer's momentum (dgc's
+  // momentum correction; the optimizer then runs plain SGD): without it the layers that skip dgc would train with no
+  // momentum at all. Averaging is linear, so averaging u_i = m u_i + g_i is momentum on the averaged gradient.
+  double dense_momentum = 0;
   uint64_t seed = 0;               // compressor seed (the same on every rank)
   bool rebuild_buckets = true;     // after the first step, re-bucket by the observed gradient-ready order
   double timeout_s = 0;            // collective deadline (0: the communicator's)

@@ -241,6 +241,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.bucket_cap_bytes = size_t(c.bucket_cap_mb * 1024 * 1024);
     dopts.first_bucket_bytes = size_t(c.first_bucket_mb * 1024 * 1024);
     dopts.compress_min_bytes = size_t(c.compress_min_bytes);
+    // dgc holds the momentum (resolve_config wrote it into its spec); the layers that skip it need theirs too.
+    if (auto [cname, cparams] = split_compressor_spec(c.compressor); cname == "dgc" && cparams.count("momentum"))
+      dopts.dense_momentum = std::stod(cparams.at("momentum"));
     dopts.overlap = c.overlap;
     dopts.compressor = c.compressor;
     dopts.seed = c.seed;

@@ -415,6 +415,25 @@ TEST(Train, SmallGradientsSkipTheCompressor) {
   EXPECT_GT(mixed[0].payload_bytes, topk[0].payload_bytes);
   EXPECT_LT(mixed[0].payload_bytes, plain[0].payload_bytes);
 }
+
+// dgc takes over the optimizer's momentum (the optimizer runs plain SGD), so the layers that skip it must get their
+// momentum from the distributed optimizer: with every layer below compress_min_bytes, dgc's run is momentum SGD on
+// the averaged gradients, as uncompressed training with the optimizer's momentum is.
+TEST(Train, LayersThatSkipDgcKeepTheirMomentum) {
+  TrainConfig c = tiny("mlp");
+  c.max_steps = 12;
+  c.momentum = 0.9;
+  auto plain = train_inproc(c, 2);
+  c.compressor = "dgc:ratio=0.01,momentum=0.9";
+  c.compress_min_bytes = int64_t(1) << 30;
+  auto dense = train_inproc(c, 2);
+  EXPECT_EQ(dense[0].params, dense[1].params);
+  EXPECT_LT(max_rel_diff(dense[0].params, plain[0].params), 1e-4);
+  TrainConfig none = c;  // the same run without any momentum is far from it
+  none.compressor = "none";
+  none.momentum = 0;
+  EXPECT_GT(max_rel_diff(train_inproc(none, 2)[0].params, plain[0].params), 1e-2);
+}
 #endif
 
 
