@@ -202,6 +202,54 @@ TEST(Kernels, ByteQuantizersEqualScalar) {
     }
 }
 
+// The chunked quantizers (scale per chunk, then codes; the vector body skips the clamps when the scale is a normal
+// float) against a per-chunk scalar reference with the clamps, including chunks whose scale is subnormal or infinite.
+TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
+  for (auto* k : tables())
+    for (size_t chunk : {1, 7, 32, 256, 300})
+      for (size_t n : {size_t{0}, size_t{33}, size_t{1000}, size_t{4099}, size_t{9000}}) {
+        auto x = data(n, n + chunk);
+        if (n >= 1000) {
+          for (size_t i = 0; i < 300; ++i) x[i] *= 3e-37f;  // subnormal scales, finite 1 / scale
+          x[400] = INFINITY;
+          x[700] = -3e38f, x[701] = 3e38f;  // max - min overflows
+        }
+        size_t nc = (n + chunk - 1) / chunk;
+        std::vector<float> scales(nc), want_scales(nc), header(2 * nc), want_header(2 * nc);
+        std::vector<int8_t> q(n), want(n);
+        std::vector<uint8_t> uq(n), uwant(n);
+        for (size_t c = 0; c < nc; ++c) {
+          size_t b = c * chunk, e = std::min(n, b + chunk);
+          float amax = 0, lo = x[b], hi = x[b];
+          for (size_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+          float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+          want_scales[c] = s;
+          float us = (hi - lo) / 255.0f, uinv = us > 0 ? 1.0f / us : 0.0f;
+          want_header[2 * c] = lo, want_header[2 * c + 1] = us;
+          for (size_t i = b; i < e; ++i) {
+            float v = x[i] * inv;
+            v = v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
+            // NaN (inf * 0, or inf - inf) gives the saturated INT32_MIN: -128, or 0 unsigned.
+            want[i] = std::isnan(v) ? -128 : static_cast<int8_t>(static_cast<int32_t>(v + std::copysign(0.5f, v)));
+            float w = (x[i] - lo) * uinv;
+            w = w < 0.0f ? 0.0f : w > 255.0f ? 255.0f : w;
+            uwant[i] = std::isnan(w) ? 0 : static_cast<uint8_t>(static_cast<int32_t>(w + 0.5f));
+          }
+        }
+        k->quant_i8_chunks(x.data(), n, chunk, scales.data(), q.data());
+        k->quant_u8_chunks(x.data(), n, chunk, header.data(), uq.data());
+        auto bits = [](const std::vector<float>& v) {  // NaN headers (inf - inf) compare by their bits
+          std::vector<uint32_t> b(v.size());
+          for (size_t i = 0; i < v.size(); ++i) b[i] = bits_of(v[i]);
+          return b;
+        };
+        EXPECT_EQ(bits(scales), bits(want_scales)) << k->name << " chunk=" << chunk << " n=" << n;
+        EXPECT_EQ(q, want) << k->name << " chunk=" << chunk << " n=" << n;
+        EXPECT_EQ(bits(header), bits(want_header)) << k->name << " chunk=" << chunk << " n=" << n;
+        EXPECT_EQ(uq, uwant) << k->name << " chunk=" << chunk << " n=" << n;
+      }
+}
+
 TEST(Kernels, SignStatsEqualSeparatePassesAndFeedbackAdds) {
   for (auto* k : tables())
     for (size_t n : {size_t(0), size_t(5), size_t(4096), size_t(4103), size_t(10000)}) {
