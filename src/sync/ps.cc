@@ -102,6 +102,7 @@ class Shard {
     if (h.kind == kPull) {
       // The starting point, whatever faster workers have pushed since (asp/ssp apply pushes on arrival).
       slot.replica = initial_;
+      slot.version = 0;  // initial_ is the shard before any update
       if (cfg_.dc > 0 && !pull_) slot.backup = initial_;
       Bytes b(initial_.size() * 4);
       std::memcpy(b.data(), initial_.data(), b.size());
@@ -129,7 +130,7 @@ class Shard {
       maybe_apply_bsp();
     } else {
       if (cfg_.dc > 0) compensate_delay(slot, grad_);
-      apply(grad_, 1.0f / workers_);
+      apply(grad_, staleness_scale(slot) / float(workers_));
     }
     slot.waiting = static_cast<int64_t>(h.clock);
     slot.ready = false;
@@ -166,8 +167,10 @@ class Shard {
     w.floats(momentum_);
     w.floats(mean_sq_);
     w.u64(applied_clock_);
+    w.u64(version_);
     for (int k = 0; k < workers_; ++k) {
       w.u64(clocks_[k]);
+      w.u64(slots_[k].version);
       w.floats(slots_[k].replica);
       w.floats(slots_[k].backup);
       w.bytes(push_ ? slots_[k].push_state.save() : Bytes{});
@@ -186,8 +189,10 @@ class Shard {
     mean_sq_ = r.floats();
     applied_clock_ = static_cast<int64_t>(r.u64());
     bsp_clock_ = applied_clock_;
+    version_ = r.u64();
     for (int k = 0; k < workers_; ++k) {
       clocks_[k] = static_cast<int64_t>(r.u64());
+      slots_[k].version = r.u64();
       slots_[k].replica = r.floats();
       slots_[k].backup = r.floats();
       auto ps = r.bytes(), pl = r.bytes();
@@ -208,6 +213,7 @@ class Shard {
     Bytes reply;
     std::vector<float> replica;  // what the worker holds (pull compression)
     std::vector<float> backup;   // what the worker holds (no pull compression), kept for delay compensation
+    uint64_t version = 0;        // the shard's version_ when the worker's parameters were read
     compress::TensorState push_state, pull_state;
   };
 
@@ -232,7 +238,19 @@ class Shard {
     }
   }
 
+  // Staleness-aware step (Zhang et al., IJCAI 2016, with the nominal staleness as the reference): tau is the number
+  // of updates this shard applied since the parameters the gradient was computed on; W workers taking turns give
+  // tau = W - 1, and a gradient staler than that is scaled by (W - 1) / tau. 1 when the option is off.
+  float staleness_scale(const Slot& slot) {
+    const uint64_t tau = version_ - slot.version;
+    stats_.max_tau = std::max(stats_.max_tau, tau);
+    const uint64_t nominal = uint64_t(std::max(1, workers_ - 1));
+    if (!cfg_.staleness_lr || tau <= nominal) return 1.0f;
+    return float(nominal) / float(tau);
+  }
+
   void apply(const std::vector<float>& g, float scale) {
+    ++version_;
     const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay);
     for (size_t i = 0; i < params_.size(); ++i) {
       float gi = scale * g[i] + wd * params_[i];
@@ -277,6 +295,7 @@ class Shard {
         s.reply_header = {s.reply.size(), 1};
         if (cfg_.dc > 0) s.backup = params_;
       }
+      s.version = version_;
       s.ready = true;
     }
   }
@@ -296,6 +315,7 @@ class Shard {
   std::vector<Slot> slots_;
   int bsp_count_ = 0;
   int64_t bsp_clock_ = 0, applied_clock_ = 0;
+  uint64_t version_ = 0;  // updates applied
   PsClockStats stats_;
 };
 
@@ -436,6 +456,7 @@ class PsStrategy : public Strategy {
       out.max_gap = std::max(out.max_gap, st.max_gap);
       out.pushes += st.pushes;
       out.waits += st.waits;
+      out.max_tau = std::max(out.max_tau, st.max_tau);
     }
     return out;
   }

@@ -16,6 +16,9 @@ struct PsConfig {
   // last received is applied as g + lambda * g*g*(w - w_bak), lambda = dc / sqrt(mean square of g) per element.
   // 0: off.
   double dc = 0;
+  // asp/ssp staleness-aware step: a gradient computed on parameters tau > W - 1 updates old (W workers taking turns
+  // give W - 1) is applied scaled by (W - 1) / tau (Zhang et al. 2016). Off: every gradient at 1/W.
+  bool staleness_lr = false;
   std::string push_compressor = "none", pull_compressor = "none";  // compressor specs (compress/compressor.h)
 };
 
@@ -26,6 +29,7 @@ struct PsClockStats {
   int64_t max_gap = 0;  // max over released pulls of (worker clock - slowest worker's clock)
   uint64_t pushes = 0;  // gradients applied
   uint64_t waits = 0;   // pulls that had to wait for slower workers
+  uint64_t max_tau = 0; // asp/ssp: the largest staleness (updates since the gradient's parameters) of a push
 };
 // The stats of the shards served in this process on `comm`'s rank (empty when it serves none). Valid after finish()
 // (co-located) or serve() returned.

@@ -224,7 +224,7 @@ const std::map<std::string, Entry>& registry() {
                   {"momentum", "0.9"},        {"weight_decay", "0"}, {"push_compressor", "none"},
                   {"pull_compressor", "none"}};
       if (mode == "ssp") d["staleness"] = "3";
-      if (mode != "bsp") d["dc"] = "0";
+      if (mode != "bsp") d["dc"] = "0", d["staleness_lr"] = "0";
       m["ps-" + mode] = {d, [mode](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                            PsConfig cfg;
                            cfg.mode = mode;
@@ -235,7 +235,10 @@ const std::map<std::string, Entry>& registry() {
                            cfg.lr = p.real("lr", 0, 1e6);
                            cfg.momentum = p.real("momentum", 0, 0.9999);
                            cfg.weight_decay = p.real("weight_decay", 0, 1e6);
-                           if (mode != "bsp") cfg.dc = p.real("dc", 0, 1e6);
+                           if (mode != "bsp") {
+                             cfg.dc = p.real("dc", 0, 1e6);
+                             cfg.staleness_lr = p.flag("staleness_lr");
+                           }
                            cfg.push_compressor = p.str("push_compressor");
                            cfg.pull_compressor = p.str("pull_compressor");
                            return make_ps_strategy(std::move(c), cfg);
