@@ -2,8 +2,10 @@
 // (one intra-op thread by default), over the GEMMs of the training models' steps and a square sweep, or given
 // shapes; and the CNN's convolution layers as convolutions (forward, input gradient, weight gradient: oneDNN's
 // direct kernels, not the im2col GEMMs). `--json` writes the {m, n, k, gflops} and bench.conv lines
-// `conduit sim calibrate --gemm` reads. `--model` also times
-// one forward and backward of a training model, to compare with the sum of its GEMMs.
+// `conduit sim calibrate --gemm` reads. `--model mlp,cnn` also times training steps of those models as
+// `conduit train` runs them up to the gradient exchange (bench.model_step: the framework's time beyond the timed
+// kernels and the spread of step times, which calibrate carries into the cluster file). Under `conduit launch -n N`
+// every record says "concurrent": N (each of N processes timed the same shapes at the same time).
 // Torch-free: the timing code is in src/torch/models.cc behind torch/gemm_bench.h. Built only with libtorch and
 // the simulator (the GEMM shapes of a step are the simulator's).
 #if defined(CONDUIT_WITH_TORCH) && defined(CONDUIT_WITH_SIM)
@@ -12,6 +14,7 @@
 #include <array>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -155,7 +158,15 @@ std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std
   return uniq;
 }
 
+// How many processes on this host run this benchmark at the same time: LOCAL_WORLD_SIZE under `conduit launch -n N`
+// (each rank times the same shapes, so the records carry the speed one of N concurrent workers gets), else 1.
+long long concurrent_processes() {
+  if (auto v = env_int("LOCAL_WORLD_SIZE", 1, 1 << 20)) return *v;
+  return 1;
+}
+
 void run_gemm(const GemmArgs& a) {
+  const long long concurrent = concurrent_processes();
   if (a.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", a.batch));
   if (a.threads < 1 || a.threads > 1024) throw ConfigError(fmt::format("--threads = {} (allowed: 1..1024)", a.threads));
   if (!(a.min_time > 0) || a.min_time > 60)
@@ -167,21 +178,33 @@ void run_gemm(const GemmArgs& a) {
   std::vector<Shape> shapes = parse_shapes(a, convs, pools);
   std::vector<std::array<int64_t, 3>> mnk;
   for (const auto& s : shapes) mnk.push_back(s.mnk);
+  std::vector<std::string> models;
+  for (const auto& m : split(a.model, ','))
+    if (!trim(m).empty()) models.push_back(trim(m));
   auto timings = train::time_gemms(mnk, a.threads, a.min_time);
-  double gemm_sum = 0;   // of the --model's step GEMMs
-  double dense_sum = 0;  // of its dense layers' GEMMs
-  double conv_sum = 0;   // of its convolutions, timed as convolutions
-  const std::string prefix = a.model + " ";
+  struct Sums {
+    double gemm = 0;   // of the model's step GEMMs
+    double dense = 0;  // of its dense layers' GEMMs
+    double conv = 0;   // of its convolutions (timed as convolutions) and poolings
+  };
+  std::map<std::string, Sums> sums;
+  // The model a shape's label belongs to ("mlp dense1 fwd" -> mlp), when it is one of --model's.
+  auto owner = [&](const std::string& label) -> Sums* {
+    for (const auto& m : models)
+      if (label.rfind(m + " ", 0) == 0) return &sums[m];
+    return nullptr;
+  };
   if (!a.json && !shapes.empty())
     fmt::print("  {:<20} {:>8} {:>8} {:>8} {:>12} {:>10} {:>8}\n", "gemm", "m", "n", "k", "time", "GFLOP/s", "calls");
   for (size_t i = 0; i < timings.size(); ++i) {
     const auto& t = timings[i];
-    if (!a.model.empty() && shapes[i].label.rfind(prefix, 0) == 0) {
-      gemm_sum += t.seconds;
-      if (shapes[i].label.rfind(prefix + "dense", 0) == 0) dense_sum += t.seconds;
+    if (Sums* o = owner(shapes[i].label)) {
+      o->gemm += t.seconds;
+      if (shapes[i].label.find(" dense") != std::string::npos) o->dense += t.seconds;
     }
     if (a.json) {
       std::cout << nlohmann::json{{"kind", "bench.gemm"},
+                                  {"concurrent", concurrent},
                                   {"label", shapes[i].label},
                                   {"m", t.m},
                                   {"n", t.n},
@@ -206,11 +229,11 @@ void run_gemm(const GemmArgs& a) {
                "HxW", "k", "forward", "input grad", "weight grad", "GFLOP/s (f / i / w)");
   for (size_t i = 0; i < ctimes.size(); ++i) {
     const auto& c = ctimes[i];
-    if (!a.model.empty() && convs[i].label.rfind(prefix, 0) == 0)
-      conv_sum += c.forward_s + c.input_grad_s + c.weight_grad_s;
+    if (Sums* o = owner(convs[i].label)) o->conv += c.forward_s + c.input_grad_s + c.weight_grad_s;
     auto gf = [&](double s) { return s > 0 ? c.flops() / s / 1e9 : 0.0; };
     if (a.json) {
       std::cout << nlohmann::json{{"kind", "bench.conv"},
+                                  {"concurrent", concurrent},
                                   {"label", convs[i].label},
                                   {"batch", c.batch},
                                   {"in", c.in},
@@ -246,9 +269,10 @@ void run_gemm(const GemmArgs& a) {
                "forward", "backward");
   for (size_t i = 0; i < ptimes.size(); ++i) {
     const auto& p = ptimes[i];
-    if (!a.model.empty() && pools[i].label.rfind(prefix, 0) == 0) conv_sum += p.forward_s + p.backward_s;
+    if (Sums* o = owner(pools[i].label)) o->conv += p.forward_s + p.backward_s;
     if (a.json) {
       std::cout << nlohmann::json{{"kind", "bench.pool"},
+                                  {"concurrent", concurrent},
                                   {"label", pools[i].label},
                                   {"batch", p.batch},
                                   {"channels", p.channels},
@@ -267,27 +291,36 @@ void run_gemm(const GemmArgs& a) {
                  fmt::format("{}x{}", p.height, p.width), p.kernel, p.forward_s * 1e6, p.backward_s * 1e6);
     }
   }
-  if (!a.model.empty()) {
-    auto ms = train::time_model_step(a.model, a.batch, a.threads, a.model_steps);
+  for (const auto& name : models) {
+    auto ms = train::time_model_step(name, a.batch, a.threads, a.model_steps);
+    const Sums& sm = sums[name];
+    const std::string layers = name == "mlp" ? sim::kTrainMlpLayers : name == "cnn" ? sim::kTrainCnnLayers : "";
     if (a.json) {
       std::cout << nlohmann::json{{"kind", "bench.model_step"},
-                                  {"model", a.model},
+                                  {"concurrent", concurrent},
+                                  {"model", name},
+                                  {"layers", layers},
                                   {"batch", a.batch},
                                   {"threads", a.threads},
+                                  {"prepare_s", ms.prepare_s},
                                   {"forward_s", ms.forward_s},
                                   {"backward_s", ms.backward_s},
+                                  {"step_samples_s", ms.step_s},
                                   {"steps", ms.steps},
-                                  {"gemm_sum_s", gemm_sum},
-                                  {"conv_pool_dense_sum_s", conv_sum > 0 ? conv_sum + dense_sum : 0.0}}
+                                  {"gemm_sum_s", sm.gemm},
+                                  {"conv_pool_dense_sum_s", sm.conv > 0 ? sm.conv + sm.dense : 0.0}}
                        .dump()
                 << "\n";
     } else {
-      fmt::print("\n  {} at batch {}: forward {:.2f} ms + backward {:.2f} ms = {:.2f} ms (median of {} steps)", a.model,
-                 a.batch, ms.forward_s * 1e3, ms.backward_s * 1e3, (ms.forward_s + ms.backward_s) * 1e3, ms.steps);
-      if (gemm_sum > 0) fmt::print("; its GEMMs above sum to {:.2f} ms", gemm_sum * 1e3);
-      if (conv_sum > 0)
+      fmt::print(
+          "\n  {} at batch {}: zero grads + batch {:.2f} ms, forward {:.2f} ms + backward {:.2f} ms = {:.2f} ms "
+          "(median of {} steps)",
+          name, a.batch, ms.prepare_s * 1e3, ms.forward_s * 1e3, ms.backward_s * 1e3,
+          (ms.forward_s + ms.backward_s) * 1e3, ms.steps);
+      if (sm.gemm > 0) fmt::print("; its GEMMs above sum to {:.2f} ms", sm.gemm * 1e3);
+      if (sm.conv > 0)
         fmt::print("; its convolutions (as convolutions), poolings and dense GEMMs to {:.2f} ms",
-                   (conv_sum + dense_sum) * 1e3);
+                   (sm.conv + sm.dense) * 1e3);
       fmt::print("\n");
     }
   }
@@ -307,7 +340,9 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
   c->add_option("--threads", a->threads, "intra-op threads (conduit train's workers use 1)")->capture_default_str();
   c->add_option("--min-time", a->min_time, "seconds of timed calls per shape (median call reported)")
       ->capture_default_str();
-  c->add_option("--model", a->model, "also time one forward+backward of this training model (mlp, cnn, resnet)");
+  c->add_option("--model", a->model,
+                "also time training steps of these models (comma-separated: mlp, cnn, resnet) as conduit train runs "
+                "them up to the gradient exchange: zero grads + batch, forward, backward with gradient-copy hooks");
   c->add_option("--model-steps", a->model_steps, "timed steps for --model")->capture_default_str();
   c->add_flag(
       "--json", a->json,

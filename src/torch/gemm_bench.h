@@ -52,11 +52,17 @@ std::vector<PoolTiming> time_pools(const std::vector<PoolTiming>& shapes, int th
 
 struct ModelStepTiming {
   double forward_s = 0, backward_s = 0;  // medians: forward with the cross-entropy loss; backward
+  double prepare_s = 0;                  // median: zeroing the gradients and building the batch
+  std::vector<double> step_s;            // every timed step's prepare + forward + backward, in order
   int steps = 0;
 };
 
-// One worker's forward and backward of model `name` (mlp, cnn, resnet) at `batch` random 28x28 images, `steps`
-// timed steps after one untimed step, with `threads` intra-op threads. ConfigError for an unknown model.
+// One worker's training step of model `name` (mlp, cnn, resnet) at `batch` 28x28 images as `conduit train` runs it
+// up to the gradient exchange: zero the gradients (detach and zero, as DistributedOptimizer::zero_grad), build the
+// batch from 8-bit pixels (normalized as the trainer's make_batch), forward with the cross-entropy loss, and backward
+// with a hook per parameter that copies its gradient into one flat buffer (as DistributedOptimizer's hooks copy
+// them into buckets). `steps` timed steps after one untimed step, with `threads` intra-op threads. ConfigError for
+// an unknown model.
 ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps);
 
 }  // namespace conduit::train

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "core/error.h"
 #include "torch/gemm_bench.h"
@@ -260,23 +261,51 @@ std::vector<PoolTiming> time_pools(const std::vector<PoolTiming>& shapes, int th
 ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps) {
   ThreadScope scope(threads);
   auto model = make_model(name);
-  auto x = torch::randn({batch, 1, 28, 28});
+  const int64_t px = 28 * 28;
+  std::vector<uint8_t> pixels(size_t(batch * px));
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = uint8_t((i * 2654435761u) >> 24);
   auto y = torch::randint(10, {batch}, torch::kLong);
-  std::vector<double> f, b;
+  auto params = model->parameters();
+  std::vector<size_t> offset;
+  size_t total = 0;
+  for (auto& p : params) {
+    offset.push_back(total);
+    total += size_t(p.numel());
+  }
+  std::vector<float> flat(total);
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i].register_hook([&flat, o = offset[i]](torch::Tensor g) {
+      torch::Tensor c = g.contiguous();
+      std::memcpy(flat.data() + o, c.data_ptr<float>(), size_t(c.numel()) * sizeof(float));
+    });
+  std::vector<double> f, b, p, all;
   for (int s = 0; s <= std::max(1, steps); ++s) {
-    model->zero_grad();
     const double t0 = now();
-    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    for (auto& q : params)
+      if (q.grad().defined()) {
+        q.mutable_grad().detach_();
+        q.mutable_grad().zero_();
+      }
+    auto x = torch::empty({batch, 1, 28, 28}, torch::kFloat);
+    float* xp = x.data_ptr<float>();
+    const float scale = 1.0f / (255.0f * 0.3530f), shift = 0.2860f / 0.3530f;
+    for (int64_t k = 0; k < batch * px; ++k) xp[k] = float(pixels[size_t(k)]) * scale - shift;
     const double t1 = now();
-    loss.backward();
+    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
     const double t2 = now();
+    loss.backward();
+    const double t3 = now();
     if (s == 0) continue;  // untimed
-    f.push_back(t1 - t0);
-    b.push_back(t2 - t1);
+    p.push_back(t1 - t0);
+    f.push_back(t2 - t1);
+    b.push_back(t3 - t2);
+    all.push_back(t3 - t0);
   }
   ModelStepTiming r;
   r.forward_s = median(f);
   r.backward_s = median(b);
+  r.prepare_s = median(p);
+  r.step_s = all;
   r.steps = static_cast<int>(f.size());
   return r;
 }
