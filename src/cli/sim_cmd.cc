@@ -273,8 +273,10 @@ void run_layer_step(const StepArgs& a) {
                       {"fits", r.fits},
                       {"breakdown_s",
                        {{"compute", b.compute},
+                        {"framework", b.framework},
                         {"dp_comm_total", b.dp_comm},
                         {"dp_exposed", b.dp_exposed},
+                        {"rank_wait", b.rank_wait},
                         {"compression", b.compression},
                         {"optimizer", b.optimizer}}},
                       {"dp_algorithm", r.dp_algorithm},
@@ -290,6 +292,10 @@ void run_layer_step(const StepArgs& a) {
   fmt::print("  memory per GPU            {} of {}\n", format_gb(r.memory.total()), format_gb(r.memory_capacity));
   fmt::print("  compute {}  data-parallel exposed {} (total {})  optimizer {}\n", format_seconds(b.compute),
              format_seconds(b.dp_exposed), format_seconds(b.dp_comm), format_seconds(b.optimizer));
+  if (b.framework != 0 || b.rank_wait != 0)
+    fmt::print(
+        "  of which framework time beyond the kernels {}{} (measured model step), wait for the slowest rank {}\n",
+        b.framework < 0 ? "-" : "", format_seconds(std::abs(b.framework)), format_seconds(b.rank_wait));
   for (const auto& n : r.notes) fmt::print("  - {}\n", n);
 }
 
@@ -702,14 +708,19 @@ void run_calibrate(const CalibrateArgs& a) {
   std::vector<GemmSample> gemms;
   std::vector<ConvSample> convs;
   std::vector<PoolSample> pools;
+  std::vector<ModelStepSample> models;
+  long long concurrent = 1;  // processes that timed the --gemm records together
   double peak = 0;
   if (!a.gemm.empty()) {
     const std::string text = read_file(a.gemm, "--gemm");
     gemms = parse_gemm_lines(text, a.gemm);
     convs = parse_conv_lines(text, a.gemm);
     pools = parse_pool_lines(text, a.gemm);
-    fmt::print("{}: {} GEMM records, {} convolution records, {} pooling records{}\n", a.gemm, gemms.size(),
-               convs.size(), pools.size(), convs.empty() ? " (convolution layers will be costed as im2col GEMMs)" : "");
+    models = parse_model_step_lines(text, a.gemm);
+    concurrent = bench_concurrency(text, a.gemm);
+    fmt::print("{}: {} GEMM shapes, {} convolutions, {} poolings, {} model steps, timed by {} concurrent process{}{}\n",
+               a.gemm, gemms.size(), convs.size(), pools.size(), models.size(), concurrent, concurrent == 1 ? "" : "es",
+               convs.empty() ? " (convolution layers will be costed as im2col GEMMs)" : "");
   }
   if (a.gemm.empty() && a.peak.empty()) {
 #ifdef CONDUIT_WITH_TORCH
@@ -785,7 +796,11 @@ void run_calibrate(const CalibrateArgs& a) {
         "give --gemm FILE (JSON lines {m, n, k, gflops} from `conduit bench gemm --json`) or --peak (e.g. 50 GFLOP/s)");
   double share = a.share;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  if (share == 0) share = std::min(1.0, double(cores) / double(ranks));
+  // Records timed by `concurrent` processes at once already carry the speed one of them gets; scale by the cores
+  // `ranks` workers get relative to that (1 when the bench ran with as many processes as the cluster has ranks).
+  if (share == 0)
+    share =
+        std::min(1.0, std::min(1.0, double(cores) / double(ranks)) / std::min(1.0, double(cores) / double(concurrent)));
   if (!(share > 0) || share > 1) throw ConfigError(fmt::format("--share = {} must be in (0, 1]", a.share));
   double mem_bytes = 0;
   {
@@ -803,11 +818,13 @@ void run_calibrate(const CalibrateArgs& a) {
   double bw = measure_memory_bandwidth();
   fmt::print("memory bandwidth (copy, measured): {:.1f} GB/s; memory {:.1f} GB; peak {:.1f} GFLOP/s\n", bw / 1e9,
              mem_bytes / 1e9, peak / 1e9);
-  fmt::print("{} ranks on {} cores: each rank gets {:.3g} of the measured one-thread compute and copy rates\n", ranks,
-             cores, share);
+  fmt::print(
+      "{} ranks on {} cores: each rank gets {:.3g} of the measured rates (GEMMs, convolutions, poolings and "
+      "model steps timed by {} concurrent process{}; copy bandwidth by one thread)\n",
+      ranks, cores, share, concurrent, concurrent == 1 ? "" : "es");
   std::string yaml =
       calibrated_cluster_yaml(a.name, static_cast<int>(ranks), chosen_fit, bw, mem_bytes / static_cast<double>(ranks),
-                              peak, gemms, chosen, share, convs, pools);
+                              peak, gemms, chosen, share, convs, pools, models);
   ClusterSpec cal = parse_cluster_yaml(yaml, "calibrated cluster");  // what we write must load
   {
     // Predicted (from the written cluster) against measured, sample by sample.

@@ -76,30 +76,64 @@ void for_each_json_line(const std::string& text, const std::string& origin, cons
     fn(j, no);
   }
 }
+
+template <typename T, typename Get>
+double median_of(const std::vector<T>& v, Get get) {
+  std::vector<double> x;
+  for (const auto& e : v) x.push_back(get(e));
+  std::sort(x.begin(), x.end());
+  const size_t h = x.size() / 2;
+  return x.size() % 2 ? x[h] : 0.5 * (x[h - 1] + x[h]);
+}
+
+// One element per group of `same` elements (in first-seen order), made by `merge` from the group.
+template <typename T, typename Same, typename Merge>
+std::vector<T> merge_by_median(const std::vector<T>& in, Same same, Merge merge) {
+  std::vector<std::vector<T>> groups;
+  for (const auto& e : in) {
+    bool placed = false;
+    for (auto& g : groups)
+      if (same(g.front(), e)) {
+        g.push_back(e);
+        placed = true;
+        break;
+      }
+    if (!placed) groups.push_back({e});
+  }
+  std::vector<T> out;
+  for (auto& g : groups) out.push_back(merge(g));
+  return out;
+}
 }  // namespace
 
 std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::string& origin) {
   std::vector<GemmSample> out;
-  for_each_json_line(text, origin, R"( (allowed: {"m", "n", "k", "gflops"} per line))", [&](const nlohmann::json& j,
-                                                                                             int no) {
-    if (j.contains("kind") && j["kind"] != "bench.gemm") return;  // e.g. bench.model_step lines
-    auto field = [&](const char* f) {
-      if (!j.contains(f) || !j[f].is_number() || !(j[f].get<double>() > 0) || !std::isfinite(j[f].get<double>()))
-        throw ConfigError(fmt::format("{}:{}: field '{}' {} (a GEMM record needs positive numbers m, n, k, gflops)",
-                                      origin, no, f, j.contains(f) ? "must be a positive number" : "is missing"));
-      return j[f].get<double>();
-    };
-    GemmSample g;
-    g.m = field("m");
-    g.n = field("n");
-    g.k = field("k");
-    g.flops = field("gflops") * 1e9;
-    out.push_back(g);
-  });
+  for_each_json_line(
+      text, origin, R"( (allowed: {"m", "n", "k", "gflops"} per line))", [&](const nlohmann::json& j, int no) {
+        if (j.contains("kind") && j["kind"] != "bench.gemm") return;  // e.g. bench.model_step lines
+        auto field = [&](const char* f) {
+          if (!j.contains(f) || !j[f].is_number() || !(j[f].get<double>() > 0) || !std::isfinite(j[f].get<double>()))
+            throw ConfigError(fmt::format("{}:{}: field '{}' {} (a GEMM record needs positive numbers m, n, k, gflops)",
+                                          origin, no, f, j.contains(f) ? "must be a positive number" : "is missing"));
+          return j[f].get<double>();
+        };
+        GemmSample g;
+        g.m = field("m");
+        g.n = field("n");
+        g.k = field("k");
+        g.flops = field("gflops") * 1e9;
+        out.push_back(g);
+      });
   if (out.empty())
     throw ConfigError(
         fmt::format("{}: no GEMM records {{m, n, k, gflops}} (write them with `conduit bench gemm --json`)", origin));
-  return out;
+  return merge_by_median(
+      out, [](const GemmSample& a, const GemmSample& b) { return a.m == b.m && a.n == b.n && a.k == b.k; },
+      [](std::vector<GemmSample>& same) {
+        GemmSample g = same.front();
+        g.flops = median_of(same, [](const GemmSample& x) { return x.flops; });
+        return g;
+      });
 }
 
 std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::string& origin) {
@@ -139,7 +173,19 @@ std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::str
     c.weight_grad_s = field("weight_grad_us", 0, -1) * 1e-6;
     out.push_back(c);
   });
-  return out;
+  return merge_by_median(
+      out,
+      [](const ConvSample& a, const ConvSample& b) {
+        return a.batch == b.batch && a.in == b.in && a.out == b.out && a.height == b.height && a.width == b.width &&
+               a.kernel == b.kernel && a.stride == b.stride && a.padding == b.padding;
+      },
+      [](std::vector<ConvSample>& same) {
+        ConvSample c = same.front();
+        c.forward_s = median_of(same, [](const ConvSample& x) { return x.forward_s; });
+        c.input_grad_s = median_of(same, [](const ConvSample& x) { return x.input_grad_s; });
+        c.weight_grad_s = median_of(same, [](const ConvSample& x) { return x.weight_grad_s; });
+        return c;
+      });
 }
 
 std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::string& origin) {
@@ -167,7 +213,95 @@ std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::str
     p.backward_s = field("backward_us") * 1e-6;
     out.push_back(p);
   });
+  return merge_by_median(
+      out,
+      [](const PoolSample& a, const PoolSample& b) {
+        return a.batch == b.batch && a.channels == b.channels && a.height == b.height && a.width == b.width &&
+               a.kernel == b.kernel;
+      },
+      [](std::vector<PoolSample>& same) {
+        PoolSample p = same.front();
+        p.forward_s = median_of(same, [](const PoolSample& x) { return x.forward_s; });
+        p.backward_s = median_of(same, [](const PoolSample& x) { return x.backward_s; });
+        return p;
+      });
+}
+
+namespace {
+// Linear interpolation between order statistics of sorted values (q in [0, 1]).
+double sorted_quantile(const std::vector<double>& v, double q) {
+  const double x = q * double(v.size() - 1);
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(x));
+  return i + 1 < v.size() ? v[i] + (x - double(i)) * (v[i + 1] - v[i]) : v[i];
+}
+}  // namespace
+
+std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, const std::string& origin) {
+  struct Pool {
+    std::string layers;
+    double batch;
+    std::vector<double> steps;
+  };
+  std::vector<Pool> pools;
+  for_each_json_line(text, origin, "", [&](const nlohmann::json& j, int no) {
+    if (!j.contains("kind") || j["kind"] != "bench.model_step") return;
+    if (!j.contains("layers") || !j["layers"].is_string() || j["layers"].get<std::string>().empty()) return;
+    const std::string layers = j["layers"].get<std::string>();
+    try {
+      parse_layer_model(layers);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("{}:{}: field 'layers': {}", origin, no, e.what()));
+    }
+    auto bad = [&](const char* f, const char* need) {
+      return ConfigError(
+          fmt::format("{}:{}: field '{}' {} (a model step record needs layers, batch > 0 and "
+                      "step_samples_s: a list of positive seconds)",
+                      origin, no, f, j.contains(f) ? need : "is missing"));
+    };
+    if (!j.contains("batch") || !j["batch"].is_number() || !(j["batch"].get<double>() > 0))
+      throw bad("batch", "must be a positive number");
+    const double batch = j["batch"].get<double>();
+    if (!j.contains("step_samples_s") || !j["step_samples_s"].is_array() || j["step_samples_s"].empty())
+      throw bad("step_samples_s", "must be a non-empty list of positive seconds");
+    Pool* p = nullptr;
+    for (auto& q : pools)
+      if (q.layers == layers && q.batch == batch) p = &q;
+    if (!p) p = &pools.emplace_back(Pool{layers, batch, {}});
+    for (const auto& v : j["step_samples_s"]) {
+      if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+        throw bad("step_samples_s", "must be a non-empty list of positive seconds");
+      p->steps.push_back(v.get<double>());
+    }
+  });
+  std::vector<ModelStepSample> out;
+  for (auto& p : pools) {
+    std::sort(p.steps.begin(), p.steps.end());
+    ModelStepSample m;
+    m.layers = p.layers;
+    m.batch = p.batch;
+    for (int i = 0; i <= 20; ++i) m.quantiles.push_back(sorted_quantile(p.steps, i / 20.0));
+    out.push_back(m);
+  }
   return out;
+}
+
+long long bench_concurrency(const std::string& text, const std::string& origin) {
+  long long seen = 0;
+  for_each_json_line(text, origin, "", [&](const nlohmann::json& j, int no) {
+    long long c = 1;
+    if (j.contains("concurrent")) {
+      if (!j["concurrent"].is_number_integer() || j["concurrent"].get<long long>() < 1)
+        throw ConfigError(fmt::format("{}:{}: field 'concurrent' must be a positive integer", origin, no));
+      c = j["concurrent"].get<long long>();
+    }
+    if (seen != 0 && c != seen)
+      throw ConfigError(
+          fmt::format("{}:{}: field 'concurrent' = {}, but earlier records say {} (time each file with "
+                      "one number of concurrent processes)",
+                      origin, no, c, seen));
+    seen = c;
+  });
+  return seen == 0 ? 1 : seen;
 }
 
 std::vector<PoolSample> calibration_pool_shapes(double batch) {
@@ -364,7 +498,8 @@ double measure_memory_bandwidth(size_t bytes, int repeats) {
 std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
                                     const std::vector<GemmSample>& gemms, const std::string& transport, double share,
-                                    const std::vector<ConvSample>& convs, const std::vector<PoolSample>& pools) {
+                                    const std::vector<ConvSample>& convs, const std::vector<PoolSample>& pools,
+                                    const std::vector<ModelStepSample>& models) {
   if (!(share > 0) || share > 1) throw ConfigError(fmt::format("calibrate: share = {} must be in (0, 1]", share));
   std::string y;
   y += fmt::format("# Written by `conduit sim calibrate` from {} `conduit bench coll --json` samples over {}\n",
@@ -406,6 +541,17 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
           "{:.6g} "
           "us}}\n",
           p.batch, p.channels, p.height, p.width, p.kernel, p.forward_s / share * 1e6, p.backward_s / share * 1e6);
+  }
+  if (!models.empty()) {
+    y += "      model_calibration:   # measured training steps up to the gradient exchange (zero grads, batch, "
+         "forward,\n";
+    y += "                           # backward with gradient copies), quantiles 0, 0.05, ..., 1 of the steps, times / "
+         "share\n";
+    for (const auto& m : models) {
+      std::string q;
+      for (double t : m.quantiles) q += fmt::format("{}{:.6g} us", q.empty() ? "" : ", ", t / share * 1e6);
+      y += fmt::format("        - {{layers: \"{}\", batch: {}, step_quantiles: [{}]}}\n", m.layers, m.batch, q);
+    }
   }
   const double bw = fit.beta > 0 ? 1.0 / fit.beta : 1e15;
   y += fmt::format("    intra:\n      kind: nvswitch\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);

@@ -43,6 +43,8 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
 double measure_memory_bandwidth(size_t bytes = 64 << 20, int repeats = 3);
 
 // Parses JSON lines of measured GEMMs, {"m", "n", "k", "gflops"} as `conduit bench gemm --json` writes them.
+// The same shape measured several times (e.g. by each of N concurrent ranks) becomes one sample of the median rate;
+// likewise for convolutions (per pass) and poolings below.
 // Lines without '{' and records of another "kind" are skipped; a GEMM record whose m, n, k or gflops is missing or
 // not a positive number is a ConfigError naming the file, line and field; no GEMM record at all is one too.
 std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::string& origin);
@@ -60,6 +62,17 @@ std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::str
 // field. None at all is not an error (pooling is then costed as memory-bound).
 std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::string& origin);
 
+// The measured training steps of layer-list models, {"kind": "bench.model_step", "layers", "batch", "step_samples_s"}
+// (`conduit bench gemm --model mlp,cnn --json`): the step samples of every record with the same layers and batch are
+// pooled (under `conduit launch -n N` each of the N ranks writes one record) and summarized as 21 quantiles (0, 0.05,
+// ..., 1). Records without "layers" (a model that is no layer list, e.g. resnet) are skipped; a record whose batch or
+// samples are missing or not positive is a ConfigError naming the file, line and field. None at all is not an error.
+std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, const std::string& origin);
+
+// How many processes timed the records of `text` at the same time (their "concurrent" field, written by `conduit
+// bench gemm` under `conduit launch -n N`; 1 when absent). Records that disagree are a ConfigError naming the file.
+long long bench_concurrency(const std::string& text, const std::string& origin);
+
 // The poolings of `conduit train`'s CNN at `batch` samples per worker.
 std::vector<PoolSample> calibration_pool_shapes(double batch);
 
@@ -75,12 +88,13 @@ std::vector<GemmShape> calibration_gemm_shapes(double batch);
 // A cluster file for this machine: one node of `ranks` workers joined by the fitted transport. `memory_bandwidth`,
 // `peak_flops` and the GEMMs are measured by one thread; each rank gets `share` of that speed (the fraction of a
 // core it runs on: cores / ranks when ranks outnumber the cores, else 1). Measured convolutions (one thread)
-// become the conv_calibration table and measured poolings the pool_calibration table, their times divided by
-// `share`.
+// become the conv_calibration table, measured poolings the pool_calibration table and measured model steps the
+// model_calibration table, their times divided by `share`.
 std::string calibrated_cluster_yaml(const std::string& name, int ranks, const AlphaBetaGamma& fit,
                                     double memory_bandwidth, double memory_bytes, double peak_flops,
                                     const std::vector<GemmSample>& gemms, const std::string& transport,
                                     double share = 1.0, const std::vector<ConvSample>& convs = {},
-                                    const std::vector<PoolSample>& pools = {});
+                                    const std::vector<PoolSample>& pools = {},
+                                    const std::vector<ModelStepSample>& models = {});
 
 }  // namespace conduit::sim

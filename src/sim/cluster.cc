@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "sim/presets_data.h"
 #include "sim/units.h"
+#include "sim/workload.h"
 
 namespace conduit::sim {
 namespace {
@@ -151,10 +153,46 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       a.pool_calibration.push_back(s);
     }
   }
+  if (auto c = n["model_calibration"]) {
+    if (!c.IsSequence())
+      throw ConfigError(fmt::format("{}.model_calibration must be a list of {{layers, batch, step_quantiles}}", f));
+    for (size_t i = 0; i < c.size(); ++i) {
+      std::string fi = fmt::format("{}.model_calibration[{}]", f, i);
+      ModelStepSample s;
+      s.layers = get_string(require(c[i], "layers", "", fi), fi + ".layers");
+      try {
+        parse_layer_model(s.layers);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}.layers: {}", fi, e.what()));
+      }
+      s.batch = get_number(require(c[i], "batch", "", fi), fi + ".batch", 1, 1e9);
+      auto q = require(c[i], "step_quantiles", "", fi);
+      if (!q.IsSequence() || q.size() < 2)
+        throw ConfigError(
+            fmt::format("{}.step_quantiles must be a list of at least two durations (quantiles 0..1)", fi));
+      for (size_t k = 0; k < q.size(); ++k) {
+        const std::string fk = fmt::format("{}.step_quantiles[{}]", fi, k);
+        const double t = parse_duration(get_string(q[k], fk), fk);
+        if (!(t > 0)) throw ConfigError(fmt::format("{} must be positive", fk));
+        if (!s.quantiles.empty() && t < s.quantiles.back())
+          throw ConfigError(fmt::format("{} must not be below the quantile before it", fk));
+        s.quantiles.push_back(t);
+      }
+      a.model_calibration.push_back(s);
+    }
+  }
   return a;
 }
 
 }  // namespace
+
+double ModelStepSample::quantile(double q) const {
+  if (quantiles.empty()) return 0;
+  const double x = std::clamp(q, 0.0, 1.0) * double(quantiles.size() - 1);
+  const size_t i = std::min(quantiles.size() - 1, static_cast<size_t>(x));
+  if (i + 1 >= quantiles.size()) return quantiles.back();
+  return quantiles[i] + (x - double(i)) * (quantiles[i + 1] - quantiles[i]);
+}
 
 long long ClusterSpec::described_gpus() const {
   long long total = 0;

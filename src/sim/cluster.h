@@ -34,6 +34,20 @@ struct PoolSample {
   double forward_s = 0, backward_s = 0;
 };
 
+// A measured training step of a layer-list model (`conduit bench gemm --model` "bench.model_step" records, through
+// `conduit sim calibrate`): what one worker does from zeroing its gradients to the gradient exchange (zero grads,
+// build the batch, forward with the loss, backward with the hooks that copy gradients into the exchange buffer), at
+// `batch` samples, as the seconds at evenly spaced quantiles 0, 1/(n-1), ..., 1 of the measured steps (pooled over
+// the ranks that timed it together). The step model takes from it the framework's time beyond the layers' kernels
+// (median step minus the modelled layers at that batch) and the wait for the slowest of N ranks (see step.h).
+struct ModelStepSample {
+  std::string layers;  // parse_layer_model syntax
+  double batch = 0;
+  std::vector<double> quantiles;    // seconds, non-decreasing, at least two
+  double quantile(double q) const;  // linear interpolation, q in [0, 1]
+  double median() const { return quantile(0.5); }
+};
+
 struct Accelerator {
   std::string name;
   double peak_flops = 0;       // dense BF16/FP16 tensor FLOP/s
@@ -48,6 +62,7 @@ struct Accelerator {
   std::vector<GemmSample> calibration;
   std::vector<ConvSample> conv_calibration;
   std::vector<PoolSample> pool_calibration;
+  std::vector<ModelStepSample> model_calibration;
 };
 
 struct LinkSpec {

@@ -163,6 +163,21 @@ double bucketed_exposed(double window, double total_bytes, double bucket_bytes, 
   return std::max(0.0, end - window);
 }
 
+// The accelerator's measured step of exactly these layers (kind, sizes, kernel, map), or nullptr.
+const ModelStepSample* find_model_step(const Accelerator& acc, const LayerModel& m) {
+  for (const auto& s : acc.model_calibration) {
+    const LayerModel c = parse_layer_model(s.layers);
+    bool same = c.layers.size() == m.layers.size();
+    for (size_t i = 0; same && i < c.layers.size(); ++i) {
+      const Layer &x = c.layers[i], &y = m.layers[i];
+      same = x.kind == y.kind && x.in == y.in && x.out == y.out && x.kernel == y.kernel && x.height == y.height &&
+             x.width == y.width;
+    }
+    if (same) return &s;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 StepResult simulate_step(CollectiveModel& net, const GptModel& m, const ParallelConfig& cfg) {
@@ -458,11 +473,11 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   // as `conduit train` runs on CPUs).
   const double eb = cfg.grad_bytes;
   const Accelerator* slow = nullptr;
-  double fwd = 0, bwd = 0, cap = 1e300;
-  for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
-    if (topo.kind_counts()[i] == 0) continue;
-    const Accelerator& acc = topo.spec().node_kinds[i].accelerator;
-    double f = 0, bw = 0;
+  const ModelStepSample* measured = nullptr;
+  double fwd = 0, bwd = 0, cap = 1e300, framework = 0;
+  // The layers' forward and backward kernels at `b` samples on `acc`.
+  auto layer_times = [&](const Accelerator& acc, double b, double& f, double& bw) {
+    f = bw = 0;
     for (size_t li = 0; li < m.layers.size(); ++li) {
       const Layer& l = m.layers[li];
       GemmShape g = l.forward_gemm(b);
@@ -484,15 +499,36 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       f += memory_time(acc, 2 * eb * g.m * g.n, 1);   // activation function: read + write
       bw += memory_time(acc, 3 * eb * g.m * g.n, 1);  // its gradient
     }
-    if (!slow || f + bw > fwd + bwd) {
+  };
+  for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
+    if (topo.kind_counts()[i] == 0) continue;
+    const Accelerator& acc = topo.spec().node_kinds[i].accelerator;
+    double f = 0, bw = 0;
+    layer_times(acc, b, f, bw);
+    // A measured step of these very layers: the framework's time beyond its kernels (the measured median step minus
+    // the layers modelled at the measured batch) is added per micro-batch, at any micro-batch size.
+    const ModelStepSample* ms = find_model_step(acc, m);
+    double over = 0;
+    if (ms) {
+      double fc = 0, bc = 0;
+      layer_times(acc, ms->batch, fc, bc);
+      over = ms->median() - (fc + bc);
+    }
+    if (!slow || f + bw + over > fwd + bwd + framework) {
       fwd = f;
       bwd = bw;
+      framework = over;
+      measured = ms;
       slow = &acc;
     }
     cap = std::min(cap, acc.memory_bytes);
   }
   const double params = m.params();
-  r.breakdown.compute = mb * (fwd + bwd);
+  // A negative framework time (the kernels timed alone were slower than inside the measured step) takes away at
+  // most the layers' own time.
+  framework = std::max(framework, -(fwd + bwd));
+  r.breakdown.framework = mb * framework;
+  r.breakdown.compute = mb * (fwd + bwd + framework);
   double dp_total = 0, dp_exposed = 0, comp = 0;
   if (gpus > 1) {
     const Group dg{gpus, 1, 0};
@@ -501,8 +537,11 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     const double wire = params * per;
     const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter : Collective::kAllReduce;
     auto prof = net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
+    // Each bucket's exchange, then its average: the runtime divides the reduced f32 gradients by the world size (read
+    // + write 4 bytes per element) before the next bucket.
     auto tof = [&](double n) {
-      return cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n);
+      return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n)) +
+             memory_time(*slow, 8 * n / per, 1);
     };
     dp_total = tof(wire);
     dp_exposed = cfg.dp_overlap ? bucketed_exposed(bwd, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total)
@@ -516,12 +555,19 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     }
     if (k != "none") comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
     dp_exposed += comp;
+    // Synchronous data parallelism waits for the slowest rank every step: the median step of the slowest of `gpus`
+    // ranks, whose steps are drawn from the measured distribution, is its 0.5^(1/gpus) quantile; the wait is that
+    // minus the median.
+    if (measured && cfg.sync.kind != "async")
+      r.breakdown.rank_wait = measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
+    dp_exposed += r.breakdown.rank_wait;
     r.dp_algorithm = algorithm_name(prof.algorithm);
     r.dp_bottleneck = prof.bottleneck;
     if (cfg.sync.kind == "local-sgd") {
       dp_total /= cfg.sync.period;
       dp_exposed /= cfg.sync.period;
       comp /= cfg.sync.period;
+      r.breakdown.rank_wait /= cfg.sync.period;
     } else if (cfg.sync.kind == "async") {
       dp_exposed = std::max(0.0, dp_total + comp - r.breakdown.compute);
     }

@@ -76,6 +76,11 @@ struct StepBreakdown {
   double zero3_exposed = 0;
   double compression = 0;  // compress/decompress compute
   double optimizer = 0;
+  // Layer-list models with a measured model step (`model_calibration:`): the framework's time per step beyond the
+  // layers' kernels (part of compute; may be negative when the kernels timed alone are slower than in the model),
+  // and the wait for the slowest of the data-parallel ranks (part of dp_exposed).
+  double framework = 0;
+  double rank_wait = 0;
 };
 
 struct MemoryBreakdown {

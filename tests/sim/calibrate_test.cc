@@ -334,5 +334,191 @@ TEST(Calibrate, PoolLinesCostPoolingLayers) {
   EXPECT_THROW(parse_layer_model("pool:32k30@28x28"), ConfigError);
 }
 
+// The same shape timed by each of N concurrent ranks is one calibration sample of the median rate (per pass for
+// convolutions); the records' "concurrent" field is read, and files that mix values fail naming the line.
+TEST(Calibrate, ConcurrentRecordsMergeToTheirMedianAndCarryTheirConcurrency) {
+  std::string lines;
+  for (double g : {10.0, 30.0, 20.0})
+    lines += fmt::format("{{\"kind\":\"bench.gemm\",\"concurrent\":3,\"m\":64,\"n\":32,\"k\":16,\"gflops\":{}}}\n", g);
+  for (double f : {1000.0, 3000.0})
+    lines += fmt::format(
+        "{{\"kind\":\"bench.conv\",\"concurrent\":3,\"batch\":8,\"in\":1,\"out\":4,\"height\":8,\"width\":8,"
+        "\"kernel\":3,\"padding\":1,\"forward_us\":{},\"input_grad_us\":10,\"weight_grad_us\":{}}}\n",
+        f, f / 10);
+  auto g = parse_gemm_lines(lines, "gemm.jsonl");
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_DOUBLE_EQ(g[0].flops, 20e9);
+  auto c = parse_conv_lines(lines, "gemm.jsonl");
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_DOUBLE_EQ(c[0].forward_s, 2e-3);
+  EXPECT_DOUBLE_EQ(c[0].weight_grad_s, 2e-4);
+  EXPECT_EQ(bench_concurrency(lines, "gemm.jsonl"), 3);
+  EXPECT_EQ(bench_concurrency("{\"m\":1,\"n\":1,\"k\":1,\"gflops\":1}\n", "g"), 1);
+  try {
+    bench_concurrency(lines + "{\"kind\":\"bench.gemm\",\"concurrent\":2,\"m\":1,\"n\":1,\"k\":1,\"gflops\":1}\n",
+                      "gemm.jsonl");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm.jsonl:6: field 'concurrent' = 2"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+// `ranks` bench.model_step records of the MLP at batch 64, rank r's samples `base` * (1 + (r + i) / 10), i < n.
+std::string model_step_lines(int ranks, int n, double base) {
+  std::string out = "{\"kind\":\"bench.gemm\",\"m\":64,\"n\":256,\"k\":784,\"gflops\":20}\n";
+  for (int r = 0; r < ranks; ++r) {
+    std::string samples;
+    for (int i = 0; i < n; ++i) samples += fmt::format("{}{}", i ? "," : "", base * (1 + (r + i) / 10.0));
+    out += fmt::format(
+        "{{\"kind\":\"bench.model_step\",\"concurrent\":{},\"model\":\"mlp\",\"layers\":\"{}\",\"batch\":64,"
+        "\"step_samples_s\":[{}]}}\n",
+        ranks, kTrainMlpLayers, samples);
+  }
+  return out + "{\"kind\":\"bench.model_step\",\"model\":\"resnet\",\"layers\":\"\",\"batch\":64}\n";  // skipped
+}
+
+StepResult mlp_step(const ClusterSpec& c, int gpus, int micro_batch, const std::string& sync = "bsp") {
+  Topology t(c, gpus);
+  CollectiveModel net(t);
+  ParallelConfig pc;
+  pc.micro_batch = micro_batch;
+  pc.global_batch = gpus * 64;
+  pc.grad_bytes = 4;
+  pc.sync = parse_sync(sync);
+  return simulate_layer_step(net, parse_layer_model(kTrainMlpLayers), pc);
+}
+}  // namespace
+
+// Model steps: the samples of all ranks are pooled into 21 quantiles; the cluster file carries them (times / share)
+// and reads them back; bad records name file, line and field.
+TEST(Calibrate, ModelStepLinesPoolRanksIntoQuantiles) {
+  auto ms = parse_model_step_lines(model_step_lines(2, 5, 1e-3), "gemm.jsonl");
+  ASSERT_EQ(ms.size(), 1u);  // the resnet record has no layer list
+  EXPECT_EQ(ms[0].layers, kTrainMlpLayers);
+  ASSERT_EQ(ms[0].quantiles.size(), 21u);
+  // Pooled samples (ms): 1.0 1.1 1.1 1.2 1.2 1.3 1.3 1.4 1.4 1.5 -> min 1.0, max 1.5, median 1.25.
+  EXPECT_NEAR(ms[0].quantile(0), 1.0e-3, 1e-15);
+  EXPECT_NEAR(ms[0].quantile(1), 1.5e-3, 1e-15);
+  EXPECT_NEAR(ms[0].median(), 1.25e-3, 1e-15);
+  AlphaBetaGamma f;
+  f.alpha = 20e-6;
+  f.beta = 1 / 2e9;
+  f.samples = 10;
+  ClusterSpec c = parse_cluster_yaml(
+      calibrated_cluster_yaml("here", 4, f, 10e9, 8e9, 40e9, {{64, 256, 784, 20e9}}, "shm", 0.5, {}, {}, ms), "here");
+  const auto& mc = c.node_kinds.at(0).accelerator.model_calibration;
+  ASSERT_EQ(mc.size(), 1u);
+  EXPECT_EQ(mc[0].layers, kTrainMlpLayers);
+  EXPECT_EQ(mc[0].batch, 64);
+  for (double q : {0.0, 0.3, 0.5, 0.77, 1.0}) EXPECT_NEAR(mc[0].quantile(q), 2 * ms[0].quantile(q), 1e-12) << q;
+  auto err = [](const std::string& text) {
+    try {
+      parse_model_step_lines(text, "gemm.jsonl");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string e =
+      err(fmt::format("{{\"kind\":\"bench.model_step\",\"layers\":\"{}\",\"batch\":64}}\n", kTrainMlpLayers));
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'step_samples_s' is missing"), std::string::npos) << e;
+  e = err(fmt::format("\n{{\"kind\":\"bench.model_step\",\"layers\":\"{}\",\"batch\":64,\"step_samples_s\":[1,-2]}}\n",
+                      kTrainMlpLayers));
+  EXPECT_NE(e.find("gemm.jsonl:2: field 'step_samples_s' must be a non-empty list of positive seconds"),
+            std::string::npos)
+      << e;
+  e = err("{\"kind\":\"bench.model_step\",\"layers\":\"dense:3\",\"batch\":64,\"step_samples_s\":[1]}\n");
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'layers'"), std::string::npos) << e;
+  try {
+    parse_cluster_yaml(
+        "name: x\nnodes:\n  - name: n\n    gpus: 1\n    accelerator: {peak_bf16: 1 TFLOP/s, memory: 1 GB, "
+        "memory_bandwidth: 1 GB/s, model_calibration: [{layers: \"dense:4x4\", batch: 8, step_quantiles: [2 ms, 1 "
+        "ms]}]}\n    intra: {kind: none, bandwidth: 1 GB/s, latency: 1 us}\n    nic: {bandwidth: 1 GB/s, latency: 1 "
+        "us}\nnetwork: {topology: flat}\n",
+        "x.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model_calibration[0].step_quantiles[1] must not be below"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The framework term: with a measured step of these layers, each micro-batch's compute grows by exactly the measured
+// median step minus the layers modelled at the measured batch (at any micro-batch size, and also when negative);
+// another layer list is unaffected.
+TEST(Calibrate, MeasuredModelStepAddsExactlyItsFrameworkTime) {
+  AlphaBetaGamma f;
+  f.alpha = 20e-6;
+  f.beta = 1 / 2e9;
+  f.samples = 10;
+  for (double base : {20e-3, 0.2e-3}) {  // above and below the modelled layers
+    auto ms = parse_model_step_lines(model_step_lines(2, 5, base), "g");
+    ClusterSpec with = parse_cluster_yaml(
+        calibrated_cluster_yaml("here", 2, f, 10e9, 8e9, 40e9, {{64, 256, 784, 20e9}}, "shm", 1.0, {}, {}, ms), "w");
+    ClusterSpec without = with;
+    without.node_kinds[0].accelerator.model_calibration.clear();
+    const double layers64 = mlp_step(without, 2, 64).breakdown.compute;
+    for (int mb : {64, 32}) {  // 32: two micro-batches per step, each pays the framework time
+      const StepResult a = mlp_step(with, 2, mb), b = mlp_step(without, 2, mb);
+      // A negative framework time takes away at most the micro-batch's modelled layers.
+      const double layers = b.breakdown.compute / (64 / mb);
+      const double expect = (64 / mb) * std::max(ms[0].median() - layers64, -layers);
+      EXPECT_NEAR(a.breakdown.framework, expect, 1e-12) << base << " " << mb;
+      EXPECT_NEAR(a.breakdown.compute - b.breakdown.compute, expect, 1e-12) << base << " " << mb;
+      EXPECT_EQ(b.breakdown.framework, 0);
+    }
+    if (base > 1e-3) EXPECT_NEAR(mlp_step(with, 2, 64).breakdown.compute, ms[0].median(), 1e-12);
+    // Another layer list has no measured step.
+    Topology t(with, 2);
+    CollectiveModel net(t);
+    ParallelConfig pc;
+    pc.micro_batch = 64;
+    pc.global_batch = 128;
+    pc.grad_bytes = 4;
+    EXPECT_EQ(simulate_layer_step(net, parse_layer_model("dense:784x256,dense:256x10"), pc).breakdown.framework, 0);
+  }
+}
+
+// The wait for the slowest rank: the 0.5^(1/N) quantile of the measured steps minus their median, added to the
+// exposed data-parallel time; none with one rank or asynchronous exchange, divided by H under local SGD.
+TEST(Calibrate, RankWaitIsTheMedianOfTheSlowestOfNRanksMinusTheMedian) {
+  AlphaBetaGamma f;
+  f.alpha = 20e-6;
+  f.beta = 1 / 2e9;
+  f.samples = 10;
+  auto ms = parse_model_step_lines(model_step_lines(4, 10, 1e-3), "g");
+  auto cluster = [&](int ranks, bool measured) {
+    return parse_cluster_yaml(calibrated_cluster_yaml("here", ranks, f, 10e9, 8e9, 40e9, {{64, 256, 784, 20e9}}, "shm",
+                                                      1.0, {}, {}, measured ? ms : std::vector<ModelStepSample>{}),
+                              "here");
+  };
+  for (int n : {2, 4}) {
+    const ClusterSpec with = cluster(n, true), without = cluster(n, false);
+    const double wait = ms[0].quantile(std::pow(0.5, 1.0 / n)) - ms[0].median();
+    EXPECT_GT(wait, 0);
+    const StepResult a = mlp_step(with, n, 64), b = mlp_step(without, n, 64);
+    EXPECT_NEAR(a.breakdown.rank_wait, wait, 1e-15) << n;
+    EXPECT_NEAR(a.breakdown.dp_exposed - b.breakdown.dp_exposed, wait, 1e-15) << n;
+    EXPECT_NEAR(mlp_step(with, n, 64, "local-sgd:4").breakdown.rank_wait, wait / 4, 1e-15);
+  }
+  EXPECT_LT(mlp_step(cluster(2, true), 2, 64).breakdown.rank_wait,
+            mlp_step(cluster(4, true), 4, 64).breakdown.rank_wait);
+  EXPECT_EQ(mlp_step(cluster(1, true), 1, 64).breakdown.rank_wait, 0);
+  EXPECT_EQ(mlp_step(cluster(4, true), 4, 64, "async").breakdown.rank_wait, 0);
+}
+
+// The runtime averages every reduced bucket (read + write 4 bytes per f32 element) before the next: a one-bucket
+// exchange is exposed for the allreduce plus that pass.
+TEST(Calibrate, ExposedExchangeIncludesTheAveragingPass) {
+  ClusterSpec c = flat_cluster(10e-6, 1e9, 0, 1e12);
+  const StepResult r = mlp_step(c, 4, 64);
+  Topology t(c, 4);
+  CollectiveModel net(t);
+  const double bytes = parse_layer_model(kTrainMlpLayers).params() * 4;
+  const double ar = net.time(Collective::kAllReduce, Algorithm::kAuto, Group{4, 1, 0}, bytes);
+  const Accelerator& acc = c.node_kinds[0].accelerator;
+  EXPECT_NEAR(r.breakdown.dp_exposed, ar + memory_time(acc, 2 * bytes, 1), 1e-12);
+}
 }  // namespace
 }  // namespace conduit::sim
