@@ -39,16 +39,65 @@ inline uint64_t splitmix64(uint64_t x) {
 inline uint64_t call_key(uint64_t seed, uint64_t stream, uint64_t step, uint64_t salt) {
   return splitmix64(splitmix64(splitmix64(seed ^ salt) ^ stream) + step);
 }
-// Counter-based 32-bit uniform for element i (murmur3's finaliser; vectorizes with 32-bit multiplies).
-inline uint32_t hash32(uint32_t key_lo, uint32_t key_hi, uint32_t i) {
-  uint32_t x = i * 0x9E3779B1u + key_lo;
-  x ^= x >> 16;
-  x *= 0x85EBCA6Bu;
-  x ^= key_hi;
-  x ^= x >> 13;
-  x *= 0xC2B2AE35u;
-  x ^= x >> 16;
-  return x;
+// The stochastic quantizers' random stream (kernels.inc computes the same numbers with AES-NI, and with the functions
+// below on the baseline). Random block B (the 16 elements e with e >> 4 == B) is two 128-bit blocks
+// o_j = R(R(R(in_j, K1), K2), K1), j = 0, 1, where in_j holds the 32-bit words (B, j, key_lo, key_hi) and R is one
+// AES encryption round as x86's AESENC does it (ShiftRows, SubBytes, MixColumns, then XOR of the round key). The
+// words of o_0 then o_1 are lanes 0-7; element e takes the low (e & 8 == 0) or high 16 bits of lane e & 7.
+// Three rounds: with two, a chi-square test of pairs of draws 16 elements apart (adjacent blocks) failed by far.
+constexpr uint32_t kAesKey1[4] = {0x9E3779B1u, 0x85EBCA6Bu, 0xC2B2AE35u, 0x27D4EB2Fu};
+constexpr uint32_t kAesKey2[4] = {0x165667B1u, 0xD3A2646Cu, 0xFD7046C5u, 0xB55A4F09u};
+// AESENC's SubBytes and MixColumns as one table (the classic T-table): the column that input byte x (row 0)
+// contributes, as a little-endian word (2 S(x), S(x), S(x), 3 S(x)); rows 1-3 contribute it rotated by 8, 16, 24.
+struct AesTable {
+  uint32_t t[256] = {};
+  static constexpr uint8_t mul(uint8_t a, uint8_t b) {  // in GF(2^8) mod x^8 + x^4 + x^3 + x + 1
+    uint8_t r = 0;
+    for (; b; b >>= 1, a = static_cast<uint8_t>((a << 1) ^ ((a >> 7) * 0x1b)))
+      if (b & 1) r ^= a;
+    return r;
+  }
+  constexpr AesTable() {
+    for (int x = 0; x < 256; ++x) {
+      uint8_t inv = 1, p = static_cast<uint8_t>(x);  // x^254 = x^-1 (0 for 0)
+      for (int e = 254; e; e >>= 1, p = mul(p, p))
+        if (e & 1) inv = mul(inv, p);
+      if (x == 0) inv = 0;
+      uint8_t sb = 0x63;  // the S-box: affine map of the inverse
+      for (int k = 0; k < 5; ++k) sb ^= static_cast<uint8_t>((inv << k) | (inv >> ((8 - k) & 7)));
+      t[x] = static_cast<uint32_t>(mul(sb, 2)) | static_cast<uint32_t>(sb) << 8 | static_cast<uint32_t>(sb) << 16 |
+             static_cast<uint32_t>(mul(sb, 3)) << 24;
+    }
+  }
+};
+inline constexpr AesTable kAesTable{};
+static_assert(((kAesTable.t[0] >> 8) & 0xff) == 0x63 && ((kAesTable.t[1] >> 8) & 0xff) == 0x7c &&
+                  ((kAesTable.t[0x53] >> 8) & 0xff) == 0xed,
+              "AES S-box");
+// One AESENC round on the state w (column c = word c, row r = byte r, little-endian), round key rk.
+inline void aes_round(uint32_t w[4], const uint32_t rk[4]) {
+  auto rotl = [](uint32_t v, int k) { return (v << k) | (v >> (32 - k)); };
+  uint32_t o[4];
+  for (int c = 0; c < 4; ++c)  // ShiftRows: row r of column c comes from column c + r
+    o[c] = kAesTable.t[w[c] & 0xff] ^ rotl(kAesTable.t[(w[(c + 1) & 3] >> 8) & 0xff], 8) ^
+           rotl(kAesTable.t[(w[(c + 2) & 3] >> 16) & 0xff], 16) ^ rotl(kAesTable.t[w[(c + 3) & 3] >> 24], 24) ^ rk[c];
+  for (int c = 0; c < 4; ++c) w[c] = o[c];
+}
+// The 8 lanes of random block B.
+inline void random_block(uint32_t key_lo, uint32_t key_hi, uint32_t block, uint32_t out[8]) {
+  for (uint32_t j = 0; j < 2; ++j) {
+    uint32_t* w = out + 4 * j;
+    w[0] = block, w[1] = j, w[2] = key_lo, w[3] = key_hi;
+    aes_round(w, kAesKey1);
+    aes_round(w, kAesKey2);
+    aes_round(w, kAesKey1);
+  }
+}
+// The 16-bit uniform of element e.
+inline uint32_t draw16(uint32_t key_lo, uint32_t key_hi, uint32_t e) {
+  uint32_t lanes[8];
+  random_block(key_lo, key_hi, e >> 4, lanes);
+  return (lanes[e & 7] >> ((e & 8) << 1)) & 0xffffu;
 }
 // Uniform in [0, 1) with 24 bits.
 inline float u01(uint32_t h) { return static_cast<float>(h >> 8) * (1.0f / 16777216.0f); }

@@ -20,7 +20,7 @@ bool use_avx2() {
 #if defined(__x86_64__) && defined(CONDUIT_COMPRESS_AVX2)
   const char* force = std::getenv("CONDUIT_COMPRESS_KERNELS");  // "base" forces the baseline (tests, comparisons)
   if (force && std::strcmp(force, "base") == 0) return false;
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("aes");
 #else
   return false;
 #endif

@@ -1,7 +1,7 @@
 // The element-wise kernels (src/compress/kernels.inc) against plain scalar references written from the methods'
 // definitions, bit for bit, for the baseline build and (on CPUs with AVX2) the AVX2 build: the vector bodies, the
-// 32-element packing and the scalar tails must agree, and the counter-based random stream (detail::hash32) must be
-// the one every rank uses. Sizes cover empty, tails of every length and offsets that are not multiples of 32; the
+// 32-element packing and the scalar tails must agree, and the counter-based random stream (detail::random_block) must
+// be the one every rank uses. Sizes cover empty, tails of every length and offsets that are not multiples of 32; the
 // random stream's bases cover the aligned fast path (a multiple of 16) and the lane-by-lane one.
 #include "compress/kernels.h"
 
@@ -10,6 +10,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "compress/detail.h"
 
@@ -47,11 +51,12 @@ const size_t kN[] = {0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 100, 1000, 4099, 90
 const uint32_t kBases[] = {64, 77};
 constexpr uint32_t kLo = 0x12345678u, kHi = 0x9abcdef0u;
 
-// The quantizers' random stream, from its definition: element e takes the low (e & 8 == 0) or high 16 bits of
-// hash32(counter), counter = (e / 16) * 8 + e % 8.
+// The quantizers' random stream, from its definition (detail::random_block: three AES rounds on (B, j, kLo, kHi)):
+// element e takes the low (e & 8 == 0) or high 16 bits of lane e & 7 of random block e / 16.
 uint32_t draw16(uint32_t e) {
-  uint32_t h = detail::hash32(kLo, kHi, (e / 16) * 8 + e % 8);
-  return (e & 8) ? h >> 16 : h & 0xffff;
+  uint32_t lanes[8];
+  detail::random_block(kLo, kHi, e / 16, lanes);
+  return (e & 8) ? lanes[e % 8] >> 16 : lanes[e % 8] & 0xffff;
 }
 // round(v) to nearest even as int32, INT32_MIN for NaN and out of range.
 int32_t round_i32(float v) {
@@ -60,6 +65,28 @@ int32_t round_i32(float v) {
 }
 
 }  // namespace
+
+#if defined(__x86_64__)
+// detail::aes_round (the baseline's AES round) is x86's AESENC, which the AVX2 kernels use.
+__attribute__((target("aes"))) void aesenc(uint32_t s[4], const uint32_t rk[4]) {
+  __m128i v = _mm_aesenc_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)),
+                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(rk)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(s), v);
+}
+TEST(Kernels, AesRoundIsAesenc) {
+  if (!__builtin_cpu_supports("aes")) GTEST_SKIP() << "no AES-NI";
+  std::mt19937 g(5);
+  for (int t = 0; t < 1000; ++t) {
+    uint32_t a[4], b[4], rk[4];
+    for (auto& v : a) v = g();
+    for (auto& v : rk) v = g();
+    std::memcpy(b, a, 16);
+    detail::aes_round(a, rk);
+    aesenc(b, rk);
+    ASSERT_EQ(std::memcmp(a, b, 16), 0) << "trial " << t;
+  }
+}
+#endif
 
 TEST(Kernels, QsgdPackEqualsScalarCodesForEveryWidth) {
   for (auto* k : tables())
@@ -221,7 +248,8 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
         for (size_t c = 0; c < nc; ++c) {
           size_t b = c * chunk, e = std::min(n, b + chunk);
           float amax = 0, lo = x[b], hi = x[b];
-          for (size_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+          for (size_t i = b; i < e; ++i)
+            amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
           float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
           want_scales[c] = s;
           float us = (hi - lo) / 255.0f, uinv = us > 0 ? 1.0f / us : 0.0f;
