@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "cli/registry.h"
+#include "coll/communicator.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "sim/calibrate.h"
@@ -37,6 +39,7 @@ struct GemmArgs {
   double min_time = 0.2;
   std::string model;
   int model_steps = 20;
+  std::string transport = "auto";  // of the barrier between model steps under `conduit launch`
   bool json = false;
 };
 
@@ -291,14 +294,26 @@ void run_gemm(const GemmArgs& a) {
                  fmt::format("{}x{}", p.height, p.width), p.kernel, p.forward_s * 1e6, p.backward_s * 1e6);
     }
   }
+  // Under `conduit launch -n N` the ranks' model steps end in a barrier, as BSP training's steps end in the blocking
+  // gradient exchange: each rank's steps are then timed with the same pattern of blocking and waking (which the
+  // scheduler of a shared machine treats differently from a process that never blocks).
+  coll::CommPtr comm;
+  if (!models.empty() && env_int("WORLD_SIZE", 1, 1 << 20).value_or(1) > 1) {
+    coll::CommConfig cfg;
+    cfg.transport = a.transport;
+    comm = coll::Communicator::from_env(cfg);
+  }
+  std::function<void()> barrier;
+  if (comm) barrier = [&comm] { comm->barrier().wait(); };
   for (const auto& name : models) {
-    auto ms = train::time_model_step(name, a.batch, a.threads, a.model_steps);
+    auto ms = train::time_model_step(name, a.batch, a.threads, a.model_steps, barrier);
     const Sums& sm = sums[name];
     const std::string layers = name == "mlp" ? sim::kTrainMlpLayers : name == "cnn" ? sim::kTrainCnnLayers : "";
     if (a.json) {
       std::cout << nlohmann::json{{"kind", "bench.model_step"},
                                   {"concurrent", concurrent},
                                   {"model", name},
+                                  {"synchronized", comm != nullptr},
                                   {"layers", layers},
                                   {"batch", a.batch},
                                   {"threads", a.threads},
@@ -344,6 +359,9 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
                 "also time training steps of these models (comma-separated: mlp, cnn, resnet) as conduit train runs "
                 "them up to the gradient exchange: zero grads + batch, forward, backward with gradient-copy hooks");
   c->add_option("--model-steps", a->model_steps, "timed steps for --model")->capture_default_str();
+  c->add_option("--transport", a->transport,
+                "under conduit launch: transport of the barrier that ends each --model step (auto, shm, tcp, ...)")
+      ->capture_default_str();
   c->add_flag(
       "--json", a->json,
       "JSON lines {kind: bench.gemm, m, n, k, gflops, ...} and {kind: bench.conv, batch, in, out, height, width, "

@@ -4,6 +4,7 @@
 // the code lives in models.cc so that no further translation unit includes libtorch (~20 s of compile each).
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,8 +62,10 @@ struct ModelStepTiming {
 // up to the gradient exchange: zero the gradients (detach and zero, as DistributedOptimizer::zero_grad), build the
 // batch from 8-bit pixels (normalized as the trainer's make_batch), forward with the cross-entropy loss, and backward
 // with a hook per parameter that copies its gradient into one flat buffer (as DistributedOptimizer's hooks copy
-// them into buckets). `steps` timed steps after one untimed step, with `threads` intra-op threads. ConfigError for
-// an unknown model.
-ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps);
+// them into buckets). `steps` timed steps after one untimed step, with `threads` intra-op threads; `after_step`
+// (untimed, when given) runs after every step, e.g. a barrier among ranks timing together, which blocks each step as
+// BSP training's gradient exchange does. ConfigError for an unknown model.
+ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps,
+                                const std::function<void()>& after_step = {});
 
 }  // namespace conduit::train

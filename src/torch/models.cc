@@ -258,7 +258,8 @@ std::vector<PoolTiming> time_pools(const std::vector<PoolTiming>& shapes, int th
   return out;
 }
 
-ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps) {
+ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps,
+                                const std::function<void()>& after_step) {
   ThreadScope scope(threads);
   auto model = make_model(name);
   const int64_t px = 28 * 28;
@@ -295,6 +296,7 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
     const double t2 = now();
     loss.backward();
     const double t3 = now();
+    if (after_step) after_step();
     if (s == 0) continue;  // untimed
     p.push_back(t1 - t0);
     f.push_back(t2 - t1);
