@@ -72,6 +72,9 @@ class Compressor {
     return false;
   }
 
+  // The error-feedback residual st holds (what was given but not sent yet); empty for methods without one.
+  virtual std::vector<float> residual(const TensorState&) const { return {}; }
+
   Bytes compress(std::span<const float> in, TensorState& st) const {
     Bytes b;
     compress(in, st, b);

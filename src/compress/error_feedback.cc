@@ -2,7 +2,9 @@
 //   p = g + e;  send C(p);  e = p - D(C(p))
 // so that, summed over steps, what was sent plus the final residual equals what was given:
 //   sum_t D(C(p_t)) + e_T = sum_t g_t   (exactly up to f32 rounding of the two subtractions per step).
-// Wire format, bytes and collective are the inner compressor's; the state adds the residual "ef.residual".
+// Wire format, bytes and collective are the inner compressor's; the state adds the residual "ef.residual" (and, for
+// the sign methods' one-pass form, "ef.pending": the last decode, subtracted as the next step reads the residual).
+#include <cmath>
 #include <vector>
 
 #include "compress/kernels.h"
@@ -22,6 +24,8 @@ class ErrorFeedback : public Compressor {
   size_t wire_bytes(size_t d, const TensorState& st) const override { return inner_->wire_bytes(d, st); }
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
+    auto it = st.buffers.find("ef.residual");
+    if (it == st.buffers.end() || it->second.size() != d) st.buffers.erase("ef.pending");  // a fresh residual
     auto& e = st.buffer("ef.residual", d);
     if (inner_->compress_feedback(in, e, st, out)) return;
     kernels::get().add_to(e.data(), in.data(), d);  // e now holds p = g + e
@@ -30,6 +34,17 @@ class ErrorFeedback : public Compressor {
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     inner_->decompress(p, st, out);
+  }
+  // "ef.residual" with the decode a sign method's compress_feedback left pending ("ef.pending" = value to add where
+  // the element's sign bit is clear, where it is set, 1) applied: r = e + (sign bit ? [1] : [0]).
+  std::vector<float> residual(const TensorState& st) const override {
+    auto it = st.buffers.find("ef.residual");
+    if (it == st.buffers.end()) return {};
+    std::vector<float> r = it->second;
+    auto pend = st.buffers.find("ef.pending");
+    if (pend != st.buffers.end() && pend->second.size() == 3 && pend->second[2] != 0)
+      for (auto& v : r) v = v + (std::signbit(v) ? pend->second[1] : pend->second[0]);
+    return r;
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
     inner_->decompress_add(p, st, acc);

@@ -13,7 +13,7 @@ namespace {
         ns::dequant_i8, ns::dequant_u8, ns::pack_signs, ns::unpack_signs, ns::qsgd_codes, ns::qsgd_pack,      \
         ns::qsgd_unpack, ns::tern_codes, ns::tern_decode, ns::natural_encode, ns::natural_decode, ns::add_to, \
         ns::sub_from, ns::quant_i8_chunks, ns::dequant_i8_chunks, ns::quant_u8_chunks, ns::dequant_u8_chunks, \
-        ns::momentum_signs                                                                                    \
+        ns::momentum_signs, ns::sign_feedback                                                                 \
   }
 
 bool use_avx2() {

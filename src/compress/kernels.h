@@ -36,7 +36,9 @@ namespace conduit::compress::kernels {
   void dequant_i8_chunks(const int8_t* q, size_t n, size_t chunk, const float* scales, float* out, bool add);          \
   void quant_u8_chunks(const float* x, size_t n, size_t chunk, float* header, uint8_t* q);                             \
   void dequant_u8_chunks(const uint8_t* q, size_t n, size_t chunk, const float* header, float* out, bool add);         \
-  void momentum_signs(float* m, const float* g, size_t n, float beta, uint8_t* out);
+  void momentum_signs(float* m, const float* g, size_t n, float beta, uint8_t* out);                                   \
+  void sign_feedback(float* e, const float* g, size_t n, bool split, bool corr, float cpos, float cneg, double& a,     \
+                     double& b, size_t& pos_n, uint8_t* signs);
 
 namespace avx2 {
 CONDUIT_KERNEL_DECLS
@@ -52,7 +54,7 @@ struct Table {
   double (*sum_squares)(const float*, size_t);
   double (*sum)(const float*, size_t);
   // Sign bits of p (ceil(n/8) bytes) and, split false: a = sum |p|; split true: a = sum of p >= 0, b = sum of p < 0,
-  // pos_n = count of p >= 0. p = x, or with g given p = x + g, stored to p (which may be x).
+  // pos_n = count of p >= 0. p = x, or with g given p = x + g, stored to p (which may be x) unless p is null.
   void (*sign_stats)(const float*, const float*, float*, size_t, bool, double&, double&, size_t&, uint8_t*);
   void (*quant_i8)(const float*, size_t, float, int8_t*);
   void (*quant_u8)(const float*, size_t, float, float, uint8_t*);
@@ -75,6 +77,9 @@ struct Table {
   void (*quant_u8_chunks)(const float*, size_t, size_t, float*, uint8_t*);
   void (*dequant_u8_chunks)(const uint8_t*, size_t, size_t, const float*, float*, bool);
   void (*momentum_signs)(float*, const float*, size_t, float, uint8_t*);
+  // Error feedback's pass for the sign methods: e = p = (e + (corr ? (e's sign bit ? cneg : cpos) : 0)) + g, with
+  // p's sums and sign bits as sign_stats(e, g, e, ...) gives them.
+  void (*sign_feedback)(float*, const float*, size_t, bool, bool, float, float, double&, double&, size_t&, uint8_t*);
 };
 
 const Table& get();

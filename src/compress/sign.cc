@@ -63,12 +63,22 @@ class ScaledSign : public Compressor {
     encode(in.data(), nullptr, nullptr, in.size(), out);
     ++st.step;
   }
-  // Error feedback in two passes over the residual e: e += g with the sums and sign bits, then e -= decode.
+  // Error feedback in one pass over e and g. The residual buffer keeps p = e + g of the last step with its decode
+  // not yet subtracted: "ef.pending" holds (-pos, -neg, 1), which this step adds by the sign bit of each element as
+  // it reads the buffer: the same f32 additions as subtracting at the end of the last step, so payloads and
+  // residuals are unchanged, with one pass instead of two (ErrorFeedback::residual applies it for readers).
   bool compress_feedback(std::span<const float> g, std::span<float> e, TensorState& st, Bytes& out) const override {
-    encode(e.data(), g.data(), e.data(), e.size(), out);
+    auto& pend = st.buffer("ef.pending", 3);
+    size_t d = e.size();
+    out.resize(header() + ceil_div(d, 8));
+    double a, b;
+    size_t pn;
+    kernels::get().sign_feedback(e.data(), g.data(), d, two_, pend[2] != 0, pend[0], pend[1], a, b, pn,
+                                 out.data() + header());
+    put_scales(out, d, a, b, pn);
     float pos, neg;
     values(out, pos, neg);
-    kernels::get().unpack_signs(out.data() + header(), e.size(), -pos, -neg, e.data(), true);
+    pend = {-pos, -neg, 1.0f};
     ++st.step;
     return true;
   }
@@ -78,6 +88,9 @@ class ScaledSign : public Compressor {
     double a, b;
     size_t pn;
     kernels::get().sign_stats(x, g, p, d, two_, a, b, pn, out.data() + header());
+    put_scales(out, d, a, b, pn);
+  }
+  void put_scales(Bytes& out, size_t d, double a, double b, size_t pn) const {
     if (two_) {
       put_f32(out.data(), pn ? static_cast<float>(a / static_cast<double>(pn)) : 0.0f);
       put_f32(out.data() + 4, d > pn ? static_cast<float>(b / static_cast<double>(d - pn)) : 0.0f);

@@ -301,12 +301,32 @@ TEST(ErrorFeedback, SentPlusResidualEqualsSumOfInputs) {
       c->decompress(p, st, y);
       for (size_t i = 0; i < d; ++i) sent[i] += y[i];
     }
-    const auto& e = st.buffers.at("ef.residual");
+    const auto e = c->residual(st);
+    ASSERT_EQ(e.size(), d) << name;
     double worst = 0;
     for (size_t i = 0; i < d; ++i) worst = std::max(worst, std::fabs(sent[i] + e[i] - given[i]));
     EXPECT_LT(worst, 1e-4) << name << " (largest |sent + residual - given|)";
     // And the residual is not trivially zero (the method compresses).
     EXPECT_GT(norm2(std::vector<float>(e.begin(), e.end())), 0.0) << name;
+  }
+}
+
+// EF-signSGD's one-pass error feedback (the decode left pending until the next step reads the residual) gives the
+// payloads and residual of the plain sequence e += g; send scaled_sign(e); e -= decode, bit for bit.
+TEST(ErrorFeedback, OnePassSignFeedbackEqualsThePlainSteps) {
+  for (size_t d : {size_t(1), size_t(7), size_t(1000), size_t(4099)}) {
+    auto ef = make_compressor("efsignsgd", {});
+    auto inner = make_compressor("scaled_sign", {});
+    auto st = ef->make_state(d, 4, 2), ist = inner->make_state(d, 4, 2);
+    std::vector<float> e(d, 0.0f);
+    for (int t = 0; t < 6; ++t) {
+      auto g = gaussian(d, 300 + t);
+      for (size_t i = 0; i < d; ++i) e[i] += g[i];
+      Bytes want = inner->compress(e, ist);
+      inner->decompress_sub(want, ist, e);
+      EXPECT_EQ(ef->compress(g, st), want) << "d=" << d << " step " << t;
+      EXPECT_EQ(ef->residual(st), e) << "d=" << d << " step " << t;
+    }
   }
 }
 

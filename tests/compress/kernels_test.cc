@@ -311,6 +311,27 @@ TEST(Kernels, SignStatsEqualSeparatePassesAndFeedbackAdds) {
       k->pack_signs(want_p.data(), n, want_signs.data());
       EXPECT_EQ(signs, want_signs);
     }
+  // sign_feedback: the pending correction (by e's sign bit), then what sign_stats(e, g, e) gives, bit for bit.
+  for (auto* k : tables())
+    for (size_t n : {size_t(0), size_t(5), size_t(37), size_t(4103), size_t(10000)})
+      for (bool split : {false, true})
+        for (bool corr : {false, true}) {
+          auto e = data(n, n + 9), g = data(n, n + 10);
+          const float cpos = -0.25f, cneg = 0.375f;
+          std::vector<float> want_e = e;
+          if (corr)
+            for (auto& v : want_e) v = v + (std::signbit(v) ? cneg : cpos);
+          std::vector<uint8_t> want_signs((n + 7) / 8), signs(want_signs.size(), 0xee);
+          double wa, wb, a, b;
+          size_t wpn, pn;
+          k->sign_stats(want_e.data(), g.data(), want_e.data(), n, split, wa, wb, wpn, want_signs.data());
+          k->sign_feedback(e.data(), g.data(), n, split, corr, cpos, cneg, a, b, pn, signs.data());
+          EXPECT_EQ(e, want_e) << k->name << " n=" << n;
+          EXPECT_EQ(signs, want_signs) << k->name << " n=" << n;
+          EXPECT_EQ(a, wa);
+          EXPECT_EQ(b, wb);
+          EXPECT_EQ(pn, wpn);
+        }
   // Every table gives the same sums bit for bit.
   auto x = data(10007, 8);
   std::vector<uint8_t> s(10007 / 8 + 1);
