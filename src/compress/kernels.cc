@@ -16,11 +16,21 @@ namespace {
         ns::momentum_signs, ns::sign_feedback                                                                 \
   }
 
-bool use_avx2() {
+// "base" or "avx2" in CONDUIT_COMPRESS_KERNELS caps the choice (tests, comparisons).
+const char* forced() {
+  const char* f = std::getenv("CONDUIT_COMPRESS_KERNELS");
+  return f ? f : "";
+}
+bool has_avx2() {
 #if defined(__x86_64__) && defined(CONDUIT_COMPRESS_AVX2)
-  const char* force = std::getenv("CONDUIT_COMPRESS_KERNELS");  // "base" forces the baseline (tests, comparisons)
-  if (force && std::strcmp(force, "base") == 0) return false;
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("aes");
+#else
+  return false;
+#endif
+}
+bool has_vaes() {
+#if defined(__x86_64__) && defined(CONDUIT_COMPRESS_AVX2)
+  return has_avx2() && __builtin_cpu_supports("vaes");
 #else
   return false;
 #endif
@@ -32,9 +42,22 @@ const Table& base_table() {
   return t;
 }
 
+std::vector<const Table*> available() {
+  static const Table avx2_t = CONDUIT_TABLE(avx2), vaes_t = CONDUIT_TABLE(avx2_vaes);
+  std::vector<const Table*> v{&base_table()};
+  if (has_avx2()) v.push_back(&avx2_t);
+  if (has_vaes()) v.push_back(&vaes_t);
+  return v;
+}
+
 const Table& get() {
-  static const Table t = use_avx2() ? CONDUIT_TABLE(avx2) : base_table();
-  return t;
+  static const Table* t = [] {
+    auto v = available();
+    if (std::strcmp(forced(), "base") == 0) return v[0];
+    if (std::strcmp(forced(), "avx2") == 0 && v.size() > 1) return v[1];
+    return v.back();
+  }();
+  return *t;
 }
 
 }  // namespace conduit::compress::kernels

@@ -1,8 +1,9 @@
 #pragma once
-// Element-wise kernels of the quantizers and sign methods (kernels.inc), compiled for AVX2+FMA and for the
-// baseline; kernels::get() returns the table for this CPU (chosen once).
+// Element-wise kernels of the quantizers and sign methods (kernels.inc), compiled for AVX2+FMA+AES-NI, for that with
+// VAES, and for the baseline; kernels::get() returns the table for this CPU (chosen once).
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace conduit::compress::kernels {
 
@@ -41,6 +42,9 @@ namespace conduit::compress::kernels {
                      double& b, size_t& pos_n, uint8_t* signs);
 
 namespace avx2 {
+CONDUIT_KERNEL_DECLS
+}
+namespace avx2_vaes {
 CONDUIT_KERNEL_DECLS
 }
 namespace base {
@@ -84,5 +88,7 @@ struct Table {
 
 const Table& get();
 const Table& base_table();  // the baseline kernels (tests compare them with get()'s)
+// Every table this CPU can run, the baseline first (tests compare them all).
+std::vector<const Table*> available();
 
 }  // namespace conduit::compress::kernels

@@ -1,5 +1,5 @@
 // The element-wise kernels (src/compress/kernels.inc) against plain scalar references written from the methods'
-// definitions, bit for bit, for the baseline build and (on CPUs with AVX2) the AVX2 build: the vector bodies, the
+// definitions, bit for bit, for the baseline build and the AVX2 builds the CPU runs: the vector bodies, the
 // 32-element packing and the scalar tails must agree, and the counter-based random stream (detail::random_block) must
 // be the one every rank uses. Sizes cover empty, tails of every length and offsets that are not multiples of 32; the
 // random stream's bases cover the aligned fast path (a multiple of 16) and the lane-by-lane one.
@@ -21,11 +21,7 @@ using namespace conduit::compress;
 
 namespace {
 
-std::vector<const kernels::Table*> tables() {
-  std::vector<const kernels::Table*> t{&kernels::base_table()};
-  if (std::strcmp(kernels::get().name, "base") != 0) t.push_back(&kernels::get());
-  return t;
-}
+std::vector<const kernels::Table*> tables() { return kernels::available(); }
 
 std::vector<float> data(size_t n, uint64_t seed) {
   std::mt19937_64 g(seed);
