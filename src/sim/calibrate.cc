@@ -240,7 +240,9 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
   struct Pool {
     std::string layers;
     double batch;
-    std::vector<double> steps;
+    std::vector<double> steps, synced;  // synced: step + barrier, when the records have barrier samples
+    long long ranks = 0;
+    bool all_synced = true;
   };
   std::vector<Pool> pools;
   for_each_json_line(text, origin, "", [&](const nlohmann::json& j, int no) {
@@ -267,11 +269,34 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
     for (auto& q : pools)
       if (q.layers == layers && q.batch == batch) p = &q;
     if (!p) p = &pools.emplace_back(Pool{layers, batch, {}});
-    for (const auto& v : j["step_samples_s"]) {
+    const auto& st = j["step_samples_s"];
+    for (const auto& v : st) {
       if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
         throw bad("step_samples_s", "must be a non-empty list of positive seconds");
       p->steps.push_back(v.get<double>());
     }
+    // Steps that ended in a barrier among `concurrent` ranks: one wait per step.
+    const long long ranks =
+        j.contains("concurrent") && j["concurrent"].is_number_integer() ? j["concurrent"].get<long long>() : 1;
+    const bool synced = ranks > 1 && j.contains("barrier_samples_s") && j["barrier_samples_s"].is_array() &&
+                        !j["barrier_samples_s"].empty();
+    if (!synced) {
+      p->all_synced = false;
+      return;
+    }
+    const auto& bw = j["barrier_samples_s"];
+    if (bw.size() != st.size())
+      throw ConfigError(
+          fmt::format("{}:{}: field 'barrier_samples_s' has {} samples, step_samples_s {} (one each "
+                      "per step)",
+                      origin, no, bw.size(), st.size()));
+    for (size_t k = 0; k < bw.size(); ++k) {
+      if (!bw[k].is_number() || !(bw[k].get<double>() >= 0) || !std::isfinite(bw[k].get<double>()))
+        throw ConfigError(
+            fmt::format("{}:{}: field 'barrier_samples_s' must be a list of non-negative seconds", origin, no));
+      p->synced.push_back(st[k].get<double>() + bw[k].get<double>());
+    }
+    p->ranks = ranks;
   });
   std::vector<ModelStepSample> out;
   for (auto& p : pools) {
@@ -280,6 +305,11 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
     m.layers = p.layers;
     m.batch = p.batch;
     for (int i = 0; i <= 20; ++i) m.quantiles.push_back(sorted_quantile(p.steps, i / 20.0));
+    if (p.all_synced && !p.synced.empty()) {
+      std::sort(p.synced.begin(), p.synced.end());
+      m.wait_ranks = double(p.ranks);
+      m.slowest_wait = std::max(0.0, sorted_quantile(p.synced, 0.5) - sorted_quantile(p.steps, 0.5));
+    }
     out.push_back(m);
   }
   return out;
@@ -550,7 +580,10 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
     for (const auto& m : models) {
       std::string q;
       for (double t : m.quantiles) q += fmt::format("{}{:.6g} us", q.empty() ? "" : ", ", t / share * 1e6);
-      y += fmt::format("        - {{layers: \"{}\", batch: {}, step_quantiles: [{}]}}\n", m.layers, m.batch, q);
+      const std::string wait = m.wait_ranks > 0 ? fmt::format(", wait_ranks: {}, slowest_wait: {:.6g} us", m.wait_ranks,
+                                                              m.slowest_wait / share * 1e6)
+                                                : "";
+      y += fmt::format("        - {{layers: \"{}\", batch: {}, step_quantiles: [{}]{}}}\n", m.layers, m.batch, q, wait);
     }
   }
   const double bw = fit.beta > 0 ? 1.0 / fit.beta : 1e15;

@@ -178,6 +178,11 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
           throw ConfigError(fmt::format("{} must not be below the quantile before it", fk));
         s.quantiles.push_back(t);
       }
+      if (c[i]["wait_ranks"] || c[i]["slowest_wait"]) {
+        s.wait_ranks = get_number(require(c[i], "wait_ranks", "", fi), fi + ".wait_ranks", 2, 1e9);
+        const std::string fw = fi + ".slowest_wait";
+        s.slowest_wait = parse_duration(get_string(require(c[i], "slowest_wait", "", fi), fw), fw);
+      }
       a.model_calibration.push_back(s);
     }
   }

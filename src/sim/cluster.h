@@ -39,11 +39,15 @@ struct PoolSample {
 // build the batch, forward with the loss, backward with the hooks that copy gradients into the exchange buffer), at
 // `batch` samples, as the seconds at evenly spaced quantiles 0, 1/(n-1), ..., 1 of the measured steps (pooled over
 // the ranks that timed it together). The step model takes from it the framework's time beyond the layers' kernels
-// (median step minus the modelled layers at that batch) and the wait for the slowest of N ranks (see step.h).
+// (median step minus the modelled layers at that batch) and the wait for the slowest of N ranks: measured at a
+// barrier when the file's ranks timed the steps together, else from the quantiles (see step.h).
 struct ModelStepSample {
   std::string layers;  // parse_layer_model syntax
   double batch = 0;
-  std::vector<double> quantiles;    // seconds, non-decreasing, at least two
+  std::vector<double> quantiles;  // seconds, non-decreasing, at least two
+  // Measured with each step ending in a barrier among `wait_ranks` ranks (0: not measured): the median of step +
+  // barrier minus the median step, i.e. the wait for the slowest rank.
+  double wait_ranks = 0, slowest_wait = 0;
   double quantile(double q) const;  // linear interpolation, q in [0, 1]
   double median() const { return quantile(0.5); }
 };

@@ -555,11 +555,15 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     }
     if (k != "none") comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
     dp_exposed += comp;
-    // Synchronous data parallelism waits for the slowest rank every step: the median step of the slowest of `gpus`
-    // ranks, whose steps are drawn from the measured distribution, is its 0.5^(1/gpus) quantile; the wait is that
-    // minus the median.
+    // Synchronous data parallelism waits for the slowest rank every step: measured at a barrier among as many ranks
+    // (the ranks' steps are not independent when they share cores), else the median step of the slowest of `gpus`
+    // ranks whose steps are independent draws from the measured distribution, its 0.5^(1/gpus) quantile, minus the
+    // median.
     if (measured && cfg.sync.kind != "async")
-      r.breakdown.rank_wait = measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
+      r.breakdown.rank_wait =
+          measured->wait_ranks == static_cast<double>(gpus)
+              ? measured->slowest_wait
+              : measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
     dp_exposed += r.breakdown.rank_wait;
     r.dp_algorithm = algorithm_name(prof.algorithm);
     r.dp_bottleneck = prof.bottleneck;

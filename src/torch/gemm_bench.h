@@ -55,6 +55,7 @@ struct ModelStepTiming {
   double forward_s = 0, backward_s = 0;  // medians: forward with the cross-entropy loss; backward
   double prepare_s = 0;                  // median: zeroing the gradients and building the batch
   std::vector<double> step_s;            // every timed step's prepare + forward + backward, in order
+  std::vector<double> after_s;           // the time in `after_step` after each timed step (empty without one)
   int steps = 0;
 };
 

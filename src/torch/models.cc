@@ -280,6 +280,7 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
       std::memcpy(flat.data() + o, c.data_ptr<float>(), size_t(c.numel()) * sizeof(float));
     });
   std::vector<double> f, b, p, all;
+  ModelStepTiming r;
   for (int s = 0; s <= std::max(1, steps); ++s) {
     const double t0 = now();
     for (auto& q : params)
@@ -297,13 +298,14 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
     loss.backward();
     const double t3 = now();
     if (after_step) after_step();
+    const double t4 = now();
     if (s == 0) continue;  // untimed
+    if (after_step) r.after_s.push_back(t4 - t3);
     p.push_back(t1 - t0);
     f.push_back(t2 - t1);
     b.push_back(t3 - t2);
     all.push_back(t3 - t0);
   }
-  ModelStepTiming r;
   r.forward_s = median(f);
   r.backward_s = median(b);
   r.prepare_s = median(p);

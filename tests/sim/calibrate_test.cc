@@ -508,6 +508,50 @@ TEST(Calibrate, RankWaitIsTheMedianOfTheSlowestOfNRanksMinusTheMedian) {
   EXPECT_EQ(mlp_step(cluster(4, true), 4, 64, "async").breakdown.rank_wait, 0);
 }
 
+// Steps timed with a barrier among the N ranks (bench gemm --model under conduit launch -n N): the wait for the
+// slowest rank is measured, the median of step + barrier minus the median step, and replaces the independent-draws
+// formula for exactly N ranks.
+TEST(Calibrate, RankWaitMeasuredAtABarrierReplacesTheQuantileFormula) {
+  std::string lines;
+  for (int r = 0; r < 2; ++r)  // steps 1..5 ms; rank 0 waits 3 ms at every barrier, rank 1 none
+    lines += fmt::format(
+        "{{\"kind\":\"bench.model_step\",\"concurrent\":2,\"layers\":\"{}\",\"batch\":64,\"step_samples_s\":[0.001,"
+        "0.002,0.003,0.004,0.005],\"barrier_samples_s\":[{}]}}\n",
+        kTrainMlpLayers, r == 0 ? "0.003,0.003,0.003,0.003,0.003" : "0,0,0,0,0");
+  auto ms = parse_model_step_lines(lines, "g");
+  ASSERT_EQ(ms.size(), 1u);
+  EXPECT_EQ(ms[0].wait_ranks, 2);
+  // step + barrier: 1 2 3 4 4 5 5 6 7 8 ms, median 4.5 ms; steps: median 3 ms.
+  EXPECT_NEAR(ms[0].slowest_wait, 1.5e-3, 1e-15);
+  AlphaBetaGamma f;
+  f.alpha = 20e-6;
+  f.beta = 1 / 2e9;
+  f.samples = 10;
+  ClusterSpec c = parse_cluster_yaml(
+      calibrated_cluster_yaml("here", 2, f, 10e9, 8e9, 40e9, {{64, 256, 784, 20e9}}, "shm", 0.5, {}, {}, ms), "w");
+  const auto& mc = c.node_kinds[0].accelerator.model_calibration.at(0);
+  EXPECT_EQ(mc.wait_ranks, 2);
+  EXPECT_NEAR(mc.slowest_wait, 3e-3, 1e-12);  // / share
+  EXPECT_NEAR(mlp_step(c, 2, 64).breakdown.rank_wait, 3e-3, 1e-12);
+  // One record without barrier samples: no measured wait.
+  auto plain = parse_model_step_lines(
+      lines +
+          fmt::format("{{\"kind\":\"bench.model_step\",\"layers\":\"{}\",\"batch\":64,\"step_samples_s\":[0.002]}}\n",
+                      kTrainMlpLayers),
+      "g");
+  EXPECT_EQ(plain.at(0).wait_ranks, 0);
+  try {
+    parse_model_step_lines(fmt::format("{{\"kind\":\"bench.model_step\",\"concurrent\":2,\"layers\":\"{}\",\"batch\":"
+                                       "64,\"step_samples_s\":[0.001,0.002],\"barrier_samples_s\":[0.001]}}\n",
+                                       kTrainMlpLayers),
+                           "gemm.jsonl");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm.jsonl:1: field 'barrier_samples_s' has 1 samples"), std::string::npos)
+        << e.what();
+  }
+}
+
 // The runtime averages every reduced bucket (read + write 4 bytes per f32 element) before the next: a one-bucket
 // exchange is exposed for the allreduce plus that pass.
 TEST(Calibrate, ExposedExchangeIncludesTheAveragingPass) {
