@@ -6,6 +6,7 @@
 // a passive rank sends 4d and receives 4(d+1) per request it answers.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -209,8 +210,12 @@ AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed, bool final_ave
 }
 
 AdpsgdStrategy::~AdpsgdStrategy() {
+  // finish() was not called (an error stopped this rank): the serving threads block on receives from peers and use
+  // this object, so abort the transport (their waits fail at once) and join them before the members go away.
+  if (std::none_of(servers_.begin(), servers_.end(), [](const std::thread& t) { return t.joinable(); })) return;
+  comm_->transport().abort("sync adpsgd: stopped before finish() by an error on this rank");
   for (auto& t : servers_)
-    if (t.joinable()) t.detach();  // finish() was not called: the transport's abort ends them
+    if (t.joinable()) t.join();
 }
 
 void AdpsgdStrategy::setup(std::span<float> params) {

@@ -89,8 +89,9 @@ class Shard {
   // Handles one message from worker w; returns the reply (header + payload), empty for stop.
   std::pair<ReplyHeader, Bytes> handle(int w, const Header& h, std::span<const uint8_t> payload, double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
-    if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_; }))
+    if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_ || shutdown_; }))
       throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
+    if (shutdown_) throw PeerError(fmt::format("sync ps shard {}: shut down", index_));
     auto& slot = slots_[w];
     if (h.kind == kStop) {
       stopped_[w] = true;
@@ -139,15 +140,23 @@ class Shard {
     cv_.notify_all();
     if (!slot.ready) {
       waited = true;
-      if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return slot.ready; }))
+      if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return slot.ready || shutdown_; }))
         throw TimeoutError(
             fmt::format("sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})",
                         index_, w, h.clock, timeout_s, min_clock()));
     }
+    if (!slot.ready) throw PeerError(fmt::format("sync ps shard {}: shut down", index_));
     if (waited) stats_.waits++;
     slot.waiting = -1;
     slot.ready = false;
     return {slot.reply_header, std::move(slot.reply)};
+  }
+
+  // Ends every wait in handle() (with PeerError): the owner is going away.
+  void shutdown() {
+    std::lock_guard<std::mutex> lk(mu_);
+    shutdown_ = true;
+    cv_.notify_all();
   }
 
   // The shard's current parameters into out (its length).
@@ -307,7 +316,7 @@ class Shard {
   const compress::Compressor* pull_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool initialized_ = false;
+  bool initialized_ = false, shutdown_ = false;
   std::vector<float> params_, initial_, momentum_, agg_, grad_, mean_sq_;
   int initial_pulls_ = 0;
   std::vector<int64_t> clocks_;
@@ -336,8 +345,14 @@ class PsStrategy : public Strategy {
         shards_.emplace(s, std::make_unique<Shard>(cfg_, s, workers_, push_.get(), pull_.get()));
   }
   ~PsStrategy() override {
+    // finish() was not called (an error stopped this rank): the serving threads block on receives from workers, or
+    // wait for slower workers inside a shard, and use this object. Abort the transport (their receives fail at once),
+    // wake the shards, and join them before the members go away.
+    if (threads_.empty()) return;
+    comm_->transport().abort(fmt::format("sync {}: stopped before finish() by an error on this rank", name()));
+    for (auto& [s, sh] : shards_) sh->shutdown();
     for (auto& t : threads_)
-      if (t.joinable()) t.detach();
+      if (t.joinable()) t.join();
   }
 
   std::string name() const override { return "ps-" + cfg_.mode; }

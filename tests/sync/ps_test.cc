@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
+#include <thread>
+#include <tuple>
+
 #include "core/error.h"
 #include "harness.h"
 
@@ -209,5 +214,48 @@ TEST(SyncPs, StalenessAwareStepsScaleOnlyGradientsStalerThanTheWorkersTakingTurn
     for (float v : sa.x[r]) EXPECT_TRUE(std::isfinite(v));
   EXPECT_THROW(make_strategy("ps-asp", {{"staleness_lr", "2"}}, harness::make_comms(1)[0]), ConfigError);
   EXPECT_THROW(make_strategy("ps-bsp", {{"staleness_lr", "1"}}, harness::make_comms(1)[0]), ConfigError);
+}
+}  // namespace
+
+namespace {
+size_t threads_in_process() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// A rank that stops with an error destroys its strategy without finish(). The threads that serve peers (co-located
+// parameter servers, adpsgd's passive ranks) block on receives and use the strategy; its destructor must end and
+// join them (they used to be detached and ran on into freed memory: a worker whose loss turned non-finite under
+// ps-asp then died of SIGSEGV at exit instead of reporting the error). Nothing may stay behind or wait for the
+// 20 s collective deadline.
+TEST(SyncPs, DestroyingStrategiesWithoutFinishJoinsTheirServingThreads) {
+  for (auto [name, p, n] : std::vector<std::tuple<std::string, Params, int>>{
+           {"ps-asp", {{"servers", "3"}, {"colocate", "1"}}, 3},
+           {"ps-ssp", {{"servers", "2"}, {"colocate", "1"}, {"staleness", "0"}}, 3},
+           {"adpsgd", {}, 4}}) {
+    const size_t before = threads_in_process();
+    auto t0 = std::chrono::steady_clock::now();
+    {
+      auto comms = harness::make_comms(n);
+      std::vector<std::thread> ts;
+      for (int r = 0; r < n; ++r)
+        ts.emplace_back([&, r] {
+          auto x = harness::initial(r, 16);
+          std::vector<float> g(16, 0.5f);
+          try {
+            auto s = make_strategy(name, p, comms[size_t(r)]);
+            s->setup(x);
+            if (r == 0 && name == "ps-ssp") s->before_step(1, x, g);  // waits in the shard for the others
+            // Destroyed here without finish(): what an exception unwinding through the trainer does.
+          } catch (const Error&) {
+            // a peer's abort may reach this rank's setup first
+          }
+        });
+      for (auto& t : ts) t.join();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0) << name;
+    EXPECT_EQ(threads_in_process(), before) << name << ": serving threads left running";
+  }
 }
 }  // namespace
