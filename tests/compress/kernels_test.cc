@@ -2,7 +2,7 @@
 // definitions, bit for bit, for the baseline build and the AVX2 builds the CPU runs: the vector bodies, the
 // 32-element packing and the scalar tails must agree, and the counter-based random stream (detail::random_block) must
 // be the one every rank uses. Sizes cover empty, tails of every length and offsets that are not multiples of 32; the
-// random stream's bases cover the aligned fast path (a multiple of 16) and the lane-by-lane one.
+// random stream's bases cover the aligned path (a multiple of 16) and the shifted window of either half.
 #include "compress/kernels.h"
 
 #include <gtest/gtest.h>
@@ -44,7 +44,7 @@ float from_bits(uint32_t b) {
 }
 
 const size_t kN[] = {0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 100, 1000, 4099, 9000};
-const uint32_t kBases[] = {64, 77};
+const uint32_t kBases[] = {64, 77, 83};  // aligned; offsets 13 and 3 within a random block
 constexpr uint32_t kLo = 0x12345678u, kHi = 0x9abcdef0u;
 
 // The quantizers' random stream, from its definition (detail::random_block: three AES rounds on (B, j, kLo, kHi)):
