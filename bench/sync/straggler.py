@@ -6,6 +6,8 @@ worker 0 evaluating every --eval-every steps; prints time to the target accuracy
 bytes on the wire, each also as a ratio to bsp of the same command.
 
   /usr/bin/python3 bench/sync/straggler.py [--conduit build/bin/conduit] [--out runs/straggler] [--epochs 3]
+
+Every scheme gets the same learning-rate warm-up (--warmup-epochs, default 0.3 epochs).
 """
 import argparse
 import json
@@ -33,6 +35,8 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--schemes", default=",".join(s for s, _ in SCHEMES), help="comma-separated subset")
     ap.add_argument("--transport", default="auto")
+    ap.add_argument("--warmup-epochs", default="0.3",
+                    help="learning-rate warm-up for every scheme (with one, ps-asp/ps-ssp take the whole step)")
     a = ap.parse_args()
     wanted = [s.strip() for s in a.schemes.split(",")]
     known = {s for s, _ in SCHEMES}
@@ -46,7 +50,8 @@ def main():
         out = os.path.join(a.out, name.replace(" ", "_").replace("=", ""))
         cmd = [a.conduit, "train", "--model", "cnn", "--workers", str(a.workers), "--epochs", str(a.epochs),
                "--target-accuracy", str(a.target), "--eval-every", str(a.eval_every), "--slow", a.slow,
-               "--transport", a.transport, "--progress", "false", "--output", out] + flags
+               "--transport", a.transport, "--warmup-epochs", a.warmup_epochs, "--progress", "false",
+               "--output", out] + flags
         print("+", " ".join(cmd), flush=True)
         r = subprocess.run(cmd)
         if r.returncode != 0:
