@@ -322,6 +322,7 @@ void run_gemm(const GemmArgs& a) {
                                   {"backward_s", ms.backward_s},
                                   {"step_samples_s", ms.step_s},
                                   {"barrier_samples_s", ms.after_s},
+                                  {"optimizer_s", ms.optimizer_s},
                                   {"steps", ms.steps},
                                   {"gemm_sum_s", sm.gemm},
                                   {"conv_pool_dense_sum_s", sm.conv > 0 ? sm.conv + sm.dense : 0.0}}

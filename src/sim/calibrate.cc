@@ -241,6 +241,7 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
     std::string layers;
     double batch;
     std::vector<double> steps, synced;  // synced: step + barrier, when the records have barrier samples
+    std::vector<double> optimizer;      // each record's median optimizer step
     long long ranks = 0;
     bool all_synced = true;
   };
@@ -275,6 +276,11 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
         throw bad("step_samples_s", "must be a non-empty list of positive seconds");
       p->steps.push_back(v.get<double>());
     }
+    if (j.contains("optimizer_s")) {
+      if (!j["optimizer_s"].is_number() || !(j["optimizer_s"].get<double>() > 0))
+        throw bad("optimizer_s", "must be a positive number");
+      p->optimizer.push_back(j["optimizer_s"].get<double>());
+    }
     // Steps that ended in a barrier among `concurrent` ranks: one wait per step.
     const long long ranks =
         j.contains("concurrent") && j["concurrent"].is_number_integer() ? j["concurrent"].get<long long>() : 1;
@@ -305,6 +311,10 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
     m.layers = p.layers;
     m.batch = p.batch;
     for (int i = 0; i <= 20; ++i) m.quantiles.push_back(sorted_quantile(p.steps, i / 20.0));
+    if (!p.optimizer.empty()) {
+      std::sort(p.optimizer.begin(), p.optimizer.end());
+      m.optimizer = sorted_quantile(p.optimizer, 0.5);
+    }
     if (p.all_synced && !p.synced.empty()) {
       std::sort(p.synced.begin(), p.synced.end());
       m.wait_ranks = double(p.ranks);
@@ -583,7 +593,9 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
       const std::string wait = m.wait_ranks > 0 ? fmt::format(", wait_ranks: {}, slowest_wait: {:.6g} us", m.wait_ranks,
                                                               m.slowest_wait / share * 1e6)
                                                 : "";
-      y += fmt::format("        - {{layers: \"{}\", batch: {}, step_quantiles: [{}]{}}}\n", m.layers, m.batch, q, wait);
+      const std::string opt = m.optimizer > 0 ? fmt::format(", optimizer: {:.6g} us", m.optimizer / share * 1e6) : "";
+      y += fmt::format("        - {{layers: \"{}\", batch: {}, step_quantiles: [{}]{}{}}}\n", m.layers, m.batch, q,
+                       wait, opt);
     }
   }
   const double bw = fit.beta > 0 ? 1.0 / fit.beta : 1e15;

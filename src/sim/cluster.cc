@@ -183,6 +183,7 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
         const std::string fw = fi + ".slowest_wait";
         s.slowest_wait = parse_duration(get_string(require(c[i], "slowest_wait", "", fi), fw), fw);
       }
+      if (c[i]["optimizer"]) s.optimizer = positive_duration(c[i], "optimizer", fi);
       a.model_calibration.push_back(s);
     }
   }

@@ -48,6 +48,7 @@ struct ModelStepSample {
   // Measured with each step ending in a barrier among `wait_ranks` ranks (0: not measured): the median of step +
   // barrier minus the median step, i.e. the wait for the slowest rank.
   double wait_ranks = 0, slowest_wait = 0;
+  double optimizer = 0;  // median optimizer step (SGD with momentum) over the model's parameters; 0: not measured
   double quantile(double q) const;  // linear interpolation, q in [0, 1]
   double median() const { return quantile(0.5); }
 };

@@ -579,7 +579,11 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   r.breakdown.dp_comm = dp_total;
   r.breakdown.dp_exposed = dp_exposed;
   r.breakdown.compression = comp;
-  r.breakdown.optimizer = memory_time(*slow, params / (cfg.zero >= 1 ? static_cast<double>(gpus) : 1.0) * 28, 4);
+  // The optimizer streams 28 bytes per (sharded) parameter, or takes its measured time for these layers (SGD with
+  // momentum, as conduit train runs it; sharded by ZeRO like the parameters).
+  const double shard = cfg.zero >= 1 ? static_cast<double>(gpus) : 1.0;
+  r.breakdown.optimizer =
+      measured && measured->optimizer > 0 ? measured->optimizer / shard : memory_time(*slow, params / shard * 28, 4);
   r.time = r.breakdown.compute + dp_exposed + r.breakdown.optimizer;
   ModelState st = zero_model_state(params, gpus, cfg.zero);
   r.memory.params = st.params;

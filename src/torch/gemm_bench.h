@@ -56,6 +56,7 @@ struct ModelStepTiming {
   double prepare_s = 0;                  // median: zeroing the gradients and building the batch
   std::vector<double> step_s;            // every timed step's prepare + forward + backward, in order
   std::vector<double> after_s;           // the time in `after_step` after each timed step (empty without one)
+  double optimizer_s = 0;                // median: SGD with momentum 0.9 (conduit train's default) over the parameters
   int steps = 0;
 };
 
@@ -65,7 +66,7 @@ struct ModelStepTiming {
 // with a hook per parameter that copies its gradient into one flat buffer (as DistributedOptimizer's hooks copy
 // them into buckets). `steps` timed steps after one untimed step, with `threads` intra-op threads; `after_step`
 // (untimed, when given) runs after every step, e.g. a barrier among ranks timing together, which blocks each step as
-// BSP training's gradient exchange does. ConfigError for an unknown model.
+// BSP training's gradient exchange does; then the optimizer step is timed on its own. ConfigError for an unknown model.
 ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps,
                                 const std::function<void()>& after_step = {});
 

@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 #include <torch/nn.h>
+#include <torch/optim.h>
 
 #include <algorithm>
 #include <chrono>
@@ -279,7 +280,8 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
       torch::Tensor c = g.contiguous();
       std::memcpy(flat.data() + o, c.data_ptr<float>(), size_t(c.numel()) * sizeof(float));
     });
-  std::vector<double> f, b, p, all;
+  torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.01).momentum(0.9));
+  std::vector<double> f, b, p, all, o;
   ModelStepTiming r;
   for (int s = 0; s <= std::max(1, steps); ++s) {
     const double t0 = now();
@@ -299,7 +301,10 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
     const double t3 = now();
     if (after_step) after_step();
     const double t4 = now();
+    sgd.step();
+    const double t5 = now();
     if (s == 0) continue;  // untimed
+    o.push_back(t5 - t4);
     if (after_step) r.after_s.push_back(t4 - t3);
     p.push_back(t1 - t0);
     f.push_back(t2 - t1);
@@ -309,6 +314,7 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
   r.forward_s = median(f);
   r.backward_s = median(b);
   r.prepare_s = median(p);
+  r.optimizer_s = median(o);
   r.step_s = all;
   r.steps = static_cast<int>(f.size());
   return r;

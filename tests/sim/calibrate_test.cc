@@ -533,6 +533,19 @@ TEST(Calibrate, RankWaitMeasuredAtABarrierReplacesTheQuantileFormula) {
   EXPECT_EQ(mc.wait_ranks, 2);
   EXPECT_NEAR(mc.slowest_wait, 3e-3, 1e-12);  // / share
   EXPECT_NEAR(mlp_step(c, 2, 64).breakdown.rank_wait, 3e-3, 1e-12);
+  // The measured optimizer step (median over the records, / share) is the step's optimizer time.
+  EXPECT_EQ(mc.optimizer, 0);
+  auto with_opt = parse_model_step_lines(
+      fmt::format("{{\"kind\":\"bench.model_step\",\"layers\":\"{}\",\"batch\":64,\"step_samples_s\":[0.002],"
+                  "\"optimizer_s\":0.0003}}\n{{\"kind\":\"bench.model_step\",\"layers\":\"{}\",\"batch\":64,"
+                  "\"step_samples_s\":[0.002],\"optimizer_s\":0.0001}}\n",
+                  kTrainMlpLayers, kTrainMlpLayers),
+      "g");
+  EXPECT_NEAR(with_opt.at(0).optimizer, 2e-4, 1e-15);
+  ClusterSpec co = parse_cluster_yaml(
+      calibrated_cluster_yaml("here", 2, f, 10e9, 8e9, 40e9, {{64, 256, 784, 20e9}}, "shm", 0.5, {}, {}, with_opt),
+      "o");
+  EXPECT_NEAR(mlp_step(co, 2, 64).breakdown.optimizer, 4e-4, 1e-12);
   // One record without barrier samples: no measured wait.
   auto plain = parse_model_step_lines(
       lines +
