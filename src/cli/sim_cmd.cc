@@ -1085,7 +1085,8 @@ void setup(CLI::App& app) {
     c->add_option("--ranks", a->ranks,
                   "workers of the cluster file; fits only bench samples of that world size (default: the largest)");
     c->add_option("--share", a->share,
-                  "fraction of one thread's measured speed each rank gets (default: cores / ranks, at most 1)");
+                  "fraction of the measured speed each rank gets (default: min(1, cores / ranks) / min(1, cores / the "
+                  "processes that timed the --gemm records together), so 1 under `conduit launch -n ranks`");
     c->add_option("--batch", a->batch, "samples per worker of the model GEMMs timed without --gemm")
         ->capture_default_str();
     c->add_option("--transport", a->transport, "which transport's fit to write (default: the one with most samples)");
