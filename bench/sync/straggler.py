@@ -7,7 +7,7 @@ bytes on the wire, each also as a ratio to bsp of the same command.
 
   /usr/bin/python3 bench/sync/straggler.py [--conduit build/bin/conduit] [--out runs/straggler] [--epochs 3]
 
-Every scheme gets the same learning-rate warm-up (--warmup-epochs, default 0.3 epochs).
+Every scheme gets the same learning-rate warm-up (--warmup-epochs, default none).
 """
 import argparse
 import json
@@ -35,8 +35,7 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--schemes", default=",".join(s for s, _ in SCHEMES), help="comma-separated subset")
     ap.add_argument("--transport", default="auto")
-    ap.add_argument("--warmup-epochs", default="0.3",
-                    help="learning-rate warm-up for every scheme (with one, ps-asp/ps-ssp take the whole step)")
+    ap.add_argument("--warmup-epochs", default="0", help="learning-rate warm-up, the same for every scheme")
     a = ap.parse_args()
     wanted = [s.strip() for s in a.schemes.split(",")]
     known = {s for s, _ in SCHEMES}
