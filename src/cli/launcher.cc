@@ -698,6 +698,12 @@ int run_local_workers(const LaunchSpec& spec) {
         result = code;
         have_result = true;
         begin_stop(SIGTERM);
+      } else if (stopping && info.si_code != CLD_EXITED && info.si_status != stop_signal &&
+                 info.si_status != SIGKILL) {
+        // A worker that crashed on its own while the others were being stopped (its peers' errors may have been
+        // reaped first): say so, or the crash stays hidden behind the peer's "connection closed".
+        for (auto& st : w.streams) pump_all(st, w.prefix, buf);
+        message(spec, fmt::format("rank {} (pid {}) also {}", w.rank, w.pid, what));
       }
     }
   };

@@ -322,6 +322,21 @@ TEST_F(LaunchTest, WorkerKilledBySignalGives128PlusSignal) {
   EXPECT_TRUE(std::regex_search(r.err, line_re)) << r.err;
 }
 
+// A worker that crashes while the others are being stopped (after a peer's failure was reaped first) is reported
+// too: otherwise the crash hides behind the peer's "connection closed" error.
+TEST_F(LaunchTest, CrashWhileStoppingIsReportedToo) {
+  const std::string ready = path("ready2");
+  const std::string script = "if [ \"$RANK\" = 1 ]; then trap '' TERM; touch " + ready +
+                             "; sleep 0.5; kill -SEGV $$; sleep 60; fi; while [ ! -e " + ready +
+                             " ]; do sleep 0.02; done; exit 2";
+  auto r = run({"launch", "-n", "2", "--", "sh", "-c", script}, {{"CONDUIT_LAUNCH_GRACE", "5"}});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("rank 0 (pid "), std::string::npos) << r.err;
+  std::regex crash_re(R"(conduit launch: rank 1 \(pid \d+\) also was killed by signal 11 \(SIGSEGV\))");
+  EXPECT_TRUE(std::regex_search(r.err, crash_re)) << r.err;
+}
+
 TEST_F(LaunchTest, WorkerIgnoringSigtermIsKilledAfterGracePeriod) {
   // Rank 0 ignores SIGTERM (so does the sleep it execs); rank 1 fails once rank 0 is ready.
   const std::string ready = path("ready");
