@@ -239,7 +239,7 @@ double sorted_quantile(const std::vector<double>& v, double q) {
 std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, const std::string& origin) {
   struct Pool {
     std::string layers;
-    double batch;
+    double batch = 0;
     std::vector<double> steps, synced;  // synced: step + barrier, when the records have barrier samples
     std::vector<double> optimizer;      // each record's median optimizer step
     long long ranks = 0;
@@ -269,7 +269,11 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
     Pool* p = nullptr;
     for (auto& q : pools)
       if (q.layers == layers && q.batch == batch) p = &q;
-    if (!p) p = &pools.emplace_back(Pool{layers, batch, {}});
+    if (!p) {
+      p = &pools.emplace_back();
+      p->layers = layers;
+      p->batch = batch;
+    }
     const auto& st = j["step_samples_s"];
     for (const auto& v : st) {
       if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))

@@ -468,7 +468,9 @@ TEST(Calibrate, MeasuredModelStepAddsExactlyItsFrameworkTime) {
       EXPECT_NEAR(a.breakdown.compute - b.breakdown.compute, expect, 1e-12) << base << " " << mb;
       EXPECT_EQ(b.breakdown.framework, 0);
     }
-    if (base > 1e-3) EXPECT_NEAR(mlp_step(with, 2, 64).breakdown.compute, ms[0].median(), 1e-12);
+    if (base > 1e-3) {
+      EXPECT_NEAR(mlp_step(with, 2, 64).breakdown.compute, ms[0].median(), 1e-12);
+    }
     // Another layer list has no measured step.
     Topology t(with, 2);
     CollectiveModel net(t);
