@@ -6,12 +6,14 @@ worker 0 evaluating every --eval-every steps; prints time to the target accuracy
 bytes on the wire, each also as a ratio to bsp of the same command.
 
   /usr/bin/python3 bench/sync/straggler.py [--conduit build/bin/conduit] [--out runs/straggler] [--epochs 3]
+                                           [--schemes bsp,ps-asp] [--seeds 42,7,1]
 
 Every scheme gets the same learning-rate warm-up (--warmup-epochs, default none).
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -36,31 +38,60 @@ def main():
     ap.add_argument("--schemes", default=",".join(s for s, _ in SCHEMES), help="comma-separated subset")
     ap.add_argument("--transport", default="auto")
     ap.add_argument("--warmup-epochs", default="0", help="learning-rate warm-up, the same for every scheme")
+    ap.add_argument("--seeds", default="42",
+                    help="comma-separated seeds; each runs every scheme (bsp first), and the summary gives each "
+                         "scheme's time to target against bsp's of the same seed")
     a = ap.parse_args()
     wanted = [s.strip() for s in a.schemes.split(",")]
     known = {s for s, _ in SCHEMES}
     for w in wanted:
         if w not in known:
             sys.exit(f"straggler.py: unknown scheme '{w}'; allowed: {', '.join(s for s, _ in SCHEMES)}")
+    try:
+        seeds = [int(x) for x in a.seeds.split(",")]
+    except ValueError:
+        sys.exit(f"straggler.py: --seeds '{a.seeds}' is not a comma-separated list of integers")
+    ratios = {}  # scheme -> [time to target / bsp's, per seed]
+    for seed in seeds:
+        rows = run_seed(a, wanted, seed, len(seeds) > 1)
+        base = dict(rows).get("bsp")
+        print_table(a, rows, base, seed)
+        for name, s in rows:
+            tta = s.get("time_to_target_s")
+            if base and base.get("time_to_target_s") and name != "bsp":
+                ratios.setdefault(name, []).append(tta / base["time_to_target_s"] if tta else float("inf"))
+    if len(seeds) > 1 and ratios:
+        print(f"\nTime to target against bsp of the same seed ({', '.join(map(str, seeds))}):\n")
+        print("| scheme | per seed | median | sooner than bsp |")
+        print("|---|---|---|---|")
+        for name, rs in ratios.items():
+            per = ", ".join("not reached" if r == float("inf") else f"{r:.2f}x" for r in rs)
+            print(f"| {name} | {per} | {statistics.median(rs):.2f}x | {sum(r < 1 for r in rs)} of {len(rs)} |")
+
+
+def run_seed(a, wanted, seed, tag):
     rows = []
     for name, flags in SCHEMES:
         if name not in wanted:
             continue
-        out = os.path.join(a.out, name.replace(" ", "_").replace("=", ""))
+        out = os.path.join(a.out, name.replace(" ", "_").replace("=", "") + (f"_seed{seed}" if tag else ""))
         cmd = [a.conduit, "train", "--model", "cnn", "--workers", str(a.workers), "--epochs", str(a.epochs),
                "--target-accuracy", str(a.target), "--eval-every", str(a.eval_every), "--slow", a.slow,
-               "--transport", a.transport, "--warmup-epochs", a.warmup_epochs, "--progress", "false",
-               "--output", out] + flags
+               "--transport", a.transport, "--warmup-epochs", a.warmup_epochs, "--seed", str(seed),
+               "--progress", "false", "--output", out] + flags
         print("+", " ".join(cmd), flush=True)
         r = subprocess.run(cmd)
         if r.returncode != 0:
-            sys.exit(f"straggler.py: {name} failed with exit code {r.returncode}")
+            sys.exit(f"straggler.py: {name} (seed {seed}) failed with exit code {r.returncode}")
         with open(os.path.join(out, "summary.json")) as f:
             s = json.load(f)
         rows.append((name, s))
-    base = dict(rows).get("bsp")
-    print(f"\n{a.workers} workers, --slow {a.slow}, target {100 * a.target:.0f}% (worker 0 evaluates every "
-          f"{a.eval_every} steps)\n")
+    return rows
+
+
+def print_table(a, rows, base, seed):
+    print(f"\n{a.workers} workers, --slow {a.slow}, target {100 * a.target:.0f}%, seed {seed} (worker 0 evaluates "
+          f"every {a.eval_every} steps)\n")
     print("| scheme | time to target (s) | time vs bsp | final acc | training time (s) | GB on wire | bytes vs bsp |")
     print("|---|---|---|---|---|---|---|")
     for name, s in rows:
