@@ -41,8 +41,16 @@ def main():
     ap.add_argument("--seeds", default="42",
                     help="comma-separated seeds; each runs every scheme (bsp first), and the summary gives each "
                          "scheme's time to target against bsp's of the same seed")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="an extra row: NAME=conduit train flags (e.g. 'asp lr0.5=--sync ps-asp:lr=0.5'); "
+                         "repeatable, run after the --schemes rows")
     a = ap.parse_args()
-    wanted = [s.strip() for s in a.schemes.split(",")]
+    for v in a.variant:
+        name, eq, flags = v.partition("=")
+        if not eq or not name.strip() or not flags.split():
+            sys.exit(f"straggler.py: --variant '{v}' is not NAME=FLAGS (a name, '=', then conduit train flags)")
+        SCHEMES.append((name.strip(), flags.split()))
+    wanted = [s.strip() for s in a.schemes.split(",")] + [v.partition("=")[0].strip() for v in a.variant]
     known = {s for s, _ in SCHEMES}
     for w in wanted:
         if w not in known:
@@ -74,15 +82,20 @@ def run_seed(a, wanted, seed, tag):
     for name, flags in SCHEMES:
         if name not in wanted:
             continue
-        out = os.path.join(a.out, name.replace(" ", "_").replace("=", "") + (f"_seed{seed}" if tag else ""))
+        out = os.path.join(a.out, "".join(c if c.isalnum() or c in "-_." else "_" for c in name) +
+                           (f"_seed{seed}" if tag else ""))
         cmd = [a.conduit, "train", "--model", "cnn", "--workers", str(a.workers), "--epochs", str(a.epochs),
                "--target-accuracy", str(a.target), "--eval-every", str(a.eval_every), "--slow", a.slow,
                "--transport", a.transport, "--warmup-epochs", a.warmup_epochs, "--seed", str(seed),
                "--progress", "false", "--output", out] + flags
         print("+", " ".join(cmd), flush=True)
         r = subprocess.run(cmd)
-        if r.returncode != 0:
-            sys.exit(f"straggler.py: {name} (seed {seed}) failed with exit code {r.returncode}")
+        if r.returncode != 0:  # e.g. a diverged run: a row that never reached the target, not the end of the table
+            print(f"straggler.py: {name} (seed {seed}) failed with exit code {r.returncode}", file=sys.stderr)
+            if name == "bsp":
+                sys.exit("straggler.py: bsp is the reference of every ratio; stopping")
+            rows.append((name, {"failed": r.returncode}))
+            continue
         with open(os.path.join(out, "summary.json")) as f:
             s = json.load(f)
         rows.append((name, s))
@@ -95,6 +108,9 @@ def print_table(a, rows, base, seed):
     print("| scheme | time to target (s) | time vs bsp | final acc | training time (s) | GB on wire | bytes vs bsp |")
     print("|---|---|---|---|---|---|---|")
     for name, s in rows:
+        if "failed" in s:
+            print(f"| {name} | failed (exit {s['failed']}) | - | - | - | - | - |")
+            continue
         tta = s.get("time_to_target_s")
         rel_t = f"{tta / base['time_to_target_s']:.2f}x" if base and tta and base.get("time_to_target_s") else "-"
         rel_b = f"{s['bytes_on_wire'] / base['bytes_on_wire']:.2f}x" if base and base["bytes_on_wire"] else "-"

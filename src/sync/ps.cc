@@ -78,7 +78,9 @@ class Shard {
     initial_ = params_;
     momentum_.assign(p.size(), 0.f);
     agg_.assign(p.size(), 0.f);
+    if (dana()) vsum_.assign(p.size(), 0.f);
     for (auto& s : slots_) {
+      if (dana()) s.velocity.assign(p.size(), 0.f);
       if (push_) s.push_state = push_->make_state(p.size(), 0, 0);
       if (pull_) s.pull_state = pull_->make_state(p.size(), 1, 0);
     }
@@ -131,7 +133,10 @@ class Shard {
       maybe_apply_bsp();
     } else {
       if (cfg_.dc > 0) compensate_delay(slot, grad_);
-      apply(grad_, staleness_scale(slot) / float(workers_));
+      if (dana())
+        apply_dana(slot, grad_, staleness_scale(slot) / float(workers_));
+      else
+        apply(grad_, staleness_scale(slot) / float(workers_));
     }
     slot.waiting = static_cast<int64_t>(h.clock);
     slot.ready = false;
@@ -184,7 +189,9 @@ class Shard {
       w.floats(slots_[k].backup);
       w.bytes(push_ ? slots_[k].push_state.save() : Bytes{});
       w.bytes(pull_ ? slots_[k].pull_state.save() : Bytes{});
+      w.floats(slots_[k].velocity);
     }
+    w.floats(vsum_);
   }
 
   void load(detail::Reader& r) {
@@ -207,7 +214,14 @@ class Shard {
       auto ps = r.bytes(), pl = r.bytes();
       if (push_ && !ps.empty()) slots_[k].push_state = compress::TensorState::load(ps);
       if (pull_ && !pl.empty()) slots_[k].pull_state = compress::TensorState::load(pl);
+      slots_[k].velocity = r.floats();
+      if (dana() && slots_[k].velocity.size() != params_.size())
+        throw InvalidArgument(fmt::format("sync ps shard {}: the state has no look-ahead momentum (dana) for worker "
+                                          "{}; allowed: resume with the dana setting it was saved with",
+                                          index_, k));
     }
+    vsum_ = r.floats();
+    if (!dana()) vsum_.clear();
     agg_.assign(params_.size(), 0.f);
     bsp_count_ = 0;
     initialized_ = true;
@@ -224,7 +238,10 @@ class Shard {
     std::vector<float> backup;   // what the worker holds (no pull compression), kept for delay compensation
     uint64_t version = 0;        // the shard's version_ when the worker's parameters were read
     compress::TensorState push_state, pull_state;
+    std::vector<float> velocity;  // dana: this worker's momentum
   };
+
+  bool dana() const { return cfg_.dana && cfg_.mode != "bsp"; }
 
   int64_t min_clock() const {
     int64_t m = INT64_MAX;
@@ -268,6 +285,29 @@ class Shard {
     }
   }
 
+  // DANA-Zero: the worker's own momentum; sum_j v_j kept up to date for the look-ahead.
+  void apply_dana(Slot& slot, const std::vector<float>& g, float scale) {
+    ++version_;
+    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay);
+    float* v = slot.velocity.data();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const float gi = scale * g[i] + wd * params_[i];
+      const float nv = mu * v[i] + gi;
+      vsum_[i] += nv - v[i];
+      v[i] = nv;
+      params_[i] -= lr * nv;
+    }
+  }
+
+  // What a worker computes its next gradient on: the parameters, or with dana their estimated future position.
+  const std::vector<float>& send_point() {
+    if (!dana()) return params_;
+    const float c = float(cfg_.lr) * float(cfg_.momentum);
+    lookahead_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) lookahead_[i] = params_[i] - c * vsum_[i];
+    return lookahead_;
+  }
+
   void maybe_apply_bsp() {
     int active = 0;
     for (int w = 0; w < workers_; ++w) active += !stopped_[w];
@@ -292,17 +332,18 @@ class Shard {
       if (s.waiting < 0 || s.ready || !releasable(s.waiting)) continue;
       int64_t m = min_clock();
       if (m != INT64_MAX) stats_.max_gap = std::max(stats_.max_gap, s.waiting - m);
+      const std::vector<float>& point = send_point();
       if (pull_) {
         std::vector<float> delta(params_.size());
-        for (size_t i = 0; i < delta.size(); ++i) delta[i] = params_[i] - s.replica[i];
+        for (size_t i = 0; i < delta.size(); ++i) delta[i] = point[i] - s.replica[i];
         pull_->compress(delta, s.pull_state, s.reply);
         pull_->decompress_add(s.reply, s.pull_state, s.replica);
         s.reply_header = {s.reply.size(), 0};
       } else {
         s.reply.resize(params_.size() * 4);
-        std::memcpy(s.reply.data(), params_.data(), s.reply.size());
+        std::memcpy(s.reply.data(), point.data(), s.reply.size());
         s.reply_header = {s.reply.size(), 1};
-        if (cfg_.dc > 0) s.backup = params_;
+        if (cfg_.dc > 0) s.backup = point;
       }
       s.version = version_;
       s.ready = true;
@@ -318,6 +359,7 @@ class Shard {
   std::condition_variable cv_;
   bool initialized_ = false, shutdown_ = false;
   std::vector<float> params_, initial_, momentum_, agg_, grad_, mean_sq_;
+  std::vector<float> vsum_, lookahead_;  // dana: sum of the workers' momenta; the last look-ahead built
   int initial_pulls_ = 0;
   std::vector<int64_t> clocks_;
   std::vector<bool> stopped_;

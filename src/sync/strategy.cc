@@ -224,7 +224,7 @@ const std::map<std::string, Entry>& registry() {
                   {"momentum", "0.9"},        {"weight_decay", "0"}, {"push_compressor", "none"},
                   {"pull_compressor", "none"}};
       if (mode == "ssp") d["staleness"] = "3";
-      if (mode != "bsp") d["dc"] = "0", d["staleness_lr"] = "0";
+      if (mode != "bsp") d["dc"] = "0", d["staleness_lr"] = "0", d["dana"] = "0";
       m["ps-" + mode] = {d, [mode](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                            PsConfig cfg;
                            cfg.mode = mode;
@@ -238,6 +238,7 @@ const std::map<std::string, Entry>& registry() {
                            if (mode != "bsp") {
                              cfg.dc = p.real("dc", 0, 1e6);
                              cfg.staleness_lr = p.flag("staleness_lr");
+                             cfg.dana = p.flag("dana");
                            }
                            cfg.push_compressor = p.str("push_compressor");
                            cfg.pull_compressor = p.str("pull_compressor");

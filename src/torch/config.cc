@@ -358,19 +358,21 @@ SyncSpec effective_sync(const TrainConfig& c) {
                                   s.name, s.parameter_server() ? "gradients to servers that own the momentum" :
                                   "parameters", s.name));
   if (s.parameter_server()) {
-    // Stale gradients act as extra momentum: ps-asp with the trainer's 0.9 diverged on the Fashion-MNIST CNN with
-    // one worker 3x slow (10% accuracy from step 50). So ps-asp takes momentum at most 0.5 and half the trainer's
-    // effective step lr / (1 - momentum) (0.1 at 0.9 -> 0.25 at 0.5): the whole effective step (0.5) reached 88%
-    // once in 33 s and diverged in another run; the half reached it in 42.6 s. ps-ssp with s > 0 is asynchronous
-    // within its bound and diverged the same way (10.5% after 150 steps at 0.9, s = 3, once the straggler no longer
-    // slowed the fast workers' steps: sync/straggler.h), so it takes the same; s = 0 is bsp and keeps 0.9.
+    // Stale gradients act as extra momentum: ps-asp with the trainer's 0.9 and one shared momentum on the servers
+    // diverged on the Fashion-MNIST CNN with one worker 3x slow (10% accuracy from step 50), and so did ps-ssp with
+    // s = 3. So the stale schemes (ps-asp; ps-ssp with s > 0; s = 0 is bsp) default to dana=1: one momentum per
+    // worker and gradients taken at the estimated future position (sync/ps.h), with the trainer's lr and momentum.
+    // Seed 42, --slow 3:3: 88% in 0.80x bsp's time and 90.75% after 3 epochs (bsp 90.65%), where the shared
+    // momentum needed half the effective step at momentum 0.5 (1.53x, 88.81%) and the whole step at momentum 0.5
+    // diverged (so does bsp at lr 0.5, momentum 0.5). dana=0 keeps that half-step rule.
     double lr = c.lr, momentum = c.momentum;
     auto staleness = s.params.find("staleness");
     const bool stale = s.name == "ps-asp" ||
                        (s.name == "ps-ssp" && (staleness == s.params.end() || staleness->second != "0"));
-    // A learning-rate warm-up does not make the whole step safe: after a 0.3-epoch warm-up ps-asp at lr 0.5 once
-    // trained to 90.04% (88.64% at the half step) and once diverged at step 103, just after the warm-up ended.
-    if (stale && !s.params.count("momentum") && momentum > 0.5) {
+    if (stale) s.params.try_emplace("dana", "1");
+    auto dana = s.params.find("dana");
+    const bool lookahead = dana != s.params.end() && (dana->second == "1" || dana->second == "true");
+    if (stale && !lookahead && !s.params.count("momentum") && momentum > 0.5) {
       if (!s.params.count("lr")) lr = 0.5 * c.lr * (1 - 0.5) / (1 - momentum);
       momentum = 0.5;
     }

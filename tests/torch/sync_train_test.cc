@@ -116,14 +116,21 @@ TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
   c.compressor = "ef:topk:ratio=0.1";
   auto spec = effective_sync(c);
   EXPECT_EQ(spec.params.at("push_compressor"), "ef:topk:ratio=0.1");
-  // ps-asp: momentum at most 0.5 (stale gradients add momentum), with half the trainer's lr / (1 - momentum).
-  EXPECT_EQ(spec.params.at("momentum"), "0.5");
-  EXPECT_NEAR(std::stod(spec.params.at("lr")), 0.5 * 0.05 * 0.5 / 0.1, 1e-12);
+  // ps-asp: one momentum per worker with the look-ahead (dana), at the trainer's lr and momentum.
+  EXPECT_EQ(spec.params.at("dana"), "1");
+  EXPECT_EQ(spec.params.at("momentum"), "0.9");
+  EXPECT_EQ(spec.params.at("lr"), "0.05");
+  // dana=0 (one shared momentum): momentum at most 0.5, with half the trainer's lr / (1 - momentum).
+  auto shared = effective_sync(tiny_sync("ps-asp:dana=0"));
+  EXPECT_EQ(shared.params.at("momentum"), "0.5");
+  EXPECT_NEAR(std::stod(shared.params.at("lr")), 0.5 * 0.05 * 0.5 / 0.1, 1e-12);
   // ps-ssp with s > 0 (its default 3) is asynchronous within the bound and takes the same; s = 0 is bsp.
   TrainConfig ssp = tiny_sync("ps-ssp");
-  EXPECT_EQ(effective_sync(ssp).params.at("momentum"), "0.5");
-  EXPECT_EQ(effective_sync(ssp).params.at("lr"), spec.params.at("lr"));
+  EXPECT_EQ(effective_sync(ssp).params.at("dana"), "1");
+  EXPECT_EQ(effective_sync(ssp).params.at("momentum"), "0.9");
+  EXPECT_EQ(effective_sync(tiny_sync("ps-ssp:dana=0")).params.at("momentum"), "0.5");
   ssp.staleness = 0;
+  EXPECT_EQ(effective_sync(ssp).params.count("dana") ? effective_sync(ssp).params.at("dana") : "0", "0");
   EXPECT_EQ(effective_sync(ssp).params.at("momentum"), "0.9");
   EXPECT_EQ(effective_sync(ssp).params.at("lr"), "0.05");
   TrainConfig given = tiny_sync("ps-asp:momentum=0.9");  // what the spec gives stays
