@@ -34,7 +34,7 @@
 #include "sim/units.h"
 #include "sim/workload.h"
 #ifdef CONDUIT_WITH_TORCH
-#include "torch/gemm_bench.h"  // torch-free interface; libtorch only links in
+#include "cli/kernel_samples.h"  // torch-free interface; libtorch only links in
 #endif
 
 namespace conduit::cli {
@@ -731,54 +731,11 @@ void run_calibrate(const CalibrateArgs& a) {
     for (const auto& t : train::time_gemms(shapes, 1, 0.05))
       gemms.push_back(GemmSample{double(t.m), double(t.n), double(t.k), t.gflops() * 1e9});
     std::vector<train::ConvTiming> cshapes;
-    for (const auto& c : calibration_conv_shapes(a.batch)) {
-      train::ConvTiming t;
-      t.batch = int64_t(c.batch);
-      t.in = int64_t(c.in);
-      t.out = int64_t(c.out);
-      t.height = int64_t(c.height);
-      t.width = int64_t(c.width);
-      t.kernel = int64_t(c.kernel);
-      t.stride = int64_t(c.stride);
-      t.padding = int64_t(c.padding);
-      cshapes.push_back(t);
-    }
-    for (const auto& t : train::time_convs(cshapes, 1, 0.05)) {
-      ConvSample c;
-      c.batch = double(t.batch);
-      c.in = double(t.in);
-      c.out = double(t.out);
-      c.height = double(t.height);
-      c.width = double(t.width);
-      c.kernel = double(t.kernel);
-      c.stride = double(t.stride);
-      c.padding = double(t.padding);
-      c.forward_s = t.forward_s;
-      c.input_grad_s = t.input_grad_s;
-      c.weight_grad_s = t.weight_grad_s;
-      convs.push_back(c);
-    }
+    for (const auto& c : calibration_conv_shapes(a.batch)) cshapes.push_back(cli::conv_shape(c));
+    for (const auto& t : train::time_convs(cshapes, 1, 0.05)) convs.push_back(cli::conv_sample(t));
     std::vector<train::PoolTiming> pshapes;
-    for (const auto& p : calibration_pool_shapes(a.batch)) {
-      train::PoolTiming t;
-      t.batch = int64_t(p.batch);
-      t.channels = int64_t(p.channels);
-      t.height = int64_t(p.height);
-      t.width = int64_t(p.width);
-      t.kernel = int64_t(p.kernel);
-      pshapes.push_back(t);
-    }
-    for (const auto& t : train::time_pools(pshapes, 1, 0.05)) {
-      PoolSample p;
-      p.batch = double(t.batch);
-      p.channels = double(t.channels);
-      p.height = double(t.height);
-      p.width = double(t.width);
-      p.kernel = double(t.kernel);
-      p.forward_s = t.forward_s;
-      p.backward_s = t.backward_s;
-      pools.push_back(p);
-    }
+    for (const auto& p : calibration_pool_shapes(a.batch)) pshapes.push_back(cli::pool_shape(p));
+    for (const auto& t : train::time_pools(pshapes, 1, 0.05)) pools.push_back(cli::pool_sample(t));
     fmt::print(
         "timed {} GEMMs, {} poolings and {} convolutions with libtorch (one thread; conduit train's CNN and MLP at "
         "batch {}, square 32..1024)\n",
