@@ -83,15 +83,30 @@ void MatchQueues::complete_unexpected(Unexpected& u, const char* transport) {
                   arriving_.end());
 }
 
-void MatchQueues::fail_all(std::exception_ptr err) {
+void MatchQueues::fail_all(std::exception_ptr err, bool keep_arrived) {
   for (auto& [tag, q] : posted_)
     for (auto& r : q) r.req->fail(err);
   posted_.clear();
   for (auto& u : arriving_)
     if (u->has_waiter) u->waiter.req->fail(err);
   arriving_.clear();
-  unexpected_.clear();
-  unexpected_bytes_ = 0;
+  if (!keep_arrived) {
+    unexpected_.clear();
+    unexpected_bytes_ = 0;
+    return;
+  }
+  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
+    auto& q = it->second;
+    for (auto u = q.begin(); u != q.end();) {
+      if ((*u)->complete) {
+        ++u;
+        continue;
+      }
+      unexpected_bytes_ -= (*u)->data.size();
+      u = q.erase(u);
+    }
+    it = q.empty() ? unexpected_.erase(it) : std::next(it);
+  }
 }
 
 }  // namespace conduit::net

@@ -46,8 +46,10 @@ class MatchQueues {
   // The message's bytes have all arrived: deliver it if a receive is attached.
   void complete_unexpected(Unexpected& u, const char* transport);
   bool has_posted() const { return !posted_.empty(); }
-  // Fails every posted receive and attached waiter, and drops buffered messages.
-  void fail_all(std::exception_ptr err);
+  // Fails every posted receive and attached waiter and drops partly arrived messages. Messages that arrived whole
+  // are dropped too unless `keep_arrived`: a peer that sent and then exited or closed its connection has delivered
+  // them, and a receive posted later must still get them (an abort drops them: nothing is delivered after one).
+  void fail_all(std::exception_ptr err, bool keep_arrived = false);
 
  private:
   std::map<uint64_t, std::deque<PostedRecv>> posted_;

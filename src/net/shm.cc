@@ -661,7 +661,8 @@ class ShmTransport : public Transport, public Progressor {
                      ProtocolError(fmt::format("shm: protocol error in the ring from rank {}: {}", p.rank, what))));
   }
 
-  void fail_peer(ShmPeer& p, std::exception_ptr err) {
+  // `keep_arrived`: the peer is gone without an abort; what it delivered whole stays receivable.
+  void fail_peer(ShmPeer& p, std::exception_ptr err, bool keep_arrived = false) {
     if (!p.failed) {
       p.failed = true;
       p.error = err;
@@ -669,7 +670,7 @@ class ShmTransport : public Transport, public Progressor {
     for (auto& s : p.sendq) s.req->fail(err);
     p.sendq.clear();
     if (p.target == Target::posted && p.cur.req) p.cur.req->fail(err);
-    p.q.fail_all(err);
+    p.q.fail_all(err, keep_arrived);
     p.target = Target::none;
     p.have_hdr = false;
     p.cur_unexp.reset();
@@ -688,7 +689,8 @@ class ShmTransport : public Transport, public Progressor {
       if (!p.serve || p.failed || !p.pending()) continue;
       if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
         fail_peer(p, std::make_exception_ptr(
-                         PeerError(fmt::format("shm: rank {} (pid {}) died", p.rank, static_cast<long>(p.pid)))));
+                         PeerError(fmt::format("shm: rank {} (pid {}) died", p.rank, static_cast<long>(p.pid)))),
+                  /*keep_arrived=*/true);
       }
     }
   }

@@ -319,8 +319,9 @@ class TcpTransport : public Transport {
     epoll_ctl(ep_, EPOLL_CTL_MOD, p.fd, &ev);
   }
 
-  // Under mu_.
-  void fail_peer(Peer& p, std::exception_ptr err) {
+  // Under mu_. `keep_arrived`: the connection ended without an abort, so messages that arrived whole stay
+  // receivable (a peer may send its last message and exit before this rank posts the receive).
+  void fail_peer(Peer& p, std::exception_ptr err, bool keep_arrived = false) {
     if (!p.failed) {
       p.error = err;
       p.failed = true;
@@ -334,7 +335,7 @@ class TcpTransport : public Transport {
       p.want_out = false;
     }
     if (p.target == Target::posted) p.cur.req->fail(err);
-    p.q.fail_all(err);
+    p.q.fail_all(err, keep_arrived);
     p.target = Target::none;
     p.have_hdr = false;
     p.cur_unexp.reset();
@@ -526,7 +527,7 @@ class TcpTransport : public Transport {
                                         p.pay_got, p.hdr.length));
       return false;
     }
-    fail_peer(p, err);
+    fail_peer(p, err, /*keep_arrived=*/why.empty());
     return false;
   }
 

@@ -144,3 +144,24 @@ TEST(TcpFrames, AWellFormedFrameIsDelivered) {
   p->t->irecv(1, make_tag(kCollective, 0, 0), &got, 4)->wait(Deadline::after(10));
   EXPECT_EQ(got, 12345);
 }
+
+TEST(TcpFrames, AMessageThatArrivedBeforeThePeerClosedIsStillReceived) {
+  // The peer sends its last message and exits before this rank posts the receive (a small allreduce's last step
+  // does this under load): the message must not be dropped with the connection.
+  auto p = connect_raw();
+  FrameHeader h = make_frame(kFrameData, make_tag(kCollective, 0, 0), 4, 1);
+  int32_t v = 777;
+  ::send(p->fd, &h, sizeof h, 0);
+  ::send(p->fd, &v, 4, 0);
+  ::close(p->fd);
+  p->fd = -1;
+  // A receive on another tag fails once the transport has read the close, so the message is buffered by now.
+  int32_t other = 0;
+  auto waiter = p->t->irecv(1, make_tag(kCollective, 0, 1), &other, 4);
+  EXPECT_THROW(waiter->wait(Deadline::after(10)), PeerError);
+  int32_t got = 0;
+  p->t->irecv(1, make_tag(kCollective, 0, 0), &got, 4)->wait(Deadline::after(10));
+  EXPECT_EQ(got, 777);
+  std::string e = recv_error(*p->t, 4);  // nothing more arrived: the next receive names the close
+  EXPECT_NE(e.find("closed its connection"), std::string::npos) << e;
+}
