@@ -93,7 +93,7 @@ class Shard {
     std::unique_lock<std::mutex> lk(mu_);
     if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_ || shutdown_; }))
       throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
-    if (shutdown_) throw PeerError(fmt::format("sync ps shard {}: shut down", index_));
+    if (shutdown_) throw PeerError(shutdown_message());
     auto& slot = slots_[w];
     if (h.kind == kStop) {
       stopped_[w] = true;
@@ -150,18 +150,26 @@ class Shard {
             fmt::format("sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})",
                         index_, w, h.clock, timeout_s, min_clock()));
     }
-    if (!slot.ready) throw PeerError(fmt::format("sync ps shard {}: shut down", index_));
+    if (!slot.ready) throw PeerError(shutdown_message());
     if (waited) stats_.waits++;
     slot.waiting = -1;
     slot.ready = false;
     return {slot.reply_header, std::move(slot.reply)};
   }
 
-  // Ends every wait in handle() (with PeerError): the owner is going away.
-  void shutdown() {
+  // Ends every wait in handle() (with PeerError naming `why` when given): the owner is going away, or serving a
+  // worker failed, so the workers waiting here for slower ones would otherwise wait out their deadline.
+  void shutdown(const std::string& why = "") {
     std::lock_guard<std::mutex> lk(mu_);
+    if (!shutdown_ && !why.empty()) why_ = why;
     shutdown_ = true;
     cv_.notify_all();
+  }
+
+  // Under mu_.
+  std::string shutdown_message() const {
+    return why_.empty() ? fmt::format("sync ps shard {}: shut down", index_)
+                        : fmt::format("sync ps shard {}: stopped: {}", index_, why_);
   }
 
   // The shard's current parameters into out (its length).
@@ -358,6 +366,7 @@ class Shard {
   std::mutex mu_;
   std::condition_variable cv_;
   bool initialized_ = false, shutdown_ = false;
+  std::string why_;  // why it shut down, when an error did it
   std::vector<float> params_, initial_, momentum_, agg_, grad_, mean_sq_;
   std::vector<float> vsum_, lookahead_;  // dana: sum of the workers' momenta; the last look-ahead built
   int initial_pulls_ = 0;
@@ -563,9 +572,17 @@ class PsStrategy : public Strategy {
         detail::wait_all(*comm_, {isend(*comm_, w, shard_tag(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
                                   isend(*comm_, w, shard_tag(detail::kTagPsReply, s), reply.data(), reply.size())});
       }
-    } catch (...) {
-      std::lock_guard<std::mutex> lk(err_mu_);
-      if (!error_) error_ = std::current_exception();
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lk(err_mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      // This rank can no longer serve worker w: the workers waiting in a local shard for it (this rank's own among
+      // them) fail now with the cause, and the other ranks' transports are told, instead of all waiting out
+      // their deadlines.
+      std::string why = fmt::format("serving worker {} failed: {}", w, e.what());
+      for (auto& [i, other] : shards_) other->shutdown(why);
+      comm_->transport().abort(fmt::format("sync {}: shard {} {}", name(), s, why));
     }
   }
 

@@ -248,7 +248,7 @@ TEST(SyncPs, DestroyingStrategiesWithoutFinishJoinsTheirServingThreads) {
             auto s = make_strategy(name, p, comms[size_t(r)]);
             s->setup(x);
             // Destroyed here without finish(): what an exception unwinding through the trainer does. (A worker
-            // blocked in its own step is not covered: it waits for its replies until the collective deadline.)
+            // blocked in its own step: AWorkerWaitingInItsOwnShardFailsAtOnceWhenAPeerGoesAway.)
           } catch (const Error&) {
             // a peer's abort may reach this rank's setup first
           }
@@ -257,6 +257,47 @@ TEST(SyncPs, DestroyingStrategiesWithoutFinishJoinsTheirServingThreads) {
     }
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0) << name;
     EXPECT_EQ(threads_in_process(), before) << name << ": serving threads left running";
+  }
+}
+
+TEST(SyncPs, AWorkerWaitingInItsOwnShardFailsAtOnceWhenAPeerGoesAway) {
+  // ps-ssp with s = 0: ranks 0 and 1 push and wait in their own shards for rank 2's clock; rank 2 goes away
+  // (destroyed without finish(), as an error unwinding its trainer does). Their steps must fail with the cause now,
+  // not with a timeout at the communicator's 20 s deadline.
+  const int n = 3;
+  Params p{{"servers", "3"}, {"colocate", "1"}, {"staleness", "0"}};
+  auto comms = harness::make_comms(n);
+  std::vector<std::string> errors(n);
+  std::vector<double> seconds(n, 0);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      auto x = harness::initial(r, 16);
+      std::vector<float> g(x.size(), 0.5f);
+      try {
+        auto s = make_strategy("ps-ssp", p, comms[size_t(r)]);
+        s->setup(x);
+        if (r == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the others are waiting by now
+          return;
+        }
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          s->before_step(0, x, g);
+          errors[r] = "no error";
+        } catch (const Error& e) {
+          errors[r] = e.what();
+        }
+        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } catch (const Error& e) {
+        errors[r] = std::string("outside the step: ") + e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(errors[r].find("waited"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("stopped before finish()"), std::string::npos) << "rank " << r << ": " << errors[r];
+    EXPECT_LT(seconds[r], 10.0) << "rank " << r << ": " << errors[r];
   }
 }
 }  // namespace
