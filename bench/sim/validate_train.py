@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""Predicted against measured `conduit train` step time on this machine (issue 7, docs/sim.md section 14).
+
+Per round and worker count N: time the shm allreduce algorithms and the kernels and model steps with N ranks
+together, calibrate a cluster file from them, predict the CNN's and the MLP's bsp step with `conduit sim step`, then
+measure both with `conduit train` (median over steps 11..60 of compute + exposed communication + optimizer step on
+rank 0) right after. Prints one table row per (model, N, round) and the count within the goal.
+
+  /usr/bin/python3 bench/sim/validate_train.py [--conduit build/bin/conduit] [--out /tmp/simval] [--rounds 3]
+                                               [--workers 2,4] [--goal 0.10]
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+MODELS = {
+    "cnn": "conv:1x32k3@28x28,pool:32k2@28x28,conv:32x64k3@14x14,pool:64k2@14x14,dense:3136x128,dense:128x10",
+    "mlp": "dense:784x256,dense:256x128,dense:128x10",
+}
+BATCH = 64  # conduit train's default per-worker batch
+
+
+def run(cmd, out=None):
+    print("+", " ".join(cmd) + (f" > {out}" if out else ""), flush=True)
+    if out:
+        with open(out, "w") as f:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True)
+    else:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        sys.exit(f"validate_train.py: `{' '.join(cmd)}` failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
+    return r.stdout
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+def measured(path, first, last):
+    steps = []
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("kind") == "step" and first <= rec.get("global_step", 0) <= last:
+                steps.append(rec)
+    if len(steps) < (last - first + 1) // 2:
+        sys.exit(f"validate_train.py: {path} has {len(steps)} step records in {first}..{last}")
+    med = lambda k: statistics.median(s[k] for s in steps)
+    total = statistics.median(s["compute_s"] + s["exposed_comm_s"] + s["step_s"] for s in steps)
+    return total, med("compute_s"), med("exposed_comm_s"), med("step_s")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--conduit", default="build/bin/conduit")
+    ap.add_argument("--out", default="/tmp/simval")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", default="2,4")
+    ap.add_argument("--goal", type=float, default=0.10)
+    a = ap.parse_args()
+    try:
+        workers = [int(x) for x in a.workers.split(",")]
+    except ValueError:
+        sys.exit(f"validate_train.py: --workers '{a.workers}' is not a comma-separated list of integers")
+    if a.rounds < 1 or any(n < 2 for n in workers):
+        sys.exit("validate_train.py: --rounds must be >= 1 and every --workers entry >= 2")
+    c = a.conduit
+    rows = []
+    for rnd in range(1, a.rounds + 1):
+        for n in workers:
+            d = os.path.join(a.out, f"round{rnd}-n{n}")
+            os.makedirs(d, exist_ok=True)
+            l0 = load()
+            launch = [c, "launch", "-n", str(n), "--no-tag-output", "--", c]
+            for algo in ("ring", "rhd", "rd", "tree"):
+                run(launch + ["bench", "coll", "--op", "allreduce", "--algo", algo, "--transport", "shm", "-b", "1K",
+                              "-e", "4M", "-n", "20", "-w", "2", "--json", "--no-check"],
+                    os.path.join(d, f"ar_{algo}.jsonl"))
+            run(launch + ["bench", "gemm", "--model", "mlp,cnn", "--model-steps", "40", "--json"],
+                os.path.join(d, "gemm.jsonl"))
+            cluster = os.path.join(d, f"here-{n}.yaml")
+            run([c, "sim", "calibrate", "--bench"] + sorted(glob.glob(os.path.join(d, "ar_*.jsonl"))) +
+                ["--gemm", os.path.join(d, "gemm.jsonl"), "--ranks", str(n), "--out", cluster])
+            for model, spec in MODELS.items():
+                p = json.loads(run([c, "sim", "step", "--cluster", cluster, "--gpus", str(n), "--model", "layers",
+                                    "--layers-spec", spec, "--global-batch", str(BATCH * n), "--micro-batch",
+                                    str(BATCH), "--grad-bytes", "4", "--compression", "none", "--sync", "bsp",
+                                    "--json"]))
+                out = os.path.join(d, f"train-{model}")
+                run([c, "train", "--model", model, "--workers", str(n), "--transport", "shm", "--compressor", "none",
+                     "--max-steps", "60", "--progress", "false", "--output", out])
+                total, comp, exp, opt = measured(os.path.join(out, "metrics.jsonl"), 11, 60)
+                b = p["breakdown_s"]
+                rows.append(dict(model=model, n=n, round=rnd, load=(l0, load()), pred=p["time_s"],
+                                 p_comp=p["time_s"] - b["dp_exposed"] - b["optimizer"], p_exp=b["dp_exposed"], p_opt=b["optimizer"],
+                                 framework=b["framework"], rank_wait=b["rank_wait"], meas=total, m_comp=comp,
+                                 m_exp=exp, m_opt=opt))
+    ms = lambda s: f"{1e3 * s:.1f}"
+    print("\n| model | workers | round (load avg.) | predicted step (compute / exposed comm / optimizer) | of which "
+          "framework / rank wait | measured step (compute / exposed comm / optimizer) | error |")
+    print("|---|---|---|---|---|---|---|")
+    within = 0
+    for r in sorted(rows, key=lambda r: (r["model"], r["n"], r["round"])):
+        err = r["pred"] / r["meas"] - 1
+        ok = abs(err) <= a.goal
+        within += ok
+        e = f"{100 * err:+.1f}%"
+        print(f"| {r['model']} | {r['n']} | {r['round']} ({r['load'][0]:.1f}-{r['load'][1]:.1f}) | "
+              f"{ms(r['pred'])} ms ({ms(r['p_comp'])} / {ms(r['p_exp'])} / {ms(r['p_opt'])}) | "
+              f"{1e3 * r['framework']:+.1f} / {ms(r['rank_wait'])} ms | {ms(r['meas'])} ms ({ms(r['m_comp'])} / "
+              f"{ms(r['m_exp'])} / {ms(r['m_opt'])}) | {f'**{e}**' if ok else e} |")
+    print(f"\n{within} of {len(rows)} rows within {100 * a.goal:.0f}%")
+    with open(os.path.join(a.out, "rows.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
