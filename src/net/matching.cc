@@ -96,16 +96,12 @@ void MatchQueues::fail_all(std::exception_ptr err, bool keep_arrived) {
     return;
   }
   for (auto it = unexpected_.begin(); it != unexpected_.end();) {
-    auto& q = it->second;
-    for (auto u = q.begin(); u != q.end();) {
-      if ((*u)->complete) {
-        ++u;
-        continue;
-      }
-      unexpected_bytes_ -= (*u)->data.size();
-      u = q.erase(u);
-    }
-    it = q.empty() ? unexpected_.erase(it) : std::next(it);
+    std::erase_if(it->second, [&](const std::shared_ptr<Unexpected>& u) {
+      if (u->complete) return false;
+      unexpected_bytes_ -= u->data.size();
+      return true;
+    });
+    it = it->second.empty() ? unexpected_.erase(it) : std::next(it);
   }
 }
 

@@ -573,17 +573,23 @@ class PsStrategy : public Strategy {
                                   isend(*comm_, w, shard_tag(detail::kTagPsReply, s), reply.data(), reply.size())});
       }
     } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> lk(err_mu_);
-        if (!error_) error_ = std::current_exception();
-      }
-      // This rank can no longer serve worker w: the workers waiting in a local shard for it (this rank's own among
-      // them) fail now with the cause, and the other ranks' transports are told, instead of all waiting out
-      // their deadlines.
-      std::string why = fmt::format("serving worker {} failed: {}", w, e.what());
-      for (auto& [i, other] : shards_) other->shutdown(why);
-      comm_->transport().abort(fmt::format("sync {}: shard {} {}", name(), s, why));
+      stop_serving(s, w, e.what());
+    } catch (...) {
+      stop_serving(s, w, "unknown error");
     }
+  }
+
+  // Called from serve_worker's handler: this rank can no longer serve worker w. The workers waiting in a local shard
+  // for it (this rank's own among them) fail now with the cause, and the other ranks' transports are told, instead
+  // of all waiting out their deadlines.
+  void stop_serving(int64_t s, int w, const char* what) {
+    {
+      std::lock_guard<std::mutex> lk(err_mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+    std::string why = fmt::format("serving worker {} failed: {}", w, what);
+    for (auto& [i, other] : shards_) other->shutdown(why);
+    comm_->transport().abort(fmt::format("sync {}: shard {} {}", name(), s, why));
   }
 
   // Sends one message (push, pull or stop) to every shard and applies the replies to params.
