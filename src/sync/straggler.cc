@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
@@ -51,15 +52,22 @@ double thread_cpu_seconds() {
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 }  // namespace
 
 void Straggler::begin() {
-  if (factor_ > 1) cpu0_ = thread_cpu_seconds();
+  if (factor_ <= 1) return;
+  cpu0_ = thread_cpu_seconds();
+  wall0_ = wall_seconds();
 }
 
 double Straggler::end() {
   if (factor_ <= 1) return 0;
-  double s = (factor_ - 1) * std::max(0.0, thread_cpu_seconds() - cpu0_);
+  const double cpu = std::max(0.0, thread_cpu_seconds() - cpu0_);
+  const double s = std::max(0.0, factor_ * cpu - (wall_seconds() - wall0_));
   std::this_thread::sleep_for(std::chrono::duration<double>(s));
   slept_ += s;
   return s;

@@ -103,33 +103,49 @@ TEST(SyncConfig, StragglerFlag) {
   }
 }
 
-TEST(SyncStraggler, SleepsFactorMinusOneTimesTheComputesCpuTime) {
+TEST(SyncStraggler, AStepTakesFactorTimesTheComputesCpuTime) {
   Straggler fast(parse_slow("1:3"), 0), slow(parse_slow("1:3"), 1);
   EXPECT_EQ(fast.factor(), 1.0);
   fast.begin();
   EXPECT_EQ(fast.end(), 0.0);
-  // 20 ms of CPU work on this thread: the straggler sleeps about twice that.
-  auto busy = [](double seconds) {
-    timespec t0{}, t{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  auto cpu_now = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+  };
+  auto busy = [&](double seconds) {
+    const double t0 = cpu_now();
     volatile double x = 1;
     do {
       for (int i = 0; i < 1000; ++i) x = x * 1.0000001 + 1e-9;
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    } while (double(t.tv_sec - t0.tv_sec) + 1e-9 * double(t.tv_nsec - t0.tv_nsec) < seconds);
+    } while (cpu_now() - t0 < seconds);
   };
+  // 20 ms of CPU work: the step (compute + sleep) lasts at least 3 x the CPU time used, and the sleep is at most
+  // twice it (on a busy machine the compute's wall time exceeds its CPU time and the sleep is shorter).
+  Stopwatch sw;
+  const double c0 = cpu_now();
   slow.begin();
   busy(0.02);
-  Stopwatch sw;
-  double s = slow.end();
-  EXPECT_GE(s, 0.039);
-  EXPECT_GE(sw.seconds(), 0.039);
-  EXPECT_LT(s, 0.2);
-  // Time spent off the CPU (waiting for a core, or here sleeping) is not compute and is not multiplied.
+  const double cpu = cpu_now() - c0;
+  const double s = slow.end();
+  EXPECT_GE(sw.seconds(), 3 * cpu - 0.002);
+  EXPECT_LE(s, 2 * cpu + 0.001);
+  // Time off the CPU (waiting for a core; here a sleep) is part of the emulated slowness, not added to it: 20 ms of
+  // CPU and 30 ms off it make a 50 ms step that a 3x device would finish at 60 ms, so about 10 ms more, not 40.
+  Stopwatch sw2;
+  const double c1 = cpu_now();
+  slow.begin();
+  busy(0.02);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const double cpu2 = cpu_now() - c1;
+  const double s2 = slow.end();
+  EXPECT_GE(sw2.seconds(), 3 * cpu2 - 0.002);
+  EXPECT_LT(s2, 2 * cpu2 - 0.025);
+  // A step that spent its time off the CPU is not slowed further.
   slow.begin();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_LT(slow.end(), 0.02);
-  EXPECT_NEAR(slow.slept_seconds(), s, 0.02);
+  EXPECT_LT(slow.end(), 0.005);
+  EXPECT_NEAR(slow.slept_seconds(), s + s2, 0.006);
 }
 
 }  // namespace
