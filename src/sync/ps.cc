@@ -562,8 +562,13 @@ class PsStrategy : public Strategy {
       Bytes payload;
       for (;;) {
         Header h;
+        // Waiting for the worker's next request has no deadline of its own: a worker may rightly send none for
+        // longer than the timeout (evaluating, writing a checkpoint, waiting in a barrier for worker 0's
+        // evaluations). The wait still ends when the worker does: its death or lost connection fails the receive,
+        // and an error on any rank aborts the transports (this rank's too, in ~PsStrategy), as every worker
+        // operation has its deadline.
         net::RequestPtr r = irecv(*comm_, w, shard_tag(detail::kTagPsHeader, s), &h, sizeof h);
-        r->wait(Deadline::after(t));
+        r->wait(Deadline::never());
         payload.resize(h.bytes);
         if (h.bytes)
           detail::wait(*comm_, irecv(*comm_, w, shard_tag(detail::kTagPsPayload, s), payload.data(), h.bytes));

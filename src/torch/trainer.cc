@@ -321,8 +321,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   double untimed_s = 0;
   auto elapsed = [&] { return wall_before + now_s() - t_start - untimed_s; };
 
-  // eval_every: worker 0 copies its model (parameters and buffers) every eval_every steps and evaluates the copies
-  // after training, so evaluating does not perturb what is timed (an evaluation of the full test set takes worker 0
+  // eval_every: worker 0 copies its model (parameters and buffers) every eval_every steps and the copies are evaluated
+  // after training (and before checkpoints), so evaluating does not perturb what is timed (an evaluation of the full test set takes worker 0
   // seconds, during which asynchronous workers would go on and synchronous ones would wait).
   struct Snapshot {
     int epoch;
@@ -345,23 +345,47 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     for (auto& p : model->parameters()) p.copy_(st[i++]);
     for (auto& b : model->buffers()) b.copy_(st[i++]);
   };
+  // Every rank calls this at the same points (checkpoints, the end): the copies, held by worker 0, are evaluated by
+  // all ranks together, one at a time (worker 0 broadcasts each; every rank evaluates its share of the test set), so
+  // no rank waits for worker 0 longer than one copy's share: with many copies, worker 0 evaluating them alone kept
+  // the others waiting past the communication deadline (70 copies, ~4 s each, against the 300 s default).
+  coll::Communicator* snap_comm = world > 1 ? &comm : nullptr;
   auto evaluate_snapshots = [&] {
-    if (snapshots.empty()) return;
+    int64_t n = lead ? int64_t(snapshots.size()) : 0;
+    if (snap_comm) snap_comm->broadcast(&n, 1, DType::i64, 0).wait();
+    if (n == 0) return;
     const double t0 = now_s();
     auto now = model_state();
-    for (auto& sn : snapshots) {
-      set_model_state(sn.state);
-      auto [acc, loss] = evaluate(*model, data.test, nullptr);
-      if (c.target_accuracy > 0 && acc >= c.target_accuracy && (time_to_target < 0 || sn.time_s < time_to_target))
-        time_to_target = sn.time_s;
+    for (int64_t k = 0; k < n; ++k) {
+      double meta[4] = {0, 0, 0, 0};
+      std::vector<torch::Tensor> st;
+      if (lead) {
+        const Snapshot& sn = snapshots[size_t(k)];
+        meta[0] = sn.epoch;
+        meta[1] = double(sn.global_step);
+        meta[2] = sn.time_s;
+        meta[3] = double(sn.bytes_sent);
+        for (auto& t : sn.state) st.push_back(t.contiguous());
+      } else {
+        for (auto& t : now) st.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
+      }
+      if (snap_comm) {
+        snap_comm->broadcast(meta, 4, DType::f64, 0).wait();
+        for (auto& t : st)
+          snap_comm->broadcast(static_cast<uint8_t*>(t.data_ptr()), size_t(t.nbytes()), DType::u8, 0).wait();
+      }
+      set_model_state(st);
+      auto [acc, loss] = evaluate(*model, data.test, snap_comm);
+      if (c.target_accuracy > 0 && acc >= c.target_accuracy && (time_to_target < 0 || meta[2] < time_to_target))
+        time_to_target = meta[2];
       if (metrics)
         metrics->write({{"kind", "eval"},
-                        {"epoch", sn.epoch + 1},
-                        {"global_step", sn.global_step},
+                        {"epoch", int(meta[0]) + 1},
+                        {"global_step", int64_t(meta[1])},
                         {"test_accuracy", acc},
                         {"test_loss", loss},
-                        {"time_s", sn.time_s},
-                        {"bytes_sent", sn.bytes_sent}});
+                        {"time_s", meta[2]},
+                        {"bytes_sent", uint64_t(meta[3])}});
     }
     set_model_state(now);
     snapshots.clear();
@@ -372,7 +396,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
     if (!outputs) return;
     checkpointed_at = global_step;
-    if (lead) evaluate_snapshots();  // their accuracies and time to target belong to the checkpoint
+    evaluate_snapshots();  // their accuracies and time to target belong to the checkpoint
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
     // inside a step), so the saved server shards and replicas are one consistent state.
     if (sopt) comm.barrier().wait();
@@ -542,7 +566,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   }
 
   const double wall = elapsed();
-  if (lead) evaluate_snapshots();
+  evaluate_snapshots();
   const auto& tot = total_stats();
   res.wall_s = wall;
   res.time_to_target_s = time_to_target;

@@ -215,6 +215,35 @@ TEST(TrainSync, StragglerSleepsOnlyOnItsRankAndOutputsNameTheScheme) {
   fs::remove_all(dir);
 }
 
+TEST(TrainSync, ManyModelCopiesAreEvaluatedWithoutKeepingTheOtherWorkersPastTheirDeadline) {
+  // 80 copies of worker 0's model over a 4000-image test set take worker 0 ~4 s to evaluate alone; the other
+  // worker, waiting for it at the end of training, would fail its 2 s deadline. Evaluated by both workers one copy
+  // at a time, no wait is longer than one copy's share (~30 ms).
+  auto dir = temp_dir("many-copies");
+  TrainConfig c = tiny_sync("ps-ssp");
+  c.synthetic_samples = 16000;  // a test set of 4000
+  c.test_limit = 0;
+  c.train_limit = 1280;
+  c.max_steps = 80;
+  c.eval_every = 1;
+  c.timeout_s = 2;
+  c.output = dir.string();
+  coll::CommConfig cc;
+  cc.timeout_s = c.timeout_s;
+  train_inproc(c, 2, true, cc);
+  int evals = 0;
+  std::ifstream m(dir / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "eval") continue;
+    ++evals;
+    EXPECT_EQ(j["global_step"].get<int64_t>(), evals);
+    EXPECT_GT(j["test_accuracy"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(evals, 80);
+  fs::remove_all(dir);
+}
+
 TEST(TrainSync, ConfigurationErrorsAreOneLine) {
   expect_one_line(config_error({{"sync", "gossip"}}), "sync");
   expect_one_line(config_error({{"sync", "local:perod=3"}}), "perod");

@@ -45,9 +45,11 @@ inline void expect_one_line(const std::string& msg, const std::string& field) {
   EXPECT_NE(msg.find("allowed"), std::string::npos) << msg;
 }
 
-// Runs train_worker on `world` in-process ranks (threads) and returns every rank's result.
-inline std::vector<TrainResult> train_inproc(const TrainConfig& c, int world, bool outputs = false) {
-  auto comms = coll::Communicator::inproc(world);
+// Runs train_worker on `world` in-process ranks (threads) and returns every rank's result; `cfg` sets the
+// communicators' options (as `conduit train` sets their deadline from timeout_s).
+inline std::vector<TrainResult> train_inproc(const TrainConfig& c, int world, bool outputs = false,
+                                             const coll::CommConfig& cfg = {}) {
+  auto comms = coll::Communicator::inproc(world, 0, cfg);
   std::vector<TrainResult> res(static_cast<size_t>(world));
   std::vector<std::exception_ptr> errs(static_cast<size_t>(world));
   std::vector<std::thread> ts;
