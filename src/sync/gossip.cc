@@ -234,8 +234,10 @@ void AdpsgdStrategy::serve_peer(int peer) {
   std::vector<float> req(d + 1), rep(d);
   try {
     for (;;) {
+      // The next request may rightly take longer than the timeout (the neighbour evaluating or checkpointing): no
+      // deadline of its own; the wait ends with the neighbour (death, lost connection, an abort from any rank).
       auto r = irecv(*comm_, peer, detail::kTagPairReq, req.data(), req.size() * 4);
-      r->wait(Deadline::after(comm_->timeout_s()));
+      r->wait(Deadline::never());
       if (req[d] == 0) return;  // the active neighbour finished
       {
         std::lock_guard<std::mutex> lk(mu_);
