@@ -321,9 +321,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   double untimed_s = 0;
   auto elapsed = [&] { return wall_before + now_s() - t_start - untimed_s; };
 
-  // eval_every: worker 0 copies its model (parameters and buffers) every eval_every steps and the copies are evaluated
-  // after training (and before checkpoints), so evaluating does not perturb what is timed (an evaluation of the full test set takes worker 0
-  // seconds, during which asynchronous workers would go on and synchronous ones would wait).
+  // eval_every: worker 0 copies its model (parameters and buffers) every eval_every steps and the copies are
+  // evaluated after training (and before checkpoints), so evaluating does not perturb what is timed (an evaluation
+  // of the full test set takes seconds, during which asynchronous workers would go on and synchronous ones wait).
   struct Snapshot {
     int epoch;
     int64_t global_step;
@@ -351,6 +351,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   // the others waiting past the communication deadline (70 copies, ~4 s each, against the 300 s default).
   coll::Communicator* snap_comm = world > 1 ? &comm : nullptr;
   auto evaluate_snapshots = [&] {
+    if (c.eval_every <= 0) return;  // no copies are taken (the same on every rank)
     int64_t n = lead ? int64_t(snapshots.size()) : 0;
     if (snap_comm) snap_comm->broadcast(&n, 1, DType::i64, 0).wait();
     if (n == 0) return;
