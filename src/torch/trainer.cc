@@ -358,35 +358,29 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     const double t0 = now_s();
     auto now = model_state();
     for (int64_t k = 0; k < n; ++k) {
-      double meta[4] = {0, 0, 0, 0};
+      // Worker 0 sends the copy; only it writes the record and keeps the time to target, as before.
       std::vector<torch::Tensor> st;
-      if (lead) {
-        const Snapshot& sn = snapshots[size_t(k)];
-        meta[0] = sn.epoch;
-        meta[1] = double(sn.global_step);
-        meta[2] = sn.time_s;
-        meta[3] = double(sn.bytes_sent);
-        for (auto& t : sn.state) st.push_back(t.contiguous());
-      } else {
+      if (lead)
+        for (auto& t : snapshots[size_t(k)].state) st.push_back(t.contiguous());
+      else
         for (auto& t : now) st.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
-      }
-      if (snap_comm) {
-        snap_comm->broadcast(meta, 4, DType::f64, 0).wait();
+      if (snap_comm)
         for (auto& t : st)
           snap_comm->broadcast(static_cast<uint8_t*>(t.data_ptr()), size_t(t.nbytes()), DType::u8, 0).wait();
-      }
       set_model_state(st);
       auto [acc, loss] = evaluate(*model, data.test, snap_comm);
-      if (c.target_accuracy > 0 && acc >= c.target_accuracy && (time_to_target < 0 || meta[2] < time_to_target))
-        time_to_target = meta[2];
+      if (!lead) continue;
+      const Snapshot& sn = snapshots[size_t(k)];
+      if (c.target_accuracy > 0 && acc >= c.target_accuracy && (time_to_target < 0 || sn.time_s < time_to_target))
+        time_to_target = sn.time_s;
       if (metrics)
         metrics->write({{"kind", "eval"},
-                        {"epoch", int(meta[0]) + 1},
-                        {"global_step", int64_t(meta[1])},
+                        {"epoch", sn.epoch + 1},
+                        {"global_step", sn.global_step},
                         {"test_accuracy", acc},
                         {"test_loss", loss},
-                        {"time_s", meta[2]},
-                        {"bytes_sent", uint64_t(meta[3])}});
+                        {"time_s", sn.time_s},
+                        {"bytes_sent", sn.bytes_sent}});
     }
     set_model_state(now);
     snapshots.clear();
