@@ -471,7 +471,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       const double slept = straggler.end();
       trace.complete("forward", 0, f0, f1, {{"step", global_step}});
       trace.complete("backward", 0, f1, f2, {{"step", global_step}});
-      if (slept > 0) trace.complete("straggler sleep", 0, f2, f2 + slept, {{"factor", straggler.factor()}});
+      // Every step of a slowed rank, also when waiting for a core already took its whole slowdown (a 0 s sleep).
+      if (straggler.factor() > 1)
+        trace.complete("straggler sleep", 0, f2, f2 + slept, {{"factor", straggler.factor()}});
       if (dopt)
         dopt->step();
       else
