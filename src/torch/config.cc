@@ -117,7 +117,8 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
                "ps-asp | ps-ssp | ps-bsp (default bsp; docs/sync.md)"},
       {"sync_period", "steps between synchronizations of local, diloco and easgd (0: the scheme's default)"},
       {"staleness", "ps-ssp staleness bound s: a worker more than s steps ahead of the slowest waits (-1: 3)"},
-      {"slow", "straggler injection RANK:FACTOR[,...]: those ranks' compute takes FACTOR times longer"},
+      {"slow", "straggler injection RANK:FACTOR[@P][,...]: those ranks' compute takes FACTOR times longer (RANK * for "
+               "every rank; @P: each step with probability P)"},
       {"eval_every", "steps between extra test evaluations (0: at epoch ends only)"},
   };
   return k;
@@ -283,8 +284,8 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   try {
     sync::parse_slow(c.slow, c.workers);
   } catch (const Error& e) {
-    throw ConfigError(fmt::format("config: slow: {}; allowed: RANK:FACTOR[,RANK:FACTOR...] with RANK < workers "
-                                  "and FACTOR in [1, 1000]",
+    throw ConfigError(fmt::format("config: slow: {}; allowed: RANK:FACTOR[@P][,...] with RANK < workers or "
+                                  "*, FACTOR in [1, 1000] and P in (0, 1]",
                                   without_prefixes(e.what(), {"config: ", "--slow: "})));
   }
   return c;

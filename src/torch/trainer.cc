@@ -268,7 +268,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   coll::Communicator* eval_comm = spec.bsp() ? &comm : nullptr;
   const bool evaluates = spec.bsp() || lead;
   Data data = load_data(c);
-  sync::Straggler straggler(sync::parse_slow(c.slow, comm_ptr->size()), global_rank);
+  sync::Straggler straggler(sync::parse_slow(c.slow, comm_ptr->size()), global_rank, uint64_t(c.seed));
 
   DistributedSampler sampler(data.train.n, world, rank, c.seed);
   const int64_t spe = sampler.steps_per_epoch(c.batch_size);
@@ -471,8 +471,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       const double slept = straggler.end();
       trace.complete("forward", 0, f0, f1, {{"step", global_step}});
       trace.complete("backward", 0, f1, f2, {{"step", global_step}});
-      // Every step of a slowed rank, also when waiting for a core already took its whole slowdown (a 0 s sleep).
-      if (straggler.factor() > 1)
+      // Every slowed step, also when waiting for a core already took its whole slowdown (a 0 s sleep).
+      if (straggler.slowed())
         trace.complete("straggler sleep", 0, f2, f2 + slept, {{"factor", straggler.factor()}});
       if (dopt)
         dopt->step();

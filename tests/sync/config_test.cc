@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 #include <time.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "core/error.h"
 #include "harness.h"
 #include "sync/straggler.h"
@@ -94,13 +97,48 @@ TEST(SyncConfig, ParseSpec) {
 TEST(SyncConfig, StragglerFlag) {
   auto f = parse_slow("1:3,2:1.5", 4);
   ASSERT_EQ(f.size(), 2u);
-  EXPECT_EQ(f[1], 3.0);
-  EXPECT_EQ(f[2], 1.5);
+  EXPECT_EQ(f[1], (Slowdown{3.0, 1.0}));
+  EXPECT_EQ(f[2], (Slowdown{1.5, 1.0}));
   EXPECT_TRUE(parse_slow("").empty());
-  for (auto bad : {"1", "1:", ":3", "a:3", "1:x", "1:0.5", "-1:2", "9:2", "1:2,1:3", "1:2;2:3"}) {
+  auto t = parse_slow("*:3@0.25,0:2@1", 4);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[kEveryRank], (Slowdown{3.0, 0.25}));
+  EXPECT_EQ(t[0], (Slowdown{2.0, 1.0}));
+  for (auto bad : {"1", "1:", ":3", "a:3", "1:x", "1:0.5", "-1:2", "9:2", "1:2,1:3", "1:2;2:3", "1:3@", "1:3@0",
+                   "1:3@1.5", "1:3@x", "**:3", "*:3,*:2", "1@0.5:3", "*"}) {
     auto m = config_error([&] { parse_slow(bad, 4); });
     EXPECT_NE(m.find("--slow"), std::string::npos) << bad << ": " << m;
   }
+}
+
+TEST(SyncStraggler, TransientSlowdownsHitTheirShareOfStepsTheSameWayForTheSameSeed) {
+  const auto plan = parse_slow("*:3@0.25,2:4", 4);
+  auto slowed_steps = [&](int rank, uint64_t seed) {
+    Straggler s(plan, rank, seed);
+    std::vector<bool> out;
+    for (int i = 0; i < 400; ++i) {
+      s.begin();
+      out.push_back(s.slowed());
+      s.end();
+    }
+    EXPECT_EQ(s.slowed_steps(), std::count(out.begin(), out.end(), true));
+    return out;
+  };
+  const auto a = slowed_steps(0, 42), b = slowed_steps(1, 42), again = slowed_steps(0, 42), other = slowed_steps(0, 7);
+  const auto n = [](const std::vector<bool>& v) { return std::count(v.begin(), v.end(), true); };
+  // 400 draws at p = 0.25: 100 expected, standard deviation 8.7.
+  EXPECT_GE(n(a), 60);
+  EXPECT_LE(n(a), 140);
+  EXPECT_GE(n(b), 60);
+  EXPECT_LE(n(b), 140);
+  EXPECT_EQ(a, again);  // reproducible per seed and rank
+  EXPECT_NE(a, b);      // independent across ranks
+  EXPECT_NE(a, other);  // and across seeds
+  EXPECT_EQ(n(slowed_steps(2, 42)), 400);  // a rank named on its own overrides *: persistent
+  Straggler never(parse_slow("1:3"), 0, 42);
+  never.begin();
+  EXPECT_FALSE(never.slowed());
+  EXPECT_EQ(never.end(), 0.0);
 }
 
 TEST(SyncStraggler, AStepTakesFactorTimesTheComputesCpuTime) {

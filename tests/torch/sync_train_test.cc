@@ -11,6 +11,7 @@
 #include "torch/config.h"
 #include "torch/metrics.h"
 #include "torch/trainer.h"
+#include "sync/straggler.h"
 #include "train_util.h"
 
 namespace conduit::train {
@@ -212,6 +213,30 @@ TEST(TrainSync, StragglerSleepsOnlyOnItsRankAndOutputsNameTheScheme) {
   }
   EXPECT_EQ(evals, 2);  // copies at step 3 and at the (partial) epoch's end, step 6
   EXPECT_EQ(finals, 1);
+  fs::remove_all(dir);
+}
+
+TEST(TrainSync, TransientStragglersSlowTheStepsTheirSeedDrawsOnEveryRank) {
+  auto dir = temp_dir("transient-straggler");
+  TrainConfig c = tiny_sync("ps-ssp");
+  c.slow = "*:2@0.5";
+  c.seed = 11;
+  c.trace = true;
+  c.max_steps = 20;
+  c.eval_every = 0;
+  c.output = dir.string();
+  train_inproc(c, 2, true);
+  for (int rank = 0; rank < 2; ++rank) {
+    int traced = 0;
+    auto t = read_json_file((dir / fmt::format("trace-rank{}.json", rank)).string());
+    for (auto& e : t["traceEvents"]) traced += e["name"] == "straggler sleep";
+    // The trainer slows exactly the steps that this rank's draws from the run's seed select (about half of 20).
+    sync::Straggler replay(sync::parse_slow(c.slow), rank, c.seed);
+    for (int i = 0; i < 20; ++i) replay.begin();
+    EXPECT_EQ(traced, replay.slowed_steps()) << "rank " << rank;
+    EXPECT_GT(traced, 0) << "rank " << rank;
+    EXPECT_LT(traced, 20) << "rank " << rank;
+  }
   fs::remove_all(dir);
 }
 
