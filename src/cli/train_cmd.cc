@@ -142,6 +142,8 @@ const bool kRegistered = register_command(20, [](CLI::App& app) {
   c->footer(
       "Example: conduit train --model cnn --workers 4 --compressor powersgd:rank=4 --epochs 3 --output runs/psgd\n"
       "         conduit train --sync ps-ssp --staleness 3 --slow 3:3    (parameter servers, one worker 3x slower)\n"
+      "         conduit train --sync ps-ssp --slow '*:3@0.25'    (every worker 3x slower on a random quarter of its "
+      "steps)\n"
       "Outputs: <output>/metrics.jsonl (per step and per epoch), summary.json, config.yaml, checkpoint/ (resume "
       "with --resume <output>/checkpoint), trace-rank<R>.json with --trace (chrome://tracing, Perfetto).");
   c->callback([args, values]() {

@@ -1,7 +1,6 @@
 #include "sync/straggler.h"
 
 #include <fmt/format.h>
-
 #include <time.h>
 
 #include <algorithm>
@@ -24,8 +23,9 @@ std::map<int, Slowdown> parse_slow(const std::string& spec, int world) {
     auto colon = item.find(':');
     auto at = item.find('@');
     const std::string who = colon == std::string::npos ? item : item.substr(0, colon);
-    const std::string fac =
-        colon == std::string::npos ? "" : item.substr(colon + 1, at == std::string::npos ? std::string::npos : at - colon - 1);
+    const std::string fac = colon == std::string::npos
+                                ? ""
+                                : item.substr(colon + 1, at == std::string::npos ? std::string::npos : at - colon - 1);
     const std::string prob = at == std::string::npos || at < colon ? "" : item.substr(at + 1);
     char* e1 = nullptr;
     char* e2 = nullptr;
@@ -40,7 +40,8 @@ std::map<int, Slowdown> parse_slow(const std::string& spec, int world) {
           "or --slow '*:3@0.25')",
           item));
     if (who != "*" && (r < 0 || (world > 0 && r >= world)))
-      throw ConfigError(fmt::format("--slow: rank {} in '{}' is not in [0, {}) or *", r, item, world > 0 ? world : 1 << 30));
+      throw ConfigError(
+          fmt::format("--slow: rank {} in '{}' is not in [0, {}) or *", r, item, world > 0 ? world : 1 << 30));
     if (!std::isfinite(f) || f < 1 || f > 1000)
       throw ConfigError(fmt::format("--slow: factor {} in '{}' must be in [1, 1000]", f, item));
     if (!std::isfinite(p) || p <= 0 || p > 1)

@@ -20,7 +20,6 @@
 #include <random>
 #include <string>
 
-
 namespace conduit::sync {
 
 struct Slowdown {

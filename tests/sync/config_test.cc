@@ -131,9 +131,9 @@ TEST(SyncStraggler, TransientSlowdownsHitTheirShareOfStepsTheSameWayForTheSameSe
   EXPECT_LE(n(a), 140);
   EXPECT_GE(n(b), 60);
   EXPECT_LE(n(b), 140);
-  EXPECT_EQ(a, again);  // reproducible per seed and rank
-  EXPECT_NE(a, b);      // independent across ranks
-  EXPECT_NE(a, other);  // and across seeds
+  EXPECT_EQ(a, again);                     // reproducible per seed and rank
+  EXPECT_NE(a, b);                         // independent across ranks
+  EXPECT_NE(a, other);                     // and across seeds
   EXPECT_EQ(n(slowed_steps(2, 42)), 400);  // a rank named on its own overrides *: persistent
   Straggler never(parse_slow("1:3"), 0, 42);
   never.begin();

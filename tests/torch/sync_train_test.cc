@@ -8,10 +8,10 @@
 #include <fstream>
 #include <set>
 
+#include "sync/straggler.h"
 #include "torch/config.h"
 #include "torch/metrics.h"
 #include "torch/trainer.h"
-#include "sync/straggler.h"
 #include "train_util.h"
 
 namespace conduit::train {
