@@ -357,13 +357,14 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (n == 0) return;
     const double t0 = now_s();
     auto now = model_state();
+    std::vector<torch::Tensor> recv;  // the other ranks receive every copy into the same buffers
+    if (!lead)
+      for (auto& t : now) recv.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
     for (int64_t k = 0; k < n; ++k) {
       // Worker 0 sends the copy; only it writes the record and keeps the time to target, as before.
-      std::vector<torch::Tensor> st;
+      std::vector<torch::Tensor> st = recv;
       if (lead)
         for (auto& t : snapshots[size_t(k)].state) st.push_back(t.contiguous());
-      else
-        for (auto& t : now) st.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
       if (snap_comm)
         for (auto& t : st)
           snap_comm->broadcast(static_cast<uint8_t*>(t.data_ptr()), size_t(t.nbytes()), DType::u8, 0).wait();
