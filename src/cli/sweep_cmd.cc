@@ -1,4 +1,4 @@
-// `conduit sweep FILE.yaml [--output DIR] [--dry-run]`: a grid of runs on emulated clusters (cli/cluster.h), one
+// `conduit sweep FILE.yaml [-o DIR] [--dry-run | --replot]`: a grid of runs on emulated clusters (cli/cluster.h), one
 // cell after another: (sync scheme x compressor) of `conduit train`, PyTorch DDP peers (bench/peers/ddp_train.py with
 // a communication hook) and `conduit bench coll`, each at every network setting and seed. Every cell runs through
 // `conduit cluster run` (one worker per emulated host, over tcp) with its own output folder and log; the sweep
@@ -28,6 +28,7 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -332,10 +333,9 @@ std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const s
   } else if (c.kind == "ddp") {
     cmd.insert(cmd.end(), {s.python, s.ddp_script, "--hook", c.hook, "--powersgd-rank",
                            std::to_string(s.peer_powersgd_rank), "--seed", std::to_string(c.seed), "--output", c.dir});
-    static const std::set<std::string> kDdpKeys = {"model",      "data-dir",  "epochs",          "batch-size",
-                                                   "lr",         "momentum",  "lr-schedule",     "train-limit",
-                                                   "test-limit", "max-steps", "target-accuracy", "timeout",
-                                                   "eval-every"};
+    static const std::set<std::string> kDdpKeys = {
+        "model",       "data-dir",   "epochs",    "batch-size",      "lr",      "momentum",  "lr-schedule",
+        "train-limit", "test-limit", "max-steps", "target-accuracy", "timeout", "eval-every"};
     for (const auto& [k, v] : s.train) {
       if (kDdpKeys.count(k)) cmd.insert(cmd.end(), {"--" + k, v});
     }
@@ -464,6 +464,9 @@ void collect(const Cell& c, json& row, json& detail) {
     row["wall_s"] = sum.value("wall_time_s", json());
     row["bytes_on_wire"] = sum.value("bytes_on_wire", json());
   }
+  // The curve holds every test evaluation: epoch ends and, with eval_every, the model copies evaluated after
+  // training (records "eval"), in time order, so the plots show what time to target was read from. Throughput comes
+  // from the epoch records alone. A record without bytes_sent plots no point against bytes.
   json curve = json::array();
   std::ifstream m(dir / "metrics.jsonl");
   std::string line;
@@ -471,23 +474,34 @@ void collect(const Cell& c, json& row, json& detail) {
   while (std::getline(m, line)) {
     try {
       json r = json::parse(line);
-      if (r.value("kind", "") != "epoch") continue;
-      curve.push_back({{"epoch", r.value("epoch", 0)},
-                       {"time_s", r.value("time_s", 0.0)},
-                       {"test_accuracy", r.value("test_accuracy", 0.0)},
-                       {"bytes_sent", r.value("bytes_sent", 0.0)},
-                       {"samples_per_s", r.value("samples_per_s", 0.0)}});
-      sps = r.value("samples_per_s", 0.0);
+      const std::string kind = r.value("kind", "");
+      if (kind != "epoch" && kind != "eval") continue;
+      json p = {{"kind", kind},
+                {"epoch", r.value("epoch", 0)},
+                {"time_s", r.value("time_s", 0.0)},
+                {"test_accuracy", r.value("test_accuracy", 0.0)},
+                {"bytes_sent", r.contains("bytes_sent") && r["bytes_sent"].is_number() ? r["bytes_sent"] : json()}};
+      if (kind == "eval") p["global_step"] = r.value("global_step", 0);
+      if (kind == "epoch") {
+        p["samples_per_s"] = r.value("samples_per_s", 0.0);
+        sps = r.value("samples_per_s", 0.0);
+      }
+      curve.push_back(std::move(p));
     } catch (const json::exception&) {
     }
   }
+  std::stable_sort(curve.begin(), curve.end(),
+                   [](const json& a, const json& b) { return a["time_s"].get<double>() < b["time_s"].get<double>(); });
   detail["curve"] = curve;
-  if (!curve.empty()) row["samples_per_s"] = sps;
+  if (sps > 0) row["samples_per_s"] = sps;
   std::ofstream dat(dir / "curve.dat");
-  dat << "# time_s test_accuracy bytes_sent_MB\n";
+  dat << "# time_s test_accuracy bytes_sent_MB (NaN: not recorded)\n";
   for (const auto& p : curve) {
-    dat << p["time_s"].get<double>() << " " << p["test_accuracy"].get<double>() << " "
-        << p["bytes_sent"].get<double>() / 1e6 << "\n";
+    dat << p["time_s"].get<double>() << " " << p["test_accuracy"].get<double>() << " ";
+    if (p["bytes_sent"].is_number())
+      dat << p["bytes_sent"].get<double>() / 1e6 << "\n";
+    else
+      dat << "NaN\n";
   }
 }
 
@@ -542,9 +556,10 @@ std::string gp_quote(const std::string& s) {
 }
 
 // Writes plot.gp and the data files beside it, runs gnuplot; returns the PNGs made.
-std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cells, const json& rows) {
+// target: the train cells' target accuracy (0: none), drawn as a dashed line on the accuracy plots.
+std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cells, const json& rows, double target) {
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 900,600 noenhanced\nset grid\nset key below\n";
+  gp << "set terminal pngcairo size 900,600 noenhanced\nset grid\nset key below\nset datafile missing 'NaN'\n";
   std::vector<std::string> pngs;
   std::vector<std::string> curves;  // plot clauses for per-cell curves
   for (size_t i = 0; i < cells.size(); ++i) {
@@ -564,11 +579,15 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
     }
     return s;
   };
+  const std::string target_line =
+      target > 0
+          ? fmt::format(", \\\n  {} with lines dashtype 2 lc rgb 'gray' title 'target {:g}%'", target, 100 * target)
+          : "";
   if (!curves.empty()) {
     gp << "set output 'accuracy_vs_time.png'\nset xlabel 'wall time (s)'\nset ylabel 'test accuracy'\n"
-       << "set title 'Test accuracy vs wall time'\nplot " << join_plot("1") << "\n";
+       << "set title 'Test accuracy vs wall time'\nplot " << join_plot("1") << target_line << "\n";
     gp << "set output 'accuracy_vs_bytes.png'\nset xlabel 'bytes sent by rank 0 (MB)'\n"
-       << "set title 'Test accuracy vs bytes sent'\nplot " << join_plot("3") << "\n";
+       << "set title 'Test accuracy vs bytes sent'\nplot " << join_plot("3") << target_line << "\n";
     pngs.insert(pngs.end(), {"accuracy_vs_time.png", "accuracy_vs_bytes.png"});
   }
   // Throughput vs bandwidth: one series per label (train/ddp: samples/s; bench: busbw in Gbit/s).
@@ -625,7 +644,56 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
   return pngs;
 }
 
-void run_sweep(const std::string& file, std::string output, bool dry_run) {
+// The train cells' target_accuracy (a number in (0, 1], as `conduit train` checks it), 0 when absent.
+double train_target(const SweepSpec& s) {
+  for (const auto& [flag, value] : s.train) {
+    if (flag != "target-accuracy") continue;
+    try {
+      const double t = std::stod(value);
+      return t > 0 && t <= 1 ? t : 0;
+    } catch (const std::logic_error&) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+// --replot: collects again every cell that results.json of an earlier run of the same file lists (its folder's
+// summary, metrics and log) and rewrites results.csv, results.json and the plots; runs nothing and needs no root.
+// For a sweep run by an older build, or one stopped part way.
+void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::path& out) {
+  const fs::path file = out / "results.json";
+  const json old = read_json_file(file);
+  if (!old.is_array()) {
+    throw ConfigError(
+        fmt::format("sweep --replot: {} is missing or is not a sweep's results; run the sweep first", file.string()));
+  }
+  json rows = json::array(), details = json::array();
+  std::vector<Cell> done;
+  for (const auto& r : old) {
+    const int64_t i = r.is_object() ? r.value("cell", int64_t(-1)) : -1;
+    if (i < 0 || i >= int64_t(cells.size()) || r.value("label", "") != cells[size_t(i)].label) {
+      throw ConfigError(
+          fmt::format("sweep --replot: {} lists cell {} ({}), which is not that cell of this file's "
+                      "grid of {}; replot with the file the sweep ran",
+                      file.string(), i, r.is_object() ? r.value("label", "?") : "?", cells.size()));
+    }
+    json row = json::object();
+    for (const auto& k : kColumns)
+      if (r.contains(k)) row[k] = r[k];
+    json detail = json::object();
+    collect(cells[size_t(i)], row, detail);
+    rows.push_back(row);
+    details.push_back(detail);
+    done.push_back(cells[size_t(i)]);
+  }
+  write_results(out, rows, details);
+  const auto pngs = plot(out, done, rows, train_target(s));
+  fmt::print("replotted {} cells: {}/results.csv, results.json; plots: {}\n", rows.size(), out.string(),
+             pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
+}
+
+void run_sweep(const std::string& file, std::string output, bool dry_run, bool replot) {
   SweepSpec s = load_spec(file);
   if (output.empty()) output = s.output.empty() ? "runs/sweep-" + sanitize(s.name) : s.output;
   const fs::path out = fs::absolute(output);
@@ -648,6 +716,10 @@ void run_sweep(const std::string& file, std::string output, bool dry_run) {
       fmt::print("cell {}: {} @ {} seed {}: {}\n", c.index, c.label, c.net->label, c.seed,
                  fmt::join(cell_command(s, c, cluster, exe), " "));
     }
+    return;
+  }
+  if (replot) {
+    replot_sweep(s, cells, out);
     return;
   }
   if (geteuid() != 0) throw ConfigError("sweep: needs root (emulated clusters); run it with sudo");
@@ -724,7 +796,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run) {
   sigaction(SIGTERM, &old_term, nullptr);
   write_results(out, rows, details);
   const std::vector<Cell> done(cells.begin(), cells.begin() + static_cast<long>(rows.size()));
-  const auto pngs = plot(out, done, rows);
+  const auto pngs = plot(out, done, rows, train_target(s));
   fmt::print("results: {}/results.csv, results.json; plots: {}\n", out.string(),
              pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
   if (g_stop) {
@@ -745,9 +817,13 @@ const bool kRegistered = register_command(50, [](CLI::App& app) {
       "clusters, one cell after another; results.csv, results.json and PNG plots");
   c->add_option("file", *file, "sweep YAML (see docs/cluster.md)")->required();
   c->add_option("-o,--output", *output, "output folder (default: the file's output, else runs/sweep-<name>)");
+  auto replot = std::make_shared<bool>(false);
   c->add_flag("--dry-run", *dry, "print the cells and their commands, run nothing");
-  c->footer("Example: conduit sweep examples/sweep-fmnist.yaml -o runs/fmnist");
-  c->callback([file, output, dry]() { run_sweep(*file, *output, *dry); });
+  c->add_flag("--replot", *replot,
+              "collect the cells an earlier run of this file wrote to the output folder again and redo its "
+              "results and plots; run nothing");
+  c->footer("Example: sudo conduit sweep bench/sweeps/smoke.yaml -o runs/smoke");
+  c->callback([file, output, dry, replot]() { run_sweep(*file, *output, *dry, *replot); });
 });
 
 }  // namespace

@@ -341,6 +341,56 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
 }
 
+// The PyTorch DDP peer as a sweep runs it, with worker 0's model copied every 4 steps: the copies are evaluated
+// after training by every rank on its share of the test set (rank 0 alone took ~8 s a copy on the full test set and
+// kept the others waiting past gloo's timeout), one eval record per copy, and the time to target is the earliest
+// copy (or epoch end) at or above the target.
+TEST_F(ClusterTest, SweepRunsThePyTorchPeerAndEvaluatesItsCopies) {
+  if (sh("/usr/bin/python3 -c \"import torch\"").code != 0) GTEST_SKIP() << "needs python3-torch";
+  const fs::path dir = fs::temp_directory_path() / unique_name("peersweep");
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path d;
+    ~Cleanup() { fs::remove_all(d); }
+  } cleanup{dir};
+  {
+    // 2048 samples over 2 workers at batch 64: 16 steps an epoch, copies at steps 4, 8 and 12 (not at the epoch's
+    // last step, which the epoch's own evaluation covers).
+    std::ofstream f(dir / "sweep.yaml");
+    f << "name: peer\nhosts: 2\nnetworks:\n  - {bandwidth: 500mbit}\npeers: [none]\n"
+         "train: {model: mlp, epochs: 1, batch_size: 64, lr: 0.1, train_limit: 2048, test_limit: 1000, "
+         "eval_every: 4, target_accuracy: 0.5}\ntimeout_s: 300\n";
+  }
+  Result r = sh(conduit() + " sweep " + (dir / "sweep.yaml").string() + " -o " + (dir / "out").string(), 400);
+  ASSERT_EQ(r.code, 0) << r.out;
+  fs::path cell;
+  for (const auto& e : fs::directory_iterator(dir / "out"))
+    if (e.is_directory()) cell = e.path();
+  ASSERT_FALSE(cell.empty()) << r.out;
+  std::ifstream m(cell / "metrics.jsonl");
+  std::string line;
+  std::vector<int> steps;
+  double first_at_target = -1;  // the earliest time_s of a record at or above the target
+  auto number = [](const std::string& l, const std::string& key) {
+    const size_t at = l.find("\"" + key + "\": ");
+    return at == std::string::npos ? -1.0 : std::stod(l.substr(at + key.size() + 4));
+  };
+  while (std::getline(m, line)) {
+    if (line.find("\"kind\": \"eval\"") != std::string::npos) steps.push_back(int(number(line, "global_step")));
+    if (number(line, "test_accuracy") >= 0.5 && (first_at_target < 0 || number(line, "time_s") < first_at_target))
+      first_at_target = number(line, "time_s");
+  }
+  EXPECT_EQ(steps, (std::vector<int>{4, 8, 12})) << line;
+  std::ifstream sf(cell / "summary.json");
+  std::stringstream summary;
+  summary << sf.rdbuf();
+  const std::string text = summary.str();
+  ASSERT_GT(first_at_target, 0) << "no evaluation reached 50%: " << text;
+  const size_t at = text.find("\"time_to_target_s\": ");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_NEAR(std::stod(text.substr(at + 21)), first_at_target, 1e-9) << text;
+}
+
 TEST(SweepConfig, GridLeavesOutCompressorsOfSchemesThatAverageParameters) {
   const fs::path file = fs::temp_directory_path() / (unique_name("gridsweep") + ".yaml");
   {
@@ -368,6 +418,85 @@ TEST(SweepConfig, BadFileIsRejectedInOneLine) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_EQ(count_lines(r.out), 1) << r.out;
   EXPECT_NE(r.out.find("colour"), std::string::npos) << r.out;
+}
+
+// --replot collects the cells an earlier run wrote again: each curve holds the epoch evaluations and the model
+// copies' (records "eval", written after training) in time order, NaN where a record has no bytes; the rows keep
+// what only the run knew (status, cell time, link bytes). It runs nothing, so it needs neither root nor a cluster.
+TEST(SweepConfig, ReplotCollectsEveryEvaluationInTimeOrder) {
+  const fs::path dir = fs::temp_directory_path() / unique_name("replot");
+  fs::create_directories(dir);
+  struct Cleanup {
+    fs::path d;
+    ~Cleanup() { fs::remove_all(d); }
+  } cleanup{dir};
+  const std::string yaml = (dir / "sweep.yaml").string(), out = (dir / "out").string();
+  std::ofstream(yaml) << "name: rp\nhosts: 2\nnetworks: [{bandwidth: 100mbit}]\ncompressors: [none]\npeers: [none]\n"
+                         "train: {epochs: 1, target_accuracy: 0.75}\n";
+  Result dry = sh(conduit() + " sweep " + yaml + " -o " + out + " --dry-run");
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  // The cells' folders and labels, as the run would have made them.
+  std::vector<std::string> dirs, labels;
+  for (size_t at = dry.out.find("--output "); at != std::string::npos; at = dry.out.find("--output ", at + 1)) {
+    const size_t b = at + 9;
+    dirs.push_back(dry.out.substr(b, dry.out.find_first_of(" \n", b) - b));
+  }
+  for (size_t at = dry.out.find("cell "); at != std::string::npos; at = dry.out.find("\ncell ", at + 1)) {
+    const size_t b = dry.out.find(": ", at) + 2;
+    labels.push_back(dry.out.substr(b, dry.out.find(" @ ", b) - b));
+  }
+  ASSERT_EQ(dirs.size(), 2u) << dry.out;
+  ASSERT_EQ(labels.size(), 2u) << dry.out;
+  for (int k = 0; k < 2; ++k) {
+    fs::create_directories(dirs[k]);
+    std::ofstream m(fs::path(dirs[k]) / "metrics.jsonl");
+    m << "{\"kind\": \"step\", \"time_s\": 0.1}\n"
+      << "{\"kind\": \"epoch\", \"epoch\": 1, \"time_s\": 9.0, \"test_accuracy\": 0.85, \"bytes_sent\": 2000000, "
+         "\"samples_per_s\": 100}\n"
+      << "{\"kind\": \"eval\", \"epoch\": 1, \"global_step\": 20, \"test_accuracy\": 0.8, \"time_s\": 5.0"
+      << (k == 0 ? ", \"bytes_sent\": 1000000}\n" : "}\n")
+      << "{\"kind\": \"eval\", \"epoch\": 1, \"global_step\": 10, \"test_accuracy\": 0.7, \"time_s\": 2.5"
+      << (k == 0 ? ", \"bytes_sent\": 500000}\n" : "}\n");
+    std::ofstream(fs::path(dirs[k]) / "summary.json") << "{\"final_test_accuracy\": 0.85, \"time_to_target_s\": 5.0, "
+                                                         "\"wall_time_s\": 9.0, \"bytes_on_wire\": 8000000}\n";
+  }
+  fs::create_directories(out);
+  auto results = [&](const std::string& second_label) {
+    std::ofstream(fs::path(out) / "results.json")
+        << "[{\"cell\": 0, \"label\": \"" << labels[0]
+        << "\", \"status\": \"ok\", \"cell_s\": 12.5, \"net_bytes\": 777},"
+        << " {\"cell\": 1, \"label\": \"" << second_label << "\", \"status\": \"ok\", \"cell_s\": 20.0}]\n";
+  };
+  Result none = sh(conduit() + " sweep " + yaml + " -o " + out + " --replot");
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("results.json is missing"), std::string::npos) << none.out;
+
+  results(labels[1]);
+  Result r = sh(conduit() + " sweep " + yaml + " -o " + out + " --replot");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  EXPECT_EQ(read(fs::path(dirs[0]) / "curve.dat"),
+            "# time_s test_accuracy bytes_sent_MB (NaN: not recorded)\n2.5 0.7 0.5\n5 0.8 1\n9 0.85 2\n");
+  EXPECT_EQ(read(fs::path(dirs[1]) / "curve.dat"),
+            "# time_s test_accuracy bytes_sent_MB (NaN: not recorded)\n2.5 0.7 NaN\n5 0.8 NaN\n9 0.85 2\n");
+  const std::string csv = read(fs::path(out) / "results.csv");
+  EXPECT_EQ(count_lines(csv), 3) << csv;
+  EXPECT_NE(csv.find(",ok,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",12.5,9,0.85,5,8000000,777,100,"), std::string::npos) << csv;  // cell_s .. samples_per_s
+  if (sh("command -v gnuplot").code == 0) {
+    EXPECT_TRUE(fs::exists(fs::path(out) / "accuracy_vs_time.png")) << r.out;
+  }
+
+  results("ddp fp16");  // not this grid's cell 1
+  Result bad = sh(conduit() + " sweep " + yaml + " -o " + out + " --replot");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_EQ(count_lines(bad.out), 2) << bad.out;  // the grid's headline, then the error
+  EXPECT_NE(bad.out.find("lists cell 1 (ddp fp16)"), std::string::npos) << bad.out;
 }
 
 }  // namespace
