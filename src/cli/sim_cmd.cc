@@ -40,6 +40,10 @@
 namespace conduit::cli {
 namespace {
 
+// Model steps timed by several processes at once whose medians differ more than this (slowest over fastest) were
+// not timed on a steady machine: 1.05-1.15x in steady rounds here, 2.7x and 4.2x when one process was slowed.
+constexpr double kSteadySpread = 1.5;
+
 using namespace conduit::sim;
 using nlohmann::json;
 
@@ -718,6 +722,15 @@ void run_calibrate(const CalibrateArgs& a) {
     pools = parse_pool_lines(text, a.gemm);
     models = parse_model_step_lines(text, a.gemm);
     concurrent = bench_concurrency(text, a.gemm);
+    for (const auto& m : models) {
+      if (m.rank_spread <= kSteadySpread) continue;
+      fmt::print(stderr,
+                 "sim calibrate: warning: {}: the model steps of {} at batch {:g} differ {:.1f}x between the processes "
+                 "that timed them together (median step of the slowest over the fastest; steady runs here stay "
+                 "under {:g}x): one process ran slower throughout, so the rank wait written ({:.1f} ms) is its lag, "
+                 "not training's; time them again on a steady machine\n",
+                 a.gemm, m.layers, m.batch, m.rank_spread, kSteadySpread, m.slowest_wait * 1e3);
+    }
     fmt::print("{}: {} GEMM shapes, {} convolutions, {} poolings, {} model steps, timed by {} concurrent process{}{}\n",
                a.gemm, gemms.size(), convs.size(), pools.size(), models.size(), concurrent, concurrent == 1 ? "" : "es",
                convs.empty() ? " (convolution layers will be costed as im2col GEMMs)" : "");

@@ -242,6 +242,7 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
     double batch = 0;
     std::vector<double> steps, synced;  // synced: step + barrier, when the records have barrier samples
     std::vector<double> optimizer;      // each record's median optimizer step
+    std::vector<double> medians;        // each record's median step
     long long ranks = 0;
     bool all_synced = true;
   };
@@ -275,11 +276,15 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
       p->batch = batch;
     }
     const auto& st = j["step_samples_s"];
+    std::vector<double> mine;
     for (const auto& v : st) {
       if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
         throw bad("step_samples_s", "must be a non-empty list of positive seconds");
       p->steps.push_back(v.get<double>());
+      mine.push_back(v.get<double>());
     }
+    std::sort(mine.begin(), mine.end());
+    p->medians.push_back(sorted_quantile(mine, 0.5));
     if (j.contains("optimizer_s")) {
       if (!j["optimizer_s"].is_number() || !(j["optimizer_s"].get<double>() > 0))
         throw bad("optimizer_s", "must be a positive number");
@@ -315,6 +320,8 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
     m.layers = p.layers;
     m.batch = p.batch;
     for (int i = 0; i <= 20; ++i) m.quantiles.push_back(sorted_quantile(p.steps, i / 20.0));
+    const auto [lo, hi] = std::minmax_element(p.medians.begin(), p.medians.end());
+    m.rank_spread = *hi / *lo;
     if (!p.optimizer.empty()) {
       std::sort(p.optimizer.begin(), p.optimizer.end());
       m.optimizer = sorted_quantile(p.optimizer, 0.5);

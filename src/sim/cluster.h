@@ -49,6 +49,9 @@ struct ModelStepSample {
   // barrier minus the median step, i.e. the wait for the slowest rank.
   double wait_ranks = 0, slowest_wait = 0;
   double optimizer = 0;  // median optimizer step (SGD with momentum) over the model's parameters; 0: not measured
+  // The slowest record's median step over the fastest's (records: the processes that timed the model together); far
+  // above 1 when one process ran slower for the whole bench, which makes slowest_wait that process's lag. Not saved.
+  double rank_spread = 1;
   double quantile(double q) const;  // linear interpolation, q in [0, 1]
   double median() const { return quantile(0.5); }
 };

@@ -444,6 +444,20 @@ TEST(Calibrate, ModelStepLinesPoolRanksIntoQuantiles) {
   }
 }
 
+// rank_spread: the slowest process's median model step over the fastest's, which sim calibrate warns about when one
+// process ran slower for the whole bench (its rank wait is then that process's lag, not training's).
+TEST(Calibrate, ModelStepRankSpreadIsSlowestMedianOverFastest) {
+  const std::string rec = "{{\"kind\":\"bench.model_step\",\"layers\":\"{}\",\"batch\":64,\"step_samples_s\":{}}}\n";
+  auto one = parse_model_step_lines(fmt::format(fmt::runtime(rec), kTrainMlpLayers, "[0.025,0.030,0.024]"), "g");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].rank_spread, 1);
+  auto two = parse_model_step_lines(fmt::format(fmt::runtime(rec), kTrainMlpLayers, "[0.025,0.030,0.024]") +
+                                        fmt::format(fmt::runtime(rec), kTrainMlpLayers, "[0.1,0.11,0.108]"),
+                                    "g");
+  ASSERT_EQ(two.size(), 1u);
+  EXPECT_NEAR(two[0].rank_spread, 0.108 / 0.025, 1e-12);
+}
+
 // The framework term: with a measured step of these layers, each micro-batch's compute grows by exactly the measured
 // median step minus the layers modelled at the measured batch (at any micro-batch size, and also when negative);
 // another layer list is unaffected.
