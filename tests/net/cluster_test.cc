@@ -52,6 +52,13 @@ int count_lines(const std::string& s) {
   return n;
 }
 
+// Makes a folder and removes it with its contents when the test ends, however it ends.
+struct TempDir {
+  fs::path d;
+  explicit TempDir(fs::path p) : d(std::move(p)) { fs::create_directories(d); }
+  ~TempDir() { fs::remove_all(d); }
+};
+
 // Removes the cluster when the test ends, however it ends.
 struct ClusterGuard {
   std::string name;
@@ -314,11 +321,7 @@ TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
 TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   if (sh("command -v gnuplot").code != 0) GTEST_SKIP() << "needs gnuplot (scripts/setup.sh installs gnuplot-nox)";
   const fs::path dir = fs::temp_directory_path() / unique_name("sweep");
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() { fs::remove_all(d); }
-  } cleanup{dir};
+  TempDir cleanup(dir);
   {
     std::ofstream f(dir / "sweep.yaml");
     f << "name: two\nhosts: 2\nnetworks:\n  - {bandwidth: 50mbit}\n  - {bandwidth: 200mbit}\n"
@@ -348,11 +351,7 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
 TEST_F(ClusterTest, SweepRunsThePyTorchPeerAndEvaluatesItsCopies) {
   if (sh("/usr/bin/python3 -c \"import torch\"").code != 0) GTEST_SKIP() << "needs python3-torch";
   const fs::path dir = fs::temp_directory_path() / unique_name("peersweep");
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() { fs::remove_all(d); }
-  } cleanup{dir};
+  TempDir cleanup(dir);
   {
     // 2048 samples over 2 workers at batch 64: 16 steps an epoch, copies at steps 4, 8 and 12 (not at the epoch's
     // last step, which the epoch's own evaluation covers).
@@ -425,11 +424,7 @@ TEST(SweepConfig, BadFileIsRejectedInOneLine) {
 // what only the run knew (status, cell time, link bytes). It runs nothing, so it needs neither root nor a cluster.
 TEST(SweepConfig, ReplotCollectsEveryEvaluationInTimeOrder) {
   const fs::path dir = fs::temp_directory_path() / unique_name("replot");
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() { fs::remove_all(d); }
-  } cleanup{dir};
+  TempDir cleanup(dir);
   const std::string yaml = (dir / "sweep.yaml").string(), out = (dir / "out").string();
   std::ofstream(yaml) << "name: rp\nhosts: 2\nnetworks: [{bandwidth: 100mbit}]\ncompressors: [none]\npeers: [none]\n"
                          "train: {epochs: 1, target_accuracy: 0.75}\n";
