@@ -671,12 +671,15 @@ void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::
   json rows = json::array(), details = json::array();
   std::vector<Cell> done;
   for (const auto& r : old) {
-    const int64_t i = r.is_object() ? r.value("cell", int64_t(-1)) : -1;
-    if (i < 0 || i >= int64_t(cells.size()) || r.value("label", "") != cells[size_t(i)].label) {
+    const bool named = r.is_object() && r.contains("cell") && r["cell"].is_number_integer() && r.contains("label") &&
+                       r["label"].is_string();
+    const int64_t i = named ? r["cell"].get<int64_t>() : -1;
+    const std::string label = named ? r["label"].get<std::string>() : "?";
+    if (i < 0 || i >= int64_t(cells.size()) || label != cells[size_t(i)].label) {
       throw ConfigError(
           fmt::format("sweep --replot: {} lists cell {} ({}), which is not that cell of this file's "
                       "grid of {}; replot with the file the sweep ran",
-                      file.string(), i, r.is_object() ? r.value("label", "?") : "?", cells.size()));
+                      file.string(), i, label, cells.size()));
     }
     json row = json::object();
     for (const auto& k : kColumns)

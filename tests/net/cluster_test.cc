@@ -492,6 +492,10 @@ TEST(SweepConfig, ReplotCollectsEveryEvaluationInTimeOrder) {
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_EQ(count_lines(bad.out), 2) << bad.out;  // the grid's headline, then the error
   EXPECT_NE(bad.out.find("lists cell 1 (ddp fp16)"), std::string::npos) << bad.out;
+  std::ofstream(fs::path(out) / "results.json") << "[{\"cell\": \"first\"}]\n";  // not a row a sweep writes
+  Result odd = sh(conduit() + " sweep " + yaml + " -o " + out + " --replot");
+  EXPECT_EQ(odd.code, 2) << odd.out;
+  EXPECT_NE(odd.out.find("lists cell -1 (?)"), std::string::npos) << odd.out;
 }
 
 }  // namespace
