@@ -41,7 +41,7 @@ namespace conduit::cli {
 namespace {
 
 // Model steps timed by several processes at once whose medians differ more than this (slowest over fastest) were
-// not timed on a steady machine: 1.05-1.15x in steady rounds here, 2.7x and 4.2x when one process was slowed.
+// not timed on a steady machine: 1.05-1.15x in steady rounds here, 2.8x and 4.2x when one process was slowed.
 constexpr double kSteadySpread = 1.5;
 
 using namespace conduit::sim;
