@@ -2,6 +2,7 @@
 // deadline (a hung launcher is killed and the test fails), no test binds a fixed port, and every test works in
 // its own temporary directory, so they can run in parallel.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -447,6 +448,58 @@ TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
     EXPECT_FALSE(r.err.empty());
     EXPECT_EQ(r.out, "");
   }
+}
+
+// The CPUs in a /proc/PID/status Cpus_allowed_list value ("0-3,6").
+std::set<int> cpu_list(const std::string& text) {
+  std::set<int> cpus;
+  std::istringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    auto dash = part.find('-');
+    int lo = std::stoi(part.substr(0, dash)), hi = dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) cpus.insert(c);
+  }
+  return cpus;
+}
+
+TEST_F(LaunchTest, BindsWorkersRoundRobinWhenTheyDivideEvenlyOverTheCpus) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  const int c = static_cast<int>(cpus.size());
+  const std::set<int> all(cpus.begin(), cpus.end());
+  // Each worker reports the CPUs it may run on; returns them by rank.
+  auto bound = [&](int n, const std::string& bind) {
+    auto r = run({"launch", "-n", std::to_string(n), "--bind", bind, "--no-tag-output", "--", "sh", "-c",
+                  "echo \"$RANK $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)\""});
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::map<int, std::set<int>> by_rank;
+    for (const auto& line : lines_of(r.out)) {
+      std::istringstream in(line);
+      int rank = -1;
+      std::string list;
+      in >> rank >> list;
+      by_rank[rank] = cpu_list(list);
+    }
+    EXPECT_EQ(static_cast<int>(by_rank.size()), n) << r.out;
+    return by_rank;
+  };
+  // Twice as many workers as CPUs: worker k on CPU k mod C, so every CPU runs two.
+  for (const auto& [rank, set] : bound(2 * c, "auto")) EXPECT_EQ(set, std::set<int>{cpus[rank % c]}) << rank;
+  // One more worker than CPUs does not divide evenly (for C >= 2): auto leaves them to the scheduler, core binds.
+  if (c >= 2) {
+    for (const auto& [rank, set] : bound(c + 1, "auto")) EXPECT_EQ(set, all) << rank;
+    for (const auto& [rank, set] : bound(c + 1, "core")) EXPECT_EQ(set, std::set<int>{cpus[rank % c]}) << rank;
+  }
+  for (const auto& [rank, set] : bound(2 * c, "none")) EXPECT_EQ(set, all) << rank;
+  auto bad = run({"launch", "-n", "2", "--bind", "socket", "--", "true"}, {}, 10s);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--bind 'socket' is not one of auto, core, none"), std::string::npos) << bad.err;
 }
 
 TEST_F(LaunchTest, ProgramThatCannotRunIsReportedWith127) {
