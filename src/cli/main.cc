@@ -5,6 +5,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/malloc_tuning.h"
 
 namespace conduit::cli {
 namespace {
@@ -45,6 +46,7 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
 
 int main(int argc, char** argv) {
   using namespace conduit::cli;
+  conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
   CLI::App app{"Conduit: communication-efficient distributed deep learning"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "conduit 0.1.0");

@@ -1,13 +1,17 @@
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/malloc_tuning.h"
 #include "core/reduce.h"
 
 using namespace conduit;
@@ -153,4 +157,47 @@ TEST(Env, TimeoutVariableIsValidated) {
   setenv("CONDUIT_TIMEOUT_TEST_VAR", "2.5", 1);
   EXPECT_EQ(*env_seconds("CONDUIT_TIMEOUT_TEST_VAR"), 2.5);
   unsetenv("CONDUIT_TIMEOUT_TEST_VAR");
+}
+
+namespace {
+std::function<const char*(const char*)> fake_env(const std::map<std::string, std::string>& vars) {
+  return [vars](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+}  // namespace
+
+TEST(MallocTuning, LeavesTheUsersOwnMallocSettingsInCharge) {
+  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
+      {{{"CONDUIT_MALLOC_TUNING", "0"}}, "CONDUIT_MALLOC_TUNING=0"},
+      {{{"GLIBC_TUNABLES", "glibc.pthread.rseq=0:glibc.malloc.arena_max=2"}}, "GLIBC_TUNABLES"},
+      {{{"MALLOC_TRIM_THRESHOLD_", "0"}}, "MALLOC_TRIM_THRESHOLD_ is set"},
+      {{{"MALLOC_MMAP_THRESHOLD_", "65536"}}, "MALLOC_MMAP_THRESHOLD_ is set"},
+  };
+  for (const auto& [env, why] : cases) {
+    auto t = conduit::tune_malloc(fake_env(env));
+    EXPECT_FALSE(t.applied) << why;
+    EXPECT_NE(t.reason.find(why), std::string::npos) << t.reason;
+  }
+}
+
+TEST(MallocTuning, KeepsStepSizedBlocksOnTheHeap) {
+  // Tunables for other parts of glibc do not count as malloc settings.
+  auto t = conduit::tune_malloc(fake_env({{"GLIBC_TUNABLES", "glibc.pthread.rseq=0"}}));
+  ASSERT_TRUE(t.applied) << t.reason;
+  EXPECT_EQ(t.mmap_threshold, 32L << 20);
+  EXPECT_EQ(t.trim_threshold, 256L << 20);
+  // A 14 MiB block (the CNN's largest im2col buffer) comes from the heap, not from its own mapping, and freeing
+  // it keeps the memory for the next step instead of trimming it.
+  const auto before = mallinfo2();
+  void* p = std::malloc(size_t(14) << 20);
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 1, size_t(14) << 20);
+  const auto during = mallinfo2();
+  EXPECT_EQ(during.hblks, before.hblks);
+  EXPECT_GE(during.arena, before.arena + (size_t(14) << 20));
+  std::free(p);
+  const auto after = mallinfo2();
+  EXPECT_GE(after.arena, before.arena + (size_t(14) << 20));
 }

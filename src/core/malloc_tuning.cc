@@ -1,0 +1,41 @@
+#include "core/malloc_tuning.h"
+
+#include <malloc.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace conduit {
+
+MallocTuning tune_malloc(const std::function<const char*(const char*)>& getenv) {
+  MallocTuning t;
+  if (const char* v = getenv("CONDUIT_MALLOC_TUNING"); v != nullptr && std::strcmp(v, "0") == 0) {
+    t.reason = "CONDUIT_MALLOC_TUNING=0";
+    return t;
+  }
+  if (const char* v = getenv("GLIBC_TUNABLES"); v != nullptr && std::strstr(v, "glibc.malloc.") != nullptr) {
+    t.reason = "GLIBC_TUNABLES sets glibc.malloc parameters";
+    return t;
+  }
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_"})
+    if (getenv(name) != nullptr) {
+      t.reason = std::string(name) + " is set";
+      return t;
+    }
+  // Setting either parameter turns off glibc's dynamic adjustment of both, so both are set.
+  if (::mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMallocMmapThreshold)) != 1 ||
+      ::mallopt(M_TRIM_THRESHOLD, static_cast<int>(kMallocTrimThreshold)) != 1) {
+    t.reason = "mallopt refused the thresholds";
+    return t;
+  }
+  t.applied = true;
+  t.mmap_threshold = kMallocMmapThreshold;
+  t.trim_threshold = kMallocTrimThreshold;
+  return t;
+}
+
+MallocTuning tune_malloc() {
+  return tune_malloc([](const char* name) { return std::getenv(name); });
+}
+
+}  // namespace conduit

@@ -1,0 +1,31 @@
+#pragma once
+// Fixed glibc malloc thresholds for training processes.
+//
+// glibc adapts its mmap threshold to the largest block freed so far (128 KiB at start, at most 32 MiB) and trims
+// the heap top beyond twice that. A process whose history left the threshold below a step's large tensors
+// (activations, im2col buffers of a few MiB) maps, faults in and unmaps them on every step: measured here, the CNN's
+// training step under `conduit bench gemm` then took 105-114 ms instead of 20-23 ms, in 4 of 9 two-rank runs, in
+// whichever process the earlier kernel timings left that way. Fixed thresholds keep every block under 32 MiB on
+// the heap and give memory back only past 256 MiB free (0 of 6 runs slowed), as a CPU training process wants;
+// jemalloc and tcmalloc, which PyTorch recommends for CPU training, avoid the same cost their own way.
+#include <functional>
+#include <string>
+
+namespace conduit {
+
+struct MallocTuning {
+  bool applied = false;  // false: the user's own GLIBC_TUNABLES / MALLOC_*_ settings were left in charge
+  long mmap_threshold = 0, trim_threshold = 0;
+  std::string reason;  // why not applied
+};
+
+inline constexpr long kMallocMmapThreshold = 32L << 20;
+inline constexpr long kMallocTrimThreshold = 256L << 20;
+
+// Applies the fixed thresholds unless the environment already sets malloc parameters (glibc.malloc.* in
+// GLIBC_TUNABLES, MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_), or
+// CONDUIT_MALLOC_TUNING=0. `getenv` is the lookup (tests pass their own).
+MallocTuning tune_malloc(const std::function<const char*(const char*)>& getenv);
+MallocTuning tune_malloc();  // with the process environment
+
+}  // namespace conduit
