@@ -46,7 +46,6 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
 
 int main(int argc, char** argv) {
   using namespace conduit::cli;
-  conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
   CLI::App app{"Conduit: communication-efficient distributed deep learning"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "conduit 0.1.0");
@@ -54,6 +53,7 @@ int main(int argc, char** argv) {
   std::stable_sort(es.begin(), es.end(), [](const Entry& a, const Entry& b) { return a.order < b.order; });
   for (auto& e : es) e.setup(app);
   try {
+    conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

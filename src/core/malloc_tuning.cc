@@ -4,14 +4,22 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "core/error.h"
 
 namespace conduit {
 
 MallocTuning tune_malloc(const std::function<const char*(const char*)>& getenv) {
   MallocTuning t;
-  if (const char* v = getenv("CONDUIT_MALLOC_TUNING"); v != nullptr && std::strcmp(v, "0") == 0) {
-    t.reason = "CONDUIT_MALLOC_TUNING=0";
-    return t;
+  if (const char* v = getenv("CONDUIT_MALLOC_TUNING"); v != nullptr) {
+    const std::string s = v;
+    if (s == "0" || s == "false" || s == "no" || s == "off") {
+      t.reason = "CONDUIT_MALLOC_TUNING=" + s;
+      return t;
+    }
+    if (s != "1" && s != "true" && s != "yes" && s != "on")
+      throw ConfigError("CONDUIT_MALLOC_TUNING='" + s + "' is not a switch (allowed: 1, true, yes, on, 0, false, no, off)");
   }
   if (const char* v = getenv("GLIBC_TUNABLES"); v != nullptr && std::strstr(v, "glibc.malloc.") != nullptr) {
     t.reason = "GLIBC_TUNABLES sets glibc.malloc parameters";

@@ -24,7 +24,8 @@ inline constexpr long kMallocTrimThreshold = 256L << 20;
 
 // Applies the fixed thresholds unless the environment already sets malloc parameters (glibc.malloc.* in
 // GLIBC_TUNABLES, MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_), or
-// CONDUIT_MALLOC_TUNING=0. `getenv` is the lookup (tests pass their own).
+// CONDUIT_MALLOC_TUNING is off (0, false, no, off; any other value but 1, true, yes, on is a ConfigError). `getenv`
+// is the lookup (tests pass their own).
 MallocTuning tune_malloc(const std::function<const char*(const char*)>& getenv);
 MallocTuning tune_malloc();  // with the process environment
 

@@ -171,6 +171,7 @@ std::function<const char*(const char*)> fake_env(const std::map<std::string, std
 TEST(MallocTuning, LeavesTheUsersOwnMallocSettingsInCharge) {
   const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
       {{{"CONDUIT_MALLOC_TUNING", "0"}}, "CONDUIT_MALLOC_TUNING=0"},
+      {{{"CONDUIT_MALLOC_TUNING", "off"}}, "CONDUIT_MALLOC_TUNING=off"},
       {{{"GLIBC_TUNABLES", "glibc.pthread.rseq=0:glibc.malloc.arena_max=2"}}, "GLIBC_TUNABLES"},
       {{{"MALLOC_TRIM_THRESHOLD_", "0"}}, "MALLOC_TRIM_THRESHOLD_ is set"},
       {{{"MALLOC_MMAP_THRESHOLD_", "65536"}}, "MALLOC_MMAP_THRESHOLD_ is set"},
@@ -179,6 +180,14 @@ TEST(MallocTuning, LeavesTheUsersOwnMallocSettingsInCharge) {
     auto t = conduit::tune_malloc(fake_env(env));
     EXPECT_FALSE(t.applied) << why;
     EXPECT_NE(t.reason.find(why), std::string::npos) << t.reason;
+  }
+  try {
+    conduit::tune_malloc(fake_env({{"CONDUIT_MALLOC_TUNING", "sometimes"}}));
+    ADD_FAILURE() << "CONDUIT_MALLOC_TUNING=sometimes was accepted";
+  } catch (const conduit::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("CONDUIT_MALLOC_TUNING='sometimes' is not a switch (allowed: 1, true"),
+              std::string::npos)
+        << e.what();
   }
 }
 
