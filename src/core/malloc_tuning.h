@@ -1,13 +1,15 @@
 #pragma once
 // Fixed glibc malloc thresholds for training processes.
 //
-// glibc adapts its mmap threshold to the largest block freed so far (128 KiB at start, at most 32 MiB) and trims
-// the heap top beyond twice that. A process whose history left the threshold below a step's large tensors
-// (activations, im2col buffers of a few MiB) maps, faults in and unmaps them on every step: measured here, the CNN's
-// training step under `conduit bench gemm` then took 105-114 ms instead of 20-23 ms, in 4 of 9 two-rank runs, in
-// whichever process the earlier kernel timings left that way. Fixed thresholds keep every block under 32 MiB on
-// the heap and give memory back only past 256 MiB free (0 of 6 runs slowed), as a CPU training process wants;
-// jemalloc and tcmalloc, which PyTorch recommends for CPU training, avoid the same cost their own way.
+// glibc adapts its mmap threshold to the largest mapped block freed so far (128 KiB at start, at most 32 MiB) and
+// trims the heap top beyond twice that. A process whose allocation history left them below what a training step
+// allocates and frees at once gives that memory back to the kernel and faults it in again on every step: measured
+// here, the CNN's step under `conduit launch -n 2 -- conduit bench gemm --model mlp,cnn` then took 105-114 ms
+// instead of 20-23 ms, in 4 of 9 runs, in whichever process the earlier kernel timings left that way. Fixing the
+// mmap threshold alone still slowed 4 of 6 runs (the trim threshold then stays at 128 KiB); fixing the trim
+// threshold alone made every run 280 ms a step (every block above 128 KiB mapped). Both fixed, mmap 32 MiB and trim
+// 256 MiB: 0 of 8 runs slowed. jemalloc and tcmalloc, which PyTorch recommends for CPU training, avoid the same
+// cost their own way.
 #include <functional>
 #include <string>
 
