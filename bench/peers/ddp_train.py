@@ -18,6 +18,8 @@ bytes_sent and bytes_payload of rank 0, samples_per_s) and <output>/summary.json
 wall_time_s, time_to_target_s, bytes_on_wire, ...). bytes_on_wire is what all ranks' interfaces sent during training
 (/proc/net/dev of each rank's network namespace, summed; on loopback it is the whole machine's lo counter and
 only an upper bound), plus the hook's own count of payload bytes in bytes_payload.
+
+Each rank fixes glibc's malloc thresholds as `conduit` does (CONDUIT_MALLOC_TUNING=0 turns it off on both sides).
 """
 import argparse
 import gzip
@@ -319,9 +321,27 @@ def free_port():
         return s.getsockname()[1]
 
 
+def tune_malloc():
+    """The glibc malloc thresholds `conduit` fixes at start (src/core/malloc_tuning.h), so the comparison is not
+    between allocators: mmap threshold 32 MiB, trim threshold 256 MiB. Skipped as `conduit` skips it: when
+    CONDUIT_MALLOC_TUNING is off or the environment sets malloc parameters of its own."""
+    if os.environ.get("CONDUIT_MALLOC_TUNING", "1") in ("0", "false", "no", "off"):
+        return
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "") or any(
+            v in os.environ for v in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                                      "MALLOC_MMAP_MAX_")):
+        return
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+    if libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 or libc.mallopt(M_TRIM_THRESHOLD, 256 << 20) != 1:
+        sys.exit("ddp_train.py: mallopt refused the malloc thresholds")
+
+
 def main(argv):
     a = parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        tune_malloc()  # before torch allocates anything
         worker(a)
         return 0
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(a.nprocs))
