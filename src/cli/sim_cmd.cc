@@ -41,7 +41,8 @@ namespace conduit::cli {
 namespace {
 
 // Model steps timed by several processes at once whose medians differ more than this (slowest over fastest) were
-// not timed on a steady machine: 1.05-1.15x in steady rounds here, 2.8x and 4.2x when one process was slowed.
+// not timed on a steady machine: 1.05-1.15x in steady rounds here, 2.3-6.8x when one process was slowed (glibc's
+// adaptive malloc thresholds, before core/malloc_tuning.h).
 constexpr double kSteadySpread = 1.5;
 
 using namespace conduit::sim;
@@ -728,7 +729,8 @@ void run_calibrate(const CalibrateArgs& a) {
                  "sim calibrate: warning: {}: the model steps of {} at batch {:g} differ {:.1f}x between the processes "
                  "that timed them together (median step of the slowest over the fastest; steady runs here stay "
                  "under {:g}x): one process ran slower throughout, so the rank wait written ({:.1f} ms) is its lag, "
-                 "not training's; time them again on a steady machine\n",
+                 "not training's; time them again on a steady machine (the cause seen here was glibc's adaptive malloc "
+                 "thresholds, which conduit fixes unless CONDUIT_MALLOC_TUNING=0 or malloc settings of your own)\n",
                  a.gemm, m.layers, m.batch, m.rank_spread, kSteadySpread, m.slowest_wait * 1e3);
     }
     fmt::print("{}: {} GEMM shapes, {} convolutions, {} poolings, {} model steps, timed by {} concurrent process{}{}\n",

@@ -276,13 +276,13 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
       p->batch = batch;
     }
     const auto& st = j["step_samples_s"];
-    std::vector<double> mine;
+    const size_t first = p->steps.size();
     for (const auto& v : st) {
       if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
         throw bad("step_samples_s", "must be a non-empty list of positive seconds");
       p->steps.push_back(v.get<double>());
-      mine.push_back(v.get<double>());
     }
+    std::vector<double> mine(p->steps.begin() + static_cast<std::ptrdiff_t>(first), p->steps.end());  // this record's
     std::sort(mine.begin(), mine.end());
     p->medians.push_back(sorted_quantile(mine, 0.5));
     if (j.contains("optimizer_s")) {
