@@ -33,6 +33,9 @@
 namespace conduit::net {
 namespace {
 
+// SegHeader::aborted: 0, kAbortClaimed while a rank writes its reason, then that rank + 1.
+constexpr int32_t kAbortClaimed = -1;
+
 struct alignas(64) SegHeader {
   std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> sleepers;
@@ -246,9 +249,12 @@ class ShmTransport : public Transport, public Progressor {
     set_aborted(why);
     for (auto& p : peers_) {
       if (!p.serve || p.seg == nullptr) continue;
+      // Claim the slot, write the reason, then publish: a peer that sees `aborted` > 0 reads the whole reason
+      // (publishing first let a waiting peer read an empty reason and report only "rank R aborted").
       int32_t expected = 0;
-      if (p.seg->aborted.compare_exchange_strong(expected, rank_ + 1)) {
+      if (p.seg->aborted.compare_exchange_strong(expected, kAbortClaimed, std::memory_order_acq_rel)) {
         std::snprintf(p.seg->reason, sizeof p.seg->reason, "%s", why.c_str());
+        p.seg->aborted.store(rank_ + 1, std::memory_order_release);
       }
       ring_doorbell(p.seg);
     }
@@ -365,7 +371,7 @@ class ShmTransport : public Transport, public Progressor {
       }
       my_seg_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
       if (slot->seq.load(std::memory_order_acquire) == seq) return;
-      if (my_seg_->aborted.load(std::memory_order_acquire) != 0) {
+      if (my_seg_->aborted.load(std::memory_order_acquire) > 0) {
         std::string why(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason));
         throw PeerError(why.empty() ? fmt::format("rank {} aborted", my_seg_->aborted.load() - 1) : why);
       }
@@ -414,7 +420,7 @@ class ShmTransport : public Transport, public Progressor {
 
   bool progress_locked() {
     bool moved = false;
-    if (my_seg_->aborted.load(std::memory_order_acquire) != 0 && aborted_reason().empty()) {
+    if (my_seg_->aborted.load(std::memory_order_acquire) > 0 && aborted_reason().empty()) {
       std::string why(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason));
       if (why.empty()) why = fmt::format("rank {} aborted", my_seg_->aborted.load() - 1);
       set_aborted(why);
