@@ -166,6 +166,7 @@ struct DistributedOptimizer::Core {
     if (!compressed) {
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
+      co.blocking = true;
       if (w > 1) comm->allreduce(bk.flat.data(), n, DType::f32, ReduceOp::sum, co).wait();
       const double t1 = now_s();
       const float inv = 1.0f / float(w);
