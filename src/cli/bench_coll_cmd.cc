@@ -38,6 +38,7 @@ struct BenchArgs {
   bool json = false;
   bool check = true;
   bool blocking = true;
+  double stagger_us = 0;  // > 0: the last rank calls this long after the others (they have gone to sleep waiting)
 };
 
 // nccl-tests' bus bandwidth factors.
@@ -80,6 +81,8 @@ void run_bench(const BenchArgs& a) {
   if (hi < lo) throw ConfigError(fmt::format("--max-bytes {} is below --min-bytes {}", a.max_bytes, a.min_bytes));
   if (a.iters < 1 || a.iters > 1000000) throw ConfigError("--iters must be in [1, 1000000]");
   if (a.warmup < 0) throw ConfigError("--warmup must be >= 0");
+  if (!(a.stagger_us >= 0) || a.stagger_us > 1e6)
+    throw ConfigError(fmt::format("--stagger-us = {} (allowed: 0..1000000 microseconds)", a.stagger_us));
   coll::CommConfig cfg;
   cfg.timeout_s = a.timeout;
   cfg.transport = a.transport;
@@ -119,15 +122,37 @@ void run_bench(const BenchArgs& a) {
     size_t out_elems = (a.op == "allgather" || a.op == "alltoall" || a.op == "gather") ? count * n : count;
     std::vector<char> in(std::max<size_t>(in_elems, 1) * esz, 0), out(std::max<size_t>(out_elems, 1) * esz, 0);
     std::string algo_used;
-    for (int i = 0; i < a.warmup; ++i) launch_op(c, a, dt, rop, count, in.data(), out.data(), o).wait();
-    c.barrier().wait();
-    Stopwatch sw;
     coll::Work last;
-    for (int i = 0; i < a.iters; ++i) {  // nothing but the operation in the timed loop (as the MPI peer's)
-      last = launch_op(c, a, dt, rop, count, in.data(), out.data(), o);
-      last.wait();
+    double t = 0;
+    if (a.stagger_us > 0) {
+      // Each call as training meets it: the ranks leave a barrier together, the last rank computes for stagger_us
+      // (busy, as a backward pass) while the others wait in the collective, and its time from the call to the end is
+      // the sample: what a collective costs once its peers have given up spinning.
+      const bool late = c.rank() == n - 1;
+      double sum = 0;
+      for (int i = 0; i < a.warmup + a.iters; ++i) {
+        c.barrier().wait();
+        if (late) {
+          const Stopwatch busy;
+          while (busy.seconds() * 1e6 < a.stagger_us) {
+          }
+        }
+        const Stopwatch call;
+        last = launch_op(c, a, dt, rop, count, in.data(), out.data(), o);
+        last.wait();
+        if (i >= a.warmup && late) sum += call.seconds();
+      }
+      t = sum / a.iters;
+    } else {
+      for (int i = 0; i < a.warmup; ++i) launch_op(c, a, dt, rop, count, in.data(), out.data(), o).wait();
+      c.barrier().wait();
+      Stopwatch sw;
+      for (int i = 0; i < a.iters; ++i) {  // nothing but the operation in the timed loop (as the MPI peer's)
+        last = launch_op(c, a, dt, rop, count, in.data(), out.data(), o);
+        last.wait();
+      }
+      t = sw.seconds() / a.iters;
     }
-    double t = sw.seconds() / a.iters;
     algo_used = last.algorithm();
     c.allreduce(&t, 1, DType::f64, ReduceOp::max).wait();
     uint64_t wrong = 0;
@@ -148,6 +173,7 @@ void run_bench(const BenchArgs& a) {
                          {"iters", a.iters},       {"time_us", t * 1e6},
                          {"algbw_gbs", algbw},     {"busbw_gbs", busbw},
                          {"wrong", wrong}};
+        if (a.stagger_us > 0) j["stagger_us"] = a.stagger_us;
         std::cout << j.dump() << std::endl;
       } else {
         std::printf("%12.0f %12zu %6s %8s %10.2f %10.3f %10.3f %7llu  %s\n", size_bytes,
@@ -248,6 +274,9 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
   c->add_flag("!--async", a->blocking,
               "start each operation on the communicator's worker thread and wait for it (default: blocking calls "
               "on the calling thread, as MPI_Allreduce)");
+  c->add_option("--stagger-us", a->stagger_us,
+                "time each call as training meets it: the last rank arrives this many microseconds after the others "
+                "(busy meanwhile) and its time from call to end is the sample (default 0: back-to-back calls)");
   c->callback([a] { run_bench(*a); });
 
   auto s = std::make_shared<SelftestArgs>();

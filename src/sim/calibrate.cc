@@ -41,7 +41,8 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
     s.world = j["world"].get<long long>();
     s.bytes = j["bytes"].get<double>();
     s.seconds = j["time_us"].get<double>() * 1e-6;
-    if (s.world < 2 || s.bytes <= 0 || s.seconds <= 0) {
+    if (j.contains("stagger_us") && j["stagger_us"].is_number()) s.stagger = j["stagger_us"].get<double>() * 1e-6;
+    if (s.world < 2 || s.bytes <= 0 || s.seconds <= 0 || !(s.stagger >= 0)) {
       ++skip;
       continue;
     }
@@ -469,30 +470,40 @@ std::vector<double> least_squares(const std::vector<std::array<double, 3>>& X, c
 
 }  // namespace
 
+namespace {
+// The coefficients of alpha, beta and gamma in a sample's time, read off its pattern on a flat network with
+// alpha = beta = gamma = 1 (per byte: times the sample's bytes); false when the simulator does not model it.
+bool sample_coefficients(const BenchSample& s, std::array<double, 3>& coef) {
+  Collective c;
+  Algorithm a;
+  if (!bench_collective(s.op, c) || !bench_algorithm(s.algo, a)) return false;
+  Topology flat(flat_cluster(1.0, 1.0, 1.0), s.world);
+  CollectiveModel m(flat);
+  CollectiveCost cost;
+  try {
+    cost = m.profile(c, a, Group{s.world, 1, 0});
+  } catch (const Error&) {
+    return false;
+  }
+  coef = {cost.latency, cost.per_byte * s.bytes, cost.reduce_frac * s.bytes};
+  return true;
+}
+}  // namespace
+
 AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int* unmodelled) {
   std::vector<std::array<double, 3>> X;
   std::vector<double> y;
   int skip = 0;
   for (const auto& s : samples) {
-    Collective c;
-    Algorithm a;
-    if (!bench_collective(s.op, c) || !bench_algorithm(s.algo, a)) {
-      ++skip;
-      continue;
-    }
-    // Coefficients from the pattern on a flat network with alpha = 1, beta = 1, gamma = 1.
-    Topology flat(flat_cluster(1.0, 1.0, 1.0), s.world);
-    CollectiveModel m(flat);
-    CollectiveCost cost;
-    try {
-      cost = m.profile(c, a, Group{s.world, 1, 0});
-    } catch (const Error&) {
+    if (s.stagger > 0) continue;
+    std::array<double, 3> k;
+    if (!sample_coefficients(s, k)) {
       ++skip;
       continue;
     }
     // Weight each sample by 1/time so that small and large messages count alike (relative error).
     const double w = 1.0 / s.seconds;
-    X.push_back({cost.latency * w, cost.per_byte * s.bytes * w, cost.reduce_frac * s.bytes * w});
+    X.push_back({k[0] * w, k[1] * w, k[2] * w});
     y.push_back(1.0);
   }
   if (unmodelled) *unmodelled = skip;
@@ -529,6 +540,18 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   }
   f.rms_relative_error = std::sqrt(se / X.size());
   return f;
+}
+
+double fit_wake_latency(const std::vector<BenchSample>& samples, const AlphaBetaGamma& fit, size_t* used) {
+  std::vector<double> extra;
+  for (const auto& s : samples) {
+    std::array<double, 3> k;
+    if (s.stagger <= 0 || !sample_coefficients(s, k)) continue;
+    extra.push_back(s.seconds - (k[0] * fit.alpha + k[1] * fit.beta + k[2] * fit.gamma));
+  }
+  if (used) *used = extra.size();
+  if (extra.empty()) return 0;
+  return std::max(0.0, median_of(extra, [](double x) { return x; }));
 }
 
 double measure_memory_bandwidth(size_t bytes, int repeats) {
@@ -614,6 +637,9 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
   y += fmt::format("    nics: 1\n    nic:\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);
   y += "network:\n  topology: fat-tree\n  nodes_per_leaf: 1\n  oversubscription: 1\n  switch_latency: 0 us\n";
   y += fmt::format("  software_overhead: {:.6g} us\n", fit.alpha * 1e6);
+  if (fit.wake > 0)
+    y += fmt::format("  wake_latency: {:.6g} us   # per call, measured with the last rank arriving late\n",
+                     fit.wake * 1e6);
   y += fmt::format("  reduction_bandwidth: {:.6g} MB/s\n", fit.gamma > 0 ? 1.0 / fit.gamma / 1e6 : 1e9);
   y += "  in_network_reduction: false\n";
   return y;

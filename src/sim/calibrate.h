@@ -20,6 +20,7 @@ struct BenchSample {
   long long world = 1;
   double bytes = 0;
   double seconds = 0;
+  double stagger = 0;  // seconds the last rank arrived after the others (`bench coll --stagger-us`); 0: back to back
 };
 
 // Parses JSON lines of `conduit bench coll --json`; lines that are not bench records are skipped and counted.
@@ -32,12 +33,20 @@ bool bench_algorithm(std::string algo, Algorithm& a);
 
 struct AlphaBetaGamma {
   double alpha = 0, beta = 0, gamma = 0;
+  double wake = 0;  // per call, from fit_wake_latency (0 when not measured)
   size_t samples = 0;
   double rms_relative_error = 0;  // of the fit over the samples
 };
 
-// Fits one transport's samples. Samples whose algorithm the simulator does not model are skipped (counted).
+// Fits one transport's back-to-back samples. Samples whose algorithm the simulator does not model are skipped
+// (counted); staggered samples are left to fit_wake_latency.
 AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int* unmodelled = nullptr);
+
+// The time a collective call takes beyond `fit` when its peers arrived first and stopped spinning while they waited
+// (`bench coll --stagger-us`: their wake-up and return to the call): the median over the staggered samples of the
+// measured time minus the fit's prediction for the same operation, algorithm, world and bytes, at least 0. `samples`
+// receives how many staggered samples there were (0: none, and the result is 0).
+double fit_wake_latency(const std::vector<BenchSample>& samples, const AlphaBetaGamma& fit, size_t* used = nullptr);
 
 // Measured bytes/s of a large copy (a + b -> c, three streams), `bytes` per array.
 double measure_memory_bandwidth(size_t bytes = 64 << 20, int repeats = 3);

@@ -276,6 +276,8 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
   if (net["software_overhead"])
     ns.software_overhead =
         parse_duration(get_string(net["software_overhead"], f + ".software_overhead"), f + ".software_overhead");
+  if (net["wake_latency"])
+    ns.wake_latency = parse_duration(get_string(net["wake_latency"], f + ".wake_latency"), f + ".wake_latency");
   if (net["reduction_bandwidth"])
     ns.reduction_bandwidth =
         parse_bandwidth(get_string(net["reduction_bandwidth"], f + ".reduction_bandwidth"), f + ".reduction_bandwidth");

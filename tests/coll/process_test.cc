@@ -141,6 +141,23 @@ TEST(Processes, SmallShmAllreducesTakeTheFastPath) {
   }
 }
 
+// `bench coll --stagger-us`: the last rank calls late; the records say so (what `sim calibrate` reads to fit the wake
+// latency) and the correctness check still passes. A bad value is one line naming the flag and the allowed range.
+TEST(Processes, StaggeredBenchCallsAreMarkedAndChecked) {
+  auto r = run_sh(kConduit + " launch -n 2 --no-tag-output -- " + kConduit +
+                  " bench coll --transport shm --algo ring -b 1K -e 2K -n 3 -w 1 --json --stagger-us 300");
+  EXPECT_EQ(r.code, 0) << r.out;
+  size_t marked = 0;
+  for (size_t at = r.out.find("\"stagger_us\":300"); at != std::string::npos;
+       at = r.out.find("\"stagger_us\":300", at + 1))
+    ++marked;
+  EXPECT_EQ(marked, 2u) << r.out;  // 1 KiB and 2 KiB
+  EXPECT_NE(r.out.find("\"wrong\":0"), std::string::npos) << r.out;
+  auto bad = run_sh(kConduit + " bench coll --stagger-us -5");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("--stagger-us = -5 (allowed: 0..1000000 microseconds)"), std::string::npos) << bad.out;
+}
+
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.
 std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const std::string& extra, double timeout) {
   int port = free_port();

@@ -92,6 +92,76 @@ TEST(Calibrate, GemmLinesLandInTheCalibrationTable) {
   EXPECT_EQ(layer_step_gemms(parse_layer_model(kTrainCnnLayers), 64).size(), 12u);
 }
 
+// Calls timed with the last rank late (`bench coll --stagger-us`) leave the alpha-beta-gamma fit alone; the time
+// they take beyond it is the per-call wake latency, which the written cluster adds once to every collective call
+// (symmetric and full-detail alike) and which a negative excess clamps to zero.
+TEST(Calibrate, StaggeredCallsGiveTheWakeLatency) {
+  const double alpha = 3e-6, beta = 1 / 5e9, gamma = 1 / 10e9, wake = 90e-6;
+  Topology truth(flat_cluster(alpha, 1 / beta, gamma), 2);
+  CollectiveModel m(truth);
+  std::string lines;
+  for (double n = 1024; n <= 4e6; n *= 2)
+    for (const char* algo : {"ring", "rhd"}) {
+      Algorithm a = std::string(algo) == "ring" ? Algorithm::kRing : Algorithm::kHalvingDoubling;
+      const double t = m.time(Collective::kAllReduce, a, Group{2, 1, 0}, n);
+      lines += fmt::format(
+          "{{\"op\":\"allreduce\",\"algo\":\"{}\",\"transport\":\"shm\",\"world\":2,\"bytes\":{},\"time_us\":{}}}\n",
+          algo, n, t * 1e6);
+      if (a == Algorithm::kRing)  // late calls: the fit's time plus the wake latency, +-10 us around it
+        lines += fmt::format(
+            "{{\"op\":\"allreduce\",\"algo\":\"ring\",\"transport\":\"shm\",\"world\":2,\"bytes\":{},"
+            "\"time_us\":{},\"stagger_us\":500}}\n",
+            n, (t + wake + (int(std::log2(n)) % 3 - 1) * 10e-6) * 1e6);
+    }
+  auto samples = parse_bench_lines(lines, "bench.jsonl");
+  size_t late = 0;
+  for (const auto& s : samples) late += s.stagger > 0;
+  EXPECT_EQ(late, 12u);
+  EXPECT_DOUBLE_EQ(samples[1].stagger, 500e-6);
+  AlphaBetaGamma f = fit_alpha_beta_gamma(samples);
+  EXPECT_EQ(f.samples, 24u);  // the back-to-back ones
+  EXPECT_NEAR(f.alpha / alpha, 1, 1e-6);
+  EXPECT_LT(f.rms_relative_error, 1e-6);  // (on 2 ranks beta and gamma both scale with n: their sum is what is fitted)
+  size_t used = 0;
+  f.wake = fit_wake_latency(samples, f, &used);
+  EXPECT_EQ(used, 12u);
+  EXPECT_NEAR(f.wake, wake, 1e-9);  // the median of the offsets -10, 0 and +10 us, four each
+  ClusterSpec c = parse_cluster_yaml(calibrated_cluster_yaml("here", 2, f, 10e9, 8e9, 50e9, {}, "shm"), "here");
+  EXPECT_NEAR(c.network.wake_latency, wake, 1e-10);
+  Topology here(c, 2);
+  CollectiveModel mh(here);
+  for (double n : {4096.0, 1e6}) {
+    const double plain = m.time(Collective::kAllReduce, Algorithm::kRing, Group{2, 1, 0}, n);
+    EXPECT_NEAR(mh.time(Collective::kAllReduce, Algorithm::kRing, Group{2, 1, 0}, n), plain + wake, 1e-9);
+    EXPECT_NEAR(mh.time_full(Collective::kAllReduce, Algorithm::kRing, Group{2, 1, 0}, n), plain + wake, 1e-9);
+  }
+  // No late calls: no wake latency, and the cluster file has none.
+  std::string back_to_back;
+  for (const auto& s : samples)
+    if (s.stagger == 0)
+      back_to_back += fmt::format("{{\"op\":\"allreduce\",\"algo\":\"{}\",\"world\":2,\"bytes\":{},\"time_us\":{}}}\n",
+                                  s.algo, s.bytes, s.seconds * 1e6);
+  auto plain = parse_bench_lines(back_to_back, "b2b.jsonl");
+  EXPECT_EQ(fit_wake_latency(plain, f, &used), 0);
+  EXPECT_EQ(used, 0u);
+  AlphaBetaGamma g = f;
+  g.wake = 0;
+  EXPECT_EQ(calibrated_cluster_yaml("here", 2, g, 10e9, 8e9, 50e9, {}, "shm").find("wake_latency"), std::string::npos);
+  // Late calls faster than the fit (a peer that never slept): clamped to no wake latency.
+  auto fast = parse_bench_lines(
+      "{\"op\":\"allreduce\",\"algo\":\"ring\",\"world\":2,\"bytes\":1024,\"time_us\":0.5,\"stagger_us\":20}\n", "f");
+  EXPECT_EQ(fit_wake_latency(fast, f), 0);
+  // A bad wake_latency in a cluster file is one line naming the field.
+  std::string yaml = calibrated_cluster_yaml("here", 2, f, 10e9, 8e9, 50e9, {}, "shm");
+  yaml.replace(yaml.find("wake_latency: "), std::string("wake_latency: 90 us").size(), "wake_latency: soon  ");
+  try {
+    parse_cluster_yaml(yaml, "here.yaml");
+    ADD_FAILURE() << "a wake_latency of 'soon' was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("wake_latency"), std::string::npos) << e.what();
+  }
+}
+
 std::string error_of(const std::string& text) {
   try {
     parse_gemm_lines(text, "gemm.jsonl");
