@@ -320,6 +320,7 @@ void run_gemm(const GemmArgs& a) {
                                   {"prepare_s", ms.prepare_s},
                                   {"forward_s", ms.forward_s},
                                   {"backward_s", ms.backward_s},
+                                  {"stats_s", ms.stats_s},
                                   {"step_samples_s", ms.step_s},
                                   {"barrier_samples_s", ms.after_s},
                                   {"optimizer_s", ms.optimizer_s},
@@ -330,10 +331,10 @@ void run_gemm(const GemmArgs& a) {
                 << "\n";
     } else {
       fmt::print(
-          "\n  {} at batch {}: zero grads + batch {:.2f} ms, forward {:.2f} ms + backward {:.2f} ms = {:.2f} ms "
-          "(median of {} steps)",
+          "\n  {} at batch {}: zero grads + batch {:.2f} ms, forward {:.2f} ms + backward {:.2f} ms = {:.2f} ms, "
+          "loss and accuracy read back {:.2f} ms (median of {} steps)",
           name, a.batch, ms.prepare_s * 1e3, ms.forward_s * 1e3, ms.backward_s * 1e3,
-          (ms.forward_s + ms.backward_s) * 1e3, ms.steps);
+          (ms.forward_s + ms.backward_s) * 1e3, ms.stats_s * 1e3, ms.steps);
       if (sm.gemm > 0) fmt::print("; its GEMMs above sum to {:.2f} ms", sm.gemm * 1e3);
       if (sm.conv > 0)
         fmt::print("; its convolutions (as convolutions), poolings and dense GEMMs to {:.2f} ms",
@@ -359,7 +360,8 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--model", a->model,
                 "also time training steps of these models (comma-separated: mlp, cnn, resnet) as conduit train runs "
-                "them up to the gradient exchange: zero grads + batch, forward, backward with gradient-copy hooks");
+                "them up to the gradient exchange: zero grads + batch, forward, backward with gradient-copy hooks, "
+                "and the loss and accuracy read back");
   c->add_option("--model-steps", a->model_steps, "timed steps for --model")->capture_default_str();
   c->add_option("--transport", a->transport,
                 "under conduit launch: transport of the barrier that ends each --model step (auto, shm, tcp, ...)")

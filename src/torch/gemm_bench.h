@@ -54,7 +54,8 @@ std::vector<PoolTiming> time_pools(const std::vector<PoolTiming>& shapes, int th
 struct ModelStepTiming {
   double forward_s = 0, backward_s = 0;  // medians: forward with the cross-entropy loss; backward
   double prepare_s = 0;                  // median: zeroing the gradients and building the batch
-  std::vector<double> step_s;            // every timed step's prepare + forward + backward, in order
+  double stats_s = 0;                    // median: reading back the step's loss and accuracy (as the trainer does)
+  std::vector<double> step_s;            // every timed step's prepare + forward + backward + stats, in order
   std::vector<double> after_s;           // the time in `after_step` after each timed step (empty without one)
   double optimizer_s = 0;                // median: SGD with momentum 0.9 (conduit train's default) over the parameters
   int steps = 0;
@@ -64,9 +65,10 @@ struct ModelStepTiming {
 // up to the gradient exchange: zero the gradients (detach and zero, as DistributedOptimizer::zero_grad), build the
 // batch from 8-bit pixels (normalized as the trainer's make_batch), forward with the cross-entropy loss, and backward
 // with a hook per parameter that copies its gradient into one flat buffer (as DistributedOptimizer's hooks copy
-// them into buckets). `steps` timed steps after one untimed step, with `threads` intra-op threads; `after_step`
-// (untimed, when given) runs after every step, e.g. a barrier among ranks timing together, which blocks each step as
-// BSP training's gradient exchange does; then the optimizer step is timed on its own. ConfigError for an unknown model.
+// them into buckets), and after the optimizer the loss and accuracy read back (as the trainer does every step). `steps`
+// timed steps after one untimed step, with `threads` intra-op threads; `after_step` (untimed, when given) runs after
+// every step, e.g. a barrier among ranks timing together, which blocks each step as BSP training's gradient exchange
+// does; then the optimizer step is timed on its own. ConfigError for an unknown model.
 ModelStepTiming time_model_step(const std::string& name, int batch, int threads, int steps,
                                 const std::function<void()>& after_step = {});
 

@@ -281,7 +281,7 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
       std::memcpy(flat.data() + o, c.data_ptr<float>(), size_t(c.numel()) * sizeof(float));
     });
   torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.01).momentum(0.9));
-  std::vector<double> f, b, p, all, o;
+  std::vector<double> f, b, p, all, o, st;
   ModelStepTiming r;
   for (int s = 0; s <= std::max(1, steps); ++s) {
     const double t0 = now();
@@ -295,7 +295,8 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
     const float scale = 1.0f / (255.0f * 0.3530f), shift = 0.2860f / 0.3530f;
     for (int64_t k = 0; k < batch * px; ++k) xp[k] = float(pixels[size_t(k)]) * scale - shift;
     const double t1 = now();
-    auto loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    auto logits = model->forward(x);
+    auto loss = torch::nn::functional::cross_entropy(logits, y);
     const double t2 = now();
     loss.backward();
     const double t3 = now();
@@ -303,14 +304,20 @@ ModelStepTiming time_model_step(const std::string& name, int batch, int threads,
     const double t4 = now();
     sgd.step();
     const double t5 = now();
+    // The step's loss and accuracy, read back as the trainer does after every step.
+    volatile double seen = double(loss.item<float>()) + double(logits.argmax(1).eq(y).sum().item<int64_t>());
+    (void)seen;
+    const double t6 = now();
     if (s == 0) continue;  // untimed
     o.push_back(t5 - t4);
+    st.push_back(t6 - t5);
     if (after_step) r.after_s.push_back(t4 - t3);
     p.push_back(t1 - t0);
     f.push_back(t2 - t1);
     b.push_back(t3 - t2);
-    all.push_back(t3 - t0);
+    all.push_back(t3 - t0 + t6 - t5);
   }
+  r.stats_s = median(st);
   r.forward_s = median(f);
   r.backward_s = median(b);
   r.prepare_s = median(p);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/error.h"
@@ -267,11 +268,20 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
   std::string mk = "mkdir -p " + dir;
   ASSERT_EQ(std::system(mk.c_str()), 0);
   int rc = 0;
-  std::string gemm = run("bench gemm --json --shapes 48x40x24,32x32x32 --min-time 0.005", &rc);
+  std::string gemm =
+      run("bench gemm --json --shapes 48x40x24,32x32x32 --min-time 0.005 --model mlp --model-steps 3", &rc);
   if (rc != 0 && gemm.find("gemm") != std::string::npos && gemm.find("bench.gemm") == std::string::npos)
     GTEST_SKIP() << "conduit built without libtorch: " << gemm;
   ASSERT_EQ(rc, 0) << gemm;
   std::ofstream(dir + "/gemm.jsonl") << gemm;
+  // The model step record carries the per-step loss and accuracy read-back the trainer does, timed.
+  const size_t ms = gemm.find("\"kind\":\"bench.model_step\"");
+  ASSERT_NE(ms, std::string::npos) << gemm;
+  const std::string rec = gemm.substr(gemm.rfind('{', ms), gemm.find('\n', ms) - gemm.rfind('{', ms));
+  const auto j = nlohmann::json::parse(rec);
+  ASSERT_TRUE(j.contains("stats_s")) << rec;
+  EXPECT_GT(j["stats_s"].get<double>(), 0) << rec;
+  EXPECT_EQ(j["step_samples_s"].size(), 3u) << rec;
   // Collective timings of a flat 2-rank network (alpha 20 us, 1 GB/s, gamma 1/4 GB/s): ring allreduce.
   {
     std::ofstream b(dir + "/bench.jsonl");
