@@ -74,14 +74,16 @@ def main():
     ap.add_argument("--retakes", type=int, default=2,
                     help="times to time the kernels and model steps again when `sim calibrate` warns that one of the "
                          "processes timing them together ran slower throughout (its lag would be written as rank wait)")
+    ap.add_argument("--stagger-us", type=float, default=500,
+                    help="how late the last rank calls the staggered allreduces (0: leave them out, no wake latency)")
     a = ap.parse_args()
     try:
         workers = [int(x) for x in a.workers.split(",")]
     except ValueError:
         sys.exit(f"validate_train.py: --workers '{a.workers}' is not a comma-separated list of integers")
-    if a.rounds < 1 or a.train_runs < 1 or a.retakes < 0 or any(n < 2 for n in workers):
-        sys.exit("validate_train.py: --rounds and --train-runs must be >= 1, --retakes >= 0 and every --workers "
-                 "entry >= 2")
+    if a.rounds < 1 or a.train_runs < 1 or a.retakes < 0 or any(n < 2 for n in workers) or a.stagger_us < 0:
+        sys.exit("validate_train.py: --rounds and --train-runs must be >= 1, --retakes and --stagger-us >= 0 and "
+                 "every --workers entry >= 2")
     c = a.conduit
     rows = []
     for rnd in range(1, a.rounds + 1):
@@ -94,6 +96,15 @@ def main():
                 run(launch + ["bench", "coll", "--op", "allreduce", "--algo", algo, "--transport", "shm", "-b", "1K",
                               "-e", "4M", "-n", "20", "-w", "2", "--json", "--no-check"],
                     os.path.join(d, f"ar_{algo}.jsonl"))
+            # The same ring allreduces as training meets them: the last rank arrives 0.5 ms after the others, which
+            # have stopped spinning by then (sim calibrate fits the time beyond the back-to-back fit: wake_latency).
+            late = os.path.join(d, "ar_ring_late.jsonl")
+            if a.stagger_us > 0:
+                run(launch + ["bench", "coll", "--op", "allreduce", "--algo", "ring", "--transport", "shm", "-b",
+                              "1K", "-e", "4M", "-n", "20", "-w", "2", "--json", "--no-check", "--stagger-us",
+                              f"{a.stagger_us:g}"], late)
+            elif os.path.exists(late):
+                os.remove(late)
             cluster = os.path.join(d, f"here-{n}.yaml")
             for retake in range(a.retakes + 1):
                 run(launch + ["bench", "gemm", "--model", "mlp,cnn", "--model-steps", "40", "--json"],
@@ -106,6 +117,9 @@ def main():
                     print(warnings[0].strip(), flush=True)
                 if not slowed or retake == a.retakes:
                     break
+            with open(cluster) as f:
+                wake = [float(l.split()[1]) * 1e-6 for l in f if l.strip().startswith("wake_latency:")]
+            wake = wake[0] if wake else 0.0
             for model, spec in MODELS.items():
                 p = json.loads(run([c, "sim", "step", "--cluster", cluster, "--gpus", str(n), "--model", "layers",
                                     "--layers-spec", spec, "--global-batch", str(BATCH * n), "--micro-batch",
@@ -122,11 +136,11 @@ def main():
                 b = p["breakdown_s"]
                 rows.append(dict(model=model, n=n, round=rnd, load=(l0, load()), retakes=retake, slowed=slowed, pred=p["time_s"],
                                  p_comp=p["time_s"] - b["dp_exposed"] - b["optimizer"], p_exp=b["dp_exposed"], p_opt=b["optimizer"],
-                                 framework=b["framework"], rank_wait=b["rank_wait"], meas=total, m_comp=comp,
+                                 framework=b["framework"], rank_wait=b["rank_wait"], wake=wake, meas=total, m_comp=comp,
                                  m_exp=exp, m_opt=opt, runs=[r[0] for r in runs]))
     ms = lambda s: f"{1e3 * s:.1f}"
     print("\n| model | workers | round (load avg.) | predicted step (compute / exposed comm / optimizer) | of which "
-          "framework / rank wait | measured step (compute / exposed comm / optimizer) | error |")
+          "framework / rank wait / wake per call | measured step (compute / exposed comm / optimizer) | error |")
     print("|---|---|---|---|---|---|---|")
     within = 0
     for r in sorted(rows, key=lambda r: (r["model"], r["n"], r["round"])):
@@ -138,7 +152,8 @@ def main():
         again = f", timed {r['retakes'] + 1}x{' and still slowed' if r['slowed'] else ''}" if r["retakes"] else ""
         print(f"| {r['model']} | {r['n']} | {r['round']} ({r['load'][0]:.1f}-{r['load'][1]:.1f}{again}) | "
               f"{ms(r['pred'])} ms ({ms(r['p_comp'])} / {ms(r['p_exp'])} / {ms(r['p_opt'])}) | "
-              f"{1e3 * r['framework']:+.1f} / {ms(r['rank_wait'])} ms | {ms(r['meas'])} ms ({ms(r['m_comp'])} / "
+              f"{1e3 * r['framework']:+.1f} / {ms(r['rank_wait'])} / {1e3 * r['wake']:.2f} ms | "
+              f"{ms(r['meas'])} ms ({ms(r['m_comp'])} / "
               f"{ms(r['m_exp'])} / {ms(r['m_opt'])}{runs}) | {f'**{e}**' if ok else e} |")
     print(f"\n{within} of {len(rows)} rows within {100 * a.goal:.0f}%")
     for key in sorted({(r["model"], r["n"]) for r in rows}):
