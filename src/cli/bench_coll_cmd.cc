@@ -127,9 +127,10 @@ void run_bench(const BenchArgs& a) {
     if (a.stagger_us > 0) {
       // Each call as training meets it: the ranks leave a barrier together, the last rank computes for stagger_us
       // (busy, as a backward pass) while the others wait in the collective, and its time from the call to the end is
-      // the sample: what a collective costs once its peers have given up spinning.
+      // the sample: what a collective costs once its peers have given up spinning. The median call is reported (a
+      // call that meets a preempted peer is not what a step pays typically).
       const bool late = c.rank() == n - 1;
-      double sum = 0;
+      std::vector<double> calls;
       for (int i = 0; i < a.warmup + a.iters; ++i) {
         c.barrier().wait();
         if (late) {
@@ -140,9 +141,13 @@ void run_bench(const BenchArgs& a) {
         const Stopwatch call;
         last = launch_op(c, a, dt, rop, count, in.data(), out.data(), o);
         last.wait();
-        if (i >= a.warmup && late) sum += call.seconds();
+        if (i >= a.warmup && late) calls.push_back(call.seconds());
       }
-      t = sum / a.iters;
+      if (late) {
+        std::sort(calls.begin(), calls.end());
+        const size_t h = calls.size() / 2;
+        t = calls.size() % 2 ? calls[h] : 0.5 * (calls[h - 1] + calls[h]);
+      }
     } else {
       for (int i = 0; i < a.warmup; ++i) launch_op(c, a, dt, rop, count, in.data(), out.data(), o).wait();
       c.barrier().wait();
@@ -276,7 +281,8 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
               "on the calling thread, as MPI_Allreduce)");
   c->add_option("--stagger-us", a->stagger_us,
                 "time each call as training meets it: the last rank arrives this many microseconds after the others "
-                "(busy meanwhile) and its time from call to end is the sample (default 0: back-to-back calls)");
+                "(busy meanwhile) and its median time from call to end is reported (default 0: back-to-back "
+                "calls, their mean)");
   c->callback([a] { run_bench(*a); });
 
   auto s = std::make_shared<SelftestArgs>();
