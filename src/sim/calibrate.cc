@@ -619,8 +619,9 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
   if (!models.empty()) {
     y += "      model_calibration:   # measured training steps up to the gradient exchange (zero grads, batch, "
          "forward,\n";
-    y += "                           # backward with gradient copies), quantiles 0, 0.05, ..., 1 of the steps, times / "
-         "share\n";
+    y += "                           # backward with gradient copies, loss and accuracy read back), quantiles 0, 0.05, "
+         "..., 1\n";
+    y += "                           # of the steps, times / share\n";
     for (const auto& m : models) {
       std::string q;
       for (double t : m.quantiles) q += fmt::format("{}{:.6g} us", q.empty() ? "" : ", ", t / share * 1e6);
