@@ -44,7 +44,7 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
 
 // The time a collective call takes beyond `fit` when its peers arrived first and stopped spinning while they waited
 // (`bench coll --stagger-us`: their wake-up and return to the call): the median over the staggered samples of the
-// measured time minus the fit's prediction for the same operation, algorithm, world and bytes, at least 0. `samples`
+// measured time minus the fit's prediction for the same operation, algorithm, world and bytes, at least 0. `used`
 // receives how many staggered samples there were (0: none, and the result is 0).
 double fit_wake_latency(const std::vector<BenchSample>& samples, const AlphaBetaGamma& fit, size_t* used = nullptr);
 
