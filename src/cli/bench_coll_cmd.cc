@@ -90,6 +90,11 @@ void run_bench(const BenchArgs& a) {
   Communicator& c = *comm;
   const int n = c.size();
   if (a.root < 0 || a.root >= n) throw ConfigError(fmt::format("--root {} is not a rank of [0, {})", a.root, n));
+  if (a.stagger_us * 1e-6 >= c.timeout_s())
+    throw ConfigError(
+        fmt::format("--stagger-us = {} is not below the collective deadline ({} s, --timeout): the "
+                    "waiting ranks would time out",
+                    a.stagger_us, c.timeout_s()));
   CollOptions o;
   o.algorithm = a.algo;
   o.blocking = a.blocking;
@@ -107,6 +112,8 @@ void run_bench(const BenchArgs& a) {
   if (c.rank() == 0 && !a.json) {
     std::printf("# conduit bench coll: op %s, %d ranks, transport %s, dtype %s, reduce %s, iters %d\n", a.op.c_str(),
                 n, c.transport().name(), dtype_name(dt), reduce_op_name(rop), a.iters);
+    if (a.stagger_us > 0)
+      std::printf("# rank %d calls %g us after the others; time(us) is its median call\n", n - 1, a.stagger_us);
     std::printf("# cost model (%s): %s\n", c.tuner().model().source.c_str(),
                 coll::format_cost_model(c.tuner().model()).c_str());
     std::printf("%12s %12s %6s %8s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop", "time(us)",

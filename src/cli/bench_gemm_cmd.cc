@@ -360,8 +360,8 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--model", a->model,
                 "also time training steps of these models (comma-separated: mlp, cnn, resnet) as conduit train runs "
-                "them up to the gradient exchange: zero grads + batch, forward, backward with gradient-copy hooks, "
-                "and the loss and accuracy read back");
+                "them without the gradient exchange: zero grads + batch, forward, backward with gradient-copy "
+                "hooks, and the loss and accuracy read back after the optimizer");
   c->add_option("--model-steps", a->model_steps, "timed steps for --model")->capture_default_str();
   c->add_option("--transport", a->transport,
                 "under conduit launch: transport of the barrier that ends each --model step (auto, shm, tcp, ...)")

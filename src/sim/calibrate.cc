@@ -493,9 +493,12 @@ bool sample_coefficients(const BenchSample& s, std::array<double, 3>& coef) {
 AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int* unmodelled) {
   std::vector<std::array<double, 3>> X;
   std::vector<double> y;
-  int skip = 0;
+  int skip = 0, late = 0;
   for (const auto& s : samples) {
-    if (s.stagger > 0) continue;
+    if (s.stagger > 0) {
+      ++late;
+      continue;
+    }
     std::array<double, 3> k;
     if (!sample_coefficients(s, k)) {
       ++skip;
@@ -508,10 +511,10 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   }
   if (unmodelled) *unmodelled = skip;
   if (X.size() < 3)
-    throw ConfigError(
-        fmt::format("calibrate: {} usable samples; need at least 3 (sweep sizes with `conduit bench coll "
-                    "--json -b 8 -e 64M`)",
-                    X.size()));
+    throw ConfigError(fmt::format(
+        "calibrate: {} usable back-to-back samples{}; need at least 3 (sweep sizes with `conduit bench coll "
+        "--json -b 8 -e 64M`, without --stagger-us)",
+        X.size(), late ? fmt::format(" ({} staggered ones only give the wake latency)", late) : std::string()));
   // Non-negative least squares by active sets over the three unknowns: drop any negative coefficient and refit.
   std::array<bool, 3> active{true, true, true};
   bool any_gamma = false;
@@ -617,11 +620,10 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
           p.batch, p.channels, p.height, p.width, p.kernel, p.forward_s / share * 1e6, p.backward_s / share * 1e6);
   }
   if (!models.empty()) {
-    y += "      model_calibration:   # measured training steps up to the gradient exchange (zero grads, batch, "
+    y += "      model_calibration:   # measured training steps without the gradient exchange (zero grads, batch, "
          "forward,\n";
-    y += "                           # backward with gradient copies, loss and accuracy read back), quantiles 0, 0.05, "
-         "..., 1\n";
-    y += "                           # of the steps, times / share\n";
+    y += "                           # backward with gradient copies, and the loss and accuracy read back after the\n";
+    y += "                           # optimizer), quantiles 0, 0.05, ..., 1 of the steps, times / share\n";
     for (const auto& m : models) {
       std::string q;
       for (double t : m.quantiles) q += fmt::format("{}{:.6g} us", q.empty() ? "" : ", ", t / share * 1e6);

@@ -100,8 +100,10 @@ struct NetworkSpec {
   LinkSpec torus_link;                // torus: each neighbour link
   double software_overhead = 0;       // seconds per collective step (alpha's software part)
   // Seconds per collective call for waking peers that arrived first and stopped polling while they waited (CPU
-  // transports that spin, then sleep: a futex wake-up and an idle core's return). Paid once per call, as training
-  // calls arrive apart; 0 for accelerators' collectives, which poll (`conduit sim calibrate` measures it).
+  // transports that spin, then sleep: a futex wake-up and an idle core's return). The step model charges it once
+  // per data-parallel call (gradient buckets, ZeRO's gathers, compressed exchanges), which training's ranks reach
+  // apart; the collective model itself (sim coll, tensor- and pipeline-parallel calls in lockstep) does not. 0 for
+  // accelerators' collectives, which poll (`conduit sim calibrate` measures it).
   double wake_latency = 0;
   double reduction_bandwidth = 1e12;  // bytes/s reduced (gamma = 1 / this)
   bool in_network_reduction = false;

@@ -526,7 +526,6 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
     by_kind[link_kind_name(worst)] += s.repeat * coeff;
   }
   for (int l : behind_touched) ranks_behind_[l] = 0;
-  cost.latency += topo_.spec().network.wake_latency;  // once per call
   double best = -1;
   for (auto& [k, v] : by_kind)
     if (v > best) {
@@ -656,7 +655,7 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
     double step = r.makespan + overhead + (s0.latency_hops - 1) * (max_lat + overhead) + s0.reduce * n * gamma;
     total += s0.repeat * step;
   }
-  return all.front().empty() ? 0.0 : total + topo_.spec().network.wake_latency;  // once per call
+  return total;
 }
 
 }  // namespace conduit::sim

@@ -5,8 +5,7 @@
 // destination rank, fraction of the message n), repeated `repeat` times, with `reduce` bytes summed per rank.
 // A step costs   latency (path latency + software overhead) + max over links of (bytes on link / bandwidth)
 //                + reduced bytes * gamma,
-// and a collective costs the sum of its steps (plus the network's wake_latency once per call: 0 unless calibrated
-// on CPUs, see cluster.h). On a flat network (every rank one link of bandwidth 1/beta,
+// and a collective costs the sum of its steps. On a flat network (every rank one link of bandwidth 1/beta,
 // latency alpha) the patterns reproduce the MPICH closed forms (Thakur, Rabenseifner & Gropp, IJHPCA 2005):
 //   ring allreduce               2(p-1)a + 2(p-1)/p nb + (p-1)/p ng
 //   Rabenseifner allreduce       2 log p a + 2(p-1)/p nb + (p-1)/p ng            (p a power of two)

@@ -163,6 +163,9 @@ double bucketed_exposed(double window, double total_bytes, double bucket_bytes, 
   return std::max(0.0, end - window);
 }
 
+// Calls a bucketed exchange of `total` bytes makes with buckets of at most `cap` bytes.
+double bucket_calls(double total, double cap) { return total <= 0 ? 0.0 : std::max(1.0, std::ceil(total / cap)); }
+
 // The accelerator's measured step of exactly these layers (kind, sizes, kernel, map), or nullptr.
 const ModelStepSample* find_model_step(const Accelerator& acc, const LayerModel& m) {
   for (const auto& s : acc.model_calibration) {
@@ -298,12 +301,15 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   if (d > 1) {
     const Group dg{d, static_cast<long long>(t), 0};
     const double grad_bytes = params_gpu * cfg.grad_bytes;
+    // Each data-parallel call also pays the wake-up of peers that arrived first and stopped polling (calibrated CPU
+    // clusters; 0 elsewhere): the ranks reach a gradient exchange apart.
+    const double wake = topo.spec().network.wake_latency;
     if (cfg.zero == 3) {
       const double layer_bytes = layer_params / t * 2;
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, layer_params / t * cfg.grad_bytes);
-      const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes),
-                   t_rs = ctime(Collective::kReduceScatter, rs, dg, layer_params / t * cfg.grad_bytes);
+      const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes) + wake,
+                   t_rs = ctime(Collective::kReduceScatter, rs, dg, layer_params / t * cfg.grad_bytes) + wake;
       const double per_mb = lps * (2 * t_ag + t_rs);
       const double exposed_mb =
           t_ag + lps * (std::max(0.0, t_ag - mt.layer_fwd) + std::max(0.0, t_ag + t_rs - mt.layer_bwd));
@@ -318,15 +324,17 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
     } else if (cfg.zero >= 1) {
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
-      const double t_rs = ctime(Collective::kReduceScatter, rs, dg, grad_bytes),
-                   t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2);
+      const double t_rs = ctime(Collective::kReduceScatter, rs, dg, grad_bytes) +
+                          bucket_calls(grad_bytes, cfg.bucket_bytes) * wake,
+                   t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2) + wake;
       dp_total = t_rs + t_ag;
       double busy = t_rs;
-      dp_exposed = (cfg.dp_overlap ? bucketed_exposed(
-                                         bwd_window, grad_bytes, cfg.bucket_bytes,
-                                         [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n); }, &busy)
-                                   : t_rs) +
-                   t_ag;
+      dp_exposed =
+          (cfg.dp_overlap ? bucketed_exposed(
+                                bwd_window, grad_bytes, cfg.bucket_bytes,
+                                [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n) + wake; }, &busy)
+                          : t_rs) +
+          t_ag;
       dp_total = busy + t_ag;
       r.dp_algorithm = algorithm_name(rs.algorithm);
       r.dp_bottleneck = rs.bottleneck;
@@ -337,11 +345,13 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
         double bytes_per = cp.kind == "none" ? cfg.grad_bytes : cp.kind == "fp16" ? 2 : cp.kind == "int8" ? 1 : 0.5;
         const double wire = elems * bytes_per;
         auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
-        dp_total = ctime(Collective::kAllReduce, ar, dg, wire);
-        dp_exposed = cfg.dp_overlap ? bucketed_exposed(
-                                          bwd_window, wire, cfg.bucket_bytes * bytes_per / cfg.grad_bytes,
-                                          [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n); }, &dp_total)
-                                    : dp_total;
+        const double cap = cfg.bucket_bytes * bytes_per / cfg.grad_bytes;
+        dp_total = ctime(Collective::kAllReduce, ar, dg, wire) + bucket_calls(wire, cap) * wake;
+        dp_exposed = cfg.dp_overlap
+                         ? bucketed_exposed(
+                               bwd_window, wire, cap,
+                               [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n) + wake; }, &dp_total)
+                         : dp_total;
         if (cp.kind != "none") {
           // Quantize before sending, dequantize-accumulate-requantize at each reduction step (fused, one pass
           // over the local gradient each way) and dequantize at the end; error feedback adds a pass.
@@ -352,7 +362,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
       } else if (cp.kind == "topk") {
         const double per_rank = cp.param * elems * (2 + 4);  // fp16 value + int32 index
         auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, per_rank * d);
-        dp_total = ctime(Collective::kAllGather, ag, dg, per_rank * d);
+        dp_total = ctime(Collective::kAllGather, ag, dg, per_rank * d) + wake;
         dp_exposed = dp_total;  // needs the whole gradient for selection: after backward
         comp_time = memory_time(acc, elems * cfg.grad_bytes * 3 + per_rank * d * 2, 4 + 1);
         r.dp_algorithm = algorithm_name(ag.algorithm);
@@ -372,7 +382,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
         factors += rank * (V / t + h);
         gemm += 3 * gemm_time(acc, {V / t, rank, h, 1});
         auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, factors);
-        dp_total = 2 * ctime(Collective::kAllReduce, ar, dg, factors);  // P then Q: each about half of the fp16 factors
+        // P then Q: each about half of the fp16 factors.
+        dp_total = 2 * (ctime(Collective::kAllReduce, ar, dg, factors) + wake);
         dp_exposed = dp_total;
         comp_time = gemm + memory_time(acc, elems * cfg.grad_bytes * 2, 2);
         r.dp_algorithm = algorithm_name(ar.algorithm);
@@ -538,18 +549,21 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter : Collective::kAllReduce;
     auto prof = net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
     // Each bucket's exchange, then its average: the runtime divides the reduced f32 gradients by the world size (read
-    // + write 4 bytes per element) before the next bucket.
+    // + write 4 bytes per element) before the next bucket. Each call also pays the wake-up of peers that arrived
+    // first and stopped polling (calibrated CPU clusters; 0 elsewhere).
+    const double wake = topo.spec().network.wake_latency;
     auto tof = [&](double n) {
       return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n)) +
-             memory_time(*slow, 8 * n / per, 1);
+             memory_time(*slow, 8 * n / per, 1) + wake;
     };
-    dp_total = tof(wire);
-    dp_exposed = cfg.dp_overlap ? bucketed_exposed(bwd, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total)
-                                : dp_total;
+    // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
+    dp_exposed =
+        bucketed_exposed(cfg.dp_overlap ? bwd : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total);
     if (cfg.zero >= 1) {
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params * 2);
-      double t_ag = cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, params * 2)
-                                                : ag.time(params * 2);
+      double t_ag = (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, params * 2)
+                                                 : ag.time(params * 2)) +
+                    wake;
       dp_total += t_ag;
       dp_exposed += t_ag;
     }

@@ -156,6 +156,11 @@ TEST(Processes, StaggeredBenchCallsAreMarkedAndChecked) {
   auto bad = run_sh(kConduit + " bench coll --stagger-us -5");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--stagger-us = -5 (allowed: 0..1000000 microseconds)"), std::string::npos) << bad.out;
+  auto late = run_sh(kConduit + " bench coll --stagger-us 600000 --timeout 0.5");
+  EXPECT_NE(late.code, 0);
+  EXPECT_NE(late.out.find("--stagger-us = 600000 is not below the collective deadline (0.5 s, --timeout)"),
+            std::string::npos)
+      << late.out;
 }
 
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.

@@ -93,8 +93,8 @@ TEST(Calibrate, GemmLinesLandInTheCalibrationTable) {
 }
 
 // Calls timed with the last rank late (`bench coll --stagger-us`) leave the alpha-beta-gamma fit alone; the time
-// they take beyond it is the per-call wake latency, which the written cluster adds once to every collective call
-// (symmetric and full-detail alike) and which a negative excess clamps to zero.
+// they take beyond it is the per-call wake latency, which the step model adds once to every data-parallel call of a
+// cluster that has one, and which a negative excess clamps to zero.
 TEST(Calibrate, StaggeredCallsGiveTheWakeLatency) {
   const double alpha = 3e-6, beta = 1 / 5e9, gamma = 1 / 10e9, wake = 90e-6;
   Topology truth(flat_cluster(alpha, 1 / beta, gamma), 2);
@@ -128,13 +128,42 @@ TEST(Calibrate, StaggeredCallsGiveTheWakeLatency) {
   EXPECT_NEAR(f.wake, wake, 1e-9);  // the median of the offsets -10, 0 and +10 us, four each
   ClusterSpec c = parse_cluster_yaml(calibrated_cluster_yaml("here", 2, f, 10e9, 8e9, 50e9, {}, "shm"), "here");
   EXPECT_NEAR(c.network.wake_latency, wake, 1e-10);
-  Topology here(c, 2);
-  CollectiveModel mh(here);
+  // The collective model is the back-to-back one (symmetric and full detail); the step model charges the wake once
+  // per data-parallel call: the MLP's 0.94 MB of f32 gradients in 25 MiB buckets is one call, in 0.25 MiB buckets
+  // four, with overlap or without; a GPT step's bucketed allreduce likewise.
+  ClusterSpec asleep = c, awake = c;
+  awake.network.wake_latency = 0;
+  Topology here(asleep, 2), there(awake, 2);
+  CollectiveModel mh(here), mt(there);
   for (double n : {4096.0, 1e6}) {
     const double plain = m.time(Collective::kAllReduce, Algorithm::kRing, Group{2, 1, 0}, n);
-    EXPECT_NEAR(mh.time(Collective::kAllReduce, Algorithm::kRing, Group{2, 1, 0}, n), plain + wake, 1e-9);
-    EXPECT_NEAR(mh.time_full(Collective::kAllReduce, Algorithm::kRing, Group{2, 1, 0}, n), plain + wake, 1e-9);
+    EXPECT_NEAR(mh.time(Collective::kAllReduce, Algorithm::kRing, Group{2, 1, 0}, n) / plain, 1, 1e-5);  // 6 digits
+    EXPECT_NEAR(mh.time_full(Collective::kAllReduce, Algorithm::kRing, Group{2, 1, 0}, n) / plain, 1, 1e-5);
   }
+  const LayerModel mlp = parse_layer_model(kTrainMlpLayers);
+  ParallelConfig pc;
+  pc.micro_batch = 64;
+  pc.global_batch = 2 * 64;
+  pc.grad_bytes = 4;
+  for (bool overlap : {true, false})
+    for (auto [cap, calls] : {std::pair{25.0 * (1 << 20), 1}, std::pair{0.25 * (1 << 20), 4}}) {
+      pc.dp_overlap = overlap;
+      pc.bucket_bytes = cap;
+      const StepResult a = simulate_layer_step(mh, mlp, pc), b = simulate_layer_step(mt, mlp, pc);
+      EXPECT_NEAR(a.breakdown.dp_comm - b.breakdown.dp_comm, calls * wake, 1e-9) << overlap << " " << cap;
+      if (!overlap) EXPECT_NEAR(a.breakdown.dp_exposed - b.breakdown.dp_exposed, calls * wake, 1e-9) << cap;
+    }
+  GptModel gpt;
+  ASSERT_TRUE(named_gpt("gpt2-small", gpt));
+  pc = ParallelConfig{};
+  pc.global_batch = 2;
+  pc.micro_batch = 1;
+  pc.bucket_bytes = 25e6;
+  const double grad = (gpt.layers * gpt_layer_parameters(gpt) + double(gpt.vocab + gpt.seq) * gpt.hidden) * 2;
+  const double calls = std::ceil(grad / pc.bucket_bytes);
+  EXPECT_GE(calls, 5);
+  EXPECT_NEAR(simulate_step(mh, gpt, pc).breakdown.dp_comm - simulate_step(mt, gpt, pc).breakdown.dp_comm, calls * wake,
+              1e-7);
   // No late calls: no wake latency, and the cluster file has none.
   std::string back_to_back;
   for (const auto& s : samples)
@@ -151,6 +180,22 @@ TEST(Calibrate, StaggeredCallsGiveTheWakeLatency) {
   auto fast = parse_bench_lines(
       "{\"op\":\"allreduce\",\"algo\":\"ring\",\"world\":2,\"bytes\":1024,\"time_us\":0.5,\"stagger_us\":20}\n", "f");
   EXPECT_EQ(fit_wake_latency(fast, f), 0);
+  // Staggered samples alone cannot be fitted: the error says which samples the fit needs.
+  std::string only_late;
+  for (const auto& s : samples)
+    if (s.stagger > 0)
+      only_late += fmt::format(
+          "{{\"op\":\"allreduce\",\"algo\":\"ring\",\"world\":2,\"bytes\":{},\"time_us\":{},\"stagger_us\":500}}\n",
+          s.bytes, s.seconds * 1e6);
+  try {
+    fit_alpha_beta_gamma(parse_bench_lines(only_late, "late.jsonl"));
+    ADD_FAILURE() << "a fit from staggered samples alone";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("0 usable back-to-back samples (12 staggered ones only give the wake latency)"),
+        std::string::npos)
+        << e.what();
+  }
   // A bad wake_latency in a cluster file is one line naming the field.
   std::string yaml = calibrated_cluster_yaml("here", 2, f, 10e9, 8e9, 50e9, {}, "shm");
   yaml.replace(yaml.find("wake_latency: "), std::string("wake_latency: 90 us").size(), "wake_latency: soon  ");
