@@ -163,6 +163,12 @@ double bucketed_exposed(double window, double total_bytes, double bucket_bytes, 
   return std::max(0.0, end - window);
 }
 
+// The step notes' mention of the per-call wake latency, when the cluster has one.
+std::string wake_note(double wake) {
+  return wake > 0 ? fmt::format("; each call includes {} of waking peers (network.wake_latency)", format_seconds(wake))
+                  : std::string();
+}
+
 // Calls a bucketed exchange of `total` bytes makes with buckets of at most `cap` bytes.
 double bucket_calls(double total, double cap) { return total <= 0 ? 0.0 : std::max(1.0, std::ceil(total / cap)); }
 
@@ -449,8 +455,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
     r.notes.push_back(fmt::format("pipeline bubble {:.1f}% of ideal = (p-1)/(v m) with p={}, v={}, m={}",
                                   100 * pipeline_bubble_fraction(p, mb, v), p, v, mb));
   if (d > 1 && cfg.zero != 3)
-    r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed", format_seconds(dp_total),
-                                  r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed)));
+    r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed{}",
+                                  format_seconds(dp_total), r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed),
+                                  wake_note(topo.spec().network.wake_latency)));
   if (t > 1)
     r.notes.push_back(fmt::format("tensor-parallel collectives {} per iteration ({}), not overlapped",
                                   format_seconds(r.breakdown.tp_comm), r.tp_algorithm));
@@ -617,8 +624,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   r.model_tflops_per_gpu = r.hardware_tflops_per_gpu = r.model_flops / r.time / gpus / 1e12;
   r.mfu = r.model_flops / r.time / gpus / slow->peak_flops;
   if (gpus > 1)
-    r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed", format_seconds(dp_total),
-                                  r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed)));
+    r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed{}",
+                                  format_seconds(dp_total), r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed),
+                                  wake_note(topo.spec().network.wake_latency)));
   return r;
 }
 

@@ -151,6 +151,8 @@ TEST(Calibrate, StaggeredCallsGiveTheWakeLatency) {
       pc.bucket_bytes = cap;
       const StepResult a = simulate_layer_step(mh, mlp, pc), b = simulate_layer_step(mt, mlp, pc);
       EXPECT_NEAR(a.breakdown.dp_comm - b.breakdown.dp_comm, calls * wake, 1e-9) << overlap << " " << cap;
+      EXPECT_NE(a.notes.back().find("each call includes 90.0 us of waking peers"), std::string::npos) << a.notes.back();
+      EXPECT_EQ(b.notes.back().find("waking"), std::string::npos) << b.notes.back();
       if (!overlap) EXPECT_NEAR(a.breakdown.dp_exposed - b.breakdown.dp_exposed, calls * wake, 1e-9) << cap;
     }
   GptModel gpt;
