@@ -16,6 +16,7 @@
 #include "coll/verify.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/stats.h"
 
 namespace conduit::cli {
 namespace {
@@ -150,11 +151,7 @@ void run_bench(const BenchArgs& a) {
         last.wait();
         if (i >= a.warmup && late) calls.push_back(call.seconds());
       }
-      if (late) {
-        std::sort(calls.begin(), calls.end());
-        const size_t h = calls.size() / 2;
-        t = calls.size() % 2 ? calls[h] : 0.5 * (calls[h - 1] + calls[h]);
-      }
+      if (late) t = median(std::move(calls));
     } else {
       for (int i = 0; i < a.warmup; ++i) launch_op(c, a, dt, rop, count, in.data(), out.data(), o).wait();
       c.barrier().wait();

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/stats.h"
 #include "sim/collective.h"
 #include "sim/topology.h"
 #include "sim/workload.h"
@@ -82,9 +83,7 @@ template <typename T, typename Get>
 double median_of(const std::vector<T>& v, Get get) {
   std::vector<double> x;
   for (const auto& e : v) x.push_back(get(e));
-  std::sort(x.begin(), x.end());
-  const size_t h = x.size() / 2;
-  return x.size() % 2 ? x[h] : 0.5 * (x[h - 1] + x[h]);
+  return median(std::move(x));
 }
 
 // One element per group of `same` elements (in first-seen order), made by `merge` from the group.
@@ -554,7 +553,7 @@ double fit_wake_latency(const std::vector<BenchSample>& samples, const AlphaBeta
   }
   if (used) *used = extra.size();
   if (extra.empty()) return 0;
-  return std::max(0.0, median_of(extra, [](double x) { return x; }));
+  return std::max(0.0, median(std::move(extra)));
 }
 
 double measure_memory_bandwidth(size_t bytes, int repeats) {

@@ -301,15 +301,14 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   const double emb = (V + s) * h;
   const double params_gpu = (lps * layer_params + emb) / t;
 
-  // Data-parallel exchange.
+  // Data-parallel exchange. Each data-parallel call also pays the wake-up of peers that arrived first and stopped
+  // polling (calibrated CPU clusters; 0 elsewhere): the ranks reach a gradient exchange apart.
+  const double wake = topo.spec().network.wake_latency;
   double dp_total = 0, dp_exposed = 0, comp_time = 0;
   const double bwd_window = mt.bwd_compute + lps * tp_bwd;
   if (d > 1) {
     const Group dg{d, static_cast<long long>(t), 0};
     const double grad_bytes = params_gpu * cfg.grad_bytes;
-    // Each data-parallel call also pays the wake-up of peers that arrived first and stopped polling (calibrated CPU
-    // clusters; 0 elsewhere): the ranks reach a gradient exchange apart.
-    const double wake = topo.spec().network.wake_latency;
     if (cfg.zero == 3) {
       const double layer_bytes = layer_params / t * 2;
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
@@ -333,7 +332,6 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
       const double t_rs = ctime(Collective::kReduceScatter, rs, dg, grad_bytes) +
                           bucket_calls(grad_bytes, cfg.bucket_bytes) * wake,
                    t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2) + wake;
-      dp_total = t_rs + t_ag;
       double busy = t_rs;
       dp_exposed =
           (cfg.dp_overlap ? bucketed_exposed(
@@ -457,7 +455,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   if (d > 1 && cfg.zero != 3)
     r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed{}",
                                   format_seconds(dp_total), r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed),
-                                  wake_note(topo.spec().network.wake_latency)));
+                                  wake_note(wake)));
   if (t > 1)
     r.notes.push_back(fmt::format("tensor-parallel collectives {} per iteration ({}), not overlapped",
                                   format_seconds(r.breakdown.tp_comm), r.tp_algorithm));
@@ -547,6 +545,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   framework = std::max(framework, -(fwd + bwd));
   r.breakdown.framework = mb * framework;
   r.breakdown.compute = mb * (fwd + bwd + framework);
+  const double wake = topo.spec().network.wake_latency;
   double dp_total = 0, dp_exposed = 0, comp = 0;
   if (gpus > 1) {
     const Group dg{gpus, 1, 0};
@@ -558,7 +557,6 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // Each bucket's exchange, then its average: the runtime divides the reduced f32 gradients by the world size (read
     // + write 4 bytes per element) before the next bucket. Each call also pays the wake-up of peers that arrived
     // first and stopped polling (calibrated CPU clusters; 0 elsewhere).
-    const double wake = topo.spec().network.wake_latency;
     auto tof = [&](double n) {
       return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n)) +
              memory_time(*slow, 8 * n / per, 1) + wake;
@@ -626,7 +624,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   if (gpus > 1)
     r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed{}",
                                   format_seconds(dp_total), r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed),
-                                  wake_note(topo.spec().network.wake_latency)));
+                                  wake_note(wake)));
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/stats.h"
 #include "torch/gemm_bench.h"
 
 // OpenBLAS's own thread count (the pthread build ignores OpenMP's); weak, so other BLAS libraries link too.
@@ -125,13 +126,6 @@ std::shared_ptr<Net> make_model(const std::string& name) {
 namespace {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
 
 // Sets libtorch's and OpenBLAS's thread counts for its lifetime.
 class ThreadScope {
