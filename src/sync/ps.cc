@@ -280,6 +280,7 @@ class Shard {
     stats_.max_tau = std::max(stats_.max_tau, tau);
     const uint64_t nominal = uint64_t(std::max(1, workers_ - 1));
     if (!cfg_.staleness_lr || tau <= nominal) return 1.0f;
+    stats_.scaled++;
     return float(nominal) / float(tau);
   }
 
@@ -523,6 +524,7 @@ class PsStrategy : public Strategy {
       out.pushes += st.pushes;
       out.waits += st.waits;
       out.max_tau = std::max(out.max_tau, st.max_tau);
+      out.scaled += st.scaled;
     }
     return out;
   }

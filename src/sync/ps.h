@@ -35,6 +35,7 @@ struct PsClockStats {
   uint64_t pushes = 0;  // gradients applied
   uint64_t waits = 0;   // pulls that had to wait for slower workers
   uint64_t max_tau = 0; // asp/ssp: the largest staleness (updates since the gradient's parameters) of a push
+  uint64_t scaled = 0;  // pushes scaled down by staleness_lr (staler than the workers taking turns)
 };
 // The stats of the shards served in this process on `comm`'s rank (empty when it serves none). Valid after finish()
 // (co-located) or serve() returned.

@@ -37,6 +37,7 @@ Run run(int n, const std::string& name, Params p, int steps, double slow_ms_rank
       out.clocks.pushes += st.pushes;
       out.clocks.waits += st.waits;
       out.clocks.max_tau = std::max(out.clocks.max_tau, st.max_tau);
+      out.clocks.scaled += st.scaled;
     });
   });
   return out;
@@ -199,7 +200,8 @@ TEST(SyncPs, DelayCompensationIsZeroWithoutStalenessAndConvergesWithIt) {
 namespace {
 // Staleness-aware steps: W workers taking turns see tau = W - 1 at most, so under ssp with s = 0 nothing is scaled
 // (still bsp, and the largest tau is exactly W - 1); under asp with a slow worker its pushes arrive staler than
-// that and are scaled down, which changes the run.
+// that and are scaled down (counted by the shards; comparing worker 0's final model with the unscaled run's was
+// timing-dependent: in one CI run every scaled push landed after worker 0's last pull and the models were equal).
 TEST(SyncPs, StalenessAwareStepsScaleOnlyGradientsStalerThanTheWorkersTakingTurns) {
   auto bsp = run(4, "ps-bsp", {{"momentum", "0"}, {"servers", "2"}, {"colocate", "1"}}, 12, 1.0);
   auto ssp = run(4, "ps-ssp",
@@ -207,11 +209,13 @@ TEST(SyncPs, StalenessAwareStepsScaleOnlyGradientsStalerThanTheWorkersTakingTurn
                  12, 1.0);
   for (int r = 0; r < 4; ++r) EXPECT_LT(max_abs_diff(ssp.x[r], bsp.x[r]), 1e-5);
   EXPECT_EQ(ssp.clocks.max_tau, 3u);
+  EXPECT_EQ(ssp.clocks.scaled, 0u);
   auto asp = run(5, "ps-asp", {{"momentum", "0"}}, 30, 3.0);  // 4 workers, a dedicated server, worker 1 slow
   auto sa = run(5, "ps-asp", {{"momentum", "0"}, {"staleness_lr", "1"}}, 30, 3.0);
   EXPECT_GT(asp.clocks.max_tau, 3u);
   EXPECT_GT(sa.clocks.max_tau, 3u);
-  EXPECT_GT(max_abs_diff(sa.x[0], asp.x[0]), 0.0);
+  EXPECT_GT(sa.clocks.scaled, 0u);
+  EXPECT_EQ(asp.clocks.scaled, 0u);  // staleness_lr off
   for (int r = 0; r < 4; ++r)
     for (float v : sa.x[r]) EXPECT_TRUE(std::isfinite(v));
   EXPECT_THROW(make_strategy("ps-asp", {{"staleness_lr", "2"}}, harness::make_comms(1)[0]), ConfigError);
