@@ -38,6 +38,9 @@ def parse_args():
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build-peers"), help="where mpi_allreduce is built")
     p.add_argument("--timeout", type=float, default=600, help="seconds each run may take (default 600)")
     p.add_argument("--json-out", default=None, help="also write every record to this file (JSON lines)")
+    p.add_argument("--stat", choices=("mean", "median"), default="mean",
+                   help="which time per operation the table and ratios use: the mean over --iters (default) or the "
+                        "median single operation (a run's one stall does not decide it); both are in every record")
     a = p.parse_args()
     if not 1 <= a.nprocs <= 1024:
         p.error("-n must be between 1 and 1024")
@@ -154,6 +157,18 @@ def run_peer(name, a):
     return recs, err, line, time.time() - t0
 
 
+def op_time_us(r, stat):
+    """The record's time per operation in us for --stat (mean: time_us; median: median_us)."""
+    return r["time_us"] if stat == "mean" else r.get("median_us")
+
+
+def busbw_gbs(r, stat, world):
+    t = op_time_us(r, stat)
+    if stat == "mean" or not t:
+        return r["busbw_gbs"]
+    return r["bytes"] / t / 1e3 * (2 * (world - 1) / world if world > 1 else 1)
+
+
 def fmt_size(b):
     for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if b >= div and b % div == 0:
@@ -170,7 +185,8 @@ def main():
     names = list(results)
 
     sizes = sorted({b for recs, _, _, _ in results.values() for b in recs})
-    print(f"allreduce f32 sum, world {a.nprocs}, iters {a.iters}, {os.cpu_count()} CPUs; time in us (mean per op, "
+    what = "mean per op" if a.stat == "mean" else "median single op"
+    print(f"allreduce f32 sum, world {a.nprocs}, iters {a.iters}, {os.cpu_count()} CPUs; time in us ({what}, "
           f"slowest rank), busbw in GB/s; ratio = peer time / conduit time (>1: conduit faster)")
     head = f"{'bytes':>7} |" + "".join(f" {n + ' us':>12} {'busbw':>8} |" for n in names)
     peers_for_ratio = [n for n in names if n != "conduit"] if "conduit" in names else []
@@ -183,17 +199,18 @@ def main():
         for n in names:
             recs, err, _, _ = results[n]
             r = recs.get(b)
-            if r is None:
+            if r is None or not op_time_us(r, a.stat):
                 row += f" {'failed' if err else '-':>12} {'':>9}|"
             else:
                 mark = "!" if r.get("wrong", 0) else ""
                 wrong_any = wrong_any or bool(mark)
-                row += f" {r['time_us']:>12.2f} {r['busbw_gbs']:>8.3g}{mark or ' '}|"
+                row += f" {op_time_us(r, a.stat):>12.2f} {busbw_gbs(r, a.stat, a.nprocs):>8.3g}{mark or ' '}|"
         c = results.get("conduit", ({}, None, "", 0))[0].get(b)
         for n in peers_for_ratio:
             p = results[n][0].get(b)
-            if c and p and c["time_us"] > 0:
-                row += f" {p['time_us'] / c['time_us']:>6.3g}x"
+            ct, pt = (op_time_us(c, a.stat) if c else None), (op_time_us(p, a.stat) if p else None)
+            if ct and pt:
+                row += f" {pt / ct:>6.3g}x"
             else:
                 row += f" {'-':>7}"
         print(row)

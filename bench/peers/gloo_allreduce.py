@@ -11,7 +11,8 @@ With -n it starts the N processes itself (a free port on 127.0.0.1). Under a lau
 each process is one rank and -n is ignored.
 
 Sizes double from --min-bytes to --max-bytes (K/M/G suffixes, powers of 1024). Each size runs --warmup untimed
-operations, then --iters timed ones; time_us is the mean time per operation, the largest over the ranks.
+operations, then --iters timed ones; time_us is the mean time per operation, median_us and max_us the median and
+slowest single operation, each the largest over the ranks.
 algbw = bytes / time, busbw = algbw * 2(n-1)/n (as nccl-tests). all_reduce is in place, so the tensor is refilled
 and reduced once more for the check; "wrong" counts wrong elements over all ranks.
 """
@@ -20,6 +21,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -110,11 +112,16 @@ def worker(args):
         for _ in range(args.warmup):
             dist.all_reduce(t)
         dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
+        each = [0.0] * args.iters  # one clock read per operation (as Conduit's loop)
+        t0 = prev = time.perf_counter()
+        for i in range(args.iters):
             dist.all_reduce(t)
-        mean = (time.perf_counter() - t0) / args.iters
-        slowest = torch.tensor([mean], dtype=torch.float64)
+            now = time.perf_counter()
+            each[i] = now - prev
+            prev = now
+        mean = (prev - t0) / args.iters
+        # Mean, median and slowest single operation, each the largest over the ranks.
+        slowest = torch.tensor([mean, statistics.median(each), max(each)], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         t.copy_(local[:count])
         dist.all_reduce(t)
@@ -125,7 +132,8 @@ def worker(args):
             algbw = nbytes / time_s / 1e9
             rec = {"impl": "gloo", "op": "allreduce", "algo": "gloo", "transport": "tcp", "world": world,
                    "dtype": "f32", "bytes": nbytes, "count": count, "iters": args.iters,
-                   "time_us": round(time_s * 1e6, 3), "algbw_gbs": float(f"{algbw:.6g}"),
+                   "time_us": round(time_s * 1e6, 3), "median_us": round(float(slowest[1]) * 1e6, 3),
+                   "max_us": round(float(slowest[2]) * 1e6, 3), "algbw_gbs": float(f"{algbw:.6g}"),
                    "busbw_gbs": float(f"{algbw * 2 * (world - 1) / world:.6g}"), "wrong": int(wrong[0])}
             print(json.dumps(rec, separators=(",", ":")), flush=True)
         bytes_ *= 2

@@ -114,11 +114,14 @@ void run_bench(const BenchArgs& a) {
     std::printf("# conduit bench coll: op %s, %d ranks, transport %s, dtype %s, reduce %s, iters %d\n", a.op.c_str(),
                 n, c.transport().name(), dtype_name(dt), reduce_op_name(rop), a.iters);
     if (a.stagger_us > 0)
-      std::printf("# rank %d calls %g us after the others; time(us) is its median call\n", n - 1, a.stagger_us);
+      std::printf("# rank %d calls %g us after the others; time(us) and p50(us) are its median call\n", n - 1,
+                  a.stagger_us);
+    else
+      std::printf("# time(us): mean per call; p50(us), max(us): median and slowest single call (slowest rank)\n");
     std::printf("# cost model (%s): %s\n", c.tuner().model().source.c_str(),
                 coll::format_cost_model(c.tuner().model()).c_str());
-    std::printf("%12s %12s %6s %8s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop", "time(us)",
-                "algbw(GB/s)", "busbw(GB/s)", "#wrong", "algo");
+    std::printf("%12s %12s %6s %8s %10s %10s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop", "time(us)",
+                "p50(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "algo");
   }
   for (uint64_t bytes = lo; bytes <= hi; bytes *= 2) {
     // size = the bytes each rank contributes (allreduce, broadcast, reduce) or the full vector (gather-like).
@@ -131,7 +134,7 @@ void run_bench(const BenchArgs& a) {
     std::vector<char> in(std::max<size_t>(in_elems, 1) * esz, 0), out(std::max<size_t>(out_elems, 1) * esz, 0);
     std::string algo_used;
     coll::Work last;
-    double t = 0;
+    double t = 0, t_median = 0, t_max = 0;
     if (a.stagger_us > 0) {
       // Each call as training meets it: the ranks leave a barrier together, the last rank computes for stagger_us
       // (busy, as a backward pass) while the others wait in the collective, and its time from the call to the end is
@@ -151,19 +154,35 @@ void run_bench(const BenchArgs& a) {
         last.wait();
         if (i >= a.warmup && late) calls.push_back(call.seconds());
       }
-      if (late) t = median(std::move(calls));
+      if (late) {
+        t_max = *std::max_element(calls.begin(), calls.end());
+        t = t_median = median(std::move(calls));
+      }
     } else {
       for (int i = 0; i < a.warmup; ++i) launch_op(c, a, dt, rop, count, in.data(), out.data(), o).wait();
       c.barrier().wait();
+      // Nothing but the operation and one clock read in the timed loop (as the peers'); each iteration's time is
+      // kept so that the median and the slowest show a single stall that decides the mean of a short run.
+      std::vector<double> each(a.iters);
       Stopwatch sw;
-      for (int i = 0; i < a.iters; ++i) {  // nothing but the operation in the timed loop (as the MPI peer's)
+      double prev = 0;
+      for (int i = 0; i < a.iters; ++i) {
         last = launch_op(c, a, dt, rop, count, in.data(), out.data(), o);
         last.wait();
+        const double now = sw.seconds();
+        each[i] = now - prev;
+        prev = now;
       }
-      t = sw.seconds() / a.iters;
+      t = prev / a.iters;
+      t_max = *std::max_element(each.begin(), each.end());
+      t_median = median(std::move(each));
     }
     algo_used = last.algorithm();
-    c.allreduce(&t, 1, DType::f64, ReduceOp::max).wait();
+    double slowest[3] = {t, t_median, t_max};  // each the largest over the ranks
+    c.allreduce(slowest, 3, DType::f64, ReduceOp::max).wait();
+    t = slowest[0];
+    t_median = slowest[1];
+    t_max = slowest[2];
     uint64_t wrong = 0;
     if (a.check) {
       coll::VerifyCase vc{a.op, a.algo, dt, rop, count, a.root, a.timeout};
@@ -175,19 +194,27 @@ void run_bench(const BenchArgs& a) {
     double busbw = algbw * bus_factor(a.op, n);
     if (c.rank() == 0) {
       if (a.json) {
-        nlohmann::json j{{"impl", "conduit"},      {"op", a.op},
-                         {"algo", algo_used},      {"transport", c.transport().name()},
-                         {"world", n},             {"dtype", dtype_name(dt)},
-                         {"bytes", static_cast<uint64_t>(size_bytes)},    {"count", per_rank_block ? count * n : count},
-                         {"iters", a.iters},       {"time_us", t * 1e6},
-                         {"algbw_gbs", algbw},     {"busbw_gbs", busbw},
+        nlohmann::json j{{"impl", "conduit"},
+                         {"op", a.op},
+                         {"algo", algo_used},
+                         {"transport", c.transport().name()},
+                         {"world", n},
+                         {"dtype", dtype_name(dt)},
+                         {"bytes", static_cast<uint64_t>(size_bytes)},
+                         {"count", per_rank_block ? count * n : count},
+                         {"iters", a.iters},
+                         {"time_us", t * 1e6},
+                         {"median_us", t_median * 1e6},
+                         {"max_us", t_max * 1e6},
+                         {"algbw_gbs", algbw},
+                         {"busbw_gbs", busbw},
                          {"wrong", wrong}};
         if (a.stagger_us > 0) j["stagger_us"] = a.stagger_us;
         std::cout << j.dump() << std::endl;
       } else {
-        std::printf("%12.0f %12zu %6s %8s %10.2f %10.3f %10.3f %7llu  %s\n", size_bytes,
-                    per_rank_block ? count * n : count, dtype_name(dt), reduce_op_name(rop), t * 1e6, algbw, busbw,
-                    static_cast<unsigned long long>(wrong), algo_used.c_str());
+        std::printf("%12.0f %12zu %6s %8s %10.2f %10.2f %10.2f %10.3f %10.3f %7llu  %s\n", size_bytes,
+                    per_rank_block ? count * n : count, dtype_name(dt), reduce_op_name(rop), t * 1e6, t_median * 1e6,
+                    t_max * 1e6, algbw, busbw, static_cast<unsigned long long>(wrong), algo_used.c_str());
         std::fflush(stdout);
       }
     }
@@ -286,7 +313,7 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
   c->add_option("--stagger-us", a->stagger_us,
                 "time each call as training meets it: the last rank arrives this many microseconds after the others "
                 "(busy meanwhile) and its median time from call to end is reported (default 0: back-to-back "
-                "calls, their mean)");
+                "calls, their mean, with the median and slowest single call)");
   c->callback([a] { run_bench(*a); });
 
   auto s = std::make_shared<SelftestArgs>();

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -134,7 +135,7 @@ TEST(Processes, SmallShmAllreducesTakeTheFastPath) {
     EXPECT_EQ(row.find("shm-fast"), std::string::npos) << row;
     EXPECT_NE(row.find(" 0  "), std::string::npos) << row;
   }
-  for (const std::string& off : {"CONDUIT_SHM_FAST_BYTES=0 ", "CONDUIT_ALLREDUCE=ring "}) {
+  for (const char* off : {"CONDUIT_SHM_FAST_BYTES=0 ", "CONDUIT_ALLREDUCE=ring "}) {
     auto o = run_sh(off + kConduit + " launch -n 2 -- " + kConduit + bench);
     EXPECT_EQ(o.code, 0) << o.out;
     EXPECT_EQ(o.out.find("shm-fast"), std::string::npos) << off << o.out;
@@ -161,6 +162,35 @@ TEST(Processes, StaggeredBenchCallsAreMarkedAndChecked) {
   EXPECT_NE(late.out.find("--stagger-us = 600000 is not below the collective deadline (0.5 s, --timeout)"),
             std::string::npos)
       << late.out;
+}
+
+// The number after "key": in a JSON line (NaN when absent).
+double json_number(const std::string& line, const std::string& key) {
+  size_t at = line.find("\"" + key + "\":");
+  return at == std::string::npos ? std::nan("") : std::strtod(line.c_str() + at + key.size() + 3, nullptr);
+}
+
+// Back-to-back `bench coll` records carry the median and the slowest single call beside the mean: median <= max,
+// and no call is longer than all of them together (mean x iterations); the table prints them as columns.
+TEST(Processes, BenchCollReportsTheMedianAndSlowestCall) {
+  auto r = run_sh(kConduit + " launch -n 2 --no-tag-output -- " + kConduit +
+                  " bench coll --transport shm -b 4K -e 64K -n 30 -w 2 --json --no-check");
+  EXPECT_EQ(r.code, 0) << r.out;
+  std::istringstream lines(r.out);
+  int records = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("\"impl\":\"conduit\"") == std::string::npos) continue;
+    ++records;
+    const double mean = json_number(line, "time_us"), med = json_number(line, "median_us"),
+                 max = json_number(line, "max_us");
+    EXPECT_GT(med, 0) << line;
+    EXPECT_LE(med, max) << line;
+    EXPECT_LE(max, mean * 30 * 1.0001) << line;
+  }
+  EXPECT_EQ(records, 5) << r.out;  // 4 KiB to 64 KiB
+  auto table = run_sh(kConduit + " launch -n 2 -- " + kConduit + " bench coll --transport shm -b 1K -e 1K -n 5");
+  EXPECT_EQ(table.code, 0) << table.out;
+  EXPECT_NE(table.out.find("time(us)    p50(us)    max(us)"), std::string::npos) << table.out;
 }
 
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.
