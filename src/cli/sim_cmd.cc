@@ -7,10 +7,12 @@
 //   cluster   a job-scheduling simulation (FIFO, least-attained-service) with topology-aware placement
 //   calibrate this machine as a cluster file (bench coll lines; GEMMs from `conduit bench gemm` or timed here)
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -20,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/cluster.h"
 #include "cli/registry.h"
 #include "core/clock.h"
 #include "core/env.h"
@@ -79,6 +82,7 @@ struct StepArgs {
   bool json = false;
   int top = 5;
   std::string tp_options, pp_options, mb_options, zero_options, recompute_options;
+  std::set<std::string> given;  // sim plan: the options given on the command line (they fix that dimension)
 };
 
 GptModel make_model(const ModelArgs& a) {
@@ -96,6 +100,9 @@ GptModel make_model(const ModelArgs& a) {
     m.seq = 2048;
     m.vocab = 51200;
   }
+  if (a.layers < 0 || a.hidden < 0 || a.heads < 0 || a.seq < 0 || a.vocab < 0)
+    throw ConfigError(
+        "--layers, --hidden, --heads, --seq and --vocab must be positive (or left out for a named model)");
   if (a.layers > 0) m.layers = a.layers;
   if (a.hidden > 0) m.hidden = a.hidden;
   if (a.heads > 0) m.heads = a.heads;
@@ -133,12 +140,17 @@ ParallelConfig make_config(const StepArgs& a) {
   c.zero = a.zero;
   c.recompute = parse_recompute(a.recompute);
   c.schedule = parse_schedule(a.schedule);
+  if (a.virtual_stages < 0)
+    throw ConfigError(fmt::format("--virtual-stages = {} must be at least 2 (or left out)", a.virtual_stages));
   c.virtual_stages = a.virtual_stages > 0 ? a.virtual_stages : (c.schedule == Schedule::kInterleaved ? 2 : 1);
   c.sequence_parallel = a.sp;
   c.dp_overlap = !a.no_overlap;
   c.balance = a.balance;
   c.bucket_bytes = static_cast<double>(parse_bytes(a.bucket, "--bucket"));
+  if (c.bucket_bytes < 1024) throw ConfigError(fmt::format("--bucket = {} (allowed: 1K or more)", a.bucket));
   c.grad_bytes = a.grad_bytes;
+  if (c.grad_bytes != 2 && c.grad_bytes != 4)
+    throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
   c.dp_algorithm = parse_algorithm(a.dp_algorithm);
   c.tp_algorithm = parse_algorithm(a.tp_algorithm);
   c.compression = parse_compression(a.compression);
@@ -328,6 +340,12 @@ void run_step(const StepArgs& a) {
   }
 }
 
+// Full-detail mode simulates every flow of every candidate: 256 accelerators took 7.6 s for ~5,000 candidates here.
+constexpr long long kMaxFullPlanGpus = 256;
+bool cfg_full_too_large(const ParallelConfig& c, long long gpus) {
+  return c.mode == EvalMode::kFull && gpus > kMaxFullPlanGpus;
+}
+
 void run_plan(const StepArgs& a) {
   ClusterSpec spec = load_cluster(a.cluster);
   GptModel m = make_model(a.model);
@@ -354,6 +372,39 @@ void run_plan(const StepArgs& a) {
     for (const auto& r : split(a.recompute_options, ',')) space.recompute.push_back(parse_recompute(trim(r)));
   }
   if (a.compression != "none") space.compression = {Compression{}, parse_compression(a.compression)};
+  // A dimension given as a plain option is fixed for the search (--tp 8: only tp = 8).
+  auto fix = [&](const char* flag, const std::string& options, const char* options_flag) {
+    if (!a.given.count(flag)) return false;
+    if (!options.empty()) throw ConfigError(fmt::format("give {} or {}, not both", flag, options_flag));
+    return true;
+  };
+  if (a.given.count("--dp"))
+    throw ConfigError("sim plan takes dp = gpus / (tp x pp); fix --tp and --pp (or their -options) instead of --dp");
+  if (fix("--tp", a.tp_options, "--tp-options")) space.tp = {a.tp};
+  if (fix("--pp", a.pp_options, "--pp-options")) space.pp = {a.pp};
+  if (fix("--micro-batch", a.mb_options, "--micro-batch-options")) space.micro_batch = {a.micro_batch};
+  if (fix("--zero", a.zero_options, "--zero-options")) space.zero = {a.zero};
+  if (fix("--recompute", a.recompute_options, "--recompute-options")) space.recompute = {base.recompute};
+  if (a.given.count("--schedule")) space.schedules = {base.schedule};
+  if (a.given.count("--virtual-stages")) {
+    if (base.schedule != Schedule::kInterleaved || !a.given.count("--schedule"))
+      throw ConfigError("--virtual-stages needs --schedule interleaved");
+    space.virtual_stages = {base.virtual_stages};
+  }
+  if (a.given.count("--sp")) space.sequence_parallel = {true};
+  for (int t : space.tp)
+    if (t < 1) throw ConfigError(fmt::format("--tp = {} must be at least 1", t));
+  for (int p : space.pp)
+    if (p < 1) throw ConfigError(fmt::format("--pp = {} must be at least 1", p));
+  for (int b : space.micro_batch)
+    if (b < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", b));
+  for (int z : space.zero)
+    if (z < 0 || z > 3) throw ConfigError(fmt::format("--zero = {} (allowed: 0, 1, 2, 3)", z));
+  if (cfg_full_too_large(base, a.gpus))
+    throw ConfigError(fmt::format(
+        "sim plan --mode full is limited to {} accelerators (every candidate simulates every flow); search in "
+        "symmetric mode and check the best plans with `sim step --mode full`",
+        kMaxFullPlanGpus));
   PlanResult pr = plan(net, m, a.global_batch, space, static_cast<size_t>(std::max(1, a.top)));
   if (a.json) {
     json plans = json::array();
@@ -380,7 +431,8 @@ void run_plan(const StepArgs& a) {
       fmt::print("no plan fits in memory; the fastest needs {} per GPU: {}\n", format_gb(pr.best_oom.memory.total()),
                  describe_config(pr.best_oom.config));
     else
-      fmt::print("no valid plan (check that --gpus, --global-batch and the model's sizes have common divisors)\n");
+      fmt::print("no valid plan (check that --gpus, --global-batch and the model's sizes have common divisors){}\n",
+                 pr.first_error.empty() ? "" : "; the first candidate tried: " + pr.first_error);
     set_exit_code(1);
     return;
   }
@@ -435,11 +487,14 @@ void run_coll(const CollArgs& a) {
   const double n = static_cast<double>(parse_bytes(a.size, "--size"));
   if (n <= 0) throw ConfigError("--size must be positive (e.g. 64M)");
   Group g{a.group > 0 ? a.group : a.gpus, a.stride, 0};
-  if (a.group < 0 || a.stride < 1 || (g.size - 1) * g.stride >= a.gpus)
+  // (group - 1) x stride < gpus, without overflowing: group <= gpus and stride < gpus first.
+  if (a.group < 0 || a.stride < 1 || g.size > a.gpus ||
+      (g.size > 1 && (a.stride >= a.gpus || g.size - 1 > (a.gpus - 1) / g.stride)))
     throw ConfigError(
         fmt::format("--group ({}) and --stride ({}) must place the group's ranks within --gpus ({}): "
                     "group >= 1, stride >= 1, (group - 1) x stride < gpus",
                     g.size, g.stride, a.gpus));
+  if (g.size < 2) throw ConfigError(fmt::format("--group = {}: a collective needs at least 2 ranks", g.size));
   std::vector<Algorithm> algs;
   if (a.algorithm == "all")
     algs = candidate_algorithms(c, topo);
@@ -450,6 +505,8 @@ void run_coll(const CollArgs& a) {
         "{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n  {:<20} {:>12} {:>12} {:>10}  {}\n",
         a.op, format_bytes(n), g.size, g.stride, spec.name, a.gpus, a.mode, "algorithm", "time", "bus GB/s", "steps",
         "bottleneck");
+  int shown = 0;
+  std::string why;
   for (Algorithm alg : algs) {
     CollectiveCost cost;
     double t;
@@ -459,9 +516,13 @@ void run_coll(const CollArgs& a) {
       t = a.mode == "full" ? net.time_full(c, cost.algorithm, g, n) : cost.time(n);
       (void)sw;
     } catch (const UnsupportedError& e) {
+      // One algorithm asked for by name that cannot run is an error; among all of them, a row that says why.
+      if (a.algorithm != "all") throw ConfigError(fmt::format("--algorithm {}: {}", a.algorithm, e.what()));
       if (!a.json) fmt::print("  {:<20} {}\n", algorithm_name(alg), e.what());
+      why = e.what();
       continue;
     }
+    ++shown;
     double p = static_cast<double>(g.size);
     double factor = c == Collective::kAllReduce                                 ? 2 * (p - 1) / p
                     : (c == Collective::kBroadcast || c == Collective::kReduce) ? 1
@@ -494,6 +555,8 @@ void run_coll(const CollArgs& a) {
       }
     }
   }
+  if (shown == 0)
+    throw ConfigError(fmt::format("no algorithm can run {} on {} ranks of {}: {}", a.op, g.size, spec.name, why));
 }
 
 InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long long gen) {
@@ -668,6 +731,20 @@ std::string read_file(const std::string& path, const char* flag) {
 
 void run_calibrate(const CalibrateArgs& a) {
   if (a.bench.empty()) throw ConfigError("--bench is required: JSON lines from `conduit bench coll --json`");
+  // The flags first: a mistake in them should not wait for the fit and the memory measurement.
+  if (a.share != 0 && !(a.share > 0 && a.share <= 1))
+    throw ConfigError(fmt::format("--share = {} must be in (0, 1] (or 0: from the cores)", a.share));
+  const double given_peak = a.peak.empty() ? 0 : parse_flops(a.peak, "--peak");
+  if (!a.peak.empty() && !(given_peak > 0)) throw ConfigError("--peak must be positive (e.g. 80 GFLOP/s)");
+  if (!a.out.empty() && a.out != "-") {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::path(a.out).has_parent_path() ? fs::path(a.out).parent_path() : fs::path(".");
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      throw ConfigError(fmt::format("--out: '{}' is not a directory one can write '{}' into", dir.string(), a.out));
+    if (fs::is_directory(a.out, ec)) throw ConfigError(fmt::format("--out: '{}' is a directory", a.out));
+    if (::access(dir.c_str(), W_OK) != 0) throw ConfigError(fmt::format("--out: cannot write into '{}'", dir.string()));
+  }
   std::map<std::string, std::vector<BenchSample>> by_transport;
   std::vector<BenchSample> all;
   long long ranks = a.ranks;
@@ -716,6 +793,11 @@ void run_calibrate(const CalibrateArgs& a) {
           staggered, f.wake * 1e6);
     if (t == chosen) chosen_fit = f;
   }
+  if (!(chosen_fit.beta > 0))
+    fmt::print(stderr,
+               "sim calibrate: warning: the {} samples' times do not grow with their size (beta fitted as 0), so the "
+               "cluster file gets 1 PB/s links; time larger messages (bench coll -e 4M or more)\n",
+               chosen);
   std::vector<GemmSample> gemms;
   std::vector<ConvSample> convs;
   std::vector<PoolSample> pools;
@@ -768,7 +850,14 @@ void run_calibrate(const CalibrateArgs& a) {
 #endif
   }
   for (const auto& g : gemms) peak = std::max(peak, g.flops);
-  if (!a.peak.empty()) peak = parse_flops(a.peak, "--peak");
+  if (given_peak > 0) {
+    if (given_peak < peak)
+      throw ConfigError(
+          fmt::format("--peak = {} is below the fastest measured GEMM ({:.4g} GFLOP/s): give at least "
+                      "that, or leave --peak out",
+                      a.peak, peak / 1e9));
+    peak = given_peak;
+  }
   if (peak <= 0)
     throw ConfigError(
         "give --gemm FILE (JSON lines {m, n, k, gflops} from `conduit bench gemm --json`) or --peak (e.g. 50 GFLOP/s)");
@@ -779,7 +868,7 @@ void run_calibrate(const CalibrateArgs& a) {
   if (share == 0)
     share =
         std::min(1.0, std::min(1.0, double(cores) / double(ranks)) / std::min(1.0, double(cores) / double(concurrent)));
-  if (!(share > 0) || share > 1) throw ConfigError(fmt::format("--share = {} must be in (0, 1]", a.share));
+  if (!(share > 0) || share > 1) throw ConfigError(fmt::format("--share = {} must be in (0, 1]", share));
   double mem_bytes = 0;
   {
     std::ifstream mi("/proc/meminfo");
@@ -858,13 +947,14 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
     long long gpus;
     StepResult r;
     bool ok;
+    std::string why;  // when not ok: the configuration's error, or that nothing fits
   };
   std::vector<Point> pts;
   for (int n : counts) {
     Topology topo(spec, n);
     CollectiveModel net(topo);
     const long long B = sa.batch_per_gpu > 0 ? sa.batch_per_gpu * n : a.global_batch;
-    Point p{n, {}, false};
+    Point p{n, {}, false, "no configuration fits in memory"};
     if (fixed) {
       StepArgs f = a;
       f.global_batch = B;
@@ -872,7 +962,9 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
       try {
         p.r = simulate_step(net, m, c);
         p.ok = p.r.fits;
-      } catch (const ConfigError&) {
+        if (!p.ok) p.why = fmt::format("does not fit: {} per GPU", format_gb(p.r.memory.total()));
+      } catch (const ConfigError& e) {
+        p.why = e.what();
       }
     } else {
       PlanSpace space;
@@ -881,6 +973,8 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
       if (!pr.ranked.empty()) {
         p.r = pr.ranked.front();
         p.ok = true;
+      } else if (!pr.any_oom && !pr.first_error.empty()) {
+        p.why = "no valid configuration, e.g. " + pr.first_error;
       }
     }
     pts.push_back(p);
@@ -893,7 +987,8 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
     }
   if (a.json) {
     for (const auto& p : pts) {
-      json j = p.ok ? step_json(spec.name, m, p.r) : json{{"kind", "sim.step"}, {"gpus", p.gpus}, {"fits", false}};
+      json j = p.ok ? step_json(spec.name, m, p.r)
+                    : json{{"kind", "sim.step"}, {"gpus", p.gpus}, {"fits", false}, {"why", p.why}};
       j["kind"] = "sim.scale";
       if (p.ok && base) j["scaling_efficiency"] = p.r.model_tflops_per_gpu / base->r.model_tflops_per_gpu;
       std::cout << j.dump() << "\n";
@@ -906,7 +1001,7 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
     fmt::print("  {:>8} {:>11} {:>9} {:>7} {:>11}  {}\n", "GPUs", "time", "TFLOP/s", "MFU", "efficiency", "plan");
     for (const auto& p : pts) {
       if (!p.ok) {
-        fmt::print("  {:>8}  no configuration fits\n", p.gpus);
+        fmt::print("  {:>8}  {}\n", p.gpus, p.why);
         continue;
       }
       fmt::print("  {:>8} {:>11} {:>9.1f} {:>6.1f}% {:>10.1f}%  {}\n", p.gpus, format_seconds(p.r.time),
@@ -922,14 +1017,27 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
       for (const auto& p : pts)
         if (p.ok) f << p.gpus << " " << p.r.model_tflops_per_gpu << "\n";
     }
-    std::string script = fmt::format(
-        "set terminal pngcairo size 900,500 font ',10'; set output '{}'; set logscale x 2; set yrange [0:*];"
-        "set xlabel 'accelerators'; set ylabel 'model TFLOP/s per GPU'; set title '{} on {}';"
-        "plot '{}' using 1:2 with linespoints title 'predicted'",
-        sa.plot, m.name, spec.name, dat);
-    std::string cmd = "gnuplot -e \"" + script + "\"";
-    if (std::system(cmd.c_str()) != 0)
-      throw ConfigError(fmt::format("--plot: gnuplot failed (is it installed?); the data are in {}", dat));
+    // gnuplot reads a script file (no shell sees the paths); in its single-quoted strings '' is a quote.
+    auto quoted = [](const std::string& text) {
+      std::string q = "'";
+      for (char ch : text) q += ch == '\'' ? std::string("''") : std::string(1, ch);
+      return q + "'";
+    };
+    const std::string gp = sa.plot + ".gp";
+    {
+      std::ofstream f(gp);
+      if (!f) throw ConfigError(fmt::format("--plot: cannot write '{}'", gp));
+      f << fmt::format(
+          "set terminal pngcairo size 900,500 font ',10'\nset output {}\nset logscale x 2\nset yrange [0:*]\n"
+          "set xlabel 'accelerators'\nset ylabel 'model TFLOP/s per GPU'\nset title {}\n"
+          "plot {} using 1:2 with linespoints title 'predicted'\n",
+          quoted(sa.plot), quoted(m.name + " on " + spec.name),
+          quoted(dat.front() == '/' ? dat : "./" + dat));  // a name starting with $ would be a datablock
+    }
+    std::string log;
+    if (cluster::run_program({"gnuplot", gp}, &log) != 0)
+      throw ConfigError(fmt::format("--plot: gnuplot failed (is it installed?): {}; the data are in {}",
+                                    trim(log.substr(0, log.find('\n'))), dat));
     if (!a.json) fmt::print("\n  plot: {} (data: {})\n", sa.plot, dat);
   }
 }
@@ -1011,7 +1119,12 @@ void setup(CLI::App& app) {
       c->add_option("--micro-batch-options", a->mb_options, "micro-batch sizes to try");
       c->add_option("--zero-options", a->zero_options, "ZeRO stages to try, e.g. 0,1");
       c->add_option("--recompute-options", a->recompute_options, "recompute modes to try, e.g. selective,full");
-      c->callback([a]() { run_plan(*a); });
+      c->callback([a, c]() {
+        for (const char* f : {"--tp", "--pp", "--dp", "--micro-batch", "--zero", "--recompute", "--schedule",
+                              "--virtual-stages", "--sp"})
+          if (c->get_option(f)->count() > 0) a->given.insert(f);
+        run_plan(*a);
+      });
     }
   }
   {

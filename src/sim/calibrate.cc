@@ -21,8 +21,9 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
   std::vector<BenchSample> out;
   std::istringstream in(text);
   std::string line;
-  int skip = 0;
+  int skip = 0, no = 0;
   while (std::getline(in, line)) {
+    ++no;
     if (line.find('{') == std::string::npos) continue;
     nlohmann::json j;
     try {
@@ -36,13 +37,22 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
       continue;
     }
     BenchSample s;
-    s.op = j["op"].get<std::string>();
-    s.algo = j.value("algo", std::string("ring"));
-    s.transport = j.value("transport", std::string("?"));
-    s.world = j["world"].get<long long>();
-    s.bytes = j["bytes"].get<double>();
-    s.seconds = j["time_us"].get<double>() * 1e-6;
+    try {
+      s.op = j["op"].get<std::string>();
+      s.algo = j.value("algo", std::string("ring"));
+      s.transport = j.value("transport", std::string("?"));
+      s.world = j["world"].get<long long>();
+      s.bytes = j["bytes"].get<double>();
+      s.seconds = j["time_us"].get<double>() * 1e-6;
+    } catch (const nlohmann::json::exception&) {
+      throw ConfigError(
+          fmt::format("{}:{}: a bench coll record needs op, algo and transport as strings and world, "
+                      "bytes and time_us as numbers",
+                      origin, no));
+    }
     if (j.contains("stagger_us") && j["stagger_us"].is_number()) s.stagger = j["stagger_us"].get<double>() * 1e-6;
+    if (s.world > kMaxSimulatedGpus)
+      throw ConfigError(fmt::format("{}:{}: world = {} (allowed: 2..{})", origin, no, s.world, kMaxSimulatedGpus));
     if (s.world < 2 || s.bytes <= 0 || s.seconds <= 0 || !(s.stagger >= 0)) {
       ++skip;
       continue;

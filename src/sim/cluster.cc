@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <set>
 #include <sstream>
 
 #include "core/env.h"
@@ -17,12 +19,31 @@
 namespace conduit::sim {
 namespace {
 
-std::string where(const std::string& origin, const std::string& path) { return origin + ": " + path; }
-
-YAML::Node require(const YAML::Node& parent, const char* key, const std::string& origin, const std::string& path) {
+// `field` names the map (with the file in front, e.g. "a.yaml: nodes[0]").
+YAML::Node require(const YAML::Node& parent, const char* key, const std::string& field) {
   YAML::Node n = parent[key];
-  if (!n) throw ConfigError(fmt::format("{}.{} is missing", where(origin, path), key));
+  if (!n) throw ConfigError(fmt::format("{}.{} is missing", field, key));
   return n;
+}
+
+// `n` is a map whose keys are all in `allowed`, each once: a misspelt key would otherwise leave its default in
+// place without a word.
+void check_map(const YAML::Node& n, const std::string& field, std::initializer_list<const char*> allowed) {
+  std::string names;
+  for (const char* a : allowed) names += (names.empty() ? "" : ", ") + std::string(a);
+  if (!n || !n.IsMap()) throw ConfigError(fmt::format("{} must be a map with {}", field, names));
+  std::set<std::string> seen;
+  for (const auto& kv : n) {
+    std::string key;
+    try {
+      key = kv.first.as<std::string>();
+    } catch (const YAML::Exception&) {
+      throw ConfigError(fmt::format("{}: a key is not a string (allowed keys: {})", field, names));
+    }
+    if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }) == allowed.end())
+      throw ConfigError(fmt::format("{}: unknown key '{}' (allowed: {})", field, key, names));
+    if (!seen.insert(key).second) throw ConfigError(fmt::format("{}: key '{}' is given twice", field, key));
+  }
 }
 
 std::string get_string(const YAML::Node& n, const std::string& field) {
@@ -50,8 +71,11 @@ int get_int(const YAML::Node& n, const std::string& field, int lo, int hi) {
   return static_cast<int>(v);
 }
 
-LinkSpec parse_link(const YAML::Node& n, const std::string& field) {
-  if (!n || !n.IsMap()) throw ConfigError(fmt::format("{} must be a map with bandwidth and latency", field));
+LinkSpec parse_link(const YAML::Node& n, const std::string& field, bool with_kind = false) {
+  if (with_kind)
+    check_map(n, field, {"kind", "bandwidth", "latency"});
+  else
+    check_map(n, field, {"bandwidth", "latency"});
   LinkSpec l;
   if (!n["bandwidth"]) throw ConfigError(fmt::format("{}.bandwidth is missing (e.g. 200 Gb/s)", field));
   if (!n["latency"]) throw ConfigError(fmt::format("{}.latency is missing (e.g. 2 us)", field));
@@ -64,13 +88,16 @@ LinkSpec parse_link(const YAML::Node& n, const std::string& field) {
 // A required duration ("12 ms", "350 us") under `key` of a calibration record at `fi`, positive.
 double positive_duration(const YAML::Node& record, const char* key, const std::string& fi) {
   const std::string fk = fi + "." + key;
-  double t = parse_duration(get_string(require(record, key, "", fi), fk), fk);
+  double t = parse_duration(get_string(require(record, key, fi), fk), fk);
   if (!(t > 0)) throw ConfigError(fmt::format("{} must be positive", fk));
   return t;
 }
 
 Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
-  if (!n || !n.IsMap()) throw ConfigError(fmt::format("{} must be a map", f));
+  check_map(n, f,
+            {"name", "peak_bf16", "peak_fp32", "memory", "memory_bandwidth", "sm_count", "gemm_tile", "gemm_efficiency",
+             "memory_efficiency", "kernel_overhead", "calibration", "conv_calibration", "pool_calibration",
+             "model_calibration"});
   Accelerator a;
   auto req = [&](const char* k) {
     if (!n[k]) throw ConfigError(fmt::format("{}.{} is missing", f, k));
@@ -102,12 +129,18 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
     if (!c.IsSequence()) throw ConfigError(fmt::format("{}.calibration must be a list of {{m, n, k, achieved}}", f));
     for (size_t i = 0; i < c.size(); ++i) {
       std::string fi = fmt::format("{}.calibration[{}]", f, i);
+      check_map(c[i], fi, {"m", "n", "k", "achieved"});
       GemmSample s;
-      s.m = get_number(require(c[i], "m", "", fi), fi + ".m", 1, 1e9);
-      s.n = get_number(require(c[i], "n", "", fi), fi + ".n", 1, 1e9);
-      s.k = get_number(require(c[i], "k", "", fi), fi + ".k", 1, 1e9);
-      s.flops = parse_flops(get_string(require(c[i], "achieved", "", fi), fi + ".achieved"), fi + ".achieved");
+      s.m = get_number(require(c[i], "m", fi), fi + ".m", 1, 1e9);
+      s.n = get_number(require(c[i], "n", fi), fi + ".n", 1, 1e9);
+      s.k = get_number(require(c[i], "k", fi), fi + ".k", 1, 1e9);
+      s.flops = parse_flops(get_string(require(c[i], "achieved", fi), fi + ".achieved"), fi + ".achieved");
       if (s.flops <= 0) throw ConfigError(fmt::format("{}.achieved must be positive", fi));
+      if (s.flops > a.peak_flops * (1 + 1e-9))
+        throw ConfigError(
+            fmt::format("{}.achieved ({:.4g} TFLOP/s) is above the accelerator's peak_bf16 ({:.4g} "
+                        "TFLOP/s): a measured GEMM cannot beat the peak",
+                        fi, s.flops / 1e12, a.peak_flops / 1e12));
       a.calibration.push_back(s);
     }
   }
@@ -119,13 +152,16 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
           f));
     for (size_t i = 0; i < c.size(); ++i) {
       std::string fi = fmt::format("{}.conv_calibration[{}]", f, i);
+      check_map(c[i], fi,
+                {"batch", "in", "out", "height", "width", "kernel", "stride", "padding", "forward", "input_grad",
+                 "weight_grad"});
       ConvSample s;
-      s.batch = get_number(require(c[i], "batch", "", fi), fi + ".batch", 1, 1e9);
-      s.in = get_number(require(c[i], "in", "", fi), fi + ".in", 1, 1e9);
-      s.out = get_number(require(c[i], "out", "", fi), fi + ".out", 1, 1e9);
-      s.height = get_number(require(c[i], "height", "", fi), fi + ".height", 1, 1e9);
-      s.width = get_number(require(c[i], "width", "", fi), fi + ".width", 1, 1e9);
-      s.kernel = get_number(require(c[i], "kernel", "", fi), fi + ".kernel", 1, 1e4);
+      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, 1e9);
+      s.in = get_number(require(c[i], "in", fi), fi + ".in", 1, 1e9);
+      s.out = get_number(require(c[i], "out", fi), fi + ".out", 1, 1e9);
+      s.height = get_number(require(c[i], "height", fi), fi + ".height", 1, 1e9);
+      s.width = get_number(require(c[i], "width", fi), fi + ".width", 1, 1e9);
+      s.kernel = get_number(require(c[i], "kernel", fi), fi + ".kernel", 1, 1e4);
       if (c[i]["stride"]) s.stride = get_number(c[i]["stride"], fi + ".stride", 1, 1e4);
       if (c[i]["padding"]) s.padding = get_number(c[i]["padding"], fi + ".padding", 0, 1e4);
       if (s.out_height() < 1 || s.out_width() < 1)
@@ -142,12 +178,13 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
           "{}.pool_calibration must be a list of {{batch, channels, height, width, kernel, forward, backward}}", f));
     for (size_t i = 0; i < c.size(); ++i) {
       std::string fi = fmt::format("{}.pool_calibration[{}]", f, i);
+      check_map(c[i], fi, {"batch", "channels", "height", "width", "kernel", "forward", "backward"});
       PoolSample s;
-      s.batch = get_number(require(c[i], "batch", "", fi), fi + ".batch", 1, 1e9);
-      s.channels = get_number(require(c[i], "channels", "", fi), fi + ".channels", 1, 1e9);
-      s.height = get_number(require(c[i], "height", "", fi), fi + ".height", 1, 1e9);
-      s.width = get_number(require(c[i], "width", "", fi), fi + ".width", 1, 1e9);
-      s.kernel = get_number(require(c[i], "kernel", "", fi), fi + ".kernel", 1, std::min(s.height, s.width));
+      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, 1e9);
+      s.channels = get_number(require(c[i], "channels", fi), fi + ".channels", 1, 1e9);
+      s.height = get_number(require(c[i], "height", fi), fi + ".height", 1, 1e9);
+      s.width = get_number(require(c[i], "width", fi), fi + ".width", 1, 1e9);
+      s.kernel = get_number(require(c[i], "kernel", fi), fi + ".kernel", 1, std::min(s.height, s.width));
       s.forward_s = positive_duration(c[i], "forward", fi);
       s.backward_s = positive_duration(c[i], "backward", fi);
       a.pool_calibration.push_back(s);
@@ -158,15 +195,16 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       throw ConfigError(fmt::format("{}.model_calibration must be a list of {{layers, batch, step_quantiles}}", f));
     for (size_t i = 0; i < c.size(); ++i) {
       std::string fi = fmt::format("{}.model_calibration[{}]", f, i);
+      check_map(c[i], fi, {"layers", "batch", "step_quantiles", "wait_ranks", "slowest_wait", "optimizer"});
       ModelStepSample s;
-      s.layers = get_string(require(c[i], "layers", "", fi), fi + ".layers");
+      s.layers = get_string(require(c[i], "layers", fi), fi + ".layers");
       try {
         parse_layer_model(s.layers);
       } catch (const ConfigError& e) {
         throw ConfigError(fmt::format("{}.layers: {}", fi, e.what()));
       }
-      s.batch = get_number(require(c[i], "batch", "", fi), fi + ".batch", 1, 1e9);
-      auto q = require(c[i], "step_quantiles", "", fi);
+      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, 1e9);
+      auto q = require(c[i], "step_quantiles", fi);
       if (!q.IsSequence() || q.size() < 2)
         throw ConfigError(
             fmt::format("{}.step_quantiles must be a list of at least two durations (quantiles 0..1)", fi));
@@ -179,9 +217,9 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
         s.quantiles.push_back(t);
       }
       if (c[i]["wait_ranks"] || c[i]["slowest_wait"]) {
-        s.wait_ranks = get_number(require(c[i], "wait_ranks", "", fi), fi + ".wait_ranks", 2, 1e9);
+        s.wait_ranks = get_number(require(c[i], "wait_ranks", fi), fi + ".wait_ranks", 2, 1e9);
         const std::string fw = fi + ".slowest_wait";
-        s.slowest_wait = parse_duration(get_string(require(c[i], "slowest_wait", "", fi), fw), fw);
+        s.slowest_wait = parse_duration(get_string(require(c[i], "slowest_wait", fi), fw), fw);
       }
       if (c[i]["optimizer"]) s.optimizer = positive_duration(c[i], "optimizer", fi);
       a.model_calibration.push_back(s);
@@ -217,27 +255,30 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
     throw ConfigError(fmt::format("{}: not valid YAML: {}", origin, e.what()));
   }
   if (!root.IsMap()) throw ConfigError(fmt::format("{}: a cluster file is a map with name, nodes and network", origin));
+  check_map(root, origin + ": the cluster", {"name", "description", "nodes", "network"});
   ClusterSpec c;
   c.name = root["name"] ? get_string(root["name"], origin + ": name") : origin;
   c.description = root["description"] ? get_string(root["description"], origin + ": description") : "";
-  auto nodes = require(root, "nodes", origin, "cluster");
+  auto nodes = require(root, "nodes", origin + ": cluster");
   if (!nodes.IsSequence() || nodes.size() == 0)
     throw ConfigError(fmt::format("{}: nodes must be a non-empty list of node kinds", origin));
   for (size_t i = 0; i < nodes.size(); ++i) {
     std::string f = fmt::format("{}: nodes[{}]", origin, i);
     const YAML::Node& n = nodes[i];
+    check_map(n, f, {"name", "count", "gpus", "accelerator", "intra", "nics", "nic"});
     NodeKind k;
     k.name = n["name"] ? get_string(n["name"], f + ".name") : fmt::format("kind{}", i);
     if (n["count"]) k.count = get_int(n["count"], f + ".count", 1, 10000000);
-    k.gpus = get_int(require(n, "gpus", origin, f), f + ".gpus", 1, 1024);
+    k.gpus = get_int(require(n, "gpus", f), f + ".gpus", 1, 1024);
     k.accelerator = parse_accelerator(n["accelerator"], f + ".accelerator");
     auto intra = n["intra"];
     if (!intra) throw ConfigError(fmt::format("{}.intra is missing (kind, bandwidth, latency)", f));
+    check_map(intra, f + ".intra", {"kind", "bandwidth", "latency"});
     k.intra_kind = intra["kind"] ? get_string(intra["kind"], f + ".intra.kind") : "nvswitch";
     if (k.intra_kind != "nvswitch" && k.intra_kind != "pcie" && k.intra_kind != "none")
       throw ConfigError(fmt::format("{}.intra.kind = '{}' (allowed: nvswitch, pcie, none)", f, k.intra_kind));
-    k.intra = parse_link(intra, f + ".intra");
-    k.nics = get_int(require(n, "nics", origin, f), f + ".nics", 1, 1024);
+    k.intra = parse_link(intra, f + ".intra", true);
+    k.nics = get_int(require(n, "nics", f), f + ".nics", 1, 1024);
     if (k.gpus % k.nics != 0 && k.nics % k.gpus != 0)
       throw ConfigError(fmt::format("{}: gpus ({}) and nics ({}) must divide one another", f, k.gpus, k.nics));
     if (k.nics > k.gpus) k.nics = k.gpus;  // extra NICs beyond one per GPU are not used by collectives
@@ -254,10 +295,13 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
                                       c.node_kinds[0].gpus));
     }
   }
-  auto net = require(root, "network", origin, "cluster");
+  auto net = require(root, "network", origin + ": cluster");
   std::string f = origin + ": network";
+  check_map(net, f,
+            {"topology", "nodes_per_leaf", "oversubscription", "switch_latency", "software_overhead", "wake_latency",
+             "reduction_bandwidth", "in_network_reduction", "torus_dims", "torus_link"});
   NetworkSpec& ns = c.network;
-  std::string topo = get_string(require(net, "topology", origin, "network"), f + ".topology");
+  std::string topo = get_string(require(net, "topology", f), f + ".topology");
   if (topo == "fat-tree")
     ns.topology = TopologyKind::kFatTree;
   else if (topo == "rail-optimized")
@@ -281,6 +325,7 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
   if (net["reduction_bandwidth"])
     ns.reduction_bandwidth =
         parse_bandwidth(get_string(net["reduction_bandwidth"], f + ".reduction_bandwidth"), f + ".reduction_bandwidth");
+  if (!(ns.reduction_bandwidth > 0)) throw ConfigError(fmt::format("{}.reduction_bandwidth must be positive", f));
   if (net["in_network_reduction"]) {
     try {
       ns.in_network_reduction = net["in_network_reduction"].as<bool>();

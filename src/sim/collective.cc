@@ -390,6 +390,12 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
           const long long k = ranks_per_node(b, p);
           const long long m = p / k;
           if (a == Algorithm::kInNetwork && c != Collective::kAllReduce) break;
+          // Asked for by name on a cluster without switch aggregation: say so even when the group fits in a node
+          // (it would otherwise run the intra-node rings under the in-network name).
+          if (a == Algorithm::kInNetwork && !b.topo.spec().network.in_network_reduction &&
+              b.topo.spec().network.topology != TopologyKind::kFlat)
+            throw UnsupportedError(fmt::format(
+                "cluster '{}' has no in-network reduction (network.in_network_reduction)", b.topo.spec().name));
           if (k > 1) {
             std::vector<std::vector<long long>> intra;
             for (long long n = 0; n < m; ++n) {

@@ -24,6 +24,9 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, con
   if (m0.layers % c.pp != 0) throw ConfigError(fmt::format("--pp = {} must divide --layers = {}", c.pp, m0.layers));
   if (c.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", c.batch));
   if (c.prompt < 1 || c.generate < 1) throw ConfigError("--prompt and --generate must be at least 1 token");
+  if (c.prompt + c.generate > m0.seq)
+    throw ConfigError(fmt::format("--prompt ({}) + --generate ({}) exceed the model's context of {} tokens (--seq)",
+                                  c.prompt, c.generate, m0.seq));
   InferenceResult r;
   r.replicas = gpus / (static_cast<long long>(c.tp) * c.pp);
   const NodeKind& kind = topo.kind_of_node(0);

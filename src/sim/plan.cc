@@ -41,10 +41,20 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   std::vector<StepResult> all;
   for (int t : space.tp) {
     for (int p : space.pp) {
-      if (gpus % (static_cast<long long>(t) * p) != 0) continue;
+      auto skip = [&](std::string why) {
+        if (res.first_error.empty()) res.first_error = std::move(why);
+      };
+      if (gpus % (static_cast<long long>(t) * p) != 0) {
+        skip(fmt::format("tp ({}) x pp ({}) does not divide the {} accelerators", t, p, gpus));
+        continue;
+      }
       const long long d = gpus / (static_cast<long long>(t) * p);
       for (int b : space.micro_batch) {
-        if (global_batch % (static_cast<long long>(b) * d) != 0) continue;
+        if (global_batch % (static_cast<long long>(b) * d) != 0) {
+          skip(
+              fmt::format("the global batch ({}) is not a multiple of micro-batch ({}) x dp ({})", global_batch, b, d));
+          continue;
+        }
         for (int z : space.zero) {
           if (z >= 2 && p > 1) continue;
           if (z > 0 && d == 1) continue;  // nothing to shard
@@ -83,7 +93,8 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   StepResult r;
                   try {
                     r = simulate_step(net, m, c);
-                  } catch (const ConfigError&) {
+                  } catch (const ConfigError& e) {
+                    if (res.first_error.empty()) res.first_error = e.what();
                     continue;
                   }
                   ++res.valid;

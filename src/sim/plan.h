@@ -31,6 +31,7 @@ struct PlanResult {
   double seconds = 0;              // wall time of the search
   StepResult best_oom;             // the fastest plan that did not fit (when none fits)
   bool any_oom = false;
+  std::string first_error;  // why the first invalid candidate was invalid (the hint when none is valid)
 };
 
 PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space, size_t top);

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -35,6 +37,8 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
   std::string line;
   int lineno = 0;
   bool header = false;
+  size_t columns = 5;
+  std::set<std::string> ids;
   while (std::getline(in, line)) {
     ++lineno;
     std::string t = trim(line);
@@ -43,32 +47,45 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
     for (auto& x : f) x = trim(x);
     if (!header) {
       header = true;
-      if (f.size() < 5 || f[0] != "id" || f[1] != "submit_s" || f[2] != "gpus" || f[3] != "model" ||
-          f[4] != "iterations")
+      if (f.size() < 5 || f.size() > 6 || f[0] != "id" || f[1] != "submit_s" || f[2] != "gpus" || f[3] != "model" ||
+          f[4] != "iterations" || (f.size() == 6 && f[5] != "global_batch"))
         throw ConfigError(
             fmt::format("{}:{}: the header must be id,submit_s,gpus,model,iterations[,global_batch]", origin, lineno));
+      columns = f.size();
       continue;
     }
-    if (f.size() < 5 || f.size() > 6)
-      throw ConfigError(fmt::format("{}:{}: expected 5 or 6 comma-separated fields, got {}", origin, lineno, f.size()));
+    if (f.size() != columns)
+      throw ConfigError(fmt::format("{}:{}: expected {} comma-separated fields (as the header), got {}", origin, lineno,
+                                    columns, f.size()));
     JobSpec j;
     j.id = f[0];
-    auto num = [&](const std::string& v, const char* field, double lo) {
+    if (j.id.empty()) throw ConfigError(fmt::format("{}:{}: id is empty", origin, lineno));
+    if (!ids.insert(j.id).second)
+      throw ConfigError(
+          fmt::format("{}:{}: id '{}' is used by an earlier job (ids must be unique)", origin, lineno, j.id));
+    auto num = [&](const std::string& v, const char* field, double lo, double hi) {
       char* end = nullptr;
       double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != 0 || !(x >= lo))
-        throw ConfigError(fmt::format("{}:{}: {} = '{}' must be a number >= {}", origin, lineno, field, v, lo));
+      if (v.empty() || *end != 0 || !(x >= lo && x <= hi))
+        throw ConfigError(
+            fmt::format("{}:{}: {} = '{}' must be a number in [{:g}, {:g}]", origin, lineno, field, v, lo, hi));
       return x;
     };
-    j.submit = num(f[1], "submit_s", 0);
-    j.gpus = static_cast<long long>(num(f[2], "gpus", 1));
+    auto whole = [&](const std::string& v, const char* field, double hi) {
+      double x = num(v, field, 1, hi);
+      if (x != std::floor(x))
+        throw ConfigError(fmt::format("{}:{}: {} = '{}' must be a whole number", origin, lineno, field, v));
+      return static_cast<long long>(x);
+    };
+    j.submit = num(f[1], "submit_s", 0, kMaxTraceSeconds);
+    j.gpus = whole(f[2], "gpus", static_cast<double>(kMaxSimulatedGpus));
     j.model = f[3];
     GptModel probe;
     if (!named_gpt(j.model, probe))
       throw ConfigError(
           fmt::format("{}:{}: model = '{}' (allowed: {})", origin, lineno, j.model, join(named_gpt_names(), ", ")));
-    j.iterations = static_cast<long long>(num(f[4], "iterations", 1));
-    if (f.size() == 6) j.global_batch = static_cast<long long>(num(f[5], "global_batch", 1));
+    j.iterations = whole(f[4], "iterations", 1e12);
+    if (f.size() == 6) j.global_batch = whole(f[5], "global_batch", 1e9);
     jobs.push_back(j);
   }
   if (jobs.empty()) throw ConfigError(fmt::format("{}: no jobs", origin));
@@ -76,6 +93,8 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
 }
 
 std::vector<JobSpec> load_job_trace(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw ConfigError(fmt::format("--jobs: '{}' is a directory (expected a CSV file)", path));
   std::ifstream in(path);
   if (!in) throw ConfigError(fmt::format("--jobs: cannot read '{}'", path));
   std::stringstream ss;
@@ -92,7 +111,16 @@ double job_iteration_time(const ClusterSpec& spec, const std::string& model, lon
   GptModel m;
   if (!named_gpt(model, m)) throw ConfigError(fmt::format("model '{}' is not a named model", model));
   ClusterSpec s = spec;
-  const long long gpn = spec.gpus_per_node();
+  long long gpn = spec.gpus_per_node();
+  if (gpus < gpn) {
+    // A job smaller than a node runs on part of one: a node of `gpus` accelerators of the first kind (its NICs
+    // unused), so that it computes on what it was given, not on the whole node.
+    s.node_kinds.resize(1);
+    s.node_kinds[0].gpus = static_cast<int>(gpus);
+    s.node_kinds[0].nics = 1;
+    s.node_kinds[0].count = 0;
+    gpn = gpus;
+  }
   const long long nodes = std::max<long long>(1, (gpus + gpn - 1) / gpn);
   s.network.nodes_per_leaf = static_cast<int>(std::max<long long>(1, (nodes + leaves - 1) / leaves));
   Topology topo(s, nodes * gpn);
@@ -125,6 +153,8 @@ struct Running {
 ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const std::vector<JobSpec>& jobs,
                                 const SchedulerOptions& opt) {
   const long long gpn = spec.gpus_per_node();
+  if (gpus < 1 || gpus > kMaxSimulatedGpus)
+    throw ConfigError(fmt::format("--gpus = {} (allowed: 1..{})", gpus, kMaxSimulatedGpus));
   if (gpus % gpn != 0) throw ConfigError(fmt::format("--gpus = {} must be a multiple of {} per node", gpus, gpn));
   const long long per_leaf = static_cast<long long>(spec.network.nodes_per_leaf) * gpn;
   const long long nleaves = (gpus + per_leaf - 1) / per_leaf;
@@ -307,18 +337,30 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     }
     if (!std::isfinite(next))
       throw ConfigError("cluster simulation: jobs can never run (a job needs more than the cluster)");
+    // Time moves forward by at least one representable step (late in a long trace `now + tiny` equals `now`).
+    next = std::max(next, std::nextafter(now, std::numeric_limits<double>::infinity()));
     const double dt = next - now;
     for (const auto& r : running) {
       size_t i = r.job;
-      double useful = std::max(0.0, next - std::max(now, restart_at[i]));
-      remaining[i] -= useful / r.iter_time;
+      const double begin = std::max(now, restart_at[i]);
+      // A job whose finish time is this event ends now: comparing times, not the remaining iterations, keeps
+      // rounding (which grows with `now`) from leaving a sliver of a job behind forever.
+      if (begin + remaining[i] * r.iter_time <= next)
+        remaining[i] = 0;
+      else
+        remaining[i] -= std::max(0.0, next - begin) / r.iter_time;
       attained[i] += dt * static_cast<double>(jobs[i].gpus);
       busy += dt * static_cast<double>(jobs[i].gpus);
+      if (opt.policy == Policy::kLas) {  // a demotion event that rounding left just short of its threshold
+        double th = opt.las_first_threshold;
+        for (int q = 0; q < opt.las_queues - 1; ++q, th *= 10)
+          if (attained[i] < th && th - attained[i] <= 1e-12 * th + 1e-9) attained[i] = th;
+      }
     }
     now = next;
     for (size_t k = 0; k < running.size();) {
       size_t i = running[k].job;
-      if (remaining[i] <= 1e-9) {
+      if (remaining[i] <= 0) {
         release(running[k]);
         state[i] = 3;
         out[i].finish = now;

@@ -15,8 +15,12 @@
 #include <vector>
 
 #include "sim/cluster.h"
+#include "sim/topology.h"
 
 namespace conduit::sim {
+
+// The latest submit time a job trace may give (about 31,700 years, in seconds).
+constexpr double kMaxTraceSeconds = 1e12;
 
 struct JobSpec {
   std::string id;

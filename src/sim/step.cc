@@ -89,6 +89,15 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
   if (c.zero > 0 && c.compression.kind != "none")
     throw ConfigError(
         "--compression with --zero > 0 is not modelled (compress the data-parallel allreduce of --zero 0)");
+  if (c.sequence_parallel && c.tp == 1)
+    throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
+  if (c.sync.kind == "local-sgd" && c.zero > 0)
+    throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
+  if (c.compression.kind == "powersgd" && c.compression.param > static_cast<double>(m.hidden / c.tp))
+    throw ConfigError(fmt::format(
+        "--compression powersgd:{:g}: the rank must not exceed the smallest weight matrix side (hidden / tp = {}), "
+        "or the factors outgrow the gradient",
+        c.compression.param, m.hidden / c.tp));
   if (c.bucket_bytes <= 0) throw ConfigError("--bucket must be positive");
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
@@ -151,15 +160,14 @@ template <class TimeOf>
 double bucketed_exposed(double window, double total_bytes, double bucket_bytes, TimeOf time_of,
                         double* busy = nullptr) {
   if (total_bytes <= 0) return 0;
-  const long long nb = std::max<long long>(1, static_cast<long long>(std::ceil(total_bytes / bucket_bytes)));
-  const double each = total_bytes / nb;
+  const double n = std::max(1.0, std::ceil(total_bytes / bucket_bytes));  // buckets
+  const double each = total_bytes / n;
   const double t_each = time_of(each);
-  double end = 0;
-  for (long long i = 0; i < nb; ++i) {
-    double ready = window * static_cast<double>(i + 1) / nb;
-    end = std::max(end, ready) + t_each;
-  }
-  if (busy) *busy = t_each * static_cast<double>(nb);
+  // Bucket i (0-based) is ready at window (i + 1) / n; exchanges run one after another, so the last ends at
+  // max over i of ready_i + (n - i) t_each: linear in i, hence at i = 0 or i = n - 1 (closed form: any bucket
+  // count, even one per byte, costs the same to evaluate).
+  const double end = std::max(window / n + n * t_each, window + t_each);
+  if (busy) *busy = t_each * n;
   return std::max(0.0, end - window);
 }
 
@@ -251,6 +259,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
                     100 * ratio, slowest->name));
   } else if (kinds > 1) {
     r.notes.push_back(fmt::format("heterogeneous cluster: {} accelerators bound the step", slowest->name));
+  } else if (cfg.balance) {
+    throw ConfigError("--balance shares the batch among different accelerators: this cluster has one kind");
   }
   const Accelerator& acc = *slowest;
 
@@ -468,6 +478,11 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   if (cfg.tp != 1 || cfg.pp != 1)
     throw ConfigError("--tp and --pp must be 1 for a layer-list model (data parallel only)");
   if (cfg.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", cfg.micro_batch));
+  if (cfg.recompute != Recompute::kNone || cfg.schedule != Schedule::k1F1B || cfg.sequence_parallel ||
+      cfg.virtual_stages != 1 || cfg.balance)
+    throw ConfigError(
+        "--recompute, --schedule, --virtual-stages, --sp and --balance apply to GPT models, not to a layer-list "
+        "model (data parallel)");
   if (cfg.global_batch % (static_cast<long long>(cfg.micro_batch) * gpus) != 0)
     throw ConfigError(fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x --gpus ({})",
                                   cfg.global_batch, cfg.micro_batch, gpus));

@@ -36,7 +36,9 @@ Topology::Topology(const ClusterSpec& spec, long long gpus) : spec_(spec), gpus_
   if (gpus % gpn_ != 0)
     throw ConfigError(fmt::format("--gpus = {} must be a multiple of the {} accelerators per node of cluster '{}'",
                                   gpus, gpn_, spec_.name));
-  if (gpus > (1LL << 30)) throw ConfigError(fmt::format("--gpus = {} is beyond the simulator's limit of 2^30", gpus));
+  if (gpus > kMaxSimulatedGpus)
+    throw ConfigError(
+        fmt::format("--gpus = {} is beyond the simulator's limit of {} accelerators", gpus, kMaxSimulatedGpus));
   nodes_ = gpus / gpn_;
   // Node kinds: a homogeneous cluster repeats its one kind; a heterogeneous one is scaled to `nodes_` keeping
   // the kinds' proportions (largest remainder), kinds laid out in the order the file lists them.

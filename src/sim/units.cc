@@ -52,6 +52,14 @@ double scale_prefix(char c) {
   }
 }
 
+// A parsed quantity above `most` (or overflowing to inf) is a typo or a unit mix-up, not hardware.
+double at_most(double v, double most, const char* unit, std::string_view text, std::string_view field) {
+  if (!(v <= most))
+    throw ConfigError(
+        fmt::format("{}: '{}' is above the largest value this simulator takes ({:g} {})", field, text, most, unit));
+  return v;
+}
+
 }  // namespace
 
 double parse_bandwidth(std::string_view text, std::string_view field) {
@@ -64,7 +72,8 @@ double parse_bandwidth(std::string_view text, std::string_view field) {
       mult = scale_prefix(base[0]);
       base = base.substr(1);
     }
-    if (mult != 0 && (base == "b" || base == "B")) return v * mult * (base == "b" ? 0.125 : 1.0);
+    if (mult != 0 && (base == "b" || base == "B"))
+      return at_most(v * mult * (base == "b" ? 0.125 : 1.0), 1e15, "B/s", text, field);
   }
   throw ConfigError(fmt::format("{}: unit '{}' in '{}' is not a bandwidth (allowed: {})", field, u, text, kAllowed));
 }
@@ -72,21 +81,24 @@ double parse_bandwidth(std::string_view text, std::string_view field) {
 double parse_duration(std::string_view text, std::string_view field) {
   constexpr std::string_view kAllowed = "ns, us, ms, s";
   auto [v, u] = split_number(text, field, kAllowed);
-  if (u == "ns") return v * 1e-9;
-  if (u == "us") return v * 1e-6;
-  if (u == "ms") return v * 1e-3;
-  if (u == "s") return v;
+  constexpr double kMost = 1e6;  // 11.6 days: a step, a latency or a kernel
+  if (u == "ns") return at_most(v * 1e-9, kMost, "s", text, field);
+  if (u == "us") return at_most(v * 1e-6, kMost, "s", text, field);
+  if (u == "ms") return at_most(v * 1e-3, kMost, "s", text, field);
+  if (u == "s") return at_most(v, kMost, "s", text, field);
   throw ConfigError(fmt::format("{}: unit '{}' in '{}' is not a duration (allowed: {})", field, u, text, kAllowed));
 }
 
 double parse_size(std::string_view text, std::string_view field) {
   constexpr std::string_view kAllowed = "B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024)";
   auto [v, u] = split_number(text, field, kAllowed);
-  if (u == "B") return v;
-  if (u.size() == 2 && u[1] == 'B' && scale_prefix(u[0]) != 0) return v * scale_prefix(u[0]);
+  constexpr double kMost = 1e18;  // an exabyte
+  if (u == "B") return at_most(v, kMost, "B", text, field);
+  if (u.size() == 2 && u[1] == 'B' && scale_prefix(u[0]) != 0)
+    return at_most(v * scale_prefix(u[0]), kMost, "B", text, field);
   if (u.size() == 3 && u.substr(1) == "iB") {
     double p = scale_prefix(u[0]);
-    if (p != 0) return v * std::pow(1024.0, std::round(std::log10(p) / 3));
+    if (p != 0) return at_most(v * std::pow(1024.0, std::round(std::log10(p) / 3)), kMost, "B", text, field);
   }
   throw ConfigError(fmt::format("{}: unit '{}' in '{}' is not a size (allowed: {})", field, u, text, kAllowed));
 }
@@ -94,8 +106,10 @@ double parse_size(std::string_view text, std::string_view field) {
 double parse_flops(std::string_view text, std::string_view field) {
   constexpr std::string_view kAllowed = "FLOP/s, GFLOP/s, TFLOP/s, PFLOP/s";
   auto [v, u] = split_number(text, field, kAllowed);
-  if (u == "FLOP/s") return v;
-  if (u.size() == 7 && u.substr(1) == "FLOP/s" && scale_prefix(u[0]) != 0) return v * scale_prefix(u[0]);
+  constexpr double kMost = 1e18;  // an exaFLOP/s per accelerator
+  if (u == "FLOP/s") return at_most(v, kMost, "FLOP/s", text, field);
+  if (u.size() == 7 && u.substr(1) == "FLOP/s" && scale_prefix(u[0]) != 0)
+    return at_most(v * scale_prefix(u[0]), kMost, "FLOP/s", text, field);
   throw ConfigError(fmt::format("{}: unit '{}' in '{}' is not a compute rate (allowed: {})", field, u, text, kAllowed));
 }
 

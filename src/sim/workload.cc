@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cmath>
+#include <initializer_list>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -211,21 +213,39 @@ LayerModel parse_layer_model(const std::string& spec) {
     auto colon = it.find(':');
     auto bad = [&]() {
       return ConfigError(fmt::format(
-          "--layers-spec: '{}' is not a layer (allowed: dense:INxOUT, conv:INxOUTkK@HxW, pool:CkK@HxW, e.g. "
-          "conv:3x64k3@32x32)",
+          "--layers-spec: '{}' is not a layer (allowed: dense:INxOUT, conv:INxOUTkK@HxW, pool:CkK@HxW with whole "
+          "numbers 1..10^7, e.g. conv:3x64k3@32x32)",
           it));
     };
     if (colon == std::string::npos) throw bad();
     Layer l;
     l.kind = it.substr(0, colon);
     std::string rest = it.substr(colon + 1);
+    // Whole numbers from 1 to 10^7, separated exactly as the form says, nothing after.
+    auto fields = [&](const std::string& seps, std::initializer_list<double*> out) {
+      size_t at = 0, k = 0;
+      for (double* v : out) {
+        if (k > 0) {
+          if (at >= rest.size() || rest[at] != seps[k - 1]) throw bad();
+          ++at;
+        }
+        size_t start = at;
+        double x = 0;
+        while (at < rest.size() && std::isdigit(static_cast<unsigned char>(rest[at])) && at - start < 9)
+          x = 10 * x + (rest[at++] - '0');
+        if (at == start || x < 1 || x > 1e7 || (at < rest.size() && std::isdigit(static_cast<unsigned char>(rest[at]))))
+          throw bad();
+        *v = x;
+        ++k;
+      }
+      if (at != rest.size()) throw bad();
+    };
     if (l.kind == "dense") {
-      if (std::sscanf(rest.c_str(), "%lfx%lf", &l.in, &l.out) != 2) throw bad();
+      fields("x", {&l.in, &l.out});
     } else if (l.kind == "conv") {
-      if (std::sscanf(rest.c_str(), "%lfx%lfk%lf@%lfx%lf", &l.in, &l.out, &l.kernel, &l.height, &l.width) != 5)
-        throw bad();
+      fields("xk@x", {&l.in, &l.out, &l.kernel, &l.height, &l.width});
     } else if (l.kind == "pool") {
-      if (std::sscanf(rest.c_str(), "%lfk%lf@%lfx%lf", &l.in, &l.kernel, &l.height, &l.width) != 4) throw bad();
+      fields("k@x", {&l.in, &l.kernel, &l.height, &l.width});
       l.out = l.in;
       if (l.kernel > l.height || l.kernel > l.width) throw bad();
     } else {

@@ -1,0 +1,252 @@
+// Bad and extreme inputs to the simulator: cluster files, layer specs, job traces, flag combinations, sizes that
+// once looped per byte or overflowed. Each must end in one ConfigError naming the field and what is allowed, or in
+// a finite answer.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "sim/cluster.h"
+#include "sim/plan.h"
+#include "sim/scheduler.h"
+#include "sim/step.h"
+#include "sim/topology.h"
+#include "sim/workload.h"
+
+namespace conduit::sim {
+namespace {
+
+GptModel named_model(const char* n) {
+  GptModel m;
+  EXPECT_TRUE(named_gpt(n, m)) << n;
+  return m;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string cluster_error(const std::string& yaml) {
+  return error_of([&] { parse_cluster_yaml(yaml, "x.yaml"); });
+}
+
+// `from` replaced by `to` in the dgx-a100 preset (which must contain `from`).
+std::string preset_with(const std::string& from, const std::string& to) {
+  std::string y = preset_yaml("dgx-a100");
+  const size_t at = y.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) y.replace(at, from.size(), to);
+  return y;
+}
+
+TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
+  EXPECT_NE(
+      cluster_error(preset_with("oversubscription:", "oversubscribtion:"))
+          .find("x.yaml: network: unknown key 'oversubscribtion' (allowed: topology, nodes_per_leaf, oversubscription"),
+      std::string::npos);
+  EXPECT_NE(cluster_error("name: a\nname: b\nnodes: []\nnetwork: {topology: flat}\n").find("key 'name' is given twice"),
+            std::string::npos);
+  EXPECT_EQ(cluster_error("name: x\nnodes: [5]\nnetwork: {topology: flat}\n"),
+            "x.yaml: nodes[0] must be a map with name, count, gpus, accelerator, intra, nics, nic");
+  EXPECT_NE(cluster_error("name: x\nnodes: [{gpus: 8}]\nnetwork: 5\n").find("nodes[0].accelerator must be a map"),
+            std::string::npos);
+  // Values that overflow to inf, or no hardware has, name the field and the largest allowed.
+  EXPECT_NE(cluster_error(preset_with("peak_bf16: 312 TFLOP/s", "peak_bf16: 1e300 PFLOP/s"))
+                .find("peak_bf16: '1e300 PFLOP/s' is above the largest value this simulator takes (1e+18 FLOP/s)"),
+            std::string::npos)
+      << cluster_error(preset_with("peak_bf16: 312 TFLOP/s", "peak_bf16: 1e300 PFLOP/s"));
+  EXPECT_NE(cluster_error(preset_with("latency: 2.7 us", "latency: 1e300 s")).find("is above the largest value"),
+            std::string::npos);
+  const std::string zero_gamma = cluster_error(preset_with("reduction_bandwidth:", "reduction_bandwidth: 0 GB/s #"));
+  EXPECT_NE(zero_gamma.find("network.reduction_bandwidth must be positive"), std::string::npos) << zero_gamma;
+  // A measured GEMM above the peak would give an MFU over 100%.
+  const std::string fast =
+      cluster_error(preset_with("      kernel_overhead:",
+                                "      calibration: [{m: 1024, n: 1024, k: 1024, achieved: 1000 TFLOP/s}]\n"
+                                "      kernel_overhead:"));
+  EXPECT_NE(fast.find("calibration[0].achieved (1000 TFLOP/s) is above the accelerator's peak_bf16"), std::string::npos)
+      << fast;
+  EXPECT_EQ(cluster_error(preset_yaml("dgx-a100")), "no error");
+}
+
+TEST(Inputs, LayerSpecsTakeWholeNumbersOnly) {
+  for (const char* bad : {"dense:nanx10", "dense:infx10", "dense:10x10garbage", "dense:2.5x3.7", "dense:1e300x10",
+                          "dense:0x10", "dense:99999999x10", "conv:3x8k3@32", "pool:8k3@32x32x1", "dense:10x"}) {
+    const std::string e = error_of([&] { parse_layer_model(bad); });
+    EXPECT_NE(e.find("is not a layer (allowed: dense:INxOUT"), std::string::npos) << bad << ": " << e;
+  }
+  LayerModel m = parse_layer_model("conv:1x32k3@28x28,pool:32k2@28x28,dense:6272x10");
+  ASSERT_EQ(m.layers.size(), 3u);
+  EXPECT_EQ(m.layers[0].out, 32);
+  EXPECT_EQ(m.layers[2].in, 6272);
+}
+
+TEST(Inputs, JobTracesNeedWholeBoundedNumbersAndUniqueIds) {
+  auto trace_error = [](const std::string& body, const std::string& header = "id,submit_s,gpus,model,iterations") {
+    return error_of([&] { parse_job_trace(header + "\n" + body + "\n", "t.csv"); });
+  };
+  EXPECT_EQ(trace_error("a,0,8,gpt-1.7b,1e30"), "t.csv:2: iterations = '1e30' must be a number in [1, 1e+12]");
+  EXPECT_EQ(trace_error("a,0,2.5,gpt-1.7b,10"), "t.csv:2: gpus = '2.5' must be a whole number");
+  EXPECT_EQ(trace_error("a,inf,8,gpt-1.7b,10"), "t.csv:2: submit_s = 'inf' must be a number in [0, 1e+12]");
+  EXPECT_EQ(trace_error("a,0,8,gpt-1.7b,10\na,5,8,gpt-1.7b,10"),
+            "t.csv:3: id 'a' is used by an earlier job (ids must be unique)");
+  EXPECT_NE(trace_error("a,0,8,gpt-1.7b,10,5", "id,submit_s,gpus,model,iterations,foo").find("the header must be"),
+            std::string::npos);
+  EXPECT_NE(trace_error("a,0,8,gpt-1.7b,10", "id,submit_s,gpus,model,iterations,global_batch")
+                .find("expected 6 comma-separated fields (as the header), got 5"),
+            std::string::npos);
+  const ClusterSpec spec = load_cluster("dgx-a100");
+  const auto jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt-1.7b,10\n", "t");
+  EXPECT_EQ(error_of([&] { simulate_cluster(spec, -1600, jobs, {}); }), "--gpus = -1600 (allowed: 1..262144)");
+}
+
+// Late in a long trace `now + dt` rounds to `now`, and remaining iterations to a sliver that never reached zero:
+// the loop spun forever. Completions now compare times, and time always moves forward.
+TEST(Inputs, SchedulerFinishesLongTracesUnderEveryPolicy) {
+  const ClusterSpec spec = load_cluster("dgx-a100");
+  const auto jobs = parse_job_trace(
+      "id,submit_s,gpus,model,iterations\na,0,8,gpt-1.7b,123456789\nb,100000000,8,gpt-1.7b,100\n"
+      "c,5,16,gpt-1.7b,1000\nd,1e12,8,gpt-1.7b,7\n",
+      "t");
+  for (Policy p : {Policy::kFifo, Policy::kLas, Policy::kSrtf}) {
+    SchedulerOptions o;
+    o.policy = p;
+    const ScheduleResult r = simulate_cluster(spec, 512, jobs, o);
+    ASSERT_EQ(r.jobs.size(), 4u);
+    for (const auto& j : r.jobs) {
+      EXPECT_TRUE(std::isfinite(j.finish)) << j.id;
+      EXPECT_GT(j.finish, j.submit) << j.id;
+    }
+    EXPECT_GT(r.jobs[3].finish, 1e12);
+    EXPECT_GT(r.utilization, 0);
+    EXPECT_LE(r.utilization, 1 + 1e-9);
+  }
+}
+
+// A job smaller than a node computes on the accelerators it asked for, not on the whole node's share of the batch:
+// at the default 8 sequences per accelerator a 1-GPU job's iteration is that of one GPU of the same kind.
+TEST(Inputs, SubNodeJobsRunOnWhatTheyAskFor) {
+  const ClusterSpec spec = load_cluster("dgx-a100");
+  const double one = job_iteration_time(spec, "gpt2-small", 1, 0, 1);
+  const double node = job_iteration_time(spec, "gpt2-small", 8, 0, 1);
+  ClusterSpec single = spec;
+  single.node_kinds[0].gpus = 1;
+  single.node_kinds[0].nics = 1;
+  Topology topo(single, 1);
+  CollectiveModel net(topo);
+  PlanSpace space;
+  space.tp = {1};
+  space.micro_batch = {1, 2, 4};
+  space.zero = {0, 1};
+  space.schedules = {Schedule::k1F1B};
+  space.recompute = {Recompute::kNone, Recompute::kFull};
+  space.sequence_parallel = {true};
+  const PlanResult pr = plan(net, named_model("gpt2-small"), 8, space, 1);
+  ASSERT_FALSE(pr.ranked.empty());
+  EXPECT_DOUBLE_EQ(one, pr.ranked.front().time);
+  EXPECT_NEAR(one, node, 0.5 * node);  // weak scaling within a node: about the same step
+}
+
+// One bucket per KiB of a 175B model's gradients is 3.4e8 buckets: the overlap is evaluated in closed form.
+TEST(Inputs, TinyBucketsOfAHugeModelAreEvaluatedInClosedForm) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  ParallelConfig c;
+  c.global_batch = 8;
+  c.bucket_bytes = 1024;
+  const StepResult r = simulate_step(net, named_model("gpt3-175b"), c);
+  EXPECT_TRUE(std::isfinite(r.time));
+  // Each of n buckets pays the collective's latency: far more than one 25 MB-bucketed exchange.
+  ParallelConfig big = c;
+  big.bucket_bytes = 25e6;
+  EXPECT_GT(r.breakdown.dp_comm, 10 * simulate_step(net, named_model("gpt3-175b"), big).breakdown.dp_comm);
+}
+
+TEST(Inputs, ContradictoryStepFlagsAreRefused) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  const GptModel m = named_model("gpt-1.7b");
+  auto step_error = [&](const std::function<void(ParallelConfig&)>& set) {
+    ParallelConfig c;
+    c.global_batch = 64;
+    set(c);
+    return error_of([&] { simulate_step(net, m, c); });
+  };
+  EXPECT_NE(step_error([](ParallelConfig& c) { c.sequence_parallel = true; })
+                .find("--sp (sequence parallelism) needs "
+                      "--tp > 1"),
+            std::string::npos);
+  EXPECT_NE(step_error([](ParallelConfig& c) {
+              c.sync = parse_sync("local-sgd:4");
+              c.zero = 3;
+            }).find("--sync local-sgd needs full model replicas"),
+            std::string::npos);
+  EXPECT_NE(step_error([](ParallelConfig& c) { c.balance = true; }).find("this cluster has one kind"),
+            std::string::npos);
+  EXPECT_NE(step_error([](ParallelConfig& c) {
+              c.compression = parse_compression("powersgd:1000000");
+            }).find("the rank must not exceed the smallest weight matrix side (hidden / tp = 2304)"),
+            std::string::npos);
+  EXPECT_EQ(step_error([](ParallelConfig& c) { c.compression = parse_compression("powersgd:4"); }), "no error");
+  EXPECT_EQ(error_of([] { Topology(load_cluster("dgx-a100"), 1LL << 20); }),
+            "--gpus = 1048576 is beyond the simulator's limit of 262144 accelerators");
+}
+
+std::string run(const std::string& args, int* rc) {
+  std::string cmd = std::string(CONDUIT_BINARY) + " " + args + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
+  *rc = WEXITSTATUS(pclose(p.release()));
+  return out;
+}
+
+// Three `conduit` runs: sim coll's group check without overflow; sim plan fixing a searched dimension given as a
+// plain flag; sim scale's plot path reaching gnuplot as data, never through a shell.
+TEST(Inputs, CliGroupsPlanConstraintsAndPlotPaths) {
+  int rc = 0;
+  std::string out = run("sim coll --group 3 --stride 5000000000000000000", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("must place the group's ranks within --gpus (64)"), std::string::npos) << out;
+
+  out = run("sim plan --cluster dgx-a100 --gpus 16 --model gpt-1.7b --global-batch 64 --tp 2 --top 20 --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  size_t plans = 0;
+  for (size_t at = out.find("\"tp\":"); at != std::string::npos; at = out.find("\"tp\":", at + 1), ++plans)
+    EXPECT_EQ(out.substr(at, 7), "\"tp\":2,") << out.substr(at, 40);
+  EXPECT_GT(plans, 1u) << out;
+
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("conduit-plot-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string name = "$(touch INJECTED)it's.png";
+  out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --global-batch 64 --gpus-list 8,16 --plot '" +
+                (dir / "").string() + "$(touch INJECTED)it'\\''s.png'",
+            &rc);
+  const bool have_gnuplot = std::system("command -v gnuplot >/dev/null 2>&1") == 0;
+  if (have_gnuplot) {
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_TRUE(fs::exists(dir / name)) << out;
+  }
+  EXPECT_FALSE(fs::exists(dir / "INJECTED"));
+  EXPECT_FALSE(fs::exists("INJECTED"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace conduit::sim
