@@ -79,7 +79,22 @@ void run_bench(const BenchArgs& a) {
   ReduceOp rop = parse_reduce_op(a.reduce);
   uint64_t lo = parse_bytes(a.min_bytes, "--min-bytes"), hi = parse_bytes(a.max_bytes, "--max-bytes");
   if (lo == 0) lo = dtype_size(dt);
+  if (lo % dtype_size(dt) != 0)
+    throw ConfigError(fmt::format("--min-bytes {} is not a whole number of {} elements ({} bytes each)", a.min_bytes,
+                                  dtype_name(dt), dtype_size(dt)));
   if (hi < lo) throw ConfigError(fmt::format("--max-bytes {} is below --min-bytes {}", a.max_bytes, a.min_bytes));
+  {
+    // Each rank holds an input and an output of up to world x size (gather-like ops) plus the check's copies: refuse
+    // what cannot fit instead of failing on an allocation halfway through the sweep.
+    const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
+                 page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+    const double mem = pages > 0 && page > 0 ? pages * page : 0;
+    if (mem > 0 && 4.0 * static_cast<double>(hi) > mem)
+      throw ConfigError(
+          fmt::format("--max-bytes {} needs about {:.1f} GB per rank; this machine has {:.1f} GB (allowed: "
+                      "at most a quarter of the memory)",
+                      a.max_bytes, 4e-9 * static_cast<double>(hi), mem * 1e-9));
+  }
   if (a.iters < 1 || a.iters > 1000000) throw ConfigError("--iters must be in [1, 1000000]");
   if (a.warmup < 0) throw ConfigError("--warmup must be >= 0");
   if (!(a.stagger_us >= 0) || a.stagger_us > 1e6)
@@ -232,11 +247,22 @@ struct SelftestArgs {
 };
 
 void run_selftest(const SelftestArgs& a) {
+  static const char* kOps[] = {"all",       "allreduce", "reduce_scatter", "allgather", "allgatherv",
+                               "broadcast", "reduce",    "gather",         "scatter",   "alltoall",
+                               "alltoallv", "barrier",   "sendrecv"};
+  if (std::find_if(std::begin(kOps), std::end(kOps), [&](const char* o) { return a.ops == o; }) == std::end(kOps))
+    throw ConfigError(
+        fmt::format("--op '{}' is not supported: allowed are all, allreduce, reduce_scatter, allgather, "
+                    "allgatherv, broadcast, reduce, gather, scatter, alltoall, alltoallv, barrier, sendrecv",
+                    a.ops));
   coll::CommConfig cfg;
   cfg.timeout_s = a.timeout;
   cfg.transport = a.transport;
   auto comm = Communicator::from_env(cfg);
   Communicator& c = *comm;
+  for (auto [flag, r] : {std::pair{"--crash-rank", a.crash_rank}, std::pair{"--hang-rank", a.hang_rank}})
+    if (r != -1 && (r < 0 || r >= c.size()))
+      throw ConfigError(fmt::format("{} {} is not a rank of [0, {})", flag, r, c.size()));
   if (c.rank() == a.crash_rank) {
     std::fprintf(stderr, "selftest: rank %d exits abruptly as asked (--crash-rank)\n", c.rank());
     std::fflush(stderr);
@@ -289,6 +315,13 @@ void run_selftest(const SelftestArgs& a) {
   if (total) set_exit_code(1);
 }
 
+// --timeout, when given, is a finite number of seconds > 0 (0 or nan used to mean the default silently, and inf made
+// --hang-rank's sleep return at once).
+void check_timeout_flag(const CLI::Option* opt, double v) {
+  if (opt->count() > 0 && !(v > 0 && v <= 1e6))
+    throw ConfigError(fmt::format("--timeout = {} (allowed: seconds in (0, 1000000])", v));
+}
+
 const bool kRegistered = register_command(30, [](CLI::App& app) {
   auto* bench = subcommand_group(app, "bench", "Benchmarks: collectives (coll), compression (compress)");
   auto a = std::make_shared<BenchArgs>();
@@ -304,7 +337,8 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
   c->add_option("--iters,-n", a->iters, "timed iterations per size")->capture_default_str();
   c->add_option("--warmup,-w", a->warmup, "untimed iterations per size")->capture_default_str();
   c->add_option("--root", a->root, "root rank of broadcast/reduce/gather/scatter")->capture_default_str();
-  c->add_option("--timeout", a->timeout, "seconds before a collective fails (default CONDUIT_TIMEOUT or 300)");
+  auto* bt =
+      c->add_option("--timeout", a->timeout, "seconds before a collective fails (default CONDUIT_TIMEOUT or 300)");
   c->add_flag("--json", a->json, "one JSON object per size instead of the table");
   c->add_flag("!--no-check", a->check, "skip the correctness check");
   c->add_flag("!--async", a->blocking,
@@ -314,16 +348,22 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
                 "time each call as training meets it: the last rank arrives this many microseconds after the others "
                 "(busy meanwhile) and its median time from call to end is reported (default 0: back-to-back "
                 "calls, their mean, with the median and slowest single call)");
-  c->callback([a] { run_bench(*a); });
+  c->callback([a, bt] {
+    check_timeout_flag(bt, a->timeout);
+    run_bench(*a);
+  });
 
   auto s = std::make_shared<SelftestArgs>();
   auto* st = app.add_subcommand("selftest", "check every collective and algorithm over this job's ranks");
   st->add_option("--transport", s->transport, "auto, tcp, shm, mpi");
-  st->add_option("--timeout", s->timeout, "seconds before a collective fails");
+  auto* stt = st->add_option("--timeout", s->timeout, "seconds before a collective fails");
   st->add_option("--op", s->ops, "one operation, or all")->capture_default_str();
   st->add_option("--crash-rank", s->crash_rank, "(testing) this rank exits abruptly before the first collective");
   st->add_option("--hang-rank", s->hang_rank, "(testing) this rank never takes part");
-  st->callback([s] { run_selftest(*s); });
+  st->callback([s, stt] {
+    check_timeout_flag(stt, s->timeout);
+    run_selftest(*s);
+  });
 });
 
 }  // namespace

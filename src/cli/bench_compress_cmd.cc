@@ -42,20 +42,24 @@ size_t parse_size(const std::string& s) {
   std::string suf = s.substr(pos);
   double mul = suf.empty() || suf == "B" ? 1 : suf == "K" || suf == "KiB" ? 1024.0
              : suf == "M" || suf == "MiB" ? 1048576.0 : suf == "G" || suf == "GiB" ? 1073741824.0 : -1;
-  if (pos == 0 || mul < 0 || !(v > 0) || v * mul < 4 || v * mul > 16.0 * 1073741824.0)
-    throw ConfigError(fmt::format("--size '{}' must be a byte count from 4 B to 16G with an optional K, M or G "
-                                  "suffix (powers of 1024), e.g. 1M,10M,100M",
-                                  s));
+  if (pos == 0 || mul < 0 || !(v > 0) || v * mul < 4 || v * mul > 16.0 * 1073741824.0 || std::fmod(v * mul, 4.0) != 0)
+    throw ConfigError(
+        fmt::format("--size '{}' must be a byte count from 4 B to 16G, a multiple of 4 (f32 elements), "
+                    "with an optional K, M or G suffix (powers of 1024), e.g. 1M,10M,100M",
+                    s));
   return static_cast<size_t>(v * mul);
 }
 
-std::vector<std::string> split_list(const std::string& s, char sep) {
+// The items of a `sep`-separated list; an empty list or an empty item is an error naming `flag`.
+std::vector<std::string> split_list(const std::string& s, char sep, const char* flag) {
   std::vector<std::string> out;
   size_t p = 0;
   while (p <= s.size()) {
     size_t q = s.find(sep, p);
     if (q == std::string::npos) q = s.size();
-    if (q > p) out.push_back(s.substr(p, q - p));
+    if (q == p)
+      throw ConfigError(fmt::format("{} '{}' has an empty item; allowed: items separated by '{}'", flag, s, sep));
+    out.push_back(s.substr(p, q - p));
     p = q + 1;
   }
   return out;
@@ -96,11 +100,11 @@ std::vector<float> bench_input(size_t n) {
 }
 
 void run_compress_bench(const CompressBenchArgs& a) {
-  std::vector<std::string> methods = a.methods == "all" ? default_methods() : split_list(a.methods, ';');
+  std::vector<std::string> methods = a.methods == "all" ? default_methods() : split_list(a.methods, ';', "--method");
   std::vector<CompressorPtr> comps;
   for (const auto& m : methods) comps.push_back(parse_compressor(m));  // fails early on a bad name
   std::vector<size_t> sizes;
-  for (const auto& s : split_list(a.sizes, ',')) sizes.push_back(parse_size(s));
+  for (const auto& s : split_list(a.sizes, ',', "--size")) sizes.push_back(parse_size(s));
   if (!(a.min_time > 0 && a.min_time <= 60)) throw ConfigError("--min-time must be in (0, 60] seconds");
   if (!a.json)
     std::printf("%-24s %10s %9s %10s %10s %8s %8s %10s  %s\n", "method", "size", "ratio", "comp GB/s", "dec GB/s",

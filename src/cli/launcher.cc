@@ -556,6 +556,11 @@ int run_local_workers(const LaunchSpec& spec) {
   }
   double grace = spec.grace_seconds;
   if (grace < 0) grace = env_seconds("CONDUIT_LAUNCH_GRACE").value_or(kDefaultGraceSeconds);
+  if (grace > 3600)
+    throw ConfigError(
+        fmt::format("environment variable CONDUIT_LAUNCH_GRACE='{}' is invalid: expected seconds from 0 "
+                    "to 3600 (workers that ignore SIGTERM are killed after it)",
+                    grace));
   const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
 
   const std::string& program = spec.command[0];

@@ -5,6 +5,7 @@
 
 #include "cli/registry.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/malloc_tuning.h"
 
 namespace conduit::cli {
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   for (auto& e : es) e.setup(app);
   try {
     conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
+    conduit::log_level_from_env();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

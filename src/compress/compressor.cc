@@ -362,6 +362,7 @@ CompressorPtr make_compressor(const std::string& name, const Params& params) {
 }
 
 CompressorPtr parse_compressor(const std::string& spec) {
+  (void)kernels::get();  // checks CONDUIT_COMPRESS_KERNELS once, also for methods that use no kernel table
   // name[:k=v,k=v]; "ef:" is part of the name.
   size_t start = spec.rfind("ef:", 0) == 0 ? 3 : 0;
   size_t colon = spec.find(':', start);

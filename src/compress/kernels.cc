@@ -1,8 +1,12 @@
 // Picks the kernel table for this CPU once.
 #include "compress/kernels.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <cstring>
+
+#include "core/error.h"
 
 namespace conduit::compress::kernels {
 
@@ -18,8 +22,16 @@ namespace {
 
 // "base" or "avx2" in CONDUIT_COMPRESS_KERNELS caps the choice (tests, comparisons).
 const char* forced() {
-  const char* f = std::getenv("CONDUIT_COMPRESS_KERNELS");
-  return f ? f : "";
+  static const char* f = [] {
+    const char* v = std::getenv("CONDUIT_COMPRESS_KERNELS");
+    if (v && *v && std::strcmp(v, "base") != 0 && std::strcmp(v, "avx2") != 0)
+      throw ConfigError(
+          fmt::format("environment variable CONDUIT_COMPRESS_KERNELS='{}' is invalid: expected base or "
+                      "avx2 (or unset: the fastest this CPU runs)",
+                      v));
+    return v ? v : "";
+  }();
+  return f;
 }
 bool has_avx2() {
 #if defined(__x86_64__) && defined(CONDUIT_COMPRESS_AVX2)

@@ -128,7 +128,7 @@ class ScaledSign : public Compressor {
 }  // namespace
 
 CompressorPtr make_signsgd(const ParamReader&) { return std::make_unique<SignSgd>(); }
-CompressorPtr make_signum(const ParamReader& p) { return std::make_unique<SignSgd>(p.real("momentum", 0, 1)); }
+CompressorPtr make_signum(const ParamReader& p) { return std::make_unique<SignSgd>(p.real("momentum", 0, 0.999999)); }
 CompressorPtr make_scaled_sign(const ParamReader&) { return std::make_unique<ScaledSign>(false); }
 CompressorPtr make_efsignsgd(const ParamReader&) {
   return make_error_feedback(std::make_unique<ScaledSign>(false), "efsignsgd");

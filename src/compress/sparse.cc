@@ -399,8 +399,9 @@ CompressorPtr make_threshold(const ParamReader& p) {
   return std::make_unique<Threshold>(p.real("threshold", 0, 3.4e38));
 }
 CompressorPtr make_dgc(const ParamReader& p) {
-  return std::make_unique<Dgc>(p.real("ratio", 1e-9, 1), p.real("momentum", 0, 1), p.real("clip_norm", 0, 3.4e38),
-                               p.integer("warmup_steps", 0, int64_t(1) << 40), p.real("sample", 0, 1));
+  return std::make_unique<Dgc>(p.real("ratio", 1e-9, 1), p.real("momentum", 0, 0.999999),
+                               p.real("clip_norm", 0, 3.4e38), p.integer("warmup_steps", 0, int64_t(1) << 40),
+                               p.real("sample", 0, 1));
 }
 
 }  // namespace methods

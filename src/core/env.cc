@@ -115,7 +115,8 @@ std::map<std::string, std::string> parse_key_values(
   for (const auto& kv : split(text, ',')) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw ConfigError(bad_item(kv));
-    out[kv.substr(0, eq)] = kv.substr(eq + 1);
+    if (!out.emplace(kv.substr(0, eq), kv.substr(eq + 1)).second)
+      throw ConfigError(fmt::format("'{}' is given twice in '{}'; give each key once", kv.substr(0, eq), text));
   }
   return out;
 }

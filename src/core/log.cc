@@ -11,19 +11,26 @@ namespace conduit {
 namespace {
 
 std::shared_ptr<spdlog::logger> make_logger() {
+  // The level is checked before the logger is registered: a throw after registering left a half-made logger, and
+  // the next use (often on a background thread, where a throw terminates) tried to register it again.
+  const auto lv = log_level_from_env();
   auto l = spdlog::stderr_color_mt("conduit");
-  auto level = env_string("CONDUIT_LOG_LEVEL").value_or("warn");
-  auto lv = spdlog::level::from_str(level);
-  if (lv == spdlog::level::off && level != "off") {
-    throw ConfigError("environment variable CONDUIT_LOG_LEVEL='" + level +
-                      "' is invalid: expected trace, debug, info, warn, error or off");
-  }
   l->set_level(lv);
   l->set_pattern("[conduit %^%l%$] %v");
   return l;
 }
 
 }  // namespace
+
+spdlog::level::level_enum log_level_from_env() {
+  auto level = env_string("CONDUIT_LOG_LEVEL").value_or("warn");
+  auto lv = spdlog::level::from_str(level);
+  if (lv == spdlog::level::off && level != "off") {
+    throw ConfigError("environment variable CONDUIT_LOG_LEVEL='" + level +
+                      "' is invalid: expected trace, debug, info, warn, error or off");
+  }
+  return lv;
+}
 
 spdlog::logger& logger() {
   static std::shared_ptr<spdlog::logger> l = make_logger();

@@ -6,6 +6,9 @@
 namespace conduit {
 
 spdlog::logger& logger();
+// CONDUIT_LOG_LEVEL's level; ConfigError naming the variable and the allowed levels. `conduit` checks it at start,
+// on the main thread, so a bad value is one line and not a throw inside a worker thread's first log call.
+spdlog::level::level_enum log_level_from_env();
 void set_log_rank(int rank);
 
 }  // namespace conduit

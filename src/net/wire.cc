@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/env.h"
+#include "core/error.h"
 #include "net/tags.h"
 
 namespace conduit::net {
@@ -38,7 +39,15 @@ std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_
 uint64_t max_message_bytes() {
   static const uint64_t v = [] {
     auto s = env_string("CONDUIT_MAX_MESSAGE_BYTES");
-    return s ? parse_bytes(*s, "CONDUIT_MAX_MESSAGE_BYTES") : (16ull << 30);
+    if (!s) return uint64_t{16} << 30;
+    const uint64_t b = parse_bytes(*s, "CONDUIT_MAX_MESSAGE_BYTES");
+    // Below a page, the runtime's own control messages (rendezvous, abort reasons) would not fit.
+    if (b < 4096 || b > (uint64_t{1} << 40))
+      throw ConfigError(
+          fmt::format("environment variable CONDUIT_MAX_MESSAGE_BYTES='{}' is invalid: expected a size "
+                      "from 4K to 1T",
+                      *s));
+    return b;
   }();
   return v;
 }

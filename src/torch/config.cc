@@ -125,6 +125,8 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
 }
 
 RawConfig read_yaml_config(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw ConfigError(fmt::format("config: '{}' is a directory; allowed: a YAML file", path));
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -141,12 +143,13 @@ RawConfig read_yaml_config(const std::string& path) {
   for (auto it = root.begin(); it != root.end(); ++it) {
     std::string key = it->first.as<std::string>();
     std::replace(key.begin(), key.end(), '-', '_');
+    if (raw.count(key)) throw ConfigError(fmt::format("config: {} is given twice in {}; give it once", key, path));
     if (!known.count(key)) {
       std::string list;
       for (auto& [k, d] : config_keys()) list += (list.empty() ? "" : ", ") + k;
       throw ConfigError(fmt::format("config: unknown key '{}' in {}; allowed: {}", key, path, list));
     }
-    const YAML::Node& v = it->second;
+    const YAML::Node v = it->second;  // a copy: it->second is a temporary
     if ((key == "compressor" || key == "sync") && v.IsMap()) {
       // {name: topk, ratio: 0.01} -> "topk:ratio=0.01"; {name: local, period: 8} -> "local:period=8"
       std::string name, params;
@@ -184,7 +187,9 @@ std::pair<std::string, std::map<std::string, std::string>> split_compressor_spec
     auto eq = item.find('=');
     if (eq == std::string::npos)
       throw ConfigError(fmt::format("config: compressor: '{}' is not key=value in '{}'", item, spec));
-    params[item.substr(0, eq)] = item.substr(eq + 1);
+    if (!params.emplace(item.substr(0, eq), item.substr(eq + 1)).second)
+      throw ConfigError(
+          fmt::format("config: compressor: '{}' is given twice in '{}'; give it once", item.substr(0, eq), spec));
   }
   return {name, params};
 }
@@ -206,7 +211,10 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   else if (c.dataset == "mnist") c.data_dir = "/usr/share/datasets/mnist";
   if (auto v = get("workers")) c.workers = static_cast<int>(to_int("workers", *v, 1, 1024));
   if (auto v = get("transport")) c.transport = one_of("transport", *v, {"auto", "tcp", "shm", "mpi"});
-  if (auto v = get("compressor")) c.compressor = v->empty() ? "none" : *v;
+  if (auto v = get("compressor")) {
+    if (v->empty()) bad("compressor", *v, "allowed: a compressor spec such as none, fp16 or powersgd:rank=4");
+    c.compressor = *v;
+  }
 #ifdef CONDUIT_WITH_COMPRESS
   try {
     compress::parse_compressor(c.compressor);
@@ -224,7 +232,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("weight_decay")) c.weight_decay = to_double("weight_decay", *v, 0, 1, false, "a number in [0, 1]");
   if (auto v = get("lr_schedule")) c.lr_schedule = one_of("lr_schedule", *v, {"constant", "step", "cosine"});
   if (auto v = get("warmup_epochs"))
-    c.warmup_epochs = to_double("warmup_epochs", *v, 0, 1e6, false, "a number >= 0");
+    c.warmup_epochs = to_double("warmup_epochs", *v, 0, 1e6, false, "a number from 0 to 1000000");
   if (auto v = get("epochs")) c.epochs = static_cast<int>(to_int("epochs", *v, 1, 1000000));
   if (auto v = get("batch_size")) c.batch_size = static_cast<int>(to_int("batch_size", *v, 1, 1 << 20));
   if (auto v = get("seed")) c.seed = static_cast<uint64_t>(to_int("seed", *v, 0, INT64_MAX));
@@ -232,9 +240,9 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("target_accuracy"))
     c.target_accuracy = to_double("target_accuracy", *v, 0, 1, false, "a fraction in [0, 1] (0: none), e.g. 0.9");
   if (auto v = get("bucket_cap_mb"))
-    c.bucket_cap_mb = to_double("bucket_cap_mb", *v, 0, 1 << 20, true, "a size in MiB > 0");
+    c.bucket_cap_mb = to_double("bucket_cap_mb", *v, 0, 1 << 20, true, "a size in MiB > 0 and <= 1048576");
   if (auto v = get("first_bucket_mb"))
-    c.first_bucket_mb = to_double("first_bucket_mb", *v, 0, 1 << 20, true, "a size in MiB > 0");
+    c.first_bucket_mb = to_double("first_bucket_mb", *v, 0, 1 << 20, true, "a size in MiB > 0 and <= 1048576");
   if (auto v = get("compress_min_bytes"))
     c.compress_min_bytes = to_int("compress_min_bytes", *v, 0, INT64_MAX);
   if (auto v = get("overlap")) c.overlap = to_bool("overlap", *v);
@@ -246,10 +254,13 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("train_limit")) c.train_limit = to_int("train_limit", *v, 0, INT64_MAX);
   if (auto v = get("test_limit")) c.test_limit = to_int("test_limit", *v, 0, INT64_MAX);
   if (auto v = get("synthetic_samples"))
-    c.synthetic_samples = to_int("synthetic_samples", *v, 1, int64_t{1} << 30);
+    c.synthetic_samples = to_int("synthetic_samples", *v, 1, 2000000);  // 1.6 GB of images per worker
   if (auto v = get("progress")) c.progress = to_bool("progress", *v);
-  if (auto v = get("timeout_s")) c.timeout_s = to_double("timeout_s", *v, 0, 1e7, true, "seconds > 0");
-  if (auto v = get("sync")) c.sync = v->empty() ? "bsp" : *v;
+  if (auto v = get("timeout_s")) c.timeout_s = to_double("timeout_s", *v, 0, 1e7, true, "seconds > 0 and <= 10000000");
+  if (auto v = get("sync")) {
+    if (v->empty()) bad("sync", *v, "allowed: a sync scheme such as bsp, local:period=8 or ps-ssp:staleness=2");
+    c.sync = *v;
+  }
   if (auto v = get("sync_period")) c.sync_period = to_int("sync_period", *v, 0, 1 << 24);
   if (auto v = get("staleness")) c.staleness = to_int("staleness", *v, -1, 1 << 30);
   if (auto v = get("slow")) c.slow = *v;

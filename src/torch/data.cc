@@ -75,9 +75,14 @@ ImageSet load_mnist_format(const std::string& dir, bool train, int64_t limit) {
   auto lab_path = find_file(dir, pre + "-labels-idx1-ubyte");
   IdxArray img = read_idx(img_path), lab = read_idx(lab_path);
   if (img.dims.size() != 3) throw InvalidArgument(fmt::format("data: '{}' is not 3-D (n x rows x cols)", img_path));
-  if (lab.dims.size() != 1 || lab.dims[0] != img.dims[0])
-    throw InvalidArgument(fmt::format("data: '{}' has {} labels for {} images", lab_path,
-                                      lab.dims.empty() ? 0 : lab.dims[0], img.dims[0]));
+  if (img.dims[1] != 28 || img.dims[2] != 28)
+    throw InvalidArgument(fmt::format("data: '{}' has {}x{} images; allowed: 28x28 (the models' input)", img_path,
+                                      img.dims[1], img.dims[2]));
+  if (lab.dims.size() != 1)
+    throw InvalidArgument(
+        fmt::format("data: '{}' is not a label file: it has {} dimensions, labels have 1", lab_path, lab.dims.size()));
+  if (lab.dims[0] != img.dims[0])
+    throw InvalidArgument(fmt::format("data: '{}' has {} labels for {} images", lab_path, lab.dims[0], img.dims[0]));
   ImageSet s;
   s.n = img.dims[0];
   s.rows = img.dims[1];

@@ -116,6 +116,13 @@ std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Commu
   }
   if (size > 1) comm->allreduce(sums, 3, DType::f64, ReduceOp::sum).wait();
   model.train();
+  // Every rank that evaluated sees the same sums, so all of them stop here together. A run whose last steps blew
+  // the weights up ends with a finite training loss and a nan test loss: that is a failed run, not a result.
+  if (!std::isfinite(sums[1]))
+    throw Error(
+        fmt::format("train: the test loss is {} (the model's outputs overflowed): the run diverged; allowed: "
+                    "a smaller lr, a warm-up (warmup_epochs) or a less aggressive compressor",
+                    sums[1]));
   return {sums[2] > 0 ? sums[0] / sums[2] : 0.0, sums[2] > 0 ? sums[1] / sums[2] : 0.0};
 }
 
@@ -133,19 +140,48 @@ void write_bytes(const fs::path& p, const std::vector<uint8_t>& b) {
 
 nlohmann::json totals_json(const StepStats& s) { return s.to_json(); }
 
-StepStats totals_from_json(const nlohmann::json& j) {
+// A checkpoint's totals.json: every counter StepStats::to_json writes, as a number (a missing one would restart
+// that counter from 0 without a word, and the run's byte counts would be wrong).
+StepStats totals_from_json(const nlohmann::json& j, const std::string& path) {
+  auto num = [&](const char* key) {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number() || j[key].get<double>() < 0)
+      throw ConfigError(
+          fmt::format("checkpoint: '{}' has no {} (a non-negative number); allowed: the totals.json a "
+                      "checkpoint of this version wrote",
+                      path, key));
+    return j[key];
+  };
   StepStats s;
-  s.compute_s = j.value("compute_s", 0.0);
-  s.comm_s = j.value("comm_s", 0.0);
-  s.exposed_comm_s = j.value("exposed_comm_s", 0.0);
-  s.step_s = j.value("step_s", 0.0);
-  s.bytes_sent = j.value("bytes_sent", uint64_t{0});
-  s.bytes_recv = j.value("bytes_recv", uint64_t{0});
-  s.raw_bytes = j.value("raw_bytes", uint64_t{0});
-  s.payload_bytes = j.value("payload_bytes", uint64_t{0});
-  s.grad_bytes = j.value("grad_bytes", uint64_t{0});
-  s.buckets = j.value("buckets", 0);
+  s.compute_s = num("compute_s").get<double>();
+  s.comm_s = num("comm_s").get<double>();
+  s.exposed_comm_s = num("exposed_comm_s").get<double>();
+  s.step_s = num("step_s").get<double>();
+  s.bytes_sent = num("bytes_sent").get<uint64_t>();
+  s.bytes_recv = num("bytes_recv").get<uint64_t>();
+  s.raw_bytes = num("raw_bytes").get<uint64_t>();
+  s.payload_bytes = num("payload_bytes").get<uint64_t>();
+  s.grad_bytes = num("grad_bytes").get<uint64_t>();
+  s.buckets = num("buckets").get<int>();
   return s;
+}
+
+// Loads a libtorch archive of a checkpoint into `into` (a module or an optimizer); a missing or unreadable file is
+// one line naming it, not libtorch's exception with its stack.
+template <typename T>
+void load_checkpoint_archive(const fs::path& p, T& into) {
+  if (!fs::is_regular_file(p))
+    throw ConfigError(
+        fmt::format("checkpoint: '{}' is missing; allowed: a checkpoint directory whose rank-N "
+                    "directories each hold model.pt, optimizer.pt and totals.json",
+                    p.string()));
+  try {
+    torch::serialize::InputArchive a;
+    a.load_from(p.string());
+    into.load(a);
+  } catch (const c10::Error& e) {
+    std::string why = e.what_without_backtrace();
+    throw ConfigError(fmt::format("checkpoint: '{}' cannot be read: {}", p.string(), why.substr(0, why.find('\n'))));
+  }
 }
 
 }  // namespace
@@ -220,16 +256,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       meta.value("model", std::string()), meta.value("compressor", std::string()),
                       meta.value("sync", std::string("bsp"))));
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
-    {
-      torch::serialize::InputArchive a;
-      a.load_from((mine / "model.pt").string());
-      model->load(a);
-    }
-    {
-      torch::serialize::InputArchive a;
-      a.load_from((mine / "optimizer.pt").string());
-      optimizer->load(a);
-    }
+    load_checkpoint_archive(mine / "model.pt", *model);
+    load_checkpoint_archive(mine / "optimizer.pt", *optimizer);
   }
 
   Trace trace(global_rank);
@@ -284,7 +312,13 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
 
   fs::path out(c.output), ckdir = out / "checkpoint";
-  if (outputs) fs::create_directories(out);
+  if (outputs) {
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec || !fs::is_directory(out))
+      throw ConfigError(fmt::format("config: output: cannot create the directory '{}' ({}); allowed: a writable path",
+                                    c.output, ec ? ec.message() : "a file is in the way"));
+  }
 
   int start_epoch = 0;
   int64_t start_step = 0, global_step = 0;
@@ -302,11 +336,12 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     wall_before = meta.value("wall_s", 0.0);
     time_to_target = meta.value("time_to_target_s", -1.0);
     last_acc = meta.value("test_accuracy", 0.0);
-    auto tot = read_json_file((mine / "totals.json").string());
+    const std::string totals = (mine / "totals.json").string();
+    auto tot = read_json_file(totals);
     if (dopt)
-      dopt->add_to_totals(totals_from_json(tot));
+      dopt->add_to_totals(totals_from_json(tot, totals));
     else
-      sopt->add_to_totals(totals_from_json(tot));
+      sopt->add_to_totals(totals_from_json(tot, totals));
   }
   auto last_stats = [&]() -> const StepStats& { return dopt ? dopt->last_stats() : sopt->last_stats(); };
   auto total_stats = [&]() -> const StepStats& { return dopt ? dopt->total_stats() : sopt->total_stats(); };

@@ -193,6 +193,27 @@ TEST(Processes, BenchCollReportsTheMedianAndSlowestCall) {
   EXPECT_NE(table.out.find("time(us)    p50(us)    max(us)"), std::string::npos) << table.out;
 }
 
+// Flags of bench coll and selftest that once passed silently: --timeout 0/nan (the default was used), an unknown
+// selftest --op (0 cases, exit 0), a rank to crash that does not exist, sizes that are not whole elements or cannot
+// fit in memory (std::bad_alloc halfway through the sweep).
+TEST(Processes, BenchAndSelftestFlagsAreChecked) {
+  struct Case {
+    std::string args, expect;
+  };
+  for (const Case& c :
+       {Case{"bench coll --timeout 0", "--timeout = 0 (allowed: seconds in (0, 1000000])"},
+        Case{"bench coll --timeout nan", "--timeout = nan (allowed: seconds in (0, 1000000])"},
+        Case{"selftest --timeout -1", "--timeout = -1 (allowed: seconds in (0, 1000000])"},
+        Case{"selftest --op foo", "--op 'foo' is not supported: allowed are all, allreduce"},
+        Case{"selftest --crash-rank 5", "--crash-rank 5 is not a rank of [0, 1)"},
+        Case{"bench coll -b 3 -e 3", "--min-bytes 3 is not a whole number of f32 elements (4 bytes each)"},
+        Case{"bench coll -b 1000G -e 1000G", "--max-bytes 1000G needs about"}}) {
+    auto r = run_sh(kConduit + " " + c.args);
+    EXPECT_EQ(r.code, 2) << c.args << ": " << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << ": " << r.out;
+  }
+}
+
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.
 std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const std::string& extra, double timeout) {
   int port = free_port();

@@ -32,7 +32,9 @@ TEST(SyncGraph, MixingMatricesAreSymmetricDoublyStochastic) {
         EXPECT_NEAR(row, 1, 1e-12) << kind << " n=" << n;
         EXPECT_NEAR(col, 1, 1e-12) << kind << " n=" << n;
       }
-      if (n > 2) EXPECT_LT(second_largest_eigenvalue_modulus(w, n), 1.0) << kind << " n=" << n;  // connected
+      if (n > 2) {
+        EXPECT_LT(second_largest_eigenvalue_modulus(w, n), 1.0) << kind << " n=" << n;  // connected
+      }
     }
   EXPECT_EQ(Graph("ring", 8).neighbours(0), (std::vector<int>{1, 7}));
   EXPECT_EQ(Graph("torus", 12, 3).neighbours(0), (std::vector<int>{1, 3, 4, 8}));
@@ -198,7 +200,11 @@ TEST(SyncAdpsgd, PairwiseAveragingPreservesTheSum) {
     for (size_t i = 0; i < d; ++i) EXPECT_NEAR(a1[i], a0[i], 1e-5) << "n=" << n;
     EXPECT_LT(consensus_error(x), 0.5 * consensus_error(x0)) << "n=" << n;
     for (int r = 0; r < n; r += 2) EXPECT_EQ(ex[r], 30u) << "active rank " << r;
-    EXPECT_GT(consensus_error(x), 0.0) << "n=" << n << ": gossip alone leaves the replicas apart";
+    // With two ranks (no local steps here) one exchange on fresh models makes both replicas the exact average, so
+    // only larger worlds show that finish(false) skipped the final average (n = 2 failed 1 run in ~40 under ctest -j2).
+    if (n > 2) {
+      EXPECT_GT(consensus_error(x), 0.0) << "n=" << n << ": gossip alone leaves the replicas apart";
+    }
   }
   // By default finish() averages once more: every worker ends with the same (average) model.
   const int n = 4;

@@ -1,0 +1,158 @@
+// Bad input to `conduit train` found by a review, end to end through the binary (no libtorch headers here, so this
+// file compiles in a second): a diverged run whose test loss is nan, image files of the wrong shape, an images file
+// where the labels belong, a checkpoint with a missing, corrupt or incomplete rank file, a key given twice, and a
+// bad CONDUIT_LOG_LEVEL under several ranks. Each must end with exit code 2 and one line naming what is wrong.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = "timeout 120 " + std::string(CONDUIT_BINARY) + " " + args + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
+  return {WEXITSTATUS(pclose(p.release())), out};
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("conduit-input-test-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+const std::string kTrain =
+    "train --dataset synthetic --model mlp --workers 2 --synthetic-samples 1280 --test-limit 64 --progress false "
+    "--compressor none";
+
+// An uncompressed IDX file of unsigned bytes with these dimensions (and zeros).
+void write_idx(const fs::path& p, const std::vector<uint32_t>& dims) {
+  std::ofstream f(p, std::ios::binary);
+  const unsigned char head[4] = {0, 0, 0x08, static_cast<unsigned char>(dims.size())};
+  f.write(reinterpret_cast<const char*>(head), 4);
+  size_t total = 1;
+  for (uint32_t d : dims) {
+    const unsigned char be[4] = {static_cast<unsigned char>(d >> 24), static_cast<unsigned char>(d >> 16),
+                                 static_cast<unsigned char>(d >> 8), static_cast<unsigned char>(d)};
+    f.write(reinterpret_cast<const char*>(be), 4);
+    total *= d;
+  }
+  f << std::string(total, '\0');
+}
+
+TEST(TrainInputProcesses, ADivergedRunFailsEvenWhenOnlyItsTestLossIsNan) {
+  // Three steps at lr 1000: the training losses stay finite (2.3, 1.6e7, 6.3e22), the outputs on the test set
+  // overflow. This used to exit 0 with "test_loss": null.
+  const fs::path dir = temp_dir("diverged");
+  auto r = run(kTrain + " --epochs 1 --max-steps 3 --lr 1000 --output " + (dir / "o").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("(the model's outputs overflowed): the run diverged; allowed: a smaller lr"), std::string::npos)
+      << r.out;
+  fs::remove_all(dir);
+}
+
+TEST(TrainInputProcesses, ImageFilesOfTheWrongShapeAreNamed) {
+  const fs::path dir = temp_dir("shapes");
+  for (const char* pre : {"train", "t10k"}) {
+    write_idx(dir / (std::string(pre) + "-images-idx3-ubyte"), {4, 10, 10});
+    write_idx(dir / (std::string(pre) + "-labels-idx1-ubyte"), {4});
+  }
+  const std::string flags = " --model mlp --workers 1 --epochs 1 --progress false --compressor none --output " +
+                            (dir / "o").string() + " --data-dir " + dir.string();
+  auto r = run("train" + flags);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("train-images-idx3-ubyte' has 10x10 images; allowed: 28x28"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("frame #"), std::string::npos) << r.out;  // no libtorch stack
+  // An images file where the labels belong: its dimensions say so, not a count mismatch.
+  for (const char* pre : {"train", "t10k"}) {
+    write_idx(dir / (std::string(pre) + "-images-idx3-ubyte"), {4, 28, 28});
+    write_idx(dir / (std::string(pre) + "-labels-idx1-ubyte"), {4, 28, 28});
+  }
+  r = run("train" + flags);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("train-labels-idx1-ubyte' is not a label file: it has 3 dimensions, labels have 1"),
+            std::string::npos)
+      << r.out;
+  fs::remove_all(dir);
+}
+
+TEST(TrainInputProcesses, CheckpointFilesThatAreMissingCorruptOrIncompleteAreNamed) {
+  const fs::path dir = temp_dir("checkpoint");
+  auto r = run(kTrain + " --epochs 1 --output " + (dir / "run").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const fs::path ck = dir / "run" / "checkpoint";
+  ASSERT_TRUE(fs::exists(ck / "rank-1" / "model.pt")) << r.out;
+  struct Case {
+    const char* name;
+    const char* file;
+    const char* content;  // nullptr: delete the file
+    const char* expect;
+  };
+  for (const Case& c : {Case{"missing", "rank-1/model.pt", nullptr, "rank-1/model.pt' is missing; allowed:"},
+                        Case{"corrupt", "rank-0/optimizer.pt", "not a zip archive",
+                             "rank-0/optimizer.pt' cannot be read: PytorchStreamReader failed"},
+                        Case{"totals", "rank-0/totals.json", "{}", "rank-0/totals.json' has no compute_s"}}) {
+    const fs::path copy = dir / c.name;
+    fs::copy(ck, copy, fs::copy_options::recursive);
+    if (c.content)
+      std::ofstream(copy / c.file) << c.content;
+    else
+      fs::remove(copy / c.file);
+    r = run(kTrain + " --epochs 2 --resume " + copy.string() + " --output " +
+            (dir / (std::string("o-") + c.name)).string());
+    EXPECT_EQ(r.code, 2) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
+    EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << c.name << ": " << r.out;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
+  auto r = run(kTrain + " --epochs 1 --compressor topk:ratio=0.1,ratio=0.2 --output /tmp/unused-conduit-input");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("'ratio' is given twice in 'ratio=0.1,ratio=0.2'; give each key once"), std::string::npos)
+      << r.out;
+  const fs::path dir = temp_dir("twice");
+  std::ofstream(dir / "c.yaml") << "lr: 0.1\nepochs: 1\nlr: 0.2\n";
+  r = run("train --config " + (dir / "c.yaml").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: lr is given twice in"), std::string::npos) << r.out;
+  r = run("train --config " + dir.string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("is a directory; allowed: a YAML file"), std::string::npos) << r.out;
+  r = run(kTrain + " --epochs 1 --compressor ''");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: compressor: '' is not allowed; allowed: a compressor spec"), std::string::npos)
+      << r.out;
+  fs::remove_all(dir);
+  // The level used to be checked inside the first log call, on a worker thread of rank 0: terminate, SIGABRT.
+  r = run("launch -n 2 -- env CONDUIT_LOG_LEVEL=loud " + std::string(CONDUIT_BINARY) + " bench coll -b 8 -e 8");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CONDUIT_LOG_LEVEL='loud' is invalid: expected trace, debug, info, warn, error or off"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("SIGABRT"), std::string::npos) << r.out;
+}
+
+}  // namespace
