@@ -30,7 +30,8 @@ def parse_args():
     p.add_argument("--min-bytes", default="8", help="smallest message (K/M/G suffixes; default 8)")
     p.add_argument("--max-bytes", default="256M", help="largest message (default 256M)")
     p.add_argument("--iters", type=int, default=20, help="timed operations per size (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed operations per size for the peers (default 5)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="untimed operations per size, for every implementation (default 5)")
     p.add_argument("--transport", default=None, help="Conduit's transport (tcp, shm, ...; default: its own choice)")
     p.add_argument("--algo", default=None, help="Conduit's allreduce algorithm (default: its tuner's choice)")
     p.add_argument("--conduit", default=os.path.join(ROOT, "build", "bin", "conduit"), help="conduit binary")
@@ -58,7 +59,9 @@ class PeerFailed(Exception):
 
 
 def sweep_args(a):
-    return ["--min-bytes", str(a.min_bytes), "--max-bytes", str(a.max_bytes), "--iters", str(a.iters)]
+    """The sweep every implementation runs: sizes, timed and untimed operations (the same warm-up for all)."""
+    return ["--min-bytes", str(a.min_bytes), "--max-bytes", str(a.max_bytes), "--iters", str(a.iters),
+            "--warmup", str(a.warmup)]
 
 
 def conduit_command(a):
@@ -88,7 +91,7 @@ def openmpi_command(a):
     cmd = ["mpirun", "-n", str(a.nprocs), "--oversubscribe"]
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd += [binary] + sweep_args(a) + ["--warmup", str(a.warmup)]
+    cmd += [binary] + sweep_args(a)
     return cmd, env
 
 
@@ -99,8 +102,7 @@ def gloo_command(a):
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(k, None)  # gloo_allreduce.py starts its own processes
-    cmd = [python, os.path.join(HERE, "gloo_allreduce.py"), "-n", str(a.nprocs)] + sweep_args(a) + \
-          ["--warmup", str(a.warmup)]
+    cmd = [python, os.path.join(HERE, "gloo_allreduce.py"), "-n", str(a.nprocs)] + sweep_args(a)
     return cmd, env
 
 

@@ -1,12 +1,12 @@
 #include "coll/tuner.h"
 
-#include <atomic>
+#include <fmt/format.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 
-#include <fmt/format.h>
-
+#include "coll/algorithms.h"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -188,12 +188,12 @@ double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int h
       break;
     case CollOp::allgather:
       if (algo == "ring") return (P - 1) * a + frac * n * b;
-      if (algo == "rd") return lg * a + frac * n * b + (p2 ? 0 : lg * a);
+      if (algo == "rd") return p2 ? lg * a + frac * n * b : (P - 1) * a + frac * n * b;  // else it runs the ring
       break;
     case CollOp::broadcast:
       if (algo == "tree") return lg * (a + n * b);
       if (algo == "chain") {
-        double segs = std::max(1.0, std::ceil(n / (1 << 20)));
+        double segs = std::max(1.0, std::ceil(n / static_cast<double>(ring_segment_bytes())));
         return (P - 1 + segs - 1) * (a + (n / segs) * b);
       }
       break;

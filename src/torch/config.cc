@@ -365,10 +365,12 @@ SyncSpec effective_sync(const TrainConfig& c) {
                                   "allowed with {}: 0",
                                   s.name, s.name));
   if (!s.bsp() && c.compressor.substr(0, c.compressor.find(':')) == "dgc")
-    throw ConfigError(fmt::format("config: compressor: dgc corrects the momentum of gradients averaged by bsp, but {} "
-                                  "sends {}; allowed with {}: a compressor without momentum (e.g. ef:topk)",
-                                  s.name, s.parameter_server() ? "gradients to servers that own the momentum" :
-                                  "parameters", s.name));
+    throw ConfigError(
+        fmt::format("config: compressor: dgc corrects the momentum of gradients averaged by bsp, but {} "
+                    "sends {}; allowed with {}: {}",
+                    s.name, s.parameter_server() ? "gradients to servers that own the momentum" : "parameters", s.name,
+                    s.parameter_server() || s.name == "dpsgd" ? "a compressor without momentum (e.g. ef:topk)"
+                                                              : "none (it averages parameters uncompressed)"));
   if (s.parameter_server()) {
     // Stale gradients act as extra momentum: ps-asp with the trainer's 0.9 and one shared momentum on the servers
     // diverged on the Fashion-MNIST CNN with one worker 3x slow (10% accuracy from step 50), and so did ps-ssp with
