@@ -142,6 +142,25 @@ TEST(Processes, SmallShmAllreducesTakeTheFastPath) {
   }
 }
 
+// With a core per rank the fast path takes up to 16 KiB / ranks (8 KiB for 2 ranks); the results are checked.
+TEST(Processes, TwoRanksWithACoreEachTakeTheFastPathUpTo8K) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs a core per rank";
+  auto r = run_sh(kConduit + " launch -n 2 -- " + kConduit +
+                  " bench coll --transport shm --min-bytes 2K --max-bytes 16K --iters 20 --warmup 2 --dtype bf16");
+  EXPECT_EQ(r.code, 0) << r.out;
+  for (const char* size : {" 2048 ", " 4096 ", " 8192 "}) {
+    size_t at = r.out.find(size);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    std::string row = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_NE(row.find(" 0  shm-fast"), std::string::npos) << row;
+  }
+  size_t at = r.out.find(" 16384 ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::string row = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_EQ(row.find("shm-fast"), std::string::npos) << row;
+  EXPECT_NE(row.find(" 0  "), std::string::npos) << row;
+}
+
 // `bench coll --stagger-us`: the last rank calls late; the records say so (what `sim calibrate` reads to fit the wake
 // latency) and the correctness check still passes. A bad value is one line naming the flag and the allowed range.
 TEST(Processes, StaggeredBenchCallsAreMarkedAndChecked) {
