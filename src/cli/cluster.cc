@@ -22,6 +22,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -78,8 +79,6 @@ void must(const std::vector<std::string>& argv, const std::string& what) {
     throw Error(fmt::format("{}: `{}` failed (exit {}): {}", what, join(argv), rc, first_line(out)));
   }
 }
-
-std::string state_path(const std::string& name) { return state_dir() + "/cluster-" + name + ".json"; }
 
 std::vector<std::string> netns_entries() {
   std::vector<std::string> out;
@@ -195,6 +194,35 @@ void kill_namespace_processes(const std::string& ns) {
   }
 }
 
+// SIGINT/SIGTERM while `up` builds namespaces: remember the signal, finish the current step, remove what was made.
+volatile sig_atomic_t g_up_signal = 0;
+void note_up_signal(int sig) { g_up_signal = sig; }
+
+// Installs note_up_signal for SIGINT and SIGTERM while alive; restores the previous handlers after.
+class UpSignals {
+ public:
+  UpSignals() {
+    g_up_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = note_up_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~UpSignals() { restore(); }
+  void restore() {
+    if (restored_) return;
+    restored_ = true;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+  bool restored_ = false;
+};
+
 }  // namespace
 
 int run_program(const std::vector<std::string>& argv, std::string* out) {
@@ -250,9 +278,14 @@ double parse_rate(const std::string& text, const std::string& field) {
     return ConfigError(
         fmt::format("{}: '{}' is not a rate; use e.g. 100mbit, 1gbit, 500kbit (bits per second)", field, text));
   };
-  if (!split_number(text, &v, &unit)) throw bad();
+  if (!split_number(text, &v, &unit) || lower(text).find('x') != std::string::npos) throw bad();
   if (unit.size() > 2 && unit.substr(unit.size() - 2) == "/s") unit = unit.substr(0, unit.size() - 2);
-  if (unit.size() > 3 && unit.substr(unit.size() - 3) == "bps") unit = unit.substr(0, unit.size() - 3) + "bit";
+  // tc reads "mbps" as megabytes per second, most people as megabits: refuse the ambiguity.
+  if (unit.size() >= 3 && unit.substr(unit.size() - 3) == "bps")
+    throw ConfigError(
+        fmt::format("{}: '{}' is ambiguous (tc reads 'bps' as bytes per second); use bits: e.g. "
+                    "100mbit, 1gbit, 500kbit",
+                    field, text));
   double mult = 0;
   if (unit.empty() || unit == "bit" || unit == "b") {
     mult = 1;
@@ -313,6 +346,9 @@ void validate_name(const std::string& name) {
 }
 
 std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base) {
+  struct stat pst {};
+  if (stat(path.c_str(), &pst) == 0 && S_ISDIR(pst.st_mode))
+    throw ConfigError(fmt::format("--hosts-file {}: is a directory; allowed: a YAML file", path));
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -325,10 +361,13 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
     throw ConfigError(fmt::format("--hosts-file {}: expected a map with 'hosts' and 'defaults'", path));
   const auto apply = [&](const YAML::Node& n, LinkSpec l, const std::string& where) {
     if (!n.IsMap()) throw ConfigError(fmt::format("--hosts-file {}: {} must be a map", path, where));
+    std::set<std::string> seen;
     for (const auto& kv : n) {
       const std::string key = kv.first.as<std::string>();
-      const std::string val = kv.second.as<std::string>();
       const std::string field = fmt::format("--hosts-file {}: {}.{}", path, where, key);
+      if (!seen.insert(key).second) throw ConfigError(fmt::format("{}: given twice; give it once", field));
+      if (!kv.second.IsScalar()) throw ConfigError(fmt::format("{}: must be a single value, e.g. 100mbit", field));
+      const std::string val = kv.second.as<std::string>();
       if (key == "bandwidth" || key == "rate") {
         l.rate_bps = parse_rate(val, field);
       } else if (key == "latency" || key == "delay") {
@@ -342,13 +381,27 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
     return l;
   };
   LinkSpec defaults = base;
+  std::set<std::string> top;
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
+    if (!top.insert(key).second)
+      throw ConfigError(fmt::format("--hosts-file {}: '{}' is given twice; give it once", path, key));
     if (key != "defaults" && key != "hosts") {
       throw ConfigError(fmt::format("--hosts-file {}: unknown key '{}'; allowed defaults, hosts", path, key));
     }
   }
-  if (root["defaults"]) defaults = apply(root["defaults"], defaults, "defaults");
+  if (root["defaults"]) {
+    // A flag and the file's defaults both setting a value: which one applies would be a guess.
+    const YAML::Node d = root["defaults"];
+    for (const auto& [flag, keys, given] :
+         {std::tuple{"--bandwidth", std::pair{"bandwidth", "rate"}, base.rate_bps > 0},
+          std::tuple{"--latency", std::pair{"latency", "delay"}, base.latency_s > 0},
+          std::tuple{"--loss", std::pair{"loss", "loss"}, base.loss > 0}})
+      if (given && d.IsMap() && (d[keys.first] || d[keys.second]))
+        throw ConfigError(
+            fmt::format("{} conflicts with defaults.{} in --hosts-file {}; give one of them", flag, keys.first, path));
+    defaults = apply(d, defaults, "defaults");
+  }
   std::vector<LinkSpec> out;
   if (root["hosts"]) {
     const YAML::Node list = root["hosts"];
@@ -368,6 +421,12 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
   if (static_cast<int>(out.size()) > kMaxHosts) {
     throw ConfigError(fmt::format("--hosts-file {}: {} hosts; allowed 1..{}", path, out.size(), kMaxHosts));
   }
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!(out[i].rate_bps > 0))
+      throw ConfigError(
+          fmt::format("--hosts-file {}: hosts[{}] has no bandwidth; set it there, in defaults, or with "
+                      "--bandwidth",
+                      path, i));
   return out;
 }
 
@@ -390,6 +449,8 @@ std::string state_dir() {
   const char* d = std::getenv("CONDUIT_CLUSTER_STATE_DIR");
   return d != nullptr && *d != '\0' ? d : "/run/conduit";
 }
+
+std::string state_path(const std::string& name) { return state_dir() + "/cluster-" + name + ".json"; }
 
 std::string host_ns(const std::string& name, int index) { return fmt::format("{}{}-h{}", kNsPrefix, name, index); }
 std::string switch_ns(const std::string& name) { return fmt::format("{}{}-sw", kNsPrefix, name); }
@@ -436,7 +497,11 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links) {
     s.hosts.push_back({host_ns(name, static_cast<int>(k)), fmt::format("{}{}", kSubnetPrefix, k + 1), links[k]});
   }
   // Record first, so that `down` knows the cluster even when this is interrupted half way.
+  UpSignals signals;
   write_state(s);
+  const auto check_signal = [] {
+    if (g_up_signal != 0) throw Error(fmt::format("cluster up: stopped by signal {}", static_cast<int>(g_up_signal)));
+  };
   try {
     must({"ip", "netns", "add", s.switch_ns}, "cluster up");
     must({"ip", "-n", s.switch_ns, "link", "add", "br0", "type", "bridge"}, "cluster up");
@@ -455,13 +520,29 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links) {
       // Host -> switch carries the loss and half the latency; switch -> host the other half.
       shape(h.ns, kHostIfname, h.link.rate_bps, h.link.latency_s / 2, h.link.loss);
       shape(s.switch_ns, port, h.link.rate_bps, h.link.latency_s / 2, 0);
+      check_signal();
     }
   } catch (...) {
     try {
       down(name);
     } catch (...) {
     }
+    // A signal that arrived meanwhile goes on to whoever handled it before (the default ends the process with it,
+    // after the namespaces and the state file are gone; `sweep` notes it and stops).
+    const int sig = g_up_signal;
+    signals.restore();
+    if (sig != 0) raise(sig);
     throw;
+  }
+  signals.restore();
+  if (g_up_signal != 0) {  // arrived after the last step: the cluster is whole, but the caller asked to stop
+    const int sig = g_up_signal;
+    try {
+      down(name);
+    } catch (...) {
+    }
+    raise(sig);
+    throw Error(fmt::format("cluster up: stopped by signal {}", sig));
   }
   return s;
 }

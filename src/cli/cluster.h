@@ -91,4 +91,7 @@ int run_program(const std::vector<std::string>& argv, std::string* out = nullptr
 
 std::string format_rate(double bps);
 
+// Where the state of cluster `name` is kept (CONDUIT_CLUSTER_STATE_DIR or /run/conduit).
+std::string state_path(const std::string& name);
+
 }  // namespace conduit::cli::cluster

@@ -1,5 +1,6 @@
 // `conduit cluster up|down|status|exec|run`: emulated clusters of network namespaces on one machine (cli/cluster.h).
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <climits>
@@ -21,6 +22,7 @@ namespace cl = conduit::cli::cluster;
 struct ClusterOptions {
   std::string name = "default";
   int hosts = 0;
+  bool hosts_given = false;  // run: --hosts was on the command line (0 and negatives are then errors)
   std::string bandwidth;
   std::string latency = "0";
   std::string loss = "0";
@@ -98,8 +100,13 @@ void cmd_down(const ClusterOptions& o) {
     names = {o.name};
   }
   for (const auto& n : names) {
+    struct stat st {};
+    const bool known = !cl::existing_namespaces(n).empty() || stat(cl::state_path(n).c_str(), &st) == 0;
     const int removed = cl::down(n);
-    if (!o.quiet) fmt::print("cluster {}: removed {} namespaces\n", n, removed);
+    if (!o.quiet)
+      fmt::print("cluster {}: {}\n", n,
+                 known ? fmt::format("removed {} namespaces", removed)
+                       : std::string("no such cluster (no state file, no namespaces); nothing to remove"));
   }
 }
 
@@ -111,13 +118,15 @@ void cmd_status(const ClusterOptions& o) {
     cl::ClusterState s;
     try {
       s = cl::load_state(n);
-    } catch (const ConfigError&) {
+    } catch (const ConfigError& e) {
       const auto left = cl::existing_namespaces(n);
+      // No state file, or one that cannot be read: say which.
+      const bool damaged = std::string(e.what()).find("is damaged") != std::string::npos;
       if (o.json) {
-        out.push_back({{"name", n}, {"state", "leftover"}, {"namespaces", left}});
+        out.push_back({{"name", n}, {"state", damaged ? "damaged" : "leftover"}, {"namespaces", left}});
       } else {
-        fmt::print("cluster {}: no state file; leftover namespaces: {}; run `conduit cluster down --name {}`\n", n,
-                   fmt::join(left, " "), n);
+        fmt::print("cluster {}: {}; leftover namespaces: {}; run `conduit cluster down --name {}`\n", n,
+                   damaged ? "state file damaged" : "no state file", fmt::join(left, " "), n);
       }
       continue;
     }
@@ -157,6 +166,9 @@ void cmd_run(const ClusterOptions& o) {
     throw ConfigError(fmt::format("cluster run: --master-port must be between 1 and 65535, got {}", o.master_port));
   }
   const auto s = cl::load_state(o.name);
+  if (o.hosts_given && (o.hosts < 1 || o.hosts > static_cast<int>(s.hosts.size())))
+    throw ConfigError(fmt::format("cluster run: --hosts {} is out of range; allowed 1..{} (the hosts of {})", o.hosts,
+                                  s.hosts.size(), s.name));
   const int n = o.hosts > 0 ? o.hosts : static_cast<int>(s.hosts.size());
   if (n > static_cast<int>(s.hosts.size())) {
     throw ConfigError(fmt::format("cluster run: --hosts {} but cluster '{}' has {}", n, s.name, s.hosts.size()));
@@ -223,11 +235,14 @@ const bool kRegistered = register_command(40, [](CLI::App& app) {
       "Start one worker per host (rank K in host K) over tcp with the rendezvous environment of `conduit launch`; "
       "MASTER_ADDR is host 0");
   add_name(cr, rn);
-  cr->add_option("--hosts", rn->hosts, "use the first N hosts (default: all)");
+  auto* run_hosts = cr->add_option("--hosts", rn->hosts, "use the first N hosts (default: all)");
   cr->add_option("--master-port", rn->master_port, "rendezvous port on host 0")->capture_default_str();
   cr->add_option("command", rn->command, "PROGRAM [ARGS...] (put it after --)");
   cr->footer("Example: conduit cluster run -- conduit bench coll --op allreduce -b 1M -e 64M --json");
-  cr->callback([rn]() { cmd_run(*rn); });
+  cr->callback([rn, run_hosts]() {
+    rn->hosts_given = run_hosts->count() > 0;
+    cmd_run(*rn);
+  });
 });
 
 }  // namespace

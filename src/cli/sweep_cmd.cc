@@ -45,7 +45,17 @@
 
 #include "cli/cluster.h"
 #include "cli/registry.h"
+#include "core/env.h"
 #include "core/error.h"
+#ifdef CONDUIT_WITH_COMPRESS
+#include "compress/compressor.h"
+#endif
+#ifdef CONDUIT_WITH_SYNC
+#include "sync/strategy.h"
+#endif
+#ifdef CONDUIT_WITH_TORCH
+#include "torch/config.h"  // the keys only; no libtorch headers
+#endif
 
 namespace conduit::cli {
 namespace {
@@ -149,8 +159,11 @@ SweepSpec load_spec(const std::string& path) {
   static const std::set<std::string> kKeys = {"name",    "output",      "hosts",  "networks",           "seeds",
                                               "schemes", "compressors", "peers",  "peer_powersgd_rank", "train",
                                               "bench",   "timeout_s",   "python", "ddp_script"};
+  std::set<std::string> seen_keys;
   for (const auto& kv : root) {
     const std::string k = kv.first.as<std::string>();
+    if (!seen_keys.insert(k).second)
+      throw ConfigError(fmt::format("sweep: '{}' is given twice in {}; give it once", k, path));
     if (!kKeys.count(k)) {
       throw ConfigError(
           fmt::format("sweep: unknown key '{}' in {}; allowed: name, output, hosts, networks, seeds, "
@@ -163,14 +176,34 @@ SweepSpec load_spec(const std::string& path) {
   try {
     if (root["name"]) s.name = scalar(root["name"], "name");
     if (root["output"]) s.output = scalar(root["output"], "output");
-    if (root["hosts"]) s.hosts = root["hosts"].as<int>();
-    if (root["timeout_s"]) s.timeout_s = root["timeout_s"].as<double>();
-    if (root["peer_powersgd_rank"]) s.peer_powersgd_rank = root["peer_powersgd_rank"].as<int>();
+    auto number = [&](const char* key, const char* allowed) {
+      try {
+        return root[key].as<double>();
+      } catch (const YAML::Exception&) {
+        throw ConfigError(fmt::format("sweep: {}: {} must be {}", path, key, allowed));
+      }
+    };
+    if (root["hosts"]) {
+      const double h = number("hosts", "a whole number of hosts");
+      if (h != std::floor(h) || !(h >= 1 && h <= cl::kMaxHosts))
+        throw ConfigError(fmt::format("sweep: hosts must be between 1 and {}, got {}", cl::kMaxHosts, h));
+      s.hosts = static_cast<int>(h);
+    }
+    if (root["timeout_s"]) s.timeout_s = number("timeout_s", "seconds > 0");
+    if (root["peer_powersgd_rank"]) {
+      const double r = number("peer_powersgd_rank", "a whole number >= 1");
+      if (r != std::floor(r) || !(r >= 1 && r <= 1024))
+        throw ConfigError(fmt::format("sweep: peer_powersgd_rank must be a whole number from 1 to 1024, got {}", r));
+      s.peer_powersgd_rank = static_cast<int>(r);
+    }
     if (root["python"]) s.python = scalar(root["python"], "python");
     if (root["ddp_script"]) s.ddp_script = scalar(root["ddp_script"], "ddp_script");
     if (root["seeds"]) {
       s.seeds.clear();
-      for (const auto& v : string_list(root["seeds"], "seeds")) s.seeds.push_back(std::stoull(v));
+      for (const auto& v : string_list(root["seeds"], "seeds")) {
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) throw std::invalid_argument(v);
+        s.seeds.push_back(std::stoull(v));
+      }
     }
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("sweep: {}: {}", path, e.what()));
@@ -180,7 +213,9 @@ SweepSpec load_spec(const std::string& path) {
   if (s.hosts < 1 || s.hosts > cl::kMaxHosts) {
     throw ConfigError(fmt::format("sweep: hosts must be between 1 and {}, got {}", cl::kMaxHosts, s.hosts));
   }
-  if (s.timeout_s <= 0) throw ConfigError("sweep: timeout_s must be positive");
+  if (!(s.timeout_s > 0 && s.timeout_s <= 7 * 86400))
+    throw ConfigError(
+        fmt::format("sweep: timeout_s = {} (allowed: seconds in (0, 604800]: every cell has a deadline)", s.timeout_s));
   if (s.seeds.empty()) throw ConfigError("sweep: seeds must list at least one seed");
   s.schemes = string_list(root["schemes"], "schemes");
   s.compressors = string_list(root["compressors"], "compressors");
@@ -202,6 +237,54 @@ SweepSpec load_spec(const std::string& path) {
       throw ConfigError(fmt::format("sweep: schemes: '{}' is not a scheme name", sc));
     }
   }
+  // What the cells would find out one by one, on a cluster already up, is checked here for the whole grid.
+#ifdef CONDUIT_WITH_COMPRESS
+  for (const auto& c : s.compressors) {
+    try {
+      compress::parse_compressor(c);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("sweep: compressors: '{}': {}", c, e.what()));
+    }
+  }
+#endif
+#ifdef CONDUIT_WITH_SYNC
+  {
+    std::vector<std::string> names = sync::strategy_names();
+    if (std::find(names.begin(), names.end(), "bsp") == names.end()) names.push_back("bsp");
+    for (const auto& sc : s.schemes)
+      if (std::find(names.begin(), names.end(), sc.substr(0, sc.find(':'))) == names.end())
+        throw ConfigError(fmt::format("sweep: schemes: '{}' is not a scheme; allowed: {}", sc, join(names, ", ")));
+  }
+#endif
+#ifdef CONDUIT_WITH_TORCH
+  for (const auto& [k, v] : s.train) {
+    std::string key = k;
+    std::replace(key.begin(), key.end(), '-', '_');
+    bool known = false;
+    for (const auto& [ck, desc] : train::config_keys()) known = known || ck == key;
+    if (!known)
+      throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help)", k));
+  }
+#endif
+  {
+    static const std::set<std::string> kBench = {"op",    "algo",   "dtype", "reduce",  "min-bytes",  "max-bytes",
+                                                 "iters", "warmup", "root",  "timeout", "stagger-us", "no-check"};
+    static const std::set<std::string> kOps = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                               "reduce",    "alltoall",       "gather",    "scatter"};
+    std::string lo = "8", hi = "64M";
+    for (const auto& [k, v] : s.bench) {
+      if (!kBench.count(k))
+        throw ConfigError(fmt::format("sweep: bench: '{}' is not a `conduit bench coll` flag; allowed: {}", k,
+                                      join(std::vector<std::string>(kBench.begin(), kBench.end()), ", ")));
+      if (k == "op" && !kOps.count(v))
+        throw ConfigError(fmt::format("sweep: bench: op '{}' is not supported; allowed: {}", v,
+                                      join(std::vector<std::string>(kOps.begin(), kOps.end()), ", ")));
+      if (k == "min-bytes") lo = v;
+      if (k == "max-bytes") hi = v;
+    }
+    if (parse_bytes(hi, "sweep: bench: max-bytes") < parse_bytes(lo, "sweep: bench: min-bytes"))
+      throw ConfigError(fmt::format("sweep: bench: max-bytes {} is below min-bytes {}", hi, lo));
+  }
   const YAML::Node nets = root["networks"];
   if (!nets || !nets.IsSequence() || nets.size() == 0) {
     throw ConfigError("sweep: networks must list at least one setting, e.g. networks: [{bandwidth: 100mbit}]");
@@ -212,8 +295,11 @@ SweepSpec load_spec(const std::string& path) {
     Network n;
     cl::LinkSpec l;
     std::string hosts_file;
+    std::set<std::string> net_keys;
     for (const auto& kv : nets[i]) {
       const std::string k = kv.first.as<std::string>();
+      if (!net_keys.insert(k).second)
+        throw ConfigError(fmt::format("sweep: {}.{} is given twice; give it once", where, k));
       const std::string v = scalar(kv.second, where + "." + k);
       if (k == "bandwidth") {
         l.rate_bps = cl::parse_rate(v, "sweep: " + where + ".bandwidth");
@@ -238,7 +324,10 @@ SweepSpec load_spec(const std::string& path) {
     if (n.rate_bps <= 0 && hosts_file.empty()) {
       throw ConfigError(fmt::format("sweep: {}: bandwidth is required (e.g. 100mbit)", where));
     }
-    if (n.rate_bps <= 0) n.rate_bps = n.links[0].rate_bps;
+    if (!hosts_file.empty()) {  // several rates: the slowest link bounds a collective, so it names the setting
+      n.rate_bps = n.links[0].rate_bps;
+      for (const auto& l2 : n.links) n.rate_bps = std::min(n.rate_bps, l2.rate_bps);
+    }
     if (n.label.empty()) {
       n.label = cl::format_rate(n.rate_bps);
       if (n.latency_s > 0) n.label += fmt::format("-{:g}ms", n.latency_s * 1e3);
@@ -697,6 +786,8 @@ void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::
 }
 
 void run_sweep(const std::string& file, std::string output, bool dry_run, bool replot) {
+  if (fs::is_directory(file))
+    throw ConfigError(fmt::format("sweep: {} is a directory; allowed: a sweep YAML file", file));
   SweepSpec s = load_spec(file);
   if (output.empty()) output = s.output.empty() ? "runs/sweep-" + sanitize(s.name) : s.output;
   const fs::path out = fs::absolute(output);
@@ -726,6 +817,15 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     return;
   }
   if (geteuid() != 0) throw ConfigError("sweep: needs root (emulated clusters); run it with sudo");
+  for (const auto& n : s.networks) {
+    bool netem = false;
+    for (const auto& l : n.links) netem = netem || l.latency_s > 0 || l.loss > 0;
+    if (netem && !cl::kernel_has_netem())
+      throw ConfigError(
+          fmt::format("sweep: network {} asks for latency or loss, which need the netem qdisc; this "
+                      "kernel has none (allowed here: bandwidth only)",
+                      n.label));
+  }
   fs::create_directories(out);
   struct sigaction sa {
   }, old_int{}, old_term{};
@@ -821,10 +921,11 @@ const bool kRegistered = register_command(50, [](CLI::App& app) {
   c->add_option("file", *file, "sweep YAML (see docs/cluster.md)")->required();
   c->add_option("-o,--output", *output, "output folder (default: the file's output, else runs/sweep-<name>)");
   auto replot = std::make_shared<bool>(false);
-  c->add_flag("--dry-run", *dry, "print the cells and their commands, run nothing");
+  auto* dry_flag = c->add_flag("--dry-run", *dry, "print the cells and their commands, run nothing");
   c->add_flag("--replot", *replot,
               "collect the cells an earlier run of this file wrote to the output folder again and redo its "
-              "results and plots; run nothing");
+              "results and plots; run nothing")
+      ->excludes(dry_flag);
   c->footer("Example: sudo conduit sweep bench/sweeps/smoke.yaml -o runs/smoke");
   c->callback([file, output, dry, replot]() { run_sweep(*file, *output, *dry, *replot); });
 });

@@ -301,6 +301,48 @@ TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
   EXPECT_TRUE(namespaces_of(name).empty());
 }
 
+// Shaping that would differ from what was asked is refused before anything is made: a flag and the hosts file's
+// defaults both setting the rate, a host left without one, "mbps" (tc: megabytes), hex, a key given twice.
+TEST_F(ClusterTest, AmbiguousOrMissingShapingIsRefused) {
+  const std::string name = unique_name("am");
+  ClusterGuard guard(name);
+  const fs::path dir = fs::temp_directory_path() / (name + "-files");
+  fs::create_directories(dir);
+  std::ofstream(dir / "defaults.yaml") << "defaults: {bandwidth: 1gbit}\nhosts: [{bandwidth: 100mbit}, {}]\n";
+  std::ofstream(dir / "unshaped.yaml") << "hosts: [{bandwidth: 100mbit}, {}]\n";
+  std::ofstream(dir / "twice.yaml") << "hosts: [{bandwidth: 100mbit, bandwidth: 200mbit}]\n";
+  const std::string up = conduit() + " cluster up --name " + name;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" --hosts-file " + (dir / "defaults.yaml").string() + " --bandwidth 5mbit",
+       "--bandwidth conflicts with defaults.bandwidth in --hosts-file"},
+      {" --hosts-file " + (dir / "unshaped.yaml").string(), "hosts[1] has no bandwidth"},
+      {" --hosts-file " + (dir / "twice.yaml").string(), "hosts[0].bandwidth: given twice"},
+      {" --hosts-file " + dir.string(), "is a directory"},
+      {" --hosts 2 --bandwidth 100mbps", "'100mbps' is ambiguous (tc reads 'bps' as bytes per second)"},
+      {" --hosts 2 --bandwidth 0x10mbit", "'0x10mbit' is not a rate"}};
+  for (const auto& [args, expect] : cases) {
+    Result r = sh(up + args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+    EXPECT_EQ(count_lines(r.out), 1) << args << ": " << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << args << ": " << r.out;
+  }
+  fs::remove_all(dir);
+  EXPECT_TRUE(namespaces_of(name).empty());
+}
+
+// SIGTERM while `up` builds a cluster: the namespaces and the state file are removed and the process ends with the
+// signal (it used to leave both behind, and a new `up` said the cluster existed).
+TEST_F(ClusterTest, SignalDuringUpLeavesNothingBehind) {
+  const std::string name = unique_name("sg");
+  ClusterGuard guard(name);
+  Result r = sh("(" + conduit() + " cluster up -q --name " + name +
+                " --hosts 60 --bandwidth 1gbit & P=$!; sleep 1; kill -TERM $P; wait $P; echo rc=$?)");
+  EXPECT_NE(r.out.find("rc=143"), std::string::npos) << r.out;
+  EXPECT_TRUE(namespaces_of(name).empty());
+  Result st = sh(conduit() + " cluster status");
+  EXPECT_EQ(st.out.find(name), std::string::npos) << st.out;
+}
+
 TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
   const std::string name = unique_name("nm");
   ClusterGuard guard(name);
@@ -417,6 +459,29 @@ TEST(SweepConfig, BadFileIsRejectedInOneLine) {
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_EQ(count_lines(r.out), 1) << r.out;
   EXPECT_NE(r.out.find("colour"), std::string::npos) << r.out;
+}
+
+// What cells used to find out one by one, on a cluster already up, is checked for the whole grid first.
+TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
+  const fs::path file = fs::temp_directory_path() / (unique_name("gridsweep") + ".yaml");
+  const std::string base = "name: g\nhosts: 2\nnetworks: [{bandwidth: 10mbit}]\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"schemes: [bogus]\ncompressors: [none]\n", "schemes: 'bogus' is not a scheme; allowed:"},
+      {"compressors: [bogus]\n", "compressors: 'bogus': unknown compressor 'bogus'"},
+      {"bench: {op: bogus}\n", "bench: op 'bogus' is not supported"},
+      {"bench: {min_bytes: 4M, max_bytes: 1M}\n", "max-bytes 1M is below min-bytes 4M"},
+      {"train: {epochz: 1}\ncompressors: [none]\n", "train: 'epochz' is not a `conduit train` key"},
+      {"seeds: [-1]\nbench: {}\n", "seeds must be non-negative integers"},
+      {"timeout_s: .nan\nbench: {}\n", "timeout_s = nan (allowed: seconds in (0, 604800]"},
+      {"peer_powersgd_rank: 0\nbench: {}\n", "peer_powersgd_rank must be a whole number from 1 to 1024"},
+      {"bench: {}\nbench: {}\n", "'bench' is given twice"}};
+  for (const auto& [extra, expect] : cases) {
+    std::ofstream(file) << base << extra;
+    Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+    EXPECT_EQ(r.code, 2) << extra << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << extra << r.out;
+  }
+  fs::remove(file);
 }
 
 // --replot collects the cells an earlier run wrote again: each curve holds the epoch evaluations and the model
