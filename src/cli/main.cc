@@ -57,8 +57,16 @@ int main(int argc, char** argv) {
     conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
     conduit::log_level_from_env();
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line and exit code 2, as every other bad input (CLI11 prints two lines and its own codes, e.g. 104).
+    std::fprintf(stderr, "conduit: error: %s (see --help)\n", e.what());
+    return 2;
   } catch (const conduit::Error& e) {
     std::fprintf(stderr, "conduit: error: %s\n", e.what());
     return 2;

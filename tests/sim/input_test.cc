@@ -223,6 +223,10 @@ TEST(Inputs, CliGroupsPlanConstraintsAndPlotPaths) {
   std::string out = run("sim coll --group 3 --stride 5000000000000000000", &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("must place the group's ranks within --gpus (64)"), std::string::npos) << out;
+  // A flag the parser cannot convert: one line and exit code 2 as every other bad input (CLI11's own: two, 104).
+  out = run("sim coll --gpus many", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_EQ(out, "conduit: error: Could not convert: --gpus = many (see --help)\n");
 
   out = run("sim plan --cluster dgx-a100 --gpus 16 --model gpt-1.7b --global-batch 64 --tp 2 --top 20 --json", &rc);
   EXPECT_EQ(rc, 0) << out;
