@@ -217,6 +217,8 @@ SweepSpec load_spec(const std::string& path) {
     throw ConfigError(
         fmt::format("sweep: timeout_s = {} (allowed: seconds in (0, 604800]: every cell has a deadline)", s.timeout_s));
   if (s.seeds.empty()) throw ConfigError("sweep: seeds must list at least one seed");
+  if (std::set<uint64_t>(s.seeds.begin(), s.seeds.end()).size() != s.seeds.size())
+    throw ConfigError("sweep: seeds lists a seed twice (the cells would repeat)");
   s.schemes = string_list(root["schemes"], "schemes");
   s.compressors = string_list(root["compressors"], "compressors");
   s.peers = string_list(root["peers"], "peers");
@@ -334,6 +336,12 @@ SweepSpec load_spec(const std::string& path) {
       if (n.loss > 0) n.label += fmt::format("-{:g}pct", n.loss * 100);
       if (!hosts_file.empty()) n.label += "-hetero";
     }
+    for (const auto& other : s.networks)
+      if (other.label == n.label)
+        throw ConfigError(
+            fmt::format("sweep: {}: its label '{}' is also another network's (give each a distinct "
+                        "label:)",
+                        where, n.label));
     s.networks.push_back(n);
   }
   if (s.schemes.empty() && s.peers.empty() && !s.has_bench) {
