@@ -206,8 +206,11 @@ class UpSignals {
     struct sigaction sa {};
     sa.sa_handler = note_up_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
+    // A signal the caller ignores (nohup, a backgrounded script) stays ignored.
+    sigaction(SIGINT, nullptr, &old_int_);
+    sigaction(SIGTERM, nullptr, &old_term_);
+    if (old_int_.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, nullptr);
+    if (old_term_.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, nullptr);
   }
   ~UpSignals() { restore(); }
   void restore() {
@@ -281,19 +284,19 @@ double parse_rate(const std::string& text, const std::string& field) {
   if (!split_number(text, &v, &unit) || lower(text).find('x') != std::string::npos) throw bad();
   if (unit.size() > 2 && unit.substr(unit.size() - 2) == "/s") unit = unit.substr(0, unit.size() - 2);
   // tc reads "mbps" as megabytes per second, most people as megabits: refuse the ambiguity.
-  if (unit.size() >= 3 && unit.substr(unit.size() - 3) == "bps")
+  if ((unit.size() >= 3 && unit.substr(unit.size() - 3) == "bps") || unit == "kb" || unit == "mb" || unit == "gb")
     throw ConfigError(
-        fmt::format("{}: '{}' is ambiguous (tc reads 'bps' as bytes per second); use bits: e.g. "
-                    "100mbit, 1gbit, 500kbit",
+        fmt::format("{}: '{}' is ambiguous (tc reads 'mbps' as megabytes per second and 'mb' as a size); use "
+                    "bits: e.g. 100mbit, 1gbit, 500kbit",
                     field, text));
   double mult = 0;
   if (unit.empty() || unit == "bit" || unit == "b") {
     mult = 1;
-  } else if (unit == "k" || unit == "kbit" || unit == "kb") {
+  } else if (unit == "k" || unit == "kbit") {
     mult = 1e3;
-  } else if (unit == "m" || unit == "mbit" || unit == "mb") {
+  } else if (unit == "m" || unit == "mbit") {
     mult = 1e6;
-  } else if (unit == "g" || unit == "gbit" || unit == "gb") {
+  } else if (unit == "g" || unit == "gbit") {
     mult = 1e9;
   } else {
     throw bad();

@@ -141,7 +141,8 @@ ParallelConfig make_config(const StepArgs& a) {
   c.recompute = parse_recompute(a.recompute);
   c.schedule = parse_schedule(a.schedule);
   if (a.virtual_stages < 0)
-    throw ConfigError(fmt::format("--virtual-stages = {} must be at least 2 (or left out)", a.virtual_stages));
+    throw ConfigError(fmt::format("--virtual-stages = {} must be positive (2 or more with --schedule interleaved)",
+                                  a.virtual_stages));
   c.virtual_stages = a.virtual_stages > 0 ? a.virtual_stages : (c.schedule == Schedule::kInterleaved ? 2 : 1);
   c.sequence_parallel = a.sp;
   c.dp_overlap = !a.no_overlap;
@@ -492,7 +493,7 @@ void run_coll(const CollArgs& a) {
       (g.size > 1 && (a.stride >= a.gpus || g.size - 1 > (a.gpus - 1) / g.stride)))
     throw ConfigError(
         fmt::format("--group ({}) and --stride ({}) must place the group's ranks within --gpus ({}): "
-                    "group >= 1, stride >= 1, (group - 1) x stride < gpus",
+                    "group >= 2, stride >= 1, (group - 1) x stride < gpus",
                     g.size, g.stride, a.gpus));
   if (g.size < 2) throw ConfigError(fmt::format("--group = {}: a collective needs at least 2 ranks", g.size));
   std::vector<Algorithm> algs;
@@ -571,7 +572,7 @@ InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long 
 
 struct InferArgs {
   int batch = 1;
-  long long prompt = 1024, generate = 256;
+  long long prompt = 0, generate = 0;  // 0: fit the model's context (at most 1024 and 256)
   std::string batch_list;
 };
 
@@ -609,9 +610,16 @@ void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& 
   }
 }
 
-void run_infer(const StepArgs& a, const InferArgs& ia) {
+void run_infer(const StepArgs& a, const InferArgs& given) {
   ClusterSpec spec = load_cluster(a.cluster);
   GptModel m = make_model(a.model);
+  // Unset lengths fit the model's context: 256 generated tokens (a quarter of it at most) after a 1024-token prompt
+  // (what is left, at most).
+  InferArgs ia = given;
+  if (ia.prompt < 0 || ia.generate < 0)
+    throw ConfigError("--prompt and --generate must be at least 1 token (or left out: they fit the model's context)");
+  if (ia.generate == 0) ia.generate = std::max<long long>(1, std::min<long long>(256, m.seq / 4));
+  if (ia.prompt == 0) ia.prompt = std::max<long long>(1, std::min<long long>(1024, m.seq - ia.generate));
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   if (!ia.batch_list.empty()) {
@@ -793,11 +801,11 @@ void run_calibrate(const CalibrateArgs& a) {
           staggered, f.wake * 1e6);
     if (t == chosen) chosen_fit = f;
   }
-  if (!(chosen_fit.beta > 0))
+  if (!(chosen_fit.beta > 1e-15))
     fmt::print(stderr,
-               "sim calibrate: warning: the {} samples' times do not grow with their size (beta fitted as 0), so the "
-               "cluster file gets 1 PB/s links; time larger messages (bench coll -e 4M or more)\n",
-               chosen);
+               "sim calibrate: warning: the {} samples' times hardly grow with their size (beta fitted as {:.3g} s/B), "
+               "so the cluster file gets 1 PB/s links; time larger messages (bench coll -e 4M or more)\n",
+               chosen, chosen_fit.beta);
   std::vector<GemmSample> gemms;
   std::vector<ConvSample> convs;
   std::vector<PoolSample> pools;
@@ -1010,6 +1018,9 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
     }
   }
   if (!sa.plot.empty()) {
+    for (unsigned char ch : sa.plot)
+      if (ch < 0x20 || ch == 0x7f)
+        throw ConfigError("--plot: the path has a control character (newline, tab, ...); allowed: printable ones");
     std::string dat = sa.plot + ".dat";
     {
       std::ofstream f(dat);
@@ -1157,8 +1168,8 @@ void setup(CLI::App& app) {
     c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
     c->add_option("--batch", ia->batch, "concurrent sequences")->capture_default_str();
     c->add_option("--batch-list", ia->batch_list, "sweep batch sizes, e.g. 1,4,16,64 (latency vs throughput)");
-    c->add_option("--prompt", ia->prompt, "prompt tokens")->capture_default_str();
-    c->add_option("--generate", ia->generate, "generated tokens")->capture_default_str();
+    c->add_option("--prompt", ia->prompt, "prompt tokens (default: 1024, or what the context leaves)");
+    c->add_option("--generate", ia->generate, "generated tokens (default: 256, at most a quarter of the context)");
     c->add_flag("--json", a->json, "one JSON record");
     c->callback([a, ia]() { run_infer(*a, *ia); });
   }

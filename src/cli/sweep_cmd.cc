@@ -259,18 +259,21 @@ SweepSpec load_spec(const std::string& path) {
   }
 #endif
 #ifdef CONDUIT_WITH_TORCH
-  for (const auto& [k, v] : s.train) {
-    std::string key = k;
-    std::replace(key.begin(), key.end(), '-', '_');
-    bool known = false;
-    for (const auto& [ck, desc] : train::config_keys()) known = known || ck == key;
-    if (!known)
-      throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help)", k));
+  // Train cells pass every train: key to `conduit train`; a grid of DDP peers alone passes only the keys it shares.
+  if (!s.schemes.empty()) {
+    for (const auto& [k, v] : s.train) {
+      std::string key = k;
+      std::replace(key.begin(), key.end(), '-', '_');
+      bool known = false;
+      for (const auto& [ck, desc] : train::config_keys()) known = known || ck == key;
+      if (!known)
+        throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help)", k));
+    }
   }
 #endif
   {
-    static const std::set<std::string> kBench = {"op",    "algo",   "dtype", "reduce",  "min-bytes",  "max-bytes",
-                                                 "iters", "warmup", "root",  "timeout", "stagger-us", "no-check"};
+    static const std::set<std::string> kBench = {"op",    "algo",   "dtype", "reduce",  "min-bytes", "max-bytes",
+                                                 "iters", "warmup", "root",  "timeout", "stagger-us"};
     static const std::set<std::string> kOps = {"allreduce", "reduce_scatter", "allgather", "broadcast",
                                                "reduce",    "alltoall",       "gather",    "scatter"};
     std::string lo = "8", hi = "64M";

@@ -644,7 +644,8 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
                        wait, opt);
     }
   }
-  const double bw = fit.beta > 0 ? 1.0 / fit.beta : 1e15;
+  // 1 PB/s at most (what cluster files take): a fit over small messages can give a beta of (almost) 0.
+  const double bw = fit.beta > 1e-15 ? 1.0 / fit.beta : 1e15;
   y += fmt::format("    intra:\n      kind: nvswitch\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);
   y += fmt::format("    nics: 1\n    nic:\n      bandwidth: {:.6g} MB/s\n      latency: 0 us\n", bw / 1e6);
   y += "network:\n  topology: fat-tree\n  nodes_per_leaf: 1\n  oversubscription: 1\n  switch_latency: 0 us\n";
@@ -652,7 +653,7 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
   if (fit.wake > 0)
     y += fmt::format("  wake_latency: {:.6g} us   # per call, measured with the last rank arriving late\n",
                      fit.wake * 1e6);
-  y += fmt::format("  reduction_bandwidth: {:.6g} MB/s\n", fit.gamma > 0 ? 1.0 / fit.gamma / 1e6 : 1e9);
+  y += fmt::format("  reduction_bandwidth: {:.6g} MB/s\n", fit.gamma > 1e-15 ? 1.0 / fit.gamma / 1e6 : 1e9);
   y += "  in_network_reduction: false\n";
   return y;
 }

@@ -56,8 +56,14 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
           continue;
         }
         for (int z : space.zero) {
-          if (z >= 2 && p > 1) continue;
-          if (z > 0 && d == 1) continue;  // nothing to shard
+          if (z >= 2 && p > 1) {
+            skip(fmt::format("ZeRO {} with pp = {} is not modelled (DeepSpeed does not combine them)", z, p));
+            continue;
+          }
+          if (z > 0 && d == 1) {  // nothing to shard
+            skip(fmt::format("ZeRO {} needs data parallelism, and tp ({}) x pp ({}) leaves dp = 1", z, t, p));
+            continue;
+          }
           for (Recompute rc : space.recompute) {
             const bool has_plain = std::find(space.sequence_parallel.begin(), space.sequence_parallel.end(), false) !=
                                    space.sequence_parallel.end();
@@ -65,7 +71,11 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
               if (sp_option && t == 1 && has_plain) continue;  // the same plan as sp = false
               const bool sp = sp_option && t > 1;
               for (const Compression& cp : space.compression) {
-                if (cp.kind != "none" && (z > 0 || d == 1)) continue;
+                if (cp.kind != "none" && (z > 0 || d == 1)) {
+                  skip(d == 1 ? std::string("compression needs data parallelism (dp = 1 here)")
+                              : fmt::format("compression with ZeRO {} is not modelled", z));
+                  continue;
+                }
                 std::vector<std::pair<Schedule, int>> scheds;
                 if (p == 1)
                   scheds.push_back({Schedule::k1F1B, 1});

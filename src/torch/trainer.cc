@@ -116,8 +116,9 @@ std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Commu
   }
   if (size > 1) comm->allreduce(sums, 3, DType::f64, ReduceOp::sum).wait();
   model.train();
-  // Every rank that evaluated sees the same sums, so all of them stop here together. A run whose last steps blew
-  // the weights up ends with a finite training loss and a nan test loss: that is a failed run, not a result.
+  // A run whose last steps blew the weights up ends with a finite training loss and a nan test loss: that is a
+  // failed run, not a result. Under bsp every rank evaluated and sees the same sums, so all stop here together;
+  // under other schemes worker 0 evaluates alone and stops here, and the others then fail on its absence.
   if (!std::isfinite(sums[1]))
     throw Error(
         fmt::format("train: the test loss is {} (the model's outputs overflowed): the run diverged; allowed: "

@@ -318,7 +318,7 @@ TEST_F(ClusterTest, AmbiguousOrMissingShapingIsRefused) {
       {" --hosts-file " + (dir / "unshaped.yaml").string(), "hosts[1] has no bandwidth"},
       {" --hosts-file " + (dir / "twice.yaml").string(), "hosts[0].bandwidth: given twice"},
       {" --hosts-file " + dir.string(), "is a directory"},
-      {" --hosts 2 --bandwidth 100mbps", "'100mbps' is ambiguous (tc reads 'bps' as bytes per second)"},
+      {" --hosts 2 --bandwidth 100mbps", "'100mbps' is ambiguous (tc reads 'mbps' as megabytes per second"},
       {" --hosts 2 --bandwidth 0x10mbit", "'0x10mbit' is not a rate"}};
   for (const auto& [args, expect] : cases) {
     Result r = sh(up + args);
@@ -335,8 +335,15 @@ TEST_F(ClusterTest, AmbiguousOrMissingShapingIsRefused) {
 TEST_F(ClusterTest, SignalDuringUpLeavesNothingBehind) {
   const std::string name = unique_name("sg");
   ClusterGuard guard(name);
-  Result r = sh("(" + conduit() + " cluster up -q --name " + name +
-                " --hosts 60 --bandwidth 1gbit & P=$!; sleep 1; kill -TERM $P; wait $P; echo rc=$?)");
+  // An `ip` that takes 20 ms a call makes `up` of 20 hosts last ~4 s on any machine, so the signal lands inside it.
+  const fs::path bin = fs::temp_directory_path() / (name + "-bin");
+  fs::create_directories(bin);
+  const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
+  std::ofstream(bin / "ip") << "#!/bin/sh\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
+  fs::permissions(bin / "ip", fs::perms::owner_all);
+  Result r = sh("(PATH=" + bin.string() + ":$PATH " + conduit() + " cluster up -q --name " + name +
+                " --hosts 20 --bandwidth 1gbit & P=$!; sleep 1; kill -TERM $P; wait $P; echo rc=$?)");
+  fs::remove_all(bin);
   EXPECT_NE(r.out.find("rc=143"), std::string::npos) << r.out;
   EXPECT_TRUE(namespaces_of(name).empty());
   Result st = sh(conduit() + " cluster status");
