@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "sync/straggler.h"
+#include "sync/strategy.h"
 #include "torch/data.h"
 #include "torch/distributed_optimizer.h"
 #include "torch/metrics.h"
@@ -311,6 +312,23 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   int64_t total_steps = int64_t(c.epochs) * spe;
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
+  std::string period_text;
+  if (!spec.bsp()) {
+    if (auto it = spec.params.find("period"); it != spec.params.end()) {
+      period_text = it->second;
+    } else {
+      const auto d = sync::strategy_defaults(spec.name);
+      if (auto dt = d.find("period"); dt != d.end()) period_text = dt->second;
+    }
+  }
+  if (!period_text.empty() && lead && outputs) {
+    const int64_t period = std::strtoll(period_text.c_str(), nullptr, 10);
+    if (period > total_steps)
+      fmt::print(stderr,
+                 "train: warning: sync {} synchronizes every {} steps, but this run has {}: the workers never "
+                 "exchange anything before the end{}\n",
+                 spec.name, period, total_steps, spec.name == "local" ? " (local averages once more there)" : "");
+  }
 
   fs::path out(c.output), ckdir = out / "checkpoint";
   if (outputs) {
@@ -481,6 +499,12 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   int epoch = start_epoch;
   int64_t end_epoch_pos = start_epoch, end_step_pos = start_step;  // where training stopped (final checkpoint)
   for (; epoch < c.epochs && !stop; ++epoch) {
+    // max_steps reached exactly at the end of the last epoch: no epoch of zero steps (its record said train loss 0,
+    // and summary.json took it as the final one).
+    if (global_step >= total_steps) {
+      stop = true;
+      break;
+    }
     sampler.set_epoch(epoch);
     ProgressBar bar(epoch + 1, c.epochs, spe, lead && c.progress && outputs);
     double loss_sum = 0, correct = 0, seen = 0;
@@ -652,7 +676,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"bytes_on_wire", res.world_bytes_sent},
          {"uncompressed_bytes", res.world_raw_bytes},
          {"bytes_on_wire_rank0", res.bytes_sent},
-         {"compression_ratio", res.payload_bytes ? double(res.grad_bytes) / double(res.payload_bytes) : 1.0},
+         // Rank 0's gradient bytes over the compressed payloads it sent (for parameter servers: its pushes; the
+         // pulls are in bytes_on_wire); null when it sent none (e.g. a period longer than the run).
+         {"compression_ratio",
+          res.payload_bytes ? nlohmann::json(double(res.grad_bytes) / double(res.payload_bytes)) : nlohmann::json()},
          {"compute_s", res.compute_s},
          {"comm_s", res.comm_s},
          {"exposed_comm_s", res.exposed_comm_s},

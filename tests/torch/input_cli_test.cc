@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -124,6 +125,31 @@ TEST(TrainInputProcesses, CheckpointFilesThatAreMissingCorruptOrIncompleteAreNam
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
     EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << c.name << ": " << r.out;
   }
+  fs::remove_all(dir);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// --max-steps reached exactly at an epoch's end wrote a second, empty epoch (train loss 0, taken as the final one);
+// a diloco run shorter than its period exchanged nothing and reported a compression ratio of 1.
+TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
+  const fs::path dir = temp_dir("bounds");
+  auto r = run(kTrain + " --epochs 3 --max-steps 10 --output " + (dir / "ms").string());  // 10 steps an epoch
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string metrics = slurp(dir / "ms" / "metrics.jsonl");
+  size_t epochs = 0;
+  for (size_t at = metrics.find("\"kind\":\"epoch\""); at != std::string::npos;
+       at = metrics.find("\"kind\":\"epoch\"", at + 1))
+    ++epochs;
+  EXPECT_EQ(epochs, 1u) << metrics;
+  EXPECT_EQ(slurp(dir / "ms" / "summary.json").find("\"final_train_loss\": 0.0,"), std::string::npos);
+  r = run(kTrain + " --epochs 1 --sync diloco --output " + (dir / "dl").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sync diloco synchronizes every 100 steps, but this run has 10"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(dir / "dl" / "summary.json").find("\"compression_ratio\": null"), std::string::npos);
   fs::remove_all(dir);
 }
 
