@@ -14,6 +14,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "run_cli.h"
 #include "sim/cluster.h"
 #include "sim/plan.h"
 #include "sim/scheduler.h"
@@ -205,16 +206,7 @@ TEST(Inputs, ContradictoryStepFlagsAreRefused) {
             "--gpus = 1048576 is beyond the simulator's limit of 262144 accelerators");
 }
 
-std::string run(const std::string& args, int* rc) {
-  std::string cmd = std::string(CONDUIT_BINARY) + " " + args + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-  *rc = WEXITSTATUS(pclose(p.release()));
-  return out;
-}
+using test_util::run;
 
 // Three `conduit` runs: sim coll's group check without overflow; sim plan fixing a searched dimension given as a
 // plain flag; sim scale's plot path reaching gnuplot as data, never through a shell.

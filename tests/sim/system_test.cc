@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "run_cli.h"
 #include "sim/cluster.h"
 #include "sim/inference.h"
 #include "sim/plan.h"
@@ -225,16 +226,7 @@ TEST(Scale, HundredThousandGpuIterationUnderOneSecond) {
   EXPECT_EQ(r.config.dp, 3125);
 }
 
-std::string run(const std::string& args, int* rc) {
-  std::string cmd = std::string(CONDUIT_BINARY) + " " + args + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-  std::string out;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-  *rc = WEXITSTATUS(pclose(p.release()));
-  return out;
-}
+using test_util::run;
 
 // Each run starts the whole `conduit` binary, which loads every area's libraries (libtorch's dependency chain
 // alone takes about a second to load here), so this test keeps to four runs; the library tests cover the rest.
