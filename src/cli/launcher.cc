@@ -26,6 +26,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -44,9 +45,9 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxPendingLine = 1 << 20;
 
 // The variables the launcher owns in a worker's environment; inherited values are dropped.
-constexpr std::string_view kOwnedVariables[] = {"MASTER_ADDR", "MASTER_PORT",      "RANK",          "WORLD_SIZE",
-                                                "LOCAL_RANK",  "LOCAL_WORLD_SIZE", "GROUP_RANK",    "GROUP_WORLD_SIZE",
-                                                "ROLE_RANK",   "ROLE_WORLD_SIZE",  "CONDUIT_JOB_ID"};
+constexpr std::string_view kOwnedVariables[] = {
+    "MASTER_ADDR", "MASTER_PORT",      "RANK",      "WORLD_SIZE",      "LOCAL_RANK",     "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CONDUIT_JOB_ID", "CONDUIT_LOCAL_CPUS"};
 // Left by an outer mpirun (OpenMPI: OMPI_, PMIX_; MPICH/Hydra: PMI_): a worker that saw them would bootstrap
 // through MPI instead of the TCP store.
 constexpr std::string_view kDroppedPrefixes[] = {"OMPI_", "PMIX_", "PMI_"};
@@ -510,6 +511,9 @@ std::vector<std::string> worker_environment(const std::vector<std::string>& base
   set("ROLE_RANK", std::to_string(rank));
   set("ROLE_WORLD_SIZE", std::to_string(n));
   set("CONDUIT_JOB_ID", job_id);
+  // The CPUs the workers share (the launcher's affinity and CPU quota, before any binding): the shm transport sizes
+  // its spinning and fast path by ranks per CPU, and a bound worker alone would see one CPU.
+  set("CONDUIT_LOCAL_CPUS", std::to_string(usable_cpus()));
   // As torchrun: several workers each running a full OpenMP pool would oversubscribe the cores.
   if (!has_omp_threads && n > 1) set("OMP_NUM_THREADS", "1");
   for (const auto& [k, v] : spec.extra_env) set(k, v);

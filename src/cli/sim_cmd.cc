@@ -25,6 +25,7 @@
 #include "cli/cluster.h"
 #include "cli/registry.h"
 #include "core/clock.h"
+#include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "sim/calibrate.h"
@@ -870,7 +871,7 @@ void run_calibrate(const CalibrateArgs& a) {
     throw ConfigError(
         "give --gemm FILE (JSON lines {m, n, k, gflops} from `conduit bench gemm --json`) or --peak (e.g. 50 GFLOP/s)");
   double share = a.share;
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned cores = static_cast<unsigned>(usable_cpus());  // a container's quota or cpuset, not the host's
   // Records timed by `concurrent` processes at once already carry the speed one of them gets; scale by the cores
   // `ranks` workers get relative to that (1 when the bench ran with as many processes as the cluster has ranks).
   if (share == 0)

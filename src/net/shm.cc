@@ -1,7 +1,10 @@
 #include "net/shm.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -14,11 +17,8 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <sched.h>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
+#include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -135,7 +135,10 @@ class ShmTransport : public Transport, public Progressor {
     max_len_ = max_message_bytes();
     int local = 0;
     for (int i = 0; i < size; ++i) local += (serve[i] || i == rank) ? 1 : 0;
-    long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    // The CPUs the launcher could spread the ranks over (conduit launch passes them; every rank gets the same
+    // number), else the online ones capped by a container's CPU quota (not the affinity: pinned ranks see one).
+    long cpus = quota_cpus();
+    if (auto v = env_int("CONDUIT_LOCAL_CPUS", 1, 1 << 20)) cpus = *v;
     oversubscribed_ = local > cpus;
     long spin_us = oversubscribed_ ? 5 : 50;
     if (auto v = env_int("CONDUIT_SHM_SPIN_US", 0, 1000000)) spin_us = *v;

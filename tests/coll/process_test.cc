@@ -162,6 +162,17 @@ TEST(Processes, TwoRanksWithACoreEachTakeTheFastPathUpTo8K) {
   std::string row = r.out.substr(at, r.out.find('\n', at) - at);
   EXPECT_EQ(row.find("shm-fast"), std::string::npos) << row;
   EXPECT_NE(row.find(" 0  "), std::string::npos) << row;
+  // Launched on one CPU (taskset; a container's cpuset or quota alike) the two ranks share it: the launcher passes
+  // the CPUs it has (CONDUIT_LOCAL_CPUS), and 2 KiB leaves the fast path.
+  if (std::system("command -v taskset >/dev/null 2>&1") != 0) return;
+  auto one = run_sh("taskset -c 0 " + kConduit + " launch -n 2 -- " + kConduit +
+                    " bench coll --transport shm --min-bytes 2K --max-bytes 2K --iters 20 --warmup 2");
+  EXPECT_EQ(one.code, 0) << one.out;
+  at = one.out.find(" 2048 ");
+  ASSERT_NE(at, std::string::npos) << one.out;
+  row = one.out.substr(at, one.out.find('\n', at) - at);
+  EXPECT_EQ(row.find("shm-fast"), std::string::npos) << row;
+  EXPECT_NE(row.find(" 0  "), std::string::npos) << row;
 }
 
 // `bench coll --stagger-us`: the last rank calls late; the records say so (what `sim calibrate` reads to fit the wake
