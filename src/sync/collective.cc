@@ -91,6 +91,14 @@ void DilocoStrategy::after_step(uint64_t, std::span<float> params) {
   if (outer_.size() != params.size())
     throw InvalidArgument(fmt::format("sync diloco: {} parameters but setup() saw {}", params.size(), outer_.size()));
   if (++since_sync_ < period_) return;
+  outer_step(params);
+}
+
+void DilocoStrategy::finish(std::span<float> params) {
+  if (since_sync_ > 0) outer_step(params);
+}
+
+void DilocoStrategy::outer_step(std::span<float> params) {
   since_sync_ = 0;
   for (size_t i = 0; i < params.size(); ++i) delta_[i] = outer_[i] - params[i];  // outer gradient
   allreduce_avg(*comm_, delta_, stats_);
@@ -133,6 +141,15 @@ void EasgdStrategy::after_step(uint64_t, std::span<float> params) {
   if (center_.size() != params.size())
     throw InvalidArgument(fmt::format("sync easgd: {} parameters but setup() saw {}", params.size(), center_.size()));
   if (++since_sync_ < period_) return;
+  elastic_step(params);
+}
+
+void EasgdStrategy::finish(std::span<float> params) {
+  if (since_sync_ > 0) elastic_step(params);
+  std::copy(center_.begin(), center_.end(), params.begin());
+}
+
+void EasgdStrategy::elastic_step(std::span<float> params) {
   since_sync_ = 0;
   const float a = static_cast<float>(alpha_);
   for (size_t i = 0; i < params.size(); ++i) {

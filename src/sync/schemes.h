@@ -52,6 +52,8 @@ class DilocoStrategy : public Strategy {
   std::string name() const override { return "diloco"; }
   void setup(std::span<float> params) override;
   void after_step(uint64_t step, std::span<float> params) override;
+  // An outer step on the last, partial round (if any): every replica ends at the outer model.
+  void finish(std::span<float> params) override;
   Bytes save_state() const override;
   void load_state(std::span<const uint8_t> bytes) override;
 
@@ -61,6 +63,7 @@ class DilocoStrategy : public Strategy {
   bool nesterov_;
   int64_t since_sync_ = 0;
   std::vector<float> outer_, velocity_, delta_;
+  void outer_step(std::span<float> params);
 };
 
 // easgd: synchronous elastic averaging. Every `period` steps: d_i = x_i - c; x_i -= alpha d_i;
@@ -71,6 +74,8 @@ class EasgdStrategy : public Strategy {
   std::string name() const override { return "easgd"; }
   void setup(std::span<float> params) override;
   void after_step(uint64_t step, std::span<float> params) override;
+  // An elastic step on the last, partial round (if any), then every replica takes the center: EASGD's model.
+  void finish(std::span<float> params) override;
   Bytes save_state() const override;
   void load_state(std::span<const uint8_t> bytes) override;
   const std::vector<float>& center() const { return center_; }
@@ -80,6 +85,7 @@ class EasgdStrategy : public Strategy {
   double alpha_;
   int64_t since_sync_ = 0;
   std::vector<float> center_, diff_;
+  void elastic_step(std::span<float> params);
 };
 
 // dpsgd: after every step x_i <- sum_j W_ij x_j over an undirected graph with Metropolis-Hastings weights

@@ -58,7 +58,9 @@ TEST(SyncCollective, PostLocalWarmupIsBspThenLocal) {
     }
     mid[r] = x;
     s->finish(x);
-    if (r == 0) EXPECT_GT(s->stats().rounds, 2u);
+    if (r == 0) {
+      EXPECT_GT(s->stats().rounds, 2u);
+    }
   });
   EXPECT_GT(max_abs_diff(mid[0], mid[1]), 1e-3);
 }
@@ -109,6 +111,32 @@ TEST(SyncCollective, DilocoStateRoundTrips) {
     EXPECT_EQ(x, y);
     EXPECT_THROW(b.load_state(std::vector<uint8_t>(3)), InvalidArgument);
   });
+}
+
+// finish() ends a partial round: DiLoCo takes one more outer step, EASGD one more elastic step and hands every
+// replica the center; either way all replicas end equal (they ended apart, at worker 0's unsynchronized replica).
+TEST(SyncCollective, DilocoAndEasgdEndWithOneModelAfterAPartialRound) {
+  for (const char* name : {"diloco", "easgd"}) {
+    const int n = 3;
+    std::vector<std::vector<float>> before(n), after(n);
+    on_ranks(n, [&](int r, coll::CommPtr c) {
+      auto s = make_strategy(name, {{"period", "4"}}, c);
+      auto x = harness::initial(r, 16);
+      std::vector<float> g(16);
+      s->setup(x);
+      for (int t = 0; t < 6; ++t) {  // one full round of 4, then 2 steps of the next
+        for (size_t i = 0; i < x.size(); ++i) g[i] = x[i] - harness::target(r, i);
+        if (s->before_step(t, x, g))
+          for (size_t i = 0; i < x.size(); ++i) x[i] -= 0.1f * g[i];
+        s->after_step(t, x);
+      }
+      before[r] = x;
+      s->finish(x);
+      after[r] = x;
+    });
+    EXPECT_GT(max_abs_diff(before[0], before[1]), 1e-4) << name;  // the partial round left them apart
+    for (int r = 1; r < n; ++r) EXPECT_EQ(after[r], after[0]) << name;
+  }
 }
 
 TEST(SyncCollective, EasgdPreservesSumOfWorkersPlusCenterWithZeroGradients) {
