@@ -246,15 +246,36 @@ struct SelftestArgs {
   std::string ops = "all";
 };
 
+// Every collective selftest checks and the algorithms it forces for each ("" is the tuner's choice: small
+// allreduces over shm take the shared-memory fast path).
+struct SelftestCase {
+  std::string op;
+  std::vector<std::string> algos;
+};
+const std::vector<SelftestCase>& selftest_cases() {
+  static const std::vector<SelftestCase> cases = {{"allreduce", {"", "ring", "rhd", "rd", "tree", "hier"}},
+                                                  {"reduce_scatter", {"ring", "rh"}},
+                                                  {"allgather", {"ring", "rd"}},
+                                                  {"allgatherv", {"ring", "rd"}},
+                                                  {"broadcast", {"tree", "chain"}},
+                                                  {"reduce", {"tree", "rsg"}},
+                                                  {"gather", {""}},
+                                                  {"scatter", {""}},
+                                                  {"alltoall", {""}},
+                                                  {"alltoallv", {""}},
+                                                  {"barrier", {""}},
+                                                  {"sendrecv", {""}}};
+  return cases;
+}
+
 void run_selftest(const SelftestArgs& a) {
-  static const char* kOps[] = {"all",       "allreduce", "reduce_scatter", "allgather", "allgatherv",
-                               "broadcast", "reduce",    "gather",         "scatter",   "alltoall",
-                               "alltoallv", "barrier",   "sendrecv"};
-  if (std::find_if(std::begin(kOps), std::end(kOps), [&](const char* o) { return a.ops == o; }) == std::end(kOps))
-    throw ConfigError(
-        fmt::format("--op '{}' is not supported: allowed are all, allreduce, reduce_scatter, allgather, "
-                    "allgatherv, broadcast, reduce, gather, scatter, alltoall, alltoallv, barrier, sendrecv",
-                    a.ops));
+  std::string allowed = "all";
+  bool known = a.ops == "all";
+  for (const auto& cs : selftest_cases()) {
+    allowed += ", " + cs.op;
+    known = known || a.ops == cs.op;
+  }
+  if (!known) throw ConfigError(fmt::format("--op '{}' is not supported: allowed are {}", a.ops, allowed));
   coll::CommConfig cfg;
   cfg.timeout_s = a.timeout;
   cfg.transport = a.transport;
@@ -273,25 +294,8 @@ void run_selftest(const SelftestArgs& a) {
     std::this_thread::sleep_for(std::chrono::duration<double>(c.timeout_s() + 1));
     return;
   }
-  struct Case {
-    std::string op;
-    std::vector<std::string> algos;
-  };
-  // "" is the tuner's choice: small allreduces over shm take the shared-memory fast path.
-  std::vector<Case> cases = {{"allreduce", {"", "ring", "rhd", "rd", "tree", "hier"}},
-                             {"reduce_scatter", {"ring", "rh"}},
-                             {"allgather", {"ring", "rd"}},
-                             {"allgatherv", {"ring", "rd"}},
-                             {"broadcast", {"tree", "chain"}},
-                             {"reduce", {"tree", "rsg"}},
-                             {"gather", {""}},
-                             {"scatter", {""}},
-                             {"alltoall", {""}},
-                             {"alltoallv", {""}},
-                             {"barrier", {""}},
-                             {"sendrecv", {""}}};
   size_t ncases = 0, wrong = 0;
-  for (auto& cs : cases) {
+  for (const auto& cs : selftest_cases()) {
     if (a.ops != "all" && a.ops != cs.op) continue;
     for (auto& algo : cs.algos)
       for (DType t : {DType::f32, DType::bf16, DType::i64})

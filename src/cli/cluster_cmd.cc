@@ -118,10 +118,11 @@ void cmd_status(const ClusterOptions& o) {
     cl::ClusterState s;
     try {
       s = cl::load_state(n);
-    } catch (const ConfigError& e) {
+    } catch (const ConfigError&) {
       const auto left = cl::existing_namespaces(n);
-      // No state file, or one that cannot be read: say which.
-      const bool damaged = std::string(e.what()).find("is damaged") != std::string::npos;
+      // No state file, or one that is there but cannot be read: say which.
+      struct stat st {};
+      const bool damaged = stat(cl::state_path(n).c_str(), &st) == 0;
       if (o.json) {
         out.push_back({{"name", n}, {"state", damaged ? "damaged" : "leftover"}, {"namespaces", left}});
       } else {

@@ -324,12 +324,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (!period_text.empty() && lead && outputs) {
     const int64_t period = std::strtoll(period_text.c_str(), nullptr, 10);
     if (period > total_steps)
-      fmt::print(
-          stderr,
-          "train: warning: sync {} synchronizes every {} steps, but this run has {}: the workers never "
-          "exchange anything before the end{}\n",
-          spec.name, period, total_steps,
-          spec.name == "local" || spec.name == "diloco" || spec.name == "easgd" ? " (it synchronizes once there)" : "");
+      fmt::print(stderr,
+                 // The schemes with a period (local, diloco, easgd) all synchronize once more in finish().
+                 "train: warning: sync {} synchronizes every {} steps, but this run has {}: the workers never "
+                 "exchange anything before the end (it synchronizes once there)\n",
+                 spec.name, period, total_steps);
   }
 
   fs::path out(c.output), ckdir = out / "checkpoint";
