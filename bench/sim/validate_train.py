@@ -3,15 +3,18 @@
 
 Per round and worker count N: time the shm allreduce algorithms and the kernels and model steps with N ranks
 together, calibrate a cluster file from them, predict the CNN's and the MLP's bsp step with `conduit sim step`, then
-measure both with `conduit train` right after: the median over steps 11..60 of compute + exposed communication +
-optimizer step on rank 0, of the median of --train-runs runs (one 1.30 ms MLP run in three took 1.85 ms here). When
-`sim calibrate` warns that one of the processes timing the model steps together ran slower throughout (its lag would
-be written as the rank wait), the kernels and model steps are timed again, up to --retakes more times. Prints one
-table row per (model, N, round), the count within the goal and each (model, N)'s median error over the rounds.
+measure both with `conduit train` right after: the median over steps 11..--train-steps of compute + exposed
+communication + optimizer step on rank 0, of the median of --train-runs runs (one 1.30 ms MLP run in three took
+1.85 ms here). When `sim calibrate` warns that one of the processes timing the model steps together ran slower
+throughout (its lag would be written as the rank wait), the kernels and model steps are timed again, up to
+--retakes more times. Prints one
+table row per (model, N, round) with how far its training runs spread (slowest / fastest - 1), the count within
+the goal, the rows whose runs alone spread past the goal, and each (model, N)'s median error over the rounds.
 
   /usr/bin/python3 bench/sim/validate_train.py [--conduit build/bin/conduit] [--out /tmp/simval] [--rounds 3]
                                                [--workers 2,4] [--goal 0.10] [--retakes 2]
-                                               [--train-runs 3]
+                                               [--train-runs 3] [--model-steps 160] [--train-steps 160]
+  /usr/bin/python3 bench/sim/validate_train.py --report /tmp/simval/rows.json     (the table of an earlier run again)
 """
 import argparse
 import glob
@@ -62,28 +65,8 @@ def measured(path, first, last):
     return total, med("compute_s"), med("exposed_comm_s"), med("step_s")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--conduit", default="build/bin/conduit")
-    ap.add_argument("--out", default="/tmp/simval")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workers", default="2,4")
-    ap.add_argument("--goal", type=float, default=0.10)
-    ap.add_argument("--train-runs", type=int, default=3,
-                    help="conduit train runs per model and round; the measured step is the median run's")
-    ap.add_argument("--retakes", type=int, default=2,
-                    help="times to time the kernels and model steps again when `sim calibrate` warns that one of the "
-                         "processes timing them together ran slower throughout (its lag would be written as rank wait)")
-    ap.add_argument("--stagger-us", type=float, default=500,
-                    help="how late the last rank calls the staggered allreduces (0: leave them out, no wake latency)")
-    a = ap.parse_args()
-    try:
-        workers = [int(x) for x in a.workers.split(",")]
-    except ValueError:
-        sys.exit(f"validate_train.py: --workers '{a.workers}' is not a comma-separated list of integers")
-    if a.rounds < 1 or a.train_runs < 1 or a.retakes < 0 or any(n < 2 for n in workers) or a.stagger_us < 0:
-        sys.exit("validate_train.py: --rounds and --train-runs must be >= 1, --retakes and --stagger-us >= 0 and "
-                 "every --workers entry >= 2")
+def measure(a, workers):
+    """Runs the rounds; returns one row per (model, workers, round)."""
     c = a.conduit
     rows = []
     for rnd in range(1, a.rounds + 1):
@@ -107,7 +90,7 @@ def main():
                 os.remove(late)
             cluster = os.path.join(d, f"here-{n}.yaml")
             for retake in range(a.retakes + 1):
-                run(launch + ["bench", "gemm", "--model", "mlp,cnn", "--model-steps", "40", "--json"],
+                run(launch + ["bench", "gemm", "--model", "mlp,cnn", "--model-steps", str(a.model_steps), "--json"],
                     os.path.join(d, "gemm.jsonl"))
                 warnings = []
                 run([c, "sim", "calibrate", "--bench"] + sorted(glob.glob(os.path.join(d, "ar_*.jsonl"))) +
@@ -129,8 +112,8 @@ def main():
                 for k in range(1, a.train_runs + 1):
                     out = os.path.join(d, f"train-{model}" + (f"-{k}" if a.train_runs > 1 else ""))
                     run([c, "train", "--model", model, "--workers", str(n), "--transport", "shm", "--compressor",
-                         "none", "--max-steps", "60", "--progress", "false", "--output", out])
-                    runs.append(measured(os.path.join(out, "metrics.jsonl"), 11, 60))
+                         "none", "--max-steps", str(a.train_steps), "--progress", "false", "--output", out])
+                    runs.append(measured(os.path.join(out, "metrics.jsonl"), 11, a.train_steps))
                 # The run whose median step is the median of the runs' (the lower middle one for an even count).
                 total, comp, exp, opt = sorted(runs)[(len(runs) - 1) // 2]
                 b = p["breakdown_s"]
@@ -138,11 +121,55 @@ def main():
                                  p_comp=p["time_s"] - b["dp_exposed"] - b["optimizer"], p_exp=b["dp_exposed"], p_opt=b["optimizer"],
                                  framework=b["framework"], rank_wait=b["rank_wait"], wake=wake, meas=total, m_comp=comp,
                                  m_exp=exp, m_opt=opt, runs=[r[0] for r in runs]))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--conduit", default="build/bin/conduit")
+    ap.add_argument("--out", default="/tmp/simval")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", default="2,4")
+    ap.add_argument("--goal", type=float, default=0.10)
+    ap.add_argument("--train-runs", type=int, default=3,
+                    help="conduit train runs per model and round; the measured step is the median run's")
+    ap.add_argument("--retakes", type=int, default=2,
+                    help="times to time the kernels and model steps again when `sim calibrate` warns that one of the "
+                         "processes timing them together ran slower throughout (its lag would be written as rank wait)")
+    ap.add_argument("--model-steps", type=int, default=160,
+                    help="model steps `bench gemm --model` times per rank (the rank wait is a median over them)")
+    ap.add_argument("--train-steps", type=int, default=160,
+                    help="steps per `conduit train` run; the measured step is the median over steps 11 to this")
+    ap.add_argument("--report", metavar="ROWS_JSON",
+                    help="measure nothing: print the table of an earlier run from the rows.json it wrote")
+    ap.add_argument("--stagger-us", type=float, default=500,
+                    help="how late the last rank calls the staggered allreduces (0: leave them out, no wake latency)")
+    a = ap.parse_args()
+    try:
+        workers = [int(x) for x in a.workers.split(",")]
+    except ValueError:
+        sys.exit(f"validate_train.py: --workers '{a.workers}' is not a comma-separated list of integers")
+    if a.rounds < 1 or a.train_runs < 1 or a.retakes < 0 or any(n < 2 for n in workers) or a.stagger_us < 0 or \
+            a.model_steps < 1 or a.train_steps < 30:
+        sys.exit("validate_train.py: --rounds, --train-runs and --model-steps must be >= 1, --train-steps >= 30, "
+                 "--retakes and --stagger-us >= 0 and every --workers entry >= 2")
+    if a.report:
+        try:
+            with open(a.report) as f:
+                rows = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"validate_train.py: --report {a.report}: {e}")
+    else:
+        rows = measure(a, workers)
     ms = lambda s: f"{1e3 * s:.1f}"
     print("\n| model | workers | round (load avg.) | predicted step (compute / exposed comm / optimizer) | of which "
-          "framework / rank wait / wake per call | measured step (compute / exposed comm / optimizer) | error |")
-    print("|---|---|---|---|---|---|---|")
+          "framework / rank wait / wake per call | measured step (compute / exposed comm / optimizer) | runs' spread "
+          "| error |")
+    print("|---|---|---|---|---|---|---|---|")
     within = 0
+    # How far apart the training runs of one row came out (slowest / fastest - 1): where it exceeds the goal, the
+    # measurement itself cannot tell a prediction within the goal from one outside it.
+    spread = lambda r: max(r["runs"]) / min(r["runs"]) - 1
     for r in sorted(rows, key=lambda r: (r["model"], r["n"], r["round"])):
         err = r["pred"] / r["meas"] - 1
         ok = abs(err) <= a.goal
@@ -154,14 +181,20 @@ def main():
               f"{ms(r['pred'])} ms ({ms(r['p_comp'])} / {ms(r['p_exp'])} / {ms(r['p_opt'])}) | "
               f"{1e3 * r['framework']:+.1f} / {ms(r['rank_wait'])} / {1e3 * r['wake']:.2f} ms | "
               f"{ms(r['meas'])} ms ({ms(r['m_comp'])} / "
-              f"{ms(r['m_exp'])} / {ms(r['m_opt'])}{runs}) | {f'**{e}**' if ok else e} |")
+              f"{ms(r['m_exp'])} / {ms(r['m_opt'])}{runs}) | {100 * spread(r):.1f}% | {f'**{e}**' if ok else e} |")
     print(f"\n{within} of {len(rows)} rows within {100 * a.goal:.0f}%")
+    noisy = [f"{r['model']} with {r['n']} workers, round {r['round']} ({100 * spread(r):.0f}%)"
+             for r in rows if spread(r) > a.goal]
+    if noisy:
+        print(f"{len(noisy)} row(s) whose own training runs differed by more than {100 * a.goal:.0f}% (slowest / "
+              f"fastest): {'; '.join(noisy)}")
     for key in sorted({(r["model"], r["n"]) for r in rows}):
         errs = [r["pred"] / r["meas"] - 1 for r in rows if (r["model"], r["n"]) == key]
         print(f"{key[0]} with {key[1]} workers: median error {100 * statistics.median(errs):+.1f}% over "
               f"{len(errs)} round{'s' if len(errs) > 1 else ''}")
-    with open(os.path.join(a.out, "rows.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    if not a.report:
+        with open(os.path.join(a.out, "rows.json"), "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
