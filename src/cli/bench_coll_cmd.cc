@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_ops.h"
 #include "cli/registry.h"
 #include "coll/communicator.h"
 #include "coll/verify.h"
@@ -61,20 +62,12 @@ coll::Work launch_op(Communicator& c, const BenchArgs& a, DType dt, ReduceOp rop
   if (op == "alltoall") return c.alltoall(in, out, count, dt, o);
   if (op == "gather") return c.gather(in, out, count, dt, a.root, o);
   if (op == "scatter") return c.scatter(in, out, count, dt, a.root, o);
-  throw ConfigError(fmt::format(
-      "--op '{}' is not supported: allowed are allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, "
-      "gather, scatter",
-      op));
+  throw ConfigError(fmt::format("--op '{}' is not supported: allowed are {}", op, bench_coll_ops_list()));
 }
 
-const char* kBenchOps[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall", "gather",
-                           "scatter"};
-
 void run_bench(const BenchArgs& a) {
-  if (std::find(std::begin(kBenchOps), std::end(kBenchOps), a.op) == std::end(kBenchOps))
-    throw ConfigError(fmt::format("--op '{}' is not supported: allowed are allreduce, reduce_scatter, allgather, "
-                                  "broadcast, reduce, alltoall, gather, scatter",
-                                  a.op));
+  if (!is_bench_coll_op(a.op))
+    throw ConfigError(fmt::format("--op '{}' is not supported: allowed are {}", a.op, bench_coll_ops_list()));
   DType dt = parse_dtype(a.dtype);
   ReduceOp rop = parse_reduce_op(a.reduce);
   uint64_t lo = parse_bytes(a.min_bytes, "--min-bytes"), hi = parse_bytes(a.max_bytes, "--max-bytes");

@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/bench_ops.h"
 #include "cli/cluster.h"
 #include "cli/registry.h"
 #include "core/env.h"
@@ -274,16 +275,13 @@ SweepSpec load_spec(const std::string& path) {
   {
     static const std::set<std::string> kBench = {"op",    "algo",   "dtype", "reduce",  "min-bytes", "max-bytes",
                                                  "iters", "warmup", "root",  "timeout", "stagger-us"};
-    static const std::set<std::string> kOps = {"allreduce", "reduce_scatter", "allgather", "broadcast",
-                                               "reduce",    "alltoall",       "gather",    "scatter"};
     std::string lo = "8", hi = "64M";
     for (const auto& [k, v] : s.bench) {
       if (!kBench.count(k))
         throw ConfigError(fmt::format("sweep: bench: '{}' is not a `conduit bench coll` flag; allowed: {}", k,
                                       join(std::vector<std::string>(kBench.begin(), kBench.end()), ", ")));
-      if (k == "op" && !kOps.count(v))
-        throw ConfigError(fmt::format("sweep: bench: op '{}' is not supported; allowed: {}", v,
-                                      join(std::vector<std::string>(kOps.begin(), kOps.end()), ", ")));
+      if (k == "op" && !is_bench_coll_op(v))
+        throw ConfigError(fmt::format("sweep: bench: op '{}' is not supported; allowed: {}", v, bench_coll_ops_list()));
       if (k == "min-bytes") lo = v;
       if (k == "max-bytes") hi = v;
     }
