@@ -261,8 +261,13 @@ Work Communicator::submit(const char* op_name, const Signature& sig, const CollO
   double timeout_s = effective_timeout(o);
   auto state = std::make_shared<Work::State>();
   state->owner = weak_from_this();
-  uint64_t seq = next_seq();
-  auto task = [this, state, op_name, sig, seq, timeout_s, body = std::move(body)]() mutable {
+  auto task = [this, state, op_name, sig, timeout_s, body = std::move(body)]() mutable {
+    // The sequence number is taken when the operation starts, on the thread that runs it: operations run one at a
+    // time in the order they were submitted, so every rank numbers them (and the run_* steps inside them, which take
+    // numbers of their own) alike. Taken at submit, on the caller's thread, it interleaved with the numbers the
+    // worker took for the operation ahead whenever a rank queued two before the first had started: the ranks then
+    // used different tags for the same operation and waited for each other until the deadline.
+    const uint64_t seq = next_seq();
     // One clock read starts the operation's stopwatch and deadline (and run_op's error messages): small operations
     // on shared memory take under a microsecond, where every clock read shows.
     const auto start = Clock::now();

@@ -181,6 +181,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // waiting caller then pays no thread hand-off (the latency of small collectives).
   bool try_run_inline(const std::shared_ptr<Work::State>& state);
   friend class Work;
+  // Only on the thread running an operation (executing_ is set: one at a time, in submission order).
   uint64_t next_seq() { return seq_++; }
   double effective_timeout(const CollOptions& o) const { return o.timeout_s > 0 ? o.timeout_s : timeout_s_; }
   void check_root(int root, const char* op) const;
