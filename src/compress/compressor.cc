@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <functional>
 
@@ -332,6 +333,39 @@ std::string names_line() {
   return s + ", ef:<name>";
 }
 
+// Error feedback keeps e = p - D(C(p)) and adds it to the next gradient; it stays bounded only when the compressor
+// shrinks what it is given (E||p - D(C(p))||^2 < ||p||^2). The unbiased stochastic methods have E||p - D(C(p))||^2 =
+// w ||p||^2 with w >= 1 unless their buckets are small: random-k scaled by d/k (w = d/k - 1), QSGD over buckets of b
+// elements with s levels (w = min(b/s^2, sqrt(b)/s)) and TernGrad (w up to sqrt(d) - 1, d the tensor's size). With w
+// >= 1 the residual grows every step (ef:randk: 1e11 after 40 steps, NaN loss in training), so those are refused.
+void refuse_divergent_feedback(const std::string& name, const std::string& inner, const Params& params) {
+  auto given = [&](const char* key) {
+    auto it = params.find(key);
+    return it != params.end() ? it->second : compressor_defaults(inner).at(key);
+  };
+  if (inner == "randk" && std::stod(given("unbiased")) != 0)
+    throw ConfigError(fmt::format(
+        "compressor '{}': error feedback diverges with random-k's d/k scaling (the residual grows every step); "
+        "allowed: {}:unbiased=0, or randk without ef:",
+        name, name));
+  if (inner == "qsgd") {
+    const double s = std::stod(given("levels")), b = std::stod(given("bucket"));
+    const double w = b > 0 ? std::min(b / (s * s), std::sqrt(b) / s) : 0;
+    if (b == 0 || w >= 1)
+      throw ConfigError(fmt::format(
+          "compressor '{}': error feedback diverges unless QSGD's variance bound min(b/s^2, sqrt(b)/s) is below 1 "
+          "(b = bucket = {}{}, s = levels = {}); allowed: a bucket below s^2 = {} (e.g. {}:bucket=1024), or qsgd "
+          "without ef:",
+          name, b, b == 0 ? ": the whole tensor" : "", s, s * s, name));
+  }
+  if (inner == "terngrad")
+    throw ConfigError(fmt::format(
+        "compressor '{}': error feedback diverges with TernGrad (its variance grows with the tensor size, up to "
+        "sqrt(d) times the gradient's); allowed: terngrad without ef:, or a compressor that shrinks its input "
+        "(ef:topk, ef:int8, ef:qsgd with small buckets, ...)",
+        name));
+}
+
 }  // namespace
 
 std::vector<std::string> compressor_names() {
@@ -352,9 +386,12 @@ CompressorPtr make_compressor(const std::string& name, const Params& params) {
     std::string inner = name.substr(3);
     if (inner.rfind("ef:", 0) == 0 || inner == "efsignsgd" || inner == "onebit" || inner == "dgc" ||
         inner == "powersgd")
-      throw ConfigError(fmt::format("compressor '{}': {} already has error feedback (or momentum) of its own", name,
-                                    inner));
-    return methods::make_error_feedback(make_compressor(inner, params), name);
+      throw ConfigError(fmt::format("compressor '{}': {} already has error feedback (or momentum) of its own; "
+                                    "allowed: {}",
+                                    name, inner, inner.rfind("ef:", 0) == 0 ? inner : inner + " without ef:"));
+    auto c = make_compressor(inner, params);  // checks the parameters first
+    refuse_divergent_feedback(name, inner, params);
+    return methods::make_error_feedback(std::move(c), name);
   }
   for (const auto& e : registry())
     if (name == e.name) return e.make(detail::ParamReader(name, e.defaults, params));
@@ -364,7 +401,8 @@ CompressorPtr make_compressor(const std::string& name, const Params& params) {
 CompressorPtr parse_compressor(const std::string& spec) {
   (void)kernels::get();  // checks CONDUIT_COMPRESS_KERNELS once, also for methods that use no kernel table
   // name[:k=v,k=v]; "ef:" is part of the name.
-  size_t start = spec.rfind("ef:", 0) == 0 ? 3 : 0;
+  size_t start = 0;
+  while (spec.compare(start, 3, "ef:") == 0) start += 3;
   size_t colon = spec.find(':', start);
   std::string name = spec.substr(0, colon);
   Params p;

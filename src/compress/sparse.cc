@@ -399,9 +399,14 @@ CompressorPtr make_threshold(const ParamReader& p) {
   return std::make_unique<Threshold>(p.real("threshold", 0, 3.4e38));
 }
 CompressorPtr make_dgc(const ParamReader& p) {
+  const int64_t warmup = p.integer("warmup_steps", 0, int64_t(1) << 40);
+  // Four stages of floor(4 step / warmup_steps): with fewer than 4 steps some stages would be skipped.
+  if (warmup > 0 && warmup < 4)
+    throw ConfigError(fmt::format("compressor dgc: warmup_steps = {} is shorter than its four stages (25%, 6.25%, "
+                                  "1.5625%, 0.4%, a step each at least); allowed: 0 (no warm-up) or 4..2^40",
+                                  warmup));
   return std::make_unique<Dgc>(p.real("ratio", 1e-9, 1), p.real("momentum", 0, 0.999999),
-                               p.real("clip_norm", 0, 3.4e38), p.integer("warmup_steps", 0, int64_t(1) << 40),
-                               p.real("sample", 0, 1));
+                               p.real("clip_norm", 0, 3.4e38), warmup, p.real("sample", 0, 1));
 }
 
 }  // namespace methods

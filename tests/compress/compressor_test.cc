@@ -9,6 +9,7 @@
 
 #include "compress/compressor.h"
 #include "compress/detail.h"
+#include "compress/methods.h"
 #include "core/error.h"
 
 using namespace conduit;
@@ -64,7 +65,7 @@ TEST(Factory, RejectsUnknownNamesAndParametersWithOneLine) {
   EXPECT_THROW(make_compressor("terngrad", {{"clip", "maybe"}}), ConfigError);
   EXPECT_THROW(make_compressor("ef:efsignsgd"), ConfigError);
   EXPECT_EQ(parse_compressor("topk:ratio=0.5")->wire_bytes(10, {}), 8u * 5);
-  EXPECT_EQ(parse_compressor("ef:randk:ratio=0.5")->name(), "ef:randk");
+  EXPECT_EQ(parse_compressor("ef:randk:ratio=0.5,unbiased=0")->name(), "ef:randk");
   EXPECT_THROW(parse_compressor("topk:ratio"), ConfigError);
   for (const auto& n : compressor_names()) EXPECT_NO_THROW(make_compressor(n)) << n;
 }
@@ -287,9 +288,12 @@ TEST(TopK, SampledSelectionEqualsExactAndContracts) {
 
 // Error feedback: sum_t D(C(g_t + e_t)) + e_T = sum_t g_t.
 TEST(ErrorFeedback, SentPlusResidualEqualsSumOfInputs) {
-  // (Random-k unscaled: with the d/k scaling error feedback is not contractive and the residual grows.)
-  for (std::string name : {"ef:topk", "efsignsgd", "onebit", "ef:qsgd", "ef:int8", "ef:randk", "ef:terngrad"}) {
-    auto c = make_compressor(name, name == "ef:randk" ? Params{{"unbiased", "0"}} : Params{});
+  // (Random-k unscaled and QSGD in small buckets: with the d/k scaling, or buckets of s^2 elements or more, error
+  // feedback is not contractive and the residual grows; those are refused, see the next test.)
+  for (std::string name : {"ef:topk", "efsignsgd", "onebit", "ef:qsgd", "ef:int8", "ef:randk", "ef:natural"}) {
+    auto c = make_compressor(name, name == "ef:randk"  ? Params{{"unbiased", "0"}}
+                                   : name == "ef:qsgd" ? Params{{"bucket", "1024"}}
+                                                       : Params{});
     const size_t d = 3001;
     auto st = c->make_state(d, 4, 2);
     std::vector<double> sent(d, 0), given(d, 0);
@@ -309,6 +313,45 @@ TEST(ErrorFeedback, SentPlusResidualEqualsSumOfInputs) {
     // And the residual is not trivially zero (the method compresses).
     EXPECT_GT(norm2(std::vector<float>(e.begin(), e.end())), 0.0) << name;
   }
+}
+
+// Error feedback around a compressor that does not shrink its input diverges: those specs are refused with what is
+// allowed, and what is allowed stays bounded. Random-k with the d/k scaling, here as a check of the reason: its
+// residual grows by orders of magnitude within 40 steps, while unbiased=0's stays the size of the gradients.
+TEST(ErrorFeedback, RefusesCompressorsWhoseResidualGrows) {
+  auto message = [](const std::string& spec) {
+    try {
+      parse_compressor(spec);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(message("ef:randk").find("allowed: ef:randk:unbiased=0"), std::string::npos) << message("ef:randk");
+  EXPECT_NE(message("ef:randk:ratio=0.1,unbiased=1").find("diverges"), std::string::npos) << message("ef:randk:ratio=0.1,unbiased=1");
+  EXPECT_NE(message("ef:qsgd").find("the whole tensor"), std::string::npos) << message("ef:qsgd");
+  EXPECT_NE(message("ef:qsgd:levels=1,bucket=128").find("a bucket below s^2 = 1"), std::string::npos) << message("ef:qsgd:levels=1,bucket=128");
+  EXPECT_NE(message("ef:terngrad").find("allowed: terngrad without ef:"), std::string::npos) << message("ef:terngrad");
+  EXPECT_NE(message("ef:ef:topk").find("already has error feedback"), std::string::npos) << message("ef:ef:topk");
+  EXPECT_NE(message("ef:dgc").find("allowed: dgc without ef:"), std::string::npos) << message("ef:dgc");
+  EXPECT_NO_THROW(parse_compressor("ef:qsgd:levels=127,bucket=16000"));
+  EXPECT_NO_THROW(parse_compressor("ef:natural"));
+
+  const size_t d = 1000;
+  auto largest_residual = [&](Params p) {
+    auto c = methods::make_error_feedback(make_compressor("randk", p), "ef:randk");
+    auto st = c->make_state(d, 4, 2);
+    std::vector<float> y(d);
+    for (int t = 0; t < 40; ++t) {
+      auto g = gaussian(d, 2000 + t);
+      c->decompress(c->compress(g, st), st, y);
+    }
+    double worst = 0;
+    for (float e : c->residual(st)) worst = std::max(worst, double(std::fabs(e)));
+    return worst;
+  };
+  EXPECT_GT(largest_residual({{"ratio", "0.1"}, {"unbiased", "1"}}), 1e6);
+  EXPECT_LT(largest_residual({{"ratio", "0.1"}, {"unbiased", "0"}}), 100);
 }
 
 // EF-signSGD's one-pass error feedback (the decode left pending until the next step reads the residual) gives the
@@ -370,6 +413,9 @@ TEST(State, SaveRestoreContinuesBitForBit) {
 }
 
 TEST(Dgc, WarmupMomentumCorrectionAndFactorMasking) {
+  // A warm-up shorter than its four stages would skip some (2 steps: 25% then 1.5625%): refused.
+  for (const char* w : {"1", "2", "3"})
+    EXPECT_THROW(make_compressor("dgc", {{"warmup_steps", w}}), ConfigError) << w;
   auto c = make_compressor("dgc", {{"ratio", "0.001"}, {"warmup_steps", "8"}, {"momentum", "0.5"}});
   const size_t d = 10000;
   auto st = c->make_state(d);
