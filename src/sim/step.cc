@@ -177,8 +177,6 @@ std::string wake_note(double wake) {
                   : std::string();
 }
 
-// Calls a bucketed exchange of `total` bytes makes with buckets of at most `cap` bytes.
-double bucket_calls(double total, double cap) { return total <= 0 ? 0.0 : std::max(1.0, std::ceil(total / cap)); }
 
 // The accelerator's measured step of exactly these layers (kind, sizes, kernel, map), or nullptr.
 const ModelStepSample* find_model_step(const Accelerator& acc, const LayerModel& m) {
@@ -339,17 +337,23 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
     } else if (cfg.zero >= 1) {
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
-      const double t_rs = ctime(Collective::kReduceScatter, rs, dg, grad_bytes) +
-                          bucket_calls(grad_bytes, cfg.bucket_bytes) * wake,
-                   t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2) + wake;
-      double busy = t_rs;
-      dp_exposed =
-          (cfg.dp_overlap ? bucketed_exposed(
-                                bwd_window, grad_bytes, cfg.bucket_bytes,
-                                [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n) + wake; }, &busy)
-                          : t_rs) +
-          t_ag;
-      dp_total = busy + t_ag;
+      const double t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2) + wake;
+      auto rs_time = [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n) + wake; };
+      // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
+      double busy = 0;
+      dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd_window : 0.0, grad_bytes, cfg.bucket_bytes, rs_time, &busy);
+      dp_total = busy;
+      if (cfg.zero == 2 && mb > 1) {
+        // ZeRO-2 keeps only its shard of the gradients, so every micro-batch's gradients are reduce-scattered after
+        // its backward (DeepSpeed reduces at each backward); an earlier micro-batch's exchange can also run during
+        // the next one's forward. ZeRO-1 keeps whole gradients and reduce-scatters them once per iteration.
+        const double each = busy;
+        const double hidden = cfg.dp_overlap ? bwd_window + mt.fwd_compute + lps * tp_fwd : 0.0;
+        dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
+        dp_total += static_cast<double>(mb - 1) * each;
+      }
+      dp_exposed += t_ag;
+      dp_total += t_ag;
       r.dp_algorithm = algorithm_name(rs.algorithm);
       r.dp_bottleneck = rs.bottleneck;
     } else {
@@ -360,12 +364,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
         const double wire = elems * bytes_per;
         auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
         const double cap = cfg.bucket_bytes * bytes_per / cfg.grad_bytes;
-        dp_total = ctime(Collective::kAllReduce, ar, dg, wire) + bucket_calls(wire, cap) * wake;
-        dp_exposed = cfg.dp_overlap
-                         ? bucketed_exposed(
-                               bwd_window, wire, cap,
-                               [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n) + wake; }, &dp_total)
-                         : dp_total;
+        // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
+        dp_exposed = bucketed_exposed(
+            cfg.dp_overlap ? bwd_window : 0.0, wire, cap,
+            [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n) + wake; }, &dp_total);
         if (cp.kind != "none") {
           // Quantize before sending, dequantize-accumulate-requantize at each reduction step (fused, one pass
           // over the local gradient each way) and dequantize at the end; error feedback adds a pass.

@@ -62,6 +62,7 @@ TEST(Step, ZeroStagesMoveTheSameGradientBytesPlusAParameterGather) {
   c.micro_batch = 2;
   c.dp_overlap = false;
   c.dp_algorithm = Algorithm::kRing;  // ring RS + AG is exactly one ring allreduce (auto may pick SHARP for it)
+  c.bucket_bytes = 1e12;              // one bucket: the RS and the AG then have the allreduce's latency terms
   StepResult z0 = simulate_step(net, m, c);
   c.zero = 1;
   StepResult z1 = simulate_step(net, m, c);
@@ -76,6 +77,56 @@ TEST(Step, ZeroStagesMoveTheSameGradientBytesPlusAParameterGather) {
   // ZeRO-3 gathers the parameters twice per micro-batch: more traffic than one allreduce per step.
   EXPECT_GT(z3.breakdown.dp_comm, z0.breakdown.dp_comm);
   EXPECT_LT(z3.memory.params, z0.memory.params / 60);
+}
+
+// Without overlap every bucket still is its own call, all after the backward pass: never faster than with overlap
+// (it charged one call of the whole gradient, which made a large ring's step 8x faster with --no-overlap).
+TEST(Step, NoOverlapPaysEveryBucketAfterTheBackward) {
+  for (int zero : {0, 1}) {
+    Topology topo(load_cluster("dgx-h100"), 4096);
+    CollectiveModel net(topo);
+    GptModel m = gpt(12, 768, 12, 1024, 50304);
+    ParallelConfig c;
+    c.global_batch = 4096;
+    c.zero = zero;
+    c.dp_algorithm = Algorithm::kRing;
+    StepResult on = simulate_step(net, m, c);
+    c.dp_overlap = false;
+    StepResult off = simulate_step(net, m, c);
+    EXPECT_DOUBLE_EQ(off.breakdown.dp_comm, on.breakdown.dp_comm) << zero;
+    EXPECT_DOUBLE_EQ(off.breakdown.dp_exposed, off.breakdown.dp_comm) << zero;
+    EXPECT_GE(off.time, on.time) << zero;
+    // ~10 buckets of 25 MB, each paying the ring's 2(p-1) latencies: far more than one call would.
+    c.bucket_bytes = 1e12;
+    StepResult one = simulate_step(net, m, c);
+    EXPECT_GT(off.breakdown.dp_comm, 3 * one.breakdown.dp_comm) << zero;
+  }
+}
+
+// ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every micro-batch's backward; ZeRO-1 once per
+// iteration. With one micro-batch they are the same.
+TEST(Step, ZeroTwoReduceScattersEveryMicroBatch) {
+  Topology topo(load_cluster("ethernet-25g"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(24, 2304, 24, 2048, 51200);
+  ParallelConfig c;
+  c.global_batch = 256;  // 4 per replica
+  c.micro_batch = 1;
+  c.dp_overlap = false;
+  c.zero = 1;
+  StepResult z1 = simulate_step(net, m, c);
+  c.zero = 2;
+  StepResult z2 = simulate_step(net, m, c);
+  EXPECT_EQ(z2.microbatches, 4);
+  // dp_comm = k x (one micro-batch's reduce-scatter) + the parameter allgather, k = 1 (ZeRO-1) or 4 (ZeRO-2).
+  const double rs = (z2.breakdown.dp_comm - z1.breakdown.dp_comm) / 3;
+  EXPECT_GT(rs, 0);
+  EXPECT_NEAR(z2.breakdown.dp_exposed - z1.breakdown.dp_exposed, 3 * rs, 1e-9);
+  c.global_batch = 64;  // one micro-batch per replica
+  StepResult one2 = simulate_step(net, m, c);
+  c.zero = 1;
+  StepResult one1 = simulate_step(net, m, c);
+  EXPECT_DOUBLE_EQ(one2.breakdown.dp_comm, one1.breakdown.dp_comm);
 }
 
 TEST(Step, TopkAndAsyncChangeTheExchange) {
