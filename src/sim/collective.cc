@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <unordered_map>
 
 #include "core/env.h"
@@ -619,6 +620,34 @@ CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& 
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   CollectiveCost cost = evaluate_symmetric(c, a, g);
+  // Symmetric mode simulates one group and takes every concurrent copy to see the same links. On a cluster of several
+  // node kinds the copies differ (a group of the slow kind behind 1 GbE uplinks next to one of NVLink nodes), and the
+  // step waits for the slowest: also evaluate the copy that holds the first and the last accelerator of every run of
+  // nodes of one kind, and keep the largest terms. (Copies tile the cluster in blocks of size x stride, shifted by
+  // 0..stride-1, as full-detail mode lays them out.)
+  const long long block = g.size * g.stride;
+  if (topo_.spec().node_kinds.size() > 1 && block > 0 && topo_.gpus() % block == 0) {
+    std::set<long long> firsts;
+    auto copy_holding = [&](long long gpu) {
+      const long long j = gpu % g.stride;
+      return gpu / block * block + j;
+    };
+    for (long long node = 0; node < topo_.nodes() && firsts.size() < 64; ++node) {
+      if (node > 0 && &topo_.kind_of_node(node) == &topo_.kind_of_node(node - 1)) continue;
+      const long long gpu = node * topo_.gpus_per_node();
+      firsts.insert(copy_holding(gpu));
+      if (node > 0) firsts.insert(copy_holding(gpu - 1));
+    }
+    firsts.insert(copy_holding(topo_.gpus() - 1));
+    firsts.erase(g.first);
+    for (long long f : firsts) {
+      CollectiveCost other = evaluate_symmetric(c, a, Group{g.size, g.stride, f});
+      if (other.per_byte > cost.per_byte) cost.bottleneck = other.bottleneck;
+      cost.latency = std::max(cost.latency, other.latency);
+      cost.per_byte = std::max(cost.per_byte, other.per_byte);
+      cost.reduce_frac = std::max(cost.reduce_frac, other.reduce_frac);
+    }
+  }
   cache_.emplace(key, cost);
   return cost;
 }
