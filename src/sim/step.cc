@@ -435,26 +435,48 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
 
   r.time = pipe + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
 
-  // Memory per GPU (first stage: the embedding and the most in-flight micro-batches).
-  ModelState st = zero_model_state(params_gpu, d, cfg.zero);
-  r.memory.params = st.params;
-  r.memory.grads = st.grads;
-  r.memory.optimizer = st.optimizer;
-  double inflight;
-  if (p == 1)
-    inflight = 1;
-  else if (cfg.schedule == Schedule::kGpipe)
-    inflight = static_cast<double>(mb);
-  else if (cfg.schedule == Schedule::k1F1B)
-    inflight = std::min<double>(p, mb);
-  else
-    inflight = p * (1.0 + static_cast<double>(p - 1) / (static_cast<double>(p) * v));
-  double layer_act = gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, cfg.recompute);
-  double act = layer_act * lps * inflight;
-  if (cfg.recompute != Recompute::kNone)  // the layer being recomputed holds its full activations
-    act += gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, Recompute::kNone);
-  if (p == 1) act += 4 * b * s * V / t;  // fp32 logits for the loss
-  r.memory.activations = act;
+  // Memory per GPU: the larger of the first stage (the input embeddings and the most micro-batches in flight) and
+  // the last (the output layer's copy of the word embeddings, the fewest in flight, and the fp32 logits of the loss).
+  // In flight, in micro-batches of the stage's layers (Megatron's warm-up counts; chunks of L/(p v) layers when
+  // interleaved: p v + p - 1 chunks on the first stage, (v - 1) p + 1 on the last), never more than the m there are.
+  const double mbs = static_cast<double>(mb), pv = static_cast<double>(p) * v;
+  double first_inflight, last_inflight;
+  if (p == 1) {
+    first_inflight = last_inflight = 1;
+  } else if (cfg.schedule == Schedule::kGpipe) {
+    first_inflight = last_inflight = mbs;
+  } else if (cfg.schedule == Schedule::k1F1B) {
+    first_inflight = std::min<double>(p, mbs);
+    last_inflight = 1;
+  } else {
+    first_inflight = std::min(mbs, (pv + p - 1) / v);
+    last_inflight = std::min(mbs, (pv - p + 1) / v);
+  }
+  const double layer_act = gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, cfg.recompute);
+  // The layer being recomputed holds its full activations.
+  const double recomputing = cfg.recompute != Recompute::kNone
+                                 ? gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, Recompute::kNone)
+                                 : 0.0;
+  auto stage_memory = [&](double params, double inflight, bool loss) {
+    const ModelState st = zero_model_state(params, d, cfg.zero);
+    MemoryBreakdown mem;
+    mem.params = st.params;
+    mem.grads = st.grads;
+    mem.optimizer = st.optimizer;
+    mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t : 0.0);
+    return mem;
+  };
+  r.memory = stage_memory(params_gpu, first_inflight, p == 1);
+  if (p > 1) {
+    const MemoryBreakdown last = stage_memory((lps * layer_params + V * h) / t, last_inflight, true);
+    if (last.total() > r.memory.total()) {
+      r.memory = last;
+      r.notes.push_back(
+          fmt::format("memory: the last pipeline stage holds the most ({} with the fp32 logits of the "
+                      "loss, against {} on the first)",
+                      format_gb(last.total()), format_gb(stage_memory(params_gpu, first_inflight, false).total())));
+    }
+  }
   r.memory_capacity = mem_capacity;
   r.fits = r.memory.total() <= mem_capacity;
   if (!r.fits)

@@ -108,11 +108,45 @@ TEST(Step, ScheduleMemoryGpipeHoldsAllMicroBatches) {
   c.schedule = Schedule::kInterleaved;
   c.virtual_stages = 3;
   StepResult il = simulate_step(net, m, c);
-  // GPipe keeps all 16 micro-batches' activations, 1F1B keeps p = 4, interleaved p (1 + (p-1)/(p v)).
-  EXPECT_NEAR(gp.memory.activations / f1b.memory.activations, 16.0 / 4, 1e-9);
+  // GPipe keeps all 16 micro-batches' activations on every stage, so its last stage (with the fp32 logits) holds
+  // the most; 1F1B keeps p = 4 on the first stage, interleaved p (1 + (p-1)/(p v)).
+  const double logits = 4.0 * c.micro_batch * m.seq * m.vocab / c.tp;
+  EXPECT_NEAR(gp.memory.activations, 16.0 / 4 * f1b.memory.activations + logits, 1e-9 * gp.memory.activations);
   EXPECT_NEAR(il.memory.activations / f1b.memory.activations, 1 + 3.0 / 12, 1e-9);
   EXPECT_LT(il.breakdown.bubble, f1b.breakdown.bubble);
   EXPECT_DOUBLE_EQ(gp.time, f1b.time);  // same bubble; GPipe only costs memory
+  // Interleaving never holds more than the m micro-batches there are: with m = p = 4 it holds what GPipe does on
+  // the first stage (it reported p (1 + (p-1)/(p v)) = 5.5 micro-batches, more than exist).
+  c.global_batch = 16;  // m = 4: interleaving's 4 (1 + 3/12) = 5 is capped at 4
+  StepResult il4 = simulate_step(net, m, c);
+  c.schedule = Schedule::k1F1B;
+  c.virtual_stages = 1;
+  StepResult f4 = simulate_step(net, m, c);
+  EXPECT_NEAR(il4.memory.activations, f4.memory.activations, 1e-9 * f4.memory.activations);
+}
+
+// The last pipeline stage holds the fp32 logits of the loss (4 b s V / t bytes) and one micro-batch: with large
+// micro-batches and full recompute it holds more than the first, and the reported memory is the larger.
+TEST(Step, MemoryIsTheLargerOfTheFirstAndLastStage) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt-1.7b");
+  ParallelConfig c;
+  c.pp = 2;
+  c.micro_batch = 16;
+  c.global_batch = 64;
+  c.recompute = Recompute::kFull;
+  StepResult r = simulate_step(net, m, c);
+  const double logits = 4.0 * 16 * m.seq * m.vocab;
+  EXPECT_GT(r.memory.activations, logits);
+  bool noted = false;
+  for (const auto& n : r.notes) noted |= n.rfind("memory: the last pipeline stage", 0) == 0;
+  EXPECT_TRUE(noted);
+  c.micro_batch = 1;  // no recompute: the first stage's two micro-batches of full activations hold more
+  c.recompute = Recompute::kNone;
+  StepResult small = simulate_step(net, m, c);
+  EXPECT_GT(small.memory.activations, 2 * logits / 16);
+  for (const auto& n : small.notes) EXPECT_NE(n.rfind("memory: the last", 0), 0u) << n;
 }
 
 TEST(Planner, RanksFittingPlansFastAndExplains) {
