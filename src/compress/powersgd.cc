@@ -164,8 +164,19 @@ void PowerSgd::finish(std::span<const float> in, TensorState& st, std::span<cons
     auto& e = st.buffers.at(kResidual);
     cblas_saxpy(static_cast<int>(e.size()), average ? -1.0f : -inv_w, out.data(), 1, e.data(), 1);
   }
+  // The next step's warm start. Each column of Q is kept at unit length: P = M Q is orthonormalised column by column,
+  // which no column's length changes, but an unnormalised Q grows like M's largest singular value s, so P grew like
+  // s^2 and left a 16-bit wire's range (f16 tops out at 65504: s = 1000 sent zeros and twice the gradient in turn,
+  // s = 1e-3 underflowed to 30-40% error). A zero column stays zero (phase_p redraws it).
   auto& q = st.buffer(kQ, pl.q_len());
-  for (size_t i = 0; i < q.size(); ++i) q[i] = q_sum[i] * inv_w;
+  for (size_t j = 0; j < pl.r; ++j) {
+    const float* src = q_sum.data() + j * pl.m;
+    float* dst = q.data() + j * pl.m;
+    double ss = 0;
+    for (size_t k = 0; k < pl.m; ++k) ss += static_cast<double>(src[k]) * src[k];
+    const float inv = ss > 0 ? static_cast<float>(1.0 / std::sqrt(ss)) : 0.0f;
+    for (size_t k = 0; k < pl.m; ++k) dst[k] = src[k] * inv;
+  }
   ++st.step;
 }
 
