@@ -1,11 +1,12 @@
 #include "coll/communicator.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "coll/algorithms.h"
 #include "core/env.h"
@@ -413,8 +414,30 @@ enum SigOp : uint32_t {
   kSigScatter, kSigAlltoall, kSigAlltoallv, kSigBarrier
 };
 
-void check_buffer(const void* p, size_t bytes, const char* what) {
-  if (p == nullptr && bytes > 0) throw InvalidArgument(fmt::format("{}: null buffer for {} bytes", what, bytes));
+// Elements of one buffer: their bytes must be a size a process can address (a count near 2^62 wrapped into a few
+// bytes, so the shm fast path read far past the buffer and point-to-point moved nothing and returned success).
+size_t checked_total(const std::vector<size_t>& counts, DType dt, const char* what) {
+  const size_t esz = dtype_size(dt), limit = static_cast<size_t>(PTRDIFF_MAX) / esz;
+  size_t total = 0;
+  for (size_t c : counts) {
+    if (c > limit - total)
+      throw InvalidArgument(
+          fmt::format("{}: {} elements of {} bytes in all, more than a buffer can hold (allowed: up "
+                      "to {} elements)",
+                      what, c > limit ? c : total + c, esz, limit));
+    total += c;
+  }
+  return total;
+}
+
+void check_buffer(const void* p, size_t count, DType dt, const char* what, size_t copies = 1) {
+  const size_t esz = dtype_size(dt), limit = static_cast<size_t>(PTRDIFF_MAX) / esz / copies;
+  if (count > limit)
+    throw InvalidArgument(
+        fmt::format("{}: {} elements of {} bytes{} are more than a buffer can hold (allowed: up to "
+                    "{} elements)",
+                    what, count, esz, copies > 1 ? fmt::format(" times {} ranks", copies) : "", limit));
+  if (p == nullptr && count > 0) throw InvalidArgument(fmt::format("{}: null buffer for {} elements", what, count));
 }
 
 std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t bytes) {
@@ -514,7 +537,7 @@ void Communicator::run_reduce(const Deadline& d, const void* in, void* out, size
 }
 
 Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, const CollOptions& o) {
-  check_buffer(buf, count, "allreduce");
+  check_buffer(buf, count, dt, "allreduce");
   Signature sig{kSigAllreduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allreduce, forced);
@@ -538,9 +561,9 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
 Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t> counts, DType dt, ReduceOp op,
                                   const CollOptions& o) {
   check_counts(counts, "reduce_scatter");
-  size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  check_buffer(in, total, "reduce_scatter input");
-  check_buffer(out, counts[rank_], "reduce_scatter output");
+  size_t total = checked_total(counts, dt, "reduce_scatter input");
+  check_buffer(in, total, dt, "reduce_scatter input");
+  check_buffer(out, counts[rank_], dt, "reduce_scatter output");
   Signature sig{kSigReduceScatter, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, total};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce_scatter, forced);
@@ -563,9 +586,9 @@ Work Communicator::allgather(const void* in, void* out, size_t count, DType dt, 
 
 Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> counts, DType dt, const CollOptions& o) {
   check_counts(counts, "allgatherv");
-  size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  check_buffer(in, counts[rank_], "allgather input");
-  check_buffer(out, total, "allgather output");
+  size_t total = checked_total(counts, dt, "allgather output");
+  check_buffer(in, counts[rank_], dt, "allgather input");
+  check_buffer(out, total, dt, "allgather output");
   Signature sig{kSigAllgatherv, static_cast<uint32_t>(dt), 0, -1, total};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allgather, forced);
@@ -578,7 +601,7 @@ Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> cou
 
 Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const CollOptions& o) {
   check_root(root, "broadcast");
-  check_buffer(buf, count, "broadcast");
+  check_buffer(buf, count, dt, "broadcast");
   Signature sig{kSigBroadcast, static_cast<uint32_t>(dt), 0, root, count};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::broadcast, forced);
@@ -592,8 +615,8 @@ Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const 
 Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, int root,
                           const CollOptions& o) {
   check_root(root, "reduce");
-  check_buffer(in, count, "reduce input");
-  if (rank_ == root) check_buffer(out, count, "reduce output");
+  check_buffer(in, count, dt, "reduce input");
+  if (rank_ == root) check_buffer(out, count, dt, "reduce output");
   Signature sig{kSigReduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce, forced);
@@ -607,8 +630,8 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
 
 Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
   check_root(root, "gather");
-  check_buffer(in, count, "gather input");
-  if (rank_ == root) check_buffer(out, count * size(), "gather output");
+  check_buffer(in, count, dt, "gather input", size());
+  if (rank_ == root) check_buffer(out, count * size(), dt, "gather output");
   Signature sig{kSigGather, static_cast<uint32_t>(dt), 0, root, count};
   return submit("gather", sig, o, [=](Ctx& c) {
     linear_gather(c, in, out, count * dtype_size(dt), root);
@@ -618,8 +641,8 @@ Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int
 
 Work Communicator::scatter(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
   check_root(root, "scatter");
-  check_buffer(out, count, "scatter output");
-  if (rank_ == root) check_buffer(in, count * size(), "scatter input");
+  check_buffer(out, count, dt, "scatter output", size());
+  if (rank_ == root) check_buffer(in, count * size(), dt, "scatter input");
   Signature sig{kSigScatter, static_cast<uint32_t>(dt), 0, root, count};
   return submit("scatter", sig, o, [=](Ctx& c) {
     linear_scatter(c, in, out, count * dtype_size(dt), root);
@@ -639,14 +662,16 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
     throw InvalidArgument(fmt::format("alltoallv: rank {} sends {} elements to itself but expects {}", rank_,
                                       send_counts[rank_], recv_counts[rank_]));
   const size_t esz = dtype_size(dt);
+  checked_total(send_counts, dt, "alltoallv input");
+  checked_total(recv_counts, dt, "alltoallv output");
   std::vector<size_t> sb(size()), rb(size());
   for (int i = 0; i < size(); ++i) {
     sb[i] = send_counts[i] * esz;
     rb[i] = recv_counts[i] * esz;
   }
   size_t st = std::accumulate(sb.begin(), sb.end(), size_t{0}), rt = std::accumulate(rb.begin(), rb.end(), size_t{0});
-  check_buffer(in, st, "alltoallv input");
-  check_buffer(out, rt, "alltoallv output");
+  check_buffer(in, st / esz, dt, "alltoallv input");
+  check_buffer(out, rt / esz, dt, "alltoallv output");
   Signature sig{kSigAlltoallv, static_cast<uint32_t>(dt), 0, -1, 0};
   return submit("alltoall", sig, o, [=](Ctx& c) {
     pairwise_alltoallv(c, static_cast<const char*>(in), sb, static_cast<char*>(out), rb);
@@ -667,7 +692,7 @@ Work Communicator::p2p(bool is_send, void* buf, size_t count, DType dt, int peer
   const char* what = is_send ? "send" : "recv";
   if (peer < 0 || peer >= size() || peer == rank_)
     throw InvalidArgument(fmt::format("{}: peer {} is not another rank of [0, {})", what, peer, size()));
-  check_buffer(buf, count, what);
+  check_buffer(buf, count, dt, what);
   uint64_t t = net::make_tag(net::kUser, id_, tag);
   size_t bytes = count * dtype_size(dt);
   auto state = std::make_shared<Work::State>();

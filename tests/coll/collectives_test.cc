@@ -270,6 +270,22 @@ TEST(Communicator, BadArgumentsAreRejectedWithClearErrors) {
   }
   EXPECT_THROW(comms[0]->allgatherv(b.data(), b.data(), {1, 2}, DType::f32), InvalidArgument);
   EXPECT_THROW(comms[0]->allreduce(nullptr, 4, DType::f32, ReduceOp::sum), InvalidArgument);
+  // Counts whose bytes no buffer can have (they wrapped: 2^62 + 1 floats became 4 bytes, so the shm fast path read
+  // past the buffer and point-to-point moved nothing and succeeded) are refused before anything runs.
+  const size_t huge = (size_t(1) << 62) + 1;
+  try {
+    comms[0]->allreduce(b.data(), huge, DType::f32, ReduceOp::sum);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("more than a buffer can hold (allowed: up to"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(comms[0]->broadcast(b.data(), huge, DType::f64, 0), InvalidArgument);
+  EXPECT_THROW(comms[0]->allgatherv(b.data(), b.data(), {huge}, DType::f32), InvalidArgument);
+  auto two = Communicator::inproc(2);
+  EXPECT_THROW(two[0]->send(b.data(), huge, DType::f32, 1, 7), InvalidArgument);
+  EXPECT_THROW(two[0]->allgatherv(b.data(), b.data(), {size_t(1) << 60, size_t(1) << 60}, DType::f32),
+               InvalidArgument);  // each fits, the sum does not
+  EXPECT_THROW(two[0]->gather(b.data(), b.data(), size_t(1) << 60, DType::f32, 0), InvalidArgument);
 }
 
 }  // namespace
