@@ -29,6 +29,7 @@
 #include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "net/shm.h"
 
 extern char** environ;
 
@@ -797,6 +798,9 @@ int run_local_workers(const LaunchSpec& spec) {
     }
     if (child_event || n == 0) reap();
   }
+  // A worker killed while the ranks were meeting over shared memory leaves its segment behind (the ranks unlink them
+  // once all have mapped them); with every worker gone, none is in use.
+  net::remove_shm_segments(job_id, spec.nprocs);
   return have_result ? result : 0;
 }
 

@@ -1,13 +1,15 @@
 #include "net/bootstrap.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <map>
-
-#include <fmt/format.h>
+#include <optional>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -18,6 +20,22 @@
 
 namespace conduit::net {
 namespace {
+
+// CONDUIT_JOB_ID names store keys and shared-memory segments (/dev/shm/conduit-<job>-<rank>): letters, digits,
+// '.', '_' and '-' only ("team/a" made the segment name a path and failed with a misleading hint).
+std::optional<std::string> job_id_from_env() {
+  auto v = env_string("CONDUIT_JOB_ID");
+  if (!v) return v;
+  const bool ok = !v->empty() && v->size() <= 200 && std::all_of(v->begin(), v->end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
+  if (!ok)
+    throw ConfigError(
+        fmt::format("environment variable CONDUIT_JOB_ID='{}' is invalid: expected 1 to 200 letters, "
+                    "digits, '.', '_' or '-'",
+                    *v));
+  return v;
+}
 
 std::string host_identity() {
   if (auto id = env_string("CONDUIT_HOST_ID")) return *id;
@@ -89,7 +107,7 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
           "store) says where to meet the other ranks");
     }
     auto counter = std::make_shared<std::atomic<int>>(0);
-    std::string job_prefix = env_string("CONDUIT_JOB_ID").value_or("job");
+    std::string job_prefix = job_id_from_env().value_or("job");
     StorePtr store = b->store;
     int rank = b->rank, size = b->size;
     b->allgather = [store, counter, rank, size, job_prefix, timeout_s](const std::string& mine) {
@@ -101,7 +119,7 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     b->allgather = [](const std::string& mine) { return std::vector<std::string>{mine}; };
   }
   // Every rank takes rank 0's job id (CONDUIT_JOB_ID when set), so segment names agree.
-  std::string job = env_string("CONDUIT_JOB_ID").value_or(new_job_id());
+  std::string job = job_id_from_env().value_or(new_job_id());
   b->job = b->allgather(job)[0];
   fill_hosts(*b);
   set_log_rank(b->rank);

@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 
 #include "core/cpus.h"
@@ -197,7 +199,19 @@ class ShmTransport : public Transport, public Progressor {
         throw Error(fmt::format("shm: cannot map segment {} of rank {}", name, p));
       }
       peer.seg = reinterpret_cast<SegHeader*>(maps_[p]);
-      peer.pid = static_cast<pid_t>(std::stol(pids[p]));
+      {
+        long pid = 0;
+        const std::string& v = pids[p];
+        auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), pid);
+        if (ec != std::errc() || ptr != v.data() + v.size() || pid <= 0 || pid > std::numeric_limits<pid_t>::max()) {
+          ::shm_unlink(my_name.c_str());
+          throw ProtocolError(
+              fmt::format("shm: rank {} published the process id '{}' (expected a positive integer; is "
+                          "the store shared with another job?)",
+                          p, v));
+        }
+        peer.pid = static_cast<pid_t>(pid);
+      }
       peer.out = ring_at(maps_[p], rank);
       peer.out_data = reinterpret_cast<char*>(peer.out) + sizeof(RingHeader);
       peer.in = ring_at(mine_, p);
@@ -222,6 +236,7 @@ class ShmTransport : public Transport, public Progressor {
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     check_peer(peer);
+    check_message_size(bytes, max_len_);
     auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
     req->set_progressor(this);
     std::lock_guard<std::mutex> lk(mu_);
@@ -343,9 +358,7 @@ class ShmTransport : public Transport, public Progressor {
   }
 
  private:
-  static std::string segment_name(const std::string& job, int rank) {
-    return fmt::format("/conduit-{}-{}", job, rank);
-  }
+  static std::string segment_name(const std::string& job, int rank) { return shm_segment_name(job, rank); }
   FastSlot* fast_slot(char* seg, uint64_t parity) const {
     return reinterpret_cast<FastSlot*>(seg + sizeof(SegHeader) +
                                        static_cast<size_t>(size_) * (sizeof(RingHeader) + ring_bytes_)) +
@@ -733,6 +746,14 @@ class ShmTransport : public Transport, public Progressor {
 thread_local uint32_t ShmTransport::tl_seen_ = 0;
 
 }  // namespace
+
+std::string shm_segment_name(const std::string& job, int rank) { return fmt::format("/conduit-{}-{}", job, rank); }
+
+int remove_shm_segments(const std::string& job, int ranks) {
+  int removed = 0;
+  for (int r = 0; r < ranks; ++r) removed += ::shm_unlink(shm_segment_name(job, r).c_str()) == 0 ? 1 : 0;
+  return removed;
+}
 
 TransportPtr make_shm_transport(int rank, int size, std::vector<int> hosts, const std::string& job,
                                 const AllgatherFn& allgather, std::vector<char> serve) {

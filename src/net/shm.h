@@ -17,4 +17,11 @@ namespace conduit::net {
 TransportPtr make_shm_transport(int rank, int size, std::vector<int> hosts, const std::string& job,
                                 const AllgatherFn& allgather, std::vector<char> serve = {});
 
+// The name of rank `rank`'s segment of job `job` (in /dev/shm while the ranks meet, unlinked once all have mapped it).
+std::string shm_segment_name(const std::string& job, int rank);
+
+// Removes the segments of ranks [0, ranks) of `job` that are still there: a rank killed while the ranks met leaves
+// its segment (conduit launch calls this once its workers have exited). Returns how many it removed.
+int remove_shm_segments(const std::string& job, int ranks);
+
 }  // namespace conduit::net

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -130,6 +131,9 @@ void set_nonblocking(int fd) {
   fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
+// How long an accepted connection may take to say hello before it is dropped.
+constexpr double kHelloSeconds = 5.0;
+
 bool poll_fd(int fd, short events, const Deadline& d) {
   while (true) {
     double rem = d.remaining_seconds();
@@ -222,6 +226,7 @@ class TcpTransport : public Transport {
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     check_peer(peer);
+    check_message_size(bytes, max_len_);
     auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
     Peer& p = peers_[peer];
     std::lock_guard<std::mutex> lk(p.send_mu);
@@ -610,7 +615,10 @@ class TcpTransport : public Transport {
         }
         FrameHeader h{};
         try {
-          read_all_blocking(fd, &h, sizeof h, deadline);
+          // A real peer sends its hello as soon as it has connected; a connection that says nothing within a few
+          // seconds is dropped and accepting goes on (reading it until the deadline kept every real peer waiting
+          // in the backlog, and the rendezvous failed).
+          read_all_blocking(fd, &h, sizeof h, deadline.min(Deadline::after(kHelloSeconds)));
         } catch (const Error& e) {
           CONDUIT_LOG_WARN("tcp: rank {} dropped a connection during handshake: {}", rank_, e.what());
           ::close(fd);
@@ -632,6 +640,12 @@ class TcpTransport : public Transport {
       }
     } catch (...) {
       ::close(lfd);
+      // The destructor does not run for a constructor that throws: close the peers connected so far.
+      for (auto& p : peers_)
+        if (p.fd >= 0) {
+          ::close(p.fd);
+          p.fd = -1;
+        }
       throw;
     }
     ::close(lfd);
@@ -644,28 +658,53 @@ class TcpTransport : public Transport {
   }
 
   int connect_to(const std::string& hostport, int peer, const Deadline& deadline) {
-    auto colon = hostport.rfind(':');
-    if (colon == std::string::npos)
-      throw ProtocolError(fmt::format("tcp: bad address '{}' of rank {}", hostport, peer));
+    // The address a peer published in the store: IPv4:port, port 1..65535.
+    const auto colon = hostport.rfind(':');
+    int port = 0;
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1))));
-    if (inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &sa.sin_addr) != 1)
-      throw ProtocolError(fmt::format("tcp: bad address '{}' of rank {}", hostport, peer));
+    const char* end = hostport.data() + hostport.size();
+    const bool ok = colon != std::string::npos && [&] {
+      auto [ptr, ec] = std::from_chars(hostport.data() + colon + 1, end, port);
+      return ec == std::errc() && ptr == end && port >= 1 && port <= 65535;
+    }() && inet_pton(AF_INET, hostport.substr(0, colon).c_str(), &sa.sin_addr) == 1;
+    if (!ok)
+      throw ProtocolError(
+          fmt::format("tcp: rank {} published the address '{}' (expected IPv4:port with port "
+                      "1..65535; is the store shared with another job?)",
+                      peer, hostport));
+    sa.sin_port = htons(static_cast<uint16_t>(port));
     double backoff = 0.001;
     while (true) {
-      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
-        FrameHeader h = make_frame(kFrameHello, 0, 0, rank_);
-        write_all_blocking(fd, &h, sizeof h, deadline);
+      // Non-blocking, so the deadline also bounds a connect that the peer's host never answers (a blocking one
+      // waits for the kernel's SYN retries, about two minutes).
+      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) throw Error(fmt::format("tcp: cannot create a socket: {}", std::strerror(errno)));
+      int e = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 ? 0 : errno;
+      if (e == EINPROGRESS) {
+        if (poll_fd(fd, POLLOUT, deadline)) {
+          socklen_t len = sizeof e;
+          if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+        } else {
+          e = ETIMEDOUT;
+        }
+      }
+      if (e == 0) {
+        try {
+          FrameHeader h = make_frame(kFrameHello, 0, 0, rank_);
+          write_all_blocking(fd, &h, sizeof h, deadline);
+        } catch (...) {
+          ::close(fd);
+          throw;
+        }
         return fd;
       }
-      int e = errno;
       ::close(fd);
       if (deadline.expired())
         throw TimeoutError(fmt::format("tcp: rank {} could not connect to rank {} at {}: {}", rank_, peer, hostport,
                                        std::strerror(e)));
-      std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(std::min(backoff, std::max(0.0, deadline.remaining_seconds()))));
       backoff = std::min(backoff * 2, 0.2);
     }
   }

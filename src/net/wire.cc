@@ -41,15 +41,23 @@ uint64_t max_message_bytes() {
     auto s = env_string("CONDUIT_MAX_MESSAGE_BYTES");
     if (!s) return uint64_t{16} << 30;
     const uint64_t b = parse_bytes(*s, "CONDUIT_MAX_MESSAGE_BYTES");
-    // Below a page, the runtime's own control messages (rendezvous, abort reasons) would not fit.
-    if (b < 4096 || b > (uint64_t{1} << 40))
+    // Below 2 MiB, the runtime's own start-up messages (the 1 MiB link measurement) would not fit.
+    if (b < (uint64_t{2} << 20) || b > (uint64_t{1} << 40))
       throw ConfigError(
           fmt::format("environment variable CONDUIT_MAX_MESSAGE_BYTES='{}' is invalid: expected a size "
-                      "from 4K to 1T",
+                      "from 2M to 1T",
                       *s));
     return b;
   }();
   return v;
+}
+
+void check_message_size(uint64_t bytes, uint64_t limit) {
+  if (bytes > limit)
+    throw InvalidArgument(
+        fmt::format("a message of {} bytes is over the limit of {} bytes its receiver accepts "
+                    "(CONDUIT_MAX_MESSAGE_BYTES; allowed: 2M to 1T)",
+                    bytes, limit));
 }
 
 }  // namespace conduit::net

@@ -6,8 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <future>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "net/tags.h"
@@ -164,4 +167,107 @@ TEST(TcpFrames, AMessageThatArrivedBeforeThePeerClosedIsStillReceived) {
   EXPECT_EQ(got, 777);
   std::string e = recv_error(*p->t, 4);  // nothing more arrived: the next receive names the close
   EXPECT_NE(e.find("closed its connection"), std::string::npos) << e;
+}
+
+namespace {
+
+sockaddr_in parse_address(const std::string& a) {
+  auto colon = a.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(a.substr(colon + 1))));
+  inet_pton(AF_INET, a.substr(0, colon).c_str(), &sa.sin_addr);
+  return sa;
+}
+
+}  // namespace
+
+// A connection that says nothing is dropped after a few seconds and the real peer behind it is accepted: reading
+// its hello until the rendezvous deadline kept the real peer waiting in the backlog and the rendezvous failed.
+TEST(TcpRendezvous, SilentConnectionDoesNotKeepTheRealPeerOut) {
+  setenv("CONDUIT_SOCKET_IFNAME", "lo", 1);
+  std::promise<std::string> addr;
+  auto fut = addr.get_future();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto made = std::async(std::launch::async, [&] {
+    return make_tcp_transport(
+        0, 2, {0, 0},
+        [&](const std::string& mine) {
+          addr.set_value(mine);
+          return std::vector<std::string>{mine, "unused:1"};
+        },
+        Deadline::after(9));
+  });
+  sockaddr_in sa = parse_address(fut.get());
+  int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  RawPeer real;
+  real.fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(real.fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  FrameHeader hello = make_frame(kFrameHello, 0, 0, 1);
+  ASSERT_EQ(::send(real.fd, &hello, sizeof hello, 0), static_cast<ssize_t>(sizeof hello));
+  std::shared_ptr<Transport> t;
+  EXPECT_NO_THROW(t = made.get());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 8.5);
+  ::close(silent);
+}
+
+// The address a peer published is checked: a port that is not a number 1..65535 is a protocol error naming the
+// rank and the value (it was `stoi`, or a port truncated to 16 bits).
+TEST(TcpRendezvous, BadPublishedAddressIsAProtocolError) {
+  setenv("CONDUIT_SOCKET_IFNAME", "lo", 1);
+  for (std::string bad : {"127.0.0.1:notaport", "127.0.0.1:99999999999", "127.0.0.1:0", "localhost:80", "nocolon"}) {
+    try {
+      make_tcp_transport(
+          1, 2, {0, 0},
+          [&](const std::string& mine) {
+            return std::vector<std::string>{bad, mine};
+          },
+          Deadline::after(5));
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 published the address '" + bad + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Connecting honours the deadline even when the peer's host never answers (a listener whose accept queue is full
+// drops the SYNs; a blocking connect waited for the kernel's retries, about two minutes).
+TEST(TcpRendezvous, ConnectHonoursTheDeadline) {
+  setenv("CONDUIT_SOCKET_IFNAME", "lo", 1);
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(lfd, 0), 0);
+  socklen_t len = sizeof sa;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len);
+  std::vector<int> fillers;  // fill the accept queue (never accepted)
+  for (int i = 0; i < 4; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+    fillers.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string where = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error = "no error";
+  try {
+    make_tcp_transport(
+        1, 2, {0, 0},
+        [&](const std::string& mine) {
+          return std::vector<std::string>{where, mine};
+        },
+        Deadline::after(2));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(error.find("could not connect to rank 0"), std::string::npos) << error;
+  EXPECT_LT(took, 5.0) << error;
+  for (int fd : fillers) ::close(fd);
+  ::close(lfd);
 }

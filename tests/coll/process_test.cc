@@ -247,6 +247,21 @@ TEST(Processes, BenchAndSelftestFlagsAreChecked) {
   }
 }
 
+// Environment values that cannot work are refused with one line naming the variable and what it takes: a job id
+// with a '/' (it names /dev/shm segments; it failed with a hint about another job), and a message limit below what
+// start-up itself sends (64K failed every job with an error that blamed the peer).
+TEST(Processes, RendezvousEnvironmentIsChecked) {
+  auto r = run_sh("CONDUIT_JOB_ID=team/a " + kConduit + " selftest --op allreduce");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("CONDUIT_JOB_ID='team/a' is invalid: expected 1 to 200 letters, digits"), std::string::npos)
+      << r.out;
+  r = run_sh("CONDUIT_MAX_MESSAGE_BYTES=64K " + kConduit + " launch -n 2 -- " + kConduit +
+             " selftest --op allreduce --transport tcp --timeout 20");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CONDUIT_MAX_MESSAGE_BYTES='64K' is invalid: expected a size from 2M to 1T"), std::string::npos)
+      << r.out;
+}
+
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.
 std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const std::string& extra, double timeout) {
   int port = free_port();

@@ -313,6 +313,27 @@ TEST_F(LaunchTest, FailingWorkerStopsTheOthersAndItsCodeIsReturned) {
   }
 }
 
+// A worker stopped while the ranks meet over shared memory leaves its segment (/dev/shm/conduit-<job>-<rank>; the
+// ranks unlink them once all have mapped them): once its workers are gone, the launcher removes what is left of its
+// job's segments (a rerun with the same job id failed with "File exists"). The workers here stand in for that: each
+// creates its rank's segment file, then rank 1 fails and rank 0 is stopped.
+TEST_F(LaunchTest, RemovesItsJobsSharedMemorySegmentsWhenWorkersAreGone) {
+  const std::string script = "echo $CONDUIT_JOB_ID > " + path("job") +
+                             ".$RANK; touch /dev/shm/conduit-$CONDUIT_JOB_ID-$RANK; " +
+                             "if [ \"$RANK\" = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 60";
+  auto r = run({"launch", "-n", "2", "--", "sh", "-c", script});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 3) << r.err;
+  std::string job = read_file(dir_ / "job.0");
+  ASSERT_FALSE(job.empty());
+  job.pop_back();
+  for (int rank = 0; rank < 2; ++rank) {
+    const fs::path seg = fs::path("/dev/shm") / ("conduit-" + job + "-" + std::to_string(rank));
+    EXPECT_FALSE(fs::exists(seg)) << seg;
+    fs::remove(seg);
+  }
+}
+
 TEST_F(LaunchTest, WorkerKilledBySignalGives128PlusSignal) {
   auto r = run({"launch", "-n", "2", "--", "sh", "-c", "if [ \"$RANK\" = 1 ]; then kill -KILL $$; fi; exec sleep 60"});
   ASSERT_FALSE(r.timed_out);
