@@ -120,6 +120,7 @@ void majority_vote(std::span<const uint8_t> payloads, int n, std::span<float> ou
 
 size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
                             const ReduceOptions& o) {
+  check_finite_input(data, c.name(), "compressed allreduce");
   const int w = comm.size();
   auto co = coll_opts(o);
   switch (c.collective()) {
@@ -179,6 +180,7 @@ size_t compressed_allreduce_many(coll::Communicator& comm, const Compressor& c, 
   if (c.collective() == Collective::powersgd) {
     const auto* ps = dynamic_cast<const PowerSgd*>(&c);
     if (!ps) throw InvalidArgument(fmt::format("compressor {} claims the powersgd collective", c.name()));
+    for (const auto& x : data) check_finite_input(x, c.name(), "compressed allreduce");
     return powersgd_allreduce(comm, *ps, states, data, o);
   }
   size_t bytes = 0;

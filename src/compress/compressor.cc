@@ -414,4 +414,27 @@ CompressorPtr parse_compressor(const std::string& spec) {
   return make_compressor(name, p);
 }
 
+void check_finite_input(std::span<const float> in, const std::string& compressor, const char* what) {
+  // The casts pass nan and inf on, as an uncompressed exchange does (the trainer then reports the divergence).
+  if (compressor == "none" || compressor == "fp16" || compressor == "bf16") return;
+  // Exponent bits all set: inf or nan. A branch-free OR over the bits vectorizes; the position is found only when
+  // something is wrong.
+  uint32_t bad = 0;
+  const size_t n = in.size();
+  const float* x = in.data();
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, sizeof b);
+    bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+  }
+  if (!bad) return;
+  size_t i = 0;
+  while (i < n && std::isfinite(x[i])) ++i;
+  throw InvalidArgument(
+      fmt::format("{}: element {} of {} is {} and compressor '{}' cannot carry it (the run "
+                  "diverged; allowed: finite values — a smaller learning rate, a warm-up, or an "
+                  "uncompressed exchange, which passes nan and inf on)",
+                  what, i, n, x[i], compressor));
+}
+
 }  // namespace conduit::compress

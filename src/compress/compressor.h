@@ -101,4 +101,11 @@ Params compressor_defaults(const std::string& name);
 // "topk:ratio=0.01,sample=0.01" -> make_compressor("topk", {{"ratio","0.01"},{"sample","0.01"}}).
 CompressorPtr parse_compressor(const std::string& spec);
 
+// A compressed exchange's input must be finite: most methods cannot carry a nan or an inf (top-k and threshold
+// select by comparisons a nan fails, the 8-bit and ternary scales take the largest finite magnitude or turn an inf
+// into zeros), so the result would be finite and silently wrong. Throws InvalidArgument naming the first bad
+// element, the compressor and what it means (a diverged run). One pass over the data, as the compressors make.
+// none, fp16 and bf16 pass nan and inf on and are not checked.
+void check_finite_input(std::span<const float> in, const std::string& compressor, const char* what);
+
 }  // namespace conduit::compress

@@ -92,8 +92,9 @@ void topk_select(std::span<const float> x, size_t k, double sample_fraction, uin
   topk_select_finite(x, k, sample_fraction, sample_seed, idx);
   if (idx.size() == std::min(k, x.size())) return;
   // Only NaN makes the comparisons above select fewer than k (a diverged gradient). Every rank must still send
-  // exactly k entries (receivers size their buffers from k), so rank |x| with NaN as the largest value: the NaNs
-  // travel and the divergence shows on every rank instead of breaking the collective.
+  // exactly k entries (receivers size their buffers from k), so rank |x| with NaN as the largest value. (The
+  // compressed exchanges refuse non-finite input before compressing, check_finite_input; this keeps a direct caller's
+  // payload well-formed.)
   auto mag = [&](uint32_t i) {
     float a = std::fabs(x[i]);
     return std::isnan(a) ? std::numeric_limits<float>::infinity() : a;

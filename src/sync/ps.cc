@@ -614,6 +614,7 @@ class PsStrategy : public Strategy {
       auto [lo, hi] = shard_range(d_, s, S);
       if (kind == kPush) {
         if (push_) {
+          compress::check_finite_input(grads.subspan(lo, hi - lo), push_->name(), "parameter-server push");
           push_->compress(grads.subspan(lo, hi - lo), push_states_[s], payloads[s]);
         } else {
           payloads[s].resize((hi - lo) * 4);

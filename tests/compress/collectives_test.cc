@@ -3,12 +3,14 @@
 //  - linear methods (allreduce of the payload in its dtype): within the dtype's rounding of n additions;
 //  - PowerSGD: equal to a local simulation of its two allreduces (f32 rounding), batched equal to per-tensor;
 //  - the re-quantizing ring: bit for bit equal to a local simulation of the ring's hops.
+#include "compress/collectives.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
-#include "compress/collectives.h"
 #include "compress/powersgd.h"
 #include "core/error.h"
 #include "ranks.h"
@@ -265,4 +267,37 @@ TEST(SubCommunicators, MethodsRingAndPowerSgdOnSplitGroups) {
     compressed_allreduce(*sub, *comp, st, mtx, {true, 0});
     for (size_t i = 0; i < 2000; ++i) ASSERT_NEAR(mtx[i], want[i], 1e-3);  // rank 7 <= 8: exact
   });
+}
+
+// A nan or an inf in a compressed exchange's input is an error naming the element and the compressor: most methods
+// cannot carry it and returned a finite, silently wrong result (TernGrad turned one inf into an all-zero tensor,
+// top-k rarely selected a nan, int8 decoded it as a finite value). The casts pass them on, as an uncompressed
+// exchange does.
+TEST(NonFinite, CompressedExchangesRefuseWhatTheyCannotCarry) {
+  const float kInf = std::numeric_limits<float>::infinity(), kNan = std::numeric_limits<float>::quiet_NaN();
+  for (float bad : {kNan, kInf, -kInf}) {
+    for (const std::string& name : compressor_names()) {
+      auto c = make_compressor(name);
+      std::string error = "no error";
+      std::vector<float> out;
+      conduit::compress::testing::on_ranks(1, [&](coll::Communicator& comm) {
+        auto st = c->make_state({64, 64}, 1, 0);
+        std::vector<float> x(64 * 64, 0.5f);
+        x[1234] = bad;
+        try {
+          compressed_allreduce(comm, *c, st, x);
+        } catch (const InvalidArgument& e) {
+          error = e.what();
+        }
+        out = x;
+      });
+      if (name == "none" || name == "fp16" || name == "bf16") {
+        EXPECT_EQ(error, "no error") << name;
+        EXPECT_FALSE(std::isfinite(out[1234])) << name;
+      } else {
+        EXPECT_NE(error.find("element 1234 of 4096 is"), std::string::npos) << name << ": " << error;
+        EXPECT_NE(error.find("compressor '" + name + "' cannot carry it"), std::string::npos) << name << ": " << error;
+      }
+    }
+  }
 }
