@@ -1,13 +1,15 @@
 // Every compressor on one rank: factory errors, round trips with each method's stated error bound, bytes on the wire
 // equal to each method's formula, top-k exactness and contraction, the error-feedback identity, and state
 // save/restore continuing bit for bit. Fixed seeds throughout.
+#include "compress/compressor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
-#include "compress/compressor.h"
 #include "compress/detail.h"
 #include "compress/methods.h"
 #include "core/error.h"
@@ -283,6 +285,31 @@ TEST(TopK, SampledSelectionEqualsExactAndContracts) {
     auto tk = make_compressor("topk", {{"ratio", "0.01"}});
     TensorState st;
     EXPECT_EQ(tk->compress(g, st).size(), tk->wire_bytes(g.size(), st));
+  }
+}
+
+// TernGrad's clip=1 clips at 2.5 standard deviations, computed without cancellation (E[x^2] - mean^2 in f32 gave
+// 0.52 for x = 1000 + 0.01 N(0,1), whose 2.5 sigma is 0.025), and a tensor with no spread (constant, or one element)
+// is not clipped to zero.
+TEST(TernGrad, ClipUsesTheStandardDeviationAndLeavesConstantTensors) {
+  auto c = make_compressor("terngrad", {{"clip", "1"}});
+  const size_t d = 4096;
+  auto g = gaussian(d, 11);
+  double mean = 0, ss = 0;
+  for (auto& v : g) mean += (v = 1000.0f + 0.01f * v);
+  mean /= d;
+  for (float v : g) ss += (v - mean) * (v - mean);
+  const double clip = 2.5 * std::sqrt(ss / d);
+  TensorState st;
+  Bytes p = c->compress(g, st);
+  float scale;
+  std::memcpy(&scale, p.data(), 4);
+  EXPECT_NEAR(scale, clip, 1e-3 * clip);  // the scale is max|g| clipped at 2.5 sigma
+  for (std::vector<float> x : {std::vector<float>(100, 0.25f), std::vector<float>{0.5f}}) {
+    TensorState s1;
+    std::vector<float> y(x.size());
+    c->decompress(c->compress(x, s1), s1, y);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], x[i]) << x.size();  // |x| = max: kept with probability 1
   }
 }
 
