@@ -329,17 +329,29 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, layer_params / t * cfg.grad_bytes);
       const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes) + wake,
                    t_rs = ctime(Collective::kReduceScatter, rs, dg, layer_params / t * cfg.grad_bytes) + wake;
-      const double per_mb = lps * (2 * t_ag + t_rs);
-      const double exposed_mb =
-          t_ag + lps * (std::max(0.0, t_ag - mt.layer_fwd) + std::max(0.0, t_ag + t_rs - mt.layer_bwd));
+      // The embeddings (word and position; the output layer shares the word embeddings) are sharded too: gathered
+      // before the first layer (nothing to hide behind) and again for the output layer and the backward, their
+      // gradients reduce-scattered at the end; those two hide behind the output layer's compute as far as it lasts.
+      const double emb_bytes = emb / t * 2;
+      auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, emb_bytes);
+      auto ers = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, emb / t * cfg.grad_bytes);
+      const double te_ag = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake,
+                   te_rs = ctime(Collective::kReduceScatter, ers, dg, emb / t * cfg.grad_bytes) + wake;
+      const double logits_compute =
+          std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) + std::max(0.0, mt.bwd_compute - lps * mt.layer_bwd);
+      const double per_mb = lps * (2 * t_ag + t_rs) + 2 * te_ag + te_rs;
+      const double exposed_mb = t_ag + te_ag + std::max(0.0, te_ag + te_rs - logits_compute) +
+                                lps * (std::max(0.0, t_ag - mt.layer_fwd) + std::max(0.0, t_ag + t_rs - mt.layer_bwd));
       dp_total = mb * per_mb;
       r.breakdown.zero3_exposed = mb * exposed_mb;
       r.dp_algorithm = algorithm_name(ag.algorithm);
       r.dp_bottleneck = ag.bottleneck;
       r.notes.push_back(
-          fmt::format("ZeRO-3: every micro-batch allgathers each layer's parameters twice ({} each) and "
-                      "reduce-scatters its gradients ({}); {} exposed per iteration",
-                      format_seconds(t_ag), format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
+          fmt::format("ZeRO-3: every micro-batch allgathers each layer's parameters twice ({} each) and the "
+                      "embeddings twice ({} each), and reduce-scatters their gradients ({} a layer); {} exposed per "
+                      "iteration",
+                      format_seconds(t_ag), format_seconds(te_ag), format_seconds(t_rs),
+                      format_seconds(r.breakdown.zero3_exposed)));
     } else if (cfg.zero >= 1) {
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);

@@ -56,7 +56,7 @@ struct ParallelConfig {
   // Heterogeneous clusters, data parallel only: give each accelerator a share of the global batch proportional
   // to its speed instead of equal shares (the slowest kind then no longer bounds the step).
   bool balance = false;
-  double bucket_bytes = 25e6;
+  double bucket_bytes = 25.0 * 1024 * 1024;  // 25 MiB, as `--bucket 25M` and PyTorch DDP's bucket_cap_mb = 25
   double grad_bytes = 2;  // bytes per gradient element on the wire
   Algorithm dp_algorithm = Algorithm::kAuto;
   Algorithm tp_algorithm = Algorithm::kAuto;

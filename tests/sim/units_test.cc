@@ -103,6 +103,29 @@ TEST(Step, NoOverlapPaysEveryBucketAfterTheBackward) {
   }
 }
 
+// ZeRO-3 shards the embeddings too, so it gathers and reduce-scatters them like a layer's parameters: GPT-2 small's
+// embeddings are a third of its parameters and its ZeRO-3 traffic grows by about that (they were left out).
+TEST(Step, ZeroThreeGathersTheEmbeddingsToo) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  ParallelConfig c;
+  c.global_batch = 64;
+  c.zero = 3;
+  c.dp_algorithm = Algorithm::kRing;
+  GptModel m = gpt(12, 768, 12, 1024, 50304);
+  StepResult r = simulate_step(net, m, c);
+  ASSERT_EQ(r.microbatches, 1);
+  // Per micro-batch: each layer's parameters gathered twice and its gradients reduce-scattered, and the same for the
+  // embeddings ((V + s) h parameters), 2 bytes an element.
+  const Group g{64, 1, 0};
+  auto ag = [&](double n) { return net.time(Collective::kAllGather, Algorithm::kRing, g, n); };
+  auto rs = [&](double n) { return net.time(Collective::kReduceScatter, Algorithm::kRing, g, n); };
+  const double layer = gpt_layer_parameters(m), emb = (50304 + 1024) * 768.0;
+  const double layers_only = 12 * (2 * ag(layer * 2) + rs(layer * 2));
+  EXPECT_NEAR(r.breakdown.dp_comm, layers_only + 2 * ag(emb * 2) + rs(emb * 2), 1e-9 * r.breakdown.dp_comm);
+  EXPECT_GT(r.breakdown.dp_comm, 1.2 * layers_only);
+}
+
 // ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every micro-batch's backward; ZeRO-1 once per
 // iteration. With one micro-batch they are the same.
 TEST(Step, ZeroTwoReduceScattersEveryMicroBatch) {
