@@ -96,6 +96,25 @@ void tags_in_flight(Transport& t) {
     wait_all(rq, Deadline::after(30));
     for (int i = 0; i < 4; ++i) check(got[i] == from * 10 + i, fmt::format("communicator {} got {}", comms[i], got[i]));
   }
+  // Two user tags 2^l apart fold onto one MPI tag: with both receives outstanding from one peer MPI could swap their
+  // messages, so the second is refused with a ProtocolError; once the first has completed it may be posted.
+  {
+    const int to = (me + 1) % n, from = (me + n - 1) % n;
+    const int l = mpi_route_low_bits(0x7fffffff);
+    const uint64_t a = make_tag(kUser, 9, 3), b = make_tag(kUser, 9, 3 + (1u << l));
+    int64_t ga = -1, gb = -1, va = me * 7, vb = me * 7 + 1;
+    RequestPtr ra = t.irecv(from, a, &ga, 8);
+    bool refused = false;
+    try {
+      t.irecv(from, b, &gb, 8);
+    } catch (const ProtocolError& e) {
+      refused = std::strstr(e.what(), "folds onto the MPI tag") != nullptr;
+    }
+    check(refused, "a second receive folding onto an outstanding tag was not refused");
+    wait_all({ra, t.isend(to, a, &va, 8)}, Deadline::after(30));
+    wait_all({t.irecv(from, b, &gb, 8), t.isend(to, b, &vb, 8)}, Deadline::after(30));
+    check(ga == from * 7 && gb == from * 7 + 1, fmt::format("folded tags got {} and {}", ga, gb));
+  }
   // FIFO on one tag.
   const uint64_t tag = make_tag(kUser, 5, 77);
   const int next = (me + 1) % n, prev = (me + n - 1) % n;

@@ -152,6 +152,7 @@ class MpiRequest : public Request {
   MpiRequest(Kind kind, int peer, uint64_t tag, size_t bytes, std::shared_ptr<MpiEngine> engine)
       : Request(kind, peer, tag, bytes), engine_(std::move(engine)) {}
   MPI_Request req_ = MPI_REQUEST_NULL;
+  MpiRoute route_{};
 
  private:
   std::shared_ptr<MpiEngine> engine_;  // keeps the progressor alive as long as the request
@@ -215,9 +216,22 @@ class MpiEngine : public Progressor {
                                                           "the transport was aborted: {}",
                                                           rank_, what, peer, tag, aborted_)));
       } else {
+        MpiRoute route = mpi_route_for(tag, tag_ub_);
+        r->route_ = route;
+        // Two different Conduit tags folded onto one MPI tag can only be told apart by posting order; while both
+        // are outstanding with the same peer, MPI may match either message to either request and swap their data
+        // silently. Refuse the second instead (see the folding above: user tags 2^l apart, e.g. more than 64
+        // parameter-server shards on one rank).
+        for (const auto& q : pending_)
+          if (q->kind() == kind && q->peer() == peer && q->tag() != tag && q->route_.comm == route.comm &&
+              q->route_.tag == route.tag)
+            throw ProtocolError(fmt::format(
+                "mpi transport (rank {}): {} rank {} tag {:#x} folds onto the MPI tag of the outstanding tag {:#x} "
+                "(MPI tags hold {} bits of a Conduit tag's low 32; allowed: tags of one communicator that differ "
+                "below bit {} while both are in flight)",
+                rank_, what, peer, tag, q->tag(), mpi_route_low_bits(tag_ub_), mpi_route_low_bits(tag_ub_)));
         MpiGuard g;
         ByteType bt = byte_type(bytes);
-        MpiRoute route = mpi_route_for(tag, tag_ub_);
         MPI_Comm comm = data_[route.comm];
         int rc = kind == Request::Kind::send ? MPI_Isend(data, bt.count, bt.type, peer, route.tag, comm, &r->req_)
                                              : MPI_Irecv(data, bt.count, bt.type, peer, route.tag, comm, &r->req_);
@@ -493,11 +507,18 @@ class MpiTransport : public Transport {
 
 }  // namespace
 
+int mpi_route_low_bits(int tag_ub) {
+  int bits = 0;
+  while (bits < 31 && (static_cast<uint64_t>(1) << (bits + 1)) - 1 <= static_cast<uint64_t>(tag_ub)) ++bits;
+  const int r = bits - 2;
+  return r >= 29 ? r - 18 : r / 3;
+}
+
 MpiRoute mpi_route_for(uint64_t tag, int tag_ub) {
   int bits = 0;
   while (bits < 31 && (static_cast<uint64_t>(1) << (bits + 1)) - 1 <= static_cast<uint64_t>(tag_ub)) ++bits;
   const int r = bits - 2;
-  const int l = r >= 29 ? r - 18 : r / 3, t = r - l;
+  const int l = mpi_route_low_bits(tag_ub), t = r - l;
   const uint64_t kind = (tag_kind(tag) - 1u) & 3u;
   const uint64_t comm = (tag >> 32) & 0xffffffu;
   const uint64_t low = tag & 0xffffffffu;

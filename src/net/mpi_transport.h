@@ -34,5 +34,9 @@ struct MpiRoute {
   int tag;   // 0 .. tag_ub
 };
 MpiRoute mpi_route_for(uint64_t tag, int tag_ub);
+// How many low bits of a Conduit tag's low 32 the MPI tag keeps (11 with OpenMPI's MPI_TAG_UB of 2^31 - 1): two
+// tags of one communicator that agree in those bits share an MPI tag, so the transport refuses to have both in
+// flight with one peer at once.
+int mpi_route_low_bits(int tag_ub);
 
 }  // namespace conduit::net

@@ -51,9 +51,12 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
   return c;
 }
 
-// Every message carries its shard in the tag (bits 8..23): threads serving two shards of one rank never
-// take each other's messages.
-uint32_t shard_tag(uint32_t base, int64_t shard) { return base | (uint32_t(shard & 0xffff) << 8); }
+// Every message carries its shard in the tag (bits 5..20, above the message kind's low 5 bits): threads serving
+// two shards of one rank never take each other's messages. Low bits, because the MPI transport keeps only the low 11
+// bits of a user tag (net/mpi_transport.h): in bits 8..23, shards s and s + 8 shared an MPI tag, and 16 shards on 8
+// ranks (round-robin: s and s + 8 on one rank) could swap messages; now 64 shards stay apart, and more than that
+// on one rank are refused by the transport instead of swapped.
+uint32_t shard_tag(uint32_t base, int64_t shard) { return base | (uint32_t(shard & 0xffff) << 5); }
 
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
