@@ -108,6 +108,13 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     }
     auto counter = std::make_shared<std::atomic<int>>(0);
     std::string job_prefix = job_id_from_env().value_or("job");
+    // A file store outlives its job: a rank that finds its own first value already there is in a directory an
+    // earlier run of this job id used, and would read that run's addresses (it timed out connecting to old ports).
+    if (b->method == "file-store" && b->store->check(fmt::format("conduit/{}/bootstrap/0/{}", job_prefix, b->rank)))
+      throw ConfigError(fmt::format(
+          "CONDUIT_STORE_PATH={} already holds rank {}'s values of job '{}' from an earlier run; allowed: an empty "
+          "directory, or a CONDUIT_JOB_ID unique to each run",
+          *path, b->rank, job_prefix));
     StorePtr store = b->store;
     int rank = b->rank, size = b->size;
     b->allgather = [store, counter, rank, size, job_prefix, timeout_s](const std::string& mine) {

@@ -97,11 +97,19 @@ TEST(Processes, FileStoreRendezvousWithoutFlags) {
   // RANK and WORLD_SIZE with CONDUIT_STORE_PATH (no MASTER_ADDR): the ranks meet through files.
   std::string dir = temp_path("store");
   std::string cmd = "mkdir -p " + dir + " && for r in 0 1 2; do RANK=$r WORLD_SIZE=3 CONDUIT_STORE_PATH=" + dir +
-                    " CONDUIT_JOB_ID=fs$$ " + kConduit + " selftest --op allreduce --timeout 60 & done; wait";
+                    " CONDUIT_JOB_ID=fs" + std::to_string(::getpid()) + " " + kConduit +
+                    " selftest --op allreduce --timeout 60 & done; wait";
   auto r = run_sh(cmd);
-  std::system(("rm -rf " + dir).c_str());
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("on 3 ranks over shm: 0 wrong elements"), std::string::npos) << r.out;
+  // The same job id in the same directory again: every rank finds its own earlier value and says so at once (it
+  // read the earlier run's addresses and timed out connecting to them).
+  r = run_sh(cmd);
+  std::system(("rm -rf " + dir).c_str());
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(r.out.find("already holds rank " + std::to_string(rank) + "'s values of job 'fs"), std::string::npos)
+        << r.out;
+  EXPECT_LT(r.seconds, 30) << r.out;
 }
 
 TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
