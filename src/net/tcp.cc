@@ -421,8 +421,11 @@ class TcpTransport : public Transport {
       if (p.cur.reduce && p.staging.empty()) p.staging.resize(kStagingBytes);
       return true;
     }
-    if (!p.q.can_buffer(h.length, unexpected_budget_)) {
-      p.target = Target::none;  // stall until a receive is posted or buffered messages are consumed
+    // Over the budget, the connection stalls until a receive is posted or buffered messages are consumed. Not while
+    // receives of other tags wait on this peer: their messages may be behind this one (transport.h orders messages
+    // per tag only), and stalling would deadlock a valid program; that message is buffered past the budget.
+    if (!p.q.can_buffer(h.length, unexpected_budget_) && !p.q.has_posted()) {
+      p.target = Target::none;
       return false;
     }
     p.cur_unexp = p.q.add_unexpected(h.tag, h.length);
