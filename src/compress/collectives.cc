@@ -118,9 +118,19 @@ void majority_vote(std::span<const uint8_t> payloads, int n, std::span<float> ou
   }
 }
 
+void check_finite_or_abort(coll::Communicator& comm, std::span<const float> in, const std::string& compressor,
+                           const char* what) {
+  try {
+    check_finite_input(in, compressor, what);
+  } catch (const InvalidArgument& e) {
+    comm.transport().abort(fmt::format("rank {}: {}", comm.rank(), e.what()));
+    throw;
+  }
+}
+
 size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
                             const ReduceOptions& o) {
-  check_finite_input(data, c.name(), "compressed allreduce");
+  check_finite_or_abort(comm, data, c.name(), "compressed allreduce");
   const int w = comm.size();
   auto co = coll_opts(o);
   switch (c.collective()) {
@@ -180,7 +190,8 @@ size_t compressed_allreduce_many(coll::Communicator& comm, const Compressor& c, 
   if (c.collective() == Collective::powersgd) {
     const auto* ps = dynamic_cast<const PowerSgd*>(&c);
     if (!ps) throw InvalidArgument(fmt::format("compressor {} claims the powersgd collective", c.name()));
-    for (const auto& x : data) check_finite_input(x, c.name(), "compressed allreduce");
+    for (size_t t = 0; t < data.size(); ++t)
+      check_finite_or_abort(comm, data[t], c.name(), fmt::format("compressed allreduce, tensor {}", t).c_str());
     return powersgd_allreduce(comm, *ps, states, data, o);
   }
   size_t bytes = 0;

@@ -33,6 +33,11 @@ struct ReduceOptions {
   double timeout_s = 0;  // 0: the communicator's
 };
 
+// check_finite_input for a compressed exchange over `comm`: a refusal aborts the communicator's transport first, so
+// the other ranks, already waiting in the exchange, fail at once with this reason instead of at their deadline.
+void check_finite_or_abort(coll::Communicator& comm, std::span<const float> in, const std::string& compressor,
+                           const char* what);
+
 // Replaces `data` (this rank's tensor) by the combination of every rank's compressed tensor; returns the payload
 // bytes this rank contributed.
 size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,

@@ -1,13 +1,14 @@
 // The factory, parameter checking, state (de)serialisation and the bit-packing helpers every method shares.
 #include "compress/compressor.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <functional>
-
-#include <fmt/format.h>
 
 #include "compress/detail.h"
 #include "compress/kernels.h"
@@ -339,24 +340,29 @@ std::string names_line() {
 // elements with s levels (w = min(b/s^2, sqrt(b)/s)) and TernGrad (w up to sqrt(d) - 1, d the tensor's size). With w
 // >= 1 the residual grows every step (ef:randk: 1e11 after 40 steps, NaN loss in training), so those are refused.
 void refuse_divergent_feedback(const std::string& name, const std::string& inner, const Params& params) {
-  auto given = [&](const char* key) {
-    auto it = params.find(key);
-    return it != params.end() ? it->second : compressor_defaults(inner).at(key);
-  };
-  if (inner == "randk" && std::stod(given("unbiased")) != 0)
+  // The inner compressor was built from these parameters already, so they parse; read them as it did.
+  const detail::ParamReader p(inner, compressor_defaults(inner), params);
+  if (inner == "randk" && p.boolean("unbiased"))
     throw ConfigError(fmt::format(
         "compressor '{}': error feedback diverges with random-k's d/k scaling (the residual grows every step); "
         "allowed: {}:unbiased=0, or randk without ef:",
         name, name));
   if (inner == "qsgd") {
-    const double s = std::stod(given("levels")), b = std::stod(given("bucket"));
+    const double s = static_cast<double>(p.integer("levels", 1, INT64_MAX)),
+                 b = static_cast<double>(p.integer("bucket", 0, INT64_MAX));
     const double w = b > 0 ? std::min(b / (s * s), std::sqrt(b) / s) : 0;
-    if (b == 0 || w >= 1)
+    if (b == 0 || w >= 1) {
+      // An example that passes: the largest power of two below s^2 (none when s = 1: more levels are needed).
+      double example = 1;
+      while (example * 2 < s * s) example *= 2;
+      const std::string allowed =
+          s * s > 1 ? fmt::format("a bucket below s^2 = {} (e.g. {}:levels={},bucket={})", s * s, name, s, example)
+                    : fmt::format("more levels (e.g. {}:levels=127,bucket=1024)", name);
       throw ConfigError(fmt::format(
           "compressor '{}': error feedback diverges unless QSGD's variance bound min(b/s^2, sqrt(b)/s) is below 1 "
-          "(b = bucket = {}{}, s = levels = {}); allowed: a bucket below s^2 = {} (e.g. {}:bucket=1024), or qsgd "
-          "without ef:",
-          name, b, b == 0 ? ": the whole tensor" : "", s, s * s, name));
+          "(b = bucket = {}{}, s = levels = {}); allowed: {}, or qsgd without ef:",
+          name, b, b == 0 ? ": the whole tensor" : "", s, allowed));
+    }
   }
   if (inner == "terngrad")
     throw ConfigError(fmt::format(

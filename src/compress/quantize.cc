@@ -271,8 +271,20 @@ class TernGrad : public Compressor {
     if (clip_ && d > 0) {
       // Two passes in double: E[x^2] - mean^2 in f32 cancelled (x = 1000 + 0.01 N(0,1) clipped at 0.52 instead of
       // 0.025). A constant tensor (or one element) has no spread to clip to: clipping at 0 would send zeros.
-      double mean = kernels::get().sum(in.data(), d) / static_cast<double>(d), ss = 0;
-      for (size_t i = 0; i < d; ++i) ss += (in[i] - mean) * (in[i] - mean);
+      // The deviations in f32 lanes (x - mean is exact near the mean), summed into 16 independent partial sums the
+      // compiler vectorizes, then in double: as fast as the other passes (a serial double loop ran 9x slower).
+      const double mean = kernels::get().sum(in.data(), d) / static_cast<double>(d);
+      const float m = static_cast<float>(mean);
+      float part[16] = {};
+      size_t i = 0;
+      for (; i + 16 <= d; i += 16)
+        for (int k = 0; k < 16; ++k) {
+          const float v = in[i + k] - m;
+          part[k] += v * v;
+        }
+      double ss = 0;
+      for (; i < d; ++i) ss += (in[i] - mean) * (in[i] - mean);
+      for (float v : part) ss += v;
       float c = static_cast<float>(2.5 * std::sqrt(ss / static_cast<double>(d)));
       if (c > 0) {
         lo = -c;

@@ -31,8 +31,8 @@ FrameHeader make_frame(FrameType type, uint64_t tag, uint64_t length, int src);
 // Empty string when valid, else what is wrong (one line). `expected_src` is the peer the stream belongs to.
 std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_length);
 uint64_t max_message_bytes();
-// Throws InvalidArgument when a message of `bytes` is over `limit` (max_message_bytes()): its receiver would refuse
-// the frame and blame the sender.
+// Throws ConfigError when a message of `bytes` is over `limit` (max_message_bytes()): its receiver would refuse the
+// frame and blame the sender.
 void check_message_size(uint64_t bytes, uint64_t limit);
 
 }  // namespace conduit::net

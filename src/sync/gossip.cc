@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "compress/collectives.h"
 #include "core/error.h"
 #include "sync/detail.h"
 #include "sync/schemes.h"
@@ -74,7 +75,7 @@ void DpsgdStrategy::choco_gossip(std::span<float> params) {
   std::vector<float> diff(d);
   for (size_t i = 0; i < d; ++i) diff[i] = params[i] - hat_[0][i];
   compress::Bytes q;
-  compress::check_finite_input(diff, compressor_->name(), "gossip");
+  compress::check_finite_or_abort(c, diff, compressor_->name(), "gossip");
   compressor_->compress(diff, cstate_, q);
   uint64_t len = q.size();
   const size_t m = nbrs_.size();

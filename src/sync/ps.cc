@@ -23,6 +23,7 @@
 #include <mutex>
 #include <thread>
 
+#include "compress/collectives.h"
 #include "compress/compressor.h"
 #include "core/error.h"
 #include "sync/detail.h"
@@ -617,7 +618,9 @@ class PsStrategy : public Strategy {
       auto [lo, hi] = shard_range(d_, s, S);
       if (kind == kPush) {
         if (push_) {
-          compress::check_finite_input(grads.subspan(lo, hi - lo), push_->name(), "parameter-server push");
+          compress::check_finite_or_abort(
+              *comm_, grads.subspan(lo, hi - lo), push_->name(),
+              fmt::format("parameter-server push to shard {} (elements from {})", s, lo).c_str());
           push_->compress(grads.subspan(lo, hi - lo), push_states_[s], payloads[s]);
         } else {
           payloads[s].resize((hi - lo) * 4);

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -300,4 +301,22 @@ TEST(NonFinite, CompressedExchangesRefuseWhatTheyCannotCarry) {
       }
     }
   }
+  // Only one rank's gradient is bad: it aborts the transport, so the other rank, already in the exchange, fails at
+  // once with the reason instead of waiting for its deadline.
+  auto c = make_compressor("topk", {{"ratio", "0.1"}});
+  std::vector<std::string> errors(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  conduit::compress::testing::on_ranks(2, [&](coll::Communicator& comm) {
+    auto st = c->make_state({4096}, 1, comm.rank());
+    std::vector<float> x(4096, 0.5f);
+    if (comm.rank() == 1) x[7] = kNan;
+    try {
+      compressed_allreduce(comm, *c, st, x);
+    } catch (const Error& e) {
+      errors[comm.rank()] = e.what();
+    }
+  });
+  EXPECT_NE(errors[1].find("element 7 of 4096 is nan"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("rank 1: compressed allreduce: element 7"), std::string::npos) << errors[0];
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
 }

@@ -357,7 +357,15 @@ TEST(ErrorFeedback, RefusesCompressorsWhoseResidualGrows) {
   EXPECT_NE(message("ef:randk").find("allowed: ef:randk:unbiased=0"), std::string::npos) << message("ef:randk");
   EXPECT_NE(message("ef:randk:ratio=0.1,unbiased=1").find("diverges"), std::string::npos) << message("ef:randk:ratio=0.1,unbiased=1");
   EXPECT_NE(message("ef:qsgd").find("the whole tensor"), std::string::npos) << message("ef:qsgd");
-  EXPECT_NE(message("ef:qsgd:levels=1,bucket=128").find("a bucket below s^2 = 1"), std::string::npos) << message("ef:qsgd:levels=1,bucket=128");
+  EXPECT_NE(message("ef:qsgd:levels=1,bucket=128").find("more levels"), std::string::npos)
+      << message("ef:qsgd:levels=1,bucket=128");
+  // The example it gives passes (it suggested bucket=1024 for levels=4, which it refuses).
+  const std::string four = message("ef:qsgd:levels=4,bucket=1024");
+  EXPECT_NE(four.find("a bucket below s^2 = 16 (e.g. ef:qsgd:levels=4,bucket=8)"), std::string::npos) << four;
+  EXPECT_NO_THROW(parse_compressor("ef:qsgd:levels=4,bucket=8"));
+  // Every spelling of the boolean the inner compressor takes (stod threw on "false").
+  EXPECT_NO_THROW(parse_compressor("ef:randk:unbiased=false"));
+  EXPECT_NE(message("ef:randk:unbiased=true").find("diverges"), std::string::npos);
   EXPECT_NE(message("ef:terngrad").find("allowed: terngrad without ef:"), std::string::npos) << message("ef:terngrad");
   EXPECT_NE(message("ef:ef:topk").find("already has error feedback"), std::string::npos) << message("ef:ef:topk");
   EXPECT_NE(message("ef:dgc").find("allowed: dgc without ef:"), std::string::npos) << message("ef:dgc");
