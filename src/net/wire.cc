@@ -53,11 +53,12 @@ uint64_t max_message_bytes() {
 }
 
 void check_message_size(uint64_t bytes, uint64_t limit) {
+  // A ConfigError, not an InvalidArgument: raised inside an operation on the sending rank only, it must abort the
+  // transport so that the receiving ranks fail at once rather than at their deadline.
   if (bytes > limit)
-    throw InvalidArgument(
-        fmt::format("a message of {} bytes is over the limit of {} bytes its receiver accepts "
-                    "(CONDUIT_MAX_MESSAGE_BYTES; allowed: 2M to 1T)",
-                    bytes, limit));
+    throw ConfigError(fmt::format("a message of {} bytes is over CONDUIT_MAX_MESSAGE_BYTES = {} (every rank refuses "
+                                  "frames above its own setting; raise it, up to 1T, on every rank)",
+                                  bytes, limit));
 }
 
 }  // namespace conduit::net
