@@ -266,6 +266,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   trace.enable(c.trace && outputs);
   // bsp: the bucketed, overlapped, compressed DistributedOptimizer; any other scheme: a sync::Strategy.
   std::unique_ptr<DistributedOptimizer> dopt;
+  bool sync_buffers = false;  // bsp: the model has buffers (BatchNorm statistics) to keep equal across ranks
   std::unique_ptr<SchemeOptimizer> sopt;
   coll::CommPtr wcomm = comm_ptr;
   if (spec.bsp()) {
@@ -282,6 +283,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.timeout_s = c.timeout_s;
     dopts.trace = &trace;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, comm_ptr, dopts);
+    sync_buffers = comm_ptr->size() > 1 && !model->buffers().empty();
   } else {
     sopt = std::make_unique<SchemeOptimizer>(model, optimizer, comm_ptr, spec, c.lr, &trace);
     if (!sopt->is_worker()) {  // a dedicated parameter server (ps-* with colocate=0)
@@ -538,10 +540,16 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       // Every slowed step, also when waiting for a core already took its whole slowdown (a 0 s sleep).
       if (straggler.slowed())
         trace.complete("straggler sleep", 0, f2, f2 + slept, {{"factor", straggler.factor()}});
-      if (dopt)
+      if (dopt) {
         dopt->step();
-      else
+        // Buffers that the forward updates (BatchNorm's running statistics) follow each rank's own data: rank 0's
+        // are sent to the others after every step (PyTorch DDP sends them before every forward; after the step, the
+        // ranks also evaluate and checkpoint one model). Without this, ResNet's ranks drifted apart: the test
+        // accuracy mixed their statistics and resume was not bit for bit on ranks > 0.
+        if (sync_buffers) broadcast_module(*model, dopt->comm(), false);
+      } else {
         sopt->step(uint64_t(global_step), lr);
+      }
       ++global_step;
       const double l = loss.item<float>();
       if (!std::isfinite(l))
@@ -652,6 +660,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     for (auto& p : model->parameters()) {
       auto f = p.detach().contiguous().view(-1);
       res.params.insert(res.params.end(), f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+    }
+    for (auto& b : model->buffers()) {
+      if (!b.is_floating_point()) continue;
+      auto f = b.detach().to(torch::kFloat).contiguous().view(-1);
+      res.buffers.insert(res.buffers.end(), f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
     }
   }
   if (outputs && c.trace) trace.write((out / fmt::format("trace-rank{}.json", global_rank)).string());

@@ -19,6 +19,7 @@ struct TrainResult {
   uint64_t world_bytes_sent = 0, world_raw_bytes = 0;  // summed over ranks
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
   std::vector<float> params;    // every parameter, flattened in registration order (when keep_params)
+  std::vector<float> buffers;   // every floating-point buffer (BatchNorm statistics), likewise
   std::vector<std::vector<int>> buckets;  // parameter indices of each gradient bucket, in communication order
   std::vector<size_t> param_numel;        // elements of each parameter (registration order)
 };
