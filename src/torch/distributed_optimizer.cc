@@ -384,6 +384,7 @@ void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool p
 void DistributedOptimizer::broadcast_initial_state() { broadcast_module(*model_, *comm_, true); }
 
 void DistributedOptimizer::zero_grad() {
+  synchronized_ = false;
   last_step_end_ = now_s();  // compute time counts from here to step()
   for (auto& p : core_->params) {
     if (p.grad().defined()) {
@@ -394,6 +395,7 @@ void DistributedOptimizer::zero_grad() {
 }
 
 void DistributedOptimizer::synchronize() {
+  synchronized_ = true;
   Core& c = *core_;
   const double t0 = now_s();
   std::unique_lock<std::mutex> lk(c.mu);
@@ -449,7 +451,10 @@ void DistributedOptimizer::synchronize() {
 }
 
 void DistributedOptimizer::step() {
-  synchronize();
+  // After an explicit synchronize() the averaged gradients are in .grad already; a second pass would find no bucket
+  // ready and average zeros into them.
+  if (!synchronized_) synchronize();
+  synchronized_ = false;
   const double t0 = now_s();
   optimizer_->step();
   const double t1 = now_s();

@@ -62,7 +62,8 @@ class DistributedOptimizer {
   void zero_grad();
   // Waits for the communication still in flight, writes the averaged gradients into .grad, runs the optimizer.
   void step();
-  // The first half of step(): every gradient averaged and in .grad (no optimizer update).
+  // The first half of step(): every gradient averaged and in .grad (no optimizer update). A step() after it (e.g.
+  // clip the averaged gradients, then step, as with Horovod) does not exchange again.
   void synchronize();
 
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
@@ -88,6 +89,7 @@ class DistributedOptimizer {
   std::shared_ptr<Core> core_;
   StepStats last_, total_;
   double last_step_end_ = -1;
+  bool synchronized_ = false;  // synchronize() ran since the last step(): step() only updates
 };
 
 }  // namespace conduit::train
