@@ -619,6 +619,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (epoch_done) res.epochs = epoch + 1;
   }
   if (res.epochs == 0) res.epochs = epoch;
+  // bsp checkpoints at epoch ends (and every checkpoint_every steps); a run that wrote none (--max-steps stopped it in
+  // its first epoch) ends with one, so it can be resumed. One that did keeps its last: a later one would overwrite
+  // the epoch-end state a resume with the same schedule continues from.
+  if (dopt && checkpointed_at < 0 && (global_step > start_step || epoch > start_epoch))
+    save_checkpoint(int(end_epoch_pos), end_step_pos, res.test_accuracy);
   if (sopt) {
     // The state to continue from is the one before the scheme's last word (local SGD's final average, the servers'
     // stop): a resumed run goes on exactly as an uninterrupted one would have.

@@ -338,6 +338,28 @@ TEST(Train, MidEpochCheckpointResumesAtTheSamplerPosition) {
   }
 }
 
+// A bsp run that --max-steps stops inside its first epoch (no epoch-end checkpoint, no checkpoint_every) still ends
+// with a checkpoint, and resuming it continues bit for bit (it wrote none and could not be resumed).
+TEST(Train, RunStoppedInItsFirstEpochCanBeResumed) {
+  auto dir = temp_dir("first");
+  TrainConfig c = tiny("mlp");  // 24 steps an epoch
+  c.max_steps = 12;
+  auto straight = train_inproc(c, 2);
+  TrainConfig part = c;
+  part.max_steps = 10;
+  part.output = (dir / "part").string();
+  train_inproc(part, 2, true);
+  auto meta = read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string());
+  EXPECT_EQ(meta["global_step"].get<int64_t>(), 10);
+  TrainConfig rest = c;
+  rest.resume = (dir / "part" / "checkpoint").string();
+  rest.output = (dir / "rest").string();
+  auto r = train_inproc(rest, 2, true);
+  EXPECT_EQ(r[0].params, straight[0].params);
+  EXPECT_EQ(r[0].steps, 12);
+  fs::remove_all(dir);
+}
+
 TEST(Train, WritesMetricsSummaryAndTrace) {
   auto dir = temp_dir("outputs");
   TrainConfig c = tiny("mlp");
