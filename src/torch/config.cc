@@ -243,6 +243,14 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     c.bucket_cap_mb = to_double("bucket_cap_mb", *v, 0, 1 << 20, true, "a size in MiB > 0 and <= 1048576");
   if (auto v = get("first_bucket_mb"))
     c.first_bucket_mb = to_double("first_bucket_mb", *v, 0, 1 << 20, true, "a size in MiB > 0 and <= 1048576");
+  // The caps become whole bytes: under one byte they would be 0 (each worker then failed at start).
+  for (auto [key, mb] : {std::pair<const char*, double>{"bucket_cap_mb", c.bucket_cap_mb},
+                         std::pair<const char*, double>{"first_bucket_mb", c.first_bucket_mb}})
+    if (mb * 1024 * 1024 < 1)
+      throw ConfigError(
+          fmt::format("config: {}: {} MiB is under one byte; allowed: a size in MiB from 1e-6 (one "
+                      "byte) to 1048576",
+                      key, mb));
   if (auto v = get("compress_min_bytes"))
     c.compress_min_bytes = to_int("compress_min_bytes", *v, 0, INT64_MAX);
   if (auto v = get("overlap")) c.overlap = to_bool("overlap", *v);

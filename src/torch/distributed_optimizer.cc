@@ -300,7 +300,10 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
       core_(std::make_shared<Core>()) {
   if (!model_ || !optimizer_ || !comm_) throw InvalidArgument("DistributedOptimizer: model, optimizer and comm are required");
   if (options.bucket_cap_bytes == 0 || options.first_bucket_bytes == 0)
-    throw ConfigError("config: bucket_cap_mb: must be > 0");
+    throw InvalidArgument(
+        fmt::format("DistributedOptimizer: bucket_cap_bytes = {} and first_bucket_bytes = {}; "
+                    "allowed: 1 byte or more each",
+                    options.bucket_cap_bytes, options.first_bucket_bytes));
   Core& c = *core_;
   c.comm = comm_;
   c.opt = options;

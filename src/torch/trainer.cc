@@ -257,6 +257,17 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       "allowed: the same model, compressor and sync scheme",
                       meta.value("model", std::string()), meta.value("compressor", std::string()),
                       meta.value("sync", std::string("bsp"))));
+    // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
+    // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
+    // existed are not checked.)
+    const nlohmann::json now = {
+        {"batch_size", c.batch_size}, {"seed", c.seed}, {"dataset", c.dataset}, {"train_limit", c.train_limit}};
+    for (const auto& [key, value] : now.items())
+      if (meta.contains(key) && meta[key] != value)
+        throw ConfigError(
+            fmt::format("config: resume: the checkpoint was written with {} = {}, this run has {}; "
+                        "allowed: the same {} (the sampler position counts its batches)",
+                        key, meta[key].dump(), value.dump(), key));
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
     load_checkpoint_archive(mine / "model.pt", *model);
     load_checkpoint_archive(mine / "optimizer.pt", *optimizer);
@@ -481,6 +492,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"model", c.model},
                                                              {"compressor", c.compressor},
                                                              {"sync", spec.name},
+                                                             {"batch_size", c.batch_size},
+                                                             {"seed", c.seed},
+                                                             {"dataset", c.dataset},
+                                                             {"train_limit", c.train_limit},
                                                              {"wall_s", elapsed()},
                                                              {"time_to_target_s", time_to_target},
                                                              {"test_accuracy", acc}});

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -72,6 +73,10 @@ TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
   expect_one_line(config_error({{"compressor", "zip"}}), "compressor");
   expect_one_line(config_error({{"overlap", "maybe"}}), "overlap");
   expect_one_line(config_error({{"resume", "/nonexistent/ckpt"}}), "resume");
+  // A bucket cap under one byte (it passed here, then failed in every worker naming the wrong field).
+  expect_one_line(config_error({{"first_bucket_mb", "1e-9"}}), "first_bucket_mb");
+  expect_one_line(config_error({{"bucket_cap_mb", "1e-7"}}), "bucket_cap_mb");
+  EXPECT_EQ(config_error({{"bucket_cap_mb", "1e-6"}}), "");
   // An inconsistent world size: 4 workers asked for under a launcher of 2.
   expect_one_line(config_error({{"workers", "4"}}, 2), "workers");
   EXPECT_EQ(config_error({{"workers", "2"}}, 2), "");
@@ -357,6 +362,21 @@ TEST(Train, RunStoppedInItsFirstEpochCanBeResumed) {
   auto r = train_inproc(rest, 2, true);
   EXPECT_EQ(r[0].params, straight[0].params);
   EXPECT_EQ(r[0].steps, 12);
+  // The sampler position counts batches of this size in this seed's shuffle: another batch size or seed is refused
+  // (it resumed silently, repeating or skipping samples for the rest of the epoch).
+  for (auto [key, change] : {std::pair<std::string, std::function<void(TrainConfig&)>>{
+                                 "batch_size", [](TrainConfig& t) { t.batch_size *= 2; }},
+                             {"seed", [](TrainConfig& t) { t.seed += 1; }}}) {
+    TrainConfig other = rest;
+    change(other);
+    other.output = (dir / ("other-" + key)).string();
+    try {
+      train_inproc(other, 2, true);
+      ADD_FAILURE() << key << ": resumed";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("written with " + key + " = "), std::string::npos) << e.what();
+    }
+  }
   fs::remove_all(dir);
 }
 
