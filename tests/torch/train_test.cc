@@ -223,6 +223,10 @@ TEST(Train, BspWithNWorkersEqualsOneWorkerWithNTimesTheBatch) {
       // Every rank holds the same model, and it matches the single worker's to float tolerance.
       for (int r = 1; r < world; ++r) EXPECT_EQ(multi[size_t(r)].params, multi[0].params);
       EXPECT_LT(max_rel_diff(multi[0].params, single[0].params), 2e-4) << model << " world " << world;
+      // The training loss is over every rank's samples, as the single worker's is over its whole batch (it was
+      // rank 0's share alone).
+      EXPECT_NEAR(multi[0].train_loss, single[0].train_loss, 1e-4 * single[0].train_loss)
+          << model << " world " << world << " rank 1 " << multi[1].train_loss;
       EXPECT_EQ(multi[0].steps, 6);
       // Bytes: a plain f32 allreduce sends 2 (W-1)/W of the gradient per step.
       EXPECT_EQ(multi[0].payload_bytes, multi[0].grad_bytes);
