@@ -266,7 +266,7 @@ def worker(a):
             metrics.write(json.dumps({"kind": "epoch", "impl": "pytorch-ddp", "hook": a.hook, "epoch": epoch + 1,
                                       "train_loss": loss_sum / max(seen, 1), "test_accuracy": acc,
                                       "test_loss": float(sums[1] / sums[2]),
-                                      "samples_per_s": seen * world / max(time.time() - te, 1e-9),
+                                      "samples_per_s": seen * world / max(ev0 - te, 1e-9),  # training only
                                       "time_s": elapsed, "bytes_sent": int(tx[0]), "bytes_payload": int(tx[1])})
                           + "\n")
             metrics.flush()
