@@ -225,6 +225,26 @@ void check_model_config(const TrainConfig& c, int world) {
                     c.batch_size, world, train_n, std::max<int64_t>(train_n / world, 1)));
 }
 
+// Points <out>/checkpoint at <out>/<stage> (a complete checkpoint) with one atomic rename of a symbolic link, then
+// removes the other checkpoint-* directories. A `checkpoint` that is a real directory (written before checkpoints
+// were staged) is moved aside first and removed with them.
+static void switch_checkpoint(const fs::path& out, const std::string& stage) {
+  const fs::path link = out / "checkpoint", tmp = out / "checkpoint.switching";
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  fs::create_directory_symlink(stage, tmp);
+  if (fs::is_directory(fs::symlink_status(link))) {
+    fs::remove_all(out / "checkpoint-unstaged", ec);
+    fs::rename(link, out / "checkpoint-unstaged");
+  }
+  fs::rename(tmp, link);  // rename(2) replaces the old link atomically
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("checkpoint-", 0) == 0 && name != stage && !fs::is_symlink(e.symlink_status()))
+      fs::remove_all(e.path(), ec);
+  }
+}
+
 TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const WorkerOptions& wo) {
   const SyncSpec spec = effective_sync(c);
   const int global_rank = comm_ptr->rank();
@@ -466,7 +486,12 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
     // inside a step), so the saved server shards and replicas are one consistent state.
     if (sopt) comm.barrier().wait();
-    fs::path mine = ckdir / fmt::format("rank-{}", global_rank);
+    // Written whole into its own directory (checkpoint-<global step>), then `checkpoint` is switched to it by one
+    // rename of a symbolic link: a run killed at any moment leaves `checkpoint` at a complete checkpoint, the last or
+    // the one before (files overwritten in place could mix two steps or lose the only good one).
+    const std::string stage_name = fmt::format("checkpoint-{}", global_step);
+    const fs::path stage = out / stage_name;
+    fs::path mine = stage / fmt::format("rank-{}", global_rank);
     fs::create_directories(mine);
     {
       torch::serialize::OutputArchive a;
@@ -485,7 +510,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     write_json_file((mine / "totals.json").string(), totals_json(total_stats()));
     comm.barrier().wait();  // every rank's files are complete before rank 0 declares the checkpoint
     if (lead) {
-      write_json_file((ckdir / "checkpoint.json").string(), {{"epoch", epoch},
+      write_json_file((stage / "checkpoint.json").string(), {{"epoch", epoch},
                                                              {"step", step},
                                                              {"global_step", global_step},
                                                              {"world", comm_ptr->size()},
@@ -499,6 +524,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"wall_s", elapsed()},
                                                              {"time_to_target_s", time_to_target},
                                                              {"test_accuracy", acc}});
+      switch_checkpoint(out, stage_name);
     }
   };
 

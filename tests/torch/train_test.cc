@@ -360,6 +360,16 @@ TEST(Train, RunStoppedInItsFirstEpochCanBeResumed) {
   train_inproc(part, 2, true);
   auto meta = read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string());
   EXPECT_EQ(meta["global_step"].get<int64_t>(), 10);
+  // `checkpoint` is a link switched in one rename to a complete checkpoint-<step> directory, the only one left; a
+  // half-written later one (a run killed while saving) is not what it points at.
+  EXPECT_TRUE(fs::is_symlink(dir / "part" / "checkpoint"));
+  EXPECT_EQ(fs::read_symlink(dir / "part" / "checkpoint"), fs::path("checkpoint-10"));
+  int staged = 0;
+  for (const auto& e : fs::directory_iterator(dir / "part"))
+    staged += e.path().filename().string().rfind("checkpoint-", 0) == 0;
+  EXPECT_EQ(staged, 1);
+  fs::create_directories(dir / "part" / "checkpoint-11" / "rank-0");
+  std::ofstream(dir / "part" / "checkpoint-11" / "rank-0" / "model.pt") << "half written";
   TrainConfig rest = c;
   rest.resume = (dir / "part" / "checkpoint").string();
   rest.output = (dir / "rest").string();
