@@ -225,6 +225,31 @@ void check_model_config(const TrainConfig& c, int world) {
                     c.batch_size, world, train_n, std::max<int64_t>(train_n / world, 1)));
 }
 
+// Keeps the records of `path` (metrics.jsonl) up to a checkpoint at `global_step`, `epoch` epochs complete: steps
+// and evaluations up to that step, epoch records up to that epoch; the rest (and a final record) are dropped.
+static void trim_metrics_after(const fs::path& path, int64_t global_step, int epoch) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      continue;  // a line cut short by the interruption
+    }
+    const std::string kind = j.value("kind", std::string());
+    const bool keep = (kind == "step" || kind == "eval") ? j.value("global_step", int64_t{0}) <= global_step
+                      : kind == "epoch"                  ? j.value("epoch", 0) <= epoch
+                                                         : false;
+    if (keep) kept += line + "\n";
+  }
+  in.close();
+  const fs::path tmp = path.string() + ".tmp";
+  std::ofstream(tmp, std::ios::binary) << kept;
+  fs::rename(tmp, path);
+}
+
 // Points <out>/checkpoint at <out>/<stage> (a complete checkpoint) with one atomic rename of a symbolic link, then
 // removes the other checkpoint-* directories. A `checkpoint` that is a real directory (written before checkpoints
 // were staged) is moved aside first and removed with them.
@@ -401,6 +426,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
 
   std::unique_ptr<JsonlWriter> metrics;
   if (outputs && lead) {
+    // Resumed into a directory that holds the interrupted run's records: those past the checkpoint are about to be
+    // written again, so they go (they appeared twice, the first copies from the run that did not finish).
+    if (!c.resume.empty())
+      trim_metrics_after(out / "metrics.jsonl", meta.value("global_step", int64_t{0}), meta.value("epoch", 0));
     metrics = std::make_unique<JsonlWriter>((out / "metrics.jsonl").string(), !c.resume.empty());
     std::ofstream(out / "config.yaml") << config_to_yaml(c);
   }

@@ -394,6 +394,31 @@ TEST(Train, RunStoppedInItsFirstEpochCanBeResumed) {
   fs::remove_all(dir);
 }
 
+// Resuming into the directory of the interrupted run: the records past the checkpoint are replaced, not repeated
+// (steps 11 and 12 and the epoch appeared twice).
+TEST(Train, ResumeIntoTheSameOutputDoesNotRepeatRecords) {
+  auto dir = temp_dir("same-out");
+  TrainConfig c = tiny("mlp");  // 24 steps an epoch
+  c.max_steps = 12;
+  c.checkpoint_every = 5;
+  c.output = dir.string();
+  train_inproc(c, 2, true);  // checkpoints at 5 and 10, records up to step 12
+  TrainConfig again = c;
+  again.resume = (dir / "checkpoint").string();
+  train_inproc(again, 2, true);
+  std::ifstream m(dir / "metrics.jsonl");
+  std::string line;
+  std::vector<int64_t> steps;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "step") steps.push_back(j["global_step"].get<int64_t>());
+  }
+  std::vector<int64_t> expected(12);
+  for (int i = 0; i < 12; ++i) expected[size_t(i)] = i + 1;
+  EXPECT_EQ(steps, expected);
+  fs::remove_all(dir);
+}
+
 TEST(Train, WritesMetricsSummaryAndTrace) {
   auto dir = temp_dir("outputs");
   TrainConfig c = tiny("mlp");
