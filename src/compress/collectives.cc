@@ -165,6 +165,7 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       for (auto n : counts) total += n;
       Bytes all(total);
       comm.allgatherv(payload.data(), all.data(), counts, DType::u8, co).wait();
+      if (o.received) *o.received += total - payload.size();
       if (c.collective() == Collective::majority_vote) {
         majority_vote(all, w, data);
         return payload.size();

@@ -31,6 +31,9 @@ namespace conduit::compress {
 struct ReduceOptions {
   bool average = false;  // divide by the number of ranks (majority vote ignores it)
   double timeout_s = 0;  // 0: the communicator's
+  // When set, the allgathered methods add the payload bytes this rank received (the other ranks' payloads, whose
+  // sizes differ for threshold and DGC); the allreduced ones add nothing (their traffic follows from the payload).
+  uint64_t* received = nullptr;
 };
 
 // check_finite_input for a compressed exchange over `comm`: a refusal aborts the communicator's transport first, so

@@ -248,6 +248,20 @@ TEST(Train, BatchNormStatisticsAreEqualOnEveryRank) {
   EXPECT_EQ(r[1].params, r[0].params);
 }
 
+#ifdef CONDUIT_WITH_COMPRESS
+// Received bytes are what arrived: with a compressor whose payloads differ in size between ranks (threshold), what
+// rank 0 received is what rank 1 sent (it was (W-1) times rank 0's own payload).
+TEST(Train, VariableSizePayloadsAreCountedAsReceived) {
+  TrainConfig c = tiny("mlp");
+  c.compressor = "ef:threshold:threshold=0.002";
+  c.max_steps = 5;
+  auto r = train_inproc(c, 2);
+  ASSERT_NE(r[0].bytes_sent, r[1].bytes_sent);  // the payloads did differ
+  EXPECT_EQ(r[0].bytes_recv, r[1].bytes_sent);
+  EXPECT_EQ(r[1].bytes_recv, r[0].bytes_sent);
+}
+#endif
+
 TEST(Train, BucketCapDoesNotChangeTheResult) {
   // One bucket per tensor (= per-tensor allreduce) and one bucket for everything give the same model; with two
   // ranks every element is a + b whatever the algorithm, so the match is exact.
