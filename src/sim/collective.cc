@@ -480,6 +480,9 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
   cost.gamma = 1.0 / topo_.spec().network.reduction_bandwidth;
   std::vector<Step> steps = make_pattern(topo_, c, a, g);
   if (steps.empty()) return cost;
+  const long long block = g.size * g.stride;
+  if (topo_.spec().network.topology == TopologyKind::kTorus && block > 0 && topo_.gpus() % block == 0)
+    return evaluate_torus(c, a, g, std::move(steps), cost);
   const size_t nl = topo_.num_links();
   if (load_.size() != nl) {
     load_.assign(nl, 0.0);
@@ -533,6 +536,69 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
     by_kind[link_kind_name(worst)] += s.repeat * coeff;
   }
   for (int l : behind_touched) ranks_behind_[l] = 0;
+  double best = -1;
+  for (auto& [k, v] : by_kind)
+    if (v > best) {
+      best = v;
+      cost.bottleneck = k;
+    }
+  return cost;
+}
+
+// On a torus a link carries other groups' traffic routed through it (dimension-ordered multi-hop routes), which the
+// count of accelerators behind a link does not see: every concurrent copy of the group (the tiling full-detail mode
+// uses) is routed and each link's load summed; a step's per-byte cost is its most loaded link's. Equal flows on a
+// symmetric pattern finish together, so this is the max-min fair makespan full-detail mode finds.
+CollectiveCost CollectiveModel::evaluate_torus(Collective c, Algorithm a, const Group& g, std::vector<Step> steps,
+                                               CollectiveCost cost) {
+  const long long block = g.size * g.stride;
+  std::vector<std::vector<Step>> copies;
+  for (long long bk = 0; bk < topo_.gpus() / block; ++bk)
+    for (long long j = 0; j < g.stride; ++j) {
+      const long long first = bk * block + j;
+      copies.push_back(first == g.first ? steps : make_pattern(topo_, c, a, Group{g.size, g.stride, first}));
+    }
+  const double overhead = topo_.spec().network.software_overhead;
+  std::vector<double> load(topo_.num_links(), 0.0);
+  std::vector<int> touched, path;
+  std::map<std::string, double> by_kind;
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const Step& s = steps[si];
+    double lat = 0;
+    for (const auto& pat : copies) {
+      for (const Transfer& t : pat[si].transfers) {
+        path.clear();
+        double l;
+        if (!t.links.empty()) {
+          path = t.links;
+          l = std::max(0.0, t.latency);
+        } else {
+          l = topo_.route(t.src, t.dst, path);
+        }
+        lat = std::max(lat, l);
+        for (int id : path) {
+          if (load[id] == 0.0) touched.push_back(id);
+          load[id] += t.frac;
+        }
+      }
+    }
+    double coeff = 0;
+    LinkKind worst = LinkKind::kGpuOut;
+    for (int id : touched) {
+      const double v = load[id] / topo_.link(id).bandwidth;
+      if (v > coeff) {
+        coeff = v;
+        worst = topo_.link(id).kind;
+      }
+      load[id] = 0.0;
+    }
+    touched.clear();
+    cost.latency += s.repeat * s.latency_hops * (lat + overhead);
+    cost.per_byte += s.repeat * coeff;
+    cost.reduce_frac += s.repeat * s.reduce;
+    cost.steps += s.repeat;
+    by_kind[link_kind_name(worst)] += s.repeat * coeff;
+  }
   double best = -1;
   for (auto& [k, v] : by_kind)
     if (v > best) {

@@ -260,11 +260,6 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   } else if (cfg.balance) {
     throw ConfigError("--balance shares the batch among different accelerators: this cluster has one kind");
   }
-  if (topo.spec().network.topology == TopologyKind::kTorus && cfg.mode == EvalMode::kSymmetric && topo.nodes() > 1)
-    r.notes.push_back(
-        "torus: symmetric mode counts the links behind each group's own accelerators, not other groups' traffic "
-        "routed through them (pipeline shifts and strided groups can be several times slower); --mode full routes "
-        "every group");
 
   const Accelerator& acc = *slowest;
 
