@@ -701,7 +701,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       save_checkpoint(epoch + 1, 0, res.test_accuracy);
     if (epoch_done) res.epochs = epoch + 1;
   }
-  if (res.epochs == 0) res.epochs = epoch;
+  // Epochs completed, counting those before a resume (a run stopped inside its first epoch reported 1).
+  res.epochs = int(end_epoch_pos);
   // bsp checkpoints at epoch ends (and every checkpoint_every steps); a run that wrote none (--max-steps stopped it in
   // its first epoch) ends with one, so it can be resumed. One that did keeps its last: a later one would overwrite
   // the epoch-end state a resume with the same schedule continues from.

@@ -374,6 +374,7 @@ TEST(Train, RunStoppedInItsFirstEpochCanBeResumed) {
   train_inproc(part, 2, true);
   auto meta = read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string());
   EXPECT_EQ(meta["global_step"].get<int64_t>(), 10);
+  EXPECT_EQ(read_json_file((dir / "part" / "summary.json").string())["epochs"], 0);  // none completed (it said 1)
   // `checkpoint` is a link switched in one rename to a complete checkpoint-<step> directory, the only one left; a
   // half-written later one (a run killed while saving) is not what it points at.
   EXPECT_TRUE(fs::is_symlink(dir / "part" / "checkpoint"));
