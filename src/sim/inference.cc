@@ -70,11 +70,14 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, con
   r.request_latency = r.prefill + static_cast<double>(c.generate) * r.decode_per_token;
   r.tokens_per_second = static_cast<double>(r.replicas) * b * static_cast<double>(c.generate) / r.request_latency;
 
-  // Memory: weights, KV cache, and the prefill's largest transient activation (the MLP up-projection output).
+  // Memory: weights, KV cache, and the prefill's largest transient: the MLP phase (up-projection output and QKV) or
+  // the attention phase (QKV, the b (a/t) s^2 scores and their softmax, which the prefill timing above writes to
+  // memory, so the two agree), plus the logits.
   r.weight_bytes = 2 * gpt_parameters(m0) / (static_cast<double>(t) * p);
   const long long tokens = c.prompt + c.generate;
   r.kv_bytes = kv_cache_bytes(m0, t, p, tokens, c.batch);
-  const double act = 2 * b * s * (f / t + 3 * h / t) + 4 * b * V / t;
+  const double act =
+      std::max(2 * b * s * (f / t + 3 * h / t), 2 * b * s * 3 * h / t + 2 * 2 * b * (a / t) * s * s) + 4 * b * V / t;
   r.memory_total = r.weight_bytes + r.kv_bytes + act;
   r.memory_capacity = acc.memory_bytes;
   r.fits = r.memory_total <= r.memory_capacity;

@@ -196,6 +196,15 @@ TEST(Inference, DecodeIsMemoryBoundAndKvCacheMatchesItsFormula) {
   EXPECT_NEAR(big.kv_bytes, 32 * r.kv_bytes, 1);
   EXPECT_GT(big.prefill, r.prefill);
   EXPECT_GT(r.max_batch, 32);
+  // Memory holds what the prefill timing writes: with a long prompt the attention phase (QKV, the b (a/t) s^2 scores
+  // and their softmax, 2 bytes each) is the largest transient (it was left out: 0.47 GB counted against 1.07 GB).
+  c.batch = 4;
+  c.prompt = 3072;
+  c.generate = 512;
+  InferenceResult longp = simulate_inference(net, m, c);
+  const double b = 4, s = 3072, h = m.hidden, heads = m.heads / 8.0, V = m.vocab;
+  const double attention = 2 * b * s * 3 * h / 8 + 2 * 2 * b * heads * s * s, logits = 4 * b * V / 8;
+  EXPECT_NEAR(longp.memory_total - longp.weight_bytes - longp.kv_bytes, attention + logits, 1e3);
 }
 
 TEST(Scheduler, LasBeatsFifoOnMeanJctWithAHeadOfLineJob) {
