@@ -42,7 +42,21 @@ using detail::put_f32;
 
 // Thin forwards to the kernels chosen for this CPU (kernels.h).
 float abs_max(const float* x, size_t n) { return kernels::get().abs_max(x, n); }
-double sum_squares(const float* x, size_t n) { return kernels::get().sum_squares(x, n); }
+// The kernels square in f32 lanes, which overflow for |x| above ~1.8e19 (QSGD's norm then became inf and its whole
+// bucket decoded as nan); such a bucket is summed again in double, scaled by its largest magnitude.
+double sum_squares(const float* x, size_t n) {
+  const double fast = kernels::get().sum_squares(x, n);
+  if (std::isfinite(fast)) return fast;
+  double amax = 0;
+  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
+  if (!(amax > 0) || !std::isfinite(amax)) return fast;
+  double ss = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double v = static_cast<double>(x[i]) / amax;
+    ss += v * v;
+  }
+  return ss * amax * amax;
+}
 void qsgd_codes(const float* x, size_t n, float scale, uint32_t smax, uint32_t base, uint32_t k_lo, uint32_t k_hi,
                 uint16_t* codes) {
   kernels::get().qsgd_codes(x, n, scale, smax, base, k_lo, k_hi, codes);

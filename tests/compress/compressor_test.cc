@@ -288,6 +288,20 @@ TEST(TopK, SampledSelectionEqualsExactAndContracts) {
   }
 }
 
+// QSGD's norm of a bucket with finite values too large to square in f32 (above ~1.8e19) is still finite: it was inf,
+// and the whole bucket decoded as nan.
+TEST(Qsgd, HugeFiniteValuesKeepAFiniteNorm) {
+  auto c = make_compressor("qsgd", {{"levels", "127"}});
+  std::vector<float> x(100, 1.0f);
+  x[3] = 3e19f;
+  x[50] = -1e20f;
+  TensorState st;
+  std::vector<float> y(x.size());
+  c->decompress(c->compress(x, st), st, y);
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_TRUE(std::isfinite(y[i])) << i << " " << y[i];
+  EXPECT_LT(std::fabs(y[50] - x[50]), 0.02f * std::fabs(x[50]));  // the largest element survives the quantization
+}
+
 // TernGrad's clip=1 clips at 2.5 standard deviations, computed without cancellation (E[x^2] - mean^2 in f32 gave
 // 0.52 for x = 1000 + 0.01 N(0,1), whose 2.5 sigma is 0.025), and a tensor with no spread (constant, or one element)
 // is not clipped to zero.
