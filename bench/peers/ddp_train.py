@@ -260,11 +260,15 @@ def worker(a):
         acc = float(sums[0] / sums[2])
         if a.target_accuracy > 0 and reached is None and acc >= a.target_accuracy:
             reached = elapsed
+        # The epoch's training loss over every rank's samples, as conduit train's bsp epoch records.
+        ls = torch.tensor([loss_sum, float(seen)], dtype=torch.float64)
+        dist.all_reduce(ls)
+        train_loss = float(ls[0] / max(ls[1], 1))
         # Per epoch, rank 0's own counters (as conduit train's epoch records); the summary sums over ranks.
         tx = torch.tensor([netdev_tx_bytes() - tx0, payload[0]], dtype=torch.float64)
         if metrics:
             metrics.write(json.dumps({"kind": "epoch", "impl": "pytorch-ddp", "hook": a.hook, "epoch": epoch + 1,
-                                      "train_loss": loss_sum / max(seen, 1), "test_accuracy": acc,
+                                      "train_loss": train_loss, "test_accuracy": acc,
                                       "test_loss": float(sums[1] / sums[2]),
                                       "samples_per_s": seen * world / max(ev0 - te, 1e-9),  # training only
                                       "time_s": elapsed, "bytes_sent": int(tx[0]), "bytes_payload": int(tx[1])})

@@ -221,7 +221,8 @@ class MpiEngine : public Progressor {
         // Two different Conduit tags folded onto one MPI tag can only be told apart by posting order; while both
         // are outstanding with the same peer, MPI may match either message to either request and swap their data
         // silently. Refuse the second instead (see the folding above: user tags 2^l apart, e.g. more than 64
-        // parameter-server shards on one rank).
+        // parameter-server shards on one rank). Best effort: only this rank's outstanding requests are seen (a send
+        // already completed eagerly can still meet a folded receive at the other end).
         for (const auto& q : pending_)
           if (q->kind() == kind && q->peer() == peer && q->tag() != tag && q->route_.comm == route.comm &&
               q->route_.tag == route.tag)

@@ -662,8 +662,10 @@ class ShmTransport : public Transport, public Progressor {
       return true;
     }
     // Over the budget the ring itself holds the message (a stall), unless receives of other tags wait on this peer:
-    // their messages may be behind it, so it is buffered past the budget (tcp does the same).
-    if (!p.q.can_buffer(h.length, unexpected_budget_) && !p.q.has_posted()) return false;
+    // their messages may be behind it, so it is buffered past the budget, up to 4x (tcp does the same).
+    if (!p.q.can_buffer(h.length, unexpected_budget_) &&
+        !(p.q.has_posted() && p.q.can_buffer(h.length, 4 * unexpected_budget_)))
+      return false;
     p.cur_unexp = p.q.add_unexpected(h.tag, h.length);
     p.target = Target::unexpected;
     return true;

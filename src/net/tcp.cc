@@ -421,10 +421,12 @@ class TcpTransport : public Transport {
       if (p.cur.reduce && p.staging.empty()) p.staging.resize(kStagingBytes);
       return true;
     }
-    // Over the budget, the connection stalls until a receive is posted or buffered messages are consumed. Not while
-    // receives of other tags wait on this peer: their messages may be behind this one (transport.h orders messages
-    // per tag only), and stalling would deadlock a valid program; that message is buffered past the budget.
-    if (!p.q.can_buffer(h.length, unexpected_budget_) && !p.q.has_posted()) {
+    // Over the budget, the connection stalls until a receive is posted or buffered messages are consumed. While
+    // receives of other tags wait on this peer, their messages may be behind this one (transport.h orders messages
+    // per tag only) and stalling would deadlock a valid program, so it is buffered past the budget, up to 4x (a
+    // bound on memory: beyond it the connection stalls again and such a program meets its deadline).
+    if (!p.q.can_buffer(h.length, unexpected_budget_) &&
+        !(p.q.has_posted() && p.q.can_buffer(h.length, 4 * unexpected_budget_))) {
       p.target = Target::none;
       return false;
     }

@@ -390,6 +390,31 @@ void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool p
   for (auto& b : model.buffers()) bcast(b);
 }
 
+void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm) {
+  if (comm.size() == 1) return;
+  torch::NoGradGuard ng;
+  // One broadcast for the float buffers and one for the rest (BatchNorm's step counters): a broadcast per buffer paid
+  // its latency 27 times a step for ResNet-18's BatchNorm layers.
+  std::vector<torch::Tensor> floats, others;
+  for (auto& b : model.buffers()) (b.scalar_type() == torch::kFloat ? floats : others).push_back(b);
+  if (!floats.empty()) {
+    std::vector<torch::Tensor> flat;
+    for (auto& b : floats) flat.push_back(b.reshape(-1));
+    torch::Tensor all = torch::cat(flat);
+    comm.broadcast(all.data_ptr(), size_t(all.numel()), DType::f32, 0).wait();
+    int64_t off = 0;
+    for (auto& b : floats) {
+      b.copy_(all.narrow(0, off, b.numel()).view_as(b));
+      off += b.numel();
+    }
+  }
+  for (auto& b : others) {
+    torch::Tensor t = b.contiguous();
+    comm.broadcast(t.data_ptr(), size_t(t.numel()), to_dtype(t), 0).wait();
+    if (!t.is_same(b)) b.copy_(t);
+  }
+}
+
 void DistributedOptimizer::broadcast_initial_state() { broadcast_module(*model_, *comm_, true); }
 
 void DistributedOptimizer::zero_grad() {

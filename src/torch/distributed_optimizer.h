@@ -50,6 +50,8 @@ struct DistOptions {
 
 // Broadcasts the buffers (and, with parameters, the parameters) of `model` from rank 0 of `comm`.
 void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters);
+// Broadcasts the buffers of `model` from rank 0 in two collectives (float buffers coalesced, then the others).
+void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm);
 
 class DistributedOptimizer {
  public:

@@ -257,7 +257,14 @@ static void switch_checkpoint(const fs::path& out, const std::string& stage) {
   const fs::path link = out / "checkpoint", tmp = out / "checkpoint.switching";
   std::error_code ec;
   fs::remove(tmp, ec);
-  fs::create_directory_symlink(stage, tmp);
+  fs::create_directory_symlink(stage, tmp, ec);
+  if (ec) {
+    // A file system without symbolic links (exFAT, some SMB mounts): the complete stage takes the name itself, the
+    // previous checkpoint removed first (a kill between the two leaves only the staged directory).
+    fs::remove_all(link);
+    fs::rename(out / stage, link);
+    return;
+  }
   if (fs::is_directory(fs::symlink_status(link))) {
     fs::remove_all(out / "checkpoint-unstaged", ec);
     fs::rename(link, out / "checkpoint-unstaged");
@@ -305,10 +312,13 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
     // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
     // existed are not checked.)
-    const nlohmann::json now = {
-        {"batch_size", c.batch_size}, {"seed", c.seed}, {"dataset", c.dataset}, {"train_limit", c.train_limit}};
+    const nlohmann::json now = {{"batch_size", c.batch_size},
+                                {"seed", c.seed},
+                                {"dataset", c.dataset},
+                                {"train_limit", c.train_limit},
+                                {"synthetic_samples", c.synthetic_samples}};
     for (const auto& [key, value] : now.items())
-      if (meta.contains(key) && meta[key] != value)
+      if (meta.value("step", int64_t{0}) != 0 && meta.contains(key) && meta[key] != value)
         throw ConfigError(
             fmt::format("config: resume: the checkpoint was written with {} = {}, this run has {}; "
                         "allowed: the same {} (the sampler position counts its batches)",
@@ -399,7 +409,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   }
 
   int start_epoch = 0;
-  int64_t start_step = 0, global_step = 0;
+  int64_t start_step = 0, global_step = 0, start_global_step = 0;
   double wall_before = 0, time_to_target = -1, last_acc = 0;
   if (!c.resume.empty()) {
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
@@ -410,7 +420,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     }
     start_epoch = meta.at("epoch").get<int>();
     start_step = meta.at("step").get<int64_t>();
-    global_step = meta.at("global_step").get<int64_t>();
+    global_step = start_global_step = meta.at("global_step").get<int64_t>();
     wall_before = meta.value("wall_s", 0.0);
     time_to_target = meta.value("time_to_target_s", -1.0);
     last_acc = meta.value("test_accuracy", 0.0);
@@ -550,6 +560,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"seed", c.seed},
                                                              {"dataset", c.dataset},
                                                              {"train_limit", c.train_limit},
+                                                             {"synthetic_samples", c.synthetic_samples},
                                                              {"wall_s", elapsed()},
                                                              {"time_to_target_s", time_to_target},
                                                              {"test_accuracy", acc}});
@@ -616,7 +627,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         // are sent to the others after every step (PyTorch DDP sends them before every forward; after the step, the
         // ranks also evaluate and checkpoint one model). Without this, ResNet's ranks drifted apart: the test
         // accuracy mixed their statistics and resume was not bit for bit on ranks > 0.
-        if (sync_buffers) broadcast_module(*model, dopt->comm(), false);
+        if (sync_buffers) broadcast_buffers(*model, dopt->comm());
       } else {
         sopt->step(uint64_t(global_step), lr);
       }
@@ -706,12 +717,12 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   // bsp checkpoints at epoch ends (and every checkpoint_every steps); a run that wrote none (--max-steps stopped it in
   // its first epoch) ends with one, so it can be resumed. One that did keeps its last: a later one would overwrite
   // the epoch-end state a resume with the same schedule continues from.
-  if (dopt && checkpointed_at < 0 && (global_step > start_step || epoch > start_epoch))
+  if (dopt && checkpointed_at < 0 && global_step > start_global_step)
     save_checkpoint(int(end_epoch_pos), end_step_pos, res.test_accuracy);
   if (sopt) {
     // The state to continue from is the one before the scheme's last word (local SGD's final average, the servers'
     // stop): a resumed run goes on exactly as an uninterrupted one would have.
-    if (checkpointed_at != global_step && (global_step > start_step || epoch > start_epoch))
+    if (checkpointed_at != global_step && global_step > start_global_step)
       save_checkpoint(int(end_epoch_pos), end_step_pos, res.test_accuracy);
     // Then the scheme's last word and worker 0's final accuracy for all.
     sopt->finish();

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -375,16 +376,21 @@ TEST(Train, RunStoppedInItsFirstEpochCanBeResumed) {
   auto meta = read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string());
   EXPECT_EQ(meta["global_step"].get<int64_t>(), 10);
   EXPECT_EQ(read_json_file((dir / "part" / "summary.json").string())["epochs"], 0);  // none completed (it said 1)
-  // `checkpoint` is a link switched in one rename to a complete checkpoint-<step> directory, the only one left; a
-  // half-written later one (a run killed while saving) is not what it points at.
+  // `checkpoint` is a link switched in one rename to a complete checkpoint-<step> directory, the only one left.
   EXPECT_TRUE(fs::is_symlink(dir / "part" / "checkpoint"));
   EXPECT_EQ(fs::read_symlink(dir / "part" / "checkpoint"), fs::path("checkpoint-10"));
   int staged = 0;
   for (const auto& e : fs::directory_iterator(dir / "part"))
     staged += e.path().filename().string().rfind("checkpoint-", 0) == 0;
   EXPECT_EQ(staged, 1);
-  fs::create_directories(dir / "part" / "checkpoint-11" / "rank-0");
-  std::ofstream(dir / "part" / "checkpoint-11" / "rank-0" / "model.pt") << "half written";
+  // Resumed into its own directory with nothing left to train, a run writes no checkpoint (it rewrote the live one in
+  // place, which a kill could corrupt).
+  const auto written = fs::last_write_time(dir / "part" / "checkpoint-10" / "rank-0" / "model.pt");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  TrainConfig again = part;
+  again.resume = (dir / "part" / "checkpoint").string();
+  train_inproc(again, 2, true);
+  EXPECT_EQ(fs::last_write_time(dir / "part" / "checkpoint-10" / "rank-0" / "model.pt"), written);
   TrainConfig rest = c;
   rest.resume = (dir / "part" / "checkpoint").string();
   rest.output = (dir / "rest").string();
