@@ -474,53 +474,83 @@ std::vector<Algorithm> candidate_algorithms(Collective c, const Topology& topo) 
   return {Algorithm::kRing};
 }
 
+// Every concurrent copy of group g's pattern (the tiling of the cluster in blocks of size x stride, shifted by
+// 0..stride-1); `have` is g's own pattern, reused for its copy.
+std::vector<std::vector<Step>> CollectiveModel::group_copies(Collective c, Algorithm a, const Group& g,
+                                                             const std::vector<Step>* have) {
+  const long long block = g.size * g.stride;
+  std::vector<std::vector<Step>> all;
+  for (long long bk = 0; bk < topo_.gpus() / block; ++bk)
+    for (long long j = 0; j < g.stride; ++j) {
+      const long long first = bk * block + j;
+      all.push_back(have && first == g.first ? *have : make_pattern(topo_, c, a, Group{g.size, g.stride, first}));
+    }
+  return all;
+}
+
 CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, const Group& g) {
   CollectiveCost cost;
   cost.algorithm = a;
   cost.gamma = 1.0 / topo_.spec().network.reduction_bandwidth;
   std::vector<Step> steps = make_pattern(topo_, c, a, g);
   if (steps.empty()) return cost;
-  const long long block = g.size * g.stride;
-  if (topo_.spec().network.topology == TopologyKind::kTorus && block > 0 && topo_.gpus() % block == 0)
-    return evaluate_torus(c, a, g, std::move(steps), cost);
   const size_t nl = topo_.num_links();
   if (load_.size() != nl) {
     load_.assign(nl, 0.0);
     ranks_behind_.assign(nl, 0);
   }
+  // Which transfers load the links. Usually only the representative group's, each link's load then multiplied by
+  // the concurrent groups sharing it (accelerators behind the link / the group's ranks behind it). On a torus a link
+  // also carries other groups' traffic routed through it (dimension-ordered multi-hop routes), which that count does
+  // not see: every concurrent copy is routed and the loads summed (equal flows on a symmetric pattern finish
+  // together, so the most loaded link gives the max-min fair makespan full-detail mode finds).
+  const long long block = g.size * g.stride;
+  const bool route_all =
+      topo_.spec().network.topology == TopologyKind::kTorus && block > 0 && topo_.gpus() % block == 0;
+  std::vector<std::vector<Step>> copies;
+  if (route_all) copies = group_copies(c, a, g, &steps);
   std::vector<int> behind_touched, behind;
-  for (long long i = 0; i < g.size; ++i) {
-    behind.clear();
-    topo_.links_behind(g.first + i * g.stride, behind);
-    for (int l : behind) {
-      if (ranks_behind_[l]++ == 0) behind_touched.push_back(l);
+  if (!route_all)
+    for (long long i = 0; i < g.size; ++i) {
+      behind.clear();
+      topo_.links_behind(g.first + i * g.stride, behind);
+      for (int l : behind) {
+        if (ranks_behind_[l]++ == 0) behind_touched.push_back(l);
+      }
     }
-  }
   const double overhead = topo_.spec().network.software_overhead;
   std::vector<int> touched, path;
   std::map<std::string, double> by_kind;
-  for (const Step& s : steps) {
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const Step& s = steps[si];
     double lat = 0;
-    for (const Transfer& t : s.transfers) {
-      path.clear();
-      double l;
-      if (!t.links.empty()) {
-        path = t.links;
-        l = std::max(0.0, t.latency);
-      } else {
-        l = topo_.route(t.src, t.dst, path);
+    auto load = [&](const Step& st) {
+      for (const Transfer& t : st.transfers) {
+        path.clear();
+        double l;
+        if (!t.links.empty()) {
+          path = t.links;
+          l = std::max(0.0, t.latency);
+        } else {
+          l = topo_.route(t.src, t.dst, path);
+        }
+        lat = std::max(lat, l);
+        for (int id : path) {
+          if (load_[id] == 0.0) touched.push_back(id);
+          load_[id] += t.frac;
+        }
       }
-      lat = std::max(lat, l);
-      for (int id : path) {
-        if (load_[id] == 0.0) touched.push_back(id);
-        load_[id] += t.frac;
-      }
-    }
+    };
+    if (route_all)
+      for (const auto& pat : copies) load(pat[si]);
+    else
+      load(s);
     double coeff = 0;
     LinkKind worst = LinkKind::kGpuOut;
     for (int id : touched) {
       const Link& L = topo_.link(id);
-      double share = static_cast<double>(topo_.gpus_behind(id)) / std::max(1, ranks_behind_[id]);
+      const double share =
+          route_all ? 1.0 : static_cast<double>(topo_.gpus_behind(id)) / std::max(1, ranks_behind_[id]);
       double v = load_[id] * std::max(1.0, share) / L.bandwidth;
       if (v > coeff) {
         coeff = v;
@@ -536,69 +566,6 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
     by_kind[link_kind_name(worst)] += s.repeat * coeff;
   }
   for (int l : behind_touched) ranks_behind_[l] = 0;
-  double best = -1;
-  for (auto& [k, v] : by_kind)
-    if (v > best) {
-      best = v;
-      cost.bottleneck = k;
-    }
-  return cost;
-}
-
-// On a torus a link carries other groups' traffic routed through it (dimension-ordered multi-hop routes), which the
-// count of accelerators behind a link does not see: every concurrent copy of the group (the tiling full-detail mode
-// uses) is routed and each link's load summed; a step's per-byte cost is its most loaded link's. Equal flows on a
-// symmetric pattern finish together, so this is the max-min fair makespan full-detail mode finds.
-CollectiveCost CollectiveModel::evaluate_torus(Collective c, Algorithm a, const Group& g, std::vector<Step> steps,
-                                               CollectiveCost cost) {
-  const long long block = g.size * g.stride;
-  std::vector<std::vector<Step>> copies;
-  for (long long bk = 0; bk < topo_.gpus() / block; ++bk)
-    for (long long j = 0; j < g.stride; ++j) {
-      const long long first = bk * block + j;
-      copies.push_back(first == g.first ? steps : make_pattern(topo_, c, a, Group{g.size, g.stride, first}));
-    }
-  const double overhead = topo_.spec().network.software_overhead;
-  std::vector<double> load(topo_.num_links(), 0.0);
-  std::vector<int> touched, path;
-  std::map<std::string, double> by_kind;
-  for (size_t si = 0; si < steps.size(); ++si) {
-    const Step& s = steps[si];
-    double lat = 0;
-    for (const auto& pat : copies) {
-      for (const Transfer& t : pat[si].transfers) {
-        path.clear();
-        double l;
-        if (!t.links.empty()) {
-          path = t.links;
-          l = std::max(0.0, t.latency);
-        } else {
-          l = topo_.route(t.src, t.dst, path);
-        }
-        lat = std::max(lat, l);
-        for (int id : path) {
-          if (load[id] == 0.0) touched.push_back(id);
-          load[id] += t.frac;
-        }
-      }
-    }
-    double coeff = 0;
-    LinkKind worst = LinkKind::kGpuOut;
-    for (int id : touched) {
-      const double v = load[id] / topo_.link(id).bandwidth;
-      if (v > coeff) {
-        coeff = v;
-        worst = topo_.link(id).kind;
-      }
-      load[id] = 0.0;
-    }
-    touched.clear();
-    cost.latency += s.repeat * s.latency_hops * (lat + overhead);
-    cost.per_byte += s.repeat * coeff;
-    cost.reduce_frac += s.repeat * s.reduce;
-    cost.steps += s.repeat;
-    by_kind[link_kind_name(worst)] += s.repeat * coeff;
-  }
   double best = -1;
   for (auto& [k, v] : by_kind)
     if (v > best) {
@@ -724,10 +691,7 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
   if (topo_.gpus() % block != 0)
     throw InvalidArgument(fmt::format("full-detail mode: groups of {} ranks with stride {} do not tile {} accelerators",
                                       g.size, g.stride, topo_.gpus()));
-  std::vector<std::vector<Step>> all;
-  for (long long bk = 0; bk < topo_.gpus() / block; ++bk)
-    for (long long j = 0; j < g.stride; ++j)
-      all.push_back(make_pattern(topo_, c, a, Group{g.size, g.stride, bk * block + j}));
+  std::vector<std::vector<Step>> all = group_copies(c, a, g, nullptr);
   std::vector<double> cap(topo_.num_links());
   for (size_t i = 0; i < cap.size(); ++i) cap[i] = topo_.link(i).bandwidth;
   const double overhead = topo_.spec().network.software_overhead;

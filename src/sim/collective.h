@@ -120,8 +120,7 @@ class CollectiveModel {
 
  private:
   CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g);
-  CollectiveCost evaluate_torus(Collective c, Algorithm a, const Group& g, std::vector<Step> steps,
-                                CollectiveCost cost);
+  std::vector<std::vector<Step>> group_copies(Collective c, Algorithm a, const Group& g, const std::vector<Step>* have);
   const Topology& topo_;
   std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> cache_;
   std::vector<double> load_;  // scratch, per link

@@ -377,19 +377,6 @@ DType to_dtype(const torch::Tensor& t) {
 
 }  // namespace
 
-void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters) {
-  torch::NoGradGuard ng;
-  auto bcast = [&](torch::Tensor t) {
-    if (comm.size() == 1 || t.numel() == 0) return;
-    torch::Tensor c = t.contiguous();
-    comm.broadcast(c.data_ptr(), size_t(c.numel()), to_dtype(c), 0).wait();
-    if (!c.is_same(t)) t.copy_(c);
-  };
-  if (parameters)
-    for (auto& p : model.parameters()) bcast(p);
-  for (auto& b : model.buffers()) bcast(b);
-}
-
 void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm) {
   if (comm.size() == 1) return;
   torch::NoGradGuard ng;
@@ -409,10 +396,24 @@ void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm) {
     }
   }
   for (auto& b : others) {
+    if (b.numel() == 0) continue;
     torch::Tensor t = b.contiguous();
     comm.broadcast(t.data_ptr(), size_t(t.numel()), to_dtype(t), 0).wait();
     if (!t.is_same(b)) b.copy_(t);
   }
+}
+
+void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters) {
+  torch::NoGradGuard ng;
+  auto bcast = [&](torch::Tensor t) {
+    if (comm.size() == 1 || t.numel() == 0) return;
+    torch::Tensor c = t.contiguous();
+    comm.broadcast(c.data_ptr(), size_t(c.numel()), to_dtype(c), 0).wait();
+    if (!c.is_same(t)) t.copy_(c);
+  };
+  if (parameters)
+    for (auto& p : model.parameters()) bcast(p);
+  broadcast_buffers(model, comm);
 }
 
 void DistributedOptimizer::broadcast_initial_state() { broadcast_module(*model_, *comm_, true); }
