@@ -474,6 +474,14 @@ std::vector<Algorithm> candidate_algorithms(Collective c, const Topology& topo) 
   return {Algorithm::kRing};
 }
 
+// Appends a transfer's links to `path` (its own when the pattern fixed them, else the topology's route) and returns
+// their latency.
+static double route_transfer(const Topology& topo, const Transfer& t, std::vector<int>& path) {
+  if (t.links.empty()) return topo.route(t.src, t.dst, path);
+  path.insert(path.end(), t.links.begin(), t.links.end());
+  return std::max(0.0, t.latency);
+}
+
 // Every concurrent copy of group g's pattern (the tiling of the cluster in blocks of size x stride, shifted by
 // 0..stride-1); `have` is g's own pattern, reused for its copy.
 std::vector<std::vector<Step>> CollectiveModel::group_copies(Collective c, Algorithm a, const Group& g,
@@ -527,14 +535,7 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
     auto load = [&](const Step& st) {
       for (const Transfer& t : st.transfers) {
         path.clear();
-        double l;
-        if (!t.links.empty()) {
-          path = t.links;
-          l = std::max(0.0, t.latency);
-        } else {
-          l = topo_.route(t.src, t.dst, path);
-        }
-        lat = std::max(lat, l);
+        lat = std::max(lat, route_transfer(topo_, t, path));
         for (int id : path) {
           if (load_[id] == 0.0) touched.push_back(id);
           load_[id] += t.frac;
@@ -595,14 +596,7 @@ std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, cons
     double lat = 0;
     for (const Transfer& t : s.transfers) {
       path.clear();
-      double l;
-      if (!t.links.empty()) {
-        path = t.links;
-        l = std::max(0.0, t.latency);
-      } else {
-        l = topo_.route(t.src, t.dst, path);
-      }
-      lat = std::max(lat, l);
+      lat = std::max(lat, route_transfer(topo_, t, path));
       for (int id : path) load[id] += t.frac * n;
     }
     StepReport r;
@@ -705,12 +699,7 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
       const Step& s = pat[si];
       for (const Transfer& t : s.transfers) {
         Flow f;
-        if (!t.links.empty()) {
-          f.path = t.links;
-          f.latency = std::max(0.0, t.latency);
-        } else {
-          f.latency = topo_.route(t.src, t.dst, f.path);
-        }
+        f.latency = route_transfer(topo_, t, f.path);
         f.bytes = t.frac * n;
         max_lat = std::max(max_lat, f.latency);
         flows.push_back(std::move(f));
