@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/registry.h"
+#include "cli/torch_plugin.h"
 #include "coll/communicator.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -184,7 +185,7 @@ void run_gemm(const GemmArgs& a) {
   std::vector<std::string> models;
   for (const auto& m : split(a.model, ','))
     if (!trim(m).empty()) models.push_back(trim(m));
-  auto timings = train::time_gemms(mnk, a.threads, a.min_time);
+  auto timings = torch_api().time_gemms(mnk, a.threads, a.min_time);
   struct Sums {
     double gemm = 0;   // of the model's step GEMMs
     double dense = 0;  // of its dense layers' GEMMs
@@ -226,7 +227,7 @@ void run_gemm(const GemmArgs& a) {
   }
   std::vector<train::ConvTiming> cshapes;
   for (const auto& c : convs) cshapes.push_back(c.shape);
-  auto ctimes = train::time_convs(cshapes, a.threads, a.min_time);
+  auto ctimes = torch_api().time_convs(cshapes, a.threads, a.min_time);
   if (!a.json && !ctimes.empty())
     fmt::print("\n  {:<20} {:>5} {:>4} {:>4} {:>9} {:>3} {:>11} {:>11} {:>11} {:>21}\n", "conv", "batch", "in", "out",
                "HxW", "k", "forward", "input grad", "weight grad", "GFLOP/s (f / i / w)");
@@ -266,7 +267,7 @@ void run_gemm(const GemmArgs& a) {
   }
   std::vector<train::PoolTiming> pshapes;
   for (const auto& p : pools) pshapes.push_back(p.shape);
-  auto ptimes = train::time_pools(pshapes, a.threads, a.min_time);
+  auto ptimes = torch_api().time_pools(pshapes, a.threads, a.min_time);
   if (!a.json && !ptimes.empty())
     fmt::print("\n  {:<20} {:>5} {:>8} {:>9} {:>3} {:>11} {:>11}\n", "max pool", "batch", "channels", "HxW", "k",
                "forward", "backward");
@@ -306,7 +307,7 @@ void run_gemm(const GemmArgs& a) {
   std::function<void()> barrier;
   if (comm) barrier = [&comm] { comm->barrier().wait(); };
   for (const auto& name : models) {
-    auto ms = train::time_model_step(name, a.batch, a.threads, a.model_steps, barrier);
+    auto ms = torch_api().time_model_step(name, a.batch, a.threads, a.model_steps, barrier);
     const Sums& sm = sums[name];
     const std::string layers = name == "mlp" ? sim::kTrainMlpLayers : name == "cnn" ? sim::kTrainCnnLayers : "";
     if (a.json) {

@@ -38,7 +38,8 @@
 #include "sim/units.h"
 #include "sim/workload.h"
 #ifdef CONDUIT_WITH_TORCH
-#include "cli/kernel_samples.h"  // torch-free interface; libtorch only links in
+#include "cli/kernel_samples.h"  // torch-free interface
+#include "cli/torch_plugin.h"
 #endif
 
 namespace conduit::cli {
@@ -840,14 +841,14 @@ void run_calibrate(const CalibrateArgs& a) {
     std::vector<std::array<int64_t, 3>> shapes;
     for (const auto& g : calibration_gemm_shapes(a.batch))
       shapes.push_back({static_cast<int64_t>(g.m), static_cast<int64_t>(g.n), static_cast<int64_t>(g.k)});
-    for (const auto& t : train::time_gemms(shapes, 1, 0.05))
+    for (const auto& t : torch_api().time_gemms(shapes, 1, 0.05))
       gemms.push_back(GemmSample{double(t.m), double(t.n), double(t.k), t.gflops() * 1e9});
     std::vector<train::ConvTiming> cshapes;
     for (const auto& c : calibration_conv_shapes(a.batch)) cshapes.push_back(cli::conv_shape(c));
-    for (const auto& t : train::time_convs(cshapes, 1, 0.05)) convs.push_back(cli::conv_sample(t));
+    for (const auto& t : torch_api().time_convs(cshapes, 1, 0.05)) convs.push_back(cli::conv_sample(t));
     std::vector<train::PoolTiming> pshapes;
     for (const auto& p : calibration_pool_shapes(a.batch)) pshapes.push_back(cli::pool_shape(p));
-    for (const auto& t : train::time_pools(pshapes, 1, 0.05)) pools.push_back(cli::pool_sample(t));
+    for (const auto& t : torch_api().time_pools(pshapes, 1, 0.05)) pools.push_back(cli::pool_sample(t));
     fmt::print(
         "timed {} GEMMs, {} poolings and {} convolutions with libtorch (one thread; conduit train's CNN and MLP at "
         "batch {}, square 32..1024)\n",
@@ -962,6 +963,9 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
   for (int n : counts) {
     Topology topo(spec, n);
     CollectiveModel net(topo);
+    if (sa.batch_per_gpu > 0 && sa.batch_per_gpu > (1LL << 40) / n)
+      throw ConfigError(
+          fmt::format("--batch-per-gpu = {} x {} GPUs exceeds the largest global batch (2^40)", sa.batch_per_gpu, n));
     const long long B = sa.batch_per_gpu > 0 ? sa.batch_per_gpu * n : a.global_batch;
     Point p{n, {}, false, "no configuration fits in memory"};
     if (fixed) {

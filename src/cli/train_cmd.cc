@@ -14,6 +14,7 @@
 
 #include "cli/launcher.h"
 #include "cli/registry.h"
+#include "cli/torch_plugin.h"
 #include "coll/communicator.h"
 #include "core/error.h"
 #include "net/mpi_transport.h"
@@ -78,7 +79,7 @@ void run_train(const TrainArgs& a) {
   const bool workers_given = raw.count("workers") > 0;
   tr::TrainConfig cfg = tr::resolve_config(raw, env_world, workers_given);
   tr::check_dataset(cfg);
-  tr::check_model_config(cfg, cfg.workers);
+  torch_api().check_model_config(cfg, cfg.workers);
   tr::check_sync_config(cfg);
 
   if (env_world > 0 || cfg.workers == 1) {
@@ -90,7 +91,7 @@ void run_train(const TrainArgs& a) {
     if (comm->size() != cfg.workers)
       throw ConfigError(fmt::format("config: workers: {} does not match the {} ranks found in the environment",
                                     cfg.workers, comm->size()));
-    tr::train_worker(cfg, comm);
+    torch_api().train_worker(cfg, comm, tr::WorkerOptions{});
     // Under mpirun/torchrun rank 0 prints the summary; under our own launcher the parent does.
     if (comm->rank() == 0 && !std::getenv("CONDUIT_TRAIN_PARENT")) print_summary(cfg.output);
     return;

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -183,3 +184,36 @@ TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
 }
 
 }  // namespace
+
+// libtorch lives in libconduit-torch.so beside the binary and is loaded only by the commands that need it
+// (torch/plugin.h): a binary without the module still runs everything else, and `conduit train` and `conduit bench
+// gemm` say which file they could not load (exit 2, one line) instead of failing to start.
+TEST(TrainInputProcesses, CommandsWithoutLibtorchRunWithoutTheModule) {
+  const fs::path dir = temp_dir("no-module");
+  fs::copy_file(CONDUIT_BINARY, dir / "conduit");
+  auto run_copy = [&](const std::string& args) {
+    const std::string cmd = "timeout 120 " + (dir / "conduit").string() + " " + args + " 2>&1";
+    std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
+    std::string out;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
+    return Result{WEXITSTATUS(pclose(p.release())), out};
+  };
+  auto sim = run_copy("sim step --cluster dgx-a100 --gpus 64 --model gpt-1.7b --global-batch 64 --json");
+  EXPECT_EQ(sim.code, 0) << sim.out;
+  EXPECT_NE(sim.out.find("\"breakdown_s\""), std::string::npos) << sim.out;
+  for (const std::string& args : {kTrain + " --max-steps 1", std::string("bench gemm --shapes 8x8x8")}) {
+    auto r = run_copy(args);
+    EXPECT_EQ(r.code, 2) << args << ": " << r.out;
+    EXPECT_NE(r.out.find("this command needs libtorch, which conduit loads from libconduit-torch.so"),
+              std::string::npos)
+        << args << ": " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
+  // The built binary has the module beside it and loads it.
+  auto ok = run("bench gemm --shapes 8x8x8 --min-time 0.01");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("GFLOP/s"), std::string::npos) << ok.out;
+  fs::remove_all(dir);
+}

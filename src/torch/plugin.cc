@@ -1,0 +1,26 @@
+// The entry point of libconduit-torch.so (see torch/plugin.h). Built into the module only.
+#include "torch/plugin.h"
+
+namespace {
+
+conduit::train::TrainResult train_worker(const conduit::train::TrainConfig& c, conduit::coll::CommPtr comm,
+                                         const conduit::train::WorkerOptions& o) {
+  return conduit::train::train_worker(c, std::move(comm), o);
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const conduit::train::TorchApi* conduit_torch_api() {
+  static const conduit::train::TorchApi api = [] {
+    conduit::train::TorchApi a;
+    a.abi = conduit::train::kTorchApiAbi;
+    a.train_worker = &train_worker;
+    a.check_model_config = &conduit::train::check_model_config;
+    a.time_gemms = &conduit::train::time_gemms;
+    a.time_convs = &conduit::train::time_convs;
+    a.time_pools = &conduit::train::time_pools;
+    a.time_model_step = &conduit::train::time_model_step;
+    return a;
+  }();
+  return &api;
+}
