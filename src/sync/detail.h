@@ -37,6 +37,8 @@ enum SyncTag : uint32_t {
   kTagPsReplyHeader = 0x51000012,
   kTagPsReply = 0x51000013,
   kTagPsInit = 0x51000014,
+  kTagArrive = 0x51000020,  // await_workers
+  kTagRelease = 0x51000021,
 };
 
 net::RequestPtr isend(coll::Communicator& c, int peer, uint32_t tag, const void* data, size_t bytes);

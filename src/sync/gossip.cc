@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include "compress/collectives.h"
 #include "core/error.h"
@@ -249,10 +250,10 @@ void AdpsgdStrategy::serve_peer(int peer) {
           shadow_[i] += half;
           pending_[i] += half;
         }
-        stats_.bytes_received += req.size() * 4;
-        stats_.bytes_sent += d * 4;
-        stats_.rounds += 1;
       }
+      served_received_ += req.size() * 4;
+      served_sent_ += d * 4;
+      served_rounds_ += 1;
       exchanges_++;
       detail::wait(*comm_, isend(*comm_, peer, detail::kTagPairRep, rep.data(), d * 4));
     }
@@ -265,6 +266,9 @@ void AdpsgdStrategy::serve_peer(int peer) {
 void AdpsgdStrategy::apply_pending(std::span<float> params) {
   std::lock_guard<std::mutex> lk(mu_);
   if (error_) std::rethrow_exception(error_);
+  stats_.bytes_sent += served_sent_.exchange(0);
+  stats_.bytes_received += served_received_.exchange(0);
+  stats_.rounds += served_rounds_.exchange(0);
   for (size_t i = 0; i < params.size(); ++i) {
     params[i] += pending_[i];
     pending_[i] = 0;
@@ -293,6 +297,34 @@ void AdpsgdStrategy::after_step(uint64_t, std::span<float> params) {
   stats_.rounds += 1;
   stats_.comm_seconds += sw.seconds();
   exchanges_++;
+}
+
+Bytes AdpsgdStrategy::save_state() const {
+  detail::Writer w;
+  std::ostringstream rng;
+  rng << rng_;
+  const std::string r = rng.str();
+  w.bytes(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(r.data()), r.size()));
+  std::lock_guard<std::mutex> lk(mu_);
+  w.floats(pending_);
+  w.floats(shadow_);
+  return w.take();
+}
+
+void AdpsgdStrategy::load_state(std::span<const uint8_t> bytes) {
+  detail::Reader r(bytes, name());
+  Bytes rb = r.bytes();
+  std::vector<float> pending = r.floats(), shadow = r.floats();
+  r.done();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (pending.size() != pending_.size() || shadow.size() != shadow_.size())
+    throw ConfigError(fmt::format("sync adpsgd: the checkpoint holds {} parameters, this model {}", pending.size(),
+                                  pending_.size()));
+  std::istringstream rng(std::string(rb.begin(), rb.end()));
+  rng >> rng_;
+  if (rng.fail()) throw ConfigError("sync adpsgd: the checkpoint's random state is corrupt");
+  pending_ = std::move(pending);
+  shadow_ = std::move(shadow);
 }
 
 void AdpsgdStrategy::finish(std::span<float> params) {

@@ -412,6 +412,7 @@ class PsStrategy : public Strategy {
   }
 
   std::string name() const override { return "ps-" + cfg_.mode; }
+  bool workers_drift() const override { return cfg_.mode == "asp" || (cfg_.mode == "ssp" && cfg_.staleness != 0); }
   bool is_worker() const override { return comm_->rank() < workers_; }
   int worker_rank() const override { return is_worker() ? comm_->rank() : -1; }
   int num_workers() const override { return workers_; }

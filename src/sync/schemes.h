@@ -146,6 +146,11 @@ class AdpsgdStrategy : public Strategy {
   AdpsgdStrategy(coll::CommPtr comm, uint64_t seed, bool final_average = true);
   ~AdpsgdStrategy() override;
   std::string name() const override { return "adpsgd"; }
+  bool workers_drift() const override { return true; }
+  // The rng (the next neighbours an active rank picks) and, on a passive rank, the averaging deltas its neighbours
+  // left since its last step (pending_, not yet in its parameters: a checkpoint between two steps keeps them).
+  Bytes save_state() const override;
+  void load_state(std::span<const uint8_t> bytes) override;
   void setup(std::span<float> params) override;
   void after_step(uint64_t step, std::span<float> params) override;
   void finish(std::span<float> params) override;
@@ -160,11 +165,13 @@ class AdpsgdStrategy : public Strategy {
   std::mt19937_64 rng_;
   std::vector<float> send_, recv_;
   // Passive side.
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<float> shadow_, pending_;
   std::vector<std::thread> servers_;
   std::exception_ptr error_;
   std::atomic<uint64_t> exchanges_{0};
+  // What the serving threads moved, folded into stats_ by the training thread (stats() is read without a lock).
+  std::atomic<uint64_t> served_sent_{0}, served_received_{0}, served_rounds_{0};
   bool final_average_ = true;
   bool finished_ = false;
 };

@@ -33,6 +33,25 @@ void Strategy::load_state(std::span<const uint8_t> bytes) {
         fmt::format("sync {}: load_state got {} bytes but this scheme keeps no state", name(), bytes.size()));
 }
 
+void await_workers(coll::Communicator& workers) {
+  const int n = workers.size(), me = workers.rank();
+  if (n <= 1) return;
+  uint8_t token = 1;
+  std::vector<uint8_t> tokens(size_t(n), 0);
+  std::vector<net::RequestPtr> reqs;
+  if (me == 0) {
+    for (int r = 1; r < n; ++r) reqs.push_back(detail::irecv(workers, r, detail::kTagArrive, &tokens[size_t(r)], 1));
+    net::wait_all(reqs, Deadline::never());
+    reqs.clear();
+    for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagRelease, &token, 1));
+    detail::wait_all(workers, reqs);  // the others are all waiting: the normal deadline
+  } else {
+    auto release = detail::irecv(workers, 0, detail::kTagRelease, &tokens[0], 1);
+    detail::wait(workers, detail::isend(workers, 0, detail::kTagArrive, &token, 1));
+    release->wait(Deadline::never());
+  }
+}
+
 namespace detail {
 
 ParamReader::ParamReader(std::string scheme, const Params& given, const Params& defaults)
@@ -200,15 +219,31 @@ const std::map<std::string, Entry>& registry() {
                    }};
     m["easgd"] = {{{"period", "4"}, {"alpha", "0"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                     double a = p.real("alpha", 0, 1);
-                    if (a == 0) a = 0.9 / c->size();  // the paper's beta = 0.9 split over p workers
+                    const int n = c->size();
+                    if (a == 0) a = 0.9 / n;  // the paper's beta = 0.9 split over p workers
+                    // Each round scales the gap between the workers' mean and the centre by 1 - (n + 1) alpha: at
+                    // alpha >= 2 / (n + 1) it grows without bound (alpha = 1 with 2 workers: inf loss at step 24).
+                    if (a >= 2.0 / (n + 1))
+                      throw ConfigError(fmt::format(
+                          "sync easgd: alpha = {} diverges with {} workers (each round scales the gap between their "
+                          "mean and the centre by 1 - (n+1)*alpha = {:.3g}); allowed: 0 < alpha < 2/(n+1) = {:.4g}, "
+                          "default 0.9/n = {:.4g}",
+                          a, n, 1 - (n + 1) * a, 2.0 / (n + 1), 0.9 / n));
                     return std::make_unique<EasgdStrategy>(std::move(c), p.integer("period", 1, 1 << 24), a);
                   }};
     m["dpsgd"] = {{{"graph", "ring"}, {"rows", "0"}, {"compressor", "none"}, {"gamma", "0.5"}, {"seed", "0"}},
                   [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                     std::string kind = p.choice("graph", Graph::kinds());
                     int n = c->size();
+                    auto comp = optional_compressor(p.str("compressor"));
+                    // CHOCO compresses one flat buffer: PowerSGD has no matrix there and would send it raw.
+                    if (comp && comp->collective() == compress::Collective::powersgd)
+                      throw ConfigError(fmt::format(
+                          "sync dpsgd: compressor '{}' needs the layers' matrices, which gossip's flat buffer does not "
+                          "have; allowed: a quantizer or sparsifier (e.g. topk, qsgd, int8)",
+                          p.str("compressor")));
                     return std::make_unique<DpsgdStrategy>(c, Graph(kind, n, p.integer("rows", 0, n)),
-                                                           optional_compressor(p.str("compressor")),
+                                                           std::move(comp),
                                                            p.real("gamma", 1e-6, 1), p.integer("seed", 0, INT64_MAX));
                   }};
     m["sgp"] = {{{"peers", "1"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {

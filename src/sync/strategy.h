@@ -38,6 +38,12 @@ struct SyncStats {
   double comm_seconds = 0;      // time spent blocked in communication
 };
 
+// A rendezvous of every rank of `workers` without a deadline, for the points where an asynchronous scheme's workers
+// meet (checkpoints, the end): a fast worker waits there for a straggler's remaining steps, which may rightly take
+// longer than any timeout. It still fails at once when a peer dies or any rank aborts the transport (as the
+// parameter servers' and AD-PSGD's serving waits). Collective over `workers`.
+void await_workers(coll::Communicator& workers);
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -58,6 +64,11 @@ class Strategy {
   virtual void after_step(uint64_t step, std::span<float> params);
   // Once at the end: final averaging where the scheme has one, stops background threads and servers.
   virtual void finish(std::span<float> params);
+
+  // True where the workers may drift apart by more than a step (asynchronous schemes: ps-asp, ps-ssp with a
+  // staleness above 0, adpsgd): a worker that is done, or at a checkpoint, may wait for a straggler's remaining
+  // steps, which no timeout bounds. The trainer meets the other workers there with await_workers().
+  virtual bool workers_drift() const { return false; }
 
   // State for checkpoints (counters, replicas, momentum); restore after setup() on a fresh strategy.
   virtual Bytes save_state() const { return {}; }

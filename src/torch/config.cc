@@ -389,8 +389,13 @@ SyncSpec effective_sync(const TrainConfig& c) {
     // diverged (so does bsp at lr 0.5, momentum 0.5). dana=0 keeps that half-step rule.
     double lr = c.lr, momentum = c.momentum;
     auto staleness = s.params.find("staleness");
+    auto is_zero = [](const std::string& v) {  // "0", "00", ...: s = 0 (a bad value is named by the scheme later)
+      long long x = -1;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+      return ec == std::errc() && end == v.data() + v.size() && x == 0;
+    };
     const bool stale = s.name == "ps-asp" ||
-                       (s.name == "ps-ssp" && (staleness == s.params.end() || staleness->second != "0"));
+                       (s.name == "ps-ssp" && (staleness == s.params.end() || !is_zero(staleness->second)));
     if (stale) s.params.try_emplace("dana", "1");
     auto dana = s.params.find("dana");
     const bool lookahead = dana != s.params.end() && (dana->second == "1" || dana->second == "true");

@@ -524,7 +524,12 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     evaluate_snapshots();  // their accuracies and time to target belong to the checkpoint
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
     // inside a step), so the saved server shards and replicas are one consistent state.
-    if (sopt) comm.barrier().wait();
+    // Their workers may be far apart (asynchronous schemes: a straggler's remaining steps), so they meet without a
+    // deadline first.
+    if (sopt) {
+      if (sopt->workers_drift()) sopt->await_workers();
+      comm.barrier().wait();
+    }
     // Written whole into its own directory (checkpoint-<global step>), then `checkpoint` is switched to it by one
     // rename of a symbolic link: a run killed at any moment leaves `checkpoint` at a complete checkpoint, the last or
     // the one before (files overwritten in place could mix two steps or lose the only good one).
@@ -724,7 +729,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // stop): a resumed run goes on exactly as an uninterrupted one would have.
     if (checkpointed_at != global_step && global_step > start_global_step)
       save_checkpoint(int(end_epoch_pos), end_step_pos, res.test_accuracy);
-    // Then the scheme's last word and worker 0's final accuracy for all.
+    // Then the scheme's last word and worker 0's final accuracy for all. Asynchronous workers end apart (a
+    // straggler's remaining steps, which no timeout bounds): they meet first, without a deadline.
+    if (sopt->workers_drift()) sopt->await_workers();
     sopt->finish();
     double acc[2] = {0, 0};
     if (lead) std::tie(acc[0], acc[1]) = run_eval();

@@ -187,3 +187,18 @@ TEST(SyncStraggler, AStepTakesFactorTimesTheComputesCpuTime) {
 }
 
 }  // namespace
+
+TEST(SyncConfig, EasgdAlphaThatDivergesAndPowerSgdForGossipAreRefused) {
+  // With n workers each round scales the gap between their mean and the centre by 1 - (n+1) alpha: alpha = 1 with
+  // 2 workers reached an inf loss at step 24. Allowed: alpha < 2/(n+1).
+  static const auto two = harness::make_comms(2);
+  auto m = config_error([] { make_strategy("easgd", {{"alpha", "1"}}, two[0]); });
+  EXPECT_NE(m.find("alpha = 1 diverges with 2 workers"), std::string::npos) << m;
+  EXPECT_NE(m.find("2/(n+1) = 0.6667"), std::string::npos) << m;
+  EXPECT_NO_THROW(make_strategy("easgd", {{"alpha", "0.6"}}, two[0]));
+  EXPECT_NO_THROW(make_strategy("easgd", {}, two[0]));  // 0.9/n
+  // CHOCO gossip compresses one flat buffer: PowerSGD would have no matrix and send it raw.
+  m = config_error([] { make_strategy("dpsgd", {{"compressor", "powersgd"}}, kComms[0]); });
+  EXPECT_NE(m.find("needs the layers' matrices"), std::string::npos) << m;
+  EXPECT_NO_THROW(make_strategy("dpsgd", {{"compressor", "topk:ratio=0.1"}}, kComms[0]));
+}

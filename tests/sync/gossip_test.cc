@@ -1,6 +1,7 @@
 // D-PSGD (plain and CHOCO), PushSum and AD-PSGD conservation laws and consensus rates on in-process ranks.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <numbers>
@@ -222,6 +223,78 @@ TEST(SyncAdpsgd, PairwiseAveragingPreservesTheSum) {
   auto a0 = averages(x0);
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(x[r][i], a0[i], 1e-5) << "rank " << r;
+}
+
+TEST(SyncAdpsgd, ACheckpointBetweenStepsKeepsThePassiveRanksPendingAverage) {
+  // The active rank averages with the passive one, whose share waits in pending_ until its next step. A checkpoint
+  // taken there (the trainer saves params and save_state()) and restored into a fresh strategy must give the same
+  // next step as the run that went on: the state lost the pending half-average before.
+  const size_t d = 6;
+  std::vector<float> went_on, restored;
+  on_ranks(2, [&](int r, coll::CommPtr c) {
+    coll::CollOptions o;
+    o.blocking = true;
+    std::vector<float> p(d, 0.f);
+    Bytes state;
+    std::vector<float> saved;
+    {
+      AdpsgdStrategy s(c, 7, false);
+      s.setup(p);
+      for (size_t i = 0; i < d; ++i) p[i] = harness::target(r, i);
+      if (!s.active()) s.after_step(0, p);  // publish this rank's model
+      c->barrier(o).wait();
+      if (s.active()) s.after_step(0, p);  // one exchange: the passive rank's share is now pending
+      c->barrier(o).wait();
+      if (!s.active()) {
+        state = s.save_state();
+        saved = p;
+        s.after_step(1, p);  // the run that goes on
+        went_on = p;
+      }
+      s.finish(p);
+    }
+    AdpsgdStrategy s2(c, 7, false);
+    std::vector<float> q(d, 0.f);
+    s2.setup(q);
+    if (!s2.active()) {
+      s2.load_state(state);
+      q = saved;
+      s2.after_step(1, q);
+      restored = q;
+    }
+    s2.finish(q);
+  });
+  ASSERT_EQ(went_on.size(), d);
+  ASSERT_EQ(restored.size(), d);
+  for (size_t i = 0; i < d; ++i) EXPECT_FLOAT_EQ(restored[i], went_on[i]) << i;
+  EXPECT_NE(went_on[0], harness::target(1, 0)) << "the exchange left nothing pending: the test shows nothing";
+}
+
+TEST(SyncAwaitWorkers, AStragglerLongerThanTheTimeoutIsAwaited) {
+  // Asynchronous workers meet at checkpoints and at the end: rank 2 arrives 1 s after the others, with a 0.3 s
+  // communicator timeout. A barrier would fail there; await_workers waits.
+  coll::CommConfig cfg;
+  cfg.timeout_s = 0.3;
+  cfg.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(3, 0, cfg);
+  std::vector<std::string> errors(3);
+  std::vector<double> waited(3);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+        auto t0 = std::chrono::steady_clock::now();
+        await_workers(*comms[r]);
+        waited[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_GT(waited[0], 0.8);
+  EXPECT_GT(waited[1], 0.8);
 }
 
 }  // namespace

@@ -134,6 +134,9 @@ TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
   EXPECT_EQ(effective_sync(ssp).params.count("dana") ? effective_sync(ssp).params.at("dana") : "0", "0");
   EXPECT_EQ(effective_sync(ssp).params.at("momentum"), "0.9");
   EXPECT_EQ(effective_sync(ssp).params.at("lr"), "0.05");
+  // s = 0 written another way is still bsp (the check compared the text with "0").
+  TrainConfig ssp00 = tiny_sync("ps-ssp:staleness=00");
+  EXPECT_EQ(effective_sync(ssp00).params.count("dana") ? effective_sync(ssp00).params.at("dana") : "0", "0");
   TrainConfig given = tiny_sync("ps-asp:momentum=0.9");  // what the spec gives stays
   EXPECT_EQ(effective_sync(given).params.at("lr"), "0.05");
   EXPECT_EQ(spec.params.at("colocate"), "1");
@@ -214,6 +217,27 @@ TEST(TrainSync, StragglerSleepsOnlyOnItsRankAndOutputsNameTheScheme) {
   EXPECT_EQ(evals, 2);  // copies at step 3 and at the (partial) epoch's end, step 6
   EXPECT_EQ(finals, 1);
   fs::remove_all(dir);
+}
+
+TEST(TrainSync, AsynchronousWorkersMeetAStragglerPastTheirTimeout) {
+  // Under ps-asp and adpsgd a fast worker finishes long before a straggler: at the end-of-run checkpoint it waited
+  // in a barrier with the normal deadline and failed ("barrier ... did not complete before the deadline") after
+  // training had succeeded. Worker 1 here is 300x slow (seconds behind), the timeout 0.5 s.
+  for (std::string sync : {"adpsgd", "ps-asp"}) {
+    auto dir = temp_dir("async-end-" + sync);
+    TrainConfig c = tiny_sync(sync);
+    c.slow = "1:300";
+    c.max_steps = 8;
+    c.timeout_s = 0.5;
+    c.output = dir.string();
+    coll::CommConfig cc;
+    cc.timeout_s = c.timeout_s;
+    auto res = train_inproc(c, 2, true, cc);
+    EXPECT_EQ(res[0].steps, 8) << sync;
+    EXPECT_EQ(res[1].steps, 8) << sync;
+    EXPECT_TRUE(fs::exists(dir / "checkpoint" / "checkpoint.json")) << sync;
+    fs::remove_all(dir);
+  }
 }
 
 TEST(TrainSync, TransientStragglersSlowTheStepsTheirSeedDrawsOnEveryRank) {
