@@ -24,51 +24,95 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, con
   if (m0.layers % c.pp != 0) throw ConfigError(fmt::format("--pp = {} must divide --layers = {}", c.pp, m0.layers));
   if (c.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", c.batch));
   if (c.prompt < 1 || c.generate < 1) throw ConfigError("--prompt and --generate must be at least 1 token");
-  if (c.prompt + c.generate > m0.seq)
+  if (c.prompt > m0.seq || c.generate > m0.seq - c.prompt)  // (the sum of two huge values overflowed)
     throw ConfigError(fmt::format("--prompt ({}) + --generate ({}) exceed the model's context of {} tokens (--seq)",
                                   c.prompt, c.generate, m0.seq));
   InferenceResult r;
   r.replicas = gpus / (static_cast<long long>(c.tp) * c.pp);
-  const NodeKind& kind = topo.kind_of_node(0);
-  const Accelerator& acc = kind.accelerator;
   const int t = c.tp, p = c.pp, lps = m0.layers / p;
   const double h = static_cast<double>(m0.hidden), a = static_cast<double>(m0.heads), b = c.batch;
   const double V = static_cast<double>(m0.vocab);
   const Group tg{t, 1, 0};
   const Group pg{p, t, 0};
-
-  // Prefill: the forward pass over the prompt.
-  GptModel pm = m0;
-  pm.seq = c.prompt;
-  double layer = 0;
-  for (const auto& g : gpt_layer_gemms(pm, b, t)) layer += gemm_time(acc, g.shape);
   const double s = static_cast<double>(c.prompt);
-  layer += memory_time(acc, 2 * (11 * b * s * h + 2 * b * (a / t) * s * s + 2 * b * s * 4 * h / t), 6);
-  double tp_layer = t > 1 ? 2 * net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;
-  double p2p = p > 1 ? net.time(Collective::kShift, Algorithm::kDirect, pg, b * s * h * 2 / t) : 0;
-  double logits = gemm_time(acc, {b, V / t, h, 1});
-  r.prefill = p * lps * (layer + tp_layer) + (p - 1) * p2p + logits;
+  const double f = m0.ffn_mult * h;
 
-  // Decode at the average context length.
-  const double ctx = static_cast<double>(c.prompt) + static_cast<double>(c.generate) / 2;
-  double dlayer = 0, flops = 0, bytes = 0;
-  const double d = h / a, f = m0.ffn_mult * h;
-  const GemmShape shapes[] = {{b, 3 * h / t, h, 1}, {1, ctx, d, b * a / t}, {1, d, ctx, b * a / t},
-                              {b, h, h / t, 1},     {b, f / t, h, 1},       {b, h, f / t, 1}};
-  for (const auto& g : shapes) {
-    dlayer += gemm_time(acc, g);
-    flops += g.flops();
-    bytes += 2 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch;
+  // One replica on accelerators `acc`: prefill, decode per token, and what bounds the decode.
+  struct Timing {
+    double prefill = 0, decode = 0, latency = 0;
+    std::string bound;
+  };
+  auto timing = [&](const Accelerator& acc) {
+    Timing tm;
+    // Prefill: the forward pass over the prompt.
+    GptModel pm = m0;
+    pm.seq = c.prompt;
+    double layer = 0;
+    for (const auto& g : gpt_layer_gemms(pm, b, t)) layer += gemm_time(acc, g.shape);
+    layer += memory_time(acc, 2 * (11 * b * s * h + 2 * b * (a / t) * s * s + 2 * b * s * 4 * h / t), 6);
+    double tp_layer = t > 1 ? 2 * net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;
+    double p2p = p > 1 ? net.time(Collective::kShift, Algorithm::kDirect, pg, b * s * h * 2 / t) : 0;
+    double logits = gemm_time(acc, {b, V / t, h, 1});
+    tm.prefill = p * lps * (layer + tp_layer) + (p - 1) * p2p + logits;
+
+    // Decode at the average context length.
+    const double ctx = static_cast<double>(c.prompt) + static_cast<double>(c.generate) / 2;
+    double dlayer = 0, flops = 0, bytes = 0;
+    const double d = h / a;
+    const GemmShape shapes[] = {{b, 3 * h / t, h, 1}, {1, ctx, d, b * a / t}, {1, d, ctx, b * a / t},
+                                {b, h, h / t, 1},     {b, f / t, h, 1},       {b, h, f / t, 1}};
+    for (const auto& g : shapes) {
+      dlayer += gemm_time(acc, g);
+      flops += g.flops();
+      bytes += 2 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch;
+    }
+    dlayer += memory_time(acc, 2 * 11 * b * h, 6);
+    double dtp = t > 1 ? 2 * net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * h * 2) : 0;
+    double dp2p = p > 1 ? net.time(Collective::kShift, Algorithm::kDirect, pg, b * h * 2 / t) : 0;
+    tm.decode = p * lps * (dlayer + dtp) + (p - 1) * dp2p + gemm_time(acc, {b, V / t, h, 1});
+    const double t_flops = flops / (acc.peak_flops * acc.gemm_efficiency);
+    const double t_bytes = bytes / (acc.memory_bandwidth * acc.memory_efficiency);
+    tm.bound = t_bytes >= t_flops ? "memory" : "compute";
+    tm.latency = tm.prefill + static_cast<double>(c.generate) * tm.decode;
+    return tm;
+  };
+
+  // Clusters with several node kinds (edge): each replica runs at the pace of the slowest kind among its nodes and
+  // must fit in the smallest memory; the reported latencies are the slowest replica's, the throughput the sum over
+  // replicas. (Node 0's kind for all of them put 8 GB devices' replicas in 64 GB and at their speed.)
+  const auto& kinds = topo.spec().node_kinds;
+  std::vector<Timing> per_kind(kinds.size());
+  std::vector<bool> present(kinds.size(), false);
+  for (size_t k = 0; k < kinds.size(); ++k)
+    if (topo.kind_counts()[k] > 0) {
+      present[k] = true;
+      per_kind[k] = timing(kinds[k].accelerator);
+    }
+  const long long width = static_cast<long long>(t) * p;
+  double capacity = 0;
+  bool first = true;
+  for (size_t k = 0; k < kinds.size(); ++k)
+    if (present[k]) {
+      capacity = first ? kinds[k].accelerator.memory_bytes : std::min(capacity, kinds[k].accelerator.memory_bytes);
+      first = false;
+    }
+  Timing slowest;
+  double throughput = 0;
+  for (long long rep = 0; rep < r.replicas; ++rep) {
+    const Timing* tm = nullptr;
+    const long long n0 = topo.node_of(rep * width), n1 = topo.node_of((rep + 1) * width - 1);
+    for (long long n = n0; n <= n1; ++n) {
+      const Timing& k = per_kind[static_cast<size_t>(&topo.kind_of_node(n) - kinds.data())];
+      if (!tm || k.latency > tm->latency) tm = &k;
+    }
+    throughput += b * static_cast<double>(c.generate) / tm->latency;
+    if (tm->latency > slowest.latency) slowest = *tm;
   }
-  dlayer += memory_time(acc, 2 * 11 * b * h, 6);
-  double dtp = t > 1 ? 2 * net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * h * 2) : 0;
-  double dp2p = p > 1 ? net.time(Collective::kShift, Algorithm::kDirect, pg, b * h * 2 / t) : 0;
-  r.decode_per_token = p * lps * (dlayer + dtp) + (p - 1) * dp2p + gemm_time(acc, {b, V / t, h, 1});
-  const double t_flops = flops / (acc.peak_flops * acc.gemm_efficiency);
-  const double t_bytes = bytes / (acc.memory_bandwidth * acc.memory_efficiency);
-  r.decode_bound = t_bytes >= t_flops ? "memory" : "compute";
-  r.request_latency = r.prefill + static_cast<double>(c.generate) * r.decode_per_token;
-  r.tokens_per_second = static_cast<double>(r.replicas) * b * static_cast<double>(c.generate) / r.request_latency;
+  r.prefill = slowest.prefill;
+  r.decode_per_token = slowest.decode;
+  r.decode_bound = slowest.bound;
+  r.request_latency = slowest.latency;
+  r.tokens_per_second = throughput;
 
   // Memory: weights, KV cache, and the prefill's largest transient: the MLP phase (up-projection output and QKV) or
   // the attention phase (QKV, the b (a/t) s^2 scores and their softmax, which the prefill timing above writes to
@@ -79,7 +123,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, con
   const double act =
       std::max(2 * b * s * (f / t + 3 * h / t), 2 * b * s * 3 * h / t + 2 * 2 * b * (a / t) * s * s) + 4 * b * V / t;
   r.memory_total = r.weight_bytes + r.kv_bytes + act;
-  r.memory_capacity = acc.memory_bytes;
+  r.memory_capacity = capacity;
   r.fits = r.memory_total <= r.memory_capacity;
   const double per_seq = kv_cache_bytes(m0, t, p, tokens, 1) + act / b;
   r.max_batch =

@@ -7,8 +7,9 @@
 //          prioritized by attained service (accelerators x seconds) in queues with exponentially growing
 //          thresholds, arrival order inside a queue; preemptive (a preempted job restarts from its last
 //          checkpoint after `restart_penalty` seconds), lower-priority jobs backfill idle accelerators.
-// Placement: topology (the fewest leaves: best fit in one leaf, else the emptiest leaves) or spread (round-robin
-// across leaves).
+// Placement, per node: a job smaller than a node runs inside one node (best fit, or first fit under spread), a
+// larger one on whole free nodes: topology (the fewest leaves: best fit in one leaf, else the leaves with the most
+// free nodes) or spread (round-robin across leaves).
 // Job speed for a placement: the planner's best configuration for the job's model and accelerator count on a
 // cluster whose job nodes span that many leaves (cached per model, size and leaf count).
 #include <string>
@@ -60,14 +61,17 @@ struct JobOutcome {
 
 struct ScheduleResult {
   std::vector<JobOutcome> jobs;
-  double mean_jct = 0, p50_jct = 0, p99_jct = 0, makespan = 0, utilization = 0;
+  double mean_jct = 0, p50_jct = 0, p99_jct = 0, utilization = 0;
+  double makespan = 0;  // from the first submission to the last finish
 };
 
 ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const std::vector<JobSpec>& jobs,
                                 const SchedulerOptions& opt);
 
-// Iteration time of a job on `gpus` accelerators whose nodes span `leaves` leaf switches.
+// Iteration time of a job on `gpus` accelerators whose nodes span `leaves` leaf switches (on a torus: a ring of
+// its nodes). Infinity when no configuration runs; then `why` (when given) says what stopped them: memory, or the
+// first configuration error (e.g. a global batch no micro-batch x data-parallel size divides).
 double job_iteration_time(const ClusterSpec& spec, const std::string& model, long long gpus, long long global_batch,
-                          int leaves);
+                          int leaves, std::string* why = nullptr);
 
 }  // namespace conduit::sim

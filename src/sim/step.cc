@@ -27,7 +27,7 @@ Compression parse_compression(const std::string& s) {
     char* end = nullptr;
     c.param = std::strtod(parts[1].c_str(), &end);
     if (end == parts[1].c_str() || *end != 0) throw bad();
-    if (c.kind == "topk" && (c.param <= 0 || c.param > 1)) throw bad();
+    if (c.kind == "topk" && !(c.param > 0 && c.param <= 1)) throw bad();  // (nan passed both tests)
     if (c.kind == "powersgd" && (c.param < 1 || c.param != std::floor(c.param))) throw bad();
     return c;
   }
@@ -65,6 +65,7 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
   if (m.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m.heads));
   if (m.vocab % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --vocab = {}", c.tp, m.vocab));
   if (c.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", c.micro_batch));
+  if (c.global_batch < 1) throw ConfigError(fmt::format("--global-batch = {} must be at least 1", c.global_batch));
   if (c.global_batch % (static_cast<long long>(c.micro_batch) * dp) != 0)
     throw ConfigError(
         fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x data-parallel size ({})",
@@ -91,6 +92,9 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
         "--compression with --zero > 0 is not modelled (compress the data-parallel allreduce of --zero 0)");
   if (c.sequence_parallel && c.tp == 1)
     throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
+  if (c.sequence_parallel && m.seq % c.tp != 0)
+    throw ConfigError(fmt::format(
+        "--sp splits the sequence over the tensor-parallel ranks: --tp = {} must divide --seq = {}", c.tp, m.seq));
   if (c.sync.kind == "local-sgd" && c.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
   if (c.compression.kind == "powersgd" && c.compression.param > static_cast<double>(m.hidden / c.tp))
@@ -104,6 +108,16 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
 }
 
 namespace {
+
+// A cluster file's rates are only checked to be positive: 1e-300 FLOP/s or b/s made every time inf (and the planner
+// ranked inf and nan plans).
+void check_finite(const StepResult& r) {
+  if (std::isfinite(r.time) && r.time > 0) return;
+  throw ConfigError(fmt::format(
+      "the simulated step time is {}: a rate of the cluster (peak FLOP/s, memory bandwidth, link bandwidth) is too "
+      "small or a time too large to compute with; allowed: rates and times whose products stay finite",
+      r.time));
+}
 
 struct MicroTimes {
   double fwd_compute = 0, bwd_compute = 0, recompute = 0;  // per micro-batch on the last stage
@@ -465,7 +479,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
                                  ? gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, Recompute::kNone)
                                  : 0.0;
   auto stage_memory = [&](double params, double inflight, bool loss) {
-    const ModelState st = zero_model_state(params, d, cfg.zero);
+    const ModelState st = zero_model_state(params, d, cfg.zero, cfg.grad_bytes);
     MemoryBreakdown mem;
     mem.params = st.params;
     mem.grads = st.grads;
@@ -506,6 +520,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
   if (t > 1)
     r.notes.push_back(fmt::format("tensor-parallel collectives {} per iteration ({}), not overlapped",
                                   format_seconds(r.breakdown.tp_comm), r.tp_algorithm));
+  check_finite(r);
   return r;
 }
 
@@ -656,7 +671,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   r.breakdown.optimizer =
       measured && measured->optimizer > 0 ? measured->optimizer / shard : memory_time(*slow, params / shard * 28, 4);
   r.time = r.breakdown.compute + dp_exposed + r.breakdown.optimizer;
-  ModelState st = zero_model_state(params, gpus, cfg.zero);
+  ModelState st = zero_model_state(params, gpus, cfg.zero, cfg.grad_bytes);
   r.memory.params = st.params;
   r.memory.grads = st.grads;
   r.memory.optimizer = st.optimizer;
@@ -677,6 +692,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed{}",
                                   format_seconds(dp_total), r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed),
                                   wake_note(wake)));
+  check_finite(r);
   return r;
 }
 

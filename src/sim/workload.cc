@@ -143,12 +143,12 @@ double megatron_flops_formula(const GptModel& m, double B, bool full_recompute) 
   return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h));
 }
 
-ModelState zero_model_state(double psi, long long dp, int stage) {
+ModelState zero_model_state(double psi, long long dp, int stage, double grad_bytes) {
   if (stage < 0 || stage > 3) throw ConfigError(fmt::format("--zero = {} (allowed: 0, 1, 2, 3)", stage));
   const double n = static_cast<double>(std::max<long long>(1, dp));
   ModelState s;
   s.params = 2 * psi / (stage >= 3 ? n : 1);
-  s.grads = 2 * psi / (stage >= 2 ? n : 1);
+  s.grads = grad_bytes * psi / (stage >= 2 ? n : 1);
   s.optimizer = 12 * psi / (stage >= 1 ? n : 1);
   return s;
 }

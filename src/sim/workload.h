@@ -63,12 +63,13 @@ double gpt_iteration_flops(const GptModel& m, double global_batch, Recompute r);
 // V/(12 l h)) without.
 double megatron_flops_formula(const GptModel& m, double global_batch, bool full_recompute);
 
-// ZeRO model-state bytes per GPU for `params` parameters over `dp` ranks (mixed-precision Adam, K = 12).
+// ZeRO model-state bytes per GPU for `params` parameters over `dp` ranks (mixed-precision Adam, K = 12), with
+// gradients of `grad_bytes` each (2: fp16/bf16; 4: fp32, --grad-bytes 4).
 struct ModelState {
   double params = 0, grads = 0, optimizer = 0;
   double total() const { return params + grads + optimizer; }
 };
-ModelState zero_model_state(double params, long long dp, int stage);
+ModelState zero_model_state(double params, long long dp, int stage, double grad_bytes = 2);
 
 // Activation bytes of one layer for one micro-batch.
 double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sequence_parallel, Recompute r);

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "run_cli.h"
 #include "sim/cluster.h"
+#include "sim/inference.h"
 #include "sim/plan.h"
 #include "sim/scheduler.h"
 #include "sim/step.h"
@@ -204,6 +205,109 @@ TEST(Inputs, ContradictoryStepFlagsAreRefused) {
   EXPECT_EQ(step_error([](ParallelConfig& c) { c.compression = parse_compression("powersgd:4"); }), "no error");
   EXPECT_EQ(error_of([] { Topology(load_cluster("dgx-a100"), 1LL << 20); }),
             "--gpus = 1048576 is beyond the simulator's limit of 262144 accelerators");
+}
+
+// Found by a review: inputs that printed nonsense with exit code 0 or blamed the wrong thing.
+TEST(Inputs, OverflowsNanAndImpossibleRatesAreRefused) {
+  Topology topo(load_cluster("dgx-h100"), 8);
+  CollectiveModel net(topo);
+  InferenceConfig ic;
+  ic.tp = 8;
+  ic.prompt = 9223372036854775807LL;  // prompt + generate overflowed and passed the context check
+  ic.generate = 1;
+  EXPECT_NE(error_of([&] { simulate_inference(net, named_model("llama2-70b-like"), ic); }).find("exceed"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_compression("topk:nan"); }).find("topk:DENSITY in (0,1]"), std::string::npos);
+  const GptModel m = named_model("gpt-1.7b");
+  ParallelConfig c;
+  c.global_batch = 0;
+  EXPECT_EQ(error_of([&] { simulate_step(net, m, c); }), "--global-batch = 0 must be at least 1");
+  GptModel odd = m;
+  odd.seq = 1001;
+  c.global_batch = 8;
+  c.tp = 4;
+  c.sequence_parallel = true;
+  EXPECT_NE(error_of([&] { simulate_step(net, odd, c); }).find("--tp = 4 must divide --seq = 1001"), std::string::npos);
+  // A positive but absurdly small rate made every time inf (and the planner ranked inf plans).
+  ClusterSpec slow = load_cluster("dgx-h100");
+  slow.node_kinds[0].accelerator.peak_flops = 1e-300;
+  Topology st(slow, 8);
+  CollectiveModel sn(st);
+  ParallelConfig d;
+  d.global_batch = 8;
+  EXPECT_NE(error_of([&] { simulate_step(sn, m, d); }).find("the simulated step time is inf"), std::string::npos);
+}
+
+TEST(Inputs, GradientMemoryFollowsGradBytes) {
+  EXPECT_DOUBLE_EQ(zero_model_state(1e9, 8, 0, 4).grads, 4e9);
+  EXPECT_DOUBLE_EQ(zero_model_state(1e9, 8, 2, 4).grads, 4e9 / 8);
+  EXPECT_DOUBLE_EQ(zero_model_state(1e9, 8, 0).grads, 2e9);
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  ParallelConfig c;
+  c.global_batch = 64;
+  const double two = simulate_step(net, named_model("gpt-7.5b"), c).memory.grads;
+  c.grad_bytes = 4;
+  EXPECT_DOUBLE_EQ(simulate_step(net, named_model("gpt-7.5b"), c).memory.grads, 2 * two);
+}
+
+TEST(Inputs, InferenceOnMixedNodesFitsTheSmallestAndRunsAtEachKindsPace) {
+  const ClusterSpec edge = load_cluster("edge");
+  Topology topo(edge, 64);
+  CollectiveModel net(topo);
+  double smallest = 1e300;
+  for (size_t k = 0; k < edge.node_kinds.size(); ++k)
+    if (topo.kind_counts()[k] > 0) smallest = std::min(smallest, edge.node_kinds[k].accelerator.memory_bytes);
+  InferenceConfig ic;
+  ic.prompt = 512;
+  ic.generate = 64;
+  const InferenceResult r = simulate_inference(net, named_model("gpt-7.5b"), ic);
+  EXPECT_DOUBLE_EQ(r.memory_capacity, smallest);
+  EXPECT_FALSE(r.fits);  // 15.9 GB of weights and cache on the 8 GB devices
+  // The reported latency is the slowest replica's; the throughput sums every replica at its own pace, so it is
+  // above what 64 replicas at the slowest pace give.
+  EXPECT_GT(r.tokens_per_second, 64 * 64 / r.request_latency * 1.0001);
+}
+
+TEST(Inputs, SchedulerPlacesPerNodeCountsFromTheFirstSubmitAndNamesWhyNothingRuns) {
+  const ClusterSpec spec = load_cluster("dgx-a100");
+  // 16 GPUs: jobs of 5 and 5 take a node each; the 6-GPU job must not run as 3 + 3 GPUs of two nodes.
+  auto jobs = parse_job_trace(
+      "id,submit_s,gpus,model,iterations\na,0,5,gpt2-small,100\nb,0,5,gpt2-small,100\nc,0,6,gpt2-small,100\n", "t");
+  for (Placement pl : {Placement::kTopology, Placement::kSpread}) {
+    SchedulerOptions o;
+    o.placement = pl;
+    const ScheduleResult r = simulate_cluster(spec, 16, jobs, o);
+    EXPECT_GT(r.jobs[2].start, 0) << "job c started beside a and b";
+    EXPECT_GE(r.jobs[2].start, std::min(r.jobs[0].finish, r.jobs[1].finish) - 1e-9);
+  }
+  // A trace that starts late: the makespan counts from its first submission (100076 s before, for 76 s of work).
+  jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,100000,8,gpt2-small,1000\n", "t");
+  const ScheduleResult late = simulate_cluster(spec, 8, jobs, {});
+  EXPECT_NEAR(late.makespan, late.jobs[0].finish - 100000, 1e-6);
+  EXPECT_NEAR(late.utilization, 1.0, 1e-9);
+  // No configuration runs because of the batch, not memory.
+  jobs = parse_job_trace("id,submit_s,gpus,model,iterations,global_batch\na,0,64,gpt2-small,10,7\n", "t");
+  const std::string why = error_of([&] { simulate_cluster(spec, 64, jobs, {}); });
+  EXPECT_NE(
+      why.find("job a: no parallel configuration of gpt2-small runs on 64 accelerators: the global batch (7) is not"),
+      std::string::npos)
+      << why;
+  // A torus cluster: a job's sub-cluster is a ring of its nodes (the file's dimensions hold the whole cluster).
+  ClusterSpec torus = spec;
+  torus.network.topology = TopologyKind::kTorus;
+  torus.network.torus_dims = {4, 4};
+  torus.network.torus_link = {50e9, 1e-6};
+  torus.network.in_network_reduction = false;
+  jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,0,16,gpt2-small,10\nb,0,4,gpt2-small,10\n", "t");
+  const ScheduleResult tr = simulate_cluster(torus, 128, jobs, {});
+  EXPECT_TRUE(std::isfinite(tr.makespan));
+  // Ids are printable ASCII; a byte-order mark before the header is not part of it.
+  EXPECT_NE(error_of([] {
+              parse_job_trace("id,submit_s,gpus,model,iterations\n\xff\xfe,0,8,gpt2-small,1\n", "t");
+            }).find("id holds the byte 0xFF"),
+            std::string::npos);
+  EXPECT_EQ(parse_job_trace("\xEF\xBB\xBFid,submit_s,gpus,model,iterations\na,0,8,gpt2-small,1\n", "t").size(), 1u);
 }
 
 using test_util::run;
