@@ -651,6 +651,9 @@ void exec_in_host(const ClusterState& state, int index, const std::vector<std::s
   setenv("CONDUIT_CLUSTER_HOST", std::to_string(index).c_str(), 1);
   setenv("CONDUIT_CLUSTER_NAME", state.name.c_str(), 1);
   setenv("CONDUIT_CLUSTER_ADDR", h.address.c_str(), 1);
+  // Each emulated host is a host of its own to Conduit (its hostname and boot id are the machine's): ranks on two
+  // hosts must not pair over shared memory past the shaped links, and the tuner must see two hosts, not one.
+  setenv("CONDUIT_HOST_ID", fmt::format("conduit-{}-h{}", state.name, index).c_str(), 1);
   std::vector<char*> args;
   for (const auto& a : command) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

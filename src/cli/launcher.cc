@@ -162,8 +162,10 @@ class SignalScope {
     return sigs;
   }
 
-  static constexpr int kHandled = 3;
-  static constexpr int kSignals[kHandled] = {SIGINT, SIGTERM, SIGCHLD};
+  // SIGHUP (a closed terminal) and SIGQUIT stop the workers as SIGTERM does: unhandled, they killed the launcher
+  // alone and left whatever the workers had started running.
+  static constexpr int kHandled = 5;
+  static constexpr int kSignals[kHandled] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
 
  private:
   FileDescriptor read_, write_;
@@ -702,8 +704,9 @@ int run_local_workers(const LaunchSpec& spec) {
       int code = 0;
       std::string what = describe_exit(info, &code);
       bool failed = code != 0;
-      // Whatever a failed or stopped worker started goes with it.
-      if (failed || stopping) ::kill(-w.pid, SIGKILL);
+      // Whatever a worker started in its process group goes with it, also when it succeeded (its leftovers outlived
+      // the launch, and in `conduit cluster run` shared the host with the next cell).
+      ::kill(-w.pid, SIGKILL);
       ::waitpid(w.pid, nullptr, 0);
       w.running = false;
       if (failed && !stopping) {
@@ -783,7 +786,7 @@ int run_local_workers(const LaunchSpec& spec) {
         if (user_signals == 1) {
           message(spec,
                   fmt::format("received {}; forwarding it to {}", signal_name(sig), plural_workers(running_count())));
-          begin_stop(sig);
+          begin_stop(sig == SIGQUIT ? SIGTERM : sig);  // (SIGQUIT would make every worker dump core)
         } else if (!killed) {
           message(spec,
                   fmt::format("received {} again; killing {}", signal_name(sig), plural_workers(running_count())));

@@ -259,6 +259,19 @@ SweepSpec load_spec(const std::string& path) {
         throw ConfigError(fmt::format("sweep: schemes: '{}' is not a scheme; allowed: {}", sc, join(names, ", ")));
   }
 #endif
+  // The keys a train cell sets itself: a train: value after them won (conduit train takes the last), so a cell ran
+  // over shared memory on a "1mbit" network while its results row named the grid's compressor and seed.
+  for (const auto& [k, v] : s.train) {
+    std::string key = k;
+    std::replace(key.begin(), key.end(), '_', '-');
+    static const std::set<std::string> kOwned = {"transport", "compressor", "seed",  "output",
+                                                 "progress",  "sync",       "config"};
+    if (kOwned.count(key))
+      throw ConfigError(fmt::format(
+          "sweep: train: '{}' is set by the sweep for each cell (transport tcp over the emulated network; compressor, "
+          "scheme and seed from the grid: compressors:, schemes:, seeds:; output per cell); remove it",
+          k));
+  }
 #ifdef CONDUIT_WITH_TORCH
   // Train cells pass every train: key to `conduit train`; a grid of DDP peers alone passes only the keys it shares.
   if (!s.schemes.empty()) {
@@ -445,9 +458,12 @@ std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const s
 }
 
 // Bytes the hosts sent during a cell: the switch ports' receive counters.
+constexpr uint64_t kUnreadable = UINT64_MAX;
+
+// Bytes the switch's ports received so far; kUnreadable when `ip` failed.
 uint64_t switch_rx_bytes(const std::string& cluster) {
   std::string out;
-  if (cl::run_program({"ip", "-n", cl::switch_ns(cluster), "-s", "-j", "link", "show"}, &out) != 0) return 0;
+  if (cl::run_program({"ip", "-n", cl::switch_ns(cluster), "-s", "-j", "link", "show"}, &out) != 0) return kUnreadable;
   uint64_t sum = 0;
   try {
     for (const auto& l : json::parse(out)) {
@@ -456,7 +472,7 @@ uint64_t switch_rx_bytes(const std::string& cluster) {
         sum += l["stats64"]["rx"]["bytes"].get<uint64_t>();
     }
   } catch (const json::exception&) {
-    return 0;
+    return kUnreadable;
   }
   return sum;
 }
@@ -881,7 +897,8 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
                                        : "failed"},
                   {"exit_code", rc},
                   {"cell_s", secs},
-                  {"net_bytes", rx1 - rx0},
+                  // null when a counter could not be read (0 - x wrapped to ~1.8e19)
+                  {"net_bytes", rx0 != kUnreadable && rx1 != kUnreadable && rx1 >= rx0 ? json(rx1 - rx0) : json()},
                   {"output", fs::relative(c.dir, out).string()}};
       json detail = json::object();
       collect(c, row, detail);

@@ -152,8 +152,9 @@ TEST_F(ClusterTest, ExecRunsInsideAHost) {
   EXPECT_EQ(routes.code, 0);
   EXPECT_TRUE(routes.out.empty()) << routes.out;
   Result env = sh(conduit() + " cluster exec --name " + name +
-                  " 10.213.0.2 -- sh -c \"echo \\$CONDUIT_SOCKET_IFNAME \\$CONDUIT_CLUSTER_HOST\"");
-  EXPECT_EQ(env.out, "eth0 1\n");
+                  " 10.213.0.2 -- sh -c \"echo \\$CONDUIT_SOCKET_IFNAME \\$CONDUIT_CLUSTER_HOST \\$CONDUIT_HOST_ID\"");
+  // Each emulated host is a host of its own to Conduit (no shared memory past the shaped links).
+  EXPECT_EQ(env.out, "eth0 1 conduit-" + name + "-h1\n");
   EXPECT_EQ(sh(conduit() + " cluster exec --name " + name + " 0 -- sh -c \"exit 3\"").code, 3);
   Result missing = sh(conduit() + " cluster exec --name " + name + " 0 -- /nonexistent/program");
   EXPECT_EQ(missing.code, 127) << missing.out;
@@ -481,7 +482,10 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"seeds: [-1]\nbench: {}\n", "seeds must be non-negative integers"},
       {"timeout_s: .nan\nbench: {}\n", "timeout_s = nan (allowed: seconds in (0, 604800]"},
       {"peer_powersgd_rank: 0\nbench: {}\n", "peer_powersgd_rank must be a whole number from 1 to 1024"},
-      {"bench: {}\nbench: {}\n", "'bench' is given twice"}};
+      {"bench: {}\nbench: {}\n", "'bench' is given twice"},
+      // Keys the sweep sets for each cell: a value here overrode the cell's (a "1mbit" cell ran over shm).
+      {"train: {transport: shm}\ncompressors: [none]\n", "train: 'transport' is set by the sweep for each cell"},
+      {"train: {seed: 5}\ncompressors: [none]\n", "train: 'seed' is set by the sweep"}};
   for (const auto& [extra, expect] : cases) {
     std::ofstream(file) << base << extra;
     Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");

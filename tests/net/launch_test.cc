@@ -396,16 +396,33 @@ TEST_P(LaunchSignalTest, SignalToLauncherStopsWorkersAndTheirChildren) {
   ASSERT_FALSE(r.timed_out);
   // Background jobs of sh ignore SIGINT: the children then go with SIGKILL once their worker has exited.
   EXPECT_EQ(r.code, 128 + sig) << r.err;
-  EXPECT_NE(r.err.find(std::string("conduit launch: received ") + (sig == SIGINT ? "SIGINT" : "SIGTERM")),
+  EXPECT_NE(r.err.find(std::string("conduit launch: received ") + (sig == SIGINT   ? "SIGINT"
+                                                                   : sig == SIGHUP ? "SIGHUP"
+                                                                                   : "SIGTERM")),
             std::string::npos)
       << r.err;
   for (pid_t pid : pids) EXPECT_TRUE(wait_gone(pid, 2s)) << "pid " << pid << " still running";
 }
 
-INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest, ::testing::Values(SIGTERM, SIGINT),
+INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest, ::testing::Values(SIGTERM, SIGINT, SIGHUP),
                          [](const ::testing::TestParamInfo<int>& info) {
-                           return info.param == SIGTERM ? std::string("Sigterm") : std::string("Sigint");
+                           return info.param == SIGTERM  ? std::string("Sigterm")
+                                  : info.param == SIGINT ? std::string("Sigint")
+                                                         : std::string("Sighup");
                          });
+
+// A worker that succeeds leaves nothing behind either: what it started in its process group is killed when it
+// exits (it outlived the launch, and under `conduit cluster run` shared the host with the next sweep cell).
+TEST_F(LaunchTest, ASucceedingWorkersLeftoversGoWithIt) {
+  const std::string script = "sleep 60 & echo $! > " + path("child") + ".$RANK; exit 0";
+  pid_t launcher = start({"launch", "-n", "1", "--", "sh", "-c", script});
+  pid_t child = wait_pid_file("child.0");
+  auto r = finish(launcher, 10s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(wait_gone(child, 2s)) << "the worker's child " << child << " still runs";
+}
 
 TEST_F(LaunchTest, SignalStopsWorkersEvenWhenStdoutIsStalled) {
   int fds[2];
