@@ -39,6 +39,7 @@ enum : uint64_t { kInit = 0, kPush = 1, kStop = 2, kPull = 3 };
 
 struct Header {
   uint64_t kind = 0, bytes = 0, clock = 0;
+  double lr_scale = 1;  // push: the trainer's lr(t) / lr, for the weight decay (the gradient arrives scaled)
 };
 struct ReplyHeader {
   uint64_t bytes = 0, raw = 1;
@@ -128,19 +129,24 @@ class Shard {
             fmt::format("sync ps shard {}: worker {} pushed {} bytes, expected {}", index_, w, payload.size(), d * 4));
       std::memcpy(grad_.data(), payload.data(), d * 4);
     }
+    if (!(h.lr_scale >= 0 && h.lr_scale <= 1e6))
+      throw ProtocolError(fmt::format(
+          "sync ps shard {}: worker {} pushed a learning-rate scale of {} (allowed: 0..1e6)", index_, w, h.lr_scale));
+    const float ratio = static_cast<float>(h.lr_scale);
     clocks_[w] = static_cast<int64_t>(h.clock);
     stats_.pushes++;
     if (cfg_.mode == "bsp") {
       for (size_t i = 0; i < d; ++i) agg_[i] += grad_[i];
       bsp_count_++;
       bsp_clock_ = static_cast<int64_t>(h.clock);
+      bsp_ratio_ = ratio;  // the same clock on every worker: the same schedule
       maybe_apply_bsp();
     } else {
       if (cfg_.dc > 0) compensate_delay(slot, grad_);
       if (dana())
-        apply_dana(slot, grad_, staleness_scale(slot) / float(workers_));
+        apply_dana(slot, grad_, staleness_scale(slot) / float(workers_), ratio);
       else
-        apply(grad_, staleness_scale(slot) / float(workers_));
+        apply(grad_, staleness_scale(slot) / float(workers_), ratio);
     }
     slot.waiting = static_cast<int64_t>(h.clock);
     slot.ready = false;
@@ -288,9 +294,12 @@ class Shard {
     return float(nominal) / float(tau);
   }
 
-  void apply(const std::vector<float>& g, float scale) {
+  // One SGD step with momentum. The gradient comes scaled by the trainer's lr(t)/lr (and `scale`); the weight decay
+  // is scaled by `lr_ratio`, that lr(t)/lr, so it follows the schedule as torch's SGD does (it decayed at full
+  // strength through warm-up and the cosine tail).
+  void apply(const std::vector<float>& g, float scale, float lr_ratio) {
     ++version_;
-    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay);
+    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay) * lr_ratio;
     for (size_t i = 0; i < params_.size(); ++i) {
       float gi = scale * g[i] + wd * params_[i];
       momentum_[i] = mu * momentum_[i] + gi;
@@ -299,9 +308,9 @@ class Shard {
   }
 
   // DANA-Zero: the worker's own momentum; sum_j v_j kept up to date for the look-ahead.
-  void apply_dana(Slot& slot, const std::vector<float>& g, float scale) {
+  void apply_dana(Slot& slot, const std::vector<float>& g, float scale, float lr_ratio) {
     ++version_;
-    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay);
+    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay) * lr_ratio;
     float* v = slot.velocity.data();
     for (size_t i = 0; i < params_.size(); ++i) {
       const float gi = scale * g[i] + wd * params_[i];
@@ -325,7 +334,7 @@ class Shard {
     int active = 0;
     for (int w = 0; w < workers_; ++w) active += !stopped_[w];
     if (bsp_count_ == 0 || bsp_count_ < active) return;
-    apply(agg_, 1.0f / bsp_count_);
+    apply(agg_, 1.0f / bsp_count_, bsp_ratio_);
     std::fill(agg_.begin(), agg_.end(), 0.f);
     bsp_count_ = 0;
     applied_clock_ = bsp_clock_;
@@ -380,6 +389,7 @@ class Shard {
   std::vector<Slot> slots_;
   int bsp_count_ = 0;
   int64_t bsp_clock_ = 0, applied_clock_ = 0;
+  float bsp_ratio_ = 1;
   uint64_t version_ = 0;  // updates applied
   PsClockStats stats_;
 };
@@ -413,6 +423,7 @@ class PsStrategy : public Strategy {
 
   std::string name() const override { return "ps-" + cfg_.mode; }
   bool workers_drift() const override { return cfg_.mode == "asp" || (cfg_.mode == "ssp" && cfg_.staleness != 0); }
+  void set_lr_scale(double s) override { lr_scale_ = s; }
   bool is_worker() const override { return comm_->rank() < workers_; }
   int worker_rank() const override { return is_worker() ? comm_->rank() : -1; }
   int num_workers() const override { return workers_; }
@@ -628,7 +639,8 @@ class PsStrategy : public Strategy {
           std::memcpy(payloads[s].data(), grads.data() + lo, (hi - lo) * 4);
         }
       }
-      hs[s] = {kind, payloads[s].size(), kind == kPush ? clock_ : 0};  // = the push state's step after compress
+      hs[s] = {kind, payloads[s].size(), kind == kPush ? clock_ : 0,  // = the push state's step after compress
+               kind == kPush ? lr_scale_ : 1.0};
       if (host_of(s) == me) continue;
       int h = host_of(s);
       sends.push_back(isend(*comm_, h, shard_tag(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
@@ -687,6 +699,7 @@ class PsStrategy : public Strategy {
   std::vector<compress::TensorState> push_states_, pull_states_;
   uint64_t clock_ = 0;
   bool started_ = false, finished_ = false;
+  double lr_scale_ = 1;
 };
 
 }  // namespace

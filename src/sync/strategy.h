@@ -69,6 +69,9 @@ class Strategy {
   // staleness above 0, adpsgd): a worker that is done, or at a checkpoint, may wait for a straggler's remaining
   // steps, which no timeout bounds. The trainer meets the other workers there with await_workers().
   virtual bool workers_drift() const { return false; }
+  // The trainer's learning rate at this step over its base rate, before before_step. Parameter servers own the
+  // optimizer: the trainer scales the gradients it pushes by this, and the servers scale their weight decay by it.
+  virtual void set_lr_scale(double) {}
 
   // State for checkpoints (counters, replicas, momentum); restore after setup() on a fresh strategy.
   virtual Bytes save_state() const { return {}; }

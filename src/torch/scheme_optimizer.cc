@@ -86,7 +86,10 @@ void SchemeOptimizer::step(uint64_t step, double lr) {
   StepStats s;
   s.compute_s = last_step_end_ >= 0 ? t0 - last_step_end_ : 0;
   std::span<float> params(flat_params_.data_ptr<float>(), d_), grads(flat_grads_.data_ptr<float>(), d_);
-  if (spec_.parameter_server() && lr != base_lr_) flat_grads_.mul_(lr / base_lr_);
+  if (spec_.parameter_server()) {
+    if (lr != base_lr_) flat_grads_.mul_(lr / base_lr_);
+    strategy_->set_lr_scale(lr / base_lr_);  // the servers' weight decay follows the schedule too
+  }
   const bool local = strategy_->before_step(step, params, grads);
   const double t1 = now_s();
   if (local) optimizer_->step();

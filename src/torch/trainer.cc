@@ -309,6 +309,13 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       "allowed: the same model, compressor and sync scheme",
                       meta.value("model", std::string()), meta.value("compressor", std::string()),
                       meta.value("sync", std::string("bsp"))));
+    // The scheme's parameters too: its saved state belongs to them (local SGD restored the checkpoint's period over
+    // a new --sync-period; dpsgd's public copies would attach to another graph's neighbours).
+    if (meta.contains("sync_spec") && meta["sync_spec"].get<std::string>() != spec.to_string())
+      throw ConfigError(
+          fmt::format("config: resume: the checkpoint was written with sync {}, this run asks for {}; "
+                      "allowed: the same scheme parameters",
+                      meta["sync_spec"].get<std::string>(), spec.to_string()));
     // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
     // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
     // existed are not checked.)
@@ -561,6 +568,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"model", c.model},
                                                              {"compressor", c.compressor},
                                                              {"sync", spec.name},
+                                                             {"sync_spec", spec.to_string()},
                                                              {"batch_size", c.batch_size},
                                                              {"seed", c.seed},
                                                              {"dataset", c.dataset},

@@ -32,10 +32,10 @@ TEST(SyncBytes, PerStepVolumesMatchTheDocumentedFormulas) {
   EXPECT_EQ(stats_of(n, "dpsgd", {{"graph", "torus"}, {"rows", "2"}}, steps, d)[1].bytes_sent, steps * 2 * b);
   EXPECT_EQ(stats_of(8, "dpsgd", {{"graph", "torus"}, {"rows", "2"}}, steps, d)[1].bytes_sent, steps * 3 * b);
   EXPECT_EQ(stats_of(n, "sgp", {{"peers", "2"}}, steps, d)[1].bytes_sent, steps * 2 * (b + 4));
-  // ps: 3 workers push to 2 dedicated shards; each push is a 24-byte header + the shard; plus the initial pull's
+  // ps: 3 workers push to 2 dedicated shards; each push is a 32-byte header + the shard; plus the initial pull's
   // and the stop's headers.
   auto ps = stats_of(5, "ps-bsp", {{"servers", "2"}}, steps, d);
-  EXPECT_EQ(ps[1].bytes_sent, steps * (2 * 24 + b) + 2 * 2 * 24);
+  EXPECT_EQ(ps[1].bytes_sent, steps * (2 * 32 + b) + 2 * 2 * 32);
   EXPECT_EQ(ps[1].bytes_received, (steps + 1) * (2 * 16 + b));  // + the initial pull
 }
 

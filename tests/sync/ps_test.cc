@@ -406,4 +406,23 @@ TEST(SyncPs, DanaWithZeroStalenessIsNesterovBspAndStaysBoundedAsynchronously) {
   EXPECT_LE(ssp.clocks.max_gap, 2);
   EXPECT_LT(worst(ssp, 4), 1.5);
 }
+TEST(SyncPs, WeightDecayFollowsTheTrainersLearningRateSchedule) {
+  // The trainer scales pushed gradients by lr(t)/lr; the servers' weight decay must follow (it decayed at full
+  // strength while warm-up or a cosine tail had the gradient steps near zero). Zero gradients isolate the decay.
+  for (std::string mode : {"ps-asp", "ps-bsp"}) {
+    on_ranks(1, [&](int, coll::CommPtr c) {
+      auto s = make_strategy(mode, {{"lr", "0.1"}, {"momentum", "0"}, {"weight_decay", "0.5"}, {"colocate", "1"}}, c);
+      std::vector<float> p(4, 2.0f), g(4, 0.0f);
+      s->setup(p);
+      s->set_lr_scale(0);  // e.g. the first warm-up step
+      s->before_step(0, p, g);
+      for (float x : p) EXPECT_FLOAT_EQ(x, 2.0f) << mode;
+      s->set_lr_scale(0.5);
+      s->before_step(1, p, g);
+      for (float x : p) EXPECT_FLOAT_EQ(x, 2.0f * (1 - 0.1f * 0.5f * 0.5f)) << mode;
+      s->finish(p);
+    });
+  }
+}
+
 }  // namespace

@@ -180,6 +180,19 @@ TEST(TrainSync, CheckpointResumeContinues) {
     TrainConfig other = rest;
     other.sync = spec == "dpsgd" ? "local" : "dpsgd";
     EXPECT_THROW(train_inproc(other, 2, true), ConfigError) << spec;
+    // Nor the same scheme with other parameters (local SGD kept the checkpoint's period over the new one).
+    if (spec == "local:period=4") {
+      TrainConfig changed = rest;
+      changed.sync = "local:period=8";
+      std::string msg;
+      try {
+        train_inproc(changed, 2, true);
+      } catch (const ConfigError& e) {
+        msg = e.what();
+      }
+      EXPECT_NE(msg.find("this run asks for local"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("period=8"), std::string::npos) << msg;
+    }
     fs::remove_all(dir);
   }
 }
