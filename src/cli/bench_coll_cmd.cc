@@ -320,7 +320,7 @@ void check_timeout_flag(const CLI::Option* opt, double v) {
 }
 
 const bool kRegistered = register_command(30, [](CLI::App& app) {
-  auto* bench = subcommand_group(app, "bench", "Benchmarks: collectives (coll), compression (compress)");
+  auto* bench = subcommand_group(app, "bench", "Benchmarks: collectives (coll), compression (compress), GEMMs (gemm)");
   auto a = std::make_shared<BenchArgs>();
   auto* c = bench->add_subcommand("coll", "nccl-tests-style sweep of a collective over message sizes");
   c->add_option("--op", a->op, "allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall, gather, scatter")

@@ -63,7 +63,8 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
   c->add_option("command", opts->command, "PROGRAM [ARGS...] that every worker runs (put it after --)");
   c->footer(
       "Example: conduit launch -n 4 -- conduit bench coll --op allreduce\n"
-      "SIGINT/SIGTERM are forwarded to the workers; those still running CONDUIT_LAUNCH_GRACE seconds "
+      "SIGINT/SIGTERM/SIGHUP are forwarded to the workers (SIGQUIT as SIGTERM); those still running "
+      "CONDUIT_LAUNCH_GRACE seconds "
       "(default 10) after a stop get SIGKILL. Workers read stdin from /dev/null and run in their own process "
       "groups.");
   c->callback([opts, port]() {
