@@ -349,6 +349,8 @@ void validate_name(const std::string& name) {
 }
 
 std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base) {
+  if (hosts < 0 || hosts > kMaxHosts)  // 0: not given (the file's count)
+    throw ConfigError(fmt::format("--hosts {}: allowed 1..{}", hosts, kMaxHosts));
   struct stat pst {};
   if (stat(path.c_str(), &pst) == 0 && S_ISDIR(pst.st_mode))
     throw ConfigError(fmt::format("--hosts-file {}: is a directory; allowed: a YAML file", path));
@@ -366,6 +368,9 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
     if (!n.IsMap()) throw ConfigError(fmt::format("--hosts-file {}: {} must be a map", path, where));
     std::set<std::string> seen;
     for (const auto& kv : n) {
+      if (!kv.first.IsScalar())
+        throw ConfigError(fmt::format(
+            "--hosts-file {}: {} has a key that is not a name; allowed bandwidth, latency, loss", path, where));
       const std::string key = kv.first.as<std::string>();
       const std::string field = fmt::format("--hosts-file {}: {}.{}", path, where, key);
       if (!seen.insert(key).second) throw ConfigError(fmt::format("{}: given twice; give it once", field));
@@ -386,6 +391,8 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
   LinkSpec defaults = base;
   std::set<std::string> top;
   for (const auto& kv : root) {
+    if (!kv.first.IsScalar())
+      throw ConfigError(fmt::format("--hosts-file {}: a top-level key is not a name; allowed defaults, hosts", path));
     const std::string key = kv.first.as<std::string>();
     if (!top.insert(key).second)
       throw ConfigError(fmt::format("--hosts-file {}: '{}' is given twice; give it once", path, key));
@@ -439,11 +446,18 @@ bool kernel_has_netem() {
   const std::string ns = fmt::format("conduit-probe{}", getpid());
   std::string out;
   bool ok = false;
+  // A stop signal waits until the probe's namespace is gone (killed in between, it was left behind, and no
+  // `cluster down` knows its name).
+  sigset_t stops, old;
+  sigemptyset(&stops);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&stops, sig);
+  pthread_sigmask(SIG_BLOCK, &stops, &old);
   if (run_program({"ip", "netns", "add", ns}, &out) == 0) {
     ok = run_program({"ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"}, &out) == 0 &&
          run_program({"tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"}, &out) == 0;
     run_program({"ip", "netns", "del", ns}, &out);
   }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   cached = ok ? 1 : 0;
   return ok;
 }

@@ -99,7 +99,18 @@ void cmd_down(const ClusterOptions& o) {
     cl::validate_name(o.name);
     names = {o.name};
   }
+  int skipped = 0;
   for (const auto& n : names) {
+    if (o.all) {
+      // A leftover whose name `up` would refuse (not made by conduit, or by an older one) must not stop the rest.
+      try {
+        cl::validate_name(n);
+      } catch (const ConfigError& e) {
+        fmt::print(stderr, "conduit cluster down: skipping '{}': {}\n", n, e.what());
+        ++skipped;
+        continue;
+      }
+    }
     struct stat st {};
     const bool known = !cl::existing_namespaces(n).empty() || stat(cl::state_path(n).c_str(), &st) == 0;
     const int removed = cl::down(n);
@@ -108,6 +119,7 @@ void cmd_down(const ClusterOptions& o) {
                  known ? fmt::format("removed {} namespaces", removed)
                        : std::string("no such cluster (no state file, no namespaces); nothing to remove"));
   }
+  if (skipped > 0) set_exit_code(1);
 }
 
 void cmd_status(const ClusterOptions& o) {

@@ -126,6 +126,7 @@ std::vector<std::pair<std::string, std::string>> flag_map(const YAML::Node& n, c
   if (!n) return out;
   if (!n.IsMap()) throw ConfigError(fmt::format("sweep: {} must be a map of key: value", where));
   for (const auto& kv : n) {
+    if (!kv.first.IsScalar()) throw ConfigError(fmt::format("sweep: {} has a key that is not a name", where));
     std::string k = kv.first.as<std::string>();
     for (auto& c : k) {
       if (c == '_') c = '-';
@@ -162,6 +163,7 @@ SweepSpec load_spec(const std::string& path) {
                                               "bench",   "timeout_s",   "python", "ddp_script"};
   std::set<std::string> seen_keys;
   for (const auto& kv : root) {
+    if (!kv.first.IsScalar()) throw ConfigError(fmt::format("sweep: {} has a top-level key that is not a name", path));
     const std::string k = kv.first.as<std::string>();
     if (!seen_keys.insert(k).second)
       throw ConfigError(fmt::format("sweep: '{}' is given twice in {}; give it once", k, path));
@@ -313,6 +315,7 @@ SweepSpec load_spec(const std::string& path) {
     std::string hosts_file;
     std::set<std::string> net_keys;
     for (const auto& kv : nets[i]) {
+      if (!kv.first.IsScalar()) throw ConfigError(fmt::format("sweep: {} has a key that is not a name", where));
       const std::string k = kv.first.as<std::string>();
       if (!net_keys.insert(k).second)
         throw ConfigError(fmt::format("sweep: {}.{} is given twice; give it once", where, k));
@@ -865,7 +868,10 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     for (const auto& c : cells) {
       if (g_stop) break;
       if (up_net != c.net) {
-        if (up_net != nullptr) cl::down(cluster);
+        if (up_net != nullptr) {
+          cl::down(cluster);
+          up_net = nullptr;
+        }
         cl::up(cluster, c.net->links);
         up_net = c.net;
       }
@@ -915,10 +921,14 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       write_results(out, rows, details);  // after every cell, so an interrupted sweep keeps what it has
     }
   } catch (...) {
-    if (up_net != nullptr) cl::down(cluster);
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-    throw;
+    // A stop while a cluster came up ends `up` with an error naming the signal (it removed what it made): finish as
+    // any stopped sweep, with the results so far and 128 + the signal (it exited 2 with that error).
+    if (!g_stop) {
+      if (up_net != nullptr) cl::down(cluster);
+      sigaction(SIGINT, &old_int, nullptr);
+      sigaction(SIGTERM, &old_term, nullptr);
+      throw;
+    }
   }
   if (up_net != nullptr) cl::down(cluster);
   sigaction(SIGINT, &old_int, nullptr);

@@ -312,6 +312,8 @@ TEST_F(ClusterTest, AmbiguousOrMissingShapingIsRefused) {
   std::ofstream(dir / "defaults.yaml") << "defaults: {bandwidth: 1gbit}\nhosts: [{bandwidth: 100mbit}, {}]\n";
   std::ofstream(dir / "unshaped.yaml") << "hosts: [{bandwidth: 100mbit}, {}]\n";
   std::ofstream(dir / "twice.yaml") << "hosts: [{bandwidth: 100mbit, bandwidth: 200mbit}]\n";
+  std::ofstream(dir / "seqkey.yaml") << "hosts: [{[a]: 1}]\n";
+  std::ofstream(dir / "two.yaml") << "hosts: [{bandwidth: 100mbit}, {bandwidth: 100mbit}]\n";
   const std::string up = conduit() + " cluster up --name " + name;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {" --hosts-file " + (dir / "defaults.yaml").string() + " --bandwidth 5mbit",
@@ -319,6 +321,10 @@ TEST_F(ClusterTest, AmbiguousOrMissingShapingIsRefused) {
       {" --hosts-file " + (dir / "unshaped.yaml").string(), "hosts[1] has no bandwidth"},
       {" --hosts-file " + (dir / "twice.yaml").string(), "hosts[0].bandwidth: given twice"},
       {" --hosts-file " + dir.string(), "is a directory"},
+      // A key that is a list (yaml-cpp's "bad conversion" at some line and column, exit 1), and a --hosts the file
+      // made look unnecessary but that is out of range (it was accepted).
+      {" --hosts-file " + (dir / "seqkey.yaml").string(), "hosts[0] has a key that is not a name"},
+      {" --hosts -5 --hosts-file " + (dir / "two.yaml").string(), "--hosts -5: allowed 1..250"},
       {" --hosts 2 --bandwidth 100mbps", "'100mbps' is ambiguous (tc reads 'mbps' as megabytes per second"},
       {" --hosts 2 --bandwidth 0x10mbit", "'0x10mbit' is not a rate"}};
   for (const auto& [args, expect] : cases) {
@@ -349,6 +355,27 @@ TEST_F(ClusterTest, SignalDuringUpLeavesNothingBehind) {
   EXPECT_TRUE(namespaces_of(name).empty());
   Result st = sh(conduit() + " cluster status");
   EXPECT_EQ(st.out.find(name), std::string::npos) << st.out;
+}
+
+// The same inside a sweep: the signal ends `up` with an error naming it, and the sweep finishes as a stopped one
+// (results written, 128 + the signal; it exited 2 with up's error and wrote nothing).
+TEST_F(ClusterTest, SignalWhileASweepBringsUpItsClusterStopsIt) {
+  const std::string name = unique_name("ss");
+  const fs::path dir = fs::temp_directory_path() / (name + "-dir");
+  const fs::path bin = dir / "bin";
+  fs::create_directories(bin);
+  const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
+  std::ofstream(bin / "ip") << "#!/bin/sh\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
+  fs::permissions(bin / "ip", fs::perms::owner_all);
+  std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 20\nnetworks: [{bandwidth: 1gbit}]\nbench: {}\n";
+  Result r = sh("(PATH=" + bin.string() + ":$PATH " + conduit() + " sweep " + (dir / "s.yaml").string() + " -o " +
+                (dir / "out").string() + " & P=$!; sleep 1.5; kill -TERM $P; wait $P; echo rc=$?; echo pid=$P)");
+  EXPECT_NE(r.out.find("rc=143"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir / "out" / "results.csv")) << r.out;
+  const std::string pid =
+      r.out.substr(r.out.find("pid=") + 4, r.out.find('\n', r.out.find("pid=")) - r.out.find("pid=") - 4);
+  EXPECT_TRUE(namespaces_of("sweep" + pid).empty()) << pid;
+  fs::remove_all(dir);
 }
 
 TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
@@ -463,10 +490,18 @@ TEST(SweepConfig, BadFileIsRejectedInOneLine) {
     f << "hosts: 2\nnetworks: [{bandwidth: 10mbit}]\nbench: {}\ncolour: blue\n";
   }
   Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
-  fs::remove(file);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_EQ(count_lines(r.out), 1) << r.out;
   EXPECT_NE(r.out.find("colour"), std::string::npos) << r.out;
+  for (const char* body : {"hosts: 2\nnetworks: [{[x]: 1}]\nbench: {}\n",
+                           "hosts: 2\nnetworks: [{bandwidth: 10mbit}]\nbench: {[x]: 1}\n", "{[a]: 1}\n"}) {
+    std::ofstream(file) << body;
+    r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+    EXPECT_EQ(r.code, 2) << body << r.out;
+    EXPECT_EQ(count_lines(r.out), 1) << body << r.out;
+    EXPECT_NE(r.out.find("key that is not a name"), std::string::npos) << body << r.out;
+  }
+  fs::remove(file);
 }
 
 // What cells used to find out one by one, on a cluster already up, is checked for the whole grid first.
