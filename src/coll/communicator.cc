@@ -25,8 +25,12 @@ bool settle_request(Work::State& s, bool block) {
   Stopwatch sw;
   std::exception_ptr err;
   try {
-    if (block) s.request->wait(s.deadline);
-    else if (!s.request->test()) return false;
+    if (block) {
+      s.request->wait(s.deadline);
+    } else if (!s.request->test()) {
+      if (!s.deadline.expired()) return false;
+      s.request->wait(s.deadline);  // past the deadline: raises the TimeoutError wait() would (test() polled forever)
+    }
   } catch (const TimeoutError& e) {
     err = std::make_exception_ptr(TimeoutError(fmt::format("{} timed out: {}", s.what, e.what())));
   } catch (const Error& e) {
@@ -121,6 +125,17 @@ std::string join_ints(const std::vector<int>& v) {
 Communicator::Communicator(net::TransportPtr transport, std::vector<int> members, uint32_t comm_id,
                            const CommConfig& cfg, std::shared_ptr<Tuner> tuner)
     : transport_(std::move(transport)), members_(std::move(members)), id_(comm_id & 0xffffffu) {
+  {
+    std::vector<int> sorted = members_;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      if (sorted[i] < 0 || sorted[i] >= transport_->size())
+        throw InvalidArgument(
+            fmt::format("communicator: member {} is not a transport rank (0..{})", sorted[i], transport_->size() - 1));
+      if (i > 0 && sorted[i] == sorted[i - 1])
+        throw InvalidArgument(fmt::format("communicator: transport rank {} is listed twice", sorted[i]));
+    }
+  }
   auto it = std::find(members_.begin(), members_.end(), transport_->rank());
   if (it == members_.end()) throw InvalidArgument("communicator: this rank is not a member");
   rank_ = static_cast<int>(it - members_.begin());
@@ -302,7 +317,10 @@ Work Communicator::submit(const char* op_name, const Signature& sig, const CollO
       lk.lock();
       executing_ = false;
       if (!queue_.empty()) qcv_.notify_all();
-      return Work(state);
+      lk.unlock();
+      Work w(state);
+      w.wait();  // a blocking call reports its error from the call, as the queued path does
+      return w;
     }
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
     queue_.push_back(Task{state, std::move(task)});
@@ -360,6 +378,18 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
     if (dynamic_cast<const ProtocolError*>(&e)) rethrow_as<ProtocolError>(msg);
     if (dynamic_cast<const MismatchError*>(&e)) rethrow_as<MismatchError>(msg);
     if (dynamic_cast<const InvalidArgument*>(&e)) rethrow_as<InvalidArgument>(msg);
+    rethrow_as<PeerError>(msg);
+  } catch (const std::exception& e) {
+    // Not one of ours (std::bad_alloc of a scratch buffer, ...): this rank cannot go on with the operation, and
+    // its peers would wait for it until their deadline. Fail the communicator and the transport as for any error.
+    std::string msg = fmt::format("{} #{} on {} failed after {:.1f} s: {}", op_name, seq, describe(),
+                                  std::chrono::duration<double>(Clock::now() - start).count(), e.what());
+    {
+      std::lock_guard<std::mutex> lk(fail_mu_);
+      if (failed_.empty()) failed_ = msg;
+      failed_flag_.store(true, std::memory_order_release);
+    }
+    transport_->abort(msg);
     rethrow_as<PeerError>(msg);
   }
 }
@@ -464,14 +494,14 @@ void Communicator::run_allreduce(const Deadline& d, void* buf, size_t count, DTy
 }
 
 void Communicator::run_reduce_scatter(const Deadline& d, const void* in, void* out, const std::vector<size_t>& counts,
-                                      DType dt, ReduceOp op, const std::string& algo) {
+                                      DType dt, ReduceOp op, const std::string& algo, bool in_place) {
   Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(next_seq())), d);
   Blocks b(counts);
   const size_t esz = dtype_size(dt);
   char* work;
   std::vector<char> scratch;
-  if (out == nullptr) {
-    work = static_cast<char*>(const_cast<void*>(in));  // in place: block r stays at its offset
+  if (in_place) {
+    work = static_cast<char*>(const_cast<void*>(in));  // internal callers' own buffer: block r stays at its offset
   } else {
     scratch.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b.total() * esz);
     work = scratch.data();
@@ -512,7 +542,7 @@ void Communicator::run_reduce(const Deadline& d, const void* in, void* out, size
     // Ring reduce-scatter, then every rank's reduced block goes to the root.
     Blocks b(count, size());
     std::vector<char> work(static_cast<const char*>(in), static_cast<const char*>(in) + bytes);
-    run_reduce_scatter(d, work.data(), nullptr, b.count, dt, op, "ring");
+    run_reduce_scatter(d, work.data(), nullptr, b.count, dt, op, "ring", true);
     Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(next_seq())), d);
     if (rank_ == root) {
       char* o = static_cast<char*>(out);

@@ -140,8 +140,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Synchronous variants used by algorithms that compose others (run on the calling thread, which must be the
   // worker thread of a parent operation). The op's sequence number is taken now.
   void run_allreduce(const Deadline& d, void* buf, size_t count, DType dtype, ReduceOp op, const std::string& algo);
-  void run_reduce_scatter(const Deadline& d, const void* in, void* out, const std::vector<size_t>& counts,
-                          DType dtype, ReduceOp op, const std::string& algo);
+  // in_place: reduce inside `in` (an internal caller's own buffer; out unused); else a scratch copy of `in`.
+  void run_reduce_scatter(const Deadline& d, const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                          ReduceOp op, const std::string& algo, bool in_place = false);
   void run_allgatherv(const Deadline& d, const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
                       const std::string& algo);
   void run_broadcast(const Deadline& d, void* buf, size_t count, DType dtype, int root, const std::string& algo);

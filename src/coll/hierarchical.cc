@@ -19,7 +19,7 @@ void hier_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op) {
     Blocks lb(count, L);
     char* w = static_cast<char*>(buf);
     const size_t esz = dtype_size(dt);
-    g.local->run_reduce_scatter(d, w, nullptr, lb.count, dt, op, "ring");
+    g.local->run_reduce_scatter(d, w, nullptr, lb.count, dt, op, "ring", true);
     const int i = g.local->rank();
     std::string cross_algo = g.cross->tuner().choose(CollOp::allreduce, lb.count[i] * esz, g.cross->size(),
                                                      g.cross->num_hosts(), false);

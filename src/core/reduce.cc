@@ -67,6 +67,14 @@ struct InPlace {
   __attribute__((target_clones("avx2", "default"))) static void max(T* acc, const T* __restrict in, size_t n) {
     for (size_t i = 0; i < n; ++i) acc[i] = in[i] > acc[i] ? in[i] : acc[i];
   }
+  // acc is the second operand (out == b): the same choice as Kernels' b < a ? b : a, so that NaN and -0/+0 come out
+  // alike whichever operand the output aliases (ranks reducing in place on either side got different bits).
+  __attribute__((target_clones("avx2", "default"))) static void min_second(T* acc, const T* __restrict in, size_t n) {
+    for (size_t i = 0; i < n; ++i) acc[i] = acc[i] < in[i] ? acc[i] : in[i];
+  }
+  __attribute__((target_clones("avx2", "default"))) static void max_second(T* acc, const T* __restrict in, size_t n) {
+    for (size_t i = 0; i < n; ++i) acc[i] = acc[i] > in[i] ? acc[i] : in[i];
+  }
 };
 
 template <typename T>
@@ -89,8 +97,10 @@ void typed_to(void* out, const void* a, const void* b, size_t n, ReduceOp op) {
       case ReduceOp::sum:
       case ReduceOp::avg: return InPlace<T>::sum(o, other, n);
       case ReduceOp::prod: return InPlace<T>::prod(o, other, n);
-      case ReduceOp::min: return InPlace<T>::min(o, other, n);
-      case ReduceOp::max: return InPlace<T>::max(o, other, n);
+      case ReduceOp::min:
+        return o == x ? InPlace<T>::min(o, other, n) : InPlace<T>::min_second(o, other, n);
+      case ReduceOp::max:
+        return o == x ? InPlace<T>::max(o, other, n) : InPlace<T>::max_second(o, other, n);
     }
   }
   switch (op) {

@@ -4,11 +4,14 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <thread>
 
 #include "coll/communicator.h"
 #include "coll/verify.h"
 #include "core/error.h"
+#include "net/inproc.h"
 
 using namespace conduit;
 using namespace conduit::coll;
@@ -314,4 +317,74 @@ TEST(Communicator, PointToPointHonoursItsDeadline) {
   EXPECT_EQ(z, 4.5f);
   EXPECT_THROW(comms[0]->send(&y, 1, DType::f32, 0, 5), InvalidArgument);
 }
+}  // namespace
+
+namespace {
+
+// Found by a review of the collectives.
+TEST(CollectiveEdges, ReduceScatterNeverWritesTheCallersInput) {
+  // A rank whose block is empty may pass out = nullptr; the operation then reduced in place inside its const input.
+  on_ranks(3, [](Communicator& c) {
+    std::vector<float> in(4, float(c.rank() + 1));
+    const std::vector<float> before = in;
+    std::vector<float> out(2);
+    c.reduce_scatter(in.data(), c.rank() == 1 ? nullptr : out.data(), {2, 0, 2}, DType::f32, ReduceOp::sum,
+                     {.blocking = true})
+        .wait();
+    EXPECT_EQ(in, before) << "rank " << c.rank();
+    if (c.rank() != 1) EXPECT_EQ(out[0], 6.0f);
+    return size_t{0};
+  });
+}
+
+TEST(CollectiveEdges, MinAndMaxGiveEveryRankTheSameBitsForNanAndSignedZeros) {
+  // rd reduces in place on both sides of a pair: each rank favoured its own -0 or NaN.
+  for (const std::string algo : {"ring", "rhd", "rd", "tree"}) {
+    for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+      std::vector<std::vector<uint32_t>> bits(2);
+      on_ranks(2, [&](Communicator& c) {
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        std::vector<float> v =
+            c.rank() == 0 ? std::vector<float>{-0.0f, nan, 1.0f} : std::vector<float>{0.0f, 1.0f, nan};
+        CollOptions o;
+        o.blocking = true;
+        o.algorithm = algo;
+        c.allreduce(v.data(), v.size(), DType::f32, op, o).wait();
+        bits[c.rank()].resize(v.size());
+        std::memcpy(bits[c.rank()].data(), v.data(), v.size() * 4);
+        return size_t{0};
+      });
+      EXPECT_EQ(bits[0], bits[1]) << algo << " " << reduce_op_name(op);
+    }
+  }
+}
+
+TEST(CollectiveEdges, PollingAReceivePastItsDeadlineFails) {
+  // test() only polled: a receive that never arrives stayed "not yet" forever; wait() was the only way to fail.
+  CommConfig cfg;
+  cfg.timeout_s = 0.2;
+  auto comms = Communicator::inproc(2, 0, cfg);
+  float x = 0;
+  Work w = comms[0]->recv(&x, 1, DType::f32, 1, 77);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool failed = false;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+    try {
+      if (w.test()) break;
+    } catch (const TimeoutError&) {
+      failed = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(failed);
+}
+
+TEST(CollectiveEdges, CommunicatorMembersMustBeDistinctTransportRanks) {
+  auto ts = net::make_inproc_world(2, 0);
+  EXPECT_THROW(Communicator::create(ts[0], {0, 0}, 7, {}), InvalidArgument);
+  EXPECT_THROW(Communicator::create(ts[0], {0, 5}, 7, {}), InvalidArgument);
+  EXPECT_NO_THROW(Communicator::create(ts[0], {1, 0}, 7, {}));
+}
+
 }  // namespace
