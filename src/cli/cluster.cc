@@ -240,6 +240,9 @@ int run_program(const std::vector<std::string>& argv, std::string* out) {
   const pid_t pid = fork();
   if (pid < 0) throw Error(fmt::format("cannot fork to run {}: {}", argv[0], std::strerror(errno)));
   if (pid == 0) {
+    sigset_t none;  // the programs run with no signal blocked (the netem probe blocks stop signals around them)
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     const int devnull = open("/dev/null", O_RDWR);
     if (devnull >= 0) dup2(devnull, 0);
     if (out != nullptr) {
@@ -452,12 +455,21 @@ bool kernel_has_netem() {
   sigemptyset(&stops);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&stops, sig);
   pthread_sigmask(SIG_BLOCK, &stops, &old);
-  if (run_program({"ip", "netns", "add", ns}, &out) == 0) {
-    ok = run_program({"ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"}, &out) == 0 &&
-         run_program({"tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"}, &out) == 0;
-    run_program({"ip", "netns", "del", ns}, &out);
+  struct Restore {  // also when run_program throws (a failed fork or pipe)
+    sigset_t* old;
+    ~Restore() { pthread_sigmask(SIG_SETMASK, old, nullptr); }
+  } restore{&old};
+  bool made = false;
+  try {
+    made = run_program({"ip", "netns", "add", ns}, &out) == 0;
+    if (made)
+      ok = run_program({"ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"}, &out) == 0 &&
+           run_program({"tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"}, &out) == 0;
+  } catch (...) {
+    if (made) run_program({"ip", "netns", "del", ns}, &out);
+    throw;
   }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (made) run_program({"ip", "netns", "del", ns}, &out);
   cached = ok ? 1 : 0;
   return ok;
 }

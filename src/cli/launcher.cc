@@ -396,7 +396,7 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
   int targets[3] = {0, 1, 2};
   int sources[3] = {null_fd, out_fd, err_fd};
   for (int i = 0; i < 3; ++i) {

@@ -270,8 +270,9 @@ SweepSpec load_spec(const std::string& path) {
                                                  "progress",  "sync",       "config"};
     if (kOwned.count(key))
       throw ConfigError(fmt::format(
-          "sweep: train: '{}' is set by the sweep for each cell (transport tcp over the emulated network; compressor, "
-          "scheme and seed from the grid: compressors:, schemes:, seeds:; output per cell); remove it",
+          "sweep: train: '{}' would override what the sweep sets for each cell (transport tcp over the emulated "
+          "network; compressor, scheme and seed from the grid: compressors:, schemes:, seeds:; output per cell; a "
+          "config file's values); remove it",
           k));
   }
 #ifdef CONDUIT_WITH_TORCH
@@ -855,11 +856,15 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
                       n.label));
   }
   fs::create_directories(out);
-  struct sigaction sa {
-  }, old_int{}, old_term{};
+  // SIGHUP and SIGQUIT stop a sweep as SIGINT and SIGTERM do (by default they killed it with its cluster up).
+  static constexpr int kStops[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  struct sigaction sa {};
+  struct sigaction old_handlers[4] = {};
   sa.sa_handler = on_stop;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
+  for (int i = 0; i < 4; ++i) sigaction(kStops[i], &sa, &old_handlers[i]);
+  auto restore_handlers = [&] {
+    for (int i = 0; i < 4; ++i) sigaction(kStops[i], &old_handlers[i], nullptr);
+  };
   g_stop = 0;
   json rows = json::array(), details = json::array();
   const Network* up_net = nullptr;
@@ -920,19 +925,18 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       details.push_back(detail);
       write_results(out, rows, details);  // after every cell, so an interrupted sweep keeps what it has
     }
-  } catch (...) {
+  } catch (const std::exception& e) {
     // A stop while a cluster came up ends `up` with an error naming the signal (it removed what it made): finish as
-    // any stopped sweep, with the results so far and 128 + the signal (it exited 2 with that error).
-    if (!g_stop) {
+    // any stopped sweep, with the results so far and 128 + the signal (it exited 2 with that error). Any other error
+    // is reported as before.
+    if (!g_stop || std::string(e.what()).find("stopped by signal") == std::string::npos) {
       if (up_net != nullptr) cl::down(cluster);
-      sigaction(SIGINT, &old_int, nullptr);
-      sigaction(SIGTERM, &old_term, nullptr);
+      restore_handlers();
       throw;
     }
   }
   if (up_net != nullptr) cl::down(cluster);
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
+  restore_handlers();
   write_results(out, rows, details);
   const std::vector<Cell> done(cells.begin(), cells.begin() + static_cast<long>(rows.size()));
   const auto pngs = plot(out, done, rows, train_target(s));

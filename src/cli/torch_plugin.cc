@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 
@@ -39,9 +40,12 @@ const train::TorchApi& torch_api() {
       return;
     }
     const train::TorchApi* a = entry();
-    if (!a || a->abi != train::kTorchApiAbi) {
-      failure = fmt::format("{} is from another conduit build (interface {}, this binary needs {}): rebuild", path,
-                            a ? a->abi : 0, train::kTorchApiAbi);
+    if (!a || a->abi != train::kTorchApiAbi || std::strcmp(a->token, CONDUIT_TORCH_API_TOKEN) != 0 ||
+        a->config_size != sizeof(train::TrainConfig) || a->result_size != sizeof(train::TrainResult)) {
+      failure = fmt::format(
+          "{} is from another conduit build (interface {} {}, this binary's {} {}): install the "
+          "module built with this binary beside it",
+          path, a ? a->abi : 0, a ? a->token : "?", train::kTorchApiAbi, CONDUIT_TORCH_API_TOKEN);
       return;
     }
     api = a;

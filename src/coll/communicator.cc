@@ -390,7 +390,7 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
       failed_flag_.store(true, std::memory_order_release);
     }
     transport_->abort(msg);
-    rethrow_as<PeerError>(msg);
+    rethrow_as<Error>(msg);  // this rank's own failure, not a peer's
   }
 }
 

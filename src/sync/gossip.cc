@@ -306,23 +306,27 @@ Bytes AdpsgdStrategy::save_state() const {
   const std::string r = rng.str();
   w.bytes(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(r.data()), r.size()));
   std::lock_guard<std::mutex> lk(mu_);
-  w.floats(pending_);
-  w.floats(shadow_);
+  // Only a passive rank has neighbours' averages pending (an active rank's copies mean nothing: saved empty).
+  w.floats(active() ? std::vector<float>{} : pending_);
+  w.floats(active() ? std::vector<float>{} : shadow_);
   return w.take();
 }
 
 void AdpsgdStrategy::load_state(std::span<const uint8_t> bytes) {
+  if (bytes.empty()) return;  // a checkpoint from before adpsgd kept state: nothing pending, the rng from the seed
   detail::Reader r(bytes, name());
   Bytes rb = r.bytes();
   std::vector<float> pending = r.floats(), shadow = r.floats();
   r.done();
   std::lock_guard<std::mutex> lk(mu_);
-  if (pending.size() != pending_.size() || shadow.size() != shadow_.size())
-    throw ConfigError(fmt::format("sync adpsgd: the checkpoint holds {} parameters, this model {}", pending.size(),
-                                  pending_.size()));
+  const bool none = pending.empty() && shadow.empty();  // an active rank's
+  if (!none && (pending.size() != pending_.size() || shadow.size() != pending_.size()))
+    throw ConfigError(fmt::format("sync adpsgd: the checkpoint holds {} and {} parameters, this model {}",
+                                  pending.size(), shadow.size(), pending_.size()));
   std::istringstream rng(std::string(rb.begin(), rb.end()));
   rng >> rng_;
   if (rng.fail()) throw ConfigError("sync adpsgd: the checkpoint's random state is corrupt");
+  if (none) return;
   pending_ = std::move(pending);
   shadow_ = std::move(shadow);
 }

@@ -86,9 +86,11 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"data_dir", "folder with the IDX files (gzipped or not)"},
       {"workers", "local workers to start when not under mpirun/torchrun (default 4)"},
       {"transport", "auto | tcp | shm | mpi (default auto)"},
-      {"compressor", "gradient compressor spec name[:key=value,...], e.g. none, fp16, ef:topk:ratio=0.01 "
-                     "(default powersgd:rank=4,wire=f16)"},
-      {"optimizer", "sgd (with momentum) | adam (default sgd)"},
+      {"compressor",
+       "gradient compressor spec name[:key=value,...], e.g. none, fp16, ef:topk:ratio=0.01 "
+       "(default powersgd:rank=4,wire=f16)"},
+      {"optimizer",
+       "sgd (with momentum) | adam | adamw (decoupled weight decay; DiLoCo's inner optimizer) (default sgd)"},
       {"lr", "learning rate for the global batch (> 0, default 0.1)"},
       {"momentum", "SGD momentum in [0, 1) (default 0.9)"},
       {"weight_decay", "L2 weight decay (>= 0)"},
@@ -101,8 +103,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"target_accuracy", "test accuracy in [0, 1] whose first reach is timed in summary.json (0: none)"},
       {"bucket_cap_mb", "gradient bucket cap in MiB (default 25)"},
       {"first_bucket_mb", "cap of the first bucket in MiB (default 1), so communication starts early"},
-      {"compress_min_bytes", "parameters whose gradient is smaller (bytes) skip the compressor and are allreduced "
-                             "uncompressed (default 0: none)"},
+      {"compress_min_bytes",
+       "parameters whose gradient is smaller (bytes) skip the compressor and are allreduced "
+       "uncompressed (default 0: none)"},
       {"overlap", "communicate buckets while backward runs (default true)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every", "steps between checkpoints; 0: at each epoch end (default 0)"},
@@ -113,12 +116,14 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"synthetic_samples", "training samples of the synthetic dataset"},
       {"progress", "rank 0 shows a progress bar (default true)"},
       {"timeout_s", "deadline of each collective in seconds (default 300)"},
-      {"sync", "synchronization scheme name[:key=value,...]: bsp | local | diloco | easgd | dpsgd | sgp | adpsgd | "
-               "ps-asp | ps-ssp | ps-bsp (default bsp; docs/sync.md)"},
+      {"sync",
+       "synchronization scheme name[:key=value,...]: bsp | local | diloco | easgd | dpsgd | sgp | adpsgd | "
+       "ps-asp | ps-ssp | ps-bsp (default bsp; docs/sync.md)"},
       {"sync_period", "steps between synchronizations of local, diloco and easgd (0: the scheme's default)"},
       {"staleness", "ps-ssp staleness bound s: a worker more than s steps ahead of the slowest waits (-1: 3)"},
-      {"slow", "straggler injection RANK:FACTOR[@P][,...]: those ranks' compute takes FACTOR times longer (RANK * for "
-               "every rank; @P: each step with probability P)"},
+      {"slow",
+       "straggler injection RANK:FACTOR[@P][,...]: those ranks' compute takes FACTOR times longer (RANK * for "
+       "every rank; @P: each step with probability P)"},
       {"eval_every", "steps between extra test evaluations (0: at epoch ends only)"},
   };
   return k;
@@ -226,7 +231,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
 #else
   if (c.compressor != "none") bad("compressor", c.compressor, "allowed: none (built without src/compress)");
 #endif
-  if (auto v = get("optimizer")) c.optimizer = one_of("optimizer", *v, {"sgd", "adam"});
+  if (auto v = get("optimizer")) c.optimizer = one_of("optimizer", *v, {"sgd", "adam", "adamw"});
   if (auto v = get("lr")) c.lr = to_double("lr", *v, 0, 1e3, true, "a number > 0 and <= 1000");
   if (auto v = get("momentum")) c.momentum = to_double("momentum", *v, 0, 0.999999, false, "a number in [0, 1)");
   if (auto v = get("weight_decay")) c.weight_decay = to_double("weight_decay", *v, 0, 1, false, "a number in [0, 1]");

@@ -14,6 +14,9 @@ extern "C" __attribute__((visibility("default"))) const conduit::train::TorchApi
   static const conduit::train::TorchApi api = [] {
     conduit::train::TorchApi a;
     a.abi = conduit::train::kTorchApiAbi;
+    a.token = CONDUIT_TORCH_API_TOKEN;
+    a.config_size = sizeof(conduit::train::TrainConfig);
+    a.result_size = sizeof(conduit::train::TrainResult);
     a.train_worker = &train_worker;
     a.check_model_config = &conduit::train::check_model_config;
     a.time_gemms = &conduit::train::time_gemms;

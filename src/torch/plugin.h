@@ -19,7 +19,9 @@
 namespace conduit::train {
 
 struct TorchApi {
-  int abi = 0;  // kTorchApiAbi of the module; the binary refuses another
+  int abi = 0;                              // kTorchApiAbi of the module; the binary refuses another
+  const char* token = "";                   // the build's fingerprint of this interface's headers (CMake); must match
+  size_t config_size = 0, result_size = 0;  // sizeof(TrainConfig), sizeof(TrainResult) in the module
   TrainResult (*train_worker)(const TrainConfig&, coll::CommPtr, const WorkerOptions&) = nullptr;
   void (*check_model_config)(const TrainConfig&, int world) = nullptr;
   std::vector<GemmTiming> (*time_gemms)(const std::vector<std::array<int64_t, 3>>&, int threads,

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 #include <torch/utils.h>
@@ -65,10 +66,27 @@ void make_batch(const ImageSet& s, const std::vector<int64_t>& idx, torch::Tenso
   }
 }
 
+// The parameters a scheme's saved state depends on, its defaults filled in: what a resume must not change. Those the
+// trainer derives from its own flags (the servers' lr, momentum and weight decay; the compressor, checked on its own)
+// may change as they may for bsp.
+nlohmann::json scheme_params(const SyncSpec& spec) {
+  nlohmann::json out = nlohmann::json::object();
+  if (spec.bsp()) return out;
+  sync::Params p = sync::strategy_defaults(spec.name);
+  for (const auto& [k, v] : spec.params) p[k] = v;
+  for (const char* k : {"lr", "momentum", "weight_decay", "compressor", "push_compressor"}) p.erase(k);
+  for (const auto& [k, v] : p) out[k] = v;
+  return out;
+}
+
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, Net& model) {
   if (c.optimizer == "adam")
     return std::make_shared<torch::optim::Adam>(model.parameters(),
                                                 torch::optim::AdamOptions(c.lr).weight_decay(c.weight_decay));
+  // Decoupled weight decay (Loshchilov & Hutter): DiLoCo's inner optimizer.
+  if (c.optimizer == "adamw")
+    return std::make_shared<torch::optim::AdamW>(model.parameters(),
+                                                 torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   return std::make_shared<torch::optim::SGD>(
       model.parameters(), torch::optim::SGDOptions(c.lr).momentum(optimizer_momentum(c)).weight_decay(c.weight_decay));
 }
@@ -77,6 +95,8 @@ void set_lr(torch::optim::Optimizer& opt, const std::string& kind, double lr) {
   for (auto& g : opt.param_groups()) {
     if (kind == "adam")
       static_cast<torch::optim::AdamOptions&>(g.options()).lr(lr);
+    else if (kind == "adamw")
+      static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
     else
       static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
   }
@@ -311,11 +331,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       meta.value("sync", std::string("bsp"))));
     // The scheme's parameters too: its saved state belongs to them (local SGD restored the checkpoint's period over
     // a new --sync-period; dpsgd's public copies would attach to another graph's neighbours).
-    if (meta.contains("sync_spec") && meta["sync_spec"].get<std::string>() != spec.to_string())
+    if (meta.contains("sync_params") && meta["sync_params"] != scheme_params(spec))
       throw ConfigError(
-          fmt::format("config: resume: the checkpoint was written with sync {}, this run asks for {}; "
-                      "allowed: the same scheme parameters",
-                      meta["sync_spec"].get<std::string>(), spec.to_string()));
+          fmt::format("config: resume: the checkpoint was written with sync {} {}, this run asks for "
+                      "{}; allowed: the same scheme parameters",
+                      spec.name, meta["sync_params"].dump(), scheme_params(spec).dump()));
     // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
     // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
     // existed are not checked.)
@@ -568,7 +588,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"model", c.model},
                                                              {"compressor", c.compressor},
                                                              {"sync", spec.name},
-                                                             {"sync_spec", spec.to_string()},
+                                                             {"sync_params", scheme_params(spec)},
                                                              {"batch_size", c.batch_size},
                                                              {"seed", c.seed},
                                                              {"dataset", c.dataset},

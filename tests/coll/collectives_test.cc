@@ -328,11 +328,13 @@ TEST(CollectiveEdges, ReduceScatterNeverWritesTheCallersInput) {
     std::vector<float> in(4, float(c.rank() + 1));
     const std::vector<float> before = in;
     std::vector<float> out(2);
-    c.reduce_scatter(in.data(), c.rank() == 1 ? nullptr : out.data(), {2, 0, 2}, DType::f32, ReduceOp::sum,
-                     {.blocking = true})
-        .wait();
+    CollOptions o;
+    o.blocking = true;
+    c.reduce_scatter(in.data(), c.rank() == 1 ? nullptr : out.data(), {2, 0, 2}, DType::f32, ReduceOp::sum, o).wait();
     EXPECT_EQ(in, before) << "rank " << c.rank();
-    if (c.rank() != 1) EXPECT_EQ(out[0], 6.0f);
+    if (c.rank() != 1) {
+      EXPECT_EQ(out[0], 6.0f);
+    }
     return size_t{0};
   });
 }

@@ -519,8 +519,9 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"peer_powersgd_rank: 0\nbench: {}\n", "peer_powersgd_rank must be a whole number from 1 to 1024"},
       {"bench: {}\nbench: {}\n", "'bench' is given twice"},
       // Keys the sweep sets for each cell: a value here overrode the cell's (a "1mbit" cell ran over shm).
-      {"train: {transport: shm}\ncompressors: [none]\n", "train: 'transport' is set by the sweep for each cell"},
-      {"train: {seed: 5}\ncompressors: [none]\n", "train: 'seed' is set by the sweep"}};
+      {"train: {transport: shm}\ncompressors: [none]\n",
+       "train: 'transport' would override what the sweep sets for each cell"},
+      {"train: {seed: 5}\ncompressors: [none]\n", "train: 'seed' would override what the sweep sets"}};
   for (const auto& [extra, expect] : cases) {
     std::ofstream(file) << base << extra;
     Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");

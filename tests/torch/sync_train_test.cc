@@ -110,6 +110,15 @@ TEST(TrainSync, EverySchemeTrains) {
     }
     EXPECT_GT(r[0].test_accuracy, 0.5) << spec;  // the synthetic classes are easy; chance is 0.1
   }
+  // DiLoCo with its published inner optimizer, AdamW (decoupled weight decay), and no inner momentum to stack.
+  TrainConfig c = tiny_sync("diloco:period=4");
+  c.optimizer = "adamw";
+  c.lr = 0.01;
+  c.weight_decay = 0.01;
+  auto r = train_inproc(c, 3);
+  EXPECT_EQ(r[0].steps, 16);
+  EXPECT_GT(r[0].test_accuracy, 0.5);
+  EXPECT_EQ(r[0].params, r[1].params);  // one model after the final outer step
 }
 
 TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
@@ -190,8 +199,19 @@ TEST(TrainSync, CheckpointResumeContinues) {
       } catch (const ConfigError& e) {
         msg = e.what();
       }
-      EXPECT_NE(msg.find("this run asks for local"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("period=8"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("written with sync local {"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("\"period\":\"8\""), std::string::npos) << msg;
+      // The same parameters written differently, and a learning rate of the trainer's, resume.
+      TrainConfig same = rest;
+      same.sync = "local:period=4,warmup=0";
+      same.output = (dir / "same").string();
+      EXPECT_NO_THROW(train_inproc(same, 2, true));
+    }
+    if (spec == "ps-bsp") {
+      TrainConfig lr = rest;
+      lr.lr = 0.5 * c.lr;
+      lr.output = (dir / "lr").string();
+      EXPECT_NO_THROW(train_inproc(lr, 2, true));
     }
     fs::remove_all(dir);
   }
