@@ -392,9 +392,16 @@ void run_plan(const StepArgs& a) {
   if (a.given.count("--virtual-stages")) {
     if (base.schedule != Schedule::kInterleaved || !a.given.count("--schedule"))
       throw ConfigError("--virtual-stages needs --schedule interleaved");
+    if (base.virtual_stages < 2)
+      throw ConfigError(
+          fmt::format("--virtual-stages = {} (allowed with --schedule interleaved: 2 or more)", base.virtual_stages));
     space.virtual_stages = {base.virtual_stages};
   }
-  if (a.given.count("--sp")) space.sequence_parallel = {true};
+  if (a.given.count("--sp")) {
+    if (space.tp.size() == 1 && space.tp[0] == 1)
+      throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
+    space.sequence_parallel = {true};
+  }
   for (int t : space.tp)
     if (t < 1) throw ConfigError(fmt::format("--tp = {} must be at least 1", t));
   for (int p : space.pp)
@@ -574,7 +581,7 @@ InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long 
 
 struct InferArgs {
   int batch = 1;
-  long long prompt = 0, generate = 0;  // 0: fit the model's context (at most 1024 and 256)
+  long long prompt = -1, generate = -1;  // -1: not given, fit the model's context (at most 1024 and 256)
   std::string batch_list;
 };
 
@@ -618,10 +625,21 @@ void run_infer(const StepArgs& a, const InferArgs& given) {
   // Unset lengths fit the model's context: 256 generated tokens (a quarter of it at most) after a 1024-token prompt
   // (what is left, at most).
   InferArgs ia = given;
-  if (ia.prompt < 0 || ia.generate < 0)
+  if (ia.prompt == 0 || ia.generate == 0 || ia.prompt < -1 || ia.generate < -1)
     throw ConfigError("--prompt and --generate must be at least 1 token (or left out: they fit the model's context)");
-  if (ia.generate == 0) ia.generate = std::max<long long>(1, std::min<long long>(256, m.seq / 4));
-  if (ia.prompt == 0) ia.prompt = std::max<long long>(1, std::min<long long>(1024, m.seq - ia.generate));
+  if (ia.prompt > m.seq)
+    throw ConfigError(fmt::format("--prompt ({}) exceeds the model's context of {} tokens (--seq)", ia.prompt, m.seq));
+  // A generate length left out fits what the prompt leaves (at most 256, a quarter of the context).
+  if (ia.generate < 0) {
+    ia.generate = std::min<long long>(std::max<long long>(1, std::min<long long>(256, m.seq / 4)),
+                                      ia.prompt > 0 ? m.seq - ia.prompt : m.seq);
+    if (ia.generate < 1)
+      throw ConfigError(
+          fmt::format("--prompt ({}) leaves no room in the model's context of {} tokens (--seq) to "
+                      "generate any",
+                      ia.prompt, m.seq));
+  }
+  if (ia.prompt < 0) ia.prompt = std::max<long long>(1, std::min<long long>(1024, m.seq - ia.generate));
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   if (!ia.batch_list.empty()) {

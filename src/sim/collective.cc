@@ -323,6 +323,10 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
   std::vector<Step> out;
   if (p == 1) return out;
   if (a == Algorithm::kAuto) throw InvalidArgument("make_pattern: resolve kAuto first");
+  // Point-to-point patterns have one way to run (a row labelled in-network was the direct pattern).
+  if ((c == Collective::kShift || c == Collective::kAllToAll) && a != Algorithm::kDirect)
+    throw UnsupportedError(fmt::format("{}: the algorithm {} does not apply; allowed: direct",
+                                       c == Collective::kShift ? "shift" : "all-to-all", algorithm_name(a)));
   switch (c) {
     case Collective::kShift: {
       Step s;

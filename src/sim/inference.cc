@@ -18,7 +18,8 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, con
   m0.validate();
   const Topology& topo = net.topology();
   const long long gpus = topo.gpus();
-  if (c.tp < 1 || c.pp < 1 || gpus % (static_cast<long long>(c.tp) * c.pp) != 0)
+  if (c.tp < 1 || c.pp < 1) throw ConfigError(fmt::format("--tp = {} and --pp = {} must be at least 1", c.tp, c.pp));
+  if (gpus % (static_cast<long long>(c.tp) * c.pp) != 0)
     throw ConfigError(fmt::format("--tp ({}) x --pp ({}) must divide --gpus ({})", c.tp, c.pp, gpus));
   if (m0.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m0.heads));
   if (m0.layers % c.pp != 0) throw ConfigError(fmt::format("--pp = {} must divide --layers = {}", c.pp, m0.layers));
@@ -117,7 +118,13 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, con
   // Memory: weights, KV cache, and the prefill's largest transient: the MLP phase (up-projection output and QKV) or
   // the attention phase (QKV, the b (a/t) s^2 scores and their softmax, which the prefill timing above writes to
   // memory, so the two agree), plus the logits.
-  r.weight_bytes = 2 * gpt_parameters(m0) / (static_cast<double>(t) * p);
+  // The heaviest stage: its layers and the embeddings (the first stage holds the token and position embeddings, the
+  // last a copy of the token embedding for the logits), split over tp. Spread evenly over the stages, they
+  // understated the first stage's memory for small models with pp > 1.
+  r.weight_bytes = 2 *
+                   (static_cast<double>(lps) * gpt_layer_parameters(m0) +
+                    static_cast<double>(m0.vocab + m0.seq) * static_cast<double>(m0.hidden)) /
+                   static_cast<double>(t);
   const long long tokens = c.prompt + c.generate;
   r.kv_bytes = kv_cache_bytes(m0, t, p, tokens, c.batch);
   const double act =

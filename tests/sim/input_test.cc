@@ -238,6 +238,29 @@ TEST(Inputs, OverflowsNanAndImpossibleRatesAreRefused) {
   EXPECT_NE(error_of([&] { simulate_step(sn, m, d); }).find("the simulated step time is inf"), std::string::npos);
 }
 
+TEST(Inputs, InferencePlanAndCollInputsThatWereSilentlyBent) {
+  int rc = 0;
+  std::string out =
+      test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --prompt 0", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("must be at least 1 token"), std::string::npos) << out;
+  out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 0", &rc);
+  EXPECT_NE(out.find("--tp = 0 and --pp = 1 must be at least 1"), std::string::npos) << out;
+  // A prompt alone: the generated length fits what it leaves (it named a --generate nobody gave).
+  out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --prompt 4000", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  out = test_util::run("sim plan --cluster dgx-a100 --gpus 64 --model gpt2-small --global-batch 512 --sp --tp 1", &rc);
+  EXPECT_NE(out.find("--sp (sequence parallelism) needs --tp > 1"), std::string::npos) << out;
+  out = test_util::run(
+      "sim plan --cluster dgx-a100 --gpus 64 --model gpt2-small --global-batch 512 --schedule interleaved "
+      "--virtual-stages 1",
+      &rc);
+  EXPECT_NE(out.find("--virtual-stages = 1"), std::string::npos) << out;
+  out = test_util::run("sim coll --op all-to-all --algorithm in-network --gpus 16 --cluster dgx-a100", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("all-to-all: the algorithm in-network does not apply; allowed: direct"), std::string::npos) << out;
+}
+
 TEST(Inputs, GradientMemoryFollowsGradBytes) {
   EXPECT_DOUBLE_EQ(zero_model_state(1e9, 8, 0, 4).grads, 4e9);
   EXPECT_DOUBLE_EQ(zero_model_state(1e9, 8, 2, 4).grads, 4e9 / 8);
