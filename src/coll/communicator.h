@@ -24,7 +24,9 @@
 namespace conduit::coll {
 
 struct CollOptions {
-  double timeout_s = 0;   // 0: the communicator's timeout
+  // 0: the communicator's timeout. Counted from when the operation starts: one queued behind others (each
+  // communicator runs its operations one at a time, in order) gets its whole timeout once it runs.
+  double timeout_s = 0;
   std::string algorithm;  // empty: the tuner chooses; else one of Tuner::algorithms(op)
   // Run on the calling thread and return when done (as MPI_Allreduce does): no hand-off to the worker thread,
   // the lowest latency. The default starts the operation in the background and returns at once.

@@ -66,7 +66,14 @@ const Table& get() {
   static const Table* t = [] {
     auto v = available();
     if (std::strcmp(forced(), "base") == 0) return v[0];
-    if (std::strcmp(forced(), "avx2") == 0 && v.size() > 1) return v[1];
+    if (std::strcmp(forced(), "avx2") == 0) {
+      // Asked for by name on a CPU (or build) without it: say so rather than run (and report) other kernels.
+      if (v.size() < 2)
+        throw ConfigError(
+            "environment variable CONDUIT_COMPRESS_KERNELS=avx2, but this CPU (or build) has no AVX2, FMA and AES; "
+            "allowed here: base (or unset)");
+      return v[1];
+    }
     return v.back();
   }();
   return *t;

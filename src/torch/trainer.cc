@@ -817,7 +817,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"steps", res.steps},
          {"batch_size", c.batch_size},
          {"final_test_accuracy", res.test_accuracy},
-         {"final_train_loss", res.train_loss},
+         // null when this run trained no step (a resume of a finished run): there is no loss of its own to report
+         {"final_train_loss", global_step > start_global_step ? nlohmann::json(res.train_loss) : nlohmann::json()},
          {"wall_time_s", res.wall_s},
          {"evaluation_s", untimed_s},
          {"target_accuracy", c.target_accuracy > 0 ? nlohmann::json(c.target_accuracy) : nlohmann::json()},

@@ -232,6 +232,22 @@ TEST(RoundTrip, EachMethodWithinItsBound) {
   }
 }
 
+// A chunk whose range exceeds FLT_MAX (max - min = 6e38): the scale was inf and every value decoded as NaN.
+TEST(RoundTrip, Uint8OverARangeWiderThanTheLargestFloat) {
+  for (size_t d : {size_t(3), size_t(100)}) {
+    std::vector<float> x(d);
+    for (size_t i = 0; i < d; ++i) x[i] = static_cast<float>(-3e38 + 6e38 * double(i) / double(d - 1));
+    auto c = make_compressor("uint8", {});
+    auto st = c->make_state(d, 7, 1);
+    Bytes pl = c->compress(x, st);
+    auto y = decode(*c, pl, st, d);
+    for (size_t i = 0; i < d; ++i) {
+      ASSERT_TRUE(std::isfinite(y[i])) << i << " of " << d;
+      EXPECT_LE(std::fabs(double(y[i]) - double(x[i])), 6e38 / 255 * 0.51 + 1e33) << i;
+    }
+  }
+}
+
 TEST(RoundTrip, PayloadOfTheWrongSizeIsRejected) {
   auto c = make_compressor("int8");
   auto st = c->make_state(100);

@@ -248,14 +248,17 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
             amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
           float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
           want_scales[c] = s;
-          float us = (hi - lo) / 255.0f, uinv = us > 0 ? 1.0f / us : 0.0f;
+          // A finite range wider than FLT_MAX: its scale in double, values as x/s - lo/s (x - lo overflows).
+          const bool wide = std::isinf(hi - lo) && std::isfinite(hi) && std::isfinite(lo);
+          float us = wide ? float((double(hi) - double(lo)) / 255.0) : (hi - lo) / 255.0f,
+                uinv = us > 0 ? 1.0f / us : 0.0f;
           want_header[2 * c] = lo, want_header[2 * c + 1] = us;
           for (size_t i = b; i < e; ++i) {
             float v = x[i] * inv;
             v = v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
             // NaN (inf * 0, or inf - inf) gives the saturated INT32_MIN: -128, or 0 unsigned.
             want[i] = std::isnan(v) ? -128 : static_cast<int8_t>(static_cast<int32_t>(v + std::copysign(0.5f, v)));
-            float w = (x[i] - lo) * uinv;
+            float w = wide ? x[i] * uinv - lo * uinv : (x[i] - lo) * uinv;
             w = w < 0.0f ? 0.0f : w > 255.0f ? 255.0f : w;
             uwant[i] = std::isnan(w) ? 0 : static_cast<uint8_t>(static_cast<int32_t>(w + 0.5f));
           }

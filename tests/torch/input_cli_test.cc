@@ -147,6 +147,12 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
     ++epochs;
   EXPECT_EQ(epochs, 1u) << metrics;
   EXPECT_EQ(slurp(dir / "ms" / "summary.json").find("\"final_train_loss\": 0.0,"), std::string::npos);
+  // Resumed where it stopped, the run trains nothing: no loss of its own (it reported 0).
+  r = run(kTrain + " --epochs 3 --max-steps 10 --resume " + (dir / "ms" / "checkpoint").string() + " --output " +
+          (dir / "ms2").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(slurp(dir / "ms2" / "summary.json").find("\"final_train_loss\": null,"), std::string::npos)
+      << slurp(dir / "ms2" / "summary.json");
   r = run(kTrain + " --epochs 1 --sync diloco --output " + (dir / "dl").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("sync diloco synchronizes every 100 steps, but this run has 10"), std::string::npos) << r.out;
