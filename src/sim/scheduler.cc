@@ -207,7 +207,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   const long long nnodes = gpus / gpn, npl = spec.network.nodes_per_leaf;
   std::vector<long long> free_node(nnodes, gpn);
   auto leaf_of_node = [&](long long node) { return node / npl; };
-  auto place = [&](long long need, std::vector<std::pair<long long, long long>>& alloc) -> bool {
+  // Places a job on the free accelerators `free_node` describes (taking them when it fits).
+  auto place_in = [&](std::vector<long long>& free_node, long long need,
+                      std::vector<std::pair<long long, long long>>& alloc) -> bool {
     alloc.clear();
     if (need < gpn) {
       // Part of one node: best fit (topology) or first fit (spread).
@@ -268,6 +270,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     for (auto [nd, g] : alloc) free_node[nd] -= g;
     return true;
   };
+  auto place = [&](long long need, std::vector<std::pair<long long, long long>>& alloc) {
+    return place_in(free_node, need, alloc);
+  };
   auto release = [&](const Running& r) {
     for (auto [nd, g] : r.alloc) free_node[nd] += g;
   };
@@ -326,28 +331,43 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         return jobs[a].submit < jobs[b].submit;
       });
     }
-    long long cap = gpus;
-    std::vector<char> keep(n, 0);
-    for (size_t i : active) {
-      if (jobs[i].gpus <= cap) {
-        keep[i] = 1;
-        cap -= jobs[i].gpus;
-      }
-    }
-    for (size_t k = 0; k < running.size();) {
-      size_t i = running[k].job;
-      if (!keep[i]) {
-        release(running[k]);
-        state[i] = 1;
-        out[i].preemptions++;
-        running.erase(running.begin() + static_cast<long>(k));
-      } else {
-        ++k;
-      }
-    }
-    for (size_t i : active) {
-      if (!keep[i] || state[i] == 2) continue;
+    // In priority order, a waiting job starts where it fits; one that does not fit preempts running jobs of lower
+    // priority, the lowest first, only if that makes room for it (placement is per node, so a count of free
+    // accelerators is not enough: deciding by counts kept a job that fragmentation left unplaced, idled its share,
+    // and preempted jobs for nothing). Lower-priority jobs then backfill what is left.
+    auto running_at = [&](size_t job) {
+      for (size_t k = 0; k < running.size(); ++k)
+        if (running[k].job == job) return k;
+      return running.size();
+    };
+    for (size_t ai = 0; ai < active.size(); ++ai) {
+      const size_t i = active[ai];
+      if (state[i] != 1) continue;
       std::vector<std::pair<long long, long long>> alloc;
+      if (place(jobs[i].gpus, alloc)) {
+        start_job(i, alloc);
+        continue;
+      }
+      std::vector<long long> trial = free_node;
+      std::vector<size_t> victims;
+      bool fits = false;
+      for (size_t aj = active.size(); aj-- > ai + 1 && !fits;) {
+        const size_t j = active[aj];
+        if (state[j] != 2) continue;
+        for (auto [nd, g] : running[running_at(j)].alloc) trial[nd] += g;
+        victims.push_back(j);
+        std::vector<std::pair<long long, long long>> probe;
+        std::vector<long long> scratch = trial;
+        fits = place_in(scratch, jobs[i].gpus, probe);
+      }
+      if (!fits) continue;
+      for (size_t j : victims) {
+        const size_t k = running_at(j);
+        release(running[k]);
+        state[j] = 1;
+        out[j].preemptions++;
+        running.erase(running.begin() + static_cast<long>(k));
+      }
       if (place(jobs[i].gpus, alloc)) start_job(i, alloc);
     }
   };

@@ -6,7 +6,8 @@
 //   las    Tiresias-style discretized two-dimensional least-attained-service (Gu et al., NSDI'19): jobs are
 //          prioritized by attained service (accelerators x seconds) in queues with exponentially growing
 //          thresholds, arrival order inside a queue; preemptive (a preempted job restarts from its last
-//          checkpoint after `restart_penalty` seconds), lower-priority jobs backfill idle accelerators.
+//          checkpoint after `restart_penalty` seconds) where preempting lower-priority jobs makes room on the nodes,
+//          lower-priority jobs backfill idle accelerators.
 // Placement, per node: a job smaller than a node runs inside one node (best fit, or first fit under spread), a
 // larger one on whole free nodes: topology (the fewest leaves: best fit in one leaf, else the leaves with the most
 // free nodes) or spread (round-robin across leaves).

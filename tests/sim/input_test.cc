@@ -304,6 +304,20 @@ TEST(Inputs, SchedulerPlacesPerNodeCountsFromTheFirstSubmitAndNamesWhyNothingRun
     EXPECT_GT(r.jobs[2].start, 0) << "job c started beside a and b";
     EXPECT_GE(r.jobs[2].start, std::min(r.jobs[0].finish, r.jobs[1].finish) - 1e-9);
   }
+  // Least-attained-service with fragmented nodes: A and B (6 GPUs each) fill two nodes but for 2 + 2; C (4 GPUs,
+  // arriving once they have attained more service, so first in priority) fits nowhere. Deciding by counts of free
+  // accelerators kept all three and left C waiting beside 4 idle GPUs; now C preempts the lowest-priority job that
+  // makes room (B) and starts at once.
+  jobs = parse_job_trace(
+      "id,submit_s,gpus,model,iterations\na,0,6,gpt2-small,1000000\nb,0,6,gpt2-small,1000000\n"
+      "c,1000,4,gpt2-small,100\n",
+      "t");
+  SchedulerOptions las;
+  las.policy = Policy::kLas;
+  const ScheduleResult frag = simulate_cluster(spec, 16, jobs, las);
+  EXPECT_NEAR(frag.jobs[2].start, 1000, 1e-6);
+  EXPECT_EQ(frag.jobs[1].preemptions, 1);
+  EXPECT_EQ(frag.jobs[0].preemptions, 0);
   // A trace that starts late: the makespan counts from its first submission (100076 s before, for 76 s of work).
   jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,100000,8,gpt2-small,1000\n", "t");
   const ScheduleResult late = simulate_cluster(spec, 8, jobs, {});
