@@ -403,6 +403,26 @@ void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm) {
   }
 }
 
+void average_buffers(torch::nn::Module& model, coll::Communicator& comm) {
+  if (comm.size() == 1) return;
+  torch::NoGradGuard ng;
+  std::vector<torch::Tensor> floats;
+  for (auto& b : model.buffers())
+    if (b.scalar_type() == torch::kFloat && b.numel() > 0) floats.push_back(b);
+  if (floats.empty()) return;
+  std::vector<torch::Tensor> flat;
+  for (auto& b : floats) flat.push_back(b.reshape(-1));
+  torch::Tensor all = torch::cat(flat);
+  coll::CollOptions o;
+  o.blocking = true;
+  comm.allreduce(all.data_ptr(), size_t(all.numel()), DType::f32, ReduceOp::avg, o).wait();
+  int64_t off = 0;
+  for (auto& b : floats) {
+    b.copy_(all.narrow(0, off, b.numel()).view_as(b));
+    off += b.numel();
+  }
+}
+
 void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters) {
   torch::NoGradGuard ng;
   auto bcast = [&](torch::Tensor t) {

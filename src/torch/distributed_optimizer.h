@@ -52,6 +52,9 @@ struct DistOptions {
 void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters);
 // Broadcasts the buffers of `model` from rank 0 in two collectives (float buffers coalesced, then the others).
 void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm);
+// The mean of every float buffer (BatchNorm's running statistics) over the ranks, in one allreduce. Schemes other than
+// bsp let each worker's statistics follow its own data; at the end they are averaged with the model.
+void average_buffers(torch::nn::Module& model, coll::Communicator& comm);
 
 class DistributedOptimizer {
  public:

@@ -121,6 +121,9 @@ void SchemeOptimizer::finish() {
   if (finished_) return;
   finished_ = true;
   strategy_->finish({flat_params_.data_ptr<float>(), d_});
+  // BatchNorm's running statistics followed each worker's own data: the model the run ends with (and worker 0
+  // evaluates) takes their mean, as the parameters are averaged (they stayed worker 0's own).
+  average_buffers(*model_, *workers_);
   const sync::SyncStats& now = strategy_->stats();
   StepStats s;
   s.bytes_sent = now.bytes_sent - seen_.bytes_sent;

@@ -121,6 +121,18 @@ TEST(TrainSync, EverySchemeTrains) {
   EXPECT_EQ(r[0].params, r[1].params);  // one model after the final outer step
 }
 
+// BatchNorm's running statistics follow each worker's own data under schemes other than bsp; the model a run ends
+// with takes their mean as it takes the parameters' (worker 0 evaluated averaged parameters with its own statistics).
+TEST(TrainSync, BatchNormStatisticsEndAveragedWithTheModel) {
+  TrainConfig c = tiny_sync("local:period=2");
+  c.model = "resnet";
+  c.max_steps = 3;
+  auto r = train_inproc(c, 2);
+  ASSERT_FALSE(r[0].buffers.empty());
+  EXPECT_EQ(r[1].params, r[0].params);    // local SGD's final average
+  EXPECT_EQ(r[1].buffers, r[0].buffers);  // and the statistics' mean
+}
+
 TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
   TrainConfig c = tiny_sync("ps-asp");
   c.compressor = "ef:topk:ratio=0.1";
