@@ -139,22 +139,11 @@ void append_halving_doubling(const Builder& b, Collective c, long long p, std::v
   const long long extra = p - q;
   const bool rs = c == Collective::kAllReduce || c == Collective::kReduceScatter;
   const bool ag = c == Collective::kAllReduce || c == Collective::kAllGather;
-  // A group that is not a power of two folds its p - q extra ranks onto the first ones (as the runtime's rh and rd):
-  // reductions send the whole vector first, an allgather the extra ranks' blocks; afterwards a reduce-scatter returns
-  // each extra rank its block, an allgather or allreduce the whole vector. (Refused before: ZeRO's reduce-scatter
-  // over 3,125 ranks fell back to the ring's 3,124 latencies per bucket.)
-  const double pd = static_cast<double>(p);
-  if (extra > 0 && (c == Collective::kAllReduce || c == Collective::kReduceScatter)) {
+  if (extra > 0 && c == Collective::kAllReduce) {
     Step s;
     s.phase = "fold extra ranks";
     s.reduce = 1;
     for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, {}, -1});
-    out.push_back(std::move(s));
-  }
-  if (extra > 0 && c == Collective::kAllGather) {
-    Step s;
-    s.phase = "extra ranks' blocks to their partners";
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0 / pd, {}, -1});
     out.push_back(std::move(s));
   }
   const int logq = ceil_log2(q);
@@ -179,13 +168,15 @@ void append_halving_doubling(const Builder& b, Collective c, long long p, std::v
       out.push_back(std::move(s));
     }
   }
-  if (extra > 0) {
+  if (extra > 0 && c == Collective::kAllReduce) {
     Step s;
     s.phase = "return to extra ranks";
-    const double frac = c == Collective::kReduceScatter ? 1.0 / pd : 1.0;  // its block, or the whole vector
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), frac, {}, -1});
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, {}, -1});
     out.push_back(std::move(s));
   }
+  if (extra > 0 && c != Collective::kAllReduce)
+    throw UnsupportedError(
+        fmt::format("halving-doubling {} needs a power-of-two group (got {})", collective_name(c), p));
 }
 
 void append_recursive_doubling_allreduce(const Builder& b, long long p, std::vector<Step>& out) {

@@ -65,15 +65,6 @@ TEST_P(FlatTest, MpichClosedForms) {
     double rab = 2 * std::log2(q) * kAlpha + 2.0 * (q - 1) / q * n * kBeta + (q - 1) / q * n * kGamma +
                  2 * (kAlpha + n * kBeta) + n * kGamma;
     EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kHalvingDoubling, g, n), rab), 1e-9);
-    // Reduce-scatter: the fold (a + nb + ng), halving over p', each extra rank's block back (a + n/p b). Allgather:
-    // the extra ranks' blocks in (a + n/p b), doubling over p', the whole vector back (a + nb). (They were refused.)
-    EXPECT_LT(rel(m.time(Collective::kReduceScatter, Algorithm::kHalvingDoubling, g, n),
-                  std::log2(q) * kAlpha + (q - 1) / q * n * (kBeta + kGamma) + (kAlpha + n * kBeta + n * kGamma) +
-                      (kAlpha + n / p * kBeta)),
-              1e-9);
-    EXPECT_LT(rel(m.time(Collective::kAllGather, Algorithm::kHalvingDoubling, g, n),
-                  std::log2(q) * kAlpha + (q - 1) / q * n * kBeta + (kAlpha + n / p * kBeta) + (kAlpha + n * kBeta)),
-              1e-9);
   }
   // In-network aggregation: each rank sends n up and receives n down once: 2a + nb.
   EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kInNetwork, g, n), 2 * kAlpha + n * kBeta), 1e-9);
