@@ -398,7 +398,9 @@ void run_plan(const StepArgs& a) {
     space.virtual_stages = {base.virtual_stages};
   }
   if (a.given.count("--sp")) {
-    if (space.tp.size() == 1 && space.tp[0] == 1)
+    // Fixed: every plan uses it, so tp = 1 (where the planner would drop it) is out of the search.
+    space.tp.erase(std::remove(space.tp.begin(), space.tp.end(), 1), space.tp.end());
+    if (space.tp.empty())
       throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
     space.sequence_parallel = {true};
   }
@@ -581,7 +583,8 @@ InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long 
 
 struct InferArgs {
   int batch = 1;
-  long long prompt = -1, generate = -1;  // -1: not given, fit the model's context (at most 1024 and 256)
+  long long prompt = -1, generate = -1;  // when not given: fit the model's context (at most 1024 and 256)
+  bool prompt_given = false, generate_given = false;
   std::string batch_list;
 };
 
@@ -625,8 +628,17 @@ void run_infer(const StepArgs& a, const InferArgs& given) {
   // Unset lengths fit the model's context: 256 generated tokens (a quarter of it at most) after a 1024-token prompt
   // (what is left, at most).
   InferArgs ia = given;
-  if (ia.prompt == 0 || ia.generate == 0 || ia.prompt < -1 || ia.generate < -1)
-    throw ConfigError("--prompt and --generate must be at least 1 token (or left out: they fit the model's context)");
+  if (ia.prompt_given && ia.prompt < 1)
+    throw ConfigError(fmt::format("--prompt = {} must be at least 1 token", ia.prompt));
+  if (ia.generate_given && ia.generate < 1)
+    throw ConfigError(fmt::format("--generate = {} must be at least 1 token", ia.generate));
+  if (!ia.prompt_given) ia.prompt = -1;
+  if (!ia.generate_given) ia.generate = -1;
+  if (ia.generate >= m.seq)
+    throw ConfigError(
+        fmt::format("--generate ({}) leaves no room for a prompt in the model's context of {} tokens "
+                    "(--seq)",
+                    ia.generate, m.seq));
   if (ia.prompt > m.seq)
     throw ConfigError(fmt::format("--prompt ({}) exceeds the model's context of {} tokens (--seq)", ia.prompt, m.seq));
   // A generate length left out fits what the prompt leaves (at most 256, a quarter of the context).
@@ -1191,10 +1203,15 @@ void setup(CLI::App& app) {
     c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
     c->add_option("--batch", ia->batch, "concurrent sequences")->capture_default_str();
     c->add_option("--batch-list", ia->batch_list, "sweep batch sizes, e.g. 1,4,16,64 (latency vs throughput)");
-    c->add_option("--prompt", ia->prompt, "prompt tokens (default: 1024, or what the context leaves)");
-    c->add_option("--generate", ia->generate, "generated tokens (default: 256, at most a quarter of the context)");
+    auto* prompt = c->add_option("--prompt", ia->prompt, "prompt tokens (default: 1024, or what the context leaves)");
+    auto* generate =
+        c->add_option("--generate", ia->generate, "generated tokens (default: 256, at most a quarter of the context)");
     c->add_flag("--json", a->json, "one JSON record");
-    c->callback([a, ia]() { run_infer(*a, *ia); });
+    c->callback([a, ia, prompt, generate]() {
+      ia->prompt_given = prompt->count() > 0;
+      ia->generate_given = generate->count() > 0;
+      run_infer(*a, *ia);
+    });
   }
   {
     auto* c =

@@ -236,6 +236,10 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
           for (size_t i = 0; i < 300; ++i) x[i] *= 3e-37f;  // subnormal scales, finite 1 / scale
           x[400] = INFINITY;
           x[700] = -3e38f, x[701] = 3e38f;  // max - min overflows
+          // A double scale that rounds to FLT_MAX / 255 (the kernel tested overflow one way in the header, another in
+          // the quantizer, and sent the top value to 0), and a range ending at FLT_MAX (decoded inf).
+          x[900] = -(std::ldexp(1.0f, 127) - std::ldexp(1.0f, 103)), x[901] = std::ldexp(1.0f, 127);
+          x[960] = -0x1.821c82p+127f, x[961] = 0x1.fffffep+127f;
         }
         size_t nc = (n + chunk - 1) / chunk;
         std::vector<float> scales(nc), want_scales(nc), header(2 * nc), want_header(2 * nc);
@@ -248,10 +252,12 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
             amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
           float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
           want_scales[c] = s;
-          // A finite range wider than FLT_MAX: its scale in double, values as x/s - lo/s (x - lo overflows).
-          const bool wide = std::isinf(hi - lo) && std::isfinite(hi) && std::isfinite(lo);
-          float us = wide ? float((double(hi) - double(lo)) / 255.0) : (hi - lo) / 255.0f,
+          // A finite range wider than FLT_MAX: its scale in double; a scale that large (a range near or above
+          // FLT_MAX) quantizes as x/s - lo/s (x - lo overflows).
+          const bool over = std::isinf(hi - lo) && std::isfinite(hi) && std::isfinite(lo);
+          float us = over ? float((double(hi) - double(lo)) / 255.0) : (hi - lo) / 255.0f,
                 uinv = us > 0 ? 1.0f / us : 0.0f;
+          const bool wide = us > 1.3e36f && std::isfinite(us);
           want_header[2 * c] = lo, want_header[2 * c + 1] = us;
           for (size_t i = b; i < e; ++i) {
             float v = x[i] * inv;
@@ -274,6 +280,16 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
         EXPECT_EQ(q, want) << k->name << " chunk=" << chunk << " n=" << n;
         EXPECT_EQ(bits(header), bits(want_header)) << k->name << " chunk=" << chunk << " n=" << n;
         EXPECT_EQ(uq, uwant) << k->name << " chunk=" << chunk << " n=" << n;
+        // Decoding a chunk of finite values gives finite values (a range ending at FLT_MAX decoded inf).
+        std::vector<float> back(n);
+        k->dequant_u8_chunks(uq.data(), n, chunk, header.data(), back.data(), false);
+        for (size_t c = 0; c < nc; ++c) {
+          size_t b = c * chunk, e = std::min(n, b + chunk);
+          bool finite = true;
+          for (size_t i = b; i < e; ++i) finite = finite && std::isfinite(x[i]);
+          for (size_t i = b; finite && i < e; ++i)
+            EXPECT_TRUE(std::isfinite(back[i])) << k->name << " chunk=" << chunk << " n=" << n << " i=" << i;
+        }
       }
 }
 
