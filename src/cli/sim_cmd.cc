@@ -399,10 +399,10 @@ void run_plan(const StepArgs& a) {
   }
   if (a.given.count("--sp")) {
     // Fixed: every plan uses it, so tp = 1 (where the planner would drop it) is out of the search.
-    space.tp.erase(std::remove(space.tp.begin(), space.tp.end(), 1), space.tp.end());
-    if (space.tp.empty())
+    if (!space.tp.empty() && std::all_of(space.tp.begin(), space.tp.end(), [](int t) { return t == 1; }))
       throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
     space.sequence_parallel = {true};
+    space.sp_required = true;
   }
   for (int t : space.tp)
     if (t < 1) throw ConfigError(fmt::format("--tp = {} must be at least 1", t));

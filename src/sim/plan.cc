@@ -69,6 +69,10 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                                    space.sequence_parallel.end();
             for (bool sp_option : space.sequence_parallel) {
               if (sp_option && t == 1 && has_plain) continue;  // the same plan as sp = false
+              if (sp_option && t == 1 && space.sp_required) {
+                skip("sequence parallelism (--sp) needs tp > 1");
+                continue;
+              }
               const bool sp = sp_option && t > 1;
               for (const Compression& cp : space.compression) {
                 if (cp.kind != "none" && (z > 0 || d == 1)) {

@@ -12,6 +12,7 @@ namespace conduit::sim {
 
 struct PlanSpace {
   std::vector<int> tp;           // empty: powers of two up to min(heads, 2 x GPUs per node)
+  bool sp_required = false;      // sequence_parallel {true} means every plan: tp = 1 is skipped (else it runs without)
   std::vector<int> pp;           // empty: divisors of the layer count up to 128
   std::vector<int> micro_batch;  // empty: 1, 2, 4, 8, 16
   std::vector<int> zero{0, 1, 2, 3};

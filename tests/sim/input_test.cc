@@ -249,6 +249,11 @@ TEST(Inputs, InferencePlanAndCollInputsThatWereSilentlyBent) {
   // A prompt alone: the generated length fits what it leaves (it named a --generate nobody gave).
   out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --prompt 4000", &rc);
   EXPECT_EQ(rc, 0) << out;
+  // --sp fixes sequence parallelism: no plan without it (tp = 1 plans ran without it and ranked first).
+  out = test_util::run("sim plan --cluster dgx-a100 --gpus 64 --model gpt2-small --global-batch 512 --sp", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find(" tp=1 "), std::string::npos) << out;
+  EXPECT_NE(out.find(" sp\n"), std::string::npos) << out;
   out = test_util::run("sim plan --cluster dgx-a100 --gpus 64 --model gpt2-small --global-batch 512 --sp --tp 1", &rc);
   EXPECT_NE(out.find("--sp (sequence parallelism) needs --tp > 1"), std::string::npos) << out;
   out = test_util::run(
