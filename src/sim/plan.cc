@@ -33,6 +33,11 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   PlanSpace space = space_in;
   if (space.tp.empty())
     for (int t = 1; t <= std::min<long long>(m.heads, 2LL * topo.gpus_per_node()); t *= 2) space.tp.push_back(t);
+  if (space.sp_required && std::none_of(space.tp.begin(), space.tp.end(), [](int t) { return t > 1; }))
+    throw ConfigError(
+        fmt::format("--sp (sequence parallelism) needs a tensor-parallel size above 1, and none is "
+                    "searched here (heads {}, GPUs per node {}); leave --sp out or give --tp",
+                    m.heads, topo.gpus_per_node()));
   if (space.pp.empty())
     for (int p = 1; p <= std::min(m.layers, 128); ++p)
       if (m.layers % p == 0) space.pp.push_back(p);

@@ -340,6 +340,16 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         if (running[k].job == job) return k;
       return running.size();
     };
+    // The positions (in priority order) of the jobs running when this pass began: the only possible victims (a job
+    // started in this pass ranks above the ones still to come). Scanning the whole backlog instead was quadratic.
+    std::vector<size_t> run_pos;
+    for (size_t ai = 0; ai < active.size(); ++ai)
+      if (state[active[ai]] == 2) run_pos.push_back(ai);
+    auto fits_in = [&](const std::vector<long long>& free, long long need) {
+      std::vector<long long> scratch = free;
+      std::vector<std::pair<long long, long long>> probe;
+      return place_in(scratch, need, probe);
+    };
     for (size_t ai = 0; ai < active.size(); ++ai) {
       const size_t i = active[ai];
       if (state[i] != 1) continue;
@@ -351,16 +361,24 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       std::vector<long long> trial = free_node;
       std::vector<size_t> victims;
       bool fits = false;
-      for (size_t aj = active.size(); aj-- > ai + 1 && !fits;) {
-        const size_t j = active[aj];
+      for (size_t r = run_pos.size(); r-- > 0 && run_pos[r] > ai && !fits;) {
+        const size_t j = active[run_pos[r]];
         if (state[j] != 2) continue;
         for (auto [nd, g] : running[running_at(j)].alloc) trial[nd] += g;
         victims.push_back(j);
-        std::vector<std::pair<long long, long long>> probe;
-        std::vector<long long> scratch = trial;
-        fits = place_in(scratch, jobs[i].gpus, probe);
+        fits = fits_in(trial, jobs[i].gpus);
       }
       if (!fits) continue;
+      // Keep the victims whose room turned out not to be needed (most recently added, i.e. highest priority,
+      // first): a job preempted for nothing lost its restart penalty.
+      for (size_t v = victims.size(); v-- > 0;) {
+        std::vector<long long> without = trial;
+        for (auto [nd, g] : running[running_at(victims[v])].alloc) without[nd] -= g;
+        if (fits_in(without, jobs[i].gpus)) {
+          trial = std::move(without);
+          victims.erase(victims.begin() + static_cast<long>(v));
+        }
+      }
       for (size_t j : victims) {
         const size_t k = running_at(j);
         release(running[k]);

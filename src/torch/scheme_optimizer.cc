@@ -121,8 +121,10 @@ void SchemeOptimizer::finish() {
   if (finished_) return;
   finished_ = true;
   strategy_->finish({flat_params_.data_ptr<float>(), d_});
-  // BatchNorm's running statistics followed each worker's own data: the model the run ends with (and worker 0
-  // evaluates) takes their mean, as the parameters are averaged (they stayed worker 0's own).
+  // BatchNorm's running statistics followed each worker's own data: the run ends with their mean on every worker
+  // (they stayed each worker's own). Where the scheme averages the parameters at the end (local, diloco, easgd's
+  // centre, adpsgd's final average, the servers' model) this is one averaged model; where replicas stay apart
+  // (dpsgd, sgp, adpsgd:final_average=0) each keeps its parameters with the mean statistics.
   average_buffers(*model_, *workers_);
   const sync::SyncStats& now = strategy_->stats();
   StepStats s;

@@ -323,6 +323,15 @@ TEST(Inputs, SchedulerPlacesPerNodeCountsFromTheFirstSubmitAndNamesWhyNothingRun
   EXPECT_NEAR(frag.jobs[2].start, 1000, 1e-6);
   EXPECT_EQ(frag.jobs[1].preemptions, 1);
   EXPECT_EQ(frag.jobs[0].preemptions, 0);
+  // Only the victims whose room is needed: c (8) needs node 1 (d, e); b on node 0 must keep running.
+  jobs = parse_job_trace(
+      "id,submit_s,gpus,model,iterations\na,0,6,gpt2-small,1000000\nb,0,2,gpt2-small,1000000\n"
+      "d,0,4,gpt2-small,1000000\ne,0,4,gpt2-small,1000000\nc,5000,8,gpt2-small,100\n",
+      "t");
+  const ScheduleResult need = simulate_cluster(spec, 16, jobs, las);
+  EXPECT_NEAR(need.jobs[4].start, 5000, 1e-6);
+  EXPECT_EQ(need.jobs[0].preemptions + need.jobs[1].preemptions, 0);
+  EXPECT_EQ(need.jobs[2].preemptions + need.jobs[3].preemptions, 2);
   // A trace that starts late: the makespan counts from its first submission (100076 s before, for 76 s of work).
   jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,100000,8,gpt2-small,1000\n", "t");
   const ScheduleResult late = simulate_cluster(spec, 8, jobs, {});

@@ -131,6 +131,14 @@ TEST(TrainSync, BatchNormStatisticsEndAveragedWithTheModel) {
   ASSERT_FALSE(r[0].buffers.empty());
   EXPECT_EQ(r[1].params, r[0].params);    // local SGD's final average
   EXPECT_EQ(r[1].buffers, r[0].buffers);  // and the statistics' mean
+  // Asynchronous pairwise gossip, and parameter servers on ranks of their own (the mean is over the workers only).
+  c.sync = "adpsgd";
+  r = train_inproc(c, 2);
+  EXPECT_EQ(r[1].buffers, r[0].buffers);
+  c.sync = "ps-asp:colocate=0";
+  r = train_inproc(c, 3);  // 2 workers + 1 server
+  ASSERT_FALSE(r[1].buffers.empty());
+  EXPECT_EQ(r[1].buffers, r[0].buffers);
 }
 
 TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
