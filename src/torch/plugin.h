@@ -1,8 +1,9 @@
 #pragma once
 // The libtorch half of the `conduit` binary, loaded on demand. Loading libtorch costs ~0.7 s of static
 // initialisation per process; the commands that do not train or time kernels (launch, bench coll, sim, cluster,
-// sweep) should not pay it. So the code that calls libtorch (trainer, models, optimizers) is built once more as
-// the module libconduit-torch.so beside the binary, and the binary reaches it only through this table. The module
+// sweep) should not pay it. So the code that calls libtorch (trainer, models, optimizers) is linked into the module
+// libconduit-torch.so beside the binary (compiled once, also for the tests' static library), and the binary reaches
+// it only through this table. The module
 // takes everything else (transports, collectives, compressors, schemes, config) from the binary, which exports its
 // symbols: one copy of each in the process. Torch-free.
 #include <array>
