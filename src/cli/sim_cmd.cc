@@ -431,6 +431,14 @@ void run_plan(const StepArgs& a) {
              {"valid", pr.valid},      {"fitting", pr.fitting},
              {"search_s", pr.seconds}, {"candidates_per_s", pr.candidates / std::max(pr.seconds, 1e-9)},
              {"plans", plans}};
+    // With no plan, the reason too and exit code 1, as the text output (it printed an empty list and exited 0).
+    if (pr.ranked.empty()) {
+      out["reason"] = pr.any_oom
+                          ? fmt::format("no plan fits in memory; the fastest needs {} per GPU: {}",
+                                        format_gb(pr.best_oom.memory.total()), describe_config(pr.best_oom.config))
+                          : "no valid plan; the first candidate tried: " + pr.first_error;
+      set_exit_code(1);
+    }
     std::cout << out.dump() << "\n";
     return;
   }

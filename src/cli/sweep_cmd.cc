@@ -148,6 +148,8 @@ std::string find_ddp_script() {
   return "";
 }
 
+bool compressor_applies(const std::string& scheme, const std::string& compressor);  // below
+
 SweepSpec load_spec(const std::string& path) {
   YAML::Node root;
   try {
@@ -286,6 +288,26 @@ SweepSpec load_spec(const std::string& path) {
       if (!known)
         throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help)", k));
     }
+    // The values too, for every (scheme, compressor) cell, as `conduit train` will read them (epochs: abc or an
+    // unknown model failed each cell after its cluster came up).
+    for (const auto& sc : s.schemes)
+      for (const auto& comp : s.compressors) {
+        if (!compressor_applies(sc, comp)) continue;  // the grid leaves that cell out
+        train::RawConfig raw;
+        for (const auto& [k, v] : s.train) {
+          std::string key = k;
+          std::replace(key.begin(), key.end(), '-', '_');
+          raw[key] = v;
+        }
+        raw["compressor"] = comp;
+        if (sc != "bsp") raw["sync"] = sc;
+        try {
+          const train::TrainConfig c = train::resolve_config(raw, s.hosts, false);
+          train::check_sync_config(c);
+        } catch (const ConfigError& e) {
+          throw ConfigError(fmt::format("sweep: train cell (scheme {}, compressor {}): {}", sc, comp, e.what()));
+        }
+      }
   }
 #endif
   {

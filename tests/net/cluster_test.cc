@@ -521,7 +521,11 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       // Keys the sweep sets for each cell: a value here overrode the cell's (a "1mbit" cell ran over shm).
       {"train: {transport: shm}\ncompressors: [none]\n",
        "train: 'transport' would override what the sweep sets for each cell"},
-      {"train: {seed: 5}\ncompressors: [none]\n", "train: 'seed' would override what the sweep sets"}};
+      {"train: {seed: 5}\ncompressors: [none]\n", "train: 'seed' would override what the sweep sets"},
+      // Values as `conduit train` reads them, per (scheme, compressor) cell, before any cluster comes up.
+      {"train: {epochs: abc}\ncompressors: [none]\n",
+       "train cell (scheme bsp, compressor none): config: epochs: 'abc'"},
+      {"train: {model: resnet999}\ncompressors: [none]\n", "model: 'resnet999' is not allowed"}};
   for (const auto& [extra, expect] : cases) {
     std::ofstream(file) << base << extra;
     Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");

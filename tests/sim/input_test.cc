@@ -249,6 +249,11 @@ TEST(Inputs, InferencePlanAndCollInputsThatWereSilentlyBent) {
   // A prompt alone: the generated length fits what it leaves (it named a --generate nobody gave).
   out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --prompt 4000", &rc);
   EXPECT_EQ(rc, 0) << out;
+  // No plan: --json says why and exits 1, as the text output (it printed an empty list and exited 0).
+  out = test_util::run("sim plan --cluster dgx-a100 --gpus 8 --pp 8 --model gpt2-small --global-batch 512 --sp --json",
+                       &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("\"reason\":\"no valid plan"), std::string::npos) << out;
   // --sp fixes sequence parallelism: no plan without it (tp = 1 plans ran without it and ranked first).
   out = test_util::run("sim plan --cluster dgx-a100 --gpus 64 --model gpt2-small --global-batch 512 --sp", &rc);
   EXPECT_EQ(rc, 0) << out;
