@@ -265,12 +265,10 @@ SweepSpec load_spec(const std::string& path) {
 #endif
   // The keys a train cell sets itself: a train: value after them won (conduit train takes the last), so a cell ran
   // over shared memory on a "1mbit" network while its results row named the grid's compressor and seed.
-  for (const auto& [k, v] : s.train) {
-    std::string key = k;
-    std::replace(key.begin(), key.end(), '_', '-');
+  for (const auto& [k, v] : s.train) {  // keys with '-' (flag_map)
     static const std::set<std::string> kOwned = {"transport", "compressor", "seed",  "output",
                                                  "progress",  "sync",       "config"};
-    if (kOwned.count(key))
+    if (kOwned.count(k))
       throw ConfigError(fmt::format(
           "sweep: train: '{}' would override what the sweep sets for each cell (transport tcp over the emulated "
           "network; compressor, scheme and seed from the grid: compressors:, schemes:, seeds:; output per cell; a "
@@ -280,6 +278,7 @@ SweepSpec load_spec(const std::string& path) {
 #ifdef CONDUIT_WITH_TORCH
   // Train cells pass every train: key to `conduit train`; a grid of DDP peers alone passes only the keys it shares.
   if (!s.schemes.empty()) {
+    train::RawConfig base;  // the train: keys as conduit train's configuration names them
     for (const auto& [k, v] : s.train) {
       std::string key = k;
       std::replace(key.begin(), key.end(), '-', '_');
@@ -287,18 +286,14 @@ SweepSpec load_spec(const std::string& path) {
       for (const auto& [ck, desc] : train::config_keys()) known = known || ck == key;
       if (!known)
         throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help)", k));
+      base[key] = v;
     }
     // The values too, for every (scheme, compressor) cell, as `conduit train` will read them (epochs: abc or an
     // unknown model failed each cell after its cluster came up).
     for (const auto& sc : s.schemes)
       for (const auto& comp : s.compressors) {
         if (!compressor_applies(sc, comp)) continue;  // the grid leaves that cell out
-        train::RawConfig raw;
-        for (const auto& [k, v] : s.train) {
-          std::string key = k;
-          std::replace(key.begin(), key.end(), '-', '_');
-          raw[key] = v;
-        }
+        train::RawConfig raw = base;
         raw["compressor"] = comp;
         if (sc != "bsp") raw["sync"] = sc;
         try {

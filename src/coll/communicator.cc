@@ -357,20 +357,22 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
   struct Reset {
     ~Reset() { tl_op_recvs = nullptr; }
   } reset;
+  // The operation's error message, recorded as the communicator's failure (later operations refuse to run).
+  auto fail = [&](const char* what, const std::string& detail) {
+    std::string msg = fmt::format("{} #{} on {} failed after {:.1f} s: {}{}", op_name, seq, describe(),
+                                  std::chrono::duration<double>(Clock::now() - start).count(), what, detail);
+    std::lock_guard<std::mutex> lk(fail_mu_);
+    if (failed_.empty()) failed_ = msg;
+    failed_flag_.store(true, std::memory_order_release);
+    return msg;
+  };
   try {
     if (debug_ && size() > 1) check_signature(seq, sig, d, op_name);
     return body(ctx);
   } catch (const Error& e) {
     auto silent = silent_peers(recvs);
-    std::string msg = fmt::format("{} #{} on {} failed after {:.1f} s: {}", op_name, seq, describe(),
-                                  std::chrono::duration<double>(Clock::now() - start).count(),
-                                  e.what());
-    if (!silent.empty()) msg += fmt::format("; no data yet from rank(s) {}", join_ints(silent));
-    {
-      std::lock_guard<std::mutex> lk(fail_mu_);
-      if (failed_.empty()) failed_ = msg;
-      failed_flag_.store(true, std::memory_order_release);
-    }
+    const std::string msg =
+        fail(e.what(), silent.empty() ? "" : fmt::format("; no data yet from rank(s) {}", join_ints(silent)));
     if (dynamic_cast<const InvalidArgument*>(&e) == nullptr) {
       transport_->abort(msg);  // so that the other ranks fail now rather than at their deadline
     }
@@ -382,13 +384,7 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
   } catch (const std::exception& e) {
     // Not one of ours (std::bad_alloc of a scratch buffer, ...): this rank cannot go on with the operation, and
     // its peers would wait for it until their deadline. Fail the communicator and the transport as for any error.
-    std::string msg = fmt::format("{} #{} on {} failed after {:.1f} s: {}", op_name, seq, describe(),
-                                  std::chrono::duration<double>(Clock::now() - start).count(), e.what());
-    {
-      std::lock_guard<std::mutex> lk(fail_mu_);
-      if (failed_.empty()) failed_ = msg;
-      failed_flag_.store(true, std::memory_order_release);
-    }
+    const std::string msg = fail(e.what(), "");
     transport_->abort(msg);
     rethrow_as<Error>(msg);  // this rank's own failure, not a peer's
   }

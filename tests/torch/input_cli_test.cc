@@ -26,8 +26,8 @@ struct Result {
   std::string out;
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = "timeout 120 " + std::string(CONDUIT_BINARY) + " " + args + " 2>&1";
+Result run(const std::string& args, const std::string& binary = CONDUIT_BINARY) {
+  const std::string cmd = "timeout 120 " + binary + " " + args + " 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
   std::string out;
   std::array<char, 4096> buf{};
@@ -197,15 +197,7 @@ TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
 TEST(TrainInputProcesses, CommandsWithoutLibtorchRunWithoutTheModule) {
   const fs::path dir = temp_dir("no-module");
   fs::copy_file(CONDUIT_BINARY, dir / "conduit");
-  auto run_copy = [&](const std::string& args) {
-    const std::string cmd = "timeout 120 " + (dir / "conduit").string() + " " + args + " 2>&1";
-    std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
-    std::string out;
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p.get())) > 0) out.append(buf.data(), n);
-    return Result{WEXITSTATUS(pclose(p.release())), out};
-  };
+  auto run_copy = [&](const std::string& args) { return run(args, (dir / "conduit").string()); };
   auto sim = run_copy("sim step --cluster dgx-a100 --gpus 64 --model gpt-1.7b --global-batch 64 --json");
   EXPECT_EQ(sim.code, 0) << sim.out;
   EXPECT_NE(sim.out.find("\"breakdown_s\""), std::string::npos) << sim.out;
