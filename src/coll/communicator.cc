@@ -32,7 +32,10 @@ bool settle_request(Work::State& s, bool block) {
       s.request->wait(s.deadline);  // past the deadline: raises the TimeoutError wait() would (test() polled forever)
     }
   } catch (const TimeoutError& e) {
-    err = std::make_exception_ptr(TimeoutError(fmt::format("{} timed out: {}", s.what, e.what())));
+    // The caller may free or reuse the buffer once this returns: withdraw the request (or stop the transport) so
+    // that a message arriving later neither lands in it nor is taken from the next receive of the tag.
+    std::string msg = fmt::format("{} timed out: {}", s.what, e.what());
+    if (!s.transport || !net::give_up(*s.transport, s.request, msg)) err = std::make_exception_ptr(TimeoutError(msg));
   } catch (const Error& e) {
     err = std::make_exception_ptr(PeerError(fmt::format("{} failed: {}", s.what, e.what())));
   }
@@ -725,6 +728,7 @@ Work Communicator::p2p(bool is_send, void* buf, size_t count, DType dt, int peer
   // Point-to-point does not go through the worker queue: the Work waits on the transport request itself.
   state->request = is_send ? transport_->isend(members_[peer], t, buf, bytes)
                            : transport_->irecv(members_[peer], t, buf, bytes);
+  state->transport = transport_;
   state->deadline = Deadline::after(effective_timeout(o));
   state->algorithm = "p2p";
   state->what = fmt::format("{} {} rank {} (tag {}) on {}", what, is_send ? "to" : "from", peer, tag, describe());

@@ -52,8 +52,10 @@ class Work {
     double seconds = 0;
     std::string algorithm;
     std::weak_ptr<Communicator> owner;  // lets a waiter run the operation itself when it is next in line
-    // Point-to-point operations: the transport request, its deadline and what it is (for errors).
+    // Point-to-point operations: the transport request (and its transport, kept alive while the request may need
+    // it), its deadline and what it is (for errors).
     net::RequestPtr request;
+    net::TransportPtr transport;
     Deadline deadline;
     std::string what;
   };

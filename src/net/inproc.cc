@@ -1,11 +1,12 @@
 #include "net/inproc.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 #include "net/tags.h"
@@ -96,6 +97,24 @@ class InprocTransport : public Transport {
     op.op = rop;
     post(rank_, peer, tag, op, false);
     return op.req;
+  }
+
+  // A posted operation waits in a mailbox until its match arrives, and the matching thread delivers it at once.
+  bool cancel(const RequestPtr& r, std::exception_ptr error) override {
+    const int peer = r->peer();
+    if (peer < 0 || peer >= size_) return false;
+    const bool is_send = r->kind() == Request::Kind::send;
+    auto& box = world_->boxes_[is_send ? peer : rank_];
+    std::lock_guard<std::mutex> lk(box.mu);
+    auto& table = is_send ? box.sends : box.recvs;
+    auto it = table.find({is_send ? rank_ : peer, r->tag()});
+    if (it == table.end()) return false;
+    auto pos = std::find_if(it->second.begin(), it->second.end(), [&](const InprocOp& op) { return op.req == r; });
+    if (pos == it->second.end()) return false;
+    it->second.erase(pos);
+    if (it->second.empty()) table.erase(it);
+    r->fail(std::move(error));
+    return true;
   }
 
   void abort(const std::string& reason) override {

@@ -64,6 +64,30 @@ bool MatchQueues::pop_posted(uint64_t tag, PostedRecv* out) {
   return true;
 }
 
+bool MatchQueues::cancel(const Request* req) {
+  auto it = posted_.find(req->tag());
+  if (it != posted_.end()) {
+    auto& q = it->second;
+    auto pos = std::find_if(q.begin(), q.end(), [&](const PostedRecv& r) { return r.req.get() == req; });
+    if (pos != q.end()) {
+      q.erase(pos);
+      if (q.empty()) posted_.erase(it);
+      return true;
+    }
+  }
+  auto a = std::find_if(arriving_.begin(), arriving_.end(), [&](const std::shared_ptr<Unexpected>& u) {
+    return u->has_waiter && u->waiter.req.get() == req;
+  });
+  if (a == arriving_.end()) return false;
+  std::shared_ptr<Unexpected> u = *a;
+  arriving_.erase(a);
+  u->has_waiter = false;
+  u->waiter = PostedRecv{};
+  // It was the oldest message of its tag when the receive took it, and messages of a tag are matched in order.
+  unexpected_[req->tag()].push_front(std::move(u));
+  return true;
+}
+
 std::shared_ptr<Unexpected> MatchQueues::add_unexpected(uint64_t tag, size_t bytes) {
   auto u = std::make_shared<Unexpected>();
   u->data.resize(bytes);

@@ -46,6 +46,9 @@ class MatchQueues {
   // The message's bytes have all arrived: deliver it if a receive is attached.
   void complete_unexpected(Unexpected& u, const char* transport);
   bool has_posted() const { return !posted_.empty(); }
+  // Withdraws a receive that is posted, or attached to a message still arriving (which goes back to the front of
+  // its tag's buffered messages for the next receive). False when this peer's queues do not hold it.
+  bool cancel(const Request* req);
   // Fails every posted receive and attached waiter and drops partly arrived messages. Messages that arrived whole
   // are dropped too unless `keep_arrived`: a peer that sent and then exited or closed its connection has delivered
   // them, and a receive posted later must still get them (an abort drops them: nothing is delivered after one).
@@ -57,6 +60,18 @@ class MatchQueues {
   std::vector<std::shared_ptr<Unexpected>> arriving_;  // matched while arriving (for fail_all)
   size_t unexpected_bytes_ = 0;
 };
+
+// Removes a send that has not started (nothing of it written) from a send queue (elements with `req` and `sent`).
+template <class Queue>
+bool cancel_unstarted_send(Queue& q, const Request* req) {
+  for (auto it = q.begin(); it != q.end(); ++it) {
+    if (it->req.get() != req) continue;
+    if (it->sent > 0) return false;
+    q.erase(it);
+    return true;
+  }
+  return false;
+}
 
 // Copies or reduces a buffered message into its receive and completes it; ProtocolError on a size mismatch.
 void deliver(const Unexpected& u, PostedRecv& r, const char* transport);

@@ -45,6 +45,11 @@ class RoutedTransport : public Transport {
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
     return adopt(at(peer).irecv_reduce(peer, tag, dst, count, dtype, op));
   }
+  bool cancel(const RequestPtr& r, std::exception_ptr error) override {
+    const int peer = r->peer();
+    if (peer < 0 || peer >= size_ || !route_[peer]) return false;
+    return route_[peer]->cancel(r, std::move(error));
+  }
   void abort(const std::string& reason) override {
     set_aborted(reason);
     std::set<Transport*> seen;

@@ -263,6 +263,20 @@ class ShmTransport : public Transport, public Progressor {
     return post_recv(peer, tag, make_reduce_recv(peer, tag, dst, count, dtype, op));
   }
 
+  bool cancel(const RequestPtr& r, std::exception_ptr error) override {
+    if (r->peer() < 0 || r->peer() >= size_ || !peers_[r->peer()].serve) return false;
+    std::lock_guard<std::mutex> lk(mu_);  // data moves only under it
+    ShmPeer& p = peers_[r->peer()];
+    bool removed = false;
+    if (r->kind() == Request::Kind::send) {
+      removed = !r->done() && cancel_unstarted_send(p.sendq, r.get());
+    } else {
+      removed = !r->done() && !(p.target == Target::posted && p.cur.req == r) && p.q.cancel(r.get());
+    }
+    if (removed) r->fail(std::move(error));
+    return removed;
+  }
+
   void abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lk(mu_);
     std::string why = fmt::format("rank {} aborted: {}", rank_, reason);

@@ -277,6 +277,23 @@ class TcpTransport : public Transport {
     for (auto& p : peers_) fail_peer(p, err);
   }
 
+  bool cancel(const RequestPtr& r, std::exception_ptr error) override {
+    if (r->peer() < 0 || r->peer() >= size_) return false;
+    std::lock_guard<std::mutex> lk(mu_);  // the progress thread reads and delivers under it
+    Peer& p = peers_[r->peer()];
+    bool removed = false;
+    if (r->kind() == Request::Kind::send) {
+      std::lock_guard<std::mutex> sl(p.send_mu);
+      removed = !r->done() && cancel_unstarted_send(p.sendq, r.get());
+      p.want_out = !p.sendq.empty();
+      update_interest(p);
+    } else {
+      removed = !r->done() && !(p.target == Target::posted && p.cur.req == r) && p.q.cancel(r.get());
+    }
+    if (removed) r->fail(std::move(error));
+    return removed;
+  }
+
  private:
   void check_peer(int peer) const {
     if (peer < 0 || peer >= size_ || peer == rank_ || !serve_[peer])

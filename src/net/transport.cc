@@ -145,6 +145,21 @@ RequestPtr Transport::irecv_reduce(int peer, uint64_t tag, void* dst, size_t cou
   return r;
 }
 
+bool Transport::cancel(const RequestPtr&, std::exception_ptr) { return false; }
+
+bool give_up(Transport& t, const RequestPtr& r, const std::string& why) {
+  if (r->succeeded()) return true;
+  if (r->done()) return false;
+  if (t.cancel(r, std::make_exception_ptr(TimeoutError(why)))) return false;
+  if (r->succeeded()) return true;  // it finished while the transport was asked
+  if (r->done()) return false;
+  t.abort(
+      fmt::format("{} (its data was already moving, so the transport stops rather than touch the caller's "
+                  "buffer later)",
+                  why));
+  return r->succeeded();
+}
+
 void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline) {
   // The first failure (or the deadline) ends the wait; the caller aborts the transport, which fails the rest.
   for (const auto& r : reqs) r->wait(deadline);

@@ -100,6 +100,13 @@ class Transport {
   // Fails every pending and future request with PeerError(reason) and tells the peers (best effort) so that
   // their pending requests fail too instead of waiting for their deadline.
   virtual void abort(const std::string& reason) = 0;
+  // Withdraws a request of this transport that no data has moved for yet (a receive still waiting for its message,
+  // or attached to one that is still arriving into the transport's own buffer; a send not yet started): fails it
+  // with `error` and returns true, and the transport never touches its buffer again (a message the receive had
+  // matched stays for the next receive of its tag). False when the request is done already, or its data is moving
+  // (a receive being filled, a send partly written) or the transport cannot withdraw requests: then only abort()
+  // keeps the transport off the buffer.
+  virtual bool cancel(const RequestPtr& r, std::exception_ptr error);
   // Empty when healthy, else why it was aborted.
   std::string aborted_reason() const;
   // Called (from the transport's own thread) after it completes or fails requests; lets a routed transport wake
@@ -121,5 +128,11 @@ using TransportPtr = std::shared_ptr<Transport>;
 
 // Waits for every request (all of them, even after one fails, up to the deadline) and rethrows the first failure.
 void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline);
+
+// For a caller that gives up on a request (its wait timed out) and will reuse or free the buffer: cancels the
+// request, or, when the transport is already moving its data, aborts the transport (`why` is the reason) so that
+// nothing reads or writes the buffer afterwards. Returns true when the request completed meanwhile (nothing to
+// give up), false when it was withdrawn or the transport aborted.
+bool give_up(Transport& t, const RequestPtr& r, const std::string& why);
 
 }  // namespace conduit::net

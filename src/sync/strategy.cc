@@ -109,9 +109,16 @@ net::RequestPtr irecv(coll::Communicator& c, int peer, uint32_t tag, void* data,
   return c.transport().irecv(c.transport_rank(peer), net::make_tag(net::kUser, c.id(), tag), data, bytes);
 }
 void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs) {
-  net::wait_all(reqs, Deadline::after(c.timeout_s()));
+  try {
+    net::wait_all(reqs, Deadline::after(c.timeout_s()));
+  } catch (const Error& e) {
+    // The buffers go away with the exception (a deadline, or a peer that failed while others are still pending):
+    // nothing may move into or out of them afterwards.
+    for (const auto& r : reqs) net::give_up(c.transport(), r, e.what());
+    throw;
+  }
 }
-void wait(coll::Communicator& c, const net::RequestPtr& r) { r->wait(Deadline::after(c.timeout_s())); }
+void wait(coll::Communicator& c, const net::RequestPtr& r) { wait_all(c, {r}); }
 
 void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats) {
   allreduce_f32(c, buf, ReduceOp::avg, stats);

@@ -20,6 +20,7 @@
 #include "net/tags.h"
 #include "net/tcp.h"
 #include "net/wire.h"
+#include "transport_pair.h"
 
 using namespace conduit;
 using namespace conduit::net;
@@ -281,49 +282,29 @@ TEST(TcpRendezvous, ConnectHonoursTheDeadline) {
 // one behind it was never read (a valid program deadlocked until the deadline); with a receive of another tag
 // waiting, the large message is buffered past the budget instead. tcp with a 1 MiB budget, shm with its 64 MiB one.
 TEST(Transports, ASmallMessageOvertakesALargeUnmatchedOne) {
-  setenv("CONDUIT_SOCKET_IFNAME", "lo", 1);
   for (std::string kind : {"tcp", "shm"}) {
     setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "1M", 1);
     const size_t big = kind == "tcp" ? (size_t{2} << 20) : (size_t{65} << 20);
-    std::vector<std::string> slots(2);
-    std::map<int, std::vector<std::string>> results;
-    std::mutex mu;
-    std::condition_variable cv;
-    int arrived = 0, round = 0;
+    auto pair = test_util::make_transport_pair(kind);
+    unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
     std::vector<std::string> errors(2);
     std::vector<std::thread> ts;
-    const std::string job = "overtake" + std::to_string(::getpid());
     for (int r = 0; r < 2; ++r)
       ts.emplace_back([&, r] {
-        AllgatherFn ag = [&, r](const std::string& mine) {
-          std::unique_lock<std::mutex> lk(mu);
-          slots[r] = mine;
-          const int my_round = round;
-          if (++arrived == 2) {
-            arrived = 0;
-            results[my_round] = slots;  // a fast rank may write its next round's value before this one reads
-            ++round;
-            cv.notify_all();
-          } else if (!cv.wait_for(lk, std::chrono::seconds(20), [&] { return round != my_round; })) {
-            throw TimeoutError("the other rank never reached the rendezvous");
-          }
-          return results[my_round];
-        };
         try {
-          TransportPtr t = kind == "tcp" ? make_tcp_transport(r, 2, {0, 0}, ag, Deadline::after(10))
-                                         : make_shm_transport(r, 2, {0, 0}, job, ag);
+          Transport& t = *pair[r];
           const uint64_t a = make_tag(kUser, 0, 1), b = make_tag(kUser, 0, 2);
           std::vector<char> buf(big, r == 0 ? 7 : 0);
           int small = 42, got = 0;
           if (r == 0) {
-            auto s1 = t->isend(1, a, buf.data(), big);
-            auto s2 = t->isend(1, b, &small, 4);
+            auto s1 = t.isend(1, a, buf.data(), big);
+            auto s2 = t.isend(1, b, &small, 4);
             s2->wait(Deadline::after(10));
             s1->wait(Deadline::after(10));
           } else {
             std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the large message arrives first
-            t->irecv(0, b, &got, 4)->wait(Deadline::after(5));
-            t->irecv(0, a, buf.data(), big)->wait(Deadline::after(5));
+            t.irecv(0, b, &got, 4)->wait(Deadline::after(5));
+            t.irecv(0, a, buf.data(), big)->wait(Deadline::after(5));
             if (got != 42 || buf.front() != 7 || buf.back() != 7) errors[r] = "wrong data";
           }
         } catch (const std::exception& e) {
@@ -331,7 +312,6 @@ TEST(Transports, ASmallMessageOvertakesALargeUnmatchedOne) {
         }
       });
     for (auto& t : ts) t.join();
-    unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
     EXPECT_EQ(errors[0], "") << kind;
     EXPECT_EQ(errors[1], "") << kind;
   }

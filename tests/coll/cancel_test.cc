@@ -1,0 +1,146 @@
+// A caller that gives up on a request (its wait timed out) gets the transport off its buffer: the request is
+// withdrawn while no data has moved for it, and a message arriving later goes to the next receive of its tag; a
+// request whose data is already moving can only be stopped by aborting the transport.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coll/communicator.h"
+#include "core/error.h"
+#include "net/inproc.h"
+#include "net/matching.h"
+#include "net/shm.h"
+#include "net/tags.h"
+#include "net/tcp.h"
+#include "transport_pair.h"
+
+using namespace conduit;
+using namespace conduit::net;
+
+namespace {
+
+using test_util::make_transport_pair;
+
+class Cancel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Cancel, ATimedOutReceiveIsWithdrawnAndTheLateMessageGoesToTheNextReceive) {
+  auto t = make_transport_pair(GetParam());
+  ASSERT_TRUE(t[0] && t[1]);
+  const uint64_t tag = make_tag(kUser, 0, 9);
+  int first = -1, second = -1;
+  RequestPtr r1 = t[1]->irecv(0, tag, &first, 4);
+  EXPECT_THROW(r1->wait(Deadline::after(0.05)), TimeoutError);
+  EXPECT_FALSE(give_up(*t[1], r1, "test gave up"));
+  EXPECT_TRUE(r1->done());
+  EXPECT_THROW(r1->test(), TimeoutError);
+  EXPECT_EQ(t[1]->aborted_reason(), "");  // withdrawn, not aborted
+
+  int value = 42;
+  RequestPtr s = t[0]->isend(1, tag, &value, 4);
+  RequestPtr r2 = t[1]->irecv(0, tag, &second, 4);
+  r2->wait(Deadline::after(10));
+  s->wait(Deadline::after(10));
+  EXPECT_EQ(second, 42);
+  EXPECT_EQ(first, -1) << "the withdrawn receive's buffer was written";
+  EXPECT_FALSE(t[1]->cancel(r2, nullptr)) << "a completed request cannot be withdrawn";
+}
+
+// A send nothing of which was written is withdrawn; one partly written cannot be, and giving up on it aborts the
+// transport (the peer's 1 MiB budget for unexpected bytes keeps the 8 MiB message from leaving in full).
+TEST_P(Cancel, AnUnstartedSendIsWithdrawnAPartlyWrittenOneAbortsTheTransport) {
+  if (GetParam() == "inproc") {  // a send waits in the peer's mailbox until matched, then moves in one copy
+    auto t = make_inproc_world(2);
+    int small = 7, got = -1;
+    RequestPtr s = t[0]->isend(1, make_tag(kUser, 0, 2), &small, 4);
+    EXPECT_FALSE(give_up(*t[0], s, "test gave up"));
+    EXPECT_THROW(s->test(), TimeoutError);
+    EXPECT_THROW(t[1]->irecv(0, make_tag(kUser, 0, 2), &got, 4)->wait(Deadline::after(0.05)), TimeoutError);
+    EXPECT_EQ(got, -1) << "the withdrawn send was delivered";
+    return;
+  }
+  setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "1M", 1);
+  auto t = make_transport_pair(GetParam());
+  unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+  ASSERT_TRUE(t[0] && t[1]);
+  const size_t big = GetParam() == "shm" ? (size_t{80} << 20) : (size_t{8} << 20);
+  std::vector<char> data(big, 3);
+  int small = 7;
+  RequestPtr s1 = t[0]->isend(1, make_tag(kUser, 0, 1), data.data(), big);
+  RequestPtr s2 = t[0]->isend(1, make_tag(kUser, 0, 2), &small, 4);
+  EXPECT_THROW(s1->wait(Deadline::after(0.3)), TimeoutError);
+  EXPECT_FALSE(s2->done());
+  EXPECT_FALSE(give_up(*t[0], s2, "test gave up"));
+  EXPECT_THROW(s2->test(), TimeoutError);
+  EXPECT_EQ(t[0]->aborted_reason(), "");
+  EXPECT_FALSE(t[0]->cancel(s1, nullptr)) << "part of it is written";
+  EXPECT_FALSE(give_up(*t[0], s1, "test gave up on the big send"));
+  EXPECT_NE(t[0]->aborted_reason().find("test gave up on the big send"), std::string::npos) << t[0]->aborted_reason();
+  EXPECT_THROW(s1->test(), PeerError);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Cancel, ::testing::Values("tcp", "shm", "inproc"));
+
+// A receive attached to a message still arriving into the transport's buffer is detached, and the message stays
+// the oldest of its tag: the next receive gets it, not the one behind it.
+TEST(MatchQueues, AWithdrawnReceiveLeavesItsArrivingMessageFirstInLine) {
+  MatchQueues q;
+  const uint64_t tag = 5;
+  auto m1 = q.add_unexpected(tag, 4);  // still arriving
+  auto m2 = q.add_unexpected(tag, 4);
+  std::memcpy(m2->data.data(), "BBBB", 4);
+  q.complete_unexpected(*m2, "test");
+  char a[4] = {}, b[4] = {}, c[4] = {};
+  PostedRecv r1 = make_recv(Request::Kind::recv, 0, tag, a, 4);
+  RequestPtr req1 = r1.req;
+  ASSERT_TRUE(q.take_unexpected(tag, r1, "test"));  // attaches to m1
+  EXPECT_TRUE(q.cancel(req1.get()));
+  EXPECT_FALSE(q.cancel(req1.get()));
+  PostedRecv r2 = make_recv(Request::Kind::recv, 0, tag, b, 4);
+  RequestPtr req2 = r2.req;
+  ASSERT_TRUE(q.take_unexpected(tag, r2, "test"));  // m1 again
+  std::memcpy(m1->data.data(), "AAAA", 4);
+  q.complete_unexpected(*m1, "test");
+  EXPECT_TRUE(req2->succeeded());
+  EXPECT_EQ(std::string(b, 4), "AAAA");
+  EXPECT_EQ(std::string(a, 4), std::string(4, '\0'));
+  PostedRecv r3 = make_recv(Request::Kind::recv, 0, tag, c, 4);
+  RequestPtr req3 = r3.req;
+  ASSERT_TRUE(q.take_unexpected(tag, r3, "test"));
+  EXPECT_TRUE(req3->succeeded());
+  EXPECT_EQ(std::string(c, 4), "BBBB");
+  // A posted receive is withdrawn from the posted queue.
+  PostedRecv r4 = make_recv(Request::Kind::recv, 0, tag, c, 4);
+  RequestPtr req4 = r4.req;
+  q.post(tag, std::move(r4));
+  EXPECT_TRUE(q.cancel(req4.get()));
+  EXPECT_FALSE(q.has_posted());
+}
+
+// The communicator's point-to-point receive gives up on its request when its wait times out: the message sent
+// afterwards reaches the next receive of the tag (it used to fill the timed-out receive's buffer, and the next
+// receive waited for its deadline).
+TEST(Communicator, ATimedOutPointToPointReceiveDoesNotTakeTheNextMessage) {
+  auto comms = coll::Communicator::inproc(2);
+  float stale = -1, fresh = -1;
+  coll::CollOptions o;
+  o.timeout_s = 0.1;
+  EXPECT_THROW(comms[0]->recv(&stale, 1, DType::f32, 1, 3, o).wait(), TimeoutError);
+  float v = 2.5f;
+  auto s = comms[1]->send(&v, 1, DType::f32, 0, 3);
+  o.timeout_s = 10;
+  comms[0]->recv(&fresh, 1, DType::f32, 1, 3, o).wait();
+  s.wait();
+  EXPECT_EQ(fresh, 2.5f);
+  EXPECT_EQ(stale, -1.0f);
+  EXPECT_EQ(comms[0]->transport().aborted_reason(), "");
+}
+
+}  // namespace
