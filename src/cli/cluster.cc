@@ -110,6 +110,8 @@ LinkSpec link_from_json(const nlohmann::json& j) {
   return l;
 }
 
+// Creates the state file, which must not exist yet: creating it claims the name (two `up` of one name at once: the
+// second sees the first's file and stops before it touches anything).
 void write_state(const ClusterState& s) {
   const std::string dir = state_dir();
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -124,15 +126,21 @@ void write_state(const ClusterState& s) {
     j["hosts"].push_back({{"ns", h.ns}, {"address", h.address}, {"ifname", kHostIfname}, {"link", link_json(h.link)}});
   }
   const std::string path = state_path(s.name);
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = fmt::format("{}.tmp{}", path, static_cast<long>(getpid()));
   {
     std::ofstream f(tmp);
     f << j.dump(2) << "\n";
     if (!f) throw Error(fmt::format("cluster: cannot write {}", tmp));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw Error(fmt::format("cluster: cannot write {}: {}", path, std::strerror(errno)));
+  // link() fails when the name exists, atomically, and the file appears whole or not at all.
+  const int rc = ::link(tmp.c_str(), path.c_str());
+  const int err = errno;
+  ::unlink(tmp.c_str());
+  if (rc != 0 && err == EEXIST) {
+    throw ConfigError(fmt::format("cluster up: a cluster named '{}' exists; run `conduit cluster down --name {}` first",
+                                  s.name, s.name));
   }
+  if (rc != 0) throw Error(fmt::format("cluster: cannot write {}: {}", path, std::strerror(err)));
 }
 
 // tbf burst: above a 64 KiB GSO super-packet and at least 1 ms of the rate; queue: 50 ms of the rate on top.

@@ -117,6 +117,34 @@ TEST_F(ClusterTest, UpDownLeavesNothingBehind) {
   EXPECT_EQ(sh(conduit() + " cluster down --name " + name).code, 0);
 }
 
+// Several `up` of one name at once: one builds the cluster, the others are refused and leave it whole. Two that
+// passed the existence check together both went on, and the loser's clean-up after its `ip netns add` failed
+// removed the winner's namespaces and state file; the state file is now created exclusively, before anything
+// else. The window was a few microseconds wide, so this test meets it only when the processes interleave there.
+TEST_F(ClusterTest, ConcurrentUpsOfOneNameLeaveOneWholeCluster) {
+  const std::string name = unique_name("cc");
+  ClusterGuard guard(name);
+  std::string cmd;
+  for (int i = 0; i < 4; ++i)
+    cmd += "( " + conduit() + " cluster up -q --name " + name +
+           " --hosts 2 --bandwidth 1gbit >/dev/null 2>&1; echo rc=$? ) & ";
+  Result r = sh(cmd + "wait");
+  int ok = 0, refused = 0;
+  for (size_t pos = 0; (pos = r.out.find("rc=", pos)) != std::string::npos; pos += 3) {
+    const char c = r.out[pos + 3];
+    ok += c == '0';
+    refused += c == '2';
+  }
+  EXPECT_EQ(ok, 1) << r.out;
+  EXPECT_EQ(refused, 3) << r.out;
+  EXPECT_EQ(namespaces_of(name).size(), 3u);
+  EXPECT_TRUE(fs::exists("/run/conduit/cluster-" + name + ".json"));
+  Result st = sh(conduit() + " cluster status");
+  EXPECT_NE(st.out.find("cluster " + name + ": 2 hosts"), std::string::npos) << st.out;
+  Result addr = sh(conduit() + " cluster exec --name " + name + " h1 -- ip -o -4 addr show dev eth0");
+  EXPECT_NE(addr.out.find("10.213.0.2/24"), std::string::npos) << addr.out;
+}
+
 TEST_F(ClusterTest, DownCleansUpAfterAnInterruptedUp) {
   const std::string name = unique_name("ir");
   ClusterGuard guard(name);
