@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -681,6 +682,14 @@ void exec_in_host(const ClusterState& state, int index, const std::vector<std::s
     throw Error(fmt::format("cluster exec: cannot enter {}: {} (needs root)", h.ns, std::strerror(errno)));
   }
   close(fd);
+  // As `ip netns exec` does: a mount namespace of its own with sysfs mounted again, so that /sys/class/net shows
+  // this host's interfaces (sysfs shows the network namespace of whoever mounted it: the machine's otherwise).
+  if (unshare(CLONE_NEWNS) != 0 || mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 ||
+      (umount2("/sys", MNT_DETACH) != 0 && errno != EINVAL) ||
+      mount(h.ns.c_str(), "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+    fmt::print(stderr, "conduit: warning: cluster exec: /sys still shows the machine's interfaces, not {}'s ({})\n",
+               h.ns, std::strerror(errno));
+  }
   setenv("CONDUIT_SOCKET_IFNAME", kHostIfname, 1);
   setenv("CONDUIT_CLUSTER_HOST", std::to_string(index).c_str(), 1);
   setenv("CONDUIT_CLUSTER_NAME", state.name.c_str(), 1);

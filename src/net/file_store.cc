@@ -8,12 +8,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "net/store.h"
 
@@ -83,12 +86,23 @@ class FileStore : public Store {
     std::string lock_path = dir_ + "/.lock";
     int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) throw Error(fmt::format("file store: cannot open {}: {}", lock_path, std::strerror(errno)));
-    while (flock(fd, LOCK_EX) != 0) {
-      if (errno != EINTR) {
-        int e = errno;
+    // Polled, with the store's deadline: a holder that hangs (a stale lock on a network file system) must not
+    // hang every rank's rendezvous.
+    const Deadline deadline = Deadline::after(default_timeout_seconds());
+    auto pause = std::chrono::microseconds(100);
+    while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      if (e != EINTR && e != EWOULDBLOCK) {
         close(fd);
         throw Error(fmt::format("file store: flock on {} failed: {}", lock_path, std::strerror(e)));
       }
+      if (deadline.expired()) {
+        close(fd);
+        throw TimeoutError(fmt::format("file store {}: the lock {} stayed held for {:.1f} s (add on key '{}')", dir_,
+                                       lock_path, default_timeout_seconds(), key));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(20000));
     }
     try {
       int64_t cur = 0;

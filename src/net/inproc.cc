@@ -36,19 +36,27 @@ class InprocWorld {
   std::string aborted;
   std::vector<Transport*> members;
 
-  static void deliver(const InprocOp& send, const InprocOp& recv) {
+  // Moves a matched pair's data; called under the mailbox's lock, so that a cancel (which takes it) either finds
+  // the operation still queued or finds its data moved. Returns the failure, if any, for finish().
+  static std::exception_ptr move_data(const InprocOp& send, const InprocOp& recv) {
     if (send.bytes != recv.bytes) {
-      auto err = std::make_exception_ptr(ProtocolError(
+      return std::make_exception_ptr(ProtocolError(
           fmt::format("message size mismatch on tag {:#x}: rank {} sent {} bytes, rank {} expected {} bytes",
                       send.req->tag(), recv.req->peer(), send.bytes, send.req->peer(), recv.bytes)));
-      send.req->fail(err);
-      recv.req->fail(err);
-      return;
     }
     if (recv.reduce) {
       reduce_into(recv.dst, send.src, recv.count, recv.dtype, recv.op);
     } else if (send.bytes > 0) {
       std::memcpy(recv.dst, send.src, send.bytes);
+    }
+    return nullptr;
+  }
+  // Completes (or fails) both requests, after the lock: completion wakes waiters and runs callbacks.
+  static void finish(const InprocOp& send, const InprocOp& recv, const std::exception_ptr& err) {
+    if (err) {
+      send.req->fail(err);
+      recv.req->fail(err);
+      return;
     }
     recv.req->complete();
     send.req->complete();
@@ -152,6 +160,7 @@ class InprocTransport : public Transport {
     auto& box = world_->boxes_[dst_rank];
     InprocOp match;
     bool matched = false;
+    std::exception_ptr err;
     {
       std::lock_guard<std::mutex> lk(box.mu);
       auto key = std::make_pair(src_rank, tag);
@@ -162,13 +171,16 @@ class InprocTransport : public Transport {
         it->second.pop_front();
         if (it->second.empty()) other.erase(it);
         matched = true;
+        err = is_send ? InprocWorld::move_data(op, match) : InprocWorld::move_data(match, op);
       } else {
         (is_send ? box.sends : box.recvs)[key].push_back(op);
       }
     }
     if (matched) {
-      if (is_send) InprocWorld::deliver(op, match);
-      else InprocWorld::deliver(match, op);
+      if (is_send)
+        InprocWorld::finish(op, match, err);
+      else
+        InprocWorld::finish(match, op, err);
     }
   }
 

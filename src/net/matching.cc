@@ -80,10 +80,17 @@ bool MatchQueues::cancel(const Request* req) {
   });
   if (a == arriving_.end()) return false;
   std::shared_ptr<Unexpected> u = *a;
+  // It was the oldest message of its tag when the receive took it, and messages of a tag are matched in order: it
+  // goes to the oldest receive of the tag posted since (which found nothing buffered), or back to the front of the
+  // buffered messages.
+  PostedRecv next;
+  if (pop_posted(req->tag(), &next)) {
+    u->waiter = std::move(next);
+    return true;
+  }
   arriving_.erase(a);
   u->has_waiter = false;
   u->waiter = PostedRecv{};
-  // It was the oldest message of its tag when the receive took it, and messages of a tag are matched in order.
   unexpected_[req->tag()].push_front(std::move(u));
   return true;
 }

@@ -41,9 +41,11 @@ void Request::wait(const Deadline& deadline) {
 }
 
 void Request::complete() {
+  if (state_.load(std::memory_order_acquire) != kPending) return;  // failed meanwhile (cancelled, aborted)
   on_complete();
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (state_.load() != kPending) return;
     state_.store(kDone, std::memory_order_release);
   }
   cv_.notify_all();

@@ -124,6 +124,29 @@ TEST(MatchQueues, AWithdrawnReceiveLeavesItsArrivingMessageFirstInLine) {
   EXPECT_FALSE(q.has_posted());
 }
 
+// A receive posted behind the withdrawn one (it found nothing buffered) takes the arriving message: it is the oldest
+// receive of the tag now, and the message the oldest message.
+TEST(MatchQueues, AWithdrawnReceiveHandsItsArrivingMessageToTheNextPostedReceive) {
+  MatchQueues q;
+  const uint64_t tag = 6;
+  auto m1 = q.add_unexpected(tag, 4);
+  char a[4] = {}, b[4] = {};
+  PostedRecv r1 = make_recv(Request::Kind::recv, 0, tag, a, 4);
+  RequestPtr req1 = r1.req;
+  ASSERT_TRUE(q.take_unexpected(tag, r1, "test"));
+  PostedRecv r2 = make_recv(Request::Kind::recv, 0, tag, b, 4);
+  RequestPtr req2 = r2.req;
+  ASSERT_FALSE(q.take_unexpected(tag, r2, "test"));
+  q.post(tag, std::move(r2));
+  EXPECT_TRUE(q.cancel(req1.get()));
+  EXPECT_FALSE(q.has_posted());
+  std::memcpy(m1->data.data(), "CCCC", 4);
+  q.complete_unexpected(*m1, "test");
+  EXPECT_TRUE(req2->succeeded());
+  EXPECT_EQ(std::string(b, 4), "CCCC");
+  EXPECT_EQ(std::string(a, 4), std::string(4, '\0'));
+}
+
 // The communicator's point-to-point receive gives up on its request when its wait times out: the message sent
 // afterwards reaches the next receive of the tag (it used to fill the timed-out receive's buffer, and the next
 // receive waited for its deadline).

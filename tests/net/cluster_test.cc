@@ -176,6 +176,14 @@ TEST_F(ClusterTest, ExecRunsInsideAHost) {
   if (sh("command -v ping").code == 0) {
     EXPECT_EQ(sh(conduit() + " cluster exec --name " + name + " h0 -- ping -c 1 -W 2 10.213.0.2").code, 0);
   }
+  // /sys shows the host's own interfaces (it showed the machine's: sysfs follows whoever mounted it).
+  Result sys = sh(conduit() + " cluster exec --name " + name +
+                  " 1 -- sh -c \"ls /sys/class/net; cat /sys/class/net/eth0/address\"");
+  Result mac = sh("ip -n conduit-" + name + "-h1 -o link show eth0");
+  EXPECT_EQ(sys.code, 0) << sys.out;
+  const std::string host_mac = sys.out.substr(sys.out.rfind('\n', sys.out.size() - 2) + 1, 17);
+  EXPECT_NE(mac.out.find("link/ether " + host_mac), std::string::npos) << sys.out << mac.out;
+  EXPECT_EQ(sys.out.substr(0, sys.out.rfind('\n', sys.out.size() - 2) + 1), "eth0\nlo\n") << sys.out;
   Result routes = sh(conduit() + " cluster exec --name " + name + " 0 -- ip route show default");
   EXPECT_EQ(routes.code, 0);
   EXPECT_TRUE(routes.out.empty()) << routes.out;

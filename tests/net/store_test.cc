@@ -3,10 +3,12 @@
 #include "net/store.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -491,6 +493,31 @@ TEST(FileStore, GetDeadlineThrowsTimeoutNamingKeyAndDir) {
   TempDir d;
   auto s = make_file_store(d.path());
   get_times_out(*s, d.path());
+}
+
+// add() takes the store's lock file with the store's deadline: a holder that never lets go (a stale lock on a
+// network file system) is a TimeoutError naming the lock, not a hang.
+TEST(FileStore, AddGivesUpOnALockHeldPastTheDeadline) {
+  TempDir d;
+  auto s = make_file_store(d.path());
+  EXPECT_EQ(s->add("n", 2), 2);
+  const std::string lock = d.path() + "/.lock";
+  int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  setenv("CONDUIT_TIMEOUT", "0.3", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    s->add("n", 1);
+    ADD_FAILURE() << "add went past a held lock";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find(".lock"), std::string::npos) << e.what();
+  }
+  unsetenv("CONDUIT_TIMEOUT");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
+  EXPECT_EQ(s->add("n", 1), 3);  // nothing was added by the attempt that gave up
 }
 
 TEST(FileStore, MissingOrUnusableDirIsConfigError) {
