@@ -233,6 +233,23 @@ void deadline(Transport& t) {
     }
     check(sw.seconds() >= 0.29 && sw.seconds() < 3.0, fmt::format("timeout took {:.3f}s", sw.seconds()));
     check(!r->done(), "timed-out request should still be pending");
+    // Given up: withdrawn with MPI_Cancel, not aborted; so is a reducing receive (staged through its own buffer).
+    check(!give_up(t, r, "worker gave up"), "give_up of an unmatched receive reported success");
+    check(r->done() && t.aborted_reason().empty(), "the receive was not withdrawn, or the transport aborted");
+    float acc = 1;
+    auto rr = t.irecv_reduce(0, make_tag(kUser, 11, 2), &acc, 1, DType::f32, ReduceOp::sum);
+    check(!give_up(t, rr, "worker gave up"), "give_up of an unmatched reducing receive reported success");
+    check(rr->done() && t.aborted_reason().empty(), "the reducing receive was not withdrawn");
+  }
+  barrier();
+  // The message sent afterwards goes to the next receive of the tag, not into the withdrawn receive's buffer.
+  if (t.rank() == 0 && t.size() > 2) {
+    uint64_t v = 0x1122334455667788ull;
+    t.isend(2, make_tag(kUser, 11, 1), &v, 8)->wait(Deadline::after(10));
+  } else if (t.rank() == 2) {
+    uint64_t got = 0;
+    t.irecv(0, make_tag(kUser, 11, 1), &got, 8)->wait(Deadline::after(10));
+    check(got == 0x1122334455667788ull, "the late message did not reach the next receive");
   }
   barrier();
   ok("deadline");

@@ -323,6 +323,39 @@ class MpiEngine : public Progressor {
     }
   }
 
+  // Withdraws a receive MPI has not matched yet (MPI_Cancel, then its completion, which for an unmatched receive
+  // comes at once). A matched receive completes instead (its message is arriving; up to one second is given to it)
+  // and is finished as usual. Sends are not withdrawn: MPI cannot reliably cancel them.
+  bool cancel(const RequestPtr& req, std::exception_ptr error) {
+    if (req->kind() != Request::Kind::recv) return false;
+    Finished finished;
+    bool cancelled = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (shut_ || mpi_finalized()) return false;
+      auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& q) { return q.get() == req.get(); });
+      if (it == pending_.end()) return false;
+      std::shared_ptr<MpiRequest> r = *it;
+      MpiGuard g;
+      MPI_Cancel(&r->req_);
+      MPI_Status st;
+      int flag = 0, rc = MPI_SUCCESS;
+      const Deadline until = Deadline::after(1.0);
+      while (rc == MPI_SUCCESS && !flag) {
+        rc = MPI_Test(&r->req_, &flag, &st);
+        if (!flag && until.expired()) return false;  // still moving: the caller aborts
+      }
+      int was_cancelled = 0;
+      if (rc == MPI_SUCCESS) MPI_Test_cancelled(&st, &was_cancelled);
+      cancelled = rc == MPI_SUCCESS && was_cancelled != 0;
+      r->req_ = MPI_REQUEST_NULL;
+      pending_.erase(it);
+      finished.emplace_back(r, cancelled ? error : rc == MPI_SUCCESS ? check_size(*r, st) : error_for(*r, rc));
+    }
+    finish(finished);
+    return cancelled;
+  }
+
   // Fails everything pending, tells every peer (best effort), refuses later requests.
   void abort(const std::string& reason) {
     std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>> finished;
@@ -501,6 +534,7 @@ class MpiTransport : public Transport {
     set_aborted(reason);
     engine_->abort(reason.empty() ? "aborted" : reason);
   }
+  bool cancel(const RequestPtr& r, std::exception_ptr error) override { return engine_->cancel(r, std::move(error)); }
 
  private:
   std::shared_ptr<MpiEngine> engine_;

@@ -149,10 +149,39 @@ RequestPtr Transport::irecv_reduce(int peer, uint64_t tag, void* dst, size_t cou
 
 bool Transport::cancel(const RequestPtr&, std::exception_ptr) { return false; }
 
+namespace {
+// Staged requests whose inner receive could not be withdrawn: the transport may still write their staging buffers,
+// so they are kept for the life of the process (only after a transport abort, which ends its use).
+std::mutex g_abandoned_mu;
+std::vector<RequestPtr> g_abandoned;
+}  // namespace
+
 bool give_up(Transport& t, const RequestPtr& r, const std::string& why) {
   if (r->succeeded()) return true;
   if (r->done()) return false;
-  if (t.cancel(r, std::make_exception_ptr(TimeoutError(why)))) return false;
+  auto error = std::make_exception_ptr(TimeoutError(why));
+  if (auto* staged = dynamic_cast<StagedReduceRequest*>(r.get())) {
+    // The transport knows the inner receive into the request's own staging buffer; the caller's buffer is written
+    // only by poll(), in a waiting thread, and never once the request has failed.
+    if (t.cancel(staged->inner_, error) || (staged->inner_->done() && !staged->inner_->succeeded())) {
+      r->fail(error);
+      return false;
+    }
+    if (staged->inner_->succeeded()) {
+      try {
+        if (staged->poll()) return r->succeeded();
+      } catch (...) {
+        r->fail(std::current_exception());
+        return false;
+      }
+    }
+    t.abort(fmt::format("{} (its data was already moving, so the transport stops)", why));
+    r->fail(error);
+    std::lock_guard<std::mutex> lk(g_abandoned_mu);
+    g_abandoned.push_back(r);
+    return false;
+  }
+  if (t.cancel(r, error)) return false;
   if (r->succeeded()) return true;  // it finished while the transport was asked
   if (r->done()) return false;
   t.abort(
