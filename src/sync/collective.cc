@@ -49,6 +49,7 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
   float sq = static_cast<float>(own);
   if (comm_->size() > 1) comm_->allreduce(&sq, 1, DType::f32, ReduceOp::sum, detail::blocking_opts()).wait();
   stats_.bytes_sent += 4;
+  stats_.payload_bytes += 4;
   allreduce_avg(*comm_, params, stats_);
   double mean = 0;
   for (float v : params) mean += double(v) * v;

@@ -58,6 +58,7 @@ void DpsgdStrategy::plain_gossip(std::span<float> params) {
   for (int p : nbrs_) reqs.push_back(isend(c, p, detail::kTagGossip, params.data(), params.size_bytes()));
   detail::wait_all(c, reqs);
   stats_.bytes_sent += nbrs_.size() * params.size_bytes();
+  stats_.payload_bytes += params.size_bytes();
   stats_.bytes_received += nbrs_.size() * params.size_bytes();
   const int me = c.rank();
   const float wii = static_cast<float>(graph_.weight(me, me));
@@ -94,6 +95,7 @@ void DpsgdStrategy::choco_gossip(std::span<float> params) {
   for (int p : nbrs_) reqs.push_back(isend(c, p, detail::kTagGossip, q.data(), q.size()));
   detail::wait_all(c, reqs);
   stats_.bytes_sent += m * (q.size() + 8);
+  stats_.payload_bytes += q.size() + 8;
   for (auto l : lens) stats_.bytes_received += l + 8;
   compressor_->decompress_add(q, cstate_, hat_[0]);
   for (size_t k = 0; k < m; ++k) compressor_->decompress_add(in[k], cstate_, hat_[k + 1]);
@@ -176,6 +178,7 @@ void SgpStrategy::after_step(uint64_t step, std::span<float> params) {
       w_ += m[d];
     }
     stats_.bytes_sent += outs.size() * (d + 1) * 4;
+    stats_.payload_bytes += (d + 1) * 4;
     stats_.bytes_received += outs.size() * (d + 1) * 4;
     stats_.rounds += 1;
     stats_.comm_seconds += sw.seconds();
@@ -266,7 +269,9 @@ void AdpsgdStrategy::serve_peer(int peer) {
 void AdpsgdStrategy::apply_pending(std::span<float> params) {
   std::lock_guard<std::mutex> lk(mu_);
   if (error_) std::rethrow_exception(error_);
-  stats_.bytes_sent += served_sent_.exchange(0);
+  const uint64_t served = served_sent_.exchange(0);  // one reply composed per request served
+  stats_.bytes_sent += served;
+  stats_.payload_bytes += served;
   stats_.bytes_received += served_received_.exchange(0);
   stats_.rounds += served_rounds_.exchange(0);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -293,6 +298,7 @@ void AdpsgdStrategy::after_step(uint64_t, std::span<float> params) {
   detail::wait_all(*comm_, {isend(*comm_, peer, detail::kTagPairReq, send_.data(), (d + 1) * 4), r});
   for (size_t i = 0; i < d; ++i) params[i] = 0.5f * (params[i] + recv_[i]);
   stats_.bytes_sent += (d + 1) * 4;
+  stats_.payload_bytes += (d + 1) * 4;
   stats_.bytes_received += d * 4;
   stats_.rounds += 1;
   stats_.comm_seconds += sw.seconds();

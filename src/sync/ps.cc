@@ -649,6 +649,7 @@ class PsStrategy : public Strategy {
       if (kind != kStop)
         rrecv.push_back(irecv(*comm_, h, shard_tag(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
       stats_.bytes_sent += sizeof(Header) + payloads[s].size();
+      stats_.payload_bytes += sizeof(Header) + payloads[s].size();
     }
     // Local shards (co-located) are served on this thread, after the remote pushes left.
     for (int64_t s = 0; s < S; ++s) {

@@ -131,6 +131,7 @@ void allreduce_f32(coll::Communicator& c, std::span<float> buf, ReduceOp op, Syn
   stats.comm_seconds += sw.seconds();
   uint64_t b = 2ull * (c.size() - 1) * buf.size_bytes() / c.size();
   stats.bytes_sent += b;
+  stats.payload_bytes += buf.size_bytes();
   stats.bytes_received += b;
   stats.rounds += 1;
 }

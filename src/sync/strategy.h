@@ -34,6 +34,8 @@ struct SyncStats {
   uint64_t bytes_sent = 0;      // payload bytes this rank sent (collectives: the algorithm-independent volume
                                 // 2(n-1)/n * bytes for an allreduce)
   uint64_t bytes_received = 0;  // payload bytes this rank received (point-to-point schemes)
+  uint64_t payload_bytes = 0;   // bytes of the messages this rank composed, each counted once however many peers
+                                // get it or however an allreduce moves it (the compression ratio's denominator)
   uint64_t rounds = 0;          // communication rounds this rank took part in
   double comm_seconds = 0;      // time spent blocked in communication
 };

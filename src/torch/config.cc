@@ -292,6 +292,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
       c.compressor += fmt::format("{}momentum={}", c.compressor.find(':') == std::string::npos ? ":" : ",",
                                   c.momentum);
   }
+  if (c.warmup_epochs > c.epochs)
+    throw ConfigError(
+        fmt::format("config: warmup_epochs: {} is longer than the run's {} epochs (the learning rate would "
+                    "never reach lr); allowed: 0 to {}",
+                    c.warmup_epochs, c.epochs, c.epochs));
   if (env_world > 0 && workers_given && c.workers != env_world) {
     throw ConfigError(fmt::format(
         "config: workers: {} does not match WORLD_SIZE={} of the launcher that started this process; allowed: {} "

@@ -108,7 +108,7 @@ void SchemeOptimizer::step(uint64_t step, double lr) {
   s.exposed_comm_s = s.comm_s;  // strategies block the training thread while they communicate
   s.step_s = t2 - t1;
   s.grad_bytes = d_ * 4;
-  s.payload_bytes = s.bytes_sent;
+  s.payload_bytes = now.payload_bytes - seen_.payload_bytes;
   const int w = strategy_->num_workers();
   s.raw_bytes = w > 1 ? uint64_t(2.0 * (w - 1) / w * double(d_ * 4)) : 0;  // what one bsp allreduce sends
   seen_ = now;
@@ -131,7 +131,7 @@ void SchemeOptimizer::finish() {
   s.bytes_sent = now.bytes_sent - seen_.bytes_sent;
   s.bytes_recv = now.bytes_received - seen_.bytes_received;
   s.comm_s = s.exposed_comm_s = now.comm_seconds - seen_.comm_seconds;
-  s.payload_bytes = s.bytes_sent;
+  s.payload_bytes = now.payload_bytes - seen_.payload_bytes;
   seen_ = now;
   add_to_totals(s);
 }

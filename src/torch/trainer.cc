@@ -297,6 +297,53 @@ static void switch_checkpoint(const fs::path& out, const std::string& stage) {
   }
 }
 
+namespace {
+// A whole-number field of checkpoint.json, or a one-line error naming the file and the field.
+int64_t checkpoint_int(const nlohmann::json& meta, const char* key, const fs::path& dir) {
+  auto it = meta.find(key);
+  if (it == meta.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+    throw ConfigError(
+        fmt::format("config: resume: {} has no whole number '{}' ({}); allowed: a checkpoint "
+                    "directory written by conduit train",
+                    (dir / "checkpoint.json").string(), key, it == meta.end() ? "missing" : it->dump()));
+  return it->get<int64_t>();
+}
+
+// The fields of checkpoint.json this run reads have their types (a damaged or hand-edited file is a one-line error
+// naming the field, not a JSON library exception).
+void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
+  if (!meta.is_object())
+    throw ConfigError(
+        fmt::format("config: resume: {} is not a JSON object; allowed: a checkpoint directory written "
+                    "by conduit train",
+                    (dir / "checkpoint.json").string()));
+  for (const char* key : {"epoch", "step", "global_step", "world"}) checkpoint_int(meta, key, dir);
+  const std::pair<const char*, const char*> typed[] = {{"model", "string"},
+                                                       {"compressor", "string"},
+                                                       {"sync", "string"},
+                                                       {"optimizer", "string"},
+                                                       {"dataset", "string"},
+                                                       {"wall_s", "number"},
+                                                       {"time_to_target_s", "number"},
+                                                       {"test_accuracy", "number"},
+                                                       {"target_accuracy", "number"},
+                                                       {"batch_size", "number"},
+                                                       {"seed", "number"},
+                                                       {"train_limit", "number"},
+                                                       {"synthetic_samples", "number"}};
+  for (const auto& [key, type] : typed) {
+    auto it = meta.find(key);
+    if (it == meta.end()) continue;
+    const bool ok = std::string(type) == "string" ? it->is_string() : it->is_number();
+    if (!ok)
+      throw ConfigError(
+          fmt::format("config: resume: {}: '{}' is {}, not a {}; allowed: a checkpoint directory "
+                      "written by conduit train",
+                      (dir / "checkpoint.json").string(), key, it->dump(), type));
+  }
+}
+}  // namespace
+
 TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const WorkerOptions& wo) {
   const SyncSpec spec = effective_sync(c);
   const int global_rank = comm_ptr->rank();
@@ -317,6 +364,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   nlohmann::json meta;
   if (!c.resume.empty()) {
     meta = read_json_file((rd / "checkpoint.json").string());
+    check_checkpoint_fields(meta, rd);
     if (meta.value("world", 0) != comm_ptr->size())
       throw ConfigError(
           fmt::format("config: resume: the checkpoint was written by {} ranks, this run has {}; "
@@ -339,6 +387,16 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
     // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
     // existed are not checked.)
+    // The optimizer's saved state is its kind's (sgd's momentum buffers, adam's moments; adamw decays the weights
+    // another way than adam), and the time to the target was judged against the checkpoint's target accuracy.
+    const nlohmann::json same = {{"optimizer", c.optimizer}, {"target_accuracy", c.target_accuracy}};
+    for (const auto& [key, value] : same.items())
+      if (meta.contains(key) && meta[key] != value)
+        throw ConfigError(fmt::format(
+            "config: resume: the checkpoint was written with {} = {}, this run has {}; allowed: the same {}{}", key,
+            meta[key].dump(), value.dump(), key,
+            key == "optimizer" ? " (its saved state is that optimizer's)"
+                               : " (the evaluations before the checkpoint were judged against it)"));
     const nlohmann::json now = {{"batch_size", c.batch_size},
                                 {"seed", c.seed},
                                 {"dataset", c.dataset},
@@ -404,9 +462,15 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
                     "samples",
                     c.batch_size, world, data.train.n));
-  int64_t total_steps = int64_t(c.epochs) * spe;
+  // Steps of the whole run: those before the epoch it starts in (counted in the batches of the run that took them:
+  // a resume at an epoch's end may change the batch size) and this run's steps per epoch for the rest.
+  const int64_t steps_before_epoch =
+      c.resume.empty() ? 0 : checkpoint_int(meta, "global_step", rd) - checkpoint_int(meta, "step", rd);
+  const int start_epoch_at = c.resume.empty() ? 0 : static_cast<int>(checkpoint_int(meta, "epoch", rd));
+  int64_t total_steps = steps_before_epoch + int64_t(c.epochs - std::min(start_epoch_at, c.epochs)) * spe;
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
-  const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
+  // At least one step when asked for any (a fraction of a step was no warm-up at all).
+  const int64_t warmup = c.warmup_epochs > 0 ? std::max<int64_t>(1, std::llround(c.warmup_epochs * double(spe))) : 0;
   std::string period_text;
   if (!spec.bsp()) {
     if (auto it = spec.params.find("period"); it != spec.params.end()) {
@@ -445,9 +509,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     } else {
       sopt->resume(read_bytes(mine / "sync.bin"));
     }
-    start_epoch = meta.at("epoch").get<int>();
-    start_step = meta.at("step").get<int64_t>();
-    global_step = start_global_step = meta.at("global_step").get<int64_t>();
+    start_epoch = start_epoch_at;
+    start_step = checkpoint_int(meta, "step", rd);
+    global_step = start_global_step = checkpoint_int(meta, "global_step", rd);
     wall_before = meta.value("wall_s", 0.0);
     time_to_target = meta.value("time_to_target_s", -1.0);
     last_acc = meta.value("test_accuracy", 0.0);
@@ -594,6 +658,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"dataset", c.dataset},
                                                              {"train_limit", c.train_limit},
                                                              {"synthetic_samples", c.synthetic_samples},
+                                                             {"optimizer", c.optimizer},
+                                                             {"target_accuracy", c.target_accuracy},
                                                              {"wall_s", elapsed()},
                                                              {"time_to_target_s", time_to_target},
                                                              {"test_accuracy", acc}});

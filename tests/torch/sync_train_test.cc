@@ -36,6 +36,13 @@ TEST(TrainSync, LocalSgdWithPeriodOneEqualsBsp) {
   auto a = train_inproc(bsp, 2), b = train_inproc(local, 2);
   EXPECT_EQ(b[0].params, b[1].params);  // replicas agree after an average
   EXPECT_LT(max_rel_diff(b[0].params, a[0].params), 1e-4);
+  // Uncompressed either way: the payload is the gradient's size (it was the ring's 2(W-1)/W volume: ratio 0.67 with
+  // 4 workers).
+  EXPECT_EQ(a[0].payload_bytes, a[0].grad_bytes);
+  EXPECT_EQ(b[0].payload_bytes, b[0].grad_bytes);
+  auto four = train_inproc(local, 4);
+  EXPECT_EQ(four[0].payload_bytes, four[0].grad_bytes);
+  EXPECT_EQ(four[0].bytes_sent * 2, four[0].grad_bytes * 3);  // the ring's volume: 2(W-1)/W = 1.5x
   // ... and a longer period does not.
   TrainConfig h4 = bsp;
   h4.sync = "local:period=4";
@@ -46,6 +53,7 @@ TEST(TrainSync, LocalSgdWithPeriodOneEqualsBsp) {
   // Bytes: one parameter allreduce every 4 steps plus the final one, 2 (W-1)/W * 4d each.
   const double per = double(c[0].grad_bytes) / 10;  // 4d
   EXPECT_NEAR(double(c[0].bytes_sent), 3 * per, 64);
+  EXPECT_NEAR(double(c[0].payload_bytes), 3 * per, 64);  // three averages' payloads: compression ratio 10/3
 }
 
 TEST(TrainSync, ParameterServersInBspModeEqualBsp) {

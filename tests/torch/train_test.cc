@@ -74,6 +74,9 @@ TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
   expect_one_line(config_error({{"compressor", "zip"}}), "compressor");
   expect_one_line(config_error({{"overlap", "maybe"}}), "overlap");
   expect_one_line(config_error({{"resume", "/nonexistent/ckpt"}}), "resume");
+  // A warm-up longer than the run (the learning rate never reached lr).
+  expect_one_line(config_error({{"warmup_epochs", "4"}, {"epochs", "3"}}), "warmup_epochs");
+  EXPECT_EQ(config_error({{"warmup_epochs", "3"}, {"epochs", "3"}}), "");
   // A bucket cap under one byte (it passed here, then failed in every worker naming the wrong field).
   expect_one_line(config_error({{"first_bucket_mb", "1e-9"}}), "first_bucket_mb");
   expect_one_line(config_error({{"bucket_cap_mb", "1e-7"}}), "bucket_cap_mb");
@@ -336,6 +339,72 @@ TEST(Train, CheckpointResumeContinuesBitForBit) {
     EXPECT_EQ(r[0].bytes_sent, straight[0].bytes_sent) << comp;
     fs::remove_all(dir);
   }
+}
+
+// A resume at an epoch's end may change the batch size: the remaining epochs run with the new one (the run's length
+// was counted in the new batches, with the checkpoint's steps in the old ones, and it stopped an epoch early).
+TEST(Train, AnEpochEndResumeWithAnotherBatchSizeRunsTheRemainingEpochs) {
+  auto dir = temp_dir("rebatch");
+  TrainConfig c = tiny("mlp");  // 24 steps an epoch at batch 8 with 2 workers
+  c.epochs = 1;
+  c.output = (dir / "first").string();
+  train_inproc(c, 2, true);
+  TrainConfig more = c;
+  more.epochs = 3;
+  more.batch_size = 16;  // 12 steps an epoch
+  more.resume = (dir / "first" / "checkpoint").string();
+  more.output = (dir / "more").string();
+  auto r = train_inproc(more, 2, true);
+  EXPECT_EQ(r[0].epochs, 3);
+  EXPECT_EQ(r[0].steps, 24 + 2 * 12);
+  fs::remove_all(dir);
+}
+
+// What a checkpoint's state belongs to is compared on resume: the optimizer (adam's moments are not sgd's momentum;
+// adam -> sgd failed inside libtorch, adam -> adamw went on silently) and the target accuracy (the time to it was
+// judged against the checkpoint's: a run that never reached 100% reported a time to it). A damaged
+// checkpoint.json names its field.
+TEST(Train, ResumeRefusesAnotherOptimizerOrTargetAndNamesADamagedField) {
+  auto dir = temp_dir("resume-refuse");
+  TrainConfig c = tiny("mlp");
+  c.max_steps = 6;
+  c.optimizer = "adam";
+  c.lr = 0.001;
+  c.target_accuracy = 0.2;
+  c.output = (dir / "first").string();
+  train_inproc(c, 2, true);
+  auto config_error_of = [&](TrainConfig x) -> std::string {
+    x.resume = (dir / "first" / "checkpoint").string();
+    x.max_steps = 8;
+    x.output = (dir / "second").string();
+    try {
+      train_inproc(x, 2, true);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  TrainConfig adamw = c;
+  adamw.optimizer = "adamw";
+  EXPECT_NE(config_error_of(adamw).find("optimizer = \"adam\""), std::string::npos) << config_error_of(adamw);
+  TrainConfig target = c;
+  target.target_accuracy = 1.0;
+  EXPECT_NE(config_error_of(target).find("target_accuracy"), std::string::npos) << config_error_of(target);
+  EXPECT_EQ(config_error_of(c), "");  // the same settings resume
+  // A checkpoint.json without its epoch, or with a string for a number.
+  const fs::path meta_path = fs::canonical(dir / "first" / "checkpoint") / "checkpoint.json";
+  auto meta = read_json_file(meta_path.string());
+  auto damaged = meta;
+  damaged.erase("epoch");
+  write_json_file(meta_path.string(), damaged);
+  std::string e = config_error_of(c);
+  EXPECT_NE(e.find("checkpoint.json has no whole number 'epoch' (missing)"), std::string::npos) << e;
+  damaged = meta;
+  damaged["wall_s"] = "soon";
+  write_json_file(meta_path.string(), damaged);
+  e = config_error_of(c);
+  EXPECT_NE(e.find("'wall_s' is \"soon\", not a number"), std::string::npos) << e;
+  fs::remove_all(dir);
 }
 
 TEST(Train, MidEpochCheckpointResumesAtTheSamplerPosition) {
