@@ -364,6 +364,14 @@ void refuse_divergent_feedback(const std::string& name, const std::string& inner
           name, b, b == 0 ? ": the whole tensor" : "", s, allowed));
     }
   }
+  // signSGD and Signum decode to +-1 whatever the gradient's size: ||p - sign(p)||^2 > ||p||^2 once |p_i| < 1/2,
+  // the usual case, and the residual settles at O(1) a coordinate, far above the gradients it should correct.
+  if (inner == "signsgd" || inner == "signum")
+    throw ConfigError(fmt::format(
+        "compressor '{}': error feedback does not converge with {}, whose decoded signs are +-1 whatever the "
+        "gradient's size (the residual stays near 1 a coordinate); allowed: efsignsgd or ef:scaled_sign (signs "
+        "scaled by the mean magnitude, Karimireddy et al. 2019), or {} without ef:",
+        name, inner, inner));
   if (inner == "terngrad")
     throw ConfigError(fmt::format(
         "compressor '{}': error feedback diverges with TernGrad (its variance grows with the tensor size, up to "

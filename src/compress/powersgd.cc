@@ -162,7 +162,12 @@ void PowerSgd::finish(std::span<const float> in, TensorState& st, std::span<cons
               static_cast<int>(pl.m), 0.0f, out.data(), static_cast<int>(pl.m));
   if (ef_) {
     auto& e = st.buffers.at(kResidual);
-    cblas_saxpy(static_cast<int>(e.size()), average ? -1.0f : -inv_w, out.data(), 1, e.data(), 1);
+    // In pieces BLAS's int counts hold (a tensor of 2^31 elements or more wrapped to a negative count, and BLAS
+    // did nothing: the residual kept what had been sent).
+    constexpr size_t kPiece = size_t{1} << 30;
+    for (size_t at = 0; at < e.size(); at += kPiece)
+      cblas_saxpy(static_cast<int>(std::min(kPiece, e.size() - at)), average ? -1.0f : -inv_w, out.data() + at, 1,
+                  e.data() + at, 1);
   }
   // The next step's warm start. Each column of Q is kept at unit length: P = M Q is orthonormalised column by column,
   // which no column's length changes, but an unnormalised Q grows like M's largest singular value s, so P grew like

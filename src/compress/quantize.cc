@@ -44,9 +44,11 @@ using detail::put_f32;
 float abs_max(const float* x, size_t n) { return kernels::get().abs_max(x, n); }
 // The kernels square in f32 lanes, which overflow for |x| above ~1.8e19 (QSGD's norm then became inf and its whole
 // bucket decoded as nan); such a bucket is summed again in double, scaled by its largest magnitude.
+// Squares below FLT_MIN (|x| under ~1e-19) flush toward zero in those lanes: a bucket of such values summed to 0 or
+// to a norm a percent low (a biased QSGD), so a small sum is summed again the same way.
 double sum_squares(const float* x, size_t n) {
   const double fast = kernels::get().sum_squares(x, n);
-  if (std::isfinite(fast)) return fast;
+  if (std::isfinite(fast) && fast > 1e-30) return fast;
   double amax = 0;
   for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
   if (!(amax > 0) || !std::isfinite(amax)) return fast;
@@ -192,7 +194,9 @@ class Qsgd : public Compressor {
     // Blocks never straddle buckets when bucket is a multiple of 8; pack per block of whole bytes.
     for (size_t b = 0; b < nb; ++b) {
       size_t off = b * bk, n = std::min(bk, d - off);
-      float norm = static_cast<float>(std::sqrt(sum_squares(in.data() + off, n)));
+      // The wire carries the norm as an f32: a norm above FLT_MAX (values near it) is sent as FLT_MAX, whose codes
+      // then saturate at s (inf made the scale 0 and every value decode as 0 * inf = NaN).
+      float norm = static_cast<float>(std::min(std::sqrt(sum_squares(in.data() + off, n)), 3.4028234663852886e38));
       put_f32(out.data() + 4 * b, norm);
       float scale = norm > 0 ? static_cast<float>(s_) / norm : 0.0f;
       if (packed) {

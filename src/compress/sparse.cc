@@ -192,20 +192,33 @@ void write_sparse(std::span<const float> x, const std::vector<uint32_t>& idx, By
   for (size_t i = 0; i < n; ++i) v[i] = x[idx[i]];
 }
 
+// Every encoder writes its indices in ascending order, each once; a payload whose indices are not (a duplicate
+// added twice) or that holds another count than a fixed-size method's k is refused before anything is written.
 void read_sparse(const std::string& who, std::span<const uint8_t> p, std::span<float> out, bool add,
-                 bool subtract = false) {
+                 bool subtract = false, size_t expect_entries = SIZE_MAX) {
   if (p.size() % 8) throw InvalidArgument(fmt::format("{}: payload of {} bytes is not 8 per entry", who, p.size()));
   size_t n = p.size() / 8;
-  if (!add) std::fill(out.begin(), out.end(), 0.0f);
+  if (expect_entries != SIZE_MAX && n != expect_entries)
+    throw InvalidArgument(fmt::format("{}: payload of {} entries for {} elements; allowed: exactly {}", who, n,
+                                      out.size(), expect_entries));
   const uint8_t* ip = p.data();
   const uint8_t* vp = p.data() + 4 * n;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t j, prev = 0;
+    std::memcpy(&j, ip + 4 * i, 4);
+    if (i > 0) std::memcpy(&prev, ip + 4 * (i - 1), 4);
+    if (j >= out.size())
+      throw InvalidArgument(fmt::format("{}: index {} out of range for {} elements", who, j, out.size()));
+    if (i > 0 && j <= prev)
+      throw InvalidArgument(
+          fmt::format("{}: index {} after {} (entry {}); allowed: ascending indices, each once", who, j, prev, i));
+  }
+  if (!add) std::fill(out.begin(), out.end(), 0.0f);
   for (size_t i = 0; i < n; ++i) {
     uint32_t j;
     float v;
     std::memcpy(&j, ip + 4 * i, 4);
     std::memcpy(&v, vp + 4 * i, 4);
-    if (j >= out.size())
-      throw InvalidArgument(fmt::format("{}: index {} out of range for {} elements", who, j, out.size()));
     if (subtract)
       out[j] -= v;
     else
@@ -228,13 +241,13 @@ class TopK : public Compressor {
     ++st.step;
   }
   void decompress(std::span<const uint8_t> p, const TensorState&, std::span<float> out) const override {
-    read_sparse("topk", p, out, false);
+    read_sparse("topk", p, out, false, false, k_of(ratio_, out.size()));
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
-    read_sparse("topk", p, acc, true);
+    read_sparse("topk", p, acc, true, false, k_of(ratio_, acc.size()));
   }
   void decompress_sub(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
-    read_sparse("topk", p, acc, true, true);
+    read_sparse("topk", p, acc, true, true, k_of(ratio_, acc.size()));
   }
 
  private:

@@ -318,6 +318,68 @@ TEST(Qsgd, HugeFiniteValuesKeepAFiniteNorm) {
   EXPECT_LT(std::fabs(y[50] - x[50]), 0.02f * std::fabs(x[50]));  // the largest element survives the quantization
 }
 
+// The extremes of the floats: a bucket of values near FLT_MAX has a norm above it (sent as inf: every value decoded
+// as NaN), and one of values ~1e-23 has squares that flush to zero in f32 (its norm was 0: the bucket decoded as
+// zeros, and QSGD was biased). Both now decode finite, the tiny one unbiased on average.
+TEST(Qsgd, NormsBeyondTheFloatsRangeStayFiniteAndUnbiased) {
+  auto c = make_compressor("qsgd", {{"levels", "127"}});
+  std::vector<float> huge{3e38f, 3e38f, -3e38f};
+  TensorState st;
+  std::vector<float> y(huge.size());
+  c->decompress(c->compress(huge, st), st, y);
+  for (size_t i = 0; i < y.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(y[i])) << i;
+    EXPECT_EQ(std::signbit(y[i]), std::signbit(huge[i])) << i;
+  }
+  std::vector<float> tiny(64, 1e-23f), sum(64, 0.0f);
+  const int trials = 400;
+  for (int t = 0; t < trials; ++t) {
+    c->decompress_add(c->compress(tiny, st), st, sum);  // a new draw each step
+  }
+  double mean = 0;
+  for (float v : sum) mean += v;
+  mean /= double(sum.size()) * trials;
+  EXPECT_NEAR(mean, 1e-23, 0.05e-23);
+}
+
+// int8 and uint8 chunks whose largest magnitude is subnormal-scale (255 zeros and one 1e-38): 1 / scale was inf and
+// 0 * inf coded the zeros as -128 (decoded -1.008 max).
+TEST(RoundTrip, Int8ChunksOfTinyValuesKeepTheirZeros) {
+  for (const char* name : {"int8", "uint8"}) {
+    std::vector<float> x(256, 0.0f);
+    x[17] = 1e-38f;
+    x[200] = -4e-39f;
+    auto c = make_compressor(name, {});
+    auto st = c->make_state(x.size(), 7, 1);
+    auto y = decode(*c, c->compress(x, st), st, x.size());
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i], 1e-40) << name << " " << i;
+  }
+}
+
+// A top-k payload is exactly k entries with ascending indices: one missing its last entry, or with an index twice
+// (added twice), is refused (they decoded as k - 1 entries, or summed).
+TEST(TopK, PayloadsOfAnotherCountOrRepeatedIndicesAreRefused) {
+  auto t = make_compressor("topk", {{"ratio", "0.1"}});
+  auto x = gaussian(100, 4);
+  TensorState st;
+  Bytes p = t->compress(x, st);
+  ASSERT_EQ(p.size(), 80u);
+  std::vector<float> out(100);
+  EXPECT_NO_THROW(t->decompress(p, st, out));
+  Bytes short_p;  // 9 entries: indices then values
+  short_p.insert(short_p.end(), p.begin(), p.begin() + 36);
+  short_p.insert(short_p.end(), p.begin() + 40, p.begin() + 76);
+  EXPECT_THROW(t->decompress(short_p, st, out), InvalidArgument);
+  Bytes twice = p;
+  std::memcpy(twice.data() + 4, twice.data(), 4);  // entry 1 repeats entry 0's index
+  try {
+    t->decompress_add(twice, st, out);
+    ADD_FAILURE() << "a repeated index was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("ascending indices, each once"), std::string::npos) << e.what();
+  }
+}
+
 // TernGrad's clip=1 clips at 2.5 standard deviations, computed without cancellation (E[x^2] - mean^2 in f32 gave
 // 0.52 for x = 1000 + 0.01 N(0,1), whose 2.5 sigma is 0.025), and a tensor with no spread (constant, or one element)
 // is not clipped to zero.
@@ -397,6 +459,11 @@ TEST(ErrorFeedback, RefusesCompressorsWhoseResidualGrows) {
   EXPECT_NO_THROW(parse_compressor("ef:randk:unbiased=false"));
   EXPECT_NE(message("ef:randk:unbiased=true").find("diverges"), std::string::npos);
   EXPECT_NE(message("ef:terngrad").find("allowed: terngrad without ef:"), std::string::npos) << message("ef:terngrad");
+  // Signs decoded to +-1 (the docs said these were refused; they ran with a residual near 1 a coordinate).
+  EXPECT_NE(message("ef:signsgd").find("allowed: efsignsgd or ef:scaled_sign"), std::string::npos)
+      << message("ef:signsgd");
+  EXPECT_NE(message("ef:signum:momentum=0.5").find("signum without ef:"), std::string::npos);
+  EXPECT_NO_THROW(parse_compressor("ef:scaled_sign"));
   EXPECT_NE(message("ef:ef:topk").find("already has error feedback"), std::string::npos) << message("ef:ef:topk");
   EXPECT_NE(message("ef:dgc").find("allowed: dgc without ef:"), std::string::npos) << message("ef:dgc");
   EXPECT_NO_THROW(parse_compressor("ef:qsgd:levels=127,bucket=16000"));

@@ -259,12 +259,14 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
                 uinv = us > 0 ? 1.0f / us : 0.0f;
           const bool wide = us > 1.3e36f && std::isfinite(us);
           want_header[2 * c] = lo, want_header[2 * c + 1] = us;
+          // A subnormal scale divides (1 / s may be inf, and 0 * inf coded zeros as -128).
+          const bool tiny = s > 0 && s < 1.17549435e-38f, utiny = us > 0 && us < 1.17549435e-38f;
           for (size_t i = b; i < e; ++i) {
-            float v = x[i] * inv;
+            float v = tiny ? x[i] / s : x[i] * inv;
             v = v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
             // NaN (inf * 0, or inf - inf) gives the saturated INT32_MIN: -128, or 0 unsigned.
             want[i] = std::isnan(v) ? -128 : static_cast<int8_t>(static_cast<int32_t>(v + std::copysign(0.5f, v)));
-            float w = wide ? x[i] * uinv - lo * uinv : (x[i] - lo) * uinv;
+            float w = wide ? x[i] * uinv - lo * uinv : utiny ? (x[i] - lo) / us : (x[i] - lo) * uinv;
             w = w < 0.0f ? 0.0f : w > 255.0f ? 255.0f : w;
             uwant[i] = std::isnan(w) ? 0 : static_cast<uint8_t>(static_cast<int32_t>(w + 0.5f));
           }

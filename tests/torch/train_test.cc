@@ -560,9 +560,8 @@ TEST(Train, WritesMetricsSummaryAndTrace) {
 
 #ifdef CONDUIT_WITH_COMPRESS
 TEST(Train, CompressorsPlugIn) {
-  for (std::string comp :
-       {"fp16", "ef:topk:ratio=0.05", "powersgd:rank=2", "powersgd:rank=2,wire=f16", "ef:signsgd", "qsgd",
-        "dgc:ratio=0.05"}) {
+  for (std::string comp : {"fp16", "ef:topk:ratio=0.05", "powersgd:rank=2", "powersgd:rank=2,wire=f16",
+                           "ef:scaled_sign", "qsgd", "dgc:ratio=0.05"}) {
     TrainConfig c = tiny("mlp");
     c.compressor = comp;
     c.max_steps = 20;
