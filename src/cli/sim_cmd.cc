@@ -520,11 +520,21 @@ void run_coll(const CollArgs& a) {
     algs = candidate_algorithms(c, topo);
   else
     algs = {parse_algorithm(a.algorithm)};
-  if (!a.json)
-    fmt::print(
-        "{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n  {:<20} {:>12} {:>12} {:>10}  {}\n",
-        a.op, format_bytes(n), g.size, g.stride, spec.name, a.gpus, a.mode, "algorithm", "time", "bus GB/s", "steps",
-        "bottleneck");
+  // Symmetric mode takes every copy of the group to see the same links: exact when the copies are translations of
+  // each other on the nodes (a stride that divides, or is a multiple of, the accelerators per node); otherwise copies
+  // straddle nodes differently and it can be far off (dgx-a100, 16 ranks at stride 5, 100 MiB halving-doubling:
+  // 8.1 ms against 14.4 ms in full detail).
+  const long long gpn = topo.gpus_per_node();
+  if (!a.json) {
+    fmt::print("{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n", a.op, format_bytes(n), g.size,
+               g.stride, spec.name, a.gpus, a.mode);
+    if (a.mode == "symmetric" && g.stride % gpn != 0 && gpn % g.stride != 0)
+      fmt::print(
+          "  note: stride {} neither divides nor is a multiple of the {} accelerators per node, so the group's "
+          "copies differ; check with --mode full\n\n",
+          g.stride, gpn);
+    fmt::print("  {:<20} {:>12} {:>12} {:>10}  {}\n", "algorithm", "time", "bus GB/s", "steps", "bottleneck");
+  }
   int shown = 0;
   std::string why;
   for (Algorithm alg : algs) {
@@ -568,7 +578,11 @@ void run_coll(const CollArgs& a) {
       fmt::print("  {:<20} {:>12} {:>12.1f} {:>10.0f}  {}\n", algorithm_name(cost.algorithm), format_seconds(t), busbw,
                  cost.steps, cost.bottleneck);
       if (a.steps) {
-        for (const auto& st : net.explain(c, cost.algorithm, g, n))
+        long long copy_first = g.first;
+        const auto steps = net.explain(c, cost.algorithm, g, n, &copy_first);
+        if (copy_first != g.first)
+          fmt::print("      (the steps of the slowest copy of the group, from accelerator {})\n", copy_first);
+        for (const auto& st : steps)
           fmt::print("      x{:<6.0f} {:<34} {:>7} transfers {:>7} links  bound by {} (link {}, {} per step)  {}\n",
                      st.repeat, st.phase, st.transfers, st.links_used, st.bottleneck, st.bottleneck_link,
                      format_bytes(st.bottleneck_bytes), format_seconds(st.time));
@@ -952,7 +966,7 @@ void run_calibrate(const CalibrateArgs& a) {
     for (const auto& s : by_transport[chosen]) {
       Collective c;
       Algorithm al;
-      if (!bench_collective(s.op, c) || !bench_algorithm(s.algo, al) || s.world != ranks) continue;
+      if (!bench_collective(s.op, c) || !bench_algorithm(c, s.algo, s.world, al) || s.world != ranks) continue;
       // Calls with a late rank also pay the wake latency (the step model charges it per data-parallel call).
       double pred = net.time(c, al, Group{s.world, 1, 0}, s.bytes) + (s.stagger > 0 ? cal.network.wake_latency : 0);
       double err = (pred - s.seconds) / s.seconds;

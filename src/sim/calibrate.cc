@@ -428,20 +428,40 @@ bool bench_collective(const std::string& s, Collective& c) {
   return true;
 }
 
-bool bench_algorithm(std::string s, Algorithm& a) {
+bool bench_algorithm(Collective c, std::string s, long long world, Algorithm& a) {
   std::replace(s.begin(), s.end(), '_', '-');
-  if (s == "ring") a = Algorithm::kRing;
-  // The runtime's names (src/coll: ring, rhd, rd, tree) and the simulator's.
-  else if (s == "rhd" || s == "halving-doubling" || s == "rabenseifner" || s == "recursive-halving")
+  const bool pow2 = world > 0 && (world & (world - 1)) == 0;
+  // The runtime's names per operation (src/coll/tuner.cc: allreduce ring, rhd, rd, tree; reduce-scatter ring, rh;
+  // allgather ring, rd; broadcast tree, chain; reduce tree, rsg) and the simulator's. The runtime's recursive
+  // halving reduce-scatter and recursive doubling allgather are the halving-doubling patterns at powers of two;
+  // elsewhere the allgather runs the ring and the reduce-scatter folds in a way the simulator does not model.
+  if (s == "ring") {
+    a = Algorithm::kRing;
+  } else if (s == "rhd" || s == "halving-doubling" || s == "rabenseifner" || s == "recursive-halving") {
     a = Algorithm::kHalvingDoubling;
-  else if (s == "rd" || s == "recursive-doubling")
+  } else if (s == "rh" && c == Collective::kReduceScatter) {
+    if (!pow2) return false;
+    a = Algorithm::kHalvingDoubling;
+  } else if (s == "rd" && c == Collective::kAllGather) {
+    a = pow2 ? Algorithm::kHalvingDoubling : Algorithm::kRing;
+  } else if (s == "rd" || s == "recursive-doubling") {
     a = Algorithm::kRecursiveDoubling;
-  else if (s == "tree" || s == "binomial" || s == "binomial-tree")
+  } else if (s == "chain" && c == Collective::kBroadcast) {
+    a = Algorithm::kRing;  // the pipelined chain
+  } else if (s == "tree" || s == "binomial" || s == "binomial-tree") {
     a = Algorithm::kBinomialTree;
-  else if (s == "double-binary-tree")
+  } else if (s == "double-binary-tree") {
     a = Algorithm::kDoubleBinaryTree;
-  else
+  } else {
     return false;
+  }
+  // Only patterns the simulator has for this operation (rd names recursive doubling only for allreduce).
+  try {
+    Topology flat(flat_cluster(1.0, 1.0, 1.0), std::max<long long>(world, 2));
+    CollectiveModel(flat).profile(c, a, Group{std::max<long long>(world, 2), 1, 0});
+  } catch (const Error&) {
+    return false;
+  }
   return true;
 }
 
@@ -485,7 +505,7 @@ namespace {
 bool sample_coefficients(const BenchSample& s, std::array<double, 3>& coef) {
   Collective c;
   Algorithm a;
-  if (!bench_collective(s.op, c) || !bench_algorithm(s.algo, a)) return false;
+  if (!bench_collective(s.op, c) || !bench_algorithm(c, s.algo, s.world, a)) return false;
   Topology flat(flat_cluster(1.0, 1.0, 1.0), s.world);
   CollectiveModel m(flat);
   CollectiveCost cost;

@@ -26,10 +26,10 @@ struct BenchSample {
 // Parses JSON lines of `conduit bench coll --json`; lines that are not bench records are skipped and counted.
 std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::string& origin, int* skipped = nullptr);
 
-// The simulator's collective and algorithm for a bench record's op and algo (runtime names: ring, rhd, rd, tree);
-// false when not modelled.
+// The simulator's collective and algorithm for a bench record's op and algo (the runtime's names per operation, and
+// the simulator's), for a group of `world` ranks; false when the simulator does not model it.
 bool bench_collective(const std::string& op, Collective& c);
-bool bench_algorithm(std::string algo, Algorithm& a);
+bool bench_algorithm(Collective c, std::string algo, long long world, Algorithm& a);
 
 struct AlphaBetaGamma {
   double alpha = 0, beta = 0, gamma = 0;

@@ -251,13 +251,16 @@ void append_double_binary_tree(const Builder& b, long long p, std::vector<Step>&
   Step s;
   s.phase = "double binary tree (pipelined reduce + broadcast)";
   s.reduce = 1;
-  // Tree A: rank r at position r+1; tree B mirrors it (position p-r), so A's leaves are B's inner nodes.
+  // Tree A: rank r at position r+1. Tree B, as NCCL's ncclGetDtree: with p even it mirrors A (position p-r), with p
+  // odd it shifts A by one rank (rank r at rank r-1's position), so that A's inner nodes are B's leaves either way
+  // (a mirror at odd p kept some ranks inner in both trees: 3n on their links instead of 2n).
+  const bool odd = p % 2 == 1;
   for (int tree = 0; tree < 2; ++tree) {
     for (long long r = 0; r < p; ++r) {
-      long long v = tree == 0 ? r + 1 : p - r;
+      long long v = tree == 0 ? r + 1 : odd ? (r - 1 + p) % p + 1 : p - r;
       long long par = inorder_parent(v, p);
       if (par == 0) continue;
-      long long pr = tree == 0 ? par - 1 : p - par;
+      long long pr = tree == 0 ? par - 1 : odd ? par % p : p - par;
       s.transfers.push_back({b.gid(r), b.gid(pr), 0.5, {}, -1});  // reduce up
       s.transfers.push_back({b.gid(pr), b.gid(r), 0.5, {}, -1});  // broadcast down
     }
@@ -580,29 +583,83 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
   return cost;
 }
 
-std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, const Group& g, double n) {
+std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, const Group& g, double n,
+                                                 long long* copy_first) {
   if (a == Algorithm::kAuto) a = profile(c, a, g, n).algorithm;
+  std::vector<StepReport> best = explain_copy(c, a, g, n);
+  long long first = g.first;
+  auto total = [](const std::vector<StepReport>& v) {
+    double t = 0;
+    for (const auto& s : v) t += s.repeat * s.time;
+    return t;
+  };
+  for (long long f : kind_boundary_copies(g)) {
+    auto other = explain_copy(c, a, Group{g.size, g.stride, f}, n);
+    if (total(other) > total(best)) {
+      best = std::move(other);
+      first = f;
+    }
+  }
+  if (copy_first) *copy_first = first;
+  return best;
+}
+
+std::set<long long> CollectiveModel::kind_boundary_copies(const Group& g) const {
+  std::set<long long> firsts;
+  const long long block = g.size * g.stride;
+  if (topo_.spec().node_kinds.size() <= 1 || block <= 0 || topo_.gpus() % block != 0) return firsts;
+  auto copy_holding = [&](long long gpu) {
+    const long long j = gpu % g.stride;
+    return gpu / block * block + j;
+  };
+  for (long long node = 0; node < topo_.nodes() && firsts.size() < 64; ++node) {
+    if (node > 0 && &topo_.kind_of_node(node) == &topo_.kind_of_node(node - 1)) continue;
+    const long long gpu = node * topo_.gpus_per_node();
+    firsts.insert(copy_holding(gpu));
+    if (node > 0) firsts.insert(copy_holding(gpu - 1));
+  }
+  firsts.insert(copy_holding(topo_.gpus() - 1));
+  firsts.erase(g.first);
+  return firsts;
+}
+
+std::vector<StepReport> CollectiveModel::explain_copy(Collective c, Algorithm a, const Group& g, double n) {
   std::vector<Step> steps = make_pattern(topo_, c, a, g);
   std::vector<StepReport> out;
   std::unordered_map<int, double> load;
   std::unordered_map<int, int> behind;
   std::vector<int> tmp;
-  for (long long i = 0; i < g.size; ++i) {
-    tmp.clear();
-    topo_.links_behind(g.first + i * g.stride, tmp);
-    for (int l : tmp) behind[l]++;
-  }
+  // As evaluate_symmetric: on a torus every concurrent copy is routed (other groups' multi-hop routes cross this
+  // group's links), elsewhere the links' loads are scaled by the copies sharing them.
+  const long long block = g.size * g.stride;
+  const bool route_all =
+      topo_.spec().network.topology == TopologyKind::kTorus && block > 0 && topo_.gpus() % block == 0;
+  std::vector<std::vector<Step>> copies;
+  if (route_all) copies = group_copies(c, a, g, &steps);
+  if (!route_all)
+    for (long long i = 0; i < g.size; ++i) {
+      tmp.clear();
+      topo_.links_behind(g.first + i * g.stride, tmp);
+      for (int l : tmp) behind[l]++;
+    }
   const double overhead = topo_.spec().network.software_overhead;
   const double gamma = 1.0 / topo_.spec().network.reduction_bandwidth;
   std::vector<int> path;
-  for (const Step& s : steps) {
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const Step& s = steps[si];
     load.clear();
     double lat = 0;
-    for (const Transfer& t : s.transfers) {
-      path.clear();
-      lat = std::max(lat, route_transfer(topo_, t, path));
-      for (int id : path) load[id] += t.frac * n;
-    }
+    auto add = [&](const Step& st) {
+      for (const Transfer& t : st.transfers) {
+        path.clear();
+        lat = std::max(lat, route_transfer(topo_, t, path));
+        for (int id : path) load[id] += t.frac * n;
+      }
+    };
+    if (route_all)
+      for (const auto& pat : copies) add(pat[si]);
+    else
+      add(s);
     StepReport r;
     r.phase = s.phase;
     r.repeat = s.repeat;
@@ -611,7 +668,9 @@ std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, cons
     double worst = 0;
     for (auto [id, bytes] : load) {
       auto it = behind.find(id);
-      double share = static_cast<double>(topo_.gpus_behind(id)) / std::max(1, it == behind.end() ? 0 : it->second);
+      double share =
+          route_all ? 1.0
+                    : static_cast<double>(topo_.gpus_behind(id)) / std::max(1, it == behind.end() ? 0 : it->second);
       double total = bytes * std::max(1.0, share);
       double t = total / topo_.link(id).bandwidth;
       if (t > worst || r.bottleneck_link < 0) {
@@ -656,22 +715,8 @@ CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& 
   // step waits for the slowest: also evaluate the copy that holds the first and the last accelerator of every run of
   // nodes of one kind, and keep the largest terms. (Copies tile the cluster in blocks of size x stride, shifted by
   // 0..stride-1, as full-detail mode lays them out.)
-  const long long block = g.size * g.stride;
-  if (topo_.spec().node_kinds.size() > 1 && block > 0 && topo_.gpus() % block == 0) {
-    std::set<long long> firsts;
-    auto copy_holding = [&](long long gpu) {
-      const long long j = gpu % g.stride;
-      return gpu / block * block + j;
-    };
-    for (long long node = 0; node < topo_.nodes() && firsts.size() < 64; ++node) {
-      if (node > 0 && &topo_.kind_of_node(node) == &topo_.kind_of_node(node - 1)) continue;
-      const long long gpu = node * topo_.gpus_per_node();
-      firsts.insert(copy_holding(gpu));
-      if (node > 0) firsts.insert(copy_holding(gpu - 1));
-    }
-    firsts.insert(copy_holding(topo_.gpus() - 1));
-    firsts.erase(g.first);
-    for (long long f : firsts) {
+  {
+    for (long long f : kind_boundary_copies(g)) {
       CollectiveCost other = evaluate_symmetric(c, a, Group{g.size, g.stride, f});
       if (other.per_byte > cost.per_byte) cost.bottleneck = other.bottleneck;
       cost.latency = std::max(cost.latency, other.latency);

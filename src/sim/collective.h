@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -113,13 +114,20 @@ class CollectiveModel {
   // Full-detail time: every group that tiles the cluster like `g` runs at once, sharing links max-min fairly.
   double time_full(Collective c, Algorithm a, const Group& g, double n);
 
-  // Step by step: which links each step uses and which one bounds it, for message size n.
-  std::vector<StepReport> explain(Collective c, Algorithm a, const Group& g, double n);
+  // Step by step: which links each step uses and which one bounds it, for message size n, routed as symmetric mode
+  // routes (every copy of the group on a torus). On a cluster of several node kinds, the steps of the slowest of the
+  // copies profile() evaluates (its first rank in `*copy_first`); profile() keeps each term's largest over those
+  // copies, so there the steps' sum may fall short of time() when different copies are slowest in different terms.
+  std::vector<StepReport> explain(Collective c, Algorithm a, const Group& g, double n, long long* copy_first = nullptr);
 
   size_t cache_size() const { return cache_.size(); }
 
  private:
   CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g);
+  std::vector<StepReport> explain_copy(Collective c, Algorithm a, const Group& g, double n);
+  // The first ranks of the copies of g (other than g) that profile() also evaluates on a cluster of several node
+  // kinds: those holding the first and the last accelerator of every run of nodes of one kind.
+  std::set<long long> kind_boundary_copies(const Group& g) const;
   std::vector<std::vector<Step>> group_copies(Collective c, Algorithm a, const Group& g, const std::vector<Step>* have);
   const Topology& topo_;
   std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> cache_;

@@ -177,10 +177,10 @@ double Topology::route(long long src, long long dst, std::vector<int>& path) con
     return ks.intra.latency;
   }
   const NetworkSpec& net = spec_.network;
-  if (net.topology == TopologyKind::kFlat) {
-    path.push_back(nic_out(ns, 0));
-    path.push_back(nic_in(nd, 0));
-    return 0.0;
+  if (net.topology == TopologyKind::kFlat) {  // every node's NICs straight to every other's: each GPU's own NIC
+    path.push_back(nic_out(ns, nic_of_local(local_of(src), ks)));
+    path.push_back(nic_in(nd, nic_of_local(local_of(dst), kd)));
+    return ks.nic.latency;
   }
   if (net.topology == TopologyKind::kTorus) return route_torus(ns, nd, path);
   double lat = 0;

@@ -57,6 +57,44 @@ TEST(Calibrate, RecoversAlphaBetaGammaFromSyntheticBenchLines) {
   EXPECT_THROW(parse_bench_lines("nothing here\n", "x"), ConfigError);
 }
 
+// The runtime's own names for the other operations (src/coll/tuner.cc) are read as its algorithms: rh (recursive
+// halving reduce-scatter) and rd (recursive doubling allgather) are the halving-doubling patterns at a power of two
+// ranks, chain the pipelined broadcast. They were dropped as unmodelled (rd taken as the recursive-doubling
+// allreduce failed the whole calibration on an allgather line), so a ring-allreduce-only fit could not tell the
+// reduction's cost from the wire's.
+TEST(Calibrate, ReadsTheRuntimesAlgorithmNamesForEveryOperation) {
+  const double alpha = 20e-6, beta = 1e-9, gamma = 5e-10;
+  Topology truth(flat_cluster(alpha, 1 / beta, gamma), 4);
+  CollectiveModel m(truth);
+  std::string lines;
+  for (double n = 1024; n <= 16e6; n *= 4) {
+    for (auto [op, c, algo, a] :
+         {std::tuple{"allreduce", Collective::kAllReduce, "ring", Algorithm::kRing},
+          std::tuple{"reduce_scatter", Collective::kReduceScatter, "rh", Algorithm::kHalvingDoubling},
+          std::tuple{"allgather", Collective::kAllGather, "rd", Algorithm::kHalvingDoubling},
+          std::tuple{"broadcast", Collective::kBroadcast, "chain", Algorithm::kRing}}) {
+      lines += fmt::format(
+          "{{\"impl\":\"conduit\",\"op\":\"{}\",\"algo\":\"{}\",\"transport\":\"shm\",\"world\":4,"
+          "\"bytes\":{},\"time_us\":{}}}\n",
+          op, algo, n, m.time(c, a, Group{4, 1, 0}, n) * 1e6);
+    }
+  }
+  // The runtime's reduce (rsg) has no pattern here, nor its reduce-scatter at 3 ranks.
+  lines += "{\"op\":\"reduce\",\"algo\":\"rsg\",\"world\":4,\"bytes\":1024,\"time_us\":50}\n";
+  lines += "{\"op\":\"reduce_scatter\",\"algo\":\"rh\",\"world\":3,\"bytes\":1024,\"time_us\":50}\n";
+  int unmodelled = 0;
+  AlphaBetaGamma f = fit_alpha_beta_gamma(parse_bench_lines(lines, "bench.jsonl"), &unmodelled);
+  EXPECT_EQ(unmodelled, 2);
+  EXPECT_NEAR(f.alpha / alpha, 1, 1e-6);
+  EXPECT_NEAR(f.beta / beta, 1, 1e-6);
+  EXPECT_NEAR(f.gamma / gamma, 1, 1e-6);
+  Algorithm a;
+  EXPECT_TRUE(bench_algorithm(Collective::kAllGather, "rd", 6, a));
+  EXPECT_EQ(a, Algorithm::kRing);  // the runtime's rd allgather falls back to the ring off powers of two
+  EXPECT_TRUE(bench_algorithm(Collective::kAllReduce, "rd", 6, a));
+  EXPECT_EQ(a, Algorithm::kRecursiveDoubling);
+}
+
 // `conduit bench gemm --json` lines (a model_step line among them) are read into the cluster file's calibration
 // table, scaled by each rank's share of a core, and the simulator then predicts those GEMMs as measured.
 TEST(Calibrate, GemmLinesLandInTheCalibrationTable) {

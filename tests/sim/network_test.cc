@@ -82,6 +82,19 @@ TEST(Collective, DoubleBinaryTreeOnFlat) {
   EXPECT_LT(rel(t, 6 * kAlpha + 2 * n * kBeta + n * kGamma), 1e-9);
 }
 
+// Odd group sizes too: tree B shifts tree A by one rank there (NCCL's ncclGetDtree); a mirror at odd p left some
+// ranks inner in both trees, 3n on their links (p = 7: 1.5x the time).
+TEST(Collective, DoubleBinaryTreeCarriesTwoNPerLinkAtOddSizes) {
+  const double n = 32e6;
+  for (long long p : {3, 5, 7, 9, 15, 31}) {
+    Topology topo(flat_cluster(kAlpha, kBw, kGamma), p);
+    CollectiveModel m(topo);
+    const double t = m.time(Collective::kAllReduce, Algorithm::kDoubleBinaryTree, Group{p, 1, 0}, n);
+    const double bw = 2 * n * kBeta + n * kGamma;
+    EXPECT_LT(t, bw + 2 * 6 * kAlpha) << p;  // depth <= 5 here: at most the latency term on top, not 3n
+  }
+}
+
 TEST(Collective, AutoPicksLatencyOptimalForSmallAndBandwidthOptimalForLarge) {
   Topology topo(flat_cluster(kAlpha, kBw, kGamma), 64);
   CollectiveModel m(topo);
@@ -193,7 +206,16 @@ TEST_P(AgreeTest, SymmetricMatchesFullDetail) {
   ring.network.topology = TopologyKind::kTorus;
   ring.network.torus_dims = {8};
   ring.network.torus_link = {10e9, 1e-6};
-  Topology topo(preset == "torus" ? torus_cluster() : preset == "ring8" ? ring : load_cluster(a.preset), a.gpus);
+  // "flat8": a flat network of nodes with 8 GPUs and 8 NICs (routes took NIC 0 for every GPU: 8x apart).
+  ClusterSpec flat8 = flat_cluster(10e-6, 10e9, 0);
+  flat8.node_kinds[0].gpus = 8;
+  flat8.node_kinds[0].nics = 8;
+  flat8.node_kinds[0].intra = {100e9, 1e-6};
+  Topology topo(preset == "torus"   ? torus_cluster()
+                : preset == "ring8" ? ring
+                : preset == "flat8" ? flat8
+                                    : load_cluster(a.preset),
+                a.gpus);
   CollectiveModel m(topo);
   Group g{a.size, a.stride, 0};
   const double n = 128e6;
@@ -222,6 +244,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // copy on rank 0's kind, 10x too fast on edge's 1 GbE devices).
                       Agree{"edge", 64, 2, 1, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"edge", 64, 16, 2, Algorithm::kRing, Collective::kAllGather},
+                      Agree{"flat8", 64, 8, 8, Algorithm::kRing, Collective::kAllReduce},
+                      Agree{"flat8", 64, 16, 4, Algorithm::kHalvingDoubling, Collective::kAllReduce},
                       Agree{"torus", 128, 16, 8, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"torus", 128, 128, 1, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"torus", 128, 16, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce},
@@ -276,6 +300,30 @@ TEST(Collective, ExplainedStepsAddUpToTheProfile) {
       sum += s.repeat * s.time;
     }
     EXPECT_NEAR(sum / m.time(Collective::kAllReduce, a, Group{64, 1, 0}, n), 1.0, 1e-9) << algorithm_name(a);
+  }
+}
+
+// Where symmetric mode routes more than the one group: every copy on a torus (other groups' routes cross its links;
+// the steps showed half the total), the slowest copy on a cluster of node kinds (the steps showed the 10 GbE copy,
+// 9 ms of an 84 ms total).
+TEST(Collective, ExplainedStepsAddUpOnATorusAndOverNodeKinds) {
+  ClusterSpec ring = flat_cluster(4e-6, 1e12, 0);
+  ring.network.topology = TopologyKind::kTorus;
+  ring.network.torus_dims = {8};
+  ring.network.torus_link = {10e9, 1e-6};
+  struct Case {
+    Topology topo;
+    Group g;
+  };
+  Case cases[] = {{Topology(ring, 8), Group{4, 2, 0}}, {Topology(load_cluster("edge"), 64), Group{2, 1, 0}}};
+  for (auto& k : cases) {
+    CollectiveModel m(k.topo);
+    const double n = 100e6;
+    double sum = 0;
+    long long first = -1;
+    for (const auto& s : m.explain(Collective::kAllReduce, Algorithm::kRing, k.g, n, &first)) sum += s.repeat * s.time;
+    EXPECT_NEAR(sum / m.time(Collective::kAllReduce, Algorithm::kRing, k.g, n), 1.0, 1e-9) << k.topo.spec().name;
+    EXPECT_GE(first, 0);
   }
 }
 
