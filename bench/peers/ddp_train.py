@@ -170,13 +170,16 @@ def worker(a):
                                    start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
 
         def hook(st, bucket):
-            # Payload estimate: P and Q of every >= 2-D tensor, the rest uncompressed (as the hook does).
+            # Payload estimate: P and Q of every >= 2-D tensor the hook compresses (its _should_compress: only when
+            # P and Q are under 1/min_compression_rate of the matrix), the rest uncompressed, as the hook does.
             n = 0
             for t in bucket.gradients():
-                if t.dim() > 1 and st.iter >= st.start_powerSGD_iter:
-                    m = t.view(t.shape[0], -1)
-                    r = min(a.powersgd_rank, *m.shape)
-                    n += (m.shape[0] + m.shape[1]) * r * 4
+                m = t.view(t.shape[0], -1) if t.dim() > 1 else None
+                r = min(a.powersgd_rank, *m.shape) if m is not None else 0
+                pq = (m.shape[0] + m.shape[1]) * r if m is not None else 0
+                if (m is not None and st.iter >= st.start_powerSGD_iter
+                        and pq * st.min_compression_rate < m.shape[0] * m.shape[1]):
+                    n += pq * 4
                 else:
                     n += t.numel() * 4
             payload[0] += n

@@ -47,7 +47,9 @@ struct BenchArgs {
 double bus_factor(const std::string& op, int n) {
   if (n <= 1) return 1;
   if (op == "allreduce") return 2.0 * (n - 1) / n;
-  if (op == "reduce_scatter" || op == "allgather" || op == "alltoall") return static_cast<double>(n - 1) / n;
+  // Gather and scatter move (n-1)/n of the whole buffer through the root's link (nccl-tests' GatherGetBw).
+  if (op == "reduce_scatter" || op == "allgather" || op == "alltoall" || op == "gather" || op == "scatter")
+    return static_cast<double>(n - 1) / n;
   return 1;
 }
 
@@ -89,7 +91,7 @@ void run_bench(const BenchArgs& a) {
                       a.max_bytes, 4e-9 * static_cast<double>(hi), mem * 1e-9));
   }
   if (a.iters < 1 || a.iters > 1000000) throw ConfigError("--iters must be in [1, 1000000]");
-  if (a.warmup < 0) throw ConfigError("--warmup must be >= 0");
+  if (a.warmup < 0 || a.warmup > 1000000) throw ConfigError("--warmup must be in [0, 1000000]");
   if (!(a.stagger_us >= 0) || a.stagger_us > 1e6)
     throw ConfigError(fmt::format("--stagger-us = {} (allowed: 0..1000000 microseconds)", a.stagger_us));
   coll::CommConfig cfg;

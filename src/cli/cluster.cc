@@ -25,6 +25,7 @@
 #include <thread>
 #include <tuple>
 
+#include "core/cpus.h"
 #include "core/error.h"
 
 namespace conduit::cli::cluster {
@@ -682,14 +683,21 @@ void exec_in_host(const ClusterState& state, int index, const std::vector<std::s
     throw Error(fmt::format("cluster exec: cannot enter {}: {} (needs root)", h.ns, std::strerror(errno)));
   }
   close(fd);
+  // The new sysfs below has no cgroup mounts, where a container's CPU quota is read: it is measured now and passed
+  // on (core/cpus.h reads it back).
+  setenv("CONDUIT_QUOTA_CPUS", std::to_string(quota_cpus()).c_str(), 1);
   // As `ip netns exec` does: a mount namespace of its own with sysfs mounted again, so that /sys/class/net shows
   // this host's interfaces (sysfs shows the network namespace of whoever mounted it: the machine's otherwise).
-  if (unshare(CLONE_NEWNS) != 0 || mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 ||
-      (umount2("/sys", MNT_DETACH) != 0 && errno != EINVAL) ||
-      mount(h.ns.c_str(), "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
-    fmt::print(stderr, "conduit: warning: cluster exec: /sys still shows the machine's interfaces, not {}'s ({})\n",
-               h.ns, std::strerror(errno));
-  }
+  const char* failed = nullptr;
+  if (unshare(CLONE_NEWNS) != 0 || mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0)
+    failed = "a mount namespace of its own";
+  else if (umount2("/sys", MNT_DETACH) != 0 && errno != EINVAL)
+    failed = "unmounting the machine's /sys";
+  else if (mount(h.ns.c_str(), "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
+    failed = "mounting sysfs (/sys is empty)";
+  if (failed)
+    fmt::print(stderr, "conduit: warning: cluster exec: /sys does not show {}'s interfaces: {} failed: {}\n", h.ns,
+               failed, std::strerror(errno));
   setenv("CONDUIT_SOCKET_IFNAME", kHostIfname, 1);
   setenv("CONDUIT_CLUSTER_HOST", std::to_string(index).c_str(), 1);
   setenv("CONDUIT_CLUSTER_NAME", state.name.c_str(), 1);

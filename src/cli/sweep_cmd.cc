@@ -139,6 +139,14 @@ std::vector<std::pair<std::string, std::string>> flag_map(const YAML::Node& n, c
   return out;
 }
 
+// The train: keys bench/peers/ddp_train.py takes (the others go to Conduit's train cells only).
+const std::set<std::string>& ddp_keys() {
+  static const std::set<std::string> keys = {"model",           "data-dir",    "epochs",      "batch-size", "lr",
+                                             "momentum",        "lr-schedule", "train-limit", "test-limit", "max-steps",
+                                             "target-accuracy", "timeout",     "eval-every"};
+  return keys;
+}
+
 std::string find_ddp_script() {
   const fs::path exe = self_exe();
   for (const fs::path& p : {exe.parent_path().parent_path().parent_path() / "bench/peers/ddp_train.py",
@@ -275,6 +283,19 @@ SweepSpec load_spec(const std::string& path) {
           "config file's values); remove it",
           k));
   }
+  // DDP peer cells take the train: keys bench/peers/ddp_train.py has; one that changes what is trained and that it
+  // lacks would make the peer train something else than the cells it is compared with (weight_decay was dropped).
+  if (!s.peers.empty())
+    for (const auto& [k, v] : s.train) {
+      static const std::set<std::string> kTrainsOtherwise = {"optimizer",         "weight-decay", "warmup-epochs",
+                                                             "dataset",           "slow",         "resume",
+                                                             "synthetic-samples", "sync-period",  "staleness"};
+      if (kTrainsOtherwise.count(k))
+        throw ConfigError(fmt::format(
+            "sweep: train: '{}' is not something the PyTorch DDP peer (peers:) can do, so its cells would train "
+            "differently from the ones they are compared with; allowed with peers: {}; remove it or the peers",
+            k, join(std::vector<std::string>(ddp_keys().begin(), ddp_keys().end()), ", ")));
+    }
 #ifdef CONDUIT_WITH_TORCH
   // Train cells pass every train: key to `conduit train`; a grid of DDP peers alone passes only the keys it shares.
   if (!s.schemes.empty()) {
@@ -465,11 +486,8 @@ std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const s
   } else if (c.kind == "ddp") {
     cmd.insert(cmd.end(), {s.python, s.ddp_script, "--hook", c.hook, "--powersgd-rank",
                            std::to_string(s.peer_powersgd_rank), "--seed", std::to_string(c.seed), "--output", c.dir});
-    static const std::set<std::string> kDdpKeys = {
-        "model",       "data-dir",   "epochs",    "batch-size",      "lr",      "momentum",  "lr-schedule",
-        "train-limit", "test-limit", "max-steps", "target-accuracy", "timeout", "eval-every"};
     for (const auto& [k, v] : s.train) {
-      if (kDdpKeys.count(k)) cmd.insert(cmd.end(), {"--" + k, v});
+      if (ddp_keys().count(k)) cmd.insert(cmd.end(), {"--" + k, v});
     }
   } else {
     cmd.insert(cmd.end(), {exe, "bench", "coll", "--json", "--transport", "tcp"});

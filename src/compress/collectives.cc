@@ -237,7 +237,7 @@ struct Ring {
     uint64_t full = net::make_tag(net::kUser, comm.id(), kRingTagBase + tag);
     auto rq = t.irecv(comm.transport_rank(left), full, recv.data(), recv.size());
     auto sq = t.isend(comm.transport_rank(right), full, send.data(), send.size());
-    net::wait_all({rq, sq}, deadline);
+    net::wait_all_or_give_up(t, {rq, sq}, deadline);  // the caller's buffers go away if this throws
   }
   int mod(int x) const { return ((x % w) + w) % w; }
 };

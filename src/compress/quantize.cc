@@ -49,8 +49,7 @@ float abs_max(const float* x, size_t n) { return kernels::get().abs_max(x, n); }
 double sum_squares(const float* x, size_t n) {
   const double fast = kernels::get().sum_squares(x, n);
   if (std::isfinite(fast) && fast > 1e-30) return fast;
-  double amax = 0;
-  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
+  const double amax = abs_max(x, n);  // vectorized: an all-zero bucket ends here
   if (!(amax > 0) || !std::isfinite(amax)) return fast;
   double ss = 0;
   for (size_t i = 0; i < n; ++i) {

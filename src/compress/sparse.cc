@@ -203,15 +203,15 @@ void read_sparse(const std::string& who, std::span<const uint8_t> p, std::span<f
                                       out.size(), expect_entries));
   const uint8_t* ip = p.data();
   const uint8_t* vp = p.data() + 4 * n;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t j, prev = 0;
+  for (size_t i = 0, prev = 0; i < n; ++i) {
+    uint32_t j;
     std::memcpy(&j, ip + 4 * i, 4);
-    if (i > 0) std::memcpy(&prev, ip + 4 * (i - 1), 4);
     if (j >= out.size())
       throw InvalidArgument(fmt::format("{}: index {} out of range for {} elements", who, j, out.size()));
     if (i > 0 && j <= prev)
       throw InvalidArgument(
           fmt::format("{}: index {} after {} (entry {}); allowed: ascending indices, each once", who, j, prev, i));
+    prev = j;
   }
   if (!add) std::fill(out.begin(), out.end(), 0.0f);
   for (size_t i = 0; i < n; ++i) {

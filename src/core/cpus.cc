@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -51,7 +52,15 @@ int quota_cpus() {
   if (!q)
     q = cpus_from_cfs(first_line("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
                       first_line("/sys/fs/cgroup/cpu/cpu.cfs_period_us"));
-  return q ? std::min(n, *q) : n;
+  if (q) n = std::min(n, *q);
+  // Set by `conduit cluster exec`, measured before it mounted a sysfs of the emulated host's own (which has no cgroup
+  // files): the container's quota still applies there.
+  if (const char* v = std::getenv("CONDUIT_QUOTA_CPUS")) {
+    char* end = nullptr;
+    const long c = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && c >= 1) n = std::min<long>(n, c);
+  }
+  return n;
 }
 
 int usable_cpus() {

@@ -102,7 +102,7 @@ class FileStore : public Store {
                                        lock_path, default_timeout_seconds(), key));
       }
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(20000));
+      pause = std::min(pause * 2, std::chrono::microseconds(2000));
     }
     try {
       int64_t cur = 0;

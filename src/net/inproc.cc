@@ -51,7 +51,8 @@ class InprocWorld {
     }
     return nullptr;
   }
-  // Completes (or fails) both requests, after the lock: completion wakes waiters and runs callbacks.
+  // Completes (or fails) both requests, still under the lock, so that a cancel never finds one moved but pending
+  // (completion only sets the requests' state and wakes their waiters).
   static void finish(const InprocOp& send, const InprocOp& recv, const std::exception_ptr& err) {
     if (err) {
       send.req->fail(err);
@@ -158,29 +159,19 @@ class InprocTransport : public Transport {
       }
     }
     auto& box = world_->boxes_[dst_rank];
-    InprocOp match;
-    bool matched = false;
-    std::exception_ptr err;
-    {
-      std::lock_guard<std::mutex> lk(box.mu);
-      auto key = std::make_pair(src_rank, tag);
-      auto& other = is_send ? box.recvs : box.sends;
-      auto it = other.find(key);
-      if (it != other.end() && !it->second.empty()) {
-        match = std::move(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) other.erase(it);
-        matched = true;
-        err = is_send ? InprocWorld::move_data(op, match) : InprocWorld::move_data(match, op);
-      } else {
-        (is_send ? box.sends : box.recvs)[key].push_back(op);
-      }
-    }
-    if (matched) {
-      if (is_send)
-        InprocWorld::finish(op, match, err);
-      else
-        InprocWorld::finish(match, op, err);
+    std::lock_guard<std::mutex> lk(box.mu);
+    auto key = std::make_pair(src_rank, tag);
+    auto& other = is_send ? box.recvs : box.sends;
+    auto it = other.find(key);
+    if (it != other.end() && !it->second.empty()) {
+      InprocOp match = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) other.erase(it);
+      const InprocOp& send = is_send ? op : match;
+      const InprocOp& recv = is_send ? match : op;
+      InprocWorld::finish(send, recv, InprocWorld::move_data(send, recv));
+    } else {
+      (is_send ? box.sends : box.recvs)[key].push_back(op);
     }
   }
 

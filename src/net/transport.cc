@@ -191,6 +191,15 @@ bool give_up(Transport& t, const RequestPtr& r, const std::string& why) {
   return r->succeeded();
 }
 
+void wait_all_or_give_up(Transport& t, const std::vector<RequestPtr>& reqs, const Deadline& deadline) {
+  try {
+    wait_all(reqs, deadline);
+  } catch (const Error& e) {
+    for (const auto& r : reqs) give_up(t, r, e.what());
+    throw;
+  }
+}
+
 void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline) {
   // The first failure (or the deadline) ends the wait; the caller aborts the transport, which fails the rest.
   for (const auto& r : reqs) r->wait(deadline);

@@ -135,4 +135,8 @@ void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline);
 // give up), false when it was withdrawn or the transport aborted.
 bool give_up(Transport& t, const RequestPtr& r, const std::string& why);
 
+// wait_all for a caller whose buffers go away when it throws: on any failure (the deadline, a peer's error) it gives
+// up every request first, then rethrows.
+void wait_all_or_give_up(Transport& t, const std::vector<RequestPtr>& reqs, const Deadline& deadline);
+
 }  // namespace conduit::net

@@ -41,14 +41,14 @@ void await_workers(coll::Communicator& workers) {
   std::vector<net::RequestPtr> reqs;
   if (me == 0) {
     for (int r = 1; r < n; ++r) reqs.push_back(detail::irecv(workers, r, detail::kTagArrive, &tokens[size_t(r)], 1));
-    net::wait_all(reqs, Deadline::never());
+    net::wait_all_or_give_up(workers.transport(), reqs, Deadline::never());
     reqs.clear();
     for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagRelease, &token, 1));
     detail::wait_all(workers, reqs);  // the others are all waiting: the normal deadline
   } else {
     auto release = detail::irecv(workers, 0, detail::kTagRelease, &tokens[0], 1);
     detail::wait(workers, detail::isend(workers, 0, detail::kTagArrive, &token, 1));
-    release->wait(Deadline::never());
+    net::wait_all_or_give_up(workers.transport(), {release}, Deadline::never());
   }
 }
 
@@ -109,14 +109,9 @@ net::RequestPtr irecv(coll::Communicator& c, int peer, uint32_t tag, void* data,
   return c.transport().irecv(c.transport_rank(peer), net::make_tag(net::kUser, c.id(), tag), data, bytes);
 }
 void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs) {
-  try {
-    net::wait_all(reqs, Deadline::after(c.timeout_s()));
-  } catch (const Error& e) {
-    // The buffers go away with the exception (a deadline, or a peer that failed while others are still pending):
-    // nothing may move into or out of them afterwards.
-    for (const auto& r : reqs) net::give_up(c.transport(), r, e.what());
-    throw;
-  }
+  // The buffers go away with the exception (a deadline, or a peer that failed while others are still pending):
+  // nothing may move into or out of them afterwards.
+  net::wait_all_or_give_up(c.transport(), reqs, Deadline::after(c.timeout_s()));
 }
 void wait(coll::Communicator& c, const net::RequestPtr& r) { wait_all(c, {r}); }
 

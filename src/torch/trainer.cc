@@ -469,8 +469,14 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const int start_epoch_at = c.resume.empty() ? 0 : static_cast<int>(checkpoint_int(meta, "epoch", rd));
   int64_t total_steps = steps_before_epoch + int64_t(c.epochs - std::min(start_epoch_at, c.epochs)) * spe;
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
-  // At least one step when asked for any (a fraction of a step was no warm-up at all).
-  const int64_t warmup = c.warmup_epochs > 0 ? std::max<int64_t>(1, std::llround(c.warmup_epochs * double(spe))) : 0;
+  // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all.
+  const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
+  if (c.warmup_epochs > 0 && warmup < 2)
+    throw ConfigError(
+        fmt::format("config: warmup_epochs: {} is {} step(s) at {} steps an epoch, which warms nothing "
+                    "up (a warm-up's last step is at the full lr); allowed: 0, or at least {:.4g} "
+                    "epochs (two steps)",
+                    c.warmup_epochs, warmup, spe, 2.0 / double(spe)));
   std::string period_text;
   if (!spec.bsp()) {
     if (auto it = spec.params.find("period"); it != spec.params.end()) {

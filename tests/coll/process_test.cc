@@ -195,6 +195,8 @@ TEST(Processes, StaggeredBenchCallsAreMarkedAndChecked) {
     ++marked;
   EXPECT_EQ(marked, 2u) << r.out;  // 1 KiB and 2 KiB
   EXPECT_NE(r.out.find("\"wrong\":0"), std::string::npos) << r.out;
+  EXPECT_NE(run_sh(kConduit + " bench coll --warmup 2147483647 --stagger-us 10").out.find("--warmup must be in"),
+            std::string::npos);  // it overflowed the loop count and crashed reading an empty sample list
   auto bad = run_sh(kConduit + " bench coll --stagger-us -5");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("--stagger-us = -5 (allowed: 0..1000000 microseconds)"), std::string::npos) << bad.out;
@@ -229,6 +231,15 @@ TEST(Processes, BenchCollReportsTheMedianAndSlowestCall) {
     EXPECT_LE(max, mean * 30 * 1.0001) << line;
   }
   EXPECT_EQ(records, 5) << r.out;  // 4 KiB to 64 KiB
+  // Bus bandwidth as nccl-tests defines it: gather and scatter move (n-1)/n of the buffer (they said 1).
+  for (const char* op : {"gather", "scatter", "allgather"}) {
+    auto g = run_sh(kConduit + " launch -n 2 --no-tag-output -- " + kConduit + " bench coll --op " + op +
+                    " --transport shm -b 4K -e 4K -n 3 -w 1 --json");
+    const size_t at = g.out.find("\"impl\":\"conduit\"");
+    ASSERT_NE(at, std::string::npos) << g.out;
+    const std::string line = g.out.substr(g.out.rfind('\n', at) + 1);
+    EXPECT_NEAR(json_number(line, "busbw_gbs") / json_number(line, "algbw_gbs"), 0.5, 1e-9) << op << line;
+  }
   auto table = run_sh(kConduit + " launch -n 2 -- " + kConduit + " bench coll --transport shm -b 1K -e 1K -n 5");
   EXPECT_EQ(table.code, 0) << table.out;
   EXPECT_NE(table.out.find("time(us)    p50(us)    max(us)"), std::string::npos) << table.out;

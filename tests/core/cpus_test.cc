@@ -28,5 +28,17 @@ TEST(Cpus, CountsAreBetweenOneAndTheOnlineCpus) {
   EXPECT_LE(usable_cpus(), quota_cpus());
 }
 
+// An emulated host's programs see a sysfs without cgroup files; `cluster exec` passes the quota it measured before.
+TEST(Cpus, AnInheritedQuotaCapsTheCount) {
+  const int before = quota_cpus();
+  setenv("CONDUIT_QUOTA_CPUS", "1", 1);
+  EXPECT_EQ(quota_cpus(), 1);
+  EXPECT_EQ(usable_cpus(), 1);
+  setenv("CONDUIT_QUOTA_CPUS", "junk", 1);
+  EXPECT_EQ(quota_cpus(), before);
+  unsetenv("CONDUIT_QUOTA_CPUS");
+  EXPECT_EQ(quota_cpus(), before);
+}
+
 }  // namespace
 }  // namespace conduit

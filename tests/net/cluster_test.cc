@@ -184,6 +184,9 @@ TEST_F(ClusterTest, ExecRunsInsideAHost) {
   const std::string host_mac = sys.out.substr(sys.out.rfind('\n', sys.out.size() - 2) + 1, 17);
   EXPECT_NE(mac.out.find("link/ether " + host_mac), std::string::npos) << sys.out << mac.out;
   EXPECT_EQ(sys.out.substr(0, sys.out.rfind('\n', sys.out.size() - 2) + 1), "eth0\nlo\n") << sys.out;
+  // ... and the container's CPU quota, read before /sys was replaced, is passed on.
+  Result quota = sh(conduit() + " cluster exec --name " + name + " 1 -- sh -c \"echo \\$CONDUIT_QUOTA_CPUS\"");
+  EXPECT_GE(std::atoi(quota.out.c_str()), 1) << quota.out;
   Result routes = sh(conduit() + " cluster exec --name " + name + " 0 -- ip route show default");
   EXPECT_EQ(routes.code, 0);
   EXPECT_TRUE(routes.out.empty()) << routes.out;
@@ -537,6 +540,12 @@ TEST(SweepConfig, BadFileIsRejectedInOneLine) {
     EXPECT_EQ(count_lines(r.out), 1) << body << r.out;
     EXPECT_NE(r.out.find("key that is not a name"), std::string::npos) << body << r.out;
   }
+  // A train: key the DDP peer cannot follow, with peers in the grid (weight decay went to Conduit's cells only).
+  std::ofstream(file) << "hosts: 2\nnetworks: [{bandwidth: 10mbit}]\npeers: [none]\ntrain: {weight_decay: 0.0005}\n";
+  r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("train: 'weight-decay' is not something the PyTorch DDP peer"), std::string::npos) << r.out;
   fs::remove(file);
 }
 

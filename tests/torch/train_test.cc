@@ -341,6 +341,21 @@ TEST(Train, CheckpointResumeContinuesBitForBit) {
   }
 }
 
+// A warm-up under two steps warms nothing up (its last step is at the full lr): refused with the shortest allowed.
+TEST(Train, AWarmupShorterThanTwoStepsIsRefused) {
+  TrainConfig c = tiny("mlp");  // 24 steps an epoch with 2 workers
+  c.max_steps = 3;
+  c.warmup_epochs = 0.05;  // 1.2 steps
+  try {
+    train_inproc(c, 2);
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("at least 0.08333 epochs (two steps)"), std::string::npos) << e.what();
+  }
+  c.warmup_epochs = 0.1;  // 2 steps
+  EXPECT_NO_THROW(train_inproc(c, 2));
+}
+
 // A resume at an epoch's end may change the batch size: the remaining epochs run with the new one (the run's length
 // was counted in the new batches, with the checkpoint's steps in the old ones, and it stopped an epoch early).
 TEST(Train, AnEpochEndResumeWithAnotherBatchSizeRunsTheRemainingEpochs) {
