@@ -133,35 +133,34 @@ long long Topology::leaf_of(long long node, int nic) const {
 }
 
 double Topology::route_torus(long long ns, long long nd, std::vector<int>& path) const {
+  // Dimension-ordered: along dimension 0 the shorter way round (ties +), then 1, then 2. At most three dimensions
+  // (the cluster file's check), so no allocation per call: this runs for every transfer of every copy of a group.
   const auto& dims = spec_.network.torus_dims;
-  std::vector<long long> cs(dims.size()), cd(dims.size());
+  const size_t nd_dims = dims.size();
+  long long cs[3] = {0, 0, 0}, cd[3] = {0, 0, 0}, mul[3] = {1, 1, 1};
   long long a = ns, b = nd;
-  for (size_t d = 0; d < dims.size(); ++d) {
+  for (size_t d = 0; d < nd_dims; ++d) {
     cs[d] = a % dims[d];
     cd[d] = b % dims[d];
     a /= dims[d];
     b /= dims[d];
+    if (d > 0) mul[d] = mul[d - 1] * dims[d - 1];
   }
   double lat = 0;
-  std::vector<long long> cur = cs;
-  auto node_id = [&](const std::vector<long long>& c) {
-    long long id = 0, mul = 1;
-    for (size_t d = 0; d < dims.size(); ++d) {
-      id += c[d] * mul;
-      mul *= dims[d];
-    }
-    return id;
-  };
-  for (size_t d = 0; d < dims.size(); ++d) {
-    long long n = dims[d];
-    long long fwd = ((cd[d] - cur[d]) % n + n) % n;
-    int dir = fwd <= n - fwd ? 0 : 1;
-    long long hops = dir == 0 ? fwd : n - fwd;
+  long long id = ns;
+  for (size_t d = 0; d < nd_dims; ++d) {
+    const long long n = dims[d];
+    const long long fwd = ((cd[d] - cs[d]) % n + n) % n;
+    const int dir = fwd <= n - fwd ? 0 : 1;
+    const long long hops = dir == 0 ? fwd : n - fwd;
+    long long c = cs[d];
     for (long long h = 0; h < hops; ++h) {
-      long long id = node_id(cur);
-      path.push_back(static_cast<int>(torus_base_ + (id * dims.size() + d) * 2 + dir));
+      path.push_back(
+          static_cast<int>(torus_base_ + (id * static_cast<long long>(nd_dims) + static_cast<long long>(d)) * 2 + dir));
       lat += spec_.network.torus_link.latency;
-      cur[d] = dir == 0 ? (cur[d] + 1) % n : (cur[d] + n - 1) % n;
+      const long long next = dir == 0 ? (c + 1) % n : (c + n - 1) % n;
+      id += (next - c) * mul[d];
+      c = next;
     }
   }
   return lat;
