@@ -61,6 +61,15 @@ std::atomic<bool> g_running{false};
 volatile sig_atomic_t g_stop_requested = 0;
 // Set for stdout (1) / stderr (2) once a write to it stalled during a stop: later output to it is dropped.
 bool g_output_stalled[3] = {false, false, false};
+// Set for stdout (1) / stderr (2) once its reader went away (EPIPE): the workers' pipes to it are closed, so that
+// they meet the closed pipe themselves, as in a shell pipeline (`conduit launch ... | head` ran on forever).
+bool g_output_broken[3] = {false, false, false};
+// SIGINT, SIGHUP and SIGQUIT as the launcher found them ignored (nohup, a background job of a shell without job
+// control): they stay ignored, in the launcher and in its workers.
+volatile sig_atomic_t g_ignored[3] = {0, 0, 0};
+int ignorable_index(int sig) { return sig == SIGINT ? 0 : sig == SIGHUP ? 1 : sig == SIGQUIT ? 2 : -1; }
+// The signal that stopped the last run_local_workers (0: none did).
+int g_stop_signal = 0;
 
 void on_signal(int sig) {
   int saved = errno;
@@ -121,6 +130,8 @@ class SignalScope {
     g_signal_write_fd = write_.get();
     g_stop_requested = 0;
     for (bool& stalled : g_output_stalled) stalled = false;
+    for (bool& broken : g_output_broken) broken = false;
+    g_stop_signal = 0;
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -128,7 +139,11 @@ class SignalScope {
     for (int i = 0; i < kHandled; ++i) {
       struct sigaction use = sa;
       if (kSignals[i] == SIGCHLD) use.sa_flags |= SA_NOCLDSTOP;
-      ::sigaction(kSignals[i], &use, &old_[i]);
+      ::sigaction(kSignals[i], nullptr, &old_[i]);
+      const int ig = ignorable_index(kSignals[i]);
+      if (ig >= 0) g_ignored[ig] = old_[i].sa_handler == SIG_IGN;
+      if (ig >= 0 && g_ignored[ig]) continue;
+      ::sigaction(kSignals[i], &use, nullptr);
     }
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
@@ -207,9 +222,11 @@ void write_all(int fd, const char* data, size_t size) {
       }
       chunk = std::min<size_t>(size, PIPE_BUF);  // fits in the room POLLOUT promised
     }
+    if (fd >= 0 && fd < 3 && g_output_broken[fd]) return;
     ssize_t w = ::write(fd, data, chunk);
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (errno == EPIPE && fd >= 0 && fd < 3) g_output_broken[fd] = true;
       return;  // stdout/stderr closed or broken: drop the output, keep supervising the workers
     }
     data += w;
@@ -271,10 +288,19 @@ void finish(Stream& s, const std::string& prefix) {
 }
 
 // Reads once from a readable stream; closes it at end of file.
+// Once the stream's destination lost its reader, the stream's pipe is closed: the worker's next write meets it.
+bool drop_if_broken(Stream& s) {
+  if (s.out_fd < 0 || s.out_fd >= 3 || !g_output_broken[s.out_fd]) return false;
+  s.pending.clear();
+  s.fd.reset();
+  return true;
+}
+
 void pump(Stream& s, const std::string& prefix, std::vector<char>& buf) {
   ssize_t r = ::read(s.fd.get(), buf.data(), buf.size());
   if (r > 0) {
     forward(s, prefix, buf.data(), static_cast<size_t>(r));
+    drop_if_broken(s);
   } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
     finish(s, prefix);
   }
@@ -287,6 +313,7 @@ void pump_all(Stream& s, const std::string& prefix, std::vector<char>& buf) {
     ssize_t r = ::read(s.fd.get(), buf.data(), buf.size());
     if (r > 0) {
       forward(s, prefix, buf.data(), static_cast<size_t>(r));
+      if (drop_if_broken(s)) return;
     } else if (r < 0 && errno == EINTR) {
       continue;
     } else {
@@ -396,7 +423,12 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+  struct sigaction ign = dfl;
+  ign.sa_handler = SIG_IGN;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) {
+    const int ig = ignorable_index(sig);
+    ::sigaction(sig, ig >= 0 && g_ignored[ig] ? &ign : &dfl, nullptr);
+  }
   int targets[3] = {0, 1, 2};
   int sources[3] = {null_fd, out_fd, err_fd};
   for (int i = 0; i < 3; ++i) {
@@ -444,7 +476,10 @@ int find_free_port(const std::string& addr) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(addr.c_str(), "0", &hints, &res);
+  // An IPv6 literal in brackets ([::1]), as the TCP store takes it.
+  const std::string host =
+      addr.size() > 2 && addr.front() == '[' && addr.back() == ']' ? addr.substr(1, addr.size() - 2) : addr;
+  int rc = ::getaddrinfo(host.c_str(), "0", &hints, &res);
   if (rc != 0) {
     throw ConfigError(fmt::format("launch: master address '{}' cannot be resolved: {}", addr, ::gai_strerror(rc)));
   }
@@ -545,6 +580,8 @@ std::vector<int> binding_cpus(const LaunchSpec& spec) {
 }
 }  // namespace
 
+int launcher_stop_signal() { return g_stop_signal; }
+
 int run_local_workers(const LaunchSpec& spec) {
   if (spec.nprocs < 1 || spec.nprocs > kMaxLocalWorkers) {
     throw ConfigError(fmt::format("launch: the number of workers (-n) must be between 1 and {}, got {}",
@@ -565,8 +602,8 @@ int run_local_workers(const LaunchSpec& spec) {
   if (grace < 0) grace = env_seconds("CONDUIT_LAUNCH_GRACE").value_or(kDefaultGraceSeconds);
   if (grace > 3600)
     throw ConfigError(
-        fmt::format("environment variable CONDUIT_LAUNCH_GRACE='{}' is invalid: expected seconds from 0 "
-                    "to 3600 (workers that ignore SIGTERM are killed after it)",
+        fmt::format("environment variable CONDUIT_LAUNCH_GRACE='{}' is invalid: expected a positive number of "
+                    "seconds up to 3600 (workers that ignore SIGTERM are killed after it)",
                     grace));
   const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
 
@@ -782,6 +819,7 @@ int run_local_workers(const LaunchSpec& spec) {
         if (!have_result) {
           result = 128 + sig;
           have_result = true;
+          g_stop_signal = sig;
         }
         if (user_signals == 1) {
           message(spec,

@@ -36,6 +36,9 @@ inline constexpr int kExecFailedCode = 127;
 // program cannot be executed. Problems with the spec itself (bad n, port, empty command) throw ConfigError.
 // Installs SIGINT/SIGTERM/SIGCHLD/SIGPIPE handlers for its duration and restores the previous ones; not reentrant.
 int run_local_workers(const LaunchSpec& spec);
+// The signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) that stopped the last run_local_workers, 0 when none did: the
+// command then ends by that signal itself, so that a shell loop running it stops as it would for any program.
+int launcher_stop_signal();
 
 // A TCP port that was free on `addr` a moment ago (bind to port 0, read it back, close).
 int find_free_port(const std::string& addr);

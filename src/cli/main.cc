@@ -1,8 +1,10 @@
 // `conduit`: one binary for every subcommand (launch, bench, train, sim, ...).
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <vector>
 
+#include "cli/launcher.h"
 #include "cli/registry.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -73,6 +75,15 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "conduit: error: %s\n", e.what());
     return 1;
+  }
+  // Stopped by SIGINT, SIGTERM or SIGHUP while running workers: end by that signal too (after the workers are gone),
+  // so that a shell loop or script running this stops as it would for any program (exit code 130 told bash the
+  // signal was handled, and the loop went on). SIGQUIT keeps its exit code: raising it would dump core.
+  const int sig = launcher_stop_signal();
+  if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+    std::fflush(nullptr);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
   }
   return exit_code();
 }

@@ -40,12 +40,15 @@ const train::TorchApi& torch_api() {
       return;
     }
     const train::TorchApi* a = entry();
-    if (!a || a->abi != train::kTorchApiAbi || std::strcmp(a->token, CONDUIT_TORCH_API_TOKEN) != 0 ||
+    // The abi number first: only a table of this layout has a token and sizes where this binary looks for them.
+    const bool same_abi = a != nullptr && a->abi == train::kTorchApiAbi;
+    const char* token = same_abi && a->token != nullptr ? a->token : "?";
+    if (!same_abi || a->token == nullptr || std::strcmp(a->token, CONDUIT_TORCH_API_TOKEN) != 0 ||
         a->config_size != sizeof(train::TrainConfig) || a->result_size != sizeof(train::TrainResult)) {
       failure = fmt::format(
           "{} is from another conduit build (interface {} {}, this binary's {} {}): install the "
           "module built with this binary beside it",
-          path, a ? a->abi : 0, a ? a->token : "?", train::kTorchApiAbi, CONDUIT_TORCH_API_TOKEN);
+          path, a ? a->abi : 0, token, train::kTorchApiAbi, CONDUIT_TORCH_API_TOKEN);
       return;
     }
     api = a;

@@ -1,6 +1,7 @@
 // End-to-end tests of `conduit launch`: the built binary runs small sh scripts as workers. Every run has a
 // deadline (a hung launcher is killed and the test fails), no test binds a fixed port, and every test works in
 // its own temporary directory, so they can run in parallel.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -8,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -28,6 +30,7 @@ using namespace std::chrono_literals;
 
 struct RunResult {
   int code = -1;  // exit code, 128 + signal when killed
+  bool signaled = false;  // ended by a signal (not an exit code)
   bool timed_out = false;
   double seconds = 0;
   std::string out, err;
@@ -79,8 +82,9 @@ class LaunchTest : public ::testing::Test {
   }
 
   // Starts `conduit ARGS` with stdout/stderr going to files; `env` adds or replaces variables.
+  // `ignored`: signals the launcher starts with ignored (as under nohup); the others start at their default.
   pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
-              int stdout_fd = -1) {
+              int stdout_fd = -1, const std::vector<int>& ignored = {}) {
     std::vector<std::string> argv_s = {CONDUIT_BINARY};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<std::string> env_s;
@@ -103,6 +107,8 @@ class LaunchTest : public ::testing::Test {
       FILE* e = std::freopen(err.c_str(), "w", stderr);
       if (o == nullptr || e == nullptr) ::_exit(126);
       if (stdout_fd >= 0 && ::dup2(stdout_fd, 1) < 0) ::_exit(126);
+      for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGTERM})
+        ::signal(sig, std::find(ignored.begin(), ignored.end(), sig) != ignored.end() ? SIG_IGN : SIG_DFL);
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(126);
     }
@@ -126,6 +132,7 @@ class LaunchTest : public ::testing::Test {
     }
     r.seconds = std::chrono::duration<double>(Clock::now() - started_).count();
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.signaled = WIFSIGNALED(status);
     r.out = read_file(dir_ / "launcher.out");
     r.err = read_file(dir_ / "launcher.err");
     return r;
@@ -396,6 +403,9 @@ TEST_P(LaunchSignalTest, SignalToLauncherStopsWorkersAndTheirChildren) {
   ASSERT_FALSE(r.timed_out);
   // Background jobs of sh ignore SIGINT: the children then go with SIGKILL once their worker has exited.
   EXPECT_EQ(r.code, 128 + sig) << r.err;
+  // Ended by the signal itself, after the workers: a shell loop running the launcher stops (exit code 130 told
+  // bash the signal had been handled, and the loop went on).
+  EXPECT_TRUE(r.signaled) << r.err;
   EXPECT_NE(r.err.find(std::string("conduit launch: received ") + (sig == SIGINT   ? "SIGINT"
                                                                    : sig == SIGHUP ? "SIGHUP"
                                                                                    : "SIGTERM")),
@@ -410,6 +420,39 @@ INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest, ::testing::Values(SIGTERM, S
                                   : info.param == SIGINT ? std::string("Sigint")
                                                          : std::string("Sighup");
                          });
+
+// Started with SIGHUP ignored (nohup), the launcher keeps it ignored and so do its workers: a hang-up does not stop
+// the job (the launcher forwarded it and the job died on logout).
+TEST_F(LaunchTest, ASignalIgnoredAtStartStaysIgnored) {
+  const std::string script = "echo $$ > " + path("pid") + ".$RANK; sleep 1; grep SigIgn /proc/self/status";
+  pid_t launcher = start({"launch", "-n", "1", "--", "sh", "-c", script}, {}, -1, {SIGHUP});
+  ASSERT_GT(wait_pid_file("pid.0"), 0);
+  ASSERT_EQ(::kill(launcher, SIGHUP), 0);
+  auto r = finish(launcher, 10s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("received SIGHUP"), std::string::npos) << r.err;
+  // The worker's grep: SIGHUP (bit 0) in its ignored set.
+  const size_t at = r.out.find("SigIgn:");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(std::stoull(r.out.substr(at + 7), nullptr, 16) & 1u, 1u) << r.out;
+}
+
+// A reader that goes away (`conduit launch ... | head`) ends the job as it ends a pipeline's writer: the workers'
+// output pipes are closed and they meet SIGPIPE (the launcher ignored EPIPE and the job ran on).
+TEST_F(LaunchTest, AClosedStdoutEndsTheWorkersAsInAPipeline) {
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);  // the launcher gets the write end only (as its stdout)
+  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", "exec yes"}, {}, fds[1]);
+  ::close(fds[1]);
+  char buf[64];
+  ASSERT_GT(::read(fds[0], buf, sizeof buf), 0);
+  ::close(fds[0]);  // the reader goes away
+  auto r = finish(launcher, 10s);
+  ASSERT_FALSE(r.timed_out) << "the workers ran on with nobody reading";
+  EXPECT_EQ(r.code, 128 + SIGPIPE) << r.err;
+  EXPECT_NE(r.err.find("SIGPIPE"), std::string::npos) << r.err;
+}
 
 // A worker that succeeds leaves nothing behind either: what it started in its process group is killed when it
 // exits (it outlived the launch, and under `conduit cluster run` shared the host with the next sweep cell).
