@@ -110,12 +110,15 @@ std::vector<int> Communicator::silent_peers(const std::vector<net::RequestPtr>& 
 // -------------------------------------------------------------------------------------------------- Communicator
 
 namespace {
+// Ids of the host groups (built by each member alone from the host map, so from a hash) lie in the upper half of the
+// 24 bits; splits count up from 1 in the lower half (split()).
+constexpr uint32_t kHostGroupIds = 0x800000u;
 uint32_t mix_id(uint32_t a, uint32_t b, uint32_t c) {
-  uint64_t x = (static_cast<uint64_t>(a) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(b) << 20) ^ c;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return static_cast<uint32_t>(x & 0xffffffu) | 1u;  // never 0 (the world communicator)
+  uint64_t x = static_cast<uint64_t>(a) * 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 31) ^ b) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 29) ^ c) * 0x94D049BB133111EBull;
+  x ^= x >> 32;
+  return kHostGroupIds | static_cast<uint32_t>(x & (kHostGroupIds - 1));
 }
 
 std::string join_ints(const std::vector<int>& v) {
@@ -141,6 +144,8 @@ Communicator::Communicator(net::TransportPtr transport, std::vector<int> members
   }
   auto it = std::find(members_.begin(), members_.end(), transport_->rank());
   if (it == members_.end()) throw InvalidArgument("communicator: this rank is not a member");
+  if (id_ > 0 && id_ < kHostGroupIds)
+    transport_->raise_comm_id_floor(id_);  // an id given by the caller: splits skip it
   rank_ = static_cast<int>(it - members_.begin());
   timeout_s_ = cfg.timeout_s > 0 ? cfg.timeout_s : default_timeout_seconds();
   debug_ = cfg.debug_collectives || env_flag("CONDUIT_DEBUG_COLLECTIVES");
@@ -230,21 +235,37 @@ Communicator::HostGroups& Communicator::host_groups() {
 }
 
 CommPtr Communicator::split(int color, int key) {
-  // Every rank contributes (color, key); the members of each color are ordered by (key, old rank).
-  std::vector<int64_t> mine{color, key}, all(2 * size());
-  allgather(mine.data(), all.data(), 2, DType::i64).wait();
-  uint32_t salt = ++split_count_;
+  // Every rank contributes (color, key, the floor of the communicator ids its transport has handed out); the members
+  // of each color are ordered by (key, old rank). The new communicators take ids from the largest floor up, one per
+  // color in ascending order: no member already uses them (ids from a hash of the parent's id, the split count and
+  // the color collided: split #1 with color 0 and split #2 with color 3145728, and after ~1700 splits with small
+  // colors; two communicators of one id share tags and could take each other's messages).
+  std::vector<int64_t> mine{color, key, static_cast<int64_t>(transport_->comm_id_floor())}, all(3 * size());
+  allgather(mine.data(), all.data(), 3, DType::i64).wait();
+  ++split_count_;
+  int64_t base = 1;
+  std::set<int64_t> colors;
+  for (int r = 0; r < size(); ++r) {
+    base = std::max(base, all[3 * r + 2]);
+    if (all[3 * r] >= 0) colors.insert(all[3 * r]);
+  }
+  const int64_t last = base + static_cast<int64_t>(colors.size()) - 1;
+  if (last >= static_cast<int64_t>(kHostGroupIds))
+    throw Error(fmt::format("split: out of communicator ids ({} are in use on this transport; at most {})", base,
+                            kHostGroupIds - 1));
+  transport_->raise_comm_id_floor(static_cast<uint32_t>(std::max(last, base)));
   if (color < 0) return nullptr;
+  const int64_t new_id = base + std::distance(colors.begin(), colors.find(color));
   std::vector<std::pair<std::pair<int64_t, int>, int>> sel;
   for (int r = 0; r < size(); ++r)
-    if (all[2 * r] == color) sel.push_back({{all[2 * r + 1], r}, members_[r]});
+    if (all[3 * r] == color) sel.push_back({{all[3 * r + 1], r}, members_[r]});
   std::sort(sel.begin(), sel.end());
   std::vector<int> members;
   for (auto& s : sel) members.push_back(s.second);
   CommConfig cfg;
   cfg.timeout_s = timeout_s_;
   cfg.debug_collectives = debug_;
-  return create(transport_, members, mix_id(id_, salt, static_cast<uint32_t>(color)), cfg, tuner_);
+  return create(transport_, members, static_cast<uint32_t>(new_id), cfg, tuner_);
 }
 
 // -------------------------------------------------------------------------------------------- execution engine

@@ -142,6 +142,14 @@ std::vector<ForceRule> Tuner::parse_rules(CollOp op, const std::string& spec, co
     rules.push_back(r);
   }
   if (rules.empty()) throw ConfigError(fmt::format("{}: no algorithm given", what));
+  // The first rule that covers a size wins: an overlap would leave part of a later rule dead without a word.
+  for (size_t i = 0; i < rules.size(); ++i)
+    for (size_t j = i + 1; j < rules.size(); ++j)
+      if (rules[i].lo < rules[j].hi && rules[j].lo < rules[i].hi)
+        throw ConfigError(
+            fmt::format("{}: the ranges of '{}' and '{}' overlap; allowed: disjoint ranges, e.g. "
+                        "tree:0-64K,ring:64K-",
+                        what, rules[i].algorithm, rules[j].algorithm));
   return rules;
 }
 

@@ -1,10 +1,11 @@
 #include "core/env.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 #include "core/error.h"
 
@@ -60,9 +61,14 @@ uint64_t parse_bytes(std::string_view text, std::string_view what) {
                                    what, text));
   };
   if (t.empty()) throw bad();
+  // Decimal digits with an optional fraction (strtod alone also took 0x10, 1e3, inf).
+  size_t digits = 0;
+  while (digits < t.size() && (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.')) ++digits;
+  if (digits == 0 || std::count(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(digits), '.') > 1 || t[0] == '.')
+    throw bad();
   char* end = nullptr;
   double v = std::strtod(t.c_str(), &end);
-  if (end == t.c_str() || !(v >= 0) || !std::isfinite(v)) throw bad();
+  if (end != t.c_str() + digits || !(v >= 0) || !std::isfinite(v)) throw bad();
   std::string suffix;
   for (const char* p = end; *p; ++p) suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
   double mult = 1;
@@ -73,7 +79,10 @@ uint64_t parse_bytes(std::string_view text, std::string_view what) {
   else throw bad();
   double bytes = v * mult;
   if (bytes > 1.0e18) throw bad();
-  return static_cast<uint64_t>(std::llround(bytes));
+  if (bytes != std::floor(bytes))
+    throw ConfigError(fmt::format("{} '{}' is {} bytes, not a whole number; allowed: whole bytes, e.g. 4096, 64K, 1.5M",
+                                  what, text, bytes));
+  return static_cast<uint64_t>(bytes);
 }
 
 std::string format_bytes(double bytes) {

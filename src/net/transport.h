@@ -113,6 +113,15 @@ class Transport {
   // waiters that sleep in another transport's progressor.
   void set_activity_target(Progressor* p) { activity_target_.store(p, std::memory_order_release); }
 
+  // Communicator ids (the middle 24 bits of a tag) this process has handed out on this transport lie below this
+  // floor; a split takes the largest floor of its members, so its ids are new to every one of them.
+  uint32_t comm_id_floor() const { return comm_id_floor_.load(std::memory_order_acquire); }
+  void raise_comm_id_floor(uint32_t above) {
+    uint32_t cur = comm_id_floor_.load(std::memory_order_acquire);
+    while (cur <= above && !comm_id_floor_.compare_exchange_weak(cur, above + 1, std::memory_order_acq_rel)) {
+    }
+  }
+
  protected:
   void set_aborted(const std::string& reason);
   int rank_ = 0;
@@ -122,6 +131,7 @@ class Transport {
   mutable std::mutex abort_mu_;
   std::string aborted_;
   std::atomic<bool> aborted_flag_{false};  // aborted_ is set
+  std::atomic<uint32_t> comm_id_floor_{1};  // 0 is the world communicator
 };
 
 using TransportPtr = std::shared_ptr<Transport>;

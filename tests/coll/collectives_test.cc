@@ -158,6 +158,36 @@ TEST(Communicator, SplitFormsGroupsOrderedByKey) {
   EXPECT_EQ(total(wrong), 0u);
 }
 
+// Communicators from splits never share an id with one their members already use (ids came from a hash of the
+// parent's id, the split count and the color: split #1 of color 0 and split #2 of color 3145728 collided, as did
+// small colors after ~1700 splits), so their tags stay apart and concurrent operations on them cannot swap messages.
+TEST(Communicator, SplitsGetIdsNoMemberUses) {
+  auto wrong = on_ranks(4, [&](Communicator& c) {
+    std::set<uint32_t> seen{c.id()};
+    size_t w = 0;
+    std::vector<CommPtr> keep;
+    for (int i = 0; i < 40; ++i) {
+      // Colors that collided before, and a nested split of a split.
+      const int color = i % 3 == 0 ? 0 : i % 3 == 1 ? 3145728 : c.rank() % 2;
+      auto sub = c.split(color, c.rank());
+      if (!seen.insert(sub->id()).second) ++w;
+      if (i % 10 == 0) {
+        auto nested = sub->split(0, sub->rank());
+        if (!seen.insert(nested->id()).second) ++w;
+        keep.push_back(nested);
+      }
+      keep.push_back(sub);
+    }
+    // The two halves of a split by parity got different ids, and every communicator still works.
+    auto a = c.split(c.rank() % 2, 0), b = c.split(0, 0);
+    if (a->id() == b->id()) ++w;
+    w += run_and_verify(*a, {"allreduce", "ring", DType::f32, ReduceOp::sum, 100, 0, 0});
+    w += run_and_verify(*b, {"allreduce", "ring", DType::f32, ReduceOp::sum, 100, 0, 0});
+    return w;
+  });
+  EXPECT_EQ(total(wrong), 0u);
+}
+
 TEST(Communicator, MissingRankTimesOutNamingOpSequenceAndSilentRank) {
   CommConfig cfg;
   cfg.timeout_s = 0.5;

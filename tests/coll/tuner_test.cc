@@ -45,6 +45,13 @@ TEST(Tuner, ForcingRulesBySizeRange) {
   EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "warp", "X"), ConfigError);
   EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "ring:5M-1M", "X"), ConfigError);
   EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "ring:abc", "X"), ConfigError);
+  // Overlapping ranges left part of a later rule dead; sizes that are not whole bytes, or hex and exponent
+  // spellings, were read as something else (0.4-0.6 became [0, 1), 0x10-1e3 16 to 1000).
+  EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "tree:0-1M,ring:0-", "X"), ConfigError);
+  EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "ring,tree", "X"), ConfigError);
+  EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "ring:0.4-0.6", "X"), ConfigError);
+  EXPECT_THROW(Tuner::parse_rules(CollOp::allreduce, "ring:0x10-1e3", "X"), ConfigError);
+  EXPECT_NO_THROW(Tuner::parse_rules(CollOp::allreduce, "tree:0-1.5K,ring:1.5K-", "X"));
 }
 
 // choose() remembers its last answer per operation; any change of rules or model, and another tuner, is seen.

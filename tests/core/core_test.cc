@@ -140,7 +140,7 @@ TEST(Env, ParseBytesAcceptsSuffixesAndRejectsGarbage) {
   EXPECT_EQ(parse_bytes("4M", "x"), 4u << 20);
   EXPECT_EQ(parse_bytes("1.5G", "x"), 3ull << 29);
   EXPECT_EQ(parse_bytes("2MiB", "x"), 2u << 20);
-  for (const char* bad : {"", "-1", "4X", "abc", "1e30"}) {
+  for (const char* bad : {"", "-1", "4X", "abc", "1e30", "0x10", "1e3", "inf", ".5K", "1.2.3", "0.4", "0.1K"}) {
     try {
       parse_bytes(bad, "--max-bytes");
       FAIL() << bad;
