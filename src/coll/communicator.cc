@@ -722,6 +722,11 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
   size_t st = std::accumulate(sb.begin(), sb.end(), size_t{0}), rt = std::accumulate(rb.begin(), rb.end(), size_t{0});
   check_buffer(in, st / esz, dt, "alltoallv input");
   check_buffer(out, rt / esz, dt, "alltoallv output");
+  // Receives land in out while sends still read in: overlapping buffers would be overwritten before they are sent.
+  const auto* ib = static_cast<const char*>(in);
+  const auto* ob = static_cast<const char*>(out);
+  if (st > 0 && rt > 0 && ib < ob + rt && ob < ib + st)
+    throw InvalidArgument("alltoall: the input and output buffers overlap; allowed: separate buffers");
   Signature sig{kSigAlltoallv, static_cast<uint32_t>(dt), 0, -1, 0};
   return submit("alltoall", sig, o, [=](Ctx& c) {
     pairwise_alltoallv(c, static_cast<const char*>(in), sb, static_cast<char*>(out), rb);

@@ -319,6 +319,8 @@ TEST(Communicator, BadArgumentsAreRejectedWithClearErrors) {
   EXPECT_THROW(two[0]->allgatherv(b.data(), b.data(), {size_t(1) << 60, size_t(1) << 60}, DType::f32),
                InvalidArgument);  // each fits, the sum does not
   EXPECT_THROW(two[0]->gather(b.data(), b.data(), size_t(1) << 60, DType::f32, 0), InvalidArgument);
+  // alltoall in place: its receives would overwrite what it has not sent yet.
+  EXPECT_THROW(two[0]->alltoall(b.data(), b.data(), 1, DType::f32), InvalidArgument);
 }
 
 }  // namespace
