@@ -34,10 +34,13 @@ inline constexpr int kExecFailedCode = 127;
 // Runs the workers to completion. Returns 0 when all exit 0; the exit code of the first worker that failed
 // (128 + signal when it was killed by one); 128 + signal when the launcher itself got SIGINT/SIGTERM; 127 when the
 // program cannot be executed. Problems with the spec itself (bad n, port, empty command) throw ConfigError.
-// Installs SIGINT/SIGTERM/SIGCHLD/SIGPIPE handlers for its duration and restores the previous ones; not reentrant.
+// Installs SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGCHLD handlers for its duration (keeping SIGINT, SIGHUP and SIGQUIT
+// ignored when they were ignored at start, in the workers too), ignores SIGPIPE, and restores the previous ones;
+// not reentrant.
 int run_local_workers(const LaunchSpec& spec);
-// The signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) that stopped the last run_local_workers, 0 when none did: the
-// command then ends by that signal itself, so that a shell loop running it stops as it would for any program.
+// The signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) that stopped the last run_local_workers, 0 when none did: `conduit`
+// then ends by that signal itself (except SIGQUIT, which would dump core: exit code 131), so that a shell loop
+// running it stops as it would for any program.
 int launcher_stop_signal();
 
 // A TCP port that was free on `addr` a moment ago (bind to port 0, read it back, close).

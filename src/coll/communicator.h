@@ -117,7 +117,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const net::Bootstrap* bootstrap() const { return bootstrap_.get(); }
 
   // Collective over this communicator: ranks with the same color form a new communicator, ordered by (key, rank).
-  // A negative color returns nullptr (the rank joins none).
+  // A negative color returns nullptr (the rank joins none). The new communicator's id is one no member uses yet;
+  // splits of communicators that share ranks must not run at the same time (they would draw the same id).
   CommPtr split(int color, int key);
 
   Work allreduce(void* buf, size_t count, DType dtype, ReduceOp op, const CollOptions& o = {});

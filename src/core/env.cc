@@ -56,9 +56,10 @@ bool env_flag(const char* name) {
 uint64_t parse_bytes(std::string_view text, std::string_view what) {
   std::string t = trim(text);
   auto bad = [&]() {
-    return ConfigError(fmt::format("{} '{}' is not a size: expected a non-negative number with an optional K, M or G "
-                                   "suffix (powers of 1024), e.g. 4096, 64K, 4M, 1G",
-                                   what, text));
+    return ConfigError(
+        fmt::format("{} '{}' is not a size: expected a non-negative number with an optional K, M, G or "
+                    "T suffix (powers of 1024), e.g. 4096, 64K, 4M, 1G",
+                    what, text));
   };
   if (t.empty()) throw bad();
   // Decimal digits with an optional fraction (strtod alone also took 0x10, 1e3, inf).
@@ -76,6 +77,8 @@ uint64_t parse_bytes(std::string_view text, std::string_view what) {
   else if (suffix == "K" || suffix == "KB" || suffix == "KIB") mult = 1024.0;
   else if (suffix == "M" || suffix == "MB" || suffix == "MIB") mult = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "GB" || suffix == "GIB") mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "T" || suffix == "TB" || suffix == "TIB")
+    mult = 1024.0 * 1024 * 1024 * 1024;
   else throw bad();
   double bytes = v * mult;
   if (bytes > 1.0e18) throw bad();

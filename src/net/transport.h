@@ -113,8 +113,10 @@ class Transport {
   // waiters that sleep in another transport's progressor.
   void set_activity_target(Progressor* p) { activity_target_.store(p, std::memory_order_release); }
 
-  // Communicator ids (the middle 24 bits of a tag) this process has handed out on this transport lie below this
-  // floor; a split takes the largest floor of its members, so its ids are new to every one of them.
+  // Communicator ids (the middle 24 bits of a tag) that splits handed out on this transport, and ids below 0x800000
+  // that callers gave Communicator::create, lie below this floor; a split takes the largest floor of its members, so
+  // its ids are new to every one of them. (Two splits running at once on communicators that share ranks read the
+  // same floor: split such communicators one after another, as collectives on them must be ordered anyway.)
   uint32_t comm_id_floor() const { return comm_id_floor_.load(std::memory_order_acquire); }
   void raise_comm_id_floor(uint32_t above) {
     uint32_t cur = comm_id_floor_.load(std::memory_order_acquire);

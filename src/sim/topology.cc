@@ -33,6 +33,10 @@ Topology::Topology(const ClusterSpec& spec, long long gpus) : spec_(spec), gpus_
   if (spec_.node_kinds.empty()) throw ConfigError("cluster: no node kinds");
   gpn_ = spec_.node_kinds.front().gpus;
   if (gpus < 1) throw ConfigError(fmt::format("--gpus = {} must be at least 1", gpus));
+  if (spec_.network.topology == TopologyKind::kTorus &&
+      (spec_.network.torus_dims.empty() || spec_.network.torus_dims.size() > 3))
+    throw ConfigError(fmt::format("cluster '{}': a torus has 1 to 3 dimensions (torus_dims), not {}", spec_.name,
+                                  spec_.network.torus_dims.size()));
   if (gpus % gpn_ != 0)
     throw ConfigError(fmt::format("--gpus = {} must be a multiple of the {} accelerators per node of cluster '{}'",
                                   gpus, gpn_, spec_.name));

@@ -140,6 +140,8 @@ TEST(Env, ParseBytesAcceptsSuffixesAndRejectsGarbage) {
   EXPECT_EQ(parse_bytes("4M", "x"), 4u << 20);
   EXPECT_EQ(parse_bytes("1.5G", "x"), 3ull << 29);
   EXPECT_EQ(parse_bytes("2MiB", "x"), 2u << 20);
+  EXPECT_EQ(parse_bytes("1T", "x"), 1ull << 40);  // CONDUIT_MAX_MESSAGE_BYTES's documented top
+  EXPECT_EQ(parse_bytes("0.5K", "x"), 512u);
   for (const char* bad : {"", "-1", "4X", "abc", "1e30", "0x10", "1e3", "inf", ".5K", "1.2.3", "0.4", "0.1K"}) {
     try {
       parse_bytes(bad, "--max-bytes");

@@ -249,6 +249,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Agree{"torus", 128, 16, 8, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"torus", 128, 128, 1, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"torus", 128, 16, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce},
+                      // Patterns whose copies are routed as shifted transfers on a torus, beyond ring and HD.
+                      Agree{"torus", 128, 16, 8, Algorithm::kDoubleBinaryTree, Collective::kAllReduce},
+                      Agree{"torus", 128, 16, 8, Algorithm::kRecursiveDoubling, Collective::kAllReduce},
+                      Agree{"torus", 128, 16, 8, Algorithm::kBinomialTree, Collective::kBroadcast},
+                      Agree{"torus", 128, 8, 4, Algorithm::kDirect, Collective::kAllToAll},
                       // Groups whose multi-hop routes cross each other's links: symmetric mode counted only the
                       // links behind a group's own accelerators (2x too fast here; a pipeline shift 8x).
                       Agree{"ring8", 8, 4, 2, Algorithm::kRing, Collective::kAllReduce},
