@@ -201,7 +201,8 @@ void wait_all_or_give_up(Transport& t, const std::vector<RequestPtr>& reqs, cons
 }
 
 void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline) {
-  // The first failure (or the deadline) ends the wait; the caller aborts the transport, which fails the rest.
+  // The first failure (or the deadline) ends the wait; the caller then aborts the transport, which fails the rest,
+  // or gives them up (wait_all_or_give_up).
   for (const auto& r : reqs) r->wait(deadline);
 }
 

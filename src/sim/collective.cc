@@ -525,6 +525,31 @@ std::vector<std::vector<Step>> CollectiveModel::group_copies(Collective c, Algor
   return all;
 }
 
+CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, const Group& g,
+                                                   const std::vector<Step>& steps) {
+  CopySet cs;
+  const long long block = g.size * g.stride;
+  cs.route_all = topo_.spec().network.topology == TopologyKind::kTorus && block > 0 && topo_.gpus() % block == 0;
+  cs.shift = cs.route_all && shifts_exactly(a, steps);
+  if (cs.shift)
+    cs.offsets = copy_offsets(topo_, g);
+  else if (cs.route_all)
+    cs.patterns = group_copies(c, a, g, &steps);
+  return cs;
+}
+
+// Calls f(step, offset) for step si of every copy in cs: g's own step shifted by each copy's offset, each built
+// copy's step, or g's step alone.
+template <class F>
+static void for_each_copy(const CollectiveModel::CopySet& cs, const std::vector<Step>& steps, size_t si, F&& f) {
+  if (cs.shift)
+    for (long long off : cs.offsets) f(steps[si], off);
+  else if (cs.route_all)
+    for (const auto& pat : cs.patterns) f(pat[si], 0);
+  else
+    f(steps[si], 0);
+}
+
 CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, const Group& g) {
   CollectiveCost cost;
   cost.algorithm = a;
@@ -541,16 +566,8 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
   // also carries other groups' traffic routed through it (dimension-ordered multi-hop routes), which that count does
   // not see: every concurrent copy is routed and the loads summed (equal flows on a symmetric pattern finish
   // together, so the most loaded link gives the max-min fair makespan full-detail mode finds).
-  const long long block = g.size * g.stride;
-  const bool route_all =
-      topo_.spec().network.topology == TopologyKind::kTorus && block > 0 && topo_.gpus() % block == 0;
-  const bool shift = route_all && shifts_exactly(a, steps);
-  std::vector<std::vector<Step>> copies;
-  std::vector<long long> offsets;
-  if (shift)
-    offsets = copy_offsets(topo_, g);
-  else if (route_all)
-    copies = group_copies(c, a, g, &steps);
+  const CopySet cs = copy_set(c, a, g, steps);
+  const bool route_all = cs.route_all;
   std::vector<int> behind_touched, behind;
   if (!route_all)
     for (long long i = 0; i < g.size; ++i) {
@@ -576,12 +593,7 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
         }
       }
     };
-    if (shift)
-      for (long long off : offsets) load(s, off);
-    else if (route_all)
-      for (const auto& pat : copies) load(pat[si], 0);
-    else
-      load(s, 0);
+    for_each_copy(cs, steps, si, load);
     double coeff = 0;
     LinkKind worst = LinkKind::kGpuOut;
     for (int id : touched) {
@@ -660,16 +672,8 @@ std::vector<StepReport> CollectiveModel::explain_copy(Collective c, Algorithm a,
   std::vector<int> tmp;
   // As evaluate_symmetric: on a torus every concurrent copy is routed (other groups' multi-hop routes cross this
   // group's links), elsewhere the links' loads are scaled by the copies sharing them.
-  const long long block = g.size * g.stride;
-  const bool route_all =
-      topo_.spec().network.topology == TopologyKind::kTorus && block > 0 && topo_.gpus() % block == 0;
-  const bool shift = route_all && shifts_exactly(a, steps);
-  std::vector<std::vector<Step>> copies;
-  std::vector<long long> offsets;
-  if (shift)
-    offsets = copy_offsets(topo_, g);
-  else if (route_all)
-    copies = group_copies(c, a, g, &steps);
+  const CopySet cs = copy_set(c, a, g, steps);
+  const bool route_all = cs.route_all;
   if (!route_all)
     for (long long i = 0; i < g.size; ++i) {
       tmp.clear();
@@ -690,12 +694,7 @@ std::vector<StepReport> CollectiveModel::explain_copy(Collective c, Algorithm a,
         for (int id : path) load[id] += t.frac * n;
       }
     };
-    if (shift)
-      for (long long off : offsets) add(s, off);
-    else if (route_all)
-      for (const auto& pat : copies) add(pat[si], 0);
-    else
-      add(s, 0);
+    for_each_copy(cs, steps, si, add);
     StepReport r;
     r.phase = s.phase;
     r.repeat = s.repeat;

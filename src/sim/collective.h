@@ -122,6 +122,14 @@ class CollectiveModel {
 
   size_t cache_size() const { return cache_.size(); }
 
+  // The concurrent copies of g that symmetric mode routes: on a torus every copy (as offsets of g's own transfers
+  // when the pattern shifts exactly, else built), elsewhere g alone.
+  struct CopySet {
+    bool route_all = false, shift = false;
+    std::vector<std::vector<Step>> patterns;
+    std::vector<long long> offsets;
+  };
+
  private:
   CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g);
   std::vector<StepReport> explain_copy(Collective c, Algorithm a, const Group& g, double n);
@@ -129,6 +137,7 @@ class CollectiveModel {
   // kinds: those holding the first and the last accelerator of every run of nodes of one kind.
   std::set<long long> kind_boundary_copies(const Group& g) const;
   std::vector<std::vector<Step>> group_copies(Collective c, Algorithm a, const Group& g, const std::vector<Step>* have);
+  CopySet copy_set(Collective c, Algorithm a, const Group& g, const std::vector<Step>& steps);
   const Topology& topo_;
   std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> cache_;
   std::vector<double> load_;  // scratch, per link

@@ -384,9 +384,6 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
           fmt::format("config: resume: the checkpoint was written with sync {} {}, this run asks for "
                       "{}; allowed: the same scheme parameters",
                       spec.name, meta["sync_params"].dump(), scheme_params(spec).dump()));
-    // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
-    // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
-    // existed are not checked.)
     // The optimizer's saved state is its kind's (sgd's momentum buffers, adam's moments; adamw decays the weights
     // another way than adam), and the time to the target was judged against the checkpoint's target accuracy.
     const nlohmann::json same = {{"optimizer", c.optimizer}, {"target_accuracy", c.target_accuracy}};
@@ -397,6 +394,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
             meta[key].dump(), value.dump(), key,
             key == "optimizer" ? " (its saved state is that optimizer's)"
                                : " (the evaluations before the checkpoint were judged against it)"));
+    // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
+    // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
+    // existed are not checked.)
     const nlohmann::json now = {{"batch_size", c.batch_size},
                                 {"seed", c.seed},
                                 {"dataset", c.dataset},
