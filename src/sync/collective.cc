@@ -1,7 +1,7 @@
 // Schemes built on allreduce: bsp, local (post-local, adaptive), diloco, easgd.
 //
 // Bytes per rank and round (d parameters, n ranks, ring-equivalent volume): one allreduce of 4d bytes sends
-// 2(n-1)/n * 4d bytes. bsp: every step. local: every `period` steps (+ 8 bytes for the adaptive divergence).
+// 2(n-1)/n * 4d bytes. bsp: every step. local: every `period` steps (+ 4 bytes for the adaptive divergence).
 // diloco: every `period` steps. easgd: every `period` steps.
 #include <fmt/format.h>
 
@@ -47,9 +47,11 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
   double own = 0;
   for (float v : params) own += double(v) * v;
   float sq = static_cast<float>(own);
-  if (comm_->size() > 1) comm_->allreduce(&sq, 1, DType::f32, ReduceOp::sum, detail::blocking_opts()).wait();
-  stats_.bytes_sent += 4;
-  stats_.payload_bytes += 4;
+  if (comm_->size() > 1) {
+    comm_->allreduce(&sq, 1, DType::f32, ReduceOp::sum, detail::blocking_opts()).wait();
+    stats_.bytes_sent += 4;
+    stats_.payload_bytes += 4;
+  }
   allreduce_avg(*comm_, params, stats_);
   double mean = 0;
   for (float v : params) mean += double(v) * v;

@@ -4,7 +4,7 @@
 // ranks are servers only (they call serve()), the first n-S are workers; colocate=1: every rank is a worker and
 // shard s lives on rank s mod n, served by background threads (one per worker and shard).
 //
-// Per step a worker pushes its gradient shard to each server (24-byte header + 4*d/S bytes, or the compressor's
+// Per step a worker pushes its gradient shard to each server (32-byte header + 4*d/S bytes, or the compressor's
 // wire size) and pulls the shard back (16-byte header + 4*d/S bytes, or with a pull compressor the compressed
 // difference between the server's parameters and the copy it knows the worker holds). The server owns the
 // optimizer (SGD with momentum and weight decay). asp/ssp apply each gradient on arrival scaled by 1/W (a round of
@@ -485,7 +485,12 @@ class PsStrategy : public Strategy {
     if (cfg_.colocate && comm_->size() > 1) {
       std::vector<float> full(d_, 0.f);
       for (auto& [s, sh] : shards_) sh->copy_params(full.data() + shard_range(d_, s, cfg_.servers).first);
+      // Its volume is counted once, as sent: the trainer adds a parameter server worker's receives (its pulls) to
+      // the bytes on the wire, and counted in bytes_received too it was there twice. It is no push: not a payload.
+      const uint64_t received = stats_.bytes_received, payload = stats_.payload_bytes;
       detail::allreduce_f32(*comm_, full, ReduceOp::sum, stats_);
+      stats_.bytes_received = received;
+      stats_.payload_bytes = payload;
       std::copy(full.begin(), full.end(), params.begin());
     }
   }
@@ -641,6 +646,9 @@ class PsStrategy : public Strategy {
       }
       hs[s] = {kind, payloads[s].size(), kind == kPush ? clock_ : 0,  // = the push state's step after compress
                kind == kPush ? lr_scale_ : 1.0};
+      // Every push is a payload, its own rank's shard's too (it does not cross the wire, but leaving it out made an
+      // uncompressed exchange's compression_ratio W/(W-1)); the stop message is none.
+      if (kind == kPush) stats_.payload_bytes += sizeof(Header) + payloads[s].size();
       if (host_of(s) == me) continue;
       int h = host_of(s);
       sends.push_back(isend(*comm_, h, shard_tag(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
@@ -649,7 +657,6 @@ class PsStrategy : public Strategy {
       if (kind != kStop)
         rrecv.push_back(irecv(*comm_, h, shard_tag(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
       stats_.bytes_sent += sizeof(Header) + payloads[s].size();
-      stats_.payload_bytes += sizeof(Header) + payloads[s].size();
     }
     // Local shards (co-located) are served on this thread, after the remote pushes left.
     for (int64_t s = 0; s < S; ++s) {

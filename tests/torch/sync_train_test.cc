@@ -56,6 +56,24 @@ TEST(TrainSync, LocalSgdWithPeriodOneEqualsBsp) {
   EXPECT_NEAR(double(c[0].payload_bytes), 3 * per, 64);  // three averages' payloads: compression ratio 10/3
 }
 
+// Co-located servers' byte counts: a worker receives its pulls only (the final allreduce of the shards was counted
+// as received too, and the trainer adds a parameter server worker's receives to the bytes on the wire: 7.7% over),
+// and an uncompressed push is a payload of the gradient's size plus its header, its own shard's too (the ratio
+// read W/(W-1) with nothing compressed).
+TEST(TrainSync, ColocatedServersCountTheirBytesOnce) {
+  TrainConfig c = tiny_sync("ps-asp:colocate=1");
+  c.max_steps = 10;
+  auto r = train_inproc(c, 2);
+  const uint64_t d4 = r[1].grad_bytes / 10;  // 4d bytes a step
+  // Rank 1 pulls the shard on rank 0 every step, the same bytes each time: ten pulls and nothing else (the final
+  // allreduce added 2(W-1)/W 4d = 4d to them).
+  EXPECT_EQ(r[1].bytes_recv % 10, 0u) << r[1].bytes_recv;
+  EXPECT_LT(r[1].bytes_recv, 10 * (16 + d4)) << r[1].bytes_recv;
+  EXPECT_GT(r[1].bytes_recv, 10 * (16 + d4 / 3)) << r[1].bytes_recv;
+  for (int k = 0; k < 2; ++k)
+    EXPECT_NEAR(double(r[k].grad_bytes) / double(r[k].payload_bytes), 1.0, 0.001) << "rank " << k;
+}
+
 TEST(TrainSync, ParameterServersInBspModeEqualBsp) {
   // The servers own SGD with momentum: the same update as the workers' torch::optim::SGD on averaged gradients.
   TrainConfig bsp = tiny_sync("bsp");
