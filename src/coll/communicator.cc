@@ -242,7 +242,6 @@ CommPtr Communicator::split(int color, int key) {
   // colors; two communicators of one id share tags and could take each other's messages).
   std::vector<int64_t> mine{color, key, static_cast<int64_t>(transport_->comm_id_floor())}, all(3 * size());
   allgather(mine.data(), all.data(), 3, DType::i64).wait();
-  ++split_count_;
   int64_t base = 1;
   std::set<int64_t> colors;
   for (int r = 0; r < size(); ++r) {
@@ -253,7 +252,7 @@ CommPtr Communicator::split(int color, int key) {
   if (last >= static_cast<int64_t>(kHostGroupIds))
     throw Error(fmt::format("split: out of communicator ids ({} are in use on this transport; at most {})", base,
                             kHostGroupIds - 1));
-  transport_->raise_comm_id_floor(static_cast<uint32_t>(std::max(last, base)));
+  if (!colors.empty()) transport_->raise_comm_id_floor(static_cast<uint32_t>(last));
   if (color < 0) return nullptr;
   const int64_t new_id = base + std::distance(colors.begin(), colors.find(color));
   std::vector<std::pair<std::pair<int64_t, int>, int>> sel;

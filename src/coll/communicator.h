@@ -204,7 +204,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Tuner> tuner_;
   std::shared_ptr<net::Bootstrap> bootstrap_;
   uint64_t seq_ = 0;
-  uint32_t split_count_ = 0;
   std::unique_ptr<HostGroups> groups_;
 
   std::mutex qmu_;

@@ -36,28 +36,22 @@ class InprocWorld {
   std::string aborted;
   std::vector<Transport*> members;
 
-  // Moves a matched pair's data; called under the mailbox's lock, so that a cancel (which takes it) either finds
-  // the operation still queued or finds its data moved. Returns the failure, if any, for finish().
-  static std::exception_ptr move_data(const InprocOp& send, const InprocOp& recv) {
+  // Moves a matched pair's data and completes both requests; called under the mailbox's lock, so that a cancel
+  // (which takes it) finds the operation either still queued or done (completion only sets the requests' state and
+  // wakes their waiters).
+  static void deliver(const InprocOp& send, const InprocOp& recv) {
     if (send.bytes != recv.bytes) {
-      return std::make_exception_ptr(ProtocolError(
+      auto err = std::make_exception_ptr(ProtocolError(
           fmt::format("message size mismatch on tag {:#x}: rank {} sent {} bytes, rank {} expected {} bytes",
                       send.req->tag(), recv.req->peer(), send.bytes, send.req->peer(), recv.bytes)));
+      send.req->fail(err);
+      recv.req->fail(err);
+      return;
     }
     if (recv.reduce) {
       reduce_into(recv.dst, send.src, recv.count, recv.dtype, recv.op);
     } else if (send.bytes > 0) {
       std::memcpy(recv.dst, send.src, send.bytes);
-    }
-    return nullptr;
-  }
-  // Completes (or fails) both requests, still under the lock, so that a cancel never finds one moved but pending
-  // (completion only sets the requests' state and wakes their waiters).
-  static void finish(const InprocOp& send, const InprocOp& recv, const std::exception_ptr& err) {
-    if (err) {
-      send.req->fail(err);
-      recv.req->fail(err);
-      return;
     }
     recv.req->complete();
     send.req->complete();
@@ -167,9 +161,7 @@ class InprocTransport : public Transport {
       InprocOp match = std::move(it->second.front());
       it->second.pop_front();
       if (it->second.empty()) other.erase(it);
-      const InprocOp& send = is_send ? op : match;
-      const InprocOp& recv = is_send ? match : op;
-      InprocWorld::finish(send, recv, InprocWorld::move_data(send, recv));
+      InprocWorld::deliver(is_send ? op : match, is_send ? match : op);
     } else {
       (is_send ? box.sends : box.recvs)[key].push_back(op);
     }
