@@ -601,6 +601,7 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
       return std::string("shm-fast");
     }
     std::string algo = pick(*this, CollOp::allreduce, forced, count * dtype_size(dt));
+    if (algo == "hier" && num_hosts() <= 1) algo = "ring";  // what runs (and is reported) on one host
     run_allreduce(c.deadline(), buf, count, dt, op, algo);
     if (op == ReduceOp::avg) finalize_avg(buf, count, dt, size());
     return algo;

@@ -158,6 +158,28 @@ TEST(Communicator, SplitFormsGroupsOrderedByKey) {
   EXPECT_EQ(total(wrong), 0u);
 }
 
+// A forced hierarchical allreduce on one host runs the ring (there is no inter-host level) and says so: the
+// algorithm a call reports is the one that moved its data (it reported "hier").
+TEST(Communicator, ForcedHierOnOneHostReportsTheRingItRan) {
+  auto wrong = on_ranks(
+      4,
+      [&](Communicator& c) {
+        std::vector<float> v(100, 1.0f);
+        CollOptions o;
+        o.algorithm = "hier";
+        Work w = c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum, o);
+        w.wait();
+        size_t bad = v[0] == 4.0f ? 0 : 1;
+        if (c.num_hosts() != 1 || w.algorithm() != "ring") {
+          ADD_FAILURE() << "hosts " << c.num_hosts() << " algorithm " << w.algorithm();
+          ++bad;
+        }
+        return bad;
+      },
+      4);
+  EXPECT_EQ(total(wrong), 0u);
+}
+
 // Communicators from splits never share an id with one their members already use (ids came from a hash of the
 // parent's id, the split count and the color: split #1 of color 0 and split #2 of color 3145728 collided, as did
 // small colors after ~1700 splits), so their tags stay apart and concurrent operations on them cannot swap messages.
