@@ -3,13 +3,17 @@
 // 0.5 h_r |x - a_r|^2 with a_r[i] = sin(1 + r + 0.37 i), so replicas drift apart between synchronizations.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "coll/communicator.h"
+#include "core/error.h"
 #include "sync/strategy.h"
 
 namespace conduit::sync::harness {
@@ -56,11 +60,37 @@ inline std::vector<float> initial(int rank, size_t d) {
   return x;
 }
 
+// Lockstep for the worker threads of asynchronous schemes: each step starts only when every worker has reached it,
+// so how far the replicas drift no longer depends on how the OS schedules the threads (under load one worker could
+// run its last steps alone, pulled toward its own target). Gives up after 30 s (a worker that failed never comes).
+class Pacer {
+ public:
+  explicit Pacer(int workers) : n_(workers) {}
+  void arrive() {
+    std::unique_lock<std::mutex> lk(mu_);
+    const uint64_t gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lk, std::chrono::seconds(30), [&] { return gen_ != gen; }))
+      throw Error("harness: a worker did not reach the step within 30 s");
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0;
+  uint64_t gen_ = 0;
+};
+
 // Trains with plain SGD (lr) for `steps` steps; returns this rank's final parameters (empty on server ranks).
 // `slow`: extra sleep per step on this rank.
 inline std::vector<float> train(int rank, coll::CommPtr comm, const std::string& name, const Params& p, int steps,
                                 size_t d = 40, float lr = 0.1f, double slow_ms = 0, Strategy** out = nullptr,
-                                std::function<void(Strategy&)> after = nullptr) {
+                                std::function<void(Strategy&)> after = nullptr, Pacer* pace = nullptr) {
   auto s = make_strategy(name, p, comm);
   if (out) *out = s.get();
   if (!s->is_worker()) {
@@ -73,6 +103,7 @@ inline std::vector<float> train(int rank, coll::CommPtr comm, const std::string&
   std::vector<float> g(d);
   s->setup(x);
   for (int t = 0; t < steps; ++t) {
+    if (pace) pace->arrive();
     if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms));
     for (size_t i = 0; i < d; ++i) g[i] = curvature(w) * (x[i] - target(w, i));
     if (s->before_step(t, x, g))
