@@ -14,13 +14,14 @@ double kv_cache_bytes(const GptModel& m, int tp, int pp, long long tokens, long 
          static_cast<double>(tokens) * static_cast<double>(batch) * 2.0;
 }
 
-InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m0, const InferenceConfig& c) {
-  m0.validate();
+InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, const InferenceConfig& c) {
+  given.validate();
   const Topology& topo = net.topology();
   const long long gpus = topo.gpus();
   if (c.tp < 1 || c.pp < 1) throw ConfigError(fmt::format("--tp = {} and --pp = {} must be at least 1", c.tp, c.pp));
   if (gpus % (static_cast<long long>(c.tp) * c.pp) != 0)
     throw ConfigError(fmt::format("--tp ({}) x --pp ({}) must divide --gpus ({})", c.tp, c.pp, gpus));
+  const GptModel m0 = vocab_padded(given, c.tp);  // as simulate_step: the output layer split evenly
   if (m0.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m0.heads));
   if (m0.layers % c.pp != 0) throw ConfigError(fmt::format("--pp = {} must divide --layers = {}", c.pp, m0.layers));
   if (c.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", c.batch));

@@ -86,9 +86,17 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   continue;
                 }
                 std::vector<std::pair<Schedule, int>> scheds;
-                if (p == 1)
-                  scheds.push_back({Schedule::k1F1B, 1});
-                else
+                if (p == 1) {
+                  // One stage: GPipe and 1F1B are the same plan (labelled as the options give it); interleaving
+                  // needs two stages, so a search fixed to it has none here.
+                  auto it = std::find_if(space.schedules.begin(), space.schedules.end(),
+                                         [](Schedule s) { return s != Schedule::kInterleaved; });
+                  if (it == space.schedules.end()) {
+                    skip("--schedule interleaved needs pp >= 2");
+                    continue;
+                  }
+                  scheds.push_back({*it, 1});
+                } else
                   for (Schedule s : space.schedules) {
                     if (s == Schedule::kInterleaved)
                       for (int v : space.virtual_stages) scheds.push_back({s, v});

@@ -63,7 +63,6 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
   if (c.dp != 0 && c.dp != dp)
     throw ConfigError(fmt::format("--dp ({}) x --tp ({}) x --pp ({}) must equal --gpus ({})", c.dp, c.tp, c.pp, gpus));
   if (m.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m.heads));
-  if (m.vocab % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --vocab = {}", c.tp, m.vocab));
   if (c.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", c.micro_batch));
   if (c.global_batch < 1) throw ConfigError(fmt::format("--global-batch = {} must be at least 1", c.global_batch));
   if (c.global_batch % (static_cast<long long>(c.micro_batch) * dp) != 0)
@@ -81,9 +80,9 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
   } else if (c.virtual_stages != 1) {
     throw ConfigError("--virtual-stages > 1 needs --schedule interleaved");
   }
-  if (m.layers % (c.pp * v) != 0)
-    throw ConfigError(
-        fmt::format("--layers ({}) must be a multiple of --pp x virtual stages ({})", m.layers, c.pp * v));
+  const long long stages = static_cast<long long>(c.pp) * v;  // (an int product overflowed: a crash, or 8 / 3)
+  if (m.layers % stages != 0)
+    throw ConfigError(fmt::format("--layers ({}) must be a multiple of --pp x virtual stages ({})", m.layers, stages));
   if (c.zero < 0 || c.zero > 3) throw ConfigError(fmt::format("--zero = {} (allowed: 0, 1, 2, 3)", c.zero));
   if (c.zero >= 2 && c.pp > 1)
     throw ConfigError("--zero 2 and 3 with --pp > 1 are not modelled (DeepSpeed does not combine them either)");
@@ -209,11 +208,17 @@ const ModelStepSample* find_model_step(const Accelerator& acc, const LayerModel&
 
 }  // namespace
 
-StepResult simulate_step(CollectiveModel& net, const GptModel& m, const ParallelConfig& cfg) {
+StepResult simulate_step(CollectiveModel& net, const GptModel& given, const ParallelConfig& cfg) {
   const Topology& topo = net.topology();
   const long long gpus = topo.gpus();
-  validate_config(m, cfg, gpus);
+  validate_config(given, cfg, gpus);
+  const GptModel m = vocab_padded(given, cfg.tp);
   StepResult r;
+  if (m.vocab != given.vocab)
+    r.notes.push_back(
+        fmt::format("the vocabulary is padded from {} to {} entries so that the {} tensor-parallel "
+                    "ranks split it evenly",
+                    given.vocab, m.vocab, cfg.tp));
   r.config = cfg;
   r.gpus = gpus;
   // Collective time in the chosen mode: symmetric profiles, or every concurrent group simulated flow by flow.
@@ -349,7 +354,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& m, const Parallel
       const double logits_compute =
           std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) + std::max(0.0, mt.bwd_compute - lps * mt.layer_bwd);
       const double per_mb = lps * (2 * t_ag + t_rs) + 2 * te_ag + te_rs;
-      const double exposed_mb = t_ag + te_ag + std::max(0.0, te_ag + te_rs - logits_compute) +
+      // --no-overlap: no prefetch, every gather and reduce-scatter on the critical path.
+      const double exposed_mb =
+          !cfg.dp_overlap ? per_mb
+                          : t_ag + te_ag + std::max(0.0, te_ag + te_rs - logits_compute) +
                                 lps * (std::max(0.0, t_ag - mt.layer_fwd) + std::max(0.0, t_ag + t_rs - mt.layer_bwd));
       dp_total = mb * per_mb;
       r.breakdown.zero3_exposed = mb * exposed_mb;
@@ -538,8 +546,13 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   if (cfg.global_batch % (static_cast<long long>(cfg.micro_batch) * gpus) != 0)
     throw ConfigError(fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x --gpus ({})",
                                   cfg.global_batch, cfg.micro_batch, gpus));
+  if (cfg.dp != 0 && cfg.dp != gpus)
+    throw ConfigError(
+        fmt::format("--dp ({}) must equal --gpus ({}) for a layer-list model (data parallel only)", cfg.dp, gpus));
   if (cfg.zero < 0 || cfg.zero > 2)
     throw ConfigError(fmt::format("--zero = {} (allowed for layer models: 0, 1, 2)", cfg.zero));
+  if (cfg.sync.kind == "local-sgd" && cfg.zero > 0)
+    throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", cfg.grad_bytes));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
@@ -631,6 +644,13 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
     dp_exposed =
         bucketed_exposed(cfg.dp_overlap ? bwd : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total);
+    if (cfg.zero == 2 && mb > 1) {
+      // ZeRO-2 keeps only its shard of the gradients: every micro-batch's are reduce-scattered after its backward,
+      // an earlier one's behind the next micro-batch's forward and backward (as the GPT model, §5).
+      const double each = dp_total;
+      dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - (cfg.dp_overlap ? fwd + bwd : 0.0));
+      dp_total += static_cast<double>(mb - 1) * each;
+    }
     if (cfg.zero >= 1) {
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params * 2);
       double t_ag = (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, params * 2)

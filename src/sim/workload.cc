@@ -100,6 +100,12 @@ double gpt_layer_parameters(const GptModel& m) {
   return 4 * h * h + 4 * h + 2 * m.ffn_mult * h * h + m.ffn_mult * h + h + 4 * h;
 }
 
+GptModel vocab_padded(const GptModel& m, int tp) {
+  GptModel out = m;
+  if (tp > 1) out.vocab = (m.vocab + tp - 1) / tp * tp;
+  return out;
+}
+
 double gpt_parameters(const GptModel& m) {
   const double h = static_cast<double>(m.hidden);
   return m.layers * gpt_layer_parameters(m) + static_cast<double>(m.vocab + m.seq) * h;

@@ -44,6 +44,11 @@ struct GptModel {
 bool named_gpt(const std::string& name, GptModel& out);
 std::vector<std::string> named_gpt_names();
 
+// The model as `tp` tensor-parallel ranks hold it: the vocabulary padded up to a multiple of tp, so that the
+// embedding and the output layer split evenly (Megatron-LM pads to a multiple of 128·tp for its kernels too; the
+// least padding is modelled, which leaves every vocabulary that tp already divides as it is).
+GptModel vocab_padded(const GptModel& m, int tp);
+
 double gpt_parameters(const GptModel& m);
 double gpt_layer_parameters(const GptModel& m);  // 12h^2 + 13h
 

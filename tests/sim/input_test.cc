@@ -406,3 +406,108 @@ TEST(Inputs, CliGroupsPlanConstraintsAndPlotPaths) {
 
 }  // namespace
 }  // namespace conduit::sim
+
+namespace conduit::sim {
+namespace {
+
+// Found by a review of the work model: flags that crashed, were ignored, or that two commands read differently.
+TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
+  // --pp x --virtual-stages overflowed an int: a division by zero (SIGFPE) or 8 layers "split" over 3 stages.
+  Topology big(load_cluster("dgx-a100"), 24);
+  CollectiveModel bn(big);
+  GptModel m;
+  m.layers = 8;
+  m.hidden = 1024;
+  m.heads = 16;
+  m.seq = 1024;
+  m.vocab = 51200;
+  ParallelConfig c;
+  c.tp = 8;
+  c.pp = 3;
+  c.global_batch = 3;
+  c.schedule = Schedule::kInterleaved;
+  c.virtual_stages = 1431655766;
+  EXPECT_NE(error_of([&] { simulate_step(bn, m, c); }).find("--layers (8) must be a multiple of --pp x virtual stages"),
+            std::string::npos);
+  c.pp = 65536;
+  c.virtual_stages = 65536;
+  EXPECT_NE(error_of([&] { simulate_step(bn, m, c); }), "no error");
+
+  // A vocabulary tp does not divide is padded (as Megatron-LM pads it) by training and inference alike: gpt2-xl's
+  // 25 heads allow tp = 5 only, and training refused it while inference computed with 10060.8 rows per rank.
+  Topology t40(load_cluster("dgx-a100"), 40);
+  CollectiveModel n40(t40);
+  const GptModel xl = named_model("gpt2-xl");
+  ASSERT_NE(xl.vocab % 5, 0);
+  EXPECT_EQ(vocab_padded(xl, 5).vocab, (xl.vocab + 4) / 5 * 5);
+  EXPECT_EQ(vocab_padded(xl, 1).vocab, xl.vocab);
+  ParallelConfig x;
+  x.tp = 5;
+  x.global_batch = 8;
+  StepResult r = simulate_step(n40, xl, x);
+  bool noted = false;
+  for (const auto& n : r.notes) noted |= n.find("vocabulary is padded from 50304 to 50305") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // The padded row is real work: one more output row than the unpadded vocabulary would give.
+  GptModel same = vocab_padded(xl, 5);
+  ParallelConfig y = x;
+  EXPECT_DOUBLE_EQ(simulate_step(n40, same, y).model_flops, r.model_flops);
+  InferenceConfig ic;
+  ic.tp = 5;
+  ic.prompt = 128;
+  ic.generate = 16;
+  EXPECT_EQ(error_of([&] { simulate_inference(n40, xl, ic); }), "no error");
+
+  // Layer-list models: --dp other than --gpus, and ZeRO under local SGD, are refused as for GPT models (--dp was
+  // ignored; the ZeRO allgather was divided by the period).
+  Topology t8(load_cluster("dgx-a100"), 8);
+  CollectiveModel n8(t8);
+  const LayerModel lm = parse_layer_model("dense:784x256,dense:256x10");
+  ParallelConfig l;
+  l.global_batch = 64;
+  l.dp = 3;
+  EXPECT_NE(error_of([&] { simulate_layer_step(n8, lm, l); }).find("--dp (3) must equal --gpus (8)"),
+            std::string::npos);
+  l.dp = 0;
+  l.zero = 1;
+  l.sync = parse_sync("local-sgd:4");
+  EXPECT_NE(error_of([&] { simulate_layer_step(n8, lm, l); }).find("--sync local-sgd needs full model replicas"),
+            std::string::npos);
+  // ZeRO-2 keeps a gradient shard only: every micro-batch reduce-scatters (ZeRO-1 once an iteration).
+  ParallelConfig z;
+  z.global_batch = 8 * 4;  // 4 micro-batches of 1
+  z.zero = 1;
+  const StepResult z1 = simulate_layer_step(n8, lm, z);
+  z.zero = 2;
+  const StepResult z2 = simulate_layer_step(n8, lm, z);
+  EXPECT_GT(z2.breakdown.dp_comm, z1.breakdown.dp_comm * 2);
+}
+
+// --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
+TEST(Inputs, NoOverlapExposesZero3) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  ParallelConfig c;
+  c.global_batch = 64;
+  c.zero = 3;
+  const StepResult a = simulate_step(net, named_model("gpt-1.7b"), c);
+  c.dp_overlap = false;
+  const StepResult b = simulate_step(net, named_model("gpt-1.7b"), c);
+  EXPECT_NEAR(b.breakdown.zero3_exposed, b.breakdown.dp_comm, 1e-12 * b.breakdown.dp_comm);
+  EXPECT_LT(a.breakdown.zero3_exposed, b.breakdown.zero3_exposed);
+}
+
+// A search fixed to the interleaved schedule has no one-stage plans (they were ranked, labelled 1f1b).
+TEST(Inputs, PlanFixedToInterleavedSkipsOneStage) {
+  int rc = 0;
+  const std::string out = test_util::run(
+      "sim plan --cluster dgx-a100 --gpus 16 --model gpt2-small --global-batch 64 --schedule interleaved "
+      "--pp-options 1,2 --json",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out.find("\"schedule\":\"1f1b\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"schedule\":\"interleaved\""), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace conduit::sim
