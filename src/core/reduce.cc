@@ -1,9 +1,12 @@
 #include "core/reduce.h"
 
-#include <algorithm>
-#include <cstdint>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -31,49 +34,88 @@ ReduceOp parse_reduce_op(std::string_view n) {
 
 namespace {
 
+// One element of each reduction. Integers wrap (computed unsigned: signed overflow is undefined in C++). min and
+// max are symmetric in their operands, so a result never depends on which rank or which side of a pair holds a
+// value: a NaN in either operand gives the one canonical quiet NaN (as torch.minimum/maximum propagate it; `b < a ?
+// b : a` kept or dropped it by operand order, so a max over ranks could hide a diverged one), and of -0 and +0 min
+// gives -0 and max +0 (IEEE 754-2019 minimum/maximum).
+template <typename T>
+inline T add_of(T a, T b) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return static_cast<T>(a + b);
+  }
+}
+template <typename T>
+inline T mul_of(T a, T b) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    // (unsigned short operands would promote to int and overflow again: multiply in at least unsigned int)
+    using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
+    return static_cast<T>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
+  } else if constexpr (std::is_integral_v<T> && sizeof(T) < sizeof(unsigned)) {
+    return static_cast<T>(static_cast<unsigned>(a) * static_cast<unsigned>(b));
+  } else {
+    return static_cast<T>(a * b);
+  }
+}
+template <typename T>
+using BitsOf = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+template <typename T>
+inline T min_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::bit_cast<T>(std::bit_cast<BitsOf<T>>(a) | std::bit_cast<BitsOf<T>>(b));  // -0 wins
+  }
+  return b < a ? b : a;
+}
+template <typename T>
+inline T max_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::bit_cast<T>(std::bit_cast<BitsOf<T>>(a) & std::bit_cast<BitsOf<T>>(b));  // +0 wins
+  }
+  return b > a ? b : a;
+}
+
 // The element loops are written so GCC vectorizes them; target_clones builds an AVX2 copy chosen at load time.
 template <typename T>
 struct Kernels {
   __attribute__((target_clones("avx2", "default"))) static void sum(T* __restrict out, const T* __restrict a,
                                                                      const T* __restrict b, size_t n) {
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(a[i] + b[i]);
+    for (size_t i = 0; i < n; ++i) out[i] = add_of(a[i], b[i]);
   }
   __attribute__((target_clones("avx2", "default"))) static void prod(T* __restrict out, const T* __restrict a,
                                                                       const T* __restrict b, size_t n) {
-    for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(a[i] * b[i]);
+    for (size_t i = 0; i < n; ++i) out[i] = mul_of(a[i], b[i]);
   }
   __attribute__((target_clones("avx2", "default"))) static void min(T* __restrict out, const T* __restrict a,
                                                                      const T* __restrict b, size_t n) {
-    for (size_t i = 0; i < n; ++i) out[i] = b[i] < a[i] ? b[i] : a[i];
+    for (size_t i = 0; i < n; ++i) out[i] = min_of(a[i], b[i]);
   }
   __attribute__((target_clones("avx2", "default"))) static void max(T* __restrict out, const T* __restrict a,
                                                                      const T* __restrict b, size_t n) {
-    for (size_t i = 0; i < n; ++i) out[i] = b[i] > a[i] ? b[i] : a[i];
+    for (size_t i = 0; i < n; ++i) out[i] = max_of(a[i], b[i]);
   }
 };
 
-// In-place variants (out == a) cannot use __restrict on both; these loops vectorize as well.
+// In-place variants (out == a or out == b: the operations are symmetric) cannot use __restrict on both; these
+// loops vectorize as well.
 template <typename T>
 struct InPlace {
   __attribute__((target_clones("avx2", "default"))) static void sum(T* acc, const T* __restrict in, size_t n) {
-    for (size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] + in[i]);
+    for (size_t i = 0; i < n; ++i) acc[i] = add_of(acc[i], in[i]);
   }
   __attribute__((target_clones("avx2", "default"))) static void prod(T* acc, const T* __restrict in, size_t n) {
-    for (size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] * in[i]);
+    for (size_t i = 0; i < n; ++i) acc[i] = mul_of(acc[i], in[i]);
   }
   __attribute__((target_clones("avx2", "default"))) static void min(T* acc, const T* __restrict in, size_t n) {
-    for (size_t i = 0; i < n; ++i) acc[i] = in[i] < acc[i] ? in[i] : acc[i];
+    for (size_t i = 0; i < n; ++i) acc[i] = min_of(acc[i], in[i]);
   }
   __attribute__((target_clones("avx2", "default"))) static void max(T* acc, const T* __restrict in, size_t n) {
-    for (size_t i = 0; i < n; ++i) acc[i] = in[i] > acc[i] ? in[i] : acc[i];
-  }
-  // acc is the second operand (out == b): the same choice as Kernels' b < a ? b : a, so that NaN and -0/+0 come out
-  // alike whichever operand the output aliases (ranks reducing in place on either side got different bits).
-  __attribute__((target_clones("avx2", "default"))) static void min_second(T* acc, const T* __restrict in, size_t n) {
-    for (size_t i = 0; i < n; ++i) acc[i] = acc[i] < in[i] ? acc[i] : in[i];
-  }
-  __attribute__((target_clones("avx2", "default"))) static void max_second(T* acc, const T* __restrict in, size_t n) {
-    for (size_t i = 0; i < n; ++i) acc[i] = acc[i] > in[i] ? acc[i] : in[i];
+    for (size_t i = 0; i < n; ++i) acc[i] = max_of(acc[i], in[i]);
   }
 };
 
@@ -98,9 +140,9 @@ void typed_to(void* out, const void* a, const void* b, size_t n, ReduceOp op) {
       case ReduceOp::avg: return InPlace<T>::sum(o, other, n);
       case ReduceOp::prod: return InPlace<T>::prod(o, other, n);
       case ReduceOp::min:
-        return o == x ? InPlace<T>::min(o, other, n) : InPlace<T>::min_second(o, other, n);
+        return InPlace<T>::min(o, other, n);
       case ReduceOp::max:
-        return o == x ? InPlace<T>::max(o, other, n) : InPlace<T>::max_second(o, other, n);
+        return InPlace<T>::max(o, other, n);
     }
   }
   switch (op) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -411,6 +412,11 @@ TEST(CollectiveEdges, MinAndMaxGiveEveryRankTheSameBitsForNanAndSignedZeros) {
         return size_t{0};
       });
       EXPECT_EQ(bits[0], bits[1]) << algo << " " << reduce_op_name(op);
+      // ... and the same whichever rank holds the NaN: it propagates, and min keeps -0, max +0.
+      EXPECT_EQ(bits[0][0], op == ReduceOp::min ? 0x80000000u : 0u) << algo;
+      float got[3];
+      std::memcpy(got, bits[0].data(), sizeof got);
+      EXPECT_TRUE(std::isnan(got[1]) && std::isnan(got[2])) << algo << " " << reduce_op_name(op);
     }
   }
 }

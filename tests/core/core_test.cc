@@ -122,6 +122,39 @@ TEST(Reduce, HalfTypesAccumulateInFloat) {
   }
 }
 
+// min and max do not depend on operand order: a NaN in either gives NaN (b < a ? b : a dropped it when it was the
+// second operand), -0 and +0 give -0 for min and +0 for max; integers wrap without undefined behaviour.
+TEST(Reduce, MinMaxAreSymmetricForNanAndSignedZerosAndIntegersWrap) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (bool in_place : {false, true})
+    for (bool swap : {false, true}) {
+      std::vector<float> a{nan, 1.0f, -0.0f, 2.0f}, b{1.0f, nan, 0.0f, 2.0f};
+      if (swap) std::swap(a, b);
+      for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+        std::vector<float> x = a, y = b, out(4);
+        float* o = in_place ? x.data() : out.data();
+        reduce_to(o, x.data(), y.data(), 4, DType::f32, op);
+        EXPECT_TRUE(std::isnan(o[0]) && std::isnan(o[1])) << reduce_op_name(op) << in_place << swap;
+        EXPECT_EQ(o[2], 0.0f);
+        EXPECT_EQ(std::signbit(o[2]), op == ReduceOp::min) << reduce_op_name(op) << in_place << swap;
+        EXPECT_EQ(o[3], 2.0f);
+      }
+    }
+  std::vector<double> d{-0.0}, e{0.0};
+  reduce_into(e.data(), d.data(), 1, DType::f64, ReduceOp::min);
+  EXPECT_TRUE(std::signbit(e[0]));
+  std::vector<uint16_t> h{f32_to_f16(nan)}, g{f32_to_f16(3.0f)};
+  reduce_into(g.data(), h.data(), 1, DType::f16, ReduceOp::max);
+  EXPECT_TRUE(std::isnan(f16_to_f32(g[0])));
+  std::vector<int32_t> i{INT32_MAX, INT32_MIN, 65536}, j{1, -1, 65536};
+  reduce_into(i.data(), j.data(), 2, DType::i32, ReduceOp::sum);
+  EXPECT_EQ(i[0], INT32_MIN);
+  EXPECT_EQ(i[1], INT32_MAX);
+  std::vector<int64_t> k{INT64_MAX}, l{2};
+  reduce_into(k.data(), l.data(), 1, DType::i64, ReduceOp::prod);
+  EXPECT_EQ(k[0], -2);
+}
+
 TEST(Reduce, InPlaceAliasingAndAverage) {
   std::vector<float> a{1, 2, 3, 4};
   reduce_to(a.data(), a.data(), a.data(), a.size(), DType::f32, ReduceOp::sum);
