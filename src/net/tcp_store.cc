@@ -39,6 +39,17 @@
 #include "core/log.h"
 
 namespace conduit::net {
+
+std::string store_listen_host(const std::string& master_addr) {
+  in_addr v4{};
+  if (inet_pton(AF_INET, master_addr.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) return master_addr;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, master_addr.c_str(), &v6) == 1 &&
+      (IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127)))
+    return master_addr;
+  return "*";
+}
+
 namespace {
 
 constexpr uint32_t kMagic = 0x54534443u;  // "CDST" as bytes on the wire
@@ -142,39 +153,49 @@ std::string connect_host(const std::string& host) {
 
 class TcpStoreServer {
  public:
-  TcpStoreServer(const std::string& host, int port) : host_(host) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* res = nullptr;
-    bool any = host.empty() || host == "*";
-    int rc = getaddrinfo(any ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res);
-    if (rc != 0) {
-      throw ConfigError(fmt::format("tcp store: cannot resolve server address '{}:{}': {} (check MASTER_ADDR)", host,
-                                    port, gai_strerror(rc)));
-    }
+  TcpStoreServer(const std::string& master_addr, int port) : host_(store_listen_host(master_addr)) {
+    const bool any = host_ == "*";
     std::string why = "no address";
-    for (addrinfo* ai = res; ai != nullptr && listen_fd_ < 0; ai = ai->ai_next) {
-      int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-      if (fd < 0) {
-        why = std::strerror(errno);
-        continue;
+    int err = 0;
+    // Every interface: IPv6's wildcard taking IPv4 too where the host has IPv6, else IPv4's.
+    for (int family : any ? std::vector<int>{AF_INET6, AF_INET} : std::vector<int>{AF_UNSPEC}) {
+      if (listen_fd_ >= 0) break;
+      addrinfo hints{};
+      hints.ai_family = family;
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_PASSIVE;
+      addrinfo* res = nullptr;
+      int rc = getaddrinfo(any ? nullptr : host_.c_str(), std::to_string(port).c_str(), &hints, &res);
+      if (rc != 0) {
+        if (any) continue;
+        throw ConfigError(fmt::format("tcp store: cannot resolve server address '{}:{}': {} (check MASTER_ADDR)", host_,
+                                      port, gai_strerror(rc)));
       }
-      int one = 1;
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
-        why = std::strerror(errno);
-        close(fd);
-        continue;
+      for (addrinfo* ai = res; ai != nullptr && listen_fd_ < 0; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+          err = errno;
+          why = std::strerror(errno);
+          continue;
+        }
+        int one = 1, zero = 0;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (any && ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+          err = errno;
+          why = std::strerror(errno);
+          close(fd);
+          continue;
+        }
+        listen_fd_ = fd;
       }
-      listen_fd_ = fd;
+      freeaddrinfo(res);
     }
-    freeaddrinfo(res);
     if (listen_fd_ < 0) {
-      throw ConfigError(fmt::format(
-          "tcp store: cannot listen on {}:{}: {} (is another job using this MASTER_PORT? choose another port)", host,
-          port, why));
+      const char* hint = err == EADDRINUSE      ? " (is another job using this MASTER_PORT? choose another port)"
+                         : err == EADDRNOTAVAIL ? " (MASTER_ADDR is a loopback address this host does not have)"
+                                                : "";
+      throw ConfigError(fmt::format("tcp store: cannot listen on {}:{}: {}{}", host_, port, why, hint));
     }
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);

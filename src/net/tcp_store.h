@@ -1,5 +1,7 @@
 #pragma once
 // Extras of the TCP store beyond the Store interface (net/store.h).
+#include <string>
+
 #include "net/store.h"
 
 namespace conduit::net {
@@ -7,6 +9,12 @@ namespace conduit::net {
 // The port a TCP store talks to: for the server (rank 0) the port it actually bound, which is how a caller that
 // passed port 0 (any free port) learns it. Throws InvalidArgument when `store` is not a TCP store.
 int tcp_store_port(const Store& store);
+
+// Where rank 0's store server listens for MASTER_ADDR: on that address when it is a loopback one (a job kept on
+// this machine), else on every interface ("*"), as torch's TCPStore: MASTER_ADDR may reach this host without being
+// one of its addresses (a Kubernetes service, NAT, a floating IP), or be a name that resolves to loopback here and
+// to the network address on the other hosts.
+std::string store_listen_host(const std::string& master_addr);
 
 // Largest key or value the TCP store accepts (and the largest length field it trusts on the wire).
 inline constexpr uint32_t kMaxStoreFieldBytes = 64u << 20;

@@ -286,6 +286,36 @@ TEST(TcpStore, Ipv6Loopback) {
   EXPECT_EQ(server->get("k", Deadline::after(5)), "v6");
 }
 
+// MASTER_ADDR that is not a loopback address: the server listens on every interface (it listened on that address
+// only, so a Kubernetes service address or a floating IP could not start a job, and a host name resolving to
+// loopback here refused the other hosts). A loopback MASTER_ADDR keeps the job on this machine.
+TEST(TcpStore, ServerListensEverywhereUnlessMasterAddrIsLoopback) {
+  EXPECT_EQ(store_listen_host("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(store_listen_host("127.3.2.1"), "127.3.2.1");
+  EXPECT_EQ(store_listen_host("::1"), "::1");
+  EXPECT_EQ(store_listen_host("::ffff:127.0.0.1"), "::ffff:127.0.0.1");
+  EXPECT_EQ(store_listen_host("10.255.255.1"), "*");
+  EXPECT_EQ(store_listen_host("node7.cluster"), "*");
+  EXPECT_EQ(store_listen_host("localhost"), "*");
+  // A name: reachable over IPv4 and (where the host has it) IPv6 loopback alike.
+  auto server = make_tcp_store("localhost", 0, true, Deadline::after(5));
+  const int port = tcp_store_port(*server);
+  make_tcp_store("127.0.0.1", port, false, Deadline::after(5))->set("k4", "v4");
+  EXPECT_EQ(server->get("k4", Deadline::after(5)), "v4");
+  const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+  if (probe >= 0) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    const bool v6 = bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(probe);
+    if (v6) {
+      make_tcp_store("::1", port, false, Deadline::after(5))->set("k6", "v6");
+      EXPECT_EQ(server->get("k6", Deadline::after(5)), "v6");
+    }
+  }
+}
+
 TEST(TcpStore, BadPortIsConfigError) {
   EXPECT_THROW(make_tcp_store("127.0.0.1", 70000, true, Deadline::after(1)), ConfigError);
   EXPECT_THROW(make_tcp_store("127.0.0.1", 0, false, Deadline::after(1)), ConfigError);
