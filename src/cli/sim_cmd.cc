@@ -811,8 +811,9 @@ void run_calibrate(const CalibrateArgs& a) {
   std::vector<BenchSample> all;
   long long ranks = a.ranks;
   for (const auto& f : a.bench) {
-    int skipped = 0;
+    std::string skipped;
     for (auto& s : parse_bench_lines(read_file(f, "--bench"), f, &skipped)) all.push_back(s);
+    if (!skipped.empty()) std::fprintf(stderr, "sim calibrate: %s\n", skipped.c_str());
   }
   if (a.ranks < 0) throw ConfigError(fmt::format("--ranks = {} must be positive", a.ranks));
   std::set<long long> worlds;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/stats.h"
 #include "sim/collective.h"
@@ -17,51 +18,81 @@
 
 namespace conduit::sim {
 
-std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::string& origin, int* skipped) {
+std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::string& origin, std::string* skipped) {
   std::vector<BenchSample> out;
   std::istringstream in(text);
   std::string line;
-  int skip = 0, no = 0;
+  int no = 0, other_impl = 0, one_rank = 0, empty = 0;
   while (std::getline(in, line)) {
     ++no;
     if (line.find('{') == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", origin, no);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line.substr(line.find('{')));
     } catch (const std::exception&) {
-      ++skip;
-      continue;
-    }
-    if (!j.contains("op") || !j.contains("world") || !j.contains("bytes") || !j.contains("time_us")) {
-      ++skip;
-      continue;
-    }
-    BenchSample s;
-    try {
-      s.op = j["op"].get<std::string>();
-      s.algo = j.value("algo", std::string("ring"));
-      s.transport = j.value("transport", std::string("?"));
-      s.world = j["world"].get<long long>();
-      s.bytes = j["bytes"].get<double>();
-      s.seconds = j["time_us"].get<double>() * 1e-6;
-    } catch (const nlohmann::json::exception&) {
       throw ConfigError(
-          fmt::format("{}:{}: a bench coll record needs op, algo and transport as strings and world, "
-                      "bytes and time_us as numbers",
-                      origin, no));
+          fmt::format("{}: not a JSON object (a truncated line?); allowed: the lines of `conduit bench "
+                      "coll --json`, any prefix before the '{{'",
+                      where));
     }
-    if (j.contains("stagger_us") && j["stagger_us"].is_number()) s.stagger = j["stagger_us"].get<double>() * 1e-6;
-    if (s.world > kMaxSimulatedGpus)
-      throw ConfigError(fmt::format("{}:{}: world = {} (allowed: 2..{})", origin, no, s.world, kMaxSimulatedGpus));
-    if (s.world < 2 || s.bytes <= 0 || s.seconds <= 0 || !(s.stagger >= 0)) {
-      ++skip;
+    if (!j.is_object() || !j.contains("op")) continue;   // another tool's record (bench gemm, a summary)
+    if (j.contains("impl") && j["impl"] != "conduit") {  // a peer's (gloo, MPI) timing: not this runtime's
+      ++other_impl;
+      continue;
+    }
+    for (const char* f : {"world", "bytes", "time_us"})
+      if (!j.contains(f) || !j[f].is_number())
+        throw ConfigError(fmt::format("{}: a bench coll record needs {} as a number", where, f));
+    for (const char* f : {"op", "algo", "transport"})
+      if (j.contains(f) && !j[f].is_string())
+        throw ConfigError(fmt::format("{}: a bench coll record's {} must be a string", where, f));
+    BenchSample s;
+    s.op = j["op"].get<std::string>();
+    s.algo = j.value("algo", std::string("ring"));
+    s.transport = j.value("transport", std::string("?"));
+    const double world = j["world"].get<double>();
+    if (!j["world"].is_number_integer() || world < 1 || world > 1024)
+      throw ConfigError(
+          fmt::format("{}: world = {} (allowed: a whole number of ranks, 1..1024, the most one "
+                      "calibrated node holds)",
+                      where, j["world"].dump()));
+    s.world = static_cast<long long>(world);
+    s.bytes = j["bytes"].get<double>();
+    s.seconds = j["time_us"].get<double>() * 1e-6;
+    if (!(s.bytes >= 0) || !std::isfinite(s.bytes))
+      throw ConfigError(fmt::format("{}: bytes = {} (allowed: a finite size >= 0)", where, j["bytes"].dump()));
+    if (!(s.seconds > 0) || !std::isfinite(s.seconds))
+      throw ConfigError(fmt::format("{}: time_us = {} (allowed: a finite time > 0)", where, j["time_us"].dump()));
+    if (j.contains("stagger_us")) {
+      if (!j["stagger_us"].is_number() || !(j["stagger_us"].get<double>() >= 0))
+        throw ConfigError(fmt::format("{}: stagger_us = {} (allowed: a number >= 0)", where, j["stagger_us"].dump()));
+      s.stagger = j["stagger_us"].get<double>() * 1e-6;
+    }
+    if (j.contains("wrong") && j["wrong"].is_number() && j["wrong"].get<double>() != 0)
+      throw ConfigError(
+          fmt::format("{}: the collective gave wrong results in this run (wrong = {}); calibrating on it "
+                      "would fit a broken run: rerun the benchmark",
+                      where, j["wrong"].dump()));
+    if (s.world == 1) {  // nothing moves between ranks
+      ++one_rank;
+      continue;
+    }
+    if (s.bytes == 0) {
+      ++empty;
       continue;
     }
     out.push_back(s);
   }
-  if (skipped) *skipped = skip;
+  std::vector<std::string> why;
+  if (other_impl) why.push_back(fmt::format("{} of another implementation", other_impl));
+  if (one_rank) why.push_back(fmt::format("{} with one rank", one_rank));
+  if (empty) why.push_back(fmt::format("{} of 0 bytes", empty));
+  if (skipped) *skipped = why.empty() ? std::string() : fmt::format("{}: skipped records: {}", origin, join(why, ", "));
   if (out.empty())
-    throw ConfigError(fmt::format("{}: no `conduit bench coll --json` records (op, world, bytes, time_us)", origin));
+    throw ConfigError(
+        fmt::format("{}: no `conduit bench coll --json` records of two or more ranks (op, world, bytes, time_us){}",
+                    origin, why.empty() ? std::string() : " (" + join(why, ", ") + " skipped)"));
   return out;
 }
 

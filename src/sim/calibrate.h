@@ -23,8 +23,12 @@ struct BenchSample {
   double stagger = 0;  // seconds the last rank arrived after the others (`bench coll --stagger-us`); 0: back to back
 };
 
-// Parses JSON lines of `conduit bench coll --json`; lines that are not bench records are skipped and counted.
-std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::string& origin, int* skipped = nullptr);
+// Parses JSON lines of `conduit bench coll --json`. Lines without a JSON object and other tools' records (no "op")
+// are passed over; a malformed line or a bench record with a missing, mistyped or out-of-range field, or one whose
+// run gave wrong results, is a ConfigError naming origin:line and the field; records of another implementation (a
+// peer's "impl"), of one rank or of 0 bytes are skipped, and `skipped` (when given) says how many of each.
+std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::string& origin,
+                                           std::string* skipped = nullptr);
 
 // The simulator's collective and algorithm for a bench record's op and algo (the runtime's names per operation, and
 // the simulator's), for a group of `world` ranks; false when the simulator does not model it.

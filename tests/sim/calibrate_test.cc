@@ -36,8 +36,9 @@ TEST(Calibrate, RecoversAlphaBetaGammaFromSyntheticBenchLines) {
     }
   }
   lines += "# a comment line\n{\"op\":\"alltoall\",\"algo\":\"pairwise\",\"world\":4,\"bytes\":1024,\"time_us\":50}\n";
-  int skipped = 0;
+  std::string skipped;
   auto samples = parse_bench_lines(lines, "bench.jsonl", &skipped);
+  EXPECT_EQ(skipped, "");
   int unmodelled = 0;
   AlphaBetaGamma f = fit_alpha_beta_gamma(samples, &unmodelled);
   EXPECT_EQ(unmodelled, 1);  // the all-to-all line
@@ -55,6 +56,48 @@ TEST(Calibrate, RecoversAlphaBetaGammaFromSyntheticBenchLines) {
                   m.time(Collective::kAllReduce, Algorithm::kRing, Group{4, 1, 0}, n),
               1, 1e-4);
   EXPECT_THROW(parse_bench_lines("nothing here\n", "x"), ConfigError);
+}
+
+// A bad bench record is one line naming file, line and field (they were dropped silently: truncated JSON, a missing
+// world, time_us <= 0, a negative stagger; world 4.7 was read as 4 and 1e30 overflowed); records that are valid but
+// carry nothing to fit are skipped and counted.
+TEST(Calibrate, BadBenchRecordsNameTheLineAndFieldAndSkipsAreCounted) {
+  const std::string good =
+      "{\"impl\":\"conduit\",\"op\":\"allreduce\",\"algo\":\"ring\",\"transport\":\"shm\",\"world\":2,"
+      "\"bytes\":4096,\"time_us\":20}\n";
+  auto error = [&](const std::string& bad) {
+    try {
+      parse_bench_lines(good + bad, "b.jsonl");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4").find("b.jsonl:2: not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(error("{\"op\":\"allreduce\",\"bytes\":4,\"time_us\":3}")
+                .find("b.jsonl:2: a bench coll record needs "
+                      "world as a number"),
+            std::string::npos);
+  EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":0}").find("time_us = 0"),
+            std::string::npos);
+  EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":4.7,\"bytes\":4,\"time_us\":3}").find("world = 4.7"),
+            std::string::npos);
+  EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":1e30,\"bytes\":4,\"time_us\":3}").find("1..1024"),
+            std::string::npos);
+  EXPECT_NE(
+      error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3,\"stagger_us\":-1}").find("stagger_us = -1"),
+      std::string::npos);
+  EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3,\"wrong\":2}").find("wrong results"),
+            std::string::npos);
+  std::string skipped;
+  auto s = parse_bench_lines(good +
+                                 "{\"impl\":\"gloo\",\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3}\n"
+                                 "{\"op\":\"allreduce\",\"world\":1,\"bytes\":4,\"time_us\":3}\n"
+                                 "{\"kind\":\"bench.gemm\",\"m\":4}\n",
+                             "b.jsonl", &skipped);
+  EXPECT_EQ(s.size(), 1u);
+  EXPECT_EQ(skipped, "b.jsonl: skipped records: 1 of another implementation, 1 with one rank");
 }
 
 // The runtime's own names for the other operations (src/coll/tuner.cc) are read as its algorithms: rh (recursive
