@@ -76,6 +76,7 @@ void run_train(const TrainArgs& a) {
   if (!a.config.empty()) raw = tr::read_yaml_config(a.config);
   for (auto& [k, v] : a.flags) raw[k] = v;
   const int env_world = net::mpi_launched() ? std::max(env_world_size(), 1) : env_world_size();
+  tr::apply_resume_defaults(raw, env_world > 0);
   const bool workers_given = raw.count("workers") > 0;
   tr::TrainConfig cfg = tr::resolve_config(raw, env_world, workers_given);
   tr::check_dataset(cfg);

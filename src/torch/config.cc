@@ -9,6 +9,7 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "sync/straggler.h"
 #include "sync/strategy.h"
+#include "torch/metrics.h"
 #ifdef CONDUIT_WITH_COMPRESS
 #include "compress/compressor.h"
 #endif
@@ -93,7 +95,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "sgd (with momentum) | adam | adamw (decoupled weight decay; DiLoCo's inner optimizer) (default sgd)"},
       {"lr", "learning rate for the global batch (> 0, default 0.1)"},
       {"momentum", "SGD momentum in [0, 1) (default 0.9)"},
-      {"weight_decay", "L2 weight decay (>= 0)"},
+      {"weight_decay", "L2 weight decay, in [0, 1]"},
       {"lr_schedule", "constant | step | cosine (default cosine)"},
       {"warmup_epochs", "linear warm-up length in epochs (>= 0)"},
       {"epochs", "number of epochs (>= 1, default 3)"},
@@ -474,6 +476,41 @@ std::string default_output_dir(const TrainConfig& c) {
   for (char& ch : comp)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
   return fmt::format("runs/{}-{}-{}", c.model, comp, buf);
+}
+
+void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
+  auto it = raw.find("resume");
+  if (it == raw.end() || it->second.empty()) return;
+  const std::filesystem::path meta_path = std::filesystem::path(it->second) / "checkpoint.json";
+  if (!std::filesystem::exists(meta_path)) return;  // resolve_config names the missing checkpoint
+  const nlohmann::json meta = read_json_file(meta_path.string());
+  if (!meta.is_object()) return;  // the worker's checks name what is wrong with it
+  auto text = [](const nlohmann::json& v) -> std::optional<std::string> {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+    if (v.is_number()) return fmt::format("{}", v.get<double>());
+    if (v.is_boolean()) return std::string(v.get<bool>() ? "true" : "false");
+    return std::nullopt;
+  };
+  auto take = [&](const std::string& key, const char* field) {
+    if (raw.count(key) || !meta.contains(field)) return;
+    if (auto v = text(meta[field])) raw[key] = *v;
+  };
+  for (const char* k : {"model", "compressor", "optimizer", "target_accuracy", "batch_size", "seed", "dataset",
+                        "train_limit", "synthetic_samples"})
+    take(k, k);
+  if (!workers_from_env) take("workers", "world");
+  // The scheme with the parameters it was written with (sync_period and staleness are parameters of it too).
+  if (!raw.count("sync") && !raw.count("sync_period") && !raw.count("staleness") && meta.contains("sync") &&
+      meta["sync"].is_string()) {
+    std::string spec = meta["sync"].get<std::string>();
+    std::vector<std::string> params;
+    if (meta.contains("sync_params") && meta["sync_params"].is_object())
+      for (const auto& [k, v] : meta["sync_params"].items())
+        if (auto t = text(v)) params.push_back(k + "=" + *t);
+    if (!params.empty()) spec += ":" + join(params, ",");
+    raw["sync"] = spec;
+  }
 }
 
 std::string config_to_yaml(const TrainConfig& c) {

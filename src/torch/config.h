@@ -80,6 +80,11 @@ const std::vector<std::pair<std::string, std::string>>& config_keys();
 // Reads a YAML mapping of scalars (the value of `compressor` may also be a mapping {name: topk, ratio: 0.01}).
 // Unknown keys and unreadable files raise ConfigError.
 RawConfig read_yaml_config(const std::string& path);
+// A resumed run (raw has `resume`) takes from the checkpoint's checkpoint.json what the checkpoint must agree with
+// and `raw` does not give: model, compressor, sync scheme and its parameters, optimizer, target accuracy, batch size,
+// seed, dataset and its limits, and (unless `workers_from_env`) the number of workers. `--resume DIR --epochs 3`
+// then continues the run (it had to repeat every such flag, and failed on the defaults' mismatch otherwise).
+void apply_resume_defaults(RawConfig& raw, bool workers_from_env);
 // Applies `raw` over the defaults and validates; `env_world` is WORLD_SIZE of an outer launcher (0 when none) and
 // `workers_given` says whether workers was set explicitly (it must then agree with env_world).
 TrainConfig resolve_config(const RawConfig& raw, int env_world = 0, bool workers_given = false);

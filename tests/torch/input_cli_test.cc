@@ -134,6 +134,34 @@ std::string slurp(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
+// --resume alone continues the run: the settings the checkpoint must agree with come from it (docs/training.md's
+// example failed: the defaults' 4 workers and cnn met a 2-worker mlp checkpoint); a flag given still wins, and a
+// contradicting one is still refused.
+TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
+  const fs::path dir = temp_dir("resume-defaults");
+  auto r =
+      run("train --dataset synthetic --model mlp --workers 2 --synthetic-samples 640 --test-limit 64 "
+          "--progress false --compressor topk:ratio=0.1 --sync ps-ssp:staleness=1 --batch-size 32 --epochs 1 "
+          "--output " +
+          (dir / "a").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = run("train --progress false --test-limit 64 --epochs 2 --resume " + (dir / "a" / "checkpoint").string() +
+          " --output " + (dir / "b").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string cfg = slurp(dir / "b" / "config.yaml");
+  for (const char* want : {"model: mlp", "workers: 2", "compressor: topk:ratio=0.1", "batch_size: 32",
+                           "dataset: synthetic", "synthetic_samples: 640"})
+    EXPECT_NE(cfg.find(want), std::string::npos) << want << "\n" << cfg;
+  EXPECT_NE(cfg.find("staleness=1"), std::string::npos) << cfg;
+  EXPECT_NE(slurp(dir / "b" / "summary.json").find("\"epochs\": 2"), std::string::npos)
+      << slurp(dir / "b" / "summary.json");
+  r = run("train --progress false --test-limit 64 --epochs 2 --model cnn --resume " +
+          (dir / "a" / "checkpoint").string() + " --output " + (dir / "c").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("the checkpoint is of model mlp"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 // --max-steps reached exactly at an epoch's end wrote a second, empty epoch (train loss 0, taken as the final one);
 // a diloco run shorter than its period exchanged nothing (it now warns, and synchronizes once at the end).
 TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
