@@ -477,23 +477,27 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                     "up (a warm-up's last step is at the full lr); allowed: 0, or at least {:.4g} "
                     "epochs (two steps)",
                     c.warmup_epochs, warmup, spe, 2.0 / double(spe)));
-  std::string period_text;
-  if (!spec.bsp()) {
-    if (auto it = spec.params.find("period"); it != spec.params.end()) {
-      period_text = it->second;
-    } else {
-      const auto d = sync::strategy_defaults(spec.name);
-      if (auto dt = d.find("period"); dt != d.end()) period_text = dt->second;
-    }
-  }
+  // The scheme's parameter `key` as given, else its default ("" when it has none).
+  auto scheme_param = [&](const char* key) -> std::string {
+    if (spec.bsp()) return {};
+    if (auto it = spec.params.find(key); it != spec.params.end()) return it->second;
+    const auto d = sync::strategy_defaults(spec.name);
+    auto dt = d.find(key);
+    return dt != d.end() ? dt->second : std::string();
+  };
+  const std::string period_text = scheme_param("period"), warmup_text = scheme_param("warmup");
   if (!period_text.empty() && lead && outputs) {
     const int64_t period = std::strtoll(period_text.c_str(), nullptr, 10);
-    if (period > total_steps)
+    // Local SGD's warm-up steps average every step (a warm-up as long as the run synchronizes throughout).
+    const int64_t warm = warmup_text.empty() ? 0 : std::strtoll(warmup_text.c_str(), nullptr, 10);
+    if (period > total_steps - std::min(warm, total_steps) && warm < total_steps)
       fmt::print(stderr,
                  // The schemes with a period (local, diloco, easgd) all synchronize once more in finish().
-                 "train: warning: sync {} synchronizes every {} steps, but this run has {}: the workers never "
-                 "exchange anything before the end (it synchronizes once there)\n",
-                 spec.name, period, total_steps);
+                 "train: warning: sync {} synchronizes every {} steps, but this run has {}{}: the workers exchange "
+                 "nothing {}before the end (it synchronizes once there)\n",
+                 spec.name, period, total_steps,
+                 warm > 0 ? fmt::format(", {} of them warm-up steps that average every step", warm) : std::string(),
+                 warm > 0 ? "after the warm-up " : "");
   }
 
   fs::path out(c.output), ckdir = out / "checkpoint";

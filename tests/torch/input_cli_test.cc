@@ -184,6 +184,17 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
   r = run(kTrain + " --epochs 1 --sync diloco --output " + (dir / "dl").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("sync diloco synchronizes every 100 steps, but this run has 10"), std::string::npos) << r.out;
+  // Local SGD's warm-up averages every step: a warm-up as long as the run is no run without exchanges (it warned
+  // that nothing was exchanged), and a shorter one is named.
+  r = run(kTrain + " --epochs 1 --sync local:period=8,warmup=200 --output " + (dir / "lw").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("warning: sync local"), std::string::npos) << r.out;
+  r = run(kTrain + " --epochs 1 --sync local:period=9,warmup=2 --output " + (dir / "lw2").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("but this run has 10, 2 of them warm-up steps that average every step: the workers exchange "
+                       "nothing after the warm-up before the end"),
+            std::string::npos)
+      << r.out;
   // It still ends with one model: diloco's finish() takes the outer step of the partial round (one allreduce).
   EXPECT_EQ(slurp(dir / "dl" / "summary.json").find("\"bytes_on_wire\": 0,"), std::string::npos);
   fs::remove_all(dir);
