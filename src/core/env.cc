@@ -23,7 +23,10 @@ std::optional<long long> env_int(const char* name, long long lo, long long hi) {
   char* end = nullptr;
   errno = 0;
   long long v = std::strtoll(s->c_str(), &end, 10);
-  if (errno != 0 || end == s->c_str() || *end != '\0' || v < lo || v > hi) {
+  // Digits with an optional '-' only (strtoll also skips leading spaces and takes a '+').
+  const char c0 = (*s)[0];
+  const bool plain = std::isdigit(static_cast<unsigned char>(c0)) || (c0 == '-' && s->size() > 1);
+  if (!plain || errno != 0 || end == s->c_str() || *end != '\0' || v < lo || v > hi) {
     throw ConfigError(fmt::format("environment variable {}='{}' is invalid: expected an integer in [{}, {}]", name,
                                   *s, lo, hi));
   }
@@ -33,11 +36,20 @@ std::optional<long long> env_int(const char* name, long long lo, long long hi) {
 std::optional<double> env_seconds(const char* name) {
   auto s = env_string(name);
   if (!s) return std::nullopt;
+  // A decimal number, optionally with an exponent (strtod alone also took 0x10, " 5" and "infinity"), from a
+  // millisecond (a timeout of 1e-300 s failed every wait at once) to ~30 years.
+  bool decimal = !s->empty();
+  for (size_t i = 0; i < s->size() && decimal; ++i) {
+    const char c = (*s)[i];
+    decimal = std::isdigit(static_cast<unsigned char>(c)) || c == '.' || ((c == 'e' || c == 'E') && i > 0) ||
+              ((c == '-' || c == '+') && i > 0 && ((*s)[i - 1] | 0x20) == 'e');
+  }
+  decimal = decimal && (std::isdigit(static_cast<unsigned char>((*s)[0])) || (*s)[0] == '.');
   char* end = nullptr;
-  double v = std::strtod(s->c_str(), &end);
-  if (end == s->c_str() || *end != '\0' || !(v > 0) || !std::isfinite(v)) {
-    throw ConfigError(
-        fmt::format("environment variable {}='{}' is invalid: expected a positive number of seconds", name, *s));
+  double v = decimal ? std::strtod(s->c_str(), &end) : 0;
+  if (!decimal || end == s->c_str() || *end != '\0' || !(v >= 1e-3) || !(v <= 1e9)) {
+    throw ConfigError(fmt::format(
+        "environment variable {}='{}' is invalid: expected a decimal number of seconds in [0.001, 1e9]", name, *s));
   }
   return v;
 }

@@ -12,9 +12,9 @@
 namespace conduit {
 
 std::optional<std::string> env_string(const char* name);
-// Integer env var; nullopt when unset; ConfigError when set but not an integer in [lo, hi].
+// Integer env var; nullopt when unset; ConfigError when set but not a decimal integer (optional '-') in [lo, hi].
 std::optional<long long> env_int(const char* name, long long lo, long long hi);
-// Seconds (a positive number, fractions allowed); ConfigError when not.
+// Seconds: a decimal number (fraction and exponent allowed) in [0.001, 1e9]; ConfigError when not.
 std::optional<double> env_seconds(const char* name);
 bool env_flag(const char* name);  // 1/true/yes/on -> true; 0/false/no/off/unset -> false; else ConfigError
 

@@ -12,7 +12,7 @@ namespace conduit {
 
 MallocTuning tune_malloc(const std::function<const char*(const char*)>& getenv) {
   MallocTuning t;
-  if (const char* v = getenv("CONDUIT_MALLOC_TUNING"); v != nullptr) {
+  if (const char* v = getenv("CONDUIT_MALLOC_TUNING"); v != nullptr && *v != '\0') {  // empty: unset, as elsewhere
     const std::string s = v;
     if (s == "0" || s == "false" || s == "no" || s == "off") {
       t.reason = "CONDUIT_MALLOC_TUNING=" + s;

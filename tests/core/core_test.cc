@@ -191,6 +191,23 @@ TEST(Env, TimeoutVariableIsValidated) {
   EXPECT_THROW(env_seconds("CONDUIT_TIMEOUT_TEST_VAR"), ConfigError);
   setenv("CONDUIT_TIMEOUT_TEST_VAR", "2.5", 1);
   EXPECT_EQ(*env_seconds("CONDUIT_TIMEOUT_TEST_VAR"), 2.5);
+  setenv("CONDUIT_TIMEOUT_TEST_VAR", "1e2", 1);
+  EXPECT_EQ(*env_seconds("CONDUIT_TIMEOUT_TEST_VAR"), 100);
+  // Hex, spaces, infinity and timeouts too small to wait at all were taken (0x10 ran with 16 s).
+  for (const char* bad : {"0x10", " 5", "+5", "inf", "nan", "1e-300", "0", "-1", "5s", "1e", "e5", "1e400"}) {
+    setenv("CONDUIT_TIMEOUT_TEST_VAR", bad, 1);
+    EXPECT_THROW(env_seconds("CONDUIT_TIMEOUT_TEST_VAR"), ConfigError) << bad;
+  }
+  for (const char* bad : {" 5", "+5", "5 ", "0x5", "-", ""}) {
+    setenv("CONDUIT_INT_TEST_VAR", bad, 1);
+    if (*bad)
+      EXPECT_THROW(env_int("CONDUIT_INT_TEST_VAR", -10, 10), ConfigError) << bad;
+    else
+      EXPECT_FALSE(env_int("CONDUIT_INT_TEST_VAR", -10, 10).has_value());
+  }
+  setenv("CONDUIT_INT_TEST_VAR", "-7", 1);
+  EXPECT_EQ(*env_int("CONDUIT_INT_TEST_VAR", -10, 10), -7);
+  unsetenv("CONDUIT_INT_TEST_VAR");
   unsetenv("CONDUIT_TIMEOUT_TEST_VAR");
 }
 
@@ -224,6 +241,11 @@ TEST(MallocTuning, LeavesTheUsersOwnMallocSettingsInCharge) {
               std::string::npos)
         << e.what();
   }
+}
+
+// An empty CONDUIT_MALLOC_TUNING is unset, as every other variable (it was "'' is not a switch").
+TEST(MallocTuning, EmptyValueIsUnset) {
+  EXPECT_NO_THROW(conduit::tune_malloc(fake_env({{"CONDUIT_MALLOC_TUNING", ""}})));
 }
 
 TEST(MallocTuning, KeepsStepSizedBlocksOnTheHeap) {
