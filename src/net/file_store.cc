@@ -63,7 +63,7 @@ class FileStore : public Store {
     }
   }
 
-  void set(const std::string& key, const std::string& value) override { write_atomic(key, value); }
+  void set(const std::string& key, const std::string& value, const Deadline&) override { write_atomic(key, value); }
 
   std::string get(const std::string& key, const Deadline& deadline) override {
     auto pause = std::chrono::microseconds(1000);
@@ -82,13 +82,13 @@ class FileStore : public Store {
     }
   }
 
-  int64_t add(const std::string& key, int64_t delta) override {
+  int64_t add(const std::string& key, int64_t delta, const Deadline& deadline) override {
     std::string lock_path = dir_ + "/.lock";
     int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) throw Error(fmt::format("file store: cannot open {}: {}", lock_path, std::strerror(errno)));
-    // Polled, with the store's deadline: a holder that hangs (a stale lock on a network file system) must not
+    // Polled, with the caller's deadline: a holder that hangs (a stale lock on a network file system) must not
     // hang every rank's rendezvous.
-    const Deadline deadline = Deadline::after(default_timeout_seconds());
+    Stopwatch waited;
     auto pause = std::chrono::microseconds(100);
     while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int e = errno;
@@ -99,7 +99,7 @@ class FileStore : public Store {
       if (deadline.expired()) {
         close(fd);
         throw TimeoutError(fmt::format("file store {}: the lock {} stayed held for {:.1f} s (add on key '{}')", dir_,
-                                       lock_path, default_timeout_seconds(), key));
+                                       lock_path, waited.seconds(), key));
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::microseconds(2000));
@@ -127,7 +127,7 @@ class FileStore : public Store {
     }
   }
 
-  bool check(const std::string& key) override {
+  bool check(const std::string& key, const Deadline&) override {
     std::string path = dir_ + "/" + escape_key(key);
     return access(path.c_str(), F_OK) == 0;
   }
@@ -170,14 +170,20 @@ class FileStore : public Store {
       ssize_t n = ::write(fd, value.data() + off, value.size() - off);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        int e = errno;
+        int e = n == 0 ? EIO : errno;  // (a write of 0 bytes sets no errno)
         close(fd);
         unlink(tmp.c_str());
         throw Error(fmt::format("file store: writing key '{}' into {} failed: {}", key, dir_, std::strerror(e)));
       }
       off += static_cast<size_t>(n);
     }
-    close(fd);
+    // A network file system may report a failed write (quota, space, I/O) only here: publishing the file anyway
+    // would hand other ranks a truncated value.
+    if (close(fd) != 0 && errno != EINTR) {
+      int e = errno;
+      unlink(tmp.c_str());
+      throw Error(fmt::format("file store: writing key '{}' into {} failed: {}", key, dir_, std::strerror(e)));
+    }
     if (rename(tmp.c_str(), path.c_str()) != 0) {
       int e = errno;
       unlink(tmp.c_str());

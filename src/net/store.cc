@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace conduit::net {
@@ -23,7 +24,7 @@ void check_rank(const char* what, const std::string& prefix, int rank, int size)
 std::vector<std::string> store_allgather(Store& store, const std::string& prefix, int rank, int size,
                                          const std::string& value, const Deadline& deadline) {
   check_rank("store_allgather", prefix, rank, size);
-  store.set(fmt::format("{}/{}", prefix, rank), value);
+  store.set(fmt::format("{}/{}", prefix, rank), value, deadline);
   std::vector<std::string> out(size);
   out[rank] = value;
   for (int r = 0; r < size; ++r) {
@@ -38,25 +39,33 @@ std::vector<std::string> store_allgather(Store& store, const std::string& prefix
   return out;
 }
 
+Deadline Store::default_deadline() { return Deadline::after(default_timeout_seconds()); }
+
 void store_barrier(Store& store, const std::string& prefix, int rank, int size, const Deadline& deadline) {
   check_rank("store_barrier", prefix, rank, size);
   const std::string arrived = prefix + "/arrived";
   const std::string done = prefix + "/done";
-  int64_t n = store.add(arrived, 1);
+  int64_t n = store.add(arrived, 1, deadline);
   if (n > size) {
     throw InvalidArgument(
         fmt::format("store_barrier '{}': {} arrivals for a group of {} (was the prefix reused?)", prefix, n, size));
   }
   if (n == size) {
-    store.set(done, "1");
+    store.set(done, "1", deadline);
     return;
   }
   try {
     store.get(done, deadline);
   } catch (const TimeoutError& e) {
-    int64_t seen = store.add(arrived, 0);
-    throw TimeoutError(fmt::format("store_barrier '{}' (rank {}): only {} of {} ranks arrived before the deadline",
-                                   prefix, rank, seen, size));
+    // How many arrived, asked with a short deadline of its own: the store may be what hangs (it then waited another
+    // whole CONDUIT_TIMEOUT), and the timeout, not a failure to count, is the error to report.
+    std::string seen = "fewer";
+    try {
+      seen = fmt::format("only {}", store.add(arrived, 0, Deadline::after(2.0)));
+    } catch (const Error&) {
+    }
+    throw TimeoutError(fmt::format("store_barrier '{}' (rank {}): {} of {} ranks arrived before the deadline ({})",
+                                   prefix, rank, seen, size, e.what()));
   }
 }
 

@@ -10,16 +10,25 @@
 
 namespace conduit::net {
 
+// Every call ends by its deadline (TimeoutError): a server that hangs, or a file-system lock held by a stuck rank,
+// cannot keep a caller past the time it was given. The overloads without one allow CONDUIT_TIMEOUT (300 s).
 class Store {
  public:
   virtual ~Store() = default;
-  virtual void set(const std::string& key, const std::string& value) = 0;
+  virtual void set(const std::string& key, const std::string& value, const Deadline& deadline) = 0;
   // Blocks until `key` exists, then returns its value.
   virtual std::string get(const std::string& key, const Deadline& deadline) = 0;
   // Atomically adds `delta` to the integer under `key` (absent = 0) and returns the new value.
-  virtual int64_t add(const std::string& key, int64_t delta) = 0;
-  // True if `key` exists now (does not block).
-  virtual bool check(const std::string& key) = 0;
+  virtual int64_t add(const std::string& key, int64_t delta, const Deadline& deadline) = 0;
+  // True if `key` exists now (waits for nothing but the store's answer).
+  virtual bool check(const std::string& key, const Deadline& deadline) = 0;
+
+  void set(const std::string& key, const std::string& value) { set(key, value, default_deadline()); }
+  int64_t add(const std::string& key, int64_t delta) { return add(key, delta, default_deadline()); }
+  bool check(const std::string& key) { return check(key, default_deadline()); }
+
+ private:
+  static Deadline default_deadline();
 };
 
 using StorePtr = std::shared_ptr<Store>;

@@ -513,9 +513,9 @@ class TcpStore : public Store {
 
   int port() const { return port_; }
 
-  void set(const std::string& key, const std::string& value) override {
+  void set(const std::string& key, const std::string& value, const Deadline& deadline) override {
     check_sizes(key, value.size());
-    request(kOpSet, key, value, op_deadline());
+    request(kOpSet, key, value, deadline);
   }
 
   std::string get(const std::string& key, const Deadline& deadline) override {
@@ -523,9 +523,9 @@ class TcpStore : public Store {
     return request(kOpGet, key, {}, deadline).second;
   }
 
-  int64_t add(const std::string& key, int64_t delta) override {
+  int64_t add(const std::string& key, int64_t delta, const Deadline& deadline) override {
     check_sizes(key, 8);
-    auto [st, v] = request(kOpAdd, key, encode_i64(delta), op_deadline());
+    auto [st, v] = request(kOpAdd, key, encode_i64(delta), deadline);
     if (v.size() != 8)
       throw ProtocolError(
           fmt::format("tcp store {}: add reply for key '{}' carries {} bytes "
@@ -534,9 +534,9 @@ class TcpStore : public Store {
     return static_cast<int64_t>(get_le<uint64_t>(v.data()));
   }
 
-  bool check(const std::string& key) override {
+  bool check(const std::string& key, const Deadline& deadline) override {
     check_sizes(key, 0);
-    return request(kOpCheck, key, {}, op_deadline()).first == kOk;
+    return request(kOpCheck, key, {}, deadline).first == kOk;
   }
 
  private:
@@ -546,8 +546,6 @@ class TcpStore : public Store {
                                         addr_, key.substr(0, 64), kMaxStoreFieldBytes));
     }
   }
-
-  static Deadline op_deadline() { return Deadline::after(default_timeout_seconds()); }
 
   std::unique_ptr<Conn> connect(const Deadline& deadline, bool first) {
     // After the first connection succeeded the server is known to be up: a refused connection then means it is

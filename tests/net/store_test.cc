@@ -316,6 +316,31 @@ TEST(TcpStore, ServerListensEverywhereUnlessMasterAddrIsLoopback) {
   }
 }
 
+// A store server that accepts connections and never answers: a barrier's arrival and its count of arrivals end by
+// the barrier's deadline (set and add took CONDUIT_TIMEOUT, 300 s, whatever the caller's deadline, and the count
+// after a timed-out wait took another 300 s and replaced the TimeoutError).
+TEST(TcpStore, EveryCallEndsByItsDeadlineAgainstAServerThatNeverAnswers) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(lfd, 16), 0);
+  socklen_t len = sizeof a;
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  auto c = make_tcp_store("127.0.0.1", ntohs(a.sin_port), false, Deadline::after(5));
+  for (const auto& call : std::vector<std::function<void()>>{
+           [&] { store_barrier(*c, "b", 1, 2, Deadline::after(0.5)); },
+           [&] { c->set("k", "v", Deadline::after(0.5)); },
+           [&] { c->check("k", Deadline::after(0.5)); },
+       }) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW(call(), TimeoutError);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  }
+  close(lfd);
+}
+
 TEST(TcpStore, BadPortIsConfigError) {
   EXPECT_THROW(make_tcp_store("127.0.0.1", 70000, true, Deadline::after(1)), ConfigError);
   EXPECT_THROW(make_tcp_store("127.0.0.1", 0, false, Deadline::after(1)), ConfigError);
@@ -535,16 +560,20 @@ TEST(FileStore, AddGivesUpOnALockHeldPastTheDeadline) {
   int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX), 0);
-  setenv("CONDUIT_TIMEOUT", "0.3", 1);
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    s->add("n", 1);
-    ADD_FAILURE() << "add went past a held lock";
-  } catch (const TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find(".lock"), std::string::npos) << e.what();
-  }
+  auto gives_up = [&](const std::function<void()>& add) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      add();
+      ADD_FAILURE() << "add went past a held lock";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find(".lock"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  };
+  setenv("CONDUIT_TIMEOUT", "0.3", 1);  // without a deadline of its own: CONDUIT_TIMEOUT's
+  gives_up([&] { s->add("n", 1); });
   unsetenv("CONDUIT_TIMEOUT");
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  gives_up([&] { s->add("n", 1, Deadline::after(0.3)); });  // the caller's (it took CONDUIT_TIMEOUT's, 300 s)
   ::flock(fd, LOCK_UN);
   ::close(fd);
   EXPECT_EQ(s->add("n", 1), 3);  // nothing was added by the attempt that gave up
