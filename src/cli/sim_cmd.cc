@@ -751,12 +751,14 @@ void run_cluster(const ClusterArgs& a) {
                     {"leaves", j.leaves_used},
                     {"slowdown", j.slowdown},
                     {"preemptions", j.preemptions}});
-    std::cout << json{{"kind", "sim.cluster"},    {"cluster", spec.name},         {"gpus", a.gpus},
-                      {"scheduler", a.scheduler}, {"placement", a.placement},     {"jobs", js},
-                      {"mean_jct_s", r.mean_jct}, {"p50_jct_s", r.p50_jct},       {"p99_jct_s", r.p99_jct},
-                      {"makespan_s", r.makespan}, {"utilization", r.utilization}, {"simulation_wall_s", took}}
-                     .dump()
-              << "\n";
+    std::cout
+        << json{{"kind", "sim.cluster"},    {"cluster", spec.name},         {"gpus", a.gpus},
+                {"scheduler", a.scheduler}, {"placement", a.placement},     {"jobs", js},
+                {"mean_jct_s", r.mean_jct}, {"p50_jct_s", r.p50_jct},       {"p99_jct_s", r.p99_jct},
+                {"makespan_s", r.makespan}, {"utilization", r.utilization}, {"restart_overhead", r.restart_overhead},
+                {"simulation_wall_s", took}}
+               .dump()
+        << "\n";
     return;
   }
   fmt::print("cluster {} ({} accelerators)  scheduler {}  placement {}  {} jobs\n\n", spec.name, a.gpus, a.scheduler,
@@ -766,8 +768,11 @@ void run_cluster(const ClusterArgs& a) {
   for (const auto& j : r.jobs)
     fmt::print("  {:<12} {:>6} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>7} {:>8.2f}x {:>6}\n", j.id, j.gpus, j.submit,
                j.start, j.finish, j.finish - j.submit, j.leaves_used, j.slowdown, j.preemptions);
-  fmt::print("\n  mean JCT {:.0f} s   p50 {:.0f} s   p99 {:.0f} s   makespan {:.0f} s   utilization {:.1f}%\n",
-             r.mean_jct, r.p50_jct, r.p99_jct, r.makespan, 100 * r.utilization);
+  fmt::print("\n  mean JCT {:.0f} s   p50 {:.0f} s   p99 {:.0f} s   makespan {:.0f} s   utilization {:.1f}%{}\n",
+             r.mean_jct, r.p50_jct, r.p99_jct, r.makespan, 100 * r.utilization,
+             r.restart_overhead > 0
+                 ? fmt::format(" (+{:.1f}% reloading checkpoints after preemptions)", 100 * r.restart_overhead)
+                 : std::string());
   fmt::print("  (simulated in {})\n", format_seconds(took));
 }
 

@@ -109,11 +109,13 @@ std::vector<JobSpec> load_job_trace(const std::string& path) {
 }
 
 double job_iteration_time(const ClusterSpec& spec, const std::string& model, long long gpus, long long global_batch,
-                          int leaves, std::string* why) {
-  static thread_local std::map<std::tuple<std::string, std::string, long long, long long, int>,
+                          int leaves, std::string* why, const std::vector<long long>* kind_nodes) {
+  static thread_local std::map<std::tuple<std::string, std::string, long long, long long, int, std::vector<long long>>,
                                std::pair<double, std::string>>
       cache;
-  auto key = std::make_tuple(spec.name, model, gpus, global_batch, leaves);
+  const bool by_kind = kind_nodes != nullptr && spec.node_kinds.size() > 1;
+  auto key =
+      std::make_tuple(spec.name, model, gpus, global_batch, leaves, by_kind ? *kind_nodes : std::vector<long long>{});
   auto it = cache.find(key);
   if (it != cache.end()) {
     if (why) *why = it->second.second;
@@ -122,10 +124,23 @@ double job_iteration_time(const ClusterSpec& spec, const std::string& model, lon
   GptModel m;
   if (!named_gpt(model, m)) throw ConfigError(fmt::format("model '{}' is not a named model", model));
   ClusterSpec s = spec;
+  if (by_kind) {
+    // The kinds of the job's own nodes, as many of each as it holds: it runs at their pace, in their memory (timed
+    // on the whole mixed cluster, every job ran at the slowest kind's pace wherever it was placed).
+    if (kind_nodes->size() != spec.node_kinds.size())
+      throw InvalidArgument("job_iteration_time: one node count per node kind");
+    s.node_kinds.clear();
+    for (size_t k = 0; k < spec.node_kinds.size(); ++k)
+      if ((*kind_nodes)[k] > 0) {
+        s.node_kinds.push_back(spec.node_kinds[k]);
+        s.node_kinds.back().count = (*kind_nodes)[k];
+      }
+    if (s.node_kinds.empty()) throw InvalidArgument("job_iteration_time: a job on no node");
+  }
   long long gpn = spec.gpus_per_node();
   if (gpus < gpn) {
-    // A job smaller than a node runs on part of one: a node of `gpus` accelerators of the first kind (its NICs
-    // unused), so that it computes on what it was given, not on the whole node.
+    // A job smaller than a node runs on part of one: a node of `gpus` accelerators of its kind (its NICs unused), so
+    // that it computes on what it was given, not on the whole node.
     s.node_kinds.resize(1);
     s.node_kinds[0].gpus = static_cast<int>(gpus);
     s.node_kinds[0].nics = 1;
@@ -186,36 +201,74 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       throw ConfigError(
           fmt::format("job {}: gpus = {} must be at most {} or a multiple of it (whole nodes)", j.id, j.gpus, gpn));
   }
+  // The cluster itself (its torus must hold these nodes, as for `sim step`), and the kind of every node.
+  const Topology topo(spec, gpus);
+  const long long nnodes = gpus / gpn, npl = spec.network.nodes_per_leaf;
+  const size_t nkinds = spec.node_kinds.size();
+  std::vector<uint16_t> kind_of(nnodes);
+  for (long long nd = 0; nd < nnodes; ++nd)
+    kind_of[nd] = static_cast<uint16_t>(&topo.kind_of_node(nd) - topo.spec().node_kinds.data());
+  const bool mixed =
+      std::count_if(topo.kind_counts().begin(), topo.kind_counts().end(), [](long long c) { return c > 0; }) > 1;
+  auto nodes_of = [&](long long job_gpus) { return std::max<long long>(1, job_gpus / gpn); };
   std::vector<JobOutcome> out(n);
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
   std::vector<int> state(n, 0);  // 0 not arrived, 1 waiting, 2 running, 3 done
   std::vector<double> restart_at(n, 0.0);
+  // On a cluster of several kinds: each job's iteration time on each kind alone (infinite where it does not fit in
+  // that kind's memory: it is never placed there), and the kinds from the fastest for it.
+  std::vector<std::vector<double>> on_kind(n);
+  std::vector<std::vector<size_t>> fastest(n);
   for (size_t i = 0; i < n; ++i) {
     out[i].id = jobs[i].id;
     out[i].gpus = jobs[i].gpus;
     out[i].submit = jobs[i].submit;
     remaining[i] = static_cast<double>(jobs[i].iterations);
     std::string why;
-    packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1, &why);
-    if (!std::isfinite(packed[i])) throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
+    if (!mixed) {
+      packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1, &why);
+      if (!std::isfinite(packed[i])) throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
+      continue;
+    }
+    on_kind[i].assign(nkinds, std::numeric_limits<double>::infinity());
+    packed[i] = std::numeric_limits<double>::infinity();
+    for (size_t k = 0; k < nkinds; ++k) {
+      if (topo.kind_counts()[k] == 0) continue;
+      std::vector<long long> only(nkinds, 0);
+      only[k] = nodes_of(jobs[i].gpus);
+      std::string w;
+      on_kind[i][k] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1, &w, &only);
+      if (std::isfinite(on_kind[i][k]))
+        fastest[i].push_back(k);
+      else if (why.empty())
+        why = fmt::format("{} (on {} nodes)", w, spec.node_kinds[k].name);
+      packed[i] = std::min(packed[i], on_kind[i][k]);
+    }
+    std::stable_sort(fastest[i].begin(), fastest[i].end(),
+                     [&](size_t a, size_t b) { return on_kind[i][a] < on_kind[i][b]; });
+    if (fastest[i].empty()) throw ConfigError(fmt::format("job {}: on no node kind: {}", jobs[i].id, why));
+    long long room = 0;
+    for (size_t k : fastest[i]) room += topo.kind_counts()[k] * gpn;
+    if (jobs[i].gpus > room)
+      throw ConfigError(fmt::format("job {} asks for {} accelerators; the node kinds it fits in memory have {}",
+                                    jobs[i].id, jobs[i].gpus, room));
   }
   std::vector<Running> running;
-  double now = 0, busy = 0;
+  double now = 0, busy = 0, useful = 0;
 
   // Free accelerators per node (a leaf's are its nodes'): a job smaller than a node gets part of one node, a larger
   // one whole free nodes. Counting per leaf let a 6-GPU job take 3 + 3 of two nodes and run as one NVSwitch node.
-  const long long nnodes = gpus / gpn, npl = spec.network.nodes_per_leaf;
   std::vector<long long> free_node(nnodes, gpn);
   auto leaf_of_node = [&](long long node) { return node / npl; };
-  // Places a job on the free accelerators `free_node` describes (taking them when it fits).
-  auto place_in = [&](std::vector<long long>& free_node, long long need,
+  // Places `need` accelerators on nodes of the `allowed` kinds (taking them when it fits).
+  auto place_on = [&](std::vector<long long>& free_node, long long need, const std::vector<char>& allowed,
                       std::vector<std::pair<long long, long long>>& alloc) -> bool {
     alloc.clear();
     if (need < gpn) {
       // Part of one node: best fit (topology) or first fit (spread).
       long long best = -1;
       for (long long nd = 0; nd < nnodes; ++nd)
-        if (free_node[nd] >= need) {
+        if (allowed[kind_of[nd]] && free_node[nd] >= need) {
           if (opt.placement == Placement::kSpread) {
             best = nd;
             break;
@@ -229,7 +282,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       std::vector<std::vector<long long>> whole(nleaves);  // whole free nodes of each leaf
       long long total = 0;
       for (long long nd = 0; nd < nnodes; ++nd)
-        if (free_node[nd] == gpn) {
+        if (allowed[kind_of[nd]] && free_node[nd] == gpn) {
           whole[leaf_of_node(nd)].push_back(nd);
           ++total;
         }
@@ -270,8 +323,33 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     for (auto [nd, g] : alloc) free_node[nd] -= g;
     return true;
   };
-  auto place = [&](long long need, std::vector<std::pair<long long, long long>>& alloc) {
-    return place_in(free_node, need, alloc);
+  // Places job `job` on the free accelerators `free_node` describes, trying the kinds of nodes pass by pass: on a
+  // cluster of several kinds only the kinds it fits on, and under topology placement one kind at a time, the fastest
+  // for the job first (a job across kinds runs at its slowest kind's pace), before mixing them.
+  std::vector<std::vector<std::vector<char>>> passes(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!mixed) {
+      passes[i].push_back(std::vector<char>(nkinds, 1));
+      continue;
+    }
+    std::vector<char> all(nkinds, 0);
+    for (size_t k : fastest[i]) all[k] = 1;
+    if (opt.placement == Placement::kTopology)
+      for (size_t k : fastest[i]) {
+        std::vector<char> one(nkinds, 0);
+        one[k] = 1;
+        passes[i].push_back(one);
+      }
+    passes[i].push_back(all);
+  }
+  auto place_in = [&](std::vector<long long>& free_node, size_t job,
+                      std::vector<std::pair<long long, long long>>& alloc) {
+    for (const auto& allowed : passes[job])
+      if (place_on(free_node, jobs[job].gpus, allowed, alloc)) return true;
+    return false;
+  };
+  auto place = [&](size_t job, std::vector<std::pair<long long, long long>>& alloc) {
+    return place_in(free_node, job, alloc);
   };
   auto release = [&](const Running& r) {
     for (auto [nd, g] : r.alloc) free_node[nd] += g;
@@ -287,7 +365,13 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     for (auto [nd, g] : alloc) used.push_back(leaf_of_node(nd));
     std::sort(used.begin(), used.end());
     const int leaves = static_cast<int>(std::unique(used.begin(), used.end()) - used.begin());
-    double it = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, leaves);
+    std::vector<long long> kinds(nkinds, 0);
+    for (auto [nd, g] : alloc) kinds[kind_of[nd]]++;
+    double it = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, leaves, nullptr,
+                                   mixed ? &kinds : nullptr);
+    if (!std::isfinite(it))  // (kinds it fits on one by one hold it together too: the smallest memory decides)
+      throw Error(
+          fmt::format("cluster simulation: job {} has no configuration on the nodes it was placed on", jobs[i].id));
     running.push_back({i, alloc, it});
     if (out[i].start < 0)
       out[i].start = now;
@@ -310,7 +394,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       for (size_t i : live) {
         if (state[i] != 1) continue;
         std::vector<std::pair<long long, long long>> alloc;
-        if (!place(jobs[i].gpus, alloc)) break;  // strict FIFO
+        if (!place(i, alloc)) break;  // strict FIFO
         start_job(i, alloc);
       }
       return;
@@ -345,16 +429,16 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     std::vector<size_t> run_pos;
     for (size_t ai = 0; ai < active.size(); ++ai)
       if (state[active[ai]] == 2) run_pos.push_back(ai);
-    auto fits_in = [&](const std::vector<long long>& free, long long need) {
+    auto fits_in = [&](const std::vector<long long>& free, size_t job) {
       std::vector<long long> scratch = free;
       std::vector<std::pair<long long, long long>> probe;
-      return place_in(scratch, need, probe);
+      return place_in(scratch, job, probe);
     };
     for (size_t ai = 0; ai < active.size(); ++ai) {
       const size_t i = active[ai];
       if (state[i] != 1) continue;
       std::vector<std::pair<long long, long long>> alloc;
-      if (place(jobs[i].gpus, alloc)) {
+      if (place(i, alloc)) {
         start_job(i, alloc);
         continue;
       }
@@ -366,7 +450,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         if (state[j] != 2) continue;
         for (auto [nd, g] : running[running_at(j)].alloc) trial[nd] += g;
         victims.push_back(j);
-        fits = fits_in(trial, jobs[i].gpus);
+        fits = fits_in(trial, i);
       }
       if (!fits) continue;
       // Keep the victims whose room turned out not to be needed (most recently added, i.e. highest priority,
@@ -374,7 +458,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       for (size_t v = victims.size(); v-- > 0;) {
         std::vector<long long> without = trial;
         for (auto [nd, g] : running[running_at(victims[v])].alloc) without[nd] -= g;
-        if (fits_in(without, jobs[i].gpus)) {
+        if (fits_in(without, i)) {
           trial = std::move(without);
           victims.erase(victims.begin() + static_cast<long>(v));
         }
@@ -386,7 +470,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         out[j].preemptions++;
         running.erase(running.begin() + static_cast<long>(k));
       }
-      if (place(jobs[i].gpus, alloc)) start_job(i, alloc);
+      if (place(i, alloc)) start_job(i, alloc);
     }
   };
 
@@ -429,6 +513,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         remaining[i] -= std::max(0.0, next - begin) / r.iter_time;
       attained[i] += dt * static_cast<double>(jobs[i].gpus);
       busy += dt * static_cast<double>(jobs[i].gpus);
+      useful += std::max(0.0, next - begin) * static_cast<double>(jobs[i].gpus);  // not reloading a checkpoint
       if (opt.policy == Policy::kLas) {  // a demotion event that rounding left just short of its threshold
         double th = opt.las_first_threshold;
         for (int q = 0; q < opt.las_queues - 1; ++q, th *= 10)
@@ -468,7 +553,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   res.p99_jct = pct(0.99);
   // From the first submission, as the utilization (a trace starting at t = 100000 s had a makespan of 100076 s).
   res.makespan -= first;
-  res.utilization = res.makespan > 0 ? busy / (static_cast<double>(gpus) * res.makespan) : 0;
+  // Utilization counts iterations only; the restart penalty of preempted jobs holds accelerators without training.
+  res.utilization = res.makespan > 0 ? std::min(1.0, useful / (static_cast<double>(gpus) * res.makespan)) : 0;
+  res.restart_overhead = res.makespan > 0 ? (busy - useful) / (static_cast<double>(gpus) * res.makespan) : 0;
   return res;
 }
 

@@ -62,7 +62,9 @@ struct JobOutcome {
 
 struct ScheduleResult {
   std::vector<JobOutcome> jobs;
-  double mean_jct = 0, p50_jct = 0, p99_jct = 0, utilization = 0;
+  double mean_jct = 0, p50_jct = 0, p99_jct = 0;
+  double utilization = 0;       // accelerator-time spent on iterations / (accelerators x makespan)
+  double restart_overhead = 0;  // accelerator-time preempted jobs spent reloading (the restart penalty), same base
   double makespan = 0;  // from the first submission to the last finish
 };
 
@@ -71,8 +73,10 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
 
 // Iteration time of a job on `gpus` accelerators whose nodes span `leaves` leaf switches (on a torus: a ring of
 // its nodes). Infinity when no configuration runs; then `why` (when given) says what stopped them: memory, or the
-// first configuration error (e.g. a global batch no micro-batch x data-parallel size divides).
+// first configuration error (e.g. a global batch no micro-batch x data-parallel size divides). `kind_nodes` (on a
+// cluster of several node kinds): how many of the job's nodes are of each kind; without it the job is timed on the
+// cluster's own mix.
 double job_iteration_time(const ClusterSpec& spec, const std::string& model, long long gpus, long long global_batch,
-                          int leaves, std::string* why = nullptr);
+                          int leaves, std::string* why = nullptr, const std::vector<long long>* kind_nodes = nullptr);
 
 }  // namespace conduit::sim

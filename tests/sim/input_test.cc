@@ -1,6 +1,7 @@
 // Bad and extreme inputs to the simulator: cluster files, layer specs, job traces, flag combinations, sizes that
 // once looped per byte or overflowed. Each must end in one ConfigError naming the field and what is allowed, or in
 // a finite answer.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -507,6 +509,61 @@ TEST(Inputs, PlanFixedToInterleavedSkipsOneStage) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(out.find("\"schedule\":\"1f1b\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"schedule\":\"interleaved\""), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace conduit::sim
+
+namespace conduit::sim {
+namespace {
+
+// Found by a review of `sim cluster`: on a cluster of several node kinds every job ran at the slowest kind's pace
+// (timed on the whole mixed cluster) and a job that fits only the larger kind's memory was refused; a torus that
+// cannot hold --gpus was accepted; restart penalties counted as utilization.
+TEST(Inputs, SchedulerPlacesByNodeKindAndChecksTheCluster) {
+  const ClusterSpec edge = load_cluster("edge");
+  std::string trace = "id,submit_s,gpus,model,iterations\n";
+  for (int i = 0; i < 64; ++i) trace += fmt::format("j{},0,1,gpt2-small,100\n", i);
+  const ScheduleResult r = simulate_cluster(edge, 64, parse_job_trace(trace, "t"), {});
+  std::map<long long, int> by_finish;
+  for (const auto& j : r.jobs) by_finish[std::llround(j.finish)]++;
+  ASSERT_EQ(by_finish.size(), 2u);  // the AGX nodes' jobs, and the Nanos' (16 and 48 nodes)
+  EXPECT_EQ(by_finish.begin()->second, 16);
+  EXPECT_GT(static_cast<double>(by_finish.rbegin()->first) / by_finish.begin()->first, 2.0);
+  // gpt2-xl needs the AGX's 64 GB: it runs there (it was refused), one job per AGX node at a time.
+  trace = "id,submit_s,gpus,model,iterations\n";
+  for (int i = 0; i < 20; ++i) trace += fmt::format("x{},0,1,gpt2-xl,10\n", i);
+  const ScheduleResult xl = simulate_cluster(edge, 64, parse_job_trace(trace, "t"), {});
+  int first_wave = 0;
+  for (const auto& j : xl.jobs) first_wave += j.start == 0;
+  EXPECT_EQ(first_wave, 16);
+  // Every kind too small: the job is refused, naming why.
+  EXPECT_NE(error_of([&] {
+              simulate_cluster(edge, 64, parse_job_trace("id,submit_s,gpus,model,iterations\na,0,1,gpt3-175b,1\n", "t"),
+                               {});
+            }).find("job a: on no node kind"),
+            std::string::npos);
+  // A torus whose dimensions do not hold --gpus is refused as `sim step` refuses it.
+  ClusterSpec torus = load_cluster("dgx-a100");
+  torus.network.topology = TopologyKind::kTorus;
+  torus.network.torus_dims = {8, 8, 8};
+  torus.network.torus_link = {50e9, 1e-6};
+  torus.network.in_network_reduction = false;
+  EXPECT_NE(error_of([&] {
+              simulate_cluster(torus, 64,
+                               parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt2-small,1\n", "t"), {});
+            }).find("torus_dims"),
+            std::string::npos);
+  // A preempted job's reload time is reported apart from utilization.
+  SchedulerOptions las;
+  las.policy = Policy::kLas;
+  const ScheduleResult p = simulate_cluster(
+      load_cluster("dgx-a100"), 8,
+      parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt2-small,10000000\nb,5000,8,gpt2-small,100\n", "t"),
+      las);
+  EXPECT_GE(p.jobs[0].preemptions, 1);
+  EXPECT_NEAR(p.restart_overhead * 8 * p.makespan, 8 * las.restart_penalty * p.jobs[0].preemptions, 1e-3);
+  EXPECT_LT(p.utilization + p.restart_overhead, 1 + 1e-9);
 }
 
 }  // namespace
