@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -798,6 +800,16 @@ std::string read_file(const std::string& path, const char* flag) {
 
 void run_calibrate(const CalibrateArgs& a) {
   if (a.bench.empty()) throw ConfigError("--bench is required: JSON lines from `conduit bench coll --json`");
+  // The name goes into the cluster file as a plain YAML scalar (": " or a leading '#' broke the file or named the
+  // cluster null).
+  if (a.name.empty() || a.name.size() > 64 ||
+      !std::all_of(a.name.begin(), a.name.end(),
+                   [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_' || c == '.'; }) ||
+      !std::isalnum(static_cast<unsigned char>(a.name[0])))
+    throw ConfigError(
+        fmt::format("--name = '{}' (allowed: 1 to 64 letters, digits, '-', '_' and '.', starting with a "
+                    "letter or digit)",
+                    a.name));
   // The flags first: a mistake in them should not wait for the fit and the memory measurement.
   if (a.share != 0 && !(a.share > 0 && a.share <= 1))
     throw ConfigError(fmt::format("--share = {} must be in (0, 1] (or 0: from the cores)", a.share));

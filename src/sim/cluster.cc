@@ -110,8 +110,8 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
   a.memory_bytes = parse_size(get_string(req("memory"), f + ".memory"), f + ".memory");
   a.memory_bandwidth =
       parse_bandwidth(get_string(req("memory_bandwidth"), f + ".memory_bandwidth"), f + ".memory_bandwidth");
-  if (a.peak_flops <= 0 || a.memory_bytes <= 0 || a.memory_bandwidth <= 0)
-    throw ConfigError(fmt::format("{}: peak_bf16, memory and memory_bandwidth must be positive", f));
+  if (a.peak_flops <= 0 || a.peak_flops_fp32 <= 0 || a.memory_bytes <= 0 || a.memory_bandwidth <= 0)
+    throw ConfigError(fmt::format("{}: peak_bf16, peak_fp32, memory and memory_bandwidth must be positive", f));
   if (n["sm_count"]) a.sm_count = get_int(n["sm_count"], f + ".sm_count", 1, 100000);
   if (n["gemm_tile"]) {
     auto t = n["gemm_tile"];

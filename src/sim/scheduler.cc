@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -70,9 +71,13 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
       throw ConfigError(
           fmt::format("{}:{}: id '{}' is used by an earlier job (ids must be unique)", origin, lineno, j.id));
     auto num = [&](const std::string& v, const char* field, double lo, double hi) {
+      // Decimal only: strtod alone also took 0x8 and 0x1p4.
+      const bool decimal = !v.empty() && std::all_of(v.begin(), v.end(), [](unsigned char c) {
+        return std::isdigit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
+      });
       char* end = nullptr;
-      double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != 0 || !(x >= lo && x <= hi))
+      double x = decimal ? std::strtod(v.c_str(), &end) : std::nan("");
+      if (!decimal || *end != 0 || !(x >= lo && x <= hi))
         throw ConfigError(
             fmt::format("{}:{}: {} = '{}' must be a number in [{:g}, {:g}]", origin, lineno, field, v, lo, hi));
       return x;

@@ -16,21 +16,39 @@ struct Split {
   std::string unit;
 };
 
+// A decimal number (digits, an optional fraction and exponent: strtod alone also took 0x10, inf and nan), spaces, and
+// a unit written without spaces ("1 G b / s" was read as 1 Gb/s).
 Split split_number(std::string_view text, std::string_view field, std::string_view allowed) {
   std::string s(text);
   size_t i = 0;
   while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  const char* begin = s.c_str() + i;
-  char* end = nullptr;
-  double v = std::strtod(begin, &end);
-  if (end == begin || !std::isfinite(v) || v < 0) {
+  size_t j = i, digits = 0;
+  while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j, ++digits;
+  if (j < s.size() && s[j] == '.')
+    for (++j; j < s.size() && std::isdigit(static_cast<unsigned char>(s[j])); ++j) ++digits;
+  if (digits > 0 && j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
+    size_t k = j + 1;
+    if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
+    if (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) {
+      j = k;
+      while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
+    }
+  }
+  if (digits == 0)
     throw ConfigError(
         fmt::format("{}: '{}' is not a non-negative number with a unit (allowed units: {})", field, text, allowed));
-  }
-  std::string unit;
-  for (const char* p = end; *p; ++p) {
-    if (!std::isspace(static_cast<unsigned char>(*p))) unit.push_back(*p);
-  }
+  const double v = std::strtod(s.substr(i, j - i).c_str(), nullptr);
+  if (!std::isfinite(v))
+    throw ConfigError(fmt::format("{}: '{}' is above the largest value this simulator takes", field, text));
+  size_t u = j;
+  while (u < s.size() && std::isspace(static_cast<unsigned char>(s[u]))) ++u;
+  size_t e = s.size();
+  while (e > u && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  std::string unit = s.substr(u, e - u);
+  for (char c : unit)
+    if (std::isspace(static_cast<unsigned char>(c)))
+      throw ConfigError(
+          fmt::format("{}: '{}': the unit is written without spaces (allowed units: {})", field, text, allowed));
   return {v, unit};
 }
 
@@ -52,18 +70,23 @@ double scale_prefix(char c) {
   }
 }
 
-// A parsed quantity above `most` (or overflowing to inf) is a typo or a unit mix-up, not hardware.
-double at_most(double v, double most, const char* unit, std::string_view text, std::string_view field) {
+// A parsed quantity above `most` (or overflowing to inf) is a typo or a unit mix-up, not hardware; so is a rate
+// above 0 but below `least` (1e-300 B/s made every time inf).
+double at_most(double v, double most, const char* unit, std::string_view text, std::string_view field,
+               double least = 0) {
   if (!(v <= most))
     throw ConfigError(
         fmt::format("{}: '{}' is above the largest value this simulator takes ({:g} {})", field, text, most, unit));
+  if (v > 0 && v < least)
+    throw ConfigError(
+        fmt::format("{}: '{}' is below the smallest rate this simulator takes ({:g} {})", field, text, least, unit));
   return v;
 }
 
 }  // namespace
 
 double parse_bandwidth(std::string_view text, std::string_view field) {
-  constexpr std::string_view kAllowed = "b/s, Kb/s, Mb/s, Gb/s, Tb/s, B/s, KB/s, MB/s, GB/s, TB/s";
+  constexpr std::string_view kAllowed = "b/s, Kb/s, Mb/s, Gb/s, Tb/s, Pb/s, B/s, KB/s, MB/s, GB/s, TB/s, PB/s";
   auto [v, u] = split_number(text, field, kAllowed);
   if (u.size() >= 3 && u.substr(u.size() - 2) == "/s") {
     std::string base = u.substr(0, u.size() - 2);
@@ -73,7 +96,7 @@ double parse_bandwidth(std::string_view text, std::string_view field) {
       base = base.substr(1);
     }
     if (mult != 0 && (base == "b" || base == "B"))
-      return at_most(v * mult * (base == "b" ? 0.125 : 1.0), 1e15, "B/s", text, field);
+      return at_most(v * mult * (base == "b" ? 0.125 : 1.0), 1e15, "B/s", text, field, 1);  // 1 B/s at least
   }
   throw ConfigError(fmt::format("{}: unit '{}' in '{}' is not a bandwidth (allowed: {})", field, u, text, kAllowed));
 }
@@ -90,7 +113,8 @@ double parse_duration(std::string_view text, std::string_view field) {
 }
 
 double parse_size(std::string_view text, std::string_view field) {
-  constexpr std::string_view kAllowed = "B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024)";
+  constexpr std::string_view kAllowed =
+      "B, KB, MB, GB, TB, PB (powers of 1000), KiB, MiB, GiB, TiB, PiB (powers of 1024)";
   auto [v, u] = split_number(text, field, kAllowed);
   constexpr double kMost = 1e18;  // an exabyte
   if (u == "B") return at_most(v, kMost, "B", text, field);
@@ -104,12 +128,13 @@ double parse_size(std::string_view text, std::string_view field) {
 }
 
 double parse_flops(std::string_view text, std::string_view field) {
-  constexpr std::string_view kAllowed = "FLOP/s, GFLOP/s, TFLOP/s, PFLOP/s";
+  constexpr std::string_view kAllowed = "FLOP/s, KFLOP/s, MFLOP/s, GFLOP/s, TFLOP/s, PFLOP/s";
   auto [v, u] = split_number(text, field, kAllowed);
   constexpr double kMost = 1e18;  // an exaFLOP/s per accelerator
-  if (u == "FLOP/s") return at_most(v, kMost, "FLOP/s", text, field);
+  constexpr double kLeast = 1;
+  if (u == "FLOP/s") return at_most(v, kMost, "FLOP/s", text, field, kLeast);
   if (u.size() == 7 && u.substr(1) == "FLOP/s" && scale_prefix(u[0]) != 0)
-    return at_most(v * scale_prefix(u[0]), kMost, "FLOP/s", text, field);
+    return at_most(v * scale_prefix(u[0]), kMost, "FLOP/s", text, field, kLeast);
   throw ConfigError(fmt::format("{}: unit '{}' in '{}' is not a compute rate (allowed: {})", field, u, text, kAllowed));
 }
 

@@ -105,6 +105,8 @@ TEST(Inputs, JobTracesNeedWholeBoundedNumbersAndUniqueIds) {
   EXPECT_EQ(trace_error("a,0,8,gpt-1.7b,1e30"), "t.csv:2: iterations = '1e30' must be a number in [1, 1e+12]");
   EXPECT_EQ(trace_error("a,0,2.5,gpt-1.7b,10"), "t.csv:2: gpus = '2.5' must be a whole number");
   EXPECT_EQ(trace_error("a,inf,8,gpt-1.7b,10"), "t.csv:2: submit_s = 'inf' must be a number in [0, 1e+12]");
+  EXPECT_EQ(trace_error("a,0,0x8,gpt-1.7b,10"), "t.csv:2: gpus = '0x8' must be a number in [1, 262144]");
+  EXPECT_EQ(trace_error("a,0x1p4,8,gpt-1.7b,10"), "t.csv:2: submit_s = '0x1p4' must be a number in [0, 1e+12]");
   EXPECT_EQ(trace_error("a,0,8,gpt-1.7b,10\na,5,8,gpt-1.7b,10"),
             "t.csv:3: id 'a' is used by an earlier job (ids must be unique)");
   EXPECT_NE(trace_error("a,0,8,gpt-1.7b,10,5", "id,submit_s,gpus,model,iterations,foo").find("the header must be"),

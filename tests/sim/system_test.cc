@@ -344,6 +344,12 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
   EXPECT_NE(out.find("conduit: error: " + dir + "/bad.jsonl:1: field 'gflops' must be a positive number"),
             std::string::npos)
       << out;
+  // --name lands in the YAML as a plain scalar: "my: box" broke the file, "#lab" named the cluster null.
+  for (const char* bad : {"my: box", "#lab", ""}) {
+    out = run("sim calibrate --bench " + dir + "/bench.jsonl --peak 1GFLOP/s --name '" + bad + "' --out -", &rc);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("--name = '" + std::string(bad) + "' (allowed: 1 to 64 letters"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

@@ -36,6 +36,21 @@ TEST(Units, ParseEveryUnitAndRejectTheRest) {
       EXPECT_NE(std::string(e.what()).find("nodes[0].nic.bandwidth"), std::string::npos) << e.what();
     }
   }
+  // Decimal numbers only, units without spaces, P prefixes, rates that keep times finite (found by a review: 0x10,
+  // "1 G b / s" and 1e-300 B/s were taken, 1e400 was "not a number").
+  EXPECT_DOUBLE_EQ(parse_bandwidth("1e2 Gb/s", "f"), 12.5e9);
+  EXPECT_DOUBLE_EQ(parse_bandwidth("1 PB/s", "f"), 1e15);
+  EXPECT_DOUBLE_EQ(parse_size("1 PiB", "f"), std::pow(1024.0, 5));
+  EXPECT_DOUBLE_EQ(parse_flops(".5 TFLOP/s", "f"), 0.5e12);
+  for (const char* bad : {"0x10 GB/s", "1 G b / s", "1e-300 B/s", "inf GB/s", "1e GB/s"})
+    EXPECT_THROW(parse_bandwidth(bad, "f"), ConfigError) << bad;
+  try {
+    parse_bandwidth("1e400 Gb/s", "f");
+    ADD_FAILURE() << "1e400 taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("above the largest value"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_flops("1e-9 FLOP/s", "f"), ConfigError);
   EXPECT_THROW(parse_duration("3 hours", "f"), ConfigError);
   EXPECT_THROW(parse_size("3 Gb", "f"), ConfigError);
   EXPECT_THROW(parse_flops("3 TOPS", "f"), ConfigError);
