@@ -8,10 +8,13 @@
 // allgather: p-1 steps; at step s rank r sends block (r-s) to r+1 and receives block (r-s-1) from r-1.
 //   bytes sent per rank (p-1)/p·n; time (p-1)α + (p-1)/p·nβ.
 // allreduce = reduce-scatter + allgather: 2(p-1)α + 2(p-1)/p·nβ + (p-1)/p·nγ — bandwidth-optimal.
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "coll/algorithms.h"
 #include "core/env.h"
+#include "core/error.h"
 
 namespace conduit::coll {
 
@@ -36,7 +39,10 @@ size_t ring_segment_bytes() {
   static const size_t v = [] {
     auto s = env_string("CONDUIT_RING_SEGMENT_BYTES");
     size_t b = s ? parse_bytes(*s, "CONDUIT_RING_SEGMENT_BYTES") : (1u << 20);
-    return std::max<size_t>(b, 64);
+    // (0 was raised to 64 without a word: every megabyte then took 16,384 steps)
+    if (b < 64 || b > (size_t{1} << 30))
+      throw ConfigError(fmt::format("CONDUIT_RING_SEGMENT_BYTES='{}' is {} bytes (allowed: 64 bytes to 1G)", *s, b));
+    return b;
   }();
   return v;
 }

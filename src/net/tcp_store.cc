@@ -34,6 +34,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/clock.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -243,14 +244,17 @@ class TcpStoreServer {
       fds.clear();
       ids.clear();
       fds.push_back({wake_[0], POLLIN, 0});
-      fds.push_back({listen_fd_, POLLIN, 0});
+      // Out of file descriptors: the pending connection keeps the listening socket readable, so it is left out of
+      // the poll for a moment (polling it spun the thread and logged a warning every pass).
+      const bool accept_paused = Clock::now() < accept_paused_until_;
+      fds.push_back({accept_paused ? -1 : listen_fd_, POLLIN, 0});
       for (auto& [id, c] : clients_) {
         short ev = POLLIN;
         if (c.out_off < c.out.size()) ev |= POLLOUT;
         fds.push_back({c.fd, ev, 0});
         ids.push_back(id);
       }
-      int n = poll(fds.data(), fds.size(), -1);
+      int n = poll(fds.data(), fds.size(), accept_paused ? 100 : -1);
       if (n < 0) {
         if (errno == EINTR) continue;
         CONDUIT_LOG_ERROR("tcp store server {}:{}: poll failed: {}; stopping", host_, port_, std::strerror(errno));
@@ -289,8 +293,14 @@ class TcpStoreServer {
       int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          if (Clock::now() >= accept_paused_until_)
+            CONDUIT_LOG_WARN("tcp store server {}:{}: accept failed: {}; retrying in 100 ms", host_, port_,
+                             std::strerror(errno));
+          accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
           CONDUIT_LOG_WARN("tcp store server {}:{}: accept failed: {}", host_, port_, std::strerror(errno));
+        }
         return;
       }
       int one = 1;
@@ -477,6 +487,7 @@ class TcpStoreServer {
   std::string host_;
   int port_ = 0;
   int listen_fd_ = -1;
+  Clock::time_point accept_paused_until_{};
   int wake_[2] = {-1, -1};
   std::thread thread_;
   // Owned by the server thread only.

@@ -123,6 +123,12 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
   EXPECT_NE(bad.out.find("unknown allreduce algorithm 'warp': allowed are ring, rhd, rd, tree, hier"),
             std::string::npos)
       << bad.out;
+  // A ring segment below 64 bytes is refused (0 was raised to 64 silently: every megabyte took 16,384 steps).
+  bad = run_sh("CONDUIT_RING_SEGMENT_BYTES=0 " + kConduit + " launch -n 2 -- " + kConduit +
+               " selftest --transport tcp --timeout 30");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("CONDUIT_RING_SEGMENT_BYTES='0' is 0 bytes (allowed: 64 bytes to 1G)"), std::string::npos)
+      << bad.out;
 }
 
 // Small allreduces over shm take the shared-memory fast path (checked results), larger ones an algorithm; a forced
