@@ -29,6 +29,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -46,8 +47,10 @@
 #include "cli/bench_ops.h"
 #include "cli/cluster.h"
 #include "cli/registry.h"
+#include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/reduce.h"
 #ifdef CONDUIT_WITH_COMPRESS
 #include "compress/compressor.h"
 #endif
@@ -235,6 +238,10 @@ SweepSpec load_spec(const std::string& path) {
   s.schemes = string_list(root["schemes"], "schemes");
   s.compressors = string_list(root["compressors"], "compressors");
   s.peers = string_list(root["peers"], "peers");
+  for (const auto& [name, list] :
+       {std::pair{"schemes", &s.schemes}, std::pair{"compressors", &s.compressors}, std::pair{"peers", &s.peers}})
+    if (std::set<std::string>(list->begin(), list->end()).size() != list->size())
+      throw ConfigError(fmt::format("sweep: {} lists an entry twice (the cells would repeat)", name));
   s.train = flag_map(root["train"], "train");
   if (root["bench"]) {
     s.has_bench = true;
@@ -297,18 +304,19 @@ SweepSpec load_spec(const std::string& path) {
             k, join(std::vector<std::string>(ddp_keys().begin(), ddp_keys().end()), ", ")));
     }
 #ifdef CONDUIT_WITH_TORCH
-  // Train cells pass every train: key to `conduit train`; a grid of DDP peers alone passes only the keys it shares.
+  // Train cells pass every train: key to `conduit train`; a grid of DDP peers alone passes only the keys it shares,
+  // but a misspelled key is an error either way (with peers alone it was dropped silently).
+  train::RawConfig base;  // the train: keys as conduit train's configuration names them
+  for (const auto& [k, v] : s.train) {
+    std::string key = k;
+    std::replace(key.begin(), key.end(), '-', '_');
+    bool known = false;
+    for (const auto& [ck, desc] : train::config_keys()) known = known || ck == key;
+    if (!known)
+      throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help)", k));
+    base[key] = v;
+  }
   if (!s.schemes.empty()) {
-    train::RawConfig base;  // the train: keys as conduit train's configuration names them
-    for (const auto& [k, v] : s.train) {
-      std::string key = k;
-      std::replace(key.begin(), key.end(), '-', '_');
-      bool known = false;
-      for (const auto& [ck, desc] : train::config_keys()) known = known || ck == key;
-      if (!known)
-        throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help)", k));
-      base[key] = v;
-    }
     // The values too, for every (scheme, compressor) cell, as `conduit train` will read them (epochs: abc or an
     // unknown model failed each cell after its cluster came up).
     for (const auto& sc : s.schemes)
@@ -338,6 +346,23 @@ SweepSpec load_spec(const std::string& path) {
         throw ConfigError(fmt::format("sweep: bench: op '{}' is not supported; allowed: {}", v, bench_coll_ops_list()));
       if (k == "min-bytes") lo = v;
       if (k == "max-bytes") hi = v;
+      // The values `bench coll` checks, checked here for the whole grid (iters: abc failed each cell after its
+      // cluster came up).
+      auto number = [&](double lo_v, double hi_v, bool whole) {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        const bool digits = !v.empty() && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '.');
+        if (!digits || *end != '\0' || !(x >= lo_v && x <= hi_v) || (whole && x != std::floor(x)))
+          throw ConfigError(fmt::format("sweep: bench: {} = '{}' (allowed: {} in [{:g}, {:g}])", k, v,
+                                        whole ? "a whole number" : "a number", lo_v, hi_v));
+      };
+      if (k == "iters") number(1, 1e6, true);
+      if (k == "warmup") number(0, 1e6, true);
+      if (k == "root") number(0, cl::kMaxHosts - 1, true);
+      if (k == "stagger-us") number(0, 1e6, false);
+      if (k == "timeout") number(1e-3, 1e9, false);
+      if (k == "dtype") parse_dtype(v);
+      if (k == "reduce") parse_reduce_op(v);
     }
     if (parse_bytes(hi, "sweep: bench: max-bytes") < parse_bytes(lo, "sweep: bench: min-bytes"))
       throw ConfigError(fmt::format("sweep: bench: max-bytes {} is below min-bytes {}", hi, lo));
@@ -374,11 +399,20 @@ SweepSpec load_spec(const std::string& path) {
             fmt::format("sweep: {}: unknown key '{}'; allowed bandwidth, latency, loss, hosts_file, label", where, k));
       }
     }
-    n.links = hosts_file.empty() ? std::vector<cl::LinkSpec>(static_cast<size_t>(s.hosts), l)
-                                 : cl::load_hosts_file(hosts_file, s.hosts, l);
+    try {
+      n.links = hosts_file.empty() ? std::vector<cl::LinkSpec>(static_cast<size_t>(s.hosts), l)
+                                   : cl::load_hosts_file(hosts_file, s.hosts, l);
+    } catch (const ConfigError& e) {  // (it named a --hosts flag the sweep does not have)
+      throw ConfigError(fmt::format("sweep: {}.hosts_file: {} (the sweep's hosts: is {}{}; make them agree)", where,
+                                    e.what(), s.hosts, root["hosts"] ? "" : ", the default"));
+    }
     n.rate_bps = l.rate_bps;
     n.latency_s = l.latency_s;
     n.loss = l.loss;
+    for (const auto& hl : n.links) {  // a hosts file's links: the worst latency and loss name the setting
+      n.latency_s = std::max(n.latency_s, hl.latency_s);
+      n.loss = std::max(n.loss, hl.loss);
+    }
     if (n.rate_bps <= 0 && hosts_file.empty()) {
       throw ConfigError(fmt::format("sweep: {}: bandwidth is required (e.g. 100mbit)", where));
     }
@@ -576,7 +610,7 @@ std::string csv_field(const json& v) {
   if (v.is_null()) return "";
   if (v.is_string()) {
     std::string s = v.get<std::string>();
-    if (s.find_first_of(",\"\n") == std::string::npos) return s;
+    if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
     std::string q = "\"";
     for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     return q + "\"";
@@ -699,13 +733,29 @@ void write_results(const fs::path& out, const json& rows, const json& details) {
   std::ofstream(out / "results.json") << all.dump(2) << "\n";
 }
 
+// A gnuplot single-quoted string: nothing inside is expanded ('' is a quote). In double quotes gnuplot runs
+// `backquoted` commands, so a label: of the sweep file could run a shell command as root; control characters
+// (a newline would end the plot command) become spaces.
 std::string gp_quote(const std::string& s) {
-  std::string out = "\"";
+  std::string out = "'";
   for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    if (c == '\'')
+      out += "''";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      out += ' ';
+    else
+      out += c;
   }
-  return out + "\"";
+  return out + "'";
+}
+
+// Whether a cell's curve.dat holds a point (a line beyond its '#' header).
+bool curve_has_points(const fs::path& p) {
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty() && line[0] != '#') return true;
+  return false;
 }
 
 // Writes plot.gp and the data files beside it, runs gnuplot; returns the PNGs made.
@@ -718,7 +768,7 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
   for (size_t i = 0; i < cells.size(); ++i) {
     const auto& c = cells[i];
     if (c.kind == "bench" || rows[i].value("status", "") != "ok") continue;
-    if (!fs::exists(fs::path(c.dir) / "curve.dat") || fs::file_size(fs::path(c.dir) / "curve.dat") < 40) continue;
+    if (!curve_has_points(fs::path(c.dir) / "curve.dat")) continue;  // (a header alone broke the plot's x range)
     curves.push_back(fmt::format("{} using {{X}}:2 with linespoints title {}",
                                  gp_quote(fs::relative(fs::path(c.dir) / "curve.dat", out).string()),
                                  gp_quote(fmt::format("{} @{} s{}", c.label, c.net->label, c.seed))));
@@ -828,7 +878,11 @@ void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::
                        r["label"].is_string();
     const int64_t i = named ? r["cell"].get<int64_t>() : -1;
     const std::string label = named ? r["label"].get<std::string>() : "?";
-    if (i < 0 || i >= int64_t(cells.size()) || label != cells[size_t(i)].label) {
+    // The cell's network and seed too: labels leave them out, so a file whose networks or seeds changed matched.
+    const bool same = i >= 0 && i < int64_t(cells.size()) && label == cells[size_t(i)].label &&
+                      (!r.contains("network") || r["network"] == json(cells[size_t(i)].net->label)) &&
+                      (!r.contains("seed") || r["seed"] == json(cells[size_t(i)].seed));
+    if (!same) {
       throw ConfigError(
           fmt::format("sweep --replot: {} lists cell {} ({}), which is not that cell of this file's "
                       "grid of {}; replot with the file the sweep ran",
@@ -915,6 +969,9 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
         cl::up(cluster, c.net->links);
         up_net = c.net;
       }
+      // A cell's folder starts empty: an earlier sweep's summary.json was read as this cell's result when the cell
+      // failed before writing its own.
+      fs::remove_all(c.dir);
       fs::create_directories(c.dir);
       const auto cmd = cell_command(s, c, cluster, exe);
       std::ofstream(fs::path(c.dir) / "command.txt") << fmt::format("{}\n", fmt::join(cmd, " "));
@@ -964,7 +1021,8 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     // A stop while a cluster came up ends `up` with an error naming the signal (it removed what it made): finish as
     // any stopped sweep, with the results so far and 128 + the signal (it exited 2 with that error). Any other error
     // is reported as before.
-    if (!g_stop || std::string(e.what()).find("stopped by signal") == std::string::npos) {
+    // (A Ctrl-C from a terminal also reaches the ip or tc process running then, whose failure is the error here.)
+    if (!g_stop) {
       if (up_net != nullptr) cl::down(cluster);
       restore_handlers();
       throw;

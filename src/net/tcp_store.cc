@@ -156,6 +156,18 @@ class TcpStoreServer {
  public:
   TcpStoreServer(const std::string& master_addr, int port) : host_(store_listen_host(master_addr)) {
     const bool any = host_ == "*";
+    if (any && !master_addr.empty() && master_addr != "*") {
+      // Listening everywhere needs no address, but rank 0's own client connects to MASTER_ADDR: a name that does not
+      // resolve fails here, at once, not after the connect deadline with a hint about rank 0.
+      addrinfo hints{};
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* res = nullptr;
+      const int rc = getaddrinfo(master_addr.c_str(), nullptr, &hints, &res);
+      if (rc != 0)
+        throw ConfigError(fmt::format("tcp store: cannot resolve server address '{}:{}': {} (check MASTER_ADDR)",
+                                      master_addr, port, gai_strerror(rc)));
+      freeaddrinfo(res);
+    }
     std::string why = "no address";
     int err = 0;
     // Every interface: IPv6's wildcard taking IPv4 too where the host has IPv6, else IPv4's.
@@ -294,15 +306,17 @@ class TcpStoreServer {
       if (fd < 0) {
         if (errno == EINTR) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          if (Clock::now() >= accept_paused_until_)
-            CONDUIT_LOG_WARN("tcp store server {}:{}: accept failed: {}; retrying in 100 ms", host_, port_,
+          if (!accept_warned_)  // once until an accept succeeds again
+            CONDUIT_LOG_WARN("tcp store server {}:{}: accept failed: {}; retrying every 100 ms", host_, port_,
                              std::strerror(errno));
+          accept_warned_ = true;
           accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
         } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
           CONDUIT_LOG_WARN("tcp store server {}:{}: accept failed: {}", host_, port_, std::strerror(errno));
         }
         return;
       }
+      accept_warned_ = false;
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       char name[INET6_ADDRSTRLEN] = "?";
@@ -488,6 +502,7 @@ class TcpStoreServer {
   int port_ = 0;
   int listen_fd_ = -1;
   Clock::time_point accept_paused_until_{};
+  bool accept_warned_ = false;
   int wake_[2] = {-1, -1};
   std::thread thread_;
   // Owned by the server thread only.

@@ -213,8 +213,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   std::vector<uint16_t> kind_of(nnodes);
   for (long long nd = 0; nd < nnodes; ++nd)
     kind_of[nd] = static_cast<uint16_t>(&topo.kind_of_node(nd) - topo.spec().node_kinds.data());
-  const bool mixed =
-      std::count_if(topo.kind_counts().begin(), topo.kind_counts().end(), [](long long c) { return c > 0; }) > 1;
+  // A file of several kinds: jobs are timed on their own nodes' kinds even when --gpus holds one kind only (timed on
+  // the file's first kind, a job on a node of the second was refused for the first one's memory).
+  const bool mixed = nkinds > 1;
   auto nodes_of = [&](long long job_gpus) { return std::max<long long>(1, job_gpus / gpn); };
   std::vector<JobOutcome> out(n);
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);

@@ -501,13 +501,16 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     take(k, k);
   if (!workers_from_env) take("workers", "world");
   // The scheme with the parameters it was written with (sync_period and staleness are parameters of it too).
-  if (!raw.count("sync") && !raw.count("sync_period") && !raw.count("staleness") && meta.contains("sync") &&
-      meta["sync"].is_string()) {
+  // A sync_period or staleness given takes the place of the checkpoint's period or staleness (and is then checked
+  // against it like any other parameter).
+  if (!raw.count("sync") && meta.contains("sync") && meta["sync"].is_string()) {
     std::string spec = meta["sync"].get<std::string>();
     std::vector<std::string> params;
     if (meta.contains("sync_params") && meta["sync_params"].is_object())
-      for (const auto& [k, v] : meta["sync_params"].items())
+      for (const auto& [k, v] : meta["sync_params"].items()) {
+        if ((k == "period" && raw.count("sync_period")) || (k == "staleness" && raw.count("staleness"))) continue;
         if (auto t = text(v)) params.push_back(k + "=" + *t);
+      }
     if (!params.empty()) spec += ":" + join(params, ",");
     raw["sync"] = spec;
   }

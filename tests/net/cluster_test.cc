@@ -570,7 +570,15 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       // Values as `conduit train` reads them, per (scheme, compressor) cell, before any cluster comes up.
       {"train: {epochs: abc}\ncompressors: [none]\n",
        "train cell (scheme bsp, compressor none): config: epochs: 'abc'"},
-      {"train: {model: resnet999}\ncompressors: [none]\n", "model: 'resnet999' is not allowed"}};
+      {"train: {model: resnet999}\ncompressors: [none]\n", "model: 'resnet999' is not allowed"},
+      // Found by a review: repeated entries made duplicate cells; a misspelled key with DDP peers alone was dropped;
+      // bench values failed each cell after its cluster came up.
+      {"schemes: [bsp, bsp]\n", "schemes lists an entry twice"},
+      {"compressors: [none, none]\n", "compressors lists an entry twice"},
+      {"peers: [fp16, fp16]\n", "peers lists an entry twice"},
+      {"peers: [none]\ntrain: {epohcs: 3}\n", "train: 'epohcs' is not a `conduit train` key"},
+      {"bench: {iters: abc}\n", "bench: iters = 'abc' (allowed: a whole number in [1, 1e+06])"},
+      {"bench: {dtype: f33}\n", "f33"}};
   for (const auto& [extra, expect] : cases) {
     std::ofstream(file) << base << extra;
     Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
@@ -647,6 +655,18 @@ TEST(SweepConfig, ReplotCollectsEveryEvaluationInTimeOrder) {
   if (sh("command -v gnuplot").code == 0) {
     EXPECT_TRUE(fs::exists(fs::path(out) / "accuracy_vs_time.png")) << r.out;
   }
+  // Titles and paths go to gnuplot in single quotes, where nothing is expanded (in double quotes a `command` in a
+  // label ran as root).
+  const std::string gp = read(fs::path(out) / "plot.gp");
+  EXPECT_NE(gp.find("title '"), std::string::npos) << gp;
+  EXPECT_EQ(gp.find("title \""), std::string::npos) << gp;
+
+  // A row of another network (the grid's networks changed since the run) is not this grid's cell either.
+  std::ofstream(fs::path(out) / "results.json")
+      << "[{\"cell\": 0, \"label\": \"" << labels[0] << "\", \"network\": \"1gbit\", \"status\": \"ok\"}]\n";
+  Result moved = sh(conduit() + " sweep " + yaml + " -o " + out + " --replot");
+  EXPECT_EQ(moved.code, 2) << moved.out;
+  EXPECT_NE(moved.out.find("lists cell 0"), std::string::npos) << moved.out;
 
   results("ddp fp16");  // not this grid's cell 1
   Result bad = sh(conduit() + " sweep " + yaml + " -o " + out + " --replot");

@@ -297,6 +297,15 @@ TEST(TcpStore, ServerListensEverywhereUnlessMasterAddrIsLoopback) {
   EXPECT_EQ(store_listen_host("10.255.255.1"), "*");
   EXPECT_EQ(store_listen_host("node7.cluster"), "*");
   EXPECT_EQ(store_listen_host("localhost"), "*");
+  // A name that does not resolve fails at once on rank 0 (listening everywhere needs no address, but its own
+  // client does: it waited out the connect deadline and blamed rank 0).
+  try {
+    make_tcp_store("nosuchhost.invalid", 0, true, Deadline::after(60));
+    ADD_FAILURE() << "an unresolvable MASTER_ADDR was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot resolve server address 'nosuchhost.invalid"), std::string::npos)
+        << e.what();
+  }
   // A name: reachable over IPv4 and (where the host has it) IPv6 loopback alike.
   auto server = make_tcp_store("localhost", 0, true, Deadline::after(5));
   const int port = tcp_store_port(*server);

@@ -438,7 +438,7 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   EXPECT_NE(error_of([&] { simulate_step(bn, m, c); }), "no error");
 
   // A vocabulary tp does not divide is padded (as Megatron-LM pads it) by training and inference alike: gpt2-xl's
-  // 25 heads allow tp = 5 only, and training refused it while inference computed with 10060.8 rows per rank.
+  // 25 heads allow tp = 5 or 25 only, and training refused it while inference computed with 10060.8 rows per rank.
   Topology t40(load_cluster("dgx-a100"), 40);
   CollectiveModel n40(t40);
   const GptModel xl = named_model("gpt2-xl");
@@ -545,6 +545,18 @@ TEST(Inputs, SchedulerPlacesByNodeKindAndChecksTheCluster) {
                                {});
             }).find("job a: on no node kind"),
             std::string::npos);
+  // A file of two kinds where --gpus holds one node, of the second kind: a job is timed on that kind (it was timed on
+  // the first kind's 4 GiB and refused).
+  ClusterSpec two = load_cluster("dgx-a100");
+  two.node_kinds.push_back(two.node_kinds[0]);
+  two.node_kinds[0].name = "small";
+  two.node_kinds[0].count = 1;
+  two.node_kinds[0].accelerator.memory_bytes = 4e9;
+  two.node_kinds[1].name = "big";
+  two.node_kinds[1].count = 3;
+  const ScheduleResult one_kind =
+      simulate_cluster(two, 8, parse_job_trace("id,submit_s,gpus,model,iterations\na,0,4,gpt2-xl,10\n", "t"), {});
+  EXPECT_TRUE(std::isfinite(one_kind.jobs[0].finish));
   // A torus whose dimensions do not hold --gpus is refused as `sim step` refuses it.
   ClusterSpec torus = load_cluster("dgx-a100");
   torus.network.topology = TopologyKind::kTorus;

@@ -155,6 +155,11 @@ TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
   EXPECT_NE(cfg.find("staleness=1"), std::string::npos) << cfg;
   EXPECT_NE(slurp(dir / "b" / "summary.json").find("\"epochs\": 2"), std::string::npos)
       << slurp(dir / "b" / "summary.json");
+  // A scheme parameter given on its own (--staleness) keeps the checkpoint's scheme (it fell back to bsp, which has
+  // no staleness); the same value resumes.
+  r = run("train --progress false --test-limit 64 --epochs 2 --staleness 1 --resume " +
+          (dir / "a" / "checkpoint").string() + " --output " + (dir / "s").string());
+  EXPECT_EQ(r.code, 0) << r.out;
   r = run("train --progress false --test-limit 64 --epochs 2 --model cnn --resume " +
           (dir / "a" / "checkpoint").string() + " --output " + (dir / "c").string());
   EXPECT_EQ(r.code, 2) << r.out;
