@@ -14,23 +14,41 @@
 namespace conduit::train {
 namespace {
 
+// The largest file the reader takes, decompressed (Fashion-MNIST's training images are 47 MB): a corrupt or
+// hostile gzip stream that inflates without end is an error, not an exhausted memory.
+constexpr size_t kMaxIdxBytes = size_t{4} << 30;
+
 std::vector<uint8_t> read_gz_file(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");  // reads plain files too
   if (!f) throw ConfigError(fmt::format("data: cannot open '{}'", path));
   std::vector<uint8_t> out;
   uint8_t buf[1 << 16];
+  auto fail = [&](std::string why) {
+    gzclose(f);
+    if (why.rfind(path + ": ", 0) == 0) why = why.substr(path.size() + 2);  // zlib's message names the file too
+    return InvalidArgument(
+        fmt::format("data: '{}' is corrupt ({}); allowed: a whole IDX file, plain or gzipped", path, why));
+  };
   for (;;) {
     int got = gzread(f, buf, sizeof buf);
     if (got < 0) {
       int err = 0;
       std::string msg = gzerror(f, &err);
-      gzclose(f);
-      throw InvalidArgument(fmt::format("data: '{}' is corrupt ({})", path, msg));
+      throw fail(msg);
     }
     if (got == 0) break;
+    if (out.size() + size_t(got) > kMaxIdxBytes) throw fail("it inflates past 4 GiB");
     out.insert(out.end(), buf, buf + got);
   }
-  gzclose(f);
+  // A gzip stream cut short (no CRC and length trailer) reads as a quiet end of file: zlib says so only here.
+  int err = Z_OK;
+  const char* msg = gzerror(f, &err);
+  if (err != Z_OK) throw fail(msg ? msg : "read error");
+  if (gzclose(f) != Z_OK)
+    throw InvalidArgument(
+        fmt::format("data: '{}' is corrupt (its gzip trailer does not check out); allowed: a whole "
+                    "IDX file, plain or gzipped",
+                    path));
   return out;
 }
 
@@ -49,22 +67,32 @@ std::string find_file(const std::string& dir, const std::string& base) {
 IdxArray read_idx(const std::string& path) {
   auto bytes = read_gz_file(path);
   if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)
-    throw InvalidArgument(fmt::format("data: '{}' is not an IDX file (bad magic)", path));
+    throw InvalidArgument(fmt::format(
+        "data: '{}' is not an IDX file: it starts with {}; allowed: 00 00 08 <dims>", path,
+        bytes.size() < 2 ? std::string("fewer than 4 bytes") : fmt::format("{:02x} {:02x}", bytes[0], bytes[1])));
   if (bytes[2] != 0x08)
     throw InvalidArgument(fmt::format("data: '{}': IDX type 0x{:02x} is not supported (only unsigned bytes, 0x08)",
                                       path, bytes[2]));
   int nd = bytes[3];
-  if (nd < 1 || bytes.size() < 4 + 4 * size_t(nd))
-    throw InvalidArgument(fmt::format("data: '{}': truncated IDX header", path));
+  if (nd < 1)
+    throw InvalidArgument(fmt::format("data: '{}': the IDX header has 0 dimensions; allowed: 1 or more", path));
+  if (bytes.size() < 4 + 4 * size_t(nd))
+    throw InvalidArgument(fmt::format("data: '{}': truncated IDX header ({} dimensions need {} bytes, the file has {})",
+                                      path, nd, 4 + 4 * size_t(nd), bytes.size()));
   IdxArray a;
   size_t total = 1;
   for (int i = 0; i < nd; ++i) {
     a.dims.push_back(be32(&bytes[4 + 4 * i]));
+    // (a product past 2^64 wrapped: [2^31, 2^31, 4] with no data passed)
+    if (a.dims.back() != 0 && total > kMaxIdxBytes / a.dims.back())
+      throw InvalidArgument(fmt::format("data: '{}': the IDX dimensions multiply past 4 GiB", path));
     total *= a.dims.back();
   }
   size_t off = 4 + 4 * size_t(nd);
   if (bytes.size() - off != total)
-    throw InvalidArgument(fmt::format("data: '{}': {} data bytes, the header says {}", path, bytes.size() - off, total));
+    throw InvalidArgument(fmt::format(
+        "data: '{}' is {}: {} data bytes, the header says {} (allowed: exactly that many)", path,
+        bytes.size() - off < total ? "truncated" : "longer than its header says", bytes.size() - off, total));
   a.data.assign(bytes.begin() + off, bytes.end());
   return a;
 }
@@ -83,6 +111,9 @@ ImageSet load_mnist_format(const std::string& dir, bool train, int64_t limit) {
         fmt::format("data: '{}' is not a label file: it has {} dimensions, labels have 1", lab_path, lab.dims.size()));
   if (lab.dims[0] != img.dims[0])
     throw InvalidArgument(fmt::format("data: '{}' has {} labels for {} images", lab_path, lab.dims[0], img.dims[0]));
+  if (img.dims[0] == 0)  // (an empty test set reported 0% accuracy and exited 0)
+    throw InvalidArgument(
+        fmt::format("data: '{}' holds 0 images; allowed: at least 1 ({} set)", img_path, train ? "training" : "test"));
   ImageSet s;
   s.n = img.dims[0];
   s.rows = img.dims[1];
@@ -136,8 +167,8 @@ ImageSet make_synthetic(int64_t n, uint64_t seed, bool train) {
 }
 
 DistributedSampler::DistributedSampler(int64_t n, int world, int rank, uint64_t seed, bool shuffle)
-    : n_(n), per_rank_(n / world), world_(world), rank_(rank), seed_(seed), shuffle_(shuffle) {
-  if (world < 1 || rank < 0 || rank >= world)
+    : n_(n), per_rank_(world >= 1 ? n / world : 0), world_(world), rank_(rank), seed_(seed), shuffle_(shuffle) {
+  if (world < 1 || rank < 0 || rank >= world)  // (checked after the division, world 0 was a SIGFPE)
     throw InvalidArgument(fmt::format("sampler: rank {} of world {} is out of range", rank, world));
   set_epoch(0);
 }

@@ -50,7 +50,8 @@ struct DistOptions {
 
 // Broadcasts the buffers (and, with parameters, the parameters) of `model` from rank 0 of `comm`.
 void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters);
-// Broadcasts the buffers of `model` from rank 0 in two collectives (float buffers coalesced, then the others).
+// Broadcasts the buffers of `model` from rank 0, one collective per element type (each type's buffers coalesced:
+// two for BatchNorm's float statistics and int64 step counters).
 void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm);
 // The mean of every float buffer (BatchNorm's running statistics) over the ranks, in one allreduce. Schemes other than
 // bsp let each worker's statistics follow its own data; at the end they are averaged with the model.

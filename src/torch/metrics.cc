@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
 #include "core/error.h"
@@ -74,7 +76,7 @@ void Trace::write(const std::string& path) const {
   write_json_file(path, out);
 }
 
-JsonlWriter::JsonlWriter(const std::string& path, bool append) {
+JsonlWriter::JsonlWriter(const std::string& path, bool append) : path_(path) {
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) throw ConfigError(fmt::format("output: cannot write '{}'", path));
 }
@@ -87,8 +89,9 @@ void JsonlWriter::write(const nlohmann::json& j) {
   if (!f_) return;
   std::string s = j.dump();
   s += '\n';
-  std::fwrite(s.data(), 1, s.size(), f_);
-  std::fflush(f_);
+  // A full disk is an error, not metrics that silently stop.
+  if (std::fwrite(s.data(), 1, s.size(), f_) != s.size() || std::fflush(f_) != 0)
+    throw Error(fmt::format("output: writing '{}' failed: {}", path_, std::strerror(errno)));
 }
 
 ProgressBar::ProgressBar(int epoch, int epochs, int64_t total_steps, bool enabled)
@@ -133,8 +136,19 @@ void write_json_file(const std::string& path, const nlohmann::json& j) {
     std::ofstream f(tmp);
     if (!f) throw ConfigError(fmt::format("output: cannot write '{}'", path));
     f << j.dump(2) << "\n";
+    f.close();
+    // Written whole or not at all: a failed write (a full disk) left a partial file that was then renamed into place,
+    // and a checkpoint marked complete that could not be resumed.
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw Error(fmt::format("output: writing '{}' failed (a full disk?)", path));
+    }
   }
-  std::rename(tmp.c_str(), path.c_str());
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("output: cannot put '{}' in place: {}", path, std::strerror(e)));
+  }
 }
 
 nlohmann::json read_json_file(const std::string& path) {

@@ -64,6 +64,7 @@ class JsonlWriter {
 
  private:
   std::FILE* f_ = nullptr;
+  std::string path_;
 };
 
 // "epoch 2/5 [########------------] 40% loss 0.4123 acc 85.3% 2310 samples/s 12.4 MB sent"

@@ -157,6 +157,7 @@ std::vector<uint8_t> read_bytes(const fs::path& p) {
 void write_bytes(const fs::path& p, const std::vector<uint8_t>& b) {
   std::ofstream f(p, std::ios::binary);
   f.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
+  f.close();  // (a failure to flush, a full disk, shows here)
   if (!f) throw ConfigError(fmt::format("checkpoint: cannot write '{}'", p.string()));
 }
 
@@ -514,10 +515,18 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   double wall_before = 0, time_to_target = -1, last_acc = 0;
   if (!c.resume.empty()) {
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
-    if (dopt) {
-      dopt->load_compressor_state(read_bytes(mine / "compressor.bin"));
-    } else {
-      sopt->resume(read_bytes(mine / "sync.bin"));
+    const fs::path state_file = mine / (dopt ? "compressor.bin" : "sync.bin");
+    try {
+      if (dopt) {
+        dopt->load_compressor_state(read_bytes(state_file));
+      } else {
+        sopt->resume(read_bytes(state_file));
+      }
+    } catch (const InvalidArgument& e) {  // (the message named no file)
+      throw ConfigError(
+          fmt::format("config: resume: '{}' cannot be read: {}; allowed: a checkpoint written by "
+                      "conduit train",
+                      state_file.string(), e.what()));
     }
     start_epoch = start_epoch_at;
     start_step = checkpoint_int(meta, "step", rd);

@@ -95,6 +95,22 @@ TEST(TrainInputProcesses, ImageFilesOfTheWrongShapeAreNamed) {
   EXPECT_NE(r.out.find("train-labels-idx1-ubyte' is not a label file: it has 3 dimensions, labels have 1"),
             std::string::npos)
       << r.out;
+  // An empty test set (it reported 0% accuracy and exited 0), and a gzip file cut short (zlib reads a missing
+  // trailer as a quiet end of file: it trained on what was there).
+  write_idx(dir / "train-labels-idx1-ubyte", {4});
+  write_idx(dir / "t10k-images-idx3-ubyte", {0, 28, 28});
+  write_idx(dir / "t10k-labels-idx1-ubyte", {0});
+  r = run("train" + flags);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("t10k-images-idx3-ubyte' holds 0 images; allowed: at least 1 (test set)"), std::string::npos)
+      << r.out;
+  write_idx(dir / "t10k-images-idx3-ubyte", {4, 28, 28});
+  write_idx(dir / "t10k-labels-idx1-ubyte", {4});
+  const std::string img = (dir / "train-images-idx3-ubyte").string();
+  ASSERT_EQ(std::system(("gzip -c " + img + " | head -c 40 > " + img + ".gz && rm " + img).c_str()), 0);
+  r = run("train" + flags);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("train-images-idx3-ubyte.gz' is corrupt (unexpected end of file)"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 
@@ -125,6 +141,17 @@ TEST(TrainInputProcesses, CheckpointFilesThatAreMissingCorruptOrIncompleteAreNam
     EXPECT_EQ(r.code, 2) << c.name << ": " << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
     EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << c.name << ": " << r.out;
+  }
+  // Bytes after the last tensor's compressor state (not checked), named with the file (the message named none).
+  {
+    const fs::path copy = dir / "state";
+    fs::copy(ck, copy, fs::copy_options::recursive);
+    std::ofstream(copy / "rank-1" / "compressor.bin", std::ios::binary | std::ios::app) << 'x';
+    r = run(kTrain + " --epochs 2 --resume " + copy.string() + " --output " + (dir / "o-state").string());
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("rank-1/compressor.bin' cannot be read: checkpoint: compressor state has 1 bytes after"),
+              std::string::npos)
+        << r.out;
   }
   fs::remove_all(dir);
 }
