@@ -1,10 +1,11 @@
 // Compressed collectives; see collectives.h.
 #include "compress/collectives.h"
 
-#include <algorithm>
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "compress/detail.h"
 #include "compress/powersgd.h"
@@ -41,6 +42,18 @@ void allreduce_wire(coll::Communicator& comm, DType wire, std::vector<float>& x,
   else convert_bf16_to_f32(h.data(), x.data(), x.size());
 }
 
+// The sums of P or Q as every rank received them (bit-identical on all ranks, so all throw together): a sum beyond a
+// 16-bit wire's range arrives as inf, and orthonormalising silently zeroed that column, the layer then sent nothing
+// and its residual grew without end while the run went on.
+void check_factor_sums(const std::vector<float>& x, DType wire, const char* what) {
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!std::isfinite(x[i]))
+      throw InvalidArgument(fmt::format(
+          "powersgd: element {} of the summed {} is {} ({} wire): the factors outgrew the wire's range or the run "
+          "diverged; allowed: finite sums — wire=bf16 or f32, a smaller learning rate, or a warm-up",
+          i, what, x[i], dtype_name(wire)));
+}
+
 size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const std::vector<TensorState*>& states,
                           const std::vector<std::span<float>>& data, const ReduceOptions& o) {
   const int w = comm.size();
@@ -69,6 +82,7 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
     }
   }
   allreduce_wire(comm, ps.wire(), buf1, co);
+  check_factor_sums(buf1, ps.wire(), "P factors and uncompressed tensors");
   // Round 2: every Q.
   std::vector<float> buf2(q_total);
   po = 0;
@@ -81,6 +95,7 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
     qo += plans[t].q_len();
   }
   allreduce_wire(comm, ps.wire(), buf2, co);
+  check_factor_sums(buf2, ps.wire(), "Q factors");
   po = 0;
   qo = 0;
   ro = p_total;

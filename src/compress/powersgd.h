@@ -5,7 +5,7 @@
 //   E = M - approx (per worker; approx is the same on every worker)
 // Both products and the final approximation are cblas_sgemm calls; the Gram-Schmidt step is O(n r^2).
 // Tensors that are 1-D, whose ratio n*m / (r*(n+m)) is below min_ratio, or seen before start_iter go uncompressed
-// (allreduced as f32; no error feedback yet before start_iter, as in the reference implementation).
+// (allreduced in the wire type; no error feedback yet before start_iter, as in the reference implementation).
 //
 // Wire: w*r*(n+m) bytes per compressed matrix (P then Q), w*d otherwise, where w is the wire element size: 4 for
 // `wire=f32` (the default), 2 for `wire=f16` / `wire=bf16` (P, Q and the uncompressed tensors travel as 16-bit floats,
@@ -48,7 +48,7 @@ class PowerSgd : public Compressor {
   // Phase 2: orthonormalises the summed P in place and writes this worker's Q = M^T P into q.
   void phase_q(std::span<const float> in, TensorState& st, std::span<float> p, std::span<float> q) const;
   // Phase 3: with the summed Q, out = P Q^T (divided by `world` when average), residual = M - P Q^T / world, keeps
-  // Q / world for the next warm start and advances the step. out may alias in.
+  // the summed Q's columns scaled to unit length for the next warm start and advances the step. out may alias in.
   void finish(std::span<const float> in, TensorState& st, std::span<const float> p, std::span<const float> q_sum,
               int world, bool average, std::span<float> out) const;
   // The element type P, Q and uncompressed tensors travel as (f32, f16 or bf16) and its size in bytes.

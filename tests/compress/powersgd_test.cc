@@ -196,6 +196,28 @@ TEST(PowerSgd, SixteenBitWireKeepsAccuracyAtAnyScale) {
   }
 }
 
+// Factors beyond f16's range (65504) arrive as inf: every rank stops with one error naming the wire (orthonormalising
+// zeroed the column, the layer sent nothing and its residual grew without end while the run went on).
+TEST(PowerSgd, FactorsBeyondTheWireRangeAreAnErrorNotASilentZero) {
+  const size_t n = 64, m = 48;
+  std::vector<float> grad(n * m);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < m; ++j)
+      grad[i * m + j] = float(1e6 * std::sin(0.1 * double(i) + 1) * std::cos(0.2 * double(j)));
+  std::vector<std::string> errors(2);
+  conduit::compress::testing::on_ranks(2, [&](coll::Communicator& comm) {
+    auto c = make_compressor("powersgd", {{"rank", "1"}, {"wire", "f16"}});
+    auto st = c->make_state({n, m}, 3, comm.rank());
+    auto x = grad;
+    try {
+      compressed_allreduce(comm, *c, st, x, {true});
+    } catch (const InvalidArgument& e) {
+      errors[comm.rank()] = e.what();
+    }
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("outgrew the wire's range"), std::string::npos) << e;
+}
+
 // wire=f16 / bf16: half the bytes (P, Q and uncompressed tensors), the same result as wire=f32 up to the 16-bit
 // rounding, and error feedback that absorbs the rounding (what was reconstructed plus the residual is the input).
 TEST(PowerSgd, SixteenBitWireHalvesTheBytesAndFeedsBackTheRounding) {
