@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/malloc_tuning.h"
+#include "net/mpi_transport.h"
 
 namespace conduit::cli {
 namespace {
@@ -71,9 +72,11 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const conduit::Error& e) {
     std::fprintf(stderr, "conduit: error: %s\n", e.what());
+    conduit::net::mpi_exit_after_error(2);  // under mpirun: end the job, not wait for ranks that never come
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "conduit: error: %s\n", e.what());
+    conduit::net::mpi_exit_after_error(1);
     return 1;
   }
   // Stopped by SIGINT, SIGTERM or SIGHUP while running workers: end by that signal too (after the workers are gone),

@@ -137,6 +137,16 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
 
 TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double timeout_s) {
   Deadline deadline = Deadline::after(timeout_s);
+  // Every rank must ask for the same transport (each reads CONDUIT_TRANSPORT or its flag on its own): mixed, the
+  // ranks failed with misleading errors about shm segments or store addresses, or hung in MPI. Exchanged before it
+  // is checked, so a name one rank got wrong stops every rank with this line instead of leaving them waiting.
+  const std::vector<std::string> kinds = b.allgather(kind);
+  for (int r = 0; r < static_cast<int>(kinds.size()); ++r)
+    if (kinds[r] != kinds[0])
+      throw ConfigError(
+          fmt::format("transport: rank 0 asks for '{}' but rank {} for '{}' (CONDUIT_TRANSPORT or "
+                      "--transport); allowed: the same transport on every rank",
+                      kinds[0], r, kinds[r]));
   if (kind == "mpi") {
     if (b.method != "mpi")
       throw ConfigError("transport 'mpi' needs the program to be started by mpirun (OMPI_COMM_WORLD_RANK is not set)");

@@ -45,6 +45,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "net/tags.h"
+#include "net/wire.h"
 
 namespace conduit::net {
 namespace {
@@ -92,10 +93,17 @@ void check_mpi(int rc, const char* what) {
   if (rc != MPI_SUCCESS) throw Error(fmt::format("{} failed: {}", what, mpi_error_string(rc)));
 }
 
+std::atomic<int> g_error_exit{0};
+
 void finalize_at_exit() {
   int init = 0;
   MPI_Initialized(&init);
-  if (init && !mpi_finalized()) MPI_Finalize();
+  if (!init || mpi_finalized()) return;
+  if (const int code = g_error_exit.load()) {
+    std::fflush(nullptr);  // the error line first
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
+  MPI_Finalize();
 }
 
 // count + datatype for a contiguous byte buffer of any size. `owned` types must be freed by the caller (allowed
@@ -205,6 +213,7 @@ class MpiEngine : public Progressor {
     if (bytes > 0 && data == nullptr) {
       throw InvalidArgument(fmt::format("mpi transport: {} of {} bytes with a null buffer", what, bytes));
     }
+    if (kind == Request::Kind::send) check_message_size(bytes, max_message_bytes());  // as tcp and shm do
     auto r = std::make_shared<MpiRequest>(kind, peer, tag, bytes, self);
     r->set_progressor(this);
     std::exception_ptr err;
@@ -604,11 +613,28 @@ int mpi_world_rank() {
   return r;
 }
 
+void mpi_exit_after_error(int code) { g_error_exit.store(code != 0 ? code : 1); }
+
 int mpi_world_size() {
   mpi_init_once();
   int n = 1;
-  MpiGuard g;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  {
+    MpiGuard g;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+  }
+  // The launcher's own count must be MPI's: an mpiexec of another MPI (MPICH's Hydra, srun's PMI2 with an OpenMPI
+  // build) starts processes this library sees as singletons, and each ran alone as "rank 0 of 1".
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+    const char* e = std::getenv(v);
+    if (e == nullptr || *e == '\0') continue;
+    char* end = nullptr;
+    const long declared = std::strtol(e, &end, 10);
+    if (*end == '\0' && declared != n)
+      throw ConfigError(fmt::format(
+          "mpi: the launcher started {} ranks ({}={}) but this MPI library's world has {}: the launcher is not "
+          "this library's (e.g. another MPI's mpiexec); allowed: the mpirun of the MPI Conduit was built with",
+          declared, v, e, n));
+  }
   return n;
 }
 

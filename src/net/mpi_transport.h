@@ -17,6 +17,10 @@ bool mpi_launched();
 // registers MPI_Finalize with atexit. When the library provides less than MULTIPLE a warning is logged and every
 // MPI call Conduit makes is serialized by one mutex (env CONDUIT_MPI_SERIALIZE=1 forces that mode, for tests).
 void mpi_init_once();
+// The process is about to exit with `code` after an error: when MPI is initialized, the exit calls MPI_Abort instead
+// of MPI_Finalize (OpenMPI's MPI_Finalize waits for every rank, and ranks still inside an MPI collective of the
+// start-up never come: the job hung with its error printed).
+void mpi_exit_after_error(int code);
 int mpi_world_rank();
 int mpi_world_size();
 // Every rank's string, in rank order (MPI_Allgather + MPI_Allgatherv on MPI_COMM_WORLD). Collective.

@@ -104,8 +104,8 @@ class Transport {
   // or attached to one that is still arriving into the transport's own buffer; a send not yet started): fails it
   // with `error` and returns true, and the transport never touches its buffer again (a message the receive had
   // matched stays for the next receive of its tag). False when the request is done already, or its data is moving
-  // (a receive being filled, a send partly written) or the transport cannot withdraw requests: then only abort()
-  // keeps the transport off the buffer.
+  // (a receive being filled, a send partly written) or the transport cannot withdraw requests: then abort() keeps
+  // tcp, shm and inproc off the buffer; MPI may still finish a matched receive or read a send until the process ends.
   virtual bool cancel(const RequestPtr& r, std::exception_ptr error);
   // Empty when healthy, else why it was aborted.
   std::string aborted_reason() const;

@@ -2,6 +2,7 @@
 // `conduit selftest`; a crashed peer and an expired deadline give the errors the runtime promises, in time.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,6 +92,41 @@ TEST(Processes, UnderMpirunTheDefaultTransportBootstrapsThroughMpi) {
                   kConduit + " selftest --op allreduce --timeout 60");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("over shm: 0 wrong elements"), std::string::npos) << r.out;
+}
+
+// Ranks that ask for different transports stop at start-up with one line naming both (they failed with misleading
+// errors about shm segments or store addresses, or hung in MPI); under mpirun a rank's error ends the job through
+// MPI_Abort (MPI_Finalize waited for the other ranks, still in MPI's start-up: the job hung).
+TEST(Processes, RanksAskingForDifferentTransportsStopAtStartUp) {
+  const std::string script = temp_path("mixed.sh");
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\n"
+         "r=${RANK:-$OMPI_COMM_WORLD_RANK}\n"
+         "if [ \"$r\" = 1 ]; then export CONDUIT_TRANSPORT=\"$SECOND\"; else export CONDUIT_TRANSPORT=\"$FIRST\"; fi\n"
+         "exec "
+      << kConduit << " selftest --op barrier --timeout 20\n";
+  }
+  ::chmod(script.c_str(), 0755);
+  auto r = run_sh("FIRST=auto SECOND=tcp " + kConduit + " launch -n 2 -- " + script, 60);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("transport: rank 0 asks for 'auto' but rank 1 for 'tcp'"), std::string::npos) << r.out;
+  r = run_sh(
+      "FIRST=mpi SECOND=bogus OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe "
+      "-x FIRST -x SECOND -np 2 " +
+          script,
+      60);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.code, 124) << "hung: " << r.out;  // timeout's code
+  EXPECT_NE(r.out.find("transport: rank 0 asks for 'mpi' but rank 1 for 'bogus'"), std::string::npos) << r.out;
+  std::remove(script.c_str());
+  // Another MPI's launcher (PMI variables this library's MPI_Init does not read): a singleton world that ran alone
+  // as "rank 0 of 1".
+  r = run_sh("PMI_RANK=1 PMI_SIZE=2 " + kConduit + " selftest --op barrier --timeout 10", 60);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("mpi: the launcher started 2 ranks (PMI_SIZE=2) but this MPI library's world has 1"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(Processes, FileStoreRendezvousWithoutFlags) {
