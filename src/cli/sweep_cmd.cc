@@ -312,8 +312,11 @@ SweepSpec load_spec(const std::string& path) {
     std::replace(key.begin(), key.end(), '-', '_');
     bool known = false;
     for (const auto& [ck, desc] : train::config_keys()) known = known || ck == key;
+    // A grid of DDP peers alone also takes the peer's own keys (timeout, which conduit train calls timeout_s).
+    if (!known && s.schemes.empty()) known = ddp_keys().count(k) > 0 || ddp_keys().count(key) > 0;
     if (!known)
-      throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help)", k));
+      throw ConfigError(fmt::format("sweep: train: '{}' is not a `conduit train` key (see conduit train --help){}", k,
+                                    s.schemes.empty() ? " nor one of the DDP peer's" : ""));
     base[key] = v;
   }
   if (!s.schemes.empty()) {
@@ -338,6 +341,7 @@ SweepSpec load_spec(const std::string& path) {
     static const std::set<std::string> kBench = {"op",    "algo",   "dtype", "reduce",  "min-bytes", "max-bytes",
                                                  "iters", "warmup", "root",  "timeout", "stagger-us"};
     std::string lo = "8", hi = "64M";
+    double stagger_us = 0, timeout = 0;
     for (const auto& [k, v] : s.bench) {
       if (!kBench.count(k))
         throw ConfigError(fmt::format("sweep: bench: '{}' is not a `conduit bench coll` flag; allowed: {}", k,
@@ -348,24 +352,33 @@ SweepSpec load_spec(const std::string& path) {
       if (k == "max-bytes") hi = v;
       // The values `bench coll` checks, checked here for the whole grid (iters: abc failed each cell after its
       // cluster came up).
-      auto number = [&](double lo_v, double hi_v, bool whole) {
+      // As `bench coll` reads them: whole numbers in digits only (it refused 1e3), seconds in (0, 1e6].
+      auto number = [&](double lo_v, double hi_v, bool whole, bool open_low = false) {
         char* end = nullptr;
         const double x = std::strtod(v.c_str(), &end);
-        const bool digits = !v.empty() && (std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '.');
-        if (!digits || *end != '\0' || !(x >= lo_v && x <= hi_v) || (whole && x != std::floor(x)))
-          throw ConfigError(fmt::format("sweep: bench: {} = '{}' (allowed: {} in [{:g}, {:g}])", k, v,
-                                        whole ? "a whole number" : "a number", lo_v, hi_v));
+        const bool digits =
+            !v.empty() && (whole ? std::all_of(v.begin(), v.end(), [](unsigned char ch) { return std::isdigit(ch); })
+                                 : std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '.');
+        if (!digits || *end != '\0' || !(open_low ? x > lo_v : x >= lo_v) || !(x <= hi_v))
+          throw ConfigError(fmt::format("sweep: bench: {} = '{}' (allowed: {} in {}{:g}, {:g}])", k, v,
+                                        whole ? "a whole number" : "a number", open_low ? "(" : "[", lo_v, hi_v));
+        return x;
       };
       if (k == "iters") number(1, 1e6, true);
       if (k == "warmup") number(0, 1e6, true);
-      if (k == "root") number(0, cl::kMaxHosts - 1, true);
-      if (k == "stagger-us") number(0, 1e6, false);
-      if (k == "timeout") number(1e-3, 1e9, false);
+      if (k == "root") number(0, s.hosts - 1, true);  // a rank of the cell's hosts
+      if (k == "stagger-us") stagger_us = number(0, 1e6, false);
+      if (k == "timeout") timeout = number(0, 1e6, false, true);
       if (k == "dtype") parse_dtype(v);
       if (k == "reduce") parse_reduce_op(v);
     }
     if (parse_bytes(hi, "sweep: bench: max-bytes") < parse_bytes(lo, "sweep: bench: min-bytes"))
       throw ConfigError(fmt::format("sweep: bench: max-bytes {} is below min-bytes {}", hi, lo));
+    if (timeout > 0 && stagger_us * 1e-6 >= timeout)
+      throw ConfigError(
+          fmt::format("sweep: bench: stagger-us {:g} is not below the timeout ({:g} s): the waiting ranks "
+                      "would time out",
+                      stagger_us, timeout));
   }
   const YAML::Node nets = root["networks"];
   if (!nets || !nets.IsSequence() || nets.size() == 0) {
@@ -402,9 +415,14 @@ SweepSpec load_spec(const std::string& path) {
     try {
       n.links = hosts_file.empty() ? std::vector<cl::LinkSpec>(static_cast<size_t>(s.hosts), l)
                                    : cl::load_hosts_file(hosts_file, s.hosts, l);
-    } catch (const ConfigError& e) {  // (it named a --hosts flag the sweep does not have)
-      throw ConfigError(fmt::format("sweep: {}.hosts_file: {} (the sweep's hosts: is {}{}; make them agree)", where,
-                                    e.what(), s.hosts, root["hosts"] ? "" : ", the default"));
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      // (a count mismatch named a --hosts flag the sweep does not have)
+      const bool count = what.find("does not match the") != std::string::npos;
+      throw ConfigError(fmt::format("sweep: {}.hosts_file: {}{}", where, what,
+                                    count ? fmt::format(" (the sweep's hosts: is {}{}; make them agree)", s.hosts,
+                                                        root["hosts"] ? "" : ", the default")
+                                          : std::string()));
     }
     n.rate_bps = l.rate_bps;
     n.latency_s = l.latency_s;

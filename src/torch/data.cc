@@ -67,9 +67,10 @@ std::string find_file(const std::string& dir, const std::string& base) {
 IdxArray read_idx(const std::string& path) {
   auto bytes = read_gz_file(path);
   if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)
-    throw InvalidArgument(fmt::format(
-        "data: '{}' is not an IDX file: it starts with {}; allowed: 00 00 08 <dims>", path,
-        bytes.size() < 2 ? std::string("fewer than 4 bytes") : fmt::format("{:02x} {:02x}", bytes[0], bytes[1])));
+    throw InvalidArgument(fmt::format("data: '{}' is not an IDX file: it starts with {}; allowed: 00 00 08 <dims>",
+                                      path,
+                                      bytes.size() < 4 ? fmt::format("{} byte(s) only", bytes.size())
+                                                       : fmt::format("{:02x} {:02x}", bytes[0], bytes[1])));
   if (bytes[2] != 0x08)
     throw InvalidArgument(fmt::format("data: '{}': IDX type 0x{:02x} is not supported (only unsigned bytes, 0x08)",
                                       path, bytes[2]));

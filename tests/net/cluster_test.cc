@@ -540,6 +540,11 @@ TEST(SweepConfig, BadFileIsRejectedInOneLine) {
     EXPECT_EQ(count_lines(r.out), 1) << body << r.out;
     EXPECT_NE(r.out.find("key that is not a name"), std::string::npos) << body << r.out;
   }
+  // A peers-only grid takes the peer's own timeout key (it was refused as not a conduit train key).
+  std::ofstream(file) << "hosts: 2\nnetworks: [{bandwidth: 10mbit}]\npeers: [fp16]\ntrain: {timeout: 600}\n";
+  r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--timeout 600"), std::string::npos) << r.out;
   // A train: key the DDP peer cannot follow, with peers in the grid (weight decay went to Conduit's cells only).
   std::ofstream(file) << "hosts: 2\nnetworks: [{bandwidth: 10mbit}]\npeers: [none]\ntrain: {weight_decay: 0.0005}\n";
   r = sh(conduit() + " sweep " + file.string() + " --dry-run");
@@ -578,7 +583,14 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"peers: [fp16, fp16]\n", "peers lists an entry twice"},
       {"peers: [none]\ntrain: {epohcs: 3}\n", "train: 'epohcs' is not a `conduit train` key"},
       {"bench: {iters: abc}\n", "bench: iters = 'abc' (allowed: a whole number in [1, 1e+06])"},
-      {"bench: {dtype: f33}\n", "f33"}};
+      {"bench: {dtype: f33}\n", "f33"},
+      // ... as `bench coll` reads them (1e3 passed and failed there; root beyond the hosts; stagger past the timeout).
+      {"bench: {iters: 1e3}\n", "bench: iters = '1e3' (allowed: a whole number"},
+      {"bench: {root: 2}\n", "bench: root = '2' (allowed: a whole number in [0, 1])"},
+      {"bench: {timeout: 2000000}\n", "bench: timeout = '2000000' (allowed: a number in (0, 1e+06])"},
+      {"bench: {timeout: 1, stagger_us: 1000000}\n", "stagger-us 1e+06 is not below the timeout (1 s)"},
+      // The DDP peer's own keys with peers alone (timeout), not with Conduit cells (conduit train has timeout_s).
+      {"compressors: [none]\ntrain: {timeout: 600}\n", "train: 'timeout' is not a `conduit train` key"}};
   for (const auto& [extra, expect] : cases) {
     std::ofstream(file) << base << extra;
     Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
