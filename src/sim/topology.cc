@@ -190,8 +190,11 @@ double Topology::route(long long src, long long dst, std::vector<int>& path) con
   int nic_s = nic_of_local(local_of(src), ks);
   int nic_d = nic_of_local(local_of(dst), kd);
   if (net.topology == TopologyKind::kRailOptimized && nic_s != nic_d && nic_d < ks.nics) {
-    // PXN: hop over NVLink to the GPU of the source node that sits on the destination's rail.
-    long long proxy = ns * gpn_ + static_cast<long long>(nic_d) * (ks.gpus / ks.nics);
+    // PXN: hop over NVLink to a GPU of the source node that sits on the destination's rail, the one at the source's
+    // own place among its NIC's GPUs (always the rail's first GPU made the GPUs sharing a NIC send through one
+    // proxy, whose port symmetric mode counted once: 2x off full detail with 2 GPUs a NIC and a slow intra link).
+    const long long per_nic = std::max(1, ks.gpus / ks.nics);
+    long long proxy = ns * gpn_ + static_cast<long long>(nic_d) * per_nic + local_of(src) % per_nic;
     if (proxy != src) {
       path.push_back(gpu_out(src));
       path.push_back(gpu_in(proxy));

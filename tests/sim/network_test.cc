@@ -68,6 +68,12 @@ TEST_P(FlatTest, MpichClosedForms) {
   }
   // In-network aggregation: each rank sends n up and receives n down once: 2a + nb.
   EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kInNetwork, g, n), 2 * kAlpha + n * kBeta), 1e-9);
+  // Pairwise all-to-all: (p-1)(a + n/p b).
+  EXPECT_LT(rel(m.time(Collective::kAllToAll, Algorithm::kDirect, g, n), (p - 1) * (kAlpha + n / p * kBeta)), 1e-9);
+  // Binomial allreduce: a reduce, then a broadcast.
+  EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kBinomialTree, g, n),
+                2 * clg * (kAlpha + n * kBeta) + clg * n * kGamma),
+            1e-9);
 }
 
 INSTANTIATE_TEST_SUITE_P(GroupSizes, FlatTest, ::testing::Values(2, 4, 8, 64, 6, 12));
@@ -211,9 +217,18 @@ TEST_P(AgreeTest, SymmetricMatchesFullDetail) {
   flat8.node_kinds[0].gpus = 8;
   flat8.node_kinds[0].nics = 8;
   flat8.node_kinds[0].intra = {100e9, 1e-6};
+  // "rail4": rail-optimized, 8 GPUs and 4 NICs a node, a slow intra link: the GPUs sharing a NIC sent their PXN hops
+  // through one proxy GPU, whose port symmetric mode counted once (2x faster than full detail).
+  ClusterSpec rail4 = load_cluster("dgx-a100");
+  rail4.node_kinds[0].nics = 4;
+  rail4.node_kinds[0].intra = {2e9, 1e-6};
+  rail4.node_kinds[0].nic = {10e9, 1e-6};
+  rail4.network.nodes_per_leaf = 2;
+  rail4.network.in_network_reduction = false;
   Topology topo(preset == "torus"   ? torus_cluster()
                 : preset == "ring8" ? ring
                 : preset == "flat8" ? flat8
+                : preset == "rail4" ? rail4
                                     : load_cluster(a.preset),
                 a.gpus);
   CollectiveModel m(topo);
@@ -256,6 +271,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Agree{"torus", 128, 8, 4, Algorithm::kDirect, Collective::kAllToAll},
                       // Groups whose multi-hop routes cross each other's links: symmetric mode counted only the
                       // links behind a group's own accelerators (2x too fast here; a pipeline shift 8x).
+                      Agree{"rail4", 16, 4, 4, Algorithm::kRing, Collective::kAllReduce},
+                      Agree{"rail4", 32, 16, 2, Algorithm::kRing, Collective::kAllReduce},
+                      Agree{"rail4", 32, 8, 4, Algorithm::kDirect, Collective::kAllToAll},
                       Agree{"ring8", 8, 4, 2, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"ring8", 8, 2, 4, Algorithm::kDirect, Collective::kShift},
                       Agree{"torus", 128, 8, 16, Algorithm::kRing, Collective::kAllGather}));
