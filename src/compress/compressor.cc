@@ -194,6 +194,14 @@ void check_payload(const std::string& who, size_t got, size_t want) {
                                       who, got, want));
 }
 
+void check_scales(const std::string& who, const uint8_t* p, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const float v = get_f32(p + 4 * i);
+    if (!std::isfinite(v))
+      throw InvalidArgument(fmt::format("{}: scale {} of the payload is {}; allowed: finite scales", who, i, v));
+  }
+}
+
 void check_out(const std::string& who, size_t got, size_t want) {
   if (got != want) throw InvalidArgument(fmt::format("{}: output of {} elements, expected {}", who, got, want));
 }

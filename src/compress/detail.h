@@ -142,6 +142,9 @@ inline float get_f32(const uint8_t* p) {
 
 // Checks that a payload has the size the configuration implies (InvalidArgument otherwise).
 void check_payload(const std::string& who, size_t got, size_t want);
+// Checks that the `count` f32 scales at `p` are finite (no encoder writes another: a NaN scale decoded a whole chunk
+// as NaN without a word).
+void check_scales(const std::string& who, const uint8_t* p, size_t count);
 void check_out(const std::string& who, size_t got, size_t want);
 
 // Packs bits-wide codes (bits <= 16), least significant first, into ceil(n*bits/8) bytes.

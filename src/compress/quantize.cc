@@ -140,6 +140,7 @@ class ByteQuantizer : public Compressor {
   void decode(std::span<const uint8_t> p, std::span<float> out, bool add) const {
     size_t d = out.size();
     check_payload(name(), p.size(), d + header(d));
+    detail::check_scales(name(), p.data(), header(d) / 4);
     const auto* h = reinterpret_cast<const float*>(p.data());
     const uint8_t* q = p.data() + header(d);
     if (signed_)
@@ -198,15 +199,24 @@ class Qsgd : public Compressor {
       float norm = static_cast<float>(std::min(std::sqrt(sum_squares(in.data() + off, n)), 3.4028234663852886e38));
       put_f32(out.data() + 4 * b, norm);
       float scale = norm > 0 ? static_cast<float>(s_) / norm : 0.0f;
+      const float* src = in.data() + off;
+      thread_local std::vector<float> scaled;
+      if (!std::isfinite(scale)) {
+        // s / norm overflows for norms below ~s / FLT_MAX: the codes come from the bucket scaled by 2^64 (exact) and
+        // the scale that then fits (0 * inf made the zeros NaN, and every element decoded as +-norm).
+        scaled.assign(src, src + n);
+        for (auto& v : scaled) v = std::ldexp(v, 64);
+        scale = static_cast<float>(static_cast<double>(s_) / std::ldexp(static_cast<double>(norm), 64));
+        src = scaled.data();
+      }
       if (packed) {
-        kernels::get().qsgd_pack(in.data() + off, n, scale, static_cast<uint32_t>(s_), bits_,
-                                 static_cast<uint32_t>(off), k_lo, k_hi, codes_out + off * bits_ / 8);
+        kernels::get().qsgd_pack(src, n, scale, static_cast<uint32_t>(s_), bits_, static_cast<uint32_t>(off), k_lo,
+                                 k_hi, codes_out + off * bits_ / 8);
         continue;
       }
       for (size_t o = 0; o < n; o += kBlock) {
         size_t m = std::min(kBlock, n - o);
-        qsgd_codes(in.data() + off + o, m, scale, static_cast<uint32_t>(s_), static_cast<uint32_t>(off + o), k_lo, k_hi,
-                   codes);
+        qsgd_codes(src + o, m, scale, static_cast<uint32_t>(s_), static_cast<uint32_t>(off + o), k_lo, k_hi, codes);
         write_codes(codes, m, off + o, codes_out);
       }
     }
@@ -217,6 +227,7 @@ class Qsgd : public Compressor {
     TensorState none;
     check_payload("qsgd", p.size(), wire_bytes(d, none));
     size_t bk = bucket(d), nb = buckets(d);
+    detail::check_scales("qsgd", p.data(), nb);
     const uint8_t* codes_in = p.data() + 4 * nb;
     bool packed = byte_aligned(d);
     uint16_t codes[kBlock];
@@ -311,16 +322,30 @@ class TernGrad : public Compressor {
     float s = d ? std::min(abs_max(in.data(), d), hi) : 0.0f;
     put_f32(out.data(), s);
     uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x7465);
-    tern_codes(in.data(), d, lo, hi, s > 0 ? 1.0f / s : 0.0f, 0, static_cast<uint32_t>(key),
-               static_cast<uint32_t>(key >> 32), out.data() + 4);
+    const float* src = in.data();
+    float inv = s > 0 ? 1.0f / s : 0.0f;
+    thread_local std::vector<float> scaled;
+    if (!std::isfinite(inv)) {
+      // 1 / s overflows for a subnormal s below ~1 / FLT_MAX: the input (and its clip bounds) scaled by 2^64, exact,
+      // with the inverse that then fits (an infinite inverse kept no element: zeros were sent).
+      scaled.assign(src, src + d);
+      for (auto& v : scaled) v = std::ldexp(v, 64);
+      lo = std::ldexp(lo, 64);
+      hi = std::ldexp(hi, 64);
+      inv = static_cast<float>(1.0 / std::ldexp(static_cast<double>(s), 64));
+      src = scaled.data();
+    }
+    tern_codes(src, d, lo, hi, inv, 0, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), out.data() + 4);
     ++st.step;
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     check_payload("terngrad", p.size(), wire_bytes(out.size(), st));
+    detail::check_scales("terngrad", p.data(), 1);
     tern_decode(p.data() + 4, out.size(), get_f32(p.data()), out.data(), false);
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
     check_payload("terngrad", p.size(), wire_bytes(acc.size(), st));
+    detail::check_scales("terngrad", p.data(), 1);
     tern_decode(p.data() + 4, acc.size(), get_f32(p.data()), acc.data(), true);
   }
 

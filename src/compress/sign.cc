@@ -99,6 +99,7 @@ class ScaledSign : public Compressor {
     }
   }
   void values(std::span<const uint8_t> p, float& pos, float& neg) const {
+    detail::check_scales(name(), p.data(), two_ ? 2 : 1);
     pos = get_f32(p.data());
     neg = two_ ? get_f32(p.data() + 4) : -pos;
   }

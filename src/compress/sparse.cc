@@ -194,13 +194,17 @@ void write_sparse(std::span<const float> x, const std::vector<uint32_t>& idx, By
 
 // Every encoder writes its indices in ascending order, each once; a payload whose indices are not (a duplicate
 // added twice) or that holds another count than a fixed-size method's k is refused before anything is written.
+// `least`..`most`: the entries a method with a schedule may send (DGC's warm-up densities down to its ratio).
 void read_sparse(const std::string& who, std::span<const uint8_t> p, std::span<float> out, bool add,
-                 bool subtract = false, size_t expect_entries = SIZE_MAX) {
+                 bool subtract = false, size_t expect_entries = SIZE_MAX, size_t least = 0, size_t most = SIZE_MAX) {
   if (p.size() % 8) throw InvalidArgument(fmt::format("{}: payload of {} bytes is not 8 per entry", who, p.size()));
   size_t n = p.size() / 8;
   if (expect_entries != SIZE_MAX && n != expect_entries)
     throw InvalidArgument(fmt::format("{}: payload of {} entries for {} elements; allowed: exactly {}", who, n,
                                       out.size(), expect_entries));
+  if (n < least || n > most)
+    throw InvalidArgument(
+        fmt::format("{}: payload of {} entries for {} elements; allowed: {} to {}", who, n, out.size(), least, most));
   const uint8_t* ip = p.data();
   const uint8_t* vp = p.data() + 4 * n;
   for (size_t i = 0, prev = 0; i < n; ++i) {
@@ -383,14 +387,18 @@ class Dgc : public Compressor {
     for (uint32_t i : idx) u[i] = v[i] = 0.0f;
     ++st.step;
   }
+  // A payload holds k entries for some density of the schedule: from the ratio's k up to the first warm-up stage's
+  // (a payload cut short, or empty, decoded silently; the step is the sender's, not necessarily the decoder's state's).
+  size_t least(size_t d) const { return k_of(ratio_, d); }
+  size_t most(size_t d) const { return k_of(density(0), d); }
   void decompress(std::span<const uint8_t> p, const TensorState&, std::span<float> out) const override {
-    read_sparse("dgc", p, out, false);
+    read_sparse("dgc", p, out, false, false, SIZE_MAX, least(out.size()), most(out.size()));
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
-    read_sparse("dgc", p, acc, true);
+    read_sparse("dgc", p, acc, true, false, SIZE_MAX, least(acc.size()), most(acc.size()));
   }
   void decompress_sub(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
-    read_sparse("dgc", p, acc, true, true);
+    read_sparse("dgc", p, acc, true, true, SIZE_MAX, least(acc.size()), most(acc.size()));
   }
 
  private:

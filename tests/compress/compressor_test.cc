@@ -342,6 +342,57 @@ TEST(Qsgd, NormsBeyondTheFloatsRangeStayFiniteAndUnbiased) {
   EXPECT_NEAR(mean, 1e-23, 0.05e-23);
 }
 
+// Norms (QSGD) and scales (TernGrad) so small that s / norm or 1 / s overflows: zeros stay zero and the estimate
+// stays unbiased (QSGD coded every element, zeros too, as +-norm; TernGrad sent all zeros).
+TEST(Qsgd, NormsWhoseInverseOverflowsStayUnbiased) {
+  for (const char* name : {"qsgd", "terngrad"}) {
+    auto c = make_compressor(name, {});
+    std::vector<float> x(16, 0.0f), sum(16, 0.0f);
+    x[0] = std::strcmp(name, "qsgd") == 0 ? 1e-37f : 1e-40f;
+    x[5] = -x[0] / 2;
+    auto st = c->make_state(x.size(), 3, 0);
+    const int trials = 2000;
+    for (int t = 0; t < trials; ++t) c->decompress_add(c->compress(x, st), st, sum);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double mean = double(sum[i]) / trials;
+      if (x[i] == 0)
+        EXPECT_EQ(sum[i], 0.0f) << name << " " << i;
+      else
+        EXPECT_NEAR(mean / double(x[i]), 1.0, 0.15) << name << " " << i;
+    }
+  }
+}
+
+// A scale on the wire that no encoder writes (NaN) is refused, not decoded as a chunk of NaN; a DGC payload outside
+// the counts its schedule sends (cut short, or empty) too.
+TEST(RoundTrip, NanScalesAndDgcPayloadsOfAnotherCountAreRefused) {
+  const auto x = gaussian(100, 9);
+  for (const char* name : {"int8", "uint8", "qsgd", "terngrad", "scaled_sign"}) {
+    auto c = make_compressor(name, {});
+    auto st = c->make_state(x.size(), 3, 0);
+    Bytes p = c->compress(x, st);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(p.data(), &nan, 4);
+    std::vector<float> out(x.size());
+    try {
+      c->decompress(p, st, out);
+      ADD_FAILURE() << name << ": a NaN scale was decoded";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("allowed: finite scales"), std::string::npos) << e.what();
+    }
+  }
+  auto d = make_compressor("dgc", {{"ratio", "0.1"}});
+  auto st = d->make_state(x.size(), 3, 0);
+  Bytes p = d->compress(x, st);
+  ASSERT_EQ(p.size(), 80u);
+  std::vector<float> out(x.size());
+  EXPECT_NO_THROW(d->decompress(p, st, out));
+  Bytes one(p.begin(), p.begin() + 4);
+  one.insert(one.end(), p.begin() + 40, p.begin() + 44);
+  EXPECT_THROW(d->decompress(one, st, out), InvalidArgument);
+  EXPECT_THROW(d->decompress(Bytes{}, st, out), InvalidArgument);
+}
+
 // int8 and uint8 chunks whose largest magnitude is subnormal-scale (255 zeros and one 1e-38): 1 / scale was inf and
 // 0 * inf coded the zeros as -128 (decoded -1.008 max).
 TEST(RoundTrip, Int8ChunksOfTinyValuesKeepTheirZeros) {
