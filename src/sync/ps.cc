@@ -144,9 +144,9 @@ class Shard {
     } else {
       if (cfg_.dc > 0) compensate_delay(slot, grad_);
       if (dana())
-        apply_dana(slot, grad_, staleness_scale(slot) / float(workers_), ratio);
+        apply_dana(slot, grad_, staleness_scale(slot) / float(workers_), ratio, 1.0f / float(workers_));
       else
-        apply(grad_, staleness_scale(slot) / float(workers_), ratio);
+        apply(grad_, staleness_scale(slot) / float(workers_), ratio, 1.0f / float(workers_));
     }
     slot.waiting = static_cast<int64_t>(h.clock);
     slot.ready = false;
@@ -296,10 +296,11 @@ class Shard {
 
   // One SGD step with momentum. The gradient comes scaled by the trainer's lr(t)/lr (and `scale`); the weight decay
   // is scaled by `lr_ratio`, that lr(t)/lr, so it follows the schedule as torch's SGD does (it decayed at full
-  // strength through warm-up and the cosine tail).
-  void apply(const std::vector<float>& g, float scale, float lr_ratio) {
+  // strength through warm-up and the cosine tail), and by `decay_share`: 1/W for a push of asp/ssp, so that a round
+  // of W pushes decays once, as bsp's one averaged step does (each push decayed in full: W times a round).
+  void apply(const std::vector<float>& g, float scale, float lr_ratio, float decay_share = 1.0f) {
     ++version_;
-    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay) * lr_ratio;
+    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay) * lr_ratio * decay_share;
     for (size_t i = 0; i < params_.size(); ++i) {
       float gi = scale * g[i] + wd * params_[i];
       momentum_[i] = mu * momentum_[i] + gi;
@@ -308,9 +309,9 @@ class Shard {
   }
 
   // DANA-Zero: the worker's own momentum; sum_j v_j kept up to date for the look-ahead.
-  void apply_dana(Slot& slot, const std::vector<float>& g, float scale, float lr_ratio) {
+  void apply_dana(Slot& slot, const std::vector<float>& g, float scale, float lr_ratio, float decay_share) {
     ++version_;
-    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay) * lr_ratio;
+    const float lr = float(cfg_.lr), mu = float(cfg_.momentum), wd = float(cfg_.weight_decay) * lr_ratio * decay_share;
     float* v = slot.velocity.data();
     for (size_t i = 0; i < params_.size(); ++i) {
       const float gi = scale * g[i] + wd * params_[i];

@@ -21,7 +21,7 @@ struct PsConfig {
   bool staleness_lr = false;
   // asp/ssp look-ahead momentum (DANA-Zero, Hakimi et al. 2019, "Taming Momentum in a Distributed Asynchronous
   // Environment"): the shard keeps one momentum vector v_i per worker, applies worker i's gradient as
-  // v_i = momentum * v_i + g, w -= lr * v_i, and replies with the estimated future position
+  // v_i = momentum * v_i + g / W, w -= lr * v_i, and replies with the estimated future position
   // w - lr * momentum * sum_j v_j, where the gradient is then computed. One worker: Nesterov's momentum.
   bool dana = false;
   std::string push_compressor = "none", pull_compressor = "none";  // compressor specs (compress/compressor.h)

@@ -73,6 +73,11 @@ double wall_seconds() {
 }
 }  // namespace
 
+void Straggler::skip(int64_t steps) {
+  if (s_.factor <= 1) return;  // begin() draws nothing then
+  for (int64_t i = 0; i < steps; ++i) std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+}
+
 void Straggler::begin() {
   slowed_ = false;
   if (s_.factor <= 1) return;

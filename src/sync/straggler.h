@@ -44,6 +44,8 @@ class Straggler {
   // Whether the step begun last is slowed (always for a persistent straggler).
   bool slowed() const { return slowed_; }
   void begin();
+  // Advances the draws past `steps` steps already taken (a resumed run slows the steps an uninterrupted run would).
+  void skip(int64_t steps);
   // On a slowed step, sleeps until factor x the CPU time this thread used since begin() has passed since begin()
   // (no sleep when that much wall time already has); returns the seconds slept (0 on a step that is not slowed).
   double end();

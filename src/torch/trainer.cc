@@ -531,6 +531,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     start_epoch = start_epoch_at;
     start_step = checkpoint_int(meta, "step", rd);
     global_step = start_global_step = checkpoint_int(meta, "global_step", rd);
+    straggler.skip(start_global_step);  // the draws of the steps taken before the checkpoint
     wall_before = meta.value("wall_s", 0.0);
     time_to_target = meta.value("time_to_target_s", -1.0);
     last_acc = meta.value("test_accuracy", 0.0);

@@ -63,6 +63,7 @@ TEST(SyncConfig, BadValuesNameTheParameterAndRange) {
       {"local", "adaptive", "yes", "one of"},
       {"local", "target", "-1", "'target'"},
       {"diloco", "outer_lr", "nan", "'outer_lr'"},
+      {"diloco", "outer_lr", "0", "'outer_lr'"},  // 0 never moves the outer model: no training at all
       {"diloco", "momentum", "1", "'momentum'"},
       {"easgd", "alpha", "2", "'alpha'"},
       {"dpsgd", "graph", "star", "ring, torus, exponential"},
@@ -135,6 +136,14 @@ TEST(SyncStraggler, TransientSlowdownsHitTheirShareOfStepsTheSameWayForTheSameSe
   EXPECT_NE(a, b);                         // independent across ranks
   EXPECT_NE(a, other);                     // and across seeds
   EXPECT_EQ(n(slowed_steps(2, 42)), 400);  // a rank named on its own overrides *: persistent
+  // A resumed run slows the steps the uninterrupted one would have (its draws restarted at step 0).
+  Straggler resumed(plan, 0, 42);
+  resumed.skip(150);
+  for (int i = 150; i < 400; ++i) {
+    resumed.begin();
+    EXPECT_EQ(resumed.slowed(), a[size_t(i)]) << i;
+    resumed.end();
+  }
   Straggler never(parse_slow("1:3"), 0, 42);
   never.begin();
   EXPECT_FALSE(never.slowed());
