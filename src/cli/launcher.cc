@@ -238,6 +238,7 @@ struct Stream {
   FileDescriptor fd;    // read end of the worker's stdout or stderr pipe
   int out_fd = 1;       // where its lines go
   std::string pending;  // an incomplete last line
+  bool raw = false;     // bytes pass through as they come (one worker, no prefix): nothing held back or added
 };
 
 struct Worker {
@@ -250,11 +251,16 @@ struct Worker {
 
 // Appends data to the stream and writes out every complete line, each with the prefix, in one write call.
 void forward(Stream& s, const std::string& prefix, const char* data, size_t size) {
+  if (s.raw) {  // (a progress bar's \r, a prompt or binary output showed nothing until a newline, and gained ones)
+    write_all(s.out_fd, data, size);
+    return;
+  }
   s.pending.append(data, size);
   size_t last = s.pending.rfind('\n');
   if (last == std::string::npos) {
     if (s.pending.size() >= kMaxPendingLine) {
-      std::string out = prefix + s.pending + "\n";
+      // A newline only where a prefix must start the next line: untagged output keeps its bytes.
+      std::string out = prefix + s.pending + (prefix.empty() ? "" : "\n");
       write_all(s.out_fd, out.data(), out.size());
       s.pending.clear();
     }
@@ -277,10 +283,10 @@ void forward(Stream& s, const std::string& prefix, const char* data, size_t size
   s.pending.erase(0, last + 1);
 }
 
-// Writes an unterminated last line (with a newline added) and closes the stream.
+// Writes an unterminated last line (with a newline added after a prefix) and closes the stream.
 void finish(Stream& s, const std::string& prefix) {
   if (!s.pending.empty()) {
-    std::string out = prefix + s.pending + "\n";
+    std::string out = prefix + s.pending + (prefix.empty() ? "" : "\n");
     write_all(s.out_fd, out.data(), out.size());
     s.pending.clear();
   }
@@ -563,7 +569,8 @@ namespace {
 std::vector<int> binding_cpus(const LaunchSpec& spec) {
   if (spec.bind != "auto" && spec.bind != "core" && spec.bind != "none")
     throw ConfigError(fmt::format("launch: --bind '{}' is not one of auto, core, none", spec.bind));
-  if (spec.bind == "none") return {};
+  // One worker keeps every CPU under "auto": binding it to the first one left a multi-threaded program one core.
+  if (spec.bind == "none" || (spec.bind == "auto" && spec.nprocs == 1)) return {};
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
@@ -706,6 +713,8 @@ int run_local_workers(const LaunchSpec& spec) {
     w.streams[0].out_fd = 1;
     w.streams[1].fd = std::move(err_r);
     w.streams[1].out_fd = 2;
+    // One worker untagged: nothing to keep apart, its bytes go through as they come.
+    w.streams[0].raw = w.streams[1].raw = !spec.tag_output && spec.nprocs == 1;
     // The report pipe closes on a successful exec; an errno arrives when exec failed.
     int exec_errno = 0;
     ssize_t r;
@@ -732,6 +741,15 @@ int run_local_workers(const LaunchSpec& spec) {
   std::optional<Clock::time_point> drain_deadline;
 
   auto reap = [&]() {
+    // Every worker that has exited since the last pass, in rank order: exits this close together have no order we can
+    // see, so when several failed in one pass all are named (the first by rank alone hid a failure that caused it).
+    struct Exit {
+      Worker* w;
+      siginfo_t info;
+      int code;
+      std::string what;
+    };
+    std::vector<Exit> exits;
     for (auto& w : workers) {
       if (!w.running) continue;
       siginfo_t info{};
@@ -740,26 +758,39 @@ int run_local_workers(const LaunchSpec& spec) {
         continue;
       int code = 0;
       std::string what = describe_exit(info, &code);
-      bool failed = code != 0;
       // Whatever a worker started in its process group goes with it, also when it succeeded (its leftovers outlived
       // the launch, and in `conduit cluster run` shared the host with the next cell).
       ::kill(-w.pid, SIGKILL);
       ::waitpid(w.pid, nullptr, 0);
       w.running = false;
-      if (failed && !stopping) {
-        for (auto& st : w.streams) pump_all(st, w.prefix, buf);
-        int others = running_count();
-        message(spec, fmt::format("rank {} (pid {}) {}{}", w.rank, w.pid, what, stopping_others(others)));
-        result = code;
-        have_result = true;
-        begin_stop(SIGTERM);
-      } else if (stopping && info.si_code != CLD_EXITED && info.si_status != stop_signal &&
-                 info.si_status != SIGKILL) {
+      exits.push_back({&w, info, code, std::move(what)});
+    }
+    const Exit* first = nullptr;
+    std::vector<std::string> also;
+    for (const auto& e : exits) {
+      if (e.code == 0) continue;
+      if (!stopping && first == nullptr) {
+        first = &e;
+      } else if (!stopping) {
+        for (auto& st : e.w->streams) pump_all(st, e.w->prefix, buf);
+        also.push_back(fmt::format("rank {} (pid {}) {}", e.w->rank, e.w->pid, e.what));
+      } else if (e.info.si_code != CLD_EXITED && e.info.si_status != stop_signal && e.info.si_status != SIGKILL) {
         // A worker that crashed on its own while the others were being stopped (its peers' errors may have been
         // reaped first): say so, or the crash stays hidden behind the peer's "connection closed".
-        for (auto& st : w.streams) pump_all(st, w.prefix, buf);
-        message(spec, fmt::format("rank {} (pid {}) also {}", w.rank, w.pid, what));
+        for (auto& st : e.w->streams) pump_all(st, e.w->prefix, buf);
+        message(spec, fmt::format("rank {} (pid {}) also {}", e.w->rank, e.w->pid, e.what));
       }
+    }
+    if (first != nullptr) {
+      for (auto& st : first->w->streams) pump_all(st, first->w->prefix, buf);
+      int others = running_count();
+      message(spec,
+              fmt::format("rank {} (pid {}) {}{}{}", first->w->rank, first->w->pid, first->what,
+                          also.empty() ? std::string() : fmt::format(" (at about the same time: {})", join(also, "; ")),
+                          stopping_others(others)));
+      result = first->code;
+      have_result = true;
+      begin_stop(SIGTERM);
     }
   };
 

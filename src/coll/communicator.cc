@@ -678,10 +678,27 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
   });
 }
 
+namespace {
+// At the root of gather (in: one block, out: all) or scatter (the reverse), the one block may be the root's own slot
+// of the whole buffer (in place) or lie apart from it; any other overlap is overwritten by the other ranks' blocks
+// before it is moved, or moved over a block still being sent (in == out gathered rank 0's block into the root's).
+void check_root_block(const void* block, const void* all, size_t bytes, int root, int size, const char* op) {
+  const auto* b = static_cast<const char*>(block);
+  const auto* a = static_cast<const char*>(all);
+  if (size <= 1 || bytes == 0 || b == a + static_cast<size_t>(root) * bytes) return;
+  if (b < a + bytes * static_cast<size_t>(size) && a < b + bytes)
+    throw InvalidArgument(
+        fmt::format("{}: at the root the block overlaps the whole buffer other than at the root's own "
+                    "slot; allowed: separate buffers, or the block at the root's slot (in place)",
+                    op));
+}
+}  // namespace
+
 Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
   check_root(root, "gather");
   check_buffer(in, count, dt, "gather input", size());
   if (rank_ == root) check_buffer(out, count * size(), dt, "gather output");
+  if (rank_ == root) check_root_block(in, out, count * dtype_size(dt), root, size(), "gather");
   Signature sig{kSigGather, static_cast<uint32_t>(dt), 0, root, count};
   return submit("gather", sig, o, [=](Ctx& c) {
     linear_gather(c, in, out, count * dtype_size(dt), root);
@@ -693,6 +710,7 @@ Work Communicator::scatter(const void* in, void* out, size_t count, DType dt, in
   check_root(root, "scatter");
   check_buffer(out, count, dt, "scatter output", size());
   if (rank_ == root) check_buffer(in, count * size(), dt, "scatter input");
+  if (rank_ == root) check_root_block(out, in, count * dtype_size(dt), root, size(), "scatter");
   Signature sig{kSigScatter, static_cast<uint32_t>(dt), 0, root, count};
   return submit("scatter", sig, o, [=](Ctx& c) {
     linear_scatter(c, in, out, count * dtype_size(dt), root);

@@ -132,6 +132,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Work broadcast(void* buf, size_t count, DType dtype, int root, const CollOptions& o = {});
   // out is used at the root only (it may equal in).
   Work reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op, int root, const CollOptions& o = {});
+  // gather: out (count x size elements) at the root only; scatter: in at the root only. At the root the one-block
+  // buffer may be the root's own slot of the whole one (in place); another overlap is an InvalidArgument.
   Work gather(const void* in, void* out, size_t count, DType dtype, int root, const CollOptions& o = {});
   Work scatter(const void* in, void* out, size_t count, DType dtype, int root, const CollOptions& o = {});
   Work alltoall(const void* in, void* out, size_t count, DType dtype, const CollOptions& o = {});

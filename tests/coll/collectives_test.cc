@@ -159,6 +159,37 @@ TEST(Communicator, SplitFormsGroupsOrderedByKey) {
   EXPECT_EQ(total(wrong), 0u);
 }
 
+// gather/scatter at a root other than 0 with the block overlapping the whole buffer elsewhere than the root's slot:
+// refused (in == out gathered rank 0's block into the root's slot); the in-place form still works.
+TEST(Communicator, GatherAndScatterRefuseOverlapsButTakeTheInPlaceForm) {
+  auto wrong = on_ranks(3, [&](Communicator& c) {
+    size_t bad = 0;
+    std::vector<float> all(3 * 4, 0.0f), mine(4, float(c.rank() + 1));
+    if (c.rank() == 2) {
+      for (float* block : {all.data(), all.data() + 1}) {
+        try {
+          c.gather(block, all.data(), 4, DType::f32, 2).wait();
+          ++bad;
+        } catch (const InvalidArgument&) {
+        }
+        try {
+          c.scatter(all.data(), block, 4, DType::f32, 2).wait();
+          ++bad;
+        } catch (const InvalidArgument&) {
+        }
+      }
+      std::fill(all.begin() + 8, all.end(), 3.0f);  // in place: the root's block at its slot
+      c.gather(all.data() + 8, all.data(), 4, DType::f32, 2).wait();
+      for (int r = 0; r < 3; ++r)
+        for (int k = 0; k < 4; ++k) bad += all[size_t(4 * r + k)] != float(r + 1);
+    } else {
+      c.gather(mine.data(), nullptr, 4, DType::f32, 2).wait();
+    }
+    return bad;
+  });
+  EXPECT_EQ(total(wrong), 0u);
+}
+
 // A forced hierarchical allreduce on one host runs the ring (there is no inter-host level) and says so: the
 // algorithm a call reports is the one that moved its data (it reported "hier").
 TEST(Communicator, ForcedHierOnOneHostReportsTheRingItRan) {

@@ -156,8 +156,9 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
   EXPECT_NE(r.out.find("rhd"), std::string::npos) << r.out;
   auto bad = run_sh("CONDUIT_ALLREDUCE=warp " + kConduit + " launch -n 2 -- " + kConduit + " bench coll");
   EXPECT_NE(bad.code, 0);
-  EXPECT_NE(bad.out.find("unknown allreduce algorithm 'warp': allowed are ring, rhd, rd, tree, hier"),
-            std::string::npos)
+  EXPECT_NE(
+      bad.out.find("CONDUIT_ALLREDUCE: unknown allreduce algorithm 'warp': allowed are ring, rhd, rd, tree, hier"),
+      std::string::npos)
       << bad.out;
   // A ring segment below 64 bytes is refused (0 was raised to 64 silently: every megabyte took 16,384 steps).
   bad = run_sh("CONDUIT_RING_SEGMENT_BYTES=0 " + kConduit + " launch -n 2 -- " + kConduit +

@@ -18,6 +18,29 @@ TEST(Tuner, RingCostIsTheClosedForm) {
   EXPECT_NEAR(t.predict(CollOp::allreduce, "ring", n, p, 1), want, 1e-12);
 }
 
+// At a non-power of two the recursive algorithms' bandwidth terms are over p' (the largest power of two <= p), as
+// docs/algorithms.md gives them, plus the fix-up; rh's fix-up returns one block (the real p made them 0.83 for
+// 0.75 at p = 6, and rh's return the whole vector); a rule's bad algorithm names its variable.
+TEST(Tuner, RecursiveAlgorithmsAtNonPowersOfTwoAreChargedAsDocumented) {
+  CostModel m;
+  const double a = 1e-5, b = 1e-9, g = 5e-10;
+  m.intra = {a, b, g};
+  Tuner t(m);
+  const double n = 1 << 20;
+  const int p = 6;
+  const double pp = 4, f = (pp - 1) / pp;
+  EXPECT_NEAR(t.predict(CollOp::allreduce, "rhd", n, p, 1),
+              2 * 2 * a + 2 * f * n * b + f * n * g + 2 * (a + n * b) + n * g, 1e-12);
+  EXPECT_NEAR(t.predict(CollOp::reduce_scatter, "rh", n, p, 1),
+              2 * a + f * n * (b + g) + (a + n * b + n * g) + (a + n / p * b), 1e-12);
+  try {
+    Tuner::parse_rules(CollOp::allgather, "ring:0-1K,rhd:1K-", "CONDUIT_ALLGATHER");
+    ADD_FAILURE() << "rhd taken for allgather";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "CONDUIT_ALLGATHER: unknown allgather algorithm 'rhd': allowed are ring, rd");
+  }
+}
+
 TEST(Tuner, LatencyBoundSizesPickLogarithmicAlgorithmsAndLargeOnesBandwidthOptimal) {
   CostModel m;
   m.intra = {1e-5, 1e-10, 1e-10};
