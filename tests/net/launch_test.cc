@@ -292,6 +292,17 @@ TEST_F(LaunchTest, PrefixesEveryLineAndKeepsLinesIntact) {
   }
 }
 
+// One untagged worker's bytes pass through as they come: nothing held back until a newline, none added (a
+// trailing partial line gained one, and a line of over 1 MiB was split with one).
+TEST_F(LaunchTest, NoTagOutputOfOneWorkerPassesBytesThrough) {
+  auto r = run({"launch", "-n", "1", "--no-tag-output", "--", "printf", "abc"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "abc");
+  r = run({"launch", "-n", "1", "--no-tag-output", "--", "sh", "-c", "head -c 1500000 /dev/zero | tr '\\0' x"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, std::string(1500000, 'x'));
+}
+
 TEST_F(LaunchTest, NoTagOutputKeepsLinesWithoutPrefix) {
   auto r = run({"launch", "-n", "3", "--no-tag-output", "--", "sh", "-c", "seq -f \"line %g of $RANK\" 1 500"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -578,6 +589,8 @@ TEST_F(LaunchTest, BindsWorkersRoundRobinWhenTheyDivideEvenlyOverTheCpus) {
     for (const auto& [rank, set] : bound(c + 1, "core")) EXPECT_EQ(set, std::set<int>{cpus[rank % c]}) << rank;
   }
   for (const auto& [rank, set] : bound(2 * c, "none")) EXPECT_EQ(set, all) << rank;
+  // One worker keeps every CPU under auto (it was bound to the first: a multi-threaded program on one core).
+  for (const auto& [rank, set] : bound(1, "auto")) EXPECT_EQ(set, all) << rank;
   auto bad = run({"launch", "-n", "2", "--bind", "socket", "--", "true"}, {}, 10s);
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--bind 'socket' is not one of auto, core, none"), std::string::npos) << bad.err;
