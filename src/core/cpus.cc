@@ -17,7 +17,7 @@ std::optional<int> cpus_of(double quota, double period) {
   return std::max(1, static_cast<int>(std::ceil(quota / period)));
 }
 
-std::string first_line(const char* path) {
+std::string first_line(const std::string& path) {
   std::ifstream f(path);
   std::string line;
   if (f) std::getline(f, line);
@@ -46,13 +46,60 @@ std::optional<int> cpus_from_cfs(const std::string& quota, const std::string& pe
   }
 }
 
+std::vector<CgroupDir> cgroup_cpu_dirs(const std::string& self_cgroup, const std::string& mount) {
+  std::vector<CgroupDir> out;
+  // Every directory from `rel` (a cgroup path, "/a/b") up to the root, below `base`.
+  auto chain = [&](const std::string& base, std::string rel, int version) {
+    if (rel.empty() || rel[0] != '/') rel = "/" + rel;
+    while (true) {
+      while (rel.size() > 1 && rel.back() == '/') rel.pop_back();
+      out.push_back({rel == "/" ? base : base + rel, version});
+      if (rel == "/") break;
+      rel = rel.substr(0, rel.rfind('/'));
+      if (rel.empty()) rel = "/";
+    }
+  };
+  std::istringstream in(self_cgroup);
+  std::string line;
+  bool any = false;
+  while (std::getline(in, line)) {
+    // "hierarchy-id:controllers:path"; the path may hold ':' itself.
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (id == "0" && controllers.empty()) {
+      chain(mount, path, 2);
+      any = true;
+    } else {
+      std::istringstream cs(controllers);
+      std::string c;
+      bool cpu = false;
+      while (std::getline(cs, c, ',')) cpu = cpu || c == "cpu";
+      if (!cpu) continue;
+      chain(mount + "/" + controllers, path, 1);
+      if (controllers != "cpu") chain(mount + "/cpu", path, 1);  // the usual symlink to "cpu,cpuacct"
+      any = true;
+    }
+  }
+  if (!any) {  // no /proc/self/cgroup: the mount's root, both layouts
+    out.push_back({mount, 2});
+    out.push_back({mount + "/cpu", 1});
+  }
+  return out;
+}
+
 int quota_cpus() {
   int n = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  std::optional<int> q = cpus_from_cpu_max(first_line("/sys/fs/cgroup/cpu.max"));
-  if (!q)
-    q = cpus_from_cfs(first_line("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
-                      first_line("/sys/fs/cgroup/cpu/cpu.cfs_period_us"));
-  if (q) n = std::min(n, *q);
+  std::ifstream self("/proc/self/cgroup");
+  std::stringstream text;
+  text << self.rdbuf();
+  // The smallest quota of this cgroup and every parent (a parent's limit binds its children too).
+  for (const auto& d : cgroup_cpu_dirs(text.str())) {
+    const std::optional<int> q = d.version == 2 ? cpus_from_cpu_max(first_line(d.path + "/cpu.max"))
+                                                : cpus_from_cfs(first_line(d.path + "/cpu.cfs_quota_us"),
+                                                                first_line(d.path + "/cpu.cfs_period_us"));
+    if (q) n = std::min(n, *q);
+  }
   // Set by `conduit cluster exec`, measured before it mounted a sysfs of the emulated host's own (which has no cgroup
   // files): the container's quota still applies there.
   if (const char* v = std::getenv("CONDUIT_QUOTA_CPUS")) {

@@ -3,6 +3,7 @@
 // v1 cpu.cfs_quota_us / cpu.cfs_period_us) allows fewer, and (usable_cpus) fewer when the affinity mask does.
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace conduit {
 
@@ -12,8 +13,19 @@ std::optional<int> cpus_from_cpu_max(const std::string& line);
 // The same from cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us (quota -1: no limit).
 std::optional<int> cpus_from_cfs(const std::string& quota, const std::string& period);
 
-// Online CPUs, capped by this cgroup's CPU quota. The same on every process of a container, whatever each one's
-// affinity (ranks pinned one per core by mpirun or `conduit launch` see one CPU in their mask).
+// The cgroup directories whose CPU limit applies to a process with this /proc/self/cgroup text, from its own cgroup up
+// to the mount's root, each with its version (2: cpu.max; 1: cpu.cfs_quota_us and cpu.cfs_period_us), under
+// `mount` (/sys/fs/cgroup). Only the root's were read: a process in a sub-cgroup (systemd-run -p CPUQuota, a batch
+// system's job cgroup) had its quota missed.
+struct CgroupDir {
+  std::string path;
+  int version;
+};
+std::vector<CgroupDir> cgroup_cpu_dirs(const std::string& self_cgroup, const std::string& mount = "/sys/fs/cgroup");
+
+// Online CPUs, capped by the smallest CPU quota of this process's cgroup and its parents. The same on every process of
+// a container, whatever each one's affinity (ranks pinned one per core by mpirun or `conduit launch` see one CPU in
+// their mask).
 int quota_cpus();
 // quota_cpus() capped by this process's affinity mask (taskset, a cpuset): what a launcher can spread workers over.
 int usable_cpus();

@@ -42,3 +42,20 @@ TEST(Cpus, AnInheritedQuotaCapsTheCount) {
 
 }  // namespace
 }  // namespace conduit
+
+// The cgroups whose CPU limits apply: this process's own and every parent's, for v2 and v1 (only the mount's root was
+// read, so a quota on a sub-cgroup was missed).
+TEST(Cpus, QuotaIsReadFromThisProcesssCgroupAndItsParents) {
+  auto paths = [](const std::vector<conduit::CgroupDir>& ds) {
+    std::vector<std::string> out;
+    for (const auto& d : ds) out.push_back(std::to_string(d.version) + " " + d.path);
+    return out;
+  };
+  EXPECT_EQ(paths(conduit::cgroup_cpu_dirs("0::/system.slice/job.scope\n", "/m")),
+            (std::vector<std::string>{"2 /m/system.slice/job.scope", "2 /m/system.slice", "2 /m"}));
+  EXPECT_EQ(paths(conduit::cgroup_cpu_dirs("0::/\n", "/m")), (std::vector<std::string>{"2 /m"}));
+  EXPECT_EQ(paths(conduit::cgroup_cpu_dirs("4:memory:/x\n2:cpu,cpuacct:/slurm/job7\n0::/\n", "/m")),
+            (std::vector<std::string>{"1 /m/cpu,cpuacct/slurm/job7", "1 /m/cpu,cpuacct/slurm", "1 /m/cpu,cpuacct",
+                                      "1 /m/cpu/slurm/job7", "1 /m/cpu/slurm", "1 /m/cpu", "2 /m"}));
+  EXPECT_EQ(paths(conduit::cgroup_cpu_dirs("", "/m")), (std::vector<std::string>{"2 /m", "1 /m/cpu"}));
+}
