@@ -55,9 +55,11 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
                              "port of the rendezvous store served by rank 0 (1..65535; default: a free port)");
   c->add_option("--master-addr", opts->master_addr, "address of rank 0's rendezvous store")->capture_default_str();
   c->add_flag("--tag-output,!--no-tag-output", opts->tag_output, "prefix each output line with [rank K] (default on)");
-  c->add_option("--bind", opts->bind,
-                "auto (default: worker k on CPU k mod C when there are enough CPUs or the workers divide evenly over them), "
-                "core (always so), none")
+  c->add_option(
+       "--bind", opts->bind,
+       "auto (default: worker k on CPU k mod C when there are enough CPUs or the workers divide evenly over them; "
+       "a single worker is not bound), "
+       "core (always so), none")
       ->capture_default_str();
   // After "--" everything is the program and its arguments, even what looks like an option.
   c->add_option("command", opts->command, "PROGRAM [ARGS...] that every worker runs (put it after --)");

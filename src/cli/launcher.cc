@@ -259,8 +259,7 @@ void forward(Stream& s, const std::string& prefix, const char* data, size_t size
   size_t last = s.pending.rfind('\n');
   if (last == std::string::npos) {
     if (s.pending.size() >= kMaxPendingLine) {
-      // A newline only where a prefix must start the next line: untagged output keeps its bytes.
-      std::string out = prefix + s.pending + (prefix.empty() ? "" : "\n");
+      std::string out = prefix + s.pending + "\n";  // (only raw streams, one worker untagged, add nothing)
       write_all(s.out_fd, out.data(), out.size());
       s.pending.clear();
     }
@@ -283,10 +282,11 @@ void forward(Stream& s, const std::string& prefix, const char* data, size_t size
   s.pending.erase(0, last + 1);
 }
 
-// Writes an unterminated last line (with a newline added after a prefix) and closes the stream.
+// Writes an unterminated last line (with a newline added, so that another worker's output starts a line of its own)
+// and closes the stream.
 void finish(Stream& s, const std::string& prefix) {
   if (!s.pending.empty()) {
-    std::string out = prefix + s.pending + (prefix.empty() ? "" : "\n");
+    std::string out = prefix + s.pending + "\n";
     write_all(s.out_fd, out.data(), out.size());
     s.pending.clear();
   }

@@ -175,12 +175,17 @@ double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int h
   const double P = p, lg = log2i(p);
   const double frac = (P - 1) / P;
   const bool p2 = pow2(p);
-  // The recursive algorithms run among p' = the largest power of two <= p ranks (docs/algorithms.md): their
-  // bandwidth terms are (p'-1)/p' (the real p overcharged them: 0.83 for 0.75 at p = 6), plus the fix-up, one
-  // extra exchange of the whole vector before and, for allreduce, after; rh returns only the folded rank's block.
+  // The recursive algorithms run among p' = the largest power of two <= p ranks (docs/algorithms.md): rhd's bandwidth
+  // terms are (p'-1)/p' (the real p overcharged them: 0.83 for 0.75 at p = 6), plus the fix-up, one extra exchange of
+  // the whole vector before and, for allreduce, after; rh returns only the folded rank's block.
   const double Pp = std::exp2(std::floor(std::log2(P))), frac_p = (Pp - 1) / Pp;
   const double fix = p2 ? 0 : 2 * (a + n * b) + n * g;
   const double fix_rh = p2 ? 0 : (a + n * b + n * g) + (a + n / P * b);
+  // rh splits by rank's block, and the first r = p - p' of the p' taking part hold two: a halving step among groups of
+  // g moves the larger half, g/2 + min(r, g/2) blocks of n/p ((p-1)/p in all at a power of two; 1.0 at p = 5 and 6).
+  double rh_frac = 0;
+  for (double grp = Pp, r = P - Pp; grp >= 2; grp /= 2) rh_frac += grp / 2 + std::min(r, grp / 2);
+  rh_frac /= P;
   switch (op) {
     case CollOp::allreduce:
       if (algo == "ring") return 2 * (P - 1) * a + 2 * frac * n * b + frac * n * g;
@@ -200,7 +205,7 @@ double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int h
       break;
     case CollOp::reduce_scatter:
       if (algo == "ring") return (P - 1) * a + frac * n * (b + g);
-      if (algo == "rh") return std::floor(std::log2(P)) * a + frac_p * n * (b + g) + fix_rh;
+      if (algo == "rh") return std::floor(std::log2(P)) * a + rh_frac * n * (b + g) + fix_rh;
       break;
     case CollOp::allgather:
       if (algo == "ring") return (P - 1) * a + frac * n * b;

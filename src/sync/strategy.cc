@@ -216,9 +216,10 @@ const std::map<std::string, Entry>& registry() {
                   }};
     m["diloco"] = {{{"period", "100"}, {"outer_lr", "0.7"}, {"momentum", "0.9"}, {"nesterov", "1"}},
                    [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
-                     return std::make_unique<DilocoStrategy>(std::move(c), p.integer("period", 1, 1 << 24),
-                                                             p.real("outer_lr", 1e-9, 100) /* 0 never moves */,
-                                                             p.real("momentum", 0, 0.9999), p.flag("nesterov"));
+                     return std::make_unique<DilocoStrategy>(
+                         std::move(c), p.integer("period", 1, 1 << 24),
+                         p.real("outer_lr", 1e-9, 100) /* 0 never moves: at least 1e-9 */,
+                         p.real("momentum", 0, 0.9999), p.flag("nesterov"));
                    }};
     m["easgd"] = {{{"period", "4"}, {"alpha", "0"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                     double a = p.real("alpha", 0, 1);

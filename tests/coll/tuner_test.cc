@@ -19,8 +19,8 @@ TEST(Tuner, RingCostIsTheClosedForm) {
 }
 
 // At a non-power of two the recursive algorithms' bandwidth terms are over p' (the largest power of two <= p), as
-// docs/algorithms.md gives them, plus the fix-up; rh's fix-up returns one block (the real p made them 0.83 for
-// 0.75 at p = 6, and rh's return the whole vector); a rule's bad algorithm names its variable.
+// docs/algorithms.md gives them, plus the fix-up; rh's halving steps move the larger half of blocks of n/p, of which
+// the first p - p' ranks hold two, and its fix-up returns one block; a rule's bad algorithm names its variable.
 TEST(Tuner, RecursiveAlgorithmsAtNonPowersOfTwoAreChargedAsDocumented) {
   CostModel m;
   const double a = 1e-5, b = 1e-9, g = 5e-10;
@@ -31,8 +31,10 @@ TEST(Tuner, RecursiveAlgorithmsAtNonPowersOfTwoAreChargedAsDocumented) {
   const double pp = 4, f = (pp - 1) / pp;
   EXPECT_NEAR(t.predict(CollOp::allreduce, "rhd", n, p, 1),
               2 * 2 * a + 2 * f * n * b + f * n * g + 2 * (a + n * b) + n * g, 1e-12);
+  // rh at p = 6: 2 of the 4 taking part hold two blocks, so its halving steps move 4 and 2 blocks of n/6: n in all.
   EXPECT_NEAR(t.predict(CollOp::reduce_scatter, "rh", n, p, 1),
-              2 * a + f * n * (b + g) + (a + n * b + n * g) + (a + n / p * b), 1e-12);
+              2 * a + 1.0 * n * (b + g) + (a + n * b + n * g) + (a + n / p * b), 1e-12);
+  EXPECT_NEAR(t.predict(CollOp::reduce_scatter, "rh", n, 8, 1), 3 * a + 7.0 / 8 * n * (b + g), 1e-12);
   try {
     Tuner::parse_rules(CollOp::allgather, "ring:0-1K,rhd:1K-", "CONDUIT_ALLGATHER");
     ADD_FAILURE() << "rhd taken for allgather";

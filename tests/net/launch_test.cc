@@ -303,6 +303,15 @@ TEST_F(LaunchTest, NoTagOutputOfOneWorkerPassesBytesThrough) {
   EXPECT_EQ(r.out, std::string(1500000, 'x'));
 }
 
+// Several untagged workers: a partial last line still ends with a newline, so the next worker's output starts a line
+// of its own (a review caught "abc0abc1").
+TEST_F(LaunchTest, NoTagOutputOfSeveralWorkersEndsPartialLines) {
+  auto r = run({"launch", "-n", "2", "--no-tag-output", "--", "sh", "-c", "printf abc$RANK"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.size(), 10u) << r.out;
+  EXPECT_TRUE(r.out == "abc0\nabc1\n" || r.out == "abc1\nabc0\n") << r.out;
+}
+
 TEST_F(LaunchTest, NoTagOutputKeepsLinesWithoutPrefix) {
   auto r = run({"launch", "-n", "3", "--no-tag-output", "--", "sh", "-c", "seq -f \"line %g of $RANK\" 1 500"});
   ASSERT_EQ(r.code, 0) << r.err;
