@@ -259,7 +259,7 @@ void forward(Stream& s, const std::string& prefix, const char* data, size_t size
   size_t last = s.pending.rfind('\n');
   if (last == std::string::npos) {
     if (s.pending.size() >= kMaxPendingLine) {
-      std::string out = prefix + s.pending + "\n";  // (only raw streams, one worker untagged, add nothing)
+      std::string out = prefix + s.pending + "\n";  // a line of its own (raw streams never get here)
       write_all(s.out_fd, out.data(), out.size());
       s.pending.clear();
     }
