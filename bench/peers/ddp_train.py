@@ -5,7 +5,8 @@ The same model (the CNN or MLP of src/torch/models.cc), data (Fashion-MNIST IDX 
 standardised with the training set's mean and std), per-worker batch size, learning rate for the global batch,
 SGD with momentum 0.9, schedule (cosine/step/constant, per step) and epochs as `conduit train`, with one of DDP's
 communication hooks: none (allreduce of f32 buckets), fp16 (fp16_compress_hook) or powersgd (powerSGD_hook with
-error feedback and warm start, rank --powersgd-rank, compression from the second step).
+error feedback and warm start, rank --powersgd-rank, start_powerSGD_iter=2: steps 1 and 2 plain allreduce,
+compression from the third).
 
     /usr/bin/python3 bench/peers/ddp_train.py -n 4 --hook powersgd --powersgd-rank 4 --epochs 1 --output runs/ddp
 

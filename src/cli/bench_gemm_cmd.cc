@@ -133,8 +133,10 @@ std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std
     } else {
       long long m = 0, n = 0, k = 0;
       char tail = 0;
-      if (std::sscanf(s.c_str(), "%lldx%lldx%lld%c", &m, &n, &k, &tail) != 3 || m < 1 || n < 1 || k < 1 ||
-          m * n > (1LL << 28) || m * k > (1LL << 28) || n * k > (1LL << 28))
+      // Each side at most 2^28 before any product (a product of sides near 2^32 wrapped past the 2^28 check).
+      constexpr long long kMax = 1LL << 28;
+      if (std::sscanf(s.c_str(), "%lldx%lldx%lld%c", &m, &n, &k, &tail) != 3 || m < 1 || n < 1 || k < 1 || m > kMax ||
+          n > kMax || k > kMax || m * n > kMax || m * k > kMax || n * k > kMax)
         throw ConfigError(fmt::format(
             "--shapes: '{}' is not allowed; allowed: cnn, mlp, square, MxNxK (positive, each matrix at most 2^28 "
             "elements) or conv:INxOUTkK@HxW (a stride-1 convolution padded by K/2 at --batch), comma-separated",
@@ -171,7 +173,8 @@ long long concurrent_processes() {
 
 void run_gemm(const GemmArgs& a) {
   const long long concurrent = concurrent_processes();
-  if (a.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", a.batch));
+  // The cnn/mlp shapes and --model grow with the batch (200000 needed ~20 GB for one im2col matrix).
+  if (a.batch < 1 || a.batch > 65536) throw ConfigError(fmt::format("--batch = {} (allowed: 1..65536)", a.batch));
   if (a.threads < 1 || a.threads > 1024) throw ConfigError(fmt::format("--threads = {} (allowed: 1..1024)", a.threads));
   if (!(a.min_time > 0) || a.min_time > 60)
     throw ConfigError(fmt::format("--min-time = {} (allowed: seconds in (0, 60])", a.min_time));
@@ -185,6 +188,9 @@ void run_gemm(const GemmArgs& a) {
   std::vector<std::string> models;
   for (const auto& m : split(a.model, ','))
     if (!trim(m).empty()) models.push_back(trim(m));
+  for (const auto& m : models)  // before the timings (a bad name was refused after the whole GEMM pass)
+    if (m != "mlp" && m != "cnn" && m != "resnet")
+      throw ConfigError(fmt::format("--model: '{}' is not allowed; allowed: mlp, cnn, resnet", m));
   auto timings = torch_api().time_gemms(mnk, a.threads, a.min_time);
   struct Sums {
     double gemm = 0;   // of the model's step GEMMs

@@ -23,5 +23,7 @@ struct VerifyCase {
 const char* verify_ops_allowed();
 // Returns the number of wrong elements on this rank (0 when correct). Throws on communication errors.
 size_t run_and_verify(Communicator& c, const VerifyCase& vc);
+// The input of element i on rank `rank` (exposed for tests of the pattern itself).
+double verify_input(int rank, size_t i, DType t, ReduceOp op);
 
 }  // namespace conduit::coll

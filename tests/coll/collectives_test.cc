@@ -190,6 +190,29 @@ TEST(Communicator, GatherAndScatterRefuseOverlapsButTakeTheInPlaceForm) {
   EXPECT_EQ(total(wrong), 0u);
 }
 
+// The verification data has no short period in elements or ranks: a block moved to another place or two ranks'
+// blocks swapped change the result (the pattern (7r + 3i) mod 11 repeated every 11 of both: with 11 ranks every
+// expected max was 5, and rank 0's and rank 11's blocks were equal).
+TEST(Verify, InputsHaveNoShortPeriod) {
+  for (size_t period : {2, 4, 8, 10, 11, 16, 22, 44}) {
+    size_t same = 0;
+    for (size_t i = 0; i < 64; ++i)
+      same += verify_input(0, i, DType::f32, ReduceOp::sum) == verify_input(0, i + period, DType::f32, ReduceOp::sum);
+    EXPECT_LT(same, 20u) << "elements " << period;
+  }
+  size_t same = 0;
+  for (size_t i = 0; i < 64; ++i)
+    same += verify_input(0, i, DType::f32, ReduceOp::sum) == verify_input(11, i, DType::f32, ReduceOp::sum);
+  EXPECT_LT(same, 20u) << "ranks 0 and 11";
+  std::set<double> maxima;
+  for (size_t i = 0; i < 64; ++i) {
+    double m = -1e9;
+    for (int r = 0; r < 11; ++r) m = std::max(m, verify_input(r, i, DType::f32, ReduceOp::max));
+    maxima.insert(m);
+  }
+  EXPECT_GT(maxima.size(), 1u);
+}
+
 // A forced hierarchical allreduce on one host runs the ring (there is no inter-host level) and says so: the
 // algorithm a call reports is the one that moved its data (it reported "hier").
 TEST(Communicator, ForcedHierOnOneHostReportsTheRingItRan) {

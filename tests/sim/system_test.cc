@@ -344,6 +344,17 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
   EXPECT_NE(out.find("conduit: error: " + dir + "/bad.jsonl:1: field 'gflops' must be a positive number"),
             std::string::npos)
       << out;
+  // bench gemm's inputs: sides whose products wrapped past the 2^28 check, a batch without a bound, a model name that
+  // was refused only after the whole timing pass.
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--shapes 4294967296x4294967296x4294967296", "--shapes: '4294967296x4294967296x4294967296' is not allowed"},
+           {"--shapes mlp --batch 2000000000", "--batch = 2000000000 (allowed: 1..65536)"},
+           {"--shapes 8x8x8 --model foo", "--model: 'foo' is not allowed; allowed: mlp, cnn, resnet"}}) {
+    out = run("bench gemm " + args, &rc);
+    EXPECT_EQ(rc, 2) << args << out;
+    EXPECT_NE(out.find(want), std::string::npos) << args << out;
+    EXPECT_EQ(out.find("GFLOP"), std::string::npos) << args << out;  // nothing timed first
+  }
   // --name lands in the YAML as a plain scalar: "my: box" broke the file, "#lab" named the cluster null.
   for (const char* bad : {"my: box", "#lab", ""}) {
     out = run("sim calibrate --bench " + dir + "/bench.jsonl --peak 1GFLOP/s --name '" + bad + "' --out -", &rc);
