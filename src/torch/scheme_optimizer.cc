@@ -47,7 +47,12 @@ SchemeOptimizer::~SchemeOptimizer() = default;
 
 void SchemeOptimizer::setup(bool resuming) {
   torch::NoGradGuard ng;
-  if (resuming) own_params_ = flat_params_.clone();
+  if (resuming) {
+    own_params_ = flat_params_.clone();
+    // The rank's own buffers (BatchNorm's statistics) too: the broadcast below gave every rank rank 0's.
+    own_buffers_.clear();
+    for (const auto& b : model_->buffers()) own_buffers_.push_back(b.clone());
+  }
   broadcast_module(*model_, *workers_, false);  // the parameters are the strategy's
   strategy_->setup({flat_params_.data_ptr<float>(), d_});
   seen_ = strategy_->stats();
@@ -61,8 +66,11 @@ void SchemeOptimizer::resume(const std::vector<uint8_t>& state) {
   {
     torch::NoGradGuard ng;
     flat_params_.copy_(own_params_);
+    auto buffers = model_->buffers();
+    for (size_t i = 0; i < buffers.size() && i < own_buffers_.size(); ++i) buffers[i].copy_(own_buffers_[i]);
   }
   own_params_ = torch::Tensor();
+  own_buffers_.clear();
   workers_->barrier().wait();
 }
 

@@ -74,6 +74,7 @@ class SchemeOptimizer {
   Trace* trace_;
   sync::StrategyPtr strategy_;
   torch::Tensor flat_params_, flat_grads_, own_params_;
+  std::vector<torch::Tensor> own_buffers_;  // a resuming rank's own buffers, put back by resume()
   size_t d_ = 0;
   StepStats last_, total_;
   sync::SyncStats seen_;

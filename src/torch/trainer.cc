@@ -16,6 +16,7 @@
 #include <mutex>
 #include <numbers>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "sync/straggler.h"
 #include "sync/strategy.h"
@@ -472,6 +473,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all.
   const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
+  if (warmup > total_steps)  // (max_steps shortened the run below the warm-up: the lr never reached lr)
+    throw ConfigError(
+        fmt::format("config: warmup_epochs: {} is {} steps, more than this run's {} (max_steps); "
+                    "allowed: a warm-up that ends within the run",
+                    c.warmup_epochs, warmup, total_steps));
   if (c.warmup_epochs > 0 && warmup < 2)
     throw ConfigError(
         fmt::format("config: warmup_epochs: {} is {} step(s) at {} steps an epoch, which warms nothing "
@@ -487,6 +493,17 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     return dt != d.end() ? dt->second : std::string();
   };
   const std::string period_text = scheme_param("period"), warmup_text = scheme_param("warmup");
+  // bsp's bucket settings do nothing under another scheme (they were taken without a word).
+  if (!spec.bsp() && lead && outputs) {
+    const TrainConfig defaults;
+    std::vector<std::string> unused;
+    if (c.bucket_cap_mb != defaults.bucket_cap_mb) unused.push_back("bucket_cap_mb");
+    if (c.first_bucket_mb != defaults.first_bucket_mb) unused.push_back("first_bucket_mb");
+    if (c.overlap != defaults.overlap) unused.push_back("overlap");
+    if (!unused.empty())
+      fmt::print(stderr, "train: warning: {} set bsp's gradient buckets; sync {} has none and ignores {}\n",
+                 join(unused, ", "), spec.name, unused.size() > 1 ? "them" : "it");
+  }
   if (!period_text.empty() && lead && outputs) {
     const int64_t period = std::strtoll(period_text.c_str(), nullptr, 10);
     // Local SGD's warm-up steps average every step (a warm-up as long as the run synchronizes throughout).
@@ -629,18 +646,28 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   };
 
   int64_t checkpointed_at = -1;  // global step of the last checkpoint written
+  double checkpoint_s = 0;       // seconds spent writing checkpoints (not training: samples/s leaves them out)
   auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
     if (!outputs) return;
+    const double ck0 = now_s(), untimed0 = untimed_s;
+    struct Count {
+      double& to;
+      double t0;
+      const double& untimed;
+      double untimed0;
+      ~Count() { to += now_s() - t0 - (untimed - untimed0); }  // the copies' evaluation counts as evaluation
+    } count{checkpoint_s, ck0, untimed_s, untimed0};
     checkpointed_at = global_step;
-    evaluate_snapshots();  // their accuracies and time to target belong to the checkpoint
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
     // inside a step), so the saved server shards and replicas are one consistent state.
     // Their workers may be far apart (asynchronous schemes: a straggler's remaining steps), so they meet without a
-    // deadline first.
+    // deadline first: before any collective with one (the copies' evaluation below ran first, and a straggler's
+    // lag counted against timeout_s).
     if (sopt) {
       if (sopt->workers_drift()) sopt->await_workers();
       comm.barrier().wait();
     }
+    evaluate_snapshots();  // their accuracies and time to target belong to the checkpoint
     // Written whole into its own directory (checkpoint-<global step>), then `checkpoint` is switched to it by one
     // rename of a symbolic link: a run killed at any moment leaves `checkpoint` at a complete checkpoint, the last or
     // the one before (files overwritten in place could mix two steps or lose the only good one).
@@ -712,6 +739,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     ProgressBar bar(epoch + 1, c.epochs, spe, lead && c.progress && outputs);
     double loss_sum = 0, correct = 0, seen = 0;
     const double epoch_t0 = now_s();
+    const double paused0 = untimed_s + checkpoint_s;  // evaluations and checkpoints inside the epoch: not training
+    auto trained_s = [&] { return now_s() - epoch_t0 - (untimed_s + checkpoint_s - paused0); };
     int64_t step = epoch == start_epoch ? start_step : 0;
     const int64_t first_step = step;
     for (; step < spe; ++step) {
@@ -761,7 +790,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       correct += corr;
       seen += double(x.size(0));
       const auto& st = last_stats();
-      const double dt = now_s() - epoch_t0;
+      const double dt = trained_s();
       const double sps = dt > 0 ? double(step + 1 - first_step) * c.batch_size * world / dt : 0;
       if (metrics) {
         nlohmann::json j = {{"kind", "step"}, {"epoch", epoch + 1}, {"step", step + 1},   {"global_step", global_step},
@@ -781,8 +810,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // Schemes other than bsp with eval_every: a snapshot, so worker 0 does not stop while the others go on.
     const bool snapshot_epoch = sopt && c.eval_every > 0;
     // The epoch's training throughput, before the evaluation below (which took part of it: 16,405 samples/s reported
-    // against 30,355 trained).
-    const double dt = now_s() - epoch_t0;
+    // against 30,355 trained), without the checkpoints and copy evaluations inside it (8,611 against 41,672).
+    const double dt = trained_s();
     // bsp: the epoch's training loss and accuracy over every rank's samples (they were rank 0's half alone); the
     // other schemes' workers are not in step here, so theirs stay the worker's own.
     if (dopt && world > 1) {

@@ -216,6 +216,17 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
   r = run(kTrain + " --epochs 1 --sync diloco --output " + (dir / "dl").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("sync diloco synchronizes every 100 steps, but this run has 10"), std::string::npos) << r.out;
+  // A warm-up longer than a max_steps run (the lr never reached lr, silently), and bsp's bucket settings under another
+  // scheme (taken without a word).
+  r = run(kTrain + " --epochs 1 --max-steps 5 --warmup-epochs 1 --output " + (dir / "wm").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: warmup_epochs: 1 is 10 steps, more than this run's 5 (max_steps)"), std::string::npos)
+      << r.out;
+  r = run(kTrain + " --epochs 1 --sync local --bucket-cap-mb 1 --output " + (dir / "bk").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: bucket_cap_mb set bsp's gradient buckets; sync local has none and ignores it"),
+            std::string::npos)
+      << r.out;
   // Local SGD's warm-up averages every step: a warm-up as long as the run is no run without exchanges (it warned
   // that nothing was exchanged), and a shorter one is named.
   r = run(kTrain + " --epochs 1 --sync local:period=8,warmup=200 --output " + (dir / "lw").string());

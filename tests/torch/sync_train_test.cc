@@ -308,6 +308,8 @@ TEST(TrainSync, AsynchronousWorkersMeetAStragglerPastTheirTimeout) {
     c.slow = "1:300";
     c.max_steps = 8;
     c.timeout_s = 0.5;
+    // With copies to evaluate too: their evaluation ran before the workers met, under the 0.5 s deadline.
+    c.eval_every = 2;
     c.output = dir.string();
     coll::CommConfig cc;
     cc.timeout_s = c.timeout_s;
