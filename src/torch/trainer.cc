@@ -473,7 +473,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all.
   const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
-  if (warmup > total_steps)  // (max_steps shortened the run below the warm-up: the lr never reached lr)
+  // (max_steps shortened the run below the warm-up: the lr never reached lr; a resume, whose earlier steps may have
+  // had another batch size, is not judged here)
+  if (c.max_steps > 0 && c.resume.empty() && warmup > total_steps)
     throw ConfigError(
         fmt::format("config: warmup_epochs: {} is {} steps, more than this run's {} (max_steps); "
                     "allowed: a warm-up that ends within the run",

@@ -211,6 +211,22 @@ TEST(Verify, InputsHaveNoShortPeriod) {
     maxima.insert(m);
   }
   EXPECT_GT(maxima.size(), 1u);
+  // ... while sums stay exact in the small types at any rank count (random values overflowed u8 from 36 ranks and
+  // i8 from 96): a signed sum over ranks is at most 5 in magnitude, an unsigned one 5p + 5.
+  for (int p : {11, 48, 256, 1024}) {
+    double worst_signed = 0, worst_unsigned = 0;
+    for (size_t i = 0; i < 2000; ++i) {
+      double sum_s = 0, sum_u = 0;
+      for (int r = 0; r < p; ++r) {
+        sum_s += verify_input(r, i, DType::i8, ReduceOp::sum);
+        sum_u += verify_input(r, i, DType::u8, ReduceOp::sum);
+      }
+      worst_signed = std::max(worst_signed, std::abs(sum_s));
+      worst_unsigned = std::max(worst_unsigned, sum_u);
+    }
+    EXPECT_LE(worst_signed, 5) << p;
+    EXPECT_LE(worst_unsigned, 5.0 * p + 5) << p;
+  }
 }
 
 // A forced hierarchical allreduce on one host runs the ring (there is no inter-host level) and says so: the
