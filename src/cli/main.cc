@@ -38,6 +38,19 @@ bool register_command(int order, Setup setup) {
 
 void set_exit_code(int code) { exit_code() = code; }
 
+std::string gnuplot_quote(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) {
+    if (c == '\'')
+      out += "''";
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      out += ' ';
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
 CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::string& description) {
   for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
     if (sub->get_name() == name) return sub;

@@ -3,9 +3,9 @@
 //   static const bool kRegistered = conduit::cli::register_command(100, [](CLI::App& app) { ... });
 // The setup function adds a subcommand to `app` and its callback. A callback reports its exit code with
 // set_exit_code(); conduit::Error escaping a callback prints "conduit: error: <message>" and exits with 2.
-#include <functional>
-
 #include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
 
 namespace conduit::cli {
 
@@ -17,5 +17,8 @@ void set_exit_code(int code);
 // The subcommand `name` of `app`, created on first use: lets several files add children to one group
 // (`conduit bench coll` and `conduit bench compress` live in different areas).
 CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::string& description);
+// `text` as a gnuplot single-quoted string, for the scripts the plotting commands write: nothing inside is expanded
+// ('' is a quote; in double quotes gnuplot runs `backquoted` commands), control characters become spaces.
+std::string gnuplot_quote(const std::string& text);
 
 }  // namespace conduit::cli

@@ -1103,12 +1103,8 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
       for (const auto& p : pts)
         if (p.ok) f << p.gpus << " " << p.r.model_tflops_per_gpu << "\n";
     }
-    // gnuplot reads a script file (no shell sees the paths); in its single-quoted strings '' is a quote.
-    auto quoted = [](const std::string& text) {
-      std::string q = "'";
-      for (char ch : text) q += ch == '\'' ? std::string("''") : std::string(1, ch);
-      return q + "'";
-    };
+    // gnuplot reads a script file (no shell sees the paths).
+    const auto quoted = gnuplot_quote;
     const std::string gp = sa.plot + ".gp";
     {
       std::ofstream f(gp);

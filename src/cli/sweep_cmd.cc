@@ -357,8 +357,8 @@ SweepSpec load_spec(const std::string& path) {
         char* end = nullptr;
         const double x = std::strtod(v.c_str(), &end);
         const bool digits =
-            !v.empty() && (whole ? std::all_of(v.begin(), v.end(), [](unsigned char ch) { return std::isdigit(ch); })
-                                 : std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '.');
+            whole ? !v.empty() && std::all_of(v.begin(), v.end(), [](unsigned char ch) { return std::isdigit(ch); })
+                  : is_decimal(v);
         if (!digits || *end != '\0' || !(open_low ? x > lo_v : x >= lo_v) || !(x <= hi_v))
           throw ConfigError(fmt::format("sweep: bench: {} = '{}' (allowed: {} in {}{:g}, {:g}])", k, v,
                                         whole ? "a whole number" : "a number", open_low ? "(" : "[", lo_v, hi_v));
@@ -751,22 +751,6 @@ void write_results(const fs::path& out, const json& rows, const json& details) {
   std::ofstream(out / "results.json") << all.dump(2) << "\n";
 }
 
-// A gnuplot single-quoted string: nothing inside is expanded ('' is a quote). In double quotes gnuplot runs
-// `backquoted` commands, so a label: of the sweep file could run a shell command as root; control characters
-// (a newline would end the plot command) become spaces.
-std::string gp_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'')
-      out += "''";
-    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-      out += ' ';
-    else
-      out += c;
-  }
-  return out + "'";
-}
-
 // Whether a cell's curve.dat holds a point (a line beyond its '#' header).
 bool curve_has_points(const fs::path& p) {
   std::ifstream f(p);
@@ -788,8 +772,8 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
     if (c.kind == "bench" || rows[i].value("status", "") != "ok") continue;
     if (!curve_has_points(fs::path(c.dir) / "curve.dat")) continue;  // (a header alone broke the plot's x range)
     curves.push_back(fmt::format("{} using {{X}}:2 with linespoints title {}",
-                                 gp_quote(fs::relative(fs::path(c.dir) / "curve.dat", out).string()),
-                                 gp_quote(fmt::format("{} @{} s{}", c.label, c.net->label, c.seed))));
+                                 gnuplot_quote(fs::relative(fs::path(c.dir) / "curve.dat", out).string()),
+                                 gnuplot_quote(fmt::format("{} @{} s{}", c.label, c.net->label, c.seed))));
   }
   const auto join_plot = [&](const std::string& x) {
     std::string s;
@@ -834,7 +818,7 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
       std::ofstream d(out / file);
       for (const auto& [x, y] : pts) d << x << " " << y << "\n";
       s += (s.empty() ? "" : ", \\\n  ") +
-           fmt::format("{} using 1:2 with linespoints title {}", gp_quote(file), gp_quote(label));
+           fmt::format("{} using 1:2 with linespoints title {}", gnuplot_quote(file), gnuplot_quote(label));
     }
     return s;
   };

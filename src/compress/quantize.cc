@@ -62,6 +62,15 @@ void qsgd_codes(const float* x, size_t n, float scale, uint32_t smax, uint32_t b
                 uint16_t* codes) {
   kernels::get().qsgd_codes(x, n, scale, smax, base, k_lo, k_hi, codes);
 }
+// x[0..n) times 2^64 (exact for floats this small), in a per-thread buffer that stays valid until the next call:
+// the input of a coder whose scale would overflow, brought up to where it fits.
+const float* scaled_up(const float* x, size_t n) {
+  thread_local std::vector<float> scaled;
+  scaled.assign(x, x + n);
+  for (auto& v : scaled) v = std::ldexp(v, 64);
+  return scaled.data();
+}
+
 void tern_codes(const float* x, size_t n, float lo, float hi, float inv, uint32_t base, uint32_t k_lo, uint32_t k_hi,
                 uint8_t* out) {
   kernels::get().tern_codes(x, n, lo, hi, inv, base, k_lo, k_hi, out);
@@ -200,14 +209,11 @@ class Qsgd : public Compressor {
       put_f32(out.data() + 4 * b, norm);
       float scale = norm > 0 ? static_cast<float>(s_) / norm : 0.0f;
       const float* src = in.data() + off;
-      thread_local std::vector<float> scaled;
       if (!std::isfinite(scale)) {
         // s / norm overflows for norms below ~s / FLT_MAX: the codes come from the bucket scaled by 2^64 (exact) and
         // the scale that then fits (0 * inf made the zeros NaN, and every element decoded as +-norm).
-        scaled.assign(src, src + n);
-        for (auto& v : scaled) v = std::ldexp(v, 64);
+        src = scaled_up(src, n);
         scale = static_cast<float>(static_cast<double>(s_) / std::ldexp(static_cast<double>(norm), 64));
-        src = scaled.data();
       }
       if (packed) {
         kernels::get().qsgd_pack(src, n, scale, static_cast<uint32_t>(s_), bits_, static_cast<uint32_t>(off), k_lo,
@@ -324,16 +330,13 @@ class TernGrad : public Compressor {
     uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x7465);
     const float* src = in.data();
     float inv = s > 0 ? 1.0f / s : 0.0f;
-    thread_local std::vector<float> scaled;
     if (!std::isfinite(inv)) {
       // 1 / s overflows for a subnormal s below ~1 / FLT_MAX: the input (and its clip bounds) scaled by 2^64, exact,
       // with the inverse that then fits (an infinite inverse kept no element: zeros were sent).
-      scaled.assign(src, src + d);
-      for (auto& v : scaled) v = std::ldexp(v, 64);
+      src = scaled_up(src, d);
       lo = std::ldexp(lo, 64);
       hi = std::ldexp(hi, 64);
       inv = static_cast<float>(1.0 / std::ldexp(static_cast<double>(s), 64));
-      src = scaled.data();
     }
     tern_codes(src, d, lo, hi, inv, 0, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), out.data() + 4);
     ++st.step;

@@ -38,13 +38,7 @@ std::optional<double> env_seconds(const char* name) {
   if (!s) return std::nullopt;
   // A decimal number, optionally with an exponent (strtod alone also took 0x10, " 5" and "infinity"), from a
   // millisecond (a timeout of 1e-300 s failed every wait at once) to ~30 years.
-  bool decimal = !s->empty();
-  for (size_t i = 0; i < s->size() && decimal; ++i) {
-    const char c = (*s)[i];
-    decimal = std::isdigit(static_cast<unsigned char>(c)) || c == '.' || ((c == 'e' || c == 'E') && i > 0) ||
-              ((c == '-' || c == '+') && i > 0 && ((*s)[i - 1] | 0x20) == 'e');
-  }
-  decimal = decimal && (std::isdigit(static_cast<unsigned char>((*s)[0])) || (*s)[0] == '.');
+  const bool decimal = is_decimal(*s);
   char* end = nullptr;
   double v = decimal ? std::strtod(s->c_str(), &end) : 0;
   if (!decimal || end == s->c_str() || *end != '\0' || !(v >= 1e-3) || !(v <= 1e9)) {
@@ -52,6 +46,23 @@ std::optional<double> env_seconds(const char* name) {
         "environment variable {}='{}' is invalid: expected a decimal number of seconds in [0.001, 1e9]", name, *s));
   }
   return v;
+}
+
+bool is_decimal(std::string_view t, bool sign) {
+  size_t i = 0, digits = 0;
+  auto digit = [&](size_t k) { return k < t.size() && std::isdigit(static_cast<unsigned char>(t[k])); };
+  if (sign && i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+  for (; digit(i); ++i) ++digits;
+  if (i < t.size() && t[i] == '.')
+    for (++i; digit(i); ++i) ++digits;
+  if (digits == 0) return false;
+  if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+    if (!digit(i)) return false;
+    while (digit(i)) ++i;
+  }
+  return i == t.size();
 }
 
 bool env_flag(const char* name) {

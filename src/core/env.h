@@ -20,6 +20,9 @@ bool env_flag(const char* name);  // 1/true/yes/on -> true; 0/false/no/off/unset
 
 // "4096", "4K", "4KiB", "1.5M", "2G" -> bytes (powers of 1024). `what` names the field in errors.
 uint64_t parse_bytes(std::string_view text, std::string_view what);
+// Whether `text` is a decimal number as a person writes one: digits with an optional fraction and exponent (and,
+// with `sign`, a leading + or -); strtod alone also takes hex, inf, nan and leading spaces.
+bool is_decimal(std::string_view text, bool sign = false);
 std::string format_bytes(double bytes);  // 4 MiB, 512 B, 1.5 GiB
 
 // The default timeout of blocking collectives: CONDUIT_TIMEOUT seconds, else 300.

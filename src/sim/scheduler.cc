@@ -71,10 +71,7 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
       throw ConfigError(
           fmt::format("{}:{}: id '{}' is used by an earlier job (ids must be unique)", origin, lineno, j.id));
     auto num = [&](const std::string& v, const char* field, double lo, double hi) {
-      // Decimal only: strtod alone also took 0x8 and 0x1p4.
-      const bool decimal = !v.empty() && std::all_of(v.begin(), v.end(), [](unsigned char c) {
-        return std::isdigit(c) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-';
-      });
+      const bool decimal = is_decimal(v, true);  // (strtod alone also took 0x8 and 0x1p4)
       char* end = nullptr;
       double x = decimal ? std::strtod(v.c_str(), &end) : std::nan("");
       if (!decimal || *end != 0 || !(x >= lo && x <= hi))

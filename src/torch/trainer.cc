@@ -652,13 +652,6 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
     if (!outputs) return;
     const double ck0 = now_s(), untimed0 = untimed_s;
-    struct Count {
-      double& to;
-      double t0;
-      const double& untimed;
-      double untimed0;
-      ~Count() { to += now_s() - t0 - (untimed - untimed0); }  // the copies' evaluation counts as evaluation
-    } count{checkpoint_s, ck0, untimed_s, untimed0};
     checkpointed_at = global_step;
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
     // inside a step), so the saved server shards and replicas are one consistent state.
@@ -714,6 +707,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"test_accuracy", acc}});
       switch_checkpoint(out, stage_name);
     }
+    checkpoint_s += now_s() - ck0 - (untimed_s - untimed0);  // the copies' evaluation counts as evaluation
   };
 
   TrainResult res;

@@ -453,9 +453,7 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   for (const auto& n : r.notes) noted |= n.find("vocabulary is padded from 50304 to 50305") != std::string::npos;
   EXPECT_TRUE(noted);
   // The padded row is real work: one more output row than the unpadded vocabulary would give.
-  GptModel same = vocab_padded(xl, 5);
-  ParallelConfig y = x;
-  EXPECT_DOUBLE_EQ(simulate_step(n40, same, y).model_flops, r.model_flops);
+  EXPECT_DOUBLE_EQ(simulate_step(n40, vocab_padded(xl, 5), x).model_flops, r.model_flops);
   InferenceConfig ic;
   ic.tp = 5;
   ic.prompt = 128;
