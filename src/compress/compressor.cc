@@ -202,6 +202,40 @@ void check_scales(const std::string& who, const uint8_t* p, size_t count) {
   }
 }
 
+size_t first_code_above(const uint8_t* in, size_t n, int bits, uint32_t max_code) {
+  const uint32_t mask = (1u << bits) - 1;
+  if (max_code >= mask) return n;
+  auto code = [&](size_t i) {
+    size_t bit = i * static_cast<size_t>(bits);
+    uint32_t w = in[bit / 8];
+    for (size_t k = 1; bit % 8 + static_cast<size_t>(bits) > 8 * k; ++k) w |= uint32_t{in[bit / 8 + k]} << (8 * k);
+    return (w >> (bit % 8)) & mask;
+  };
+  size_t first = 0;  // the codes before this one are not above max_code
+  if (8 % bits == 0) {
+    // Per field of a 64-bit word: its low bits (below the top bit T) plus K set T exactly when they exceed
+    // max_code's (no carry leaves the field); then a code with T set is above max_code if max_code lacks T,
+    // and one with T set and its low bits above max_code's if it has it.
+    uint64_t ones = 0;
+    for (int f = 0; f < 64; f += bits) ones |= uint64_t{1} << f;
+    const uint32_t top = 1u << (bits - 1), low = max_code & (top - 1);
+    const uint64_t t = ones * top, k = ones * (top - 1 - low);
+    const bool has_top = (max_code & top) != 0;
+    const size_t per = 64 / static_cast<size_t>(bits), words = n / per;
+    size_t w = 0;
+    for (; w < words; ++w) {
+      uint64_t x;
+      std::memcpy(&x, in + 8 * w, 8);
+      const uint64_t above_low = ((x & ~t) + k) & t;
+      if ((has_top ? above_low & x : above_low | (x & t)) != 0) break;
+    }
+    first = w * per;
+  }
+  for (size_t i = first; i < n; ++i)
+    if (code(i) > max_code) return i;
+  return n;
+}
+
 void check_out(const std::string& who, size_t got, size_t want) {
   if (got != want) throw InvalidArgument(fmt::format("{}: output of {} elements, expected {}", who, got, want));
 }

@@ -146,6 +146,10 @@ void check_payload(const std::string& who, size_t got, size_t want);
 // as NaN without a word).
 void check_scales(const std::string& who, const uint8_t* p, size_t count);
 void check_out(const std::string& who, size_t got, size_t want);
+// The first of the n codes (bits wide, least significant first, as pack_codes writes them) above max_code, or n
+// when none is: a payload's codes that no encoder writes. Codes past n in the last byte are not looked at. Codes
+// of 2, 4 or 8 bits are compared 64 bits at a time.
+size_t first_code_above(const uint8_t* in, size_t n, int bits, uint32_t max_code);
 
 // Packs bits-wide codes (bits <= 16), least significant first, into ceil(n*bits/8) bytes.
 void pack_codes(const uint16_t* codes, size_t n, int bits, uint8_t* out);

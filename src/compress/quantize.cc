@@ -75,6 +75,14 @@ void tern_codes(const float* x, size_t n, float lo, float hi, float inv, uint32_
                 uint8_t* out) {
   kernels::get().tern_codes(x, n, lo, hi, inv, base, k_lo, k_hi, out);
 }
+// TernGrad writes codes 0 (zero), 1 (+s) and 2 (-s); a 3 is a corrupt payload.
+void check_tern_codes(const uint8_t* in, size_t n) {
+  if (size_t e = detail::first_code_above(in, n, 2, 2); e < n)
+    throw InvalidArgument(
+        fmt::format("terngrad: element {} of the payload has code 3; allowed: 0 (zero), 1 (+scale) "
+                    "or 2 (-scale)",
+                    e));
+}
 void tern_decode(const uint8_t* in, size_t n, float s, float* out, bool add) {
   kernels::get().tern_decode(in, n, s, out, add);
 }
@@ -235,6 +243,9 @@ class Qsgd : public Compressor {
     size_t bk = bucket(d), nb = buckets(d);
     detail::check_scales("qsgd", p.data(), nb);
     const uint8_t* codes_in = p.data() + 4 * nb;
+    if (size_t e = detail::first_code_above(codes_in, d, bits_, 2 * static_cast<uint32_t>(s_) + 1); e < d)
+      throw InvalidArgument(
+          fmt::format("qsgd: element {} of the payload has a level above {}; allowed: levels 0 to {}", e, s_, s_));
     bool packed = byte_aligned(d);
     uint16_t codes[kBlock];
     for (size_t b = 0; b < nb; ++b) {
@@ -344,11 +355,13 @@ class TernGrad : public Compressor {
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     check_payload("terngrad", p.size(), wire_bytes(out.size(), st));
     detail::check_scales("terngrad", p.data(), 1);
+    check_tern_codes(p.data() + 4, out.size());
     tern_decode(p.data() + 4, out.size(), get_f32(p.data()), out.data(), false);
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
     check_payload("terngrad", p.size(), wire_bytes(acc.size(), st));
     detail::check_scales("terngrad", p.data(), 1);
+    check_tern_codes(p.data() + 4, acc.size());
     tern_decode(p.data() + 4, acc.size(), get_f32(p.data()), acc.data(), true);
   }
 

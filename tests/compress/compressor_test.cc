@@ -363,6 +363,51 @@ TEST(Qsgd, NormsWhoseInverseOverflowsStayUnbiased) {
   }
 }
 
+// A code no encoder writes (a QSGD level above s, TernGrad's code 3) is refused with the element named, in the
+// bytes read whole and in the last byte's codes alike; bits after the last code are not looked at.
+TEST(RoundTrip, CodesNoEncoderWritesAreRefused) {
+  const auto x = gaussian(101, 4);
+  struct Case {
+    const char* name;
+    Params opts;
+    size_t header;
+    int bits;
+    uint32_t bad;
+  };
+  const Case cases[] = {{"qsgd", {{"levels", "5"}}, 4, 4, 0xe},  // level 7 of 5, 4-bit codes read a byte at a time
+                        {"qsgd", {{"levels", "2"}}, 4, 3, 0x7},  // level 3 of 2, 3-bit codes
+                        {"terngrad", {}, 4, 2, 0x3}};
+  for (const auto& k : cases) {
+    auto c = make_compressor(k.name, k.opts);
+    auto st = c->make_state(x.size(), 3, 0);
+    const Bytes good = c->compress(x, st);
+    ASSERT_EQ(good.size(), k.header + (x.size() * k.bits + 7) / 8) << k.name;
+    std::vector<float> out(x.size());
+    for (size_t e : {size_t{3}, size_t{100}}) {
+      Bytes p = good;
+      for (int b = 0; b < k.bits; ++b) {
+        const size_t bit = e * k.bits + b;
+        uint8_t& byte = p[k.header + bit / 8];
+        byte = static_cast<uint8_t>((byte & ~(1u << (bit % 8))) | (((k.bad >> b) & 1u) << (bit % 8)));
+      }
+      for (bool add : {false, true}) {
+        try {
+          add ? c->decompress_add(p, st, out) : c->decompress(p, st, out);
+          ADD_FAILURE() << k.name << " " << k.bits << ": code " << k.bad << " at " << e << " was decoded";
+        } catch (const InvalidArgument& err) {
+          const std::string what = err.what();
+          EXPECT_NE(what.find("element " + std::to_string(e) + " of the payload has "), std::string::npos) << what;
+          EXPECT_NE(what.find("; allowed: "), std::string::npos) << what;
+        }
+      }
+    }
+    Bytes tail = good;  // the last byte's unused bits
+    const size_t used = x.size() * k.bits % 8;
+    if (used) tail.back() = static_cast<uint8_t>(tail.back() | (0xffu << used));
+    EXPECT_NO_THROW(c->decompress(tail, st, out)) << k.name << " " << k.bits;
+  }
+}
+
 // A scale on the wire that no encoder writes (NaN) is refused, not decoded as a chunk of NaN; a DGC payload outside
 // the counts its schedule sends (cut short, or empty) too.
 TEST(RoundTrip, NanScalesAndDgcPayloadsOfAnotherCountAreRefused) {

@@ -124,6 +124,31 @@ TEST(Kernels, QsgdPackEqualsScalarCodesForEveryWidth) {
 }
 
 // NaN and infinities: QSGD gives level smax for them (R = INT32_MIN), TernGrad never keeps a NaN.
+// The word-at-a-time search for codes above a bound finds the same first element as reading code by code, for
+// every width and bound, with the offending code in any field of a word or in the tail.
+TEST(Kernels, FirstCodeAboveEqualsScalar) {
+  std::mt19937 gen(11);
+  for (int bits : {2, 3, 4, 5, 8}) {
+    for (uint32_t max_code = 0; max_code < (1u << bits); ++max_code) {
+      for (int trial = 0; trial < 20; ++trial) {
+        const size_t n = 1 + gen() % 200;
+        std::vector<uint16_t> codes(n);
+        for (auto& c : codes) c = static_cast<uint16_t>(gen() % (max_code + 1));  // all allowed
+        if (trial % 4 != 0) codes[gen() % n] = static_cast<uint16_t>(gen() % (1u << bits));
+        std::vector<uint8_t> packed((n * bits + 7) / 8 + 1, 0);
+        detail::pack_codes(codes.data(), n, bits, packed.data());
+        if (const size_t used = n * bits % 8) packed[n * bits / 8] |= static_cast<uint8_t>(0xff << used);
+        packed.back() = 0xff;  // the unused bits and a byte past the codes are never read as codes
+        size_t want = n;
+        for (size_t i = 0; i < n && want == n; ++i)
+          if (codes[i] > max_code) want = i;
+        EXPECT_EQ(detail::first_code_above(packed.data(), n, bits, max_code), want)
+            << "bits " << bits << " max " << max_code << " n " << n;
+      }
+    }
+  }
+}
+
 TEST(Kernels, NonFiniteInputs) {
   const size_t n = 40;
   std::vector<float> x(n, 0.5f);
