@@ -170,6 +170,17 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
 
 // Small allreduces over shm take the shared-memory fast path (checked results), larger ones an algorithm; a forced
 // algorithm or CONDUIT_SHM_FAST_BYTES=0 turns the fast path off.
+// Sizes below ranks x element size give reduce_scatter the same one-element block: it is timed and printed once.
+TEST(Processes, BenchCollPrintsEachBlockSizeOnce) {
+  auto r = run_sh(kConduit + " launch -n 3 -- " + kConduit +
+                  " bench coll --op reduce_scatter --min-bytes 4 --max-bytes 32 --iters 2 --warmup 0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> sizes;
+  for (size_t at = r.out.find("\"bytes\":"); at != std::string::npos; at = r.out.find("\"bytes\":", at + 1))
+    sizes.push_back(r.out.substr(at, r.out.find(',', at) - at));
+  EXPECT_EQ(sizes, (std::vector<std::string>{"\"bytes\":12", "\"bytes\":24"})) << r.out;
+}
+
 TEST(Processes, SmallShmAllreducesTakeTheFastPath) {
   const std::string bench = " bench coll --transport shm --min-bytes 8 --max-bytes 4K --iters 50 --warmup 2";
   // The limit depends on whether each rank has a core (1 KiB when they share, 16 KiB / ranks otherwise): pinned to
