@@ -86,10 +86,13 @@ struct StepArgs {
   bool json = false;
   int top = 5;
   std::string tp_options, pp_options, mb_options, zero_options, recompute_options;
-  std::set<std::string> given;  // sim plan: the options given on the command line (they fix that dimension)
+  // The options given on the command line: sim plan's (they fix that dimension) and step's --virtual-stages.
+  std::set<std::string> given;
 };
 
 GptModel make_model(const ModelArgs& a) {
+  if (!a.layers_spec.empty())
+    throw ConfigError(fmt::format("--layers-spec describes --model layers (`sim step` only), not --model {}", a.model));
   GptModel m;
   m.name = a.model;
   bool named = named_gpt(a.model, m);
@@ -144,7 +147,7 @@ ParallelConfig make_config(const StepArgs& a) {
   c.zero = a.zero;
   c.recompute = parse_recompute(a.recompute);
   c.schedule = parse_schedule(a.schedule);
-  if (a.virtual_stages < 0)
+  if (a.virtual_stages < 0 || (a.given.count("--virtual-stages") && a.virtual_stages < 1))
     throw ConfigError(fmt::format("--virtual-stages = {} must be positive (2 or more with --schedule interleaved)",
                                   a.virtual_stages));
   c.virtual_stages = a.virtual_stages > 0 ? a.virtual_stages : (c.schedule == Schedule::kInterleaved ? 2 : 1);
@@ -264,10 +267,13 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
   std::vector<int> out;
   if (s.empty()) return out;
   for (const auto& p : split(s, ',')) {
+    const std::string item = trim(p);
     char* end = nullptr;
-    long v = std::strtol(trim(p).c_str(), &end, 10);
-    if (trim(p).empty() || *end != 0 || v < 1 || v > 1 << 20)
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != 0 || v < 1 || v > 1 << 20)
       throw ConfigError(fmt::format("{} = '{}': a comma-separated list of positive integers", flag, s));
+    if (std::find(out.begin(), out.end(), static_cast<int>(v)) != out.end())
+      throw ConfigError(fmt::format("{} = '{}' lists {} twice (allowed: each value once)", flag, s, v));
     out.push_back(static_cast<int>(v));
   }
   return out;
@@ -276,7 +282,8 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
 void run_layer_step(const StepArgs& a) {
   ClusterSpec spec = load_cluster(a.cluster);
   LayerModel lm = parse_layer_model(a.model.layers_spec);
-  if (a.global_batch <= 0) throw ConfigError("--global-batch is required (a positive number of samples)");
+  if (a.global_batch <= 0)
+    throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of samples)", a.global_batch));
   ParallelConfig c = make_config(a);
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
@@ -328,7 +335,8 @@ void run_step(const StepArgs& a) {
   }
   ClusterSpec spec = load_cluster(a.cluster);
   GptModel m = make_model(a.model);
-  if (a.global_batch <= 0) throw ConfigError("--global-batch is required (a positive number of sequences)");
+  if (a.global_batch <= 0)
+    throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
   ParallelConfig c = make_config(a);
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
@@ -354,7 +362,8 @@ bool cfg_full_too_large(const ParallelConfig& c, long long gpus) {
 void run_plan(const StepArgs& a) {
   ClusterSpec spec = load_cluster(a.cluster);
   GptModel m = make_model(a.model);
-  if (a.global_batch <= 0) throw ConfigError("--global-batch is required (a positive number of sequences)");
+  if (a.global_batch <= 0)
+    throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
   ParallelConfig base = make_config(a);
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
@@ -369,12 +378,21 @@ void run_plan(const StepArgs& a) {
       std::string t = trim(z);
       if (t != "0" && t != "1" && t != "2" && t != "3")
         throw ConfigError(fmt::format("--zero-options = '{}': a comma-separated list of 0, 1, 2, 3", a.zero_options));
+      if (std::find(space.zero.begin(), space.zero.end(), t[0] - '0') != space.zero.end())
+        throw ConfigError(
+            fmt::format("--zero-options = '{}' lists {} twice (allowed: each value once)", a.zero_options, t));
       space.zero.push_back(t[0] - '0');
     }
   }
   if (!a.recompute_options.empty()) {
     space.recompute.clear();
-    for (const auto& r : split(a.recompute_options, ',')) space.recompute.push_back(parse_recompute(trim(r)));
+    for (const auto& r : split(a.recompute_options, ',')) {
+      const Recompute rc = parse_recompute(trim(r));
+      if (std::find(space.recompute.begin(), space.recompute.end(), rc) != space.recompute.end())
+        throw ConfigError(fmt::format("--recompute-options = '{}' lists {} twice (allowed: each value once)",
+                                      a.recompute_options, trim(r)));
+      space.recompute.push_back(rc);
+    }
   }
   if (a.compression != "none") space.compression = {Compression{}, parse_compression(a.compression)};
   // A dimension given as a plain option is fixed for the search (--tp 8: only tp = 8).
@@ -419,10 +437,13 @@ void run_plan(const StepArgs& a) {
         "sim plan --mode full is limited to {} accelerators (every candidate simulates every flow); search in "
         "symmetric mode and check the best plans with `sim step --mode full`",
         kMaxFullPlanGpus));
-  PlanResult pr = plan(net, m, a.global_batch, space, static_cast<size_t>(std::max(1, a.top)));
+  if (a.top < 1) throw ConfigError(fmt::format("--top = {} (allowed: 1 or more plans)", a.top));
+  // One plan more than shown, so the last one shown is compared with the plan after it.
+  PlanResult pr = plan(net, m, a.global_batch, space, static_cast<size_t>(a.top) + 1);
+  const size_t shown = std::min(pr.ranked.size(), static_cast<size_t>(a.top));
   if (a.json) {
     json plans = json::array();
-    for (size_t i = 0; i < pr.ranked.size(); ++i) {
+    for (size_t i = 0; i < shown; ++i) {
       json j = step_json(spec.name, m, pr.ranked[i]);
       j["rank"] = i + 1;
       j["explanation"] = explain_plan(pr.ranked[i], i + 1 < pr.ranked.size() ? &pr.ranked[i + 1] : nullptr);
@@ -459,12 +480,12 @@ void run_plan(const StepArgs& a) {
     return;
   }
   fmt::print("  {:>4} {:>10} {:>8} {:>6} {:>9}  {}\n", "rank", "time", "TFLOP/s", "MFU", "memory", "plan");
-  for (size_t i = 0; i < pr.ranked.size(); ++i) {
+  for (size_t i = 0; i < shown; ++i) {
     const auto& r = pr.ranked[i];
     fmt::print("  {:>4} {:>10} {:>8.1f} {:>5.1f}% {:>9}  {}\n", i + 1, format_seconds(r.time), r.model_tflops_per_gpu,
                100 * r.mfu, format_gb(r.memory.total()), describe_config(r.config));
   }
-  size_t explain_n = std::min<size_t>(3, pr.ranked.size());
+  size_t explain_n = std::min<size_t>(3, shown);
   for (size_t i = 0; i < explain_n; ++i) {
     fmt::print("\n#{} {}\n", i + 1, describe_config(pr.ranked[i].config));
     for (const auto& line : explain_plan(pr.ranked[i], i + 1 < pr.ranked.size() ? &pr.ranked[i + 1] : nullptr))
@@ -608,9 +629,36 @@ InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long 
 struct InferArgs {
   int batch = 1;
   long long prompt = -1, generate = -1;  // when not given: fit the model's context (at most 1024 and 256)
-  bool prompt_given = false, generate_given = false;
+  bool prompt_given = false, generate_given = false, batch_given = false;
   std::string batch_list;
 };
+
+// One `sim.infer` record: a single run's and each row of a --batch-list sweep have the same fields.
+json infer_json(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec, const GptModel& m, int batch,
+                const InferenceResult& r) {
+  return json{{"kind", "sim.infer"},
+              {"cluster", spec.name},
+              {"gpus", a.gpus},
+              {"model", m.name},
+              {"tp", a.tp},
+              {"pp", a.pp},
+              {"replicas", r.replicas},
+              {"batch", batch},
+              {"prompt", ia.prompt},
+              {"generate", ia.generate},
+              {"prefill_s", r.prefill},
+              {"decode_token_s", r.decode_per_token},
+              {"time_to_first_token_s", r.prefill},
+              {"request_latency_s", r.request_latency},
+              {"tokens_per_s", r.tokens_per_second},
+              {"weights_gb", r.weight_bytes / 1e9},
+              {"kv_cache_gb", r.kv_bytes / 1e9},
+              {"memory_gb", r.memory_total / 1e9},
+              {"capacity_gb", r.memory_capacity / 1e9},
+              {"fits", r.fits},
+              {"max_batch", r.max_batch},
+              {"decode_bound", r.decode_bound}};
+}
 
 // The serving trade-off: latency against throughput over batch sizes.
 void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec, const GptModel& m,
@@ -624,20 +672,7 @@ void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& 
   for (int b : batches) {
     InferenceResult r = simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate));
     if (a.json) {
-      std::cout << json{{"kind", "sim.infer"},
-                        {"cluster", spec.name},
-                        {"model", m.name},
-                        {"tp", a.tp},
-                        {"pp", a.pp},
-                        {"batch", b},
-                        {"prefill_s", r.prefill},
-                        {"decode_token_s", r.decode_per_token},
-                        {"request_latency_s", r.request_latency},
-                        {"tokens_per_s", r.tokens_per_second},
-                        {"memory_gb", r.memory_total / 1e9},
-                        {"fits", r.fits}}
-                       .dump()
-                << "\n";
+      std::cout << infer_json(a, ia, spec, m, b, r).dump() << "\n";
     } else {
       fmt::print("  {:>6} {:>12} {:>14} {:>12} {:>14.0f} {:>10}{}\n", b, format_seconds(r.prefill),
                  format_seconds(r.decode_per_token), format_seconds(r.request_latency), r.tokens_per_second,
@@ -679,35 +714,13 @@ void run_infer(const StepArgs& a, const InferArgs& given) {
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   if (!ia.batch_list.empty()) {
+    if (ia.batch_given) throw ConfigError("give --batch or --batch-list, not both");
     run_infer_sweep(a, ia, spec, m, net);
     return;
   }
   InferenceResult r = simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate));
   if (a.json) {
-    std::cout << json{{"kind", "sim.infer"},
-                      {"cluster", spec.name},
-                      {"gpus", a.gpus},
-                      {"model", m.name},
-                      {"tp", a.tp},
-                      {"pp", a.pp},
-                      {"replicas", r.replicas},
-                      {"batch", ia.batch},
-                      {"prompt", ia.prompt},
-                      {"generate", ia.generate},
-                      {"prefill_s", r.prefill},
-                      {"decode_token_s", r.decode_per_token},
-                      {"time_to_first_token_s", r.prefill},
-                      {"request_latency_s", r.request_latency},
-                      {"tokens_per_s", r.tokens_per_second},
-                      {"weights_gb", r.weight_bytes / 1e9},
-                      {"kv_cache_gb", r.kv_bytes / 1e9},
-                      {"memory_gb", r.memory_total / 1e9},
-                      {"capacity_gb", r.memory_capacity / 1e9},
-                      {"fits", r.fits},
-                      {"max_batch", r.max_batch},
-                      {"decode_bound", r.decode_bound}}
-                     .dump()
-              << "\n";
+    std::cout << infer_json(a, ia, spec, m, ia.batch, r).dump() << "\n";
     return;
   }
   fmt::print("cluster {}  model {} ({:.1f}B)  tp={} pp={} ({} replicas on {} accelerators)\n", spec.name, m.name,
@@ -1193,7 +1206,10 @@ void setup(CLI::App& app) {
     c->add_option("--mode", a->mode, "symmetric or full (every group's flows, max-min fair)")->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record instead of the table");
     if (is_step) {
-      c->callback([a]() { run_step(*a); });
+      c->callback([a, c]() {
+        if (c->get_option("--virtual-stages")->count() > 0) a->given.insert("--virtual-stages");
+        run_step(*a);
+      });
     } else {
       c->add_option("--top", a->top, "plans to list")->capture_default_str();
       c->add_option("--tp-options", a->tp_options, "tensor-parallel sizes to try, e.g. 1,2,4,8");
@@ -1237,15 +1253,16 @@ void setup(CLI::App& app) {
     add_model_flags(c, *a);
     c->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str();
     c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
-    c->add_option("--batch", ia->batch, "concurrent sequences")->capture_default_str();
+    auto* batch = c->add_option("--batch", ia->batch, "concurrent sequences")->capture_default_str();
     c->add_option("--batch-list", ia->batch_list, "sweep batch sizes, e.g. 1,4,16,64 (latency vs throughput)");
     auto* prompt = c->add_option("--prompt", ia->prompt, "prompt tokens (default: 1024, or what the context leaves)");
     auto* generate =
         c->add_option("--generate", ia->generate, "generated tokens (default: 256, at most a quarter of the context)");
     c->add_flag("--json", a->json, "one JSON record");
-    c->callback([a, ia, prompt, generate]() {
+    c->callback([a, ia, prompt, generate, batch]() {
       ia->prompt_given = prompt->count() > 0;
       ia->generate_given = generate->count() > 0;
+      ia->batch_given = batch->count() > 0;
       run_infer(*a, *ia);
     });
   }

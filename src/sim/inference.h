@@ -5,7 +5,8 @@
 //   decode    one token per sequence per step: the same GEMMs with M = batch (memory-bound: every step reads
 //             all weights), attention reads the KV cache (2 x layers x hidden x context x 2 bytes per sequence,
 //             split over tensor and pipeline ranks), two small allreduces per layer (latency-bound)
-//   memory    weights 2 bytes/param / (t p) + KV cache of batch x (prompt + generate) tokens
+//   memory    the heaviest pipeline stage's weights (its layers and embeddings, 2 bytes/param, / t) + KV cache of
+//             batch x (prompt + generate) tokens
 // Replicas: accelerators / (t p) independent copies serve requests in parallel.
 #include <string>
 

@@ -41,7 +41,8 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   if (space.pp.empty())
     for (int p = 1; p <= std::min(m.layers, 128); ++p)
       if (m.layers % p == 0) space.pp.push_back(p);
-  if (space.micro_batch.empty()) space.micro_batch = {1, 2, 4, 8, 16};
+  if (space.micro_batch.empty())  // every size from 1 to 16 (those that do not divide the batch are skipped)
+    for (int b = 1; b <= 16; ++b) space.micro_batch.push_back(b);
   PlanResult res;
   std::vector<StepResult> all;
   for (int t : space.tp) {

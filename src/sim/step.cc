@@ -96,6 +96,10 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
         "--sp splits the sequence over the tensor-parallel ranks: --tp = {} must divide --seq = {}", c.tp, m.seq));
   if (c.sync.kind == "local-sgd" && c.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
+  if (c.sync.kind == "async" && c.zero == 3)
+    throw ConfigError(
+        "--sync async with --zero 3 is not modelled: ZeRO-3 gathers every layer's parameters inside the step, so its "
+        "exchange cannot run a step behind (allowed with async: --zero 0, 1, 2)");
   if (c.compression.kind == "powersgd" && c.compression.param > static_cast<double>(m.hidden / c.tp))
     throw ConfigError(fmt::format(
         "--compression powersgd:{:g}: the rank must not exceed the smallest weight matrix side (hidden / tp = {}), "

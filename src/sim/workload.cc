@@ -50,12 +50,17 @@ const char* schedule_name(Schedule s) {
 }
 
 void GptModel::validate() const {
-  if (layers < 1) throw ConfigError(fmt::format("--layers = {} must be at least 1", layers));
-  if (hidden < 1) throw ConfigError(fmt::format("--hidden = {} must be at least 1", hidden));
-  if (heads < 1 || hidden % heads != 0)
-    throw ConfigError(fmt::format("--heads = {} must divide --hidden = {}", heads, hidden));
-  if (seq < 1) throw ConfigError(fmt::format("--seq = {} must be at least 1", seq));
-  if (vocab < 1) throw ConfigError(fmt::format("--vocab = {} must be at least 1", vocab));
+  // Sizes stay below 2^31, so sums such as vocab + seq or a padded vocabulary cannot overflow.
+  constexpr long long kMax = (1LL << 31) - 1;
+  auto check = [kMax](const char* flag, long long v) {
+    if (v < 1 || v > kMax) throw ConfigError(fmt::format("{} = {} (allowed: 1 to {})", flag, v, kMax));
+  };
+  check("--layers", layers);
+  check("--hidden", hidden);
+  check("--heads", heads);
+  if (hidden % heads != 0) throw ConfigError(fmt::format("--heads = {} must divide --hidden = {}", heads, hidden));
+  check("--seq", seq);
+  check("--vocab", vocab);
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -509,6 +510,80 @@ TEST(Inputs, PlanFixedToInterleavedSkipsOneStage) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_EQ(out.find("\"schedule\":\"1f1b\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"schedule\":\"interleaved\""), std::string::npos) << out;
+}
+
+// Found by a review of sim plan/infer: sizes past 2^31 overflowed into negative parameters ranked first; async with
+// ZeRO-3 counted its gathers twice; micro-batches 3, 6, 12 were never tried; --top 0, --virtual-stages 0, repeated
+// options, --batch beside --batch-list and --layers-spec with a GPT model were bent or ignored; a sweep's JSON
+// records lacked the single run's fields.
+TEST(Inputs, PlanAndInferenceReviewFindings) {
+  int rc = 0;
+  std::string out = test_util::run(
+      "sim plan --cluster dgx-a100 --gpus 8 --model gpt --layers 8 --hidden 64 --heads 8 --vocab "
+      "9223372036854775807 --global-batch 8 --top 1",
+      &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--vocab = 9223372036854775807 (allowed: 1 to 2147483647)"), std::string::npos) << out;
+
+  GptModel m = named_model("gpt-1.7b");
+  Topology topo(load_cluster("ethernet-25g"), 64);
+  CollectiveModel net(topo);
+  ParallelConfig c;
+  c.global_batch = 64;
+  c.zero = 3;
+  c.recompute = Recompute::kFull;
+  c.sync = parse_sync("async");
+  EXPECT_NE(error_of([&] { simulate_step(net, m, c); }).find("--sync async with --zero 3 is not modelled"),
+            std::string::npos);
+  c.zero = 1;  // ZeRO-1 under async is still modelled, and no slower than under bsp
+  const double async_time = simulate_step(net, m, c).time;
+  c.sync = parse_sync("bsp");
+  EXPECT_LE(async_time, simulate_step(net, m, c).time);
+
+  PlanSpace space;
+  space.tp = {1};
+  space.pp = {1};
+  space.zero = {0};
+  space.recompute = {Recompute::kFull};
+  Topology t64(load_cluster("dgx-a100"), 64);
+  CollectiveModel n64(t64);
+  const PlanResult pr = plan(n64, m, 384, space, 100);
+  std::set<int> tried;
+  for (const auto& r : pr.ranked) tried.insert(r.config.micro_batch);
+  EXPECT_EQ(tried, (std::set<int>{1, 2, 3, 6}));  // 384 / 64 = 6 sequences a replica
+
+  const std::string plan_cmd = "sim plan --cluster dgx-a100 --gpus 64 --model gpt2-small --global-batch 512 ";
+  out = test_util::run(plan_cmd + "--top 0", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--top = 0 (allowed: 1 or more plans)"), std::string::npos) << out;
+  out = test_util::run(plan_cmd + "--top 1", &rc);  // the one plan shown is still compared with the next
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("beats the next plan"), std::string::npos) << out;
+  EXPECT_EQ(out.find("\n     2 "), std::string::npos) << out;
+  out = test_util::run(plan_cmd + "--tp-options 8,8", &rc);
+  EXPECT_NE(out.find("--tp-options = '8,8' lists 8 twice"), std::string::npos) << out;
+  out = test_util::run(plan_cmd + "--zero-options 1,1", &rc);
+  EXPECT_NE(out.find("lists 1 twice"), std::string::npos) << out;
+  out = test_util::run(plan_cmd + "--schedule interleaved --virtual-stages 0", &rc);
+  EXPECT_NE(out.find("--virtual-stages = 0 must be positive"), std::string::npos) << out;
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 16 --model gpt2-small --global-batch 64 --pp 2 --schedule interleaved "
+      "--virtual-stages 0",
+      &rc);
+  EXPECT_NE(out.find("--virtual-stages = 0 must be positive"), std::string::npos) << out;
+  out = test_util::run(plan_cmd + "--layers-spec dense:10x10", &rc);
+  EXPECT_NE(out.find("--layers-spec describes --model layers"), std::string::npos) << out;
+  out = test_util::run("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 0", &rc);
+  EXPECT_NE(out.find("--global-batch = 0 (allowed: a positive number"), std::string::npos) << out;
+
+  const std::string infer_cmd = "sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 ";
+  out = test_util::run(infer_cmd + "--batch 4 --batch-list 1,2", &rc);
+  EXPECT_NE(out.find("give --batch or --batch-list, not both"), std::string::npos) << out;
+  out = test_util::run(infer_cmd + "--batch-list 1,2 --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  for (const char* field : {"\"prompt\":", "\"generate\":", "\"gpus\":", "\"replicas\":", "\"max_batch\":",
+                            "\"decode_bound\":", "\"kv_cache_gb\":"})
+    EXPECT_NE(out.find(field, out.find("\"batch\":2")), std::string::npos) << field << " " << out;
 }
 
 }  // namespace
