@@ -7,7 +7,9 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 
@@ -140,13 +142,43 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
   // Every rank must ask for the same transport (each reads CONDUIT_TRANSPORT or its flag on its own): mixed, the
   // ranks failed with misleading errors about shm segments or store addresses, or hung in MPI. Exchanged before it
   // is checked, so a name one rank got wrong stops every rank with this line instead of leaving them waiting.
-  const std::vector<std::string> kinds = b.allgather(kind);
-  for (int r = 0; r < static_cast<int>(kinds.size()); ++r)
-    if (kinds[r] != kinds[0])
+  // The settings the ranks must share go with it: the shm segments' layout, the fast allreduce's limit, the ring's
+  // segments, the algorithms chosen and debug mode's extra exchanges. Mixed, ranks crashed (SIGBUS on a peer's
+  // smaller segment) or waited to the deadline in different algorithms.
+  static constexpr const char* kShared[] = {
+      "CONDUIT_SHM_RING_BYTES", "CONDUIT_SHM_FAST_BYTES",   "CONDUIT_RING_SEGMENT_BYTES", "CONDUIT_ALLREDUCE",
+      "CONDUIT_REDUCE_SCATTER", "CONDUIT_ALLGATHER",        "CONDUIT_BROADCAST",          "CONDUIT_REDUCE",
+      "CONDUIT_COST_MODEL",     "CONDUIT_DEBUG_COLLECTIVES"};
+  std::string mine = kind;
+  for (const char* v : kShared) {
+    const char* val = std::getenv(v);
+    mine += '\x1f';
+    if (val) mine += std::string("=") + val;  // set (maybe empty) or not: "=" marks set
+  }
+  const std::vector<std::string> all = b.allgather(mine);
+  auto fields = [](const std::string& x) {
+    std::vector<std::string> f;
+    size_t at = 0;
+    for (size_t sep; (sep = x.find('\x1f', at)) != std::string::npos; at = sep + 1) f.push_back(x.substr(at, sep - at));
+    f.push_back(x.substr(at));
+    return f;
+  };
+  const std::vector<std::string> first = fields(all[0]);
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    const std::vector<std::string> f = fields(all[r]);
+    if (f[0] != first[0])
       throw ConfigError(
           fmt::format("transport: rank 0 asks for '{}' but rank {} for '{}' (CONDUIT_TRANSPORT or "
                       "--transport); allowed: the same transport on every rank",
-                      kinds[0], r, kinds[r]));
+                      first[0], r, f[0]));
+    for (size_t i = 0; i < std::size(kShared); ++i) {
+      const std::string a = i + 1 < first.size() ? first[i + 1] : "", z = i + 1 < f.size() ? f[i + 1] : "";
+      if (a == z) continue;
+      auto show = [](const std::string& x) { return x.empty() ? std::string("unset") : "'" + x.substr(1) + "'"; };
+      throw ConfigError(fmt::format("{} is {} on rank 0 but {} on rank {}; allowed: the same value on every rank",
+                                    kShared[i], show(a), show(z), r));
+    }
+  }
   if (kind == "mpi") {
     if (b.method != "mpi")
       throw ConfigError("transport 'mpi' needs the program to be started by mpirun (OMPI_COMM_WORLD_RANK is not set)");

@@ -1,8 +1,9 @@
 #include "net/routed.h"
 
-#include <set>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
 
 #include "core/error.h"
 
@@ -19,6 +20,8 @@ class RoutedTransport : public Transport {
     // A transport that progresses in the waiting thread (shm) must keep moving while the thread waits on a request
     // of another transport (tcp): every request gets that progressor, and the other transports wake it when they
     // complete something.
+    for (auto& t : route_)
+      if (t && std::find(inner_.begin(), inner_.end(), t.get()) == inner_.end()) inner_.push_back(t.get());
     for (auto& t : route_)
       if (t && !progressor_) progressor_ = dynamic_cast<Progressor*>(t.get());
     if (progressor_) {
@@ -50,6 +53,11 @@ class RoutedTransport : public Transport {
     if (peer < 0 || peer >= size_ || !route_[peer]) return false;
     return route_[peer]->cancel(r, std::move(error));
   }
+  std::string aborted_reason() const override {
+    std::string why = Transport::aborted_reason();
+    for (size_t i = 0; why.empty() && i < inner_.size(); ++i) why = inner_[i]->aborted_reason();
+    return why;
+  }
   void abort(const std::string& reason) override {
     set_aborted(reason);
     std::set<Transport*> seen;
@@ -68,6 +76,7 @@ class RoutedTransport : public Transport {
     return r;
   }
   std::vector<TransportPtr> route_;
+  std::vector<Transport*> inner_;  // the transports of route_, each once (route_ owns them)
   std::string desc_;
   Progressor* progressor_ = nullptr;
 };

@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -73,6 +74,7 @@ inline void cpu_relax() {
 // sequence number of the operation it belongs to, published last (release), so a reader that sees the number
 // reads a complete payload. A rank writes slot s % 2 for operation s only after it has read every peer's payload of
 // operation s - 1, and each peer published s - 1 only after finishing s - 2: nobody still reads the slot it reuses.
+constexpr uint64_t kMaxRingBytes = uint64_t{1} << 30;  // CONDUIT_SHM_RING_BYTES at most
 constexpr size_t kFastBytes = 8192;       // a slot's capacity
 constexpr size_t kFastReadBytes = 16384;  // what one fast allreduce may read (every rank's slot), each rank on a core
 struct alignas(64) FastSlot {
@@ -129,10 +131,12 @@ class ShmTransport : public Transport, public Progressor {
     hosts_ = std::move(hosts);
     if (serve.empty()) serve.assign(size, 1);
     ring_bytes_ = 2ull << 20;
-    if (auto s = env_string("CONDUIT_SHM_RING_BYTES")) ring_bytes_ = parse_bytes(*s, "CONDUIT_SHM_RING_BYTES");
-    if (ring_bytes_ < 4096 || (ring_bytes_ & (ring_bytes_ - 1)) != 0)
-      throw ConfigError(fmt::format("CONDUIT_SHM_RING_BYTES={} is invalid: expected a power of two >= 4096",
-                                    ring_bytes_));
+    if (auto s = env_string("CONDUIT_SHM_RING_BYTES")) {
+      ring_bytes_ = parse_bytes(*s, "CONDUIT_SHM_RING_BYTES");
+      if (ring_bytes_ < 4096 || ring_bytes_ > kMaxRingBytes || (ring_bytes_ & (ring_bytes_ - 1)) != 0)
+        throw ConfigError(
+            fmt::format("CONDUIT_SHM_RING_BYTES={} is invalid: allowed: a power of two from 4K to 1G", *s));
+    }
     unexpected_budget_ = 64ull << 20;
     max_len_ = max_message_bytes();
     int local = 0;
@@ -155,17 +159,39 @@ class ShmTransport : public Transport, public Progressor {
     if (fd < 0)
       throw Error(fmt::format("shm: cannot create segment {}: {} (is another job using CONDUIT_JOB_ID={}?)", my_name,
                               std::strerror(errno), job));
+    maps_.assign(size, nullptr);
+    // On a failure below, the segment's name and every mapping go (the destructor does not run).
+    auto undo = [&] {
+      ::shm_unlink(my_name.c_str());
+      for (char*& m : maps_)
+        if (m != nullptr && m != MAP_FAILED) ::munmap(m, seg_bytes_);
+      if (mine_ != nullptr && mine_ != MAP_FAILED) ::munmap(mine_, seg_bytes_);
+    };
     if (::ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
       int e = errno;
       ::close(fd);
-      ::shm_unlink(my_name.c_str());
+      undo();
       throw Error(fmt::format("shm: cannot size segment {} to {} bytes: {}", my_name, seg_bytes_, std::strerror(e)));
+    }
+    // The pages this rank's peers will write (their rings here, every ring header, the fast slots) are reserved
+    // now: a full /dev/shm fails here with what it takes, not with SIGBUS when a ring first wraps mid-run.
+    if (int e = reserve(fd, serve); e != 0) {
+      ::close(fd);
+      undo();
+      struct statvfs vfs {};
+      const std::string free_bytes =
+          ::statvfs("/dev/shm", &vfs) == 0 ? fmt::format("{} bytes", uint64_t{vfs.f_bavail} * vfs.f_frsize) : "?";
+      throw ConfigError(
+          fmt::format("shm: cannot reserve {} bytes of /dev/shm for segment {}: {} ({} free); allowed: lower "
+                      "CONDUIT_SHM_RING_BYTES (now {}: each rank holds a ring per local peer) or enlarge /dev/shm",
+                      reserved_bytes(serve), my_name, std::strerror(e), free_bytes, ring_bytes_));
     }
     mine_ = static_cast<char*>(::mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     ::close(fd);
     if (mine_ == MAP_FAILED) {
-      ::shm_unlink(my_name.c_str());
-      throw Error(fmt::format("shm: cannot map segment {}: {}", my_name, std::strerror(errno)));
+      const int e = errno;
+      undo();
+      throw Error(fmt::format("shm: cannot map segment {}: {}", my_name, std::strerror(e)));
     }
     auto* h = new (mine_) SegHeader();
     h->pid = ::getpid();
@@ -173,14 +199,21 @@ class ShmTransport : public Transport, public Progressor {
     for (int i = 0; i < 2; ++i) new (fast_slot(mine_, i)) FastSlot();
     my_seg_ = h;
 
+    // Each rank's process id and whether it shares CPUs with more ranks than there are: one oversubscribed rank
+    // keeps every rank's fast allreduce at the small limit (ranks that disagree on it wait in different places).
     std::vector<std::string> pids;
     try {
-      pids = allgather(std::to_string(::getpid()));  // every segment exists after this
+      pids = allgather(fmt::format("{} {}", ::getpid(), oversubscribed_ ? 1 : 0));  // every segment exists after this
     } catch (...) {
-      ::shm_unlink(my_name.c_str());
+      undo();
       throw;
     }
-    maps_.assign(size, nullptr);
+    for (int p = 0; p < size; ++p) {
+      const std::string& v = pids[p];
+      const size_t sp = v.find(' ');
+      if (sp != std::string::npos && v.compare(sp, std::string::npos, " 1") == 0) fast_small_ = true;
+      pids[p] = v.substr(0, sp);
+    }
     for (int p = 0; p < size; ++p) {
       ShmPeer& peer = peers_[p];
       peer.rank = p;
@@ -189,14 +222,16 @@ class ShmTransport : public Transport, public Progressor {
       std::string name = segment_name(job, p);
       int pfd = ::shm_open(name.c_str(), O_RDWR, 0600);
       if (pfd < 0) {
-        ::shm_unlink(my_name.c_str());
-        throw Error(fmt::format("shm: cannot open segment {} of rank {}: {}", name, p, std::strerror(errno)));
+        const int e = errno;
+        undo();
+        throw Error(fmt::format("shm: cannot open segment {} of rank {}: {}", name, p, std::strerror(e)));
       }
       maps_[p] = static_cast<char*>(::mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0));
       ::close(pfd);
       if (maps_[p] == MAP_FAILED) {
-        ::shm_unlink(my_name.c_str());
-        throw Error(fmt::format("shm: cannot map segment {} of rank {}", name, p));
+        const int e = errno;
+        undo();
+        throw Error(fmt::format("shm: cannot map segment {} of rank {}: {}", name, p, std::strerror(e)));
       }
       peer.seg = reinterpret_cast<SegHeader*>(maps_[p]);
       {
@@ -204,7 +239,7 @@ class ShmTransport : public Transport, public Progressor {
         const std::string& v = pids[p];
         auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), pid);
         if (ec != std::errc() || ptr != v.data() + v.size() || pid <= 0 || pid > std::numeric_limits<pid_t>::max()) {
-          ::shm_unlink(my_name.c_str());
+          undo();
           throw ProtocolError(
               fmt::format("shm: rank {} published the process id '{}' (expected a positive integer; is "
                           "the store shared with another job?)",
@@ -220,7 +255,7 @@ class ShmTransport : public Transport, public Progressor {
     try {
       allgather("mapped");  // every peer has mapped our segment: its name is no longer needed
     } catch (...) {
-      ::shm_unlink(my_name.c_str());
+      undo();
       throw;
     }
     ::shm_unlink(my_name.c_str());
@@ -301,7 +336,7 @@ class ShmTransport : public Transport, public Progressor {
   // others to be scheduled (4 ranks on 2 cores, 4 KiB: 54-62 us median against 29-38 us).
   size_t fast_allreduce_max_bytes() const override {
     if (!all_local_ || size_ < 2) return 0;
-    if (oversubscribed_) return 1024;
+    if (fast_small_) return 1024;
     return std::clamp<size_t>(kFastReadBytes / static_cast<size_t>(size_), 1024, kFastBytes);
   }
 
@@ -431,6 +466,31 @@ class ShmTransport : public Transport, public Progressor {
     }
   }
 
+  // The byte ranges of this rank's segment that get written: the header, every ring's header, the rings of the
+  // local peers (each writes its ring here) and the fast slots.
+  template <typename F>
+  void for_each_written_range(const std::vector<char>& serve, F&& f) const {
+    f(size_t{0}, sizeof(SegHeader));
+    for (int i = 0; i < size_; ++i) {
+      const size_t at = sizeof(SegHeader) + static_cast<size_t>(i) * (sizeof(RingHeader) + ring_bytes_);
+      f(at, sizeof(RingHeader) + (serve[i] && i != rank_ ? ring_bytes_ : 0));
+    }
+    f(seg_bytes_ - 2 * sizeof(FastSlot), 2 * sizeof(FastSlot));
+  }
+  uint64_t reserved_bytes(const std::vector<char>& serve) const {
+    uint64_t n = 0;
+    for_each_written_range(serve, [&](size_t, size_t len) { n += len; });
+    return n;
+  }
+  // 0, or the error of the first range /dev/shm could not back.
+  int reserve(int fd, const std::vector<char>& serve) const {
+    int err = 0;
+    for_each_written_range(serve, [&](size_t at, size_t len) {
+      if (err == 0) err = ::posix_fallocate(fd, static_cast<off_t>(at), static_cast<off_t>(len));
+    });
+    return err;
+  }
+
   RingHeader* ring_at(char* seg, int src) const {
     return reinterpret_cast<RingHeader*>(seg + sizeof(SegHeader) +
                                          static_cast<size_t>(src) * (sizeof(RingHeader) + ring_bytes_));
@@ -486,14 +546,26 @@ class ShmTransport : public Transport, public Progressor {
       size_t total_left = sizeof(FrameHeader) + s.bytes - s.sent;
       uint64_t tail = p.out_tail_cache;
       size_t space = ring_bytes_ - static_cast<size_t>(head - tail);
+      // The consumer's tail is never past the head nor more than a ring behind it: else the segment is corrupt and
+      // the space computed from it would overwrite unread bytes.
+      auto corrupt = [&] {
+        if (head - tail <= ring_bytes_) return false;
+        fail_peer(p, std::make_exception_ptr(ProtocolError(
+                         fmt::format("shm: rank {} set the tail of our ring to it to {}, head {} (allowed: at most "
+                                     "{} bytes behind the head): corrupt segment",
+                                     p.rank, tail, head, ring_bytes_))));
+        return true;
+      };
       if (space < total_left) {
         tail = p.out_tail_cache = p.out->tail.load(std::memory_order_acquire);
+        if (corrupt()) return wrote;
         space = ring_bytes_ - static_cast<size_t>(head - tail);
       }
       if (space == 0) {
         // Ask the consumer to ring us when it frees space, then look again (it may have just done so).
         p.out->want_space.store(1, std::memory_order_seq_cst);
         tail = p.out_tail_cache = p.out->tail.load(std::memory_order_seq_cst);
+        if (corrupt()) return wrote;
         space = ring_bytes_ - static_cast<size_t>(head - tail);
         if (space == 0) break;
       }
@@ -755,6 +827,7 @@ class ShmTransport : public Transport, public Progressor {
   uint64_t max_len_;
   Clock::duration spin_;
   bool oversubscribed_ = false;  // more local ranks than cores
+  bool fast_small_ = false;      // some rank is oversubscribed: the fast allreduce's small limit on every rank
   std::mutex mu_;
   bool all_local_ = false;    // every other rank is served here (the fast allreduce needs them all)
   uint64_t fast_seq_ = 0;     // fast allreduces so far (the same count on every rank)

@@ -107,8 +107,9 @@ class Transport {
   // (a receive being filled, a send partly written) or the transport cannot withdraw requests: then abort() keeps
   // tcp, shm and inproc off the buffer; MPI may still finish a matched receive or read a send until the process ends.
   virtual bool cancel(const RequestPtr& r, std::exception_ptr error);
-  // Empty when healthy, else why it was aborted.
-  std::string aborted_reason() const;
+  // Empty when healthy, else why it was aborted (a routed transport: also why one of the transports it routes
+  // over was, by a peer's abort).
+  virtual std::string aborted_reason() const;
   // Called (from the transport's own thread) after it completes or fails requests; lets a routed transport wake
   // waiters that sleep in another transport's progressor.
   void set_activity_target(Progressor* p) { activity_target_.store(p, std::memory_order_release); }

@@ -129,6 +129,41 @@ TEST(Processes, RanksAskingForDifferentTransportsStopAtStartUp) {
       << r.out;
 }
 
+// Settings whose mix crashed or hung the ranks are compared at start-up: a smaller ring on one rank (its peer wrote
+// past the end of its segment: SIGBUS), the fast allreduce's limit (the ranks waited to the deadline in different
+// places). A ring size whose segment overflowed (SIGSEGV) and a /dev/shm too small for the rings (SIGBUS once a ring
+// wrapped) stop with what is allowed.
+TEST(Processes, SharedMemorySettingsMustAgreeAndFit) {
+  const std::string selftest = kConduit + " selftest --transport shm --op allreduce --timeout 20";
+  // (run_sh quotes the command in single quotes: the inner ones are double, $ escaped for the inner shell.)
+  auto r = run_sh(kConduit + " launch -n 2 -- sh -c \"[ \\$RANK = 0 ] && export CONDUIT_SHM_RING_BYTES=4096; exec " +
+                  selftest + "\"");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CONDUIT_SHM_RING_BYTES is '4096' on rank 0 but unset on rank 1; allowed: the same value on "
+                       "every rank"),
+            std::string::npos)
+      << r.out;
+  r = run_sh(kConduit + " launch -n 2 -- sh -c \"[ \\$RANK = 1 ] && export CONDUIT_SHM_FAST_BYTES=0; exec " + selftest +
+             "\"");
+  EXPECT_NE(r.out.find("CONDUIT_SHM_FAST_BYTES is unset on rank 0 but '0' on rank 1"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 15) << r.out;
+  r = run_sh("CONDUIT_SHM_RING_BYTES=524288T " + kConduit + " launch -n 2 -- " + selftest);
+  EXPECT_NE(r.out.find("CONDUIT_SHM_RING_BYTES=524288T is invalid: allowed: a power of two from 4K to 1G"),
+            std::string::npos)
+      << r.out;
+  if (geteuid() != 0) GTEST_SKIP() << "a small /dev/shm of its own needs root (unshare -m)";
+  // 3 ranks with 1 MiB rings need 2 MiB each in a 3 MiB /dev/shm: the second or third rank cannot have its rings.
+  r = run_sh("unshare -m sh -c \"mount -t tmpfs -o size=3M tmpfs /dev/shm && CONDUIT_SHM_RING_BYTES=1M " + kConduit +
+             " launch -n 3 -- " + selftest + "\"");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("bytes of /dev/shm for segment"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("allowed: lower CONDUIT_SHM_RING_BYTES (now 1048576: each rank holds a ring per local peer) "
+                       "or enlarge /dev/shm"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("signal"), std::string::npos) << r.out;
+}
+
 TEST(Processes, FileStoreRendezvousWithoutFlags) {
   // RANK and WORLD_SIZE with CONDUIT_STORE_PATH (no MASTER_ADDR): the ranks meet through files.
   std::string dir = temp_path("store");
