@@ -376,19 +376,20 @@ std::string names_line() {
   return s + ", ef:<name>";
 }
 
+}  // namespace
+
 // Error feedback keeps e = p - D(C(p)) and adds it to the next gradient; it stays bounded only when the compressor
-// shrinks what it is given (E||p - D(C(p))||^2 < ||p||^2). The unbiased stochastic methods have E||p - D(C(p))||^2 =
-// w ||p||^2 with w >= 1 unless their buckets are small: random-k scaled by d/k (w = d/k - 1), QSGD over buckets of b
-// elements with s levels (w = min(b/s^2, sqrt(b)/s)) and TernGrad (w up to sqrt(d) - 1, d the tensor's size). With w
-// >= 1 the residual grows every step (ef:randk: 1e11 after 40 steps, NaN loss in training), so those are refused.
-void refuse_divergent_feedback(const std::string& name, const std::string& inner, const Params& params) {
-  // The inner compressor was built from these parameters already, so they parse; read them as it did.
+// shrinks what it is given (E||p - D(C(p))||^2 < ||p||^2), and CHOCO-gossip's public copies converge under the same
+// condition. The unbiased stochastic methods have E||p - D(C(p))||^2 = w ||p||^2 with w >= 1 unless their buckets
+// are small: random-k scaled by d/k (w = d/k - 1), QSGD over buckets of b elements with s levels (w = min(b/s^2,
+// sqrt(b)/s)) and TernGrad (w up to sqrt(d) - 1, d the tensor's size). With w >= 1 the residual grows every step
+// (ef:randk: 1e11 after 40 steps, NaN loss in training). signSGD and Signum decode to +-1 whatever the input's size:
+// ||p - sign(p)||^2 > ||p||^2 once |p_i| < 1/2, the usual case.
+std::optional<Growth> input_growth(const std::string& name, const std::string& inner, const Params& params) {
+  // The compressor was built from these parameters already, so they parse; read them as it did.
   const detail::ParamReader p(inner, compressor_defaults(inner), params);
   if (inner == "randk" && p.boolean("unbiased"))
-    throw ConfigError(fmt::format(
-        "compressor '{}': error feedback diverges with random-k's d/k scaling (the residual grows every step); "
-        "allowed: {}:unbiased=0, or randk without ef:",
-        name, name));
+    return Growth{"random-k's d/k scaling makes its error larger than its input", name + ":unbiased=0"};
   if (inner == "qsgd") {
     const double s = static_cast<double>(p.integer("levels", 1, INT64_MAX)),
                  b = static_cast<double>(p.integer("bucket", 0, INT64_MAX));
@@ -397,29 +398,32 @@ void refuse_divergent_feedback(const std::string& name, const std::string& inner
       // An example that passes: the largest power of two below s^2 (none when s = 1: more levels are needed).
       double example = 1;
       while (example * 2 < s * s) example *= 2;
-      const std::string allowed =
+      return Growth{
+          fmt::format("QSGD's variance bound min(b/s^2, sqrt(b)/s) is not below 1 (b = bucket = {}{}, s = levels = {})",
+                      b, b == 0 ? ": the whole tensor" : "", s),
           s * s > 1 ? fmt::format("a bucket below s^2 = {} (e.g. {}:levels={},bucket={})", s * s, name, s, example)
-                    : fmt::format("more levels (e.g. {}:levels=127,bucket=1024)", name);
-      throw ConfigError(fmt::format(
-          "compressor '{}': error feedback diverges unless QSGD's variance bound min(b/s^2, sqrt(b)/s) is below 1 "
-          "(b = bucket = {}{}, s = levels = {}); allowed: {}, or qsgd without ef:",
-          name, b, b == 0 ? ": the whole tensor" : "", s, allowed));
+                    : fmt::format("more levels (e.g. {}:levels=127,bucket=1024)", name)};
     }
   }
-  // signSGD and Signum decode to +-1 whatever the gradient's size: ||p - sign(p)||^2 > ||p||^2 once |p_i| < 1/2,
-  // the usual case, and the residual settles at O(1) a coordinate, far above the gradients it should correct.
   if (inner == "signsgd" || inner == "signum")
-    throw ConfigError(fmt::format(
-        "compressor '{}': error feedback does not converge with {}, whose decoded signs are +-1 whatever the "
-        "gradient's size (the residual stays near 1 a coordinate); allowed: efsignsgd or ef:scaled_sign (signs "
-        "scaled by the mean magnitude, Karimireddy et al. 2019), or {} without ef:",
-        name, inner, inner));
+    return Growth{fmt::format("{} decodes to +-1 whatever the input's size", inner),
+                  name.rfind("ef:", 0) == 0
+                      ? "efsignsgd or ef:scaled_sign (signs scaled by the mean magnitude, Karimireddy et al. 2019)"
+                      : "scaled_sign (signs scaled by the mean magnitude)"};
   if (inner == "terngrad")
-    throw ConfigError(fmt::format(
-        "compressor '{}': error feedback diverges with TernGrad (its variance grows with the tensor size, up to "
-        "sqrt(d) times the gradient's); allowed: terngrad without ef:, or a compressor that shrinks its input "
-        "(ef:topk, ef:int8, ef:qsgd with small buckets, ...)",
-        name));
+    return Growth{"TernGrad's variance grows with the tensor size, up to sqrt(d) times its input's",
+                  "a compressor that shrinks its input (topk, int8, qsgd with small buckets, ...)"};
+  return std::nullopt;
+}
+
+namespace {
+
+void refuse_divergent_feedback(const std::string& name, const std::string& inner, const Params& params) {
+  if (auto g = input_growth(name, inner, params))
+    throw ConfigError(
+        fmt::format("compressor '{}': error feedback diverges: {} (the residual grows every step); "
+                    "allowed: {}, or {} without ef:",
+                    name, g->why, g->fix, inner));
 }
 
 }  // namespace
@@ -454,20 +458,33 @@ CompressorPtr make_compressor(const std::string& name, const Params& params) {
   throw ConfigError(fmt::format("unknown compressor '{}'; allowed: {}", name, names_line()));
 }
 
-CompressorPtr parse_compressor(const std::string& spec) {
-  (void)kernels::get();  // checks CONDUIT_COMPRESS_KERNELS once, also for methods that use no kernel table
-  // name[:k=v,k=v]; "ef:" is part of the name.
+namespace {
+// name[:k=v,k=v]; "ef:" is part of the name.
+std::pair<std::string, Params> split_spec(const std::string& spec) {
   size_t start = 0;
   while (spec.compare(start, 3, "ef:") == 0) start += 3;
   size_t colon = spec.find(':', start);
-  std::string name = spec.substr(0, colon);
   Params p;
   if (colon != std::string::npos) {
     p = parse_key_values(spec.substr(colon + 1), [&](const std::string& kv) {
       return fmt::format("compressor spec '{}': '{}' is not key=value (form: name:key=value,...)", spec, kv);
     });
   }
+  return {spec.substr(0, colon), std::move(p)};
+}
+}  // namespace
+
+CompressorPtr parse_compressor(const std::string& spec) {
+  (void)kernels::get();  // checks CONDUIT_COMPRESS_KERNELS once, also for methods that use no kernel table
+  auto [name, p] = split_spec(spec);
   return make_compressor(name, p);
+}
+
+std::optional<Growth> input_growth(const std::string& spec) {
+  auto [name, p] = split_spec(spec);
+  std::string inner = name;
+  while (inner.rfind("ef:", 0) == 0) inner = inner.substr(3);
+  return input_growth(name, inner, p);
 }
 
 void check_finite_input(std::span<const float> in, const std::string& compressor, const char* what) {

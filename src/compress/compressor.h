@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -100,6 +101,16 @@ std::vector<std::string> compressor_names();
 Params compressor_defaults(const std::string& name);
 // "topk:ratio=0.01,sample=0.01" -> make_compressor("topk", {{"ratio","0.01"},{"sample","0.01"}}).
 CompressorPtr parse_compressor(const std::string& spec);
+
+// Why a compressor's error can exceed its input (E||x - D(C(x))||^2 >= ||x||^2), which error feedback and
+// CHOCO-gossip cannot work with, and the setting that avoids it; nullopt when it shrinks its input. `name` is the
+// compressor as written (the examples use it), `inner` the method, `params` its parameters, already checked.
+struct Growth {
+  std::string why, fix;
+};
+std::optional<Growth> input_growth(const std::string& name, const std::string& inner, const Params& params);
+// The same for a spec "name:key=value,..." (after parse_compressor accepted it).
+std::optional<Growth> input_growth(const std::string& spec);
 
 // A compressed exchange's input must be finite: most methods cannot carry a nan or an inf (top-k and threshold
 // select by comparisons a nan fails, the 8-bit and ternary scales take the largest finite magnitude or turn an inf

@@ -31,8 +31,14 @@ Graph::Graph(const std::string& kind, int n, int rows) : kind_(kind), n_(n), adj
       for (int r = 1; r * r <= n; ++r)
         if (n % r == 0) rows = r;
     }
-    if (rows < 1 || n % rows != 0)
-      throw ConfigError(fmt::format("sync dpsgd: torus rows = {} does not divide the {} ranks", rows, n));
+    if (rows < 1 || n % rows != 0) {
+      std::string divisors;
+      for (int r = 1; r <= n; ++r)
+        if (n % r == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(r);
+      throw ConfigError(fmt::format(
+          "sync dpsgd: torus rows = {} does not divide the {} ranks; allowed: 0 (the most square grid) or {}", rows, n,
+          divisors));
+    }
     int cols = n / rows;
     for (int i = 0; i < n; ++i) {
       int a = i / cols, b = i % cols;

@@ -197,6 +197,24 @@ struct Entry {
   std::function<StrategyPtr(const detail::ParamReader&, coll::CommPtr)> make;
 };
 
+// CHOCO-gossip (Koloskova et al. 2019) moves the public copies by the compressed differences x - x̂: the part not
+// sent stays in the difference for the next step, so the compressor must shrink what it is given, as error
+// feedback needs, and must not carry error feedback (or momentum) of its own, which would send that part twice.
+// Signs without a scale moved every copy by +-1 a coordinate a step (loss 2.3 to 51016 in one step).
+void check_choco_compressor(const std::string& spec, const compress::Compressor& c) {
+  if (c.stateful())
+    throw ConfigError(fmt::format(
+        "sync dpsgd: compressor '{}' has error feedback or momentum of its own, and CHOCO-gossip already keeps what "
+        "it did not send; allowed: a compressor without state (topk, randk:unbiased=0, threshold, int8, uint8, "
+        "fp16, bf16, natural, scaled_sign, qsgd with small buckets)",
+        spec));
+  if (auto g = compress::input_growth(spec))
+    throw ConfigError(fmt::format(
+        "sync dpsgd: compressor '{}': CHOCO-gossip needs a compressor whose error is smaller than its input, but {}; "
+        "allowed: {}",
+        spec, g->why, g->fix));
+}
+
 compress::CompressorPtr optional_compressor(const std::string& spec) {
   if (spec.empty() || spec == "none") return nullptr;
   return compress::parse_compressor(spec);
@@ -208,12 +226,18 @@ const std::map<std::string, Entry>& registry() {
     m["bsp"] = {{}, [](const detail::ParamReader&, coll::CommPtr c) -> StrategyPtr {
                   return std::make_unique<BspStrategy>(std::move(c));
                 }};
-    m["local"] = {{{"period", "8"}, {"warmup", "0"}, {"adaptive", "0"}, {"max_period", "64"}, {"target", "0.01"}},
-                  [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
-                    return std::make_unique<LocalSgdStrategy>(
-                        std::move(c), p.integer("period", 1, 1 << 20), p.integer("warmup", 0, int64_t(1) << 50),
-                        p.flag("adaptive"), p.integer("max_period", 1, 1 << 20), p.real("target", 0, 1e9));
-                  }};
+    m["local"] = {
+        {{"period", "8"}, {"warmup", "0"}, {"adaptive", "0"}, {"max_period", "64"}, {"target", "0.01"}},
+        [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
+          const int64_t period = p.integer("period", 1, 1 << 20), max_period = p.integer("max_period", 1, 1 << 20);
+          if (p.flag("adaptive") && max_period < period)
+            throw ConfigError(
+                fmt::format("sync local: max_period = {} is below period = {}; allowed with "
+                            "adaptive=1: max_period >= period (it bounds the period's growth)",
+                            max_period, period));
+          return std::make_unique<LocalSgdStrategy>(std::move(c), period, p.integer("warmup", 0, int64_t(1) << 50),
+                                                    p.flag("adaptive"), max_period, p.real("target", 0, 1e9));
+        }};
     m["diloco"] = {{{"period", "100"}, {"outer_lr", "0.7"}, {"momentum", "0.9"}, {"nesterov", "1"}},
                    [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                      return std::make_unique<DilocoStrategy>(
@@ -246,12 +270,27 @@ const std::map<std::string, Entry>& registry() {
                           "sync dpsgd: compressor '{}' needs the layers' matrices, which gossip's flat buffer does not "
                           "have; allowed: a quantizer or sparsifier (e.g. topk, qsgd, int8)",
                           p.str("compressor")));
+                    if (comp) check_choco_compressor(p.str("compressor"), *comp);
+                    if (kind != "torus" && p.integer("rows", 0, n) != 0)
+                      throw ConfigError(
+                          fmt::format("sync dpsgd: rows = {} applies to graph=torus, not graph={}; "
+                                      "allowed with {}: rows=0 (the default)",
+                                      p.integer("rows", 0, n), kind, kind));
                     return std::make_unique<DpsgdStrategy>(c, Graph(kind, n, p.integer("rows", 0, n)),
                                                            std::move(comp),
                                                            p.real("gamma", 1e-6, 1), p.integer("seed", 0, INT64_MAX));
                   }};
     m["sgp"] = {{{"peers", "1"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
-                  return std::make_unique<SgpStrategy>(std::move(c), p.integer("peers", 1, 32));
+                  // Out-peers are drawn from the offsets 1, 2, 4, ... below n: at most that many differ.
+                  int offsets = 0;
+                  for (int64_t h = 1; h < c->size(); h *= 2) ++offsets;
+                  const int64_t peers = p.integer("peers", 1, 32);
+                  if (peers > std::max(offsets, 1))
+                    throw ConfigError(
+                        fmt::format("sync sgp: peers = {} with {} workers; allowed: 1 to {} (the "
+                                    "offsets 1, 2, 4, ... below the worker count)",
+                                    peers, c->size(), std::max(offsets, 1)));
+                  return std::make_unique<SgpStrategy>(std::move(c), static_cast<int>(peers));
                 }};
     m["adpsgd"] = {{{"seed", "0"}, {"final_average", "1"}},
                    [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {

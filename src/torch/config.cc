@@ -389,8 +389,9 @@ SyncSpec effective_sync(const TrainConfig& c) {
         fmt::format("config: compressor: dgc corrects the momentum of gradients averaged by bsp, but {} "
                     "sends {}; allowed with {}: {}",
                     s.name, s.parameter_server() ? "gradients to servers that own the momentum" : "parameters", s.name,
-                    s.parameter_server() || s.name == "dpsgd" ? "a compressor without momentum (e.g. ef:topk)"
-                                                              : "none (it averages parameters uncompressed)"));
+                    s.parameter_server() ? "a compressor without momentum (e.g. ef:topk)"
+                    : s.name == "dpsgd"  ? "a compressor without state (e.g. topk)"
+                                         : "none (it averages parameters uncompressed)"));
   if (s.parameter_server()) {
     // Stale gradients act as extra momentum: ps-asp with the trainer's 0.9 and one shared momentum on the servers
     // diverged on the Fashion-MNIST CNN with one worker 3x slow (10% accuracy from step 50), and so did ps-ssp with

@@ -211,3 +211,35 @@ TEST(SyncConfig, EasgdAlphaThatDivergesAndPowerSgdForGossipAreRefused) {
   EXPECT_NE(m.find("needs the layers' matrices"), std::string::npos) << m;
   EXPECT_NO_THROW(make_strategy("dpsgd", {{"compressor", "topk:ratio=0.1"}}, kComms[0]));
 }
+
+// Found by a review of the gossip schemes: CHOCO-gossip with a compressor whose error exceeds its input (signs
+// without a scale, unbiased random-k, QSGD over the whole buffer, TernGrad) or that keeps error feedback of its own
+// diverged (signsgd: loss 2.3 to 51016 in one step; ef:topk: 2725 after 3 epochs); sgp's peers above the distinct
+// offsets, local SGD's max_period below its period and dpsgd's rows on a ring were bent or ignored without a word.
+TEST(SyncConfig, GossipCompressorsMustShrinkTheirInputAndParametersMustApply) {
+  for (const char* bad :
+       {"signsgd", "signum", "randk:ratio=0.1", "qsgd", "terngrad", "ef:topk:ratio=0.1", "efsignsgd", "onebit"}) {
+    const std::string m = config_error([&] { make_strategy("dpsgd", {{"compressor", bad}}, kComms[0]); });
+    EXPECT_NE(m.find(std::string("sync dpsgd: compressor '") + bad + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find("allowed: "), std::string::npos) << m;
+  }
+  EXPECT_NE(config_error([] {
+              make_strategy("dpsgd", {{"compressor", "randk:ratio=0.1"}}, kComms[0]);
+            }).find("allowed: randk:unbiased=0"),
+            std::string::npos);
+  for (const char* good : {"topk:ratio=0.1", "randk:ratio=0.1,unbiased=0", "int8", "uint8", "fp16", "scaled_sign",
+                           "natural", "threshold", "qsgd:levels=127,bucket=1024"})
+    EXPECT_NO_THROW(make_strategy("dpsgd", {{"compressor", good}}, kComms[0])) << good;
+
+  static const auto four = harness::make_comms(4);
+  auto m = config_error([] { make_strategy("sgp", {{"peers", "3"}}, four[0]); });
+  EXPECT_NE(m.find("sync sgp: peers = 3 with 4 workers; allowed: 1 to 2"), std::string::npos) << m;
+  EXPECT_NO_THROW(make_strategy("sgp", {{"peers", "2"}}, four[0]));
+  m = config_error([] { make_strategy("local", {{"period", "16"}, {"max_period", "4"}, {"adaptive", "1"}}, four[0]); });
+  EXPECT_NE(m.find("max_period = 4 is below period = 16"), std::string::npos) << m;
+  EXPECT_NO_THROW(make_strategy("local", {{"period", "16"}, {"max_period", "4"}}, four[0]));  // not adaptive: unused
+  m = config_error([] { make_strategy("dpsgd", {{"graph", "ring"}, {"rows", "2"}}, four[0]); });
+  EXPECT_NE(m.find("rows = 2 applies to graph=torus, not graph=ring"), std::string::npos) << m;
+  m = config_error([] { make_strategy("dpsgd", {{"graph", "torus"}, {"rows", "3"}}, four[0]); });
+  EXPECT_NE(m.find("allowed: 0 (the most square grid) or 1, 2, 4"), std::string::npos) << m;
+}
