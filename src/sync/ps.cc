@@ -100,6 +100,7 @@ class Shard {
       throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
     if (shutdown_) throw PeerError(shutdown_message());
     auto& slot = slots_[w];
+    check_order(w, h, slot);
     if (h.kind == kStop) {
       stopped_[w] = true;
       maybe_apply_bsp();
@@ -109,6 +110,7 @@ class Shard {
     }
     if (h.kind == kPull) {
       // The starting point, whatever faster workers have pushed since (asp/ssp apply pushes on arrival).
+      slot.pulled = true;
       slot.replica = initial_;
       slot.version = 0;  // initial_ is the shard before any update
       if (cfg_.dc > 0 && !pull_) slot.backup = initial_;
@@ -250,6 +252,7 @@ class Shard {
   struct Slot {
     int64_t waiting = -1;
     bool ready = false;
+    bool pulled = false;  // the one initial pull came
     ReplyHeader reply_header;
     Bytes reply;
     std::vector<float> replica;  // what the worker holds (pull compression)
@@ -261,6 +264,52 @@ class Shard {
 
   bool dana() const { return cfg_.dana && cfg_.mode != "bsp"; }
 
+  // A worker's messages come in one order: one pull, then pushes with rising clocks, then a stop (after which its
+  // thread reads nothing more). Anything else is a corrupt or foreign peer: a second pull re-read the emptied
+  // starting point, a push before the pull read the replica out of range, a clock going back (or past 2^62, negative
+  // as a signed clock) lowered the slowest clock other workers wait on.
+  void check_order(int w, const Header& h, const Slot& slot) const {
+    if (h.kind == kPull && slot.pulled)
+      throw ProtocolError(
+          fmt::format("sync ps shard {}: worker {} pulled the starting parameters twice (allowed: "
+                      "one pull, then pushes)",
+                      index_, w));
+    if (h.kind == kPush && !slot.pulled)
+      throw ProtocolError(fmt::format(
+          "sync ps shard {}: worker {} pushed before its pull (allowed: one pull, then pushes)", index_, w));
+    if (h.kind == kPush && (h.clock <= static_cast<uint64_t>(clocks_[w]) || h.clock >= (uint64_t{1} << 62)))
+      throw ProtocolError(
+          fmt::format("sync ps shard {}: worker {} pushed clock {} after clock {} (allowed: a "
+                      "larger clock each push, below 2^62)",
+                      index_, w, h.clock, clocks_[w]));
+  }
+
+ public:
+  // The length a worker's request may announce, checked before anything is allocated for it: none for a pull or a
+  // stop; a raw push the shard's size in f32, a compressed one at most 8 bytes an element (index and value) plus
+  // its headers (each decoder then checks its exact length). Waits for the shard's size (worker 0's upload).
+  void check_request(int w, const Header& h, double timeout_s) {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_ || shutdown_; }))
+      throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
+    if (shutdown_) throw PeerError(shutdown_message());
+    if (h.kind != kPush && h.kind != kPull && h.kind != kStop)
+      throw ProtocolError(
+          fmt::format("sync ps shard {}: worker {} sent a message of kind {}; allowed: push ({}), "
+                      "stop ({}), pull ({})",
+                      index_, w, h.kind, uint64_t{kPush}, uint64_t{kStop}, uint64_t{kPull}));
+    const uint64_t n = params_.size();
+    const uint64_t most = h.kind != kPush ? 0 : push_ ? 8 * n + 4096 : 4 * n;
+    if (h.bytes > most || (h.kind == kPush && !push_ && h.bytes != most))
+      throw ProtocolError(fmt::format("sync ps shard {}: worker {} announced {} bytes for a {}; allowed: {}{} bytes",
+                                      index_, w, h.bytes,
+                                      h.kind == kPush   ? "push"
+                                      : h.kind == kPull ? "pull"
+                                                        : "stop",
+                                      h.kind == kPush && push_ ? "at most " : "", most));
+  }
+
+ private:
   int64_t min_clock() const {
     int64_t m = INT64_MAX;
     for (int w = 0; w < workers_; ++w)
@@ -579,6 +628,17 @@ class PsStrategy : public Strategy {
       if (w == 0) {  // the initial parameters come first
         Header h;
         detail::wait(*comm_, irecv(*comm_, 0, shard_tag(detail::kTagPsInit, s), &h, sizeof h));
+        // The model's size travels in the clock field: the shard's size follows from it.
+        const uint64_t want = h.clock <= (uint64_t{1} << 40)
+                                  ? 4 * static_cast<uint64_t>(shard_range(h.clock, s, cfg_.servers).second -
+                                                              shard_range(h.clock, s, cfg_.servers).first)
+                                  : 0;
+        if (h.kind != kInit || h.clock > (uint64_t{1} << 40) || h.bytes != want)
+          throw ProtocolError(
+              fmt::format("sync {}: shard {}: worker 0 sent kind {} with {} bytes for a model of {} "
+                          "parameters; allowed: the initial parameters (kind {}), 4 bytes each of "
+                          "the shard's {} of at most 2^40",
+                          name(), s, h.kind, h.bytes, h.clock, uint64_t{kInit}, want / 4));
         std::vector<float> p(h.bytes / 4);
         detail::wait(*comm_, irecv(*comm_, 0, shard_tag(detail::kTagPsInit, s), p.data(), h.bytes));
         shard.init(p);
@@ -593,6 +653,7 @@ class PsStrategy : public Strategy {
         // operation has its deadline.
         net::RequestPtr r = irecv(*comm_, w, shard_tag(detail::kTagPsHeader, s), &h, sizeof h);
         r->wait(Deadline::never());
+        shard.check_request(w, h, t);
         payload.resize(h.bytes);
         if (h.bytes)
           detail::wait(*comm_, irecv(*comm_, w, shard_tag(detail::kTagPsPayload, s), payload.data(), h.bytes));
@@ -675,6 +736,17 @@ class PsStrategy : public Strategy {
     std::vector<net::RequestPtr> precv;
     for (int64_t s = 0; s < S; ++s) {
       if (host_of(s) == me) continue;
+      // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most 8
+      // bytes an element plus headers; its decoder checks the exact length): checked before anything is allocated.
+      auto [lo, hi] = shard_range(d_, s, S);
+      const uint64_t raw_bytes = 4 * static_cast<uint64_t>(hi - lo);
+      const bool ok = rhs[s].raw == 1 ? rhs[s].bytes == raw_bytes
+                                      : rhs[s].raw == 0 && pull_ && rhs[s].bytes <= 2 * raw_bytes + 4096;
+      if (!ok)
+        throw ProtocolError(fmt::format(
+            "sync {}: shard {} replied {} bytes, raw = {}; allowed: {} bytes raw{}", name(), s, rhs[s].bytes,
+            rhs[s].raw, raw_bytes,
+            pull_ ? fmt::format(", or compressed (raw = 0) at most {}", 2 * raw_bytes + 4096) : std::string()));
       replies[s].resize(rhs[s].bytes);
       precv.push_back(irecv(*comm_, host_of(s), shard_tag(detail::kTagPsReply, s), replies[s].data(), rhs[s].bytes));
       stats_.bytes_received += sizeof(ReplyHeader) + rhs[s].bytes;

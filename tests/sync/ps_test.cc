@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "harness.h"
+#include "sync/detail.h"
 
 using namespace conduit;
 using namespace conduit::sync;
@@ -437,4 +438,48 @@ TEST(SyncPs, WeightDecayFollowsTheTrainersLearningRateSchedule) {
   }
 }
 
+}  // namespace
+
+namespace {
+// Found by a review: a peer's malformed request (an unknown kind, a push before the pull, a clock going back, a
+// length no request has) reached the shard, which applied it as a gradient, read out of range or allocated what the
+// header claimed. Each is now refused naming what is allowed, and the worker waiting on the shard hears why.
+TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
+  struct Case {
+    uint64_t kind, bytes, clock;
+    const char* want;
+  };
+  const size_t d = 16;
+  const Case cases[] = {{7, 0, 0, "sent a message of kind 7; allowed: push (1), stop (2), pull (3)"},
+                        {1, 4 * d, 1, "pushed before its pull"},
+                        {3, 1u << 30, 0, "announced 1073741824 bytes for a pull; allowed: 0 bytes"}};
+  for (const Case& c : cases) {
+    auto comms = harness::make_comms(2);
+    std::string error;
+    std::thread server([&] {
+      // Rank 0 hosts the one shard and is a worker too: under bsp its push waits for worker 1's.
+      auto x = harness::initial(0, d);
+      std::vector<float> g(d, 0.5f);
+      auto s = make_strategy("ps-bsp", {{"servers", "1"}, {"colocate", "1"}}, comms[0]);
+      try {
+        s->setup(x);
+        s->before_step(0, x, g);
+        error = "no error";
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    });
+    // Rank 1 speaks the protocol by hand: the header of its first request (its shard tag: shard 0's).
+    struct Header {
+      uint64_t kind, bytes, clock;
+      double lr_scale;
+    } h{c.kind, c.bytes, c.clock, 1.0};
+    std::vector<float> payload(d, 0.25f);
+    detail::wait(*comms[1], detail::isend(*comms[1], 0, detail::kTagPsHeader, &h, sizeof h));
+    if (c.kind == 1) detail::isend(*comms[1], 0, detail::kTagPsPayload, payload.data(), 4 * d);
+    server.join();
+    EXPECT_NE(error.find(c.want), std::string::npos) << error;
+    comms[1]->transport().abort("test over");
+  }
+}
 }  // namespace
