@@ -498,7 +498,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     if (auto v = text(meta[field])) raw[key] = *v;
   };
   for (const char* k : {"model", "compressor", "optimizer", "target_accuracy", "batch_size", "seed", "dataset",
-                        "train_limit", "synthetic_samples"})
+                        "train_limit", "synthetic_samples", "compress_min_bytes"})
     take(k, k);
   if (!workers_from_env) take("workers", "world");
   // The scheme with the parameters it was written with (sync_period and staleness are parameters of it too).

@@ -5,11 +5,13 @@
 #include <torch/autograd.h>
 #include <torch/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -89,6 +91,7 @@ struct DistributedOptimizer::Core {
   std::vector<char> ready;          // bucket full
   int next = 0;                     // next bucket the thread communicates
   bool flush = false, stop = false, alive = true;
+  bool synced = false;  // synchronize() wrote .grad and step() has not run: no gradient may arrive now
   std::exception_ptr error;
   std::vector<int> ready_order;     // parameter order observed during the first step
   bool record_order = true;
@@ -133,15 +136,30 @@ struct DistributedOptimizer::Core {
 
   // Autograd hook: runs on the thread doing backward.
   void on_grad(int i, const torch::Tensor& grad) {
-    if (grad.scalar_type() != torch::kFloat)
-      throw InvalidArgument("DistributedOptimizer: only float32 gradients are supported");
+    if (grad.scalar_type() != torch::kFloat || grad.layout() != torch::kStrided)
+      throw InvalidArgument(
+          fmt::format("DistributedOptimizer: parameter {} got a {} {} gradient; allowed: float32 "
+                      "dense gradients (an Embedding with sparse=false)",
+                      i, c10::toString(grad.scalar_type()), grad.layout() == torch::kStrided ? "dense" : "sparse"));
     torch::Tensor g = grad.contiguous();
     std::unique_lock<std::mutex> lk(mu);
     if (!alive) return;
+    if (synced)
+      throw InvalidArgument(fmt::format(
+          "DistributedOptimizer: parameter {} got a gradient after synchronize() and before step(); allowed: "
+          "backward, then synchronize() and step()",
+          i));
     int b = param_bucket[size_t(i)];
     Bucket& bk = buckets[size_t(b)];
     float* dst = bk.flat.data() + bk.offsets[size_t(param_slot[size_t(i)])];
-    if (got[size_t(i)]) {  // a second gradient for the same parameter before step(): accumulate
+    if (got[size_t(i)]) {
+      // A second gradient before step(): with overlap its bucket may be averaged already, or being averaged (the sum
+      // would mix the average with this rank's own gradient, differently on every rank); without, it accumulates.
+      if (opt.overlap)
+        throw InvalidArgument(fmt::format(
+            "DistributedOptimizer: parameter {} got a second gradient before step() (its bucket may be exchanged "
+            "already); allowed: one backward per step, or overlap off to accumulate several",
+            i));
       const float* src = g.data_ptr<float>();
       for (size_t k = 0; k < numel[size_t(i)]; ++k) dst[k] += src[k];
       return;
@@ -314,10 +332,16 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   Core& c = *core_;
   c.comm = comm_;
   c.opt = options;
-  for (auto& p : model_->parameters()) {
-    if (!p.requires_grad()) continue;
-    if (p.scalar_type() != torch::kFloat)
-      throw InvalidArgument("DistributedOptimizer: only float32 parameters are supported");
+  std::set<const void*> seen;  // a parameter registered under two names (tied weights) is exchanged once
+  for (auto& named : model_->named_parameters()) {
+    const torch::Tensor& p = named.value();
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    if (p.scalar_type() != torch::kFloat || !p.device().is_cpu() || p.layout() != torch::kStrided)
+      throw InvalidArgument(
+          fmt::format("DistributedOptimizer: parameter '{}' is {} {} on {}; allowed: float32 dense "
+                      "CPU parameters",
+                      named.key(), c10::toString(p.scalar_type()), p.layout() == torch::kStrided ? "dense" : "sparse",
+                      p.device().str()));
     c.params.push_back(p);
     c.numel.push_back(size_t(p.numel()));
     std::vector<size_t> shape;
@@ -437,6 +461,18 @@ void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool p
 void DistributedOptimizer::broadcast_initial_state() { broadcast_module(*model_, *comm_, true); }
 
 void DistributedOptimizer::zero_grad() {
+  {
+    // Gradients of a backward not stepped yet: without overlap they are only in the buckets and go; with it some may
+    // be in an exchange the other ranks take part in, which cannot be withdrawn.
+    std::lock_guard<std::mutex> lk(core_->mu);
+    const bool arrived = std::any_of(core_->got.begin(), core_->got.end(), [](char g) { return g != 0; });
+    if (arrived && core_->opt.overlap)
+      throw InvalidArgument(
+          "DistributedOptimizer: zero_grad() after a backward whose gradients are being exchanged; allowed: step() "
+          "(or synchronize()) first");
+    if (arrived) core_->reset_step_locked();
+    core_->synced = false;
+  }
   synchronized_ = false;
   last_step_end_ = now_s();  // compute time counts from here to step()
   for (auto& p : core_->params) {
@@ -448,7 +484,7 @@ void DistributedOptimizer::zero_grad() {
 }
 
 void DistributedOptimizer::synchronize() {
-  synchronized_ = true;
+  if (synchronized_) return;  // averaged into .grad already: a second call leaves them (it averaged zeros into them)
   Core& c = *core_;
   const double t0 = now_s();
   std::unique_lock<std::mutex> lk(c.mu);
@@ -484,6 +520,8 @@ void DistributedOptimizer::synchronize() {
   c.record_order = false;
   std::vector<int> order = c.ready_order;
   c.reset_step_locked();
+  c.synced = true;
+  synchronized_ = true;
   lk.unlock();
   if (rebuild && c.opt.rebuild_buckets) {
     // Agree on rank 0's observed order (parameters without a gradient keep reverse registration order at the end).
@@ -508,6 +546,10 @@ void DistributedOptimizer::step() {
   // ready and average zeros into them.
   if (!synchronized_) synchronize();
   synchronized_ = false;
+  {
+    std::lock_guard<std::mutex> lk(core_->mu);
+    core_->synced = false;
+  }
   const double t0 = now_s();
   optimizer_->step();
   const double t1 = now_s();

@@ -84,6 +84,8 @@ class ProgressBar {
   double last_draw_ = 0;
 };
 
+// Writes `text` to path.tmp and renames it into place: whole or failing with one line (never a cut file in place).
+void write_text_file(const std::string& path, const std::string& text);
 void write_json_file(const std::string& path, const nlohmann::json& j);
 nlohmann::json read_json_file(const std::string& path);
 

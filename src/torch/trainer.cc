@@ -267,9 +267,7 @@ static void trim_metrics_after(const fs::path& path, int64_t global_step, int ep
     if (keep) kept += line + "\n";
   }
   in.close();
-  const fs::path tmp = path.string() + ".tmp";
-  std::ofstream(tmp, std::ios::binary) << kept;
-  fs::rename(tmp, path);
+  write_text_file(path.string(), kept);  // whole or failing: a full disk left a cut file in place of the records
 }
 
 // Points <out>/checkpoint at <out>/<stage> (a complete checkpoint) with one atomic rename of a symbolic link, then
@@ -388,14 +386,18 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       spec.name, meta["sync_params"].dump(), scheme_params(spec).dump()));
     // The optimizer's saved state is its kind's (sgd's momentum buffers, adam's moments; adamw decays the weights
     // another way than adam), and the time to the target was judged against the checkpoint's target accuracy.
-    const nlohmann::json same = {{"optimizer", c.optimizer}, {"target_accuracy", c.target_accuracy}};
+    const nlohmann::json same = {{"optimizer", c.optimizer},
+                                 {"target_accuracy", c.target_accuracy},
+                                 {"compress_min_bytes", c.compress_min_bytes}};
     for (const auto& [key, value] : same.items())
       if (meta.contains(key) && meta[key] != value)
         throw ConfigError(fmt::format(
             "config: resume: the checkpoint was written with {} = {}, this run has {}; allowed: the same {}{}", key,
             meta[key].dump(), value.dump(), key,
-            key == "optimizer" ? " (its saved state is that optimizer's)"
-                               : " (the evaluations before the checkpoint were judged against it)"));
+            key == "optimizer"            ? " (its saved state is that optimizer's)"
+            : key == "compress_min_bytes" ? " (the tensors it leaves uncompressed have no compressor state: error "
+                                            "feedback's residuals and momentum would be dropped or start empty)"
+                                          : " (the evaluations before the checkpoint were judged against it)"));
     // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
     // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
     // existed are not checked.)
@@ -571,7 +573,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (!c.resume.empty())
       trim_metrics_after(out / "metrics.jsonl", meta.value("global_step", int64_t{0}), meta.value("epoch", 0));
     metrics = std::make_unique<JsonlWriter>((out / "metrics.jsonl").string(), !c.resume.empty());
-    std::ofstream(out / "config.yaml") << config_to_yaml(c);
+    write_text_file((out / "config.yaml").string(), config_to_yaml(c));
   }
 
   // The training clock: wall time without the evaluations (under bsp every worker waits for them; elsewhere only
@@ -701,6 +703,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"train_limit", c.train_limit},
                                                              {"synthetic_samples", c.synthetic_samples},
                                                              {"optimizer", c.optimizer},
+                                                             {"compress_min_bytes", c.compress_min_bytes},
                                                              {"target_accuracy", c.target_accuracy},
                                                              {"wall_s", elapsed()},
                                                              {"time_to_target_s", time_to_target},

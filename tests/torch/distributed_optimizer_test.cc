@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "coll/communicator.h"
@@ -54,6 +56,68 @@ TEST(DistributedOptimizer, SynchronizeThenStepExchangesOnce) {
     // With synchronize() first, step() exchanged again and averaged zeros into the gradients (W stayed 0.1).
     EXPECT_EQ(w[0], expected) << synchronize_first;
     EXPECT_EQ(w[1], expected) << synchronize_first;
+  }
+}
+
+// Found by a review: with overlap a second backward before step() added to buckets that may be averaged already
+// (each rank then held its own mix), zero_grad() after a backward could not withdraw the exchange, a gradient after
+// synchronize() was lost, and a second synchronize() averaged zeros into .grad. One rank is enough to see each.
+TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing) {
+  auto setup = [](bool overlap) {
+    auto comms = coll::Communicator::inproc(1);
+    auto model = std::make_shared<torch::nn::LinearImpl>(4, 3);
+    {
+      torch::NoGradGuard ng;
+      model->weight.fill_(0.1f);
+      model->bias.fill_(0.0f);
+    }
+    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0));
+    DistOptions o;
+    o.rebuild_buckets = false;
+    o.overlap = overlap;
+    auto opt = std::make_shared<DistributedOptimizer>(model, sgd, comms[0], o);
+    return std::make_tuple(comms, model, opt);
+  };
+  auto backward = [](torch::nn::Linear& m) { m->forward(torch::ones({1, 4})).sum().backward(); };
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  {
+    auto [comms, lin, opt] = setup(true);
+    torch::nn::Linear m(lin);
+    opt->zero_grad();
+    backward(m);
+    EXPECT_NE(message([&] { backward(m); }).find("got a second gradient before step()"), std::string::npos);
+    EXPECT_NE(message([&] { opt->zero_grad(); }).find("zero_grad() after a backward"), std::string::npos);
+    opt->synchronize();
+    EXPECT_NE(message([&] { backward(m); }).find("after synchronize() and before step()"), std::string::npos);
+  }
+  {
+    auto [comms, lin, opt] = setup(true);
+    torch::nn::Linear m(lin);
+    opt->zero_grad();
+    backward(m);
+    opt->synchronize();
+    opt->synchronize();  // averaged already: leaves .grad as it is
+    opt->step();
+    EXPECT_FLOAT_EQ(m->weight[0][0].item<float>(), 0.1f - 1.0f);
+  }
+  {
+    // Without overlap a second backward accumulates, and zero_grad() drops what the buckets hold.
+    auto [comms, lin, opt] = setup(false);
+    torch::nn::Linear m(lin);
+    opt->zero_grad();
+    backward(m);
+    opt->zero_grad();
+    backward(m);
+    backward(m);
+    opt->step();
+    EXPECT_FLOAT_EQ(m->weight[0][0].item<float>(), 0.1f - 2.0f);
   }
 }
 

@@ -405,6 +405,13 @@ TEST(Train, ResumeRefusesAnotherOptimizerOrTargetAndNamesADamagedField) {
   TrainConfig target = c;
   target.target_accuracy = 1.0;
   EXPECT_NE(config_error_of(target).find("target_accuracy"), std::string::npos) << config_error_of(target);
+  // Another compress_min_bytes moves tensors between the compressor and the plain allreduce: their error feedback
+  // residuals (and momentum) would be dropped or start empty (a review found the resume accepted, 3 steps of
+  // residuals lost).
+  TrainConfig min_bytes = c;
+  min_bytes.compress_min_bytes = 1 << 30;
+  EXPECT_NE(config_error_of(min_bytes).find("compress_min_bytes = 0, this run has 1073741824"), std::string::npos)
+      << config_error_of(min_bytes);
   EXPECT_EQ(config_error_of(c), "");  // the same settings resume
   // A checkpoint.json without its epoch, or with a string for a number.
   const fs::path meta_path = fs::canonical(dir / "first" / "checkpoint") / "checkpoint.json";
