@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -434,13 +435,27 @@ void Communicator::check_signature(uint64_t seq, const Signature& sig, const Dea
     net::wait_all(rs, d);
     all[0] = sig;
     std::string bad;
-    for (int r = 1; r < size(); ++r) {
-      if (std::memcmp(&all[r], &all[0], sizeof(Signature)) != 0) {
-        bad = fmt::format("collective mismatch at call #{}: rank 0 called {} but rank {} called {}", seq,
-                          describe_sig(all[0]), r, describe_sig(all[r]));
+    uint64_t sent = 0, received = 0;
+    for (int r = 0; r < size(); ++r) {
+      sent += all[r].pairs_sent;
+      received += all[r].pairs_received;
+      if (r > 0 && std::memcmp(&all[r], &all[0], offsetof(Signature, pairs_sent)) != 0) {
+        bad = all[r].counts_hash != all[0].counts_hash &&
+                      std::memcmp(&all[r], &all[0], offsetof(Signature, count) + sizeof(uint64_t)) == 0
+                  ? fmt::format(
+                        "collective mismatch at call #{}: ranks 0 and {} called {} with different per-rank "
+                        "counts (the same total)",
+                        seq, r, describe_sig(all[0]))
+                  : fmt::format("collective mismatch at call #{}: rank 0 called {} but rank {} called {}", seq,
+                                describe_sig(all[0]), r, describe_sig(all[r]));
         break;
       }
     }
+    if (bad.empty() && sent != received)
+      bad = fmt::format(
+          "collective mismatch at call #{}: alltoall's counts do not pair up (some rank sends a peer "
+          "another number of elements than that peer's receive count for it)",
+          seq);
     std::snprintf(v.text, sizeof v.text, "%s", bad.c_str());
     std::vector<net::RequestPtr> ss;
     for (int r = 1; r < size(); ++r) ss.push_back(transport_->isend(members_[r], tag, &v, sizeof v));
@@ -487,6 +502,24 @@ void check_buffer(const void* p, size_t count, DType dt, const char* what, size_
                     "{} elements)",
                     what, count, esz, copies > 1 ? fmt::format(" times {} ranks", copies) : "", limit));
   if (p == nullptr && count > 0) throw InvalidArgument(fmt::format("{}: null buffer for {} elements", what, count));
+}
+
+// Debug mode's fingerprints of count vectors (splitmix64 finalizer: a difference anywhere changes the result).
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t counts_hash(const std::vector<size_t>& counts) {
+  uint64_t h = counts.size();
+  for (size_t c : counts) h = mix64(h ^ c);
+  return h;
+}
+// One term per (sender, receiver, count): summed over every rank's sends and over every rank's receives, equal
+// when every send count meets the receive count its peer gave.
+uint64_t pair_term(uint64_t from, uint64_t to, uint64_t count) {
+  return mix64(mix64(from * 0x100000001b3ull + to) ^ count);
 }
 
 std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t bytes) {
@@ -615,6 +648,7 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
   check_buffer(in, total, dt, "reduce_scatter input");
   check_buffer(out, counts[rank_], dt, "reduce_scatter output");
   Signature sig{kSigReduceScatter, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, total};
+  if (debug_) sig.counts_hash = counts_hash(counts);
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce_scatter, forced);
   return submit("reduce_scatter", sig, o, [=, this](Ctx& c) {
@@ -640,6 +674,7 @@ Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> cou
   check_buffer(in, counts[rank_], dt, "allgather input");
   check_buffer(out, total, dt, "allgather output");
   Signature sig{kSigAllgatherv, static_cast<uint32_t>(dt), 0, -1, total};
+  if (debug_) sig.counts_hash = counts_hash(counts);
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allgather, forced);
   return submit("allgather", sig, o, [=, this](Ctx& c) {
@@ -746,6 +781,10 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
   if (size() > 1 && st > 0 && rt > 0 && ib < ob + rt && ob < ib + st)
     throw InvalidArgument("alltoall: the input and output buffers overlap; allowed: separate buffers");
   Signature sig{kSigAlltoallv, static_cast<uint32_t>(dt), 0, -1, 0};
+  for (int i = 0; debug_ && i < size(); ++i) {
+    sig.pairs_sent += pair_term(static_cast<uint64_t>(rank_), static_cast<uint64_t>(i), send_counts[i]);
+    sig.pairs_received += pair_term(static_cast<uint64_t>(i), static_cast<uint64_t>(rank_), recv_counts[i]);
+  }
   return submit("alltoall", sig, o, [=](Ctx& c) {
     pairwise_alltoallv(c, static_cast<const char*>(in), sb, static_cast<char*>(out), rb);
     return std::string("pairwise");

@@ -173,10 +173,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Communicator(net::TransportPtr transport, std::vector<int> members, uint32_t comm_id, const CommConfig& cfg,
                std::shared_ptr<Tuner> tuner);
   using Body = std::function<std::string(Ctx&)>;  // returns the algorithm name
+  // What debug mode compares: every field up to counts_hash must be equal on every rank (counts_hash: the per-rank
+  // counts of reduce_scatter and allgatherv); alltoallv's pairs are checked by sums, as rank i's send count to j must
+  // be rank j's receive count from i: the sum over ranks of pairs_sent equals that of pairs_received.
   struct Signature {
     uint32_t op = 0, dtype = 0, redop = 0;
     int32_t root = -1;
     uint64_t count = 0;
+    uint64_t counts_hash = 0;
+    uint64_t pairs_sent = 0, pairs_received = 0;
   };
   Work submit(const char* op_name, const Signature& sig, const CollOptions& o, Body body);
   Work p2p(bool is_send, void* buf, size_t count, DType dt, int peer, uint32_t tag, const CollOptions& o);

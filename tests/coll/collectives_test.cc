@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -380,6 +381,57 @@ TEST(Communicator, DebugModeReportsMismatchedCalls) {
     EXPECT_NE(msgs[r].find("mismatch"), std::string::npos) << "rank " << r << ": " << msgs[r];
   }
   EXPECT_NE(msgs[0].find("rank 2 called allreduce(dtype=f32, count=50"), std::string::npos) << msgs[0];
+}
+
+// Debug mode also compares the per-rank counts of reduce_scatter and allgatherv (totals alone let {2, 1} meet {1, 2})
+// and pairs alltoallv's send counts with the receive counts their peers give; matching calls pass.
+TEST(Communicator, DebugModeComparesPerRankCountsAndAlltoallPairs) {
+  CommConfig cfg;
+  cfg.timeout_s = 10;
+  cfg.debug_collectives = true;
+  auto run = [&](const std::function<void(Communicator&, int)>& call) {
+    auto comms = Communicator::inproc(2, 0, cfg);
+    std::vector<std::string> msgs(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          call(*comms[r], r);
+        } catch (const Error& e) {
+          msgs[r] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    return msgs;
+  };
+  std::vector<float> in(8, 1.0f), out(8);
+  auto m = run([&](Communicator& c, int r) {
+    c.allgatherv(in.data(), out.data(), r == 0 ? std::vector<size_t>{2, 1} : std::vector<size_t>{1, 2}, DType::f32)
+        .wait();
+  });
+  EXPECT_NE(m[0].find("with different per-rank counts (the same total)"), std::string::npos) << m[0];
+  EXPECT_NE(m[1].find("mismatch"), std::string::npos) << m[1];
+  m = run([&](Communicator& c, int r) {
+    c.reduce_scatter(in.data(), out.data(), r == 0 ? std::vector<size_t>{3, 1} : std::vector<size_t>{1, 3}, DType::f32,
+                     ReduceOp::sum)
+        .wait();
+  });
+  EXPECT_NE(m[0].find("different per-rank counts"), std::string::npos) << m[0];
+  // Rank 0 sends rank 1 two elements; rank 1 expects three from rank 0.
+  m = run([&](Communicator& c, int r) {
+    c.alltoallv(in.data(), r == 0 ? std::vector<size_t>{1, 2} : std::vector<size_t>{1, 1}, out.data(),
+                r == 0 ? std::vector<size_t>{1, 1} : std::vector<size_t>{3, 1}, DType::f32)
+        .wait();
+  });
+  EXPECT_NE(m[0].find("alltoall's counts do not pair up"), std::string::npos) << m[0];
+  EXPECT_NE(m[1].find("alltoall's counts do not pair up"), std::string::npos) << m[1];
+  m = run([&](Communicator& c, int r) {  // uneven but paired: rank 0 sends 2 to rank 1, which expects 2
+    c.alltoallv(in.data(), r == 0 ? std::vector<size_t>{1, 2} : std::vector<size_t>{3, 1}, out.data(),
+                r == 0 ? std::vector<size_t>{1, 3} : std::vector<size_t>{2, 1}, DType::f32)
+        .wait();
+    c.allgatherv(in.data(), out.data(), {2, 1}, DType::f32).wait();
+  });
+  EXPECT_EQ(m, (std::vector<std::string>{"", ""}));
 }
 
 TEST(Communicator, BadArgumentsAreRejectedWithClearErrors) {
