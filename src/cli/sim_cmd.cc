@@ -91,6 +91,9 @@ struct StepArgs {
 };
 
 GptModel make_model(const ModelArgs& a) {
+  if (a.model == "layers")
+    throw ConfigError(fmt::format("--model layers (a list of layers) is for `sim step` only; allowed here: gpt, {}",
+                                  join(named_gpt_names(), ", ")));
   if (!a.layers_spec.empty())
     throw ConfigError(fmt::format("--layers-spec describes --model layers (`sim step` only), not --model {}", a.model));
   GptModel m;

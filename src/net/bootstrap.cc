@@ -149,11 +149,24 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
       "CONDUIT_SHM_RING_BYTES", "CONDUIT_SHM_FAST_BYTES",   "CONDUIT_RING_SEGMENT_BYTES", "CONDUIT_ALLREDUCE",
       "CONDUIT_REDUCE_SCATTER", "CONDUIT_ALLGATHER",        "CONDUIT_BROADCAST",          "CONDUIT_REDUCE",
       "CONDUIT_COST_MODEL",     "CONDUIT_DEBUG_COLLECTIVES"};
+  constexpr size_t kShmOnly = 2;  // the first two only matter between ranks of one host (they share segments)
+  // Compared as the ranks read them: sizes as bytes (2M is 2097152), the debug flag as on or off; what does not
+  // parse is compared as written (the rank that reads it stops with its own error).
+  auto normalized = [](size_t i, const char* value) -> std::string {
+    const std::string v = value;
+    try {
+      if (i < 3) return std::to_string(parse_bytes(v, kShared[i]));
+      if (i + 1 == std::size(kShared)) return env_flag(kShared[i]) ? "on" : "off";
+    } catch (const ConfigError&) {
+    }
+    return v;
+  };
   std::string mine = kind;
-  for (const char* v : kShared) {
-    const char* val = std::getenv(v);
+  for (size_t i = 0; i < std::size(kShared); ++i) {
+    const char* val = std::getenv(kShared[i]);
+    if (!val && i + 1 == std::size(kShared)) val = "0";  // the debug flag unset is off, as 0 is
     mine += '\x1f';
-    if (val) mine += std::string("=") + val;  // set (maybe empty) or not: "=" marks set
+    if (val) mine += "=" + normalized(i, val);  // set (maybe empty) or not: "=" marks set
   }
   const std::vector<std::string> all = b.allgather(mine);
   auto fields = [](const std::string& x) {
@@ -163,20 +176,24 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
     f.push_back(x.substr(at));
     return f;
   };
-  const std::vector<std::string> first = fields(all[0]);
+  std::vector<std::vector<std::string>> f(all.size());
+  for (size_t r = 0; r < all.size(); ++r) f[r] = fields(all[r]);
   for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    const std::vector<std::string> f = fields(all[r]);
-    if (f[0] != first[0])
+    if (f[r][0] != f[0][0])
       throw ConfigError(
           fmt::format("transport: rank 0 asks for '{}' but rank {} for '{}' (CONDUIT_TRANSPORT or "
                       "--transport); allowed: the same transport on every rank",
-                      first[0], r, f[0]));
+                      f[0][0], r, f[r][0]));
     for (size_t i = 0; i < std::size(kShared); ++i) {
-      const std::string a = i + 1 < first.size() ? first[i + 1] : "", z = i + 1 < f.size() ? f[i + 1] : "";
-      if (a == z) continue;
+      // Against rank 0, or for the shared-memory settings the first rank on this rank's host.
+      int ref = 0;
+      if (i < kShmOnly && !b.hosts.empty())
+        while (b.hosts[static_cast<size_t>(ref)] != b.hosts[static_cast<size_t>(r)]) ++ref;
+      const auto at = [&](int q) { return i + 1 < f[q].size() ? f[q][i + 1] : std::string(); };
+      if (at(ref) == at(r)) continue;
       auto show = [](const std::string& x) { return x.empty() ? std::string("unset") : "'" + x.substr(1) + "'"; };
-      throw ConfigError(fmt::format("{} is {} on rank 0 but {} on rank {}; allowed: the same value on every rank",
-                                    kShared[i], show(a), show(z), r));
+      throw ConfigError(fmt::format("{} is {} on rank {} but {} on rank {}; allowed: the same value on every rank{}",
+                                    kShared[i], show(at(ref)), ref, show(at(r)), r, i < kShmOnly ? " of a host" : ""));
     }
   }
   if (kind == "mpi") {

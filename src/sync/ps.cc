@@ -60,6 +60,13 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
 // on one rank are refused by the transport instead of swapped.
 uint32_t shard_tag(uint32_t base, int64_t shard) { return base | (uint32_t(shard & 0xffff) << 5); }
 
+// The most bytes a compressed push or pull of n elements may announce: the method's payload (uint8 with chunk 1
+// takes 9 bytes an element) or a sparsifier's indices and values (8 bytes an element). Checked before anything is
+// allocated for it; each decoder then checks the exact length.
+uint64_t compressed_cap(const compress::Compressor& c, size_t n, const compress::TensorState& st) {
+  return std::max<uint64_t>(c.wire_bytes(n, st), 8 * static_cast<uint64_t>(n)) + 64;
+}
+
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
 }
@@ -286,8 +293,8 @@ class Shard {
 
  public:
   // The length a worker's request may announce, checked before anything is allocated for it: none for a pull or a
-  // stop; a raw push the shard's size in f32, a compressed one at most 8 bytes an element (index and value) plus
-  // its headers (each decoder then checks its exact length). Waits for the shard's size (worker 0's upload).
+  // stop; a raw push the shard's size in f32, a compressed one at most compressed_cap. Waits for the shard's size
+  // (worker 0's upload).
   void check_request(int w, const Header& h, double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_ || shutdown_; }))
@@ -299,7 +306,7 @@ class Shard {
                       "stop ({}), pull ({})",
                       index_, w, h.kind, uint64_t{kPush}, uint64_t{kStop}, uint64_t{kPull}));
     const uint64_t n = params_.size();
-    const uint64_t most = h.kind != kPush ? 0 : push_ ? 8 * n + 4096 : 4 * n;
+    const uint64_t most = h.kind != kPush ? 0 : push_ ? compressed_cap(*push_, n, slots_[w].push_state) : 4 * n;
     if (h.bytes > most || (h.kind == kPush && !push_ && h.bytes != most))
       throw ProtocolError(fmt::format("sync ps shard {}: worker {} announced {} bytes for a {}; allowed: {}{} bytes",
                                       index_, w, h.bytes,
@@ -733,20 +740,27 @@ class PsStrategy : public Strategy {
       return;
     }
     detail::wait_all(*comm_, rrecv);
+    // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most
+    // compressed_cap): every header is checked before any receive is posted (a receive posted for an earlier shard
+    // would be left writing into a reply buffer freed by the error).
+    for (int64_t s = 0; s < S; ++s) {
+      if (host_of(s) == me) continue;
+      auto [lo, hi] = shard_range(d_, s, S);
+      const uint64_t raw_bytes = 4 * static_cast<uint64_t>(hi - lo);
+      // (The starting point at setup comes raw, before the pull states exist.)
+      const bool compressed = pull_ && size_t(s) < pull_states_.size();
+      const uint64_t cap = compressed ? compressed_cap(*pull_, hi - lo, pull_states_[size_t(s)]) : 0;
+      const bool ok =
+          rhs[s].raw == 1 ? rhs[s].bytes == raw_bytes : rhs[s].raw == 0 && compressed && rhs[s].bytes <= cap;
+      if (!ok)
+        throw ProtocolError(
+            fmt::format("sync {}: shard {} replied {} bytes, raw = {}; allowed: {} bytes raw{}", name(), s,
+                        rhs[s].bytes, rhs[s].raw, raw_bytes,
+                        compressed ? fmt::format(", or compressed (raw = 0) at most {}", cap) : std::string()));
+    }
     std::vector<net::RequestPtr> precv;
     for (int64_t s = 0; s < S; ++s) {
       if (host_of(s) == me) continue;
-      // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most 8
-      // bytes an element plus headers; its decoder checks the exact length): checked before anything is allocated.
-      auto [lo, hi] = shard_range(d_, s, S);
-      const uint64_t raw_bytes = 4 * static_cast<uint64_t>(hi - lo);
-      const bool ok = rhs[s].raw == 1 ? rhs[s].bytes == raw_bytes
-                                      : rhs[s].raw == 0 && pull_ && rhs[s].bytes <= 2 * raw_bytes + 4096;
-      if (!ok)
-        throw ProtocolError(fmt::format(
-            "sync {}: shard {} replied {} bytes, raw = {}; allowed: {} bytes raw{}", name(), s, rhs[s].bytes,
-            rhs[s].raw, raw_bytes,
-            pull_ ? fmt::format(", or compressed (raw = 0) at most {}", 2 * raw_bytes + 4096) : std::string()));
       replies[s].resize(rhs[s].bytes);
       precv.push_back(irecv(*comm_, host_of(s), shard_tag(detail::kTagPsReply, s), replies[s].data(), rhs[s].bytes));
       stats_.bytes_received += sizeof(ReplyHeader) + rhs[s].bytes;

@@ -14,7 +14,8 @@
 //  - Any compressor of src/compress plugs in (compressed_allreduce_many per bucket; PowerSGD per matrix); its state
 //    is kept per parameter and saved in checkpoints.
 //
-// One backward per step (no gradient accumulation across backward calls); every rank runs the same model.
+// One backward per step with overlap (a second gradient before step() is refused: its bucket may be exchanged
+// already); without overlap several backward calls accumulate. Every rank runs the same model.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 

@@ -147,6 +147,11 @@ TEST(Processes, SharedMemorySettingsMustAgreeAndFit) {
              "\"");
   EXPECT_NE(r.out.find("CONDUIT_SHM_FAST_BYTES is unset on rank 0 but '0' on rank 1"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 15) << r.out;
+  // The same values spelled two ways agree: sizes as bytes, the debug flag unset or 0.
+  r = run_sh("CONDUIT_SHM_RING_BYTES=2M " + kConduit +
+             " launch -n 2 -- sh -c \"[ \\$RANK = 1 ] && export CONDUIT_SHM_RING_BYTES=2097152 " +
+             "CONDUIT_DEBUG_COLLECTIVES=0; exec " + selftest + "\"");
+  EXPECT_EQ(r.code, 0) << r.out;
   r = run_sh("CONDUIT_SHM_RING_BYTES=524288T " + kConduit + " launch -n 2 -- " + selftest);
   EXPECT_NE(r.out.find("CONDUIT_SHM_RING_BYTES=524288T is invalid: allowed: a power of two from 4K to 1G"),
             std::string::npos)
@@ -203,8 +208,6 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
       << bad.out;
 }
 
-// Small allreduces over shm take the shared-memory fast path (checked results), larger ones an algorithm; a forced
-// algorithm or CONDUIT_SHM_FAST_BYTES=0 turns the fast path off.
 // Sizes below ranks x element size give reduce_scatter the same one-element block: it is timed and printed once.
 TEST(Processes, BenchCollPrintsEachBlockSizeOnce) {
   auto r = run_sh(kConduit + " launch -n 3 -- " + kConduit +
@@ -216,6 +219,8 @@ TEST(Processes, BenchCollPrintsEachBlockSizeOnce) {
   EXPECT_EQ(sizes, (std::vector<std::string>{"\"bytes\":12", "\"bytes\":24"})) << r.out;
 }
 
+// Small allreduces over shm take the shared-memory fast path (checked results), larger ones an algorithm; a forced
+// algorithm or CONDUIT_SHM_FAST_BYTES=0 turns the fast path off.
 TEST(Processes, SmallShmAllreducesTakeTheFastPath) {
   const std::string bench = " bench coll --transport shm --min-bytes 8 --max-bytes 4K --iters 50 --warmup 2";
   // The limit depends on whether each rank has a core (1 KiB when they share, 16 KiB / ranks otherwise): pinned to

@@ -374,7 +374,7 @@ TEST(RoundTrip, CodesNoEncoderWritesAreRefused) {
     int bits;
     uint32_t bad;
   };
-  const Case cases[] = {{"qsgd", {{"levels", "5"}}, 4, 4, 0xe},  // level 7 of 5, 4-bit codes read a byte at a time
+  const Case cases[] = {{"qsgd", {{"levels", "5"}}, 4, 4, 0xe},  // level 7 of 5, 4-bit codes read a word at a time
                         {"qsgd", {{"levels", "2"}}, 4, 3, 0x7},  // level 3 of 2, 3-bit codes
                         {"terngrad", {}, 4, 2, 0x3}};
   for (const auto& k : cases) {

@@ -123,7 +123,6 @@ TEST(Kernels, QsgdPackEqualsScalarCodesForEveryWidth) {
         }
 }
 
-// NaN and infinities: QSGD gives level smax for them (R = INT32_MIN), TernGrad never keeps a NaN.
 // The word-at-a-time search for codes above a bound finds the same first element as reading code by code, for
 // every width and bound, with the offending code in any field of a word or in the tail.
 TEST(Kernels, FirstCodeAboveEqualsScalar) {
@@ -149,6 +148,7 @@ TEST(Kernels, FirstCodeAboveEqualsScalar) {
   }
 }
 
+// NaN and infinities: QSGD gives level smax for them (R = INT32_MIN), TernGrad never keeps a NaN.
 TEST(Kernels, NonFiniteInputs) {
   const size_t n = 40;
   std::vector<float> x(n, 0.5f);

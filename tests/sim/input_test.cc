@@ -571,6 +571,10 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
       "--virtual-stages 0",
       &rc);
   EXPECT_NE(out.find("--virtual-stages = 0 must be positive"), std::string::npos) << out;
+  out = test_util::run("sim plan --model layers --layers-spec dense:10x10 --global-batch 64 --gpus 8", &rc);
+  EXPECT_NE(out.find("--model layers (a list of layers) is for `sim step` only; allowed here: gpt, gpt2-small"),
+            std::string::npos)
+      << out;
   out = test_util::run(plan_cmd + "--layers-spec dense:10x10", &rc);
   EXPECT_NE(out.find("--layers-spec describes --model layers"), std::string::npos) << out;
   out = test_util::run("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 0", &rc);

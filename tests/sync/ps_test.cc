@@ -481,5 +481,16 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
     EXPECT_NE(error.find(c.want), std::string::npos) << error;
     comms[1]->transport().abort("test over");
   }
+  // What a compressor may rightly send passes the length checks both ways: uint8 with one scale pair an element
+  // takes 9 bytes an element (a first bound of 8 refused it once a shard passed 4096 elements).
+  on_ranks(2, [&](int r, coll::CommPtr c) {
+    const auto x = train(r, c, "ps-bsp",
+                         {{"servers", "1"},
+                          {"colocate", "0"},
+                          {"push_compressor", "uint8:chunk=1"},
+                          {"pull_compressor", "uint8:chunk=1"}},
+                         2, 10000);
+    if (r == 0) EXPECT_EQ(x.size(), 10000u);
+  });
 }
 }  // namespace

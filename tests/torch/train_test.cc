@@ -386,6 +386,7 @@ TEST(Train, ResumeRefusesAnotherOptimizerOrTargetAndNamesADamagedField) {
   c.optimizer = "adam";
   c.lr = 0.001;
   c.target_accuracy = 0.2;
+  c.compressor = "ef:topk:ratio=0.1";  // compress_min_bytes is compared only with a compressor
   c.output = (dir / "first").string();
   train_inproc(c, 2, true);
   auto config_error_of = [&](TrainConfig x) -> std::string {
