@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -39,9 +40,16 @@ std::string tcp_listen_address(std::string* why) {
       break;
     }
   }
+  // NCCL's and Gloo's variables may hold their own list syntax (^exclude, a,b, =exact); Conduit takes one name.
+  if (!wanted.empty() && wanted.find_first_of("^,=") != std::string::npos)
+    throw ConfigError(
+        fmt::format("{}='{}' is a list or pattern, which Conduit does not read; allowed: one interface "
+                    "name (CONDUIT_SOCKET_IFNAME, read first, overrides it for Conduit alone)",
+                    var, wanted));
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) throw Error(fmt::format("getifaddrs failed: {}", std::strerror(errno)));
   std::string found, found_if, names;
+  bool down = false;  // the named interface is down
   for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
     if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
     if (!names.empty()) names += ", ";
@@ -52,6 +60,7 @@ std::string tcp_listen_address(std::string* why) {
     bool loop = (a->ifa_flags & IFF_LOOPBACK) != 0;
     if (!wanted.empty()) {
       if (wanted == a->ifa_name) {
+        down = !up;
         found = buf;
         found_if = a->ifa_name;
         break;
@@ -62,6 +71,8 @@ std::string tcp_listen_address(std::string* why) {
     }
   }
   freeifaddrs(list);
+  if (down)
+    throw ConfigError(fmt::format("{}={}: the interface is down; allowed: an interface that is up", var, wanted));
   std::string reason;
   if (!wanted.empty() && found.empty()) {
     throw ConfigError(
@@ -73,7 +84,9 @@ std::string tcp_listen_address(std::string* why) {
     reason = fmt::format("interface {} ({}): first up non-loopback interface", found_if, found);
   else {
     found = "127.0.0.1";
-    reason = "loopback 127.0.0.1: no other interface is up";
+    reason =
+        "loopback 127.0.0.1: no other interface with an IPv4 address is up (ranks on other hosts cannot reach "
+        "it; set CONDUIT_SOCKET_IFNAME)";
   }
   if (why) *why = reason;
   return found;
@@ -111,6 +124,7 @@ struct Peer {
   uint32_t interest = 0;
   std::atomic<bool> want_out{false};  // sendq is not empty (updated under send_mu)
   std::atomic<bool> stalled{false};   // a header waits for a receive to be posted (updated under mu_)
+  bool peer_closed = false;  // the peer shut its side (or the connection broke): nothing more will come (under mu_)
   // receive state machine
   FrameHeader hdr{};
   size_t hdr_got = 0;
@@ -189,13 +203,26 @@ class TcpTransport : public Transport {
     size_ = size;
     hosts_ = std::move(hosts);
     unexpected_budget_ = 64ull << 20;
-    if (auto s = env_string("CONDUIT_TCP_UNEXPECTED_BYTES"))
+    if (auto s = env_string("CONDUIT_TCP_UNEXPECTED_BYTES")) {
       unexpected_budget_ = parse_bytes(*s, "CONDUIT_TCP_UNEXPECTED_BYTES");
+      if (unexpected_budget_ > (uint64_t{1} << 40))
+        throw ConfigError(fmt::format("CONDUIT_TCP_UNEXPECTED_BYTES={} is more than 1T; allowed: 0 to 1T", *s));
+    }
     max_len_ = max_message_bytes();
     for (int i = 0; i < size; ++i) peers_[i].rank = i;
     connect_all(allgather, deadline);
     ep_ = epoll_create1(EPOLL_CLOEXEC);
-    evfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    evfd_ = ep_ >= 0 ? eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC) : -1;
+    if (ep_ < 0 || evfd_ < 0) {
+      const int e = errno;
+      if (ep_ >= 0) ::close(ep_);
+      for (auto& p : peers_)
+        if (p.fd >= 0) ::close(p.fd);
+      throw Error(
+          fmt::format("tcp: rank {} cannot create its event loop ({}: {}); allowed: a process with free file "
+                      "descriptors (ulimit -n)",
+                      rank_, ep_ < 0 ? "epoll_create1" : "eventfd", std::strerror(e)));
+    }
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u32 = 0xffffffffu;
@@ -331,7 +358,9 @@ class TcpTransport : public Transport {
     std::lock_guard<std::mutex> lk(p.interest_mu);
     if (p.fd < 0 || p.failed) return;
     uint32_t want = 0;
-    if (!p.stalled) want |= EPOLLIN;
+    // A held connection is not read, but its peer's close or reset must still be seen (an abort frame behind the
+    // held one, or the peer's death, were noticed only at the deadline).
+    want |= p.stalled ? (p.peer_closed ? 0u : uint32_t{EPOLLRDHUP}) : uint32_t{EPOLLIN};
     if (p.want_out) want |= EPOLLOUT;
     if (want == p.interest) return;
     p.interest = want;
@@ -444,8 +473,20 @@ class TcpTransport : public Transport {
     // bound on memory: beyond it the connection stalls again and such a program meets its deadline).
     if (!p.q.can_buffer(h.length, unexpected_budget_) &&
         !(p.q.has_posted() && p.q.can_buffer(h.length, 4 * unexpected_budget_))) {
-      p.target = Target::none;
-      return false;
+      if (p.peer_closed) {
+        // Nothing more comes from a closed peer, so what it sent is in the socket already: buffered past the
+        // budget (the kernel's buffer bounds it) when the whole frame is there, so the messages and any abort frame
+        // behind it are read; a frame cut short fails now.
+        int avail = 0;
+        if (::ioctl(p.fd, FIONREAD, &avail) != 0 || avail < 0 || static_cast<uint64_t>(avail) < h.length) {
+          fail_peer_protocol(p, fmt::format("truncated frame: the connection closed with {} of a {}-byte payload sent",
+                                            std::max(avail, 0), h.length));
+          return true;
+        }
+      } else {
+        p.target = Target::none;
+        return false;
+      }
     }
     p.cur_unexp = p.q.add_unexpected(h.tag, h.length);
     p.target = Target::unexpected;
@@ -572,15 +613,19 @@ class TcpTransport : public Transport {
           for (auto& p : peers_) {
             if (p.fd < 0 || p.failed) continue;
             if (p.have_hdr && p.target == Target::none) handle_read(p);
-            if (p.send_failed && !p.failed) handle_read(p);  // a write failed: let the read side see the end
+            if (p.send_failed && !p.failed) {  // a write failed: let the read side see the end
+              p.peer_closed = true;
+              handle_read(p);
+            }
             refresh_read_interest(p);
           }
           continue;
         }
         Peer& p = peers_[id];
         if (p.failed) continue;
-        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {
+        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
           std::lock_guard<std::mutex> lk(mu_);
+          if (evs[i].events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) p.peer_closed = true;
           if (!p.failed) handle_read(p);
           refresh_read_interest(p);
         }
@@ -626,12 +671,18 @@ class TcpTransport : public Transport {
         if (serve_[j]) peers_[j].fd = connect_to(all[j], j, deadline);
       int expected = 0;
       for (int k = rank_ + 1; k < size_; ++k) expected += serve_[k] ? 1 : 0;
+      std::string rejected;  // why the last connection that was not a peer's hello was refused
       for (int k = 0; k < expected; ++k) {
         if (!poll_fd(lfd, POLLIN, deadline))
-          throw TimeoutError(
-              fmt::format("tcp: rank {} timed out waiting for {} more peers to connect", rank_, expected - k));
+          throw TimeoutError(fmt::format("tcp: rank {} timed out waiting for {} more peers to connect{}", rank_,
+                                         expected - k,
+                                         rejected.empty() ? "" : "; the last connection refused: " + rejected));
         int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
+          const int e = errno;
+          if (e != EINTR && e != ECONNABORTED && e != EAGAIN)
+            throw Error(fmt::format("tcp: rank {} cannot accept its peers' connections: {}{}", rank_, std::strerror(e),
+                                    e == EMFILE || e == ENFILE ? " (allowed: more file descriptors, ulimit -n)" : ""));
           --k;
           continue;
         }
@@ -654,6 +705,7 @@ class TcpTransport : public Transport {
           bad = fmt::format("hello from unexpected rank {}", h.src);
         if (!bad.empty()) {
           CONDUIT_LOG_WARN("tcp: rank {} rejected a connection: {}", rank_, bad);
+          rejected = bad;
           ::close(fd);
           --k;
           continue;
@@ -722,9 +774,17 @@ class TcpTransport : public Transport {
         return fd;
       }
       ::close(fd);
-      if (deadline.expired())
-        throw TimeoutError(fmt::format("tcp: rank {} could not connect to rank {} at {}: {}", rank_, peer, hostport,
-                                       std::strerror(e)));
+      if (deadline.expired()) {
+        // A loopback address from a rank on another host is this host's own loopback here: say so.
+        const bool foreign_loopback = hostport.rfind("127.", 0) == 0 && !hosts_.empty() &&
+                                      hosts_[static_cast<size_t>(peer)] != hosts_[static_cast<size_t>(rank_)];
+        throw TimeoutError(fmt::format("tcp: rank {} could not connect to rank {} at {}: {}{}", rank_, peer, hostport,
+                                       std::strerror(e),
+                                       foreign_loopback ? " (rank " + std::to_string(peer) +
+                                                              " is on another host but listens on loopback: it found "
+                                                              "no other interface up; set CONDUIT_SOCKET_IFNAME there)"
+                                                        : ""));
+      }
       std::this_thread::sleep_for(
           std::chrono::duration<double>(std::min(backoff, std::max(0.0, deadline.remaining_seconds()))));
       backoff = std::min(backoff * 2, 0.2);

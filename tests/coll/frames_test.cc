@@ -174,6 +174,48 @@ TEST(TcpFrames, AMessageThatArrivedBeforeThePeerClosedIsStillReceived) {
   EXPECT_NE(e.find("closed its connection"), std::string::npos) << e;
 }
 
+// A frame over the unexpected budget holds its connection unread until a receive is posted; the peer closing
+// meanwhile must still be seen: the frame was cut short, so the receive waiting on another tag fails at once
+// (it waited for its deadline, and after a reset the progress thread spun).
+TEST(TcpFrames, APeerClosingBehindAHeldFrameIsSeenAtOnce) {
+  setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "1M", 1);
+  auto p = connect_raw();
+  unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+  FrameHeader h = make_frame(kFrameData, make_tag(kCollective, 0, 0), 8 << 20, 1);
+  ::send(p->fd, &h, sizeof h, 0);
+  std::vector<char> part(1000);
+  ::send(p->fd, part.data(), part.size(), 0);
+  int32_t other = 0;
+  auto waiter = p->t->irecv(1, make_tag(kCollective, 0, 1), &other, 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the frame is held by now
+  ::close(p->fd);
+  p->fd = -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string e = "no error";
+  try {
+    waiter->wait(Deadline::after(10));
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find("truncated frame: the connection closed with 1000 of a 8388608-byte payload sent"),
+            std::string::npos)
+      << e;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0) << e;
+}
+
+TEST(TcpFrames, TheUnexpectedBudgetIsBounded) {
+  setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "2T", 1);
+  std::string e = "no error";
+  try {
+    make_tcp_transport(
+        0, 1, {0}, [](const std::string& mine) { return std::vector<std::string>{mine}; }, Deadline::after(5));
+  } catch (const ConfigError& err) {
+    e = err.what();
+  }
+  unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+  EXPECT_NE(e.find("CONDUIT_TCP_UNEXPECTED_BYTES=2T is more than 1T; allowed: 0 to 1T"), std::string::npos) << e;
+}
+
 namespace {
 
 sockaddr_in parse_address(const std::string& a) {
