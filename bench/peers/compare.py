@@ -10,6 +10,7 @@ the others still run. --json-out FILE keeps every record (JSON lines) for plots.
 """
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -38,6 +39,10 @@ def parse_args():
     p.add_argument("--peers", default=",".join(PEERS), help="which to run, comma-separated (default: all three)")
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build-peers"), help="where mpi_allreduce is built")
     p.add_argument("--timeout", type=float, default=600, help="seconds each run may take (default 600)")
+    p.add_argument("--bind", choices=("core", "none"), default="core",
+                   help="process binding, the same for every implementation: core (default: rank r on CPU r mod "
+                        "CPUs: conduit launch --bind auto, mpirun --bind-to core --map-by core, gloo by "
+                        "sched_setaffinity) or none")
     p.add_argument("--json-out", default=None, help="also write every record to this file (JSON lines)")
     p.add_argument("--stat", choices=("mean", "median"), default="mean",
                    help="which time per operation the table and ratios use: the mean over --iters (default) or the "
@@ -47,10 +52,24 @@ def parse_args():
         p.error("-n must be between 1 and 1024")
     if a.iters < 1:
         p.error("--iters must be at least 1")
+    if a.warmup < 0:
+        p.error("--warmup must be 0 or more")
+    if not (math.isfinite(a.timeout) and a.timeout > 0):
+        p.error(f"--timeout {a.timeout}: allowed: a finite number of seconds above 0")
     a.peers = [x.strip() for x in a.peers.split(",") if x.strip()]
+    if not a.peers:
+        p.error(f"--peers names none; allowed: a comma-separated list of {', '.join(PEERS)}")
     for x in a.peers:
         if x not in PEERS:
             p.error(f"--peers: unknown peer '{x}'; allowed: {', '.join(PEERS)}")
+    if os.path.exists(a.build_dir) and not os.path.isdir(a.build_dir):
+        p.error(f"--build-dir {a.build_dir} is a file; allowed: a directory (made if missing)")
+    a.json_file = None
+    if a.json_out:
+        try:  # opened now: a path that cannot be written fails before the runs, not after them
+            a.json_file = open(a.json_out, "w")
+        except OSError as e:
+            p.error(f"--json-out {a.json_out}: {e.strerror}")
     return a
 
 
@@ -68,7 +87,8 @@ def conduit_command(a):
     binary = os.path.abspath(a.conduit)
     if not os.access(binary, os.X_OK):
         raise PeerFailed(f"conduit binary not found: {binary} (build it, or give --conduit)")
-    cmd = [binary, "launch", "-n", str(a.nprocs), "--", binary, "bench", "coll", "--op", "allreduce",
+    cmd = [binary, "launch", "-n", str(a.nprocs), "--bind", "auto" if a.bind == "core" else "none", "--", binary,
+           "bench", "coll", "--op", "allreduce",
            "--dtype", "f32"] + sweep_args(a) + ["--json"]
     if a.transport:
         cmd += ["--transport", a.transport]
@@ -89,6 +109,9 @@ def openmpi_command(a):
             raise PeerFailed("mpicc failed: " + last_line(r.stderr))
     env = dict(os.environ)
     cmd = ["mpirun", "-n", str(a.nprocs), "--oversubscribe"]
+    # Rank r on core r mod cores, as the others (mpirun refuses more ranks than cores per core without overload).
+    cmd += ["--bind-to", "core:overload-allowed", "--map-by", "core:OVERSUBSCRIBE"] if a.bind == "core" else \
+        ["--bind-to", "none"]
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd += [binary] + sweep_args(a)
@@ -103,6 +126,8 @@ def gloo_command(a):
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
         env.pop(k, None)  # gloo_allreduce.py starts its own processes
     cmd = [python, os.path.join(HERE, "gloo_allreduce.py"), "-n", str(a.nprocs)] + sweep_args(a)
+    if a.bind == "core":
+        cmd += ["--bind-core"]
     return cmd, env
 
 
@@ -139,6 +164,8 @@ def run_peer(name, a):
         cmd, env = {"conduit": conduit_command, "openmpi": openmpi_command, "gloo": gloo_command}[name](a)
     except PeerFailed as e:
         return {}, str(e), "", 0.0
+    except OSError as e:  # the build folder cannot be made, mpicc cannot start, ...
+        return {}, f"cannot prepare it: {e}", "", 0.0
     line = " ".join(shlex.quote(c) for c in cmd)
     print(f"# {name}: {line}", file=sys.stderr, flush=True)
     t0 = time.time()
@@ -211,7 +238,7 @@ def main():
         for n in peers_for_ratio:
             p = results[n][0].get(b)
             ct, pt = (op_time_us(c, a.stat) if c else None), (op_time_us(p, a.stat) if p else None)
-            if ct and pt:
+            if ct and pt and not c.get("wrong", 0) and not p.get("wrong", 0):  # no ratio for wrong results
                 row += f" {pt / ct:>6.3g}x"
             else:
                 row += f" {'-':>7}"
@@ -224,12 +251,13 @@ def main():
         recs, err, line, secs = results[n]
         if err:
             print(f"{n}: FAILED: {err}")
-    if a.json_out:
-        with open(a.json_out, "w") as f:
+    if a.json_file:
+        with a.json_file as f:
             for n in names:
                 for b in sorted(results[n][0]):
                     f.write(json.dumps(results[n][0][b], separators=(",", ":")) + "\n")
-    return 0 if all(results[n][1] is None for n in names) else 1
+    # Wrong results fail the comparison whichever implementation had them (the peers exit 0 on them).
+    return 0 if all(results[n][1] is None for n in names) and not wrong_any else 1
 
 
 if __name__ == "__main__":

@@ -352,7 +352,10 @@ def main(argv):
         tune_malloc()  # before torch allocates anything
         worker(a)
         return 0
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(a.nprocs))
+    # One intra-op thread per worker, as `conduit train` gives its workers: torch.set_num_threads(1) does not reach
+    # the pthread OpenBLAS, which read its own variable when it was loaded (2 threads a rank on 2 cores otherwise).
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(a.nprocs),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, __file__] + argv, env=dict(env, RANK=str(r)))
              for r in range(a.nprocs)]
     codes = [p.wait() for p in procs]

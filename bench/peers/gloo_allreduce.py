@@ -43,6 +43,7 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300, help="seconds for rendezvous and each collective")
+    p.add_argument("--bind-core", action="store_true", help="bind rank r to CPU r mod CPUs (as compare.py --bind core)")
     a = p.parse_args(argv)
     if a.nprocs < 1 or a.iters < 1 or a.warmup < 0:
         p.error("-n and --iters must be at least 1, --warmup at least 0")
@@ -95,6 +96,9 @@ def worker(args):
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo" if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost") else "")
     if not os.environ["GLOO_SOCKET_IFNAME"]:
         del os.environ["GLOO_SOCKET_IFNAME"]
+    if args.bind_core:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(os.environ["RANK"]) % len(cpus)]})
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     max_count = max(1, args.max_bytes // 4)

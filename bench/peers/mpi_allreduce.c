@@ -1,12 +1,13 @@
 /* OpenMPI peer of `conduit bench coll --op allreduce`: MPI_Allreduce (f32, sum) over a sweep of sizes, one JSON
  * line per size in the format of Conduit's benchmark records. Built and run by bench/peers/compare.py; by hand:
- *   mpicc -O2 -o mpi_allreduce bench/peers/mpi_allreduce.c
+ *   mpicc -O2 -o mpi_allreduce bench/peers/mpi_allreduce.c -lm
  *   mpirun -n 2 ./mpi_allreduce --min-bytes 8 --max-bytes 256M --iters 20
  * Sizes double from --min-bytes to --max-bytes (K/M/G suffixes, powers of 1024). Each size runs --warmup
  * untimed operations, then --iters timed ones; time_us is the mean time per operation, median_us and max_us the
  * median and slowest single operation, each the largest over the ranks. algbw = bytes / time, busbw = algbw * 2(n-1)/n
- * (as nccl-tests). The result of the last operation is checked against the exact expected sums; "wrong" is the number
- * of wrong elements over all ranks. */
+ * (as nccl-tests). Every operation reduces in place (MPI_IN_PLACE), as Conduit and gloo do: out of place MPI first
+ * copies the input to the output. After the timed ones the buffer is refilled and one more operation is checked
+ * against the exact expected sums; "wrong" is the number of wrong elements over all ranks. */
 #include <errno.h>
 #include <math.h>
 #include <mpi.h>
@@ -108,13 +109,13 @@ int main(int argc, char** argv) {
   for (uint64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
     size_t count = (size_t)(bytes / sizeof(float));
     size_t nbytes = count * sizeof(float);
-    for (long i = 0; i < warmup; ++i) MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    memset(recv, 0, nbytes);
+    memcpy(recv, send, nbytes);
+    for (long i = 0; i < warmup; ++i) MPI_Allreduce(MPI_IN_PLACE, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Barrier(MPI_COMM_WORLD);
     /* One clock read per operation (as Conduit's loop): the mean, median and slowest single call. */
     double t0 = MPI_Wtime(), prev = t0;
     for (long i = 0; i < iters; ++i) {
-      MPI_Allreduce(send, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       double now = MPI_Wtime();
       each[i] = now - prev;
       prev = now;
@@ -125,6 +126,8 @@ int main(int argc, char** argv) {
     MPI_Allreduce(mine, worst, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     double slowest = worst[0];
 
+    memcpy(recv, send, nbytes);
+    MPI_Allreduce(MPI_IN_PLACE, recv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     long long wrong = 0, wrong_total = 0;
     for (size_t i = 0; i < count; ++i) {
       if (recv[i] != (float)(rank_sum * (long)(i % 13 + 1))) ++wrong;

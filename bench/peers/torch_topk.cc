@@ -34,7 +34,14 @@ int main(int argc, char** argv) {
     if (a == "--ratio" && i + 1 < argc) {
       ratio = std::atof(argv[++i]);
     } else if (a == "--size" && i + 1 < argc) {
-      sizes.push_back(std::atol(argv[++i]));
+      char* end = nullptr;
+      const long v = std::strtol(argv[++i], &end, 10);
+      if (*argv[i] == '\0' || *end != '\0' || v < 4) {
+        std::fprintf(stderr, "torch_topk: --size %s: allowed: a whole number of bytes, 4 or more (no suffixes)\n",
+                     argv[i]);
+        return 2;
+      }
+      sizes.push_back(v);
     } else if (a == "--min-time" && i + 1 < argc) {
       min_time = std::atof(argv[++i]);
     } else {
@@ -51,8 +58,13 @@ int main(int argc, char** argv) {
     auto x = torch::randn({n});
     auto ax = x.abs();
     torch::Tensor vals, idx;
-    double t_all = best_time(min_time, [&] { std::tie(vals, idx) = torch::topk(x.abs(), k); });
-    double t_topk = best_time(min_time, [&] { std::tie(vals, idx) = torch::topk(ax, k); });
+    // What Conduit's top-k produces: the k largest magnitudes' indices and their signed values, in no order
+    // (sorted=false: Conduit does not sort by magnitude either).
+    double t_all = best_time(min_time, [&] {
+      std::tie(vals, idx) = torch::topk(x.abs(), k, -1, /*largest=*/true, /*sorted=*/false);
+      vals = x.index_select(0, idx);
+    });
+    double t_topk = best_time(min_time, [&] { std::tie(vals, idx) = torch::topk(ax, k, -1, true, false); });
     std::printf(
         "{\"bench\":\"compress\",\"impl\":\"libtorch\",\"torch\":\"%s\",\"method\":\"topk:ratio=%g\",\"bytes\":%ld,"
         "\"elements\":%ld,\"k\":%ld,\"compress_s\":%.6g,\"compress_gbs\":%.6g,\"topk_only_s\":%.6g}\n",
