@@ -156,7 +156,8 @@ TEST(Processes, SharedMemorySettingsMustAgreeAndFit) {
   EXPECT_NE(r.out.find("CONDUIT_SHM_RING_BYTES=524288T is invalid: allowed: a power of two from 4K to 1G"),
             std::string::npos)
       << r.out;
-  if (geteuid() != 0) GTEST_SKIP() << "a small /dev/shm of its own needs root (unshare -m)";
+  if (geteuid() != 0 || run_sh("unshare -m sh -c \"mount -t tmpfs -o size=3M tmpfs /dev/shm\"").code != 0)
+    GTEST_SKIP() << "a small /dev/shm of its own needs root and a mount namespace (unshare -m)";
   // 3 ranks with 1 MiB rings need 2 MiB each in a 3 MiB /dev/shm: the second or third rank cannot have its rings.
   r = run_sh("unshare -m sh -c \"mount -t tmpfs -o size=3M tmpfs /dev/shm && CONDUIT_SHM_RING_BYTES=1M " + kConduit +
              " launch -n 3 -- " + selftest + "\"");
