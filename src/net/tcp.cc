@@ -124,7 +124,9 @@ struct Peer {
   uint32_t interest = 0;
   std::atomic<bool> want_out{false};  // sendq is not empty (updated under send_mu)
   std::atomic<bool> stalled{false};   // a header waits for a receive to be posted (updated under mu_)
-  bool peer_closed = false;  // the peer shut its side (or the connection broke): nothing more will come (under mu_)
+  // The peer shut its side (or the connection broke): nothing more will come (set under mu_; read by update_interest
+  // on a sender's thread too).
+  std::atomic<bool> peer_closed{false};
   // receive state machine
   FrameHeader hdr{};
   size_t hdr_got = 0;
@@ -680,7 +682,9 @@ class TcpTransport : public Transport {
         int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
           const int e = errno;
-          if (e != EINTR && e != ECONNABORTED && e != EAGAIN)
+          // Errors of this socket or process stop the rendezvous; the network errors a pending connection hands
+          // on (EPROTO, ENETDOWN, EHOSTUNREACH, ...) and a passing shortage of buffers are retried, as accept(2) says.
+          if (e == EMFILE || e == ENFILE || e == EBADF || e == EINVAL || e == ENOTSOCK || e == EFAULT)
             throw Error(fmt::format("tcp: rank {} cannot accept its peers' connections: {}{}", rank_, std::strerror(e),
                                     e == EMFILE || e == ENFILE ? " (allowed: more file descriptors, ulimit -n)" : ""));
           --k;

@@ -64,7 +64,8 @@ uint32_t shard_tag(uint32_t base, int64_t shard) { return base | (uint32_t(shard
 // takes 9 bytes an element) or a sparsifier's indices and values (8 bytes an element). Checked before anything is
 // allocated for it; each decoder then checks the exact length.
 uint64_t compressed_cap(const compress::Compressor& c, size_t n, const compress::TensorState& st) {
-  return std::max<uint64_t>(c.wire_bytes(n, st), 8 * static_cast<uint64_t>(n)) + 64;
+  const uint64_t sparse = 8 * static_cast<uint64_t>(n);  // a variable-size payload (threshold) is 8 bytes a kept one
+  return (c.fixed_size() ? std::max<uint64_t>(c.wire_bytes(n, st), sparse) : sparse) + 64;
 }
 
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {

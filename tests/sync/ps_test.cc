@@ -492,5 +492,16 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
                          2, 10000);
     if (r == 0) EXPECT_EQ(x.size(), 10000u);
   });
+  // A payload whose size depends on the data (threshold) is bounded by 8 bytes an element: its wire size is not
+  // asked for (it has none: asking threw at the first push).
+  on_ranks(2, [&](int r, coll::CommPtr c) {
+    const auto x = train(r, c, "ps-bsp",
+                         {{"servers", "1"},
+                          {"colocate", "0"},
+                          {"push_compressor", "threshold:threshold=0.001"},
+                          {"pull_compressor", "threshold:threshold=0.001"}},
+                         2, 1000);
+    if (r == 0) EXPECT_EQ(x.size(), 1000u);
+  });
 }
 }  // namespace
