@@ -51,13 +51,20 @@ void rd_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op) {
     std::vector<char> tmp(bytes);
     for (int mask = 1; mask < f.pp; mask <<= 1) {
       int partner = f.real(f.newrank ^ mask);
-      // Receive into a copy so the reduction order is the same on both sides: lower rank's data first.
+      // Receive into a copy, and reduce the same way on both sides: the lower rank's data as the accumulator, the
+      // higher's added into it (the higher rank then copies the result back). Written as op(partner, own) into
+      // buf, the compiler may commute the operands, and sum or prod of two NaNs gives the first operand's NaN on
+      // x86: the two ranks ended with different bits.
       auto rq = c.recv(partner, tmp.data(), bytes);
       auto sq = c.send(partner, buf, bytes);
       c.wait(rq);
       c.wait(sq);
-      if (partner < c.rank()) reduce_to(buf, tmp.data(), buf, count, dt, op);
-      else reduce_into(buf, tmp.data(), count, dt, op);
+      if (partner < c.rank()) {
+        reduce_into(tmp.data(), buf, count, dt, op);
+        std::memcpy(buf, tmp.data(), bytes);
+      } else {
+        reduce_into(buf, tmp.data(), count, dt, op);
+      }
     }
   }
   if (f.rank < 2 * f.rem) {

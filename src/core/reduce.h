@@ -14,7 +14,9 @@ ReduceOp parse_reduce_op(std::string_view name);  // ConfigError listing sum, av
 
 // acc[i] = op(acc[i], in[i]) for i < count. avg reduces as sum; call finalize_avg once at the end.
 void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp op);
-// out[i] = op(a[i], b[i]); out may alias a or b.
+// out[i] = op(a[i], b[i]); out may alias a or b. Sum and prod are commutative here, NaN payloads aside: of two NaNs
+// either may come out (the compiler may swap the operands, and x86 returns the first one's), so an algorithm whose
+// ranks must end with the same bits reduces with the same accumulator on every rank (min and max are symmetric).
 void reduce_to(void* out, const void* a, const void* b, size_t count, DType dtype, ReduceOp op);
 // buf[i] /= n (integer types truncate toward zero).
 void finalize_avg(void* buf, size_t count, DType dtype, int n);

@@ -543,6 +543,28 @@ TEST(CollectiveEdges, MinAndMaxGiveEveryRankTheSameBitsForNanAndSignedZeros) {
   }
 }
 
+// Sum and prod of two NaNs give the first operand's NaN on x86: rd's pair reduced in place as op(own, partner) on
+// both sides, so a +NaN on one rank and inf - inf's -NaN on the other left the two ranks with different bits.
+TEST(CollectiveEdges, SumAndProdGiveEveryRankTheSameBitsForTwoNans) {
+  for (const std::string algo : {"ring", "rhd", "rd", "tree"}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod}) {
+      std::vector<uint32_t> bits(2);
+      on_ranks(2, [&](Communicator& c) {
+        const uint32_t mine = c.rank() == 0 ? 0x7fc00000u : 0xffc00000u;  // +NaN, and the -NaN inf - inf makes
+        float v;
+        std::memcpy(&v, &mine, 4);
+        CollOptions o;
+        o.blocking = true;
+        o.algorithm = algo;
+        c.allreduce(&v, 1, DType::f32, op, o).wait();
+        std::memcpy(&bits[c.rank()], &v, 4);
+        return size_t{0};
+      });
+      EXPECT_EQ(bits[0], bits[1]) << algo << " " << reduce_op_name(op);
+    }
+  }
+}
+
 TEST(CollectiveEdges, PollingAReceivePastItsDeadlineFails) {
   // test() only polled: a receive that never arrives stayed "not yet" forever; wait() was the only way to fail.
   CommConfig cfg;
