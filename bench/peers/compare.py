@@ -41,7 +41,7 @@ def parse_args():
     p.add_argument("--timeout", type=float, default=600, help="seconds each run may take (default 600)")
     p.add_argument("--bind", choices=("core", "none"), default="core",
                    help="process binding, the same for every implementation: core (default: rank r on CPU r mod "
-                        "CPUs: conduit launch --bind auto, mpirun --bind-to core --map-by core, gloo by "
+                        "CPUs: conduit launch --bind core, mpirun --bind-to core --map-by core, gloo by "
                         "sched_setaffinity) or none")
     p.add_argument("--json-out", default=None, help="also write every record to this file (JSON lines)")
     p.add_argument("--stat", choices=("mean", "median"), default="mean",
@@ -87,7 +87,7 @@ def conduit_command(a):
     binary = os.path.abspath(a.conduit)
     if not os.access(binary, os.X_OK):
         raise PeerFailed(f"conduit binary not found: {binary} (build it, or give --conduit)")
-    cmd = [binary, "launch", "-n", str(a.nprocs), "--bind", "auto" if a.bind == "core" else "none", "--", binary,
+    cmd = [binary, "launch", "-n", str(a.nprocs), "--bind", a.bind, "--", binary,
            "bench", "coll", "--op", "allreduce",
            "--dtype", "f32"] + sweep_args(a) + ["--json"]
     if a.transport:

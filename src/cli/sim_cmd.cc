@@ -132,8 +132,8 @@ void add_model_flags(CLI::App* c, StepArgs& a) {
       ->capture_default_str();
   c->add_option("--layers", a.model.layers, "transformer layers");
   c->add_option("--layers-spec", a.model.layers_spec,
-                "with --model layers: dense:INxOUT,conv:INxOUTkK@HxW,pool:CkK@HxW,... (an MLP or CNN, data "
-                "parallel)");
+                "with --model layers (sim step only): dense:INxOUT,conv:INxOUTkK@HxW,pool:CkK@HxW,... (an MLP or "
+                "CNN, data parallel)");
   c->add_option("--hidden", a.model.hidden, "hidden size");
   c->add_option("--heads", a.model.heads, "attention heads");
   c->add_option("--seq", a.model.seq, "sequence length (default: the named model's, else 2048)");

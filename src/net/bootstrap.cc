@@ -164,6 +164,7 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
   std::string mine = kind;
   for (size_t i = 0; i < std::size(kShared); ++i) {
     const char* val = std::getenv(kShared[i]);
+    if (val && *val == '\0') val = nullptr;              // empty is unset, as the readers take it
     if (!val && i + 1 == std::size(kShared)) val = "0";  // the debug flag unset is off, as 0 is
     mine += '\x1f';
     if (val) mine += "=" + normalized(i, val);  // set (maybe empty) or not: "=" marks set
