@@ -167,7 +167,7 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
     if (val && *val == '\0') val = nullptr;              // empty is unset, as the readers take it
     if (!val && i + 1 == std::size(kShared)) val = "0";  // the debug flag unset is off, as 0 is
     mine += '\x1f';
-    if (val) mine += "=" + normalized(i, val);  // set (maybe empty) or not: "=" marks set
+    if (val) mine += "=" + normalized(i, val);  // "=" marks a set value
   }
   const std::vector<std::string> all = b.allgather(mine);
   auto fields = [](const std::string& x) {

@@ -482,26 +482,16 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
     comms[1]->transport().abort("test over");
   }
   // What a compressor may rightly send passes the length checks both ways: uint8 with one scale pair an element
-  // takes 9 bytes an element (a first bound of 8 refused it once a shard passed 4096 elements).
-  on_ranks(2, [&](int r, coll::CommPtr c) {
-    const auto x = train(r, c, "ps-bsp",
-                         {{"servers", "1"},
-                          {"colocate", "0"},
-                          {"push_compressor", "uint8:chunk=1"},
-                          {"pull_compressor", "uint8:chunk=1"}},
-                         2, 10000);
-    if (r == 0) EXPECT_EQ(x.size(), 10000u);
-  });
-  // A payload whose size depends on the data (threshold) is bounded by 8 bytes an element: its wire size is not
-  // asked for (it has none: asking threw at the first push).
-  on_ranks(2, [&](int r, coll::CommPtr c) {
-    const auto x = train(r, c, "ps-bsp",
-                         {{"servers", "1"},
-                          {"colocate", "0"},
-                          {"push_compressor", "threshold:threshold=0.001"},
-                          {"pull_compressor", "threshold:threshold=0.001"}},
-                         2, 1000);
-    if (r == 0) EXPECT_EQ(x.size(), 1000u);
-  });
+  // takes 9 bytes an element (a first bound of 8 refused it once a shard passed 4096 elements); a payload whose size
+  // depends on the data (threshold) is bounded by 8 bytes an element without asking its wire size (it has none:
+  // asking threw at the first push).
+  for (const auto& [spec, d] :
+       {std::pair<std::string, size_t>{"uint8:chunk=1", 10000}, {"threshold:threshold=0.001", 1000}})
+    on_ranks(2, [&](int r, coll::CommPtr c) {
+      const auto x =
+          train(r, c, "ps-bsp",
+                {{"servers", "1"}, {"colocate", "0"}, {"push_compressor", spec}, {"pull_compressor", spec}}, 2, d);
+      if (r == 0) EXPECT_EQ(x.size(), d) << spec;
+    });
 }
 }  // namespace
