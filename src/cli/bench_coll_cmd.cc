@@ -317,11 +317,11 @@ void run_selftest(const SelftestArgs& a) {
   if (total) set_exit_code(1);
 }
 
-// --timeout, when given, is a finite number of seconds > 0 (0 or nan used to mean the default silently, and inf made
-// --hang-rank's sleep return at once).
+// --timeout, when given, is a finite number of seconds from 0.001 (CONDUIT_TIMEOUT's least; 0 or nan used to mean the
+// default silently, inf made --hang-rank's sleep return at once, and 0.0001 failed every rank at rendezvous).
 void check_timeout_flag(const CLI::Option* opt, double v) {
-  if (opt->count() > 0 && !(v > 0 && v <= 1e6))
-    throw ConfigError(fmt::format("--timeout = {} (allowed: seconds in (0, 1000000])", v));
+  if (opt->count() > 0 && !(v >= 0.001 && v <= 1e6))
+    throw ConfigError(fmt::format("--timeout = {} (allowed: seconds from 0.001 to 1000000)", v));
 }
 
 const bool kRegistered = register_command(30, [](CLI::App& app) {

@@ -271,7 +271,8 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("synthetic_samples"))
     c.synthetic_samples = to_int("synthetic_samples", *v, 1, 2000000);  // 1.6 GB of images per worker
   if (auto v = get("progress")) c.progress = to_bool("progress", *v);
-  if (auto v = get("timeout_s")) c.timeout_s = to_double("timeout_s", *v, 0, 1e7, true, "seconds > 0 and <= 10000000");
+  if (auto v = get("timeout_s"))
+    c.timeout_s = to_double("timeout_s", *v, 0.001, 1e7, false, "seconds from 0.001 to 10000000");
   if (auto v = get("sync")) {
     if (v->empty()) bad("sync", *v, "allowed: a sync scheme such as bsp, local:period=8 or ps-ssp:staleness=2");
     c.sync = *v;

@@ -348,9 +348,10 @@ TEST(Processes, BenchAndSelftestFlagsAreChecked) {
     std::string args, expect;
   };
   for (const Case& c :
-       {Case{"bench coll --timeout 0", "--timeout = 0 (allowed: seconds in (0, 1000000])"},
-        Case{"bench coll --timeout nan", "--timeout = nan (allowed: seconds in (0, 1000000])"},
-        Case{"selftest --timeout -1", "--timeout = -1 (allowed: seconds in (0, 1000000])"},
+       {Case{"bench coll --timeout 0", "--timeout = 0 (allowed: seconds from 0.001 to 1000000)"},
+        Case{"bench coll --timeout nan", "--timeout = nan (allowed: seconds from 0.001 to 1000000)"},
+        Case{"selftest --timeout -1", "--timeout = -1 (allowed: seconds from 0.001 to 1000000)"},
+        Case{"selftest --timeout 0.0001", "--timeout = 0.0001 (allowed: seconds from 0.001 to 1000000)"},
         Case{"selftest --op foo", "--op 'foo' is not supported: allowed are all, allreduce"},
         Case{"selftest --crash-rank 5", "--crash-rank 5 is not a rank of [0, 1)"},
         Case{"bench coll -b 3 -e 3", "--min-bytes 3 is not a whole number of f32 elements (4 bytes each)"},

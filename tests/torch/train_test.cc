@@ -74,6 +74,9 @@ TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
   expect_one_line(config_error({{"compressor", "zip"}}), "compressor");
   expect_one_line(config_error({{"overlap", "maybe"}}), "overlap");
   expect_one_line(config_error({{"resume", "/nonexistent/ckpt"}}), "resume");
+  // Below CONDUIT_TIMEOUT's least (0.0001 s was taken, and every rank then failed at rendezvous).
+  expect_one_line(config_error({{"timeout_s", "0.0001"}}), "timeout_s");
+  EXPECT_EQ(config_error({{"timeout_s", "0.001"}}), "");
   // A warm-up longer than the run (the learning rate never reached lr).
   expect_one_line(config_error({{"warmup_epochs", "4"}, {"epochs", "3"}}), "warmup_epochs");
   EXPECT_EQ(config_error({{"warmup_epochs", "3"}, {"epochs", "3"}}), "");
