@@ -149,8 +149,7 @@ class ShmTransport : public Transport, public Progressor {
     long spin_us = oversubscribed_ ? 5 : 50;
     if (auto v = env_int("CONDUIT_SHM_SPIN_US", 0, 1000000)) spin_us = *v;
     spin_ = std::chrono::microseconds(spin_us);
-    seg_bytes_ = sizeof(SegHeader) + static_cast<size_t>(size) * (sizeof(RingHeader) + ring_bytes_) +
-                 2 * sizeof(FastSlot);
+    seg_bytes_ = ring_offset(size_) + 2 * sizeof(FastSlot);  // the rings, then the two fast slots
     all_local_ = true;
     for (int i = 0; i < size; ++i) all_local_ = all_local_ && (i == rank || serve[i]);
 
@@ -409,9 +408,7 @@ class ShmTransport : public Transport, public Progressor {
  private:
   static std::string segment_name(const std::string& job, int rank) { return shm_segment_name(job, rank); }
   FastSlot* fast_slot(char* seg, uint64_t parity) const {
-    return reinterpret_cast<FastSlot*>(seg + sizeof(SegHeader) +
-                                       static_cast<size_t>(size_) * (sizeof(RingHeader) + ring_bytes_)) +
-           parity;
+    return reinterpret_cast<FastSlot*>(seg + ring_offset(size_)) + parity;  // after the last ring
   }
 
   // Waits until rank r has published operation seq: spins for the transport's spin budget, then sleeps on this
@@ -471,11 +468,8 @@ class ShmTransport : public Transport, public Progressor {
   template <typename F>
   void for_each_written_range(const std::vector<char>& serve, F&& f) const {
     f(size_t{0}, sizeof(SegHeader));
-    for (int i = 0; i < size_; ++i) {
-      const size_t at = sizeof(SegHeader) + static_cast<size_t>(i) * (sizeof(RingHeader) + ring_bytes_);
-      f(at, sizeof(RingHeader) + (serve[i] && i != rank_ ? ring_bytes_ : 0));
-    }
-    f(seg_bytes_ - 2 * sizeof(FastSlot), 2 * sizeof(FastSlot));
+    for (int i = 0; i < size_; ++i) f(ring_offset(i), sizeof(RingHeader) + (serve[i] && i != rank_ ? ring_bytes_ : 0));
+    f(ring_offset(size_), 2 * sizeof(FastSlot));
   }
   uint64_t reserved_bytes(const std::vector<char>& serve) const {
     uint64_t n = 0;
@@ -491,10 +485,11 @@ class ShmTransport : public Transport, public Progressor {
     return err;
   }
 
-  RingHeader* ring_at(char* seg, int src) const {
-    return reinterpret_cast<RingHeader*>(seg + sizeof(SegHeader) +
-                                         static_cast<size_t>(src) * (sizeof(RingHeader) + ring_bytes_));
+  // Where rank src's ring (its header, then ring_bytes_ of data) starts in a segment.
+  size_t ring_offset(int src) const {
+    return sizeof(SegHeader) + static_cast<size_t>(src) * (sizeof(RingHeader) + ring_bytes_);
   }
+  RingHeader* ring_at(char* seg, int src) const { return reinterpret_cast<RingHeader*>(seg + ring_offset(src)); }
 
   void check_peer(int peer) const {
     if (peer < 0 || peer >= size_ || !peers_[peer].serve)

@@ -637,10 +637,8 @@ class PsStrategy : public Strategy {
         Header h;
         detail::wait(*comm_, irecv(*comm_, 0, shard_tag(detail::kTagPsInit, s), &h, sizeof h));
         // The model's size travels in the clock field: the shard's size follows from it.
-        const uint64_t want = h.clock <= (uint64_t{1} << 40)
-                                  ? 4 * static_cast<uint64_t>(shard_range(h.clock, s, cfg_.servers).second -
-                                                              shard_range(h.clock, s, cfg_.servers).first)
-                                  : 0;
+        const auto [lo, hi] = shard_range(h.clock <= (uint64_t{1} << 40) ? h.clock : 0, s, cfg_.servers);
+        const uint64_t want = 4 * static_cast<uint64_t>(hi - lo);
         if (h.kind != kInit || h.clock > (uint64_t{1} << 40) || h.bytes != want)
           throw ProtocolError(
               fmt::format("sync {}: shard {}: worker 0 sent kind {} with {} bytes for a model of {} "

@@ -473,7 +473,6 @@ void DistributedOptimizer::zero_grad() {
     if (arrived) core_->reset_step_locked();
     core_->synced = false;
   }
-  synchronized_ = false;
   last_step_end_ = now_s();  // compute time counts from here to step()
   for (auto& p : core_->params) {
     if (p.grad().defined()) {
@@ -484,10 +483,10 @@ void DistributedOptimizer::zero_grad() {
 }
 
 void DistributedOptimizer::synchronize() {
-  if (synchronized_) return;  // averaged into .grad already: a second call leaves them (it averaged zeros into them)
   Core& c = *core_;
   const double t0 = now_s();
   std::unique_lock<std::mutex> lk(c.mu);
+  if (c.synced) return;  // averaged into .grad already: a second call leaves them (it averaged zeros into them)
   c.flush = true;
   c.cv.notify_all();
   c.cv.wait(lk, [&] { return c.next >= int(c.buckets.size()); });
@@ -521,7 +520,6 @@ void DistributedOptimizer::synchronize() {
   std::vector<int> order = c.ready_order;
   c.reset_step_locked();
   c.synced = true;
-  synchronized_ = true;
   lk.unlock();
   if (rebuild && c.opt.rebuild_buckets) {
     // Agree on rank 0's observed order (parameters without a gradient keep reverse registration order at the end).
@@ -544,8 +542,7 @@ void DistributedOptimizer::synchronize() {
 void DistributedOptimizer::step() {
   // After an explicit synchronize() the averaged gradients are in .grad already; a second pass would find no bucket
   // ready and average zeros into them.
-  if (!synchronized_) synchronize();
-  synchronized_ = false;
+  synchronize();  // returns at once after an explicit one
   {
     std::lock_guard<std::mutex> lk(core_->mu);
     core_->synced = false;

@@ -96,7 +96,6 @@ class DistributedOptimizer {
   std::shared_ptr<Core> core_;
   StepStats last_, total_;
   double last_step_end_ = -1;
-  bool synchronized_ = false;  // synchronize() ran since the last step(): step() only updates
 };
 
 }  // namespace conduit::train

@@ -386,12 +386,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       spec.name, meta["sync_params"].dump(), scheme_params(spec).dump()));
     // The optimizer's saved state is its kind's (sgd's momentum buffers, adam's moments; adamw decays the weights
     // another way than adam), and the time to the target was judged against the checkpoint's target accuracy.
+    nlohmann::json same = {{"optimizer", c.optimizer}, {"target_accuracy", c.target_accuracy}};
     // compress_min_bytes only matters with a compressor (which must be the checkpoint's, checked above).
-    const nlohmann::json same = {{"optimizer", c.optimizer},
-                                 {"target_accuracy", c.target_accuracy},
-                                 {"compress_min_bytes", c.compress_min_bytes}};
+    if (c.compressor != "none") same["compress_min_bytes"] = c.compress_min_bytes;
     for (const auto& [key, value] : same.items())
-      if (meta.contains(key) && meta[key] != value && (key != "compress_min_bytes" || c.compressor != "none"))
+      if (meta.contains(key) && meta[key] != value)
         throw ConfigError(fmt::format(
             "config: resume: the checkpoint was written with {} = {}, this run has {}; allowed: the same {}{}", key,
             meta[key].dump(), value.dump(), key,
