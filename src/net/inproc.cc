@@ -145,15 +145,18 @@ class InprocTransport : public Transport {
     if (peer < 0 || peer >= size_) {
       throw InvalidArgument(fmt::format("inproc: peer rank {} out of range [0, {})", peer, size_));
     }
+    auto& box = world_->boxes_[dst_rank];
+    std::lock_guard<std::mutex> lk(box.mu);
+    // Looked at under the box's lock: an abort either came first (the op fails now) or clears this box after the
+    // op is in it. Looked at before taking it, an abort in between cleared the box first and the op then waited
+    // for its deadline (a test saw 20 s).
     {
-      std::lock_guard<std::mutex> lk(world_->abort_mu);
+      std::lock_guard<std::mutex> alk(world_->abort_mu);
       if (!world_->aborted.empty()) {
         op.req->fail(std::make_exception_ptr(PeerError(world_->aborted)));
         return;
       }
     }
-    auto& box = world_->boxes_[dst_rank];
-    std::lock_guard<std::mutex> lk(box.mu);
     auto key = std::make_pair(src_rank, tag);
     auto& other = is_send ? box.recvs : box.sends;
     auto it = other.find(key);

@@ -20,11 +20,13 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "compress/collectives.h"
 #include "compress/compressor.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "sync/detail.h"
 
@@ -74,9 +76,11 @@ std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
 
 class Shard {
  public:
+  // `aborted`: why the transport was aborted, empty while it is not (a wait here ends on it).
   Shard(const PsConfig& cfg, int64_t index, int workers, const compress::Compressor* push,
-        const compress::Compressor* pull)
-      : cfg_(cfg),
+        const compress::Compressor* pull, std::function<std::string()> aborted)
+      : aborted_(std::move(aborted)),
+        cfg_(cfg),
         index_(index),
         workers_(workers),
         push_(push),
@@ -104,7 +108,7 @@ class Shard {
   // Handles one message from worker w; returns the reply (header + payload), empty for stop.
   std::pair<ReplyHeader, Bytes> handle(int w, const Header& h, std::span<const uint8_t> payload, double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
-    if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_ || shutdown_; }))
+    if (!wait_or_abort(lk, timeout_s, [&] { return initialized_; }))
       throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
     if (shutdown_) throw PeerError(shutdown_message());
     auto& slot = slots_[w];
@@ -165,7 +169,7 @@ class Shard {
     cv_.notify_all();
     if (!slot.ready) {
       waited = true;
-      if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return slot.ready || shutdown_; }))
+      if (!wait_or_abort(lk, timeout_s, [&] { return slot.ready; }))
         throw TimeoutError(
             fmt::format("sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})",
                         index_, w, h.clock, timeout_s, min_clock()));
@@ -184,6 +188,22 @@ class Shard {
     if (!shutdown_ && !why.empty()) why_ = why;
     shutdown_ = true;
     cv_.notify_all();
+  }
+
+  // Waits under lk until done() or a shutdown, at most timeout_s: false on the timeout. A transport aborted by a
+  // peer's error ends it too (PeerError), looked at every 20 ms: nothing the peer owed will come, and a rank waiting
+  // for the initial upload of a worker 0 that failed first waited out the whole timeout (a test saw 20 s).
+  template <typename Done>
+  bool wait_or_abort(std::unique_lock<std::mutex>& lk, double timeout_s, Done done) {
+    const Deadline until = Deadline::after(timeout_s);
+    while (!done() && !shutdown_) {
+      if (until.expired()) return false;
+      cv_.wait_for(lk, std::chrono::milliseconds(20));
+      if (!done() && !shutdown_ && aborted_)
+        if (std::string why = aborted_(); !why.empty())
+          throw PeerError(fmt::format("sync ps shard {}: {}", index_, why));
+    }
+    return true;
   }
 
   // Under mu_.
@@ -298,7 +318,7 @@ class Shard {
   // (worker 0's upload).
   void check_request(int w, const Header& h, double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
-    if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return initialized_ || shutdown_; }))
+    if (!wait_or_abort(lk, timeout_s, [&] { return initialized_; }))
       throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
     if (shutdown_) throw PeerError(shutdown_message());
     if (h.kind != kPush && h.kind != kPull && h.kind != kStop)
@@ -430,6 +450,7 @@ class Shard {
     }
   }
 
+  std::function<std::string()> aborted_;
   const PsConfig& cfg_;
   int64_t index_;
   int workers_;
@@ -466,7 +487,8 @@ class PsStrategy : public Strategy {
     pull_ = ps_compressor(cfg_.pull_compressor, "pull_compressor");
     for (int64_t s = 0; s < cfg_.servers; ++s)
       if (host_of(s) == comm_->rank())
-        shards_.emplace(s, std::make_unique<Shard>(cfg_, s, workers_, push_.get(), pull_.get()));
+        shards_.emplace(s, std::make_unique<Shard>(cfg_, s, workers_, push_.get(), pull_.get(),
+                                                   [c = comm_] { return c->transport().aborted_reason(); }));
   }
   ~PsStrategy() override {
     // finish() was not called (an error stopped this rank): the serving threads block on receives from workers, or
