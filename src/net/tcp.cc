@@ -674,8 +674,41 @@ class TcpTransport : public Transport {
       int expected = 0;
       for (int k = rank_ + 1; k < size_; ++k) expected += serve_[k] ? 1 : 0;
       std::string rejected;  // why the last connection that was not a peer's hello was refused
+      // Each lower rank answers this rank's hello with its own, or with the reason it refused the connection: the
+      // answers are read as they come while this rank accepts its own peers, so a refusal ends the rendezvous at
+      // once and waiting for them adds no step to it.
+      std::vector<int> unanswered;
+      for (int j = 0; j < rank_; ++j)
+        if (serve_[j]) unanswered.push_back(j);
+      // Until the listening socket has a connection (listen) or every answer has come (!listen); false when the
+      // deadline passes first.
+      auto wait_for = [&](bool listen) {
+        std::vector<pollfd> fds;
+        while (listen || !unanswered.empty()) {
+          const double rem = deadline.remaining_seconds();
+          if (rem <= 0) return false;
+          fds.clear();
+          if (listen) fds.push_back({lfd, POLLIN, 0});
+          for (int j : unanswered) fds.push_back({peers_[j].fd, POLLIN, 0});
+          const int r = ::poll(fds.data(), fds.size(), rem > 1e6 ? 1000 : static_cast<int>(rem * 1000) + 1);
+          if (r < 0 && errno != EINTR) throw Error(fmt::format("tcp: poll failed: {}", std::strerror(errno)));
+          if (r <= 0) continue;
+          const size_t first = listen ? 1 : 0;
+          std::vector<int> still;
+          for (size_t i = first; i < fds.size(); ++i) {
+            const int j = unanswered[i - first];
+            if (fds[i].revents != 0)
+              read_hello_answer(j, deadline);
+            else
+              still.push_back(j);
+          }
+          unanswered.swap(still);
+          if (listen && fds[0].revents != 0) return true;
+        }
+        return true;
+      };
       for (int k = 0; k < expected; ++k) {
-        if (!poll_fd(lfd, POLLIN, deadline))
+        if (!wait_for(true))
           throw TimeoutError(fmt::format("tcp: rank {} timed out waiting for {} more peers to connect{}", rank_,
                                          expected - k,
                                          rejected.empty() ? "" : "; the last connection refused: " + rejected));
@@ -704,18 +737,48 @@ class TcpTransport : public Transport {
         }
         std::string bad = validate_frame(h, -1, 0);
         if (bad.empty() && h.type != kFrameHello) bad = "first frame is not a hello";
-        if (bad.empty() && (h.src <= static_cast<uint32_t>(rank_) || h.src >= static_cast<uint32_t>(size_) ||
-                            !serve_[h.src] || peers_[h.src].fd >= 0))
-          bad = fmt::format("hello from unexpected rank {}", h.src);
+        if (bad.empty() && h.src >= static_cast<uint32_t>(size_))
+          bad = fmt::format("hello from rank {}, outside this job of {} ranks", h.src, size_);
+        else if (bad.empty() && h.src <= static_cast<uint32_t>(rank_))
+          bad = fmt::format("hello from rank {}, which this rank connects to itself (higher ranks connect to lower)",
+                            h.src);
+        else if (bad.empty() && !serve_[h.src])
+          bad = fmt::format("hello from rank {}, which this rank does not talk to directly", h.src);
+        else if (bad.empty() && peers_[h.src].fd >= 0)
+          bad = fmt::format("a second hello from rank {} (two processes with the same rank?)", h.src);
         if (!bad.empty()) {
           CONDUIT_LOG_WARN("tcp: rank {} rejected a connection: {}", rank_, bad);
           rejected = bad;
+          // A connection that speaks this protocol is told why (an abort frame with the reason) before it is
+          // closed, so the rank behind it reports the reason rather than a plain close.
+          if (h.magic == kFrameMagic && h.version == kWireVersion) {
+            const std::string why = bad.substr(0, kMaxAbortReason);
+            FrameHeader r = make_frame(kFrameAbort, 0, why.size(), rank_);
+            try {
+              write_all_blocking(fd, &r, sizeof r, Deadline::after(1));
+              write_all_blocking(fd, why.data(), why.size(), Deadline::after(1));
+            } catch (const Error&) {
+            }
+          }
+          ::close(fd);
+          --k;
+          continue;
+        }
+        try {
+          // The hello is answered with this rank's own.
+          FrameHeader ack = make_frame(kFrameHello, 0, 0, rank_);
+          write_all_blocking(fd, &ack, sizeof ack, deadline.min(Deadline::after(kHelloSeconds)));
+        } catch (const Error& e) {
+          CONDUIT_LOG_WARN("tcp: rank {} dropped a connection during handshake: {}", rank_, e.what());
           ::close(fd);
           --k;
           continue;
         }
         peers_[h.src].fd = fd;
       }
+      if (!wait_for(false))
+        throw TimeoutError(
+            fmt::format("tcp: rank {} timed out waiting for rank {} to answer its hello", rank_, unanswered.front()));
     } catch (...) {
       ::close(lfd);
       // The destructor does not run for a constructor that throws: close the peers connected so far.
@@ -733,6 +796,35 @@ class TcpTransport : public Transport {
       setsockopt(p.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       set_nonblocking(p.fd);
     }
+  }
+
+  void read_hello_answer(int peer, const Deadline& deadline) {
+    const int fd = peers_[peer].fd;
+    FrameHeader h{};
+    try {
+      read_all_blocking(fd, &h, sizeof h, deadline);
+    } catch (const TimeoutError&) {
+      throw TimeoutError(fmt::format("tcp: rank {} timed out waiting for rank {} to answer its hello", rank_, peer));
+    } catch (const Error& e) {
+      throw PeerError(
+          fmt::format("tcp: rank {} lost its connection to rank {} during the handshake: {}", rank_, peer, e.what()));
+    }
+    std::string bad = validate_frame(h, peer, 0);
+    if (bad.empty() && h.type == kFrameAbort) {
+      std::string why(h.length, '\0');
+      try {
+        read_all_blocking(fd, why.data(), why.size(), deadline.min(Deadline::after(kHelloSeconds)));
+      } catch (const Error&) {
+        why = "(reason cut off)";
+      }
+      throw ProtocolError(
+          fmt::format("tcp: rank {} refused the connection of rank {}: {} (is another process "
+                      "using the same rank, or the same store?)",
+                      peer, rank_, why));
+    }
+    if (bad.empty() && h.type != kFrameHello) bad = "the answer to its hello is not a hello";
+    if (!bad.empty())
+      throw ProtocolError(fmt::format("tcp: rank {} got a bad handshake from rank {}: {}", rank_, peer, bad));
   }
 
   int connect_to(const std::string& hostport, int peer, const Deadline& deadline) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -84,6 +85,10 @@ std::unique_ptr<RawPeer> connect_raw() {
   FrameHeader hello = make_frame(kFrameHello, 0, 0, 1);
   EXPECT_EQ(::send(p->fd, &hello, sizeof hello, 0), static_cast<ssize_t>(sizeof hello));
   p->t = made.get();
+  FrameHeader answer{};  // rank 0 answers the hello with its own (left unread, closing would reset the connection)
+  EXPECT_EQ(::recv(p->fd, &answer, sizeof answer, MSG_WAITALL), static_cast<ssize_t>(sizeof answer));
+  EXPECT_EQ(validate_frame(answer, 0, 0), "");
+  EXPECT_EQ(answer.type, kFrameHello);
   return p;
 }
 
@@ -258,6 +263,54 @@ TEST(TcpRendezvous, SilentConnectionDoesNotKeepTheRealPeerOut) {
   EXPECT_NO_THROW(t = made.get());
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 8.5);
   ::close(silent);
+}
+
+// Two processes started with the same rank: the lower rank refuses the second one's hello and tells it why, so that
+// rank fails at once naming the reason (it was closed without a word and later reported a plain close), while the
+// lower rank's own timeout names it too.
+TEST(TcpRendezvous, ASecondProcessWithTheSameRankIsToldWhyItWasRefused) {
+  setenv("CONDUIT_SOCKET_IFNAME", "lo", 1);
+  std::promise<std::string> addr;
+  std::shared_future<std::string> addr0 = addr.get_future().share();
+  auto run = [](std::function<TransportPtr()> make) {
+    return std::async(std::launch::async, [make] {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string error = "no error";
+      try {
+        make();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      return std::make_pair(error, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    });
+  };
+  auto rank0 = run([&] {
+    return make_tcp_transport(
+        0, 3, {0, 0, 0},
+        [&](const std::string& mine) {
+          addr.set_value(mine);
+          return std::vector<std::string>{mine, "unused:1", "unused:1"};
+        },
+        Deadline::after(6));
+  });
+  auto rank1 = [&] {
+    return make_tcp_transport(
+        1, 3, {0, 0, 0},
+        [&](const std::string& mine) {
+          return std::vector<std::string>{addr0.get(), mine, "unused:1"};
+        },
+        Deadline::after(6));
+  };
+  auto first = run(rank1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto second = run(rank1);
+  auto [e2, t2] = second.get();
+  auto [e1, t1] = first.get();
+  auto [e0, t0] = rank0.get();
+  EXPECT_NE(e2.find("rank 0 refused the connection of rank 1: a second hello from rank 1"), std::string::npos) << e2;
+  EXPECT_LT(t2, 3.0) << e2;
+  EXPECT_NE(e1.find("timed out waiting for 1 more peers"), std::string::npos) << e1;
+  EXPECT_NE(e0.find("the last connection refused: a second hello from rank 1"), std::string::npos) << e0;
 }
 
 // The address a peer published is checked: a port that is not a number 1..65535 is a protocol error naming the
