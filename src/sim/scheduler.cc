@@ -559,6 +559,10 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   // Utilization counts iterations only; the restart penalty of preempted jobs holds accelerators without training.
   res.utilization = res.makespan > 0 ? std::min(1.0, useful / (static_cast<double>(gpus) * res.makespan)) : 0;
   res.restart_overhead = res.makespan > 0 ? (busy - useful) / (static_cast<double>(gpus) * res.makespan) : 0;
+  double needed = 0;
+  for (size_t i = 0; i < n; ++i)
+    needed += static_cast<double>(jobs[i].iterations) * packed[i] * static_cast<double>(jobs[i].gpus);
+  res.goodput = res.makespan > 0 ? std::min(1.0, needed / (static_cast<double>(gpus) * res.makespan)) : 0;
   return res;
 }
 

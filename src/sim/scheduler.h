@@ -5,9 +5,11 @@
 //   fifo   strict arrival order, no backfilling (head-of-line blocking)
 //   las    Tiresias-style discretized two-dimensional least-attained-service (Gu et al., NSDI'19): jobs are
 //          prioritized by attained service (accelerators x seconds) in queues with exponentially growing
-//          thresholds, arrival order inside a queue; preemptive (a preempted job restarts from its last
-//          checkpoint after `restart_penalty` seconds) where preempting lower-priority jobs makes room on the nodes,
-//          lower-priority jobs backfill idle accelerators.
+//          thresholds, arrival order inside a queue; preemptive (a preempted job checkpoints as it stops, as in
+//          Tiresias, and loses `restart_penalty` seconds reloading when it resumes) where preempting lower-priority
+//          jobs makes room on the nodes, lower-priority jobs backfill idle accelerators. Tiresias's optional
+//          starvation guard (promoting a job that waited past a multiple of its last run) is not modelled: a large
+//          demoted job can wait behind a steady stream of small ones.
 // Placement, per node: a job smaller than a node runs inside one node (best fit, or first fit under spread), a
 // larger one on whole free nodes: topology (the fewest leaves: best fit in one leaf, else the leaves with the most
 // free nodes) or spread (round-robin across leaves).
@@ -64,6 +66,10 @@ struct ScheduleResult {
   std::vector<JobOutcome> jobs;
   double mean_jct = 0, p50_jct = 0, p99_jct = 0;
   double utilization = 0;       // accelerator-time spent on iterations / (accelerators x makespan)
+  // Accelerator-time the jobs' iterations need at their best placement's speed (packed in one leaf, on the fastest
+  // kind they fit) / (accelerators x makespan): unlike utilization, a placement that slows jobs lowers it (their
+  // extra time counts as busy, not as work).
+  double goodput = 0;
   double restart_overhead = 0;  // accelerator-time preempted jobs spent reloading (the restart penalty), same base
   double makespan = 0;  // from the first submission to the last finish
 };

@@ -130,27 +130,6 @@ void ProgressBar::finish(const std::string& tail) {
   std::fflush(stdout);
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) throw ConfigError(fmt::format("output: cannot write '{}'", path));
-    f << text;
-    f.close();
-    // Written whole or not at all: a failed write (a full disk) left a partial file that was then renamed into place,
-    // and a checkpoint marked complete that could not be resumed.
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw Error(fmt::format("output: writing '{}' failed (a full disk?)", path));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("output: cannot put '{}' in place: {}", path, std::strerror(e)));
-  }
-}
-
 void write_json_file(const std::string& path, const nlohmann::json& j) { write_text_file(path, j.dump(2) + "\n"); }
 
 nlohmann::json read_json_file(const std::string& path) {

@@ -5,10 +5,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "core/files.h"
 
 namespace conduit::train {
 
@@ -84,8 +85,7 @@ class ProgressBar {
   double last_draw_ = 0;
 };
 
-// Writes `text` to path.tmp and renames it into place: whole or failing with one line (never a cut file in place).
-void write_text_file(const std::string& path, const std::string& text);
+using conduit::write_text_file;  // core/files.h
 void write_json_file(const std::string& path, const nlohmann::json& j);
 nlohmann::json read_json_file(const std::string& path);
 
