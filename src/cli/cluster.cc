@@ -26,6 +26,7 @@
 #include <tuple>
 
 #include "core/cpus.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace conduit::cli::cluster {
@@ -49,6 +50,9 @@ std::string lower(std::string s) {
 bool split_number(const std::string& text, double* value, std::string* unit) {
   const std::string t = trim(text);
   if (t.empty()) return false;
+  // Decimal only (strtod also takes hex, "inf" and "nan": --latency 0x10ms was 16 ms).
+  const size_t digits_end = t.find_first_not_of("0123456789.eE+-");
+  if (!is_decimal(std::string_view(t).substr(0, digits_end))) return false;
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(t.c_str(), &end);
@@ -188,20 +192,23 @@ void shape(const std::string& ns, const std::string& dev, double rate_bps, doubl
   must(a, what);
 }
 
-void kill_namespace_processes(const std::string& ns) {
-  for (int round = 0; round < 20; ++round) {
+// Stops every process in the namespace (SIGTERM, then SIGKILL from the second second); false when some are still
+// there after 4 s (in uninterruptible sleep).
+bool kill_namespace_processes(const std::string& ns) {
+  for (int round = 0; round < 40; ++round) {
     std::string out;
-    if (run_program({"ip", "netns", "pids", ns}, &out) != 0) return;
+    if (run_program({"ip", "netns", "pids", ns}, &out) != 0) return true;
     std::vector<pid_t> pids;
     std::istringstream in(out);
     long p;
     while (in >> p) {
       if (p > 1 && p != getpid()) pids.push_back(static_cast<pid_t>(p));
     }
-    if (pids.empty()) return;
+    if (pids.empty()) return true;
     for (pid_t pid : pids) kill(pid, round < 10 ? SIGTERM : SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  return false;
 }
 
 // SIGINT/SIGTERM while `up` builds namespaces: remember the signal, finish the current step, remove what was made.
@@ -590,9 +597,10 @@ int down(const std::string& name) {
   validate_name(name);
   const auto names = existing_namespaces(name);
   // Hosts first (their processes hold sockets), the switch last.
-  for (const auto& ns : names) kill_namespace_processes(ns);
-  int removed = 0;
   std::string errors;
+  for (const auto& ns : names)
+    if (!kill_namespace_processes(ns)) errors += fmt::format(" {}: processes survived SIGKILL for 3 s;", ns);
+  int removed = 0;
   for (const auto& ns : names) {
     std::string out;
     if (run_program({"ip", "netns", "del", ns}, &out) == 0) {
@@ -604,6 +612,14 @@ int down(const std::string& name) {
   std::remove(state_path(name).c_str());
   if (!errors.empty()) throw Error(fmt::format("cluster down: could not delete namespaces:{}", errors));
   return removed;
+}
+
+void stop_processes(const std::string& name) {
+  validate_name(name);
+  std::string errors;
+  for (const auto& ns : existing_namespaces(name))
+    if (!kill_namespace_processes(ns)) errors += " " + ns;
+  if (!errors.empty()) throw Error(fmt::format("cluster {}: processes survived SIGKILL for 3 s in:{}", name, errors));
 }
 
 std::vector<std::string> list_clusters() {
@@ -656,6 +672,9 @@ int resolve_host(const ClusterState& state, const std::string& host) {
     const char* r = std::getenv("RANK");
     if (r == nullptr) throw ConfigError("cluster exec: host 'rank' needs RANK in the environment");
     h = r;
+    if (h.empty() || h.size() > 4 || !std::all_of(h.begin(), h.end(), ::isdigit) || std::stoi(h) >= n)
+      throw ConfigError(fmt::format(
+          "cluster exec: host 'rank': RANK='{}' is not a host of cluster '{}' (allowed 0..{})", h, state.name, n - 1));
   }
   for (int k = 0; k < n; ++k) {
     if (h == state.hosts[static_cast<size_t>(k)].address || h == state.hosts[static_cast<size_t>(k)].ns) return k;

@@ -73,6 +73,9 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links);
 // Removes the cluster's namespaces (stopping processes still inside them) and state file. Returns the number of
 // namespaces removed; 0 when there was nothing.
 int down(const std::string& name);
+// Stops every process left inside the cluster's namespaces (SIGTERM, then SIGKILL); throws Error naming the ones
+// still there after a few seconds.
+void stop_processes(const std::string& name);
 // Names of clusters with a state file or namespaces.
 std::vector<std::string> list_clusters();
 // The recorded state; throws ConfigError when there is no such cluster.

@@ -113,7 +113,16 @@ void cmd_down(const ClusterOptions& o) {
     }
     struct stat st {};
     const bool known = !cl::existing_namespaces(n).empty() || stat(cl::state_path(n).c_str(), &st) == 0;
-    const int removed = cl::down(n);
+    int removed = 0;
+    try {
+      removed = cl::down(n);
+    } catch (const Error& e) {
+      if (!o.all) throw;
+      // --all goes on with the other clusters and fails at the end.
+      fmt::print(stderr, "conduit cluster down: {}: {}\n", n, e.what());
+      ++skipped;
+      continue;
+    }
     if (!o.quiet)
       fmt::print("cluster {}: {}\n", n,
                  known ? fmt::format("removed {} namespaces", removed)

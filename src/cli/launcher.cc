@@ -123,8 +123,8 @@ std::pair<FileDescriptor, FileDescriptor> make_pipe(int flags) {
 class SignalScope {
  public:
   SignalScope() {
+    auto [r, w] = make_pipe(O_NONBLOCK);  // before claiming g_running: a throw here left it claimed for good
     if (g_running.exchange(true)) throw Error("launch: run_local_workers is already running in this process");
-    auto [r, w] = make_pipe(O_NONBLOCK);
     read_ = std::move(r);
     write_ = std::move(w);
     g_signal_write_fd = write_.get();
@@ -149,8 +149,15 @@ class SignalScope {
     ignore.sa_handler = SIG_IGN;
     sigemptyset(&ignore.sa_mask);
     ::sigaction(SIGPIPE, &ignore, &old_pipe_);  // a closed stdout must not kill the launcher and orphan workers
+    // A mask inherited blocked (a parent that blocks SIGCHLD or SIGTERM around exec) would keep the handlers from
+    // ever running: the launcher never learnt that its workers exited, nor forwarded a stop.
+    sigset_t handled;
+    sigemptyset(&handled);
+    for (int sig : kSignals) sigaddset(&handled, sig);
+    pthread_sigmask(SIG_UNBLOCK, &handled, &old_mask_);
   }
   ~SignalScope() {
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
     for (int i = 0; i < kHandled; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
     ::sigaction(SIGPIPE, &old_pipe_, nullptr);
     g_signal_write_fd = -1;
@@ -186,6 +193,7 @@ class SignalScope {
   FileDescriptor read_, write_;
   struct sigaction old_[kHandled] {};
   struct sigaction old_pipe_ {};
+  sigset_t old_mask_{};
 };
 
 // Blocks every signal in this thread while a child is forked, so no handler runs in the child before exec.
@@ -817,10 +825,11 @@ int run_local_workers(const LaunchSpec& spec) {
     std::optional<Clock::time_point> wake;
     if (stopping && !killed && any_running) wake = kill_deadline;
     if (drain_deadline) wake = wake ? std::min(*wake, *drain_deadline) : *drain_deadline;
-    int timeout_ms = -1;
+    // At most a second between looks at the workers, should a child's exit ever go unsignalled.
+    int timeout_ms = 1000;
     if (wake) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(*wake - now).count();
-      timeout_ms = static_cast<int>(std::clamp<long long>(ms, 0, 60 * 60 * 1000));
+      timeout_ms = static_cast<int>(std::clamp<long long>(ms, 0, 1000));
     }
 
     fds.clear();

@@ -137,6 +137,12 @@ std::vector<std::pair<std::string, std::string>> flag_map(const YAML::Node& n, c
     if (k.empty() || k.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos) {
       throw ConfigError(fmt::format("sweep: {}: key '{}' is not a flag name", where, k));
     }
+    // min_bytes and min-bytes are one flag: given twice, bench cells failed on the repeat once their cluster was up
+    // and train cells took the last silently.
+    for (const auto& [seen, v] : out)
+      if (seen == k)
+        throw ConfigError(fmt::format("sweep: {}: '{}' is given twice ('_' and '-' name the same flag); give it once",
+                                      where, kv.first.as<std::string>()));
     out.emplace_back(k, scalar(kv.second, where + "." + k));
   }
   return out;
@@ -569,8 +575,11 @@ uint64_t switch_rx_bytes(const std::string& cluster) {
 }
 
 // Runs argv with stdout/stderr into `log`; kills it after timeout_s or when the sweep is told to stop.
-int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s, bool* timed_out) {
+// *stopped: it was ended because the sweep was told to stop.
+int run_logged(const std::vector<std::string>& argv, const std::string& log, double timeout_s, bool* timed_out,
+               bool* stopped) {
   *timed_out = false;
+  *stopped = false;
   const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(fmt::format("sweep: cannot write {}", log));
   std::vector<char*> args;
@@ -601,6 +610,7 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
     const bool late = std::chrono::duration<double>(now - t0).count() > timeout_s;
     if ((late || g_stop) && !termed) {
       *timed_out = late;
+      *stopped = !late;
       kill(pid, SIGTERM);
       termed = true;
       term_at = now;
@@ -960,16 +970,19 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
   json rows = json::array(), details = json::array();
   const Network* up_net = nullptr;
   int failed = 0;
+  bool bringing_up = false;  // inside cl::down/cl::up, where a stop signal ends with an error
   try {
     for (const auto& c : cells) {
       if (g_stop) break;
       if (up_net != c.net) {
+        bringing_up = true;
         if (up_net != nullptr) {
           cl::down(cluster);
           up_net = nullptr;
         }
         cl::up(cluster, c.net->links);
         up_net = c.net;
+        bringing_up = false;
       }
       // A cell's folder starts empty: an earlier sweep's summary.json was read as this cell's result when the cell
       // failed before writing its own.
@@ -981,8 +994,11 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       std::fflush(stdout);
       const uint64_t rx0 = switch_rx_bytes(cluster);
       const auto t0 = std::chrono::steady_clock::now();
-      bool timed_out = false;
-      const int rc = run_logged(cmd, (fs::path(c.dir) / "log.txt").string(), s.timeout_s, &timed_out);
+      bool timed_out = false, stopped = false;
+      const int rc = run_logged(cmd, (fs::path(c.dir) / "log.txt").string(), s.timeout_s, &timed_out, &stopped);
+      // What the cell started and left behind (a worker's children after its launcher was killed) must not share
+      // the hosts with the next cell.
+      cl::stop_processes(cluster);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const uint64_t rx1 = switch_rx_bytes(cluster);
       json row = {{"cell", c.index},
@@ -997,7 +1013,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
                   {"hosts", s.hosts},
                   {"seed", c.seed},
                   {"status", timed_out ? "timeout"
-                             : g_stop  ? "stopped"
+                             : stopped ? "stopped"
                              : rc == 0 ? "ok"
                                        : "failed"},
                   {"exit_code", rc},
@@ -1024,7 +1040,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     // any stopped sweep, with the results so far and 128 + the signal (it exited 2 with that error). Any other error
     // is reported as before.
     // (A Ctrl-C from a terminal also reaches the ip or tc process running then, whose failure is the error here.)
-    if (!g_stop) {
+    if (!g_stop || !bringing_up) {
       if (up_net != nullptr) cl::down(cluster);
       restore_handlers();
       throw;

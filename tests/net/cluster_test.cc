@@ -200,6 +200,12 @@ TEST_F(ClusterTest, ExecRunsInsideAHost) {
   Result bad_host = sh(conduit() + " cluster exec --name " + name + " 7 -- true");
   EXPECT_EQ(bad_host.code, 2);
   EXPECT_EQ(count_lines(bad_host.out), 1) << bad_host.out;
+  // 'rank' names the value RANK holds (the error named 'rank' itself).
+  Result bad_rank = sh("RANK=-1 " + conduit() + " cluster exec --name " + name + " rank -- true");
+  EXPECT_EQ(bad_rank.code, 2);
+  EXPECT_NE(bad_rank.out.find("RANK='-1' is not a host of cluster '" + name + "' (allowed 0..1)"), std::string::npos)
+      << bad_rank.out;
+  EXPECT_EQ(sh("RANK=1 " + conduit() + " cluster exec --name " + name + " rank -- true").code, 0);
 }
 
 TEST_F(ClusterTest, RunStartsOneRankPerHost) {
@@ -327,6 +333,10 @@ TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
       " cluster up --name " + name + " --hosts 2",
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --latency 5",
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --loss 120%",
+      // strtod's hex, inf and nan (0x10ms was 16 ms)
+      " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --latency 0x10ms",
+      " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --loss 0x1p-4",
+      " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --latency infms",
       " cluster up --name BAD/name --hosts 2 --bandwidth 1gbit",
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --hosts-file /nonexistent.yaml",
       " cluster exec --name " + name + "-none 0 -- true",
@@ -568,6 +578,9 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"timeout_s: .nan\nbench: {}\n", "timeout_s = nan (allowed: seconds in (0, 604800]"},
       {"peer_powersgd_rank: 0\nbench: {}\n", "peer_powersgd_rank must be a whole number from 1 to 1024"},
       {"bench: {}\nbench: {}\n", "'bench' is given twice"},
+      // One flag under its two spellings: bench cells failed on the repeat, train cells took the last.
+      {"bench: {min_bytes: 1K, min-bytes: 2K}\n", "bench: 'min-bytes' is given twice ('_' and '-' name the same flag)"},
+      {"train: {train_limit: 10, train-limit: 20}\ncompressors: [none]\n", "train: 'train-limit' is given twice"},
       // Keys the sweep sets for each cell: a value here overrode the cell's (a "1mbit" cell ran over shm).
       {"train: {transport: shm}\ncompressors: [none]\n",
        "train: 'transport' would override what the sweep sets for each cell"},

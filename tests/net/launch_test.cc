@@ -83,8 +83,9 @@ class LaunchTest : public ::testing::Test {
 
   // Starts `conduit ARGS` with stdout/stderr going to files; `env` adds or replaces variables.
   // `ignored`: signals the launcher starts with ignored (as under nohup); the others start at their default.
+  // `blocked`: signals the launcher starts with blocked (a parent that blocks them around its exec).
   pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
-              int stdout_fd = -1, const std::vector<int>& ignored = {}) {
+              int stdout_fd = -1, const std::vector<int>& ignored = {}, const std::vector<int>& blocked = {}) {
     std::vector<std::string> argv_s = {CONDUIT_BINARY};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<std::string> env_s;
@@ -109,6 +110,10 @@ class LaunchTest : public ::testing::Test {
       if (stdout_fd >= 0 && ::dup2(stdout_fd, 1) < 0) ::_exit(126);
       for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGTERM})
         ::signal(sig, std::find(ignored.begin(), ignored.end(), sig) != ignored.end() ? SIG_IGN : SIG_DFL);
+      sigset_t mask;
+      sigemptyset(&mask);
+      for (int sig : blocked) sigaddset(&mask, sig);
+      ::sigprocmask(SIG_SETMASK, &mask, nullptr);
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(126);
     }
@@ -456,6 +461,26 @@ TEST_F(LaunchTest, ASignalIgnoredAtStartStaysIgnored) {
   const size_t at = r.out.find("SigIgn:");
   ASSERT_NE(at, std::string::npos) << r.out;
   EXPECT_EQ(std::stoull(r.out.substr(at + 7), nullptr, 16) & 1u, 1u) << r.out;
+}
+
+// Started with SIGCHLD and SIGTERM blocked (inherited from a parent), the launcher still learns that its workers
+// exited and still forwards a stop: it waited forever for the first and never saw the second.
+TEST_F(LaunchTest, SignalsBlockedAtStartAreStillHandled) {
+  auto r = finish(start({"launch", "-n", "2", "--", "true"}, {}, -1, {}, {SIGCHLD, SIGTERM}), 10s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.code, 0) << r.err;
+  const std::string script = "echo $$ > " + path("pid") + ".$RANK; exec sleep 30";
+  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script}, {}, -1, {}, {SIGCHLD, SIGTERM});
+  const pid_t w0 = wait_pid_file("pid.0"), w1 = wait_pid_file("pid.1");
+  ASSERT_GT(w0, 0);
+  ASSERT_GT(w1, 0);
+  ASSERT_EQ(::kill(launcher, SIGTERM), 0);
+  r = finish(launcher, 10s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.code, 143) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM"), std::string::npos) << r.err;
+  EXPECT_TRUE(wait_gone(w0, 5s));
+  EXPECT_TRUE(wait_gone(w1, 5s));
 }
 
 // A reader that goes away (`conduit launch ... | head`) ends the job as it ends a pipeline's writer: the workers'
