@@ -50,6 +50,7 @@
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/reduce.h"
 #ifdef CONDUIT_WITH_COMPRESS
 #include "compress/compressor.h"
@@ -744,8 +745,9 @@ const std::vector<std::string> kColumns = {"cell",
                                            "busbw_link_frac",
                                            "output"};
 
+// Each file whole or failing with one line (a full disk left a cut results.csv in place of the last good one).
 void write_results(const fs::path& out, const json& rows, const json& details) {
-  std::ofstream csv(out / "results.csv");
+  std::ostringstream csv;
   for (size_t i = 0; i < kColumns.size(); ++i) csv << (i ? "," : "") << kColumns[i];
   csv << "\n";
   for (const auto& r : rows) {
@@ -758,7 +760,8 @@ void write_results(const fs::path& out, const json& rows, const json& details) {
     j.update(details[i]);
     all.push_back(j);
   }
-  std::ofstream(out / "results.json") << all.dump(2) << "\n";
+  write_text_file((out / "results.csv").string(), csv.str());
+  write_text_file((out / "results.json").string(), all.dump(2) + "\n");
 }
 
 // Whether a cell's curve.dat holds a point (a line beyond its '#' header).
