@@ -174,7 +174,19 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
         std::vector<uint64_t> sizes(w);
         uint64_t mine = payload.size();
         comm.allgather(&mine, sizes.data(), 1, DType::i64, co).wait();
-        for (int r = 0; r < w; ++r) counts[r] = sizes[r];
+        // Before anything is allocated for them: a size no encoder writes (a corrupt or foreign peer) was allocated
+        // as announced, or wrapped the total.
+        const uint64_t most = max_payload_bytes(c, data.size(), st);
+        for (int r = 0; r < w; ++r) {
+          if (sizes[r] > most) {
+            const std::string why =
+                fmt::format("{}: rank {} announced a payload of {} bytes for {} elements (at most {})", c.name(), r,
+                            sizes[r], data.size(), most);
+            comm.transport().abort(why);
+            throw ProtocolError(why);
+          }
+          counts[r] = sizes[r];
+        }
       }
       size_t total = 0;
       for (auto n : counts) total += n;
@@ -247,6 +259,17 @@ struct Ring {
     right = (r + 1) % w;
     left = (r - 1 + w) % w;
   }
+  // A payload the codec refuses ends the collective on every rank (only this one would see it; the others waited
+  // for their deadline).
+  template <typename F>
+  void decode_or_abort(F&& decode) {
+    try {
+      decode();
+    } catch (const InvalidArgument& e) {
+      comm.transport().abort(fmt::format("rank {}: quantized ring: {}", r, e.what()));
+      throw ProtocolError(fmt::format("quantized ring: rank {} sent a payload rank {} refuses: {}", left, r, e.what()));
+    }
+  }
   void exchange(const Bytes& send, Bytes& recv, uint32_t tag) {
     auto& t = comm.transport();
     uint64_t full = net::make_tag(net::kUser, comm.id(), kRingTagBase + tag);
@@ -268,15 +291,23 @@ void ring_reduce_scatter_inplace(Ring& ring, const Compressor& codec, std::span<
     codec.compress(data.subspan(sc.offset, sc.count), st, send);
     recv.resize(codec.wire_bytes(rc.count, st));
     ring.exchange(send, recv, static_cast<uint32_t>(s));
-    codec.decompress_add(recv, st, data.subspan(rc.offset, rc.count));
+    ring.decode_or_abort([&] { codec.decompress_add(recv, st, data.subspan(rc.offset, rc.count)); });
   }
 }
 
 }  // namespace
 
+// The byte codecs' scale of a chunk with an inf is inf and a NaN encodes as a code (finite and wrong, int8's -128):
+// their input is refused on every rank as the compressed collectives refuse theirs. fp16/bf16 carry inf and NaN
+// through as an uncompressed allreduce does.
+void check_ring_input(coll::Communicator& comm, std::span<const float> in, const std::string& codec_name) {
+  if (codec_name == "int8" || codec_name == "uint8") check_finite_or_abort(comm, in, codec_name, "quantized ring");
+}
+
 void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const float> in, std::span<float> out,
                                    const std::string& codec_name, const ReduceOptions& o) {
   auto codec = make_ring_codec(codec_name);
+  check_ring_input(comm, in, codec_name);
   Chunk mine = ring_chunk(in.size(), comm.size(), comm.rank());
   if (out.size() != mine.count)
     throw InvalidArgument(fmt::format("quantized_ring_reduce_scatter: output of {} elements, rank {} owns {} of {}",
@@ -293,6 +324,7 @@ void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const flo
 void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, const std::string& codec_name,
                               const ReduceOptions& o) {
   auto codec = make_ring_codec(codec_name);
+  check_ring_input(comm, data, codec_name);
   if (comm.size() > 1) {
     Ring ring(comm, o);
     ring_reduce_scatter_inplace(ring, *codec, data);
@@ -307,7 +339,7 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
       Chunk rc = ring_chunk(d, ring.w, ring.mod(ring.r - s - 1));
       next.resize(codec->wire_bytes(rc.count, st));
       ring.exchange(cur, next, 0x8000u + static_cast<uint32_t>(s));
-      codec->decompress(next, st, data.subspan(rc.offset, rc.count));
+      ring.decode_or_abort([&] { codec->decompress(next, st, data.subspan(rc.offset, rc.count)); });
       std::swap(cur, next);
     }
   }

@@ -28,10 +28,24 @@ const char* collective_name(Collective c) {
   return "?";
 }
 
+uint64_t max_payload_bytes(const Compressor& c, size_t n, const TensorState& st) {
+  const uint64_t sparse = 8 * static_cast<uint64_t>(n);
+  return (c.fixed_size() ? std::max<uint64_t>(c.wire_bytes(n, st), sparse) : sparse) + 64;
+}
+
 std::vector<float>& TensorState::buffer(const std::string& name, size_t n) {
-  auto& b = buffers[name];
-  if (b.size() != n) b.assign(n, 0.0f);
-  return b;
+  auto [it, created] = buffers.try_emplace(name);
+  if (created) {
+    it->second.assign(n, 0.0f);
+  } else if (it->second.size() != n) {
+    // Re-zeroing it dropped what the buffer held (a residual, a momentum) without a word.
+    throw InvalidArgument(
+        fmt::format("compressor state: buffer '{}' holds {} values, this call needs {} (a state "
+                    "belongs to one tensor of one shape: give each tensor its own, or clear "
+                    "its buffers to start over)",
+                    name, it->second.size(), n));
+  }
+  return it->second;
 }
 
 namespace {
@@ -199,6 +213,15 @@ void check_scales(const std::string& who, const uint8_t* p, size_t count) {
     const float v = get_f32(p + 4 * i);
     if (!std::isfinite(v))
       throw InvalidArgument(fmt::format("{}: scale {} of the payload is {}; allowed: finite scales", who, i, v));
+  }
+}
+
+void check_magnitudes(const std::string& who, const uint8_t* p, size_t count, size_t first, size_t stride) {
+  for (size_t i = first; i < count; i += stride) {
+    const float v = get_f32(p + 4 * i);
+    if (v < 0)
+      throw InvalidArgument(
+          fmt::format("{}: scale {} of the payload is {}; allowed: a magnitude (0 or more)", who, i, v));
   }
 }
 

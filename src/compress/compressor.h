@@ -39,11 +39,18 @@ struct TensorState {
   uint64_t stream = 0;        // differs per rank (stochastic rounding noise), e.g. the rank
   std::map<std::string, std::vector<float>> buffers;  // residual, momentum, Q, ...
 
-  std::vector<float>& buffer(const std::string& name, size_t n);  // created zero-filled on first use
+  // Created zero-filled on first use; InvalidArgument when it exists with another size.
+  std::vector<float>& buffer(const std::string& name, size_t n);
   Bytes save() const;
   static TensorState load(std::span<const uint8_t> bytes);  // InvalidArgument when the bytes are not a state
   bool operator==(const TensorState& o) const = default;
 };
+
+class Compressor;
+// The most bytes a payload of n elements may take, checked before anything is allocated for one a peer announces:
+// the method's payload (uint8 with chunk 1 takes 9 bytes an element) or a sparsifier's indices and values (8 bytes
+// an element; a variable-size payload such as threshold's is no more), plus 64. Each decoder checks the exact length.
+uint64_t max_payload_bytes(const Compressor& c, size_t n, const TensorState& st);
 
 class Compressor {
  public:

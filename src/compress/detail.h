@@ -146,6 +146,9 @@ void check_payload(const std::string& who, size_t got, size_t want);
 // as NaN without a word).
 void check_scales(const std::string& who, const uint8_t* p, size_t count);
 void check_out(const std::string& who, size_t got, size_t want);
+// The scales at first, first + stride, ... below count are magnitudes an encoder wrote (max|x|, a norm, a range):
+// InvalidArgument naming the first negative one (it would flip the signs of what it decodes).
+void check_magnitudes(const std::string& who, const uint8_t* p, size_t count, size_t first = 0, size_t stride = 1);
 // The first of the n codes (bits wide, least significant first, as pack_codes writes them) above max_code, or n
 // when none is: a payload's codes that no encoder writes. Codes past n in the last byte are not looked at. Codes
 // of 2, 4 or 8 bits are compared 64 bits at a time.

@@ -158,8 +158,14 @@ class ByteQuantizer : public Compressor {
     size_t d = out.size();
     check_payload(name(), p.size(), d + header(d));
     detail::check_scales(name(), p.data(), header(d) / 4);
+    // int8's scales, uint8's (min, scale) pairs' scales.
+    detail::check_magnitudes(name(), p.data(), header(d) / 4, signed_ ? 0 : 1, signed_ ? 1 : 2);
     const auto* h = reinterpret_cast<const float*>(p.data());
     const uint8_t* q = p.data() + header(d);
+    if (signed_)
+      if (const void* at = std::memchr(q, 0x80, d))
+        throw InvalidArgument(fmt::format("int8: element {} of the payload is -128; allowed: -127..127",
+                                          static_cast<const uint8_t*>(at) - q));
     if (signed_)
       kernels::get().dequant_i8_chunks(reinterpret_cast<const int8_t*>(q), d, chunk_, h, out.data(), add);
     else
@@ -242,6 +248,7 @@ class Qsgd : public Compressor {
     check_payload("qsgd", p.size(), wire_bytes(d, none));
     size_t bk = bucket(d), nb = buckets(d);
     detail::check_scales("qsgd", p.data(), nb);
+    detail::check_magnitudes("qsgd", p.data(), nb);
     const uint8_t* codes_in = p.data() + 4 * nb;
     if (size_t e = detail::first_code_above(codes_in, d, bits_, 2 * static_cast<uint32_t>(s_) + 1); e < d)
       throw InvalidArgument(
@@ -355,12 +362,14 @@ class TernGrad : public Compressor {
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     check_payload("terngrad", p.size(), wire_bytes(out.size(), st));
     detail::check_scales("terngrad", p.data(), 1);
+    detail::check_magnitudes("terngrad", p.data(), 1);
     check_tern_codes(p.data() + 4, out.size());
     tern_decode(p.data() + 4, out.size(), get_f32(p.data()), out.data(), false);
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
     check_payload("terngrad", p.size(), wire_bytes(acc.size(), st));
     detail::check_scales("terngrad", p.data(), 1);
+    detail::check_magnitudes("terngrad", p.data(), 1);
     check_tern_codes(p.data() + 4, acc.size());
     tern_decode(p.data() + 4, acc.size(), get_f32(p.data()), acc.data(), true);
   }
@@ -384,13 +393,25 @@ class Natural : public Compressor {
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     size_t d = out.size();
-    check_payload("natural", p.size(), wire_bytes(d, st));
+    check(p, d, st);
     natural_decode(p.data(), p.data() + ceil_div(d, 8), d, out.data(), false);
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
     size_t d = acc.size();
-    check_payload("natural", p.size(), wire_bytes(d, st));
+    check(p, d, st);
     natural_decode(p.data(), p.data() + ceil_div(d, 8), d, acc.data(), true);
+  }
+
+ private:
+  void check(std::span<const uint8_t> p, size_t d, const TensorState& st) const {
+    check_payload("natural", p.size(), wire_bytes(d, st));
+    // Exponent 255 is inf or NaN, which the encoder never writes (its inputs are finite).
+    const uint8_t* exps = p.data() + ceil_div(d, 8);
+    if (const void* at = std::memchr(exps, 0xff, d))
+      throw InvalidArgument(
+          fmt::format("natural: element {} of the payload has exponent 255 (inf or NaN); allowed: "
+                      "0..254",
+                      static_cast<const uint8_t*>(at) - exps));
   }
 };
 

@@ -12,10 +12,13 @@
 // server's majority vote is sign(sum of signs). EF-signSGD (Karimireddy et al. 2019): error feedback around the
 // scaled sign ||p||_1/d sign(p). 1-bit SGD (Seide et al. 2014): error feedback around a 1-bit quantizer whose two
 // reconstruction values are the means of the non-negative and of the negative entries.
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "compress/kernels.h"
 #include "compress/methods.h"
+#include "core/error.h"
 
 namespace conduit::compress::methods {
 namespace {
@@ -102,6 +105,12 @@ class ScaledSign : public Compressor {
     detail::check_scales(name(), p.data(), two_ ? 2 : 1);
     pos = get_f32(p.data());
     neg = two_ ? get_f32(p.data() + 4) : -pos;
+    // The encoder writes the mean magnitude (or the positives' mean) and the negatives' mean.
+    if (pos < 0 || neg > 0)
+      throw InvalidArgument(
+          fmt::format("{}: the payload's values are +{} / {}; allowed: a value of 0 or more for "
+                      "the positive signs and of 0 or less for the negative ones",
+                      name(), pos, neg));
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     check_payload(name(), p.size(), wire_bytes(out.size(), st));

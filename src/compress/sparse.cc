@@ -418,7 +418,14 @@ CompressorPtr make_randk(const ParamReader& p) {
   return std::make_unique<RandK>(p.real("ratio", 1e-9, 1), p.boolean("unbiased"));
 }
 CompressorPtr make_threshold(const ParamReader& p) {
-  return std::make_unique<Threshold>(p.real("threshold", 0, 3.4e38));
+  const double t = p.real("threshold", 0, 3.4e38);
+  // Compared in f32: a threshold that rounds to 0 there kept every element (8 bytes each: twice the input).
+  if (t > 0 && static_cast<float>(t) == 0.0f)
+    throw ConfigError(
+        fmt::format("compressor threshold: parameter threshold='{}' rounds to 0 in f32; allowed: 0, or "
+                    "1.5e-45 to 3.4e38",
+                    p.text("threshold")));
+  return std::make_unique<Threshold>(t);
 }
 CompressorPtr make_dgc(const ParamReader& p) {
   const int64_t warmup = p.integer("warmup_steps", 0, int64_t(1) << 40);
@@ -427,8 +434,16 @@ CompressorPtr make_dgc(const ParamReader& p) {
     throw ConfigError(fmt::format("compressor dgc: warmup_steps = {} is shorter than its four stages (25%, 6.25%, "
                                   "1.5625%, 0.4%, a step each at least); allowed: 0 (no warm-up) or 4..2^40",
                                   warmup));
-  return std::make_unique<Dgc>(p.real("ratio", 1e-9, 1), p.real("momentum", 0, 0.999999),
-                               p.real("clip_norm", 0, 3.4e38), warmup, p.real("sample", 0, 1));
+  const double clip = p.real("clip_norm", 0, 3.4e38);
+  // The clipping factor clip_norm / |g| is applied in f32: below f32's normal range it is 0 for any gradient of
+  // norm 1 or more, and DGC then sent zeros for ever.
+  if (clip > 0 && clip < 1.1754944e-38)
+    throw ConfigError(
+        fmt::format("compressor dgc: parameter clip_norm='{}' is below f32's normal range; allowed: 0 "
+                    "(no clipping), or 1.2e-38 to 3.4e38",
+                    p.text("clip_norm")));
+  return std::make_unique<Dgc>(p.real("ratio", 1e-9, 1), p.real("momentum", 0, 0.999999), clip, warmup,
+                               p.real("sample", 0, 1));
 }
 
 }  // namespace methods

@@ -62,14 +62,6 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
 // on one rank are refused by the transport instead of swapped.
 uint32_t shard_tag(uint32_t base, int64_t shard) { return base | (uint32_t(shard & 0xffff) << 5); }
 
-// The most bytes a compressed push or pull of n elements may announce: the method's payload (uint8 with chunk 1
-// takes 9 bytes an element) or a sparsifier's indices and values (8 bytes an element). Checked before anything is
-// allocated for it; each decoder then checks the exact length.
-uint64_t compressed_cap(const compress::Compressor& c, size_t n, const compress::TensorState& st) {
-  const uint64_t sparse = 8 * static_cast<uint64_t>(n);  // a variable-size payload (threshold) is 8 bytes a kept one
-  return (c.fixed_size() ? std::max<uint64_t>(c.wire_bytes(n, st), sparse) : sparse) + 64;
-}
-
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
 }
@@ -314,8 +306,8 @@ class Shard {
 
  public:
   // The length a worker's request may announce, checked before anything is allocated for it: none for a pull or a
-  // stop; a raw push the shard's size in f32, a compressed one at most compressed_cap. Waits for the shard's size
-  // (worker 0's upload).
+  // stop; a raw push the shard's size in f32, a compressed one at most compress::max_payload_bytes. Waits for the
+  // shard's size (worker 0's upload).
   void check_request(int w, const Header& h, double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!wait_or_abort(lk, timeout_s, [&] { return initialized_; }))
@@ -327,7 +319,9 @@ class Shard {
                       "stop ({}), pull ({})",
                       index_, w, h.kind, uint64_t{kPush}, uint64_t{kStop}, uint64_t{kPull}));
     const uint64_t n = params_.size();
-    const uint64_t most = h.kind != kPush ? 0 : push_ ? compressed_cap(*push_, n, slots_[w].push_state) : 4 * n;
+    const uint64_t most = h.kind != kPush ? 0
+                          : push_         ? compress::max_payload_bytes(*push_, n, slots_[w].push_state)
+                                          : 4 * n;
     if (h.bytes > most || (h.kind == kPush && !push_ && h.bytes != most))
       throw ProtocolError(fmt::format("sync ps shard {}: worker {} announced {} bytes for a {}; allowed: {}{} bytes",
                                       index_, w, h.bytes,
@@ -770,7 +764,7 @@ class PsStrategy : public Strategy {
       const uint64_t raw_bytes = 4 * static_cast<uint64_t>(hi - lo);
       // (The starting point at setup comes raw, before the pull states exist.)
       const bool compressed = pull_ && size_t(s) < pull_states_.size();
-      const uint64_t cap = compressed ? compressed_cap(*pull_, hi - lo, pull_states_[size_t(s)]) : 0;
+      const uint64_t cap = compressed ? compress::max_payload_bytes(*pull_, hi - lo, pull_states_[size_t(s)]) : 0;
       const bool ok =
           rhs[s].raw == 1 ? rhs[s].bytes == raw_bytes : rhs[s].raw == 0 && compressed && rhs[s].bytes <= cap;
       if (!ok)

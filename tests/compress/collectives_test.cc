@@ -270,6 +270,80 @@ TEST(SubCommunicators, MethodsRingAndPowerSgdOnSplitGroups) {
   });
 }
 
+namespace {
+// A variable-size method whose rank 1 announces more than any encoder writes (8 bytes an element + 64).
+class Bloated : public Compressor {
+ public:
+  std::string name() const override { return "bloated"; }
+  Collective collective() const override { return Collective::allgather; }
+  bool fixed_size() const override { return false; }
+  size_t wire_bytes(size_t, const TensorState&) const override { return 0; }
+  void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
+    out.assign(st.stream == 1 ? 8 * in.size() + 65 : 8, 0);
+  }
+  void decompress(std::span<const uint8_t>, const TensorState&, std::span<float> out) const override {
+    std::fill(out.begin(), out.end(), 0.0f);
+  }
+};
+}  // namespace
+
+// A payload size a peer announces is bounded before anything is allocated for it (it was taken as announced: a
+// corrupt size was a bad_alloc, or wrapped the total); every rank fails at once naming the rank and the size.
+TEST(PeerInput, AnnouncedPayloadSizesAreBounded) {
+  Bloated c;
+  std::vector<std::string> errors(2);
+  conduit::compress::testing::on_ranks(2, [&](coll::Communicator& comm) {
+    auto st = c.make_state({100}, 1, comm.rank());
+    std::vector<float> x(100, 0.5f);
+    try {
+      compressed_allreduce(comm, c, st, x);
+    } catch (const Error& e) {
+      errors[comm.rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r].find("rank 1 announced a payload of 865 bytes for 100 elements (at most 864)"),
+              std::string::npos)
+        << r << ": " << errors[r];
+}
+
+// The quantized ring with int8/uint8 refuses a nan or inf as the compressed exchanges do (int8 decoded a NaN as
+// -128 x scale, finite and wrong; an inf made the scale inf and only the next rank failed while the others waited
+// for their deadline); a payload a rank refuses aborts the ring on every rank.
+TEST(NonFinite, QuantizedRingRefusesWhatItsByteCodecsCannotCarry) {
+  for (const std::string codec : {"int8", "uint8"}) {
+    for (bool reduce_scatter : {false, true}) {
+      std::vector<std::string> errors(3);
+      const auto t0 = std::chrono::steady_clock::now();
+      conduit::compress::testing::on_ranks(3, [&](coll::Communicator& comm) {
+        std::vector<float> x(999, 0.25f), out(333);
+        if (comm.rank() == 2) x[500] = std::numeric_limits<float>::quiet_NaN();
+        try {
+          if (reduce_scatter)
+            quantized_ring_reduce_scatter(comm, x, out, codec);
+          else
+            quantized_ring_allreduce(comm, x, codec);
+        } catch (const Error& e) {
+          errors[comm.rank()] = e.what();
+        }
+      });
+      EXPECT_NE(errors[2].find("element 500 of 999 is nan"), std::string::npos) << codec << ": " << errors[2];
+      for (int r : {0, 1})
+        EXPECT_NE(errors[r].find("rank 2: quantized ring: element 500"), std::string::npos)
+            << codec << r << ": " << errors[r];
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10) << codec;
+    }
+  }
+  // fp16 carries a NaN through, as an uncompressed allreduce does.
+  conduit::compress::testing::on_ranks(2, [&](coll::Communicator& comm) {
+    std::vector<float> x(64, 1.0f);
+    if (comm.rank() == 1) x[3] = std::numeric_limits<float>::quiet_NaN();
+    quantized_ring_allreduce(comm, x, "fp16");
+    EXPECT_TRUE(std::isnan(x[3]));
+    EXPECT_EQ(x[4], 2.0f);
+  });
+}
+
 // A nan or an inf in a compressed exchange's input is an error naming the element and the compressor: most methods
 // cannot carry it and returned a finite, silently wrong result (TernGrad turned one inf into an all-zero tensor,
 // top-k rarely selected a nan, int8 decoded it as a finite value). The casts pass them on, as an uncompressed

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -436,6 +437,93 @@ TEST(RoundTrip, NanScalesAndDgcPayloadsOfAnotherCountAreRefused) {
   one.insert(one.end(), p.begin() + 40, p.begin() + 44);
   EXPECT_THROW(d->decompress(one, st, out), InvalidArgument);
   EXPECT_THROW(d->decompress(Bytes{}, st, out), InvalidArgument);
+}
+
+// Values no encoder writes in a payload's header or codes: a negative magnitude (int8's scale, uint8's range,
+// QSGD's norm, TernGrad's scale, scaled sign's positive mean; a positive mean for signum_ef's negatives), int8's
+// -128 and natural compression's exponent 255 (inf or NaN). They decoded as flipped signs, -128 * scale outside
+// the encoder's range, and infinities.
+TEST(RoundTrip, HeadersAndCodesNoEncoderWritesAreRefused) {
+  const auto x = gaussian(100, 9);
+  std::vector<float> out(x.size());
+  auto refused = [&](const char* name, const Params& opts, const std::function<void(Bytes&)>& spoil,
+                     const std::string& want) {
+    auto c = make_compressor(name, opts);
+    auto st = c->make_state(x.size(), 3, 0);
+    Bytes p = c->compress(x, st);
+    EXPECT_NO_THROW(c->decompress(p, st, out)) << name;
+    spoil(p);
+    for (bool add : {false, true}) {
+      try {
+        add ? c->decompress_add(p, st, out) : c->decompress(p, st, out);
+        ADD_FAILURE() << name << ": decoded";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << name << ": " << e.what();
+      }
+    }
+  };
+  auto negate_float = [](size_t at) {
+    return [at](Bytes& p) {
+      float v;
+      std::memcpy(&v, p.data() + 4 * at, 4);
+      v = -std::fabs(v) - 1.0f;
+      std::memcpy(p.data() + 4 * at, &v, 4);
+    };
+  };
+  refused("int8", {{"chunk", "50"}}, negate_float(1), "scale 1 of the payload is -");
+  refused("uint8", {{"chunk", "50"}}, negate_float(3), "scale 3 of the payload is -");  // chunk 1's (min, scale)
+  refused("qsgd", {}, negate_float(0), "scale 0 of the payload is -");
+  refused("terngrad", {}, negate_float(0), "allowed: a magnitude (0 or more)");
+  refused("scaled_sign", {}, negate_float(0), "allowed: a value of 0 or more for the positive signs");
+  refused(
+      "int8", {}, [](Bytes& p) { p[4 + 42] = 0x80; }, "element 42 of the payload is -128; allowed: -127..127");
+  refused(
+      "natural", {}, [](Bytes& p) { p[13 + 57] = 0xff; }, "element 57 of the payload has exponent 255");
+  // uint8's minimum may be negative: that is a value, not a magnitude.
+  auto u = make_compressor("uint8", {});
+  auto st = u->make_state(x.size(), 3, 0);
+  EXPECT_NO_THROW(u->decompress(u->compress(x, st), st, out));
+}
+
+// Parameters that f32 cannot hold as given: a threshold that rounds to 0 kept every element (8 bytes each); a DGC
+// clip norm below f32's normal range made the clipping factor 0 and DGC sent zeros.
+TEST(Spec, ParametersF32CannotHoldAreRefused) {
+  try {
+    make_compressor("threshold", {{"threshold", "1e-46"}});
+    ADD_FAILURE() << "threshold=1e-46 taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("threshold='1e-46' rounds to 0 in f32"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make_compressor("threshold", {{"threshold", "0"}}));
+  EXPECT_NO_THROW(make_compressor("threshold", {{"threshold", "1e-45"}}));
+  try {
+    make_compressor("dgc", {{"clip_norm", "1e-300"}});
+    ADD_FAILURE() << "clip_norm=1e-300 taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("clip_norm='1e-300' is below f32's normal range"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(make_compressor("dgc", {{"clip_norm", "0"}}));
+}
+
+// A state belongs to one tensor: a buffer asked for with another size is an error (it was re-zeroed, dropping the
+// residual or momentum it held).
+TEST(State, ABufferOfAnotherSizeIsRefusedNotReset) {
+  auto ef = make_compressor("ef:topk", {{"ratio", "0.1"}});
+  auto st = ef->make_state(100, 3, 0);
+  const auto x = gaussian(100, 5);
+  ef->compress(x, st);
+  const auto held = st.buffers.at("ef.residual");
+  const auto y = gaussian(50, 6);
+  try {
+    ef->compress(y, st);
+    ADD_FAILURE() << "a 50-element tensor used a 100-element state";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("buffer 'ef.residual' holds 100 values, this call needs 50"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(st.buffers.at("ef.residual"), held);
 }
 
 // int8 and uint8 chunks whose largest magnitude is subnormal-scale (255 zeros and one 1e-38): 1 / scale was inf and
