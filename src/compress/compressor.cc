@@ -119,7 +119,7 @@ TensorState TensorState::load(std::span<const uint8_t> bytes) {
     uint64_t n = r.u64();
     if (n > (bytes.size() - r.pos) / 4) throw InvalidArgument("compressor state: buffer longer than the bytes left");
     std::vector<float> v(n);
-    std::memcpy(v.data(), bytes.data() + r.pos, n * 4);
+    if (n > 0) std::memcpy(v.data(), bytes.data() + r.pos, n * 4);
     r.pos += n * 4;
     st.buffers.emplace(std::move(name), std::move(v));
   }
@@ -195,8 +195,8 @@ bool ParamReader::boolean(const std::string& key) const {
   const std::string& s = values_.at(key);
   if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
   if (s == "0" || s == "false" || s == "off" || s == "no") return false;
-  throw ConfigError(fmt::format("compressor {}: parameter {}='{}' must be one of 1, 0, true, false, on, off", name_,
-                                key, s));
+  throw ConfigError(fmt::format("compressor {}: parameter {}='{}' must be one of 1, 0, true, false, on, off, yes, no",
+                                name_, key, s));
 }
 
 const std::string& ParamReader::text(const std::string& key) const { return values_.at(key); }
@@ -488,6 +488,11 @@ std::pair<std::string, Params> split_spec(const std::string& spec) {
   while (spec.compare(start, 3, "ef:") == 0) start += 3;
   size_t colon = spec.find(':', start);
   Params p;
+  if (colon != std::string::npos && colon + 1 == spec.size())
+    throw ConfigError(
+        fmt::format("compressor spec '{}' ends with ':' and no parameters (form: name or "
+                    "name:key=value,...)",
+                    spec));
   if (colon != std::string::npos) {
     p = parse_key_values(spec.substr(colon + 1), [&](const std::string& kv) {
       return fmt::format("compressor spec '{}': '{}' is not key=value (form: name:key=value,...)", spec, kv);

@@ -70,6 +70,9 @@ TEST(Factory, RejectsUnknownNamesAndParametersWithOneLine) {
   EXPECT_EQ(parse_compressor("topk:ratio=0.5")->wire_bytes(10, {}), 8u * 5);
   EXPECT_EQ(parse_compressor("ef:randk:ratio=0.5,unbiased=0")->name(), "ef:randk");
   EXPECT_THROW(parse_compressor("topk:ratio"), ConfigError);
+  EXPECT_THROW(parse_compressor("topk:"), ConfigError);  // a ':' with nothing after it (was taken as the defaults)
+  EXPECT_THROW(parse_compressor("ef:topk:"), ConfigError);
+  EXPECT_NO_THROW(parse_compressor("ef:topk"));
   for (const auto& n : compressor_names()) EXPECT_NO_THROW(make_compressor(n)) << n;
 }
 
