@@ -1205,15 +1205,25 @@ void setup(CLI::App& app) {
     auto a = std::make_shared<StepArgs>();
     add_model_flags(c, *a);
     c->add_option("--global-batch", a->global_batch, "sequences per iteration")->required();
-    c->add_option("--micro-batch", a->micro_batch, "sequences per micro-batch")->capture_default_str();
-    c->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str();
-    c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
-    c->add_option("--dp", a->dp, "data-parallel size (default: gpus / (tp pp))");
-    c->add_option("--zero", a->zero, "ZeRO stage 0-3")->capture_default_str();
-    c->add_option("--recompute", a->recompute, "none, selective or full")->capture_default_str();
-    c->add_option("--schedule", a->schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
-    c->add_option("--virtual-stages", a->virtual_stages, "model chunks per GPU for --schedule interleaved (default 2)");
-    c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism");
+    // The dimensions the planner searches: plan shows no step default for them (it tries every value unless one
+    // is given, which fixes it).
+    const std::string searched = is_step ? "" : " (searched unless given)";
+    auto dflt = [is_step](CLI::Option* o) {
+      if (is_step) o->capture_default_str();
+    };
+    dflt(c->add_option("--micro-batch", a->micro_batch, "sequences per micro-batch" + searched));
+    dflt(c->add_option("--tp", a->tp, "tensor-parallel size" + searched));
+    dflt(c->add_option("--pp", a->pp, "pipeline-parallel size" + searched));
+    c->add_option("--dp", a->dp,
+                  is_step ? "data-parallel size (default: gpus / (tp pp))"
+                          : "not taken: each plan's is gpus / (tp pp) (fix --tp and --pp instead)");
+    dflt(c->add_option("--zero", a->zero, "ZeRO stage 0-3" + searched));
+    dflt(c->add_option("--recompute", a->recompute, "none, selective or full" + searched));
+    dflt(c->add_option("--schedule", a->schedule, "gpipe, 1f1b or interleaved" + searched));
+    c->add_option("--virtual-stages", a->virtual_stages,
+                  is_step ? "model chunks per GPU for --schedule interleaved (default 2)"
+                          : "model chunks per GPU for --schedule interleaved (searched: 2 and 4, unless given)");
+    c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism" + searched);
     c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
     c->add_flag("--balance", a->balance,
                 "heterogeneous clusters (data parallel): batch shares proportional to each accelerator's speed");
