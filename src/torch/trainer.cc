@@ -330,11 +330,25 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"batch_size", "number"},
                                                        {"seed", "number"},
                                                        {"train_limit", "number"},
-                                                       {"synthetic_samples", "number"}};
+                                                       {"synthetic_samples", "number"},
+                                                       {"lr", "number"},
+                                                       {"momentum", "number"},
+                                                       {"weight_decay", "number"},
+                                                       {"lr_schedule", "string"},
+                                                       {"warmup_epochs", "number"},
+                                                       {"epochs", "number"},
+                                                       {"test_limit", "number"},
+                                                       {"data_dir", "string"},
+                                                       {"checkpoint_every", "number"},
+                                                       {"eval_every", "number"},
+                                                       {"bucket_cap_mb", "number"},
+                                                       {"first_bucket_mb", "number"},
+                                                       {"overlap", "boolean"}};
   for (const auto& [key, type] : typed) {
     auto it = meta.find(key);
     if (it == meta.end()) continue;
-    const bool ok = std::string(type) == "string" ? it->is_string() : it->is_number();
+    const std::string t = type;
+    const bool ok = t == "string" ? it->is_string() : t == "boolean" ? it->is_boolean() : it->is_number();
     if (!ok)
       throw ConfigError(
           fmt::format("config: resume: {}: '{}' is {}, not a {}; allowed: a checkpoint directory "
@@ -488,6 +502,26 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                     "up (a warm-up's last step is at the full lr); allowed: 0, or at least {:.4g} "
                     "epochs (two steps)",
                     c.warmup_epochs, warmup, spe, 2.0 / double(spe)));
+  // eval_every: worker 0 holds a copy of the model every eval_every steps until the next checkpoint (bsp: every
+  // epoch end; checkpoint_every) or the end of the run. Bounded here: a small eval_every on a long run ran out of
+  // memory (the CNN at eval_every 1 and batch 1: 60,000 copies of 1.7 MB an epoch).
+  if (c.eval_every > 0) {
+    constexpr uint64_t kMaxCopiesBytes = uint64_t{4} << 30;
+    int64_t span = total_steps - (c.resume.empty() ? 0 : checkpoint_int(meta, "global_step", rd));
+    if (outputs && dopt) span = std::min(span, spe);
+    if (outputs && c.checkpoint_every > 0) span = std::min<int64_t>(span, c.checkpoint_every);
+    const uint64_t copies = uint64_t(std::max<int64_t>(span, 0) / c.eval_every) + 1;
+    uint64_t bytes = 0;
+    for (const auto& t : model->parameters()) bytes += uint64_t(t.nbytes());
+    for (const auto& t : model->buffers()) bytes += uint64_t(t.nbytes());
+    if (bytes > 0 && copies > kMaxCopiesBytes / bytes)
+      throw ConfigError(fmt::format(
+          "config: eval_every: {} keeps up to {} copies of the model ({:.1f} MB each, {:.1f} GB) until they are "
+          "evaluated at the next checkpoint; allowed: at most 4 GiB of copies (eval_every {} or more{})",
+          c.eval_every, copies, double(bytes) / 1e6, double(copies) * double(bytes) / 1e9,
+          int64_t(double(span) * double(bytes) / double(kMaxCopiesBytes)) + 1,
+          outputs ? ", or a smaller checkpoint_every" : ""));
+  }
   // The scheme's parameter `key` as given, else its default ("" when it has none).
   auto scheme_param = [&](const char* key) -> std::string {
     if (spec.bsp()) return {};
@@ -705,6 +739,20 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"optimizer", c.optimizer},
                                                              {"compress_min_bytes", c.compress_min_bytes},
                                                              {"target_accuracy", c.target_accuracy},
+                                                             // the rest of the run's settings, a resume's defaults
+                                                             {"lr", c.lr},
+                                                             {"momentum", c.momentum},
+                                                             {"weight_decay", c.weight_decay},
+                                                             {"lr_schedule", c.lr_schedule},
+                                                             {"warmup_epochs", c.warmup_epochs},
+                                                             {"epochs", c.epochs},
+                                                             {"test_limit", c.test_limit},
+                                                             {"data_dir", c.data_dir},
+                                                             {"checkpoint_every", c.checkpoint_every},
+                                                             {"eval_every", c.eval_every},
+                                                             {"bucket_cap_mb", c.bucket_cap_mb},
+                                                             {"first_bucket_mb", c.first_bucket_mb},
+                                                             {"overlap", c.overlap},
                                                              {"wall_s", elapsed()},
                                                              {"time_to_target_s", time_to_target},
                                                              {"test_accuracy", acc}});
