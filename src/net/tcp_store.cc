@@ -247,7 +247,13 @@ class TcpStoreServer {
     std::string in;
     std::string out;
     size_t out_off = 0;
+    size_t pending() const { return out.size() - out_off; }
   };
+  // A client's requests are not read or served while more than this of its replies waits to be sent: one that
+  // sent requests without reading the replies grew the server's memory by a reply each (60 gets of a 4 MiB value
+  // held 240 MiB). One reply may still take it past this (a value is up to 64 MiB).
+  static constexpr size_t kMaxPendingReplies = size_t{8} << 20;
+  static bool backed_up(const Client& c) { return c.pending() > kMaxPendingReplies; }
 
   void run() {
     std::vector<pollfd> fds;
@@ -261,7 +267,7 @@ class TcpStoreServer {
       const bool accept_paused = Clock::now() < accept_paused_until_;
       fds.push_back({accept_paused ? -1 : listen_fd_, POLLIN, 0});
       for (auto& [id, c] : clients_) {
-        short ev = POLLIN;
+        short ev = backed_up(c) ? 0 : POLLIN;  // (a hang-up or error is reported either way)
         if (c.out_off < c.out.size()) ev |= POLLOUT;
         fds.push_back({c.fd, ev, 0});
         ids.push_back(id);
@@ -289,10 +295,16 @@ class TcpStoreServer {
           if (!keep) drop(it->first);
         }
       }
-      // Flush every client with pending output (replies may have been queued for any client, e.g. by a set).
+      // Flush every client with pending output (replies may have been queued for any client, e.g. by a set); a
+      // client whose replies drained below the limit has the requests it sent meanwhile served.
       std::vector<uint64_t> dead;
       for (auto& [id, c] : clients_) {
-        if (c.out_off < c.out.size() && !flush(c)) dead.push_back(id);
+        const bool was_backed_up = backed_up(c);
+        if (c.out_off < c.out.size() && !flush(c)) {
+          dead.push_back(id);
+          continue;
+        }
+        if (was_backed_up && !backed_up(c) && !c.in.empty() && !serve(id, c)) dead.push_back(id);
       }
       for (uint64_t id : dead) drop(id);
     }
@@ -341,6 +353,7 @@ class TcpStoreServer {
   bool read_client(uint64_t id, Client& c) {
     char buf[65536];
     while (true) {
+      if (backed_up(c)) return true;  // read again once its replies drained
       ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
       if (n > 0) {
         c.in.append(buf, static_cast<size_t>(n));
@@ -368,7 +381,7 @@ class TcpStoreServer {
   bool serve(uint64_t id, Client& c) {
     size_t off = 0;
     bool ok = true;
-    while (c.in.size() - off >= kHeaderBytes) {
+    while (c.in.size() - off >= kHeaderBytes && !backed_up(c)) {
       Header h = decode_header(c.in.data() + off);
       std::string bad = check_header(h, false);
       if (!bad.empty()) {
@@ -378,10 +391,8 @@ class TcpStoreServer {
         break;
       }
       size_t total = kHeaderBytes + static_cast<size_t>(h.key_len) + h.value_len;
-      if (c.in.size() - off < total) {
-        c.in.reserve(off + total);
-        break;
-      }
+      // (not reserved from the header: 30 connections that sent a header each reserved 4 GB)
+      if (c.in.size() - off < total) break;
       std::string key = c.in.substr(off + kHeaderBytes, h.key_len);
       std::string value = c.in.substr(off + kHeaderBytes + h.key_len, h.value_len);
       off += total;
@@ -496,6 +507,12 @@ class TcpStoreServer {
     if (it == clients_.end()) return;
     close(it->second.fd);
     clients_.erase(it);
+    // The gets it left waiting go with it (they stayed, each with its key, until the key was set, if ever).
+    for (auto w = waiters_.begin(); w != waiters_.end();) {
+      auto& v = w->second;
+      v.erase(std::remove_if(v.begin(), v.end(), [id](const auto& e) { return e.first == id; }), v.end());
+      w = v.empty() ? waiters_.erase(w) : std::next(w);
+    }
   }
 
   std::string host_;

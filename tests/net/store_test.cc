@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <thread>
@@ -422,6 +423,52 @@ TEST(TcpStore, MalformedFramesDropOnlyThatClient) {
   fresh->set("after", "2");
   EXPECT_EQ(good->get("after", Deadline::after(5)), "2");
   EXPECT_EQ(server->add("c", 1), 1);
+}
+
+namespace {
+long vm_rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+}  // namespace
+
+// A client that sends requests without reading the replies is not read while its replies back up: each get of a
+// 4 MiB value queued another 4 MiB in the server (60 held 240 MiB); the others are served meanwhile, and once the
+// client reads, every reply arrives.
+TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsNotServedUntilItDoes) {
+  int port = 0;
+  auto server = start_server(&port);
+  const std::string big(4 << 20, 'v');
+  server->set("big", big);
+  int fd = raw_connect(port);  // (the kernel's socket buffers take ~10 MB of the 240 before the server holds any)
+  const long before = vm_rss_kib();
+  unsigned char h[24 + 3] = {0x43, 0x44, 0x53, 0x54, 1, 0, 2, 0};  // get "big"
+  h[16] = 3;
+  std::memcpy(h + 24, "big", 3);
+  constexpr int kGets = 100;
+  for (int i = 0; i < kGets; ++i) {
+    h[8] = static_cast<unsigned char>(i + 1);  // request id
+    ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const long grown = vm_rss_kib() - before;
+  EXPECT_LT(grown, 40 * 1024) << "KiB";  // the limit and a reply or two, not 100 replies
+  auto other = client(port);
+  other->set("x", "1");
+  EXPECT_EQ(other->get("x", Deadline::after(5)), "1");
+  // Reading now, the client gets all 100 replies.
+  size_t want = size_t(kGets) * (24 + big.size()), got = 0;
+  std::vector<char> buf(1 << 20);
+  while (got < want) {
+    ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+    ASSERT_GT(n, 0) << got << " of " << want;
+    got += size_t(n);
+  }
+  EXPECT_EQ(got, want);
+  close(fd);
 }
 
 TEST(TcpStore, MalformedReplyIsProtocolError) {
