@@ -281,7 +281,12 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
     k.nics = get_int(require(n, "nics", f), f + ".nics", 1, 1024);
     if (k.gpus % k.nics != 0 && k.nics % k.gpus != 0)
       throw ConfigError(fmt::format("{}: gpus ({}) and nics ({}) must divide one another", f, k.gpus, k.nics));
-    if (k.nics > k.gpus) k.nics = k.gpus;  // extra NICs beyond one per GPU are not used by collectives
+    // (they were cut to one per accelerator without a word, and half of 8 NICs' bandwidth on 4 GPUs went unused)
+    if (k.nics > k.gpus)
+      throw ConfigError(
+          fmt::format("{}: nics ({}) is more than gpus ({}): the model gives each accelerator at most one "
+                      "NIC; allowed: nics <= gpus (give a NIC the bandwidth of the ones it stands for)",
+                      f, k.nics, k.gpus));
     k.nic = parse_link(n["nic"], f + ".nic");
     c.node_kinds.push_back(std::move(k));
   }
@@ -333,6 +338,11 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
       throw ConfigError(fmt::format("{}.in_network_reduction must be true or false", f));
     }
   }
+  if (ns.topology != TopologyKind::kTorus && (net["torus_dims"] || net["torus_link"]))
+    throw ConfigError(
+        fmt::format("{}: torus_dims and torus_link describe a torus; this network is not one (allowed "
+                    "with topology: torus only)",
+                    f));
   if (ns.topology == TopologyKind::kTorus) {
     auto d = net["torus_dims"];
     if (!d || !d.IsSequence() || d.size() < 1 || d.size() > 3)

@@ -634,7 +634,7 @@ std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, cons
     for (const auto& s : v) t += s.repeat * s.time;
     return t;
   };
-  for (long long f : kind_boundary_copies(g)) {
+  for (long long f : distinct_copies(g)) {
     auto other = explain_copy(c, a, Group{g.size, g.stride, f}, n);
     if (total(other) > total(best)) {
       best = std::move(other);
@@ -645,22 +645,40 @@ std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, cons
   return best;
 }
 
-std::set<long long> CollectiveModel::kind_boundary_copies(const Group& g) const {
+std::set<long long> CollectiveModel::distinct_copies(const Group& g) const {
   std::set<long long> firsts;
   const long long block = g.size * g.stride;
-  if (topo_.spec().node_kinds.size() <= 1 || block <= 0 || topo_.gpus() % block != 0) return firsts;
-  auto copy_holding = [&](long long gpu) {
-    const long long j = gpu % g.stride;
-    return gpu / block * block + j;
+  if (block <= 0 || topo_.gpus() % block != 0) return firsts;
+  // What a copy's cost depends on besides its pattern: for each rank, whether it shares the previous rank's node and
+  // leaf, how many nodes its leaf holds (the last leaf may be part full), its node's kind and (rail-optimized) its
+  // NIC. Copies alike in all of these load alike links alike; one of each other kind is evaluated too (a group whose
+  // copies straddle leaves or nodes differently, or sit on another node kind, was taken to cost what rank 0's does:
+  // 86 ms against 258 ms in full detail for 2 ranks 80 apart across a part-full leaf).
+  const long long npl = std::max<long long>(1, topo_.spec().network.nodes_per_leaf);
+  const bool rail = topo_.spec().network.topology == TopologyKind::kRailOptimized;
+  auto signature = [&](long long first) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    long long prev_node = -1, prev_leaf = -1;
+    for (long long i = 0; i < g.size; ++i) {
+      const long long gpu = first + i * g.stride, node = topo_.node_of(gpu), leaf = node / npl;
+      const NodeKind& k = topo_.kind_of_node(node);
+      mix(uint64_t(node == prev_node) | uint64_t(leaf == prev_leaf) << 1);
+      mix(uint64_t(std::min(npl, topo_.nodes() - leaf * npl)));
+      mix(uint64_t(&k - topo_.spec().node_kinds.data()));
+      if (rail) mix(uint64_t(topo_.local_of(gpu) / std::max(1, k.gpus / std::max(1, k.nics))));  // its NIC
+      prev_node = node;
+      prev_leaf = leaf;
+    }
+    return h;
   };
-  for (long long node = 0; node < topo_.nodes() && firsts.size() < 64; ++node) {
-    if (node > 0 && &topo_.kind_of_node(node) == &topo_.kind_of_node(node - 1)) continue;
-    const long long gpu = node * topo_.gpus_per_node();
-    firsts.insert(copy_holding(gpu));
-    if (node > 0) firsts.insert(copy_holding(gpu - 1));
-  }
-  firsts.insert(copy_holding(topo_.gpus() - 1));
-  firsts.erase(g.first);
+  std::set<uint64_t> seen = {signature(g.first)};
+  constexpr size_t kMaxExtra = 16;  // beyond that, the first 16 other placements (a bound on the time it takes)
+  for (long long bk = 0; bk < topo_.gpus() / block && firsts.size() < kMaxExtra; ++bk)
+    for (long long j = 0; j < g.stride && firsts.size() < kMaxExtra; ++j) {
+      const long long first = bk * block + j;
+      if (first != g.first && seen.insert(signature(first)).second) firsts.insert(first);
+    }
   return firsts;
 }
 
@@ -745,13 +763,13 @@ CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& 
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   CollectiveCost cost = evaluate_symmetric(c, a, g);
-  // Symmetric mode simulates one group and takes every concurrent copy to see the same links. On a cluster of several
-  // node kinds the copies differ (a group of the slow kind behind 1 GbE uplinks next to one of NVLink nodes), and the
-  // step waits for the slowest: also evaluate the copy that holds the first and the last accelerator of every run of
-  // nodes of one kind, and keep the largest terms. (Copies tile the cluster in blocks of size x stride, shifted by
-  // 0..stride-1, as full-detail mode lays them out.)
+  // Symmetric mode simulates one group and takes every concurrent copy to see the same links. Copies placed
+  // otherwise differ (a group of the slow kind behind 1 GbE uplinks next to one of NVLink nodes; one straddling a
+  // part-full leaf), and the step waits for the slowest: one copy of each other placement is evaluated too and the
+  // largest terms kept. (Copies tile the cluster in blocks of size x stride, shifted by 0..stride-1, as full-detail
+  // mode lays them out.)
   {
-    for (long long f : kind_boundary_copies(g)) {
+    for (long long f : distinct_copies(g)) {
       CollectiveCost other = evaluate_symmetric(c, a, Group{g.size, g.stride, f});
       if (other.per_byte > cost.per_byte) cost.bottleneck = other.bottleneck;
       cost.latency = std::max(cost.latency, other.latency);
@@ -770,6 +788,20 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
     throw InvalidArgument(fmt::format("full-detail mode: groups of {} ranks with stride {} do not tile {} accelerators",
                                       g.size, g.stride, topo_.gpus()));
   std::vector<std::vector<Step>> all = group_copies(c, a, g, nullptr);
+  // Steps run in lock step across the copies: copies whose patterns differ (a hierarchical pattern splits where a
+  // copy's nodes are, and a copy on part of a node falls back to a flat ring) have no common steps to share links
+  // in. (Step si of the first copy was taken from every copy: a shorter one was read past its end.)
+  for (const auto& pat : all) {
+    bool same = pat.size() == all.front().size();
+    for (size_t si = 0; same && si < pat.size(); ++si)
+      same = pat[si].phase == all.front()[si].phase && pat[si].repeat == all.front()[si].repeat &&
+             pat[si].latency_hops == all.front()[si].latency_hops;
+    if (!same)
+      throw UnsupportedError(fmt::format(
+          "full-detail mode: the copies of this group of {} ranks (stride {}) run different {} patterns ({} steps "
+          "and {}), which it cannot time in lock step; use symmetric mode, which times each placement",
+          g.size, g.stride, algorithm_name(a), all.front().size(), pat.size()));
+  }
   std::vector<double> cap(topo_.num_links());
   for (size_t i = 0; i < cap.size(); ++i) cap[i] = topo_.link(i).bandwidth;
   const double overhead = topo_.spec().network.software_overhead;

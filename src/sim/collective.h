@@ -133,9 +133,9 @@ class CollectiveModel {
  private:
   CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g);
   std::vector<StepReport> explain_copy(Collective c, Algorithm a, const Group& g, double n);
-  // The first ranks of the copies of g (other than g) that profile() also evaluates on a cluster of several node
-  // kinds: those holding the first and the last accelerator of every run of nodes of one kind.
-  std::set<long long> kind_boundary_copies(const Group& g) const;
+  // The first ranks of copies of g placed otherwise than g (and than each other), which profile() and explain()
+  // also evaluate: another node kind, another way of straddling nodes and leaves, a part-full leaf (at most 16).
+  std::set<long long> distinct_copies(const Group& g) const;
   std::vector<std::vector<Step>> group_copies(Collective c, Algorithm a, const Group& g, const std::vector<Step>* have);
   CopySet copy_set(Collective c, Algorithm a, const Group& g, const std::vector<Step>& steps);
   const Topology& topo_;

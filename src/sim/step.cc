@@ -304,9 +304,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     tp_bwd = tp_fwd + (cfg.recompute == Recompute::kFull ? tp_fwd : 0);
   }
   double tp_mb = lps * (tp_fwd + tp_bwd);
-  if (t > 1) {  // vocab-parallel cross entropy: allreduce of per-token max and sum (fp32)
+  if (t > 1) {  // vocab-parallel cross entropy: allreduces of the per-token max, target logit and sum (fp32)
     const Group tg{t, 1, 0};
-    tp_mb += 2 * ctime(Collective::kAllReduce, net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, b * s * 4), tg,
+    tp_mb += 3 * ctime(Collective::kAllReduce, net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, b * s * 4), tg,
                        b * s * 4);
   }
 
@@ -359,10 +359,13 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
           std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) + std::max(0.0, mt.bwd_compute - lps * mt.layer_bwd);
       const double per_mb = lps * (2 * t_ag + t_rs) + 2 * te_ag + te_rs;
       // --no-overlap: no prefetch, every gather and reduce-scatter on the critical path.
-      const double exposed_mb =
-          !cfg.dp_overlap ? per_mb
-                          : t_ag + te_ag + std::max(0.0, te_ag + te_rs - logits_compute) +
-                                lps * (std::max(0.0, t_ag - mt.layer_fwd) + std::max(0.0, t_ag + t_rs - mt.layer_bwd));
+      const double exposed_mb = !cfg.dp_overlap
+                                    ? per_mb
+                                    // the first layer's gather in full, each next one behind the layer before (it was
+                                    // counted twice: in full and among the lps prefetched ones)
+                                    : t_ag + te_ag + std::max(0.0, te_ag + te_rs - logits_compute) +
+                                          (lps - 1) * std::max(0.0, t_ag - mt.layer_fwd) +
+                                          lps * std::max(0.0, t_ag + t_rs - mt.layer_bwd);
       dp_total = mb * per_mb;
       r.breakdown.zero3_exposed = mb * exposed_mb;
       r.dp_algorithm = algorithm_name(ag.algorithm);
@@ -457,6 +460,18 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       dp_exposed = std::max(0.0, dp_total + comp_time - pipe);
       r.notes.push_back("asynchronous: the exchange overlaps the next step's compute (gradients one step stale)");
     }
+  }
+  if (p > 1) {
+    // The output layer shares the word embeddings: the last stage holds a copy, and after the backward pass the
+    // two copies' gradients are allreduced between the first and the last stage (Megatron). Timed as a shift of
+    // those bytes between neighbouring stages (a 2-rank allreduce moves n each way; every stage's pair at once is
+    // the pipeline group the model already has).
+    const Group pg{p, static_cast<long long>(t) * d, 0};
+    const double eb = V * h / t * cfg.grad_bytes;
+    double te = ctime(Collective::kShift, net.profile(Collective::kShift, Algorithm::kDirect, pg, eb), pg, eb) + wake;
+    if (cfg.sync.kind == "local-sgd") te /= cfg.sync.period;
+    dp_total += te;
+    if (cfg.sync.kind != "async") dp_exposed += te;
   }
   r.breakdown.dp_comm = dp_total;
   r.breakdown.dp_exposed = dp_exposed;

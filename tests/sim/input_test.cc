@@ -84,6 +84,14 @@ TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
                                 "      kernel_overhead:"));
   EXPECT_NE(fast.find("calibration[0].achieved (1000 TFLOP/s) is above the accelerator's peak_bf16"), std::string::npos)
       << fast;
+  // Values the model would quietly drop: NICs beyond one per accelerator (cut to one each), torus settings on a
+  // network that is not a torus (ignored).
+  const std::string nics = cluster_error(preset_with("gpus: 8 ", "gpus: 4 "));
+  EXPECT_NE(nics.find("nics (8) is more than gpus (4)"), std::string::npos) << nics;
+  const std::string torus =
+      cluster_error(preset_with("  topology: rail-optimized", "  torus_dims: [0]\n  topology: rail-optimized"));
+  EXPECT_NE(torus.find("torus_dims and torus_link describe a torus; this network is not one"), std::string::npos)
+      << torus;
   EXPECT_EQ(cluster_error(preset_yaml("dgx-a100")), "no error");
 }
 

@@ -95,6 +95,27 @@ TEST(Presets, HeterogeneousEdgeScalesKindsProportionally) {
   EXPECT_THROW(simulate_step(net, gpt_layers_even(m), c), ConfigError);
 }
 
+// With pipeline stages, the word embeddings' gradients (tied to the output layer on the last stage) are allreduced
+// between the first and the last stage after the backward pass, even without data parallelism (it was not charged).
+TEST(Step, PipelinesExchangeTheTiedEmbeddingGradients) {
+  Topology topo(load_cluster("dgx-a100"), 16);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt-7.5b");
+  ParallelConfig c;
+  c.tp = 8;
+  c.global_batch = 16;
+  c.pp = 2;  // d = 1
+  StepResult two = simulate_step(net, m, c);
+  const double eb = double(m.vocab) * m.hidden / c.tp * c.grad_bytes;
+  const Group pg{2, 8, 0};
+  EXPECT_NEAR(two.breakdown.dp_comm, net.time(Collective::kShift, Algorithm::kDirect, pg, eb), 1e-12);
+  EXPECT_GT(two.breakdown.dp_exposed, 0);
+  Topology topo8(load_cluster("dgx-a100"), 8);
+  CollectiveModel net8(topo8);
+  c.pp = 1;
+  EXPECT_EQ(simulate_step(net8, m, c).breakdown.dp_comm, 0);
+}
+
 TEST(Step, ScheduleMemoryGpipeHoldsAllMicroBatches) {
   Topology topo(load_cluster("dgx-a100"), 64);
   CollectiveModel net(topo);
