@@ -56,7 +56,8 @@ bool split_number(const std::string& text, double* value, std::string* unit) {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(t.c_str(), &end);
-  if (end == t.c_str() || errno != 0 || !std::isfinite(v)) return false;
+  // ... and strtod stops where the decimal ends ("0x10ms": the decimal is "0", strtod read "0x10").
+  if (end != t.c_str() + std::min(digits_end, t.size()) || errno != 0 || !std::isfinite(v)) return false;
   *value = v;
   *unit = lower(trim(std::string(end)));
   return true;
@@ -597,9 +598,9 @@ int down(const std::string& name) {
   validate_name(name);
   const auto names = existing_namespaces(name);
   // Hosts first (their processes hold sockets), the switch last.
-  std::string errors;
+  std::string survivors, errors;
   for (const auto& ns : names)
-    if (!kill_namespace_processes(ns)) errors += fmt::format(" {}: processes survived SIGKILL for 3 s;", ns);
+    if (!kill_namespace_processes(ns)) survivors += " " + ns;
   int removed = 0;
   for (const auto& ns : names) {
     std::string out;
@@ -611,6 +612,11 @@ int down(const std::string& name) {
   }
   std::remove(state_path(name).c_str());
   if (!errors.empty()) throw Error(fmt::format("cluster down: could not delete namespaces:{}", errors));
+  // The namespaces are gone from the names, but processes that outlived SIGKILL (uninterruptible sleep) still hold
+  // them and their links.
+  if (!survivors.empty())
+    throw Error(fmt::format("cluster down: deleted {} namespaces, but processes survived SIGKILL for 3 s in:{}",
+                            removed, survivors));
   return removed;
 }
 

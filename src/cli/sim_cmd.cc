@@ -226,6 +226,7 @@ json step_json(const std::string& cluster, const GptModel& m, const StepResult& 
                 {"bubble", b.bubble},
                 {"tp_comm", b.tp_comm},
                 {"pp_comm", b.pp_comm},
+                {"embedding_sync", b.embedding_sync},
                 {"dp_comm_total", b.dp_comm},
                 {"dp_exposed", b.dp_exposed},
                 {"zero3_exposed", b.zero3_exposed},
@@ -257,6 +258,7 @@ void print_step(const std::string& cluster, const GptModel& m, const StepResult&
   row("pipeline bubble", b.bubble);
   row("tensor-parallel comm (exposed)", b.tp_comm);
   row("pipeline p2p (exposed)", b.pp_comm);
+  row("tied embeddings (exposed)", b.embedding_sync);
   row("data-parallel comm (exposed)", b.dp_exposed);
   row("ZeRO-3 gathers (exposed)", b.zero3_exposed);
   row("optimizer step", b.optimizer);

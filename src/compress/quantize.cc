@@ -17,7 +17,7 @@
 // b_i ~ Bernoulli(|g_i|/s): unbiased when not clipped.
 // Natural compression (Horvath et al. 2019): |x| in [2^e, 2^(e+1)) rounds up to 2^(e+1) with probability
 // (|x| - 2^e)/2^e, which is the mantissa fraction: unbiased and E[C(x)^2] <= 9/8 x^2. Exponents saturate at 2^127;
-// inf and NaN decode as inf.
+// the input is finite (the exchanges refuse inf and NaN) and a payload with exponent 255 is refused.
 // The kernels (kernels.inc) draw 16-bit uniforms (detail::random_block) and compare them with each probability kept
 // to 16 fractional bits (rounded to nearest): each Bernoulli above is exact for a probability within 2^-17 of the
 // stated.

@@ -751,7 +751,7 @@ class TcpTransport : public Transport {
           rejected = bad;
           // A connection that speaks this protocol is told why (an abort frame with the reason) before it is
           // closed, so the rank behind it reports the reason rather than a plain close.
-          if (h.magic == kFrameMagic && h.version == kWireVersion) {
+          if (h.magic == kFrameMagic) {  // (another version too: it reads ours and names both)
             const std::string why = bad.substr(0, kMaxAbortReason);
             FrameHeader r = make_frame(kFrameAbort, 0, why.size(), rank_);
             try {

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <unordered_map>
 
@@ -247,6 +248,9 @@ class TcpStoreServer {
     std::string in;
     std::string out;
     size_t out_off = 0;
+    // Gets answered by a set while this client's replies were backed up: (key, request id), answered once they
+    // drained (a set answering 1,000 waiting gets queued 1,000 copies of its value at once).
+    std::deque<std::pair<std::string, uint64_t>> deferred;
     size_t pending() const { return out.size() - out_off; }
   };
   // A client's requests are not read or served while more than this of its replies waits to be sent: one that
@@ -303,6 +307,13 @@ class TcpStoreServer {
         if (c.out_off < c.out.size() && !flush(c)) {
           dead.push_back(id);
           continue;
+        }
+        while (!c.deferred.empty() && !backed_up(c)) {
+          Header req;
+          req.op = kOpGet;
+          req.id = c.deferred.front().second;
+          reply(c, req, kOk, data_.at(c.deferred.front().first));  // (keys are never deleted)
+          c.deferred.pop_front();
         }
         if (was_backed_up && !backed_up(c) && !c.in.empty() && !serve(id, c)) dead.push_back(id);
       }
@@ -471,6 +482,10 @@ class TcpStoreServer {
     for (auto [client_id, req_id] : w->second) {
       auto c = clients_.find(client_id);
       if (c == clients_.end()) continue;  // that client went away while it waited
+      if (backed_up(c->second) || !c->second.deferred.empty()) {
+        c->second.deferred.emplace_back(key, req_id);
+        continue;
+      }
       Header req;
       req.op = kOpGet;
       req.id = req_id;

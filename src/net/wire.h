@@ -11,7 +11,9 @@
 namespace conduit::net {
 
 inline constexpr uint32_t kFrameMagic = 0x54444e43u;  // "CNDT"
-inline constexpr uint16_t kWireVersion = 1;
+// 2: the lower rank answers each tcp hello (with its own, or an abort frame with the reason it refused); a build
+// speaking 1 is refused at the handshake, naming both versions, instead of waiting for an answer that never comes.
+inline constexpr uint16_t kWireVersion = 2;
 enum FrameType : uint16_t { kFrameData = 1, kFrameAbort = 2, kFrameHello = 3 };
 inline constexpr uint64_t kMaxAbortReason = 4096;
 

@@ -161,7 +161,7 @@ std::vector<std::string> explain_plan(const StepResult& best, const StepResult* 
                           {"recompute", b.recompute},
                           {"pipeline bubble", b.bubble},
                           {"tensor-parallel comm", b.tp_comm},
-                          {"pipeline p2p", b.pp_comm},
+                          {"pipeline p2p", b.pp_comm + b.embedding_sync},
                           {"exposed data-parallel comm", b.dp_exposed + b.zero3_exposed},
                           {"optimizer", b.optimizer}};
   std::sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
@@ -181,7 +181,7 @@ std::vector<std::string> explain_plan(const StepResult& best, const StepResult* 
         {"recompute", o.recompute - b.recompute},
         {"pipeline bubble", o.bubble - b.bubble},
         {"tensor-parallel comm", o.tp_comm - b.tp_comm},
-        {"pipeline p2p", o.pp_comm - b.pp_comm},
+        {"pipeline p2p", (o.pp_comm + o.embedding_sync) - (b.pp_comm + b.embedding_sync)},
         {"exposed data-parallel comm", (o.dp_exposed + o.zero3_exposed) - (b.dp_exposed + b.zero3_exposed)},
         {"optimizer", o.optimizer - b.optimizer}};
     std::sort(diffs.begin(), diffs.end(), [](const Part& x, const Part& y) { return x.v > y.v; });

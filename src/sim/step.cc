@@ -461,17 +461,16 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       r.notes.push_back("asynchronous: the exchange overlaps the next step's compute (gradients one step stale)");
     }
   }
+  // The output layer shares the word embeddings: with pipeline stages the last one holds a copy, and after every
+  // backward pass the two copies' gradients are allreduced between the first and the last stage of each replica
+  // (Megatron), exposed, whatever the data-parallel scheme. Timed as a shift of those bytes between neighbouring
+  // stages (a 2-rank allreduce moves n each way; every stage's pair at once is the pipeline group the model has).
+  double embedding_sync = 0;
   if (p > 1) {
-    // The output layer shares the word embeddings: the last stage holds a copy, and after the backward pass the
-    // two copies' gradients are allreduced between the first and the last stage (Megatron). Timed as a shift of
-    // those bytes between neighbouring stages (a 2-rank allreduce moves n each way; every stage's pair at once is
-    // the pipeline group the model already has).
     const Group pg{p, static_cast<long long>(t) * d, 0};
     const double eb = V * h / t * cfg.grad_bytes;
-    double te = ctime(Collective::kShift, net.profile(Collective::kShift, Algorithm::kDirect, pg, eb), pg, eb) + wake;
-    if (cfg.sync.kind == "local-sgd") te /= cfg.sync.period;
-    dp_total += te;
-    if (cfg.sync.kind != "async") dp_exposed += te;
+    embedding_sync = ctime(Collective::kShift, net.profile(Collective::kShift, Algorithm::kDirect, pg, eb), pg, eb);
+    r.breakdown.embedding_sync = embedding_sync;
   }
   r.breakdown.dp_comm = dp_total;
   r.breakdown.dp_exposed = dp_exposed;
@@ -481,7 +480,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const double opt_params = params_gpu / (cfg.zero >= 1 ? static_cast<double>(d) : 1.0);
   r.breakdown.optimizer = memory_time(acc, opt_params * 28, 4);
 
-  r.time = pipe + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
+  r.time = pipe + embedding_sync + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
 
   // Memory per GPU: the larger of the first stage (the input embeddings and the most micro-batches in flight) and
   // the last (the output layer's copy of the word embeddings, the fewest in flight, and the fp32 logits of the loss).

@@ -71,6 +71,7 @@ struct StepBreakdown {
   double bubble = 0;
   double tp_comm = 0;  // exposed (Megatron does not overlap it)
   double pp_comm = 0;
+  double embedding_sync = 0;  // tied embeddings' gradients between the first and last stage (p > 1), exposed
   double dp_comm = 0;  // total data-parallel exchange time
   double dp_exposed = 0;
   double zero3_exposed = 0;

@@ -529,13 +529,17 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "warmup_epochs",
                         "epochs",
                         "test_limit",
-                        "data_dir",
                         "checkpoint_every",
                         "eval_every",
                         "bucket_cap_mb",
                         "first_bucket_mb",
                         "overlap"})
     take(k, k);
+  // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that
+  // dataset (resumed at an epoch end with --dataset mnist, a Fashion-MNIST run's directory replaced mnist's own).
+  if (meta.contains("dataset") && meta["dataset"].is_string() && raw.count("dataset") &&
+      raw.at("dataset") == meta["dataset"].get<std::string>())
+    take("data_dir", "data_dir");
   if (!workers_from_env) take("workers", "world");
   // The scheme with the parameters it was written with (sync_period and staleness are parameters of it too).
   // A sync_period or staleness given takes the place of the checkpoint's period or staleness (and is then checked

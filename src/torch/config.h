@@ -82,8 +82,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys();
 RawConfig read_yaml_config(const std::string& path);
 // A resumed run (raw has `resume`) takes from the checkpoint's checkpoint.json what the checkpoint must agree with
 // and `raw` does not give: model, compressor, sync scheme and its parameters, optimizer, target accuracy, batch size,
-// seed, dataset and its limits, and (unless `workers_from_env`) the number of workers. `--resume DIR --epochs 3`
-// then continues the run (it had to repeat every such flag, and failed on the defaults' mismatch otherwise).
+// seed, dataset and its limits, and (unless `workers_from_env`) the number of workers; and the rest of the run's
+// settings (lr, momentum, weight decay, schedule, warm-up, epochs, test_limit, data_dir with its dataset, the
+// checkpoint and evaluation intervals, buckets, overlap). `--resume DIR --epochs 3` then continues the run.
 void apply_resume_defaults(RawConfig& raw, bool workers_from_env);
 // Applies `raw` over the defaults and validates; `env_world` is WORLD_SIZE of an outer launcher (0 when none) and
 // `workers_given` says whether workers was set explicitly (it must then agree with env_world).

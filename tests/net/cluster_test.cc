@@ -342,6 +342,14 @@ TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
       " cluster exec --name " + name + "-none 0 -- true",
       " cluster run --name " + name + "-none -- true",
   };
+  // (strtod's forms: refused as numbers, before the netem check could refuse the run for another reason)
+  for (const char* hex : {"--latency 0x10ms", "--loss 0x1p-4", "--latency infms"}) {
+    Result r = sh(conduit() + " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit " + hex);
+    EXPECT_EQ(r.code, 2) << hex << ": " << r.out;
+    EXPECT_TRUE(r.out.find("is not a duration") != std::string::npos ||
+                r.out.find("is not a loss rate") != std::string::npos)
+        << hex << ": " << r.out;
+  }
   for (const auto& args : bad) {
     Result r = sh(conduit() + args);
     EXPECT_EQ(r.code, 2) << args << ": " << r.out;

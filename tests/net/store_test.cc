@@ -469,6 +469,27 @@ TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsNotServedUntilItDoes) {
   }
   EXPECT_EQ(got, want);
   close(fd);
+  // Gets waiting for a key that a set then answers are held to the same limit (the set queued one copy of its value
+  // per waiting get at once).
+  fd = raw_connect(port);
+  std::memcpy(h + 24, "sit", 3);
+  for (int i = 0; i < kGets; ++i) {
+    h[8] = static_cast<unsigned char>(i + 1);
+    ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the gets wait in the server
+  const long before_set = vm_rss_kib();
+  other->set("sit", big);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LT(vm_rss_kib() - before_set, 40 * 1024) << "KiB";
+  got = 0;
+  while (got < want) {
+    ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+    ASSERT_GT(n, 0) << got << " of " << want;
+    got += size_t(n);
+  }
+  EXPECT_EQ(got, want);
+  close(fd);
 }
 
 TEST(TcpStore, MalformedReplyIsProtocolError) {

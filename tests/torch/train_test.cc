@@ -45,6 +45,23 @@ TEST(TrainConfig, DefaultsAreTheCnnOnFashionMnistWithFourWorkers) {
 
 // DGC's momentum correction replaces the optimizer's momentum: the compressor takes the trainer's momentum unless its
 // spec names one, the optimizer runs without, and schemes or optimizers it cannot serve are refused.
+// A resume takes the checkpoint's data directory with its dataset only: resumed with another dataset, the other
+// one's default directory stays (a Fashion-MNIST run's directory replaced mnist's).
+TEST(TrainConfig, AResumeTakesTheDataDirectoryWithItsDatasetOnly) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("conduit-resume-dir-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "checkpoint.json") << R"({"dataset": "fashion-mnist", "data_dir": "/x/fm", "lr": 0.05})";
+  RawConfig same{{"resume", dir.string()}};
+  apply_resume_defaults(same, false);
+  EXPECT_EQ(same["data_dir"], "/x/fm");
+  EXPECT_EQ(same["lr"], "0.05");
+  RawConfig other{{"resume", dir.string()}, {"dataset", "mnist"}};
+  apply_resume_defaults(other, false);
+  EXPECT_EQ(other.count("data_dir"), 0u);
+  EXPECT_EQ(other["lr"], "0.05");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainConfig, DgcTakesOverTheMomentum) {
 #ifdef CONDUIT_WITH_COMPRESS
   TrainConfig c = resolve_config({{"compressor", "dgc:ratio=0.01"}, {"momentum", "0.8"}});
