@@ -156,8 +156,15 @@ Communicator::Communicator(net::TransportPtr transport, std::vector<int> members
   bool world = id_ == 0 && static_cast<int>(members_.size()) == transport_->size();
   for (size_t i = 0; world && i < members_.size(); ++i) world = members_[i] == static_cast<int>(i);
   fast_allreduce_bytes_ = world ? transport_->fast_allreduce_max_bytes() : 0;
-  if (auto v = env_int("CONDUIT_SHM_FAST_BYTES", 0, int64_t(1) << 40))
-    fast_allreduce_bytes_ = std::min<size_t>(fast_allreduce_bytes_, static_cast<size_t>(*v));
+  // A size as the other *_BYTES variables take it (4K was refused as not an integer); the start-up agreement check
+  // reads it the same way.
+  if (auto v = env_string("CONDUIT_SHM_FAST_BYTES"); v && !v->empty()) {
+    const uint64_t b = parse_bytes(*v, "CONDUIT_SHM_FAST_BYTES");
+    if (b > (uint64_t{1} << 40))
+      throw ConfigError(
+          fmt::format("environment variable CONDUIT_SHM_FAST_BYTES='{}' is invalid: expected a size from 0 to 1T", *v));
+    fast_allreduce_bytes_ = std::min<size_t>(fast_allreduce_bytes_, static_cast<size_t>(b));
+  }
   fast_allreduce_ok_ = fast_allreduce_bytes_ > 0;
 }
 
@@ -297,8 +304,12 @@ bool Communicator::try_run_inline(const std::shared_ptr<Work::State>& state) {
   return true;
 }
 
-Work Communicator::submit(const char* op_name, const Signature& sig, const CollOptions& o, Body body) {
+Work Communicator::submit(const char* op_name, const Signature& sig_in, const CollOptions& o, Body body) {
   double timeout_s = effective_timeout(o);
+  // Debug mode compares the algorithm a call forces too: ranks that ran different algorithms under one tag finished
+  // with different results (rd on one rank, tree on the others) or waited for their deadline.
+  Signature sig = sig_in;
+  for (unsigned char ch : o.algorithm) sig.algorithm_hash = (sig.algorithm_hash ^ ch) * 1099511628211ull + 1;
   auto state = std::make_shared<Work::State>();
   state->owner = weak_from_this();
   auto task = [this, state, op_name, sig, timeout_s, body = std::move(body)]() mutable {
@@ -397,9 +408,10 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
     auto silent = silent_peers(recvs);
     const std::string msg =
         fail(e.what(), silent.empty() ? "" : fmt::format("; no data yet from rank(s) {}", join_ints(silent)));
-    if (dynamic_cast<const InvalidArgument*>(&e) == nullptr) {
-      transport_->abort(msg);  // so that the other ranks fail now rather than at their deadline
-    }
+    // So that the other ranks fail now rather than at their deadline; an argument error found inside the
+    // operation too (the arguments were checked before it was queued: what remains is found mid-way, with the
+    // other ranks already in it).
+    transport_->abort(msg);
     if (dynamic_cast<const TimeoutError*>(&e)) rethrow_as<TimeoutError>(msg);
     if (dynamic_cast<const ProtocolError*>(&e)) rethrow_as<ProtocolError>(msg);
     if (dynamic_cast<const MismatchError*>(&e)) rethrow_as<MismatchError>(msg);
@@ -445,6 +457,12 @@ void Communicator::check_signature(uint64_t seq, const Signature& sig, const Dea
                   ? fmt::format(
                         "collective mismatch at call #{}: ranks 0 and {} called {} with different per-rank "
                         "counts (the same total)",
+                        seq, r, describe_sig(all[0]))
+              : all[r].algorithm_hash != all[0].algorithm_hash &&
+                      std::memcmp(&all[r], &all[0], offsetof(Signature, algorithm_hash)) == 0
+                  ? fmt::format(
+                        "collective mismatch at call #{}: ranks 0 and {} called {} forcing different "
+                        "algorithms (CollOptions::algorithm)",
                         seq, r, describe_sig(all[0]))
                   : fmt::format("collective mismatch at call #{}: rank 0 called {} but rank {} called {}", seq,
                                 describe_sig(all[0]), r, describe_sig(all[r]));
@@ -492,6 +510,13 @@ size_t checked_total(const std::vector<size_t>& counts, DType dt, const char* wh
     total += c;
   }
   return total;
+}
+
+// (an op outside the enum reduced nothing: {1,1,1,1} and {2,2,2,2} gave 1 1 2 2)
+void check_reduce_op(ReduceOp op, const char* what) {
+  if (static_cast<uint32_t>(op) > static_cast<uint32_t>(ReduceOp::prod))
+    throw InvalidArgument(fmt::format("{}: reduction op code {} is not one (allowed: sum, avg, min, max, prod)", what,
+                                      static_cast<uint32_t>(op)));
 }
 
 void check_buffer(const void* p, size_t count, DType dt, const char* what, size_t copies = 1) {
@@ -620,6 +645,7 @@ void Communicator::run_reduce(const Deadline& d, const void* in, void* out, size
 
 Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, const CollOptions& o) {
   check_buffer(buf, count, dt, "allreduce");
+  check_reduce_op(op, "allreduce");
   Signature sig{kSigAllreduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allreduce, forced);
@@ -647,6 +673,7 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
   size_t total = checked_total(counts, dt, "reduce_scatter input");
   check_buffer(in, total, dt, "reduce_scatter input");
   check_buffer(out, counts[rank_], dt, "reduce_scatter output");
+  check_reduce_op(op, "reduce_scatter");
   Signature sig{kSigReduceScatter, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, total};
   if (debug_) sig.counts_hash = counts_hash(counts);
   std::string forced = o.algorithm;
@@ -702,6 +729,7 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
   check_root(root, "reduce");
   check_buffer(in, count, dt, "reduce input");
   if (rank_ == root) check_buffer(out, count, dt, "reduce output");
+  check_reduce_op(op, "reduce");
   Signature sig{kSigReduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count};
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce, forced);

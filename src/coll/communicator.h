@@ -181,6 +181,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     int32_t root = -1;
     uint64_t count = 0;
     uint64_t counts_hash = 0;
+    uint64_t algorithm_hash = 0;  // of the algorithm a call forces (CollOptions::algorithm; 0: none)
     uint64_t pairs_sent = 0, pairs_received = 0;
   };
   Work submit(const char* op_name, const Signature& sig, const CollOptions& o, Body body);

@@ -101,7 +101,9 @@ float f16_to_f32(uint16_t h) {
       x = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
     }
   } else if (exp == 0x1f) {
-    x = sign | 0x7f800000u | (mant << 13);
+    // NaNs come out quiet, as the F16C instruction gives them (a signaling one kept its bit here, so the converted
+    // bits depended on the CPU and on where the element sat: the last n % 8 take this path).
+    x = sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u);
   } else {
     x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -13,7 +14,8 @@ namespace conduit {
 MallocTuning tune_malloc(const std::function<const char*(const char*)>& getenv) {
   MallocTuning t;
   if (const char* v = getenv("CONDUIT_MALLOC_TUNING"); v != nullptr && *v != '\0') {  // empty: unset, as elsewhere
-    const std::string s = v;
+    std::string s = v;
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));  // as env_flag reads
     if (s == "0" || s == "false" || s == "no" || s == "off") {
       t.reason = "CONDUIT_MALLOC_TUNING=" + s;
       return t;

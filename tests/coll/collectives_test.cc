@@ -383,6 +383,41 @@ TEST(Communicator, DebugModeReportsMismatchedCalls) {
   EXPECT_NE(msgs[0].find("rank 2 called allreduce(dtype=f32, count=50"), std::string::npos) << msgs[0];
 }
 
+// Debug mode compares the algorithm a call forces (rd on one rank and tree on the others finished with different
+// sums, no error); an op code outside ReduceOp is refused before anything is sent (it reduced nothing).
+TEST(Communicator, DebugModeComparesForcedAlgorithmsAndOpsAreChecked) {
+  CommConfig cfg;
+  cfg.timeout_s = 10;
+  cfg.debug_collectives = true;
+  auto comms = Communicator::inproc(2, 0, cfg);
+  std::vector<std::string> msgs(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      std::vector<float> b(4, float(r + 1));
+      CollOptions o;
+      o.algorithm = r == 0 ? "rd" : "tree";
+      try {
+        comms[r]->allreduce(b.data(), b.size(), DType::f32, ReduceOp::sum, o).wait();
+      } catch (const Error& e) {
+        msgs[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_NE(msgs[0].find("forcing different algorithms"), std::string::npos) << msgs[0];
+  EXPECT_NE(msgs[1].find("mismatch"), std::string::npos) << msgs[1];
+  auto fresh = Communicator::inproc(1, 0, cfg);
+  std::vector<float> b(4, 1.0f);
+  try {
+    fresh[0]->allreduce(b.data(), b.size(), DType::f32, static_cast<ReduceOp>(7)).wait();
+    ADD_FAILURE() << "op 7 taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("reduction op code 7 is not one (allowed: sum, avg, min, max, prod)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Debug mode also compares the per-rank counts of reduce_scatter and allgatherv (totals alone let {2, 1} meet {1, 2})
 // and pairs alltoallv's send counts with the receive counts their peers give; matching calls pass.
 TEST(Communicator, DebugModeComparesPerRankCountsAndAlltoallPairs) {

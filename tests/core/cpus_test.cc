@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "core/error.h"
+
 namespace conduit {
 namespace {
 
@@ -34,8 +36,11 @@ TEST(Cpus, AnInheritedQuotaCapsTheCount) {
   setenv("CONDUIT_QUOTA_CPUS", "1", 1);
   EXPECT_EQ(quota_cpus(), 1);
   EXPECT_EQ(usable_cpus(), 1);
-  setenv("CONDUIT_QUOTA_CPUS", "junk", 1);
-  EXPECT_EQ(quota_cpus(), before);
+  // A bad value is an error naming it (it was ignored, and every CPU taken).
+  for (const char* bad : {"junk", "0", "-2", "3x"}) {
+    setenv("CONDUIT_QUOTA_CPUS", bad, 1);
+    EXPECT_THROW(quota_cpus(), ConfigError) << bad;
+  }
   unsetenv("CONDUIT_QUOTA_CPUS");
   EXPECT_EQ(quota_cpus(), before);
 }
