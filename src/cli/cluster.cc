@@ -212,6 +212,14 @@ bool kill_namespace_processes(const std::string& ns) {
   return false;
 }
 
+// Stops the processes of every namespace given; the names of those where some survived, each after a space.
+std::string stop_namespaces_processes(const std::vector<std::string>& names) {
+  std::string survivors;
+  for (const auto& ns : names)
+    if (!kill_namespace_processes(ns)) survivors += " " + ns;
+  return survivors;
+}
+
 // SIGINT/SIGTERM while `up` builds namespaces: remember the signal, finish the current step, remove what was made.
 volatile sig_atomic_t g_up_signal = 0;
 void note_up_signal(int sig) { g_up_signal = sig; }
@@ -598,9 +606,8 @@ int down(const std::string& name) {
   validate_name(name);
   const auto names = existing_namespaces(name);
   // Hosts first (their processes hold sockets), the switch last.
-  std::string survivors, errors;
-  for (const auto& ns : names)
-    if (!kill_namespace_processes(ns)) survivors += " " + ns;
+  const std::string survivors = stop_namespaces_processes(names);
+  std::string errors;
   int removed = 0;
   for (const auto& ns : names) {
     std::string out;
@@ -622,10 +629,9 @@ int down(const std::string& name) {
 
 void stop_processes(const std::string& name) {
   validate_name(name);
-  std::string errors;
-  for (const auto& ns : existing_namespaces(name))
-    if (!kill_namespace_processes(ns)) errors += " " + ns;
-  if (!errors.empty()) throw Error(fmt::format("cluster {}: processes survived SIGKILL for 3 s in:{}", name, errors));
+  const std::string survivors = stop_namespaces_processes(existing_namespaces(name));
+  if (!survivors.empty())
+    throw Error(fmt::format("cluster {}: processes survived SIGKILL for 3 s in:{}", name, survivors));
 }
 
 std::vector<std::string> list_clusters() {

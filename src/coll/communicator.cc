@@ -309,7 +309,8 @@ Work Communicator::submit(const char* op_name, const Signature& sig_in, const Co
   // Debug mode compares the algorithm a call forces too: ranks that ran different algorithms under one tag finished
   // with different results (rd on one rank, tree on the others) or waited for their deadline.
   Signature sig = sig_in;
-  for (unsigned char ch : o.algorithm) sig.algorithm_hash = (sig.algorithm_hash ^ ch) * 1099511628211ull + 1;
+  if (debug_)
+    for (unsigned char ch : o.algorithm) sig.algorithm_hash = (sig.algorithm_hash ^ ch) * 1099511628211ull + 1;
   auto state = std::make_shared<Work::State>();
   state->owner = weak_from_this();
   auto task = [this, state, op_name, sig, timeout_s, body = std::move(body)]() mutable {

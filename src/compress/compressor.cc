@@ -208,18 +208,13 @@ void check_payload(const std::string& who, size_t got, size_t want) {
                                       who, got, want));
 }
 
-void check_scales(const std::string& who, const uint8_t* p, size_t count) {
+void check_scales(const std::string& who, const uint8_t* p, size_t count, size_t magnitude_stride,
+                  size_t magnitude_first) {
   for (size_t i = 0; i < count; ++i) {
     const float v = get_f32(p + 4 * i);
     if (!std::isfinite(v))
       throw InvalidArgument(fmt::format("{}: scale {} of the payload is {}; allowed: finite scales", who, i, v));
-  }
-}
-
-void check_magnitudes(const std::string& who, const uint8_t* p, size_t count, size_t first, size_t stride) {
-  for (size_t i = first; i < count; i += stride) {
-    const float v = get_f32(p + 4 * i);
-    if (v < 0)
+    if (v < 0 && magnitude_stride > 0 && i >= magnitude_first && (i - magnitude_first) % magnitude_stride == 0)
       throw InvalidArgument(
           fmt::format("{}: scale {} of the payload is {}; allowed: a magnitude (0 or more)", who, i, v));
   }

@@ -143,12 +143,11 @@ inline float get_f32(const uint8_t* p) {
 // Checks that a payload has the size the configuration implies (InvalidArgument otherwise).
 void check_payload(const std::string& who, size_t got, size_t want);
 // Checks that the `count` f32 scales at `p` are finite (no encoder writes another: a NaN scale decoded a whole chunk
-// as NaN without a word).
-void check_scales(const std::string& who, const uint8_t* p, size_t count);
+// as NaN without a word), and with a `magnitude_stride`, that those at magnitude_first, + stride, ... are not
+// negative: magnitudes an encoder wrote (max|x|, a norm, a range; a negative one flipped the signs it decoded).
+void check_scales(const std::string& who, const uint8_t* p, size_t count, size_t magnitude_stride = 0,
+                  size_t magnitude_first = 0);
 void check_out(const std::string& who, size_t got, size_t want);
-// The scales at first, first + stride, ... below count are magnitudes an encoder wrote (max|x|, a norm, a range):
-// InvalidArgument naming the first negative one (it would flip the signs of what it decodes).
-void check_magnitudes(const std::string& who, const uint8_t* p, size_t count, size_t first = 0, size_t stride = 1);
 // The first of the n codes (bits wide, least significant first, as pack_codes writes them) above max_code, or n
 // when none is: a payload's codes that no encoder writes. Codes past n in the last byte are not looked at. Codes
 // of 2, 4 or 8 bits are compared 64 bits at a time.

@@ -157,9 +157,8 @@ class ByteQuantizer : public Compressor {
   void decode(std::span<const uint8_t> p, std::span<float> out, bool add) const {
     size_t d = out.size();
     check_payload(name(), p.size(), d + header(d));
-    detail::check_scales(name(), p.data(), header(d) / 4);
-    // int8's scales, uint8's (min, scale) pairs' scales.
-    detail::check_magnitudes(name(), p.data(), header(d) / 4, signed_ ? 0 : 1, signed_ ? 1 : 2);
+    // int8's scales are magnitudes, and the second of each of uint8's (min, scale) pairs.
+    detail::check_scales(name(), p.data(), header(d) / 4, signed_ ? 1 : 2, signed_ ? 0 : 1);
     const auto* h = reinterpret_cast<const float*>(p.data());
     const uint8_t* q = p.data() + header(d);
     if (signed_)
@@ -247,8 +246,7 @@ class Qsgd : public Compressor {
     TensorState none;
     check_payload("qsgd", p.size(), wire_bytes(d, none));
     size_t bk = bucket(d), nb = buckets(d);
-    detail::check_scales("qsgd", p.data(), nb);
-    detail::check_magnitudes("qsgd", p.data(), nb);
+    detail::check_scales("qsgd", p.data(), nb, 1);
     const uint8_t* codes_in = p.data() + 4 * nb;
     if (size_t e = detail::first_code_above(codes_in, d, bits_, 2 * static_cast<uint32_t>(s_) + 1); e < d)
       throw InvalidArgument(
@@ -361,15 +359,13 @@ class TernGrad : public Compressor {
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     check_payload("terngrad", p.size(), wire_bytes(out.size(), st));
-    detail::check_scales("terngrad", p.data(), 1);
-    detail::check_magnitudes("terngrad", p.data(), 1);
+    detail::check_scales("terngrad", p.data(), 1, 1);
     check_tern_codes(p.data() + 4, out.size());
     tern_decode(p.data() + 4, out.size(), get_f32(p.data()), out.data(), false);
   }
   void decompress_add(std::span<const uint8_t> p, const TensorState& st, std::span<float> acc) const override {
     check_payload("terngrad", p.size(), wire_bytes(acc.size(), st));
-    detail::check_scales("terngrad", p.data(), 1);
-    detail::check_magnitudes("terngrad", p.data(), 1);
+    detail::check_scales("terngrad", p.data(), 1, 1);
     check_tern_codes(p.data() + 4, acc.size());
     tern_decode(p.data() + 4, acc.size(), get_f32(p.data()), acc.data(), true);
   }

@@ -1,18 +1,15 @@
 #include "core/cpus.h"
 
-#include <fmt/format.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
-#include "core/error.h"
+#include "core/env.h"
 
 namespace conduit {
 namespace {
@@ -107,16 +104,8 @@ int quota_cpus() {
   }
   // Set by `conduit cluster exec`, measured before it mounted a sysfs of the emulated host's own (which has no cgroup
   // files): the container's quota still applies there.
-  if (const char* v = std::getenv("CONDUIT_QUOTA_CPUS"); v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    errno = 0;
-    const long c = std::strtol(v, &end, 10);
-    // (a bad value was ignored, and every CPU taken)
-    if (end == v || *end != '\0' || errno != 0 || c < 1 || !std::isdigit(static_cast<unsigned char>(v[0])))
-      throw ConfigError(fmt::format(
-          "environment variable CONDUIT_QUOTA_CPUS='{}' is invalid: expected a whole number of CPUs, 1 or more", v));
-    n = std::min<long>(n, c);
-  }
+  // (a bad value was ignored, and every CPU taken)
+  if (auto c = env_int("CONDUIT_QUOTA_CPUS", 1, 1 << 20)) n = std::min<long>(n, static_cast<long>(*c));
   return n;
 }
 

@@ -309,10 +309,7 @@ class TcpStoreServer {
           continue;
         }
         while (!c.deferred.empty() && !backed_up(c)) {
-          Header req;
-          req.op = kOpGet;
-          req.id = c.deferred.front().second;
-          reply(c, req, kOk, data_.at(c.deferred.front().first));  // (keys are never deleted)
+          reply_get(c, c.deferred.front().second, data_.at(c.deferred.front().first));  // (keys are never deleted)
           c.deferred.pop_front();
         }
         if (was_backed_up && !backed_up(c) && !c.in.empty() && !serve(id, c)) dead.push_back(id);
@@ -423,6 +420,13 @@ class TcpStoreServer {
     h.id = req.id;
     c.out += frame(h, std::string(), value);
   }
+  // The answer to a get that waited for its key.
+  void reply_get(Client& c, uint64_t req_id, const std::string& value) {
+    Header req;
+    req.op = kOpGet;
+    req.id = req_id;
+    reply(c, req, kOk, value);
+  }
 
   bool handle(uint64_t id, Client& c, const Header& h, std::string key, std::string value) {
     switch (h.op) {
@@ -486,10 +490,7 @@ class TcpStoreServer {
         c->second.deferred.emplace_back(key, req_id);
         continue;
       }
-      Header req;
-      req.op = kOpGet;
-      req.id = req_id;
-      reply(c->second, req, kOk, slot);
+      reply_get(c->second, req_id, slot);
     }
     waiters_.erase(w);
   }

@@ -666,7 +666,7 @@ std::set<long long> CollectiveModel::distinct_copies(const Group& g) const {
       mix(uint64_t(node == prev_node) | uint64_t(leaf == prev_leaf) << 1);
       mix(uint64_t(std::min(npl, topo_.nodes() - leaf * npl)));
       mix(uint64_t(&k - topo_.spec().node_kinds.data()));
-      if (rail) mix(uint64_t(topo_.local_of(gpu) / std::max(1, k.gpus / std::max(1, k.nics))));  // its NIC
+      if (rail) mix(uint64_t(topo_.nic_of_local(topo_.local_of(gpu), k)));
       prev_node = node;
       prev_leaf = leaf;
     }

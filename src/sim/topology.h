@@ -57,9 +57,10 @@ class Topology {
   // accelerator's own ports, its NIC and its leaf. `gpus_behind(l)` counts the accelerators behind link l.
   void links_behind(long long gpu, std::vector<int>& out) const;
   long long gpus_behind(int link) const { return behind_[link]; }
+  // The NIC of a node of kind k that its accelerator `local` sends through.
+  int nic_of_local(int local, const NodeKind& k) const { return local / (k.gpus / k.nics); }
 
  private:
-  int nic_of_local(int local, const NodeKind& k) const { return local / (k.gpus / k.nics); }
   long long leaf_of(long long node, int nic) const;
   int gpu_out(long long g) const { return static_cast<int>(g); }
   int gpu_in(long long g) const { return static_cast<int>(gpus_ + g); }

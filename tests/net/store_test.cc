@@ -443,16 +443,33 @@ TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsNotServedUntilItDoes) {
   auto server = start_server(&port);
   const std::string big(4 << 20, 'v');
   server->set("big", big);
+  constexpr int kGets = 100;
+  // Sends kGets gets of a 3-letter key without reading anything.
+  auto send_gets = [&](int fd, const char* key) {
+    unsigned char h[24 + 3] = {0x43, 0x44, 0x53, 0x54, 1, 0, 2, 0};
+    h[16] = 3;
+    std::memcpy(h + 24, key, 3);
+    for (int i = 0; i < kGets; ++i) {
+      h[8] = static_cast<unsigned char>(i + 1);  // request id
+      ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+    }
+  };
+  // Reads the kGets replies of the 4 MiB value, then closes.
+  const size_t want = size_t(kGets) * (24 + big.size());
+  std::vector<char> buf(1 << 20);
+  auto read_replies = [&](int fd) {
+    size_t got = 0;
+    while (got < want) {
+      ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+      ASSERT_GT(n, 0) << got << " of " << want;
+      got += size_t(n);
+    }
+    EXPECT_EQ(got, want);
+    close(fd);
+  };
   int fd = raw_connect(port);  // (the kernel's socket buffers take ~10 MB of the 240 before the server holds any)
   const long before = vm_rss_kib();
-  unsigned char h[24 + 3] = {0x43, 0x44, 0x53, 0x54, 1, 0, 2, 0};  // get "big"
-  h[16] = 3;
-  std::memcpy(h + 24, "big", 3);
-  constexpr int kGets = 100;
-  for (int i = 0; i < kGets; ++i) {
-    h[8] = static_cast<unsigned char>(i + 1);  // request id
-    ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
-  }
+  send_gets(fd, "big");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const long grown = vm_rss_kib() - before;
   EXPECT_LT(grown, 40 * 1024) << "KiB";  // the limit and a reply or two, not 100 replies
@@ -460,36 +477,17 @@ TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsNotServedUntilItDoes) {
   other->set("x", "1");
   EXPECT_EQ(other->get("x", Deadline::after(5)), "1");
   // Reading now, the client gets all 100 replies.
-  size_t want = size_t(kGets) * (24 + big.size()), got = 0;
-  std::vector<char> buf(1 << 20);
-  while (got < want) {
-    ssize_t n = recv(fd, buf.data(), buf.size(), 0);
-    ASSERT_GT(n, 0) << got << " of " << want;
-    got += size_t(n);
-  }
-  EXPECT_EQ(got, want);
-  close(fd);
+  read_replies(fd);
   // Gets waiting for a key that a set then answers are held to the same limit (the set queued one copy of its value
   // per waiting get at once).
   fd = raw_connect(port);
-  std::memcpy(h + 24, "sit", 3);
-  for (int i = 0; i < kGets; ++i) {
-    h[8] = static_cast<unsigned char>(i + 1);
-    ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
-  }
+  send_gets(fd, "sit");
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the gets wait in the server
   const long before_set = vm_rss_kib();
   other->set("sit", big);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_LT(vm_rss_kib() - before_set, 40 * 1024) << "KiB";
-  got = 0;
-  while (got < want) {
-    ssize_t n = recv(fd, buf.data(), buf.size(), 0);
-    ASSERT_GT(n, 0) << got << " of " << want;
-    got += size_t(n);
-  }
-  EXPECT_EQ(got, want);
-  close(fd);
+  read_replies(fd);
 }
 
 TEST(TcpStore, MalformedReplyIsProtocolError) {
