@@ -549,22 +549,12 @@ void run_coll(const CollArgs& a) {
     algs = candidate_algorithms(c, topo);
   else
     algs = {parse_algorithm(a.algorithm)};
-  // Symmetric mode takes every copy of the group to see the same links: exact when the copies are translations of
-  // each other on the nodes (a stride that divides, or is a multiple of, the accelerators per node); otherwise copies
-  // straddle nodes differently and it can be far off (dgx-a100, 16 ranks at stride 5, 100 MiB halving-doubling:
-  // 8.1 ms against 14.4 ms in full detail).
-  const long long gpn = topo.gpus_per_node();
   if (!a.json) {
     fmt::print("{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n", a.op, format_bytes(n), g.size,
                g.stride, spec.name, a.gpus, a.mode);
-    if (a.mode == "symmetric" && g.stride % gpn != 0 && gpn % g.stride != 0)
-      fmt::print(
-          "  note: stride {} neither divides nor is a multiple of the {} accelerators per node, so the group's "
-          "copies differ; check with --mode full\n\n",
-          g.stride, gpn);
     fmt::print("  {:<20} {:>12} {:>12} {:>10}  {}\n", "algorithm", "time", "bus GB/s", "steps", "bottleneck");
   }
-  int shown = 0;
+  int shown = 0, approximate = 0;
   std::string why;
   for (Algorithm alg : algs) {
     CollectiveCost cost;
@@ -582,6 +572,9 @@ void run_coll(const CollArgs& a) {
       continue;
     }
     ++shown;
+    // Symmetric mode could not route every copy of a group whose copies share links unevenly (marked *).
+    const bool approx = a.mode == "symmetric" && cost.approximate;
+    approximate += approx;
     double p = static_cast<double>(g.size);
     double factor = c == Collective::kAllReduce                                 ? 2 * (p - 1) / p
                     : (c == Collective::kBroadcast || c == Collective::kReduce) ? 1
@@ -600,12 +593,13 @@ void run_coll(const CollArgs& a) {
                         {"time_s", t},
                         {"bus_gbps", busbw},
                         {"steps", cost.steps},
-                        {"bottleneck", cost.bottleneck}}
+                        {"bottleneck", cost.bottleneck},
+                        {"approximate", approx}}
                        .dump()
                 << "\n";
     } else {
-      fmt::print("  {:<20} {:>12} {:>12.1f} {:>10.0f}  {}\n", algorithm_name(cost.algorithm), format_seconds(t), busbw,
-                 cost.steps, cost.bottleneck);
+      fmt::print("  {:<20} {:>12} {:>12.1f} {:>10.0f}  {}{}\n", algorithm_name(cost.algorithm), format_seconds(t),
+                 busbw, cost.steps, cost.bottleneck, approx ? "  *" : "");
       if (a.steps) {
         long long copy_first = g.first;
         const auto steps = net.explain(c, cost.algorithm, g, n, &copy_first);
@@ -620,6 +614,11 @@ void run_coll(const CollArgs& a) {
   }
   if (shown == 0)
     throw ConfigError(fmt::format("no algorithm can run {} on {} ranks of {}: {}", a.op, g.size, spec.name, why));
+  if (approximate > 0 && !a.json)
+    fmt::print(
+        "\n  * approximate: the group's copies straddle nodes or leaves unevenly, and they are too many to route "
+        "together or run different patterns (which --mode full refuses as well), so symmetric mode scales each "
+        "placement's own link loads: the time can be well under the truth\n");
 }
 
 InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long long gen) {

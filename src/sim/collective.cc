@@ -525,16 +525,53 @@ std::vector<std::vector<Step>> CollectiveModel::group_copies(Collective c, Algor
   return all;
 }
 
+// Whether two patterns run the same steps (so their copies can share links in lock step).
+static bool same_steps(const std::vector<Step>& x, const std::vector<Step>& y) {
+  if (x.size() != y.size()) return false;
+  for (size_t si = 0; si < x.size(); ++si)
+    if (x[si].phase != y[si].phase || x[si].repeat != y[si].repeat || x[si].latency_hops != y[si].latency_hops)
+      return false;
+  return true;
+}
+
 CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, const Group& g,
                                                    const std::vector<Step>& steps) {
   CopySet cs;
   const long long block = g.size * g.stride;
-  cs.route_all = topo_.spec().network.topology == TopologyKind::kTorus && block > 0 && topo_.gpus() % block == 0;
-  cs.shift = cs.route_all && shifts_exactly(a, steps);
-  if (cs.shift)
+  if (block <= 0 || topo_.gpus() % block != 0) return cs;
+  // On a torus every copy is routed (other copies' multi-hop routes cross this one's links). Elsewhere a link's load
+  // is this copy's times the copies sharing it, which holds while the copies sharing a link load it alike; copies that
+  // straddle nodes or leaves differently do not (16 ranks at stride 5 on dgx-a100: 8.1 ms against 14.4 ms in full
+  // detail), so they are all routed too, up to a bound on the transfers that costs.
+  if (topo_.spec().network.topology == TopologyKind::kTorus)
+    cs.route_all = true;
+  else {
+    // Whether some copies straddle otherwise than others does not depend on which copy g is: once per shape.
+    auto [it, fresh] = uneven_.try_emplace({g.size, g.stride}, false);
+    if (fresh) distinct_copies(g, &it->second);
+    if (!it->second) return cs;
+    size_t transfers = 0;
+    for (const Step& s : steps) transfers += s.transfers.size();
+    const double copies = static_cast<double>(topo_.gpus() / block) * static_cast<double>(g.stride);
+    cs.route_all = copies * static_cast<double>(transfers) <= kRouteAllTransfers;
+    cs.approximate = !cs.route_all;
+  }
+  if (!cs.route_all) return cs;
+  cs.shift = shifts_exactly(a, steps);
+  if (cs.shift) {
     cs.offsets = copy_offsets(topo_, g);
-  else if (cs.route_all)
-    cs.patterns = group_copies(c, a, g, &steps);
+    return cs;
+  }
+  cs.patterns = group_copies(c, a, g, &steps);
+  // Copies that run different patterns (a hierarchical pattern splits where each copy's nodes are) have no common
+  // steps: each placement is then timed apart (profile()), as when the copies are too many to route.
+  for (const auto& pat : cs.patterns)
+    if (!same_steps(pat, steps)) {
+      cs.patterns.clear();
+      cs.route_all = false;
+      cs.approximate = true;
+      break;
+    }
   return cs;
 }
 
@@ -568,6 +605,8 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
   // together, so the most loaded link gives the max-min fair makespan full-detail mode finds).
   const CopySet cs = copy_set(c, a, g, steps);
   const bool route_all = cs.route_all;
+  cost.all_copies_routed = route_all;
+  cost.approximate = cs.approximate;
   std::vector<int> behind_touched, behind;
   if (!route_all)
     for (long long i = 0; i < g.size; ++i) {
@@ -645,8 +684,9 @@ std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, cons
   return best;
 }
 
-std::set<long long> CollectiveModel::distinct_copies(const Group& g) const {
+std::set<long long> CollectiveModel::distinct_copies(const Group& g, bool* uneven) const {
   std::set<long long> firsts;
+  if (uneven) *uneven = false;
   const long long block = g.size * g.stride;
   if (block <= 0 || topo_.gpus() % block != 0) return firsts;
   // What a copy's cost depends on besides its pattern: for each rank, whether it shares the previous rank's node and
@@ -656,28 +696,34 @@ std::set<long long> CollectiveModel::distinct_copies(const Group& g) const {
   // 86 ms against 258 ms in full detail for 2 ranks 80 apart across a part-full leaf).
   const long long npl = std::max<long long>(1, topo_.spec().network.nodes_per_leaf);
   const bool rail = topo_.spec().network.topology == TopologyKind::kRailOptimized;
+  // The second hash keeps the straddling alone: copies that differ in it share links unevenly (*uneven).
   auto signature = [&](long long first) {
-    uint64_t h = 1469598103934665603ull;
-    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    uint64_t h = 1469598103934665603ull, straddle = h;
+    auto mix = [](uint64_t& x, uint64_t v) { x = (x ^ v) * 1099511628211ull; };
     long long prev_node = -1, prev_leaf = -1;
     for (long long i = 0; i < g.size; ++i) {
       const long long gpu = first + i * g.stride, node = topo_.node_of(gpu), leaf = node / npl;
       const NodeKind& k = topo_.kind_of_node(node);
-      mix(uint64_t(node == prev_node) | uint64_t(leaf == prev_leaf) << 1);
-      mix(uint64_t(std::min(npl, topo_.nodes() - leaf * npl)));
-      mix(uint64_t(&k - topo_.spec().node_kinds.data()));
-      if (rail) mix(uint64_t(topo_.nic_of_local(topo_.local_of(gpu), k)));
+      mix(straddle, uint64_t(node == prev_node) | uint64_t(leaf == prev_leaf) << 1);
+      mix(straddle, uint64_t(std::min(npl, topo_.nodes() - leaf * npl)));
+      mix(h, uint64_t(&k - topo_.spec().node_kinds.data()));
+      if (rail) mix(h, uint64_t(topo_.nic_of_local(topo_.local_of(gpu), k)));
       prev_node = node;
       prev_leaf = leaf;
     }
-    return h;
+    mix(h, straddle);
+    return std::pair{h, straddle};
   };
-  std::set<uint64_t> seen = {signature(g.first)};
+  const auto own = signature(g.first);
+  std::set<uint64_t> seen = {own.first};
   constexpr size_t kMaxExtra = 16;  // beyond that, the first 16 other placements (a bound on the time it takes)
-  for (long long bk = 0; bk < topo_.gpus() / block && firsts.size() < kMaxExtra; ++bk)
-    for (long long j = 0; j < g.stride && firsts.size() < kMaxExtra; ++j) {
+  for (long long bk = 0; bk < topo_.gpus() / block && (firsts.size() < kMaxExtra || (uneven && !*uneven)); ++bk)
+    for (long long j = 0; j < g.stride && (firsts.size() < kMaxExtra || (uneven && !*uneven)); ++j) {
       const long long first = bk * block + j;
-      if (first != g.first && seen.insert(signature(first)).second) firsts.insert(first);
+      if (first == g.first) continue;
+      const auto sig = signature(first);
+      if (uneven && sig.second != own.second) *uneven = true;
+      if (firsts.size() < kMaxExtra && seen.insert(sig.first).second) firsts.insert(first);
     }
   return firsts;
 }
@@ -768,15 +814,16 @@ CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& 
   // part-full leaf), and the step waits for the slowest: one copy of each other placement is evaluated too and the
   // largest terms kept. (Copies tile the cluster in blocks of size x stride, shifted by 0..stride-1, as full-detail
   // mode lays them out.)
-  {
+  // When every copy was routed, the most loaded link over all of them is already in.
+  if (!cost.all_copies_routed)
     for (long long f : distinct_copies(g)) {
       CollectiveCost other = evaluate_symmetric(c, a, Group{g.size, g.stride, f});
       if (other.per_byte > cost.per_byte) cost.bottleneck = other.bottleneck;
       cost.latency = std::max(cost.latency, other.latency);
       cost.per_byte = std::max(cost.per_byte, other.per_byte);
       cost.reduce_frac = std::max(cost.reduce_frac, other.reduce_frac);
+      cost.approximate = cost.approximate || other.approximate;
     }
-  }
   cache_.emplace(key, cost);
   return cost;
 }
@@ -792,11 +839,7 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
   // copy's nodes are, and a copy on part of a node falls back to a flat ring) have no common steps to share links
   // in. (Step si of the first copy was taken from every copy: a shorter one was read past its end.)
   for (const auto& pat : all) {
-    bool same = pat.size() == all.front().size();
-    for (size_t si = 0; same && si < pat.size(); ++si)
-      same = pat[si].phase == all.front()[si].phase && pat[si].repeat == all.front()[si].repeat &&
-             pat[si].latency_hops == all.front()[si].latency_hops;
-    if (!same)
+    if (!same_steps(pat, all.front()))
       throw UnsupportedError(fmt::format(
           "full-detail mode: the copies of this group of {} ranks (stride {}) run different {} patterns ({} steps "
           "and {}), which it cannot time in lock step; use symmetric mode, which times each placement",

@@ -21,6 +21,10 @@
 //   symmetric   the representative group (the one holding rank `first`) is routed; a link's load is that group's
 //               load times the number of concurrent groups sharing it (accelerators behind the link / the
 //               group's ranks behind it). Linear in n, cached: O(group size) once, then O(1) per message size.
+//               That count holds while the copies sharing a link load it alike; where they straddle nodes or leaves
+//               differently, and on a torus, every copy is routed and the most loaded link taken (up to a bound on
+//               the transfers; past it the result is flagged approximate). Each other placement of the group (node
+//               kind, rail) is evaluated as well and the slowest kept.
 //   full        every concurrent group's transfers are routed and share links max-min fairly (flow.h); exact
 //               for any placement, O(total transfers) per step. Used to validate the symmetric mode.
 #include <cstdint>
@@ -29,6 +33,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "sim/topology.h"
@@ -84,6 +89,11 @@ struct CollectiveCost {
   double gamma = 0;        // seconds per reduced byte
   double steps = 0;
   std::string bottleneck;  // the link kind that bounds most of the bandwidth term
+  bool all_copies_routed = false;  // every concurrent copy's transfers were routed (torus, uneven placements)
+  // The copies share links unevenly (they straddle nodes or leaves differently) and were too many to route, or ran
+  // different patterns: the time is each placement's own with the shares scaled, which can be well under full
+  // detail's (check with full mode).
+  bool approximate = false;
   Algorithm algorithm = Algorithm::kRing;
   double time(double n) const { return n <= 0 ? 0.0 : latency + n * per_byte + n * reduce_frac * gamma; }
 };
@@ -126,6 +136,7 @@ class CollectiveModel {
   // when the pattern shifts exactly, else built), elsewhere g alone.
   struct CopySet {
     bool route_all = false, shift = false;
+    bool approximate = false;  // copies share links unevenly but were not all routed (see CollectiveCost)
     std::vector<std::vector<Step>> patterns;
     std::vector<long long> offsets;
   };
@@ -135,11 +146,16 @@ class CollectiveModel {
   std::vector<StepReport> explain_copy(Collective c, Algorithm a, const Group& g, double n);
   // The first ranks of copies of g placed otherwise than g (and than each other), which profile() and explain()
   // also evaluate: another node kind, another way of straddling nodes and leaves, a part-full leaf (at most 16).
-  std::set<long long> distinct_copies(const Group& g) const;
+  // Sets *uneven when some copy straddles nodes or leaves otherwise than g (copies then share links unevenly).
+  std::set<long long> distinct_copies(const Group& g, bool* uneven = nullptr) const;
   std::vector<std::vector<Step>> group_copies(Collective c, Algorithm a, const Group& g, const std::vector<Step>* have);
   CopySet copy_set(Collective c, Algorithm a, const Group& g, const std::vector<Step>& steps);
   const Topology& topo_;
   std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> cache_;
+  // Symmetric mode routes every copy of a group whose copies share links unevenly when they make at most this many
+  // transfers (over the pattern's distinct steps); beyond it, it approximates (CollectiveCost::approximate).
+  static constexpr double kRouteAllTransfers = 1 << 21;
+  std::map<std::pair<long long, long long>, bool> uneven_;  // (size, stride) -> copies straddle unevenly
   std::vector<double> load_;  // scratch, per link
   std::vector<int> ranks_behind_;
 };

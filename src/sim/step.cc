@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <tuple>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -226,8 +228,16 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   r.config = cfg;
   r.gpus = gpus;
   // Collective time in the chosen mode: symmetric profiles, or every concurrent group simulated flow by flow.
+  // Symmetric mode says which groups it could only approximate (copies sharing links unevenly, too many to route).
+  std::set<std::tuple<int, long long, long long>> approximated;
   auto ctime = [&](Collective c, const CollectiveCost& prof, const Group& g, double n) {
     if (cfg.mode == EvalMode::kFull) return net.time_full(c, prof.algorithm, g, n);
+    if (prof.approximate && approximated.emplace(static_cast<int>(c), g.size, g.stride).second)
+      r.notes.push_back(fmt::format(
+          "approximate: the {} groups of {} ranks (stride {}) straddle nodes or leaves unevenly and are too many to "
+          "route together or run different patterns, so symmetric mode scales each placement's own link loads (the "
+          "time can be well under the truth; `sim coll --mode full` times such groups when their patterns agree)",
+          collective_name(c), g.size, g.stride));
     return prof.time(n);
   };
   const int t = cfg.tp, p = cfg.pp;

@@ -201,6 +201,9 @@ struct Agree {
   long long size, stride;
   Algorithm alg;
   Collective coll;
+  // Copies loading links unevenly: symmetric mode takes the most loaded link's time, full detail shares it max-min
+  // fairly among flows that do not all start and end together (close, not equal).
+  double tol = 1e-6;
 };
 
 class AgreeTest : public ::testing::TestWithParam<Agree> {};
@@ -236,7 +239,7 @@ TEST_P(AgreeTest, SymmetricMatchesFullDetail) {
   const double n = 128e6;
   double sym = m.time(a.coll, a.alg, g, n);
   double full = m.time_full(a.coll, a.alg, g, n);
-  EXPECT_LT(rel(sym, full), 1e-6) << "symmetric " << sym << " full " << full;
+  EXPECT_LT(rel(sym, full), a.tol) << "symmetric " << sym << " full " << full;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -276,7 +279,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Agree{"rail4", 32, 8, 4, Algorithm::kDirect, Collective::kAllToAll},
                       Agree{"ring8", 8, 4, 2, Algorithm::kRing, Collective::kAllReduce},
                       Agree{"ring8", 8, 2, 4, Algorithm::kDirect, Collective::kShift},
-                      Agree{"torus", 128, 8, 16, Algorithm::kRing, Collective::kAllGather}));
+                      Agree{"torus", 128, 8, 16, Algorithm::kRing, Collective::kAllGather},
+                      // Copies straddling nodes differently share NICs unevenly: the shares scaled from one copy
+                      // gave 8.1 ms against 14.4 ms (stride 5), 7.2 against 12.5 ms (two groups splitting a node).
+                      Agree{"dgx-a100", 80, 16, 5, Algorithm::kHalvingDoubling, Collective::kAllReduce, 0.01},
+                      Agree{"dgx-a100", 200, 100, 1, Algorithm::kRing, Collective::kAllReduce, 0.01},
+                      Agree{"ethernet-25g", 96, 12, 1, Algorithm::kRing, Collective::kAllGather, 0.01}));
 
 TEST(Topology, OversubscribedUplinkSlowsCrossLeafRings) {
   // ethernet-25g: 32 nodes a leaf, 3:1 oversubscribed. A ring of 64 nodes (2 leaves) with 4 concurrent rings
@@ -376,6 +384,24 @@ TEST(Symmetric, EveryPlacementOfAGroupIsTimed) {
   } catch (const UnsupportedError& e) {
     EXPECT_NE(std::string(e.what()).find("run different hierarchical patterns"), std::string::npos) << e.what();
   }
+}
+
+// Copies that straddle nodes unevenly are all routed (two groups of 100 splitting a node of 200 A100s); where they
+// run different patterns (hierarchical splits at each copy's own node boundaries) the time is flagged approximate,
+// and copies placed alike are neither.
+TEST(Symmetric, UnevenCopiesAreRoutedOrFlagged) {
+  Topology topo(load_cluster("dgx-a100"), 200);
+  CollectiveModel m(topo);
+  const Group split{100, 1, 0};
+  auto ring = m.profile(Collective::kAllReduce, Algorithm::kRing, split);
+  EXPECT_TRUE(ring.all_copies_routed);
+  EXPECT_FALSE(ring.approximate);
+  auto hier = m.profile(Collective::kAllReduce, Algorithm::kHierarchical, split);
+  EXPECT_FALSE(hier.all_copies_routed);
+  EXPECT_TRUE(hier.approximate);
+  auto aligned = m.profile(Collective::kAllReduce, Algorithm::kRing, Group{25, 8, 0});
+  EXPECT_FALSE(aligned.all_copies_routed);
+  EXPECT_FALSE(aligned.approximate);
 }
 
 }  // namespace
