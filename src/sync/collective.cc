@@ -5,6 +5,8 @@
 // diloco: every `period` steps. easgd: every `period` steps.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "core/error.h"
@@ -75,7 +77,10 @@ Bytes LocalSgdStrategy::save_state() const {
 }
 void LocalSgdStrategy::load_state(std::span<const uint8_t> bytes) {
   detail::Reader r(bytes, name());
-  period_ = static_cast<int>(r.u64());
+  const uint64_t period = r.u64();
+  if (period < 1 || period > static_cast<uint64_t>(INT_MAX))
+    throw InvalidArgument(fmt::format("sync {}: the state's period is {} (allowed: 1 to {})", name(), period, INT_MAX));
+  period_ = std::min(static_cast<int>(period), max_period_);  // a smaller max_period given on resume wins
   since_avg_ = static_cast<int64_t>(r.u64());
   r.done();
 }
@@ -125,8 +130,8 @@ Bytes DilocoStrategy::save_state() const {
 void DilocoStrategy::load_state(std::span<const uint8_t> bytes) {
   detail::Reader r(bytes, name());
   since_sync_ = static_cast<int64_t>(r.u64());
-  outer_ = r.floats();
-  velocity_ = r.floats();
+  outer_ = r.floats(outer_.size(), "outer parameters");
+  velocity_ = r.floats(outer_.size(), "outer momentum");
   r.done();
   delta_.resize(outer_.size());
 }
@@ -173,7 +178,7 @@ Bytes EasgdStrategy::save_state() const {
 void EasgdStrategy::load_state(std::span<const uint8_t> bytes) {
   detail::Reader r(bytes, name());
   since_sync_ = static_cast<int64_t>(r.u64());
-  center_ = r.floats();
+  center_ = r.floats(center_.size(), "center variable");
   r.done();
   diff_.resize(center_.size());
 }

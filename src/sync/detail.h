@@ -2,6 +2,7 @@
 // Internals shared by the strategies: parameter parsing and point-to-point helpers over a communicator's transport.
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "coll/communicator.h"
@@ -75,7 +76,10 @@ class Reader {
   uint64_t u64();
   double f64();
   std::vector<float> floats();
+  // A vector that must hold `expect` values (or none, when `or_empty`): InvalidArgument naming `field` otherwise.
+  std::vector<float> floats(size_t expect, std::string_view field, bool or_empty = false);
   Bytes bytes();
+  size_t remaining() const { return b_.size() - pos_; }
   void done() const;
 
  private:

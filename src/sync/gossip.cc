@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 
@@ -87,6 +88,16 @@ void DpsgdStrategy::choco_gossip(std::span<float> params) {
   for (int p : nbrs_) reqs.push_back(isend(c, p, detail::kTagGossipLen, &len, 8));
   detail::wait_all(c, reqs);
   reqs.clear();
+  // Before anything is allocated for them: a length no encoder writes (a corrupt or foreign neighbour).
+  const uint64_t most = compress::max_payload_bytes(*compressor_, d, cstate_);
+  for (size_t k = 0; k < m; ++k)
+    if (lens[k] > most) {
+      const std::string why =
+          fmt::format("sync dpsgd: neighbour rank {} announced a {} payload of {} bytes for {} parameters (at most {})",
+                      nbrs_[k], compressor_->name(), lens[k], d, most);
+      c.transport().abort(why);
+      throw ProtocolError(why);
+    }
   std::vector<compress::Bytes> in(m);
   for (size_t k = 0; k < m; ++k) {
     in[k].resize(lens[k]);
@@ -123,8 +134,15 @@ void DpsgdStrategy::load_state(std::span<const uint8_t> bytes) {
   uint64_t nh = r.u64();
   if (nh != hat_.size())
     throw InvalidArgument(fmt::format("sync dpsgd: state holds {} public copies, this rank needs {}", nh, hat_.size()));
-  for (auto& h : hat_) h = r.floats();
+  const size_t d = hat_.empty() ? 0 : hat_[0].size();
+  for (auto& h : hat_) h = r.floats(d, "public copy");
+  // The compressor's state follows, to the end.
   uint64_t cs = r.u64();
+  if (cs != r.remaining())
+    throw InvalidArgument(
+        fmt::format("sync dpsgd: the state announces {} bytes of compressor state, {} follow", cs, r.remaining()));
+  if (cs && !compressor_)
+    throw InvalidArgument("sync dpsgd: the state holds a compressor's state, and this run gossips uncompressed");
   if (cs) cstate_ = compress::TensorState::load(bytes.subspan(bytes.size() - cs));
 }
 
@@ -198,7 +216,9 @@ Bytes SgpStrategy::save_state() const {
 void SgpStrategy::load_state(std::span<const uint8_t> bytes) {
   detail::Reader r(bytes, name());
   w_ = r.f64();
-  x_ = r.floats();
+  if (!(w_ > 0) || !std::isfinite(w_))
+    throw InvalidArgument(fmt::format("sync sgp: the state's push-sum weight is {} (allowed: finite, > 0)", w_));
+  x_ = r.floats(x_.size(), "push-sum numerators");
   r.done();
   z_.resize(x_.size());
   for (size_t i = 0; i < x_.size(); ++i) z_[i] = static_cast<float>(x_[i] / w_);

@@ -241,26 +241,28 @@ class Shard {
       throw InvalidArgument(fmt::format("sync ps shard {}: state holds {} parameters, the shard has {}", index_,
                                         p.size(), params_.size()));
     params_ = std::move(p);
-    momentum_ = r.floats();
-    mean_sq_ = r.floats();
+    // Every other vector is indexed as the parameters (a corrupt state read out of range).
+    const size_t n = params_.size();
+    momentum_ = r.floats(n, "momentum");
+    mean_sq_ = r.floats(n, "gradients' mean square", true);
     applied_clock_ = static_cast<int64_t>(r.u64());
     bsp_clock_ = applied_clock_;
     version_ = r.u64();
     for (int k = 0; k < workers_; ++k) {
       clocks_[k] = static_cast<int64_t>(r.u64());
       slots_[k].version = r.u64();
-      slots_[k].replica = r.floats();
-      slots_[k].backup = r.floats();
+      slots_[k].replica = r.floats(n, "worker replica", true);
+      slots_[k].backup = r.floats(n, "delay-compensation backup", true);
       auto ps = r.bytes(), pl = r.bytes();
       if (push_ && !ps.empty()) slots_[k].push_state = compress::TensorState::load(ps);
       if (pull_ && !pl.empty()) slots_[k].pull_state = compress::TensorState::load(pl);
-      slots_[k].velocity = r.floats();
+      slots_[k].velocity = r.floats(n, "worker momentum", true);
       if (dana() && slots_[k].velocity.size() != params_.size())
         throw InvalidArgument(fmt::format("sync ps shard {}: the state has no look-ahead momentum (dana) for worker "
                                           "{}; allowed: resume with the dana setting it was saved with",
                                           index_, k));
     }
-    vsum_ = r.floats();
+    vsum_ = r.floats(n, "sum of the workers' momenta", !dana());
     if (!dana()) vsum_.clear();
     agg_.assign(params_.size(), 0.f);
     bsp_count_ = 0;
@@ -742,12 +744,20 @@ class PsStrategy : public Strategy {
         rrecv.push_back(irecv(*comm_, h, shard_tag(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
       stats_.bytes_sent += sizeof(Header) + payloads[s].size();
     }
-    // Local shards (co-located) are served on this thread, after the remote pushes left.
-    for (int64_t s = 0; s < S; ++s) {
-      if (host_of(s) != me) continue;
-      auto [rh, reply] = shards_.at(s)->handle(me, hs[s], payloads[s], comm_->timeout_s());
-      rhs[s] = rh;
-      replies[s] = std::move(reply);
+    // Local shards (co-located) are served on this thread, after the remote pushes left. When that throws (an ssp
+    // wait past the deadline), the sends from `payloads` and the receives into `rhs` go first: both are freed with
+    // the exception.
+    try {
+      for (int64_t s = 0; s < S; ++s) {
+        if (host_of(s) != me) continue;
+        auto [rh, reply] = shards_.at(s)->handle(me, hs[s], payloads[s], comm_->timeout_s());
+        rhs[s] = rh;
+        replies[s] = std::move(reply);
+      }
+    } catch (const std::exception& e) {
+      for (const auto* reqs : {&sends, &rrecv})
+        for (const auto& r : *reqs) net::give_up(comm_->transport(), r, e.what());
+      throw;
     }
     detail::wait_all(*comm_, sends);
     if (kind == kStop) {

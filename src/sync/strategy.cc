@@ -159,8 +159,9 @@ Bytes Reader::bytes() {
   return v;
 }
 void Reader::need(size_t n) const {
-  if (pos_ + n > b_.size())
-    throw InvalidArgument(fmt::format("sync {}: state is truncated ({} bytes, needed {})", what_, b_.size(), pos_ + n));
+  if (n > b_.size() - pos_)  // (pos_ + n wraps for the lengths a corrupt state announces)
+    throw InvalidArgument(
+        fmt::format("sync {}: state is truncated ({} bytes, {} more needed at byte {})", what_, b_.size(), n, pos_));
 }
 uint64_t Reader::u64() {
   need(8);
@@ -177,10 +178,19 @@ double Reader::f64() {
 }
 std::vector<float> Reader::floats() {
   uint64_t n = u64();
-  need(n * 4);
+  if (n > (b_.size() - pos_) / 4)
+    throw InvalidArgument(fmt::format("sync {}: state is truncated ({} bytes, {} values announced at byte {})", what_,
+                                      b_.size(), n, pos_));
   std::vector<float> v(n);
   if (n) std::memcpy(v.data(), b_.data() + pos_, n * 4);
   pos_ += n * 4;
+  return v;
+}
+std::vector<float> Reader::floats(size_t expect, std::string_view field, bool or_empty) {
+  std::vector<float> v = floats();
+  if (v.size() != expect && !(or_empty && v.empty()))
+    throw InvalidArgument(fmt::format("sync {}: the state's {} holds {} values, this model has {}{}", what_, field,
+                                      v.size(), expect, or_empty ? " (or none)" : ""));
   return v;
 }
 void Reader::done() const {

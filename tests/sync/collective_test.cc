@@ -1,6 +1,8 @@
 // bsp, local SGD, DiLoCo and EASGD on in-process ranks.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "core/error.h"
 #include "harness.h"
 #include "sync/schemes.h"
@@ -110,6 +112,55 @@ TEST(SyncCollective, DilocoStateRoundTrips) {
     b.after_step(3, y);
     EXPECT_EQ(x, y);
     EXPECT_THROW(b.load_state(std::vector<uint8_t>(3)), InvalidArgument);
+  });
+}
+
+// A state saved for another model, or a corrupt one, is refused with a line naming what does not match: the
+// outer momentum, center, push-sum numerators and public copies were taken at any length and indexed as the model
+// (out of range), a compressor state's announced length was trusted (SIGSEGV), and a vector length near 2^62 wrapped
+// the length check (std::length_error).
+TEST(SyncState, OtherModelsAndCorruptStatesAreRefused) {
+  auto refused = [](Strategy& s, const std::vector<uint8_t>& state, const std::string& want) {
+    try {
+      s.load_state(state);
+      ADD_FAILURE() << s.name() << ": loaded; wanted an error with '" << want << "'";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  on_ranks(2, [&](int r, coll::CommPtr c) {
+    std::vector<float> big(16, 0.5f), small(8, 0.5f);
+    for (const std::string name : {"diloco", "easgd", "sgp"}) {
+      auto a = make_strategy(name, {}, c), b = make_strategy(name, {}, c);
+      a->setup(big);
+      b->setup(small);
+      refused(*b, a->save_state(), "holds 16 values, this model has 8");
+    }
+    auto a = make_strategy("dpsgd", {{"compressor", "topk:ratio=0.25"}}, c);
+    auto b = make_strategy("dpsgd", {{"compressor", "topk:ratio=0.25"}}, c);
+    a->setup(big);
+    b->setup(small);
+    refused(*b, a->save_state(), "public copy holds 16 values, this model has 8");
+    // The compressor state's length, the u64 after the two public copies (each a u64 length and 16 floats).
+    auto state = a->save_state();
+    const size_t at = 8 + 2 * (8 + 16 * 4);
+    ASSERT_LT(at + 8, state.size());
+    const uint64_t huge = uint64_t{1} << 40;
+    std::memcpy(state.data() + at, &huge, 8);
+    auto b16 = make_strategy("dpsgd", {{"compressor", "topk:ratio=0.25"}}, c);
+    b16->setup(big);
+    refused(*b16, state, "announces 1099511627776 bytes of compressor state");
+    // A DiLoCo state: since_sync, then a vector announcing 2^62 floats.
+    std::vector<uint8_t> wrap(16, 0);
+    const uint64_t n = uint64_t{1} << 62;
+    std::memcpy(wrap.data() + 8, &n, 8);
+    auto d = make_strategy("diloco", {}, c);
+    d->setup(big);
+    refused(*d, wrap, "truncated");
+    auto local = make_strategy("local", {}, c);
+    local->setup(big);
+    refused(*local, std::vector<uint8_t>(16, 0), "period is 0 (allowed: 1 to");
+    (void)r;
   });
 }
 

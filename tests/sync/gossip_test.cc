@@ -9,6 +9,7 @@
 #include "compress/compressor.h"
 #include "core/error.h"
 #include "harness.h"
+#include "sync/detail.h"
 #include "sync/graph.h"
 #include "sync/schemes.h"
 
@@ -125,6 +126,37 @@ TEST(SyncDpsgd, ChocoCompressedGossipPreservesAverageAndReachesConsensus) {
   auto a1 = averages(xs.back());
   for (size_t i = 0; i < a0.size(); ++i) EXPECT_NEAR(a1[i], a0[i], 1e-4);
   EXPECT_LT(consensus_error(xs.back()), 1e-2 * consensus_error(xs[0]));
+}
+
+// A neighbour's announced CHOCO payload length is checked before anything is allocated for it (2^40 bytes was
+// resized as announced: std::bad_alloc, or tens of GB zero-filled). Rank 1 speaks the protocol by hand.
+TEST(SyncDpsgd, AnAnnouncedPayloadNoEncoderWritesIsRefused) {
+  on_ranks(2, [](int r, coll::CommPtr c) {
+    std::vector<float> x(16, 0.5f);
+    if (r == 0) {
+      auto s = make_strategy("dpsgd", {{"compressor", "topk:ratio=0.25"}}, c);
+      s->setup(x);
+      try {
+        s->after_step(0, x);
+        ADD_FAILURE() << "a 2^40-byte payload was accepted";
+      } catch (const ProtocolError& e) {
+        EXPECT_NE(std::string(e.what()).find("neighbour rank 1 announced a topk payload of 1099511627776 bytes"),
+                  std::string::npos)
+            << e.what();
+      }
+      return;
+    }
+    c->broadcast(x.data(), x.size(), DType::f32, 0, detail::blocking_opts()).wait();  // setup's
+    uint64_t theirs = 0, len = uint64_t{1} << 40;
+    auto in = detail::irecv(*c, 0, detail::kTagGossipLen, &theirs, 8);
+    detail::isend(*c, 0, detail::kTagGossipLen, &len, 8)->wait(Deadline::after(10));
+    in->wait(Deadline::after(10));
+    // Rank 0 aborts the transport: the next wait here ends with its reason, not a deadline.
+    try {
+      c->barrier(detail::blocking_opts()).wait();
+    } catch (const Error&) {
+    }
+  });
 }
 
 TEST(SyncSgp, PushSumPreservesSumOfNumeratorsAndWeights) {

@@ -87,10 +87,12 @@ class Pacer {
 };
 
 // Trains with plain SGD (lr) for `steps` steps; returns this rank's final parameters (empty on server ranks).
-// `slow`: extra sleep per step on this rank.
+// `slow`: extra sleep per step on this rank. `step_hook(worker, t, returned)` is called as before_step(t) begins
+// and after it returns.
 inline std::vector<float> train(int rank, coll::CommPtr comm, const std::string& name, const Params& p, int steps,
                                 size_t d = 40, float lr = 0.1f, double slow_ms = 0, Strategy** out = nullptr,
-                                std::function<void(Strategy&)> after = nullptr, Pacer* pace = nullptr) {
+                                std::function<void(Strategy&)> after = nullptr, Pacer* pace = nullptr,
+                                const std::function<void(int, int, bool)>& step_hook = nullptr) {
   auto s = make_strategy(name, p, comm);
   if (out) *out = s.get();
   if (!s->is_worker()) {
@@ -106,7 +108,10 @@ inline std::vector<float> train(int rank, coll::CommPtr comm, const std::string&
     if (pace) pace->arrive();
     if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_ms));
     for (size_t i = 0; i < d; ++i) g[i] = curvature(w) * (x[i] - target(w, i));
-    if (s->before_step(t, x, g))
+    if (step_hook) step_hook(w, t, false);
+    const bool apply = s->before_step(t, x, g);
+    if (step_hook) step_hook(w, t, true);
+    if (apply)
       for (size_t i = 0; i < d; ++i) x[i] -= lr * g[i];
     s->after_step(t, x);
   }

@@ -25,24 +25,49 @@ struct Run {
   PsClockStats clocks;  // merged over every shard
 };
 
-Run run(int n, const std::string& name, Params p, int steps, double slow_ms_rank1 = 0) {
+Run run(int n, const std::string& name, Params p, int steps, double slow_ms_rank1 = 0,
+        const std::function<void(int, int, bool)>& step_hook = nullptr) {
   Run out;
   out.x.resize(n);
   std::mutex mu;
   on_ranks(n, [&](int r, coll::CommPtr c) {
-    out.x[r] = train(r, c, name, p, steps, 40, 0.1f, r == 1 ? slow_ms_rank1 : 0, nullptr, [&](Strategy& s) {
-      if (name.rfind("ps-", 0) != 0) return;
-      auto st = ps_clock_stats(s);
-      std::lock_guard<std::mutex> lk(mu);
-      out.clocks.max_gap = std::max(out.clocks.max_gap, st.max_gap);
-      out.clocks.pushes += st.pushes;
-      out.clocks.waits += st.waits;
-      out.clocks.max_tau = std::max(out.clocks.max_tau, st.max_tau);
-      out.clocks.scaled += st.scaled;
-    });
+    out.x[r] = train(
+        r, c, name, p, steps, 40, 0.1f, r == 1 ? slow_ms_rank1 : 0, nullptr,
+        [&](Strategy& s) {
+          if (name.rfind("ps-", 0) != 0) return;
+          auto st = ps_clock_stats(s);
+          std::lock_guard<std::mutex> lk(mu);
+          out.clocks.max_gap = std::max(out.clocks.max_gap, st.max_gap);
+          out.clocks.pushes += st.pushes;
+          out.clocks.waits += st.waits;
+          out.clocks.max_tau = std::max(out.clocks.max_tau, st.max_tau);
+          out.clocks.scaled += st.scaled;
+        },
+        nullptr, step_hook);
   });
   return out;
 }
+
+// The staleness bound as the workers see it, apart from the servers' own bookkeeping: a worker whose step t
+// returns has pushed t + 1 gradients, and ssp lets it on only once every worker has pushed at least t + 1 - s
+// (a worker that began step u has pushed at most u + 1). Returns the largest (t + 1) - min over workers of pushes
+// begun, seen as steps return.
+struct SeenGap {
+  std::mutex mu;
+  std::vector<int> begun;
+  int max_gap = 0;
+  explicit SeenGap(int workers) : begun(size_t(workers), 0) {}
+  std::function<void(int, int, bool)> hook() {
+    return [this](int w, int t, bool returned) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (!returned) {
+        begun[size_t(w)] = t + 1;
+        return;
+      }
+      max_gap = std::max(max_gap, t + 1 - *std::min_element(begun.begin(), begun.end()));
+    };
+  }
+};
 
 TEST(SyncPs, BspThroughServersEqualsAllreduceBsp) {
   // Plain SGD on the server (momentum 0) with the trainer's lr: the same updates as bsp + a local SGD step.
@@ -80,13 +105,16 @@ TEST(SyncPs, SspWithZeroStalenessEqualsBsp) {
 TEST(SyncPs, SspNeverLetsTheClockGapExceedStaleness) {
   for (int s : {1, 3}) {
     // 4 workers and a dedicated server; worker 1 is slow.
-    auto r = run(5, "ps-ssp", {{"staleness", std::to_string(s)}}, 30, 2.0);
-    EXPECT_LE(r.clocks.max_gap, s);
+    SeenGap seen(4);
+    auto r = run(5, "ps-ssp", {{"staleness", std::to_string(s)}}, 30, 2.0, seen.hook());
+    EXPECT_LE(seen.max_gap, s) << "a worker went on more than s steps ahead of the slowest";
     EXPECT_EQ(r.clocks.max_gap, s) << "the fast workers should reach the bound";
     EXPECT_GT(r.clocks.waits, 0u);
   }
-  // Without the bound the same run drifts further apart (the instrumentation sees it).
-  auto asp = run(5, "ps-asp", {}, 30, 2.0);
+  // Without the bound the same run drifts further apart (both the workers and the instrumentation see it).
+  SeenGap seen(4);
+  auto asp = run(5, "ps-asp", {}, 30, 2.0, seen.hook());
+  EXPECT_GT(seen.max_gap, 3);
   EXPECT_GT(asp.clocks.max_gap, 3);
 }
 
@@ -415,8 +443,10 @@ TEST(SyncPs, DanaWithZeroStalenessIsNesterovBspAndStaysBoundedAsynchronously) {
     for (float val : asp.x[r]) ASSERT_TRUE(std::isfinite(val));
   EXPECT_LT(worst(asp, 4), 1.5);
   EXPECT_GT(max_abs_diff(asp.x[0], shared.x[0]), 0.0);
-  auto ssp = run(4, "ps-ssp", {{"servers", "2"}, {"colocate", "1"}, {"dana", "1"}, {"staleness", "2"}}, 40, 1.0);
-  EXPECT_LE(ssp.clocks.max_gap, 2);
+  SeenGap seen(4);
+  auto ssp =
+      run(4, "ps-ssp", {{"servers", "2"}, {"colocate", "1"}, {"dana", "1"}, {"staleness", "2"}}, 40, 1.0, seen.hook());
+  EXPECT_LE(seen.max_gap, 2);
   EXPECT_LT(worst(ssp, 4), 1.5);
 }
 TEST(SyncPs, WeightDecayFollowsTheTrainersLearningRateSchedule) {
