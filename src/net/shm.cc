@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -59,9 +61,11 @@ int futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts)
   return static_cast<int>(syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0));
 }
 
+// A store-then-load handshake with the sleeper's (sleepers += 1, then read the doorbell): only sequentially
+// consistent operations keep both loads from reading the old values (a lost wake-up, up to the 50 ms sleep).
 void ring_doorbell(SegHeader* h) {
-  h->doorbell.fetch_add(1, std::memory_order_release);
-  if (h->sleepers.load(std::memory_order_acquire) > 0) futex(&h->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
+  h->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (h->sleepers.load(std::memory_order_seq_cst) > 0) futex(&h->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 inline void cpu_relax() {
@@ -224,6 +228,18 @@ class ShmTransport : public Transport, public Progressor {
         const int e = errno;
         undo();
         throw Error(fmt::format("shm: cannot open segment {} of rank {}: {}", name, p, std::strerror(e)));
+      }
+      // A segment of another size (another ring size, another build's layout) would be read at wrong offsets or
+      // past its end (SIGBUS).
+      struct stat sb {};
+      if (::fstat(pfd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) != seg_bytes_) {
+        const long long got = static_cast<long long>(sb.st_size);
+        ::close(pfd);
+        undo();
+        throw ProtocolError(fmt::format(
+            "shm: segment {} of rank {} is {} bytes, this rank's are {} (the ranks' CONDUIT_SHM_RING_BYTES or builds "
+            "differ)",
+            name, p, got, seg_bytes_));
       }
       maps_[p] = static_cast<char*>(::mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0));
       ::close(pfd);
@@ -398,11 +414,20 @@ class ShmTransport : public Transport, public Progressor {
     double rem = std::min(until.remaining_seconds(), 0.05);
     if (rem > 0) {
       timespec ts{0, static_cast<long>(rem * 1e9)};
-      my_seg_->sleepers.fetch_add(1, std::memory_order_acq_rel);
-      if (my_seg_->doorbell.load(std::memory_order_acquire) == seen) futex(&my_seg_->doorbell, FUTEX_WAIT, seen, &ts);
+      my_seg_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      if (my_seg_->doorbell.load(std::memory_order_seq_cst) == seen) futex(&my_seg_->doorbell, FUTEX_WAIT, seen, &ts);
       my_seg_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
     }
-    if (my_seg_->doorbell.load(std::memory_order_acquire) == seen) check_liveness();
+    // Whether the peers still live, after a quiet sleep and at least every 50 ms whatever the doorbell does: other
+    // peers' traffic rings it too, and a rank died unseen while another one kept writing here (until the deadline,
+    // or for ever without one).
+    const int64_t now = Clock::now().time_since_epoch().count();
+    const int64_t every = std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(50)).count();
+    if (my_seg_->doorbell.load(std::memory_order_acquire) == seen ||
+        now - last_liveness_.load(std::memory_order_relaxed) >= every) {
+      last_liveness_.store(now, std::memory_order_relaxed);
+      check_liveness();
+    }
   }
 
  private:
@@ -596,7 +621,8 @@ class ShmTransport : public Transport, public Progressor {
       uint64_t head = p.in->head.load(std::memory_order_acquire);
       size_t avail = static_cast<size_t>(head - tail);
       if (avail > ring_bytes_) {
-        fail_protocol(p, "ring indices are corrupt");
+        fail_protocol(p, fmt::format("ring indices are corrupt (head {}, tail {}: {} bytes pending, the ring holds {})",
+                                     head, tail, head - tail, ring_bytes_));
         break;
       }
       if (!p.have_hdr) {
@@ -826,6 +852,7 @@ class ShmTransport : public Transport, public Progressor {
   std::mutex mu_;
   bool all_local_ = false;    // every other rank is served here (the fast allreduce needs them all)
   uint64_t fast_seq_ = 0;     // fast allreduces so far (the same count on every rank)
+  std::atomic<int64_t> last_liveness_{0};  // Clock ticks of the last check_liveness()
   static thread_local uint32_t tl_seen_;
 };
 

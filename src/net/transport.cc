@@ -19,7 +19,8 @@ bool Request::test() {
 void Request::wait(const Deadline& deadline) {
   if (progressor_ != nullptr) {
     while (!done()) {
-      if (progressor_->progress()) continue;
+      // (Progress elsewhere, another request's data moving, does not put off the deadline.)
+      if (progressor_->progress() && !deadline.expired()) continue;
       if (done()) break;
       if (deadline.expired()) break;
       progressor_->wait_for_activity(deadline);

@@ -1,14 +1,21 @@
 // The shared-memory fast allreduce, with shm transports of n ranks as threads of this process: results equal a
 // reference for every dtype and op over many operations (the two slots are reused thousands of times), every rank
 // gets the same bits, and a mismatched call or a silent rank is a clear error within the deadline.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -163,6 +170,108 @@ TEST(ShmFastAllreduce, MismatchedCallsAndASilentRankAreErrors) {
     EXPECT_NE(errors[r].find("deadline"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("rank(s) 2"), std::string::npos) << errors[r];
   }
+}
+
+// A peer's segment of another size than this rank's is refused before it is mapped (it was mapped at this rank's
+// size: SIGBUS past its end, or rings at wrong offsets). Rank 1 is a stand-in: a 4 KiB segment under its name.
+TEST(ShmSegments, APeerSegmentOfAnotherSizeIsRefused) {
+  const std::string job = fmt::format("sizetest{}", ::getpid());
+  const std::string fake = net::shm_segment_name(job, 1);
+  net::AllgatherFn ag = [&](const std::string& mine) {
+    int fd = ::shm_open(fake.c_str(), O_CREAT | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::ftruncate(fd, 4096), 0);
+    ::close(fd);
+    return std::vector<std::string>{mine, fmt::format("{} 0", ::getpid())};
+  };
+  try {
+    net::make_shm_transport(0, 2, {0, 0}, job, ag);
+    ADD_FAILURE() << "a 4 KiB peer segment was mapped";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("of rank 1 is 4096 bytes, this rank's are"), std::string::npos) << e.what();
+  }
+  ::shm_unlink(fake.c_str());
+  net::remove_shm_segments(job, 2);
+}
+
+// A rank that dies is found while other peers keep writing to the waiting rank: their doorbell rings woke every
+// sleep early, which skipped the liveness check, so the death went unseen until the traffic stopped or the deadline
+// passed (20 s here). Ranks are processes (the check asks whether the peer's pid lives); rank 1 exits at once,
+// rank 2 sends to rank 0 every 5 ms until rank 0 is done (10 s at most), rank 0 waits on a receive from rank 1.
+TEST(ShmLiveness, ADeadPeerIsFoundWhileAnotherKeepsWriting) {
+  const std::string dir = fmt::format("/tmp/conduit-shm-live-{}", ::getpid());
+  const std::string job = fmt::format("livetest{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string result = dir + "/result";
+  pid_t kids[3];
+  for (int r = 0; r < 3; ++r) {
+    pid_t k = ::fork();
+    ASSERT_GE(k, 0);
+    if (k != 0) {
+      kids[r] = k;
+      continue;
+    }
+    int code = 0;
+    try {
+      int round = 0;
+      net::AllgatherFn ag = [&](const std::string& mine) {  // through files: the ranks are processes
+        const std::string base = fmt::format("{}/{}_", dir, round++);
+        std::ofstream(fmt::format("{}{}.tmp", base, r)) << mine;
+        std::filesystem::rename(fmt::format("{}{}.tmp", base, r), fmt::format("{}{}", base, r));
+        std::vector<std::string> all(3);
+        for (int p = 0; p < 3; ++p) {
+          const std::string f = fmt::format("{}{}", base, p);
+          for (int i = 0; i < 20000 && !std::filesystem::exists(f); ++i) ::usleep(1000);
+          std::ifstream in(f);
+          std::stringstream ss;
+          ss << in.rdbuf();
+          all[size_t(p)] = ss.str();
+        }
+        return all;
+      };
+      auto t = net::make_shm_transport(r, 3, {0, 0, 0}, job, ag);
+      if (r == 1) ::_exit(0);
+      if (r == 2) {
+        int v = 7;
+        const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (std::chrono::steady_clock::now() < end && !std::filesystem::exists(result)) {
+          t->isend(0, net::make_tag(net::kUser, 0, 2), &v, 4)->wait(Deadline::after(5));
+          ::usleep(5000);
+        }
+        ::_exit(0);
+      }
+      int got = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string what = "received";
+      try {
+        t->irecv(1, net::make_tag(net::kUser, 0, 1), &got, 4)->wait(Deadline::after(20));
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::ofstream(result + ".tmp") << fmt::format("{:.2f} {}", took, what);
+      std::filesystem::rename(result + ".tmp", result);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  ::waitpid(kids[1], nullptr, 0);  // reaped at once: a zombie still answers kill(pid, 0)
+  int st0 = 0, st2 = 0;
+  ::waitpid(kids[0], &st0, 0);
+  ::waitpid(kids[2], &st2, 0);
+  std::ifstream in(result);
+  double took = -1;
+  std::string what;
+  in >> took;
+  std::getline(in, what);
+  net::remove_shm_segments(job, 3);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(st0, 0);
+  EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("died"), std::string::npos) << what;
+  EXPECT_LT(took, 8) << "found only when rank 2's traffic stopped (10 s) or at the deadline (20 s): " << what;
 }
 
 }  // namespace
