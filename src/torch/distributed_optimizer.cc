@@ -73,6 +73,7 @@ struct DistributedOptimizer::Core {
   coll::CommPtr comm;
   DistOptions opt;
   std::vector<torch::Tensor> params;
+  std::vector<std::string> names;  // as named_parameters() gives them (indices skip frozen and tied parameters)
   std::vector<size_t> numel;
   std::vector<std::vector<size_t>> shapes;
 #ifdef CONDUIT_WITH_COMPRESS
@@ -126,6 +127,9 @@ struct DistributedOptimizer::Core {
   }
 
   void reset_step_locked() {
+    // A step's observed order goes with its gradients (a backward discarded by zero_grad() recorded every parameter
+    // once, and the next backward again: duplicate slots in the rebuilt buckets, twice the bytes every step).
+    if (record_order) ready_order.clear();
     got.assign(params.size(), 0);
     pending.resize(buckets.size());
     for (size_t b = 0; b < buckets.size(); ++b) pending[b] = int(buckets[b].params.size());
@@ -138,17 +142,17 @@ struct DistributedOptimizer::Core {
   void on_grad(int i, const torch::Tensor& grad) {
     if (grad.scalar_type() != torch::kFloat || grad.layout() != torch::kStrided)
       throw InvalidArgument(
-          fmt::format("DistributedOptimizer: parameter {} got a {} {} gradient; allowed: float32 "
+          fmt::format("DistributedOptimizer: parameter '{}' got a {} {} gradient; allowed: float32 "
                       "dense gradients (an Embedding with sparse=false)",
-                      i, c10::toString(grad.scalar_type()), grad.layout() == torch::kStrided ? "dense" : "sparse"));
+                      names[size_t(i)], c10::toString(grad.scalar_type()), grad.layout() == torch::kStrided ? "dense" : "sparse"));
     torch::Tensor g = grad.contiguous();
     std::unique_lock<std::mutex> lk(mu);
     if (!alive) return;
     if (synced)
       throw InvalidArgument(fmt::format(
-          "DistributedOptimizer: parameter {} got a gradient after synchronize() and before step(); allowed: "
+          "DistributedOptimizer: parameter '{}' got a gradient after synchronize() and before step(); allowed: "
           "backward, then synchronize() and step()",
-          i));
+          names[size_t(i)]));
     int b = param_bucket[size_t(i)];
     Bucket& bk = buckets[size_t(b)];
     float* dst = bk.flat.data() + bk.offsets[size_t(param_slot[size_t(i)])];
@@ -157,9 +161,9 @@ struct DistributedOptimizer::Core {
       // would mix the average with this rank's own gradient, differently on every rank); without, it accumulates.
       if (opt.overlap)
         throw InvalidArgument(fmt::format(
-            "DistributedOptimizer: parameter {} got a second gradient before step() (its bucket may be exchanged "
+            "DistributedOptimizer: parameter '{}' got a second gradient before step() (its bucket may be exchanged "
             "already); allowed: one backward per step, or overlap off to accumulate several",
-            i));
+            names[size_t(i)]));
       const float* src = g.data_ptr<float>();
       for (size_t k = 0; k < numel[size_t(i)]; ++k) dst[k] += src[k];
       return;
@@ -343,6 +347,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
                       named.key(), c10::toString(p.scalar_type()), p.layout() == torch::kStrided ? "dense" : "sparse",
                       p.device().str()));
     c.params.push_back(p);
+    c.names.push_back(named.key());
     c.numel.push_back(size_t(p.numel()));
     std::vector<size_t> shape;
     for (auto d : p.sizes()) shape.push_back(size_t(d));

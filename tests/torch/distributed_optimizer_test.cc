@@ -63,7 +63,7 @@ TEST(DistributedOptimizer, SynchronizeThenStepExchangesOnce) {
 // (each rank then held its own mix), zero_grad() after a backward could not withdraw the exchange, a gradient after
 // synchronize() was lost, and a second synchronize() averaged zeros into .grad. One rank is enough to see each.
 TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing) {
-  auto setup = [](bool overlap) {
+  auto setup = [](bool overlap, bool rebuild = false) {
     auto comms = coll::Communicator::inproc(1);
     auto model = std::make_shared<torch::nn::LinearImpl>(4, 3);
     {
@@ -73,7 +73,7 @@ TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing)
     }
     auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0));
     DistOptions o;
-    o.rebuild_buckets = false;
+    o.rebuild_buckets = rebuild;
     o.overlap = overlap;
     auto opt = std::make_shared<DistributedOptimizer>(model, sgd, comms[0], o);
     return std::make_tuple(comms, model, opt);
@@ -118,6 +118,24 @@ TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing)
     backward(m);
     opt->step();
     EXPECT_FLOAT_EQ(m->weight[0][0].item<float>(), 0.1f - 2.0f);
+  }
+  {
+    // A backward discarded before the first step leaves no trace in the order the buckets are rebuilt from (it
+    // recorded every parameter once, the next backward again: each slot twice, 120 bytes a step for 60).
+    auto [comms, lin, opt] = setup(false, true);
+    torch::nn::Linear m(lin);
+    opt->zero_grad();
+    backward(m);
+    opt->zero_grad();
+    backward(m);
+    opt->step();
+    opt->zero_grad();
+    backward(m);
+    opt->step();
+    size_t slots = 0;
+    for (const auto& b : opt->bucket_layout()) slots += b.size();
+    EXPECT_EQ(slots, 2u);
+    EXPECT_EQ(opt->last_stats().grad_bytes, (12u + 3u) * 4u);
   }
 }
 
