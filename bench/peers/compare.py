@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +55,19 @@ def parse_args():
         p.error("--iters must be at least 1")
     if a.warmup < 0:
         p.error("--warmup must be 0 or more")
+    # Sizes checked once, as every implementation reads them: whole f32 elements, K/M/G suffixes (the peers rounded
+    # 6 bytes down to 4 where conduit refused it, and conduit alone took a T suffix).
+    for flag in ("min_bytes", "max_bytes"):
+        v = getattr(a, flag)
+        m = re.fullmatch(r"([0-9]+)([KMG]?)", v.strip())
+        if not m:
+            p.error(f"--{flag.replace('_', '-')} {v}: allowed: a whole number of bytes with an optional K, M or G")
+        n = int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+        if n < 4 or n % 4:
+            p.error(f"--{flag.replace('_', '-')} {v}: allowed: a positive multiple of 4 bytes (whole f32 elements)")
+        setattr(a, flag + "_n", n)
+    if a.max_bytes_n < a.min_bytes_n:
+        p.error(f"--max-bytes {a.max_bytes} is below --min-bytes {a.min_bytes}")
     if not (math.isfinite(a.timeout) and a.timeout > 0):
         p.error(f"--timeout {a.timeout}: allowed: a finite number of seconds above 0")
     a.peers = [x.strip() for x in a.peers.split(",") if x.strip()]
@@ -169,14 +183,23 @@ def run_peer(name, a):
     line = " ".join(shlex.quote(c) for c in cmd)
     print(f"# {name}: {line}", file=sys.stderr, flush=True)
     t0 = time.time()
+    # In a session of its own: on the timeout its whole process tree goes (killing the direct child alone left the
+    # gloo ranks, which have no parent-death signal, running).
     try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout,
-                           stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return parse_records(out), f"timed out after {a.timeout:g} s", line, time.time() - t0
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
         return {}, f"cannot run: {e}", line, time.time() - t0
+    try:
+        stdout, stderr = proc.communicate(timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        stdout, _ = proc.communicate()
+        return parse_records(stdout or ""), f"timed out after {a.timeout:g} s", line, time.time() - t0
+    r = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     recs = parse_records(r.stdout)
     err = None
     if r.returncode != 0:
@@ -195,7 +218,7 @@ def busbw_gbs(r, stat, world):
     t = op_time_us(r, stat)
     if stat == "mean" or not t:
         return r["busbw_gbs"]
-    return r["bytes"] / t / 1e3 * (2 * (world - 1) / world if world > 1 else 1)
+    return r["bytes"] / t / 1e3 * (2 * (world - 1) / world)  # nccl-tests' allreduce factor (0 for one rank)
 
 
 def fmt_size(b):

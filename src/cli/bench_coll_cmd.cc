@@ -45,7 +45,8 @@ struct BenchArgs {
 
 // nccl-tests' bus bandwidth factors.
 double bus_factor(const std::string& op, int n) {
-  if (n <= 1) return 1;
+  // (With one rank nothing crosses a bus: 0 for every op but broadcast and reduce, as nccl-tests and the peers
+  // of bench/coll/compare.py report it.)
   if (op == "allreduce") return 2.0 * (n - 1) / n;
   // Gather and scatter move (n-1)/n of the whole buffer through the root's link (nccl-tests' GatherGetBw).
   if (op == "reduce_scatter" || op == "allgather" || op == "alltoall" || op == "gather" || op == "scatter")
@@ -79,16 +80,22 @@ void run_bench(const BenchArgs& a) {
                                   dtype_name(dt), dtype_size(dt)));
   if (hi < lo) throw ConfigError(fmt::format("--max-bytes {} is below --min-bytes {}", a.max_bytes, a.min_bytes));
   {
-    // Each rank holds an input and an output of up to world x size (gather-like ops) plus the check's copies: refuse
-    // what cannot fit instead of failing on an allocation halfway through the sweep.
+    // Each rank holds an input and an output of up to world x size (gather-like ops) plus the check's copies, and the
+    // ranks on this host all do (`conduit launch` and mpirun say how many): refuse what cannot fit instead of
+    // failing on an allocation halfway through the sweep (the ranks of `launch -n 2 ... -e 5G` needed ~30 GB of 23).
     const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
                  page = static_cast<double>(::sysconf(_SC_PAGESIZE));
     const double mem = pages > 0 && page > 0 ? pages * page : 0;
-    if (mem > 0 && 4.0 * static_cast<double>(hi) > mem)
+    long long local = 1;
+    if (auto v = env_int("LOCAL_WORLD_SIZE", 1, 1 << 20))
+      local = *v;
+    else if (auto w = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20))
+      local = *w;
+    if (mem > 0 && 4.0 * static_cast<double>(hi) * static_cast<double>(local) > mem)
       throw ConfigError(
-          fmt::format("--max-bytes {} needs about {:.1f} GB per rank; this machine has {:.1f} GB (allowed: "
-                      "at most a quarter of the memory)",
-                      a.max_bytes, 4e-9 * static_cast<double>(hi), mem * 1e-9));
+          fmt::format("--max-bytes {} needs about {:.1f} GB per rank, {} ranks on this host; this machine has {:.1f} "
+                      "GB (allowed: at most a quarter of the memory per rank)",
+                      a.max_bytes, 4e-9 * static_cast<double>(hi), local, mem * 1e-9));
   }
   if (a.iters < 1 || a.iters > 1000000) throw ConfigError("--iters must be in [1, 1000000]");
   if (a.warmup < 0 || a.warmup > 1000000) throw ConfigError("--warmup must be in [0, 1000000]");
@@ -143,7 +150,10 @@ void run_bench(const BenchArgs& a) {
     if (count == last_count) continue;
     last_count = count;
     size_t in_elems = (a.op == "reduce_scatter" || a.op == "alltoall" || a.op == "scatter") ? count * n : count;
-    size_t out_elems = (a.op == "allgather" || a.op == "alltoall" || a.op == "gather") ? count * n : count;
+    // (allreduce and broadcast work in place: their output is never written)
+    size_t out_elems = (a.op == "allgather" || a.op == "alltoall" || a.op == "gather") ? count * n
+                       : (a.op == "allreduce" || a.op == "broadcast")                  ? 1
+                                                                                       : count;
     std::vector<char> in(std::max<size_t>(in_elems, 1) * esz, 0), out(std::max<size_t>(out_elems, 1) * esz, 0);
     std::string algo_used;
     coll::Work last;

@@ -116,7 +116,15 @@ std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std
       add_layer_pools(pools, "cnn", sim::kTrainCnnLayers, a.batch);
     } else if (s.rfind("conv:", 0) == 0) {
       std::vector<Conv> one;
-      add_layer_convs(one, "given", s, a.batch);
+      try {
+        add_layer_convs(one, "given", s, a.batch);
+      } catch (const ConfigError& e) {  // the layer parser names --layers-spec, its own flag elsewhere
+        std::string why = e.what();
+        if (why.rfind("--layers-spec", 0) == 0) why.erase(0, std::string("--layers-spec").size());
+        throw ConfigError(fmt::format("--shapes{}", why));
+      }
+      if (one.empty())
+        throw ConfigError(fmt::format("--shapes: '{}' holds no convolution (e.g. conv:3x16k3@28x28)", s));
       const auto& c = one.at(0).shape;
       if (c.kernel > c.height || c.kernel > c.width || c.in * c.kernel * c.kernel > (1LL << 20) ||
           double(a.batch) * c.in * c.height * c.width > double(1LL << 28) ||
