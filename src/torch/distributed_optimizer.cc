@@ -141,10 +141,10 @@ struct DistributedOptimizer::Core {
   // Autograd hook: runs on the thread doing backward.
   void on_grad(int i, const torch::Tensor& grad) {
     if (grad.scalar_type() != torch::kFloat || grad.layout() != torch::kStrided)
-      throw InvalidArgument(
-          fmt::format("DistributedOptimizer: parameter '{}' got a {} {} gradient; allowed: float32 "
-                      "dense gradients (an Embedding with sparse=false)",
-                      names[size_t(i)], c10::toString(grad.scalar_type()), grad.layout() == torch::kStrided ? "dense" : "sparse"));
+      throw InvalidArgument(fmt::format(
+          "DistributedOptimizer: parameter '{}' got a {} {} gradient; allowed: float32 "
+          "dense gradients (an Embedding with sparse=false)",
+          names[size_t(i)], c10::toString(grad.scalar_type()), grad.layout() == torch::kStrided ? "dense" : "sparse"));
     torch::Tensor g = grad.contiguous();
     std::unique_lock<std::mutex> lk(mu);
     if (!alive) return;
