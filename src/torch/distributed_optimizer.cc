@@ -503,11 +503,33 @@ void DistributedOptimizer::synchronize() {
     std::rethrow_exception(e);
   }
   if (c.opt.trace) c.opt.trace->complete("wait for communication", 0, t0, t1);
+  // Which parameters any rank had a gradient for (the communication thread is idle: every bucket is done).
+  std::vector<uint8_t> used;
+  if (c.opt.find_unused_parameters) {
+    used.assign(c.got.begin(), c.got.end());
+    try {
+      coll::CollOptions co;
+      co.timeout_s = c.opt.timeout_s;
+      const int w = comm_->size();
+      if (w > 1) comm_->allreduce(used.data(), used.size(), DType::u8, ReduceOp::max, co).wait();
+      const double f = w > 1 ? 2.0 * (w - 1) / w : 0.0;  // counted as the buckets are: ring-equivalent volume
+      c.step.payload_bytes += used.size();
+      c.step.bytes_sent += uint64_t(f * double(used.size()) + 0.5);
+      c.step.bytes_recv += uint64_t(f * double(used.size()) + 0.5);
+    } catch (...) {
+      c.reset_step_locked();
+      throw;
+    }
+  }
   {
     torch::NoGradGuard ng;
     for (auto& bk : c.buckets) {
       for (size_t k = 0; k < bk.params.size(); ++k) {
         torch::Tensor& p = c.params[size_t(bk.params[k])];
+        if (!used.empty() && !used[size_t(bk.params[k])]) {  // no rank's: the optimizer leaves it
+          p.mutable_grad() = torch::Tensor();
+          continue;
+        }
         auto shape = p.sizes();
         torch::Tensor avg =
             torch::from_blob(bk.flat.data() + bk.offsets[k], shape, torch::TensorOptions().dtype(torch::kFloat));

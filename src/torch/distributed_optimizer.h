@@ -45,6 +45,11 @@ struct DistOptions {
   double dense_momentum = 0;
   uint64_t seed = 0;               // compressor seed (the same on every rank)
   bool rebuild_buckets = true;     // after the first step, re-bucket by the observed gradient-ready order
+  // Parameters no rank produced a gradient for in a step (a branch no sample took, a head used only sometimes): with
+  // this, one more allreduce a step (a byte per parameter) finds them and their .grad is left undefined, so the
+  // optimizer skips them (weight decay and momentum leave them as they are), as DDP's find_unused_parameters;
+  // without, they are averaged as zero gradients and the optimizer steps them with those.
+  bool find_unused_parameters = false;
   double timeout_s = 0;            // collective deadline (0: the communicator's)
   Trace* trace = nullptr;          // optional timeline
 };

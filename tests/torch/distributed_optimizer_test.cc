@@ -139,5 +139,58 @@ TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing)
   }
 }
 
+// Three heads: `a` used by both ranks, `b` by rank 1 only, `c` by neither. With find_unused_parameters, c's gradient
+// stays undefined and SGD with weight decay leaves it as it was (it decayed, on a zero gradient); b gets the average
+// on both ranks. Without, c is averaged as zero and decays.
+struct Heads : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+  Heads() {
+    a = register_module("a", torch::nn::Linear(2, 1));
+    b = register_module("b", torch::nn::Linear(2, 1));
+    c = register_module("c", torch::nn::Linear(2, 1));
+    torch::NoGradGuard ng;
+    for (auto& p : parameters()) p.fill_(1.0f);
+  }
+};
+
+TEST(DistributedOptimizer, ParametersNoRankUsedAreLeftToTheOptimizerUntouched) {
+  for (bool find : {true, false}) {
+    auto comms = coll::Communicator::inproc(2);
+    std::vector<std::vector<float>> bw(2), cw(2);
+    std::vector<int> c_grad(2, -1);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        auto m = std::make_shared<Heads>();
+        auto sgd =
+            std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(0.5).weight_decay(0.2));
+        DistOptions o;
+        o.find_unused_parameters = find;
+        DistributedOptimizer opt(m, sgd, comms[size_t(r)], o);
+        opt.zero_grad();
+        auto x = torch::ones({1, 2});
+        auto y = m->a->forward(x).sum();
+        if (r == 1) y = y + m->b->forward(x).sum();
+        y.backward();
+        opt.step();
+        c_grad[size_t(r)] = m->c->weight.grad().defined() ? 1 : 0;
+        auto flat = [](const torch::Tensor& t) {
+          auto v = t.detach().contiguous().view(-1);
+          return std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+        };
+        bw[size_t(r)] = flat(m->b->weight);
+        cw[size_t(r)] = flat(m->c->weight);
+      });
+    for (auto& t : ts) t.join();
+    // b: gradient 1 on rank 1, none on rank 0: average 0.5; w = 1 - 0.5 (0.5 + 0.2 x 1) = 0.65 on both ranks.
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(bw[size_t(r)], std::vector<float>(2, 0.65f)) << find << " rank " << r;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(c_grad[size_t(r)], find ? 0 : 1) << find;
+      // Untouched with the option; decayed by lr x wd = 0.1 without it.
+      EXPECT_EQ(cw[size_t(r)], std::vector<float>(2, find ? 1.0f : 0.9f)) << find << " rank " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace conduit::train
