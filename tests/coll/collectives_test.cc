@@ -2,6 +2,7 @@
 // (non-powers of two included), with counts 0, 1, odd and larger than the ring segment (set to 4 KiB here).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -133,6 +134,25 @@ TEST_P(WorldSize, TunerChoiceIsCorrectAtEverySize) {
     return w;
   });
   EXPECT_EQ(total(wrong), 0u);
+}
+
+// No rank leaves a barrier before every rank entered it (the verify case only called it). The ranks are threads: each
+// counts itself in before entering, one of them 20 ms late each round; every rank must see all of that round's
+// counts once it leaves. (A barrier returning at once leaves with the late rank's count missing.)
+TEST_P(WorldSize, NoRankLeavesABarrierBeforeEveryRankEntered) {
+  const int n = GetParam();
+  std::atomic<int> arrived{0};
+  auto early = on_ranks(n, [&](Communicator& c) {
+    size_t e = 0;
+    for (int round = 0; round < 3; ++round) {
+      if (c.rank() == round % c.size()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      arrived.fetch_add(1);
+      c.barrier().wait();
+      if (arrived.load() < (round + 1) * c.size()) ++e;
+    }
+    return e;
+  });
+  EXPECT_EQ(total(early), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, WorldSize, ::testing::Range(1, 9));

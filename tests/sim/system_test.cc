@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -22,6 +23,14 @@
 
 namespace conduit::sim {
 namespace {
+
+// CPU time of the calling thread (the simulator is single-threaded): the speed goals of this file hold for this
+// thread's work, whatever else ctest -j2 runs beside it on the two cores (wall time was 0.39 s alone, more under load).
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 GptModel named(const char* n) {
   GptModel m;
@@ -86,10 +95,18 @@ TEST(Presets, HeterogeneousEdgeScalesKindsProportionally) {
   StepResult bal = simulate_step(net, m, c);
   EXPECT_LT(bal.breakdown.compute, r.breakdown.compute);
   const double slow_mb = r.breakdown.compute / r.microbatches;  // per micro-batch on an Orin Nano
-  const double ratio = bal.breakdown.compute / r.breakdown.compute;
-  EXPECT_GT(ratio, 0.25);  // at best 8 devices 4x faster would carry everything
-  EXPECT_LT(ratio, 1.0);
-  (void)slow_mb;
+  // Per micro-batch on an AGX Orin: the fast kind's 8 devices alone.
+  ClusterSpec fast_only = load_cluster("edge");
+  fast_only.node_kinds.resize(1);
+  Topology ft(fast_only, 8);
+  CollectiveModel fnet(ft);
+  ParallelConfig fc = c;
+  fc.balance = false;
+  fc.global_batch = 16;
+  StepResult f = simulate_step(fnet, m, fc);
+  const double fast_mb = f.breakdown.compute / f.microbatches;
+  ASSERT_LT(fast_mb, slow_mb);
+  EXPECT_NEAR(bal.breakdown.compute, (64.0 / 2) / (8 / fast_mb + 24 / slow_mb), 1e-9 * bal.breakdown.compute);
   c.tp = 1;
   c.pp = 2;
   EXPECT_THROW(simulate_step(net, gpt_layers_even(m), c), ConfigError);
@@ -177,10 +194,12 @@ TEST(Planner, RanksFittingPlansFastAndExplains) {
   CollectiveModel net(topo);
   GptModel m = named("gpt-39b");
   PlanSpace space;
+  const double t0 = thread_cpu_seconds();
   PlanResult pr = plan(net, m, 1536, space, 10);
+  const double cpu = thread_cpu_seconds() - t0;
   ASSERT_FALSE(pr.ranked.empty());
   EXPECT_GT(pr.candidates, 1000);
-  EXPECT_GT(pr.candidates / pr.seconds, 1000.0);  // thousands of candidates per second
+  EXPECT_GT(pr.candidates / cpu, 1000.0);  // thousands of candidates per second of this thread's CPU time
   for (size_t i = 1; i < pr.ranked.size(); ++i) EXPECT_LE(pr.ranked[i - 1].time, pr.ranked[i].time);
   for (const auto& r : pr.ranked) EXPECT_TRUE(r.fits);
   auto why = explain_plan(pr.ranked[0], &pr.ranked[1]);
@@ -280,7 +299,7 @@ TEST(Scheduler, SpreadPlacementIsSlowerOnAnOversubscribedNetwork) {
 }
 
 TEST(Scale, HundredThousandGpuIterationUnderOneSecond) {
-  auto t0 = std::chrono::steady_clock::now();
+  const double t0 = thread_cpu_seconds();
   Topology topo(load_cluster("dgx-h100"), 100000);
   CollectiveModel net(topo);
   GptModel m = named("gpt3-175b");
@@ -291,7 +310,7 @@ TEST(Scale, HundredThousandGpuIterationUnderOneSecond) {
   c.recompute = Recompute::kSelective;
   c.sequence_parallel = true;
   StepResult r = simulate_step(net, m, c);
-  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double took = thread_cpu_seconds() - t0;
   EXPECT_LT(took, 1.0);
   EXPECT_GT(r.time, 0);
   EXPECT_EQ(r.config.dp, 3125);

@@ -311,12 +311,20 @@ TEST(TrainSync, AsynchronousWorkersMeetAStragglerPastTheirTimeout) {
     // With copies to evaluate too: their evaluation ran before the workers met, under the 0.5 s deadline.
     c.eval_every = 2;
     c.output = dir.string();
+    c.trace = true;
     coll::CommConfig cc;
     cc.timeout_s = c.timeout_s;
     auto res = train_inproc(c, 2, true, cc);
     EXPECT_EQ(res[0].steps, 8) << sync;
     EXPECT_EQ(res[1].steps, 8) << sync;
     EXPECT_TRUE(fs::exists(dir / "checkpoint" / "checkpoint.json")) << sync;
+    // Worker 1 really slept, for longer than the deadline in all (the slowed steps' trace events alone were
+    // counted before: a trainer that never slept passed this test without a straggler to meet).
+    double slept_us = 0;
+    auto t = read_json_file((dir / "trace-rank1.json").string());
+    for (auto& e : t["traceEvents"])
+      if (e["name"] == "straggler sleep") slept_us += e["dur"].get<double>();
+    EXPECT_GT(slept_us, 2 * c.timeout_s * 1e6) << sync;
     fs::remove_all(dir);
   }
 }
