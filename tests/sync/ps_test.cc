@@ -1,6 +1,7 @@
 // Parameter servers: the SSP staleness bound (instrumented), s = 0 equals BSP, sharding, compression.
 #include "sync/ps.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -65,6 +66,28 @@ struct SeenGap {
         return;
       }
       max_gap = std::max(max_gap, t + 1 - *std::min_element(begun.begin(), begun.end()));
+    };
+  }
+};
+
+// Makes asynchronous runs deterministic: the workers' steps (push and pull) run one at a time in the given order of
+// worker ids (each id once per step of that worker), so every gradient is exactly as stale as the order makes it.
+struct Order {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> order;
+  size_t pos = 0;
+  explicit Order(std::vector<int> o) : order(std::move(o)) {}
+  std::function<void(int, int, bool)> hook() {
+    return [this](int w, int, bool returned) {
+      std::unique_lock<std::mutex> lk(mu);
+      if (returned) {
+        ++pos;
+        cv.notify_all();
+        return;
+      }
+      if (!cv.wait_for(lk, std::chrono::seconds(30), [&] { return pos < order.size() && order[pos] == w; }))
+        throw Error(fmt::format("test: worker {} never got its turn (position {})", w, pos));
     };
   }
 };
@@ -215,6 +238,21 @@ TEST(SyncPs, DelayCompensationIsZeroWithoutStalenessAndConvergesWithIt) {
   auto plain = run(2, "ps-asp", {{"momentum", "0"}, {"servers", "1"}}, 15);
   auto dc = run(2, "ps-asp", {{"momentum", "0"}, {"servers", "1"}, {"dc", "2"}}, 15);
   EXPECT_EQ(dc.x[0], plain.x[0]);  // rank 0 the only worker, rank 1 the server
+  // Two workers taking strict turns (a dedicated server): every gradient one update stale, the same runs every
+  // time. Compensation changes the result, and the same way twice (two free-running runs differed anyway).
+  auto turns = [](const Params& p) {
+    std::vector<int> order;
+    for (int t = 0; t < 8; ++t) order.insert(order.end(), {0, 1});
+    Order o(order);
+    return run(3, "ps-asp", p, 8, 0, o.hook());
+  };
+  const Params base = {{"momentum", "0"}, {"servers", "1"}};
+  Params with_dc = base;
+  with_dc["dc"] = "2";
+  auto p1 = turns(base), p2 = turns(base), d1 = turns(with_dc), d2 = turns(with_dc);
+  EXPECT_EQ(p1.x[0], p2.x[0]);
+  EXPECT_EQ(d1.x[0], d2.x[0]);
+  EXPECT_GT(max_abs_diff(d1.x[0], p1.x[0]), 1e-4) << "delay compensation changed nothing";
   auto asp = run(4, "ps-asp", {{"momentum", "0"}, {"servers", "2"}, {"colocate", "1"}}, 60);
   auto comp = run(4, "ps-asp", {{"momentum", "0"}, {"servers", "2"}, {"colocate", "1"}, {"dc", "0.5"}}, 60);
   EXPECT_GT(max_abs_diff(comp.x[0], asp.x[0]), 0.0);
@@ -251,6 +289,19 @@ TEST(SyncPs, StalenessAwareStepsScaleOnlyGradientsStalerThanTheWorkersTakingTurn
   for (int r = 0; r < 4; ++r) EXPECT_LT(max_abs_diff(ssp.x[r], bsp.x[r]), 1e-5);
   EXPECT_EQ(ssp.clocks.max_tau, 3u);
   EXPECT_EQ(ssp.clocks.scaled, 0u);
+  // Three workers, worker 1's four steps after the others' eight: its first gradient is 8 updates stale, more than
+  // the 2 of workers taking turns, and only then is the step scaled. Deterministic: with the scaling the result
+  // differs, and the same way twice (the scaled counter alone was checked, not the update).
+  auto ordered = [](const Params& p) {
+    Order o({0, 2, 0, 2, 0, 2, 0, 2, 1, 1, 1, 1});
+    return run(4, "ps-asp", p, 4, 0, o.hook());
+  };
+  auto o1 = ordered({{"momentum", "0"}}), s1 = ordered({{"momentum", "0"}, {"staleness_lr", "1"}}),
+       s2 = ordered({{"momentum", "0"}, {"staleness_lr", "1"}});
+  EXPECT_EQ(o1.clocks.scaled, 0u);
+  EXPECT_EQ(s1.clocks.scaled, 1u);  // worker 1's first push (its next ones each follow its own fresh pull)
+  EXPECT_EQ(s1.x[1], s2.x[1]);
+  EXPECT_GT(max_abs_diff(s1.x[1], o1.x[1]), 1e-4) << "the staleness-aware step changed nothing";
   auto asp = run(5, "ps-asp", {{"momentum", "0"}}, 30, 3.0);  // 4 workers, a dedicated server, worker 1 slow
   auto sa = run(5, "ps-asp", {{"momentum", "0"}, {"staleness_lr", "1"}}, 30, 3.0);
   EXPECT_GT(asp.clocks.max_tau, 3u);
