@@ -165,7 +165,7 @@ TEST(ShmFastAllreduce, MismatchedCallsAndASilentRankAreErrors) {
       },
       1.0);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(took, 15);
+  EXPECT_LT(took, 5);  // the 1 s deadline (a built-in longer one passed under 15)
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("deadline"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("rank(s) 2"), std::string::npos) << errors[r];

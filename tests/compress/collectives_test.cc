@@ -44,10 +44,11 @@ const std::vector<Method> kMethods = {
     {"dgc", {{"ratio", "0.05"}}},           {"ef:topk", {{"ratio", "0.02"}}}};
 
 // Tolerance of a linear method's allreduce against f32 decode-then-sum: n roundings to the payload dtype.
-double linear_tol(DType t, int n) {
-  if (t == DType::f16) return n * (1.0 / 1024);
-  if (t == DType::bf16) return n * (1.0 / 128);
-  return n * 1e-5;
+// Unit roundoff of a payload dtype's sums (round to nearest: half an ulp, relative).
+double unit_roundoff(DType t) {
+  if (t == DType::f16) return 1.0 / 2048;
+  if (t == DType::bf16) return 1.0 / 256;
+  return 1.0 / (1 << 24);
 }
 
 // The check of one method on one communicator. `members` are the world ranks of the group (their data seeds).
@@ -80,9 +81,18 @@ void check_method(coll::Communicator& c, const Method& m, const std::vector<int>
       for (int r = 0; r < n; ++r) comp->decompress_add(payloads[r], ref[c.rank()], want);
     }
     if (comp->linear()) {
-      double tol = linear_tol(comp->linear_dtype(), n);
+      // The payloads' sum is rounded to the payload dtype once per reduction hop (at most n - 1 on any path), each
+      // time by at most u times a partial sum, itself at most the sum of the decoded magnitudes; `want` summed in
+      // f32 adds its own. (The bound was n/128 x (|want| + 4n) for bf16, ~10x that: a sum that truncated instead of
+      // rounding passed it.)
+      std::vector<float> mag(d, 0.0f), one(d);
+      for (int r = 0; r < n; ++r) {
+        comp->decompress(payloads[r], ref[c.rank()], one);
+        for (size_t i = 0; i < d; ++i) mag[i] += std::fabs(one[i]);
+      }
+      const double u = unit_roundoff(comp->linear_dtype()) + 1.0 / (1 << 24);
       for (size_t i = 0; i < d; ++i) {
-        ASSERT_NEAR(got[i], want[i], tol * (std::fabs(want[i]) + n * 4.0) + 1e-6)
+        ASSERT_NEAR(got[i], want[i], (n - 1) * u * mag[i] + 1e-6)
             << m.name << " n=" << n << " step " << step << " i=" << i;
       }
     } else {
