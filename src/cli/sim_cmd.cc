@@ -485,17 +485,27 @@ void run_plan(const StepArgs& a) {
     set_exit_code(1);
     return;
   }
+  // Plans whose time symmetric mode could only approximate (groups sharing links unevenly) are marked.
+  auto approximate = [](const StepResult& r) {
+    return std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("approximate:", 0) == 0; });
+  };
   fmt::print("  {:>4} {:>10} {:>8} {:>6} {:>9}  {}\n", "rank", "time", "TFLOP/s", "MFU", "memory", "plan");
+  bool marked = false;
   for (size_t i = 0; i < shown; ++i) {
     const auto& r = pr.ranked[i];
-    fmt::print("  {:>4} {:>10} {:>8.1f} {:>5.1f}% {:>9}  {}\n", i + 1, format_seconds(r.time), r.model_tflops_per_gpu,
-               100 * r.mfu, format_gb(r.memory.total()), describe_config(r.config));
+    const bool approx = approximate(r);
+    marked |= approx;
+    fmt::print("  {:>4} {:>10} {:>8.1f} {:>5.1f}% {:>9}  {}{}\n", i + 1, format_seconds(r.time), r.model_tflops_per_gpu,
+               100 * r.mfu, format_gb(r.memory.total()), describe_config(r.config), approx ? "  *" : "");
   }
+  if (marked) fmt::print("  * approximate time: see the plan's note (explained below for the first three)\n");
   size_t explain_n = std::min<size_t>(3, shown);
   for (size_t i = 0; i < explain_n; ++i) {
     fmt::print("\n#{} {}\n", i + 1, describe_config(pr.ranked[i].config));
     for (const auto& line : explain_plan(pr.ranked[i], i + 1 < pr.ranked.size() ? &pr.ranked[i + 1] : nullptr))
       fmt::print("  - {}\n", line);
+    for (const auto& n : pr.ranked[i].notes)
+      if (n.rfind("approximate:", 0) == 0) fmt::print("  - {}\n", n);
   }
 }
 

@@ -546,8 +546,10 @@ CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, co
   if (topo_.spec().network.topology == TopologyKind::kTorus)
     cs.route_all = true;
   else {
-    // Whether some copies straddle otherwise than others does not depend on which copy g is: once per shape.
-    auto [it, fresh] = uneven_.try_emplace({g.size, g.stride}, false);
+    // Whether some copies straddle otherwise than others does not depend on which of the tiling's copies g is: once
+    // per shape (a group placed off the tiling is compared on its own).
+    const bool tiling = g.first >= 0 && g.first % block < g.stride;
+    auto [it, fresh] = uneven_.try_emplace({g.size, g.stride, tiling ? -1 : g.first}, false);
     if (fresh) distinct_copies(g, &it->second);
     if (!it->second) return cs;
     size_t transfers = 0;
@@ -673,6 +675,12 @@ std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, cons
     for (const auto& s : v) t += s.repeat * s.time;
     return t;
   };
+  // (When every copy is routed, each placement's steps are those already: 16 more routings of everything.)
+  const std::vector<Step> own = make_pattern(topo_, c, a, g);
+  if (!own.empty() && copy_set(c, a, g, own).route_all) {
+    if (copy_first) *copy_first = first;
+    return best;
+  }
   for (long long f : distinct_copies(g)) {
     auto other = explain_copy(c, a, Group{g.size, g.stride, f}, n);
     if (total(other) > total(best)) {

@@ -155,7 +155,8 @@ class CollectiveModel {
   // Symmetric mode routes every copy of a group whose copies share links unevenly when they make at most this many
   // transfers (over the pattern's distinct steps); beyond it, it approximates (CollectiveCost::approximate).
   static constexpr double kRouteAllTransfers = 1 << 21;
-  std::map<std::pair<long long, long long>, bool> uneven_;  // (size, stride) -> copies straddle unevenly
+  // (size, stride, -1 or a first off the tiling) -> the copies straddle unevenly
+  std::map<std::tuple<long long, long long, long long>, bool> uneven_;
   std::vector<double> load_;  // scratch, per link
   std::vector<int> ranks_behind_;
 };
