@@ -78,7 +78,12 @@ void run_bench(const BenchArgs& a) {
   if (lo % dtype_size(dt) != 0)
     throw ConfigError(fmt::format("--min-bytes {} is not a whole number of {} elements ({} bytes each)", a.min_bytes,
                                   dtype_name(dt), dtype_size(dt)));
-  if (hi < lo) throw ConfigError(fmt::format("--max-bytes {} is below --min-bytes {}", a.max_bytes, a.min_bytes));
+  // (--min-bytes 0 means one element; "0 is below 0" named the wrong reason for a zero --max-bytes.)
+  if (hi == 0)
+    throw ConfigError(fmt::format("--max-bytes {} is not a message size; allowed: at least one {} element ({} bytes)",
+                                  a.max_bytes, dtype_name(dt), dtype_size(dt)));
+  if (hi < lo)
+    throw ConfigError(fmt::format("--max-bytes {} is below --min-bytes {} ({} bytes)", a.max_bytes, a.min_bytes, lo));
   {
     // Each rank holds an input and an output of up to world x size (gather-like ops) plus the check's copies, and the
     // ranks on this host all do (`conduit launch` and mpirun say how many): refuse what cannot fit instead of

@@ -47,11 +47,13 @@ struct GemmArgs {
 struct Shape {
   std::array<int64_t, 3> mnk;
   std::string label;
+  std::vector<std::string> also;  // the labels of the same shape elsewhere (timed once, counted for each)
 };
 
 struct Conv {
   train::ConvTiming shape;
   std::string label;
+  std::vector<std::string> also;
 };
 
 // The convolution layers of a layer list at `batch`, as models.cc builds them: stride 1, padding kernel / 2.
@@ -152,20 +154,26 @@ std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std
       out.push_back({{m, n, k}, "given"});
     }
   }
-  // Without duplicates (the first label wins).
+  // Without duplicates: the first label names the shape, the others are kept so that every model using it is
+  // credited its time (a shape of two models counted only in the first's sums).
   std::vector<Shape> uniq;
   for (const auto& s : out) {
-    bool dup = false;
-    for (const auto& u : uniq) dup |= u.mnk == s.mnk;
-    if (!dup) uniq.push_back(s);
+    auto it = std::find_if(uniq.begin(), uniq.end(), [&](const Shape& u) { return u.mnk == s.mnk; });
+    if (it == uniq.end())
+      uniq.push_back(s);
+    else
+      it->also.push_back(s.label);
   }
   std::vector<Conv> cu;
   for (const auto& c : convs) {
-    bool dup = false;
-    for (const auto& u : cu)
-      dup |= u.shape.in == c.shape.in && u.shape.out == c.shape.out && u.shape.height == c.shape.height &&
+    auto it = std::find_if(cu.begin(), cu.end(), [&](const Conv& u) {
+      return u.shape.in == c.shape.in && u.shape.out == c.shape.out && u.shape.height == c.shape.height &&
              u.shape.width == c.shape.width && u.shape.kernel == c.shape.kernel;
-    if (!dup) cu.push_back(c);
+    });
+    if (it == cu.end())
+      cu.push_back(c);
+    else
+      it->also.push_back(c.label);
   }
   convs = cu;
   if (uniq.empty() && convs.empty()) throw ConfigError("--shapes: no shapes given");
@@ -214,16 +222,24 @@ void run_gemm(const GemmArgs& a) {
   };
   if (!a.json && !shapes.empty())
     fmt::print("  {:<20} {:>8} {:>8} {:>8} {:>12} {:>10} {:>8}\n", "gemm", "m", "n", "k", "time", "GFLOP/s", "calls");
+  // Calls every model's sums that a label of the shape belongs to, once per label (a model whose step runs the
+  // shape twice, e.g. as two layers, pays it twice).
+  auto credit = [&](const std::string& label, const std::vector<std::string>& also, auto&& add) {
+    if (Sums* o = owner(label)) add(*o, label);
+    for (const auto& l : also)
+      if (Sums* o = owner(l)) add(*o, l);
+  };
   for (size_t i = 0; i < timings.size(); ++i) {
     const auto& t = timings[i];
-    if (Sums* o = owner(shapes[i].label)) {
-      o->gemm += t.seconds;
-      if (shapes[i].label.find(" dense") != std::string::npos) o->dense += t.seconds;
-    }
+    credit(shapes[i].label, shapes[i].also, [&](Sums& o, const std::string& label) {
+      o.gemm += t.seconds;
+      if (label.find(" dense") != std::string::npos) o.dense += t.seconds;
+    });
     if (a.json) {
       std::cout << nlohmann::json{{"kind", "bench.gemm"},
                                   {"concurrent", concurrent},
                                   {"label", shapes[i].label},
+                                  {"also", shapes[i].also},
                                   {"m", t.m},
                                   {"n", t.n},
                                   {"k", t.k},
@@ -247,7 +263,8 @@ void run_gemm(const GemmArgs& a) {
                "HxW", "k", "forward", "input grad", "weight grad", "GFLOP/s (f / i / w)");
   for (size_t i = 0; i < ctimes.size(); ++i) {
     const auto& c = ctimes[i];
-    if (Sums* o = owner(convs[i].label)) o->conv += c.forward_s + c.input_grad_s + c.weight_grad_s;
+    credit(convs[i].label, convs[i].also,
+           [&](Sums& o, const std::string&) { o.conv += c.forward_s + c.input_grad_s + c.weight_grad_s; });
     auto gf = [&](double s) { return s > 0 ? c.flops() / s / 1e9 : 0.0; };
     if (a.json) {
       std::cout << nlohmann::json{{"kind", "bench.conv"},

@@ -87,7 +87,16 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
   auto boot = net::bootstrap_from_env(timeout);
   std::string kind = cfg.transport;
   if (kind.empty()) kind = env_string("CONDUIT_TRANSPORT").value_or("auto");
-  auto transport = net::make_transport(*boot, kind, timeout);
+  net::TransportPtr transport;
+  try {
+    transport = net::make_transport(*boot, kind, timeout);
+  } catch (...) {
+    // The store (rank 0 serves it) outlives this error until the process ends: torn down while the exception went
+    // up, it failed the other ranks' waits at once, and the launcher stopped this rank on their exit before it
+    // printed why (a full /dev/shm was reported only as "connection to the server lost" by the others).
+    new std::shared_ptr<net::Bootstrap>(boot);  // deliberately leaked; the kernel closes its sockets at exit
+    throw;
+  }
   std::vector<int> members(boot->size);
   std::iota(members.begin(), members.end(), 0);
   auto comm = create(transport, members, 0, cfg);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
@@ -90,21 +91,37 @@ uint64_t parse_bytes(std::string_view text, std::string_view what) {
   while (digits < t.size() && (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.')) ++digits;
   if (digits == 0 || std::count(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(digits), '.') > 1 || t[0] == '.')
     throw bad();
-  char* end = nullptr;
-  double v = std::strtod(t.c_str(), &end);
-  if (end != t.c_str() + digits || !(v >= 0) || !std::isfinite(v)) throw bad();
   std::string suffix;
-  for (const char* p = end; *p; ++p) suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
-  double mult = 1;
+  for (size_t i = digits; i < t.size(); ++i)
+    suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(t[i])));
+  uint64_t mult = 1;
   if (suffix.empty() || suffix == "B") mult = 1;
-  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") mult = 1024.0;
-  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "K" || suffix == "KB" || suffix == "KIB")
+    mult = uint64_t{1} << 10;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB")
+    mult = uint64_t{1} << 20;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB")
+    mult = uint64_t{1} << 30;
   else if (suffix == "T" || suffix == "TB" || suffix == "TIB")
-    mult = 1024.0 * 1024 * 1024 * 1024;
+    mult = uint64_t{1} << 40;
   else throw bad();
-  double bytes = v * mult;
-  if (bytes > 1.0e18) throw bad();
+  constexpr uint64_t kLimit = 1000000000000000000ull;  // 10^18 bytes
+  auto too_big = [&]() {
+    return ConfigError(fmt::format("{} '{}' is more than 10^18 bytes; allowed: up to 10^18 (about 888P)", what, text));
+  };
+  const std::string_view num(t.data(), digits);
+  if (num.find('.') == std::string_view::npos) {
+    // Whole numbers exactly (through a double, values above 2^53 were rounded).
+    uint64_t n = 0;
+    auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), n);
+    if (ec == std::errc::result_out_of_range || (ec == std::errc() && n > kLimit / mult)) throw too_big();
+    if (ec != std::errc() || ptr != num.data() + num.size()) throw bad();
+    return n * mult;
+  }
+  const double v = std::strtod(std::string(num).c_str(), nullptr);
+  if (!(v >= 0) || !std::isfinite(v)) throw bad();
+  const double bytes = v * static_cast<double>(mult);
+  if (bytes > static_cast<double>(kLimit)) throw too_big();
   if (bytes != std::floor(bytes))
     throw ConfigError(fmt::format("{} '{}' is {} bytes, not a whole number; allowed: whole bytes, e.g. 4096, 64K, 1.5M",
                                   what, text, bytes));

@@ -391,6 +391,10 @@ class ShmTransport : public Transport, public Progressor {
   // Progressor
   bool progress() override {
     tl_seen_ = my_seg_->doorbell.load(std::memory_order_acquire);
+    // Whether the peers still live, at least every 50 ms whatever the doorbell and the traffic do: a waiter woken by
+    // other peers' writes (or kept busy by them) skipped the quiet-sleep check, and a rank died unseen while another
+    // one kept writing here (until the deadline, or for ever without one). The clock is read every 256th call.
+    if ((++tl_polls_ & 255u) == 0 && liveness_due()) check_liveness();
     std::lock_guard<std::mutex> lk(mu_);
     return progress_locked();
   }
@@ -418,16 +422,8 @@ class ShmTransport : public Transport, public Progressor {
       if (my_seg_->doorbell.load(std::memory_order_seq_cst) == seen) futex(&my_seg_->doorbell, FUTEX_WAIT, seen, &ts);
       my_seg_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
     }
-    // Whether the peers still live, after a quiet sleep and at least every 50 ms whatever the doorbell does: other
-    // peers' traffic rings it too, and a rank died unseen while another one kept writing here (until the deadline,
-    // or for ever without one).
-    const int64_t now = Clock::now().time_since_epoch().count();
-    const int64_t every = std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(50)).count();
-    if (my_seg_->doorbell.load(std::memory_order_acquire) == seen ||
-        now - last_liveness_.load(std::memory_order_relaxed) >= every) {
-      last_liveness_.store(now, std::memory_order_relaxed);
-      check_liveness();
-    }
+    // After a quiet sleep (and on the 50 ms timer, progress()).
+    if (my_seg_->doorbell.load(std::memory_order_acquire) == seen || liveness_due()) check_liveness();
   }
 
  private:
@@ -825,6 +821,14 @@ class ShmTransport : public Transport, public Progressor {
   }
 
   // A peer process that no longer exists will never answer: fail what waits on it.
+  // True at most once per 50 ms (across threads): time for check_liveness().
+  bool liveness_due() {
+    const int64_t now = Clock::now().time_since_epoch().count();
+    const int64_t every = std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(50)).count();
+    int64_t last = last_liveness_.load(std::memory_order_relaxed);
+    return now - last >= every && last_liveness_.compare_exchange_strong(last, now, std::memory_order_relaxed);
+  }
+
   void check_liveness() {
     std::lock_guard<std::mutex> lk(mu_);
     progress_locked();
@@ -854,9 +858,11 @@ class ShmTransport : public Transport, public Progressor {
   uint64_t fast_seq_ = 0;     // fast allreduces so far (the same count on every rank)
   std::atomic<int64_t> last_liveness_{0};  // Clock ticks of the last check_liveness()
   static thread_local uint32_t tl_seen_;
+  static thread_local uint32_t tl_polls_;
 };
 
 thread_local uint32_t ShmTransport::tl_seen_ = 0;
+thread_local uint32_t ShmTransport::tl_polls_ = 0;
 
 }  // namespace
 

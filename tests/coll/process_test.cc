@@ -360,6 +360,7 @@ TEST(Processes, BenchAndSelftestFlagsAreChecked) {
         Case{"selftest --op foo", "--op 'foo' is not supported: allowed are all, allreduce"},
         Case{"selftest --crash-rank 5", "--crash-rank 5 is not a rank of [0, 1)"},
         Case{"bench coll -b 3 -e 3", "--min-bytes 3 is not a whole number of f32 elements (4 bytes each)"},
+        Case{"bench coll -b 0 -e 0", "--max-bytes 0 is not a message size; allowed: at least one f32 element"},
         Case{"bench coll -b 1000G -e 1000G", "--max-bytes 1000G needs about"},
         // Every rank on the host needs its buffers (1 GiB passed for 64 ranks on this 24 GB machine).
         Case{"env LOCAL_WORLD_SIZE=64 " + kConduit + " bench coll -e 1G", "GB per rank, 64 ranks on this host"},

@@ -192,6 +192,18 @@ TEST(Env, ParseBytesAcceptsSuffixesAndRejectsGarbage) {
   EXPECT_EQ(parse_bytes("2MiB", "x"), 2u << 20);
   EXPECT_EQ(parse_bytes("1T", "x"), 1ull << 40);  // CONDUIT_MAX_MESSAGE_BYTES's documented top
   EXPECT_EQ(parse_bytes("0.5K", "x"), 512u);
+  // Whole numbers exactly above 2^53 (a double rounded 2^53 + 1 to 2^53), up to the stated limit of 10^18.
+  EXPECT_EQ(parse_bytes("9007199254740993", "x"), 9007199254740993ull);
+  EXPECT_EQ(parse_bytes("1000000000000000000", "x"), 1000000000000000000ull);
+  for (const char* big :
+       {"1000000000000000001", "99999999999999999999999", "1000000T", "976562500000001K", "1000000000.5T"}) {
+    try {
+      parse_bytes(big, "--max-bytes");
+      ADD_FAILURE() << big;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("more than 10^18 bytes"), std::string::npos) << big << ": " << e.what();
+    }
+  }
   for (const char* bad : {"", "-1", "4X", "abc", "1e30", "0x10", "1e3", "inf", ".5K", "1.2.3", "0.4", "0.1K"}) {
     try {
       parse_bytes(bad, "--max-bytes");

@@ -9,8 +9,10 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "core/error.h"
@@ -364,6 +366,29 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
   ASSERT_TRUE(j.contains("stats_s")) << rec;
   EXPECT_GT(j["stats_s"].get<double>(), 0) << rec;
   EXPECT_EQ(j["step_samples_s"].size(), 3u) << rec;
+  // A shape timed once counts for every layer (of every model) that runs it: each model's GEMM sum is the sum of its
+  // labels' times (a shape of two models, or of two layers, counted once, for the first label's model).
+  {
+    std::string both = run("bench gemm --json --shapes mlp,cnn --min-time 0.002 --model mlp,cnn --model-steps 1", &rc);
+    ASSERT_EQ(rc, 0) << both;
+    std::map<std::string, double> want, got;
+    int shared = 0;
+    std::istringstream lines(both);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] != '{') continue;
+      auto r = nlohmann::json::parse(line);
+      if (r["kind"] == "bench.gemm") {
+        std::vector<std::string> labels{r["label"].get<std::string>()};
+        for (const auto& l : r["also"]) labels.push_back(l.get<std::string>());
+        shared += labels.size() > 1;
+        for (const auto& l : labels) want[l.substr(0, l.find(' '))] += r["time_us"].get<double>() * 1e-6;
+      } else if (r["kind"] == "bench.model_step") {
+        got[r["model"].get<std::string>()] = r["gemm_sum_s"].get<double>();
+      }
+    }
+    EXPECT_GT(shared, 0) << "no shape is run by two layers here: the test checks nothing";
+    for (const char* m : {"mlp", "cnn"}) EXPECT_NEAR(got[m], want[m], 1e-9 * want[m] + 1e-12) << m;
+  }
   // Collective timings of a flat 2-rank network (alpha 20 us, 1 GB/s, gamma 1/4 GB/s): ring allreduce.
   {
     std::ofstream b(dir + "/bench.jsonl");
