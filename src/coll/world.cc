@@ -1,6 +1,8 @@
 // The world communicator from the environment, and the start-up measurement of the cost model.
+#include <chrono>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -91,10 +93,14 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
   try {
     transport = net::make_transport(*boot, kind, timeout);
   } catch (...) {
-    // The store (rank 0 serves it) outlives this error until the process ends: torn down while the exception went
-    // up, it failed the other ranks' waits at once, and the launcher stopped this rank on their exit before it
-    // printed why (a full /dev/shm was reported only as "connection to the server lost" by the others).
-    new std::shared_ptr<net::Bootstrap>(boot);  // deliberately leaked; the kernel closes its sockets at exit
+    // The store (rank 0 serves it) outlives this error by a second: torn down while the exception went up, it
+    // failed the other ranks' waits at once, and the launcher stopped this rank on their exit before it printed why
+    // (a full /dev/shm was reported only as "connection to the server lost" by the others). A caller that goes on
+    // gets the store's port back after that second.
+    std::thread([keep = boot]() mutable {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      keep.reset();
+    }).detach();
     throw;
   }
   std::vector<int> members(boot->size);
