@@ -66,6 +66,7 @@ struct ModelArgs {
 struct StepArgs {
   std::string cluster = "dgx-a100";
   long long gpus = 8;
+  bool gpus_given = false;  // else a cluster file that describes its size (nodes' count) gives it
   ModelArgs model;
   long long global_batch = 0;
   int micro_batch = 1;
@@ -123,10 +124,20 @@ GptModel make_model(const ModelArgs& a) {
   return m;
 }
 
+// The cluster's accelerators: --gpus when given, else the size the file describes (its nodes' counts), else --gpus's
+// default (a file's `count: 140` was ignored for the default of 8, 64 or 512).
+ClusterSpec load_sized(const std::string& cluster, long long& gpus, bool given) {
+  ClusterSpec spec = load_cluster(cluster);
+  if (!given && spec.described_gpus() > 0) gpus = spec.described_gpus();
+  return spec;
+}
+
 void add_model_flags(CLI::App* c, StepArgs& a) {
   c->add_option("--cluster", a.cluster, "preset (dgx-a100, dgx-h100, ethernet-25g, edge) or YAML file")
       ->capture_default_str();
-  c->add_option("--gpus", a.gpus, "accelerators")->capture_default_str();
+  c->add_option("--gpus", a.gpus, "accelerators (default: the cluster file's nodes' count when it gives one)")
+      ->capture_default_str()
+      ->each([&a](const std::string&) { a.gpus_given = true; });
   c->add_option("--model", a.model.model,
                 "gpt (give --layers/--hidden/--heads) or a named model: gpt2-small, gpt2-xl, "
                 "gpt-1.7b, gpt-7.5b, gpt-18.4b, gpt-39b, gpt3-175b, gpt-530b, gpt-1t, llama2-70b-like")
@@ -285,8 +296,9 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
   return out;
 }
 
-void run_layer_step(const StepArgs& a) {
-  ClusterSpec spec = load_cluster(a.cluster);
+void run_layer_step(const StepArgs& given_args) {
+  StepArgs a = given_args;
+  ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   LayerModel lm = parse_layer_model(a.model.layers_spec);
   if (a.global_batch <= 0)
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of samples)", a.global_batch));
@@ -334,12 +346,13 @@ void run_layer_step(const StepArgs& a) {
   for (const auto& n : r.notes) fmt::print("  - {}\n", n);
 }
 
-void run_step(const StepArgs& a) {
-  if (a.model.model == "layers") {
-    run_layer_step(a);
+void run_step(const StepArgs& given_args) {
+  if (given_args.model.model == "layers") {
+    run_layer_step(given_args);
     return;
   }
-  ClusterSpec spec = load_cluster(a.cluster);
+  StepArgs a = given_args;
+  ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   GptModel m = make_model(a.model);
   if (a.global_batch <= 0)
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
@@ -365,8 +378,9 @@ bool cfg_full_too_large(const ParallelConfig& c, long long gpus) {
   return c.mode == EvalMode::kFull && gpus > kMaxFullPlanGpus;
 }
 
-void run_plan(const StepArgs& a) {
-  ClusterSpec spec = load_cluster(a.cluster);
+void run_plan(const StepArgs& given_args) {
+  StepArgs a = given_args;
+  ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   GptModel m = make_model(a.model);
   if (a.global_batch <= 0)
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
@@ -512,6 +526,7 @@ void run_plan(const StepArgs& a) {
 struct CollArgs {
   std::string cluster = "dgx-a100";
   long long gpus = 64;
+  bool gpus_given = false;
   std::string op = "allreduce";
   std::string algorithm = "all";
   std::string size = "256M";
@@ -521,8 +536,9 @@ struct CollArgs {
   bool steps = false;
 };
 
-void run_coll(const CollArgs& a) {
-  ClusterSpec spec = load_cluster(a.cluster);
+void run_coll(const CollArgs& given_args) {
+  CollArgs a = given_args;
+  ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   Collective c;
@@ -696,8 +712,9 @@ void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& 
   }
 }
 
-void run_infer(const StepArgs& a, const InferArgs& given) {
-  ClusterSpec spec = load_cluster(a.cluster);
+void run_infer(const StepArgs& given_args, const InferArgs& given) {
+  StepArgs a = given_args;
+  ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   GptModel m = make_model(a.model);
   // Unset lengths fit the model's context: 256 generated tokens (a quarter of it at most) after a 1024-token prompt
   // (what is left, at most).
@@ -754,14 +771,16 @@ void run_infer(const StepArgs& a, const InferArgs& given) {
 struct ClusterArgs {
   std::string cluster = "dgx-a100";
   long long gpus = 512;
+  bool gpus_given = false;
   std::string jobs;
   std::string scheduler = "fifo";
   std::string placement = "topology";
   bool json = false;
 };
 
-void run_cluster(const ClusterArgs& a) {
-  ClusterSpec spec = load_cluster(a.cluster);
+void run_cluster(const ClusterArgs& given_args) {
+  ClusterArgs a = given_args;
+  ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   std::vector<JobSpec> jobs = load_job_trace(a.jobs);
   SchedulerOptions o;
   o.policy = parse_policy(a.scheduler);
@@ -1195,7 +1214,9 @@ void setup(CLI::App& app) {
     auto* c = sim->add_subcommand("coll", "Cost of one collective, per algorithm, mapped onto a cluster's topology");
     auto a = std::make_shared<CollArgs>();
     c->add_option("--cluster", a->cluster, "preset or YAML file")->capture_default_str();
-    c->add_option("--gpus", a->gpus, "accelerators in the cluster")->capture_default_str();
+    c->add_option("--gpus", a->gpus, "accelerators in the cluster (default: the file's nodes' count when it gives one)")
+        ->capture_default_str()
+        ->each([a](const std::string&) { a->gpus_given = true; });
     c->add_option("--op", a->op, "allreduce, reduce-scatter, allgather, broadcast, reduce, all-to-all")
         ->capture_default_str();
     c->add_option("--algorithm", a->algorithm, "all, or one algorithm")->capture_default_str();
@@ -1341,7 +1362,9 @@ void setup(CLI::App& app) {
         "cluster", "Job-scheduling simulation: FIFO, least-attained-service or SRTF; topology-aware placement");
     auto a = std::make_shared<ClusterArgs>();
     c->add_option("--cluster", a->cluster, "preset or YAML file")->capture_default_str();
-    c->add_option("--gpus", a->gpus, "accelerators in the cluster")->capture_default_str();
+    c->add_option("--gpus", a->gpus, "accelerators in the cluster (default: the file's nodes' count when it gives one)")
+        ->capture_default_str()
+        ->each([a](const std::string&) { a->gpus_given = true; });
     c->add_option("--jobs", a->jobs, "job trace (CSV: id,submit_s,gpus,model,iterations[,global_batch])")->required();
     c->add_option("--scheduler", a->scheduler, "fifo, las (Tiresias-style) or srtf (shortest predicted remaining time)")
         ->capture_default_str();

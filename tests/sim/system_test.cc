@@ -347,6 +347,30 @@ TEST(Cli, StepPlanAndErrors) {
 
 // `conduit bench gemm --json` (libtorch) feeds `conduit sim calibrate --gemm`; its shapes land in the written
 // cluster file's calibration table. Bad --gemm input fails with one line naming the field. Three `conduit` runs.
+// A cluster file that gives its nodes' count sizes the cluster when --gpus is not given (the count was ignored for
+// --gpus's default); --gpus given wins. Four DGX A100 nodes: 32 accelerators.
+TEST(Cli, AClusterFilesNodeCountIsItsSizeUnlessGpusIsGiven) {
+  std::string yaml = preset_yaml("dgx-a100");
+  const size_t at = yaml.find("    gpus: 8");
+  ASSERT_NE(at, std::string::npos);
+  yaml.insert(at, "    count: 4\n");
+  const std::string path = ::testing::TempDir() + "conduit_counted_cluster.yaml";
+  std::ofstream(path) << yaml;
+  int rc = 0;
+  auto gpus_of = [&](const std::string& args) {
+    std::string out = run(args + " --json", &rc);
+    EXPECT_EQ(rc, 0) << out;
+    const size_t brace = out.find('{');
+    if (brace == std::string::npos) return -1LL;
+    return nlohmann::json::parse(out.substr(brace, out.find('\n', brace) - brace))["gpus"].get<long long>();
+  };
+  const std::string step = "sim step --cluster " + path + " --model gpt2-small --global-batch 64";
+  EXPECT_EQ(gpus_of(step), 32);
+  EXPECT_EQ(gpus_of(step + " --gpus 16"), 16);
+  EXPECT_EQ(gpus_of("sim coll --cluster " + path + " --size 1M --algorithm ring"), 32);
+  std::remove(path.c_str());
+}
+
 TEST(Cli, GemmBenchFeedsCalibrate) {
   const std::string dir = ::testing::TempDir() + "conduit_gemm_calibrate";
   std::string mk = "mkdir -p " + dir;
