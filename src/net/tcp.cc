@@ -422,10 +422,14 @@ class TcpTransport : public Transport {
       ssize_t w = ::sendmsg(p.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
         if (errno == EAGAIN || errno == EINTR) return;
-        // The sends fail here; the receives fail when the progress thread sees the connection end (it is woken).
-        p.send_error = std::make_exception_ptr(
-            PeerError(fmt::format("tcp: sending to rank {} failed: {} (the peer died or closed its connection)", p.rank,
-                                  std::strerror(errno))));
+        // The sends fail here; the receives fail when the progress thread sees the connection end (it is woken). A
+        // send that fails part-way leaves the stream mid-frame, so the connection ends whatever the cause; only a
+        // reset or a broken pipe means the peer went (a bad buffer was blamed on it).
+        const int e = errno;
+        const bool gone = e == EPIPE || e == ECONNRESET || e == ETIMEDOUT || e == ENOTCONN || e == EHOSTUNREACH;
+        p.send_error = std::make_exception_ptr(PeerError(fmt::format(
+            "tcp: sending to rank {} failed: {} ({})", p.rank, std::strerror(e),
+            gone ? "the peer died or closed its connection" : "this rank's send failed; the connection ends")));
         p.send_failed = true;
         for (auto& q : p.sendq) q.req->fail(p.send_error);
         p.sendq.clear();
@@ -597,6 +601,11 @@ class TcpTransport : public Transport {
                                         p.pay_got, p.hdr.length));
       return false;
     }
+    if (!p.have_hdr && p.hdr_got > 0 && r == 0) {  // (it read as a clean close)
+      fail_peer_protocol(p, fmt::format("truncated frame: the connection closed {} bytes into a {}-byte header",
+                                        p.hdr_got, sizeof(FrameHeader)));
+      return false;
+    }
     fail_peer(p, err, /*keep_arrived=*/why.empty());
     return false;
   }
@@ -648,6 +657,8 @@ class TcpTransport : public Transport {
     std::string addr = tcp_listen_address(&why);
     CONDUIT_LOG_INFO("tcp: rank {} listens on {}", rank_, why);
     int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lfd < 0)  // (out of descriptors read as bind's "Bad file descriptor")
+      throw Error(fmt::format("tcp: cannot open a socket to listen on {}: {}", addr, std::strerror(errno)));
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = 0;

@@ -134,6 +134,16 @@ TEST(TcpFrames, TruncatedPayloadIsReportedAsTruncated) {
   EXPECT_NE(e.find("truncated"), std::string::npos) << e;
 }
 
+// A close part-way through a frame header is a truncated frame too (it read as the peer's clean close).
+TEST(TcpFrames, TruncatedHeaderIsReportedAsTruncated) {
+  auto p = connect_raw();
+  FrameHeader h = make_frame(kFrameData, make_tag(kCollective, 0, 0), 1000, 1);
+  ::send(p->fd, &h, sizeof h / 2, 0);
+  ::shutdown(p->fd, SHUT_WR);
+  std::string e = recv_error(*p->t, 1000);
+  EXPECT_NE(e.find("bytes into a " + std::to_string(sizeof(FrameHeader)) + "-byte header"), std::string::npos) << e;
+}
+
 TEST(TcpFrames, WrongSizeForThePostedReceiveIsAProtocolError) {
   auto p = connect_raw();
   FrameHeader h = make_frame(kFrameData, make_tag(kCollective, 0, 0), 8, 1);
