@@ -651,19 +651,22 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
   std::string forced = o.algorithm;
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allreduce, forced);
   return submit("allreduce", sig, o, [=, this](Ctx& c) {
+    // avg of f16 divides each rank's input first (its sum overflows where the average does not).
+    const bool divided = op == ReduceOp::avg && avg_divides_first(dt);
+    if (divided) prescale_avg(buf, buf, count, dt, size());
     // Small vectors of a communicator spanning every rank of a shared-memory transport skip messages altogether
     // (unless an algorithm is forced, by the call or by a rule): each rank publishes its vector in its segment and
     // reduces everyone's.
     if (forced.empty() && fast_allreduce_ok_ && count > 0 && count * dtype_size(dt) <= fast_allreduce_bytes_ &&
         !tuner_->forced_at(CollOp::allreduce, count * dtype_size(dt))) {
       transport_->fast_allreduce(buf, count, dt, op, c.deadline());
-      if (op == ReduceOp::avg) finalize_avg(buf, count, dt, size());
+      if (op == ReduceOp::avg && !divided) finalize_avg(buf, count, dt, size());
       return std::string("shm-fast");
     }
     std::string algo = pick(*this, CollOp::allreduce, forced, count * dtype_size(dt));
     if (algo == "hier" && num_hosts() <= 1) algo = "ring";  // what runs (and is reported) on one host
     run_allreduce(c.deadline(), buf, count, dt, op, algo);
-    if (op == ReduceOp::avg) finalize_avg(buf, count, dt, size());
+    if (op == ReduceOp::avg && !divided) finalize_avg(buf, count, dt, size());
     return algo;
   });
 }
@@ -681,8 +684,13 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce_scatter, forced);
   return submit("reduce_scatter", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt));
-    run_reduce_scatter(c.deadline(), in, out, counts, dt, op, algo);
-    if (op == ReduceOp::avg) finalize_avg(out, counts[rank_], dt, size());
+    std::vector<char> divided;  // avg of f16: the input divided first (into a copy: it is the caller's)
+    if (op == ReduceOp::avg && avg_divides_first(dt) && size() > 1) {
+      divided.resize(total * dtype_size(dt));
+      prescale_avg(in, divided.data(), total, dt, size());
+    }
+    run_reduce_scatter(c.deadline(), divided.empty() ? in : divided.data(), out, counts, dt, op, algo);
+    if (op == ReduceOp::avg && !avg_divides_first(dt)) finalize_avg(out, counts[rank_], dt, size());
     return algo;
   });
 }
@@ -736,8 +744,13 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce, forced);
   return submit("reduce", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt));
-    run_reduce(c.deadline(), in, out, count, dt, op, root, algo);
-    if (op == ReduceOp::avg && rank_ == root) finalize_avg(out, count, dt, size());
+    std::vector<char> divided;  // avg of f16: the input divided first (into a copy: it is the caller's)
+    if (op == ReduceOp::avg && avg_divides_first(dt) && size() > 1) {
+      divided.resize(count * dtype_size(dt));
+      prescale_avg(in, divided.data(), count, dt, size());
+    }
+    run_reduce(c.deadline(), divided.empty() ? in : divided.data(), out, count, dt, op, root, algo);
+    if (op == ReduceOp::avg && rank_ == root && !avg_divides_first(dt)) finalize_avg(out, count, dt, size());
     return algo;
   });
 }

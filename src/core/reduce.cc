@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -209,6 +210,11 @@ void divide(void* buf, size_t n, int d) {
   }
 }
 }  // namespace
+
+void prescale_avg(const void* in, void* out, size_t count, DType dtype, int n) {
+  if (in != out && count) std::memmove(out, in, count * dtype_size(dtype));
+  finalize_avg(out, count, dtype, n);
+}
 
 void finalize_avg(void* buf, size_t count, DType dtype, int n) {
   if (n <= 1 || count == 0) return;

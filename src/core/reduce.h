@@ -20,5 +20,10 @@ void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp 
 void reduce_to(void* out, const void* a, const void* b, size_t count, DType dtype, ReduceOp op);
 // buf[i] /= n (integer types truncate toward zero).
 void finalize_avg(void* buf, size_t count, DType dtype, int n);
+// Whether avg divides each rank's input before the sum (out = in / n, then a sum, no finalize_avg): f16, whose sum
+// of n in-range values overflows its 65504 where the average does not (NCCL pre-multiplies floats the same way).
+// Integers and the wide float types sum first and divide once.
+inline bool avg_divides_first(DType dtype) { return dtype == DType::f16; }
+void prescale_avg(const void* in, void* out, size_t count, DType dtype, int n);  // out may be in
 
 }  // namespace conduit

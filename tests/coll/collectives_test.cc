@@ -13,6 +13,7 @@
 
 #include "coll/communicator.h"
 #include "coll/verify.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "net/inproc.h"
 
@@ -134,6 +135,32 @@ TEST_P(WorldSize, TunerChoiceIsCorrectAtEverySize) {
     return w;
   });
   EXPECT_EQ(total(wrong), 0u);
+}
+
+// avg of f16 divides each rank's input first: 4 ranks of 20000 average 20000, where their sum (80000) is past f16's
+// 65504 (it came out inf). allreduce (messages and the shm fast path alike take this path), reduce_scatter, reduce.
+TEST(Communicator, HalfPrecisionAverageDoesNotOverflowWhereTheSumWould) {
+  auto bad = on_ranks(4, [&](Communicator& c) {
+    size_t wrong = 0;
+    const uint16_t big = f32_to_f16(20000.0f);
+    auto check = [&](const std::vector<uint16_t>& v, size_t n) {
+      for (size_t i = 0; i < n; ++i) wrong += f16_to_f32(v[i]) != 20000.0f;
+    };
+    for (size_t count : {size_t(3), size_t(4096)}) {
+      std::vector<uint16_t> x(count, big);
+      c.allreduce(x.data(), count, DType::f16, ReduceOp::avg).wait();
+      check(x, count);
+      std::vector<uint16_t> in(count * 4, big), out(count, 0);
+      c.reduce_scatter(in.data(), out.data(), count, DType::f16, ReduceOp::avg).wait();
+      check(out, count);
+      std::vector<uint16_t> root(count, 0);
+      c.reduce(x.data(), root.data(), count, DType::f16, ReduceOp::avg, 1).wait();
+      if (c.rank() == 1) check(root, count);
+      EXPECT_EQ(in[0], big);  // the caller's input is left as it was
+    }
+    return wrong;
+  });
+  EXPECT_EQ(total(bad), 0u);
 }
 
 // No rank leaves a barrier before every rank entered it (the verify case only called it). The ranks are threads: each
