@@ -820,7 +820,6 @@ class ShmTransport : public Transport, public Progressor {
       if (p.serve) fail_peer(p, err);
   }
 
-  // A peer process that no longer exists will never answer: fail what waits on it.
   // True at most once per 50 ms (across threads): time for check_liveness().
   bool liveness_due() {
     const int64_t now = Clock::now().time_since_epoch().count();
@@ -829,6 +828,7 @@ class ShmTransport : public Transport, public Progressor {
     return now - last >= every && last_liveness_.compare_exchange_strong(last, now, std::memory_order_relaxed);
   }
 
+  // A peer process that no longer exists will never answer: fail what waits on it.
   void check_liveness() {
     std::lock_guard<std::mutex> lk(mu_);
     progress_locked();
