@@ -47,13 +47,13 @@ struct GemmArgs {
 struct Shape {
   std::array<int64_t, 3> mnk;
   std::string label;
-  std::vector<std::string> also;  // the labels of the same shape elsewhere (timed once, counted for each)
+  std::vector<std::string> also = {};  // the labels of the same shape elsewhere (timed once, counted for each)
 };
 
 struct Conv {
   train::ConvTiming shape;
   std::string label;
-  std::vector<std::string> also;
+  std::vector<std::string> also = {};
 };
 
 // The convolution layers of a layer list at `batch`, as models.cc builds them: stride 1, padding kernel / 2.

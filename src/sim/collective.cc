@@ -668,26 +668,23 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
 std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, const Group& g, double n,
                                                  long long* copy_first) {
   if (a == Algorithm::kAuto) a = profile(c, a, g, n).algorithm;
-  std::vector<StepReport> best = explain_copy(c, a, g, n);
+  bool all_routed = false;
+  std::vector<StepReport> best = explain_copy(c, a, g, n, &all_routed);
   long long first = g.first;
   auto total = [](const std::vector<StepReport>& v) {
     double t = 0;
     for (const auto& s : v) t += s.repeat * s.time;
     return t;
   };
-  // (When every copy is routed, each placement's steps are those already: 16 more routings of everything.)
-  const std::vector<Step> own = make_pattern(topo_, c, a, g);
-  if (!own.empty() && copy_set(c, a, g, own).route_all) {
-    if (copy_first) *copy_first = first;
-    return best;
-  }
-  for (long long f : distinct_copies(g)) {
-    auto other = explain_copy(c, a, Group{g.size, g.stride, f}, n);
-    if (total(other) > total(best)) {
-      best = std::move(other);
-      first = f;
+  // (When every copy was routed, each placement's steps are those already: 16 more routings of everything.)
+  if (!all_routed)
+    for (long long f : distinct_copies(g)) {
+      auto other = explain_copy(c, a, Group{g.size, g.stride, f}, n);
+      if (total(other) > total(best)) {
+        best = std::move(other);
+        first = f;
+      }
     }
-  }
   if (copy_first) *copy_first = first;
   return best;
 }
@@ -736,7 +733,8 @@ std::set<long long> CollectiveModel::distinct_copies(const Group& g, bool* uneve
   return firsts;
 }
 
-std::vector<StepReport> CollectiveModel::explain_copy(Collective c, Algorithm a, const Group& g, double n) {
+std::vector<StepReport> CollectiveModel::explain_copy(Collective c, Algorithm a, const Group& g, double n,
+                                                      bool* all_routed) {
   std::vector<Step> steps = make_pattern(topo_, c, a, g);
   std::vector<StepReport> out;
   std::unordered_map<int, double> load;
@@ -746,6 +744,7 @@ std::vector<StepReport> CollectiveModel::explain_copy(Collective c, Algorithm a,
   // group's links), elsewhere the links' loads are scaled by the copies sharing them.
   const CopySet cs = copy_set(c, a, g, steps);
   const bool route_all = cs.route_all;
+  if (all_routed) *all_routed = route_all;
   if (!route_all)
     for (long long i = 0; i < g.size; ++i) {
       tmp.clear();

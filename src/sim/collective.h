@@ -143,7 +143,8 @@ class CollectiveModel {
 
  private:
   CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g);
-  std::vector<StepReport> explain_copy(Collective c, Algorithm a, const Group& g, double n);
+  // (*all_routed: whether every concurrent copy was routed, so that no other placement needs its own report)
+  std::vector<StepReport> explain_copy(Collective c, Algorithm a, const Group& g, double n, bool* all_routed = nullptr);
   // The first ranks of copies of g placed otherwise than g (and than each other), which profile() and explain()
   // also evaluate: another node kind, another way of straddling nodes and leaves, a part-full leaf (at most 16).
   // Sets *uneven when some copy straddles nodes or leaves otherwise than g (copies then share links unevenly).

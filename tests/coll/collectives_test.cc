@@ -407,23 +407,31 @@ TEST(Communicator, OperationsQueuedAtDifferentPacesMatchAcrossRanks) {
   }
 }
 
-TEST(Communicator, DebugModeReportsMismatchedCalls) {
+// Runs call(comm, rank) on n in-process ranks in debug mode; returns each rank's error message ("" when none).
+std::vector<std::string> debug_errors(int n, const std::function<void(Communicator&, int)>& call) {
   CommConfig cfg;
   cfg.timeout_s = 10;
   cfg.debug_collectives = true;
-  auto comms = Communicator::inproc(3, 0, cfg);
-  std::vector<std::string> msgs(3);
+  auto comms = Communicator::inproc(n, 0, cfg);
+  std::vector<std::string> msgs(static_cast<size_t>(n));
   std::vector<std::thread> ts;
-  for (int r = 0; r < 3; ++r)
+  for (int r = 0; r < n; ++r)
     ts.emplace_back([&, r] {
-      std::vector<float> b(100, 1.0f);
       try {
-        comms[r]->allreduce(b.data(), r == 2 ? 50 : 100, DType::f32, ReduceOp::sum).wait();
+        call(*comms[size_t(r)], r);
       } catch (const Error& e) {
-        msgs[r] = e.what();
+        msgs[size_t(r)] = e.what();
       }
     });
   for (auto& t : ts) t.join();
+  return msgs;
+}
+
+TEST(Communicator, DebugModeReportsMismatchedCalls) {
+  auto msgs = debug_errors(3, [](Communicator& c, int r) {
+    std::vector<float> b(100, 1.0f);
+    c.allreduce(b.data(), r == 2 ? 50 : 100, DType::f32, ReduceOp::sum).wait();
+  });
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(msgs[r].find("mismatch"), std::string::npos) << "rank " << r << ": " << msgs[r];
   }
@@ -433,26 +441,16 @@ TEST(Communicator, DebugModeReportsMismatchedCalls) {
 // Debug mode compares the algorithm a call forces (rd on one rank and tree on the others finished with different
 // sums, no error); an op code outside ReduceOp is refused before anything is sent (it reduced nothing).
 TEST(Communicator, DebugModeComparesForcedAlgorithmsAndOpsAreChecked) {
-  CommConfig cfg;
-  cfg.timeout_s = 10;
-  cfg.debug_collectives = true;
-  auto comms = Communicator::inproc(2, 0, cfg);
-  std::vector<std::string> msgs(2);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r)
-    ts.emplace_back([&, r] {
-      std::vector<float> b(4, float(r + 1));
-      CollOptions o;
-      o.algorithm = r == 0 ? "rd" : "tree";
-      try {
-        comms[r]->allreduce(b.data(), b.size(), DType::f32, ReduceOp::sum, o).wait();
-      } catch (const Error& e) {
-        msgs[r] = e.what();
-      }
-    });
-  for (auto& t : ts) t.join();
+  auto msgs = debug_errors(2, [](Communicator& c, int r) {
+    std::vector<float> b(4, float(r + 1));
+    CollOptions o;
+    o.algorithm = r == 0 ? "rd" : "tree";
+    c.allreduce(b.data(), b.size(), DType::f32, ReduceOp::sum, o).wait();
+  });
   EXPECT_NE(msgs[0].find("forcing different algorithms"), std::string::npos) << msgs[0];
   EXPECT_NE(msgs[1].find("mismatch"), std::string::npos) << msgs[1];
+  CommConfig cfg;
+  cfg.debug_collectives = true;
   auto fresh = Communicator::inproc(1, 0, cfg);
   std::vector<float> b(4, 1.0f);
   try {
@@ -468,46 +466,28 @@ TEST(Communicator, DebugModeComparesForcedAlgorithmsAndOpsAreChecked) {
 // Debug mode also compares the per-rank counts of reduce_scatter and allgatherv (totals alone let {2, 1} meet {1, 2})
 // and pairs alltoallv's send counts with the receive counts their peers give; matching calls pass.
 TEST(Communicator, DebugModeComparesPerRankCountsAndAlltoallPairs) {
-  CommConfig cfg;
-  cfg.timeout_s = 10;
-  cfg.debug_collectives = true;
-  auto run = [&](const std::function<void(Communicator&, int)>& call) {
-    auto comms = Communicator::inproc(2, 0, cfg);
-    std::vector<std::string> msgs(2);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < 2; ++r)
-      ts.emplace_back([&, r] {
-        try {
-          call(*comms[r], r);
-        } catch (const Error& e) {
-          msgs[r] = e.what();
-        }
-      });
-    for (auto& t : ts) t.join();
-    return msgs;
-  };
   std::vector<float> in(8, 1.0f), out(8);
-  auto m = run([&](Communicator& c, int r) {
+  auto m = debug_errors(2, [&](Communicator& c, int r) {
     c.allgatherv(in.data(), out.data(), r == 0 ? std::vector<size_t>{2, 1} : std::vector<size_t>{1, 2}, DType::f32)
         .wait();
   });
   EXPECT_NE(m[0].find("with different per-rank counts (the same total)"), std::string::npos) << m[0];
   EXPECT_NE(m[1].find("mismatch"), std::string::npos) << m[1];
-  m = run([&](Communicator& c, int r) {
+  m = debug_errors(2, [&](Communicator& c, int r) {
     c.reduce_scatter(in.data(), out.data(), r == 0 ? std::vector<size_t>{3, 1} : std::vector<size_t>{1, 3}, DType::f32,
                      ReduceOp::sum)
         .wait();
   });
   EXPECT_NE(m[0].find("different per-rank counts"), std::string::npos) << m[0];
   // Rank 0 sends rank 1 two elements; rank 1 expects three from rank 0.
-  m = run([&](Communicator& c, int r) {
+  m = debug_errors(2, [&](Communicator& c, int r) {
     c.alltoallv(in.data(), r == 0 ? std::vector<size_t>{1, 2} : std::vector<size_t>{1, 1}, out.data(),
                 r == 0 ? std::vector<size_t>{1, 1} : std::vector<size_t>{3, 1}, DType::f32)
         .wait();
   });
   EXPECT_NE(m[0].find("alltoall's counts do not pair up"), std::string::npos) << m[0];
   EXPECT_NE(m[1].find("alltoall's counts do not pair up"), std::string::npos) << m[1];
-  m = run([&](Communicator& c, int r) {  // uneven but paired: rank 0 sends 2 to rank 1, which expects 2
+  m = debug_errors(2, [&](Communicator& c, int r) {  // uneven but paired: rank 0 sends 2 to rank 1, which expects 2
     c.alltoallv(in.data(), r == 0 ? std::vector<size_t>{1, 2} : std::vector<size_t>{3, 1}, out.data(),
                 r == 0 ? std::vector<size_t>{1, 3} : std::vector<size_t>{2, 1}, DType::f32)
         .wait();
