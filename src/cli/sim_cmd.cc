@@ -500,14 +500,11 @@ void run_plan(const StepArgs& given_args) {
     return;
   }
   // Plans whose time symmetric mode could only approximate (groups sharing links unevenly) are marked.
-  auto approximate = [](const StepResult& r) {
-    return std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) { return n.rfind("approximate:", 0) == 0; });
-  };
   fmt::print("  {:>4} {:>10} {:>8} {:>6} {:>9}  {}\n", "rank", "time", "TFLOP/s", "MFU", "memory", "plan");
   bool marked = false;
   for (size_t i = 0; i < shown; ++i) {
     const auto& r = pr.ranked[i];
-    const bool approx = approximate(r);
+    const bool approx = r.approximate;
     marked |= approx;
     fmt::print("  {:>4} {:>10} {:>8.1f} {:>5.1f}% {:>9}  {}{}\n", i + 1, format_seconds(r.time), r.model_tflops_per_gpu,
                100 * r.mfu, format_gb(r.memory.total()), describe_config(r.config), approx ? "  *" : "");

@@ -232,6 +232,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   std::set<std::tuple<int, long long, long long>> approximated;
   auto ctime = [&](Collective c, const CollectiveCost& prof, const Group& g, double n) {
     if (cfg.mode == EvalMode::kFull) return net.time_full(c, prof.algorithm, g, n);
+    r.approximate = r.approximate || prof.approximate;
     if (prof.approximate && approximated.emplace(static_cast<int>(c), g.size, g.stride).second)
       r.notes.push_back(fmt::format(
           "approximate: the {} groups of {} ranks (stride {}) straddle nodes or leaves unevenly and are too many to "

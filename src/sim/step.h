@@ -105,6 +105,7 @@ struct StepResult {
   double mfu = 0;  // model FLOP/s per GPU / peak
   std::string dp_algorithm, tp_algorithm, dp_bottleneck;
   std::vector<std::string> notes;  // explanations
+  bool approximate = false;        // some collective's time is symmetric mode's approximation (a note says which)
 };
 
 // Checks the configuration against the model and the cluster; ConfigError naming the flag.
