@@ -96,7 +96,8 @@ struct ShmSend {
   size_t sent = 0;  // includes header
 };
 
-enum class Target { none, posted, unexpected, abort };
+// discard: the payload of a message whose matched receive expected another size (that receive has failed).
+enum class Target { none, posted, unexpected, abort, discard };
 
 struct ShmPeer {
   int rank = -1;
@@ -689,6 +690,7 @@ class ShmTransport : public Transport, public Progressor {
       case Target::abort:
         copy_out(p, from, p.abort_buf.data() + p.pay_got, n);
         break;
+      case Target::discard:
       case Target::none:
         break;
     }
@@ -751,12 +753,13 @@ class ShmTransport : public Transport, public Progressor {
     }
     if (p.q.pop_posted(h.tag, &p.cur)) {
       if (p.cur.bytes != h.length) {
-        std::string what = fmt::format("message of {} bytes on tag {:#x} but the receive expects {} bytes", h.length,
-                                       h.tag, p.cur.bytes);
-        p.cur.req->fail(
-            std::make_exception_ptr(ProtocolError(fmt::format("shm: from rank {}: {}", p.rank, what))));
-        p.target = Target::none;
-        fail_protocol(p, what);
+        // That receive fails and the message is read past, as tcp does: the ring stays usable.
+        RequestPtr r = p.cur.req;
+        p.cur = PostedRecv{};
+        r->fail(std::make_exception_ptr(ProtocolError(
+            fmt::format("shm: from rank {}: message of {} bytes on tag {:#x} but the receive expects {} bytes", p.rank,
+                        h.length, h.tag, r->bytes()))));
+        p.target = Target::discard;
         return true;
       }
       p.target = Target::posted;

@@ -105,7 +105,8 @@ struct TcpSend {
   std::string owned;
 };
 
-enum class Target { none, posted, unexpected, abort };
+// discard: the payload of a message whose matched receive expected another size (that receive has failed).
+enum class Target { none, posted, unexpected, abort, discard };
 
 // Locks: the transport's mu_ guards the receive side of every peer (state machine, matching queues, failure);
 // send_mu guards one peer's send queue and socket writes, so a caller's isend never waits for the progress thread
@@ -459,12 +460,15 @@ class TcpTransport : public Transport {
     }
     if (p.q.pop_posted(h.tag, &p.cur)) {
       if (p.cur.bytes != h.length) {
+        // That receive fails and the message is read past, as when it arrived before the receive (matching.cc's
+        // deliver) and on the other transports: the connection stays usable.
         RequestPtr r = p.cur.req;
-        p.target = Target::none;
-        std::string what = fmt::format("message of {} bytes on tag {:#x} but the receive expects {} bytes", h.length,
-                                       h.tag, p.cur.bytes);
-        r->fail(std::make_exception_ptr(ProtocolError("tcp: from rank " + std::to_string(p.rank) + ": " + what)));
-        fail_peer_protocol(p, what);
+        p.cur = PostedRecv{};
+        r->fail(std::make_exception_ptr(ProtocolError(
+            fmt::format("tcp: from rank {}: message of {} bytes on tag {:#x} but the receive expects {} bytes", p.rank,
+                        h.length, h.tag, r->bytes()))));
+        p.target = Target::discard;
+        if (p.staging.empty()) p.staging.resize(kStagingBytes);
         return true;
       }
       p.target = Target::posted;
@@ -523,6 +527,7 @@ class TcpTransport : public Transport {
         for (auto& q : peers_) fail_peer(q, err);
         return;
       }
+      case Target::discard:
       case Target::none:
         break;
     }
@@ -570,6 +575,9 @@ class TcpTransport : public Transport {
       if (p.target == Target::posted && p.cur.reduce) {
         want = std::min(want, p.staging.size() - p.staged);
         dst = p.staging.data() + p.staged;
+      } else if (p.target == Target::discard) {
+        want = std::min(want, p.staging.size());
+        dst = p.staging.data();
       } else if (p.target == Target::posted) {
         dst = p.cur.dst + p.pay_got;
       } else if (p.target == Target::unexpected) {
