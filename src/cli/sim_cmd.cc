@@ -772,6 +772,7 @@ struct ClusterArgs {
   std::string jobs;
   std::string scheduler = "fifo";
   std::string placement = "topology";
+  SchedulerOptions las;  // the las and srtf settings (policy and placement come from the strings above)
   bool json = false;
 };
 
@@ -779,7 +780,7 @@ void run_cluster(const ClusterArgs& given_args) {
   ClusterArgs a = given_args;
   ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   std::vector<JobSpec> jobs = load_job_trace(a.jobs);
-  SchedulerOptions o;
+  SchedulerOptions o = a.las;
   o.policy = parse_policy(a.scheduler);
   o.placement = parse_placement(a.placement);
   Stopwatch sw;
@@ -796,7 +797,8 @@ void run_cluster(const ClusterArgs& given_args) {
                     {"gpus", j.gpus},
                     {"leaves", j.leaves_used},
                     {"slowdown", j.slowdown},
-                    {"preemptions", j.preemptions}});
+                    {"preemptions", j.preemptions},
+                    {"promotions", j.promotions}});
     std::cout
         << json{{"kind", "sim.cluster"},    {"cluster", spec.name},         {"gpus", a.gpus},
                 {"scheduler", a.scheduler}, {"placement", a.placement},     {"jobs", js},
@@ -822,6 +824,14 @@ void run_cluster(const ClusterArgs& given_args) {
           ? fmt::format(" (+{:.1f}% reloading checkpoints after preemptions)", 100 * r.restart_overhead)
           : std::string(),
       100 * r.goodput);
+  if (o.policy == Policy::kLas && o.las_promote_knob > 0) {
+    int promoted = 0, times = 0;
+    for (const auto& j : r.jobs) {
+      promoted += j.promotions > 0 ? 1 : 0;
+      times += j.promotions;
+    }
+    fmt::print("  starvation guard (knob {}): {} promotions of {} jobs\n", o.las_promote_knob, times, promoted);
+  }
   fmt::print("  (simulated in {})\n", format_seconds(took));
 }
 
@@ -1366,6 +1376,17 @@ void setup(CLI::App& app) {
     c->add_option("--scheduler", a->scheduler, "fifo, las (Tiresias-style) or srtf (shortest predicted remaining time)")
         ->capture_default_str();
     c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")
+        ->capture_default_str();
+    c->add_option("--las-threshold", a->las.las_first_threshold,
+                  "las: attained accelerator-seconds that end the first queue; each next queue's threshold is x10")
+        ->capture_default_str();
+    c->add_option("--las-queues", a->las.las_queues, "las: number of priority queues")->capture_default_str();
+    c->add_option("--restart-penalty", a->las.restart_penalty,
+                  "las, srtf: seconds a preempted job spends reloading its checkpoint when it resumes")
+        ->capture_default_str();
+    c->add_option("--promote-knob", a->las.las_promote_knob,
+                  "las: Tiresias's starvation guard: a demoted job that waited this many times as long as it ran "
+                  "goes back to the first queue (0: off)")
         ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
     c->callback([a]() { run_cluster(*a); });

@@ -32,6 +32,19 @@ Placement parse_placement(const std::string& s) {
   throw ConfigError(fmt::format("--placement = '{}' (allowed: topology, spread)", s));
 }
 
+void validate(const SchedulerOptions& opt) {
+  if (!(std::isfinite(opt.las_first_threshold) && opt.las_first_threshold > 0))
+    throw ConfigError(
+        fmt::format("--las-threshold = {} (allowed: accelerator-seconds above 0)", opt.las_first_threshold));
+  if (opt.las_queues < 1 || opt.las_queues > kMaxLasQueues)
+    throw ConfigError(fmt::format("--las-queues = {} (allowed: 1 to {})", opt.las_queues, kMaxLasQueues));
+  if (!(std::isfinite(opt.restart_penalty) && opt.restart_penalty >= 0))
+    throw ConfigError(fmt::format("--restart-penalty = {} (allowed: seconds, 0 or more)", opt.restart_penalty));
+  if (!(std::isfinite(opt.las_promote_knob) && opt.las_promote_knob >= 0))
+    throw ConfigError(fmt::format("--promote-knob = {} (allowed: 0 for no starvation guard, or a positive multiple)",
+                                  opt.las_promote_knob));
+}
+
 std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string& origin) {
   std::vector<JobSpec> jobs;
   std::istringstream in(text);
@@ -189,6 +202,7 @@ struct Running {
 
 ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const std::vector<JobSpec>& jobs,
                                 const SchedulerOptions& opt) {
+  validate(opt);
   const long long gpn = spec.gpus_per_node();
   if (gpus < 1 || gpus > kMaxSimulatedGpus)
     throw ConfigError(fmt::format("--gpus = {} (allowed: 1..{})", gpus, kMaxSimulatedGpus));
@@ -218,6 +232,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
   std::vector<int> state(n, 0);  // 0 not arrived, 1 waiting, 2 running, 3 done
   std::vector<double> restart_at(n, 0.0);
+  // las with the starvation guard: seconds a job that has run waited since it first ran or was last promoted.
+  std::vector<double> waited(n, 0.0);
+  const bool guard = opt.policy == Policy::kLas && opt.las_promote_knob > 0;
   // On a cluster of several kinds: each job's iteration time on each kind alone (infinite where it does not fit in
   // that kind's memory: it is never placed there), and the kinds from the fastest for it.
   std::vector<std::vector<double>> on_kind(n);
@@ -363,6 +380,12 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       if (attained[i] < th) return q;
     return opt.las_queues - 1;
   };
+  // When the guard promotes waiting job i, counted from now (infinite for a job it does not apply to: one that never
+  // ran, or is in the first queue already).
+  auto promotion_in = [&](size_t i) {
+    if (!guard || state[i] != 1 || out[i].start < 0 || queue_of(i) == 0) return std::numeric_limits<double>::infinity();
+    return opt.las_promote_knob * attained[i] / static_cast<double>(jobs[i].gpus) - waited[i];
+  };
   auto start_job = [&](size_t i, std::vector<std::pair<long long, long long>>& alloc) {
     std::vector<long long> used;
     for (auto [nd, g] : alloc) used.push_back(leaf_of_node(nd));
@@ -403,6 +426,13 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       return;
     }
     // LAS / SRTF: rank every active job; keep the running ones that still rank inside the capacity, preempt others.
+    if (guard)
+      for (size_t i : live)  // (the event loop stops at each promotion time; the margin absorbs its rounding)
+        if (promotion_in(i) <= 1e-9 * (1 + waited[i])) {
+          attained[i] = 0;
+          waited[i] = 0;
+          out[i].promotions++;
+        }
     std::vector<size_t> active = live;
     if (opt.policy == Policy::kSrtf) {
       std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
@@ -485,8 +515,10 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       live.push_back(order[arrived]);
     }
     schedule();
-    // Next event: an arrival, a completion, or (LAS) a queue demotion.
+    // Next event: an arrival, a completion, (LAS) a queue demotion, or a promotion by the starvation guard.
     double next = arrived < n ? jobs[order[arrived]].submit : std::numeric_limits<double>::infinity();
+    if (guard)
+      for (size_t i : live) next = std::min(next, now + promotion_in(i));
     for (const auto& r : running) {
       size_t i = r.job;
       double begin = std::max(now, restart_at[i]);
@@ -495,7 +527,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         double th = opt.las_first_threshold;
         for (int q = 0; q < opt.las_queues - 1; ++q, th *= 10)
           if (attained[i] < th) {
-            next = std::min(next, now + (th - attained[i]) / static_cast<double>(jobs[i].gpus) + 1e-9);
+            next = std::min(next, begin + (th - attained[i]) / static_cast<double>(jobs[i].gpus) + 1e-9);
             break;
           }
       }
@@ -505,6 +537,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     // Time moves forward by at least one representable step (late in a long trace `now + tiny` equals `now`).
     next = std::max(next, std::nextafter(now, std::numeric_limits<double>::infinity()));
     const double dt = next - now;
+    if (guard)
+      for (size_t i : live)
+        if (state[i] == 1 && out[i].start >= 0) waited[i] += dt;
     for (const auto& r : running) {
       size_t i = r.job;
       const double begin = std::max(now, restart_at[i]);
@@ -514,7 +549,10 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         remaining[i] = 0;
       else
         remaining[i] -= std::max(0.0, next - begin) / r.iter_time;
-      attained[i] += dt * static_cast<double>(jobs[i].gpus);
+      // Attained service is training time: a job reloading its checkpoint attains nothing (counted, a large job whose
+      // first queue ended within the restart penalty was demoted, and with the starvation guard promoted again, before
+      // it trained at all, for ever).
+      attained[i] += std::max(0.0, next - begin) * static_cast<double>(jobs[i].gpus);
       busy += dt * static_cast<double>(jobs[i].gpus);
       useful += std::max(0.0, next - begin) * static_cast<double>(jobs[i].gpus);  // not reloading a checkpoint
       if (opt.policy == Policy::kLas) {  // a demotion event that rounding left just short of its threshold

@@ -4,12 +4,14 @@
 // slower). Policies:
 //   fifo   strict arrival order, no backfilling (head-of-line blocking)
 //   las    Tiresias-style discretized two-dimensional least-attained-service (Gu et al., NSDI'19): jobs are
-//          prioritized by attained service (accelerators x seconds) in queues with exponentially growing
-//          thresholds, arrival order inside a queue; preemptive (a preempted job checkpoints as it stops, as in
+//          prioritized by attained service (accelerators x seconds trained, not reloading) in queues with exponentially
+//          growing thresholds, arrival order inside a queue; preemptive (a preempted job checkpoints as it stops, as in
 //          Tiresias, and loses `restart_penalty` seconds reloading when it resumes) where preempting lower-priority
-//          jobs makes room on the nodes, lower-priority jobs backfill idle accelerators. Tiresias's optional
-//          starvation guard (promoting a job that waited past a multiple of its last run) is not modelled: a large
-//          demoted job can wait behind a steady stream of small ones.
+//          jobs makes room on the nodes, lower-priority jobs backfill idle accelerators. Tiresias's
+//          starvation guard is optional (`las_promote_knob`): a demoted job that has waited, since it first ran or
+//          was last promoted, at least knob x the time it ran in that span goes back to the first queue with its
+//          attained service reset, as Tiresias's simulator does. Off (0) by default: a large demoted job can then
+//          wait behind a steady stream of small ones.
 // Placement, per node: a job smaller than a node runs inside one node (best fit, or first fit under spread), a
 // larger one on whole free nodes: topology (the fewest leaves: best fit in one leaf, else the leaves with the most
 // free nodes) or spread (round-robin across leaves).
@@ -48,9 +50,13 @@ struct SchedulerOptions {
   Policy policy = Policy::kFifo;
   Placement placement = Placement::kTopology;
   double las_first_threshold = 3600;  // accelerator-seconds of the first LAS queue; each next one x10
-  int las_queues = 3;
-  double restart_penalty = 60;  // seconds lost when a preempted job restarts
+  int las_queues = 3;                 // 1 to kMaxLasQueues
+  double restart_penalty = 60;        // seconds lost when a preempted job restarts
+  double las_promote_knob = 0;        // Tiresias's PROMOTEKNOB; 0: no starvation guard
 };
+constexpr int kMaxLasQueues = 12;
+// ConfigError naming the option and what is allowed.
+void validate(const SchedulerOptions& opt);
 
 struct JobOutcome {
   std::string id;
@@ -59,6 +65,7 @@ struct JobOutcome {
   int leaves_used = 0;  // of its last placement
   double slowdown = 1;  // iteration time of its last placement / iteration time packed in one leaf
   int preemptions = 0;
+  int promotions = 0;  // las: times the starvation guard put it back in the first queue
   double iteration_time = 0;
 };
 

@@ -1,5 +1,7 @@
 // Planner, inference, cluster scheduling, presets, scale, and the `conduit sim` command line.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -9,6 +11,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -276,6 +279,103 @@ TEST(Scheduler, LasBeatsFifoOnMeanJctWithAHeadOfLineJob) {
   for (const auto& j : rf.jobs) EXPECT_GE(j.start, j.submit);
   EXPECT_GT(rf.utilization, 0.5);
   EXPECT_LE(rf.utilization, 1.0 + 1e-9);
+}
+
+// Tiresias's starvation guard: one 8-GPU job B and a stream of small jobs that alone keep the 8 GPUs busy. With
+// T one iteration, the first queue ends at 10T of B's service. Without the guard B runs 10T, is demoted, and waits for
+// the whole stream (2000T); with knob 1, B goes back to the first queue after waiting as long as it ran (10T) and
+// runs 10T of every 20T: its 100T are done at 190T, after 9 promotions.
+TEST(Scheduler, LasStarvationGuardPromotesAJobThatWaitedKnobTimesItsRun) {
+  const ClusterSpec spec = load_cluster("dgx-a100");
+  const double T = job_iteration_time(spec, "gpt2-small", 8, 0, 1);
+  ASSERT_TRUE(std::isfinite(T) && T > 0);
+  std::string trace = "id,submit_s,gpus,model,iterations\nB,0,8,gpt2-small,100\n";
+  for (int k = 0; k < 400; ++k)
+    trace += "s" + std::to_string(k) + "," + fmt::format("{:.17g}", k * 5 * T) + ",8,gpt2-small,5\n";
+  const auto jobs = parse_job_trace(trace, "stream");
+  SchedulerOptions las;
+  las.policy = Policy::kLas;
+  las.las_first_threshold = 8 * 10 * T;
+  las.las_queues = 2;
+  las.restart_penalty = 0;
+  const ScheduleResult off = simulate_cluster(spec, 8, jobs, las);
+  EXPECT_EQ(off.jobs[0].promotions, 0);
+  EXPECT_NEAR(off.jobs[0].finish, 2100 * T, T);  // behind all 400 small jobs
+  las.las_promote_knob = 1;
+  const ScheduleResult on = simulate_cluster(spec, 8, jobs, las);
+  EXPECT_EQ(on.jobs[0].promotions, 9);
+  EXPECT_NEAR(on.jobs[0].finish, 190 * T, T);
+  for (size_t i = 1; i < on.jobs.size(); ++i) EXPECT_EQ(on.jobs[i].promotions, 0) << on.jobs[i].id;  // never demoted
+  // The work is the same: the stream finishes 90T later, when B's rest (90T) has run in its gaps.
+  EXPECT_NEAR(on.makespan, off.makespan, T);
+  // Knob 2: B waits 20T per 10T run: its 10 runs end at 10T + 9 x 30T.
+  las.las_promote_knob = 2;
+  const ScheduleResult two = simulate_cluster(spec, 8, jobs, las);
+  EXPECT_NEAR(two.jobs[0].finish, 280 * T, T);
+  // SRTF has no such guard: the knob changes nothing there.
+  SchedulerOptions srtf = las;
+  srtf.policy = Policy::kSrtf;
+  srtf.las_promote_knob = 0;
+  const ScheduleResult s0 = simulate_cluster(spec, 8, jobs, srtf);
+  srtf.las_promote_knob = 1;
+  EXPECT_EQ(simulate_cluster(spec, 8, jobs, srtf).mean_jct, s0.mean_jct);
+  // A restart penalty longer than the first queue's share: attained service counts training, not reloading, so each
+  // run trains 2T before the next demotion (counted while reloading, two such jobs promoted and preempted each other
+  // for ever without training).
+  SchedulerOptions slow_restart = las;
+  slow_restart.las_first_threshold = 8 * 2 * T;
+  slow_restart.restart_penalty = 10 * T;
+  slow_restart.las_promote_knob = 1;
+  const ScheduleResult pair = simulate_cluster(
+      spec, 8, parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt2-small,20\nb,0,8,gpt2-small,20\n", "t"),
+      slow_restart);
+  for (const auto& j : pair.jobs) {
+    EXPECT_TRUE(std::isfinite(j.finish)) << j.id;
+    EXPECT_GT(j.promotions, 0) << j.id;
+  }
+  EXPECT_GT(pair.restart_overhead, 0);
+  // Bad settings are refused with the option named.
+  auto refused = [&](SchedulerOptions o, const std::string& flag) {
+    try {
+      simulate_cluster(spec, 8, jobs, o);
+      ADD_FAILURE() << flag << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  SchedulerOptions bad = las;
+  bad.las_promote_knob = -1;
+  refused(bad, "--promote-knob");
+  bad.las_promote_knob = std::nan("");
+  refused(bad, "--promote-knob");
+  bad = las;
+  bad.las_queues = 0;
+  refused(bad, "--las-queues");
+  bad.las_queues = kMaxLasQueues + 1;
+  refused(bad, "--las-queues");
+  bad = las;
+  bad.las_first_threshold = 0;
+  refused(bad, "--las-threshold");
+  bad = las;
+  bad.restart_penalty = std::numeric_limits<double>::infinity();
+  refused(bad, "--restart-penalty");
+  // The command line sets all four.
+  const std::string path = ::testing::TempDir() + "/stream-" + std::to_string(::getpid()) + ".csv";
+  std::ofstream(path) << trace;
+  int rc = 0;
+  std::string out = test_util::run(fmt::format("sim cluster --cluster dgx-a100 --gpus 8 --jobs {} --scheduler las "
+                                               "--las-threshold {:.17g} --las-queues 2 --restart-penalty 0 "
+                                               "--promote-knob 1 --json",
+                                               path, 80 * T),
+                                   &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto js = nlohmann::json::parse(out);
+  EXPECT_EQ(js["jobs"][0]["promotions"], 9) << out.substr(0, 400);
+  EXPECT_NEAR(js["jobs"][0]["finish_s"].get<double>(), 190 * T, T);
+  out = test_util::run("sim cluster --gpus 8 --jobs " + path + " --scheduler las --promote-knob -1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--promote-knob = -1 (allowed"), std::string::npos) << out;
+  std::remove(path.c_str());
 }
 
 TEST(Scheduler, SpreadPlacementIsSlowerOnAnOversubscribedNetwork) {
