@@ -92,6 +92,17 @@ void run_train(const TrainArgs& a) {
     if (comm->size() != cfg.workers)
       throw ConfigError(fmt::format("config: workers: {} does not match the {} ranks found in the environment",
                                     cfg.workers, comm->size()));
+    // Every rank named the default output directory from its own clock: rank 0's name is taken, so the ranks' files
+    // meet (ranks started either side of a second wrote two directories, and a resume found rank 1's files missing).
+    if (!raw.count("output") && comm->size() > 1) {
+      int64_t n = static_cast<int64_t>(cfg.output.size());
+      comm->broadcast(&n, 1, DType::i64, 0).wait();
+      if (n < 1 || n > 4096)
+        throw ProtocolError(fmt::format("config: output: rank 0's default directory name is {} bytes", n));
+      std::string name = comm->rank() == 0 ? cfg.output : std::string(static_cast<size_t>(n), '\0');
+      comm->broadcast(name.data(), name.size(), DType::u8, 0).wait();
+      cfg.output = name;
+    }
     torch_api().train_worker(cfg, comm, tr::WorkerOptions{});
     // Under mpirun/torchrun rank 0 prints the summary; under our own launcher the parent does.
     if (comm->rank() == 0 && !std::getenv("CONDUIT_TRAIN_PARENT")) print_summary(cfg.output);

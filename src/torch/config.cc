@@ -110,7 +110,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "uncompressed (default 0: none)"},
       {"overlap", "communicate buckets while backward runs (default true)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
-      {"checkpoint_every", "steps between checkpoints; 0: at each epoch end (default 0)"},
+      {"checkpoint_every",
+       "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
+       "(default 0)"},
       {"resume", "checkpoint directory to resume from"},
       {"max_steps", "stop after this many steps (0: no limit)"},
       {"train_limit", "use only the first N training samples (0: all)"},
@@ -246,6 +248,9 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("optimizer")) c.optimizer = one_of("optimizer", *v, {"sgd", "adam", "adamw"});
   if (auto v = get("lr")) c.lr = to_double("lr", *v, 0, 1e3, true, "a number > 0 and <= 1000");
   if (auto v = get("momentum")) c.momentum = to_double("momentum", *v, 0, 0.999999, false, "a number in [0, 1)");
+  if (get("momentum") && c.optimizer != "sgd")  // (adam's betas are its own; the value was dropped without a word)
+    throw ConfigError(fmt::format("config: momentum: applies to optimizer sgd, not {}; allowed with {}: leave it unset",
+                                  c.optimizer, c.optimizer));
   if (auto v = get("weight_decay")) c.weight_decay = to_double("weight_decay", *v, 0, 1, false, "a number in [0, 1]");
   if (auto v = get("lr_schedule")) c.lr_schedule = one_of("lr_schedule", *v, {"constant", "step", "cosine"});
   if (auto v = get("warmup_epochs"))
@@ -253,7 +258,10 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("epochs")) c.epochs = static_cast<int>(to_int("epochs", *v, 1, 1000000));
   if (auto v = get("batch_size")) c.batch_size = static_cast<int>(to_int("batch_size", *v, 1, 1 << 20));
   if (auto v = get("seed")) c.seed = static_cast<uint64_t>(to_int("seed", *v, 0, INT64_MAX));
-  if (auto v = get("output")) c.output = *v;
+  if (auto v = get("output")) {
+    if (v->empty()) bad("output", *v, "allowed: a directory path (leave it unset for runs/<model>-<time>)");
+    c.output = *v;
+  }
   if (auto v = get("target_accuracy"))
     c.target_accuracy = to_double("target_accuracy", *v, 0, 1, false, "a fraction in [0, 1] (0: none), e.g. 0.9");
   if (auto v = get("bucket_cap_mb"))
@@ -274,7 +282,10 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);
   if (auto v = get("checkpoint_every"))
     c.checkpoint_every = static_cast<int>(to_int("checkpoint_every", *v, 0, INT32_MAX));
-  if (auto v = get("resume")) c.resume = *v;
+  if (auto v = get("resume")) {
+    if (v->empty()) bad("resume", *v, "allowed: a checkpoint directory (<output>/checkpoint), or leave it unset");
+    c.resume = *v;
+  }
   if (auto v = get("max_steps")) c.max_steps = to_int("max_steps", *v, 0, INT64_MAX);
   if (auto v = get("train_limit")) c.train_limit = to_int("train_limit", *v, 0, INT64_MAX);
   if (auto v = get("test_limit")) c.test_limit = to_int("test_limit", *v, 0, INT64_MAX);
@@ -377,6 +388,9 @@ SyncSpec effective_sync(const TrainConfig& c) {
                                     value, key, it->second, c.sync));
     s.params[key] = value;
   };
+  auto derive = [&](const std::string& key, const std::string& value) {
+    if (s.params.try_emplace(key, value).second) s.derived.insert(key);
+  };
   if (c.sync_period > 0) {
     if (!defaults.count("period"))
       throw ConfigError(fmt::format("config: sync_period: scheme {} has no period; allowed with local, diloco, "
@@ -427,9 +441,9 @@ SyncSpec effective_sync(const TrainConfig& c) {
       if (!s.params.count("lr")) lr = 0.5 * c.lr * (1 - 0.5) / (1 - momentum);
       momentum = 0.5;
     }
-    s.params.try_emplace("lr", fmt::format("{:.6g}", lr));
-    s.params.try_emplace("momentum", fmt::format("{:.6g}", momentum));
-    s.params.try_emplace("weight_decay", fmt::format("{}", c.weight_decay));
+    derive("lr", fmt::format("{:.6g}", lr));
+    derive("momentum", fmt::format("{:.6g}", momentum));
+    derive("weight_decay", fmt::format("{}", c.weight_decay));
     s.params.try_emplace("colocate", "1");
     // Co-located: one shard per worker spreads the servers' work (and traffic) evenly, as BytePS does.
     if (s.params["colocate"] == "1") s.params.try_emplace("servers", std::to_string(c.workers));
@@ -437,13 +451,19 @@ SyncSpec effective_sync(const TrainConfig& c) {
       throw ConfigError(fmt::format("config: resume: {} with dedicated server ranks (colocate=0) keeps the model on "
                                     "ranks that are not checkpointed; allowed: colocate=1",
                                     s.name));
-    if (compressed) set("push_compressor", c.compressor, "compressor");
+    if (compressed) {  // (the trainer's compressor, checked on its own at a resume)
+      if (!s.params.count("push_compressor")) s.derived.insert("push_compressor");
+      set("push_compressor", c.compressor, "compressor");
+    }
     if (c.optimizer != "sgd")
       throw ConfigError(fmt::format("config: optimizer: {} runs on the workers, but {} servers own the optimizer "
                                     "(SGD with momentum); allowed: sgd",
                                     c.optimizer, s.name));
   } else if (s.name == "dpsgd") {
-    if (compressed) set("compressor", c.compressor, "compressor");
+    if (compressed) {
+      if (!s.params.count("compressor")) s.derived.insert("compressor");
+      set("compressor", c.compressor, "compressor");
+    }
   } else if (!s.bsp() && compressed) {
     throw ConfigError(fmt::format("config: compressor: {} averages parameters, not gradients, so '{}' does not "
                                   "apply; allowed: none, or a scheme that compresses (bsp, dpsgd, ps-*)",
@@ -487,7 +507,11 @@ std::string default_output_dir(const TrainConfig& c) {
   if (scheme != "bsp") comp = scheme + (c.compressor == "none" ? "" : "-" + c.compressor);
   for (char& ch : comp)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '-') ch = '_';
-  return fmt::format("runs/{}-{}-{}", c.model, comp, buf);
+  // Another run started in the same second has that name: the next free one (-2, -3, ...) instead of sharing it.
+  const std::string base = fmt::format("runs/{}-{}-{}", c.model, comp, buf);
+  std::string name = base;
+  for (int k = 2; std::filesystem::exists(name) && k < 1000; ++k) name = fmt::format("{}-{}", base, k);
+  return name;
 }
 
 void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
@@ -533,8 +557,11 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "eval_every",
                         "bucket_cap_mb",
                         "first_bucket_mb",
-                        "overlap"})
+                        "overlap"}) {
+    // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
+    if (std::string(k) == "momentum" && meta.contains("optimizer") && meta["optimizer"] != "sgd") continue;
     take(k, k);
+  }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that
   // dataset (resumed at an epoch end with --dataset mnist, a Fashion-MNIST run's directory replaced mnist's own).
   if (meta.contains("dataset") && meta["dataset"].is_string() && raw.count("dataset") &&

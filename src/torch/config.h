@@ -4,6 +4,7 @@
 // throws ConfigError with one line naming the field and what is allowed.
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,9 @@ struct TrainConfig {
 struct SyncSpec {
   std::string name = "bsp";
   std::map<std::string, std::string> params;
+  // Keys of params that effective_sync filled in from the trainer's own settings (the servers' lr, momentum and
+  // weight decay; the compressor), not given in the sync spec: they follow those settings, as they do for bsp.
+  std::set<std::string> derived;
   bool bsp() const { return name == "bsp"; }
   // Schemes whose workers never wait for a slower one at every step (ps-asp, ps-ssp, adpsgd).
   bool asynchronous() const { return name == "ps-asp" || name == "ps-ssp" || name == "adpsgd"; }

@@ -15,6 +15,7 @@
 #include <limits>
 #include <mutex>
 #include <numbers>
+#include <set>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -68,16 +69,29 @@ void make_batch(const ImageSet& s, const std::vector<int64_t>& idx, torch::Tenso
 }
 
 // The parameters a scheme's saved state depends on, its defaults filled in: what a resume must not change. Those the
-// trainer derives from its own flags (the servers' lr, momentum and weight decay; the compressor, checked on its own)
-// may change as they may for bsp.
+// trainer derived from its own flags (the servers' lr, momentum and weight decay; the compressor, checked on its
+// own) may change as they may for bsp; the same keys given in the spec are the spec's (DiLoCo's outer lr and
+// momentum, a dpsgd compressor): they were dropped too, so a resume fell back to the defaults without a word.
 nlohmann::json scheme_params(const SyncSpec& spec) {
   nlohmann::json out = nlohmann::json::object();
   if (spec.bsp()) return out;
   sync::Params p = sync::strategy_defaults(spec.name);
   for (const auto& [k, v] : spec.params) p[k] = v;
-  for (const char* k : {"lr", "momentum", "weight_decay", "compressor", "push_compressor"}) p.erase(k);
+  for (const auto& k : spec.derived) p.erase(k);
   for (const auto& [k, v] : p) out[k] = v;
   return out;
+}
+
+// A checkpoint's scheme parameters differ from this run's: a key both record with different values, or one only one
+// of them records. Checkpoints written before the spec's own lr, momentum, weight decay and compressor were recorded
+// (they were dropped with the trainer's) are not judged on those.
+bool scheme_params_differ(const nlohmann::json& saved, const nlohmann::json& now) {
+  static const std::set<std::string> kOnceDropped = {"lr", "momentum", "weight_decay", "compressor", "push_compressor"};
+  for (const auto& [k, v] : now.items())
+    if (saved.contains(k) ? saved[k] != v : !kOnceDropped.count(k)) return true;
+  for (const auto& [k, v] : saved.items())
+    if (!now.contains(k)) return true;
+  return false;
 }
 
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, Net& model) {
@@ -393,7 +407,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       meta.value("sync", std::string("bsp"))));
     // The scheme's parameters too: its saved state belongs to them (local SGD restored the checkpoint's period over
     // a new --sync-period; dpsgd's public copies would attach to another graph's neighbours).
-    if (meta.contains("sync_params") && meta["sync_params"] != scheme_params(spec))
+    if (meta.contains("sync_params") && scheme_params_differ(meta["sync_params"], scheme_params(spec)))
       throw ConfigError(
           fmt::format("config: resume: the checkpoint was written with sync {} {}, this run asks for "
                       "{}; allowed: the same scheme parameters",
@@ -487,6 +501,13 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const int start_epoch_at = c.resume.empty() ? 0 : static_cast<int>(checkpoint_int(meta, "epoch", rd));
   int64_t total_steps = steps_before_epoch + int64_t(c.epochs - std::min(start_epoch_at, c.epochs)) * spe;
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
+  // A resume with nothing left to run takes no step and ends (as Lightning does past max_epochs), which is said: it
+  // ended without a word, and a null final loss.
+  if (!c.resume.empty() && total_steps <= checkpoint_int(meta, "global_step", rd) && lead && outputs)
+    fmt::print(stderr,
+               "train: warning: the checkpoint is at step {}, where this run (epochs {}, max_steps {}) ends already: "
+               "nothing is left to run (give more epochs, or max_steps 0 or above {}, to train on)\n",
+               checkpoint_int(meta, "global_step", rd), c.epochs, c.max_steps, checkpoint_int(meta, "global_step", rd));
   // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all.
   const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
   // (max_steps shortened the run below the warm-up: the lr never reached lr; a resume, whose earlier steps may have

@@ -203,6 +203,22 @@ TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
   fs::remove_all(dir);
 }
 
+// Under an outer launcher every rank names the default output directory from its own clock; ranks whose clocks read
+// differently (here: other time zones, as two sides of a second would) wrote to two directories, and rank 0's
+// checkpoint had no rank-1 files. Rank 0's name is taken by all.
+TEST(TrainInputProcesses, RanksOfAnOuterLauncherShareRankZerosDefaultOutput) {
+  const fs::path dir = temp_dir("default-output");
+  auto r = run("launch -n 2 -- sh -c 'cd " + dir.string() + " && TZ=UTC+$((RANK * 5)) exec " + CONDUIT_BINARY + " " +
+               kTrain + " --epochs 1 --checkpoint-every 5'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<fs::path> runs;
+  for (const auto& e : fs::directory_iterator(dir / "runs")) runs.push_back(e.path());
+  ASSERT_EQ(runs.size(), 1u) << r.out;
+  EXPECT_TRUE(fs::exists(runs[0] / "checkpoint" / "rank-0" / "model.pt"));
+  EXPECT_TRUE(fs::exists(runs[0] / "checkpoint" / "rank-1" / "model.pt"));
+  fs::remove_all(dir);
+}
+
 // --max-steps reached exactly at an epoch's end wrote a second, empty epoch (train loss 0, taken as the final one);
 // a diloco run shorter than its period exchanged nothing (it now warns, and synchronizes once at the end).
 TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
@@ -216,10 +232,15 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
     ++epochs;
   EXPECT_EQ(epochs, 1u) << metrics;
   EXPECT_EQ(slurp(dir / "ms" / "summary.json").find("\"final_train_loss\": 0.0,"), std::string::npos);
-  // Resumed where it stopped, the run trains nothing: no loss of its own (it reported 0).
+  // Resumed where it stopped, the run trains nothing: no loss of its own (it reported 0), and it says so (it said
+  // nothing).
   r = run(kTrain + " --epochs 3 --max-steps 10 --resume " + (dir / "ms" / "checkpoint").string() + " --output " +
           (dir / "ms2").string());
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: the checkpoint is at step 10, where this run (epochs 3, max_steps 10) ends already: "
+                       "nothing is left to run"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(slurp(dir / "ms2" / "summary.json").find("\"final_train_loss\": null,"), std::string::npos)
       << slurp(dir / "ms2" / "summary.json");
   r = run(kTrain + " --epochs 1 --sync diloco --output " + (dir / "dl").string());

@@ -263,6 +263,44 @@ TEST(TrainSync, CheckpointResumeContinues) {
   }
 }
 
+// The scheme's own parameters that share a name with the trainer's (DiLoCo's outer momentum) were dropped from the
+// checkpoint with the trainer's: a resume given only --resume ran at the default momentum, and another momentum was
+// accepted. Those the trainer derives (the servers' lr) may still change, as the ps-bsp case above checks.
+TEST(TrainSync, AResumeKeepsTheSchemesOwnMomentum) {
+  auto dir = temp_dir("diloco-resume");
+  TrainConfig part = tiny_sync("diloco:momentum=0.5,period=2");
+  part.max_steps = 4;
+  part.checkpoint_every = 4;
+  part.output = (dir / "part").string();
+  train_inproc(part, 2, true);
+  const std::string ck = (dir / "part" / "checkpoint").string();
+  auto meta = read_json_file(ck + "/checkpoint.json");
+  EXPECT_EQ(meta["sync_params"]["momentum"], "0.5") << meta["sync_params"].dump();
+  RawConfig raw{{"resume", ck}};
+  apply_resume_defaults(raw, false);
+  EXPECT_NE(raw["sync"].find("momentum=0.5"), std::string::npos) << raw["sync"];
+  for (const char* other : {"diloco:period=2", "diloco:momentum=0.95,period=2"}) {
+    TrainConfig rest = part;
+    rest.sync = other;
+    rest.max_steps = 6;
+    rest.resume = ck;
+    rest.output = (dir / "rest").string();
+    std::string msg;
+    try {
+      train_inproc(rest, 2, true);
+    } catch (const ConfigError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("\"momentum\":\"0.5\""), std::string::npos) << other << ": " << msg;
+  }
+  TrainConfig same = part;
+  same.max_steps = 6;
+  same.resume = ck;
+  same.output = (dir / "same").string();
+  EXPECT_NO_THROW(train_inproc(same, 2, true));
+  fs::remove_all(dir);
+}
+
 TEST(TrainSync, StragglerSleepsOnlyOnItsRankAndOutputsNameTheScheme) {
   auto dir = temp_dir("straggler");
   TrainConfig c = tiny_sync("adpsgd");

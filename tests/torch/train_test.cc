@@ -62,6 +62,44 @@ TEST(TrainConfig, AResumeTakesTheDataDirectoryWithItsDatasetOnly) {
   std::filesystem::remove_all(dir);
 }
 
+// A run started in the same second as another (same model and compressor) took its default directory and wrote over
+// its files; it now takes the next free name.
+TEST(TrainConfig, TheDefaultOutputDirectoryIsOneNoOtherRunHas) {
+  const fs::path dir = temp_dir("default-name");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir);
+  const TrainConfig c = resolve_config({});
+  fs::create_directories(c.output);
+  const std::string next = default_output_dir(c);
+  fs::current_path(cwd);
+  EXPECT_NE(next, c.output);
+  EXPECT_FALSE(fs::exists(dir / next)) << next;
+  fs::remove_all(dir);
+}
+
+// adam and adamw have no momentum setting (their betas are their own): a momentum given with them was dropped without
+// a word. A resume of an adam run does not take the momentum its checkpoint records (sgd's default, never used).
+TEST(TrainConfig, MomentumIsRefusedWithAdamAndEmptyPathsAreRefused) {
+  expect_one_line(config_error({{"optimizer", "adam"}, {"momentum", "0.5"}}), "momentum");
+  expect_one_line(config_error({{"optimizer", "adamw"}, {"momentum", "0"}}), "momentum");
+  EXPECT_NO_THROW(resolve_config({{"optimizer", "adam"}}));
+  EXPECT_NO_THROW(resolve_config({{"optimizer", "sgd"}, {"momentum", "0.5"}}));
+  const fs::path dir = temp_dir("adam-resume");
+  std::ofstream(dir / "checkpoint.json") << R"({"optimizer": "adam", "momentum": 0.9, "lr": 0.01})";
+  RawConfig adam{{"resume", dir.string()}};
+  apply_resume_defaults(adam, false);
+  EXPECT_EQ(adam.count("momentum"), 0u);
+  EXPECT_EQ(adam["optimizer"], "adam");
+  std::ofstream(dir / "checkpoint.json") << R"({"optimizer": "sgd", "momentum": 0.5})";
+  RawConfig sgd{{"resume", dir.string()}};
+  apply_resume_defaults(sgd, false);
+  EXPECT_EQ(sgd["momentum"], "0.5");
+  fs::remove_all(dir);
+  // An empty output or resume fell back to the default directory, or to a fresh run.
+  expect_one_line(config_error({{"output", ""}}), "output");
+  expect_one_line(config_error({{"resume", ""}}), "resume");
+}
+
 TEST(TrainConfig, DgcTakesOverTheMomentum) {
 #ifdef CONDUIT_WITH_COMPRESS
   TrainConfig c = resolve_config({{"compressor", "dgc:ratio=0.01"}, {"momentum", "0.8"}});
