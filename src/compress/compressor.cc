@@ -258,6 +258,11 @@ void check_out(const std::string& who, size_t got, size_t want) {
   if (got != want) throw InvalidArgument(fmt::format("{}: output of {} elements, expected {}", who, got, want));
 }
 
+void check_u32_elements(const std::string& who, size_t d, const char* what) {
+  if (d > 0xffffffffull)
+    throw InvalidArgument(fmt::format("{}: tensor of {} elements; {} allow at most 4294967295", who, d, what));
+}
+
 void pack_codes(const uint16_t* codes, size_t n, int bits, uint8_t* out) {
   if (bits == 8) {
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(codes[i]);

@@ -148,6 +148,9 @@ void check_payload(const std::string& who, size_t got, size_t want);
 void check_scales(const std::string& who, const uint8_t* p, size_t count, size_t magnitude_stride = 0,
                   size_t magnitude_first = 0);
 void check_out(const std::string& who, size_t got, size_t want);
+// Tensors of at most 2^32 - 1 elements: u32 indices (the sparsifiers), or element numbers of the random stream, which
+// would repeat its draws past them (qsgd, terngrad, natural). InvalidArgument naming `what` otherwise.
+void check_u32_elements(const std::string& who, size_t d, const char* what);
 // The first of the n codes (bits wide, least significant first, as pack_codes writes them) above max_code, or n
 // when none is: a payload's codes that no encoder writes. Codes past n in the last byte are not looked at. Codes
 // of 2, 4 or 8 bits are compared 64 bits at a time.

@@ -24,12 +24,17 @@ class ErrorFeedback : public Compressor {
   size_t wire_bytes(size_t d, const TensorState& st) const override { return inner_->wire_bytes(d, st); }
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
-    auto it = st.buffers.find("ef.residual");
-    if (it == st.buffers.end() || it->second.size() != d) st.buffers.erase("ef.pending");  // a fresh residual
-    auto& e = st.buffer("ef.residual", d);
+    const bool fresh = !st.buffers.count("ef.residual");
+    auto& e = st.buffer("ef.residual", d);  // (refuses a residual of another size before anything changes)
+    if (fresh) st.buffers.erase("ef.pending");
     if (inner_->compress_feedback(in, e, st, out)) return;
-    kernels::get().add_to(e.data(), in.data(), d);  // e now holds p = g + e
-    inner_->compress(e, st, out);
+    // p = g + e in a scratch buffer, which becomes the residual once the inner compressor took it: a compressor
+    // that throws (a non-finite p, an index range) leaves the residual as it was, not with g added twice on a retry.
+    thread_local std::vector<float> p;
+    p.assign(e.begin(), e.end());
+    kernels::get().add_to(p.data(), in.data(), d);
+    inner_->compress(p, st, out);
+    e.swap(p);
     inner_->decompress_sub(out, st, e);
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {

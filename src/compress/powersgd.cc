@@ -2,14 +2,14 @@
 #include "compress/powersgd.h"
 
 #include <cblas.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-
-#include <fmt/format.h>
+#include <limits>
 
 #include "compress/methods.h"
 #include "core/error.h"
@@ -36,15 +36,21 @@ constexpr const char* kResidual = "psgd.residual";
 PowerSgd::Plan PowerSgd::plan(size_t numel, const TensorState& st) const {
   Plan p;
   if (st.shape.size() < 2 || st.step < start_iter_ || numel == 0) return p;
+  // The shape's product, checked for overflow (a wrapped product matched numel with n x m != numel).
   size_t prod = 1;
-  for (auto s : st.shape) prod *= s;
-  if (prod != numel)
-    throw InvalidArgument(fmt::format("powersgd: tensor of {} elements but the state's shape has {}", numel, prod));
+  bool wrapped = false;
+  for (auto s : st.shape) wrapped |= s != 0 && __builtin_mul_overflow(prod, s, &prod);
+  if (wrapped || prod != numel)
+    throw InvalidArgument(fmt::format("powersgd: tensor of {} elements but the state's shape has {}", numel,
+                                      wrapped ? std::string("more than 2^64") : std::to_string(prod)));
   p.n = st.shape[0];
   p.m = numel / p.n;
   p.r = std::min<size_t>({static_cast<size_t>(r_), p.n, p.m});
   double ratio = static_cast<double>(p.n) * static_cast<double>(p.m) / (static_cast<double>(p.r) * (p.n + p.m));
-  p.compressed = ratio >= min_ratio_ && ratio > 1.0;  // ratio 1 would make payload sizes ambiguous
+  // ratio 1 would make payload sizes ambiguous; BLAS takes int dimensions: a side past INT_MAX goes uncompressed
+  // (cast, it wrapped negative and OpenBLAS refused the call, leaving P and the approximation stale).
+  constexpr size_t kBlasMax = static_cast<size_t>(std::numeric_limits<int>::max());
+  p.compressed = ratio >= min_ratio_ && ratio > 1.0 && p.n <= kBlasMax && p.m <= kBlasMax;
   return p;
 }
 

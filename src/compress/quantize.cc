@@ -159,7 +159,25 @@ class ByteQuantizer : public Compressor {
     check_payload(name(), p.size(), d + header(d));
     // int8's scales are magnitudes, and the second of each of uint8's (min, scale) pairs.
     detail::check_scales(name(), p.data(), header(d) / 4, signed_ ? 1 : 2, signed_ ? 0 : 1);
-    const auto* h = reinterpret_cast<const float*>(p.data());
+    // Copied out: a payload inside a gathered buffer need not be 4-byte aligned (read in place, it was misaligned
+    // float loads).
+    thread_local std::vector<float> hdr;
+    hdr.resize(header(d) / 4);
+    std::memcpy(hdr.data(), p.data(), header(d));
+    const float* h = hdr.data();
+    // Scales no encoder writes, whose codes decode past the floats (a hostile int8 scale of 1e38 gave inf): int8's
+    // 127 x scale and uint8's min and min + 255 x scale must be floats (a rounding's margin allowed).
+    constexpr double kMax = 3.40282347e38 * (1 + 1e-6);
+    for (size_t c = 0; c < ceil_div(d, chunk_); ++c) {
+      const double lo = signed_ ? 0 : h[2 * c], sc = signed_ ? h[c] : h[2 * c + 1];
+      if ((signed_ ? 127 * sc : std::max(std::fabs(lo), std::fabs(lo + 255 * sc))) > kMax)
+        throw InvalidArgument(
+            signed_ ? fmt::format("int8: chunk {}'s scale {} decodes past the floats; allowed: at most {}", c, sc,
+                                  3.40282347e38 / 127)
+                    : fmt::format("uint8: chunk {}'s range (min {}, scale {}) decodes past the floats; allowed: min "
+                                  "and min + 255 x scale within +-3.4e38",
+                                  c, lo, sc));
+    }
     const uint8_t* q = p.data() + header(d);
     if (signed_)
       if (const void* at = std::memchr(q, 0x80, d))
@@ -203,6 +221,7 @@ class Qsgd : public Compressor {
   }
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
+    detail::check_u32_elements(name(), d, "the random stream's element numbers");
     bool packed = byte_aligned(d);
     if (packed)
       out.resize(wire_bytes(d, st));  // every byte is written
@@ -316,6 +335,7 @@ class TernGrad : public Compressor {
   size_t wire_bytes(size_t d, const TensorState&) const override { return 4 + ceil_div(d, 4); }
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
+    detail::check_u32_elements(name(), d, "the random stream's element numbers");
     out.resize(wire_bytes(d, st));
     float lo = -INFINITY, hi = INFINITY;
     if (clip_ && d > 0) {
@@ -381,6 +401,7 @@ class Natural : public Compressor {
   size_t wire_bytes(size_t d, const TensorState&) const override { return d + ceil_div(d, 8); }
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
+    detail::check_u32_elements(name(), d, "the random stream's element numbers");
     out.resize(wire_bytes(d, st));
     uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x6e61);
     kernels::get().natural_encode(in.data(), d, 0, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),

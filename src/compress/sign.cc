@@ -78,6 +78,7 @@ class ScaledSign : public Compressor {
     size_t pn;
     kernels::get().sign_feedback(e.data(), g.data(), d, two_, pend[2] != 0, pend[0], pend[1], a, b, pn,
                                  out.data() + header());
+    if (!std::isfinite(a) || !std::isfinite(b)) exact_sums(e.data(), nullptr, d, a, b);  // e holds p now
     put_scales(out, d, a, b, pn);
     float pos, neg;
     values(out, pos, neg);
@@ -91,7 +92,23 @@ class ScaledSign : public Compressor {
     double a, b;
     size_t pn;
     kernels::get().sign_stats(x, g, p, d, two_, a, b, pn, out.data() + header());
+    if (!std::isfinite(a) || !std::isfinite(b)) exact_sums(x, g, d, a, b);
     put_scales(out, d, a, b, pn);
+  }
+  // The kernels sum magnitudes in f32 lanes: finite values from about 1e35 up overflow them (the scale went out as
+  // inf, and every receiver refused it). Summed again in double (rare): sum |v|, or the positives' and negatives'
+  // sums, of v = x (+ g, the f32 addition the kernel made).
+  void exact_sums(const float* x, const float* g, size_t d, double& a, double& b) const {
+    a = b = 0;
+    for (size_t i = 0; i < d; ++i) {
+      const float v = g ? x[i] + g[i] : x[i];
+      if (!two_)
+        a += std::fabs(static_cast<double>(v));
+      else if (v < 0.0f)
+        b += v;
+      else
+        a += v;
+    }
   }
   void put_scales(Bytes& out, size_t d, double a, double b, size_t pn) const {
     if (two_) {

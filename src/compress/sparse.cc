@@ -177,10 +177,7 @@ size_t k_of(double ratio, size_t d) {
   return std::clamp<size_t>(k, 1, d);
 }
 
-void check_index_range(const std::string& who, size_t d) {
-  if (d > 0xffffffffull)
-    throw InvalidArgument(fmt::format("{}: tensor of {} elements; u32 indices allow at most 4294967295", who, d));
-}
+void check_index_range(const std::string& who, size_t d) { detail::check_u32_elements(who, d, "u32 indices"); }
 
 // Payload [u32 idx[n]][f32 val[n]] from indices into x.
 void write_sparse(std::span<const float> x, const std::vector<uint32_t>& idx, Bytes& out) {

@@ -529,6 +529,77 @@ TEST(State, ABufferOfAnotherSizeIsRefusedNotReset) {
   EXPECT_EQ(st.buffers.at("ef.residual"), held);
 }
 
+// The one-pass sign form keeps the last decode pending in "ef.pending": a call refused for its size dropped it (the
+// pending erase came before the residual's size check), so the next step sent the last one's amount again.
+TEST(State, ARefusedCallLeavesTheSignMethodsPendingDecode) {
+  auto ef = make_compressor("efsignsgd", {});
+  auto st = ef->make_state(100, 3, 0);
+  auto ref = ef->make_state(100, 3, 0);
+  ef->compress(gaussian(100, 5), st);
+  ef->compress(gaussian(100, 5), ref);
+  EXPECT_THROW(ef->compress(gaussian(50, 6), st), InvalidArgument);
+  EXPECT_EQ(ef->residual(st), ef->residual(ref));
+  EXPECT_EQ(ef->compress(gaussian(100, 7), st), ef->compress(gaussian(100, 7), ref));
+  EXPECT_EQ(ef->residual(st), ef->residual(ref));
+}
+
+// The sign methods summed magnitudes in f32 lanes: finite values of 1e36 overflowed the sum, the scale went out as
+// inf and every receiver refused the payload. Summed again in double, the scale is the mean magnitude.
+TEST(RoundTrip, SignMethodsScaleHugeFiniteValues) {
+  std::vector<float> x(4096);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 0 ? -2e36f : 1e36f);
+  for (const char* name : {"scaled_sign", "onebit", "efsignsgd"}) {
+    auto c = make_compressor(name, {});
+    auto st = c->make_state(x.size());
+    Bytes p = c->compress(x, st);
+    std::vector<float> out(x.size());
+    ASSERT_NO_THROW(c->decompress(p, st, out)) << name;
+    for (size_t i : {size_t{0}, size_t{1}, size_t{4095}}) {
+      EXPECT_TRUE(std::isfinite(out[i])) << name << " " << i;
+      EXPECT_EQ(std::signbit(out[i]), std::signbit(x[i])) << name << " " << i;
+    }
+    // scaled_sign's one scale is the mean magnitude: (2e36 + 2 x 1e36) / 3 (1366 negatives of 4096).
+    if (std::string(name) == "scaled_sign") EXPECT_NEAR(out[1], (1366 * 2e36 + 2730 * 1e36) / 4096, 1e30);
+    if (std::string(name) == "onebit") {  // the positives' mean and the negatives' mean
+      EXPECT_NEAR(out[1], 1e36, 1e30);
+      EXPECT_NEAR(out[0], -2e36, 1e30);
+    }
+  }
+}
+
+// Scales no encoder writes, which decoded past the floats: an int8 scale of 1e38 (127 x 1e38 = inf), a uint8 chunk of
+// min 3e38 and scale 1e36.
+TEST(RoundTrip, ByteQuantizerScalesThatDecodeToInfinityAreRefused) {
+  auto i8 = make_compressor("int8", {});
+  auto st = i8->make_state(5);
+  Bytes p = i8->compress(std::vector<float>{1, 2, 3, 4, 5}, st);
+  const float huge = 1e38f;
+  std::memcpy(p.data(), &huge, 4);
+  std::vector<float> out(5);
+  try {
+    i8->decompress(p, st, out);
+    ADD_FAILURE() << "a scale of 1e38 decoded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("decodes past the floats"), std::string::npos) << e.what();
+  }
+  auto u8 = make_compressor("uint8", {});
+  auto su = u8->make_state(5);
+  p = u8->compress(std::vector<float>{1, 2, 3, 4, 5}, su);
+  const float lo = 3e38f, scale = 1e36f;
+  std::memcpy(p.data(), &lo, 4);
+  std::memcpy(p.data() + 4, &scale, 4);
+  EXPECT_THROW(u8->decompress(p, su, out), InvalidArgument);
+  // Inside a gathered buffer a payload need not be 4-byte aligned: decoded from an odd offset, the same values.
+  auto sa = i8->make_state(5);
+  Bytes good = i8->compress(std::vector<float>{1, -2, 3, 4, 5}, sa);
+  Bytes shifted(good.size() + 1);
+  std::memcpy(shifted.data() + 1, good.data(), good.size());
+  std::vector<float> a(5), b(5);
+  i8->decompress(good, sa, a);
+  i8->decompress(std::span<const uint8_t>(shifted.data() + 1, good.size()), sa, b);
+  EXPECT_EQ(a, b);
+}
+
 // int8 and uint8 chunks whose largest magnitude is subnormal-scale (255 zeros and one 1e-38): 1 / scale was inf and
 // 0 * inf coded the zeros as -128 (decoded -1.008 max).
 TEST(RoundTrip, Int8ChunksOfTinyValuesKeepTheirZeros) {

@@ -35,6 +35,20 @@ std::vector<float> low_rank(size_t n, size_t m, size_t r, uint64_t seed) {
 
 }  // namespace
 
+// A shape whose product wraps past 2^64 to the tensor's size (3 x 12297829382473034414 = 2^65 + 10) was taken as a
+// 3 x 3 matrix of a 10-element tensor: its last element never decoded.
+TEST(PowerSgd, AShapeWhoseProductWrapsIsRefused) {
+  auto c = make_compressor("powersgd", {{"rank", "1"}, {"min_ratio", "0"}});
+  auto st = c->make_state(std::vector<size_t>{3, 12297829382473034414ull});
+  std::vector<float> x(10, 1.0f);
+  try {
+    c->compress(x, st);
+    ADD_FAILURE() << "compressed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 2^64"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PowerSgd, PIsOrthonormal) {
   auto c = make_compressor("powersgd", {{"rank", "4"}});
   const size_t n = 40, m = 60, r = 4;
