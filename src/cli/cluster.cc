@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -266,6 +267,9 @@ int run_program(const std::vector<std::string>& argv, std::string* out) {
   const pid_t pid = fork();
   if (pid < 0) throw Error(fmt::format("cannot fork to run {}: {}", argv[0], std::strerror(errno)));
   if (pid == 0) {
+    // A process group of its own: the terminal's Ctrl-C goes to the caller, which stops and cleans up in order. A
+    // second Ctrl-C during `cluster up`'s clean-up killed the `ip netns del` it was running, and left namespaces.
+    setpgid(0, 0);
     sigset_t none;  // the programs run with no signal blocked (the netem probe blocks stop signals around them)
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -580,7 +584,8 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links) {
   } catch (...) {
     try {
       down(name);
-    } catch (...) {
+    } catch (const std::exception& e) {  // (said, not dropped: what it left behind needs a `cluster down`)
+      std::fprintf(stderr, "conduit cluster up: undoing the failed start: %s\n", e.what());
     }
     // A signal that arrived meanwhile goes on to whoever handled it before (the default ends the process with it,
     // after the namespaces and the state file are gone; `sweep` notes it and stops).
@@ -617,8 +622,9 @@ int down(const std::string& name) {
       errors += fmt::format(" {}: {};", ns, first_line(out));
     }
   }
-  std::remove(state_path(name).c_str());
+  // (kept while namespaces are left, so that `cluster list` still shows the cluster to take down)
   if (!errors.empty()) throw Error(fmt::format("cluster down: could not delete namespaces:{}", errors));
+  std::remove(state_path(name).c_str());
   // The namespaces are gone from the names, but processes that outlived SIGKILL (uninterruptible sleep) still hold
   // them and their links.
   if (!survivors.empty())

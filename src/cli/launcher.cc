@@ -666,9 +666,14 @@ int run_local_workers(const LaunchSpec& spec) {
       kill_deadline = Clock::now() + grace_time;
     }
   };
+  // Workers SIGKILL has not ended by then (uninterruptible sleep) are left behind, named, rather than waited for
+  // without end.
+  constexpr auto kKilledWait = std::chrono::seconds(10);
+  Clock::time_point abandon_deadline{};
   auto kill_all = [&]() {
     signal_all(SIGKILL);
     killed = true;
+    abandon_deadline = Clock::now() + kKilledWait;
   };
 
   // ---- start the workers ----
@@ -821,9 +826,25 @@ int run_local_workers(const LaunchSpec& spec) {
                                 grace, signal_name(stop_signal)));
       kill_all();
     }
+    if (killed && any_running && now >= abandon_deadline) {
+      std::vector<std::string> left;
+      for (auto& w : workers)
+        if (w.running) {
+          left.push_back(fmt::format("rank {} (pid {})", w.rank, w.pid));
+          w.running = false;
+        }
+      message(spec, fmt::format("{} survived SIGKILL for {} s (uninterruptible sleep?); leaving {}", join(left, ", "),
+                                kKilledWait.count(), left.size() > 1 ? "them" : "it"));
+      if (!have_result) {
+        result = 1;
+        have_result = true;
+      }
+      break;
+    }
 
     std::optional<Clock::time_point> wake;
     if (stopping && !killed && any_running) wake = kill_deadline;
+    if (killed && any_running) wake = abandon_deadline;
     if (drain_deadline) wake = wake ? std::min(*wake, *drain_deadline) : *drain_deadline;
     // At most a second between looks at the workers, should a child's exit ever go unsignalled.
     int timeout_ms = 1000;
@@ -879,6 +900,16 @@ int run_local_workers(const LaunchSpec& spec) {
     }
     if (child_event || n == 0) reap();
   }
+  // A stop that came before the first worker started: the loop above had nothing to supervise and never read it (the
+  // launch reported success).
+  if (!have_result && g_stop_requested)
+    for (int sig : signals.drain())
+      if (sig != SIGCHLD && !have_result) {
+        message(spec, fmt::format("received {} before the workers started", signal_name(sig)));
+        result = 128 + sig;
+        have_result = true;
+        g_stop_signal = sig;
+      }
   // A worker killed while the ranks were meeting over shared memory leaves its segment behind (the ranks unlink them
   // once all have mapped them); with every worker gone, none is in use.
   net::remove_shm_segments(job_id, spec.nprocs);

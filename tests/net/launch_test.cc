@@ -83,9 +83,11 @@ class LaunchTest : public ::testing::Test {
 
   // Starts `conduit ARGS` with stdout/stderr going to files; `env` adds or replaces variables.
   // `ignored`: signals the launcher starts with ignored (as under nohup); the others start at their default.
-  // `blocked`: signals the launcher starts with blocked (a parent that blocks them around its exec).
+  // `blocked`: signals the launcher starts with blocked (a parent that blocks them around its exec); `pending`: of
+  // those, the ones already sent (they arrive as the launcher unblocks them, before any worker starts).
   pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
-              int stdout_fd = -1, const std::vector<int>& ignored = {}, const std::vector<int>& blocked = {}) {
+              int stdout_fd = -1, const std::vector<int>& ignored = {}, const std::vector<int>& blocked = {},
+              const std::vector<int>& pending = {}) {
     std::vector<std::string> argv_s = {CONDUIT_BINARY};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<std::string> env_s;
@@ -114,6 +116,7 @@ class LaunchTest : public ::testing::Test {
       sigemptyset(&mask);
       for (int sig : blocked) sigaddset(&mask, sig);
       ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+      for (int sig : pending) ::raise(sig);  // (blocked: it waits through the exec)
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(126);
     }
@@ -481,6 +484,17 @@ TEST_F(LaunchTest, SignalsBlockedAtStartAreStillHandled) {
   EXPECT_NE(r.err.find("received SIGTERM"), std::string::npos) << r.err;
   EXPECT_TRUE(wait_gone(w0, 5s));
   EXPECT_TRUE(wait_gone(w1, 5s));
+}
+
+// A stop that arrives before the first worker is forked: no worker starts, and the launch ends as stopped (it
+// supervised nothing, never read the signal, and exited 0).
+TEST_F(LaunchTest, AStopBeforeAnyWorkerStartedIsNotASuccess) {
+  const std::string script = "echo started > " + path("started") + ".$RANK";
+  auto r = finish(start({"launch", "-n", "2", "--", "sh", "-c", script}, {}, -1, {}, {SIGTERM}, {SIGTERM}), 10s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.code, 143) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM before the workers started"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(path("started") + ".0"));
 }
 
 // A reader that goes away (`conduit launch ... | head`) ends the job as it ends a pipeline's writer: the workers'
