@@ -366,8 +366,11 @@ double parse_loss(const std::string& text, const std::string& field) {
   double v = 0;
   std::string unit;
   if (!split_number(text, &v, &unit) || (!unit.empty() && unit != "%") || v < 0) {
-    throw ConfigError(fmt::format("{}: '{}' is not a loss rate; use e.g. 0.1% or 0.001", field, text));
+    throw ConfigError(fmt::format("{}: '{}' is not a loss rate; use a percentage, e.g. 0.1%", field, text));
   }
+  // A bare number is ambiguous: netem reads `loss 0.5` as 0.5%, a fraction as 50% (it was taken as 50%).
+  if (unit.empty() && v != 0)
+    throw ConfigError(fmt::format("{}: '{}' has no unit; allowed: a percentage such as {}% (or 0)", field, text, v));
   const double p = unit == "%" ? v / 100 : v;
   if (p >= 1) throw ConfigError(fmt::format("{}: {} is out of range; allowed 0 <= loss < 100%", field, text));
   return p;

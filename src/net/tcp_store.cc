@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -41,6 +42,14 @@
 #include "core/log.h"
 
 namespace conduit::net {
+
+bool names_localhost(const std::string& master_addr) {
+  // RFC 6761: "localhost" and names under it never name another machine.
+  std::string lower = master_addr;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (!lower.empty() && lower.back() == '.') lower.pop_back();
+  return lower == "localhost" || lower.ends_with(".localhost");
+}
 
 std::string store_listen_host(const std::string& master_addr) {
   in_addr v4{};
@@ -155,7 +164,8 @@ std::string connect_host(const std::string& host) {
 
 class TcpStoreServer {
  public:
-  TcpStoreServer(const std::string& master_addr, int port) : host_(store_listen_host(master_addr)) {
+  TcpStoreServer(const std::string& master_addr, int port)
+      : host_(store_listen_host(master_addr)), loopback_only_(names_localhost(master_addr)) {
     const bool any = host_ == "*";
     if (any && !master_addr.empty() && master_addr != "*") {
       // Listening everywhere needs no address, but rank 0's own client connects to MASTER_ADDR: a name that does not
@@ -350,6 +360,12 @@ class TcpStoreServer {
         inet_ntop(AF_INET6, &a->sin6_addr, name, sizeof(name));
         peer_port = ntohs(a->sin6_port);
       }
+      if (loopback_only_ && store_listen_host(name) == "*") {
+        CONDUIT_LOG_WARN("tcp store server localhost:{}: refused a connection from {} (MASTER_ADDR localhost)", port_,
+                         name);
+        ::close(fd);
+        continue;
+      }
       Client c;
       c.fd = fd;
       c.peer = fmt::format("{}:{}", name, peer_port);
@@ -532,6 +548,9 @@ class TcpStoreServer {
   }
 
   std::string host_;
+  // MASTER_ADDR "localhost": listening everywhere (both loopbacks), it serves loopback peers only (it served any
+  // host, unauthenticated as it is).
+  bool loopback_only_ = false;
   int port_ = 0;
   int listen_fd_ = -1;
   Clock::time_point accept_paused_until_{};

@@ -15,6 +15,9 @@ int tcp_store_port(const Store& store);
 // one of its addresses (a Kubernetes service, NAT, a floating IP), or be a name that resolves to loopback here and
 // to the network address on the other hosts.
 std::string store_listen_host(const std::string& master_addr);
+// "localhost" or a name under it (RFC 6761): the server listens everywhere, as for a name, but serves loopback peers
+// only.
+bool names_localhost(const std::string& master_addr);
 
 // Largest key or value the TCP store accepts (and the largest length field it trusts on the wire).
 inline constexpr uint32_t kMaxStoreFieldBytes = 64u << 20;

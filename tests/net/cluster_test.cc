@@ -618,6 +618,14 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
     EXPECT_EQ(r.code, 2) << extra << r.out;
     EXPECT_NE(r.out.find(expect), std::string::npos) << extra << r.out;
   }
+  // A loss without its unit: netem reads 0.5 as 0.5%, it was taken as a fraction (50%).
+  std::ofstream(file) << "name: g\nhosts: 2\nnetworks: [{bandwidth: 10mbit, loss: 0.5}]\nbench: {}\n";
+  Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("loss: '0.5' has no unit; allowed: a percentage such as 0.5%"), std::string::npos) << r.out;
+  std::ofstream(file) << "name: g\nhosts: 2\nnetworks: [{bandwidth: 10mbit, loss: 0.5%}]\nbench: {}\n";
+  r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  EXPECT_EQ(r.code, 0) << r.out;
   fs::remove(file);
 }
 

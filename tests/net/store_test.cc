@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -299,6 +300,12 @@ TEST(TcpStore, ServerListensEverywhereUnlessMasterAddrIsLoopback) {
   EXPECT_EQ(store_listen_host("10.255.255.1"), "*");
   EXPECT_EQ(store_listen_host("node7.cluster"), "*");
   EXPECT_EQ(store_listen_host("localhost"), "*");
+  // ... but "localhost" never names another machine: its server serves loopback peers only (it served any host).
+  EXPECT_TRUE(names_localhost("localhost"));
+  EXPECT_TRUE(names_localhost("LocalHost."));
+  EXPECT_TRUE(names_localhost("db.localhost"));
+  EXPECT_FALSE(names_localhost("notlocalhost"));
+  EXPECT_FALSE(names_localhost("127.0.0.1"));
   // A name that does not resolve fails at once on rank 0 (listening everywhere needs no address, but its own
   // client does: it waited out the connect deadline and blamed rank 0).
   try {
@@ -325,6 +332,20 @@ TEST(TcpStore, ServerListensEverywhereUnlessMasterAddrIsLoopback) {
       EXPECT_EQ(server->get("k6", Deadline::after(5)), "v6");
     }
   }
+  // From this host's own non-loopback address (where it has one), the "localhost" server is not served.
+  ifaddrs* ifs = nullptr;
+  std::string external;
+  if (getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i != nullptr && external.empty(); i = i->ifa_next)
+      if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET) {
+        char name[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, name, sizeof name);
+        if (store_listen_host(name) == "*") external = name;
+      }
+    freeifaddrs(ifs);
+  }
+  if (external.empty()) GTEST_SKIP() << "no non-loopback IPv4 address to connect from";
+  EXPECT_ANY_THROW(make_tcp_store(external, port, false, Deadline::after(2))->set("k", "v")) << external;
 }
 
 // A store server that accepts connections and never answers: a barrier's arrival and its count of arrivals end by
