@@ -974,6 +974,19 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
   const Network* up_net = nullptr;
   int failed = 0;
   bool bringing_up = false;  // inside cl::down/cl::up, where a stop signal ends with an error
+  // Takes the cluster down, saying why when that fails instead of throwing: its error replaced the one that ended
+  // the sweep, and skipped restoring the handlers and writing the results. False when it failed.
+  auto down_reporting = [&]() {
+    if (up_net == nullptr) return true;
+    up_net = nullptr;
+    try {
+      cl::down(cluster);
+      return true;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "sweep: taking the cluster down: {}\n", e.what());
+      return false;
+    }
+  };
   try {
     for (const auto& c : cells) {
       if (g_stop) break;
@@ -1000,8 +1013,13 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       bool timed_out = false, stopped = false;
       const int rc = run_logged(cmd, (fs::path(c.dir) / "log.txt").string(), s.timeout_s, &timed_out, &stopped);
       // What the cell started and left behind (a worker's children after its launcher was killed) must not share
-      // the hosts with the next cell.
-      cl::stop_processes(cluster);
+      // the hosts with the next cell: processes that survive SIGKILL end the sweep, after this cell's row is kept.
+      std::string leftovers;
+      try {
+        cl::stop_processes(cluster);
+      } catch (const std::exception& e) {
+        leftovers = e.what();
+      }
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const uint64_t rx1 = switch_rx_bytes(cluster);
       json row = {{"cell", c.index},
@@ -1037,19 +1055,19 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       rows.push_back(row);
       details.push_back(detail);
       write_results(out, rows, details);  // after every cell, so an interrupted sweep keeps what it has
+      if (!leftovers.empty()) throw Error(fmt::format("sweep: after cell {}: {}", c.label, leftovers));
     }
   } catch (const std::exception& e) {
     // A stop while a cluster came up ends `up` with an error naming the signal (it removed what it made): finish as
     // any stopped sweep, with the results so far and 128 + the signal (it exited 2 with that error). Any other error
     // is reported as before.
-    // (A Ctrl-C from a terminal also reaches the ip or tc process running then, whose failure is the error here.)
     if (!g_stop || !bringing_up) {
-      if (up_net != nullptr) cl::down(cluster);
+      down_reporting();
       restore_handlers();
       throw;
     }
   }
-  if (up_net != nullptr) cl::down(cluster);
+  const bool down_ok = down_reporting();
   restore_handlers();
   write_results(out, rows, details);
   const std::vector<Cell> done(cells.begin(), cells.begin() + static_cast<long>(rows.size()));
@@ -1060,6 +1078,8 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     set_exit_code(128 + g_stop);
   } else if (failed > 0) {
     fmt::print(stderr, "sweep: {} of {} cells failed; see their log.txt\n", failed, rows.size());
+    set_exit_code(1);
+  } else if (!down_ok) {
     set_exit_code(1);
   }
 }
