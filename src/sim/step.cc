@@ -511,17 +511,22 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     last_inflight = std::min(mbs, (pv - p + 1) / v);
   }
   const double layer_act = gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, cfg.recompute);
-  // The layer being recomputed holds its full activations.
-  const double recomputing = cfg.recompute != Recompute::kNone
-                                 ? gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, Recompute::kNone)
-                                 : 0.0;
+  // The layer being recomputed holds its full activations, of which what it stored is counted already (selective
+  // recompute stores all but the attention core: counting its whole layer again overcounted 34 sbh/t).
+  const double recomputing =
+      cfg.recompute != Recompute::kNone
+          ? gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, Recompute::kNone) - layer_act
+          : 0.0;
+  // The loss's fp32 logits stay until that micro-batch's backward: GPipe runs every forward first, so the last
+  // stage holds all m of them (it counted one); 1F1B and interleaving take each backward soon after.
+  const double loss_copies = p > 1 && cfg.schedule == Schedule::kGpipe ? mbs : 1.0;
   auto stage_memory = [&](double params, double inflight, bool loss) {
     const ModelState st = zero_model_state(params, d, cfg.zero, cfg.grad_bytes);
     MemoryBreakdown mem;
     mem.params = st.params;
     mem.grads = st.grads;
     mem.optimizer = st.optimizer;
-    mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t : 0.0);
+    mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
     return mem;
   };
   r.memory = stage_memory(params_gpu, first_inflight, p == 1);

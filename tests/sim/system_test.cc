@@ -153,10 +153,11 @@ TEST(Step, ScheduleMemoryGpipeHoldsAllMicroBatches) {
   c.schedule = Schedule::kInterleaved;
   c.virtual_stages = 3;
   StepResult il = simulate_step(net, m, c);
-  // GPipe keeps all 16 micro-batches' activations on every stage, so its last stage (with the fp32 logits) holds
-  // the most; 1F1B keeps p = 4 on the first stage, interleaved p (1 + (p-1)/(p v)).
+  // GPipe keeps all 16 micro-batches' activations on every stage, so its last stage holds the most, with the fp32
+  // logits of all 16 (it counted one: each stays until its micro-batch's backward); 1F1B keeps p = 4 on the first
+  // stage, interleaved p (1 + (p-1)/(p v)).
   const double logits = 4.0 * c.micro_batch * m.seq * m.vocab / c.tp;
-  EXPECT_NEAR(gp.memory.activations, 16.0 / 4 * f1b.memory.activations + logits, 1e-9 * gp.memory.activations);
+  EXPECT_NEAR(gp.memory.activations, 16.0 / 4 * f1b.memory.activations + 16 * logits, 1e-9 * gp.memory.activations);
   EXPECT_NEAR(il.memory.activations / f1b.memory.activations, 1 + 3.0 / 12, 1e-9);
   EXPECT_LT(il.breakdown.bubble, f1b.breakdown.bubble);
   EXPECT_DOUBLE_EQ(gp.time, f1b.time);  // same bubble; GPipe only costs memory
@@ -168,6 +169,26 @@ TEST(Step, ScheduleMemoryGpipeHoldsAllMicroBatches) {
   c.virtual_stages = 1;
   StepResult f4 = simulate_step(net, m, c);
   EXPECT_NEAR(il4.memory.activations, f4.memory.activations, 1e-9 * f4.memory.activations);
+}
+
+// While a layer is recomputed it holds its full activations, of which the part it stored is counted already: under
+// selective recompute that is all but the attention core (counting the whole layer again overcounted 34 sbh/t).
+TEST(Step, RecomputeAddsOnlyWhatTheLayerDidNotStore) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt-7.5b");
+  ParallelConfig c;
+  c.tp = 8;
+  c.global_batch = 8;
+  c.sequence_parallel = true;
+  const double logits = 4.0 * c.micro_batch * m.seq * m.vocab / c.tp;
+  for (Recompute rc : {Recompute::kSelective, Recompute::kFull}) {
+    c.recompute = rc;
+    const double stored = gpt_layer_activation_bytes(m, c.micro_batch, c.tp, true, rc);
+    const double whole = gpt_layer_activation_bytes(m, c.micro_batch, c.tp, true, Recompute::kNone);
+    const StepResult r = simulate_step(net, m, c);
+    EXPECT_NEAR(r.memory.activations, m.layers * stored + (whole - stored) + logits, 1e-9 * r.memory.activations);
+  }
 }
 
 // The last pipeline stage holds the fp32 logits of the loss (4 b s V / t bytes) and one micro-batch: with large

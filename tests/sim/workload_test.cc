@@ -125,6 +125,11 @@ TEST(Step, BubbleMatchesClosedFormInsideTheStep) {
     StepResult r = simulate_step(net, m, c);
     double ideal = r.breakdown.compute + r.breakdown.tp_comm + r.breakdown.pp_comm;
     EXPECT_NEAR(r.breakdown.bubble / ideal, pipeline_bubble_fraction(4, 32, v), 1e-12);
+    // ... and the step's time is made of it: the pipeline's (m + (p-1)/v) slots, then the exchanges and the
+    // optimizer after it (the ratio above holds by the breakdown's construction alone).
+    const auto& k = r.breakdown;
+    EXPECT_NEAR(r.time, ideal + k.bubble + k.embedding_sync + k.dp_exposed + k.zero3_exposed + k.optimizer,
+                1e-9 * r.time);
   }
 }
 
