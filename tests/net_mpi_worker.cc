@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -255,6 +256,30 @@ void deadline(Transport& t) {
   ok("deadline");
 }
 
+// A wait without a deadline sleeps between looks as a timed one does: the remaining time of Deadline::never()
+// overflowed to a negative sleep and the wait spun its core for as long as it waited.
+void wait_without_deadline(Transport& t) {
+  const uint64_t tag = make_tag(kUser, 12, 1);
+  if (t.rank() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    int v = 7;
+    t.isend(1, tag, &v, 4)->wait(Deadline::after(10));
+  } else if (t.rank() == 1) {
+    int got = 0;
+    timespec c0{}, c1{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    Stopwatch sw;
+    t.irecv(0, tag, &got, 4)->wait(Deadline::never());
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    const double cpu = static_cast<double>(c1.tv_sec - c0.tv_sec) + 1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec);
+    std::printf("rank %d: info waited %.3f s using %.3f s of CPU\n", g_rank, sw.seconds(), cpu);
+    check(got == 7, "message");
+    check(cpu < 0.5 * sw.seconds(), fmt::format("waited {:.3f} s using {:.3f} s of CPU", sw.seconds(), cpu));
+  }
+  barrier();
+  ok("wait-without-deadline");
+}
+
 // Rank 0 aborts; every other rank's pending receive fails with PeerError well before its deadline.
 void abort_propagates(Transport& t) {
   char b[8];
@@ -314,6 +339,7 @@ int main() {
       size_mismatch(*t, 5000);
       reduce(*t);
       deadline(*t);
+      wait_without_deadline(*t);
       // A second transport (another communicator pair) works next to the first.
       {
         std::vector<int> hosts(mpi_world_size(), 0);

@@ -140,7 +140,8 @@ class Transport {
 
 using TransportPtr = std::shared_ptr<Transport>;
 
-// Waits for every request (all of them, even after one fails, up to the deadline) and rethrows the first failure.
+// Waits for the requests in order and rethrows the first failure (or the deadline's TimeoutError) at once: the rest
+// may still be pending with their buffers, which the caller then gives up (wait_all_or_give_up) or aborts.
 void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline);
 
 // For a caller that gives up on a request (its wait timed out) and will reuse or free the buffer: cancels the

@@ -55,12 +55,13 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
   return c;
 }
 
-// Every message carries its shard in the tag (bits 5..20, above the message kind's low 5 bits): threads serving
-// two shards of one rank never take each other's messages. Low bits, because the MPI transport keeps only the low 11
-// bits of a user tag (net/mpi_transport.h): in bits 8..23, shards s and s + 8 shared an MPI tag, and 16 shards on 8
-// ranks (round-robin: s and s + 8 on one rank) could swap messages; now 64 shards stay apart, and more than that
-// on one rank are refused by the transport instead of swapped.
-uint32_t shard_tag(uint32_t base, int64_t shard) { return base | (uint32_t(shard & 0xffff) << 5); }
+// Every message carries its shard's slot on its host in the tag (bits 5..20, above the message kind's low 5 bits):
+// threads serving two shards of one rank never take each other's messages, and messages to other hosts differ by
+// peer. The slot, not the shard, and low bits, because the MPI transport keeps only the low 11 bits of a user tag
+// (net/mpi_transport.h): shards s and s + 64 on one rank (128 shards co-located on 64 ranks) shared an MPI tag and
+// could swap messages unseen (the transport's check sees only requests outstanding at once). Slots stay apart up to
+// 64 shards on one rank.
+uint32_t shard_tag(uint32_t base, int64_t slot) { return base | (uint32_t(slot & 0xffff) << 5); }
 
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
@@ -528,8 +529,8 @@ class PsStrategy : public Strategy {
           continue;
         }
         hs[s] = {kInit, (hi - lo) * 4, d_};
-        reqs.push_back(isend(*comm_, host_of(s), shard_tag(detail::kTagPsInit, s), &hs[s], sizeof(Header)));
-        reqs.push_back(isend(*comm_, host_of(s), shard_tag(detail::kTagPsInit, s), params.data() + lo, (hi - lo) * 4));
+        reqs.push_back(isend(*comm_, host_of(s), tag_of(detail::kTagPsInit, s), &hs[s], sizeof(Header)));
+        reqs.push_back(isend(*comm_, host_of(s), tag_of(detail::kTagPsInit, s), params.data() + lo, (hi - lo) * 4));
       }
       detail::wait_all(*comm_, reqs);
     }
@@ -631,6 +632,10 @@ class PsStrategy : public Strategy {
     const int n = comm_->size();
     return cfg_.colocate ? int(shard % n) : n - int(cfg_.servers) + int(shard);
   }
+  // The tag of a message of kind `base` about `shard`: by its slot among its host's shards (host_of's order).
+  uint32_t tag_of(uint32_t base, int64_t shard) const {
+    return shard_tag(base, cfg_.colocate ? shard / comm_->size() : 0);
+  }
 
   void start_threads() {
     if (started_) return;
@@ -653,7 +658,7 @@ class PsStrategy : public Strategy {
       const double t = comm_->timeout_s();
       if (w == 0) {  // the initial parameters come first
         Header h;
-        detail::wait(*comm_, irecv(*comm_, 0, shard_tag(detail::kTagPsInit, s), &h, sizeof h));
+        detail::wait(*comm_, irecv(*comm_, 0, tag_of(detail::kTagPsInit, s), &h, sizeof h));
         // The model's size travels in the clock field: the shard's size follows from it.
         const auto [lo, hi] = shard_range(h.clock <= (uint64_t{1} << 40) ? h.clock : 0, s, cfg_.servers);
         const uint64_t want = 4 * static_cast<uint64_t>(hi - lo);
@@ -664,7 +669,7 @@ class PsStrategy : public Strategy {
                           "the shard's {} of at most 2^40",
                           name(), s, h.kind, h.bytes, h.clock, uint64_t{kInit}, want / 4));
         std::vector<float> p(h.bytes / 4);
-        detail::wait(*comm_, irecv(*comm_, 0, shard_tag(detail::kTagPsInit, s), p.data(), h.bytes));
+        detail::wait(*comm_, irecv(*comm_, 0, tag_of(detail::kTagPsInit, s), p.data(), h.bytes));
         shard.init(p);
       }
       Bytes payload;
@@ -675,16 +680,15 @@ class PsStrategy : public Strategy {
         // evaluations). The wait still ends when the worker does: its death or lost connection fails the receive,
         // and an error on any rank aborts the transports (this rank's too, in ~PsStrategy), as every worker
         // operation has its deadline.
-        net::RequestPtr r = irecv(*comm_, w, shard_tag(detail::kTagPsHeader, s), &h, sizeof h);
+        net::RequestPtr r = irecv(*comm_, w, tag_of(detail::kTagPsHeader, s), &h, sizeof h);
         r->wait(Deadline::never());
         shard.check_request(w, h, t);
         payload.resize(h.bytes);
-        if (h.bytes)
-          detail::wait(*comm_, irecv(*comm_, w, shard_tag(detail::kTagPsPayload, s), payload.data(), h.bytes));
+        if (h.bytes) detail::wait(*comm_, irecv(*comm_, w, tag_of(detail::kTagPsPayload, s), payload.data(), h.bytes));
         auto [rh, reply] = shard.handle(w, h, payload, t);
         if (h.kind == kStop) return;
-        detail::wait_all(*comm_, {isend(*comm_, w, shard_tag(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
-                                  isend(*comm_, w, shard_tag(detail::kTagPsReply, s), reply.data(), reply.size())});
+        detail::wait_all(*comm_, {isend(*comm_, w, tag_of(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
+                                  isend(*comm_, w, tag_of(detail::kTagPsReply, s), reply.data(), reply.size())});
       }
     } catch (const std::exception& e) {
       stop_serving(s, w, e.what());
@@ -737,11 +741,11 @@ class PsStrategy : public Strategy {
       if (kind == kPush) stats_.payload_bytes += sizeof(Header) + payloads[s].size();
       if (host_of(s) == me) continue;
       int h = host_of(s);
-      sends.push_back(isend(*comm_, h, shard_tag(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
+      sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
       if (!payloads[s].empty())
-        sends.push_back(isend(*comm_, h, shard_tag(detail::kTagPsPayload, s), payloads[s].data(), payloads[s].size()));
+        sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsPayload, s), payloads[s].data(), payloads[s].size()));
       if (kind != kStop)
-        rrecv.push_back(irecv(*comm_, h, shard_tag(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
+        rrecv.push_back(irecv(*comm_, h, tag_of(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
       stats_.bytes_sent += sizeof(Header) + payloads[s].size();
     }
     // Local shards (co-located) are served on this thread, after the remote pushes left. When that throws (an ssp
@@ -787,7 +791,7 @@ class PsStrategy : public Strategy {
     for (int64_t s = 0; s < S; ++s) {
       if (host_of(s) == me) continue;
       replies[s].resize(rhs[s].bytes);
-      precv.push_back(irecv(*comm_, host_of(s), shard_tag(detail::kTagPsReply, s), replies[s].data(), rhs[s].bytes));
+      precv.push_back(irecv(*comm_, host_of(s), tag_of(detail::kTagPsReply, s), replies[s].data(), rhs[s].bytes));
       stats_.bytes_received += sizeof(ReplyHeader) + rhs[s].bytes;
     }
     detail::wait_all(*comm_, precv);
