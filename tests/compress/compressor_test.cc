@@ -181,7 +181,9 @@ TEST(RoundTrip, EachMethodWithinItsBound) {
       auto [y, c] = run("terngrad");
       for (size_t i = 0; i < d; ++i) {
         EXPECT_TRUE(y[i] == 0 || std::fabs(y[i]) == amax) << y[i];
-        if (y[i] != 0) EXPECT_EQ(y[i] < 0, x[i] < 0);
+        if (y[i] != 0) {
+          EXPECT_EQ(y[i] < 0, x[i] < 0);
+        }
       }
     }
     {
@@ -559,7 +561,9 @@ TEST(RoundTrip, SignMethodsScaleHugeFiniteValues) {
       EXPECT_EQ(std::signbit(out[i]), std::signbit(x[i])) << name << " " << i;
     }
     // scaled_sign's one scale is the mean magnitude: (2e36 + 2 x 1e36) / 3 (1366 negatives of 4096).
-    if (std::string(name) == "scaled_sign") EXPECT_NEAR(out[1], (1366 * 2e36 + 2730 * 1e36) / 4096, 1e30);
+    if (std::string(name) == "scaled_sign") {
+      EXPECT_NEAR(out[1], (1366 * 2e36 + 2730 * 1e36) / 4096, 1e30);
+    }
     if (std::string(name) == "onebit") {  // the positives' mean and the negatives' mean
       EXPECT_NEAR(out[1], 1e36, 1e30);
       EXPECT_NEAR(out[0], -2e36, 1e30);
@@ -793,7 +797,9 @@ TEST(State, SaveRestoreContinuesBitForBit) {
       EXPECT_EQ(comp->compress(g, a), comp->compress(g, b)) << c.name << " step " << t;
     }
     EXPECT_EQ(a, b) << c.name;
-    if (comp->stateful()) EXPECT_FALSE(a.buffers.empty()) << c.name;
+    if (comp->stateful()) {
+      EXPECT_FALSE(a.buffers.empty()) << c.name;
+    }
   }
   Bytes junk = {1, 2, 3};
   EXPECT_THROW(TensorState::load(junk), InvalidArgument);

@@ -184,8 +184,14 @@ TEST(PowerSgd, SixteenBitWireKeepsAccuracyAtAnyScale) {
   std::normal_distribution<double> nd;
   std::vector<double> u(n), v(m);
   double nu = 0, nv = 0;
-  for (auto& x : u) nu += (x = nd(g)) * x;
-  for (auto& x : v) nv += (x = nd(g)) * x;
+  for (auto& x : u) {
+    x = nd(g);
+    nu += x * x;
+  }
+  for (auto& x : v) {
+    x = nd(g);
+    nv += x * x;
+  }
   for (double sigma : {1e3, 1.0, 1e-3}) {
     std::vector<float> grad(n * m);
     for (size_t i = 0; i < n; ++i)

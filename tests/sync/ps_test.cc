@@ -572,7 +572,9 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
       const auto x =
           train(r, c, "ps-bsp",
                 {{"servers", "1"}, {"colocate", "0"}, {"push_compressor", spec}, {"pull_compressor", spec}}, 2, d);
-      if (r == 0) EXPECT_EQ(x.size(), d) << spec;
+      if (r == 0) {
+        EXPECT_EQ(x.size(), d) << spec;
+      }
     });
 }
 }  // namespace
