@@ -161,6 +161,8 @@ class MpiRequest : public Request {
       : Request(kind, peer, tag, bytes), engine_(std::move(engine)) {}
   MPI_Request req_ = MPI_REQUEST_NULL;
   MpiRoute route_{};
+  // Taken off the pending list by progress() (under the engine's lock), completed or failed just after it.
+  std::atomic<bool> finishing_{false};
 
  private:
   std::shared_ptr<MpiEngine> engine_;  // keeps the progressor alive as long as the request
@@ -297,6 +299,7 @@ class MpiEngine : public Progressor {
           }
           finished.emplace_back(r, rc == MPI_SUCCESS ? check_size(*r, st) : error_for(*r, rc));
           r->req_ = MPI_REQUEST_NULL;
+          r->finishing_ = true;
           pending_[i] = std::move(pending_.back());
           pending_.pop_back();
         }
@@ -342,10 +345,19 @@ class MpiEngine : public Progressor {
     Finished finished;
     bool cancelled = false;
     {
-      std::lock_guard<std::mutex> lk(mu_);
+      std::unique_lock<std::mutex> lk(mu_);
       if (shut_ || mpi_finalized()) return false;
       auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& q) { return q.get() == req.get(); });
-      if (it == pending_.end()) return false;
+      if (it == pending_.end()) {
+        // Finished by another thread's progress() that has not completed it yet: give_up, seeing it neither
+        // withdrawn nor done, aborted the whole job over a request that succeeded. Its completion comes next.
+        const auto* mine = dynamic_cast<const MpiRequest*>(req.get());
+        if (mine == nullptr || !mine->finishing_) return false;
+        lk.unlock();
+        const Deadline until = Deadline::after(1.0);
+        while (!req->done() && !until.expired()) std::this_thread::yield();
+        return false;
+      }
       std::shared_ptr<MpiRequest> r = *it;
       MpiGuard g;
       MPI_Cancel(&r->req_);
@@ -480,6 +492,7 @@ class MpiEngine : public Progressor {
         zombies_.push_back(r->req_);
         r->req_ = MPI_REQUEST_NULL;
       }
+      r->finishing_ = true;
       out.emplace_back(
           r, std::make_exception_ptr(PeerError(fmt::format(
                  "{} ({} rank {}, tag {:#x}, {} bytes)", why,
