@@ -68,6 +68,11 @@ class InprocTransport : public Transport {
     size_ = size;
     hosts_ = std::move(hosts);
   }
+  // Leaves the world's members, so that another rank's abort does not reach a transport destroyed already.
+  ~InprocTransport() override {
+    std::lock_guard<std::mutex> lk(world_->abort_mu);
+    std::erase(world_->members, this);
+  }
   const char* name() const override { return "inproc"; }
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
@@ -135,6 +140,7 @@ class InprocTransport : public Transport {
         table->clear();
       }
     }
+    std::lock_guard<std::mutex> lk(world_->abort_mu);
     for (auto* t : world_->members) static_cast<InprocTransport*>(t)->set_aborted(why);
   }
 
