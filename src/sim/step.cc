@@ -520,11 +520,17 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   // The loss's fp32 logits stay until that micro-batch's backward: GPipe runs every forward first, so the last
   // stage holds all m of them (it counted one); 1F1B and interleaving take each backward soon after.
   const double loss_copies = p > 1 && cfg.schedule == Schedule::kGpipe ? mbs : 1.0;
+  // ZeRO-3 also holds what it gathers: the layer it runs and, prefetched, the next (one without overlap), the
+  // embeddings it gathers for the first and the output layer, and one layer's full gradients before their
+  // reduce-scatter (the sharded state alone left out about a third of GPT-1T's memory at t = 8).
+  const bool zero3 = cfg.zero == 3 && d > 1;
+  const double gathered = zero3 ? ((cfg.dp_overlap ? 2 : 1) * layer_params + emb) / t * 2 : 0.0;
+  const double unsharded_grads = zero3 ? layer_params / t * cfg.grad_bytes : 0.0;
   auto stage_memory = [&](double params, double inflight, bool loss) {
     const ModelState st = zero_model_state(params, d, cfg.zero, cfg.grad_bytes);
     MemoryBreakdown mem;
-    mem.params = st.params;
-    mem.grads = st.grads;
+    mem.params = st.params + gathered;
+    mem.grads = st.grads + unsharded_grads;
     mem.optimizer = st.optimizer;
     mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
     return mem;
