@@ -64,6 +64,17 @@ std::string find_file(const std::string& dir, const std::string& base) {
 
 }  // namespace
 
+int64_t mnist_format_train_count(const std::string& dir) {
+  const std::string path = find_file(dir, "train-labels-idx1-ubyte");
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) return -1;
+  uint8_t h[8] = {};
+  const int got = gzread(f, h, sizeof h);
+  gzclose(f);
+  if (got != 8 || h[0] != 0 || h[1] != 0 || h[2] != 0x08 || h[3] != 1) return -1;
+  return be32(h + 4);
+}
+
 IdxArray read_idx(const std::string& path) {
   auto bytes = read_gz_file(path);
   if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)

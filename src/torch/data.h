@@ -27,6 +27,9 @@ struct ImageSet {
 
 // <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; `limit` > 0 keeps the first `limit` samples.
 ImageSet load_mnist_format(const std::string& dir, bool train, int64_t limit = 0);
+// The number of training samples in <dir>, from the labels file's IDX header alone (8 bytes read); -1 when that
+// header is not a labels file's (read_idx then names what is wrong). ConfigError when the file is missing.
+int64_t mnist_format_train_count(const std::string& dir);
 // 28x28 images of 10 classes: a fixed random prototype per class (from `seed`) plus per-sample noise, learnable
 // in a few hundred steps. Train and test sets share prototypes and differ in noise.
 ImageSet make_synthetic(int64_t n, uint64_t seed, bool train);

@@ -249,7 +249,10 @@ void check_model_config(const TrainConfig& c, int world) {
   }
   int64_t train_n = c.dataset == "synthetic" ? c.synthetic_samples : 0;
   if (c.dataset != "synthetic") {
-    train_n = 60000;  // the IDX header is read by the workers; MNIST-format training sets have 60000 samples
+    // From the labels file's header (it took 60,000, MNIST's count, for any folder: a larger one's valid batch was
+    // refused here, a smaller one's bad batch passed to every worker).
+    train_n = mnist_format_train_count(c.data_dir);
+    if (train_n < 0) return;  // (the workers' reader names what is wrong with the file)
     if (c.train_limit > 0) train_n = std::min(train_n, c.train_limit);
   } else if (c.train_limit > 0) {
     train_n = std::min(train_n, c.train_limit);
@@ -492,8 +495,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (spe < 1)
     throw ConfigError(
         fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
-                    "samples",
-                    c.batch_size, world, data.train.n));
+                    "samples; allowed: at most {}",
+                    c.batch_size, world, data.train.n, std::max<int64_t>(data.train.n / world, 1)));
   // Steps of the whole run: those before the epoch it starts in (counted in the batches of the run that took them:
   // a resume at an epoch's end may change the batch size) and this run's steps per epoch for the rest.
   const int64_t steps_before_epoch =

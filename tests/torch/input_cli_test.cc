@@ -79,8 +79,10 @@ TEST(TrainInputProcesses, ImageFilesOfTheWrongShapeAreNamed) {
     write_idx(dir / (std::string(pre) + "-images-idx3-ubyte"), {4, 10, 10});
     write_idx(dir / (std::string(pre) + "-labels-idx1-ubyte"), {4});
   }
-  const std::string flags = " --model mlp --workers 1 --epochs 1 --progress false --compressor none --output " +
-                            (dir / "o").string() + " --data-dir " + dir.string();
+  const std::string flags =
+      " --model mlp --workers 1 --epochs 1 --batch-size 2 --progress false --compressor none "
+      "--output " +
+      (dir / "o").string() + " --data-dir " + dir.string();
   auto r = run("train" + flags);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("train-images-idx3-ubyte' has 10x10 images; allowed: 28x28"), std::string::npos) << r.out;
@@ -95,6 +97,19 @@ TEST(TrainInputProcesses, ImageFilesOfTheWrongShapeAreNamed) {
   EXPECT_NE(r.out.find("train-labels-idx1-ubyte' is not a label file: it has 3 dimensions, labels have 1"),
             std::string::npos)
       << r.out;
+  // A batch the folder's 4 training images cannot fill is refused before any worker starts, from the labels file's
+  // header (the check took MNIST's 60,000 for every folder: the workers refused it, each without an allowed value).
+  for (const char* pre : {"train", "t10k"}) {
+    write_idx(dir / (std::string(pre) + "-images-idx3-ubyte"), {4, 28, 28});
+    write_idx(dir / (std::string(pre) + "-labels-idx1-ubyte"), {4});
+  }
+  r = run("train" + flags + " --batch-size 3 --workers 2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: batch_size: 3 per worker x 2 workers is more than the 4 training samples; allowed: "
+                       "at most 2"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("[rank 0]"), std::string::npos) << r.out;  // no worker started
   // An empty test set (it reported 0% accuracy and exited 0), and a gzip file cut short (zlib reads a missing
   // trailer as a quiet end of file: it trained on what was there).
   write_idx(dir / "train-labels-idx1-ubyte", {4});
