@@ -492,17 +492,27 @@ bool kernel_has_netem() {
     sigset_t* old;
     ~Restore() { pthread_sigmask(SIG_SETMASK, old, nullptr); }
   } restore{&old};
+  // Only tc's "unknown qdisc" means no netem: another failure (no /run/netns in a container, no veth module) was
+  // reported as a kernel without netem, hiding what to fix.
+  std::string failed;
   bool made = false;
   try {
     made = run_program({"ip", "netns", "add", ns}, &out) == 0;
-    if (made)
-      ok = run_program({"ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"}, &out) == 0 &&
-           run_program({"tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"}, &out) == 0;
+    if (!made) {
+      failed = fmt::format("`ip netns add {}` failed: {}", ns, first_line(out));
+    } else if (run_program({"ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"}, &out) != 0) {
+      failed = fmt::format("adding a veth pair failed: {}", first_line(out));
+    } else {
+      ok = run_program({"tc", "-n", ns, "qdisc", "add", "dev", "p0", "root", "netem", "delay", "1ms"}, &out) == 0;
+      if (!ok && out.find("unknown") == std::string::npos)
+        failed = fmt::format("`tc qdisc add ... netem` failed: {}", first_line(out));
+    }
   } catch (...) {
     if (made) run_program({"ip", "netns", "del", ns}, &out);
     throw;
   }
   if (made) run_program({"ip", "netns", "del", ns}, &out);
+  if (!failed.empty()) throw Error("cluster: probing for netem (a throwaway namespace): " + failed);
   cached = ok ? 1 : 0;
   return ok;
 }
