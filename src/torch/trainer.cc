@@ -566,6 +566,18 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       fmt::print(stderr, "train: warning: {} set bsp's gradient buckets; sync {} has none and ignores {}\n",
                  join(unused, ", "), spec.name, unused.size() > 1 ? "them" : "it");
   }
+  // Settings of the data or the compressor this run does not use (taken without a word).
+  if (lead && outputs) {
+    const TrainConfig defaults;
+    auto warn = [](const char* key, const std::string& why) {
+      fmt::print(stderr, "train: warning: {} is set, but {}: it is ignored\n", key, why);
+    };
+    if (c.dataset != "synthetic" && c.synthetic_samples != defaults.synthetic_samples)
+      warn("synthetic_samples", fmt::format("the dataset is {}", c.dataset));
+    if (c.dataset == "synthetic" && c.data_dir != defaults.data_dir) warn("data_dir", "the dataset is synthetic");
+    if (c.compressor == "none" && c.compress_min_bytes != defaults.compress_min_bytes)
+      warn("compress_min_bytes", "the compressor is none");
+  }
   if (!period_text.empty() && lead && outputs) {
     const int64_t period = std::strtoll(period_text.c_str(), nullptr, 10);
     // Local SGD's warm-up steps average every step (a warm-up as long as the run synchronizes throughout).

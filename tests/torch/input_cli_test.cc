@@ -272,6 +272,15 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
   EXPECT_NE(r.out.find("warning: bucket_cap_mb set bsp's gradient buckets; sync local has none and ignores it"),
             std::string::npos)
       << r.out;
+  // Data and compressor settings this run does not use (taken without a word).
+  r = run(kTrain + " --epochs 1 --max-steps 2 --compress-min-bytes 4096 --data-dir /nonexistent --output " +
+          (dir / "unused").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: compress_min_bytes is set, but the compressor is none: it is ignored"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("warning: data_dir is set, but the dataset is synthetic: it is ignored"), std::string::npos)
+      << r.out;
   // Local SGD's warm-up averages every step: a warm-up as long as the run is no run without exchanges (it warned
   // that nothing was exchanged), and a shorter one is named.
   r = run(kTrain + " --epochs 1 --sync local:period=8,warmup=200 --output " + (dir / "lw").string());
