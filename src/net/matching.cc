@@ -26,13 +26,16 @@ PostedRecv make_reduce_recv(int peer, uint64_t tag, void* dst, size_t count, DTy
   return r;
 }
 
+void fail_wrong_size(PostedRecv& r, size_t got, const char* transport) {
+  RequestPtr req = std::move(r.req);
+  r = PostedRecv{};
+  req->fail(std::make_exception_ptr(
+      ProtocolError(fmt::format("{}: from rank {}: message of {} bytes on tag {:#x} but the receive expects {} bytes",
+                                transport, req->peer(), got, req->tag(), req->bytes()))));
+}
+
 void deliver(const Unexpected& u, PostedRecv& r, const char* transport) {
-  if (u.data.size() != r.bytes) {
-    r.req->fail(std::make_exception_ptr(ProtocolError(fmt::format(
-        "{}: rank {} sent {} bytes on tag {:#x} but {} were expected", transport, r.req->peer(), u.data.size(),
-        r.req->tag(), r.bytes))));
-    return;
-  }
+  if (u.data.size() != r.bytes) return fail_wrong_size(r, u.data.size(), transport);
   if (r.reduce) reduce_into(r.dst, u.data.data(), r.count, r.dtype, r.op);
   else if (r.bytes) std::memcpy(r.dst, u.data.data(), r.bytes);
   r.req->complete();

@@ -75,5 +75,8 @@ bool cancel_unstarted_send(Queue& q, const Request* req) {
 
 // Copies or reduces a buffered message into its receive and completes it; ProtocolError on a size mismatch.
 void deliver(const Unexpected& u, PostedRecv& r, const char* transport);
+// A receive matched by a message of another size: fails it with a ProtocolError naming both sizes (the message is
+// consumed: deliver drops it, tcp and shm read past its payload) and clears `r`.
+void fail_wrong_size(PostedRecv& r, size_t got, const char* transport);
 
 }  // namespace conduit::net

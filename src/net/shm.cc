@@ -754,11 +754,7 @@ class ShmTransport : public Transport, public Progressor {
     if (p.q.pop_posted(h.tag, &p.cur)) {
       if (p.cur.bytes != h.length) {
         // That receive fails and the message is read past, as tcp does: the ring stays usable.
-        RequestPtr r = p.cur.req;
-        p.cur = PostedRecv{};
-        r->fail(std::make_exception_ptr(ProtocolError(
-            fmt::format("shm: from rank {}: message of {} bytes on tag {:#x} but the receive expects {} bytes", p.rank,
-                        h.length, h.tag, r->bytes()))));
+        fail_wrong_size(p.cur, h.length, "shm");
         p.target = Target::discard;
         return true;
       }

@@ -462,11 +462,7 @@ class TcpTransport : public Transport {
       if (p.cur.bytes != h.length) {
         // That receive fails and the message is read past, as when it arrived before the receive (matching.cc's
         // deliver) and on the other transports: the connection stays usable.
-        RequestPtr r = p.cur.req;
-        p.cur = PostedRecv{};
-        r->fail(std::make_exception_ptr(ProtocolError(
-            fmt::format("tcp: from rank {}: message of {} bytes on tag {:#x} but the receive expects {} bytes", p.rank,
-                        h.length, h.tag, r->bytes()))));
+        fail_wrong_size(p.cur, h.length, "tcp");
         p.target = Target::discard;
         if (p.staging.empty()) p.staging.resize(kStagingBytes);
         return true;
