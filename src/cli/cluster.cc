@@ -138,7 +138,11 @@ void write_state(const ClusterState& s) {
   {
     std::ofstream f(tmp);
     f << j.dump(2) << "\n";
-    if (!f) throw Error(fmt::format("cluster: cannot write {}", tmp));
+    f.close();
+    if (!f) {
+      ::unlink(tmp.c_str());  // (a full disk left the partial file behind)
+      throw Error(fmt::format("cluster: cannot write {}", tmp));
+    }
   }
   // link() fails when the name exists, atomically, and the file appears whole or not at all.
   const int rc = ::link(tmp.c_str(), path.c_str());

@@ -617,10 +617,12 @@ int run_local_workers(const LaunchSpec& spec) {
   if (grace < 0) grace = env_seconds("CONDUIT_LAUNCH_GRACE").value_or(kDefaultGraceSeconds);
   if (grace > 3600)
     throw ConfigError(
-        fmt::format("environment variable CONDUIT_LAUNCH_GRACE='{}' is invalid: expected a positive number of "
-                    "seconds up to 3600 (workers that ignore SIGTERM are killed after it)",
-                    grace));
+        fmt::format("{}='{}' is invalid: expected a positive number of seconds up to 3600 (workers that "
+                    "ignore SIGTERM are killed after it)",
+                    spec.grace_seconds < 0 ? "environment variable CONDUIT_LAUNCH_GRACE" : "the grace period", grace));
   const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
+  // The flags first: a bad --bind was reported as the program's failure to run when both were wrong.
+  const std::vector<int> bind_cpus = binding_cpus(spec);
 
   const std::string& program = spec.command[0];
   std::string why;
@@ -633,7 +635,6 @@ int run_local_workers(const LaunchSpec& spec) {
   const std::string job_id = spec.job_id.empty() ? make_job_id() : spec.job_id;
 
   const std::optional<rlimit> worker_file_limit = ensure_file_limit(spec.nprocs);
-  const std::vector<int> bind_cpus = binding_cpus(spec);
   SignalScope signals;
   FileDescriptor dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));

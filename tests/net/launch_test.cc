@@ -563,6 +563,8 @@ TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
       {{"launch", "-n", "2", "--master-port", "70000", "--", "true"}, "--master-port must be between 1 and 65535"},
       {{"launch", "-n", "2"}, "no program given"},
       {{"launch", "-n", "2", "--"}, "no program given"},
+      // The flag is named even when the program cannot run either (it was reported as exit 127, cannot execute).
+      {{"launch", "-n", "2", "--bind", "bogus", "--", "/nonexistent-program"}, "--bind 'bogus' is not one of"},
       // Not an address of this host (TEST-NET-3): no free port can be found on it.
       {{"launch", "-n", "2", "--master-addr", "203.0.113.7", "--", "true"},
        "cannot bind a port on master address '203.0.113.7'"},
