@@ -4,6 +4,7 @@
 //   sum_t D(C(p_t)) + e_T = sum_t g_t   (exactly up to f32 rounding of the two subtractions per step).
 // Wire format, bytes and collective are the inner compressor's; the state adds the residual "ef.residual" (and, for
 // the sign methods' one-pass form, "ef.pending": the last decode, subtracted as the next step reads the residual).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -28,13 +29,14 @@ class ErrorFeedback : public Compressor {
     auto& e = st.buffer("ef.residual", d);  // (refuses a residual of another size before anything changes)
     if (fresh) st.buffers.erase("ef.pending");
     if (inner_->compress_feedback(in, e, st, out)) return;
-    // p = g + e in a scratch buffer, which becomes the residual once the inner compressor took it: a compressor
-    // that throws (a non-finite p, an index range) leaves the residual as it was, not with g added twice on a retry.
+    // p = g + e in a scratch buffer, copied into the residual once the inner compressor took it: a compressor that
+    // throws (a non-finite p, an index range) leaves the residual as it was, not with g added twice on a retry.
+    // (Copied, not swapped: swapping handed the largest tensor's buffer on to the residuals of small ones.)
     thread_local std::vector<float> p;
     p.assign(e.begin(), e.end());
     kernels::get().add_to(p.data(), in.data(), d);
-    inner_->compress(p, st, out);
-    e.swap(p);
+    inner_->compress(std::span<const float>(p.data(), d), st, out);
+    std::copy(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(d), e.begin());
     inner_->decompress_sub(out, st, e);
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {

@@ -39,7 +39,7 @@ PowerSgd::Plan PowerSgd::plan(size_t numel, const TensorState& st) const {
   // The shape's product, checked for overflow (a wrapped product matched numel with n x m != numel).
   size_t prod = 1;
   bool wrapped = false;
-  for (auto s : st.shape) wrapped |= s != 0 && __builtin_mul_overflow(prod, s, &prod);
+  for (auto s : st.shape) wrapped |= __builtin_mul_overflow(prod, s, &prod);
   if (wrapped || prod != numel)
     throw InvalidArgument(fmt::format("powersgd: tensor of {} elements but the state's shape has {}", numel,
                                       wrapped ? std::string("more than 2^64") : std::to_string(prod)));

@@ -165,17 +165,17 @@ class ByteQuantizer : public Compressor {
     hdr.resize(header(d) / 4);
     std::memcpy(hdr.data(), p.data(), header(d));
     const float* h = hdr.data();
-    // Scales no encoder writes, whose codes decode past the floats (a hostile int8 scale of 1e38 gave inf): int8's
-    // 127 x scale and uint8's min and min + 255 x scale must be floats (a rounding's margin allowed).
-    constexpr double kMax = 3.40282347e38 * (1 + 1e-6);
+    // Scales no encoder writes, whose codes decode past the floats (a hostile int8 scale of 1e38 gave inf), checked
+    // in float as the decoders compute: int8's 127 x scale, uint8's min + 255 x scale (above a scale of 1.3e36,
+    // kernels.inc's wide_u8_scale, the uint8 decoder clamps in double).
     for (size_t c = 0; c < ceil_div(d, chunk_); ++c) {
-      const double lo = signed_ ? 0 : h[2 * c], sc = signed_ ? h[c] : h[2 * c + 1];
-      if ((signed_ ? 127 * sc : std::max(std::fabs(lo), std::fabs(lo + 255 * sc))) > kMax)
+      const float lo = signed_ ? 0.0f : h[2 * c], sc = signed_ ? h[c] : h[2 * c + 1];
+      if (signed_ ? !std::isfinite(127.0f * sc) : !(sc > 1.3e36f || std::isfinite(lo + 255.0f * sc)))
         throw InvalidArgument(
             signed_ ? fmt::format("int8: chunk {}'s scale {} decodes past the floats; allowed: at most {}", c, sc,
                                   3.40282347e38 / 127)
                     : fmt::format("uint8: chunk {}'s range (min {}, scale {}) decodes past the floats; allowed: min "
-                                  "and min + 255 x scale within +-3.4e38",
+                                  "+ 255 x scale within +-3.4e38",
                                   c, lo, sc));
     }
     const uint8_t* q = p.data() + header(d);

@@ -545,6 +545,18 @@ TEST(State, ARefusedCallLeavesTheSignMethodsPendingDecode) {
   EXPECT_EQ(ef->residual(st), ef->residual(ref));
 }
 
+// Error feedback builds p = g + e in a per-thread scratch buffer: copied back, not swapped into the state (swapped,
+// the largest tensor's buffer moved on into the residuals of small ones, one more copy of it held each step).
+TEST(State, ErrorFeedbackScratchStaysOutOfTheStates) {
+  auto ef = make_compressor("ef:topk", {{"ratio", "0.1"}});
+  auto big = ef->make_state(100000), small = ef->make_state(100);
+  for (int step = 0; step < 3; ++step) {
+    ef->compress(gaussian(100000, 1 + step), big);
+    ef->compress(gaussian(100, 10 + step), small);
+  }
+  EXPECT_LT(small.buffers.at("ef.residual").capacity(), 1000u);
+}
+
 // The sign methods summed magnitudes in f32 lanes: finite values of 1e36 overflowed the sum, the scale went out as
 // inf and every receiver refused the payload. Summed again in double, the scale is the mean magnitude.
 TEST(RoundTrip, SignMethodsScaleHugeFiniteValues) {

@@ -47,6 +47,9 @@ TEST(PowerSgd, AShapeWhoseProductWrapsIsRefused) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("more than 2^64"), std::string::npos) << e.what();
   }
+  // A zero dimension is refused too (skipped in the overflow check, it divided by zero).
+  auto zero = c->make_state(std::vector<size_t>{0, 5});
+  EXPECT_THROW(c->compress(std::vector<float>(5, 1.0f), zero), InvalidArgument);
 }
 
 TEST(PowerSgd, PIsOrthonormal) {
