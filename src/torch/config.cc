@@ -559,7 +559,10 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "first_bucket_mb",
                         "overlap"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
-    if (std::string(k) == "momentum" && meta.contains("optimizer") && meta["optimizer"] != "sgd") continue;
+    // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
+    if (std::string(k) == "momentum" && ((meta.contains("optimizer") && meta["optimizer"] != "sgd") ||
+                                         (raw.count("optimizer") && raw.at("optimizer") != "sgd")))
+      continue;
     take(k, k);
   }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that
@@ -595,7 +598,8 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "compressor" << YAML::Value << c.compressor;
   e << YAML::Key << "optimizer" << YAML::Value << c.optimizer;
   e << YAML::Key << "lr" << YAML::Value << fmt::format("{}", c.lr);
-  e << YAML::Key << "momentum" << YAML::Value << fmt::format("{}", c.momentum);
+  if (c.optimizer == "sgd")  // (adam's and adamw's workers refuse a momentum: theirs are their betas)
+    e << YAML::Key << "momentum" << YAML::Value << fmt::format("{}", c.momentum);
   e << YAML::Key << "weight_decay" << YAML::Value << fmt::format("{}", c.weight_decay);
   e << YAML::Key << "lr_schedule" << YAML::Value << c.lr_schedule;
   e << YAML::Key << "warmup_epochs" << YAML::Value << fmt::format("{}", c.warmup_epochs);

@@ -272,6 +272,11 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
   EXPECT_NE(r.out.find("warning: bucket_cap_mb set bsp's gradient buckets; sync local has none and ignores it"),
             std::string::npos)
       << r.out;
+  // adam under the launcher: the workers read the config.yaml the parent wrote, which had sgd's momentum in it (and
+  // a momentum with adam is refused).
+  r = run(kTrain + " --epochs 1 --max-steps 2 --optimizer adam --lr 0.001 --output " + (dir / "adam").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(slurp(dir / "adam" / "config.yaml").find("momentum"), std::string::npos);
   // Data and compressor settings this run does not use (taken without a word).
   r = run(kTrain + " --epochs 1 --max-steps 2 --compress-min-bytes 4096 --data-dir /nonexistent --output " +
           (dir / "unused").string());
