@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/env.h"
@@ -14,9 +15,13 @@
 namespace conduit {
 namespace {
 
+// No limit for a quota of more CPUs than an int holds, or not a number (cast, 3e12 us a 1 ms period was INT_MIN,
+// and one CPU).
 std::optional<int> cpus_of(double quota, double period) {
   if (!(quota > 0) || !(period > 0)) return std::nullopt;
-  return std::max(1, static_cast<int>(std::ceil(quota / period)));
+  const double cpus = std::ceil(quota / period);
+  if (!(cpus < static_cast<double>(std::numeric_limits<int>::max()))) return std::nullopt;
+  return std::max(1, static_cast<int>(cpus));
 }
 
 std::string first_line(const std::string& path) {

@@ -5,7 +5,9 @@
 // Matching rule (as MPI's non-overtaking rule): between one sender and one receiver, messages with the same tag
 // match receives in the order both were posted. A receive names the exact byte size it expects; a message of
 // another size fails that receive with a ProtocolError naming both sizes and is consumed, whichever came first
-// (the connection stays usable, as with MPI's truncation error). Tags carry a kind in their top byte (see tags.h).
+// (the connection stays usable, as with MPI's truncation error). The failed receive's buffer is left as it was,
+// except under MPI, which may have written a message's first bytes into it. Tags carry a kind in their top byte (see
+// tags.h).
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>

@@ -51,6 +51,14 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
     s.op = j["op"].get<std::string>();
     s.algo = j.value("algo", std::string("ring"));
     s.transport = j.value("transport", std::string("?"));
+    // (written into the cluster file's YAML as is: "tcp # x" cut its description short, "a: b" broke the file)
+    if (s.transport != "?" && (s.transport.empty() || s.transport.size() > 32 ||
+                               s.transport.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                             "0123456789_.-") != std::string::npos))
+      throw ConfigError(
+          fmt::format("{}: transport = {} (allowed: a name of letters, digits, _ . -, as bench coll "
+                      "writes: tcp, shm, mpi)",
+                      where, j["transport"].dump()));
     const double world = j["world"].get<double>();
     if (!j["world"].is_number_integer() || world < 1 || world > 1024)
       throw ConfigError(

@@ -47,6 +47,8 @@ void check_map(const YAML::Node& n, const std::string& field, std::initializer_l
 }
 
 std::string get_string(const YAML::Node& n, const std::string& field) {
+  // (an empty value is a null node, which yaml-cpp reads as the text "null": a file with `name:` ran as "null")
+  if (!n.IsScalar()) throw ConfigError(fmt::format("{} must be a string; allowed: a non-empty value", field));
   try {
     return n.as<std::string>();
   } catch (const YAML::Exception&) {

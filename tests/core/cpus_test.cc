@@ -20,6 +20,11 @@ TEST(Cpus, QuotasBecomeWholeCpusRoundedUp) {
   EXPECT_EQ(cpus_from_cfs("400000", "100000"), 4);
   EXPECT_EQ(cpus_from_cfs("-1", "100000"), std::nullopt);
   EXPECT_EQ(cpus_from_cfs("", ""), std::nullopt);
+  // A quota of more CPUs than an int holds is no limit (it was cast to INT_MIN, and one CPU); so is inf or nan.
+  EXPECT_EQ(cpus_from_cpu_max("3000000000000 1000"), std::nullopt);
+  EXPECT_EQ(cpus_from_cpu_max("inf 1"), std::nullopt);
+  EXPECT_EQ(cpus_from_cpu_max("nan 1000"), std::nullopt);
+  EXPECT_EQ(cpus_from_cpu_max("2147483000000 1000"), 2147483000);
 }
 
 TEST(Cpus, CountsAreBetweenOneAndTheOnlineCpus) {

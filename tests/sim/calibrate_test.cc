@@ -83,6 +83,10 @@ TEST(Calibrate, BadBenchRecordsNameTheLineAndFieldAndSkipsAreCounted) {
             std::string::npos);
   EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":4.7,\"bytes\":4,\"time_us\":3}").find("world = 4.7"),
             std::string::npos);
+  // A transport name that would be written into the cluster file's YAML as is ("tcp # x" cut its description).
+  EXPECT_NE(error("{\"op\":\"allreduce\",\"transport\":\"tcp # x\",\"world\":2,\"bytes\":4,\"time_us\":3}")
+                .find("b.jsonl:2: transport = \"tcp # x\" (allowed: a name of letters"),
+            std::string::npos);
   EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":1e30,\"bytes\":4,\"time_us\":3}").find("1..1024"),
             std::string::npos);
   EXPECT_NE(

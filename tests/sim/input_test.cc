@@ -68,6 +68,10 @@ TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
             "x.yaml: nodes[0] must be a map with name, count, gpus, accelerator, intra, nics, nic");
   EXPECT_NE(cluster_error("name: x\nnodes: [{gpus: 8}]\nnetwork: 5\n").find("nodes[0].accelerator must be a map"),
             std::string::npos);
+  // An empty value is no name (yaml-cpp reads it as the text "null": the cluster ran as "null").
+  EXPECT_NE(cluster_error(preset_with("name: dgx-a100", "name:")).find("name must be a string; allowed: a non-empty"),
+            std::string::npos)
+      << cluster_error(preset_with("name: dgx-a100", "name:"));
   // Values that overflow to inf, or no hardware has, name the field and the largest allowed.
   EXPECT_NE(cluster_error(preset_with("peak_bf16: 312 TFLOP/s", "peak_bf16: 1e300 PFLOP/s"))
                 .find("peak_bf16: '1e300 PFLOP/s' is above the largest value this simulator takes (1e+18 FLOP/s)"),
