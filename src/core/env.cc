@@ -89,7 +89,9 @@ uint64_t parse_bytes(std::string_view text, std::string_view what) {
   // Decimal digits with an optional fraction (strtod alone also took 0x10, 1e3, inf).
   size_t digits = 0;
   while (digits < t.size() && (std::isdigit(static_cast<unsigned char>(t[digits])) || t[digits] == '.')) ++digits;
-  if (digits == 0 || std::count(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(digits), '.') > 1 || t[0] == '.')
+  // (a fraction needs digits on both sides of its point: "1." and "1.K" were taken)
+  if (digits == 0 || std::count(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(digits), '.') > 1 || t[0] == '.' ||
+      t[digits - 1] == '.')
     throw bad();
   std::string suffix;
   for (size_t i = digits; i < t.size(); ++i)

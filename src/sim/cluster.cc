@@ -252,7 +252,11 @@ long long ClusterSpec::described_gpus() const {
 ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origin) {
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    // One document: the ones after a `---` were ignored without a word.
+    const std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1)
+      throw ConfigError(fmt::format("{}: holds {} YAML documents; allowed: one cluster per file", origin, docs.size()));
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}: not valid YAML: {}", origin, e.what()));
   }

@@ -204,7 +204,8 @@ TEST(Env, ParseBytesAcceptsSuffixesAndRejectsGarbage) {
       EXPECT_NE(std::string(e.what()).find("more than 10^18 bytes"), std::string::npos) << big << ": " << e.what();
     }
   }
-  for (const char* bad : {"", "-1", "4X", "abc", "1e30", "0x10", "1e3", "inf", ".5K", "1.2.3", "0.4", "0.1K"}) {
+  for (const char* bad :
+       {"", "-1", "4X", "abc", "1e30", "0x10", "1e3", "inf", ".5K", "1.2.3", "0.4", "0.1K", "1.", "1.K"}) {
     try {
       parse_bytes(bad, "--max-bytes");
       FAIL() << bad;

@@ -68,6 +68,10 @@ TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
             "x.yaml: nodes[0] must be a map with name, count, gpus, accelerator, intra, nics, nic");
   EXPECT_NE(cluster_error("name: x\nnodes: [{gpus: 8}]\nnetwork: 5\n").find("nodes[0].accelerator must be a map"),
             std::string::npos);
+  // A second document after `---` was ignored without a word.
+  EXPECT_NE(cluster_error(preset_yaml("dgx-a100") + std::string("---\nname: second\nbogus: 1\n"))
+                .find("x.yaml: holds 2 YAML documents; allowed: one cluster per file"),
+            std::string::npos);
   // An empty value is no name (yaml-cpp reads it as the text "null": the cluster ran as "null").
   EXPECT_NE(cluster_error(preset_with("name: dgx-a100", "name:")).find("name must be a string; allowed: a non-empty"),
             std::string::npos)
