@@ -1,8 +1,9 @@
 #include "core/log.h"
 
-#include <mutex>
-
 #include <spdlog/sinks/stdout_color_sinks.h>
+
+#include <cctype>
+#include <mutex>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -23,11 +24,13 @@ std::shared_ptr<spdlog::logger> make_logger() {
 }  // namespace
 
 spdlog::level::level_enum log_level_from_env() {
-  auto level = env_string("CONDUIT_LOG_LEVEL").value_or("warn");
+  const auto given = env_string("CONDUIT_LOG_LEVEL").value_or("warn");
+  std::string level = given;  // any case (INFO was refused)
+  for (char& ch : level) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   auto lv = spdlog::level::from_str(level);
   if (lv == spdlog::level::off && level != "off") {
-    throw ConfigError("environment variable CONDUIT_LOG_LEVEL='" + level +
-                      "' is invalid: expected trace, debug, info, warn, error or off");
+    throw ConfigError("environment variable CONDUIT_LOG_LEVEL='" + given +
+                      "' is invalid: expected trace, debug, info, warn (warning), error (err), critical or off");
   }
   return lv;
 }

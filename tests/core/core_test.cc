@@ -1,16 +1,25 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <random>
+#include <string>
+#include <thread>
 
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/log.h"
 #include "core/malloc_tuning.h"
 #include "core/reduce.h"
 
@@ -249,6 +258,47 @@ std::function<const char*(const char*)> fake_env(const std::map<std::string, std
   };
 }
 }  // namespace
+
+// Log levels in any case and spdlog's other names (INFO and warning were refused), and the error lists them.
+TEST(Log, LevelNamesInAnyCase) {
+  setenv("CONDUIT_LOG_LEVEL", "INFO", 1);
+  EXPECT_EQ(log_level_from_env(), spdlog::level::info);
+  setenv("CONDUIT_LOG_LEVEL", "Warning", 1);
+  EXPECT_EQ(log_level_from_env(), spdlog::level::warn);
+  setenv("CONDUIT_LOG_LEVEL", "loud", 1);
+  try {
+    log_level_from_env();
+    ADD_FAILURE() << "loud accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("critical or off"), std::string::npos) << e.what();
+  }
+  unsetenv("CONDUIT_LOG_LEVEL");
+}
+
+// Two writers of one file (ranks, threads) each rename a whole text of their own into place: they shared
+// "<path>.tmp", and one renamed the other's half-written file, or found it gone.
+TEST(Files, ConcurrentWritersOfOneFileEachPutAWholeTextInPlace) {
+  const std::string path = ::testing::TempDir() + "/conduit-files-" + std::to_string(::getpid()) + ".json";
+  const std::string a(100000, 'a'), b(100000, 'b');
+  std::atomic<int> errors{0};
+  auto writer = [&](const std::string& text) {
+    for (int i = 0; i < 200; ++i) {
+      try {
+        write_text_file(path, text);
+      } catch (const std::exception&) {
+        ++errors;
+      }
+    }
+  };
+  std::thread t1(writer, std::cref(a)), t2(writer, std::cref(b));
+  t1.join();
+  t2.join();
+  EXPECT_EQ(errors.load(), 0);
+  std::ifstream in(path);
+  const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(got == a || got == b) << got.size() << " bytes";
+  std::remove(path.c_str());
+}
 
 TEST(MallocTuning, LeavesTheUsersOwnMallocSettingsInCharge) {
   const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
