@@ -61,6 +61,7 @@ struct ModelArgs {
   std::string layers_spec;  // --model layers
   int layers = 0;
   long long hidden = 0, heads = 0, seq = 0, vocab = 0;  // 0: the named model's, else 2048 / 51200
+  long long kv_heads = -1;                              // -1: the named model's, else --heads
 };
 
 struct StepArgs {
@@ -120,6 +121,7 @@ GptModel make_model(const ModelArgs& a) {
   if (a.heads > 0) m.heads = a.heads;
   if (a.seq > 0) m.seq = a.seq;
   if (a.vocab > 0) m.vocab = a.vocab;
+  if (a.kv_heads >= 0) m.kv_heads = a.kv_heads;
   m.validate();
   return m;
 }
@@ -148,6 +150,9 @@ void add_model_flags(CLI::App* c, StepArgs& a) {
                 "CNN, data parallel)");
   c->add_option("--hidden", a.model.hidden, "hidden size");
   c->add_option("--heads", a.model.heads, "attention heads");
+  c->add_option("--kv-heads", a.model.kv_heads,
+                "key/value heads: fewer than --heads (dividing it) is grouped-query attention (default: the named "
+                "model's, else --heads)");
   c->add_option("--seq", a.model.seq, "sequence length (default: the named model's, else 2048)");
   c->add_option("--vocab", a.model.vocab, "vocabulary size (default: the named model's, else 51200)");
 }

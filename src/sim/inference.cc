@@ -10,8 +10,10 @@
 namespace conduit::sim {
 
 double kv_cache_bytes(const GptModel& m, int tp, int pp, long long tokens, long long batch) {
-  return 2.0 * (static_cast<double>(m.layers) / pp) * (static_cast<double>(m.hidden) / tp) *
-         static_cast<double>(tokens) * static_cast<double>(batch) * 2.0;
+  // K and V of this rank's key/value heads (h/t under multi-head attention; grouped-query attention keeps fewer).
+  const double kv_width = static_cast<double>(m.hidden) / static_cast<double>(m.heads) * kv_heads_per_rank(m, tp);
+  return 2.0 * (static_cast<double>(m.layers) / pp) * kv_width * static_cast<double>(tokens) *
+         static_cast<double>(batch) * 2.0;
 }
 
 InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, const InferenceConfig& c) {
@@ -23,6 +25,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     throw ConfigError(fmt::format("--tp ({}) x --pp ({}) must divide --gpus ({})", c.tp, c.pp, gpus));
   const GptModel m0 = vocab_padded(given, c.tp);  // as simulate_step: the output layer split evenly
   if (m0.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m0.heads));
+  kv_heads_per_rank(m0, c.tp);  // (refuses a tp that neither divides the key/value heads nor is a multiple of them)
   if (m0.layers % c.pp != 0) throw ConfigError(fmt::format("--pp = {} must divide --layers = {}", c.pp, m0.layers));
   if (c.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", c.batch));
   if (c.prompt < 1 || c.generate < 1) throw ConfigError("--prompt and --generate must be at least 1 token");
@@ -61,8 +64,15 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     const double ctx = static_cast<double>(c.prompt) + static_cast<double>(c.generate) / 2;
     double dlayer = 0, flops = 0, bytes = 0;
     const double d = h / a;
-    const GemmShape shapes[] = {{b, 3 * h / t, h, 1}, {1, ctx, d, b * a / t}, {1, d, ctx, b * a / t},
-                                {b, h, h / t, 1},     {b, f / t, h, 1},       {b, h, f / t, 1}};
+    // Attention over the cache: each key/value head's K and V read once for the g query heads that share it (one
+    // under multi-head attention).
+    const double kvh = kv_heads_per_rank(m0, t), g = a / t / kvh;
+    const GemmShape shapes[] = {{b, qkv_width_per_rank(m0, t), h, 1},
+                                {g, ctx, d, b * kvh},
+                                {g, d, ctx, b * kvh},
+                                {b, h, h / t, 1},
+                                {b, f / t, h, 1},
+                                {b, h, f / t, 1}};
     for (const auto& g : shapes) {
       dlayer += gemm_time(acc, g);
       flops += g.flops();
@@ -128,8 +138,9 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
                    static_cast<double>(t);
   const long long tokens = c.prompt + c.generate;
   r.kv_bytes = kv_cache_bytes(m0, t, p, tokens, c.batch);
-  const double act =
-      std::max(2 * b * s * (f / t + 3 * h / t), 2 * b * s * 3 * h / t + 2 * 2 * b * (a / t) * s * s) + 4 * b * V / t;
+  const double act = std::max(2 * b * s * (f / t + qkv_width_per_rank(m0, t)),
+                              2 * b * s * qkv_width_per_rank(m0, t) + 2 * 2 * b * (a / t) * s * s) +
+                     4 * b * V / t;
   r.memory_total = r.weight_bytes + r.kv_bytes + act;
   r.memory_capacity = capacity;
   r.fits = r.memory_total <= r.memory_capacity;

@@ -65,6 +65,7 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
   if (c.dp != 0 && c.dp != dp)
     throw ConfigError(fmt::format("--dp ({}) x --tp ({}) x --pp ({}) must equal --gpus ({})", c.dp, c.tp, c.pp, gpus));
   if (m.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m.heads));
+  kv_heads_per_rank(m, c.tp);  // (one of tp and the key/value heads divides the other)
   if (c.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", c.micro_batch));
   if (c.global_batch < 1) throw ConfigError(fmt::format("--global-batch = {} must be at least 1", c.global_batch));
   if (c.global_batch % (static_cast<long long>(c.micro_batch) * dp) != 0)
@@ -440,7 +441,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         const double rank = cp.param;
         // Weight matrices of a layer per GPU: (h x 3h/t), (h/t x h), (h x 4h/t), (4h/t x h); embedding (V/t x h).
         const double f = m.ffn_mult * h;
-        const std::vector<std::pair<double, double>> mats{{h, 3 * h / t}, {h / t, h}, {h, f / t}, {f / t, h}};
+        const std::vector<std::pair<double, double>> mats{
+            {h, qkv_width_per_rank(m, t)}, {h / t, h}, {h, f / t}, {f / t, h}};
         double factors = 0, gemm = 0;
         for (auto [rows, cols] : mats) {
           factors += rank * (rows + cols);

@@ -59,8 +59,26 @@ void GptModel::validate() const {
   check("--hidden", hidden);
   check("--heads", heads);
   if (hidden % heads != 0) throw ConfigError(fmt::format("--heads = {} must divide --hidden = {}", heads, hidden));
+  if (kv_heads < 0 || kv_heads > heads || (kv_heads > 0 && heads % kv_heads != 0))
+    throw ConfigError(
+        fmt::format("--kv-heads = {} (allowed: a divisor of --heads = {}, or 0 for --heads)", kv_heads, heads));
   check("--seq", seq);
   check("--vocab", vocab);
+}
+
+double kv_heads_per_rank(const GptModel& m, int t) {
+  const long long kv = m.kv();
+  if (kv % t != 0 && t % kv != 0)
+    throw ConfigError(
+        fmt::format("--tp = {} and --kv-heads = {}: one must divide the other (each rank holds kv/tp "
+                    "heads, or one head replicated when tp exceeds them)",
+                    t, kv));
+  return kv >= t ? static_cast<double>(kv / t) : 1.0;
+}
+
+double qkv_width_per_rank(const GptModel& m, int t) {
+  const double h = static_cast<double>(m.hidden), d = h / static_cast<double>(m.heads);
+  return h / t + 2 * d * kv_heads_per_rank(m, t);
 }
 
 namespace {
@@ -68,13 +86,14 @@ struct NamedModel {
   const char* name;
   int layers;
   long long hidden, heads, seq, vocab;
+  long long kv_heads = 0;
 };
 constexpr NamedModel kModels[] = {
     {"gpt2-small", 12, 768, 12, 1024, 50304},  {"gpt2-xl", 48, 1600, 25, 1024, 50304},
     {"gpt-1.7b", 24, 2304, 24, 2048, 51200},   {"gpt-7.5b", 36, 4096, 32, 2048, 51200},
     {"gpt-18.4b", 40, 6144, 48, 2048, 51200},  {"gpt-39b", 48, 8192, 64, 2048, 51200},
     {"gpt3-175b", 96, 12288, 96, 2048, 51200}, {"gpt-530b", 105, 20480, 128, 2048, 51200},
-    {"gpt-1t", 128, 25600, 160, 2048, 51200},  {"llama2-70b-like", 80, 8192, 64, 4096, 32000},
+    {"gpt-1t", 128, 25600, 160, 2048, 51200},  {"llama2-70b-like", 80, 8192, 64, 4096, 32000, 8},
 };
 }  // namespace
 
@@ -87,6 +106,7 @@ bool named_gpt(const std::string& name, GptModel& out) {
       out.heads = n.heads;
       out.seq = n.seq;
       out.vocab = n.vocab;
+      out.kv_heads = n.kv_heads;
       return true;
     }
   }
@@ -101,8 +121,10 @@ std::vector<std::string> named_gpt_names() {
 
 double gpt_layer_parameters(const GptModel& m) {
   const double h = static_cast<double>(m.hidden);
-  // QKV 3h^2+3h, projection h^2+h, MLP 2*f*h^2 + f*h + h, two layer norms 4h (f = 4: 12h^2 + 13h).
-  return 4 * h * h + 4 * h + 2 * m.ffn_mult * h * h + m.ffn_mult * h + h + 4 * h;
+  // QKV (h + 2w)h + h + 2w with w = kv heads x head size (w = h: 3h^2+3h), projection h^2+h, MLP 2*f*h^2 + f*h + h,
+  // two layer norms 4h (multi-head, f = 4: 12h^2 + 13h).
+  const double w = h / static_cast<double>(m.heads) * static_cast<double>(m.kv());
+  return (h + 2 * w) * (h + 1) + h * h + h + 2 * m.ffn_mult * h * h + m.ffn_mult * h + h + 4 * h;
 }
 
 GptModel vocab_padded(const GptModel& m, int tp) {
@@ -121,7 +143,7 @@ std::vector<NamedGemm> gpt_layer_gemms(const GptModel& m, double b, int t) {
   const double f = m.ffn_mult * h;
   const double bs = b * s;
   return {
-      {"qkv", {bs, 3 * h / t, h, 1}, false},
+      {"qkv", {bs, qkv_width_per_rank(m, t), h, 1}, false},
       {"attention scores", {s, s, h / a, b * a / t}, true},
       {"attention context", {s, h / a, s, b * a / t}, true},
       {"projection", {bs, h, h / t, 1}, false},

@@ -35,9 +35,19 @@ struct GptModel {
   std::string name = "gpt";
   int layers = 1;
   long long hidden = 1, heads = 1, seq = 1, vocab = 1;
+  // Key/value heads: 0 or `heads` is multi-head attention; fewer (dividing heads) grouped-query attention (Ainslie et
+  // al. 2023; Llama 2 70B has 8): the K and V projections and the KV cache shrink by heads / kv_heads.
+  long long kv_heads = 0;
   double ffn_mult = 4;
   void validate() const;  // ConfigError naming the field
+  long long kv() const { return kv_heads > 0 ? kv_heads : heads; }
 };
+
+// Per tensor-parallel rank of `t`: the key/value heads it holds (kv/t, or one, replicated, when t exceeds kv, as
+// Megatron-LM does), and the width of its Q, K and V projections' output (h/t + 2 x its K/V heads x the head size).
+// ConfigError when neither of t and kv divides the other.
+double kv_heads_per_rank(const GptModel& m, int t);
+double qkv_width_per_rank(const GptModel& m, int t);
 
 // Named shapes: Megatron-LM's table 1 rows, GPT-2/GPT-3 (vocabularies padded to a multiple of 128).
 // Returns false when `name` is not one of them.

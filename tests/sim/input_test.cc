@@ -604,6 +604,15 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
   for (const char* field : {"\"prompt\":", "\"generate\":", "\"gpus\":", "\"replicas\":", "\"max_batch\":",
                             "\"decode_bound\":", "\"kv_cache_gb\":"})
     EXPECT_NE(out.find(field, out.find("\"batch\":2")), std::string::npos) << field << " " << out;
+  // --kv-heads: a divisor of --heads; tp and it must divide one another.
+  out = test_util::run(infer_cmd + "--kv-heads 3", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--kv-heads = 3 (allowed: a divisor of --heads = 64"), std::string::npos) << out;
+  out = test_util::run(
+      "sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --kv-heads 12 --pp 1 "
+      "--heads 48 --hidden 6144",
+      &rc);
+  EXPECT_NE(out.find("--tp = 8 and --kv-heads = 12: one must divide the other"), std::string::npos) << out;
 }
 
 }  // namespace

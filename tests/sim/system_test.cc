@@ -255,8 +255,24 @@ TEST(Inference, DecodeIsMemoryBoundAndKvCacheMatchesItsFormula) {
   const double floor = weights / (3350e9 * 0.85);  // every decode step streams the weights once
   EXPECT_GT(r.decode_per_token, floor);
   EXPECT_LT(r.decode_per_token, 2.5 * floor);
-  EXPECT_DOUBLE_EQ(kv_cache_bytes(m, 8, 1, 1152, 1), 2.0 * 80 * 1024 * 1152 * 2);
+  // Grouped-query attention: 8 key/value heads of 128, one on each of the 8 ranks (it was h/t = 1024 wide: 8x).
+  EXPECT_EQ(m.kv(), 8);
+  EXPECT_DOUBLE_EQ(kv_cache_bytes(m, 8, 1, 1152, 1), 2.0 * 80 * 128 * 1152 * 2);
   EXPECT_NEAR(r.kv_bytes, kv_cache_bytes(m, 8, 1, 1152, 1), 1);
+  GptModel mha = m;
+  mha.kv_heads = 0;
+  EXPECT_DOUBLE_EQ(kv_cache_bytes(mha, 8, 1, 1152, 1), 8 * kv_cache_bytes(m, 8, 1, 1152, 1));
+  EXPECT_GT(simulate_inference(net, m, c).max_batch, simulate_inference(net, mha, c).max_batch);
+  // Its K and V projections are 8x narrower: 2 x 8 x 128 columns instead of 2 x 8192.
+  EXPECT_DOUBLE_EQ(gpt_layer_parameters(mha) - gpt_layer_parameters(m), 2.0 * (8192 - 1024) * (8192 + 1));
+  // More ranks than key/value heads replicate one on each; a tp neither dividing nor a multiple of 8 is refused.
+  EXPECT_DOUBLE_EQ(kv_heads_per_rank(m, 16), 1.0);
+  EXPECT_DOUBLE_EQ(kv_heads_per_rank(m, 2), 4.0);
+  GptModel odd = m;
+  odd.kv_heads = 16;
+  EXPECT_THROW(kv_heads_per_rank(odd, 24), ConfigError);
+  odd.kv_heads = 3;
+  EXPECT_THROW(odd.validate(), ConfigError);  // 3 does not divide 64 heads
   // Larger batches amortize the weights: more tokens/s, longer steps; the KV cache grows linearly.
   c.batch = 32;
   InferenceResult big = simulate_inference(net, m, c);
@@ -271,7 +287,7 @@ TEST(Inference, DecodeIsMemoryBoundAndKvCacheMatchesItsFormula) {
   c.generate = 512;
   InferenceResult longp = simulate_inference(net, m, c);
   const double b = 4, s = 3072, h = m.hidden, heads = m.heads / 8.0, V = m.vocab;
-  const double attention = 2 * b * s * 3 * h / 8 + 2 * 2 * b * heads * s * s, logits = 4 * b * V / 8;
+  const double attention = 2 * b * s * (h / 8 + 2 * 128) + 2 * 2 * b * heads * s * s, logits = 4 * b * V / 8;
   EXPECT_NEAR(longp.memory_total - longp.weight_bytes - longp.kv_bytes, attention + logits, 1e3);
 }
 
