@@ -316,6 +316,19 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     tp_bwd = tp_fwd + (cfg.recompute == Recompute::kFull ? tp_fwd : 0);
   }
   double tp_mb = lps * (tp_fwd + tp_bwd);
+  if (t > 1) {
+    // The vocab-parallel embedding's output and the output layer's input (Megatron-LM): an allreduce in the
+    // embedding's forward (first stage) and one of the output layer's input gradient (last stage); with sequence
+    // parallelism a reduce-scatter there, and an all-gather of the output layer's input plus a reduce-scatter of its
+    // gradient. The slot is the slower stage's: with p = 1 both ends run on it. (They were not charged.)
+    const Group tg{t, 1, 0};
+    const double act = b * s * h * 2;
+    auto one = [&](Collective k) { return ctime(k, net.profile(k, cfg.tp_algorithm, tg, act), tg, act); };
+    const double first = cfg.sequence_parallel ? one(Collective::kReduceScatter) : one(Collective::kAllReduce);
+    const double last = cfg.sequence_parallel ? one(Collective::kAllGather) + one(Collective::kReduceScatter)
+                                              : one(Collective::kAllReduce);
+    tp_mb += p == 1 ? first + last : std::max(first, last);
+  }
   if (t > 1) {  // vocab-parallel cross entropy: allreduces of the per-token max, target logit and sum (fp32)
     const Group tg{t, 1, 0};
     tp_mb += 3 * ctime(Collective::kAllReduce, net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, b * s * 4), tg,

@@ -171,6 +171,23 @@ TEST(Step, ScheduleMemoryGpipeHoldsAllMicroBatches) {
   EXPECT_NEAR(il4.memory.activations, f4.memory.activations, 1e-9 * f4.memory.activations);
 }
 
+// Tensor parallelism per micro-batch (no pipeline, no recompute): 2 allreduces of b s h a layer in the forward and 2
+// in the backward, the vocab-parallel embedding's forward allreduce and the output layer's input-gradient one (they
+// were not charged), and the cross entropy's 3 fp32 allreduces of b s.
+TEST(Step, TensorParallelCommunicationCountsTheEmbeddingAndOutputLayer) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt-7.5b");
+  ParallelConfig c;
+  c.tp = 8;
+  c.global_batch = 4;  // 4 micro-batches of 1
+  const StepResult r = simulate_step(net, m, c);
+  const Group tg{8, 1, 0};
+  const double act = 1.0 * m.seq * m.hidden * 2, ce = 1.0 * m.seq * 4;
+  auto ar = [&](double n) { return net.profile(Collective::kAllReduce, c.tp_algorithm, tg, n).time(n); };
+  EXPECT_NEAR(r.breakdown.tp_comm, 4 * ((4.0 * m.layers + 2) * ar(act) + 3 * ar(ce)), 1e-9 * r.breakdown.tp_comm);
+}
+
 // While a layer is recomputed it holds its full activations, of which the part it stored is counted already: under
 // selective recompute that is all but the attention core (counting the whole layer again overcounted 34 sbh/t).
 TEST(Step, RecomputeAddsOnlyWhatTheLayerDidNotStore) {
