@@ -155,6 +155,14 @@ std::vector<T> merge_by_median(const std::vector<T>& in, Same same, Merge merge)
 }
 }  // namespace
 
+// The ranges the cluster file takes back (cluster.cc), checked against the measurement's own line: out of them, the
+// error named the file written from it (calibration[0].m = 1e12 is out of range).
+void in_calibration_range(const std::string& origin, int no, const char* f, double v, double hi) {
+  if (!(v >= 1 && v <= hi))
+    throw ConfigError(fmt::format("{}:{}: field '{}' = {} (allowed: 1 to {:g}, as a cluster file's calibration)",
+                                  origin, no, f, v, hi));
+}
+
 std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::string& origin) {
   std::vector<GemmSample> out;
   for_each_json_line(
@@ -171,6 +179,8 @@ std::vector<GemmSample> parse_gemm_lines(const std::string& text, const std::str
         g.n = field("n");
         g.k = field("k");
         g.flops = field("gflops") * 1e9;
+        for (auto [f, v] : {std::pair{"m", g.m}, {"n", g.n}, {"k", g.k}})
+          in_calibration_range(origin, no, f, v, kMaxCalibratedDim);
         out.push_back(g);
       });
   if (out.empty())
@@ -214,6 +224,14 @@ std::vector<ConvSample> parse_conv_lines(const std::string& text, const std::str
     c.kernel = field("kernel", 0, -1);
     c.stride = field("stride", 1, 1);
     c.padding = field("padding", 0, 0);
+    for (auto [f, v] :
+         {std::pair{"batch", c.batch}, {"in", c.in}, {"out", c.out}, {"height", c.height}, {"width", c.width}})
+      in_calibration_range(origin, no, f, v, kMaxCalibratedDim);
+    for (auto [f, v] : {std::pair{"kernel", c.kernel}, {"stride", c.stride}})
+      in_calibration_range(origin, no, f, v, kMaxCalibratedKernel);
+    if (c.padding > kMaxCalibratedKernel)
+      throw ConfigError(
+          fmt::format("{}:{}: field 'padding' = {} (allowed: 0 to {:g})", origin, no, c.padding, kMaxCalibratedKernel));
     if (c.out_height() < 1 || c.out_width() < 1)
       throw ConfigError(fmt::format("{}:{}: field 'kernel' ({}) does not fit the input {}x{} padded by {}", origin, no,
                                     c.kernel, c.height, c.width, c.padding));
@@ -255,6 +273,9 @@ std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::str
     p.height = field("height");
     p.width = field("width");
     p.kernel = field("kernel");
+    for (auto [f, v] :
+         {std::pair{"batch", p.batch}, {"channels", p.channels}, {"height", p.height}, {"width", p.width}})
+      in_calibration_range(origin, no, f, v, kMaxCalibratedDim);
     if (p.kernel > p.height || p.kernel > p.width)
       throw ConfigError(fmt::format("{}:{}: field 'kernel' ({}) is larger than the map {}x{}", origin, no, p.kernel,
                                     p.height, p.width));
@@ -314,6 +335,7 @@ std::vector<ModelStepSample> parse_model_step_lines(const std::string& text, con
     if (!j.contains("batch") || !j["batch"].is_number() || !(j["batch"].get<double>() > 0))
       throw bad("batch", "must be a positive number");
     const double batch = j["batch"].get<double>();
+    in_calibration_range(origin, no, "batch", batch, kMaxCalibratedDim);
     if (!j.contains("step_samples_s") || !j["step_samples_s"].is_array() || j["step_samples_s"].empty())
       throw bad("step_samples_s", "must be a non-empty list of positive seconds");
     Pool* p = nullptr;

@@ -133,9 +133,9 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       std::string fi = fmt::format("{}.calibration[{}]", f, i);
       check_map(c[i], fi, {"m", "n", "k", "achieved"});
       GemmSample s;
-      s.m = get_number(require(c[i], "m", fi), fi + ".m", 1, 1e9);
-      s.n = get_number(require(c[i], "n", fi), fi + ".n", 1, 1e9);
-      s.k = get_number(require(c[i], "k", fi), fi + ".k", 1, 1e9);
+      s.m = get_number(require(c[i], "m", fi), fi + ".m", 1, kMaxCalibratedDim);
+      s.n = get_number(require(c[i], "n", fi), fi + ".n", 1, kMaxCalibratedDim);
+      s.k = get_number(require(c[i], "k", fi), fi + ".k", 1, kMaxCalibratedDim);
       s.flops = parse_flops(get_string(require(c[i], "achieved", fi), fi + ".achieved"), fi + ".achieved");
       if (s.flops <= 0) throw ConfigError(fmt::format("{}.achieved must be positive", fi));
       if (s.flops > a.peak_flops * (1 + 1e-9))
@@ -158,14 +158,14 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
                 {"batch", "in", "out", "height", "width", "kernel", "stride", "padding", "forward", "input_grad",
                  "weight_grad"});
       ConvSample s;
-      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, 1e9);
-      s.in = get_number(require(c[i], "in", fi), fi + ".in", 1, 1e9);
-      s.out = get_number(require(c[i], "out", fi), fi + ".out", 1, 1e9);
-      s.height = get_number(require(c[i], "height", fi), fi + ".height", 1, 1e9);
-      s.width = get_number(require(c[i], "width", fi), fi + ".width", 1, 1e9);
-      s.kernel = get_number(require(c[i], "kernel", fi), fi + ".kernel", 1, 1e4);
-      if (c[i]["stride"]) s.stride = get_number(c[i]["stride"], fi + ".stride", 1, 1e4);
-      if (c[i]["padding"]) s.padding = get_number(c[i]["padding"], fi + ".padding", 0, 1e4);
+      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, kMaxCalibratedDim);
+      s.in = get_number(require(c[i], "in", fi), fi + ".in", 1, kMaxCalibratedDim);
+      s.out = get_number(require(c[i], "out", fi), fi + ".out", 1, kMaxCalibratedDim);
+      s.height = get_number(require(c[i], "height", fi), fi + ".height", 1, kMaxCalibratedDim);
+      s.width = get_number(require(c[i], "width", fi), fi + ".width", 1, kMaxCalibratedDim);
+      s.kernel = get_number(require(c[i], "kernel", fi), fi + ".kernel", 1, kMaxCalibratedKernel);
+      if (c[i]["stride"]) s.stride = get_number(c[i]["stride"], fi + ".stride", 1, kMaxCalibratedKernel);
+      if (c[i]["padding"]) s.padding = get_number(c[i]["padding"], fi + ".padding", 0, kMaxCalibratedKernel);
       if (s.out_height() < 1 || s.out_width() < 1)
         throw ConfigError(fmt::format("{}: the kernel does not fit the padded input", fi));
       s.forward_s = positive_duration(c[i], "forward", fi);
@@ -182,10 +182,10 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       std::string fi = fmt::format("{}.pool_calibration[{}]", f, i);
       check_map(c[i], fi, {"batch", "channels", "height", "width", "kernel", "forward", "backward"});
       PoolSample s;
-      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, 1e9);
-      s.channels = get_number(require(c[i], "channels", fi), fi + ".channels", 1, 1e9);
-      s.height = get_number(require(c[i], "height", fi), fi + ".height", 1, 1e9);
-      s.width = get_number(require(c[i], "width", fi), fi + ".width", 1, 1e9);
+      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, kMaxCalibratedDim);
+      s.channels = get_number(require(c[i], "channels", fi), fi + ".channels", 1, kMaxCalibratedDim);
+      s.height = get_number(require(c[i], "height", fi), fi + ".height", 1, kMaxCalibratedDim);
+      s.width = get_number(require(c[i], "width", fi), fi + ".width", 1, kMaxCalibratedDim);
       s.kernel = get_number(require(c[i], "kernel", fi), fi + ".kernel", 1, std::min(s.height, s.width));
       s.forward_s = positive_duration(c[i], "forward", fi);
       s.backward_s = positive_duration(c[i], "backward", fi);
@@ -205,7 +205,7 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       } catch (const ConfigError& e) {
         throw ConfigError(fmt::format("{}.layers: {}", fi, e.what()));
       }
-      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, 1e9);
+      s.batch = get_number(require(c[i], "batch", fi), fi + ".batch", 1, kMaxCalibratedDim);
       auto q = require(c[i], "step_quantiles", fi);
       if (!q.IsSequence() || q.size() < 2)
         throw ConfigError(

@@ -122,6 +122,8 @@ struct ClusterSpec {
 };
 
 // Parses a cluster YAML text; `origin` names the file or preset in errors.
+// The largest dimension (m, n, k, batch, channels, map sizes) and kernel or stride a calibration sample may give.
+constexpr double kMaxCalibratedDim = 1e9, kMaxCalibratedKernel = 1e4;
 ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origin);
 // A preset name (dgx-a100, dgx-h100, ethernet-25g, edge) or a path to a YAML file.
 ClusterSpec load_cluster(const std::string& preset_or_file);

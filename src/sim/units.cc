@@ -37,9 +37,14 @@ Split split_number(std::string_view text, std::string_view field, std::string_vi
   if (digits == 0)
     throw ConfigError(
         fmt::format("{}: '{}' is not a non-negative number with a unit (allowed units: {})", field, text, allowed));
-  const double v = std::strtod(s.substr(i, j - i).c_str(), nullptr);
+  const std::string number = s.substr(i, j - i);
+  const double v = std::strtod(number.c_str(), nullptr);
   if (!std::isfinite(v))
     throw ConfigError(fmt::format("{}: '{}' is above the largest value this simulator takes", field, text));
+  // (a non-zero number that underflows: latency 1e-400 us became 0 without a word)
+  const size_t mantissa_end = number.find_first_of("eE");
+  if (v == 0 && number.substr(0, mantissa_end).find_first_of("123456789") != std::string::npos)
+    throw ConfigError(fmt::format("{}: '{}' is below the smallest value this simulator takes", field, text));
   size_t u = j;
   while (u < s.size() && std::isspace(static_cast<unsigned char>(s[u]))) ++u;
   size_t e = s.size();
@@ -79,7 +84,7 @@ double at_most(double v, double most, const char* unit, std::string_view text, s
         fmt::format("{}: '{}' is above the largest value this simulator takes ({:g} {})", field, text, most, unit));
   if (v > 0 && v < least)
     throw ConfigError(
-        fmt::format("{}: '{}' is below the smallest rate this simulator takes ({:g} {})", field, text, least, unit));
+        fmt::format("{}: '{}' is below the smallest value this simulator takes ({:g} {})", field, text, least, unit));
   return v;
 }
 
@@ -117,12 +122,13 @@ double parse_size(std::string_view text, std::string_view field) {
       "B, KB, MB, GB, TB, PB (powers of 1000), KiB, MiB, GiB, TiB, PiB (powers of 1024)";
   auto [v, u] = split_number(text, field, kAllowed);
   constexpr double kMost = 1e18;  // an exabyte
-  if (u == "B") return at_most(v, kMost, "B", text, field);
+  // (a size is whole bytes: memory 0.5 B was taken)
+  if (u == "B") return at_most(v, kMost, "B", text, field, 1);
   if (u.size() == 2 && u[1] == 'B' && scale_prefix(u[0]) != 0)
-    return at_most(v * scale_prefix(u[0]), kMost, "B", text, field);
+    return at_most(v * scale_prefix(u[0]), kMost, "B", text, field, 1);
   if (u.size() == 3 && u.substr(1) == "iB") {
     double p = scale_prefix(u[0]);
-    if (p != 0) return at_most(v * std::pow(1024.0, std::round(std::log10(p) / 3)), kMost, "B", text, field);
+    if (p != 0) return at_most(v * std::pow(1024.0, std::round(std::log10(p) / 3)), kMost, "B", text, field, 1);
   }
   throw ConfigError(fmt::format("{}: unit '{}' in '{}' is not a size (allowed: {})", field, u, text, kAllowed));
 }

@@ -83,6 +83,15 @@ TEST(Calibrate, BadBenchRecordsNameTheLineAndFieldAndSkipsAreCounted) {
             std::string::npos);
   EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":4.7,\"bytes\":4,\"time_us\":3}").find("world = 4.7"),
             std::string::npos);
+  // Values the cluster file would refuse are refused at their own line (the error named the file written from them).
+  try {
+    parse_gemm_lines("{\"m\":1e12,\"n\":4,\"k\":4,\"gflops\":10}\n", "g.jsonl");
+    ADD_FAILURE() << "m = 1e12 taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("g.jsonl:1: field 'm' = 1000000000000 (allowed: 1 to 1e+09"),
+              std::string::npos)
+        << e.what();
+  }
   // A transport name that would be written into the cluster file's YAML as is ("tcp # x" cut its description).
   EXPECT_NE(error("{\"op\":\"allreduce\",\"transport\":\"tcp # x\",\"world\":2,\"bytes\":4,\"time_us\":3}")
                 .find("b.jsonl:2: transport = \"tcp # x\" (allowed: a name of letters"),

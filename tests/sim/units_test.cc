@@ -53,6 +53,13 @@ TEST(Units, ParseEveryUnitAndRejectTheRest) {
   EXPECT_THROW(parse_flops("1e-9 FLOP/s", "f"), ConfigError);
   EXPECT_THROW(parse_duration("3 hours", "f"), ConfigError);
   EXPECT_THROW(parse_size("3 Gb", "f"), ConfigError);
+  // Sizes under a byte, and non-zero values that underflow to 0, are refused (0.5 B of memory was taken, and a
+  // latency of 1e-400 us became 0); 0 itself stays allowed.
+  EXPECT_THROW(parse_size("0.5 B", "f"), ConfigError);
+  EXPECT_THROW(parse_size("1e-300 GiB", "f"), ConfigError);
+  EXPECT_THROW(parse_duration("1e-400 us", "f"), ConfigError);
+  EXPECT_DOUBLE_EQ(parse_duration("0 us", "f"), 0.0);
+  EXPECT_DOUBLE_EQ(parse_duration("0.0e-400 us", "f"), 0.0);
   EXPECT_THROW(parse_flops("3 TOPS", "f"), ConfigError);
   EXPECT_EQ(format_seconds(1.5e-3), "1.50 ms");
   EXPECT_EQ(format_gb(31.4e9), "31.4 GB");
