@@ -1,11 +1,14 @@
 // Started by tests/net/mpi_transport_test.cc as `mpirun -np 3 net_mpi_worker`: exercises the MPI transport between
 // real processes and prints one "rank R: ok <phase>" line per phase passed, then "rank R: ALL OK". Any failure
 // prints "rank R: FAIL ..." and exits 1. Every wait has a deadline, so a broken transport fails instead of hanging.
+#define OMPI_SKIP_MPICXX 1  // (the C API only: the C++ bindings are not linked)
 #include <fmt/format.h>
+#include <mpi.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <numeric>
@@ -320,7 +323,29 @@ void abort_propagates(Transport& t) {
 
 }  // namespace
 
+// A program that started MPI below MPI_THREAD_SERIALIZED: Conduit calls MPI from its communicators' worker threads,
+// so its transport is refused with the reason (it warned and went on).
+int funneled() {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  if (provided >= MPI_THREAD_SERIALIZED) {
+    std::printf("rank 0: ok funneled (skipped: the library gave level %d)\n", provided);
+  } else {
+    try {
+      make_mpi_transport({});
+      std::printf("rank 0: FAIL a transport at thread level %d was made\n", provided);
+    } catch (const ConfigError& e) {
+      const bool named = std::strstr(e.what(), "MPI_THREAD_SERIALIZED") != nullptr;
+      std::printf("rank 0: %s funneled: %s\n", named ? "ok" : "FAIL", e.what());
+    }
+  }
+  std::fflush(stdout);
+  MPI_Finalize();
+  return 0;
+}
+
 int main() {
+  if (std::getenv("CONDUIT_TEST_MPI_FUNNELED")) return funneled();
   try {
     check(mpi_launched(), "not started by mpirun");
     mpi_init_once();

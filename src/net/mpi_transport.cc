@@ -606,16 +606,24 @@ void mpi_init_once() {
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       std::atexit(finalize_at_exit);
     }
+    // Conduit calls MPI from its communicators' worker threads (and parameter-server and gossip threads): below
+    // SERIALIZED that is not allowed whatever lock serializes the calls (it was a warning).
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw ConfigError(fmt::format(
+          "mpi transport: MPI runs at thread level {} ({}), but Conduit calls MPI from its communicators' worker "
+          "threads; allowed: MPI_THREAD_SERIALIZED ({}) or MPI_THREAD_MULTIPLE ({}) (MPI_Init_thread, or let Conduit "
+          "initialize MPI)",
+          provided, provided == MPI_THREAD_SINGLE ? "MPI_THREAD_SINGLE" : "MPI_THREAD_FUNNELED", MPI_THREAD_SERIALIZED,
+          MPI_THREAD_MULTIPLE));
     if (env_flag("CONDUIT_MPI_SERIALIZE")) {  // tests the fallback path on a library that provides MULTIPLE
       g_serialize = true;
       CONDUIT_LOG_INFO("mpi: CONDUIT_MPI_SERIALIZE=1: serializing every MPI call with one lock");
     } else if (provided < MPI_THREAD_MULTIPLE) {
       g_serialize = true;
       CONDUIT_LOG_WARN(
-          "mpi: the MPI library provides thread level {} (< MPI_THREAD_MULTIPLE = {}); Conduit "
-          "serializes its MPI calls with one lock{}",
-          provided, MPI_THREAD_MULTIPLE,
-          provided < MPI_THREAD_SERIALIZED ? ", which is only safe if one thread uses Conduit" : "");
+          "mpi: the MPI library provides thread level {} (MPI_THREAD_SERIALIZED, < MPI_THREAD_MULTIPLE = {}); "
+          "Conduit serializes its MPI calls with one lock",
+          provided, MPI_THREAD_MULTIPLE);
     }
   });
 }

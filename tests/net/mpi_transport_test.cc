@@ -119,5 +119,22 @@ TEST(MpiTransport, ThreeProcessesUnderMpirunSerialized) {
   run_worker("CONDUIT_MPI_SERIALIZE=1 CONDUIT_MPI_TEST_BLOCK_BYTES=1000");
 }
 
+// A program that started MPI at MPI_THREAD_FUNNELED gets its Conduit transport refused, with the level it needs.
+TEST(MpiTransport, AThreadLevelBelowSerializedIsRefused) {
+  std::string worker = worker_path();
+  if (worker.empty() || access(worker.c_str(), X_OK) != 0) GTEST_SKIP() << "MPI worker not built";
+  std::string probe;
+  if (run("command -v mpirun", &probe) != 0) GTEST_SKIP() << "mpirun not found";
+  std::string out;
+  const int rc =
+      run("CONDUIT_TEST_MPI_FUNNELED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 "
+          "60 mpirun --oversubscribe -np 1 --bind-to none '" +
+              worker + "'",
+          &out);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("rank 0: ok funneled"), std::string::npos) << out;
+  EXPECT_EQ(out.find("FAIL"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace conduit::net
