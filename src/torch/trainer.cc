@@ -506,11 +506,12 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (c.max_steps > 0) total_steps = std::min(total_steps, c.max_steps);
   // A resume with nothing left to run takes no step and ends (as Lightning does past max_epochs), which is said: it
   // ended without a word, and a null final loss.
-  if (!c.resume.empty() && total_steps <= checkpoint_int(meta, "global_step", rd) && lead && outputs)
+  const int64_t resumed_at = c.resume.empty() ? 0 : checkpoint_int(meta, "global_step", rd);
+  if (!c.resume.empty() && total_steps <= resumed_at && lead && outputs)
     fmt::print(stderr,
                "train: warning: the checkpoint is at step {}, where this run (epochs {}, max_steps {}) ends already: "
                "nothing is left to run (give more epochs, or max_steps 0 or above {}, to train on)\n",
-               checkpoint_int(meta, "global_step", rd), c.epochs, c.max_steps, checkpoint_int(meta, "global_step", rd));
+               resumed_at, c.epochs, c.max_steps, resumed_at);
   // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all.
   const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
   // (max_steps shortened the run below the warm-up: the lr never reached lr; a resume, whose earlier steps may have
@@ -531,7 +532,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   // memory (the CNN at eval_every 1 and batch 1: 60,000 copies of 1.7 MB an epoch).
   if (c.eval_every > 0) {
     constexpr uint64_t kMaxCopiesBytes = uint64_t{4} << 30;
-    int64_t span = total_steps - (c.resume.empty() ? 0 : checkpoint_int(meta, "global_step", rd));
+    int64_t span = total_steps - resumed_at;
     if (outputs && dopt) span = std::min(span, spe);
     if (outputs && c.checkpoint_every > 0) span = std::min<int64_t>(span, c.checkpoint_every);
     const uint64_t copies = uint64_t(std::max<int64_t>(span, 0) / c.eval_every) + 1;
