@@ -555,6 +555,15 @@ std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t b
   }
   return c.tuner().choose(op, bytes, c.size(), c.num_hosts(), c.host_groups().uniform);
 }
+
+// The input a reduction sums: for avg of f16 on more than one rank, a copy divided first (the caller's input stays);
+// else `in` itself. `copy` holds the divided copy.
+const void* avg_input(const void* in, size_t count, DType dt, ReduceOp op, int ranks, std::vector<char>& copy) {
+  if (op != ReduceOp::avg || !avg_divides_first(dt) || ranks <= 1) return in;
+  copy.resize(count * dtype_size(dt));
+  prescale_avg(in, copy.data(), count, dt, ranks);
+  return copy.data();
+}
 }  // namespace
 
 void Communicator::run_allreduce(const Deadline& d, void* buf, size_t count, DType dt, ReduceOp op,
@@ -684,12 +693,8 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce_scatter, forced);
   return submit("reduce_scatter", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt));
-    std::vector<char> divided;  // avg of f16: the input divided first (into a copy: it is the caller's)
-    if (op == ReduceOp::avg && avg_divides_first(dt) && size() > 1) {
-      divided.resize(total * dtype_size(dt));
-      prescale_avg(in, divided.data(), total, dt, size());
-    }
-    run_reduce_scatter(c.deadline(), divided.empty() ? in : divided.data(), out, counts, dt, op, algo);
+    std::vector<char> divided;
+    run_reduce_scatter(c.deadline(), avg_input(in, total, dt, op, size(), divided), out, counts, dt, op, algo);
     if (op == ReduceOp::avg && !avg_divides_first(dt)) finalize_avg(out, counts[rank_], dt, size());
     return algo;
   });
@@ -744,12 +749,8 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
   if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce, forced);
   return submit("reduce", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt));
-    std::vector<char> divided;  // avg of f16: the input divided first (into a copy: it is the caller's)
-    if (op == ReduceOp::avg && avg_divides_first(dt) && size() > 1) {
-      divided.resize(count * dtype_size(dt));
-      prescale_avg(in, divided.data(), count, dt, size());
-    }
-    run_reduce(c.deadline(), divided.empty() ? in : divided.data(), out, count, dt, op, root, algo);
+    std::vector<char> divided;
+    run_reduce(c.deadline(), avg_input(in, count, dt, op, size(), divided), out, count, dt, op, root, algo);
     if (op == ReduceOp::avg && rank_ == root && !avg_divides_first(dt)) finalize_avg(out, count, dt, size());
     return algo;
   });

@@ -51,14 +51,19 @@ bool names_localhost(const std::string& master_addr) {
   return lower == "localhost" || lower.ends_with(".localhost");
 }
 
-std::string store_listen_host(const std::string& master_addr) {
+namespace {
+// A numeric loopback address: 127/8, ::1, or 127/8 mapped into IPv6.
+bool loopback_address(const std::string& addr) {
   in_addr v4{};
-  if (inet_pton(AF_INET, master_addr.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) return master_addr;
+  if (inet_pton(AF_INET, addr.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
   in6_addr v6{};
-  if (inet_pton(AF_INET6, master_addr.c_str(), &v6) == 1 &&
-      (IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127)))
-    return master_addr;
-  return "*";
+  return inet_pton(AF_INET6, addr.c_str(), &v6) == 1 &&
+         (IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127));
+}
+}  // namespace
+
+std::string store_listen_host(const std::string& master_addr) {
+  return loopback_address(master_addr) ? master_addr : "*";
 }
 
 namespace {
@@ -360,7 +365,7 @@ class TcpStoreServer {
         inet_ntop(AF_INET6, &a->sin6_addr, name, sizeof(name));
         peer_port = ntohs(a->sin6_port);
       }
-      if (loopback_only_ && store_listen_host(name) == "*") {
+      if (loopback_only_ && !loopback_address(name)) {
         CONDUIT_LOG_WARN("tcp store server localhost:{}: refused a connection from {} (MASTER_ADDR localhost)", port_,
                          name);
         ::close(fd);

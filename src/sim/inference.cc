@@ -11,8 +11,7 @@ namespace conduit::sim {
 
 double kv_cache_bytes(const GptModel& m, int tp, int pp, long long tokens, long long batch) {
   // K and V of this rank's key/value heads (h/t under multi-head attention; grouped-query attention keeps fewer).
-  const double kv_width = static_cast<double>(m.hidden) / static_cast<double>(m.heads) * kv_heads_per_rank(m, tp);
-  return 2.0 * (static_cast<double>(m.layers) / pp) * kv_width * static_cast<double>(tokens) *
+  return 2.0 * (static_cast<double>(m.layers) / pp) * kv_width_per_rank(m, tp) * static_cast<double>(tokens) *
          static_cast<double>(batch) * 2.0;
 }
 
@@ -138,9 +137,8 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
                    static_cast<double>(t);
   const long long tokens = c.prompt + c.generate;
   r.kv_bytes = kv_cache_bytes(m0, t, p, tokens, c.batch);
-  const double act = std::max(2 * b * s * (f / t + qkv_width_per_rank(m0, t)),
-                              2 * b * s * qkv_width_per_rank(m0, t) + 2 * 2 * b * (a / t) * s * s) +
-                     4 * b * V / t;
+  const double qkv = qkv_width_per_rank(m0, t);
+  const double act = std::max(2 * b * s * (f / t + qkv), 2 * b * s * qkv + 2 * 2 * b * (a / t) * s * s) + 4 * b * V / t;
   r.memory_total = r.weight_bytes + r.kv_bytes + act;
   r.memory_capacity = capacity;
   r.fits = r.memory_total <= r.memory_capacity;

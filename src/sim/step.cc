@@ -298,42 +298,30 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
 
   const Accelerator& acc = *slowest;
 
-  // Tensor-parallel communication per micro-batch per layer.
-  double tp_fwd = 0, tp_bwd = 0;
+  // Tensor-parallel communication per micro-batch: per layer, and at the model's two ends.
+  double tp_fwd = 0, tp_bwd = 0, tp_ends = 0;
   if (t > 1) {
     const Group tg{t, 1, 0};
     const double act = b * s * h * 2;
-    if (cfg.sequence_parallel) {
-      auto ag = net.profile(Collective::kAllGather, cfg.tp_algorithm, tg, act);
-      auto rs = net.profile(Collective::kReduceScatter, cfg.tp_algorithm, tg, act);
-      tp_fwd = 2 * (ctime(Collective::kAllGather, ag, tg, act) + ctime(Collective::kReduceScatter, rs, tg, act));
-      r.tp_algorithm = algorithm_name(ag.algorithm);
-    } else {
-      auto ar = net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, act);
-      tp_fwd = 2 * ctime(Collective::kAllReduce, ar, tg, act);
-      r.tp_algorithm = algorithm_name(ar.algorithm);
-    }
+    auto one = [&](Collective k, double n) { return ctime(k, net.profile(k, cfg.tp_algorithm, tg, n), tg, n); };
+    const Collective per_layer = cfg.sequence_parallel ? Collective::kAllGather : Collective::kAllReduce;
+    const CollectiveCost prof = net.profile(per_layer, cfg.tp_algorithm, tg, act);
+    r.tp_algorithm = algorithm_name(prof.algorithm);
+    tp_fwd = 2 * (ctime(per_layer, prof, tg, act) + (cfg.sequence_parallel ? one(Collective::kReduceScatter, act) : 0));
     tp_bwd = tp_fwd + (cfg.recompute == Recompute::kFull ? tp_fwd : 0);
-  }
-  double tp_mb = lps * (tp_fwd + tp_bwd);
-  if (t > 1) {
     // The vocab-parallel embedding's output and the output layer's input (Megatron-LM): an allreduce in the
     // embedding's forward (first stage) and one of the output layer's input gradient (last stage); with sequence
     // parallelism a reduce-scatter there, and an all-gather of the output layer's input plus a reduce-scatter of its
     // gradient. The slot is the slower stage's: with p = 1 both ends run on it. (They were not charged.)
-    const Group tg{t, 1, 0};
-    const double act = b * s * h * 2;
-    auto one = [&](Collective k) { return ctime(k, net.profile(k, cfg.tp_algorithm, tg, act), tg, act); };
-    const double first = cfg.sequence_parallel ? one(Collective::kReduceScatter) : one(Collective::kAllReduce);
-    const double last = cfg.sequence_parallel ? one(Collective::kAllGather) + one(Collective::kReduceScatter)
-                                              : one(Collective::kAllReduce);
-    tp_mb += p == 1 ? first + last : std::max(first, last);
+    const double first =
+        cfg.sequence_parallel ? one(Collective::kReduceScatter, act) : one(Collective::kAllReduce, act);
+    const double last = cfg.sequence_parallel ? one(Collective::kAllGather, act) + one(Collective::kReduceScatter, act)
+                                              : one(Collective::kAllReduce, act);
+    tp_ends = p == 1 ? first + last : std::max(first, last);
+    // The vocab-parallel cross entropy: allreduces of the per-token max, target logit and sum (fp32).
+    tp_ends += 3 * one(Collective::kAllReduce, b * s * 4);
   }
-  if (t > 1) {  // vocab-parallel cross entropy: allreduces of the per-token max, target logit and sum (fp32)
-    const Group tg{t, 1, 0};
-    tp_mb += 3 * ctime(Collective::kAllReduce, net.profile(Collective::kAllReduce, cfg.tp_algorithm, tg, b * s * 4), tg,
-                       b * s * 4);
-  }
+  const double tp_mb = lps * (tp_fwd + tp_bwd) + tp_ends;
 
   // Pipeline point-to-point per micro-batch: forward activations and backward gradients, v times (interleaved).
   double p2p_mb = 0;

@@ -76,9 +76,12 @@ double kv_heads_per_rank(const GptModel& m, int t) {
   return kv >= t ? static_cast<double>(kv / t) : 1.0;
 }
 
+double kv_width_per_rank(const GptModel& m, int t) {
+  return static_cast<double>(m.hidden) / static_cast<double>(m.heads) * kv_heads_per_rank(m, t);
+}
+
 double qkv_width_per_rank(const GptModel& m, int t) {
-  const double h = static_cast<double>(m.hidden), d = h / static_cast<double>(m.heads);
-  return h / t + 2 * d * kv_heads_per_rank(m, t);
+  return static_cast<double>(m.hidden) / t + 2 * kv_width_per_rank(m, t);
 }
 
 namespace {

@@ -44,9 +44,10 @@ struct GptModel {
 };
 
 // Per tensor-parallel rank of `t`: the key/value heads it holds (kv/t, or one, replicated, when t exceeds kv, as
-// Megatron-LM does), and the width of its Q, K and V projections' output (h/t + 2 x its K/V heads x the head size).
-// ConfigError when neither of t and kv divides the other.
+// Megatron-LM does), their width (heads x the head size: the width of its K, and of its V), and the width of its Q,
+// K and V projections' output (h/t + 2 x that). ConfigError when neither of t and kv divides the other.
 double kv_heads_per_rank(const GptModel& m, int t);
+double kv_width_per_rank(const GptModel& m, int t);
 double qkv_width_per_rank(const GptModel& m, int t);
 
 // Named shapes: Megatron-LM's table 1 rows, GPT-2/GPT-3 (vocabularies padded to a multiple of 128).

@@ -60,8 +60,7 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
 // peer. The slot, not the shard, and low bits, because the MPI transport keeps only the low 11 bits of a user tag
 // (net/mpi_transport.h): shards s and s + 64 on one rank (128 shards co-located on 64 ranks) shared an MPI tag and
 // could swap messages unseen (the transport's check sees only requests outstanding at once). Slots stay apart up to
-// 64 shards on one rank.
-uint32_t shard_tag(uint32_t base, int64_t slot) { return base | (uint32_t(slot & 0xffff) << 5); }
+// 64 shards on one rank (PsStrategy::tag_of).
 
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
@@ -632,9 +631,11 @@ class PsStrategy : public Strategy {
     const int n = comm_->size();
     return cfg_.colocate ? int(shard % n) : n - int(cfg_.servers) + int(shard);
   }
-  // The tag of a message of kind `base` about `shard`: by its slot among its host's shards (host_of's order).
+  // The tag of a message of kind `base` about `shard`: its slot among its host's shards (host_of's order) in bits
+  // 5..20 (see above).
   uint32_t tag_of(uint32_t base, int64_t shard) const {
-    return shard_tag(base, cfg_.colocate ? shard / comm_->size() : 0);
+    const int64_t slot = cfg_.colocate ? shard / comm_->size() : 0;
+    return base | (uint32_t(slot & 0xffff) << 5);
   }
 
   void start_threads() {

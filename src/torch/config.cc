@@ -388,8 +388,14 @@ SyncSpec effective_sync(const TrainConfig& c) {
                                     value, key, it->second, c.sync));
     s.params[key] = value;
   };
+  // A key filled in from the trainer's own settings: `derive` where the spec may give another value, `set_from`
+  // where it must agree (the compressor); either way recorded as derived unless the spec gave it.
   auto derive = [&](const std::string& key, const std::string& value) {
     if (s.params.try_emplace(key, value).second) s.derived.insert(key);
+  };
+  auto set_from = [&](const std::string& key, const std::string& value, const char* from) {
+    if (!s.params.count(key)) s.derived.insert(key);
+    set(key, value, from);
   };
   if (c.sync_period > 0) {
     if (!defaults.count("period"))
@@ -451,19 +457,13 @@ SyncSpec effective_sync(const TrainConfig& c) {
       throw ConfigError(fmt::format("config: resume: {} with dedicated server ranks (colocate=0) keeps the model on "
                                     "ranks that are not checkpointed; allowed: colocate=1",
                                     s.name));
-    if (compressed) {  // (the trainer's compressor, checked on its own at a resume)
-      if (!s.params.count("push_compressor")) s.derived.insert("push_compressor");
-      set("push_compressor", c.compressor, "compressor");
-    }
+    if (compressed) set_from("push_compressor", c.compressor, "compressor");  // (checked on its own at a resume)
     if (c.optimizer != "sgd")
       throw ConfigError(fmt::format("config: optimizer: {} runs on the workers, but {} servers own the optimizer "
                                     "(SGD with momentum); allowed: sgd",
                                     c.optimizer, s.name));
   } else if (s.name == "dpsgd") {
-    if (compressed) {
-      if (!s.params.count("compressor")) s.derived.insert("compressor");
-      set("compressor", c.compressor, "compressor");
-    }
+    if (compressed) set_from("compressor", c.compressor, "compressor");
   } else if (!s.bsp() && compressed) {
     throw ConfigError(fmt::format("config: compressor: {} averages parameters, not gradients, so '{}' does not "
                                   "apply; allowed: none, or a scheme that compresses (bsp, dpsgd, ps-*)",
