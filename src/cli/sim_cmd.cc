@@ -62,6 +62,8 @@ struct ModelArgs {
   int layers = 0;
   long long hidden = 0, heads = 0, seq = 0, vocab = 0;  // 0: the named model's, else 2048 / 51200
   long long kv_heads = -1;                              // -1: the named model's, else --heads
+  long long ffn_hidden = -1;                            // -1: the named model's, else 4 x --hidden
+  std::string mlp;                                      // empty: the named model's, else gelu
 };
 
 struct StepArgs {
@@ -122,6 +124,14 @@ GptModel make_model(const ModelArgs& a) {
   if (a.seq > 0) m.seq = a.seq;
   if (a.vocab > 0) m.vocab = a.vocab;
   if (a.kv_heads >= 0) m.kv_heads = a.kv_heads;
+  if (a.ffn_hidden >= 0) m.ffn_hidden = a.ffn_hidden;
+  if (a.ffn_hidden < -1)
+    throw ConfigError(fmt::format("--ffn-hidden = {} (allowed: 1 or more; 0 for 4 x --hidden)", a.ffn_hidden));
+  if (!a.mlp.empty()) {
+    if (a.mlp != "gelu" && a.mlp != "swiglu")
+      throw ConfigError(fmt::format("--mlp = '{}' (allowed: gelu, swiglu)", a.mlp));
+    m.gated_mlp = a.mlp == "swiglu";
+  }
   m.validate();
   return m;
 }
@@ -142,7 +152,8 @@ void add_model_flags(CLI::App* c, StepArgs& a) {
       ->each([&a](const std::string&) { a.gpus_given = true; });
   c->add_option("--model", a.model.model,
                 "gpt (give --layers/--hidden/--heads) or a named model: gpt2-small, gpt2-xl, "
-                "gpt-1.7b, gpt-7.5b, gpt-18.4b, gpt-39b, gpt3-175b, gpt-530b, gpt-1t, llama2-70b-like")
+                "gpt-1.7b, gpt-7.5b, gpt-18.4b, gpt-39b, gpt3-175b, gpt-530b, gpt-1t, llama2-7b-like, "
+                "llama2-70b-like")
       ->capture_default_str();
   c->add_option("--layers", a.model.layers, "transformer layers");
   c->add_option("--layers-spec", a.model.layers_spec,
@@ -153,6 +164,10 @@ void add_model_flags(CLI::App* c, StepArgs& a) {
   c->add_option("--kv-heads", a.model.kv_heads,
                 "key/value heads: fewer than --heads (dividing it) is grouped-query attention (default: the named "
                 "model's, else --heads)");
+  c->add_option("--ffn-hidden", a.model.ffn_hidden,
+                "the MLP's hidden width (default: the named model's, else 4 x --hidden; 0: 4 x --hidden)");
+  c->add_option("--mlp", a.model.mlp,
+                "gelu (two matrices) or swiglu (gated: three, Llama's) (default: the named model's, else gelu)");
   c->add_option("--seq", a.model.seq, "sequence length (default: the named model's, else 2048)");
   c->add_option("--vocab", a.model.vocab, "vocabulary size (default: the named model's, else 51200)");
 }

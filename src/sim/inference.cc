@@ -25,6 +25,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   const GptModel m0 = vocab_padded(given, c.tp);  // as simulate_step: the output layer split evenly
   if (m0.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m0.heads));
   kv_heads_per_rank(m0, c.tp);  // (refuses a tp that neither divides the key/value heads nor is a multiple of them)
+  check_ffn_split(m0, c.tp);
   if (m0.layers % c.pp != 0) throw ConfigError(fmt::format("--pp = {} must divide --layers = {}", c.pp, m0.layers));
   if (c.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", c.batch));
   if (c.prompt < 1 || c.generate < 1) throw ConfigError("--prompt and --generate must be at least 1 token");
@@ -39,7 +40,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   const Group tg{t, 1, 0};
   const Group pg{p, t, 0};
   const double s = static_cast<double>(c.prompt);
-  const double f = m0.ffn_mult * h;
+  const double f = m0.ffn(), up = m0.mlp_up_width();
 
   // One replica on accelerators `acc`: prefill, decode per token, and what bounds the decode.
   struct Timing {
@@ -53,7 +54,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     pm.seq = c.prompt;
     double layer = 0;
     for (const auto& g : gpt_layer_gemms(pm, b, t)) layer += gemm_time(acc, g.shape);
-    layer += memory_time(acc, 2 * (11 * b * s * h + 2 * b * (a / t) * s * s + 2 * b * s * 4 * h / t), 6);
+    layer += memory_time(acc, 2 * (11 * b * s * h + 2 * b * (a / t) * s * s) + 2 * b * s * (up + f) / t, 6);
     double tp_layer = t > 1 ? 2 * net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;
     double p2p = p > 1 ? net.time(Collective::kShift, Algorithm::kDirect, pg, b * s * h * 2 / t) : 0;
     double logits = gemm_time(acc, {b, V / t, h, 1});
@@ -70,7 +71,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
                                 {g, ctx, d, b * kvh},
                                 {g, d, ctx, b * kvh},
                                 {b, h, h / t, 1},
-                                {b, f / t, h, 1},
+                                {b, up / t, h, 1},
                                 {b, h, f / t, 1}};
     for (const auto& g : shapes) {
       dlayer += gemm_time(acc, g);
@@ -138,7 +139,8 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   const long long tokens = c.prompt + c.generate;
   r.kv_bytes = kv_cache_bytes(m0, t, p, tokens, c.batch);
   const double qkv = qkv_width_per_rank(m0, t);
-  const double act = std::max(2 * b * s * (f / t + qkv), 2 * b * s * qkv + 2 * 2 * b * (a / t) * s * s) + 4 * b * V / t;
+  const double act =
+      std::max(2 * b * s * (up / t + qkv), 2 * b * s * qkv + 2 * 2 * b * (a / t) * s * s) + 4 * b * V / t;
   r.memory_total = r.weight_bytes + r.kv_bytes + act;
   r.memory_capacity = capacity;
   r.fits = r.memory_total <= r.memory_capacity;

@@ -66,6 +66,7 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
     throw ConfigError(fmt::format("--dp ({}) x --tp ({}) x --pp ({}) must equal --gpus ({})", c.dp, c.tp, c.pp, gpus));
   if (m.heads % c.tp != 0) throw ConfigError(fmt::format("--tp = {} must divide --heads = {}", c.tp, m.heads));
   kv_heads_per_rank(m, c.tp);  // (one of tp and the key/value heads divides the other)
+  check_ffn_split(m, c.tp);
   if (c.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", c.micro_batch));
   if (c.global_batch < 1) throw ConfigError(fmt::format("--global-batch = {} must be at least 1", c.global_batch));
   if (c.global_batch % (static_cast<long long>(c.micro_batch) * dp) != 0)
@@ -138,7 +139,7 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
   MicroTimes t;
   const int tp = c.tp;
   const double b = c.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
-  const double a = static_cast<double>(m.heads), f = m.ffn_mult * h;
+  const double a = static_cast<double>(m.heads);
   double fwd = 0, core = 0, bwd = 0;
   for (const auto& g : gpt_layer_gemms(m, b, tp)) {
     double tf = gemm_time(acc, g.shape);
@@ -148,11 +149,12 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
   }
   // Element-wise kernels, 2-byte elements: two layer norms (read + write), two bias-dropout-adds (two reads, a
   // write, a 1-byte mask), fused scale-mask-softmax (read + write) and attention dropout (read, write, mask) on
-  // the b*a/t*s*s scores, fused bias-GeLU (read + write) on the b*s*4h/t MLP activations.
+  // the b*a/t*s*s scores, fused bias-GeLU (read + write) on the b*s*4h/t MLP activations (SwiGLU reads the gate and up
+  // halves and writes their product).
   const double hdiv = c.sequence_parallel ? tp : 1;
   const double h_bytes = 2 * (2 * 2 + 2 * 3.5) * b * s * h / hdiv;
   const double s_bytes = 2 * (2 + 2.5) * b * (a / tp) * s * s;
-  const double f_bytes = 2 * 2 * b * s * f / tp;
+  const double f_bytes = 2 * b * s * (m.mlp_up_width() + m.ffn()) / tp;
   const double ew_fwd = memory_time(acc, h_bytes + s_bytes + f_bytes, 7);
   const double ew_bwd = memory_time(acc, 2 * (h_bytes + s_bytes + f_bytes), 14);
   const double ew_core = memory_time(acc, s_bytes, 2);
@@ -441,9 +443,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       } else if (cp.kind == "powersgd") {
         const double rank = cp.param;
         // Weight matrices of a layer per GPU: (h x 3h/t), (h/t x h), (h x 4h/t), (4h/t x h); embedding (V/t x h).
-        const double f = m.ffn_mult * h;
         const std::vector<std::pair<double, double>> mats{
-            {h, qkv_width_per_rank(m, t)}, {h / t, h}, {h, f / t}, {f / t, h}};
+            {h, qkv_width_per_rank(m, t)}, {h / t, h}, {h, m.mlp_up_width() / t}, {m.ffn() / t, h}};
         double factors = 0, gemm = 0;
         for (auto [rows, cols] : mats) {
           factors += rank * (rows + cols);

@@ -64,6 +64,7 @@ void GptModel::validate() const {
         fmt::format("--kv-heads = {} (allowed: a divisor of --heads = {}, or 0 for --heads)", kv_heads, heads));
   check("--seq", seq);
   check("--vocab", vocab);
+  if (ffn_hidden != 0) check("--ffn-hidden", ffn_hidden);
 }
 
 double kv_heads_per_rank(const GptModel& m, int t) {
@@ -80,6 +81,11 @@ double kv_width_per_rank(const GptModel& m, int t) {
   return static_cast<double>(m.hidden) / static_cast<double>(m.heads) * kv_heads_per_rank(m, t);
 }
 
+void check_ffn_split(const GptModel& m, int t) {
+  const auto f = static_cast<long long>(m.ffn());
+  if (f % t != 0) throw ConfigError(fmt::format("--tp = {} must divide the MLP's width, {} (--ffn-hidden)", t, f));
+}
+
 double qkv_width_per_rank(const GptModel& m, int t) {
   return static_cast<double>(m.hidden) / t + 2 * kv_width_per_rank(m, t);
 }
@@ -89,14 +95,24 @@ struct NamedModel {
   const char* name;
   int layers;
   long long hidden, heads, seq, vocab;
-  long long kv_heads = 0;
+  long long kv_heads = 0, ffn_hidden = 0;
+  bool gated_mlp = false;
 };
 constexpr NamedModel kModels[] = {
-    {"gpt2-small", 12, 768, 12, 1024, 50304},  {"gpt2-xl", 48, 1600, 25, 1024, 50304},
-    {"gpt-1.7b", 24, 2304, 24, 2048, 51200},   {"gpt-7.5b", 36, 4096, 32, 2048, 51200},
-    {"gpt-18.4b", 40, 6144, 48, 2048, 51200},  {"gpt-39b", 48, 8192, 64, 2048, 51200},
-    {"gpt3-175b", 96, 12288, 96, 2048, 51200}, {"gpt-530b", 105, 20480, 128, 2048, 51200},
-    {"gpt-1t", 128, 25600, 160, 2048, 51200},  {"llama2-70b-like", 80, 8192, 64, 4096, 32000, 8},
+    {"gpt2-small", 12, 768, 12, 1024, 50304},
+    {"gpt2-xl", 48, 1600, 25, 1024, 50304},
+    {"gpt-1.7b", 24, 2304, 24, 2048, 51200},
+    {"gpt-7.5b", 36, 4096, 32, 2048, 51200},
+    {"gpt-18.4b", 40, 6144, 48, 2048, 51200},
+    {"gpt-39b", 48, 8192, 64, 2048, 51200},
+    {"gpt3-175b", 96, 12288, 96, 2048, 51200},
+    {"gpt-530b", 105, 20480, 128, 2048, 51200},
+    {"gpt-1t", 128, 25600, 160, 2048, 51200},
+    // Llama 2 (Touvron et al. 2023, table 1 and the released configs): SwiGLU MLPs of 11008 and 28672, 70B's 8 KV
+    // heads. "-like": GPT's learned positions, biases and tied embeddings stand in for RoPE, none and untied ones
+    // (1.7% and 0.3% fewer parameters than the 6.74B and 68.98B released).
+    {"llama2-7b-like", 32, 4096, 32, 4096, 32000, 0, 11008, true},
+    {"llama2-70b-like", 80, 8192, 64, 4096, 32000, 8, 28672, true},
 };
 }  // namespace
 
@@ -110,6 +126,8 @@ bool named_gpt(const std::string& name, GptModel& out) {
       out.seq = n.seq;
       out.vocab = n.vocab;
       out.kv_heads = n.kv_heads;
+      out.ffn_hidden = n.ffn_hidden;
+      out.gated_mlp = n.gated_mlp;
       return true;
     }
   }
@@ -124,10 +142,11 @@ std::vector<std::string> named_gpt_names() {
 
 double gpt_layer_parameters(const GptModel& m) {
   const double h = static_cast<double>(m.hidden);
-  // QKV (h + 2w)h + h + 2w with w = kv heads x head size (w = h: 3h^2+3h), projection h^2+h, MLP 2*f*h^2 + f*h + h,
-  // two layer norms 4h (multi-head, f = 4: 12h^2 + 13h).
+  // QKV (h + 2w)h + h + 2w with w = kv heads x head size (w = h: 3h^2+3h), projection h^2+h, MLP up u*h + u (u = f,
+  // or 2f gated) and down f*h + h, two layer norms 4h (multi-head, f = 4h: 12h^2 + 13h).
   const double w = h / static_cast<double>(m.heads) * static_cast<double>(m.kv());
-  return (h + 2 * w) * (h + 1) + h * h + h + 2 * m.ffn_mult * h * h + m.ffn_mult * h + h + 4 * h;
+  const double u = m.mlp_up_width(), f = m.ffn();
+  return (h + 2 * w) * (h + 1) + h * h + h + u * (h + 1) + f * h + h + 4 * h;
 }
 
 GptModel vocab_padded(const GptModel& m, int tp) {
@@ -143,15 +162,11 @@ double gpt_parameters(const GptModel& m) {
 
 std::vector<NamedGemm> gpt_layer_gemms(const GptModel& m, double b, int t) {
   const double s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
-  const double f = m.ffn_mult * h;
   const double bs = b * s;
   return {
-      {"qkv", {bs, qkv_width_per_rank(m, t), h, 1}, false},
-      {"attention scores", {s, s, h / a, b * a / t}, true},
-      {"attention context", {s, h / a, s, b * a / t}, true},
-      {"projection", {bs, h, h / t, 1}, false},
-      {"mlp up", {bs, f / t, h, 1}, false},
-      {"mlp down", {bs, h, f / t, 1}, false},
+      {"qkv", {bs, qkv_width_per_rank(m, t), h, 1}, false},  {"attention scores", {s, s, h / a, b * a / t}, true},
+      {"attention context", {s, h / a, s, b * a / t}, true}, {"projection", {bs, h, h / t, 1}, false},
+      {"mlp up", {bs, m.mlp_up_width() / t, h, 1}, false},   {"mlp down", {bs, h, m.ffn() / t, 1}, false},
   };
 }
 
@@ -192,17 +207,15 @@ ModelState zero_model_state(double psi, long long dp, int stage, double grad_byt
 double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sp, Recompute r) {
   const double s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
   const double sbh = s * b * h;
-  const double attn = 5 * a * s / (h * t);
-  switch (r) {
-    case Recompute::kFull:
-      return 2 * sbh / (sp ? t : 1);
-    case Recompute::kSelective:
-      return sp ? sbh * 34 / t : sbh * (10 + 24.0 / t);
-    case Recompute::kNone:
-      break;
-  }
-  if (t == 1) return sbh * (34 + 5 * a * s / h);
-  return sp ? sbh * (34.0 / t + attn) : sbh * (10 + 24.0 / t + attn);
+  if (r == Recompute::kFull) return 2 * sbh / (sp ? t : 1);
+  // In units of sbh: replicated over the tensor-parallel ranks unless sequence parallel, the layer norms' inputs 4,
+  // the QKV and MLP inputs 2 + 2 and two dropout masks 1 + 1; split, Q 2, K and V 2 each at their width per rank
+  // (h/t multi-head), the projection's input 2 and the MLP's 4f/h (6f/h gated); the scores' 5as/(ht) unless
+  // recomputed.
+  const double replicated = 10.0 / (sp ? t : 1);
+  const double split = (4 + (m.gated_mlp ? 6 : 4) * m.ffn() / h) / t + 4 * kv_width_per_rank(m, t) / h;
+  const double scores = r == Recompute::kSelective ? 0 : 5 * a * s / (h * t);
+  return sbh * (replicated + split + scores);
 }
 
 double pipeline_bubble_fraction(int p, long long m, int v) {

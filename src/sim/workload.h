@@ -5,6 +5,7 @@
 // GPT layer, micro-batch b, sequence s, hidden h, heads a, tensor parallel t (per GPU):
 //   QKV (bs x h)(h x 3h/t), scores (s x h/a)(h/a x s) x ba/t, context (s x s)(s x h/a) x ba/t,
 //   projection (bs x h/t)(h/t x h), MLP up (bs x h)(h x 4h/t), MLP down (bs x 4h/t)(4h/t x h)
+//   (grouped-query attention narrows the QKV GEMM, a gated MLP of width f has up (h x 2f/t) and down (f/t x h))
 //   -> forward 24bsh^2 + 4bs^2h FLOPs per layer (t = 1); backward twice the forward (input and weight gradients);
 //   logits (bs x h)(h x V/t): 2bshV forward.
 //   Recompute none: 3 passes; selective: + the attention core (scores, softmax, context) forward again
@@ -17,6 +18,8 @@
 // Activations per layer (Korthikanti et al. 2022, bytes): sbh(34 + 5as/h) without parallelism;
 //   tensor parallel sbh(10 + 24/t + 5as/(ht)); + sequence parallel sbh(34/t + 5as/(ht));
 //   selective recompute drops the 5as/h term; full recompute keeps only the layer input 2sbh (/t with SP).
+//   Of the 24/t, the MLP's 16 is 4f/h (its activation's input and output), 6f/h gated (the gate and up outputs and
+//   their product, as Megatron-LM's fused SwiGLU keeps them); K and V's 2 + 2 shrink with grouped-query attention.
 #include <string>
 #include <vector>
 
@@ -38,9 +41,15 @@ struct GptModel {
   // Key/value heads: 0 or `heads` is multi-head attention; fewer (dividing heads) grouped-query attention (Ainslie et
   // al. 2023; Llama 2 70B has 8): the K and V projections and the KV cache shrink by heads / kv_heads.
   long long kv_heads = 0;
-  double ffn_mult = 4;
+  // The MLP's hidden width: 0 is GPT's 4 x hidden. Gated (SwiGLU, Shazeer 2020; Llama) projects the input twice to
+  // this width, a gate and an up projection, and multiplies them: 3 x hidden x width weights against GPT's 2.
+  long long ffn_hidden = 0;
+  bool gated_mlp = false;
   void validate() const;  // ConfigError naming the field
   long long kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  double ffn() const { return ffn_hidden > 0 ? static_cast<double>(ffn_hidden) : 4.0 * static_cast<double>(hidden); }
+  // The up projection's output width: the gate and up halves together when gated.
+  double mlp_up_width() const { return (gated_mlp ? 2 : 1) * ffn(); }
 };
 
 // Per tensor-parallel rank of `t`: the key/value heads it holds (kv/t, or one, replicated, when t exceeds kv, as
@@ -49,6 +58,8 @@ struct GptModel {
 double kv_heads_per_rank(const GptModel& m, int t);
 double kv_width_per_rank(const GptModel& m, int t);
 double qkv_width_per_rank(const GptModel& m, int t);
+// ConfigError unless `t` divides the MLP's width (Megatron-LM splits it evenly over the tensor-parallel ranks).
+void check_ffn_split(const GptModel& m, int t);
 
 // Named shapes: Megatron-LM's table 1 rows, GPT-2/GPT-3 (vocabularies padded to a multiple of 128).
 // Returns false when `name` is not one of them.
@@ -61,7 +72,7 @@ std::vector<std::string> named_gpt_names();
 GptModel vocab_padded(const GptModel& m, int tp);
 
 double gpt_parameters(const GptModel& m);
-double gpt_layer_parameters(const GptModel& m);  // 12h^2 + 13h
+double gpt_layer_parameters(const GptModel& m);  // 12h^2 + 13h (multi-head, 4h MLP)
 
 struct NamedGemm {
   const char* name;

@@ -613,6 +613,20 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
       "--heads 48 --hidden 6144",
       &rc);
   EXPECT_NE(out.find("--tp = 8 and --kv-heads = 12: one must divide the other"), std::string::npos) << out;
+  // --mlp and --ffn-hidden: named values only; the width split evenly over --tp.
+  out = test_util::run(infer_cmd + "--mlp relu", &rc);
+  EXPECT_NE(out.find("--mlp = 'relu' (allowed: gelu, swiglu)"), std::string::npos) << out;
+  out = test_util::run(infer_cmd + "--ffn-hidden -3", &rc);
+  EXPECT_NE(out.find("--ffn-hidden = -3 (allowed: 1 or more; 0 for 4 x --hidden)"), std::string::npos) << out;
+  out = test_util::run(infer_cmd + "--ffn-hidden 28676", &rc);
+  EXPECT_NE(out.find("--tp = 8 must divide the MLP's width, 28676 (--ffn-hidden)"), std::string::npos) << out;
+  // A plain GPT model given Llama's MLP has Llama's parameters (less GQA's saving).
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt --layers 32 --hidden 4096 --heads 32 --seq 4096 --vocab 32000 "
+      "--global-batch 8 --mlp swiglu --ffn-hidden 11008",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("(6.63B params"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -72,6 +72,39 @@ TEST(Workload, ActivationMemoryKorthikanti) {
   EXPECT_LT(rel(gpt_layer_activation_bytes(m, 1, 1, false, Recompute::kFull), 2 * sbh), 1e-12);
 }
 
+TEST(Workload, GatedMlpShapesParametersAndActivations) {
+  // Llama 2's released sizes: 6,738,415,616 and 68,976,648,192 parameters (untied output layers, no biases, RoPE).
+  // The "-like" models tie the output layer and add GPT's biases and learned positions: 1.7% and 0.3% fewer. Counted
+  // as GPT's 4h MLP they were 16% and 20% short (the SwiGLU MLP holds 3hf, not 8h^2).
+  GptModel l7, l70;
+  ASSERT_TRUE(named_gpt("llama2-7b-like", l7));
+  ASSERT_TRUE(named_gpt("llama2-70b-like", l70));
+  EXPECT_NEAR(gpt_parameters(l7) / 6738415616.0, 1, 0.02);
+  EXPECT_NEAR(gpt_parameters(l70) / 68976648192.0, 1, 0.005);
+  GptModel plain = l70;
+  plain.gated_mlp = false;
+  plain.ffn_hidden = 0;
+  EXPECT_DOUBLE_EQ(gpt_layer_parameters(l70) - gpt_layer_parameters(plain),
+                   (3.0 * 28672 - 8.0 * 8192) * 8192 + (2.0 * 28672 - 4 * 8192));
+  // Forward GEMMs at t = 8: up (bs x h)(h x 2f/t), down (bs x f/t)(f/t x h); FLOPs 2 bs h 3f/t for the MLP.
+  double mlp = 0;
+  for (const auto& g : gpt_layer_gemms(l70, 1, 8))
+    if (std::string(g.name).rfind("mlp", 0) == 0) mlp += g.shape.flops();
+  EXPECT_DOUBLE_EQ(mlp, 2.0 * 4096 * 8192 * 3 * 28672 / 8);
+  // Activations per layer, t = 8 with sequence parallelism (sbh units): 10/t replicated, Q and the projection's
+  // input 4/t, K and V 2 + 2 at one 128-wide head per rank, the gated MLP 6f/(ht), the scores 5as/(ht).
+  const double sbh = 4096.0 * 8192;
+  const double expect = 10.0 / 8 + (4 + 6 * 3.5) / 8 + 4 * 128.0 / 8192 + 5.0 * 64 * 4096 / (8192 * 8);
+  EXPECT_LT(rel(gpt_layer_activation_bytes(l70, 1, 8, true, Recompute::kNone), sbh * expect), 1e-12);
+  // A width the tensor-parallel ranks cannot split evenly is refused; so is a negative or too large one.
+  GptModel odd = l7;
+  odd.ffn_hidden = 11000;  // 8 x 1375
+  EXPECT_NO_THROW(check_ffn_split(odd, 8));
+  EXPECT_THROW(check_ffn_split(odd, 16), ConfigError);
+  odd.ffn_hidden = -1;
+  EXPECT_THROW(odd.validate(), ConfigError);
+}
+
 TEST(Workload, PipelineBubble) {
   EXPECT_DOUBLE_EQ(pipeline_bubble_fraction(8, 64, 1), 7.0 / 64);
   EXPECT_DOUBLE_EQ(pipeline_bubble_fraction(8, 64, 4), 7.0 / 256);
