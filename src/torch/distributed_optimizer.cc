@@ -70,7 +70,7 @@ struct DistributedOptimizer::Core {
     std::vector<float> flat;
   };
 
-  coll::CommPtr comm;
+  coll::CommPtr comm;  // the buckets' own (split off the caller's): no collective of the caller's comes between them
   DistOptions opt;
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;  // as named_parameters() gives them (indices skip frozen and tied parameters)
@@ -88,6 +88,7 @@ struct DistributedOptimizer::Core {
   std::vector<int> param_bucket;    // bucket of each parameter
   std::vector<int> param_slot;      // position inside its bucket
   std::vector<char> got;            // gradient arrived this step
+  std::vector<uint8_t> used;        // find_unused_parameters: which any rank had a gradient for, known at the flush
   std::vector<int> pending;         // gradients still missing per bucket
   std::vector<char> ready;          // bucket full
   int next = 0;                     // next bucket the thread communicates
@@ -131,6 +132,7 @@ struct DistributedOptimizer::Core {
     // once, and the next backward again: duplicate slots in the rebuilt buckets, twice the bytes every step).
     if (record_order) ready_order.clear();
     got.assign(params.size(), 0);
+    used.clear();
     pending.resize(buckets.size());
     for (size_t b = 0; b < buckets.size(); ++b) pending[b] = int(buckets[b].params.size());
     ready.assign(buckets.size(), 0);
@@ -178,7 +180,8 @@ struct DistributedOptimizer::Core {
     }
   }
 
-  void communicate(int b) {
+  // flushed: synchronize() had begun when the thread took the bucket (so `used` is set and stays until the step ends).
+  void communicate(int b, bool flushed) {
     Bucket& bk = buckets[size_t(b)];
     const int w = comm->size();
     const size_t n = bk.flat.size();
@@ -206,6 +209,9 @@ struct DistributedOptimizer::Core {
       size_t dense_n = 0;
       for (size_t k = 0; k < bk.params.size(); ++k) {
         int i = bk.params[k];
+        // No rank's gradient: its zeros would still drive the compressor's state (error feedback would send its
+        // residual, then the optimizer would drop the result) and momentum; every rank knows it, so all skip it.
+        if (flushed && !used.empty() && !used[size_t(i)]) continue;
         std::span<float> g(bk.flat.data() + bk.offsets[k], numel[size_t(i)]);
         if (numel[size_t(i)] * sizeof(float) < opt.compress_min_bytes) {
           if (opt.dense_momentum > 0) {
@@ -292,6 +298,7 @@ struct DistributedOptimizer::Core {
   void loop() {
     for (;;) {
       int b;
+      bool flushed;
       {
         std::unique_lock<std::mutex> lk(mu);
         cv.wait(lk, [&] {
@@ -299,6 +306,7 @@ struct DistributedOptimizer::Core {
         });
         if (stop) return;
         b = next;
+        flushed = flush;
         if (flush && !ready[size_t(b)]) {  // parameters without a gradient this step contribute zeros
           Bucket& bk = buckets[size_t(b)];
           for (size_t k = 0; k < bk.params.size(); ++k)
@@ -307,7 +315,7 @@ struct DistributedOptimizer::Core {
         }
       }
       try {
-        communicate(b);
+        communicate(b, flushed);
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu);
         if (!error) error = std::current_exception();
@@ -334,20 +342,16 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
                     "allowed: 1 byte or more each",
                     options.bucket_cap_bytes, options.first_bucket_bytes));
   Core& c = *core_;
-  c.comm = comm_;
+  c.comm = comm_->size() > 1 ? comm_->split(0, comm_->rank()) : comm_;
   c.opt = options;
-  std::set<const void*> seen;  // a parameter registered under two names (tied weights) is exchanged once
-  for (auto& named : model_->named_parameters()) {
-    const torch::Tensor& p = named.value();
-    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+  for (auto& [name, p] : trainable_parameters(*model_)) {
     if (p.scalar_type() != torch::kFloat || !p.device().is_cpu() || p.layout() != torch::kStrided)
-      throw InvalidArgument(
-          fmt::format("DistributedOptimizer: parameter '{}' is {} {} on {}; allowed: float32 dense "
-                      "CPU parameters",
-                      named.key(), c10::toString(p.scalar_type()), p.layout() == torch::kStrided ? "dense" : "sparse",
-                      p.device().str()));
+      throw InvalidArgument(fmt::format(
+          "DistributedOptimizer: parameter '{}' is {} {} on {}; allowed: float32 dense "
+          "CPU parameters",
+          name, c10::toString(p.scalar_type()), p.layout() == torch::kStrided ? "dense" : "sparse", p.device().str()));
     c.params.push_back(p);
-    c.names.push_back(named.key());
+    c.names.push_back(name);
     c.numel.push_back(size_t(p.numel()));
     std::vector<size_t> shape;
     for (auto d : p.sizes()) shape.push_back(size_t(d));
@@ -450,7 +454,16 @@ void average_buffers(torch::nn::Module& model, coll::Communicator& comm) {
   }
 }
 
-void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters) {
+std::vector<std::pair<std::string, torch::Tensor>> trainable_parameters(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::set<const void*> seen;
+  for (auto& named : model.named_parameters())
+    if (named.value().requires_grad() && seen.insert(named.value().unsafeGetTensorImpl()).second)
+      out.emplace_back(named.key(), named.value());
+  return out;
+}
+
+void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, Broadcast parameters) {
   torch::NoGradGuard ng;
   auto bcast = [&](torch::Tensor t) {
     if (comm.size() == 1 || t.numel() == 0) return;
@@ -458,12 +471,13 @@ void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool p
     comm.broadcast(c.data_ptr(), size_t(c.numel()), to_dtype(c), 0).wait();
     if (!c.is_same(t)) t.copy_(c);
   };
-  if (parameters)
-    for (auto& p : model.parameters()) bcast(p);
+  if (parameters != Broadcast::kNoParameters)
+    for (auto& p : model.parameters())
+      if (parameters == Broadcast::kAllParameters || !p.requires_grad()) bcast(p);
   broadcast_buffers(model, comm);
 }
 
-void DistributedOptimizer::broadcast_initial_state() { broadcast_module(*model_, *comm_, true); }
+void DistributedOptimizer::broadcast_initial_state() { broadcast_module(*model_, *comm_, Broadcast::kAllParameters); }
 
 void DistributedOptimizer::zero_grad() {
   {
@@ -492,35 +506,42 @@ void DistributedOptimizer::synchronize() {
   const double t0 = now_s();
   std::unique_lock<std::mutex> lk(c.mu);
   if (c.synced) return;  // averaged into .grad already: a second call leaves them (it averaged zeros into them)
+  // Which parameters any rank had a gradient for, agreed before the buckets still waiting go (the backward is over:
+  // `got` is final). On the caller's communicator while the thread may still be exchanging full buckets on its own;
+  // a bucket holding a parameter no rank used was full on no rank, so it is among those still waiting everywhere.
+  std::exception_ptr flags_error;
+  if (c.opt.find_unused_parameters) {
+    std::vector<uint8_t> used(c.got.begin(), c.got.end());
+    lk.unlock();
+    const int w = comm_->size();
+    try {
+      coll::CollOptions co;
+      co.timeout_s = c.opt.timeout_s;
+      if (w > 1) comm_->allreduce(used.data(), used.size(), DType::u8, ReduceOp::max, co).wait();
+    } catch (...) {
+      flags_error = std::current_exception();
+    }
+    lk.lock();
+    if (!flags_error) {
+      c.used = std::move(used);
+      const double f = w > 1 ? 2.0 * (w - 1) / w : 0.0;  // counted as the buckets are: ring-equivalent volume
+      c.step.payload_bytes += c.used.size();
+      c.step.bytes_sent += uint64_t(f * double(c.used.size()) + 0.5);
+      c.step.bytes_recv += uint64_t(f * double(c.used.size()) + 0.5);
+    }
+  }
   c.flush = true;
   c.cv.notify_all();
   c.cv.wait(lk, [&] { return c.next >= int(c.buckets.size()); });
   const double t1 = now_s();
-  if (c.error) {
-    auto e = c.error;
+  if (c.error || flags_error) {
+    auto e = c.error ? c.error : flags_error;
     c.error = nullptr;
     c.reset_step_locked();
     std::rethrow_exception(e);
   }
   if (c.opt.trace) c.opt.trace->complete("wait for communication", 0, t0, t1);
-  // Which parameters any rank had a gradient for (the communication thread is idle: every bucket is done).
-  std::vector<uint8_t> used;
-  if (c.opt.find_unused_parameters) {
-    used.assign(c.got.begin(), c.got.end());
-    try {
-      coll::CollOptions co;
-      co.timeout_s = c.opt.timeout_s;
-      const int w = comm_->size();
-      if (w > 1) comm_->allreduce(used.data(), used.size(), DType::u8, ReduceOp::max, co).wait();
-      const double f = w > 1 ? 2.0 * (w - 1) / w : 0.0;  // counted as the buckets are: ring-equivalent volume
-      c.step.payload_bytes += used.size();
-      c.step.bytes_sent += uint64_t(f * double(used.size()) + 0.5);
-      c.step.bytes_recv += uint64_t(f * double(used.size()) + 0.5);
-    } catch (...) {
-      c.reset_step_locked();
-      throw;
-    }
-  }
+  const std::vector<uint8_t> used = c.used;
   {
     torch::NoGradGuard ng;
     for (auto& bk : c.buckets) {

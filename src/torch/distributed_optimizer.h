@@ -15,7 +15,9 @@
 //    is kept per parameter and saved in checkpoints.
 //
 // One backward per step with overlap (a second gradient before step() is refused: its bucket may be exchanged
-// already); without overlap several backward calls accumulate. Every rank runs the same model.
+// already); without overlap several backward calls accumulate. Every rank runs the same model. The constructor is
+// collective: the buckets travel on a communicator split off `comm`, so collectives the caller (or a second
+// DistributedOptimizer, a GAN's) runs on `comm` meanwhile cannot interleave with them differently on each rank.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -47,15 +49,21 @@ struct DistOptions {
   bool rebuild_buckets = true;     // after the first step, re-bucket by the observed gradient-ready order
   // Parameters no rank produced a gradient for in a step (a branch no sample took, a head used only sometimes): with
   // this, one more allreduce a step (a byte per parameter) finds them and their .grad is left undefined, so the
-  // optimizer skips them (weight decay and momentum leave them as they are), as DDP's find_unused_parameters;
+  // optimizer skips them (weight decay and momentum leave them as they are), as DDP's find_unused_parameters, and
+  // the compressor and dense momentum skip them too (error feedback keeps their residual for a step that uses them);
   // without, they are averaged as zero gradients and the optimizer steps them with those.
   bool find_unused_parameters = false;
   double timeout_s = 0;            // collective deadline (0: the communicator's)
   Trace* trace = nullptr;          // optional timeline
 };
 
-// Broadcasts the buffers (and, with parameters, the parameters) of `model` from rank 0 of `comm`.
-void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, bool parameters);
+// The parameters an optimizer steps: those that require a gradient, each once (a tensor registered under two names,
+// tied weights, is listed under its first: libtorch's parameters() lists it twice), in registration order.
+std::vector<std::pair<std::string, torch::Tensor>> trainable_parameters(torch::nn::Module& model);
+// Broadcasts the buffers of `model` from rank 0 of `comm`, and its parameters: all, or only the frozen ones (those
+// that do not require a gradient), or none.
+enum class Broadcast { kAllParameters, kFrozenParameters, kNoParameters };
+void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, Broadcast parameters);
 // Broadcasts the buffers of `model` from rank 0, one collective per element type (each type's buffers coalesced:
 // two for BatchNorm's float statistics and int64 step counters).
 void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm);

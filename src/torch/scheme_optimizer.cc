@@ -21,19 +21,21 @@ SchemeOptimizer::SchemeOptimizer(std::shared_ptr<torch::nn::Module> model,
   strategy_ = sync::make_strategy(spec_.name, spec_.params, comm_);
   workers_ = comm_->size() == 1 ? comm_ : comm_->split(strategy_->is_worker() ? 0 : 1, comm_->rank());
 
-  // Re-seat every parameter (and its gradient) as a view of one flat tensor: the layout is registration order, the
-  // same on every rank.
+  // Re-seat every trainable parameter (and its gradient) as a view of one flat tensor: the layout is registration
+  // order, the same on every rank. Frozen parameters stay out (given a gradient, the optimizer's weight decay moved
+  // them), and a tied one is seated once (seated twice, its first view was orphaned and every zero_grad failed).
   torch::NoGradGuard ng;
-  auto params = model_->parameters();
-  for (auto& p : params) {
+  for (auto& [name, p] : trainable_parameters(*model_)) {
     if (p.scalar_type() != torch::kFloat)
-      throw InvalidArgument(fmt::format("train: --sync {} needs f32 parameters", spec_.name));
+      throw InvalidArgument(fmt::format("train: --sync {} needs f32 parameters; '{}' is {}", spec_.name, name,
+                                        c10::toString(p.scalar_type())));
+    params_.push_back(p);
     d_ += size_t(p.numel());
   }
   flat_params_ = torch::empty({int64_t(d_)}, torch::kFloat);
   flat_grads_ = torch::zeros({int64_t(d_)}, torch::kFloat);
   int64_t off = 0;
-  for (auto& p : params) {
+  for (auto& p : params_) {
     const int64_t n = p.numel();
     auto view = flat_params_.narrow(0, off, n).view(p.sizes());
     view.copy_(p);
@@ -53,7 +55,7 @@ void SchemeOptimizer::setup(bool resuming) {
     own_buffers_.clear();
     for (const auto& b : model_->buffers()) own_buffers_.push_back(b.clone());
   }
-  broadcast_module(*model_, *workers_, false);  // the parameters are the strategy's
+  broadcast_module(*model_, *workers_, Broadcast::kFrozenParameters);  // the trainable ones are the strategy's
   strategy_->setup({flat_params_.data_ptr<float>(), d_});
   seen_ = strategy_->stats();
   last_step_end_ = now_s();
@@ -79,7 +81,7 @@ void SchemeOptimizer::zero_grad() {
   flat_grads_.zero_();
   // Backward accumulates into .grad in place as long as it is defined: make sure nothing replaced our views.
   int64_t off = 0;
-  for (auto& p : model_->parameters()) {
+  for (auto& p : params_) {
     if (!p.grad().defined() || p.grad().data_ptr() != flat_grads_.data_ptr<float>() + off)
       throw InvalidArgument(
           "train: a parameter's .grad no longer views the flat gradient buffer (was zero_grad of "

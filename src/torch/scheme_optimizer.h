@@ -73,6 +73,7 @@ class SchemeOptimizer {
   double base_lr_;
   Trace* trace_;
   sync::StrategyPtr strategy_;
+  std::vector<torch::Tensor> params_;  // the trainable parameters, each once: views of flat_params_
   torch::Tensor flat_params_, flat_grads_, own_params_;
   std::vector<torch::Tensor> own_buffers_;  // a resuming rank's own buffers, put back by resume()
   size_t d_ = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "coll/communicator.h"
+#include "torch/scheme_optimizer.h"
 
 namespace conduit::train {
 namespace {
@@ -189,6 +190,94 @@ TEST(DistributedOptimizer, ParametersNoRankUsedAreLeftToTheOptimizerUntouched) {
       // Untouched with the option; decayed by lr x wd = 0.1 without it.
       EXPECT_EQ(cw[size_t(r)], std::vector<float>(2, find ? 1.0f : 0.9f)) << find << " rank " << r;
     }
+  }
+}
+
+// Found by a review: with a compressor, a parameter no rank used still went through it as zeros: error feedback sent
+// its residual (p = 0 + e, then e = p - D(C(p))) and the optimizer dropped the result, so the residual was lost; with
+// the flags agreed before those buckets go, the compressor never sees it. `c` is used by both ranks in step 1
+// (top-1 of its two weights keeps a residual), by neither in step 2, by both in step 3: its residual reaches step 3.
+TEST(DistributedOptimizer, AParameterNoRankUsedKeepsItsErrorFeedbackResidual) {
+  auto comms = coll::Communicator::inproc(2);
+  std::vector<std::vector<float>> cw(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto m = std::make_shared<Heads>();
+      auto sgd = std::make_shared<torch::optim::SGD>(m->parameters(), torch::optim::SGDOptions(1.0));
+      DistOptions o;
+      o.find_unused_parameters = true;
+      o.compressor = "ef:topk:ratio=0.5";
+      o.rebuild_buckets = false;
+      DistributedOptimizer opt(m, sgd, comms[size_t(r)], o);
+      for (int step = 0; step < 3; ++step) {
+        opt.zero_grad();
+        // Gradient of c's weight: (2, 1) in step 1 (top-1 sends 2, keeps 1), (1, 2) x 10 in step 3.
+        const auto x = step == 0 ? torch::tensor({{2.0f, 1.0f}}) : torch::tensor({{10.0f, 20.0f}});
+        auto y = m->a->forward(torch::ones({1, 2})).sum();
+        if (step != 1) y = y + m->c->forward(x).sum();
+        y.backward();
+        opt.step();
+      }
+      auto v = m->c->weight.detach().contiguous().view(-1);
+      cw[size_t(r)].assign(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    });
+  for (auto& t : ts) t.join();
+  // Step 1 sends (2, 0), keeps (0, 1): w = (1 - 2, 1). Step 3: p = (10, 21), sends (0, 21), keeps (10, 0):
+  // w = (-1, 1 - 21) = (-1, -20). Had step 2 drained the residual (sent (0, 1) into a dropped gradient): w2 = -19.
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(cw[size_t(r)], (std::vector<float>{-1.0f, -20.0f})) << "rank " << r;
+}
+
+// Found by a review: SchemeOptimizer seated libtorch's parameters() as they come, a tied weight twice (its first view
+// orphaned: every zero_grad() failed) and frozen ones with a gradient (weight decay moved them).
+struct TiedAndFrozen : torch::nn::Module {
+  torch::nn::Linear a{nullptr};
+  torch::Tensor frozen;
+  TiedAndFrozen() {
+    a = register_module("a", torch::nn::Linear(2, 2));
+    register_parameter("tied", a->weight);
+    frozen = register_parameter("frozen", torch::ones({3}), /*requires_grad=*/false);
+    torch::NoGradGuard ng;
+    a->weight.fill_(1.0f);
+    a->bias.fill_(0.0f);
+  }
+};
+
+TEST(SchemeOptimizer, TiedWeightsTrainAndFrozenOnesStayPut) {
+  auto comms = coll::Communicator::inproc(2);
+  std::vector<std::vector<float>> w(2), f(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto m = std::make_shared<TiedAndFrozen>();
+      // (The optimizer takes each tensor once: given parameters() it would step the tied weight twice.)
+      auto sgd = std::make_shared<torch::optim::SGD>(std::vector<torch::Tensor>{m->a->weight, m->a->bias, m->frozen},
+                                                     torch::optim::SGDOptions(0.5).weight_decay(0.2));
+      SyncSpec spec;
+      spec.name = "local";
+      spec.params = {{"period", "1"}};
+      SchemeOptimizer opt(m, sgd, comms[size_t(r)], spec, 0.5);
+      opt.setup();
+      for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        m->a->forward(torch::ones({1, 2}) * float(r + 1)).sum().backward();
+        opt.step(uint64_t(step), 0.5);
+      }
+      opt.finish();
+      auto flat = [](const torch::Tensor& t) {
+        auto v = t.detach().contiguous().view(-1);
+        return std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+      };
+      w[size_t(r)] = flat(m->a->weight);
+      f[size_t(r)] = flat(m->frozen);
+    });
+  for (auto& t : ts) t.join();
+  // Each step: w = w - 0.5 (x + 0.2 w) on each rank (x = 1, 2), then averaged: w - 0.5 (1.5 + 0.2 w) = 0.9 w - 0.75.
+  const float w1 = 0.9f * 1.0f - 0.75f, w2 = 0.9f * w1 - 0.75f;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(w[size_t(r)].size(), 4u);
+    for (float x : w[size_t(r)]) EXPECT_NEAR(x, w2, 1e-6) << "rank " << r;
+    EXPECT_EQ(f[size_t(r)], std::vector<float>(3, 1.0f)) << "rank " << r;
   }
 }
 
