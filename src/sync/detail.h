@@ -9,7 +9,17 @@
 #include "net/tags.h"
 #include "sync/strategy.h"
 
+namespace conduit::compress {
+class Compressor;
+}
+
 namespace conduit::sync::detail {
+
+// A compressor of differences to a copy both ends keep (CHOCO-gossip's x - x̂, the servers' pull θ - θ̂_w): the
+// part not sent stays in the next difference, so it must shrink its input and keep no error feedback or momentum.
+// ConfigError naming `field` and `method` otherwise.
+void check_difference_compressor(std::string_view field, std::string_view method, const std::string& spec,
+                                 const compress::Compressor& c);
 
 // Reads a scheme's parameters: unknown keys raise ConfigError listing the allowed ones; values are range-checked.
 class ParamReader {

@@ -52,6 +52,13 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
   auto c = compress::parse_compressor(spec);
   if (c->collective() == compress::Collective::powersgd)
     throw ConfigError(fmt::format("sync ps: {} '{}' needs a collective; use a quantizer or sparsifier", what, spec));
+  // A pull sends Q(θ - θ̂_w) and both ends add it to θ̂_w: what it leaves out must shrink, as in CHOCO-gossip (an
+  // unbiased randk moved θ̂_w by d/k of the difference: 3e8 off θ after 60 pulls; ef:topk's residual sent twice: 889).
+  if (std::string_view(what) == "pull_compressor")
+    detail::check_difference_compressor("sync ps: pull_compressor",
+                                        "the pull of θ - θ̂ (the difference to the "
+                                        "worker's copy, as CHOCO-gossip's)",
+                                        spec, *c);
   return c;
 }
 
@@ -161,7 +168,10 @@ class Shard {
     cv_.notify_all();
     if (!slot.ready) {
       waited = true;
-      if (!wait_or_abort(lk, timeout_s, [&] { return slot.ready; }))
+      // ssp with s > 0 lets workers drift: a worker s clocks ahead may rightly wait longer than any timeout (worker 0
+      // evaluating alone, a straggler); it waited 300 s and then stopped every rank. A worker that dies still ends
+      // the wait (the transport aborts). bsp (and ssp with s = 0) keeps the collectives' deadline.
+      if (!wait_or_abort(lk, drifts() ? 1e18 : timeout_s, [&] { return slot.ready; }))
         throw TimeoutError(
             fmt::format("sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})",
                         index_, w, h.clock, timeout_s, min_clock()));
@@ -197,6 +207,8 @@ class Shard {
     }
     return true;
   }
+
+  bool drifts() const { return cfg_.mode == "ssp" && cfg_.staleness != 0; }
 
   // Under mu_.
   std::string shutdown_message() const {
@@ -769,7 +781,12 @@ class PsStrategy : public Strategy {
       stats_.comm_seconds += sw.seconds();
       return;
     }
-    detail::wait_all(*comm_, rrecv);
+    // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
+    // worker aborts the transport, which ends the wait).
+    if (workers_drift())
+      net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
+    else
+      detail::wait_all(*comm_, rrecv);
     // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most
     // compressed_cap): every header is checked before any receive is posted (a receive posted for an earlier shard
     // would be left writing into a reply buffer freed by the error).

@@ -46,9 +46,11 @@ void await_workers(coll::Communicator& workers) {
     for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagRelease, &token, 1));
     detail::wait_all(workers, reqs);  // the others are all waiting: the normal deadline
   } else {
+    // The arrival too waits without a deadline: a transport that completes a send only once it is matched
+    // (inproc) holds it until worker 0 arrives, and worker 0 (which evaluates alone) is often the last.
     auto release = detail::irecv(workers, 0, detail::kTagRelease, &tokens[0], 1);
-    detail::wait(workers, detail::isend(workers, 0, detail::kTagArrive, &token, 1));
-    net::wait_all_or_give_up(workers.transport(), {release}, Deadline::never());
+    auto arrive = detail::isend(workers, 0, detail::kTagArrive, &token, 1);
+    net::wait_all_or_give_up(workers.transport(), {arrive, release}, Deadline::never());
   }
 }
 
@@ -198,6 +200,25 @@ void Reader::done() const {
     throw InvalidArgument(fmt::format("sync {}: state has {} trailing bytes", what_, b_.size() - pos_));
 }
 
+// CHOCO-gossip (Koloskova et al. 2019) moves the public copies by the compressed differences x - x̂: the part not
+// sent stays in the difference for the next step, so the compressor must shrink what it is given, as error
+// feedback needs, and must not carry error feedback (or momentum) of its own, which would send that part twice.
+// Signs without a scale moved every copy by +-1 a coordinate a step (loss 2.3 to 51016 in one step).
+void check_difference_compressor(std::string_view field, std::string_view method, const std::string& spec,
+                                 const compress::Compressor& c) {
+  if (c.stateful())
+    throw ConfigError(fmt::format(
+        "{} '{}' has error feedback or momentum of its own, and {} already keeps what it did not send; allowed: a "
+        "compressor without state (topk, randk:unbiased=0, threshold, int8, uint8, fp16, bf16, natural, "
+        "scaled_sign, qsgd with small buckets)",
+        field, spec, method));
+  if (auto g = compress::input_growth(spec))
+    throw ConfigError(
+        fmt::format("{} '{}': {} needs a compressor whose error is smaller than its input, but {}; "
+                    "allowed: {}",
+                    field, spec, method, g->why, g->fix));
+}
+
 }  // namespace detail
 
 namespace {
@@ -206,24 +227,6 @@ struct Entry {
   Params defaults;
   std::function<StrategyPtr(const detail::ParamReader&, coll::CommPtr)> make;
 };
-
-// CHOCO-gossip (Koloskova et al. 2019) moves the public copies by the compressed differences x - x̂: the part not
-// sent stays in the difference for the next step, so the compressor must shrink what it is given, as error
-// feedback needs, and must not carry error feedback (or momentum) of its own, which would send that part twice.
-// Signs without a scale moved every copy by +-1 a coordinate a step (loss 2.3 to 51016 in one step).
-void check_choco_compressor(const std::string& spec, const compress::Compressor& c) {
-  if (c.stateful())
-    throw ConfigError(fmt::format(
-        "sync dpsgd: compressor '{}' has error feedback or momentum of its own, and CHOCO-gossip already keeps what "
-        "it did not send; allowed: a compressor without state (topk, randk:unbiased=0, threshold, int8, uint8, "
-        "fp16, bf16, natural, scaled_sign, qsgd with small buckets)",
-        spec));
-  if (auto g = compress::input_growth(spec))
-    throw ConfigError(fmt::format(
-        "sync dpsgd: compressor '{}': CHOCO-gossip needs a compressor whose error is smaller than its input, but {}; "
-        "allowed: {}",
-        spec, g->why, g->fix));
-}
 
 compress::CompressorPtr optional_compressor(const std::string& spec) {
   if (spec.empty() || spec == "none") return nullptr;
@@ -280,7 +283,9 @@ const std::map<std::string, Entry>& registry() {
                           "sync dpsgd: compressor '{}' needs the layers' matrices, which gossip's flat buffer does not "
                           "have; allowed: a quantizer or sparsifier (e.g. topk, qsgd, int8)",
                           p.str("compressor")));
-                    if (comp) check_choco_compressor(p.str("compressor"), *comp);
+                    if (comp)
+                      detail::check_difference_compressor("sync dpsgd: compressor", "CHOCO-gossip", p.str("compressor"),
+                                                          *comp);
                     if (kind != "torus" && p.integer("rows", 0, n) != 0)
                       throw ConfigError(
                           fmt::format("sync dpsgd: rows = {} applies to graph=torus, not graph={}; "

@@ -74,12 +74,17 @@ TEST(SyncConfig, BadValuesNameTheParameterAndRange) {
       {"ps-asp", "servers", "0", "'servers'"},
       {"ps-bsp", "lr", "x", "'lr'"},
       {"ps-asp", "push_compressor", "powersgd", "needs a collective"},
+      // A pull moves the worker's copy by the decoded difference (review: unbiased randk and ef:topk were accepted
+      // and drove the copies 3e8 and 889 off the servers' parameters).
+      {"ps-asp", "pull_compressor", "randk:ratio=0.1", "sync ps: pull_compressor 'randk:ratio=0.1': the pull"},
+      {"ps-ssp", "pull_compressor", "ef:topk:ratio=0.1", "has error feedback or momentum of its own"},
+      {"ps-bsp", "pull_compressor", "signsgd", "smaller than its input"},
       {"ps-asp", "servers", "1", "leaves no worker"},
   };
   for (const auto& c : cases) {
     Params p = {{c.key, c.value}};
     if (c.key == "rows") p["graph"] = "torus";
-    if (c.key == "push_compressor") p["colocate"] = "1";
+    if (c.key == "push_compressor" || c.key == "pull_compressor") p["colocate"] = "1";
     auto m = config_error([&] {
       auto comms = c.key == "rows" ? harness::make_comms(4) : kComms;
       make_strategy(c.name, p, comms[0]);

@@ -141,6 +141,45 @@ TEST(SyncPs, SspNeverLetsTheClockGapExceedStaleness) {
   EXPECT_GT(asp.clocks.max_gap, 3);
 }
 
+// Found by a review: under ssp with s > 0 the workers drift, but a worker s clocks ahead waited for the slowest at
+// the shard (and for the reply) with the communicator's deadline, and its timeout stopped every rank. Worker 1 takes
+// 0.8 s a step here, with a 0.3 s timeout; dedicated and co-located servers.
+TEST(SyncPs, SspWaitsForAStragglerPastTheTimeout) {
+  for (const char* colocate : {"0", "1"}) {
+    const int n = 3;
+    coll::CommConfig cfg;
+    cfg.timeout_s = 0.3;
+    cfg.measure_cost_model = false;
+    auto comms = coll::Communicator::inproc(n, 0, cfg);
+    const Params p{{"staleness", "1"}, {"colocate", colocate}, {"servers", colocate[0] == '1' ? "3" : "1"}};
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          auto s = make_strategy("ps-ssp", p, comms[size_t(r)]);
+          if (!s->is_worker()) return s->serve();
+          auto x = harness::initial(r, 16);
+          std::vector<float> g(x.size(), 0.1f);
+          s->setup(x);
+          for (int t = 0; t < 3; ++t) {
+            if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+            if (s->before_step(uint64_t(t), x, g))
+              for (float& v : x) v -= 0.1f;
+            s->after_step(uint64_t(t), x);
+          }
+          if (colocate[0] == '1') await_workers(*comms[size_t(r)]);  // as the trainer does before finishing
+          s->finish(x);
+        } catch (const std::exception& e) {
+          errors[size_t(r)] = e.what();
+          comms[size_t(r)]->transport().abort(e.what());  // as a failing process would: the others' waits end
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_EQ(errors[size_t(r)], "") << "colocate=" << colocate << ", rank " << r;
+  }
+}
+
 TEST(SyncPs, ColocatedWorkersEndWithTheServersFinalModel) {
   // Under asp a slow worker's last pushes land after the fast workers' last pulls; finish() hands every worker the
   // servers' final model, so all replicas agree (a dedicated-server run keeps each worker's last pull).
