@@ -189,7 +189,7 @@ double Topology::route(long long src, long long dst, std::vector<int>& path) con
   double lat = 0;
   int nic_s = nic_of_local(local_of(src), ks);
   int nic_d = nic_of_local(local_of(dst), kd);
-  if (net.topology == TopologyKind::kRailOptimized && nic_s != nic_d && nic_d < ks.nics) {
+  if (proxy_between(nic_s, nic_d, ks)) {
     // PXN: hop over NVLink to a GPU of the source node that sits on the destination's rail, the one at the source's
     // own place among its NIC's GPUs (always the rail's first GPU made the GPUs sharing a NIC send through one
     // proxy, whose port symmetric mode counted once: 2x off full detail with 2 GPUs a NIC and a slow intra link).
@@ -212,6 +212,13 @@ double Topology::route(long long src, long long dst, std::vector<int>& path) con
   }
   path.push_back(nic_in(nd, nic_d));
   return lat;
+}
+
+bool Topology::via_proxy(long long src, long long dst) const {
+  const long long ns = node_of(src), nd = node_of(dst);
+  if (ns == nd) return false;
+  const NodeKind& ks = kind_of_node(ns);
+  return proxy_between(nic_of_local(local_of(src), ks), nic_of_local(local_of(dst), kind_of_node(nd)), ks);
 }
 
 void Topology::links_behind(long long gpu, std::vector<int>& out) const {

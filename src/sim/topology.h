@@ -59,9 +59,17 @@ class Topology {
   long long gpus_behind(int link) const { return behind_[link]; }
   // The NIC of a node of kind k that its accelerator `local` sends through.
   int nic_of_local(int local, const NodeKind& k) const { return local / (k.gpus / k.nics); }
+  // Whether route(src, dst) leaves the source node through another accelerator's NIC (rail-optimized, the
+  // destination on another rail: NCCL's PXN proxy). That proxy's ports and NIC carry traffic no rank behind them
+  // owns, which symmetric sharing cannot scale.
+  bool via_proxy(long long src, long long dst) const;
 
  private:
   long long leaf_of(long long node, int nic) const;
+  // Between nodes: NIC nic_s of a node of kind ks sends to rail nic_d through a proxy.
+  bool proxy_between(int nic_s, int nic_d, const NodeKind& ks) const {
+    return spec_.network.topology == TopologyKind::kRailOptimized && nic_s != nic_d && nic_d < ks.nics;
+  }
   int gpu_out(long long g) const { return static_cast<int>(g); }
   int gpu_in(long long g) const { return static_cast<int>(gpus_ + g); }
   int nic_out(long long node, int nic) const { return static_cast<int>(nic_base_ + node * max_nics_ + nic); }
