@@ -294,22 +294,27 @@ void append_in_network(const Builder& b, const std::vector<long long>& members, 
   s.latency_hops = 2;  // up to the aggregation root and back down
   std::vector<int> behind;
   std::unordered_map<int, long long> leaves;  // leaf-up link -> a member behind it
-  double lat = 0;
+  double nic_lat = 0;
   for (long long i : members) {
     long long r = b.gid(i);
     behind.clear();
     t.links_behind(r, behind);
     if (behind.size() < 4) throw UnsupportedError("in-network aggregation: no NIC links in this topology");
     const NodeKind& k = t.kind_of_gpu(r);
-    s.transfers.push_back({r, r, frac, {behind[2]}, k.nic.latency});
-    s.transfers.push_back({r, r, frac, {behind[3]}, k.nic.latency});
-    lat = std::max(lat, k.nic.latency);
+    // A way up (or down) passes the NIC and, behind a leaf switch, that switch (as a point-to-point route counts it).
+    const double way = k.nic.latency + (behind.size() >= 6 ? t.spec().network.switch_latency : 0);
+    s.transfers.push_back({r, r, frac, {behind[2]}, way});
+    s.transfers.push_back({r, r, frac, {behind[3]}, way});
+    nic_lat = std::max(nic_lat, k.nic.latency);
     if (behind.size() >= 6) leaves.emplace(behind[4], r);
   }
   if (leaves.size() > 1) {
+    // Across leaves a way up (or down) passes the NIC, the leaf and the spine switch: the step's latency is the
+    // slowest leg's, so the leaf legs carry the whole way (they carried the two switches alone, a NIC's short).
+    const double way = nic_lat + t.spec().network.switch_latency * 2;
     for (auto [up, r] : leaves) {
-      s.transfers.push_back({r, r, frac, {up}, t.spec().network.switch_latency * 2});
-      s.transfers.push_back({r, r, frac, {up + static_cast<int>(t.leaves())}, t.spec().network.switch_latency * 2});
+      s.transfers.push_back({r, r, frac, {up}, way});
+      s.transfers.push_back({r, r, frac, {up + static_cast<int>(t.leaves())}, way});
     }
   }
   out.push_back(std::move(s));

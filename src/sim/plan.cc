@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <utility>
 
 #include "core/error.h"
 #include "sim/units.h"
@@ -143,7 +145,15 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
       }
     }
   }
-  std::sort(all.begin(), all.end(), [](const StepResult& a, const StepResult& b) { return a.time < b.time; });
+  // Fastest first; equal times (plans that differ only where nothing is charged) by memory, then by description, so
+  // the ranking, the --top cut and the runner-up explain_plan names are the same on every run (std::sort on the time
+  // alone left ties in no defined order). A time that is not a number ranks last.
+  const auto key = [](const StepResult& r) { return std::pair{std::isnan(r.time), r.time}; };
+  std::sort(all.begin(), all.end(), [&](const StepResult& a, const StepResult& b) {
+    if (key(a) != key(b)) return key(a) < key(b);
+    if (a.memory.total() != b.memory.total()) return a.memory.total() < b.memory.total();
+    return describe_config(a.config) < describe_config(b.config);
+  });
   if (all.size() > top) all.resize(top);
   res.ranked = std::move(all);
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -291,6 +291,21 @@ INSTANTIATE_TEST_SUITE_P(
                       Agree{"dgx-a100", 72, 8, 9, Algorithm::kHalvingDoubling, Collective::kAllReduce, 0.01},
                       Agree{"dgx-a100", 72, 2, 9, Algorithm::kDoubleBinaryTree, Collective::kAllReduce, 0.01}));
 
+// In-network aggregation across leaves: each way up (and down) passes the NIC, the leaf and the spine switch (a review
+// found the step's latency was the larger of the NIC's and the two switches', a NIC's short; inside a leaf it left the
+// switch out). dgx-a100: 20 nodes a leaf, one GPU of each of 40 nodes (two leaves).
+TEST(Topology, InNetworkLatencyAcrossLeavesIsTheWholeWay) {
+  const ClusterSpec spec = load_cluster("dgx-a100");
+  Topology topo(spec, 320);
+  CollectiveModel m(topo);
+  const auto c = m.profile(Collective::kAllReduce, Algorithm::kInNetwork, Group{40, 8, 0});
+  const double nic = spec.node_kinds[0].nic.latency, sw = spec.network.switch_latency;
+  EXPECT_NEAR(c.latency, 2 * (nic + 2 * sw + spec.network.software_overhead), 1e-15);
+  // Inside one leaf the way passes the NIC and the leaf switch, as a point-to-point route does.
+  const auto one = m.profile(Collective::kAllReduce, Algorithm::kInNetwork, Group{20, 8, 0});
+  EXPECT_NEAR(one.latency, 2 * (nic + sw + spec.network.software_overhead), 1e-15);
+}
+
 TEST(Topology, OversubscribedUplinkSlowsCrossLeafRings) {
   // ethernet-25g: 32 nodes a leaf, 3:1 oversubscribed. A ring of 64 nodes (2 leaves) with 4 concurrent rings
   // (one per GPU slot) pushes 4 flows over each leaf uplink of 32*25/3 Gb/s: still NIC-bound (4 GPUs share the
@@ -359,7 +374,13 @@ TEST(Collective, ExplainedStepsAddUpOnATorusAndOverNodeKinds) {
     long long first = -1;
     for (const auto& s : m.explain(Collective::kAllReduce, Algorithm::kRing, k.g, n, &first)) sum += s.repeat * s.time;
     EXPECT_NEAR(sum / m.time(Collective::kAllReduce, Algorithm::kRing, k.g, n), 1.0, 1e-9) << k.topo.spec().name;
-    EXPECT_GE(first, 0);
+    // The torus routes every copy with the group's own; edge's slowest copy is on its 48 1 GbE devices (nodes 16-63).
+    if (k.topo.spec().name == "edge") {
+      EXPECT_GE(first, 16);
+      EXPECT_LT(first, 64);
+    } else {
+      EXPECT_EQ(first, 0);
+    }
   }
 }
 
