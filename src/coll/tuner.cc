@@ -62,6 +62,8 @@ CostModel parse_cost_model(const std::string& text, const std::string& what) {
     if (t.empty()) continue;
     auto eq = t.find('=');
     std::string k = eq == std::string::npos ? "" : trim(t.substr(0, eq));
+    if ((k == "intra" && intra) || (k == "inter" && inter))
+      throw ConfigError(fmt::format("{}: '{}' is given twice; allowed: intra=... and inter=... once each", what, k));
     if (k == "intra") {
       m.intra = parse_link(t.substr(eq + 1), what + " intra");
       intra = true;

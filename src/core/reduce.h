@@ -22,7 +22,8 @@ void reduce_to(void* out, const void* a, const void* b, size_t count, DType dtyp
 void finalize_avg(void* buf, size_t count, DType dtype, int n);
 // Whether avg divides each rank's input before the sum (out = in / n, then a sum, no finalize_avg): f16, whose sum
 // of n in-range values overflows its 65504 where the average does not (NCCL pre-multiplies floats the same way).
-// Integers and the wide float types sum first and divide once.
+// Integers and the wide float types sum first and divide once: an integer sum wraps as sum itself does (i8, 4 ranks
+// of 100: -112 / 4 = -28), as NCCL's avg on integers does; dividing first would truncate every rank's share.
 inline bool avg_divides_first(DType dtype) { return dtype == DType::f16; }
 void prescale_avg(const void* in, void* out, size_t count, DType dtype, int n);  // out may be in
 

@@ -80,7 +80,9 @@ void LocalSgdStrategy::load_state(std::span<const uint8_t> bytes) {
   const uint64_t period = r.u64();
   if (period < 1 || period > static_cast<uint64_t>(INT_MAX))
     throw InvalidArgument(fmt::format("sync {}: the state's period is {} (allowed: 1 to {})", name(), period, INT_MAX));
-  period_ = std::min(static_cast<int>(period), max_period_);  // a smaller max_period given on resume wins
+  // An adaptive period goes on from where it was (a smaller max_period given on resume wins); a fixed one is the
+  // configured one (the saved 8 overrode a resume's period=32 without a word).
+  if (adaptive_) period_ = std::min(static_cast<int>(period), max_period_);
   since_avg_ = static_cast<int64_t>(r.u64());
   r.done();
 }

@@ -180,8 +180,10 @@ void SgpStrategy::after_step(uint64_t step, std::span<float> params) {
     const float share = 1.0f / float(outs.size() + 1);
     std::vector<float> msg(d + 1);
     for (size_t i = 0; i < d; ++i) x_[i] *= share, msg[i] = x_[i];
-    w_ *= share;
-    msg[d] = static_cast<float>(w_);
+    // The weight travels as f32: what stays is what was not sent, so the weights' sum stays what it was (the share
+    // kept in double and sent rounded drifted by the rounding every step).
+    msg[d] = static_cast<float>(w_ * share);
+    w_ -= static_cast<double>(outs.size()) * msg[d];
     // In-peers use the same offsets, backwards.
     std::vector<std::vector<float>> in(outs.size(), std::vector<float>(d + 1));
     std::vector<net::RequestPtr> reqs;
@@ -238,7 +240,11 @@ AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed, bool final_ave
 AdpsgdStrategy::~AdpsgdStrategy() {
   // finish() was not called (an error stopped this rank): the serving threads block on receives from peers and use
   // this object, so abort the transport (their waits fail at once) and join them before the members go away.
-  if (std::none_of(servers_.begin(), servers_.end(), [](const std::thread& t) { return t.joinable(); })) return;
+  // An active rank has no threads, but its passive neighbours serve it without a deadline: one that set up and did
+  // not end cleanly aborts either way (across processes its exit closes the sockets).
+  if (std::none_of(servers_.begin(), servers_.end(), [](const std::thread& t) { return t.joinable(); }) &&
+      (!set_up_ || ended_))
+    return;
   comm_->transport().abort("sync adpsgd: stopped before finish() by an error on this rank");
   for (auto& t : servers_)
     if (t.joinable()) t.join();
@@ -251,6 +257,7 @@ void AdpsgdStrategy::setup(std::span<float> params) {
   recv_.resize(d);
   shadow_.assign(params.begin(), params.end());
   pending_.assign(d, 0.f);
+  set_up_ = true;
   if (!active())
     for (int p : nbrs_) servers_.emplace_back([this, p] { serve_peer(p); });
 }
@@ -373,6 +380,7 @@ void AdpsgdStrategy::finish(std::span<float> params) {
   // Gossip leaves the replicas close, not equal, and asynchronous workers end unevenly: one average (as local SGD's
   // finish) makes every worker end with the consensus model that AD-PSGD's analysis is about.
   if (final_average_ && comm_->size() > 1) detail::allreduce_avg(*comm_, params, stats_);
+  ended_ = true;
 }
 
 }  // namespace conduit::sync

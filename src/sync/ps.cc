@@ -502,7 +502,9 @@ class PsStrategy : public Strategy {
     // finish() was not called (an error stopped this rank): the serving threads block on receives from workers, or
     // wait for slower workers inside a shard, and use this object. Abort the transport (their receives fail at once),
     // wake the shards, and join them before the members go away.
-    if (threads_.empty()) return;
+    // A worker of dedicated servers has no threads, but its servers wait for its requests without a deadline: a
+    // rank that set up and did not end cleanly aborts either way (across processes its exit closes the sockets).
+    if (threads_.empty() && (!started_ || ended_)) return;
     comm_->transport().abort(fmt::format("sync {}: stopped before finish() by an error on this rank", name()));
     for (auto& [s, sh] : shards_) sh->shutdown();
     for (auto& t : threads_)
@@ -522,6 +524,7 @@ class PsStrategy : public Strategy {
           fmt::format("sync {}: rank {} is a worker; only server ranks serve()", name(), comm_->rank()));
     start_threads();
     join_threads();
+    ended_ = true;
   }
 
   void setup(std::span<float> params) override {
@@ -581,6 +584,7 @@ class PsStrategy : public Strategy {
       stats_.payload_bytes = payload;
       std::copy(full.begin(), full.end(), params.begin());
     }
+    ended_ = true;
   }
 
   // Worker side (clock, compressor states) and the shards served in this process (co-located servers). On resume:
@@ -841,6 +845,7 @@ class PsStrategy : public Strategy {
   std::vector<compress::TensorState> push_states_, pull_states_;
   uint64_t clock_ = 0;
   bool started_ = false, finished_ = false;
+  bool ended_ = false;  // finish() or serve() returned normally
   double lr_scale_ = 1;
 };
 

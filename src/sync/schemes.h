@@ -175,6 +175,7 @@ class AdpsgdStrategy : public Strategy {
   std::atomic<uint64_t> served_sent_{0}, served_received_{0}, served_rounds_{0};
   bool final_average_ = true;
   bool finished_ = false;
+  bool set_up_ = false, ended_ = false;  // setup() ran; finish() returned normally
 };
 
 }  // namespace conduit::sync

@@ -115,5 +115,12 @@ TEST(Tuner, CostModelTextRoundTripsAndRejectsGarbage) {
   EXPECT_DOUBLE_EQ(m.inter.beta, 1e-9);
   EXPECT_THROW(parse_cost_model("intra=1,2", "X"), ConfigError);
   EXPECT_THROW(parse_cost_model("cross=1,2,3", "X"), ConfigError);
+  // A key given twice (the last silently won).
+  try {
+    parse_cost_model("intra=1,2,3;inter=1,2,3;intra=4,5,6", "X");
+    ADD_FAILURE() << "a repeated key was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("X: 'intra' is given twice"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(parse_cost_model("intra=1,-2,3", "X"), ConfigError);
 }

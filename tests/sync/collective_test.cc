@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "harness.h"
+#include "sync/detail.h"
 #include "sync/schemes.h"
 
 using namespace conduit;
@@ -92,6 +93,21 @@ TEST(SyncCollective, DilocoWithPeriodOneUnitOuterLrNoMomentumIsPlainAveraging) {
   auto l3 = run(4, "local", {{"period", "3"}}, 12);
   auto d3 = run(4, "diloco", {{"period", "3"}, {"outer_lr", "1"}, {"momentum", "0"}, {"nesterov", "0"}}, 12);
   for (int r = 0; r < 4; ++r) EXPECT_LT(max_abs_diff(l3[r], d3[r]), 1e-5);
+}
+
+// A fixed period is the configured one on resume (the saved period overrode it); an adaptive one goes on.
+TEST(SyncCollective, LocalSgdResumeKeepsAFixedPeriodAndAnAdaptiveOnesState) {
+  on_ranks(1, [](int, coll::CommPtr c) {
+    LocalSgdStrategy saved(c, 8, 0, false, 64, 0.01), resumed(c, 32, 0, false, 64, 0.01);
+    resumed.load_state(saved.save_state());
+    EXPECT_EQ(resumed.period(), 32);
+    LocalSgdStrategy adaptive(c, 8, 0, true, 64, 0.01);
+    detail::Writer w;  // an adaptive run that had grown its period to 16
+    w.u64(16);
+    w.u64(0);
+    adaptive.load_state(w.take());
+    EXPECT_EQ(adaptive.period(), 16);
+  });
 }
 
 TEST(SyncCollective, DilocoStateRoundTrips) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <thread>
 #include <tuple>
 
@@ -366,6 +367,48 @@ size_t threads_in_process() {
 // join them (they used to be detached and ran on into freed memory: a worker whose loss turned non-finite under
 // ps-asp then died of SIGSEGV at exit instead of reporting the error). Nothing may stay behind or wait for the
 // 20 s collective deadline.
+// Found by a review: the sides without serving threads (a worker of dedicated servers, adpsgd's active ranks) did not
+// abort when destroyed without finish(), so the ranks serving them (serve(), a passive rank's finish()) waited for
+// their requests with no deadline. Those must now end with the cause.
+TEST(SyncPs, ARankWithoutServingThreadsStillReleasesThoseServingIt) {
+  for (auto [name, p, n, survivor] : std::vector<std::tuple<std::string, Params, int, int>>{
+           {"ps-asp", {{"servers", "1"}, {"colocate", "0"}}, 3, 2}, {"adpsgd", {}, 2, 1}}) {
+    auto comms = harness::make_comms(n);
+    std::string error;
+    std::promise<void> done;
+    auto ended = done.get_future();
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        auto x = harness::initial(r, 16);
+        try {
+          auto s = make_strategy(name, p, comms[size_t(r)]);
+          if (r != survivor) {
+            s->setup(x);  // then destroyed without finish(), as an error unwinding the trainer does
+            return;
+          }
+          if (s->is_worker()) {
+            s->setup(x);
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            s->finish(x);
+          } else {
+            s->serve();
+          }
+          error = "no error";
+        } catch (const Error& e) {
+          if (r == survivor) error = e.what();
+        }
+        if (r == survivor) done.set_value();
+      });
+    if (ended.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << name << ": the serving rank still waits 10 s on";
+      comms[size_t(survivor)]->transport().abort("test: gave up");
+    }
+    for (auto& t : ts) t.join();
+    EXPECT_NE(error.find("stopped before finish()"), std::string::npos) << name << ": " << error;
+  }
+}
+
 TEST(SyncPs, DestroyingStrategiesWithoutFinishJoinsTheirServingThreads) {
   for (auto [name, p, n] : std::vector<std::tuple<std::string, Params, int>>{
            {"ps-asp", {{"servers", "3"}, {"colocate", "1"}}, 3},
