@@ -69,6 +69,8 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
 // could swap messages unseen (the transport's check sees only requests outstanding at once). Slots stay apart up to
 // 64 shards on one rank (PsStrategy::tag_of).
 
+constexpr int64_t kMaxShardsPerRank = 64;
+
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
 }
@@ -490,6 +492,13 @@ class PsStrategy : public Strategy {
           fmt::format("sync ps-{}: servers = {} leaves no worker among {} ranks (use fewer servers or "
                       "colocate=1)",
                       cfg_.mode, cfg_.servers, n));
+    // Co-located shards: at most 64 on a rank, whose tags' slots the MPI transport keeps apart (see tag_of); each
+    // takes a thread per other worker.
+    if (cfg_.colocate && (cfg_.servers + n - 1) / n > kMaxShardsPerRank)
+      throw ConfigError(fmt::format(
+          "sync ps-{}: servers = {} puts {} shards on a rank of {}; allowed: at most {} a "
+          "rank (servers <= {})",
+          cfg_.mode, cfg_.servers, (cfg_.servers + n - 1) / n, n, kMaxShardsPerRank, int64_t{kMaxShardsPerRank} * n));
     workers_ = cfg_.colocate ? n : n - int(cfg_.servers);
     push_ = ps_compressor(cfg_.push_compressor, "push_compressor");
     pull_ = ps_compressor(cfg_.pull_compressor, "pull_compressor");

@@ -4,7 +4,9 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
@@ -30,7 +32,9 @@ std::map<int, Slowdown> parse_slow(const std::string& spec, int world) {
     char* e1 = nullptr;
     char* e2 = nullptr;
     char* e3 = nullptr;
+    errno = 0;
     long r = who == "*" ? kEveryRank : std::strtol(who.c_str(), &e1, 10);
+    const bool too_big = errno == ERANGE || r > INT_MAX;  // (int(r) made 4294967295 the every-rank key, -1)
     double f = std::strtod(fac.c_str(), &e2);
     double p = at == std::string::npos ? 1.0 : std::strtod(prob.c_str(), &e3);
     if (colon == std::string::npos || who.empty() || (who != "*" && *e1 != '\0') || fac.empty() || *e2 != '\0' ||
@@ -39,7 +43,7 @@ std::map<int, Slowdown> parse_slow(const std::string& spec, int world) {
           "--slow: '{}' is not RANK:FACTOR[@PROBABILITY] with RANK a number or * (e.g. --slow 1:3, --slow 1:3,2:1.5 "
           "or --slow '*:3@0.25')",
           item));
-    if (who != "*" && (r < 0 || (world > 0 && r >= world)))
+    if (who != "*" && (too_big || r < 0 || (world > 0 && r >= world)))
       throw ConfigError(
           fmt::format("--slow: rank {} in '{}' is not in [0, {}) or *", r, item, world > 0 ? world : 1 << 30));
     if (!std::isfinite(f) || f < 1 || f > 1000)

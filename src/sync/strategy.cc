@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -84,8 +85,9 @@ double ParamReader::real(const std::string& key, double lo, double hi) const {
 int64_t ParamReader::integer(const std::string& key, int64_t lo, int64_t hi) const {
   const std::string& s = values_.at(key);
   char* end = nullptr;
+  errno = 0;
   long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < lo || v > hi)
+  if (s.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi)  // (out of range saturated: seed=1e20 digits)
     throw ConfigError(
         fmt::format("sync {}: parameter '{}' = '{}' must be an integer in [{}, {}]", scheme_, key, s, lo, hi));
   return v;

@@ -80,11 +80,13 @@ TEST(SyncConfig, BadValuesNameTheParameterAndRange) {
       {"ps-ssp", "pull_compressor", "ef:topk:ratio=0.1", "has error feedback or momentum of its own"},
       {"ps-bsp", "pull_compressor", "signsgd", "smaller than its input"},
       {"ps-asp", "servers", "1", "leaves no worker"},
+      {"dpsgd", "seed", "99999999999999999999", "must be an integer"},
+      {"ps-asp", "servers", "65", "servers = 65 puts 65 shards on a rank of 1; allowed: at most 64 a rank"},
   };
   for (const auto& c : cases) {
     Params p = {{c.key, c.value}};
     if (c.key == "rows") p["graph"] = "torus";
-    if (c.key == "push_compressor" || c.key == "pull_compressor") p["colocate"] = "1";
+    if (c.key == "push_compressor" || c.key == "pull_compressor" || c.value == "65") p["colocate"] = "1";
     auto m = config_error([&] {
       auto comms = c.key == "rows" ? harness::make_comms(4) : kComms;
       make_strategy(c.name, p, comms[0]);
@@ -114,6 +116,11 @@ TEST(SyncConfig, StragglerFlag) {
                    "1:3@1.5", "1:3@x", "**:3", "*:3,*:2", "1@0.5:3", "*"}) {
     auto m = config_error([&] { parse_slow(bad, 4); });
     EXPECT_NE(m.find("--slow"), std::string::npos) << bad << ": " << m;
+  }
+  // Without a world size: a rank past an int (4294967295 became -1, the every-rank key) or past a long.
+  for (auto bad : {"4294967295:3", "99999999999999999999:3"}) {
+    auto m = config_error([&] { parse_slow(bad); });
+    EXPECT_NE(m.find("is not in [0,"), std::string::npos) << bad << ": " << m;
   }
 }
 
