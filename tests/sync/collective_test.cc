@@ -110,6 +110,32 @@ TEST(SyncCollective, LocalSgdResumeKeepsAFixedPeriodAndAnAdaptiveOnesState) {
   });
 }
 
+// DiLoCo's outer step by hand (PyTorch's Nesterov SGD on the outer gradient g = mean(outer - x)): v = mu v + g,
+// outer -= lr (g + mu v). Two outer steps, so the momentum carried from the first counts (the test above only saw
+// that Nesterov differs from averaging: heavy ball or a missing mu would pass it).
+TEST(SyncCollective, DilocoOuterStepIsNesterovOnTheMeanOuterGradient) {
+  const double lr = 0.7, mu = 0.9;
+  const double d1[3] = {0.1, -0.2, 0.3}, d2[3] = {0.05, 0.05, -0.1};
+  std::vector<std::vector<float>> out(2);
+  on_ranks(2, [&](int r, coll::CommPtr c) {
+    DilocoStrategy s(c, 1, lr, mu, true);
+    std::vector<float> x = {1.0f, 2.0f, -1.0f};
+    s.setup(x);
+    for (int step = 0; step < 2; ++step) {
+      for (size_t i = 0; i < 3; ++i) x[i] += float((r + 1) * (step == 0 ? d1[i] : d2[i]));  // the local steps
+      s.after_step(uint64_t(step), x);
+    }
+    out[size_t(r)] = x;
+  });
+  const double x0[3] = {1.0, 2.0, -1.0};
+  for (size_t i = 0; i < 3; ++i) {
+    // mean over ranks 1 and 2 of (r + 1) d: 1.5 d; the outer gradient is its negative.
+    const double g1 = -1.5 * d1[i], v1 = g1, o1 = x0[i] - lr * (g1 + mu * v1);
+    const double g2 = -1.5 * d2[i], v2 = mu * v1 + g2, o2 = o1 - lr * (g2 + mu * v2);
+    for (int r = 0; r < 2; ++r) EXPECT_NEAR(out[size_t(r)][i], o2, 1e-6) << "rank " << r << ", element " << i;
+  }
+}
+
 TEST(SyncCollective, DilocoStateRoundTrips) {
   on_ranks(2, [](int r, coll::CommPtr c) {
     DilocoStrategy a(c, 2, 0.7, 0.9, true), b(c, 2, 0.7, 0.9, true);
