@@ -133,9 +133,11 @@ TEST(Compute, EfficiencyGrowsWithShapeAndWavesQuantize) {
   // A skinny GEMM is memory-bound: bytes / bandwidth, not FLOPs / peak.
   GemmShape skinny{8192, 16, 8192, 1};
   EXPECT_NEAR(gemm_time(a, skinny), 2.0 * (8192.0 * 8192 + 8192 * 16 + 8192 * 16) / (2039e9 * 0.85) + 4e-6, 1e-9);
-  // Calibration: a measured shape predicts itself.
+  // Calibration: a measured shape predicts its measured time, launch included (it was that and a second launch).
   a.calibration.push_back({4096, 4096, 4096, 200e12});
-  EXPECT_NEAR(gemm_time(a, {4096, 4096, 4096, 1}), 2.0 * 4096 * 4096 * 4096 / 200e12 + 4e-6, 1e-9);
+  EXPECT_NEAR(gemm_time(a, {4096, 4096, 4096, 1}), 2.0 * 4096 * 4096 * 4096 / 200e12, 1e-12);
+  // Twice the work at the same efficiency: twice the measured work, one launch.
+  EXPECT_NEAR(gemm_time(a, {8192, 4096, 4096, 1}) - 4e-6, 2 * (2.0 * 4096 * 4096 * 4096 / 200e12 - 4e-6), 1e-12);
 }
 
 ParallelConfig cfg(int tp, int pp, int b, long long B) {
