@@ -148,9 +148,9 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   // Fastest first; equal times (plans that differ only where nothing is charged) by memory, then by description, so
   // the ranking, the --top cut and the runner-up explain_plan names are the same on every run (std::sort on the time
   // alone left ties in no defined order). A time that is not a number ranks last.
-  const auto key = [](const StepResult& r) { return std::pair{std::isnan(r.time), r.time}; };
   std::sort(all.begin(), all.end(), [&](const StepResult& a, const StepResult& b) {
-    if (key(a) != key(b)) return key(a) < key(b);
+    if (std::isnan(a.time) != std::isnan(b.time)) return std::isnan(b.time);
+    if (!std::isnan(a.time) && a.time != b.time) return a.time < b.time;
     if (a.memory.total() != b.memory.total()) return a.memory.total() < b.memory.total();
     return describe_config(a.config) < describe_config(b.config);
   });

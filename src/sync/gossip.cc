@@ -177,13 +177,17 @@ void SgpStrategy::after_step(uint64_t step, std::span<float> params) {
   auto outs = out_peers(me, n, step, peers_);
   if (!outs.empty()) {
     Stopwatch sw;
-    const float share = 1.0f / float(outs.size() + 1);
+    // What stays is what was not sent, numerators and weight alike: the sums stay what they were up to one unbiased
+    // rounding of each kept numerator. (Kept and sent as x * fl(1/(k+1)), both scaled by (k+1) fl(1/(k+1)) = 1 + 3e-8
+    // a step for k = 2; the weight kept in double and sent rounded to f32 drifted apart from them.)
+    const double share = 1.0 / static_cast<double>(outs.size() + 1), k = static_cast<double>(outs.size());
     std::vector<float> msg(d + 1);
-    for (size_t i = 0; i < d; ++i) x_[i] *= share, msg[i] = x_[i];
-    // The weight travels as f32: what stays is what was not sent, so the weights' sum stays what it was (the share
-    // kept in double and sent rounded drifted by the rounding every step).
+    for (size_t i = 0; i < d; ++i) {
+      msg[i] = static_cast<float>(x_[i] * share);
+      x_[i] = static_cast<float>(static_cast<double>(x_[i]) - k * msg[i]);
+    }
     msg[d] = static_cast<float>(w_ * share);
-    w_ -= static_cast<double>(outs.size()) * msg[d];
+    w_ -= k * msg[d];
     // In-peers use the same offsets, backwards.
     std::vector<std::vector<float>> in(outs.size(), std::vector<float>(d + 1));
     std::vector<net::RequestPtr> reqs;

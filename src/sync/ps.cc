@@ -796,7 +796,7 @@ class PsStrategy : public Strategy {
     }
     // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
     // worker aborts the transport, which ends the wait).
-    if (workers_drift())
+    if (cfg_.mode == "ssp" && cfg_.staleness != 0)  // (asp replies at once: its wait keeps the deadline)
       net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
     else
       detail::wait_all(*comm_, rrecv);

@@ -70,7 +70,7 @@ struct DistributedOptimizer::Core {
     std::vector<float> flat;
   };
 
-  coll::CommPtr comm;  // the buckets' own (split off the caller's): no collective of the caller's comes between them
+  coll::CommPtr comm;  // the buckets' (split off the caller's with find_unused_parameters)
   DistOptions opt;
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;  // as named_parameters() gives them (indices skip frozen and tied parameters)
@@ -307,6 +307,12 @@ struct DistributedOptimizer::Core {
         if (stop) return;
         b = next;
         flushed = flush;
+        if (error) {  // (the unused-parameter flags failed: no bucket may go)
+          next = int(buckets.size());
+          lk.unlock();
+          cv.notify_all();
+          continue;
+        }
         if (flush && !ready[size_t(b)]) {  // parameters without a gradient this step contribute zeros
           Bucket& bk = buckets[size_t(b)];
           for (size_t k = 0; k < bk.params.size(); ++k)
@@ -342,7 +348,10 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
                     "allowed: 1 byte or more each",
                     options.bucket_cap_bytes, options.first_bucket_bytes));
   Core& c = *core_;
-  c.comm = comm_->size() > 1 ? comm_->split(0, comm_->rank()) : comm_;
+  // With find_unused_parameters the per-step flags go over `comm` while buckets may still be in flight: the buckets
+  // then get a communicator of their own. Otherwise they stay on `comm`, whose shared-memory fast path (the world
+  // communicator's) serves the small allreduces.
+  c.comm = options.find_unused_parameters && comm_->size() > 1 ? comm_->split(0, comm_->rank()) : comm_;
   c.opt = options;
   for (auto& [name, p] : trainable_parameters(*model_)) {
     if (p.scalar_type() != torch::kFloat || !p.device().is_cpu() || p.layout() != torch::kStrided)
@@ -522,6 +531,9 @@ void DistributedOptimizer::synchronize() {
       flags_error = std::current_exception();
     }
     lk.lock();
+    // Without the agreement this rank would exchange the waiting buckets whole while the others skip what no rank
+    // used: the thread stops instead, and the step fails with the cause.
+    if (flags_error && !c.error) c.error = flags_error;
     if (!flags_error) {
       c.used = std::move(used);
       const double f = w > 1 ? 2.0 * (w - 1) / w : 0.0;  // counted as the buckets are: ring-equivalent volume

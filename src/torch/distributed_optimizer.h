@@ -15,9 +15,10 @@
 //    is kept per parameter and saved in checkpoints.
 //
 // One backward per step with overlap (a second gradient before step() is refused: its bucket may be exchanged
-// already); without overlap several backward calls accumulate. Every rank runs the same model. The constructor is
-// collective: the buckets travel on a communicator split off `comm`, so collectives the caller (or a second
-// DistributedOptimizer, a GAN's) runs on `comm` meanwhile cannot interleave with them differently on each rank.
+// already); without overlap several backward calls accumulate. Every rank runs the same model. The buckets travel
+// on `comm` from the communication thread: collectives run on `comm` from another thread while a step's buckets are
+// in flight (a second DistributedOptimizer on it, a GAN's) could interleave differently on each rank; give each its
+// own (comm->split). With find_unused_parameters the constructor is collective: it splits one off for the buckets.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
