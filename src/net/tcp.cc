@@ -238,7 +238,15 @@ class TcpTransport : public Transport {
       pe.data.u32 = static_cast<uint32_t>(p.rank);
       epoll_ctl(ep_, EPOLL_CTL_ADD, p.fd, &pe);
     }
-    thread_ = std::thread([this] { loop(); });
+    try {
+      thread_ = std::thread([this] { loop(); });
+    } catch (...) {  // (EAGAIN past a thread limit: the destructor does not run, the descriptors would leak)
+      ::close(evfd_);
+      ::close(ep_);
+      for (auto& p : peers_)
+        if (p.fd >= 0) ::close(p.fd);
+      throw;
+    }
   }
 
   ~TcpTransport() override {
@@ -292,7 +300,8 @@ class TcpTransport : public Transport {
     for (auto& p : peers_) {
       if (p.fd < 0 || p.failed) continue;
       std::lock_guard<std::mutex> sl(p.send_mu);
-      bool mid_frame = !p.sendq.empty() && p.sendq.front().sent > 0;
+      // (A failed write ended the stream mid-frame and cleared the queue: nothing more goes on it.)
+      bool mid_frame = p.send_failed || (!p.sendq.empty() && p.sendq.front().sent > 0);
       if (!mid_frame) {
         FrameHeader h = make_frame(kFrameAbort, 0, msg.size(), rank_);
         iovec iov[2] = {{&h, sizeof h}, {msg.data(), msg.size()}};
@@ -434,6 +443,9 @@ class TcpTransport : public Transport {
         p.send_failed = true;
         for (auto& q : p.sendq) q.req->fail(p.send_error);
         p.sendq.clear();
+        // Ended here, so that the peer sees it (not half a frame it would wait on until its deadline) and this
+        // rank's reads end too: EFAULT or ENOBUFS left the socket open.
+        ::shutdown(p.fd, SHUT_RDWR);
         wake();
         return;
       }

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -384,6 +385,33 @@ TEST(TcpRendezvous, ConnectHonoursTheDeadline) {
   EXPECT_LT(took, 5.0) << error;
   for (int fd : fillers) ::close(fd);
   ::close(lfd);
+}
+
+// Found by a review: a send that failed for a reason of this rank's own (EFAULT: a buffer of no readable memory,
+// ENOBUFS) left the connection open with the frame's header sent, so the peer's receive waited for the payload until
+// its deadline. The connection now ends: the peer's receive fails at once, naming the truncated frame.
+TEST(Transports, ATcpSendThatFailsOnItsOwnBufferEndsTheConnection) {
+  auto pair = test_util::make_transport_pair("tcp");
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* none = ::mmap(nullptr, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(none, MAP_FAILED);
+  const uint64_t tag = make_tag(kUser, 0, 1);
+  std::vector<char> in(page);
+  auto recv = pair[1]->irecv(0, tag, in.data(), page);
+  auto send = pair[0]->isend(1, tag, none, page);
+  EXPECT_THROW(send->wait(Deadline::after(5)), PeerError);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error = "no error";
+  try {
+    recv->wait(Deadline::after(20));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 5.0) << error;
+  EXPECT_EQ(error.find("deadline"), std::string::npos) << error;
+  EXPECT_NE(error, "no error");
+  ::munmap(none, page);
 }
 
 // Messages are ordered per tag only (transport.h): a receiver may take a small message sent after a large one first.
