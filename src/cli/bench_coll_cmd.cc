@@ -236,13 +236,14 @@ void run_bench(const BenchArgs& a) {
                          {"max_us", t_max * 1e6},
                          {"algbw_gbs", algbw},
                          {"busbw_gbs", busbw},
-                         {"wrong", wrong}};
+                         {"wrong", a.check ? nlohmann::json(wrong) : nlohmann::json(nullptr)}};  // null: not checked
         if (a.stagger_us > 0) j["stagger_us"] = a.stagger_us;
         std::cout << j.dump() << std::endl;
       } else {
-        std::printf("%12.0f %12zu %6s %8s %10.2f %10.2f %10.2f %10.3f %10.3f %7llu  %s\n", size_bytes,
+        const std::string checked = a.check ? std::to_string(wrong) : "-";  // (--no-check read as 0 wrong)
+        std::printf("%12.0f %12zu %6s %8s %10.2f %10.2f %10.2f %10.3f %10.3f %7s  %s\n", size_bytes,
                     per_rank_block ? count * n : count, dtype_name(dt), reduce_op_name(rop), t * 1e6, t_median * 1e6,
-                    t_max * 1e6, algbw, busbw, static_cast<unsigned long long>(wrong), algo_used.c_str());
+                    t_max * 1e6, algbw, busbw, checked.c_str(), algo_used.c_str());
         std::fflush(stdout);
       }
     }
@@ -332,13 +333,6 @@ void run_selftest(const SelftestArgs& a) {
   if (total) set_exit_code(1);
 }
 
-// --timeout, when given, is a finite number of seconds from 0.001 (CONDUIT_TIMEOUT's least; 0 or nan used to mean the
-// default silently, inf made --hang-rank's sleep return at once, and 0.0001 failed every rank at rendezvous).
-void check_timeout_flag(const CLI::Option* opt, double v) {
-  if (opt->count() > 0 && !(v >= 0.001 && v <= 1e6))
-    throw ConfigError(fmt::format("--timeout = {} (allowed: seconds from 0.001 to 1000000)", v));
-}
-
 const bool kRegistered = register_command(30, [](CLI::App& app) {
   auto* bench = subcommand_group(app, "bench", "Benchmarks: collectives (coll), compression (compress), GEMMs (gemm)");
   auto a = std::make_shared<BenchArgs>();
@@ -384,4 +378,12 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
 });
 
 }  // namespace
+
+// --timeout, when given, is a finite number of seconds from 0.001 (CONDUIT_TIMEOUT's least; 0 or nan used to mean the
+// default silently, inf made --hang-rank's sleep return at once, and 0.0001 failed every rank at rendezvous).
+void check_timeout_flag(const CLI::Option* opt, double v) {
+  if (opt->count() > 0 && !(v >= 0.001 && v <= 1e6))
+    throw ConfigError(fmt::format("--timeout = {} (allowed: seconds from 0.001 to 1000000)", v));
+}
+
 }  // namespace conduit::cli

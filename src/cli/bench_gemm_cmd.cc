@@ -110,8 +110,13 @@ void add_layer_pools(std::vector<Pool>& out, const std::string& name, const std:
 
 std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std::vector<Pool>& pools) {
   std::vector<Shape> out;
+  std::vector<std::string> seen;
   for (const auto& item : split(a.shapes, ',')) {
     const std::string s = trim(item);
+    // (A repeated item credited its models twice: cnn,cnn doubled the CNN's sums and timed its poolings twice.)
+    if (!s.empty() && std::find(seen.begin(), seen.end(), s) != seen.end())
+      throw ConfigError(fmt::format("--shapes: '{}' is given twice; allowed: each item once", s));
+    seen.push_back(s);
     if (s == "cnn") {
       add_layer_gemms(out, "cnn", sim::kTrainCnnLayers, a.batch);
       add_layer_convs(convs, "cnn", sim::kTrainCnnLayers, a.batch);
@@ -184,6 +189,7 @@ std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std
 // (each rank times the same shapes, so the records carry the speed one of N concurrent workers gets), else 1.
 long long concurrent_processes() {
   if (auto v = env_int("LOCAL_WORLD_SIZE", 1, 1 << 20)) return *v;
+  if (auto v = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20)) return *v;  // under mpirun
   return 1;
 }
 
@@ -330,7 +336,9 @@ void run_gemm(const GemmArgs& a) {
   // gradient exchange: each rank's steps are then timed with the same pattern of blocking and waking (which the
   // scheduler of a shared machine treats differently from a process that never blocks).
   coll::CommPtr comm;
-  if (!models.empty() && env_int("WORLD_SIZE", 1, 1 << 20).value_or(1) > 1) {
+  const long long world =
+      env_int("WORLD_SIZE", 1, 1 << 20).value_or(env_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 20).value_or(1));
+  if (!models.empty() && world > 1) {
     coll::CommConfig cfg;
     cfg.transport = a.transport;
     comm = coll::Communicator::from_env(cfg);

@@ -20,5 +20,7 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
 // `text` as a gnuplot single-quoted string, for the scripts the plotting commands write: nothing inside is expanded
 // ('' is a quote; in double quotes gnuplot runs `backquoted` commands), control characters become spaces.
 std::string gnuplot_quote(const std::string& text);
+// ConfigError unless a given --timeout (opt counted) is a finite number of seconds from 0.001 to 10^6.
+void check_timeout_flag(const CLI::Option* opt, double v);
 
 }  // namespace conduit::cli

@@ -62,6 +62,9 @@ class Compressor {
   virtual DType linear_dtype() const { return DType::f32; }
   // False when the payload size depends on the data (threshold): then only the payload's length tells it.
   virtual bool fixed_size() const { return true; }
+  // compress() calls before the method compresses as it will from then on (PowerSGD's start_iter, DGC's warm-up
+  // stages): what a benchmark of its steady state runs first.
+  virtual uint64_t warmup_calls() const { return 0; }
   // Bytes on the wire for the next compress() of a tensor of `numel` elements with this state (fixed-size methods).
   virtual size_t wire_bytes(size_t numel, const TensorState& st) const = 0;
   double ratio(size_t numel, const TensorState& st) const;  // 4*numel / wire_bytes

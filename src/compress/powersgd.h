@@ -68,6 +68,11 @@ class PowerSgd : public Compressor {
  private:
   int r_;
   uint64_t start_iter_;
+
+ public:
+  uint64_t warmup_calls() const override { return start_iter_; }
+
+ private:
   double min_ratio_;
   bool ef_, warm_;
   DType wire_;

@@ -349,6 +349,7 @@ class Dgc : public Compressor {
  public:
   Dgc(double ratio, double momentum, double clip, int64_t warmup, double sample)
       : ratio_(ratio), m_(static_cast<float>(momentum)), clip_(clip), warmup_(warmup), sample_(sample) {}
+  uint64_t warmup_calls() const override { return warmup_ > 0 ? static_cast<uint64_t>(warmup_) : 0; }
   std::string name() const override { return "dgc"; }
   Collective collective() const override { return Collective::allgather; }
   bool stateful() const override { return true; }

@@ -599,12 +599,33 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"--shapes 4294967296x4294967296x4294967296", "--shapes: '4294967296x4294967296x4294967296' is not allowed"},
            {"--shapes mlp --batch 2000000000", "--batch = 2000000000 (allowed: 1..65536)"},
-           {"--shapes 8x8x8 --model foo", "--model: 'foo' is not allowed; allowed: mlp, cnn, resnet"}}) {
+           {"--shapes 8x8x8 --model foo", "--model: 'foo' is not allowed; allowed: mlp, cnn, resnet"},
+           // (a repeated item credited its models twice and timed its poolings twice)
+           {"--shapes cnn,8x8x8,cnn --model cnn", "--shapes: 'cnn' is given twice; allowed: each item once"}}) {
     out = run("bench gemm " + args, &rc);
     EXPECT_EQ(rc, 2) << args << out;
     EXPECT_NE(out.find(want), std::string::npos) << args << out;
     EXPECT_EQ(out.find("GFLOP"), std::string::npos) << args << out;  // nothing timed first
   }
+  // bench compress times a method's steady state: PowerSGD's calls before start_iter (uncompressed copies) were the
+  // fastest and were reported with the compressed ratio (46 GB/s for 3.3); a warm-up too long to run, a tensor past
+  // what the sparsifiers index (they threw after the others had run) are refused first.
+  out = run("bench compress --method 'powersgd:rank=4,start_iter=3' --size 64K --min-time 0.002 --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"warmup_calls\":3"), std::string::npos) << out;
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"bench compress --method 'dgc:warmup_steps=5000' --size 1M",
+            "warms up for 5000 calls; allowed in a benchmark: at most 1000"},
+           {"bench compress --method fp16 --size 16G", "--size '16G' must be a byte count from 4 B to 16G - 4 B"},
+           {"selftest-compress --timeout -1", "--timeout = -1 (allowed: seconds from 0.001"}}) {
+    out = run(args, &rc);
+    EXPECT_EQ(rc, 2) << args << out;
+    EXPECT_NE(out.find(want), std::string::npos) << args << out;
+  }
+  // bench coll --no-check says nothing was checked (it reported 0 wrong, as a verified run does).
+  out = run("bench coll --op allreduce --min-bytes 8 --max-bytes 8 --no-check --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"wrong\":null"), std::string::npos) << out;
   // --name lands in the YAML as a plain scalar: "my: box" broke the file, "#lab" named the cluster null.
   for (const char* bad : {"my: box", "#lab", ""}) {
     out = run("sim calibrate --bench " + dir + "/bench.jsonl --peak 1GFLOP/s --name '" + bad + "' --out -", &rc);
