@@ -632,8 +632,11 @@ class TcpStore : public Store {
 
   std::unique_ptr<Conn> connect(const Deadline& deadline, bool first) {
     // After the first connection succeeded the server is known to be up: a refused connection then means it is
-    // gone, and waiting out a long deadline would only hide that.
-    Deadline d = first ? deadline : deadline.min(Deadline::after(1.0));
+    // gone, and waiting out a long deadline would only hide that, so refusals get 1 s. A connection that is merely
+    // slow (a full backlog, a server busy accepting) gets the caller's deadline (all of them got 1 s: a loaded
+    // server was reported gone).
+    Deadline d = deadline;
+    bool refused_before = false;
     std::string target = connect_host(host_);
     std::string why = "no attempt";
     auto backoff = std::chrono::milliseconds(5);
@@ -656,6 +659,10 @@ class TcpStore : public Store {
           }
         }
         freeaddrinfo(res);
+      }
+      if (!first && !refused_before && why == std::strerror(ECONNREFUSED)) {
+        refused_before = true;
+        d = deadline.min(Deadline::after(1.0));
       }
       if (d.expired()) break;
       auto wait = std::min<std::chrono::nanoseconds>(
