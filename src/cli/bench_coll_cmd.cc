@@ -46,7 +46,7 @@ struct BenchArgs {
 // nccl-tests' bus bandwidth factors.
 double bus_factor(const std::string& op, int n) {
   // (With one rank nothing crosses a bus: 0 for every op but broadcast and reduce, as nccl-tests and the peers
-  // of bench/coll/compare.py report it.)
+  // of bench/peers/compare.py report it.)
   if (op == "allreduce") return 2.0 * (n - 1) / n;
   // Gather and scatter move (n-1)/n of the whole buffer through the root's link (nccl-tests' GatherGetBw).
   if (op == "reduce_scatter" || op == "allgather" || op == "alltoall" || op == "gather" || op == "scatter")
