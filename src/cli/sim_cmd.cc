@@ -1397,19 +1397,28 @@ void setup(CLI::App& app) {
         ->capture_default_str();
     c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")
         ->capture_default_str();
-    c->add_option("--las-threshold", a->las.las_first_threshold,
-                  "las: attained accelerator-seconds that end the first queue; each next queue's threshold is x10")
-        ->capture_default_str();
-    c->add_option("--las-queues", a->las.las_queues, "las: number of priority queues")->capture_default_str();
-    c->add_option("--restart-penalty", a->las.restart_penalty,
-                  "las, srtf: seconds a preempted job spends reloading its checkpoint when it resumes")
-        ->capture_default_str();
-    c->add_option("--promote-knob", a->las.las_promote_knob,
-                  "las: Tiresias's starvation guard: a demoted job that waited this many times as long as it ran "
-                  "goes back to the first queue (0: off)")
-        ->capture_default_str();
+    auto* threshold =
+        c->add_option("--las-threshold", a->las.las_first_threshold,
+                      "las: attained accelerator-seconds that end the first queue; each next queue's threshold is x10")
+            ->capture_default_str();
+    auto* queues =
+        c->add_option("--las-queues", a->las.las_queues, "las: number of priority queues")->capture_default_str();
+    auto* penalty = c->add_option("--restart-penalty", a->las.restart_penalty,
+                                  "las, srtf: seconds a preempted job spends reloading its checkpoint when it resumes")
+                        ->capture_default_str();
+    auto* knob = c->add_option("--promote-knob", a->las.las_promote_knob,
+                               "las: Tiresias's starvation guard: a demoted job that waited this many times as long as "
+                               "it ran goes back to the first queue (0: off)")
+                     ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
-    c->callback([a]() { run_cluster(*a); });
+    c->callback([a, threshold, queues, penalty, knob]() {
+      // A scheduler's options given to another were taken and ignored without a word.
+      for (auto* o : {threshold, queues, knob, penalty})
+        if (o->count() > 0 && a->scheduler != "las" && (o != penalty || a->scheduler != "srtf"))
+          throw ConfigError(fmt::format("{} applies to --scheduler {}, not {}", o->get_name(),
+                                        o == penalty ? "las or srtf" : "las", a->scheduler));
+      run_cluster(*a);
+    });
   }
 }
 

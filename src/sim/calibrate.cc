@@ -276,6 +276,8 @@ std::vector<PoolSample> parse_pool_lines(const std::string& text, const std::str
     for (auto [f, v] :
          {std::pair{"batch", p.batch}, {"channels", p.channels}, {"height", p.height}, {"width", p.width}})
       in_calibration_range(origin, no, f, v, kMaxCalibratedDim);
+    // (A kernel of 0.5 passed here and failed only in the written file, naming its field there, not this line.)
+    in_calibration_range(origin, no, "kernel", p.kernel, kMaxCalibratedKernel);
     if (p.kernel > p.height || p.kernel > p.width)
       throw ConfigError(fmt::format("{}:{}: field 'kernel' ({}) is larger than the map {}x{}", origin, no, p.kernel,
                                     p.height, p.width));

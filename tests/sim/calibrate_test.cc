@@ -542,6 +542,11 @@ TEST(Calibrate, PoolLinesCostPoolingLayers) {
       err("{\"kind\":\"bench.pool\",\"batch\":64,\"channels\":0,\"height\":28,\"width\":28,\"kernel\":2,"
           "\"forward_us\":1,\"backward_us\":1}\n");
   EXPECT_NE(e.find("gemm.jsonl:1: field 'channels' must be a positive number"), std::string::npos) << e;
+  // A window under one element (it failed only when the written file was loaded, naming that file's field).
+  e =
+      err("{\"kind\":\"bench.pool\",\"batch\":64,\"channels\":32,\"height\":28,\"width\":28,\"kernel\":0.5,"
+          "\"forward_us\":1,\"backward_us\":1}\n");
+  EXPECT_NE(e.find("gemm.jsonl:1: field 'kernel' = 0.5 (allowed: 1 to"), std::string::npos) << e;
   e =
       err("{\"kind\":\"bench.pool\",\"batch\":64,\"channels\":3,\"height\":2,\"width\":28,\"kernel\":4,"
           "\"forward_us\":1,\"backward_us\":1}\n");

@@ -429,6 +429,12 @@ TEST(Scheduler, LasStarvationGuardPromotesAJobThatWaitedKnobTimesItsRun) {
   out = test_util::run("sim cluster --gpus 8 --jobs " + path + " --scheduler las --promote-knob -1", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--promote-knob = -1 (allowed"), std::string::npos) << out;
+  // Another scheduler's options are refused, not ignored (fifo ran with --promote-knob 2 as without it).
+  out = test_util::run("sim cluster --gpus 8 --jobs " + path + " --scheduler fifo --promote-knob 2", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--promote-knob applies to --scheduler las, not fifo"), std::string::npos) << out;
+  out = test_util::run("sim cluster --gpus 8 --jobs " + path + " --scheduler srtf --restart-penalty 5", &rc);
+  EXPECT_EQ(rc, 0) << out;
   std::remove(path.c_str());
 }
 
