@@ -91,11 +91,7 @@ void run_bench(const BenchArgs& a) {
     const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
                  page = static_cast<double>(::sysconf(_SC_PAGESIZE));
     const double mem = pages > 0 && page > 0 ? pages * page : 0;
-    long long local = 1;
-    if (auto v = env_int("LOCAL_WORLD_SIZE", 1, 1 << 20))
-      local = *v;
-    else if (auto w = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20))
-      local = *w;
+    const long long local = ranks_on_this_host();
     if (mem > 0 && 4.0 * static_cast<double>(hi) * static_cast<double>(local) > mem)
       throw ConfigError(
           fmt::format("--max-bytes {} needs about {:.1f} GB per rank, {} ranks on this host; this machine has {:.1f} "
@@ -384,6 +380,12 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
 void check_timeout_flag(const CLI::Option* opt, double v) {
   if (opt->count() > 0 && !(v >= 0.001 && v <= 1e6))
     throw ConfigError(fmt::format("--timeout = {} (allowed: seconds from 0.001 to 1000000)", v));
+}
+
+long long ranks_on_this_host() {
+  if (auto v = env_int("LOCAL_WORLD_SIZE", 1, 1 << 20)) return *v;
+  if (auto v = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20)) return *v;
+  return 1;
 }
 
 }  // namespace conduit::cli

@@ -185,16 +185,10 @@ std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std
   return uniq;
 }
 
-// How many processes on this host run this benchmark at the same time: LOCAL_WORLD_SIZE under `conduit launch -n N`
-// (each rank times the same shapes, so the records carry the speed one of N concurrent workers gets), else 1.
-long long concurrent_processes() {
-  if (auto v = env_int("LOCAL_WORLD_SIZE", 1, 1 << 20)) return *v;
-  if (auto v = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 20)) return *v;  // under mpirun
-  return 1;
-}
-
 void run_gemm(const GemmArgs& a) {
-  const long long concurrent = concurrent_processes();
+  // The processes on this host running this benchmark at once (each rank times the same shapes, so the records carry
+  // the speed one of N concurrent workers gets).
+  const long long concurrent = ranks_on_this_host();
   // The cnn/mlp shapes and --model grow with the batch (200000 needed ~20 GB for one im2col matrix).
   if (a.batch < 1 || a.batch > 65536) throw ConfigError(fmt::format("--batch = {} (allowed: 1..65536)", a.batch));
   if (a.threads < 1 || a.threads > 1024) throw ConfigError(fmt::format("--threads = {} (allowed: 1..1024)", a.threads));

@@ -22,5 +22,8 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
 std::string gnuplot_quote(const std::string& text);
 // ConfigError unless a given --timeout (opt counted) is a finite number of seconds from 0.001 to 10^6.
 void check_timeout_flag(const CLI::Option* opt, double v);
+// The ranks on this host: LOCAL_WORLD_SIZE (`conduit launch`, torchrun), else mpirun's OMPI_COMM_WORLD_LOCAL_SIZE,
+// else 1.
+long long ranks_on_this_host();
 
 }  // namespace conduit::cli

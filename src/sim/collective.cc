@@ -561,11 +561,9 @@ CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, co
     auto proxied = [&] {
       // (Ranks all on one rail never need a proxy: data-parallel and pipeline groups whose stride a node's size
       // divides; only then are the transfers looked at.)
-      const auto rail = [&](long long gpu) {
-        return topo_.nic_of_local(topo_.local_of(gpu), topo_.kind_of_node(topo_.node_of(gpu)));
-      };
       bool one_rail = true;
-      for (long long i = 1; i < g.size && one_rail; ++i) one_rail = rail(g.first + i * g.stride) == rail(g.first);
+      for (long long i = 1; i < g.size && one_rail; ++i)
+        one_rail = topo_.nic_of(g.first + i * g.stride) == topo_.nic_of(g.first);
       if (one_rail) return false;
       for (const Step& s : steps)
         for (const Transfer& t : s.transfers)

@@ -215,10 +215,9 @@ double Topology::route(long long src, long long dst, std::vector<int>& path) con
 }
 
 bool Topology::via_proxy(long long src, long long dst) const {
-  const long long ns = node_of(src), nd = node_of(dst);
-  if (ns == nd) return false;
-  const NodeKind& ks = kind_of_node(ns);
-  return proxy_between(nic_of_local(local_of(src), ks), nic_of_local(local_of(dst), kind_of_node(nd)), ks);
+  const long long ns = node_of(src);
+  if (ns == node_of(dst)) return false;
+  return proxy_between(nic_of(src), nic_of(dst), kind_of_node(ns));
 }
 
 void Topology::links_behind(long long gpu, std::vector<int>& out) const {

@@ -59,6 +59,7 @@ class Topology {
   long long gpus_behind(int link) const { return behind_[link]; }
   // The NIC of a node of kind k that its accelerator `local` sends through.
   int nic_of_local(int local, const NodeKind& k) const { return local / (k.gpus / k.nics); }
+  int nic_of(long long gpu) const { return nic_of_local(local_of(gpu), kind_of_node(node_of(gpu))); }
   // Whether route(src, dst) leaves the source node through another accelerator's NIC (rail-optimized, the
   // destination on another rail: NCCL's PXN proxy). That proxy's ports and NIC carry traffic no rank behind them
   // owns, which symmetric sharing cannot scale.

@@ -71,6 +71,10 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
 
 constexpr int64_t kMaxShardsPerRank = 64;
 
+// ssp with s > 0 lets workers drift apart: a worker s clocks ahead may rightly wait for the slowest longer than any
+// timeout (worker 0 evaluating alone, a straggler), at its shard and for the reply.
+bool ssp_drifts(const PsConfig& c) { return c.mode == "ssp" && c.staleness != 0; }
+
 std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
 }
@@ -170,10 +174,9 @@ class Shard {
     cv_.notify_all();
     if (!slot.ready) {
       waited = true;
-      // ssp with s > 0 lets workers drift: a worker s clocks ahead may rightly wait longer than any timeout (worker 0
-      // evaluating alone, a straggler); it waited 300 s and then stopped every rank. A worker that dies still ends
+      // No deadline where workers drift (it waited 300 s and then stopped every rank); a worker that dies still ends
       // the wait (the transport aborts). bsp (and ssp with s = 0) keeps the collectives' deadline.
-      if (!wait_or_abort(lk, drifts() ? 1e18 : timeout_s, [&] { return slot.ready; }))
+      if (!wait_or_abort(lk, ssp_drifts(cfg_) ? 1e18 : timeout_s, [&] { return slot.ready; }))
         throw TimeoutError(
             fmt::format("sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})",
                         index_, w, h.clock, timeout_s, min_clock()));
@@ -209,8 +212,6 @@ class Shard {
     }
     return true;
   }
-
-  bool drifts() const { return cfg_.mode == "ssp" && cfg_.staleness != 0; }
 
   // Under mu_.
   std::string shutdown_message() const {
@@ -521,7 +522,7 @@ class PsStrategy : public Strategy {
   }
 
   std::string name() const override { return "ps-" + cfg_.mode; }
-  bool workers_drift() const override { return cfg_.mode == "asp" || (cfg_.mode == "ssp" && cfg_.staleness != 0); }
+  bool workers_drift() const override { return cfg_.mode == "asp" || ssp_drifts(cfg_); }
   void set_lr_scale(double s) override { lr_scale_ = s; }
   bool is_worker() const override { return comm_->rank() < workers_; }
   int worker_rank() const override { return is_worker() ? comm_->rank() : -1; }
@@ -796,7 +797,7 @@ class PsStrategy : public Strategy {
     }
     // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
     // worker aborts the transport, which ends the wait).
-    if (cfg_.mode == "ssp" && cfg_.staleness != 0)  // (asp replies at once: its wait keeps the deadline)
+    if (ssp_drifts(cfg_))  // (asp replies at once: its wait keeps the deadline)
       net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
     else
       detail::wait_all(*comm_, rrecv);
