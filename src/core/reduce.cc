@@ -179,8 +179,29 @@ void half_to(void* out, const void* a, const void* b, size_t n, ReduceOp op, boo
 
 }  // namespace
 
+namespace {
+bool misaligned(const void* p, size_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; }
+constexpr size_t kStageBytes = 4096;
+}  // namespace
+
 void reduce_to(void* out, const void* a, const void* b, size_t count, DType dtype, ReduceOp op) {
   if (count == 0) return;
+  const size_t esz = dtype_size(dtype);
+  if (esz > 1 && (misaligned(out, esz) || misaligned(a, esz) || misaligned(b, esz))) {
+    // Element loads through a pointer not aligned to the element are undefined behaviour (a frame's payload in a
+    // byte ring, a user's offset view): reduce aligned copies of each block and copy the result out. Both inputs
+    // are copied before the output is written, so out may be a or b.
+    alignas(64) unsigned char sa[kStageBytes], sb[kStageBytes];
+    const size_t per = kStageBytes / esz;
+    for (size_t s = 0; s < count; s += per) {
+      const size_t m = std::min(per, count - s);
+      std::memcpy(sa, static_cast<const unsigned char*>(a) + s * esz, m * esz);
+      std::memcpy(sb, static_cast<const unsigned char*>(b) + s * esz, m * esz);
+      reduce_to(sa, sa, sb, m, dtype, op);
+      std::memcpy(static_cast<unsigned char*>(out) + s * esz, sa, m * esz);
+    }
+    return;
+  }
   switch (dtype) {
     case DType::f32: return typed_to<float>(out, a, b, count, op);
     case DType::f64: return typed_to<double>(out, a, b, count, op);
@@ -218,6 +239,19 @@ void prescale_avg(const void* in, void* out, size_t count, DType dtype, int n) {
 
 void finalize_avg(void* buf, size_t count, DType dtype, int n) {
   if (n <= 1 || count == 0) return;
+  const size_t esz = dtype_size(dtype);
+  if (esz > 1 && misaligned(buf, esz)) {  // as in reduce_to: divide aligned copies
+    alignas(64) unsigned char st[kStageBytes];
+    const size_t per = kStageBytes / esz;
+    for (size_t s = 0; s < count; s += per) {
+      const size_t m = std::min(per, count - s);
+      unsigned char* at = static_cast<unsigned char*>(buf) + s * esz;
+      std::memcpy(st, at, m * esz);
+      finalize_avg(st, m, dtype, n);
+      std::memcpy(at, st, m * esz);
+    }
+    return;
+  }
   switch (dtype) {
     case DType::f32: return divide<float>(buf, count, n);
     case DType::f64: return divide<double>(buf, count, n);

@@ -193,6 +193,36 @@ TEST(Reduce, InPlaceAliasingAndAverage) {
   EXPECT_THROW(parse_reduce_op("mean2"), ConfigError);
 }
 
+// Operands at any byte offset (a payload in a byte ring, a view into a packed buffer) reduce as aligned ones do:
+// every dtype, several staging blocks, out aliasing an input, and the average's division.
+TEST(Reduce, UnalignedOperandsGiveTheAlignedResult) {
+  for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64}) {
+    const size_t esz = dtype_size(dt), n = 3001;  // past 4 KiB for every size
+    std::vector<unsigned char> a(n * esz), b(n * esz);
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = static_cast<unsigned char>((i * 7) % 61);  // small exponents: no NaN or Inf patterns
+      b[i] = static_cast<unsigned char>((i * 13) % 59);
+    }
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      std::vector<unsigned char> want(n * esz);
+      reduce_to(want.data(), a.data(), b.data(), n, dt, op);
+      for (size_t off : {size_t{1}, esz - 1}) {
+        std::vector<unsigned char> ua(n * esz + off), ub(n * esz + off + 2), uo(n * esz + off + 1);
+        std::memcpy(ua.data() + off, a.data(), a.size());
+        std::memcpy(ub.data() + off + 2, b.data(), b.size());
+        reduce_to(uo.data() + off + 1, ua.data() + off, ub.data() + off + 2, n, dt, op);
+        EXPECT_EQ(std::memcmp(uo.data() + off + 1, want.data(), want.size()), 0) << dtype_name(dt) << off;
+        reduce_into(ua.data() + off, ub.data() + off + 2, n, dt, op);  // in place
+        EXPECT_EQ(std::memcmp(ua.data() + off, want.data(), want.size()), 0) << dtype_name(dt) << off;
+        std::vector<unsigned char> avg = want;
+        finalize_avg(avg.data(), n, dt, 3);
+        finalize_avg(ua.data() + off, n, dt, 3);
+        EXPECT_EQ(std::memcmp(ua.data() + off, avg.data(), avg.size()), 0) << dtype_name(dt) << off;
+      }
+    }
+  }
+}
+
 TEST(Env, ParseBytesAcceptsSuffixesAndRejectsGarbage) {
   EXPECT_EQ(parse_bytes("4096", "x"), 4096u);
   EXPECT_EQ(parse_bytes("64K", "x"), 65536u);
