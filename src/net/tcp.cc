@@ -297,18 +297,22 @@ class TcpTransport : public Transport {
     std::string why = fmt::format("rank {} aborted: {}", rank_, reason);
     set_aborted(why);
     std::string msg = reason.substr(0, kMaxAbortReason);
+    const FrameHeader h = make_frame(kFrameAbort, 0, msg.size(), rank_);
+    std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
+    frame += msg;
+    // The whole frame goes out, or the peer reads half of it and reports a truncated frame instead of the reason;
+    // a peer whose socket stays full may hold all of them up for this long at most.
+    const Deadline give_up = Deadline::after(0.5);
     for (auto& p : peers_) {
       if (p.fd < 0 || p.failed) continue;
       std::lock_guard<std::mutex> sl(p.send_mu);
       // (A failed write ended the stream mid-frame and cleared the queue: nothing more goes on it.)
       bool mid_frame = p.send_failed || (!p.sendq.empty() && p.sendq.front().sent > 0);
       if (!mid_frame) {
-        FrameHeader h = make_frame(kFrameAbort, 0, msg.size(), rank_);
-        iovec iov[2] = {{&h, sizeof h}, {msg.data(), msg.size()}};
-        msghdr mh{};
-        mh.msg_iov = iov;
-        mh.msg_iovlen = 2;
-        [[maybe_unused]] ssize_t w = ::sendmsg(p.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        try {
+          write_all_blocking(p.fd, frame.data(), frame.size(), give_up);
+        } catch (const Error&) {  // gone or full past the deadline: the connection's end tells the peer
+        }
       }
       ::shutdown(p.fd, SHUT_RDWR);
     }
