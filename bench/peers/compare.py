@@ -158,7 +158,8 @@ RANK_PREFIX = re.compile(r"^\[rank \d+\] ")
 
 
 def parse_records(stdout):
-    recs = {}
+    """Records by size, and the first problem found in them (or None)."""
+    recs, problem = {}, None
     for line in stdout.splitlines():
         line = RANK_PREFIX.sub("", line.strip())
         if not line.startswith("{"):
@@ -168,8 +169,47 @@ def parse_records(stdout):
         except json.JSONDecodeError:
             continue
         if isinstance(r, dict) and "bytes" in r and "time_us" in r:
-            recs.setdefault(int(r["bytes"]), r)
-    return recs
+            try:
+                b = int(r["bytes"])
+            except (TypeError, ValueError):
+                problem = problem or f"a record's bytes is {r['bytes']!r}, not a number"
+                continue
+            if b in recs:
+                problem = problem or f"two records for {b} bytes"
+                continue
+            recs[b] = r
+    return recs, problem
+
+
+def expected_sizes(a):
+    """The sizes every implementation's sweep covers: --min-bytes doubling up to --max-bytes."""
+    sizes, b = [], a.min_bytes_n
+    while b <= a.max_bytes_n:
+        sizes.append(b)
+        b *= 2
+    return sizes
+
+
+def check_records(recs, a):
+    """The first way the records differ from the sweep asked for (what was run, or a size missing), or None.
+    Ratios of records that timed different operations, worlds or iteration counts would compare nothing."""
+    for b in sorted(recs):
+        r = recs[b]
+        want = {"op": "allreduce", "dtype": "f32", "world": a.nprocs, "count": b // 4, "iters": a.iters}
+        for k, v in want.items():
+            if r.get(k) != v:
+                return f"its record for {b} bytes has {k} {r.get(k)!r}, expected {v!r}"
+        for k in ("time_us", "median_us"):
+            t = r.get(k)
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+                return f"its record for {b} bytes has {k} {t!r}, expected a time in us"
+    missing = [fmt_size(b) for b in expected_sizes(a) if b not in recs]
+    extra = [fmt_size(b) for b in sorted(recs) if b not in set(expected_sizes(a))]
+    if missing:
+        return "no record for " + ", ".join(missing) + " bytes"
+    if extra:
+        return "records for sizes outside the sweep: " + ", ".join(extra) + " bytes"
+    return None
 
 
 def run_peer(name, a):
@@ -198,14 +238,18 @@ def run_peer(name, a):
         except ProcessLookupError:
             pass
         stdout, _ = proc.communicate()
-        return parse_records(stdout or ""), f"timed out after {a.timeout:g} s", line, time.time() - t0
+        return parse_records(stdout or "")[0], f"timed out after {a.timeout:g} s", line, time.time() - t0
     r = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-    recs = parse_records(r.stdout)
+    recs, problem = parse_records(r.stdout)
     err = None
     if r.returncode != 0:
         err = f"exit {r.returncode}: {last_line(r.stderr or r.stdout)}"
     elif not recs:
         err = f"no JSON records in its output: {last_line(r.stdout or r.stderr)}"
+    elif problem or check_records(recs, a):
+        # Its records are not the sweep asked for: no ratio is computed against them.
+        err = problem or check_records(recs, a)
+        recs = {}
     return recs, err, line, time.time() - t0
 
 

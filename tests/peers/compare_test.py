@@ -1,0 +1,63 @@
+#!/usr/bin/python3
+"""bench/peers/compare.py refuses records that are not the sweep it asked for (ratios against them compare
+nothing) and keeps the ones that are."""
+import argparse
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "peers"))
+import compare  # noqa: E402
+
+
+def args(nprocs=2, iters=20, lo=8, hi=32):
+    return argparse.Namespace(nprocs=nprocs, iters=iters, min_bytes_n=lo, max_bytes_n=hi)
+
+
+def rec(b, **over):
+    r = {"impl": "x", "op": "allreduce", "dtype": "f32", "world": 2, "bytes": b, "count": b // 4, "iters": 20,
+         "time_us": 5.0, "median_us": 4.0, "busbw_gbs": 1.0, "wrong": 0}
+    r.update(over)
+    return r
+
+
+def lines(*recs):
+    return "\n".join("[rank 0] " + json.dumps(r) for r in recs) + "\n"
+
+
+class RecordChecks(unittest.TestCase):
+    def test_the_sweep_asked_for_passes(self):
+        recs, problem = compare.parse_records(lines(rec(8), rec(16), rec(32)))
+        self.assertIsNone(problem)
+        self.assertEqual(sorted(recs), [8, 16, 32])
+        self.assertIsNone(compare.check_records(recs, args()))
+
+    def test_a_missing_size_is_named(self):
+        recs, _ = compare.parse_records(lines(rec(8), rec(32)))
+        self.assertEqual(compare.check_records(recs, args()), "no record for 16 bytes")
+
+    def test_a_size_outside_the_sweep_is_named(self):
+        recs, _ = compare.parse_records(lines(rec(8), rec(16), rec(32), rec(64)))
+        self.assertIn("outside the sweep: 64", compare.check_records(recs, args()))
+
+    def test_other_work_is_refused(self):
+        for field, value in (("op", "allgather"), ("dtype", "f64"), ("world", 4), ("count", 3), ("iters", 5),
+                             ("time_us", float("nan")), ("median_us", None), ("time_us", -1.0)):
+            recs, _ = compare.parse_records(lines(rec(8), rec(16, **{field: value}), rec(32)))
+            problem = compare.check_records(recs, args())
+            self.assertIsNotNone(problem, field)
+            self.assertIn(f"16 bytes has {field}", problem)
+
+    def test_duplicate_and_garbled_records(self):
+        _, problem = compare.parse_records(lines(rec(8), rec(8, time_us=9.0)))
+        self.assertEqual(problem, "two records for 8 bytes")
+        _, problem = compare.parse_records(lines(rec(8, bytes="eight")))
+        self.assertIn("not a number", problem)
+        recs, problem = compare.parse_records("not json\n{broken\n" + lines(rec(8)))
+        self.assertIsNone(problem)
+        self.assertEqual(list(recs), [8])
+
+
+if __name__ == "__main__":
+    unittest.main()
