@@ -966,6 +966,12 @@ void run_calibrate(const CalibrateArgs& a) {
           staggered, f.wake * 1e6);
     if (t == chosen) chosen_fit = f;
   }
+  if (chosen_fit.gamma_inseparable)
+    fmt::print(stderr,
+               "sim calibrate: warning: every {} sample reduces bytes in the same proportion to those it moves, so "
+               "beta and gamma cannot be told apart: gamma is written as 0 and beta carries both, which over-predicts "
+               "collectives that do not reduce (allgather, broadcast); add `bench coll --op allgather` samples\n",
+               chosen);
   if (!(chosen_fit.beta > 1e-15))
     fmt::print(stderr,
                "sim calibrate: warning: the {} samples' times hardly grow with their size (beta fitted as {:.3g} s/B), "

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -610,8 +611,17 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   // Non-negative least squares by active sets over the three unknowns: drop any negative coefficient and refit.
   std::array<bool, 3> active{true, true, true};
   bool any_gamma = false;
-  for (const auto& r : X) any_gamma |= r[2] > 0;
-  if (!any_gamma) active[2] = false;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;  // gamma's coefficient over beta's, per sample
+  for (const auto& r : X) {
+    any_gamma |= r[2] > 0;
+    if (r[1] > 0) {
+      lo = std::min(lo, r[2] / r[1]);
+      hi = std::max(hi, r[2] / r[1]);
+    }
+  }
+  // Proportional columns make the normal equations singular: the split between beta and gamma is then rounding.
+  const bool inseparable = any_gamma && lo <= hi && hi - lo <= 1e-9 * hi;
+  if (!any_gamma || inseparable) active[2] = false;
   std::vector<double> x;
   for (int iter = 0; iter < 4; ++iter) {
     x = least_squares(X, y, active);
@@ -628,6 +638,7 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   f.beta = std::max(0.0, x[1]);
   f.gamma = std::max(0.0, x[2]);
   f.samples = X.size();
+  f.gamma_inseparable = inseparable;
   double se = 0;
   for (size_t r = 0; r < X.size(); ++r) {
     double pred = X[r][0] * f.alpha + X[r][1] * f.beta + X[r][2] * f.gamma;
@@ -675,6 +686,8 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
                    fit.samples, transport);
   y += fmt::format("# (fit: alpha {:.3g} s/step, beta {:.3g} s/B, gamma {:.3g} s/B; rms relative error {:.1f}%).\n",
                    fit.alpha, fit.beta, fit.gamma, 100 * fit.rms_relative_error);
+  if (fit.gamma_inseparable)
+    y += "# The samples reduce bytes in the same proportion to those they move: gamma (0) is folded into beta.\n";
   y += fmt::format("name: {}\ndescription: this machine, {} ranks over {}, calibrated\nnodes:\n", name, ranks,
                    transport);
   y += fmt::format("  - name: local\n    gpus: {}\n    accelerator:\n      name: calibrated-worker\n", ranks);

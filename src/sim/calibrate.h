@@ -40,6 +40,10 @@ struct AlphaBetaGamma {
   double wake = 0;  // per call, from fit_wake_latency (0 when not measured)
   size_t samples = 0;
   double rms_relative_error = 0;  // of the fit over the samples
+  // Every sample reduces bytes in the same proportion to those it moves (allreduce alone, say): beta and gamma
+  // cannot be told apart, so gamma is 0 and beta carries both (right for those collectives, too slow for ones that
+  // move bytes without reducing them).
+  bool gamma_inseparable = false;
 };
 
 // Fits one transport's back-to-back samples. Samples whose algorithm the simulator does not model are skipped

@@ -56,6 +56,37 @@ TEST(Calibrate, RecoversAlphaBetaGammaFromSyntheticBenchLines) {
                   m.time(Collective::kAllReduce, Algorithm::kRing, Group{4, 1, 0}, n),
               1, 1e-4);
   EXPECT_THROW(parse_bench_lines("nothing here\n", "x"), ConfigError);
+  EXPECT_FALSE(f.gamma_inseparable);
+}
+
+// Allreduce samples alone (ring and halving-doubling both move 2(p-1)/p n and reduce (p-1)/p n bytes) cannot tell
+// beta from gamma: the fit says so and folds gamma into beta, which still predicts the allreduce it measured (the
+// split was rounding in a singular system).
+TEST(Calibrate, AllreduceAloneCannotSeparateBetaFromGamma) {
+  const double alpha = 25e-6, beta = 1 / 2e9, gamma = 1 / 6e9;
+  Topology truth(flat_cluster(alpha, 1 / beta, gamma), 4);
+  CollectiveModel m(truth);
+  std::string lines;
+  for (double n = 1024; n <= 64e6; n *= 4)
+    for (const char* algo : {"ring", "halving_doubling"}) {
+      const Algorithm a = std::string(algo) == "ring" ? Algorithm::kRing : Algorithm::kHalvingDoubling;
+      lines += fmt::format(
+          "{{\"op\":\"allreduce\",\"algo\":\"{}\",\"transport\":\"shm\",\"world\":4,\"bytes\":{},"
+          "\"time_us\":{}}}\n",
+          algo, n, m.time(Collective::kAllReduce, a, Group{4, 1, 0}, n) * 1e6);
+    }
+  AlphaBetaGamma f = fit_alpha_beta_gamma(parse_bench_lines(lines, "ar.jsonl"));
+  EXPECT_TRUE(f.gamma_inseparable);
+  EXPECT_EQ(f.gamma, 0.0);
+  EXPECT_NEAR(f.beta / (beta + gamma / 2), 1, 1e-6);
+  EXPECT_LT(f.rms_relative_error, 1e-6);
+  const std::string yaml = calibrated_cluster_yaml("here", 4, f, 10e9, 8e9, 50e9, {}, "shm");
+  EXPECT_NE(yaml.find("gamma (0) is folded into beta"), std::string::npos);
+  Topology here(parse_cluster_yaml(yaml, "calibrated"), 4);
+  CollectiveModel mh(here);
+  EXPECT_NEAR(mh.time(Collective::kAllReduce, Algorithm::kRing, Group{4, 1, 0}, 16e6) /
+                  m.time(Collective::kAllReduce, Algorithm::kRing, Group{4, 1, 0}, 16e6),
+              1, 1e-4);
 }
 
 // A bad bench record is one line naming file, line and field (they were dropped silently: truncated JSON, a missing
