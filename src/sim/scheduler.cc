@@ -124,17 +124,15 @@ std::vector<JobSpec> load_job_trace(const std::string& path) {
 }
 
 double job_iteration_time(const ClusterSpec& spec, const std::string& model, long long gpus, long long global_batch,
-                          int leaves, std::string* why, const std::vector<long long>* kind_nodes) {
-  static thread_local std::map<std::tuple<std::string, std::string, long long, long long, int, std::vector<long long>>,
-                               std::pair<double, std::string>>
-      cache;
+                          int leaves, std::string* why, const std::vector<long long>* kind_nodes, JobTimeCache* cache) {
   const bool by_kind = kind_nodes != nullptr && spec.node_kinds.size() > 1;
-  auto key =
-      std::make_tuple(spec.name, model, gpus, global_batch, leaves, by_kind ? *kind_nodes : std::vector<long long>{});
-  auto it = cache.find(key);
-  if (it != cache.end()) {
-    if (why) *why = it->second.second;
-    return it->second.first;
+  auto key = std::make_tuple(model, gpus, global_batch, leaves, by_kind ? *kind_nodes : std::vector<long long>{});
+  if (cache) {
+    auto it = cache->find(key);
+    if (it != cache->end()) {
+      if (why) *why = it->second.second;
+      return it->second.first;
+    }
   }
   GptModel m;
   if (!named_gpt(model, m)) throw ConfigError(fmt::format("model '{}' is not a named model", model));
@@ -185,7 +183,7 @@ double job_iteration_time(const ClusterSpec& spec, const std::string& model, lon
         pr.any_oom || pr.first_error.empty()
             ? fmt::format("no parallel configuration of {} fits in memory on {} accelerators", model, gpus)
             : fmt::format("no parallel configuration of {} runs on {} accelerators: {}", model, gpus, pr.first_error);
-  cache.emplace(key, std::make_pair(t, reason));
+  if (cache) cache->emplace(key, std::make_pair(t, reason));
   if (why) *why = reason;
   return t;
 }
@@ -228,6 +226,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   // the file's first kind, a job on a node of the second was refused for the first one's memory).
   const bool mixed = nkinds > 1;
   auto nodes_of = [&](long long job_gpus) { return std::max<long long>(1, job_gpus / gpn); };
+  JobTimeCache times;  // iteration times on this cluster, by model, size, batch and placement
   std::vector<JobOutcome> out(n);
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
   std::vector<int> state(n, 0);  // 0 not arrived, 1 waiting, 2 running, 3 done
@@ -246,7 +245,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     remaining[i] = static_cast<double>(jobs[i].iterations);
     std::string why;
     if (!mixed) {
-      packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1, &why);
+      packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1, &why, nullptr, &times);
       if (!std::isfinite(packed[i])) throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
       continue;
     }
@@ -257,7 +256,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       std::vector<long long> only(nkinds, 0);
       only[k] = nodes_of(jobs[i].gpus);
       std::string w;
-      on_kind[i][k] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1, &w, &only);
+      on_kind[i][k] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1, &w, &only, &times);
       if (std::isfinite(on_kind[i][k]))
         fastest[i].push_back(k);
       else if (why.empty())
@@ -394,7 +393,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     std::vector<long long> kinds(nkinds, 0);
     for (auto [nd, g] : alloc) kinds[kind_of[nd]]++;
     double it = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, leaves, nullptr,
-                                   mixed ? &kinds : nullptr);
+                                   mixed ? &kinds : nullptr, &times);
     if (!std::isfinite(it))  // (kinds it fits on one by one hold it together too: the smallest memory decides)
       throw Error(
           fmt::format("cluster simulation: job {} has no configuration on the nodes it was placed on", jobs[i].id));

@@ -17,7 +17,9 @@
 // free nodes) or spread (round-robin across leaves).
 // Job speed for a placement: the planner's best configuration for the job's model and accelerator count on a
 // cluster whose job nodes span that many leaves (cached per model, size and leaf count).
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "sim/cluster.h"
@@ -89,7 +91,12 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
 // first configuration error (e.g. a global batch no micro-batch x data-parallel size divides). `kind_nodes` (on a
 // cluster of several node kinds): how many of the job's nodes are of each kind; without it the job is timed on the
 // cluster's own mix.
+// `cache` (when given) keeps the times already computed on this one `spec` (simulate_cluster holds one per run): a
+// cache shared between clusters would return one cluster's times for another.
+using JobTimeCache = std::map<std::tuple<std::string, long long, long long, int, std::vector<long long>>,
+                              std::pair<double, std::string>>;
 double job_iteration_time(const ClusterSpec& spec, const std::string& model, long long gpus, long long global_batch,
-                          int leaves, std::string* why = nullptr, const std::vector<long long>* kind_nodes = nullptr);
+                          int leaves, std::string* why = nullptr, const std::vector<long long>* kind_nodes = nullptr,
+                          JobTimeCache* cache = nullptr);
 
 }  // namespace conduit::sim

@@ -456,6 +456,17 @@ TEST(Scheduler, SpreadPlacementIsSlowerOnAnOversubscribedNetwork) {
   EXPECT_NEAR(a.goodput, a.utilization, 1e-9);
   EXPECT_LT(b.goodput, b.utilization);
   EXPECT_NEAR(b.goodput * b.makespan, a.goodput * a.makespan, 1e-6 * a.makespan);
+  // A cluster of the same name with slower accelerators runs its jobs slower: the times are not kept across
+  // clusters by name (a process-wide cache returned the first cluster's times for every later one so named).
+  ClusterSpec slower = spec;
+  for (auto& k : slower.node_kinds) {
+    k.accelerator.peak_flops /= 4;
+    k.accelerator.peak_flops_fp32 /= 4;
+  }
+  EXPECT_GT(job_iteration_time(slower, "gpt2-small", 64, 0, 1), 1.5 * packed);
+  const std::string two = "id,submit_s,gpus,model,iterations\na,0,64,gpt2-small,100\n";
+  EXPECT_GT(simulate_cluster(slower, 512, parse_job_trace(two, "t"), topo).makespan,
+            1.5 * simulate_cluster(spec, 512, parse_job_trace(two, "t"), topo).makespan);
   EXPECT_THROW(parse_job_trace("id,submit_s,gpus,model,iterations\nx,0,8,nope,1\n", "t"), ConfigError);
   EXPECT_THROW(parse_job_trace("bad header\n", "t"), ConfigError);
 }
