@@ -20,6 +20,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -111,6 +112,7 @@ def measure(a, workers):
                 runs = []
                 for k in range(1, a.train_runs + 1):
                     out = os.path.join(d, f"train-{model}" + (f"-{k}" if a.train_runs > 1 else ""))
+                    shutil.rmtree(out, ignore_errors=True)  # a re-run's; train refuses a folder with a checkpoint
                     run([c, "train", "--model", model, "--workers", str(n), "--transport", "shm", "--compressor",
                          "none", "--max-steps", str(a.train_steps), "--progress", "false", "--output", out])
                     runs.append(measured(os.path.join(out, "metrics.jsonl"), 11, a.train_steps))

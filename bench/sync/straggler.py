@@ -13,6 +13,7 @@ Every scheme gets the same learning-rate warm-up (--warmup-epochs, default none)
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,7 @@ def run_seed(a, wanted, seed, tag):
                "--transport", a.transport, "--warmup-epochs", a.warmup_epochs, "--seed", str(seed),
                "--progress", "false", "--output", out] + flags
         print("+", " ".join(cmd), flush=True)
+        shutil.rmtree(out, ignore_errors=True)  # a re-run's; train refuses a folder with a checkpoint
         r = subprocess.run(cmd)
         if r.returncode != 0:  # e.g. a diverged run: a row that never reached the target, not the end of the table
             print(f"straggler.py: {name} (seed {seed}) failed with exit code {r.returncode}", file=sys.stderr)

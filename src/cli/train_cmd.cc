@@ -80,8 +80,20 @@ void run_train(const TrainArgs& a) {
   const bool workers_given = raw.count("workers") > 0;
   tr::TrainConfig cfg = tr::resolve_config(raw, env_world, workers_given);
   tr::check_dataset(cfg);
-  torch_api().check_model_config(cfg, cfg.workers);
   tr::check_sync_config(cfg);
+  // A new run into a folder that holds an earlier run's checkpoint: its metrics would be replaced while the
+  // checkpoint stayed, and a later --resume of the folder would continue the earlier run under this one's records.
+  if (cfg.resume.empty() && !cfg.output.empty()) {
+    const fs::path ck = fs::path(cfg.output) / "checkpoint";
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(ck, ec)))
+      throw ConfigError(
+          fmt::format("config: output: '{}' holds an earlier run's checkpoint; allowed: resume it "
+                      "(--resume {}), another --output, or remove the folder first",
+                      cfg.output, ck.string()));
+  }
+  // (the batch is per training worker: dedicated servers hold no share of the data)
+  torch_api().check_model_config(cfg, tr::training_workers(cfg));
 
   if (env_world > 0 || cfg.workers == 1) {
     // This process is one worker.

@@ -1,5 +1,6 @@
 #include "core/files.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -8,7 +9,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/error.h"
 
@@ -35,6 +38,31 @@ void write_text_file(const std::string& path, const std::string& text) {
     std::remove(tmp.c_str());
     throw Error(fmt::format("output: cannot put '{}' in place: {}", path, std::strerror(e)));
   }
+}
+
+void sync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(fmt::format("output: cannot open '{}' to sync it: {}", path, std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int e = errno;
+  ::close(fd);
+  // EINVAL: a file system without fsync for this kind of file (some directories): nothing more to do there.
+  if (rc != 0 && e != EINVAL && e != EROFS)
+    throw Error(fmt::format("output: syncing '{}' to disk failed: {}", path, std::strerror(e)));
+}
+
+void sync_tree(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_symlink()) continue;
+    if (e.is_directory())
+      dirs.push_back(e.path().string());
+    else if (e.is_regular_file())
+      sync_path(e.path().string());
+  }
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) sync_path(*it);
+  sync_path(dir);
 }
 
 }  // namespace conduit

@@ -312,9 +312,22 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
       throw ConfigError(fmt::format("config: optimizer: {} with compressor dgc, which applies SGD momentum itself "
                                     "(momentum correction); allowed: sgd",
                                     c.optimizer));
-    if (!split_compressor_spec(c.compressor).second.count("momentum"))
+    const auto params = split_compressor_spec(c.compressor).second;
+    if (!params.count("momentum")) {
       c.compressor += fmt::format("{}momentum={}", c.compressor.find(':') == std::string::npos ? ":" : ",",
                                   c.momentum);
+    } else if (get("momentum")) {
+      // Both given and different: one of them would be dropped without a word (a resumed dgc run's compressor
+      // carries its momentum, so a new --momentum was ignored).
+      char* end = nullptr;
+      const std::string& m = params.at("momentum");
+      const double in_spec = std::strtod(m.c_str(), &end);
+      if (end == m.c_str() || *end != '\0' || in_spec != c.momentum)
+        throw ConfigError(
+            fmt::format("config: momentum: {} given, and compressor {} sets momentum={}; allowed: one "
+                        "of the two, or the same value in both",
+                        c.momentum, c.compressor, m));
+    }
   }
   if (c.warmup_epochs > c.epochs)
     throw ConfigError(
@@ -352,6 +365,19 @@ std::string SyncSpec::to_string() const {
     sep = ',';
   }
   return s;
+}
+
+int training_workers(const TrainConfig& c) {
+  const SyncSpec s = effective_sync(c);
+  if (!s.parameter_server()) return c.workers;
+  auto colocate = s.params.find("colocate"), servers = s.params.find("servers");
+  if (colocate == s.params.end() || colocate->second != "0" || servers == s.params.end()) return c.workers;
+  int n = 0;
+  const auto [end, ec] = std::from_chars(servers->second.data(), servers->second.data() + servers->second.size(), n);
+  // (a bad count is the scheme's to refuse, with its own message)
+  if (ec != std::errc() || end != servers->second.data() + servers->second.size() || n < 1 || n >= c.workers)
+    return c.workers;
+  return c.workers - n;
 }
 
 double optimizer_momentum(const TrainConfig& c) {

@@ -72,6 +72,8 @@ struct SyncSpec {
   std::string to_string() const;
 };
 SyncSpec effective_sync(const TrainConfig& c);
+// The ranks that train (and share the training set): all of them, less dedicated parameter servers (colocate=0).
+int training_workers(const TrainConfig& c);
 // The momentum the local optimizer applies: 0 with compressor dgc, whose momentum correction replaces it (resolve_config
 // gives dgc the trainer's momentum unless its spec names one); c.momentum otherwise.
 double optimizer_momentum(const TrainConfig& c);

@@ -19,6 +19,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "sync/straggler.h"
 #include "sync/strategy.h"
 #include "torch/data.h"
@@ -257,11 +258,16 @@ void check_model_config(const TrainConfig& c, int world) {
   } else if (c.train_limit > 0) {
     train_n = std::min(train_n, c.train_limit);
   }
+  if (train_n < world)
+    throw ConfigError(
+        fmt::format("config: the training set has {} samples, fewer than the {} workers that share it; "
+                    "allowed: at least one sample a worker (train_limit, synthetic_samples, data_dir)",
+                    train_n, world));
   if (int64_t(c.batch_size) * world > train_n)
     throw ConfigError(
         fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
                     "samples; allowed: at most {}",
-                    c.batch_size, world, train_n, std::max<int64_t>(train_n / world, 1)));
+                    c.batch_size, world, train_n, train_n / world));
 }
 
 // Keeps the records of `path` (metrics.jsonl) up to a checkpoint at `global_step`, `epoch` epochs complete: steps
@@ -307,9 +313,14 @@ static void switch_checkpoint(const fs::path& out, const std::string& stage) {
     fs::rename(link, out / "checkpoint-unstaged");
   }
   fs::rename(tmp, link);  // rename(2) replaces the old link atomically
+  sync_path(out.string());  // the new link is on disk before the checkpoint it replaces goes
   for (const auto& e : fs::directory_iterator(out)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("checkpoint-", 0) == 0 && name != stage && !fs::is_symlink(e.symlink_status()))
+    // Only the stages this scheme writes (checkpoint-<step>) and the moved-aside directory: a user's copy named
+    // checkpoint-best is not ours to remove.
+    const bool staged = name.size() > 11 && name.rfind("checkpoint-", 0) == 0 &&
+                        name.find_first_not_of("0123456789", 11) == std::string::npos;
+    if ((staged || name == "checkpoint-unstaged") && name != stage && !fs::is_symlink(e.symlink_status()))
       fs::remove_all(e.path(), ec);
   }
 }
@@ -758,6 +769,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     else
       write_bytes(mine / "sync.bin", sopt->save_state());
     write_json_file((mine / "totals.json").string(), totals_json(total_stats()));
+    sync_tree(mine.string());  // on disk, not only in the page cache, before the checkpoint is declared
     comm.barrier().wait();  // every rank's files are complete before rank 0 declares the checkpoint
     if (lead) {
       write_json_file((stage / "checkpoint.json").string(), {{"epoch", epoch},
@@ -793,6 +805,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                              {"wall_s", elapsed()},
                                                              {"time_to_target_s", time_to_target},
                                                              {"test_accuracy", acc}});
+      sync_path((stage / "checkpoint.json").string());
+      sync_path(stage.string());
       switch_checkpoint(out, stage_name);
     }
     checkpoint_s += now_s() - ck0 - (untimed_s - untimed0);  // the copies' evaluation counts as evaluation

@@ -187,6 +187,15 @@ TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
           "--lr 0.05 --lr-schedule constant --momentum 0.5 --weight-decay 0.001 --eval-every 7 --output " +
           (dir / "a").string());
   ASSERT_EQ(r.code, 0) << r.out;
+  // A new run into the folder is refused while it holds this run's checkpoint (its metrics were replaced and the
+  // checkpoint kept, so a later resume continued run a under the new run's records).
+  auto again =
+      run("train --dataset synthetic --model mlp --workers 2 --synthetic-samples 640 --progress false "
+          "--epochs 1 --output " +
+          (dir / "a").string());
+  EXPECT_EQ(again.code, 2) << again.out;
+  EXPECT_NE(again.out.find("holds an earlier run's checkpoint"), std::string::npos) << again.out;
+  EXPECT_TRUE(fs::exists(dir / "a" / "checkpoint" / "checkpoint.json"));
   // Given nothing but --resume, the schedule, the evaluation and the rest come from the checkpoint too (they were
   // the defaults: 3 cosine epochs on the whole test set after 1 constant one on 64 images).
   r = run("train --progress false --resume " + (dir / "a" / "checkpoint").string() + " --output " +

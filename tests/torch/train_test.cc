@@ -107,6 +107,13 @@ TEST(TrainConfig, DgcTakesOverTheMomentum) {
   EXPECT_EQ(optimizer_momentum(c), 0.0);
   EXPECT_EQ(resolve_config({{"compressor", "dgc"}}).compressor, "dgc:momentum=0.9");
   EXPECT_EQ(resolve_config({{"compressor", "dgc:momentum=0.5"}}).compressor, "dgc:momentum=0.5");
+  // Dedicated parameter servers hold no share of the training set: the batch check counts the training workers.
+  EXPECT_EQ(training_workers(resolve_config({{"workers", "4"}, {"sync", "ps-asp:colocate=0,servers=1"}})), 3);
+  EXPECT_EQ(training_workers(resolve_config({{"workers", "4"}, {"sync", "ps-asp"}})), 4);
+  EXPECT_EQ(training_workers(resolve_config({{"workers", "4"}})), 4);
+  // Both given: the same value is taken, two values are refused (the spec's won without a word).
+  EXPECT_EQ(resolve_config({{"compressor", "dgc:momentum=0.50"}, {"momentum", "0.5"}}).compressor, "dgc:momentum=0.50");
+  expect_one_line(config_error({{"compressor", "dgc:momentum=0.5"}, {"momentum", "0.8"}}), "momentum");
   EXPECT_EQ(optimizer_momentum(resolve_config({{"compressor", "ef:topk"}})), 0.9);
   expect_one_line(config_error({{"compressor", "dgc"}, {"optimizer", "adam"}}), "optimizer");
   expect_one_line(config_error({{"compressor", "dgc"}, {"sync", "ps-asp"}}), "compressor");
@@ -522,7 +529,11 @@ TEST(Train, RunStoppedInItsFirstEpochCanBeResumed) {
   TrainConfig part = c;
   part.max_steps = 10;
   part.output = (dir / "part").string();
+  // A user's copy beside the stages is not one of them (every checkpoint-* directory was removed at each switch).
+  fs::create_directories(dir / "part" / "checkpoint-best");
   train_inproc(part, 2, true);
+  EXPECT_TRUE(fs::exists(dir / "part" / "checkpoint-best"));
+  fs::remove_all(dir / "part" / "checkpoint-best");
   auto meta = read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string());
   EXPECT_EQ(meta["global_step"].get<int64_t>(), 10);
   EXPECT_EQ(read_json_file((dir / "part" / "summary.json").string())["epochs"], 0);  // none completed (it said 1)
