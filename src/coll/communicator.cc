@@ -111,16 +111,9 @@ std::vector<int> Communicator::silent_peers(const std::vector<net::RequestPtr>& 
 // -------------------------------------------------------------------------------------------------- Communicator
 
 namespace {
-// Ids of the host groups (built by each member alone from the host map, so from a hash) lie in the upper half of the
-// 24 bits; splits count up from 1 in the lower half (split()).
+// Ids of the host groups (built by each member alone from the host map) lie in the upper half of the 24 bits;
+// splits count up from 1 in the lower half (split()).
 constexpr uint32_t kHostGroupIds = 0x800000u;
-uint32_t mix_id(uint32_t a, uint32_t b, uint32_t c) {
-  uint64_t x = static_cast<uint64_t>(a) * 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 31) ^ b) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 29) ^ c) * 0x94D049BB133111EBull;
-  x ^= x >> 32;
-  return kHostGroupIds | static_cast<uint32_t>(x & (kHostGroupIds - 1));
-}
 
 std::string join_ints(const std::vector<int>& v) {
   std::vector<std::string> s;
@@ -215,6 +208,17 @@ void Communicator::check_counts(const std::vector<size_t>& counts, const char* w
         fmt::format("{}: {} counts given for a communicator of {} ranks", what, counts.size(), size()));
 }
 
+uint32_t host_group_comm_id(uint32_t parent, int role) {
+  if (role < 0 || role > 2) throw InvalidArgument(fmt::format("host_group_comm_id: role {} (allowed: 0, 1, 2)", role));
+  // Splits hand out ids below kHostGroupIds / 3 long before their floor nears kHostGroupIds; a host group's own
+  // groups (a parent id at or above kHostGroupIds) and parents past that bound are refused, not hashed.
+  if (parent >= kHostGroupIds / 3)
+    throw InvalidArgument(fmt::format(
+        "host groups of communicator {}: ids of host groups come from 3 x the parent's id, which must be below {}",
+        parent, kHostGroupIds / 3));
+  return kHostGroupIds | (3 * parent + static_cast<uint32_t>(role));
+}
+
 Communicator::HostGroups& Communicator::host_groups() {
   if (groups_) return *groups_;
   groups_ = std::make_unique<HostGroups>();
@@ -232,13 +236,13 @@ Communicator::HostGroups& Communicator::host_groups() {
   groups_->uniform = uniform;
   CommConfig cfg;
   cfg.timeout_s = timeout_s_;
-  groups_->local = create(transport_, local, mix_id(id_, 0x10000u, static_cast<uint32_t>(my_host)), cfg, tuner_);
+  groups_->local = create(transport_, local, host_group_comm_id(id_, 0), cfg, tuner_);
   if (uniform) {
     std::vector<int> cross;
     for (auto& [h, v] : by_host) cross.push_back(v[my_local]);
-    groups_->cross = create(transport_, cross, mix_id(id_, 0x20000u, static_cast<uint32_t>(my_local)), cfg, tuner_);
+    groups_->cross = create(transport_, cross, host_group_comm_id(id_, 1), cfg, tuner_);
   }
-  if (my_local == 0) groups_->leaders = create(transport_, leaders, mix_id(id_, 0x30000u, 0), cfg, tuner_);
+  if (my_local == 0) groups_->leaders = create(transport_, leaders, host_group_comm_id(id_, 2), cfg, tuner_);
   return *groups_;
 }
 
@@ -257,9 +261,10 @@ CommPtr Communicator::split(int color, int key) {
     if (all[3 * r] >= 0) colors.insert(all[3 * r]);
   }
   const int64_t last = base + static_cast<int64_t>(colors.size()) - 1;
-  if (last >= static_cast<int64_t>(kHostGroupIds))
+  // (below a third of the host groups' first id: each split communicator's host groups take 3 x its id)
+  if (last >= static_cast<int64_t>(kHostGroupIds / 3))
     throw Error(fmt::format("split: out of communicator ids ({} are in use on this transport; at most {})", base,
-                            kHostGroupIds - 1));
+                            kHostGroupIds / 3 - 1));
   if (!colors.empty()) transport_->raise_comm_id_floor(static_cast<uint32_t>(last));
   if (color < 0) return nullptr;
   const int64_t new_id = base + std::distance(colors.begin(), colors.find(color));

@@ -231,4 +231,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   friend class Ctx;
 };
 
+// The id of a host group of the communicator `parent` (role 0: the ranks of one host, 1: the ranks of one local
+// index across hosts, 2: the hosts' leaders). The groups of one parent and role are disjoint, so they share it;
+// distinct (parent, role) pairs get distinct ids for every parent id a split can hand out (hashed, two parents'
+// groups could share an id, and with it tags).
+uint32_t host_group_comm_id(uint32_t parent, int role);
+
 }  // namespace conduit::coll

@@ -329,6 +329,23 @@ TEST(Communicator, SplitsGetIdsNoMemberUses) {
   EXPECT_EQ(total(wrong), 0u);
 }
 
+// The host groups of two communicators never share an id (hashed, parents 114 and 349 gave their host-6 local
+// groups one id, and parents 2129 and 3676 their host-0 ones), nor with a split's; parents too large are refused.
+TEST(Communicator, HostGroupIdsAreDistinctPerParentAndRole) {
+  std::set<uint32_t> seen;
+  const uint32_t bound = 0x800000u / 3;
+  for (uint32_t parent : {0u, 1u, 2u, 114u, 349u, 2129u, 3676u, bound - 1})
+    for (int role = 0; role < 3; ++role) {
+      const uint32_t id = host_group_comm_id(parent, role);
+      EXPECT_TRUE(seen.insert(id).second) << parent << " " << role;
+      EXPECT_GE(id, 0x800000u);   // above every split's id
+      EXPECT_LT(id, 0x1000000u);  // inside the 24 bits of a tag's communicator id
+    }
+  EXPECT_THROW(host_group_comm_id(bound, 0), InvalidArgument);
+  EXPECT_THROW(host_group_comm_id(0x800005u, 1), InvalidArgument);  // a host group's own host groups
+  EXPECT_THROW(host_group_comm_id(5, 3), InvalidArgument);
+}
+
 TEST(Communicator, MissingRankTimesOutNamingOpSequenceAndSilentRank) {
   CommConfig cfg;
   cfg.timeout_s = 0.5;
