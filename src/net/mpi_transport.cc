@@ -8,10 +8,11 @@
 // MPI tags are 0..MPI_TAG_UB (at least 32767; 2^31-1 on OpenMPI). A Conduit tag travels on data communicator
 // (comm_id mod 64) under an MPI tag built from B = floor(log2(MPI_TAG_UB + 1)) bits, R = B - 2:
 //     mpi_tag = (kind - 1) << R  |  (comm_id >> 6 mod 2^t) << l  |  (low32 mod 2^l)
-// with t = 18 and l = R - 18 when R >= 29 (OpenMPI: l = 11), else l = R / 3 and t = R - l. With OpenMPI the
-// (kind, communicator id) pair is kept whole (6 bits pick the MPI communicator, 18 sit in the tag): messages of
-// different Conduit communicators or kinds never match each other. Only the low 32 bits are folded, mod 2^l:
-// two tags of one communicator and kind whose low parts differ by a multiple of 2^l (2048) share an MPI tag.
+// with t = 18 and l = R - 18 when R >= 21 (OpenMPI's ob1: l = 11; its UCX layer, MPI_TAG_UB 2^23 - 1: l = 3), else
+// l = R / 3 and t = R - l. With OpenMPI the (kind, communicator id) pair is kept whole (6 bits pick the MPI
+// communicator, 18 sit in the tag): messages of different Conduit communicators or kinds never match each other.
+// Only the low 32 bits are folded, mod 2^l: two tags of one communicator and kind whose low parts differ by a
+// multiple of 2^l (2048 under ob1, 8 under UCX) share an MPI tag.
 // That is harmless for collective sequence numbers, because both ranks issue one communicator's operations in the
 // same order and MPI matches messages of one MPI tag in posting order (non-overtaking); it matters only for user
 // tags >= 2^l sent and received in different orders. The map is deterministic, so FIFO per (peer, tag) holds as
@@ -570,7 +571,10 @@ int mpi_route_low_bits(int tag_ub) {
   int bits = 0;
   while (bits < 31 && (static_cast<uint64_t>(1) << (bits + 1)) - 1 <= static_cast<uint64_t>(tag_ub)) ++bits;
   const int r = bits - 2;
-  return r >= 29 ? r - 18 : r / 3;
+  // The whole communicator id (18 bits beside the 6 that pick the MPI communicator) whenever the tag has room for
+  // it and 3 low bits: OpenMPI's ob1 (MPI_TAG_UB 2^31 - 1) keeps 11 low bits, its UCX layer (2^23 - 1) 3. (29 was
+  // the bound: under UCX ids 2^20 apart, a host group's and a split's, shared a route.)
+  return r >= 21 ? r - 18 : r / 3;
 }
 
 MpiRoute mpi_route_for(uint64_t tag, int tag_ub) {

@@ -79,6 +79,19 @@ TEST(MpiTags, OpenMpiKeepsKindAndCommunicatorWhole) {
   EXPECT_FALSE(same_route(make_tag(kCollective, 1, 5), make_tag(kCollective, 1, 5 + (1u << 10)), ub));
 }
 
+// OpenMPI's UCX layer has MPI_TAG_UB 2^23 - 1: the communicator id still travels whole (it kept 14 of its 18 tag
+// bits, so a host group's id 0x800005 and the split id 5 shared a route), and 3 low bits of the sequence.
+TEST(MpiTags, UcxTagBoundKeepsTheCommunicatorWhole) {
+  const int ub = (1 << 23) - 1;
+  EXPECT_EQ(mpi_route_low_bits(ub), 3);
+  EXPECT_FALSE(same_route(make_tag(kCollective, 0x800005u, 0), make_tag(kCollective, 5, 0), ub));
+  for (uint32_t a : {1u, 64u, 0x100000u, 0x7fffc0u, 0x800000u, 0xffffffu})
+    for (uint32_t b : {2u, 128u, 0x200000u, 0x400000u, 0x800040u})
+      if (a != b) ASSERT_FALSE(same_route(make_tag(kUser, a, 9), make_tag(kUser, b, 9), ub)) << a << " " << b;
+  EXPECT_TRUE(same_route(make_tag(kCollective, 1, 5), make_tag(kCollective, 1, 5 + 8), ub));
+  EXPECT_FALSE(same_route(make_tag(kCollective, 1, 5), make_tag(kCollective, 1, 6), ub));
+}
+
 TEST(MpiTransport, NotLaunchedByMpirun) {
   if (std::getenv("OMPI_COMM_WORLD_RANK") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK")) {
     GTEST_SKIP() << "running under mpirun";
