@@ -121,7 +121,8 @@ TensorState TensorState::load(std::span<const uint8_t> bytes) {
     std::vector<float> v(n);
     if (n > 0) std::memcpy(v.data(), bytes.data() + r.pos, n * 4);
     r.pos += n * 4;
-    st.buffers.emplace(std::move(name), std::move(v));
+    if (!st.buffers.emplace(name, std::move(v)).second)
+      throw InvalidArgument(fmt::format("compressor state: buffer '{}' appears twice", name));
   }
   if (r.pos != bytes.size())
     throw InvalidArgument(fmt::format("compressor state: {} trailing bytes", bytes.size() - r.pos));

@@ -666,16 +666,27 @@ void DistributedOptimizer::load_compressor_state(const std::vector<uint8_t>& byt
     throw InvalidArgument(fmt::format("checkpoint: compressor state holds {} tensors, this run has {} (same "
                                       "compressor and model needed to resume)",
                                       n, core_->states.size()));
-  for (auto& s : core_->states) {
+  std::vector<compress::TensorState> loaded;
+  for (size_t i = 0; i < core_->states.size(); ++i) {
     uint64_t len = get64();
     // (pos + len wrapped for a length near 2^64 and the state was read past the buffer's end)
     if (len > bytes.size() - pos) throw InvalidArgument("checkpoint: compressor state is truncated");
-    s = compress::TensorState::load(std::span<const uint8_t>(bytes.data() + pos, len));
+    loaded.push_back(compress::TensorState::load(std::span<const uint8_t>(bytes.data() + pos, len)));
     pos += len;
+    // Refused here, naming the tensor, not later on the communication thread (a model of as many tensors but
+    // other shapes) or never (a state of another rank's stream).
+    const auto& was = loaded.back();
+    const auto& now = core_->states[i];
+    if (was.shape != now.shape || was.stream != now.stream)
+      throw InvalidArgument(fmt::format(
+          "checkpoint: compressor state of tensor {} is for shape [{}] on stream {}, this run's is [{}] on stream {} "
+          "(same model and rank needed to resume)",
+          i, fmt::join(was.shape, ", "), was.stream, fmt::join(now.shape, ", "), now.stream));
   }
   if (pos != bytes.size())
     throw InvalidArgument(
         fmt::format("checkpoint: compressor state has {} bytes after its last tensor's", bytes.size() - pos));
+  core_->states = std::move(loaded);  // all or nothing
 #else
   if (n != 0) throw InvalidArgument("checkpoint: it holds compressor state but this build has no compressors");
 #endif

@@ -818,6 +818,20 @@ TEST(State, SaveRestoreContinuesBitForBit) {
   Bytes truncated = make_compressor("dgc")->make_state(10).save();
   truncated.pop_back();
   EXPECT_THROW(TensorState::load(truncated), InvalidArgument);
+  // A buffer named twice is refused (the second was dropped without a word).
+  TensorState two;
+  two.buffers["qa"] = {1.0f};
+  two.buffers["qb"] = {2.0f};
+  Bytes dup = two.save();
+  auto at = std::search(dup.begin(), dup.end(), std::begin("qb"), std::begin("qb") + 2);
+  ASSERT_NE(at, dup.end());
+  at[1] = 'a';
+  try {
+    TensorState::load(dup);
+    ADD_FAILURE() << "a buffer named twice was loaded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("buffer 'qa' appears twice"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Dgc, WarmupMomentumCorrectionAndFactorMasking) {

@@ -168,6 +168,20 @@ TEST(TrainInputProcesses, CheckpointFilesThatAreMissingCorruptOrIncompleteAreNam
               std::string::npos)
         << r.out;
   }
+  // A compressor state of another rank (another noise stream) is refused at load, naming the tensor (it was taken).
+  {
+    r = run(kTrain + " --compressor ef:topk --epochs 1 --output " + (dir / "ef").string());
+    ASSERT_EQ(r.code, 0) << r.out;
+    const fs::path copy = dir / "swapped";
+    fs::copy(dir / "ef" / "checkpoint", copy, fs::copy_options::recursive);
+    fs::copy_file(copy / "rank-0" / "compressor.bin", copy / "rank-1" / "compressor.bin",
+                  fs::copy_options::overwrite_existing);
+    r = run(kTrain + " --compressor ef:topk --epochs 2 --resume " + copy.string() + " --output " +
+            (dir / "o-swapped").string());
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("compressor state of tensor 0 is for shape"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("on stream 0, this run's is"), std::string::npos) << r.out;
+  }
   fs::remove_all(dir);
 }
 
