@@ -925,6 +925,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (!snapshot_epoch) {
       std::tie(acc, test_loss) = run_eval();
       res.test_accuracy = acc;
+      // Worker 0 evaluated alone: the others, in step with it, met it at their next exchange under the collectives'
+      // deadline, which a long evaluation outlasts (--timeout-s). They meet it here without one. (Drifting
+      // schemes' workers are not in step; they meet at checkpoints and the end.)
+      if (sopt && world > 1 && !sopt->workers_drift()) sopt->await_workers();
     } else if (lead && (snapshots.empty() || snapshots.back().global_step != global_step)) {
       snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
     }
@@ -976,6 +980,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     sopt->finish();
     double acc[2] = {0, 0};
     if (lead) std::tie(acc[0], acc[1]) = run_eval();
+    if (world > 1) sopt->await_workers();  // (as at an epoch's end: worker 0's evaluation has no deadline)
     if (world > 1) comm.broadcast(acc, 2, DType::f64, 0).wait();
     res.test_accuracy = acc[0];
     if (metrics)
