@@ -42,7 +42,11 @@ void check_finite_or_abort(coll::Communicator& comm, std::span<const float> in, 
                            const char* what);
 
 // Replaces `data` (this rank's tensor) by the combination of every rank's compressed tensor; returns the payload
-// bytes this rank contributed.
+// bytes this rank contributed. When it throws, error feedback's state is as follows: a compressor that refuses its
+// input (ErrorFeedback around any method) leaves the residual as it was, so the same gradient may be passed again;
+// PowerSGD folds the gradient into its residual before the exchange, so after a refused exchange (factor sums
+// beyond the wire's range, on every rank alike) the residual holds it, as for a step that sent nothing: go on with
+// the next gradient, not this one again. (A transport failure ends the communicator either way.)
 size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
                             const ReduceOptions& o = {});
 // Many tensors; for PowerSGD this is the batched variant (two allreduces in all), else one call per tensor.
