@@ -189,16 +189,21 @@ void reduce_to(void* out, const void* a, const void* b, size_t count, DType dtyp
   const size_t esz = dtype_size(dtype);
   if (esz > 1 && (misaligned(out, esz) || misaligned(a, esz) || misaligned(b, esz))) {
     // Element loads through a pointer not aligned to the element are undefined behaviour (a frame's payload in a
-    // byte ring, a user's offset view): reduce aligned copies of each block and copy the result out. Both inputs
-    // are copied before the output is written, so out may be a or b.
-    alignas(64) unsigned char sa[kStageBytes], sb[kStageBytes];
+    // byte ring, a user's offset view): each block of a misaligned operand goes through an aligned copy (only those:
+    // a payload reduced into an aligned buffer costs one copy). Inputs are copied before the output is written, so
+    // out may be a or b.
+    alignas(64) unsigned char sa[kStageBytes], sb[kStageBytes], so[kStageBytes];
     const size_t per = kStageBytes / esz;
+    const bool ma = misaligned(a, esz), mb = misaligned(b, esz), mo = misaligned(out, esz);
     for (size_t s = 0; s < count; s += per) {
-      const size_t m = std::min(per, count - s);
-      std::memcpy(sa, static_cast<const unsigned char*>(a) + s * esz, m * esz);
-      std::memcpy(sb, static_cast<const unsigned char*>(b) + s * esz, m * esz);
-      reduce_to(sa, sa, sb, m, dtype, op);
-      std::memcpy(static_cast<unsigned char*>(out) + s * esz, sa, m * esz);
+      const size_t m = std::min(per, count - s), at = s * esz;
+      const void* x = static_cast<const unsigned char*>(a) + at;
+      const void* y = static_cast<const unsigned char*>(b) + at;
+      void* o = static_cast<unsigned char*>(out) + at;
+      if (ma) x = std::memcpy(sa, x, m * esz);
+      if (mb) y = std::memcpy(sb, y, m * esz);
+      reduce_to(mo ? so : o, x, y, m, dtype, op);
+      if (mo) std::memcpy(o, so, m * esz);
     }
     return;
   }
