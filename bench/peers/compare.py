@@ -3,7 +3,7 @@
 other, and prints one table side by side per size: time and busbw of each, and the ratios conduit/openmpi and
 conduit/gloo (peer time / conduit time, i.e. conduit busbw / peer busbw: above 1 means Conduit is faster).
 
-    /usr/bin/python3 bench/peers/compare.py -n 2 --min-bytes 8 --max-bytes 256M --iters 20
+    /usr/bin/python3 bench/peers/compare.py -n 2 --min-bytes 8 --max-bytes 256M --iters 20 [--rounds 3]
 
 A peer that cannot be built, fails or times out is reported as failed in the table (with its reason below it);
 the others still run. --json-out FILE keeps every record (JSON lines) for plots.
@@ -44,6 +44,10 @@ def parse_args():
                    help="process binding, the same for every implementation: core (default: rank r on CPU r mod "
                         "CPUs: conduit launch --bind core, mpirun --bind-to core --map-by core, gloo by "
                         "sched_setaffinity) or none")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every implementation this many times, rotating which goes first each round (the "
+                        "machine's state drifts between runs), and keep per size the round with the median time "
+                        "(default 1)")
     p.add_argument("--json-out", default=None, help="also write every record to this file (JSON lines)")
     p.add_argument("--stat", choices=("mean", "median"), default="mean",
                    help="which time per operation the table and ratios use: the mean over --iters (default) or the "
@@ -55,6 +59,8 @@ def parse_args():
         p.error("--iters must be at least 1")
     if a.warmup < 0:
         p.error("--warmup must be 0 or more")
+    if not 1 <= a.rounds <= 100:
+        p.error(f"--rounds {a.rounds}: allowed: 1 to 100")
     # Sizes checked once, as every implementation reads them: whole f32 elements, K/M/G suffixes (the peers rounded
     # 6 bytes down to 4 where conduit refused it, and conduit alone took a T suffix).
     for flag in ("min_bytes", "max_bytes"):
@@ -272,18 +278,40 @@ def fmt_size(b):
     return str(b)
 
 
+def median_rounds(runs, stat):
+    """One result from several rounds of a peer: per size the record of the round with the median time (the lower
+    middle one for an even count), marked wrong when any round was; the first error, if any round had one."""
+    err = next((e for _, e, _, _ in runs if e), None)
+    sizes = set().union(*(recs.keys() for recs, _, _, _ in runs))
+    recs = {}
+    for b in sizes:
+        have = [r[b] for r, _, _, _ in runs if b in r and op_time_us(r[b], stat)]
+        if not have:
+            continue
+        have.sort(key=lambda r: op_time_us(r, stat))
+        pick = dict(have[(len(have) - 1) // 2])
+        if any(r.get("wrong") for r in have):
+            pick["wrong"] = max(r.get("wrong") or 0 for r in have)
+        recs[b] = pick
+    return recs, err, runs[0][2], sum(t for _, _, _, t in runs)
+
+
 def main():
     a = parse_args()
-    results = {}
-    for name in PEERS:
-        if name in a.peers:
-            results[name] = run_peer(name, a)
+    chosen = [n for n in PEERS if n in a.peers]
+    runs = {n: [] for n in chosen}
+    for k in range(a.rounds):
+        # Round k starts with the k-th implementation (mod their count), so none is always first or last.
+        for name in chosen[k % len(chosen):] + chosen[:k % len(chosen)]:
+            runs[name].append(run_peer(name, a))
+    results = {n: median_rounds(runs[n], a.stat) if a.rounds > 1 else runs[n][0] for n in chosen}
     names = list(results)
 
     sizes = sorted({b for recs, _, _, _ in results.values() for b in recs})
     what = "mean per op" if a.stat == "mean" else "median single op"
     print(f"allreduce f32 sum, world {a.nprocs}, iters {a.iters}, {os.cpu_count()} CPUs; time in us ({what}, "
-          f"slowest rank), busbw in GB/s; ratio = peer time / conduit time (>1: conduit faster)")
+          f"slowest rank{f', median of {a.rounds} rounds' if a.rounds > 1 else ''}), busbw in GB/s; "
+          f"ratio = peer time / conduit time (>1: conduit faster)")
     head = f"{'bytes':>7} |" + "".join(f" {n + ' us':>12} {'busbw':>8} |" for n in names)
     peers_for_ratio = [n for n in names if n != "conduit"] if "conduit" in names else []
     head += "".join(f" {'c/' + ('ompi' if n == 'openmpi' else n):>7}" for n in peers_for_ratio)

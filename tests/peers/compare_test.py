@@ -59,5 +59,21 @@ class RecordChecks(unittest.TestCase):
         self.assertEqual(list(recs), [8])
 
 
+class Rounds(unittest.TestCase):
+    def test_the_median_round_is_kept_and_a_wrong_round_marks_the_size(self):
+        def run(t8, t16, wrong16=0, err=None):
+            return ({8: rec(8, time_us=t8, median_us=t8), 16: rec(16, time_us=t16, median_us=t16, wrong=wrong16)},
+                    err, "cmd", 1.0)
+        recs, err, _, secs = compare.median_rounds([run(5, 30), run(9, 10, wrong16=2), run(7, 20)], "median")
+        self.assertIsNone(err)
+        self.assertEqual(secs, 3.0)
+        self.assertEqual(recs[8]["time_us"], 7)
+        self.assertEqual(recs[16]["time_us"], 20)
+        self.assertEqual(recs[16]["wrong"], 2)  # another round's wrong elements are not hidden by the median
+        self.assertEqual(recs[8]["wrong"], 0)
+        _, err, _, _ = compare.median_rounds([run(5, 30), run(9, 10, err="exit 1: boom")], "mean")
+        self.assertEqual(err, "exit 1: boom")
+
+
 if __name__ == "__main__":
     unittest.main()
