@@ -47,6 +47,7 @@
 #include "cli/bench_ops.h"
 #include "cli/cluster.h"
 #include "cli/registry.h"
+#include "coll/tuner.h"
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -288,13 +289,13 @@ SweepSpec load_spec(const std::string& path) {
   // The keys a train cell sets itself: a train: value after them won (conduit train takes the last), so a cell ran
   // over shared memory on a "1mbit" network while its results row named the grid's compressor and seed.
   for (const auto& [k, v] : s.train) {  // keys with '-' (flag_map)
-    static const std::set<std::string> kOwned = {"transport", "compressor", "seed",  "output",
-                                                 "progress",  "sync",       "config"};
+    static const std::set<std::string> kOwned = {"transport", "compressor", "seed",   "output",
+                                                 "progress",  "sync",       "config", "workers"};
     if (kOwned.count(k))
       throw ConfigError(fmt::format(
           "sweep: train: '{}' would override what the sweep sets for each cell (transport tcp over the emulated "
-          "network; compressor, scheme and seed from the grid: compressors:, schemes:, seeds:; output per cell; a "
-          "config file's values); remove it",
+          "network; compressor, scheme and seed from the grid: compressors:, schemes:, seeds:; workers from hosts:; "
+          "output per cell; a config file's values); remove it",
           k));
   }
   // DDP peer cells take the train: keys bench/peers/ddp_train.py has; one that changes what is trained and that it
@@ -355,6 +356,27 @@ SweepSpec load_spec(const std::string& path) {
                                       join(std::vector<std::string>(kBench.begin(), kBench.end()), ", ")));
       if (k == "op" && !is_bench_coll_op(v))
         throw ConfigError(fmt::format("sweep: bench: op '{}' is not supported; allowed: {}", v, bench_coll_ops_list()));
+      if (k == "algo") {  // as `bench coll --algo` checks it (a bad one failed every cell after its cluster came up)
+        std::string op = "allreduce";
+        for (const auto& [bk, bv] : s.bench)
+          if (bk == "op") op = bv;
+        static const std::map<std::string, coll::CollOp> kOps = {{"allreduce", coll::CollOp::allreduce},
+                                                                 {"reduce_scatter", coll::CollOp::reduce_scatter},
+                                                                 {"allgather", coll::CollOp::allgather},
+                                                                 {"broadcast", coll::CollOp::broadcast},
+                                                                 {"reduce", coll::CollOp::reduce}};
+        auto it = kOps.find(op);
+        if (it == kOps.end())
+          throw ConfigError(
+              fmt::format("sweep: bench: algo applies to allreduce, reduce_scatter, allgather, "
+                          "broadcast and reduce, not {}",
+                          op));
+        try {
+          coll::Tuner::check_algorithm(it->second, v);
+        } catch (const Error& e) {
+          throw ConfigError(fmt::format("sweep: bench: algo: {}", e.what()));
+        }
+      }
       if (k == "min-bytes") lo = v;
       if (k == "max-bytes") hi = v;
       // The values `bench coll` checks, checked here for the whole grid (iters: abc failed each cell after its
@@ -925,6 +947,11 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
   if (output.empty()) output = s.output.empty() ? "runs/sweep-" + sanitize(s.name) : s.output;
   const fs::path out = fs::absolute(output);
   const auto cells = make_cells(s, out.string());
+  if (cells.empty())  // every (scheme, compressor) pair left out: nothing ran and the sweep said it succeeded
+    throw ConfigError(
+        fmt::format("sweep: no cell to run: every scheme of schemes: averages parameters and takes no "
+                    "gradient compressor, and compressors: has no none; allowed: add none to "
+                    "compressors:, a scheme that compresses (bsp, dpsgd, ps-*), peers: or bench:"));
   const std::string exe = self_exe();
   const std::string cluster = fmt::format("sweep{}", getpid());
   bool needs_sync = false;
@@ -960,6 +987,19 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
                       n.label));
   }
   fs::create_directories(out);
+  // What an earlier run into this folder wrote goes first: its plots, series and cell folders stayed beside this
+  // run's results (a run whose cells all failed left the last run's accuracy plots looking current).
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    const bool ours =
+        name == "results.csv" || name == "results.json" ||
+        (e.is_regular_file() &&
+         (name.ends_with(".png") ||
+          ((name.rfind("throughput-", 0) == 0 || name.rfind("busbw-", 0) == 0) && name.ends_with(".dat")))) ||
+        (e.is_directory() && name.size() > 8 && name.rfind("cell", 0) == 0 &&
+         std::isdigit(static_cast<unsigned char>(name[4])) && name.find('-') == 7);
+    if (ours) fs::remove_all(e.path());
+  }
   // SIGHUP and SIGQUIT stop a sweep as SIGINT and SIGTERM do (by default they killed it with its cluster up).
   static constexpr int kStops[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   struct sigaction sa {};
@@ -996,6 +1036,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
           cl::down(cluster);
           up_net = nullptr;
         }
+        if (g_stop) break;  // a stop during the switch: the next cluster is not built for a cell that will not run
         cl::up(cluster, c.net->links);
         up_net = c.net;
         bringing_up = false;

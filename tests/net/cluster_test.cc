@@ -461,8 +461,16 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
     f << "name: two\nhosts: 2\nnetworks:\n  - {bandwidth: 50mbit}\n  - {bandwidth: 200mbit}\n"
          "bench: {op: allreduce, min_bytes: 256K, max_bytes: 1M, iters: 3, warmup: 1}\ntimeout_s: 60\n";
   }
+  // An earlier run's plots and cell folders in the output folder go; other files stay (they stayed beside this
+  // run's results and looked current).
+  fs::create_directories(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1");
+  std::ofstream(dir / "out" / "accuracy_vs_time.png") << "old";
+  std::ofstream(dir / "out" / "notes.txt") << "mine";
   Result r = sh(conduit() + " sweep " + (dir / "sweep.yaml").string() + " -o " + (dir / "out").string(), 120);
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1"));
+  EXPECT_FALSE(fs::exists(dir / "out" / "accuracy_vs_time.png"));
+  EXPECT_TRUE(fs::exists(dir / "out" / "notes.txt"));
   std::ifstream csv(dir / "out" / "results.csv");
   std::stringstream ss;
   ss << csv.rdbuf();
@@ -611,7 +619,13 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"bench: {timeout: 2000000}\n", "bench: timeout = '2000000' (allowed: a number in (0, 1e+06])"},
       {"bench: {timeout: 1, stagger_us: 1000000}\n", "stagger-us 1e+06 is not below the timeout (1 s)"},
       // The DDP peer's own keys with peers alone (timeout), not with Conduit cells (conduit train has timeout_s).
-      {"compressors: [none]\ntrain: {timeout: 600}\n", "train: 'timeout' is not a `conduit train` key"}};
+      {"compressors: [none]\ntrain: {timeout: 600}\n", "train: 'timeout' is not a `conduit train` key"},
+      // Found by a review: workers: other than hosts: failed every train cell once its cluster was up (the hosts
+      // set it); a bad algo failed every bench cell; a grid whose every pair is left out ran nothing and said ok.
+      {"train: {workers: 1}\ncompressors: [none]\n", "train: 'workers' would override what the sweep sets"},
+      {"bench: {op: allreduce, algo: bogus}\n", "bench: algo: unknown allreduce algorithm 'bogus'"},
+      {"bench: {op: alltoall, algo: ring}\n", "bench: algo applies to allreduce"},
+      {"schemes: [local]\ncompressors: [powersgd]\n", "sweep: no cell to run"}};
   for (const auto& [extra, expect] : cases) {
     std::ofstream(file) << base << extra;
     Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
