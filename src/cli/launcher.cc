@@ -71,9 +71,13 @@ int ignorable_index(int sig) { return sig == SIGINT ? 0 : sig == SIGHUP ? 1 : si
 // The signal that stopped the last run_local_workers (0: none did).
 int g_stop_signal = 0;
 
+// Signals the workers receive as they are, without stopping the job: SLURM's --signal=USR1@T warns a job before its
+// time limit, so that it can checkpoint. (Unhandled, they killed the launcher, and the workers with SIGKILL.)
+bool passed_through(int sig) { return sig == SIGUSR1 || sig == SIGUSR2 || sig == SIGALRM; }
+
 void on_signal(int sig) {
   int saved = errno;
-  if (sig != SIGCHLD) g_stop_requested = 1;
+  if (sig != SIGCHLD && !passed_through(sig)) g_stop_requested = 1;
   unsigned char byte = static_cast<unsigned char>(sig);
   if (g_signal_write_fd >= 0) {
     ssize_t r = ::write(g_signal_write_fd, &byte, 1);
@@ -186,8 +190,8 @@ class SignalScope {
 
   // SIGHUP (a closed terminal) and SIGQUIT stop the workers as SIGTERM does: unhandled, they killed the launcher
   // alone and left whatever the workers had started running.
-  static constexpr int kHandled = 5;
-  static constexpr int kSignals[kHandled] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD};
+  static constexpr int kHandled = 8;
+  static constexpr int kSignals[kHandled] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2, SIGALRM};
 
  private:
   FileDescriptor read_, write_;
@@ -234,6 +238,16 @@ void write_all(int fd, const char* data, size_t size) {
     ssize_t w = ::write(fd, data, chunk);
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // A non-blocking stdout (shared with a program that set O_NONBLOCK): full for now, not closed. Wait for room
+        // (it was dropped as if closed: 864 of 6000 lines arrived, and the launcher said nothing).
+        pollfd p{fd, POLLOUT, 0};
+        if (::poll(&p, 1, g_stop_requested ? kStalledOutputWaitMs : 1000) == 0 && g_stop_requested) {
+          if (fd >= 0 && fd < 3) g_output_stalled[fd] = true;
+          return;
+        }
+        continue;
+      }
       if (errno == EPIPE && fd >= 0 && fd < 3) g_output_broken[fd] = true;
       return;  // stdout/stderr closed or broken: drop the output, keep supervising the workers
     }
@@ -877,6 +891,10 @@ int run_local_workers(const LaunchSpec& spec) {
           child_event = true;  // reaped below
           continue;
         }
+        if (passed_through(sig)) {
+          signal_all(sig);
+          continue;
+        }
         ++user_signals;
         if (!have_result) {
           result = 128 + sig;
@@ -905,7 +923,7 @@ int run_local_workers(const LaunchSpec& spec) {
   // launch reported success).
   if (!have_result && g_stop_requested)
     for (int sig : signals.drain())
-      if (sig != SIGCHLD && !have_result) {
+      if (sig != SIGCHLD && !passed_through(sig) && !have_result) {
         message(spec, fmt::format("received {} before the workers started", signal_name(sig)));
         result = 128 + sig;
         have_result = true;

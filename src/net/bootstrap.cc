@@ -1,5 +1,6 @@
 #include "net/bootstrap.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -96,7 +97,27 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     b->rank = required_int("RANK", 0, b->size - 1);
     auto addr = env_string("MASTER_ADDR");
     auto path = env_string("CONDUIT_STORE_PATH");
-    if (addr) {
+    // torchrun's c10d rendezvous serves its own store at MASTER_ADDR:MASTER_PORT and tells the workers to use it
+    // (TORCHELASTIC_USE_AGENT_STORE): rank 0 could not listen there, and the message blamed another job. A file
+    // store given then takes the place of the TCP one.
+    const auto agent = env_string("TORCHELASTIC_USE_AGENT_STORE");
+    const bool agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1");
+    if (addr && agent_store && !path)
+      throw ConfigError(
+          "torchrun's agent serves the store at MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), which "
+          "Conduit does not speak; allowed: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torchrun then leaves the port to "
+          "rank 0), or CONDUIT_STORE_PATH on a directory every rank sees");
+    if (addr && !(agent_store && path)) {
+      // A port inside the address (host:port) never resolves: the ranks other than 0 retried it until the deadline.
+      // (An IPv6 address has colons of its own: bracketed or not, it parses as one.)
+      std::string bare = *addr;
+      if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') bare = bare.substr(1, bare.size() - 2);
+      in6_addr v6{};
+      if (bare.find(':') != std::string::npos && inet_pton(AF_INET6, bare.c_str(), &v6) != 1)
+        throw ConfigError(
+            fmt::format("MASTER_ADDR='{}' holds a port or is not an address; allowed: a host name or "
+                        "an IPv4/IPv6 address, with the port in MASTER_PORT",
+                        *addr));
       int port = required_int("MASTER_PORT", 1, 65535);
       b->method = "tcp-store";
       b->store = make_tcp_store(*addr, port, b->rank == 0, deadline);

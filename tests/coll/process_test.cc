@@ -385,6 +385,20 @@ TEST(Processes, RendezvousEnvironmentIsChecked) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("CONDUIT_MAX_MESSAGE_BYTES='64K' is invalid: expected a size from 2M to 1T"), std::string::npos)
       << r.out;
+  // A port inside MASTER_ADDR is refused at once (ranks other than 0 retried it to the deadline), an IPv6 address
+  // is not mistaken for one; torchrun's agent store is named (rank 0 could not bind its port).
+  const std::string rank1 = "RANK=1 WORLD_SIZE=2 MASTER_PORT=1 CONDUIT_TIMEOUT=30 ";
+  auto t0 = std::chrono::steady_clock::now();
+  r = run_sh(rank1 + "MASTER_ADDR=127.0.0.1:29500 " + kConduit + " selftest --op allreduce");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("MASTER_ADDR='127.0.0.1:29500' holds a port"), std::string::npos) << r.out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  r = run_sh(rank1 + "CONDUIT_TIMEOUT=0.5 MASTER_ADDR=::1 " + kConduit + " selftest --op allreduce");
+  EXPECT_EQ(r.out.find("holds a port"), std::string::npos) << r.out;
+  r = run_sh(rank1 + "MASTER_ADDR=127.0.0.1 TORCHELASTIC_USE_AGENT_STORE=True " + kConduit +
+             " selftest --op allreduce");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), std::string::npos) << r.out;
 }
 
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.

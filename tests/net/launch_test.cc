@@ -449,6 +449,25 @@ INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest, ::testing::Values(SIGTERM, S
                                                          : std::string("Sighup");
                          });
 
+// SIGUSR1 (SLURM's --signal=USR1@T, a warning before the time limit) reaches every worker and stops nothing: each
+// worker's trap runs and the job goes on to exit 0 (the signal killed the launcher and the workers with SIGKILL).
+TEST_F(LaunchTest, UserSignalsPassThroughToTheWorkers) {
+  const std::string script = "trap 'echo usr1-$RANK; touch " + path("got") + ".$RANK' USR1; echo $$ > " + path("pid") +
+                             ".$RANK; i=0; while [ ! -e " + path("got") +
+                             ".$RANK ] && [ $i -lt 200 ]; do sleep 0.05; "
+                             "i=$((i+1)); done; echo done-$RANK";
+  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script});
+  ASSERT_GT(wait_pid_file("pid.0"), 0);
+  ASSERT_GT(wait_pid_file("pid.1"), 0);
+  ASSERT_EQ(::kill(launcher, SIGUSR1), 0);
+  auto r = finish(launcher, 20s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(r.signaled) << r.err;
+  for (const char* want : {"usr1-0", "usr1-1", "done-0", "done-1"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << r.out;
+}
+
 // Started with SIGHUP ignored (nohup), the launcher keeps it ignored and so do its workers: a hang-up does not stop
 // the job (the launcher forwarded it and the job died on logout).
 TEST_F(LaunchTest, ASignalIgnoredAtStartStaysIgnored) {
@@ -511,6 +530,28 @@ TEST_F(LaunchTest, AClosedStdoutEndsTheWorkersAsInAPipeline) {
   ASSERT_FALSE(r.timed_out) << "the workers ran on with nobody reading";
   EXPECT_EQ(r.code, 128 + SIGPIPE) << r.err;
   EXPECT_NE(r.err.find("SIGPIPE"), std::string::npos) << r.err;
+}
+
+// A non-blocking stdout (shared with a program that set O_NONBLOCK) that is full is waited on, not dropped as if
+// closed: every line arrives (864 of 6000 did, and the launcher exited 0 without a word).
+TEST_F(LaunchTest, ANonBlockingStdoutLosesNoOutput) {
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  ASSERT_EQ(::fcntl(fds[1], F_SETFL, ::fcntl(fds[1], F_GETFL) | O_NONBLOCK), 0);
+  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c",
+                          "i=0; while [ $i -lt 3000 ]; do echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; "
+                          "i=$((i+1)); done"},
+                         {}, fds[1]);
+  ::close(fds[1]);
+  std::this_thread::sleep_for(1500ms);  // the pipe (64 KiB) fills long before anyone reads it
+  std::string all;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) all.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  auto r = finish(launcher, 20s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(std::count(all.begin(), all.end(), '\n'), 6000) << r.err;
 }
 
 // A worker that succeeds leaves nothing behind either: what it started in its process group is killed when it
