@@ -30,9 +30,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -433,7 +435,9 @@ SweepSpec load_spec(const std::string& path) {
       } else if (k == "loss") {
         l.loss = cl::parse_loss(v, "sweep: " + where + ".loss");
       } else if (k == "hosts_file") {
-        hosts_file = v;
+        // Relative to the sweep file, as its other paths are read by whoever wrote it (it was read from the current
+        // directory, so the same sweep file worked from one directory only).
+        hosts_file = v.empty() || fs::path(v).is_absolute() ? v : (fs::path(path).parent_path() / v).string();
       } else if (k == "label") {
         n.label = v;
       } else {
@@ -985,6 +989,21 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
           fmt::format("sweep: network {} asks for latency or loss, which need the netem qdisc; this "
                       "kernel has none (allowed here: bandwidth only)",
                       n.label));
+  }
+  // Clusters of sweeps that were killed (SIGKILL, a test's timeout): their namespaces stayed, and a later sweep whose
+  // pid matched failed with "a cluster named 'sweepNNN' exists". Only those whose process is gone.
+  for (const auto& name : cl::list_clusters()) {
+    if (name.size() < 6 || name.rfind("sweep", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;
+    const long pid = std::strtol(name.c_str() + 5, nullptr, 10);
+    if (pid <= 0 || pid > INT_MAX || pid == static_cast<long>(getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    try {
+      cl::down(name);
+      fmt::print(stderr, "sweep: removed cluster {}, left by a sweep (pid {}) that no longer runs\n", name, pid);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "sweep: cluster {} of a sweep that no longer runs could not be removed: {}\n", name, e.what());
+    }
   }
   fs::create_directories(out);
   // What an earlier run into this folder wrote goes first: its plots, series and cell folders stayed beside this

@@ -463,12 +463,22 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   }
   // An earlier run's plots and cell folders in the output folder go; other files stay (they stayed beside this
   // run's results and looked current).
+  // A cluster a killed sweep left behind (its pid gone) is removed; it stayed for good.
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  const std::string stale = "sweep" + std::to_string(gone);
+  ASSERT_EQ(sh(conduit() + " cluster up --name " + stale + " --hosts 2 --bandwidth 10mbit").code, 0);
+  ASSERT_TRUE(fs::exists("/run/netns/conduit-" + stale + "-h0"));
   fs::create_directories(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1");
   std::ofstream(dir / "out" / "accuracy_vs_time.png") << "old";
   std::ofstream(dir / "out" / "notes.txt") << "mine";
   Result r = sh(conduit() + " sweep " + (dir / "sweep.yaml").string() + " -o " + (dir / "out").string(), 120);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1"));
+  EXPECT_FALSE(fs::exists("/run/netns/conduit-" + stale + "-h0")) << r.out;
+  if (fs::exists("/run/netns/conduit-" + stale + "-h0")) sh(conduit() + " cluster down --name " + stale);
+  EXPECT_NE(r.out.find("removed cluster " + stale), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir / "out" / "accuracy_vs_time.png"));
   EXPECT_TRUE(fs::exists(dir / "out" / "notes.txt"));
   std::ifstream csv(dir / "out" / "results.csv");
@@ -631,6 +641,17 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
     Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
     EXPECT_EQ(r.code, 2) << extra << r.out;
     EXPECT_NE(r.out.find(expect), std::string::npos) << extra << r.out;
+  }
+  // A hosts file beside the sweep file is found from any directory (it was read from the current one).
+  {
+    const fs::path sub = fs::temp_directory_path() / unique_name("hostsweep");
+    fs::create_directories(sub);
+    std::ofstream(sub / "h.yaml") << "defaults: {bandwidth: 30mbit}\nhosts:\n  - {}\n  - {bandwidth: 60mbit}\n";
+    std::ofstream(sub / "s.yaml") << "name: h\nhosts: 2\nnetworks: [{hosts_file: h.yaml}]\nbench: {}\n";
+    Result h = sh("cd / && " + conduit() + " sweep " + (sub / "s.yaml").string() + " --dry-run");
+    EXPECT_EQ(h.code, 0) << h.out;
+    EXPECT_NE(h.out.find("30mbit-hetero"), std::string::npos) << h.out;
+    fs::remove_all(sub);
   }
   // A loss without its unit: netem reads 0.5 as 0.5%, it was taken as a fraction (50%).
   std::ofstream(file) << "name: g\nhosts: 2\nnetworks: [{bandwidth: 10mbit, loss: 0.5}]\nbench: {}\n";
