@@ -486,10 +486,38 @@ class MpiEngine : public Progressor {
   void fail_all_locked(const std::string& why,
                        std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>>& out) {
     bool can_call = !mpi_finalized();
+    // A receive MPI had already matched cannot be cancelled: its data keeps arriving into the buffer, which the
+    // failed caller frees as it unwinds (heap corruption). Such receives are given a bounded time to finish first;
+    // the cancelled ones complete at once.
+    if (can_call) {
+      std::vector<MPI_Request*> recvs;
+      {
+        MpiGuard g;
+        for (auto& r : pending_)
+          if (r->req_ != MPI_REQUEST_NULL && r->kind() == Request::Kind::recv) {
+            MPI_Cancel(&r->req_);
+            recvs.push_back(&r->req_);
+          }
+      }
+      Stopwatch sw;
+      while (!recvs.empty() && sw.seconds() < 2.0) {
+        {
+          MpiGuard g;
+          for (size_t i = 0; i < recvs.size();) {
+            int flag = 0;
+            if (MPI_Test(recvs[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
+              recvs[i] = recvs.back();  // (MPI_Test set a completed request to MPI_REQUEST_NULL)
+              recvs.pop_back();
+            } else {
+              ++i;
+            }
+          }
+        }
+        if (!recvs.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
     for (auto& r : pending_) {
       if (can_call && r->req_ != MPI_REQUEST_NULL) {
-        MpiGuard g;
-        if (r->kind() == Request::Kind::recv) MPI_Cancel(&r->req_);
         zombies_.push_back(r->req_);
         r->req_ = MPI_REQUEST_NULL;
       }
