@@ -26,7 +26,7 @@ struct InprocOp {
 
 class InprocWorld {
  public:
-  explicit InprocWorld(int size) : boxes_(size) {}
+  explicit InprocWorld(int size) : boxes_(size), gone(static_cast<size_t>(size), 0) {}
   struct Box {
     std::mutex mu;
     std::map<std::pair<int, uint64_t>, std::deque<InprocOp>> sends, recvs;
@@ -35,6 +35,7 @@ class InprocWorld {
   std::mutex abort_mu;
   std::string aborted;
   std::vector<Transport*> members;
+  std::vector<char> gone;  // (under abort_mu) ranks whose transport was destroyed
 
   // Moves a matched pair's data and completes both requests; called under the mailbox's lock, so that a cancel
   // (which takes it) finds the operation either still queued or done (completion only sets the requests' state and
@@ -68,10 +69,30 @@ class InprocTransport : public Transport {
     size_ = size;
     hosts_ = std::move(hosts);
   }
-  // Leaves the world's members, so that another rank's abort does not reach a transport destroyed already.
+  // Leaves the world's members, so that another rank's abort does not reach a transport destroyed already, and takes
+  // its operations out of the mailboxes: a peer's later send matched a receive of this rank and wrote into its
+  // caller's buffer, freed by then. Later operations with this rank fail at once.
   ~InprocTransport() override {
-    std::lock_guard<std::mutex> lk(world_->abort_mu);
-    std::erase(world_->members, this);
+    {
+      std::lock_guard<std::mutex> lk(world_->abort_mu);
+      std::erase(world_->members, this);
+      world_->gone[static_cast<size_t>(rank_)] = 1;
+    }
+    auto err = std::make_exception_ptr(PeerError(fmt::format("inproc: rank {}'s transport was destroyed", rank_)));
+    for (int b = 0; b < size_; ++b) {
+      auto& box = world_->boxes_[static_cast<size_t>(b)];
+      std::lock_guard<std::mutex> lk(box.mu);
+      for (auto* table : {&box.sends, &box.recvs})
+        for (auto it = table->begin(); it != table->end();) {
+          // This rank's receives (its own box) and its sends (keyed by it in the others'), and what waits for it.
+          if (b == rank_ || it->first.first == rank_) {
+            for (auto& op : it->second) op.req->fail(err);
+            it = table->erase(it);
+          } else {
+            ++it;
+          }
+        }
+    }
   }
   const char* name() const override { return "inproc"; }
 
@@ -160,6 +181,12 @@ class InprocTransport : public Transport {
       std::lock_guard<std::mutex> alk(world_->abort_mu);
       if (!world_->aborted.empty()) {
         op.req->fail(std::make_exception_ptr(PeerError(world_->aborted)));
+        return;
+      }
+      if (world_->gone[static_cast<size_t>(peer)]) {
+        op.req->fail(
+            std::make_exception_ptr(PeerError(fmt::format("inproc: rank {}'s transport was destroyed (rank {} {} it)",
+                                                          peer, rank_, is_send ? "sending to" : "receiving from"))));
         return;
       }
     }

@@ -88,6 +88,45 @@ TEST_P(Cancel, AnUnstartedSendIsWithdrawnAPartlyWrittenOneAbortsTheTransport) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, Cancel, ::testing::Values("tcp", "shm", "inproc"));
 
+// A destroyed inproc transport takes its operations out of the mailboxes: a peer's later send matched its receive
+// and wrote into the caller's buffer, freed by then (ASan: heap-use-after-free). Its pending requests, the peer's
+// operations waiting for it and later ones with it fail at once.
+TEST(Inproc, ADestroyedRanksOperationsLeaveTheMailboxes) {
+  auto t = make_inproc_world(2);
+  auto buf = std::make_unique<std::vector<char>>(64, 'a');
+  RequestPtr r = t[0]->irecv(1, make_tag(kUser, 0, 5), buf->data(), 64);
+  RequestPtr waiting = t[1]->irecv(0, make_tag(kUser, 0, 6), buf->data(), 64);  // for rank 0, which goes
+  t[0].reset();
+  EXPECT_THROW(r->test(), PeerError);
+  EXPECT_THROW(waiting->test(), PeerError);
+  const std::vector<char> src(64, 'z');
+  const auto buf_was = *buf;
+  RequestPtr s = t[1]->isend(0, make_tag(kUser, 0, 5), src.data(), 64);
+  try {
+    s->test();
+    ADD_FAILURE() << "a send to a destroyed rank was accepted";
+  } catch (const PeerError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0's transport was destroyed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(*buf, buf_was) << "the destroyed rank's buffer was written";
+}
+
+// Failing every request (a peer failed; arrived messages kept) releases the budget of a message still arriving to
+// an attached receive, and the failed receive stops being its waiter (both stayed).
+TEST(MatchQueues, FailingAllReleasesAnArrivingMessagesBudget) {
+  MatchQueues q;
+  auto m = q.add_unexpected(5, 64);  // still arriving
+  char a[64] = {};
+  PostedRecv r = make_recv(Request::Kind::recv, 0, 5, a, 64);
+  RequestPtr req = r.req;
+  ASSERT_TRUE(q.take_unexpected(5, r, "test"));
+  EXPECT_FALSE(q.can_buffer(1, 64));
+  q.fail_all(std::make_exception_ptr(PeerError("peer failed")), true);
+  EXPECT_THROW(req->test(), PeerError);
+  EXPECT_TRUE(q.can_buffer(64, 64));
+  EXPECT_FALSE(m->has_waiter);
+}
+
 // A receive attached to a message still arriving into the transport's buffer is detached, and the message stays
 // the oldest of its tag: the next receive gets it, not the one behind it.
 TEST(MatchQueues, AWithdrawnReceiveLeavesItsArrivingMessageFirstInLine) {
