@@ -3,6 +3,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <cctype>
+#include <cstdio>
 #include <mutex>
 
 #include "core/env.h"
@@ -14,7 +15,14 @@ namespace {
 std::shared_ptr<spdlog::logger> make_logger() {
   // The level is checked before the logger is registered: a throw after registering left a half-made logger, and
   // the next use (often on a background thread, where a throw terminates) tried to register it again.
-  const auto lv = log_level_from_env();
+  // A bad level is the CLI's to refuse up front (cli/main.cc); a library user's first log line (often on a
+  // background thread, where a throw terminates the process) warns once and logs at warn.
+  spdlog::level::level_enum lv = spdlog::level::warn;
+  try {
+    lv = log_level_from_env();
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "[conduit warning] %s; logging at warn\n", e.what());
+  }
   auto l = spdlog::stderr_color_mt("conduit");
   l->set_level(lv);
   l->set_pattern("[conduit %^%l%$] %v");

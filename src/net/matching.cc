@@ -121,8 +121,14 @@ void MatchQueues::fail_all(std::exception_ptr err, bool keep_arrived) {
   for (auto& [tag, q] : posted_)
     for (auto& r : q) r.req->fail(err);
   posted_.clear();
-  for (auto& u : arriving_)
+  for (auto& u : arriving_) {
     if (u->has_waiter) u->waiter.req->fail(err);
+    // (out of the unexpected queue since a receive attached, its bytes still counted: they stayed against the
+    // budget for good, and the failed receive stayed its waiter)
+    unexpected_bytes_ -= u->data.size();
+    u->has_waiter = false;
+    u->waiter = PostedRecv{};
+  }
   arriving_.clear();
   if (!keep_arrived) {
     unexpected_.clear();

@@ -1,9 +1,10 @@
 #include "net/transport.h"
 
-#include <algorithm>
-#include <set>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <mutex>
+#include <set>
 
 #include "core/error.h"
 
@@ -93,6 +94,9 @@ class StagedReduceRequest : public Request {
   void attach(RequestPtr inner) { inner_ = std::move(inner); }
   bool poll() {
     if (done()) return true;
+    // One thread at a time: two testing it (a waiter and give_up) both passed done() and added the data twice.
+    std::lock_guard<std::mutex> lk(poll_mu_);
+    if (done()) return true;
     if (!inner_->test()) return false;
     reduce_into(dst_, staging_.data(), count_, dtype_, op_);
     complete();
@@ -102,6 +106,7 @@ class StagedReduceRequest : public Request {
   RequestPtr inner_;
 
  private:
+  std::mutex poll_mu_;
   void* dst_;
   size_t count_;
   DType dtype_;
@@ -197,6 +202,9 @@ void wait_all_or_give_up(Transport& t, const std::vector<RequestPtr>& reqs, cons
     wait_all(reqs, deadline);
   } catch (const Error& e) {
     for (const auto& r : reqs) give_up(t, r, e.what());
+    throw;
+  } catch (...) {  // (anything else too: the caller's buffers are freed as it unwinds)
+    for (const auto& r : reqs) give_up(t, r, "the wait ended with an exception");
     throw;
   }
 }

@@ -302,6 +302,10 @@ TEST(Log, LevelNamesInAnyCase) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("critical or off"), std::string::npos) << e.what();
   }
+  // A library user's logger (no CLI to refuse the level first) warns and logs at warn: it threw at every log line,
+  // and on a background thread that terminated the process.
+  EXPECT_NO_THROW(logger().warn("a line with CONDUIT_LOG_LEVEL=loud"));
+  EXPECT_EQ(logger().level(), spdlog::level::warn);
   unsetenv("CONDUIT_LOG_LEVEL");
 }
 
