@@ -13,7 +13,8 @@ double measured_work(const Accelerator& acc, double measured_s) {
   return std::max(measured_s - acc.kernel_overhead, 0.0);
 }
 
-double analytic_time(const Accelerator& acc, const GemmShape& g) {
+// The analytic time, and whether memory traffic, not arithmetic, bounds it.
+double analytic_time(const Accelerator& acc, const GemmShape& g, bool* memory_bound = nullptr) {
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;
   const double tiles = std::ceil(g.m / acc.tile_m) * std::ceil(g.n / acc.tile_n) * g.batch;
   const double waves = std::ceil(tiles / acc.sm_count);
@@ -21,13 +22,15 @@ double analytic_time(const Accelerator& acc, const GemmShape& g) {
   const double compute = g.flops() / (acc.peak_flops * acc.gemm_efficiency * wave_util);
   const double bytes = 2.0 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch;
   const double memory = bytes / (acc.memory_bandwidth * acc.memory_efficiency);
+  if (memory_bound) *memory_bound = memory > compute;
   return std::max(compute, memory);
 }
 
 }  // namespace
 
 double gemm_time(const Accelerator& acc, const GemmShape& g) {
-  double t = analytic_time(acc, g);
+  bool memory_bound = false;
+  double t = analytic_time(acc, g, &memory_bound);
   if (t <= 0) return 0;
   if (!acc.calibration.empty()) {
     double best = std::numeric_limits<double>::infinity();
@@ -40,9 +43,14 @@ double gemm_time(const Accelerator& acc, const GemmShape& g) {
       }
     }
     GemmShape sg{near->m, near->n, near->k, 1};
-    double predicted = analytic_time(acc, sg);
+    bool sample_memory_bound = false;
+    double predicted = analytic_time(acc, sg, &sample_memory_bound);
     double measured = sg.flops() / near->flops;
-    if (predicted > 0 && measured > 0) t *= measured_work(acc, measured) / predicted;
+    // The sample corrects the bound it measured: an arithmetic-bound sample's efficiency says nothing of a GEMM that
+    // streams its weights (decode's, M = batch), which it slowed as much (12.7 to 18.5 ms a token for one slow
+    // 8192^3 sample), and the reverse.
+    if (predicted > 0 && measured > 0 && sample_memory_bound == memory_bound)
+      t *= measured_work(acc, measured) / predicted;
   }
   return t + acc.kernel_overhead;
 }

@@ -138,6 +138,9 @@ TEST(Compute, EfficiencyGrowsWithShapeAndWavesQuantize) {
   EXPECT_NEAR(gemm_time(a, {4096, 4096, 4096, 1}), 2.0 * 4096 * 4096 * 4096 / 200e12, 1e-12);
   // Twice the work at the same efficiency: twice the measured work, one launch.
   EXPECT_NEAR(gemm_time(a, {8192, 4096, 4096, 1}) - 4e-6, 2 * (2.0 * 4096 * 4096 * 4096 / 200e12 - 4e-6), 1e-12);
+  // An arithmetic-bound sample's efficiency leaves a memory-bound GEMM (decode's weight streaming) at its bandwidth
+  // time (a slow 4096^3 sample slowed it as much).
+  EXPECT_NEAR(gemm_time(a, skinny), 2.0 * (8192.0 * 8192 + 8192 * 16 + 8192 * 16) / (2039e9 * 0.85) + 4e-6, 1e-9);
 }
 
 ParallelConfig cfg(int tp, int pp, int b, long long B) {
