@@ -56,14 +56,17 @@ constexpr double kSteadySpread = 1.5;
 using namespace conduit::sim;
 using nlohmann::json;
 
+// A model flag left out (any value given is checked: 0 or -5 were taken as left out, and silently ignored).
+inline constexpr long long kNotGiven = std::numeric_limits<long long>::min();
+
 struct ModelArgs {
   std::string model = "gpt";
   std::string layers_spec;  // --model layers
-  int layers = 0;
-  long long hidden = 0, heads = 0, seq = 0, vocab = 0;  // 0: the named model's, else 2048 / 51200
-  long long kv_heads = -1;                              // -1: the named model's, else --heads
-  long long ffn_hidden = -1;                            // -1: the named model's, else 4 x --hidden
-  std::string mlp;                                      // empty: the named model's, else gelu
+  long long layers = kNotGiven;
+  long long hidden = kNotGiven, heads = kNotGiven, seq = kNotGiven, vocab = kNotGiven;  // else 2048 / 51200
+  long long kv_heads = kNotGiven;    // the named model's, else --heads
+  long long ffn_hidden = kNotGiven;  // the named model's, else 4 x --hidden
+  std::string mlp;                   // empty: the named model's, else gelu
 };
 
 struct StepArgs {
@@ -109,24 +112,32 @@ GptModel make_model(const ModelArgs& a) {
     throw ConfigError(
         fmt::format("--model = '{}' (allowed: {}; layers with --layers-spec for `sim step`)", a.model, names));
   }
+  for (auto [flag, v] : {std::pair{"--layers", a.layers},
+                         {"--hidden", a.hidden},
+                         {"--heads", a.heads},
+                         {"--seq", a.seq},
+                         {"--vocab", a.vocab},
+                         {"--kv-heads", a.kv_heads}})
+    if (v != kNotGiven && v < 1)
+      throw ConfigError(
+          fmt::format("{} = {} (allowed: 1 or more, or left out{})", flag, v, named ? " for the named model's" : ""));
+  if (a.ffn_hidden != kNotGiven && a.ffn_hidden < 0)
+    throw ConfigError(fmt::format("--ffn-hidden = {} (allowed: 1 or more; 0 for 4 x --hidden)", a.ffn_hidden));
   if (!named) {
-    if (a.layers <= 0 || a.hidden <= 0 || a.heads <= 0)
+    if (a.layers == kNotGiven || a.hidden == kNotGiven || a.heads == kNotGiven)
       throw ConfigError("--model gpt needs --layers, --hidden and --heads (or a named --model such as gpt3-175b)");
     m.seq = 2048;
     m.vocab = 51200;
   }
-  if (a.layers < 0 || a.hidden < 0 || a.heads < 0 || a.seq < 0 || a.vocab < 0)
-    throw ConfigError(
-        "--layers, --hidden, --heads, --seq and --vocab must be positive (or left out for a named model)");
-  if (a.layers > 0) m.layers = a.layers;
-  if (a.hidden > 0) m.hidden = a.hidden;
-  if (a.heads > 0) m.heads = a.heads;
-  if (a.seq > 0) m.seq = a.seq;
-  if (a.vocab > 0) m.vocab = a.vocab;
-  if (a.kv_heads >= 0) m.kv_heads = a.kv_heads;
-  if (a.ffn_hidden >= 0) m.ffn_hidden = a.ffn_hidden;
-  if (a.ffn_hidden < -1)
-    throw ConfigError(fmt::format("--ffn-hidden = {} (allowed: 1 or more; 0 for 4 x --hidden)", a.ffn_hidden));
+  if (a.layers > std::numeric_limits<int>::max())
+    throw ConfigError(fmt::format("--layers = {} (allowed: at most {})", a.layers, std::numeric_limits<int>::max()));
+  if (a.layers != kNotGiven) m.layers = static_cast<int>(a.layers);
+  if (a.hidden != kNotGiven) m.hidden = a.hidden;
+  if (a.heads != kNotGiven) m.heads = a.heads;
+  if (a.seq != kNotGiven) m.seq = a.seq;
+  if (a.vocab != kNotGiven) m.vocab = a.vocab;
+  if (a.kv_heads != kNotGiven) m.kv_heads = a.kv_heads;
+  if (a.ffn_hidden != kNotGiven) m.ffn_hidden = a.ffn_hidden;
   if (!a.mlp.empty()) {
     if (a.mlp != "gelu" && a.mlp != "swiglu")
       throw ConfigError(fmt::format("--mlp = '{}' (allowed: gelu, swiglu)", a.mlp));

@@ -618,6 +618,14 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
   EXPECT_NE(out.find("--mlp = 'relu' (allowed: gelu, swiglu)"), std::string::npos) << out;
   out = test_util::run(infer_cmd + "--ffn-hidden -3", &rc);
   EXPECT_NE(out.find("--ffn-hidden = -3 (allowed: 1 or more; 0 for 4 x --hidden)"), std::string::npos) << out;
+  // Any value given is checked: 0 and negative values were taken as left out, and the named model's were used.
+  for (const char* flag : {"--kv-heads -5", "--kv-heads 0", "--seq 0", "--hidden 0", "--layers -1", "--vocab 0"}) {
+    out = test_util::run(infer_cmd + flag, &rc);
+    EXPECT_EQ(rc, 2) << flag << out;
+    EXPECT_NE(out.find("(allowed: 1 or more, or left out for the named model's)"), std::string::npos) << flag << out;
+  }
+  out = test_util::run(infer_cmd + "--ffn-hidden -1", &rc);
+  EXPECT_NE(out.find("--ffn-hidden = -1 (allowed"), std::string::npos) << out;
   out = test_util::run(infer_cmd + "--ffn-hidden 28676", &rc);
   EXPECT_NE(out.find("--tp = 8 must divide the MLP's width, 28676 (--ffn-hidden)"), std::string::npos) << out;
   // A plain GPT model given Llama's MLP has Llama's parameters (less GQA's saving).
