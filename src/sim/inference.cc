@@ -132,10 +132,9 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   // The heaviest stage: its layers and the embeddings (the first stage holds the token and position embeddings, the
   // last a copy of the token embedding for the logits), split over tp. Spread evenly over the stages, they
   // understated the first stage's memory for small models with pp > 1.
-  r.weight_bytes = 2 *
-                   (static_cast<double>(lps) * gpt_layer_parameters(m0) +
-                    static_cast<double>(m0.vocab + m0.seq) * static_cast<double>(m0.hidden)) /
-                   static_cast<double>(t);
+  // (a rank replicating a KV head holds its whole K and V weights: gpt_layer_parameters_per_rank)
+  r.weight_bytes = 2 * (static_cast<double>(lps) * gpt_layer_parameters_per_rank(m0, t) +
+                        static_cast<double>(m0.vocab + m0.seq) * static_cast<double>(m0.hidden) / t);
   const long long tokens = c.prompt + c.generate;
   r.kv_bytes = kv_cache_bytes(m0, t, p, tokens, c.batch);
   const double qkv = qkv_width_per_rank(m0, t);

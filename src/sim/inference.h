@@ -33,7 +33,8 @@ struct InferenceResult {
   std::string decode_bound;  // "memory" or "compute"
 };
 
-// KV-cache bytes per GPU: 2 (K and V) x layers/p x hidden/t x tokens x batch x 2 bytes.
+// KV-cache bytes per GPU: 2 (K and V) x layers/p x the K columns on a rank (kv_width_per_rank: kv_heads x head size
+// / t, or one head when t > kv_heads) x tokens x batch x 2 bytes.
 double kv_cache_bytes(const GptModel& m, int tp, int pp, long long tokens, long long batch);
 
 InferenceResult simulate_inference(CollectiveModel& net, const GptModel& m, const InferenceConfig& c);

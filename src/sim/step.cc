@@ -344,7 +344,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   r.breakdown.bubble = static_cast<double>(p - 1) / v * slot;
 
   // Parameters per GPU on the largest stage (the first holds the embeddings; with p = 1 everything).
-  const double layer_params = gpt_layer_parameters(m);
+  // t times one rank's share (the K and V of replicated KV heads whole on each rank), so that / t is a rank's.
+  const double layer_params = gpt_layer_parameters_per_rank(m, t) * t;
   const double emb = (V + s) * h;
   const double params_gpu = (lps * layer_params + emb) / t;
 

@@ -149,6 +149,12 @@ double gpt_layer_parameters(const GptModel& m) {
   return (h + 2 * w) * (h + 1) + h * h + h + u * (h + 1) + f * h + h + 4 * h;
 }
 
+double gpt_layer_parameters_per_rank(const GptModel& m, int t) {
+  const double h = static_cast<double>(m.hidden);
+  const double w = h / static_cast<double>(m.heads) * static_cast<double>(m.kv());  // all K (or V) columns
+  return (gpt_layer_parameters(m) - 2 * w * (h + 1)) / t + 2 * kv_width_per_rank(m, t) * (h + 1);
+}
+
 GptModel vocab_padded(const GptModel& m, int tp) {
   GptModel out = m;
   if (tp > 1) out.vocab = (m.vocab + tp - 1) / tp * tp;

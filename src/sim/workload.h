@@ -73,6 +73,9 @@ GptModel vocab_padded(const GptModel& m, int tp);
 
 double gpt_parameters(const GptModel& m);
 double gpt_layer_parameters(const GptModel& m);  // 12h^2 + 13h (multi-head, 4h MLP)
+// One layer's parameters on each of t tensor-parallel ranks: a t-th of them, except that with more ranks than KV
+// heads (t > kv_heads) each rank holds the whole K and V weights of the head it replicates, not kv/t of one.
+double gpt_layer_parameters_per_rank(const GptModel& m, int t);
 
 struct NamedGemm {
   const char* name;

@@ -103,6 +103,12 @@ TEST(Workload, GatedMlpShapesParametersAndActivations) {
   EXPECT_THROW(check_ffn_split(odd, 16), ConfigError);
   odd.ffn_hidden = -1;
   EXPECT_THROW(odd.validate(), ConfigError);
+  // A rank's share: a t-th up to t = kv_heads (8); past it each rank keeps one KV head's whole K and V weights
+  // (2 x 128 x 8193), not kv/t of a head (the weights at t = 16 were counted as exactly half of t = 8's).
+  EXPECT_DOUBLE_EQ(gpt_layer_parameters_per_rank(l70, 8), gpt_layer_parameters(l70) / 8);
+  const double kv_all = 2.0 * 1024 * 8193;  // K and V, 8 heads of 128, with biases
+  EXPECT_DOUBLE_EQ(gpt_layer_parameters_per_rank(l70, 16),
+                   (gpt_layer_parameters(l70) - kv_all) / 16 + 2.0 * 128 * 8193);
 }
 
 TEST(Workload, PipelineBubble) {
