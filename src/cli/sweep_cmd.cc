@@ -154,9 +154,9 @@ std::vector<std::pair<std::string, std::string>> flag_map(const YAML::Node& n, c
 
 // The train: keys bench/peers/ddp_train.py takes (the others go to Conduit's train cells only).
 const std::set<std::string>& ddp_keys() {
-  static const std::set<std::string> keys = {"model",           "data-dir",    "epochs",      "batch-size", "lr",
-                                             "momentum",        "lr-schedule", "train-limit", "test-limit", "max-steps",
-                                             "target-accuracy", "timeout",     "eval-every"};
+  static const std::set<std::string> keys = {
+      "model",       "data-dir",   "epochs",    "batch-size",      "lr",      "momentum",   "lr-schedule",
+      "train-limit", "test-limit", "max-steps", "target-accuracy", "timeout", "eval-every", "bucket-cap-mb"};
   return keys;
 }
 
@@ -573,6 +573,8 @@ std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const s
                            std::to_string(s.peer_powersgd_rank), "--seed", std::to_string(c.seed), "--output", c.dir});
     for (const auto& [k, v] : s.train) {
       if (ddp_keys().count(k)) cmd.insert(cmd.end(), {"--" + k, v});
+      // conduit train's deadline is the peer's --timeout (the peer cells ran on its default, whatever was set).
+      if (k == "timeout-s") cmd.insert(cmd.end(), {"--timeout", v});
     }
   } else {
     cmd.insert(cmd.end(), {exe, "bench", "coll", "--json", "--transport", "tcp"});

@@ -542,6 +542,21 @@ TEST_F(ClusterTest, SweepRunsThePyTorchPeerAndEvaluatesItsCopies) {
   EXPECT_NEAR(std::stod(text.substr(at + 21)), first_at_target, 1e-9) << text;
 }
 
+// The DDP peer's cells get the deadline and the bucket size the Conduit cells get (they ran on the peer's defaults).
+TEST(SweepConfig, PeerCellsTakeTheDeadlineAndBucketSize) {
+  const fs::path file = fs::temp_directory_path() / (unique_name("peersweep") + ".yaml");
+  std::ofstream(file) << "name: p\nhosts: 2\nnetworks: [{bandwidth: 10mbit}]\ncompressors: [none]\npeers: [none]\n"
+                         "train: {timeout_s: 77, bucket_cap_mb: 5}\nddp_script: /bin/true\n";
+  Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t ddp = r.out.find("/bin/true");
+  ASSERT_NE(ddp, std::string::npos) << r.out;
+  const std::string line = r.out.substr(ddp, r.out.find('\n', ddp) - ddp);
+  EXPECT_NE(line.find("--timeout 77"), std::string::npos) << line;
+  EXPECT_NE(line.find("--bucket-cap-mb 5"), std::string::npos) << line;
+  fs::remove(file);
+}
+
 TEST(SweepConfig, GridLeavesOutCompressorsOfSchemesThatAverageParameters) {
   const fs::path file = fs::temp_directory_path() / (unique_name("gridsweep") + ".yaml");
   {
