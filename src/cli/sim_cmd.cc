@@ -863,6 +863,11 @@ void run_cluster(const ClusterArgs& given_args) {
     }
     fmt::print("  starvation guard (knob {}): {} promotions of {} jobs\n", o.las_promote_knob, times, promoted);
   }
+  if (r.restart_overhead > r.utilization && o.min_lease == 0)
+    fmt::print(
+        "  preempted jobs spent more time reloading than the cluster spent training: jobs swap faster than "
+        "they restart; --min-lease {} (the restart penalty) lets each run train that long first\n",
+        o.restart_penalty);
   fmt::print("  (simulated in {})\n", format_seconds(took));
 }
 
@@ -1427,13 +1432,19 @@ void setup(CLI::App& app) {
                                "las: Tiresias's starvation guard: a demoted job that waited this many times as long as "
                                "it ran goes back to the first queue (0: off)")
                      ->capture_default_str();
+    auto* lease = c->add_option("--min-lease", a->las.min_lease,
+                                "las, srtf: seconds a (re)started job trains before it can be preempted (0: none; "
+                                "with a restart penalty far above the first queue's share, about the penalty)")
+                      ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
-    c->callback([a, threshold, queues, penalty, knob]() {
+    c->callback([a, threshold, queues, penalty, knob, lease]() {
       // A scheduler's options given to another were taken and ignored without a word.
-      for (auto* o : {threshold, queues, knob, penalty})
-        if (o->count() > 0 && a->scheduler != "las" && (o != penalty || a->scheduler != "srtf"))
+      for (auto* o : {threshold, queues, knob, penalty, lease}) {
+        const bool both = o == penalty || o == lease;
+        if (o->count() > 0 && a->scheduler != "las" && (!both || a->scheduler != "srtf"))
           throw ConfigError(fmt::format("{} applies to --scheduler {}, not {}", o->get_name(),
-                                        o == penalty ? "las or srtf" : "las", a->scheduler));
+                                        both ? "las or srtf" : "las", a->scheduler));
+      }
       run_cluster(*a);
     });
   }

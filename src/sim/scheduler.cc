@@ -40,6 +40,8 @@ void validate(const SchedulerOptions& opt) {
     throw ConfigError(fmt::format("--las-queues = {} (allowed: 1 to {})", opt.las_queues, kMaxLasQueues));
   if (!(std::isfinite(opt.restart_penalty) && opt.restart_penalty >= 0))
     throw ConfigError(fmt::format("--restart-penalty = {} (allowed: seconds, 0 or more)", opt.restart_penalty));
+  if (!(std::isfinite(opt.min_lease) && opt.min_lease >= 0))
+    throw ConfigError(fmt::format("--min-lease = {} (allowed: seconds, 0 or more)", opt.min_lease));
   if (!(std::isfinite(opt.las_promote_knob) && opt.las_promote_knob >= 0))
     throw ConfigError(fmt::format("--promote-knob = {} (allowed: 0 for no starvation guard, or a positive multiple)",
                                   opt.las_promote_knob));
@@ -231,6 +233,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
   std::vector<int> state(n, 0);  // 0 not arrived, 1 waiting, 2 running, 3 done
   std::vector<double> restart_at(n, 0.0);
+  std::vector<double> run_start(n, 0.0);  // when the job's current run began (its lease counts from the reload's end)
   // las with the starvation guard: seconds a job that has run waited since it first ran or was last promoted.
   std::vector<double> waited(n, 0.0);
   const bool guard = opt.policy == Policy::kLas && opt.las_promote_knob > 0;
@@ -274,6 +277,10 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   }
   std::vector<Running> running;
   double now = 0, busy = 0, useful = 0;
+  // Whether running job j still holds its lease (--min-lease): not preempted before it trained that long.
+  auto leased = [&](size_t j) {
+    return opt.min_lease > 0 && now < std::max(run_start[j], restart_at[j]) + opt.min_lease;
+  };
 
   // Free accelerators per node (a leaf's are its nodes'): a job smaller than a node gets part of one node, a larger
   // one whole free nodes. Counting per leaf let a 6-GPU job take 3 + 3 of two nodes and run as one NVSwitch node.
@@ -398,6 +405,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       throw Error(
           fmt::format("cluster simulation: job {} has no configuration on the nodes it was placed on", jobs[i].id));
     running.push_back({i, alloc, it});
+    run_start[i] = now;
     if (out[i].start < 0)
       out[i].start = now;
     else
@@ -479,7 +487,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       bool fits = false;
       for (size_t r = run_pos.size(); r-- > 0 && run_pos[r] > ai && !fits;) {
         const size_t j = active[run_pos[r]];
-        if (state[j] != 2) continue;
+        if (state[j] != 2 || leased(j)) continue;
         for (auto [nd, g] : running[running_at(j)].alloc) trial[nd] += g;
         victims.push_back(j);
         fits = fits_in(trial, i);
@@ -522,6 +530,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       size_t i = r.job;
       double begin = std::max(now, restart_at[i]);
       next = std::min(next, begin + remaining[i] * r.iter_time);
+      if (leased(i)) next = std::min(next, std::max(run_start[i], restart_at[i]) + opt.min_lease);  // lease ends
       if (opt.policy == Policy::kLas) {
         double th = opt.las_first_threshold;
         for (int q = 0; q < opt.las_queues - 1; ++q, th *= 10)

@@ -55,6 +55,11 @@ struct SchedulerOptions {
   int las_queues = 3;                 // 1 to kMaxLasQueues
   double restart_penalty = 60;        // seconds lost when a preempted job restarts
   double las_promote_knob = 0;        // Tiresias's PROMOTEKNOB; 0: no starvation guard
+  // las, srtf: seconds a job that (re)started trains before it can be preempted (its reload not counted); 0: none.
+  // With a restart penalty far above the first queue's share, the starvation guard and the demotions otherwise
+  // swap two jobs after every 0.1 s of training for 10 s of reloading; a lease of the penalty bounds the reloading
+  // to half of what they hold.
+  double min_lease = 0;
 };
 constexpr int kMaxLasQueues = 12;
 // ConfigError naming the option and what is allowed.
