@@ -193,6 +193,15 @@ int Communicator::num_hosts() const {
   return static_cast<int>(h.size());
 }
 
+bool Communicator::hosts_uniform_multi() const {
+  std::map<int, int> per_host;
+  for (int m : members_) ++per_host[transport_->hosts()[m]];
+  const int each = per_host.begin()->second;
+  for (const auto& [h, n] : per_host)
+    if (n != each) return false;
+  return each > 1;
+}
+
 std::string Communicator::describe() const {
   return fmt::format("rank {} of {} ({})", rank_, size(), transport_->name());
 }
@@ -558,7 +567,9 @@ std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t b
     Tuner::check_algorithm(op, forced);
     return forced;
   }
-  return c.tuner().choose(op, bytes, c.size(), c.num_hosts(), c.host_groups().uniform);
+  // (the host map decides; building the host groups here made every collective build them, and a host group's own
+  // communicators cannot have host groups of their own)
+  return c.tuner().choose(op, bytes, c.size(), c.num_hosts(), c.hosts_uniform_multi());
 }
 
 // The input a reduction sums: for avg of f16 on more than one rank, a copy divided first (the caller's input stays);

@@ -112,6 +112,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int transport_rank(int group_rank) const { return members_[group_rank]; }
   int host_of(int group_rank) const { return transport_->hosts()[members_[group_rank]]; }
   int num_hosts() const;
+  // Every host holds as many of the members as every other, and some hold more than one: hierarchical algorithms
+  // apply. Computed from the host map alone (host_groups() builds communicators).
+  bool hosts_uniform_multi() const;
   double timeout_s() const { return timeout_s_; }
   Tuner& tuner() { return *tuner_; }
   const net::Bootstrap* bootstrap() const { return bootstrap_.get(); }

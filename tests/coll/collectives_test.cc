@@ -341,6 +341,16 @@ TEST(Communicator, HostGroupIdsAreDistinctPerParentAndRole) {
       EXPECT_GE(id, 0x800000u);   // above every split's id
       EXPECT_LT(id, 0x1000000u);  // inside the 24 bits of a tag's communicator id
     }
+  // A host group's own collectives run (each chose its algorithm by building host groups of its own, which a host
+  // group's id cannot have); hier on 2 hosts x 2 ranks still builds the parent's.
+  auto wrong = on_ranks(4, [&](Communicator& c) {
+    size_t w = run_and_verify(c, {"allreduce", "hier", DType::f32, ReduceOp::sum, 1000, 0, 0});
+    auto& g = c.host_groups();
+    w += run_and_verify(*g.local, {"allreduce", "", DType::f32, ReduceOp::sum, 1000, 0, 0});
+    w += run_and_verify(*g.cross, {"allreduce", "", DType::f32, ReduceOp::sum, 1000, 0, 0});
+    return w;
+  });
+  EXPECT_EQ(total(wrong), 0u);
   EXPECT_THROW(host_group_comm_id(bound, 0), InvalidArgument);
   EXPECT_THROW(host_group_comm_id(0x800005u, 1), InvalidArgument);  // a host group's own host groups
   EXPECT_THROW(host_group_comm_id(5, 3), InvalidArgument);
