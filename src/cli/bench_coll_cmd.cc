@@ -320,6 +320,22 @@ void run_selftest(const SelftestArgs& a) {
             ++ncases;
           }
         }
+    // The reductions with the other dtypes and operations, over the real transport (f16's divide-first average,
+    // integer averages and products, the narrow integer kernels: only the in-process tests ran them).
+    if (cs.op == "allreduce" || cs.op == "reduce_scatter" || cs.op == "reduce")
+      for (auto& algo : cs.algos)
+        for (auto [t, rop] : {std::pair{DType::f16, ReduceOp::avg}, std::pair{DType::u8, ReduceOp::prod},
+                              std::pair{DType::i8, ReduceOp::min}, std::pair{DType::i32, ReduceOp::avg},
+                              std::pair{DType::f64, ReduceOp::avg}})
+          for (size_t count : {size_t{7}, size_t{5003}}) {
+            coll::VerifyCase vc{cs.op, algo, t, rop, count, static_cast<int>(count % c.size()), a.timeout};
+            size_t w = coll::run_and_verify(c, vc);
+            if (w)
+              std::fprintf(stderr, "selftest: rank %d: %s %s %s %s count %zu: %zu wrong\n", c.rank(), cs.op.c_str(),
+                           algo.c_str(), dtype_name(t), reduce_op_name(rop), count, w);
+            wrong += w;
+            ++ncases;
+          }
   }
   uint64_t total = wrong;
   c.allreduce(&total, 1, DType::i64, ReduceOp::sum).wait();
