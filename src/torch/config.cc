@@ -316,17 +316,20 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     if (!params.count("momentum")) {
       c.compressor += fmt::format("{}momentum={}", c.compressor.find(':') == std::string::npos ? ":" : ",",
                                   c.momentum);
-    } else if (get("momentum")) {
-      // Both given and different: one of them would be dropped without a word (a resumed dgc run's compressor
-      // carries its momentum, so a new --momentum was ignored).
+    } else {
       char* end = nullptr;
       const std::string& m = params.at("momentum");
       const double in_spec = std::strtod(m.c_str(), &end);
-      if (end == m.c_str() || *end != '\0' || in_spec != c.momentum)
+      // Both given and different: one of them would be dropped without a word (a resumed dgc run's compressor
+      // carries its momentum, so a new --momentum was ignored).
+      if (get("momentum") && (end == m.c_str() || *end != '\0' || in_spec != c.momentum))
         throw ConfigError(
             fmt::format("config: momentum: {} given, and compressor {} sets momentum={}; allowed: one "
                         "of the two, or the same value in both",
                         c.momentum, c.compressor, m));
+      // The run's momentum is the spec's, so that what is written (config.yaml for the workers, the checkpoint)
+      // says one value (the workers read the trainer's default beside the spec as a second one and refused it).
+      if (end != m.c_str() && *end == '\0') c.momentum = in_spec;
     }
   }
   if (c.warmup_epochs > c.epochs)
@@ -370,13 +373,15 @@ std::string SyncSpec::to_string() const {
 int training_workers(const TrainConfig& c) {
   const SyncSpec s = effective_sync(c);
   if (!s.parameter_server()) return c.workers;
-  auto colocate = s.params.find("colocate"), servers = s.params.find("servers");
-  if (colocate == s.params.end() || colocate->second != "0" || servers == s.params.end()) return c.workers;
+  auto colocate = s.params.find("colocate");
+  if (colocate == s.params.end() || (colocate->second != "0" && colocate->second != "false")) return c.workers;
+  // The scheme's own default count when none is given (1).
+  auto servers = s.params.find("servers");
+  const std::string count = servers != s.params.end() ? servers->second : sync::strategy_defaults(s.name).at("servers");
   int n = 0;
-  const auto [end, ec] = std::from_chars(servers->second.data(), servers->second.data() + servers->second.size(), n);
+  const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
   // (a bad count is the scheme's to refuse, with its own message)
-  if (ec != std::errc() || end != servers->second.data() + servers->second.size() || n < 1 || n >= c.workers)
-    return c.workers;
+  if (ec != std::errc() || end != count.data() + count.size() || n < 1 || n >= c.workers) return c.workers;
   return c.workers - n;
 }
 
@@ -589,6 +594,12 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     if (std::string(k) == "momentum" && ((meta.contains("optimizer") && meta["optimizer"] != "sgd") ||
                                          (raw.count("optimizer") && raw.at("optimizer") != "sgd")))
       continue;
+    // (a dgc run's momentum is its compressor's, taken with it: the trainer's unused default, recorded beside it by
+    // runs before the two were kept equal, would be refused as a second value)
+    if (std::string(k) == "momentum" && meta.contains("compressor") && meta["compressor"].is_string()) {
+      const auto [name, params] = split_compressor_spec(meta["compressor"].get<std::string>());
+      if (name == "dgc" && params.count("momentum")) continue;
+    }
     take(k, k);
   }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that

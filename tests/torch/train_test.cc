@@ -110,10 +110,30 @@ TEST(TrainConfig, DgcTakesOverTheMomentum) {
   // Dedicated parameter servers hold no share of the training set: the batch check counts the training workers.
   EXPECT_EQ(training_workers(resolve_config({{"workers", "4"}, {"sync", "ps-asp:colocate=0,servers=1"}})), 3);
   EXPECT_EQ(training_workers(resolve_config({{"workers", "4"}, {"sync", "ps-asp"}})), 4);
+  EXPECT_EQ(training_workers(resolve_config({{"workers", "4"}, {"sync", "ps-asp:colocate=0"}})), 3);  // 1 server
+  EXPECT_EQ(training_workers(resolve_config({{"workers", "4"}, {"sync", "ps-asp:colocate=false,servers=2"}})), 2);
   EXPECT_EQ(training_workers(resolve_config({{"workers", "4"}})), 4);
   // Both given: the same value is taken, two values are refused (the spec's won without a word).
   EXPECT_EQ(resolve_config({{"compressor", "dgc:momentum=0.50"}, {"momentum", "0.5"}}).compressor, "dgc:momentum=0.50");
   expect_one_line(config_error({{"compressor", "dgc:momentum=0.5"}, {"momentum", "0.8"}}), "momentum");
+  // The run's momentum is the spec's, so that the configuration the workers read back (and a checkpoint) holds one
+  // value: the trainer's default 0.9 written beside dgc:momentum=0.5 was read by each worker as a second one.
+  const TrainConfig spec_m = resolve_config({{"compressor", "dgc:momentum=0.5"}});
+  EXPECT_EQ(spec_m.momentum, 0.5);
+  const auto yaml = std::filesystem::temp_directory_path() / fmt::format("conduit-dgc-{}.yaml", ::getpid());
+  std::ofstream(yaml) << config_to_yaml(spec_m);
+  EXPECT_NO_THROW(resolve_config(read_yaml_config(yaml.string())));
+  std::filesystem::remove(yaml);
+  // A checkpoint of a dgc run written before (momentum 0.9 beside dgc:momentum=0.5) resumes: its momentum is the
+  // compressor's.
+  const auto ck = std::filesystem::temp_directory_path() / fmt::format("conduit-dgc-ck-{}", ::getpid());
+  std::filesystem::create_directories(ck);
+  std::ofstream(ck / "checkpoint.json") << R"({"compressor": "dgc:momentum=0.5", "momentum": 0.9, "lr": 0.05})";
+  RawConfig resumed{{"resume", ck.string()}};
+  apply_resume_defaults(resumed, false);
+  EXPECT_EQ(resumed.count("momentum"), 0u);
+  EXPECT_EQ(resumed["compressor"], "dgc:momentum=0.5");
+  std::filesystem::remove_all(ck);
   EXPECT_EQ(optimizer_momentum(resolve_config({{"compressor", "ef:topk"}})), 0.9);
   expect_one_line(config_error({{"compressor", "dgc"}, {"optimizer", "adam"}}), "optimizer");
   expect_one_line(config_error({{"compressor", "dgc"}, {"sync", "ps-asp"}}), "compressor");
