@@ -999,6 +999,9 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       continue;
     const long pid = std::strtol(name.c_str() + 5, nullptr, 10);
     if (pid <= 0 || pid > INT_MAX || pid == static_cast<long>(getpid())) continue;
+    // Only clusters this machine's sweeps recorded (a state file here): namespaces of another container's sweep,
+    // whose pid means nothing in this pid namespace, are not ours to judge.
+    if (!fs::exists(cl::state_path(name))) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     try {
       cl::down(name);
@@ -1010,12 +1013,15 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
   fs::create_directories(out);
   // What an earlier run into this folder wrote goes first: its plots, series and cell folders stayed beside this
   // run's results (a run whose cells all failed left the last run's accuracy plots looking current).
+  // (the four plots by name: `-o .` or `-o docs` holds other images)
+  static const std::set<std::string> kPlots = {"accuracy_vs_time.png", "accuracy_vs_bytes.png",
+                                               "throughput_vs_bandwidth.png", "busbw_vs_bandwidth.png"};
   for (const auto& e : fs::directory_iterator(out)) {
     const std::string name = e.path().filename().string();
     const bool ours =
         name == "results.csv" || name == "results.json" ||
         (e.is_regular_file() &&
-         (name.ends_with(".png") ||
+         (kPlots.count(name) > 0 ||
           ((name.rfind("throughput-", 0) == 0 || name.rfind("busbw-", 0) == 0) && name.ends_with(".dat")))) ||
         (e.is_directory() && name.size() > 8 && name.rfind("cell", 0) == 0 &&
          std::isdigit(static_cast<unsigned char>(name[4])) && name.find('-') == 7);

@@ -138,6 +138,12 @@ Communicator::Communicator(net::TransportPtr transport, std::vector<int> members
   }
   auto it = std::find(members_.begin(), members_.end(), transport_->rank());
   if (it == members_.end()) throw InvalidArgument("communicator: this rank is not a member");
+  // Ids between the splits' range and the host groups' would leave no id for later splits and could not form host
+  // groups of their own (3 x id + role): refused here, not at the first split or hierarchical collective.
+  if (id_ >= kHostGroupIds / 3 && id_ < kHostGroupIds)
+    throw InvalidArgument(
+        fmt::format("communicator id {:#x}: allowed below {:#x} (ids from {:#x} are the host groups')", id_,
+                    kHostGroupIds / 3, kHostGroupIds));
   if (id_ > 0 && id_ < kHostGroupIds)
     transport_->raise_comm_id_floor(id_);  // an id given by the caller: splits skip it
   rank_ = static_cast<int>(it - members_.begin());

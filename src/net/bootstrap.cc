@@ -112,6 +112,7 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
       // (An IPv6 address has colons of its own: bracketed or not, it parses as one.)
       std::string bare = *addr;
       if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') bare = bare.substr(1, bare.size() - 2);
+      if (const size_t zone = bare.find('%'); zone != std::string::npos) bare.resize(zone);  // fe80::1%eth0
       in6_addr v6{};
       if (bare.find(':') != std::string::npos && inet_pton(AF_INET6, bare.c_str(), &v6) != 1)
         throw ConfigError(

@@ -306,6 +306,7 @@ static void switch_checkpoint(const fs::path& out, const std::string& stage) {
     // previous checkpoint removed first (a kill between the two leaves only the staged directory).
     fs::remove_all(link);
     fs::rename(out / stage, link);
+    sync_path(out.string());  // the rename on disk too
     return;
   }
   if (fs::is_directory(fs::symlink_status(link))) {

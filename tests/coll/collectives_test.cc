@@ -680,6 +680,8 @@ TEST(CollectiveEdges, CommunicatorMembersMustBeDistinctTransportRanks) {
   EXPECT_THROW(Communicator::create(ts[0], {0, 0}, 7, {}), InvalidArgument);
   EXPECT_THROW(Communicator::create(ts[0], {0, 5}, 7, {}), InvalidArgument);
   EXPECT_NO_THROW(Communicator::create(ts[0], {1, 0}, 7, {}));
+  // Between the splits' ids and the host groups' (it left no id for later splits and could not form host groups).
+  EXPECT_THROW(Communicator::create(ts[0], {1, 0}, 0x2AAAAA, {}), InvalidArgument);
 }
 
 }  // namespace

@@ -473,6 +473,7 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   fs::create_directories(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1");
   std::ofstream(dir / "out" / "accuracy_vs_time.png") << "old";
   std::ofstream(dir / "out" / "notes.txt") << "mine";
+  std::ofstream(dir / "out" / "figure.png") << "mine too";
   Result r = sh(conduit() + " sweep " + (dir / "sweep.yaml").string() + " -o " + (dir / "out").string(), 120);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1"));
@@ -481,6 +482,7 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   EXPECT_NE(r.out.find("removed cluster " + stale), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir / "out" / "accuracy_vs_time.png"));
   EXPECT_TRUE(fs::exists(dir / "out" / "notes.txt"));
+  EXPECT_TRUE(fs::exists(dir / "out" / "figure.png"));
   std::ifstream csv(dir / "out" / "results.csv");
   std::stringstream ss;
   ss << csv.rdbuf();
