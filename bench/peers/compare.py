@@ -209,8 +209,10 @@ def check_records(recs, a):
             t = r.get(k)
             if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
                 return f"its record for {b} bytes has {k} {t!r}, expected a time in us"
-    missing = [fmt_size(b) for b in expected_sizes(a) if b not in recs]
-    extra = [fmt_size(b) for b in sorted(recs) if b not in set(expected_sizes(a))]
+    sweep = expected_sizes(a)
+    asked = set(sweep)
+    missing = [fmt_size(b) for b in sweep if b not in recs]
+    extra = [fmt_size(b) for b in sorted(recs) if b not in asked]
     if missing:
         return "no record for " + ", ".join(missing) + " bytes"
     if extra:
@@ -252,9 +254,9 @@ def run_peer(name, a):
         err = f"exit {r.returncode}: {last_line(r.stderr or r.stdout)}"
     elif not recs:
         err = f"no JSON records in its output: {last_line(r.stdout or r.stderr)}"
-    elif problem or check_records(recs, a):
+    elif problem := problem or check_records(recs, a):
         # Its records are not the sweep asked for: no ratio is computed against them.
-        err = problem or check_records(recs, a)
+        err = problem
         recs = {}
     return recs, err, line, time.time() - t0
 

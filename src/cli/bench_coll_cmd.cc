@@ -118,14 +118,11 @@ void run_bench(const BenchArgs& a) {
   o.algorithm = a.algo;
   o.blocking = a.blocking;
   if (!a.algo.empty()) {
-    auto op = a.op == "allreduce" ? coll::CollOp::allreduce
-              : a.op == "reduce_scatter" ? coll::CollOp::reduce_scatter
-              : a.op == "allgather" ? coll::CollOp::allgather
-              : a.op == "broadcast" ? coll::CollOp::broadcast
-              : a.op == "reduce" ? coll::CollOp::reduce
-              : throw ConfigError(fmt::format("--algo applies to allreduce, reduce_scatter, allgather, broadcast and "
-                                              "reduce, not to --op {}", a.op));
-    coll::Tuner::check_algorithm(op, a.algo);
+    const auto op = tunable_coll_op(a.op);
+    if (!op)
+      throw ConfigError(fmt::format(
+          "--algo applies to allreduce, reduce_scatter, allgather, broadcast and reduce, not to --op {}", a.op));
+    coll::Tuner::check_algorithm(*op, a.algo);
   }
   const size_t esz = dtype_size(dt);
   if (c.rank() == 0 && !a.json) {

@@ -3,8 +3,11 @@
 // before the first cell runs.
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
 #include <string_view>
+
+#include "coll/tuner.h"
 
 namespace conduit::cli {
 
@@ -13,6 +16,16 @@ inline constexpr std::array<std::string_view, 8> kBenchCollOps = {
 
 inline bool is_bench_coll_op(std::string_view op) {
   return std::find(kBenchCollOps.begin(), kBenchCollOps.end(), op) != kBenchCollOps.end();
+}
+
+// The tuner's operation of a `bench coll --op` name, for --algo: empty for the ops without algorithms to choose.
+inline std::optional<coll::CollOp> tunable_coll_op(std::string_view op) {
+  if (op == "allreduce") return coll::CollOp::allreduce;
+  if (op == "reduce_scatter") return coll::CollOp::reduce_scatter;
+  if (op == "allgather") return coll::CollOp::allgather;
+  if (op == "broadcast") return coll::CollOp::broadcast;
+  if (op == "reduce") return coll::CollOp::reduce;
+  return std::nullopt;
 }
 
 // "allreduce, reduce_scatter, ..." for error messages.

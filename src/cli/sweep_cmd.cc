@@ -49,7 +49,6 @@
 #include "cli/bench_ops.h"
 #include "cli/cluster.h"
 #include "cli/registry.h"
-#include "coll/tuner.h"
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -362,19 +361,14 @@ SweepSpec load_spec(const std::string& path) {
         std::string op = "allreduce";
         for (const auto& [bk, bv] : s.bench)
           if (bk == "op") op = bv;
-        static const std::map<std::string, coll::CollOp> kOps = {{"allreduce", coll::CollOp::allreduce},
-                                                                 {"reduce_scatter", coll::CollOp::reduce_scatter},
-                                                                 {"allgather", coll::CollOp::allgather},
-                                                                 {"broadcast", coll::CollOp::broadcast},
-                                                                 {"reduce", coll::CollOp::reduce}};
-        auto it = kOps.find(op);
-        if (it == kOps.end())
+        const auto tuned = tunable_coll_op(op);
+        if (!tuned)
           throw ConfigError(
               fmt::format("sweep: bench: algo applies to allreduce, reduce_scatter, allgather, "
                           "broadcast and reduce, not {}",
                           op));
         try {
-          coll::Tuner::check_algorithm(it->second, v);
+          coll::Tuner::check_algorithm(*tuned, v);
         } catch (const Error& e) {
           throw ConfigError(fmt::format("sweep: bench: algo: {}", e.what()));
         }

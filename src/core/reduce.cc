@@ -177,11 +177,9 @@ void half_to(void* out, const void* a, const void* b, size_t n, ReduceOp op, boo
   }
 }
 
-}  // namespace
-
-namespace {
 bool misaligned(const void* p, size_t align) { return reinterpret_cast<uintptr_t>(p) % align != 0; }
 constexpr size_t kStageBytes = 4096;
+
 }  // namespace
 
 void reduce_to(void* out, const void* a, const void* b, size_t count, DType dtype, ReduceOp op) {

@@ -277,10 +277,10 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   }
   std::vector<Running> running;
   double now = 0, busy = 0, useful = 0;
-  // Whether running job j still holds its lease (--min-lease): not preempted before it trained that long.
-  auto leased = [&](size_t j) {
-    return opt.min_lease > 0 && now < std::max(run_start[j], restart_at[j]) + opt.min_lease;
-  };
+  // When running job j's lease ends (--min-lease: it trains that long after its reload before it can be preempted),
+  // and whether it still holds it.
+  auto lease_end = [&](size_t j) { return std::max(run_start[j], restart_at[j]) + opt.min_lease; };
+  auto leased = [&](size_t j) { return opt.min_lease > 0 && now < lease_end(j); };
 
   // Free accelerators per node (a leaf's are its nodes'): a job smaller than a node gets part of one node, a larger
   // one whole free nodes. Counting per leaf let a 6-GPU job take 3 + 3 of two nodes and run as one NVSwitch node.
@@ -530,7 +530,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       size_t i = r.job;
       double begin = std::max(now, restart_at[i]);
       next = std::min(next, begin + remaining[i] * r.iter_time);
-      if (leased(i)) next = std::min(next, std::max(run_start[i], restart_at[i]) + opt.min_lease);  // lease ends
+      if (leased(i)) next = std::min(next, lease_end(i));
       if (opt.policy == Policy::kLas) {
         double th = opt.las_first_threshold;
         for (int q = 0; q < opt.las_queues - 1; ++q, th *= 10)
