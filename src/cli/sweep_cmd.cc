@@ -940,6 +940,14 @@ void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::
              pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
 }
 
+// A cell folder's name as make_cells writes it: "cell", the index in at least three digits, '-' (cell1000-... too:
+// a test of the fourth digit left those of sweeps past 999 cells behind).
+bool is_cell_folder_name(const std::string& name) {
+  if (name.rfind("cell", 0) != 0) return false;
+  const size_t end = name.find_first_not_of("0123456789", 4);
+  return end != std::string::npos && end >= 7 && name[end] == '-';
+}
+
 void run_sweep(const std::string& file, std::string output, bool dry_run, bool replot) {
   if (fs::is_directory(file))
     throw ConfigError(fmt::format("sweep: {} is a directory; allowed: a sweep YAML file", file));
@@ -1017,8 +1025,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
         (e.is_regular_file() &&
          (kPlots.count(name) > 0 ||
           ((name.rfind("throughput-", 0) == 0 || name.rfind("busbw-", 0) == 0) && name.ends_with(".dat")))) ||
-        (e.is_directory() && name.size() > 8 && name.rfind("cell", 0) == 0 &&
-         std::isdigit(static_cast<unsigned char>(name[4])) && name.find('-') == 7);
+        (e.is_directory() && is_cell_folder_name(name));
     if (ours) fs::remove_all(e.path());
   }
   // SIGHUP and SIGQUIT stop a sweep as SIGINT and SIGTERM do (by default they killed it with its cluster up).

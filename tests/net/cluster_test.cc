@@ -471,12 +471,16 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   ASSERT_EQ(sh(conduit() + " cluster up --name " + stale + " --hosts 2 --bandwidth 10mbit").code, 0);
   ASSERT_TRUE(fs::exists("/run/netns/conduit-" + stale + "-h0"));
   fs::create_directories(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1");
+  fs::create_directories(dir / "out" / "cell1234-conduit_bsp_none-10mbit-s1");
+  fs::create_directories(dir / "out" / "cellar");
   std::ofstream(dir / "out" / "accuracy_vs_time.png") << "old";
   std::ofstream(dir / "out" / "notes.txt") << "mine";
   std::ofstream(dir / "out" / "figure.png") << "mine too";
   Result r = sh(conduit() + " sweep " + (dir / "sweep.yaml").string() + " -o " + (dir / "out").string(), 120);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1"));
+  EXPECT_FALSE(fs::exists(dir / "out" / "cell1234-conduit_bsp_none-10mbit-s1"));
+  EXPECT_TRUE(fs::exists(dir / "out" / "cellar"));
   EXPECT_FALSE(fs::exists("/run/netns/conduit-" + stale + "-h0")) << r.out;
   if (fs::exists("/run/netns/conduit-" + stale + "-h0")) sh(conduit() + " cluster down --name " + stale);
   EXPECT_NE(r.out.find("removed cluster " + stale), std::string::npos) << r.out;
