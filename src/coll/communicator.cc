@@ -86,6 +86,10 @@ net::RequestPtr Ctx::send(int peer, const void* data, size_t bytes) {
   return comm_.transport_->isend(comm_.members_[peer], tag_, data, bytes);
 }
 
+net::RequestPtr Ctx::send_reduced(int peer, const void* data, size_t bytes) {
+  return comm_.transport_->isend_reduced(comm_.members_[peer], tag_, data, bytes);
+}
+
 net::RequestPtr Ctx::recv(int peer, void* data, size_t bytes) {
   auto r = comm_.transport_->irecv(comm_.members_[peer], tag_, data, bytes);
   if (tl_op_recvs) tl_op_recvs->push_back(r);

@@ -83,6 +83,8 @@ class Ctx {
   int size() const;
   const Deadline& deadline() const { return deadline_; }
   net::RequestPtr send(int peer, const void* data, size_t bytes);
+  // A send the peer takes with recv_reduce (the transport may carry it differently: Transport::isend_reduced).
+  net::RequestPtr send_reduced(int peer, const void* data, size_t bytes);
   net::RequestPtr recv(int peer, void* data, size_t bytes);
   net::RequestPtr recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op);
   void wait(const net::RequestPtr& r) { r->wait(deadline_); }

@@ -44,7 +44,8 @@ void rd_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op) {
   const size_t bytes = count * dtype_size(dt);
   Fold f(p, c.rank());
   if (f.rank < 2 * f.rem) {
-    if (f.newrank < 0) c.wait(c.send(f.rank + 1, buf, bytes));
+    if (f.newrank < 0)
+      c.wait(c.send_reduced(f.rank + 1, buf, bytes));
     else c.wait(c.recv_reduce(f.rank - 1, buf, count, dt, op));
   }
   if (f.newrank >= 0) {
@@ -80,7 +81,8 @@ void rh_reduce_scatter_inplace(Ctx& c, char* work, const Blocks& b, DType dt, Re
   const size_t total = b.total();
   Fold f(p, c.rank());
   if (f.rank < 2 * f.rem) {
-    if (f.newrank < 0) c.wait(c.send(f.rank + 1, work, total * esz));
+    if (f.newrank < 0)
+      c.wait(c.send_reduced(f.rank + 1, work, total * esz));
     else c.wait(c.recv_reduce(f.rank - 1, work, total, dt, op));
   }
   // Participant i of the p' group stands for the real ranks that fold into it: a sat-out even rank folds into the
@@ -103,7 +105,7 @@ void rh_reduce_scatter_inplace(Ctx& c, char* work, const Blocks& b, DType dt, Re
       auto ks = span(keep_lo, keep_hi);
       auto ss = span(send_lo, send_hi);
       auto rq = c.recv_reduce(partner, work + ks.first * esz, ks.second - ks.first, dt, op);
-      auto sq = c.send(partner, work + ss.first * esz, (ss.second - ss.first) * esz);
+      auto sq = c.send_reduced(partner, work + ss.first * esz, (ss.second - ss.first) * esz);
       c.wait(rq);
       c.wait(sq);
       lo = keep_lo;
@@ -146,7 +148,8 @@ void rhd_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op) {
   char* w = static_cast<char*>(buf);
   Fold f(p, c.rank());
   if (f.rank < 2 * f.rem) {
-    if (f.newrank < 0) c.wait(c.send(f.rank + 1, w, count * esz));
+    if (f.newrank < 0)
+      c.wait(c.send_reduced(f.rank + 1, w, count * esz));
     else c.wait(c.recv_reduce(f.rank - 1, w, count, dt, op));
   }
   if (f.newrank >= 0) {
@@ -163,7 +166,7 @@ void rhd_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op) {
       auto keep = upper ? range(mid, hi) : range(lo, mid);
       auto give = upper ? range(lo, mid) : range(mid, hi);
       auto rq = c.recv_reduce(partner, w + keep.first * esz, keep.second - keep.first, dt, op);
-      auto sq = c.send(partner, w + give.first * esz, (give.second - give.first) * esz);
+      auto sq = c.send_reduced(partner, w + give.first * esz, (give.second - give.first) * esz);
       c.wait(rq);
       c.wait(sq);
       if (upper) lo = mid;

@@ -87,12 +87,13 @@ void ring_reduce_scatter_inplace(Ctx& c, char* work, const Blocks& b, DType dt, 
   }
   std::vector<net::RequestPtr> sends;
   int k0 = mod(r - 1, p);
-  for (size_t j = 0; j < sg.nseg; ++j) sends.push_back(c.send(next, work + sg.off(k0, j) * esz, sg.cnt(k0, j) * esz));
+  for (size_t j = 0; j < sg.nseg; ++j)
+    sends.push_back(c.send_reduced(next, work + sg.off(k0, j) * esz, sg.cnt(k0, j) * esz));
   for (int s = 0; s < steps; ++s) {
     int k = mod(r - s - 2, p);
     for (size_t j = 0; j < sg.nseg; ++j) {
       c.wait(rr[s][j]);
-      if (s + 1 < steps) sends.push_back(c.send(next, work + sg.off(k, j) * esz, sg.cnt(k, j) * esz));
+      if (s + 1 < steps) sends.push_back(c.send_reduced(next, work + sg.off(k, j) * esz, sg.cnt(k, j) * esz));
     }
   }
   c.wait_all(sends);

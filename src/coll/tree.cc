@@ -63,7 +63,7 @@ void tree_reduce_inplace(Ctx& c, void* work, size_t count, DType dt, ReduceOp op
   const size_t bytes = count * dtype_size(dt);
   for (int mask = 1; mask < p; mask <<= 1) {
     if (vr & mask) {
-      c.wait(c.send((vr - mask + root) % p, work, bytes));
+      c.wait(c.send_reduced((vr - mask + root) % p, work, bytes));
       return;
     }
     if (vr + mask < p) c.wait(c.recv_reduce((vr + mask + root) % p, work, count, dt, op));

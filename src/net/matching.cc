@@ -106,6 +106,24 @@ std::shared_ptr<Unexpected> MatchQueues::add_unexpected(uint64_t tag, size_t byt
   return u;
 }
 
+std::shared_ptr<Unexpected> MatchQueues::add_remote(uint64_t tag) {
+  auto u = std::make_shared<Unexpected>();
+  u->remote = true;
+  unexpected_[tag].push_back(u);
+  return u;
+}
+
+PostedRecv MatchQueues::take_waiter(Unexpected& u) {
+  PostedRecv r = std::move(u.waiter);
+  u.waiter = PostedRecv{};
+  u.has_waiter = false;
+  u.complete = true;
+  arriving_.erase(std::remove_if(arriving_.begin(), arriving_.end(),
+                                 [&](const std::shared_ptr<Unexpected>& p) { return p.get() == &u; }),
+                  arriving_.end());
+  return r;
+}
+
 void MatchQueues::complete_unexpected(Unexpected& u, const char* transport) {
   u.complete = true;
   if (!u.has_waiter) return;

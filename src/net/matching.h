@@ -30,6 +30,9 @@ struct Unexpected {
   bool complete = false;
   bool has_waiter = false;  // a receive matched it while its bytes were still arriving
   PostedRecv waiter;
+  // shm single copy: the bytes are still in the sender's memory (data is empty, nothing counts against the budget)
+  // until the transport reads them into the waiter, or into data once it has waited long enough for one.
+  bool remote = false;
 };
 
 class MatchQueues {
@@ -43,6 +46,13 @@ class MatchQueues {
   // Room for `bytes` more buffered bytes within `budget`?
   bool can_buffer(size_t bytes, size_t budget) const { return unexpected_bytes_ + bytes <= budget; }
   std::shared_ptr<Unexpected> add_unexpected(uint64_t tag, size_t bytes);
+  // A message whose bytes stay with its sender for now (Unexpected::remote).
+  std::shared_ptr<Unexpected> add_remote(uint64_t tag);
+  // A remote message is being read into its data after all: its bytes count against the budget from now on.
+  void charge(size_t bytes) { unexpected_bytes_ += bytes; }
+  // A remote message with a receive attached: detaches that receive (returned), for the transport to read the bytes
+  // into and complete, and marks the message delivered.
+  PostedRecv take_waiter(Unexpected& u);
   // The message's bytes have all arrived: deliver it if a receive is attached.
   void complete_unexpected(Unexpected& u, const char* transport);
   bool has_posted() const { return !posted_.empty(); }

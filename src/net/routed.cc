@@ -42,6 +42,9 @@ class RoutedTransport : public Transport {
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     return adopt(at(peer).isend(peer, tag, data, bytes));
   }
+  RequestPtr isend_reduced(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    return adopt(at(peer).isend_reduced(peer, tag, data, bytes));
+  }
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
     return adopt(at(peer).irecv(peer, tag, data, bytes));
   }

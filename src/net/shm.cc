@@ -7,9 +7,11 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,13 +51,29 @@ struct alignas(64) SegHeader {
   char reason[kMaxAbortReason + 1];
 };
 
+constexpr size_t kReadSlots = 64;  // single-copy messages a producer may have unread (RingHeader::read_done)
+
 struct alignas(64) RingHeader {
   alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer)
   alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (consumer)
   // Set by a producer that found the ring full; the consumer rings the producer's doorbell only then, so an
   // ordinary message costs no cache-line transfer back to the sender.
   alignas(64) std::atomic<uint32_t> want_space;
+  // Single copy: the consumer stores message seq in slot seq % kReadSlots once it has read that message out of the
+  // producer's memory. Messages are numbered 1, 2, ... in ring order but may be read out of order (one that found
+  // no receive waits for one, a later one may have its receive), so the producer keeps at most kReadSlots unread.
+  alignas(64) std::atomic<uint64_t> read_done[kReadSlots];
 };
+
+// What follows a kFrameShmRead header in the ring: where the payload lies in the sender's address space and the
+// message's sequence number among the single-copy messages of that ring.
+struct ShmReadDesc {
+  uint64_t addr;
+  uint64_t seq;
+};
+
+// Read by peers with process_vm_readv at start-up: whether this process's memory can be read from theirs.
+volatile uint64_t g_read_probe = 0;
 
 int futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const timespec* ts) {
   return static_cast<int>(syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0));
@@ -79,6 +97,25 @@ inline void cpu_relax() {
 // reads a complete payload. A rank writes slot s % 2 for operation s only after it has read every peer's payload of
 // operation s - 1, and each peer published s - 1 only after finishing s - 2: nobody still reads the slot it reuses.
 constexpr uint64_t kMaxRingBytes = uint64_t{1} << 30;  // CONDUIT_SHM_RING_BYTES at most
+constexpr uint64_t kDefaultSingleCopyBytes = 256 << 10;  // CONDUIT_SHM_SINGLE_COPY_BYTES
+constexpr size_t kReadChunk = 128 << 10;
+// A single-copy message that found no receive is read into a buffer after this long without one: the sender's send
+// completes only once it is read, and a program may wait for that before posting the receive.
+constexpr auto kReadUnmatchedAfter =
+    std::chrono::milliseconds(1);  // a reducing single-copy receive reads and reduces this much at a time
+
+// Under Yama's ptrace_scope 1 only a process's ancestors may read its memory, and local ranks are siblings: let
+// processes of this user read it, as Open MPI's single copy does (scope 2 and 3 stay closed; the probe then fails).
+void allow_reads_under_yama() {
+  FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+  if (f == nullptr) return;
+  int scope = 0;
+  const bool read = std::fscanf(f, "%d", &scope) == 1;
+  std::fclose(f);
+#ifdef PR_SET_PTRACER
+  if (read && scope == 1) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+#endif
+}
 constexpr size_t kFastBytes = 8192;       // a slot's capacity
 constexpr size_t kFastReadBytes = 16384;  // what one fast allreduce may read (every rank's slot), each rank on a core
 struct alignas(64) FastSlot {
@@ -94,10 +131,20 @@ struct ShmSend {
   const char* data = nullptr;
   size_t bytes = 0;
   size_t sent = 0;  // includes header
+  bool single_copy = false;  // the ring carries hdr + desc; the receiver reads `data` itself
+  ShmReadDesc desc{};
+  size_t frame_bytes() const { return sizeof(FrameHeader) + (single_copy ? sizeof(ShmReadDesc) : bytes); }
+  // Where byte `off` of the frame (header included) comes from.
+  const char* frame_at(size_t off) const {
+    if (off < sizeof(FrameHeader)) return reinterpret_cast<const char*>(&hdr) + off;
+    off -= sizeof(FrameHeader);
+    return single_copy ? reinterpret_cast<const char*>(&desc) + off : data + off;
+  }
 };
 
 // discard: the payload of a message whose matched receive expected another size (that receive has failed).
-enum class Target { none, posted, unexpected, abort, discard };
+// deferred: a single-copy message that found no receive, left in the sender's memory (ShmPeer::deferred).
+enum class Target { none, posted, unexpected, abort, discard, deferred };
 
 struct ShmPeer {
   int rank = -1;
@@ -123,7 +170,25 @@ struct ShmPeer {
   size_t reduced_bytes = 0;
   std::vector<char> carry;  // a partial element split across the ring's wrap point
   MatchQueues q;
-  bool pending() const { return !sendq.empty() || q.has_posted() || target != Target::none || have_hdr; }
+  // Single copy. Sending: messages announced so far, and those written whose reader has not finished (their
+  // sequence numbers, ascending). Receiving: the current frame's descriptor, the messages seen so far, and those
+  // that found no receive (unread, in ring order).
+  uint64_t reads_announced = 0;
+  std::deque<std::pair<uint64_t, RequestPtr>> being_read;
+  ShmReadDesc desc{};
+  size_t desc_got = 0;
+  uint64_t reads_seen = 0;
+  struct Deferred {
+    std::shared_ptr<Unexpected> u;
+    ShmReadDesc desc;
+    uint64_t length;
+    Clock::time_point since;
+  };
+  std::deque<Deferred> deferred;
+  bool pending() const {
+    return !sendq.empty() || !being_read.empty() || !deferred.empty() || q.has_posted() || target != Target::none ||
+           have_hdr;
+  }
 };
 
 class ShmTransport : public Transport, public Progressor {
@@ -154,6 +219,21 @@ class ShmTransport : public Transport, public Progressor {
     long spin_us = oversubscribed_ ? 5 : 50;
     if (auto v = env_int("CONDUIT_SHM_SPIN_US", 0, 1000000)) spin_us = *v;
     spin_ = std::chrono::microseconds(spin_us);
+    // Messages from this size on are read by the receiver straight out of the sender's memory (one copy, by the
+    // kernel, instead of one into the ring and one out of it), where every local rank can read every other's.
+    single_copy_bytes_ = kDefaultSingleCopyBytes;
+    if (auto v = env_string("CONDUIT_SHM_SINGLE_COPY_BYTES")) {
+      if (*v == "off") {
+        single_copy_bytes_ = 0;
+      } else {
+        single_copy_bytes_ = parse_bytes(*v, "CONDUIT_SHM_SINGLE_COPY_BYTES");
+        if (single_copy_bytes_ < 4096)
+          throw ConfigError(fmt::format(
+              "CONDUIT_SHM_SINGLE_COPY_BYTES={} is invalid: allowed: 'off' or a size from 4K (the smallest message "
+              "read straight from the sender's memory)",
+              *v));
+      }
+    }
     seg_bytes_ = ring_offset(size_) + 2 * sizeof(FastSlot);  // the rings, then the two fast slots
     all_local_ = true;
     for (int i = 0; i < size; ++i) all_local_ = all_local_ && (i == rank || serve[i]);
@@ -203,20 +283,39 @@ class ShmTransport : public Transport, public Progressor {
     for (int i = 0; i < 2; ++i) new (fast_slot(mine_, i)) FastSlot();
     my_seg_ = h;
 
-    // Each rank's process id and whether it shares CPUs with more ranks than there are: one oversubscribed rank
-    // keeps every rank's fast allreduce at the small limit (ranks that disagree on it wait in different places).
+    // Each rank's process id, whether it shares CPUs with more ranks than there are (one oversubscribed rank
+    // keeps every rank's fast allreduce at the small limit: ranks that disagree on it wait in different places)
+    // and, when it wants single-copy messages, the address and value of a word its peers try to read.
+    if (single_copy_bytes_ > 0) {
+      if (g_read_probe == 0) g_read_probe = (static_cast<uint64_t>(::getpid()) << 32) | 0x5c0du;
+      allow_reads_under_yama();
+    }
     std::vector<std::string> pids;
     try {
-      pids = allgather(fmt::format("{} {}", ::getpid(), oversubscribed_ ? 1 : 0));  // every segment exists after this
+      pids = allgather(fmt::format("{} {} {:x} {:x}", ::getpid(), oversubscribed_ ? 1 : 0,
+                                   single_copy_bytes_ > 0 ? reinterpret_cast<uintptr_t>(&g_read_probe) : 0,
+                                   static_cast<uint64_t>(g_read_probe)));  // every segment exists after this
     } catch (...) {
       undo();
       throw;
     }
+    std::vector<std::pair<uint64_t, uint64_t>> probes(size, {0, 0});  // address, value
     for (int p = 0; p < size; ++p) {
-      const std::string& v = pids[p];
-      const size_t sp = v.find(' ');
-      if (sp != std::string::npos && v.compare(sp, std::string::npos, " 1") == 0) fast_small_ = true;
-      pids[p] = v.substr(0, sp);
+      std::vector<std::string> f;
+      for (size_t at = 0; at <= pids[p].size();) {
+        size_t sp = pids[p].find(' ', at);
+        if (sp == std::string::npos) sp = pids[p].size();
+        f.push_back(pids[p].substr(at, sp - at));
+        at = sp + 1;
+      }
+      if (f.size() > 1 && f[1] == "1") fast_small_ = true;
+      if (f.size() > 3) {
+        uint64_t a = 0, b = 0;
+        auto ra = std::from_chars(f[2].data(), f[2].data() + f[2].size(), a, 16);
+        auto rb = std::from_chars(f[3].data(), f[3].data() + f[3].size(), b, 16);
+        if (ra.ec == std::errc() && rb.ec == std::errc()) probes[p] = {a, b};
+      }
+      pids[p] = f[0];
     }
     for (int p = 0; p < size; ++p) {
       ShmPeer& peer = peers_[p];
@@ -268,12 +367,39 @@ class ShmTransport : public Transport, public Progressor {
       peer.in = ring_at(mine_, p);
       peer.in_data = reinterpret_cast<char*>(peer.in) + sizeof(RingHeader);
     }
+    // Single copy is used only when every rank of the host can read every other's memory (a sender does not know
+    // which of its peers could), and each rank reports whether it could.
+    std::string cannot;
+    if (single_copy_bytes_ > 0) {
+      for (int p = 0; p < size && cannot.empty(); ++p) {
+        if (!peers_[p].serve) continue;
+        if (probes[p].first == 0) {
+          cannot = fmt::format("rank {} does not offer it (CONDUIT_SHM_SINGLE_COPY_BYTES=off there)", p);
+          continue;
+        }
+        uint64_t got = 0;
+        iovec local{&got, sizeof got};
+        iovec remote{reinterpret_cast<void*>(probes[p].first), sizeof got};
+        const ssize_t n = ::process_vm_readv(peers_[p].pid, &local, 1, &remote, 1, 0);
+        if (n != static_cast<ssize_t>(sizeof got) || got != probes[p].second)
+          cannot = fmt::format("cannot read rank {}'s memory: {}", p,
+                               n < 0 ? std::strerror(errno) : "it read back another value");
+      }
+    }
+    std::vector<std::string> mapped;
     try {
-      allgather("mapped");  // every peer has mapped our segment: its name is no longer needed
+      // Every peer has mapped our segment after this: its name is no longer needed.
+      mapped = allgather(single_copy_bytes_ > 0 && cannot.empty() ? "mapped 1" : "mapped 0");
     } catch (...) {
       undo();
       throw;
     }
+    single_copy_ = single_copy_bytes_ > 0;
+    for (int p = 0; p < size; ++p)
+      if ((peers_[p].serve || p == rank) && mapped[p] != "mapped 1") single_copy_ = false;
+    if (single_copy_bytes_ > 0 && !single_copy_)
+      CONDUIT_LOG_INFO("shm: rank {}: messages go through the rings only (no single copy): {}", rank,
+                       cannot.empty() ? "another local rank cannot read its peers' memory" : cannot);
     ::shm_unlink(my_name.c_str());
   }
 
@@ -286,6 +412,13 @@ class ShmTransport : public Transport, public Progressor {
   const char* name() const override { return "shm"; }
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    return post_send(peer, tag, data, bytes, true);
+  }
+  RequestPtr isend_reduced(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    return post_send(peer, tag, data, bytes, false);
+  }
+
+  RequestPtr post_send(int peer, uint64_t tag, const void* data, size_t bytes, bool may_single_copy) {
     check_peer(peer);
     check_message_size(bytes, max_len_);
     auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
@@ -298,9 +431,15 @@ class ShmTransport : public Transport, public Progressor {
     }
     ShmSend s;
     s.req = req;
-    s.hdr = make_frame(kFrameData, tag, bytes, rank_);
     s.data = static_cast<const char*>(data);
     s.bytes = bytes;
+    if (may_single_copy && single_copy_ && bytes >= single_copy_bytes_) {
+      s.single_copy = true;
+      s.hdr = make_frame(kFrameShmRead, tag, bytes, rank_);
+      s.desc.addr = reinterpret_cast<uintptr_t>(data);  // its sequence number once its frame starts (cancel())
+    } else {
+      s.hdr = make_frame(kFrameData, tag, bytes, rank_);
+    }
     p.sendq.push_back(std::move(s));
     if (p.sendq.size() == 1) write_some(p);
     return req;
@@ -416,7 +555,8 @@ class ShmTransport : public Transport, public Progressor {
     }
     sched_yield();
     if (my_seg_->doorbell.load(std::memory_order_acquire) != seen) return;
-    double rem = std::min(until.remaining_seconds(), 0.05);
+    // A single-copy message without a receive is read into a buffer after a while: progress() must run by then.
+    double rem = std::min(until.remaining_seconds(), have_deferred_.load(std::memory_order_relaxed) ? 1e-3 : 0.05);
     if (rem > 0) {
       timespec ts{0, static_cast<long>(rem * 1e9)};
       my_seg_->sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -531,12 +671,12 @@ class ShmTransport : public Transport, public Progressor {
       return req;
     }
     p.q.post(tag, std::move(r));
-    read_some(p);  // the message may already sit in the ring
+    read_some(p, false);  // the message may already sit in the ring
     return req;
   }
 
   bool progress_locked() {
-    bool moved = false;
+    bool moved = false, deferred = false;
     if (my_seg_->aborted.load(std::memory_order_acquire) > 0 && aborted_reason().empty()) {
       std::string why(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason));
       if (why.empty()) why = fmt::format("rank {} aborted", my_seg_->aborted.load() - 1);
@@ -547,8 +687,12 @@ class ShmTransport : public Transport, public Progressor {
     for (auto& p : peers_) {
       if (!p.serve || p.failed) continue;
       if (!p.sendq.empty()) moved |= write_some(p);
+      if (!p.being_read.empty()) moved |= sends_read(p);
       moved |= read_some(p);
+      if (!p.deferred.empty()) moved |= read_deferred(p);
+      deferred |= !p.deferred.empty();
     }
+    have_deferred_.store(deferred, std::memory_order_relaxed);
     return moved;
   }
 
@@ -557,10 +701,17 @@ class ShmTransport : public Transport, public Progressor {
     bool wrote = false;
     while (!p.sendq.empty()) {
       ShmSend& s = p.sendq.front();
+      // A single-copy message's sequence number needs a free done slot: else it goes through the ring (nothing of
+      // it is written yet).
+      if (s.single_copy && s.sent == 0 && !p.being_read.empty() &&
+          p.being_read.front().first + kReadSlots <= p.reads_announced + 1) {
+        s.single_copy = false;
+        s.hdr = make_frame(kFrameData, s.hdr.tag, s.bytes, rank_);
+      }
       uint64_t head = p.out->head.load(std::memory_order_relaxed);
       // The consumer's tail is read only when the cached value says the ring is too full: its cache line then
       // stays with the consumer.
-      size_t total_left = sizeof(FrameHeader) + s.bytes - s.sent;
+      size_t total_left = s.frame_bytes() - s.sent;
       uint64_t tail = p.out_tail_cache;
       size_t space = ring_bytes_ - static_cast<size_t>(head - tail);
       // The consumer's tail is never past the head nor more than a ring behind it: else the segment is corrupt and
@@ -586,7 +737,8 @@ class ShmTransport : public Transport, public Progressor {
         space = ring_bytes_ - static_cast<size_t>(head - tail);
         if (space == 0) break;
       }
-      size_t total = sizeof(FrameHeader) + s.bytes;
+      size_t total = s.frame_bytes();
+      if (s.single_copy && s.sent == 0) s.desc.seq = ++p.reads_announced;
       size_t n = std::min(space, total - s.sent);
       size_t done = 0;
       while (done < n) {
@@ -594,9 +746,7 @@ class ShmTransport : public Transport, public Progressor {
         size_t chunk = std::min(n - done, ring_bytes_ - pos);
         size_t off = s.sent + done;  // offset within header+payload
         if (off < sizeof(FrameHeader)) chunk = std::min(chunk, sizeof(FrameHeader) - off);
-        const char* src = off < sizeof(FrameHeader) ? reinterpret_cast<const char*>(&s.hdr) + off
-                                                     : s.data + (off - sizeof(FrameHeader));
-        std::memcpy(p.out_data + pos, src, chunk);
+        std::memcpy(p.out_data + pos, s.frame_at(off), chunk);
         done += chunk;
       }
       p.out->head.store(head + n, std::memory_order_release);
@@ -604,14 +754,22 @@ class ShmTransport : public Transport, public Progressor {
       wrote = true;
       if (s.sent < total) break;
       RequestPtr r = s.req;
+      const bool read_by_peer = s.single_copy;
+      const uint64_t seq = s.desc.seq;
       p.sendq.pop_front();
-      r->complete();
+      // A single-copy send completes once the receiver has read its buffer (sends_read()).
+      if (read_by_peer)
+        p.being_read.emplace_back(seq, std::move(r));
+      else
+        r->complete();
     }
     if (wrote) ring_doorbell(p.seg);
     return wrote;
   }
 
-  bool read_some(ShmPeer& p) {
+  // Takes what the ring holds from p into its targets; a single-copy message is read from p's memory only with
+  // remote_reads.
+  bool read_some(ShmPeer& p, bool remote_reads = true) {
     bool consumed_any = false;
     while (!p.failed) {
       uint64_t tail = p.in->tail.load(std::memory_order_relaxed);
@@ -624,16 +782,33 @@ class ShmTransport : public Transport, public Progressor {
       }
       if (!p.have_hdr) {
         if (avail == 0) break;
-        size_t n = std::min(avail, sizeof(FrameHeader) - p.hdr_got);
-        copy_out(p, tail, reinterpret_cast<char*>(&p.hdr) + p.hdr_got, n);
-        consume(p, tail, n);
-        consumed_any = true;
-        p.hdr_got += n;
-        if (p.hdr_got < sizeof(FrameHeader)) continue;
-        std::string bad = validate_frame(p.hdr, p.rank, max_len_);
-        if (!bad.empty()) {
-          fail_protocol(p, bad);
-          break;
+        if (p.hdr_got < sizeof(FrameHeader)) {
+          size_t n = std::min(avail, sizeof(FrameHeader) - p.hdr_got);
+          copy_out(p, tail, reinterpret_cast<char*>(&p.hdr) + p.hdr_got, n);
+          consume(p, tail, n);
+          consumed_any = true;
+          p.hdr_got += n;
+          if (p.hdr_got < sizeof(FrameHeader)) continue;
+          std::string bad = validate_frame(p.hdr, p.rank, max_len_, single_copy_);
+          if (!bad.empty()) {
+            fail_protocol(p, bad);
+            break;
+          }
+          p.desc_got = 0;
+          if (p.hdr.type == kFrameShmRead) continue;  // its descriptor next
+        } else {
+          size_t n = std::min(avail, sizeof(ShmReadDesc) - p.desc_got);
+          copy_out(p, tail, reinterpret_cast<char*>(&p.desc) + p.desc_got, n);
+          consume(p, tail, n);
+          consumed_any = true;
+          p.desc_got += n;
+          if (p.desc_got < sizeof(ShmReadDesc)) continue;
+          if (p.desc.seq != p.reads_seen + 1) {
+            fail_protocol(p, fmt::format("single-copy message #{} follows #{} (expected #{})", p.desc.seq, p.reads_seen,
+                                         p.reads_seen + 1));
+            break;
+          }
+          p.reads_seen = p.desc.seq;
         }
         p.have_hdr = true;
         p.target = Target::none;
@@ -641,10 +816,22 @@ class ShmTransport : public Transport, public Progressor {
       if (p.target == Target::none) {
         if (!choose_target(p)) break;  // stalled: wait for a receive to be posted
         if (p.failed) break;
-        if (p.hdr.length == 0) {
+        if (p.hdr.length == 0 && p.hdr.type != kFrameShmRead) {
           finish_payload(p);
           continue;
         }
+      }
+      if (p.hdr.type == kFrameShmRead) {
+        if (p.target == Target::posted) {
+          // Not while a receive is being posted: the caller may have the matching sends still to post, and the
+          // peer, doing the same, would wait for them while this rank reads (the two ranks' reads took turns).
+          if (!remote_reads) break;
+          if (!read_into(p, p.cur, p.desc, p.hdr.length)) break;
+        }
+        if (p.target != Target::deferred) ack_read(p, p.desc.seq);  // posted, or discarded (a wrong size)
+        finish_payload(p);
+        consumed_any = true;
+        continue;
       }
       tail = p.in->tail.load(std::memory_order_relaxed);
       avail = static_cast<size_t>(p.in->head.load(std::memory_order_acquire) - tail);
@@ -675,6 +862,107 @@ class ShmTransport : public Transport, public Progressor {
 
   void consume(ShmPeer& p, uint64_t tail, size_t n) { p.in->tail.store(tail + n, std::memory_order_release); }
 
+  // Copies a single-copy message (len bytes, described by d) out of the sender's memory into receive r: a reducing
+  // receive reads a cache-sized chunk at a time and reduces it while it is still in cache. False when the peer has
+  // failed.
+  bool read_into(ShmPeer& p, const PostedRecv& r, const ShmReadDesc& d, uint64_t len) {
+    if (!r.reduce) return read_remote(p, d, len, r.dst, 0, len);
+    if (scratch_.empty()) scratch_.resize(kReadChunk / sizeof(uint64_t));
+    for (uint64_t off = 0; off < len; off += kReadChunk) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kReadChunk, len - off));
+      if (!read_remote(p, d, len, reinterpret_cast<char*>(scratch_.data()), off, n)) return false;
+      reduce_into(r.dst + off, scratch_.data(), n / dtype_size(r.dtype), r.dtype, r.op);
+    }
+    return true;
+  }
+
+  // Reads n bytes at offset `off` of the len-byte single-copy message d from the sender's memory into dst.
+  bool read_remote(ShmPeer& p, const ShmReadDesc& d, uint64_t len, char* dst, uint64_t off, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      iovec local{dst + got, n - got};
+      iovec remote{reinterpret_cast<void*>(d.addr + off + got), n - got};
+      const ssize_t r = ::process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
+      if (r > 0) {
+        got += static_cast<size_t>(r);
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      const int e = r < 0 ? errno : EFAULT;
+      if (e == ESRCH) {
+        fail_peer(p, std::make_exception_ptr(
+                         PeerError(fmt::format("shm: rank {} (pid {}) died", p.rank, static_cast<long>(p.pid)))));
+      } else {
+        fail_protocol(p, fmt::format("cannot read bytes {}-{} of the {}-byte message #{} at {:#x} in its memory: {}",
+                                     off + got, off + n, len, d.seq, d.addr, std::strerror(e)));
+      }
+      return false;
+    }
+    return true;
+  }
+
+  // Tells p that its single-copy message seq has been read: its buffer is free again (it waits on its doorbell).
+  void ack_read(ShmPeer& p, uint64_t seq) {
+    p.in->read_done[seq % kReadSlots].store(seq, std::memory_order_release);
+    ring_doorbell(p.seg);
+  }
+
+  // Reads the single-copy messages from p that found no receive: into the receive once one has taken the message,
+  // or into a buffer once the message has waited kReadUnmatchedAfter (within the budget). True if any was read.
+  bool read_deferred(ShmPeer& p) {
+    bool any = false;
+    const auto now = Clock::now();
+    for (auto it = p.deferred.begin(); it != p.deferred.end();) {
+      Unexpected& u = *it->u;
+      const uint64_t len = it->length;
+      if (u.has_waiter) {
+        PostedRecv r = p.q.take_waiter(u);
+        if (r.bytes != len) {
+          fail_wrong_size(r, len, "shm");
+        } else if (!read_into(p, r, it->desc, len)) {
+          r.req->fail(p.error);  // fail_peer dropped p.deferred; r had left the queues it fails
+          return true;
+        } else {
+          r.req->complete();
+        }
+      } else if (now - it->since >= kReadUnmatchedAfter && p.q.can_buffer(len, unexpected_budget_)) {
+        u.data.resize(len);
+        p.q.charge(len);
+        if (!read_remote(p, it->desc, len, u.data.data(), 0, len)) return true;
+        p.q.complete_unexpected(u, "shm");
+      } else {
+        ++it;
+        continue;
+      }
+      ack_read(p, it->desc.seq);
+      it = p.deferred.erase(it);
+      any = true;
+    }
+    return any;
+  }
+
+  // Completes this rank's single-copy sends to p that p has finished reading. True if any completed.
+  bool sends_read(ShmPeer& p) {
+    bool any = false;
+    for (auto it = p.being_read.begin(); it != p.being_read.end();) {
+      const uint64_t v = p.out->read_done[it->first % kReadSlots].load(std::memory_order_acquire);
+      if (v > p.reads_announced) {
+        fail_protocol(p, fmt::format("it reports single-copy message #{} read, {} were sent (corrupt segment)", v,
+                                     p.reads_announced));
+        return true;
+      }
+      if (v != it->first) {
+        ++it;
+        continue;
+      }
+      RequestPtr r = std::move(it->second);
+      it = p.being_read.erase(it);
+      r->complete();
+      any = true;
+    }
+    return any;
+  }
+
   void consume_payload(ShmPeer& p, uint64_t from, size_t n) {
     switch (p.target) {
       case Target::posted:
@@ -691,6 +979,7 @@ class ShmTransport : public Transport, public Progressor {
         copy_out(p, from, p.abort_buf.data() + p.pay_got, n);
         break;
       case Target::discard:
+      case Target::deferred:  // (no payload in the ring)
       case Target::none:
         break;
     }
@@ -747,7 +1036,7 @@ class ShmTransport : public Transport, public Progressor {
       p.abort_buf.assign(h.length, '\0');
       return true;
     }
-    if (h.type != kFrameData) {
+    if (h.type != kFrameData && h.type != kFrameShmRead) {
       fail_protocol(p, "unexpected hello frame in a shared-memory ring");
       return true;
     }
@@ -761,6 +1050,12 @@ class ShmTransport : public Transport, public Progressor {
       p.target = Target::posted;
       p.reduced_bytes = 0;
       p.carry.clear();
+      return true;
+    }
+    if (h.type == kFrameShmRead) {
+      // Its bytes wait in the sender's memory for a receive (the ring goes on): read_deferred().
+      p.deferred.push_back({p.q.add_remote(h.tag), p.desc, h.length, Clock::now()});
+      p.target = Target::deferred;
       return true;
     }
     // Over the budget the ring itself holds the message (a stall), unless receives of other tags wait on this peer:
@@ -778,6 +1073,7 @@ class ShmTransport : public Transport, public Progressor {
     p.target = Target::none;
     p.have_hdr = false;
     p.hdr_got = 0;
+    p.desc_got = 0;
     if (t == Target::posted) {
       RequestPtr r = p.cur.req;
       p.cur = PostedRecv{};
@@ -807,6 +1103,10 @@ class ShmTransport : public Transport, public Progressor {
     }
     for (auto& s : p.sendq) s.req->fail(err);
     p.sendq.clear();
+    // A peer may still be reading these buffers if it has not failed too (an abort reaches it at once).
+    for (auto& b : p.being_read) b.second->fail(err);
+    p.being_read.clear();
+    p.deferred.clear();  // their entries leave the match queues below
     if (p.target == Target::posted && p.cur.req) p.cur.req->fail(err);
     p.q.fail_all(err, keep_arrived);
     p.target = Target::none;
@@ -852,6 +1152,10 @@ class ShmTransport : public Transport, public Progressor {
   Clock::duration spin_;
   bool oversubscribed_ = false;  // more local ranks than cores
   bool fast_small_ = false;      // some rank is oversubscribed: the fast allreduce's small limit on every rank
+  uint64_t single_copy_bytes_ = 0;          // messages from this size on are read from the sender's memory; 0: never
+  bool single_copy_ = false;                // every local rank can read every other's memory
+  std::vector<uint64_t> scratch_;           // a reducing single-copy receive's chunk
+  std::atomic<bool> have_deferred_{false};  // some peer has single-copy messages waiting for a receive
   std::mutex mu_;
   bool all_local_ = false;    // every other rank is served here (the fast allreduce needs them all)
   uint64_t fast_seq_ = 0;     // fast allreduces so far (the same count on every rank)

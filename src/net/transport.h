@@ -92,6 +92,12 @@ class Transport {
   // Receives `count` elements of `dtype` from `peer` and reduces them into dst (dst = op(dst, incoming)).
   // Transports that can reduce straight out of their buffers override this; the default stages the message.
   virtual RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op);
+  // A send that the receiver takes with irecv_reduce. Shared memory sends it through its rings, whose copy out is
+  // fused with the reduction, rather than letting the receiver read it out of this process (shm's single copy, a
+  // gain only for a plain copy); other transports send it as any message.
+  virtual RequestPtr isend_reduced(int peer, uint64_t tag, const void* data, size_t bytes) {
+    return isend(peer, tag, data, bytes);
+  }
 
   // Small allreduce of the whole transport through shared memory, bypassing messages (shm between ranks that are all
   // on one host): the largest payload it takes, 0 where unsupported. fast_allreduce reduces buf in place (op as

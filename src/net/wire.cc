@@ -22,13 +22,14 @@ FrameHeader make_frame(FrameType type, uint64_t tag, uint64_t length, int src) {
   return h;
 }
 
-std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_length) {
+std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_length, bool shm_read) {
   if (h.magic != kFrameMagic) return fmt::format("bad frame magic {:#010x} (expected {:#010x})", h.magic, kFrameMagic);
   if (h.version != kWireVersion) return fmt::format("unsupported wire version {} (this build speaks {})", h.version, kWireVersion);
   if (h.check != frame_checksum(h)) return "frame header checksum mismatch (corrupted header)";
-  if (h.type != kFrameData && h.type != kFrameAbort && h.type != kFrameHello)
-    return fmt::format("unknown frame type {} (allowed 1..3)", h.type);
-  if (h.type == kFrameData && !tag_valid(h.tag)) return fmt::format("invalid tag {:#x} (unknown tag kind)", h.tag);
+  if (h.type != kFrameData && h.type != kFrameAbort && h.type != kFrameHello && !(shm_read && h.type == kFrameShmRead))
+    return fmt::format("unknown frame type {} (allowed 1..{})", h.type, shm_read ? 4 : 3);
+  if ((h.type == kFrameData || h.type == kFrameShmRead) && !tag_valid(h.tag))
+    return fmt::format("invalid tag {:#x} (unknown tag kind)", h.tag);
   if (expected_src >= 0 && h.src != static_cast<uint32_t>(expected_src))
     return fmt::format("frame claims source rank {} on the connection of rank {}", h.src, expected_src);
   uint64_t limit = h.type == kFrameAbort ? kMaxAbortReason : max_length;

@@ -14,7 +14,9 @@ inline constexpr uint32_t kFrameMagic = 0x54444e43u;  // "CNDT"
 // 2: the lower rank answers each tcp hello (with its own, or an abort frame with the reason it refused); a build
 // speaking 1 is refused at the handshake, naming both versions, instead of waiting for an answer that never comes.
 inline constexpr uint16_t kWireVersion = 2;
-enum FrameType : uint16_t { kFrameData = 1, kFrameAbort = 2, kFrameHello = 3 };
+// kFrameShmRead: shm only (refused on tcp): a data message the receiver copies straight out of the sender's memory
+// (process_vm_readv); the frame is followed by the sender's address and sequence number, not by the payload.
+enum FrameType : uint16_t { kFrameData = 1, kFrameAbort = 2, kFrameHello = 3, kFrameShmRead = 4 };
 inline constexpr uint64_t kMaxAbortReason = 4096;
 
 struct FrameHeader {
@@ -31,7 +33,8 @@ static_assert(sizeof(FrameHeader) == 32);
 uint32_t frame_checksum(const FrameHeader& h);
 FrameHeader make_frame(FrameType type, uint64_t tag, uint64_t length, int src);
 // Empty string when valid, else what is wrong (one line). `expected_src` is the peer the stream belongs to.
-std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_length);
+// `shm_read`: kFrameShmRead is allowed (the shm transport's rings).
+std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_length, bool shm_read = false);
 uint64_t max_message_bytes();
 // Throws ConfigError when a message of `bytes` is over `limit` (max_message_bytes()): its receiver would refuse the
 // frame and blame the sender.

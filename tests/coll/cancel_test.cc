@@ -67,8 +67,11 @@ TEST_P(Cancel, AnUnstartedSendIsWithdrawnAPartlyWrittenOneAbortsTheTransport) {
     return;
   }
   setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "1M", 1);
+  // The big message must sit partly written in shm's ring, not be read from this process (single copy).
+  setenv("CONDUIT_SHM_SINGLE_COPY_BYTES", "off", 1);
   auto t = make_transport_pair(GetParam());
   unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+  unsetenv("CONDUIT_SHM_SINGLE_COPY_BYTES");
   ASSERT_TRUE(t[0] && t[1]);
   const size_t big = GetParam() == "shm" ? (size_t{80} << 20) : (size_t{8} << 20);
   std::vector<char> data(big, 3);

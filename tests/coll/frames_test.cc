@@ -51,6 +51,14 @@ TEST(Wire, ValidatorRejectsEachBadField) {
   EXPECT_NE(validate_frame(h, 1, 1 << 20).find("type"), std::string::npos);
   h = make_frame(kFrameAbort, 0, kMaxAbortReason + 1, 1);
   EXPECT_NE(validate_frame(h, 1, 1 << 20).find("exceeds"), std::string::npos);
+  // A single-copy frame is shm's alone: refused on tcp, and with a bad tag or length on shm too.
+  h = make_frame(kFrameShmRead, tag, 1 << 20, 1);
+  EXPECT_NE(validate_frame(h, 1, 1 << 20).find("unknown frame type 4 (allowed 1..3)"), std::string::npos);
+  EXPECT_EQ(validate_frame(h, 1, 1 << 20, /*shm_read=*/true), "");
+  h = make_frame(kFrameShmRead, 0x7700000000000000ull, 4, 1);
+  EXPECT_NE(validate_frame(h, 1, 1 << 20, true).find("tag"), std::string::npos);
+  h = make_frame(kFrameShmRead, tag, 2u << 20, 1);
+  EXPECT_NE(validate_frame(h, 1, 1 << 20, true).find("exceeds the limit"), std::string::npos);
 }
 
 namespace {
@@ -421,9 +429,11 @@ TEST(Transports, ATcpSendThatFailsOnItsOwnBufferEndsTheConnection) {
 TEST(Transports, ASmallMessageOvertakesALargeUnmatchedOne) {
   for (std::string kind : {"tcp", "shm"}) {
     setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "1M", 1);
+    setenv("CONDUIT_SHM_SINGLE_COPY_BYTES", "off", 1);  // the large message goes through the ring
     const size_t big = kind == "tcp" ? (size_t{2} << 20) : (size_t{65} << 20);
     auto pair = test_util::make_transport_pair(kind);
     unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+    unsetenv("CONDUIT_SHM_SINGLE_COPY_BYTES");
     std::vector<std::string> errors(2);
     std::vector<std::thread> ts;
     for (int r = 0; r < 2; ++r)

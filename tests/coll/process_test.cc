@@ -72,6 +72,20 @@ TEST(Processes, SelftestOverShm) {
   EXPECT_NE(r.out.find("over shm: 0 wrong elements"), std::string::npos) << r.out;
 }
 
+// Large shm messages are read out of the sender's memory (single copy) only where every local rank offers it: one
+// rank with CONDUIT_SHM_SINGLE_COPY_BYTES=off puts all of them on the rings, which each rank says once.
+TEST(Processes, ShmRanksDisagreeingOnSingleCopyAllUseTheRings) {
+  auto r = run_sh(kConduit +
+                  " launch -n 2 -- sh -c \"if [ \\$RANK = 1 ]; then export CONDUIT_SHM_SINGLE_COPY_BYTES=off; "
+                  "fi; CONDUIT_LOG_LEVEL=info exec " +
+                  kConduit + " selftest --transport shm --timeout 60\"");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("over shm: 0 wrong elements"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0: messages go through the rings only (no single copy): rank 1 does not offer it"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(Processes, SelftestAcrossTwoEmulatedHostsUsesShmAndTcp) {
   // Ranks 0,1 claim host a, ranks 2,3 host b: shared memory inside a host, tcp across, hierarchical allreduce.
   auto r = run_sh(kConduit + " launch -n 4 -- sh -c \"CONDUIT_HOST_ID=h\\$((RANK / 2)) exec " + kConduit +
