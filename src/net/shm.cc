@@ -98,11 +98,10 @@ inline void cpu_relax() {
 // operation s - 1, and each peer published s - 1 only after finishing s - 2: nobody still reads the slot it reuses.
 constexpr uint64_t kMaxRingBytes = uint64_t{1} << 30;  // CONDUIT_SHM_RING_BYTES at most
 constexpr uint64_t kDefaultSingleCopyBytes = 256 << 10;  // CONDUIT_SHM_SINGLE_COPY_BYTES
-constexpr size_t kReadChunk = 128 << 10;
+constexpr size_t kReadChunk = 128 << 10;  // a reducing single-copy receive reads and reduces this much at a time
 // A single-copy message that found no receive is read into a buffer after this long without one: the sender's send
 // completes only once it is read, and a program may wait for that before posting the receive.
-constexpr auto kReadUnmatchedAfter =
-    std::chrono::milliseconds(1);  // a reducing single-copy receive reads and reduces this much at a time
+constexpr auto kReadUnmatchedAfter = std::chrono::milliseconds(1);
 
 // Under Yama's ptrace_scope 1 only a process's ancestors may read its memory, and local ranks are siblings: let
 // processes of this user read it, as Open MPI's single copy does (scope 2 and 3 stay closed; the probe then fails).
@@ -461,7 +460,13 @@ class ShmTransport : public Transport, public Progressor {
     if (r->kind() == Request::Kind::send) {
       removed = !r->done() && cancel_unstarted_send(p.sendq, r.get());
     } else {
-      removed = !r->done() && !(p.target == Target::posted && p.cur.req == r) && p.q.cancel(r.get());
+      // Not a receive being filled, nor one that took a single-copy message still in the sender's memory: that
+      // message is being delivered, and later ones of its tag may have gone to later receives (putting it back
+      // would hand it to a receive after theirs).
+      const bool taking = std::any_of(p.deferred.begin(), p.deferred.end(), [&](const ShmPeer::Deferred& d) {
+        return d.u->has_waiter && d.u->waiter.req == r;
+      });
+      removed = !r->done() && !taking && !(p.target == Target::posted && p.cur.req == r) && p.q.cancel(r.get());
     }
     if (removed) r->fail(std::move(error));
     return removed;
@@ -678,10 +683,7 @@ class ShmTransport : public Transport, public Progressor {
   bool progress_locked() {
     bool moved = false, deferred = false;
     if (my_seg_->aborted.load(std::memory_order_acquire) > 0 && aborted_reason().empty()) {
-      std::string why(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason));
-      if (why.empty()) why = fmt::format("rank {} aborted", my_seg_->aborted.load() - 1);
-      set_aborted(why);
-      fail_all(std::make_exception_ptr(PeerError(why)));
+      progress_abort();
       return true;
     }
     for (auto& p : peers_) {
@@ -696,17 +698,33 @@ class ShmTransport : public Transport, public Progressor {
     return moved;
   }
 
+  // A rank flagged an abort in this segment: fail everything with its reason (while the rank still writes it, the
+  // flag is kAbortClaimed: everything fails then too).
+  void progress_abort() {
+    const int32_t who = my_seg_->aborted.load(std::memory_order_acquire);
+    std::string why = who > 0 ? std::string(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason)) : "";
+    if (why.empty()) why = who > 0 ? fmt::format("rank {} aborted", who - 1) : "a local rank aborted";
+    if (aborted_reason().empty()) set_aborted(why);
+    fail_all(std::make_exception_ptr(PeerError(why)));
+  }
+
   // Copies queued sends into the ring in the peer's segment. True if anything was written.
   bool write_some(ShmPeer& p) {
     bool wrote = false;
     while (!p.sendq.empty()) {
       ShmSend& s = p.sendq.front();
-      // A single-copy message's sequence number needs a free done slot: else it goes through the ring (nothing of
-      // it is written yet).
-      if (s.single_copy && s.sent == 0 && !p.being_read.empty() &&
-          p.being_read.front().first + kReadSlots <= p.reads_announced + 1) {
-        s.single_copy = false;
-        s.hdr = make_frame(kFrameData, s.hdr.tag, s.bytes, rank_);
+      if (s.single_copy && s.sent == 0) {
+        // A message the ring has room for goes through it: its send completes at once, whatever the receiver is
+        // doing (a single-copy send waits for the receiver to read it, and programs may count on a send that fits
+        // completing, as it always did). A single-copy message also needs a free done slot for its number.
+        const uint64_t h = p.out->head.load(std::memory_order_relaxed);
+        const uint64_t t = p.out_tail_cache = p.out->tail.load(std::memory_order_acquire);
+        const bool fits = h - t <= ring_bytes_ && ring_bytes_ - (h - t) >= sizeof(FrameHeader) + s.bytes;
+        const bool no_slot = !p.being_read.empty() && p.being_read.front().first + kReadSlots <= p.reads_announced + 1;
+        if (fits || no_slot) {
+          s.single_copy = false;
+          s.hdr = make_frame(kFrameData, s.hdr.tag, s.bytes, rank_);
+        }
       }
       uint64_t head = p.out->head.load(std::memory_order_relaxed);
       // The consumer's tail is read only when the cached value says the ring is too full: its cache line then
@@ -808,6 +826,12 @@ class ShmTransport : public Transport, public Progressor {
                                          p.reads_seen + 1));
             break;
           }
+          // The sender keeps at most kReadSlots messages unread (its done slots).
+          if (!p.deferred.empty() && p.desc.seq >= p.deferred.front().desc.seq + kReadSlots) {
+            fail_protocol(p, fmt::format("single-copy message #{} while #{} is unread (at most {} may be)", p.desc.seq,
+                                         p.deferred.front().desc.seq, kReadSlots));
+            break;
+          }
           p.reads_seen = p.desc.seq;
         }
         p.have_hdr = true;
@@ -890,12 +914,25 @@ class ShmTransport : public Transport, public Progressor {
       if (r < 0 && errno == EINTR) continue;
       const int e = r < 0 ? errno : EFAULT;
       if (e == ESRCH) {
-        fail_peer(p, std::make_exception_ptr(
-                         PeerError(fmt::format("shm: rank {} (pid {}) died", p.rank, static_cast<long>(p.pid)))));
+        fail_peer(p,
+                  std::make_exception_ptr(
+                      PeerError(fmt::format("shm: rank {} (pid {}) died", p.rank, static_cast<long>(p.pid)))),
+                  /*keep_arrived=*/true);
+      } else if (e == EPERM) {
+        fail_peer(p, std::make_exception_ptr(PeerError(fmt::format(
+                         "shm: rank {} (pid {}) no longer lets this rank read its memory (process_vm_readv: {}); "
+                         "CONDUIT_SHM_SINGLE_COPY_BYTES=off sends through the rings",
+                         p.rank, static_cast<long>(p.pid), std::strerror(e)))));
       } else {
         fail_protocol(p, fmt::format("cannot read bytes {}-{} of the {}-byte message #{} at {:#x} in its memory: {}",
                                      off + got, off + n, len, d.seq, d.addr, std::strerror(e)));
       }
+      return false;
+    }
+    // A sender that aborted has failed this send and may have reused the buffer while it was read: the bytes are not
+    // to be trusted (it flags the abort here before it fails its requests).
+    if (my_seg_->aborted.load(std::memory_order_seq_cst) != 0) {
+      progress_abort();
       return false;
     }
     return true;
@@ -925,7 +962,7 @@ class ShmTransport : public Transport, public Progressor {
         } else {
           r.req->complete();
         }
-      } else if (now - it->since >= kReadUnmatchedAfter && p.q.can_buffer(len, unexpected_budget_)) {
+      } else if (now - it->since >= kReadUnmatchedAfter && may_buffer(p, len)) {
         u.data.resize(len);
         p.q.charge(len);
         if (!read_remote(p, it->desc, len, u.data.data(), 0, len)) return true;
@@ -1028,6 +1065,13 @@ class ShmTransport : public Transport, public Progressor {
     }
   }
 
+  // Over the budget a message from p waits where it is (the ring, or the sender's memory), unless receives of other
+  // tags wait on p: their messages may be behind it, so it is buffered past the budget, up to 4x (tcp does the same).
+  bool may_buffer(const ShmPeer& p, uint64_t bytes) const {
+    return p.q.can_buffer(bytes, unexpected_budget_) ||
+           (p.q.has_posted() && p.q.can_buffer(bytes, 4 * unexpected_budget_));
+  }
+
   bool choose_target(ShmPeer& p) {
     const FrameHeader& h = p.hdr;
     p.pay_got = 0;
@@ -1055,14 +1099,11 @@ class ShmTransport : public Transport, public Progressor {
     if (h.type == kFrameShmRead) {
       // Its bytes wait in the sender's memory for a receive (the ring goes on): read_deferred().
       p.deferred.push_back({p.q.add_remote(h.tag), p.desc, h.length, Clock::now()});
+      have_deferred_.store(true, std::memory_order_relaxed);
       p.target = Target::deferred;
       return true;
     }
-    // Over the budget the ring itself holds the message (a stall), unless receives of other tags wait on this peer:
-    // their messages may be behind it, so it is buffered past the budget, up to 4x (tcp does the same).
-    if (!p.q.can_buffer(h.length, unexpected_budget_) &&
-        !(p.q.has_posted() && p.q.can_buffer(h.length, 4 * unexpected_budget_)))
-      return false;
+    if (!may_buffer(p, h.length)) return false;  // the ring holds it (a stall)
     p.cur_unexp = p.q.add_unexpected(h.tag, h.length);
     p.target = Target::unexpected;
     return true;
