@@ -22,8 +22,9 @@ class Deadline {
  public:
   Deadline() : at_(Clock::time_point::max()) {}
   explicit Deadline(Clock::time_point at) : at_(at) {}
+  // Not positive, or NaN (a caller's bug: converting it is undefined): already expired, so nothing waits on it.
   static Deadline after(double seconds) {
-    if (seconds <= 0) return Deadline(Clock::now());
+    if (!(seconds > 0)) return Deadline(Clock::now());
     if (seconds > 1e9) return Deadline();
     return Deadline(Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(seconds)));
   }

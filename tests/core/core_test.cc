@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -22,6 +23,7 @@
 #include "core/log.h"
 #include "core/malloc_tuning.h"
 #include "core/reduce.h"
+#include "core/stats.h"
 
 using namespace conduit;
 
@@ -381,4 +383,21 @@ TEST(MallocTuning, KeepsStepSizedBlocksOnTheHeap) {
   std::free(p);
   const auto after = mallinfo2();
   EXPECT_GE(after.arena, before.arena + (size_t(14) << 20));
+}
+
+TEST(Clock, ADeadlineOfNoTimeOrNanHasExpiredAndAHugeOneIsNever) {
+  EXPECT_TRUE(Deadline::after(0).expired());
+  EXPECT_TRUE(Deadline::after(-3).expired());
+  EXPECT_TRUE(Deadline::after(std::nan("")).expired());
+  EXPECT_TRUE(Deadline::after(std::numeric_limits<double>::infinity()).is_never());
+  EXPECT_FALSE(Deadline::after(60).expired());
+  EXPECT_FALSE(Deadline::after(60).is_never());
+}
+
+TEST(Stats, MedianOfOddEvenEmptyAndNanSamples) {
+  EXPECT_EQ(median({3, 1, 2}), 2);
+  EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
+  EXPECT_EQ(median({}), 0);
+  EXPECT_TRUE(std::isnan(median({1, std::nan(""), 2})));
+  EXPECT_TRUE(std::isnan(median({std::nan(""), 5})));
 }
