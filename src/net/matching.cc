@@ -108,7 +108,6 @@ std::shared_ptr<Unexpected> MatchQueues::add_unexpected(uint64_t tag, size_t byt
 
 std::shared_ptr<Unexpected> MatchQueues::add_remote(uint64_t tag) {
   auto u = std::make_shared<Unexpected>();
-  u->remote = true;
   unexpected_[tag].push_back(u);
   return u;
 }

@@ -30,9 +30,6 @@ struct Unexpected {
   bool complete = false;
   bool has_waiter = false;  // a receive matched it while its bytes were still arriving
   PostedRecv waiter;
-  // shm single copy: the bytes are still in the sender's memory (data is empty, nothing counts against the budget)
-  // until the transport reads them into the waiter, or into data once it has waited long enough for one.
-  bool remote = false;
 };
 
 class MatchQueues {
@@ -46,11 +43,13 @@ class MatchQueues {
   // Room for `bytes` more buffered bytes within `budget`?
   bool can_buffer(size_t bytes, size_t budget) const { return unexpected_bytes_ + bytes <= budget; }
   std::shared_ptr<Unexpected> add_unexpected(uint64_t tag, size_t bytes);
-  // A message whose bytes stay with its sender for now (Unexpected::remote).
+  // A message whose bytes stay in its sender's memory for now (shm single copy): its data is empty and nothing counts
+  // against the budget until the transport reads them into the receive that takes it (take_waiter), or into data
+  // once it has waited long enough for one (charge, then complete_unexpected).
   std::shared_ptr<Unexpected> add_remote(uint64_t tag);
-  // A remote message is being read into its data after all: its bytes count against the budget from now on.
+  // A message of add_remote is being read into its data after all: its bytes count against the budget from now on.
   void charge(size_t bytes) { unexpected_bytes_ += bytes; }
-  // A remote message with a receive attached: detaches that receive (returned), for the transport to read the bytes
+  // A message of add_remote with a receive attached: detaches that receive (returned), for the transport to read the bytes
   // into and complete, and marks the message delivered.
   PostedRecv take_waiter(Unexpected& u);
   // The message's bytes have all arrived: deliver it if a receive is attached.

@@ -300,13 +300,7 @@ class ShmTransport : public Transport, public Progressor {
     }
     std::vector<std::pair<uint64_t, uint64_t>> probes(size, {0, 0});  // address, value
     for (int p = 0; p < size; ++p) {
-      std::vector<std::string> f;
-      for (size_t at = 0; at <= pids[p].size();) {
-        size_t sp = pids[p].find(' ', at);
-        if (sp == std::string::npos) sp = pids[p].size();
-        f.push_back(pids[p].substr(at, sp - at));
-        at = sp + 1;
-      }
+      const std::vector<std::string> f = split(pids[p], ' ');
       if (f.size() > 1 && f[1] == "1") fast_small_ = true;
       if (f.size() > 3) {
         uint64_t a = 0, b = 0;
@@ -800,13 +794,9 @@ class ShmTransport : public Transport, public Progressor {
       }
       if (!p.have_hdr) {
         if (avail == 0) break;
+        consumed_any = true;
         if (p.hdr_got < sizeof(FrameHeader)) {
-          size_t n = std::min(avail, sizeof(FrameHeader) - p.hdr_got);
-          copy_out(p, tail, reinterpret_cast<char*>(&p.hdr) + p.hdr_got, n);
-          consume(p, tail, n);
-          consumed_any = true;
-          p.hdr_got += n;
-          if (p.hdr_got < sizeof(FrameHeader)) continue;
+          if (!take_record(p, tail, avail, &p.hdr, sizeof(FrameHeader), p.hdr_got)) continue;
           std::string bad = validate_frame(p.hdr, p.rank, max_len_, single_copy_);
           if (!bad.empty()) {
             fail_protocol(p, bad);
@@ -815,12 +805,7 @@ class ShmTransport : public Transport, public Progressor {
           p.desc_got = 0;
           if (p.hdr.type == kFrameShmRead) continue;  // its descriptor next
         } else {
-          size_t n = std::min(avail, sizeof(ShmReadDesc) - p.desc_got);
-          copy_out(p, tail, reinterpret_cast<char*>(&p.desc) + p.desc_got, n);
-          consume(p, tail, n);
-          consumed_any = true;
-          p.desc_got += n;
-          if (p.desc_got < sizeof(ShmReadDesc)) continue;
+          if (!take_record(p, tail, avail, &p.desc, sizeof(ShmReadDesc), p.desc_got)) continue;
           if (p.desc.seq != p.reads_seen + 1) {
             fail_protocol(p, fmt::format("single-copy message #{} follows #{} (expected #{})", p.desc.seq, p.reads_seen,
                                          p.reads_seen + 1));
@@ -885,6 +870,16 @@ class ShmTransport : public Transport, public Progressor {
   }
 
   void consume(ShmPeer& p, uint64_t tail, size_t n) { p.in->tail.store(tail + n, std::memory_order_release); }
+
+  // Takes what has arrived (avail bytes at tail) of a fixed-size record, the frame header or a single-copy
+  // descriptor, into `obj`, of which `got` bytes were there already; true once all `size` are.
+  bool take_record(ShmPeer& p, uint64_t tail, size_t avail, void* obj, size_t size, size_t& got) {
+    const size_t n = std::min(avail, size - got);
+    copy_out(p, tail, static_cast<char*>(obj) + got, n);
+    consume(p, tail, n);
+    got += n;
+    return got == size;
+  }
 
   // Copies a single-copy message (len bytes, described by d) out of the sender's memory into receive r: a reducing
   // receive reads a cache-sized chunk at a time and reduces it while it is still in cache. False when the peer has
