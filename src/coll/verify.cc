@@ -1,10 +1,13 @@
 #include "coll/verify.h"
 
+#include <fmt/format.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
-
-#include <fmt/format.h>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 
@@ -40,6 +43,9 @@ void put(std::vector<char>& b, size_t i, DType t, double x) {
   }
 }
 
+// The barrier case's tag for the tokens the late rank waits for (sendrecv uses 1 and 2).
+constexpr uint32_t kBarrierTokenTag = 3;
+
 bool is_unsigned(DType t) { return t == DType::u8; }
 
 // A hash of (rank, element): the values have no short period in either (a pattern (7r + 3i) mod 11 repeated every 11
@@ -56,7 +62,11 @@ uint64_t mix(int rank, size_t i) {
 // a(r+1, i) - a(r, i) for a hashed a in [0, 5] (plus 5 for unsigned types), so a sum over ranks telescopes to at most
 // 5 in magnitude (5p + 5 unsigned: u8 exact up to 50 ranks), as the cyclic pattern's did, while the values
 // themselves have no period.
+// Except f16's average: large values of one sign, whose sum overflows f16 (65504 at most) from two ranks on while
+// their average does not, so an average that sums before it divides shows inf (multiples of 2048 in [32768, 47104],
+// exact in f16).
 double value(int rank, size_t i, DType t, ReduceOp op) {
+  if (op == ReduceOp::avg && t == DType::f16) return 32768.0 + 2048.0 * static_cast<double>((mix(rank, i) >> 8) % 8);
   if (op == ReduceOp::prod) {
     const uint64_t h = mix(rank, i);
     bool two = rank < 3 && (h & 1) == 0;
@@ -89,10 +99,17 @@ double reduced(int p, size_t i, DType t, ReduceOp op) {
   return acc;
 }
 
-bool close(double got, double want, DType t, ReduceOp op) {
-  if (op != ReduceOp::avg || !is_floating(t)) return got == want;
-  double tol = (t == DType::f16 || t == DType::bf16) ? 1e-2 : 1e-5;
-  return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
+// How far a reduction of element i may be from the exact result. Only floating averages round: the inputs are
+// integers whose every partial sum is exact in the dtype, except where avg divides each input first (f16). Then
+// each of the p divisions and p - 1 additions rounds by at most the unit roundoff u times the mean magnitude S of the
+// inputs, and the final division by u |want|: p u S + u |want|, with half again for the rounding of those
+// bounds (it was 1e-2 relative for f16 and bf16, 20 and 2.5 times their u).
+double tolerance(int p, size_t i, DType t, ReduceOp op, double want) {
+  if (op != ReduceOp::avg || !is_floating(t)) return 0;
+  const double u = t == DType::f16 ? 0x1p-11 : t == DType::bf16 ? 0x1p-8 : t == DType::f32 ? 0x1p-24 : 0x1p-53;
+  double s = 0;
+  for (int r = 0; r < p; ++r) s += std::fabs(value(r, i, t, op));
+  return 1.5 * u * (s + std::fabs(want));
 }
 
 std::vector<char> make(size_t n, DType t) { return std::vector<char>(std::max<size_t>(n, 1) * dtype_size(t)); }
@@ -116,13 +133,18 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
   o.timeout_s = vc.timeout_s;
   size_t wrong = 0;
   auto expect = [&](const std::vector<char>& b, size_t at, double want) {
-    if (!close(get(b, at, t), want, t, vc.reduce)) ++wrong;
+    if (get(b, at, t) != want) ++wrong;
+  };
+  // Element `at` of b against the reduction of everyone's element i.
+  auto expect_reduced = [&](const std::vector<char>& b, size_t at, size_t i) {
+    const double want = reduced(p, i, t, vc.reduce);
+    if (!(std::fabs(get(b, at, t) - want) <= tolerance(p, i, t, vc.reduce, want))) ++wrong;
   };
   if (vc.op == "allreduce") {
     auto b = make(n, t);
     for (size_t i = 0; i < n; ++i) put(b, i, t, value(r, i, t, vc.reduce));
     c.allreduce(b.data(), n, t, vc.reduce, o).wait();
-    for (size_t i = 0; i < n; ++i) expect(b, i, reduced(p, i, t, vc.reduce));
+    for (size_t i = 0; i < n; ++i) expect_reduced(b, i, i);
   } else if (vc.op == "reduce_scatter") {
     std::vector<size_t> counts(p);
     for (int k = 0; k < p; ++k) counts[k] = n + static_cast<size_t>(k % 2);
@@ -131,7 +153,7 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
     for (size_t i = 0; i < total; ++i) put(in, i, t, value(r, i, t, vc.reduce));
     c.reduce_scatter(in.data(), out.data(), counts, t, vc.reduce, o).wait();
     size_t off = std::accumulate(counts.begin(), counts.begin() + r, size_t{0});
-    for (size_t i = 0; i < counts[r]; ++i) expect(out, i, reduced(p, off + i, t, vc.reduce));
+    for (size_t i = 0; i < counts[r]; ++i) expect_reduced(out, i, off + i);
   } else if (vc.op == "allgather" || vc.op == "allgatherv") {
     bool v = vc.op == "allgatherv";
     std::vector<size_t> counts(p);
@@ -157,7 +179,7 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
     auto copy = in;
     c.reduce(in.data(), out.data(), n, t, vc.reduce, vc.root, o).wait();
     if (r == vc.root)
-      for (size_t i = 0; i < n; ++i) expect(out, i, reduced(p, i, t, vc.reduce));
+      for (size_t i = 0; i < n; ++i) expect_reduced(out, i, i);
     if (in != copy) wrong += 1;  // the input must not be clobbered
   } else if (vc.op == "gather") {
     auto in = make(n, t), out = make(n * p, t);
@@ -196,7 +218,32 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
     for (int k = 0; k < p; ++k)
       for (size_t i = 0; i < rc[k]; ++i) expect(out, off++, value(k * p + r, i, t, ReduceOp::sum));
   } else if (vc.op == "barrier") {
-    c.barrier(o).wait();
+    // No rank may leave a barrier before every rank has entered it. The late rank (the root) first takes a token from
+    // each other rank, sent just before that rank enters, then sleeps kLate before it enters itself: by causality
+    // every other rank spends at least kLate in the barrier (its clock started before its token left), so a barrier
+    // that lets ranks out early shows a shorter stay, and a correct one can never fail the check, however slow the
+    // machine. (It was only run before: a barrier that returned at once passed.)
+    if (p == 1) {
+      c.barrier(o).wait();
+      return 0;
+    }
+    constexpr auto kLate = std::chrono::milliseconds(10);
+    const int late = (vc.root % p + p) % p;
+    if (r == late) {
+      std::vector<uint8_t> tokens(p);
+      std::vector<Work> got;
+      for (int k = 0; k < p; ++k)
+        if (k != late) got.push_back(c.recv(&tokens[k], 1, DType::u8, k, kBarrierTokenTag, o));
+      for (auto& w : got) w.wait();
+      std::this_thread::sleep_for(kLate);
+      c.barrier(o).wait();
+    } else {
+      const uint8_t token = 1;
+      const auto entered = std::chrono::steady_clock::now();
+      c.send(&token, 1, DType::u8, late, kBarrierTokenTag, o).wait();
+      c.barrier(o).wait();
+      if (std::chrono::steady_clock::now() - entered < kLate) ++wrong;
+    }
   } else if (vc.op == "sendrecv") {
     if (p == 1) return 0;
     // A ring exchange with several tags in flight.
