@@ -130,11 +130,13 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   // the attention phase (QKV, the b (a/t) s^2 scores and their softmax, which the prefill timing above writes to
   // memory, so the two agree), plus the logits.
   // The heaviest stage: its layers and the embeddings (the first stage holds the token and position embeddings, the
-  // last a copy of the token embedding for the logits), split over tp. Spread evenly over the stages, they
+  // last a copy of the token embedding for the logits), the token embeddings split over tp, the position embeddings
+  // whole on each rank (they were split too). Spread evenly over the stages, they
   // understated the first stage's memory for small models with pp > 1.
   // (a rank replicating a KV head holds its whole K and V weights: gpt_layer_parameters_per_rank)
   r.weight_bytes = 2 * (static_cast<double>(lps) * gpt_layer_parameters_per_rank(m0, t) +
-                        static_cast<double>(m0.vocab + m0.seq) * static_cast<double>(m0.hidden) / t);
+                        static_cast<double>(m0.vocab) * static_cast<double>(m0.hidden) / t +
+                        static_cast<double>(m0.seq) * static_cast<double>(m0.hidden));
   const long long tokens = c.prompt + c.generate;
   r.kv_bytes = kv_cache_bytes(m0, t, p, tokens, c.batch);
   const double qkv = qkv_width_per_rank(m0, t);

@@ -346,8 +346,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   // Parameters per GPU on the largest stage (the first holds the embeddings; with p = 1 everything).
   // t times one rank's share (the K and V of replicated KV heads whole on each rank), so that / t is a rank's.
   const double layer_params = gpt_layer_parameters_per_rank(m, t) * t;
-  const double emb = (V + s) * h;
-  const double params_gpu = (lps * layer_params + emb) / t;
+  // The embeddings on one GPU: the word embeddings split over the t ranks (vocab-parallel), the position embeddings
+  // whole on each (Megatron-LM replicates them; they were divided by t as well).
+  const double emb_gpu = V * h / t + s * h;
+  const double params_gpu = lps * layer_params / t + emb_gpu;
 
   // Data-parallel exchange. Each data-parallel call also pays the wake-up of peers that arrived first and stopped
   // polling (calibrated CPU clusters; 0 elsewhere): the ranks reach a gradient exchange apart.
@@ -366,11 +368,11 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       // The embeddings (word and position; the output layer shares the word embeddings) are sharded too: gathered
       // before the first layer (nothing to hide behind) and again for the output layer and the backward, their
       // gradients reduce-scattered at the end; those two hide behind the output layer's compute as far as it lasts.
-      const double emb_bytes = emb / t * 2;
+      const double emb_bytes = emb_gpu * 2;
       auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, emb_bytes);
-      auto ers = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, emb / t * cfg.grad_bytes);
+      auto ers = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, emb_gpu * cfg.grad_bytes);
       const double te_ag = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake,
-                   te_rs = ctime(Collective::kReduceScatter, ers, dg, emb / t * cfg.grad_bytes) + wake;
+                   te_rs = ctime(Collective::kReduceScatter, ers, dg, emb_gpu * cfg.grad_bytes) + wake;
       const double logits_compute =
           std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) + std::max(0.0, mt.bwd_compute - lps * mt.layer_bwd);
       const double per_mb = lps * (2 * t_ag + t_rs) + 2 * te_ag + te_rs;
@@ -529,7 +531,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   // embeddings it gathers for the first and the output layer, and one layer's full gradients before their
   // reduce-scatter (the sharded state alone left out about a third of GPT-1T's memory at t = 8).
   const bool zero3 = cfg.zero == 3 && d > 1;
-  const double gathered = zero3 ? ((cfg.dp_overlap ? 2 : 1) * layer_params + emb) / t * 2 : 0.0;
+  const double gathered = zero3 ? ((cfg.dp_overlap ? 2 : 1) * layer_params / t + emb_gpu) * 2 : 0.0;
   const double unsharded_grads = zero3 ? layer_params / t * cfg.grad_bytes : 0.0;
   auto stage_memory = [&](double params, double inflight, bool loss) {
     const ModelState st = zero_model_state(params, d, cfg.zero, cfg.grad_bytes);

@@ -75,6 +75,21 @@ GptModel gpt(int l, long long h, long long a, long long s, long long V) {
   return m;
 }
 
+// Tensor parallelism splits the layers' weights and the word embeddings (vocab-parallel) over the t ranks; the
+// position embeddings stay whole on each (they were divided by t too).
+TEST(Step, TensorParallelRanksEachHoldThePositionEmbeddingsWhole) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  GptModel m = gpt(24, 2048, 16, 2048, 51200);
+  ParallelConfig c;
+  c.global_batch = 8;
+  c.micro_batch = 1;
+  c.tp = 8;
+  const StepResult r = simulate_step(net, m, c);
+  const double per_rank = 24 * gpt_layer_parameters(m) / 8 + 51200.0 * 2048 / 8 + 2048.0 * 2048;
+  EXPECT_NEAR(r.memory.params, 2 * per_rank, 1e-9 * r.memory.params);  // fp16 weights
+}
+
 TEST(Step, ZeroStagesMoveTheSameGradientBytesPlusAParameterGather) {
   Topology topo(load_cluster("dgx-a100"), 64);
   CollectiveModel net(topo);
@@ -216,8 +231,9 @@ TEST(Inference, PipelineStagesAddLatencyButSplitTheWeights) {
   InferenceResult one = simulate_inference(net, m, c);  // 175B in fp16 on 8 x 80 GB: 43.7 GB of weights each
   EXPECT_TRUE(one.fits);
   EXPECT_EQ(one.replicas, 2);
-  // Each stage has half the layers; the first also holds the embeddings ((V + s) h, split over tp), whole.
-  EXPECT_NEAR(two.weight_bytes * 2 - one.weight_bytes, 2.0 * (51200 + 2048) * 12288 / 8, 1);
+  // Each stage has half the layers; the first also holds the embeddings whole (V h split over tp, the position
+  // embeddings s h whole on each rank).
+  EXPECT_NEAR(two.weight_bytes * 2 - one.weight_bytes, 2.0 * (51200.0 / 8 + 2048) * 12288, 1);
   EXPECT_GT(two.max_batch, 2 * one.max_batch);              // half the weights and half the KV cache per GPU
   EXPECT_GT(one.tokens_per_second, two.tokens_per_second);  // two replicas beat one two-stage pipeline
   EXPECT_THROW(simulate_inference(net, m, InferenceConfig{3, 1, 1, 16, 16}), ConfigError);
