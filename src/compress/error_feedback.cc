@@ -23,21 +23,46 @@ class ErrorFeedback : public Compressor {
   bool fixed_size() const override { return inner_->fixed_size(); }
   bool stateful() const override { return true; }
   size_t wire_bytes(size_t d, const TensorState& st) const override { return inner_->wire_bytes(d, st); }
+  // A call that throws leaves the residual as it was (a non-finite g + e, a payload the inner decoder refuses; it was
+  // left half-updated): a residual this call created is removed again and a stale pending decode it dropped is put
+  // back; the step too is put back when the inner method keeps no other state (stateful() false), so such a call
+  // changes nothing. (A stateful inner method, e.g. DGC's momentum, keeps what it did before throwing; the one-pass
+  // sign methods' compress_feedback applies its pending decode and zeroes the elements it lost: sign.cc.)
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
     const bool fresh = !st.buffers.count("ef.residual");
     auto& e = st.buffer("ef.residual", d);  // (refuses a residual of another size before anything changes)
-    if (fresh) st.buffers.erase("ef.pending");
-    if (inner_->compress_feedback(in, e, st, out)) return;
-    // p = g + e in a scratch buffer, copied into the residual once the inner compressor took it: a compressor that
-    // throws (a non-finite p, an index range) leaves the residual as it was, not with g added twice on a retry.
-    // (Copied, not swapped: swapping handed the largest tensor's buffer on to the residuals of small ones.)
-    thread_local std::vector<float> p;
-    p.assign(e.begin(), e.end());
-    kernels::get().add_to(p.data(), in.data(), d);
-    inner_->compress(std::span<const float>(p.data(), d), st, out);
-    std::copy(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(d), e.begin());
-    inner_->decompress_sub(out, st, e);
+    std::vector<float> stale;
+    bool had_stale = false;
+    if (fresh)
+      if (auto it = st.buffers.find("ef.pending"); it != st.buffers.end()) {
+        stale = std::move(it->second);
+        had_stale = true;
+        st.buffers.erase(it);
+      }
+    const uint64_t step = st.step;
+    try {
+      if (inner_->compress_feedback(in, e, st, out)) return;  // all or nothing itself
+      // p = g + e in a scratch buffer, its decode subtracted there too, copied into the residual once both
+      // succeeded: a compressor that throws (a non-finite p, an index range, a payload its decoder refuses) leaves
+      // the residual as it was, not with g added twice on a retry. (Copied, not swapped: swapping handed the largest
+      // tensor's buffer on to the residuals of small ones.)
+      thread_local std::vector<float> p;
+      p.assign(e.begin(), e.end());
+      kernels::get().add_to(p.data(), in.data(), d);
+      const std::span<float> ps(p.data(), d);
+      inner_->compress(ps, st, out);
+      inner_->decompress_sub(out, st, ps);
+      std::copy(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(d), e.begin());
+    } catch (...) {
+      if (fresh) {
+        st.buffers.erase("ef.residual");
+        st.buffers.erase("ef.pending");  // (one compress_feedback made)
+      }
+      if (had_stale) st.buffers["ef.pending"] = std::move(stale);
+      if (!inner_->stateful()) st.step = step;
+      throw;
+    }
   }
   void decompress(std::span<const uint8_t> p, const TensorState& st, std::span<float> out) const override {
     inner_->decompress(p, st, out);

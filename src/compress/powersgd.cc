@@ -228,6 +228,17 @@ void PowerSgd::decompress(std::span<const uint8_t> payload, const TensorState& s
     throw InvalidArgument(fmt::format("powersgd: payload of {} bytes for {} elements without a matrix shape",
                                       payload.size(), d));
   size_t n = st.shape[0], m = d / n;
+  // BLAS takes int dimensions, so plan() sends a matrix with a side past INT_MAX uncompressed (w * d bytes, decoded
+  // above) and no encoder writes P and Q for one. The shape is this rank's, but the payload is a peer's: one of
+  // exactly r (n + m) elements for such a matrix (corrupt, or from a peer with another configuration) reached the
+  // casts below, where n = 2^31 became negative and OpenBLAS refused the product, leaving out as it was.
+  constexpr size_t kBlasMax = static_cast<size_t>(std::numeric_limits<int>::max());
+  if (n > kBlasMax || m > kBlasMax)
+    throw InvalidArgument(
+        fmt::format("powersgd: payload of {} bytes is not the {} bytes of an uncompressed {} x {} "
+                    "matrix; allowed: P and Q only for sides up to {} (BLAS's int), larger ones "
+                    "travel uncompressed",
+                    payload.size(), w * d, n, m, kBlasMax));
   size_t r = std::min<size_t>({static_cast<size_t>(r_), n, m});
   detail::check_payload("powersgd", payload.size(), w * r * (n + m));
   thread_local std::vector<float> pq;

@@ -167,7 +167,8 @@ class ByteQuantizer : public Compressor {
     const float* h = hdr.data();
     // Scales no encoder writes, whose codes decode past the floats (a hostile int8 scale of 1e38 gave inf), checked
     // in float as the decoders compute: int8's 127 x scale, uint8's min + 255 x scale (above a scale of 1.3e36,
-    // kernels.inc's wide_u8_scale, the uint8 decoder clamps in double).
+    // kernels.inc's wide_u8_scale, the uint8 decoder clamps in double). The encoders take a scale that rounded up
+    // past this down to one that passes (kernels.inc's fit_i8_scale, fit_u8_scale): every finite input round-trips.
     for (size_t c = 0; c < ceil_div(d, chunk_); ++c) {
       const float lo = signed_ ? 0.0f : h[2 * c], sc = signed_ ? h[c] : h[2 * c + 1];
       if (signed_ ? !std::isfinite(127.0f * sc) : !(sc > 1.3e36f || std::isfinite(lo + 255.0f * sc)))
@@ -215,6 +216,10 @@ class Qsgd : public Compressor {
   size_t buckets(size_t d) const { return d == 0 ? 0 : ceil_div(d, bucket(d)); }
   size_t wire_bytes(size_t d, const TensorState&) const override { return 4 * buckets(d) + ceil_div(d * bits_, 8); }
   int bits() const { return bits_; }
+  // Whether the top level decodes within the floats: decode computes unit = norm / s, then unit x level (level <= s).
+  bool decodes_finite(float norm) const {
+    return std::isfinite(norm / static_cast<float>(s_) * static_cast<float>(s_));
+  }
   // 2-, 4- and 8-bit codes of buckets that start on a byte boundary are computed and packed by one kernel.
   bool byte_aligned(size_t d) const {
     return (bits_ == 2 || bits_ == 4 || bits_ == 8) && (buckets(d) <= 1 || bucket(d) * bits_ % 8 == 0);
@@ -238,6 +243,10 @@ class Qsgd : public Compressor {
       // The wire carries the norm as an f32: a norm above FLT_MAX (values near it) is sent as FLT_MAX, whose codes
       // then saturate at s (inf made the scale 0 and every value decode as 0 * inf = NaN).
       float norm = static_cast<float>(std::min(std::sqrt(sum_squares(in.data() + off, n)), 3.4028234663852886e38));
+      // The decoder's unit = norm / s times a level up to s, in f32, rounded past FLT_MAX for a norm of FLT_MAX
+      // (s = 127: a saturated element decoded as inf); decode refuses such a norm, so the encoder sends the largest
+      // norm below it whose top level decodes finite (one ulp less; the codes follow from the norm sent).
+      for (int i = 0; i < 8 && std::isfinite(norm) && !decodes_finite(norm); ++i) norm = std::nextafter(norm, 0.0f);
       put_f32(out.data() + 4 * b, norm);
       float scale = norm > 0 ? static_cast<float>(s_) / norm : 0.0f;
       const float* src = in.data() + off;
@@ -266,6 +275,12 @@ class Qsgd : public Compressor {
     check_payload("qsgd", p.size(), wire_bytes(d, none));
     size_t bk = bucket(d), nb = buckets(d);
     detail::check_scales("qsgd", p.data(), nb, 1);
+    for (size_t b = 0; b < nb; ++b)
+      if (const float norm = get_f32(p.data() + 4 * b); !decodes_finite(norm))
+        throw InvalidArgument(
+            fmt::format("qsgd: bucket {}'s norm {} decodes past the floats at level {}; allowed: a "
+                        "norm whose norm / {} x {} stays within 3.4e38 in f32",
+                        b, norm, s_, s_, s_));
     const uint8_t* codes_in = p.data() + 4 * nb;
     if (size_t e = detail::first_code_above(codes_in, d, bits_, 2 * static_cast<uint32_t>(s_) + 1); e < d)
       throw InvalidArgument(

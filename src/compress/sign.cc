@@ -14,7 +14,9 @@
 // reconstruction values are the means of the non-negative and of the negative entries.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "compress/kernels.h"
 #include "compress/methods.h"
@@ -79,12 +81,43 @@ class ScaledSign : public Compressor {
     kernels::get().sign_feedback(e.data(), g.data(), d, two_, pend[2] != 0, pend[0], pend[1], a, b, pn,
                                  out.data() + header());
     if (!std::isfinite(a) || !std::isfinite(b)) exact_sums(e.data(), nullptr, d, a, b);  // e holds p now
+    if (!std::isfinite(a) || !std::isfinite(b)) undo_and_throw(g, e, pend);
     put_scales(out, d, a, b, pn);
     float pos, neg;
     values(out, pos, neg);
     pend = {-pos, -neg, 1.0f};
     ++st.step;
     return true;
+  }
+  // A p with an inf or NaN (a non-finite g, or e + g past the floats): the pass has overwritten e with p, which
+  // the kernel's own sums show only afterwards (checking g and e first would be a second pass, 35-40% of the call's
+  // throughput). g is taken out again: e then holds the last residual with its pending decode applied (rounded once
+  // more; the pending decode is cleared), and each element whose p is not finite, whose old value is lost, starts
+  // again from 0. The step is not counted. (It threw keeping the pending decode, which the next step applied to the
+  // residual a second time, and the inf or NaN stayed in the residual for good.)
+  [[noreturn]] void undo_and_throw(std::span<const float> g, std::span<float> e, std::vector<float>& pend) const {
+    const size_t d = e.size();
+    size_t first = d, lost = 0;
+    float bad = 0, grad = 0;
+    for (size_t i = 0; i < d; ++i) {
+      if (std::isfinite(e[i])) {
+        e[i] -= g[i];
+        continue;
+      }
+      if (first == d) {
+        first = i;
+        bad = e[i];
+        grad = g[i];
+      }
+      e[i] = 0.0f;
+      ++lost;
+    }
+    pend[2] = 0.0f;
+    throw InvalidArgument(fmt::format(
+        "{} with error feedback: element {} of {} is {} once the gradient's {} is added to the residual ({} such); "
+        "allowed: finite gradients whose sum with the residual stays within +-3.4e38 (the run diverged: a smaller "
+        "learning rate or a warm-up); the step is not taken, those elements' residuals restart from 0",
+        name(), first, d, bad, grad, lost));
   }
   // The payload of p = x (or x + g, stored to p) in one pass: the scale(s), then the sign bits.
   void encode(const float* x, const float* g, float* p, size_t d, Bytes& out) const {
@@ -110,12 +143,21 @@ class ScaledSign : public Compressor {
         a += v;
     }
   }
+  // The means as f32. The mean of finite values is within the floats, but its double sum may round a little past
+  // FLT_MAX: such a mean is sent as FLT_MAX (as an f32 cast it was inf, refused by every receiver and by
+  // compress_feedback after its pass). A non-finite sum (an inf or NaN input, not through compress_feedback) stays
+  // non-finite, and receivers refuse it.
+  static float mean_f32(double sum, size_t count) {
+    if (count == 0) return 0.0f;
+    const double m = sum / static_cast<double>(count);
+    return static_cast<float>(std::isfinite(m) ? std::clamp(m, -3.4028234663852886e38, 3.4028234663852886e38) : m);
+  }
   void put_scales(Bytes& out, size_t d, double a, double b, size_t pn) const {
     if (two_) {
-      put_f32(out.data(), pn ? static_cast<float>(a / static_cast<double>(pn)) : 0.0f);
-      put_f32(out.data() + 4, d > pn ? static_cast<float>(b / static_cast<double>(d - pn)) : 0.0f);
+      put_f32(out.data(), mean_f32(a, pn));
+      put_f32(out.data() + 4, mean_f32(b, d - pn));
     } else {
-      put_f32(out.data(), d ? static_cast<float>(a / static_cast<double>(d)) : 0.0f);
+      put_f32(out.data(), mean_f32(a, d));
     }
   }
   void values(std::span<const uint8_t> p, float& pos, float& neg) const {

@@ -192,6 +192,12 @@ void write_sparse(std::span<const float> x, const std::vector<uint32_t>& idx, By
 // Every encoder writes its indices in ascending order, each once; a payload whose indices are not (a duplicate
 // added twice) or that holds another count than a fixed-size method's k is refused before anything is written.
 // `least`..`most`: the entries a method with a schedule may send (DGC's warm-up densities down to its ratio).
+// Values must be finite, as the other gathered (non-linear) methods' payloads must: the quantizers refuse a
+// non-finite scale, and the compressed exchanges refuse a nan or inf in these methods' input before compressing
+// (check_finite_input), so a peer's inf or NaN value is a diverged or corrupt sender (or DGC's accumulated v past
+// the floats), refused with the entry named rather than summed into every rank's result. Only the casts and an
+// uncompressed allreduce pass nan and inf on (as does random-k, whose values are summed by an allreduce before they
+// are decoded; see RandK::decode).
 void read_sparse(const std::string& who, std::span<const uint8_t> p, std::span<float> out, bool add,
                  bool subtract = false, size_t expect_entries = SIZE_MAX, size_t least = 0, size_t most = SIZE_MAX) {
   if (p.size() % 8) throw InvalidArgument(fmt::format("{}: payload of {} bytes is not 8 per entry", who, p.size()));
@@ -206,12 +212,22 @@ void read_sparse(const std::string& who, std::span<const uint8_t> p, std::span<f
   const uint8_t* vp = p.data() + 4 * n;
   for (size_t i = 0, prev = 0; i < n; ++i) {
     uint32_t j;
+    float v;
     std::memcpy(&j, ip + 4 * i, 4);
+    std::memcpy(&v, vp + 4 * i, 4);
     if (j >= out.size())
-      throw InvalidArgument(fmt::format("{}: index {} out of range for {} elements", who, j, out.size()));
+      throw InvalidArgument(
+          fmt::format("{}: index {} (entry {}) out of range; allowed: indices below {}, the "
+                      "tensor's size",
+                      who, j, i, out.size()));
     if (i > 0 && j <= prev)
       throw InvalidArgument(
           fmt::format("{}: index {} after {} (entry {}); allowed: ascending indices, each once", who, j, prev, i));
+    if (!std::isfinite(v))
+      throw InvalidArgument(
+          fmt::format("{}: entry {} (index {}) of the payload has value {}; allowed: finite values "
+                      "(the sender's input diverged)",
+                      who, i, j, v));
     prev = j;
   }
   if (!add) std::fill(out.begin(), out.end(), 0.0f);
@@ -297,6 +313,11 @@ class RandK : public Compressor {
     if (st.step == 0) throw InvalidArgument("randk: decompress before any compress (the indices come from its step)");
     thread_local std::vector<uint32_t> idx;
     indices(d, st, st.step - 1, idx);
+    // Values are not checked for inf and NaN, unlike the gathered sparse payloads (read_sparse): random-k is linear,
+    // so what arrives here is the f32 sum an allreduce made of every rank's values, and an overflowed or nan sum is
+    // passed on as the uncompressed allreduce passes it (the trainer reports the divergence from the loss). The
+    // indices come from the shared seed and this state's step, never from the payload, so a nan cannot move one;
+    // the payload's length is checked above.
     if (!add) std::fill(out.begin(), out.end(), 0.0f);
     const float* v = reinterpret_cast<const float*>(p.data());
     for (size_t i = 0; i < idx.size(); ++i) out[idx[i]] += v[i];

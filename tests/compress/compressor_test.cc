@@ -630,6 +630,61 @@ TEST(RoundTrip, Int8ChunksOfTinyValuesKeepTheirZeros) {
   }
 }
 
+// Chunks whose values reach the largest float: uint8's min + 255 x scale (min 6.5e37 to 8.5e37, max FLT_MAX: a scale
+// just under the wide ones) and int8's 127 x scale (max|x| = FLT_MAX) rounded up to inf in f32, so the decoder refused
+// the encoder's own payload; QSGD's norm / s x s did too (levels 127 and 32767), and its saturated element decoded as
+// inf. Each now round-trips within half a step (QSGD: a level), and the decoders still refuse such scales from a peer.
+TEST(RoundTrip, ValuesNextToTheLargestFloatRoundTrip) {
+  const float kMax = std::numeric_limits<float>::max();
+  for (float lo : {6.5e37f, 7.5e37f, 8.5e37f}) {
+    const std::vector<float> x{lo, kMax, 1e38f, 2e38f, 3e38f, std::nextafter(kMax, 0.0f)};
+    auto c = make_compressor("uint8", {});
+    auto st = c->make_state(x.size(), 7, 1);
+    const Bytes p = c->compress(x, st);
+    float scale;
+    std::memcpy(&scale, p.data() + 4, 4);
+    std::vector<float> y(x.size());
+    ASSERT_NO_THROW(c->decompress(p, st, y)) << lo;
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(y[i])) << lo << " " << i;
+      EXPECT_LE(std::fabs(double(y[i]) - double(x[i])), 0.5 * double(scale) * 1.001) << lo << " " << i;
+    }
+  }
+  {
+    const std::vector<float> x{kMax, -1.0f, 0.5f, 3e38f, -kMax};
+    auto c = make_compressor("int8", {});
+    auto st = c->make_state(x.size(), 7, 1);
+    const Bytes p = c->compress(x, st);
+    float scale;
+    std::memcpy(&scale, p.data(), 4);
+    std::vector<float> y(x.size());
+    ASSERT_NO_THROW(c->decompress(p, st, y));
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(y[i])) << i;
+      EXPECT_LE(std::fabs(double(y[i]) - double(x[i])), 0.5 * double(scale) * 1.001) << i;
+    }
+  }
+  for (const char* levels : {"127", "32767"}) {
+    auto c = make_compressor("qsgd", {{"levels", levels}});
+    const std::vector<float> x{kMax, 0.0f, 0.0f, 0.0f};
+    auto st = c->make_state(x.size(), 7, 1);
+    Bytes p = c->compress(x, st);
+    std::vector<float> y(x.size());
+    ASSERT_NO_THROW(c->decompress(p, st, y)) << levels;
+    ASSERT_TRUE(std::isfinite(y[0])) << levels;
+    EXPECT_GT(y[0], 0.999f * kMax) << levels;  // the top level: the norm, one ulp less
+    for (size_t i = 1; i < x.size(); ++i) EXPECT_EQ(y[i], 0.0f) << levels << " " << i;
+    // A peer's norm of FLT_MAX, whose top level decodes past the floats, is refused.
+    std::memcpy(p.data(), &kMax, 4);
+    try {
+      c->decompress(p, st, y);
+      ADD_FAILURE() << levels << ": a norm of FLT_MAX decoded";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("decodes past the floats"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A top-k payload is exactly k entries with ascending indices: one missing its last entry, or with an index twice
 // (added twice), is refused (they decoded as k - 1 entries, or summed).
 TEST(TopK, PayloadsOfAnotherCountOrRepeatedIndicesAreRefused) {
@@ -652,6 +707,69 @@ TEST(TopK, PayloadsOfAnotherCountOrRepeatedIndicesAreRefused) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("ascending indices, each once"), std::string::npos) << e.what();
   }
+}
+
+// Gathered sparse payloads (top-k, threshold, DGC) carry values a peer computed: an inf or NaN among them (a sender
+// whose input diverged) is refused with the entry named, before anything is written, as the quantizers refuse a
+// non-finite scale (it was summed into every rank's result). Random-k is linear: its decoder gets the sum an allreduce
+// made and passes a NaN on at its own index only, as an uncompressed allreduce does. Indices out of range are refused.
+TEST(Sparse, NonFiniteValuesFromPeersAreRefusedRandomKPassesThemOn) {
+  const float kNan = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  const auto x = gaussian(100, 21);
+  for (const auto& [name, params] : std::vector<std::pair<std::string, Params>>{
+           {"topk", {{"ratio", "0.1"}}}, {"threshold", {{"threshold", "1"}}}, {"dgc", {{"ratio", "0.1"}}}}) {
+    auto c = make_compressor(name, params);
+    auto st = c->make_state(x.size(), 3, 0);
+    const Bytes good = c->compress(x, st);
+    const size_t n = good.size() / 8;
+    ASSERT_GE(n, 3u) << name;
+    for (float bad : {kNan, kInf, -kInf}) {
+      Bytes p = good;
+      std::memcpy(p.data() + 4 * n + 8, &bad, 4);  // entry 2's value
+      std::vector<float> acc(x.size(), 7.0f);
+      try {
+        c->decompress_add(p, st, acc);
+        ADD_FAILURE() << name << ": a value of " << bad << " was added";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(name + ": entry 2 (index "), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("allowed: finite values"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(acc, std::vector<float>(x.size(), 7.0f)) << name;  // nothing written
+      EXPECT_THROW(c->decompress(p, st, acc), InvalidArgument) << name;
+      EXPECT_THROW(c->decompress_sub(p, st, acc), InvalidArgument) << name;
+    }
+    std::vector<float> out(x.size());
+    EXPECT_NO_THROW(c->decompress(good, st, out)) << name;
+    Bytes far = good;
+    const uint32_t past = 100;
+    std::memcpy(far.data() + 4 * (n - 1), &past, 4);  // the last index: one past the end
+    try {
+      c->decompress(far, st, out);
+      ADD_FAILURE() << name << ": index 100 of 100 elements was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("allowed: indices below 100"), std::string::npos) << e.what();
+    }
+  }
+  auto rk = make_compressor("randk", {{"ratio", "0.1"}});
+  auto st = rk->make_state(x.size(), 3, 0);
+  Bytes p = rk->compress(x, st);
+  ASSERT_EQ(p.size(), 40u);
+  std::vector<float> clean(x.size()), got(x.size());
+  rk->decompress(p, st, clean);
+  std::memcpy(p.data() + 12, &kNan, 4);  // value 3 of 10
+  ASSERT_NO_THROW(rk->decompress(p, st, got));
+  size_t nans = 0, sent = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sent += clean[i] != 0.0f;
+    if (std::isnan(got[i])) {
+      ++nans;
+      EXPECT_NE(clean[i], 0.0f) << i;  // at one of the drawn indices
+    } else {
+      EXPECT_EQ(got[i], clean[i]) << i;
+    }
+  }
+  EXPECT_EQ(nans, 1u);
+  EXPECT_EQ(sent, 10u);
 }
 
 // TernGrad's clip=1 clips at 2.5 standard deviations, computed without cancellation (E[x^2] - mean^2 in f32 gave
@@ -776,6 +894,86 @@ TEST(ErrorFeedback, OnePassSignFeedbackEqualsThePlainSteps) {
       EXPECT_EQ(ef->compress(g, st), want) << "d=" << d << " step " << t;
       EXPECT_EQ(ef->residual(st), e) << "d=" << d << " step " << t;
     }
+  }
+}
+
+// Error feedback's generic call is all or nothing: one whose g + e has an inf or NaN (ef:topk's decoder refuses the
+// non-finite value its payload carried, after which the residual had already taken p) throws and leaves the state as
+// it was. The one-pass sign form finds out after overwriting the residual with p: it takes g out again, applies its
+// pending decode and restarts the lost elements from 0 (it kept the pending decode, applied a second time by the next
+// step, and the inf or NaN stayed in the residual). A fresh state stays fresh in both.
+TEST(ErrorFeedback, AStepThatThrowsLeavesAUsableState) {
+  const float kNan = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  const size_t d = 1000;
+  for (const auto& [name, params] : std::vector<std::pair<std::string, Params>>{
+           {"efsignsgd", {}}, {"onebit", {}}, {"ef:topk", {{"ratio", "0.1"}}}}) {
+    const bool one_pass = name != "ef:topk";
+    auto ef = make_compressor(name, params);
+    auto st = ef->make_state(d, 4, 2), ref = ef->make_state(d, 4, 2);
+    for (int t = 0; t < 3; ++t)
+      EXPECT_EQ(ef->compress(gaussian(d, 40 + t), st), ef->compress(gaussian(d, 40 + t), ref)) << name;
+    // (Top-k selects an inf always, a NaN only when its comparisons fall short of k: ef:topk is given infs.)
+    const std::vector<float> bads = one_pass ? std::vector<float>{kNan, kInf, -kInf} : std::vector<float>{kInf, -kInf};
+    for (float bad : bads) {
+      auto g = gaussian(d, 50);
+      g[123] = bad;
+      const TensorState before = st;
+      const std::vector<float> residual = ef->residual(st);
+      try {
+        ef->compress(g, st);
+        ADD_FAILURE() << name << ": a gradient with " << bad << " was compressed";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("123"), std::string::npos) << name << ": " << e.what();
+      }
+      EXPECT_EQ(st.step, before.step) << name;
+      if (!one_pass) {
+        EXPECT_TRUE(st == before) << name << " " << bad;
+      } else {
+        // The same residual up to one more rounding (a pending decode applied twice moved it by the scale, ~0.8),
+        // but element 123, whose old value is lost, at 0.
+        const std::vector<float> now = ef->residual(st);
+        ASSERT_EQ(now.size(), d);
+        for (size_t i = 0; i < d; ++i)
+          if (i == 123)
+            EXPECT_EQ(now[i], 0.0f) << name;
+          else
+            EXPECT_NEAR(now[i], residual[i], 1e-5f * (1 + std::fabs(residual[i]))) << name << " " << i;
+        ref = st;  // continues from here
+      }
+      // A fresh state stays fresh.
+      auto fresh = ef->make_state(d, 4, 2);
+      const TensorState empty = fresh;
+      EXPECT_THROW(ef->compress(g, fresh), InvalidArgument) << name;
+      EXPECT_TRUE(fresh == empty) << name << " " << bad;
+    }
+    for (int t = 0; t < 2; ++t) {
+      EXPECT_EQ(ef->compress(gaussian(d, 60 + t), st), ef->compress(gaussian(d, 60 + t), ref)) << name;
+      EXPECT_EQ(ef->residual(st), ef->residual(ref)) << name;
+    }
+    for (float x : ef->residual(st)) EXPECT_TRUE(std::isfinite(x)) << name;
+  }
+  // Finite gradients whose sum with the residual overflows: after [3e38, 1, 1, 1] the residual holds 2.25e38 (the
+  // scale, the mean magnitude, is 7.5e37), and 2e38 more is past FLT_MAX.
+  for (const char* name : {"efsignsgd", "onebit"}) {
+    auto ef = make_compressor(name, {});
+    auto st = ef->make_state(4, 4, 2);
+    const std::vector<float> first{3e38f, 1.0f, 1.0f, 1.0f}, over{2e38f, 0.0f, 0.0f, 0.0f},
+        next{1.0f, -2.0f, 3.0f, 0.5f};
+    ef->compress(first, st);
+    const std::vector<float> residual = ef->residual(st);
+    ASSERT_NEAR(residual[0], 2.25e38f, 1e33f) << name;
+    try {
+      ef->compress(over, st);
+      ADD_FAILURE() << name << ": a step past FLT_MAX was compressed";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("element 0 of 4 is inf"), std::string::npos) << name << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("residuals restart from 0"), std::string::npos) << e.what();
+    }
+    const std::vector<float> now = ef->residual(st);
+    EXPECT_EQ(now[0], 0.0f) << name;
+    for (size_t i = 1; i < 4; ++i) EXPECT_NEAR(now[i], residual[i], 1e-6 * (1 + std::fabs(residual[i]))) << name;
+    ef->compress(next, st);
+    for (float x : ef->residual(st)) EXPECT_TRUE(std::isfinite(x)) << name;
   }
 }
 

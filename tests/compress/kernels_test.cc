@@ -266,6 +266,8 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
           x[900] = -(std::ldexp(1.0f, 127) - std::ldexp(1.0f, 103)), x[901] = std::ldexp(1.0f, 127);
           x[960] = -0x1.821c82p+127f, x[961] = 0x1.fffffep+127f;
         }
+        if (n >= 4099)  // chunks of only 8.5e37 and FLT_MAX: min + 255 x scale rounded up to inf in f32
+          for (size_t i = 2000; i < 2700; ++i) x[i] = i % 3 ? 8.5e37f : 0x1.fffffep+127f;
         size_t nc = (n + chunk - 1) / chunk;
         std::vector<float> scales(nc), want_scales(nc), header(2 * nc), want_header(2 * nc);
         std::vector<int8_t> q(n), want(n);
@@ -275,14 +277,21 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
           float amax = 0, lo = x[b], hi = x[b];
           for (size_t i = b; i < e; ++i)
             amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
-          float s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+          // The decoders accept 127 x scale (int8) and min + 255 x scale (uint8, unless wide) only when finite in
+          // f32: a scale rounded up past that (max|x| = FLT_MAX; a uint8 range from 8.5e37 to FLT_MAX) is taken
+          // down an ulp at a time until it fits.
+          float s = amax / 127.0f;
+          while (std::isfinite(s) && s > 0 && !std::isfinite(127.0f * s)) s = std::nextafter(s, 0.0f);
+          const float inv = s > 0 ? 1.0f / s : 0.0f;
           want_scales[c] = s;
           // A finite range wider than FLT_MAX: its scale in double; a scale that large (a range near or above
           // FLT_MAX) quantizes as x/s - lo/s (x - lo overflows).
           const bool over = std::isinf(hi - lo) && std::isfinite(hi) && std::isfinite(lo);
-          float us = over ? float((double(hi) - double(lo)) / 255.0) : (hi - lo) / 255.0f,
-                uinv = us > 0 ? 1.0f / us : 0.0f;
+          float us = over ? float((double(hi) - double(lo)) / 255.0) : (hi - lo) / 255.0f;
           const bool wide = us > 1.3e36f && std::isfinite(us);
+          while (!wide && std::isfinite(lo) && std::isfinite(us) && us > 0 && !std::isfinite(lo + 255.0f * us))
+            us = std::nextafter(us, 0.0f);
+          const float uinv = us > 0 ? 1.0f / us : 0.0f;
           want_header[2 * c] = lo, want_header[2 * c + 1] = us;
           // A subnormal scale divides (1 / s may be inf, and 0 * inf coded zeros as -128).
           const bool tiny = s > 0 && s < 1.17549435e-38f, utiny = us > 0 && us < 1.17549435e-38f;
@@ -307,15 +316,25 @@ TEST(Kernels, ChunkedByteQuantizersEqualScalar) {
         EXPECT_EQ(q, want) << k->name << " chunk=" << chunk << " n=" << n;
         EXPECT_EQ(bits(header), bits(want_header)) << k->name << " chunk=" << chunk << " n=" << n;
         EXPECT_EQ(uq, uwant) << k->name << " chunk=" << chunk << " n=" << n;
-        // Decoding a chunk of finite values gives finite values (a range ending at FLT_MAX decoded inf).
-        std::vector<float> back(n);
+        // Decoding a chunk of finite values gives finite values (a range ending at FLT_MAX decoded inf, and so did
+        // int8's chunks holding FLT_MAX), within half a step of each value.
+        std::vector<float> back(n), iback(n);
         k->dequant_u8_chunks(uq.data(), n, chunk, header.data(), back.data(), false);
+        k->dequant_i8_chunks(q.data(), n, chunk, scales.data(), iback.data(), false);
         for (size_t c = 0; c < nc; ++c) {
           size_t b = c * chunk, e = std::min(n, b + chunk);
           bool finite = true;
           for (size_t i = b; i < e; ++i) finite = finite && std::isfinite(x[i]);
-          for (size_t i = b; finite && i < e; ++i)
+          for (size_t i = b; finite && i < e; ++i) {
             EXPECT_TRUE(std::isfinite(back[i])) << k->name << " chunk=" << chunk << " n=" << n << " i=" << i;
+            EXPECT_TRUE(std::isfinite(iback[i])) << k->name << " chunk=" << chunk << " n=" << n << " i=" << i;
+            if (x[i] >= 8.5e37f) {  // the chunks that overflowed: half a step, and the rounding of the decode
+              EXPECT_LE(std::fabs(double(back[i]) - double(x[i])), 0.5 * double(header[2 * c + 1]) * 1.001 + 2e31)
+                  << k->name << " chunk=" << chunk << " n=" << n << " i=" << i;
+              EXPECT_LE(std::fabs(double(iback[i]) - double(x[i])), 0.5 * double(scales[c]) * 1.001 + 2e31)
+                  << k->name << " chunk=" << chunk << " n=" << n << " i=" << i;
+            }
+          }
         }
       }
 }

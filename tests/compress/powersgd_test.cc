@@ -1,12 +1,16 @@
 // PowerSGD on one worker: orthonormal P, exact recovery of rank-r matrices, error feedback, warm start, start
 // iteration and uncompressed 1-D tensors. (Linearity across workers: collectives_test.cc and below.)
+#include "compress/powersgd.h"
+
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
+#include <span>
 
 #include "compress/collectives.h"
-#include "compress/powersgd.h"
 #include "core/error.h"
 #include "ranks.h"
 
@@ -33,7 +37,54 @@ std::vector<float> low_rank(size_t n, size_t m, size_t r, uint64_t seed) {
   return x;
 }
 
+// Address space that is never touched: MAP_NORESERVE commits no memory until written (null when refused).
+struct Untouched {
+  explicit Untouched(size_t n) : bytes(n) {
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    data = p == MAP_FAILED ? nullptr : p;
+  }
+  ~Untouched() {
+    if (data) ::munmap(data, bytes);
+  }
+  Untouched(const Untouched&) = delete;
+  Untouched& operator=(const Untouched&) = delete;
+  size_t bytes;
+  void* data;
+};
+
 }  // namespace
+
+// plan() sends a matrix with a side past INT_MAX uncompressed (BLAS takes int dimensions), so no encoder writes P and
+// Q for one; decompress took the shape from the state and cast its sides to int, and a payload of exactly P's and Q's
+// size (2 x 2^31: P 2 x 1, Q 2^31 x 1) became a product with a negative dimension, which OpenBLAS refused, leaving
+// the output as it was. Refused with the bound named, before the payload or the output is read.
+TEST(PowerSgd, FactorsOfAMatrixPastBlasIntAreRefused) {
+  auto c = make_compressor("powersgd", {{"rank", "1"}, {"min_ratio", "0"}, {"wire", "f16"}});
+  const size_t n = 2, m = size_t{1} << 31, d = n * m;
+  ASSERT_GT(m, static_cast<size_t>(std::numeric_limits<int>::max()));
+  TensorState st;  // (make_state would do the same; no buffers are allocated either way)
+  st.shape = {n, m};
+  EXPECT_EQ(c->wire_bytes(d, st), 2 * d);  // the encoder's plan: uncompressed, 2 bytes an element
+  const size_t pq = 2 * (n + m);           // P and Q of rank 1 in f16
+  Untouched out_mem(4 * d), pay_mem(pq);
+  if (!out_mem.data || !pay_mem.data) GTEST_SKIP() << "no 20 GiB of address space for an untouched 2 x 2^31 tensor";
+  std::span<float> out(static_cast<float*>(out_mem.data), d);
+  std::span<const uint8_t> payload(static_cast<const uint8_t*>(pay_mem.data), pq);
+  try {
+    c->decompress(payload, st, out);
+    ADD_FAILURE() << "P and Q of a 2 x 2^31 matrix were decoded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("sides up to 2147483647 (BLAS's int)"), std::string::npos) << e.what();
+  }
+  // The 2 x 2^31 - 1 matrix fits: its payload size is checked as before (here: one element short).
+  st.shape = {n, m - 1};
+  try {
+    c->decompress(payload.first(pq - 4), st, out.first(d - 2));
+    ADD_FAILURE() << "a short payload was decoded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("expected"), std::string::npos) << e.what();
+  }
+}
 
 // A shape whose product wraps past 2^64 to the tensor's size (3 x 12297829382473034414 = 2^65 + 10) was taken as a
 // 3 x 3 matrix of a 10-element tensor: its last element never decoded.
