@@ -3,7 +3,8 @@
 // Bytes per rank and step (d parameters): dpsgd sends 4d to each of its deg neighbours (ring 2, torus 4,
 // exponential ~2 log2 n) and receives as much; with a compressor, wire_bytes(d) + 8 per neighbour instead.
 // sgp sends 4(d+1) to each of `peers` out-neighbours. adpsgd: an active rank sends 4(d+1) and receives 4d per step;
-// a passive rank sends 4d and receives 4(d+1) per request it answers.
+// a passive rank sends 4d and receives 4(d+1) per request it answers (rank 0 of an odd ring does both: it answers
+// the wrap edge's requests from rank n-1).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -61,14 +62,19 @@ void DpsgdStrategy::plain_gossip(std::span<float> params) {
   stats_.bytes_sent += nbrs_.size() * params.size_bytes();
   stats_.payload_bytes += params.size_bytes();
   stats_.bytes_received += nbrs_.size() * params.size_bytes();
+  // Difference form x_i += sum_j W_ij (x_j - x_i), the same x_i <- sum_j W_ij x_j as W_ii = 1 - sum_j W_ij. Rank i's
+  // term for j is exactly minus rank j's term for i (W symmetric, and rounding is symmetric under negation), so the
+  // terms cancel over the ranks and the mean moves only by the one unbiased rounding of each new x_i. (sum_j W_ij x_j
+  // with the weights rounded to f32 scaled the mean by each column's sum, 3 fl(1/3) = 1 + 3e-8 on a ring, every round
+  // the replicas differed: a drift of 1e-4 of the mean in a few thousand rounds.)
   const int me = c.rank();
-  const float wii = static_cast<float>(graph_.weight(me, me));
-  std::vector<float> wk(nbrs_.size());
-  for (size_t k = 0; k < nbrs_.size(); ++k) wk[k] = static_cast<float>(graph_.weight(me, nbrs_[k]));
+  std::vector<double> wk(nbrs_.size());
+  for (size_t k = 0; k < nbrs_.size(); ++k) wk[k] = graph_.weight(me, nbrs_[k]);
   for (size_t i = 0; i < params.size(); ++i) {
-    float v = wii * params[i];
-    for (size_t k = 0; k < nbrs_.size(); ++k) v += wk[k] * inbox_[k][i];
-    params[i] = v;
+    const double xi = params[i];
+    double delta = 0;
+    for (size_t k = 0; k < nbrs_.size(); ++k) delta += wk[k] * (static_cast<double>(inbox_[k][i]) - xi);
+    params[i] = static_cast<float>(xi + delta);
   }
 }
 
@@ -235,10 +241,8 @@ void SgpStrategy::load_state(std::span<const uint8_t> bytes) {
 
 AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed, bool final_average)
     : Strategy(std::move(comm)), rng_(seed * 1000003 + comm_->rank()), final_average_(final_average) {
-  const int n = comm_->size(), me = comm_->rank();
-  const Graph ring("ring", n);
-  for (int j : ring.neighbours(me))
-    if (j % 2 != me % 2) nbrs_.push_back(j);  // bipartite: active (even) <-> passive (odd)
+  // Every ring neighbour, the wrap edge of an odd ring included; who initiates and who answers: adpsgd_ring_roles.
+  nbrs_ = Graph("ring", comm_->size()).neighbours(comm_->rank());
 }
 
 AdpsgdStrategy::~AdpsgdStrategy() {
@@ -262,8 +266,8 @@ void AdpsgdStrategy::setup(std::span<float> params) {
   shadow_.assign(params.begin(), params.end());
   pending_.assign(d, 0.f);
   set_up_ = true;
-  if (!active())
-    for (int p : nbrs_) servers_.emplace_back([this, p] { serve_peer(p); });
+  for (int p : adpsgd_ring_roles(comm_->rank(), comm_->size()).answers)
+    servers_.emplace_back([this, p] { serve_peer(p); });
 }
 
 void AdpsgdStrategy::serve_peer(int peer) {
@@ -316,18 +320,28 @@ void AdpsgdStrategy::after_step(uint64_t, std::span<float> params) {
   if (shadow_.size() != params.size())
     throw InvalidArgument(fmt::format("sync adpsgd: {} parameters but setup() saw {}", params.size(), shadow_.size()));
   if (nbrs_.empty()) return;
-  if (!active()) {
+  const PairRoles roles = adpsgd_ring_roles(comm_->rank(), comm_->size());
+  if (roles.initiates.empty()) {
     apply_pending(params);
     return;
   }
+  // A rank that also answers (rank 0 of an odd ring) takes in what it answered, then holds its answers back until
+  // its own exchange is done: it is in one pair at a time, and answers with the model it ends the exchange with.
+  std::unique_lock<std::mutex> answering(mu_, std::defer_lock);
+  if (!roles.answers.empty()) {
+    apply_pending(params);
+    answering.lock();
+  }
   Stopwatch sw;
   const size_t d = params.size();
-  int peer = nbrs_[std::uniform_int_distribution<size_t>(0, nbrs_.size() - 1)(rng_)];
+  int peer = roles.initiates[std::uniform_int_distribution<size_t>(0, roles.initiates.size() - 1)(rng_)];
   std::memcpy(send_.data(), params.data(), d * 4);
   send_[d] = 1;
   auto r = irecv(*comm_, peer, detail::kTagPairRep, recv_.data(), d * 4);
   detail::wait_all(*comm_, {isend(*comm_, peer, detail::kTagPairReq, send_.data(), (d + 1) * 4), r});
   for (size_t i = 0; i < d; ++i) params[i] = 0.5f * (params[i] + recv_[i]);
+  if (answering.owns_lock())  // what it answers next: its model, with what an answer between the two locks left pending
+    for (size_t i = 0; i < d; ++i) shadow_[i] = params[i] + pending_[i];
   stats_.bytes_sent += (d + 1) * 4;
   stats_.payload_bytes += (d + 1) * 4;
   stats_.bytes_received += d * 4;
@@ -343,9 +357,11 @@ Bytes AdpsgdStrategy::save_state() const {
   const std::string r = rng.str();
   w.bytes(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(r.data()), r.size()));
   std::lock_guard<std::mutex> lk(mu_);
-  // Only a passive rank has neighbours' averages pending (an active rank's copies mean nothing: saved empty).
-  w.floats(active() ? std::vector<float>{} : pending_);
-  w.floats(active() ? std::vector<float>{} : shadow_);
+  // Only a rank that answers has neighbours' averages pending (one that only initiates: its copies mean nothing,
+  // saved empty).
+  const bool answers = !adpsgd_ring_roles(comm_->rank(), comm_->size()).answers.empty();
+  w.floats(answers ? pending_ : std::vector<float>{});
+  w.floats(answers ? shadow_ : std::vector<float>{});
   return w.take();
 }
 
@@ -356,7 +372,8 @@ void AdpsgdStrategy::load_state(std::span<const uint8_t> bytes) {
   std::vector<float> pending = r.floats(), shadow = r.floats();
   r.done();
   std::lock_guard<std::mutex> lk(mu_);
-  const bool none = pending.empty() && shadow.empty();  // an active rank's
+  // Saved by a rank that only initiates (or by rank 0 of an odd ring before it answered the wrap edge).
+  const bool none = pending.empty() && shadow.empty();
   if (!none && (pending.size() != pending_.size() || shadow.size() != pending_.size()))
     throw ConfigError(fmt::format("sync adpsgd: the checkpoint holds {} and {} parameters, this model {}",
                                   pending.size(), shadow.size(), pending_.size()));
@@ -371,12 +388,16 @@ void AdpsgdStrategy::load_state(std::span<const uint8_t> bytes) {
 void AdpsgdStrategy::finish(std::span<float> params) {
   if (finished_) return;
   finished_ = true;
-  if (active()) {
+  const PairRoles roles = adpsgd_ring_roles(comm_->rank(), comm_->size());
+  // Stops first, then the answering threads: the rank that does both (rank 0 of an odd ring) waits there only for
+  // rank n-1, which answers nobody.
+  if (!roles.initiates.empty()) {
     std::vector<float> stop(shadow_.size() + 1, 0.f);
     std::vector<net::RequestPtr> reqs;
-    for (int p : nbrs_) reqs.push_back(isend(*comm_, p, detail::kTagPairReq, stop.data(), stop.size() * 4));
+    for (int p : roles.initiates) reqs.push_back(isend(*comm_, p, detail::kTagPairReq, stop.data(), stop.size() * 4));
     detail::wait_all(*comm_, reqs);
-  } else {
+  }
+  if (!roles.answers.empty()) {
     for (auto& t : servers_) t.join();
     servers_.clear();
     apply_pending(params);

@@ -68,6 +68,22 @@ std::vector<double> Graph::mixing_matrix() const {
   return w;
 }
 
+PairRoles adpsgd_ring_roles(int rank, int n) {
+  if (n < 1 || rank < 0 || rank >= n)
+    throw InvalidArgument(fmt::format("sync adpsgd: rank {} of {} ranks (allowed: 0 <= rank < ranks)", rank, n));
+  PairRoles roles;
+  std::vector<int> nbrs;  // the ring's (without building one: this runs every step)
+  for (int j : {(rank + n - 1) % n, (rank + 1) % n})
+    if (j != rank && std::find(nbrs.begin(), nbrs.end(), j) == nbrs.end()) nbrs.push_back(j);
+  std::sort(nbrs.begin(), nbrs.end());
+  for (int j : nbrs) {
+    // Same parity only on the wrap edge of an odd ring: its higher end (n - 1) initiates.
+    const bool initiate = (rank % 2 != j % 2) ? rank % 2 == 0 : rank > j;
+    (initiate ? roles.initiates : roles.answers).push_back(j);
+  }
+  return roles;
+}
+
 std::vector<double> symmetric_eigenvalues(std::vector<double> a, int n) {
   auto at = [&](int i, int j) -> double& { return a[size_t(i) * n + j]; };
   for (int sweep = 0; sweep < 100; ++sweep) {

@@ -139,7 +139,9 @@ class SgpStrategy : public Strategy {
 
 // adpsgd: asynchronous pairwise averaging on a bipartite graph (even ranks active, odd ranks passive, as in the
 // AD-PSGD paper): after its step an active rank averages with a random passive neighbour, which answers from a
-// background thread and applies the change at its next after_step. Passive ranks never initiate: no deadlock.
+// background thread and applies the change at its next after_step. Passive ranks never initiate: no deadlock. On an
+// odd ring the wrap edge joins two even ranks: rank n-1 initiates it and rank 0 answers it too (graph.h's
+// adpsgd_ring_roles: still no wait cycle).
 // finish() averages the replicas once (an allreduce; final_average = false: not), so every worker ends with the
 // consensus model.
 class AdpsgdStrategy : public Strategy {

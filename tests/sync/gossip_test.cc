@@ -1,10 +1,15 @@
 // D-PSGD (plain and CHOCO), PushSum and AD-PSGD conservation laws and consensus rates on in-process ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <numbers>
+#include <set>
+#include <thread>
 
 #include "compress/compressor.h"
 #include "core/error.h"
@@ -101,6 +106,55 @@ TEST(SyncDpsgd, ZeroGradientsPreserveTheAverageOnEveryGraph) {
       for (size_t i = 0; i < a0.size(); ++i) EXPECT_NEAR(a1[i], a0[i], 1e-5) << kind << " n=" << n;
       EXPECT_LT(consensus_error(xs.back()), consensus_error(xs[0])) << kind << " n=" << n;
     }
+}
+
+// The mixing must keep the replicas' mean over thousands of rounds, not just ten. The old form x_i <- sum_j W_ij x_j
+// with f32 weights scaled the mean by the column sum every round the replicas differ: 3 fl(1/3) = 1 + 2^-25 (3.0e-8)
+// on a ring, 5 fl(1/5) = 1 + 1.5e-8 on a 3x3 torus (at exact consensus rounding hid it). Here zero-sum kicks keep
+// the replicas apart: multiples of 2^-12 added to values in [1, 2), whose spacing is 2^-23, so each kick is exact
+// and the true mean never moves. Over 2000 rounds at a mean near 1.5 the column sums alone predict a drift of
+// 2000 * 1.5 * 3.0e-8 = 9e-5 (ring) and 4.5e-5 (torus) in the old form; an f32 emulation of these very rounds gave
+// 1.0e-4 and 8.3e-5: 80x the tolerance and more. The difference form moves the mean only by rounding each new x_i to
+// f32, unbiased, at most half an ulp (6e-8, sd 3.4e-8): the mean of 8-9 ranks x 32 entries random-walks by about
+// 3.4e-8 / 16 * sqrt(2000) = 1e-7 (the emulation: at most 6e-8 at 500, 1000, 1500 and 2000 rounds); the tolerance
+// 1e-6 is 10 sd of that.
+TEST(SyncDpsgd, ManyRoundsKeepTheMeanUpToRoundingOfTheDataOnly) {
+  for (const auto& graph : std::vector<std::pair<std::string, int>>{{"ring", 8}, {"torus", 9}}) {
+    const std::string kind = graph.first;
+    const int n = graph.second;
+    const size_t d = 32;
+    const int rounds = 2000;
+    // A pseudo-random integer in [-8, 8] per (rank, round, entry) (splitmix64's finalizer: a weaker hash gave kicks
+    // skewed enough to bias the rounding by 3e-10 a round); rank r kicks by h(r) - h(r+1): zero sum.
+    auto h = [n](int r, int t, size_t i) {
+      uint64_t z = ((uint64_t(r % n) << 40) ^ (uint64_t(t) << 12) ^ i) + 0x9e3779b97f4a7c15u;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+      return int((z ^ (z >> 31)) % 17) - 8;
+    };
+    std::vector<std::vector<float>> x0(n), x1(n);
+    bool in_range = true;
+    std::mutex mu;
+    on_ranks(n, [&](int r, coll::CommPtr c) {
+      auto s = make_strategy("dpsgd", {{"graph", kind}}, c);
+      std::vector<float> x(d, 1.5f);
+      s->setup(x);
+      for (size_t i = 0; i < d; ++i) x[i] += 0.01f * std::sin(1.0f + 3.1f * r + 0.7f * i);
+      x0[r] = x;
+      for (int t = 0; t < rounds; ++t) {
+        for (size_t i = 0; i < d; ++i) x[i] += float(h(r, t, i) - h(r + 1, t, i)) * 0x1p-12f;
+        s->after_step(t, x);
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      for (float v : x) in_range = in_range && v >= 1 && v < 2;  // where the kicks were exact
+      x1[r] = x;
+    });
+    ASSERT_TRUE(in_range) << kind;
+    double m0 = 0, m1 = 0;
+    for (double a : averages(x0)) m0 += a / d;
+    for (double a : averages(x1)) m1 += a / d;
+    EXPECT_NEAR(m1, m0, 1e-6) << kind << " n=" << n << ": the mixing moved the mean";
+  }
 }
 
 TEST(SyncDpsgd, RingConsensusShrinksAtLeastAsFastAsLambda2) {
@@ -233,7 +287,15 @@ TEST(SyncAdpsgd, PairwiseAveragingPreservesTheSum) {
     auto a0 = averages(x0), a1 = averages(x);
     for (size_t i = 0; i < d; ++i) EXPECT_NEAR(a1[i], a0[i], 1e-5) << "n=" << n;
     EXPECT_LT(consensus_error(x), 0.5 * consensus_error(x0)) << "n=" << n;
-    for (int r = 0; r < n; r += 2) EXPECT_EQ(ex[r], 30u) << "active rank " << r;
+    // A rank that only initiates took part in its 30 exchanges; one that also answers (rank 0 of an odd ring) in
+    // at least those.
+    for (int r = 0; r < n; r += 2) {
+      if (adpsgd_ring_roles(r, n).answers.empty()) {
+        EXPECT_EQ(ex[r], 30u) << "active rank " << r;
+      } else {
+        EXPECT_GE(ex[r], 30u) << "active rank " << r;
+      }
+    }
     // With two ranks (no local steps here) one exchange on fresh models makes both replicas the exact average, so
     // only larger worlds show that finish(false) skipped the final average (n = 2 failed 1 run in ~40 under ctest -j2).
     if (n > 2) {
@@ -256,6 +318,113 @@ TEST(SyncAdpsgd, PairwiseAveragingPreservesTheSum) {
   auto a0 = averages(x0);
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(x[r][i], a0[i], 1e-5) << "rank " << r;
+}
+
+// Every ring edge has exactly one initiator and one answerer, the wrap edge of an odd ring included (it was dropped:
+// with an odd n, n-1 and 0 are both even, and an odd ring was a path). Nobody waits on itself through a chain of
+// initiator -> answerer waits (a cycle would deadlock; a rank that both initiates and answers holds its answers during
+// its own exchange, so its answerers' waits pass through it).
+TEST(SyncAdpsgd, RolesCoverEveryRingEdgeOnceWithoutAWaitCycle) {
+  for (int n = 1; n <= 12; ++n) {
+    const Graph ring("ring", n);
+    std::vector<PairRoles> roles;
+    for (int r = 0; r < n; ++r) roles.push_back(adpsgd_ring_roles(r, n));
+    std::set<std::pair<int, int>> used;  // (initiator, answerer)
+    for (int r = 0; r < n; ++r) {
+      std::vector<int> both = roles[r].initiates;
+      both.insert(both.end(), roles[r].answers.begin(), roles[r].answers.end());
+      std::sort(both.begin(), both.end());
+      EXPECT_EQ(both, ring.neighbours(r)) << "n=" << n << " rank " << r << ": every neighbour once, in one role";
+      for (int j : roles[r].initiates) {
+        used.insert({r, j});
+        EXPECT_NE(std::find(roles[j].answers.begin(), roles[j].answers.end(), r), roles[j].answers.end())
+            << "n=" << n << ": rank " << r << " initiates with " << j << ", which does not answer it";
+      }
+      for (int j : roles[r].answers)
+        EXPECT_NE(std::find(roles[j].initiates.begin(), roles[j].initiates.end(), r), roles[j].initiates.end())
+            << "n=" << n << ": rank " << r << " answers " << j << ", which never asks";
+    }
+    size_t edges = 0;
+    for (int r = 0; r < n; ++r) edges += ring.neighbours(r).size();
+    EXPECT_EQ(used.size(), edges / 2) << "n=" << n;
+    // Longest chain of waits from each rank: a cycle would make it exceed n; it is at most n-1 -> 0 -> 1.
+    std::function<int(int, int)> depth = [&](int r, int level) {
+      if (level > n) return level;
+      int most = level;
+      for (int j : roles[r].initiates) most = std::max(most, depth(j, level + 1));
+      return most;
+    };
+    for (int r = 0; r < n; ++r) EXPECT_LE(depth(r, 0), 2) << "n=" << n << " rank " << r;
+  }
+  EXPECT_EQ(adpsgd_ring_roles(4, 5).initiates, (std::vector<int>{0, 3}));
+  EXPECT_EQ(adpsgd_ring_roles(0, 5).answers, (std::vector<int>{4}));
+  EXPECT_THROW(adpsgd_ring_roles(5, 5), InvalidArgument);
+}
+
+// On 3 and 5 ranks every ring edge carries exchanges, the wrap edge {n-1, 0} too (the old pairing never used it:
+// rank 0 then took part in exactly its own `steps` exchanges). Each rank's exchange count is what it initiated plus
+// what it answered, and on these rings that gives each edge's count. With zero gradients and every exchange an
+// atomic pairwise average (a rank in two pairs at once could answer with a model it no longer has), the sum is kept
+// and every entry stays within the range of the starting values.
+TEST(SyncAdpsgd, AnOddRingUsesEveryEdgeIncludingTheWrapEdge) {
+  for (int n : {3, 5}) {
+    const size_t d = 8;
+    const uint64_t steps = 60;
+    std::vector<std::vector<float>> x(n), x0(n);
+    std::vector<uint64_t> ex(n);
+    on_ranks(n, [&](int r, coll::CommPtr c) {
+      AdpsgdStrategy s(c, 11, false);
+      std::vector<float> p(d, 0.f);
+      s.setup(p);
+      for (size_t i = 0; i < d; ++i) p[i] = harness::target(r, i);
+      x0[r] = p;
+      // Every rank that answers shows its perturbed model before anyone asks it (else the first answers carry the
+      // broadcast start, which is no rank's model any more): the odd ranks by a step without exchange, then rank 0
+      // by its first step (an exchange with rank 1), before rank n-1 may ask it.
+      coll::CollOptions o;
+      o.blocking = true;
+      uint64_t t = 0;
+      if (r % 2 == 1) s.after_step(t++, p);
+      c->barrier(o).wait();
+      if (r == 0) s.after_step(t++, p);
+      c->barrier(o).wait();
+      for (; t < steps; ++t) {
+        if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // exchanges interleave differently
+        s.after_step(t, p);
+      }
+      s.finish(p);
+      x[r] = p;
+      ex[r] = s.exchanges();
+    });
+    // Per edge {a, b}: how many exchanges went over it.
+    std::map<std::pair<int, int>, int64_t> on;
+    const auto S = int64_t(steps);
+    if (n == 3) {  // 0 -> 1; 2 -> {1, 0}; 1 answers {0, 2}; 0 answers {2}
+      on[{0, 1}] = S;
+      on[{0, 2}] = int64_t(ex[0]) - S;
+      on[{1, 2}] = int64_t(ex[1]) - S;
+      EXPECT_EQ((on[{0, 2}] + on[{1, 2}]), S) << "rank 2's exchanges";
+    } else {  // 0 -> 1; 2 -> {1, 3}; 4 -> {3, 0}; 1 answers {0, 2}; 3 answers {2, 4}; 0 answers {4}
+      on[{0, 1}] = S;
+      on[{1, 2}] = int64_t(ex[1]) - S;
+      on[{2, 3}] = S - on[{1, 2}];
+      on[{3, 4}] = int64_t(ex[3]) - on[{2, 3}];
+      on[{0, 4}] = int64_t(ex[0]) - S;
+      EXPECT_EQ((on[{3, 4}] + on[{0, 4}]), S) << "rank 4's exchanges";
+    }
+    for (const auto& [edge, count] : on)
+      EXPECT_GT(count, 0) << "n=" << n << ": edge {" << edge.first << ", " << edge.second << "} never used";
+    auto a0 = averages(x0), a1 = averages(x);
+    for (size_t i = 0; i < d; ++i) {
+      EXPECT_NEAR(a1[i], a0[i], 1e-5) << "n=" << n;
+      float lo = x0[0][i], hi = x0[0][i];
+      for (int r = 1; r < n; ++r) lo = std::min(lo, x0[r][i]), hi = std::max(hi, x0[r][i]);
+      for (int r = 0; r < n; ++r) {
+        EXPECT_GE(x[r][i], lo - 1e-6f) << "n=" << n << " rank " << r;
+        EXPECT_LE(x[r][i], hi + 1e-6f) << "n=" << n << " rank " << r;
+      }
+    }
+  }
 }
 
 TEST(SyncAdpsgd, ACheckpointBetweenStepsKeepsThePassiveRanksPendingAverage) {
