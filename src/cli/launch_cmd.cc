@@ -67,8 +67,9 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
       "Example: conduit launch -n 4 -- conduit bench coll --op allreduce\n"
       "SIGINT/SIGTERM/SIGHUP are forwarded to the workers (SIGQUIT as SIGTERM); those still running "
       "CONDUIT_LAUNCH_GRACE seconds "
-      "(default 10) after a stop get SIGKILL. Workers read stdin from /dev/null and run in their own process "
-      "groups.");
+      "(default 10) after a stop get SIGKILL. Ctrl-Z (SIGTSTP) stops the workers with the launcher, and fg/bg "
+      "(SIGCONT) continues them; time spent stopped does not count against that grace. Workers read stdin from "
+      "/dev/null and run in their own process groups.");
   c->callback([opts, port]() {
     LaunchOptions o = *opts;
     o.port_given = port->count() > 0;

@@ -66,8 +66,11 @@ bool g_output_stalled[3] = {false, false, false};
 bool g_output_broken[3] = {false, false, false};
 // SIGINT, SIGHUP and SIGQUIT as the launcher found them ignored (nohup, a background job of a shell without job
 // control): they stay ignored, in the launcher and in its workers.
-volatile sig_atomic_t g_ignored[3] = {0, 0, 0};
-int ignorable_index(int sig) { return sig == SIGINT ? 0 : sig == SIGHUP ? 1 : sig == SIGQUIT ? 2 : -1; }
+// SIGTSTP too: a launcher that cannot be stopped from the terminal keeps its workers running as well.
+volatile sig_atomic_t g_ignored[4] = {0, 0, 0, 0};
+int ignorable_index(int sig) {
+  return sig == SIGINT ? 0 : sig == SIGHUP ? 1 : sig == SIGQUIT ? 2 : sig == SIGTSTP ? 3 : -1;
+}
 // The signal that stopped the last run_local_workers (0: none did).
 int g_stop_signal = 0;
 
@@ -75,9 +78,22 @@ int g_stop_signal = 0;
 // time limit, so that it can checkpoint. (Unhandled, they killed the launcher, and the workers with SIGKILL.)
 bool passed_through(int sig) { return sig == SIGUSR1 || sig == SIGUSR2 || sig == SIGALRM; }
 
+// Job control (Ctrl-Z, fg, bg): the workers run in process groups of their own, which the terminal does not signal.
+// SIGTSTP stops them and then the launcher; SIGCONT continues them. (Unhandled, Ctrl-Z stopped the launcher alone and
+// its workers ran on.)
+bool job_control(int sig) { return sig == SIGTSTP || sig == SIGCONT; }
+// Set by SIGTSTP until the job is stopped: the supervision loop, or a write blocked on a stalled output (`| less`
+// stopped by the same Ctrl-Z), stops it.
+volatile sig_atomic_t g_suspend_requested = 0;
+// Set by SIGCONT: the launcher was stopped (by SIGTSTP, or SIGSTOP, which cannot be caught), and the time that passed
+// meanwhile must not count against its deadlines.
+volatile sig_atomic_t g_continued = 0;
+
 void on_signal(int sig) {
   int saved = errno;
-  if (sig != SIGCHLD && !passed_through(sig)) g_stop_requested = 1;
+  if (sig != SIGCHLD && !passed_through(sig) && !job_control(sig)) g_stop_requested = 1;
+  if (sig == SIGTSTP) g_suspend_requested = 1;
+  if (sig == SIGCONT) g_continued = 1;
   unsigned char byte = static_cast<unsigned char>(sig);
   if (g_signal_write_fd >= 0) {
     ssize_t r = ::write(g_signal_write_fd, &byte, 1);
@@ -133,6 +149,8 @@ class SignalScope {
     write_ = std::move(w);
     g_signal_write_fd = write_.get();
     g_stop_requested = 0;
+    g_suspend_requested = 0;
+    g_continued = 0;
     for (bool& stalled : g_output_stalled) stalled = false;
     for (bool& broken : g_output_broken) broken = false;
     g_stop_signal = 0;
@@ -190,8 +208,9 @@ class SignalScope {
 
   // SIGHUP (a closed terminal) and SIGQUIT stop the workers as SIGTERM does: unhandled, they killed the launcher
   // alone and left whatever the workers had started running.
-  static constexpr int kHandled = 8;
-  static constexpr int kSignals[kHandled] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGUSR1, SIGUSR2, SIGALRM};
+  static constexpr int kHandled = 10;
+  static constexpr int kSignals[kHandled] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGCHLD,
+                                             SIGUSR1, SIGUSR2, SIGALRM, SIGTSTP, SIGCONT};
 
  private:
   FileDescriptor read_, write_;
@@ -214,6 +233,9 @@ class BlockSignals {
   sigset_t old_;
 };
 
+// Stops the workers and then the launcher (SIGTSTP); returns once the launcher is continued, having continued them.
+void suspend_job();
+
 // ---- output forwarding ----
 
 // Writes everything, blocking as the reader requires (back-pressure on the workers). Once SIGINT/SIGTERM arrived,
@@ -222,6 +244,7 @@ class BlockSignals {
 void write_all(int fd, const char* data, size_t size) {
   constexpr int kStalledOutputWaitMs = 1000;
   while (size > 0) {
+    if (g_suspend_requested) suspend_job();  // (blocked here, the launcher never reached its loop to stop)
     size_t chunk = size;
     if (g_stop_requested) {
       if (fd >= 0 && fd < 3 && g_output_stalled[fd]) return;
@@ -270,6 +293,32 @@ struct Worker {
   Stream streams[2];
   std::string prefix;
 };
+
+// The workers of the launch in progress, for suspend_job (null outside run_local_workers).
+std::vector<Worker>* g_workers = nullptr;
+
+void signal_workers(int sig) {
+  if (g_workers == nullptr) return;
+  for (auto& w : *g_workers)
+    if (w.running) ::kill(-w.pid, sig);
+}
+
+void suspend_job() {
+  g_suspend_requested = 0;
+  // SIGTSTP rather than SIGSTOP: a worker that handles it (to restore a terminal, say) does, as in a foreground job.
+  signal_workers(SIGTSTP);
+  // Then the launcher, as SIGTSTP's default action: raised in this thread, it stops before raise returns. Where the
+  // kernel discards it (an orphaned process group, which nobody would continue), the job goes on at once.
+  struct sigaction dfl {
+  }, handler{};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(SIGTSTP, &dfl, &handler);
+  ::raise(SIGTSTP);
+  ::sigaction(SIGTSTP, &handler, nullptr);
+  g_continued = 1;  // (SIGCONT's handler says so too; not where the stop was discarded)
+  signal_workers(SIGCONT);
+}
 
 // Appends data to the stream and writes out every complete line, each with the prefix, in one write call.
 void forward(Stream& s, const std::string& prefix, const char* data, size_t size) {
@@ -453,7 +502,7 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   sigemptyset(&dfl.sa_mask);
   struct sigaction ign = dfl;
   ign.sa_handler = SIG_IGN;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE}) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE, SIGTSTP, SIGCONT}) {
     const int ig = ignorable_index(sig);
     ::sigaction(sig, ig >= 0 && g_ignored[ig] ? &ign : &dfl, nullptr);
   }
@@ -657,6 +706,10 @@ int run_local_workers(const LaunchSpec& spec) {
   std::vector<std::string> args = spec.command;
   std::vector<char*> argv = c_strings(args);
   std::vector<Worker> workers(static_cast<size_t>(spec.nprocs));
+  struct WorkersScope {
+    explicit WorkersScope(std::vector<Worker>* w) { g_workers = w; }
+    ~WorkersScope() { g_workers = nullptr; }
+  } workers_scope(&workers);
 
   int result = 0;
   bool have_result = false;
@@ -675,6 +728,7 @@ int run_local_workers(const LaunchSpec& spec) {
   };
   auto begin_stop = [&](int sig) {
     signal_all(sig);
+    signal_all(SIGCONT);  // a worker stopped meanwhile (SIGSTOP from elsewhere) acts on it now, not at SIGKILL
     if (!stopping) {
       stopping = true;
       stop_signal = sig;
@@ -685,6 +739,17 @@ int run_local_workers(const LaunchSpec& spec) {
   // without end.
   constexpr auto kKilledWait = std::chrono::seconds(10);
   Clock::time_point abandon_deadline{};
+  std::optional<Clock::time_point> drain_deadline;
+  // The time the job spent stopped (Ctrl-Z, SIGSTOP) passes on the steady clock too: the deadlines move by it, so that
+  // a job continued after its grace period had passed is not killed for it. At most the time of one pass of the
+  // loop below (up to a second, more while output is written) is counted besides.
+  Clock::time_point last_pass = Clock::now();
+  auto allow_for_a_stop = [&](Clock::time_point now) {
+    const auto stopped = now - last_pass;
+    kill_deadline += stopped;
+    abandon_deadline += stopped;
+    if (drain_deadline) *drain_deadline += stopped;
+  };
   auto kill_all = [&]() {
     signal_all(SIGKILL);
     killed = true;
@@ -766,7 +831,6 @@ int run_local_workers(const LaunchSpec& spec) {
   std::vector<char> buf(kReadChunk);
   std::vector<pollfd> fds;
   std::vector<std::pair<Stream*, const std::string*>> polled;  // stream and its worker's prefix
-  std::optional<Clock::time_point> drain_deadline;
 
   auto reap = [&]() {
     // Every worker that has exited since the last pass, in rank order: exits this close together have no order we can
@@ -823,12 +887,17 @@ int run_local_workers(const LaunchSpec& spec) {
   };
 
   while (true) {
+    auto now = Clock::now();
+    if (g_continued) {  // before any deadline is looked at
+      g_continued = 0;
+      allow_for_a_stop(now);
+    }
+    last_pass = now;
     bool any_running = running_count() > 0;
     bool any_open = false;
     for (auto& w : workers)
       for (auto& s : w.streams) any_open = any_open || s.fd.valid();
     if (!any_running && !any_open) break;
-    auto now = Clock::now();
     if (!any_running && !drain_deadline) drain_deadline = now + kDrainTime;
     if (drain_deadline && now >= *drain_deadline) {
       for (auto& w : workers)
@@ -895,6 +964,14 @@ int run_local_workers(const LaunchSpec& spec) {
           signal_all(sig);
           continue;
         }
+        if (sig == SIGTSTP) {
+          if (g_suspend_requested) suspend_job();  // (else a write blocked on output did it already)
+          continue;
+        }
+        if (sig == SIGCONT) {
+          signal_all(SIGCONT);  // also workers stopped by something else (kill -STOP, a scheduler suspending the job)
+          continue;
+        }
         ++user_signals;
         if (!have_result) {
           result = 128 + sig;
@@ -923,7 +1000,7 @@ int run_local_workers(const LaunchSpec& spec) {
   // launch reported success).
   if (!have_result && g_stop_requested)
     for (int sig : signals.drain())
-      if (sig != SIGCHLD && !passed_through(sig) && !have_result) {
+      if (sig != SIGCHLD && !passed_through(sig) && !job_control(sig) && !have_result) {
         message(spec, fmt::format("received {} before the workers started", signal_name(sig)));
         result = 128 + sig;
         have_result = true;

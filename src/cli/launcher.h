@@ -1,8 +1,9 @@
 #pragma once
 // Local process launcher: what torchrun's standalone mode does for one host. Starts N worker processes with the
 // rendezvous environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
-// CONDUIT_JOB_ID), forwards each line of their output with a "[rank K] " prefix, forwards SIGINT/SIGTERM, and when
-// one worker fails stops the others and returns that worker's exit code. Used by `conduit launch` and by
+// CONDUIT_JOB_ID), forwards each line of their output with a "[rank K] " prefix, forwards SIGINT/SIGTERM, stops and
+// continues the workers with itself (SIGTSTP: Ctrl-Z; SIGCONT: fg/bg), and when one worker fails stops the others
+// and returns that worker's exit code. Used by `conduit launch` and by
 // subcommands that start their own workers (`conduit train -n N`).
 #include <string>
 #include <utility>
@@ -34,9 +35,11 @@ inline constexpr int kExecFailedCode = 127;
 // Runs the workers to completion. Returns 0 when all exit 0; the exit code of the first worker that failed
 // (128 + signal when it was killed by one); 128 + signal when the launcher itself got SIGINT/SIGTERM; 127 when the
 // program cannot be executed. Problems with the spec itself (bad n, port, empty command) throw ConfigError.
-// Installs SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGCHLD handlers for its duration (keeping SIGINT, SIGHUP and SIGQUIT
-// ignored when they were ignored at start, in the workers too), ignores SIGPIPE, and restores the previous ones;
-// not reentrant.
+// Installs SIGINT/SIGTERM/SIGHUP/SIGQUIT/SIGCHLD/SIGUSR1/SIGUSR2/SIGALRM/SIGTSTP/SIGCONT handlers for its duration
+// (keeping SIGINT, SIGHUP, SIGQUIT and SIGTSTP ignored when they were ignored at start, in the workers too), ignores
+// SIGPIPE, and restores the previous ones; not reentrant. SIGTSTP stops the workers (forwarded to their process
+// groups) and then the launcher; once continued it continues them (SIGCONT, which is also forwarded as it comes),
+// and the time spent stopped does not count against its grace period and other deadlines.
 int run_local_workers(const LaunchSpec& spec);
 // The signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) that stopped the last run_local_workers, 0 when none did: `conduit`
 // then ends by that signal itself (except SIGQUIT, which would dump core: exit code 131), so that a shell loop

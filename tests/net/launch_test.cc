@@ -60,6 +60,26 @@ bool process_gone(pid_t pid) {
          (close_paren != std::string::npos && close_paren + 2 < stat.size() && stat[close_paren + 2] == 'Z');
 }
 
+// The state letter of /proc/PID/stat (R, S, T for stopped, Z, ...); '?' when the process is gone.
+char process_state(pid_t pid) {
+  std::string stat = read_file(fs::path("/proc") / std::to_string(pid) / "stat");
+  auto close_paren = stat.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 >= stat.size()) return '?';
+  return stat[close_paren + 2];
+}
+
+// Waits until every process in `pids` is stopped (state T) or, with stopped = false, none is; false after `limit`.
+bool wait_stopped(const std::vector<pid_t>& pids, bool stopped, std::chrono::milliseconds limit) {
+  auto end = Clock::now() + limit;
+  while (true) {
+    bool all = true;
+    for (pid_t pid : pids) all = all && ((process_state(pid) == 'T') == stopped);
+    if (all) return true;
+    if (Clock::now() > end) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
 bool wait_gone(pid_t pid, std::chrono::milliseconds limit) {
   auto end = Clock::now() + limit;
   while (!process_gone(pid)) {
@@ -85,9 +105,11 @@ class LaunchTest : public ::testing::Test {
   // `ignored`: signals the launcher starts with ignored (as under nohup); the others start at their default.
   // `blocked`: signals the launcher starts with blocked (a parent that blocks them around its exec); `pending`: of
   // those, the ones already sent (they arrive as the launcher unblocks them, before any worker starts).
+  // `own_group`: the launcher runs in a process group of its own, as a shell with job control starts a job (its
+  // group then has a parent outside it, in this session: not orphaned, so SIGTSTP stops it).
   pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
               int stdout_fd = -1, const std::vector<int>& ignored = {}, const std::vector<int>& blocked = {},
-              const std::vector<int>& pending = {}) {
+              const std::vector<int>& pending = {}, bool own_group = false) {
     std::vector<std::string> argv_s = {CONDUIT_BINARY};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<std::string> env_s;
@@ -106,11 +128,12 @@ class LaunchTest : public ::testing::Test {
     started_ = Clock::now();
     pid_t pid = ::fork();
     if (pid == 0) {
+      if (own_group && ::setpgid(0, 0) != 0) ::_exit(126);
       FILE* o = stdout_fd >= 0 ? stdout : std::freopen(out.c_str(), "w", stdout);
       FILE* e = std::freopen(err.c_str(), "w", stderr);
       if (o == nullptr || e == nullptr) ::_exit(126);
       if (stdout_fd >= 0 && ::dup2(stdout_fd, 1) < 0) ::_exit(126);
-      for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGTERM})
+      for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGTERM, SIGTSTP})
         ::signal(sig, std::find(ignored.begin(), ignored.end(), sig) != ignored.end() ? SIG_IGN : SIG_DFL);
       sigset_t mask;
       sigemptyset(&mask);
@@ -120,6 +143,7 @@ class LaunchTest : public ::testing::Test {
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(126);
     }
+    if (own_group) ::setpgid(pid, pid);  // also here: a signal to the group right after start finds it
     return pid;
   }
 
@@ -466,6 +490,78 @@ TEST_F(LaunchTest, UserSignalsPassThroughToTheWorkers) {
   EXPECT_FALSE(r.signaled) << r.err;
   for (const char* want : {"usr1-0", "usr1-1", "done-0", "done-1"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want << r.out;
+}
+
+// Ctrl-Z (SIGTSTP to the launcher's process group, as the terminal sends it) stops the workers, which run in process
+// groups of their own, and the launcher with them; fg (SIGCONT to that group) continues them all, and the job ends
+// as it would have. (The launcher stopped alone and its workers ran on; or, started where SIGTSTP was caught, the
+// workers were stopped and never continued.)
+TEST_F(LaunchTest, CtrlZStopsTheWorkersWithTheLauncherAndFgContinuesThem) {
+  // Each worker counts to 40 in 2 s, writing its count to a file.
+  const std::string script = "echo $$ > " + path("pid") + ".$RANK; i=0; while [ $i -lt 40 ]; do i=$((i+1)); " +
+                             "echo $i > " + path("count") + ".$RANK; sleep 0.05; done; echo done-$RANK";
+  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script}, {}, -1, {}, {}, {}, true);
+  const pid_t w0 = wait_pid_file("pid.0"), w1 = wait_pid_file("pid.1");
+  if (w0 <= 0 || w1 <= 0) {
+    ::kill(launcher, SIGKILL);
+    finish(launcher);
+    FAIL() << "the workers did not start";
+  }
+  ASSERT_EQ(::kill(-launcher, SIGTSTP), 0);
+  EXPECT_TRUE(wait_stopped({w0, w1, launcher}, true, 5s))
+      << "states: worker 0 " << process_state(w0) << ", worker 1 " << process_state(w1) << ", launcher "
+      << process_state(launcher);
+  // Stopped, they make no progress.
+  const std::string c0 = read_file(dir_ / "count.0"), c1 = read_file(dir_ / "count.1");
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(read_file(dir_ / "count.0"), c0);
+  EXPECT_EQ(read_file(dir_ / "count.1"), c1);
+  EXPECT_EQ(process_state(w0), 'T');
+  EXPECT_EQ(process_state(w1), 'T');
+  ASSERT_EQ(::kill(-launcher, SIGCONT), 0);
+  EXPECT_TRUE(wait_stopped({w0, w1, launcher}, false, 5s))
+      << "states: worker 0 " << process_state(w0) << ", worker 1 " << process_state(w1) << ", launcher "
+      << process_state(launcher);
+  auto r = finish(launcher, 20s);
+  ASSERT_FALSE(r.timed_out) << "the workers were not continued";
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank 0] done-0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] done-1"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+// The time spent stopped does not count against the launcher's grace period: here the job is stopped 5 s during a
+// 4 s grace that follows SIGTERM, while the workers take 2 s to clean up. On fg they finish cleaning up; the
+// launcher, which saw its grace "expire" on the steady clock, would have sent SIGKILL at once.
+TEST_F(LaunchTest, TimeSpentStoppedDoesNotCountAgainstTheGracePeriod) {
+  const std::string script = "trap 'sleep 2; echo cleaned-$RANK; exit 0' TERM; echo $$ > " + path("pid") +
+                             ".$RANK; while :; do sleep 0.05; done";
+  pid_t launcher =
+      start({"launch", "-n", "2", "--", "sh", "-c", script}, {{"CONDUIT_LAUNCH_GRACE", "4"}}, -1, {}, {}, {}, true);
+  const pid_t w0 = wait_pid_file("pid.0"), w1 = wait_pid_file("pid.1");
+  if (w0 <= 0 || w1 <= 0) {
+    ::kill(launcher, SIGKILL);
+    finish(launcher);
+    FAIL() << "the workers did not start";
+  }
+  ASSERT_EQ(::kill(launcher, SIGTERM), 0);
+  // The launcher forwarded it (its grace period runs from here) before the job is stopped.
+  auto end = Clock::now() + 5s;
+  while (read_file(dir_ / "launcher.err").find("received SIGTERM") == std::string::npos && Clock::now() < end)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(::kill(-launcher, SIGTSTP), 0);
+  EXPECT_TRUE(wait_stopped({w0, w1, launcher}, true, 5s))
+      << "states: worker 0 " << process_state(w0) << ", worker 1 " << process_state(w1) << ", launcher "
+      << process_state(launcher);
+  std::this_thread::sleep_for(5s);
+  ASSERT_EQ(::kill(-launcher, SIGCONT), 0);
+  auto r = finish(launcher, 20s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
+  EXPECT_NE(r.err.find("received SIGTERM"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("sending SIGKILL"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("[rank 0] cleaned-0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] cleaned-1"), std::string::npos) << r.out;
 }
 
 // Started with SIGHUP ignored (nohup), the launcher keeps it ignored and so do its workers: a hang-up does not stop
