@@ -1,19 +1,21 @@
 // File rendezvous store: a directory on a file system every rank sees (a shared mount, or /tmp on one host).
-// Each key is a file "k_<escaped key>"; a value is written to a temporary file and renamed over the key's file,
-// so readers see either no file or the whole value. add() holds flock() on "<dir>/.lock" around its
-// read-modify-write. get() polls with a growing pause (1 ms to 50 ms) until the key appears or the deadline passes.
+// Each key is a file "k_<escaped key>"; a value is written to a temporary file of its own (created with O_EXCL,
+// named with 64 random bits) and renamed over the key's file, so readers see either no file or the whole value.
+// add() holds flock() on "<dir>/.lock" around its read-modify-write. get() polls with a growing pause (1 ms to
+// 50 ms) until the key appears or the deadline passes.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "core/env.h"
@@ -22,6 +24,37 @@
 
 namespace conduit::net {
 namespace {
+
+// The host name and pid that temporary file names carry, when a test sets them (empty: the real ones).
+std::mutex g_identity_mu;
+std::string g_identity_host;
+long g_identity_pid = 0;
+
+// 64 bits from the kernel's random source, drawn anew for every call (a forked child draws its own, where a
+// generator seeded once would repeat its parent's names), as 16 hex digits.
+std::string random_hex() {
+  uint64_t v = 0;
+  auto* p = reinterpret_cast<unsigned char*>(&v);
+  size_t got = 0;
+  while (got < sizeof v) {
+    ssize_t n = ::getrandom(p + got, sizeof v - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      break;
+    }
+  }
+  if (got < sizeof v) {  // a kernel without getrandom (before 3.17)
+    const int e = errno;
+    int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? ::read(fd, &v, sizeof v) : -1;
+    if (fd >= 0) ::close(fd);
+    if (n != static_cast<ssize_t>(sizeof v))
+      throw Error(fmt::format("file store: no random bytes for a temporary file name (getrandom: {}; /dev/urandom: {})",
+                              std::strerror(e), n < 0 ? std::strerror(errno) : "short read"));
+  }
+  return fmt::format("{:016x}", v);
+}
 
 constexpr size_t kMaxNameBytes = 200;  // well below NAME_MAX (255) with the prefix and a hash suffix
 
@@ -157,13 +190,28 @@ class FileStore : public Store {
   }
 
   void write_atomic(const std::string& key, const std::string& value) {
-    static std::atomic<uint64_t> counter{0};
     std::string path = dir_ + "/" + escape_key(key);
-    // Unique across the hosts sharing the directory: host name, pid and a per-process counter.
-    std::string tmp = fmt::format("{}/.tmp.{}.{}.{}", dir_, host_, getpid(), counter.fetch_add(1));
-    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      throw Error(fmt::format("file store: cannot write key '{}' into {}: {}", key, dir_, std::strerror(errno)));
+    // Unique across everything that shares the directory: host name and pid say who wrote a file left behind, and
+    // do not tell two containers apart (same host name, pid 1 in each); 64 random bits do. O_EXCL makes even a
+    // repeated name fail here instead of truncating another writer's file (the name had host, pid and a counter,
+    // opened with O_TRUNC: two such containers wrote into one file and published each other's torn values).
+    std::string host = host_;
+    long pid = static_cast<long>(getpid());
+    {
+      std::lock_guard<std::mutex> lk(g_identity_mu);
+      if (!g_identity_host.empty()) {
+        host = g_identity_host;
+        pid = g_identity_pid;
+      }
+    }
+    std::string tmp;
+    int fd = -1;
+    for (int attempt = 0; fd < 0; ++attempt) {
+      tmp = fmt::format("{}/.tmp.{}.{}.{}", dir_, host, pid, random_hex());
+      fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd < 0 && (errno != EEXIST || attempt == 8)) {
+        throw Error(fmt::format("file store: cannot write key '{}' into {}: {}", key, dir_, std::strerror(errno)));
+      }
     }
     size_t off = 0;
     while (off < value.size()) {
@@ -204,5 +252,14 @@ class FileStore : public Store {
 }  // namespace
 
 StorePtr make_file_store(const std::string& dir) { return std::make_shared<FileStore>(dir); }
+
+// Test hook (net/store.h): every file store of this process names its
+// temporary files with this host name and pid, as two containers sharing the directory may both have; an empty host
+// restores the real ones.
+void set_file_store_identity_for_testing(const std::string& host, long pid) {
+  std::lock_guard<std::mutex> lk(g_identity_mu);
+  g_identity_host = host;
+  g_identity_pid = pid;
+}
 
 }  // namespace conduit::net

@@ -38,6 +38,9 @@ using StorePtr = std::shared_ptr<Store>;
 StorePtr make_tcp_store(const std::string& host, int port, bool is_server, const Deadline& connect_deadline);
 // A directory on a shared file system; each key is a file written atomically (write + rename).
 StorePtr make_file_store(const std::string& dir);
+// Test hook: every file store of this process names its temporary files with this host name and pid (as two
+// containers sharing the directory may both have); an empty host restores the real ones.
+void set_file_store_identity_for_testing(const std::string& host, long pid);
 
 // Collective helpers over any store, for bootstrap: every one of `size` ranks calls them in the same order with
 // the same `prefix`.

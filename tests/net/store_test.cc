@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <map>
 #include <thread>
 
 #include "core/error.h"
@@ -716,6 +718,75 @@ TEST(FileStore, AddIsAtomicAcrossProcesses) {
   }
   for (pid_t p : pids) EXPECT_EQ(wait_child(p), 0);
   EXPECT_EQ(make_file_store(d.path())->add("count", 0), kProcs * kAdds);
+}
+
+// Two containers sharing the directory may have the same host name and pid (pid 1 in each), and copies of one program
+// the same state. Children forked from here stand in for them: the same state, and through the hook the same host
+// name and pid in their temporary file names. The names had only host, pid and a per-process counter, opened with
+// O_TRUNC: such writers wrote into one file, and published torn values or failed to rename a file the other had
+// renamed away.
+TEST(FileStore, WritersWithTheSameHostNameAndPidDoNotClobberEachOther) {
+  TempDir d;
+  const std::string dir = d.path();
+  int events = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);  // to see every temporary file created
+  if (events >= 0 && inotify_add_watch(events, dir.c_str(), IN_CREATE) < 0) {
+    close(events);
+    events = -1;
+  }
+  set_file_store_identity_for_testing("node", 1);
+  // Many rounds of whole values of one letter per writer, all started together (the old names of both writers
+  // advanced in step: a collision every round they overlapped).
+  constexpr int kWriters = 3, kRounds = 150;
+  constexpr size_t kSize = 128 * 1024;
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  std::vector<pid_t> pids;
+  for (int w = 0; w < kWriters; ++w) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(go[1]);
+      char c;
+      while (read(go[0], &c, 1) < 0 && errno == EINTR) {
+      }
+      int code = 0;
+      try {
+        auto s = make_file_store(dir);
+        const std::string mine(kSize, static_cast<char>('a' + w));
+        for (int i = 0; i < kRounds && code == 0; ++i) {
+          s->set("shared", mine);
+          const std::string v = s->get("shared", Deadline::after(10));
+          // One writer's whole value: full length, every byte the same letter of a writer.
+          const bool whole = v.size() == kSize && v[0] >= 'a' && v[0] < 'a' + kWriters &&
+                             v.find_first_not_of(v[0]) == std::string::npos;
+          if (!whole) code = 3;
+        }
+      } catch (...) {
+        code = 5;
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  close(go[0]);
+  close(go[1]);  // the writers start
+  for (pid_t p : pids) EXPECT_EQ(wait_child(p), 0) << "3: a read returned a torn value; 5: a write failed";
+  set_file_store_identity_for_testing("", 0);
+  // Every temporary file was renamed into place, none left over; and no temporary name was used twice.
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_NE(e.path().filename().string().rfind(".tmp.", 0), 0u) << e.path();
+  if (events < 0) GTEST_SKIP() << "no inotify here: the writers were checked, their temporary names were not";
+  std::map<std::string, int> created;
+  alignas(inotify_event) char buf[64 * 1024];
+  for (ssize_t n; (n = read(events, buf, sizeof buf)) > 0;)
+    for (char* p = buf; p < buf + n;) {
+      auto* ev = reinterpret_cast<inotify_event*>(p);
+      if (ev->len > 0 && std::string(ev->name).rfind(".tmp.node.1.", 0) == 0) created[ev->name]++;
+      p += sizeof(inotify_event) + ev->len;
+    }
+  close(events);
+  EXPECT_EQ(created.size(), size_t(kWriters * kRounds)) << "temporary files seen (the queue may have overflowed)";
+  for (const auto& [name, times] : created) EXPECT_EQ(times, 1) << name << " was created " << times << " times";
 }
 
 // ------------------------------------------------------------------------------------ allgather / barrier
