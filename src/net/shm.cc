@@ -24,6 +24,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <mutex>
 
 #include "core/cpus.h"
 #include "core/env.h"
@@ -105,14 +106,30 @@ constexpr auto kReadUnmatchedAfter = std::chrono::milliseconds(1);
 
 // Under Yama's ptrace_scope 1 only a process's ancestors may read its memory, and local ranks are siblings: let
 // processes of this user read it, as Open MPI's single copy does (scope 2 and 3 stay closed; the probe then fails).
-void allow_reads_under_yama() {
+// Counted over the transports of this process: the last that needs it closes it again, and so does one that opened
+// it and then found single copy off (it stayed open for the life of the process).
+std::mutex g_ptracer_mu;
+int g_ptracer_users = 0;
+// True when this call counts as a user (release_reads_under_yama once done).
+bool allow_reads_under_yama() {
+#ifdef PR_SET_PTRACER
   FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-  if (f == nullptr) return;
+  if (f == nullptr) return false;
   int scope = 0;
   const bool read = std::fscanf(f, "%d", &scope) == 1;
   std::fclose(f);
+  if (!read || scope != 1) return false;
+  std::lock_guard<std::mutex> lk(g_ptracer_mu);
+  if (g_ptracer_users++ == 0) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  return true;
+#else
+  return false;
+#endif
+}
+void release_reads_under_yama() {
 #ifdef PR_SET_PTRACER
-  if (read && scope == 1) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  std::lock_guard<std::mutex> lk(g_ptracer_mu);
+  if (--g_ptracer_users == 0) ::prctl(PR_SET_PTRACER, 0, 0, 0, 0);
 #endif
 }
 constexpr size_t kFastBytes = 8192;       // a slot's capacity
@@ -249,6 +266,7 @@ class ShmTransport : public Transport, public Progressor {
       for (char*& m : maps_)
         if (m != nullptr && m != MAP_FAILED) ::munmap(m, seg_bytes_);
       if (mine_ != nullptr && mine_ != MAP_FAILED) ::munmap(mine_, seg_bytes_);
+      if (opened_reads_) release_reads_under_yama();
     };
     if (::ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
       int e = errno;
@@ -287,7 +305,7 @@ class ShmTransport : public Transport, public Progressor {
     // and, when it wants single-copy messages, the address and value of a word its peers try to read.
     if (single_copy_bytes_ > 0) {
       if (g_read_probe == 0) g_read_probe = (static_cast<uint64_t>(::getpid()) << 32) | 0x5c0du;
-      allow_reads_under_yama();
+      opened_reads_ = allow_reads_under_yama();
     }
     std::vector<std::string> pids;
     try {
@@ -390,6 +408,10 @@ class ShmTransport : public Transport, public Progressor {
     single_copy_ = single_copy_bytes_ > 0;
     for (int p = 0; p < size; ++p)
       if ((peers_[p].serve || p == rank) && mapped[p] != "mapped 1") single_copy_ = false;
+    if (opened_reads_ && !single_copy_) {
+      release_reads_under_yama();
+      opened_reads_ = false;
+    }
     if (single_copy_bytes_ > 0 && !single_copy_)
       CONDUIT_LOG_INFO("shm: rank {}: messages go through the rings only (no single copy): {}", rank,
                        cannot.empty() ? "another local rank cannot read its peers' memory" : cannot);
@@ -400,6 +422,7 @@ class ShmTransport : public Transport, public Progressor {
     for (char* m : maps_)
       if (m != nullptr && m != MAP_FAILED) ::munmap(m, seg_bytes_);
     if (mine_ != nullptr && mine_ != MAP_FAILED) ::munmap(mine_, seg_bytes_);
+    if (opened_reads_) release_reads_under_yama();
   }
 
   const char* name() const override { return "shm"; }
@@ -1190,6 +1213,7 @@ class ShmTransport : public Transport, public Progressor {
   bool fast_small_ = false;      // some rank is oversubscribed: the fast allreduce's small limit on every rank
   uint64_t single_copy_bytes_ = 0;          // messages from this size on are read from the sender's memory; 0: never
   bool single_copy_ = false;                // every local rank can read every other's memory
+  bool opened_reads_ = false;               // counted in g_ptracer_users (allow_reads_under_yama)
   std::vector<uint64_t> scratch_;           // a reducing single-copy receive's chunk
   std::atomic<bool> have_deferred_{false};  // some peer has single-copy messages waiting for a receive
   std::mutex mu_;
