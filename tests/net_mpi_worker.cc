@@ -321,6 +321,151 @@ void abort_propagates(Transport& t) {
   ok("abort");
 }
 
+// Sends `value + rank` to the next rank and receives the previous rank's on `t`; checks it.
+void ring_exchange(Transport& t, uint64_t tag, uint64_t value, const char* phase) {
+  const int n = t.size(), me = t.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+  uint64_t out = value + static_cast<uint64_t>(me), in = 0;
+  wait_all({t.irecv(prev, tag, &in, 8), t.isend(next, tag, &out, 8)}, Deadline::after(30));
+  check(in == value + static_cast<uint64_t>(prev), fmt::format("{}: got {:#x} from rank {}", phase, in, prev));
+}
+
+// A transport made after another one went never sees the old one's traffic. Rank 1 destroys its first transport;
+// rank 0 then sends on its own a message nobody receives and aborts it (an abort notice to every rank); every rank
+// makes a second transport, and rank 1's receive of the same tag must wait for the new message. OpenMPI gives a
+// freed communicator's context id to the next one made, and keeps a message for an unknown context id until a
+// communicator with that id appears: the old message completed the new receive, the old notice aborted the new
+// transport.
+void stale_messages() {
+  const int n = mpi_world_size();
+  const std::vector<int> hosts(n, 0);
+  const uint64_t tag = make_tag(kUser, 21, 1);
+  const uint64_t stale = 0x5157a1e5157a1e00ull, fresh = 0x600d600d600d6000ull;
+  {
+    auto t1 = make_mpi_transport(hosts);
+    if (g_rank == 1) t1.reset();
+    barrier();
+    if (g_rank == 0) {
+      t1->isend(1, tag, &stale, 8)->wait(Deadline::after(10));  // 8 bytes: sent eagerly, complete unreceived
+      t1->abort("the first transport's abort");
+    }
+  }
+  auto t2 = make_mpi_transport(hosts);
+  if (g_rank == 1) {
+    uint64_t got = 0;
+    auto r = t2->irecv(0, tag, &got, 8);
+    try {
+      r->wait(Deadline::after(1.0));
+      fail(fmt::format("stale: the destroyed transport's message ({:#x}) reached the new transport", got));
+    } catch (const TimeoutError&) {
+    } catch (const PeerError& e) {
+      fail(fmt::format("stale: the destroyed transport's abort reached the new transport: {}", e.what()));
+    }
+    check(!give_up(*t2, r, "stale test gave up"), "stale: give_up of the unmatched receive reported success");
+  }
+  barrier();
+  if (g_rank == 0) {
+    t2->isend(1, tag, &fresh, 8)->wait(Deadline::after(10));
+  } else if (g_rank == 1) {
+    uint64_t got = 0;
+    t2->irecv(0, tag, &got, 8)->wait(Deadline::after(10));
+    check(got == fresh, fmt::format("stale: the new transport's message is {:#x}, expected {:#x}", got, fresh));
+  }
+  ring_exchange(*t2, make_tag(kUser, 21, 2), fresh, "stale");
+  check(t2->aborted_reason().empty(), "stale: the new transport was aborted: " + t2->aborted_reason());
+  barrier();
+  ok("stale-messages");
+}
+
+// A send in flight when its transport aborts is finished (within the 2 s a matched receive gets) before it fails,
+// since its caller then frees or reuses the buffer. Rank 1 has matched rank 0's 4 MiB message (it was posted first,
+// and over shared memory the message's head arrives before the abort notice) when rank 0 aborts and overwrites its
+// buffer at once: rank 1 must receive the message whole. The rest of a large message leaves as the receiver asks for
+// it, and it left from the overwritten buffer.
+void abort_waits_for_sends() {
+  const int n = mpi_world_size();
+  auto t = make_mpi_transport(std::vector<int>(n, 0));
+  const uint64_t tag = make_tag(kUser, 22, 1);
+  const size_t kBytes = size_t{4} << 20;
+  std::vector<uint8_t> buf(kBytes, 0);
+  if (g_rank == 0) {
+    for (size_t i = 0; i < kBytes; ++i) buf[i] = pattern(0, 1, 5, i);
+    barrier();  // rank 1's receive is posted
+    auto s = t->isend(1, tag, buf.data(), kBytes);
+    t->abort("abort with a send in flight");
+    check(s->done(), "abort-sends: the send did not fail with the abort");
+    std::fill(buf.begin(), buf.end(), uint8_t{0xEE});  // what a caller does with a failed send's buffer
+  } else if (g_rank == 1) {
+    auto r = t->irecv(0, tag, buf.data(), kBytes);
+    barrier();
+    try {
+      r->wait(Deadline::after(20));
+    } catch (const PeerError&) {  // the abort fails it, whole or not
+    }
+    size_t wrong = 0, first = kBytes;
+    for (size_t i = 0; i < kBytes; ++i)
+      if (buf[i] != pattern(0, 1, 5, i) && wrong++ == 0) first = i;
+    check(wrong == 0, fmt::format("abort-sends: {} of {} bytes wrong, the first at {} ({:#x}): the send was read "
+                                  "after the abort failed it",
+                                  wrong, kBytes, first, first < kBytes ? buf[first] : 0));
+  } else {
+    barrier();
+  }
+  barrier();
+  ok("abort-waits-for-sends");
+}
+
+// More transports one after another than the 16 whose communicators are kept after they go (the oldest are freed
+// on the way): each works.
+void many_transports() {
+  const int n = mpi_world_size();
+  for (int i = 0; i < 18; ++i) {
+    auto t = make_mpi_transport(std::vector<int>(n, 0));
+    ring_exchange(*t, make_tag(kUser, 23, static_cast<uint32_t>(i)), 1000u * static_cast<uint64_t>(i), "many");
+  }
+  barrier();
+  ok("many-transports");
+}
+
+// The start-up has a deadline: the other ranks make a transport while the last rank does not come, and fail with a
+// TimeoutError naming the step (MPI_Comm_idup waited forever). Then the last rank joins the collective they gave up
+// on (an MPI_Comm_idup of MPI_COMM_WORLD: blocking and nonblocking collectives do not match) while they wait in
+// MPI_Recv, starting no collective of their own: the idup's later rounds start from MPI's progress, and must start
+// on MPI_COMM_WORLD before anything else does. Then every rank makes a transport that works.
+void absent_rank() {
+  const int n = mpi_world_size(), last = n - 1;
+  const std::vector<int> hosts(n, 0);
+  constexpr int kGaveUp = 4242, kJoined = 4243;
+  int token = 1;
+  if (g_rank != last) {
+    Stopwatch sw;
+    try {
+      make_mpi_transport(hosts, Deadline::after(1.0));
+      fail("absent: a transport was made without the last rank");
+    } catch (const TimeoutError& e) {
+      std::printf("rank %d: info %s\n", g_rank, e.what());
+      check(std::strstr(e.what(), "MPI_Comm_idup 1 of 65") != nullptr &&
+                std::strstr(e.what(), "CONDUIT_TIMEOUT") != nullptr,
+            fmt::format("absent: the error names neither the step nor the setting: {}", e.what()));
+    }
+    check(sw.seconds() >= 0.9 && sw.seconds() < 10, fmt::format("absent: gave up after {:.2f} s", sw.seconds()));
+    MPI_Send(&token, 1, MPI_INT, last, kGaveUp, MPI_COMM_WORLD);
+    MPI_Recv(&token, 1, MPI_INT, last, kJoined, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  } else {
+    for (int r = 0; r < last; ++r) MPI_Recv(&token, 1, MPI_INT, r, kGaveUp, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Comm late = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Comm_idup(MPI_COMM_WORLD, &late, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    MPI_Comm_free(&late);
+    for (int r = 0; r < last; ++r) MPI_Send(&token, 1, MPI_INT, r, kJoined, MPI_COMM_WORLD);
+  }
+  barrier();
+  auto t = make_mpi_transport(hosts);
+  ring_exchange(*t, make_tag(kUser, 24, 1), 77, "absent");
+  barrier();
+  ok("absent-rank");
+}
+
 }  // namespace
 
 // A program that started MPI below MPI_THREAD_SERIALIZED: Conduit calls MPI from its communicators' worker threads,
@@ -373,6 +518,10 @@ int main() {
       }
       abort_propagates(*t);
     }
+    stale_messages();
+    abort_waits_for_sends();
+    many_transports();
+    absent_rank();
     std::printf("rank %d: ALL OK\n", g_rank);
     std::fflush(stdout);
     return 0;

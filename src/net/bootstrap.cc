@@ -91,7 +91,9 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     b->method = "mpi";
     b->rank = mpi_world_rank();
     b->size = mpi_world_size();
-    b->allgather = [](const std::string& mine) { return mpi_allgather_strings(mine); };
+    b->allgather = [timeout_s](const std::string& mine) {
+      return mpi_allgather_strings(mine, Deadline::after(timeout_s));
+    };
   } else if (env_string("RANK") || env_string("WORLD_SIZE")) {
     b->size = required_int("WORLD_SIZE", 1, 1 << 20);
     b->rank = required_int("RANK", 0, b->size - 1);
@@ -222,7 +224,7 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
   if (kind == "mpi") {
     if (b.method != "mpi")
       throw ConfigError("transport 'mpi' needs the program to be started by mpirun (OMPI_COMM_WORLD_RANK is not set)");
-    return make_mpi_transport(b.hosts);
+    return make_mpi_transport(b.hosts, deadline);
   }
   if (kind != "auto" && kind != "tcp" && kind != "shm")
     throw ConfigError(fmt::format("unknown transport '{}': allowed are {}", kind, transport_kinds_allowed()));

@@ -4,6 +4,24 @@
 // become Conduit exceptions) instead of killing the job: kDataComms (64) carry messages, one more carries abort
 // notices (every rank keeps one MPI_Irecv(MPI_ANY_SOURCE) posted on it; abort() sends its reason to every peer).
 //
+// Start-up: the 65 duplicates are 65 collectives on MPI_COMM_WORLD, which MPI cannot interrupt. Each is an
+// MPI_Comm_idup (MPI-3) polled with MPI_Test against the caller's deadline (CONDUIT_TIMEOUT by default), one after
+// another (several outstanding idups on one communicator have hung OpenMPI before), as is the host-name exchange
+// (MPI_Iallgather): a rank that never comes is a TimeoutError naming the step, not a hang. MPI allows neither
+// cancelling nor freeing a pending collective request, so one given up on stays pending with its buffers (leaked on
+// purpose) and MPI_COMM_WORLD's collectives no longer line up on that rank: the process is expected to end
+// (mpi_exit_after_error turns the exit into MPI_Abort). (The missing ranks may still make the same call late, as
+// long as this rank starts no other collective on MPI_COMM_WORLD before that completes: an idup's later rounds start
+// from MPI's progress.)
+//
+// Stale messages: a transport's communicators are not freed when it is destroyed but retired, and only the oldest
+// beyond kRetiredTransports transports are freed. OpenMPI hands a freed communicator's context id to the next
+// communicator made, and keeps a message that arrives for an unknown context id until a communicator with that id
+// appears: a message sent on a destroyed transport (a send nobody received before an abort or a timeout, an abort
+// notice) matched the next transport's receive, or aborted it. A retired communicator keeps its id, so such a
+// message waits in its queue and is dropped with it; by the time a retired communicator is freed, kRetiredTransports
+// collective start-ups later, every message sent on it has long arrived.
+//
 // Tag mapping. Conduit tags are 64 bits (tags.h: kind | 24-bit communicator id | 32-bit sequence or user tag);
 // MPI tags are 0..MPI_TAG_UB (at least 32767; 2^31-1 on OpenMPI). A Conduit tag travels on data communicator
 // (comm_id mod 64) under an MPI tag built from B = floor(log2(MPI_TAG_UB + 1)) bits, R = B - 2:
@@ -19,8 +37,11 @@
 // transport.h requires.
 //
 // Sizes: a message up to INT_MAX bytes is `count` MPI_BYTEs; a larger one uses a derived datatype (1 GiB blocks
-// plus a remainder), and MPI_Get_elements_x measures what arrived. A receive whose message is larger than expected
-// fails as MPI_ERR_TRUNCATE, a smaller one is caught by the count: both are ProtocolErrors.
+// plus a remainder; every type made is owned by a handle, so an error between its creation and its release frees
+// it), and MPI_Get_elements_x measures what arrived. A receive whose message is larger than expected fails as
+// MPI_ERR_TRUNCATE, a smaller one is caught by the count: both are ProtocolErrors.
+//
+// Abort: see fail_all_locked (requests still in flight, sends included, get up to kAbortDrainSeconds to finish).
 //
 // Progress: no progress thread. Request::wait calls progress() (MPI_Test on every pending request, and on the
 // abort listener) and wait_for_activity(), which spins ~20 us, yields until ~200 us, then sleeps with a growing
@@ -34,13 +55,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -53,6 +78,13 @@ namespace {
 
 constexpr int kCtrlTag = 0;
 constexpr int kCtrlMaxBytes = 4096;
+// One transport's communicators: kDataComms for messages, then the one for abort notices.
+constexpr int kTransportComms = kDataComms + 1;
+// Destroyed transports whose communicators are kept (see "Stale messages" above): 16 x 65 context ids of OpenMPI's
+// 65535, a few MB at most.
+constexpr size_t kRetiredTransports = 16;
+// How long an abort lets requests MPI is still moving data for finish before it fails them (fail_all_locked).
+constexpr double kAbortDrainSeconds = 2.0;
 
 // Set when the library provides less than MPI_THREAD_MULTIPLE: every MPI call then takes g_mpi_mu.
 bool g_serialize = false;
@@ -107,12 +139,46 @@ void finalize_at_exit() {
   MPI_Finalize();
 }
 
-// count + datatype for a contiguous byte buffer of any size. `owned` types must be freed by the caller (allowed
-// right after the operation is posted).
+// An MPI datatype this code made, freed (MPI_Type_free) when the handle goes, an exception passing included. Freeing
+// right after the operation that uses it is posted is allowed: MPI keeps the type until the operation completes.
+class OwnedType {
+ public:
+  OwnedType() = default;
+  explicit OwnedType(MPI_Datatype t) : t_(t) {}
+  OwnedType(OwnedType&& o) noexcept : t_(std::exchange(o.t_, MPI_DATATYPE_NULL)) {}
+  OwnedType& operator=(OwnedType&& o) noexcept {
+    if (this != &o) {
+      release();
+      t_ = std::exchange(o.t_, MPI_DATATYPE_NULL);
+    }
+    return *this;
+  }
+  OwnedType(const OwnedType&) = delete;
+  OwnedType& operator=(const OwnedType&) = delete;
+  ~OwnedType() { release(); }
+  MPI_Datatype get() const { return t_; }
+  MPI_Datatype* ptr() { return &t_; }  // for MPI_Type_commit
+
+ private:
+  void release() {
+    if (t_ != MPI_DATATYPE_NULL && !mpi_finalized()) MPI_Type_free(&t_);
+    t_ = MPI_DATATYPE_NULL;
+  }
+  MPI_Datatype t_ = MPI_DATATYPE_NULL;
+};
+
+// Wraps the type an MPI constructor made, or throws (the constructor made nothing then).
+OwnedType owned_type(int rc, const MPI_Datatype& made, const char* what) {  // (read after the call that sets it)
+  check_mpi(rc, what);
+  return OwnedType(made);
+}
+
+// count + datatype for a contiguous byte buffer of any size; a derived type is owned by `derived` (keep the
+// ByteType alive until the operation is posted, and destroy it under the MpiGuard that posted it).
 struct ByteType {
-  int count;
-  MPI_Datatype type;
-  bool owned;
+  int count = 0;
+  MPI_Datatype type = MPI_BYTE;
+  OwnedType derived;
 };
 
 // Messages above kMaxCount bytes use a derived type of kBlock-byte blocks. Env CONDUIT_MPI_TEST_BLOCK_BYTES lowers
@@ -132,26 +198,126 @@ const BlockSizes& block_sizes() {
 }
 
 ByteType byte_type(size_t bytes) {
-  if (bytes <= block_sizes().max_count) return {static_cast<int>(bytes), MPI_BYTE, false};
+  ByteType bt;
+  if (bytes <= block_sizes().max_count) {
+    bt.count = static_cast<int>(bytes);
+    return bt;
+  }
   const size_t kBlock = block_sizes().block;
-  MPI_Datatype block, blocks, whole;
   size_t n = bytes / kBlock, rem = bytes % kBlock;
   if (n > static_cast<size_t>(INT_MAX))
-    throw InvalidArgument(fmt::format("mpi transport: {} bytes is too large", bytes));
-  check_mpi(MPI_Type_contiguous(static_cast<int>(kBlock), MPI_BYTE, &block), "MPI_Type_contiguous");
-  check_mpi(MPI_Type_contiguous(static_cast<int>(n), block, &blocks), "MPI_Type_contiguous");
-  MPI_Type_free(&block);
+    throw InvalidArgument(fmt::format("mpi transport: a message of {} bytes is too large; allowed: at most {} bytes",
+                                      bytes, static_cast<size_t>(INT_MAX) * kBlock));
+  MPI_Datatype made = MPI_DATATYPE_NULL;
+  OwnedType block =
+      owned_type(MPI_Type_contiguous(static_cast<int>(kBlock), MPI_BYTE, &made), made, "MPI_Type_contiguous");
+  OwnedType blocks =
+      owned_type(MPI_Type_contiguous(static_cast<int>(n), block.get(), &made), made, "MPI_Type_contiguous");
   if (rem == 0) {
-    whole = blocks;
+    bt.derived = std::move(blocks);
   } else {
     int lens[2] = {1, static_cast<int>(rem)};
     MPI_Aint disp[2] = {0, static_cast<MPI_Aint>(n * kBlock)};
-    MPI_Datatype types[2] = {blocks, MPI_BYTE};
-    check_mpi(MPI_Type_create_struct(2, lens, disp, types, &whole), "MPI_Type_create_struct");
-    MPI_Type_free(&blocks);
+    MPI_Datatype types[2] = {blocks.get(), MPI_BYTE};
+    bt.derived = owned_type(MPI_Type_create_struct(2, lens, disp, types, &made), made, "MPI_Type_create_struct");
   }
-  check_mpi(MPI_Type_commit(&whole), "MPI_Type_commit");
-  return {1, whole, true};
+  check_mpi(MPI_Type_commit(bt.derived.ptr()), "MPI_Type_commit");
+  bt.count = 1;
+  bt.type = bt.derived.get();
+  return bt;  // (block and blocks are freed here: a committed type keeps what it was built from)
+}
+
+// Buffers of collective requests given up on (MPI may still write them): never freed, nor destroyed at exit.
+void abandon(std::shared_ptr<void> keep) {
+  static auto* mu = new std::mutex;
+  static auto* kept = new std::vector<std::shared_ptr<void>>;
+  std::lock_guard<std::mutex> lk(*mu);
+  kept->push_back(std::move(keep));
+}
+
+// Polls a nonblocking collective to completion. At `deadline` it is given up on: left pending with `keep` (the
+// memory it reads and writes) and TimeoutError(timeout_message(seconds waited)) is thrown. MPI_Test is called under
+// the MpiGuard, which is let go between looks; the looks yield for the first millisecond, then sleep 50 us growing
+// to 1 ms.
+void wait_collective(MPI_Request& req, const Deadline& deadline, const std::shared_ptr<void>& keep, const char* what,
+                     const std::function<std::string(double)>& timeout_message) {
+  Stopwatch sw;
+  auto pause = std::chrono::microseconds(50);
+  while (true) {
+    int flag = 0, rc = MPI_SUCCESS;
+    {
+      MpiGuard g;
+      rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    }
+    check_mpi(rc, what);
+    if (flag) return;
+    if (deadline.expired()) {
+      abandon(keep);
+      throw TimeoutError(timeout_message(sw.seconds()));
+    }
+    if (sw.seconds() < 1e-3) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+}
+
+// Keeps `comms` (one transport's) instead of freeing them; frees the oldest retired transport's beyond
+// kRetiredTransports (see "Stale messages" above). Called with MPI not finalized.
+void retire_comms(std::vector<MPI_Comm> comms) {
+  // Oldest first; never destroyed (a transport may go after static destructors ran).
+  static auto* mu = new std::mutex;
+  static auto* retired = new std::deque<std::vector<MPI_Comm>>;
+  MpiGuard g;  // (before mu: shutdown calls this holding the guard already)
+  std::lock_guard<std::mutex> lk(*mu);
+  retired->push_back(std::move(comms));
+  while (retired->size() > kRetiredTransports) {
+    for (MPI_Comm& c : retired->front())
+      if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+    retired->pop_front();
+  }
+}
+
+// The communicators of a new transport: kTransportComms duplicates of MPI_COMM_WORLD, each an MPI_Comm_idup polled
+// against `deadline` (collective: every rank calls it). On any failure the ones made so far are retired.
+std::vector<MPI_Comm> dup_world(const Deadline& deadline) {
+  // (heap: an idup given up on writes its communicator here when the missing ranks come late)
+  auto made = std::make_shared<std::array<MPI_Comm, kTransportComms>>();
+  made->fill(MPI_COMM_NULL);
+  int rank = 0, size = 1;
+  {
+    MpiGuard g;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+  int done = 0;
+  try {
+    for (; done < kTransportComms; ++done) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      {
+        MpiGuard g;
+        check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &(*made)[done], &req), "MPI_Comm_idup");
+      }
+      const int step = done + 1;
+      wait_collective(req, deadline, made, "MPI_Comm_idup (mpi transport start-up)", [&](double waited) {
+        return fmt::format(
+            "mpi transport (rank {} of {}): start-up gave up after {:.1f} s in MPI_Comm_idup {} of {} on "
+            "MPI_COMM_WORLD: not every rank entered make_mpi_transport (a rank died, is stuck before it, or makes no "
+            "MPI transport); allowed: every rank makes its MPI transport within the deadline (CONDUIT_TIMEOUT, "
+            "default 300 s)",
+            rank, size, waited, step, kTransportComms);
+      });
+      MpiGuard g;
+      MPI_Comm_set_errhandler((*made)[done], MPI_ERRORS_RETURN);
+    }
+  } catch (...) {
+    // Made ones carry no traffic, but another rank may have made more: kept like a destroyed transport's.
+    if (done > 0) retire_comms(std::vector<MPI_Comm>(made->begin(), made->begin() + done));
+    throw;
+  }
+  return std::vector<MPI_Comm>(made->begin(), made->end());
 }
 
 class MpiEngine;
@@ -172,22 +338,22 @@ class MpiRequest : public Request {
 // Owns the communicators and the pending requests; outlives the transport while requests reference it.
 class MpiEngine : public Progressor {
  public:
-  MpiEngine() {
+  // `comms`: dup_world's, kDataComms for messages then the abort notices'; owned from here on (retired by shutdown).
+  explicit MpiEngine(const std::vector<MPI_Comm>& comms) {
+    std::copy(comms.begin(), comms.begin() + kDataComms, data_);
+    ctrl_ = comms[kDataComms];
     MpiGuard g;
-    for (auto& c : data_) {
-      check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &c), "MPI_Comm_dup");
-      MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    }
-    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &ctrl_), "MPI_Comm_dup");
-    MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(ctrl_, &rank_);
     MPI_Comm_size(ctrl_, &size_);
     void* ub = nullptr;
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     tag_ub_ = flag ? *static_cast<int*>(ub) : 32767;
-    check_mpi(MPI_Irecv(ctrl_buf_, kCtrlMaxBytes, MPI_CHAR, MPI_ANY_SOURCE, kCtrlTag, ctrl_, &ctrl_req_),
-              "MPI_Irecv (abort listener)");
+    const int rc = MPI_Irecv(ctrl_buf_, kCtrlMaxBytes, MPI_CHAR, MPI_ANY_SOURCE, kCtrlTag, ctrl_, &ctrl_req_);
+    if (rc != MPI_SUCCESS) {
+      retire_comms(comms);  // (the destructor does not run)
+      check_mpi(rc, "MPI_Irecv (abort listener)");
+    }
   }
 
   ~MpiEngine() override { shutdown(); }
@@ -244,11 +410,10 @@ class MpiEngine : public Progressor {
                 "below bit {} while both are in flight)",
                 rank_, what, peer, tag, q->tag(), mpi_route_low_bits(tag_ub_), mpi_route_low_bits(tag_ub_)));
         MpiGuard g;
-        ByteType bt = byte_type(bytes);
+        const ByteType bt = byte_type(bytes);  // (freed before g lets go)
         MPI_Comm comm = data_[route.comm];
         int rc = kind == Request::Kind::send ? MPI_Isend(data, bt.count, bt.type, peer, route.tag, comm, &r->req_)
                                              : MPI_Irecv(data, bt.count, bt.type, peer, route.tag, comm, &r->req_);
-        if (bt.owned) MPI_Type_free(&bt.type);
         if (rc != MPI_SUCCESS) {
           err =
               std::make_exception_ptr(PeerError(fmt::format("mpi transport (rank {}): {} of {} bytes, rank {} tag "
@@ -435,8 +600,11 @@ class MpiEngine : public Progressor {
         for (MPI_Request& q : ctrl_sends_) MPI_Request_free(&q);
         zombies_.clear();
         ctrl_sends_.clear();
-        for (auto& c : data_) MPI_Comm_free(&c);
-        MPI_Comm_free(&ctrl_);
+        // Retired, not freed: a message still on its way to them must not meet a later transport (see "Stale
+        // messages" above).
+        std::vector<MPI_Comm> comms(data_, data_ + kDataComms);
+        comms.push_back(ctrl_);
+        retire_comms(std::move(comms));
       }
     }
     finish(finished);
@@ -483,37 +651,44 @@ class MpiEngine : public Progressor {
                               rank_, what, r.peer(), r.tag(), r.bytes(), mpi_error_string(rc))));
   }
 
+  // MPI keeps using a request's buffer after its caller has been told it failed, and the caller frees or reuses the
+  // buffer as it unwinds: a receive MPI already matched cannot be cancelled (its data keeps arriving: heap
+  // corruption), and a send may still be read (the rest of a large message leaves as the receiver asks for it: the
+  // peer gets the reused bytes, or the sender faults on memory given back). So receives are cancelled (the unmatched
+  // ones complete at once), and every request still in flight, sends included, gets up to kAbortDrainSeconds in all
+  // to finish before all are failed (a send its receiver never takes costs the whole bound: MPI cannot withdraw a
+  // send). A send still pending then is one its receiver has not taken (it died, or cancelled the receive on the
+  // abort notice): its buffer is read again only if that peer posts the matching receive later, before it has seen
+  // the notice (after that its transport refuses receives, and a destroyed transport's retired communicators never
+  // take one); transport.h states that residue.
   void fail_all_locked(const std::string& why,
                        std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>>& out) {
     bool can_call = !mpi_finalized();
-    // A receive MPI had already matched cannot be cancelled: its data keeps arriving into the buffer, which the
-    // failed caller frees as it unwinds (heap corruption). Such receives are given a bounded time to finish first;
-    // the cancelled ones complete at once.
     if (can_call) {
-      std::vector<MPI_Request*> recvs;
+      std::vector<MPI_Request*> moving;
       {
         MpiGuard g;
         for (auto& r : pending_)
-          if (r->req_ != MPI_REQUEST_NULL && r->kind() == Request::Kind::recv) {
-            MPI_Cancel(&r->req_);
-            recvs.push_back(&r->req_);
+          if (r->req_ != MPI_REQUEST_NULL) {
+            if (r->kind() == Request::Kind::recv) MPI_Cancel(&r->req_);
+            moving.push_back(&r->req_);
           }
       }
       Stopwatch sw;
-      while (!recvs.empty() && sw.seconds() < 2.0) {
+      while (!moving.empty() && sw.seconds() < kAbortDrainSeconds) {
         {
           MpiGuard g;
-          for (size_t i = 0; i < recvs.size();) {
+          for (size_t i = 0; i < moving.size();) {
             int flag = 0;
-            if (MPI_Test(recvs[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
-              recvs[i] = recvs.back();  // (MPI_Test set a completed request to MPI_REQUEST_NULL)
-              recvs.pop_back();
+            if (MPI_Test(moving[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
+              moving[i] = moving.back();  // (MPI_Test set a completed request to MPI_REQUEST_NULL)
+              moving.pop_back();
             } else {
               ++i;
             }
           }
         }
-        if (!recvs.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        if (!moving.empty()) std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }
     for (auto& r : pending_) {
@@ -567,7 +742,8 @@ class MpiEngine : public Progressor {
 
 class MpiTransport : public Transport {
  public:
-  explicit MpiTransport(std::vector<int> hosts) : engine_(std::make_shared<MpiEngine>()) {
+  MpiTransport(std::vector<int> hosts, const std::vector<MPI_Comm>& comms)
+      : engine_(std::make_shared<MpiEngine>(comms)) {
     rank_ = engine_->rank();
     size_ = engine_->size();
     hosts_ = std::move(hosts);
@@ -694,38 +870,77 @@ int mpi_world_size() {
 }
 
 std::vector<std::string> mpi_allgather_strings(const std::string& mine) {
+  return mpi_allgather_strings(mine, Deadline::after(default_timeout_seconds()));
+}
+
+std::vector<std::string> mpi_allgather_strings(const std::string& mine, const Deadline& deadline) {
   mpi_init_once();
   if (mine.size() > static_cast<size_t>(INT_MAX / 1024)) {
-    throw InvalidArgument(fmt::format("mpi_allgather_strings: {} bytes is too large", mine.size()));
+    throw InvalidArgument(fmt::format("mpi_allgather_strings: a string of {} bytes is too large; allowed: at most {}",
+                                      mine.size(), INT_MAX / 1024));
   }
-  MpiGuard g;
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int len = static_cast<int>(mine.size());
-  std::vector<int> lens(size), displs(size);
-  check_mpi(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, MPI_COMM_WORLD), "MPI_Allgather");
+  // Everything the two collectives read or write, kept by wait_collective if one is given up on.
+  struct Exchange {
+    int len = 0;
+    std::string mine, all;
+    std::vector<int> lens, displs;
+  };
+  auto x = std::make_shared<Exchange>();
+  int rank = 0, size = 1;
+  {
+    MpiGuard g;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+  x->mine = mine;
+  x->len = static_cast<int>(mine.size());
+  x->lens.assign(static_cast<size_t>(size), 0);
+  x->displs.assign(static_cast<size_t>(size), 0);
+  auto timed_out = [&](const char* step) {
+    return [&, step](double waited) {
+      return fmt::format(
+          "mpi_allgather_strings (rank {} of {}): gave up after {:.1f} s in {} on MPI_COMM_WORLD: not every rank "
+          "reached this exchange (a rank died or is stuck before it); allowed: every rank within the deadline "
+          "(CONDUIT_TIMEOUT, default 300 s)",
+          rank, size, waited, step);
+    };
+  };
+  MPI_Request req = MPI_REQUEST_NULL;
+  {
+    MpiGuard g;
+    check_mpi(MPI_Iallgather(&x->len, 1, MPI_INT, x->lens.data(), 1, MPI_INT, MPI_COMM_WORLD, &req), "MPI_Iallgather");
+  }
+  wait_collective(req, deadline, x, "MPI_Iallgather", timed_out("MPI_Iallgather"));
   long long total = 0;
   for (int i = 0; i < size; ++i) {
-    displs[i] = static_cast<int>(total);
-    total += lens[i];
-    if (lens[i] < 0 || total > INT_MAX) throw ProtocolError("mpi_allgather_strings: invalid lengths from peers");
+    x->displs[i] = static_cast<int>(total);
+    total += x->lens[i];
+    if (x->lens[i] < 0 || total > INT_MAX) throw ProtocolError("mpi_allgather_strings: invalid lengths from peers");
   }
-  std::string all(static_cast<size_t>(total), '\0');
-  check_mpi(
-      MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, MPI_COMM_WORLD),
-      "MPI_Allgatherv");
+  x->all.assign(static_cast<size_t>(total), '\0');
+  {
+    MpiGuard g;
+    check_mpi(MPI_Iallgatherv(x->mine.data(), x->len, MPI_CHAR, x->all.data(), x->lens.data(), x->displs.data(),
+                              MPI_CHAR, MPI_COMM_WORLD, &req),
+              "MPI_Iallgatherv");
+  }
+  wait_collective(req, deadline, x, "MPI_Iallgatherv", timed_out("MPI_Iallgatherv"));
   std::vector<std::string> out(size);
-  for (int i = 0; i < size; ++i) out[i] = all.substr(displs[i], lens[i]);
+  for (int i = 0; i < size; ++i) out[i] = x->all.substr(x->displs[i], x->lens[i]);
   return out;
 }
 
 TransportPtr make_mpi_transport(std::vector<int> hosts) {
+  return make_mpi_transport(std::move(hosts), Deadline::after(default_timeout_seconds()));
+}
+
+TransportPtr make_mpi_transport(std::vector<int> hosts, const Deadline& deadline) {
   mpi_init_once();
   int size = mpi_world_size();
   if (hosts.empty()) {
     char name[256] = {0};
     gethostname(name, sizeof(name) - 1);
-    auto names = mpi_allgather_strings(name);
+    auto names = mpi_allgather_strings(name, deadline);
     std::unordered_map<std::string, int> index;
     for (const auto& n : names) {
       auto it = index.emplace(n, static_cast<int>(index.size())).first;
@@ -736,7 +951,7 @@ TransportPtr make_mpi_transport(std::vector<int> hosts) {
     throw InvalidArgument(
         fmt::format("make_mpi_transport: {} host indices for {} ranks (expected one per rank)", hosts.size(), size));
   }
-  return std::make_shared<MpiTransport>(std::move(hosts));
+  return std::make_shared<MpiTransport>(std::move(hosts), dup_world(deadline));
 }
 
 }  // namespace conduit::net

@@ -1,12 +1,13 @@
 #pragma once
 // OpenMPI transport: the path to many hosts when a job is started by mpirun. Messages are MPI_Isend/MPI_Irecv on
-// private duplicates of MPI_COMM_WORLD; requests progress when a waiter calls MPI_Test (there is no progress
-// thread). Conduit's 64-bit tags are spread over 64 communicators and folded into MPI's tag range, see
-// mpi_transport.cc for the mapping and its collision bound.
+// private duplicates of MPI_COMM_WORLD, new ones for every transport; requests progress when a waiter calls MPI_Test
+// (there is no progress thread). Conduit's 64-bit tags are spread over 64 communicators and folded into MPI's tag
+// range, see mpi_transport.cc for the mapping and its collision bound.
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "net/transport.h"
 
 namespace conduit::net {
@@ -23,12 +24,19 @@ void mpi_init_once();
 void mpi_exit_after_error(int code);
 int mpi_world_rank();
 int mpi_world_size();
-// Every rank's string, in rank order (MPI_Allgather + MPI_Allgatherv on MPI_COMM_WORLD). Collective.
+// Every rank's string, in rank order (MPI_Iallgather + MPI_Iallgatherv on MPI_COMM_WORLD). Collective. A rank that
+// does not come by `deadline` (without one: CONDUIT_TIMEOUT, else 300 s) is a TimeoutError; the collective given up
+// on stays pending (MPI cannot withdraw it), so MPI_COMM_WORLD's collectives no longer line up: end the process.
 std::vector<std::string> mpi_allgather_strings(const std::string& mine);
+std::vector<std::string> mpi_allgather_strings(const std::string& mine, const Deadline& deadline);
 
-// A transport over a duplicate of MPI_COMM_WORLD; collective (every rank calls it). `hosts` is the host index of
-// every rank (empty: derived from the host names). Errors are returned, not fatal (MPI_ERRORS_RETURN).
+// A transport over duplicates of MPI_COMM_WORLD; collective (every rank calls it). `hosts` is the host index of
+// every rank (empty: derived from the host names). Errors are returned, not fatal (MPI_ERRORS_RETURN). The start-up
+// (65 MPI_Comm_idup, and the host names' exchange) waits until `deadline` (without one: CONDUIT_TIMEOUT, else 300 s),
+// then throws a TimeoutError naming the step, with MPI_COMM_WORLD left as mpi_allgather_strings leaves it. A
+// transport never receives messages or abort notices of one destroyed before it (see mpi_transport.cc).
 TransportPtr make_mpi_transport(std::vector<int> hosts);
+TransportPtr make_mpi_transport(std::vector<int> hosts, const Deadline& deadline);
 
 // Where a Conduit tag travels: which of the transport's kDataComms duplicated communicators, and which MPI tag
 // (exposed for tests and docs; the mapping and its collision bound are described in mpi_transport.cc).

@@ -114,8 +114,9 @@ class Transport {
   // with `error` and returns true, and the transport never touches its buffer again (a message the receive had
   // matched stays for the next receive of its tag). False when the request is done already, or its data is moving
   // (a receive being filled, a send partly written) or the transport cannot withdraw requests: then abort() keeps
-  // tcp, shm and inproc off the buffer; MPI's abort gives matched receives up to 2 s to finish before it fails them,
-  // and may still read a send, or fill a receive whose data stopped coming, until the process ends.
+  // tcp, shm and inproc off the buffer; MPI's abort gives matched receives and started sends up to 2 s together to
+  // finish before it fails them, and may still read a send its receiver takes later, or fill a receive whose data
+  // stopped coming, until the process ends.
   virtual bool cancel(const RequestPtr& r, std::exception_ptr error);
   // Empty when healthy, else why it was aborted (a routed transport: also why one of the transports it routes
   // over was, by a peer's abort).
