@@ -86,7 +86,54 @@ std::string format_cost_model(const CostModel& m) {
                      m.intra.gamma, m.inter.alpha, m.inter.beta, m.inter.gamma);
 }
 
-Tuner::Tuner(CostModel model) : model_(model) {}
+Tuner::Tuner(CostModel model) {
+  auto s = std::make_shared<State>();
+  s->model = std::move(model);
+  s->version = next_version();
+  version_.store(s->version, std::memory_order_release);
+  state_ = std::move(s);
+}
+
+Tuner::Tuner(const Tuner& other) : state_(other.snapshot()) {
+  version_.store(state_->version, std::memory_order_release);
+}
+
+Tuner& Tuner::operator=(const Tuner& other) {
+  if (this == &other) return *this;
+  auto s = other.snapshot();  // (before taking our own lock: never two tuners' locks at once)
+  std::lock_guard<std::mutex> lk(mu_);
+  state_ = std::move(s);
+  version_.store(state_->version, std::memory_order_release);
+  return *this;
+}
+
+std::shared_ptr<const Tuner::State> Tuner::snapshot() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return state_;
+}
+
+template <class F>
+void Tuner::update(F&& change) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto s = std::make_shared<State>(*state_);
+  change(*s);
+  s->version = next_version();
+  version_.store(s->version, std::memory_order_release);
+  state_ = std::move(s);
+}
+
+void Tuner::set_model(const CostModel& m) {
+  update([&](State& s) { s.model = m; });
+}
+
+CostModel Tuner::model() const { return snapshot()->model; }
+
+bool Tuner::forced_at(CollOp op, size_t bytes) const {
+  const auto s = snapshot();
+  for (const auto& r : s->forced[static_cast<int>(op)])
+    if (bytes >= r.lo && bytes < r.hi) return true;
+  return false;
+}
 
 std::shared_ptr<Tuner> Tuner::from_env() {
   auto t = std::make_shared<Tuner>();
@@ -160,8 +207,7 @@ std::vector<ForceRule> Tuner::parse_rules(CollOp op, const std::string& spec, co
 }
 
 void Tuner::force(CollOp op, std::vector<ForceRule> rules) {
-  forced_[static_cast<int>(op)] = std::move(rules);
-  version_ = next_version();
+  update([&](State& s) { s.forced[static_cast<int>(op)] = std::move(rules); });
 }
 
 uint64_t Tuner::next_version() {
@@ -170,9 +216,13 @@ uint64_t Tuner::next_version() {
 }
 
 double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int hosts) const {
+  return predict_with(snapshot()->model, op, algo, n, p, hosts);
+}
+
+double Tuner::predict_with(const CostModel& model, CollOp op, const std::string& algo, double n, int p, int hosts) {
   if (p <= 1) return 0;
   // Links: a flat algorithm over several hosts is limited by the inter-host link.
-  const LinkCost& l = hosts > 1 ? model_.inter : model_.intra;
+  const LinkCost& l = hosts > 1 ? model.inter : model.intra;
   const double a = l.alpha, b = l.beta, g = l.gamma;
   const double P = p, lg = log2i(p);
   const double frac = (P - 1) / P;
@@ -196,8 +246,8 @@ double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int h
       if (algo == "tree") return 2 * lg * (a + n * b) + lg * n * g;
       if (algo == "hier") {
         if (hosts <= 1) return std::numeric_limits<double>::infinity();
-        const LinkCost& in = model_.intra;
-        const LinkCost& ex = model_.inter;
+        const LinkCost& in = model.intra;
+        const LinkCost& ex = model.inter;
         double L = P / hosts, H = hosts;
         double local_rs = (L - 1) * in.alpha + (L - 1) / L * n * (in.beta + in.gamma);
         double cross = 2 * (H - 1) * ex.alpha + 2 * (H - 1) / H * (n / L) * ex.beta + (H - 1) / H * (n / L) * ex.gamma;
@@ -229,8 +279,9 @@ double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int h
 }
 
 std::string Tuner::choose(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const {
-  // Training and benchmarks repeat the same sizes: remember the last answer per operation (per thread, so shared
-  // tuners need no lock). Predicting every algorithm costs more than a small message's whole exchange on shm.
+  // Training and benchmarks repeat the same sizes: remember the last answer per operation (per thread, so a hit
+  // takes no lock: the entry was computed from the state of its version, and version_ names the current one).
+  // Predicting every algorithm costs more than a small message's whole exchange on shm.
   struct Entry {
     uint64_t version = 0;
     size_t bytes = 0;
@@ -240,16 +291,17 @@ std::string Tuner::choose(CollOp op, size_t bytes, int p, int hosts, bool unifor
   };
   thread_local Entry cache[kNumCollOps];
   Entry& e = cache[static_cast<int>(op)];
-  if (e.version == version_ && e.bytes == bytes && e.p == p && e.hosts == hosts &&
+  if (e.version == version_.load(std::memory_order_acquire) && e.bytes == bytes && e.p == p && e.hosts == hosts &&
       e.uniform == uniform_hosts)
     return e.algo;
-  std::string algo = choose_uncached(op, bytes, p, hosts, uniform_hosts);
-  e = Entry{version_, bytes, p, hosts, uniform_hosts, algo};
+  const auto s = snapshot();  // one state for the rules and every prediction
+  std::string algo = choose_with(*s, op, bytes, p, hosts, uniform_hosts);
+  e = Entry{s->version, bytes, p, hosts, uniform_hosts, algo};
   return algo;
 }
 
-std::string Tuner::choose_uncached(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const {
-  for (const auto& r : forced_[static_cast<int>(op)])
+std::string Tuner::choose_with(const State& s, CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) {
+  for (const auto& r : s.forced[static_cast<int>(op)])
     if (bytes >= r.lo && bytes < r.hi) return r.algorithm;
   // The cheapest prediction wins, but an algorithm listed earlier (ring first) keeps the choice while the later one
   // is less than kTieMargin cheaper: for large vectors ring and Rabenseifner predict the same bandwidth term, and
@@ -260,7 +312,7 @@ std::string Tuner::choose_uncached(CollOp op, size_t bytes, int p, int hosts, bo
   double best_t = std::numeric_limits<double>::infinity();
   for (const auto& a : algorithms(op)) {
     if (a == "hier" && (hosts <= 1 || !uniform_hosts)) continue;
-    double t = predict(op, a, static_cast<double>(bytes), p, hosts);
+    double t = predict_with(s.model, op, a, static_cast<double>(bytes), p, hosts);
     if (best.empty() || t < best_t * (1 - kTieMargin)) {
       best_t = t;
       best = a;

@@ -7,8 +7,16 @@
 // Forcing, per operation, as oneCCL's CCL_ALLREDUCE: CONDUIT_ALLREDUCE="ring" or
 // "tree:0-64K,rhd:64K-4M,ring:4M-" (byte ranges, lower bound inclusive); likewise CONDUIT_REDUCE_SCATTER,
 // CONDUIT_ALLGATHER, CONDUIT_BROADCAST, CONDUIT_REDUCE.
+//
+// Threads: one Tuner is shared by a communicator and the communicators made from it, whose collectives run on
+// several threads; set_model and force may be called while they choose. The model and the rules live in one
+// immutable state that a change replaces whole (under a mutex), so every reader works on one state, the old or the
+// new, never a mix (the rules were reassigned in place under readers walking them).
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,6 +51,9 @@ struct ForceRule {
 class Tuner {
  public:
   explicit Tuner(CostModel model = {});
+  // A copy shares the state it copies (immutable); a later change to either replaces only its own.
+  Tuner(const Tuner& other);
+  Tuner& operator=(const Tuner& other);
   // Reads CONDUIT_COST_MODEL and the CONDUIT_<OP> forcing variables.
   static std::shared_ptr<Tuner> from_env();
 
@@ -56,29 +67,36 @@ class Tuner {
   // The forced algorithm for this size if any, else the cheapest that applies.
   std::string choose(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const;
   // True when a forced rule (force(), CONDUIT_<OP>) names the algorithm for this size.
-  bool forced_at(CollOp op, size_t bytes) const {
-    for (const auto& r : forced_[static_cast<int>(op)])
-      if (bytes >= r.lo && bytes < r.hi) return true;
-    return false;
-  }
+  bool forced_at(CollOp op, size_t bytes) const;
 
-  void set_model(const CostModel& m) {
-    model_ = m;
-    version_ = next_version();
-  }
-  const CostModel& model() const { return model_; }
+  void set_model(const CostModel& m);
+  // A copy: another thread may replace the model meanwhile.
+  CostModel model() const;
   void force(CollOp op, std::vector<ForceRule> rules);
   // Parses a forcing spec ("ring" or "tree:0-64K,ring:64K-"); ConfigError naming `what`.
   static std::vector<ForceRule> parse_rules(CollOp op, const std::string& spec, const std::string& what);
 
  private:
-  CostModel model_;
-  std::vector<ForceRule> forced_[kNumCollOps];
-  // Unique across every tuner and every change (copies share it with the state they copy), so choose()'s
-  // per-thread cache never answers for another model or rule set.
+  // Everything a choice depends on; never changed once published.
+  struct State {
+    CostModel model;
+    std::vector<ForceRule> forced[kNumCollOps];
+    // Unique across every tuner and every change (copies share it with the state they copy), so choose()'s
+    // per-thread cache never answers for another model or rule set.
+    uint64_t version = 0;
+  };
   static uint64_t next_version();
-  uint64_t version_ = next_version();
-  std::string choose_uncached(CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) const;
+  std::shared_ptr<const State> snapshot() const;
+  // Publishes a copy of the current state changed by `change` (the copy, the change and the swap under mu_, so two
+  // writers do not lose each other's change).
+  template <class F>
+  void update(F&& change);
+  static double predict_with(const CostModel& m, CollOp op, const std::string& algo, double bytes, int p, int hosts);
+  static std::string choose_with(const State& s, CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts);
+
+  mutable std::mutex mu_;
+  std::shared_ptr<const State> state_;  // guarded by mu_; never null
+  std::atomic<uint64_t> version_{0};    // state_->version, read without the lock by choose()'s cache check
 };
 
 }  // namespace conduit::coll

@@ -1,8 +1,16 @@
+#include "coll/tuner.h"
+
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <vector>
 
-#include "coll/tuner.h"
 #include "core/error.h"
 
 using namespace conduit;
@@ -107,6 +115,88 @@ TEST(Tuner, RememberedChoicesFollowChangesAndOtherTuners) {
   Tuner fresh_lat(lat);
   EXPECT_EQ(a, fresh_lat.choose(CollOp::allreduce, 64 << 20, 8, 1, true));
   EXPECT_NE(a, b);
+}
+
+// One tuner is shared by a communicator and its host groups and splits, whose collectives choose on several threads,
+// while set_model (world.cc's measured model) or force may run: every reader must see one whole state, old or new.
+// The rules and the model were assigned in place, under readers walking the rules' vector and copying the model's
+// strings (a crash, a garbage name or a choice no state gives; a data race under ThreadSanitizer).
+TEST(Tuner, ChangesWhileOtherThreadsChooseAreSeenWhole) {
+  CostModel lat, bw;
+  lat.intra = lat.inter = {1e-3, 1e-12, 0};
+  lat.source = "latency";
+  bw.intra = bw.inter = {1e-9, 1e-6, 0};
+  bw.source = "a bandwidth-bound model, its name longer than any string's inline buffer";
+  const auto rules = Tuner::parse_rules(CollOp::allreduce, "tree:0-64K,rd:64K-4M,ring:4M-", "X");
+  const auto bc_rules = Tuner::parse_rules(CollOp::broadcast, "chain", "X");
+  using Query = std::tuple<CollOp, size_t, int, int, bool>;
+  std::vector<Query> queries;
+  for (CollOp op : {CollOp::allreduce, CollOp::reduce_scatter, CollOp::allgather, CollOp::broadcast, CollOp::reduce})
+    for (size_t bytes : {size_t{8}, size_t{100} << 10, size_t{64} << 20})
+      for (auto [p, hosts] : {std::pair{8, 1}, std::pair{6, 1}, std::pair{8, 2}})
+        queries.emplace_back(op, bytes, p, hosts, true);
+  // Every answer a state the writer publishes can give ({lat, bw} x {no rules, rules}).
+  std::map<Query, std::set<std::string>> allowed;
+  for (const CostModel* m : {&lat, &bw})
+    for (bool forced : {false, true}) {
+      Tuner t(*m);
+      if (forced) {
+        t.force(CollOp::allreduce, rules);
+        t.force(CollOp::broadcast, bc_rules);
+      }
+      for (const auto& q : queries) allowed[q].insert(std::apply([&](auto... a) { return t.choose(a...); }, q));
+    }
+  ASSERT_GT(allowed.at(Query{CollOp::allreduce, size_t{64} << 20, 8, 1, true}).size(), 1u);  // the states disagree
+
+  Tuner shared(lat);
+  constexpr int kReaders = 4, kChanges = 20000;
+  std::atomic<bool> done{false};
+  std::atomic<int> started{0};
+  std::atomic<long> reads{0};
+  std::mutex bad_mu;
+  std::vector<std::string> bad;
+  auto report = [&](std::string what) {
+    std::lock_guard<std::mutex> lk(bad_mu);
+    if (bad.size() < 10) bad.push_back(std::move(what));
+  };
+  std::vector<std::thread> readers;
+  for (int r = 0; r < kReaders; ++r)
+    readers.emplace_back([&] {
+      bool first = true;
+      while (!done.load()) {
+        for (const auto& q : queries) {
+          const std::string a = std::apply([&](auto... x) { return shared.choose(x...); }, q);
+          if (!allowed.at(q).count(a)) report("choice '" + a + "' for " + coll_op_name(std::get<0>(q)));
+        }
+        const CostModel m = shared.model();
+        auto is = [&](const CostModel& x) {
+          return m.source == x.source && m.intra.alpha == x.intra.alpha && m.inter.beta == x.inter.beta;
+        };
+        if (!is(lat) && !is(bw)) report("a model mixing two: source '" + m.source + "'");
+        shared.forced_at(CollOp::allreduce, 100);
+        reads.fetch_add(1);
+        if (first) started.fetch_add(1);
+        first = false;
+      }
+    });
+  while (started.load() < kReaders) std::this_thread::yield();
+  for (int i = 0; i < kChanges; ++i) {
+    shared.set_model(i % 2 ? bw : lat);
+    shared.force(CollOp::allreduce, i % 3 == 0 ? rules : std::vector<ForceRule>{});
+    shared.force(CollOp::broadcast, i % 5 == 0 ? bc_rules : std::vector<ForceRule>{});
+  }
+  done = true;
+  for (auto& t : readers) t.join();
+  EXPECT_TRUE(bad.empty()) << bad.size() << " bad reads, the first: " << (bad.empty() ? "" : bad.front());
+  EXPECT_GT(reads.load(), kReaders);
+  // The last change is what every thread sees afterwards (i = kChanges - 1: bw, no allreduce rules, broadcast's).
+  Tuner want(bw);
+  want.force(CollOp::broadcast, (kChanges - 1) % 5 == 0 ? bc_rules : std::vector<ForceRule>{});
+  EXPECT_EQ(shared.model().source, bw.source);
+  EXPECT_FALSE(shared.forced_at(CollOp::allreduce, 100));
+  for (const auto& q : queries)
+    EXPECT_EQ(std::apply([&](auto... x) { return shared.choose(x...); }, q),
+              std::apply([&](auto... x) { return want.choose(x...); }, q));
 }
 
 TEST(Tuner, CostModelTextRoundTripsAndRejectsGarbage) {
