@@ -10,11 +10,13 @@
 #include <torch/utils.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <mutex>
 #include <numbers>
+#include <random>
 #include <set>
 
 #include "core/env.h"
@@ -53,6 +55,34 @@ Data load_data(const TrainConfig& c) {
   }
   if (c.dataset == "synthetic" && c.test_limit > 0 && c.test_limit < d.test.n) d.test.n = c.test_limit;
   return d;
+}
+
+// What identifies the training samples a sampler position counts: their number and a 64-bit FNV-1a hash of their
+// labels and pixels (taken 8 bytes at a time, as loaded: train_limit applied). Two data sets of one size (MNIST and
+// Fashion-MNIST have the same files' sizes) differ here; the same files at another path do not.
+std::string train_data_id(const ImageSet& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](const std::vector<uint8_t>& bytes) {
+    size_t i = 0;
+    for (; i + 8 <= bytes.size(); i += 8) {
+      uint64_t w;
+      std::memcpy(&w, bytes.data() + i, 8);
+      h = (h ^ w) * 0x100000001b3ull;
+    }
+    for (; i < bytes.size(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+    h = (h ^ bytes.size()) * 0x100000001b3ull;
+  };
+  mix(s.labels);
+  mix(s.pixels);
+  return fmt::format("{} samples of {}x{}, fnv1a-64 {:016x}", s.n, s.rows, s.cols, h);
+}
+
+// c.data_dir as an absolute path (what a checkpoint records beside data_dir as given, which may be relative to
+// another working directory).
+std::string resolved_data_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+  return ec ? dir : p.string();
 }
 
 void make_batch(const ImageSet& s, const std::vector<int64_t>& idx, torch::Tensor& x, torch::Tensor& y) {
@@ -293,17 +323,20 @@ static void trim_metrics_after(const fs::path& path, int64_t global_step, int ep
   write_text_file(path.string(), kept);  // whole or failing: a full disk left a cut file in place of the records
 }
 
-// Points <out>/checkpoint at <out>/<stage> (a complete checkpoint) with one atomic rename of a symbolic link, then
-// removes the other checkpoint-* directories. A `checkpoint` that is a real directory (written before checkpoints
-// were staged) is moved aside first and removed with them.
-static void switch_checkpoint(const fs::path& out, const std::string& stage) {
-  const fs::path link = out / "checkpoint", tmp = out / "checkpoint.switching";
+// Points <out>/checkpoint at <out>/<stage> (a complete checkpoint) with one atomic rename of a symbolic link. A
+// `checkpoint` that is a real directory (written before checkpoints were staged) is moved aside (and removed with the
+// old stages by remove_old_stages). `rank` names the temporary link, so two ranks that both took themselves for their
+// file system's first (a network file system slow to show another node's files) do not rename each other's.
+static void switch_checkpoint(const fs::path& out, const std::string& stage, int rank) {
+  const fs::path link = out / "checkpoint", tmp = out / fmt::format("checkpoint.switching-{}", rank);
   std::error_code ec;
   fs::remove(tmp, ec);
   fs::create_directory_symlink(stage, tmp, ec);
   if (ec) {
     // A file system without symbolic links (exFAT, some SMB mounts): the complete stage takes the name itself, the
-    // previous checkpoint removed first (a kill between the two leaves only the staged directory).
+    // previous checkpoint removed first (a kill between the two leaves only the staged directory). A stage already
+    // gone was renamed by another rank that declares on this file system: `checkpoint` is it.
+    if (!fs::exists(out / stage, ec)) return;
     fs::remove_all(link);
     fs::rename(out / stage, link);
     sync_path(out.string());  // the rename on disk too
@@ -311,18 +344,28 @@ static void switch_checkpoint(const fs::path& out, const std::string& stage) {
   }
   if (fs::is_directory(fs::symlink_status(link))) {
     fs::remove_all(out / "checkpoint-unstaged", ec);
-    fs::rename(link, out / "checkpoint-unstaged");
+    fs::rename(link, out / "checkpoint-unstaged", ec);
   }
-  fs::rename(tmp, link);  // rename(2) replaces the old link atomically
+  fs::rename(tmp, link);    // rename(2) replaces the old link atomically
   sync_path(out.string());  // the new link is on disk before the checkpoint it replaces goes
-  for (const auto& e : fs::directory_iterator(out)) {
+}
+
+// Removes the checkpoint-<step> stages of <out> other than `stage` (the one `checkpoint` now points at), the
+// moved-aside `checkpoint-unstaged`, and what runs killed at a checkpoint left: temporary links and file-system probes.
+static void remove_old_stages(const fs::path& out, const std::string& stage) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
     // Only the stages this scheme writes (checkpoint-<step>) and the moved-aside directory: a user's copy named
     // checkpoint-best is not ours to remove.
     const bool staged = name.size() > 11 && name.rfind("checkpoint-", 0) == 0 &&
                         name.find_first_not_of("0123456789", 11) == std::string::npos;
-    if ((staged || name == "checkpoint-unstaged") && name != stage && !fs::is_symlink(e.symlink_status()))
-      fs::remove_all(e.path(), ec);
+    std::error_code lec;
+    const bool link = fs::is_symlink(e.symlink_status(lec));
+    if ((staged || name == "checkpoint-unstaged") && name != stage && !link) fs::remove_all(e.path(), lec);
+    if ((name.rfind("checkpoint.switching", 0) == 0 && link) ||
+        (name.rfind(".checkpoint-probe-", 0) == 0 && e.is_regular_file(lec)))
+      fs::remove(e.path(), lec);
   }
 }
 
@@ -368,6 +411,8 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"epochs", "number"},
                                                        {"test_limit", "number"},
                                                        {"data_dir", "string"},
+                                                       {"data_dir_resolved", "string"},
+                                                       {"train_data", "string"},
                                                        {"checkpoint_every", "number"},
                                                        {"eval_every", "number"},
                                                        {"bucket_cap_mb", "number"},
@@ -408,6 +453,24 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (!c.resume.empty()) {
     meta = read_json_file((rd / "checkpoint.json").string());
     check_checkpoint_fields(meta, rd);
+    // Every rank resumes from one checkpoint. Nodes without a shared file system have a `checkpoint` link each, and a
+    // run stopped while they switched them leaves some at the previous checkpoint, which every node still holds
+    // (older stages go only once every link has moved).
+    if (comm_ptr->size() > 1) {
+      const int64_t mine = checkpoint_int(meta, "global_step", rd);
+      int64_t range[2] = {mine, -mine};  // the largest step and minus the smallest
+      comm_ptr->allreduce(range, 2, DType::i64, ReduceOp::max).wait();
+      if (range[0] != -range[1]) {
+        fs::path dir = rd;
+        if (!dir.has_filename()) dir = dir.parent_path();  // (a trailing '/')
+        throw ConfigError(fmt::format(
+            "config: resume: the ranks' checkpoints are of different steps ({} to {}; rank {} read step {} from '{}'): "
+            "the run stopped while its nodes switched their checkpoint links; allowed: --resume {} (step {}, "
+            "which every node keeps)",
+            -range[1], range[0], global_rank, mine, rd.string(),
+            (dir.parent_path() / fmt::format("checkpoint-{}", -range[1])).string(), -range[1]));
+      }
+    }
     if (meta.value("world", 0) != comm_ptr->size())
       throw ConfigError(
           fmt::format("config: resume: the checkpoint was written by {} ranks, this run has {}; "
@@ -500,6 +563,28 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   coll::Communicator* eval_comm = spec.bsp() ? &comm : nullptr;
   const bool evaluates = spec.bsp() || lead;
   Data data = load_data(c);
+  // The training data's identity and absolute folder (file data sets; the synthetic one is its seed and
+  // synthetic_samples, compared with the checkpoint's above).
+  const bool file_data = c.dataset != "synthetic";
+  const std::string data_id = file_data ? train_data_id(data.train) : std::string();
+  const std::string data_dir_resolved = file_data ? resolved_data_dir(c.data_dir) : std::string();
+  // Mid-epoch, the sampler position counts this data's samples: resumed on other data (another data_dir, or its
+  // files replaced), the rest of the epoch ran over other samples without a word. Compared by content, so the same
+  // files at another path (another node's copy, a moved folder) resume; a checkpoint written before the content was
+  // recorded compares the resolved data_dir instead.
+  if (file_data && !c.resume.empty() && checkpoint_int(meta, "step", rd) != 0) {
+    const std::string saved_dir = meta.value("data_dir", std::string());
+    const std::string saved_resolved = meta.value("data_dir_resolved", resolved_data_dir(saved_dir));
+    const bool has_id = meta.contains("train_data");
+    const std::string saved_id = has_id ? meta["train_data"].get<std::string>() : std::string();
+    if (has_id ? saved_id != data_id : meta.contains("data_dir") && saved_resolved != data_dir_resolved)
+      throw ConfigError(fmt::format(
+          "config: resume: the checkpoint was written mid-epoch on the training data of data_dir '{}'{}, this run's "
+          "data_dir is '{}'{}; allowed: the same training data (the sampler position counts its samples; at an "
+          "epoch's end it may change)",
+          saved_resolved, has_id ? " (" + saved_id + ")" : std::string(), data_dir_resolved,
+          has_id ? " (" + data_id + ")" : std::string()));
+  }
   sync::Straggler straggler(sync::parse_slow(c.slow, comm_ptr->size()), global_rank, uint64_t(c.seed));
 
   DistributedSampler sampler(data.train.n, world, rank, c.seed);
@@ -732,6 +817,35 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     untimed_s += now_s() - t0;
   };
 
+  // Whether this rank declares the checkpoints (writes checkpoint.json, switches the `checkpoint` link, removes the
+  // older stages) on its file system: the lowest rank whose files that file system shows. Where the ranks share one,
+  // that is rank 0 alone, as before; on nodes without a shared one, the lowest rank of each node (rank 0 alone
+  // declared: the other nodes' stages piled up, one per checkpoint, with no link to resume from). Found once, at the
+  // first checkpoint: every rank leaves an empty file named with rank 0's random token (a killed run's files do
+  // not count) and looks for those of the ranks below it.
+  int declarer = -1;  // -1: not found yet; 0: no; 1: yes
+  auto declares_checkpoints = [&]() -> bool {
+    if (declarer >= 0) return declarer == 1;
+    int64_t token = 0;
+    if (lead) {
+      std::random_device rd_token;
+      token = int64_t((uint64_t(rd_token()) << 32) | uint64_t(rd_token()));
+    }
+    if (world > 1) comm.broadcast(&token, 1, DType::i64, 0).wait();
+    auto probe = [&](int r) { return out / fmt::format(".checkpoint-probe-{:016x}-rank-{}", uint64_t(token), r); };
+    {
+      std::ofstream f(probe(global_rank));
+      if (!f) throw ConfigError(fmt::format("checkpoint: cannot write '{}'", probe(global_rank).string()));
+    }
+    comm.barrier().wait();
+    std::error_code ec;
+    bool first = true;
+    for (int k = 0; k < global_rank && first; ++k) first = !fs::exists(probe(k), ec);
+    comm.barrier().wait();  // every rank has looked before any file goes
+    fs::remove(probe(global_rank), ec);
+    declarer = first ? 1 : 0;
+    return first;
+  };
   int64_t checkpointed_at = -1;  // global step of the last checkpoint written
   double checkpoint_s = 0;       // seconds spent writing checkpoints (not training: samples/s leaves them out)
   auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
@@ -771,45 +885,61 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       write_bytes(mine / "sync.bin", sopt->save_state());
     write_json_file((mine / "totals.json").string(), totals_json(total_stats()));
     sync_tree(mine.string());  // on disk, not only in the page cache, before the checkpoint is declared
-    comm.barrier().wait();  // every rank's files are complete before rank 0 declares the checkpoint
-    if (lead) {
-      write_json_file((stage / "checkpoint.json").string(), {{"epoch", epoch},
-                                                             {"step", step},
-                                                             {"global_step", global_step},
-                                                             {"world", comm_ptr->size()},
-                                                             {"model", c.model},
-                                                             {"compressor", c.compressor},
-                                                             {"sync", spec.name},
-                                                             {"sync_params", scheme_params(spec)},
-                                                             {"batch_size", c.batch_size},
-                                                             {"seed", c.seed},
-                                                             {"dataset", c.dataset},
-                                                             {"train_limit", c.train_limit},
-                                                             {"synthetic_samples", c.synthetic_samples},
-                                                             {"optimizer", c.optimizer},
-                                                             {"compress_min_bytes", c.compress_min_bytes},
-                                                             {"target_accuracy", c.target_accuracy},
-                                                             // the rest of the run's settings, a resume's defaults
-                                                             {"lr", c.lr},
-                                                             {"momentum", c.momentum},
-                                                             {"weight_decay", c.weight_decay},
-                                                             {"lr_schedule", c.lr_schedule},
-                                                             {"warmup_epochs", c.warmup_epochs},
-                                                             {"epochs", c.epochs},
-                                                             {"test_limit", c.test_limit},
-                                                             {"data_dir", c.data_dir},
-                                                             {"checkpoint_every", c.checkpoint_every},
-                                                             {"eval_every", c.eval_every},
-                                                             {"bucket_cap_mb", c.bucket_cap_mb},
-                                                             {"first_bucket_mb", c.first_bucket_mb},
-                                                             {"overlap", c.overlap},
-                                                             {"wall_s", elapsed()},
-                                                             {"time_to_target_s", time_to_target},
-                                                             {"test_accuracy", acc}});
+    comm.barrier().wait();     // every rank's files are complete before the checkpoint is declared
+    // The checkpoint is declared on every file system that holds ranks' files, by the lowest rank there (rank 0 on
+    // one the ranks share; one rank a node where nodes have their own), all with the same checkpoint.json: worker 0's
+    // clock, time to target and accuracy (under schemes other than bsp worker 0 alone evaluates).
+    double declared[3] = {elapsed(), time_to_target, acc};
+    if (world > 1) comm.broadcast(declared, 3, DType::f64, 0).wait();
+    const bool declares = declares_checkpoints();
+    if (declares) {
+      nlohmann::json declaration = {{"epoch", epoch},
+                                    {"step", step},
+                                    {"global_step", global_step},
+                                    {"world", comm_ptr->size()},
+                                    {"model", c.model},
+                                    {"compressor", c.compressor},
+                                    {"sync", spec.name},
+                                    {"sync_params", scheme_params(spec)},
+                                    {"batch_size", c.batch_size},
+                                    {"seed", c.seed},
+                                    {"dataset", c.dataset},
+                                    {"train_limit", c.train_limit},
+                                    {"synthetic_samples", c.synthetic_samples},
+                                    {"optimizer", c.optimizer},
+                                    {"compress_min_bytes", c.compress_min_bytes},
+                                    {"target_accuracy", c.target_accuracy},
+                                    // the rest of the run's settings, a resume's defaults
+                                    {"lr", c.lr},
+                                    {"momentum", c.momentum},
+                                    {"weight_decay", c.weight_decay},
+                                    {"lr_schedule", c.lr_schedule},
+                                    {"warmup_epochs", c.warmup_epochs},
+                                    {"epochs", c.epochs},
+                                    {"test_limit", c.test_limit},
+                                    {"data_dir", c.data_dir},
+                                    {"checkpoint_every", c.checkpoint_every},
+                                    {"eval_every", c.eval_every},
+                                    {"bucket_cap_mb", c.bucket_cap_mb},
+                                    {"first_bucket_mb", c.first_bucket_mb},
+                                    {"overlap", c.overlap},
+                                    {"wall_s", declared[0]},
+                                    {"time_to_target_s", declared[1]},
+                                    {"test_accuracy", declared[2]}};
+      // What a mid-epoch resume must train on (data_dir above is the folder as given, maybe relative).
+      if (file_data) {
+        declaration["data_dir_resolved"] = data_dir_resolved;
+        declaration["train_data"] = data_id;
+      }
+      write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
       sync_path(stage.string());
-      switch_checkpoint(out, stage_name);
+      switch_checkpoint(out, stage_name, global_rank);
     }
+    // Every file system's link is at this checkpoint before any removes its older stages: a run stopped in between
+    // leaves every node the previous checkpoint (a resume whose ranks find links at two steps names it).
+    comm.barrier().wait();
+    if (declares) remove_old_stages(out, stage_name);
     checkpoint_s += now_s() - ck0 - (untimed_s - untimed0);  // the copies' evaluation counts as evaluation
   };
 

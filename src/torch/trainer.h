@@ -30,7 +30,9 @@ struct WorkerOptions {
 };
 
 // Trains on `comm` (every rank calls it with the same config). Rank 0 prints the progress bar and writes
-// metrics.jsonl, summary.json and checkpoint/checkpoint.json; every rank writes its own checkpoint files.
+// metrics.jsonl and summary.json; every rank writes its own checkpoint files, and the lowest rank of each file system
+// that holds some (rank 0 where the ranks share one; one rank a node where nodes have their own) writes
+// checkpoint.json, switches the `checkpoint` link and removes the older stages.
 TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm, const WorkerOptions& o = {});
 
 // Checks that need the model: a PowerSGD rank no layer allows, a batch larger than the data. ConfigError.

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -618,6 +620,168 @@ TEST(Train, ResumeIntoTheSameOutputDoesNotRepeatRecords) {
   std::vector<int64_t> expected(12);
   for (int i = 0; i < 12; ++i) expected[size_t(i)] = i + 1;
   EXPECT_EQ(steps, expected);
+  fs::remove_all(dir);
+}
+
+// An MNIST-format folder (plain IDX files) of `n` training and n / 4 test images, 28x28, pixels and labels drawn
+// from `seed`: folders of other seeds have files of the same sizes and other contents.
+void write_mnist_folder(const fs::path& dir, uint32_t n, uint32_t seed) {
+  fs::create_directories(dir);
+  std::mt19937 rng(seed);
+  auto write = [&](const char* name, const std::vector<uint32_t>& dims, int values) {
+    std::ofstream f(dir / name, std::ios::binary);
+    f.put(0).put(0).put(0x08).put(char(dims.size()));
+    size_t total = 1;
+    for (uint32_t d : dims) {
+      for (int shift : {24, 16, 8, 0}) f.put(char((d >> shift) & 0xff));
+      total *= d;
+    }
+    for (size_t i = 0; i < total; ++i) f.put(char(rng() % uint32_t(values)));
+  };
+  write("train-images-idx3-ubyte", {n, 28, 28}, 256);
+  write("train-labels-idx1-ubyte", {n}, 10);
+  write("t10k-images-idx3-ubyte", {n / 4, 28, 28}, 256);
+  write("t10k-labels-idx1-ubyte", {n / 4}, 10);
+}
+
+// A mid-epoch resume trains on the data its checkpoint was written on: another data_dir, or the folder's files
+// replaced, is refused naming both folders and their contents (it resumed without a word, the rest of the epoch over
+// other samples); the same files at another path resume; at an epoch's end the data may change.
+TEST(Train, AMidEpochResumeRefusesOtherTrainingData) {
+  auto dir = temp_dir("data-id");
+  write_mnist_folder(dir / "a", 96, 1);  // 6 steps an epoch with 2 workers at batch 8
+  write_mnist_folder(dir / "b", 96, 2);  // the same sizes, other images and labels
+  fs::copy(dir / "a", dir / "a-copy", fs::copy_options::recursive);
+  TrainConfig c = tiny("mlp");
+  c.dataset = "mnist";
+  c.data_dir = (dir / "a").string();
+  c.max_steps = 4;
+  c.output = (dir / "part").string();
+  train_inproc(c, 2, true);
+  auto meta = read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string());
+  ASSERT_EQ(meta["step"].get<int64_t>(), 4);
+  const std::string a = fs::canonical(dir / "a").string(), b = fs::canonical(dir / "b").string();
+  EXPECT_EQ(meta["data_dir_resolved"], a);
+  auto resume_on = [&](const fs::path& data, const std::string& name) -> std::string {
+    TrainConfig r = c;
+    r.data_dir = data.string();
+    r.max_steps = 6;
+    r.resume = (dir / "part" / "checkpoint").string();
+    r.output = (dir / name).string();
+    try {
+      train_inproc(r, 2, true);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string other = resume_on(dir / "b", "on-b");
+  expect_one_line(other, "data_dir");
+  EXPECT_NE(other.find("the training data of data_dir '" + a + "' (96 samples of 28x28, fnv1a-64 "), std::string::npos)
+      << other;
+  EXPECT_NE(other.find("this run's data_dir is '" + b + "' (96 samples of 28x28, fnv1a-64 "), std::string::npos)
+      << other;
+  EXPECT_EQ(resume_on(dir / "a-copy", "on-copy"), "");  // the same files under another name
+  fs::remove_all(dir / "a-copy");
+  fs::copy(dir / "b", dir / "a-copy", fs::copy_options::recursive);  // that folder's files replaced
+  EXPECT_NE(resume_on(dir / "a-copy", "on-replaced").find("allowed: the same training data"), std::string::npos);
+  // At an epoch's end the next epoch draws a new permutation of whatever data it has.
+  TrainConfig epoch = c;
+  epoch.max_steps = 0;
+  epoch.output = (dir / "epoch").string();
+  train_inproc(epoch, 2, true);
+  TrainConfig more = epoch;
+  more.epochs = 2;
+  more.data_dir = (dir / "b").string();
+  more.resume = (dir / "epoch" / "checkpoint").string();
+  more.output = (dir / "more").string();
+  EXPECT_EQ(train_inproc(more, 2, true)[0].steps, 12);
+  fs::remove_all(dir);
+}
+
+// train_inproc with each rank's own configuration and outputs (ranks whose output folders differ stand for nodes
+// that share no file system).
+std::vector<TrainResult> train_inproc_each(const std::vector<TrainConfig>& cs) {
+  auto comms = coll::Communicator::inproc(int(cs.size()));
+  std::vector<TrainResult> res(cs.size());
+  std::vector<std::exception_ptr> errs(cs.size());
+  std::vector<std::thread> ts;
+  for (size_t r = 0; r < cs.size(); ++r)
+    ts.emplace_back([&, r] {
+      try {
+        WorkerOptions o;
+        o.keep_params = true;
+        res[r] = train_worker(cs[r], comms[r], o);
+      } catch (...) {
+        errs[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+  return res;
+}
+
+// Nodes without a shared file system (here: ranks whose output folders differ): each node's lowest rank declares
+// every checkpoint there too (checkpoint.json, the `checkpoint` link, the older stages removed). Only rank 0 did: the
+// other nodes kept every stage, without a link or checkpoint.json to resume from. Resumed from each node's own link,
+// the run continues bit for bit; ranks whose links are at different steps (a run stopped while the nodes switched
+// theirs) are refused, naming the stage every node keeps.
+TEST(Train, NodesWithoutASharedFileSystemEachKeepTheirCheckpoint) {
+  auto dir = temp_dir("nodes");
+  TrainConfig c = tiny("mlp");  // 24 steps an epoch
+  c.max_steps = 12;
+  auto straight = train_inproc(c, 2);
+  auto per_node = [&](const TrainConfig& base, const std::string& name, const std::string& resume) {
+    std::vector<TrainConfig> cs(2, base);
+    for (int r = 0; r < 2; ++r) {
+      cs[size_t(r)].output = (dir / fmt::format("{}-node{}", name, r)).string();
+      if (!resume.empty()) cs[size_t(r)].resume = (dir / fmt::format("{}-node{}", resume, r) / "checkpoint").string();
+    }
+    return cs;
+  };
+  TrainConfig part = c;
+  part.max_steps = 9;
+  part.checkpoint_every = 3;  // checkpoints at steps 3, 6 and 9
+  train_inproc_each(per_node(part, "part", ""));
+  for (int r = 0; r < 2; ++r) {
+    const fs::path node = dir / fmt::format("part-node{}", r);
+    ASSERT_TRUE(fs::is_symlink(node / "checkpoint")) << node;
+    EXPECT_EQ(fs::read_symlink(node / "checkpoint"), fs::path("checkpoint-9")) << node;
+    std::vector<std::string> left;  // what a checkpoint leaves: the link and its stage (no probe, no older stage)
+    for (const auto& e : fs::directory_iterator(node)) {
+      const std::string name = e.path().filename().string();
+      if (name.find("checkpoint") != std::string::npos) left.push_back(name);
+    }
+    std::sort(left.begin(), left.end());
+    EXPECT_EQ(left, (std::vector<std::string>{"checkpoint", "checkpoint-9"})) << node;
+    EXPECT_TRUE(fs::exists(node / "checkpoint" / fmt::format("rank-{}", r) / "model.pt")) << node;
+  }
+  // One declaration on both nodes (rank 0's clock and accuracy).
+  EXPECT_EQ(read_json_file((dir / "part-node0" / "checkpoint" / "checkpoint.json").string()),
+            read_json_file((dir / "part-node1" / "checkpoint" / "checkpoint.json").string()));
+  auto rest = train_inproc_each(per_node(c, "rest", "part"));
+  EXPECT_EQ(rest[0].params, straight[0].params);
+  EXPECT_EQ(rest[1].params, straight[1].params);
+  EXPECT_EQ(rest[0].steps, 12);
+  // Rank 1's node still at step 6 (its link not yet switched when the run stopped).
+  TrainConfig shorter = part;
+  shorter.max_steps = 6;
+  train_inproc_each(per_node(shorter, "short", ""));
+  auto mixed = per_node(c, "mixed", "part");
+  mixed[1].resume = (dir / "short-node1" / "checkpoint").string();
+  try {
+    train_inproc_each(mixed);
+    ADD_FAILURE() << "resumed from checkpoints of steps 9 and 6";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    expect_one_line(m, "resume");
+    EXPECT_NE(m.find("checkpoints are of different steps (6 to 9;"), std::string::npos) << m;
+    EXPECT_NE(m.find("allowed: --resume " + (dir / "part-node0" / "checkpoint-6").string() +
+                     " (step 6, which every node keeps)"),
+              std::string::npos)
+        << m;
+  }
   fs::remove_all(dir);
 }
 
