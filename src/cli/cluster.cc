@@ -388,7 +388,8 @@ void validate_name(const std::string& name) {
   }
 }
 
-std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base) {
+std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base,
+                                      const LinkGiven& given) {
   if (hosts < 0 || hosts > kMaxHosts)  // 0: not given (the file's count)
     throw ConfigError(fmt::format("--hosts {}: allowed 1..{}", hosts, kMaxHosts));
   struct stat pst {};
@@ -441,15 +442,15 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
     }
   }
   if (root["defaults"]) {
-    // A flag and the file's defaults both setting a value: which one applies would be a guess.
+    // A flag and the file's defaults both setting a value: which one applies would be a guess. Given is given, 0
+    // too (judged by the value, an explicit --latency 0 was taken as absent and the file's latency applied).
     const YAML::Node d = root["defaults"];
-    for (const auto& [flag, keys, given] :
-         {std::tuple{"--bandwidth", std::pair{"bandwidth", "rate"}, base.rate_bps > 0},
-          std::tuple{"--latency", std::pair{"latency", "delay"}, base.latency_s > 0},
-          std::tuple{"--loss", std::pair{"loss", "loss"}, base.loss > 0}})
-      if (given && d.IsMap() && (d[keys.first] || d[keys.second]))
-        throw ConfigError(
-            fmt::format("{} conflicts with defaults.{} in --hosts-file {}; give one of them", flag, keys.first, path));
+    for (const auto& [flag, keys] :
+         {std::pair{given.bandwidth, std::pair{"bandwidth", "rate"}},
+          std::pair{given.latency, std::pair{"latency", "delay"}}, std::pair{given.loss, std::pair{"loss", "loss"}}})
+      if (!flag.empty() && d.IsMap() && (d[keys.first] || d[keys.second]))
+        throw ConfigError(fmt::format("{} conflicts with defaults.{} in --hosts-file {}; allowed: one of the two", flag,
+                                      keys.first, path));
     defaults = apply(d, defaults, "defaults");
   }
   std::vector<LinkSpec> out;

@@ -52,14 +52,22 @@ double parse_loss(const std::string& text, const std::string& field);
 // Cluster names: 1-24 characters of [a-z0-9_] and '-' inside; throws ConfigError otherwise.
 void validate_name(const std::string& name);
 
+// Which values of a `base` LinkSpec were given (by a flag, or a sweep network's key), an explicit 0 included, each
+// by the name an error calls it ("--latency", "sweep: networks[0].latency"); empty: not given. (A value's being 0
+// said "not given": an explicit --latency 0 beside a file's defaults.latency was dropped for the file's.)
+struct LinkGiven {
+  std::string bandwidth, latency, loss;
+};
+
 // Per-host links from a YAML file:
 //   defaults: {bandwidth: 1gbit, latency: 0ms, loss: 0%}     # optional, over `base`
 //   hosts:                                                    # one entry per host, in order
 //     - {bandwidth: 100mbit}
 //     - {bandwidth: 1gbit, latency: 2ms}
 // `hosts` (> 0) must equal the number of entries when the file lists any; with no `hosts` list, `hosts` copies
-// of the defaults. Unknown keys are ConfigErrors.
-std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base);
+// of the defaults. Unknown keys are ConfigErrors, and so is a value `given` names that the file's defaults also set
+// (which one applies would be a guess).
+std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base, const LinkGiven& given);
 
 bool kernel_has_netem();
 

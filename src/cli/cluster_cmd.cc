@@ -26,6 +26,7 @@ struct ClusterOptions {
   std::string bandwidth;
   std::string latency = "0";
   std::string loss = "0";
+  cl::LinkGiven given;  // up: which of --bandwidth, --latency, --loss were on the command line (0 included)
   std::string hosts_file;
   bool all = false;
   bool json = false;
@@ -76,7 +77,7 @@ void cmd_up(const ClusterOptions& o) {
   base.loss = cl::parse_loss(o.loss, "--loss");
   std::vector<cl::LinkSpec> links;
   if (!o.hosts_file.empty()) {
-    links = cl::load_hosts_file(o.hosts_file, o.hosts, base);
+    links = cl::load_hosts_file(o.hosts_file, o.hosts, base, o.given);
   } else {
     if (o.hosts < 1 || o.hosts > cl::kMaxHosts) {
       throw ConfigError(fmt::format("cluster up: --hosts must be between 1 and {}, got {}", cl::kMaxHosts, o.hosts));
@@ -223,14 +224,22 @@ const bool kRegistered = register_command(40, [](CLI::App& app) {
   auto* cu = grp->add_subcommand("up", "Create N hosts (namespaces conduit-NAME-hK, 10.213.0.K+1 on eth0)");
   add_name(cu, up);
   cu->add_option("--hosts", up->hosts, "number of hosts (1..250)");
-  cu->add_option("--bandwidth", up->bandwidth, "each host's link rate, both directions (e.g. 100mbit, 1gbit)");
-  cu->add_option("--latency", up->latency, "one-way host-to-host latency (needs netem; e.g. 5ms)")
-      ->capture_default_str();
-  cu->add_option("--loss", up->loss, "packet loss on each host's egress (needs netem; e.g. 0.1%)")
-      ->capture_default_str();
+  auto* up_bw =
+      cu->add_option("--bandwidth", up->bandwidth, "each host's link rate, both directions (e.g. 100mbit, 1gbit)");
+  auto* up_lat = cu->add_option("--latency", up->latency, "one-way host-to-host latency (needs netem; e.g. 5ms)")
+                     ->capture_default_str();
+  auto* up_loss = cu->add_option("--loss", up->loss, "packet loss on each host's egress (needs netem; e.g. 0.1%)")
+                      ->capture_default_str();
   cu->add_option("--hosts-file", up->hosts_file, "YAML with per-host bandwidth/latency/loss (see docs/cluster.md)");
   cu->add_flag("-q,--quiet", up->quiet, "print nothing on success");
-  cu->callback([up]() { cmd_up(*up); });
+  cu->callback([up, up_bw, up_lat, up_loss]() {
+    // Given or not by the command line, not by the value: an explicit --latency 0 or --loss 0 is a value too (it
+    // was taken for "not given", and a hosts file's defaults then applied theirs without a word).
+    up->given.bandwidth = up_bw->count() > 0 ? "--bandwidth" : "";
+    up->given.latency = up_lat->count() > 0 ? "--latency" : "";
+    up->given.loss = up_loss->count() > 0 ? "--loss" : "";
+    cmd_up(*up);
+  });
 
   auto dn = std::make_shared<ClusterOptions>();
   auto* cd = grp->add_subcommand("down", "Remove a cluster's namespaces, links and qdiscs (also after a failed up)");

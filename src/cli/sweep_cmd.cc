@@ -3,7 +3,8 @@
 // a communication hook) and `conduit bench coll`, each at every network setting and seed. Every cell runs through
 // `conduit cluster run` (one worker per emulated host, over tcp) with its own output folder and log; the sweep
 // writes results.csv, results.json and PNG plots (gnuplot): accuracy vs wall time, accuracy vs bytes sent,
-// throughput vs bandwidth (and bench busbw vs bandwidth).
+// throughput vs bandwidth (and bench busbw vs bandwidth; one line per label and network latency/loss, seeds as the
+// median with their range).
 //
 // FILE.yaml:
 //   name: demo                       # optional; output defaults to runs/sweep-<name>
@@ -37,13 +38,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cli/bench_ops.h"
@@ -75,6 +79,7 @@ struct Network {
   std::string label;
   std::vector<cl::LinkSpec> links;
   double rate_bps = 0, latency_s = 0, loss = 0;
+  bool hetero = false;  // links from a hosts file (rate_bps is the slowest, latency_s and loss the worst)
 };
 
 struct Cell {
@@ -414,6 +419,7 @@ SweepSpec load_spec(const std::string& path) {
     if (!nets[i].IsMap()) throw ConfigError(fmt::format("sweep: {} must be a map", where));
     Network n;
     cl::LinkSpec l;
+    cl::LinkGiven given;  // the keys given (0 too), which a hosts file's defaults must not also set
     std::string hosts_file;
     std::set<std::string> net_keys;
     for (const auto& kv : nets[i]) {
@@ -424,10 +430,13 @@ SweepSpec load_spec(const std::string& path) {
       const std::string v = scalar(kv.second, where + "." + k);
       if (k == "bandwidth") {
         l.rate_bps = cl::parse_rate(v, "sweep: " + where + ".bandwidth");
+        given.bandwidth = where + ".bandwidth";
       } else if (k == "latency") {
         l.latency_s = cl::parse_duration(v, "sweep: " + where + ".latency");
+        given.latency = where + ".latency";
       } else if (k == "loss") {
         l.loss = cl::parse_loss(v, "sweep: " + where + ".loss");
+        given.loss = where + ".loss";
       } else if (k == "hosts_file") {
         // Relative to the sweep file, as its other paths are read by whoever wrote it (it was read from the current
         // directory, so the same sweep file worked from one directory only).
@@ -441,7 +450,7 @@ SweepSpec load_spec(const std::string& path) {
     }
     try {
       n.links = hosts_file.empty() ? std::vector<cl::LinkSpec>(static_cast<size_t>(s.hosts), l)
-                                   : cl::load_hosts_file(hosts_file, s.hosts, l);
+                                   : cl::load_hosts_file(hosts_file, s.hosts, l, given);
     } catch (const ConfigError& e) {
       const std::string what = e.what();
       // (a count mismatch named a --hosts flag the sweep does not have)
@@ -454,6 +463,7 @@ SweepSpec load_spec(const std::string& path) {
     n.rate_bps = l.rate_bps;
     n.latency_s = l.latency_s;
     n.loss = l.loss;
+    n.hetero = !hosts_file.empty();
     for (const auto& hl : n.links) {  // a hosts file's links: the worst latency and loss name the setting
       n.latency_s = std::max(n.latency_s, hl.latency_s);
       n.loss = std::max(n.loss, hl.loss);
@@ -795,6 +805,67 @@ bool curve_has_points(const fs::path& p) {
   return false;
 }
 
+// One line of a plot against bandwidth: the cells of one label on the networks of one shape, every bandwidth a point
+// whose value is the median of its cells (the seeds) with their range.
+struct SeriesPoint {
+  double x = 0, median = 0, lo = 0, hi = 0;
+  int n = 0;  // cells (seeds) behind the point
+};
+struct Series {
+  std::string title;
+  std::vector<SeriesPoint> points;  // by bandwidth
+};
+
+// The lines of a plot whose x axis is the link bandwidth: one per (label, network shape), where the shape is every
+// swept dimension of a network other than its bandwidth: latency and loss, and a hosts file's network is a shape of
+// its own (its links are not a bandwidth's). The seeds of one point are summarised (median, min, max). Keyed by the
+// label alone, one line joined points of other latencies and seeds, zigzagging between them at one bandwidth.
+// value: the cell's number (nullopt: none); only cells whose status is ok count.
+std::vector<Series> build_series(const std::vector<Cell>& cells, const json& rows,
+                                 const std::function<std::optional<double>(const json&)>& value) {
+  // The shapes in the plot: latency and loss are named in every title once any cell has a non-zero one.
+  bool any_latency = false, any_loss = false;
+  for (const auto& c : cells) {
+    any_latency = any_latency || (!c.net->hetero && c.net->latency_s > 0);
+    any_loss = any_loss || (!c.net->hetero && c.net->loss > 0);
+  }
+  // (label, hetero, latency, loss, hetero network's label): in that order, so 0 ms comes before 5 ms.
+  using Key = std::tuple<std::string, bool, double, double, std::string>;
+  std::map<Key, std::map<double, std::vector<double>>> groups;
+  std::map<Key, std::string> titles;
+  for (size_t i = 0; i < cells.size() && i < rows.size(); ++i) {
+    if (rows[i].value("status", "") != "ok") continue;
+    const auto v = value(rows[i]);
+    if (!v) continue;
+    const Cell& c = cells[i];
+    const Network& n = *c.net;
+    const Key key = n.hetero ? Key{c.label, true, 0.0, 0.0, n.label} : Key{c.label, false, n.latency_s, n.loss, ""};
+    groups[key][n.rate_bps / 1e6].push_back(*v);
+    if (!titles.count(key)) {
+      std::vector<std::string> shape;
+      if (n.hetero) {
+        shape.push_back(n.label);
+      } else {
+        if (any_latency) shape.push_back(fmt::format("{:g}ms", n.latency_s * 1e3));
+        if (any_loss) shape.push_back(fmt::format("{:g}% loss", n.loss * 100));
+      }
+      titles[key] = shape.empty() ? c.label : fmt::format("{} @{}", c.label, fmt::join(shape, " "));
+    }
+  }
+  std::vector<Series> out;
+  for (auto& [key, by_x] : groups) {
+    Series s;
+    s.title = titles[key];
+    for (auto& [x, ys] : by_x) {
+      std::sort(ys.begin(), ys.end());
+      const size_t m = ys.size() / 2;
+      s.points.push_back({x, ys.size() % 2 ? ys[m] : (ys[m - 1] + ys[m]) / 2, ys.front(), ys.back(), int(ys.size())});
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 // Writes plot.gp and the data files beside it, runs gnuplot; returns the PNGs made.
 // target: the train cells' target accuracy (0: none), drawn as a dashed line on the accuracy plots.
 std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cells, const json& rows, double target) {
@@ -830,44 +901,48 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
        << "set title 'Test accuracy vs bytes sent'\nplot " << join_plot("3") << target_line << "\n";
     pngs.insert(pngs.end(), {"accuracy_vs_time.png", "accuracy_vs_bytes.png"});
   }
-  // Throughput vs bandwidth: one series per label (train/ddp: samples/s; bench: busbw in Gbit/s).
-  std::map<std::string, std::vector<std::pair<double, double>>> tput, busbw;
-  for (size_t i = 0; i < cells.size(); ++i) {
-    const auto& r = rows[i];
-    if (r.value("status", "") != "ok") continue;
-    const double mbit = cells[i].net->rate_bps / 1e6;
-    if (r.contains("samples_per_s") && r["samples_per_s"].is_number()) {
-      tput[cells[i].label].emplace_back(mbit, r["samples_per_s"].get<double>());
-    }
-    if (r.contains("busbw_gbs_max") && r["busbw_gbs_max"].is_number()) {
-      busbw[cells[i].label].emplace_back(mbit, r["busbw_gbs_max"].get<double>() * 8e3);
-    }
-  }
-  const auto series = [&](const std::map<std::string, std::vector<std::pair<double, double>>>& m,
-                          const std::string& stem) {
-    std::string s;
+  // Throughput vs bandwidth (train/ddp: samples/s; bench: the best busbw in Mbit/s): one line per label and network
+  // shape (build_series); several seeds give each point the median and a bar from the lowest to the highest.
+  const auto number = [](const json& r, const char* key, double scale) -> std::optional<double> {
+    if (!r.contains(key) || !r[key].is_number()) return std::nullopt;
+    return r[key].get<double>() * scale;
+  };
+  const auto tput = build_series(cells, rows, [&](const json& r) { return number(r, "samples_per_s", 1); });
+  const auto busbw = build_series(cells, rows, [&](const json& r) { return number(r, "busbw_gbs_max", 8e3); });
+  // Each series into <stem>-K.dat ("bandwidth_mbit median min max seeds"); the plot clauses, and whether any point
+  // summarises several seeds (then every line has its bars, and the title says so).
+  const auto series = [&](const std::vector<Series>& all, const std::string& stem, bool& seeds) {
+    seeds = false;
+    for (const auto& s : all)
+      for (const auto& p : s.points) seeds = seeds || p.n > 1;
+    std::string clauses;
     int k = 0;
-    for (auto [label, pts] : m) {
-      std::sort(pts.begin(), pts.end());
+    for (const auto& s : all) {
       const std::string file = fmt::format("{}-{}.dat", stem, k++);
       std::ofstream d(out / file);
-      for (const auto& [x, y] : pts) d << x << " " << y << "\n";
-      s += (s.empty() ? "" : ", \\\n  ") +
-           fmt::format("{} using 1:2 with linespoints title {}", gnuplot_quote(file), gnuplot_quote(label));
+      d << "# bandwidth_mbit median min max seeds\n";
+      for (const auto& p : s.points) d << p.x << " " << p.median << " " << p.lo << " " << p.hi << " " << p.n << "\n";
+      clauses += (clauses.empty() ? "" : ", \\\n  ") +
+                 fmt::format("{} using {} title {}", gnuplot_quote(file),
+                             seeds ? "1:2:3:4 with yerrorlines" : "1:2 with linespoints", gnuplot_quote(s.title));
     }
-    return s;
+    return clauses;
   };
+  const auto over_seeds = [](bool seeds) { return seeds ? " (median over seeds, bars: lowest to highest)" : ""; };
   if (!tput.empty()) {
+    bool seeds = false;
+    const std::string s = series(tput, "throughput", seeds);
     gp << "set output 'throughput_vs_bandwidth.png'\nset logscale x\nset xlabel 'link bandwidth (Mbit/s)'\n"
-       << "set ylabel 'training throughput (samples/s)'\nset title 'Throughput vs bandwidth'\nplot "
-       << series(tput, "throughput") << "\nunset logscale x\n";
+       << "set ylabel 'training throughput (samples/s)'\nset title 'Throughput vs bandwidth" << over_seeds(seeds)
+       << "'\nplot " << s << "\nunset logscale x\n";
     pngs.push_back("throughput_vs_bandwidth.png");
   }
   if (!busbw.empty()) {
-    std::string s = series(busbw, "busbw");
+    bool seeds = false;
+    const std::string s = series(busbw, "busbw", seeds);
     gp << "set output 'busbw_vs_bandwidth.png'\nset logscale xy\nset xlabel 'link bandwidth (Mbit/s)'\n"
-       << "set ylabel 'best busbw (Mbit/s)'\nset title 'Collective throughput vs bandwidth'\nplot " << s
-       << ", x with lines dashtype 2 title 'link rate'\nunset logscale xy\n";
+       << "set ylabel 'best busbw (Mbit/s)'\nset title 'Collective throughput vs bandwidth" << over_seeds(seeds)
+       << "'\nplot " << s << ", x with lines dashtype 2 title 'link rate'\nunset logscale xy\n";
     pngs.push_back("busbw_vs_bandwidth.png");
   }
   if (pngs.empty()) return pngs;

@@ -371,6 +371,7 @@ TEST_F(ClusterTest, AmbiguousOrMissingShapingIsRefused) {
   std::ofstream(dir / "twice.yaml") << "hosts: [{bandwidth: 100mbit, bandwidth: 200mbit}]\n";
   std::ofstream(dir / "seqkey.yaml") << "hosts: [{[a]: 1}]\n";
   std::ofstream(dir / "two.yaml") << "hosts: [{bandwidth: 100mbit}, {bandwidth: 100mbit}]\n";
+  std::ofstream(dir / "netem.yaml") << "defaults: {bandwidth: 1gbit, latency: 5ms, loss: 1%}\nhosts: [{}, {}]\n";
   const std::string up = conduit() + " cluster up --name " + name;
   const std::vector<std::pair<std::string, std::string>> cases = {
       {" --hosts-file " + (dir / "defaults.yaml").string() + " --bandwidth 5mbit",
@@ -382,6 +383,11 @@ TEST_F(ClusterTest, AmbiguousOrMissingShapingIsRefused) {
       // made look unnecessary but that is out of range (it was accepted).
       {" --hosts-file " + (dir / "seqkey.yaml").string(), "hosts[0] has a key that is not a name"},
       {" --hosts -5 --hosts-file " + (dir / "two.yaml").string(), "--hosts -5: allowed 1..250"},
+      // An explicit 0 is a value like any other (it was taken for "not given": the file's 5 ms and 1% applied).
+      {" --hosts-file " + (dir / "netem.yaml").string() + " --latency 0",
+       "--latency conflicts with defaults.latency in --hosts-file"},
+      {" --hosts-file " + (dir / "netem.yaml").string() + " --loss 0",
+       "--loss conflicts with defaults.loss in --hosts-file"},
       {" --hosts 2 --bandwidth 100mbps", "'100mbps' is ambiguous (tc reads 'mbps' as megabytes per second"},
       {" --hosts 2 --bandwidth 0x10mbit", "'0x10mbit' is not a rate"}};
   for (const auto& [args, expect] : cases) {
@@ -683,6 +689,114 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
   r = sh(conduit() + " sweep " + file.string() + " --dry-run");
   EXPECT_EQ(r.code, 0) << r.out;
   fs::remove(file);
+}
+
+// A sweep network's latency: 0 or loss: 0 is a value, as --latency 0 is to `cluster up`: beside a hosts file whose
+// defaults set one it is refused (judged by the value, the 0 counted as not given and the file's 5 ms and 1% ran);
+// where the defaults leave it out, it fills it in. Checked when the file is read, so without root.
+TEST(SweepConfig, AnExplicitZeroBesideAHostsFileIsAValue) {
+  const fs::path dir = fs::temp_directory_path() / unique_name("zerosweep");
+  TempDir cleanup(dir);
+  std::ofstream(dir / "netem.yaml") << "defaults: {bandwidth: 30mbit, latency: 5ms, loss: 1%}\nhosts: [{}, {}]\n";
+  std::ofstream(dir / "plain.yaml") << "defaults: {bandwidth: 30mbit}\nhosts: [{}, {latency: 2ms}]\n";
+  const auto dry = [&](const std::string& network) {
+    std::ofstream(dir / "s.yaml") << "name: z\nhosts: 2\nnetworks: [{" << network << "}]\nbench: {}\n";
+    return sh(conduit() + " sweep " + (dir / "s.yaml").string() + " --dry-run");
+  };
+  for (const auto& [network, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"hosts_file: netem.yaml, latency: 0", "networks[0].latency conflicts with defaults.latency"},
+           {"hosts_file: netem.yaml, latency: 0ms", "networks[0].latency conflicts with defaults.latency"},
+           {"hosts_file: netem.yaml, loss: 0", "networks[0].loss conflicts with defaults.loss"},
+           {"hosts_file: netem.yaml, bandwidth: 10mbit", "networks[0].bandwidth conflicts with defaults.bandwidth"}}) {
+    Result r = dry(network);
+    EXPECT_EQ(r.code, 2) << network << ": " << r.out;
+    EXPECT_EQ(count_lines(r.out), 1) << network << ": " << r.out;
+    EXPECT_NE(r.out.find(expect), std::string::npos) << network << ": " << r.out;
+  }
+  // The same file without the zeros keeps its 5 ms and 1%; the zeros fill in what another file leaves out.
+  Result kept = dry("hosts_file: netem.yaml");
+  EXPECT_EQ(kept.code, 0) << kept.out;
+  EXPECT_NE(kept.out.find("@ 30mbit-5ms-1pct-hetero seed"), std::string::npos) << kept.out;
+  Result filled = dry("hosts_file: plain.yaml, latency: 0, loss: 0");
+  EXPECT_EQ(filled.code, 0) << filled.out;
+  EXPECT_NE(filled.out.find("@ 30mbit-2ms-hetero seed"), std::string::npos) << filled.out;
+}
+
+// The throughput and busbw plots have one line per label and network shape (latency, loss), never one joining
+// other latencies or seeds (points of 0 and 5 ms at one bandwidth were joined, zigzagging); the seeds of a point are
+// its median with their range. Read from the series files and plot.gp a --replot writes (no root, no cluster).
+TEST(SweepConfig, ThroughputSeriesSeparateLatenciesAndSummariseSeeds) {
+  const fs::path dir = fs::temp_directory_path() / unique_name("series");
+  TempDir cleanup(dir);
+  const std::string yaml = (dir / "sweep.yaml").string(), out = (dir / "out").string();
+  std::ofstream(yaml) << "name: se\nhosts: 2\nnetworks: [{bandwidth: 100mbit}, {bandwidth: 200mbit}, "
+                         "{bandwidth: 100mbit, latency: 5ms}]\nseeds: [1, 2, 3]\ncompressors: [none]\nbench: {}\n";
+  Result dry = sh(conduit() + " sweep " + yaml + " -o " + out + " --dry-run");
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  // Every cell's label, network and seed from "cell N: LABEL @ NET seed S: ...", its folder as the sweep names it.
+  struct Row {
+    std::string label, net;
+    int seed;
+    fs::path dir;
+  };
+  std::vector<Row> cells;
+  std::istringstream lines(dry.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("cell ", 0) != 0) continue;
+    const size_t colon = line.find(": "), at = line.find(" @ "), sd = line.find(" seed ");
+    ASSERT_TRUE(colon != std::string::npos && at != std::string::npos && sd != std::string::npos) << line;
+    Row r{line.substr(colon + 2, at - colon - 2), line.substr(at + 3, sd - at - 3), std::stoi(line.substr(sd + 6)), {}};
+    std::string name = r.label;
+    for (char& ch : name) ch = ch == ' ' ? '_' : ch;
+    char idx[16];
+    std::snprintf(idx, sizeof idx, "cell%03d", static_cast<int>(cells.size()));
+    r.dir = fs::path(out) / (std::string(idx) + "-" + name + "-" + r.net + "-s" + std::to_string(r.seed));
+    cells.push_back(r);
+  }
+  ASSERT_EQ(cells.size(), 18u) << dry.out;  // 3 networks x 3 seeds x (a train cell, a bench cell)
+  // Throughput: seed x 100 at 0 ms, seed x 10 at 5 ms, plus 1000 at 200 Mbit/s; busbw (GB/s) likewise.
+  std::ostringstream results;
+  results << "[";
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const Row& c = cells[i];
+    const double v = c.seed * (c.net == "100mbit-5ms" ? 10 : 100) + (c.net == "200mbit" ? 1000 : 0);
+    fs::create_directories(c.dir);
+    if (c.label == "bench coll")
+      std::ofstream(c.dir / "log.txt") << "[rank 0] {\"busbw_gbs\": " << v / 1000 << "}\n";
+    else
+      std::ofstream(c.dir / "metrics.jsonl")
+          << "{\"kind\": \"epoch\", \"epoch\": 1, \"time_s\": 1.0, \"test_accuracy\": 0.5, \"samples_per_s\": " << v
+          << "}\n";
+    results << (i ? ", " : "") << "{\"cell\": " << i << ", \"label\": \"" << c.label << "\", \"status\": \"ok\"}";
+  }
+  results << "]\n";
+  fs::create_directories(out);
+  std::ofstream(fs::path(out) / "results.json") << results.str();
+  Result r = sh(conduit() + " sweep " + yaml + " -o " + out + " --replot");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  const std::string gp = read(fs::path(out) / "plot.gp");
+  // Two lines each, 0 ms first; with three seeds a point is the median with bars from the lowest to the highest.
+  EXPECT_NE(gp.find("'throughput-0.dat' using 1:2:3:4 with yerrorlines title 'conduit bsp none @0ms'"),
+            std::string::npos)
+      << gp;
+  EXPECT_NE(gp.find("'throughput-1.dat' using 1:2:3:4 with yerrorlines title 'conduit bsp none @5ms'"),
+            std::string::npos)
+      << gp;
+  EXPECT_FALSE(fs::exists(fs::path(out) / "throughput-2.dat"));
+  EXPECT_NE(gp.find("'busbw-0.dat' using 1:2:3:4 with yerrorlines title 'bench coll @0ms'"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("'busbw-1.dat' using 1:2:3:4 with yerrorlines title 'bench coll @5ms'"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("Throughput vs bandwidth (median over seeds, bars: lowest to highest)"), std::string::npos) << gp;
+  const std::string head = "# bandwidth_mbit median min max seeds\n";
+  EXPECT_EQ(read(fs::path(out) / "throughput-0.dat"), head + "100 200 100 300 3\n200 1200 1100 1300 3\n");
+  EXPECT_EQ(read(fs::path(out) / "throughput-1.dat"), head + "100 20 10 30 3\n");
+  // busbw in Mbit/s: GB/s x 8000.
+  EXPECT_EQ(read(fs::path(out) / "busbw-1.dat"), head + "100 160 80 240 3\n");
 }
 
 // --replot collects the cells an earlier run wrote again: each curve holds the epoch evaluations and the model
