@@ -58,6 +58,7 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -128,6 +129,8 @@ void check_mpi(int rc, const char* what) {
 
 std::atomic<int> g_error_exit{0};
 
+bool abandoned_settled();
+
 void finalize_at_exit() {
   int init = 0;
   MPI_Initialized(&init);
@@ -135,6 +138,14 @@ void finalize_at_exit() {
   if (const int code = g_error_exit.load()) {
     std::fflush(nullptr);  // the error line first
     MPI_Abort(MPI_COMM_WORLD, code);
+  }
+  // A collective given up on and still pending: MPI_Finalize would wait for it (for ever, if its rank is stuck).
+  if (!abandoned_settled()) {
+    std::fprintf(stderr,
+                 "mpi: exiting with a collective on MPI_COMM_WORLD given up on at a deadline still pending: "
+                 "MPI_Abort instead of MPI_Finalize\n");
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Finalize();
 }
@@ -227,12 +238,62 @@ ByteType byte_type(size_t bytes) {
   return bt;  // (block and blocks are freed here: a committed type keeps what it was built from)
 }
 
-// Buffers of collective requests given up on (MPI may still write them): never freed, nor destroyed at exit.
-void abandon(std::shared_ptr<void> keep) {
-  static auto* mu = new std::mutex;
-  static auto* kept = new std::vector<std::shared_ptr<void>>;
-  std::lock_guard<std::mutex> lk(*mu);
-  kept->push_back(std::move(keep));
+// Collectives on MPI_COMM_WORLD given up on at a deadline, and the buffers MPI may still write for them: never
+// freed, nor destroyed at exit. While one is pending the ranks' collectives on MPI_COMM_WORLD no longer line up.
+struct Abandoned {
+  std::mutex mu;
+  std::vector<MPI_Request> reqs;
+  std::vector<std::shared_ptr<void>> kept;
+};
+Abandoned& abandoned() {
+  static auto* a = new Abandoned;
+  return *a;
+}
+void abandon(MPI_Request req, std::shared_ptr<void> keep) {
+  Abandoned& a = abandoned();
+  std::lock_guard<std::mutex> lk(a.mu);
+  a.reqs.push_back(req);
+  a.kept.push_back(std::move(keep));
+}
+// Tests the abandoned collectives once (the caller holds the MpiGuard, or MPI is single-threaded); true when none is
+// pending any more.
+bool abandoned_settled() {
+  Abandoned& a = abandoned();
+  std::lock_guard<std::mutex> lk(a.mu);
+  for (size_t i = 0; i < a.reqs.size();) {
+    int flag = 0;
+    if (MPI_Test(&a.reqs[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
+      a.reqs[i] = a.reqs.back();
+      a.reqs.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  return a.reqs.empty();
+}
+// Before a new collective on MPI_COMM_WORLD: one given up on earlier must have completed (the missing rank came
+// late), or the new one would pair with it on the other ranks. Waits up to `deadline`, then refuses in one line.
+void settle_abandoned(const Deadline& deadline) {
+  auto pause = std::chrono::microseconds(50);
+  while (true) {
+    {
+      MpiGuard g;
+      if (abandoned_settled()) return;
+    }
+    if (deadline.expired())
+      throw Error(
+          "mpi: MPI_COMM_WORLD's collectives no longer line up: one given up on at an earlier deadline (a start-up "
+          "timeout) has not completed; allowed: end the process after such a timeout (mpi_exit_after_error)");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+// The start-up's collectives of one process, one start-up at a time: two threads making transports (or exchanging
+// strings) at once could start their collectives in different orders on different ranks and pair across. (Recursive:
+// make_mpi_transport exchanges host names inside its own.)
+std::recursive_mutex& startup_mu() {
+  static auto* m = new std::recursive_mutex;
+  return *m;
 }
 
 // Polls a nonblocking collective to completion. At `deadline` it is given up on: left pending with `keep` (the
@@ -252,7 +313,7 @@ void wait_collective(MPI_Request& req, const Deadline& deadline, const std::shar
     check_mpi(rc, what);
     if (flag) return;
     if (deadline.expired()) {
-      abandon(keep);
+      abandon(req, keep);
       throw TimeoutError(timeout_message(sw.seconds()));
     }
     if (sw.seconds() < 1e-3) {
@@ -293,6 +354,7 @@ std::vector<MPI_Comm> dup_world(const Deadline& deadline) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
   }
   int done = 0;
+  const Stopwatch started;
   try {
     for (; done < kTransportComms; ++done) {
       MPI_Request req = MPI_REQUEST_NULL;
@@ -301,13 +363,15 @@ std::vector<MPI_Comm> dup_world(const Deadline& deadline) {
         check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &(*made)[done], &req), "MPI_Comm_idup");
       }
       const int step = done + 1;
-      wait_collective(req, deadline, made, "MPI_Comm_idup (mpi transport start-up)", [&](double waited) {
+      wait_collective(req, deadline, made, "MPI_Comm_idup (mpi transport start-up)", [&](double) {
         return fmt::format(
             "mpi transport (rank {} of {}): start-up gave up after {:.1f} s in MPI_Comm_idup {} of {} on "
-            "MPI_COMM_WORLD: not every rank entered make_mpi_transport (a rank died, is stuck before it, or makes no "
-            "MPI transport); allowed: every rank makes its MPI transport within the deadline (CONDUIT_TIMEOUT, "
+            "MPI_COMM_WORLD: {}; allowed: every rank makes its MPI transport within the deadline (CONDUIT_TIMEOUT, "
             "default 300 s)",
-            rank, size, waited, step, kTransportComms);
+            rank, size, started.seconds(), step, kTransportComms,
+            step == 1 ? "not every rank entered make_mpi_transport (a rank died, is stuck before it, or makes no MPI "
+                        "transport)"
+                      : "a rank stopped taking part (it died, or is too slow)");
       });
       MpiGuard g;
       MPI_Comm_set_errhandler((*made)[done], MPI_ERRORS_RETURN);
@@ -431,6 +495,7 @@ class MpiEngine : public Progressor {
   bool progress() override {
     std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>> finished;
     std::string remote_abort;
+    int remote_abort_rank = -1;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (shut_) return false;
@@ -444,6 +509,7 @@ class MpiEngine : public Progressor {
           MPI_Get_count(&st, MPI_CHAR, &n);
           remote_abort = fmt::format("rank {} aborted: {}", st.MPI_SOURCE,
                                      std::string(ctrl_buf_, static_cast<size_t>(std::max(n, 0))));
+          remote_abort_rank = st.MPI_SOURCE;
           if (aborted_.empty()) aborted_ = remote_abort;
           ctrl_req_ = MPI_REQUEST_NULL;
         } else if (rc != MPI_SUCCESS) {
@@ -452,7 +518,7 @@ class MpiEngine : public Progressor {
         }
       }
       if (!remote_abort.empty()) {
-        fail_all_locked(remote_abort, finished);
+        fail_all_locked(remote_abort, finished, remote_abort_rank);
       } else {
         for (size_t i = 0; i < pending_.size();) {
           auto& r = pending_[i];
@@ -660,9 +726,11 @@ class MpiEngine : public Progressor {
   // send). A send still pending then is one its receiver has not taken (it died, or cancelled the receive on the
   // abort notice): its buffer is read again only if that peer posts the matching receive later, before it has seen
   // the notice (after that its transport refuses receives, and a destroyed transport's retired communicators never
-  // take one); transport.h states that residue.
+  // take one); transport.h states that residue. Sends to the rank whose abort notice this is (`aborted_by`) are not
+  // waited for: it cancels its receives as it aborts, so they would only cost the whole bound.
   void fail_all_locked(const std::string& why,
-                       std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>>& out) {
+                       std::vector<std::pair<std::shared_ptr<MpiRequest>, std::exception_ptr>>& out,
+                       int aborted_by = -1) {
     bool can_call = !mpi_finalized();
     if (can_call) {
       std::vector<MPI_Request*> moving;
@@ -670,8 +738,9 @@ class MpiEngine : public Progressor {
         MpiGuard g;
         for (auto& r : pending_)
           if (r->req_ != MPI_REQUEST_NULL) {
-            if (r->kind() == Request::Kind::recv) MPI_Cancel(&r->req_);
-            moving.push_back(&r->req_);
+            const bool send = r->kind() == Request::Kind::send;
+            if (!send) MPI_Cancel(&r->req_);
+            if (!send || r->peer() != aborted_by) moving.push_back(&r->req_);
           }
       }
       Stopwatch sw;
@@ -875,6 +944,8 @@ std::vector<std::string> mpi_allgather_strings(const std::string& mine) {
 
 std::vector<std::string> mpi_allgather_strings(const std::string& mine, const Deadline& deadline) {
   mpi_init_once();
+  std::lock_guard<std::recursive_mutex> one_at_a_time(startup_mu());
+  settle_abandoned(deadline);
   if (mine.size() > static_cast<size_t>(INT_MAX / 1024)) {
     throw InvalidArgument(fmt::format("mpi_allgather_strings: a string of {} bytes is too large; allowed: at most {}",
                                       mine.size(), INT_MAX / 1024));
@@ -936,6 +1007,8 @@ TransportPtr make_mpi_transport(std::vector<int> hosts) {
 
 TransportPtr make_mpi_transport(std::vector<int> hosts, const Deadline& deadline) {
   mpi_init_once();
+  std::lock_guard<std::recursive_mutex> one_at_a_time(startup_mu());
+  settle_abandoned(deadline);
   int size = mpi_world_size();
   if (hosts.empty()) {
     char name[256] = {0};
