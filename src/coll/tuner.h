@@ -11,7 +11,9 @@
 // Threads: one Tuner is shared by a communicator and the communicators made from it, whose collectives run on
 // several threads; set_model and force may be called while they choose. The model and the rules live in one
 // immutable state that a change replaces whole (under a mutex), so every reader works on one state, the old or the
-// new, never a mix (the rules were reassigned in place under readers walking them).
+// new, never a mix (the rules were reassigned in place under readers walking them). Safe for this process only: the
+// ranks must agree on every collective's algorithm, so a change made after start-up belongs at a point where no
+// collective runs on any rank and every rank makes the same change (as the start-up's measurement does).
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
