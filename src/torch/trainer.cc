@@ -58,8 +58,8 @@ Data load_data(const TrainConfig& c) {
 }
 
 // What identifies the training samples a sampler position counts: their number and a 64-bit FNV-1a hash of their
-// labels and pixels (taken 8 bytes at a time, as loaded: train_limit applied). Two data sets of one size (MNIST and
-// Fashion-MNIST have the same files' sizes) differ here; the same files at another path do not.
+// labels and pixels (taken 8 bytes at a time, folded down after each, as loaded: train_limit applied). Two data sets of
+// one size (MNIST and Fashion-MNIST have the same files' sizes) differ here; the same files at another path do not.
 std::string train_data_id(const ImageSet& s) {
   uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&h](const std::vector<uint8_t>& bytes) {
@@ -68,6 +68,7 @@ std::string train_data_id(const ImageSet& s) {
       uint64_t w;
       std::memcpy(&w, bytes.data() + i, 8);
       h = (h ^ w) * 0x100000001b3ull;
+      h ^= h >> 32;  // (a product carries bits only upwards: a word's top byte reached only the hash's top bits)
     }
     for (; i < bytes.size(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
     h = (h ^ bytes.size()) * 0x100000001b3ull;
@@ -345,6 +346,9 @@ static void switch_checkpoint(const fs::path& out, const std::string& stage, int
   if (fs::is_directory(fs::symlink_status(link))) {
     fs::remove_all(out / "checkpoint-unstaged", ec);
     fs::rename(link, out / "checkpoint-unstaged", ec);
+    if (ec && fs::is_directory(fs::symlink_status(link)))
+      throw ConfigError(
+          fmt::format("checkpoint: cannot move the old directory '{}' aside: {}", link.string(), ec.message()));
   }
   fs::rename(tmp, link);    // rename(2) replaces the old link atomically
   sync_path(out.string());  // the new link is on disk before the checkpoint it replaces goes
@@ -451,15 +455,30 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   fs::path rd(c.resume);
   nlohmann::json meta;
   if (!c.resume.empty()) {
-    meta = read_json_file((rd / "checkpoint.json").string());
-    check_checkpoint_fields(meta, rd);
+    // Read on every rank (nodes may have their own copies): a rank that cannot read its copy tells the others in the
+    // step exchange below, so they stop with it instead of waiting for it until their deadline.
+    std::exception_ptr unreadable;
+    int64_t my_step = 0;
+    try {
+      meta = read_json_file((rd / "checkpoint.json").string());
+      check_checkpoint_fields(meta, rd);
+      my_step = checkpoint_int(meta, "global_step", rd);
+    } catch (const std::exception&) {
+      unreadable = std::current_exception();
+    }
     // Every rank resumes from one checkpoint. Nodes without a shared file system have a `checkpoint` link each, and a
     // run stopped while they switched them leaves some at the previous checkpoint, which every node still holds
     // (older stages go only once every link has moved).
     if (comm_ptr->size() > 1) {
-      const int64_t mine = checkpoint_int(meta, "global_step", rd);
-      int64_t range[2] = {mine, -mine};  // the largest step and minus the smallest
-      comm_ptr->allreduce(range, 2, DType::i64, ReduceOp::max).wait();
+      int64_t range[3] = {my_step, -my_step,
+                          unreadable ? 1 : 0};  // the largest step, minus the smallest, any unreadable
+      comm_ptr->allreduce(range, 3, DType::i64, ReduceOp::max).wait();
+      if (unreadable) std::rethrow_exception(unreadable);
+      if (range[2] != 0)
+        throw ConfigError(
+            fmt::format("config: resume: another rank cannot read its copy of '{}' (its error names "
+                        "what is wrong); allowed: a complete checkpoint on every node",
+                        rd.string()));
       if (range[0] != -range[1]) {
         fs::path dir = rd;
         if (!dir.has_filename()) dir = dir.parent_path();  // (a trailing '/')
@@ -467,10 +486,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
             "config: resume: the ranks' checkpoints are of different steps ({} to {}; rank {} read step {} from '{}'): "
             "the run stopped while its nodes switched their checkpoint links; allowed: --resume {} (step {}, "
             "which every node keeps)",
-            -range[1], range[0], global_rank, mine, rd.string(),
+            -range[1], range[0], global_rank, my_step, rd.string(),
             (dir.parent_path() / fmt::format("checkpoint-{}", -range[1])).string(), -range[1]));
       }
     }
+    if (unreadable) std::rethrow_exception(unreadable);
     if (meta.value("world", 0) != comm_ptr->size())
       throw ConfigError(
           fmt::format("config: resume: the checkpoint was written by {} ranks, this run has {}; "
@@ -572,18 +592,30 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   // files replaced), the rest of the epoch ran over other samples without a word. Compared by content, so the same
   // files at another path (another node's copy, a moved folder) resume; a checkpoint written before the content was
   // recorded compares the resolved data_dir instead.
+  // Each rank checks its own copy; the others learn of a mismatch in one allreduce and stop with it (a rank whose
+  // copy differed stopped alone, and the others waited in their first gradient exchange until the deadline).
+  std::string other_data;
   if (file_data && !c.resume.empty() && checkpoint_int(meta, "step", rd) != 0) {
     const std::string saved_dir = meta.value("data_dir", std::string());
     const std::string saved_resolved = meta.value("data_dir_resolved", resolved_data_dir(saved_dir));
     const bool has_id = meta.contains("train_data");
     const std::string saved_id = has_id ? meta["train_data"].get<std::string>() : std::string();
     if (has_id ? saved_id != data_id : meta.contains("data_dir") && saved_resolved != data_dir_resolved)
-      throw ConfigError(fmt::format(
+      other_data = fmt::format(
           "config: resume: the checkpoint was written mid-epoch on the training data of data_dir '{}'{}, this run's "
           "data_dir is '{}'{}; allowed: the same training data (the sampler position counts its samples; at an "
           "epoch's end it may change)",
           saved_resolved, has_id ? " (" + saved_id + ")" : std::string(), data_dir_resolved,
-          has_id ? " (" + data_id + ")" : std::string()));
+          has_id ? " (" + data_id + ")" : std::string());
+  }
+  if (!c.resume.empty()) {
+    int32_t any = other_data.empty() ? 0 : 1;
+    if (world > 1) comm.allreduce(&any, 1, DType::i32, ReduceOp::max).wait();
+    if (!other_data.empty()) throw ConfigError(other_data);
+    if (any != 0)
+      throw ConfigError(
+          "config: resume: another worker's training data is not the data the checkpoint was written on mid-epoch "
+          "(its error names both); allowed: the same training data on every node");
   }
   sync::Straggler straggler(sync::parse_slow(c.slow, comm_ptr->size()), global_rank, uint64_t(c.seed));
 
