@@ -839,7 +839,9 @@ std::vector<Series> build_series(const std::vector<Cell>& cells, const json& row
     if (!v) continue;
     const Cell& c = cells[i];
     const Network& n = *c.net;
-    const Key key = n.hetero ? Key{c.label, true, 0.0, 0.0, n.label} : Key{c.label, false, n.latency_s, n.loss, ""};
+    // (latency and loss rounded to what the title shows: 5ms and 5000us may differ in the last bit)
+    const double lat = std::round(n.latency_s * 1e9) / 1e9, loss = std::round(n.loss * 1e9) / 1e9;
+    const Key key = n.hetero ? Key{c.label, true, 0.0, 0.0, n.label} : Key{c.label, false, lat, loss, ""};
     groups[key][n.rate_bps / 1e6].push_back(*v);
     if (!titles.count(key)) {
       std::vector<std::string> shape;
@@ -904,7 +906,7 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
   // Throughput vs bandwidth (train/ddp: samples/s; bench: the best busbw in Mbit/s): one line per label and network
   // shape (build_series); several seeds give each point the median and a bar from the lowest to the highest.
   const auto number = [](const json& r, const char* key, double scale) -> std::optional<double> {
-    if (!r.contains(key) || !r[key].is_number()) return std::nullopt;
+    if (!r.contains(key) || !r[key].is_number() || !(r[key].get<double>() > 0)) return std::nullopt;  // (log axes)
     return r[key].get<double>() * scale;
   };
   const auto tput = build_series(cells, rows, [&](const json& r) { return number(r, "samples_per_s", 1); });
