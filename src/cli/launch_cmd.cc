@@ -68,7 +68,9 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
       "SIGINT/SIGTERM/SIGHUP are forwarded to the workers (SIGQUIT as SIGTERM); those still running "
       "CONDUIT_LAUNCH_GRACE seconds "
       "(default 10) after a stop get SIGKILL. Ctrl-Z (SIGTSTP) stops the workers with the launcher, and fg/bg "
-      "(SIGCONT) continues them; time spent stopped does not count against that grace. Workers read stdin from "
+      "(SIGCONT) continues them; time spent stopped does not count against that grace (it does against the workers' "
+      "own collective deadlines, CONDUIT_TIMEOUT: a stop longer than that fails the job when it continues). Workers "
+      "read stdin from "
       "/dev/null and run in their own process groups.");
   c->callback([opts, port]() {
     LaunchOptions o = *opts;

@@ -184,6 +184,9 @@ class SignalScope {
     ::sigaction(SIGPIPE, &old_pipe_, nullptr);
     g_signal_write_fd = -1;
     g_running = false;
+    // (a Ctrl-Z during the last drain: a later write outside a launch must not stop the process)
+    g_suspend_requested = 0;
+    g_continued = 0;
   }
   SignalScope(const SignalScope&) = delete;
   SignalScope& operator=(const SignalScope&) = delete;
@@ -256,6 +259,13 @@ void write_all(int fd, const char* data, size_t size) {
         return;
       }
       chunk = std::min<size_t>(size, PIPE_BUF);  // fits in the room POLLOUT promised
+    } else {
+      // Room first, waited for in slices, then no more than that room: a Ctrl-Z that came between the check above
+      // and a write that blocks (on a reader stopped by the same Ctrl-Z) was never acted on.
+      pollfd p{fd, POLLOUT, 0};
+      const int r = ::poll(&p, 1, 100);
+      if (r == 0 || (r < 0 && errno == EINTR)) continue;
+      if (r > 0 && (p.revents & POLLOUT) != 0) chunk = std::min<size_t>(size, PIPE_BUF);
     }
     if (fd >= 0 && fd < 3 && g_output_broken[fd]) return;
     ssize_t w = ::write(fd, data, chunk);
