@@ -143,6 +143,19 @@ void check_finite_or_abort(coll::Communicator& comm, std::span<const float> in, 
   }
 }
 
+// This rank's payload. A compressor that refuses (error feedback whose residual plus the gradient passed the floats)
+// does so on this rank alone: the transport is aborted with its line first, so the peers waiting in the exchange stop
+// with it instead of at their deadline.
+static Bytes compress_or_abort(coll::Communicator& comm, const Compressor& c, std::span<const float> data,
+                               TensorState& st) {
+  try {
+    return c.compress(data, st);
+  } catch (const std::exception& e) {
+    comm.transport().abort(fmt::format("rank {}: {}", comm.rank(), e.what()));
+    throw;
+  }
+}
+
 size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
                             const ReduceOptions& o) {
   check_finite_or_abort(comm, data, c.name(), "compressed allreduce");
@@ -155,7 +168,7 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       return powersgd_allreduce(comm, *ps, {&st}, {data}, o);
     }
     case Collective::allreduce: {
-      Bytes payload = c.compress(data, st);
+      Bytes payload = compress_or_abort(comm, c, data, st);
       size_t es = dtype_size(c.linear_dtype());
       if (payload.size() % es)
         throw InvalidArgument(fmt::format("{}: linear payload of {} bytes is not a whole number of {}", c.name(),
@@ -168,7 +181,7 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
     }
     case Collective::allgather:
     case Collective::majority_vote: {
-      Bytes payload = c.compress(data, st);
+      Bytes payload = compress_or_abort(comm, c, data, st);
       std::vector<size_t> counts(w, payload.size());
       if (!c.fixed_size()) {
         std::vector<uint64_t> sizes(w);

@@ -100,13 +100,14 @@ class ScaledSign : public Compressor {
     size_t first = d, lost = 0;
     float bad = 0, grad = 0;
     for (size_t i = 0; i < d; ++i) {
-      if (std::isfinite(e[i])) {
-        e[i] -= g[i];
-        continue;
+      const float p = e[i];
+      if (std::isfinite(p)) {
+        e[i] = p - g[i];
+        if (std::isfinite(e[i])) continue;  // (p - g may round past the floats where e + correction was at their edge)
       }
       if (first == d) {
         first = i;
-        bad = e[i];
+        bad = p;
         grad = g[i];
       }
       e[i] = 0.0f;

@@ -107,7 +107,8 @@ constexpr auto kReadUnmatchedAfter = std::chrono::milliseconds(1);
 // Under Yama's ptrace_scope 1 only a process's ancestors may read its memory, and local ranks are siblings: let
 // processes of this user read it, as Open MPI's single copy does (scope 2 and 3 stay closed; the probe then fails).
 // Counted over the transports of this process: the last that needs it closes it again, and so does one that opened
-// it and then found single copy off (it stayed open for the life of the process).
+// it and then found single copy off (it stayed open for the life of the process). Closing sets no tracer at all: a
+// tracer the program had named itself (a crash handler's pid) was replaced by "any" already while it was open.
 std::mutex g_ptracer_mu;
 int g_ptracer_users = 0;
 // True when this call counts as a user (release_reads_under_yama once done).

@@ -372,7 +372,8 @@ void AdpsgdStrategy::load_state(std::span<const uint8_t> bytes) {
   std::vector<float> pending = r.floats(), shadow = r.floats();
   r.done();
   std::lock_guard<std::mutex> lk(mu_);
-  // Saved by a rank that only initiates (or by rank 0 of an odd ring before it answered the wrap edge).
+  // Saved by a rank that only initiates (or by rank 0 of an odd ring in a checkpoint written before it answered the
+  // wrap edge's requests: it had none pending).
   const bool none = pending.empty() && shadow.empty();
   if (!none && (pending.size() != pending_.size() || shadow.size() != pending_.size()))
     throw ConfigError(fmt::format("sync adpsgd: the checkpoint holds {} and {} parameters, this model {}",

@@ -404,3 +404,31 @@ TEST(NonFinite, CompressedExchangesRefuseWhatTheyCannotCarry) {
   EXPECT_NE(errors[0].find("rank 1: compressed allreduce: element 7"), std::string::npos) << errors[0];
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
 }
+
+// Finite gradients that pass the input check can still fail one rank's compressor: error feedback whose residual
+// plus the gradient passes the floats. That rank aborts the transport with its line, so the other, already in the
+// exchange, stops with it (it waited until its deadline: 60 s here).
+TEST(NonFinite, ACompressorThatRefusesOnOneRankStopsTheOthers) {
+  for (const char* name : {"efsignsgd", "onebit"}) {
+    auto c = make_compressor(name);
+    std::vector<std::string> errors(2);
+    const auto t0 = std::chrono::steady_clock::now();
+    conduit::compress::testing::on_ranks(2, [&](coll::Communicator& comm) {
+      auto st = c->make_state({4}, 1, comm.rank());
+      std::vector<float> first{1.0f, 1.0f, 1.0f, 1.0f}, over{1.0f, 1.0f, 1.0f, 1.0f};
+      if (comm.rank() == 1) {  // a residual of about 2.25e38, then 3e38 more
+        first = {3e38f, 1.0f, 1.0f, 1.0f};
+        over = {3e38f, 0.0f, 0.0f, 0.0f};
+      }
+      try {
+        compressed_allreduce(comm, *c, st, first);
+        compressed_allreduce(comm, *c, st, over);
+      } catch (const Error& e) {
+        errors[comm.rank()] = e.what();
+      }
+    });
+    EXPECT_NE(errors[1].find("element 0 of 4"), std::string::npos) << name << ": " << errors[1];
+    EXPECT_NE(errors[0].find("rank 1: "), std::string::npos) << name << ": " << errors[0];
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10) << name;
+  }
+}
