@@ -88,6 +88,8 @@ volatile sig_atomic_t g_suspend_requested = 0;
 // Set by SIGCONT: the launcher was stopped (by SIGTSTP, or SIGSTOP, which cannot be caught), and the time that passed
 // meanwhile must not count against its deadlines.
 volatile sig_atomic_t g_continued = 0;
+// How long suspend_job's own stops lasted, measured around them (the supervision loop's thread only).
+Clock::duration g_suspended_for{};
 
 void on_signal(int sig) {
   int saved = errno;
@@ -324,7 +326,9 @@ void suspend_job() {
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   ::sigaction(SIGTSTP, &dfl, &handler);
+  const auto stopped_at = Clock::now();
   ::raise(SIGTSTP);
+  g_suspended_for += Clock::now() - stopped_at;
   ::sigaction(SIGTSTP, &handler, nullptr);
   g_continued = 1;  // (SIGCONT's handler says so too; not where the stop was discarded)
   signal_workers(SIGCONT);
@@ -751,11 +755,14 @@ int run_local_workers(const LaunchSpec& spec) {
   Clock::time_point abandon_deadline{};
   std::optional<Clock::time_point> drain_deadline;
   // The time the job spent stopped (Ctrl-Z, SIGSTOP) passes on the steady clock too: the deadlines move by it, so that
-  // a job continued after its grace period had passed is not killed for it. At most the time of one pass of the
-  // loop below (up to a second, more while output is written) is counted besides.
+  // a job continued after its grace period had passed is not killed for it. A Ctrl-Z's stop is measured; a stop by
+  // SIGSTOP from elsewhere is not seen, so a SIGCONT without one of ours counts the last pass of the loop below (up to
+  // a second, more while output is written).
   Clock::time_point last_pass = Clock::now();
+  g_suspended_for = Clock::duration::zero();
   auto allow_for_a_stop = [&](Clock::time_point now) {
-    const auto stopped = now - last_pass;
+    const auto stopped = g_suspended_for > Clock::duration::zero() ? g_suspended_for : now - last_pass;
+    g_suspended_for = Clock::duration::zero();
     kill_deadline += stopped;
     abandon_deadline += stopped;
     if (drain_deadline) *drain_deadline += stopped;
