@@ -782,6 +782,20 @@ TEST(Train, NodesWithoutASharedFileSystemEachKeepTheirCheckpoint) {
               std::string::npos)
         << m;
   }
+  // A node whose copy cannot be read stops the others with it (they waited in the step exchange until their
+  // deadline, and failed with a timeout): rank 0's error, rethrown first here, says so.
+  fs::copy(dir / "part-node1", dir / "broken-node1", fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  write_text_file((dir / "broken-node1" / "checkpoint" / "checkpoint.json").string(), "{");
+  auto broken = per_node(c, "after-broken", "part");
+  broken[1].resume = (dir / "broken-node1" / "checkpoint").string();
+  try {
+    train_inproc_each(broken);
+    ADD_FAILURE() << "resumed with rank 1's checkpoint.json cut short";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    expect_one_line(m, "resume");
+    EXPECT_NE(m.find("another rank cannot read its copy of"), std::string::npos) << m;
+  }
   fs::remove_all(dir);
 }
 
