@@ -722,6 +722,37 @@ std::vector<TrainResult> train_inproc_each(const std::vector<TrainConfig>& cs) {
   return res;
 }
 
+// One node's copy of the training data differs from the checkpoint's while the others' match: every rank stops with a
+// line (the others went on and waited in their first gradient exchange until the deadline: a timeout, no reason).
+TEST(Train, OneRanksOtherTrainingDataStopsEveryRank) {
+  auto dir = temp_dir("data-one-rank");
+  write_mnist_folder(dir / "a", 96, 1);
+  write_mnist_folder(dir / "b", 96, 2);
+  TrainConfig c = tiny("mlp");
+  c.dataset = "mnist";
+  c.data_dir = (dir / "a").string();
+  c.max_steps = 4;  // mid-epoch (6 steps an epoch)
+  c.output = (dir / "part").string();
+  train_inproc(c, 2, true);
+  std::vector<TrainConfig> cs(2, c);
+  for (auto& r : cs) {
+    r.max_steps = 6;
+    r.resume = (dir / "part" / "checkpoint").string();
+    r.output = (dir / "rest").string();
+  }
+  cs[1].data_dir = (dir / "b").string();
+  try {
+    train_inproc_each(cs);  // rank 0's error first
+    ADD_FAILURE() << "resumed with rank 1 on other data";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    expect_one_line(m, "resume");
+    EXPECT_NE(m.find("another worker's training data is not the data the checkpoint was written on"), std::string::npos)
+        << m;
+  }
+  fs::remove_all(dir);
+}
+
 // Nodes without a shared file system (here: ranks whose output folders differ): each node's lowest rank declares
 // every checkpoint there too (checkpoint.json, the `checkpoint` link, the older stages removed). Only rank 0 did: the
 // other nodes kept every stage, without a link or checkpoint.json to resume from. Resumed from each node's own link,
