@@ -1,6 +1,8 @@
 // The entry point of libconduit-torch.so (see torch/plugin.h). Built into the module only.
 #include "torch/plugin.h"
 
+#include "torch/fl_client.h"
+
 namespace {
 
 conduit::train::TrainResult train_worker(const conduit::train::TrainConfig& c, conduit::coll::CommPtr comm,
@@ -23,6 +25,7 @@ extern "C" __attribute__((visibility("default"))) const conduit::train::TorchApi
     a.time_convs = &conduit::train::time_convs;
     a.time_pools = &conduit::train::time_pools;
     a.time_model_step = &conduit::train::time_model_step;
+    a.make_fl_trainer = &conduit::train::make_fl_trainer;
     return a;
   }();
   return &api;

@@ -9,10 +9,12 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "coll/communicator.h"
+#include "fl/federation.h"
 #include "torch/config.h"
 #include "torch/gemm_bench.h"
 #include "torch/trainer.h"
@@ -31,10 +33,11 @@ struct TorchApi {
   std::vector<PoolTiming> (*time_pools)(const std::vector<PoolTiming>&, int threads, double min_seconds) = nullptr;
   ModelStepTiming (*time_model_step)(const std::string& name, int batch, int threads, int steps,
                                      const std::function<void()>& after_step) = nullptr;
+  std::unique_ptr<fl::LocalTrainer> (*make_fl_trainer)(const fl::FlConfig&) = nullptr;  // `conduit fl`
 };
 
 // Bumped whenever TorchApi or a type it passes changes layout.
-inline constexpr int kTorchApiAbi = 1;
+inline constexpr int kTorchApiAbi = 2;
 // The module's one exported entry point: extern "C" const TorchApi* conduit_torch_api();
 inline constexpr const char* kTorchApiSymbol = "conduit_torch_api";
 inline constexpr const char* kTorchModuleName = "libconduit-torch.so";

@@ -24,6 +24,7 @@
 #include "core/files.h"
 #include "sync/straggler.h"
 #include "sync/strategy.h"
+#include "torch/batches.h"
 #include "torch/data.h"
 #include "torch/distributed_optimizer.h"
 #include "torch/metrics.h"
@@ -86,6 +87,8 @@ std::string resolved_data_dir(const std::string& dir) {
   return ec ? dir : p.string();
 }
 
+}  // namespace
+
 void make_batch(const ImageSet& s, const std::vector<int64_t>& idx, torch::Tensor& x, torch::Tensor& y) {
   const int64_t b = int64_t(idx.size()), px = s.rows * s.cols;
   x = torch::empty({b, 1, s.rows, s.cols}, torch::kFloat);
@@ -99,6 +102,8 @@ void make_batch(const ImageSet& s, const std::vector<int64_t>& idx, torch::Tenso
     yp[i] = s.labels[size_t(idx[size_t(i)])];
   }
 }
+
+namespace {
 
 // The parameters a scheme's saved state depends on, its defaults filled in: what a resume must not change. Those the
 // trainer derived from its own flags (the servers' lr, momentum and weight decay; the compressor, checked on its
@@ -158,7 +163,8 @@ double lr_at(const TrainConfig& c, int64_t step, int64_t total, int64_t warmup) 
   return c.lr;
 }
 
-// Accuracy and mean loss on the test set: sharded over the ranks and summed (comm), or on this rank alone (nullptr).
+}  // namespace
+
 std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Communicator* comm) {
   torch::NoGradGuard ng;
   model.eval();
@@ -194,6 +200,8 @@ std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Commu
                     sums[1]));
   return {sums[2] > 0 ? sums[0] / sums[2] : 0.0, sums[2] > 0 ? sums[1] / sums[2] : 0.0};
 }
+
+namespace {
 
 std::vector<uint8_t> read_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -1,0 +1,275 @@
+// FlConfig: checks and JSON (federation.h).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <type_traits>
+
+#include "core/error.h"
+#include "fl/federation.h"
+#include "fl/partition.h"
+#include "fl/secagg.h"
+#include "fl/server_opt.h"
+
+namespace conduit::fl {
+namespace {
+
+// Every field by name, for JSON both ways (C is FlConfig or const FlConfig).
+template <class C, class F>
+void fields(C& c, F&& f) {
+  f("model", c.model);
+  f("dataset", c.dataset);
+  f("data_dir", c.data_dir);
+  f("train_limit", c.train_limit);
+  f("test_limit", c.test_limit);
+  f("synthetic_samples", c.synthetic_samples);
+  f("seed", c.seed);
+  f("clients", c.clients);
+  f("fraction", c.fraction);
+  f("min_clients", c.min_clients);
+  f("rounds", c.rounds);
+  f("partition", c.partition);
+  f("local_epochs", c.local_epochs);
+  f("batch_size", c.batch_size);
+  f("lr", c.lr);
+  f("momentum", c.momentum);
+  f("weight_decay", c.weight_decay);
+  f("mu", c.mu);
+  f("server_opt", c.server_opt);
+  f("server_lr", c.server_lr);
+  f("server_momentum", c.server_momentum);
+  f("beta1", c.beta1);
+  f("beta2", c.beta2);
+  f("tau", c.tau);
+  f("speed_sigma", c.speed_sigma);
+  f("deadline", c.deadline);
+  f("stragglers", c.stragglers);
+  f("dropout", c.dropout);
+  f("uplink_mbps", c.uplink_mbps);
+  f("downlink_mbps", c.downlink_mbps);
+  f("secagg", c.secagg);
+  f("secagg_bits", c.secagg_bits);
+  f("secagg_clip", c.secagg_clip);
+  f("secagg_threshold", c.secagg_threshold);
+  f("dp_clip", c.dp_clip);
+  f("dp_noise", c.dp_noise);
+  f("dp_delta", c.dp_delta);
+  f("workers", c.workers);
+  f("transport", c.transport);
+  f("timeout_s", c.timeout_s);
+  f("eval_every", c.eval_every);
+  f("output", c.output);
+  f("progress", c.progress);
+}
+
+void real_in(const char* field, double v, double lo, double hi, bool lo_open, bool hi_open) {
+  const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  if (!ok)
+    throw ConfigError(fmt::format("fl: {}: {} is out of range; allowed: a number in {}{}, {}{}", field, v,
+                                  lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]"));
+}
+
+void int_in(const char* field, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    throw ConfigError(fmt::format("fl: {}: {} is out of range; allowed: an integer in [{}, {}]", field, v, lo, hi));
+}
+
+void one_of(const char* field, const std::string& v, std::initializer_list<const char*> allowed) {
+  std::string list;
+  for (const char* a : allowed) {
+    if (v == a) return;
+    list += (list.empty() ? "" : ", ") + std::string(a);
+  }
+  throw ConfigError(fmt::format("fl: {}: '{}' is not known; allowed: {}", field, v, list));
+}
+
+}  // namespace
+
+void check_config(const FlConfig& c) {
+  one_of("model", c.model, {"mlp", "cnn", "resnet"});
+  one_of("dataset", c.dataset, {"fashion-mnist", "mnist", "synthetic"});
+  int_in("train_limit", c.train_limit, 0, int64_t(1) << 40);
+  int_in("test_limit", c.test_limit, 0, int64_t(1) << 40);
+  int_in("synthetic_samples", c.synthetic_samples, 1, int64_t(1) << 30);
+  int_in("clients", c.clients, 1, 1000000);
+  real_in("fraction", c.fraction, 0, 1, true, false);
+  int_in("min_clients", c.min_clients, 1, c.clients);
+  int_in("rounds", c.rounds, 1, 1000000);
+  parse_partition(c.partition);
+  int_in("local_epochs", c.local_epochs, 1, 100000);
+  int_in("batch_size", c.batch_size, 1, 1 << 20);
+  real_in("lr", c.lr, 0, 1e6, true, false);
+  real_in("momentum", c.momentum, 0, 1, false, true);
+  real_in("weight_decay", c.weight_decay, 0, 1e6, false, false);
+  real_in("mu", c.mu, 0, 1e6, false, false);
+  {
+    ServerOptConfig oc;
+    oc.name = c.server_opt;
+    oc.lr = c.server_lr;
+    oc.momentum = c.server_momentum;
+    oc.beta1 = c.beta1;
+    oc.beta2 = c.beta2;
+    oc.tau = c.tau;
+    validate(oc);  // ConfigError naming the field
+  }
+  real_in("speed_sigma", c.speed_sigma, 0, 4, false, false);
+  real_in("deadline", c.deadline, 0, 1e6, false, false);
+  one_of("stragglers", c.stragglers, {"drop", "partial"});
+  real_in("dropout", c.dropout, 0, 1, false, true);
+  real_in("uplink_mbps", c.uplink_mbps, 0, 1e9, true, false);
+  real_in("downlink_mbps", c.downlink_mbps, 0, 1e9, true, false);
+  real_in("dp_clip", c.dp_clip, 0, 1e9, false, false);
+  real_in("dp_noise", c.dp_noise, 0, 1e6, false, false);
+  real_in("dp_delta", c.dp_delta, 0, 1, true, true);
+  if (c.dp_noise > 0 && c.dp_clip == 0)
+    throw ConfigError("fl: dp_noise: noise needs a sensitivity bound; allowed: dp_clip > 0 with it");
+  const int sampled =
+      int(sample_clients(c.clients, c.fraction, c.min_clients, c.seed, 0).size());  // the same every round
+  if (c.secagg) {
+    int_in("secagg_bits", c.secagg_bits, 8, 32);
+    real_in("secagg_clip", c.secagg_clip, 0, 1e30, true, false);
+    real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
+    if (sampled < 2)
+      throw ConfigError(
+          fmt::format("fl: secagg: {} client(s) a round cannot hide one another's update; allowed: "
+                      "fraction and min_clients giving at least 2, or --secagg off",
+                      sampled));
+    FixedPointCodec(c.secagg_bits, c.secagg_clip, sampled);  // ConfigError when too coarse
+  }
+  int_in("workers", c.workers, 2, 4096);
+  one_of("transport", c.transport, {"auto", "tcp", "shm", "mpi"});
+  real_in("timeout_s", c.timeout_s, 0, 1e7, true, false);
+  int_in("eval_every", c.eval_every, 0, 1000000);
+}
+
+const std::vector<std::pair<std::string, std::string>>& config_keys() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"model", "mlp | cnn | resnet"},
+      {"dataset", "fashion-mnist | mnist | synthetic"},
+      {"data_dir", "folder of the MNIST-format files"},
+      {"train_limit", "use the first N training samples (0: all)"},
+      {"test_limit", "evaluate on the first N test samples (0: all)"},
+      {"synthetic_samples", "training samples of the synthetic data set"},
+      {"seed", "seed of the model, partition, sampling, speeds and dropouts"},
+      {"clients", "N: virtual clients"},
+      {"fraction", "fraction of the clients sampled each round, in (0, 1]"},
+      {"min_clients", "at least this many sampled each round"},
+      {"rounds", "communication rounds"},
+      {"partition", "iid | dirichlet:ALPHA (label skew) | shards:K (K label-sorted shards a client)"},
+      {"local_epochs", "epochs a client trains on its partition each round"},
+      {"batch_size", "local batch size"},
+      {"lr", "local SGD learning rate"},
+      {"momentum", "local SGD momentum (reset every round)"},
+      {"weight_decay", "local SGD weight decay"},
+      {"mu", "FedProx proximal term (0: FedAvg)"},
+      {"server_opt", "fedavg | fedavgm | fedadagrad | fedadam | fedyogi"},
+      {"server_lr", "server learning rate (fedavg with 1: the plain weighted average)"},
+      {"server_momentum", "fedavgm's momentum"},
+      {"beta1", "fedadam/fedyogi/fedadagrad first-moment decay"},
+      {"beta2", "fedadam/fedyogi second-moment decay"},
+      {"tau", "adaptive server optimizers' epsilon"},
+      {"speed_sigma", "client speed factors exp(N(0, sigma^2)) (0: all equal)"},
+      {"deadline", "round deadline in units of a speed-1 client's full local work (0: none)"},
+      {"stragglers", "drop | partial (FedProx: the steps that fit the deadline)"},
+      {"dropout", "probability a sampled client leaves after the key exchange"},
+      {"uplink_mbps", "client uplink of the modelled round time"},
+      {"downlink_mbps", "client downlink of the modelled round time"},
+      {"secagg", "secure aggregation (true | false)"},
+      {"secagg_bits", "bits of secure aggregation's arithmetic (8..32): the upload's bytes per element"},
+      {"secagg_clip", "secure aggregation clips each weighted update element to [-clip, clip]"},
+      {"secagg_threshold", "secure aggregation threshold t = floor(x * sampled) + 1, x in [0.5, 1]"},
+      {"dp_clip", "differential privacy: clip each update to this L2 norm (0: off)"},
+      {"dp_noise", "differential privacy: noise multiplier z (noise std z * dp_clip on the sum; 0: off)"},
+      {"dp_delta", "differential privacy: the delta epsilon is reported at"},
+      {"workers", "processes: the server and workers-1 client hosts"},
+      {"transport", "auto | tcp | shm | mpi"},
+      {"timeout_s", "deadline of every message (seconds)"},
+      {"eval_every", "rounds between test evaluations (0: the last only)"},
+      {"output", "folder of config.json, metrics.jsonl and summary.json (empty: runs/fl-<time>)"},
+      {"progress", "print a line per round (true | false)"},
+  };
+  return keys;
+}
+
+void set_config_value(FlConfig& c, const std::string& key, const std::string& value) {
+  bool found = false;
+  fields(c, [&](const char* k, auto& v) {
+    if (key != k) return;
+    found = true;
+    using T = std::remove_reference_t<decltype(v)>;
+    auto bad = [&](const char* allowed) {
+      return ConfigError(fmt::format("fl: {}: '{}' is not {}", key, value, allowed));
+    };
+    if constexpr (std::is_same_v<T, std::string>) {
+      v = value;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (value == "true" || value == "1" || value == "on" || value == "yes")
+        v = true;
+      else if (value == "false" || value == "0" || value == "off" || value == "no")
+        v = false;
+      else
+        throw bad("a boolean (true | false)");
+    } else if constexpr (std::is_floating_point_v<T>) {
+      size_t pos = 0;
+      try {
+        v = std::stod(value, &pos);
+      } catch (const std::exception&) {
+        throw bad("a number");
+      }
+      if (pos != value.size()) throw bad("a number");
+    } else {
+      size_t pos = 0;
+      long long x = 0;
+      try {
+        if (value.empty() || (value[0] == '-' && std::is_unsigned_v<T>)) throw std::invalid_argument("sign");
+        x = std::stoll(value, &pos);
+      } catch (const std::exception&) {
+        throw bad(std::is_unsigned_v<T> ? "a non-negative integer" : "an integer");
+      }
+      if (pos != value.size() || x < (long long)std::numeric_limits<T>::min() ||
+          (unsigned long long)x > (unsigned long long)std::numeric_limits<T>::max())
+        throw bad("an integer of its range");
+      v = T(x);
+    }
+  });
+  if (!found) throw ConfigError(fmt::format("fl: unknown key '{}'", key));
+}
+
+std::string config_to_json(const FlConfig& c) {
+  nlohmann::json j = nlohmann::json::object();
+  fields(c, [&](const char* k, const auto& v) { j[k] = v; });
+  return j.dump(2);
+}
+
+FlConfig config_from_json(const std::string& text, const std::string& what) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("fl: {}: not JSON ({})", what, e.what()));
+  }
+  if (!j.is_object()) throw ConfigError(fmt::format("fl: {}: not a JSON object", what));
+  FlConfig c;
+  size_t known = 0;
+  fields(c, [&](const char* k, auto& v) {
+    if (!j.contains(k)) return;
+    ++known;
+    try {
+      v = j.at(k).get<std::remove_reference_t<decltype(v)>>();
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("fl: {}: key '{}' has a value of the wrong type ({})", what, k, j.at(k).dump()));
+    }
+  });
+  if (known != j.size()) {
+    FlConfig probe;
+    for (auto& [k, v] : j.items()) {
+      bool found = false;
+      fields(probe, [&](const char* name, auto&) { found = found || k == name; });
+      if (!found) throw ConfigError(fmt::format("fl: {}: unknown key '{}'", what, k));
+    }
+  }
+  return c;
+}
+
+}  // namespace conduit::fl

@@ -1,0 +1,144 @@
+#pragma once
+// Federated learning over Conduit's transports (torch-free): one server and the processes that host the clients.
+//
+// Rank 0 of the communicator is the server; ranks 1..W-1 host the virtual clients 0..N-1 (client c on rank
+// 1 + c mod (W-1)), as a simulation of N devices on a few processes (Flower's simulation engine does the same). Each
+// round the server samples a fraction of the clients, sends the global weights to the hosts of the sampled ones, the
+// clients train locally on their own partition of the data (partition.h) and the server aggregates their updates,
+// weighted by their sample counts, and applies them with its optimizer (server_opt.h).
+//
+// Heterogeneity: statistical through the partition (iid, Dirichlet label skew, shards); systems through a speed
+// factor per client (lognormal), a round deadline in units of the work a speed-1 client does on a mean-sized
+// partition, and a dropout probability. A client whose work does not fit the deadline drops out (FedAvg) or does
+// the steps that fit (FedProx's partial work); a dropout leaves after the key exchange, before sending its update.
+//
+// Secure aggregation (secagg.h, Bonawitz et al. 2017): with it the server learns only the sum of the surviving
+// clients' updates, which carry their weights as a last element; the hosts route the protocol's messages through
+// the server, as clients of one do. Differential privacy (privacy.h, DP-FedAvg): each update clipped to an L2 norm,
+// weights uniform, Gaussian noise added to the sum, and the privacy spent reported by an RDP accountant.
+//
+// Every message is framed (length, then bytes) and every wait has the communicator's deadline.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coll/communicator.h"
+
+namespace conduit::fl {
+
+struct FlConfig {
+  // Model and data (the torch side reads these).
+  std::string model = "cnn";  // mlp | cnn
+  std::string dataset = "fashion-mnist";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int64_t train_limit = 0, test_limit = 0;
+  int64_t synthetic_samples = 4096;
+  uint64_t seed = 42;
+  // Federation.
+  int clients = 100;      // N virtual clients
+  double fraction = 0.1;  // sampled per round
+  int min_clients = 2;    // at least this many sampled
+  int rounds = 30;
+  std::string partition = "dirichlet:0.5";  // partition.h
+  // Local training.
+  int local_epochs = 1;
+  int batch_size = 32;
+  double lr = 0.05, momentum = 0.0, weight_decay = 0.0;
+  double mu = 0.0;  // FedProx's proximal term (0: FedAvg)
+  // Server optimizer (server_opt.h).
+  std::string server_opt = "fedavg";
+  double server_lr = 1.0, server_momentum = 0.9, beta1 = 0.9, beta2 = 0.99, tau = 1e-3;
+  // Systems heterogeneity.
+  double speed_sigma = 0.0;                         // client speed factors exp(N(0, sigma^2)) (0: all 1)
+  double deadline = 0.0;                            // round deadline in units of a speed-1 client's full work (0: none)
+  std::string stragglers = "drop";                  // drop | partial
+  double dropout = 0.0;                             // probability a sampled client leaves after the key exchange
+  double uplink_mbps = 10.0, downlink_mbps = 50.0;  // the modelled round time's client links
+  // Secure aggregation.
+  bool secagg = true;
+  int secagg_bits = 32;
+  double secagg_clip = 1.0;       // per element of a weighted update
+  double secagg_threshold = 0.5;  // t = floor(fraction * sampled) + 1, at least 2
+  // Differential privacy (0: off).
+  double dp_clip = 0.0, dp_noise = 0.0, dp_delta = 1e-5;
+  // Running.
+  int workers = 3;  // processes: the server and W-1 client hosts
+  std::string transport = "auto";
+  double timeout_s = 300;
+  int eval_every = 1;  // rounds between evaluations of the global model (the last round always)
+  std::string output;
+  bool progress = true;
+};
+
+// Checks every field; ConfigError with one line naming the field and what is allowed.
+void check_config(const FlConfig& c);
+// The configuration as JSON text (written to <output>/config.json) and back.
+std::string config_to_json(const FlConfig& c);
+FlConfig config_from_json(const std::string& text, const std::string& what);
+// Every key with a one-line description (the flags of `conduit fl`: --key-name), and setting one from text
+// (ConfigError naming the key when unknown or not a value of its type; check_config checks ranges).
+const std::vector<std::pair<std::string, std::string>>& config_keys();
+void set_config_value(FlConfig& c, const std::string& key, const std::string& value);
+
+// What the server's and the hosts' model code does (the torch side implements it).
+struct LocalWork {
+  int64_t max_steps = 0;  // > 0: stop after this many steps (partial work); 0: local_epochs epochs
+  uint64_t seed = 0;      // the batches' shuffle
+};
+struct LocalResult {
+  std::vector<float> delta;  // trained weights minus the global ones
+  int64_t examples = 0;      // samples this client holds
+  int64_t steps = 0;         // optimizer steps taken
+  double loss = 0;           // mean training loss
+  double compute_s = 0;      // wall time of the local training
+};
+struct EvalResult {
+  double accuracy = 0, loss = 0;
+};
+class LocalTrainer {
+ public:
+  virtual ~LocalTrainer() = default;
+  // Weights of the model (parameters and floating-point buffers, flattened), the same on every process for a seed.
+  virtual std::vector<float> initial_weights() = 0;
+  // Labels of the training samples (what the partition splits) and the number of classes.
+  virtual std::vector<int64_t> train_labels() = 0;
+  virtual int num_classes() = 0;
+  // Trains from `global` on the samples `indices` with the config's local settings (FedProx's mu included).
+  virtual LocalResult train(const std::vector<float>& global, const std::vector<int64_t>& indices,
+                            const LocalWork& work) = 0;
+  virtual EvalResult evaluate(const std::vector<float>& weights) = 0;
+};
+using TrainerFactory = std::function<std::unique_ptr<LocalTrainer>(const FlConfig&)>;
+
+// One round's record (the server's metrics.jsonl line).
+struct RoundRecord {
+  int round = 0;
+  int sampled = 0, aggregated = 0, stragglers = 0, dropouts = 0, partial = 0;
+  bool abandoned = false;                     // secagg: fewer than the threshold sent updates, nothing applied
+  double train_loss = 0;                      // mean over the aggregated clients
+  double test_accuracy = -1, test_loss = -1;  // -1: not evaluated this round
+  double wall_s = 0;                          // this round's wall time
+  double modelled_s = 0;                      // the round's time with the configured client links and speeds
+  uint64_t bytes_down = 0, bytes_up = 0;      // server to hosts and back, this round (framing included)
+  uint64_t clipped = 0;                       // secagg: elements clipped to secagg_clip
+  double epsilon = -1;                        // DP: privacy spent so far at dp_delta (-1: off)
+};
+
+struct FlResult {
+  std::vector<RoundRecord> rounds;
+  std::vector<float> weights;  // the final global model (server)
+  double final_accuracy = -1;
+  double wall_s = 0;
+  uint64_t bytes_down = 0, bytes_up = 0;
+  double label_tv_distance = 0;  // the partition's mean total-variation distance from the global label mix
+};
+
+// Runs the federation on `comm` (every rank calls it with the same config; size >= 2). The server returns the
+// rounds' records and the final weights; the hosts return an empty result. The server writes <output>/metrics.jsonl
+// and summary.json when output is set. `on_round` (server) sees each record as it completes.
+FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& trainer,
+                        const std::function<void(const RoundRecord&)>& on_round = {});
+
+}  // namespace conduit::fl

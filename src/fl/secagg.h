@@ -1,0 +1,222 @@
+#pragma once
+// Secure aggregation: Bonawitz et al., CCS 2017, "Practical Secure Aggregation for Privacy-Preserving Machine
+// Learning", the semi-honest protocol with dropout tolerance, as transport-free, message-driven state machines
+// (SecAggClient, SecAggServer), plus the fixed-point codec that turns float updates into Z_{2^bits}.
+//
+// Round (n clients with ids 0..n-1, Shamir threshold t with n/2 < t <= n, arithmetic mod 2^bits):
+//   0 advertise   u -> S   AdvertiseMsg (c_pk_u, s_pk_u), two fresh X25519 key pairs.
+//                          S: U1 = advertisers, |U1| >= t, broadcast to U1.
+//   1 share_keys  u -> S   for every v in U1\{u}: ShareMsg = XChaCha20-Poly1305 under KA(c_sk_u, c_pk_v) of
+//                          (u, v, share_v(s_sk_u), share_v(b_u)); AD = (round_id, u, v). Shamir t-of-|U1| over
+//                          GF(2^16) word-wise on the 32-byte secrets, share x-coordinate = client id + 1.
+//                          S: U2 = senders, |U2| >= t; forwards to each v in U2 the shares addressed to it.
+//   2 mask_input  u -> S   y_u = x_u + PRG(b_u) + sum_{v in U2, v < u} PRG(s_uv) - sum_{v in U2, v > u} PRG(s_uv)
+//                          mod 2^bits, s_uv = BLAKE2b(round_id, ids, keys, X25519(s_sk_u, s_pk_v)),
+//                          PRG = ChaCha20 keystream read as little-endian uint32.  S: U3 = senders, |U3| >= t.
+//   3 unmask      u -> S   shares of b_v for v in U3 and of s_sk_v for v in U2\U3 (never both for one v).
+//                          S: U4 = responders, |U4| >= t; reconstructs b_v, s_sk_v (checks s_pk_v and, with a
+//                          (t+1)-th response, that all shares lie on one polynomial) and returns
+//                          z = sum_{u in U3} y_u - PRG(b_u) + (the pairwise masks towards U2\U3) = sum_{u in U3} x_u.
+//
+// Messages per client: 1 + (|U1|-1) + 1 + 1 up, 3 down (U1, inbox, U3).
+// Bytes per client up: 70 (advertise) + (|U1|-1) * 126 (shares) + length * ceil(bits/8) (masked vector, see
+// pack_elements) + 14 + 36 * |U2| (unmask).  The server relays (|U2|-1) * 126 bytes to each member of U2.
+// Compute: a client does |U1| Shamir sharings of 2 secrets and |U2| ChaCha20 expansions of `length` elements; the
+// server |U3| + |U3| * |U2\U3| expansions and |U2| reconstructions (O(t^2) once for the Lagrange coefficients).
+//
+// Security (semi-honest server and clients; colluding sets below t learn nothing about honest inputs beyond the
+// sum of U3): a client masks exactly once and refuses a second mask_input, refuses a second share_keys, and unmask
+// answers only a repeat of the same survivor set, so no v ever has both b_v and s_sk_v revealed. Secret keys, b_u,
+// held shares and derived seeds are wiped (sodium_memzero) when no longer needed. Field multiplication on secret
+// shares is branch- and table-free. Each phase of the server is fixed by the first successful call that reads its
+// set (advertised(), u2()/inbox_for(), survivors()); messages for a closed phase are refused (ProtocolError), so
+// every client sees the same U1, U2 and U3. Neither class is thread-safe; both are movable, not copyable.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+namespace conduit::fl {
+
+// Ids are 0..kMaxClients-1 so that the Shamir x-coordinate id + 1 is a nonzero element of GF(2^16).
+constexpr int kMaxClients = 65535;
+constexpr size_t kSecAggKeyBytes = 32;         // X25519 keys, b_u, Shamir shares
+constexpr size_t kShareCiphertextBytes = 112;  // 24-byte nonce + 72-byte plaintext + 16-byte tag
+
+// Fewer clients than the threshold remain in some phase: the round cannot complete (abort it; nothing leaks).
+class TooFewClientsError : public ProtocolError {
+ public:
+  using ProtocolError::ProtocolError;
+};
+
+// Values in Z_{2^bits}, stored in uint32_t (bits in [8, 32]).
+class FixedPointCodec {
+ public:
+  // |x| <= clip per element; the sum of up to max_summands encoded vectors never wraps: every encoded element has
+  // |q| <= L = floor((2^(bits-1) - 1) / max_summands) and scale = (L - 1) / clip, so
+  // max_summands * (clip * scale + 1) <= 2^(bits-1) - 1. ConfigError naming the field if bits is outside 8..32,
+  // clip is not finite or <= 0, max_summands < 1, or clip * scale < 1 (L < 2).
+  FixedPointCodec(int bits, double clip, int max_summands);
+
+  double scale() const { return scale_; }
+  int bits() const { return bits_; }
+  double clip() const { return clip_; }
+  int max_summands() const { return max_summands_; }
+  uint32_t modulus_mask() const { return mask_; }
+  // The largest |q| one encoded element can have (L above).
+  int64_t max_level() const { return max_level_; }
+
+  // Clips to [-clip, clip] (compared in double), rounds x*scale stochastically and without bias (the random
+  // numbers are a deterministic function of seed and index), stores two's complement mod 2^bits. Returns how many
+  // elements were clipped. NaN or inf -> InvalidArgument naming the index (out is then partly written).
+  size_t encode(const float* x, size_t n, uint32_t* out, uint64_t seed) const;
+  // Reads a sum of encoded vectors (mod 2^bits, as a signed value) back to floats: sum / scale.
+  void decode(const uint32_t* sum, size_t n, float* out) const;
+  // Bytes one element takes on the wire: ceil(bits/8).
+  size_t wire_bytes_per_element() const;
+
+ private:
+  int bits_;
+  double clip_;
+  int max_summands_;
+  uint32_t mask_;
+  int64_t max_level_;
+  double scale_;
+};
+
+// Wire form of vectors of Z_{2^bits} (masked inputs, sums): ceil(bits/8) bytes per element, little endian.
+size_t wire_bytes_per_element(int bits);
+// InvalidArgument if bits is outside 8..32 or an element exceeds 2^bits - 1.
+std::vector<uint8_t> pack_elements(const uint32_t* v, size_t n, int bits);
+// ProtocolError if nbytes != n * wire_bytes_per_element(bits) or an element exceeds 2^bits - 1.
+std::vector<uint32_t> unpack_elements(const uint8_t* p, size_t nbytes, int bits, size_t n);
+
+struct SecAggConfig {
+  int num_clients = 0;    // n: clients starting the round, ids 0..n-1 (2..kMaxClients)
+  int threshold = 0;      // t: Shamir threshold and minimum number of survivors of every phase; n/2 < t <= n
+  int bits = 32;          // arithmetic mod 2^bits on the masked vectors (8..32)
+  size_t length = 0;      // elements per vector (> 0)
+  uint64_t round_id = 0;  // bound into every ciphertext's associated data and every mask seed (no replay)
+};
+// ConfigError listing every problem (on one line, separated by "; ").
+void check(const SecAggConfig& cfg);
+
+// Wire format of the three messages: tag byte, version byte (1), then little-endian fields. parse() throws
+// ProtocolError naming what is malformed (length, tag, version, counts, ids >= num_clients, unsorted ids).
+struct AdvertiseMsg {
+  int client = -1;
+  std::array<uint8_t, 32> c_pk{};  // encryption key agreement (X25519)
+  std::array<uint8_t, 32> s_pk{};  // mask key agreement (X25519)
+
+  std::vector<uint8_t> serialize() const;  // 70 bytes
+  static AdvertiseMsg parse(const uint8_t* p, size_t n, int num_clients = kMaxClients);
+  friend bool operator==(const AdvertiseMsg&, const AdvertiseMsg&) = default;
+};
+
+// AEAD (XChaCha20-Poly1305) of (from, to, share of s_sk_from, share of b_from) for client `to`.
+struct ShareMsg {
+  int from = -1;
+  int to = -1;
+  std::vector<uint8_t> ciphertext;  // kShareCiphertextBytes
+
+  std::vector<uint8_t> serialize() const;  // 14 + 112 bytes
+  static ShareMsg parse(const uint8_t* p, size_t n, int num_clients = kMaxClients);
+  friend bool operator==(const ShareMsg&, const ShareMsg&) = default;
+};
+
+struct UnmaskMsg {
+  int client = -1;
+  // (v, this client's share of b_v) for every survivor v in U3, ascending v; shares are 32 bytes.
+  std::vector<std::pair<int, std::vector<uint8_t>>> self_mask_shares;
+  // (v, this client's share of s_sk_v) for every v in U2\U3 (dropped after sending shares), ascending v.
+  std::vector<std::pair<int, std::vector<uint8_t>>> key_shares;
+
+  std::vector<uint8_t> serialize() const;  // 14 + 36 per share
+  static UnmaskMsg parse(const uint8_t* p, size_t n, int num_clients = kMaxClients);
+  friend bool operator==(const UnmaskMsg&, const UnmaskMsg&) = default;
+};
+
+class SecAggClient {
+ public:
+  // Checks cfg and 0 <= id < n; generates (c_sk, c_pk), (s_sk, s_pk) (X25519) and b_u (32 random bytes).
+  SecAggClient(const SecAggConfig& cfg, int id);
+  ~SecAggClient();  // wipes every secret
+  SecAggClient(SecAggClient&&) noexcept;
+  SecAggClient& operator=(SecAggClient&&) noexcept;
+  SecAggClient(const SecAggClient&) = delete;
+  SecAggClient& operator=(const SecAggClient&) = delete;
+
+  int id() const;
+  AdvertiseMsg advertise();
+  // u1: the advertised keys the server forwards (ids sorted, unique, in range, at least t, including this client
+  // with its own keys, no key listed twice) -> one encrypted ShareMsg for every other v in U1. Once per round.
+  std::vector<ShareMsg> share_keys(const std::vector<AdvertiseMsg>& u1);
+  // inbox: the ShareMsgs addressed to this client from the others in U2 (U2 = senders plus self, at least t).
+  // Decrypts and verifies each (ProtocolError naming the sender on failure; the client state is then unchanged),
+  // returns y (length elements, each < 2^bits). x must have length elements < 2^bits. Once per round.
+  std::vector<uint32_t> mask_input(const std::vector<ShareMsg>& inbox, const uint32_t* x);
+  // survivors U3 (sorted, unique, subset of U2, at least t, including self): shares of b_v for v in U3 and of s_sk_v
+  // for v in U2\U3. ProtocolError if called before mask_input, if U3 is malformed, or if a previous call named a
+  // different U3 (that would reveal both shares of some v); a repeat with the same U3 returns the same message.
+  UnmaskMsg unmask(const std::vector<int>& survivors);
+  // U2 as this client saw it (empty before mask_input).
+  std::vector<int> u2() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class SecAggServer {
+ public:
+  explicit SecAggServer(const SecAggConfig& cfg);  // checks cfg
+  ~SecAggServer();
+  SecAggServer(SecAggServer&&) noexcept;
+  SecAggServer& operator=(SecAggServer&&) noexcept;
+  SecAggServer(const SecAggServer&) = delete;
+  SecAggServer& operator=(const SecAggServer&) = delete;
+
+  // ProtocolError on a duplicate or out-of-range id, or once U1 is fixed.
+  void add_advertise(const AdvertiseMsg& m);
+  // U1 sorted by id; TooFewClientsError if |U1| < t. The first successful call fixes U1.
+  std::vector<AdvertiseMsg> advertised() const;
+  // from must be in U1 and send once; exactly one share (from == from, 112-byte ciphertext) for every other
+  // member of U1. Refused before U1 or after U2 is fixed. Validated fully before anything is stored.
+  void add_shares(int from, const std::vector<ShareMsg>& shares);
+  // Senders of shares, sorted; TooFewClientsError if < t. The first successful call (or inbox_for) fixes U2.
+  std::vector<int> u2() const;
+  // The shares addressed to client (a member of U2) from the rest of U2, ascending sender id.
+  std::vector<ShareMsg> inbox_for(int client) const;
+  // client in U2, once; y.size() == length and every element < 2^bits. Refused once U3 is fixed.
+  void add_masked_input(int client, std::vector<uint32_t> y);
+  // Senders of masked inputs, sorted; TooFewClientsError if < t. The first successful call fixes U3.
+  std::vector<int> survivors() const;
+  // client in U3, once; self_mask_shares exactly for U3 and key_shares exactly for U2\U3 (ascending, 32 bytes).
+  void add_unmask(const UnmaskMsg& m);
+  size_t unmask_count() const;
+  // TooFewClientsError with fewer than t unmask responses. Reconstructs b_v (v in U3) and s_sk_v (v in U2\U3) from
+  // the t lowest responders, checks s_pk_v and (with a (t+1)-th response) share consistency (ProtocolError naming
+  // v), removes the masks and returns sum_{v in U3} x_v mod 2^bits. A failed call changes nothing; a successful
+  // one ends the round and later calls return the same sum.
+  std::vector<uint32_t> finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Shamir t-of-n sharing of 32-byte secrets, word-wise over GF(2^16) (x^16 + x^12 + x^3 + x + 1), exposed for
+// tests and reuse. xs: distinct nonzero x-coordinates (InvalidArgument otherwise).
+uint16_t gf16_mul(uint16_t a, uint16_t b);
+uint16_t gf16_inv(uint16_t a);  // InvalidArgument for 0
+std::vector<std::array<uint8_t, 32>> shamir_split(const std::array<uint8_t, 32>& secret, int threshold,
+                                                  const std::vector<uint16_t>& xs);
+// Interpolates at 0 through all given points (pass exactly t shares for a t-of-n sharing).
+std::array<uint8_t, 32> shamir_combine(const std::vector<uint16_t>& xs,
+                                       const std::vector<std::array<uint8_t, 32>>& shares);
+
+}  // namespace conduit::fl

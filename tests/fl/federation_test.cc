@@ -1,0 +1,364 @@
+// The federation's round protocol on in-process ranks with a toy model: client k's "training" moves the weights a
+// fixed fraction towards a target of its own, so every round's aggregate has a closed form.
+#include "fl/federation.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coll/communicator.h"
+#include "core/error.h"
+#include "fl/partition.h"
+
+namespace conduit::fl {
+namespace {
+
+constexpr size_t kDim = 37;
+constexpr int kSamples = 400;
+
+// The client whose partition starts with sample `first` (partitions are disjoint: the first index names it).
+float target(int64_t first, size_t i) { return 0.5f * std::sin(0.3f + 0.01f * float(first) + 0.7f * float(i)); }
+
+class ToyTrainer : public LocalTrainer {
+ public:
+  explicit ToyTrainer(const FlConfig& c) : c_(c) {}
+  std::vector<float> initial_weights() override { return std::vector<float>(kDim, 0.0f); }
+  std::vector<int64_t> train_labels() override {
+    std::vector<int64_t> l(kSamples);
+    for (int i = 0; i < kSamples; ++i) l[size_t(i)] = i % 10;
+    return l;
+  }
+  int num_classes() override { return 10; }
+  LocalResult train(const std::vector<float>& global, const std::vector<int64_t>& idx, const LocalWork& w) override {
+    if (fail_) throw Error("toy: local training failed on purpose");
+    LocalResult r;
+    r.examples = int64_t(idx.size());
+    const int64_t full = c_.local_epochs * ((r.examples + c_.batch_size - 1) / c_.batch_size);
+    r.steps = w.max_steps > 0 ? std::min(w.max_steps, full) : full;
+    r.loss = 1.0;
+    r.compute_s = 1e-4 * double(r.steps);
+    // Each step closes 10% of the gap to the client's target.
+    const double keep = std::pow(0.9, double(r.steps));
+    r.delta.resize(kDim);
+    for (size_t i = 0; i < kDim; ++i) r.delta[i] = float((1 - keep) * (target(idx.front(), i) - global[i]));
+    return r;
+  }
+  EvalResult evaluate(const std::vector<float>& w) override {
+    evaluated_ = w;
+    return {0.5, 1.0};
+  }
+  bool fail_ = false;
+  std::vector<float> evaluated_;
+
+ private:
+  FlConfig c_;
+};
+
+FlConfig base_config() {
+  FlConfig c;
+  c.clients = 12;
+  c.fraction = 0.5;
+  c.min_clients = 2;
+  c.rounds = 3;
+  c.partition = "iid";
+  c.batch_size = 8;
+  c.workers = 3;
+  c.output = "";
+  c.progress = false;
+  c.timeout_s = 20;
+  c.secagg = false;
+  c.eval_every = 0;
+  return c;
+}
+
+struct RunResult {
+  FlResult server;
+  std::vector<std::string> errors;
+};
+
+RunResult run(const FlConfig& c, int fail_rank = -1) {
+  coll::CommConfig cc;
+  cc.timeout_s = c.timeout_s;
+  cc.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(c.workers, 0, cc);
+  RunResult out;
+  out.errors.resize(size_t(c.workers));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < c.workers; ++r)
+    ts.emplace_back([&, r] {
+      ToyTrainer t(c);
+      t.fail_ = r == fail_rank;
+      try {
+        FlResult res = run_federation(c, comms[size_t(r)], t);
+        if (r == 0) out.server = std::move(res);
+      } catch (const std::exception& e) {
+        out.errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+void expect_ok(const RunResult& r) {
+  for (size_t i = 0; i < r.errors.size(); ++i) EXPECT_EQ(r.errors[i], "") << "rank " << i;
+}
+
+// The plain FedAvg of one round from `global`: sum_k n_k delta_k / sum_k n_k over the sampled clients that send.
+std::vector<float> fedavg_round(const FlConfig& c, const std::vector<float>& global, int round,
+                                const std::vector<int>& excluded = {}) {
+  ToyTrainer t(c);
+  auto labels = t.train_labels();
+  auto parts = partition(labels, 10, c.clients, parse_partition(c.partition), c.seed);
+  auto sampled = sample_clients(c.clients, c.fraction, c.min_clients, c.seed, uint64_t(round));
+  std::vector<double> sum(kDim, 0.0);
+  double wsum = 0;
+  for (int k : sampled) {
+    if (std::find(excluded.begin(), excluded.end(), k) != excluded.end()) continue;
+    LocalResult r = t.train(global, parts[size_t(k)], {});
+    for (size_t i = 0; i < kDim; ++i) sum[i] += double(r.examples) * r.delta[i];
+    wsum += double(r.examples);
+  }
+  std::vector<float> w = global;
+  for (size_t i = 0; i < kDim; ++i) w[i] += float(sum[i] / wsum);
+  return w;
+}
+
+TEST(Federation, PlainFedAvgIsTheSampleWeightedAverageOfTheClientsUpdates) {
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";  // unequal partition sizes: the weights matter
+  RunResult r = run(c);
+  expect_ok(r);
+  ASSERT_EQ(r.server.rounds.size(), 3u);
+  std::vector<float> w(kDim, 0.0f);
+  for (int round = 0; round < 3; ++round) w = fedavg_round(c, w, round);
+  ASSERT_EQ(r.server.weights.size(), kDim);
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], w[i], 1e-5) << i;
+  EXPECT_EQ(r.server.rounds[0].sampled, 6);
+  EXPECT_EQ(r.server.rounds[0].aggregated, 6);
+  EXPECT_GT(r.server.rounds[0].bytes_up, 6 * (kDim + 1) * 4);
+  EXPECT_GT(r.server.label_tv_distance, 0.1);
+}
+
+TEST(Federation, SecureAggregationGivesThePlainAverageWithinItsQuantization) {
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";
+  c.secagg = true;
+  c.secagg_clip = 4.0;
+  RunResult r = run(c);
+  expect_ok(r);
+  std::vector<float> w(kDim, 0.0f);
+  for (int round = 0; round < 3; ++round) w = fedavg_round(c, w, round);
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], w[i], 1e-4) << i;
+  EXPECT_EQ(r.server.rounds[2].aggregated, 6);
+  EXPECT_EQ(r.server.rounds[2].clipped, 0u);
+}
+
+TEST(Federation, SixteenBitSecureAggregationHalvesTheUploadAndStaysClose) {
+  FlConfig c = base_config();
+  c.secagg = true;
+  c.secagg_clip = 2.0;
+  c.rounds = 1;
+  RunResult r32 = run(c);
+  c.secagg_bits = 16;
+  RunResult r16 = run(c);
+  expect_ok(r32);
+  expect_ok(r16);
+  // Keys and shares are the same size; each update element is 2 bytes instead of 4.
+  EXPECT_EQ(r32.server.bytes_up - r16.server.bytes_up, 6 * (kDim + 1) * 2);
+  std::vector<float> w = fedavg_round(c, std::vector<float>(kDim, 0.0f), 0);
+  // 16 bits over 6 summands of |x| <= 2: a step of about 2 * 6 * 2 / 2^15.
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r16.server.weights[i], w[i], 6 * 2.0 * 6 / 32768.0) << i;
+}
+
+TEST(Federation, DropoutsAreLeftOutAndSecureAggregationRecoversTheirMasks) {
+  FlConfig c = base_config();
+  c.fraction = 1.0;  // 12 a round, t = 7
+  c.dropout = 0.25;
+  c.rounds = 4;
+  c.secagg = true;
+  c.secagg_clip = 4.0;
+  RunResult masked = run(c);
+  c.secagg = false;
+  RunResult plain = run(c);
+  expect_ok(masked);
+  expect_ok(plain);
+  int dropouts = 0;
+  for (size_t k = 0; k < masked.server.rounds.size(); ++k) {
+    const auto& m = masked.server.rounds[k];
+    dropouts += m.dropouts;
+    EXPECT_EQ(m.dropouts, plain.server.rounds[k].dropouts);  // the same clients leave (seeded)
+    EXPECT_FALSE(m.abandoned) << "round " << k << ": " << m.sampled - m.dropouts << " survivors";
+    if (!m.abandoned) {
+      EXPECT_EQ(m.aggregated, m.sampled - m.dropouts);
+    }
+  }
+  EXPECT_GT(dropouts, 0) << "the seed gave no dropout: the test checks nothing";
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(masked.server.weights[i], plain.server.weights[i], 1e-4) << i;
+}
+
+TEST(Federation, TooFewSurvivorsAbandonTheRoundAndTheWeightsStay) {
+  FlConfig c = base_config();
+  c.secagg = true;
+  c.dropout = 0.85;
+  c.rounds = 4;
+  RunResult r = run(c);
+  expect_ok(r);
+  int abandoned = 0;
+  for (auto& x : r.server.rounds) {
+    if (!x.abandoned) continue;
+    ++abandoned;
+    EXPECT_EQ(x.aggregated, 0);
+    EXPECT_LT(x.sampled - x.dropouts, 4);  // t = floor(6 / 2) + 1
+  }
+  // This seed leaves fewer than t = 4 of the 6 in every round: nothing was ever applied.
+  ASSERT_EQ(abandoned, 4);
+  for (float v : r.server.weights) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Federation, StragglersPastTheDeadlineDropOrDoPartialWork) {
+  FlConfig c = base_config();
+  c.speed_sigma = 1.0;
+  c.deadline = 1.0;
+  c.stragglers = "drop";
+  RunResult dropped = run(c);
+  c.stragglers = "partial";
+  RunResult partial = run(c);
+  expect_ok(dropped);
+  expect_ok(partial);
+  int stragglers = 0, parts = 0;
+  for (size_t k = 0; k < 3; ++k) {
+    stragglers += dropped.server.rounds[k].stragglers;
+    parts += partial.server.rounds[k].partial;
+    EXPECT_EQ(partial.server.rounds[k].stragglers, 0);
+    EXPECT_EQ(partial.server.rounds[k].aggregated, partial.server.rounds[k].sampled);
+    // The server waited for the deadline when it dropped someone.
+    if (dropped.server.rounds[k].stragglers > 0) {
+      EXPECT_GT(dropped.server.rounds[k].modelled_s, 0);
+    }
+  }
+  EXPECT_GT(stragglers, 0);
+  EXPECT_EQ(stragglers, parts);  // the same slow clients: dropped in one run, cut short in the other
+}
+
+TEST(Federation, AFailingClientHostStopsTheServerAtOnceWithItsError) {
+  FlConfig c = base_config();
+  c.timeout_s = 60;
+  auto t0 = std::chrono::steady_clock::now();
+  RunResult r = run(c, 2);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.errors[2].find("failed on purpose"), std::string::npos) << r.errors[2];
+  EXPECT_NE(r.errors[0], "");
+  EXPECT_LT(s, 30) << "the server waited for its deadline";
+}
+
+TEST(Federation, DifferentialPrivacyReportsAGrowingEpsilon) {
+  FlConfig c = base_config();
+  c.dp_clip = 0.5;
+  c.dp_noise = 1.0;
+  c.rounds = 3;
+  RunResult r = run(c);
+  expect_ok(r);
+  ASSERT_EQ(r.server.rounds.size(), 3u);
+  EXPECT_GT(r.server.rounds[0].epsilon, 0);
+  EXPECT_GT(r.server.rounds[2].epsilon, r.server.rounds[1].epsilon);
+  EXPECT_GT(r.server.rounds[1].epsilon, r.server.rounds[0].epsilon);
+  // The noise moved the weights away from the noiseless clipped average.
+  FlConfig quiet = c;
+  quiet.dp_noise = 0;
+  RunResult q = run(quiet);
+  expect_ok(q);
+  double diff = 0;
+  for (size_t i = 0; i < kDim; ++i) diff += std::abs(r.server.weights[i] - q.server.weights[i]);
+  EXPECT_GT(diff, 1e-3);
+}
+
+TEST(Federation, TheServerEvaluatesEveryEvalEveryRoundsAndTheLast) {
+  FlConfig c = base_config();
+  c.rounds = 5;
+  c.eval_every = 2;
+  RunResult r = run(c);
+  expect_ok(r);
+  std::vector<bool> evaluated;
+  for (auto& x : r.server.rounds) evaluated.push_back(x.test_accuracy >= 0);
+  EXPECT_EQ(evaluated, (std::vector<bool>{false, true, false, true, true}));
+  EXPECT_DOUBLE_EQ(r.server.final_accuracy, 0.5);
+}
+
+TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
+  auto bad = [](std::function<void(FlConfig&)> f, const std::string& field) {
+    FlConfig c = base_config();
+    f(c);
+    try {
+      check_config(c);
+      ADD_FAILURE() << "accepted a bad " << field;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  bad([](FlConfig& c) { c.fraction = 0; }, "fraction");
+  bad([](FlConfig& c) { c.fraction = 1.5; }, "fraction");
+  bad([](FlConfig& c) { c.min_clients = 13; }, "min_clients");
+  bad([](FlConfig& c) { c.model = "vgg"; }, "model");
+  bad([](FlConfig& c) { c.stragglers = "wait"; }, "stragglers");
+  bad([](FlConfig& c) { c.dropout = 1; }, "dropout");
+  bad([](FlConfig& c) { c.dp_noise = 1; }, "dp_noise");
+  bad([](FlConfig& c) { c.workers = 1; }, "workers");
+  bad([](FlConfig& c) { c.lr = std::nan(""); }, "lr");
+  bad(
+      [](FlConfig& c) {
+        c.secagg = true;
+        c.secagg_bits = 40;
+      },
+      "secagg_bits");
+  bad(
+      [](FlConfig& c) {
+        c.secagg = true;
+        c.secagg_threshold = 0.4;
+      },
+      "secagg_threshold");
+  bad(
+      [](FlConfig& c) {
+        c.secagg = true;
+        c.clients = 10;
+        c.fraction = 0.1;
+        c.min_clients = 1;
+      },
+      "secagg");
+  EXPECT_THROW(
+      {
+        FlConfig c;
+        set_config_value(c, "rounds", "3x");
+      },
+      ConfigError);
+  EXPECT_THROW(
+      {
+        FlConfig c;
+        set_config_value(c, "no_such_key", "1");
+      },
+      ConfigError);
+}
+
+TEST(FlConfig, JsonRoundTripsEveryKeyAndRefusesUnknownOnes) {
+  FlConfig c = base_config();
+  c.partition = "shards:2";
+  c.secagg_bits = 16;
+  c.dp_delta = 1e-6;
+  c.seed = 7;
+  FlConfig back = config_from_json(config_to_json(c), "test");
+  EXPECT_EQ(config_to_json(back), config_to_json(c));
+  EXPECT_EQ(back.partition, "shards:2");
+  EXPECT_EQ(back.secagg_bits, 16);
+  EXPECT_THROW(config_from_json(R"({"rounds": 3, "roundz": 4})", "test"), ConfigError);
+  EXPECT_THROW(config_from_json(R"({"rounds": "three"})", "test"), ConfigError);
+  EXPECT_THROW(config_from_json("[1]", "test"), ConfigError);
+}
+
+}  // namespace
+}  // namespace conduit::fl

@@ -1,0 +1,161 @@
+// `conduit fl`'s libtorch side: local training of a client (FedProx, partial work), a federation of real models on
+// in-process ranks, and the command end to end.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coll/communicator.h"
+#include "fl/federation.h"
+#include "torch/fl_client.h"
+
+namespace conduit::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+fl::FlConfig synthetic_config() {
+  fl::FlConfig c;
+  c.model = "mlp";
+  c.dataset = "synthetic";
+  c.synthetic_samples = 1024;
+  c.clients = 8;
+  c.fraction = 0.5;
+  c.rounds = 4;
+  c.partition = "iid";
+  c.batch_size = 16;
+  c.lr = 0.05;
+  c.workers = 3;
+  c.progress = false;
+  c.timeout_s = 120;
+  c.eval_every = 1;
+  c.secagg = true;
+  c.secagg_clip = 1.0;
+  return c;
+}
+
+double norm(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return std::sqrt(s);
+}
+
+TEST(FlClient, ProximalTermKeepsTheLocalModelCloserAndPartialWorkStopsEarly) {
+  fl::FlConfig c = synthetic_config();
+  auto plain = make_fl_trainer(c);
+  c.mu = 5.0;
+  auto prox = make_fl_trainer(c);
+  const std::vector<float> w = plain->initial_weights();
+  EXPECT_EQ(w, prox->initial_weights());  // the same seed: the same model everywhere
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < 128; ++i) idx.push_back(i);
+  fl::LocalWork work;
+  work.seed = 3;
+  fl::LocalResult a = plain->train(w, idx, work);
+  fl::LocalResult b = prox->train(w, idx, work);
+  EXPECT_EQ(a.steps, 8);  // 128 samples in batches of 16
+  EXPECT_EQ(a.examples, 128);
+  EXPECT_LT(norm(b.delta), 0.9 * norm(a.delta));
+  EXPECT_GT(norm(a.delta), 0);
+  work.max_steps = 3;
+  fl::LocalResult p = plain->train(w, idx, work);
+  EXPECT_EQ(p.steps, 3);
+  EXPECT_LT(norm(p.delta), norm(a.delta));
+  // Training twice from the same weights and seed is deterministic.
+  work.max_steps = 0;
+  fl::LocalResult again = plain->train(w, idx, work);
+  EXPECT_EQ(again.delta, a.delta);
+}
+
+TEST(FlClient, AFederationOfRealModelsLearnsUnderSecureAggregation) {
+  fl::FlConfig c = synthetic_config();
+  coll::CommConfig cc;
+  cc.timeout_s = c.timeout_s;
+  cc.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(c.workers, 0, cc);
+  fl::FlResult server;
+  std::vector<std::string> errors(size_t(c.workers));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < c.workers; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto t = make_fl_trainer(c);
+        auto res = fl::run_federation(c, comms[size_t(r)], *t);
+        if (r == 0) server = std::move(res);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  ASSERT_EQ(server.rounds.size(), 4u);
+  EXPECT_GT(server.final_accuracy, 0.9);  // 10 classes: chance is 0.1
+  EXPECT_LT(server.rounds[3].test_loss, 0.8 * server.rounds[0].test_loss);
+  for (auto& r : server.rounds) EXPECT_EQ(r.aggregated, 4);
+}
+
+std::string run_cli(const std::string& args, int* rc) {
+  std::string cmd = std::string(CONDUIT_BINARY) + " fl " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+TEST(FlProcess, TheCommandRunsAFederationOfProcessesAndWritesItsRecords) {
+  const fs::path out = fs::temp_directory_path() / ("conduit-fl-" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  int rc = 0;
+  std::string o = run_cli(
+      "--model mlp --dataset synthetic --synthetic-samples 1024 --clients 6 --fraction 0.5 "
+      "--rounds 3 --batch-size 16 --partition shards:2 --dropout 0.2 --secagg-bits 16 "
+      "--output " +
+          out.string(),
+      &rc);
+  ASSERT_EQ(rc, 0) << o;
+  EXPECT_NE(o.find("conduit fl: mlp on synthetic, 6 clients (shards:2"), std::string::npos) << o;
+  EXPECT_NE(o.find("secure aggregation (16 bits)"), std::string::npos) << o;
+  std::ifstream m(out / "metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["round"].get<int>(), lines);
+    EXPECT_EQ(j["sampled"].get<int>(), 3);
+    EXPECT_GT(j["bytes_up"].get<uint64_t>(), 0u);
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3);
+  std::ifstream s(out / "summary.json");
+  auto j = nlohmann::json::parse(s);
+  EXPECT_GT(j["final_test_accuracy"].get<double>(), 0.1);
+  EXPECT_EQ(j["secagg_bits"].get<int>(), 16);
+  fs::remove_all(out);
+}
+
+TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
+  int rc = 0;
+  std::string o = run_cli("--partition dirichlet:0", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(o.find("dirichlet:0"), std::string::npos) << o;
+  EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << o;
+  o = run_cli("--rounds 0", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(o.find("fl: rounds: 0 is out of range"), std::string::npos) << o;
+  o = run_cli("--config /nonexistent/fl.json", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(o.find("cannot read '/nonexistent/fl.json'"), std::string::npos) << o;
+}
+
+}  // namespace
+}  // namespace conduit::train
