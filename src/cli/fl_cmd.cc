@@ -1,15 +1,17 @@
 // `conduit fl [--config FILE.json] [--clients N] [--rounds R] ...`: federated learning (fl/federation.h) on libtorch.
-// Under mpirun or a launcher's environment (WORLD_SIZE) this process is one rank (rank 0 the server); otherwise it
-// starts `workers` local processes through the launcher, each running `conduit fl --config <output>/config.json`,
-// and prints the summary when they are done.
+// Under mpirun, torchrun or `conduit launch` (WORLD_SIZE) this process is one rank (rank 0 the server: it writes
+// <output>/config.json and prints the summary); otherwise it starts `workers` local processes through the launcher,
+// each running `conduit fl --config <output>/config.json`, and prints the summary when they are done.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -23,12 +25,16 @@
 
 #ifdef CONDUIT_WITH_TORCH
 #include "cli/torch_plugin.h"
+#include "torch/data.h"
 #endif
 
 namespace conduit::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Set for the ranks this command's own launcher starts: the parent wrote config.json and prints the summary.
+constexpr const char* kParentEnv = "CONDUIT_FL_PARENT";
 
 struct FlArgs {
   std::string config;
@@ -61,76 +67,146 @@ std::string default_output() {
   return std::string("runs/fl-") + buf;
 }
 
-void print_summary(const fl::FlConfig& c, const fl::FlResult& r) {
-  double modelled = 0;
-  int aggregated = 0, sampled = 0;
-  for (auto& x : r.rounds) {
-    modelled += x.modelled_s;
-    aggregated += x.aggregated;
-    sampled += x.sampled;
+// A folder that holds an earlier run's records would have them replaced.
+void refuse_used_output(const std::string& out) {
+  for (const char* f : {"metrics.jsonl", "summary.json"}) {
+    std::error_code ec;
+    if (fs::exists(fs::path(out) / f, ec))
+      throw ConfigError(
+          fmt::format("fl: output: '{}' holds an earlier run's {}; allowed: another --output, or remove "
+                      "the folder first",
+                      out, f));
   }
-  std::printf(
-      "conduit fl: %s on %s, %d clients (%s, label TV distance %.2f), %d rounds of %d sampled, %s%s: test accuracy "
-      "%.2f%% in %.1f s (modelled %.1f s on %.0f/%.0f Mbit/s client links); %d of %d sampled updates aggregated; "
-      "%.1f MB down, %.1f MB up%s; output %s\n",
-      c.model.c_str(), c.dataset.c_str(), c.clients, c.partition.c_str(), r.label_tv_distance, c.rounds,
-      r.rounds.empty() ? 0 : r.rounds[0].sampled, c.server_opt.c_str(),
-      c.secagg ? fmt::format(", secure aggregation ({} bits)", c.secagg_bits).c_str() : "", 100 * r.final_accuracy,
-      r.wall_s, modelled, c.downlink_mbps, c.uplink_mbps, aggregated, sampled, double(r.bytes_down) / 1e6,
-      double(r.bytes_up) / 1e6,
-      r.rounds.empty() || r.rounds.back().epsilon < 0
-          ? ""
-          : fmt::format("; (epsilon {:.2f}, delta {:g})-differentially private", r.rounds.back().epsilon, c.dp_delta)
-                .c_str(),
-      c.output.c_str());
 }
 
-void run_rank(const fl::FlConfig& c) {
+void print_summary(const std::string& out) {
+  const fs::path p = fs::path(out) / "summary.json";
+  std::ifstream f(p);
+  if (!f) return;
+  nlohmann::json s;
+  try {
+    s = nlohmann::json::parse(f);
+  } catch (const std::exception&) {
+    return;
+  }
+  const std::string secagg =
+      s.value("secagg", false) ? fmt::format(", secure aggregation ({} bits)", s.value("secagg_bits", 32)) : "";
+  const std::string dp = s["epsilon"].is_number() ? fmt::format("; ({:.2f}, {:g})-differentially private",
+                                                                s["epsilon"].get<double>(), s.value("dp_delta", 0.0))
+                                                  : "";
+  std::printf(
+      "conduit fl: %s on %s, %d clients (%s, label TV distance %.2f), %d rounds, %s%s: test accuracy %.2f%% in %.1f s "
+      "(modelled %.1f s on %.0f/%.0f Mbit/s client links); %d of %d sampled updates aggregated, %d of %d rounds "
+      "applied; %.1f MB down, %.1f MB up%s; output %s\n",
+      s.value("model", std::string()).c_str(), s.value("dataset", std::string()).c_str(), s.value("clients", 0),
+      s.value("partition", std::string()).c_str(), s.value("label_tv_distance", 0.0), s.value("rounds", 0),
+      s.value("server_opt", std::string()).c_str(), secagg.c_str(), 100 * s.value("final_test_accuracy", 0.0),
+      s.value("wall_time_s", 0.0), s.value("modelled_time_s", 0.0), s.value("downlink_mbps", 0.0),
+      s.value("uplink_mbps", 0.0), s.value("aggregated", 0), s.value("sampled", 0), s.value("rounds_applied", 0),
+      s.value("rounds", 0), s.value("bytes_down", 0.0) / 1e6, s.value("bytes_up", 0.0) / 1e6, dp.c_str(), out.c_str());
+}
+
 #ifdef CONDUIT_WITH_TORCH
+// Every rank must run the same federation: rank 0's configuration (its output folder included, where the others
+// defaulted theirs from their own clocks) is broadcast and compared; a difference stops every rank naming the key.
+void agree_on_config(coll::Communicator& comm, fl::FlConfig& c, bool output_given) {
+  std::string mine = fl::config_to_json(c);
+  int64_t len = int64_t(mine.size());
+  comm.broadcast(&len, 1, DType::i64, 0).wait();
+  if (len < 2 || len > (1 << 24)) throw ProtocolError(fmt::format("fl: rank 0's configuration is {} bytes", len));
+  std::string root = comm.rank() == 0 ? mine : std::string(size_t(len), '\0');
+  comm.broadcast(root.data(), root.size(), DType::u8, 0).wait();
+  if (comm.rank() == 0) return;
+  fl::FlConfig theirs = fl::config_from_json(root, "rank 0's configuration");
+  if (!output_given) c.output = theirs.output;
+  const nlohmann::json a = nlohmann::json::parse(fl::config_to_json(c)), b = nlohmann::json::parse(root);
+  for (auto& [k, v] : b.items())
+    if (a.at(k) != v)
+      throw ConfigError(fmt::format("fl: {}: rank {} has {}, rank 0 has {}; allowed: the same settings on every rank",
+                                    k, comm.rank(), a.at(k).dump(), v.dump()));
+}
+#endif
+
+// workers_given: --workers or the config file set it; otherwise the world found in the environment is taken.
+void run_rank(fl::FlConfig c, bool workers_given, bool output_given) {
+#ifdef CONDUIT_WITH_TORCH
+  const bool parent = std::getenv(kParentEnv) != nullptr;
   coll::CommConfig cc;
   cc.timeout_s = c.timeout_s;
   cc.transport = c.transport == "auto" ? "" : c.transport;
   auto comm = coll::Communicator::from_env(cc);
+  if (!workers_given) c.workers = comm->size();
+  fl::check_config(c);
   if (comm->size() != c.workers)
     throw ConfigError(
         fmt::format("fl: workers: {} does not match the {} ranks found in the environment", c.workers, comm->size()));
+  agree_on_config(*comm, c, output_given);
+  if (comm->rank() == 0 && !parent) {
+    refuse_used_output(c.output);
+    fs::create_directories(c.output);
+    write_text_file((fs::path(c.output) / "config.json").string(), fl::config_to_json(c) + "\n");
+  }
   auto trainer = torch_api().make_fl_trainer(c);
   auto on_round = [&](const fl::RoundRecord& r) {
     if (!c.progress) return;
     std::string acc = r.test_accuracy >= 0 ? fmt::format(", test accuracy {:.2f}%", 100 * r.test_accuracy) : "";
-    std::string eps = r.epsilon >= 0 ? fmt::format(", epsilon {:.2f}", r.epsilon) : "";
-    if (r.clipped > 0) eps += fmt::format(", {} elements clipped", r.clipped);
+    std::string loss = r.train_loss >= 0 ? fmt::format(", train loss {:.4f}", r.train_loss) : "";
+    std::string extra = r.epsilon >= 0 ? fmt::format(", epsilon {:.2f}", r.epsilon) : "";
+    if (r.clipped > 0) extra += fmt::format(", {} elements clipped", r.clipped);
     std::printf(
-        "round %d/%d: %d sampled, %d aggregated (%d stragglers, %d dropouts, %d partial)%s, train loss "
-        "%.4f%s%s, %.2f MB up, %.1f s\n",
-        r.round + 1, c.rounds, r.sampled, r.aggregated, r.stragglers, r.dropouts, r.partial,
-        r.abandoned ? " [abandoned: fewer than the threshold]" : "", r.train_loss, acc.c_str(), eps.c_str(),
+        "round %d/%d: %d sampled, %d aggregated (%d stragglers, %d dropouts, %d partial)%s%s%s%s, %.2f MB up, "
+        "%.1f s\n",
+        r.round, c.rounds, r.sampled, r.aggregated, r.stragglers, r.dropouts, r.partial,
+        r.abandoned ? " [abandoned: fewer than the threshold]" : "", loss.c_str(), acc.c_str(), extra.c_str(),
         double(r.bytes_up) / 1e6, r.wall_s);
     std::fflush(stdout);
   };
-  fl::FlResult r = fl::run_federation(c, comm, *trainer, on_round);
-  if (comm->rank() == 0) print_summary(c, r);
+  fl::run_federation(c, comm, *trainer, on_round);
+  if (comm->rank() == 0 && !parent) print_summary(c.output);
 #else
   (void)c;
+  (void)workers_given;
+  (void)output_given;
   throw UnsupportedError("fl: this conduit was built without libtorch (Debian: libtorch-dev)");
 #endif
 }
 
-fl::FlConfig resolve(const FlArgs& a) {
+fl::FlConfig resolve(const FlArgs& a, bool* workers_given, bool* output_given) {
   fl::FlConfig c;
-  if (!a.config.empty()) c = fl::config_from_json(read_text(a.config), a.config);
+  *workers_given = a.flags.count("workers") > 0;
+  *output_given = a.flags.count("output") > 0;
+  if (!a.config.empty()) {
+    const std::string text = read_text(a.config);
+    c = fl::config_from_json(text, a.config);
+    const auto j = nlohmann::json::parse(text);
+    *workers_given = *workers_given || j.contains("workers");
+    *output_given = *output_given || (j.contains("output") && !c.output.empty());
+  }
   for (auto& [k, v] : a.flags) fl::set_config_value(c, k, v);
   if (c.output.empty()) c.output = default_output();
+  fl::fill_defaults(c);
   fl::check_config(c);
   return c;
 }
 
 void run_fl(const FlArgs& a) {
-  fl::FlConfig c = resolve(a);
+  bool workers_given = false, output_given = false;
+  fl::FlConfig c = resolve(a, &workers_given, &output_given);
   if (under_outer_launcher()) {
-    run_rank(c);
+    run_rank(c, workers_given, output_given);
     return;
   }
+#ifdef CONDUIT_WITH_TORCH
+  // What the data allows, before any process starts (the labels file's header, 8 bytes).
+  int64_t samples = c.synthetic_samples;
+  if (c.dataset != "synthetic") {
+    samples = train::mnist_format_train_count(c.data_dir);
+    if (samples < 0)
+      throw ConfigError(fmt::format("fl: data_dir: '{}' holds no MNIST-format training labels", c.data_dir));
+  }
+  fl::check_sample_count(c, samples);
+#endif
+  refuse_used_output(c.output);
   // Start the ranks: they read the resolved configuration from the output folder.
   fs::create_directories(c.output);
   const fs::path cfg_path = fs::path(c.output) / "config.json";
@@ -141,9 +217,11 @@ void run_fl(const FlArgs& a) {
   spec.nprocs = c.workers;
   spec.command = {ec ? std::string("conduit") : exe.string(), "fl", "--config", cfg_path.string()};
   spec.name = "conduit fl";
-  spec.extra_env = {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}};
+  spec.extra_env = {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}, {kParentEnv, "1"}};
   if (c.transport != "auto") spec.extra_env.push_back({"CONDUIT_TRANSPORT", c.transport});
-  set_exit_code(run_local_workers(spec));
+  const int rc = run_local_workers(spec);
+  if (rc == 0) print_summary(c.output);
+  set_exit_code(rc);
 }
 
 const bool kRegistered = register_command(60, [](CLI::App& app) {
@@ -159,15 +237,16 @@ const bool kRegistered = register_command(60, [](CLI::App& app) {
   for (auto& [key, help] : fl::config_keys()) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    c->add_option_function<std::string>(
-         flag, [values, key = key](const std::string& v) { (*values)[key] = v; }, help)
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    auto* o = c->add_option_function<std::string>(
+                   flag, [values, key = key](const std::string& v) { (*values)[key] = v.empty() ? "true" : v; }, help)
+                  ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    if (key == "secagg" || key == "progress") o->expected(0, 1);  // a bare --secagg is --secagg true
   }
   c->footer(
-      "Example: conduit fl --partition dirichlet:0.1 --mu 0.01 --speed-sigma 1 --deadline 2 --stragglers partial\n"
+      "Example: conduit fl --partition dirichlet:0.1 --mu 0.01 --speed-sigma 1 --deadline 1.5 --stragglers partial\n"
       "         conduit fl --server-opt fedadam --server-lr 0.01 --dropout 0.2 --secagg-bits 16\n"
       "         conduit fl --dp-clip 1 --dp-noise 1.0 --clients 1000 --fraction 0.05\n"
-      "Outputs: <output>/config.json, metrics.jsonl (a line a round), summary.json.");
+      "Outputs: <output>/config.json, metrics.jsonl (a line a round), summary.json (docs/federated.md).");
   c->callback([args, values]() {
     FlArgs a = *args;
     a.flags = *values;

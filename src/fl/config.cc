@@ -86,8 +86,34 @@ void one_of(const char* field, const std::string& v, std::initializer_list<const
 
 }  // namespace
 
+void fill_defaults(FlConfig& c) {
+  if (c.data_dir.empty())
+    c.data_dir = c.dataset == "mnist" ? "/usr/share/datasets/mnist" : "/usr/share/datasets/fashion-mnist";
+}
+
+int clients_per_round(const FlConfig& c) {
+  return int(sample_clients(c.clients, c.fraction, c.min_clients, c.seed, 0).size());  // the same every round
+}
+
+void check_sample_count(const FlConfig& c, int64_t samples) {
+  if (c.train_limit > 0) samples = std::min(samples, c.train_limit);
+  if (samples < c.clients)
+    throw ConfigError(
+        fmt::format("fl: clients: {} clients for {} training samples; allowed: at most one client a "
+                    "sample (fewer --clients, or more data)",
+                    c.clients, samples));
+  const PartitionSpec p = parse_partition(c.partition);
+  if (p.kind == "shards" && int64_t(p.shards_per_client) * c.clients > samples)
+    throw ConfigError(
+        fmt::format("fl: partition: {} shards of {} clients need {} samples, the data has {}; allowed: "
+                    "fewer shards or clients",
+                    p.shards_per_client, c.clients, int64_t(p.shards_per_client) * c.clients, samples));
+}
+
 void check_config(const FlConfig& c) {
-  one_of("model", c.model, {"mlp", "cnn", "resnet"});
+  // (resnet's BatchNorm statistics are buffers, not weights: averaging, clipping and noising them as weights breaks
+  // them; FedBN-style local statistics are not built)
+  one_of("model", c.model, {"mlp", "cnn"});
   one_of("dataset", c.dataset, {"fashion-mnist", "mnist", "synthetic"});
   int_in("train_limit", c.train_limit, 0, int64_t(1) << 40);
   int_in("test_limit", c.test_limit, 0, int64_t(1) << 40);
@@ -124,8 +150,9 @@ void check_config(const FlConfig& c) {
   real_in("dp_delta", c.dp_delta, 0, 1, true, true);
   if (c.dp_noise > 0 && c.dp_clip == 0)
     throw ConfigError("fl: dp_noise: noise needs a sensitivity bound; allowed: dp_clip > 0 with it");
-  const int sampled =
-      int(sample_clients(c.clients, c.fraction, c.min_clients, c.seed, 0).size());  // the same every round
+  const bool dp = c.dp_noise > 0 || c.dp_clip > 0;
+  // Under DP each client is sampled independently: about fraction * clients a round, at most all of them.
+  const int sampled = dp ? std::max(2, int(std::lround(c.fraction * c.clients))) : clients_per_round(c);
   if (c.secagg) {
     int_in("secagg_bits", c.secagg_bits, 8, 32);
     real_in("secagg_clip", c.secagg_clip, 0, 1e30, true, false);
@@ -135,9 +162,20 @@ void check_config(const FlConfig& c) {
           fmt::format("fl: secagg: {} client(s) a round cannot hide one another's update; allowed: "
                       "fraction and min_clients giving at least 2, or --secagg off",
                       sampled));
+    const int most = dp ? c.clients : sampled;
+    if (most > kMaxClients)
+      throw ConfigError(
+          fmt::format("fl: secagg: up to {} clients a round; allowed: at most {} (the protocol's "
+                      "client ids), a smaller --fraction or --secagg false",
+                      most, kMaxClients));
     FixedPointCodec(c.secagg_bits, c.secagg_clip, sampled);  // ConfigError when too coarse
   }
   int_in("workers", c.workers, 2, 4096);
+  if (c.workers - 1 > c.clients)
+    throw ConfigError(
+        fmt::format("fl: workers: {} processes host {} clients (one host would have none); allowed: at "
+                    "most clients + 1 = {}",
+                    c.workers, c.clients, c.clients + 1));
   one_of("transport", c.transport, {"auto", "tcp", "shm", "mpi"});
   real_in("timeout_s", c.timeout_s, 0, 1e7, true, false);
   int_in("eval_every", c.eval_every, 0, 1000000);
@@ -145,9 +183,9 @@ void check_config(const FlConfig& c) {
 
 const std::vector<std::pair<std::string, std::string>>& config_keys() {
   static const std::vector<std::pair<std::string, std::string>> keys = {
-      {"model", "mlp | cnn | resnet"},
+      {"model", "mlp | cnn"},
       {"dataset", "fashion-mnist | mnist | synthetic"},
-      {"data_dir", "folder of the MNIST-format files"},
+      {"data_dir", "folder of the MNIST-format files (default /usr/share/datasets/<dataset>)"},
       {"train_limit", "use the first N training samples (0: all)"},
       {"test_limit", "evaluate on the first N test samples (0: all)"},
       {"synthetic_samples", "training samples of the synthetic data set"},
@@ -219,18 +257,24 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
       }
       if (pos != value.size()) throw bad("a number");
     } else {
+      const std::string range =
+          fmt::format("an integer from {} to {}", std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
       size_t pos = 0;
-      long long x = 0;
       try {
-        if (value.empty() || (value[0] == '-' && std::is_unsigned_v<T>)) throw std::invalid_argument("sign");
-        x = std::stoll(value, &pos);
+        if (value.empty() || (std::is_unsigned_v<T> && value[0] == '-')) throw std::invalid_argument("sign");
+        if constexpr (std::is_unsigned_v<T>) {
+          const unsigned long long x = std::stoull(value, &pos);
+          if (x > std::numeric_limits<T>::max()) throw std::out_of_range("range");
+          v = T(x);
+        } else {
+          const long long x = std::stoll(value, &pos);
+          if (x < std::numeric_limits<T>::min() || x > std::numeric_limits<T>::max()) throw std::out_of_range("range");
+          v = T(x);
+        }
       } catch (const std::exception&) {
-        throw bad(std::is_unsigned_v<T> ? "a non-negative integer" : "an integer");
+        throw bad(range.c_str());
       }
-      if (pos != value.size() || x < (long long)std::numeric_limits<T>::min() ||
-          (unsigned long long)x > (unsigned long long)std::numeric_limits<T>::max())
-        throw bad("an integer of its range");
-      v = T(x);
+      if (pos != value.size()) throw bad(range.c_str());
     }
   });
   if (!found) throw ConfigError(fmt::format("fl: unknown key '{}'", key));
@@ -255,11 +299,29 @@ FlConfig config_from_json(const std::string& text, const std::string& what) {
   fields(c, [&](const char* k, auto& v) {
     if (!j.contains(k)) return;
     ++known;
-    try {
-      v = j.at(k).get<std::remove_reference_t<decltype(v)>>();
-    } catch (const std::exception&) {
-      throw ConfigError(fmt::format("fl: {}: key '{}' has a value of the wrong type ({})", what, k, j.at(k).dump()));
-    }
+    using T = std::remove_reference_t<decltype(v)>;
+    const nlohmann::json& x = j.at(k);
+    // No coercion: 2.7 is not a number of rounds, -1 not a seed, "3" not a number.
+    bool ok = false;
+    if constexpr (std::is_same_v<T, std::string>)
+      ok = x.is_string();
+    else if constexpr (std::is_same_v<T, bool>)
+      ok = x.is_boolean();
+    else if constexpr (std::is_floating_point_v<T>)
+      ok = x.is_number();
+    else if constexpr (std::is_unsigned_v<T>)
+      ok = x.is_number_unsigned();
+    else
+      ok = x.is_number_integer() && x.get<int64_t>() >= std::numeric_limits<T>::min() &&
+           x.get<int64_t>() <= std::numeric_limits<T>::max();
+    if (!ok)
+      throw ConfigError(fmt::format("fl: {}: key '{}' has a value of the wrong type ({}); allowed: {}", what, k,
+                                    x.dump(),
+                                    std::is_same_v<T, std::string> ? "a string"
+                                    : std::is_same_v<T, bool>      ? "true or false"
+                                    : std::is_floating_point_v<T>  ? "a number"
+                                                                   : "an integer of the key's range"));
+    v = x.get<T>();
   });
   if (known != j.size()) {
     FlConfig probe;

@@ -8,17 +8,20 @@
 //     S -> h  U1: every advertised pair of keys
 //     h -> S  the encrypted shares of each of its clients              (round 1)
 //     S -> h  U2 and the shares addressed to each of its clients
-//     h -> S  per client: its outcome (sent / straggler / dropout), statistics, and the masked update   (round 2)
-//     S -> h  U3, the clients whose masked update arrived
+//     h -> S  per client its outcome (sent / straggler / dropout) and masked vector; the host's steps and seconds
+//     S -> h  U3 (the clients whose masked vector arrived), or "abandoned" when fewer than t did
 //     h -> S  UnmaskMsg of each of its clients in U3                   (round 3)
-//   without: h -> S  per client: outcome, statistics and the f32 update
+//   without: h -> S  per client its outcome, training loss and f32 update; the host's steps and seconds
 //
-// An update is the client's delta times its weight w_k = n_k / mean partition size (uniform 1 under differential
-// privacy), followed by the weight itself: the server divides the sum by the summed weights (McMahan et al.'s
-// average, weighted by samples), which secure aggregation hides client by client.
+// A client's vector is its delta times its weight w_k = n_k / mean partition size (1 under differential privacy);
+// under secure aggregation two more elements carry its training loss and the count of its elements the codec clipped,
+// scaled into the codec's range, so the server learns their sums only. The server knows the sample counts (the
+// partition) and divides by the summed weights of the clients that sent (McMahan et al.'s sample-weighted average).
+// The hosts' steps and seconds are the simulation's own measurement (for the modelled round time), not client data.
 #include "fl/federation.h"
 
 #include <fmt/format.h>
+#include <sodium.h>
 
 #include <algorithm>
 #include <cmath>
@@ -57,8 +60,10 @@ enum FlTag : uint32_t {
   kTagUnmask = 0x46000009,
 };
 
-// The largest framed message a rank accepts: 4 GiB (a model of 1G parameters, or a corrupt length).
-constexpr uint64_t kMaxMessage = uint64_t(1) << 32;
+// Training losses above this are reported as this under secure aggregation (the element's range is fixed).
+constexpr double kLossCap = 100.0;
+// Sizes of the secure-aggregation messages (secagg.h) and of a framed blob's length.
+constexpr uint64_t kAdvertiseBytes = 70, kShareBytes = 126, kUnmaskBase = 14, kUnmaskPerShare = 36, kLen = 8;
 
 class Out {
  public:
@@ -132,8 +137,7 @@ class In {
   std::string what_;
 };
 
-// Framed point-to-point messages over the communicator's transport, with the communicator's deadline and byte
-// counts.
+// Framed point-to-point messages over the communicator's transport, with deadlines, size limits and byte counts.
 class Wire {
  public:
   explicit Wire(coll::Communicator& c) : c_(c) {}
@@ -150,20 +154,22 @@ class Wire {
     }
     net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s()));
   }
-  Bytes recv(int peer, uint32_t tag, const char* what) { return std::move(recv_many({peer}, tag, what)[0]); }
-  std::vector<Bytes> recv_many(const std::vector<int>& peers, uint32_t tag, const char* what) {
-    const Deadline d = Deadline::after(c_.timeout_s());
+  // Receives one framed message from each of `peers`: at most caps[i] bytes from peers[i] (a longer announcement is
+  // a ProtocolError before anything is allocated), within `steps` timeouts (the steps of the peers' work it spans).
+  std::vector<Bytes> recv_many(const std::vector<int>& peers, uint32_t tag, const char* what,
+                               const std::vector<uint64_t>& caps, double steps = 1) {
+    const Deadline d = Deadline::after(c_.timeout_s() * steps);
     std::vector<uint64_t> sizes(peers.size());
     std::vector<net::RequestPtr> reqs;
     for (size_t i = 0; i < peers.size(); ++i) reqs.push_back(irecv(peers[i], tag, &sizes[i], 8));
-    wait_or_explain(reqs, d, peers, what);
+    wait_or_explain(reqs, d, peers, what, steps);
     std::vector<Bytes> out(peers.size());
     reqs.clear();
     std::vector<int> from;
     for (size_t i = 0; i < peers.size(); ++i) {
-      if (sizes[i] > kMaxMessage)
-        throw ProtocolError(fmt::format("fl: rank {} announced a {} of {} bytes; allowed: at most {}", peers[i], what,
-                                        sizes[i], kMaxMessage));
+      if (sizes[i] > caps[i])
+        throw ProtocolError(fmt::format("fl: rank {} announced {} of {} bytes; allowed: at most {} at this step",
+                                        peers[i], what, sizes[i], caps[i]));
       out[i].resize(sizes[i]);
       received += 8 + sizes[i];
       if (sizes[i]) {
@@ -171,8 +177,11 @@ class Wire {
         from.push_back(peers[i]);
       }
     }
-    wait_or_explain(reqs, d, from, what);
+    wait_or_explain(reqs, d, from, what, steps);
     return out;
+  }
+  Bytes recv(int peer, uint32_t tag, const char* what, uint64_t cap, double steps = 1) {
+    return std::move(recv_many({peer}, tag, what, {cap}, steps)[0]);
   }
   uint64_t sent = 0, received = 0;
 
@@ -184,17 +193,17 @@ class Wire {
     return c_.transport().irecv(c_.transport_rank(peer), net::make_tag(net::kUser, c_.id(), tag), p, n);
   }
   void wait_or_explain(const std::vector<net::RequestPtr>& reqs, const Deadline& d, const std::vector<int>& peers,
-                       const char* what) {
+                       const char* what, double steps) {
     try {
       net::wait_all_or_give_up(c_.transport(), reqs, d);
     } catch (const TimeoutError&) {
       std::string silent;
       for (size_t i = 0; i < reqs.size(); ++i)
         if (!reqs[i]->done()) silent += (silent.empty() ? "" : ", ") + std::to_string(peers[i]);
-      throw TimeoutError(
-          fmt::format("fl: rank {} waited {:.0f} s (the timeout) for the {} of rank(s) {}; raise "
-                      "--timeout if their local training takes longer",
-                      c_.rank(), c_.timeout_s(), what, silent));
+      throw TimeoutError(fmt::format(
+          "fl: rank {} waited {:.0f} s ({:g} x --timeout-s, the work of the clients one rank handles) for {} from "
+          "rank(s) {}; allowed: a larger --timeout-s when local training or evaluation takes longer",
+          c_.rank(), c_.timeout_s() * steps, steps, what, silent));
     }
   }
   coll::Communicator& c_;
@@ -207,23 +216,26 @@ struct Federation {
   std::vector<std::vector<int64_t>> parts;
   std::vector<double> speed;    // slow-down factor of each client's compute (1: the reference)
   double mean_examples = 0;     // mean partition size
-  double max_weight = 1;        // max over clients of n_k / mean_examples
   int64_t reference_steps = 1;  // a speed-1 client's full local work on a mean-sized partition
   double tv_distance = 0;
+  size_t n = 0;          // model weights
+  int max_per_host = 1;  // the most sampled clients one host can hold in a round
 };
 
 int64_t full_steps(const FlConfig& c, int64_t examples) {
   return int64_t(c.local_epochs) * ((examples + c.batch_size - 1) / c.batch_size);
 }
 
-Federation make_federation(const FlConfig& c, LocalTrainer& t) {
+bool dp_on(const FlConfig& c) { return c.dp_noise > 0 || c.dp_clip > 0; }
+
+Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
   Federation f;
   const std::vector<int64_t> labels = t.train_labels();
   const int classes = t.num_classes();
+  check_sample_count(c, int64_t(labels.size()));
   f.parts = partition(labels, classes, c.clients, parse_partition(c.partition), c.seed);
   f.tv_distance = mean_label_tv_distance(label_histograms(labels, classes, f.parts));
   f.mean_examples = double(labels.size()) / c.clients;
-  for (const auto& p : f.parts) f.max_weight = std::max(f.max_weight, double(p.size()) / f.mean_examples);
   f.reference_steps =
       std::max<int64_t>(1, int64_t(c.local_epochs) * int64_t(std::ceil(f.mean_examples / c.batch_size)));
   f.speed.assign(size_t(c.clients), 1.0);
@@ -232,6 +244,9 @@ Federation make_federation(const FlConfig& c, LocalTrainer& t) {
     std::normal_distribution<double> n(0.0, c.speed_sigma);
     for (auto& s : f.speed) s = std::exp(n(g));
   }
+  f.n = t.initial_weights().size();
+  const int hosted = (c.clients + world - 2) / (world - 1);
+  f.max_per_host = std::max(1, dp_on(c) ? hosted : std::min(hosted, clients_per_round(c)));
   return f;
 }
 
@@ -241,10 +256,13 @@ enum class Fate : uint64_t { sent = 0, straggler = 1, dropout = 2 };
 struct Plan {
   Fate fate = Fate::sent;
   int64_t max_steps = 0;  // > 0: partial work
+  int64_t steps = 0;      // the steps it trains when it sends
 };
 
 Plan plan_client(const FlConfig& c, const Federation& f, int client, int round) {
   Plan p;
+  const int64_t steps = full_steps(c, int64_t(f.parts[size_t(client)].size()));
+  p.steps = steps;
   if (c.dropout > 0) {
     std::mt19937_64 g(c.seed ^ (uint64_t(round) * 0x9e3779b97f4a7c15ull) ^ (uint64_t(client) << 20) ^ 0xd20);
     if (std::uniform_real_distribution<double>(0, 1)(g) < c.dropout) {
@@ -254,12 +272,12 @@ Plan plan_client(const FlConfig& c, const Federation& f, int client, int round) 
   }
   if (c.deadline > 0) {
     const double budget = c.deadline * double(f.reference_steps);
-    const int64_t steps = full_steps(c, int64_t(f.parts[size_t(client)].size()));
     if (double(steps) * f.speed[size_t(client)] > budget) {
       if (c.stragglers == "drop") {
         p.fate = Fate::straggler;
       } else {
         p.max_steps = std::max<int64_t>(1, int64_t(std::floor(budget / f.speed[size_t(client)])));
+        p.steps = std::min(steps, p.max_steps);
       }
     }
   }
@@ -270,30 +288,48 @@ int secagg_threshold(const FlConfig& c, int sampled) {
   return std::min(sampled, std::max(2, int(std::floor(c.secagg_threshold * sampled)) + 1));
 }
 
-// The weighted update a client contributes: w * delta (DP: clipped to dp_clip first, w = 1), then w.
-std::vector<float> weighted_update(const FlConfig& c, const Federation& f, const LocalResult& r) {
-  std::vector<float> v(r.delta.size() + 1);
-  double w = c.dp_noise > 0 || c.dp_clip > 0 ? 1.0 : double(r.examples) / f.mean_examples;
-  std::vector<float> d = r.delta;
-  if (c.dp_clip > 0) clip_l2(d.data(), d.size(), c.dp_clip);
-  for (size_t i = 0; i < d.size(); ++i) v[i] = float(w * d[i]);
-  v.back() = float(w);
-  return v;
+SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t n, int round) {
+  SecAggConfig s;
+  s.num_clients = sampled;
+  s.threshold = secagg_threshold(c, sampled);
+  s.bits = c.secagg_bits;
+  s.length = n + 2;
+  s.round_id = uint64_t(round);
+  return s;
 }
 
-// Secure aggregation carries the weight element scaled into the codec's range.
-double weight_scale(const FlConfig& c, const Federation& f) {
-  const double wmax = c.dp_noise > 0 || c.dp_clip > 0 ? 1.0 : f.max_weight;
-  return c.secagg_clip / wmax;
+// The L2 bound a DP client clips its delta to: dp_clip, less what secure aggregation's stochastic rounding can add
+// (up to one level, 1/scale, per element), so the encoded update's norm stays within dp_clip (the sensitivity the
+// noise and the accountant assume).
+double dp_clip_bound(const FlConfig& c, size_t n, const FixedPointCodec* codec) {
+  if (!codec) return c.dp_clip;
+  const double bound = c.dp_clip - std::sqrt(double(n)) / codec->scale();
+  if (!(bound > 0))
+    throw ConfigError(fmt::format(
+        "fl: dp_clip: {} leaves no room for secure aggregation's rounding ({:.3g} in L2 for {} weights at {} bits); "
+        "allowed: a larger --dp-clip or more --secagg-bits",
+        c.dp_clip, std::sqrt(double(n)) / codec->scale(), n, c.secagg_bits));
+  return bound;
+}
+
+// The weighted update a client contributes: w * delta (DP: clipped first, w = 1).
+std::vector<float> weighted_update(const FlConfig& c, const Federation& f, const LocalResult& r, double dp_bound) {
+  std::vector<float> v = r.delta;
+  if (dp_on(c)) {
+    clip_l2(v.data(), v.size(), dp_bound);
+    return v;
+  }
+  const double w = double(r.examples) / f.mean_examples;
+  for (auto& x : v) x = float(w * x);
+  return v;
 }
 
 void check_finite(const std::vector<float>& v, int client) {
   for (size_t i = 0; i < v.size(); ++i)
     if (!std::isfinite(v[i]))
-      throw Error(
-          fmt::format("fl: client {}'s update holds {} at element {}: its local training diverged; allowed: "
-                      "a smaller --lr",
-                      client, v[i], i));
+      throw Error(fmt::format(
+          "fl: client {}'s update holds {} at element {}: its local training diverged; allowed: a smaller --lr", client,
+          v[i], i));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -302,9 +338,11 @@ void check_finite(const std::vector<float>& v, int client) {
 void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f) {
   Wire w(comm);
   const int me = comm.rank(), world = comm.size();
-  size_t n_weights = 0;
+  const size_t n = f.n;
+  const uint64_t max_sampled = uint64_t(c.clients);
   for (;;) {
-    Bytes hb = w.recv(0, kTagHeader, "round header");
+    // The next header comes after the server's aggregation and evaluation and the other hosts' training.
+    Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled), 2.0 + f.max_per_host);
     In h(hb, "round header");
     const int round = int(h.i64());
     const bool go = h.u64() != 0;
@@ -312,7 +350,7 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
     std::vector<int> sampled(ns);
     for (auto& s : sampled) {
       s = int(h.i64());
-      if (s < 0 || s >= c.clients) throw ProtocolError(fmt::format("fl: round header names client {}", s));
+      if (s < 0 || s >= c.clients) throw ProtocolError(fmt::format("fl: the round header names client {}", s));
     }
     h.done();
     if (!go) return;
@@ -320,59 +358,56 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
     for (size_t i = 0; i < sampled.size(); ++i)
       if (host_of_client(sampled[i], world) == me) mine.push_back(int(i));
     if (mine.empty()) continue;
-    Bytes wb = w.recv(0, kTagWeights, "global weights");
-    if (wb.size() % 4 != 0 || (n_weights && wb.size() != n_weights * 4))
-      throw ProtocolError(fmt::format("fl: the global weights are {} bytes; expected {}", wb.size(), n_weights * 4));
-    std::vector<float> global(wb.size() / 4);
+    const uint64_t m = sampled.size(), k = mine.size();
+    Bytes wb = w.recv(0, kTagWeights, "the global weights", n * 4);
+    if (wb.size() != n * 4)
+      throw ProtocolError(fmt::format("fl: the global weights are {} bytes; expected {}", wb.size(), n * 4));
+    std::vector<float> global(n);
     std::memcpy(global.data(), wb.data(), wb.size());
-    n_weights = global.size();
 
     std::map<int, std::unique_ptr<SecAggClient>> sa;
     std::map<int, std::vector<ShareMsg>> inbox;
     std::vector<int> u2;
-    SecAggConfig scfg;
+    std::unique_ptr<FixedPointCodec> codec;
     if (c.secagg) {
-      scfg.num_clients = int(sampled.size());
-      scfg.threshold = secagg_threshold(c, scfg.num_clients);
-      scfg.bits = c.secagg_bits;
-      scfg.length = global.size() + 1;
-      scfg.round_id = uint64_t(round);
+      const SecAggConfig scfg = secagg_config(c, int(m), n, round);
+      codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, int(m));
       Out adv;
-      adv.u64(mine.size());
+      adv.u64(k);
       for (int i : mine) {
         sa[i] = std::make_unique<SecAggClient>(scfg, i);
         adv.blob(sa[i]->advertise().serialize());
       }
       w.send(0, kTagAdvertise, adv.take());
-      Bytes ub = w.recv(0, kTagU1, "advertised keys");
+      Bytes ub = w.recv(0, kTagU1, "the advertised keys", kLen + m * (kLen + kAdvertiseBytes));
       In u(ub, "advertised keys");
       std::vector<AdvertiseMsg> u1(u.count(8));
       for (auto& a : u1) {
-        Bytes m = u.blob();
-        a = AdvertiseMsg::parse(m.data(), m.size(), scfg.num_clients);
+        Bytes b = u.blob();
+        a = AdvertiseMsg::parse(b.data(), b.size(), scfg.num_clients);
       }
       u.done();
       Out sh;
-      sh.u64(mine.size());
+      sh.u64(k);
       for (int i : mine) {
         std::vector<ShareMsg> s = sa[i]->share_keys(u1);
         sh.i64(i);
         sh.u64(s.size());
-        for (auto& m : s) sh.blob(m.serialize());
+        for (auto& msg : s) sh.blob(msg.serialize());
       }
       w.send(0, kTagShares, sh.take());
-      Bytes ib = w.recv(0, kTagInbox, "shares");
+      Bytes ib = w.recv(0, kTagInbox, "the shares", 2 * kLen + m * 8 + k * (2 * kLen + m * (kLen + kShareBytes)));
       In in(ib, "shares");
       u2.resize(in.count(8));
       for (auto& v : u2) v = int(in.i64());
       const uint64_t nc = in.count(16);
-      for (uint64_t k = 0; k < nc; ++k) {
+      for (uint64_t j = 0; j < nc; ++j) {
         const int i = int(in.i64());
         if (!sa.count(i)) throw ProtocolError(fmt::format("fl: the server sent shares for client {} (not here)", i));
         const uint64_t nm = in.count(8);
-        for (uint64_t j = 0; j < nm; ++j) {
-          Bytes m = in.blob();
-          inbox[i].push_back(ShareMsg::parse(m.data(), m.size(), scfg.num_clients));
+        for (uint64_t q = 0; q < nm; ++q) {
+          Bytes b = in.blob();
+          inbox[i].push_back(ShareMsg::parse(b.data(), b.size(), scfg.num_clients));
         }
       }
       in.done();
@@ -380,8 +415,9 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
 
     // Local training, then the update (masked under secure aggregation).
     Out up;
-    up.u64(mine.size());
-    std::vector<int> sent;
+    up.u64(k);
+    int64_t host_steps = 0;
+    double host_seconds = 0;
     for (int i : mine) {
       const int client = sampled[size_t(i)];
       Plan p = plan_client(c, f, client, round);
@@ -393,36 +429,40 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
       work.max_steps = p.max_steps;
       work.seed = c.seed ^ (uint64_t(round) << 32) ^ uint64_t(client);
       LocalResult r = trainer.train(global, f.parts[size_t(client)], work);
-      if (r.delta.size() != global.size())
-        throw Error(
-            fmt::format("fl: client {}'s update has {} elements, the model {}", client, r.delta.size(), global.size()));
+      if (r.delta.size() != n)
+        throw Error(fmt::format("fl: client {}'s update has {} elements, the model {}", client, r.delta.size(), n));
       check_finite(r.delta, client);
-      up.i64(r.examples);
-      up.i64(r.steps);
-      up.f64(r.loss);
-      up.f64(r.compute_s);
-      std::vector<float> v = weighted_update(c, f, r);
+      host_steps += r.steps;
+      host_seconds += r.compute_s;
+      std::vector<float> v = weighted_update(c, f, r, dp_on(c) ? dp_clip_bound(c, n, codec.get()) : 0.0);
       if (c.secagg) {
-        v.back() = float(double(v.back()) * weight_scale(c, f));
-        FixedPointCodec codec(c.secagg_bits, c.secagg_clip, scfg.num_clients);
-        std::vector<uint32_t> x(v.size());
-        const size_t clipped = codec.encode(v.data(), v.size(), x.data(), work.seed ^ 0xc0dec);
+        // Two more elements: the loss and the clipped count, each scaled into half the codec's range.
+        const double half = 0.5 * c.secagg_clip;
+        v.push_back(float(half * std::min(std::max(r.loss, 0.0), kLossCap) / kLossCap));
+        v.push_back(0.0f);
+        std::vector<uint32_t> x(n + 2);
+        const size_t clipped = codec->encode(v.data(), n + 1, x.data(), work.seed ^ 0xc0dec);
+        v[n + 1] = float(half * double(clipped) / double(n));
+        codec->encode(v.data() + n + 1, 1, x.data() + n + 1, work.seed ^ 0xc1);
         std::vector<uint32_t> y = sa[i]->mask_input(inbox[i], x.data());
-        up.u64(clipped);
         up.blob(pack_elements(y.data(), y.size(), c.secagg_bits));
       } else {
-        up.u64(0);
-        Bytes b(v.size() * 4);
+        up.f64(r.loss);
+        Bytes b(n * 4);
         std::memcpy(b.data(), v.data(), b.size());
         up.blob(b);
       }
-      sent.push_back(i);
     }
+    up.i64(host_steps);
+    up.f64(host_seconds);
     w.send(0, kTagUpdate, up.take());
     if (!c.secagg) continue;
-    Bytes u3b = w.recv(0, kTagU3, "survivors");
+    Bytes u3b = w.recv(0, kTagU3, "the survivors", 2 * kLen + m * 8);
     In u3in(u3b, "survivors");
-    if (u3in.u64() == 0) continue;  // fewer than the threshold sent their update: the round is abandoned
+    if (u3in.u64() == 0) {  // fewer than the threshold sent their update: the round is abandoned
+      u3in.done();
+      continue;
+    }
     std::vector<int> u3(u3in.count(8));
     for (auto& v : u3) v = int(u3in.i64());
     u3in.done();
@@ -442,36 +482,41 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
 struct ClientReport {
   int pos = 0;  // position in the sampled list
   Fate fate = Fate::sent;
-  int64_t examples = 0, steps = 0;
-  double loss = 0, compute_s = 0;
-  uint64_t clipped = 0;
+  double loss = 0;  // without secure aggregation
   Bytes update;
 };
 
-std::vector<ClientReport> parse_updates(const Bytes& b, int host, const std::vector<int>& expect) {
-  In in(b, fmt::format("updates of rank {}", host));
-  const uint64_t n = in.count(16);
-  if (n != expect.size())
+struct HostReport {
+  std::vector<ClientReport> clients;
+  int64_t steps = 0;
+  double seconds = 0;
+};
+
+HostReport parse_updates(const Bytes& b, int host, const std::vector<int>& expect, bool masked) {
+  In in(b, fmt::format("the updates of rank {}", host));
+  const uint64_t k = in.count(16);
+  if (k != expect.size())
     throw ProtocolError(
-        fmt::format("fl: rank {} reported {} clients, it hosts {} of this round", host, n, expect.size()));
-  std::vector<ClientReport> out(n);
-  for (uint64_t k = 0; k < n; ++k) {
-    auto& r = out[k];
+        fmt::format("fl: rank {} reported {} clients, it hosts {} of this round", host, k, expect.size()));
+  HostReport out;
+  out.clients.resize(k);
+  for (uint64_t j = 0; j < k; ++j) {
+    auto& r = out.clients[j];
     r.pos = int(in.i64());
-    if (r.pos != expect[k])
-      throw ProtocolError(fmt::format("fl: rank {} reported client position {}, expected {}", host, r.pos, expect[k]));
+    if (r.pos != expect[j])
+      throw ProtocolError(fmt::format("fl: rank {} reported client position {}, expected {}", host, r.pos, expect[j]));
     const uint64_t fate = in.u64();
     if (fate > 2) throw ProtocolError(fmt::format("fl: rank {} reported outcome {} (allowed 0..2)", host, fate));
     r.fate = Fate(fate);
     if (r.fate != Fate::sent) continue;
-    r.examples = in.i64();
-    r.steps = in.i64();
-    r.loss = in.f64();
-    r.compute_s = in.f64();
-    r.clipped = in.u64();
+    if (!masked) r.loss = in.f64();
     r.update = in.blob();
   }
+  out.steps = in.i64();
+  out.seconds = in.f64();
   in.done();
+  if (out.steps < 0 || !(out.seconds >= 0))
+    throw ProtocolError(fmt::format("fl: rank {} reported {} steps in {} s", host, out.steps, out.seconds));
   return out;
 }
 
@@ -486,22 +531,54 @@ class MetricsFile {
     if (!f_.is_open()) return;
     f_ << j.dump() << '\n';
     f_.flush();
+    if (!f_) throw Error("fl: output: cannot write metrics.jsonl (disk full?)");
   }
 
  private:
   std::ofstream f_;
 };
 
+nlohmann::json optional(double v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(); }
+
 nlohmann::json to_json(const RoundRecord& r) {
-  nlohmann::json j = {{"round", r.round},           {"sampled", r.sampled},   {"aggregated", r.aggregated},
-                      {"stragglers", r.stragglers}, {"dropouts", r.dropouts}, {"partial", r.partial},
-                      {"train_loss", r.train_loss}, {"wall_s", r.wall_s},     {"modelled_s", r.modelled_s},
-                      {"bytes_down", r.bytes_down}, {"bytes_up", r.bytes_up}, {"clipped", r.clipped},
-                      {"abandoned", r.abandoned}};
-  j["test_accuracy"] = r.test_accuracy >= 0 ? nlohmann::json(r.test_accuracy) : nlohmann::json();
-  j["test_loss"] = r.test_loss >= 0 ? nlohmann::json(r.test_loss) : nlohmann::json();
-  j["epsilon"] = r.epsilon >= 0 ? nlohmann::json(r.epsilon) : nlohmann::json();
-  return j;
+  return {{"kind", "round"},
+          {"round", r.round},
+          {"sampled", r.sampled},
+          {"aggregated", r.aggregated},
+          {"stragglers", r.stragglers},
+          {"dropouts", r.dropouts},
+          {"partial", r.partial},
+          {"abandoned", r.abandoned},
+          {"train_loss", optional(r.train_loss)},
+          {"test_accuracy", optional(r.test_accuracy)},
+          {"test_loss", optional(r.test_loss)},
+          {"wall_s", r.wall_s},
+          {"modelled_s", r.modelled_s},
+          {"bytes_down", r.bytes_down},
+          {"bytes_up", r.bytes_up},
+          {"clipped", r.clipped},
+          {"epsilon", optional(r.epsilon)}};
+}
+
+// A secret 64-bit seed (DP's sampling and noise must not be reproducible from the run's recorded settings).
+uint64_t secret_seed(const FlConfig& c) {
+  if (c.dp_secret_seed_for_testing) return c.dp_secret_seed_for_testing;
+  if (sodium_init() < 0) throw Error("fl: libsodium cannot start (no entropy source?): DP needs secret randomness");
+  uint64_t s = 0;
+  randombytes_buf(&s, sizeof s);
+  return s;
+}
+
+// The round's clients: fixed-size sampling, or under DP each client independently with probability `fraction`
+// (Poisson sampling, what the accountant assumes), from the secret seed.
+std::vector<int> sample_round(const FlConfig& c, int round, uint64_t secret) {
+  if (!dp_on(c)) return sample_clients(c.clients, c.fraction, c.min_clients, c.seed, uint64_t(round));
+  std::mt19937_64 g(secret ^ (uint64_t(round) * 0x9e3779b97f4a7c15ull));
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<int> out;
+  for (int k = 0; k < c.clients; ++k)
+    if (u(g) < c.fraction) out.push_back(k);
+  return out;
 }
 
 FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f,
@@ -520,27 +597,42 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   oc.beta2 = c.beta2;
   oc.tau = c.tau;
   auto opt = make_server_optimizer(oc, n);
-  const bool dp = c.dp_noise > 0;
+  const bool dp = dp_on(c);
+  const uint64_t secret = dp ? secret_seed(c) : 0;
   std::unique_ptr<RdpAccountant> accountant;
-  if (dp) {
-    const int m = int(sample_clients(c.clients, c.fraction, c.min_clients, c.seed, 0).size());
-    accountant = std::make_unique<RdpAccountant>(c.dp_noise, double(m) / c.clients);
-  }
+  if (c.dp_noise > 0) accountant = std::make_unique<RdpAccountant>(c.dp_noise, c.fraction);
   namespace fs = std::filesystem;
   if (!c.output.empty()) fs::create_directories(c.output);
   MetricsFile metrics(c.output.empty() ? "" : (fs::path(c.output) / "metrics.jsonl").string());
   std::vector<int> hosts;
   for (int h = 1; h < world; ++h) hosts.push_back(h);
   Stopwatch total;
+  double step_s = 0;  // the last measured seconds a local step took
 
   for (int round = 0; round < c.rounds; ++round) {
     Stopwatch rs;
     const uint64_t sent0 = w.sent, recv0 = w.received;
-    const std::vector<int> sampled = sample_clients(c.clients, c.fraction, c.min_clients, c.seed, uint64_t(round));
+    RoundRecord rec;
+    rec.round = round + 1;
+    std::vector<int> sampled = sample_round(c, round, secret);
+    // Secure aggregation cannot hide one client's update among fewer than two: such a round is abandoned.
+    const bool too_few = c.secagg && sampled.size() < 2;
+    rec.sampled = int(sampled.size());
+    if (too_few) sampled.clear();
+    const uint64_t m = sampled.size();
     std::map<int, std::vector<int>> by_host;  // host -> positions
     for (size_t i = 0; i < sampled.size(); ++i) by_host[host_of_client(sampled[i], world)].push_back(int(i));
     std::vector<int> active;
-    for (auto& [h, v] : by_host) active.push_back(h);
+    size_t most = 1;
+    for (auto& [h, v] : by_host) {
+      active.push_back(h);
+      most = std::max(most, v.size());
+    }
+    auto caps = [&](uint64_t base, uint64_t per_client) {
+      std::vector<uint64_t> out;
+      for (int h : active) out.push_back(base + by_host[h].size() * per_client);
+      return out;
+    };
     {
       Out o;
       o.i64(round);
@@ -554,67 +646,68 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       w.send_many(active, kTagWeights, std::vector<const Bytes*>(active.size(), &wb));
     }
 
-    RoundRecord rec;
-    rec.round = round;
-    rec.sampled = int(sampled.size());
-    std::vector<double> sum(n + 1, 0.0);
+    std::vector<double> sum(n + 2, 0.0);
     std::vector<ClientReport> reports;
-    auto collect_updates = [&](bool masked) {
-      std::vector<Bytes> ub = w.recv_many(active, kTagUpdate, "client updates");
+    int64_t steps_measured = 0;
+    double seconds_measured = 0;
+    const bool masked = c.secagg;
+    auto collect_updates = [&] {
+      const uint64_t per_client = 24 + kLen + (masked ? (n + 2) * 4 : 8 + n * 4);
+      std::vector<Bytes> ub =
+          w.recv_many(active, kTagUpdate, "the client updates", caps(kLen + 16, per_client), 1.0 + double(most));
       for (size_t k = 0; k < active.size(); ++k) {
-        auto r = parse_updates(ub[k], active[k], by_host[active[k]]);
-        for (auto& x : r) {
+        HostReport hr = parse_updates(ub[k], active[k], by_host[active[k]], masked);
+        steps_measured += hr.steps;
+        seconds_measured += hr.seconds;
+        for (auto& x : hr.clients) {
           if (x.fate == Fate::sent && !masked) {
-            if (x.update.size() != (n + 1) * 4)
+            if (x.update.size() != n * 4)
               throw ProtocolError(fmt::format("fl: rank {} sent an update of {} bytes for client {}; expected {}",
-                                              active[k], x.update.size(), sampled[size_t(x.pos)], (n + 1) * 4));
+                                              active[k], x.update.size(), sampled[size_t(x.pos)], n * 4));
             const float* v = reinterpret_cast<const float*>(x.update.data());
-            for (size_t i = 0; i <= n; ++i) sum[i] += double(v[i]);
+            for (size_t i = 0; i < n; ++i) sum[i] += double(v[i]);
+            sum[n] += x.loss;
           }
           reports.push_back(std::move(x));
         }
       }
     };
 
-    SecAggConfig scfg;
-    scfg.num_clients = int(sampled.size());
-    scfg.threshold = secagg_threshold(c, scfg.num_clients);
-    scfg.bits = c.secagg_bits;
-    scfg.length = n + 1;
-    scfg.round_id = uint64_t(round);
-    std::unique_ptr<SecAggServer> srv_holder;
-    std::unique_ptr<FixedPointCodec> codec_holder;
-    if (c.secagg) {
-      srv_holder = std::make_unique<SecAggServer>(scfg);
-      codec_holder = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, scfg.num_clients);
-      SecAggServer& srv = *srv_holder;
-      std::vector<Bytes> ab = w.recv_many(active, kTagAdvertise, "advertised keys");
+    std::unique_ptr<SecAggServer> srv;
+    std::unique_ptr<FixedPointCodec> codec;
+    if (masked && m > 0) {
+      const SecAggConfig scfg = secagg_config(c, int(m), n, round);
+      srv = std::make_unique<SecAggServer>(scfg);
+      codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, int(m));
+      std::vector<Bytes> ab =
+          w.recv_many(active, kTagAdvertise, "the advertised keys", caps(kLen, kLen + kAdvertiseBytes));
       for (size_t k = 0; k < active.size(); ++k) {
-        In in(ab[k], fmt::format("keys of rank {}", active[k]));
-        const uint64_t m = in.count(8);
-        for (uint64_t j = 0; j < m; ++j) {
+        In in(ab[k], fmt::format("the keys of rank {}", active[k]));
+        const uint64_t cnt = in.count(8);
+        for (uint64_t j = 0; j < cnt; ++j) {
           Bytes b = in.blob();
           AdvertiseMsg a = AdvertiseMsg::parse(b.data(), b.size(), scfg.num_clients);
           if (host_of_client(sampled.at(size_t(a.client)), world) != active[k])
             throw ProtocolError(
                 fmt::format("fl: rank {} advertised keys for client {} (not its own)", active[k], a.client));
-          srv.add_advertise(a);
+          srv->add_advertise(a);
         }
         in.done();
       }
       {
         Out o;
-        const auto u1 = srv.advertised();
+        const auto u1 = srv->advertised();
         o.u64(u1.size());
         for (auto& a : u1) o.blob(a.serialize());
         Bytes b = o.take();
         w.send_many(active, kTagU1, std::vector<const Bytes*>(active.size(), &b));
       }
-      std::vector<Bytes> sb = w.recv_many(active, kTagShares, "key shares");
+      std::vector<Bytes> sb =
+          w.recv_many(active, kTagShares, "the key shares", caps(kLen, 2 * kLen + m * (kLen + kShareBytes)));
       for (size_t k = 0; k < active.size(); ++k) {
-        In in(sb[k], fmt::format("shares of rank {}", active[k]));
-        const uint64_t m = in.count(16);
-        for (uint64_t j = 0; j < m; ++j) {
+        In in(sb[k], fmt::format("the shares of rank {}", active[k]));
+        const uint64_t cnt = in.count(16);
+        for (uint64_t j = 0; j < cnt; ++j) {
           const int from = int(in.i64());
           if (!std::binary_search(by_host[active[k]].begin(), by_host[active[k]].end(), from))
             throw ProtocolError(fmt::format("fl: rank {} sent shares from client {} (not its own)", active[k], from));
@@ -623,12 +716,12 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
             Bytes b = in.blob();
             s = ShareMsg::parse(b.data(), b.size(), scfg.num_clients);
           }
-          srv.add_shares(from, msgs);
+          srv->add_shares(from, msgs);
         }
         in.done();
       }
       {
-        const std::vector<int> u2 = srv.u2();
+        const std::vector<int> u2 = srv->u2();
         std::vector<Bytes> boxes;
         for (int h : active) {
           Out o;
@@ -639,7 +732,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
             if (std::binary_search(u2.begin(), u2.end(), i)) here.push_back(i);
           o.u64(here.size());
           for (int i : here) {
-            auto box = srv.inbox_for(i);
+            auto box = srv->inbox_for(i);
             o.i64(i);
             o.u64(box.size());
             for (auto& s : box) o.blob(s.serialize());
@@ -650,105 +743,110 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         for (auto& b : boxes) ptrs.push_back(&b);
         w.send_many(active, kTagInbox, ptrs);
       }
-      collect_updates(true);
-      for (auto& r : reports)
-        if (r.fate == Fate::sent)
-          srv.add_masked_input(r.pos, unpack_elements(r.update.data(), r.update.size(), c.secagg_bits, n + 1));
+      collect_updates();
       int arrived = 0;
-      for (auto& r : reports) arrived += r.fate == Fate::sent ? 1 : 0;
+      for (auto& r : reports) {
+        if (r.fate != Fate::sent) continue;
+        ++arrived;
+        srv->add_masked_input(r.pos, unpack_elements(r.update.data(), r.update.size(), c.secagg_bits, n + 2));
+      }
+      Out o;
       if (arrived < scfg.threshold) {
-        // Bonawitz et al.'s protocol stops here: fewer than t masked updates cannot be unmasked without revealing
-        // one. The round is abandoned (no update applied) and the federation goes on.
-        Out o;
+        // Bonawitz et al.'s protocol stops here: fewer than t masked vectors cannot be unmasked without revealing
+        // one. The round is abandoned (nothing applied) and the federation goes on.
         o.u64(0);
-        Bytes b = o.take();
-        w.send_many(active, kTagU3, std::vector<const Bytes*>(active.size(), &b));
         rec.abandoned = true;
       } else {
-        const std::vector<int> u3 = srv.survivors();
-        Out o;
+        const std::vector<int> u3 = srv->survivors();
         o.u64(1);
         o.u64(u3.size());
         for (int v : u3) o.i64(v);
-        Bytes b = o.take();
-        w.send_many(active, kTagU3, std::vector<const Bytes*>(active.size(), &b));
       }
-    }
-    if (c.secagg && !rec.abandoned) {
-      SecAggServer& srv = *srv_holder;
-      const FixedPointCodec& codec = *codec_holder;
-      std::vector<Bytes> mb = w.recv_many(active, kTagUnmask, "unmasking shares");
-      for (size_t k = 0; k < active.size(); ++k) {
-        In in(mb[k], fmt::format("unmasking shares of rank {}", active[k]));
-        const uint64_t m = in.count(8);
-        for (uint64_t j = 0; j < m; ++j) {
-          Bytes b = in.blob();
-          UnmaskMsg u = UnmaskMsg::parse(b.data(), b.size(), scfg.num_clients);
-          if (u.client < 0 || u.client >= int(sampled.size()) ||
-              host_of_client(sampled[size_t(u.client)], world) != active[k])
-            throw ProtocolError(fmt::format("fl: rank {} unmasked for client {} (not its own)", active[k], u.client));
-          srv.add_unmask(u);
+      Bytes b = o.take();
+      w.send_many(active, kTagU3, std::vector<const Bytes*>(active.size(), &b));
+      if (!rec.abandoned) {
+        std::vector<Bytes> mb = w.recv_many(active, kTagUnmask, "the unmasking shares",
+                                            caps(kLen, kLen + kUnmaskBase + m * kUnmaskPerShare));
+        for (size_t k = 0; k < active.size(); ++k) {
+          In in(mb[k], fmt::format("the unmasking shares of rank {}", active[k]));
+          const uint64_t cnt = in.count(8);
+          for (uint64_t j = 0; j < cnt; ++j) {
+            Bytes ub = in.blob();
+            UnmaskMsg u = UnmaskMsg::parse(ub.data(), ub.size(), scfg.num_clients);
+            if (u.client < 0 || u.client >= int(m) || host_of_client(sampled[size_t(u.client)], world) != active[k])
+              throw ProtocolError(fmt::format("fl: rank {} unmasked for client {} (not its own)", active[k], u.client));
+            srv->add_unmask(u);
+          }
+          in.done();
         }
-        in.done();
+        const std::vector<uint32_t> total = srv->finish();
+        std::vector<float> dec(n + 2);
+        codec->decode(total.data(), n + 2, dec.data());
+        for (size_t i = 0; i < n; ++i) sum[i] = double(dec[i]);
+        const double half = 0.5 * c.secagg_clip;
+        sum[n] = double(dec[n]) / half * kLossCap;  // the losses' sum
+        rec.clipped = uint64_t(std::llround(std::max(0.0, double(dec[n + 1]) / half * double(n))));
       }
-      const std::vector<uint32_t> total = srv.finish();
-      std::vector<float> dec(n + 1);
-      codec.decode(total.data(), n + 1, dec.data());
-      for (size_t i = 0; i <= n; ++i) sum[i] = double(dec[i]);
-      sum[n] /= weight_scale(c, f);
+    } else if (m > 0) {
+      collect_updates();
     }
-    if (!c.secagg) collect_updates(false);
+    if (too_few) rec.abandoned = true;
 
-    // Statistics and the modelled round time: each client downloads the weights, computes its steps at its speed
-    // (the seconds a step took here, measured) and uploads its update; the server waits for the slowest it
-    // aggregates, and until the deadline when it drops stragglers.
-    double loss_sum = 0, step_s_sum = 0, steps_sum = 0, slowest = 0;
+    // Who sent, their summed weight, and the modelled round time: each client downloads the weights, computes its
+    // steps at its speed (at the seconds a step took here, measured) and uploads its update; the server waits for the
+    // slowest it aggregates, and until the deadline when it drops stragglers.
+    double wsum = 0, slowest = 0;
+    if (steps_measured > 0) step_s = seconds_measured / double(steps_measured);
     const double down_s = double(n * 4) * 8 / (c.downlink_mbps * 1e6);
     for (auto& r : reports) {
+      const int client = sampled[size_t(r.pos)];
       if (r.fate == Fate::straggler) ++rec.stragglers;
       if (r.fate == Fate::dropout) ++rec.dropouts;
       if (r.fate != Fate::sent) continue;
       ++rec.aggregated;
-      if (r.steps < full_steps(c, r.examples)) ++rec.partial;
-      loss_sum += r.loss;
-      step_s_sum += r.compute_s;
-      steps_sum += double(r.steps);
-      rec.clipped += r.clipped;
-    }
-    const double step_s = steps_sum > 0 ? step_s_sum / steps_sum : 0;
-    for (auto& r : reports) {
-      if (r.fate != Fate::sent) continue;
+      const Plan p = plan_client(c, f, client, round);
+      if (p.max_steps > 0 && p.steps < full_steps(c, int64_t(f.parts[size_t(client)].size()))) ++rec.partial;
+      wsum += dp ? 1.0 : double(f.parts[size_t(client)].size()) / f.mean_examples;
       const double up_s = double(r.update.size()) * 8 / (c.uplink_mbps * 1e6);
-      slowest = std::max(slowest, down_s + double(r.steps) * f.speed[size_t(sampled[size_t(r.pos)])] * step_s + up_s);
+      slowest = std::max(slowest, down_s + double(p.steps) * f.speed[size_t(client)] * step_s + up_s);
     }
     if (rec.stragglers > 0) slowest = std::max(slowest, down_s + c.deadline * double(f.reference_steps) * step_s);
     rec.modelled_s = slowest;
-    rec.train_loss = rec.aggregated ? loss_sum / rec.aggregated : 0;
-
-    if (rec.aggregated > 0 && rec.clipped * 100 > uint64_t(rec.aggregated) * (n + 1))
+    if (rec.aggregated > 0 && !rec.abandoned && !dp) rec.train_loss = sum[n] / rec.aggregated;
+    if (rec.aggregated > 0 && !rec.abandoned && rec.clipped * 100 > uint64_t(rec.aggregated) * n)
       CONDUIT_LOG_WARN(
           "fl: round {}: {:.1f}% of the update elements exceeded --secagg-clip {} and were clipped (the average is "
           "biased towards zero); allowed: a larger --secagg-clip (with more --secagg-bits to keep the resolution)",
-          round + 1, 100.0 * double(rec.clipped) / (double(rec.aggregated) * double(n + 1)), c.secagg_clip);
+          rec.round, 100.0 * double(rec.clipped) / (double(rec.aggregated) * double(n)), c.secagg_clip);
     if (rec.abandoned) rec.aggregated = 0;
-    if (rec.aggregated > 0) {
+
+    // Under DP the noisy update is applied whoever sent (an empty sum included): skipping it would tell an observer
+    // that nobody took part.
+    if (rec.aggregated > 0 || dp) {
       std::vector<float> avg(n);
       if (dp) {
-        // DP-FedAvg's fixed denominator (the expected number of clients) and noise on the sum.
+        // DP-FedAvg: noise z * clip on the sum, then the fixed denominator (the expected number of clients), so one
+        // client's presence changes the average by at most clip / (q N).
         std::vector<float> s(n);
         for (size_t i = 0; i < n; ++i) s[i] = float(sum[i]);
-        add_gaussian_noise(s.data(), n, c.dp_noise * c.dp_clip, c.seed ^ (uint64_t(round) << 8) ^ 0xd9);
-        for (size_t i = 0; i < n; ++i) avg[i] = s[i] / float(sampled.size());
+        if (c.dp_noise > 0)
+          add_gaussian_noise(s.data(), n, c.dp_noise * c.dp_clip, secret ^ (uint64_t(round) << 8) ^ 1);
+        const double denom = c.fraction * c.clients;
+        for (size_t i = 0; i < n; ++i) avg[i] = float(double(s[i]) / denom);
       } else {
-        const double wsum = sum[n];
-        if (!(wsum > 0))
-          throw ProtocolError(fmt::format("fl: round {}: the aggregated clients' weights sum to {}", round, wsum));
         for (size_t i = 0; i < n; ++i) avg[i] = float(sum[i] / wsum);
       }
       opt->step(global.data(), avg.data(), n);
     }
+    if (rec.aggregated > 0) {
+      ++res.rounds_applied;
+    } else {
+      CONDUIT_LOG_WARN("fl: round {} applied nothing ({} sampled: {} stragglers, {} dropouts{})", rec.round,
+                       rec.sampled, rec.stragglers, rec.dropouts,
+                       rec.abandoned ? ", fewer than secure aggregation's threshold sent" : "");
+    }
     if (accountant) {
-      accountant->step(1);
+      accountant->step(1);  // a round counts whether or not anything was applied (the sampling happened)
       rec.epsilon = accountant->epsilon(c.dp_delta);
     }
     const bool last = round + 1 == c.rounds;
@@ -779,16 +877,24 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   res.bytes_up = w.received;
   if (!c.output.empty()) {
     nlohmann::json s = nlohmann::json::parse(config_to_json(c));
+    s["kind"] = "summary";
     s["final_test_accuracy"] = res.final_accuracy;
     s["wall_time_s"] = res.wall_s;
     s["bytes_down"] = res.bytes_down;
     s["bytes_up"] = res.bytes_up;
     s["label_tv_distance"] = res.label_tv_distance;
+    s["rounds_applied"] = res.rounds_applied;
     double modelled = 0;
-    for (auto& r : res.rounds) modelled += r.modelled_s;
+    int sampled = 0, aggregated = 0;
+    for (auto& r : res.rounds) {
+      modelled += r.modelled_s;
+      sampled += r.sampled;
+      aggregated += r.aggregated;
+    }
     s["modelled_time_s"] = modelled;
-    s["epsilon"] = res.rounds.empty() || res.rounds.back().epsilon < 0 ? nlohmann::json()
-                                                                       : nlohmann::json(res.rounds.back().epsilon);
+    s["sampled"] = sampled;
+    s["aggregated"] = aggregated;
+    s["epsilon"] = res.rounds.empty() ? nlohmann::json() : optional(res.rounds.back().epsilon);
     write_text_file((fs::path(c.output) / "summary.json").string(), s.dump(2) + "\n");
   }
   return res;
@@ -799,19 +905,30 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
 FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& trainer,
                         const std::function<void(const RoundRecord&)>& on_round) {
   check_config(c);
-  if (comm->size() < 2)
+  if (comm->size() != c.workers)
     throw ConfigError(
-        fmt::format("fl: workers: {} process(es); allowed: at least 2 (the server and a client host)", comm->size()));
+        fmt::format("fl: workers: {} does not match the communicator's {} ranks", c.workers, comm->size()));
+  FlResult res;
   try {
-    const Federation f = make_federation(c, trainer);
-    if (comm->rank() == 0) return run_server(c, *comm, trainer, f, on_round);
-    run_host(c, *comm, trainer, f);
-    return {};
+    const Federation f = make_federation(c, trainer, comm->size());
+    if (comm->rank() != 0) {
+      run_host(c, *comm, trainer, f);
+      return {};
+    }
+    res = run_server(c, *comm, trainer, f, on_round);
   } catch (const std::exception& e) {
     // The others would wait for this rank until their deadline: tell them now.
     comm->transport().abort(fmt::format("fl: rank {} failed: {}", comm->rank(), e.what()));
     throw;
   }
+  // (after the hosts were released: they need not hear of it)
+  if (res.rounds_applied == 0)
+    throw Error(fmt::format(
+        "fl: none of the {} rounds aggregated an update (every sampled client was a straggler or dropped out, or too "
+        "few were left for secure aggregation): the model learned nothing; allowed: a later --deadline, --stragglers "
+        "partial, a lower --dropout or a lower --secagg-threshold",
+        c.rounds));
+  return res;
 }
 
 }  // namespace conduit::fl

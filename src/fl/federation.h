@@ -13,11 +13,15 @@
 // the steps that fit (FedProx's partial work); a dropout leaves after the key exchange, before sending its update.
 //
 // Secure aggregation (secagg.h, Bonawitz et al. 2017): with it the server learns only the sum of the surviving
-// clients' updates, which carry their weights as a last element; the hosts route the protocol's messages through
-// the server, as clients of one do. Differential privacy (privacy.h, DP-FedAvg): each update clipped to an L2 norm,
-// weights uniform, Gaussian noise added to the sum, and the privacy spent reported by an RDP accountant.
+// clients' updates (and of their training losses and clipped-element counts, carried as two more masked elements);
+// the hosts route the protocol's messages through the server, as clients of one do. The clients' sample counts are
+// known to the server (as Flower's clients report num_examples), so it divides by the exact summed weight.
+// Differential privacy (privacy.h, DP-FedAvg): clients sampled independently (Poisson, with a secret seed), each update
+// clipped to an L2 norm, weights uniform, Gaussian noise from a secret seed added to the sum, divided by the expected
+// count, and the privacy spent reported by an RDP accountant.
 //
-// Every message is framed (length, then bytes) and every wait has the communicator's deadline.
+// Every message is framed (length, then bytes) and bounded by what its step can hold; every wait has a deadline: the
+// communicator's timeout for one step of a peer, times the most clients a host trains where a wait spans that.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,9 +34,9 @@ namespace conduit::fl {
 
 struct FlConfig {
   // Model and data (the torch side reads these).
-  std::string model = "cnn";  // mlp | cnn
+  std::string model = "cnn";  // mlp | cnn (models without BatchNorm: its statistics are not averaged)
   std::string dataset = "fashion-mnist";
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data_dir;  // empty: /usr/share/datasets/<dataset> (fill_defaults)
   int64_t train_limit = 0, test_limit = 0;
   int64_t synthetic_samples = 4096;
   uint64_t seed = 42;
@@ -63,6 +67,8 @@ struct FlConfig {
   double secagg_threshold = 0.5;  // t = floor(fraction * sampled) + 1, at least 2
   // Differential privacy (0: off).
   double dp_clip = 0.0, dp_noise = 0.0, dp_delta = 1e-5;
+  // Tests only (no key, no flag): a fixed seed for DP's sampling and noise; 0 draws them from the OS.
+  uint64_t dp_secret_seed_for_testing = 0;
   // Running.
   int workers = 3;  // processes: the server and W-1 client hosts
   std::string transport = "auto";
@@ -72,8 +78,14 @@ struct FlConfig {
   bool progress = true;
 };
 
+// Fills what defaults from other fields (data_dir from the dataset).
+void fill_defaults(FlConfig& c);
 // Checks every field; ConfigError with one line naming the field and what is allowed.
 void check_config(const FlConfig& c);
+// Checks that `samples` training samples (after train_limit) can be split over the clients as the partition asks.
+void check_sample_count(const FlConfig& c, int64_t samples);
+// Clients sampled per round by fixed-size sampling (DP samples each client with probability `fraction` instead).
+int clients_per_round(const FlConfig& c);
 // The configuration as JSON text (written to <output>/config.json) and back.
 std::string config_to_json(const FlConfig& c);
 FlConfig config_from_json(const std::string& text, const std::string& what);
@@ -114,10 +126,10 @@ using TrainerFactory = std::function<std::unique_ptr<LocalTrainer>(const FlConfi
 
 // One round's record (the server's metrics.jsonl line).
 struct RoundRecord {
-  int round = 0;
+  int round = 0;  // 1-based
   int sampled = 0, aggregated = 0, stragglers = 0, dropouts = 0, partial = 0;
   bool abandoned = false;                     // secagg: fewer than the threshold sent updates, nothing applied
-  double train_loss = 0;                      // mean over the aggregated clients
+  double train_loss = -1;                     // mean over the aggregated clients (-1: none, or withheld under DP)
   double test_accuracy = -1, test_loss = -1;  // -1: not evaluated this round
   double wall_s = 0;                          // this round's wall time
   double modelled_s = 0;                      // the round's time with the configured client links and speeds
@@ -133,11 +145,13 @@ struct FlResult {
   double wall_s = 0;
   uint64_t bytes_down = 0, bytes_up = 0;
   double label_tv_distance = 0;  // the partition's mean total-variation distance from the global label mix
+  int rounds_applied = 0;        // rounds whose aggregate was applied
 };
 
 // Runs the federation on `comm` (every rank calls it with the same config; size >= 2). The server returns the
 // rounds' records and the final weights; the hosts return an empty result. The server writes <output>/metrics.jsonl
-// and summary.json when output is set. `on_round` (server) sees each record as it completes.
+// and summary.json when output is set. `on_round` (server) sees each record as it completes. Error (on the server,
+// after the records are written) when no round applied an update: the run's settings leave nothing to learn from.
 FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& trainer,
                         const std::function<void(const RoundRecord&)>& on_round = {});
 

@@ -102,7 +102,9 @@ TEST(FlClient, AFederationOfRealModelsLearnsUnderSecureAggregation) {
 }
 
 std::string run_cli(const std::string& args, int* rc) {
-  std::string cmd = std::string(CONDUIT_BINARY) + " fl " + args + " 2>&1";
+  // (as a launcher: an outer launcher's variables would make it one rank)
+  std::string cmd = "env -u WORLD_SIZE -u RANK -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_SIZE " +
+                    std::string(CONDUIT_BINARY) + " fl " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -130,7 +132,8 @@ TEST(FlProcess, TheCommandRunsAFederationOfProcessesAndWritesItsRecords) {
   int lines = 0;
   while (std::getline(m, line)) {
     auto j = nlohmann::json::parse(line);
-    EXPECT_EQ(j["round"].get<int>(), lines);
+    EXPECT_EQ(j["kind"], "round");
+    EXPECT_EQ(j["round"].get<int>(), lines + 1);
     EXPECT_EQ(j["sampled"].get<int>(), 3);
     EXPECT_GT(j["bytes_up"].get<uint64_t>(), 0u);
     ++lines;
@@ -140,6 +143,14 @@ TEST(FlProcess, TheCommandRunsAFederationOfProcessesAndWritesItsRecords) {
   auto j = nlohmann::json::parse(s);
   EXPECT_GT(j["final_test_accuracy"].get<double>(), 0.1);
   EXPECT_EQ(j["secagg_bits"].get<int>(), 16);
+  EXPECT_GE(j["rounds_applied"].get<int>(), 1) << j.dump();
+  EXPECT_LE(j["rounds_applied"].get<int>(), 3) << j.dump();
+  EXPECT_GT(j["label_tv_distance"].get<double>(), 0.5);  // two label-sorted shards a client
+  EXPECT_GT(j["modelled_time_s"].get<double>(), 0);
+  // The output folder now holds a run: a second one into it is refused before anything starts.
+  o = run_cli("--model mlp --dataset synthetic --output " + out.string(), &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(o.find("holds an earlier run's metrics.jsonl"), std::string::npos) << o;
   fs::remove_all(out);
 }
 
@@ -155,6 +166,11 @@ TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
   o = run_cli("--config /nonexistent/fl.json", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(o.find("cannot read '/nonexistent/fl.json'"), std::string::npos) << o;
+  // What the data cannot hold is found from its size before any process starts.
+  o = run_cli("--dataset synthetic --synthetic-samples 64 --clients 100", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(o.find("fl: clients: 100 clients for 64 training samples"), std::string::npos) << o;
+  EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << o;
 }
 
 }  // namespace
