@@ -108,22 +108,41 @@ void print_summary(const std::string& out) {
 
 #ifdef CONDUIT_WITH_TORCH
 // Every rank must run the same federation: rank 0's configuration (its output folder included, where the others
-// defaulted theirs from their own clocks) is broadcast and compared; a difference stops every rank naming the key.
-void agree_on_config(coll::Communicator& comm, fl::FlConfig& c, bool output_given) {
+// defaulted theirs from their own clocks) is broadcast and compared, and rank 0 checks its output folder; then every
+// rank learns whether any refused, so all stop (each with its own line, or naming the ranks that refused).
+void agree_on_config(coll::Communicator& comm, fl::FlConfig& c, bool output_given, bool writes_output) {
+  std::string why;
+  if (comm.rank() == 0 && writes_output) {
+    try {
+      refuse_used_output(c.output);
+    } catch (const ConfigError& e) {
+      why = e.what();
+    }
+  }
   std::string mine = fl::config_to_json(c);
   int64_t len = int64_t(mine.size());
   comm.broadcast(&len, 1, DType::i64, 0).wait();
   if (len < 2 || len > (1 << 24)) throw ProtocolError(fmt::format("fl: rank 0's configuration is {} bytes", len));
   std::string root = comm.rank() == 0 ? mine : std::string(size_t(len), '\0');
   comm.broadcast(root.data(), root.size(), DType::u8, 0).wait();
-  if (comm.rank() == 0) return;
-  fl::FlConfig theirs = fl::config_from_json(root, "rank 0's configuration");
-  if (!output_given) c.output = theirs.output;
-  const nlohmann::json a = nlohmann::json::parse(fl::config_to_json(c)), b = nlohmann::json::parse(root);
-  for (auto& [k, v] : b.items())
-    if (a.at(k) != v)
-      throw ConfigError(fmt::format("fl: {}: rank {} has {}, rank 0 has {}; allowed: the same settings on every rank",
-                                    k, comm.rank(), a.at(k).dump(), v.dump()));
+  if (comm.rank() != 0) {
+    fl::FlConfig theirs = fl::config_from_json(root, "rank 0's configuration");
+    if (!output_given) c.output = theirs.output;
+    const nlohmann::json a = nlohmann::json::parse(fl::config_to_json(c)), b = nlohmann::json::parse(root);
+    for (auto& [k, v] : b.items())
+      if (why.empty() && a.at(k) != v)
+        why = fmt::format("fl: {}: rank {} has {}, rank 0 has {}; allowed: the same settings on every rank", k,
+                          comm.rank(), a.at(k).dump(), v.dump());
+  }
+  std::vector<int32_t> refused(size_t(comm.size()), 0);
+  refused[size_t(comm.rank())] = why.empty() ? 0 : 1;
+  comm.allreduce(refused.data(), refused.size(), DType::i32, ReduceOp::sum).wait();
+  std::string who;
+  for (size_t r = 0; r < refused.size(); ++r)
+    if (refused[r]) who += (who.empty() ? "" : ", ") + std::to_string(r);
+  if (who.empty()) return;
+  if (why.empty()) why = fmt::format("fl: rank(s) {} refused the settings (their lines say why)", who);
+  throw ConfigError(why);
 }
 #endif
 
@@ -140,13 +159,19 @@ void run_rank(fl::FlConfig c, bool workers_given, bool output_given) {
   if (comm->size() != c.workers)
     throw ConfigError(
         fmt::format("fl: workers: {} does not match the {} ranks found in the environment", c.workers, comm->size()));
-  agree_on_config(*comm, c, output_given);
-  if (comm->rank() == 0 && !parent) {
-    refuse_used_output(c.output);
-    fs::create_directories(c.output);
-    write_text_file((fs::path(c.output) / "config.json").string(), fl::config_to_json(c) + "\n");
+  agree_on_config(*comm, c, output_given, !parent);
+  std::unique_ptr<fl::LocalTrainer> trainer;
+  try {
+    if (comm->rank() == 0 && !parent) {
+      fs::create_directories(c.output);
+      write_text_file((fs::path(c.output) / "config.json").string(), fl::config_to_json(c) + "\n");
+    }
+    trainer = torch_api().make_fl_trainer(c);
+  } catch (const std::exception& e) {
+    // (the others would wait for this rank until their deadline)
+    comm->transport().abort(fmt::format("fl: rank {} failed: {}", comm->rank(), e.what()));
+    throw;
   }
-  auto trainer = torch_api().make_fl_trainer(c);
   auto on_round = [&](const fl::RoundRecord& r) {
     if (!c.progress) return;
     std::string acc = r.test_accuracy >= 0 ? fmt::format(", test accuracy {:.2f}%", 100 * r.test_accuracy) : "";
@@ -171,7 +196,8 @@ void run_rank(fl::FlConfig c, bool workers_given, bool output_given) {
 #endif
 }
 
-fl::FlConfig resolve(const FlArgs& a, bool* workers_given, bool* output_given) {
+// check: all checks now (a launcher's parent); an outer launcher's rank checks once it knows its world size.
+fl::FlConfig resolve(const FlArgs& a, bool* workers_given, bool* output_given, bool check) {
   fl::FlConfig c;
   *workers_given = a.flags.count("workers") > 0;
   *output_given = a.flags.count("output") > 0;
@@ -183,16 +209,19 @@ fl::FlConfig resolve(const FlArgs& a, bool* workers_given, bool* output_given) {
     *output_given = *output_given || (j.contains("output") && !c.output.empty());
   }
   for (auto& [k, v] : a.flags) fl::set_config_value(c, k, v);
+  // Another data set named on the command line does not keep a config file's folder of the old one.
+  if (a.flags.count("dataset") && !a.flags.count("data_dir")) c.data_dir.clear();
   if (c.output.empty()) c.output = default_output();
   fl::fill_defaults(c);
-  fl::check_config(c);
+  if (check) fl::check_config(c);
   return c;
 }
 
 void run_fl(const FlArgs& a) {
   bool workers_given = false, output_given = false;
-  fl::FlConfig c = resolve(a, &workers_given, &output_given);
-  if (under_outer_launcher()) {
+  const bool outer = under_outer_launcher();
+  fl::FlConfig c = resolve(a, &workers_given, &output_given, !outer);
+  if (outer) {
     run_rank(c, workers_given, output_given);
     return;
   }

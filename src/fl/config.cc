@@ -95,6 +95,11 @@ int clients_per_round(const FlConfig& c) {
   return int(sample_clients(c.clients, c.fraction, c.min_clients, c.seed, 0).size());  // the same every round
 }
 
+int dp_max_sampled(const FlConfig& c) {
+  const double mean = c.fraction * c.clients, sd = std::sqrt(mean * (1 - c.fraction));
+  return int(std::min<double>(c.clients, std::ceil(mean + 6 * sd) + 1));
+}
+
 void check_sample_count(const FlConfig& c, int64_t samples) {
   if (c.train_limit > 0) samples = std::min(samples, c.train_limit);
   if (samples < c.clients)
@@ -151,9 +156,15 @@ void check_config(const FlConfig& c) {
   if (c.dp_noise > 0 && c.dp_clip == 0)
     throw ConfigError("fl: dp_noise: noise needs a sensitivity bound; allowed: dp_clip > 0 with it");
   const bool dp = c.dp_noise > 0 || c.dp_clip > 0;
-  // Under DP each client is sampled independently: about fraction * clients a round, at most all of them.
-  const int sampled = dp ? std::max(2, int(std::lround(c.fraction * c.clients))) : clients_per_round(c);
+  // Under DP each client is sampled independently: about fraction * clients a round; the codec is sized for the
+  // most a round may have.
+  const int sampled = dp ? dp_max_sampled(c) : clients_per_round(c);
   if (c.secagg) {
+    if (dp && c.fraction * c.clients < 2)
+      throw ConfigError(
+          fmt::format("fl: fraction: {} of {} clients is {:.2g} a round on average, and secure "
+                      "aggregation abandons rounds of fewer than 2; allowed: fraction * clients >= 2",
+                      c.fraction, c.clients, c.fraction * c.clients));
     int_in("secagg_bits", c.secagg_bits, 8, 32);
     real_in("secagg_clip", c.secagg_clip, 0, 1e30, true, false);
     real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
@@ -162,7 +173,7 @@ void check_config(const FlConfig& c) {
           fmt::format("fl: secagg: {} client(s) a round cannot hide one another's update; allowed: "
                       "fraction and min_clients giving at least 2, or --secagg off",
                       sampled));
-    const int most = dp ? c.clients : sampled;
+    const int most = sampled;
     if (most > kMaxClients)
       throw ConfigError(
           fmt::format("fl: secagg: up to {} clients a round; allowed: at most {} (the protocol's "
@@ -312,8 +323,8 @@ FlConfig config_from_json(const std::string& text, const std::string& what) {
     else if constexpr (std::is_unsigned_v<T>)
       ok = x.is_number_unsigned();
     else
-      ok = x.is_number_integer() && x.get<int64_t>() >= std::numeric_limits<T>::min() &&
-           x.get<int64_t>() <= std::numeric_limits<T>::max();
+      ok = x.is_number_integer() && !(x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX)) &&
+           x.get<int64_t>() >= std::numeric_limits<T>::min() && x.get<int64_t>() <= std::numeric_limits<T>::max();
     if (!ok)
       throw ConfigError(fmt::format("fl: {}: key '{}' has a value of the wrong type ({}); allowed: {}", what, k,
                                     x.dump(),

@@ -60,8 +60,9 @@ enum FlTag : uint32_t {
   kTagUnmask = 0x46000009,
 };
 
-// Training losses above this are reported as this under secure aggregation (the element's range is fixed).
-constexpr double kLossCap = 100.0;
+// Under secure aggregation the loss and the clipped count are non-negative elements scaled into [0, kTop * clip]
+// (kTop < 1: float rounding stays inside the clip); losses above kLossCap count as kLossCap.
+constexpr double kLossCap = 20.0, kTop = 0.999;
 // Sizes of the secure-aggregation messages (secagg.h) and of a framed blob's length.
 constexpr uint64_t kAdvertiseBytes = 70, kShareBytes = 126, kUnmaskBase = 14, kUnmaskPerShare = 36, kLen = 8;
 
@@ -284,6 +285,13 @@ Plan plan_client(const FlConfig& c, const Federation& f, int client, int round) 
   return p;
 }
 
+// The codec's summand count: the round's sampled clients, or under DP (Poisson sampling: the count varies) a bound
+// the count exceeds with negligible probability, fixed for the run (a round above it is abandoned).
+int codec_summands(const FlConfig& c, int sampled) {
+  if (!dp_on(c)) return sampled;
+  return dp_max_sampled(c);
+}
+
 int secagg_threshold(const FlConfig& c, int sampled) {
   return std::min(sampled, std::max(2, int(std::floor(c.secagg_threshold * sampled)) + 1));
 }
@@ -371,7 +379,7 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
     std::unique_ptr<FixedPointCodec> codec;
     if (c.secagg) {
       const SecAggConfig scfg = secagg_config(c, int(m), n, round);
-      codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, int(m));
+      codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       Out adv;
       adv.u64(k);
       for (int i : mine) {
@@ -432,17 +440,22 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
       if (r.delta.size() != n)
         throw Error(fmt::format("fl: client {}'s update has {} elements, the model {}", client, r.delta.size(), n));
       check_finite(r.delta, client);
+      if (!std::isfinite(r.loss))
+        throw Error(
+            fmt::format("fl: client {}'s training loss is {}: its local training diverged; allowed: a "
+                        "smaller --lr",
+                        client, r.loss));
       host_steps += r.steps;
       host_seconds += r.compute_s;
       std::vector<float> v = weighted_update(c, f, r, dp_on(c) ? dp_clip_bound(c, n, codec.get()) : 0.0);
       if (c.secagg) {
-        // Two more elements: the loss and the clipped count, each scaled into half the codec's range.
-        const double half = 0.5 * c.secagg_clip;
-        v.push_back(float(half * std::min(std::max(r.loss, 0.0), kLossCap) / kLossCap));
+        // Two more elements: the loss and the clipped count, each scaled into [0, kTop * clip].
+        const double top = kTop * c.secagg_clip;
+        v.push_back(float(top * std::min(std::max(r.loss, 0.0), kLossCap) / kLossCap));
         v.push_back(0.0f);
         std::vector<uint32_t> x(n + 2);
         const size_t clipped = codec->encode(v.data(), n + 1, x.data(), work.seed ^ 0xc0dec);
-        v[n + 1] = float(half * double(clipped) / double(n));
+        v[n + 1] = float(top * double(clipped) / double(n));
         codec->encode(v.data() + n + 1, 1, x.data() + n + 1, work.seed ^ 0xc1);
         std::vector<uint32_t> y = sa[i]->mask_input(inbox[i], x.data());
         up.blob(pack_elements(y.data(), y.size(), c.secagg_bits));
@@ -457,7 +470,8 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
     up.f64(host_seconds);
     w.send(0, kTagUpdate, up.take());
     if (!c.secagg) continue;
-    Bytes u3b = w.recv(0, kTagU3, "the survivors", 2 * kLen + m * 8);
+    // (after the other hosts' training too: the server sends U3 once every update has arrived)
+    Bytes u3b = w.recv(0, kTagU3, "the survivors", 2 * kLen + m * 8, 1.0 + f.max_per_host);
     In u3in(u3b, "survivors");
     if (u3in.u64() == 0) {  // fewer than the threshold sent their update: the round is abandoned
       u3in.done();
@@ -615,8 +629,9 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     RoundRecord rec;
     rec.round = round + 1;
     std::vector<int> sampled = sample_round(c, round, secret);
-    // Secure aggregation cannot hide one client's update among fewer than two: such a round is abandoned.
-    const bool too_few = c.secagg && sampled.size() < 2;
+    // Secure aggregation cannot hide one client's update among fewer than two, and under DP its codec holds at most
+    // dp_max_sampled summands: such a round is abandoned.
+    const bool too_few = c.secagg && (sampled.size() < 2 || (dp && int(sampled.size()) > dp_max_sampled(c)));
     rec.sampled = int(sampled.size());
     if (too_few) sampled.clear();
     const uint64_t m = sampled.size();
@@ -647,6 +662,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     }
 
     std::vector<double> sum(n + 2, 0.0);
+    double clipped_slack = 0;
     std::vector<ClientReport> reports;
     int64_t steps_measured = 0;
     double seconds_measured = 0;
@@ -678,7 +694,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     if (masked && m > 0) {
       const SecAggConfig scfg = secagg_config(c, int(m), n, round);
       srv = std::make_unique<SecAggServer>(scfg);
-      codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, int(m));
+      codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       std::vector<Bytes> ab =
           w.recv_many(active, kTagAdvertise, "the advertised keys", caps(kLen, kLen + kAdvertiseBytes));
       for (size_t k = 0; k < active.size(); ++k) {
@@ -783,9 +799,11 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         std::vector<float> dec(n + 2);
         codec->decode(total.data(), n + 2, dec.data());
         for (size_t i = 0; i < n; ++i) sum[i] = double(dec[i]);
-        const double half = 0.5 * c.secagg_clip;
-        sum[n] = double(dec[n]) / half * kLossCap;  // the losses' sum
-        rec.clipped = uint64_t(std::llround(std::max(0.0, double(dec[n + 1]) / half * double(n))));
+        const double top = kTop * c.secagg_clip;
+        sum[n] = double(dec[n]) / top * kLossCap;  // the losses' sum
+        rec.clipped = uint64_t(std::llround(std::max(0.0, double(dec[n + 1]) / top * double(n))));
+        // (one codec level of each client's count, the sum's uncertainty)
+        clipped_slack = double(m) * double(n) / (top * codec->scale());
       }
     } else if (m > 0) {
       collect_updates();
@@ -813,7 +831,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     if (rec.stragglers > 0) slowest = std::max(slowest, down_s + c.deadline * double(f.reference_steps) * step_s);
     rec.modelled_s = slowest;
     if (rec.aggregated > 0 && !rec.abandoned && !dp) rec.train_loss = sum[n] / rec.aggregated;
-    if (rec.aggregated > 0 && !rec.abandoned && rec.clipped * 100 > uint64_t(rec.aggregated) * n)
+    if (rec.aggregated > 0 && !rec.abandoned &&
+        (double(rec.clipped) - clipped_slack) * 100 > double(rec.aggregated) * double(n))
       CONDUIT_LOG_WARN(
           "fl: round {}: {:.1f}% of the update elements exceeded --secagg-clip {} and were clipped (the average is "
           "biased towards zero); allowed: a larger --secagg-clip (with more --secagg-bits to keep the resolution)",
@@ -911,6 +930,17 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
   FlResult res;
   try {
     const Federation f = make_federation(c, trainer, comm->size());
+    if (dp_on(c) && c.secagg) {
+      // The clip left after the codec's rounding, known once the model's size is: stop before round 1 when none is
+      // left, say so when it costs more than a tenth of the signal.
+      const FixedPointCodec codec(c.secagg_bits, c.secagg_clip, dp_max_sampled(c));
+      const double bound = dp_clip_bound(c, f.n, &codec);
+      if (comm->rank() == 0 && bound < 0.9 * c.dp_clip)
+        CONDUIT_LOG_WARN(
+            "fl: dp_clip: updates are clipped to {:.3g}, not {} (secure aggregation's rounding at {} bits "
+            "takes the rest of the bound); allowed: more --secagg-bits keep more of it",
+            bound, c.dp_clip, c.secagg_bits);
+    }
     if (comm->rank() != 0) {
       run_host(c, *comm, trainer, f);
       return {};

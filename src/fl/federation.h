@@ -86,6 +86,9 @@ void check_config(const FlConfig& c);
 void check_sample_count(const FlConfig& c, int64_t samples);
 // Clients sampled per round by fixed-size sampling (DP samples each client with probability `fraction` instead).
 int clients_per_round(const FlConfig& c);
+// Under DP (Poisson sampling) the most clients a round may have under secure aggregation: the mean plus six standard
+// deviations (exceeded with probability below 1e-8 a round; such a round is abandoned), at most all of them.
+int dp_max_sampled(const FlConfig& c);
 // The configuration as JSON text (written to <output>/config.json) and back.
 std::string config_to_json(const FlConfig& c);
 FlConfig config_from_json(const std::string& text, const std::string& what);

@@ -154,6 +154,31 @@ TEST(FlProcess, TheCommandRunsAFederationOfProcessesAndWritesItsRecords) {
   fs::remove_all(out);
 }
 
+TEST(FlProcess, RanksOfAnOuterLauncherWithOtherSettingsAllStopNamingTheKey) {
+  const fs::path out = fs::temp_directory_path() / ("conduit-fl-mismatch-" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  // Under `conduit launch` each process is one rank; rank r asks for r + 2 rounds.
+  const std::string cmd = std::string(CONDUIT_BINARY) + " launch -n 3 -- sh -c 'exec " + CONDUIT_BINARY +
+                          " fl --model mlp --dataset synthetic --synthetic-samples 512 --clients 6 --rounds "
+                          "$((RANK+2)) --output " +
+                          out.string() + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string o;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) o.append(buf, n);
+  const int st = pclose(p);
+  // Every rank stops with its line; the launcher stops the others once the first has exited, so only the first
+  // line is sure to be printed.
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << o;
+  EXPECT_TRUE(o.find("fl: rounds: rank 1 has 3, rank 0 has 2") != std::string::npos ||
+              o.find("fl: rounds: rank 2 has 4, rank 0 has 2") != std::string::npos ||
+              o.find("fl: rank(s) 1, 2 refused the settings") != std::string::npos)
+      << o;
+  EXPECT_EQ(o.find("Timeout"), std::string::npos) << o;
+  EXPECT_FALSE(fs::exists(out)) << "rank 0 wrote into the output folder of a run that never started";
+  fs::remove_all(out);
+}
+
 TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
   int rc = 0;
   std::string o = run_cli("--partition dirichlet:0", &rc);
