@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <linux/futex.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -169,6 +170,10 @@ struct ShmPeer {
   bool failed = false;
   std::exception_ptr error;
   pid_t pid = 0;
+  // A pidfd of the peer process (Linux 5.3+), -1 where unavailable: it refers to that process, so it reports its
+  // exit even when the pid was reused or the exited peer is a zombie nobody reaped yet (kill(pid, 0) answers for
+  // both as if it lived).
+  int pidfd = -1;
   SegHeader* seg = nullptr;    // the peer's segment (we write into our ring there)
   RingHeader* out = nullptr;   // ring rank -> peer (in the peer's segment)
   char* out_data = nullptr;
@@ -264,6 +269,7 @@ class ShmTransport : public Transport, public Progressor {
     // On a failure below, the segment's name and every mapping go (the destructor does not run).
     auto undo = [&] {
       ::shm_unlink(my_name.c_str());
+      close_pidfds();
       for (char*& m : maps_)
         if (m != nullptr && m != MAP_FAILED) ::munmap(m, seg_bytes_);
       if (mine_ != nullptr && mine_ != MAP_FAILED) ::munmap(mine_, seg_bytes_);
@@ -373,6 +379,7 @@ class ShmTransport : public Transport, public Progressor {
                           p, v));
         }
         peer.pid = static_cast<pid_t>(pid);
+        peer.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer.pid, 0));
       }
       peer.out = ring_at(maps_[p], rank);
       peer.out_data = reinterpret_cast<char*>(peer.out) + sizeof(RingHeader);
@@ -420,6 +427,7 @@ class ShmTransport : public Transport, public Progressor {
   }
 
   ~ShmTransport() override {
+    close_pidfds();
     for (char* m : maps_)
       if (m != nullptr && m != MAP_FAILED) ::munmap(m, seg_bytes_);
     if (mine_ != nullptr && mine_ != MAP_FAILED) ::munmap(mine_, seg_bytes_);
@@ -634,7 +642,7 @@ class ShmTransport : public Transport, public Progressor {
       }
       std::string reason = aborted_reason();
       if (!reason.empty()) throw PeerError(reason);
-      if (::kill(peers_[r].pid, 0) != 0 && errno == ESRCH)
+      if (peer_gone(peers_[r]))
         throw PeerError(fmt::format("shm: rank {} (pid {}) died", r, static_cast<long>(peers_[r].pid)));
       if (deadline.expired()) {
         std::vector<int> silent;
@@ -1179,6 +1187,22 @@ class ShmTransport : public Transport, public Progressor {
       if (p.serve) fail_peer(p, err);
   }
 
+  // Whether the peer's process has exited: its pidfd is readable then; without one, its pid no longer exists.
+  static bool peer_gone(const ShmPeer& p) {
+    if (p.pidfd >= 0) {
+      pollfd f{p.pidfd, POLLIN, 0};
+      return ::poll(&f, 1, 0) > 0 && (f.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+    }
+    return ::kill(p.pid, 0) != 0 && errno == ESRCH;
+  }
+  void close_pidfds() {
+    for (auto& p : peers_)
+      if (p.pidfd >= 0) {
+        ::close(p.pidfd);
+        p.pidfd = -1;
+      }
+  }
+
   // True at most once per 50 ms (across threads): time for check_liveness().
   bool liveness_due() {
     const int64_t now = Clock::now().time_since_epoch().count();
@@ -1193,7 +1217,7 @@ class ShmTransport : public Transport, public Progressor {
     progress_locked();
     for (auto& p : peers_) {
       if (!p.serve || p.failed || !p.pending()) continue;
-      if (::kill(p.pid, 0) != 0 && errno == ESRCH) {
+      if (peer_gone(p)) {
         fail_peer(p, std::make_exception_ptr(
                          PeerError(fmt::format("shm: rank {} (pid {}) died", p.rank, static_cast<long>(p.pid)))),
                   /*keep_arrived=*/true);

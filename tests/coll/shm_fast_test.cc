@@ -198,9 +198,11 @@ TEST(ShmSegments, APeerSegmentOfAnotherSizeIsRefused) {
 // sleep early, which skipped the liveness check, so the death went unseen until the traffic stopped or the deadline
 // passed (20 s here). Ranks are processes (the check asks whether the peer's pid lives); rank 1 exits at once,
 // rank 2 sends to rank 0 every 0.2 ms until rank 0 is done (10 s at most), rank 0 waits on a receive from rank 1.
-TEST(ShmLiveness, ADeadPeerIsFoundWhileAnotherKeepsWriting) {
-  const std::string dir = fmt::format("/tmp/conduit-shm-live-{}", ::getpid());
-  const std::string job = fmt::format("livetest{}", ::getpid());
+// reap_dead_at_once false: rank 1 stays a zombie until rank 0 is done (its parent, a launcher that has not reaped it
+// yet): kill(pid, 0) still answers for it, the peer's pidfd does not.
+void dead_peer_is_found(bool reap_dead_at_once) {
+  const std::string dir = fmt::format("/tmp/conduit-shm-live-{}-{}", ::getpid(), int(reap_dead_at_once));
+  const std::string job = fmt::format("livetest{}x{}", ::getpid(), int(reap_dead_at_once));
   std::filesystem::create_directories(dir);
   const std::string result = dir + "/result";
   pid_t kids[3];
@@ -257,10 +259,11 @@ TEST(ShmLiveness, ADeadPeerIsFoundWhileAnotherKeepsWriting) {
     }
     ::_exit(code);
   }
-  ::waitpid(kids[1], nullptr, 0);  // reaped at once: a zombie still answers kill(pid, 0)
+  if (reap_dead_at_once) ::waitpid(kids[1], nullptr, 0);
   int st0 = 0, st2 = 0;
   ::waitpid(kids[0], &st0, 0);
   ::waitpid(kids[2], &st2, 0);
+  if (!reap_dead_at_once) ::waitpid(kids[1], nullptr, 0);
   std::ifstream in(result);
   double took = -1;
   std::string what;
@@ -273,6 +276,9 @@ TEST(ShmLiveness, ADeadPeerIsFoundWhileAnotherKeepsWriting) {
   EXPECT_NE(what.find("died"), std::string::npos) << what;
   EXPECT_LT(took, 8) << "found only when rank 2's traffic stopped (10 s) or at the deadline (20 s): " << what;
 }
+
+TEST(ShmLiveness, ADeadPeerIsFoundWhileAnotherKeepsWriting) { dead_peer_is_found(true); }
+TEST(ShmLiveness, ADeadPeerNobodyReapedYetIsFound) { dead_peer_is_found(false); }
 
 }  // namespace
 }  // namespace conduit::coll
