@@ -823,9 +823,12 @@ struct Series {
 // value: the cell's number (nullopt: none); only cells whose status is ok count.
 std::vector<Series> build_series(const std::vector<Cell>& cells, const json& rows,
                                  const std::function<std::optional<double>(const json&)>& value) {
-  // The shapes in the plot: latency and loss are named in every title once any cell has a non-zero one.
+  // The shapes in the plot: latency and loss are named in every title once any plotted cell has a non-zero one
+  // (a failed cell is not plotted: its 5 ms alone made the others' titles say @0ms).
   bool any_latency = false, any_loss = false;
-  for (const auto& c : cells) {
+  for (size_t i = 0; i < cells.size() && i < rows.size(); ++i) {
+    if (rows[i].value("status", "") != "ok" || !value(rows[i])) continue;
+    const Cell& c = cells[i];
     any_latency = any_latency || (!c.net->hetero && c.net->latency_s > 0);
     any_loss = any_loss || (!c.net->hetero && c.net->loss > 0);
   }

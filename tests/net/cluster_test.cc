@@ -797,6 +797,20 @@ TEST(SweepConfig, ThroughputSeriesSeparateLatenciesAndSummariseSeeds) {
   EXPECT_EQ(read(fs::path(out) / "throughput-1.dat"), head + "100 20 10 30 3\n");
   // busbw in Mbit/s: GB/s x 8000.
   EXPECT_EQ(read(fs::path(out) / "busbw-1.dat"), head + "100 160 80 240 3\n");
+
+  // When the 5 ms cells failed, only 0 ms lines are drawn: their titles name no latency.
+  std::ostringstream failed;
+  failed << "[";
+  for (size_t i = 0; i < cells.size(); ++i)
+    failed << (i ? ", " : "") << "{\"cell\": " << i << ", \"label\": \"" << cells[i].label << "\", \"status\": \""
+           << (cells[i].net == "100mbit-5ms" ? "failed" : "ok") << "\"}";
+  failed << "]\n";
+  std::ofstream(fs::path(out) / "results.json") << failed.str();
+  Result r2 = sh(conduit() + " sweep " + yaml + " -o " + out + " --replot");
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  const std::string gp2 = read(fs::path(out) / "plot.gp");
+  EXPECT_NE(gp2.find("title 'conduit bsp none'"), std::string::npos) << gp2;
+  EXPECT_EQ(gp2.find("@0ms"), std::string::npos) << gp2;
 }
 
 // --replot collects the cells an earlier run wrote again: each curve holds the epoch evaluations and the model
