@@ -7,7 +7,7 @@ each as a ratio to the first row of the same command (FedAvg on the same non-IID
 aggregation).
 
   /usr/bin/python3 bench/fl/compare.py [--conduit build/bin/conduit] [--out runs/fl-compare] [--rounds 20]
-                                       [--only NAME,NAME]
+                                       [--only 'NAME;NAME']
 """
 import argparse
 import json
@@ -22,6 +22,7 @@ CONFIGS = [
     ("fedavg + secagg 32-bit", []),
     ("fedavg + secagg 16-bit", ["--secagg-bits", "16"]),
     ("fedavg + secagg, stragglers dropped", ["--speed-sigma", "1", "--deadline", "1"]),
+    ("fedavg, stragglers dropped", ["--secagg", "false", "--speed-sigma", "1", "--deadline", "1"]),
     ("fedprox + secagg, partial work", ["--speed-sigma", "1", "--deadline", "1", "--stragglers", "partial",
                                         "--mu", "0.01"]),
     ("fedavg + secagg, 20% dropouts", ["--dropout", "0.2"]),
@@ -33,9 +34,12 @@ def main():
     ap.add_argument("--conduit", default="build/bin/conduit")
     ap.add_argument("--out", default="runs/fl-compare")
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--only", default="", help="comma-separated row names (the first row is always run)")
+    ap.add_argument("--only", default="", help="';'-separated row names (the first row is always run)")
     a = ap.parse_args()
-    only = [s for s in a.only.split(",") if s]
+    only = [s.strip() for s in a.only.split(";") if s.strip()]
+    unknown = [s for s in only if s not in [n for n, _ in CONFIGS]]
+    if unknown:
+        sys.exit(f"fl compare: --only: unknown row(s) {unknown}; allowed: {[n for n, _ in CONFIGS]}")
     rows = []
     for i, (name, flags) in enumerate(CONFIGS):
         if only and i > 0 and name not in only:
@@ -57,11 +61,12 @@ def main():
                 sampled += m["sampled"]
         rows.append((name, s, agg, sampled))
     base = rows[0][1]
-    print(f"| configuration ({a.rounds} rounds) | test accuracy | aggregated | wall s (x first) | modelled s (x first) "
-          "| MB up (x first) |")
-    print("|---|---|---|---|---|---|")
+    print(f"| configuration ({a.rounds} rounds) | test accuracy | aggregated | rounds applied | wall s (x first) "
+          "| modelled s (x first) | MB up (x first) |")
+    print("|---|---|---|---|---|---|---|")
     for name, s, agg, sampled in rows:
-        print(f"| {name} | {100 * s['final_test_accuracy']:.2f}% | {agg}/{sampled} | {s['wall_time_s']:.1f} "
+        print(f"| {name} | {100 * s['final_test_accuracy']:.2f}% | {agg}/{sampled} | {s['rounds_applied']} "
+              f"| {s['wall_time_s']:.1f} "
               f"({s['wall_time_s'] / base['wall_time_s']:.2f}) | {s['modelled_time_s']:.1f} "
               f"({s['modelled_time_s'] / base['modelled_time_s']:.2f}) | {s['bytes_up'] / 1e6:.1f} "
               f"({s['bytes_up'] / base['bytes_up']:.2f}) |")

@@ -3,6 +3,7 @@
 // <output>/config.json and prints the summary); otherwise it starts `workers` local processes through the launcher,
 // each running `conduit fl --config <output>/config.json`, and prints the summary when they are done.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -64,7 +65,8 @@ std::string default_output() {
   localtime_r(&t, &tm);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return std::string("runs/fl-") + buf;
+  // (with the pid: two runs started in one second would share a folder)
+  return fmt::format("runs/fl-{}-{}", buf, ::getpid());
 }
 
 // A folder that holds an earlier run's records would have them replaced.

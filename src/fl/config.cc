@@ -122,7 +122,7 @@ void check_config(const FlConfig& c) {
   one_of("dataset", c.dataset, {"fashion-mnist", "mnist", "synthetic"});
   int_in("train_limit", c.train_limit, 0, int64_t(1) << 40);
   int_in("test_limit", c.test_limit, 0, int64_t(1) << 40);
-  int_in("synthetic_samples", c.synthetic_samples, 1, int64_t(1) << 30);
+  int_in("synthetic_samples", c.synthetic_samples, 1, int64_t(1) << 22);  // (784 bytes each, on every rank)
   int_in("clients", c.clients, 1, 1000000);
   real_in("fraction", c.fraction, 0, 1, true, false);
   int_in("min_clients", c.min_clients, 1, c.clients);
@@ -166,7 +166,7 @@ void check_config(const FlConfig& c) {
                       "aggregation abandons rounds of fewer than 2; allowed: fraction * clients >= 2",
                       c.fraction, c.clients, c.fraction * c.clients));
     int_in("secagg_bits", c.secagg_bits, 8, 32);
-    real_in("secagg_clip", c.secagg_clip, 0, 1e30, true, false);
+    real_in("secagg_clip", c.secagg_clip, 1e-20, 1e30, false, false);  // (the codec's scale is levels / clip)
     real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
     if (sampled < 2)
       throw ConfigError(
@@ -227,7 +227,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"secagg", "secure aggregation (true | false)"},
       {"secagg_bits", "bits of secure aggregation's arithmetic (8..32): the upload's bytes per element"},
       {"secagg_clip", "secure aggregation clips each weighted update element to [-clip, clip]"},
-      {"secagg_threshold", "secure aggregation threshold t = floor(x * sampled) + 1, x in [0.5, 1]"},
+      {"secagg_threshold", "secure aggregation threshold t = floor(x * sampled) + 1 (2 to sampled), x in [0.5, 1]"},
       {"dp_clip", "differential privacy: clip each update to this L2 norm (0: off)"},
       {"dp_noise", "differential privacy: noise multiplier z (noise std z * dp_clip on the sum; 0: off)"},
       {"dp_delta", "differential privacy: the delta epsilon is reported at"},

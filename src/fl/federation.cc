@@ -21,6 +21,7 @@
 #include "fl/federation.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sodium.h>
 
 #include <algorithm>
@@ -142,9 +143,11 @@ class In {
 class Wire {
  public:
   explicit Wire(coll::Communicator& c) : c_(c) {}
-  void send(int peer, uint32_t tag, const Bytes& b) { send_many({peer}, tag, {&b}); }
+  // `steps` timeouts: a large message completes only once the receiver posts its receive (MPI's rendezvous, or past
+  // tcp's and shm's unexpected-message budget), which may come after other ranks' work.
+  void send(int peer, uint32_t tag, const Bytes& b, double steps = 1) { send_many({peer}, tag, {&b}, steps); }
   // Sends b[i] to peers[i], all at once.
-  void send_many(const std::vector<int>& peers, uint32_t tag, const std::vector<const Bytes*>& b) {
+  void send_many(const std::vector<int>& peers, uint32_t tag, const std::vector<const Bytes*>& b, double steps = 1) {
     std::vector<uint64_t> sizes(peers.size());
     std::vector<net::RequestPtr> reqs;
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -153,7 +156,14 @@ class Wire {
       if (!b[i]->empty()) reqs.push_back(isend(peers[i], tag, b[i]->data(), b[i]->size()));
       sent += 8 + b[i]->size();
     }
-    net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s()));
+    try {
+      net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
+    } catch (const TimeoutError&) {
+      throw TimeoutError(
+          fmt::format("fl: rank {} could not hand its message (tag {:#x}) to rank(s) {} within {:.0f} s "
+                      "({:g} x --timeout-s); allowed: a larger --timeout-s",
+                      c_.rank(), tag, fmt::join(peers, ", "), c_.timeout_s() * steps, steps));
+    }
   }
   // Receives one framed message from each of `peers`: at most caps[i] bytes from peers[i] (a longer announcement is
   // a ProtocolError before anything is allocated), within `steps` timeouts (the steps of the peers' work it spans).
@@ -468,7 +478,8 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
     }
     up.i64(host_steps);
     up.f64(host_seconds);
-    w.send(0, kTagUpdate, up.take());
+    // (the server takes the updates once every host has announced its own: the slowest host's training)
+    w.send(0, kTagUpdate, up.take(), 1.0 + f.max_per_host);
     if (!c.secagg) continue;
     // (after the other hosts' training too: the server sends U3 once every update has arrived)
     Bytes u3b = w.recv(0, kTagU3, "the survivors", 2 * kLen + m * 8, 1.0 + f.max_per_host);
@@ -856,6 +867,12 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         for (size_t i = 0; i < n; ++i) avg[i] = float(sum[i] / wsum);
       }
       opt->step(global.data(), avg.data(), n);
+      for (size_t i = 0; i < n; ++i)
+        if (!std::isfinite(global[i]))
+          throw Error(
+              fmt::format("fl: round {}: the global model's weight {} is {} after the server's update; "
+                          "allowed: a smaller --server-lr{}",
+                          rec.round, i, global[i], dp ? ", less --dp-noise or more clients a round" : ""));
     }
     if (rec.aggregated > 0) {
       ++res.rounds_applied;

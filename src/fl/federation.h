@@ -64,7 +64,7 @@ struct FlConfig {
   bool secagg = true;
   int secagg_bits = 32;
   double secagg_clip = 1.0;       // per element of a weighted update
-  double secagg_threshold = 0.5;  // t = floor(fraction * sampled) + 1, at least 2
+  double secagg_threshold = 0.5;  // t = floor(secagg_threshold * sampled) + 1, in [2, sampled]
   // Differential privacy (0: off).
   double dp_clip = 0.0, dp_noise = 0.0, dp_delta = 1e-5;
   // Tests only (no key, no flag): a fixed seed for DP's sampling and noise; 0 draws them from the OS.
@@ -87,7 +87,8 @@ void check_sample_count(const FlConfig& c, int64_t samples);
 // Clients sampled per round by fixed-size sampling (DP samples each client with probability `fraction` instead).
 int clients_per_round(const FlConfig& c);
 // Under DP (Poisson sampling) the most clients a round may have under secure aggregation: the mean plus six standard
-// deviations (exceeded with probability below 1e-8 a round; such a round is abandoned), at most all of them.
+// deviations plus one (exceeded about 2e-7 of rounds at a mean of 2, less for larger means; such a round is
+// abandoned), at most all of them.
 int dp_max_sampled(const FlConfig& c);
 // The configuration as JSON text (written to <output>/config.json) and back.
 std::string config_to_json(const FlConfig& c);

@@ -129,22 +129,26 @@ TEST(FlProcess, TheCommandRunsAFederationOfProcessesAndWritesItsRecords) {
   EXPECT_NE(o.find("secure aggregation (16 bits)"), std::string::npos) << o;
   std::ifstream m(out / "metrics.jsonl");
   std::string line;
-  int lines = 0;
+  int lines = 0, abandoned = 0;
   while (std::getline(m, line)) {
     auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j["kind"], "round");
     EXPECT_EQ(j["round"].get<int>(), lines + 1);
     EXPECT_EQ(j["sampled"].get<int>(), 3);
     EXPECT_GT(j["bytes_up"].get<uint64_t>(), 0u);
+    abandoned += j["abandoned"].get<bool>() ? 1 : 0;
+    if (!j["abandoned"].get<bool>()) {
+      EXPECT_EQ(j["aggregated"].get<int>() + j["dropouts"].get<int>() + j["stragglers"].get<int>(), 3) << line;
+    }
     ++lines;
   }
   EXPECT_EQ(lines, 3);
   std::ifstream s(out / "summary.json");
   auto j = nlohmann::json::parse(s);
-  EXPECT_GT(j["final_test_accuracy"].get<double>(), 0.1);
+  EXPECT_EQ(j["kind"], "summary");
+  EXPECT_GT(j["final_test_accuracy"].get<double>(), 0.3);  // 10 classes (chance 0.1), label-skewed clients
   EXPECT_EQ(j["secagg_bits"].get<int>(), 16);
-  EXPECT_GE(j["rounds_applied"].get<int>(), 1) << j.dump();
-  EXPECT_LE(j["rounds_applied"].get<int>(), 3) << j.dump();
+  EXPECT_EQ(j["rounds_applied"].get<int>() + 0, 3 - abandoned) << j.dump();
   EXPECT_GT(j["label_tv_distance"].get<double>(), 0.5);  // two label-sorted shards a client
   EXPECT_GT(j["modelled_time_s"].get<double>(), 0);
   // The output folder now holds a run: a second one into it is refused before anything starts.
