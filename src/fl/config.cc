@@ -115,6 +115,17 @@ void check_sample_count(const FlConfig& c, int64_t samples) {
                     p.shards_per_client, c.clients, int64_t(p.shards_per_client) * c.clients, samples));
 }
 
+ServerOptConfig server_opt_config(const FlConfig& c) {
+  ServerOptConfig oc;
+  oc.name = c.server_opt;
+  oc.lr = c.server_lr;
+  oc.momentum = c.server_momentum;
+  oc.beta1 = c.beta1;
+  oc.beta2 = c.beta2;
+  oc.tau = c.tau;
+  return oc;
+}
+
 void check_config(const FlConfig& c) {
   // (resnet's BatchNorm statistics are buffers, not weights: averaging, clipping and noising them as weights breaks
   // them; FedBN-style local statistics are not built)
@@ -134,16 +145,7 @@ void check_config(const FlConfig& c) {
   real_in("momentum", c.momentum, 0, 1, false, true);
   real_in("weight_decay", c.weight_decay, 0, 1e6, false, false);
   real_in("mu", c.mu, 0, 1e6, false, false);
-  {
-    ServerOptConfig oc;
-    oc.name = c.server_opt;
-    oc.lr = c.server_lr;
-    oc.momentum = c.server_momentum;
-    oc.beta1 = c.beta1;
-    oc.beta2 = c.beta2;
-    oc.tau = c.tau;
-    validate(oc);  // ConfigError naming the field
-  }
+  validate(server_opt_config(c));  // ConfigError naming the field
   real_in("speed_sigma", c.speed_sigma, 0, 4, false, false);
   real_in("deadline", c.deadline, 0, 1e6, false, false);
   one_of("stragglers", c.stragglers, {"drop", "partial"});

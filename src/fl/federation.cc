@@ -614,14 +614,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   res.label_tv_distance = f.tv_distance;
   std::vector<float> global = trainer.initial_weights();
   const size_t n = global.size();
-  ServerOptConfig oc;
-  oc.name = c.server_opt;
-  oc.lr = c.server_lr;
-  oc.momentum = c.server_momentum;
-  oc.beta1 = c.beta1;
-  oc.beta2 = c.beta2;
-  oc.tau = c.tau;
-  auto opt = make_server_optimizer(oc, n);
+  auto opt = make_server_optimizer(server_opt_config(c), n);
   const bool dp = dp_on(c);
   const uint64_t secret = dp ? secret_seed(c) : 0;
   std::unique_ptr<RdpAccountant> accountant;

@@ -78,6 +78,9 @@ struct FlConfig {
   bool progress = true;
 };
 
+struct ServerOptConfig;  // server_opt.h
+// The server optimizer's settings of the config (server_opt.h).
+ServerOptConfig server_opt_config(const FlConfig& c);
 // Fills what defaults from other fields (data_dir from the dataset).
 void fill_defaults(FlConfig& c);
 // Checks every field; ConfigError with one line naming the field and what is allowed.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "error_of.h"
 
 using namespace conduit;
 using namespace conduit::fl;
@@ -39,15 +40,7 @@ void expect_exact_cover(const std::vector<std::vector<int64_t>>& parts, size_t n
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "index " << i;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using fltest::error_of;
 
 }  // namespace
 

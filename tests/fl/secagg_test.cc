@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "error_of.h"
+
 namespace conduit::fl {
 namespace {
 
@@ -20,20 +22,7 @@ using ::testing::Not;
 
 uint32_t mask_of(int bits) { return bits == 32 ? 0xFFFFFFFFu : (1u << bits) - 1u; }
 
-// The message of the E thrown by f, or a test failure when f throws nothing or something else.
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
+using fltest::error_of;
 
 SecAggConfig config(int n, int t, int bits, size_t length, uint64_t round_id = 7) {
   SecAggConfig c;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "error_of.h"
 
 using namespace conduit;
 using namespace conduit::fl;
@@ -23,15 +24,7 @@ ServerOptConfig config(const std::string& name, double lr = 1.0) {
   return c;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using fltest::error_of;
 
 }  // namespace
 
