@@ -508,7 +508,8 @@ struct ClientReport {
   int pos = 0;  // position in the sampled list
   Fate fate = Fate::sent;
   double loss = 0;  // without secure aggregation
-  Bytes update;
+  Bytes update;     // released once summed (or handed to secure aggregation): the server holds one sum
+  uint64_t update_bytes = 0;  // its size on the wire, for the modelled upload
 };
 
 struct HostReport {
@@ -677,6 +678,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
           w.recv_many(active, kTagUpdate, "the client updates", caps(kLen + 16, per_client), 1.0 + double(most));
       for (size_t k = 0; k < active.size(); ++k) {
         HostReport hr = parse_updates(ub[k], active[k], by_host[active[k]], masked);
+        Bytes().swap(ub[k]);  // (parsed: the host's message is not kept beside its clients' updates)
         steps_measured += hr.steps;
         seconds_measured += hr.seconds;
         for (auto& x : hr.clients) {
@@ -688,6 +690,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
             for (size_t i = 0; i < n; ++i) sum[i] += double(v[i]);
             sum[n] += x.loss;
           }
+          x.update_bytes = x.update.size();
+          if (!masked) Bytes().swap(x.update);
           reports.push_back(std::move(x));
         }
       }
@@ -769,6 +773,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         if (r.fate != Fate::sent) continue;
         ++arrived;
         srv->add_masked_input(r.pos, unpack_elements(r.update.data(), r.update.size(), c.secagg_bits, n + 2));
+        Bytes().swap(r.update);
       }
       Out o;
       if (arrived < scfg.threshold) {
@@ -829,7 +834,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       const Plan p = plan_client(c, f, client, round);
       if (p.max_steps > 0 && p.steps < full_steps(c, int64_t(f.parts[size_t(client)].size()))) ++rec.partial;
       wsum += dp ? 1.0 : double(f.parts[size_t(client)].size()) / f.mean_examples;
-      const double up_s = double(r.update.size()) * 8 / (c.uplink_mbps * 1e6);
+      const double up_s = double(r.update_bytes) * 8 / (c.uplink_mbps * 1e6);
       slowest = std::max(slowest, down_s + double(p.steps) * f.speed[size_t(client)] * step_s + up_s);
     }
     if (rec.stragglers > 0) slowest = std::max(slowest, down_s + c.deadline * double(f.reference_steps) * step_s);

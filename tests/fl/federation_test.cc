@@ -264,6 +264,34 @@ TEST(Federation, TooFewSurvivorsAbandonTheRoundAndTheWeightsStay) {
   for (float v : r.evaluated) EXPECT_EQ(v, 0.0f);
 }
 
+// The threshold's boundary: a round in which exactly t = 4 of the 6 sampled send is applied, one with t - 1 is
+// abandoned. The seeds are tried in order until both kinds of round have been seen.
+TEST(Federation, SecureAggregationAppliesARoundOfExactlyTSendersAndAbandonsOneOfTMinusOne) {
+  bool seen_t = false, seen_below = false;
+  for (uint64_t seed = 1; seed <= 60 && !(seen_t && seen_below); ++seed) {
+    FlConfig c = base_config();
+    c.secagg = true;
+    c.dropout = 0.35;
+    c.rounds = 4;
+    c.seed = seed;
+    RunResult r = run(c);
+    ASSERT_EQ(r.records.size(), 4u) << "seed " << seed << ": " << r.errors[0];
+    for (const RoundRecord& x : r.records) {
+      const int senders = x.sampled - x.dropouts;
+      if (senders == 4) {
+        seen_t = true;
+        EXPECT_FALSE(x.abandoned) << "seed " << seed << " round " << x.round;
+        EXPECT_EQ(x.aggregated, 4) << "seed " << seed << " round " << x.round;
+      } else if (senders == 3) {
+        seen_below = true;
+        EXPECT_TRUE(x.abandoned) << "seed " << seed << " round " << x.round;
+        EXPECT_EQ(x.aggregated, 0) << "seed " << seed << " round " << x.round;
+      }
+    }
+  }
+  EXPECT_TRUE(seen_t && seen_below) << "no seed gave both a round of t senders and one of t - 1";
+}
+
 TEST(Federation, StragglersPastTheDeadlineDropOrDoPartialWork) {
   FlConfig c = base_config();
   c.speed_sigma = 1.0;
