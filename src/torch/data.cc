@@ -208,4 +208,21 @@ std::vector<int64_t> DistributedSampler::batch(int64_t step, int64_t batch) cons
   return out;
 }
 
+TrainTestSets load_train_test(const std::string& dataset, const std::string& data_dir, int64_t train_limit,
+                              int64_t test_limit, int64_t synthetic_samples, uint64_t seed) {
+  TrainTestSets d;
+  if (dataset == "synthetic") {
+    d.train = make_synthetic(synthetic_samples, seed, true);
+    d.test = make_synthetic(std::max<int64_t>(synthetic_samples / 4, 1), seed, false);
+    if (train_limit > 0 && train_limit < d.train.n) d.train.n = train_limit;
+    if (test_limit > 0 && test_limit < d.test.n) d.test.n = test_limit;
+  } else {
+    d.train = load_mnist_format(data_dir, true, train_limit);
+    d.test = load_mnist_format(data_dir, false, test_limit);
+    d.test.mean = d.train.mean;
+    d.test.stddev = d.train.stddev;
+  }
+  return d;
+}
+
 }  // namespace conduit::train

@@ -34,6 +34,15 @@ int64_t mnist_format_train_count(const std::string& dir);
 // in a few hundred steps. Train and test sets share prototypes and differ in noise.
 ImageSet make_synthetic(int64_t n, uint64_t seed, bool train);
 
+// The training and test sets of a run: `dataset` synthetic (synthetic_samples for training, a quarter for testing,
+// from `seed`) or MNIST-format files in data_dir (the test set normalised with the training set's mean and
+// deviation); train_limit / test_limit > 0 keep the first samples.
+struct TrainTestSets {
+  ImageSet train, test;
+};
+TrainTestSets load_train_test(const std::string& dataset, const std::string& data_dir, int64_t train_limit,
+                              int64_t test_limit, int64_t synthetic_samples, uint64_t seed);
+
 // Shards an epoch: a permutation of [0, n) drawn from (seed, epoch) (the same on every rank); rank r takes
 // positions r, r+W, r+2W, ... of its first W*floor(n/W) entries, so every rank has the same number of samples and
 // the union of the ranks' k-th batches of size b is the k-th batch of size W*b of a single worker.

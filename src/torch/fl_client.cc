@@ -25,17 +25,9 @@ class TorchLocalTrainer : public fl::LocalTrainer {
     torch::set_num_threads(1);
     torch::manual_seed(c.seed);
     model_ = make_model(c.model);
-    if (c.dataset == "synthetic") {
-      train_ = make_synthetic(c.synthetic_samples, c.seed, true);
-      test_ = make_synthetic(std::max<int64_t>(c.synthetic_samples / 4, 1), c.seed, false);
-    } else {
-      train_ = load_mnist_format(c.data_dir, true, c.train_limit);
-      test_ = load_mnist_format(c.data_dir, false, c.test_limit);
-      test_.mean = train_.mean;
-      test_.stddev = train_.stddev;
-    }
-    if (c.dataset == "synthetic" && c.train_limit > 0 && c.train_limit < train_.n) train_.n = c.train_limit;
-    if (c.dataset == "synthetic" && c.test_limit > 0 && c.test_limit < test_.n) test_.n = c.test_limit;
+    TrainTestSets d = load_train_test(c.dataset, c.data_dir, c.train_limit, c.test_limit, c.synthetic_samples, c.seed);
+    train_ = std::move(d.train);
+    test_ = std::move(d.test);
     for (auto& p : model_->parameters()) state_.push_back(p);
     for (auto& b : model_->buffers())
       if (b.is_floating_point()) state_.push_back(b);

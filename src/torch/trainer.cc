@@ -36,26 +36,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Data {
-  ImageSet train, test;
-};
-
-Data load_data(const TrainConfig& c) {
-  Data d;
-  if (c.dataset == "synthetic") {
-    d.train = make_synthetic(c.synthetic_samples, c.seed, true);
-    d.test = make_synthetic(std::max<int64_t>(c.synthetic_samples / 4, 1), c.seed, false);
-  } else {
-    d.train = load_mnist_format(c.data_dir, true, c.train_limit);
-    d.test = load_mnist_format(c.data_dir, false, c.test_limit);
-    d.test.mean = d.train.mean;
-    d.test.stddev = d.train.stddev;
-  }
-  if (c.dataset == "synthetic" && c.train_limit > 0 && c.train_limit < d.train.n) {
-    d.train.n = c.train_limit;
-  }
-  if (c.dataset == "synthetic" && c.test_limit > 0 && c.test_limit < d.test.n) d.test.n = c.test_limit;
-  return d;
+TrainTestSets load_data(const TrainConfig& c) {
+  return load_train_test(c.dataset, c.data_dir, c.train_limit, c.test_limit, c.synthetic_samples, c.seed);
 }
 
 // What identifies the training samples a sampler position counts: their number and a 64-bit FNV-1a hash of their
@@ -590,7 +572,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   // the workers wait for each other.
   coll::Communicator* eval_comm = spec.bsp() ? &comm : nullptr;
   const bool evaluates = spec.bsp() || lead;
-  Data data = load_data(c);
+  TrainTestSets data = load_data(c);
   // The training data's identity and absolute folder (file data sets; the synthetic one is its seed and
   // synthetic_samples, compared with the checkpoint's above).
   const bool file_data = c.dataset != "synthetic";
