@@ -26,6 +26,8 @@ CONFIGS = [
     ("fedprox + secagg, partial work", ["--speed-sigma", "1", "--deadline", "1", "--stragglers", "partial",
                                         "--mu", "0.01"]),
     ("fedavg + secagg, 20% dropouts", ["--dropout", "0.2"]),
+    ("scaffold, dirichlet:0.5", ["--secagg", "false", "--scaffold", "true"]),
+    ("scaffold + secagg 32-bit", ["--scaffold", "true"]),
 ]
 
 

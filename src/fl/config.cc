@@ -36,6 +36,7 @@ void fields(C& c, F&& f) {
   f("momentum", c.momentum);
   f("weight_decay", c.weight_decay);
   f("mu", c.mu);
+  f("scaffold", c.scaffold);
   f("server_opt", c.server_opt);
   f("server_lr", c.server_lr);
   f("server_momentum", c.server_momentum);
@@ -145,6 +146,11 @@ void check_config(const FlConfig& c) {
   real_in("momentum", c.momentum, 0, 1, false, true);
   real_in("weight_decay", c.weight_decay, 0, 1e6, false, false);
   real_in("mu", c.mu, 0, 1e6, false, false);
+  if (c.scaffold && c.momentum > 0)
+    throw ConfigError(fmt::format(
+        "fl: momentum: {} with scaffold (its control variates are estimated from plain SGD steps); allowed: "
+        "--momentum 0 with --scaffold true",
+        c.momentum));
   validate(server_opt_config(c));  // ConfigError naming the field
   real_in("speed_sigma", c.speed_sigma, 0, 4, false, false);
   real_in("deadline", c.deadline, 0, 1e6, false, false);
@@ -158,6 +164,10 @@ void check_config(const FlConfig& c) {
   if (c.dp_noise > 0 && c.dp_clip == 0)
     throw ConfigError("fl: dp_noise: noise needs a sensitivity bound; allowed: dp_clip > 0 with it");
   const bool dp = c.dp_noise > 0 || c.dp_clip > 0;
+  if (dp && c.scaffold)
+    throw ConfigError(
+        "fl: scaffold: its control-variate updates are not clipped or noised, so differential privacy would not "
+        "cover them; allowed: --scaffold false with --dp-clip/--dp-noise");
   // Under DP each client is sampled independently: about fraction * clients a round; the codec is sized for the
   // most a round may have.
   const int sampled = dp ? dp_max_sampled(c) : clients_per_round(c);
@@ -214,6 +224,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"momentum", "local SGD momentum (reset every round)"},
       {"weight_decay", "local SGD weight decay"},
       {"mu", "FedProx proximal term (0: FedAvg)"},
+      {"scaffold", "SCAFFOLD control variates correct client drift (true | false; plain local SGD)"},
       {"server_opt", "fedavg | fedavgm | fedadagrad | fedadam | fedyogi"},
       {"server_lr", "server learning rate (fedavg with 1: the plain weighted average)"},
       {"server_momentum", "fedavgm's momentum"},

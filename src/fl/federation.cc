@@ -18,6 +18,14 @@
 // scaled into the codec's range, so the server learns their sums only. The server knows the sample counts (the
 // partition) and divides by the summed weights of the clients that sent (McMahan et al.'s sample-weighted average).
 // The hosts' steps and seconds are the simulation's own measurement (for the modelled round time), not client data.
+//
+// SCAFFOLD (Karimireddy et al. 2020, option II): the weights message also carries the server's control variate c, and
+// each hosted client keeps its own c_i (zero until it first trains). A client trains with the gradient corrected by
+// c - c_i, computes c_i+ = c_i - c + (x - y) / (K lr) from its K steps, and appends w_k * (c_i+ - c_i) * s to its
+// vector (s = lr times the reference client's steps: the same scale as a weight update, for secure aggregation's clip).
+// The server adds the weighted sum / (s N) to c, so c stays the sample-weighted mean of every client's c_i (the
+// global objective's, not the clients' plain mean). A client commits c_i+ only once its vector is in the applied
+// sum: at once without secure aggregation, on U3 of a round that is not abandoned with it.
 #include "fl/federation.h"
 
 #include <fmt/format.h>
@@ -230,6 +238,8 @@ struct Federation {
   int64_t reference_steps = 1;  // a speed-1 client's full local work on a mean-sized partition
   double tv_distance = 0;
   size_t n = 0;          // model weights
+  size_t len = 0;        // elements of a client's update: n, or 2n with SCAFFOLD (its control variate's change)
+  double control_scale = 1;  // SCAFFOLD: s, the control variates' scale on the wire
   int max_per_host = 1;  // the most sampled clients one host can hold in a round
 };
 
@@ -256,6 +266,8 @@ Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
     for (auto& s : f.speed) s = std::exp(n(g));
   }
   f.n = t.initial_weights().size();
+  f.len = c.scaffold ? 2 * f.n : f.n;
+  f.control_scale = c.lr * double(f.reference_steps);
   const int hosted = (c.clients + world - 2) / (world - 1);
   f.max_per_host = std::max(1, dp_on(c) ? hosted : std::min(hosted, clients_per_round(c)));
   return f;
@@ -306,12 +318,12 @@ int secagg_threshold(const FlConfig& c, int sampled) {
   return std::min(sampled, std::max(2, int(std::floor(c.secagg_threshold * sampled)) + 1));
 }
 
-SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t n, int round) {
+SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round) {
   SecAggConfig s;
   s.num_clients = sampled;
   s.threshold = secagg_threshold(c, sampled);
   s.bits = c.secagg_bits;
-  s.length = n + 2;
+  s.length = len + 2;
   s.round_id = uint64_t(round);
   return s;
 }
@@ -356,8 +368,10 @@ void check_finite(const std::vector<float>& v, int client) {
 void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f) {
   Wire w(comm);
   const int me = comm.rank(), world = comm.size();
-  const size_t n = f.n;
+  const size_t n = f.n, len = f.len;
   const uint64_t max_sampled = uint64_t(c.clients);
+  const size_t down = c.scaffold ? 2 * n : n;  // the weights, and SCAFFOLD's server control variate
+  std::map<int, std::vector<float>> control;   // SCAFFOLD: c_i of each hosted client that trained (absent: zeros)
   for (;;) {
     // The next header comes after the server's aggregation and evaluation and the other hosts' training.
     Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled), 2.0 + f.max_per_host);
@@ -377,18 +391,27 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
       if (host_of_client(sampled[i], world) == me) mine.push_back(int(i));
     if (mine.empty()) continue;
     const uint64_t m = sampled.size(), k = mine.size();
-    Bytes wb = w.recv(0, kTagWeights, "the global weights", n * 4);
-    if (wb.size() != n * 4)
-      throw ProtocolError(fmt::format("fl: the global weights are {} bytes; expected {}", wb.size(), n * 4));
-    std::vector<float> global(n);
-    std::memcpy(global.data(), wb.data(), wb.size());
+    Bytes wb = w.recv(0, kTagWeights, "the global weights", down * 4);
+    if (wb.size() != down * 4)
+      throw ProtocolError(fmt::format("fl: the global weights are {} bytes; expected {}", wb.size(), down * 4));
+    std::vector<float> global(n), server_control;
+    std::memcpy(global.data(), wb.data(), n * 4);
+    if (c.scaffold) {
+      server_control.resize(n);
+      std::memcpy(server_control.data(), wb.data() + n * 4, n * 4);
+      for (float x : server_control)
+        if (!std::isfinite(x))
+          throw ProtocolError("fl: the server's SCAFFOLD control variate holds a non-finite value");
+    }
+    Bytes().swap(wb);
+    std::map<int, std::vector<float>> pending;  // SCAFFOLD: c_i+ of the clients that sent, until their sum applies
 
     std::map<int, std::unique_ptr<SecAggClient>> sa;
     std::map<int, std::vector<ShareMsg>> inbox;
     std::vector<int> u2;
     std::unique_ptr<FixedPointCodec> codec;
     if (c.secagg) {
-      const SecAggConfig scfg = secagg_config(c, int(m), n, round);
+      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       Out adv;
       adv.u64(k);
@@ -446,6 +469,13 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
       LocalWork work;
       work.max_steps = p.max_steps;
       work.seed = c.seed ^ (uint64_t(round) << 32) ^ uint64_t(client);
+      std::vector<float> correction;  // SCAFFOLD: c - c_i
+      if (c.scaffold) {
+        correction = server_control;
+        if (auto it = control.find(client); it != control.end())
+          for (size_t j = 0; j < n; ++j) correction[j] -= it->second[j];
+        work.correction = &correction;
+      }
       LocalResult r = trainer.train(global, f.parts[size_t(client)], work);
       if (r.delta.size() != n)
         throw Error(fmt::format("fl: client {}'s update has {} elements, the model {}", client, r.delta.size(), n));
@@ -458,20 +488,39 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
       host_steps += r.steps;
       host_seconds += r.compute_s;
       std::vector<float> v = weighted_update(c, f, r, dp_on(c) ? dp_clip_bound(c, n, codec.get()) : 0.0);
+      if (c.scaffold) {
+        // c_i+ = c_i - c + (x - y) / (K lr), and w_k (c_i+ - c_i) s after the weighted delta.
+        if (r.steps <= 0)
+          throw Error(
+              fmt::format("fl: client {} reported {} local steps; SCAFFOLD needs at least one", client, r.steps));
+        const double inv = 1.0 / (double(r.steps) * c.lr);
+        const double wk = double(r.examples) / f.mean_examples;
+        std::vector<float> next(n);
+        auto it = control.find(client);
+        v.resize(len);
+        for (size_t j = 0; j < n; ++j) {
+          const double ci = it == control.end() ? 0.0 : double(it->second[j]);
+          const double change = -double(server_control[j]) - double(r.delta[j]) * inv;
+          next[j] = float(ci + change);
+          v[n + j] = float(wk * change * f.control_scale);
+        }
+        check_finite(next, client);
+        pending[client] = std::move(next);
+      }
       if (c.secagg) {
         // Two more elements: the loss and the clipped count, each scaled into [0, kTop * clip].
         const double top = kTop * c.secagg_clip;
         v.push_back(float(top * std::min(std::max(r.loss, 0.0), kLossCap) / kLossCap));
         v.push_back(0.0f);
-        std::vector<uint32_t> x(n + 2);
-        const size_t clipped = codec->encode(v.data(), n + 1, x.data(), work.seed ^ 0xc0dec);
-        v[n + 1] = float(top * double(clipped) / double(n));
-        codec->encode(v.data() + n + 1, 1, x.data() + n + 1, work.seed ^ 0xc1);
+        std::vector<uint32_t> x(len + 2);
+        const size_t clipped = codec->encode(v.data(), len + 1, x.data(), work.seed ^ 0xc0dec);
+        v[len + 1] = float(top * double(clipped) / double(len));
+        codec->encode(v.data() + len + 1, 1, x.data() + len + 1, work.seed ^ 0xc1);
         std::vector<uint32_t> y = sa[i]->mask_input(inbox[i], x.data());
         up.blob(pack_elements(y.data(), y.size(), c.secagg_bits));
       } else {
         up.f64(r.loss);
-        Bytes b(n * 4);
+        Bytes b(len * 4);
         std::memcpy(b.data(), v.data(), b.size());
         up.blob(b);
       }
@@ -480,7 +529,10 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
     up.f64(host_seconds);
     // (the server takes the updates once every host has announced its own: the slowest host's training)
     w.send(0, kTagUpdate, up.take(), 1.0 + f.max_per_host);
-    if (!c.secagg) continue;
+    if (!c.secagg) {  // every update sent is in the sum
+      for (auto& [client, next] : pending) control[client] = std::move(next);
+      continue;
+    }
     // (after the other hosts' training too: the server sends U3 once every update has arrived)
     Bytes u3b = w.recv(0, kTagU3, "the survivors", 2 * kLen + m * 8, 1.0 + f.max_per_host);
     In u3in(u3b, "survivors");
@@ -495,6 +547,9 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
     std::vector<int> answering;
     for (int i : mine)
       if (std::binary_search(u3.begin(), u3.end(), i)) answering.push_back(i);
+    // (U3's vectors are the sum the server applies; the unmasking below completes or fails the whole run)
+    for (int i : answering)
+      if (auto it = pending.find(sampled[size_t(i)]); it != pending.end()) control[it->first] = std::move(it->second);
     um.u64(answering.size());
     for (int i : answering) um.blob(sa[i]->unmask(u3).serialize());
     w.send(0, kTagUnmask, um.take());
@@ -614,7 +669,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   FlResult res;
   res.label_tv_distance = f.tv_distance;
   std::vector<float> global = trainer.initial_weights();
-  const size_t n = global.size();
+  const size_t n = global.size(), len = f.len;
+  std::vector<float> server_control(c.scaffold ? n : 0);  // SCAFFOLD's c
   auto opt = make_server_optimizer(server_opt_config(c), n);
   const bool dp = dp_on(c);
   const uint64_t secret = dp ? secret_seed(c) : 0;
@@ -661,19 +717,20 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       for (int s : sampled) o.i64(s);
       Bytes hb = o.take();
       w.send_many(hosts, kTagHeader, std::vector<const Bytes*>(hosts.size(), &hb));
-      Bytes wb(n * 4);
-      std::memcpy(wb.data(), global.data(), wb.size());
+      Bytes wb((n + server_control.size()) * 4);
+      std::memcpy(wb.data(), global.data(), n * 4);
+      if (!server_control.empty()) std::memcpy(wb.data() + n * 4, server_control.data(), n * 4);
       w.send_many(active, kTagWeights, std::vector<const Bytes*>(active.size(), &wb));
     }
 
-    std::vector<double> sum(n + 2, 0.0);
+    std::vector<double> sum(len + 2, 0.0);  // the clients' vectors, then the losses (and the clipped count)
     double clipped_slack = 0;
     std::vector<ClientReport> reports;
     int64_t steps_measured = 0;
     double seconds_measured = 0;
     const bool masked = c.secagg;
     auto collect_updates = [&] {
-      const uint64_t per_client = 24 + kLen + (masked ? (n + 2) * 4 : 8 + n * 4);
+      const uint64_t per_client = 24 + kLen + (masked ? (len + 2) * 4 : 8 + len * 4);
       std::vector<Bytes> ub =
           w.recv_many(active, kTagUpdate, "the client updates", caps(kLen + 16, per_client), 1.0 + double(most));
       for (size_t k = 0; k < active.size(); ++k) {
@@ -683,12 +740,12 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         seconds_measured += hr.seconds;
         for (auto& x : hr.clients) {
           if (x.fate == Fate::sent && !masked) {
-            if (x.update.size() != n * 4)
+            if (x.update.size() != len * 4)
               throw ProtocolError(fmt::format("fl: rank {} sent an update of {} bytes for client {}; expected {}",
-                                              active[k], x.update.size(), sampled[size_t(x.pos)], n * 4));
+                                              active[k], x.update.size(), sampled[size_t(x.pos)], len * 4));
             const float* v = reinterpret_cast<const float*>(x.update.data());
-            for (size_t i = 0; i < n; ++i) sum[i] += double(v[i]);
-            sum[n] += x.loss;
+            for (size_t i = 0; i < len; ++i) sum[i] += double(v[i]);
+            sum[len] += x.loss;
           }
           x.update_bytes = x.update.size();
           if (!masked) Bytes().swap(x.update);
@@ -700,7 +757,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     std::unique_ptr<SecAggServer> srv;
     std::unique_ptr<FixedPointCodec> codec;
     if (masked && m > 0) {
-      const SecAggConfig scfg = secagg_config(c, int(m), n, round);
+      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round);
       srv = std::make_unique<SecAggServer>(scfg);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       std::vector<Bytes> ab =
@@ -772,7 +829,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       for (auto& r : reports) {
         if (r.fate != Fate::sent) continue;
         ++arrived;
-        srv->add_masked_input(r.pos, unpack_elements(r.update.data(), r.update.size(), c.secagg_bits, n + 2));
+        srv->add_masked_input(r.pos, unpack_elements(r.update.data(), r.update.size(), c.secagg_bits, len + 2));
         Bytes().swap(r.update);
       }
       Out o;
@@ -805,14 +862,14 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
           in.done();
         }
         const std::vector<uint32_t> total = srv->finish();
-        std::vector<float> dec(n + 2);
-        codec->decode(total.data(), n + 2, dec.data());
-        for (size_t i = 0; i < n; ++i) sum[i] = double(dec[i]);
+        std::vector<float> dec(len + 2);
+        codec->decode(total.data(), len + 2, dec.data());
+        for (size_t i = 0; i < len; ++i) sum[i] = double(dec[i]);
         const double top = kTop * c.secagg_clip;
-        sum[n] = double(dec[n]) / top * kLossCap;  // the losses' sum
-        rec.clipped = uint64_t(std::llround(std::max(0.0, double(dec[n + 1]) / top * double(n))));
+        sum[len] = double(dec[len]) / top * kLossCap;  // the losses' sum
+        rec.clipped = uint64_t(std::llround(std::max(0.0, double(dec[len + 1]) / top * double(len))));
         // (one codec level of each client's count, the sum's uncertainty)
-        clipped_slack = double(m) * double(n) / (top * codec->scale());
+        clipped_slack = double(m) * double(len) / (top * codec->scale());
       }
     } else if (m > 0) {
       collect_updates();
@@ -824,7 +881,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     // slowest it aggregates, and until the deadline when it drops stragglers.
     double wsum = 0, slowest = 0;
     if (steps_measured > 0) step_s = seconds_measured / double(steps_measured);
-    const double down_s = double(n * 4) * 8 / (c.downlink_mbps * 1e6);
+    const double down_s = double((n + server_control.size()) * 4) * 8 / (c.downlink_mbps * 1e6);
     for (auto& r : reports) {
       const int client = sampled[size_t(r.pos)];
       if (r.fate == Fate::straggler) ++rec.stragglers;
@@ -839,13 +896,13 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     }
     if (rec.stragglers > 0) slowest = std::max(slowest, down_s + c.deadline * double(f.reference_steps) * step_s);
     rec.modelled_s = slowest;
-    if (rec.aggregated > 0 && !rec.abandoned && !dp) rec.train_loss = sum[n] / rec.aggregated;
+    if (rec.aggregated > 0 && !rec.abandoned && !dp) rec.train_loss = sum[len] / rec.aggregated;
     if (rec.aggregated > 0 && !rec.abandoned &&
-        (double(rec.clipped) - clipped_slack) * 100 > double(rec.aggregated) * double(n))
+        (double(rec.clipped) - clipped_slack) * 100 > double(rec.aggregated) * double(len))
       CONDUIT_LOG_WARN(
           "fl: round {}: {:.1f}% of the update elements exceeded --secagg-clip {} and were clipped (the average is "
           "biased towards zero); allowed: a larger --secagg-clip (with more --secagg-bits to keep the resolution)",
-          rec.round, 100.0 * double(rec.clipped) / (double(rec.aggregated) * double(n)), c.secagg_clip);
+          rec.round, 100.0 * double(rec.clipped) / (double(rec.aggregated) * double(len)), c.secagg_clip);
     if (rec.abandoned) rec.aggregated = 0;
 
     // Under DP the noisy update is applied whoever sent (an empty sum included): skipping it would tell an observer
@@ -865,6 +922,9 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         for (size_t i = 0; i < n; ++i) avg[i] = float(sum[i] / wsum);
       }
       opt->step(global.data(), avg.data(), n);
+      // SCAFFOLD: c += sum_k w_k (c_k+ - c_k) / N (the vectors carry s times that); dp is refused with it.
+      for (size_t i = 0; i < server_control.size(); ++i)
+        server_control[i] += float(sum[n + i] / (f.control_scale * double(c.clients)));
       for (size_t i = 0; i < n; ++i)
         if (!std::isfinite(global[i]))
           throw Error(

@@ -51,6 +51,9 @@ struct FlConfig {
   int batch_size = 32;
   double lr = 0.05, momentum = 0.0, weight_decay = 0.0;
   double mu = 0.0;  // FedProx's proximal term (0: FedAvg)
+  // SCAFFOLD (Karimireddy et al. 2020): control variates c (server) and c_i (each client) correct the local gradient
+  // by c - c_i; option II's c_i update from the local progress (plain SGD: momentum 0; not with DP).
+  bool scaffold = false;
   // Server optimizer (server_opt.h).
   std::string server_opt = "fedavg";
   double server_lr = 1.0, server_momentum = 0.9, beta1 = 0.9, beta2 = 0.99, tau = 1e-3;
@@ -105,6 +108,9 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
 struct LocalWork {
   int64_t max_steps = 0;  // > 0: stop after this many steps (partial work); 0: local_epochs epochs
   uint64_t seed = 0;      // the batches' shuffle
+  // SCAFFOLD: added to the gradient of every step, in the weights' flattened order (elements of buffers are not
+  // trained and ignore theirs); null: none.
+  const std::vector<float>* correction = nullptr;
 };
 struct LocalResult {
   std::vector<float> delta;  // trained weights minus the global ones
@@ -129,7 +135,6 @@ class LocalTrainer {
                             const LocalWork& work) = 0;
   virtual EvalResult evaluate(const std::vector<float>& weights) = 0;
 };
-using TrainerFactory = std::function<std::unique_ptr<LocalTrainer>(const FlConfig&)>;
 
 // One round's record (the server's metrics.jsonl line).
 struct RoundRecord {

@@ -48,6 +48,18 @@ class TorchLocalTrainer : public fl::LocalTrainer {
     std::vector<torch::Tensor> anchor;  // FedProx: the global weights the proximal term pulls towards
     if (c_.mu > 0)
       for (auto& p : model_->parameters()) anchor.push_back(p.detach().clone());
+    std::vector<torch::Tensor> correction;  // SCAFFOLD: c - c_i of each parameter (parameters lead the flat order)
+    if (work.correction) {
+      if (work.correction->size() != numel_)
+        throw InvalidArgument(
+            fmt::format("fl: a correction of {} elements for a model of {}", work.correction->size(), numel_));
+      size_t off = 0;
+      for (auto& p : model_->parameters()) {
+        correction.push_back(
+            torch::from_blob(const_cast<float*>(work.correction->data() + off), p.sizes(), torch::kFloat).clone());
+        off += size_t(p.numel());
+      }
+    }
     torch::optim::SGD opt(model_->parameters(),
                           torch::optim::SGDOptions(c_.lr).momentum(c_.momentum).weight_decay(c_.weight_decay));
     model_->train();
@@ -67,11 +79,13 @@ class TorchLocalTrainer : public fl::LocalTrainer {
         opt.zero_grad();
         auto loss = torch::nn::functional::cross_entropy(model_->forward(x), y);
         loss.backward();
-        if (c_.mu > 0) {
+        if (c_.mu > 0 || !correction.empty()) {
           torch::NoGradGuard ng;
           size_t k = 0;
           for (auto& p : model_->parameters()) {
-            if (p.grad().defined()) p.grad().add_(p.detach() - anchor[k], c_.mu);
+            if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+            if (c_.mu > 0) p.grad().add_(p.detach() - anchor[k], c_.mu);
+            if (!correction.empty()) p.grad().add_(correction[k]);
             ++k;
           }
         }

@@ -1,5 +1,6 @@
 // The federation's round protocol on in-process ranks with a toy model: client k's "training" moves the weights a
-// fixed fraction towards a target of its own, so every round's aggregate has a closed form.
+// fixed fraction towards a target of its own, so every round's aggregate has a closed form. (Each step is plain SGD on
+// f_k(y) = (0.05 / lr) |y - target_k|^2: gradient (0.1 / lr)(y - target_k), which SCAFFOLD's correction adds to.)
 #include "fl/federation.h"
 
 #include <gtest/gtest.h>
@@ -24,10 +25,13 @@ namespace {
 
 constexpr size_t kDim = 37;
 constexpr int kSamples = 400;
-size_t g_dim = kDim;  // the toy model's size (a test may raise it for statistics)
+size_t g_dim = kDim;     // the toy model's size (a test may raise it for statistics)
+double g_spread = 0.01;  // how far apart the clients' targets lie (a test may raise it)
 
 // The client whose partition starts with sample `first` (partitions are disjoint: the first index names it).
-float target(int64_t first, size_t i) { return 0.5f * std::sin(0.3f + 0.01f * float(first) + 0.7f * float(i)); }
+float target(int64_t first, size_t i) {
+  return 0.5f * std::sin(0.3f + float(g_spread) * float(first) + 0.7f * float(i));
+}
 double toy_loss(int64_t first) { return 0.5 + 0.1 * double(first % 7); }
 
 class ToyTrainer : public LocalTrainer {
@@ -48,10 +52,14 @@ class ToyTrainer : public LocalTrainer {
     r.steps = w.max_steps > 0 ? std::min(w.max_steps, full) : full;
     r.loss = toy_loss(idx.front());
     r.compute_s = 1e-4 * double(r.steps);
-    // Each step closes 10% of the gap to the client's target.
+    // Each step closes 10% of the gap to the client's target (less lr times SCAFFOLD's correction): after K steps
+    // y - x = (1 - 0.9^K) (target - x - 10 lr corr).
     const double keep = std::pow(0.9, double(r.steps));
     r.delta.resize(g_dim);
-    for (size_t i = 0; i < g_dim; ++i) r.delta[i] = float((1 - keep) * (target(idx.front(), i) - global[i]));
+    for (size_t i = 0; i < g_dim; ++i) {
+      const double corr = w.correction ? double((*w.correction)[i]) : 0.0;
+      r.delta[i] = float((1 - keep) * (target(idx.front(), i) - global[i] - 10 * c_.lr * corr));
+    }
     return r;
   }
   EvalResult evaluate(const std::vector<float>& w) override {
@@ -476,6 +484,150 @@ TEST(Federation, TheServerEvaluatesEveryEvalEveryRoundsAndTheLast) {
   EXPECT_DOUBLE_EQ(r.server.final_accuracy, 0.5);
 }
 
+// SCAFFOLD by hand on the toy: the server's c and every client's c_i (committed when its update is applied).
+struct ScaffoldReference {
+  std::vector<double> w = std::vector<double>(kDim, 0.0), c = std::vector<double>(kDim, 0.0);
+  std::map<int, std::vector<double>> ci;
+
+  void round(const FlConfig& cfg, int r) {
+    ToyTrainer t(cfg);
+    auto parts = partition(t.train_labels(), 10, cfg.clients, parse_partition(cfg.partition), cfg.seed);
+    auto sampled = sample_clients(cfg.clients, cfg.fraction, cfg.min_clients, cfg.seed, uint64_t(r));
+    const double mean = double(kSamples) / cfg.clients;
+    std::vector<double> dy(kDim, 0.0), dc(kDim, 0.0);
+    double wsum = 0;
+    std::map<int, std::vector<double>> next;
+    std::vector<float> x(w.begin(), w.end());
+    for (int k : sampled) {
+      std::vector<double>& mine = ci.try_emplace(k, std::vector<double>(kDim, 0.0)).first->second;
+      std::vector<float> corr(kDim);
+      for (size_t i = 0; i < kDim; ++i) corr[i] = float(c[i] - mine[i]);
+      LocalWork work;
+      work.correction = &corr;
+      LocalResult lr = t.train(x, parts[size_t(k)], work);
+      const double wk = double(lr.examples) / mean;
+      next[k].resize(kDim);
+      for (size_t i = 0; i < kDim; ++i) {
+        const double change = -c[i] - double(lr.delta[i]) / (double(lr.steps) * cfg.lr);
+        next[k][i] = mine[i] + change;
+        dy[i] += wk * lr.delta[i];
+        dc[i] += wk * change;
+      }
+      wsum += wk;
+    }
+    for (size_t i = 0; i < kDim; ++i) {
+      w[i] += dy[i] / wsum;
+      c[i] += dc[i] / cfg.clients;
+    }
+    for (auto& [k, v] : next) ci[k] = v;
+  }
+};
+
+TEST(Federation, ScaffoldMatchesTheAlgorithmByHandWithPartialParticipation) {
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";
+  c.scaffold = true;
+  c.rounds = 4;
+  RunResult r = run(c);
+  expect_ok(r);
+  ScaffoldReference ref;
+  for (int round = 0; round < c.rounds; ++round) ref.round(c, round);
+  ASSERT_EQ(r.server.weights.size(), kDim);
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], ref.w[i], 2e-5) << i;
+  // Without the control variates the rounds differ (the test would not notice a correction that is never applied).
+  std::vector<float> fedavg(kDim, 0.0f);
+  for (int round = 0; round < c.rounds; ++round) fedavg = fedavg_round(c, fedavg, round);
+  double diff = 0;
+  for (size_t i = 0; i < kDim; ++i) diff = std::max(diff, std::abs(double(fedavg[i]) - ref.w[i]));
+  EXPECT_GT(diff, 1e-3);
+  // The download carries the weights and c (once to each of the 2 hosts), the upload each client's update and its
+  // control variate's change.
+  EXPECT_GT(r.server.rounds[0].bytes_up, 6 * (2 * kDim + 1) * 4);
+  EXPECT_GT(r.server.rounds[0].bytes_down, 2 * 2 * kDim * 4);
+}
+
+// Clients that take different numbers of local steps pull FedAvg towards the busier ones (client drift); SCAFFOLD
+// converges to the optimum of the sample-weighted objective, sum_k p_k target_k on the toy.
+TEST(Federation, ScaffoldRemovesTheClientDriftFedAvgKeeps) {
+  FlConfig c = base_config();
+  c.clients = 6;
+  c.fraction = 1.0;
+  c.partition = "dirichlet:0.3";
+  c.batch_size = 32;  // 1 to a few steps a client: FedAvg's a_k = 1 - 0.9^K_k differ most
+  c.rounds = 30;
+  g_spread = 1.0;  // targets far apart: drift worth measuring
+  struct Restore {
+    ~Restore() { g_spread = 0.01; }
+  } restore;
+  ToyTrainer t(c);
+  auto parts = partition(t.train_labels(), 10, c.clients, parse_partition(c.partition), c.seed);
+  std::vector<double> optimum(kDim, 0.0);
+  std::set<size_t> sizes;
+  for (auto& p : parts) {
+    sizes.insert(p.size());
+    for (size_t i = 0; i < kDim; ++i) optimum[i] += double(p.size()) / kSamples * target(p.front(), i);
+  }
+  ASSERT_GE(sizes.size(), 3u) << "the partition's sizes barely differ: no drift to remove";
+  auto error = [&](const std::vector<float>& w) {
+    double e = 0;
+    for (size_t i = 0; i < kDim; ++i) e = std::max(e, std::abs(double(w[i]) - optimum[i]));
+    return e;
+  };
+  RunResult fedavg = run(c);
+  c.scaffold = true;
+  RunResult scaffold = run(c);
+  expect_ok(fedavg);
+  expect_ok(scaffold);
+  std::printf("drift: fedavg %.3g scaffold %.3g\n", error(fedavg.server.weights), error(scaffold.server.weights));
+  EXPECT_GT(error(fedavg.server.weights), 5e-3);
+  EXPECT_LT(error(scaffold.server.weights), 1e-4);
+}
+
+TEST(Federation, ScaffoldUnderSecureAggregationMatchesItsPlainRun) {
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";
+  c.scaffold = true;
+  c.secagg = true;
+  c.secagg_clip = 4.0;
+  RunResult masked = run(c);
+  expect_ok(masked);
+  ScaffoldReference ref;
+  for (int round = 0; round < c.rounds; ++round) ref.round(c, round);
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(masked.server.weights[i], ref.w[i], 1e-5) << i;
+  EXPECT_EQ(masked.server.rounds[2].clipped, 0u);
+}
+
+// A round secure aggregation abandons changes neither c nor any c_i: the clients that trained in it keep their old
+// control variates (with t = all sampled, every round with a dropout is abandoned).
+TEST(Federation, ScaffoldClientsKeepTheirControlVariatesWhenTheRoundIsAbandoned) {
+  FlConfig c = base_config();
+  c.clients = 6;
+  c.fraction = 1.0;
+  c.partition = "dirichlet:0.5";
+  c.scaffold = true;
+  c.secagg = true;
+  c.secagg_clip = 4.0;
+  c.secagg_threshold = 1.0;
+  c.dropout = 0.12;
+  c.rounds = 8;
+  RunResult r = run(c);
+  expect_ok(r);
+  ASSERT_EQ(r.server.rounds.size(), 8u);
+  ScaffoldReference ref;
+  int abandoned = 0, applied = 0;
+  for (int round = 0; round < c.rounds; ++round) {
+    if (r.server.rounds[size_t(round)].abandoned) {
+      ++abandoned;
+      continue;
+    }
+    ++applied;
+    ref.round(c, round);
+  }
+  ASSERT_GT(abandoned, 0) << "the seed abandoned no round: the test checks nothing";
+  ASSERT_GT(applied, 1) << "the seed applied too few rounds: the test checks little";
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], ref.w[i], 1e-5) << i;
+}
+
 TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
   auto bad = [](std::function<void(FlConfig&)> f, const std::string& field) {
     FlConfig c = base_config();
@@ -498,6 +650,18 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
   bad([](FlConfig& c) { c.dp_noise = 1; }, "dp_noise");
   bad([](FlConfig& c) { c.workers = 1; }, "workers");
   bad([](FlConfig& c) { c.lr = std::nan(""); }, "lr");
+  bad(
+      [](FlConfig& c) {
+        c.scaffold = true;
+        c.momentum = 0.9;
+      },
+      "momentum");
+  bad(
+      [](FlConfig& c) {
+        c.scaffold = true;
+        c.dp_clip = 1.0;
+      },
+      "scaffold");
   bad(
       [](FlConfig& c) {
         c.secagg = true;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "coll/communicator.h"
+#include "core/error.h"
 #include "fl/federation.h"
 #include "torch/fl_client.h"
 
@@ -74,8 +75,34 @@ TEST(FlClient, ProximalTermKeepsTheLocalModelCloserAndPartialWorkStopsEarly) {
   EXPECT_EQ(again.delta, a.delta);
 }
 
-TEST(FlClient, AFederationOfRealModelsLearnsUnderSecureAggregation) {
+// SCAFFOLD's correction is added to every parameter's gradient: one plain SGD step from the same weights on the same
+// batch moves each parameter by -lr * correction more than without it.
+TEST(FlClient, ScaffoldsCorrectionShiftsAnSgdStepByLrTimesIt) {
   fl::FlConfig c = synthetic_config();
+  c.scaffold = true;
+  auto t = make_fl_trainer(c);
+  const std::vector<float> w = t->initial_weights();
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < 16; ++i) idx.push_back(i);
+  fl::LocalWork work;
+  work.seed = 5;
+  work.max_steps = 1;
+  fl::LocalResult plain = t->train(w, idx, work);
+  std::vector<float> corr(w.size());
+  for (size_t i = 0; i < corr.size(); ++i) corr[i] = 0.5f * std::sin(float(i));
+  work.correction = &corr;
+  fl::LocalResult corrected = t->train(w, idx, work);
+  ASSERT_EQ(corrected.delta.size(), w.size());
+  double worst = 0;
+  for (size_t i = 0; i < w.size(); ++i)
+    worst = std::max(worst, std::abs(double(corrected.delta[i] - plain.delta[i]) + c.lr * corr[i]));
+  EXPECT_LT(worst, 1e-6);
+  std::vector<float> wrong(w.size() + 1);
+  work.correction = &wrong;
+  EXPECT_THROW(t->train(w, idx, work), InvalidArgument);
+}
+
+fl::FlResult run_real_federation(const fl::FlConfig& c) {
   coll::CommConfig cc;
   cc.timeout_s = c.timeout_s;
   cc.measure_cost_model = false;
@@ -95,6 +122,21 @@ TEST(FlClient, AFederationOfRealModelsLearnsUnderSecureAggregation) {
     });
   for (auto& t : ts) t.join();
   for (size_t r = 0; r < errors.size(); ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  return server;
+}
+
+TEST(FlClient, AScaffoldFederationOfRealModelsLearnsUnderSecureAggregation) {
+  fl::FlConfig c = synthetic_config();
+  c.scaffold = true;
+  c.partition = "dirichlet:0.3";
+  fl::FlResult server = run_real_federation(c);
+  ASSERT_EQ(server.rounds.size(), 4u);
+  EXPECT_GT(server.final_accuracy, 0.8);  // 10 classes: chance is 0.1
+  EXPECT_LT(server.rounds[3].test_loss, 0.8 * server.rounds[0].test_loss);
+}
+
+TEST(FlClient, AFederationOfRealModelsLearnsUnderSecureAggregation) {
+  fl::FlResult server = run_real_federation(synthetic_config());
   ASSERT_EQ(server.rounds.size(), 4u);
   EXPECT_GT(server.final_accuracy, 0.9);  // 10 classes: chance is 0.1
   EXPECT_LT(server.rounds[3].test_loss, 0.8 * server.rounds[0].test_loss);
