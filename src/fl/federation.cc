@@ -31,10 +31,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sodium.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -151,6 +153,20 @@ class In {
 class Wire {
  public:
   explicit Wire(coll::Communicator& c) : c_(c) {}
+  // Sends still posted (an error unwinds past finish_sends): withdrawn, or the transport aborted, before their
+  // buffers go.
+  ~Wire() {
+    for (auto& r : posted_) {
+      if (r->done()) continue;
+      try {
+        net::give_up(c_.transport(), r, "fl: a rank stopped with sends in flight");
+      } catch (...) {
+        c_.transport().abort("fl: a rank stopped with sends in flight");
+      }
+    }
+  }
+  Wire(const Wire&) = delete;
+  Wire& operator=(const Wire&) = delete;
   // `steps` timeouts: a large message completes only once the receiver posts its receive (MPI's rendezvous, or past
   // tcp's and shm's unexpected-message budget), which may come after other ranks' work.
   void send(int peer, uint32_t tag, const Bytes& b, double steps = 1) { send_many({peer}, tag, {&b}, steps); }
@@ -173,11 +189,38 @@ class Wire {
                       c_.rank(), tag, fmt::join(peers, ", "), c_.timeout_s() * steps, steps));
     }
   }
+  // Starts sending b to peer and keeps it until finish_sends (messages of one tag to one peer arrive in order).
+  void post(int peer, uint32_t tag, Bytes b) {
+    posted_bytes_.push_back(std::move(b));
+    const Bytes& kept = posted_bytes_.back();
+    posted_sizes_.push_back(kept.size());
+    posted_.push_back(isend(peer, tag, &posted_sizes_.back(), 8));
+    if (!kept.empty()) posted_.push_back(isend(peer, tag, kept.data(), kept.size()));
+    sent += 8 + kept.size();
+  }
+  // Waits for every posted send, within `steps` timeouts from now, and releases their buffers.
+  void finish_sends(double steps, const char* what) {
+    try {
+      net::wait_all_or_give_up(c_.transport(), posted_, Deadline::after(c_.timeout_s() * steps));
+    } catch (const TimeoutError&) {
+      throw TimeoutError(
+          fmt::format("fl: rank {} could not hand {} to the server within {:.0f} s ({:g} x --timeout-s); allowed: a "
+                      "larger --timeout-s",
+                      c_.rank(), what, c_.timeout_s() * steps, steps));
+    }
+    posted_.clear();
+    posted_bytes_.clear();
+    posted_sizes_.clear();
+  }
   // Receives one framed message from each of `peers`: at most caps[i] bytes from peers[i] (a longer announcement is
   // a ProtocolError before anything is allocated), within `steps` timeouts (the steps of the peers' work it spans).
   std::vector<Bytes> recv_many(const std::vector<int>& peers, uint32_t tag, const char* what,
                                const std::vector<uint64_t>& caps, double steps = 1) {
-    const Deadline d = Deadline::after(c_.timeout_s() * steps);
+    return recv_many_until(peers, tag, what, caps, Deadline::after(c_.timeout_s() * steps), steps);
+  }
+  // The same by a deadline the caller set (`steps`: the timeouts it spans, for the error).
+  std::vector<Bytes> recv_many_until(const std::vector<int>& peers, uint32_t tag, const char* what,
+                                     const std::vector<uint64_t>& caps, const Deadline& d, double steps) {
     std::vector<uint64_t> sizes(peers.size());
     std::vector<net::RequestPtr> reqs;
     for (size_t i = 0; i < peers.size(); ++i) reqs.push_back(irecv(peers[i], tag, &sizes[i], 8));
@@ -226,6 +269,9 @@ class Wire {
     }
   }
   coll::Communicator& c_;
+  std::vector<net::RequestPtr> posted_;
+  std::deque<Bytes> posted_bytes_;  // (deques: the buffers stay where they are as more are posted)
+  std::deque<uint64_t> posted_sizes_;
 };
 
 int host_of_client(int client, int world) { return 1 + client % (world - 1); }
@@ -242,6 +288,11 @@ struct Federation {
   double control_scale = 1;  // SCAFFOLD: s, the control variates' scale on the wire
   int max_per_host = 1;  // the most sampled clients one host can hold in a round
 };
+
+double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? double(pages) * double(page) : 0;
+}
 
 int64_t full_steps(const FlConfig& c, int64_t examples) {
   return int64_t(c.local_epochs) * ((examples + c.batch_size - 1) / c.batch_size);
@@ -270,6 +321,16 @@ Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
   f.control_scale = c.lr * double(f.reference_steps);
   const int hosted = (c.clients + world - 2) / (world - 1);
   f.max_per_host = std::max(1, dp_on(c) ? hosted : std::min(hosted, clients_per_round(c)));
+  if (c.scaffold) {
+    // A host keeps a model-sized c_i for every client of its own that has trained: refuse a federation whose hosts
+    // cannot, before round 1 rather than when memory runs out mid-run.
+    const double need = double(hosted) * double(f.n) * 4, have = physical_memory_bytes();
+    if (have > 0 && need > 0.8 * have)
+      throw ConfigError(fmt::format(
+          "fl: scaffold: a host would keep {} clients' control variates of {} weights, {:.1f} GB, and this machine "
+          "has {:.1f} GB; allowed: more --workers, fewer --clients or --scaffold false",
+          hosted, f.n, need / 1e9, have / 1e9));
+  }
   return f;
 }
 
@@ -454,18 +515,21 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
       in.done();
     }
 
-    // Local training, then the update (masked under secure aggregation).
-    Out up;
-    up.u64(k);
-    int64_t host_steps = 0;
-    double host_seconds = 0;
+    // Local training, then each client's update (masked under secure aggregation) on its way while the next trains:
+    // position, outcome, [loss without secure aggregation, the vector], the steps and seconds measured.
     for (int i : mine) {
       const int client = sampled[size_t(i)];
       Plan p = plan_client(c, f, client, round);
       if (c.secagg && !std::binary_search(u2.begin(), u2.end(), i)) p.fate = Fate::dropout;  // not in U2
+      Out up;
       up.i64(i);
       up.u64(uint64_t(p.fate));
-      if (p.fate != Fate::sent) continue;
+      if (p.fate != Fate::sent) {
+        up.i64(0);
+        up.f64(0);
+        w.post(0, kTagUpdate, up.take());
+        continue;
+      }
       LocalWork work;
       work.max_steps = p.max_steps;
       work.seed = c.seed ^ (uint64_t(round) << 32) ^ uint64_t(client);
@@ -485,8 +549,6 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
             fmt::format("fl: client {}'s training loss is {}: its local training diverged; allowed: a "
                         "smaller --lr",
                         client, r.loss));
-      host_steps += r.steps;
-      host_seconds += r.compute_s;
       std::vector<float> v = weighted_update(c, f, r, dp_on(c) ? dp_clip_bound(c, n, codec.get()) : 0.0);
       if (c.scaffold) {
         // c_i+ = c_i - c + (x - y) / (K lr), and w_k (c_i+ - c_i) s after the weighted delta.
@@ -516,6 +578,18 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
         const size_t clipped = codec->encode(v.data(), len + 1, x.data(), work.seed ^ 0xc0dec);
         v[len + 1] = float(top * double(clipped) / double(len));
         codec->encode(v.data() + len + 1, 1, x.data() + len + 1, work.seed ^ 0xc1);
+        if (c.scaffold) {
+          // The client keeps the change the server will add: the codec's clipped and rounded value, not its own (a
+          // clipped part left out of c would never be corrected and would move SCAFFOLD's fixed point).
+          std::vector<float> sent(n);
+          codec->decode(x.data() + n, n, sent.data());
+          const double back = double(f.mean_examples) / (double(r.examples) * f.control_scale);
+          auto it = control.find(client);
+          std::vector<float>& next = pending[client];
+          for (size_t j = 0; j < n; ++j)
+            next[j] = float((it == control.end() ? 0.0 : double(it->second[j])) + double(sent[j]) * back);
+          check_finite(next, client);
+        }
         std::vector<uint32_t> y = sa[i]->mask_input(inbox[i], x.data());
         up.blob(pack_elements(y.data(), y.size(), c.secagg_bits));
       } else {
@@ -524,11 +598,12 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
         std::memcpy(b.data(), v.data(), b.size());
         up.blob(b);
       }
+      up.i64(r.steps);
+      up.f64(r.compute_s);
+      w.post(0, kTagUpdate, up.take());
     }
-    up.i64(host_steps);
-    up.f64(host_seconds);
-    // (the server takes the updates once every host has announced its own: the slowest host's training)
-    w.send(0, kTagUpdate, up.take(), 1.0 + f.max_per_host);
+    // (the server takes the hosts' updates one host after another: the slowest host's training, or the others')
+    w.finish_sends(1.0 + f.max_per_host, "its clients' updates");
     if (!c.secagg) {  // every update sent is in the sum
       for (auto& [client, next] : pending) control[client] = std::move(next);
       continue;
@@ -567,38 +642,26 @@ struct ClientReport {
   uint64_t update_bytes = 0;  // its size on the wire, for the modelled upload
 };
 
-struct HostReport {
-  std::vector<ClientReport> clients;
-  int64_t steps = 0;
-  double seconds = 0;
-};
-
-HostReport parse_updates(const Bytes& b, int host, const std::vector<int>& expect, bool masked) {
-  In in(b, fmt::format("the updates of rank {}", host));
-  const uint64_t k = in.count(16);
-  if (k != expect.size())
-    throw ProtocolError(
-        fmt::format("fl: rank {} reported {} clients, it hosts {} of this round", host, k, expect.size()));
-  HostReport out;
-  out.clients.resize(k);
-  for (uint64_t j = 0; j < k; ++j) {
-    auto& r = out.clients[j];
-    r.pos = int(in.i64());
-    if (r.pos != expect[j])
-      throw ProtocolError(fmt::format("fl: rank {} reported client position {}, expected {}", host, r.pos, expect[j]));
-    const uint64_t fate = in.u64();
-    if (fate > 2) throw ProtocolError(fmt::format("fl: rank {} reported outcome {} (allowed 0..2)", host, fate));
-    r.fate = Fate(fate);
-    if (r.fate != Fate::sent) continue;
+// One client's message from its host (run_host's order: position, outcome, [loss, vector], steps, seconds).
+ClientReport parse_update(const Bytes& b, int host, int expect, bool masked, int64_t* steps, double* seconds) {
+  In in(b, fmt::format("the update of rank {}", host));
+  ClientReport r;
+  r.pos = int(in.i64());
+  if (r.pos != expect)
+    throw ProtocolError(fmt::format("fl: rank {} reported client position {}, expected {}", host, r.pos, expect));
+  const uint64_t fate = in.u64();
+  if (fate > 2) throw ProtocolError(fmt::format("fl: rank {} reported outcome {} (allowed 0..2)", host, fate));
+  r.fate = Fate(fate);
+  if (r.fate == Fate::sent) {
     if (!masked) r.loss = in.f64();
     r.update = in.blob();
   }
-  out.steps = in.i64();
-  out.seconds = in.f64();
+  *steps = in.i64();
+  *seconds = in.f64();
   in.done();
-  if (out.steps < 0 || !(out.seconds >= 0))
-    throw ProtocolError(fmt::format("fl: rank {} reported {} steps in {} s", host, out.steps, out.seconds));
-  return out;
+  if (*steps < 0 || !(*seconds >= 0))
+    throw ProtocolError(fmt::format("fl: rank {} reported {} steps in {} s", host, *steps, *seconds));
+  return r;
 }
 
 class MetricsFile {
@@ -729,32 +792,38 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     int64_t steps_measured = 0;
     double seconds_measured = 0;
     const bool masked = c.secagg;
+    std::unique_ptr<SecAggServer> srv;
+    // One message a client, host after host (a host's in its order): each is summed (or added to secure aggregation's
+    // running sum) and released before the next is taken, so the server holds one update at a time, not the round's.
     auto collect_updates = [&] {
-      const uint64_t per_client = 24 + kLen + (masked ? (len + 2) * 4 : 8 + len * 4);
-      std::vector<Bytes> ub =
-          w.recv_many(active, kTagUpdate, "the client updates", caps(kLen + 16, per_client), 1.0 + double(most));
-      for (size_t k = 0; k < active.size(); ++k) {
-        HostReport hr = parse_updates(ub[k], active[k], by_host[active[k]], masked);
-        Bytes().swap(ub[k]);  // (parsed: the host's message is not kept beside its clients' updates)
-        steps_measured += hr.steps;
-        seconds_measured += hr.seconds;
-        for (auto& x : hr.clients) {
-          if (x.fate == Fate::sent && !masked) {
+      const uint64_t cap = 2 * kLen + 16 + (masked ? (len + 2) * 4 : 8 + len * 4) + 16;
+      const double steps = 1.0 + double(most);
+      const Deadline d = Deadline::after(comm.timeout_s() * steps);
+      for (int h : active)
+        for (int pos : by_host[h]) {
+          Bytes b = std::move(w.recv_many_until({h}, kTagUpdate, "the client updates", {cap}, d, steps)[0]);
+          int64_t st = 0;
+          double sec = 0;
+          ClientReport x = parse_update(b, h, pos, masked, &st, &sec);
+          Bytes().swap(b);
+          steps_measured += st;
+          seconds_measured += sec;
+          x.update_bytes = x.update.size();
+          if (x.fate == Fate::sent && masked) {
+            srv->add_masked_input(x.pos, unpack_elements(x.update.data(), x.update.size(), c.secagg_bits, len + 2));
+          } else if (x.fate == Fate::sent) {
             if (x.update.size() != len * 4)
-              throw ProtocolError(fmt::format("fl: rank {} sent an update of {} bytes for client {}; expected {}",
-                                              active[k], x.update.size(), sampled[size_t(x.pos)], len * 4));
+              throw ProtocolError(fmt::format("fl: rank {} sent an update of {} bytes for client {}; expected {}", h,
+                                              x.update.size(), sampled[size_t(x.pos)], len * 4));
             const float* v = reinterpret_cast<const float*>(x.update.data());
             for (size_t i = 0; i < len; ++i) sum[i] += double(v[i]);
             sum[len] += x.loss;
           }
-          x.update_bytes = x.update.size();
-          if (!masked) Bytes().swap(x.update);
+          Bytes().swap(x.update);
           reports.push_back(std::move(x));
         }
-      }
     };
 
-    std::unique_ptr<SecAggServer> srv;
     std::unique_ptr<FixedPointCodec> codec;
     if (masked && m > 0) {
       const SecAggConfig scfg = secagg_config(c, int(m), f.len, round);
@@ -826,12 +895,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       }
       collect_updates();
       int arrived = 0;
-      for (auto& r : reports) {
-        if (r.fate != Fate::sent) continue;
-        ++arrived;
-        srv->add_masked_input(r.pos, unpack_elements(r.update.data(), r.update.size(), c.secagg_bits, len + 2));
-        Bytes().swap(r.update);
-      }
+      for (auto& r : reports) arrived += r.fate == Fate::sent ? 1 : 0;
       Out o;
       if (arrived < scfg.threshold) {
         // Bonawitz et al.'s protocol stops here: fewer than t masked vectors cannot be unmasked without revealing
@@ -923,8 +987,14 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       }
       opt->step(global.data(), avg.data(), n);
       // SCAFFOLD: c += sum_k w_k (c_k+ - c_k) / N (the vectors carry s times that); dp is refused with it.
-      for (size_t i = 0; i < server_control.size(); ++i)
+      for (size_t i = 0; i < server_control.size(); ++i) {
         server_control[i] += float(sum[n + i] / (f.control_scale * double(c.clients)));
+        if (!std::isfinite(server_control[i]))
+          throw Error(fmt::format(
+              "fl: round {}: SCAFFOLD's control variate element {} is {} after the clients' changes; allowed: a "
+              "smaller --lr",
+              rec.round, i, server_control[i]));
+      }
       for (size_t i = 0; i < n; ++i)
         if (!std::isfinite(global[i]))
           throw Error(

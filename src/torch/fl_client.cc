@@ -83,7 +83,13 @@ class TorchLocalTrainer : public fl::LocalTrainer {
           torch::NoGradGuard ng;
           size_t k = 0;
           for (auto& p : model_->parameters()) {
-            if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+            if (!p.grad().defined()) {
+              if (correction.empty()) {
+                ++k;
+                continue;
+              }
+              p.mutable_grad() = torch::zeros_like(p);
+            }
             if (c_.mu > 0) p.grad().add_(p.detach() - anchor[k], c_.mu);
             if (!correction.empty()) p.grad().add_(correction[k]);
             ++k;

@@ -45,7 +45,7 @@ class ToyTrainer : public LocalTrainer {
   }
   int num_classes() override { return 10; }
   LocalResult train(const std::vector<float>& global, const std::vector<int64_t>& idx, const LocalWork& w) override {
-    if (fail_) throw Error("toy: local training failed on purpose");
+    if (fail_ && trained_++ >= fail_after_) throw Error("toy: local training failed on purpose");
     LocalResult r;
     r.examples = int64_t(idx.size());
     const int64_t full = c_.local_epochs * ((r.examples + c_.batch_size - 1) / c_.batch_size);
@@ -67,6 +67,8 @@ class ToyTrainer : public LocalTrainer {
     return {0.5, 1.0};
   }
   bool fail_ = false;
+  int fail_after_ = 0;  // trainings that succeed before it fails
+  int trained_ = 0;
   std::vector<float> evaluated_;
 
  private:
@@ -97,7 +99,7 @@ struct RunResult {
   std::vector<std::string> errors;
 };
 
-RunResult run(const FlConfig& c, int fail_rank = -1) {
+RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0) {
   coll::CommConfig cc;
   cc.timeout_s = c.timeout_s;
   cc.measure_cost_model = false;
@@ -109,6 +111,7 @@ RunResult run(const FlConfig& c, int fail_rank = -1) {
     ts.emplace_back([&, r] {
       ToyTrainer t(c);
       t.fail_ = r == fail_rank;
+      t.fail_after_ = fail_after;
       try {
         FlResult res = run_federation(c, comms[size_t(r)], t, [&](const RoundRecord& x) { out.records.push_back(x); });
         if (r == 0) out.server = std::move(res);
@@ -327,19 +330,21 @@ TEST(Federation, StragglersPastTheDeadlineDropOrDoPartialWork) {
   EXPECT_EQ(stragglers, parts);  // the same slow clients: dropped in one run, cut short in the other
 }
 
+// (after 0 trainings: before its first update; after 1: with its first client's update already on its way)
 TEST(Federation, AFailingClientHostStopsTheServerAtOnceWithItsError) {
-  for (bool secagg : {false, true}) {
-    FlConfig c = base_config();
-    c.timeout_s = 60;
-    c.secagg = secagg;  // (with it, the host fails between the key exchange and the masked update)
-    auto t0 = std::chrono::steady_clock::now();
-    RunResult r = run(c, 2);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_NE(r.errors[2].find("failed on purpose"), std::string::npos) << r.errors[2];
-    EXPECT_NE(r.errors[0].find("failed on purpose"), std::string::npos) << r.errors[0];
-    EXPECT_NE(r.errors[1], "");
-    EXPECT_LT(s, 30) << "the server waited for its deadline (secagg " << secagg << ")";
-  }
+  for (int after : {0, 1})
+    for (bool secagg : {false, true}) {
+      FlConfig c = base_config();
+      c.timeout_s = 60;
+      c.secagg = secagg;  // (with it, the host fails between the key exchange and the masked update)
+      auto t0 = std::chrono::steady_clock::now();
+      RunResult r = run(c, 2, after);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_NE(r.errors[2].find("failed on purpose"), std::string::npos) << r.errors[2];
+      EXPECT_NE(r.errors[0].find("failed on purpose"), std::string::npos) << r.errors[0];
+      EXPECT_NE(r.errors[1], "");
+      EXPECT_LT(s, 30) << "the server waited for its deadline (secagg " << secagg << ", after " << after << ")";
+    }
 }
 
 TEST(Federation, ModelledRoundTimeIsTheSlowestClientsLinksAndSteps) {
@@ -484,16 +489,26 @@ TEST(Federation, TheServerEvaluatesEveryEvalEveryRoundsAndTheLast) {
   EXPECT_DOUBLE_EQ(r.server.final_accuracy, 0.5);
 }
 
-// SCAFFOLD by hand on the toy: the server's c and every client's c_i (committed when its update is applied).
+// SCAFFOLD by hand on the toy: the server's c and every client's c_i (committed when its update is applied). With
+// `clip` > 0, secure aggregation's clip of each element of the weighted update and of the scaled change w_k s dc.
 struct ScaffoldReference {
   std::vector<double> w = std::vector<double>(kDim, 0.0), c = std::vector<double>(kDim, 0.0);
   std::map<int, std::vector<double>> ci;
+  uint64_t clipped = 0;  // elements clipped in the last round
 
-  void round(const FlConfig& cfg, int r) {
+  void round(const FlConfig& cfg, int r, double clip = 0) {
     ToyTrainer t(cfg);
     auto parts = partition(t.train_labels(), 10, cfg.clients, parse_partition(cfg.partition), cfg.seed);
     auto sampled = sample_clients(cfg.clients, cfg.fraction, cfg.min_clients, cfg.seed, uint64_t(r));
     const double mean = double(kSamples) / cfg.clients;
+    // s: lr times the steps of a speed-1 client's full work on a mean-sized partition.
+    const double s = cfg.lr * double(cfg.local_epochs) * std::ceil(mean / cfg.batch_size);
+    auto clamp = [&](double x) {
+      if (clip <= 0 || std::abs(double(float(x))) <= clip) return x;
+      ++clipped;
+      return x > 0 ? clip : -clip;
+    };
+    clipped = 0;
     std::vector<double> dy(kDim, 0.0), dc(kDim, 0.0);
     double wsum = 0;
     std::map<int, std::vector<double>> next;
@@ -509,9 +524,10 @@ struct ScaffoldReference {
       next[k].resize(kDim);
       for (size_t i = 0; i < kDim; ++i) {
         const double change = -c[i] - double(lr.delta[i]) / (double(lr.steps) * cfg.lr);
-        next[k][i] = mine[i] + change;
-        dy[i] += wk * lr.delta[i];
-        dc[i] += wk * change;
+        const double sent = clamp(wk * change * s);
+        next[k][i] = mine[i] + sent / (wk * s);
+        dy[i] += clamp(wk * lr.delta[i]);
+        dc[i] += sent / s;
       }
       wsum += wk;
     }
@@ -595,6 +611,27 @@ TEST(Federation, ScaffoldUnderSecureAggregationMatchesItsPlainRun) {
   for (int round = 0; round < c.rounds; ++round) ref.round(c, round);
   for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(masked.server.weights[i], ref.w[i], 1e-5) << i;
   EXPECT_EQ(masked.server.rounds[2].clipped, 0u);
+}
+
+// Secure aggregation clips the control variates' changes too: the server adds the clipped values, and the clients
+// must keep those (the ones they computed would leave c off the mean of the c_i for good). The clipped count covers
+// both parts of the vector.
+TEST(Federation, ScaffoldClientsKeepTheClippedChangeTheServerAdds) {
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";
+  c.scaffold = true;
+  c.secagg = true;
+  c.secagg_clip = 0.05;  // below many of the weighted deltas and control changes
+  c.rounds = 4;
+  RunResult r = run(c);
+  expect_ok(r);
+  ScaffoldReference ref;
+  for (int round = 0; round < c.rounds; ++round) {
+    ref.round(c, round, c.secagg_clip);
+    ASSERT_GT(ref.clipped, 0u) << "round " << round << ": nothing clipped, the test checks nothing";
+    EXPECT_EQ(r.server.rounds[size_t(round)].clipped, ref.clipped) << "round " << round;
+  }
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], ref.w[i], 1e-5) << i;
 }
 
 // A round secure aggregation abandons changes neither c nor any c_i: the clients that trained in it keep their old
