@@ -121,6 +121,7 @@ struct Peer {
   std::deque<TcpSend> sendq;
   std::exception_ptr send_error;         // a write failed: later sends fail at once (the read side fails the rest)
   std::atomic<bool> send_failed{false};  // send_error is set (readable without send_mu)
+  bool dropped_mid_frame = false;        // under send_mu: fail_peer cleared a partly written send
   std::mutex interest_mu;
   uint32_t interest = 0;
   std::atomic<bool> want_out{false};  // sendq is not empty (updated under send_mu)
@@ -303,11 +304,16 @@ class TcpTransport : public Transport {
     // The whole frame goes out, or the peer reads half of it and reports a truncated frame instead of the reason;
     // a peer whose socket stays full may hold all of them up for this long at most.
     const Deadline give_up = Deadline::after(0.5);
+    // Peers already failed get the frame too: failed by another rank's abort (relayed to every peer), the
+    // connections to the others are sound, and a peer waiting on this rank would otherwise hear nothing until its
+    // deadline (its rank may never talk to the one that aborted first).
     for (auto& p : peers_) {
-      if (p.fd < 0 || p.failed) continue;
+      if (p.fd < 0) continue;
       std::lock_guard<std::mutex> sl(p.send_mu);
-      // (A failed write ended the stream mid-frame and cleared the queue: nothing more goes on it.)
-      bool mid_frame = p.send_failed || (!p.sendq.empty() && p.sendq.front().sent > 0);
+      // (A failed write ended the stream mid-frame and cleared the queue, or a failure dropped a partly written
+      // send: nothing more goes on it.)
+      bool mid_frame =
+          p.send_failed || p.dropped_mid_frame || (!p.sendq.empty() && p.sendq.front().sent > 0);
       if (!mid_frame) {
         try {
           write_all_blocking(p.fd, frame.data(), frame.size(), give_up);
@@ -397,6 +403,7 @@ class TcpTransport : public Transport {
     }
     {
       std::lock_guard<std::mutex> sl(p.send_mu);
+      if (!p.sendq.empty() && p.sendq.front().sent > 0) p.dropped_mid_frame = true;
       for (auto& s : p.sendq) s.req->fail(err);
       p.sendq.clear();
       p.want_out = false;
