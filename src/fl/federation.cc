@@ -2,22 +2,26 @@
 // a sampled client (hosts without one get the header only):
 //
 //   S -> h  header: round, continue flag, the sampled clients (ids of the whole federation, ascending)
-//   S -> h  the global weights (f32)
+//   S -> h  the global weights (f32; with SCAFFOLD then the server's control variate)
 //   with secure aggregation (ids inside the protocol: positions in the sampled list):
 //     h -> S  AdvertiseMsg of each of its sampled clients            (round 0 of Bonawitz et al.)
 //     S -> h  U1: every advertised pair of keys
 //     h -> S  the encrypted shares of each of its clients              (round 1)
 //     S -> h  U2 and the shares addressed to each of its clients
-//     h -> S  per client its outcome (sent / straggler / dropout) and masked vector; the host's steps and seconds
+//     h -> S  a message per client: its outcome (sent / straggler / dropout), masked vector, steps and seconds
 //     S -> h  U3 (the clients whose masked vector arrived), or "abandoned" when fewer than t did
 //     h -> S  UnmaskMsg of each of its clients in U3                   (round 3)
-//   without: h -> S  per client its outcome, training loss and f32 update; the host's steps and seconds
+//   without: h -> S  a message per client: its outcome, training loss, f32 update, steps and seconds
+//
+// The server takes the update messages host after host and sums each before taking the next: it holds one update,
+// not the round's (plus what the transports buffer of messages it has not asked for yet: tcp and shm up to 64 MiB a
+// peer). A host keeps its clients' updates until the server has taken them.
 //
 // A client's vector is its delta times its weight w_k = n_k / mean partition size (1 under differential privacy);
 // under secure aggregation two more elements carry its training loss and the count of its elements the codec clipped,
 // scaled into the codec's range, so the server learns their sums only. The server knows the sample counts (the
 // partition) and divides by the summed weights of the clients that sent (McMahan et al.'s sample-weighted average).
-// The hosts' steps and seconds are the simulation's own measurement (for the modelled round time), not client data.
+// The steps and seconds are the simulation's own measurement (for the modelled round time), not client data.
 //
 // SCAFFOLD (Karimireddy et al. 2020, option II): the weights message also carries the server's control variate c, and
 // each hosted client keeps its own c_i (zero until it first trains). A client trains with the gradient corrected by
@@ -90,6 +94,7 @@ class Out {
     const auto* c = static_cast<const uint8_t*>(p);
     b_.insert(b_.end(), c, c + n);
   }
+  void reserve(size_t more) { b_.reserve(b_.size() + more); }
   Bytes take() { return std::move(b_); }
 
  private:
@@ -122,11 +127,16 @@ class In {
     return n;
   }
   Bytes blob() {
+    const auto [p, n] = view();
+    return Bytes(p, p + n);
+  }
+  // A blob without copying it: its bytes inside the message (valid while the message is).
+  std::pair<const uint8_t*, size_t> view() {
     uint64_t n = u64();
     need(n);
-    Bytes v(b_.begin() + long(pos_), b_.begin() + long(pos_ + n));
+    const uint8_t* p = b_.data() + pos_;
     pos_ += n;
-    return v;
+    return {p, size_t(n)};
   }
   void get(void* p, size_t n) {
     need(n);
@@ -257,16 +267,24 @@ class Wire {
   void wait_or_explain(const std::vector<net::RequestPtr>& reqs, const Deadline& d, const std::vector<int>& peers,
                        const char* what, double steps) {
     try {
-      net::wait_all_or_give_up(c_.transport(), reqs, d);
+      net::wait_all(reqs, d);
     } catch (const TimeoutError&) {
-      std::string silent;
+      std::string silent;  // (before giving the receives up, which completes them)
       for (size_t i = 0; i < reqs.size(); ++i)
         if (!reqs[i]->done()) silent += (silent.empty() ? "" : ", ") + std::to_string(peers[i]);
-      throw TimeoutError(fmt::format(
+      const std::string msg = fmt::format(
           "fl: rank {} waited {:.0f} s ({:g} x --timeout-s, the work of the clients one rank handles) for {} from "
           "rank(s) {}; allowed: a larger --timeout-s when local training or evaluation takes longer",
-          c_.rank(), c_.timeout_s() * steps, steps, what, silent));
+          c_.rank(), c_.timeout_s() * steps, steps, what, silent);
+      give_up_all(reqs, msg);
+      throw TimeoutError(msg);
+    } catch (const std::exception& e) {
+      give_up_all(reqs, e.what());
+      throw;
     }
+  }
+  void give_up_all(const std::vector<net::RequestPtr>& reqs, const std::string& why) {
+    for (auto& r : reqs) net::give_up(c_.transport(), r, why);
   }
   coll::Communicator& c_;
   std::vector<net::RequestPtr> posted_;
@@ -289,9 +307,30 @@ struct Federation {
   int max_per_host = 1;  // the most sampled clients one host can hold in a round
 };
 
-double physical_memory_bytes() {
+// The memory this process may use: the machine's, or its cgroup's limit when lower (0: unknown).
+double usable_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? double(pages) * double(page) : 0;
+  double have = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
+  std::ifstream f("/sys/fs/cgroup/memory.max");  // cgroup v2 ("max": none)
+  double limit = 0;
+  if (f >> limit && limit > 0) have = have > 0 ? std::min(have, limit) : limit;
+  return have;
+}
+
+// SCAFFOLD: a host keeps a model-sized c_i for every client of its own that has trained. Refuses (before round 1,
+// not when memory runs out mid-run) a federation whose hosts on this machine together could not.
+void check_control_memory(const FlConfig& c, coll::Communicator& comm, const Federation& f) {
+  const auto& hosts = comm.transport().hosts();
+  const int here = hosts[size_t(comm.transport_rank(comm.rank()))];
+  int local_hosts = 0;
+  for (int r = 1; r < comm.size(); ++r) local_hosts += hosts[size_t(comm.transport_rank(r))] == here ? 1 : 0;
+  const int hosted = (c.clients + comm.size() - 2) / (comm.size() - 1);
+  const double need = double(local_hosts) * double(hosted) * double(f.n) * 4, have = usable_memory_bytes();
+  if (have > 0 && need > 0.8 * have)
+    throw ConfigError(fmt::format(
+        "fl: scaffold: the {} client host(s) on this machine would keep {} clients' control variates of {} weights "
+        "each, {:.1f} GB, and it has {:.1f} GB; allowed: more machines, fewer --clients or --scaffold false",
+        local_hosts, hosted, f.n, need / 1e9, have / 1e9));
 }
 
 int64_t full_steps(const FlConfig& c, int64_t examples) {
@@ -321,16 +360,6 @@ Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
   f.control_scale = c.lr * double(f.reference_steps);
   const int hosted = (c.clients + world - 2) / (world - 1);
   f.max_per_host = std::max(1, dp_on(c) ? hosted : std::min(hosted, clients_per_round(c)));
-  if (c.scaffold) {
-    // A host keeps a model-sized c_i for every client of its own that has trained: refuse a federation whose hosts
-    // cannot, before round 1 rather than when memory runs out mid-run.
-    const double need = double(hosted) * double(f.n) * 4, have = physical_memory_bytes();
-    if (have > 0 && need > 0.8 * have)
-      throw ConfigError(fmt::format(
-          "fl: scaffold: a host would keep {} clients' control variates of {} weights, {:.1f} GB, and this machine "
-          "has {:.1f} GB; allowed: more --workers, fewer --clients or --scaffold false",
-          hosted, f.n, need / 1e9, have / 1e9));
-  }
   return f;
 }
 
@@ -426,8 +455,22 @@ void check_finite(const std::vector<float>& v, int client) {
 // ---------------------------------------------------------------------------------------------------------------
 // Hosts
 
+void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f, Wire& w);
+
 void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f) {
   Wire w(comm);
+  try {
+    if (c.scaffold) check_control_memory(c, comm, f);
+    host_rounds(c, comm, trainer, f, w);
+  } catch (const std::exception& e) {
+    // Before the Wire gives up its posted sends (which may abort the transport with a reason of its own): the
+    // others hear why this rank stopped.
+    comm.transport().abort(fmt::format("fl: rank {} failed: {}", comm.rank(), e.what()));
+    throw;
+  }
+}
+
+void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f, Wire& w) {
   const int me = comm.rank(), world = comm.size();
   const size_t n = f.n, len = f.len;
   const uint64_t max_sampled = uint64_t(c.clients);
@@ -515,8 +558,9 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
       in.done();
     }
 
-    // Local training, then each client's update (masked under secure aggregation) on its way while the next trains:
-    // position, outcome, [loss without secure aggregation, the vector], the steps and seconds measured.
+    // Local training, then each client's update (masked under secure aggregation) posted at once (tcp's thread moves
+    // it while the next client trains; shm and MPI when the host next waits): position, outcome, [loss without
+    // secure aggregation, the vector], the steps and seconds measured.
     for (int i : mine) {
       const int client = sampled[size_t(i)];
       Plan p = plan_client(c, f, client, round);
@@ -591,19 +635,22 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
           check_finite(next, client);
         }
         std::vector<uint32_t> y = sa[i]->mask_input(inbox[i], x.data());
-        up.blob(pack_elements(y.data(), y.size(), c.secagg_bits));
+        const Bytes packed = pack_elements(y.data(), y.size(), c.secagg_bits);
+        up.reserve(kLen + packed.size() + 16);  // (kept until the server takes it: no spare capacity)
+        up.blob(packed);
       } else {
         up.f64(r.loss);
-        Bytes b(len * 4);
-        std::memcpy(b.data(), v.data(), b.size());
-        up.blob(b);
+        up.reserve(kLen + len * 4 + 16);
+        up.u64(len * 4);
+        up.put(v.data(), len * 4);
       }
       up.i64(r.steps);
       up.f64(r.compute_s);
       w.post(0, kTagUpdate, up.take());
     }
-    // (the server takes the hosts' updates one host after another: the slowest host's training, or the others')
-    w.finish_sends(1.0 + f.max_per_host, "its clients' updates");
+    // (the server takes the hosts' updates one host after another: the slowest host's training, or the others'; one
+    // step more than the server's wait, which may start after this one)
+    w.finish_sends(2.0 + f.max_per_host, "its clients' updates");
     if (!c.secagg) {  // every update sent is in the sum
       for (auto& [client, next] : pending) control[client] = std::move(next);
       continue;
@@ -637,13 +684,14 @@ void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer
 struct ClientReport {
   int pos = 0;  // position in the sampled list
   Fate fate = Fate::sent;
-  double loss = 0;  // without secure aggregation
-  Bytes update;     // released once summed (or handed to secure aggregation): the server holds one sum
-  uint64_t update_bytes = 0;  // its size on the wire, for the modelled upload
+  double loss = 0;            // without secure aggregation
+  uint64_t update_bytes = 0;  // its vector's size on the wire, for the modelled upload
 };
 
-// One client's message from its host (run_host's order: position, outcome, [loss, vector], steps, seconds).
-ClientReport parse_update(const Bytes& b, int host, int expect, bool masked, int64_t* steps, double* seconds) {
+// One client's message from its host (run_host's order: position, outcome, [loss, vector], steps, seconds); `update`
+// is its vector inside b (none unless it sent).
+ClientReport parse_update(const Bytes& b, int host, int expect, bool masked, int64_t* steps, double* seconds,
+                          std::pair<const uint8_t*, size_t>* update) {
   In in(b, fmt::format("the update of rank {}", host));
   ClientReport r;
   r.pos = int(in.i64());
@@ -654,7 +702,8 @@ ClientReport parse_update(const Bytes& b, int host, int expect, bool masked, int
   r.fate = Fate(fate);
   if (r.fate == Fate::sent) {
     if (!masked) r.loss = in.f64();
-    r.update = in.blob();
+    *update = in.view();
+    r.update_bytes = update->second;
   }
   *steps = in.i64();
   *seconds = in.f64();
@@ -804,23 +853,24 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
           Bytes b = std::move(w.recv_many_until({h}, kTagUpdate, "the client updates", {cap}, d, steps)[0]);
           int64_t st = 0;
           double sec = 0;
-          ClientReport x = parse_update(b, h, pos, masked, &st, &sec);
-          Bytes().swap(b);
+          std::pair<const uint8_t*, size_t> u{nullptr, 0};  // the vector, inside b
+          ClientReport x = parse_update(b, h, pos, masked, &st, &sec, &u);
           steps_measured += st;
           seconds_measured += sec;
-          x.update_bytes = x.update.size();
           if (x.fate == Fate::sent && masked) {
-            srv->add_masked_input(x.pos, unpack_elements(x.update.data(), x.update.size(), c.secagg_bits, len + 2));
+            srv->add_masked_input(x.pos, unpack_elements(u.first, u.second, c.secagg_bits, len + 2));
           } else if (x.fate == Fate::sent) {
-            if (x.update.size() != len * 4)
+            if (u.second != len * 4)
               throw ProtocolError(fmt::format("fl: rank {} sent an update of {} bytes for client {}; expected {}", h,
-                                              x.update.size(), sampled[size_t(x.pos)], len * 4));
-            const float* v = reinterpret_cast<const float*>(x.update.data());
-            for (size_t i = 0; i < len; ++i) sum[i] += double(v[i]);
+                                              u.second, sampled[size_t(x.pos)], len * 4));
+            for (size_t i = 0; i < len; ++i) {
+              float v;
+              std::memcpy(&v, u.first + i * 4, 4);  // (the vector need not be aligned inside the message)
+              sum[i] += double(v);
+            }
             sum[len] += x.loss;
           }
-          Bytes().swap(x.update);
-          reports.push_back(std::move(x));
+          reports.push_back(x);
         }
     };
 

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "../coll/transport_pair.h"
 #include "coll/communicator.h"
 #include "core/error.h"
 #include "fl/partition.h"
@@ -46,6 +47,7 @@ class ToyTrainer : public LocalTrainer {
   int num_classes() override { return 10; }
   LocalResult train(const std::vector<float>& global, const std::vector<int64_t>& idx, const LocalWork& w) override {
     if (fail_ && trained_++ >= fail_after_) throw Error("toy: local training failed on purpose");
+    if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
     LocalResult r;
     r.examples = int64_t(idx.size());
     const int64_t full = c_.local_epochs * ((r.examples + c_.batch_size - 1) / c_.batch_size);
@@ -69,6 +71,7 @@ class ToyTrainer : public LocalTrainer {
   bool fail_ = false;
   int fail_after_ = 0;  // trainings that succeed before it fails
   int trained_ = 0;
+  int sleep_ms_ = 0;  // each training takes at least this long
   std::vector<float> evaluated_;
 
  private:
@@ -345,6 +348,49 @@ TEST(Federation, AFailingClientHostStopsTheServerAtOnceWithItsError) {
       EXPECT_NE(r.errors[1], "");
       EXPECT_LT(s, 30) << "the server waited for its deadline (secagg " << secagg << ", after " << after << ")";
     }
+}
+
+// Over tcp with updates larger than its unexpected-message budget: the failing host's sends are partly written
+// while the server still takes the slow first host's updates, so its abort frame cannot follow them to the server;
+// the other host hears it, and its own abort must reach the server, which waits on it (before the fix it did not,
+// being sent only to peers not failed yet: the server waited its 6 x 60 s deadline). The reason must name the failure,
+// not a truncated frame or a generic "stopped with sends in flight".
+TEST(Federation, AHostFailingWithUpdatesInFlightOverTcpStopsTheServerWithItsReason) {
+  setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "64K", 1);
+  auto transports = net::test_util::make_transport_world("tcp", 3);
+  unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+  g_dim = 100000;  // 400 KB updates
+  struct Restore {
+    ~Restore() { g_dim = kDim; }
+  } restore;
+  FlConfig c = base_config();
+  c.timeout_s = 60;
+  coll::CommConfig cc;
+  cc.timeout_s = c.timeout_s;
+  cc.measure_cost_model = false;
+  std::vector<std::string> errors(3);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      ToyTrainer t(c);
+      if (r == 1) t.sleep_ms_ = 300;  // the server takes rank 1's updates first
+      if (r == 2) {
+        t.fail_ = true;
+        t.fail_after_ = 2;  // two updates posted, the server not taking them yet
+      }
+      try {
+        auto comm = coll::Communicator::create(transports[size_t(r)], {0, 1, 2}, 7, cc);
+        run_federation(c, comm, t);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(errors[2].find("failed on purpose"), std::string::npos) << errors[2];
+  EXPECT_NE(errors[0].find("failed on purpose"), std::string::npos) << errors[0];
+  EXPECT_LT(s, 30) << "the server waited for its deadline";
 }
 
 TEST(Federation, ModelledRoundTimeIsTheSlowestClientsLinksAndSteps) {
