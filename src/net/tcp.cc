@@ -306,9 +306,15 @@ class TcpTransport : public Transport {
     const Deadline give_up = Deadline::after(0.5);
     // Peers already failed get the frame too: failed by another rank's abort (relayed to every peer), the
     // connections to the others are sound, and a peer waiting on this rank would otherwise hear nothing until its
-    // deadline (its rank may never talk to the one that aborted first).
-    for (auto& p : peers_) {
-      if (p.fd < 0) continue;
+    // deadline (its rank may never talk to the one that aborted first). The healthy ones first: a failed peer that
+    // stopped reading must not spend their share of the deadline.
+    std::vector<Peer*> order;
+    for (auto& p : peers_)
+      if (p.fd >= 0 && !p.failed) order.push_back(&p);
+    for (auto& p : peers_)
+      if (p.fd >= 0 && p.failed) order.push_back(&p);
+    for (Peer* pp : order) {
+      Peer& p = *pp;
       std::lock_guard<std::mutex> sl(p.send_mu);
       // (A failed write ended the stream mid-frame and cleared the queue, or a failure dropped a partly written
       // send: nothing more goes on it.)

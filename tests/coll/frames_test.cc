@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -462,4 +463,34 @@ TEST(Transports, ASmallMessageOvertakesALargeUnmatchedOne) {
     EXPECT_EQ(errors[0], "") << kind;
     EXPECT_EQ(errors[1], "") << kind;
   }
+}
+
+// Rank 2 aborts with a send to rank 0 cut mid-frame (rank 0 never took it), so its abort frame reaches rank 1 only.
+// Rank 1's transport fails every peer on it; when rank 1 then aborts with its own reason, rank 0, which waits only on
+// rank 1, must hear it at once (it was sent only to peers not failed yet: rank 0 waited for its deadline).
+TEST(TcpAbort, ARankFailedByAnothersAbortStillTellsThePeerWaitingOnIt) {
+  setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "64K", 1);
+  auto ts = test_util::make_transport_world("tcp", 3);
+  unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+  const uint64_t tag = make_tag(kUser, 0, 1);
+  uint64_t v = 0;
+  auto waiting = ts[0]->irecv(1, tag, &v, sizeof v);
+  std::vector<char> big(16 << 20, 'x');
+  auto cut = ts[2]->isend(0, tag, big.data(), big.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (as much of it written as the sockets take)
+  ts[2]->abort("rank 2 broke");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ts[1]->aborted_reason().empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_NE(ts[1]->aborted_reason().find("rank 2 broke"), std::string::npos) << ts[1]->aborted_reason();
+  ts[1]->abort("rank 1 gives up");
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    waiting->wait(Deadline::after(20));
+    ADD_FAILURE() << "the receive from an aborted rank completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 gives up"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5);
+  EXPECT_TRUE(cut->done());
 }
