@@ -21,6 +21,7 @@
 #include "coll/communicator.h"
 #include "core/error.h"
 #include "core/files.h"
+#include "fl/checkpoint.h"
 #include "fl/federation.h"
 #include "net/mpi_transport.h"
 
@@ -42,14 +43,7 @@ struct FlArgs {
   std::map<std::string, std::string> flags;
 };
 
-bool under_outer_launcher() {
-  if (net::mpi_launched()) return true;
-  for (const char* v : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
-    const char* s = std::getenv(v);
-    if (s && *s) return true;
-  }
-  return false;
-}
+bool under_outer_launcher() { return net::mpi_launched() || env_world_size() > 0; }
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path);
@@ -238,6 +232,8 @@ void run_fl(const FlArgs& a) {
   fl::check_sample_count(c, samples);
 #endif
   refuse_used_output(c.output);
+  // (a checkpoint that is missing or of other settings stops here rather than in the started ranks)
+  if (!c.resume.empty()) fl::check_resume(c, fl::read_latest_checkpoint(fl::resume_checkpoint_dir(c.resume)));
   // Start the ranks: they read the resolved configuration from the output folder.
   fs::create_directories(c.output);
   const fs::path cfg_path = fs::path(c.output) / "config.json";
@@ -260,7 +256,8 @@ const bool kRegistered = register_command(60, [](CLI::App& app) {
   auto* c = app.add_subcommand(
       "fl",
       "Federated learning on libtorch: a server and N virtual clients hosted by worker processes; FedAvg, FedProx, "
-      "FedAvgM, FedAdagrad, FedAdam, FedYogi; non-IID partitions, client speeds, deadlines and dropouts; secure "
+      "SCAFFOLD, FedAvgM, FedAdagrad, FedAdam, FedYogi; checkpoints and resume; non-IID partitions, client speeds, "
+      "deadlines and dropouts; secure "
       "aggregation and differential privacy. With no arguments: the CNN on Fashion-MNIST, 100 clients split by "
       "Dirichlet(0.5), 10 a round, 30 rounds, secure aggregation, 3 processes.");
   c->add_option("--config", args->config, "JSON file of key: value (the keys below, with _); flags win over it");
@@ -271,7 +268,7 @@ const bool kRegistered = register_command(60, [](CLI::App& app) {
     auto* o = c->add_option_function<std::string>(
                    flag, [values, key = key](const std::string& v) { (*values)[key] = v.empty() ? "true" : v; }, help)
                   ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    if (key == "secagg" || key == "progress") o->expected(0, 1);  // a bare --secagg is --secagg true
+    if (key == "secagg" || key == "progress" || key == "scaffold") o->expected(0, 1);  // bare --secagg: true
   }
   c->footer(
       "Example: conduit fl --partition dirichlet:0.1 --mu 0.01 --speed-sigma 1 --deadline 1.5 --stragglers partial\n"

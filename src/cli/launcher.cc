@@ -21,6 +21,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -599,6 +600,21 @@ int find_free_port(const std::string& addr) {
         addr, last_error));
   }
   return port;
+}
+
+int env_world_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"}) {
+    const char* s = std::getenv(v);
+    if (!s || !*s) continue;
+    char* end = nullptr;
+    long n = std::strtol(s, &end, 10);
+    if (*end != '\0' || n < 1 || n > (1 << 20))
+      throw ConfigError(fmt::format("environment: {}='{}' is not a world size; allowed: an integer >= 1", v, s));
+    return int(n);
+  }
+  if (std::getenv("RANK"))
+    throw ConfigError("environment: RANK is set but WORLD_SIZE is not; allowed: both (torchrun) or neither");
+  return 0;
 }
 
 std::string make_job_id() {

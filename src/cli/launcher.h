@@ -52,6 +52,10 @@ int find_free_port(const std::string& addr);
 // A unique id for one launch (hex of pid and time), safe in file and shared-memory names.
 std::string make_job_id();
 
+// WORLD_SIZE of an outer launcher: mpirun (OMPI/PMI/PMIx) or torchrun / conduit launch; 0 when none. ConfigError
+// naming the variable when one is not a world size, or when RANK is set without WORLD_SIZE.
+int env_world_size();
+
 // The environment a worker starts with: `base` (KEY=VALUE entries) without OMPI_*/PMIX_*/PMI_* variables inherited
 // from an outer mpirun and without the variables set here, then the rendezvous variables for `rank`, then extra_env.
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, const LaunchSpec& spec, int rank,

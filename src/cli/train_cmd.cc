@@ -33,22 +33,6 @@ struct TrainArgs {
   std::map<std::string, std::string> flags;  // key -> value as given
 };
 
-// WORLD_SIZE of an outer launcher: mpirun (OMPI/PMI/PMIx) or torchrun / conduit launch. 0 when none.
-int env_world_size() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"}) {
-    const char* s = std::getenv(v);
-    if (!s || !*s) continue;
-    char* end = nullptr;
-    long n = std::strtol(s, &end, 10);
-    if (*end != '\0' || n < 1 || n > (1 << 20))
-      throw ConfigError(fmt::format("environment: {}='{}' is not a world size; allowed: an integer >= 1", v, s));
-    return int(n);
-  }
-  if (std::getenv("RANK"))
-    throw ConfigError("environment: RANK is set but WORLD_SIZE is not; allowed: both (torchrun) or neither");
-  return 0;
-}
-
 std::string self_exe() {
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);

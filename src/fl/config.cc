@@ -61,6 +61,8 @@ void fields(C& c, F&& f) {
   f("timeout_s", c.timeout_s);
   f("eval_every", c.eval_every);
   f("output", c.output);
+  f("checkpoint_every", c.checkpoint_every);
+  f("resume", c.resume);
   f("progress", c.progress);
 }
 
@@ -202,6 +204,9 @@ void check_config(const FlConfig& c) {
   one_of("transport", c.transport, {"auto", "tcp", "shm", "mpi"});
   real_in("timeout_s", c.timeout_s, 0, 1e7, true, false);
   int_in("eval_every", c.eval_every, 0, 1000000);
+  int_in("checkpoint_every", c.checkpoint_every, 0, 1000000);
+  if (c.checkpoint_every > 0 && c.output.empty())
+    throw ConfigError("fl: checkpoint_every: checkpoints go to the output folder; allowed: an --output with it");
 }
 
 const std::vector<std::pair<std::string, std::string>>& config_keys() {
@@ -249,6 +254,8 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"timeout_s", "deadline of every message (seconds)"},
       {"eval_every", "rounds between test evaluations (0: the last only)"},
       {"output", "folder of config.json, metrics.jsonl and summary.json (empty: runs/fl-<time>)"},
+      {"checkpoint_every", "write <output>/checkpoints after every K rounds and the last (0: none)"},
+      {"resume", "continue the run whose output (or checkpoints) folder this is, from its newest checkpoint"},
       {"progress", "print a line per round (true | false)"},
   };
   return keys;

@@ -51,6 +51,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/log.h"
+#include "fl/checkpoint.h"
 #include "fl/partition.h"
 #include "fl/privacy.h"
 #include "fl/secagg.h"
@@ -78,8 +79,8 @@ enum FlTag : uint32_t {
 // Under secure aggregation the loss and the clipped count are non-negative elements scaled into [0, kTop * clip]
 // (kTop < 1: float rounding stays inside the clip); losses above kLossCap count as kLossCap.
 constexpr double kLossCap = 20.0, kTop = 0.999;
-// Sizes of the secure-aggregation messages (secagg.h) and of a framed blob's length.
-constexpr uint64_t kAdvertiseBytes = 70, kShareBytes = 126, kUnmaskBase = 14, kUnmaskPerShare = 36, kLen = 8;
+// A framed blob's length (the secure-aggregation messages' sizes are secagg.h's).
+constexpr uint64_t kLen = 8;
 
 class Out {
  public:
@@ -294,6 +295,12 @@ class Wire {
 
 int host_of_client(int client, int world) { return 1 + client % (world - 1); }
 
+// Checkpoints are written after rounds R (counted from 1) that are a multiple of checkpoint_every, and the last.
+bool checkpoint_after(const FlConfig& c, int64_t rounds_done) {
+  return c.checkpoint_every > 0 && rounds_done > 0 &&
+         (rounds_done % c.checkpoint_every == 0 || rounds_done == c.rounds);
+}
+
 // Per-client facts every rank derives from the config alone.
 struct Federation {
   std::vector<std::vector<int64_t>> parts;
@@ -476,11 +483,31 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
   const uint64_t max_sampled = uint64_t(c.clients);
   const size_t down = c.scaffold ? 2 * n : n;  // the weights, and SCAFFOLD's server control variate
   std::map<int, std::vector<float>> control;   // SCAFFOLD: c_i of each hosted client that trained (absent: zeros)
+  int first = -1;                              // the round this host started at (a resumed run's is not 0)
   for (;;) {
     // The next header comes after the server's aggregation and evaluation and the other hosts' training.
     Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled), 2.0 + f.max_per_host);
     In h(hb, "round header");
     const int round = int(h.i64());
+    if (round < 0 || round > c.rounds) throw ProtocolError(fmt::format("fl: the round header says round {}", round));
+    if (first < 0) {
+      first = round;
+      if (!c.resume.empty() && c.scaffold) {
+        // The server resumed after `round` rounds: this host's clients' c_i from that checkpoint's host files.
+        const std::string dir = resume_checkpoint_dir(c.resume);
+        const ServerCheckpoint s = read_latest_checkpoint(dir);
+        if (s.round != round)
+          throw ProtocolError(
+              fmt::format("fl: resume: the server resumed after round {}, rank {} found round {} in '{}'", round, me,
+                          s.round, dir));
+        control = read_host_checkpoints(dir, s.round, s.host_files, n, [&](int client) {
+          return client < c.clients && host_of_client(client, world) == me;
+        });
+      }
+    } else if (c.scaffold && checkpoint_after(c, round)) {
+      // (the server wrote its file of these rounds before sending this header)
+      write_host_checkpoint(checkpoint_dir(c.output), me, round, control, n);
+    }
     const bool go = h.u64() != 0;
     const uint64_t ns = h.count(8);
     std::vector<int> sampled(ns);
@@ -524,7 +551,7 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
         adv.blob(sa[i]->advertise().serialize());
       }
       w.send(0, kTagAdvertise, adv.take());
-      Bytes ub = w.recv(0, kTagU1, "the advertised keys", kLen + m * (kLen + kAdvertiseBytes));
+      Bytes ub = w.recv(0, kTagU1, "the advertised keys", kLen + m * (kLen + kAdvertiseMsgBytes));
       In u(ub, "advertised keys");
       std::vector<AdvertiseMsg> u1(u.count(8));
       for (auto& a : u1) {
@@ -541,7 +568,7 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
         for (auto& msg : s) sh.blob(msg.serialize());
       }
       w.send(0, kTagShares, sh.take());
-      Bytes ib = w.recv(0, kTagInbox, "the shares", 2 * kLen + m * 8 + k * (2 * kLen + m * (kLen + kShareBytes)));
+      Bytes ib = w.recv(0, kTagInbox, "the shares", 2 * kLen + m * 8 + k * (2 * kLen + m * (kLen + kShareMsgBytes)));
       In in(ib, "shares");
       u2.resize(in.count(8));
       for (auto& v : u2) v = int(in.i64());
@@ -795,8 +822,25 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   for (int h = 1; h < world; ++h) hosts.push_back(h);
   Stopwatch total;
   double step_s = 0;  // the last measured seconds a local step took
+  int first = 0;      // rounds done before this run (a resumed one)
+  if (!c.resume.empty()) {
+    const std::string dir = resume_checkpoint_dir(c.resume);
+    ServerCheckpoint s = read_latest_checkpoint(dir);
+    check_resume(c, s);
+    if (s.weights.size() != n || s.control.size() != server_control.size())
+      throw ConfigError(fmt::format("fl: resume: the checkpoint in '{}' holds {} weights, the model has {}", dir,
+                                    s.weights.size(), n));
+    global = std::move(s.weights);
+    server_control = std::move(s.control);
+    opt->load_state(s.optimizer);
+    if (accountant) accountant->step(s.accountant_steps);
+    step_s = s.step_s;
+    res.rounds_applied = int(s.rounds_applied);
+    first = int(s.round);
+    CONDUIT_LOG_INFO("fl: resuming after round {} from '{}'", first, dir);
+  }
 
-  for (int round = 0; round < c.rounds; ++round) {
+  for (int round = first; round < c.rounds; ++round) {
     Stopwatch rs;
     const uint64_t sent0 = w.sent, recv0 = w.received;
     RoundRecord rec;
@@ -880,7 +924,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       srv = std::make_unique<SecAggServer>(scfg);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       std::vector<Bytes> ab =
-          w.recv_many(active, kTagAdvertise, "the advertised keys", caps(kLen, kLen + kAdvertiseBytes));
+          w.recv_many(active, kTagAdvertise, "the advertised keys", caps(kLen, kLen + kAdvertiseMsgBytes));
       for (size_t k = 0; k < active.size(); ++k) {
         In in(ab[k], fmt::format("the keys of rank {}", active[k]));
         const uint64_t cnt = in.count(8);
@@ -903,7 +947,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         w.send_many(active, kTagU1, std::vector<const Bytes*>(active.size(), &b));
       }
       std::vector<Bytes> sb =
-          w.recv_many(active, kTagShares, "the key shares", caps(kLen, 2 * kLen + m * (kLen + kShareBytes)));
+          w.recv_many(active, kTagShares, "the key shares", caps(kLen, 2 * kLen + m * (kLen + kShareMsgBytes)));
       for (size_t k = 0; k < active.size(); ++k) {
         In in(sb[k], fmt::format("the shares of rank {}", active[k]));
         const uint64_t cnt = in.count(16);
@@ -962,7 +1006,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       w.send_many(active, kTagU3, std::vector<const Bytes*>(active.size(), &b));
       if (!rec.abandoned) {
         std::vector<Bytes> mb = w.recv_many(active, kTagUnmask, "the unmasking shares",
-                                            caps(kLen, kLen + kUnmaskBase + m * kUnmaskPerShare));
+                                            caps(kLen, kLen + kUnmaskMsgBaseBytes + m * kUnmaskMsgEntryBytes));
         for (size_t k = 0; k < active.size(); ++k) {
           In in(mb[k], fmt::format("the unmasking shares of rank {}", active[k]));
           const uint64_t cnt = in.count(8);
@@ -1074,6 +1118,19 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     rec.bytes_up = w.received - recv0;
     rec.wall_s = rs.seconds();
     metrics.line(to_json(rec));
+    if (checkpoint_after(c, round + 1)) {
+      ServerCheckpoint s;
+      s.round = round + 1;
+      s.config_json = config_to_json(c);
+      s.weights = global;
+      s.control = server_control;
+      s.optimizer = opt->save_state();
+      s.accountant_steps = accountant ? accountant->steps() : 0;
+      s.step_s = step_s;
+      s.rounds_applied = res.rounds_applied;
+      s.host_files = c.scaffold ? world - 1 : 0;
+      write_server_checkpoint(checkpoint_dir(c.output), s);
+    }
     if (on_round) on_round(rec);
     res.rounds.push_back(rec);
   }
@@ -1098,6 +1155,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     s["bytes_up"] = res.bytes_up;
     s["label_tv_distance"] = res.label_tv_distance;
     s["rounds_applied"] = res.rounds_applied;
+    s["first_round"] = first + 1;  // (a resumed run's records start after its checkpoint)
     double modelled = 0;
     int sampled = 0, aggregated = 0;
     for (auto& r : res.rounds) {

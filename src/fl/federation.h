@@ -78,6 +78,8 @@ struct FlConfig {
   double timeout_s = 300;
   int eval_every = 1;  // rounds between evaluations of the global model (the last round always)
   std::string output;
+  int checkpoint_every = 0;  // rounds between checkpoints in <output>/checkpoints (checkpoint.h; 0: none)
+  std::string resume;        // a run's output or checkpoints folder to continue from (empty: start afresh)
   bool progress = true;
 };
 

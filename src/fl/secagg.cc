@@ -20,9 +20,7 @@ constexpr uint8_t kVersion = 1;
 constexpr uint8_t kTagAdvertise = 0xA1;
 constexpr uint8_t kTagShare = 0xA2;
 constexpr uint8_t kTagUnmask = 0xA3;
-constexpr size_t kAdvertiseBytes = 2 + 4 + 32 + 32;
 constexpr size_t kSharePlainBytes = 4 + 4 + 32 + 32;
-constexpr size_t kUnmaskEntryBytes = 4 + kSecAggKeyBytes;
 constexpr uint32_t kGfPoly = 0x1100B;  // x^16 + x^12 + x^3 + x + 1
 
 static_assert(kShareCiphertextBytes == crypto_aead_xchacha20poly1305_ietf_NPUBBYTES + kSharePlainBytes +
@@ -433,7 +431,7 @@ void check(const SecAggConfig& cfg) {
 
 std::vector<uint8_t> AdvertiseMsg::serialize() const {
   std::vector<uint8_t> b{kTagAdvertise, kVersion};
-  b.reserve(kAdvertiseBytes);
+  b.reserve(kAdvertiseMsgBytes);
   put_u32(b, wire_id(client, "AdvertiseMsg"));
   b.insert(b.end(), c_pk.begin(), c_pk.end());
   b.insert(b.end(), s_pk.begin(), s_pk.end());
@@ -442,7 +440,8 @@ std::vector<uint8_t> AdvertiseMsg::serialize() const {
 
 AdvertiseMsg AdvertiseMsg::parse(const uint8_t* p, size_t n, int num_clients) {
   checked_num_clients(num_clients);
-  if (n != kAdvertiseBytes) throw ProtocolError(cat("AdvertiseMsg: ", n, " bytes; expected exactly ", kAdvertiseBytes));
+  if (n != kAdvertiseMsgBytes)
+    throw ProtocolError(cat("AdvertiseMsg: ", n, " bytes; expected exactly ", kAdvertiseMsgBytes));
   Reader r(p, n, "AdvertiseMsg");
   r.header(kTagAdvertise);
   AdvertiseMsg m;
@@ -458,7 +457,7 @@ std::vector<uint8_t> ShareMsg::serialize() const {
     throw InvalidArgument(
         cat("ShareMsg: ciphertext of ", ciphertext.size(), " bytes; expected ", kShareCiphertextBytes));
   std::vector<uint8_t> b{kTagShare, kVersion};
-  b.reserve(14 + kShareCiphertextBytes);
+  b.reserve(kShareMsgBytes);
   put_u32(b, wire_id(from, "ShareMsg"));
   put_u32(b, wire_id(to, "ShareMsg"));
   put_u32(b, static_cast<uint32_t>(ciphertext.size()));
@@ -498,9 +497,9 @@ void put_entries(std::vector<uint8_t>& b, const std::vector<std::pair<int, std::
 
 std::vector<std::pair<int, std::vector<uint8_t>>> get_entries(Reader& r, int num_clients, const char* list) {
   const uint32_t count = r.u32(list);
-  if (count > static_cast<uint32_t>(num_clients) || count > r.left() / kUnmaskEntryBytes)
+  if (count > static_cast<uint32_t>(num_clients) || count > r.left() / kUnmaskMsgEntryBytes)
     throw ProtocolError(cat("UnmaskMsg: ", list, " count ", count, " impossible (num_clients=", num_clients, ", ",
-                            r.left(), " bytes left, ", kUnmaskEntryBytes, " per entry)"));
+                            r.left(), " bytes left, ", kUnmaskMsgEntryBytes, " per entry)"));
   std::vector<std::pair<int, std::vector<uint8_t>>> out(count);
   for (uint32_t i = 0; i < count; ++i) {
     out[i].first = r.id(list, num_clients);
@@ -516,7 +515,7 @@ std::vector<std::pair<int, std::vector<uint8_t>>> get_entries(Reader& r, int num
 
 std::vector<uint8_t> UnmaskMsg::serialize() const {
   std::vector<uint8_t> b{kTagUnmask, kVersion};
-  b.reserve(14 + kUnmaskEntryBytes * (self_mask_shares.size() + key_shares.size()));
+  b.reserve(kUnmaskMsgBaseBytes + kUnmaskMsgEntryBytes * (self_mask_shares.size() + key_shares.size()));
   put_u32(b, wire_id(client, "UnmaskMsg"));
   put_entries(b, self_mask_shares, "self-mask");
   put_entries(b, key_shares, "key");

@@ -46,6 +46,11 @@ namespace conduit::fl {
 constexpr int kMaxClients = 65535;
 constexpr size_t kSecAggKeyBytes = 32;         // X25519 keys, b_u, Shamir shares
 constexpr size_t kShareCiphertextBytes = 112;  // 24-byte nonce + 72-byte plaintext + 16-byte tag
+// Serialized sizes of the messages below (what a caller may bound a receive by).
+constexpr size_t kAdvertiseMsgBytes = 2 + 4 + 2 * kSecAggKeyBytes;  // 70
+constexpr size_t kShareMsgBytes = 14 + kShareCiphertextBytes;       // 126
+constexpr size_t kUnmaskMsgBaseBytes = 14;                          // then per share:
+constexpr size_t kUnmaskMsgEntryBytes = 4 + kSecAggKeyBytes;        // 36
 
 // Fewer clients than the threshold remain in some phase: the round cannot complete (abort it; nothing leaks).
 class TooFewClientsError : public ProtocolError {

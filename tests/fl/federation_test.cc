@@ -4,9 +4,12 @@
 #include "fl/federation.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -711,6 +714,100 @@ TEST(Federation, ScaffoldClientsKeepTheirControlVariatesWhenTheRoundIsAbandoned)
   for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], ref.w[i], 1e-5) << i;
 }
 
+// A temporary folder, removed with what it holds at the end of the test.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char t[] = "/tmp/conduit-fl-test-XXXXXX";
+    path = ::mkdtemp(t);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// Rounds 1-3 with checkpoints, then 4-5 resumed from the last: the weights are those of 5 rounds straight, bit for bit
+// (the server optimizer's moments, SCAFFOLD's c and every client's c_i, and under secure aggregation the exact sums,
+// all carried over).
+TEST(Federation, AResumedRunRepeatsTheUninterruptedOneExactly) {
+  for (bool scaffold : {false, true}) {
+    TempDir d;
+    FlConfig c = base_config();
+    c.partition = "dirichlet:0.5";
+    c.server_opt = "fedadam";  // state that a resume must restore
+    c.server_lr = 0.05;
+    c.scaffold = scaffold;
+    c.secagg = scaffold;
+    c.secagg_clip = 4.0;
+    c.rounds = 5;
+    c.output = d.path + "/whole";
+    RunResult whole = run(c);
+    c.rounds = 3;
+    c.checkpoint_every = 2;  // after rounds 2 and 3 (the last)
+    c.output = d.path + "/first";
+    RunResult first = run(c);
+    c.rounds = 5;
+    c.checkpoint_every = 0;
+    c.resume = d.path + "/first";
+    c.output = d.path + "/second";
+    RunResult second = run(c);
+    expect_ok(whole);
+    expect_ok(first);
+    expect_ok(second);
+    ASSERT_EQ(second.server.rounds.size(), 2u) << "scaffold " << scaffold;
+    EXPECT_EQ(second.server.rounds[0].round, 4);
+    EXPECT_EQ(second.server.rounds_applied, 5);
+    EXPECT_EQ(second.server.weights, whole.server.weights) << "scaffold " << scaffold;
+    EXPECT_NE(first.server.weights, whole.server.weights);  // (the test would not see a resume that did nothing)
+    EXPECT_EQ(std::filesystem::exists(d.path + "/first/checkpoints/host-1-3.bin"), scaffold);
+  }
+}
+
+// A generation that lacks a host file (a run killed between the server's write and a host's) is passed over for the
+// one before; a checkpoint that is not one stops the run naming the file.
+TEST(Federation, ResumeTakesTheNewestCompleteCheckpointAndRefusesBadOnes) {
+  TempDir d;
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";
+  c.scaffold = true;
+  c.rounds = 5;
+  RunResult whole = run(c);
+  c.rounds = 4;
+  c.checkpoint_every = 1;  // the two newest kept: after rounds 3 and 4
+  c.output = d.path + "/first";
+  expect_ok(run(c));
+  const std::string ck = d.path + "/first/checkpoints";
+  EXPECT_FALSE(std::filesystem::exists(ck + "/server-2.bin"));
+  ASSERT_TRUE(std::filesystem::exists(ck + "/server-3.bin"));
+  std::filesystem::remove(ck + "/host-2-4.bin");
+  c.rounds = 5;
+  c.checkpoint_every = 0;
+  c.resume = d.path + "/first";
+  c.output = d.path + "/second";
+  RunResult second = run(c);
+  expect_ok(second);
+  ASSERT_EQ(second.server.rounds.size(), 2u);
+  EXPECT_EQ(second.server.rounds[0].round, 4);
+  EXPECT_EQ(second.server.weights, whole.server.weights);
+
+  // Not a checkpoint; another setting; too few rounds; no checkpoint at all: the server's error names each.
+  auto error_of_resume = [&](const std::function<void(FlConfig&)>& change) {
+    FlConfig b = c;
+    b.output = "";
+    change(b);
+    RunResult r = run(b);
+    EXPECT_NE(r.errors[1], "");  // (the hosts stop too)
+    return r.errors[0];
+  };
+  EXPECT_NE(error_of_resume([](FlConfig& b) { b.lr = 0.1; }).find("resume: lr is 0.1 here"), std::string::npos);
+  EXPECT_NE(error_of_resume([](FlConfig& b) { b.rounds = 3; }).find("after round 3 and --rounds is 3"),
+            std::string::npos);
+  EXPECT_NE(error_of_resume([&](FlConfig& b) { b.resume = d.path + "/none"; }).find("is not a folder of checkpoints"),
+            std::string::npos);
+  std::ofstream(ck + "/server-3.bin") << "not a checkpoint";
+  EXPECT_NE(error_of_resume([](FlConfig&) {}).find("server-3.bin' is not a server checkpoint"), std::string::npos);
+  std::filesystem::remove(ck + "/server-3.bin");
+  EXPECT_NE(error_of_resume([](FlConfig&) {}).find("holds no complete checkpoint"), std::string::npos);
+}
+
 TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
   auto bad = [](std::function<void(FlConfig&)> f, const std::string& field) {
     FlConfig c = base_config();
@@ -745,6 +842,7 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
         c.dp_clip = 1.0;
       },
       "scaffold");
+  bad([](FlConfig& c) { c.checkpoint_every = 2; }, "checkpoint_every");  // (no output folder)
   bad(
       [](FlConfig& c) {
         c.secagg = true;

@@ -225,6 +225,38 @@ TEST(FlProcess, RanksOfAnOuterLauncherWithOtherSettingsAllStopNamingTheKey) {
   fs::remove_all(out);
 }
 
+TEST(FlProcess, TheCommandResumesFromItsCheckpointsAndRefusesOtherSettingsBeforeStarting) {
+  const fs::path dir = fs::temp_directory_path() / ("conduit-fl-resume-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string flags =
+      "--model mlp --dataset synthetic --synthetic-samples 1024 --clients 4 --fraction 0.5 --batch-size 16 "
+      "--scaffold --progress false ";
+  int rc = 0;
+  std::string o = run_cli(flags + "--rounds 2 --checkpoint-every 1 --output " + (dir / "a").string(), &rc);
+  ASSERT_EQ(rc, 0) << o;
+  EXPECT_TRUE(fs::exists(dir / "a" / "checkpoints" / "server-2.bin"));
+  EXPECT_TRUE(fs::exists(dir / "a" / "checkpoints" / "host-2-2.bin"));
+  o = run_cli(flags + "--rounds 3 --resume " + (dir / "a").string() + " --output " + (dir / "b").string(), &rc);
+  ASSERT_EQ(rc, 0) << o;
+  std::ifstream m(dir / "b" / "metrics.jsonl");
+  std::string line;
+  std::vector<int> rounds;
+  while (std::getline(m, line)) rounds.push_back(nlohmann::json::parse(line)["round"].get<int>());
+  EXPECT_EQ(rounds, std::vector<int>{3});
+  std::ifstream s(dir / "b" / "summary.json");
+  EXPECT_EQ(nlohmann::json::parse(s)["first_round"].get<int>(), 3);
+  // Other settings, or a folder without checkpoints: one line, before any process starts.
+  o = run_cli(flags + "--lr 0.1 --rounds 3 --resume " + (dir / "a").string() + " --output " + (dir / "c").string(),
+              &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(o.find("fl: resume: lr is 0.1 here"), std::string::npos) << o;
+  EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << o;
+  o = run_cli(flags + "--rounds 3 --resume " + (dir / "b").string() + " --output " + (dir / "d").string(), &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(o.find("holds no complete checkpoint"), std::string::npos) << o;
+  fs::remove_all(dir);
+}
+
 TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
   int rc = 0;
   std::string o = run_cli("--partition dirichlet:0", &rc);

@@ -1,0 +1,291 @@
+// Checkpoints of a federation (checkpoint.h): two file kinds, each magic, version, fields, and an end mark that a cut
+// file lacks.
+#include "fl/checkpoint.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+
+namespace conduit::fl {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kVersion = 1;
+constexpr char kServerMagic[8] = {'C', 'D', 'F', 'L', 'S', 'R', 'V', '1'};
+constexpr char kHostMagic[8] = {'C', 'D', 'F', 'L', 'H', 'S', 'T', '1'};
+constexpr char kEndMagic[8] = {'C', 'D', 'F', 'L', 'E', 'N', 'D', '1'};
+
+// Writes through `fill` to a temporary name, then renames it into place (whole, or an Error naming the path).
+template <class F>
+void write_whole(const fs::path& path, F&& fill) {
+  static std::atomic<uint64_t> serial{0};
+  const std::string tmp = fmt::format("{}.tmp{}-{}", path.string(), long(::getpid()), serial++);
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw Error(fmt::format("fl: checkpoint: cannot write '{}': {}", path.string(), std::strerror(errno)));
+    fill(f);
+    f.write(kEndMagic, 8);
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw Error(fmt::format("fl: checkpoint: writing '{}' failed (a full disk?)", path.string()));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("fl: checkpoint: cannot put '{}' in place: {}", path.string(), std::strerror(e)));
+  }
+}
+
+template <class T>
+void put(std::ostream& o, const T& v) {
+  o.write(reinterpret_cast<const char*>(&v), sizeof v);
+}
+void put_bytes(std::ostream& o, const void* p, size_t n) {
+  put(o, uint64_t(n));
+  o.write(static_cast<const char*>(p), std::streamsize(n));
+}
+
+// Reads a file's fields in order, every read checked against what is left.
+class Reader {
+ public:
+  explicit Reader(const fs::path& p) : path_(p.string()), f_(p, std::ios::binary) {
+    if (!f_) throw ConfigError(fmt::format("fl: resume: cannot read '{}': {}", path_, std::strerror(errno)));
+    f_.seekg(0, std::ios::end);
+    left_ = uint64_t(f_.tellg());
+    f_.seekg(0);
+  }
+  void magic(const char (&m)[8], const char* what) {
+    char b[8];
+    raw(b, 8);
+    if (std::memcmp(b, m, 8) != 0) bad(fmt::format("is not a {}", what));
+  }
+  template <class T>
+  T get() {
+    T v;
+    raw(&v, sizeof v);
+    return v;
+  }
+  // A length-prefixed block of at most `max` bytes.
+  uint64_t length(uint64_t max) {
+    const uint64_t n = get<uint64_t>();
+    if (n > left_ || n > max) bad(fmt::format("announces {} bytes with {} left", n, left_));
+    return n;
+  }
+  void raw(void* p, uint64_t n) {
+    if (n > left_) bad(fmt::format("is cut short ({} bytes more needed, {} left)", n, left_));
+    f_.read(static_cast<char*>(p), std::streamsize(n));
+    if (!f_) bad("could not be read to its end");
+    left_ -= n;
+  }
+  uint64_t left() const { return left_; }
+  void end() {
+    magic(kEndMagic, "checkpoint whose end mark is in place");
+    if (left_ != 0) bad(fmt::format("has {} bytes after its end mark", left_));
+  }
+  [[noreturn]] void bad(const std::string& what) const {
+    throw ProtocolError(
+        fmt::format("fl: resume: '{}' {}; allowed: a checkpoint this version of conduit wrote", path_, what));
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ifstream f_;
+  uint64_t left_ = 0;
+};
+
+std::vector<float> floats(Reader& r) {
+  const uint64_t bytes = r.length(r.left());
+  if (bytes % 4) r.bad(fmt::format("holds a float block of {} bytes", bytes));
+  std::vector<float> v(bytes / 4);
+  r.raw(v.data(), bytes);
+  return v;
+}
+
+// Rounds of the files named <prefix><round>.bin in dir, ascending.
+std::vector<int64_t> rounds_of(const fs::path& dir, const std::string& prefix) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() + 4 || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - 4, 4, ".bin") != 0)
+      continue;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 4);
+    if (digits.empty() || digits.size() > 12 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    out.push_back(std::stoll(digits));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Keeps the two newest files of the kind.
+void prune(const fs::path& dir, const std::string& prefix) {
+  const std::vector<int64_t> r = rounds_of(dir, prefix);
+  for (size_t i = 0; i + 2 < r.size(); ++i) {
+    std::error_code ec;
+    fs::remove(dir / fmt::format("{}{}.bin", prefix, r[i]), ec);
+  }
+}
+
+std::string host_prefix(int64_t rank) { return fmt::format("host-{}-", rank); }
+
+ServerCheckpoint read_server(const fs::path& p) {
+  Reader r(p);
+  r.magic(kServerMagic, "server checkpoint");
+  if (const uint64_t v = r.get<uint64_t>(); v != kVersion) r.bad(fmt::format("has version {}", v));
+  ServerCheckpoint s;
+  s.round = r.get<int64_t>();
+  const uint64_t cfg = r.length(1 << 24);
+  s.config_json.resize(cfg);
+  r.raw(s.config_json.data(), cfg);
+  s.weights = floats(r);
+  s.control = floats(r);
+  const uint64_t opt = r.length(r.left());
+  s.optimizer.resize(opt);
+  r.raw(s.optimizer.data(), opt);
+  s.accountant_steps = r.get<int64_t>();
+  s.step_s = r.get<double>();
+  s.rounds_applied = r.get<int64_t>();
+  s.host_files = r.get<int64_t>();
+  r.end();
+  if (s.round < 1 || s.accountant_steps < 0 || s.rounds_applied < 0 || s.rounds_applied > s.round || s.host_files < 0 ||
+      s.host_files > 4096 || !(s.step_s >= 0) || s.weights.empty() ||
+      (!s.control.empty() && s.control.size() != s.weights.size()))
+    r.bad(fmt::format("holds inconsistent fields (round {}, {} weights, {} control, {} host files)", s.round,
+                      s.weights.size(), s.control.size(), s.host_files));
+  return s;
+}
+
+}  // namespace
+
+std::string checkpoint_dir(const std::string& output) { return (fs::path(output) / "checkpoints").string(); }
+
+std::string resume_checkpoint_dir(const std::string& resume) {
+  std::error_code ec;
+  const std::string sub = checkpoint_dir(resume);
+  return fs::is_directory(sub, ec) ? sub : resume;
+}
+
+void write_server_checkpoint(const std::string& dir, const ServerCheckpoint& s) {
+  fs::create_directories(dir);
+  write_whole(fs::path(dir) / fmt::format("server-{}.bin", s.round), [&](std::ostream& o) {
+    o.write(kServerMagic, 8);
+    put(o, kVersion);
+    put(o, s.round);
+    put_bytes(o, s.config_json.data(), s.config_json.size());
+    put_bytes(o, s.weights.data(), s.weights.size() * 4);
+    put_bytes(o, s.control.data(), s.control.size() * 4);
+    put_bytes(o, s.optimizer.data(), s.optimizer.size());
+    put(o, s.accountant_steps);
+    put(o, s.step_s);
+    put(o, s.rounds_applied);
+    put(o, s.host_files);
+  });
+  prune(dir, "server-");
+}
+
+void write_host_checkpoint(const std::string& dir, int rank, int64_t round,
+                           const std::map<int, std::vector<float>>& control, size_t n) {
+  fs::create_directories(dir);
+  write_whole(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(rank), round), [&](std::ostream& o) {
+    o.write(kHostMagic, 8);
+    put(o, kVersion);
+    put(o, round);
+    put(o, int64_t(rank));
+    put(o, uint64_t(n));
+    put(o, uint64_t(control.size()));
+    for (const auto& [client, v] : control) {
+      if (v.size() != n)
+        throw Error(
+            fmt::format("fl: checkpoint: client {}'s control variate has {} elements, not {}", client, v.size(), n));
+      put(o, int64_t(client));
+      o.write(reinterpret_cast<const char*>(v.data()), std::streamsize(n * 4));
+    }
+  });
+  prune(dir, host_prefix(rank));
+}
+
+ServerCheckpoint read_latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError(
+        fmt::format("fl: resume: '{}' is not a folder of checkpoints; allowed: <output>/checkpoints of a run with "
+                    "--checkpoint-every > 0 (or that run's output folder)",
+                    dir));
+  std::vector<int64_t> rounds = rounds_of(dir, "server-");
+  for (auto it = rounds.rbegin(); it != rounds.rend(); ++it) {
+    ServerCheckpoint s = read_server(fs::path(dir) / fmt::format("server-{}.bin", *it));
+    if (s.round != *it)
+      throw ProtocolError(fmt::format("fl: resume: '{}/server-{}.bin' says round {}", dir, *it, s.round));
+    bool complete = true;
+    for (int64_t h = 1; h <= s.host_files && complete; ++h)
+      complete = fs::exists(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(h), s.round), ec);
+    if (complete) return s;
+  }
+  throw ConfigError(fmt::format(
+      "fl: resume: '{}' holds no complete checkpoint (a server-<round>.bin with all its host files); allowed: the "
+      "checkpoints of a run with --checkpoint-every > 0",
+      dir));
+}
+
+std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, int64_t host_files,
+                                                        size_t n, const std::function<bool(int)>& keep) {
+  std::map<int, std::vector<float>> out;
+  for (int64_t h = 1; h <= host_files; ++h) {
+    Reader r(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(h), round));
+    r.magic(kHostMagic, "host checkpoint");
+    if (const uint64_t v = r.get<uint64_t>(); v != kVersion) r.bad(fmt::format("has version {}", v));
+    const int64_t rd = r.get<int64_t>(), rank = r.get<int64_t>();
+    const uint64_t width = r.get<uint64_t>(), count = r.get<uint64_t>();
+    if (rd != round || rank != h || width != n)
+      r.bad(fmt::format("is of round {}, rank {}, {} weights; expected round {}, rank {}, {}", rd, rank, width, round,
+                        h, n));
+    if (count > r.left() / (8 + 4 * n)) r.bad(fmt::format("announces {} clients with {} bytes left", count, r.left()));
+    std::vector<float> v(n);
+    for (uint64_t i = 0; i < count; ++i) {
+      const int64_t client = r.get<int64_t>();
+      if (client < 0 || client > INT32_MAX || out.count(int(client))) r.bad(fmt::format("names client {}", client));
+      r.raw(v.data(), n * 4);
+      if (keep(int(client))) out[int(client)] = v;
+    }
+    r.end();
+  }
+  return out;
+}
+
+void check_resume(const FlConfig& c, const ServerCheckpoint& s) {
+  static const std::set<std::string> free_keys = {"rounds",   "output",     "resume",    "checkpoint_every",
+                                                  "progress", "eval_every", "timeout_s", "transport",
+                                                  "workers",  "data_dir"};
+  const FlConfig then = config_from_json(s.config_json, "the checkpoint's settings");
+  const nlohmann::json a = nlohmann::json::parse(config_to_json(c)), b = nlohmann::json::parse(config_to_json(then));
+  for (auto& [k, v] : b.items()) {
+    if (free_keys.count(k)) continue;
+    if (!a.contains(k) || a.at(k) != v)
+      throw ConfigError(fmt::format(
+          "fl: resume: {} is {} here and {} in the checkpoint; allowed: the checkpoint's settings (only rounds, "
+          "output, checkpoint_every, progress, eval_every, timeout_s, transport, workers and data_dir may change)",
+          k, a.contains(k) ? a.at(k).dump() : "unset", v.dump()));
+  }
+  if (s.round >= c.rounds)
+    throw ConfigError(
+        fmt::format("fl: resume: the checkpoint is after round {} and --rounds is {}; allowed: more rounds than {}",
+                    s.round, c.rounds, s.round));
+}
+
+}  // namespace conduit::fl

@@ -1,0 +1,59 @@
+#pragma once
+// Checkpoints of a federation (`conduit fl --checkpoint-every K`, `--resume DIR`), torch-free.
+//
+// <output>/checkpoints/ holds, after every K-th round and the last:
+//   server-<R>.bin         the server's state after R rounds: the global weights, SCAFFOLD's c, the server
+//                          optimizer's state, the DP accountant's rounds, the last measured step time, the rounds
+//                          applied and the run's settings (JSON)
+//   host-<rank>-<R>.bin    with SCAFFOLD, each client host's c_i of the clients it hosts (written by the host)
+// Each file is written whole under a temporary name and renamed into place; the two newest generations are kept, so
+// a run killed while writing one resumes from the other. A resume takes the newest R whose server file and every
+// host file (as many as the server file says) are there. Every other input a round needs (partition, speeds,
+// sampling without DP, dropouts, batch order) is a function of the seed and the round, so a resumed run repeats an
+// uninterrupted one exactly (under DP the secret sampling and noise seeds are new). Native byte order.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fl/federation.h"
+
+namespace conduit::fl {
+
+struct ServerCheckpoint {
+  int64_t round = 0;        // rounds completed
+  std::string config_json;  // the settings of the run that wrote it
+  std::vector<float> weights, control;
+  std::vector<uint8_t> optimizer;  // ServerOptimizer::save_state()
+  int64_t accountant_steps = 0;
+  double step_s = 0;
+  int64_t rounds_applied = 0;
+  int64_t host_files = 0;  // host-<rank>-<round>.bin files of this round (ranks 1..host_files)
+};
+
+// The folder of a run's checkpoints.
+std::string checkpoint_dir(const std::string& output);
+// The checkpoints --resume names: a run's output folder (its checkpoints/ inside) or the checkpoints folder itself.
+std::string resume_checkpoint_dir(const std::string& resume);
+
+// Writes server-<round>.bin and removes the server files older than the previous one. Error naming the path.
+void write_server_checkpoint(const std::string& dir, const ServerCheckpoint& s);
+// Writes host-<rank>-<round>.bin (client id and its n floats for each entry) and removes this rank's files older than
+// the previous one.
+void write_host_checkpoint(const std::string& dir, int rank, int64_t round,
+                           const std::map<int, std::vector<float>>& control, size_t n);
+
+// The newest complete generation in dir. ConfigError naming dir when it holds none (or no such folder);
+// ProtocolError naming the file when one is not a checkpoint (bad magic, version, lengths).
+ServerCheckpoint read_latest_checkpoint(const std::string& dir);
+// Reads the host files of `round` (ranks 1..host_files) and keeps the entries `keep` accepts (each model-sized: n).
+std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, int64_t host_files,
+                                                        size_t n, const std::function<bool(int)>& keep);
+
+// A resumed run must be the same federation: ConfigError naming the first setting that differs from the checkpoint's
+// (all but rounds, output, resume, checkpoint_every, progress, eval_every, timeout_s, transport, workers, data_dir),
+// or when the checkpoint is at or past `rounds`.
+void check_resume(const FlConfig& c, const ServerCheckpoint& s);
+
+}  // namespace conduit::fl
