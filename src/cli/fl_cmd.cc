@@ -73,6 +73,11 @@ void refuse_used_output(const std::string& out) {
                       "the folder first",
                       out, f));
   }
+  if (fl::holds_checkpoints(fl::checkpoint_dir(out)))
+    throw ConfigError(fmt::format(
+        "fl: output: '{}' holds an earlier run's checkpoints; allowed: another --output (--resume reads them from "
+        "there)",
+        out));
 }
 
 void print_summary(const std::string& out) {
@@ -100,6 +105,9 @@ void print_summary(const std::string& out) {
       s.value("wall_time_s", 0.0), s.value("modelled_time_s", 0.0), s.value("downlink_mbps", 0.0),
       s.value("uplink_mbps", 0.0), s.value("aggregated", 0), s.value("sampled", 0), s.value("rounds_applied", 0),
       s.value("rounds", 0), s.value("bytes_down", 0.0) / 1e6, s.value("bytes_up", 0.0) / 1e6, dp.c_str(), out.c_str());
+  if (s.value("first_round", 1) > 1)
+    std::printf("conduit fl: resumed at round %d: the counts, times and bytes are of rounds %d-%d\n",
+                s.value("first_round", 1), s.value("first_round", 1), s.value("rounds", 0));
 }
 
 #ifdef CONDUIT_WITH_TORCH

@@ -16,6 +16,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace conduit::fl {
 namespace {
@@ -32,22 +33,24 @@ template <class F>
 void write_whole(const fs::path& path, F&& fill) {
   static std::atomic<uint64_t> serial{0};
   const std::string tmp = fmt::format("{}.tmp{}-{}", path.string(), long(::getpid()), serial++);
-  {
+  try {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw Error(fmt::format("fl: checkpoint: cannot write '{}': {}", path.string(), std::strerror(errno)));
     fill(f);
     f.write(kEndMagic, 8);
     f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw Error(fmt::format("fl: checkpoint: writing '{}' failed (a full disk?)", path.string()));
-    }
+    if (!f) throw Error(fmt::format("fl: checkpoint: writing '{}' failed (a full disk?)", path.string()));
+    sync_path(tmp);  // (on disk before its name is: a power loss leaves the old generation, not a cut file)
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     std::remove(tmp.c_str());
     throw Error(fmt::format("fl: checkpoint: cannot put '{}' in place: {}", path.string(), std::strerror(e)));
   }
+  sync_path(path.parent_path().string());
 }
 
 template <class T>
@@ -63,7 +66,9 @@ void put_bytes(std::ostream& o, const void* p, size_t n) {
 class Reader {
  public:
   explicit Reader(const fs::path& p) : path_(p.string()), f_(p, std::ios::binary) {
-    if (!f_) throw ConfigError(fmt::format("fl: resume: cannot read '{}': {}", path_, std::strerror(errno)));
+    if (!f_)
+      throw ConfigError(fmt::format("fl: resume: cannot read '{}': {}; allowed: a readable checkpoint folder", path_,
+                                    std::strerror(errno)));
     f_.seekg(0, std::ios::end);
     left_ = uint64_t(f_.tellg());
     f_.seekg(0);
@@ -126,23 +131,32 @@ std::vector<int64_t> rounds_of(const fs::path& dir, const std::string& prefix) {
         name.compare(name.size() - 4, 4, ".bin") != 0)
       continue;
     const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 4);
-    if (digits.empty() || digits.size() > 12 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    if (digits.empty() || digits.size() > 12 || (digits.size() > 1 && digits[0] == '0') ||
+        !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      continue;
     out.push_back(std::stoll(digits));
   }
   std::sort(out.begin(), out.end());
   return out;
 }
 
-// Keeps the two newest files of the kind.
-void prune(const fs::path& dir, const std::string& prefix) {
-  const std::vector<int64_t> r = rounds_of(dir, prefix);
-  for (size_t i = 0; i + 2 < r.size(); ++i) {
-    std::error_code ec;
-    fs::remove(dir / fmt::format("{}{}.bin", prefix, r[i]), ec);
-  }
+std::string host_prefix(int64_t rank) { return fmt::format("host-{}-", rank); }
+
+// The files of `prefix` below round `below`.
+void remove_below(const fs::path& dir, const std::string& prefix, int64_t below) {
+  for (int64_t r : rounds_of(dir, prefix))
+    if (r < below) {
+      std::error_code ec;
+      fs::remove(dir / fmt::format("{}{}.bin", prefix, r), ec);
+    }
 }
 
-std::string host_prefix(int64_t rank) { return fmt::format("host-{}-", rank); }
+bool hosts_complete(const fs::path& dir, int64_t round, int64_t host_files) {
+  std::error_code ec;
+  for (int64_t h = 1; h <= host_files; ++h)
+    if (!fs::exists(dir / fmt::format("{}{}.bin", host_prefix(h), round), ec)) return false;
+  return true;
+}
 
 ServerCheckpoint read_server(const fs::path& p) {
   Reader r(p);
@@ -162,6 +176,8 @@ ServerCheckpoint read_server(const fs::path& p) {
   s.step_s = r.get<double>();
   s.rounds_applied = r.get<int64_t>();
   s.host_files = r.get<int64_t>();
+  s.samples = r.get<int64_t>();
+  s.data_hash = r.get<uint64_t>();
   r.end();
   if (s.round < 1 || s.accountant_steps < 0 || s.rounds_applied < 0 || s.rounds_applied > s.round || s.host_files < 0 ||
       s.host_files > 4096 || !(s.step_s >= 0) || s.weights.empty() ||
@@ -174,6 +190,8 @@ ServerCheckpoint read_server(const fs::path& p) {
 }  // namespace
 
 std::string checkpoint_dir(const std::string& output) { return (fs::path(output) / "checkpoints").string(); }
+
+bool holds_checkpoints(const std::string& dir) { return !rounds_of(dir, "server-").empty(); }
 
 std::string resume_checkpoint_dir(const std::string& resume) {
   std::error_code ec;
@@ -195,8 +213,17 @@ void write_server_checkpoint(const std::string& dir, const ServerCheckpoint& s) 
     put(o, s.step_s);
     put(o, s.rounds_applied);
     put(o, s.host_files);
+    put(o, s.samples);
+    put(o, s.data_hash);
   });
-  prune(dir, "server-");
+  // Keeps this generation and the newest complete one before it (the hosts may still be writing this one's files):
+  // older server files go; the hosts remove their files below the oldest server file left.
+  const std::vector<int64_t> rounds = rounds_of(dir, "server-");
+  for (auto it = rounds.rbegin(); it != rounds.rend(); ++it)
+    if (*it < s.round && hosts_complete(dir, *it, s.host_files)) {
+      remove_below(dir, "server-", *it);
+      break;
+    }
 }
 
 void write_host_checkpoint(const std::string& dir, int rank, int64_t round,
@@ -217,7 +244,8 @@ void write_host_checkpoint(const std::string& dir, int rank, int64_t round,
       o.write(reinterpret_cast<const char*>(v.data()), std::streamsize(n * 4));
     }
   });
-  prune(dir, host_prefix(rank));
+  const std::vector<int64_t> servers = rounds_of(dir, "server-");
+  if (!servers.empty()) remove_below(dir, host_prefix(rank), std::min(servers.front(), round));
 }
 
 ServerCheckpoint read_latest_checkpoint(const std::string& dir) {
@@ -232,10 +260,7 @@ ServerCheckpoint read_latest_checkpoint(const std::string& dir) {
     ServerCheckpoint s = read_server(fs::path(dir) / fmt::format("server-{}.bin", *it));
     if (s.round != *it)
       throw ProtocolError(fmt::format("fl: resume: '{}/server-{}.bin' says round {}", dir, *it, s.round));
-    bool complete = true;
-    for (int64_t h = 1; h <= s.host_files && complete; ++h)
-      complete = fs::exists(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(h), s.round), ec);
-    if (complete) return s;
+    if (hosts_complete(dir, s.round, s.host_files)) return s;
   }
   throw ConfigError(fmt::format(
       "fl: resume: '{}' holds no complete checkpoint (a server-<round>.bin with all its host files); allowed: the "
@@ -243,9 +268,17 @@ ServerCheckpoint read_latest_checkpoint(const std::string& dir) {
       dir));
 }
 
-std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, int64_t host_files,
-                                                        size_t n, const std::function<bool(int)>& keep) {
+std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, size_t n, int clients,
+                                                        const std::function<bool(int)>& keep) {
   std::map<int, std::vector<float>> out;
+  int64_t host_files = 0;
+  std::error_code ec;
+  while (fs::exists(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(host_files + 1), round), ec)) ++host_files;
+  if (host_files == 0)
+    throw ConfigError(fmt::format(
+        "fl: resume: '{}' holds no host-<rank>-{}.bin (the clients' SCAFFOLD control variates); allowed: the "
+        "checkpoints of a SCAFFOLD run",
+        dir, round));
   for (int64_t h = 1; h <= host_files; ++h) {
     Reader r(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(h), round));
     r.magic(kHostMagic, "host checkpoint");
@@ -259,7 +292,8 @@ std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, 
     std::vector<float> v(n);
     for (uint64_t i = 0; i < count; ++i) {
       const int64_t client = r.get<int64_t>();
-      if (client < 0 || client > INT32_MAX || out.count(int(client))) r.bad(fmt::format("names client {}", client));
+      if (client < 0 || client >= clients || out.count(int(client)))
+        r.bad(fmt::format("names client {} (of {}, or twice)", client, clients));
       r.raw(v.data(), n * 4);
       if (keep(int(client))) out[int(client)] = v;
     }

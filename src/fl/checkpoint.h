@@ -6,11 +6,13 @@
 //                          optimizer's state, the DP accountant's rounds, the last measured step time, the rounds
 //                          applied and the run's settings (JSON)
 //   host-<rank>-<R>.bin    with SCAFFOLD, each client host's c_i of the clients it hosts (written by the host)
-// Each file is written whole under a temporary name and renamed into place; the two newest generations are kept, so
-// a run killed while writing one resumes from the other. A resume takes the newest R whose server file and every
-// host file (as many as the server file says) are there. Every other input a round needs (partition, speeds,
-// sampling without DP, dropouts, batch order) is a function of the seed and the round, so a resumed run repeats an
-// uninterrupted one exactly (under DP the secret sampling and noise seeds are new). Native byte order.
+// Each file is written whole under a temporary name, synced and renamed into place. The server keeps its newest file
+// and the newest complete generation before it (hosts may still be writing the newest one's files); a host removes
+// its files below the oldest server file left. So a run killed at any point leaves a complete generation. A resume
+// takes the newest R whose server file and every host file (as many as the server file says) are there. Every other
+// input a round needs (partition, speeds, sampling without DP, dropouts, batch order) is a function of the seed and the
+// round, so a resumed run repeats an uninterrupted one exactly (under DP the secret sampling and noise seeds are new).
+// Native byte order.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -30,6 +32,8 @@ struct ServerCheckpoint {
   double step_s = 0;
   int64_t rounds_applied = 0;
   int64_t host_files = 0;  // host-<rank>-<round>.bin files of this round (ranks 1..host_files)
+  int64_t samples = 0;     // the training samples the partition split
+  uint64_t data_hash = 0;  // a checksum of their labels (data_dir may move, the data may not change)
 };
 
 // The folder of a run's checkpoints.
@@ -37,19 +41,24 @@ std::string checkpoint_dir(const std::string& output);
 // The checkpoints --resume names: a run's output folder (its checkpoints/ inside) or the checkpoints folder itself.
 std::string resume_checkpoint_dir(const std::string& resume);
 
-// Writes server-<round>.bin and removes the server files older than the previous one. Error naming the path.
+// Writes server-<round>.bin and removes the server files older than the newest complete generation before it.
+// Error naming the path.
 void write_server_checkpoint(const std::string& dir, const ServerCheckpoint& s);
-// Writes host-<rank>-<round>.bin (client id and its n floats for each entry) and removes this rank's files older than
-// the previous one.
+// Writes host-<rank>-<round>.bin (client id and its n floats for each entry) and removes this rank's files below the
+// oldest server file in dir.
 void write_host_checkpoint(const std::string& dir, int rank, int64_t round,
                            const std::map<int, std::vector<float>>& control, size_t n);
 
 // The newest complete generation in dir. ConfigError naming dir when it holds none (or no such folder);
 // ProtocolError naming the file when one is not a checkpoint (bad magic, version, lengths).
 ServerCheckpoint read_latest_checkpoint(const std::string& dir);
-// Reads the host files of `round` (ranks 1..host_files) and keeps the entries `keep` accepts (each model-sized: n).
-std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, int64_t host_files,
-                                                        size_t n, const std::function<bool(int)>& keep);
+// Reads the host files of `round` (host-1-<round>.bin, host-2-..., as many as there are) and keeps the entries
+// `keep` accepts (each model-sized: n; client ids below `clients`).
+std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, size_t n, int clients,
+                                                        const std::function<bool(int)>& keep);
+// Whether dir holds a server checkpoint (a new run's folder must not: its pruning would take the old files for its
+// own).
+bool holds_checkpoints(const std::string& dir);
 
 // A resumed run must be the same federation: ConfigError naming the first setting that differs from the checkpoint's
 // (all but rounds, output, resume, checkpoint_every, progress, eval_every, timeout_s, transport, workers, data_dir),

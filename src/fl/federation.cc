@@ -308,6 +308,8 @@ struct Federation {
   double mean_examples = 0;     // mean partition size
   int64_t reference_steps = 1;  // a speed-1 client's full local work on a mean-sized partition
   double tv_distance = 0;
+  int64_t samples = 0;     // training samples
+  uint64_t data_hash = 0;  // FNV-1a of their labels (a resume checks the data are the checkpoint's)
   size_t n = 0;          // model weights
   size_t len = 0;        // elements of a client's update: n, or 2n with SCAFFOLD (its control variate's change)
   double control_scale = 1;  // SCAFFOLD: s, the control variates' scale on the wire
@@ -353,6 +355,9 @@ Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
   check_sample_count(c, int64_t(labels.size()));
   f.parts = partition(labels, classes, c.clients, parse_partition(c.partition), c.seed);
   f.tv_distance = mean_label_tv_distance(label_histograms(labels, classes, f.parts));
+  f.samples = int64_t(labels.size());
+  f.data_hash = 0xcbf29ce484222325ull;
+  for (int64_t l : labels) f.data_hash = (f.data_hash ^ uint64_t(l)) * 0x100000001b3ull;
   f.mean_examples = double(labels.size()) / c.clients;
   f.reference_steps =
       std::max<int64_t>(1, int64_t(c.local_epochs) * int64_t(std::ceil(f.mean_examples / c.batch_size)));
@@ -493,16 +498,10 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
     if (first < 0) {
       first = round;
       if (!c.resume.empty() && c.scaffold) {
-        // The server resumed after `round` rounds: this host's clients' c_i from that checkpoint's host files.
-        const std::string dir = resume_checkpoint_dir(c.resume);
-        const ServerCheckpoint s = read_latest_checkpoint(dir);
-        if (s.round != round)
-          throw ProtocolError(
-              fmt::format("fl: resume: the server resumed after round {}, rank {} found round {} in '{}'", round, me,
-                          s.round, dir));
-        control = read_host_checkpoints(dir, s.round, s.host_files, n, [&](int client) {
-          return client < c.clients && host_of_client(client, world) == me;
-        });
+        // The server resumed after `round` rounds (its choice of generation): this host's clients' c_i from that
+        // generation's host files (another --workers regroups them).
+        control = read_host_checkpoints(resume_checkpoint_dir(c.resume), round, n, c.clients,
+                                        [&](int client) { return host_of_client(client, world) == me; });
       }
     } else if (c.scaffold && checkpoint_after(c, round)) {
       // (the server wrote its file of these rounds before sending this header)
@@ -823,6 +822,11 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   Stopwatch total;
   double step_s = 0;  // the last measured seconds a local step took
   int first = 0;      // rounds done before this run (a resumed one)
+  if (c.checkpoint_every > 0 && holds_checkpoints(checkpoint_dir(c.output)))
+    throw ConfigError(fmt::format(
+        "fl: output: '{}' holds an earlier run's checkpoints; allowed: another --output (a resumed run writes to a "
+        "folder of its own)",
+        checkpoint_dir(c.output)));
   if (!c.resume.empty()) {
     const std::string dir = resume_checkpoint_dir(c.resume);
     ServerCheckpoint s = read_latest_checkpoint(dir);
@@ -830,6 +834,11 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     if (s.weights.size() != n || s.control.size() != server_control.size())
       throw ConfigError(fmt::format("fl: resume: the checkpoint in '{}' holds {} weights, the model has {}", dir,
                                     s.weights.size(), n));
+    if (s.samples != f.samples || s.data_hash != f.data_hash)
+      throw ConfigError(fmt::format(
+          "fl: resume: the training data differ from the checkpoint's ({} samples, labels checksum {:016x}; here {} "
+          "and {:016x}); allowed: the same data (data_dir may move, not change)",
+          s.samples, s.data_hash, f.samples, f.data_hash));
     global = std::move(s.weights);
     server_control = std::move(s.control);
     opt->load_state(s.optimizer);
@@ -1129,6 +1138,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       s.step_s = step_s;
       s.rounds_applied = res.rounds_applied;
       s.host_files = c.scaffold ? world - 1 : 0;
+      s.samples = f.samples;
+      s.data_hash = f.data_hash;
       write_server_checkpoint(checkpoint_dir(c.output), s);
     }
     if (on_round) on_round(rec);

@@ -748,6 +748,7 @@ TEST(Federation, AResumedRunRepeatsTheUninterruptedOneExactly) {
     c.checkpoint_every = 0;
     c.resume = d.path + "/first";
     c.output = d.path + "/second";
+    if (scaffold) c.workers = 4;  // the clients' c_i regrouped on three hosts (secure aggregation's sums are exact)
     RunResult second = run(c);
     expect_ok(whole);
     expect_ok(first);
@@ -775,8 +776,9 @@ TEST(Federation, ResumeTakesTheNewestCompleteCheckpointAndRefusesBadOnes) {
   c.output = d.path + "/first";
   expect_ok(run(c));
   const std::string ck = d.path + "/first/checkpoints";
-  EXPECT_FALSE(std::filesystem::exists(ck + "/server-2.bin"));
+  EXPECT_FALSE(std::filesystem::exists(ck + "/server-1.bin"));  // (pruned once 3 or 2 was complete)
   ASSERT_TRUE(std::filesystem::exists(ck + "/server-3.bin"));
+  ASSERT_TRUE(std::filesystem::exists(ck + "/host-2-3.bin"));
   std::filesystem::remove(ck + "/host-2-4.bin");
   c.rounds = 5;
   c.checkpoint_every = 0;
@@ -806,6 +808,31 @@ TEST(Federation, ResumeTakesTheNewestCompleteCheckpointAndRefusesBadOnes) {
   EXPECT_NE(error_of_resume([](FlConfig&) {}).find("server-3.bin' is not a server checkpoint"), std::string::npos);
   std::filesystem::remove(ck + "/server-3.bin");
   EXPECT_NE(error_of_resume([](FlConfig&) {}).find("holds no complete checkpoint"), std::string::npos);
+}
+
+// Under DP the accountant goes on from the checkpoint's rounds: epsilon after 2 + 2 rounds is that of 4.
+TEST(Federation, AResumedDpRunAccountsForTheRoundsBeforeTheCheckpoint) {
+  TempDir d;
+  FlConfig c = base_config();
+  c.dp_clip = 1.0;
+  c.dp_noise = 1.0;
+  c.rounds = 4;
+  RunResult whole = run(c);
+  c.rounds = 2;
+  c.checkpoint_every = 2;
+  c.output = d.path + "/first";
+  RunResult first = run(c);
+  c.rounds = 4;
+  c.checkpoint_every = 0;
+  c.resume = d.path + "/first";
+  c.output = "";
+  RunResult second = run(c);
+  expect_ok(whole);
+  expect_ok(first);
+  expect_ok(second);
+  ASSERT_EQ(second.server.rounds.size(), 2u);
+  EXPECT_GT(second.server.rounds.back().epsilon, first.server.rounds.back().epsilon);
+  EXPECT_DOUBLE_EQ(second.server.rounds.back().epsilon, whole.server.rounds.back().epsilon);
 }
 
 TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
