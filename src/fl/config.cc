@@ -187,12 +187,11 @@ void check_config(const FlConfig& c) {
           fmt::format("fl: secagg: {} client(s) a round cannot hide one another's update; allowed: "
                       "fraction and min_clients giving at least 2, or --secagg off",
                       sampled));
-    const int most = sampled;
-    if (most > kMaxClients)
+    if (sampled > kMaxClients)
       throw ConfigError(
           fmt::format("fl: secagg: up to {} clients a round; allowed: at most {} (the protocol's "
                       "client ids), a smaller --fraction or --secagg false",
-                      most, kMaxClients));
+                      sampled, kMaxClients));
     FixedPointCodec(c.secagg_bits, c.secagg_clip, sampled);  // ConfigError when too coarse
   }
   int_in("workers", c.workers, 2, 4096);

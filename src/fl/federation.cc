@@ -313,6 +313,7 @@ struct Federation {
   size_t n = 0;          // model weights
   size_t len = 0;        // elements of a client's update: n, or 2n with SCAFFOLD (its control variate's change)
   double control_scale = 1;  // SCAFFOLD: s, the control variates' scale on the wire
+  int hosted = 1;            // the most clients one host hosts
   int max_per_host = 1;  // the most sampled clients one host can hold in a round
 };
 
@@ -333,13 +334,12 @@ void check_control_memory(const FlConfig& c, coll::Communicator& comm, const Fed
   const int here = hosts[size_t(comm.transport_rank(comm.rank()))];
   int local_hosts = 0;
   for (int r = 1; r < comm.size(); ++r) local_hosts += hosts[size_t(comm.transport_rank(r))] == here ? 1 : 0;
-  const int hosted = (c.clients + comm.size() - 2) / (comm.size() - 1);
-  const double need = double(local_hosts) * double(hosted) * double(f.n) * 4, have = usable_memory_bytes();
+  const double need = double(local_hosts) * double(f.hosted) * double(f.n) * 4, have = usable_memory_bytes();
   if (have > 0 && need > 0.8 * have)
     throw ConfigError(fmt::format(
         "fl: scaffold: the {} client host(s) on this machine would keep {} clients' control variates of {} weights "
         "each, {:.1f} GB, and it has {:.1f} GB; allowed: more machines, fewer --clients or --scaffold false",
-        local_hosts, hosted, f.n, need / 1e9, have / 1e9));
+        local_hosts, f.hosted, f.n, need / 1e9, have / 1e9));
 }
 
 int64_t full_steps(const FlConfig& c, int64_t examples) {
@@ -370,8 +370,8 @@ Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
   f.n = t.initial_weights().size();
   f.len = c.scaffold ? 2 * f.n : f.n;
   f.control_scale = c.lr * double(f.reference_steps);
-  const int hosted = (c.clients + world - 2) / (world - 1);
-  f.max_per_host = std::max(1, dp_on(c) ? hosted : std::min(hosted, clients_per_round(c)));
+  f.hosted = (c.clients + world - 2) / (world - 1);
+  f.max_per_host = std::max(1, dp_on(c) ? f.hosted : std::min(f.hosted, clients_per_round(c)));
   return f;
 }
 
@@ -621,24 +621,17 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
                         client, r.loss));
       std::vector<float> v = weighted_update(c, f, r, dp_on(c) ? dp_clip_bound(c, n, codec.get()) : 0.0);
       if (c.scaffold) {
-        // c_i+ = c_i - c + (x - y) / (K lr), and w_k (c_i+ - c_i) s after the weighted delta.
+        // w_k (c_i+ - c_i) s after the weighted delta, c_i+ - c_i = -c + (x - y) / (K lr).
         if (r.steps <= 0)
           throw Error(
               fmt::format("fl: client {} reported {} local steps; SCAFFOLD needs at least one", client, r.steps));
         const double inv = 1.0 / (double(r.steps) * c.lr);
         const double wk = double(r.examples) / f.mean_examples;
-        std::vector<float> next(n);
-        auto it = control.find(client);
         v.resize(len);
-        for (size_t j = 0; j < n; ++j) {
-          const double ci = it == control.end() ? 0.0 : double(it->second[j]);
-          const double change = -double(server_control[j]) - double(r.delta[j]) * inv;
-          next[j] = float(ci + change);
-          v[n + j] = float(wk * change * f.control_scale);
-        }
-        check_finite(next, client);
-        pending[client] = std::move(next);
+        for (size_t j = 0; j < n; ++j)
+          v[n + j] = float(wk * (-double(server_control[j]) - double(r.delta[j]) * inv) * f.control_scale);
       }
+      std::vector<float> sent;  // SCAFFOLD: w_k s (c_i+ - c_i) as the server will add it
       if (c.secagg) {
         // Two more elements: the loss and the clipped count, each scaled into [0, kTop * clip].
         const double top = kTop * c.secagg_clip;
@@ -648,27 +641,31 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
         const size_t clipped = codec->encode(v.data(), len + 1, x.data(), work.seed ^ 0xc0dec);
         v[len + 1] = float(top * double(clipped) / double(len));
         codec->encode(v.data() + len + 1, 1, x.data() + len + 1, work.seed ^ 0xc1);
-        if (c.scaffold) {
-          // The client keeps the change the server will add: the codec's clipped and rounded value, not its own (a
-          // clipped part left out of c would never be corrected and would move SCAFFOLD's fixed point).
-          std::vector<float> sent(n);
+        if (c.scaffold) {  // (the codec's clipped and rounded value)
+          sent.resize(n);
           codec->decode(x.data() + n, n, sent.data());
-          const double back = double(f.mean_examples) / (double(r.examples) * f.control_scale);
-          auto it = control.find(client);
-          std::vector<float>& next = pending[client];
-          for (size_t j = 0; j < n; ++j)
-            next[j] = float((it == control.end() ? 0.0 : double(it->second[j])) + double(sent[j]) * back);
-          check_finite(next, client);
         }
         std::vector<uint32_t> y = sa[i]->mask_input(inbox[i], x.data());
         const Bytes packed = pack_elements(y.data(), y.size(), c.secagg_bits);
         up.reserve(kLen + packed.size() + 16);  // (kept until the server takes it: no spare capacity)
         up.blob(packed);
       } else {
+        if (c.scaffold) sent.assign(v.begin() + long(n), v.begin() + long(len));
         up.f64(r.loss);
         up.reserve(kLen + len * 4 + 16);
         up.u64(len * 4);
         up.put(v.data(), len * 4);
+      }
+      if (c.scaffold) {
+        // The client keeps c_i+ as the server adds it: under secure aggregation a clipped part left out of c would
+        // never be corrected and would move SCAFFOLD's fixed point.
+        const double back = double(f.mean_examples) / (double(r.examples) * f.control_scale);
+        auto it = control.find(client);
+        std::vector<float>& next = pending[client];
+        next.resize(n);
+        for (size_t j = 0; j < n; ++j)
+          next[j] = float((it == control.end() ? 0.0 : double(it->second[j])) + double(sent[j]) * back);
+        check_finite(next, client);
       }
       up.i64(r.steps);
       up.f64(r.compute_s);
