@@ -34,7 +34,9 @@ struct CollOptions {
 };
 
 struct CommConfig {
-  double timeout_s = 0;          // 0: CONDUIT_TIMEOUT or 300 s
+  // Deadline of each collective (0: CONDUIT_TIMEOUT or 300 s). from_env's start-up (meeting the other ranks, the
+  // transport's connections, the cost model's measurement) waits this or CONDUIT_TIMEOUT, whichever is longer.
+  double timeout_s = 0;
   std::string transport = "";    // empty: CONDUIT_TRANSPORT or auto
   bool debug_collectives = false;  // also on with CONDUIT_DEBUG_COLLECTIVES=1
   bool measure_cost_model = true;  // measure alpha/beta/gamma at start-up unless CONDUIT_COST_MODEL is set

@@ -57,8 +57,8 @@ LinkCost measure_link(Communicator& c, int a, int b, const Deadline& d) {
 
 // Measures alpha and beta on one intra-host and one inter-host pair, gamma on rank 0, and gives every rank rank
 // 0's numbers (all ranks must choose the same algorithms).
-void calibrate(Communicator& c) {
-  Deadline d = Deadline::after(std::min(60.0, c.timeout_s()));
+void calibrate(Communicator& c, double start_up_s) {
+  Deadline d = Deadline::after(std::min(60.0, start_up_s));
   CostModel m;
   int intra_peer = -1, inter_peer = -1;
   for (int r = 1; r < c.size(); ++r) {
@@ -86,12 +86,17 @@ void calibrate(Communicator& c) {
 
 CommPtr Communicator::from_env(const CommConfig& cfg) {
   double timeout = cfg.timeout_s > 0 ? cfg.timeout_s : default_timeout_seconds();
-  auto boot = net::bootstrap_from_env(timeout);
+  // Meeting the other ranks waits for the slowest of them to start, which a collective's deadline does not bound:
+  // under a 1 s collective deadline, a rank whose process (libtorch and its data loaded) came up a second after
+  // another failed the job at start-up ("could not connect to the server ... before the deadline"). Start-up gets
+  // CONDUIT_TIMEOUT (300 s) when that is longer.
+  const double start_up = std::max(timeout, default_timeout_seconds());
+  auto boot = net::bootstrap_from_env(start_up);
   std::string kind = cfg.transport;
   if (kind.empty()) kind = env_string("CONDUIT_TRANSPORT").value_or("auto");
   net::TransportPtr transport;
   try {
-    transport = net::make_transport(*boot, kind, timeout);
+    transport = net::make_transport(*boot, kind, start_up);
   } catch (...) {
     // The store (rank 0 serves it) outlives this error by a second: torn down while the exception went up, it
     // failed the other ranks' waits at once, and the launcher stopped this rank on their exit before it printed why
@@ -108,7 +113,7 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
   auto comm = create(transport, members, 0, cfg);
   comm->bootstrap_ = boot;
   bool given = env_string("CONDUIT_COST_MODEL").has_value();
-  if (comm->size() > 1 && cfg.measure_cost_model && !given) calibrate(*comm);
+  if (comm->size() > 1 && cfg.measure_cost_model && !given) calibrate(*comm, start_up);
   return comm;
 }
 

@@ -415,8 +415,10 @@ TEST(Processes, RendezvousEnvironmentIsChecked) {
   EXPECT_NE(r.out.find("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), std::string::npos) << r.out;
 }
 
-// Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit.
-std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const std::string& extra, double timeout) {
+// Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit. Rank 0
+// (which serves the store) starts `rank0_late_s` seconds after the others.
+std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const std::string& extra, double timeout,
+                                      int rank0_late_s = 0) {
   int port = free_port();
   std::string job = "t" + std::to_string(::getpid()) + transport;
   std::vector<pid_t> pids(n);
@@ -431,8 +433,9 @@ std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       setenv("CONDUIT_JOB_ID", job.c_str(), 1);
-      std::string cmd = "exec " + kConduit + " selftest --transport " + transport + " --timeout " +
-                        std::to_string(timeout) + " " + extra + " > " + outs[r] + " 2>&1";
+      std::string cmd = (r == 0 && rank0_late_s > 0 ? "sleep " + std::to_string(rank0_late_s) + "; " : "") + "exec " +
+                        kConduit + " selftest --transport " + transport + " --timeout " + std::to_string(timeout) +
+                        " " + extra + " > " + outs[r] + " 2>&1";
       execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
@@ -486,6 +489,16 @@ TEST_P(Failures, ExpiredDeadlineNamesTheSilentRank) {
   bool timed_out = res[0].out.find("deadline") != std::string::npos ||
                    res[1].out.find("deadline") != std::string::npos;
   EXPECT_TRUE(timed_out) << res[0].out << "\n---\n" << res[1].out;
+}
+
+// A collective's deadline does not bound start-up: rank 0 (the store's server) starting 6 s after rank 1 under a
+// 3 s deadline failed rank 1 ("could not connect to the server ... before the deadline"); start-up waits
+// CONDUIT_TIMEOUT (here unset: 300 s) when that is longer, and both ranks pass.
+TEST_P(Failures, ARankStartingLaterThanTheCollectiveDeadlineStillJoins) {
+  unsetenv("CONDUIT_TIMEOUT");
+  auto res = run_ranks_by_hand(2, GetParam(), "--op allreduce", 3, 6);
+  for (int r : {0, 1}) EXPECT_EQ(res[r].code, 0) << "rank " << r << ": " << res[r].out;
+  EXPECT_EQ(res[1].out.find("before the deadline"), std::string::npos) << res[1].out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Failures, ::testing::Values("tcp", "shm"));
