@@ -13,9 +13,13 @@
 //     h -> S  UnmaskMsg of each of its clients in U3                   (round 3)
 //   without: h -> S  a message per client: its outcome, training loss, f32 update, steps and seconds
 //
-// The server takes the update messages host after host and sums each before taking the next: it holds one update,
-// not the round's (plus what the transports buffer of messages it has not asked for yet: tcp and shm up to 64 MiB a
-// peer). A host keeps its clients' updates until the server has taken them.
+// The server takes the update messages in turns, one of each host's in each (a host's in its order), and sums each
+// before taking the next: it holds one update, not the round's (plus what the transports buffer of messages it has
+// not asked for yet: tcp and shm up to 64 MiB a peer). A host keeps its posted updates until they are sent, at most
+// kHostWindowBytes of them (and always one): past that it waits for its oldest to go before posting the next. In
+// turns, a host's oldest update is taken after at most one update of each other host, not after their whole lists.
+// (Over shm and MPI a host's message moves only while that host waits, so a host whose window is full can wait for
+// another host to reach its next wait; within the same deadline.)
 //
 // A client's vector is its delta times its weight w_k = n_k / mean partition size (1 under differential privacy);
 // under secure aggregation two more elements carry its training loss and the count of its elements the codec clipped,
@@ -160,6 +164,9 @@ class In {
   std::string what_;
 };
 
+// The most bytes of update messages a host keeps posted (a message larger than this is posted alone).
+constexpr uint64_t kHostWindowBytes = uint64_t(256) << 20;
+
 // Framed point-to-point messages over the communicator's transport, with deadlines, size limits and byte counts.
 class Wire {
  public:
@@ -167,14 +174,15 @@ class Wire {
   // Sends still posted (an error unwinds past finish_sends): withdrawn, or the transport aborted, before their
   // buffers go.
   ~Wire() {
-    for (auto& r : posted_) {
-      if (r->done()) continue;
-      try {
-        net::give_up(c_.transport(), r, "fl: a rank stopped with sends in flight");
-      } catch (...) {
-        c_.transport().abort("fl: a rank stopped with sends in flight");
+    for (auto& m : posted_)
+      for (auto& r : m.reqs) {
+        if (r->done()) continue;
+        try {
+          net::give_up(c_.transport(), r, "fl: a rank stopped with sends in flight");
+        } catch (...) {
+          c_.transport().abort("fl: a rank stopped with sends in flight");
+        }
       }
-    }
   }
   Wire(const Wire&) = delete;
   Wire& operator=(const Wire&) = delete;
@@ -200,28 +208,34 @@ class Wire {
                       c_.rank(), tag, fmt::join(peers, ", "), c_.timeout_s() * steps, steps));
     }
   }
-  // Starts sending b to peer and keeps it until finish_sends (messages of one tag to one peer arrive in order).
-  void post(int peer, uint32_t tag, Bytes b) {
-    posted_bytes_.push_back(std::move(b));
-    const Bytes& kept = posted_bytes_.back();
-    posted_sizes_.push_back(kept.size());
-    posted_.push_back(isend(peer, tag, &posted_sizes_.back(), 8));
-    if (!kept.empty()) posted_.push_back(isend(peer, tag, kept.data(), kept.size()));
-    sent += 8 + kept.size();
+  // Starts sending b to peer and keeps it until it is sent (messages of one tag to one peer arrive in order). First,
+  // while the messages still posted and b together exceed `window` bytes, waits for the oldest to be sent (within
+  // `steps` timeouts each; `what` names them in the error) and releases it.
+  void post(int peer, uint32_t tag, Bytes b, uint64_t window, double steps, const char* what) {
+    while (!posted_.empty() && posted_total_ + b.size() > window) {
+      wait_sent(posted_.front().reqs, steps, what);
+      for (auto& r : posted_.front().reqs)
+        if (!r->done()) throw Error("fl: internal: a posted message was released before it was sent");
+      posted_total_ -= posted_.front().bytes.size();
+      posted_.pop_front();
+    }
+    Posted& m = posted_.emplace_back();
+    m.reqs.reserve(2);  // (no allocation between an isend and its request's keeping)
+    m.bytes = std::move(b);
+    m.size = m.bytes.size();
+    m.reqs.push_back(isend(peer, tag, &m.size, 8));
+    if (!m.bytes.empty()) m.reqs.push_back(isend(peer, tag, m.bytes.data(), m.bytes.size()));
+    sent += 8 + m.size;
+    posted_total_ += m.size;
+    peak_posted = std::max(peak_posted, posted_total_);
   }
   // Waits for every posted send, within `steps` timeouts from now, and releases their buffers.
   void finish_sends(double steps, const char* what) {
-    try {
-      net::wait_all_or_give_up(c_.transport(), posted_, Deadline::after(c_.timeout_s() * steps));
-    } catch (const TimeoutError&) {
-      throw TimeoutError(
-          fmt::format("fl: rank {} could not hand {} to the server within {:.0f} s ({:g} x --timeout-s); allowed: a "
-                      "larger --timeout-s",
-                      c_.rank(), what, c_.timeout_s() * steps, steps));
-    }
+    std::vector<net::RequestPtr> all;
+    for (auto& m : posted_) all.insert(all.end(), m.reqs.begin(), m.reqs.end());
+    wait_sent(all, steps, what);
     posted_.clear();
-    posted_bytes_.clear();
-    posted_sizes_.clear();
+    posted_total_ = 0;
   }
   // Receives one framed message from each of `peers`: at most caps[i] bytes from peers[i] (a longer announcement is
   // a ProtocolError before anything is allocated), within `steps` timeouts (the steps of the peers' work it spans).
@@ -257,8 +271,24 @@ class Wire {
     return std::move(recv_many({peer}, tag, what, {cap}, steps)[0]);
   }
   uint64_t sent = 0, received = 0;
+  uint64_t peak_posted = 0;  // the most bytes of posted messages held at once
 
  private:
+  struct Posted {
+    Bytes bytes;
+    uint64_t size = 0;  // (the frame's length, sent from here)
+    std::vector<net::RequestPtr> reqs;
+  };
+  void wait_sent(const std::vector<net::RequestPtr>& reqs, double steps, const char* what) {
+    try {
+      net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
+    } catch (const TimeoutError&) {
+      throw TimeoutError(
+          fmt::format("fl: rank {} could not hand {} to the server within {:.0f} s ({:g} x --timeout-s); allowed: a "
+                      "larger --timeout-s",
+                      c_.rank(), what, c_.timeout_s() * steps, steps));
+    }
+  }
   net::RequestPtr isend(int peer, uint32_t tag, const void* p, size_t n) {
     return c_.transport().isend(c_.transport_rank(peer), net::make_tag(net::kUser, c_.id(), tag), p, n);
   }
@@ -288,9 +318,8 @@ class Wire {
     for (auto& r : reqs) net::give_up(c_.transport(), r, why);
   }
   coll::Communicator& c_;
-  std::vector<net::RequestPtr> posted_;
-  std::deque<Bytes> posted_bytes_;  // (deques: the buffers stay where they are as more are posted)
-  std::deque<uint64_t> posted_sizes_;
+  std::deque<Posted> posted_;  // (a deque: the messages stay where they are as more are posted)
+  uint64_t posted_total_ = 0;
 };
 
 int host_of_client(int client, int world) { return 1 + client % (world - 1); }
@@ -469,11 +498,13 @@ void check_finite(const std::vector<float>& v, int client) {
 
 void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f, Wire& w);
 
-void run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f) {
+// Returns the most bytes of updates it held posted at once.
+uint64_t run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f) {
   Wire w(comm);
   try {
     if (c.scaffold) check_control_memory(c, comm, f);
     host_rounds(c, comm, trainer, f, w);
+    return w.peak_posted;
   } catch (const std::exception& e) {
     // Before the Wire gives up its posted sends (which may abort the transport with a reason of its own): the
     // others hear why this rank stopped.
@@ -586,7 +617,10 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
 
     // Local training, then each client's update (masked under secure aggregation) posted at once (tcp's thread moves
     // it while the next client trains; shm and MPI when the host next waits): position, outcome, [loss without
-    // secure aggregation, the vector], the steps and seconds measured.
+    // secure aggregation, the vector], the steps and seconds measured. At most `window` bytes stay posted; the
+    // oldest is taken after the other hosts' updates of its turn, which may wait for their training.
+    const uint64_t window = c.host_window_bytes_for_testing ? c.host_window_bytes_for_testing : kHostWindowBytes;
+    const double window_steps = 2.0 + f.max_per_host;
     for (int i : mine) {
       const int client = sampled[size_t(i)];
       Plan p = plan_client(c, f, client, round);
@@ -597,7 +631,7 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
       if (p.fate != Fate::sent) {
         up.i64(0);
         up.f64(0);
-        w.post(0, kTagUpdate, up.take());
+        w.post(0, kTagUpdate, up.take(), window, window_steps, "its clients' updates");
         continue;
       }
       LocalWork work;
@@ -669,10 +703,10 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
       }
       up.i64(r.steps);
       up.f64(r.compute_s);
-      w.post(0, kTagUpdate, up.take());
+      w.post(0, kTagUpdate, up.take(), window, window_steps, "its clients' updates");
     }
-    // (the server takes the hosts' updates one host after another: the slowest host's training, or the others'; one
-    // step more than the server's wait, which may start after this one)
+    // (the server takes the hosts' updates in turns: the slowest host's training, or the others'; one step more than
+    // the server's wait, which may start after this one)
     w.finish_sends(2.0 + f.max_per_host, "its clients' updates");
     if (!c.secagg) {  // every update sent is in the sum
       for (auto& [client, next] : pending) control[client] = std::move(next);
@@ -892,14 +926,17 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     double seconds_measured = 0;
     const bool masked = c.secagg;
     std::unique_ptr<SecAggServer> srv;
-    // One message a client, host after host (a host's in its order): each is summed (or added to secure aggregation's
-    // running sum) and released before the next is taken, so the server holds one update at a time, not the round's.
+    // One message a client, in turns of one from each host (a host's in its order): each is summed (or added to
+    // secure aggregation's running sum) and released before the next is taken, so the server holds one update at a
+    // time, not the round's, and a host's oldest posted update is never behind another host's whole list.
     auto collect_updates = [&] {
       const uint64_t cap = 2 * kLen + 16 + (masked ? (len + 2) * 4 : 8 + len * 4) + 16;
       const double steps = 1.0 + double(most);
       const Deadline d = Deadline::after(comm.timeout_s() * steps);
-      for (int h : active)
-        for (int pos : by_host[h]) {
+      for (size_t turn = 0; turn < most; ++turn)
+        for (int h : active) {
+          if (turn >= by_host[h].size()) continue;
+          const int pos = by_host[h][turn];
           Bytes b = std::move(w.recv_many_until({h}, kTagUpdate, "the client updates", {cap}, d, steps)[0]);
           int64_t st = 0;
           double sec = 0;
@@ -1203,8 +1240,8 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
             bound, c.dp_clip, c.secagg_bits);
     }
     if (comm->rank() != 0) {
-      run_host(c, *comm, trainer, f);
-      return {};
+      res.host_peak_posted_bytes = run_host(c, *comm, trainer, f);
+      return res;
     }
     res = run_server(c, *comm, trainer, f, on_round);
   } catch (const std::exception& e) {

@@ -72,6 +72,8 @@ struct FlConfig {
   double dp_clip = 0.0, dp_noise = 0.0, dp_delta = 1e-5;
   // Tests only (no key, no flag): a fixed seed for DP's sampling and noise; 0 draws them from the OS.
   uint64_t dp_secret_seed_for_testing = 0;
+  // Tests only: the bytes of updates a host keeps posted (0: 256 MiB).
+  uint64_t host_window_bytes_for_testing = 0;
   // Running.
   int workers = 3;  // processes: the server and W-1 client hosts
   std::string transport = "auto";
@@ -160,12 +162,14 @@ struct FlResult {
   uint64_t bytes_down = 0, bytes_up = 0;
   double label_tv_distance = 0;  // the partition's mean total-variation distance from the global label mix
   int rounds_applied = 0;        // rounds whose aggregate was applied
+  uint64_t host_peak_posted_bytes = 0;  // a host: the most bytes of updates it held posted at once
 };
 
 // Runs the federation on `comm` (every rank calls it with the same config; size >= 2). The server returns the
-// rounds' records and the final weights; the hosts return an empty result. The server writes <output>/metrics.jsonl
-// and summary.json when output is set. `on_round` (server) sees each record as it completes. Error (on the server,
-// after the records are written) when no round applied an update: the run's settings leave nothing to learn from.
+// rounds' records and the final weights; the hosts return only host_peak_posted_bytes. The server writes
+// <output>/metrics.jsonl and summary.json when output is set. `on_round` (server) sees each record as it completes.
+// Error (on the server, after the records are written) when no round applied an update: the run's settings leave
+// nothing to learn from.
 FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& trainer,
                         const std::function<void(const RoundRecord&)>& on_round = {});
 

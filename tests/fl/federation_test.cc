@@ -141,16 +141,16 @@ std::vector<float> fedavg_round(const FlConfig& c, const std::vector<float>& glo
   auto labels = t.train_labels();
   auto parts = partition(labels, 10, c.clients, parse_partition(c.partition), c.seed);
   auto sampled = sample_clients(c.clients, c.fraction, c.min_clients, c.seed, uint64_t(round));
-  std::vector<double> sum(kDim, 0.0);
+  std::vector<double> sum(global.size(), 0.0);
   double wsum = 0;
   for (int k : sampled) {
     if (std::find(excluded.begin(), excluded.end(), k) != excluded.end()) continue;
     LocalResult r = t.train(global, parts[size_t(k)], {});
-    for (size_t i = 0; i < kDim; ++i) sum[i] += double(r.examples) * r.delta[i];
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += double(r.examples) * r.delta[i];
     wsum += double(r.examples);
   }
   std::vector<float> w = global;
-  for (size_t i = 0; i < kDim; ++i) w[i] += float(sum[i] / wsum);
+  for (size_t i = 0; i < sum.size(); ++i) w[i] += float(sum[i] / wsum);
   return w;
 }
 
@@ -377,7 +377,7 @@ TEST(Federation, AHostFailingWithUpdatesInFlightOverTcpStopsTheServerWithItsReas
   for (int r = 0; r < 3; ++r)
     ts.emplace_back([&, r] {
       ToyTrainer t(c);
-      if (r == 1) t.sleep_ms_ = 300;  // the server takes rank 1's updates first
+      if (r == 1) t.sleep_ms_ = 300;  // the server takes rank 1's first update first
       if (r == 2) {
         t.fail_ = true;
         t.fail_after_ = 2;  // two updates posted, the server not taking them yet
@@ -394,6 +394,111 @@ TEST(Federation, AHostFailingWithUpdatesInFlightOverTcpStopsTheServerWithItsReas
   EXPECT_NE(errors[2].find("failed on purpose"), std::string::npos) << errors[2];
   EXPECT_NE(errors[0].find("failed on purpose"), std::string::npos) << errors[0];
   EXPECT_LT(s, 30) << "the server waited for its deadline";
+}
+
+// Forwards to a transport and records, per tag, the peer of each 8-byte receive (a frame's length) in the order
+// they were posted.
+class RecordingTransport : public net::Transport {
+ public:
+  explicit RecordingTransport(net::TransportPtr inner) : inner_(std::move(inner)) {
+    rank_ = inner_->rank();
+    size_ = inner_->size();
+    hosts_ = inner_->hosts();
+  }
+  const char* name() const override { return inner_->name(); }
+  net::RequestPtr isend(int peer, uint64_t tag, const void* p, size_t n) override {
+    return inner_->isend(peer, tag, p, n);
+  }
+  net::RequestPtr irecv(int peer, uint64_t tag, void* p, size_t n) override {
+    if (n == 8) {
+      std::lock_guard<std::mutex> lk(mu_);
+      lengths_[tag].push_back(peer);
+    }
+    return inner_->irecv(peer, tag, p, n);
+  }
+  void abort(const std::string& why) override { inner_->abort(why); }
+  bool cancel(const net::RequestPtr& r, std::exception_ptr e) override { return inner_->cancel(r, e); }
+  std::string aborted_reason() const override { return inner_->aborted_reason(); }
+  // The peers of the tag received most often.
+  std::vector<int> busiest() {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<int> most;
+    for (auto& [tag, peers] : lengths_)
+      if (peers.size() > most.size()) most = peers;
+    return most;
+  }
+
+ private:
+  net::TransportPtr inner_;
+  std::mutex mu_;
+  std::map<uint64_t, std::vector<int>> lengths_;
+};
+
+// A host keeps at most its window of updates posted: with 20 clients of 400 KB updates per host and a 1 MiB window,
+// over tcp with a 64 KB unexpected-message budget and one host slower than the other, each host's peak stays within
+// the window (8 MB without it), every update released was sent, the server takes the updates in turns (one of each
+// host: a host's oldest is never behind the other's whole list), and the weights are exactly those of the run
+// without a window.
+TEST(Federation, AHostKeepsAtMostItsWindowOfUpdatesPosted) {
+  g_dim = 100000;  // 400 KB updates
+  struct Restore {
+    ~Restore() { g_dim = kDim; }
+  } restore;
+  for (bool secagg : {false, true}) {
+    SCOPED_TRACE(secagg ? "secure aggregation" : "plain");
+    FlConfig c = base_config();
+    c.clients = 40;
+    c.fraction = 1.0;
+    c.rounds = 2;
+    c.secagg = secagg;
+    c.secagg_threshold = 0.9;
+    c.timeout_s = 60;
+    std::vector<float> weights[2];
+    uint64_t peaks[2][3] = {};
+    for (int windowed : {0, 1}) {
+      c.host_window_bytes_for_testing = windowed ? uint64_t(1) << 20 : 0;
+      setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "64K", 1);
+      auto transports = net::test_util::make_transport_world("tcp", 3);
+      unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+      coll::CommConfig cc;
+      cc.timeout_s = c.timeout_s;
+      cc.measure_cost_model = false;
+      auto recording = std::make_shared<RecordingTransport>(transports[0]);
+      transports[0] = recording;
+      std::vector<std::string> errors(3);
+      std::vector<std::thread> ts;
+      for (int r = 0; r < 3; ++r)
+        ts.emplace_back([&, r] {
+          ToyTrainer t(c);
+          if (r == 1) t.sleep_ms_ = 20;  // the other host runs ahead, up to its window
+          try {
+            auto comm = coll::Communicator::create(transports[size_t(r)], {0, 1, 2}, 7, cc);
+            FlResult res = run_federation(c, comm, t);
+            peaks[windowed][r] = res.host_peak_posted_bytes;
+            if (r == 0) weights[windowed] = res.weights;
+          } catch (const std::exception& e) {
+            errors[size_t(r)] = e.what();
+          }
+        });
+      for (auto& t : ts) t.join();
+      for (int r = 0; r < 3; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+      const std::vector<int> updates = recording->busiest();  // the update messages: 40 a round
+      ASSERT_EQ(updates.size(), 80u);
+      for (size_t k = 0; k < updates.size(); ++k) EXPECT_EQ(updates[k], 1 + int(k % 2)) << k;
+    }
+    for (int r : {1, 2}) {
+      EXPECT_GE(peaks[0][r], uint64_t(8000000)) << "rank " << r;  // the round's 20 updates
+      EXPECT_LE(peaks[1][r], uint64_t(1) << 20) << "rank " << r;
+      EXPECT_GE(peaks[1][r], uint64_t(800000)) << "rank " << r;  // two updates posted at once
+    }
+    ASSERT_EQ(weights[0].size(), g_dim);
+    EXPECT_EQ(weights[0], weights[1]);
+    if (!secagg) {
+      std::vector<float> w(g_dim, 0.0f);
+      for (int round = 0; round < 2; ++round) w = fedavg_round(c, w, round);
+      for (size_t i = 0; i < g_dim; i += 997) EXPECT_NEAR(weights[1][i], w[i], 1e-5) << i;
+    }
+  }
 }
 
 TEST(Federation, ModelledRoundTimeIsTheSlowestClientsLinksAndSteps) {
