@@ -203,7 +203,7 @@ class Wire {
       net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
     } catch (const TimeoutError&) {
       throw TimeoutError(
-          fmt::format("fl: rank {} could not hand its message (tag {:#x}) to rank(s) {} within {:.0f} s "
+          fmt::format("fl: rank {} could not hand its message (tag {:#x}) to rank(s) {} within {:.3g} s "
                       "({:g} x --timeout-s); allowed: a larger --timeout-s",
                       c_.rank(), tag, fmt::join(peers, ", "), c_.timeout_s() * steps, steps));
     }
@@ -284,7 +284,7 @@ class Wire {
       net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
     } catch (const TimeoutError&) {
       throw TimeoutError(
-          fmt::format("fl: rank {} could not hand {} to the server within {:.0f} s ({:g} x --timeout-s); allowed: a "
+          fmt::format("fl: rank {} could not hand {} to the server within {:.3g} s ({:g} x --timeout-s); allowed: a "
                       "larger --timeout-s",
                       c_.rank(), what, c_.timeout_s() * steps, steps));
     }
@@ -304,7 +304,7 @@ class Wire {
       for (size_t i = 0; i < reqs.size(); ++i)
         if (!reqs[i]->done()) silent += (silent.empty() ? "" : ", ") + std::to_string(peers[i]);
       const std::string msg = fmt::format(
-          "fl: rank {} waited {:.0f} s ({:g} x --timeout-s, the work of the clients one rank handles) for {} from "
+          "fl: rank {} waited {:.3g} s ({:g} x --timeout-s, the work of the clients one rank handles) for {} from "
           "rank(s) {}; allowed: a larger --timeout-s when local training or evaluation takes longer",
           c_.rank(), c_.timeout_s() * steps, steps, what, silent);
       give_up_all(reqs, msg);
@@ -520,6 +520,10 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
   const size_t down = c.scaffold ? 2 * n : n;  // the weights, and SCAFFOLD's server control variate
   std::map<int, std::vector<float>> control;   // SCAFFOLD: c_i of each hosted client that trained (absent: zeros)
   int first = -1;                              // the round this host started at (a resumed run's is not 0)
+  // Each step of the key exchange spans every host's work for each of its clients (k key pairs; k x m key agreements
+  // and share encryptions; k unmaskings), which at thousands of clients a round outlasts one step, and the server
+  // takes a step's messages only once every host's has come.
+  const double per_client = 1.0 + f.max_per_host;
   for (;;) {
     // The next header comes after the server's aggregation and evaluation and the other hosts' training.
     Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled), 2.0 + f.max_per_host);
@@ -580,8 +584,8 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
         sa[i] = std::make_unique<SecAggClient>(scfg, i);
         adv.blob(sa[i]->advertise().serialize());
       }
-      w.send(0, kTagAdvertise, adv.take());
-      Bytes ub = w.recv(0, kTagU1, "the advertised keys", kLen + m * (kLen + kAdvertiseMsgBytes));
+      w.send(0, kTagAdvertise, adv.take(), per_client);
+      Bytes ub = w.recv(0, kTagU1, "the advertised keys", kLen + m * (kLen + kAdvertiseMsgBytes), per_client);
       In u(ub, "advertised keys");
       std::vector<AdvertiseMsg> u1(u.count(8));
       for (auto& a : u1) {
@@ -597,8 +601,9 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
         sh.u64(s.size());
         for (auto& msg : s) sh.blob(msg.serialize());
       }
-      w.send(0, kTagShares, sh.take());
-      Bytes ib = w.recv(0, kTagInbox, "the shares", 2 * kLen + m * 8 + k * (2 * kLen + m * (kLen + kShareMsgBytes)));
+      w.send(0, kTagShares, sh.take(), per_client);
+      Bytes ib = w.recv(0, kTagInbox, "the shares", 2 * kLen + m * 8 + k * (2 * kLen + m * (kLen + kShareMsgBytes)),
+                        per_client);
       In in(ib, "shares");
       u2.resize(in.count(8));
       for (auto& v : u2) v = int(in.i64());
@@ -731,7 +736,7 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
       if (auto it = pending.find(sampled[size_t(i)]); it != pending.end()) control[it->first] = std::move(it->second);
     um.u64(answering.size());
     for (int i : answering) um.blob(sa[i]->unmask(u3).serialize());
-    w.send(0, kTagUnmask, um.take());
+    w.send(0, kTagUnmask, um.take(), per_client);
   }
 }
 
@@ -961,13 +966,15 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         }
     };
 
+    // (the key exchange's waits span each host's work for every one of its clients, as run_host's do)
+    const double per_client = 1.0 + double(most);
     std::unique_ptr<FixedPointCodec> codec;
     if (masked && m > 0) {
       const SecAggConfig scfg = secagg_config(c, int(m), f.len, round);
       srv = std::make_unique<SecAggServer>(scfg);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       std::vector<Bytes> ab =
-          w.recv_many(active, kTagAdvertise, "the advertised keys", caps(kLen, kLen + kAdvertiseMsgBytes));
+          w.recv_many(active, kTagAdvertise, "the advertised keys", caps(kLen, kLen + kAdvertiseMsgBytes), per_client);
       for (size_t k = 0; k < active.size(); ++k) {
         In in(ab[k], fmt::format("the keys of rank {}", active[k]));
         const uint64_t cnt = in.count(8);
@@ -989,8 +996,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         Bytes b = o.take();
         w.send_many(active, kTagU1, std::vector<const Bytes*>(active.size(), &b));
       }
-      std::vector<Bytes> sb =
-          w.recv_many(active, kTagShares, "the key shares", caps(kLen, 2 * kLen + m * (kLen + kShareMsgBytes)));
+      std::vector<Bytes> sb = w.recv_many(active, kTagShares, "the key shares",
+                                          caps(kLen, 2 * kLen + m * (kLen + kShareMsgBytes)), per_client);
       for (size_t k = 0; k < active.size(); ++k) {
         In in(sb[k], fmt::format("the shares of rank {}", active[k]));
         const uint64_t cnt = in.count(16);
@@ -1048,8 +1055,9 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       Bytes b = o.take();
       w.send_many(active, kTagU3, std::vector<const Bytes*>(active.size(), &b));
       if (!rec.abandoned) {
-        std::vector<Bytes> mb = w.recv_many(active, kTagUnmask, "the unmasking shares",
-                                            caps(kLen, kLen + kUnmaskMsgBaseBytes + m * kUnmaskMsgEntryBytes));
+        std::vector<Bytes> mb =
+            w.recv_many(active, kTagUnmask, "the unmasking shares",
+                        caps(kLen, kLen + kUnmaskMsgBaseBytes + m * kUnmaskMsgEntryBytes), per_client);
         for (size_t k = 0; k < active.size(); ++k) {
           In in(mb[k], fmt::format("the unmasking shares of rank {}", active[k]));
           const uint64_t cnt = in.count(8);

@@ -31,6 +31,10 @@ constexpr size_t kDim = 37;
 constexpr int kSamples = 400;
 size_t g_dim = kDim;     // the toy model's size (a test may raise it for statistics)
 double g_spread = 0.01;  // how far apart the clients' targets lie (a test may raise it)
+// The step limit each (round, client) was given (LocalWork::max_steps; 0: full work), as the toy saw it (its seed
+// carries both: seed ^ round << 32 ^ client).
+std::mutex g_limits_mu;
+std::map<std::pair<int, int>, int64_t> g_limits;
 
 // The client whose partition starts with sample `first` (partitions are disjoint: the first index names it).
 float target(int64_t first, size_t i) {
@@ -51,6 +55,11 @@ class ToyTrainer : public LocalTrainer {
   LocalResult train(const std::vector<float>& global, const std::vector<int64_t>& idx, const LocalWork& w) override {
     if (fail_ && trained_++ >= fail_after_) throw Error("toy: local training failed on purpose");
     if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    {
+      const uint64_t s = w.seed ^ c_.seed;
+      std::lock_guard<std::mutex> lk(g_limits_mu);
+      g_limits[{int(s >> 32), int(s & 0xffffffffu)}] = w.max_steps;
+    }
     LocalResult r;
     r.examples = int64_t(idx.size());
     const int64_t full = c_.local_epochs * ((r.examples + c_.batch_size - 1) / c_.batch_size);
@@ -519,6 +528,29 @@ TEST(Federation, ModelledRoundTimeIsTheSlowestClientsLinksAndSteps) {
   EXPECT_NEAR(r.server.rounds[0].modelled_s, want, 1e-9);
 }
 
+// The key exchange's work grows with the clients a host runs times the round's clients (80 x 160 key agreements and
+// share encryptions a host here, seconds): its waits span a host's work for each of its clients, as the updates'
+// do. With one step each they failed at the first exchange under this 0.5 s timeout.
+TEST(Federation, SecureAggregationsKeyExchangeWaitsSpanEachHostsClients) {
+  FlConfig c = base_config();
+  c.clients = 160;
+  c.fraction = 1.0;
+  c.rounds = 1;
+  c.partition = "iid";
+  c.batch_size = 64;
+  c.secagg = true;
+  c.timeout_s = 0.5;
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult r = run(c);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  expect_ok(r);
+  ASSERT_EQ(r.server.rounds.size(), 1u);
+  EXPECT_EQ(r.server.rounds[0].aggregated, 160);
+  EXPECT_GT(s, 2 * c.timeout_s) << "the exchange was quick: the test cannot tell one step from many";
+  const std::vector<float> w = fedavg_round(c, std::vector<float>(kDim, 0.0f), 0);
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], w[i], 1e-5) << i;
+}
+
 TEST(Federation, SecureAggregationWithIdleHostsAndDroppedHostsMatchesThePlainAverage) {
   FlConfig c = base_config();
   c.workers = 6;  // 5 hosts for 6 sampled clients a round: some hosts have none
@@ -650,7 +682,8 @@ struct ScaffoldReference {
   std::map<int, std::vector<double>> ci;
   uint64_t clipped = 0;  // elements clipped in the last round
 
-  void round(const FlConfig& cfg, int r, double clip = 0) {
+  // limits: the step limit of each client this round (absent: full work).
+  void round(const FlConfig& cfg, int r, double clip = 0, const std::map<int, int64_t>& limits = {}) {
     ToyTrainer t(cfg);
     auto parts = partition(t.train_labels(), 10, cfg.clients, parse_partition(cfg.partition), cfg.seed);
     auto sampled = sample_clients(cfg.clients, cfg.fraction, cfg.min_clients, cfg.seed, uint64_t(r));
@@ -673,6 +706,7 @@ struct ScaffoldReference {
       for (size_t i = 0; i < kDim; ++i) corr[i] = float(c[i] - mine[i]);
       LocalWork work;
       work.correction = &corr;
+      if (auto it = limits.find(k); it != limits.end()) work.max_steps = it->second;
       LocalResult lr = t.train(x, parts[size_t(k)], work);
       const double wk = double(lr.examples) / mean;
       next[k].resize(kDim);
@@ -714,6 +748,38 @@ TEST(Federation, ScaffoldMatchesTheAlgorithmByHandWithPartialParticipation) {
   // control variate's change.
   EXPECT_GT(r.server.rounds[0].bytes_up, 6 * (2 * kDim + 1) * 4);
   EXPECT_GT(r.server.rounds[0].bytes_down, 2 * 2 * kDim * 4);
+}
+
+// Slow clients doing the steps that fit the deadline (FedProx's partial work) estimate their c_i from the K steps
+// they took, not a full epoch's: the run matches the algorithm by hand given each client's step limit.
+TEST(Federation, ScaffoldWithPartialWorkUsesTheStepsTaken) {
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";
+  c.scaffold = true;
+  c.rounds = 4;
+  c.batch_size = 4;  // several steps a client, so a limit cuts some
+  c.speed_sigma = 1.0;
+  c.deadline = 1.0;
+  c.stragglers = "partial";
+  {
+    std::lock_guard<std::mutex> lk(g_limits_mu);
+    g_limits.clear();
+  }
+  RunResult r = run(c);
+  expect_ok(r);
+  int partial = 0;
+  for (auto& x : r.server.rounds) partial += x.partial;
+  ASSERT_GT(partial, 0) << "no client did partial work: the test checks nothing";
+  std::map<int, std::map<int, int64_t>> limits;  // round -> client -> limit
+  {
+    std::lock_guard<std::mutex> lk(g_limits_mu);
+    for (auto& [key, limit] : g_limits)
+      if (limit > 0) limits[key.first][key.second] = limit;
+  }
+  ScaffoldReference ref;
+  for (int round = 0; round < c.rounds; ++round) ref.round(c, round, 0, limits[round]);
+  ASSERT_EQ(r.server.weights.size(), kDim);
+  for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], ref.w[i], 2e-5) << i;
 }
 
 // Clients that take different numbers of local steps pull FedAvg towards the busier ones (client drift); SCAFFOLD
