@@ -74,6 +74,7 @@ void calibrate(Communicator& c, double start_up_s) {
   double v[6] = {m.intra.alpha, m.intra.beta, m.intra.gamma, m.inter.alpha, m.inter.beta, m.inter.gamma};
   CollOptions o;
   o.algorithm = "tree";
+  o.timeout_s = start_up_s;  // (the others wait here while rank 0 measures)
   c.broadcast(v, 6, DType::f64, 0, o).wait();
   m.intra = {v[0], v[1], v[2]};
   m.inter = {v[3], v[4], v[5]};

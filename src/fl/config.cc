@@ -250,7 +250,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"dp_delta", "differential privacy: the delta epsilon is reported at"},
       {"workers", "processes: the server and workers-1 client hosts"},
       {"transport", "auto | tcp | shm | mpi"},
-      {"timeout_s", "deadline of every message (seconds)"},
+      {"timeout_s", "deadline of one step of a peer (seconds; waits spanning a host's clients get that many more)"},
       {"eval_every", "rounds between test evaluations (0: the last only)"},
       {"output", "folder of config.json, metrics.jsonl and summary.json (empty: runs/fl-<time>)"},
       {"checkpoint_every", "write <output>/checkpoints after every K rounds and the last (0: none)"},

@@ -164,6 +164,9 @@ class In {
   std::string what_;
 };
 
+// Seconds as a person reads them: 0.5, 2.5, 360, 24600 (not 2.46e+04).
+std::string seconds_text(double s) { return s >= 100 ? fmt::format("{:.0f}", s) : fmt::format("{:.3g}", s); }
+
 // The most bytes of update messages a host keeps posted (a message larger than this is posted alone).
 constexpr uint64_t kHostWindowBytes = uint64_t(256) << 20;
 
@@ -203,9 +206,9 @@ class Wire {
       net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
     } catch (const TimeoutError&) {
       throw TimeoutError(
-          fmt::format("fl: rank {} could not hand its message (tag {:#x}) to rank(s) {} within {:.3g} s "
+          fmt::format("fl: rank {} could not hand its message (tag {:#x}) to rank(s) {} within {} s "
                       "({:g} x --timeout-s); allowed: a larger --timeout-s",
-                      c_.rank(), tag, fmt::join(peers, ", "), c_.timeout_s() * steps, steps));
+                      c_.rank(), tag, fmt::join(peers, ", "), seconds_text(c_.timeout_s() * steps), steps));
     }
   }
   // Starts sending b to peer and keeps it until it is sent (messages of one tag to one peer arrive in order). First,
@@ -284,9 +287,9 @@ class Wire {
       net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
     } catch (const TimeoutError&) {
       throw TimeoutError(
-          fmt::format("fl: rank {} could not hand {} to the server within {:.3g} s ({:g} x --timeout-s); allowed: a "
+          fmt::format("fl: rank {} could not hand {} to the server within {} s ({:g} x --timeout-s); allowed: a "
                       "larger --timeout-s",
-                      c_.rank(), what, c_.timeout_s() * steps, steps));
+                      c_.rank(), what, seconds_text(c_.timeout_s() * steps), steps));
     }
   }
   net::RequestPtr isend(int peer, uint32_t tag, const void* p, size_t n) {
@@ -304,9 +307,9 @@ class Wire {
       for (size_t i = 0; i < reqs.size(); ++i)
         if (!reqs[i]->done()) silent += (silent.empty() ? "" : ", ") + std::to_string(peers[i]);
       const std::string msg = fmt::format(
-          "fl: rank {} waited {:.3g} s ({:g} x --timeout-s, the work of the clients one rank handles) for {} from "
+          "fl: rank {} waited {} s ({:g} x --timeout-s, the work of the clients one rank handles) for {} from "
           "rank(s) {}; allowed: a larger --timeout-s when local training or evaluation takes longer",
-          c_.rank(), c_.timeout_s() * steps, steps, what, silent);
+          c_.rank(), seconds_text(c_.timeout_s() * steps), steps, what, silent);
       give_up_all(reqs, msg);
       throw TimeoutError(msg);
     } catch (const std::exception& e) {
@@ -522,8 +525,9 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
   int first = -1;                              // the round this host started at (a resumed run's is not 0)
   // Each step of the key exchange spans every host's work for each of its clients (k key pairs; k x m key agreements
   // and share encryptions; k unmaskings), which at thousands of clients a round outlasts one step, and the server
-  // takes a step's messages only once every host's has come.
-  const double per_client = 1.0 + f.max_per_host;
+  // takes a step's messages only once every host's has come. (One step more than the server's wait, which may
+  // start after this one: the server, which names the silent ranks, times out first.)
+  const double per_client = 2.0 + f.max_per_host;
   for (;;) {
     // The next header comes after the server's aggregation and evaluation and the other hosts' training.
     Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled), 2.0 + f.max_per_host);
