@@ -4,8 +4,8 @@
 Runs `conduit fl` once per configuration with the same model, data, seed, sampling and local settings, and prints a
 markdown table of the final test accuracy (and its mean over the last 5 rounds: one round's accuracy moves by a point
 or two on a non-IID split), wall time, modelled round time on the client links, bytes uploaded, and
-each as a ratio to the first row of the same command (FedAvg on the same non-IID partition without secure
-aggregation).
+each as a ratio to the baseline row of the same command (by default the first: FedAvg on the same non-IID partition
+without secure aggregation).
 
   /usr/bin/python3 bench/fl/compare.py [--conduit build/bin/conduit] [--out runs/fl-compare] [--rounds 20]
                                        [--only 'NAME;NAME'] [--seeds 42,43,44] [--baseline NAME] [--reuse]
@@ -76,24 +76,27 @@ def main():
             continue
         runs = []
         for seed in seeds:
-            out = os.path.join(a.out, f"{i}" if len(seeds) == 1 else f"{i}-seed{seed}")
+            out = os.path.join(a.out, f"{i}-seed{seed}")
             cmd = [a.conduit, "fl", "--rounds", str(a.rounds), "--progress", "false", "--seed", str(seed), "--output",
                    out] + flags
+            settings = " ".join(cmd[2:])  # (the binary may move between a run and its --reuse)
             if a.reuse:
-                if not os.path.exists(os.path.join(out, "summary.json")):
+                try:
+                    with open(os.path.join(out, "command.txt")) as f:
+                        ran = f.read().strip()
+                except OSError:
                     sys.exit(f"fl compare: --reuse: '{out}' holds no run of '{name}' (seed {seed}); allowed: the --out "
-                             "of an earlier run with these rows and seeds")
-                with open(os.path.join(out, "config.json")) as f:
-                    cfg = json.load(f)
-                if cfg.get("seed") != seed or cfg.get("rounds") != a.rounds:
-                    sys.exit(f"fl compare: --reuse: '{out}' ran seed {cfg.get('seed')} for {cfg.get('rounds')} rounds, "
-                             f"not seed {seed} for {a.rounds}")
+                             "of an earlier run of this script with these rows, rounds and seeds")
+                if ran != settings:
+                    sys.exit(f"fl compare: --reuse: '{out}' ran 'fl {ran}', not 'fl {settings}'")
             else:
                 shutil.rmtree(out, ignore_errors=True)
                 print("+", " ".join(cmd), file=sys.stderr, flush=True)
                 r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 if r.returncode != 0:
                     sys.exit(f"fl compare: '{name}' (seed {seed}) failed ({r.returncode}):\n{r.stdout[-2000:]}")
+                with open(os.path.join(out, "command.txt"), "w") as f:
+                    f.write(settings + "\n")
             with open(os.path.join(out, "summary.json")) as f:
                 s = json.load(f)
             agg = sampled = 0

@@ -201,7 +201,7 @@ void check_config(const FlConfig& c) {
                     "most clients + 1 = {}",
                     c.workers, c.clients, c.clients + 1));
   one_of("transport", c.transport, {"auto", "tcp", "shm", "mpi"});
-  real_in("timeout_s", c.timeout_s, 0, 1e7, true, false);
+  real_in("timeout_s", c.timeout_s, 0.001, 1e7, false, false);  // (as train's)
   int_in("eval_every", c.eval_every, 0, 1000000);
   int_in("checkpoint_every", c.checkpoint_every, 0, 1000000);
   if (c.checkpoint_every > 0 && c.output.empty())

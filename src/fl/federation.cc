@@ -164,7 +164,7 @@ class In {
   std::string what_;
 };
 
-// Seconds as a person reads them: 0.5, 2.5, 360, 24600 (not 2.46e+04).
+// Seconds as a person reads them: 0.001, 0.5, 2.5, 360, 24600 (not 2.46e+04; timeout_s is at least 0.001).
 std::string seconds_text(double s) { return s >= 100 ? fmt::format("{:.0f}", s) : fmt::format("{:.3g}", s); }
 
 // The most bytes of update messages a host keeps posted (a message larger than this is posted alone).
@@ -207,7 +207,7 @@ class Wire {
     } catch (const TimeoutError&) {
       throw TimeoutError(
           fmt::format("fl: rank {} could not hand its message (tag {:#x}) to rank(s) {} within {} s "
-                      "({:g} x --timeout-s); allowed: a larger --timeout-s",
+                      "({:.0f} x --timeout-s); allowed: a larger --timeout-s",
                       c_.rank(), tag, fmt::join(peers, ", "), seconds_text(c_.timeout_s() * steps), steps));
     }
   }
@@ -287,7 +287,7 @@ class Wire {
       net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
     } catch (const TimeoutError&) {
       throw TimeoutError(
-          fmt::format("fl: rank {} could not hand {} to the server within {} s ({:g} x --timeout-s); allowed: a "
+          fmt::format("fl: rank {} could not hand {} to the server within {} s ({:.0f} x --timeout-s); allowed: a "
                       "larger --timeout-s",
                       c_.rank(), what, seconds_text(c_.timeout_s() * steps), steps));
     }
@@ -307,8 +307,8 @@ class Wire {
       for (size_t i = 0; i < reqs.size(); ++i)
         if (!reqs[i]->done()) silent += (silent.empty() ? "" : ", ") + std::to_string(peers[i]);
       const std::string msg = fmt::format(
-          "fl: rank {} waited {} s ({:g} x --timeout-s, the work of the clients one rank handles) for {} from "
-          "rank(s) {}; allowed: a larger --timeout-s when local training or evaluation takes longer",
+          "fl: rank {} waited {} s ({:.0f} x --timeout-s, the work of the clients one rank handles) for {} from "
+          "rank(s) {}; allowed: a larger --timeout-s when local training, evaluation or the key exchange takes longer",
           c_.rank(), seconds_text(c_.timeout_s() * steps), steps, what, silent);
       give_up_all(reqs, msg);
       throw TimeoutError(msg);

@@ -21,7 +21,8 @@
 // count, and the privacy spent reported by an RDP accountant.
 //
 // Every message is framed (length, then bytes) and bounded by what its step can hold; every wait has a deadline: the
-// communicator's timeout for one step of a peer, times the most clients a host trains where a wait spans that.
+// communicator's timeout for one step of a peer, times the most clients a host runs where a wait spans their work
+// (training, secure aggregation's key exchange); start-up waits at least CONDUIT_TIMEOUT (coll::CommConfig).
 #include <cstdint>
 #include <functional>
 #include <memory>

@@ -497,6 +497,7 @@ TEST_P(Failures, ExpiredDeadlineNamesTheSilentRank) {
 TEST_P(Failures, ARankStartingLaterThanTheCollectiveDeadlineStillJoins) {
   setenv("CONDUIT_TIMEOUT", "30", 1);
   auto res = run_ranks_by_hand(2, GetParam(), "--op allreduce", 3, 6);
+  unsetenv("CONDUIT_TIMEOUT");
   for (int r : {0, 1}) EXPECT_EQ(res[r].code, 0) << "rank " << r << ": " << res[r].out;
   EXPECT_EQ(res[1].out.find("before the deadline"), std::string::npos) << res[1].out;
 }
