@@ -1,8 +1,10 @@
 // Training on libtorch through the torch-free interface (config, data, sampler, trainer): BSP with N workers equals
 // one worker with an N-times batch, checkpoint-resume continues bit for bit, configuration errors are one line.
 // Tests named Slow* start real processes (select with ctest -R Slow, skip with ctest -E Slow).
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -720,6 +723,63 @@ std::vector<TrainResult> train_inproc_each(const std::vector<TrainConfig>& cs) {
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);
   return res;
+}
+
+// The workers load their data at their own pace: one whose training images come 3 s late (a FIFO here, standing for
+// a slow disk) failed the other's first gradient exchange under a 1 s collective deadline; they now meet after
+// loading under start-up's deadline (CONDUIT_TIMEOUT).
+TEST(Train, AWorkerSlowToLoadItsDataDoesNotTimeTheOthersOut) {
+  auto dir = temp_dir("slow-load");
+  write_mnist_folder(dir / "a", 96, 1);
+  fs::create_directories(dir / "b");
+  for (const char* f : {"train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
+    fs::copy_file(dir / "a" / f, dir / "b" / f);
+  const fs::path fifo = dir / "b" / "train-images-idx3-ubyte";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::string content;
+  {
+    std::ifstream f(dir / "a" / "train-images-idx3-ubyte", std::ios::binary);
+    content.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    // (non-blocking until the reader is there, so that a run that never reads cannot hang the test)
+    int fd = -1;
+    for (int i = 0; i < 300 && fd < 0; ++i) {
+      fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (fd < 0) return;
+    ::fcntl(fd, F_SETFL, 0);
+    for (size_t at = 0; at < content.size();) {
+      const ssize_t n = ::write(fd, content.data() + at, content.size() - at);
+      if (n <= 0) break;
+      at += size_t(n);
+    }
+    ::close(fd);
+  });
+  TrainConfig c = tiny("mlp");
+  c.dataset = "mnist";
+  c.timeout_s = 1;
+  c.max_steps = 4;
+  std::vector<TrainConfig> cs(2, c);
+  cs[0].data_dir = (dir / "a").string();
+  cs[1].data_dir = (dir / "b").string();
+  for (auto& x : cs) x.output = (dir / "run").string();
+  const char* set = std::getenv("CONDUIT_TIMEOUT");
+  const std::string had = set ? set : "";
+  unsetenv("CONDUIT_TIMEOUT");  // start-up's 300 s
+  std::string error;
+  try {
+    const auto res = train_inproc_each(cs);
+    EXPECT_EQ(res[0].steps, 4);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (set) setenv("CONDUIT_TIMEOUT", had.c_str(), 1);
+  writer.join();
+  EXPECT_EQ(error, "");
+  fs::remove_all(dir);
 }
 
 // One node's copy of the training data differs from the checkpoint's while the others' match: every rank stops with a
