@@ -202,21 +202,14 @@ class Wire {
       if (!b[i]->empty()) reqs.push_back(isend(peers[i], tag, b[i]->data(), b[i]->size()));
       sent += 8 + b[i]->size();
     }
-    try {
-      net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
-    } catch (const TimeoutError&) {
-      throw TimeoutError(
-          fmt::format("fl: rank {} could not hand its message (tag {:#x}) to rank(s) {} within {} s "
-                      "({:.0f} x --timeout-s); allowed: a larger --timeout-s",
-                      c_.rank(), tag, fmt::join(peers, ", "), seconds_text(c_.timeout_s() * steps), steps));
-    }
+    wait_sent(reqs, steps, fmt::format("its message (tag {:#x}) to rank(s) {}", tag, fmt::join(peers, ", ")));
   }
   // Starts sending b to peer and keeps it until it is sent (messages of one tag to one peer arrive in order). First,
   // while the messages still posted and b together exceed `window` bytes, waits for the oldest to be sent (within
   // `steps` timeouts each; `what` names them in the error) and releases it.
   void post(int peer, uint32_t tag, Bytes b, uint64_t window, double steps, const char* what) {
     while (!posted_.empty() && posted_total_ + b.size() > window) {
-      wait_sent(posted_.front().reqs, steps, what);
+      wait_sent(posted_.front().reqs, steps, fmt::format("{} to the server", what));
       for (auto& r : posted_.front().reqs)
         if (!r->done()) throw Error("fl: internal: a posted message was released before it was sent");
       posted_total_ -= posted_.front().bytes.size();
@@ -236,7 +229,7 @@ class Wire {
   void finish_sends(double steps, const char* what) {
     std::vector<net::RequestPtr> all;
     for (auto& m : posted_) all.insert(all.end(), m.reqs.begin(), m.reqs.end());
-    wait_sent(all, steps, what);
+    wait_sent(all, steps, fmt::format("{} to the server", what));
     posted_.clear();
     posted_total_ = 0;
   }
@@ -282,13 +275,13 @@ class Wire {
     uint64_t size = 0;  // (the frame's length, sent from here)
     std::vector<net::RequestPtr> reqs;
   };
-  void wait_sent(const std::vector<net::RequestPtr>& reqs, double steps, const char* what) {
+  // Waits for sends within `steps` timeouts; `what` names them and their receiver in the error.
+  void wait_sent(const std::vector<net::RequestPtr>& reqs, double steps, const std::string& what) {
     try {
       net::wait_all_or_give_up(c_.transport(), reqs, Deadline::after(c_.timeout_s() * steps));
     } catch (const TimeoutError&) {
       throw TimeoutError(
-          fmt::format("fl: rank {} could not hand {} to the server within {} s ({:.0f} x --timeout-s); allowed: a "
-                      "larger --timeout-s",
+          fmt::format("fl: rank {} could not hand {} within {} s ({:.0f} x --timeout-s); allowed: a larger --timeout-s",
                       c_.rank(), what, seconds_text(c_.timeout_s() * steps), steps));
     }
   }
