@@ -53,6 +53,7 @@ void fields(C& c, F&& f) {
   f("secagg_bits", c.secagg_bits);
   f("secagg_clip", c.secagg_clip);
   f("secagg_threshold", c.secagg_threshold);
+  f("secagg_neighbors", c.secagg_neighbors);
   f("dp_clip", c.dp_clip);
   f("dp_noise", c.dp_noise);
   f("dp_delta", c.dp_delta);
@@ -182,6 +183,11 @@ void check_config(const FlConfig& c) {
     int_in("secagg_bits", c.secagg_bits, 8, 32);
     real_in("secagg_clip", c.secagg_clip, 1e-20, 1e30, false, false);  // (the codec's scale is levels / clip)
     real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
+    if (c.secagg_neighbors < 0 || c.secagg_neighbors % 2 != 0 || c.secagg_neighbors > kMaxClients)
+      throw ConfigError(
+          fmt::format("fl: secagg_neighbors: {} is not allowed; allowed: 0 (every pair of a round's clients) or an "
+                      "even number in 2..{} (SecAgg+'s graph: k/2 on each side of a ring)",
+                      c.secagg_neighbors, kMaxClients - 1));
     if (sampled < 2)
       throw ConfigError(
           fmt::format("fl: secagg: {} client(s) a round cannot hide one another's update; allowed: "
@@ -244,7 +250,12 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"secagg", "secure aggregation (true | false)"},
       {"secagg_bits", "bits of secure aggregation's arithmetic (8..32): the upload's bytes per element"},
       {"secagg_clip", "secure aggregation clips each weighted update element to [-clip, clip]"},
-      {"secagg_threshold", "secure aggregation threshold t = floor(x * sampled) + 1 (2 to sampled), x in [0.5, 1]"},
+      {"secagg_threshold",
+       "secure aggregation threshold t = floor(x * group) + 1 (2 to group), x in [0.5, 1]; group: the sampled "
+       "clients, or each client and its neighbours"},
+      {"secagg_neighbors",
+       "SecAgg+: each client pairs with this many others (even; 0: all) of a random graph, in rounds of more than "
+       "this + 1 clients (every pair in smaller ones)"},
       {"dp_clip", "differential privacy: clip each update to this L2 norm (0: off)"},
       {"dp_noise", "differential privacy: noise multiplier z (noise std z * dp_clip on the sum; 0: off)"},
       {"dp_delta", "differential privacy: the delta epsilon is reported at"},

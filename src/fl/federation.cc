@@ -441,14 +441,13 @@ int codec_summands(const FlConfig& c, int sampled) {
   return dp_max_sampled(c);
 }
 
-int secagg_threshold(const FlConfig& c, int sampled) {
-  return std::min(sampled, std::max(2, int(std::floor(c.secagg_threshold * sampled)) + 1));
-}
-
 SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round) {
   SecAggConfig s;
   s.num_clients = sampled;
-  s.threshold = secagg_threshold(c, sampled);
+  // SecAgg+ where the round has more clients than a neighbourhood (k <= sampled - 2); every pair otherwise.
+  s.neighbors = c.secagg_neighbors > 0 && c.secagg_neighbors <= sampled - 2 ? c.secagg_neighbors : 0;
+  const int group = group_size(s);
+  s.threshold = std::min(group, std::max(2, int(std::floor(c.secagg_threshold * group)) + 1));
   s.bits = c.secagg_bits;
   s.length = len + 2;
   s.round_id = uint64_t(round);
@@ -590,9 +589,16 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
         a = AdvertiseMsg::parse(b.data(), b.size(), scfg.num_clients);
       }
       u.done();
+      // A client the server left out of U1 (SecAgg+: too few of its neighbours advertised) sits the round out: not in
+      // U2, it counts as a dropout.
+      std::vector<int> in_u1;
+      for (int i : mine) {  // (U1 is sorted by client: the client checks it)
+        auto it = std::lower_bound(u1.begin(), u1.end(), i, [](const AdvertiseMsg& a, int x) { return a.client < x; });
+        if (it != u1.end() && it->client == i) in_u1.push_back(i);
+      }
       Out sh;
-      sh.u64(k);
-      for (int i : mine) {
+      sh.u64(in_u1.size());
+      for (int i : in_u1) {
         std::vector<ShareMsg> s = sa[i]->share_keys(u1);
         sh.i64(i);
         sh.u64(s.size());
@@ -1038,13 +1044,23 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       int arrived = 0;
       for (auto& r : reports) arrived += r.fate == Fate::sent ? 1 : 0;
       Out o;
-      if (arrived < scfg.threshold) {
-        // Bonawitz et al.'s protocol stops here: fewer than t masked vectors cannot be unmasked without revealing
-        // one. The round is abandoned (nothing applied) and the federation goes on.
-        o.u64(0);
-        rec.abandoned = true;
+      std::vector<int> u3;
+      if (arrived >= scfg.threshold) {
+        try {
+          u3 = srv->survivors();
+        } catch (const TooFewClientsError& e) {  // SecAgg+: a neighbourhood kept fewer than t, or U3 split
+          CONDUIT_LOG_INFO("fl: round {}: {}", rec.round, e.what());
+          rec.abandoned = true;
+        }
       } else {
-        const std::vector<int> u3 = srv->survivors();
+        rec.abandoned = true;
+      }
+      if (rec.abandoned) {
+        // Bonawitz et al.'s protocol stops here: fewer than t masked vectors (in all, or among one client's
+        // neighbours) cannot be unmasked without revealing one. The round is abandoned (nothing applied) and the
+        // federation goes on.
+        o.u64(0);
+      } else {
         o.u64(1);
         o.u64(u3.size());
         for (int v : u3) o.i64(v);
@@ -1149,7 +1165,10 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     } else {
       CONDUIT_LOG_WARN("fl: round {} applied nothing ({} sampled: {} stragglers, {} dropouts{})", rec.round,
                        rec.sampled, rec.stragglers, rec.dropouts,
-                       rec.abandoned ? ", fewer than secure aggregation's threshold sent" : "");
+                       !rec.abandoned            ? ""
+                       : c.secagg_neighbors == 0 ? ", fewer than secure aggregation's threshold sent"
+                                                 : ", secure aggregation could not unmask it: too few sent, in all "
+                                                   "or near one client, or the dropouts split the survivors");
     }
     if (accountant) {
       accountant->step(1);  // a round counts whether or not anything was applied (the sampling happened)

@@ -15,7 +15,9 @@
 // Secure aggregation (secagg.h, Bonawitz et al. 2017): with it the server learns only the sum of the surviving
 // clients' updates (and of their training losses and clipped-element counts, carried as two more masked elements);
 // the hosts route the protocol's messages through the server, as clients of one do. The clients' sample counts are
-// known to the server (as Flower's clients report num_examples), so it divides by the exact summed weight.
+// known to the server (as Flower's clients report num_examples), so it divides by the exact summed weight. With
+// secagg_neighbors = k (SecAgg+, Bell et al. 2020) each client shares keys and masks with k others of a random
+// k-regular graph instead of every other client of the round: its work per round grows with k, not the round's size.
 // Differential privacy (privacy.h, DP-FedAvg): clients sampled independently (Poisson, with a secret seed), each update
 // clipped to an L2 norm, weights uniform, Gaussian noise from a secret seed added to the sum, divided by the expected
 // count, and the privacy spent reported by an RDP accountant.
@@ -68,7 +70,10 @@ struct FlConfig {
   bool secagg = true;
   int secagg_bits = 32;
   double secagg_clip = 1.0;       // per element of a weighted update
-  double secagg_threshold = 0.5;  // t = floor(secagg_threshold * sampled) + 1, in [2, sampled]
+  double secagg_threshold = 0.5;  // t = floor(secagg_threshold * group) + 1, in [2, group]
+  // SecAgg+ (Bell et al. 2020): each client pairs with k others (even) of a random k-regular graph; 0, or k at least
+  // the round's sampled - 1, pairs every two. group = k + 1 (or sampled): the clients t counts among.
+  int secagg_neighbors = 0;
   // Differential privacy (0: off).
   double dp_clip = 0.0, dp_noise = 0.0, dp_delta = 1e-5;
   // Tests only (no key, no flag): a fixed seed for DP's sampling and noise; 0 draws them from the OS.
@@ -145,7 +150,7 @@ class LocalTrainer {
 struct RoundRecord {
   int round = 0;  // 1-based
   int sampled = 0, aggregated = 0, stragglers = 0, dropouts = 0, partial = 0;
-  bool abandoned = false;                     // secagg: fewer than the threshold sent updates, nothing applied
+  bool abandoned = false;  // secagg: fewer than the threshold sent updates (all, or near one client), nothing applied
   double train_loss = -1;                     // mean over the aggregated clients (-1: none, or withheld under DP)
   double test_accuracy = -1, test_loss = -1;  // -1: not evaluated this round
   double wall_s = 0;                          // this round's wall time

@@ -8,10 +8,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 namespace conduit::fl {
 namespace {
@@ -33,6 +36,7 @@ const uint8_t kPairMaskNonce[8] = {'p', 'a', 'i', 'r', 'm', 'a', 's', 'k'};
 constexpr std::string_view kEncDomain = "conduit.secagg.v1.enc";
 constexpr std::string_view kMaskDomain = "conduit.secagg.v1.mask";
 constexpr std::string_view kAdDomain = "conduit.secagg.v1.share";
+constexpr std::string_view kGraphDomain = "conduit.secagg.v1.graph";
 
 using Key = std::array<uint8_t, 32>;
 
@@ -190,6 +194,141 @@ void apply_prg(uint32_t* y, size_t n, const Key& key, const uint8_t nonce[8], bo
     }
   }
   sodium_memzero(buf, sizeof buf);
+}
+
+// ---- the communication graph (SecAgg+) -----------------------------------------------------------------------------
+
+// Complete (half == 0), or the Harary graph H(2 * half, n) on a ring whose order is a permutation of the ids drawn
+// (Fisher-Yates) from ChaCha20 keyed by BLAKE2b(domain, round_id, n, k): every party derives the same graph.
+class Graph {
+ public:
+  explicit Graph(const SecAggConfig& cfg) : n_(cfg.num_clients), half_(cfg.neighbors / 2) {
+    if (complete()) return;
+    uint8_t in[16];
+    put_u64(in, cfg.round_id);
+    put_u32(in + 8, static_cast<uint32_t>(n_));
+    put_u32(in + 12, static_cast<uint32_t>(cfg.neighbors));
+    Key key;
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, nullptr, 0, key.size());
+    crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(kGraphDomain.data()), kGraphDomain.size());
+    crypto_generichash_update(&st, in, sizeof in);
+    crypto_generichash_final(&st, key.data(), key.size());
+    std::vector<uint8_t> rnd(8 * size_t(n_));
+    static const uint8_t kNonce[8] = {};
+    crypto_stream_chacha20(rnd.data(), rnd.size(), kNonce, key.data());
+    at_.resize(size_t(n_));
+    for (int i = 0; i < n_; ++i) at_[size_t(i)] = i;
+    for (int i = n_ - 1; i > 0; --i) {  // (64-bit little-endian draws: the modulo bias is below 2^-48)
+      const uint8_t* d = rnd.data() + 8 * size_t(i);
+      const uint64_t r = uint64_t{get_u32(d)} | (uint64_t{get_u32(d + 4)} << 32);
+      std::swap(at_[size_t(i)], at_[size_t(r % uint64_t(i + 1))]);
+    }
+    pos_.resize(size_t(n_));
+    for (int i = 0; i < n_; ++i) pos_[size_t(at_[size_t(i)])] = i;
+  }
+  bool complete() const { return half_ == 0; }
+  int group() const { return complete() ? n_ : 2 * half_ + 1; }
+  // u and v (ids in range) are one client or neighbours.
+  bool close(int u, int v) const {
+    if (complete()) return true;
+    const int d = std::abs(pos_[size_t(u)] - pos_[size_t(v)]);
+    return std::min(d, n_ - d) <= half_;
+  }
+  // N[u], sorted (u included).
+  std::vector<int> closed(int u) const {
+    std::vector<int> out;
+    if (complete()) {
+      out.resize(size_t(n_));
+      for (int i = 0; i < n_; ++i) out[size_t(i)] = i;
+      return out;
+    }
+    const int p = pos_[size_t(u)];
+    for (int d = -half_; d <= half_; ++d) out.push_back(at_[size_t(((p + d) % n_ + n_) % n_)]);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  // The members of the sorted set that are in N[u] (u included if in the set), sorted.
+  std::vector<int> closed_in(int u, const std::vector<int>& set) const {
+    if (complete()) return set;
+    std::vector<int> out;
+    for (int v : closed(u))
+      if (std::binary_search(set.begin(), set.end(), v)) out.push_back(v);
+    return out;
+  }
+  // The largest subset of the sorted set in which every member has at least t members of its closed neighbourhood
+  // (repeatedly dropping those with fewer). The complete graph keeps the set.
+  std::vector<int> prune(const std::vector<int>& set, int t) const {
+    if (complete()) return set;
+    std::vector<char> in(size_t(n_), 0);
+    for (int v : set) in[size_t(v)] = 1;
+    std::vector<int> count(size_t(n_), 0), gone;
+    for (int v : set) {
+      for (int w : closed(v)) count[size_t(v)] += in[size_t(w)];
+      if (count[size_t(v)] < t) {
+        in[size_t(v)] = 0;
+        gone.push_back(v);
+      }
+    }
+    while (!gone.empty()) {  // each removal lowers its neighbours' counts once: O(n k) in all
+      const int v = gone.back();
+      gone.pop_back();
+      for (int w : closed(v))
+        if (w != v && in[size_t(w)] && --count[size_t(w)] < t) {
+          in[size_t(w)] = 0;
+          gone.push_back(w);
+        }
+    }
+    std::vector<int> out;
+    for (int v : set)
+      if (in[size_t(v)]) out.push_back(v);
+    return out;
+  }
+  // The number of groups the sorted set falls into when joined by the graph's edges (1 for a non-empty set of the
+  // complete graph).
+  int components(const std::vector<int>& set) const {
+    if (set.empty()) return 0;
+    if (complete()) return 1;
+    std::vector<char> left(size_t(n_), 0);
+    for (int v : set) left[size_t(v)] = 1;
+    int groups = 0;
+    std::vector<int> stack;
+    for (int s : set) {
+      if (!left[size_t(s)]) continue;
+      ++groups;
+      left[size_t(s)] = 0;
+      stack.push_back(s);
+      while (!stack.empty()) {
+        const int v = stack.back();
+        stack.pop_back();
+        for (int w : closed(v))
+          if (left[size_t(w)]) {
+            left[size_t(w)] = 0;
+            stack.push_back(w);
+          }
+      }
+    }
+    return groups;
+  }
+
+ private:
+  int n_, half_;
+  std::vector<int> at_;   // the id at each ring position
+  std::vector<int> pos_;  // the ring position of each id
+};
+
+// One round's graph is built once per process however many clients (and the server) of it live there.
+std::shared_ptr<const Graph> graph_for(const SecAggConfig& cfg) {
+  static std::mutex mu;
+  static std::shared_ptr<const Graph> last;
+  static std::tuple<uint64_t, int, int> last_key{0, -1, -1};
+  const std::tuple<uint64_t, int, int> key{cfg.round_id, cfg.num_clients, cfg.neighbors};
+  std::lock_guard<std::mutex> lock(mu);
+  if (!last || last_key != key) {
+    last = std::make_shared<const Graph>(cfg);
+    last_key = key;
+  }
+  return last;
 }
 
 void share_ad(uint8_t ad[kAdDomain.size() + 16], uint64_t round_id, int from, int to) {
@@ -413,14 +552,22 @@ void FixedPointCodec::decode(const uint32_t* sum, size_t n, float* out) const {
 
 // ---- config and messages -------------------------------------------------------------------------------------------
 
+int group_size(const SecAggConfig& cfg) { return cfg.neighbors > 0 ? cfg.neighbors + 1 : cfg.num_clients; }
+
 void check(const SecAggConfig& cfg) {
   std::vector<std::string> problems;
   if (cfg.num_clients < 2 || cfg.num_clients > kMaxClients)
     problems.push_back(cat("num_clients=", cfg.num_clients, " out of range; allowed 2..", kMaxClients));
-  if (cfg.num_clients >= 1 &&
-      (2 * static_cast<int64_t>(cfg.threshold) <= cfg.num_clients || cfg.threshold > cfg.num_clients))
-    problems.push_back(cat("threshold=", cfg.threshold, " out of range for num_clients=", cfg.num_clients, "; allowed ",
-                           cfg.num_clients / 2 + 1, "..", cfg.num_clients, " (more than half, at most all)"));
+  const bool graph_ok = cfg.neighbors == 0 || (cfg.neighbors >= 2 && cfg.neighbors % 2 == 0 &&
+                                               static_cast<int64_t>(cfg.neighbors) <= int64_t{cfg.num_clients} - 2);
+  if (!graph_ok)
+    problems.push_back(cat("neighbors=", cfg.neighbors, " not allowed for num_clients=", cfg.num_clients,
+                           "; allowed 0 (every pair) or an even number in 2..n-2 (k/2 on each side of a ring)"));
+  const int group = group_size(cfg);
+  if (cfg.num_clients >= 1 && graph_ok && (2 * static_cast<int64_t>(cfg.threshold) <= group || cfg.threshold > group))
+    problems.push_back(cat("threshold=", cfg.threshold, " out of range for ",
+                           cfg.neighbors ? cat(cfg.neighbors, " neighbours and self") : cat("num_clients=", group),
+                           "; allowed ", group / 2 + 1, "..", group, " (more than half, at most all)"));
   if (cfg.bits < 8 || cfg.bits > 32) problems.push_back(cat("bits=", cfg.bits, " out of range; allowed 8..32"));
   if (cfg.length == 0) problems.push_back("length=0; need at least 1 element per vector");
   if (problems.empty()) return;
@@ -534,6 +681,15 @@ UnmaskMsg UnmaskMsg::parse(const uint8_t* p, size_t n, int num_clients) {
   return m;
 }
 
+std::vector<int> neighbors_of(const SecAggConfig& cfg, int id) {
+  check(cfg);
+  if (id < 0 || id >= cfg.num_clients)
+    throw InvalidArgument(cat("secagg neighbors_of: id=", id, " out of range; allowed 0..", cfg.num_clients - 1));
+  std::vector<int> out = graph_for(cfg)->closed(id);
+  out.erase(std::find(out.begin(), out.end(), id));
+  return out;
+}
+
 // ---- client --------------------------------------------------------------------------------------------------------
 
 namespace {
@@ -554,9 +710,10 @@ bool is_sorted_unique(const std::vector<int>& ids) {
 struct SecAggClient::Impl {
   SecAggConfig cfg;
   int id;
+  std::shared_ptr<const Graph> graph;
   ClientState state = ClientState::fresh;
   Key c_pk{}, c_sk{}, s_pk{}, s_sk{}, b{};
-  std::map<int, AdvertiseMsg> u1;  // public keys of U1
+  std::map<int, AdvertiseMsg> u1;  // public keys of U1 in the closed neighbourhood
   HeldShares own;                  // this client's shares of its own secrets, kept until mask_input
   std::map<int, HeldShares> held;  // after mask_input: shares of every v in U2 (self included)
   std::vector<int> u2;
@@ -589,6 +746,7 @@ SecAggClient::SecAggClient(const SecAggConfig& cfg, int id) {
   impl_ = std::make_unique<Impl>();
   impl_->cfg = cfg;
   impl_->id = id;
+  impl_->graph = graph_for(cfg);
   if (crypto_box_keypair(impl_->c_pk.data(), impl_->c_sk.data()) != 0 ||
       crypto_box_keypair(impl_->s_pk.data(), impl_->s_sk.data()) != 0)
     throw Error(cat("SecAggClient ", id, ": X25519 key generation failed"));
@@ -628,6 +786,7 @@ std::vector<ShareMsg> SecAggClient::share_keys(const std::vector<AdvertiseMsg>& 
         cat(s.who(), ": share_keys called ",
             s.state == ClientState::fresh ? "before advertise()" : "a second time; it runs once per round"));
   const int n = s.cfg.num_clients, t = s.cfg.threshold;
+  const Graph& g = *s.graph;
   if (u1.size() < static_cast<size_t>(t))
     throw TooFewClientsError(cat(s.who(), ": U1 has ", u1.size(), " clients, fewer than threshold t=", t));
   std::vector<int> ids;
@@ -649,9 +808,15 @@ std::vector<ShareMsg> SecAggClient::share_keys(const std::vector<AdvertiseMsg>& 
           cat(s.who(), ": U1 lists a public key of client ", m.client, " twice (replayed or copied key)"));
   }
   if (!self_seen) throw ProtocolError(cat(s.who(), ": U1 does not include this client"));
+  std::vector<const AdvertiseMsg*> group;  // U1's members in N[u]
+  for (const auto& m : u1)
+    if (g.close(s.id, m.client)) group.push_back(&m);
+  if (group.size() < static_cast<size_t>(t))
+    throw TooFewClientsError(cat(s.who(), ": U1 holds ", group.size(), " of this client's ", g.group() - 1,
+                                 " neighbours and itself, fewer than threshold t=", t));
 
   std::vector<uint16_t> xs;
-  for (int v : ids) xs.push_back(static_cast<uint16_t>(v + 1));
+  for (const auto* m : group) xs.push_back(static_cast<uint16_t>(m->client + 1));
   auto s_shares = shamir_split(s.s_sk, t, xs);
   auto b_shares = shamir_split(s.b, t, xs);
   auto wipe_shares = [&] {
@@ -660,18 +825,18 @@ std::vector<ShareMsg> SecAggClient::share_keys(const std::vector<AdvertiseMsg>& 
   };
 
   std::vector<ShareMsg> out;
-  out.reserve(ids.size() - 1);
+  out.reserve(group.size() - 1);
   uint8_t plain[kSharePlainBytes];
   uint8_t ad[kAdDomain.size() + 16];
   Key k;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int v = ids[i];
+  for (size_t i = 0; i < group.size(); ++i) {
+    const int v = group[i]->client;
     if (v == s.id) {
       s.own.s_sk = s_shares[i];
       s.own.b = b_shares[i];
       continue;
     }
-    if (!agree(k, kEncDomain, s.cfg.round_id, s.c_sk.data(), s.id, s.c_pk.data(), v, u1[i].c_pk.data())) {
+    if (!agree(k, kEncDomain, s.cfg.round_id, s.c_sk.data(), s.id, s.c_pk.data(), v, group[i]->c_pk.data())) {
       wipe_shares();
       throw ProtocolError(cat(s.who(), ": c_pk of client ", v, " is a low-order point; key agreement refused"));
     }
@@ -694,7 +859,7 @@ std::vector<ShareMsg> SecAggClient::share_keys(const std::vector<AdvertiseMsg>& 
   sodium_memzero(plain, sizeof plain);
   wipe(k);
   wipe_shares();
-  for (const auto& m : u1) s.u1[m.client] = m;
+  for (const auto* m : group) s.u1[m->client] = *m;
   s.state = ClientState::shared;
   return out;
 }
@@ -732,7 +897,8 @@ std::vector<uint32_t> SecAggClient::mask_input(const std::vector<ShareMsg>& inbo
     if (m.to != s.id) fail(cat(s.who(), ": inbox holds a share from client ", m.from, " addressed to client ", m.to));
     auto it = s.u1.find(m.from);
     if (it == s.u1.end() || m.from == s.id)
-      fail(cat(s.who(), ": inbox holds a share from client ", m.from, ", not another member of U1"));
+      fail(cat(s.who(), ": inbox holds a share from client ", m.from, ", not another member of U1",
+               s.graph->complete() ? "" : " among this client's neighbours"));
     if (held.count(m.from)) fail(cat(s.who(), ": inbox holds two shares from client ", m.from));
     if (m.ciphertext.size() != kShareCiphertextBytes)
       fail(cat(s.who(), ": share from client ", m.from, " has ", m.ciphertext.size(), " bytes; expected ",
@@ -808,13 +974,18 @@ UnmaskMsg SecAggClient::unmask(const std::vector<int>& survivors) {
     throw ProtocolError(cat(s.who(), ": unmask called before mask_input(); survivors are only defined after masking"));
   if (!is_sorted_unique(survivors))
     throw ProtocolError(cat(s.who(), ": survivors ", id_list(survivors), " are not sorted and unique"));
-  if (survivors.size() < static_cast<size_t>(s.cfg.threshold))
-    throw TooFewClientsError(
-        cat(s.who(), ": ", survivors.size(), " survivors, fewer than threshold t=", s.cfg.threshold));
-  for (int v : survivors)
-    if (!s.held.count(v))
+  const Graph& g = *s.graph;
+  const size_t near = g.closed_in(s.id, survivors).size();
+  if (near < static_cast<size_t>(s.cfg.threshold))
+    throw TooFewClientsError(cat(s.who(), ": ", near, " survivors", g.complete() ? "" : " in its neighbourhood",
+                                 ", fewer than threshold t=", s.cfg.threshold));
+  for (int v : survivors) {
+    if (v < 0 || v >= s.cfg.num_clients)
+      throw ProtocolError(cat(s.who(), ": survivors list client ", v, ", out of range 0..", s.cfg.num_clients - 1));
+    if (g.close(s.id, v) && !s.held.count(v))
       throw ProtocolError(
           cat(s.who(), ": survivors are not a subset of U2: client ", v, " is not in U2 ", id_list(s.u2)));
+  }
   if (!std::binary_search(survivors.begin(), survivors.end(), s.id))
     throw ProtocolError(cat(s.who(), ": survivors ", id_list(survivors), " do not include this client"));
 
@@ -840,6 +1011,7 @@ enum class Phase { advertise, share_keys, masked_input, unmask, done };
 
 struct SecAggServer::Impl {
   SecAggConfig cfg;
+  std::shared_ptr<const Graph> graph;
   Phase phase = Phase::advertise;
   std::map<int, AdvertiseMsg> adverts;
   std::vector<int> u1;
@@ -849,7 +1021,7 @@ struct SecAggServer::Impl {
   std::vector<uint32_t> sum;  // sum of masked inputs mod 2^32
   std::set<int> masked;
   std::vector<int> u3;
-  std::vector<int> dropped;  // U2 \ U3
+  std::vector<int> dropped;  // U2 \ U3, with a neighbour in U3
   std::map<int, UnmaskMsg> unmasks;
   std::vector<uint32_t> result;
 
@@ -857,21 +1029,27 @@ struct SecAggServer::Impl {
 
   void fix_u1() {
     if (phase != Phase::advertise) return;
-    if (adverts.size() < static_cast<size_t>(cfg.threshold))
-      throw TooFewClientsError(cat(who(), ": too few clients: ", adverts.size(),
-                                   " advertised keys, threshold t=", cfg.threshold, " needs at least ", cfg.threshold,
+    std::vector<int> ids;
+    for (const auto& [v, m] : adverts) ids.push_back(v);
+    ids = graph->prune(std::move(ids), cfg.threshold);
+    if (ids.size() < static_cast<size_t>(cfg.threshold))
+      throw TooFewClientsError(cat(who(), ": too few clients: ", ids.size(), " advertised keys",
+                                   graph->complete() ? "" : " with enough advertising neighbours",
+                                   ", threshold t=", cfg.threshold, " needs at least ", cfg.threshold,
                                    "; wait longer or abort the round"));
-    for (const auto& [v, m] : adverts) u1.push_back(v);
+    u1 = std::move(ids);
     phase = Phase::share_keys;
   }
   void fix_u2() {
     if (phase == Phase::advertise)
       throw ProtocolError(cat(who(), ": U2 requested before U1 was fixed (call advertised() first)"));
     if (phase != Phase::share_keys) return;
-    if (senders.size() < static_cast<size_t>(cfg.threshold))
-      throw TooFewClientsError(cat(who(), ": too few clients: ", senders.size(),
-                                   " sent shares, threshold t=", cfg.threshold, "; wait longer or abort the round"));
-    u2.assign(senders.begin(), senders.end());
+    std::vector<int> ids = graph->prune(std::vector<int>(senders.begin(), senders.end()), cfg.threshold);
+    if (ids.size() < static_cast<size_t>(cfg.threshold))
+      throw TooFewClientsError(cat(who(), ": too few clients: ", ids.size(), " sent shares",
+                                   graph->complete() ? "" : " with enough sending neighbours",
+                                   ", threshold t=", cfg.threshold, "; wait longer or abort the round"));
+    u2 = std::move(ids);
     phase = Phase::masked_input;
   }
   void fix_u3() {
@@ -881,9 +1059,26 @@ struct SecAggServer::Impl {
     if (masked.size() < static_cast<size_t>(cfg.threshold))
       throw TooFewClientsError(cat(who(), ": too few survivors: ", masked.size(), " masked inputs, threshold t=",
                                    cfg.threshold, "; the round cannot be unmasked, abort it"));
-    u3.assign(masked.begin(), masked.end());
-    for (int v : u2)
-      if (!masked.count(v)) dropped.push_back(v);
+    std::vector<int> in(masked.begin(), masked.end()), out;
+    for (int v : u2) {
+      const bool survived = masked.count(v) > 0;
+      const size_t near = graph->closed_in(v, in).size();  // (v itself counted when it survived)
+      if (!survived && near == 0) continue;                // no mask of v's is in the sum
+      if (near < static_cast<size_t>(cfg.threshold))
+        throw TooFewClientsError(
+            cat(who(), ": too few survivors near client ", v, " (", survived ? "a survivor" : "dropped", "): ", near,
+                " of its ", graph->group() - (survived ? 0 : 1), survived ? " neighbours and itself" : " neighbours",
+                " sent masked inputs, threshold t=", cfg.threshold, "; its ", survived ? "self mask" : "pairwise masks",
+                " could not be removed, abort the round"));
+      if (!survived) out.push_back(v);
+    }
+    // Survivors joined by no pairwise mask would each group's sum reveal (a group can be as small as t).
+    if (const int groups = graph->components(in); groups > 1)
+      throw TooFewClientsError(cat(who(), ": the dropouts split the ", in.size(), " survivors into ", groups,
+                                   " groups that no pairwise mask joins; unmasking would reveal each group's sum, "
+                                   "abort the round"));
+    u3 = std::move(in);
+    dropped = std::move(out);
     phase = Phase::unmask;
   }
 };
@@ -893,6 +1088,7 @@ SecAggServer::SecAggServer(const SecAggConfig& cfg) {
   ensure_sodium();
   impl_ = std::make_unique<Impl>();
   impl_->cfg = cfg;
+  impl_->graph = graph_for(cfg);
   impl_->sum.assign(cfg.length, 0u);
 }
 
@@ -929,16 +1125,19 @@ void SecAggServer::add_shares(int from, const std::vector<ShareMsg>& shares) {
   if (!std::binary_search(s.u1.begin(), s.u1.end(), from))
     throw ProtocolError(cat(s.who(), ": shares from client ", from, ", not a member of U1"));
   if (s.senders.count(from)) throw ProtocolError(cat(s.who(), ": duplicate shares from client ", from));
-  if (shares.size() != s.u1.size() - 1)
+  const Graph& g = *s.graph;
+  const size_t want = g.closed_in(from, s.u1).size() - 1;
+  if (shares.size() != want)
     throw ProtocolError(cat(s.who(), ": client ", from, " sent ", shares.size(),
-                            " shares; expected one for each of the ", s.u1.size() - 1, " other members of U1"));
+                            " shares; expected one for each of the ", want, " other members of U1",
+                            g.complete() ? "" : " among its neighbours"));
   std::set<int> to;
   for (const auto& m : shares) {
     if (m.from != from)
       throw ProtocolError(cat(s.who(), ": client ", from, " sent a share labelled as from client ", m.from));
-    if (m.to == from || !std::binary_search(s.u1.begin(), s.u1.end(), m.to))
-      throw ProtocolError(
-          cat(s.who(), ": client ", from, " sent a share to client ", m.to, ", not another member of U1"));
+    if (m.to == from || !std::binary_search(s.u1.begin(), s.u1.end(), m.to) || !g.close(from, m.to))
+      throw ProtocolError(cat(s.who(), ": client ", from, " sent a share to client ", m.to,
+                              ", not another member of U1", g.complete() ? "" : " among its neighbours"));
     if (!to.insert(m.to).second)
       throw ProtocolError(cat(s.who(), ": client ", from, " sent two shares to client ", m.to));
     if (m.ciphertext.size() != kShareCiphertextBytes)
@@ -961,8 +1160,10 @@ std::vector<ShareMsg> SecAggServer::inbox_for(int client) const {
   if (!std::binary_search(s.u2.begin(), s.u2.end(), client))
     throw ProtocolError(cat(s.who(), ": inbox for client ", client, ", which is not in U2 ", id_list(s.u2)));
   auto it = s.inbox.find(client);
-  std::vector<ShareMsg> out;  // all senders are in U2
-  if (it != s.inbox.end()) out = it->second;
+  std::vector<ShareMsg> out;
+  if (it != s.inbox.end())
+    for (const auto& m : it->second)  // (a sender pruned from U2 under SecAgg+ is left out)
+      if (std::binary_search(s.u2.begin(), s.u2.end(), m.from)) out.push_back(m);
   std::sort(out.begin(), out.end(), [](const ShareMsg& a, const ShareMsg& b) { return a.from < b.from; });
   return out;
 }
@@ -1018,8 +1219,8 @@ void SecAggServer::add_unmask(const UnmaskMsg& m) {
                                 " has ", got[i].second.size(), " bytes; expected 32"));
     }
   };
-  check_list(m.self_mask_shares, s.u3, "self-mask");
-  check_list(m.key_shares, s.dropped, "key");
+  check_list(m.self_mask_shares, s.graph->closed_in(m.client, s.u3), "self-mask");
+  check_list(m.key_shares, s.graph->closed_in(m.client, s.dropped), "key");
   s.unmasks[m.client] = m;
 }
 
@@ -1036,42 +1237,67 @@ std::vector<uint32_t> SecAggServer::finish() {
     throw TooFewClientsError(cat(s.who(), ": only ", s.unmasks.size(), " unmask responses, threshold t=", t,
                                  " needs at least ", t, "; wait longer or abort the round"));
 
-  // The t lowest responders reconstruct; a (t+1)-th, if any, checks that all shares lie on one polynomial.
-  std::vector<const UnmaskMsg*> base;
-  const UnmaskMsg* extra = nullptr;
-  std::vector<uint16_t> xs;
-  for (const auto& [v, m] : s.unmasks) {
-    if (base.size() < t) {
-      base.push_back(&m);
-      xs.push_back(static_cast<uint16_t>(v + 1));
-    } else {
-      extra = &m;
-      break;
-    }
-  }
-  const std::vector<uint16_t> at0 = lagrange_at(xs, 0);
-  std::vector<uint16_t> at_extra;
-  if (extra) at_extra = lagrange_at(xs, static_cast<uint16_t>(extra->client + 1));
-  std::vector<int> base_ids;
-  for (const auto* m : base) base_ids.push_back(m->client);
-
-  auto reconstruct = [&](bool self_mask, size_t idx, int v) {
+  // For each secret, the t lowest responders in its owner's closed neighbourhood reconstruct it; a (t+1)-th, if any,
+  // checks that all shares lie on one polynomial. (The complete graph: the same responders, one set of coefficients.)
+  const Graph& g = *s.graph;
+  std::vector<uint16_t> xs, at0, at_extra;  // the coefficients of the last responder set, reused while it repeats
+  int extra_id = -1;
+  // Writes the secret to out; returns the responders whose shares made it.
+  auto reconstruct = [&](bool self_mask, int v, Key& out) {
+    const char* what = self_mask ? "b_" : "s_sk_";
     std::vector<const uint8_t*> ptrs;
-    for (const auto* m : base) ptrs.push_back((self_mask ? m->self_mask_shares : m->key_shares)[idx].second.data());
-    Key secret = combine_with(at0, ptrs);
+    std::vector<uint16_t> ids;
+    std::vector<int> base_ids;
+    const uint8_t* extra = nullptr;
+    int extra_client = -1;
+    auto take = [&](const UnmaskMsg& m) {
+      const auto& list = self_mask ? m.self_mask_shares : m.key_shares;  // (checked sorted by add_unmask)
+      auto it = std::lower_bound(list.begin(), list.end(), v, [](const auto& e, int x) { return e.first < x; });
+      if (it == list.end() || it->first != v) return true;  // (not a neighbour: holds no share of v)
+      if (ptrs.size() < t) {
+        ptrs.push_back(it->second.data());
+        ids.push_back(static_cast<uint16_t>(m.client + 1));
+        base_ids.push_back(m.client);
+        return true;
+      }
+      extra = it->second.data();
+      extra_client = m.client;
+      return false;
+    };
+    if (g.complete()) {
+      for (const auto& e : s.unmasks)
+        if (!take(e.second)) break;
+    } else {
+      for (int w : g.closed(v))
+        if (auto it = s.unmasks.find(w); it != s.unmasks.end() && !take(it->second)) break;
+    }
+    if (ptrs.size() < t)
+      throw TooFewClientsError(cat(s.who(), ": only ", ptrs.size(), " unmask responses hold shares of ", what, v,
+                                   g.complete() ? "" : " (in its neighbourhood)", ", threshold t=", t,
+                                   "; wait longer or abort the round"));
+    if (ids != xs) {
+      xs = ids;
+      at0 = lagrange_at(xs, 0);
+      extra_id = -1;
+    }
+    if (extra && extra_id != extra_client) {
+      at_extra = lagrange_at(xs, static_cast<uint16_t>(extra_client + 1));
+      extra_id = extra_client;
+    }
+    Key& secret = out;
+    secret = combine_with(at0, ptrs);
     if (extra) {
       Key predicted = combine_with(at_extra, ptrs);
-      const auto& got = (self_mask ? extra->self_mask_shares : extra->key_shares)[idx].second;
-      const bool ok = sodium_memcmp(predicted.data(), got.data(), 32) == 0;
+      const bool ok = sodium_memcmp(predicted.data(), extra, 32) == 0;
       wipe(predicted);
       if (!ok) {
         wipe(secret);
-        throw ProtocolError(cat(s.who(), ": the ", self_mask ? "b_" : "s_sk_", v, " shares of client ", v,
-                                " are inconsistent across responders ", id_list(base_ids), " and ", extra->client,
+        throw ProtocolError(cat(s.who(), ": the ", what, v, " shares of client ", v,
+                                " are inconsistent across responders ", id_list(base_ids), " and ", extra_client,
                                 "; a share was corrupted"));
       }
     }
-    return secret;
+    return base_ids;
   };
 
   // Reconstruct and verify every secret before doing any PRG work.
@@ -1081,10 +1307,10 @@ std::vector<uint32_t> SecAggServer::finish() {
     for (auto& k : s_sk) wipe(k);
   };
   try {
-    for (size_t i = 0; i < s.u3.size(); ++i) b[i] = reconstruct(true, i, s.u3[i]);
+    for (size_t i = 0; i < s.u3.size(); ++i) reconstruct(true, s.u3[i], b[i]);
     for (size_t i = 0; i < s.dropped.size(); ++i) {
       const int v = s.dropped[i];
-      s_sk[i] = reconstruct(false, i, v);
+      const std::vector<int> base_ids = reconstruct(false, v, s_sk[i]);
       Key pk;
       crypto_scalarmult_base(pk.data(), s_sk[i].data());
       if (pk != s.adverts.at(v).s_pk)
@@ -1103,7 +1329,7 @@ std::vector<uint32_t> SecAggServer::finish() {
   for (size_t i = 0; i < s.dropped.size(); ++i) {
     const int v = s.dropped[i];
     const AdvertiseMsg& pv = s.adverts.at(v);
-    for (int u : s.u3) {
+    for (int u : g.closed_in(v, s.u3)) {
       const AdvertiseMsg& pu = s.adverts.at(u);
       if (!agree(seed, kMaskDomain, s.cfg.round_id, s_sk[i].data(), v, pv.s_pk.data(), u, pu.s_pk.data())) {
         wipe(seed);

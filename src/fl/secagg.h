@@ -3,7 +3,8 @@
 // Learning", the semi-honest protocol with dropout tolerance, as transport-free, message-driven state machines
 // (SecAggClient, SecAggServer), plus the fixed-point codec that turns float updates into Z_{2^bits}.
 //
-// Round (n clients with ids 0..n-1, Shamir threshold t with n/2 < t <= n, arithmetic mod 2^bits):
+// Round (n clients with ids 0..n-1, Shamir threshold t with n/2 < t <= n (SecAgg+, below: (k+1)/2 < t <= k+1),
+// arithmetic mod 2^bits):
 //   0 advertise   u -> S   AdvertiseMsg (c_pk_u, s_pk_u), two fresh X25519 key pairs.
 //                          S: U1 = advertisers, |U1| >= t, broadcast to U1.
 //   1 share_keys  u -> S   for every v in U1\{u}: ShareMsg = XChaCha20-Poly1305 under KA(c_sk_u, c_pk_v) of
@@ -23,6 +24,7 @@
 // pack_elements) + 14 + 36 * |U2| (unmask).  The server relays (|U2|-1) * 126 bytes to each member of U2.
 // Compute: a client does |U1| Shamir sharings of 2 secrets and |U2| ChaCha20 expansions of `length` elements; the
 // server |U3| + |U3| * |U2\U3| expansions and |U2| reconstructions (O(t^2) once for the Lagrange coefficients).
+// (Under SecAgg+, below, each |U1|, |U2| and U3 of a client is its closed neighbourhood's part of it: at most k + 1.)
 //
 // Security (semi-honest server and clients; colluding sets below t learn nothing about honest inputs beyond the
 // sum of U3): a client masks exactly once and refuses a second mask_input, refuses a second share_keys, and unmask
@@ -31,6 +33,22 @@
 // shares is branch- and table-free. Each phase of the server is fixed by the first successful call that reads its
 // set (advertised(), u2()/inbox_for(), survivors()); messages for a closed phase are refused (ProtocolError), so
 // every client sees the same U1, U2 and U3. Neither class is thread-safe; both are movable, not copyable.
+//
+// SecAgg+ (Bell et al., CCS 2020, "Secure Single-Server Aggregation with (Poly)Logarithmic Overhead"): with
+// SecAggConfig::neighbors = k (even, 2..n-2) the pairs above are the edges of a k-regular graph instead of the complete
+// graph: the Harary graph H(k, n), each client joined to the k/2 nearest on each side of a ring, on a permutation of
+// the ids drawn from (round_id, n, k) (a public function, so every party computes it; a semi-honest server, as
+// above). Each client shares its secrets t-of-(k+1) among its closed neighbourhood N[u] = N(u) + {u}, masks with its
+// neighbours only and answers unmask for them only. Every threshold check above applies to each client's closed
+// neighbourhood: the server keeps in U1 and U2 the largest set in which every member has at least t members of N[u]
+// (so no member's mask_input fails), and fixes U3 only if every survivor, and every dropped client with a surviving
+// neighbour, has t survivors among its neighbours (TooFewClientsError naming the client otherwise), and if the
+// survivors are joined into one group by the graph's edges among them: survivors split into groups no pairwise mask
+// joins would reveal each group's sum (TooFewClientsError). Per client:
+// k shares, 2k key agreements and k+1 expansions of the vector instead of n-1, 2(n-1) and n; the server's unmask work
+// is |U3| + (dropped) * (their surviving neighbours) expansions. Privacy needs fewer than t colluders in every closed
+// neighbourhood and the honest survivors joined without them (the server can check only the survivors); Bell et al.
+// bound the k that gives both with high probability for a fraction of corrupt and dropped clients as O(log n).
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -102,11 +120,18 @@ std::vector<uint32_t> unpack_elements(const uint8_t* p, size_t nbytes, int bits,
 
 struct SecAggConfig {
   int num_clients = 0;    // n: clients starting the round, ids 0..n-1 (2..kMaxClients)
-  int threshold = 0;      // t: Shamir threshold and minimum number of survivors of every phase; n/2 < t <= n
+  int threshold = 0;      // t: Shamir threshold, minimum survivors of every phase; group/2 < t <= group_size(cfg)
   int bits = 32;          // arithmetic mod 2^bits on the masked vectors (8..32)
   size_t length = 0;      // elements per vector (> 0)
   uint64_t round_id = 0;  // bound into every ciphertext's associated data and every mask seed (no replay)
+  int neighbors = 0;      // k: 0 = the complete graph (Bonawitz et al.); else SecAgg+'s k-regular graph, k even, 2..n-2
 };
+// The clients one client holds shares for and masks with: t counts members of its closed neighbourhood,
+// group_size(cfg) of them (k + 1, or n for the complete graph). threshold must lie in (group/2, group].
+int group_size(const SecAggConfig& cfg);
+// The neighbours of client id (sorted, id excluded) in the round's graph: every other id for the complete graph.
+// Checks cfg (ConfigError) and id (InvalidArgument).
+std::vector<int> neighbors_of(const SecAggConfig& cfg, int id);
 // ConfigError listing every problem (on one line, separated by "; ").
 void check(const SecAggConfig& cfg);
 
@@ -135,9 +160,11 @@ struct ShareMsg {
 
 struct UnmaskMsg {
   int client = -1;
-  // (v, this client's share of b_v) for every survivor v in U3, ascending v; shares are 32 bytes.
+  // (v, this client's share of b_v) for every survivor v in U3 (SecAgg+: in its closed neighbourhood), ascending v;
+  // shares are 32 bytes.
   std::vector<std::pair<int, std::vector<uint8_t>>> self_mask_shares;
-  // (v, this client's share of s_sk_v) for every v in U2\U3 (dropped after sending shares), ascending v.
+  // (v, this client's share of s_sk_v) for every v in U2\U3 (dropped after sending shares; SecAgg+: its neighbours),
+  // ascending v.
   std::vector<std::pair<int, std::vector<uint8_t>>> key_shares;
 
   std::vector<uint8_t> serialize() const;  // 14 + 36 per share
@@ -157,18 +184,20 @@ class SecAggClient {
 
   int id() const;
   AdvertiseMsg advertise();
-  // u1: the advertised keys the server forwards (ids sorted, unique, in range, at least t, including this client
-  // with its own keys, no key listed twice) -> one encrypted ShareMsg for every other v in U1. Once per round.
+  // u1: the advertised keys the server forwards (ids sorted, unique, in range, including this client with its own
+  // keys, no key listed twice; at least t of them in this client's closed neighbourhood) -> one encrypted ShareMsg for
+  // every neighbour v in U1. Once per round.
   std::vector<ShareMsg> share_keys(const std::vector<AdvertiseMsg>& u1);
-  // inbox: the ShareMsgs addressed to this client from the others in U2 (U2 = senders plus self, at least t).
+  // inbox: the ShareMsgs addressed to this client from its neighbours in U2 (senders plus self: at least t).
   // Decrypts and verifies each (ProtocolError naming the sender on failure; the client state is then unchanged),
   // returns y (length elements, each < 2^bits). x must have length elements < 2^bits. Once per round.
   std::vector<uint32_t> mask_input(const std::vector<ShareMsg>& inbox, const uint32_t* x);
-  // survivors U3 (sorted, unique, subset of U2, at least t, including self): shares of b_v for v in U3 and of s_sk_v
-  // for v in U2\U3. ProtocolError if called before mask_input, if U3 is malformed, or if a previous call named a
-  // different U3 (that would reveal both shares of some v); a repeat with the same U3 returns the same message.
+  // survivors U3 (sorted, unique, including self, its neighbours in it a subset of U2, at least t of them in the
+  // closed neighbourhood): shares of b_v for neighbours v in U3 and of s_sk_v for neighbours v in U2\U3.
+  // ProtocolError if called before mask_input, if U3 is malformed, or if a previous call named a different U3 (that
+  // would reveal both shares of some v); a repeat with the same U3 returns the same message.
   UnmaskMsg unmask(const std::vector<int>& survivors);
-  // U2 as this client saw it (empty before mask_input).
+  // U2 as this client saw it: itself and the neighbours whose shares it holds (empty before mask_input).
   std::vector<int> u2() const;
 
  private:
@@ -187,26 +216,31 @@ class SecAggServer {
 
   // ProtocolError on a duplicate or out-of-range id, or once U1 is fixed.
   void add_advertise(const AdvertiseMsg& m);
-  // U1 sorted by id; TooFewClientsError if |U1| < t. The first successful call fixes U1.
+  // U1 sorted by id: the advertisers (under SecAgg+, the largest subset in which each member has t members of its
+  // closed neighbourhood); TooFewClientsError if |U1| < t. The first successful call fixes U1.
   std::vector<AdvertiseMsg> advertised() const;
-  // from must be in U1 and send once; exactly one share (from == from, 112-byte ciphertext) for every other
-  // member of U1. Refused before U1 or after U2 is fixed. Validated fully before anything is stored.
+  // from must be in U1 and send once; exactly one share (from == from, 112-byte ciphertext) for every neighbour of
+  // from in U1. Refused before U1 or after U2 is fixed. Validated fully before anything is stored.
   void add_shares(int from, const std::vector<ShareMsg>& shares);
-  // Senders of shares, sorted; TooFewClientsError if < t. The first successful call (or inbox_for) fixes U2.
+  // Senders of shares, sorted (under SecAgg+, pruned as U1 is); TooFewClientsError if < t. The first successful call
+  // (or inbox_for) fixes U2.
   std::vector<int> u2() const;
-  // The shares addressed to client (a member of U2) from the rest of U2, ascending sender id.
+  // The shares addressed to client (a member of U2) from its neighbours in U2, ascending sender id.
   std::vector<ShareMsg> inbox_for(int client) const;
   // client in U2, once; y.size() == length and every element < 2^bits. Refused once U3 is fixed.
   void add_masked_input(int client, std::vector<uint32_t> y);
-  // Senders of masked inputs, sorted; TooFewClientsError if < t. The first successful call fixes U3.
+  // Senders of masked inputs, sorted; TooFewClientsError if < t or (SecAgg+) if a survivor, or a dropped client
+  // with a surviving neighbour, has fewer than t survivors in its neighbourhood. The first successful call fixes U3.
   std::vector<int> survivors() const;
-  // client in U3, once; self_mask_shares exactly for U3 and key_shares exactly for U2\U3 (ascending, 32 bytes).
+  // client in U3, once; self_mask_shares exactly for its closed neighbourhood in U3 and key_shares exactly for its
+  // neighbours in U2\U3 (ascending, 32 bytes).
   void add_unmask(const UnmaskMsg& m);
   size_t unmask_count() const;
-  // TooFewClientsError with fewer than t unmask responses. Reconstructs b_v (v in U3) and s_sk_v (v in U2\U3) from
-  // the t lowest responders, checks s_pk_v and (with a (t+1)-th response) share consistency (ProtocolError naming
-  // v), removes the masks and returns sum_{v in U3} x_v mod 2^bits. A failed call changes nothing; a successful
-  // one ends the round and later calls return the same sum.
+  // TooFewClientsError with fewer than t unmask responses, or fewer than t from some v's closed neighbourhood.
+  // Reconstructs b_v (v in U3) and s_sk_v (v in U2\U3 with a surviving neighbour) from the t lowest responders among
+  // v's neighbourhood, checks s_pk_v and (with a (t+1)-th response) share consistency (ProtocolError naming v),
+  // removes the masks and returns sum_{v in U3} x_v mod 2^bits. A failed call changes nothing; a successful one ends
+  // the round and later calls return the same sum.
   std::vector<uint32_t> finish();
 
  private:

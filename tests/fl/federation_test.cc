@@ -268,6 +268,74 @@ TEST(Federation, DropoutsAreLeftOutAndSecureAggregationRecoversTheirMasks) {
   for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(masked.server.weights[i], plain.server.weights[i], 1e-4) << i;
 }
 
+// 24 clients, all sampled every round, 10% dropping out, under secure aggregation.
+FlConfig every_client_masked() {
+  FlConfig c = base_config();
+  c.clients = 24;
+  c.fraction = 1.0;
+  c.dropout = 0.1;
+  c.secagg = true;
+  c.secagg_clip = 4.0;
+  return c;
+}
+
+// SecAgg+: the sum is exact in the field whichever pairs mask one another, so a sparse graph gives the complete
+// graph's weights bit for bit, with each client's key shares going to 6 neighbours instead of the other 23.
+TEST(Federation, SecAggPlusGivesTheCompleteGraphsWeightsWithFewerShares) {
+  FlConfig c = every_client_masked();
+  c.rounds = 3;
+  c.secagg_threshold = 0.5;  // t = 4 of each client's 7 (SecAgg+), 13 of 24 (every pair)
+  c.secagg_neighbors = 6;
+  RunResult sparse = run(c);
+  c.secagg_neighbors = 0;
+  RunResult full = run(c);
+  c.secagg_neighbors = 24;  // more than a round's 24 - 2: every pair
+  RunResult wide = run(c);
+  expect_ok(sparse);
+  expect_ok(full);
+  expect_ok(wide);
+  ASSERT_EQ(wide.server.rounds.size(), 3u);
+  ASSERT_EQ(sparse.server.rounds.size(), 3u);
+  ASSERT_EQ(full.server.rounds.size(), 3u);
+  int dropouts = 0;
+  for (size_t k = 0; k < 3; ++k) {
+    const auto& s = sparse.server.rounds[k];
+    const auto& f = full.server.rounds[k];
+    dropouts += s.dropouts;
+    ASSERT_LE(s.dropouts, 3) << "round " << k << ": the seed lets a neighbourhood of 7 lose 4";
+    EXPECT_FALSE(s.abandoned) << "round " << k;
+    EXPECT_EQ(s.aggregated, f.aggregated) << "round " << k;
+    // 17 fewer 126-byte shares from each of the 24 clients (and fewer unmasking shares).
+    EXPECT_GE(f.bytes_up, s.bytes_up + 24 * 17 * kShareMsgBytes) << "round " << k;
+    EXPECT_GE(f.bytes_down, s.bytes_down + 24 * 17 * kShareMsgBytes) << "round " << k;
+    EXPECT_EQ(wide.server.rounds[k].bytes_up, f.bytes_up) << "round " << k;
+    EXPECT_EQ(wide.server.rounds[k].bytes_down, f.bytes_down) << "round " << k;
+  }
+  EXPECT_EQ(wide.server.weights, full.server.weights);
+  EXPECT_GT(dropouts, 0) << "the seed gave no dropout: the unmasking of dropped clients is not exercised";
+  EXPECT_EQ(sparse.server.weights, full.server.weights);
+}
+
+// With t = 5 of each client's 5 (k = 4, threshold 0.9) one dropout abandons the round through its neighbours'
+// check, though far more than t clients sent in all.
+TEST(Federation, SecAggPlusAbandonsARoundWhenANeighbourhoodKeepsFewerThanT) {
+  FlConfig c = every_client_masked();
+  c.rounds = 4;
+  c.secagg_threshold = 0.9;
+  c.secagg_neighbors = 4;
+  RunResult r = run(c);
+  ASSERT_EQ(r.records.size(), 4u) << r.errors[0];
+  int abandoned = 0;
+  for (const auto& x : r.records) {
+    EXPECT_EQ(x.abandoned, x.dropouts > 0) << "round " << x.round << ": " << x.dropouts << " dropouts";
+    EXPECT_EQ(x.aggregated, x.abandoned ? 0 : x.sampled) << "round " << x.round;
+    abandoned += x.abandoned ? 1 : 0;
+  }
+  EXPECT_GT(abandoned, 0) << "the seed gave no dropout: the test checks nothing";
+  EXPECT_EQ(r.errors[1], "");
+  EXPECT_EQ(r.errors[2], "");
+}
+
 TEST(Federation, TooFewSurvivorsAbandonTheRoundAndTheWeightsStay) {
   FlConfig c = base_config();
   c.secagg = true;

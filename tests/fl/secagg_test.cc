@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -24,13 +25,14 @@ uint32_t mask_of(int bits) { return bits == 32 ? 0xFFFFFFFFu : (1u << bits) - 1u
 
 using fltest::error_of;
 
-SecAggConfig config(int n, int t, int bits, size_t length, uint64_t round_id = 7) {
+SecAggConfig config(int n, int t, int bits, size_t length, uint64_t round_id = 7, int neighbors = 0) {
   SecAggConfig c;
   c.num_clients = n;
   c.threshold = t;
   c.bits = bits;
   c.length = length;
   c.round_id = round_id;
+  c.neighbors = neighbors;
   return c;
 }
 
@@ -41,6 +43,8 @@ struct Harness {
   SecAggServer server;
   std::vector<SecAggClient> clients;
   std::vector<std::vector<uint32_t>> x;
+  std::map<int, std::vector<ShareMsg>> sent;  // each client's shares, as share_keys returned them
+  std::map<int, UnmaskMsg> answers;           // each responder's unmask message
 
   Harness(const SecAggConfig& c, uint64_t seed) : cfg(c), server(c) {
     std::mt19937_64 rng(seed);
@@ -62,6 +66,7 @@ struct Harness {
     auto u1 = server.advertised();
     for (const auto& a : u1) {
       auto out = clients[a.client].share_keys(u1);
+      sent[a.client] = out;
       if (skip.count(a.client)) continue;
       std::vector<ShareMsg> wire;
       for (const auto& m : out) {
@@ -83,7 +88,8 @@ struct Harness {
     auto u3 = server.survivors();
     for (int u : u3) {
       if (skip.count(u)) continue;
-      auto bytes = clients[u].unmask(u3).serialize();
+      answers[u] = clients[u].unmask(u3);
+      auto bytes = answers[u].serialize();
       server.add_unmask(UnmaskMsg::parse(bytes.data(), bytes.size(), cfg.num_clients));
     }
   }
@@ -389,6 +395,221 @@ TEST(SecAgg, MovedFromObjectsRefuseUse) {
   SecAggClient b(std::move(a));
   EXPECT_EQ(b.advertise(), keys);
   EXPECT_THROW(a.advertise(), InvalidArgument);  // NOLINT(bugprone-use-after-move)
+}
+
+// ---- SecAgg+ (Bell et al. 2020): the pairs are a k-regular graph's edges ----------------------------------------
+
+std::set<int> closed_neighbourhood(const SecAggConfig& c, int u) {
+  auto nb = neighbors_of(c, u);
+  std::set<int> out(nb.begin(), nb.end());
+  out.insert(u);
+  return out;
+}
+
+TEST(SecAggPlus, GraphIsKRegularSymmetricAndDrawnPerRound) {
+  const auto c = config(40, 4, 32, 8, 7, 6);
+  int far = 0;  // neighbours more than k/2 ids away: the ring is a permutation, not the ids' order
+  for (int u = 0; u < 40; ++u) {
+    const auto nb = neighbors_of(c, u);
+    ASSERT_EQ(nb.size(), 6u) << "client " << u;
+    EXPECT_TRUE(std::is_sorted(nb.begin(), nb.end()));
+    for (int v : nb) {
+      EXPECT_NE(v, u);
+      const auto back = neighbors_of(c, v);
+      EXPECT_TRUE(std::binary_search(back.begin(), back.end(), u)) << u << " - " << v << " is one-sided";
+      const int d = std::abs(u - v);
+      far += std::min(d, 40 - d) > 3 ? 1 : 0;
+    }
+  }
+  EXPECT_GT(far, 0);
+  // Every party derives the same graph from (round, n, k), on any machine: a known answer.
+  EXPECT_EQ(neighbors_of(config(12, 3, 32, 1, 5, 4), 0), (std::vector<int>{2, 7, 10, 11}));
+  int differ = 0;
+  for (int u = 0; u < 40; ++u) differ += neighbors_of(c, u) != neighbors_of(config(40, 4, 32, 8, 8, 6), u) ? 1 : 0;
+  EXPECT_GT(differ, 20);                                                            // another round, another graph
+  EXPECT_EQ(neighbors_of(config(5, 3, 32, 8), 2), (std::vector<int>{0, 1, 3, 4}));  // complete graph
+  EXPECT_EQ(group_size(c), 7);
+  EXPECT_EQ(group_size(config(5, 3, 32, 8)), 5);
+  EXPECT_THROW(neighbors_of(c, 40), InvalidArgument);
+}
+
+TEST(SecAggPlus, SumWithoutDropoutsSharesAndUnmasksOnlyWithNeighbours) {
+  const auto c = config(30, 4, 32, 3000, 7, 6);
+  Harness h(c, 41);
+  auto sum = h.run({}, {}, {});
+  EXPECT_EQ(sum, h.expected());
+  EXPECT_EQ(h.server.survivors().size(), 30u);
+  for (int u = 0; u < 30; ++u) {
+    std::vector<int> to;
+    for (const auto& m : h.sent[u]) to.push_back(m.to);
+    EXPECT_EQ(to, neighbors_of(c, u)) << "client " << u;
+    EXPECT_EQ(h.server.inbox_for(u).size(), 6u);
+    const auto want = closed_neighbourhood(c, u);
+    EXPECT_EQ(h.clients[u].u2(), std::vector<int>(want.begin(), want.end()));
+    ASSERT_EQ(h.answers[u].self_mask_shares.size(), 7u);
+    for (const auto& e : h.answers[u].self_mask_shares) EXPECT_TRUE(want.count(e.first));
+    EXPECT_TRUE(h.answers[u].key_shares.empty());
+  }
+}
+
+TEST(SecAggPlus, DropoutsInEveryPhaseAreUnmaskedFromNeighbours) {
+  // k = 8, t = 5: three dropouts leave every closed neighbourhood of 9 at least 6.
+  const auto c = config(30, 5, 24, 1500, 9, 8);
+  Harness h(c, 42);
+  const int no_share = 3, no_mask = 11, no_unmask = 20;
+  auto sum = h.run({no_share}, {no_mask}, {no_unmask});
+  EXPECT_EQ(sum, h.expected());
+  const auto u3 = h.server.survivors();
+  EXPECT_EQ(u3.size(), 28u);
+  EXPECT_FALSE(std::binary_search(u3.begin(), u3.end(), no_mask));
+  EXPECT_TRUE(std::binary_search(u3.begin(), u3.end(), no_unmask));
+  // The masked-then-dropped client's key was shared out, and asked back, only among its neighbours.
+  const auto near = closed_neighbourhood(c, no_mask);
+  int holders = 0;
+  for (const auto& [u, m] : h.answers) {
+    const bool has = !m.key_shares.empty();
+    EXPECT_EQ(has, near.count(u) > 0) << "responder " << u;
+    if (has) {
+      EXPECT_EQ(m.key_shares.size(), 1u);
+      EXPECT_EQ(m.key_shares[0].first, no_mask);
+      ++holders;
+    }
+  }
+  EXPECT_GE(holders, 5);
+  EXPECT_LE(holders, 8);
+}
+
+TEST(SecAggPlus, ANeighbourhoodWithTooFewSurvivorsAbortsTheRoundTheCompleteGraphWouldNot) {
+  // k = 4, t = 4: two of client 0's neighbours dropping after their shares leave its neighbourhood 3 survivors.
+  const auto c = config(20, 4, 32, 64, 7, 4);
+  const auto nb = neighbors_of(c, 0);
+  const std::set<int> drop{nb[0], nb[1]};
+  Harness sparse(c, 43);
+  sparse.advertise();
+  sparse.share();
+  sparse.mask(drop);
+  auto msg = error_of<TooFewClientsError>([&] { sparse.server.survivors(); });
+  EXPECT_THAT(msg, HasSubstr("too few survivors near client"));
+  EXPECT_THAT(msg, HasSubstr("threshold t=4"));
+  EXPECT_THROW(sparse.server.finish(), ProtocolError);  // nothing is unmasked
+
+  Harness full(config(20, 11, 32, 64, 7), 43);  // the same dropouts leave the complete graph 18 survivors
+  const auto total = full.run({}, drop, {});
+  EXPECT_EQ(total, full.expected());
+}
+
+TEST(SecAggPlus, AdvertisersWithTooFewAdvertisingNeighboursArePruned) {
+  // A ring (k = 2, t = 2): client 0 without both its neighbours is left alone and pruned; everyone else keeps a
+  // neighbour. (With t above k/2 + 1 a pruned client takes its ring neighbours with it: windows overlap.)
+  const auto c = config(20, 2, 32, 64, 7, 2);
+  const auto nb = neighbors_of(c, 0);
+  ASSERT_EQ(nb.size(), 2u);
+  Harness h(c, 44);
+  h.advertise({nb[0], nb[1]});
+  const auto u1 = h.server.advertised();
+  std::vector<int> ids;
+  for (const auto& a : u1) ids.push_back(a.client);
+  EXPECT_FALSE(std::binary_search(ids.begin(), ids.end(), 0));
+  for (int u : ids) {
+    int near = 0;
+    for (int v : closed_neighbourhood(c, u)) near += std::binary_search(ids.begin(), ids.end(), v) ? 1 : 0;
+    EXPECT_GE(near, 2) << "client " << u << " kept in U1";
+  }
+  EXPECT_EQ(ids.size(), 17u);
+  // The pruned client refuses U1 (it is not in it); the rest complete the round.
+  EXPECT_THAT(error_of<ProtocolError>([&] { h.clients[0].share_keys(u1); }), HasSubstr("does not include"));
+  h.share();
+  h.mask();
+  h.unmask();
+  EXPECT_EQ(h.server.finish(), h.expected());
+}
+
+// On a ring (k = 2) two dropouts three or more places apart leave every neighbourhood t = 2 survivors but split the
+// survivors into two arcs no pairwise mask joins: unmasking would reveal each arc's sum, so the round is abandoned.
+TEST(SecAggPlus, SurvivorsSplitIntoUnjoinedGroupsAbortTheRound) {
+  const auto c = config(20, 2, 32, 16, 7, 2);
+  const int a = 0;
+  std::set<int> near_a = closed_neighbourhood(c, a);
+  for (int v : neighbors_of(c, a))
+    for (int w : neighbors_of(c, v)) near_a.insert(w);
+  int b = 1;
+  while (near_a.count(b)) ++b;
+  Harness split(c, 46);
+  split.advertise();
+  split.share();
+  split.mask({a, b});
+  auto msg = error_of<TooFewClientsError>([&] { split.server.survivors(); });
+  EXPECT_THAT(msg, HasSubstr("split the 18 survivors into 2 groups"));
+  // One dropout leaves one arc: the round completes.
+  Harness one(c, 46);
+  const auto total = one.run({}, {a}, {});
+  EXPECT_EQ(total, one.expected());
+}
+
+TEST(SecAggPlus, CorruptShareIsCaughtByASpareNeighbour) {
+  const auto c = config(30, 5, 32, 8, 7, 8);
+  Harness h(c, 47);
+  h.advertise();
+  h.share();
+  const int dropped = neighbors_of(c, 0).back();
+  h.mask({dropped});
+  const auto u3 = h.server.survivors();
+  const int first = *closed_neighbourhood(c, 0).begin();  // the lowest responder holding a share of b_0
+  ASSERT_NE(first, dropped);
+  for (int u : u3) {
+    auto m = h.clients[u].unmask(u3);
+    if (u == first) {
+      ASSERT_EQ(m.self_mask_shares[0].first, 0);
+      m.self_mask_shares[0].second[0] ^= 0x01;
+    }
+    h.server.add_unmask(m);
+  }
+  auto msg = error_of<ProtocolError>([&] { h.server.finish(); });
+  EXPECT_THAT(msg, HasSubstr("b_0"));
+  EXPECT_THAT(msg, HasSubstr("inconsistent"));
+}
+
+TEST(SecAggPlus, MessagesOffTheGraphAreRefused) {
+  const auto c = config(20, 4, 32, 16, 7, 4);
+  const auto nb = neighbors_of(c, 0);
+  int stranger = 1;
+  while (std::binary_search(nb.begin(), nb.end(), stranger)) ++stranger;
+  Harness h(c, 45);
+  h.advertise();
+  const auto u1 = h.server.advertised();
+  auto out = h.clients[0].share_keys(u1);
+  ASSERT_EQ(out.size(), 4u);
+  auto wrong = out;
+  wrong[0].to = stranger;
+  EXPECT_THAT(error_of<ProtocolError>([&] { h.server.add_shares(0, wrong); }), HasSubstr("among its neighbours"));
+  wrong = out;
+  wrong.pop_back();
+  EXPECT_THAT(error_of<ProtocolError>([&] { h.server.add_shares(0, wrong); }),
+              HasSubstr("expected one for each of the 4 other members of U1 among its neighbours"));
+  h.server.add_shares(0, out);  // the refusals stored nothing
+  for (int u = 1; u < 20; ++u) h.server.add_shares(u, h.clients[u].share_keys(u1));
+  // A share from a non-neighbour in a client's inbox is refused before any decryption.
+  auto inbox = h.server.inbox_for(0);
+  ASSERT_EQ(inbox.size(), 4u);
+  ShareMsg forged = inbox[0];
+  forged.from = stranger;
+  inbox.push_back(forged);
+  EXPECT_THAT(error_of<ProtocolError>([&] { h.clients[0].mask_input(inbox, h.x[0].data()); }),
+              HasSubstr("among this client's neighbours"));
+}
+
+TEST(SecAggPlus, ConfigErrorsNameTheGraph) {
+  check(config(20, 3, 32, 1, 7, 4));
+  check(config(20, 5, 32, 1, 7, 4));
+  check(config(4, 2, 32, 1, 7, 2));
+  EXPECT_THAT(
+      error_of<ConfigError>([] { check(config(20, 4, 32, 1, 7, 5)); }),
+      HasSubstr("neighbors=5 not allowed for num_clients=20; allowed 0 (every pair) or an even number in 2..n-2"));
+  EXPECT_THAT(error_of<ConfigError>([] { check(config(20, 4, 32, 1, 7, 20)); }), HasSubstr("neighbors=20"));
+  EXPECT_THAT(error_of<ConfigError>([] { check(config(20, 4, 32, 1, 7, -2)); }), HasSubstr("neighbors=-2"));
+  EXPECT_THAT(error_of<ConfigError>([] { check(config(20, 6, 32, 1, 7, 4)); }),
+              HasSubstr("threshold=6 out of range for 4 neighbours and self; allowed 3..5"));
+  EXPECT_THAT(error_of<ConfigError>([] { check(config(20, 2, 32, 1, 7, 4)); }), HasSubstr("threshold=2"));
 }
 
 // ---- wire formats --------------------------------------------------------------------------------------------------
