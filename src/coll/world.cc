@@ -87,11 +87,8 @@ void calibrate(Communicator& c, double start_up_s) {
 
 CommPtr Communicator::from_env(const CommConfig& cfg) {
   double timeout = cfg.timeout_s > 0 ? cfg.timeout_s : default_timeout_seconds();
-  // Meeting the other ranks waits for the slowest of them to start, which a collective's deadline does not bound:
-  // under a 1 s collective deadline, a rank whose process (libtorch and its data loaded) came up a second after
-  // another failed the job at start-up ("could not connect to the server ... before the deadline"). Start-up gets
-  // CONDUIT_TIMEOUT (300 s) when that is longer.
-  const double start_up = std::max(timeout, default_timeout_seconds());
+  // (the store, the transport's connections and calibration: CONDUIT_TIMEOUT when longer than the collectives')
+  const double start_up = startup_timeout_seconds(timeout);
   auto boot = net::bootstrap_from_env(start_up);
   std::string kind = cfg.transport;
   if (kind.empty()) kind = env_string("CONDUIT_TRANSPORT").value_or("auto");

@@ -147,6 +147,8 @@ double default_timeout_seconds() {
   return v ? *v : 300.0;
 }
 
+double startup_timeout_seconds(double timeout_s) { return std::max(timeout_s, default_timeout_seconds()); }
+
 std::vector<std::string> split(std::string_view text, char sep) {
   std::vector<std::string> out;
   size_t start = 0;

@@ -27,6 +27,10 @@ std::string format_bytes(double bytes);  // 4 MiB, 512 B, 1.5 GiB
 
 // The default timeout of blocking collectives: CONDUIT_TIMEOUT seconds, else 300.
 double default_timeout_seconds();
+// Start-up's deadline, given the collectives' timeout (<= 0: the default): the longer of the two. Meeting the other
+// ranks waits for the slowest process to come up (libraries and data loaded), which a collective's deadline does not
+// bound: under a 1 s deadline a rank that started a second after another failed the job.
+double startup_timeout_seconds(double timeout_s);
 
 std::vector<std::string> split(std::string_view text, char sep);
 // Parses "key=value,key=value" (empty text: no pairs). An item without '=' or with an empty key is a ConfigError

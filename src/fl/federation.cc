@@ -52,6 +52,7 @@
 #include <random>
 
 #include "core/clock.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/log.h"
@@ -1252,6 +1253,14 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
   FlResult res;
   try {
     const Federation f = make_federation(c, trainer, comm->size());
+    // Every rank has loaded its data (make_federation reads the labels and the model) at its own pace: they meet here
+    // under start-up's deadline, so that the first round's waits, of a step or a few, do not fail behind a slow
+    // loader (a send that completes only once received, as MPI's large ones, would fail at its first step).
+    {
+      coll::CollOptions meet;
+      meet.timeout_s = startup_timeout_seconds(c.timeout_s);
+      comm->barrier(meet).wait();
+    }
     if (dp_on(c) && c.secagg) {
       // The clip left after the codec's rounding, known once the model's size is: stop before round 1 when none is
       // left, say so when it costs more than a tenth of the signal.

@@ -574,11 +574,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const bool evaluates = spec.bsp() || lead;
   TrainTestSets data = load_data(c);
   // The workers load their data at their own pace (another disk, a busier CPU): they meet here under start-up's
-  // deadline, the longer of timeout_s and CONDUIT_TIMEOUT (coll::CommConfig), so that a short collective deadline
-  // does not fail the first exchange behind a slow loader. (The workers' communicator: dedicated servers returned.)
+  // deadline (core/env.h), so that a short collective deadline does not fail the first exchange behind a slow loader.
+  // (The workers' communicator: dedicated servers returned.)
   if (world > 1) {
     coll::CollOptions meet;
-    meet.timeout_s = std::max(c.timeout_s, default_timeout_seconds());
+    meet.timeout_s = startup_timeout_seconds(c.timeout_s);
     comm.barrier(meet).wait();
   }
   // The training data's identity and absolute folder (file data sets; the synthetic one is its seed and

@@ -282,6 +282,20 @@ TEST(Env, TimeoutVariableIsValidated) {
   unsetenv("CONDUIT_TIMEOUT_TEST_VAR");
 }
 
+// Start-up waits the longer of the collectives' timeout and CONDUIT_TIMEOUT.
+TEST(Env, StartUpWaitsTheLongerOfTheTimeoutAndConduitTimeout) {
+  const char* was = std::getenv("CONDUIT_TIMEOUT");
+  const std::string saved = was ? was : "";
+  setenv("CONDUIT_TIMEOUT", "30", 1);
+  EXPECT_EQ(startup_timeout_seconds(1), 30);
+  EXPECT_EQ(startup_timeout_seconds(45), 45);
+  EXPECT_EQ(startup_timeout_seconds(0), 30);
+  unsetenv("CONDUIT_TIMEOUT");
+  EXPECT_EQ(startup_timeout_seconds(2), 300);
+  EXPECT_EQ(startup_timeout_seconds(600), 600);
+  if (was) setenv("CONDUIT_TIMEOUT", saved.c_str(), 1);
+}
+
 namespace {
 std::function<const char*(const char*)> fake_env(const std::map<std::string, std::string>& vars) {
   return [vars](const char* name) -> const char* {

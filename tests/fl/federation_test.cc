@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -49,6 +50,7 @@ class ToyTrainer : public LocalTrainer {
   explicit ToyTrainer(const FlConfig& c) : c_(c) {}
   std::vector<float> initial_weights() override { return std::vector<float>(g_dim, 0.0f); }
   std::vector<int64_t> train_labels() override {
+    if (load_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(load_ms_));
     std::vector<int64_t> l(kSamples);
     for (int i = 0; i < kSamples; ++i) l[size_t(i)] = i % 10;
     return l;
@@ -86,6 +88,7 @@ class ToyTrainer : public LocalTrainer {
   int fail_after_ = 0;  // trainings that succeed before it fails
   int trained_ = 0;
   int sleep_ms_ = 0;  // each training takes at least this long
+  int load_ms_ = 0;   // loading the labels (the data) takes at least this long
   std::vector<float> evaluated_;
 
  private:
@@ -116,7 +119,7 @@ struct RunResult {
   std::vector<std::string> errors;
 };
 
-RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0) {
+RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0, int slow_rank = -1, int slow_load_ms = 0) {
   coll::CommConfig cc;
   cc.timeout_s = c.timeout_s;
   cc.measure_cost_model = false;
@@ -129,6 +132,7 @@ RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0) {
       ToyTrainer t(c);
       t.fail_ = r == fail_rank;
       t.fail_after_ = fail_after;
+      if (r == slow_rank) t.load_ms_ = slow_load_ms;
       try {
         FlResult res = run_federation(c, comms[size_t(r)], t, [&](const RoundRecord& x) { out.records.push_back(x); });
         if (r == 0) out.server = std::move(res);
@@ -334,6 +338,21 @@ TEST(Federation, SecAggPlusAbandonsARoundWhenANeighbourhoodKeepsFewerThanT) {
   EXPECT_GT(abandoned, 0) << "the seed gave no dropout: the test checks nothing";
   EXPECT_EQ(r.errors[1], "");
   EXPECT_EQ(r.errors[2], "");
+}
+
+// A host loading its data 3 s after the others, under a 0.5 s deadline: the ranks meet after loading under start-up's
+// deadline (CONDUIT_TIMEOUT), so the server's first message (the round's header, one step: "could not hand its
+// message ... within 0.5 s" without the meeting) does not time out behind it.
+TEST(Federation, AHostSlowToLoadItsDataDoesNotTimeTheServerOut) {
+  FlConfig c = base_config();
+  c.secagg = true;
+  c.secagg_clip = 4.0;
+  c.timeout_s = 0.5;
+  c.rounds = 1;
+  RunResult r = run(c, -1, 0, /*slow_rank=*/2, /*slow_load_ms=*/3000);
+  expect_ok(r);
+  ASSERT_EQ(r.server.rounds.size(), 1u);
+  EXPECT_EQ(r.server.rounds[0].aggregated, 6);
 }
 
 TEST(Federation, TooFewSurvivorsAbandonTheRoundAndTheWeightsStay) {
