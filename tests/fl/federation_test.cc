@@ -26,6 +26,7 @@
 #include "fl/partition.h"
 #include "fl/privacy.h"
 #include "fl/secagg.h"
+#include "fl/server_opt.h"
 
 namespace conduit::fl {
 namespace {
@@ -789,7 +790,8 @@ TEST(Federation, TheServerEvaluatesEveryEvalEveryRoundsAndTheLast) {
 struct ScaffoldReference {
   std::vector<double> w = std::vector<double>(kDim, 0.0), c = std::vector<double>(kDim, 0.0);
   std::map<int, std::vector<double>> ci;
-  uint64_t clipped = 0;  // elements clipped in the last round
+  uint64_t clipped = 0;                  // elements clipped in the last round
+  std::unique_ptr<ServerOptimizer> opt;  // set: the weights' pseudo-gradient goes through it (c never does)
 
   // limits: the step limit of each client this round (absent: full work).
   void round(const FlConfig& cfg, int r, double clip = 0, const std::map<int, int64_t>& limits = {}) {
@@ -828,8 +830,14 @@ struct ScaffoldReference {
       }
       wsum += wk;
     }
+    if (opt) {  // (in f32, as the server keeps its weights)
+      std::vector<float> wf(w.begin(), w.end()), d(kDim);
+      for (size_t i = 0; i < kDim; ++i) d[i] = float(dy[i] / wsum);
+      opt->step(wf.data(), d.data(), kDim);
+      w.assign(wf.begin(), wf.end());
+    }
     for (size_t i = 0; i < kDim; ++i) {
-      w[i] += dy[i] / wsum;
+      if (!opt) w[i] += dy[i] / wsum;
       c[i] += dc[i] / cfg.clients;
     }
     for (auto& [k, v] : next) ci[k] = v;
@@ -857,6 +865,43 @@ TEST(Federation, ScaffoldMatchesTheAlgorithmByHandWithPartialParticipation) {
   // control variate's change.
   EXPECT_GT(r.server.rounds[0].bytes_up, 6 * (2 * kDim + 1) * 4);
   EXPECT_GT(r.server.rounds[0].bytes_down, 2 * 2 * kDim * 4);
+}
+
+// SCAFFOLD under a server optimizer: the weights' pseudo-gradient goes through it, the control variate c does not
+// (c estimates the clients' mean gradient, which momentum or adaptivity would distort; a c that went through it
+// would change the next rounds' corrections, hence the weights compared here).
+TEST(Federation, ScaffoldWithAServerOptimizerMatchesTheAlgorithmByHand) {
+  for (const std::string name : {"fedavgm", "fedadam"}) {
+    SCOPED_TRACE(name);
+    FlConfig c = base_config();
+    c.partition = "dirichlet:0.5";
+    c.scaffold = true;
+    c.rounds = 4;
+    c.server_opt = name;
+    c.server_lr = name == "fedadam" ? 0.01 : 0.7;
+    RunResult r = run(c);
+    expect_ok(r);
+    ServerOptConfig so;
+    so.name = name;
+    so.lr = c.server_lr;
+    so.momentum = c.server_momentum;
+    so.beta1 = c.beta1;
+    so.beta2 = c.beta2;
+    so.tau = c.tau;
+    ScaffoldReference ref, plain;
+    ref.opt = make_server_optimizer(so, kDim);
+    for (int round = 0; round < c.rounds; ++round) {
+      ref.round(c, round);
+      plain.round(c, round);
+    }
+    ASSERT_EQ(r.server.weights.size(), kDim);
+    double off_plain = 0;
+    for (size_t i = 0; i < kDim; ++i) {
+      EXPECT_NEAR(r.server.weights[i], ref.w[i], 2e-5) << i;
+      off_plain = std::max(off_plain, std::abs(ref.w[i] - plain.w[i]));
+    }
+    EXPECT_GT(off_plain, 1e-3) << "the optimizer did not change the rounds: the test would not notice it skipped";
+  }
 }
 
 // Slow clients doing the steps that fit the deadline (FedProx's partial work) estimate their c_i from the K steps
