@@ -1087,6 +1087,46 @@ TEST(Federation, AResumedRunRepeatsTheUninterruptedOneExactly) {
   }
 }
 
+// A resumed run that checkpoints in turn, resumed again: rounds 1-2, 3-4, 5-6 give the weights (and, under DP, the
+// privacy spent) of 6 rounds straight, so nothing a resume restores is lost when it is saved again.
+TEST(Federation, AResumeOfAResumedRunRepeatsTheUninterruptedOneExactly) {
+  for (bool dp : {false, true}) {
+    SCOPED_TRACE(dp ? "dp + secagg" : "scaffold + secagg + fedadam");
+    TempDir d;
+    FlConfig c = base_config();
+    c.partition = "dirichlet:0.5";
+    c.secagg = true;
+    c.secagg_clip = 4.0;
+    if (dp) {
+      c.dp_clip = 0.5;
+      c.dp_noise = 1.0;
+      c.dp_secret_seed_for_testing = 7;
+    } else {
+      c.server_opt = "fedadam";
+      c.server_lr = 0.05;
+      c.scaffold = true;
+    }
+    c.rounds = 6;
+    RunResult whole = run(c);
+    c.checkpoint_every = 1;
+    std::vector<RunResult> legs;
+    for (int leg = 0; leg < 3; ++leg) {
+      c.rounds = 2 * (leg + 1);
+      c.resume = leg ? d.path + "/leg" + std::to_string(leg - 1) : "";
+      c.output = d.path + "/leg" + std::to_string(leg);
+      legs.push_back(run(c));
+      expect_ok(legs.back());
+      ASSERT_EQ(legs.back().server.rounds.size(), 2u) << "leg " << leg;
+      EXPECT_EQ(legs.back().server.rounds[0].round, 2 * leg + 1) << "leg " << leg;
+    }
+    expect_ok(whole);
+    ASSERT_EQ(whole.server.rounds.size(), 6u);
+    EXPECT_EQ(legs[2].server.weights, whole.server.weights);
+    EXPECT_NE(legs[1].server.weights, whole.server.weights);  // (the test would not see a leg that did nothing)
+    if (dp) EXPECT_DOUBLE_EQ(legs[2].server.rounds[1].epsilon, whole.server.rounds[5].epsilon);
+  }
+}
+
 // A generation that lacks a host file (a run killed between the server's write and a host's) is passed over for the
 // one before; a checkpoint that is not one stops the run naming the file.
 TEST(Federation, ResumeTakesTheNewestCompleteCheckpointAndRefusesBadOnes) {
