@@ -1255,11 +1255,27 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
     const Federation f = make_federation(c, trainer, comm->size());
     // Every rank has loaded its data (make_federation reads the labels and the model) at its own pace: they meet here
     // under start-up's deadline, so that the first round's waits, of a step or a few, do not fail behind a slow
-    // loader (a send that completes only once received, as MPI's large ones, would fail at its first step).
+    // loader (a send that completes only once received, as MPI's large ones, would fail at its first step). They
+    // compare what they loaded: a host that read another copy of the data (another folder on another machine) would
+    // split the clients otherwise than the server without a word.
     {
       coll::CollOptions meet;
       meet.timeout_s = startup_timeout_seconds(c.timeout_s);
-      comm->barrier(meet).wait();
+      const int64_t mine[3] = {f.samples, int64_t(f.data_hash), int64_t(f.n)};
+      std::vector<int64_t> all(3 * size_t(comm->size()));
+      comm->allgather(mine, all.data(), 3, DType::i64, meet).wait();
+      std::vector<int> differ;
+      for (int r = 1; r < comm->size(); ++r)
+        if (!std::equal(all.begin(), all.begin() + 3, all.begin() + 3 * r)) differ.push_back(r);
+      if (!differ.empty()) {
+        const size_t r = 3 * size_t(differ[0]);
+        throw ConfigError(fmt::format(
+            "fl: rank(s) {} loaded other training data or another model than rank 0 (rank 0: {} samples, labels "
+            "checksum {:016x}, {} weights; rank {}: {}, {:016x}, {}); allowed: the same data set, --train-limit and "
+            "--model on every rank",
+            fmt::join(differ, ", "), all[0], uint64_t(all[1]), all[2], differ[0], all[r], uint64_t(all[r + 1]),
+            all[r + 2]));
+      }
     }
     if (dp_on(c) && c.secagg) {
       // The clip left after the codec's rounding, known once the model's size is: stop before round 1 when none is

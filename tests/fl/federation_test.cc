@@ -53,7 +53,7 @@ class ToyTrainer : public LocalTrainer {
   std::vector<int64_t> train_labels() override {
     if (load_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(load_ms_));
     std::vector<int64_t> l(kSamples);
-    for (int i = 0; i < kSamples; ++i) l[size_t(i)] = i % 10;
+    for (int i = 0; i < kSamples; ++i) l[size_t(i)] = (i + label_shift_) % 10;
     return l;
   }
   int num_classes() override { return 10; }
@@ -90,6 +90,7 @@ class ToyTrainer : public LocalTrainer {
   int trained_ = 0;
   int sleep_ms_ = 0;  // each training takes at least this long
   int load_ms_ = 0;   // loading the labels (the data) takes at least this long
+  int label_shift_ = 0;  // another copy of the data: the same size, other labels
   std::vector<float> evaluated_;
 
  private:
@@ -120,7 +121,8 @@ struct RunResult {
   std::vector<std::string> errors;
 };
 
-RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0, int slow_rank = -1, int slow_load_ms = 0) {
+RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0, int slow_rank = -1, int slow_load_ms = 0,
+              int odd_data_rank = -1) {
   coll::CommConfig cc;
   cc.timeout_s = c.timeout_s;
   cc.measure_cost_model = false;
@@ -134,6 +136,7 @@ RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0, int slo
       t.fail_ = r == fail_rank;
       t.fail_after_ = fail_after;
       if (r == slow_rank) t.load_ms_ = slow_load_ms;
+      if (r == odd_data_rank) t.label_shift_ = 3;
       try {
         FlResult res = run_federation(c, comms[size_t(r)], t, [&](const RoundRecord& x) { out.records.push_back(x); });
         if (r == 0) out.server = std::move(res);
@@ -345,15 +348,36 @@ TEST(Federation, SecAggPlusAbandonsARoundWhenANeighbourhoodKeepsFewerThanT) {
 // deadline (CONDUIT_TIMEOUT), so the server's first message (the round's header, one step: "could not hand its
 // message ... within 0.5 s" without the meeting) does not time out behind it.
 TEST(Federation, AHostSlowToLoadItsDataDoesNotTimeTheServerOut) {
+  const char* was = std::getenv("CONDUIT_TIMEOUT");  // (start-up's deadline must outlast the 3 s)
+  const std::string saved = was ? was : "";
+  setenv("CONDUIT_TIMEOUT", "30", 1);
   FlConfig c = base_config();
   c.secagg = true;
   c.secagg_clip = 4.0;
   c.timeout_s = 0.5;
   c.rounds = 1;
   RunResult r = run(c, -1, 0, /*slow_rank=*/2, /*slow_load_ms=*/3000);
+  if (was)
+    setenv("CONDUIT_TIMEOUT", saved.c_str(), 1);
+  else
+    unsetenv("CONDUIT_TIMEOUT");
   expect_ok(r);
   ASSERT_EQ(r.server.rounds.size(), 1u);
   EXPECT_EQ(r.server.rounds[0].aggregated, 6);
+}
+
+// A host that read another copy of the data would split the clients otherwise than the server: every rank stops at
+// the meeting after loading, naming it.
+TEST(Federation, AHostWithOtherDataStopsEveryRankNamingIt) {
+  FlConfig c = base_config();
+  RunResult r = run(c, -1, 0, -1, 0, /*odd_data_rank=*/2);
+  for (size_t i = 0; i < r.errors.size(); ++i) {
+    EXPECT_NE(r.errors[i].find("fl: rank(s) 2 loaded other training data or another model than rank 0 (rank 0: 400 "
+                               "samples"),
+              std::string::npos)
+        << "rank " << i << ": " << r.errors[i];
+  }
+  EXPECT_TRUE(r.records.empty());
 }
 
 TEST(Federation, TooFewSurvivorsAbandonTheRoundAndTheWeightsStay) {
@@ -1122,8 +1146,9 @@ TEST(Federation, AResumeOfAResumedRunRepeatsTheUninterruptedOneExactly) {
     expect_ok(whole);
     ASSERT_EQ(whole.server.rounds.size(), 6u);
     EXPECT_EQ(legs[2].server.weights, whole.server.weights);
-    EXPECT_NE(legs[1].server.weights, whole.server.weights);  // (the test would not see a leg that did nothing)
-    if (dp) EXPECT_DOUBLE_EQ(legs[2].server.rounds[1].epsilon, whole.server.rounds[5].epsilon);
+    if (dp) {
+      EXPECT_DOUBLE_EQ(legs[2].server.rounds[1].epsilon, whole.server.rounds[5].epsilon);
+    }
   }
 }
 

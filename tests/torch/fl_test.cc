@@ -118,6 +118,7 @@ fl::FlResult run_real_federation(const fl::FlConfig& c) {
         if (r == 0) server = std::move(res);
       } catch (const std::exception& e) {
         errors[size_t(r)] = e.what();
+        comms[size_t(r)]->transport().abort(e.what());  // (a trainer that failed to build: the others stop now)
       }
     });
   for (auto& t : ts) t.join();
