@@ -1272,6 +1272,13 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
         c.secagg_threshold = 0.4;
       },
       "secagg_threshold");
+  for (int k : {-2, 3, 65536})
+    bad(
+        [k](FlConfig& c) {
+          c.secagg = true;
+          c.secagg_neighbors = k;
+        },
+        "secagg_neighbors");
   bad(
       [](FlConfig& c) {
         c.secagg = true;
@@ -1298,9 +1305,11 @@ TEST(FlConfig, JsonRoundTripsEveryKeyAndRefusesUnknownOnes) {
   FlConfig c = base_config();
   c.partition = "shards:2";
   c.secagg_bits = 16;
+  c.secagg_neighbors = 8;
   c.dp_delta = 1e-6;
   c.seed = 7;
   FlConfig back = config_from_json(config_to_json(c), "test");
+  EXPECT_EQ(back.secagg_neighbors, 8);
   EXPECT_EQ(config_to_json(back), config_to_json(c));
   EXPECT_EQ(back.partition, "shards:2");
   EXPECT_EQ(back.secagg_bits, 16);
