@@ -267,6 +267,10 @@ TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
   o = run_cli("--rounds 0", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(o.find("fl: rounds: 0 is out of range"), std::string::npos) << o;
+  o = run_cli("--secagg-neighbors 5", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(o.find("fl: secagg_neighbors: 5 is not allowed; allowed: 0 (every pair"), std::string::npos) << o;
+  EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << o;
   o = run_cli("--config /nonexistent/fl.json", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(o.find("cannot read '/nonexistent/fl.json'"), std::string::npos) << o;
