@@ -1,7 +1,8 @@
 // One secure-aggregation round, every party in this process one after another: Bonawitz et al.'s complete graph
 // (neighbors 0) against SecAgg+'s k-regular graph at the same round size, 5% of the clients dropping after their
-// key shares (so the server also removes their pairwise masks). Counters: the mean client's and the server's CPU
-// time in the round. Run: build/bench/bench_secagg_bench --benchmark_counters_tabular=true
+// key shares (so the server also removes their pairwise masks). Counters: the mean client's and the server's time in
+// the round (wall clock, one thread: the parties run one after another). Run: build/bench/bench_secagg_bench
+// --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
 #include <chrono>

@@ -5,7 +5,7 @@
 # bytes, and the secure-aggregation overhead (wall time over the run without it).
 #   bash bench/fl/secagg_scale.sh [OUT_DIR] [K]
 set -euo pipefail
-out=${1:-/tmp/conduit-secagg-scale}
+out=$(realpath -m "${1:-/tmp/conduit-secagg-scale}")
 k=${2:-16}
 cd "$(dirname "$0")/../.."
 conduit=build/bin/conduit
@@ -15,6 +15,7 @@ common=(--clients 200 --fraction 0.5 --rounds 3 --train-limit 12000 --dropout 0.
 declare -a names=("none" "every pair" "SecAgg+ k=$k")
 declare -a flags=("--secagg false" "--secagg true --secagg-neighbors 0" "--secagg true --secagg-neighbors $k")
 for i in 0 1 2; do
+  rm -rf "$out/run$i"  # (conduit fl refuses a folder holding an earlier run)
   # shellcheck disable=SC2086
   "$conduit" fl "${common[@]}" ${flags[$i]} --output "$out/run$i" > "$out/run$i.log" 2>&1 ||
     { echo "secagg_scale.sh: run '${names[$i]}' failed; see $out/run$i.log" >&2; exit 1; }

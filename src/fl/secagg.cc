@@ -248,6 +248,13 @@ class Graph {
     std::sort(out.begin(), out.end());
     return out;
   }
+  // How many members of the sorted set are in N[u] (u counted if in the set); no copy for the complete graph.
+  size_t count_closed_in(int u, const std::vector<int>& set) const {
+    if (complete()) return set.size();
+    size_t k = 0;
+    for (int v : closed(u)) k += std::binary_search(set.begin(), set.end(), v) ? 1 : 0;
+    return k;
+  }
   // The members of the sorted set that are in N[u] (u included if in the set), sorted.
   std::vector<int> closed_in(int u, const std::vector<int>& set) const {
     if (complete()) return set;
@@ -562,7 +569,8 @@ void check(const SecAggConfig& cfg) {
                                                static_cast<int64_t>(cfg.neighbors) <= int64_t{cfg.num_clients} - 2);
   if (!graph_ok)
     problems.push_back(cat("neighbors=", cfg.neighbors, " not allowed for num_clients=", cfg.num_clients,
-                           "; allowed 0 (every pair) or an even number in 2..n-2 (k/2 on each side of a ring)"));
+                           "; allowed 0 (every pair) or an even number in 2..", int64_t{cfg.num_clients} - 2,
+                           " (k/2 on each side of a ring)"));
   const int group = group_size(cfg);
   if (cfg.num_clients >= 1 && graph_ok && (2 * static_cast<int64_t>(cfg.threshold) <= group || cfg.threshold > group))
     problems.push_back(cat("threshold=", cfg.threshold, " out of range for ",
@@ -790,7 +798,6 @@ std::vector<ShareMsg> SecAggClient::share_keys(const std::vector<AdvertiseMsg>& 
   if (u1.size() < static_cast<size_t>(t))
     throw TooFewClientsError(cat(s.who(), ": U1 has ", u1.size(), " clients, fewer than threshold t=", t));
   std::vector<int> ids;
-  std::set<Key> keys;
   bool self_seen = false;
   for (const auto& m : u1) {
     if (m.client < 0 || m.client >= n)
@@ -803,14 +810,17 @@ std::vector<ShareMsg> SecAggClient::share_keys(const std::vector<AdvertiseMsg>& 
         throw ProtocolError(cat(s.who(), ": U1 lists other public keys for this client than it advertised"));
       self_seen = true;
     }
+  }
+  if (!self_seen) throw ProtocolError(cat(s.who(), ": U1 does not include this client"));
+  std::vector<const AdvertiseMsg*> group;  // U1's members in N[u]: the only keys this client uses
+  std::set<Key> keys;
+  for (const auto& m : u1) {
+    if (!g.close(s.id, m.client)) continue;
+    group.push_back(&m);
     if (!keys.insert(m.c_pk).second || !keys.insert(m.s_pk).second)
       throw ProtocolError(
           cat(s.who(), ": U1 lists a public key of client ", m.client, " twice (replayed or copied key)"));
   }
-  if (!self_seen) throw ProtocolError(cat(s.who(), ": U1 does not include this client"));
-  std::vector<const AdvertiseMsg*> group;  // U1's members in N[u]
-  for (const auto& m : u1)
-    if (g.close(s.id, m.client)) group.push_back(&m);
   if (group.size() < static_cast<size_t>(t))
     throw TooFewClientsError(cat(s.who(), ": U1 holds ", group.size(), " of this client's ", g.group() - 1,
                                  " neighbours and itself, fewer than threshold t=", t));
@@ -975,7 +985,7 @@ UnmaskMsg SecAggClient::unmask(const std::vector<int>& survivors) {
   if (!is_sorted_unique(survivors))
     throw ProtocolError(cat(s.who(), ": survivors ", id_list(survivors), " are not sorted and unique"));
   const Graph& g = *s.graph;
-  const size_t near = g.closed_in(s.id, survivors).size();
+  const size_t near = g.count_closed_in(s.id, survivors);
   if (near < static_cast<size_t>(s.cfg.threshold))
     throw TooFewClientsError(cat(s.who(), ": ", near, " survivors", g.complete() ? "" : " in its neighbourhood",
                                  ", fewer than threshold t=", s.cfg.threshold));
@@ -1062,12 +1072,12 @@ struct SecAggServer::Impl {
     std::vector<int> in(masked.begin(), masked.end()), out;
     for (int v : u2) {
       const bool survived = masked.count(v) > 0;
-      const size_t near = graph->closed_in(v, in).size();  // (v itself counted when it survived)
+      const size_t near = graph->count_closed_in(v, in);   // (v itself counted when it survived)
       if (!survived && near == 0) continue;                // no mask of v's is in the sum
       if (near < static_cast<size_t>(cfg.threshold))
         throw TooFewClientsError(
             cat(who(), ": too few survivors near client ", v, " (", survived ? "a survivor" : "dropped", "): ", near,
-                " of its ", graph->group() - (survived ? 0 : 1), survived ? " neighbours and itself" : " neighbours",
+                " of its ", graph->group() - 1, survived ? " neighbours and itself" : " neighbours",
                 " sent masked inputs, threshold t=", cfg.threshold, "; its ", survived ? "self mask" : "pairwise masks",
                 " could not be removed, abort the round"));
       if (!survived) out.push_back(v);
@@ -1126,7 +1136,7 @@ void SecAggServer::add_shares(int from, const std::vector<ShareMsg>& shares) {
     throw ProtocolError(cat(s.who(), ": shares from client ", from, ", not a member of U1"));
   if (s.senders.count(from)) throw ProtocolError(cat(s.who(), ": duplicate shares from client ", from));
   const Graph& g = *s.graph;
-  const size_t want = g.closed_in(from, s.u1).size() - 1;
+  const size_t want = g.count_closed_in(from, s.u1) - 1;
   if (shares.size() != want)
     throw ProtocolError(cat(s.who(), ": client ", from, " sent ", shares.size(),
                             " shares; expected one for each of the ", want, " other members of U1",
@@ -1242,8 +1252,9 @@ std::vector<uint32_t> SecAggServer::finish() {
   const Graph& g = *s.graph;
   std::vector<uint16_t> xs, at0, at_extra;  // the coefficients of the last responder set, reused while it repeats
   int extra_id = -1;
-  // Writes the secret to out; returns the responders whose shares made it.
-  auto reconstruct = [&](bool self_mask, int v, Key& out) {
+  // Writes the secret of v (idx: its place in U3, or in the dropped list) to out; returns the responders whose shares
+  // made it.
+  auto reconstruct = [&](bool self_mask, size_t idx, int v, Key& out) {
     const char* what = self_mask ? "b_" : "s_sk_";
     std::vector<const uint8_t*> ptrs;
     std::vector<uint16_t> ids;
@@ -1252,7 +1263,10 @@ std::vector<uint32_t> SecAggServer::finish() {
     int extra_client = -1;
     auto take = [&](const UnmaskMsg& m) {
       const auto& list = self_mask ? m.self_mask_shares : m.key_shares;  // (checked sorted by add_unmask)
-      auto it = std::lower_bound(list.begin(), list.end(), v, [](const auto& e, int x) { return e.first < x; });
+      // Every pair: each list is U3 or the dropped list exactly (add_unmask checked), so v sits at idx.
+      auto it = g.complete()
+                    ? list.begin() + static_cast<std::ptrdiff_t>(idx)
+                    : std::lower_bound(list.begin(), list.end(), v, [](const auto& e, int x) { return e.first < x; });
       if (it == list.end() || it->first != v) return true;  // (not a neighbour: holds no share of v)
       if (ptrs.size() < t) {
         ptrs.push_back(it->second.data());
@@ -1307,10 +1321,10 @@ std::vector<uint32_t> SecAggServer::finish() {
     for (auto& k : s_sk) wipe(k);
   };
   try {
-    for (size_t i = 0; i < s.u3.size(); ++i) reconstruct(true, s.u3[i], b[i]);
+    for (size_t i = 0; i < s.u3.size(); ++i) reconstruct(true, i, s.u3[i], b[i]);
     for (size_t i = 0; i < s.dropped.size(); ++i) {
       const int v = s.dropped[i];
-      const std::vector<int> base_ids = reconstruct(false, v, s_sk[i]);
+      const std::vector<int> base_ids = reconstruct(false, i, v, s_sk[i]);
       Key pk;
       crypto_scalarmult_base(pk.data(), s_sk[i].data());
       if (pk != s.adverts.at(v).s_pk)

@@ -604,7 +604,7 @@ TEST(SecAggPlus, ConfigErrorsNameTheGraph) {
   check(config(4, 2, 32, 1, 7, 2));
   EXPECT_THAT(
       error_of<ConfigError>([] { check(config(20, 4, 32, 1, 7, 5)); }),
-      HasSubstr("neighbors=5 not allowed for num_clients=20; allowed 0 (every pair) or an even number in 2..n-2"));
+      HasSubstr("neighbors=5 not allowed for num_clients=20; allowed 0 (every pair) or an even number in 2..18"));
   EXPECT_THAT(error_of<ConfigError>([] { check(config(20, 4, 32, 1, 7, 20)); }), HasSubstr("neighbors=20"));
   EXPECT_THAT(error_of<ConfigError>([] { check(config(20, 4, 32, 1, 7, -2)); }), HasSubstr("neighbors=-2"));
   EXPECT_THAT(error_of<ConfigError>([] { check(config(20, 6, 32, 1, 7, 4)); }),
