@@ -102,6 +102,39 @@ TEST(FlClient, ScaffoldsCorrectionShiftsAnSgdStepByLrTimesIt) {
   EXPECT_THROW(t->train(w, idx, work), InvalidArgument);
 }
 
+// SCAFFOLD's correction and FedProx's proximal term both add to the gradient: over two plain SGD steps the proximal
+// term changes only the second, by -lr mu (w1 - w0), where w1 - w0 is the first step (the loss's gradient at w1 is
+// the same with and without it, and the correction's share is the same in both runs).
+TEST(FlClient, ScaffoldsCorrectionAndTheProximalTermAddUp) {
+  fl::FlConfig c = synthetic_config();
+  c.scaffold = true;
+  std::vector<int64_t> idx;
+  for (int64_t i = 0; i < 32; ++i) idx.push_back(i);  // two batches of 16
+  auto without = make_fl_trainer(c);
+  const std::vector<float> w = without->initial_weights();
+  std::vector<float> corr(w.size());
+  for (size_t i = 0; i < corr.size(); ++i) corr[i] = 0.5f * std::sin(float(i));
+  fl::LocalWork work;
+  work.seed = 5;
+  work.correction = &corr;
+  work.max_steps = 1;
+  const fl::LocalResult one = without->train(w, idx, work);
+  work.max_steps = 2;
+  const fl::LocalResult two = without->train(w, idx, work);
+  c.mu = 0.5;
+  auto with = make_fl_trainer(c);
+  const fl::LocalResult prox = with->train(w, idx, work);
+  ASSERT_EQ(prox.steps, 2);
+  double worst = 0, moved = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double want = double(two.delta[i]) - c.lr * c.mu * double(one.delta[i]);
+    worst = std::max(worst, std::abs(double(prox.delta[i]) - want));
+    moved = std::max(moved, std::abs(double(prox.delta[i] - two.delta[i])));
+  }
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_GT(moved, 1e-5);  // (the proximal term did change the second step)
+}
+
 fl::FlResult run_real_federation(const fl::FlConfig& c) {
   coll::CommConfig cc;
   cc.timeout_s = c.timeout_s;
