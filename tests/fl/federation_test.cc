@@ -372,8 +372,8 @@ TEST(Federation, AHostWithOtherDataStopsEveryRankNamingIt) {
   FlConfig c = base_config();
   RunResult r = run(c, -1, 0, -1, 0, /*odd_data_rank=*/2);
   for (size_t i = 0; i < r.errors.size(); ++i) {
-    EXPECT_NE(r.errors[i].find("fl: rank(s) 2 loaded other training data or another model than rank 0 (rank 0: 400 "
-                               "samples"),
+    EXPECT_NE(r.errors[i].find("fl: rank(s) 2 loaded other training labels or a model of another size than rank 0 "
+                               "(rank 0: 400 samples"),
               std::string::npos)
         << "rank " << i << ": " << r.errors[i];
   }
