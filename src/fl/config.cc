@@ -183,7 +183,7 @@ void check_config(const FlConfig& c) {
     int_in("secagg_bits", c.secagg_bits, 8, 32);
     real_in("secagg_clip", c.secagg_clip, 1e-20, 1e30, false, false);  // (the codec's scale is levels / clip)
     real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
-    if (c.secagg_neighbors < 0 || c.secagg_neighbors % 2 != 0 || c.secagg_neighbors > kMaxClients)
+    if (c.secagg_neighbors < 0 || c.secagg_neighbors % 2 != 0 || c.secagg_neighbors > kMaxClients - 1)
       throw ConfigError(
           fmt::format("fl: secagg_neighbors: {} is not allowed; allowed: 0 (every pair of a round's clients) or an "
                       "even number in 2..{} (SecAgg+'s graph: k/2 on each side of a ring)",

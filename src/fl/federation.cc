@@ -1,7 +1,8 @@
 // The federation's round protocol (federation.h). Per round, between the server (rank 0) and each host h that holds
 // a sampled client (hosts without one get the header only):
 //
-//   S -> h  header: round, continue flag, the sampled clients (ids of the whole federation, ascending)
+//   S -> h  header: round, continue flag, the sampled clients (ids of the whole federation, ascending); with secure
+//           aggregation then the round's 32-byte graph seed (SecAgg+'s graph, drawn afresh each round)
 //   S -> h  the global weights (f32; with SCAFFOLD then the server's control variate)
 //   with secure aggregation (ids inside the protocol: positions in the sampled list):
 //     h -> S  AdvertiseMsg of each of its sampled clients            (round 0 of Bonawitz et al.)
@@ -42,6 +43,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -143,6 +145,13 @@ class In {
     const uint8_t* p = b_.data() + pos_;
     pos_ += n;
     return {p, size_t(n)};
+  }
+  // An id, position or round in [0, limit), checked before it narrows to int: ProtocolError naming it otherwise.
+  int index(int64_t limit, std::string_view what) {
+    const int64_t v = i64();
+    if (v < 0 || v >= limit)
+      throw ProtocolError(fmt::format("fl: {} names {} {}; allowed: 0..{}", what_, what, v, limit - 1));
+    return int(v);
   }
   void get(void* p, size_t n) {
     need(n);
@@ -442,7 +451,8 @@ int codec_summands(const FlConfig& c, int sampled) {
   return dp_max_sampled(c);
 }
 
-SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round) {
+SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round,
+                           const std::array<uint8_t, 32>& graph_seed) {
   SecAggConfig s;
   s.num_clients = sampled;
   // SecAgg+ where the round has more clients than a neighbourhood (k <= sampled - 2); every pair otherwise.
@@ -452,6 +462,7 @@ SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round
   s.bits = c.secagg_bits;
   s.length = len + 2;
   s.round_id = uint64_t(round);
+  if (s.neighbors > 0) s.graph_seed = graph_seed;
   return s;
 }
 
@@ -523,10 +534,9 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
   const double per_client = 2.0 + f.max_per_host;
   for (;;) {
     // The next header comes after the server's aggregation and evaluation and the other hosts' training.
-    Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled), 2.0 + f.max_per_host);
+    Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled) + 32, 2.0 + f.max_per_host);
     In h(hb, "round header");
-    const int round = int(h.i64());
-    if (round < 0 || round > c.rounds) throw ProtocolError(fmt::format("fl: the round header says round {}", round));
+    const int round = h.index(int64_t(c.rounds) + 1, "round");
     if (first < 0) {
       first = round;
       if (!c.resume.empty() && c.scaffold) {
@@ -542,10 +552,9 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
     const bool go = h.u64() != 0;
     const uint64_t ns = h.count(8);
     std::vector<int> sampled(ns);
-    for (auto& s : sampled) {
-      s = int(h.i64());
-      if (s < 0 || s >= c.clients) throw ProtocolError(fmt::format("fl: the round header names client {}", s));
-    }
+    for (auto& s : sampled) s = h.index(c.clients, "client");
+    std::array<uint8_t, 32> graph_seed{};
+    if (c.secagg) h.get(graph_seed.data(), graph_seed.size());
     h.done();
     if (!go) return;
     std::vector<int> mine;  // positions in `sampled`
@@ -573,7 +582,7 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
     std::vector<int> u2;
     std::unique_ptr<FixedPointCodec> codec;
     if (c.secagg) {
-      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round);
+      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round, graph_seed);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       Out adv;
       adv.u64(k);
@@ -610,10 +619,10 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
                         per_client);
       In in(ib, "shares");
       u2.resize(in.count(8));
-      for (auto& v : u2) v = int(in.i64());
+      for (auto& v : u2) v = in.index(int64_t(m), "client position");
       const uint64_t nc = in.count(16);
       for (uint64_t j = 0; j < nc; ++j) {
-        const int i = int(in.i64());
+        const int i = in.index(int64_t(m), "client position");
         if (!sa.count(i)) throw ProtocolError(fmt::format("fl: the server sent shares for client {} (not here)", i));
         const uint64_t nm = in.count(8);
         for (uint64_t q = 0; q < nm; ++q) {
@@ -729,7 +738,7 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
       continue;
     }
     std::vector<int> u3(u3in.count(8));
-    for (auto& v : u3) v = int(u3in.i64());
+    for (auto& v : u3) v = u3in.index(int64_t(m), "client position");
     u3in.done();
     Out um;
     std::vector<int> answering;
@@ -760,9 +769,10 @@ ClientReport parse_update(const Bytes& b, int host, int expect, bool masked, int
                           std::pair<const uint8_t*, size_t>* update) {
   In in(b, fmt::format("the update of rank {}", host));
   ClientReport r;
-  r.pos = int(in.i64());
-  if (r.pos != expect)
-    throw ProtocolError(fmt::format("fl: rank {} reported client position {}, expected {}", host, r.pos, expect));
+  const int64_t pos = in.i64();
+  if (pos != expect)
+    throw ProtocolError(fmt::format("fl: rank {} reported client position {}, expected {}", host, pos, expect));
+  r.pos = expect;
   const uint64_t fate = in.u64();
   if (fate > 2) throw ProtocolError(fmt::format("fl: rank {} reported outcome {} (allowed 0..2)", host, fate));
   r.fate = Fate(fate);
@@ -901,6 +911,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     rec.sampled = int(sampled.size());
     if (too_few) sampled.clear();
     const uint64_t m = sampled.size();
+    std::array<uint8_t, 32> graph_seed{};
     std::map<int, std::vector<int>> by_host;  // host -> positions
     for (size_t i = 0; i < sampled.size(); ++i) by_host[host_of_client(sampled[i], world)].push_back(int(i));
     std::vector<int> active;
@@ -920,6 +931,11 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       o.u64(1);
       o.u64(sampled.size());
       for (int s : sampled) o.i64(s);
+      if (c.secagg) {  // (SecAgg+'s graph: unknown to anyone before the round starts)
+        if (sodium_init() < 0) throw Error("fl: libsodium cannot start (no entropy source?): SecAgg+ needs randomness");
+        randombytes_buf(graph_seed.data(), graph_seed.size());
+        o.put(graph_seed.data(), graph_seed.size());
+      }
       Bytes hb = o.take();
       w.send_many(hosts, kTagHeader, std::vector<const Bytes*>(hosts.size(), &hb));
       Bytes wb((n + server_control.size()) * 4);
@@ -974,7 +990,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     const double per_client = 1.0 + double(most);
     std::unique_ptr<FixedPointCodec> codec;
     if (masked && m > 0) {
-      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round);
+      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round, graph_seed);
       srv = std::make_unique<SecAggServer>(scfg);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       std::vector<Bytes> ab =
@@ -1006,7 +1022,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         In in(sb[k], fmt::format("the shares of rank {}", active[k]));
         const uint64_t cnt = in.count(16);
         for (uint64_t j = 0; j < cnt; ++j) {
-          const int from = int(in.i64());
+          const int from = in.index(int64_t(m), "client position");
           if (!std::binary_search(by_host[active[k]].begin(), by_host[active[k]].end(), from))
             throw ProtocolError(fmt::format("fl: rank {} sent shares from client {} (not its own)", active[k], from));
           std::vector<ShareMsg> msgs(in.count(8));
@@ -1209,6 +1225,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     o.i64(c.rounds);
     o.u64(0);
     o.u64(0);
+    if (c.secagg) o.put(std::array<uint8_t, 32>{}.data(), 32);
     Bytes hb = o.take();
     w.send_many(hosts, kTagHeader, std::vector<const Bytes*>(hosts.size(), &hb));
   }

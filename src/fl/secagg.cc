@@ -199,7 +199,8 @@ void apply_prg(uint32_t* y, size_t n, const Key& key, const uint8_t nonce[8], bo
 // ---- the communication graph (SecAgg+) -----------------------------------------------------------------------------
 
 // Complete (half == 0), or the Harary graph H(2 * half, n) on a ring whose order is a permutation of the ids drawn
-// (Fisher-Yates) from ChaCha20 keyed by BLAKE2b(domain, round_id, n, k): every party derives the same graph.
+// (Fisher-Yates) from ChaCha20 keyed by BLAKE2b(domain, round_id, n, k, graph_seed): every party derives the same
+// graph.
 class Graph {
  public:
   explicit Graph(const SecAggConfig& cfg) : n_(cfg.num_clients), half_(cfg.neighbors / 2) {
@@ -213,6 +214,7 @@ class Graph {
     crypto_generichash_init(&st, nullptr, 0, key.size());
     crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(kGraphDomain.data()), kGraphDomain.size());
     crypto_generichash_update(&st, in, sizeof in);
+    crypto_generichash_update(&st, cfg.graph_seed.data(), cfg.graph_seed.size());
     crypto_generichash_final(&st, key.data(), key.size());
     std::vector<uint8_t> rnd(8 * size_t(n_));
     static const uint8_t kNonce[8] = {};
@@ -270,13 +272,13 @@ class Graph {
     std::vector<char> in(size_t(n_), 0);
     for (int v : set) in[size_t(v)] = 1;
     std::vector<int> count(size_t(n_), 0), gone;
-    for (int v : set) {
+    for (int v : set)  // every count first: a removal is subtracted below, once
       for (int w : closed(v)) count[size_t(v)] += in[size_t(w)];
+    for (int v : set)
       if (count[size_t(v)] < t) {
         in[size_t(v)] = 0;
         gone.push_back(v);
       }
-    }
     while (!gone.empty()) {  // each removal lowers its neighbours' counts once: O(n k) in all
       const int v = gone.back();
       gone.pop_back();
@@ -328,8 +330,9 @@ class Graph {
 std::shared_ptr<const Graph> graph_for(const SecAggConfig& cfg) {
   static std::mutex mu;
   static std::shared_ptr<const Graph> last;
-  static std::tuple<uint64_t, int, int> last_key{0, -1, -1};
-  const std::tuple<uint64_t, int, int> key{cfg.round_id, cfg.num_clients, cfg.neighbors};
+  static std::tuple<uint64_t, int, int, std::array<uint8_t, 32>> last_key{0, -1, -1, {}};
+  const std::tuple<uint64_t, int, int, std::array<uint8_t, 32>> key{cfg.round_id, cfg.num_clients, cfg.neighbors,
+                                                                    cfg.graph_seed};
   std::lock_guard<std::mutex> lock(mu);
   if (!last || last_key != key) {
     last = std::make_shared<const Graph>(cfg);
@@ -998,6 +1001,10 @@ UnmaskMsg SecAggClient::unmask(const std::vector<int>& survivors) {
   }
   if (!std::binary_search(survivors.begin(), survivors.end(), s.id))
     throw ProtocolError(cat(s.who(), ": survivors ", id_list(survivors), " do not include this client"));
+  // (the server checks this too; a server that chose U3 otherwise would learn each group's sum: refused here)
+  if (const int groups = g.components(survivors); groups > 1)
+    throw ProtocolError(cat(s.who(), ": refuses to unmask: the ", survivors.size(), " survivors fall into ", groups,
+                            " groups that no pairwise mask joins; unmasking would reveal each group's sum"));
 
   UnmaskMsg m;
   m.client = s.id;

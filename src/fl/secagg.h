@@ -37,17 +37,19 @@
 // SecAgg+ (Bell et al., CCS 2020, "Secure Single-Server Aggregation with (Poly)Logarithmic Overhead"): with
 // SecAggConfig::neighbors = k (even, 2..n-2) the pairs above are the edges of a k-regular graph instead of the complete
 // graph: the Harary graph H(k, n), each client joined to the k/2 nearest on each side of a ring, on a permutation of
-// the ids drawn from (round_id, n, k) (a public function, so every party computes it; a semi-honest server, as
-// above). Each client shares its secrets t-of-(k+1) among its closed neighbourhood N[u] = N(u) + {u}, masks with its
-// neighbours only and answers unmask for them only. Every threshold check above applies to each client's closed
-// neighbourhood: the server keeps in U1 and U2 the largest set in which every member has at least t members of N[u]
-// (so no member's mask_input fails), and fixes U3 only if every survivor, and every dropped client with a surviving
-// neighbour, has t survivors among its neighbours (TooFewClientsError naming the client otherwise), and if the
-// survivors are joined into one group by the graph's edges among them: survivors split into groups no pairwise mask
-// joins would reveal each group's sum (TooFewClientsError). Per client:
-// k shares, 2k key agreements and k+1 expansions of the vector instead of n-1, 2(n-1) and n; the server's unmask work
-// is |U3| + (dropped) * (their surviving neighbours) expansions. Privacy needs fewer than t colluders in every closed
-// neighbourhood and the honest survivors joined without them (the server can check only the survivors); Bell et al.
+// the ids drawn from (round_id, n, k, graph_seed) (every party computes it once it has the seed; a semi-honest
+// server, as above). Each client shares its secrets t-of-|U1 and N[u]| (at most k + 1) among its closed
+// neighbourhood N[u] = N(u) + {u}, masks with its neighbours only and answers unmask for them only. Every threshold
+// check above applies to each client's closed neighbourhood: the server keeps in U1 and U2 the largest set in which
+// every member has at least t members of N[u] (so no member's mask_input fails), and fixes U3 only if every survivor,
+// and every dropped client with a surviving neighbour, has t survivors in its closed neighbourhood (itself counted when
+// it survived; TooFewClientsError naming the client otherwise), and if the survivors are joined into one group by the
+// graph's edges among them: survivors split into groups no pairwise mask joins would reveal each group's sum
+// (TooFewClientsError at the server; a client given such a U3 refuses to unmask, ProtocolError). Per client: k shares,
+// 2k key agreements and k+1 expansions of the vector instead of n-1, 2(n-1) and n; the server's unmask work is |U3| +
+// (dropped) * (their surviving neighbours) expansions. Privacy needs fewer than t colluders in every closed
+// neighbourhood and the honest survivors joined without them (the server and the clients can check only the
+// survivors' connectivity, not who colludes); Bell et al.
 // bound the k that gives both with high probability for a fraction of corrupt and dropped clients as O(log n).
 #include <array>
 #include <cstddef>
@@ -125,6 +127,10 @@ struct SecAggConfig {
   size_t length = 0;      // elements per vector (> 0)
   uint64_t round_id = 0;  // bound into every ciphertext's associated data and every mask seed (no replay)
   int neighbors = 0;      // k: 0 = the complete graph (Bonawitz et al.); else SecAgg+'s k-regular graph, k even, 2..n-2
+  // SecAgg+: mixed into the graph's permutation with (round_id, n, k). `conduit fl`'s server draws it fresh each round
+  // (OS randomness) and sends it with the round's header, so nobody can tell a round's neighbourhoods before the
+  // round starts (Bell et al.'s server samples the graph); all zero: the graph follows from (round_id, n, k) alone.
+  std::array<uint8_t, 32> graph_seed{};
 };
 // The clients one client holds shares for and masks with: t counts members of its closed neighbourhood,
 // group_size(cfg) of them (k + 1, or n for the complete graph). threshold must lie in (group/2, group].

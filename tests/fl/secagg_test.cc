@@ -422,8 +422,13 @@ TEST(SecAggPlus, GraphIsKRegularSymmetricAndDrawnPerRound) {
     }
   }
   EXPECT_GT(far, 0);
-  // Every party derives the same graph from (round, n, k), on any machine: a known answer.
-  EXPECT_EQ(neighbors_of(config(12, 3, 32, 1, 5, 4), 0), (std::vector<int>{2, 7, 10, 11}));
+  // Every party derives the same graph from (round, n, k, graph seed), on any machine: a known answer.
+  EXPECT_EQ(neighbors_of(config(12, 3, 32, 1, 5, 4), 0), (std::vector<int>{2, 3, 8, 10}));
+  auto seeded = c;  // the same round with another seed (conduit fl's server draws one per round): another graph
+  seeded.graph_seed[31] = 1;
+  int reseeded = 0;
+  for (int u = 0; u < 40; ++u) reseeded += neighbors_of(c, u) != neighbors_of(seeded, u) ? 1 : 0;
+  EXPECT_GT(reseeded, 20);
   int differ = 0;
   for (int u = 0; u < 40; ++u) differ += neighbors_of(c, u) != neighbors_of(config(40, 4, 32, 8, 8, 6), u) ? 1 : 0;
   EXPECT_GT(differ, 20);                                                            // another round, another graph
@@ -540,10 +545,58 @@ TEST(SecAggPlus, SurvivorsSplitIntoUnjoinedGroupsAbortTheRound) {
   split.mask({a, b});
   auto msg = error_of<TooFewClientsError>([&] { split.server.survivors(); });
   EXPECT_THAT(msg, HasSubstr("split the 18 survivors into 2 groups"));
+  // A server that sent that survivor set anyway: each client refuses to unmask it (its own neighbourhood has t).
+  std::vector<int> u3;
+  for (int u = 0; u < 20; ++u)
+    if (u != a && u != b) u3.push_back(u);
+  for (int u : u3)
+    EXPECT_THAT(error_of<ProtocolError>([&] { split.clients[u].unmask(u3); }),
+                HasSubstr("survivors fall into 2 groups that no pairwise mask joins"))
+        << "client " << u;
   // One dropout leaves one arc: the round completes.
   Harness one(c, 46);
   const auto total = one.run({}, {a}, {});
   EXPECT_EQ(total, one.expected());
+}
+
+// U1 is the largest set in which every member has t members of its closed neighbourhood: what peeling off, one at a
+// time, the clients below t leaves (k = 4, t = 3, random non-advertisers; a client counted out twice would be
+// pruned with t advertising neighbours left, and others after it).
+TEST(SecAggPlus, PruningKeepsTheLargestSetWhereEveryMemberHasT) {
+  const auto c = config(30, 3, 32, 4, 9, 4);
+  std::mt19937 g(5);
+  int pruned_some = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    std::set<int> skip;
+    for (int u = 0; u < 30; ++u)
+      if (g() % 4 == 0) skip.insert(u);
+    std::set<int> want;
+    for (int u = 0; u < 30; ++u)
+      if (!skip.count(u)) want.insert(u);
+    const size_t advertised = want.size();
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (int u : std::set<int>(want)) {
+        int near = 0;
+        for (int v : closed_neighbourhood(c, u)) near += want.count(v) ? 1 : 0;
+        if (near < 3) {
+          want.erase(u);
+          changed = true;
+        }
+      }
+    }
+    pruned_some += want.size() < advertised ? 1 : 0;
+    Harness h(c, 100 + trial);
+    h.advertise(skip);
+    if (want.size() < 3) {
+      EXPECT_THROW(h.server.advertised(), TooFewClientsError) << "trial " << trial;
+      continue;
+    }
+    std::vector<int> ids;
+    for (const auto& a : h.server.advertised()) ids.push_back(a.client);
+    EXPECT_EQ(ids, std::vector<int>(want.begin(), want.end())) << "trial " << trial;
+  }
+  EXPECT_GT(pruned_some, 10) << "the draws pruned nobody: the test checks nothing";
 }
 
 TEST(SecAggPlus, CorruptShareIsCaughtByASpareNeighbour) {
@@ -554,8 +607,7 @@ TEST(SecAggPlus, CorruptShareIsCaughtByASpareNeighbour) {
   const int dropped = neighbors_of(c, 0).back();
   h.mask({dropped});
   const auto u3 = h.server.survivors();
-  const int first = *closed_neighbourhood(c, 0).begin();  // the lowest responder holding a share of b_0
-  ASSERT_NE(first, dropped);
+  const int first = 0;  // client 0 answers with its own share of b_0 among the others
   for (int u : u3) {
     auto m = h.clients[u].unmask(u3);
     if (u == first) {
