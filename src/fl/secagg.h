@@ -46,7 +46,8 @@
 // it survived; TooFewClientsError naming the client otherwise), and if the survivors are joined into one group by the
 // graph's edges among them: survivors split into groups no pairwise mask joins would reveal each group's sum
 // (TooFewClientsError at the server; a client given such a U3 refuses to unmask, ProtocolError). Per client: k shares,
-// 2k key agreements and k+1 expansions of the vector instead of n-1, 2(n-1) and n; the server's unmask work is |U3| +
+// 2k key agreements and k+1 expansions of the vector instead of n-1, 2(n-1) and n (and at unmask an O(|U3| k) check
+// that the survivors form one group); the server's unmask work is |U3| +
 // (dropped) * (their surviving neighbours) expansions. Privacy needs fewer than t colluders in every closed
 // neighbourhood and the honest survivors joined without them (the server and the clients can check only the
 // survivors' connectivity, not who colludes); Bell et al.
