@@ -501,6 +501,30 @@ TEST(SecAggPlus, ANeighbourhoodWithTooFewSurvivorsAbortsTheRoundTheCompleteGraph
   Harness full(config(20, 11, 32, 64, 7), 43);  // the same dropouts leave the complete graph 18 survivors
   const auto total = full.run({}, drop, {});
   EXPECT_EQ(total, full.expected());
+
+  // A server that sent those 18 survivors anyway: client 0 counts its own neighbourhood and refuses.
+  std::vector<int> u3;
+  for (int u = 0; u < 20; ++u)
+    if (!drop.count(u)) u3.push_back(u);
+  auto refused = error_of<TooFewClientsError>([&] { sparse.clients[0].unmask(u3); });
+  EXPECT_THAT(refused, HasSubstr("3 survivors in its neighbourhood, fewer than threshold t=4"));
+}
+
+// A survivor list naming a neighbour that never sent its shares (not in the client's U2) is refused: the client
+// holds no share of its secrets, and its masks were never added.
+TEST(SecAggPlus, ASurvivingNeighbourOutsideU2IsRefused) {
+  const auto c = config(20, 3, 32, 16, 7, 4);
+  const int missing = neighbors_of(c, 0)[0];
+  Harness h(c, 48);
+  h.advertise();
+  h.share({missing});
+  h.mask();
+  std::vector<int> u3(20);
+  for (int u = 0; u < 20; ++u) u3[size_t(u)] = u;  // `missing` included
+  EXPECT_THAT(error_of<ProtocolError>([&] { h.clients[0].unmask(u3); }),
+              HasSubstr("not a subset of U2: client " + std::to_string(missing)));
+  h.unmask();  // the server's own survivor set, without `missing`, unmasks
+  EXPECT_EQ(h.server.finish(), h.expected());
 }
 
 TEST(SecAggPlus, AdvertisersWithTooFewAdvertisingNeighboursArePruned) {
