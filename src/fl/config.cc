@@ -54,6 +54,8 @@ void fields(C& c, F&& f) {
   f("secagg_clip", c.secagg_clip);
   f("secagg_threshold", c.secagg_threshold);
   f("secagg_neighbors", c.secagg_neighbors);
+  f("secagg_max_corrupt", c.secagg_max_corrupt);
+  f("secagg_max_dropout", c.secagg_max_dropout);
   f("dp_clip", c.dp_clip);
   f("dp_noise", c.dp_noise);
   f("dp_delta", c.dp_delta);
@@ -183,11 +185,19 @@ void check_config(const FlConfig& c) {
     int_in("secagg_bits", c.secagg_bits, 8, 32);
     real_in("secagg_clip", c.secagg_clip, 1e-20, 1e30, false, false);  // (the codec's scale is levels / clip)
     real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
-    if (c.secagg_neighbors < 0 || c.secagg_neighbors % 2 != 0 || c.secagg_neighbors > kMaxClients - 1)
+    if (c.secagg_neighbors < -1 || (c.secagg_neighbors > 0 && c.secagg_neighbors % 2 != 0) ||
+        c.secagg_neighbors > kMaxClients - 1)
       throw ConfigError(
-          fmt::format("fl: secagg_neighbors: {} is not allowed; allowed: 0 (every pair of a round's clients) or an "
-                      "even number in 2..{} (SecAgg+'s graph: k/2 on each side of a ring)",
+          fmt::format("fl: secagg_neighbors: {} is not allowed; allowed: 0 (every pair of a round's clients), an "
+                      "even number in 2..{} (SecAgg+'s graph: k/2 on each side of a ring) or auto (-1 in JSON)",
                       c.secagg_neighbors, kMaxClients - 1));
+    real_in("secagg_max_corrupt", c.secagg_max_corrupt, 0, 0.5, false, true);
+    real_in("secagg_max_dropout", c.secagg_max_dropout, 0, 1, false, true);
+    if (c.secagg_neighbors == -1 && c.dropout > c.secagg_max_dropout)
+      throw ConfigError(fmt::format(
+          "fl: secagg_max_dropout: {} is below --dropout {}: the graph chosen for it would abandon rounds; allowed: "
+          "secagg_max_dropout at least dropout",
+          c.secagg_max_dropout, c.dropout));
     if (sampled < 2)
       throw ConfigError(
           fmt::format("fl: secagg: {} client(s) a round cannot hide one another's update; allowed: "
@@ -255,7 +265,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "clients, or each client and its neighbours"},
       {"secagg_neighbors",
        "SecAgg+: each client pairs with this many others (even; 0: all) of a random graph, in rounds of more than "
-       "this + 1 clients (every pair in smaller ones)"},
+       "this + 1 clients (every pair in smaller ones); auto: the smallest k the bounds below allow, per round"},
+      {"secagg_max_corrupt", "SecAgg+ auto: fraction of a round's clients that may collude with the server, [0, 0.5)"},
+      {"secagg_max_dropout", "SecAgg+ auto: fraction of a round's clients that may drop out, [0, 1)"},
       {"dp_clip", "differential privacy: clip each update to this L2 norm (0: off)"},
       {"dp_noise", "differential privacy: noise multiplier z (noise std z * dp_clip on the sum; 0: off)"},
       {"dp_delta", "differential privacy: the delta epsilon is reported at"},
@@ -282,6 +294,8 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
     };
     if constexpr (std::is_same_v<T, std::string>) {
       v = value;
+    } else if (key == "secagg_neighbors" && value == "auto") {
+      if constexpr (std::is_same_v<T, int>) v = -1;
     } else if constexpr (std::is_same_v<T, bool>) {
       if (value == "true" || value == "1" || value == "on" || value == "yes")
         v = true;
@@ -299,7 +313,8 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
       if (pos != value.size()) throw bad("a number");
     } else {
       const std::string range =
-          fmt::format("an integer from {} to {}", std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+          fmt::format("an integer from {} to {}{}", std::numeric_limits<T>::min(), std::numeric_limits<T>::max(),
+                      key == "secagg_neighbors" ? ", or auto" : "");
       size_t pos = 0;
       try {
         if (value.empty() || (std::is_unsigned_v<T> && value[0] == '-')) throw std::invalid_argument("sign");

@@ -456,9 +456,11 @@ SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round
   SecAggConfig s;
   s.num_clients = sampled;
   // SecAgg+ where the round has more clients than a neighbourhood (k <= sampled - 2); every pair otherwise.
-  s.neighbors = c.secagg_neighbors > 0 && c.secagg_neighbors <= sampled - 2 ? c.secagg_neighbors : 0;
-  const int group = group_size(s);
-  s.threshold = std::min(group, std::max(2, int(std::floor(c.secagg_threshold * group)) + 1));
+  const int k = c.secagg_neighbors >= 0
+                    ? c.secagg_neighbors
+                    : choose_neighbors(sampled, c.secagg_max_corrupt, c.secagg_max_dropout, c.secagg_threshold);
+  s.neighbors = k > 0 && k <= sampled - 2 ? k : 0;
+  s.threshold = threshold_for(group_size(s), c.secagg_threshold);
   s.bits = c.secagg_bits;
   s.length = len + 2;
   s.round_id = uint64_t(round);
@@ -818,6 +820,7 @@ nlohmann::json to_json(const RoundRecord& r) {
           {"dropouts", r.dropouts},
           {"partial", r.partial},
           {"abandoned", r.abandoned},
+          {"secagg_neighbors", r.secagg_neighbors},
           {"train_loss", optional(r.train_loss)},
           {"test_accuracy", optional(r.test_accuracy)},
           {"test_loss", optional(r.test_loss)},
@@ -991,6 +994,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     std::unique_ptr<FixedPointCodec> codec;
     if (masked && m > 0) {
       const SecAggConfig scfg = secagg_config(c, int(m), f.len, round, graph_seed);
+      rec.secagg_neighbors = scfg.neighbors;
       srv = std::make_unique<SecAggServer>(scfg);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       std::vector<Bytes> ab =
@@ -1182,10 +1186,10 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     } else {
       CONDUIT_LOG_WARN("fl: round {} applied nothing ({} sampled: {} stragglers, {} dropouts{})", rec.round,
                        rec.sampled, rec.stragglers, rec.dropouts,
-                       !rec.abandoned            ? ""
-                       : c.secagg_neighbors == 0 ? ", fewer than secure aggregation's threshold sent"
-                                                 : ", secure aggregation could not unmask it: too few sent, in all "
-                                                   "or near one client, or the dropouts split the survivors");
+                       !rec.abandoned              ? ""
+                       : rec.secagg_neighbors == 0 ? ", fewer than secure aggregation's threshold sent"
+                                                   : ", secure aggregation could not unmask it: too few sent, in all "
+                                                     "or near one client, or the dropouts split the survivors");
     }
     if (accountant) {
       accountant->step(1);  // a round counts whether or not anything was applied (the sampling happened)

@@ -72,8 +72,12 @@ struct FlConfig {
   double secagg_clip = 1.0;       // per element of a weighted update
   double secagg_threshold = 0.5;  // t = floor(secagg_threshold * group) + 1, in [2, group]
   // SecAgg+ (Bell et al. 2020): each client pairs with k others (even) of a random k-regular graph; 0, or k at least
-  // the round's sampled - 1, pairs every two. group = k + 1 (or sampled): the clients t counts among.
+  // the round's sampled - 1, pairs every two. group = k + 1 (or sampled): the clients t counts among. -1 (`auto`):
+  // each round's k from choose_neighbors (secagg.h) for the round's clients, secagg_max_corrupt and
+  // secagg_max_dropout.
   int secagg_neighbors = 0;
+  double secagg_max_corrupt = 0.05;  // auto: the fraction of a round's clients that may collude with the server
+  double secagg_max_dropout = 0.1;   // auto: the fraction of a round's clients that may drop out
   // Differential privacy (0: off).
   double dp_clip = 0.0, dp_noise = 0.0, dp_delta = 1e-5;
   // Tests only (no key, no flag): a fixed seed for DP's sampling and noise; 0 draws them from the OS.
@@ -151,6 +155,7 @@ struct RoundRecord {
   int round = 0;  // 1-based
   int sampled = 0, aggregated = 0, stragglers = 0, dropouts = 0, partial = 0;
   bool abandoned = false;  // secagg: fewer than the threshold sent updates (all, or near one client), nothing applied
+  int secagg_neighbors = 0;                   // secagg: the round's k (SecAgg+'s graph), 0 for every pair
   double train_loss = -1;                     // mean over the aggregated clients (-1: none, or withheld under DP)
   double test_accuracy = -1, test_loss = -1;  // -1: not evaluated this round
   double wall_s = 0;                          // this round's wall time

@@ -564,6 +564,55 @@ void FixedPointCodec::decode(const uint32_t* sum, size_t n, float* out) const {
 
 int group_size(const SecAggConfig& cfg) { return cfg.neighbors > 0 ? cfg.neighbors + 1 : cfg.num_clients; }
 
+int threshold_for(int group, double x) {
+  return std::min(group, std::max(2, static_cast<int>(std::floor(x * group)) + 1));
+}
+
+namespace {
+double log_choose(int64_t a, int64_t b) {
+  return std::lgamma(double(a) + 1) - std::lgamma(double(b) + 1) - std::lgamma(double(a - b) + 1);
+}
+}  // namespace
+
+double hypergeometric_tail(int64_t N, int64_t K, int64_t k, int64_t j) {
+  if (N < 0 || K < 0 || K > N || k < 0 || k > N)
+    throw InvalidArgument(cat("hypergeometric_tail: N=", N, " K=", K, " k=", k, "; allowed: 0 <= K, k <= N"));
+  const int64_t lo = std::max<int64_t>(0, k - (N - K)), hi = std::min(K, k);
+  if (j <= lo) return 1.0;
+  if (j > hi) return 0.0;
+  const double total = log_choose(N, k);
+  double p = 0;
+  for (int64_t i = j; i <= hi; ++i) p += std::exp(log_choose(K, i) + log_choose(N - K, k - i) - total);
+  return std::min(1.0, p);
+}
+
+int choose_neighbors(int n, double corrupt, double dropout, double x) {
+  if (!(corrupt >= 0 && corrupt < 0.5) || !(dropout >= 0 && dropout < 1) || !(x >= 0.5 && x <= 1))
+    throw InvalidArgument(cat("choose_neighbors: corrupt=", corrupt, " dropout=", dropout, " x=", x,
+                              "; allowed: corrupt in [0, 0.5), dropout in [0, 1), x in [0.5, 1]"));
+  static std::mutex mu;
+  static std::map<std::tuple<int, double, double, double>, int> cache;
+  const auto key = std::make_tuple(n, corrupt, dropout, x);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  const int64_t c = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(corrupt * n)));
+  const int64_t d = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(dropout * n)));
+  const int64_t removed = std::min<int64_t>(n, c + d);
+  const double privacy = std::ldexp(1.0, -40), correctness = std::ldexp(1.0, -20);
+  const double log_pairs = std::log(double(n) * double(n) / 2), log_split_bound = std::log(privacy);
+  int chosen = 0;
+  for (int k = 2; k <= std::min(n - 2, 2048); k += 2) {
+    const int t = threshold_for(k + 1, x);
+    if (double(n) * hypergeometric_tail(n - 1, c, k, t) > privacy) continue;
+    if (double(n) * hypergeometric_tail(n - 1, d, k, k + 1 - t) > correctness) continue;
+    if (removed >= k && log_pairs + log_choose(removed, k) - log_choose(n, k) > log_split_bound) continue;
+    chosen = k;
+    break;
+  }
+  cache.emplace(key, chosen);
+  return chosen;
+}
+
 void check(const SecAggConfig& cfg) {
   std::vector<std::string> problems;
   if (cfg.num_clients < 2 || cfg.num_clients > kMaxClients)

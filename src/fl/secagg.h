@@ -141,6 +141,22 @@ int group_size(const SecAggConfig& cfg);
 std::vector<int> neighbors_of(const SecAggConfig& cfg, int id);
 // ConfigError listing every problem (on one line, separated by "; ").
 void check(const SecAggConfig& cfg);
+// The threshold for a group of g clients (a neighbourhood's k + 1, or a round's n) at fraction x in [0.5, 1]:
+// min(g, max(2, floor(x g) + 1)).
+int threshold_for(int group, double x);
+// P[X >= j] for X ~ Hypergeometric(N items, K of them marked, k drawn without replacement).
+double hypergeometric_tail(int64_t N, int64_t K, int64_t k, int64_t j);
+// SecAgg+'s k for a round of n clients (`conduit fl --secagg-neighbors auto`): the smallest even k for which union
+// bounds over the round's graph give, with C = ceil(corrupt n) colluding and D = ceil(dropout n) dropped clients
+// and t = threshold_for(k + 1, x):
+//   privacy      n P[Hyp(n-1, C, k) >= t] <= 2^-40          (no honest client has t colluders among its neighbours)
+//   correctness  n P[Hyp(n-1, D, k) >= k + 1 - t] <= 2^-20  (every neighbourhood keeps t survivors)
+//   one group    (n^2 / 2) C(C + D, k) / C(n, k) <= 2^-40     (no two runs of k/2 removed clients on the ring,
+//                                                              which would split the honest survivors)
+// These hold because the graph is drawn afresh each round, after who colludes or drops is fixed: a client's k
+// neighbours are then a uniform k-subset of the others. 0 (every pair) when no k up to min(n - 2, 2048) does.
+// InvalidArgument for corrupt outside [0, 0.5), dropout outside [0, 1), or x outside [0.5, 1].
+int choose_neighbors(int n, double corrupt, double dropout, double x);
 
 // Wire format of the three messages: tag byte, version byte (1), then little-endian fields. parse() throws
 // ProtocolError naming what is malformed (length, tag, version, counts, ids >= num_clients, unsorted ids).

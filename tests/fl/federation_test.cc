@@ -326,6 +326,34 @@ TEST(Federation, SecAggPlusGivesTheCompleteGraphsWeightsWithFewerShares) {
 
 // With t = 5 of each client's 5 (k = 4, threshold 0.9) one dropout abandons the round through its neighbours'
 // check, though far more than t clients sent in all.
+// --secagg-neighbors auto: each round's k from choose_neighbors for its clients, recorded per round; the weights are
+// every pair's (the sum is exact), with fewer shares.
+TEST(Federation, SecAggPlusAutoChoosesKForTheRound) {
+  FlConfig c = every_client_masked();
+  c.rounds = 3;
+  c.secagg_neighbors = -1;
+  c.secagg_max_corrupt = 0.05;
+  c.secagg_max_dropout = 0.2;
+  const int k = choose_neighbors(24, 0.05, 0.2, c.secagg_threshold);
+  ASSERT_GT(k, 0);
+  ASSERT_LE(k, 22);
+  RunResult sparse = run(c);
+  c.secagg_neighbors = 0;
+  RunResult full = run(c);
+  expect_ok(sparse);
+  expect_ok(full);
+  ASSERT_EQ(sparse.records.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& s = sparse.records[i];
+    EXPECT_EQ(s.secagg_neighbors, k) << "round " << s.round;
+    EXPECT_EQ(full.records[i].secagg_neighbors, 0) << "round " << s.round;
+    ASSERT_LE(s.dropouts, 4) << "round " << s.round << ": the seed drops more than the graph was chosen for";
+    EXPECT_FALSE(s.abandoned) << "round " << s.round;
+    EXPECT_LT(s.bytes_up, full.records[i].bytes_up) << "round " << s.round;
+  }
+  EXPECT_EQ(sparse.server.weights, full.server.weights);
+}
+
 TEST(Federation, SecAggPlusAbandonsARoundWhenANeighbourhoodKeepsFewerThanT) {
   FlConfig c = every_client_masked();
   c.rounds = 4;
@@ -1279,6 +1307,40 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
           c.secagg_neighbors = k;
         },
         "secagg_neighbors");
+  for (double v : {-0.1, 0.5})
+    bad(
+        [v](FlConfig& c) {
+          c.secagg = true;
+          c.secagg_max_corrupt = v;
+        },
+        "secagg_max_corrupt");
+  bad(
+      [](FlConfig& c) {
+        c.secagg = true;
+        c.secagg_max_dropout = 1;
+      },
+      "secagg_max_dropout");
+  bad(
+      [](FlConfig& c) {  // auto would choose a graph for fewer dropouts than the run simulates
+        c.secagg = true;
+        c.secagg_neighbors = -1;
+        c.dropout = 0.3;
+        c.secagg_max_dropout = 0.2;
+      },
+      "secagg_max_dropout: 0.2 is below --dropout 0.3");
+  {
+    FlConfig c;
+    set_config_value(c, "secagg_neighbors", "auto");
+    EXPECT_EQ(c.secagg_neighbors, -1);
+    EXPECT_THROW(set_config_value(c, "rounds", "auto"), ConfigError);  // (auto is secagg_neighbors' word only)
+    try {
+      set_config_value(c, "secagg_neighbors", "autox");
+      ADD_FAILURE() << "accepted autox";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'autox' is not an integer from"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(", or auto"), std::string::npos) << e.what();
+    }
+  }
   bad(
       [](FlConfig& c) {
         c.secagg = true;
@@ -1306,10 +1368,14 @@ TEST(FlConfig, JsonRoundTripsEveryKeyAndRefusesUnknownOnes) {
   c.partition = "shards:2";
   c.secagg_bits = 16;
   c.secagg_neighbors = 8;
+  c.secagg_max_corrupt = 0.1;
+  c.secagg_max_dropout = 0.25;
   c.dp_delta = 1e-6;
   c.seed = 7;
   FlConfig back = config_from_json(config_to_json(c), "test");
   EXPECT_EQ(back.secagg_neighbors, 8);
+  EXPECT_EQ(back.secagg_max_corrupt, 0.1);
+  EXPECT_EQ(back.secagg_max_dropout, 0.25);
   EXPECT_EQ(config_to_json(back), config_to_json(c));
   EXPECT_EQ(back.partition, "shards:2");
   EXPECT_EQ(back.secagg_bits, 16);

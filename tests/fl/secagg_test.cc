@@ -991,5 +991,77 @@ TEST(FixedPoint, EndToEndThroughSecureAggregation) {
   }
 }
 
+// ---- SecAgg+'s k chosen by bounds (conduit fl --secagg-neighbors auto) -----------------------------------------
+
+double choose(int n, int k) {  // n choose k, exactly in long double for the small cases below
+  long double r = 1;
+  for (int i = 1; i <= k; ++i) r = r * (n - k + i) / i;
+  return double(r);
+}
+
+TEST(SecAggPlusAuto, HypergeometricTailMatchesTheDefinition) {
+  for (int N : {12, 30})
+    for (int K : {0, 3, 7})
+      for (int k : {0, 5, 9})
+        for (int j = -1; j <= k + 1; ++j) {
+          double want = 0;
+          for (int i = std::max(j, 0); i <= std::min(K, k); ++i)
+            if (k - i <= N - K) want += choose(K, i) * choose(N - K, k - i) / choose(N, k);
+          EXPECT_NEAR(hypergeometric_tail(N, K, k, j), want, 1e-12 * std::max(1.0, want))
+              << "N=" << N << " K=" << K << " k=" << k << " j=" << j;
+        }
+  EXPECT_THROW(hypergeometric_tail(5, 6, 2, 1), InvalidArgument);
+  EXPECT_THROW(hypergeometric_tail(5, 2, 6, 1), InvalidArgument);
+}
+
+// The k chosen meets the three bounds its header states, checked here from the definition, and k - 2 misses one.
+TEST(SecAggPlusAuto, ChosenKMeetsTheBoundsAndTheNextSmallerDoesNot) {
+  auto meets = [](int n, double corrupt, double dropout, double x, int k) {
+    const int64_t c = std::min<int64_t>(n - 1, int64_t(std::ceil(corrupt * n)));
+    const int64_t d = std::min<int64_t>(n - 1, int64_t(std::ceil(dropout * n)));
+    const int64_t r = std::min<int64_t>(n, c + d);
+    const int t = std::min(k + 1, std::max(2, int(std::floor(x * (k + 1))) + 1));
+    const double split = r < k ? 0.0
+                               : double(n) * n / 2 *
+                                     std::exp(std::lgamma(r + 1.0) - std::lgamma(r - k + 1.0) - std::lgamma(n + 1.0) +
+                                              std::lgamma(n - k + 1.0));
+    return n * hypergeometric_tail(n - 1, c, k, t) <= std::ldexp(1.0, -40) &&
+           n * hypergeometric_tail(n - 1, d, k, k + 1 - t) <= std::ldexp(1.0, -20) && split <= std::ldexp(1.0, -40);
+  };
+  int checked = 0;
+  for (int n : {20, 100, 1000, 20000})
+    for (auto [corrupt, dropout] : std::vector<std::pair<double, double>>{{0.05, 0.1}, {0.1, 0.2}, {0.2, 0.2}})
+      for (double x : {0.5, 0.7}) {
+        SCOPED_TRACE(testing::Message() << "n=" << n << " corrupt=" << corrupt << " dropout=" << dropout << " x=" << x);
+        const int k = choose_neighbors(n, corrupt, dropout, x);
+        if (k == 0) continue;  // (every pair)
+        ++checked;
+        EXPECT_EQ(k % 2, 0);
+        EXPECT_LE(k, n - 2);
+        EXPECT_TRUE(meets(n, corrupt, dropout, x, k));
+        if (k > 2) EXPECT_FALSE(meets(n, corrupt, dropout, x, k - 2));
+      }
+  EXPECT_GE(checked, 20);
+}
+
+TEST(SecAggPlusAuto, KGrowsSlowlyWithTheRoundAndWithWhatMayGoWrong) {
+  // (pinned: the README quotes these)
+  EXPECT_EQ(choose_neighbors(100, 0.05, 0.1, 0.5), 22);
+  EXPECT_EQ(choose_neighbors(1000, 0.05, 0.1, 0.5), 36);
+  EXPECT_EQ(choose_neighbors(20000, 0.05, 0.1, 0.5), 44);
+  EXPECT_EQ(choose_neighbors(1000, 0.0, 0.0, 0.5), 2);  // nobody colludes or drops: a ring is enough
+  int last = 0;
+  for (double corrupt : {0.0, 0.05, 0.1, 0.2, 0.3}) {  // more colluders never asks for fewer neighbours
+    const int k = choose_neighbors(1000, corrupt, 0.1, 0.5);
+    EXPECT_GE(k, last) << "corrupt " << corrupt;
+    last = k;
+  }
+  EXPECT_EQ(choose_neighbors(3, 0.05, 0.1, 0.5), 0);   // too few for any graph but the complete one
+  EXPECT_EQ(choose_neighbors(30, 0.45, 0.5, 0.5), 0);  // no k short of every pair: every pair
+  EXPECT_THROW(choose_neighbors(100, 0.5, 0.1, 0.5), InvalidArgument);
+  EXPECT_THROW(choose_neighbors(100, 0.05, 1.0, 0.5), InvalidArgument);
+  EXPECT_THROW(choose_neighbors(100, 0.05, 0.1, 0.4), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace conduit::fl
