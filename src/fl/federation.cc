@@ -2,7 +2,8 @@
 // a sampled client (hosts without one get the header only):
 //
 //   S -> h  header: round, continue flag, the sampled clients (ids of the whole federation, ascending); with secure
-//           aggregation then the round's 32-byte graph seed (SecAgg+'s graph, drawn afresh each round)
+//           aggregation then the round's 32-byte graph seed (SecAgg+'s graph, drawn afresh each round) and its k
+//           (0: every pair; the server's choice under --secagg-neighbors auto, so every rank builds one graph)
 //   S -> h  the global weights (f32; with SCAFFOLD then the server's control variate)
 //   with secure aggregation (ids inside the protocol: positions in the sampled list):
 //     h -> S  AdvertiseMsg of each of its sampled clients            (round 0 of Bonawitz et al.)
@@ -451,15 +452,21 @@ int codec_summands(const FlConfig& c, int sampled) {
   return dp_max_sampled(c);
 }
 
-SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round,
-                           const std::array<uint8_t, 32>& graph_seed) {
-  SecAggConfig s;
-  s.num_clients = sampled;
-  // SecAgg+ where the round has more clients than a neighbourhood (k <= sampled - 2); every pair otherwise.
+// The round's SecAgg+ k (0: every pair): the configured one where the round has more clients than a neighbourhood
+// (k <= sampled - 2), or under auto choose_neighbors' (the server's: it sends it to the hosts).
+int round_neighbors(const FlConfig& c, int sampled) {
+  if (sampled < 4) return 0;
   const int k = c.secagg_neighbors >= 0
                     ? c.secagg_neighbors
                     : choose_neighbors(sampled, c.secagg_max_corrupt, c.secagg_max_dropout, c.secagg_threshold);
-  s.neighbors = k > 0 && k <= sampled - 2 ? k : 0;
+  return k > 0 && k <= sampled - 2 ? k : 0;
+}
+
+SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round,
+                           const std::array<uint8_t, 32>& graph_seed, int neighbors) {
+  SecAggConfig s;
+  s.num_clients = sampled;
+  s.neighbors = neighbors;
   s.threshold = threshold_for(group_size(s), c.secagg_threshold);
   s.bits = c.secagg_bits;
   s.length = len + 2;
@@ -536,7 +543,7 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
   const double per_client = 2.0 + f.max_per_host;
   for (;;) {
     // The next header comes after the server's aggregation and evaluation and the other hosts' training.
-    Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled) + 32, 2.0 + f.max_per_host);
+    Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled) + 40, 2.0 + f.max_per_host);
     In h(hb, "round header");
     const int round = h.index(int64_t(c.rounds) + 1, "round");
     if (first < 0) {
@@ -556,7 +563,17 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
     std::vector<int> sampled(ns);
     for (auto& s : sampled) s = h.index(c.clients, "client");
     std::array<uint8_t, 32> graph_seed{};
-    if (c.secagg) h.get(graph_seed.data(), graph_seed.size());
+    int neighbors = 0;
+    if (c.secagg) {
+      h.get(graph_seed.data(), graph_seed.size());
+      const int64_t k = h.i64();
+      if (k != 0 && (k < 2 || k % 2 != 0 || k > int64_t(sampled.size()) - 2))
+        throw ProtocolError(
+            fmt::format("fl: the round header says k = {} for {} clients; allowed: 0 or an even "
+                        "number in 2..{}",
+                        k, sampled.size(), int64_t(sampled.size()) - 2));
+      neighbors = int(k);
+    }
     h.done();
     if (!go) return;
     std::vector<int> mine;  // positions in `sampled`
@@ -584,7 +601,7 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
     std::vector<int> u2;
     std::unique_ptr<FixedPointCodec> codec;
     if (c.secagg) {
-      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round, graph_seed);
+      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round, graph_seed, neighbors);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       Out adv;
       adv.u64(k);
@@ -915,6 +932,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     if (too_few) sampled.clear();
     const uint64_t m = sampled.size();
     std::array<uint8_t, 32> graph_seed{};
+    const int neighbors = c.secagg ? round_neighbors(c, int(m)) : 0;
     std::map<int, std::vector<int>> by_host;  // host -> positions
     for (size_t i = 0; i < sampled.size(); ++i) by_host[host_of_client(sampled[i], world)].push_back(int(i));
     std::vector<int> active;
@@ -938,6 +956,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         if (sodium_init() < 0) throw Error("fl: libsodium cannot start (no entropy source?): SecAgg+ needs randomness");
         randombytes_buf(graph_seed.data(), graph_seed.size());
         o.put(graph_seed.data(), graph_seed.size());
+        o.i64(neighbors);
       }
       Bytes hb = o.take();
       w.send_many(hosts, kTagHeader, std::vector<const Bytes*>(hosts.size(), &hb));
@@ -993,7 +1012,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     const double per_client = 1.0 + double(most);
     std::unique_ptr<FixedPointCodec> codec;
     if (masked && m > 0) {
-      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round, graph_seed);
+      const SecAggConfig scfg = secagg_config(c, int(m), f.len, round, graph_seed, neighbors);
       rec.secagg_neighbors = scfg.neighbors;
       srv = std::make_unique<SecAggServer>(scfg);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
@@ -1229,7 +1248,10 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     o.i64(c.rounds);
     o.u64(0);
     o.u64(0);
-    if (c.secagg) o.put(std::array<uint8_t, 32>{}.data(), 32);
+    if (c.secagg) {
+      o.put(std::array<uint8_t, 32>{}.data(), 32);
+      o.i64(0);
+    }
     Bytes hb = o.take();
     w.send_many(hosts, kTagHeader, std::vector<const Bytes*>(hosts.size(), &hb));
   }

@@ -16,6 +16,8 @@
 #include <string_view>
 #include <tuple>
 
+#include "core/log.h"
+
 namespace conduit::fl {
 namespace {
 
@@ -569,8 +571,12 @@ int threshold_for(int group, double x) {
 }
 
 namespace {
+double log_gamma(double x) {  // (lgamma_r: lgamma writes the global signgam, racing other threads)
+  int sign = 0;
+  return lgamma_r(x, &sign);
+}
 double log_choose(int64_t a, int64_t b) {
-  return std::lgamma(double(a) + 1) - std::lgamma(double(b) + 1) - std::lgamma(double(a - b) + 1);
+  return log_gamma(double(a) + 1) - log_gamma(double(b) + 1) - log_gamma(double(a - b) + 1);
 }
 }  // namespace
 
@@ -581,8 +587,14 @@ double hypergeometric_tail(int64_t N, int64_t K, int64_t k, int64_t j) {
   if (j <= lo) return 1.0;
   if (j > hi) return 0.0;
   const double total = log_choose(N, k);
+  // The terms rise to the mode and fall after it: past it, stop once they no longer move the sum.
+  const int64_t mode = (k + 1) * (K + 1) / (N + 2);
   double p = 0;
-  for (int64_t i = j; i <= hi; ++i) p += std::exp(log_choose(K, i) + log_choose(N - K, k - i) - total);
+  for (int64_t i = j; i <= hi; ++i) {
+    const double term = std::exp(log_choose(K, i) + log_choose(N - K, k - i) - total);
+    p += term;
+    if (i > mode && term <= p * 1e-18) break;
+  }
   return std::min(1.0, p);
 }
 
@@ -595,8 +607,9 @@ int choose_neighbors(int n, double corrupt, double dropout, double x) {
   const auto key = std::make_tuple(n, corrupt, dropout, x);
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  const int64_t c = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(corrupt * n)));
-  const int64_t d = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(dropout * n)));
+  // (ceil of the product less a rounding error: 0.07 * 100 is 7.000000000000001)
+  const int64_t c = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(corrupt * n * (1 - 1e-12))));
+  const int64_t d = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(dropout * n * (1 - 1e-12))));
   const int64_t removed = std::min<int64_t>(n, c + d);
   const double privacy = std::ldexp(1.0, -40), correctness = std::ldexp(1.0, -20);
   const double log_pairs = std::log(double(n) * double(n) / 2), log_split_bound = std::log(privacy);
@@ -604,11 +617,16 @@ int choose_neighbors(int n, double corrupt, double dropout, double x) {
   for (int k = 2; k <= std::min(n - 2, 2048); k += 2) {
     const int t = threshold_for(k + 1, x);
     if (double(n) * hypergeometric_tail(n - 1, c, k, t) > privacy) continue;
-    if (double(n) * hypergeometric_tail(n - 1, d, k, k + 1 - t) > correctness) continue;
+    if (d > 0 && double(n) * hypergeometric_tail(n - 1, d, k, k + 1 - t) > correctness) continue;
     if (removed >= k && log_pairs + log_choose(removed, k) - log_choose(n, k) > log_split_bound) continue;
     chosen = k;
     break;
   }
+  if (chosen == 0 && n >= 4)
+    CONDUIT_LOG_WARN(
+        "fl: SecAgg+ auto: no even k up to {} keeps the bounds for {} clients with {} colluding and {} dropping: "
+        "every pair of them masks (O(n^2) work); fewer clients a round or smaller fractions allow a graph",
+        std::min(n - 2, 2048), n, corrupt, dropout);
   cache.emplace(key, chosen);
   return chosen;
 }

@@ -153,8 +153,9 @@ double hypergeometric_tail(int64_t N, int64_t K, int64_t k, int64_t j);
 //   correctness  n P[Hyp(n-1, D, k) >= k + 1 - t] <= 2^-20  (every neighbourhood keeps t survivors)
 //   one group    (n^2 / 2) C(C + D, k) / C(n, k) <= 2^-40     (no two runs of k/2 removed clients on the ring,
 //                                                              which would split the honest survivors)
-// These hold because the graph is drawn afresh each round, after who colludes or drops is fixed: a client's k
-// neighbours are then a uniform k-subset of the others. 0 (every pair) when no k up to min(n - 2, 2048) does.
+// These hold because the graph is drawn afresh each round, independently of who colludes or drops: a client's k
+// neighbours are then a uniform k-subset of the others (given at most D dropped: stragglers count). 0 (every pair,
+// with a warning) when no k up to min(n - 2, 2048) does.
 // InvalidArgument for corrupt outside [0, 0.5), dropout outside [0, 1), or x outside [0.5, 1].
 int choose_neighbors(int n, double corrupt, double dropout, double x);
 

@@ -324,8 +324,6 @@ TEST(Federation, SecAggPlusGivesTheCompleteGraphsWeightsWithFewerShares) {
   EXPECT_EQ(sparse.server.weights, full.server.weights);
 }
 
-// With t = 5 of each client's 5 (k = 4, threshold 0.9) one dropout abandons the round through its neighbours'
-// check, though far more than t clients sent in all.
 // --secagg-neighbors auto: each round's k from choose_neighbors for its clients, recorded per round; the weights are
 // every pair's (the sum is exact), with fewer shares.
 TEST(Federation, SecAggPlusAutoChoosesKForTheRound) {
@@ -354,6 +352,8 @@ TEST(Federation, SecAggPlusAutoChoosesKForTheRound) {
   EXPECT_EQ(sparse.server.weights, full.server.weights);
 }
 
+// With t = 5 of each client's 5 (k = 4, threshold 0.9) one dropout abandons the round through its neighbours'
+// check, though far more than t clients sent in all.
 TEST(Federation, SecAggPlusAbandonsARoundWhenANeighbourhoodKeepsFewerThanT) {
   FlConfig c = every_client_masked();
   c.rounds = 4;

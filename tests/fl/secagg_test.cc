@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -1010,6 +1011,20 @@ TEST(SecAggPlusAuto, HypergeometricTailMatchesTheDefinition) {
           EXPECT_NEAR(hypergeometric_tail(N, K, k, j), want, 1e-12 * std::max(1.0, want))
               << "N=" << N << " K=" << K << " k=" << k << " j=" << j;
         }
+  // Large populations (where the sum stops early past the mode) against the pmf's term ratio, summed in full.
+  for (auto [N, K, k, j] : std::vector<std::array<int64_t, 4>>{
+           {65535, 3277, 40, 21}, {65535, 6554, 46, 24}, {20000, 1000, 2048, 103}, {1000, 50, 36, 5}}) {
+    const int64_t hi = std::min(K, k);
+    long double term = std::exp((long double)(std::lgamma(N - K + 1.0) - std::lgamma(N - K - k + 1.0) +
+                                              std::lgamma(N - k + 1.0) - std::lgamma(N + 1.0)));  // P[X = 0]
+    long double tail = 0;
+    for (int64_t i = 0; i <= hi; ++i) {
+      if (i >= j) tail += term;
+      term *= (long double)(K - i) * (k - i) / ((i + 1) * (long double)(N - K - k + i + 1));
+    }
+    EXPECT_NEAR(hypergeometric_tail(N, K, k, j), double(tail), 1e-9 * double(tail) + 1e-300)
+        << "N=" << N << " K=" << K << " k=" << k << " j=" << j;
+  }
   EXPECT_THROW(hypergeometric_tail(5, 6, 2, 1), InvalidArgument);
   EXPECT_THROW(hypergeometric_tail(5, 2, 6, 1), InvalidArgument);
 }
@@ -1034,21 +1049,32 @@ TEST(SecAggPlusAuto, ChosenKMeetsTheBoundsAndTheNextSmallerDoesNot) {
       for (double x : {0.5, 0.7}) {
         SCOPED_TRACE(testing::Message() << "n=" << n << " corrupt=" << corrupt << " dropout=" << dropout << " x=" << x);
         const int k = choose_neighbors(n, corrupt, dropout, x);
-        if (k == 0) continue;  // (every pair)
+        if (k == 0) {  // every pair: no k short of it meets them
+          for (int q = 2; q <= std::min(n - 2, 2048); q += 2) EXPECT_FALSE(meets(n, corrupt, dropout, x, q)) << q;
+          continue;
+        }
         ++checked;
         EXPECT_EQ(k % 2, 0);
         EXPECT_LE(k, n - 2);
         EXPECT_TRUE(meets(n, corrupt, dropout, x, k));
-        if (k > 2) EXPECT_FALSE(meets(n, corrupt, dropout, x, k - 2));
+        if (k > 2) {
+          EXPECT_FALSE(meets(n, corrupt, dropout, x, k - 2));
+        }
       }
   EXPECT_GE(checked, 20);
 }
 
 TEST(SecAggPlusAuto, KGrowsSlowlyWithTheRoundAndWithWhatMayGoWrong) {
-  // (pinned: the README quotes these)
+  // (pinned: docs/federated.md quotes these)
   EXPECT_EQ(choose_neighbors(100, 0.05, 0.1, 0.5), 22);
   EXPECT_EQ(choose_neighbors(1000, 0.05, 0.1, 0.5), 36);
   EXPECT_EQ(choose_neighbors(20000, 0.05, 0.1, 0.5), 44);
+  EXPECT_EQ(choose_neighbors(100, 0.1, 0.2, 0.5), 38);
+  EXPECT_EQ(choose_neighbors(1000, 0.1, 0.2, 0.5), 76);
+  EXPECT_EQ(choose_neighbors(20000, 0.1, 0.2, 0.5), 96);
+  // t = k + 1 (x = 1) tolerates no dropout; with none to tolerate a graph is still chosen.
+  EXPECT_EQ(choose_neighbors(100, 0.05, 0.0, 1.0), 6);
+  EXPECT_EQ(choose_neighbors(100, 0.07, 0.0, 1.0), 8);  // C = 7 (not ceil(7.000000000000001) = 8 colluders)
   EXPECT_EQ(choose_neighbors(1000, 0.0, 0.0, 0.5), 2);  // nobody colludes or drops: a ring is enough
   int last = 0;
   for (double corrupt : {0.0, 0.05, 0.1, 0.2, 0.3}) {  // more colluders never asks for fewer neighbours
