@@ -1314,8 +1314,7 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
         const size_t r = 3 * size_t(differ[0]);
         throw ConfigError(fmt::format(
             "fl: rank(s) {} loaded other training labels or a model of another size than rank 0 (rank 0: {} samples, "
-            "labels "
-            "checksum {:016x}, {} weights; rank {}: {}, {:016x}, {}); allowed: the same data set, --train-limit and "
+            "labels checksum {:016x}, {} weights; rank {}: {}, {:016x}, {}); allowed: the same data set, --train-limit and "
             "--model on every rank",
             fmt::join(differ, ", "), all[0], uint64_t(all[1]), all[2], differ[0], all[r], uint64_t(all[r + 1]),
             all[r + 2]));

@@ -611,14 +611,14 @@ int choose_neighbors(int n, double corrupt, double dropout, double x) {
   const int64_t c = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(corrupt * n * (1 - 1e-12))));
   const int64_t d = std::min<int64_t>(n - 1, static_cast<int64_t>(std::ceil(dropout * n * (1 - 1e-12))));
   const int64_t removed = std::min<int64_t>(n, c + d);
-  const double privacy = std::ldexp(1.0, -40), correctness = std::ldexp(1.0, -20);
-  const double log_pairs = std::log(double(n) * double(n) / 2), log_split_bound = std::log(privacy);
+  const double privacy = std::ldexp(1.0, -40), correctness = std::ldexp(1.0, -20), pairs = double(n) * n / 2;
   int chosen = 0;
   for (int k = 2; k <= std::min(n - 2, 2048); k += 2) {
     const int t = threshold_for(k + 1, x);
     if (double(n) * hypergeometric_tail(n - 1, c, k, t) > privacy) continue;
     if (d > 0 && double(n) * hypergeometric_tail(n - 1, d, k, k + 1 - t) > correctness) continue;
-    if (removed >= k && log_pairs + log_choose(removed, k) - log_choose(n, k) > log_split_bound) continue;
+    // (C(removed, k) / C(n, k): all k places of two runs of k/2 removed)
+    if (pairs * hypergeometric_tail(n, removed, k, k) > privacy) continue;
     chosen = k;
     break;
   }
