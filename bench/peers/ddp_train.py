@@ -44,6 +44,11 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=int, default=64, help="samples per worker per step")
     p.add_argument("--lr", type=float, default=0.1, help="learning rate for the global batch")
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
+                   help="sgd (with --momentum) or adam (torch's defaults), as conduit train's")
+    p.add_argument("--zero", action="store_true",
+                   help="PyTorch's ZeroRedundancyOptimizer around it: each rank steps and keeps the state of a "
+                        "share of the parameters, which it then broadcasts (DDP still allreduces every gradient)")
     p.add_argument("--lr-schedule", choices=["cosine", "step", "constant"], default="cosine")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--train-limit", type=int, default=0, help="first N training samples (0: all)")
@@ -195,7 +200,13 @@ def worker(a):
 
         model.register_comm_hook(None, hook)
 
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+    opt_class, opt_args = ((torch.optim.SGD, {"lr": a.lr, "momentum": a.momentum}) if a.optimizer == "sgd"
+                           else (torch.optim.Adam, {"lr": a.lr}))
+    if a.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=opt_class, **opt_args)
+    else:
+        opt = opt_class(model.parameters(), **opt_args)
     n = Xtr.shape[0]
     per_rank = n // world
     steps_per_epoch = per_rank // a.batch_size
@@ -309,8 +320,13 @@ def worker(a):
                                       "time_s": at, "bytes_sent": sent}) + "\n")
         model.module.load_state_dict(final_state)
     dist.all_reduce(tx)
+    # What ZeRO partitions: the optimizer's state tensors on rank 0 (momentum, Adam's moments; not its step counts).
+    inner = opt.optim if a.zero else opt
+    state_bytes = sum(t.numel() * t.element_size() for st in inner.state.values() for t in st.values()
+                      if torch.is_tensor(t) and t.dim() > 0)
     if rank == 0:
-        summary = {"impl": "pytorch-ddp", "model": a.model, "hook": a.hook,
+        summary = {"impl": "pytorch-ddp", "model": a.model, "hook": a.hook, "optimizer": a.optimizer,
+                   "zero": 1 if a.zero else 0, "optimizer_state_bytes_rank0": state_bytes,
                    "compressor": {"none": "none", "fp16": "fp16",
                                   "powersgd": f"powersgd:rank={a.powersgd_rank}"}[a.hook],
                    "workers": world, "epochs": a.epochs, "steps": step, "batch_size": a.batch_size,

@@ -109,6 +109,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "parameters whose gradient is smaller (bytes) skip the compressor and are allreduced "
        "uncompressed (default 0: none)"},
       {"overlap", "communicate buckets while backward runs (default true)"},
+      {"zero",
+       "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too); "
+       "needs compressor none, the default then (default 0)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every",
        "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
@@ -279,6 +282,16 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("compress_min_bytes"))
     c.compress_min_bytes = to_int("compress_min_bytes", *v, 0, INT64_MAX);
   if (auto v = get("overlap")) c.overlap = to_bool("overlap", *v);
+  if (auto v = get("zero")) {
+    c.zero = static_cast<int>(to_int("zero", *v, 0, 2));
+    // ZeRO reduce-scatters plain gradients: the default compressor gives way, one asked for is refused.
+    if (c.zero > 0 && !get("compressor")) c.compressor = "none";
+    if (c.zero > 0 && c.compressor != "none")
+      throw ConfigError(
+          fmt::format("config: zero: {} reduce-scatters plain f32 gradients, compressor {} cannot go "
+                      "with it; allowed: compressor none with zero {}, or zero 0",
+                      c.zero, c.compressor, c.zero));
+  }
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);
   if (auto v = get("checkpoint_every"))
     c.checkpoint_every = static_cast<int>(to_int("checkpoint_every", *v, 0, INT32_MAX));
@@ -349,6 +362,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
                                   "written by conduit train (<output>/checkpoint)",
                                   c.resume));
   if (c.output.empty()) c.output = default_output_dir(c);
+  if (c.zero > 0 && !effective_sync(c).bsp())
+    throw ConfigError(
+        fmt::format("config: zero: {} partitions the optimizer of sync bsp, not of {}; allowed with "
+                    "sync {}: zero 0",
+                    c.zero, effective_sync(c).name, effective_sync(c).name));
   effective_sync(c);  // names and applicability (values: check_sync_config)
   try {
     sync::parse_slow(c.slow, c.workers);
@@ -588,7 +606,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "eval_every",
                         "bucket_cap_mb",
                         "first_bucket_mb",
-                        "overlap"}) {
+                        "overlap",
+                        "zero"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
     if (std::string(k) == "momentum" && ((meta.contains("optimizer") && meta["optimizer"] != "sgd") ||
@@ -649,6 +668,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "first_bucket_mb" << YAML::Value << fmt::format("{}", c.first_bucket_mb);
   e << YAML::Key << "compress_min_bytes" << YAML::Value << c.compress_min_bytes;
   e << YAML::Key << "overlap" << YAML::Value << (c.overlap ? "true" : "false");
+  e << YAML::Key << "zero" << YAML::Value << c.zero;
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
   if (!c.resume.empty()) e << YAML::Key << "resume" << YAML::Value << c.resume;

@@ -3,6 +3,11 @@
 
 #include <fmt/format.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/types.h>
 
 #include <algorithm>
@@ -61,13 +66,32 @@ class TracedCompressor : public compress::Compressor {
 };
 #endif
 
+// ZeRO stage 2: after autograd has accumulated a parameter's gradient into .grad (its hook has copied it into the
+// bucket already), .grad is dropped, so no full gradient outlives its backward pass.
+struct DropGradient : torch::autograd::FunctionPostHook {
+  explicit DropGradient(torch::Tensor p) : param(std::move(p)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    param.mutable_grad().reset();
+    return outputs;
+  }
+  torch::Tensor param;
+};
+
 }  // namespace
 
 struct DistributedOptimizer::Core {
   struct Bucket {
     std::vector<int> params;      // parameter indices
     std::vector<size_t> offsets;  // element offset of each in flat
-    std::vector<float> flat;
+    std::vector<float> flat;      // (ZeRO stage 2: empty between its reduce-scatter and the next gradient)
+    size_t n = 0;                 // elements
+    // ZeRO: where the bucket starts in flat_params, its W slices and this rank's slice (a leaf view of flat_params
+    // that the optimizer steps; undefined when the slice is empty) with the averaged gradient in its .grad.
+    size_t base = 0;
+    std::vector<size_t> counts;
+    size_t mine = 0;  // offset of this rank's slice in the bucket
+    torch::Tensor shard;
   };
 
   coll::CommPtr comm;  // the buckets' (split off the caller's with find_unused_parameters)
@@ -81,6 +105,10 @@ struct DistributedOptimizer::Core {
   std::vector<compress::TensorState> states;
 #endif
   bool compressed = false;
+  int zero = 0;
+  torch::Tensor flat_params;  // ZeRO: every trainable parameter's storage, bucket after bucket
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // ZeRO-2: kept alive, they carry DropGradient
+  std::vector<std::vector<float>> spare;  // ZeRO-2: released bucket buffers, reused by the next step's buckets
 
   std::mutex mu;
   std::condition_variable cv;
@@ -108,7 +136,8 @@ struct DistributedOptimizer::Core {
     size_t bytes = 0;
     auto close = [&] {
       if (cur.params.empty()) return;
-      cur.flat.assign(cur.offsets.back() + numel[size_t(cur.params.back())], 0.f);
+      cur.n = cur.offsets.back() + numel[size_t(cur.params.back())];
+      cur.flat.assign(cur.n, 0.f);
       buckets.push_back(std::move(cur));
       cur = Bucket{};
       bytes = 0;
@@ -125,6 +154,47 @@ struct DistributedOptimizer::Core {
     }
     close();
     reset_step_locked();
+  }
+
+  // ZeRO-2: a released bucket buffer back, from the spares when one is large enough (under mu).
+  void ensure_flat(Bucket& bk) {
+    if (!bk.flat.empty() || bk.n == 0) return;
+    for (size_t k = 0; k < spare.size(); ++k)
+      if (spare[k].capacity() >= bk.n) {
+        bk.flat.swap(spare[k]);
+        spare.erase(spare.begin() + std::ptrdiff_t(k));
+        break;
+      }
+    bk.flat.resize(bk.n);  // (every slot is written by its gradient, or zeroed at the flush)
+  }
+
+  // ZeRO: re-seats the parameters as views of flat_params, bucket after bucket, and cuts every bucket into W slices.
+  // Returns this rank's non-empty slices, the optimizer's new parameters.
+  std::vector<torch::Tensor> seat_zero(int rank, int w) {
+    torch::NoGradGuard ng;
+    size_t total = 0;
+    for (auto& bk : buckets) bk.base = total, total += bk.n;
+    flat_params = torch::empty({int64_t(total)}, torch::kFloat);
+    std::vector<torch::Tensor> slices;
+    for (auto& bk : buckets) {
+      for (size_t k = 0; k < bk.params.size(); ++k) {
+        torch::Tensor& p = params[size_t(bk.params[k])];
+        auto view = flat_params.narrow(0, int64_t(bk.base + bk.offsets[k]), p.numel()).view(p.sizes());
+        view.copy_(p);
+        p.set_data(view);
+      }
+      bk.counts.assign(size_t(w), bk.n / size_t(w));
+      for (size_t r = 0; r < bk.n % size_t(w); ++r) bk.counts[r] += 1;
+      bk.mine = 0;
+      for (int r = 0; r < rank; ++r) bk.mine += bk.counts[size_t(r)];
+      const size_t len = bk.counts[size_t(rank)];
+      if (len == 0) continue;
+      bk.shard = flat_params.narrow(0, int64_t(bk.base + bk.mine), int64_t(len)).detach();
+      bk.shard.set_requires_grad(true);
+      bk.shard.mutable_grad() = torch::zeros({int64_t(len)}, torch::kFloat);
+      slices.push_back(bk.shard);
+    }
+    return slices;
   }
 
   void reset_step_locked() {
@@ -157,6 +227,7 @@ struct DistributedOptimizer::Core {
           names[size_t(i)]));
     int b = param_bucket[size_t(i)];
     Bucket& bk = buckets[size_t(b)];
+    ensure_flat(bk);
     float* dst = bk.flat.data() + bk.offsets[size_t(param_slot[size_t(i)])];
     if (got[size_t(i)]) {
       // A second gradient before step(): with overlap its bucket may be averaged already, or being averaged (the sum
@@ -184,12 +255,42 @@ struct DistributedOptimizer::Core {
   void communicate(int b, bool flushed) {
     Bucket& bk = buckets[size_t(b)];
     const int w = comm->size();
-    const size_t n = bk.flat.size();
+    const size_t n = bk.n;
     const double t0 = now_s();
     uint64_t payload = n * sizeof(float);
     double factor_sent = w > 1 ? 2.0 * (w - 1) / w : 0.0;  // ring-equivalent allreduce volume per rank
     double factor_recv = factor_sent;
-    if (!compressed) {
+    if (zero) {
+      // This rank's slice of the sum, averaged, into its slice's .grad; the allgather of the stepped slices in
+      // step() moves the other half of the allreduce's bytes.
+      float dummy = 0;
+      float* out = bk.shard.defined() ? bk.shard.mutable_grad().data_ptr<float>() : &dummy;
+      coll::CollOptions co;
+      co.timeout_s = opt.timeout_s;
+      co.blocking = true;
+      if (w > 1)
+        comm->reduce_scatter(bk.flat.data(), out, bk.counts, DType::f32, ReduceOp::sum, co).wait();
+      else
+        std::copy(bk.flat.begin(), bk.flat.end(), out);
+      const double t1 = now_s();
+      const float inv = 1.0f / float(w);
+      for (size_t k = 0; k < bk.counts[size_t(comm->rank())]; ++k) out[k] *= inv;
+      factor_sent = factor_recv = w > 1 ? double(w - 1) / w : 0.0;
+      if (zero >= 2) {
+        std::lock_guard<std::mutex> lk(mu);
+        bk.flat.clear();
+        spare.emplace_back().swap(bk.flat);
+        if (spare.size() > 2) {  // the largest two stay (buckets in flight at once: the one sent, the one filling)
+          std::sort(spare.begin(), spare.end(),
+                    [](const auto& a, const auto& b) { return a.capacity() > b.capacity(); });
+          spare.resize(2);
+        }
+      }
+      if (opt.trace) {
+        opt.trace->complete("communicate", 1, t0, t1, {{"bucket", b}, {"bytes", payload}, {"op", "reduce_scatter"}});
+        opt.trace->complete("average", 1, t1, now_s(), {{"bucket", b}});
+      }
+    } else if (!compressed) {
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
@@ -315,6 +416,7 @@ struct DistributedOptimizer::Core {
         }
         if (flush && !ready[size_t(b)]) {  // parameters without a gradient this step contribute zeros
           Bucket& bk = buckets[size_t(b)];
+          ensure_flat(bk);
           for (size_t k = 0; k < bk.params.size(); ++k)
             if (!got[size_t(bk.params[k])])
               std::fill_n(bk.flat.data() + bk.offsets[k], numel[size_t(bk.params[k])], 0.f);
@@ -378,18 +480,62 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     throw ConfigError(fmt::format("config: compressor: '{}' is not available (built without src/compress); allowed: none",
                                   options.compressor));
 #endif
+  c.zero = options.zero_stage;
+  if (c.zero < 0 || c.zero > 2)
+    throw InvalidArgument(fmt::format("DistributedOptimizer: zero_stage {}; allowed: 0, 1 or 2", c.zero));
+  if (c.zero) check_zero_optimizer();
   // Reverse registration order approximates the order backward produces gradients.
   std::vector<int> order;
   for (int i = int(c.params.size()) - 1; i >= 0; --i) order.push_back(i);
   c.build_buckets(order);
+  if (c.zero) {
+    c.opt.rebuild_buckets = false;  // the slices hold the optimizer's state
+    optimizer_->param_groups()[0].params() = c.seat_zero(comm_->rank(), comm_->size());
+  }
   broadcast_initial_state();
   std::weak_ptr<Core> weak = core_;
   for (size_t i = 0; i < c.params.size(); ++i) {
     c.params[i].register_hook([weak, i](torch::Tensor grad) {
       if (auto core = weak.lock()) core->on_grad(int(i), grad);
     });
+    if (c.zero >= 2) {
+      auto acc = torch::autograd::impl::grad_accumulator(c.params[i]);
+      acc->add_post_hook(std::make_unique<DropGradient>(c.params[i]));
+      c.accumulators.push_back(std::move(acc));
+      c.params[i].mutable_grad().reset();
+    }
   }
   c.thread = std::thread([&c] { c.loop(); });
+}
+
+void DistributedOptimizer::check_zero_optimizer() {
+  const Core& c = *core_;
+  if (c.compressed)
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_stage {} reduce-scatters plain f32 gradients, compressor '{}' cannot go with it; "
+        "allowed: compressor none, or zero_stage 0",
+        c.zero, c.opt.compressor));
+  if (c.opt.find_unused_parameters)
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_stage {} steps slices that span several parameters, so a parameter no rank used "
+        "cannot be left out; allowed: find_unused_parameters false, or zero_stage 0",
+        c.zero));
+  auto& groups = optimizer_->param_groups();
+  std::set<const void*> trainable, given;
+  for (auto& p : c.params) trainable.insert(p.unsafeGetTensorImpl());
+  if (groups.size() == 1)
+    for (auto& p : groups[0].params()) given.insert(p.unsafeGetTensorImpl());
+  if (groups.size() != 1 || given != trainable)
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_stage {} needs an optimizer of one parameter group over exactly the model's "
+        "trainable parameters (it has {} group(s)); allowed: one group of model->parameters(), or zero_stage 0",
+        c.zero, groups.size()));
+  if (!optimizer_->state().empty())
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_stage {} gives the optimizer this rank's slices as parameters, and it has state "
+        "for the whole parameters already; allowed: an optimizer that has not stepped (load a checkpoint's optimizer "
+        "state after constructing the DistributedOptimizer)",
+        c.zero));
 }
 
 DistributedOptimizer::~DistributedOptimizer() {
@@ -554,7 +700,7 @@ void DistributedOptimizer::synchronize() {
   }
   if (c.opt.trace) c.opt.trace->complete("wait for communication", 0, t0, t1);
   const std::vector<uint8_t> used = c.used;
-  {
+  if (!c.zero) {  // (ZeRO: the averaged slices are in the slices' .grad already)
     torch::NoGradGuard ng;
     for (auto& bk : c.buckets) {
       for (size_t k = 0; k < bk.params.size(); ++k) {
@@ -612,7 +758,41 @@ void DistributedOptimizer::step() {
   const double t1 = now_s();
   last_.step_s = t1 - t0;
   if (core_->opt.trace) core_->opt.trace->complete("step", 0, t0, t1);
+  if (core_->zero) allgather_slices();
   add_to_totals(last_);
+}
+
+void DistributedOptimizer::allgather_slices() {
+  // Every rank's stepped slices into every rank's parameters, in place: all buckets issued, then waited for (the
+  // communicator runs them in order).
+  Core& c = *core_;
+  const int w = c.comm->size();
+  if (w == 1) return;
+  const double t0 = now_s();
+  coll::CollOptions co;
+  co.timeout_s = c.opt.timeout_s;
+  float* flat = c.flat_params.data_ptr<float>();
+  std::vector<coll::Work> works;
+  for (auto& bk : c.buckets)
+    works.push_back(c.comm->allgatherv(flat + bk.base + bk.mine, flat + bk.base, bk.counts, DType::f32, co));
+  std::exception_ptr failed;
+  for (auto& wk : works) {
+    try {
+      wk.wait();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+  const double t1 = now_s();
+  uint64_t n = 0;
+  for (auto& bk : c.buckets) n += bk.n;
+  const uint64_t bytes = uint64_t(double(w - 1) / w * double(n * sizeof(float)) + 0.5);
+  last_.comm_s += t1 - t0;
+  last_.exposed_comm_s += t1 - t0;
+  last_.bytes_sent += bytes;
+  last_.bytes_recv += bytes;
+  if (c.opt.trace) c.opt.trace->complete("communicate", 0, t0, t1, {{"bytes", n * sizeof(float)}, {"op", "allgather"}});
 }
 
 void DistributedOptimizer::add_to_totals(const StepStats& s) {
@@ -624,6 +804,48 @@ std::vector<std::vector<int>> DistributedOptimizer::bucket_layout() const {
   std::vector<std::vector<int>> out;
   for (auto& b : core_->buckets) out.push_back(b.params);
   return out;
+}
+
+int DistributedOptimizer::zero_stage() const { return core_->zero; }
+
+size_t DistributedOptimizer::optimizer_elements() const {
+  size_t n = 0;
+  if (core_->zero) {
+    for (auto& bk : core_->buckets) n += bk.counts[size_t(core_->comm->rank())];
+  } else {
+    for (size_t k : core_->numel) n += k;
+  }
+  return n;
+}
+
+uint64_t DistributedOptimizer::gradient_bytes_held() const {
+  std::lock_guard<std::mutex> lk(core_->mu);
+  uint64_t bytes = 0;
+  for (auto& bk : core_->buckets) {
+    bytes += bk.flat.capacity() * sizeof(float);
+    if (bk.shard.defined()) bytes += uint64_t(bk.shard.grad().numel()) * sizeof(float);
+  }
+  for (auto& s : core_->spare) bytes += s.capacity() * sizeof(float);
+  for (auto& p : core_->params)
+    if (p.grad().defined()) bytes += uint64_t(p.grad().numel()) * sizeof(float);
+  return bytes;
+}
+
+uint64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  uint64_t bytes = 0;
+  auto add = [&](const torch::Tensor& t) {
+    if (t.defined()) bytes += uint64_t(t.numel()) * uint64_t(t.element_size());
+  };
+  for (const auto& [key, st] : optimizer.state()) {
+    if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(st.get())) {
+      add(s->momentum_buffer());
+    } else if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(st.get())) {
+      add(a->exp_avg()), add(a->exp_avg_sq()), add(a->max_exp_avg_sq());
+    } else if (auto* aw = dynamic_cast<const torch::optim::AdamWParamState*>(st.get())) {
+      add(aw->exp_avg()), add(aw->exp_avg_sq()), add(aw->max_exp_avg_sq());
+    }
+  }
+  return bytes;
 }
 
 std::string DistributedOptimizer::compressor_name() const {

@@ -13,6 +13,10 @@
 //    optimizer's step.
 //  - Any compressor of src/compress plugs in (compressed_allreduce_many per bucket; PowerSGD per matrix); its state
 //    is kept per parameter and saved in checkpoints.
+//  - ZeRO stages 1 and 2 (Rajbhandari et al., SC'20; DeepSpeed's zero_optimization): each bucket is reduce-scattered
+//    instead of allreduced, every rank steps only its slice of every bucket and the stepped slices are allgathered,
+//    so the optimizer state (and at stage 2 the gradients) held per rank is 1/W of the model's, for the same bytes
+//    on the wire as the allreduce (DistOptions::zero_stage).
 //
 // One backward per step with overlap (a second gradient before step() is refused: its bucket may be exchanged
 // already); without overlap several backward calls accumulate. Every rank runs the same model. The buckets travel
@@ -56,7 +60,24 @@ struct DistOptions {
   bool find_unused_parameters = false;
   double timeout_s = 0;            // collective deadline (0: the communicator's)
   Trace* trace = nullptr;          // optional timeline
+  // ZeRO stage. 0: every rank averages every gradient (allreduce) and steps every parameter. 1: the optimizer state
+  // is partitioned. The model's trainable parameters are re-seated as views of one flat tensor laid out bucket
+  // after bucket; each bucket is split into W near-equal slices (rank r's is the r-th), reduce-scattered, and the
+  // optimizer's parameters become this rank's slices (views of that flat tensor), so its state (momentum, Adam's
+  // moments) covers 1/W of the elements; step() steps the slices and allgathers them into every rank's parameters.
+  // The optimizers here are elementwise (sgd, adam, adamw), so the result is plain data parallelism's. 2: the
+  // gradients too: a parameter's .grad is dropped as soon as its hook has copied it into its bucket, and a bucket's
+  // buffer is released once it is reduce-scattered, so between steps a rank holds its averaged slices and at most two
+  // released bucket buffers kept for reuse (DeepSpeed keeps its reduce buckets likewise).
+  // Needs compressor "none", no find_unused_parameters, one parameter group over exactly the trainable parameters
+  // and an optimizer that has not stepped (a checkpoint's optimizer state loads after construction, since the
+  // state is the slices'). Buckets keep reverse registration order (rebuild_buckets does not apply: the slices'
+  // state would have to move between ranks). .grad does not hold averaged gradients after synchronize().
+  int zero_stage = 0;
 };
+
+// Bytes of the optimizer's state tensors (sgd's momentum buffers, adam's and adamw's moments): what ZeRO partitions.
+uint64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 // The parameters an optimizer steps: those that require a gradient, each once (a tensor registered under two names,
 // tied weights, is listed under its first: libtorch's parameters() lists it twice), in registration order.
@@ -95,6 +116,11 @@ class DistributedOptimizer {
   // Parameter indices (registration order of model->parameters()) of every bucket, in communication order.
   std::vector<std::vector<int>> bucket_layout() const;
   std::string compressor_name() const;
+  int zero_stage() const;
+  // Elements the optimizer steps on this rank: every trainable one, or with ZeRO this rank's slices.
+  size_t optimizer_elements() const;
+  // Bytes of gradient memory this rank holds now: the buckets' buffers, the parameters' .grad and ZeRO's slices.
+  uint64_t gradient_bytes_held() const;
 
   // Compressor state of every parameter (residuals, PowerSGD's Q, step counters), for checkpoints.
   std::vector<uint8_t> save_compressor_state() const;
@@ -104,6 +130,8 @@ class DistributedOptimizer {
 
  private:
   void broadcast_initial_state();
+  void check_zero_optimizer();
+  void allgather_slices();
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   coll::CommPtr comm_;

@@ -503,6 +503,16 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // The optimizer's saved state is its kind's (sgd's momentum buffers, adam's moments; adamw decays the weights
     // another way than adam), and the time to the target was judged against the checkpoint's target accuracy.
     nlohmann::json same = {{"optimizer", c.optimizer}, {"target_accuracy", c.target_accuracy}};
+    // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0).
+    if (meta.value("zero", 0) != c.zero)
+      throw ConfigError(fmt::format(
+          "config: resume: the checkpoint was written with zero = {}, this run has {}; "
+          "allowed: the same zero (its optimizer state is {})",
+          meta.value("zero", 0), c.zero, c.zero > 0 || meta.value("zero", 0) > 0 ? "partitioned by it" : "whole"));
+    if (c.zero > 0) {
+      same["bucket_cap_mb"] = c.bucket_cap_mb;
+      same["first_bucket_mb"] = c.first_bucket_mb;
+    }
     // compress_min_bytes only matters with a compressor (which must be the checkpoint's, checked above).
     if (c.compressor != "none") same["compress_min_bytes"] = c.compress_min_bytes;
     for (const auto& [key, value] : same.items())
@@ -510,7 +520,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         throw ConfigError(fmt::format(
             "config: resume: the checkpoint was written with {} = {}, this run has {}; allowed: the same {}{}", key,
             meta[key].dump(), value.dump(), key,
-            key == "optimizer"            ? " (its saved state is that optimizer's)"
+            key == "optimizer" ? " (its saved state is that optimizer's)"
+            : key.find("bucket") != std::string::npos
+                ? " (with zero, each rank's optimizer state is of its slices of every bucket)"
             : key == "compress_min_bytes" ? " (the tensors it leaves uncompressed have no compressor state: error "
                                             "feedback's residuals and momentum would be dropped or start empty)"
                                           : " (the evaluations before the checkpoint were judged against it)"));
@@ -530,7 +542,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                         key, meta[key].dump(), value.dump(), key));
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
     load_checkpoint_archive(mine / "model.pt", *model);
-    load_checkpoint_archive(mine / "optimizer.pt", *optimizer);
+    // (ZeRO: once the DistributedOptimizer has given it this rank's slices, below)
+    if (c.zero == 0) load_checkpoint_archive(mine / "optimizer.pt", *optimizer);
   }
 
   Trace trace(global_rank);
@@ -553,7 +566,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.seed = c.seed;
     dopts.timeout_s = c.timeout_s;
     dopts.trace = &trace;
+    dopts.zero_stage = c.zero;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, comm_ptr, dopts);
+    if (c.zero > 0 && !c.resume.empty())
+      load_checkpoint_archive(rd / fmt::format("rank-{}", global_rank) / "optimizer.pt", *optimizer);
     sync_buffers = comm_ptr->size() > 1 && !model->buffers().empty();
   } else {
     sopt = std::make_unique<SchemeOptimizer>(model, optimizer, comm_ptr, spec, c.lr, &trace);
@@ -953,6 +969,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                     {"bucket_cap_mb", c.bucket_cap_mb},
                                     {"first_bucket_mb", c.first_bucket_mb},
                                     {"overlap", c.overlap},
+                                    {"zero", c.zero},
                                     {"wall_s", declared[0]},
                                     {"time_to_target_s", declared[1]},
                                     {"test_accuracy", declared[2]}};
@@ -1169,6 +1186,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   res.world_bytes_sent = sums[0];
   res.world_raw_bytes = sums[1];
   if (dopt) res.buckets = dopt->bucket_layout();
+  res.optimizer_state_bytes = optimizer_state_bytes(*optimizer);
+  if (dopt) {
+    res.optimizer_elements = dopt->optimizer_elements();
+    res.gradient_bytes_held = dopt->gradient_bytes_held();
+  }
   for (auto& p : model->parameters()) res.param_numel.push_back(size_t(p.numel()));
   if (wo.keep_params) {
     for (auto& p : model->parameters()) {
@@ -1212,6 +1234,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"compute_s", res.compute_s},
          {"comm_s", res.comm_s},
          {"exposed_comm_s", res.exposed_comm_s},
+         {"zero", c.zero},
+         // rank 0's: what ZeRO partitions (sgd's momentum, adam's moments) and the gradient memory it keeps
+         {"optimizer_state_bytes_rank0", res.optimizer_state_bytes},
+         {"gradient_bytes_held_rank0", dopt ? nlohmann::json(res.gradient_bytes_held) : nlohmann::json()},
          {"hidden_comm_fraction", res.comm_s > 0 ? std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0) : 0.0}});
   }
   return res;

@@ -18,6 +18,9 @@ struct TrainResult {
   uint64_t bytes_sent = 0, bytes_recv = 0, raw_bytes = 0, payload_bytes = 0, grad_bytes = 0;  // this rank
   uint64_t world_bytes_sent = 0, world_raw_bytes = 0;  // summed over ranks
   double compute_s = 0, comm_s = 0, exposed_comm_s = 0;
+  // This rank's optimizer at the end: its state's bytes (momentum, Adam's moments), the elements it steps (ZeRO:
+  // this rank's slices), and the gradient memory held between steps (bsp only; 0 otherwise).
+  uint64_t optimizer_state_bytes = 0, optimizer_elements = 0, gradient_bytes_held = 0;
   std::vector<float> params;    // every parameter, flattened in registration order (when keep_params)
   std::vector<float> buffers;   // every floating-point buffer (BatchNorm statistics), likewise
   std::vector<std::vector<int>> buckets;  // parameter indices of each gradient bucket, in communication order

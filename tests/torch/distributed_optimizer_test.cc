@@ -2,15 +2,19 @@
 // file costs ~20 s to compile): synchronize() then step() exchanges once, as Horovod's clip-then-step pattern needs.
 #include "torch/distributed_optimizer.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "coll/communicator.h"
+#include "core/error.h"
 #include "torch/scheme_optimizer.h"
 
 namespace conduit::train {
@@ -226,6 +230,178 @@ TEST(DistributedOptimizer, AParameterNoRankUsedKeepsItsErrorFeedbackResidual) {
   // Step 1 sends (2, 0), keeps (0, 1): w = (1 - 2, 1). Step 3: p = (10, 21), sends (0, 21), keeps (10, 0):
   // w = (-1, 1 - 21) = (-1, -20). Had step 2 drained the residual (sent (0, 1) into a dropped gradient): w2 = -19.
   for (int r = 0; r < 2; ++r) EXPECT_EQ(cw[size_t(r)], (std::vector<float>{-1.0f, -20.0f})) << "rank " << r;
+}
+
+// ZeRO: two layers with fixed weights (the rank threads share libtorch's generator), 58 elements.
+struct TwoLayers : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  TwoLayers() {
+    a = register_module("a", torch::nn::Linear(7, 5));
+    b = register_module("b", torch::nn::Linear(5, 3));
+    torch::NoGradGuard ng;
+    float v = 0.0f;
+    for (auto& p : parameters()) {
+      auto f = p.view(-1);
+      for (int64_t i = 0; i < f.numel(); ++i) f[i] = std::sin(v += 0.7f) * 0.5f;
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return b->forward(torch::tanh(a->forward(x))); }
+};
+
+std::shared_ptr<torch::optim::Optimizer> zero_test_optimizer(const std::string& kind, torch::nn::Module& m) {
+  if (kind == "adam")
+    return std::make_shared<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01).weight_decay(0.01));
+  if (kind == "adamw")
+    return std::make_shared<torch::optim::AdamW>(m.parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1));
+  return std::make_shared<torch::optim::SGD>(m.parameters(),
+                                             torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01));
+}
+
+struct ZeroRun {
+  std::vector<std::vector<float>> params;  // per rank, every parameter flattened
+  std::vector<uint64_t> state_bytes, grad_held, sent;
+  std::vector<size_t> elements;
+  std::vector<int> grad_left;  // some parameter still has a .grad after the last step
+};
+
+// Three ranks (slices of unequal length), buckets of at most 16 floats (the first 10): 4 steps on rank-dependent
+// inputs.
+ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap) {
+  const int world = 3;
+  auto comms = coll::Communicator::inproc(world);
+  ZeroRun out;
+  out.params.resize(world);
+  out.state_bytes.resize(world);
+  out.grad_held.resize(world);
+  out.sent.resize(world);
+  out.elements.resize(world);
+  out.grad_left.resize(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto m = std::make_shared<TwoLayers>();
+      auto opt = zero_test_optimizer(optimizer, *m);
+      DistOptions o;
+      o.first_bucket_bytes = 40;
+      o.bucket_cap_bytes = 64;
+      o.overlap = overlap;
+      o.zero_stage = stage;
+      DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+      for (int step = 0; step < 4; ++step) {
+        d.zero_grad();
+        auto x = torch::arange(14, torch::kFloat).view({2, 7}) * (0.1f * float(r + 1)) + 0.05f * float(step);
+        m->forward(x).pow(2).sum().backward();
+        d.step();
+      }
+      auto& mine = out.params[size_t(r)];
+      for (auto& p : m->parameters()) {
+        auto v = p.detach().contiguous().view(-1);
+        mine.insert(mine.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+        if (p.grad().defined()) out.grad_left[size_t(r)] = 1;
+      }
+      out.state_bytes[size_t(r)] = optimizer_state_bytes(*opt);
+      out.grad_held[size_t(r)] = d.gradient_bytes_held();
+      out.sent[size_t(r)] = d.total_stats().bytes_sent;
+      out.elements[size_t(r)] = d.optimizer_elements();
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+// ZeRO-1 and ZeRO-2 step slices of the flat parameters with elementwise optimizers: the same training as every rank
+// stepping everything (to the float sum's order: reduce-scatter and allreduce add the ranks' gradients in their own
+// orders), with each rank's optimizer state a third of it, the same bytes on the wire, and at stage 2 no .grad left.
+TEST(DistributedOptimizerZero, StagesOneAndTwoTrainAsPlainDataParallelWithAThirdOfTheState) {
+  for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
+    const ZeroRun plain = zero_run(0, optimizer, true);
+    // Momentum: one float per element; Adam's two moments: two.
+    const uint64_t per_element = optimizer == "sgd" ? 4 : 8;
+    ASSERT_EQ(plain.state_bytes[0], 58 * per_element) << optimizer;
+    for (int stage : {1, 2}) {
+      for (bool overlap : {true, false}) {
+        const ZeroRun z = zero_run(stage, optimizer, overlap);
+        const std::string what = fmt::format("{} zero {} overlap {}", optimizer, stage, overlap);
+        ASSERT_EQ(z.params[0].size(), 58u);
+        double worst = 0;
+        for (size_t i = 0; i < 58; ++i) worst = std::max(worst, double(std::abs(z.params[0][i] - plain.params[0][i])));
+        EXPECT_LT(worst, 1e-5) << what;
+        // Some element moved: the comparison above is not of untrained weights.
+        double moved = 0;
+        TwoLayers init;
+        size_t k = 0;
+        for (auto& p : init.parameters()) {
+          auto v = p.detach().contiguous().view(-1);
+          for (int64_t i = 0; i < v.numel(); ++i, ++k)
+            moved = std::max(moved, double(std::abs(v[i].item<float>() - z.params[0][k])));
+        }
+        EXPECT_GT(moved, 0.01) << what;
+        // Every rank has every rank's slices: the same weights, bit for bit.
+        EXPECT_EQ(z.params[1], z.params[0]) << what;
+        EXPECT_EQ(z.params[2], z.params[0]) << what;
+        uint64_t state_sum = 0;
+        size_t elements = 0;
+        for (int r = 0; r < 3; ++r) {
+          state_sum += z.state_bytes[size_t(r)];
+          elements += z.elements[size_t(r)];
+          EXPECT_EQ(z.state_bytes[size_t(r)], z.elements[size_t(r)] * per_element) << what;
+          // Each bucket's slices differ by one element at most: a third of 58, give or take one per bucket.
+          EXPECT_LE(z.elements[size_t(r)], 58u / 3 + 6) << what;
+          EXPECT_GE(z.elements[size_t(r)], 58u / 3 - 6) << what;
+          EXPECT_EQ(z.grad_left[size_t(r)], stage == 1 ? 1 : 0) << what;
+          // The reduce-scatter and the allgather move what the allreduce moved (rounded per bucket).
+          EXPECT_NEAR(double(z.sent[size_t(r)]), double(plain.sent[size_t(r)]), 0.01 * double(plain.sent[size_t(r)]))
+              << what;
+        }
+        EXPECT_EQ(state_sum, plain.state_bytes[0]) << what;
+        EXPECT_EQ(elements, 58u) << what;
+        // Stage 2 keeps its slices' gradients and two bucket buffers: less than stage 0's buckets and .grad.
+        if (stage == 2) EXPECT_LT(z.grad_held[0], plain.grad_held[0]) << what;
+      }
+    }
+  }
+}
+
+TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
+  auto comms = coll::Communicator::inproc(1);
+  auto attempt = [&](auto&& setup) -> std::string {
+    auto m = std::make_shared<TwoLayers>();
+    auto opt = zero_test_optimizer("adam", *m);
+    DistOptions o;
+    o.zero_stage = 1;
+    setup(*m, opt, o);
+    try {
+      DistributedOptimizer d(m, opt, comms[0], o);
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto expect = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+    EXPECT_NE(msg.find("allowed"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  };
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_stage = 3; }), "zero_stage 3; allowed: 0, 1 or 2");
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "fp16"; }), "compressor 'fp16'");
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.find_unused_parameters = true; }), "find_unused_parameters");
+  expect(attempt([](TwoLayers& m, auto& opt, DistOptions&) {
+           std::vector<torch::optim::OptimizerParamGroup> groups;
+           groups.emplace_back(m.a->parameters());
+           groups.emplace_back(m.b->parameters());
+           opt = std::make_shared<torch::optim::Adam>(groups, torch::optim::AdamOptions(0.01));
+         }),
+         "it has 2 group(s)");
+  expect(attempt([](TwoLayers& m, auto& opt, DistOptions&) {
+           opt = std::make_shared<torch::optim::Adam>(m.a->parameters(), torch::optim::AdamOptions(0.01));
+         }),
+         "exactly the model's trainable parameters");
+  expect(attempt([](TwoLayers& m, auto& opt, DistOptions&) {
+           m.forward(torch::ones({1, 7})).sum().backward();
+           opt->step();
+         }),
+         "has state");
+  // Stage 0 takes all of those it allows.
+  EXPECT_EQ(attempt([](auto&, auto&, DistOptions& o) { o.zero_stage = 0; }), "");
 }
 
 // Found by a review: SchemeOptimizer seated libtorch's parameters() as they come, a tied weight twice (its first view

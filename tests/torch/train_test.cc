@@ -177,6 +177,24 @@ TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
   EXPECT_EQ(resolve_config({}, 3).workers, 3);
 }
 
+// ZeRO partitions bsp's optimizer over plain gradients: the default compressor gives way to none, one asked for and
+// another sync scheme are refused.
+TEST(TrainConfig, ZeroTakesStagesZeroToTwoUnderBspWithoutACompressor) {
+  expect_one_line(config_error({{"zero", "3"}}), "zero");
+  expect_one_line(config_error({{"zero", "-1"}}), "zero");
+  const std::string comp = config_error({{"zero", "1"}, {"compressor", "ef:topk:ratio=0.01"}});
+  expect_one_line(comp, "zero");
+  EXPECT_NE(comp.find("compressor ef:topk:ratio=0.01 cannot go with it"), std::string::npos) << comp;
+  const std::string sync = config_error({{"zero", "2"}, {"sync", "local"}});
+  expect_one_line(sync, "zero");
+  EXPECT_NE(sync.find("allowed with sync local: zero 0"), std::string::npos) << sync;
+  const TrainConfig c = resolve_config({{"zero", "2"}}, 0, false);
+  EXPECT_EQ(c.zero, 2);
+  EXPECT_EQ(c.compressor, "none");
+  EXPECT_EQ(resolve_config({{"zero", "1"}, {"compressor", "none"}}, 0, false).zero, 1);
+  EXPECT_EQ(resolve_config({{"zero", "0"}}, 0, false).compressor, TrainConfig().compressor);
+}
+
 TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
   TrainConfig c = resolve_config({{"data_dir", "/nonexistent/fashion"}});
   try {
@@ -429,6 +447,67 @@ TEST(Train, CheckpointResumeContinuesBitForBit) {
     EXPECT_EQ(r[0].bytes_sent, straight[0].bytes_sent) << comp;
     fs::remove_all(dir);
   }
+}
+
+// ZeRO-2 over 3 ranks: the weights of plain bsp (to the float sum's order), a third of the optimizer state, and a
+// resume from its partitioned checkpoint continues bit for bit; resumed with another stage or other bucket caps
+// (each rank's state is of its slices of those buckets) it is refused.
+TEST(Train, ZeroTrainsAsPlainBspAndResumesBitForBit) {
+  auto dir = temp_dir("zero");
+  TrainConfig c = tiny("mlp");  // 16 steps an epoch with 3 workers at batch 8
+  c.optimizer = "adam";
+  c.lr = 0.002;
+  c.epochs = 2;
+  c.max_steps = 22;
+  c.output = (dir / "plain").string();
+  auto plain = train_inproc(c, 3, true);
+  c.zero = 2;
+  c.output = (dir / "straight").string();
+  auto straight = train_inproc(c, 3, true);
+  EXPECT_LT(max_rel_diff(straight[0].params, plain[0].params), 1e-3);
+  EXPECT_EQ(straight[1].params, straight[0].params);
+  EXPECT_EQ(straight[2].params, straight[0].params);
+  // Adam's two moments of every element on each plain rank, of a third of them on each ZeRO rank.
+  uint64_t sum = 0;
+  for (auto& r : straight) {
+    sum += r.optimizer_state_bytes;
+    EXPECT_LT(r.optimizer_state_bytes, plain[0].optimizer_state_bytes / 3 + 1000);
+  }
+  EXPECT_EQ(sum, plain[0].optimizer_state_bytes);
+  // The reduce-scatter and the allgather move the allreduce's bytes (rounded per bucket and step).
+  EXPECT_NEAR(double(straight[0].world_bytes_sent), double(plain[0].world_bytes_sent),
+              1e-4 * double(plain[0].world_bytes_sent));
+  auto summary = read_json_file((dir / "straight" / "summary.json").string());
+  EXPECT_EQ(summary["zero"], 2);
+  EXPECT_EQ(summary["optimizer_state_bytes_rank0"].get<uint64_t>(), straight[0].optimizer_state_bytes);
+  auto meta = read_json_file((dir / "straight" / "checkpoint" / "checkpoint.json").string());
+  EXPECT_EQ(meta["global_step"].get<int64_t>(), 16);
+  EXPECT_EQ(meta["zero"], 2);
+  TrainConfig resumed = c;
+  resumed.output = (dir / "resumed").string();
+  resumed.resume = (dir / "straight" / "checkpoint").string();
+  auto r = train_inproc(resumed, 3, true);
+  EXPECT_EQ(r[0].steps, 22);
+  EXPECT_EQ(r[0].params, straight[0].params);
+  EXPECT_EQ(r[2].params, straight[2].params);
+  for (auto [zero, cap] : {std::pair{1, 0.05}, std::pair{2, 0.1}}) {
+    TrainConfig other = resumed;
+    other.zero = zero;
+    other.bucket_cap_mb = cap;
+    other.output = (dir / "other").string();
+    try {
+      train_inproc(other, 3, true);
+      ADD_FAILURE() << "resumed with zero " << zero << " and bucket_cap_mb " << cap;
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(
+          msg.find(zero == 1 ? "written with zero = 2, this run has 1" : "bucket_cap_mb = 0.05, this run has 0.1"),
+          std::string::npos)
+          << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
+  fs::remove_all(dir);
 }
 
 // A warm-up under two steps warms nothing up (its last step is at the full lr): refused with the shortest allowed.

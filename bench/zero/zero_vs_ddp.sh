@@ -1,0 +1,60 @@
+#!/bin/bash
+# ZeRO in `conduit train` (--zero 1, --zero 2) against plain bsp, and PyTorch's ZeroRedundancyOptimizer over DDP
+# (bench/peers/ddp_train.py --zero) against plain DDP: the CNN on Fashion-MNIST, 4 local workers, Adam (lr 0.001),
+# EPOCHS epochs. ROUNDS rounds run the five configurations one after the other (each round in the order the
+# previous one ended with reversed, so no configuration always runs first); the table gives the median training
+# wall time over the rounds, the test accuracy, bytes on the wire and rank 0's optimizer state of the last round.
+# Conduit counts the bytes its collectives move (docs/training.md); the DDP peer reads the loopback interface's
+# counter (an upper bound: TCP/IP headers and anything else on lo), so compare each implementation's ZeRO with its
+# own plain run.
+#   bash bench/zero/zero_vs_ddp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+EPOCHS=${1:-1}
+ROUNDS=${2:-3}
+OUT=${3:-runs/zero-bench}
+CONDUIT=${CONDUIT:-build/bin/conduit}
+LR=0.001
+rm -rf "$OUT"
+mkdir -p "$OUT"
+run() {  # impl zero round
+  local dir="$OUT/$1-zero$2-r$3"
+  if [ "$1" = conduit ]; then
+    "$CONDUIT" train --model cnn --workers 4 --optimizer adam --lr $LR --compressor none --zero "$2" \
+      --epochs "$EPOCHS" --progress false --output "$dir" > "$dir.log" 2>&1
+  else
+    local flag=""
+    [ "$2" = 1 ] && flag="--zero"
+    /usr/bin/python3 bench/peers/ddp_train.py -n 4 --model cnn --optimizer adam --lr $LR --epochs "$EPOCHS" \
+      $flag --output "$dir" > "$dir.log" 2>&1
+  fi
+}
+order=("conduit 0" "conduit 1" "conduit 2" "ddp 0" "ddp 1")
+for r in $(seq 1 "$ROUNDS"); do
+  for cfg in "${order[@]}"; do
+    run $cfg "$r"
+    echo "round $r: $cfg done" >&2
+  done
+  reversed=()
+  for ((i = ${#order[@]} - 1; i >= 0; i--)); do reversed+=("${order[i]}"); done
+  order=("${reversed[@]}")
+done
+/usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
+import json, os, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+rows = [("conduit", 0), ("conduit", 1), ("conduit", 2), ("ddp", 0), ("ddp", 1)]
+walls = {}
+print(f"{'run':<16}{'accuracy':>10}{'wall s':>9}{'x conduit 0':>12}{'MB on wire':>12}{'x own plain':>12}"
+      f"{'opt state KB':>14}{'x own plain':>12}")
+base = {}
+for impl, z in rows:
+    ss = [json.load(open(os.path.join(out, f"{impl}-zero{z}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
+    s = ss[-1]
+    wall = statistics.median(x["wall_time_s"] for x in ss)
+    walls[(impl, z)] = wall
+    mb, st = s["bytes_on_wire"] / 1e6, s["optimizer_state_bytes_rank0"] / 1e3
+    base.setdefault(impl, (mb, st))
+    print(f"{impl + ' zero ' + str(z):<16}{100 * s['final_test_accuracy']:>9.2f}%{wall:>9.1f}"
+          f"{wall / walls[('conduit', 0)]:>12.2f}{mb:>12.1f}{mb / base[impl][0]:>12.2f}{st:>14.1f}"
+          f"{st / base[impl][1]:>12.2f}")
+PY
