@@ -44,17 +44,20 @@ import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 rows = [("conduit", 0), ("conduit", 1), ("conduit", 2), ("ddp", 0), ("ddp", 1)]
 walls = {}
-print(f"{'run':<16}{'accuracy':>10}{'wall s':>9}{'x conduit 0':>12}{'MB on wire':>12}{'x own plain':>12}"
-      f"{'opt state KB':>14}{'x own plain':>12}")
+# Ratios against the same implementation's plain run (x own), and times against Conduit's plain run (x conduit 0).
+print(f"{'run':<16}{'accuracy':>10}{'wall s':>9}{'(rounds)':>20}{'x own':>7}{'x conduit 0':>12}{'MB on wire':>12}"
+      f"{'x own':>7}{'opt state KB':>14}{'x own':>7}")
 base = {}
 for impl, z in rows:
     ss = [json.load(open(os.path.join(out, f"{impl}-zero{z}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
     s = ss[-1]
-    wall = statistics.median(x["wall_time_s"] for x in ss)
+    each = [x["wall_time_s"] for x in ss]
+    wall = statistics.median(each)
     walls[(impl, z)] = wall
     mb, st = s["bytes_on_wire"] / 1e6, s["optimizer_state_bytes_rank0"] / 1e3
-    base.setdefault(impl, (mb, st))
+    base.setdefault(impl, (wall, mb, st))
     print(f"{impl + ' zero ' + str(z):<16}{100 * s['final_test_accuracy']:>9.2f}%{wall:>9.1f}"
-          f"{wall / walls[('conduit', 0)]:>12.2f}{mb:>12.1f}{mb / base[impl][0]:>12.2f}{st:>14.1f}"
-          f"{st / base[impl][1]:>12.2f}")
+          f"{' ' + '/'.join(f'{w:.1f}' for w in each):>20}{wall / base[impl][0]:>7.2f}"
+          f"{wall / walls[('conduit', 0)]:>12.2f}{mb:>12.1f}{mb / base[impl][1]:>7.2f}{st:>14.1f}"
+          f"{st / base[impl][2]:>7.2f}")
 PY

@@ -46,13 +46,19 @@ void print_summary(const std::string& out) {
   std::string tta = s["target_accuracy"].is_null()    ? std::string("not set")
                     : s["time_to_target_s"].is_null() ? std::string("not reached")
                                                     : fmt::format("{:.1f} s", s["time_to_target_s"].get<double>());
+  // Tensor-parallel groups and the ZeRO stage, where the run has them.
+  std::string layout;
+  if (s.value("tp", 1) > 1) layout += fmt::format(" (tp {}: {} groups)", s.value("tp", 1), s.value("data_parallel", 0));
+  if (s.value("zero", 0) > 0) layout += fmt::format(", zero {}", s.value("zero", 0));
   std::printf(
-      "conduit train: %s on %s, %d workers, sync %s, compressor %s: test accuracy %.2f%% after %d epochs in %.1f s; time "
+      "conduit train: %s on %s, %d workers%s, sync %s, compressor %s: test accuracy %.2f%% after %d epochs in %.1f s; "
+      "time "
       "to target %s; %.1f MB on the wire (uncompressed %.1f MB); communication hidden %.0f%%; output %s\n",
       s.value("model", std::string()).c_str(), s.value("dataset", std::string()).c_str(), s.value("workers", 0),
-      s.value("sync", std::string("bsp")).c_str(), s.value("compressor", std::string()).c_str(), 100 * s.value("final_test_accuracy", 0.0), s.value("epochs", 0),
-      s.value("wall_time_s", 0.0), tta.c_str(), s.value("bytes_on_wire", 0.0) / 1e6,
-      s.value("uncompressed_bytes", 0.0) / 1e6, 100 * s.value("hidden_comm_fraction", 0.0), out.c_str());
+      layout.c_str(), s.value("sync", std::string("bsp")).c_str(), s.value("compressor", std::string()).c_str(),
+      100 * s.value("final_test_accuracy", 0.0), s.value("epochs", 0), s.value("wall_time_s", 0.0), tta.c_str(),
+      s.value("bytes_on_wire", 0.0) / 1e6, s.value("uncompressed_bytes", 0.0) / 1e6,
+      100 * s.value("hidden_comm_fraction", 0.0), out.c_str());
 }
 
 void run_train(const TrainArgs& a) {

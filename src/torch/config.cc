@@ -83,7 +83,7 @@ bool to_bool(const std::string& key, const std::string& v) {
 
 const std::vector<std::pair<std::string, std::string>>& config_keys() {
   static const std::vector<std::pair<std::string, std::string>> k = {
-      {"model", "mlp | cnn | resnet (default cnn)"},
+      {"model", "mlp | cnn | resnet | vit (a vision transformer, the model --tp splits) (default cnn)"},
       {"dataset", "fashion-mnist | mnist | synthetic (default fashion-mnist)"},
       {"data_dir", "folder with the IDX files (gzipped or not)"},
       {"workers", "local workers to start when not under mpirun/torchrun (default 4)"},
@@ -109,6 +109,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "parameters whose gradient is smaller (bytes) skip the compressor and are allreduced "
        "uncompressed (default 0: none)"},
       {"overlap", "communicate buckets while backward runs (default true)"},
+      {"tp",
+       "tensor-parallel ranks a group (Megatron-style): the vit's attention heads and MLP split over them, data "
+       "parallelism over the groups; 1, 2 or 4, dividing workers (default 1)"},
       {"zero",
        "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too); "
        "needs compressor none, the default then (default 0)"},
@@ -227,7 +230,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     auto it = raw.find(k);
     return it == raw.end() ? nullptr : &it->second;
   };
-  if (auto v = get("model")) c.model = one_of("model", *v, {"mlp", "cnn", "resnet"});
+  if (auto v = get("model")) c.model = one_of("model", *v, {"mlp", "cnn", "resnet", "vit"});
   if (auto v = get("dataset")) c.dataset = one_of("dataset", *v, {"fashion-mnist", "mnist", "synthetic"});
   if (auto v = get("data_dir")) c.data_dir = *v;
   else if (c.dataset == "mnist") c.data_dir = "/usr/share/datasets/mnist";
@@ -282,6 +285,15 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("compress_min_bytes"))
     c.compress_min_bytes = to_int("compress_min_bytes", *v, 0, INT64_MAX);
   if (auto v = get("overlap")) c.overlap = to_bool("overlap", *v);
+  if (auto v = get("tp")) {
+    c.tp = static_cast<int>(to_int("tp", *v, 1, 4));
+    if (c.tp == 3) bad("tp", *v, "allowed: 1, 2 or 4 (it divides the vit's 4 attention heads)");
+    if (c.tp > 1 && c.model != "vit")
+      throw ConfigError(
+          fmt::format("config: tp: {} splits the vit's attention heads and MLP, model {} has none; "
+                      "allowed with model {}: tp 1",
+                      c.tp, c.model, c.model));
+  }
   if (auto v = get("zero")) {
     c.zero = static_cast<int>(to_int("zero", *v, 0, 2));
     // ZeRO reduce-scatters plain gradients: the default compressor gives way, one asked for is refused.
@@ -362,6 +374,16 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
                                   "written by conduit train (<output>/checkpoint)",
                                   c.resume));
   if (c.output.empty()) c.output = default_output_dir(c);
+  if (c.tp > 1 && c.workers % c.tp != 0)
+    throw ConfigError(
+        fmt::format("config: tp: {} ranks a group do not divide the {} workers; allowed: workers a "
+                    "multiple of tp",
+                    c.tp, c.workers));
+  if (c.tp > 1 && !effective_sync(c).bsp())
+    throw ConfigError(
+        fmt::format("config: tp: {} needs sync bsp (the groups' ranks step together), not {}; allowed "
+                    "with sync {}: tp 1",
+                    c.tp, effective_sync(c).name, effective_sync(c).name));
   if (c.zero > 0 && !effective_sync(c).bsp())
     throw ConfigError(
         fmt::format("config: zero: {} partitions the optimizer of sync bsp, not of {}; allowed with "
@@ -607,6 +629,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "bucket_cap_mb",
                         "first_bucket_mb",
                         "overlap",
+                        "tp",
                         "zero"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
@@ -668,6 +691,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "first_bucket_mb" << YAML::Value << fmt::format("{}", c.first_bucket_mb);
   e << YAML::Key << "compress_min_bytes" << YAML::Value << c.compress_min_bytes;
   e << YAML::Key << "overlap" << YAML::Value << (c.overlap ? "true" : "false");
+  e << YAML::Key << "tp" << YAML::Value << c.tp;
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;

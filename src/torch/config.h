@@ -38,6 +38,7 @@ struct TrainConfig {
   double first_bucket_mb = 1.0;
   int64_t compress_min_bytes = 0;         // gradients smaller than this skip the compressor (plain allreduce)
   bool overlap = true;                    // communicate full buckets while backward goes on
+  int tp = 1;                             // tensor-parallel ranks a group (model vit)
   int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2)
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)
   int checkpoint_every = 0;               // steps between checkpoints (0: at the end of every epoch only)

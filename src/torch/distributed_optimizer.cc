@@ -156,16 +156,25 @@ struct DistributedOptimizer::Core {
     reset_step_locked();
   }
 
-  // ZeRO-2: a released bucket buffer back, from the spares when one is large enough (under mu).
-  void ensure_flat(Bucket& bk) {
+  // ZeRO-2: a released bucket buffer back (lk holds mu): the smallest spare that holds it, resized within its
+  // capacity (only a grown part is zeroed), or else a new one, allocated and zeroed with mu released (the other
+  // threads leave a bucket that is not full alone; the communication thread only needs mu to take the next one).
+  void ensure_flat(Bucket& bk, std::unique_lock<std::mutex>& lk) {
     if (!bk.flat.empty() || bk.n == 0) return;
+    size_t best = spare.size();
     for (size_t k = 0; k < spare.size(); ++k)
-      if (spare[k].capacity() >= bk.n) {
-        bk.flat.swap(spare[k]);
-        spare.erase(spare.begin() + std::ptrdiff_t(k));
-        break;
-      }
-    bk.flat.resize(bk.n);  // (every slot is written by its gradient, or zeroed at the flush)
+      if (spare[k].capacity() >= bk.n && (best == spare.size() || spare[k].capacity() < spare[best].capacity()))
+        best = k;
+    if (best < spare.size()) {
+      bk.flat.swap(spare[best]);
+      spare.erase(spare.begin() + std::ptrdiff_t(best));
+      bk.flat.resize(bk.n);
+      return;
+    }
+    lk.unlock();
+    std::vector<float> fresh(bk.n);
+    lk.lock();
+    bk.flat.swap(fresh);
   }
 
   // ZeRO: re-seats the parameters as views of flat_params, bucket after bucket, and cuts every bucket into W slices.
@@ -191,7 +200,11 @@ struct DistributedOptimizer::Core {
       if (len == 0) continue;
       bk.shard = flat_params.narrow(0, int64_t(bk.base + bk.mine), int64_t(len)).detach();
       bk.shard.set_requires_grad(true);
-      bk.shard.mutable_grad() = torch::zeros({int64_t(len)}, torch::kFloat);
+      // Stage 1 keeps every bucket's buffer, which never moves (no re-bucketing): the slice's averaged gradient is
+      // reduce-scattered into the bucket's own block of it. Stage 2 releases the buffers: a tensor of its own.
+      bk.shard.mutable_grad() = zero >= 2 ? torch::zeros({int64_t(len)}, torch::kFloat)
+                                          : torch::from_blob(bk.flat.data() + bk.mine, {int64_t(len)},
+                                                             torch::TensorOptions().dtype(torch::kFloat));
       slices.push_back(bk.shard);
     }
     return slices;
@@ -227,7 +240,10 @@ struct DistributedOptimizer::Core {
           names[size_t(i)]));
     int b = param_bucket[size_t(i)];
     Bucket& bk = buckets[size_t(b)];
-    ensure_flat(bk);
+    if (!got[size_t(i)]) {
+      ensure_flat(bk, lk);
+      if (!alive) return;
+    }
     float* dst = bk.flat.data() + bk.offsets[size_t(param_slot[size_t(i)])];
     if (got[size_t(i)]) {
       // A second gradient before step(): with overlap its bucket may be averaged already, or being averaged (the sum
@@ -270,8 +286,8 @@ struct DistributedOptimizer::Core {
       co.blocking = true;
       if (w > 1)
         comm->reduce_scatter(bk.flat.data(), out, bk.counts, DType::f32, ReduceOp::sum, co).wait();
-      else
-        std::copy(bk.flat.begin(), bk.flat.end(), out);
+      else if (out != bk.flat.data())  // (out may lie inside the input at stage 1: the collective copies it first)
+        std::copy(bk.flat.begin(), bk.flat.begin() + std::ptrdiff_t(n), out);
       const double t1 = now_s();
       const float inv = 1.0f / float(w);
       for (size_t k = 0; k < bk.counts[size_t(comm->rank())]; ++k) out[k] *= inv;
@@ -416,7 +432,7 @@ struct DistributedOptimizer::Core {
         }
         if (flush && !ready[size_t(b)]) {  // parameters without a gradient this step contribute zeros
           Bucket& bk = buckets[size_t(b)];
-          ensure_flat(bk);
+          ensure_flat(bk, lk);
           for (size_t k = 0; k < bk.params.size(); ++k)
             if (!got[size_t(bk.params[k])])
               std::fill_n(bk.flat.data() + bk.offsets[k], numel[size_t(bk.params[k])], 0.f);
@@ -523,13 +539,16 @@ void DistributedOptimizer::check_zero_optimizer() {
   auto& groups = optimizer_->param_groups();
   std::set<const void*> trainable, given;
   for (auto& p : c.params) trainable.insert(p.unsafeGetTensorImpl());
-  if (groups.size() == 1)
-    for (auto& p : groups[0].params()) given.insert(p.unsafeGetTensorImpl());
+  for (auto& g : groups)
+    for (auto& p : g.params())
+      if (p.requires_grad()) given.insert(p.unsafeGetTensorImpl());  // (frozen ones never step)
   if (groups.size() != 1 || given != trainable)
     throw InvalidArgument(fmt::format(
-        "DistributedOptimizer: zero_stage {} needs an optimizer of one parameter group over exactly the model's "
-        "trainable parameters (it has {} group(s)); allowed: one group of model->parameters(), or zero_stage 0",
-        c.zero, groups.size()));
+        "DistributedOptimizer: zero_stage {} needs an optimizer of one parameter group over exactly the model's {} "
+        "trainable parameters; it has {} group(s) over {} trainable ones, {} of them the model's; allowed: one group "
+        "of model->parameters(), or zero_stage 0",
+        c.zero, trainable.size(), groups.size(), given.size(),
+        std::count_if(given.begin(), given.end(), [&](const void* p) { return trainable.count(p) > 0; })));
   if (!optimizer_->state().empty())
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_stage {} gives the optimizer this rank's slices as parameters, and it has state "
@@ -823,7 +842,8 @@ uint64_t DistributedOptimizer::gradient_bytes_held() const {
   uint64_t bytes = 0;
   for (auto& bk : core_->buckets) {
     bytes += bk.flat.capacity() * sizeof(float);
-    if (bk.shard.defined()) bytes += uint64_t(bk.shard.grad().numel()) * sizeof(float);
+    // (stage 1's slice gradients are views of the buckets)
+    if (bk.shard.defined() && core_->zero >= 2) bytes += uint64_t(bk.shard.grad().numel()) * sizeof(float);
   }
   for (auto& s : core_->spare) bytes += s.capacity() * sizeof(float);
   for (auto& p : core_->params)

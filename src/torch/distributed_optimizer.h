@@ -71,8 +71,11 @@ struct DistOptions {
   // released bucket buffers kept for reuse (DeepSpeed keeps its reduce buckets likewise).
   // Needs compressor "none", no find_unused_parameters, one parameter group over exactly the trainable parameters
   // and an optimizer that has not stepped (a checkpoint's optimizer state loads after construction, since the
-  // state is the slices'). Buckets keep reverse registration order (rebuild_buckets does not apply: the slices'
-  // state would have to move between ranks). .grad does not hold averaged gradients after synchronize().
+  // state is the slices'). Buckets keep reverse registration order (rebuild_buckets does not apply: a run resumed
+  // from a checkpoint must cut the same slices before its first step, when no order has been observed). .grad does
+  // not hold averaged gradients after synchronize(), and last_stats() counts the allgather only once step() ran.
+  // A constructor that throws after the checks (the initial broadcast failed) leaves the model re-seated and the
+  // optimizer on the slices.
   int zero_stage = 0;
 };
 

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/stats.h"
 #include "torch/gemm_bench.h"
+#include "torch/tensor_parallel.h"
 
 // OpenBLAS's own thread count (the pthread build ignores OpenMP's); weak, so other BLAS libraries link too.
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
@@ -114,12 +115,13 @@ class ResNet : public Net {
 
 }  // namespace
 
-const char* model_names_allowed() { return "mlp, cnn, resnet"; }
+const char* model_names_allowed() { return "mlp, cnn, resnet, vit"; }
 
 std::shared_ptr<Net> make_model(const std::string& name) {
   if (name == "mlp") return std::make_shared<Mlp>();
   if (name == "cnn") return std::make_shared<Cnn>();
   if (name == "resnet") return std::make_shared<ResNet>();
+  if (name == "vit") return make_vit(nullptr);
   throw ConfigError("config: model: '" + name + "' is not allowed; allowed: " + model_names_allowed());
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Models for 28x28 single-channel images and 10 classes: an MLP, a small CNN and a small ResNet.
+// Models for 28x28 single-channel images and 10 classes: an MLP, a small CNN, a small ResNet and a small vision
+// transformer (torch/tensor_parallel.h, which also splits it over a tensor-parallel group).
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
@@ -13,7 +14,7 @@ class Net : public torch::nn::Module {
   virtual torch::Tensor forward(torch::Tensor x) = 0;  // x: (B, 1, 28, 28) -> logits (B, 10)
 };
 
-// "mlp", "cnn" or "resnet"; ConfigError for anything else. Initialised from torch's global generator.
+// "mlp", "cnn", "resnet" or "vit" (whole); ConfigError for anything else. Initialised from torch's global generator.
 std::shared_ptr<Net> make_model(const std::string& name);
 const char* model_names_allowed();
 

@@ -30,6 +30,7 @@
 #include "torch/metrics.h"
 #include "torch/models.h"
 #include "torch/scheme_optimizer.h"
+#include "torch/tensor_parallel.h"
 
 namespace conduit::train {
 namespace fs = std::filesystem;
@@ -248,6 +249,7 @@ void load_checkpoint_archive(const fs::path& p, T& into) {
 
 void check_model_config(const TrainConfig& c, int world) {
   torch::NoGradGuard ng;
+  world /= std::max(1, c.tp);  // the ranks that share out the data (tensor-parallel groups see the same samples)
   auto model = make_model(c.model);
   auto [name, params] = split_compressor_spec(c.compressor);
   if (name.find("powersgd") != std::string::npos && params.count("rank")) {
@@ -411,7 +413,9 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"eval_every", "number"},
                                                        {"bucket_cap_mb", "number"},
                                                        {"first_bucket_mb", "number"},
-                                                       {"overlap", "boolean"}};
+                                                       {"overlap", "boolean"},
+                                                       {"zero", "number"},
+                                                       {"tp", "number"}};
   for (const auto& [key, type] : typed) {
     auto it = meta.find(key);
     if (it == meta.end()) continue;
@@ -431,13 +435,29 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const int global_rank = comm_ptr->rank();
   const bool outputs = wo.write_outputs;
   torch::set_num_threads(1);
+  // Tensor parallelism: groups of tp consecutive ranks split each layer of the vit; data parallelism runs over the
+  // ranks at one position of their groups (dp_comm), which share the data and average gradients.
+  const int tp = std::max(1, c.tp);
+  std::shared_ptr<TpGroup> tpg;
+  coll::CommPtr dp_comm = comm_ptr;
+  if (tp > 1) {
+    if (comm_ptr->size() % tp != 0)
+      throw ConfigError(
+          fmt::format("config: tp: {} ranks a group do not divide the {} ranks; allowed: a multiple of "
+                      "tp",
+                      tp, comm_ptr->size()));
+    tpg = std::make_shared<TpGroup>();
+    tpg->comm = comm_ptr->split(global_rank / tp, global_rank % tp);
+    tpg->timeout_s = c.timeout_s;
+    dp_comm = comm_ptr->split(global_rank % tp, global_rank / tp);
+  }
   std::shared_ptr<Net> model;
   {
     // torch's generator is global: ranks that are threads of one process (tests) must not interleave their draws.
     static std::mutex init_mu;
     std::lock_guard<std::mutex> lk(init_mu);
     torch::manual_seed(c.seed);
-    model = make_model(c.model);
+    model = c.model == "vit" ? make_vit(tpg.get()) : make_model(c.model);
   }
   auto optimizer = make_optimizer(c, *model);
 
@@ -503,12 +523,22 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // The optimizer's saved state is its kind's (sgd's momentum buffers, adam's moments; adamw decays the weights
     // another way than adam), and the time to the target was judged against the checkpoint's target accuracy.
     nlohmann::json same = {{"optimizer", c.optimizer}, {"target_accuracy", c.target_accuracy}};
-    // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0).
-    if (meta.value("zero", 0) != c.zero)
-      throw ConfigError(fmt::format(
-          "config: resume: the checkpoint was written with zero = {}, this run has {}; "
-          "allowed: the same zero (its optimizer state is {})",
-          meta.value("zero", 0), c.zero, c.zero > 0 || meta.value("zero", 0) > 0 ? "partitioned by it" : "whole"));
+    // Each rank's files hold its share of the split layers.
+    if (meta.value("tp", 1) != c.tp)
+      throw ConfigError(
+          fmt::format("config: resume: the checkpoint was written with tp = {}, this run has {}; "
+                      "allowed: the same tp (each rank's model file holds its share of the split "
+                      "layers)",
+                      meta.value("tp", 1), c.tp));
+    // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0);
+    // stages 1 and 2 cut the same slices, so either resumes the other.
+    const int saved_zero = meta.value("zero", 0);
+    if ((saved_zero > 0) != (c.zero > 0))
+      throw ConfigError(
+          fmt::format("config: resume: the checkpoint was written with zero = {}, this run has {}; "
+                      "allowed: {} (its optimizer state is {})",
+                      saved_zero, c.zero, saved_zero > 0 ? "zero 1 or 2" : "zero 0",
+                      saved_zero > 0 ? "each rank's slices" : "whole on every rank"));
     if (c.zero > 0) {
       same["bucket_cap_mb"] = c.bucket_cap_mb;
       same["first_bucket_mb"] = c.first_bucket_mb;
@@ -567,7 +597,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.timeout_s = c.timeout_s;
     dopts.trace = &trace;
     dopts.zero_stage = c.zero;
-    dopt = std::make_unique<DistributedOptimizer>(model, optimizer, comm_ptr, dopts);
+    dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     if (c.zero > 0 && !c.resume.empty())
       load_checkpoint_archive(rd / fmt::format("rank-{}", global_rank) / "optimizer.pt", *optimizer);
     sync_buffers = comm_ptr->size() > 1 && !model->buffers().empty();
@@ -584,9 +614,14 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   coll::Communicator& comm = *wcomm;
   const int rank = comm.rank(), world = comm.size();
   const bool lead = rank == 0;
+  // The ranks that share out the data: every worker, or with tp the data-parallel ranks (the ranks of one
+  // tensor-parallel group train on the same samples and evaluate the same share of the test set together).
+  coll::Communicator& data_comm = tp > 1 ? *dp_comm : comm;
+  const int data_rank = data_comm.rank(), data_world = data_comm.size();
+  const bool data_lead = data_rank == 0;  // holds the model copies of eval_every (every rank of the first group)
   // Schemes other than bsp keep replicas that may differ: worker 0 evaluates its own, alone, so no evaluation makes
   // the workers wait for each other.
-  coll::Communicator* eval_comm = spec.bsp() ? &comm : nullptr;
+  coll::Communicator* eval_comm = spec.bsp() ? &data_comm : nullptr;
   const bool evaluates = spec.bsp() || lead;
   TrainTestSets data = load_data(c);
   // The workers load their data at their own pace (another disk, a busier CPU): they meet here under start-up's
@@ -633,13 +668,14 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   }
   sync::Straggler straggler(sync::parse_slow(c.slow, comm_ptr->size()), global_rank, uint64_t(c.seed));
 
-  DistributedSampler sampler(data.train.n, world, rank, c.seed);
+  DistributedSampler sampler(data.train.n, data_world, data_rank, c.seed);
   const int64_t spe = sampler.steps_per_epoch(c.batch_size);
   if (spe < 1)
     throw ConfigError(
-        fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
+        fmt::format("config: batch_size: {} per worker x {} {} is more than the {} training "
                     "samples; allowed: at most {}",
-                    c.batch_size, world, data.train.n, std::max<int64_t>(data.train.n / world, 1)));
+                    c.batch_size, data_world, tp > 1 ? "tensor-parallel groups" : "workers", data.train.n,
+                    std::max<int64_t>(data.train.n / data_world, 1)));
   // Steps of the whole run: those before the epoch it starts in (counted in the batches of the run that took them:
   // a resume at an epoch's end may change the batch size) and this run's steps per epoch for the rest.
   const int64_t steps_before_epoch =
@@ -824,21 +860,22 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   // all ranks together, one at a time (worker 0 broadcasts each; every rank evaluates its share of the test set), so
   // no rank waits for worker 0 longer than one copy's share: with many copies, worker 0 evaluating them alone kept
   // the others waiting past the communication deadline (70 copies, ~4 s each, against the 300 s default).
-  coll::Communicator* snap_comm = world > 1 ? &comm : nullptr;
+  // (With tp each group's rank at position q receives the copies of the first group's rank at q: its share.)
+  coll::Communicator* snap_comm = data_world > 1 ? &data_comm : nullptr;
   auto evaluate_snapshots = [&] {
     if (c.eval_every <= 0) return;  // no copies are taken (the same on every rank)
-    int64_t n = lead ? int64_t(snapshots.size()) : 0;
+    int64_t n = data_lead ? int64_t(snapshots.size()) : 0;
     if (snap_comm) snap_comm->broadcast(&n, 1, DType::i64, 0).wait();
     if (n == 0) return;
     const double t0 = now_s();
     auto now = model_state();
     std::vector<torch::Tensor> recv;  // the other ranks receive every copy into the same buffers
-    if (!lead)
+    if (!data_lead)
       for (auto& t : now) recv.push_back(torch::empty_like(t, torch::MemoryFormat::Contiguous));
     for (int64_t k = 0; k < n; ++k) {
       // Worker 0 sends the copy; only it writes the record and keeps the time to target, as before.
       std::vector<torch::Tensor> st = recv;
-      if (lead)
+      if (data_lead)
         for (auto& t : snapshots[size_t(k)].state) st.push_back(t.contiguous());
       if (snap_comm)
         for (auto& t : st)
@@ -970,6 +1007,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                     {"first_bucket_mb", c.first_bucket_mb},
                                     {"overlap", c.overlap},
                                     {"zero", c.zero},
+                                    {"tp", c.tp},
                                     {"wall_s", declared[0]},
                                     {"time_to_target_s", declared[1]},
                                     {"test_accuracy", declared[2]}};
@@ -1045,8 +1083,18 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       // Every slowed step, also when waiting for a core already took its whole slowdown (a 0 s sleep).
       if (straggler.slowed())
         trace.complete("straggler sleep", 0, f2, f2 + slept, {{"factor", straggler.factor()}});
+      StepStats tp_step;  // this step's tensor-parallel collectives (forward and backward, on this thread)
+      if (tpg) {
+        const uint64_t b = tpg->payload_bytes.exchange(0);
+        const double s = double(tpg->comm_ns.exchange(0)) * 1e-9;
+        // Ring-equivalent volume, as the gradient exchange counts; sent whatever the compressor, so in raw_bytes too.
+        tp_step.bytes_sent = tp_step.bytes_recv = tp_step.raw_bytes = uint64_t(2.0 * (tp - 1) / tp * double(b) + 0.5);
+        tp_step.comm_s = tp_step.exposed_comm_s = s;
+        tp_step.compute_s = -s;  // (inside forward and backward, which the step's compute time spans)
+      }
       if (dopt) {
         dopt->step();
+        if (tpg) dopt->add_to_totals(tp_step);
         // Buffers that the forward updates (BatchNorm's running statistics) follow each rank's own data: rank 0's
         // are sent to the others after every step (PyTorch DDP sends them before every forward; after the step, the
         // ranks also evaluate and checkpoint one model). Without this, ResNet's ranks drifted apart: the test
@@ -1065,9 +1113,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       loss_sum += l * double(x.size(0));
       correct += corr;
       seen += double(x.size(0));
-      const auto& st = last_stats();
+      StepStats st = last_stats();
+      st += tp_step;
       const double dt = trained_s();
-      const double sps = dt > 0 ? double(step + 1 - first_step) * c.batch_size * world / dt : 0;
+      const double sps = dt > 0 ? double(step + 1 - first_step) * c.batch_size * data_world / dt : 0;
       if (metrics) {
         nlohmann::json j = {{"kind", "step"}, {"epoch", epoch + 1}, {"step", step + 1},   {"global_step", global_step},
                             {"loss", l},      {"lr", lr},           {"time_s", elapsed()}};
@@ -1075,7 +1124,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         metrics->write(j);
       }
       bar.update(step + 1, loss_sum / seen, correct / seen, sps, double(total_stats().bytes_sent) / 1e6);
-      if (lead && c.eval_every > 0 && global_step % c.eval_every == 0 && step + 1 < spe && global_step < total_steps)
+      if (data_lead && c.eval_every > 0 && global_step % c.eval_every == 0 && step + 1 < spe &&
+          global_step < total_steps)
         snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
       if (c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0 && step + 1 < spe)
         save_checkpoint(epoch, step + 1, res.test_accuracy);
@@ -1107,7 +1157,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       // deadline, which a long evaluation outlasts (--timeout-s). They meet it here without one. (Drifting
       // schemes' workers are not in step; they meet at checkpoints and the end.)
       if (sopt && world > 1 && !sopt->workers_drift()) sopt->await_workers();
-    } else if (lead && (snapshots.empty() || snapshots.back().global_step != global_step)) {
+    } else if (data_lead && (snapshots.empty() || snapshots.back().global_step != global_step)) {
       snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
     }
     res.train_loss = seen > 0 ? loss_sum / seen : 0;
@@ -1120,7 +1170,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       {"train_accuracy", seen > 0 ? correct / seen : 0},
                       {"test_accuracy", acc},
                       {"test_loss", test_loss},
-                      {"samples_per_s", dt > 0 ? seen * world / dt : 0},
+                      {"samples_per_s", dt > 0 ? seen * data_world / dt : 0},
                       {"time_s", elapsed()},
                       {"bytes_sent", tot.bytes_sent},
                       {"raw_bytes", tot.raw_bytes},
@@ -1133,7 +1183,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                     "{:.1f} MB sent, {:.1f} s",
                     epoch + 1, c.epochs, res.train_loss, seen > 0 ? 100 * correct / seen : 0,
                     std::isnan(acc) ? std::string("after training (snapshot)") : fmt::format("{:.2f}%", 100 * acc),
-                    dt > 0 ? seen * world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
+                    dt > 0 ? seen * data_world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
     // bsp checkpoints at every epoch end; other schemes only where asked (a checkpoint is a barrier) and at the end.
     if (epoch_done && dopt) save_checkpoint(epoch + 1, 0, acc);
     if (epoch_done && sopt && c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0)
@@ -1213,6 +1263,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"sync", spec.to_string()},
          {"slow", c.slow},
          {"workers", world},
+         {"tp", tp},  // ranks a tensor-parallel group; the groups, data_parallel, share out the data
+         {"data_parallel", data_world},
          {"ranks", comm_ptr->size()},
          {"epochs", res.epochs},
          {"steps", res.steps},
@@ -1237,6 +1289,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"zero", c.zero},
          // rank 0's: what ZeRO partitions (sgd's momentum, adam's moments) and the gradient memory it keeps
          {"optimizer_state_bytes_rank0", res.optimizer_state_bytes},
+         {"optimizer_elements_rank0", dopt ? nlohmann::json(res.optimizer_elements) : nlohmann::json()},
          {"gradient_bytes_held_rank0", dopt ? nlohmann::json(res.gradient_bytes_held) : nlohmann::json()},
          {"hidden_comm_fraction", res.comm_s > 0 ? std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0) : 0.0}});
   }

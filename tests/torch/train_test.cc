@@ -195,6 +195,22 @@ TEST(TrainConfig, ZeroTakesStagesZeroToTwoUnderBspWithoutACompressor) {
   EXPECT_EQ(resolve_config({{"zero", "0"}}, 0, false).compressor, TrainConfig().compressor);
 }
 
+// Tensor parallelism splits the vit only, in groups that divide the workers and its 4 heads, under bsp.
+TEST(TrainConfig, TpSplitsTheVitInGroupsThatDivideTheWorkersUnderBsp) {
+  const std::string cnn = config_error({{"tp", "2"}});
+  expect_one_line(cnn, "tp");
+  EXPECT_NE(cnn.find("model cnn has none"), std::string::npos) << cnn;
+  expect_one_line(config_error({{"tp", "3"}, {"model", "vit"}, {"workers", "3"}}), "tp");
+  expect_one_line(config_error({{"tp", "8"}, {"model", "vit"}, {"workers", "8"}}), "tp");
+  const std::string uneven = config_error({{"tp", "2"}, {"model", "vit"}, {"workers", "3"}});
+  expect_one_line(uneven, "tp");
+  EXPECT_NE(uneven.find("do not divide the 3 workers"), std::string::npos) << uneven;
+  expect_one_line(config_error({{"tp", "2"}, {"model", "vit"}, {"workers", "4"}, {"sync", "local"}}), "tp");
+  const TrainConfig c = resolve_config({{"tp", "2"}, {"model", "vit"}, {"workers", "4"}}, 0, true);
+  EXPECT_EQ(c.tp, 2);
+  EXPECT_EQ(config_error({{"tp", "4"}, {"model", "vit"}, {"workers", "4"}}), "");
+}
+
 TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
   TrainConfig c = resolve_config({{"data_dir", "/nonexistent/fashion"}});
   try {
@@ -490,7 +506,12 @@ TEST(Train, ZeroTrainsAsPlainBspAndResumesBitForBit) {
   EXPECT_EQ(r[0].steps, 22);
   EXPECT_EQ(r[0].params, straight[0].params);
   EXPECT_EQ(r[2].params, straight[2].params);
-  for (auto [zero, cap] : {std::pair{1, 0.05}, std::pair{2, 0.1}}) {
+  // Stage 1 cuts the same slices: it resumes stage 2's checkpoint as stage 2 would.
+  TrainConfig one = resumed;
+  one.zero = 1;
+  one.output = (dir / "one").string();
+  EXPECT_EQ(train_inproc(one, 3, true)[1].params, straight[1].params);
+  for (auto [zero, cap] : {std::pair{0, 0.05}, std::pair{2, 0.1}}) {
     TrainConfig other = resumed;
     other.zero = zero;
     other.bucket_cap_mb = cap;
@@ -500,12 +521,82 @@ TEST(Train, ZeroTrainsAsPlainBspAndResumesBitForBit) {
       ADD_FAILURE() << "resumed with zero " << zero << " and bucket_cap_mb " << cap;
     } catch (const ConfigError& e) {
       const std::string msg = e.what();
-      EXPECT_NE(
-          msg.find(zero == 1 ? "written with zero = 2, this run has 1" : "bucket_cap_mb = 0.05, this run has 0.1"),
-          std::string::npos)
+      EXPECT_NE(msg.find(zero == 0 ? "written with zero = 2, this run has 0; allowed: zero 1 or 2"
+                                   : "bucket_cap_mb = 0.05, this run has 0.1"),
+                std::string::npos)
           << msg;
       EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     }
+  }
+  fs::remove_all(dir);
+}
+
+// Two groups of two tensor-parallel ranks train the vit as two data-parallel ranks train it whole: the same losses
+// and accuracy to the float sums' order, the replicated layers equal on both ranks of a group, each rank holding
+// its share of the split ones; with ZeRO-1 over the groups too. A checkpoint of the split run resumes bit for bit,
+// and is refused with another tp.
+TEST(Train, TensorParallelGroupsTrainTheVitAsTheWholeModelTrains) {
+  auto dir = temp_dir("tp");
+  TrainConfig c = tiny("vit");  // 24 steps an epoch with 2 data-parallel ranks at batch 8
+  c.optimizer = "adam";
+  c.lr = 0.002;
+  c.max_steps = 6;
+  c.checkpoint_every = 3;
+  c.output = (dir / "whole").string();
+  auto whole = train_inproc(c, 2, true);
+  c.tp = 2;
+  c.output = (dir / "split").string();
+  auto split = train_inproc(c, 4, true);
+  TrainConfig zero = c;
+  zero.zero = 1;
+  zero.output = (dir / "split-zero").string();
+  auto split_zero = train_inproc(zero, 4);
+  for (auto* run : {&split, &split_zero}) {
+    const auto& r = *run;
+    EXPECT_NEAR(r[0].train_loss, whole[0].train_loss, 1e-4 * std::abs(whole[0].train_loss));
+    EXPECT_NEAR(r[2].train_loss, whole[1].train_loss, 1e-4 * std::abs(whole[1].train_loss));
+    EXPECT_NEAR(r[0].test_accuracy, whole[0].test_accuracy, 1.0 / 64 + 1e-9);
+    // Each rank holds its share of the attention and MLP weights: fewer elements than the whole model.
+    EXPECT_LT(r[0].params.size(), whole[0].params.size());
+    EXPECT_EQ(r[0].params.size(), r[1].params.size());
+    // Position then patch embedding lead, the classifier ends: replicated, equal on the two ranks of a group and
+    // close to the whole model's.
+    const size_t lead = 49 * 64 + 16 * 64 + 64, tail = 64 * 10 + 10;
+    for (size_t k = 0; k < lead + tail; ++k) {
+      const size_t i = k < lead ? k : r[0].params.size() - (k - lead) - 1;
+      const size_t j = k < lead ? k : whole[0].params.size() - (k - lead) - 1;
+      ASSERT_EQ(r[0].params[i], r[1].params[i]) << k;
+      ASSERT_NEAR(r[0].params[i], whole[0].params[j], 1e-4 + 1e-3 * std::abs(whole[0].params[j])) << k;
+    }
+    // The data-parallel ranks at one position of their groups average their gradients: equal.
+    EXPECT_EQ(r[0].params, r[2].params);
+    EXPECT_EQ(r[1].params, r[3].params);
+    // The groups' activations cross the wire: more bytes than the gradients alone.
+    EXPECT_GT(r[0].world_bytes_sent, 2 * whole[0].world_bytes_sent);
+  }
+  auto summary = read_json_file((dir / "split" / "summary.json").string());
+  EXPECT_EQ(summary["tp"], 2);
+  EXPECT_EQ(summary["data_parallel"], 2);
+  // Stopped after its step-3 checkpoint, then resumed to step 6 (a constant lr: the shorter run's schedule is the
+  // same).
+  TrainConfig first = c;
+  first.max_steps = 3;
+  first.output = (dir / "first").string();
+  train_inproc(first, 4, true);
+  TrainConfig resumed = c;
+  resumed.resume = (dir / "first" / "checkpoint").string();
+  resumed.output = (dir / "resumed").string();
+  ASSERT_EQ(read_json_file((dir / "first" / "checkpoint" / "checkpoint.json").string())["global_step"], 3);
+  auto r = train_inproc(resumed, 4, true);
+  EXPECT_EQ(r[0].params, split[0].params);
+  EXPECT_EQ(r[1].params, split[1].params);
+  resumed.tp = 1;
+  resumed.output = (dir / "other").string();
+  try {
+    train_inproc(resumed, 4, true);
+    ADD_FAILURE() << "resumed with tp 1";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("written with tp = 2, this run has 1"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
 }

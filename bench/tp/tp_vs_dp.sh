@@ -1,0 +1,42 @@
+#!/bin/bash
+# Tensor parallelism in `conduit train` (--tp 2 and --tp 4: the vit's heads and MLP split over each group) against
+# data parallelism alone, 4 local workers on the same global batch (64 a data-parallel rank x 4 ranks = 256
+# samples a step with tp 1; with tp 2 each group of 2 takes 128, tp 4 one group takes 256), Adam (lr 0.002), EPOCHS
+# epochs, ROUNDS rounds in alternating order; the table gives the median training time and each run's accuracy,
+# bytes on the wire (the gradients' allreduce and the groups' activation allreduces) and rank 0's parameters.
+#   bash bench/tp/tp_vs_dp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+EPOCHS=${1:-1}
+ROUNDS=${2:-3}
+OUT=${3:-runs/tp-bench}
+CONDUIT=${CONDUIT:-build/bin/conduit}
+rm -rf "$OUT"
+mkdir -p "$OUT"
+order=("1 64" "2 128" "4 256")
+for r in $(seq 1 "$ROUNDS"); do
+  for cfg in "${order[@]}"; do
+    set -- $cfg
+    "$CONDUIT" train --model vit --workers 4 --tp "$1" --batch-size "$2" --optimizer adam --lr 0.002 \
+      --compressor none --epochs "$EPOCHS" --progress false --output "$OUT/tp$1-r$r" > "$OUT/tp$1-r$r.log" 2>&1
+    echo "round $r: tp $1 done" >&2
+  done
+  reversed=()
+  for ((i = ${#order[@]} - 1; i >= 0; i--)); do reversed+=("${order[i]}"); done
+  order=("${reversed[@]}")
+done
+/usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
+import json, os, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+print(f"{'run':<8}{'accuracy':>10}{'wall s':>9}{'x tp 1':>8}{'MB on wire':>12}{'x tp 1':>8}{'exposed comm s':>16}")
+base = None
+for tp in (1, 2, 4):
+    ss = [json.load(open(os.path.join(out, f"tp{tp}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
+    wall = statistics.median(s["wall_time_s"] for s in ss)
+    s = ss[-1]
+    mb = s["bytes_on_wire"] / 1e6
+    if base is None:
+        base = (wall, mb)
+    print(f"{'tp ' + str(tp):<8}{100 * s['final_test_accuracy']:>9.2f}%{wall:>9.1f}{wall / base[0]:>8.2f}"
+          f"{mb:>12.1f}{mb / base[1]:>8.1f}{s['exposed_comm_s']:>16.1f}")
+PY

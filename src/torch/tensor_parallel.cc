@@ -1,0 +1,165 @@
+// Tensor parallelism: Megatron's f and g as autograd functions, and the vision transformer split over a group.
+#include "torch/tensor_parallel.h"
+
+#include <fmt/format.h>
+#include <torch/autograd.h>
+#include <torch/nn.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+
+#include "core/error.h"
+#include "torch/models.h"
+
+namespace conduit::train {
+namespace {
+
+namespace nn = torch::nn;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kPatch = 4, kTokens = 49, kPatchDim = 16, kWidth = 64, kMlp = 128, kBlocks = 4, kClasses = 10;
+
+// Sums `t` (f32, contiguous) over the group in place.
+void group_allreduce(TpGroup* g, torch::Tensor& t) {
+  const auto t0 = std::chrono::steady_clock::now();
+  coll::CollOptions o;
+  o.timeout_s = g->timeout_s;
+  g->comm->allreduce(t.data_ptr<float>(), size_t(t.numel()), DType::f32, ReduceOp::sum, o).wait();
+  g->payload_bytes += uint64_t(t.numel()) * sizeof(float);
+  g->calls += 1;
+  g->comm_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TpGroup* group_of(AutogradContext* ctx) {
+  return reinterpret_cast<TpGroup*>(static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
+}
+
+// f: the input of a column-parallel layer. Forward: as is; backward: the gradients of every rank's share summed.
+struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    torch::Tensor g = grads[0].contiguous().clone();
+    group_allreduce(group_of(ctx), g);
+    return {g, torch::Tensor()};
+  }
+};
+
+// g: the output of a row-parallel layer. Forward: every rank's partial product summed; backward: as is.
+struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    torch::Tensor y = x.contiguous().clone();
+    group_allreduce(reinterpret_cast<TpGroup*>(static_cast<intptr_t>(group)), y);
+    return y;
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
+};
+
+class Split {
+ public:
+  explicit Split(TpGroup* g) : group_(g && g->comm && g->comm->size() > 1 ? g : nullptr) {}
+  int size() const { return group_ ? group_->comm->size() : 1; }
+  int rank() const { return group_ ? group_->comm->rank() : 0; }
+  torch::Tensor f(const torch::Tensor& x) const {
+    return group_ ? CopyToGroup::apply(x, int64_t(reinterpret_cast<intptr_t>(group_))) : x;
+  }
+  torch::Tensor g(const torch::Tensor& x) const {
+    return group_ ? ReduceFromGroup::apply(x, int64_t(reinterpret_cast<intptr_t>(group_))) : x;
+  }
+
+ private:
+  TpGroup* group_;
+};
+
+// Pre-norm transformer block; this rank's heads and MLP units only.
+class TpBlock : public nn::Module {
+ public:
+  explicit TpBlock(const Split& s) : s_(s) {
+    const int64_t t = s.size(), r = s.rank();
+    const int64_t dh = kWidth / kVitHeads;
+    hl_ = kVitHeads / t;
+    ml_ = kMlp / t;
+    ln1_ = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({kWidth})));
+    ln2_ = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({kWidth})));
+    // The whole block's layers, drawn in the same order at every T, then this rank's share of them.
+    nn::Linear qkv(kWidth, 3 * kWidth), proj(kWidth, kWidth), fc1(kWidth, kMlp), fc2(kMlp, kWidth);
+    torch::NoGradGuard ng;
+    std::vector<torch::Tensor> w, b;
+    for (int64_t part = 0; part < 3; ++part) {  // rows: q of every head, then k, then v
+      w.push_back(qkv->weight.narrow(0, part * kWidth + r * hl_ * dh, hl_ * dh));
+      b.push_back(qkv->bias.narrow(0, part * kWidth + r * hl_ * dh, hl_ * dh));
+    }
+    qkv_w_ = register_parameter("qkv_weight", torch::cat(w).clone());
+    qkv_b_ = register_parameter("qkv_bias", torch::cat(b).clone());
+    proj_w_ = register_parameter("proj_weight", proj->weight.narrow(1, r * hl_ * dh, hl_ * dh).clone());
+    proj_b_ = register_parameter("proj_bias", proj->bias.clone());
+    fc1_w_ = register_parameter("fc1_weight", fc1->weight.narrow(0, r * ml_, ml_).clone());
+    fc1_b_ = register_parameter("fc1_bias", fc1->bias.narrow(0, r * ml_, ml_).clone());
+    fc2_w_ = register_parameter("fc2_weight", fc2->weight.narrow(1, r * ml_, ml_).clone());
+    fc2_b_ = register_parameter("fc2_bias", fc2->bias.clone());
+  }
+
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t bsz = x.size(0), n = x.size(1), dh = kWidth / kVitHeads;
+    auto h = s_.f(ln1_->forward(x));
+    auto qkv = torch::nn::functional::linear(h, qkv_w_, qkv_b_).view({bsz, n, 3, hl_, dh}).permute({2, 0, 3, 1, 4});
+    auto att = torch::softmax(qkv[0].matmul(qkv[1].transpose(-2, -1)) / std::sqrt(double(dh)), -1);
+    auto o = att.matmul(qkv[2]).permute({0, 2, 1, 3}).reshape({bsz, n, hl_ * dh});
+    x = x + s_.g(torch::nn::functional::linear(o, proj_w_)) + proj_b_;
+    h = s_.f(ln2_->forward(x));
+    h = torch::gelu(torch::nn::functional::linear(h, fc1_w_, fc1_b_));
+    return x + s_.g(torch::nn::functional::linear(h, fc2_w_)) + fc2_b_;
+  }
+
+ private:
+  Split s_;
+  int64_t hl_ = 0, ml_ = 0;
+  nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  torch::Tensor qkv_w_, qkv_b_, proj_w_, proj_b_, fc1_w_, fc1_b_, fc2_w_, fc2_b_;
+};
+
+class Vit : public Net {
+ public:
+  explicit Vit(const Split& s) {
+    embed_ = register_module("embed", nn::Linear(kPatchDim, kWidth));
+    {
+      torch::NoGradGuard ng;
+      pos_ = register_parameter("pos", torch::randn({kTokens, kWidth}) * 0.02);
+    }
+    for (int64_t i = 0; i < kBlocks; ++i)
+      blocks_.push_back(register_module(fmt::format("block{}", i), std::make_shared<TpBlock>(s)));
+    ln_ = register_module("ln", nn::LayerNorm(nn::LayerNormOptions({kWidth})));
+    head_ = register_module("head", nn::Linear(kWidth, kClasses));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    const int64_t bsz = x.size(0);
+    // (B, 1, 28, 28) -> 7 x 7 patches of 4 x 4 pixels, row by row
+    x = x.view({bsz, 7, kPatch, 7, kPatch}).permute({0, 1, 3, 2, 4}).reshape({bsz, kTokens, kPatchDim});
+    x = embed_->forward(x) + pos_;
+    for (auto& b : blocks_) x = b->forward(x);
+    return head_->forward(ln_->forward(x).mean(1));
+  }
+
+ private:
+  nn::Linear embed_{nullptr}, head_{nullptr};
+  torch::Tensor pos_;
+  std::vector<std::shared_ptr<TpBlock>> blocks_;
+  nn::LayerNorm ln_{nullptr};
+};
+
+}  // namespace
+
+std::shared_ptr<Net> make_vit(TpGroup* group) {
+  Split s(group);
+  if (kVitHeads % s.size() != 0)
+    throw ConfigError(fmt::format("config: tp: {} does not divide the vit's {} attention heads; allowed: 1, 2 or 4",
+                                  s.size(), kVitHeads));
+  return std::make_shared<Vit>(s);
+}
+
+}  // namespace conduit::train
