@@ -2,8 +2,9 @@
 # Tensor parallelism in `conduit train` (--tp 2 and --tp 4: the vit's heads and MLP split over each group) against
 # data parallelism alone, 4 local workers on the same global batch (64 a data-parallel rank x 4 ranks = 256
 # samples a step with tp 1; with tp 2 each group of 2 takes 128, tp 4 one group takes 256), Adam (lr 0.002), EPOCHS
-# epochs, ROUNDS rounds in alternating order; the table gives the median training time and each run's accuracy,
-# bytes on the wire (the gradients' allreduce and the groups' activation allreduces) and rank 0's parameters.
+# epochs, ROUNDS rounds in alternating order; the table gives the median training time (wall_time_s: evaluations
+# left out) with every round's, and the last round's accuracy, bytes on the wire (the gradients' allreduce and the
+# groups' activation allreduces, ring-equivalent volumes) and exposed communication.
 #   bash bench/tp/tp_vs_dp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,15 +29,18 @@ done
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-print(f"{'run':<8}{'accuracy':>10}{'wall s':>9}{'x tp 1':>8}{'MB on wire':>12}{'x tp 1':>8}{'exposed comm s':>16}")
+print(f"{'run':<8}{'accuracy':>10}{'wall s':>9}{'(rounds)':>16}{'x tp 1':>8}{'MB on wire':>12}{'x tp 1':>8}"
+      f"{'exposed comm s':>16}")
 base = None
 for tp in (1, 2, 4):
     ss = [json.load(open(os.path.join(out, f"tp{tp}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
-    wall = statistics.median(s["wall_time_s"] for s in ss)
+    each = [s["wall_time_s"] for s in ss]
+    wall = statistics.median(each)
     s = ss[-1]
     mb = s["bytes_on_wire"] / 1e6
     if base is None:
         base = (wall, mb)
-    print(f"{'tp ' + str(tp):<8}{100 * s['final_test_accuracy']:>9.2f}%{wall:>9.1f}{wall / base[0]:>8.2f}"
+    print(f"{'tp ' + str(tp):<8}{100 * s['final_test_accuracy']:>9.2f}%{wall:>9.1f}"
+          f"{' ' + '/'.join(f'{w:.1f}' for w in each):>16}{wall / base[0]:>8.2f}"
           f"{mb:>12.1f}{mb / base[1]:>8.1f}{s['exposed_comm_s']:>16.1f}")
 PY

@@ -135,7 +135,7 @@ const bool kRegistered = register_command(20, [](CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* c = app.add_subcommand(
       "train",
-      "Data-parallel training on libtorch (MLP, CNN or ResNet on Fashion-MNIST, MNIST or synthetic data) with "
+      "Data-parallel training on libtorch (MLP, CNN, ResNet or ViT on Fashion-MNIST, MNIST or synthetic data) with "
       "bucketed, overlapped and optionally compressed gradient averaging. With no arguments: the CNN on "
       "Fashion-MNIST with 4 local workers. Under mpirun or torchrun it is one worker and starts nothing.");
   c->add_option("--config", args->config, "YAML file of key: value (the keys below, with _); flags win over it");

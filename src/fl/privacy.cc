@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "fl/log_choose.h"
 
 namespace conduit::fl {
 namespace {
@@ -24,8 +25,6 @@ void check_mechanism(double sigma, double q) {
 
 // log(exp(x) - 1) for x > 0, accurate for tiny and huge x.
 double log_expm1(double x) { return x > 1 ? x + std::log1p(-std::exp(-x)) : std::log(std::expm1(x)); }
-
-double log_binomial(int n, int k) { return std::lgamma(n + 1.0) - std::lgamma(k + 1.0) - std::lgamma(n - k + 1.0); }
 
 // A uniform double in [0, 1) from the top 53 bits of one draw.
 double unit(uint64_t r) { return static_cast<double>(r >> 11) * 0x1.0p-53; }
@@ -106,7 +105,7 @@ double sampled_gaussian_rdp(double noise_multiplier, double sampling_rate, int o
   double log_s = -std::numeric_limits<double>::infinity();
   for (int k = 2; k <= order; ++k) {
     const double term =
-        log_binomial(order, k) + (order - k) * log_1mq + k * log_q + log_expm1((double(k) * k - k) / two_var);
+        log_choose(order, k) + (order - k) * log_1mq + k * log_q + log_expm1((double(k) * k - k) / two_var);
     if (std::isinf(log_s)) {
       log_s = term;
     } else {

@@ -17,6 +17,7 @@
 #include <tuple>
 
 #include "core/log.h"
+#include "fl/log_choose.h"
 
 namespace conduit::fl {
 namespace {
@@ -569,16 +570,6 @@ int group_size(const SecAggConfig& cfg) { return cfg.neighbors > 0 ? cfg.neighbo
 int threshold_for(int group, double x) {
   return std::min(group, std::max(2, static_cast<int>(std::floor(x * group)) + 1));
 }
-
-namespace {
-double log_gamma(double x) {  // (lgamma_r: lgamma writes the global signgam, racing other threads)
-  int sign = 0;
-  return lgamma_r(x, &sign);
-}
-double log_choose(int64_t a, int64_t b) {
-  return log_gamma(double(a) + 1) - log_gamma(double(b) + 1) - log_gamma(double(a - b) + 1);
-}
-}  // namespace
 
 double hypergeometric_tail(int64_t N, int64_t K, int64_t k, int64_t j) {
   if (N < 0 || K < 0 || K > N || k < 0 || k > N)

@@ -174,7 +174,7 @@ struct DistributedOptimizer::Core {
     lk.unlock();
     std::vector<float> fresh(bk.n);
     lk.lock();
-    bk.flat.swap(fresh);
+    if (bk.flat.empty()) bk.flat.swap(fresh);
   }
 
   // ZeRO: re-seats the parameters as views of flat_params, bucket after bucket, and cuts every bucket into W slices.
@@ -294,8 +294,7 @@ struct DistributedOptimizer::Core {
       factor_sent = factor_recv = w > 1 ? double(w - 1) / w : 0.0;
       if (zero >= 2) {
         std::lock_guard<std::mutex> lk(mu);
-        bk.flat.clear();
-        spare.emplace_back().swap(bk.flat);
+        spare.emplace_back().swap(bk.flat);  // (kept at its size: a reuse zeroes only what it grows by)
         if (spare.size() > 2) {  // the largest two stay (buckets in flight at once: the one sent, the one filling)
           std::sort(spare.begin(), spare.end(),
                     [](const auto& a, const auto& b) { return a.capacity() > b.capacity(); });

@@ -281,16 +281,17 @@ void check_model_config(const TrainConfig& c, int world) {
   } else if (c.train_limit > 0) {
     train_n = std::min(train_n, c.train_limit);
   }
+  const char* sharers = c.tp > 1 ? "tensor-parallel groups" : "workers";
   if (train_n < world)
     throw ConfigError(
-        fmt::format("config: the training set has {} samples, fewer than the {} workers that share it; "
-                    "allowed: at least one sample a worker (train_limit, synthetic_samples, data_dir)",
-                    train_n, world));
+        fmt::format("config: the training set has {} samples, fewer than the {} {} that share it; "
+                    "allowed: at least one sample each (train_limit, synthetic_samples, data_dir)",
+                    train_n, world, sharers));
   if (int64_t(c.batch_size) * world > train_n)
     throw ConfigError(
-        fmt::format("config: batch_size: {} per worker x {} workers is more than the {} training "
+        fmt::format("config: batch_size: {} per worker x {} {} is more than the {} training "
                     "samples; allowed: at most {}",
-                    c.batch_size, world, train_n, train_n / world));
+                    c.batch_size, world, sharers, train_n, train_n / world));
 }
 
 // Keeps the records of `path` (metrics.jsonl) up to a checkpoint at `global_step`, `epoch` epochs complete: steps
@@ -414,13 +415,16 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"bucket_cap_mb", "number"},
                                                        {"first_bucket_mb", "number"},
                                                        {"overlap", "boolean"},
-                                                       {"zero", "number"},
-                                                       {"tp", "number"}};
+                                                       {"zero", "integer"},
+                                                       {"tp", "integer"}};
   for (const auto& [key, type] : typed) {
     auto it = meta.find(key);
     if (it == meta.end()) continue;
     const std::string t = type;
-    const bool ok = t == "string" ? it->is_string() : t == "boolean" ? it->is_boolean() : it->is_number();
+    const bool ok = t == "string"    ? it->is_string()
+                    : t == "boolean" ? it->is_boolean()
+                    : t == "integer" ? it->is_number_integer()
+                                     : it->is_number();
     if (!ok)
       throw ConfigError(
           fmt::format("config: resume: {}: '{}' is {}, not a {}; allowed: a checkpoint directory "
@@ -441,6 +445,12 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   std::shared_ptr<TpGroup> tpg;
   coll::CommPtr dp_comm = comm_ptr;
   if (tp > 1) {
+    // (resolve_config refuses these with the same words; a caller of train_worker may not have run it)
+    if (c.model != "vit" || !spec.bsp())
+      throw ConfigError(
+          fmt::format("config: tp: {} splits the vit under sync bsp, this run is of model {} under "
+                      "sync {}; allowed with them: tp 1",
+                      tp, c.model, spec.name));
     if (comm_ptr->size() % tp != 0)
       throw ConfigError(
           fmt::format("config: tp: {} ranks a group do not divide the {} ranks; allowed: a multiple of "
@@ -1068,6 +1078,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         dopt->zero_grad();
       else
         sopt->zero_grad();
+      if (tpg) tpg->payload_bytes = 0, tpg->comm_ns = 0;  // (evaluations between steps are not training's bytes)
       torch::Tensor x, y;
       make_batch(data.train, sampler.batch(step, c.batch_size), x, y);
       straggler.begin();
