@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "torch/metrics.h"
 #include "torch/models.h"
 
 namespace conduit::train {
@@ -22,14 +23,18 @@ using torch::autograd::variable_list;
 constexpr int64_t kPatch = 4, kTokens = 49, kPatchDim = 16, kWidth = 64, kMlp = 128, kBlocks = 4, kClasses = 10;
 
 // Sums `t` (f32, contiguous) over the group in place.
-void group_allreduce(TpGroup* g, torch::Tensor& t) {
+void group_allreduce(TpGroup* g, torch::Tensor& t, const char* pass) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double s0 = now_s();
   coll::CollOptions o;
   o.timeout_s = g->timeout_s;
   g->comm->allreduce(t.data_ptr<float>(), size_t(t.numel()), DType::f32, ReduceOp::sum, o).wait();
-  g->payload_bytes += uint64_t(t.numel()) * sizeof(float);
+  const uint64_t bytes = uint64_t(t.numel()) * sizeof(float);
+  g->payload_bytes += bytes;
   g->calls += 1;
   g->comm_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  if (g->trace && g->trace->enabled())
+    g->trace->complete("tp allreduce", 0, s0, now_s(), {{"bytes", bytes}, {"pass", pass}});
 }
 
 TpGroup* group_of(AutogradContext* ctx) {
@@ -44,7 +49,7 @@ struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     torch::Tensor g = grads[0].contiguous().clone();
-    group_allreduce(group_of(ctx), g);
+    group_allreduce(group_of(ctx), g, "backward");
     return {g, torch::Tensor()};
   }
 };
@@ -54,7 +59,7 @@ struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
     ctx->saved_data["group"] = group;
     torch::Tensor y = x.contiguous().clone();
-    group_allreduce(reinterpret_cast<TpGroup*>(static_cast<intptr_t>(group)), y);
+    group_allreduce(reinterpret_cast<TpGroup*>(static_cast<intptr_t>(group)), y, "forward");
     return y;
   }
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }

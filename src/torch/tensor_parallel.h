@@ -21,11 +21,13 @@
 namespace conduit::train {
 
 class Net;
+class Trace;
 
 // A tensor-parallel group and what its collectives cost (read by the trainer after each step).
 struct TpGroup {
   coll::CommPtr comm;  // the T ranks that split each layer
   double timeout_s = 0;
+  Trace* trace = nullptr;                  // optional: a "tp allreduce" event per collective on the training thread
   std::atomic<uint64_t> payload_bytes{0};  // allreduced bytes, forward and backward
   std::atomic<uint64_t> calls{0};
   std::atomic<int64_t> comm_ns{0};  // time inside the collectives

@@ -441,6 +441,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   torch::set_num_threads(1);
   // Tensor parallelism: groups of tp consecutive ranks split each layer of the vit; data parallelism runs over the
   // ranks at one position of their groups (dp_comm), which share the data and average gradients.
+  Trace trace(global_rank);  // (before the model, whose tensor-parallel collectives record into it)
+  trace.enable(c.trace && outputs);
   const int tp = std::max(1, c.tp);
   std::shared_ptr<TpGroup> tpg;
   coll::CommPtr dp_comm = comm_ptr;
@@ -459,6 +461,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     tpg = std::make_shared<TpGroup>();
     tpg->comm = comm_ptr->split(global_rank / tp, global_rank % tp);
     tpg->timeout_s = c.timeout_s;
+    tpg->trace = &trace;
     dp_comm = comm_ptr->split(global_rank % tp, global_rank / tp);
   }
   std::shared_ptr<Net> model;
@@ -586,8 +589,6 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (c.zero == 0) load_checkpoint_archive(mine / "optimizer.pt", *optimizer);
   }
 
-  Trace trace(global_rank);
-  trace.enable(c.trace && outputs);
   // bsp: the bucketed, overlapped, compressed DistributedOptimizer; any other scheme: a sync::Strategy.
   std::unique_ptr<DistributedOptimizer> dopt;
   bool sync_buffers = false;  // bsp: the model has buffers (BatchNorm statistics) to keep equal across ranks

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <set>
 #include <thread>
@@ -548,7 +549,18 @@ TEST(Train, TensorParallelGroupsTrainTheVitAsTheWholeModelTrains) {
   auto whole = train_inproc(c, 2, true);
   c.tp = 2;
   c.output = (dir / "split").string();
+  c.trace = true;
   auto split = train_inproc(c, 4, true);
+  c.trace = false;
+  {
+    // Every activation allreduce is on the timeline: 16 a training step, and those of the evaluations.
+    std::ifstream t(dir / "split" / "trace-rank1.json");
+    const std::string text((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
+    size_t events = 0;
+    for (size_t at = text.find("\"tp allreduce\""); at != std::string::npos; at = text.find("\"tp allreduce\"", at + 1))
+      ++events;
+    EXPECT_GE(events, 6u * 16);
+  }
   TrainConfig zero = c;
   zero.zero = 1;
   zero.output = (dir / "split-zero").string();
