@@ -114,7 +114,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "parallelism over the groups; 1, 2 or 4, dividing workers (default 1)"},
       {"zero",
        "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too); "
-       "needs compressor none, the default then (default 0)"},
+       "compressor none (the default then), fp16 or bf16 (default 0)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every",
        "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
@@ -295,12 +295,14 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   }
   if (auto v = get("zero")) {
     c.zero = static_cast<int>(to_int("zero", *v, 0, 2));
-    // ZeRO reduce-scatters plain gradients: the default compressor gives way, one asked for is refused.
+    // ZeRO reduce-scatters the gradients as floats (f32, or fp16 or bf16 on the wire): the default compressor gives
+    // way, another one asked for is refused.
     if (c.zero > 0 && !get("compressor")) c.compressor = "none";
-    if (c.zero > 0 && c.compressor != "none")
+    if (c.zero > 0 && c.compressor != "none" && c.compressor != "fp16" && c.compressor != "bf16")
       throw ConfigError(
-          fmt::format("config: zero: {} reduce-scatters plain f32 gradients, compressor {} cannot go "
-                      "with it; allowed: compressor none with zero {}, or zero 0",
+          fmt::format("config: zero: {} reduce-scatters the gradients as floats, compressor {} cannot "
+                      "go with it; allowed with zero {}: compressor none, fp16 or bf16 (the "
+                      "reduce-scatter's wire); or zero 0",
                       c.zero, c.compressor, c.zero));
   }
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);

@@ -106,6 +106,7 @@ struct DistributedOptimizer::Core {
 #endif
   bool compressed = false;
   int zero = 0;
+  DType zero_wire = DType::f32;  // ZeRO: the reduce-scatter's element type (fp16 or bf16 halve its bytes)
   torch::Tensor flat_params;  // ZeRO: every trainable parameter's storage, bucket after bucket
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // ZeRO-2: kept alive, they carry DropGradient
   std::vector<std::vector<float>> spare;  // ZeRO-2: released bucket buffers, reused by the next step's buckets
@@ -284,13 +285,36 @@ struct DistributedOptimizer::Core {
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
-      if (w > 1)
-        comm->reduce_scatter(bk.flat.data(), out, bk.counts, DType::f32, ReduceOp::sum, co).wait();
-      else if (out != bk.flat.data())  // (out may lie inside the input at stage 1: the collective copies it first)
-        std::copy(bk.flat.begin(), bk.flat.begin() + std::ptrdiff_t(n), out);
-      const double t1 = now_s();
-      const float inv = 1.0f / float(w);
-      for (size_t k = 0; k < bk.counts[size_t(comm->rank())]; ++k) out[k] *= inv;
+      const size_t mine = bk.counts[size_t(comm->rank())];
+      double t1;
+      if (zero_wire != DType::f32) {
+        // 16-bit floats on the wire: each rank's gradients cast, averaged in the collective (f16 divides before it
+        // adds, as NCCL does), this rank's slice widened back. One rank casts too, so its rounding is the same.
+        const bool f16 = zero_wire == DType::f16;
+        std::vector<uint16_t> wire(n), slice(mine);
+        if (f16)
+          convert_f32_to_f16(bk.flat.data(), wire.data(), n);
+        else
+          convert_f32_to_bf16(bk.flat.data(), wire.data(), n);
+        if (w > 1)
+          comm->reduce_scatter(wire.data(), slice.data(), bk.counts, zero_wire, ReduceOp::avg, co).wait();
+        else
+          std::copy(wire.begin(), wire.end(), slice.begin());
+        t1 = now_s();
+        if (f16)
+          convert_f16_to_f32(slice.data(), out, mine);
+        else
+          convert_bf16_to_f32(slice.data(), out, mine);
+        payload = n * sizeof(uint16_t);
+      } else {
+        if (w > 1)
+          comm->reduce_scatter(bk.flat.data(), out, bk.counts, DType::f32, ReduceOp::sum, co).wait();
+        else if (out != bk.flat.data())  // (out may lie inside the input at stage 1: the collective copies it first)
+          std::copy(bk.flat.begin(), bk.flat.begin() + std::ptrdiff_t(n), out);
+        t1 = now_s();
+        const float inv = 1.0f / float(w);
+        for (size_t k = 0; k < mine; ++k) out[k] *= inv;
+      }
       factor_sent = factor_recv = w > 1 ? double(w - 1) / w : 0.0;
       if (zero >= 2) {
         std::lock_guard<std::mutex> lk(mu);
@@ -524,11 +548,14 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
 }
 
 void DistributedOptimizer::check_zero_optimizer() {
-  const Core& c = *core_;
-  if (c.compressed)
+  Core& c = *core_;
+  // The reduce-scatter's wire: f32, or a 16-bit float (fp16 or bf16, stateless casts); the slices stay f32.
+  if (c.opt.compressor == "fp16" || c.opt.compressor == "bf16")
+    c.zero_wire = c.opt.compressor == "fp16" ? DType::f16 : DType::bf16;
+  else if (c.compressed)
     throw InvalidArgument(fmt::format(
-        "DistributedOptimizer: zero_stage {} reduce-scatters plain f32 gradients, compressor '{}' cannot go with it; "
-        "allowed: compressor none, or zero_stage 0",
+        "DistributedOptimizer: zero_stage {} reduce-scatters the gradients as floats, compressor '{}' cannot go with "
+        "it; allowed: compressor none, fp16 or bf16 (the reduce-scatter's wire), or zero_stage 0",
         c.zero, c.opt.compressor));
   if (c.opt.find_unused_parameters)
     throw InvalidArgument(fmt::format(

@@ -186,6 +186,8 @@ TEST(TrainConfig, ZeroTakesStagesZeroToTwoUnderBspWithoutACompressor) {
   const std::string comp = config_error({{"zero", "1"}, {"compressor", "ef:topk:ratio=0.01"}});
   expect_one_line(comp, "zero");
   EXPECT_NE(comp.find("compressor ef:topk:ratio=0.01 cannot go with it"), std::string::npos) << comp;
+  EXPECT_EQ(config_error({{"zero", "1"}, {"compressor", "bf16"}}), "");
+  EXPECT_EQ(config_error({{"zero", "2"}, {"compressor", "fp16"}}), "");
   const std::string sync = config_error({{"zero", "2"}, {"sync", "local"}});
   expect_one_line(sync, "zero");
   EXPECT_NE(sync.find("allowed with sync local: zero 0"), std::string::npos) << sync;
