@@ -69,7 +69,8 @@ struct DistOptions {
   // gradients too: a parameter's .grad is dropped as soon as its hook has copied it into its bucket, and a bucket's
   // buffer is released once it is reduce-scattered, so between steps a rank holds its averaged slices and at most two
   // released bucket buffers kept for reuse (DeepSpeed keeps its reduce buckets likewise).
-  // Needs compressor "none", no find_unused_parameters, one parameter group over exactly the trainable parameters
+  // Needs compressor "none", or "fp16" / "bf16" to reduce-scatter the gradients as 16-bit floats (the slices and the
+  // allgather stay f32), no find_unused_parameters, one parameter group over exactly the trainable parameters
   // and an optimizer that has not stepped (a checkpoint's optimizer state loads after construction, since the
   // state is the slices'). Buckets keep reverse registration order (rebuild_buckets does not apply: a run resumed
   // from a checkpoint must cut the same slices before its first step, when no order has been observed). .grad does
