@@ -14,18 +14,12 @@ OUT=${3:-runs/tp-bench}
 CONDUIT=${CONDUIT:-build/bin/conduit}
 rm -rf "$OUT"
 mkdir -p "$OUT"
-order=("1 64" "2 128" "4 256")
-for r in $(seq 1 "$ROUNDS"); do
-  for cfg in "${order[@]}"; do
-    set -- $cfg
-    "$CONDUIT" train --model vit --workers 4 --tp "$1" --batch-size "$2" --optimizer adam --lr 0.002 \
-      --compressor none --epochs "$EPOCHS" --progress false --output "$OUT/tp$1-r$r" > "$OUT/tp$1-r$r.log" 2>&1
-    echo "round $r: tp $1 done" >&2
-  done
-  reversed=()
-  for ((i = ${#order[@]} - 1; i >= 0; i--)); do reversed+=("${order[i]}"); done
-  order=("${reversed[@]}")
-done
+run() {  # tp batch round
+  "$CONDUIT" train --model vit --workers 4 --tp "$1" --batch-size "$2" --optimizer adam --lr 0.002 \
+    --compressor none --epochs "$EPOCHS" --progress false --output "$OUT/tp$1-r$3" > "$OUT/tp$1-r$3.log" 2>&1
+}
+source bench/alternate_rounds.sh
+alternate_rounds "$ROUNDS" run "1 64" "2 128" "4 256"
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])

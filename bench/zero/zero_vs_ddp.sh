@@ -29,16 +29,8 @@ run() {  # impl zero round
       $flag --output "$dir" > "$dir.log" 2>&1
   fi
 }
-order=("conduit 0" "conduit 1" "conduit 2" "ddp 0" "ddp 1")
-for r in $(seq 1 "$ROUNDS"); do
-  for cfg in "${order[@]}"; do
-    run $cfg "$r"
-    echo "round $r: $cfg done" >&2
-  done
-  reversed=()
-  for ((i = ${#order[@]} - 1; i >= 0; i--)); do reversed+=("${order[i]}"); done
-  order=("${reversed[@]}")
-done
+source bench/alternate_rounds.sh
+alternate_rounds "$ROUNDS" run "conduit 0" "conduit 1" "conduit 2" "ddp 0" "ddp 1"
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])

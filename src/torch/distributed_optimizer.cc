@@ -291,20 +291,16 @@ struct DistributedOptimizer::Core {
         // 16-bit floats on the wire: each rank's gradients cast, averaged in the collective (f16 divides before it
         // adds, as NCCL does), this rank's slice widened back. One rank casts too, so its rounding is the same.
         const bool f16 = zero_wire == DType::f16;
+        const auto narrow = f16 ? convert_f32_to_f16 : convert_f32_to_bf16;
+        const auto widen = f16 ? convert_f16_to_f32 : convert_bf16_to_f32;
         std::vector<uint16_t> wire(n), slice(mine);
-        if (f16)
-          convert_f32_to_f16(bk.flat.data(), wire.data(), n);
-        else
-          convert_f32_to_bf16(bk.flat.data(), wire.data(), n);
+        narrow(bk.flat.data(), wire.data(), n);
         if (w > 1)
           comm->reduce_scatter(wire.data(), slice.data(), bk.counts, zero_wire, ReduceOp::avg, co).wait();
         else
           std::copy(wire.begin(), wire.end(), slice.begin());
         t1 = now_s();
-        if (f16)
-          convert_f16_to_f32(slice.data(), out, mine);
-        else
-          convert_bf16_to_f32(slice.data(), out, mine);
+        widen(slice.data(), out, mine);
         payload = n * sizeof(uint16_t);
       } else {
         if (w > 1)
@@ -830,8 +826,7 @@ void DistributedOptimizer::allgather_slices() {
   }
   if (failed) std::rethrow_exception(failed);
   const double t1 = now_s();
-  uint64_t n = 0;
-  for (auto& bk : c.buckets) n += bk.n;
+  const uint64_t n = uint64_t(c.flat_params.numel());
   const uint64_t bytes = uint64_t(double(w - 1) / w * double(n * sizeof(float)) + 0.5);
   last_.comm_s += t1 - t0;
   last_.exposed_comm_s += t1 - t0;
@@ -850,8 +845,6 @@ std::vector<std::vector<int>> DistributedOptimizer::bucket_layout() const {
   for (auto& b : core_->buckets) out.push_back(b.params);
   return out;
 }
-
-int DistributedOptimizer::zero_stage() const { return core_->zero; }
 
 size_t DistributedOptimizer::optimizer_elements() const {
   size_t n = 0;

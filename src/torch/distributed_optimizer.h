@@ -120,7 +120,6 @@ class DistributedOptimizer {
   // Parameter indices (registration order of model->parameters()) of every bucket, in communication order.
   std::vector<std::vector<int>> bucket_layout() const;
   std::string compressor_name() const;
-  int zero_stage() const;
   // Elements the optimizer steps on this rank: every trainable one, or with ZeRO this rank's slices.
   size_t optimizer_elements() const;
   // Bytes of gradient memory this rank holds now: the buckets' buffers, the parameters' .grad and ZeRO's slices.

@@ -37,9 +37,10 @@ void group_allreduce(TpGroup* g, torch::Tensor& t, const char* pass) {
     g->trace->complete("tp allreduce", 0, s0, now_s(), {{"bytes", bytes}, {"pass", pass}});
 }
 
-TpGroup* group_of(AutogradContext* ctx) {
-  return reinterpret_cast<TpGroup*>(static_cast<intptr_t>(ctx->saved_data["group"].toInt()));
-}
+// The group travels through autograd as an int64 (a Function's non-tensor arguments are IValues).
+int64_t as_int(TpGroup* g) { return int64_t(reinterpret_cast<intptr_t>(g)); }
+TpGroup* as_group(int64_t v) { return reinterpret_cast<TpGroup*>(static_cast<intptr_t>(v)); }
+TpGroup* group_of(AutogradContext* ctx) { return as_group(ctx->saved_data["group"].toInt()); }
 
 // f: the input of a column-parallel layer. Forward: as is; backward: the gradients of every rank's share summed.
 struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
@@ -59,7 +60,7 @@ struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
     ctx->saved_data["group"] = group;
     torch::Tensor y = x.contiguous().clone();
-    group_allreduce(reinterpret_cast<TpGroup*>(static_cast<intptr_t>(group)), y, "forward");
+    group_allreduce(as_group(group), y, "forward");
     return y;
   }
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
@@ -70,12 +71,8 @@ class Split {
   explicit Split(TpGroup* g) : group_(g && g->comm && g->comm->size() > 1 ? g : nullptr) {}
   int size() const { return group_ ? group_->comm->size() : 1; }
   int rank() const { return group_ ? group_->comm->rank() : 0; }
-  torch::Tensor f(const torch::Tensor& x) const {
-    return group_ ? CopyToGroup::apply(x, int64_t(reinterpret_cast<intptr_t>(group_))) : x;
-  }
-  torch::Tensor g(const torch::Tensor& x) const {
-    return group_ ? ReduceFromGroup::apply(x, int64_t(reinterpret_cast<intptr_t>(group_))) : x;
-  }
+  torch::Tensor f(const torch::Tensor& x) const { return group_ ? CopyToGroup::apply(x, as_int(group_)) : x; }
+  torch::Tensor g(const torch::Tensor& x) const { return group_ ? ReduceFromGroup::apply(x, as_int(group_)) : x; }
 
  private:
   TpGroup* group_;
