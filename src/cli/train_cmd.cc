@@ -46,9 +46,18 @@ void print_summary(const std::string& out) {
   std::string tta = s["target_accuracy"].is_null()    ? std::string("not set")
                     : s["time_to_target_s"].is_null() ? std::string("not reached")
                                                     : fmt::format("{:.1f} s", s["time_to_target_s"].get<double>());
-  // Tensor-parallel groups and the ZeRO stage, where the run has them.
+  // Tensor-parallel groups, pipelines and the ZeRO stage, where the run has them.
   std::string layout;
-  if (s.value("tp", 1) > 1) layout += fmt::format(" (tp {}: {} groups)", s.value("tp", 1), s.value("data_parallel", 0));
+  const int tp = s.value("tp", 1), pp = s.value("pp", 1);
+  if (tp > 1 && pp > 1)
+    layout += fmt::format(" (tp {} x pp {}: {} pipelines)", tp, pp, s.value("data_parallel", 0));
+  else if (tp > 1)
+    layout += fmt::format(" (tp {}: {} groups)", tp, s.value("data_parallel", 0));
+  else if (pp > 1)
+    layout += fmt::format(" (pp {}: {} pipelines)", pp, s.value("data_parallel", 0));
+  if (s.value("micro_batches", 1) > 1)
+    layout += fmt::format(", {} micro-batches{}", s.value("micro_batches", 1),
+                          pp > 1 ? " " + s.value("pp_schedule", std::string()) : std::string());
   if (s.value("zero", 0) > 0) layout += fmt::format(", zero {}", s.value("zero", 0));
   std::printf(
       "conduit train: %s on %s, %d workers%s, sync %s, compressor %s: test accuracy %.2f%% after %d epochs in %.1f s; "

@@ -16,7 +16,10 @@ namespace conduit::train {
 void make_batch(const ImageSet& s, const std::vector<int64_t>& idx, torch::Tensor& x, torch::Tensor& y);
 
 // Accuracy and mean loss on the test set: sharded over the ranks and summed (comm), or on this rank alone (nullptr).
-// Error when the loss is not finite (the run diverged).
-std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Communicator* comm);
+// With a pipeline (model its stage, comm the ranks of this stage in every pipeline) through the stages, every stage
+// returning the result. Error when the loss is not finite (the run diverged).
+class Pipeline;
+std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Communicator* comm,
+                                   Pipeline* pipe = nullptr);
 
 }  // namespace conduit::train

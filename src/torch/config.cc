@@ -99,7 +99,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"lr_schedule", "constant | step | cosine (default cosine)"},
       {"warmup_epochs", "linear warm-up length in epochs (>= 0)"},
       {"epochs", "number of epochs (>= 1, default 3)"},
-      {"batch_size", "samples per worker per step, per tensor-parallel group with tp (>= 1, default 64)"},
+      {"batch_size",
+       "samples per worker per step; per data-parallel replica with tp or pp (a tensor-parallel group, a pipeline) "
+       "(>= 1, default 64)"},
       {"seed", "seed of initialisation, shuffling and compressors (default 42)"},
       {"output", "output directory (default runs/<model>-<compressor>-<time>)"},
       {"target_accuracy", "test accuracy in [0, 1] whose first reach is timed in summary.json (0: none)"},
@@ -112,6 +114,15 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"tp",
        "tensor-parallel ranks a group (Megatron-style): the vit's attention heads and MLP split over them, data "
        "parallelism over the groups; 1, 2 or 4, dividing workers (default 1)"},
+      {"pp",
+       "pipeline stages: the vit's 4 blocks cut into 1, 2 or 4 stages on as many ranks (tp each), data "
+       "parallelism over the pipelines; tp x pp dividing workers (default 1)"},
+      {"micro_batches",
+       "parts each batch is split into: they flow through the pipeline's stages at once; with pp 1, gradient "
+       "accumulation; 1 to batch_size, sync bsp (default 1)"},
+      {"pp_schedule",
+       "gpipe (every forward, then every backward) | 1f1b (one forward, one backward: activations of at most pp "
+       "micro-batches held) (default 1f1b)"},
       {"zero",
        "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too); "
        "compressor none (the default then), fp16 or bf16 (default 0)"},
@@ -293,6 +304,19 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
                       "allowed with model {}: tp 1",
                       c.tp, c.model, c.model));
   }
+  if (auto v = get("pp")) {
+    c.pp = std::stoi(one_of("pp", *v, {"1", "2", "4"}));  // (they divide the vit's 4 blocks)
+    if (c.pp > 1 && c.model != "vit")
+      throw ConfigError(
+          fmt::format("config: pp: {} cuts the vit's transformer blocks into stages, model {} has none; "
+                      "allowed with model {}: pp 1",
+                      c.pp, c.model, c.model));
+  }
+  if (auto v = get("micro_batches")) c.micro_batches = static_cast<int>(to_int("micro_batches", *v, 1, 1 << 20));
+  if (c.micro_batches > c.batch_size)
+    throw ConfigError(fmt::format("config: micro_batches: {} parts of a batch of {}; allowed: 1 to batch_size ({})",
+                                  c.micro_batches, c.batch_size, c.batch_size));
+  if (auto v = get("pp_schedule")) c.pp_schedule = one_of("pp_schedule", *v, {"gpipe", "1f1b"});
   if (auto v = get("zero")) {
     c.zero = static_cast<int>(to_int("zero", *v, 0, 2));
     // ZeRO reduce-scatters the gradients as floats (f32, or fp16 or bf16 on the wire): the default compressor gives
@@ -385,6 +409,17 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         fmt::format("config: tp: {} needs sync bsp (the groups' ranks step together), not {}; allowed "
                     "with sync {}: tp 1",
                     c.tp, effective_sync(c).name, effective_sync(c).name));
+  if (c.tp * c.pp > 1 && c.workers % (c.tp * c.pp) != 0)
+    throw ConfigError(
+        fmt::format("config: pp: {} stages of {} rank{} (tp) do not divide the {} workers; allowed: workers a "
+                    "multiple of tp x pp ({})",
+                    c.pp, c.tp, c.tp > 1 ? "s" : "", c.workers, c.tp * c.pp));
+  if ((c.pp > 1 || c.micro_batches > 1) && !effective_sync(c).bsp())
+    throw ConfigError(fmt::format(
+        "config: {}: {} needs sync bsp (one optimizer step a batch, every micro-batch's gradient in it), not {}; "
+        "allowed with sync {}: {} 1",
+        c.pp > 1 ? "pp" : "micro_batches", c.pp > 1 ? c.pp : c.micro_batches, effective_sync(c).name,
+        effective_sync(c).name, c.pp > 1 ? "pp" : "micro_batches"));
   if (c.zero > 0 && !effective_sync(c).bsp())
     throw ConfigError(
         fmt::format("config: zero: {} partitions the optimizer of sync bsp, not of {}; allowed with "
@@ -631,6 +666,9 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "first_bucket_mb",
                         "overlap",
                         "tp",
+                        "pp",
+                        "micro_batches",
+                        "pp_schedule",
                         "zero"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
@@ -643,8 +681,9 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
       const auto [name, params] = split_compressor_spec(meta["compressor"].get<std::string>());
       if (name == "dgc" && params.count("momentum")) continue;
     }
-    // (a vit checkpoint's tp with another model given: the model mismatch is the error to report, not tp's)
-    if (std::string(k) == "tp" && raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))
+    // (a vit checkpoint's tp or pp with another model given: the model mismatch is the error to report)
+    if ((std::string(k) == "tp" || std::string(k) == "pp") && raw.count("model") && meta.contains("model") &&
+        meta["model"] != raw.at("model"))
       continue;
     take(k, k);
   }
@@ -696,6 +735,9 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "compress_min_bytes" << YAML::Value << c.compress_min_bytes;
   e << YAML::Key << "overlap" << YAML::Value << (c.overlap ? "true" : "false");
   e << YAML::Key << "tp" << YAML::Value << c.tp;
+  e << YAML::Key << "pp" << YAML::Value << c.pp;
+  e << YAML::Key << "micro_batches" << YAML::Value << c.micro_batches;
+  e << YAML::Key << "pp_schedule" << YAML::Value << c.pp_schedule;
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;

@@ -39,6 +39,9 @@ struct TrainConfig {
   int64_t compress_min_bytes = 0;         // gradients smaller than this skip the compressor (plain allreduce)
   bool overlap = true;                    // communicate full buckets while backward goes on
   int tp = 1;                             // tensor-parallel ranks a group (model vit)
+  int pp = 1;                             // pipeline stages (model vit): ranks a pipeline, tp each
+  int micro_batches = 1;                  // parts of each batch (pipelined with pp; gradient accumulation without)
+  std::string pp_schedule = "1f1b";       // gpipe | 1f1b
   int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2)
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)
   int checkpoint_every = 0;               // steps between checkpoints (0: at the end of every epoch only)

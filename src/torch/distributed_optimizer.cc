@@ -116,7 +116,7 @@ struct DistributedOptimizer::Core {
   std::vector<Bucket> buckets;
   std::vector<int> param_bucket;    // bucket of each parameter
   std::vector<int> param_slot;      // position inside its bucket
-  std::vector<char> got;            // gradient arrived this step
+  std::vector<int> got;             // gradients arrived this step (up to opt.backward_passes)
   std::vector<uint8_t> used;        // find_unused_parameters: which any rank had a gradient for, known at the flush
   std::vector<int> pending;         // gradients still missing per bucket
   std::vector<char> ready;          // bucket full
@@ -246,20 +246,28 @@ struct DistributedOptimizer::Core {
       if (!alive) return;
     }
     float* dst = bk.flat.data() + bk.offsets[size_t(param_slot[size_t(i)])];
-    if (got[size_t(i)]) {
-      // A second gradient before step(): with overlap its bucket may be averaged already, or being averaged (the sum
-      // would mix the average with this rank's own gradient, differently on every rank); without, it accumulates.
+    const int passes = opt.backward_passes;
+    if (got[size_t(i)] >= passes) {
+      // One gradient more than the step's backward passes: with overlap its bucket may be averaged already, or being
+      // averaged (the sum would mix the average with this rank's own gradient, differently on every rank); without,
+      // it accumulates.
       if (opt.overlap)
         throw InvalidArgument(fmt::format(
-            "DistributedOptimizer: parameter '{}' got a second gradient before step() (its bucket may be exchanged "
-            "already); allowed: one backward per step, or overlap off to accumulate several",
-            names[size_t(i)]));
+            "DistributedOptimizer: parameter '{}' got gradient {} before step(), with backward_passes = {} (its "
+            "bucket may be exchanged already); allowed: backward_passes backward calls per step, or overlap off to "
+            "accumulate any number",
+            names[size_t(i)], got[size_t(i)] + 1, passes));
       const float* src = g.data_ptr<float>();
       for (size_t k = 0; k < numel[size_t(i)]; ++k) dst[k] += src[k];
       return;
     }
-    std::memcpy(dst, g.data_ptr<float>(), numel[size_t(i)] * sizeof(float));
-    got[size_t(i)] = 1;
+    if (got[size_t(i)] == 0) {
+      std::memcpy(dst, g.data_ptr<float>(), numel[size_t(i)] * sizeof(float));
+    } else {  // an earlier micro-batch's gradient is in the bucket: this one adds to it
+      const float* src = g.data_ptr<float>();
+      for (size_t k = 0; k < numel[size_t(i)]; ++k) dst[k] += src[k];
+    }
+    if (++got[size_t(i)] < passes) return;  // (ready, and its bucket may go, with the last pass's)
     if (record_order) ready_order.push_back(i);
     if (--pending[size_t(b)] == 0) {
       ready[size_t(b)] = 1;
@@ -515,6 +523,10 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     throw ConfigError(fmt::format("config: compressor: '{}' is not available (built without src/compress); allowed: none",
                                   options.compressor));
 #endif
+  if (options.backward_passes < 1)
+    throw InvalidArgument(
+        fmt::format("DistributedOptimizer: backward_passes = {}; allowed: 1 or more (backward calls each step)",
+                    options.backward_passes));
   c.zero = options.zero_stage;
   if (c.zero < 0 || c.zero > 2)
     throw InvalidArgument(fmt::format("DistributedOptimizer: zero_stage {}; allowed: 0, 1 or 2", c.zero));
@@ -680,7 +692,7 @@ void DistributedOptimizer::zero_grad() {
     // Gradients of a backward not stepped yet: without overlap they are only in the buckets and go; with it some may
     // be in an exchange the other ranks take part in, which cannot be withdrawn.
     std::lock_guard<std::mutex> lk(core_->mu);
-    const bool arrived = std::any_of(core_->got.begin(), core_->got.end(), [](char g) { return g != 0; });
+    const bool arrived = std::any_of(core_->got.begin(), core_->got.end(), [](int g) { return g != 0; });
     if (arrived && core_->opt.overlap)
       throw InvalidArgument(
           "DistributedOptimizer: zero_grad() after a backward whose gradients are being exchanged; allowed: step() "
@@ -707,7 +719,8 @@ void DistributedOptimizer::synchronize() {
   // a bucket holding a parameter no rank used was full on no rank, so it is among those still waiting everywhere.
   std::exception_ptr flags_error;
   if (c.opt.find_unused_parameters) {
-    std::vector<uint8_t> used(c.got.begin(), c.got.end());
+    std::vector<uint8_t> used(c.got.size());
+    for (size_t k = 0; k < used.size(); ++k) used[k] = c.got[k] != 0;
     lk.unlock();
     const int w = comm_->size();
     try {

@@ -18,11 +18,12 @@
 //    so the optimizer state (and at stage 2 the gradients) held per rank is 1/W of the model's, for the same bytes
 //    on the wire as the allreduce (DistOptions::zero_stage).
 //
-// One backward per step with overlap (a second gradient before step() is refused: its bucket may be exchanged
-// already); without overlap several backward calls accumulate. Every rank runs the same model. The buckets travel
-// on `comm` from the communication thread: collectives run on `comm` from another thread while a step's buckets are
-// in flight (a second DistributedOptimizer on it, a GAN's) could interleave differently on each rank; give each its
-// own (comm->split). With find_unused_parameters the constructor is collective: it splits one off for the buckets.
+// With overlap, DistOptions::backward_passes backward calls a step (one by default; one more gradient before step() is
+// refused: its bucket may be exchanged already); without overlap any number accumulate. Every rank runs the same model.
+// The buckets travel on `comm` from the communication thread: collectives run on `comm` from another thread while a
+// step's buckets are in flight (a second DistributedOptimizer on it, a GAN's) could interleave differently on each
+// rank; give each its own (comm->split). With find_unused_parameters the constructor is collective: it splits one off
+// for the buckets.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -78,6 +79,11 @@ struct DistOptions {
   // A constructor that throws after the checks (the initial broadcast failed) leaves the model re-seated and the
   // optimizer on the slices.
   int zero_stage = 0;
+  // Backward calls a step (gradient accumulation over micro-batches, a pipeline's): each parameter's gradients are
+  // summed in its bucket, and the bucket goes once every parameter in it has had its backward_passes-th, so the
+  // exchange of the last micro-batch's buckets overlaps its backward, as DDP's no_sync() then a last backward. A
+  // parameter no micro-batch reached is sent as zeros at step() (or left out with find_unused_parameters).
+  int backward_passes = 1;
 };
 
 // Bytes of the optimizer's state tensors (sgd's momentum buffers, adam's and adamw's moments): what ZeRO partitions.

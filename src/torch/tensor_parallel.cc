@@ -125,26 +125,46 @@ class TpBlock : public nn::Module {
   torch::Tensor qkv_w_, qkv_b_, proj_w_, proj_b_, fc1_w_, fc1_b_, fc2_w_, fc2_b_;
 };
 
+// The whole vit, or pipeline stage `stage` of `stages`: the first holds the embedding, the last the final norm and
+// the classifier, and each its share of the blocks. Every stage draws the whole model's weights in the same order and
+// registers (keeps) only its own, so the stages together are the unsplit model.
 class Vit : public Net {
  public:
-  explicit Vit(const Split& s) {
-    embed_ = register_module("embed", nn::Linear(kPatchDim, kWidth));
+  Vit(const Split& s, int stage, int stages) {
+    const bool first = stage == 0, last = stage == stages - 1;
+    nn::Linear embed(kPatchDim, kWidth);
+    torch::Tensor pos;
     {
       torch::NoGradGuard ng;
-      pos_ = register_parameter("pos", torch::randn({kTokens, kWidth}) * 0.02);
+      pos = torch::randn({kTokens, kWidth}) * 0.02;
     }
-    for (int64_t i = 0; i < kBlocks; ++i)
-      blocks_.push_back(register_module(fmt::format("block{}", i), std::make_shared<TpBlock>(s)));
-    ln_ = register_module("ln", nn::LayerNorm(nn::LayerNormOptions({kWidth})));
-    head_ = register_module("head", nn::Linear(kWidth, kClasses));
+    if (first) {
+      embed_ = register_module("embed", embed);
+      pos_ = register_parameter("pos", pos);
+    }
+    const int64_t per = kBlocks / stages;
+    for (int64_t i = 0; i < kBlocks; ++i) {
+      auto b = std::make_shared<TpBlock>(s);
+      if (i / per == stage) blocks_.push_back(register_module(fmt::format("block{}", i), b));
+    }
+    nn::LayerNorm ln(nn::LayerNormOptions({kWidth}));
+    nn::Linear head(kWidth, kClasses);
+    if (last) {
+      ln_ = register_module("ln", ln);
+      head_ = register_module("head", head);
+    }
   }
+  // The first stage takes images (B, 1, 28, 28), the others the previous stage's (B, 49, 64); the last returns
+  // logits (B, 10), the others (B, 49, 64).
   torch::Tensor forward(torch::Tensor x) override {
     const int64_t bsz = x.size(0);
-    // (B, 1, 28, 28) -> 7 x 7 patches of 4 x 4 pixels, row by row
-    x = x.view({bsz, 7, kPatch, 7, kPatch}).permute({0, 1, 3, 2, 4}).reshape({bsz, kTokens, kPatchDim});
-    x = embed_->forward(x) + pos_;
+    if (embed_) {
+      // (B, 1, 28, 28) -> 7 x 7 patches of 4 x 4 pixels, row by row
+      x = x.view({bsz, 7, kPatch, 7, kPatch}).permute({0, 1, 3, 2, 4}).reshape({bsz, kTokens, kPatchDim});
+      x = embed_->forward(x) + pos_;
+    }
     for (auto& b : blocks_) x = b->forward(x);
-    return head_->forward(ln_->forward(x).mean(1));
+    return head_ ? head_->forward(ln_->forward(x).mean(1)) : x;
   }
 
  private:
@@ -156,12 +176,17 @@ class Vit : public Net {
 
 }  // namespace
 
-std::shared_ptr<Net> make_vit(TpGroup* group) {
+std::shared_ptr<Net> make_vit(TpGroup* group, int stage, int stages) {
   Split s(group);
   if (kVitHeads % s.size() != 0)
     throw ConfigError(fmt::format("config: tp: {} does not divide the vit's {} attention heads; allowed: 1, 2 or 4",
                                   s.size(), kVitHeads));
-  return std::make_shared<Vit>(s);
+  if (stages < 1 || kBlocks % stages != 0 || stage < 0 || stage >= stages)
+    throw ConfigError(
+        fmt::format("config: pp: stage {} of {} does not split the vit's {} blocks; allowed: 1, 2 or 4 "
+                    "stages, stage in [0, stages)",
+                    stage, stages, kBlocks));
+  return std::make_shared<Vit>(s, stage, stages);
 }
 
 }  // namespace conduit::train

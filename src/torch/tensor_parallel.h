@@ -36,7 +36,12 @@ struct TpGroup {
 // The vision transformer "vit" for 28x28 images: 4x4 patches (49 tokens), width 64, 4 heads, 4 pre-norm blocks with
 // an MLP of 128, mean pooling, a linear classifier. group null or of one rank: the whole model. Otherwise its size
 // must divide the heads (1, 2 or 4). Initialised from torch's global generator (the whole model, on every rank).
-std::shared_ptr<Net> make_vit(TpGroup* group);
+// With stages > 1 (1, 2 or 4: they divide the blocks): pipeline stage `stage` (torch/pipeline.h), holding its share
+// of the blocks, the first also the embedding (it takes images), the last also the final norm and the classifier (it
+// returns logits); the others take and return activations of kVitActivation per sample.
+std::shared_ptr<Net> make_vit(TpGroup* group, int stage = 0, int stages = 1);
 constexpr int kVitHeads = 4;
+constexpr int kVitBlocks = 4;
+constexpr int64_t kVitActivation[2] = {49, 64};  // tokens, width
 
 }  // namespace conduit::train

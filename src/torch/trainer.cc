@@ -29,6 +29,7 @@
 #include "torch/distributed_optimizer.h"
 #include "torch/metrics.h"
 #include "torch/models.h"
+#include "torch/pipeline.h"
 #include "torch/scheme_optimizer.h"
 #include "torch/tensor_parallel.h"
 
@@ -148,7 +149,7 @@ double lr_at(const TrainConfig& c, int64_t step, int64_t total, int64_t warmup) 
 
 }  // namespace
 
-std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Communicator* comm) {
+std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Communicator* comm, Pipeline* pipe) {
   torch::NoGradGuard ng;
   model.eval();
   double sums[3] = {0, 0, 0};  // correct, loss sum, count
@@ -162,16 +163,21 @@ std::pair<double, double> evaluate(Net& model, const ImageSet& test, coll::Commu
     if (int64_t(idx.size()) == chunk || i + size >= test.n) {
       torch::Tensor x, y;
       make_batch(test, idx, x, y);
-      auto out = model.forward(x);
-      sums[0] += double(out.argmax(1).eq(y).sum().item<int64_t>());
-      sums[1] += double(torch::nn::functional::cross_entropy(
-                            out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                            .item<float>());
+      // (through a pipeline, only its last stage has the logits)
+      auto out = pipe ? pipe->infer(x, int64_t(idx.size())) : model.forward(x);
+      if (out.defined()) {
+        sums[0] += double(out.argmax(1).eq(y).sum().item<int64_t>());
+        sums[1] += double(torch::nn::functional::cross_entropy(
+                              out, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                              .item<float>());
+      }
       sums[2] += double(idx.size());
       idx.clear();
     }
   }
+  if (pipe) pipe->flush();
   if (size > 1) comm->allreduce(sums, 3, DType::f64, ReduceOp::sum).wait();
+  if (pipe) pipe->from_last(sums, 2);  // the last stages' sums (every stage counted the samples)
   model.train();
   // A run whose last steps blew the weights up ends with a finite training loss and a nan test loss: that is a
   // failed run, not a result. Under bsp every rank evaluated and sees the same sums, so all stop here together;
@@ -249,7 +255,8 @@ void load_checkpoint_archive(const fs::path& p, T& into) {
 
 void check_model_config(const TrainConfig& c, int world) {
   torch::NoGradGuard ng;
-  world /= std::max(1, c.tp);  // the ranks that share out the data (tensor-parallel groups see the same samples)
+  // The ranks that share out the data: a tensor-parallel group's ranks, and a pipeline's, see the same samples.
+  world /= std::max(1, c.tp) * std::max(1, c.pp);
   auto model = make_model(c.model);
   auto [name, params] = split_compressor_spec(c.compressor);
   if (name.find("powersgd") != std::string::npos && params.count("rank")) {
@@ -281,7 +288,7 @@ void check_model_config(const TrainConfig& c, int world) {
   } else if (c.train_limit > 0) {
     train_n = std::min(train_n, c.train_limit);
   }
-  const char* sharers = c.tp > 1 ? "tensor-parallel groups" : "workers";
+  const char* sharers = c.pp > 1 ? "pipelines" : c.tp > 1 ? "tensor-parallel groups" : "workers";
   if (train_n < world)
     throw ConfigError(
         fmt::format("config: the training set has {} samples, fewer than the {} {} that share it; "
@@ -416,7 +423,10 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"first_bucket_mb", "number"},
                                                        {"overlap", "boolean"},
                                                        {"zero", "integer"},
-                                                       {"tp", "integer"}};
+                                                       {"tp", "integer"},
+                                                       {"pp", "integer"},
+                                                       {"micro_batches", "integer"},
+                                                       {"pp_schedule", "string"}};
   for (const auto& [key, type] : typed) {
     auto it = meta.find(key);
     if (it == meta.end()) continue;
@@ -443,9 +453,26 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   // ranks at one position of their groups (dp_comm), which share the data and average gradients.
   Trace trace(global_rank);  // (before the model, whose tensor-parallel collectives record into it)
   trace.enable(c.trace && outputs);
-  const int tp = std::max(1, c.tp);
+  // Pipeline parallelism: pp consecutive groups of tp (a model replica of tp x pp ranks) hold its stages in order;
+  // pp_comm joins the ranks at one tensor-parallel position of a replica's stages, dp_comm the ranks at one position
+  // of every replica.
+  const int tp = std::max(1, c.tp), pp = std::max(1, c.pp), mp = tp * pp;
   std::shared_ptr<TpGroup> tpg;
-  coll::CommPtr dp_comm = comm_ptr;
+  coll::CommPtr dp_comm = comm_ptr, pp_comm;
+  if (pp > 1 || c.micro_batches > 1) {
+    // (resolve_config refuses these with the same words; a caller of train_worker may not have run it)
+    if ((pp > 1 && c.model != "vit") || !spec.bsp())
+      throw ConfigError(
+          fmt::format("config: pp: {} and micro_batches: {} need sync bsp (and pp > 1 the vit, whose blocks it cuts "
+                      "into stages), this run is of model {} under sync {}; allowed with them: pp 1 and "
+                      "micro_batches 1",
+                      pp, c.micro_batches, c.model, spec.name));
+    if (comm_ptr->size() % mp != 0 || c.micro_batches < 1 || c.micro_batches > c.batch_size)
+      throw ConfigError(
+          fmt::format("config: pp: {} stages of {} ranks with {} micro-batches of a batch of {} on {} ranks; "
+                      "allowed: tp x pp dividing the ranks, micro_batches 1 to batch_size",
+                      pp, tp, c.micro_batches, c.batch_size, comm_ptr->size()));
+  }
   if (tp > 1) {
     // (resolve_config refuses these with the same words; a caller of train_worker may not have run it)
     if (c.model != "vit" || !spec.bsp())
@@ -462,15 +489,16 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     tpg->comm = comm_ptr->split(global_rank / tp, global_rank % tp);
     tpg->timeout_s = c.timeout_s;
     tpg->trace = &trace;
-    dp_comm = comm_ptr->split(global_rank % tp, global_rank / tp);
   }
+  if (pp > 1) pp_comm = comm_ptr->split(global_rank / mp * tp + global_rank % tp, global_rank / tp % pp);
+  if (mp > 1) dp_comm = comm_ptr->split(global_rank % mp, global_rank / mp);
   std::shared_ptr<Net> model;
   {
     // torch's generator is global: ranks that are threads of one process (tests) must not interleave their draws.
     static std::mutex init_mu;
     std::lock_guard<std::mutex> lk(init_mu);
     torch::manual_seed(c.seed);
-    model = c.model == "vit" ? make_vit(tpg.get()) : make_model(c.model);
+    model = c.model == "vit" ? make_vit(tpg.get(), pp > 1 ? pp_comm->rank() : 0, pp) : make_model(c.model);
   }
   auto optimizer = make_optimizer(c, *model);
 
@@ -543,6 +571,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       "allowed: the same tp (each rank's model file holds its share of the split "
                       "layers)",
                       meta.value("tp", 1), c.tp));
+    if (meta.value("pp", 1) != c.pp)
+      throw ConfigError(
+          fmt::format("config: resume: the checkpoint was written with pp = {}, this run has {}; "
+                      "allowed: the same pp (each rank's model file holds its stage's blocks)",
+                      meta.value("pp", 1), c.pp));
     // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0);
     // stages 1 and 2 cut the same slices, so either resumes the other.
     const int saved_zero = meta.value("zero", 0);
@@ -608,6 +641,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.timeout_s = c.timeout_s;
     dopts.trace = &trace;
     dopts.zero_stage = c.zero;
+    dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     if (c.zero > 0 && !c.resume.empty())
       load_checkpoint_archive(rd / fmt::format("rank-{}", global_rank) / "optimizer.pt", *optimizer);
@@ -627,7 +661,16 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const bool lead = rank == 0;
   // The ranks that share out the data: every worker, or with tp the data-parallel ranks (the ranks of one
   // tensor-parallel group train on the same samples and evaluate the same share of the test set together).
-  coll::Communicator& data_comm = tp > 1 ? *dp_comm : comm;
+  coll::Communicator& data_comm = mp > 1 ? *dp_comm : comm;
+  // The micro-batches' schedule over the stages (with pp 1: gradient accumulation on this rank).
+  std::unique_ptr<Pipeline> pipe;
+  int pipe_peak = 0;  // most micro-batches whose activations this rank held at once
+  if (dopt && (pp > 1 || c.micro_batches > 1)) {
+    std::vector<int64_t> activation;
+    if (c.model == "vit") activation.assign(std::begin(kVitActivation), std::end(kVitActivation));
+    pipe =
+        std::make_unique<Pipeline>(pp_comm, model, activation, parse_pipe_schedule(c.pp_schedule), c.timeout_s, &trace);
+  }
   const int data_rank = data_comm.rank(), data_world = data_comm.size();
   const bool data_lead = data_rank == 0;  // holds the model copies of eval_every (every rank of the first group)
   // Schemes other than bsp keep replicas that may differ: worker 0 evaluates its own, alone, so no evaluation makes
@@ -685,8 +728,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     throw ConfigError(
         fmt::format("config: batch_size: {} per worker x {} {} is more than the {} training "
                     "samples; allowed: at most {}",
-                    c.batch_size, data_world, tp > 1 ? "tensor-parallel groups" : "workers", data.train.n,
-                    std::max<int64_t>(data.train.n / data_world, 1)));
+                    c.batch_size, data_world,
+                    pp > 1   ? "pipelines"
+                    : tp > 1 ? "tensor-parallel groups"
+                             : "workers",
+                    data.train.n, std::max<int64_t>(data.train.n / data_world, 1)));
   // Steps of the whole run: those before the epoch it starts in (counted in the batches of the run that took them:
   // a resume at an epoch's end may change the batch size) and this run's steps per epoch for the rest.
   const int64_t steps_before_epoch =
@@ -892,7 +938,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         for (auto& t : st)
           snap_comm->broadcast(static_cast<uint8_t*>(t.data_ptr()), size_t(t.nbytes()), DType::u8, 0).wait();
       set_model_state(st);
-      auto [acc, loss] = evaluate(*model, data.test, snap_comm);
+      auto [acc, loss] = evaluate(*model, data.test, snap_comm, pipe.get());
       if (!lead) continue;
       const Snapshot& sn = snapshots[size_t(k)];
       if (c.target_accuracy > 0 && acc >= c.target_accuracy && (time_to_target < 0 || sn.time_s < time_to_target))
@@ -1019,6 +1065,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                     {"overlap", c.overlap},
                                     {"zero", c.zero},
                                     {"tp", c.tp},
+                                    {"pp", c.pp},
+                                    {"micro_batches", c.micro_batches},
+                                    {"pp_schedule", c.pp_schedule},
                                     {"wall_s", declared[0]},
                                     {"time_to_target_s", declared[1]},
                                     {"test_accuracy", declared[2]}};
@@ -1045,7 +1094,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   auto run_eval = [&]() -> std::pair<double, double> {
     if (!evaluates) return {0, 0};
     const double t0 = now_s(), at = elapsed();
-    auto r = evaluate(*model, data.test, eval_comm);
+    auto r = evaluate(*model, data.test, eval_comm, pipe.get());
     untimed_s += now_s() - t0;
     if (c.target_accuracy > 0 && time_to_target < 0 && r.first >= c.target_accuracy) time_to_target = at;
     return r;
@@ -1080,33 +1129,60 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       else
         sopt->zero_grad();
       if (tpg) tpg->payload_bytes = 0, tpg->comm_ns = 0;  // (evaluations between steps are not training's bytes)
+      if (pipe) pipe->take_stats();                       // (nor are their activations)
       torch::Tensor x, y;
       make_batch(data.train, sampler.batch(step, c.batch_size), x, y);
       straggler.begin();
       const double f0 = now_s();
-      auto logits = model->forward(x);
-      auto loss = torch::nn::functional::cross_entropy(logits, y);
-      const double f1 = now_s();
-      loss.backward();
+      double l = 0, corr = 0;  // the batch's mean loss and correct predictions
+      double f1 = f0;
+      if (pipe) {
+        const auto r = pipe->train_step(x, y, c.micro_batches);
+        l = r.loss;
+        corr = r.correct;
+        f1 = now_s();
+      } else {
+        auto logits = model->forward(x);
+        auto loss = torch::nn::functional::cross_entropy(logits, y);
+        f1 = now_s();
+        loss.backward();
+        l = loss.item<float>();
+        corr = double(logits.argmax(1).eq(y).sum().item<int64_t>());
+      }
       const double f2 = now_s();
       const double slept = straggler.end();
-      trace.complete("forward", 0, f0, f1, {{"step", global_step}});
-      trace.complete("backward", 0, f1, f2, {{"step", global_step}});
+      if (pipe) {  // (its micro-batches' forward and backward events are its own)
+        trace.complete("pipeline step", 0, f0, f2, {{"step", global_step}, {"micro_batches", c.micro_batches}});
+      } else {
+        trace.complete("forward", 0, f0, f1, {{"step", global_step}});
+        trace.complete("backward", 0, f1, f2, {{"step", global_step}});
+      }
       // Every slowed step, also when waiting for a core already took its whole slowdown (a 0 s sleep).
       if (straggler.slowed())
         trace.complete("straggler sleep", 0, f2, f2 + slept, {{"factor", straggler.factor()}});
-      StepStats tp_step;  // this step's tensor-parallel collectives (forward and backward, on this thread)
+      StepStats mp_step;  // this step's tensor-parallel collectives and pipeline transfers (on this thread)
       if (tpg) {
         const uint64_t b = tpg->payload_bytes.exchange(0);
         const double s = double(tpg->comm_ns.exchange(0)) * 1e-9;
         // Ring-equivalent volume, as the gradient exchange counts; sent whatever the compressor, so in raw_bytes too.
-        tp_step.bytes_sent = tp_step.bytes_recv = tp_step.raw_bytes = uint64_t(2.0 * (tp - 1) / tp * double(b) + 0.5);
-        tp_step.comm_s = tp_step.exposed_comm_s = s;
-        tp_step.compute_s = -s;  // (inside forward and backward, which the step's compute time spans)
+        mp_step.bytes_sent = mp_step.bytes_recv = mp_step.raw_bytes = uint64_t(2.0 * (tp - 1) / tp * double(b) + 0.5);
+        mp_step.comm_s = mp_step.exposed_comm_s = s;
+        mp_step.compute_s = -s;  // (inside forward and backward, which the step's compute time spans)
+      }
+      if (pipe) {
+        // What this stage sent and received, and its time blocked on the other stages (transfers and the bubble).
+        const PipeStats ps = pipe->take_stats();
+        StepStats pst;
+        pst.bytes_sent = pst.raw_bytes = ps.bytes_sent;
+        pst.bytes_recv = ps.bytes_recv;
+        pst.comm_s = pst.exposed_comm_s = ps.wait_s;
+        pst.compute_s = -ps.wait_s;
+        mp_step += pst;
+        pipe_peak = std::max(pipe_peak, ps.peak_in_flight);
       }
       if (dopt) {
         dopt->step();
-        if (tpg) dopt->add_to_totals(tp_step);
+        if (tpg || pipe) dopt->add_to_totals(mp_step);
         // Buffers that the forward updates (BatchNorm's running statistics) follow each rank's own data: rank 0's
         // are sent to the others after every step (PyTorch DDP sends them before every forward; after the step, the
         // ranks also evaluate and checkpoint one model). Without this, ResNet's ranks drifted apart: the test
@@ -1116,17 +1192,16 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         sopt->step(uint64_t(global_step), lr);
       }
       ++global_step;
-      const double l = loss.item<float>();
       if (!std::isfinite(l))
-        throw Error(fmt::format("train: the training loss is {} at step {} on rank {}: the run diverged; allowed: a "
-                                "smaller lr, a warm-up (warmup_epochs) or a less aggressive compressor",
-                                l, global_step, global_rank));
-      const double corr = double(logits.argmax(1).eq(y).sum().item<int64_t>());
+        throw Error(
+            fmt::format("train: the training loss is {} at step {} on rank {}: the run diverged; allowed: a "
+                        "smaller lr, a warm-up (warmup_epochs) or a less aggressive compressor",
+                        l, global_step, global_rank));
       loss_sum += l * double(x.size(0));
       correct += corr;
       seen += double(x.size(0));
       StepStats st = last_stats();
-      st += tp_step;
+      st += mp_step;
       const double dt = trained_s();
       const double sps = dt > 0 ? double(step + 1 - first_step) * c.batch_size * data_world / dt : 0;
       if (metrics) {
@@ -1249,6 +1324,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   res.world_raw_bytes = sums[1];
   if (dopt) res.buckets = dopt->bucket_layout();
   res.optimizer_state_bytes = optimizer_state_bytes(*optimizer);
+  res.pipeline_peak_micro_batches = pipe_peak;
   if (dopt) {
     res.optimizer_elements = dopt->optimizer_elements();
     res.gradient_bytes_held = dopt->gradient_bytes_held();
@@ -1275,7 +1351,13 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"sync", spec.to_string()},
          {"slow", c.slow},
          {"workers", world},
-         {"tp", tp},  // ranks a tensor-parallel group; the groups, data_parallel, share out the data
+         {"tp", tp},  // ranks a tensor-parallel group; pp of them a pipeline; the replicas, data_parallel, share
+         {"pp", pp},  // out the data
+         {"micro_batches", c.micro_batches},
+         {"pp_schedule", c.pp_schedule},
+         // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
+         {"pipeline_peak_micro_batches_rank0",
+          pipe ? nlohmann::json(res.pipeline_peak_micro_batches) : nlohmann::json()},
          {"data_parallel", data_world},
          {"ranks", comm_ptr->size()},
          {"epochs", res.epochs},

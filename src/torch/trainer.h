@@ -21,6 +21,8 @@ struct TrainResult {
   // This rank's optimizer at the end: its state's bytes (momentum, Adam's moments), the elements it steps (ZeRO:
   // this rank's slices), and the gradient memory held between steps (bsp only; 0 otherwise).
   uint64_t optimizer_state_bytes = 0, optimizer_elements = 0, gradient_bytes_held = 0;
+  // With pp or micro_batches: the most micro-batches whose activations this rank's stage held at once.
+  int pipeline_peak_micro_batches = 0;
   std::vector<float> params;    // every parameter, flattened in registration order (when keep_params)
   std::vector<float> buffers;   // every floating-point buffer (BatchNorm statistics), likewise
   std::vector<std::vector<int>> buckets;  // parameter indices of each gradient bucket, in communication order

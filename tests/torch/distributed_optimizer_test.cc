@@ -97,7 +97,8 @@ TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing)
     torch::nn::Linear m(lin);
     opt->zero_grad();
     backward(m);
-    EXPECT_NE(message([&] { backward(m); }).find("got a second gradient before step()"), std::string::npos);
+    EXPECT_NE(message([&] { backward(m); }).find("got gradient 2 before step(), with backward_passes = 1"),
+              std::string::npos);
     EXPECT_NE(message([&] { opt->zero_grad(); }).find("zero_grad() after a backward"), std::string::npos);
     opt->synchronize();
     EXPECT_NE(message([&] { backward(m); }).find("after synchronize() and before step()"), std::string::npos);
@@ -141,6 +142,67 @@ TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing)
     for (const auto& b : opt->bucket_layout()) slots += b.size();
     EXPECT_EQ(slots, 2u);
     EXPECT_EQ(opt->last_stats().grad_bytes, (12u + 3u) * 4u);
+  }
+}
+
+// Micro-batches (a pipeline's, gradient accumulation): with backward_passes = 3 and overlap, each rank's three
+// gradients are summed in the bucket before it goes; rank r's k-th backward has gradient (r + 1) k everywhere, so the
+// averaged sum is 1.5 x 6 = 9. A fourth is refused (the bucket has gone), and so is backward_passes 0.
+TEST(DistributedOptimizer, BackwardPassesAccumulateMicroBatchesBeforeTheirBucketGoes) {
+  for (int zero : {0, 1, 2}) {
+    auto comms = coll::Communicator::inproc(2);
+    std::vector<std::vector<float>> out(2);
+    std::vector<std::string> refused(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        auto model = std::make_shared<torch::nn::LinearImpl>(4, 3);
+        {
+          torch::NoGradGuard ng;
+          model->weight.fill_(0.1f);
+          model->bias.fill_(0.0f);
+        }
+        auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0));
+        DistOptions o;
+        o.rebuild_buckets = false;
+        o.backward_passes = 3;
+        o.zero_stage = zero;
+        o.first_bucket_bytes = 16;  // the weight and the bias in buckets of their own
+        DistributedOptimizer opt(model, sgd, comms[size_t(r)], o);
+        for (int step = 0; step < 2; ++step) {
+          opt.zero_grad();
+          for (int k = 1; k <= 3; ++k) model->forward(torch::ones({1, 4}) * float((r + 1) * k)).sum().backward();
+          if (step == 1) {
+            try {
+              model->forward(torch::ones({1, 4})).sum().backward();
+            } catch (const std::exception& e) {
+              refused[size_t(r)] = e.what();
+            }
+            break;
+          }
+          opt.step();
+        }
+        auto w = model->weight.detach().contiguous().view(-1);
+        out[size_t(r)].assign(w.data_ptr<float>(), w.data_ptr<float>() + w.numel());
+        opt.step();  // (the refused gradient left the step to finish)
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(out[size_t(r)], std::vector<float>(12, 0.1f - 9.0f)) << "zero " << zero << " rank " << r;
+      EXPECT_NE(refused[size_t(r)].find("got gradient 4 before step(), with backward_passes = 3"), std::string::npos)
+          << refused[size_t(r)];
+    }
+  }
+  auto comms = coll::Communicator::inproc(1);
+  auto model = std::make_shared<torch::nn::LinearImpl>(4, 3);
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0));
+  DistOptions o;
+  o.backward_passes = 0;
+  try {
+    DistributedOptimizer opt(model, sgd, comms[0], o);
+    ADD_FAILURE() << "backward_passes 0 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("backward_passes = 0; allowed: 1 or more"), std::string::npos) << e.what();
   }
 }
 

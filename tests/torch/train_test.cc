@@ -214,6 +214,35 @@ TEST(TrainConfig, TpSplitsTheVitInGroupsThatDivideTheWorkersUnderBsp) {
   EXPECT_EQ(config_error({{"tp", "4"}, {"model", "vit"}, {"workers", "4"}}), "");
 }
 
+// Pipeline stages cut the vit's 4 blocks (1, 2 or 4 stages; tp x pp dividing the workers) under bsp; micro-batches
+// go with any model (gradient accumulation), 1 to batch_size, under bsp.
+TEST(TrainConfig, PpCutsTheVitIntoStagesAndMicroBatchesSplitTheBatch) {
+  const std::string cnn = config_error({{"pp", "2"}});
+  expect_one_line(cnn, "pp");
+  EXPECT_NE(cnn.find("model cnn has none"), std::string::npos) << cnn;
+  expect_one_line(config_error({{"pp", "3"}, {"model", "vit"}, {"workers", "3"}}), "pp");
+  const std::string uneven = config_error({{"pp", "2"}, {"tp", "2"}, {"model", "vit"}, {"workers", "6"}});
+  expect_one_line(uneven, "pp");
+  EXPECT_NE(uneven.find("do not divide the 6 workers"), std::string::npos) << uneven;
+  expect_one_line(config_error({{"pp", "2"}, {"model", "vit"}, {"workers", "4"}, {"sync", "local"}}), "pp");
+  const std::string local = config_error({{"micro_batches", "2"}, {"sync", "diloco"}});
+  expect_one_line(local, "micro_batches");
+  EXPECT_NE(local.find("allowed with sync diloco: micro_batches 1"), std::string::npos) << local;
+  expect_one_line(config_error({{"micro_batches", "0"}}), "micro_batches");
+  const std::string many = config_error({{"micro_batches", "65"}});
+  expect_one_line(many, "micro_batches");
+  EXPECT_NE(many.find("allowed: 1 to batch_size (64)"), std::string::npos) << many;
+  expect_one_line(config_error({{"pp_schedule", "interleaved"}}), "pp_schedule");
+  const TrainConfig c = resolve_config(
+      {{"pp", "2"}, {"tp", "2"}, {"model", "vit"}, {"workers", "8"}, {"micro_batches", "8"}, {"pp_schedule", "gpipe"}},
+      0, true);
+  EXPECT_EQ(c.pp, 2);
+  EXPECT_EQ(c.micro_batches, 8);
+  EXPECT_EQ(c.pp_schedule, "gpipe");
+  EXPECT_EQ(resolve_config({{"micro_batches", "4"}}, 0, false).micro_batches, 4);
+  EXPECT_EQ(TrainConfig().pp_schedule, "1f1b");
+}
+
 TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
   TrainConfig c = resolve_config({{"data_dir", "/nonexistent/fashion"}});
   try {
@@ -642,6 +671,157 @@ TEST(Train, TensorParallelGroupsTrainTheVitAsTheWholeModelTrains) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("written with tp = 2, this run has 1"), std::string::npos) << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// Pipeline parallelism: 2 or 4 stages of the vit, with micro-batches under both schedules, alone and with tensor
+// parallelism and ZeRO, train what the whole model trains on as many data-parallel replicas; the stages' parameters
+// are the whole model's in order; 1F1B holds at most as many micro-batches as stages remain, GPipe all of them; the
+// bytes are the gradients' and the activations'; a resume continues bit for bit.
+TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
+  auto dir = temp_dir("pp");
+  TrainConfig c = tiny("vit");  // 24 steps an epoch with 2 data-parallel replicas at batch 8
+  c.optimizer = "adam";
+  c.lr = 0.002;
+  c.max_steps = 6;
+  c.checkpoint_every = 3;
+  c.eval_every = 2;  // (copies evaluated at the checkpoint, between steps 3 and 4)
+  c.output = (dir / "whole").string();
+  auto whole = train_inproc(c, 2, true);
+  TrainConfig p = c;
+  p.pp = 2;
+  p.micro_batches = 4;
+  p.output = (dir / "pp").string();
+  p.trace = true;
+  auto pp = train_inproc(p, 4, true);
+  p.trace = false;
+  TrainConfig g = p;
+  g.pp_schedule = "gpipe";
+  g.output = (dir / "gpipe").string();
+  auto gpipe = train_inproc(g, 4, true);
+  TrainConfig tp = p;
+  tp.tp = 2;
+  tp.micro_batches = 3;  // (3, 3 and 2 samples)
+  tp.output = (dir / "tp").string();
+  auto tpp = train_inproc(tp, 8, true);
+  TrainConfig four = p;
+  four.pp = 4;
+  four.micro_batches = 8;
+  four.zero = 2;
+  four.output = (dir / "four").string();
+  auto pp4 = train_inproc(four, 8, true);
+  ASSERT_EQ(whole[0].params.size(), 138890u);
+  // The stages' parameters, in stage order, are the whole model's (registration order: the embedding, the blocks,
+  // the final norm and the classifier).
+  auto stages = [](const std::vector<TrainResult>& r, std::vector<int> ranks) {
+    std::vector<float> all;
+    for (int k : ranks) all.insert(all.end(), r[size_t(k)].params.begin(), r[size_t(k)].params.end());
+    return all;
+  };
+  // (Relative to the whole parameter vector: Adam's normalised steps turn the micro-batches' other order of float
+  // sums into whole-lr differences on the few elements whose gradient is near zero.)
+  auto rel_l2 = [](const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      d += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+      n += double(b[i]) * double(b[i]);
+    }
+    return std::sqrt(d / n);
+  };
+  for (auto* run : {&pp, &gpipe, &pp4, &tpp}) {
+    const auto& r = *run;
+    for (const auto& x : r) EXPECT_NEAR(x.train_loss, whole[0].train_loss, 1e-4 * std::abs(whole[0].train_loss));
+    EXPECT_NEAR(r[0].test_accuracy, whole[0].test_accuracy, 1.0 / 64 + 1e-9);
+    // The replicas of one stage average their gradients: equal.
+    const size_t replica = r.size() / 2;
+    for (size_t k = 0; k < replica; ++k) EXPECT_EQ(r[k].params, r[k + replica].params) << "rank " << k;
+  }
+  for (auto* run : {&pp, &gpipe}) {
+    EXPECT_EQ((*run)[0].params.size(), 71168u);  // the embedding (1,088), the positions (3,136), 2 blocks of 33,472
+    EXPECT_LT(rel_l2(stages(*run, {0, 1}), whole[0].params), 1e-4);  // (1.2e-5 measured)
+  }
+  EXPECT_LT(rel_l2(stages(pp4, {0, 1, 2, 3}), whole[0].params), 1e-4);
+  EXPECT_EQ(pp4[1].params.size(), 33472u);
+  // The micro-batches whose activations a stage held at once: 1F1B at most the stages from it to the last, GPipe all.
+  EXPECT_EQ(pp[0].pipeline_peak_micro_batches, 2);
+  EXPECT_EQ(pp[1].pipeline_peak_micro_batches, 1);
+  EXPECT_EQ(gpipe[0].pipeline_peak_micro_batches, 4);
+  EXPECT_EQ(gpipe[1].pipeline_peak_micro_batches, 4);
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(pp4[size_t(s)].pipeline_peak_micro_batches, 4 - s) << "stage " << s;
+  EXPECT_EQ(tpp[0].pipeline_peak_micro_batches, 2);
+  // A step sends stage 0's gradients (allreduced among 2: once their size) and the 8 samples' activations forward;
+  // the last stage sends its gradients and the activations' gradients back.
+  const uint64_t act = 8 * 49 * 64 * 4;
+  EXPECT_EQ(pp[0].bytes_sent, 6u * (71168 * 4 + act));
+  EXPECT_EQ(pp[1].bytes_sent, 6u * ((138890 - 71168) * 4 + act));
+  EXPECT_EQ(pp[2].bytes_sent, pp[0].bytes_sent);
+  EXPECT_EQ(gpipe[0].bytes_sent, pp[0].bytes_sent);
+  // The evaluations through the pipeline, the copies' too, give the whole model's accuracies.
+  auto evals = [&](const char* run) {
+    std::vector<double> acc;
+    std::ifstream m(dir / run / "metrics.jsonl");
+    for (std::string line; std::getline(m, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "eval") acc.push_back(j["test_accuracy"].get<double>());
+      if (j["kind"] == "step") EXPECT_GE(j["compute_s"].get<double>(), 0.0) << line;
+    }
+    return acc;
+  };
+  const auto whole_evals = evals("whole");
+  ASSERT_EQ(whole_evals.size(), 2u);  // steps 2 and 4 (6 is the end's)
+  for (const char* run : {"pp", "gpipe", "tp", "four"}) {
+    const auto e = evals(run);
+    ASSERT_EQ(e.size(), whole_evals.size()) << run;
+    for (size_t k = 0; k < e.size(); ++k) EXPECT_NEAR(e[k], whole_evals[k], 1.0 / 64 + 1e-9) << run;
+  }
+  {
+    // Each micro-batch's forward and backward, and every receive, on the timeline of the last stage.
+    std::ifstream t(dir / "pp" / "trace-rank1.json");
+    const std::string text((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
+    auto count = [&](const std::string& name) {
+      size_t n = 0;
+      for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) ++n;
+      return n;
+    };
+    EXPECT_EQ(count("\"pipeline step\""), 6u);
+    EXPECT_EQ(count("\"micro_batch\""), 6u * 4 * 2);
+    EXPECT_GE(count("\"pp recv\""), 6u * 4);
+  }
+  auto summary = read_json_file((dir / "pp" / "summary.json").string());
+  EXPECT_EQ(summary["pp"], 2);
+  EXPECT_EQ(summary["micro_batches"], 4);
+  EXPECT_EQ(summary["pp_schedule"], "1f1b");
+  EXPECT_EQ(summary["data_parallel"], 2);
+  EXPECT_EQ(summary["pipeline_peak_micro_batches_rank0"], 2);
+  // Stopped after its step-3 checkpoint, then resumed to step 6.
+  TrainConfig first = p;
+  first.max_steps = 3;
+  first.output = (dir / "first").string();
+  train_inproc(first, 4, true);
+  TrainConfig resumed = p;
+  resumed.resume = (dir / "first" / "checkpoint").string();
+  resumed.output = (dir / "resumed").string();
+  auto r = train_inproc(resumed, 4, true);
+  for (size_t k = 0; k < 4; ++k) EXPECT_EQ(r[k].params, pp[k].params) << "rank " << k;
+  resumed.pp = 1;
+  resumed.output = (dir / "other").string();
+  try {
+    train_inproc(resumed, 4, true);
+    ADD_FAILURE() << "resumed with pp 1";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("written with pp = 2, this run has 1"), std::string::npos) << e.what();
+  }
+  // With one stage, micro-batches are gradient accumulation, for any model.
+  TrainConfig mlp = tiny("mlp");
+  mlp.max_steps = 6;
+  auto plain = train_inproc(mlp, 2);
+  mlp.micro_batches = 4;
+  auto accumulated = train_inproc(mlp, 2);
+  EXPECT_LT(max_rel_diff(accumulated[0].params, plain[0].params), 1e-4);
+  EXPECT_EQ(accumulated[0].params, accumulated[1].params);
+  EXPECT_EQ(accumulated[0].bytes_sent, plain[0].bytes_sent);
+  EXPECT_EQ(accumulated[0].pipeline_peak_micro_batches, 1);
   fs::remove_all(dir);
 }
 

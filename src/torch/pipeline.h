@@ -1,0 +1,106 @@
+#pragma once
+// Pipeline parallelism for `conduit train --pp P --micro-batches M`: the model is cut into P stages on P ranks (the
+// vit's blocks, torch/tensor_parallel.h); each batch is split into M micro-batches that flow through the stages, so
+// the stages compute different micro-batches at once.
+//
+//  - Forward of a micro-batch on stage s: receive its activations from s-1 (the first stage slices the images),
+//    compute, send the output to s+1; the last stage computes the loss (scaled by the micro-batch's share of the
+//    batch, so the sum over micro-batches is the batch's mean loss). Backward: receive the gradient of the output
+//    from s+1 (the last stage starts from its loss), backpropagate, send the input's gradient to s-1. Gradients
+//    accumulate in .grad over the micro-batches; the data-parallel exchange (DistributedOptimizer with
+//    backward_passes = M) overlaps the last micro-batch's backward.
+//  - Schedules (Narayanan et al., SC'21, "Efficient large-scale language model training on GPU clusters"):
+//    gpipe (Huang et al. 2019): every forward, then every backward; a stage holds the activations of all M
+//    micro-batches. 1f1b (PipeDream-Flush): stage s runs min(P-s-1, M) forwards, then alternates one forward and one
+//    backward, then the remaining backwards; at most min(P-s, M) micro-batches in flight. Both are synchronous (one
+//    optimizer step a batch, the same gradients as without a pipeline) and idle (P-1)/M of an ideal step (the
+//    bubble); 1F1B saves activation memory, not time.
+//  - Sends are asynchronous (posted, waited for at the end of the step), receives block: on every link messages flow
+//    in the order both ends run their schedule, so neither schedule can deadlock. Each message has its own tag (the
+//    link's running count), so no two can be matched to each other's receive.
+//  - Pipeline and tensor parallelism compose: the T ranks of a stage run the same schedule (their tensor-parallel
+//    collectives meet), and each sends to the rank at its position in the next stage's group.
+#include <torch/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coll/communicator.h"
+
+namespace conduit::train {
+
+class Net;
+class Trace;
+
+enum class PipeSchedule { kGpipe, k1F1B };
+// "gpipe" or "1f1b"; ConfigError (one line) for anything else.
+PipeSchedule parse_pipe_schedule(const std::string& s);
+const char* to_string(PipeSchedule s);
+
+// What the pipeline moved and waited for since the last take_stats().
+struct PipeStats {
+  uint64_t bytes_sent = 0, bytes_recv = 0;  // activations and their gradients
+  uint64_t messages = 0;
+  double wait_s = 0;       // blocked in receives and in the sends' completion: transfers and the bubble
+  int peak_in_flight = 0;  // most micro-batches whose activations this stage held at once (this step)
+};
+
+class Pipeline {
+ public:
+  // stages: the P ranks of this pipeline, rank = stage (null or one rank: a single stage, micro-batches only, which
+  // is gradient accumulation). stage: this rank's part of the model; activation: the per-sample shape of what the
+  // stages pass on (the vit's {49, 64}).
+  Pipeline(coll::CommPtr stages, std::shared_ptr<Net> stage, std::vector<int64_t> activation, PipeSchedule schedule,
+           double timeout_s = 0, Trace* trace = nullptr);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  int stage() const { return stage_id_; }
+  int stages() const { return n_stages_; }
+  bool first() const { return stage_id_ == 0; }
+  bool last() const { return stage_id_ == n_stages_ - 1; }
+
+  struct StepResult {
+    double loss = 0;     // the batch's mean cross-entropy
+    double correct = 0;  // samples whose argmax was the label
+  };
+  // Forward and backward of one batch in `micro_batches` near-equal parts (1 to x's batch size); x (images) is read
+  // by the first stage only, y (labels) by the last; every stage passes the same batch size. The result is the same
+  // on every stage (the last one's, broadcast).
+  StepResult train_step(const torch::Tensor& x, const torch::Tensor& y, int micro_batches);
+  // Inference of one chunk: the first stage reads x, the others receive from the stage before; returns the logits on
+  // the last stage, an undefined tensor elsewhere. The sends are left in flight (a few at a time) so consecutive
+  // chunks overlap across stages; flush() waits for them.
+  torch::Tensor infer(const torch::Tensor& x, int64_t n);
+  void flush();
+  // Broadcast of `count` doubles from the last stage to every stage.
+  void from_last(double* v, size_t count);
+
+  PipeStats take_stats();
+
+ private:
+  torch::Tensor recv_activation(int64_t n, int kind);
+  void send(torch::Tensor t, int kind);  // kind 0: forward to s+1; 1: backward to s-1; 2: inference to s+1
+  void wait_sends(size_t keep);
+
+  coll::CommPtr comm_;
+  std::shared_ptr<Net> net_;
+  std::vector<int64_t> activation_;
+  PipeSchedule schedule_;
+  double timeout_s_;
+  Trace* trace_;
+  int stage_id_ = 0, n_stages_ = 1;
+  uint32_t sent_[3] = {0, 0, 0}, received_[3] = {0, 0, 0};  // per kind: the running count that tags each message
+  struct Pending {
+    coll::Work work;
+    torch::Tensor buf;
+  };
+  std::deque<Pending> sends_;
+  PipeStats stats_;
+};
+
+}  // namespace conduit::train
