@@ -20,6 +20,18 @@
 namespace conduit::train {
 namespace {
 
+// A linear layer 4 -> 3 with weights 0.1 and biases 0 (fixed: the global RNG is shared by rank threads) and plain
+// SGD at lr 1 on it.
+std::pair<std::shared_ptr<torch::nn::LinearImpl>, std::shared_ptr<torch::optim::SGD>> fixed_linear() {
+  auto model = std::make_shared<torch::nn::LinearImpl>(4, 3);
+  {
+    torch::NoGradGuard ng;
+    model->weight.fill_(0.1f);
+    model->bias.fill_(0.0f);
+  }
+  return {model, std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0))};
+}
+
 // Two in-process ranks, one linear layer; rank r's gradient is (r + 1) everywhere. Returns each rank's weights after
 // one SGD step (lr 1) taken as `synchronize, clip, step` or as a plain step.
 std::vector<std::vector<float>> one_step(bool synchronize_first) {
@@ -28,13 +40,7 @@ std::vector<std::vector<float>> one_step(bool synchronize_first) {
   std::vector<std::thread> ts;
   for (int r = 0; r < 2; ++r)
     ts.emplace_back([&, r] {
-      auto model = std::make_shared<torch::nn::LinearImpl>(4, 3);
-      {
-        torch::NoGradGuard ng;  // fixed weights (the global RNG is shared by the two rank threads)
-        model->weight.fill_(0.1f);
-        model->bias.fill_(0.0f);
-      }
-      auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0));
+      auto [model, sgd] = fixed_linear();
       DistOptions o;
       o.rebuild_buckets = false;
       DistributedOptimizer opt(model, sgd, comms[size_t(r)], o);
@@ -70,13 +76,7 @@ TEST(DistributedOptimizer, SynchronizeThenStepExchangesOnce) {
 TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing) {
   auto setup = [](bool overlap, bool rebuild = false) {
     auto comms = coll::Communicator::inproc(1);
-    auto model = std::make_shared<torch::nn::LinearImpl>(4, 3);
-    {
-      torch::NoGradGuard ng;
-      model->weight.fill_(0.1f);
-      model->bias.fill_(0.0f);
-    }
-    auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0));
+    auto [model, sgd] = fixed_linear();
     DistOptions o;
     o.rebuild_buckets = rebuild;
     o.overlap = overlap;
@@ -156,13 +156,7 @@ TEST(DistributedOptimizer, BackwardPassesAccumulateMicroBatchesBeforeTheirBucket
     std::vector<std::thread> ts;
     for (int r = 0; r < 2; ++r)
       ts.emplace_back([&, r] {
-        auto model = std::make_shared<torch::nn::LinearImpl>(4, 3);
-        {
-          torch::NoGradGuard ng;
-          model->weight.fill_(0.1f);
-          model->bias.fill_(0.0f);
-        }
-        auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1.0));
+        auto [model, sgd] = fixed_linear();
         DistOptions o;
         o.rebuild_buckets = false;
         o.backward_passes = 3;

@@ -563,6 +563,19 @@ TEST(Train, ZeroTrainsAsPlainBspAndResumesBitForBit) {
   fs::remove_all(dir);
 }
 
+// The vit whole on 2 data-parallel ranks (24 steps an epoch at batch 8), 6 Adam steps with a checkpoint at step 3
+// and eval_every copies at steps 2 and 4 (evaluated at the checkpoint): what the model-parallel runs are held to.
+TrainConfig whole_vit(const fs::path& dir) {
+  TrainConfig c = tiny("vit");
+  c.optimizer = "adam";
+  c.lr = 0.002;
+  c.max_steps = 6;
+  c.checkpoint_every = 3;
+  c.eval_every = 2;
+  c.output = (dir / "whole").string();
+  return c;
+}
+
 // Two groups of two tensor-parallel ranks train the vit as two data-parallel ranks train it whole: the same losses
 // and accuracy to the float sums' order, every replicated parameter equal on both ranks of a group and close to the
 // whole model's, each rank holding its share of the split ones; with ZeRO-1 over the groups too, and with PowerSGD
@@ -570,13 +583,7 @@ TEST(Train, ZeroTrainsAsPlainBspAndResumesBitForBit) {
 // evaluations'). A checkpoint of the split run resumes bit for bit, and is refused with another tp.
 TEST(Train, TensorParallelGroupsTrainTheVitAsTheWholeModelTrains) {
   auto dir = temp_dir("tp");
-  TrainConfig c = tiny("vit");  // 24 steps an epoch with 2 data-parallel ranks at batch 8
-  c.optimizer = "adam";
-  c.lr = 0.002;
-  c.max_steps = 6;
-  c.checkpoint_every = 3;
-  c.eval_every = 2;  // (copies evaluated at the checkpoint, between steps 3 and 4)
-  c.output = (dir / "whole").string();
+  TrainConfig c = whole_vit(dir);
   auto whole = train_inproc(c, 2, true);
   c.tp = 2;
   c.output = (dir / "split").string();
@@ -680,13 +687,7 @@ TEST(Train, TensorParallelGroupsTrainTheVitAsTheWholeModelTrains) {
 // bytes are the gradients' and the activations'; a resume continues bit for bit.
 TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   auto dir = temp_dir("pp");
-  TrainConfig c = tiny("vit");  // 24 steps an epoch with 2 data-parallel replicas at batch 8
-  c.optimizer = "adam";
-  c.lr = 0.002;
-  c.max_steps = 6;
-  c.checkpoint_every = 3;
-  c.eval_every = 2;  // (copies evaluated at the checkpoint, between steps 3 and 4)
-  c.output = (dir / "whole").string();
+  TrainConfig c = whole_vit(dir);
   auto whole = train_inproc(c, 2, true);
   TrainConfig p = c;
   p.pp = 2;
