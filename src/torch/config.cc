@@ -119,10 +119,13 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "parallelism over the pipelines; tp x pp dividing workers (default 1)"},
       {"micro_batches",
        "parts each batch is split into: they flow through the pipeline's stages at once; with pp 1, gradient "
-       "accumulation; 1 to batch_size, sync bsp (default 1)"},
+       "accumulation (BatchNorm then normalises each part); 1 to batch_size, sync bsp (default 1)"},
       {"pp_schedule",
        "gpipe (every forward, then every backward) | 1f1b (one forward, one backward: activations of at most pp "
        "micro-batches held) (default 1f1b)"},
+      {"recompute",
+       "pipeline stages keep only each micro-batch's input and compute its forward again in backward (activation "
+       "recomputation); pp > 1 (default false)"},
       {"zero",
        "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too); "
        "compressor none (the default then), fp16 or bf16 (default 0)"},
@@ -317,6 +320,16 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     throw ConfigError(fmt::format("config: micro_batches: {} parts of a batch of {}; allowed: 1 to batch_size ({})",
                                   c.micro_batches, c.batch_size, c.batch_size));
   if (auto v = get("pp_schedule")) c.pp_schedule = one_of("pp_schedule", *v, {"gpipe", "1f1b"});
+  if (c.pp < 2 && c.pp_schedule != TrainConfig().pp_schedule)
+    throw ConfigError(
+        fmt::format("config: pp_schedule: {} orders the micro-batches of a pipeline's stages, this run "
+                    "has none (pp 1); allowed with pp 1: leave it unset",
+                    c.pp_schedule));
+  if (auto v = get("recompute")) c.recompute = to_bool("recompute", *v);
+  if (c.recompute && c.pp < 2)
+    throw ConfigError(
+        "config: recompute: recomputes the forward of a pipeline stage's micro-batches, this run has no pipeline "
+        "(pp 1: each micro-batch's backward follows its forward); allowed with pp 1: recompute false");
   if (auto v = get("zero")) {
     c.zero = static_cast<int>(to_int("zero", *v, 0, 2));
     // ZeRO reduce-scatters the gradients as floats (f32, or fp16 or bf16 on the wire): the default compressor gives
@@ -669,6 +682,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "pp",
                         "micro_batches",
                         "pp_schedule",
+                        "recompute",
                         "zero"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
@@ -685,6 +699,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     if ((std::string(k) == "tp" || std::string(k) == "pp") && raw.count("model") && meta.contains("model") &&
         meta["model"] != raw.at("model"))
       continue;
+    // (the checkpoint's micro-batches split its batch: a resume that gives another batch size gives its own split)
+    if (std::string(k) == "micro_batches" && raw.count("batch_size")) continue;
     take(k, k);
   }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that
@@ -738,6 +754,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "pp" << YAML::Value << c.pp;
   e << YAML::Key << "micro_batches" << YAML::Value << c.micro_batches;
   e << YAML::Key << "pp_schedule" << YAML::Value << c.pp_schedule;
+  e << YAML::Key << "recompute" << YAML::Value << (c.recompute ? "true" : "false");
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;

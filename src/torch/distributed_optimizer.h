@@ -82,7 +82,10 @@ struct DistOptions {
   // Backward calls a step (gradient accumulation over micro-batches, a pipeline's): each parameter's gradients are
   // summed in its bucket, and the bucket goes once every parameter in it has had its backward_passes-th, so the
   // exchange of the last micro-batch's buckets overlaps its backward, as DDP's no_sync() then a last backward. A
-  // parameter no micro-batch reached is sent as zeros at step() (or left out with find_unused_parameters).
+  // parameter no micro-batch reached is sent as zeros at step() (or left out with find_unused_parameters). With ZeRO
+  // stage 2 the buckets then hold the whole gradient from the first micro-batch to their reduce-scatter (the sum
+  // needs it; DeepSpeed instead reduce-scatters every micro-batch, for M times the bytes); between steps, as ever,
+  // the slices and at most two spare buffers.
   int backward_passes = 1;
 };
 

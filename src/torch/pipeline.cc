@@ -6,6 +6,8 @@
 #include <torch/nn/functional.h>
 
 #include <algorithm>
+#include <optional>
+#include <tuple>
 
 #include "core/error.h"
 #include "torch/metrics.h"
@@ -22,21 +24,23 @@ PipeSchedule parse_pipe_schedule(const std::string& s) {
 const char* to_string(PipeSchedule s) { return s == PipeSchedule::kGpipe ? "gpipe" : "1f1b"; }
 
 namespace {
-// Message kinds, in a tag's top bits: activations forward, their gradients backward, inference activations.
+// Message kinds, each the tag of its messages: activations forward, their gradients backward, inference activations.
+// One tag a kind: between two ranks, messages of one tag match receives in posting order (net/transport.h), which is
+// the order both ends run the schedule. (A running count in the tag folded onto the outstanding sends' MPI tags: MPI
+// keeps as few as 3 low bits of a tag, and GPipe has M sends in flight.)
 constexpr int kForward = 0, kBackward = 1, kInfer = 2;
-constexpr int kKindShift = 28;
-constexpr uint32_t kCountMask = (uint32_t(1) << kKindShift) - 1;
 constexpr const char* kKindName[3] = {"forward", "backward", "inference"};
 }  // namespace
 
 Pipeline::Pipeline(coll::CommPtr stages, std::shared_ptr<Net> stage, std::vector<int64_t> activation,
-                   PipeSchedule schedule, double timeout_s, Trace* trace)
+                   PipeSchedule schedule, double timeout_s, Trace* trace, bool recompute)
     : comm_(std::move(stages)),
       net_(std::move(stage)),
       activation_(std::move(activation)),
       schedule_(schedule),
       timeout_s_(timeout_s),
-      trace_(trace) {
+      trace_(trace),
+      recompute_(recompute) {
   if (!net_) throw InvalidArgument("Pipeline: a stage model is required");
   if (comm_ && comm_->size() > 1) {
     stage_id_ = comm_->rank();
@@ -61,11 +65,10 @@ torch::Tensor Pipeline::recv_activation(int64_t n, int kind) {
   std::vector<int64_t> shape{n};
   shape.insert(shape.end(), activation_.begin(), activation_.end());
   torch::Tensor t = torch::empty(shape, torch::kFloat);
-  const uint32_t tag = (uint32_t(kind) << kKindShift) | (received_[kind]++ & kCountMask);
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
   const double t0 = now_s();
-  comm_->recv(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag, o).wait();
+  comm_->recv(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, uint32_t(kind), o).wait();
   stats_.wait_s += now_s() - t0;
   const uint64_t bytes = uint64_t(t.numel()) * sizeof(float);
   stats_.bytes_recv += bytes;
@@ -77,10 +80,11 @@ torch::Tensor Pipeline::recv_activation(int64_t n, int kind) {
 void Pipeline::send(torch::Tensor t, int kind) {
   const int peer = kind == kBackward ? stage_id_ - 1 : stage_id_ + 1;
   t = t.detach().to(torch::kFloat).contiguous();
-  const uint32_t tag = (uint32_t(kind) << kKindShift) | (sent_[kind]++ & kCountMask);
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
-  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag, o), t});
+  // Sends that have completed free their buffers now (not at the end of the step: GPipe would hold every one).
+  while (!sends_.empty() && sends_.front().work.test()) sends_.pop_front();
+  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, uint32_t(kind), o), t});
   stats_.bytes_sent += uint64_t(t.numel()) * sizeof(float);
   stats_.messages += 1;
 }
@@ -99,7 +103,7 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
   const int m = micro_batches;
   if (m < 1 || m > b)
     throw InvalidArgument(fmt::format("Pipeline: {} micro-batches of a batch of {}; allowed: 1 to {}", m, b, b));
-  if (first() && x.size(0) != b)
+  if (x.defined() && x.size(0) != b)  // (on every stage given images: they stop together)
     throw InvalidArgument(fmt::format("Pipeline: {} images and {} labels; allowed: one label a sample", x.size(0), b));
   const size_t parts = static_cast<size_t>(m);
   std::vector<int64_t> size(parts), offset(parts);
@@ -108,7 +112,17 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     offset[size_t(k)] = k == 0 ? 0 : offset[size_t(k) - 1] + size[size_t(k) - 1];
   }
   struct Slot {
-    torch::Tensor in, out;  // the stage's input (its gradient goes back) and output (or, last, the scaled loss)
+    // The stage's input (its gradient goes back) and output (or, last, the scaled loss); with recompute the input
+    // alone (the forward runs again in the backward).
+    torch::Tensor in, out;
+  };
+  // The stage's output for a micro-batch, or on the last stage its loss scaled by the micro-batch's share.
+  auto run = [&](int k, const torch::Tensor& in) {
+    torch::Tensor out = net_->forward(in);
+    if (!last()) return std::make_pair(out, out);
+    const torch::Tensor yk = y.narrow(0, offset[size_t(k)], size[size_t(k)]);
+    const torch::Tensor l = torch::nn::functional::cross_entropy(out, yk);
+    return std::make_pair(out, l * (double(size[size_t(k)]) / double(b)));
   };
   std::vector<Slot> slots(parts);
   int live = 0, peak = 0;
@@ -124,18 +138,21 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
       in.requires_grad_(true);
     }
     const double t1 = now_s();
-    torch::Tensor out = net_->forward(in);
+    torch::Tensor out, scaled;
+    {
+      // (no graph with recompute: the backward builds it again)
+      std::optional<torch::NoGradGuard> ng;
+      if (recompute_) ng.emplace();
+      std::tie(out, scaled) = run(k, in);
+    }
     if (last()) {
-      const torch::Tensor yk = y.narrow(0, offset[size_t(k)], n);
-      torch::Tensor l = torch::nn::functional::cross_entropy(out, yk);
-      const double share = double(n) / double(b);  // so the micro-batches' losses add up to the batch's mean
-      loss += double(l.item<float>()) * share;
-      correct += double(out.argmax(1).eq(yk).sum().item<int64_t>());
-      out = l * share;
+      // The micro-batches' scaled losses add up to the batch's mean.
+      loss += double(scaled.item<float>());
+      correct += double(out.argmax(1).eq(y.narrow(0, offset[size_t(k)], n)).sum().item<int64_t>());
     } else {
       send(out, kForward);
     }
-    slots[size_t(k)] = {in, out};
+    slots[size_t(k)] = {in, recompute_ ? torch::Tensor() : scaled};
     peak = std::max(peak, ++live);
     if (trace_ && trace_->enabled())
       trace_->complete("forward", 0, t1, now_s(), {{"micro_batch", k}, {"waited_s", t1 - t0}});
@@ -146,6 +163,7 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     torch::Tensor g;  // (the last stage starts from its loss)
     if (!last()) g = recv_activation(size[size_t(k)], kBackward);
     const double t1 = now_s();
+    if (recompute_) s.out = run(k, s.in).second;
     s.out.backward(g);
     if (trace_ && trace_->enabled())
       trace_->complete("backward", 0, t1, now_s(), {{"micro_batch", k}, {"waited_s", t1 - t0}});

@@ -15,9 +15,12 @@
 //    backward, then the remaining backwards; at most min(P-s, M) micro-batches in flight. Both are synchronous (one
 //    optimizer step a batch, the same gradients as without a pipeline) and idle (P-1)/M of an ideal step (the
 //    bubble); 1F1B saves activation memory, not time.
-//  - Sends are asynchronous (posted, waited for at the end of the step), receives block: on every link messages flow
-//    in the order both ends run their schedule, so neither schedule can deadlock. Each message has its own tag (the
-//    link's running count), so no two can be matched to each other's receive.
+//  - Activation recomputation (Chen et al. 2016; GPipe's re-materialisation): a stage keeps only each micro-batch's
+//    input, computes the forward without a graph, and again with one in the backward; the same gradients for one
+//    more forward a micro-batch (and, with tensor parallelism, its collectives again).
+//  - Sends are asynchronous (posted; their buffers freed once complete, all waited for at the end of the step),
+//    receives block: on every link messages flow in the order both ends run their schedule, so neither schedule can
+//    deadlock, and messages of one kind (one tag) match receives in that order.
 //  - Pipeline and tensor parallelism compose: the T ranks of a stage run the same schedule (their tensor-parallel
 //    collectives meet), and each sends to the rank at its position in the next stage's group.
 #include <torch/types.h>
@@ -45,7 +48,9 @@ struct PipeStats {
   uint64_t bytes_sent = 0, bytes_recv = 0;  // activations and their gradients
   uint64_t messages = 0;
   double wait_s = 0;       // blocked in receives and in the sends' completion: transfers and the bubble
-  int peak_in_flight = 0;  // most micro-batches whose activations this stage held at once (this step)
+  // Most micro-batches whose activations this stage held at once for their backward (with recompute: their inputs);
+  // send buffers not yet complete are not counted.
+  int peak_in_flight = 0;
 };
 
 class Pipeline {
@@ -54,7 +59,7 @@ class Pipeline {
   // is gradient accumulation). stage: this rank's part of the model; activation: the per-sample shape of what the
   // stages pass on (the vit's {49, 64}).
   Pipeline(coll::CommPtr stages, std::shared_ptr<Net> stage, std::vector<int64_t> activation, PipeSchedule schedule,
-           double timeout_s = 0, Trace* trace = nullptr);
+           double timeout_s = 0, Trace* trace = nullptr, bool recompute = false);
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -68,8 +73,9 @@ class Pipeline {
     double loss = 0;     // the batch's mean cross-entropy
     double correct = 0;  // samples whose argmax was the label
   };
-  // Forward and backward of one batch in `micro_batches` near-equal parts (1 to x's batch size); x (images) is read
-  // by the first stage only, y (labels) by the last; every stage passes the same batch size. The result is the same
+  // Forward and backward of one batch in `micro_batches` near-equal parts (1 to the batch size); x (images) is read
+  // by the first stage only (others may pass it or an undefined tensor), y (labels, its size the batch's) by the
+  // last; every stage passes the same labels' size. The result is the same
   // on every stage (the last one's, broadcast).
   StepResult train_step(const torch::Tensor& x, const torch::Tensor& y, int micro_batches);
   // Inference of one chunk: the first stage reads x, the others receive from the stage before; returns the logits on
@@ -93,8 +99,8 @@ class Pipeline {
   PipeSchedule schedule_;
   double timeout_s_;
   Trace* trace_;
+  bool recompute_;
   int stage_id_ = 0, n_stages_ = 1;
-  uint32_t sent_[3] = {0, 0, 0}, received_[3] = {0, 0, 0};  // per kind: the running count that tags each message
   struct Pending {
     coll::Work work;
     torch::Tensor buf;

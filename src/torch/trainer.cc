@@ -2,6 +2,7 @@
 #include "torch/trainer.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -253,6 +254,15 @@ void load_checkpoint_archive(const fs::path& p, T& into) {
 
 }  // namespace
 
+namespace {
+// This process's largest resident set so far, in MB (Linux reports KiB).
+double max_rss_mb() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return double(u.ru_maxrss) * 1024 / 1e6;
+}
+}  // namespace
+
 void check_model_config(const TrainConfig& c, int world) {
   torch::NoGradGuard ng;
   // The ranks that share out the data: a tensor-parallel group's ranks, and a pipeline's, see the same samples.
@@ -426,7 +436,8 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"tp", "integer"},
                                                        {"pp", "integer"},
                                                        {"micro_batches", "integer"},
-                                                       {"pp_schedule", "string"}};
+                                                       {"pp_schedule", "string"},
+                                                       {"recompute", "boolean"}};
   for (const auto& [key, type] : typed) {
     auto it = meta.find(key);
     if (it == meta.end()) continue;
@@ -473,6 +484,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       "allowed: tp x pp dividing the ranks, micro_batches 1 to batch_size",
                       pp, tp, c.micro_batches, c.batch_size, comm_ptr->size()));
   }
+  if (c.recompute && pp < 2)
+    throw ConfigError(
+        "config: recompute: recomputes the forward of a pipeline stage's micro-batches, this run has no pipeline; "
+        "allowed with pp 1: recompute false");
   if (tp > 1) {
     // (resolve_config refuses these with the same words; a caller of train_worker may not have run it)
     if (c.model != "vit" || !spec.bsp())
@@ -668,8 +683,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (dopt && (pp > 1 || c.micro_batches > 1)) {
     std::vector<int64_t> activation;
     if (c.model == "vit") activation.assign(std::begin(kVitActivation), std::end(kVitActivation));
-    pipe =
-        std::make_unique<Pipeline>(pp_comm, model, activation, parse_pipe_schedule(c.pp_schedule), c.timeout_s, &trace);
+    pipe = std::make_unique<Pipeline>(pp_comm, model, activation, parse_pipe_schedule(c.pp_schedule), c.timeout_s,
+                                      &trace, c.recompute);
   }
   const int data_rank = data_comm.rank(), data_world = data_comm.size();
   const bool data_lead = data_rank == 0;  // holds the model copies of eval_every (every rank of the first group)
@@ -1068,6 +1083,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                     {"pp", c.pp},
                                     {"micro_batches", c.micro_batches},
                                     {"pp_schedule", c.pp_schedule},
+                                    {"recompute", c.recompute},
                                     {"wall_s", declared[0]},
                                     {"time_to_target_s", declared[1]},
                                     {"test_accuracy", declared[2]}};
@@ -1355,6 +1371,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"pp", pp},  // out the data
          {"micro_batches", c.micro_batches},
          {"pp_schedule", c.pp_schedule},
+         {"recompute", c.recompute},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",
           pipe ? nlohmann::json(res.pipeline_peak_micro_batches) : nlohmann::json()},
@@ -1385,6 +1402,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"optimizer_state_bytes_rank0", res.optimizer_state_bytes},
          {"optimizer_elements_rank0", dopt ? nlohmann::json(res.optimizer_elements) : nlohmann::json()},
          {"gradient_bytes_held_rank0", dopt ? nlohmann::json(res.gradient_bytes_held) : nlohmann::json()},
+         // rank 0's process at its largest (resident set): with pp, what its schedule and recompute keep
+         {"max_rss_mb_rank0", max_rss_mb()},
          {"hidden_comm_fraction", res.comm_s > 0 ? std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0) : 0.0}});
   }
   return res;

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <thread>
@@ -15,7 +16,10 @@
 
 #include "coll/communicator.h"
 #include "core/error.h"
+#include "torch/models.h"
+#include "torch/pipeline.h"
 #include "torch/scheme_optimizer.h"
+#include "torch/tensor_parallel.h"
 
 namespace conduit::train {
 namespace {
@@ -149,7 +153,12 @@ TEST(DistributedOptimizer, MisuseIsRefusedAndARepeatedSynchronizeChangesNothing)
 // gradients are summed in the bucket before it goes; rank r's k-th backward has gradient (r + 1) k everywhere, so the
 // averaged sum is 1.5 x 6 = 9. A fourth is refused (the bucket has gone), and so is backward_passes 0.
 TEST(DistributedOptimizer, BackwardPassesAccumulateMicroBatchesBeforeTheirBucketGoes) {
-  for (int zero : {0, 1, 2}) {
+  struct Case {
+    int zero;
+    bool overlap, rebuild;
+  };
+  for (const Case cs : {Case{0, true, true}, Case{0, false, false}, Case{1, true, false}, Case{2, true, false}}) {
+    const int zero = cs.zero;
     auto comms = coll::Communicator::inproc(2);
     std::vector<std::vector<float>> out(2);
     std::vector<std::string> refused(2);
@@ -158,7 +167,8 @@ TEST(DistributedOptimizer, BackwardPassesAccumulateMicroBatchesBeforeTheirBucket
       ts.emplace_back([&, r] {
         auto [model, sgd] = fixed_linear();
         DistOptions o;
-        o.rebuild_buckets = false;
+        o.rebuild_buckets = cs.rebuild;  // (after step 0: buckets in the order step 0 saw)
+        o.overlap = cs.overlap;
         o.backward_passes = 3;
         o.zero_stage = zero;
         o.first_bucket_bytes = 16;  // the weight and the bias in buckets of their own
@@ -182,9 +192,14 @@ TEST(DistributedOptimizer, BackwardPassesAccumulateMicroBatchesBeforeTheirBucket
       });
     for (auto& t : ts) t.join();
     for (int r = 0; r < 2; ++r) {
-      EXPECT_EQ(out[size_t(r)], std::vector<float>(12, 0.1f - 9.0f)) << "zero " << zero << " rank " << r;
-      EXPECT_NE(refused[size_t(r)].find("got gradient 4 before step(), with backward_passes = 3"), std::string::npos)
-          << refused[size_t(r)];
+      EXPECT_EQ(out[size_t(r)], std::vector<float>(12, 0.1f - 9.0f))
+          << "zero " << zero << " overlap " << cs.overlap << " rank " << r;
+      // Without overlap nothing has gone before step(): a fourth gradient accumulates.
+      if (cs.overlap)
+        EXPECT_NE(refused[size_t(r)].find("got gradient 4 before step(), with backward_passes = 3"), std::string::npos)
+            << refused[size_t(r)];
+      else
+        EXPECT_EQ(refused[size_t(r)], "");
     }
   }
   auto comms = coll::Communicator::inproc(1);
@@ -198,6 +213,31 @@ TEST(DistributedOptimizer, BackwardPassesAccumulateMicroBatchesBeforeTheirBucket
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("backward_passes = 0; allowed: 1 or more"), std::string::npos) << e.what();
   }
+}
+
+// A pipeline stage whose neighbour stops answering fails at the receive's deadline with one line naming the peer
+// (not after the default 300 s), and the pipeline's destructor waits for its sends no longer than theirs.
+TEST(Pipeline, AStageWhoseNeighbourIsGoneFailsAtItsDeadline) {
+  auto comms = coll::Communicator::inproc(2);  // (rank 1 never runs its stage)
+  std::shared_ptr<Net> stage;
+  {
+    torch::NoGradGuard ng;
+    stage = make_vit(nullptr, 0, 2);
+  }
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Pipeline pipe(comms[0], stage, {49, 64}, PipeSchedule::k1F1B, 0.5);
+    try {
+      pipe.train_step(torch::zeros({4, 1, 28, 28}), torch::zeros({4}, torch::kLong), 2);
+    } catch (const TimeoutError& e) {
+      error = e.what();
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(error.find("recv from rank 1"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  EXPECT_LT(s, 60.0);  // (a hang guard, not a timing: the deadline is 0.5 s)
 }
 
 // Three heads: `a` used by both ranks, `b` by rank 1 only, `c` by neither. With find_unused_parameters, c's gradient
