@@ -1435,6 +1435,8 @@ TEST(TrainCli, ConfigurationErrorsStopBeforeTrainingWithOneLine) {
            {"--data-dir /nonexistent", "data_dir"},
            {"--workers 0", "workers"},
            {"--model mlp --compressor powersgd:rank=100000", "rank"},
+           {"--model cnn --pp 2", "pp"},
+           {"--model vit --pp 2 --micro-batches 0", "micro_batches"},
        }) {
     CliRun r = run_conduit(args + " --output /tmp/conduit-train-never");
     EXPECT_NE(r.code, 0) << args;
@@ -1471,6 +1473,29 @@ TEST(SlowTrainCli, TwoLocalWorkersTrainAndResume) {
   ASSERT_EQ(again.code, 0) << again.out;
   auto s2 = read_json_file((dir / "b" / "summary.json").string());
   EXPECT_EQ(s2["epochs"], 3);
+  fs::remove_all(dir);
+}
+
+// Pipeline stages as processes over tcp: 2 pipelines of 2 stages, 2 micro-batches a batch, GPipe with
+// recomputation, trained, evaluated and summarised.
+TEST(SlowTrainCli, FourProcessesPipelineTheVitOverTcp) {
+  auto dir = temp_dir("cli-pp");
+  CliRun r = run_conduit(
+      "--model vit --dataset synthetic --synthetic-samples 256 --test-limit 64 --batch-size 16 --workers 4 --pp 2 "
+      "--micro-batches 2 --pp-schedule gpipe --recompute true --compressor none --optimizer adam --lr 0.002 "
+      "--epochs 1 --progress false --transport tcp --output " +
+      (dir / "a").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("conduit train: vit on synthetic, 4 workers (pp 2: 2 pipelines), 2 micro-batches gpipe"),
+            std::string::npos)
+      << r.out;
+  auto s = read_json_file((dir / "a" / "summary.json").string());
+  EXPECT_EQ(s["pp"], 2);
+  EXPECT_EQ(s["recompute"], true);
+  EXPECT_EQ(s["steps"], 8);  // 256 samples / (16 x 2 pipelines)
+  EXPECT_EQ(s["pipeline_peak_micro_batches_rank0"], 2);
+  EXPECT_GT(s["final_test_accuracy"].get<double>(), 0.3);  // (10 classes; the synthetic prototypes are easy)
+  EXPECT_GT(s["max_rss_mb_rank0"].get<double>(), 0.0);
   fs::remove_all(dir);
 }
 
