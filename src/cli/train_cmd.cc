@@ -152,7 +152,7 @@ const bool kRegistered = register_command(20, [](CLI::App& app) {
   for (auto& [key, help] : tr::config_keys()) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    if (key == "overlap" || key == "trace" || key == "progress") {
+    if (key == "overlap" || key == "trace" || key == "progress" || key == "recompute") {
       c->add_option_function<std::string>(
            flag, [values, key = key](const std::string& v) { (*values)[key] = v.empty() ? "true" : v; }, help)
           ->expected(0, 1)

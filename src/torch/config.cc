@@ -122,7 +122,8 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "accumulation (BatchNorm then normalises each part); 1 to batch_size, sync bsp (default 1)"},
       {"pp_schedule",
        "gpipe (every forward, then every backward) | 1f1b (one forward, one backward: activations of at most pp "
-       "micro-batches held) (default 1f1b)"},
+       "micro-batches held) | interleaved (Megatron's: each of 2 stages holds 2 chunks of blocks, a smaller bubble; "
+       "micro_batches a multiple of pp) (default 1f1b)"},
       {"recompute",
        "pipeline stages keep only each micro-batch's input and compute its forward again in backward (activation "
        "recomputation); pp > 1 (default false)"},
@@ -319,7 +320,17 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (c.micro_batches > c.batch_size)
     throw ConfigError(fmt::format("config: micro_batches: {} parts of a batch of {}; allowed: 1 to batch_size ({})",
                                   c.micro_batches, c.batch_size, c.batch_size));
-  if (auto v = get("pp_schedule")) c.pp_schedule = one_of("pp_schedule", *v, {"gpipe", "1f1b"});
+  if (auto v = get("pp_schedule")) c.pp_schedule = one_of("pp_schedule", *v, {"gpipe", "1f1b", "interleaved"});
+  if (c.pp_schedule == "interleaved" && c.pp != 2)
+    throw ConfigError(
+        fmt::format("config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 "
+                    "blocks, pp {} {}; allowed with pp {}: gpipe or 1f1b",
+                    c.pp, c.pp == 4 ? "leaves one block a stage" : "has no stages", c.pp));
+  if (c.pp_schedule == "interleaved" && c.micro_batches % c.pp != 0)
+    throw ConfigError(
+        fmt::format("config: micro_batches: {} is not a multiple of pp ({}): the interleaved schedule "
+                    "takes micro-batches in groups of the stages; allowed: a multiple of {}",
+                    c.micro_batches, c.pp, c.pp));
   if (c.pp < 2 && c.pp_schedule != TrainConfig().pp_schedule)
     throw ConfigError(
         fmt::format("config: pp_schedule: {} orders the micro-batches of a pipeline's stages, this run "
@@ -699,8 +710,19 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     if ((std::string(k) == "tp" || std::string(k) == "pp") && raw.count("model") && meta.contains("model") &&
         meta["model"] != raw.at("model"))
       continue;
-    // (the checkpoint's micro-batches split its batch: a resume that gives another batch size gives its own split)
-    if (std::string(k) == "micro_batches" && raw.count("batch_size")) continue;
+    // (the checkpoint's micro-batches split its batch: not taken when they outnumber the samples of the batch size
+    // this resume gives; a malformed one is named by resolve_config)
+    if (std::string(k) == "micro_batches" && raw.count("batch_size") && meta.contains(k) &&
+        meta[k].is_number_integer()) {
+      int64_t given = 0;
+      const std::string& bs = raw.at("batch_size");
+      const auto [end, ec] = std::from_chars(bs.data(), bs.data() + bs.size(), given);
+      if (ec != std::errc() || end != bs.data() + bs.size() || meta[k].get<int64_t>() > given) continue;
+    }
+    // (a pipeline's schedule and recomputation, not taken by a run without one: pp 1 given, or a checkpoint of pp 1
+    // written before its schedule was refused; the pp mismatch, or nothing, is the error to report)
+    if ((std::string(k) == "pp_schedule" || std::string(k) == "recompute") && (!raw.count("pp") || raw.at("pp") == "1"))
+      continue;
     take(k, k);
   }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that

@@ -18,17 +18,22 @@ namespace conduit::train {
 PipeSchedule parse_pipe_schedule(const std::string& s) {
   if (s == "gpipe") return PipeSchedule::kGpipe;
   if (s == "1f1b") return PipeSchedule::k1F1B;
-  throw ConfigError(fmt::format("config: pp_schedule: '{}'; allowed: gpipe or 1f1b", s));
+  if (s == "interleaved") return PipeSchedule::kInterleaved;
+  throw ConfigError(fmt::format("config: pp_schedule: '{}'; allowed: gpipe, 1f1b or interleaved", s));
 }
 
-const char* to_string(PipeSchedule s) { return s == PipeSchedule::kGpipe ? "gpipe" : "1f1b"; }
+const char* to_string(PipeSchedule s) {
+  return s == PipeSchedule::kGpipe ? "gpipe" : s == PipeSchedule::k1F1B ? "1f1b" : "interleaved";
+}
 
 namespace {
-// Message kinds, each the tag of its messages: activations forward, their gradients backward, inference activations.
-// One tag a kind: between two ranks, messages of one tag match receives in posting order (net/transport.h), which is
-// the order both ends run the schedule. (A running count in the tag folded onto the outstanding sends' MPI tags: MPI
-// keeps as few as 3 low bits of a tag, and GPipe has M sends in flight.)
+// Message kinds: activations forward, their gradients backward, inference activations. The tag is the kind and the
+// receiving chunk: between two ranks, messages of one tag match receives in posting order (net/transport.h), which
+// is the order both ends run the schedule. (A running count in the tag folded onto the outstanding sends' MPI tags:
+// MPI keeps as few as 3 low bits of a tag, and GPipe has M sends in flight.)
 constexpr int kForward = 0, kBackward = 1, kInfer = 2;
+// (Chunks 0 and 1 keep distinct tags within the 3 low bits MPI keeps under UCX; the vit's stages have at most 2.)
+uint32_t tag_of(int kind, int chunk) { return uint32_t(kind) | (uint32_t(chunk) << 2); }
 constexpr const char* kKindName[3] = {"forward", "backward", "inference"};
 }  // namespace
 
@@ -48,6 +53,15 @@ Pipeline::Pipeline(coll::CommPtr stages, std::shared_ptr<Net> stage, std::vector
   } else {
     comm_ = nullptr;
   }
+  chunks_ = net_->chunks();
+  if (chunks_ > 1 && schedule_ != PipeSchedule::kInterleaved)
+    throw InvalidArgument(fmt::format("Pipeline: a stage of {} chunks needs the interleaved schedule, not {}", chunks_,
+                                      to_string(schedule_)));
+  if (schedule_ == PipeSchedule::kInterleaved && (chunks_ < 2 || n_stages_ < 2))
+    throw InvalidArgument(
+        fmt::format("Pipeline: the interleaved schedule needs 2 or more stages of 2 or more chunks, "
+                    "this one is stage {} of {} with {} chunk(s)",
+                    stage_id_, n_stages_, chunks_));
 }
 
 Pipeline::~Pipeline() {
@@ -60,15 +74,16 @@ Pipeline::~Pipeline() {
   }
 }
 
-torch::Tensor Pipeline::recv_activation(int64_t n, int kind) {
-  const int peer = kind == kBackward ? stage_id_ + 1 : stage_id_ - 1;
+torch::Tensor Pipeline::recv_activation(int64_t n, int kind, int chunk) {
+  // (around the ring: with interleaved chunks the first stage's chunk j + 1 follows the last stage's chunk j)
+  const int peer = (kind == kBackward ? stage_id_ + 1 : stage_id_ + n_stages_ - 1) % n_stages_;
   std::vector<int64_t> shape{n};
   shape.insert(shape.end(), activation_.begin(), activation_.end());
   torch::Tensor t = torch::empty(shape, torch::kFloat);
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
   const double t0 = now_s();
-  comm_->recv(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, uint32_t(kind), o).wait();
+  comm_->recv(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, chunk), o).wait();
   stats_.wait_s += now_s() - t0;
   const uint64_t bytes = uint64_t(t.numel()) * sizeof(float);
   stats_.bytes_recv += bytes;
@@ -77,14 +92,14 @@ torch::Tensor Pipeline::recv_activation(int64_t n, int kind) {
   return t;
 }
 
-void Pipeline::send(torch::Tensor t, int kind) {
-  const int peer = kind == kBackward ? stage_id_ - 1 : stage_id_ + 1;
+void Pipeline::send(torch::Tensor t, int kind, int chunk) {
+  const int peer = (kind == kBackward ? stage_id_ + n_stages_ - 1 : stage_id_ + 1) % n_stages_;
   t = t.detach().to(torch::kFloat).contiguous();
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
   // Sends that have completed free their buffers now (not at the end of the step: GPipe would hold every one).
   while (!sends_.empty() && sends_.front().work.test()) sends_.pop_front();
-  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, uint32_t(kind), o), t});
+  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, chunk), o), t});
   stats_.bytes_sent += uint64_t(t.numel()) * sizeof(float);
   stats_.messages += 1;
 }
@@ -100,11 +115,16 @@ void Pipeline::wait_sends(size_t keep) {
 
 Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::Tensor& y, int micro_batches) {
   const int64_t b = y.size(0);
-  const int m = micro_batches;
+  const int m = micro_batches, p = n_stages_, d = stage_id_, v = chunks_;
   if (m < 1 || m > b)
     throw InvalidArgument(fmt::format("Pipeline: {} micro-batches of a batch of {}; allowed: 1 to {}", m, b, b));
   if (x.defined() && x.size(0) != b)  // (on every stage given images: they stop together)
     throw InvalidArgument(fmt::format("Pipeline: {} images and {} labels; allowed: one label a sample", x.size(0), b));
+  if (v > 1 && m % p != 0)
+    throw InvalidArgument(
+        fmt::format("Pipeline: the interleaved schedule takes micro-batches in groups of the {} "
+                    "stages, {} is not a multiple; allowed: a multiple of {}",
+                    p, m, p));
   const size_t parts = static_cast<size_t>(m);
   std::vector<int64_t> size(parts), offset(parts);
   for (int k = 0; k < m; ++k) {
@@ -112,29 +132,32 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     offset[size_t(k)] = k == 0 ? 0 : offset[size_t(k) - 1] + size[size_t(k) - 1];
   }
   struct Slot {
-    // The stage's input (its gradient goes back) and output (or, last, the scaled loss); with recompute the input
+    // The chunk's input (its gradient goes back) and output (or, last, the scaled loss); with recompute the input
     // alone (the forward runs again in the backward).
     torch::Tensor in, out;
   };
-  // The stage's output for a micro-batch, or on the last stage its loss scaled by the micro-batch's share.
-  auto run = [&](int k, const torch::Tensor& in) {
-    torch::Tensor out = net_->forward(in);
-    if (!last()) return std::make_pair(out, out);
+  // The chunk's output for a micro-batch, or on the model's last chunk its loss scaled by the micro-batch's share.
+  auto run = [&](int j, int k, const torch::Tensor& in) {
+    torch::Tensor out = net_->forward_chunk(j, in);
+    if (!last_chunk(j)) return std::make_pair(out, out);
     const torch::Tensor yk = y.narrow(0, offset[size_t(k)], size[size_t(k)]);
     const torch::Tensor l = torch::nn::functional::cross_entropy(out, yk);
     return std::make_pair(out, l * (double(size[size_t(k)]) / double(b)));
   };
-  std::vector<Slot> slots(parts);
+  std::vector<Slot> slots(parts * size_t(v));
+  // Recomputation saves memory where a forward's backward comes later: not on a 1F1B stage with no warm-up (the
+  // last, or the only one), whose every backward follows its forward at once.
+  const bool recompute = recompute_ && (v > 1 || (schedule_ == PipeSchedule::kGpipe && p > 1) || d < p - 1);
   int live = 0, peak = 0;
   double loss = 0, correct = 0;
-  auto forward = [&](int k) {
+  auto forward = [&](int j, int k) {
     const double t0 = now_s();
     const int64_t n = size[size_t(k)];
     torch::Tensor in;
-    if (first()) {
+    if (first_chunk(j)) {
       in = x.narrow(0, offset[size_t(k)], n);
     } else {
-      in = recv_activation(n, kForward);
+      in = recv_activation(n, kForward, j);
       in.requires_grad_(true);
     }
     const double t1 = now_s();
@@ -142,48 +165,63 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     {
       // (no graph with recompute: the backward builds it again)
       std::optional<torch::NoGradGuard> ng;
-      if (recompute_) ng.emplace();
-      std::tie(out, scaled) = run(k, in);
+      if (recompute) ng.emplace();
+      std::tie(out, scaled) = run(j, k, in);
     }
-    if (last()) {
+    if (last_chunk(j)) {
       // The micro-batches' scaled losses add up to the batch's mean.
       loss += double(scaled.item<float>());
       correct += double(out.argmax(1).eq(y.narrow(0, offset[size_t(k)], n)).sum().item<int64_t>());
     } else {
-      send(out, kForward);
+      send(out, kForward, d == p - 1 ? j + 1 : j);  // (the last stage's chunk j feeds the first stage's j + 1)
     }
-    slots[size_t(k)] = {in, recompute_ ? torch::Tensor() : scaled};
+    slots[size_t(j) * parts + size_t(k)] = {in, recompute ? torch::Tensor() : scaled};
     peak = std::max(peak, ++live);
     if (trace_ && trace_->enabled())
-      trace_->complete("forward", 0, t1, now_s(), {{"micro_batch", k}, {"waited_s", t1 - t0}});
+      trace_->complete("forward", 0, t1, now_s(), {{"micro_batch", k}, {"chunk", j}, {"waited_s", t1 - t0}});
   };
-  auto backward = [&](int k) {
-    Slot& s = slots[size_t(k)];
+  auto backward = [&](int j, int k) {
+    Slot& s = slots[size_t(j) * parts + size_t(k)];
     const double t0 = now_s();
-    torch::Tensor g;  // (the last stage starts from its loss)
-    if (!last()) g = recv_activation(size[size_t(k)], kBackward);
+    torch::Tensor g;  // (the last chunk starts from its loss)
+    if (!last_chunk(j)) g = recv_activation(size[size_t(k)], kBackward, j);
     const double t1 = now_s();
-    if (recompute_) s.out = run(k, s.in).second;
+    if (recompute) s.out = run(j, k, s.in).second;
     s.out.backward(g);
     if (trace_ && trace_->enabled())
-      trace_->complete("backward", 0, t1, now_s(), {{"micro_batch", k}, {"waited_s", t1 - t0}});
-    if (!first()) send(s.in.grad(), kBackward);
+      trace_->complete("backward", 0, t1, now_s(), {{"micro_batch", k}, {"chunk", j}, {"waited_s", t1 - t0}});
+    if (!first_chunk(j)) send(s.in.grad(), kBackward, d == 0 ? j - 1 : j);
     s = Slot{};
     --live;
   };
-  // One stage (micro-batches only: gradient accumulation) runs each micro-batch's forward and backward together,
-  // whatever the schedule: nothing is gained by holding the activations of several.
-  if (schedule_ == PipeSchedule::kGpipe && n_stages_ > 1) {
-    for (int k = 0; k < m; ++k) forward(k);
-    for (int k = 0; k < m; ++k) backward(k);
-  } else {
-    const int warm = std::min(n_stages_ - stage_id_ - 1, m);
-    for (int k = 0; k < warm; ++k) forward(k);
-    for (int k = 0; k < m - warm; ++k) {
-      forward(warm + k);
-      backward(k);
+  if (v > 1) {
+    // Interleaved 1F1B (Megatron-LM's): micro-batches in groups of p; the k-th forward of this stage is chunk
+    // (k / p) mod v of micro-batch (k / (p v)) p + k mod p, the k-th backward the same micro-batch's chunk counted
+    // from the last; (p - d - 1) 2 + (v - 1) p forwards first, then one forward and one backward in turn.
+    const int total = m * v;
+    auto mb = [&](int op) { return (op / (p * v)) * p + op % p; };
+    auto fchunk = [&](int op) { return (op / p) % v; };
+    auto bchunk = [&](int op) { return v - 1 - (op / p) % v; };
+    const int warm = std::min((p - d - 1) * 2 + (v - 1) * p, total);
+    for (int op = 0; op < warm; ++op) forward(fchunk(op), mb(op));
+    for (int i = 0; i < total - warm; ++i) {
+      forward(fchunk(warm + i), mb(warm + i));
+      backward(bchunk(i), mb(i));
     }
-    for (int k = m - warm; k < m; ++k) backward(k);
+    for (int i = std::max(total - warm, 0); i < total; ++i) backward(bchunk(i), mb(i));
+  } else if (schedule_ == PipeSchedule::kGpipe && p > 1) {
+    for (int k = 0; k < m; ++k) forward(0, k);
+    for (int k = 0; k < m; ++k) backward(0, k);
+  } else {
+    // 1F1B. One stage (micro-batches only: gradient accumulation) runs each micro-batch's forward and backward
+    // together: nothing is gained by holding the activations of several.
+    const int warm = std::min(p - d - 1, m);
+    for (int k = 0; k < warm; ++k) forward(0, k);
+    for (int k = 0; k < m - warm; ++k) {
+      forward(0, warm + k);
+      backward(0, k);
+    }
+    for (int k = m - warm; k < m; ++k) backward(0, k);
   }
   wait_sends(0);
   stats_.peak_in_flight = std::max(stats_.peak_in_flight, peak);
@@ -193,11 +231,13 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
 }
 
 torch::Tensor Pipeline::infer(const torch::Tensor& x, int64_t n) {
-  torch::Tensor in = first() ? x : recv_activation(n, kInfer);
-  torch::Tensor out = net_->forward(in);
-  if (last()) return out;
-  send(out, kInfer);
-  wait_sends(4);  // a few chunks in flight: the next stage works on one while this one computes the next
+  for (int j = 0; j < chunks_; ++j) {
+    torch::Tensor in = first_chunk(j) ? x : recv_activation(n, kInfer, j);
+    torch::Tensor out = net_->forward_chunk(j, in);
+    if (last_chunk(j)) return out;
+    send(out, kInfer, stage_id_ == n_stages_ - 1 ? j + 1 : j);
+    wait_sends(4);  // a few chunks in flight: the next stage works on one while this one computes the next
+  }
   return {};
 }
 

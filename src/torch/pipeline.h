@@ -12,9 +12,12 @@
 //  - Schedules (Narayanan et al., SC'21, "Efficient large-scale language model training on GPU clusters"):
 //    gpipe (Huang et al. 2019): every forward, then every backward; a stage holds the activations of all M
 //    micro-batches. 1f1b (PipeDream-Flush): stage s runs min(P-s-1, M) forwards, then alternates one forward and one
-//    backward, then the remaining backwards; at most min(P-s, M) micro-batches in flight. Both are synchronous (one
-//    optimizer step a batch, the same gradients as without a pipeline) and idle (P-1)/M of an ideal step (the
-//    bubble); 1F1B saves activation memory, not time.
+//    backward, then the remaining backwards; at most min(P-s, M) micro-batches in flight. interleaved (Megatron-LM's
+//    interleaved 1F1B): each stage holds v chunks of blocks (stage s the model's chunks s, s+P, ...: the vit's 4
+//    blocks give v = 2 on 2 stages), micro-batches go in groups of P (M a multiple of P) and the last stage's chunk
+//    j feeds the first stage's chunk j+1, so the bubble shrinks to (P-1)/(vM) for v times the messages and more
+//    activations held. All are synchronous (one optimizer step a batch, the same gradients as without a pipeline);
+//    GPipe and 1F1B idle (P-1)/M of an ideal step (the bubble); 1F1B saves activation memory, not time.
 //  - Activation recomputation (Chen et al. 2016; GPipe's re-materialisation): a stage keeps only each micro-batch's
 //    input, computes the forward without a graph, and again with one in the backward; the same gradients for one
 //    more forward a micro-batch (and, with tensor parallelism, its collectives again).
@@ -38,8 +41,8 @@ namespace conduit::train {
 class Net;
 class Trace;
 
-enum class PipeSchedule { kGpipe, k1F1B };
-// "gpipe" or "1f1b"; ConfigError (one line) for anything else.
+enum class PipeSchedule { kGpipe, k1F1B, kInterleaved };
+// "gpipe", "1f1b" or "interleaved"; ConfigError (one line) for anything else.
 PipeSchedule parse_pipe_schedule(const std::string& s);
 const char* to_string(PipeSchedule s);
 
@@ -65,6 +68,7 @@ class Pipeline {
   Pipeline& operator=(const Pipeline&) = delete;
 
   int stage() const { return stage_id_; }
+  int chunks() const { return chunks_; }
   int stages() const { return n_stages_; }
   bool first() const { return stage_id_ == 0; }
   bool last() const { return stage_id_ == n_stages_ - 1; }
@@ -89,8 +93,13 @@ class Pipeline {
   PipeStats take_stats();
 
  private:
-  torch::Tensor recv_activation(int64_t n, int kind);
-  void send(torch::Tensor t, int kind);  // kind 0: forward to s+1; 1: backward to s-1; 2: inference to s+1
+  // kind 0: forward, from the stage before; 1: backward, from the stage after; 2: inference, from the stage before;
+  // into chunk `chunk` of this stage (send: of the receiving stage).
+  torch::Tensor recv_activation(int64_t n, int kind, int chunk);
+  void send(torch::Tensor t, int kind, int chunk);
+  // Whether chunk j of this stage is the model's first (it takes the images) or last (it has the loss).
+  bool first_chunk(int j) const { return stage_id_ == 0 && j == 0; }
+  bool last_chunk(int j) const { return stage_id_ == n_stages_ - 1 && j == chunks_ - 1; }
   void wait_sends(size_t keep);
 
   coll::CommPtr comm_;
@@ -100,7 +109,7 @@ class Pipeline {
   double timeout_s_;
   Trace* trace_;
   bool recompute_;
-  int stage_id_ = 0, n_stages_ = 1;
+  int stage_id_ = 0, n_stages_ = 1, chunks_ = 1;
   struct Pending {
     coll::Work work;
     torch::Tensor buf;

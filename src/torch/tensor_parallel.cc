@@ -125,12 +125,13 @@ class TpBlock : public nn::Module {
   torch::Tensor qkv_w_, qkv_b_, proj_w_, proj_b_, fc1_w_, fc1_b_, fc2_w_, fc2_b_;
 };
 
-// The whole vit, or pipeline stage `stage` of `stages`: the first holds the embedding, the last the final norm and
-// the classifier, and each its share of the blocks. Every stage draws the whole model's weights in the same order and
-// registers (keeps) only its own, so the stages together are the unsplit model.
+// The whole vit, or pipeline stage `stage` of `stages`, in `chunks` chunks (the interleaved schedule's): the model's
+// blocks are cut into stages x chunks consecutive parts, and this stage's chunk j is part j x stages + stage. The
+// first part also holds the embedding, the last the final norm and the classifier. Every stage draws the whole
+// model's weights in the same order and registers (keeps) only its own, so the stages together are the unsplit model.
 class Vit : public Net {
  public:
-  Vit(const Split& s, int stage, int stages) {
+  Vit(const Split& s, int stage, int stages, int chunks) : chunks_(chunks) {
     const bool first = stage == 0, last = stage == stages - 1;
     nn::Linear embed(kPatchDim, kWidth);
     torch::Tensor pos;
@@ -142,10 +143,13 @@ class Vit : public Net {
       embed_ = register_module("embed", embed);
       pos_ = register_parameter("pos", pos);
     }
-    const int64_t per = kBlocks / stages;
+    const int64_t per = kBlocks / (int64_t(stages) * chunks);
+    blocks_.resize(size_t(chunks));
     for (int64_t i = 0; i < kBlocks; ++i) {
       auto b = std::make_shared<TpBlock>(s);
-      if (i / per == stage) blocks_.push_back(register_module(fmt::format("block{}", i), b));
+      const int64_t part = i / per;
+      if (part % stages == stage)
+        blocks_[size_t(part / stages)].push_back(register_module(fmt::format("block{}", i), b));
     }
     nn::LayerNorm ln(nn::LayerNormOptions({kWidth}));
     nn::Linear head(kWidth, kClasses);
@@ -154,39 +158,45 @@ class Vit : public Net {
       head_ = register_module("head", head);
     }
   }
+  int chunks() const override { return chunks_; }
   // The first stage takes images (B, 1, 28, 28), the others the previous stage's (B, 49, 64); the last returns
-  // logits (B, 10), the others (B, 49, 64).
+  // logits (B, 10), the others (B, 49, 64). (A stage of several chunks: one at a time, forward_chunk.)
   torch::Tensor forward(torch::Tensor x) override {
+    for (int j = 0; j < chunks_; ++j) x = forward_chunk(j, x);
+    return x;
+  }
+  torch::Tensor forward_chunk(int j, torch::Tensor x) override {
     const int64_t bsz = x.size(0);
-    if (embed_) {
+    if (j == 0 && embed_) {
       // (B, 1, 28, 28) -> 7 x 7 patches of 4 x 4 pixels, row by row
       x = x.view({bsz, 7, kPatch, 7, kPatch}).permute({0, 1, 3, 2, 4}).reshape({bsz, kTokens, kPatchDim});
       x = embed_->forward(x) + pos_;
     }
-    for (auto& b : blocks_) x = b->forward(x);
-    return head_ ? head_->forward(ln_->forward(x).mean(1)) : x;
+    for (auto& b : blocks_[size_t(j)]) x = b->forward(x);
+    return j == chunks_ - 1 && head_ ? head_->forward(ln_->forward(x).mean(1)) : x;
   }
 
  private:
   nn::Linear embed_{nullptr}, head_{nullptr};
   torch::Tensor pos_;
-  std::vector<std::shared_ptr<TpBlock>> blocks_;
+  int chunks_ = 1;
+  std::vector<std::vector<std::shared_ptr<TpBlock>>> blocks_;  // of each chunk
   nn::LayerNorm ln_{nullptr};
 };
 
 }  // namespace
 
-std::shared_ptr<Net> make_vit(TpGroup* group, int stage, int stages) {
+std::shared_ptr<Net> make_vit(TpGroup* group, int stage, int stages, int chunks) {
   Split s(group);
   if (kVitHeads % s.size() != 0)
     throw ConfigError(fmt::format("config: tp: {} does not divide the vit's {} attention heads; allowed: 1, 2 or 4",
                                   s.size(), kVitHeads));
-  if (stages < 1 || kBlocks % stages != 0 || stage < 0 || stage >= stages)
+  if (stages < 1 || chunks < 1 || kBlocks % (int64_t(stages) * chunks) != 0 || stage < 0 || stage >= stages)
     throw ConfigError(
-        fmt::format("config: pp: stage {} of {} does not split the vit's {} blocks; allowed: 1, 2 or 4 "
-                    "stages, stage in [0, stages)",
-                    stage, stages, kBlocks));
-  return std::make_shared<Vit>(s, stage, stages);
+        fmt::format("config: pp: stage {} of {} in {} chunk(s) does not split the vit's {} blocks; "
+                    "allowed: stages x chunks dividing the blocks, stage in [0, stages)",
+                    stage, stages, chunks, kBlocks));
+  return std::make_shared<Vit>(s, stage, stages, chunks);
 }
 
 }  // namespace conduit::train

@@ -513,7 +513,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     static std::mutex init_mu;
     std::lock_guard<std::mutex> lk(init_mu);
     torch::manual_seed(c.seed);
-    model = c.model == "vit" ? make_vit(tpg.get(), pp > 1 ? pp_comm->rank() : 0, pp) : make_model(c.model);
+    // (the interleaved schedule's stages hold kVitBlocks / pp chunks of one block each)
+    const int chunks = c.pp_schedule == "interleaved" ? kVitBlocks / pp : 1;
+    model = c.model == "vit" ? make_vit(tpg.get(), pp > 1 ? pp_comm->rank() : 0, pp, chunks) : make_model(c.model);
   }
   auto optimizer = make_optimizer(c, *model);
 
@@ -591,6 +593,14 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
           fmt::format("config: resume: the checkpoint was written with pp = {}, this run has {}; "
                       "allowed: the same pp (each rank's model file holds its stage's blocks)",
                       meta.value("pp", 1), c.pp));
+    const bool saved_interleaved = meta.value("pp_schedule", std::string("1f1b")) == "interleaved";
+    if (saved_interleaved != (c.pp_schedule == "interleaved"))
+      throw ConfigError(fmt::format(
+          "config: resume: the checkpoint was written with pp_schedule {}, this run has {}; allowed: {} (a stage's "
+          "model file holds {})",
+          meta.value("pp_schedule", std::string("1f1b")), c.pp_schedule,
+          saved_interleaved ? "interleaved" : "gpipe or 1f1b",
+          saved_interleaved ? "its interleaved chunks of blocks" : "consecutive blocks"));
     // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0);
     // stages 1 and 2 cut the same slices, so either resumes the other.
     const int saved_zero = meta.value("zero", 0);

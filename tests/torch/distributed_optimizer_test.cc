@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -229,7 +231,8 @@ TEST(Pipeline, AStageWhoseNeighbourIsGoneFailsAtItsDeadline) {
   {
     Pipeline pipe(comms[0], stage, {49, 64}, PipeSchedule::k1F1B, 0.5);
     try {
-      pipe.train_step(torch::zeros({4, 1, 28, 28}), torch::zeros({4}, torch::kLong), 2);
+      // (one micro-batch: one send, so the error is the receive's, not a later send's check of the first)
+      pipe.train_step(torch::zeros({4, 1, 28, 28}), torch::zeros({4}, torch::kLong), 1);
     } catch (const TimeoutError& e) {
       error = e.what();
     }
@@ -238,6 +241,66 @@ TEST(Pipeline, AStageWhoseNeighbourIsGoneFailsAtItsDeadline) {
   EXPECT_NE(error.find("recv from rank 1"), std::string::npos) << error;
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   EXPECT_LT(s, 60.0);  // (a hang guard, not a timing: the deadline is 0.5 s)
+}
+
+// Two pipeline stages that count their forward calls: stage 0 maps images to (B, 49, 64), stage 1 that to 10
+// logits.
+struct CountingStage : Net {
+  explicit CountingStage(bool first) : first_(first) {
+    lin = register_module("lin", torch::nn::Linear(first ? 784 : 49 * 64, first ? 49 * 64 : 10));
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    ++calls;
+    auto out = lin->forward(x.reshape({x.size(0), -1}));
+    return first_ ? out.view({x.size(0), 49, 64}) : out;
+  }
+  bool first_;
+  torch::nn::Linear lin{nullptr};
+  int calls = 0;
+};
+
+// Recomputation runs a forward again in the backward where it saves memory: on both stages under GPipe, on the
+// first only under 1F1B (the last stage's backward follows its forward at once); the gradients are the same.
+TEST(Pipeline, RecomputationRunsTheForwardAgainWhereItSavesMemory) {
+  std::map<std::pair<std::string, bool>, std::vector<int>> calls;
+  std::map<std::pair<std::string, bool>, std::vector<std::vector<float>>> grads;
+  torch::manual_seed(1);  // (drawn here: the rank threads share torch's generator)
+  const torch::Tensor x = torch::randn({8, 1, 28, 28}), y = torch::randint(0, 10, {8}, torch::kLong);
+  for (const std::string schedule : {"gpipe", "1f1b"})
+    for (bool recompute : {false, true}) {
+      auto comms = coll::Communicator::inproc(2);
+      std::vector<int> n(2);
+      std::vector<std::vector<float>> g(2);
+      std::vector<std::thread> ts;
+      for (int r = 0; r < 2; ++r)
+        ts.emplace_back([&, r] {
+          std::shared_ptr<CountingStage> net;
+          {
+            static std::mutex init_mu;  // (torch's generator is global)
+            std::lock_guard<std::mutex> lk(init_mu);
+            torch::manual_seed(7 + r);
+            net = std::make_shared<CountingStage>(r == 0);
+          }
+          Pipeline pipe(comms[size_t(r)], net, {49, 64}, parse_pipe_schedule(schedule), 30, nullptr, recompute);
+          pipe.train_step(x, y, 4);  // (stage 1 reads the labels only)
+          n[size_t(r)] = net->calls;
+          auto w = net->lin->weight.grad().contiguous().view(-1);
+          g[size_t(r)].assign(w.data_ptr<float>(), w.data_ptr<float>() + w.numel());
+        });
+      for (auto& t : ts) t.join();
+      calls[{schedule, recompute}] = n;
+      grads[{schedule, recompute}] = g;
+    }
+  auto count = [&](const char* schedule, bool recompute) { return calls[std::make_pair(schedule, recompute)]; };
+  EXPECT_EQ(count("gpipe", false), (std::vector<int>{4, 4}));
+  EXPECT_EQ(count("gpipe", true), (std::vector<int>{8, 8}));
+  EXPECT_EQ(count("1f1b", false), (std::vector<int>{4, 4}));
+  EXPECT_EQ(count("1f1b", true), (std::vector<int>{8, 4}));
+  const auto plain = grads[std::make_pair(std::string("gpipe"), false)];
+  for (const auto& [key, g] : grads) {
+    EXPECT_EQ(g, plain) << key.first << " " << key.second;
+    EXPECT_GT(std::abs(g[1][0]) + std::abs(g[0][0]), 0.0f);
+  }
 }
 
 // Three heads: `a` used by both ranks, `b` by rank 1 only, `c` by neither. With find_unused_parameters, c's gradient

@@ -69,6 +69,38 @@ TEST(TrainConfig, AResumeTakesTheDataDirectoryWithItsDatasetOnly) {
   std::filesystem::remove_all(dir);
 }
 
+// A pipeline's schedule and recomputation go with its pp (a resume with pp 1 given, or of a pp 1 checkpoint that
+// recorded a schedule, does not take them: they were refused, or reported instead of the pp mismatch); its
+// micro-batches go with a batch size they fit in.
+TEST(TrainConfig, AResumeTakesThePipelineSettingsThatStillApply) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("conduit-resume-pp-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "checkpoint.json")
+      << R"({"model": "vit", "pp": 2, "pp_schedule": "gpipe", "recompute": true, "micro_batches": 8, "batch_size": 64})";
+  RawConfig all{{"resume", dir.string()}};
+  apply_resume_defaults(all, false);
+  EXPECT_EQ(all["pp"], "2");
+  EXPECT_EQ(all["pp_schedule"], "gpipe");
+  EXPECT_EQ(all["recompute"], "true");
+  EXPECT_EQ(all["micro_batches"], "8");
+  RawConfig one{{"resume", dir.string()}, {"pp", "1"}};
+  apply_resume_defaults(one, false);
+  EXPECT_EQ(one.count("pp_schedule"), 0u);
+  EXPECT_EQ(one.count("recompute"), 0u);
+  RawConfig fits{{"resume", dir.string()}, {"batch_size", "8"}},
+      too_small{{"resume", dir.string()}, {"batch_size", "4"}};
+  apply_resume_defaults(fits, false);
+  apply_resume_defaults(too_small, false);
+  EXPECT_EQ(fits["micro_batches"], "8");
+  EXPECT_EQ(too_small.count("micro_batches"), 0u);
+  std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "pp": 1, "pp_schedule": "gpipe"})";
+  RawConfig old{{"resume", dir.string()}};
+  apply_resume_defaults(old, false);
+  EXPECT_EQ(old.count("pp_schedule"), 0u);
+  EXPECT_EQ(config_error(old), "");
+  std::filesystem::remove_all(dir);
+}
+
 // A run started in the same second as another (same model and compressor) took its default directory and wrote over
 // its files; it now takes the next free name.
 TEST(TrainConfig, TheDefaultOutputDirectoryIsOneNoOtherRunHas) {
@@ -235,6 +267,17 @@ TEST(TrainConfig, PpCutsTheVitIntoStagesAndMicroBatchesSplitTheBatch) {
   EXPECT_NE(many.find("allowed: 1 to batch_size (64)"), std::string::npos) << many;
   expect_one_line(config_error({{"pp_schedule", "interleaved"}}), "pp_schedule");
   expect_one_line(config_error({{"pp_schedule", "gpipe"}}), "pp_schedule");  // (no pipeline: pp 1)
+  const std::string il4 = config_error({{"pp", "4"}, {"model", "vit"}, {"pp_schedule", "interleaved"}});
+  expect_one_line(il4, "pp_schedule");
+  EXPECT_NE(il4.find("leaves one block a stage"), std::string::npos) << il4;
+  const std::string il3 = config_error(
+      {{"pp", "2"}, {"model", "vit"}, {"workers", "2"}, {"pp_schedule", "interleaved"}, {"micro_batches", "3"}});
+  expect_one_line(il3, "micro_batches");
+  EXPECT_NE(il3.find("allowed: a multiple of 2"), std::string::npos) << il3;
+  EXPECT_EQ(
+      config_error(
+          {{"pp", "2"}, {"model", "vit"}, {"workers", "2"}, {"pp_schedule", "interleaved"}, {"micro_batches", "4"}}),
+      "");
   const std::string recompute = config_error({{"recompute", "true"}, {"micro_batches", "4"}});
   expect_one_line(recompute, "recompute");
   EXPECT_NE(recompute.find("allowed with pp 1: recompute false"), std::string::npos) << recompute;
@@ -708,6 +751,10 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   g.recompute = true;
   g.output = (dir / "gpipe").string();
   auto gpipe = train_inproc(g, 4, true);
+  TrainConfig il = p;
+  il.pp_schedule = "interleaved";  // 2 stages of 2 chunks: blocks 0 and 2 on stage 0, 1 and 3 on stage 1
+  il.output = (dir / "interleaved").string();
+  auto inter = train_inproc(il, 4, true);
   TrainConfig tp = p;
   tp.tp = 2;
   tp.micro_batches = 3;  // (3, 3 and 2 samples)
@@ -738,7 +785,7 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
     }
     return std::sqrt(d / n);
   };
-  for (auto* run : {&pp, &gpipe, &pp4, &tpp}) {
+  for (auto* run : {&pp, &gpipe, &pp4, &tpp, &inter}) {
     const auto& r = *run;
     for (const auto& x : r) EXPECT_NEAR(x.train_loss, whole[0].train_loss, 1e-4 * std::abs(whole[0].train_loss));
     EXPECT_NEAR(r[0].test_accuracy, whole[0].test_accuracy, 1.0 / 64 + 1e-9);
@@ -771,6 +818,17 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
     EXPECT_LT(rel_l2(stages(piped, {0, 1}), plain[0].params), 1e-6);  // (1.6e-8 measured)
   }
   EXPECT_EQ(pp4[1].params.size(), 33472u);
+  {
+    // The interleaved stages' parts in the model's order: stage 0's embedding and block 0, stage 1's block 1, stage
+    // 0's block 2, stage 1's block 3 and head.
+    const size_t e = 1088 + 3136, blk = 33472;
+    ASSERT_EQ(inter[0].params.size(), e + 2 * blk);
+    std::vector<float> all(inter[0].params.begin(), inter[0].params.begin() + std::ptrdiff_t(e + blk));
+    all.insert(all.end(), inter[1].params.begin(), inter[1].params.begin() + std::ptrdiff_t(blk));
+    all.insert(all.end(), inter[0].params.begin() + std::ptrdiff_t(e + blk), inter[0].params.end());
+    all.insert(all.end(), inter[1].params.begin() + std::ptrdiff_t(blk), inter[1].params.end());
+    EXPECT_LT(rel_l2(all, whole[0].params), 1e-4);
+  }
   // The micro-batches whose activations a stage held at once: 1F1B at most the stages from it to the last, GPipe all.
   EXPECT_EQ(pp[0].pipeline_peak_micro_batches, 2);
   EXPECT_EQ(pp[1].pipeline_peak_micro_batches, 1);
@@ -778,6 +836,9 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   EXPECT_EQ(gpipe[1].pipeline_peak_micro_batches, 4);
   for (int s = 0; s < 4; ++s) EXPECT_EQ(pp4[size_t(s)].pipeline_peak_micro_batches, 4 - s) << "stage " << s;
   EXPECT_EQ(tpp[0].pipeline_peak_micro_batches, 2);
+  // Interleaved: (p - d - 1) 2 + (v - 1) p chunk forwards first, then one more.
+  EXPECT_EQ(inter[0].pipeline_peak_micro_batches, 5);
+  EXPECT_EQ(inter[1].pipeline_peak_micro_batches, 3);
   // A step sends stage 0's gradients (allreduced among 2: once their size) and the 8 samples' activations forward;
   // the last stage sends its gradients and the activations' gradients back.
   const uint64_t act = 8 * 49 * 64 * 4;
@@ -785,6 +846,9 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   EXPECT_EQ(pp[1].bytes_sent, 6u * ((138890 - 71168) * 4 + act));
   EXPECT_EQ(pp[2].bytes_sent, pp[0].bytes_sent);
   EXPECT_EQ(gpipe[0].bytes_sent, pp[0].bytes_sent);
+  // Interleaved, each stage sends three activations a sample: stage 0 its two chunks' outputs and chunk 1's input
+  // gradient, stage 1 its chunk 0's output and both chunks' input gradients.
+  EXPECT_EQ(inter[0].bytes_sent, 6u * (71168 * 4 + 3 * act));
   // The evaluations through the pipeline, the copies' too, give the whole model's accuracies.
   auto evals = [&](const char* run) {
     std::vector<double> acc;
@@ -798,7 +862,7 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   };
   const auto whole_evals = evals("whole");
   ASSERT_EQ(whole_evals.size(), 2u);  // steps 2 and 4 (6 is the end's)
-  for (const char* run : {"pp", "gpipe", "tp", "four"}) {
+  for (const char* run : {"pp", "gpipe", "tp", "four", "interleaved"}) {
     const auto e = evals(run);
     ASSERT_EQ(e.size(), whole_evals.size()) << run;
     for (size_t k = 0; k < e.size(); ++k) EXPECT_NEAR(e[k], whole_evals[k], 1.0 / 64 + 1e-9) << run;
@@ -837,6 +901,18 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   resumed.output = (dir / "resumed").string();
   auto r = train_inproc(resumed, 4, true);
   for (size_t k = 0; k < 4; ++k) EXPECT_EQ(r[k].params, pp[k].params) << "rank " << k;
+  resumed.pp_schedule = "gpipe";  // (the same blocks a stage: allowed)
+  EXPECT_EQ(train_inproc(resumed, 4, true)[1].params, pp[1].params);
+  resumed.pp_schedule = "interleaved";
+  resumed.output = (dir / "other-schedule").string();
+  try {
+    train_inproc(resumed, 4, true);
+    ADD_FAILURE() << "resumed interleaved";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("written with pp_schedule 1f1b, this run has interleaved"), std::string::npos)
+        << e.what();
+  }
+  resumed.pp_schedule = "1f1b";
   resumed.pp = 1;
   resumed.output = (dir / "other").string();
   try {
