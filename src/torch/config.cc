@@ -321,21 +321,21 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     throw ConfigError(fmt::format("config: micro_batches: {} parts of a batch of {}; allowed: 1 to batch_size ({})",
                                   c.micro_batches, c.batch_size, c.batch_size));
   if (auto v = get("pp_schedule")) c.pp_schedule = one_of("pp_schedule", *v, {"gpipe", "1f1b", "interleaved"});
-  if (c.pp_schedule == "interleaved" && c.pp != 2)
-    throw ConfigError(
-        fmt::format("config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 "
-                    "blocks, pp {} {}; allowed with pp {}: gpipe or 1f1b",
-                    c.pp, c.pp == 4 ? "leaves one block a stage" : "has no stages", c.pp));
-  if (c.pp_schedule == "interleaved" && c.micro_batches % c.pp != 0)
-    throw ConfigError(
-        fmt::format("config: micro_batches: {} is not a multiple of pp ({}): the interleaved schedule "
-                    "takes micro-batches in groups of the stages; allowed: a multiple of {}",
-                    c.micro_batches, c.pp, c.pp));
   if (c.pp < 2 && c.pp_schedule != TrainConfig().pp_schedule)
     throw ConfigError(
         fmt::format("config: pp_schedule: {} orders the micro-batches of a pipeline's stages, this run "
                     "has none (pp 1); allowed with pp 1: leave it unset",
                     c.pp_schedule));
+  if (c.pp_schedule == "interleaved" && c.pp != 2)
+    throw ConfigError(
+        fmt::format("config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 "
+                    "blocks, pp {} leaves one block a stage; allowed with pp {}: gpipe or 1f1b",
+                    c.pp, c.pp));
+  if (c.pp_schedule == "interleaved" && c.micro_batches % c.pp != 0)
+    throw ConfigError(
+        fmt::format("config: micro_batches: {} is not a multiple of pp ({}): the interleaved schedule "
+                    "takes micro-batches in groups of the stages; allowed: a multiple of {}",
+                    c.micro_batches, c.pp, c.pp));
   if (auto v = get("recompute")) c.recompute = to_bool("recompute", *v);
   if (c.recompute && c.pp < 2)
     throw ConfigError(

@@ -145,9 +145,15 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     return std::make_pair(out, l * (double(size[size_t(k)]) / double(b)));
   };
   std::vector<Slot> slots(parts * size_t(v));
-  // Recomputation saves memory where a forward's backward comes later: not on a 1F1B stage with no warm-up (the
-  // last, or the only one), whose every backward follows its forward at once.
-  const bool recompute = recompute_ && (v > 1 || (schedule_ == PipeSchedule::kGpipe && p > 1) || d < p - 1);
+  // Recomputation saves memory where a chunk holds several micro-batches' activations: not where every backward
+  // follows its forward at once (a 1F1B stage with no warm-up: the last, or the only one; the interleaved last
+  // chunk; any schedule with one micro-batch).
+  auto recompute = [&](int j) {
+    if (!recompute_) return false;
+    if (v > 1) return !last_chunk(j);
+    if (schedule_ == PipeSchedule::kGpipe && p > 1) return m > 1;
+    return std::min(p - d, m) > 1;
+  };
   int live = 0, peak = 0;
   double loss = 0, correct = 0;
   auto forward = [&](int j, int k) {
@@ -165,7 +171,7 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     {
       // (no graph with recompute: the backward builds it again)
       std::optional<torch::NoGradGuard> ng;
-      if (recompute) ng.emplace();
+      if (recompute(j)) ng.emplace();
       std::tie(out, scaled) = run(j, k, in);
     }
     if (last_chunk(j)) {
@@ -175,7 +181,7 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     } else {
       send(out, kForward, d == p - 1 ? j + 1 : j);  // (the last stage's chunk j feeds the first stage's j + 1)
     }
-    slots[size_t(j) * parts + size_t(k)] = {in, recompute ? torch::Tensor() : scaled};
+    slots[size_t(j) * parts + size_t(k)] = {in, recompute(j) ? torch::Tensor() : scaled};
     peak = std::max(peak, ++live);
     if (trace_ && trace_->enabled())
       trace_->complete("forward", 0, t1, now_s(), {{"micro_batch", k}, {"chunk", j}, {"waited_s", t1 - t0}});
@@ -186,7 +192,7 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     torch::Tensor g;  // (the last chunk starts from its loss)
     if (!last_chunk(j)) g = recv_activation(size[size_t(k)], kBackward, j);
     const double t1 = now_s();
-    if (recompute) s.out = run(j, k, s.in).second;
+    if (recompute(j)) s.out = run(j, k, s.in).second;
     s.out.backward(g);
     if (trace_ && trace_->enabled())
       trace_->complete("backward", 0, t1, now_s(), {{"micro_batch", k}, {"chunk", j}, {"waited_s", t1 - t0}});

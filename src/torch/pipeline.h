@@ -22,8 +22,8 @@
 //    input, computes the forward without a graph, and again with one in the backward; the same gradients for one
 //    more forward a micro-batch (and, with tensor parallelism, its collectives again).
 //  - Sends are asynchronous (posted; their buffers freed once complete, all waited for at the end of the step),
-//    receives block: on every link messages flow in the order both ends run their schedule, so neither schedule can
-//    deadlock, and messages of one kind (one tag) match receives in that order.
+//    receives block: on every link messages flow in the order both ends run their schedule, so no schedule can
+//    deadlock, and messages of one kind into one chunk (one tag) match receives in that order.
 //  - Pipeline and tensor parallelism compose: the T ranks of a stage run the same schedule (their tensor-parallel
 //    collectives meet), and each sends to the rank at its position in the next stage's group.
 #include <torch/types.h>

@@ -243,30 +243,37 @@ TEST(Pipeline, AStageWhoseNeighbourIsGoneFailsAtItsDeadline) {
   EXPECT_LT(s, 60.0);  // (a hang guard, not a timing: the deadline is 0.5 s)
 }
 
-// Two pipeline stages that count their forward calls: stage 0 maps images to (B, 49, 64), stage 1 that to 10
-// logits.
+// Two pipeline stages of one or two chunks (the interleaved schedule's) that count their forward calls: the model's
+// first chunk maps images to (B, 49, 64), its last that to 10 logits, the others (B, 49, 64) to itself.
 struct CountingStage : Net {
-  explicit CountingStage(bool first) : first_(first) {
-    lin = register_module("lin", torch::nn::Linear(first ? 784 : 49 * 64, first ? 49 * 64 : 10));
+  CountingStage(int stage, int chunks) : stage_(stage), chunks_(chunks) {
+    for (int j = 0; j < chunks; ++j) {
+      const bool first = stage == 0 && j == 0, last = stage == 1 && j == chunks - 1;
+      lins.push_back(
+          register_module(fmt::format("lin{}", j), torch::nn::Linear(first ? 784 : 49 * 64, last ? 10 : 49 * 64)));
+    }
   }
-  torch::Tensor forward(torch::Tensor x) override {
+  int chunks() const override { return chunks_; }
+  torch::Tensor forward(torch::Tensor x) override { return forward_chunk(0, x); }
+  torch::Tensor forward_chunk(int j, torch::Tensor x) override {
     ++calls;
-    auto out = lin->forward(x.reshape({x.size(0), -1}));
-    return first_ ? out.view({x.size(0), 49, 64}) : out;
+    auto out = lins[size_t(j)]->forward(x.reshape({x.size(0), -1}));
+    return stage_ == 1 && j == chunks_ - 1 ? out : out.view({x.size(0), 49, 64});
   }
-  bool first_;
-  torch::nn::Linear lin{nullptr};
+  int stage_, chunks_;
+  std::vector<torch::nn::Linear> lins;
   int calls = 0;
 };
 
 // Recomputation runs a forward again in the backward where it saves memory: on both stages under GPipe, on the
-// first only under 1F1B (the last stage's backward follows its forward at once); the gradients are the same.
+// first only under 1F1B (the last stage's backward follows its forward at once), on every chunk but the model's last
+// when interleaved; the gradients are the same.
 TEST(Pipeline, RecomputationRunsTheForwardAgainWhereItSavesMemory) {
   std::map<std::pair<std::string, bool>, std::vector<int>> calls;
   std::map<std::pair<std::string, bool>, std::vector<std::vector<float>>> grads;
   torch::manual_seed(1);  // (drawn here: the rank threads share torch's generator)
   const torch::Tensor x = torch::randn({8, 1, 28, 28}), y = torch::randint(0, 10, {8}, torch::kLong);
-  for (const std::string schedule : {"gpipe", "1f1b"})
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"})
     for (bool recompute : {false, true}) {
       auto comms = coll::Communicator::inproc(2);
       std::vector<int> n(2);
@@ -279,12 +286,12 @@ TEST(Pipeline, RecomputationRunsTheForwardAgainWhereItSavesMemory) {
             static std::mutex init_mu;  // (torch's generator is global)
             std::lock_guard<std::mutex> lk(init_mu);
             torch::manual_seed(7 + r);
-            net = std::make_shared<CountingStage>(r == 0);
+            net = std::make_shared<CountingStage>(r, schedule == "interleaved" ? 2 : 1);
           }
           Pipeline pipe(comms[size_t(r)], net, {49, 64}, parse_pipe_schedule(schedule), 30, nullptr, recompute);
           pipe.train_step(x, y, 4);  // (stage 1 reads the labels only)
           n[size_t(r)] = net->calls;
-          auto w = net->lin->weight.grad().contiguous().view(-1);
+          auto w = net->lins[0]->weight.grad().contiguous().view(-1);
           g[size_t(r)].assign(w.data_ptr<float>(), w.data_ptr<float>() + w.numel());
         });
       for (auto& t : ts) t.join();
@@ -296,8 +303,10 @@ TEST(Pipeline, RecomputationRunsTheForwardAgainWhereItSavesMemory) {
   EXPECT_EQ(count("gpipe", true), (std::vector<int>{8, 8}));
   EXPECT_EQ(count("1f1b", false), (std::vector<int>{4, 4}));
   EXPECT_EQ(count("1f1b", true), (std::vector<int>{8, 4}));
-  const auto plain = grads[std::make_pair(std::string("gpipe"), false)];
+  EXPECT_EQ(count("interleaved", false), (std::vector<int>{8, 8}));   // 4 micro-batches x 2 chunks
+  EXPECT_EQ(count("interleaved", true), (std::vector<int>{16, 12}));  // not again on stage 1's chunk 1 (the loss)
   for (const auto& [key, g] : grads) {
+    const auto& plain = grads.at(std::make_pair(key.first == "interleaved" ? key.first : std::string("gpipe"), false));
     EXPECT_EQ(g, plain) << key.first << " " << key.second;
     EXPECT_GT(std::abs(g[1][0]) + std::abs(g[0][0]), 0.0f);
   }

@@ -849,6 +849,7 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   // Interleaved, each stage sends three activations a sample: stage 0 its two chunks' outputs and chunk 1's input
   // gradient, stage 1 its chunk 0's output and both chunks' input gradients.
   EXPECT_EQ(inter[0].bytes_sent, 6u * (71168 * 4 + 3 * act));
+  EXPECT_EQ(inter[1].bytes_sent, pp[1].bytes_sent + 6u * 2 * act);
   // The evaluations through the pipeline, the copies' too, give the whole model's accuracies.
   auto evals = [&](const char* run) {
     std::vector<double> acc;
