@@ -438,12 +438,14 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         fmt::format("config: pp: {} stages of {} rank{} (tp) do not divide the {} workers; allowed: workers a "
                     "multiple of tp x pp ({})",
                     c.pp, c.tp, c.tp > 1 ? "s" : "", c.workers, c.tp * c.pp));
-  if ((c.pp > 1 || c.micro_batches > 1) && !effective_sync(c).bsp())
+  if ((c.pp > 1 || c.micro_batches > 1) && !effective_sync(c).bsp()) {
+    const char* key = c.pp > 1 ? "pp" : "micro_batches";
+    const std::string scheme = effective_sync(c).name;
     throw ConfigError(fmt::format(
         "config: {}: {} needs sync bsp (one optimizer step a batch, every micro-batch's gradient in it), not {}; "
         "allowed with sync {}: {} 1",
-        c.pp > 1 ? "pp" : "micro_batches", c.pp > 1 ? c.pp : c.micro_batches, effective_sync(c).name,
-        effective_sync(c).name, c.pp > 1 ? "pp" : "micro_batches"));
+        key, c.pp > 1 ? c.pp : c.micro_batches, scheme, scheme, key));
+  }
   if (c.zero > 0 && !effective_sync(c).bsp())
     throw ConfigError(
         fmt::format("config: zero: {} partitions the optimizer of sync bsp, not of {}; allowed with "

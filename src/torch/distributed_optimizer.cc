@@ -224,6 +224,11 @@ struct DistributedOptimizer::Core {
     flush = false;
   }
 
+  static void accumulate(float* dst, const torch::Tensor& g, size_t n) {
+    const float* src = g.data_ptr<float>();
+    for (size_t k = 0; k < n; ++k) dst[k] += src[k];
+  }
+
   // Autograd hook: runs on the thread doing backward.
   void on_grad(int i, const torch::Tensor& grad) {
     if (grad.scalar_type() != torch::kFloat || grad.layout() != torch::kStrided)
@@ -257,16 +262,13 @@ struct DistributedOptimizer::Core {
             "bucket may be exchanged already); allowed: backward_passes backward calls per step, or overlap off to "
             "accumulate any number",
             names[size_t(i)], got[size_t(i)] + 1, passes));
-      const float* src = g.data_ptr<float>();
-      for (size_t k = 0; k < numel[size_t(i)]; ++k) dst[k] += src[k];
+      accumulate(dst, g, numel[size_t(i)]);
       return;
     }
-    if (got[size_t(i)] == 0) {
+    if (got[size_t(i)] == 0)
       std::memcpy(dst, g.data_ptr<float>(), numel[size_t(i)] * sizeof(float));
-    } else {  // an earlier micro-batch's gradient is in the bucket: this one adds to it
-      const float* src = g.data_ptr<float>();
-      for (size_t k = 0; k < numel[size_t(i)]; ++k) dst[k] += src[k];
-    }
+    else  // an earlier micro-batch's gradient is in the bucket: this one adds to it
+      accumulate(dst, g, numel[size_t(i)]);
     if (++got[size_t(i)] < passes) return;  // (ready, and its bucket may go, with the last pass's)
     if (record_order) ready_order.push_back(i);
     if (--pending[size_t(b)] == 0) {

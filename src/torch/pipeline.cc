@@ -1,4 +1,4 @@
-// Pipeline parallelism: the micro-batch schedules (GPipe, 1F1B) over point-to-point sends between stages.
+// Pipeline parallelism: the micro-batch schedules (GPipe, 1F1B, interleaved) over point-to-point sends between stages.
 #include "torch/pipeline.h"
 
 #include <fmt/format.h>
@@ -93,15 +93,17 @@ torch::Tensor Pipeline::recv_activation(int64_t n, int kind, int chunk) {
 }
 
 void Pipeline::send(torch::Tensor t, int kind, int chunk) {
-  const int peer = (kind == kBackward ? stage_id_ + n_stages_ - 1 : stage_id_ + 1) % n_stages_;
+  const bool back = kind == kBackward;
+  const int peer = (back ? stage_id_ + n_stages_ - 1 : stage_id_ + 1) % n_stages_;
+  // The receiving chunk: around the ring the last stage's chunk j feeds the first stage's j + 1 (and back).
+  const int to = back ? (stage_id_ == 0 ? chunk - 1 : chunk) : (stage_id_ == n_stages_ - 1 ? chunk + 1 : chunk);
   t = t.detach().to(torch::kFloat).contiguous();
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
   // Sends that have completed free their buffers now (not at the end of the step: GPipe would hold every one).
   while (!sends_.empty() && sends_.front().work.test()) sends_.pop_front();
-  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, chunk), o), t});
+  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, to), o), t});
   stats_.bytes_sent += uint64_t(t.numel()) * sizeof(float);
-  stats_.messages += 1;
 }
 
 void Pipeline::wait_sends(size_t keep) {
@@ -179,7 +181,7 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
       loss += double(scaled.item<float>());
       correct += double(out.argmax(1).eq(y.narrow(0, offset[size_t(k)], n)).sum().item<int64_t>());
     } else {
-      send(out, kForward, d == p - 1 ? j + 1 : j);  // (the last stage's chunk j feeds the first stage's j + 1)
+      send(out, kForward, j);
     }
     slots[size_t(j) * parts + size_t(k)] = {in, recompute(j) ? torch::Tensor() : scaled};
     peak = std::max(peak, ++live);
@@ -196,7 +198,7 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     s.out.backward(g);
     if (trace_ && trace_->enabled())
       trace_->complete("backward", 0, t1, now_s(), {{"micro_batch", k}, {"chunk", j}, {"waited_s", t1 - t0}});
-    if (!first_chunk(j)) send(s.in.grad(), kBackward, d == 0 ? j - 1 : j);
+    if (!first_chunk(j)) send(s.in.grad(), kBackward, j);
     s = Slot{};
     --live;
   };
@@ -214,7 +216,7 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
       forward(fchunk(warm + i), mb(warm + i));
       backward(bchunk(i), mb(i));
     }
-    for (int i = std::max(total - warm, 0); i < total; ++i) backward(bchunk(i), mb(i));
+    for (int i = total - warm; i < total; ++i) backward(bchunk(i), mb(i));
   } else if (schedule_ == PipeSchedule::kGpipe && p > 1) {
     for (int k = 0; k < m; ++k) forward(0, k);
     for (int k = 0; k < m; ++k) backward(0, k);
@@ -241,7 +243,7 @@ torch::Tensor Pipeline::infer(const torch::Tensor& x, int64_t n) {
     torch::Tensor in = first_chunk(j) ? x : recv_activation(n, kInfer, j);
     torch::Tensor out = net_->forward_chunk(j, in);
     if (last_chunk(j)) return out;
-    send(out, kInfer, stage_id_ == n_stages_ - 1 ? j + 1 : j);
+    send(out, kInfer, j);
     wait_sends(4);  // a few chunks in flight: the next stage works on one while this one computes the next
   }
   return {};

@@ -49,7 +49,6 @@ const char* to_string(PipeSchedule s);
 // What the pipeline moved and waited for since the last take_stats().
 struct PipeStats {
   uint64_t bytes_sent = 0, bytes_recv = 0;  // activations and their gradients
-  uint64_t messages = 0;
   double wait_s = 0;       // blocked in receives and in the sends' completion: transfers and the bubble
   // Most micro-batches whose activations this stage held at once for their backward (with recompute: their inputs);
   // send buffers not yet complete are not counted.
@@ -66,12 +65,6 @@ class Pipeline {
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
-
-  int stage() const { return stage_id_; }
-  int chunks() const { return chunks_; }
-  int stages() const { return n_stages_; }
-  bool first() const { return stage_id_ == 0; }
-  bool last() const { return stage_id_ == n_stages_ - 1; }
 
   struct StepResult {
     double loss = 0;     // the batch's mean cross-entropy
@@ -94,7 +87,7 @@ class Pipeline {
 
  private:
   // kind 0: forward, from the stage before; 1: backward, from the stage after; 2: inference, from the stage before;
-  // into chunk `chunk` of this stage (send: of the receiving stage).
+  // into chunk `chunk` of this stage; send: from chunk `chunk` of this stage.
   torch::Tensor recv_activation(int64_t n, int kind, int chunk);
   void send(torch::Tensor t, int kind, int chunk);
   // Whether chunk j of this stage is the model's first (it takes the images) or last (it has the loss).

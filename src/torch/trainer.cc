@@ -252,15 +252,18 @@ void load_checkpoint_archive(const fs::path& p, T& into) {
   }
 }
 
-}  // namespace
-
-namespace {
 // This process's largest resident set so far, in MB (Linux reports KiB).
 double max_rss_mb() {
   rusage u{};
   if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
   return double(u.ru_maxrss) * 1024 / 1e6;
 }
+
+// What shares out the data, for messages: the workers, or the model replicas (pipelines, tensor-parallel groups).
+const char* data_sharers(const TrainConfig& c) {
+  return c.pp > 1 ? "pipelines" : c.tp > 1 ? "tensor-parallel groups" : "workers";
+}
+
 }  // namespace
 
 void check_model_config(const TrainConfig& c, int world) {
@@ -298,7 +301,7 @@ void check_model_config(const TrainConfig& c, int world) {
   } else if (c.train_limit > 0) {
     train_n = std::min(train_n, c.train_limit);
   }
-  const char* sharers = c.pp > 1 ? "pipelines" : c.tp > 1 ? "tensor-parallel groups" : "workers";
+  const char* sharers = data_sharers(c);
   if (train_n < world)
     throw ConfigError(
         fmt::format("config: the training set has {} samples, fewer than the {} {} that share it; "
@@ -750,14 +753,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   DistributedSampler sampler(data.train.n, data_world, data_rank, c.seed);
   const int64_t spe = sampler.steps_per_epoch(c.batch_size);
   if (spe < 1)
-    throw ConfigError(
-        fmt::format("config: batch_size: {} per worker x {} {} is more than the {} training "
-                    "samples; allowed: at most {}",
-                    c.batch_size, data_world,
-                    pp > 1   ? "pipelines"
-                    : tp > 1 ? "tensor-parallel groups"
-                             : "workers",
-                    data.train.n, std::max<int64_t>(data.train.n / data_world, 1)));
+    throw ConfigError(fmt::format(
+        "config: batch_size: {} per worker x {} {} is more than the {} training "
+        "samples; allowed: at most {}",
+        c.batch_size, data_world, data_sharers(c), data.train.n, std::max<int64_t>(data.train.n / data_world, 1)));
   // Steps of the whole run: those before the epoch it starts in (counted in the batches of the run that took them:
   // a resume at an epoch's end may change the batch size) and this run's steps per epoch for the rest.
   const int64_t steps_before_epoch =

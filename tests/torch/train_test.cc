@@ -626,6 +626,19 @@ TrainConfig whole_vit(const fs::path& dir) {
   return c;
 }
 
+// Trains `c` on `world` in-process ranks to its step-3 checkpoint (in dir/first) and returns `c` resuming from it
+// (into dir/resumed).
+TrainConfig stopped_at_step_3(const TrainConfig& c, const fs::path& dir, int world) {
+  TrainConfig first = c;
+  first.max_steps = 3;
+  first.output = (dir / "first").string();
+  train_inproc(first, world, true);
+  TrainConfig resumed = c;
+  resumed.resume = (dir / "first" / "checkpoint").string();
+  resumed.output = (dir / "resumed").string();
+  return resumed;
+}
+
 // Two groups of two tensor-parallel ranks train the vit as two data-parallel ranks train it whole: the same losses
 // and accuracy to the float sums' order, every replicated parameter equal on both ranks of a group and close to the
 // whole model's, each rank holding its share of the split ones; with ZeRO-1 over the groups too, and with PowerSGD
@@ -709,13 +722,7 @@ TEST(Train, TensorParallelGroupsTrainTheVitAsTheWholeModelTrains) {
   EXPECT_EQ(summary["data_parallel"], 2);
   // Stopped after its step-3 checkpoint, then resumed to step 6 (a constant lr: the shorter run's schedule is the
   // same).
-  TrainConfig first = c;
-  first.max_steps = 3;
-  first.output = (dir / "first").string();
-  train_inproc(first, 4, true);
-  TrainConfig resumed = c;
-  resumed.resume = (dir / "first" / "checkpoint").string();
-  resumed.output = (dir / "resumed").string();
+  TrainConfig resumed = stopped_at_step_3(c, dir, 4);
   ASSERT_EQ(read_json_file((dir / "first" / "checkpoint" / "checkpoint.json").string())["global_step"], 3);
   auto r = train_inproc(resumed, 4, true);
   EXPECT_EQ(r[0].params, split[0].params);
@@ -893,13 +900,7 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   EXPECT_EQ(summary["data_parallel"], 2);
   EXPECT_EQ(summary["pipeline_peak_micro_batches_rank0"], 2);
   // Stopped after its step-3 checkpoint, then resumed to step 6.
-  TrainConfig first = p;
-  first.max_steps = 3;
-  first.output = (dir / "first").string();
-  train_inproc(first, 4, true);
-  TrainConfig resumed = p;
-  resumed.resume = (dir / "first" / "checkpoint").string();
-  resumed.output = (dir / "resumed").string();
+  TrainConfig resumed = stopped_at_step_3(p, dir, 4);
   auto r = train_inproc(resumed, 4, true);
   for (size_t k = 0; k < 4; ++k) EXPECT_EQ(r[k].params, pp[k].params) << "rank " << k;
   resumed.pp_schedule = "gpipe";  // (the same blocks a stage: allowed)
