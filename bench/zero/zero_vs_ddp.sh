@@ -1,9 +1,10 @@
 #!/bin/bash
-# ZeRO in `conduit train` (--zero 1, --zero 2) against plain bsp, and PyTorch's ZeroRedundancyOptimizer over DDP
+# ZeRO in `conduit train` (--zero 1, 2 and 3) against plain bsp, and PyTorch's ZeroRedundancyOptimizer over DDP
 # (bench/peers/ddp_train.py --zero) against plain DDP: the CNN on Fashion-MNIST, 4 local workers, Adam (lr 0.001),
-# EPOCHS epochs. ROUNDS rounds run the five configurations one after the other (each round in the order the
+# EPOCHS epochs. ROUNDS rounds run the six configurations one after the other (each round in the order the
 # previous one ended with reversed, so no configuration always runs first); the table gives the median training
-# wall time over the rounds, the test accuracy, bytes on the wire and rank 0's optimizer state of the last round.
+# wall time over the rounds, the test accuracy, bytes on the wire, rank 0's optimizer state and (Conduit) the
+# trainable parameters rank 0 held between steps, of the last round.
 # Conduit counts the bytes its collectives move (docs/training.md); the DDP peer reads the loopback interface's
 # counter (an upper bound: TCP/IP headers and anything else on lo), so compare each implementation's ZeRO with its
 # own plain run.
@@ -30,15 +31,15 @@ run() {  # impl zero round
   fi
 }
 source bench/alternate_rounds.sh
-alternate_rounds "$ROUNDS" run "conduit 0" "conduit 1" "conduit 2" "ddp 0" "ddp 1"
+alternate_rounds "$ROUNDS" run "conduit 0" "conduit 1" "conduit 2" "conduit 3" "ddp 0" "ddp 1"
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-rows = [("conduit", 0), ("conduit", 1), ("conduit", 2), ("ddp", 0), ("ddp", 1)]
+rows = [("conduit", 0), ("conduit", 1), ("conduit", 2), ("conduit", 3), ("ddp", 0), ("ddp", 1)]
 walls = {}
 # Ratios against the same implementation's plain run (x own), and times against Conduit's plain run (x conduit 0).
 print(f"{'run':<16}{'accuracy':>10}{'wall s':>9}{'(rounds)':>20}{'x own':>7}{'x conduit 0':>12}{'MB on wire':>12}"
-      f"{'x own':>7}{'opt state KB':>14}{'x own':>7}")
+      f"{'x own':>7}{'opt state KB':>14}{'x own':>7}{'params KB':>11}")
 base = {}
 for impl, z in rows:
     ss = [json.load(open(os.path.join(out, f"{impl}-zero{z}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
@@ -48,8 +49,9 @@ for impl, z in rows:
     walls[(impl, z)] = wall
     mb, st = s["bytes_on_wire"] / 1e6, s["optimizer_state_bytes_rank0"] / 1e3
     base.setdefault(impl, (wall, mb, st))
+    held = f"{s['parameter_bytes_held_rank0'] / 1e3:.1f}" if impl == "conduit" else "-"
     print(f"{impl + ' zero ' + str(z):<16}{100 * s['final_test_accuracy']:>9.2f}%{wall:>9.1f}"
           f"{' ' + '/'.join(f'{w:.1f}' for w in each):>20}{wall / base[impl][0]:>7.2f}"
           f"{wall / walls[('conduit', 0)]:>12.2f}{mb:>12.1f}{mb / base[impl][1]:>7.2f}{st:>14.1f}"
-          f"{st / base[impl][2]:>7.2f}")
+          f"{st / base[impl][2]:>7.2f}{held:>11}")
 PY

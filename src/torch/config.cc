@@ -128,8 +128,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "pipeline stages keep only each micro-batch's input and compute its forward again in backward (activation "
        "recomputation); pp > 1 (default false)"},
       {"zero",
-       "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too); "
-       "compressor none (the default then), fp16 or bf16 (default 0)"},
+       "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too) | "
+       "3 (the parameters too, each layer gathered only while it runs; pp 1); compressor none (the default then), "
+       "fp16 or bf16 (default 0)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every",
        "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
@@ -342,7 +343,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         "config: recompute: recomputes the forward of a pipeline stage's micro-batches, this run has no pipeline "
         "(pp 1: each micro-batch's backward follows its forward); allowed with pp 1: recompute false");
   if (auto v = get("zero")) {
-    c.zero = static_cast<int>(to_int("zero", *v, 0, 2));
+    c.zero = static_cast<int>(to_int("zero", *v, 0, 3));
     // ZeRO reduce-scatters the gradients as floats (f32, or fp16 or bf16 on the wire): the default compressor gives
     // way, another one asked for is refused.
     if (c.zero > 0 && !get("compressor")) c.compressor = "none";
@@ -446,6 +447,12 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         "allowed with sync {}: {} 1",
         key, c.pp > 1 ? c.pp : c.micro_batches, scheme, scheme, key));
   }
+  if (c.zero == 3 && c.pp > 1)
+    throw ConfigError(fmt::format(
+        "config: zero: 3 gathers each layer's parameters for its forward and again for its backward, so a pipeline "
+        "stage would gather its layers twice per micro-batch (DeepSpeed refuses the pair too); allowed with pp {}: "
+        "zero 0, 1 or 2; or pp 1",
+        c.pp));
   if (c.zero > 0 && !effective_sync(c).bsp())
     throw ConfigError(
         fmt::format("config: zero: {} partitions the optimizer of sync bsp, not of {}; allowed with "

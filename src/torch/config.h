@@ -43,7 +43,7 @@ struct TrainConfig {
   int micro_batches = 1;                  // parts of each batch (pipelined with pp; gradient accumulation without)
   std::string pp_schedule = "1f1b";       // gpipe | 1f1b
   bool recompute = false;                 // pipeline stages keep each micro-batch's input only (pp > 1)
-  int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2)
+  int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2, 3)
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)
   int checkpoint_every = 0;               // steps between checkpoints (0: at the end of every epoch only)
   std::string resume;                     // checkpoint directory to resume from (empty: none)

@@ -1,6 +1,7 @@
 // DistributedOptimizer: gradient hooks, buckets, the communication thread, step statistics and trace.
 #include "torch/distributed_optimizer.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -92,6 +93,11 @@ struct DistributedOptimizer::Core {
     std::vector<size_t> counts;
     size_t mine = 0;  // offset of this rank's slice in the bucket
     torch::Tensor shard;
+    // ZeRO-3: the unit's whole parameters (its parameters are views of it; its storage holds no data while the unit
+    // is released), and the gradients of the current backward pass that have arrived.
+    torch::Tensor full;
+    bool resident = true;
+    size_t pass_got = 0;
   };
 
   coll::CommPtr comm;  // the buckets' (split off the caller's with find_unused_parameters)
@@ -110,6 +116,11 @@ struct DistributedOptimizer::Core {
   torch::Tensor flat_params;  // ZeRO: every trainable parameter's storage, bucket after bucket
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // ZeRO-2: kept alive, they carry DropGradient
   std::vector<std::vector<float>> spare;  // ZeRO-2: released bucket buffers, reused by the next step's buckets
+  // ZeRO-3 (the gathers run on the thread of forward and backward, which alone touches `full` and `resident`).
+  coll::CommPtr gather_comm;     // the gathers' own
+  std::vector<int> unit_bucket;  // bucket of each unit (-1: no trainable parameter)
+  int pinned = 0;                // whole_parameters() handles alive
+  double gather_s = 0;           // this step's time blocked in gathers (under mu)
 
   std::mutex mu;
   std::condition_variable cv;
@@ -157,6 +168,81 @@ struct DistributedOptimizer::Core {
     reset_step_locked();
   }
 
+  // ZeRO-3: one bucket per unit, the last unit's first (the order backward reaches them).
+  void build_unit_buckets(const std::vector<std::vector<int>>& units) {
+    buckets.clear();
+    param_bucket.assign(params.size(), -1);
+    param_slot.assign(params.size(), -1);
+    unit_bucket.assign(units.size(), -1);
+    for (size_t u = units.size(); u-- > 0;) {
+      if (units[u].empty()) continue;
+      Bucket bk;
+      for (int i : units[u]) {
+        param_bucket[size_t(i)] = int(buckets.size());
+        param_slot[size_t(i)] = int(bk.params.size());
+        bk.offsets.push_back(bk.n);
+        bk.params.push_back(i);
+        bk.n += numel[size_t(i)];
+      }
+      bk.flat.assign(bk.n, 0.f);
+      unit_bucket[u] = int(buckets.size());
+      buckets.push_back(std::move(bk));
+    }
+    reset_step_locked();
+  }
+
+  // ZeRO-3: the unit's storage without data, or with room for it again.
+  static void release(Bucket& bk) {
+    if (!bk.resident) return;
+    auto* st = bk.full.storage().unsafeGetStorageImpl();
+    st->set_data_ptr_noswap(at::DataPtr(nullptr, at::Device(at::kCPU)));
+    st->set_nbytes(0);
+    bk.resident = false;
+  }
+  // Every rank's slices of bucket b into its whole parameters (allocated again if released). counted: a training
+  // step's (its bytes and its time, which blocked forward or backward).
+  void gather(int b, bool counted, const char* pass, bool refresh = false) {
+    Bucket& bk = buckets[size_t(b)];
+    if (bk.resident && !refresh) return;
+    const double t0 = now_s();
+    const size_t bytes = bk.n * sizeof(float);
+    if (!bk.resident) {
+      auto* st = bk.full.storage().unsafeGetStorageImpl();
+      st->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bytes));
+      st->set_nbytes(bytes);
+      bk.resident = true;
+    }
+    float* dst = bk.full.data_ptr<float>();
+    float dummy = 0;
+    const float* src = bk.shard.defined() ? bk.shard.data_ptr<float>() : &dummy;
+    const int w = gather_comm ? gather_comm->size() : 1;
+    if (w > 1) {
+      coll::CollOptions co;
+      co.timeout_s = opt.timeout_s;
+      co.blocking = true;
+      try {
+        gather_comm->allgatherv(src, dst, bk.counts, DType::f32, co).wait();
+      } catch (...) {
+        release(bk);  // (half gathered)
+        throw;
+      }
+    } else {
+      std::copy(src, src + bk.counts[0], dst);
+    }
+    const double t1 = now_s();
+    if (!counted) return;
+    const uint64_t moved = uint64_t(double(w - 1) / w * double(bytes) + 0.5);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      step.comm_s += t1 - t0;
+      step.bytes_sent += moved;
+      step.bytes_recv += moved;
+      gather_s += t1 - t0;
+    }
+    if (opt.trace)
+      opt.trace->complete("gather", 0, t0, t1, {{"bucket", b}, {"bytes", bytes}, {"op", "allgather"}, {"pass", pass}});
+  }
+
   // ZeRO-2: a released bucket buffer back (lk holds mu): the smallest spare that holds it, resized within its
   // capacity (only a grown part is zeroed), or else a new one, allocated and zeroed with mu released (the other
   // threads leave a bucket that is not full alone; the communication thread only needs mu to take the next one).
@@ -182,6 +268,28 @@ struct DistributedOptimizer::Core {
   // Returns this rank's non-empty slices, the optimizer's new parameters.
   std::vector<torch::Tensor> seat_zero(int rank, int w) {
     torch::NoGradGuard ng;
+    if (zero >= 3) {  // each unit's flat tensor of its own, released once this rank's slice is copied out of it
+      std::vector<torch::Tensor> slices;
+      for (auto& bk : buckets) {
+        bk.full = torch::empty({int64_t(bk.n)}, torch::kFloat);
+        for (size_t k = 0; k < bk.params.size(); ++k) {
+          torch::Tensor& p = params[size_t(bk.params[k])];
+          auto view = bk.full.narrow(0, int64_t(bk.offsets[k]), p.numel()).view(p.sizes());
+          view.copy_(p);
+          p.set_data(view);
+        }
+        cut(bk, rank, w);
+        const size_t len = bk.counts[size_t(rank)];
+        if (len > 0) {
+          bk.shard = bk.full.narrow(0, int64_t(bk.mine), int64_t(len)).clone();
+          bk.shard.set_requires_grad(true);
+          bk.shard.mutable_grad() = torch::zeros({int64_t(len)}, torch::kFloat);
+          slices.push_back(bk.shard);
+        }
+        release(bk);
+      }
+      return slices;
+    }
     size_t total = 0;
     for (auto& bk : buckets) bk.base = total, total += bk.n;
     flat_params = torch::empty({int64_t(total)}, torch::kFloat);
@@ -193,10 +301,7 @@ struct DistributedOptimizer::Core {
         view.copy_(p);
         p.set_data(view);
       }
-      bk.counts.assign(size_t(w), bk.n / size_t(w));
-      for (size_t r = 0; r < bk.n % size_t(w); ++r) bk.counts[r] += 1;
-      bk.mine = 0;
-      for (int r = 0; r < rank; ++r) bk.mine += bk.counts[size_t(r)];
+      cut(bk, rank, w);
       const size_t len = bk.counts[size_t(rank)];
       if (len == 0) continue;
       bk.shard = flat_params.narrow(0, int64_t(bk.base + bk.mine), int64_t(len)).detach();
@@ -211,6 +316,14 @@ struct DistributedOptimizer::Core {
     return slices;
   }
 
+  // A bucket's W near-equal slices, the first ones a float longer.
+  static void cut(Bucket& bk, int rank, int w) {
+    bk.counts.assign(size_t(w), bk.n / size_t(w));
+    for (size_t r = 0; r < bk.n % size_t(w); ++r) bk.counts[r] += 1;
+    bk.mine = 0;
+    for (int r = 0; r < rank; ++r) bk.mine += bk.counts[size_t(r)];
+  }
+
   void reset_step_locked() {
     // A step's observed order goes with its gradients (a backward discarded by zero_grad() recorded every parameter
     // once, and the next backward again: duplicate slots in the rebuilt buckets, twice the bytes every step).
@@ -220,6 +333,7 @@ struct DistributedOptimizer::Core {
     pending.resize(buckets.size());
     for (size_t b = 0; b < buckets.size(); ++b) pending[b] = int(buckets[b].params.size());
     ready.assign(buckets.size(), 0);
+    for (auto& bk : buckets) bk.pass_got = 0;
     next = 0;
     flush = false;
   }
@@ -246,6 +360,11 @@ struct DistributedOptimizer::Core {
           names[size_t(i)]));
     int b = param_bucket[size_t(i)];
     Bucket& bk = buckets[size_t(b)];
+    // ZeRO-3: every node that used the unit's parameters has run once each of them has its gradient of this pass.
+    if (zero >= 3 && ++bk.pass_got == bk.params.size()) {
+      bk.pass_got = 0;
+      if (!pinned) release(bk);
+    }
     if (!got[size_t(i)]) {
       ensure_flat(bk, lk);
       if (!alive) return;
@@ -530,18 +649,57 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         fmt::format("DistributedOptimizer: backward_passes = {}; allowed: 1 or more (backward calls each step)",
                     options.backward_passes));
   c.zero = options.zero_stage;
-  if (c.zero < 0 || c.zero > 2)
-    throw InvalidArgument(fmt::format("DistributedOptimizer: zero_stage {}; allowed: 0, 1 or 2", c.zero));
+  if (c.zero < 0 || c.zero > 3)
+    throw InvalidArgument(fmt::format("DistributedOptimizer: zero_stage {}; allowed: 0, 1, 2 or 3", c.zero));
   if (c.zero) check_zero_optimizer();
-  // Reverse registration order approximates the order backward produces gradients.
-  std::vector<int> order;
-  for (int i = int(c.params.size()) - 1; i >= 0; --i) order.push_back(i);
-  c.build_buckets(order);
-  if (c.zero) {
-    c.opt.rebuild_buckets = false;  // the slices hold the optimizer's state
+  if (c.zero >= 3) {
+    // Every trainable parameter in one unit (frozen ones stay whole on every rank).
+    std::map<const void*, int> index;
+    for (size_t i = 0; i < c.params.size(); ++i) index[c.params[i].unsafeGetTensorImpl()] = int(i);
+    std::vector<std::vector<int>> units;
+    std::vector<int> unit_of(c.params.size(), -1);
+    for (auto& u : options.units) {
+      units.emplace_back();
+      for (auto& p : u) {
+        if (!p.defined() || !p.requires_grad()) continue;
+        auto it = index.find(p.unsafeGetTensorImpl());
+        if (it == index.end())
+          throw InvalidArgument(fmt::format(
+              "DistributedOptimizer: zero_stage 3: unit {} holds a tensor that is not a trainable parameter of the "
+              "model; allowed: units of the model's parameters (Net::units())",
+              units.size() - 1));
+        if (unit_of[size_t(it->second)] >= 0)
+          throw InvalidArgument(fmt::format(
+              "DistributedOptimizer: zero_stage 3: parameter '{}' is in unit {} and in unit {}; allowed: each "
+              "parameter in one unit",
+              c.names[size_t(it->second)], unit_of[size_t(it->second)], units.size() - 1));
+        unit_of[size_t(it->second)] = int(units.size() - 1);
+        units.back().push_back(it->second);
+      }
+    }
+    for (size_t i = 0; i < c.params.size(); ++i)
+      if (unit_of[i] < 0)
+        throw InvalidArgument(fmt::format(
+            "DistributedOptimizer: zero_stage 3: parameter '{}' is in no unit ({} given); allowed: units covering "
+            "every trainable parameter, run through unit_hooks() (a Net's units()), or zero_stage 0, 1 or 2",
+            c.names[i], options.units.size()));
+    c.build_unit_buckets(units);
+    // (before the parameters become slices: then only this rank's would be there to broadcast)
+    broadcast_initial_state();
+    if (comm_->size() > 1) c.gather_comm = comm_->split(0, comm_->rank());
+    c.opt.rebuild_buckets = false;
     optimizer_->param_groups()[0].params() = c.seat_zero(comm_->rank(), comm_->size());
+  } else {
+    // Reverse registration order approximates the order backward produces gradients.
+    std::vector<int> order;
+    for (int i = int(c.params.size()) - 1; i >= 0; --i) order.push_back(i);
+    c.build_buckets(order);
+    if (c.zero) {
+      c.opt.rebuild_buckets = false;  // the slices hold the optimizer's state
+      optimizer_->param_groups()[0].params() = c.seat_zero(comm_->rank(), comm_->size());
+    }
+    broadcast_initial_state();
   }
-  broadcast_initial_state();
   std::weak_ptr<Core> weak = core_;
   for (size_t i = 0; i < c.params.size(); ++i) {
     c.params[i].register_hook([weak, i](torch::Tensor grad) {
@@ -774,9 +932,11 @@ void DistributedOptimizer::synchronize() {
     }
   }
   last_ = c.step;
-  last_.compute_s = last_step_end_ >= 0 ? t0 - last_step_end_ : 0;
-  last_.exposed_comm_s = t1 - t0;
+  // (ZeRO-3's gathers blocked forward and backward: communication, not compute)
+  last_.compute_s = last_step_end_ >= 0 ? t0 - last_step_end_ - c.gather_s : 0;
+  last_.exposed_comm_s = t1 - t0 + c.gather_s;
   c.step = StepStats{};
+  c.gather_s = 0;
   bool rebuild = c.record_order;
   c.record_order = false;
   std::vector<int> order = c.ready_order;
@@ -814,8 +974,92 @@ void DistributedOptimizer::step() {
   const double t1 = now_s();
   last_.step_s = t1 - t0;
   if (core_->opt.trace) core_->opt.trace->complete("step", 0, t0, t1);
-  if (core_->zero) allgather_slices();
+  if (core_->zero == 1 || core_->zero == 2) allgather_slices();
+  if (core_->zero >= 3) {
+    // The slices moved: whole parameters still held are stale. Those of whole_parameters() are gathered again, the
+    // others (a unit no backward reached) released.
+    for (size_t b = 0; b < core_->buckets.size(); ++b) {
+      auto& bk = core_->buckets[b];
+      if (core_->pinned && bk.resident)
+        core_->gather(int(b), false, "refresh", true);
+      else
+        Core::release(bk);
+    }
+  }
   add_to_totals(last_);
+}
+
+namespace {
+// ZeRO-3's hooks around each unit of the model's forward.
+class ZeroUnits : public UnitHooks {
+ public:
+  explicit ZeroUnits(std::weak_ptr<DistributedOptimizer::Core> core) : core_(std::move(core)) {}
+  void before_forward(int unit) override;
+  void after_forward(int unit, torch::Tensor& out) override;
+
+ private:
+  std::weak_ptr<DistributedOptimizer::Core> core_;
+};
+}  // namespace
+
+void ZeroUnits::before_forward(int unit) {
+  auto c = core_.lock();
+  if (!c) return;
+  if (unit < 0 || unit >= int(c->unit_bucket.size()))
+    throw InvalidArgument(
+        fmt::format("DistributedOptimizer: zero_stage 3: unit {} ran; allowed: 0..{} (DistOptions::units)", unit,
+                    int(c->unit_bucket.size()) - 1));
+  if (c->unit_bucket[size_t(unit)] >= 0) c->gather(c->unit_bucket[size_t(unit)], !c->pinned, "forward");
+}
+
+void ZeroUnits::after_forward(int unit, torch::Tensor& out) {
+  auto c = core_.lock();
+  if (!c || unit < 0 || unit >= int(c->unit_bucket.size())) return;
+  const int b = c->unit_bucket[size_t(unit)];
+  if (b < 0) return;
+  if (torch::GradMode::is_enabled() && out.defined() && out.requires_grad()) {
+    // Gathered again once the gradient of its output is known: before its own backward runs.
+    std::weak_ptr<DistributedOptimizer::Core> weak = c;
+    out.register_hook([weak, b](const torch::Tensor&) {
+      if (auto core = weak.lock()) core->gather(b, !core->pinned, "backward");
+    });
+    if (unit == int(c->unit_bucket.size()) - 1) return;  // its backward comes next
+  }
+  if (!c->pinned) DistributedOptimizer::Core::release(c->buckets[size_t(b)]);
+}
+
+std::shared_ptr<UnitHooks> DistributedOptimizer::unit_hooks() {
+  if (core_->zero < 3) return nullptr;
+  return std::make_shared<ZeroUnits>(core_);
+}
+
+namespace {
+struct WholeParameters {
+  std::shared_ptr<DistributedOptimizer::Core> core;
+  ~WholeParameters() {
+    if (--core->pinned > 0) return;
+    for (auto& bk : core->buckets) DistributedOptimizer::Core::release(bk);
+  }
+};
+}  // namespace
+
+std::shared_ptr<void> DistributedOptimizer::whole_parameters() {
+  if (core_->zero < 3) return nullptr;
+  auto handle = std::make_shared<WholeParameters>();
+  ++core_->pinned;
+  handle->core = core_;  // (a gather that fails below releases every unit again)
+  for (size_t b = 0; b < core_->buckets.size(); ++b) core_->gather(int(b), false, "whole");
+  return handle;
+}
+
+uint64_t DistributedOptimizer::parameter_bytes_held() const {
+  uint64_t n = 0;
+  if (core_->zero >= 3) {
+    for (auto& bk : core_->buckets) n += (bk.resident ? bk.n : 0) + (bk.shard.defined() ? size_t(bk.shard.numel()) : 0);
+  } else {
+    for (size_t k : core_->numel) n += k;
+  }
+  return n * sizeof(float);
 }
 
 void DistributedOptimizer::allgather_slices() {

@@ -16,7 +16,8 @@
 //  - ZeRO stages 1 and 2 (Rajbhandari et al., SC'20; DeepSpeed's zero_optimization): each bucket is reduce-scattered
 //    instead of allreduced, every rank steps only its slice of every bucket and the stepped slices are allgathered,
 //    so the optimizer state (and at stage 2 the gradients) held per rank is 1/W of the model's, for the same bytes
-//    on the wire as the allreduce (DistOptions::zero_stage).
+//    on the wire as the allreduce (DistOptions::zero_stage). Stage 3 also partitions the parameters themselves: a
+//    unit of the model (a layer) is gathered whole only while its forward or backward runs.
 //
 // With overlap, DistOptions::backward_passes backward calls a step (one by default; one more gradient before step() is
 // refused: its bucket may be exchanged already); without overlap any number accumulate. Every rank runs the same model.
@@ -34,6 +35,7 @@
 
 #include "coll/communicator.h"
 #include "torch/metrics.h"
+#include "torch/models.h"
 
 namespace conduit::train {
 
@@ -78,7 +80,21 @@ struct DistOptions {
   // not hold averaged gradients after synchronize(), and last_stats() counts the allgather only once step() ran.
   // A constructor that throws after the checks (the initial broadcast failed) leaves the model re-seated and the
   // optimizer on the slices.
+  // 3: the parameters too (DeepSpeed's stage 3, FSDP's full sharding). Each unit of `units` is one bucket whose
+  // parameters are views of one flat tensor that holds data only while the unit is gathered: the model runs each
+  // unit between the hooks of unit_hooks() (Net::unit), which allgather its slices into it before its forward,
+  // release it after (the last unit stays for the backward that follows at once), and gather it again before its
+  // backward; once the unit's gradients of a backward pass are in its bucket it is released again. Between steps a
+  // rank holds 1/W of the parameters (its slices, which the optimizer steps; nothing is allgathered after the
+  // step), 1/W of the gradients and 1/W of the optimizer state, for 1.5 times the allreduce's bytes: an allgather
+  // forward, one backward (but the last unit's), the reduce-scatter. The gathers run on the thread of forward and
+  // backward, on a communicator of their own (the constructor is collective: it splits one off), and block it: they
+  // count as exposed communication. Anything else that reads the parameters (evaluation through the hooks
+  // gathers unit by unit; a checkpoint, a copy) holds whole_parameters() meanwhile. The same conditions as stages 1
+  // and 2, and every trainable parameter in exactly one unit; bucket caps and rebuild_buckets do not apply.
   int zero_stage = 0;
+  // ZeRO stage 3: the parameters of each unit (Net::units()), in the order forward runs them.
+  std::vector<std::vector<torch::Tensor>> units;
   // Backward calls a step (gradient accumulation over micro-batches, a pipeline's): each parameter's gradients are
   // summed in its bucket, and the bucket goes once every parameter in it has had its backward_passes-th, so the
   // exchange of the last micro-batch's buckets overlaps its backward, as DDP's no_sync() then a last backward. A
@@ -133,6 +149,16 @@ class DistributedOptimizer {
   size_t optimizer_elements() const;
   // Bytes of gradient memory this rank holds now: the buckets' buffers, the parameters' .grad and ZeRO's slices.
   uint64_t gradient_bytes_held() const;
+  // Bytes of trainable parameters this rank holds now: all of them, or at ZeRO stage 3 its slices and the units
+  // gathered at the moment.
+  uint64_t parameter_bytes_held() const;
+  // ZeRO stage 3: the hooks the model runs its units between (Net::set_unit_hooks); null at the other stages.
+  std::shared_ptr<UnitHooks> unit_hooks();
+  // ZeRO stage 3: every unit gathered whole, and kept so (a step refreshes it), until the returned handle and any
+  // other such handle are gone: to evaluate, checkpoint or read the model. Collective: every rank at the same point.
+  // Writes to the parameters meanwhile are lost at the release (the slices hold the model). Its gathers are not
+  // counted in the step statistics (as evaluations are not). The other stages: nothing to do.
+  [[nodiscard]] std::shared_ptr<void> whole_parameters();
 
   // Compressor state of every parameter (residuals, PowerSGD's Q, step counters), for checkpoints.
   std::vector<uint8_t> save_compressor_state() const;

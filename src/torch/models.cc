@@ -34,9 +34,12 @@ class Mlp : public Net {
   }
   torch::Tensor forward(torch::Tensor x) override {
     x = x.view({x.size(0), -1});
-    x = torch::relu(fc1_->forward(x));
-    x = torch::relu(fc2_->forward(x));
-    return fc3_->forward(x);
+    x = unit(0, [&] { return torch::relu(fc1_->forward(x)); });
+    x = unit(1, [&] { return torch::relu(fc2_->forward(x)); });
+    return unit(2, [&] { return fc3_->forward(x); });
+  }
+  std::vector<std::vector<torch::Tensor>> units() override {
+    return {fc1_->parameters(), fc2_->parameters(), fc3_->parameters()};
   }
 
  private:
@@ -53,10 +56,13 @@ class Cnn : public Net {
     f2_ = register_module("fc2", nn::Linear(128, 10));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::max_pool2d(torch::relu(c1_->forward(x)), 2);
-    x = torch::max_pool2d(torch::relu(c2_->forward(x)), 2);
-    x = torch::relu(f1_->forward(x.view({x.size(0), -1})));
-    return f2_->forward(x);
+    x = unit(0, [&] { return torch::max_pool2d(torch::relu(c1_->forward(x)), 2); });
+    x = unit(1, [&] { return torch::max_pool2d(torch::relu(c2_->forward(x)), 2); });
+    x = unit(2, [&] { return torch::relu(f1_->forward(x.view({x.size(0), -1}))); });
+    return unit(3, [&] { return f2_->forward(x); });
+  }
+  std::vector<std::vector<torch::Tensor>> units() override {
+    return {c1_->parameters(), c2_->parameters(), f1_->parameters(), f2_->parameters()};
   }
 
  private:
@@ -100,10 +106,17 @@ class ResNet : public Net {
     fc_ = register_module("fc", nn::Linear(64, 10));
   }
   torch::Tensor forward(torch::Tensor x) override {
-    x = torch::relu(bn_->forward(stem_->forward(x)));
-    x = l3_->forward(l2_->forward(l1_->forward(x)));
+    x = unit(0, [&] { return torch::relu(bn_->forward(stem_->forward(x))); });
+    x = unit(1, [&] { return l1_->forward(x); });
+    x = unit(2, [&] { return l2_->forward(x); });
+    x = unit(3, [&] { return l3_->forward(x); });
     x = torch::adaptive_avg_pool2d(x, {1, 1}).view({x.size(0), -1});
-    return fc_->forward(x);
+    return unit(4, [&] { return fc_->forward(x); });
+  }
+  std::vector<std::vector<torch::Tensor>> units() override {
+    auto stem = stem_->parameters();
+    for (auto& p : bn_->parameters()) stem.push_back(p);
+    return {stem, l1_->parameters(), l2_->parameters(), l3_->parameters(), fc_->parameters()};
   }
 
  private:

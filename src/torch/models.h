@@ -6,8 +6,21 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace conduit::train {
+
+// ZeRO stage 3 (torch/distributed_optimizer.h) keeps each parameter as slices spread over the ranks and gathers a
+// unit of the model (a layer, a transformer block) whole only while it runs, as DeepSpeed's stage 3 and FSDP's
+// wrapped modules do: a model that supports it runs each unit between these two calls.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_forward(int unit) = 0;
+  // `out`: what the unit returned (a hook on it gathers the unit again before its backward).
+  virtual void after_forward(int unit, torch::Tensor& out) = 0;
+};
 
 class Net : public torch::nn::Module {
  public:
@@ -16,6 +29,24 @@ class Net : public torch::nn::Module {
   // are one chunk, forward().
   virtual int chunks() const { return 1; }
   virtual torch::Tensor forward_chunk(int /*chunk: 0*/, torch::Tensor x) { return forward(x); }
+  // The parameters of each unit, in the order forward runs the units (every parameter in one); empty: the model
+  // does not run its units through the hooks, so ZeRO stage 3 cannot shard it.
+  virtual std::vector<std::vector<torch::Tensor>> units() { return {}; }
+  void set_unit_hooks(std::shared_ptr<UnitHooks> hooks) { hooks_ = std::move(hooks); }
+
+ protected:
+  // Runs unit k (f returns its output) between the hooks, if any are set.
+  template <class F>
+  torch::Tensor unit(int k, F&& f) {
+    if (!hooks_) return f();
+    hooks_->before_forward(k);
+    torch::Tensor out = f();
+    hooks_->after_forward(k, out);
+    return out;
+  }
+
+ private:
+  std::shared_ptr<UnitHooks> hooks_;
 };
 
 // "mlp", "cnn", "resnet" or "vit" (whole); ConfigError for anything else. Initialised from torch's global generator.

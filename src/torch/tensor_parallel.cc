@@ -167,13 +167,31 @@ class Vit : public Net {
   }
   torch::Tensor forward_chunk(int j, torch::Tensor x) override {
     const int64_t bsz = x.size(0);
+    // Units (ZeRO-3's): the embedding, each block, the final norm and classifier, in forward order.
+    int u = embed_ ? 1 : 0;
+    for (int k = 0; k < j; ++k) u += int(blocks_[size_t(k)].size());
     if (j == 0 && embed_) {
       // (B, 1, 28, 28) -> 7 x 7 patches of 4 x 4 pixels, row by row
       x = x.view({bsz, 7, kPatch, 7, kPatch}).permute({0, 1, 3, 2, 4}).reshape({bsz, kTokens, kPatchDim});
-      x = embed_->forward(x) + pos_;
+      x = unit(0, [&] { return embed_->forward(x) + pos_; });
     }
-    for (auto& b : blocks_[size_t(j)]) x = b->forward(x);
-    return j == chunks_ - 1 && head_ ? head_->forward(ln_->forward(x).mean(1)) : x;
+    for (auto& b : blocks_[size_t(j)]) x = unit(u++, [&] { return b->forward(x); });
+    if (j < chunks_ - 1 || !head_) return x;
+    return unit(u, [&] { return head_->forward(ln_->forward(x).mean(1)); });
+  }
+  std::vector<std::vector<torch::Tensor>> units() override {
+    std::vector<std::vector<torch::Tensor>> out;
+    if (embed_) {
+      out.push_back(embed_->parameters());
+      out.back().push_back(pos_);
+    }
+    for (auto& chunk : blocks_)
+      for (auto& b : chunk) out.push_back(b->parameters());
+    if (head_) {
+      out.push_back(ln_->parameters());
+      for (auto& p : head_->parameters()) out.back().push_back(p);
+    }
+    return out;
   }
 
  private:

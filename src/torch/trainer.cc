@@ -606,13 +606,20 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
           saved_interleaved ? "its interleaved chunks of blocks" : "consecutive blocks"));
     // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0);
     // stages 1 and 2 cut the same slices, so either resumes the other.
+    // Stage 3 cuts its slices per layer instead.
     const int saved_zero = meta.value("zero", 0);
-    if ((saved_zero > 0) != (c.zero > 0))
-      throw ConfigError(
-          fmt::format("config: resume: the checkpoint was written with zero = {}, this run has {}; "
-                      "allowed: {} (its optimizer state is {})",
-                      saved_zero, c.zero, saved_zero > 0 ? "zero 1 or 2" : "zero 0",
-                      saved_zero > 0 ? "each rank's slices" : "whole on every rank"));
+    auto zero_kind = [](int z) { return z == 0 ? 0 : z < 3 ? 1 : 2; };
+    if (zero_kind(saved_zero) != zero_kind(c.zero))
+      throw ConfigError(fmt::format(
+          "config: resume: the checkpoint was written with zero = {}, this run has {}; allowed: {} (its optimizer "
+          "state is {})",
+          saved_zero, c.zero,
+          saved_zero == 0  ? "zero 0"
+          : saved_zero < 3 ? "zero 1 or 2"
+                           : "zero 3",
+          saved_zero == 0  ? "whole on every rank"
+          : saved_zero < 3 ? "each rank's slices of every bucket"
+                           : "each rank's slices of every layer"));
     if (c.zero > 0) {
       same["bucket_cap_mb"] = c.bucket_cap_mb;
       same["first_bucket_mb"] = c.first_bucket_mb;
@@ -669,8 +676,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.timeout_s = c.timeout_s;
     dopts.trace = &trace;
     dopts.zero_stage = c.zero;
+    if (c.zero == 3) dopts.units = model->units();
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
+    model->set_unit_hooks(dopt->unit_hooks());
     if (c.zero > 0 && !c.resume.empty())
       load_checkpoint_archive(rd / fmt::format("rank-{}", global_rank) / "optimizer.pt", *optimizer);
     sync_buffers = comm_ptr->size() > 1 && !model->buffers().empty();
@@ -683,6 +692,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     wcomm = sopt->worker_comm();
     sopt->setup(!c.resume.empty());
   }
+  // ZeRO-3: the whole parameters, gathered for what reads them outside a training step (evaluations, copies,
+  // checkpoints); collective over the data-parallel ranks, so every rank takes them at the same points.
+  auto whole_model = [&] { return dopt ? dopt->whole_parameters() : std::shared_ptr<void>(); };
   // From here on: the workers only (dedicated servers returned above).
   coll::Communicator& comm = *wcomm;
   const int rank = comm.rank(), world = comm.size();
@@ -949,6 +961,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (snap_comm) snap_comm->broadcast(&n, 1, DType::i64, 0).wait();
     if (n == 0) return;
     const double t0 = now_s();
+    auto whole = whole_model();
     auto now = model_state();
     std::vector<torch::Tensor> recv;  // the other ranks receive every copy into the same buffers
     if (!data_lead)
@@ -1034,6 +1047,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     fs::path mine = stage / fmt::format("rank-{}", global_rank);
     fs::create_directories(mine);
     {
+      auto whole = whole_model();
       torch::serialize::OutputArchive a;
       model->save(a);
       a.save_to((mine / "model.pt").string());
@@ -1119,6 +1133,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   auto run_eval = [&]() -> std::pair<double, double> {
     if (!evaluates) return {0, 0};
     const double t0 = now_s(), at = elapsed();
+    auto whole = whole_model();
     auto r = evaluate(*model, data.test, eval_comm, pipe.get());
     untimed_s += now_s() - t0;
     if (c.target_accuracy > 0 && time_to_target < 0 && r.first >= c.target_accuracy) time_to_target = at;
@@ -1236,9 +1251,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         metrics->write(j);
       }
       bar.update(step + 1, loss_sum / seen, correct / seen, sps, double(total_stats().bytes_sent) / 1e6);
-      if (data_lead && c.eval_every > 0 && global_step % c.eval_every == 0 && step + 1 < spe &&
-          global_step < total_steps)
-        snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
+      if (c.eval_every > 0 && global_step % c.eval_every == 0 && step + 1 < spe && global_step < total_steps) {
+        auto whole = whole_model();  // (every rank: a collective at stage 3)
+        if (data_lead) snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
+      }
       if (c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0 && step + 1 < spe)
         save_checkpoint(epoch, step + 1, res.test_accuracy);
     }
@@ -1353,7 +1369,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   if (dopt) {
     res.optimizer_elements = dopt->optimizer_elements();
     res.gradient_bytes_held = dopt->gradient_bytes_held();
+    res.parameter_bytes_held = dopt->parameter_bytes_held();
   }
+  auto whole = wo.keep_params ? whole_model() : nullptr;
   for (auto& p : model->parameters()) res.param_numel.push_back(size_t(p.numel()));
   if (wo.keep_params) {
     for (auto& p : model->parameters()) {
@@ -1411,6 +1429,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"optimizer_state_bytes_rank0", res.optimizer_state_bytes},
          {"optimizer_elements_rank0", dopt ? nlohmann::json(res.optimizer_elements) : nlohmann::json()},
          {"gradient_bytes_held_rank0", dopt ? nlohmann::json(res.gradient_bytes_held) : nlohmann::json()},
+         {"parameter_bytes_held_rank0", dopt ? nlohmann::json(res.parameter_bytes_held) : nlohmann::json()},
          // rank 0's process at its largest (resident set): with pp, what its schedule and recompute keep
          {"max_rss_mb_rank0", max_rss_mb()},
          {"hidden_comm_fraction", res.comm_s > 0 ? std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0) : 0.0}});

@@ -21,6 +21,7 @@ struct TrainResult {
   // This rank's optimizer at the end: its state's bytes (momentum, Adam's moments), the elements it steps (ZeRO:
   // this rank's slices), and the gradient memory held between steps (bsp only; 0 otherwise).
   uint64_t optimizer_state_bytes = 0, optimizer_elements = 0, gradient_bytes_held = 0;
+  uint64_t parameter_bytes_held = 0;  // trainable parameters held between steps (ZeRO-3: the slices)
   // With pp or micro_batches: the most micro-batches whose activations this rank's stage held at once.
   int pipeline_peak_micro_batches = 0;
   std::vector<float> params;    // every parameter, flattened in registration order (when keep_params)

@@ -587,7 +587,25 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
     EXPECT_NE(msg.find("allowed"), std::string::npos) << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
   };
-  expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_stage = 3; }), "zero_stage 3; allowed: 0, 1 or 2");
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_stage = 4; }), "zero_stage 4; allowed: 0, 1, 2 or 3");
+  // Stage 3: every trainable parameter in exactly one unit of the model's.
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_stage = 3; }),
+         "parameter 'a.weight' is in no unit (0 given)");
+  expect(attempt([](TwoLayers& m, auto&, DistOptions& o) {
+           o.zero_stage = 3;
+           o.units = {m.a->parameters(), {m.b->weight}};
+         }),
+         "parameter 'b.bias' is in no unit (2 given)");
+  expect(attempt([](TwoLayers& m, auto&, DistOptions& o) {
+           o.zero_stage = 3;
+           o.units = {m.parameters(), {m.b->weight}};
+         }),
+         "parameter 'b.weight' is in unit 0 and in unit 1");
+  expect(attempt([](TwoLayers& m, auto&, DistOptions& o) {
+           o.zero_stage = 3;
+           o.units = {m.parameters(), {torch::ones({2}).requires_grad_()}};
+         }),
+         "unit 1 holds a tensor that is not a trainable parameter");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "int8"; }),
          "compressor 'int8' cannot go with it; allowed: compressor none, fp16 or bf16");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.find_unused_parameters = true; }), "find_unused_parameters");
@@ -609,6 +627,166 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
          "has state");
   // Stage 0 takes all of those it allows.
   EXPECT_EQ(attempt([](auto&, auto&, DistOptions& o) { o.zero_stage = 0; }), "");
+}
+
+// ZeRO-3: three units (7 -> 5 -> 4 -> 3: 40, 24 and 15 floats) run through the hooks; every unit records the
+// trainable parameter bytes its rank held while it ran.
+struct ThreeUnits : Net {
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+  std::function<uint64_t()> held;
+  std::vector<uint64_t> seen;           // parameter bytes held inside each unit's forward
+  std::vector<uint64_t> backward_seen;  // and as unit 0's backward begins
+  ThreeUnits() {
+    a = register_module("a", torch::nn::Linear(7, 5));
+    b = register_module("b", torch::nn::Linear(5, 4));
+    c = register_module("c", torch::nn::Linear(4, 3));
+    torch::NoGradGuard ng;
+    float v = 0.0f;
+    for (auto& p : parameters()) {
+      auto f = p.view(-1);
+      for (int64_t i = 0; i < f.numel(); ++i) f[i] = std::sin(v += 0.7f) * 0.5f;
+    }
+  }
+  torch::Tensor run(int k, torch::nn::Linear& l, const torch::Tensor& x) {
+    return unit(k, [&] {
+      if (held) seen.push_back(held());
+      return l->forward(x);
+    });
+  }
+  torch::Tensor forward(torch::Tensor x) override {
+    torch::Tensor h = run(0, a, x);
+    // (after the hook that gathers unit 0 for its backward: the same tensor's hooks run in order)
+    if (held && h.requires_grad()) h.register_hook([this](const torch::Tensor&) { backward_seen.push_back(held()); });
+    return run(2, c, torch::tanh(run(1, b, torch::tanh(h))));
+  }
+  std::vector<std::vector<torch::Tensor>> units() override {
+    return {a->parameters(), b->parameters(), c->parameters()};
+  }
+};
+
+struct Zero3Run {
+  std::vector<std::vector<float>> params;  // per rank, under whole_parameters()
+  std::vector<uint64_t> sent, held_between, held_whole, state_bytes;
+  std::vector<std::vector<uint64_t>> seen;  // rank's parameter bytes inside each unit's forward, every step
+  std::vector<std::vector<uint64_t>> backward_seen;
+  std::vector<size_t> elements;
+};
+
+// 4 steps as zero_run's (with overlap off, two backward passes a step); an evaluation forward without gradients
+// before the third.
+Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int world) {
+  auto comms = coll::Communicator::inproc(world);
+  Zero3Run out;
+  out.params.resize(world);
+  out.sent.resize(world);
+  out.held_between.resize(world);
+  out.held_whole.resize(world);
+  out.state_bytes.resize(world);
+  out.seen.resize(world);
+  out.backward_seen.resize(world);
+  out.elements.resize(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto m = std::make_shared<ThreeUnits>();
+      auto opt = zero_test_optimizer(optimizer, *m);
+      DistOptions o;
+      o.overlap = overlap;
+      o.zero_stage = stage;
+      o.units = m->units();
+      DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+      m->set_unit_hooks(d.unit_hooks());
+      if (stage == 3) m->held = [&d] { return d.parameter_bytes_held(); };
+      for (int step = 0; step < 4; ++step) {
+        if (step == 2) {
+          torch::NoGradGuard ng;
+          m->forward(torch::ones({1, 7}));
+        }
+        d.zero_grad();
+        auto x = torch::arange(14, torch::kFloat).view({2, 7}) * (0.1f * float(r + 1)) + 0.05f * float(step);
+        m->forward(x).pow(2).sum().backward();
+        if (!overlap) m->forward(x * 0.5f).pow(2).sum().backward();
+        d.step();
+      }
+      out.held_between[size_t(r)] = d.parameter_bytes_held();
+      out.sent[size_t(r)] = d.total_stats().bytes_sent;
+      {
+        auto whole = d.whole_parameters();
+        auto again = d.whole_parameters();  // (handles nest)
+        whole.reset();
+        out.held_whole[size_t(r)] = d.parameter_bytes_held();
+        auto& mine = out.params[size_t(r)];
+        for (auto& p : m->parameters()) {
+          auto v = p.detach().contiguous().view(-1);
+          mine.insert(mine.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+        }
+      }
+      out.seen[size_t(r)] = m->seen;
+      out.backward_seen[size_t(r)] = m->backward_seen;
+      out.state_bytes[size_t(r)] = optimizer_state_bytes(*opt);
+      out.elements[size_t(r)] = d.optimizer_elements();
+      if (stage == 3) EXPECT_EQ(d.parameter_bytes_held(), out.held_between[size_t(r)]) << "released again";
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+// ZeRO-3 trains as plain data parallelism with 1/W of the parameters, gradients and optimizer state: each unit is
+// whole only while it runs (and the last one through the backward that follows), the gathers add half the
+// allreduce's bytes but the last unit's backward gather, and nothing is gathered after the step.
+TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
+  const size_t unit_n[3] = {40, 24, 15};  // 79 floats
+  // Rank r's slice of each unit (the first ranks a float longer): rank 0 10 + 6 + 4, rank 3 10 + 6 + 3.
+  auto slice = [&](size_t u, int r, int w) { return unit_n[u] / size_t(w) + (size_t(r) < unit_n[u] % size_t(w)); };
+  for (const std::string optimizer : {"sgd", "adam"}) {
+    for (bool overlap : {true, false}) {
+      const int w = 4;
+      const Zero3Run plain = zero3_run(0, optimizer, overlap, w);
+      const Zero3Run z = zero3_run(3, optimizer, overlap, w);
+      const std::string what = fmt::format("{} overlap {}", optimizer, overlap);
+      ASSERT_EQ(z.params[0].size(), 79u);
+      double worst = 0, moved = 0;
+      ThreeUnits init;
+      size_t k = 0;
+      for (auto& p : init.parameters()) {
+        auto v = p.detach().contiguous().view(-1);
+        for (int64_t i = 0; i < v.numel(); ++i, ++k) {
+          worst = std::max(worst, double(std::abs(z.params[0][k] - plain.params[0][k])));
+          moved = std::max(moved, double(std::abs(v[i].item<float>() - z.params[0][k])));
+        }
+      }
+      EXPECT_LT(worst, 1e-5) << what;
+      EXPECT_GT(moved, 0.01) << what;
+      const int passes = overlap ? 1 : 2;
+      for (int r = 0; r < w; ++r) {
+        EXPECT_EQ(z.params[size_t(r)], z.params[0]) << what;
+        const size_t mine = slice(0, r, w) + slice(1, r, w) + slice(2, r, w);
+        EXPECT_EQ(z.elements[size_t(r)], mine) << what;
+        EXPECT_EQ(z.held_between[size_t(r)], 4 * mine) << what;
+        EXPECT_EQ(z.held_whole[size_t(r)], 4 * (mine + 79)) << what;
+        EXPECT_EQ(plain.held_between[size_t(r)], 4 * 79u) << what;
+        // Inside unit u's forward: the slices and unit u alone (the one before it released).
+        const auto& seen = z.seen[size_t(r)];
+        ASSERT_EQ(seen.size(), size_t(3 * (4 * passes + 1))) << what;
+        for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 4 * (mine + unit_n[i % 3])) << what << " " << i;
+        // As unit 0's backward begins: unit 0 gathered again, units 2 and 1 released once their gradients came.
+        EXPECT_EQ(z.backward_seen[size_t(r)], std::vector<uint64_t>(size_t(4 * passes), 4 * (mine + 40))) << what;
+        // A step: every unit gathered forward, units 0 and 1 again backward, every pass; the reduce-scatter once;
+        // each 3/4 of the unit's bytes (rounded to whole bytes per unit).
+        auto r34 = [](size_t n) { return uint64_t(0.75 * double(4 * n) + 0.5); };
+        const uint64_t per_step = passes * (2 * r34(40) + 2 * r34(24) + r34(15)) + r34(40) + r34(24) + r34(15);
+        // The evaluation forward gathered (and released) every unit once, counted with the step after it.
+        EXPECT_EQ(z.sent[size_t(r)], 4 * per_step + r34(40) + r34(24) + r34(15)) << what;
+      }
+      EXPECT_EQ(z.state_bytes[0], z.elements[0] * (optimizer == "sgd" ? 4u : 8u)) << what;
+    }
+  }
+  // One rank: its slices are the whole model, nothing crosses the wire, the training is stage 0's bit for bit.
+  const Zero3Run plain = zero3_run(0, "adam", true, 1);
+  const Zero3Run z = zero3_run(3, "adam", true, 1);
+  EXPECT_EQ(z.params[0], plain.params[0]);
+  EXPECT_EQ(z.sent[0], 0u);
+  EXPECT_EQ(z.held_between[0], 4 * 79u);
 }
 
 // Found by a review: SchemeOptimizer seated libtorch's parameters() as they come, a tied weight twice (its first view

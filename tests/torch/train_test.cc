@@ -213,8 +213,12 @@ TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
 
 // ZeRO partitions bsp's optimizer over plain gradients: the default compressor gives way to none, one asked for and
 // another sync scheme are refused.
-TEST(TrainConfig, ZeroTakesStagesZeroToTwoUnderBspWithoutACompressor) {
-  expect_one_line(config_error({{"zero", "3"}}), "zero");
+TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
+  expect_one_line(config_error({{"zero", "4"}}), "zero");
+  EXPECT_EQ(resolve_config({{"zero", "3"}}, 0, false).zero, 3);
+  const std::string pp = config_error({{"zero", "3"}, {"model", "vit"}, {"pp", "2"}, {"workers", "4"}});
+  expect_one_line(pp, "zero");
+  EXPECT_NE(pp.find("allowed with pp 2: zero 0, 1 or 2; or pp 1"), std::string::npos) << pp;
   expect_one_line(config_error({{"zero", "-1"}}), "zero");
   const std::string comp = config_error({{"zero", "1"}, {"compressor", "ef:topk:ratio=0.01"}});
   expect_one_line(comp, "zero");
@@ -637,6 +641,71 @@ TrainConfig stopped_at_step_3(const TrainConfig& c, const fs::path& dir, int wor
   resumed.resume = (dir / "first" / "checkpoint").string();
   resumed.output = (dir / "resumed").string();
   return resumed;
+}
+
+// ZeRO-3 over 2 ranks trains the vit as plain data parallelism does, bit for bit (a sum of two floats has one
+// order), each rank holding half of the parameters between steps, for 1.5 times the allreduce's bytes but the
+// classifier unit's backward gather. The checkpoint, the evaluations and the eval_every copies read the whole model
+// (without counting its gathers); the checkpoint resumes bit for bit, and is refused at stages 1 and 2. ResNet's
+// units (BatchNorm's parameters in them, its statistics whole) train likewise.
+TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
+  auto dir = temp_dir("zero3");
+  TrainConfig c = whole_vit(dir);
+  auto plain = train_inproc(c, 2, true);
+  TrainConfig z = c;
+  z.zero = 3;
+  z.output = (dir / "zero3").string();
+  auto three = train_inproc(z, 2, true);
+  ASSERT_EQ(plain[0].params.size(), 138890u);
+  const uint64_t all = 4 * 138890;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(three[size_t(r)].params, plain[0].params) << r;
+    EXPECT_EQ(three[size_t(r)].train_loss, plain[size_t(r)].train_loss) << r;
+    EXPECT_EQ(plain[size_t(r)].parameter_bytes_held, all);
+    EXPECT_LE(three[size_t(r)].parameter_bytes_held, all / 2 + 4 * 6) << r;  // (each unit's odd float)
+  }
+  EXPECT_EQ(three[0].parameter_bytes_held + three[1].parameter_bytes_held, all);
+  EXPECT_EQ(three[0].test_accuracy, plain[0].test_accuracy);
+  // The classifier unit (final norm 128 floats, head 650) stays gathered from its forward to its backward.
+  const double ratio = double(three[0].world_bytes_sent) / double(plain[0].world_bytes_sent);
+  EXPECT_NEAR(ratio, 1.5 - 778.0 / (2 * 138890), 1e-5);
+  // The eval_every copies (steps 2 and 4) give the plain run's accuracies.
+  auto evals = [&](const char* run) {
+    std::vector<double> acc;
+    std::ifstream m(dir / run / "metrics.jsonl");
+    for (std::string line; std::getline(m, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "eval") acc.push_back(j["test_accuracy"].get<double>());
+      if (j["kind"] == "step") EXPECT_GE(j["compute_s"].get<double>(), 0.0) << line;
+    }
+    return acc;
+  };
+  EXPECT_EQ(evals("zero3").size(), 2u);
+  EXPECT_EQ(evals("zero3"), evals("whole"));
+  auto summary = read_json_file((dir / "zero3" / "summary.json").string());
+  EXPECT_EQ(summary["parameter_bytes_held_rank0"].get<uint64_t>(), three[0].parameter_bytes_held);
+  TrainConfig resumed = stopped_at_step_3(z, dir, 2);
+  EXPECT_EQ(train_inproc(resumed, 2, true)[1].params, three[1].params);
+  resumed.zero = 2;
+  try {
+    train_inproc(resumed, 2, true);
+    ADD_FAILURE() << "zero 2 resumed a zero 3 checkpoint";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("written with zero = 3, this run has 2; allowed: zero 3 (its optimizer state is each rank's "
+                       "slices of every layer)"),
+              std::string::npos)
+        << msg;
+  }
+  TrainConfig res = tiny("resnet");
+  res.max_steps = 4;
+  auto res_plain = train_inproc(res, 2);
+  res.zero = 3;
+  auto res_three = train_inproc(res, 2);
+  EXPECT_EQ(res_three[1].params, res_plain[1].params);
+  EXPECT_EQ(res_three[1].buffers, res_plain[1].buffers);
+  EXPECT_LT(res_three[1].parameter_bytes_held, res_plain[1].parameter_bytes_held / 2 + 4 * 5);
+  fs::remove_all(dir);
 }
 
 // Two groups of two tensor-parallel ranks train the vit as two data-parallel ranks train it whole: the same losses
