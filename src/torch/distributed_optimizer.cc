@@ -121,6 +121,8 @@ struct DistributedOptimizer::Core {
   std::vector<int> unit_bucket;  // bucket of each unit (-1: no trainable parameter)
   int pinned = 0;                // whole_parameters() handles alive
   double gather_s = 0;           // this step's time blocked in gathers (under mu)
+  // Allocations a failed gather's collective may still write into (an aborted transport): kept, not freed.
+  std::vector<at::DataPtr> abandoned;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -223,7 +225,11 @@ struct DistributedOptimizer::Core {
       try {
         gather_comm->allgatherv(src, dst, bk.counts, DType::f32, co).wait();
       } catch (...) {
-        release(bk);  // (half gathered)
+        // Half gathered: released, its allocation kept out of reach rather than freed under the transport.
+        auto* st = bk.full.storage().unsafeGetStorageImpl();
+        abandoned.push_back(st->set_data_ptr(at::DataPtr(nullptr, at::Device(at::kCPU))));
+        st->set_nbytes(0);
+        bk.resident = false;
         throw;
       }
     } else {
@@ -861,6 +867,10 @@ void DistributedOptimizer::zero_grad() {
     core_->synced = false;
   }
   last_step_end_ = now_s();  // compute time counts from here to step()
+  {
+    std::lock_guard<std::mutex> lk(core_->mu);
+    core_->gather_s = 0;  // (gathers before it, an evaluation's, were not in this step's compute time)
+  }
   for (auto& p : core_->params) {
     if (p.grad().defined()) {
       p.mutable_grad().detach_();
@@ -1021,7 +1031,12 @@ void ZeroUnits::after_forward(int unit, torch::Tensor& out) {
     // Gathered again once the gradient of its output is known: before its own backward runs.
     std::weak_ptr<DistributedOptimizer::Core> weak = c;
     out.register_hook([weak, b](const torch::Tensor&) {
-      if (auto core = weak.lock()) core->gather(b, !core->pinned, "backward");
+      auto core = weak.lock();
+      if (!core) return;
+      // The unit's backward of this pass begins: its gradients count from here (a parameter that got none in an
+      // earlier pass must not make a later one release the unit early).
+      core->buckets[size_t(b)].pass_got = 0;
+      core->gather(b, !core->pinned, "backward");
     });
     if (unit == int(c->unit_bucket.size()) - 1) return;  // its backward comes next
   }

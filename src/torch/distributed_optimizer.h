@@ -79,7 +79,7 @@ struct DistOptions {
   // from a checkpoint must cut the same slices before its first step, when no order has been observed). .grad does
   // not hold averaged gradients after synchronize(), and last_stats() counts the allgather only once step() ran.
   // A constructor that throws after the checks (the initial broadcast failed) leaves the model re-seated and the
-  // optimizer on the slices.
+  // optimizer on the slices (at stage 3 the broadcast comes first: the model as it was).
   // 3: the parameters too (DeepSpeed's stage 3, FSDP's full sharding). Each unit of `units` is one bucket whose
   // parameters are views of one flat tensor that holds data only while the unit is gathered: the model runs each
   // unit between the hooks of unit_hooks() (Net::unit), which allgather its slices into it before its forward,
@@ -89,9 +89,12 @@ struct DistOptions {
   // step), 1/W of the gradients and 1/W of the optimizer state, for 1.5 times the allreduce's bytes: an allgather
   // forward, one backward (but the last unit's), the reduce-scatter. The gathers run on the thread of forward and
   // backward, on a communicator of their own (the constructor is collective: it splits one off), and block it: they
-  // count as exposed communication. Anything else that reads the parameters (evaluation through the hooks
-  // gathers unit by unit; a checkpoint, a copy) holds whole_parameters() meanwhile. The same conditions as stages 1
-  // and 2, and every trainable parameter in exactly one unit; bucket caps and rebuild_buckets do not apply.
+  // count as exposed communication. Every gather is collective: the ranks run the same forwards and backwards (a
+  // forward without gradients gathers and releases unit by unit; an evaluation whose ranks run other numbers of
+  // batches holds whole_parameters() instead, as anything else that reads the parameters does: a checkpoint, a
+  // copy). After the DistributedOptimizer goes, the model holds only what whole_parameters() gathered: take it
+  // before, and keep it, to use the model afterwards. The same conditions as stages 1 and 2, and every trainable
+  // parameter in exactly one unit; bucket caps and rebuild_buckets do not apply.
   int zero_stage = 0;
   // ZeRO stage 3: the parameters of each unit (Net::units()), in the order forward runs them.
   std::vector<std::vector<torch::Tensor>> units;

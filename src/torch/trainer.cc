@@ -620,7 +620,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
           saved_zero == 0  ? "whole on every rank"
           : saved_zero < 3 ? "each rank's slices of every bucket"
                            : "each rank's slices of every layer"));
-    if (c.zero > 0) {
+    if (c.zero == 1 || c.zero == 2) {  // (stage 3 cuts them per layer)
       same["bucket_cap_mb"] = c.bucket_cap_mb;
       same["first_bucket_mb"] = c.first_bucket_mb;
     }
@@ -1252,7 +1252,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       }
       bar.update(step + 1, loss_sum / seen, correct / seen, sps, double(total_stats().bytes_sent) / 1e6);
       if (c.eval_every > 0 && global_step % c.eval_every == 0 && step + 1 < spe && global_step < total_steps) {
-        auto whole = whole_model();  // (every rank: a collective at stage 3)
+        const double g0 = now_s();
+        auto whole = whole_model();  // (every rank: a collective at stage 3; not training time)
+        untimed_s += now_s() - g0;
         if (data_lead) snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
       }
       if (c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0 && step + 1 < spe)
