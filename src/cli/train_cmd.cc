@@ -52,7 +52,8 @@ void print_summary(const std::string& out) {
   if (tp > 1 && pp > 1)
     layout += fmt::format(" (tp {} x pp {}: {} pipelines)", tp, pp, s.value("data_parallel", 0));
   else if (tp > 1)
-    layout += fmt::format(" (tp {}: {} groups)", tp, s.value("data_parallel", 0));
+    layout += fmt::format(" (tp {}{}: {} groups)", tp, s.value("sequence_parallel", false) ? ", sequence parallel" : "",
+                          s.value("data_parallel", 0));
   else if (pp > 1)
     layout += fmt::format(" (pp {}: {} pipelines)", pp, s.value("data_parallel", 0));
   if (s.value("micro_batches", 1) > 1)
@@ -152,7 +153,7 @@ const bool kRegistered = register_command(20, [](CLI::App& app) {
   for (auto& [key, help] : tr::config_keys()) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    if (key == "overlap" || key == "trace" || key == "progress" || key == "recompute") {
+    if (key == "overlap" || key == "trace" || key == "progress" || key == "recompute" || key == "sequence_parallel") {
       c->add_option_function<std::string>(
            flag, [values, key = key](const std::string& v) { (*values)[key] = v.empty() ? "true" : v; }, help)
           ->expected(0, 1)

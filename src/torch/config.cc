@@ -114,6 +114,10 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"tp",
        "tensor-parallel ranks a group (Megatron-style): the vit's attention heads and MLP split over them, data "
        "parallelism over the groups; 1, 2 or 4, dividing workers (default 1)"},
+      {"sequence_parallel",
+       "with tp: between the split layers each rank holds its share of the tokens (layer norms and residuals on "
+       "it: less activation memory), the allreduces become allgathers and reduce-scatters of the tokens; pp 1 "
+       "(default false)"},
       {"pp",
        "pipeline stages: the vit's 4 blocks cut into 1, 2 or 4 stages on as many ranks (tp each), data "
        "parallelism over the pipelines; tp x pp dividing workers (default 1)"},
@@ -337,6 +341,16 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         fmt::format("config: micro_batches: {} is not a multiple of pp ({}): the interleaved schedule "
                     "takes micro-batches in groups of the stages; allowed: a multiple of {}",
                     c.micro_batches, c.pp, c.pp));
+  if (auto v = get("sequence_parallel")) c.sequence_parallel = to_bool("sequence_parallel", *v);
+  if (c.sequence_parallel && c.tp < 2)
+    throw ConfigError(
+        "config: sequence_parallel: splits the tokens over a tensor-parallel group, this run has none (tp 1); "
+        "allowed with tp 1: sequence_parallel false");
+  if (c.sequence_parallel && c.pp > 1)
+    throw ConfigError(fmt::format(
+        "config: sequence_parallel: a pipeline stage sends whole activations (tokens x width) to the next, not a "
+        "rank's share of the tokens; allowed with pp {}: sequence_parallel false",
+        c.pp));
   if (auto v = get("recompute")) c.recompute = to_bool("recompute", *v);
   if (c.recompute && c.pp < 2)
     throw ConfigError(
@@ -703,6 +717,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "micro_batches",
                         "pp_schedule",
                         "recompute",
+                        "sequence_parallel",
                         "zero"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
@@ -786,6 +801,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "micro_batches" << YAML::Value << c.micro_batches;
   e << YAML::Key << "pp_schedule" << YAML::Value << c.pp_schedule;
   e << YAML::Key << "recompute" << YAML::Value << (c.recompute ? "true" : "false");
+  e << YAML::Key << "sequence_parallel" << YAML::Value << (c.sequence_parallel ? "true" : "false");
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;

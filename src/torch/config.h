@@ -42,6 +42,7 @@ struct TrainConfig {
   int pp = 1;                             // pipeline stages (model vit): ranks a pipeline, tp each
   int micro_batches = 1;                  // parts of each batch (pipelined with pp; gradient accumulation without)
   std::string pp_schedule = "1f1b";       // gpipe | 1f1b
+  bool sequence_parallel = false;         // with tp: each rank holds its share of the tokens between split layers
   bool recompute = false;                 // pipeline stages keep each micro-batch's input only (pp > 1)
   int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2, 3)
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)

@@ -37,6 +37,50 @@ void group_allreduce(TpGroup* g, torch::Tensor& t, const char* pass) {
     g->trace->complete("tp allreduce", 0, s0, now_s(), {{"bytes", bytes}, {"pass", pass}});
 }
 
+// The tokens each rank of the group holds under sequence parallelism: near-equal runs, the first ranks' a token
+// longer (49 tokens: 25 + 24 on 2 ranks, 13 + 12 + 12 + 12 on 4).
+std::vector<int64_t> token_counts(int64_t tokens, int ranks) {
+  std::vector<int64_t> n(size_t(ranks), tokens / ranks);
+  for (int64_t r = 0; r < tokens % ranks; ++r) n[size_t(r)] += 1;
+  return n;
+}
+int64_t token_offset(int64_t tokens, int ranks, int rank) {
+  int64_t o = 0;
+  for (int r = 0; r < rank; ++r) o += token_counts(tokens, ranks)[size_t(r)];
+  return o;
+}
+
+// Sequence parallelism's collectives over the token dimension of (B, n, D) activations. Token-major buffers (n, B, D)
+// make each rank's tokens one run, so the collectives concatenate and split runs. gather: the group's shards
+// (B, n_r, D) -> (B, N, D); otherwise reduce-scatter: every rank's partial (B, N, D) summed, this rank's tokens kept.
+// An allgather or reduce-scatter of n bytes moves half an allreduce's: counted as n/2 allreduced bytes.
+torch::Tensor token_collective(TpGroup* g, const torch::Tensor& x, bool gather, const char* pass) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double s0 = now_s();
+  const int t = g->comm->size();
+  const int64_t b = x.size(0), d = x.size(2);
+  const auto tokens = token_counts(kTokens, t);
+  std::vector<size_t> counts;
+  for (int64_t n : tokens) counts.push_back(size_t(n * b * d));
+  torch::Tensor in = x.transpose(0, 1).contiguous();  // (n, B, D)
+  const int64_t mine = tokens[size_t(g->comm->rank())];
+  torch::Tensor out = torch::empty({gather ? kTokens : mine, b, d}, torch::kFloat);
+  coll::CollOptions o;
+  o.timeout_s = g->timeout_s;
+  if (gather)
+    g->comm->allgatherv(in.data_ptr<float>(), out.data_ptr<float>(), counts, DType::f32, o).wait();
+  else
+    g->comm->reduce_scatter(in.data_ptr<float>(), out.data_ptr<float>(), counts, DType::f32, ReduceOp::sum, o).wait();
+  const uint64_t bytes = uint64_t(kTokens * b * d) * sizeof(float);
+  g->payload_bytes += bytes / 2;
+  g->calls += 1;
+  g->comm_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  if (g->trace && g->trace->enabled())
+    g->trace->complete(gather ? "tp allgather" : "tp reduce_scatter", 0, s0, now_s(),
+                       {{"bytes", bytes}, {"pass", pass}});
+  return out.transpose(0, 1);
+}
+
 // The group travels through autograd as an int64 (a Function's non-tensor arguments are IValues).
 int64_t as_int(TpGroup* g) { return int64_t(reinterpret_cast<intptr_t>(g)); }
 TpGroup* as_group(int64_t v) { return reinterpret_cast<TpGroup*>(static_cast<intptr_t>(v)); }
@@ -66,13 +110,75 @@ struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
 };
 
+// Sequence parallelism's g-bar: this rank's tokens in, every token out (allgather); backward the partial gradients
+// of every token summed and this rank's kept (reduce-scatter).
+struct GatherTokens : torch::autograd::Function<GatherTokens> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return token_collective(as_group(group), x, true, "forward");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {token_collective(group_of(ctx), grads[0], false, "backward"), torch::Tensor()};
+  }
+};
+
+// Its counterpart: every rank's partial sums of every token in, this rank's tokens of the sum out (reduce-scatter);
+// backward the gradients of every token gathered (allgather).
+struct ScatterTokens : torch::autograd::Function<ScatterTokens> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return token_collective(as_group(group), x, false, "forward");
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {token_collective(group_of(ctx), grads[0], true, "backward"), torch::Tensor()};
+  }
+};
+
+// Into the sequence-parallel region: every token in (computed alike on every rank), this rank's out; backward the
+// ranks' token gradients gathered, so what came before gets every token's gradient on every rank.
+struct SplitTokens : torch::autograd::Function<SplitTokens> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    TpGroup* g = as_group(group);
+    const int t = g->comm->size(), r = g->comm->rank();
+    return x.narrow(1, token_offset(kTokens, t, r), token_counts(kTokens, t)[size_t(r)]).clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {token_collective(group_of(ctx), grads[0], true, "backward"), torch::Tensor()};
+  }
+};
+
 class Split {
  public:
   explicit Split(TpGroup* g) : group_(g && g->comm && g->comm->size() > 1 ? g : nullptr) {}
   int size() const { return group_ ? group_->comm->size() : 1; }
   int rank() const { return group_ ? group_->comm->rank() : 0; }
-  torch::Tensor f(const torch::Tensor& x) const { return group_ ? CopyToGroup::apply(x, as_int(group_)) : x; }
-  torch::Tensor g(const torch::Tensor& x) const { return group_ ? ReduceFromGroup::apply(x, as_int(group_)) : x; }
+  // Sequence parallelism (Korthikanti et al. 2022): between the tensor-parallel regions each rank holds its share
+  // of the tokens, and f and g become an allgather and a reduce-scatter of the tokens.
+  bool sequence() const { return group_ && group_->sequence_parallel; }
+  torch::Tensor f(const torch::Tensor& x) const {
+    if (!group_) return x;
+    return sequence() ? GatherTokens::apply(x, as_int(group_)) : CopyToGroup::apply(x, as_int(group_));
+  }
+  torch::Tensor g(const torch::Tensor& x) const {
+    if (!group_) return x;
+    return sequence() ? ScatterTokens::apply(x, as_int(group_)) : ReduceFromGroup::apply(x, as_int(group_));
+  }
+  // Every token to this rank's share (sequence parallelism), or as is.
+  torch::Tensor split(const torch::Tensor& x) const { return sequence() ? SplitTokens::apply(x, as_int(group_)) : x; }
+  // The sum over the group (allreduce forward, as is backward).
+  torch::Tensor sum(const torch::Tensor& x) const { return group_ ? ReduceFromGroup::apply(x, as_int(group_)) : x; }
+  // Sequence parallelism: a replicated parameter used on this rank's tokens only gets a partial gradient; summed
+  // over the group before anything else sees it (before a DistributedOptimizer's hooks, registered later).
+  void sum_gradient(torch::Tensor& p) const {
+    if (!sequence()) return;
+    TpGroup* g = group_;
+    p.register_hook([g](const torch::Tensor& grad) {
+      torch::Tensor s = grad.contiguous().clone();
+      group_allreduce(g, s, "backward");
+      return s;
+    });
+  }
 
  private:
   TpGroup* group_;
@@ -104,10 +210,13 @@ class TpBlock : public nn::Module {
     fc1_b_ = register_parameter("fc1_bias", fc1->bias.narrow(0, r * ml_, ml_).clone());
     fc2_w_ = register_parameter("fc2_weight", fc2->weight.narrow(1, r * ml_, ml_).clone());
     fc2_b_ = register_parameter("fc2_bias", fc2->bias.clone());
+    // (applied to this rank's tokens under sequence parallelism)
+    for (auto* p : {&ln1_->weight, &ln1_->bias, &ln2_->weight, &ln2_->bias, &proj_b_, &fc2_b_}) s.sum_gradient(*p);
   }
 
+  // x: (B, 49, 64), or under sequence parallelism this rank's tokens of it.
   torch::Tensor forward(torch::Tensor x) {
-    const int64_t bsz = x.size(0), n = x.size(1), dh = kWidth / kVitHeads;
+    const int64_t bsz = x.size(0), n = kTokens, dh = kWidth / kVitHeads;
     auto h = s_.f(ln1_->forward(x));
     auto qkv = torch::nn::functional::linear(h, qkv_w_, qkv_b_).view({bsz, n, 3, hl_, dh}).permute({2, 0, 3, 1, 4});
     auto att = torch::softmax(qkv[0].matmul(qkv[1].transpose(-2, -1)) / std::sqrt(double(dh)), -1);
@@ -131,7 +240,7 @@ class TpBlock : public nn::Module {
 // model's weights in the same order and registers (keeps) only its own, so the stages together are the unsplit model.
 class Vit : public Net {
  public:
-  Vit(const Split& s, int stage, int stages, int chunks) : chunks_(chunks) {
+  Vit(const Split& s, int stage, int stages, int chunks) : s_(s), chunks_(chunks) {
     const bool first = stage == 0, last = stage == stages - 1;
     nn::Linear embed(kPatchDim, kWidth);
     torch::Tensor pos;
@@ -156,6 +265,8 @@ class Vit : public Net {
     if (last) {
       ln_ = register_module("ln", ln);
       head_ = register_module("head", head);
+      s.sum_gradient(ln_->weight);
+      s.sum_gradient(ln_->bias);
     }
   }
   int chunks() const override { return chunks_; }
@@ -173,11 +284,15 @@ class Vit : public Net {
     if (j == 0 && embed_) {
       // (B, 1, 28, 28) -> 7 x 7 patches of 4 x 4 pixels, row by row
       x = x.view({bsz, 7, kPatch, 7, kPatch}).permute({0, 1, 3, 2, 4}).reshape({bsz, kTokens, kPatchDim});
-      x = unit(0, [&] { return embed_->forward(x) + pos_; });
+      x = unit(0, [&] { return s_.split(embed_->forward(x) + pos_); });
     }
     for (auto& b : blocks_[size_t(j)]) x = unit(u++, [&] { return b->forward(x); });
     if (j < chunks_ - 1 || !head_) return x;
-    return unit(u, [&] { return head_->forward(ln_->forward(x).mean(1)); });
+    return unit(u, [&] {
+      // Under sequence parallelism the mean of every rank's tokens: their sums, summed over the group.
+      auto pooled = s_.sequence() ? s_.sum(ln_->forward(x).sum(1)) / double(kTokens) : ln_->forward(x).mean(1);
+      return head_->forward(pooled);
+    });
   }
   std::vector<std::vector<torch::Tensor>> units() override {
     std::vector<std::vector<torch::Tensor>> out;
@@ -195,6 +310,7 @@ class Vit : public Net {
   }
 
  private:
+  Split s_;
   nn::Linear embed_{nullptr}, head_{nullptr};
   torch::Tensor pos_;
   int chunks_ = 1;

@@ -27,8 +27,14 @@ class Trace;
 struct TpGroup {
   coll::CommPtr comm;  // the T ranks that split each layer
   double timeout_s = 0;
-  Trace* trace = nullptr;                  // optional: a "tp allreduce" event per collective on the training thread
-  std::atomic<uint64_t> payload_bytes{0};  // allreduced bytes, forward and backward
+  // Sequence parallelism (Megatron-LM's --sequence-parallel, Korthikanti et al. 2022): between the split layers each
+  // rank holds and computes (layer norms, residual additions) only its share of the tokens; the allreduces of f and
+  // g become an allgather and a reduce-scatter of the tokens, the same bytes, and the replicated parameters those
+  // shares use get their partial gradients summed over the group.
+  bool sequence_parallel = false;
+  Trace* trace = nullptr;  // optional: a "tp allreduce" (allgather, reduce_scatter) event per collective
+  // allreduced bytes, forward and backward (an allgather or reduce-scatter of n bytes counts n/2: half an allreduce's)
+  std::atomic<uint64_t> payload_bytes{0};
   std::atomic<uint64_t> calls{0};
   std::atomic<int64_t> comm_ns{0};  // time inside the collectives
 };

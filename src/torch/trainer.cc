@@ -440,7 +440,8 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"pp", "integer"},
                                                        {"micro_batches", "integer"},
                                                        {"pp_schedule", "string"},
-                                                       {"recompute", "boolean"}};
+                                                       {"recompute", "boolean"},
+                                                       {"sequence_parallel", "boolean"}};
   for (const auto& [key, type] : typed) {
     auto it = meta.find(key);
     if (it == meta.end()) continue;
@@ -491,6 +492,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     throw ConfigError(
         "config: recompute: recomputes the forward of a pipeline stage's micro-batches, this run has no pipeline; "
         "allowed with pp 1: recompute false");
+  if (c.sequence_parallel && (tp < 2 || pp > 1))  // (as resolve_config refuses it)
+    throw ConfigError(fmt::format(
+        "config: sequence_parallel: splits the tokens over a tensor-parallel group between its split layers, this "
+        "run has tp {} and pp {}; allowed: tp 2 or 4 with pp 1, or sequence_parallel false",
+        tp, pp));
   if (tp > 1) {
     // (resolve_config refuses these with the same words; a caller of train_worker may not have run it)
     if (c.model != "vit" || !spec.bsp())
@@ -506,6 +512,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     tpg = std::make_shared<TpGroup>();
     tpg->comm = comm_ptr->split(global_rank / tp, global_rank % tp);
     tpg->timeout_s = c.timeout_s;
+    tpg->sequence_parallel = c.sequence_parallel;
     tpg->trace = &trace;
   }
   if (pp > 1) pp_comm = comm_ptr->split(global_rank / mp * tp + global_rank % tp, global_rank / tp % pp);
@@ -1107,6 +1114,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                     {"micro_batches", c.micro_batches},
                                     {"pp_schedule", c.pp_schedule},
                                     {"recompute", c.recompute},
+                                    {"sequence_parallel", c.sequence_parallel},
                                     {"wall_s", declared[0]},
                                     {"time_to_target_s", declared[1]},
                                     {"test_accuracy", declared[2]}};
@@ -1401,6 +1409,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"micro_batches", c.micro_batches},
          {"pp_schedule", c.pp_schedule},
          {"recompute", c.recompute},
+         {"sequence_parallel", c.sequence_parallel},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",
           pipe ? nlohmann::json(res.pipeline_peak_micro_batches) : nlohmann::json()},

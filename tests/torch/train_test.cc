@@ -248,7 +248,20 @@ TEST(TrainConfig, TpSplitsTheVitInGroupsThatDivideTheWorkersUnderBsp) {
   expect_one_line(config_error({{"tp", "2"}, {"model", "vit"}, {"workers", "4"}, {"sync", "local"}}), "tp");
   const TrainConfig c = resolve_config({{"tp", "2"}, {"model", "vit"}, {"workers", "4"}}, 0, true);
   EXPECT_EQ(c.tp, 2);
+  EXPECT_FALSE(c.sequence_parallel);
   EXPECT_EQ(config_error({{"tp", "4"}, {"model", "vit"}, {"workers", "4"}}), "");
+  // Sequence parallelism: within a tensor-parallel group, without a pipeline.
+  EXPECT_TRUE(resolve_config({{"tp", "2"}, {"model", "vit"}, {"workers", "4"}, {"sequence_parallel", "true"}}, 0, true)
+                  .sequence_parallel);
+  const std::string alone = config_error({{"model", "vit"}, {"sequence_parallel", "true"}});
+  expect_one_line(alone, "sequence_parallel");
+  EXPECT_NE(alone.find("allowed with tp 1: sequence_parallel false"), std::string::npos) << alone;
+  const std::string piped =
+      config_error({{"tp", "2"}, {"pp", "2"}, {"model", "vit"}, {"workers", "4"}, {"sequence_parallel", "true"}});
+  expect_one_line(piped, "sequence_parallel");
+  EXPECT_NE(piped.find("allowed with pp 2: sequence_parallel false"), std::string::npos) << piped;
+  expect_one_line(config_error({{"tp", "2"}, {"model", "vit"}, {"workers", "4"}, {"sequence_parallel", "maybe"}}),
+                  "sequence_parallel");
 }
 
 // Pipeline stages cut the vit's 4 blocks (1, 2 or 4 stages; tp x pp dividing the workers) under bsp; micro-batches
@@ -726,6 +739,71 @@ TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
     if (micro == 2)
       EXPECT_NEAR(double(v_three[0].world_bytes_sent) / double(v_plain[0].world_bytes_sent),
                   2.5 - 2 * 778.0 / (2 * 138890), 1e-5);
+  }
+  fs::remove_all(dir);
+}
+
+// Sequence parallelism (tp 2: 25 + 24 tokens a rank; tp 4: 13 + 12 + 12 + 12) trains the vit as the whole model
+// trains: the same losses to the float sums' order, the replicated parameters (their partial gradients summed over
+// the group) equal on every rank of a group and close to the whole model's. Its allgathers and reduce-scatters move
+// the allreduces' bytes exactly, plus the embedding's token gradients gathered, the pooled sums and the partial
+// gradients. Its checkpoint resumes bit for bit, and without sequence parallelism (the same parameters).
+TEST(Train, SequenceParallelGroupsTrainTheVitAsTheWholeModelTrains) {
+  auto dir = temp_dir("sp");
+  TrainConfig c = whole_vit(dir);
+  auto whole = train_inproc(c, 2, true);
+  for (int tp : {2, 4}) {
+    TrainConfig s = c;
+    s.tp = tp;
+    s.sequence_parallel = true;
+    s.output = (dir / fmt::format("sp{}", tp)).string();
+    const int world = 2 * tp;
+    auto sp = train_inproc(s, world, true);
+    for (int r = 0; r < world; ++r)
+      EXPECT_NEAR(sp[size_t(r)].train_loss, whole[size_t(r / tp)].train_loss, 1e-4 * std::abs(whole[0].train_loss))
+          << "tp " << tp << " rank " << r;
+    EXPECT_NEAR(sp[0].test_accuracy, whole[0].test_accuracy, 1.0 / 64 + 1e-9);
+    size_t off = 0, whole_off = 0, replicated = 0;
+    for (size_t p = 0; p < sp[0].param_numel.size(); ++p) {
+      const size_t n = sp[0].param_numel[p];
+      if (n == whole[0].param_numel[p]) {
+        replicated += n;
+        for (size_t i = 0; i < n; ++i) {
+          for (int q = 1; q < tp; ++q) ASSERT_EQ(sp[size_t(q)].params[off + i], sp[0].params[off + i]) << p;
+          const float w = whole[0].params[whole_off + i];
+          ASSERT_NEAR(sp[0].params[off + i], w, 1e-4 + 1e-3 * std::abs(w)) << "tp " << tp << " parameter " << p;
+        }
+      } else {
+        EXPECT_EQ(size_t(tp) * n, whole[0].param_numel[p]) << "parameter " << p;
+      }
+      off += n;
+      whole_off += whole[0].param_numel[p];
+    }
+    EXPECT_EQ(replicated, 5002u + 4 * (64 + 64 + 4 * 64));
+    // A step: the gradients (among 2 data-parallel ranks: once their size), and among tp, counted as allreduced
+    // payload (an allgather or reduce-scatter as half an allreduce of its whole tensor): 16 collectives of the
+    // 8 x 49 x 64 activations as halves (8 a block: 4 forward, 4 backward), the embedding's token gradients gathered,
+    // the pooled token sums (8 x 64) and the partial gradients of 4 blocks' 6 x 64 and the final norm's 128.
+    const uint64_t x = 8 * 49 * 64 * 4;
+    const uint64_t payload = 16 * x + x / 2 + 8 * 64 * 4 + (4 * 6 * 64 + 128) * 4;
+    const double factor = 2.0 * (tp - 1) / tp;
+    EXPECT_EQ(sp[0].bytes_sent, 6u * (sp[0].params.size() * 4 + uint64_t(factor * double(payload) + 0.5)))
+        << "tp " << tp;
+    auto summary = read_json_file((dir / fmt::format("sp{}", tp) / "summary.json").string());
+    EXPECT_EQ(summary["sequence_parallel"], true);
+    if (tp != 2) continue;
+    TrainConfig resumed = stopped_at_step_3(s, dir, world);
+    EXPECT_EQ(train_inproc(resumed, world, true)[1].params, sp[1].params);
+    resumed.sequence_parallel = false;
+    resumed.output = (dir / "resumed-tp").string();
+    auto plain_tp = train_inproc(resumed, world, true);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(plain_tp[size_t(r)].params.size(), sp[size_t(r)].params.size());
+      for (size_t i = 0; i < sp[size_t(r)].params.size(); ++i) {
+        const float w = sp[size_t(r)].params[i];
+        ASSERT_NEAR(plain_tp[size_t(r)].params[i], w, 1e-4 + 1e-3 * std::abs(w)) << "rank " << r << " element " << i;
+      }
+    }
   }
   fs::remove_all(dir);
 }
