@@ -108,19 +108,21 @@ def measure(a, workers):
                 p = json.loads(run([c, "sim", "step", "--cluster", cluster, "--gpus", str(n), "--model", "layers",
                                     "--layers-spec", spec, "--global-batch", str(BATCH * n), "--micro-batch",
                                     str(BATCH), "--grad-bytes", "4", "--compression", "none", "--sync", "bsp",
-                                    "--json"]))
+                                    "--zero", str(a.zero), "--json"]))
                 runs = []
                 for k in range(1, a.train_runs + 1):
                     out = os.path.join(d, f"train-{model}" + (f"-{k}" if a.train_runs > 1 else ""))
                     shutil.rmtree(out, ignore_errors=True)  # a re-run's; train refuses a folder with a checkpoint
                     run([c, "train", "--model", model, "--workers", str(n), "--transport", "shm", "--compressor",
-                         "none", "--max-steps", str(a.train_steps), "--progress", "false", "--output", out])
+                         "none", "--zero", str(a.zero), "--max-steps", str(a.train_steps), "--progress", "false",
+                         "--output", out])
                     runs.append(measured(os.path.join(out, "metrics.jsonl"), 11, a.train_steps))
                 # The run whose median step is the median of the runs' (the lower middle one for an even count).
                 total, comp, exp, opt = sorted(runs)[(len(runs) - 1) // 2]
                 b = p["breakdown_s"]
                 rows.append(dict(model=model, n=n, round=rnd, load=(l0, load()), retakes=retake, slowed=slowed, pred=p["time_s"],
-                                 p_comp=p["time_s"] - b["dp_exposed"] - b["optimizer"], p_exp=b["dp_exposed"], p_opt=b["optimizer"],
+                                 p_comp=p["time_s"] - b["dp_exposed"] - b["zero3_exposed"] - b["optimizer"],
+                                 p_exp=b["dp_exposed"] + b["zero3_exposed"], p_opt=b["optimizer"],
                                  framework=b["framework"], rank_wait=b["rank_wait"], wake=wake, meas=total, m_comp=comp,
                                  m_exp=exp, m_opt=opt, runs=[r[0] for r in runs]))
     return rows
@@ -132,6 +134,8 @@ def main():
     ap.add_argument("--out", default="/tmp/simval")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", default="2,4")
+    ap.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                    help="ZeRO stage of both the predictions and the training runs (default 0)")
     ap.add_argument("--goal", type=float, default=0.10)
     ap.add_argument("--train-runs", type=int, default=3,
                     help="conduit train runs per model and round; the measured step is the median run's")

@@ -354,6 +354,7 @@ void run_layer_step(const StepArgs& given_args) {
                         {"framework", b.framework},
                         {"dp_comm_total", b.dp_comm},
                         {"dp_exposed", b.dp_exposed},
+                        {"zero3_exposed", b.zero3_exposed},
                         {"rank_wait", b.rank_wait},
                         {"compression", b.compression},
                         {"optimizer", b.optimizer}}},
@@ -369,7 +370,7 @@ void run_layer_step(const StepArgs& given_args) {
   fmt::print("  TFLOP/s per GPU           {:.2f}  (MFU {:.1f}%)\n", r.model_tflops_per_gpu, 100 * r.mfu);
   fmt::print("  memory per GPU            {} of {}\n", format_gb(r.memory.total()), format_gb(r.memory_capacity));
   fmt::print("  compute {}  data-parallel exposed {} (total {})  optimizer {}\n", format_seconds(b.compute),
-             format_seconds(b.dp_exposed), format_seconds(b.dp_comm), format_seconds(b.optimizer));
+             format_seconds(b.dp_exposed + b.zero3_exposed), format_seconds(b.dp_comm), format_seconds(b.optimizer));
   if (b.framework != 0 || b.rank_wait != 0)
     fmt::print(
         "  of which framework time beyond the kernels {}{} (measured model step), wait for the slowest rank {}\n",

@@ -596,8 +596,12 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   if (cfg.dp != 0 && cfg.dp != gpus)
     throw ConfigError(
         fmt::format("--dp ({}) must equal --gpus ({}) for a layer-list model (data parallel only)", cfg.dp, gpus));
-  if (cfg.zero < 0 || cfg.zero > 2)
-    throw ConfigError(fmt::format("--zero = {} (allowed for layer models: 0, 1, 2)", cfg.zero));
+  if (cfg.zero < 0 || cfg.zero > 3)
+    throw ConfigError(fmt::format("--zero = {} (allowed for layer models: 0, 1, 2, 3)", cfg.zero));
+  if (cfg.sync.kind == "async" && cfg.zero == 3)
+    throw ConfigError(
+        "--sync async with --zero 3 is not modelled: ZeRO-3 gathers every layer's parameters inside the step; use "
+        "--zero 0, 1 or 2");
   if (cfg.sync.kind == "local-sgd" && cfg.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
@@ -618,10 +622,13 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   const Accelerator* slow = nullptr;
   const ModelStepSample* measured = nullptr;
   double fwd = 0, bwd = 0, cap = 1e300, framework = 0;
-  // The layers' forward and backward kernels at `b` samples on `acc`.
-  auto layer_times = [&](const Accelerator& acc, double b, double& f, double& bw) {
+  // The layers' forward and backward kernels at `b` samples on `acc` (with `per_layer`: each layer's backward too).
+  auto layer_times = [&](const Accelerator& acc, double b, double& f, double& bw,
+                         std::vector<double>* per_layer = nullptr) {
     f = bw = 0;
+    if (per_layer) per_layer->clear();
     for (size_t li = 0; li < m.layers.size(); ++li) {
+      if (per_layer) per_layer->push_back(-bw);
       const Layer& l = m.layers[li];
       GemmShape g = l.forward_gemm(b);
       // Convolutions through conv_time (measured convolutions when the cluster has them, else the implicit GEMM).
@@ -629,6 +636,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       if (l.kind == "pool") {  // max pooling: no GEMM, no activation function of its own
         f += pool_time(acc, l.pool_shape(b), false, eb);
         bw += pool_time(acc, l.pool_shape(b), true, eb);
+        if (per_layer) per_layer->back() += bw;
         continue;
       }
       if (l.kind == "conv") {
@@ -641,6 +649,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       }
       f += memory_time(acc, 2 * eb * g.m * g.n, 1);   // activation function: read + write
       bw += memory_time(acc, 3 * eb * g.m * g.n, 1);  // its gradient
+      if (per_layer) per_layer->back() += bw;
     }
   };
   for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
@@ -698,13 +707,63 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - (cfg.dp_overlap ? fwd + bwd : 0.0));
       dp_total += static_cast<double>(mb - 1) * each;
     }
-    if (cfg.zero >= 1) {
-      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params * 2);
-      double t_ag = (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, params * 2)
-                                                 : ag.time(params * 2)) +
-                    wake;
+    // The parameters are allgathered in the precision they are held in: 2 bytes (mixed precision) or 4 (f32, as
+    // `conduit train` runs; the factor 2 stood here for both).
+    auto allgather = [&](double bytes) {
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, bytes);
+      return (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, bytes)
+                                          : ag.time(bytes)) +
+             wake;
+    };
+    if (cfg.zero == 1 || cfg.zero == 2) {
+      const double t_ag = allgather(params * eb);
       dp_total += t_ag;
       dp_exposed += t_ag;
+    }
+    if (cfg.zero == 3) {
+      // `conduit train --zero 3` (docs/training.md): each layer with parameters is a unit, with the pooling after
+      // it. Every micro-batch gathers each unit before its forward and, but the last one, before its backward, on
+      // the compute thread (nothing prefetched): exposed. The units' gradients are reduce-scattered once a step, each
+      // as soon as the last micro-batch's backward has passed it, behind the backward of the units before it.
+      std::vector<double> unit_params, unit_bwd, per_layer;
+      double f0 = 0, b0 = 0;
+      layer_times(*slow, b, f0, b0, &per_layer);
+      for (size_t li = 0; li < m.layers.size(); ++li) {
+        if (m.layers[li].params() > 0 || unit_params.empty()) {
+          unit_params.push_back(m.layers[li].params());
+          unit_bwd.push_back(0);
+        }
+        unit_bwd.back() += per_layer[li];
+      }
+      const size_t units = unit_params.size();
+      double gathers = 0, rs_total = 0, t = 0, comm_free = 0;
+      for (size_t u = 0; u < units; ++u) {
+        if (unit_params[u] <= 0) continue;
+        const double t_ag = allgather(unit_params[u] * eb);
+        gathers += t_ag;
+        if (u + 1 < units) gathers += t_ag;
+      }
+      for (size_t u = units; u-- > 0;) {  // the last micro-batch's backward, unit by unit
+        if (unit_params[u] > 0 && u + 1 < units) t += allgather(unit_params[u] * eb);
+        t += unit_bwd[u];
+        if (unit_params[u] <= 0) continue;
+        const double n = unit_params[u] * per;
+        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, n);
+        const double t_rs =
+            (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kReduceScatter, rs.algorithm, dg, n)
+                                         : rs.time(n)) +
+            memory_time(*slow, 8 * n / per / static_cast<double>(gpus), 1) + wake;
+        rs_total += t_rs;
+        comm_free = std::max(comm_free, cfg.dp_overlap ? t : 0.0) + t_rs;
+      }
+      dp_total = static_cast<double>(mb) * gathers + rs_total;
+      dp_exposed = cfg.dp_overlap ? std::max(0.0, comm_free - t) : rs_total;
+      r.breakdown.zero3_exposed = static_cast<double>(mb) * gathers;
+      r.notes.push_back(fmt::format(
+          "ZeRO-3: every micro-batch gathers {} unit(s) forward and {} backward ({} a micro-batch), and each unit's "
+          "gradients are reduce-scattered once a step ({} in all, {} exposed)",
+          units, units > 0 ? units - 1 : 0, format_seconds(gathers), format_seconds(rs_total),
+          format_seconds(dp_exposed)));
     }
     if (k != "none") comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
     dp_exposed += comp;
@@ -737,7 +796,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   const double shard = cfg.zero >= 1 ? static_cast<double>(gpus) : 1.0;
   r.breakdown.optimizer =
       measured && measured->optimizer > 0 ? measured->optimizer / shard : memory_time(*slow, params / shard * 28, 4);
-  r.time = r.breakdown.compute + dp_exposed + r.breakdown.optimizer;
+  r.time = r.breakdown.compute + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
   ModelState st = zero_model_state(params, gpus, cfg.zero, cfg.grad_bytes);
   r.memory.params = st.params;
   r.memory.grads = st.grads;

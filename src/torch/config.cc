@@ -747,6 +747,12 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     // written before its schedule was refused; the pp mismatch, or nothing, is the error to report)
     if ((std::string(k) == "pp_schedule" || std::string(k) == "recompute") && (!raw.count("pp") || raw.at("pp") == "1"))
       continue;
+    // (sequence parallelism, not taken by a run that cannot have it: tp 1 or pp above 1 given, or another model;
+    // the tp, pp or model mismatch is the error to report)
+    if (std::string(k) == "sequence_parallel" &&
+        ((raw.count("tp") && raw.at("tp") == "1") || (raw.count("pp") && raw.at("pp") != "1") ||
+         (raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))))
+      continue;
     take(k, k);
   }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that

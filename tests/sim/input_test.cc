@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "run_cli.h"
 #include "sim/cluster.h"
+#include "sim/compute.h"
 #include "sim/inference.h"
 #include "sim/plan.h"
 #include "sim/scheduler.h"
@@ -500,6 +501,54 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   z.zero = 2;
   const StepResult z2 = simulate_layer_step(n8, lm, z);
   EXPECT_GT(z2.breakdown.dp_comm, z1.breakdown.dp_comm * 2);
+}
+
+// Layer-list models at ZeRO-3 as `conduit train --zero 3` runs them: each layer with parameters a unit (the CNN's
+// pooling in the convolution's), gathered before its forward and, but the last, before its backward, every
+// micro-batch, exposed; the units' gradients reduce-scattered once a step. And ZeRO-1's allgather moves parameters of
+// --grad-bytes bytes (4: f32, as conduit train holds them; it moved 2 whatever the precision).
+TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
+  Topology t8(load_cluster("dgx-a100"), 8);
+  CollectiveModel n8(t8);
+  const Accelerator& acc = t8.spec().node_kinds[0].accelerator;
+  const LayerModel cnn = parse_layer_model(kTrainCnnLayers);
+  const Group dg{8, 1, 0};
+  auto ag = [&](double params) { return n8.time(Collective::kAllGather, Algorithm::kAuto, dg, params * 4); };
+  auto rs = [&](double params) {
+    return n8.time(Collective::kReduceScatter, Algorithm::kAuto, dg, params * 4) + memory_time(acc, 8 * params / 8, 1);
+  };
+  // conv1 320, conv2 18,496, fc1 401,536 and fc2 1,290 parameters.
+  const double units[4] = {320, 18496, 401536, 1290};
+  ParallelConfig z;
+  z.global_batch = 8 * 4 * 2;  // 2 micro-batches of 4 a rank
+  z.micro_batch = 4;
+  z.grad_bytes = 4;
+  z.zero = 3;
+  const StepResult r = simulate_layer_step(n8, cnn, z);
+  const double gathers = 2 * (2 * ag(units[0]) + 2 * ag(units[1]) + 2 * ag(units[2]) + ag(units[3]));
+  EXPECT_NEAR(r.breakdown.zero3_exposed, gathers, 1e-9 * gathers);
+  const double rs_all = rs(units[0]) + rs(units[1]) + rs(units[2]) + rs(units[3]);
+  EXPECT_NEAR(r.breakdown.dp_comm, gathers + rs_all, 1e-9 * gathers);
+  EXPECT_NEAR(r.time, r.breakdown.compute + r.breakdown.dp_exposed + gathers + r.breakdown.optimizer, 1e-9 * r.time);
+  // Behind the backward, the reduce-scatters hide (all but fc2's tail, which nothing follows but conv1's small one).
+  EXPECT_LT(r.breakdown.dp_exposed, rs_all);
+  z.dp_overlap = false;
+  EXPECT_NEAR(simulate_layer_step(n8, cnn, z).breakdown.dp_exposed, rs_all, 1e-9 * rs_all);
+  z.sync = parse_sync("async");
+  EXPECT_NE(error_of([&] { simulate_layer_step(n8, cnn, z); }).find("--sync async with --zero 3 is not modelled"),
+            std::string::npos);
+  // ZeRO-1, one bucket, no overlap: the reduce-scatter and the allgather of 4-byte parameters.
+  ParallelConfig one;
+  one.global_batch = 8 * 4;
+  one.micro_batch = 4;
+  one.grad_bytes = 4;
+  one.zero = 1;
+  one.dp_overlap = false;
+  one.bucket_bytes = 1e15;
+  const double p = cnn.params();
+  const double expect =
+      n8.time(Collective::kReduceScatter, Algorithm::kAuto, dg, p * 4) + memory_time(acc, 8 * p, 1) + ag(p);
+  EXPECT_NEAR(simulate_layer_step(n8, cnn, one).breakdown.dp_comm, expect, 1e-9 * expect);
 }
 
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
