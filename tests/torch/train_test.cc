@@ -668,6 +668,19 @@ TrainConfig stopped_at_step_3(const TrainConfig& c, const fs::path& dir, int wor
   return resumed;
 }
 
+// The test accuracies of a run's evaluation records (its eval_every copies' and epoch ends'), in order; every step
+// record's compute time checked non-negative on the way.
+std::vector<double> eval_accuracies(const fs::path& run) {
+  std::vector<double> acc;
+  std::ifstream m(run / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "eval") acc.push_back(j["test_accuracy"].get<double>());
+    if (j["kind"] == "step") EXPECT_GE(j["compute_s"].get<double>(), 0.0) << line;
+  }
+  return acc;
+}
+
 // ZeRO-3 over 2 ranks trains the vit as plain data parallelism does, bit for bit (a sum of two floats has one
 // order), each rank holding half of the parameters between steps, for 1.5 times the allreduce's bytes but the
 // classifier unit's backward gather. The checkpoint, the evaluations and the eval_every copies read the whole model
@@ -695,16 +708,7 @@ TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
   const double ratio = double(three[0].world_bytes_sent) / double(plain[0].world_bytes_sent);
   EXPECT_NEAR(ratio, 1.5 - 778.0 / (2 * 138890), 1e-5);
   // The eval_every copies (steps 2 and 4) give the plain run's accuracies.
-  auto evals = [&](const char* run) {
-    std::vector<double> acc;
-    std::ifstream m(dir / run / "metrics.jsonl");
-    for (std::string line; std::getline(m, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j["kind"] == "eval") acc.push_back(j["test_accuracy"].get<double>());
-      if (j["kind"] == "step") EXPECT_GE(j["compute_s"].get<double>(), 0.0) << line;
-    }
-    return acc;
-  };
+  auto evals = [&](const char* run) { return eval_accuracies(dir / run); };
   EXPECT_EQ(evals("zero3").size(), 2u);
   EXPECT_EQ(evals("zero3"), evals("whole"));
   auto summary = read_json_file((dir / "zero3" / "summary.json").string());
@@ -1056,16 +1060,7 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   EXPECT_EQ(inter[0].bytes_sent, 6u * (71168 * 4 + 3 * act));
   EXPECT_EQ(inter[1].bytes_sent, pp[1].bytes_sent + 6u * 2 * act);
   // The evaluations through the pipeline, the copies' too, give the whole model's accuracies.
-  auto evals = [&](const char* run) {
-    std::vector<double> acc;
-    std::ifstream m(dir / run / "metrics.jsonl");
-    for (std::string line; std::getline(m, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j["kind"] == "eval") acc.push_back(j["test_accuracy"].get<double>());
-      if (j["kind"] == "step") EXPECT_GE(j["compute_s"].get<double>(), 0.0) << line;
-    }
-    return acc;
-  };
+  auto evals = [&](const char* run) { return eval_accuracies(dir / run); };
   const auto whole_evals = evals("whole");
   ASSERT_EQ(whole_evals.size(), 2u);  // steps 2 and 4 (6 is the end's)
   for (const char* run : {"pp", "gpipe", "tp", "four", "interleaved"}) {
