@@ -48,14 +48,15 @@ void print_summary(const std::string& out) {
                                                     : fmt::format("{:.1f} s", s["time_to_target_s"].get<double>());
   // Tensor-parallel groups, pipelines and the ZeRO stage, where the run has them.
   std::string layout;
-  const int tp = s.value("tp", 1), pp = s.value("pp", 1);
+  const int tp = s.value("tp", 1), pp = s.value("pp", 1), replicas = s.value("data_parallel", 0);
+  const char* plural = replicas == 1 ? "" : "s";
+  const std::string sp = s.value("sequence_parallel", false) ? ", sequence parallel" : "";
   if (tp > 1 && pp > 1)
-    layout += fmt::format(" (tp {} x pp {}: {} pipelines)", tp, pp, s.value("data_parallel", 0));
+    layout += fmt::format(" (tp {} x pp {}: {} pipeline{})", tp, pp, replicas, plural);
   else if (tp > 1)
-    layout += fmt::format(" (tp {}{}: {} groups)", tp, s.value("sequence_parallel", false) ? ", sequence parallel" : "",
-                          s.value("data_parallel", 0));
+    layout += fmt::format(" (tp {}{}: {} group{})", tp, sp, replicas, plural);
   else if (pp > 1)
-    layout += fmt::format(" (pp {}: {} pipelines)", pp, s.value("data_parallel", 0));
+    layout += fmt::format(" (pp {}: {} pipeline{})", pp, replicas, plural);
   if (s.value("micro_batches", 1) > 1)
     layout += fmt::format(", {} micro-batches{}", s.value("micro_batches", 1),
                           pp > 1 ? " " + s.value("pp_schedule", std::string()) : std::string());

@@ -1770,5 +1770,41 @@ TEST(SlowTrainCli, FourProcessesPipelineTheVitOverTcp) {
   fs::remove_all(dir);
 }
 
+// The model-parallel settings as processes, where the collectives of ZeRO-3's gathers, the communication thread and
+// the tensor-parallel group run on real transports: tensor-parallel groups with sequence parallelism and ZeRO-3
+// over tcp; ZeRO-3 with the mlp over shm; 2 tensor-parallel ranks in each of 2 pipeline stages.
+TEST(SlowTrainCli, FourProcessesShardTheModelOverTcpAndShm) {
+  auto dir = temp_dir("cli-shard");
+  const std::string common =
+      "--dataset synthetic --synthetic-samples 256 --test-limit 64 --batch-size 16 --workers 4 --compressor none "
+      "--optimizer adam --lr 0.002 --epochs 1 --progress false ";
+  CliRun sp = run_conduit(common + "--model vit --tp 2 --sequence-parallel --zero 3 --transport tcp --output " +
+                          (dir / "sp").string());
+  ASSERT_EQ(sp.code, 0) << sp.out;
+  EXPECT_NE(sp.out.find("conduit train: vit on synthetic, 4 workers (tp 2, sequence parallel: 2 groups), zero 3"),
+            std::string::npos)
+      << sp.out;
+  auto s = read_json_file((dir / "sp" / "summary.json").string());
+  EXPECT_EQ(s["sequence_parallel"], true);
+  EXPECT_EQ(s["zero"], 3);
+  // Each rank holds its half of its tensor-parallel share (72,714 floats; 6 units, each a float over at most).
+  EXPECT_LE(s["parameter_bytes_held_rank0"].get<uint64_t>(), 4u * (72714 / 2 + 6));
+  EXPECT_GT(s["final_test_accuracy"].get<double>(), 0.3);
+  CliRun mlp = run_conduit(common + "--model mlp --zero 3 --transport shm --output " + (dir / "mlp").string());
+  ASSERT_EQ(mlp.code, 0) << mlp.out;
+  EXPECT_NE(mlp.out.find("conduit train: mlp on synthetic, 4 workers, zero 3"), std::string::npos) << mlp.out;
+  // 235,146 floats in 3 units, a quarter each (a float over in at most 3).
+  EXPECT_LE(read_json_file((dir / "mlp" / "summary.json").string())["parameter_bytes_held_rank0"].get<uint64_t>(),
+            4u * (235146 / 4 + 3));
+  CliRun tpp = run_conduit(common + "--model vit --tp 2 --pp 2 --micro-batches 2 --transport tcp --output " +
+                           (dir / "tpp").string());
+  ASSERT_EQ(tpp.code, 0) << tpp.out;
+  EXPECT_NE(tpp.out.find("conduit train: vit on synthetic, 4 workers (tp 2 x pp 2: 1 pipeline), 2 micro-batches "
+                         "1f1b"),
+            std::string::npos)
+      << tpp.out;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace conduit::train
