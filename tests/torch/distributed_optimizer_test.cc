@@ -674,7 +674,8 @@ struct Zero3Run {
 
 // 4 steps as zero_run's (with overlap off, two backward passes a step); an evaluation forward without gradients
 // before the third.
-Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int world) {
+Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int world,
+                   const std::string& compressor = "none") {
   auto comms = coll::Communicator::inproc(world);
   Zero3Run out;
   out.params.resize(world);
@@ -694,6 +695,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       o.overlap = overlap;
       o.zero_stage = stage;
       o.units = m->units();
+      o.compressor = compressor;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       m->set_unit_hooks(d.unit_hooks());
       if (stage == 3) m->held = [&d] { return d.parameter_bytes_held(); };
@@ -783,6 +785,21 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
       }
       EXPECT_EQ(z.state_bytes[0], z.elements[0] * (optimizer == "sgd" ? 4u : 8u)) << what;
     }
+  }
+  // bf16 on the reduce-scatter's wire: half its bytes (the gathers stay f32), the weights within the 16-bit rounding
+  // of the gradients of plain training.
+  {
+    const Zero3Run plain = zero3_run(0, "sgd", true, 4);
+    const Zero3Run z = zero3_run(3, "sgd", true, 4, "bf16");
+    double worst = 0;
+    for (size_t i = 0; i < 79; ++i) worst = std::max(worst, double(std::abs(z.params[0][i] - plain.params[0][i])));
+    EXPECT_LT(worst, 0.02);
+    EXPECT_GT(worst, 0.0);  // (rounded: not the f32 run)
+    auto r34 = [](size_t n, size_t bytes) { return uint64_t(0.75 * double(bytes * n) + 0.5); };
+    const uint64_t gathers = 2 * r34(40, 4) + 2 * r34(24, 4) + r34(15, 4);
+    const uint64_t wire = r34(40, 2) + r34(24, 2) + r34(15, 2);
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(z.sent[size_t(r)], 4 * (gathers + wire) + r34(40, 4) + r34(24, 4) + r34(15, 4)) << r;
   }
   // One rank: its slices are the whole model, nothing crosses the wire, the training is stage 0's bit for bit.
   const Zero3Run plain = zero3_run(0, "adam", true, 1);
