@@ -952,6 +952,9 @@ void DistributedOptimizer::synchronize() {
   std::vector<int> order = c.ready_order;
   c.reset_step_locked();
   c.synced = true;
+  // ZeRO-3 holds 1/W of the gradients between steps: the released bucket buffers kept for reuse go too (one unit
+  // can be most of a model: two spares of the mlp's first layer were 1.7 times its whole gradient).
+  if (c.zero >= 3) std::vector<std::vector<float>>().swap(c.spare);
   lk.unlock();
   if (rebuild && c.opt.rebuild_buckets) {
     // Agree on rank 0's observed order (parameters without a gradient keep reverse registration order at the end).

@@ -666,7 +666,7 @@ struct ThreeUnits : Net {
 
 struct Zero3Run {
   std::vector<std::vector<float>> params;  // per rank, under whole_parameters()
-  std::vector<uint64_t> sent, held_between, held_whole, state_bytes;
+  std::vector<uint64_t> sent, held_between, held_whole, state_bytes, grad_held;
   std::vector<std::vector<uint64_t>> seen;  // rank's parameter bytes inside each unit's forward, every step
   std::vector<std::vector<uint64_t>> backward_seen;
   std::vector<size_t> elements;
@@ -683,6 +683,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
   out.held_between.resize(world);
   out.held_whole.resize(world);
   out.state_bytes.resize(world);
+  out.grad_held.resize(world);
   out.seen.resize(world);
   out.backward_seen.resize(world);
   out.elements.resize(world);
@@ -714,6 +715,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
         if (stage == 3 && world > 1) EXPECT_GT(d.last_stats().exposed_comm_s, 0.0) << "step " << step;
       }
       out.held_between[size_t(r)] = d.parameter_bytes_held();
+      out.grad_held[size_t(r)] = d.gradient_bytes_held();
       out.sent[size_t(r)] = d.total_stats().bytes_sent;
       {
         auto whole = d.whole_parameters();
@@ -768,6 +770,8 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
         const size_t mine = slice(0, r, w) + slice(1, r, w) + slice(2, r, w);
         EXPECT_EQ(z.elements[size_t(r)], mine) << what;
         EXPECT_EQ(z.held_between[size_t(r)], 4 * mine) << what;
+        // And of the gradients, its slices' alone (no bucket buffer kept between steps).
+        EXPECT_EQ(z.grad_held[size_t(r)], 4 * mine) << what;
         EXPECT_EQ(z.held_whole[size_t(r)], 4 * (mine + 79)) << what;
         EXPECT_EQ(plain.held_between[size_t(r)], 4 * 79u) << what;
         // Inside unit u's forward: the slices and unit u alone (the one before it released).
