@@ -14,6 +14,7 @@ the goal, the rows whose runs alone spread past the goal, and each (model, N)'s 
   /usr/bin/python3 bench/sim/validate_train.py [--conduit build/bin/conduit] [--out /tmp/simval] [--rounds 3]
                                                [--workers 2,4] [--goal 0.10] [--retakes 2]
                                                [--train-runs 3] [--model-steps 160] [--train-steps 160]
+                                               [--zero 0|1|2|3]
   /usr/bin/python3 bench/sim/validate_train.py --report /tmp/simval/rows.json     (the table of an earlier run again)
 """
 import argparse
@@ -120,7 +121,7 @@ def measure(a, workers):
                 # The run whose median step is the median of the runs' (the lower middle one for an even count).
                 total, comp, exp, opt = sorted(runs)[(len(runs) - 1) // 2]
                 b = p["breakdown_s"]
-                rows.append(dict(model=model, n=n, round=rnd, load=(l0, load()), retakes=retake, slowed=slowed, pred=p["time_s"],
+                rows.append(dict(model=model, n=n, zero=a.zero, round=rnd, load=(l0, load()), retakes=retake, slowed=slowed, pred=p["time_s"],
                                  p_comp=p["time_s"] - b["dp_exposed"] - b["zero3_exposed"] - b["optimizer"],
                                  p_exp=b["dp_exposed"] + b["zero3_exposed"], p_opt=b["optimizer"],
                                  framework=b["framework"], rank_wait=b["rank_wait"], wake=wake, meas=total, m_comp=comp,

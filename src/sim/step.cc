@@ -759,11 +759,13 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       dp_total = static_cast<double>(mb) * gathers + rs_total;
       dp_exposed = cfg.dp_overlap ? std::max(0.0, comm_free - t) : rs_total;
       r.breakdown.zero3_exposed = static_cast<double>(mb) * gathers;
+      const size_t with_params =
+          size_t(std::count_if(unit_params.begin(), unit_params.end(), [](double n) { return n > 0; }));
+      const size_t backward = with_params - (unit_params.back() > 0 ? 1 : 0);
       r.notes.push_back(fmt::format(
-          "ZeRO-3: every micro-batch gathers {} unit(s) forward and {} backward ({} a micro-batch), and each unit's "
-          "gradients are reduce-scattered once a step ({} in all, {} exposed)",
-          units, units > 0 ? units - 1 : 0, format_seconds(gathers), format_seconds(rs_total),
-          format_seconds(dp_exposed)));
+          "ZeRO-3: every micro-batch gathers {} unit(s) forward and {} backward ({} a micro-batch, exposed), and "
+          "each unit's gradients are reduce-scattered once an iteration ({} in all, {} of it past the backward)",
+          with_params, backward, format_seconds(gathers), format_seconds(rs_total), format_seconds(dp_exposed)));
     }
     if (k != "none") comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
     dp_exposed += comp;

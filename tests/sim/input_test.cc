@@ -530,7 +530,8 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   const double rs_all = rs(units[0]) + rs(units[1]) + rs(units[2]) + rs(units[3]);
   EXPECT_NEAR(r.breakdown.dp_comm, gathers + rs_all, 1e-9 * gathers);
   EXPECT_NEAR(r.time, r.breakdown.compute + r.breakdown.dp_exposed + gathers + r.breakdown.optimizer, 1e-9 * r.time);
-  // Behind the backward, the reduce-scatters hide (all but fc2's tail, which nothing follows but conv1's small one).
+  // Behind the backward, the reduce-scatters hide in part (fc2's goes first, behind fc1's and the convolutions'
+  // backward; conv1's comes last, with nothing left to hide behind).
   EXPECT_LT(r.breakdown.dp_exposed, rs_all);
   z.dp_overlap = false;
   EXPECT_NEAR(simulate_layer_step(n8, cnn, z).breakdown.dp_exposed, rs_all, 1e-9 * rs_all);
