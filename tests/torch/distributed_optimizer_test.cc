@@ -813,6 +813,44 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
   EXPECT_EQ(z.held_between[0], 4 * 79u);
 }
 
+// A ZeRO-3 gather whose peer never joins it fails at the deadline with one line, in forward (rank 1 gone before it)
+// and inside backward (rank 1 gone after its forward: the gather for unit 1's backward), and nothing hangs.
+TEST(DistributedOptimizerZero, AGatherWhosePeerIsGoneFailsAtItsDeadline) {
+  for (bool in_backward : {false, true}) {
+    auto comms = coll::Communicator::inproc(2);
+    std::string error;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        auto m = std::make_shared<ThreeUnits>();
+        auto opt = zero_test_optimizer("sgd", *m);
+        DistOptions o;
+        o.zero_stage = 3;
+        o.units = m->units();
+        o.timeout_s = 0.5;
+        DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+        m->set_unit_hooks(d.unit_hooks());
+        if (r == 1) {
+          if (in_backward) m->forward(torch::ones({2, 7}));  // (then gone)
+          return;
+        }
+        try {
+          d.zero_grad();
+          m->forward(torch::ones({2, 7})).sum().backward();
+          d.step();
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(error.find("allgather"), std::string::npos) << in_backward << ": " << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+    EXPECT_LT(s, 60.0);  // (a hang guard, not a timing: the deadline is 0.5 s)
+  }
+}
+
 // Found by a review: a unit released once as many gradients as it has parameters had arrived, counted across
 // backward passes, so a pass in which one parameter got none made the next pass release the unit early. Here unit
 // 1 is two layers and its first pass leaves c's bias out: counted across passes, the second pass released unit 1
