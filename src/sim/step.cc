@@ -800,6 +800,23 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       measured && measured->optimizer > 0 ? measured->optimizer / shard : memory_time(*slow, params / shard * 28, 4);
   r.time = r.breakdown.compute + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
   ModelState st = zero_model_state(params, gpus, cfg.zero, cfg.grad_bytes);
+  if (eb == 4) {
+    // f32 training (`conduit train`): 4-byte parameters and Adam's two f32 moments, no f32 master copy (the mixed
+    // precision state above is 2-byte parameters and 12 bytes of optimizer state a parameter).
+    const double n = static_cast<double>(gpus);
+    st.params = 4 * params / (cfg.zero >= 3 ? n : 1);
+    st.optimizer = 8 * params / (cfg.zero >= 1 ? n : 1);
+  }
+  if (cfg.zero == 3 && gpus > 1) {
+    // ZeRO-3 also holds the unit it runs whole, and that unit's gradient bucket until it is reduce-scattered.
+    double largest = 0, unit = 0;
+    for (size_t li = 0; li < m.layers.size(); ++li) {
+      if (m.layers[li].params() > 0) unit = m.layers[li].params();
+      largest = std::max(largest, unit);
+    }
+    st.params += largest * eb;
+    st.grads += largest * cfg.grad_bytes;
+  }
   r.memory.params = st.params;
   r.memory.grads = st.grads;
   r.memory.optimizer = st.optimizer;

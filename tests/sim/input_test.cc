@@ -538,6 +538,19 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   z.sync = parse_sync("async");
   EXPECT_NE(error_of([&] { simulate_layer_step(n8, cnn, z); }).find("--sync async with --zero 3 is not modelled"),
             std::string::npos);
+  // Its memory, f32 as conduit train holds it: 4-byte parameters and Adam's two 4-byte moments a parameter, sharded
+  // over the 8 ranks, plus the largest unit (fc1) whole and its gradient bucket.
+  const double p = cnn.params();
+  z.sync = parse_sync("bsp");
+  const StepResult m3 = simulate_layer_step(n8, cnn, z);
+  EXPECT_DOUBLE_EQ(m3.memory.params, 4 * p / 8 + 4 * units[2]);
+  EXPECT_DOUBLE_EQ(m3.memory.grads, 4 * p / 8 + 4 * units[2]);
+  EXPECT_DOUBLE_EQ(m3.memory.optimizer, 8 * p / 8);
+  z.zero = 0;
+  const StepResult m0 = simulate_layer_step(n8, cnn, z);
+  EXPECT_DOUBLE_EQ(m0.memory.params, 4 * p);
+  EXPECT_DOUBLE_EQ(m0.memory.grads, 4 * p);
+  EXPECT_DOUBLE_EQ(m0.memory.optimizer, 8 * p);
   // ZeRO-1, one bucket, no overlap: the reduce-scatter and the allgather of 4-byte parameters.
   ParallelConfig one;
   one.global_batch = 8 * 4;
@@ -546,7 +559,6 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   one.zero = 1;
   one.dp_overlap = false;
   one.bucket_bytes = 1e15;
-  const double p = cnn.params();
   const double expect =
       n8.time(Collective::kReduceScatter, Algorithm::kAuto, dg, p * 4) + memory_time(acc, 8 * p, 1) + ag(p);
   EXPECT_NEAR(simulate_layer_step(n8, cnn, one).breakdown.dp_comm, expect, 1e-9 * expect);
