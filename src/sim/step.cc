@@ -736,15 +736,15 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         unit_bwd.back() += per_layer[li];
       }
       const size_t units = unit_params.size();
+      std::vector<double> t_ag(units, 0.0);  // each unit's gather
       double gathers = 0, rs_total = 0, t = 0, comm_free = 0;
       for (size_t u = 0; u < units; ++u) {
         if (unit_params[u] <= 0) continue;
-        const double t_ag = allgather(unit_params[u] * eb);
-        gathers += t_ag;
-        if (u + 1 < units) gathers += t_ag;
+        t_ag[u] = allgather(unit_params[u] * eb);
+        gathers += t_ag[u] * (u + 1 < units ? 2 : 1);
       }
       for (size_t u = units; u-- > 0;) {  // the last micro-batch's backward, unit by unit
-        if (unit_params[u] > 0 && u + 1 < units) t += allgather(unit_params[u] * eb);
+        if (u + 1 < units) t += t_ag[u];
         t += unit_bwd[u];
         if (unit_params[u] <= 0) continue;
         const double n = unit_params[u] * per;

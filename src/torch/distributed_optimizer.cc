@@ -193,11 +193,12 @@ struct DistributedOptimizer::Core {
     reset_step_locked();
   }
 
-  // ZeRO-3: the unit's storage without data, or with room for it again.
-  static void release(Bucket& bk) {
+  // ZeRO-3: the unit's storage without data (its allocation freed, or moved into `keep`).
+  static void release(Bucket& bk, std::vector<at::DataPtr>* keep = nullptr) {
     if (!bk.resident) return;
     auto* st = bk.full.storage().unsafeGetStorageImpl();
-    st->set_data_ptr_noswap(at::DataPtr(nullptr, at::Device(at::kCPU)));
+    at::DataPtr old = st->set_data_ptr(at::DataPtr(nullptr, at::Device(at::kCPU)));
+    if (keep) keep->push_back(std::move(old));
     st->set_nbytes(0);
     bk.resident = false;
   }
@@ -225,11 +226,7 @@ struct DistributedOptimizer::Core {
       try {
         gather_comm->allgatherv(src, dst, bk.counts, DType::f32, co).wait();
       } catch (...) {
-        // Half gathered: released, its allocation kept out of reach rather than freed under the transport.
-        auto* st = bk.full.storage().unsafeGetStorageImpl();
-        abandoned.push_back(st->set_data_ptr(at::DataPtr(nullptr, at::Device(at::kCPU))));
-        st->set_nbytes(0);
-        bk.resident = false;
+        release(bk, &abandoned);  // half gathered: its allocation kept rather than freed under the transport
         throw;
       }
     } else {

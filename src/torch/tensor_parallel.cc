@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 
 #include "core/error.h"
 #include "torch/metrics.h"
@@ -45,9 +46,8 @@ std::vector<int64_t> token_counts(int64_t tokens, int ranks) {
   return n;
 }
 int64_t token_offset(int64_t tokens, int ranks, int rank) {
-  int64_t o = 0;
-  for (int r = 0; r < rank; ++r) o += token_counts(tokens, ranks)[size_t(r)];
-  return o;
+  const auto counts = token_counts(tokens, ranks);
+  return std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
 }
 
 // Sequence parallelism's collectives over the token dimension of (B, n, D) activations. Token-major buffers (n, B, D)
@@ -110,29 +110,22 @@ struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], torch::Tensor()}; }
 };
 
-// Sequence parallelism's g-bar: this rank's tokens in, every token out (allgather); backward the partial gradients
-// of every token summed and this rank's kept (reduce-scatter).
-struct GatherTokens : torch::autograd::Function<GatherTokens> {
+// Sequence parallelism's pair of collectives, each the other's backward. kGather (g-bar): this rank's tokens in,
+// every token out (allgather); backward the partial gradients of every token summed and this rank's kept
+// (reduce-scatter). Otherwise: every rank's partial sums of every token in, this rank's tokens of the sum out
+// (reduce-scatter); backward the gradients of every token gathered (allgather).
+template <bool kGather>
+struct ExchangeTokens : torch::autograd::Function<ExchangeTokens<kGather>> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
     ctx->saved_data["group"] = group;
-    return token_collective(as_group(group), x, true, "forward");
+    return token_collective(as_group(group), x, kGather, "forward");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {token_collective(group_of(ctx), grads[0], false, "backward"), torch::Tensor()};
+    return {token_collective(group_of(ctx), grads[0], !kGather, "backward"), torch::Tensor()};
   }
 };
-
-// Its counterpart: every rank's partial sums of every token in, this rank's tokens of the sum out (reduce-scatter);
-// backward the gradients of every token gathered (allgather).
-struct ScatterTokens : torch::autograd::Function<ScatterTokens> {
-  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, int64_t group) {
-    ctx->saved_data["group"] = group;
-    return token_collective(as_group(group), x, false, "forward");
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {token_collective(group_of(ctx), grads[0], true, "backward"), torch::Tensor()};
-  }
-};
+using GatherTokens = ExchangeTokens<true>;
+using ScatterTokens = ExchangeTokens<false>;
 
 // Into the sequence-parallel region: every token in (computed alike on every rank), this rank's out; backward the
 // ranks' token gradients gathered, so what came before gets every token's gradient on every rank.
