@@ -765,11 +765,14 @@ TEST(Federation, DpNoiseIsSecretAndAppliedAlsoWhenNobodySent) {
   FlConfig c = base_config();
   c.dp_clip = 0.5;
   c.dp_noise = 1.0;
-  c.rounds = 1;
+  // Poisson sampling from the secret seed samples nobody in a round with probability 0.5^12: with 3 rounds a run
+  // aggregates nothing (and fails) with probability 2^-36, where one round failed one CI run in 4096.
+  c.rounds = 3;
   RunResult a = run(c), b = run(c);  // the secret seed from the OS: two runs differ
   expect_ok(a);
   expect_ok(b);
   EXPECT_NE(a.server.weights, b.server.weights);
+  c.rounds = 1;
   c.dropout = 0.99;  // nobody sends: the run fails at the end, but the noise was applied to the model
   RunResult none = run(c);
   EXPECT_NE(none.errors[0].find("none of the 1 rounds"), std::string::npos) << none.errors[0];
