@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "../test_port.h"
+
 namespace {
 
 const std::string kConduit = CONDUIT_BINARY;
@@ -50,15 +52,9 @@ Result run_sh(const std::string& cmd, int limit_s = 240) {
   return r;
 }
 
-int free_port() {
-  // The launcher's own port finder is not linked here; let the kernel pick via a short-lived listener.
-  std::string p = temp_path("port.txt");
-  std::system(("/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\",0)); "
-               "print(s.getsockname()[1])' > " + p).c_str());
-  int port = std::atoi(slurp(p).c_str());
-  std::remove(p.c_str());
-  return port;
-}
+// A port free a moment ago, and outside the kernel's ephemeral range (tests/test_port.h): rank 0 binds it up to 6 s
+// later.
+int free_port() { return conduit::test::unused_port(); }
 
 TEST(Processes, SelftestOverTcp) {
   auto r = run_sh(kConduit + " launch -n 3 -- " + kConduit + " selftest --transport tcp --timeout 60");
