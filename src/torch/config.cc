@@ -19,6 +19,7 @@
 #include "sync/straggler.h"
 #include "sync/strategy.h"
 #include "torch/metrics.h"
+#include "torch/stages.h"
 #ifdef CONDUIT_WITH_COMPRESS
 #include "compress/compressor.h"
 #endif
@@ -119,15 +120,16 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "it: less activation memory), the allreduces become allgathers and reduce-scatters of the tokens; pp 1 "
        "(default false)"},
       {"pp",
-       "pipeline stages: the vit's 4 blocks cut into 1, 2 or 4 stages on as many ranks (tp each), data "
-       "parallelism over the pipelines; tp x pp dividing workers (default 1)"},
+       "pipeline stages on as many ranks (tp each), data parallelism over the pipelines: the vit's 4 blocks cut "
+       "into 1, 2 or 4; the mlp's 3, cnn's 4 and resnet's 5 layers or blocks into up to as many, balanced by their "
+       "work; tp x pp dividing workers (default 1)"},
       {"micro_batches",
        "parts each batch is split into: they flow through the pipeline's stages at once; with pp 1, gradient "
        "accumulation (BatchNorm then normalises each part); 1 to batch_size, sync bsp (default 1)"},
       {"pp_schedule",
        "gpipe (every forward, then every backward) | 1f1b (one forward, one backward: activations of at most pp "
-       "micro-batches held) | interleaved (Megatron's: each of 2 stages holds 2 chunks of blocks, a smaller bubble; "
-       "micro_batches a multiple of pp) (default 1f1b)"},
+       "micro-batches held) | interleaved (Megatron's: each of 2 stages holds 2 chunks of the vit's blocks, a smaller "
+       "bubble; micro_batches a multiple of pp) (default 1f1b)"},
       {"recompute",
        "pipeline stages keep only each micro-batch's input and compute its forward again in backward (activation "
        "recomputation); pp > 1 (default false)"},
@@ -314,12 +316,12 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
                       c.tp, c.model, c.model));
   }
   if (auto v = get("pp")) {
-    c.pp = std::stoi(one_of("pp", *v, {"1", "2", "4"}));  // (they divide the vit's 4 blocks)
-    if (c.pp > 1 && c.model != "vit")
-      throw ConfigError(
-          fmt::format("config: pp: {} cuts the vit's transformer blocks into stages, model {} has none; "
-                      "allowed with model {}: pp 1",
-                      c.pp, c.model, c.model));
+    // The vit's stages split its 4 blocks evenly; the other models' are runs of their units (stage_bounds).
+    if (c.model == "vit")
+      c.pp = std::stoi(one_of("pp", *v, {"1", "2", "4"}));
+    else
+      c.pp = static_cast<int>(to_int("pp", *v, 1, 1 << 20));
+    if (c.pp > 1 && c.model != "vit") stage_bounds(c.model, c.pp);  // (more stages than units: its one line)
   }
   if (auto v = get("micro_batches")) c.micro_batches = static_cast<int>(to_int("micro_batches", *v, 1, 1 << 20));
   if (c.micro_batches > c.batch_size)
@@ -331,11 +333,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         fmt::format("config: pp_schedule: {} orders the micro-batches of a pipeline's stages, this run "
                     "has none (pp 1); allowed with pp 1: leave it unset",
                     c.pp_schedule));
-  if (c.pp_schedule == "interleaved" && c.pp != 2)
+  if (c.pp_schedule == "interleaved" && (c.pp != 2 || c.model != "vit"))
     throw ConfigError(
         fmt::format("config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 "
-                    "blocks, pp {} leaves one block a stage; allowed with pp {}: gpipe or 1f1b",
-                    c.pp, c.pp));
+                    "blocks, this run has model {} and pp {}; allowed: model vit and pp 2, or gpipe or 1f1b",
+                    c.model, c.pp));
   if (c.pp_schedule == "interleaved" && c.micro_batches % c.pp != 0)
     throw ConfigError(
         fmt::format("config: micro_batches: {} is not a multiple of pp ({}): the interleaved schedule "

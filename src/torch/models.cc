@@ -3,16 +3,19 @@
 #include "torch/models.h"
 
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
 #include <torch/nn.h>
 #include <torch/optim.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "core/stats.h"
 #include "torch/gemm_bench.h"
+#include "torch/stages.h"
 #include "torch/tensor_parallel.h"
 
 // OpenBLAS's own thread count (the pthread build ignores OpenMP's); weak, so other BLAS libraries link too.
@@ -24,45 +27,131 @@ namespace {
 
 namespace nn = torch::nn;
 
-// 784-256-128-10 with ReLU.
-class Mlp : public Net {
+using Named = std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>>;
+
+// A model that runs as a sequence of units (models.h): the whole model, or after keep(a, b) the pipeline stage of
+// units [a, b), which holds only their modules.
+class UnitNet : public Net {
  public:
-  Mlp() {
-    fc1_ = register_module("fc1", nn::Linear(784, 256));
-    fc2_ = register_module("fc2", nn::Linear(256, 128));
-    fc3_ = register_module("fc3", nn::Linear(128, 10));
-  }
   torch::Tensor forward(torch::Tensor x) override {
-    x = x.view({x.size(0), -1});
-    x = unit(0, [&] { return torch::relu(fc1_->forward(x)); });
-    x = unit(1, [&] { return torch::relu(fc2_->forward(x)); });
-    return unit(2, [&] { return fc3_->forward(x); });
+    for (int k = first_; k < last_; ++k) x = unit(k - first_, [&] { return run_unit(k, x); });
+    return x;
   }
   std::vector<std::vector<torch::Tensor>> units() override {
-    return {fc1_->parameters(), fc2_->parameters(), fc3_->parameters()};
+    std::vector<std::vector<torch::Tensor>> out;
+    for (int k = first_; k < last_; ++k) {
+      out.emplace_back();
+      for (auto& [name, m] : modules_of(k))
+        for (auto& p : m->parameters()) out.back().push_back(p);
+    }
+    return out;
+  }
+  std::vector<int64_t> chunk_input_shape(int) const override {
+    return first_ > 0 ? output_shape(first_ - 1) : std::vector<int64_t>{1, 28, 28};
+  }
+  std::vector<int64_t> chunk_output_shape(int) const override { return output_shape(last_ - 1); }
+  virtual int unit_count() const = 0;
+  // Keeps units [a, b): the others' modules are unregistered (no parameters, buffers or checkpoint entries) and freed.
+  void keep(int a, int b) {
+    for (int k = 0; k < unit_count(); ++k) {
+      if (k >= a && k < b) continue;
+      for (auto& [name, m] : modules_of(k)) unregister_module(name);
+      drop(k);
+    }
+    first_ = a;
+    last_ = b;
   }
 
+ protected:
+  virtual torch::Tensor run_unit(int k, torch::Tensor x) = 0;
+  virtual Named modules_of(int k) const = 0;                   // as registered
+  virtual void drop(int k) = 0;                                // releases unit k's modules
+  virtual std::vector<int64_t> output_shape(int k) const = 0;  // per sample
+  void init_range() { last_ = unit_count(); }                  // (a subclass's constructor: every unit)
+
  private:
-  nn::Linear fc1_{nullptr}, fc2_{nullptr}, fc3_{nullptr};
+  int first_ = 0, last_ = 0;
 };
 
-// conv 3x3 (32) - pool - conv 3x3 (64) - pool - fc 128 - fc 10.
-class Cnn : public Net {
+// 784-256-128-10 with ReLU; a unit per linear layer.
+class Mlp : public UnitNet {
+ public:
+  Mlp() {
+    for (int k = 0; k < 3; ++k) fc_[k] = register_module(fmt::format("fc{}", k + 1), nn::Linear(kIn[k], kIn[k + 1]));
+    init_range();
+  }
+  int unit_count() const override { return 3; }
+
+ protected:
+  torch::Tensor run_unit(int k, torch::Tensor x) override {
+    if (k == 0) x = x.view({x.size(0), -1});
+    x = fc_[k]->forward(x);
+    return k < 2 ? torch::relu(x) : x;
+  }
+  Named modules_of(int k) const override { return {{fmt::format("fc{}", k + 1), fc_[k].ptr()}}; }
+  void drop(int k) override { fc_[k] = nullptr; }
+  std::vector<int64_t> output_shape(int k) const override { return {kIn[k + 1]}; }
+
+ private:
+  static constexpr int64_t kIn[4] = {784, 256, 128, 10};
+  nn::Linear fc_[3] = {nullptr, nullptr, nullptr};
+};
+
+// conv 3x3 (32) - pool - conv 3x3 (64) - pool - fc 128 - fc 10; units: each convolution with its pooling, each linear
+// layer.
+class Cnn : public UnitNet {
  public:
   Cnn() {
     c1_ = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)));
     c2_ = register_module("conv2", nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)));
     f1_ = register_module("fc1", nn::Linear(64 * 7 * 7, 128));
     f2_ = register_module("fc2", nn::Linear(128, 10));
+    init_range();
   }
-  torch::Tensor forward(torch::Tensor x) override {
-    x = unit(0, [&] { return torch::max_pool2d(torch::relu(c1_->forward(x)), 2); });
-    x = unit(1, [&] { return torch::max_pool2d(torch::relu(c2_->forward(x)), 2); });
-    x = unit(2, [&] { return torch::relu(f1_->forward(x.view({x.size(0), -1}))); });
-    return unit(3, [&] { return f2_->forward(x); });
+  int unit_count() const override { return 4; }
+
+ protected:
+  torch::Tensor run_unit(int k, torch::Tensor x) override {
+    switch (k) {
+      case 0:
+        return torch::max_pool2d(torch::relu(c1_->forward(x)), 2);
+      case 1:
+        return torch::max_pool2d(torch::relu(c2_->forward(x)), 2);
+      case 2:
+        return torch::relu(f1_->forward(x.view({x.size(0), -1})));
+      default:
+        return f2_->forward(x);
+    }
   }
-  std::vector<std::vector<torch::Tensor>> units() override {
-    return {c1_->parameters(), c2_->parameters(), f1_->parameters(), f2_->parameters()};
+  Named modules_of(int k) const override {
+    switch (k) {
+      case 0:
+        return {{"conv1", c1_.ptr()}};
+      case 1:
+        return {{"conv2", c2_.ptr()}};
+      case 2:
+        return {{"fc1", f1_.ptr()}};
+      default:
+        return {{"fc2", f2_.ptr()}};
+    }
+  }
+  void drop(int k) override {
+    if (k == 0) c1_ = nullptr;
+    if (k == 1) c2_ = nullptr;
+    if (k == 2) f1_ = nullptr;
+    if (k == 3) f2_ = nullptr;
+  }
+  std::vector<int64_t> output_shape(int k) const override {
+    switch (k) {
+      case 0:
+        return {32, 14, 14};
+      case 1:
+        return {64, 7, 7};
+      case 2:
+        return {128};
+      default:
+        return {10};
+    }
   }
 
  private:
@@ -94,48 +183,90 @@ class Block : public nn::Module {
   nn::BatchNorm2d b1_{nullptr}, b2_{nullptr}, sb_{nullptr};
 };
 
-// ResNet-8-like: stem 16, blocks 16 / 32 (stride 2) / 64 (stride 2), global average pool, fc 10.
-class ResNet : public Net {
+// ResNet-8-like: stem 16, blocks 16 / 32 (stride 2) / 64 (stride 2), global average pool, fc 10; units: the stem with
+// its BatchNorm, each block, the pooling with the classifier.
+class ResNet : public UnitNet {
  public:
   ResNet() {
     stem_ = register_module("stem", nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)));
     bn_ = register_module("bn", nn::BatchNorm2d(16));
-    l1_ = register_module("layer1", std::make_shared<Block>(16, 16, 1));
-    l2_ = register_module("layer2", std::make_shared<Block>(16, 32, 2));
-    l3_ = register_module("layer3", std::make_shared<Block>(32, 64, 2));
+    l_[0] = register_module("layer1", std::make_shared<Block>(16, 16, 1));
+    l_[1] = register_module("layer2", std::make_shared<Block>(16, 32, 2));
+    l_[2] = register_module("layer3", std::make_shared<Block>(32, 64, 2));
     fc_ = register_module("fc", nn::Linear(64, 10));
+    init_range();
   }
-  torch::Tensor forward(torch::Tensor x) override {
-    x = unit(0, [&] { return torch::relu(bn_->forward(stem_->forward(x))); });
-    x = unit(1, [&] { return l1_->forward(x); });
-    x = unit(2, [&] { return l2_->forward(x); });
-    x = unit(3, [&] { return l3_->forward(x); });
-    x = torch::adaptive_avg_pool2d(x, {1, 1}).view({x.size(0), -1});
-    return unit(4, [&] { return fc_->forward(x); });
+  int unit_count() const override { return 5; }
+
+ protected:
+  torch::Tensor run_unit(int k, torch::Tensor x) override {
+    if (k == 0) return torch::relu(bn_->forward(stem_->forward(x)));
+    if (k < 4) return l_[k - 1]->forward(x);
+    return fc_->forward(torch::adaptive_avg_pool2d(x, {1, 1}).view({x.size(0), -1}));
   }
-  std::vector<std::vector<torch::Tensor>> units() override {
-    auto stem = stem_->parameters();
-    for (auto& p : bn_->parameters()) stem.push_back(p);
-    return {stem, l1_->parameters(), l2_->parameters(), l3_->parameters(), fc_->parameters()};
+  Named modules_of(int k) const override {
+    if (k == 0) return {{"stem", stem_.ptr()}, {"bn", bn_.ptr()}};
+    if (k < 4) return {{fmt::format("layer{}", k), l_[k - 1]}};
+    return {{"fc", fc_.ptr()}};
+  }
+  void drop(int k) override {
+    if (k == 0) {
+      stem_ = nullptr;
+      bn_ = nullptr;
+    } else if (k < 4) {
+      l_[k - 1] = nullptr;
+    } else {
+      fc_ = nullptr;
+    }
+  }
+  std::vector<int64_t> output_shape(int k) const override {
+    switch (k) {
+      case 0:
+      case 1:
+        return {16, 28, 28};
+      case 2:
+        return {32, 14, 14};
+      case 3:
+        return {64, 7, 7};
+      default:
+        return {10};
+    }
   }
 
  private:
   nn::Conv2d stem_{nullptr};
   nn::BatchNorm2d bn_{nullptr};
-  std::shared_ptr<Block> l1_, l2_, l3_;
+  std::shared_ptr<Block> l_[3];
   nn::Linear fc_{nullptr};
 };
+
+std::shared_ptr<UnitNet> make_unit_net(const std::string& name, int stages) {
+  if (name == "mlp") return std::make_shared<Mlp>();
+  if (name == "cnn") return std::make_shared<Cnn>();
+  if (name == "resnet") return std::make_shared<ResNet>();
+  throw ConfigError(
+      fmt::format("config: pp: {} stages of model '{}', which is not cut by units; allowed: mlp, cnn or "
+                  "resnet (the vit's stages are its blocks')",
+                  stages, name));
+}
 
 }  // namespace
 
 const char* model_names_allowed() { return "mlp, cnn, resnet, vit"; }
 
 std::shared_ptr<Net> make_model(const std::string& name) {
-  if (name == "mlp") return std::make_shared<Mlp>();
-  if (name == "cnn") return std::make_shared<Cnn>();
-  if (name == "resnet") return std::make_shared<ResNet>();
+  if (name == "mlp" || name == "cnn" || name == "resnet") return make_unit_net(name, 1);
   if (name == "vit") return make_vit(nullptr);
   throw ConfigError("config: model: '" + name + "' is not allowed; allowed: " + model_names_allowed());
+}
+
+std::shared_ptr<Net> make_model_stage(const std::string& name, int stage, int stages) {
+  const auto bounds = stage_bounds(name, stages);
+  if (stage < 0 || stage >= stages)
+    throw InvalidArgument(fmt::format("make_model_stage: stage {} of {}; allowed: 0 to {}", stage, stages, stages - 1));
+  auto m = make_unit_net(name, stages);
+  m->keep(bounds[size_t(stage)], bounds[size_t(stage) + 1]);
+  return m;
 }
 
 namespace {

@@ -29,6 +29,11 @@ class Net : public torch::nn::Module {
   // are one chunk, forward().
   virtual int chunks() const { return 1; }
   virtual torch::Tensor forward_chunk(int /*chunk: 0*/, torch::Tensor x) { return forward(x); }
+  // A pipeline stage's per-sample shapes: of what chunk j takes from the stage before and of what it passes on to the
+  // next. Asked only where such a neighbour exists (not of the images the model's first chunk takes, nor of the
+  // logits its last returns); empty: the model is not cut into stages.
+  virtual std::vector<int64_t> chunk_input_shape(int /*chunk*/) const { return {}; }
+  virtual std::vector<int64_t> chunk_output_shape(int /*chunk*/) const { return {}; }
   // The parameters of each unit, in the order forward runs the units (every parameter in one); empty: the model
   // does not run its units through the hooks, so ZeRO stage 3 cannot shard it.
   virtual std::vector<std::vector<torch::Tensor>> units() { return {}; }
@@ -53,4 +58,9 @@ class Net : public torch::nn::Module {
 std::shared_ptr<Net> make_model(const std::string& name);
 const char* model_names_allowed();
 
+// Pipeline parallelism for the mlp, cnn and resnet (the vit's stages: make_vit). Stage `stage` of `stages`: the
+// model's units (above) cut into `stages` consecutive runs (stage_bounds, torch/stages.h), of which it keeps run
+// `stage`: it draws the whole model's weights as make_model does, so the stages together are the unsplit model, and
+// drops the other units' modules. ConfigError (one line) for another model or more stages than the model has units.
+std::shared_ptr<Net> make_model_stage(const std::string& name, int stage, int stages);
 }  // namespace conduit::train

@@ -37,11 +37,10 @@ uint32_t tag_of(int kind, int chunk) { return uint32_t(kind) | (uint32_t(chunk) 
 constexpr const char* kKindName[3] = {"forward", "backward", "inference"};
 }  // namespace
 
-Pipeline::Pipeline(coll::CommPtr stages, std::shared_ptr<Net> stage, std::vector<int64_t> activation,
-                   PipeSchedule schedule, double timeout_s, Trace* trace, bool recompute)
+Pipeline::Pipeline(coll::CommPtr stages, std::shared_ptr<Net> stage, PipeSchedule schedule, double timeout_s,
+                   Trace* trace, bool recompute)
     : comm_(std::move(stages)),
       net_(std::move(stage)),
-      activation_(std::move(activation)),
       schedule_(schedule),
       timeout_s_(timeout_s),
       trace_(trace),
@@ -77,8 +76,13 @@ Pipeline::~Pipeline() {
 torch::Tensor Pipeline::recv_activation(int64_t n, int kind, int chunk) {
   // (around the ring: with interleaved chunks the first stage's chunk j + 1 follows the last stage's chunk j)
   const int peer = (kind == kBackward ? stage_id_ + 1 : stage_id_ + n_stages_ - 1) % n_stages_;
+  // (forward and inference: the chunk's input; backward: the gradient of its output)
+  const std::vector<int64_t> per = kind == kBackward ? net_->chunk_output_shape(chunk) : net_->chunk_input_shape(chunk);
+  if (per.empty())
+    throw InvalidArgument(
+        fmt::format("Pipeline: stage {} of {} has no activation shape for chunk {}", stage_id_, n_stages_, chunk));
   std::vector<int64_t> shape{n};
-  shape.insert(shape.end(), activation_.begin(), activation_.end());
+  shape.insert(shape.end(), per.begin(), per.end());
   torch::Tensor t = torch::empty(shape, torch::kFloat);
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
@@ -194,8 +198,21 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     torch::Tensor g;  // (the last chunk starts from its loss)
     if (!last_chunk(j)) g = recv_activation(size[size_t(k)], kBackward, j);
     const double t1 = now_s();
+    // The first forward updated the buffers (BatchNorm's running statistics) for this micro-batch: the second
+    // computes the same outputs (training mode normalises by the micro-batch's own statistics), and its updates are
+    // undone once the backward has freed the graph that saved the buffers.
+    std::vector<torch::Tensor> buffers, kept;
+    if (recompute(j)) {
+      buffers = net_->buffers();
+      torch::NoGradGuard ng;
+      for (auto& t : buffers) kept.push_back(t.clone());
+    }
     if (recompute(j)) s.out = run(j, k, s.in).second;
     s.out.backward(g);
+    if (!kept.empty()) {
+      torch::NoGradGuard ng;
+      for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(kept[i]);
+    }
     if (trace_ && trace_->enabled())
       trace_->complete("backward", 0, t1, now_s(), {{"micro_batch", k}, {"chunk", j}, {"waited_s", t1 - t0}});
     if (!first_chunk(j)) send(s.in.grad(), kBackward, j);

@@ -1,7 +1,7 @@
 #pragma once
 // Pipeline parallelism for `conduit train --pp P --micro-batches M`: the model is cut into P stages on P ranks (the
-// vit's blocks, torch/tensor_parallel.h); each batch is split into M micro-batches that flow through the stages, so
-// the stages compute different micro-batches at once.
+// vit's blocks, torch/tensor_parallel.h; the other models' units balanced by their work, torch/models.h); each batch is
+// split into M micro-batches that flow through the stages, so the stages compute different micro-batches at once.
 //
 //  - Forward of a micro-batch on stage s: receive its activations from s-1 (the first stage slices the images),
 //    compute, send the output to s+1; the last stage computes the loss (scaled by the micro-batch's share of the
@@ -20,7 +20,8 @@
 //    GPipe and 1F1B idle (P-1)/M of an ideal step (the bubble); 1F1B saves activation memory, not time.
 //  - Activation recomputation (Chen et al. 2016; GPipe's re-materialisation): a stage keeps only each micro-batch's
 //    input, computes the forward without a graph, and again with one in the backward; the same gradients for one
-//    more forward a micro-batch (and, with tensor parallelism, its collectives again).
+//    more forward a micro-batch (and, with tensor parallelism, its collectives again). The recomputed forward leaves
+//    the stage's buffers (BatchNorm's running statistics) as the first one left them: each micro-batch counts once.
 //  - Sends are asynchronous (posted; their buffers freed once complete, all waited for at the end of the step),
 //    receives block: on every link messages flow in the order both ends run their schedule, so no schedule can
 //    deadlock, and messages of one kind into one chunk (one tag) match receives in that order.
@@ -58,10 +59,11 @@ struct PipeStats {
 class Pipeline {
  public:
   // stages: the P ranks of this pipeline, rank = stage (null or one rank: a single stage, micro-batches only, which
-  // is gradient accumulation). stage: this rank's part of the model; activation: the per-sample shape of what the
-  // stages pass on (the vit's {49, 64}).
-  Pipeline(coll::CommPtr stages, std::shared_ptr<Net> stage, std::vector<int64_t> activation, PipeSchedule schedule,
-           double timeout_s = 0, Trace* trace = nullptr, bool recompute = false);
+  // is gradient accumulation). stage: this rank's part of the model, whose chunk_input_shape / chunk_output_shape
+  // give the per-sample shapes it receives (the vit's {49, 64} between any two stages; the cnn's {64, 7, 7} after
+  // its convolutions).
+  Pipeline(coll::CommPtr stages, std::shared_ptr<Net> stage, PipeSchedule schedule, double timeout_s = 0,
+           Trace* trace = nullptr, bool recompute = false);
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -97,7 +99,6 @@ class Pipeline {
 
   coll::CommPtr comm_;
   std::shared_ptr<Net> net_;
-  std::vector<int64_t> activation_;
   PipeSchedule schedule_;
   double timeout_s_;
   Trace* trace_;

@@ -263,6 +263,8 @@ class Vit : public Net {
     }
   }
   int chunks() const override { return chunks_; }
+  std::vector<int64_t> chunk_input_shape(int) const override { return {kTokens, kWidth}; }
+  std::vector<int64_t> chunk_output_shape(int) const override { return {kTokens, kWidth}; }
   // The first stage takes images (B, 1, 28, 28), the others the previous stage's (B, 49, 64); the last returns
   // logits (B, 10), the others (B, 49, 64). (A stage of several chunks: one at a time, forward_chunk.)
   torch::Tensor forward(torch::Tensor x) override {

@@ -44,12 +44,11 @@ struct TpGroup {
 // must divide the heads (1, 2 or 4). Initialised from torch's global generator (the whole model, on every rank).
 // With stages > 1 (1, 2 or 4: they divide the blocks): pipeline stage `stage` (torch/pipeline.h), holding its share
 // of the blocks, the first also the embedding (it takes images), the last also the final norm and the classifier (it
-// returns logits); the others take and return activations of kVitActivation per sample.
+// returns logits); the others take and return activations of 49 tokens x 64 per sample (chunk_input_shape).
 // chunks > 1: the interleaved schedule's stage, holding chunks non-consecutive parts of the blocks (chunk j is part
 // j x stages + stage of stages x chunks), each a forward_chunk.
 std::shared_ptr<Net> make_vit(TpGroup* group, int stage = 0, int stages = 1, int chunks = 1);
 constexpr int kVitHeads = 4;
 constexpr int kVitBlocks = 4;
-constexpr int64_t kVitActivation[2] = {49, 64};  // tokens, width
 
 }  // namespace conduit::train

@@ -32,6 +32,7 @@
 #include "torch/models.h"
 #include "torch/pipeline.h"
 #include "torch/scheme_optimizer.h"
+#include "torch/stages.h"
 #include "torch/tensor_parallel.h"
 
 namespace conduit::train {
@@ -476,12 +477,17 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   coll::CommPtr dp_comm = comm_ptr, pp_comm;
   if (pp > 1 || c.micro_batches > 1) {
     // (resolve_config refuses these with the same words; a caller of train_worker may not have run it)
-    if ((pp > 1 && c.model != "vit") || !spec.bsp())
+    if (!spec.bsp())
       throw ConfigError(
-          fmt::format("config: pp: {} and micro_batches: {} need sync bsp (and pp > 1 the vit, whose blocks it cuts "
-                      "into stages), this run is of model {} under sync {}; allowed with them: pp 1 and "
-                      "micro_batches 1",
-                      pp, c.micro_batches, c.model, spec.name));
+          fmt::format("config: pp: {} and micro_batches: {} need sync bsp, this run is under sync {}; allowed with "
+                      "them: pp 1 and micro_batches 1",
+                      pp, c.micro_batches, spec.name));
+    if (pp > 1 && c.model != "vit") stage_bounds(c.model, pp);  // (more stages than units: its one line)
+    if (c.pp_schedule == "interleaved" && c.model != "vit")
+      throw ConfigError(
+          fmt::format("config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 "
+                      "blocks, this run has model {}; allowed with it: gpipe or 1f1b",
+                      c.model));
     if (comm_ptr->size() % mp != 0 || c.micro_batches < 1 || c.micro_batches > c.batch_size)
       throw ConfigError(
           fmt::format("config: pp: {} stages of {} ranks with {} micro-batches of a batch of {} on {} ranks; "
@@ -525,7 +531,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     torch::manual_seed(c.seed);
     // (the interleaved schedule's stages hold kVitBlocks / pp chunks of one block each)
     const int chunks = c.pp_schedule == "interleaved" ? kVitBlocks / pp : 1;
-    model = c.model == "vit" ? make_vit(tpg.get(), pp > 1 ? pp_comm->rank() : 0, pp, chunks) : make_model(c.model);
+    if (c.model == "vit")
+      model = make_vit(tpg.get(), pp > 1 ? pp_comm->rank() : 0, pp, chunks);
+    else
+      model = pp > 1 ? make_model_stage(c.model, pp_comm->rank(), pp) : make_model(c.model);
   }
   auto optimizer = make_optimizer(c, *model);
 
@@ -713,10 +722,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   std::unique_ptr<Pipeline> pipe;
   int pipe_peak = 0;  // most micro-batches whose activations this rank held at once
   if (dopt && (pp > 1 || c.micro_batches > 1)) {
-    std::vector<int64_t> activation;
-    if (c.model == "vit") activation.assign(std::begin(kVitActivation), std::end(kVitActivation));
-    pipe = std::make_unique<Pipeline>(pp_comm, model, activation, parse_pipe_schedule(c.pp_schedule), c.timeout_s,
-                                      &trace, c.recompute);
+    pipe = std::make_unique<Pipeline>(pp_comm, model, parse_pipe_schedule(c.pp_schedule), c.timeout_s, &trace,
+                                      c.recompute);
   }
   const int data_rank = data_comm.rank(), data_world = data_comm.size();
   const bool data_lead = data_rank == 0;  // holds the model copies of eval_every (every rank of the first group)

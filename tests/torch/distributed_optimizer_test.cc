@@ -229,7 +229,7 @@ TEST(Pipeline, AStageWhoseNeighbourIsGoneFailsAtItsDeadline) {
   std::string error;
   const auto t0 = std::chrono::steady_clock::now();
   {
-    Pipeline pipe(comms[0], stage, {49, 64}, PipeSchedule::k1F1B, 0.5);
+    Pipeline pipe(comms[0], stage, PipeSchedule::k1F1B, 0.5);
     try {
       // (one micro-batch: one send, so the error is the receive's, not a later send's check of the first)
       pipe.train_step(torch::zeros({4, 1, 28, 28}), torch::zeros({4}, torch::kLong), 1);
@@ -254,6 +254,8 @@ struct CountingStage : Net {
     }
   }
   int chunks() const override { return chunks_; }
+  std::vector<int64_t> chunk_input_shape(int) const override { return {49, 64}; }
+  std::vector<int64_t> chunk_output_shape(int) const override { return {49, 64}; }
   torch::Tensor forward(torch::Tensor x) override { return forward_chunk(0, x); }
   torch::Tensor forward_chunk(int j, torch::Tensor x) override {
     ++calls;
@@ -288,7 +290,7 @@ TEST(Pipeline, RecomputationRunsTheForwardAgainWhereItSavesMemory) {
             torch::manual_seed(7 + r);
             net = std::make_shared<CountingStage>(r, schedule == "interleaved" ? 2 : 1);
           }
-          Pipeline pipe(comms[size_t(r)], net, {49, 64}, parse_pipe_schedule(schedule), 30, nullptr, recompute);
+          Pipeline pipe(comms[size_t(r)], net, parse_pipe_schedule(schedule), 30, nullptr, recompute);
           pipe.train_step(x, y, 4);  // (stage 1 reads the labels only)
           n[size_t(r)] = net->calls;
           auto w = net->lins[0]->weight.grad().contiguous().view(-1);

@@ -29,6 +29,7 @@
 #include "torch/config.h"
 #include "torch/data.h"
 #include "torch/metrics.h"
+#include "torch/stages.h"
 #include "torch/trainer.h"
 #include "train_util.h"
 
@@ -278,10 +279,21 @@ TEST(TrainConfig, TpSplitsTheVitInGroupsThatDivideTheWorkersUnderBsp) {
 
 // Pipeline stages cut the vit's 4 blocks (1, 2 or 4 stages; tp x pp dividing the workers) under bsp; micro-batches
 // go with any model (gradient accumulation), 1 to batch_size, under bsp.
-TEST(TrainConfig, PpCutsTheVitIntoStagesAndMicroBatchesSplitTheBatch) {
-  const std::string cnn = config_error({{"pp", "2"}});
-  expect_one_line(cnn, "pp");
-  EXPECT_NE(cnn.find("model cnn has none"), std::string::npos) << cnn;
+TEST(TrainConfig, PpCutsTheModelsIntoStagesAndMicroBatchesSplitTheBatch) {
+  // The mlp, cnn and resnet are cut between their 3, 4 and 5 units; the vit's 4 blocks into 1, 2 or 4 stages.
+  EXPECT_EQ(config_error({{"pp", "2"}}), "");  // (the cnn on 4 workers)
+  EXPECT_EQ(config_error({{"pp", "4"}, {"model", "cnn"}}), "");
+  EXPECT_EQ(config_error({{"pp", "5"}, {"model", "resnet"}, {"workers", "5"}}), "");
+  EXPECT_EQ(config_error({{"pp", "3"}, {"model", "mlp"}, {"workers", "3"}}), "");
+  const std::string mlp = config_error({{"pp", "4"}, {"model", "mlp"}});
+  expect_one_line(mlp, "pp");
+  EXPECT_NE(mlp.find("4 stages of model mlp, whose 3 units are its finest cut; allowed: pp 1 to 3"), std::string::npos)
+      << mlp;
+  expect_one_line(config_error({{"pp", "5"}, {"workers", "5"}}), "pp");  // (the cnn's 4 units)
+  expect_one_line(config_error({{"pp", "0"}}), "pp");
+  const std::string cnn_il = config_error({{"pp", "2"}, {"pp_schedule", "interleaved"}, {"micro_batches", "2"}});
+  expect_one_line(cnn_il, "pp_schedule");
+  EXPECT_NE(cnn_il.find("allowed: model vit and pp 2, or gpipe or 1f1b"), std::string::npos) << cnn_il;
   expect_one_line(config_error({{"pp", "3"}, {"model", "vit"}, {"workers", "3"}}), "pp");
   const std::string uneven = config_error({{"pp", "2"}, {"tp", "2"}, {"model", "vit"}, {"workers", "6"}});
   expect_one_line(uneven, "pp");
@@ -298,7 +310,7 @@ TEST(TrainConfig, PpCutsTheVitIntoStagesAndMicroBatchesSplitTheBatch) {
   expect_one_line(config_error({{"pp_schedule", "gpipe"}}), "pp_schedule");  // (no pipeline: pp 1)
   const std::string il4 = config_error({{"pp", "4"}, {"model", "vit"}, {"pp_schedule", "interleaved"}});
   expect_one_line(il4, "pp_schedule");
-  EXPECT_NE(il4.find("leaves one block a stage"), std::string::npos) << il4;
+  EXPECT_NE(il4.find("this run has model vit and pp 4"), std::string::npos) << il4;
   const std::string il3 = config_error(
       {{"pp", "2"}, {"model", "vit"}, {"workers", "2"}, {"pp_schedule", "interleaved"}, {"micro_batches", "3"}});
   expect_one_line(il3, "micro_batches");
@@ -1129,6 +1141,105 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
   fs::remove_all(dir);
 }
 
+TEST(PipelineStages, TheUnitsAreCutWhereTheLargestStageWorksLeast) {
+  EXPECT_EQ(partition_units({1, 1, 1, 1}, 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(partition_units({5, 1, 1, 1}, 2), (std::vector<int>{0, 1, 4}));
+  EXPECT_EQ(partition_units({1, 1, 1, 5}, 2), (std::vector<int>{0, 3, 4}));
+  EXPECT_EQ(partition_units({3, 1, 1, 3}, 3), (std::vector<int>{0, 1, 3, 4}));
+  EXPECT_EQ(partition_units({1, 2, 3}, 3), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(partition_units({1, 2, 3}, 1), (std::vector<int>{0, 3}));
+  EXPECT_EQ(partition_units({2, 2, 2}, 2), (std::vector<int>{0, 1, 3}));  // (of 2|4 and 4|2, the earlier cut)
+  // (least largest stage 4: 4 | 4 | 1 1 1)
+  EXPECT_EQ(partition_units({4, 4, 1, 1, 1}, 3), (std::vector<int>{0, 1, 2, 5}));
+  EXPECT_THROW(partition_units({1, 2}, 3), InvalidArgument);
+  EXPECT_THROW(partition_units({1, 2}, 0), InvalidArgument);
+  // The models: the mlp's first layer alone; the cnn's convolutions against its linear layers; the resnet's stem and
+  // first block against the rest.
+  EXPECT_EQ(stage_bounds("mlp", 2), (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(stage_bounds("cnn", 2), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(stage_bounds("resnet", 2), (std::vector<int>{0, 2, 5}));
+  EXPECT_EQ(stage_bounds("resnet", 4), (std::vector<int>{0, 1, 2, 3, 5}));
+  EXPECT_EQ(unit_costs("cnn")[1], 14.0 * 14 * 64 * 32 * 9);
+  EXPECT_THROW(stage_bounds("vit", 2), ConfigError);
+  EXPECT_THROW(stage_bounds("cnn", 5), ConfigError);
+}
+
+// The mlp, cnn and resnet cut into 2 pipeline stages between their units train what each whole model trains with
+// the same micro-batches on as many data-parallel replicas: the stages' parameters are the whole model's in order,
+// the resnet's BatchNorm statistics too (with recomputation: each micro-batch counted once), the evaluations give
+// the same accuracies, and a stage sends its gradients and its boundary's activations (or their gradients).
+TEST(Train, PipelineStagesTrainTheMlpCnnAndResnetAsTheWholeModelsTrain) {
+  auto dir = temp_dir("pp-units");
+  struct Case {
+    const char* model;
+    size_t stage0_params;  // the units before the cut
+    int64_t boundary;      // floats a sample at the cut
+  };
+  // mlp: fc1 | fc2 fc3; cnn: conv1 conv2 | fc1 fc2; resnet: stem layer1 | layer2 layer3 fc.
+  for (const Case& k : {Case{"mlp", 784 * 256 + 256, 256}, Case{"cnn", 32 * 9 + 32 + 64 * 32 * 9 + 64, 64 * 7 * 7},
+                        Case{"resnet", 16 * 9 + 2 * 16 + 2 * (16 * 16 * 9 + 2 * 16), 16 * 28 * 28}}) {
+    SCOPED_TRACE(k.model);
+    TrainConfig c = tiny(k.model);
+    c.optimizer = "sgd";
+    c.max_steps = 4;
+    c.eval_every = 2;
+    c.micro_batches = 4;
+    c.output = (dir / k.model / "whole").string();
+    auto whole = train_inproc(c, 2, true);
+    TrainConfig p = c;
+    p.pp = 2;
+    p.output = (dir / k.model / "pp").string();
+    auto pp = train_inproc(p, 4, true);
+    TrainConfig g = p;
+    g.pp_schedule = "gpipe";
+    g.recompute = true;
+    g.output = (dir / k.model / "gpipe").string();
+    auto gpipe = train_inproc(g, 4, true);
+    ASSERT_EQ(pp[0].params.size(), k.stage0_params);
+    for (auto* run : {&pp, &gpipe}) {
+      const auto& r = *run;
+      std::vector<float> params = r[0].params, buffers = r[0].buffers;
+      params.insert(params.end(), r[1].params.begin(), r[1].params.end());
+      buffers.insert(buffers.end(), r[1].buffers.begin(), r[1].buffers.end());
+      EXPECT_LT(max_rel_diff(params, whole[0].params), 1e-5);
+      EXPECT_LT(max_rel_diff(buffers, whole[0].buffers), 1e-5);  // (the resnet's; empty for the others)
+      for (const auto& x : r) EXPECT_NEAR(x.train_loss, whole[0].train_loss, 1e-5 * std::abs(whole[0].train_loss));
+      EXPECT_NEAR(r[0].test_accuracy, whole[0].test_accuracy, 1.0 / 64 + 1e-9);
+      EXPECT_EQ(r[2].params, r[0].params);  // the replicas of a stage average their gradients
+      // 4 steps: stage 0 sends its gradients (allreduced among 2: once their size) and 8 samples' activations, the
+      // last stage its gradients and the activations' gradients.
+      const uint64_t act = 8 * uint64_t(k.boundary) * 4;
+      EXPECT_EQ(r[0].bytes_sent, 4 * (k.stage0_params * 4 + act));
+      EXPECT_EQ(r[1].bytes_sent, 4 * ((whole[0].params.size() - k.stage0_params) * 4 + act));
+    }
+    // The same float sums in the same order, the forward recomputed in the backward the same computation.
+    for (size_t r = 0; r < 4; ++r) {
+      EXPECT_EQ(gpipe[r].params, pp[r].params) << "rank " << r;
+      EXPECT_EQ(gpipe[r].buffers, pp[r].buffers) << "rank " << r;
+    }
+    EXPECT_EQ(pp[0].pipeline_peak_micro_batches, 2);
+    EXPECT_EQ(gpipe[0].pipeline_peak_micro_batches, 4);
+    const auto whole_evals = eval_accuracies(dir / k.model / "whole");
+    ASSERT_EQ(whole_evals.size(), 1u);  // step 2's copy (4 is the end's: test_accuracy)
+    for (const char* run : {"pp", "gpipe"}) {
+      const auto e = eval_accuracies(dir / k.model / run);
+      ASSERT_EQ(e.size(), whole_evals.size()) << run;
+      for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(e[i], whole_evals[i], 1.0 / 64 + 1e-9) << run;
+    }
+  }
+  // A resumed cnn pipeline continues bit for bit.
+  TrainConfig c = tiny("cnn");
+  c.max_steps = 6;
+  c.checkpoint_every = 3;
+  c.pp = 2;
+  c.micro_batches = 2;
+  c.output = (dir / "cnn-pp").string();
+  auto straight = train_inproc(c, 2, true);
+  auto resumed = train_inproc(stopped_at_step_3(c, dir / "cnn-resume", 2), 2, true);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(resumed[r].params, straight[r].params) << "rank " << r;
+  fs::remove_all(dir);
+}
+
 // A warm-up under two steps warms nothing up (its last step is at the full lr): refused with the shortest allowed.
 TEST(Train, AWarmupShorterThanTwoStepsIsRefused) {
   TrainConfig c = tiny("mlp");  // 24 steps an epoch with 2 workers
@@ -1699,6 +1810,9 @@ TEST(Train, LayersThatSkipDgcKeepTheirMomentum) {
 
 
 TEST(TrainCli, ConfigurationErrorsStopBeforeTrainingWithOneLine) {
+  // (a folder of this process's own: a run that trained, had a case failed to be refused, left it for the next)
+  const fs::path never = fs::temp_directory_path() / fmt::format("conduit-train-never-{}", ::getpid());
+  fs::remove_all(never);
   for (auto [args, field] : std::vector<std::pair<std::string, std::string>>{
            {"--model vgg", "model"},
            {"--lr -1", "lr"},
@@ -1706,17 +1820,18 @@ TEST(TrainCli, ConfigurationErrorsStopBeforeTrainingWithOneLine) {
            {"--data-dir /nonexistent", "data_dir"},
            {"--workers 0", "workers"},
            {"--model mlp --compressor powersgd:rank=100000", "rank"},
-           {"--model cnn --pp 2", "pp"},
+           {"--model cnn --pp 5", "pp"},
            {"--model vit --pp 2 --micro-batches 0", "micro_batches"},
        }) {
-    CliRun r = run_conduit(args + " --output /tmp/conduit-train-never");
+    CliRun r = run_conduit(args + " --output " + never.string());
     EXPECT_NE(r.code, 0) << args;
     // One line: "conduit: error: config: <field>: ..."
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
     EXPECT_NE(r.out.find("conduit: error: config: "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(field), std::string::npos) << r.out;
   }
-  EXPECT_FALSE(fs::exists("/tmp/conduit-train-never/metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(never / "metrics.jsonl"));
+  fs::remove_all(never);
   // Under torchrun's environment, --workers must agree with WORLD_SIZE.
   std::string env = "env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 ";
   FILE* p = popen((env + CONDUIT_BINARY + " train --workers 4 --dataset synthetic 2>&1").c_str(), "r");

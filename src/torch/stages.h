@@ -1,0 +1,21 @@
+#pragma once
+// Where pipeline parallelism cuts the mlp, cnn and resnet into stages (torch/models.h builds them): between their
+// units, balanced by the units' forward work, as GPipe balances its partitions. No libtorch here: the config
+// resolver checks a stage count without building a model.
+#include <string>
+#include <vector>
+
+namespace conduit::train {
+
+// The units' forward multiply-adds per sample, in forward order: the mlp's 3 linear layers; the cnn's 2 convolutions
+// (with their pooling) and 2 linear layers; the resnet's stem, 3 blocks and classifier. ConfigError for another
+// model.
+std::vector<double> unit_costs(const std::string& model);
+// The cut of consecutive units with costs `costs` into `parts` non-empty runs whose largest sum is the least (of
+// equally good cuts, the one whose runs end earliest): each run's first unit, then costs.size(). InvalidArgument
+// unless 1 <= parts <= costs.size().
+std::vector<int> partition_units(const std::vector<double>& costs, int parts);
+// partition_units(unit_costs(model), stages); ConfigError (one line) for more stages than the model has units.
+std::vector<int> stage_bounds(const std::string& model, int stages);
+
+}  // namespace conduit::train
