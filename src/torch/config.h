@@ -39,7 +39,7 @@ struct TrainConfig {
   int64_t compress_min_bytes = 0;         // gradients smaller than this skip the compressor (plain allreduce)
   bool overlap = true;                    // communicate full buckets while backward goes on
   int tp = 1;                             // tensor-parallel ranks a group (model vit)
-  int pp = 1;                             // pipeline stages (model vit): ranks a pipeline, tp each
+  int pp = 1;                             // pipeline stages (vit: 1, 2, 4; others: to their units): ranks a pipeline
   int micro_batches = 1;                  // parts of each batch (pipelined with pp; gradient accumulation without)
   std::string pp_schedule = "1f1b";       // gpipe | 1f1b
   bool sequence_parallel = false;         // with tp: each rank holds its share of the tokens between split layers

@@ -210,8 +210,10 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     if (recompute(j)) s.out = run(j, k, s.in).second;
     s.out.backward(g);
     if (!kept.empty()) {
+      // (through variable_data(): the same storage under a version counter of its own, so a graph still alive that
+      // saved these buffers, another chunk's, is not failed by the copy)
       torch::NoGradGuard ng;
-      for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(kept[i]);
+      for (size_t i = 0; i < buffers.size(); ++i) buffers[i].variable_data().copy_(kept[i]);
     }
     if (trace_ && trace_->enabled())
       trace_->complete("backward", 0, t1, now_s(), {{"micro_batch", k}, {"chunk", j}, {"waited_s", t1 - t0}});

@@ -8,11 +8,13 @@
 namespace conduit::train {
 
 // The units' forward multiply-adds per sample, in forward order: the mlp's 3 linear layers; the cnn's 2 convolutions
-// (with their pooling) and 2 linear layers; the resnet's stem, 3 blocks and classifier. ConfigError for another
-// model.
+// (with their pooling) and 2 linear layers; the resnet's stem, 3 blocks and classifier. A stage's model file holds
+// its units' modules, so checkpoints record the cut these give (a resume under other costs is refused). ConfigError for
+// another model.
 std::vector<double> unit_costs(const std::string& model);
 // The cut of consecutive units with costs `costs` into `parts` non-empty runs whose largest sum is the least (of
-// equally good cuts, the one whose runs end earliest): each run's first unit, then costs.size(). InvalidArgument
+// equally good cuts, the one whose first run ends earliest, the rest cut so again): each run's first unit, then
+// costs.size(). InvalidArgument
 // unless 1 <= parts <= costs.size().
 std::vector<int> partition_units(const std::vector<double>& costs, int parts);
 // partition_units(unit_costs(model), stages); ConfigError (one line) for more stages than the model has units.

@@ -610,8 +610,15 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (meta.value("pp", 1) != c.pp)
       throw ConfigError(
           fmt::format("config: resume: the checkpoint was written with pp = {}, this run has {}; "
-                      "allowed: the same pp (each rank's model file holds its stage's blocks)",
+                      "allowed: the same pp (each rank's model file holds its stage's blocks or layers)",
                       meta.value("pp", 1), c.pp));
+    // The mlp's, cnn's and resnet's cut (stage_bounds): a stage's model file holds its units' modules only.
+    if (c.pp > 1 && c.model != "vit" && meta.contains("stage_bounds") && !meta["stage_bounds"].is_null() &&
+        meta["stage_bounds"] != nlohmann::json(stage_bounds(c.model, c.pp)))
+      throw ConfigError(fmt::format(
+          "config: resume: the checkpoint's stages begin at units {}, this version cuts model {} at {}; allowed: "
+          "resume with the version that wrote it",
+          meta["stage_bounds"].dump(), c.model, nlohmann::json(stage_bounds(c.model, c.pp)).dump()));
     const bool saved_interleaved = meta.value("pp_schedule", std::string("1f1b")) == "interleaved";
     if (saved_interleaved != (c.pp_schedule == "interleaved"))
       throw ConfigError(fmt::format(
@@ -619,7 +626,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
           "model file holds {})",
           meta.value("pp_schedule", std::string("1f1b")), c.pp_schedule,
           saved_interleaved ? "interleaved" : "gpipe or 1f1b",
-          saved_interleaved ? "its interleaved chunks of blocks" : "consecutive blocks"));
+          saved_interleaved ? "its interleaved chunks of blocks" : "consecutive blocks or layers"));
     // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0);
     // stages 1 and 2 cut the same slices, so either resumes the other.
     // Stage 3 cuts its slices per layer instead.
@@ -1085,46 +1092,49 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (world > 1) comm.broadcast(declared, 3, DType::f64, 0).wait();
     const bool declares = declares_checkpoints();
     if (declares) {
-      nlohmann::json declaration = {{"epoch", epoch},
-                                    {"step", step},
-                                    {"global_step", global_step},
-                                    {"world", comm_ptr->size()},
-                                    {"model", c.model},
-                                    {"compressor", c.compressor},
-                                    {"sync", spec.name},
-                                    {"sync_params", scheme_params(spec)},
-                                    {"batch_size", c.batch_size},
-                                    {"seed", c.seed},
-                                    {"dataset", c.dataset},
-                                    {"train_limit", c.train_limit},
-                                    {"synthetic_samples", c.synthetic_samples},
-                                    {"optimizer", c.optimizer},
-                                    {"compress_min_bytes", c.compress_min_bytes},
-                                    {"target_accuracy", c.target_accuracy},
-                                    // the rest of the run's settings, a resume's defaults
-                                    {"lr", c.lr},
-                                    {"momentum", c.momentum},
-                                    {"weight_decay", c.weight_decay},
-                                    {"lr_schedule", c.lr_schedule},
-                                    {"warmup_epochs", c.warmup_epochs},
-                                    {"epochs", c.epochs},
-                                    {"test_limit", c.test_limit},
-                                    {"data_dir", c.data_dir},
-                                    {"checkpoint_every", c.checkpoint_every},
-                                    {"eval_every", c.eval_every},
-                                    {"bucket_cap_mb", c.bucket_cap_mb},
-                                    {"first_bucket_mb", c.first_bucket_mb},
-                                    {"overlap", c.overlap},
-                                    {"zero", c.zero},
-                                    {"tp", c.tp},
-                                    {"pp", c.pp},
-                                    {"micro_batches", c.micro_batches},
-                                    {"pp_schedule", c.pp_schedule},
-                                    {"recompute", c.recompute},
-                                    {"sequence_parallel", c.sequence_parallel},
-                                    {"wall_s", declared[0]},
-                                    {"time_to_target_s", declared[1]},
-                                    {"test_accuracy", declared[2]}};
+      nlohmann::json declaration = {
+          {"epoch", epoch},
+          {"step", step},
+          {"global_step", global_step},
+          {"world", comm_ptr->size()},
+          {"model", c.model},
+          {"compressor", c.compressor},
+          {"sync", spec.name},
+          {"sync_params", scheme_params(spec)},
+          {"batch_size", c.batch_size},
+          {"seed", c.seed},
+          {"dataset", c.dataset},
+          {"train_limit", c.train_limit},
+          {"synthetic_samples", c.synthetic_samples},
+          {"optimizer", c.optimizer},
+          {"compress_min_bytes", c.compress_min_bytes},
+          {"target_accuracy", c.target_accuracy},
+          // the rest of the run's settings, a resume's defaults
+          {"lr", c.lr},
+          {"momentum", c.momentum},
+          {"weight_decay", c.weight_decay},
+          {"lr_schedule", c.lr_schedule},
+          {"warmup_epochs", c.warmup_epochs},
+          {"epochs", c.epochs},
+          {"test_limit", c.test_limit},
+          {"data_dir", c.data_dir},
+          {"checkpoint_every", c.checkpoint_every},
+          {"eval_every", c.eval_every},
+          {"bucket_cap_mb", c.bucket_cap_mb},
+          {"first_bucket_mb", c.first_bucket_mb},
+          {"overlap", c.overlap},
+          {"zero", c.zero},
+          {"tp", c.tp},
+          {"pp", c.pp},
+          {"stage_bounds",
+           c.pp > 1 && c.model != "vit" ? nlohmann::json(stage_bounds(c.model, c.pp)) : nlohmann::json()},
+          {"micro_batches", c.micro_batches},
+          {"pp_schedule", c.pp_schedule},
+          {"recompute", c.recompute},
+          {"sequence_parallel", c.sequence_parallel},
+          {"wall_s", declared[0]},
+          {"time_to_target_s", declared[1]},
+          {"test_accuracy", declared[2]}};
       // What a mid-epoch resume must train on (data_dir above is the folder as given, maybe relative).
       if (file_data) {
         declaration["data_dir_resolved"] = data_dir_resolved;

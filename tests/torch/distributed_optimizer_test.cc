@@ -21,6 +21,7 @@
 #include "torch/models.h"
 #include "torch/pipeline.h"
 #include "torch/scheme_optimizer.h"
+#include "torch/stages.h"
 #include "torch/tensor_parallel.h"
 
 namespace conduit::train {
@@ -241,6 +242,41 @@ TEST(Pipeline, AStageWhoseNeighbourIsGoneFailsAtItsDeadline) {
   EXPECT_NE(error.find("recv from rank 1"), std::string::npos) << error;
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   EXPECT_LT(s, 60.0);  // (a hang guard, not a timing: the deadline is 0.5 s)
+}
+
+// Every cut of the mlp, cnn and resnet (pp 1 to their units), chained stage to stage with no communication: each
+// stage takes the shape the one before returns and its model says it takes, and the last returns the whole model's
+// logits exactly; the stages' parameters are the whole model's, in order.
+TEST(PipelineStages, EveryCutChainsBackIntoTheWholeModel) {
+  torch::manual_seed(11);
+  const torch::Tensor x = torch::randn({3, 1, 28, 28});
+  for (const std::string model : {"mlp", "cnn", "resnet"}) {
+    torch::manual_seed(5);
+    auto whole = make_model(model);
+    whole->eval();  // (BatchNorm by its running statistics: the same in every copy)
+    const torch::Tensor want = whole->forward(x);
+    std::vector<torch::Tensor> whole_params = whole->parameters();
+    const int units = int(unit_costs(model).size());
+    for (int pp = 1; pp <= units; ++pp) {
+      SCOPED_TRACE(fmt::format("{} pp {}", model, pp));
+      torch::Tensor h = x;
+      size_t p = 0;
+      for (int s = 0; s < pp; ++s) {
+        torch::manual_seed(5);
+        auto stage = make_model_stage(model, s, pp);
+        stage->eval();
+        if (s > 0) EXPECT_EQ(h.sizes().slice(1).vec(), stage->chunk_input_shape(0)) << "stage " << s;
+        h = stage->forward(h);
+        if (s < pp - 1) EXPECT_EQ(h.sizes().slice(1).vec(), stage->chunk_output_shape(0)) << "stage " << s;
+        for (auto& q : stage->parameters()) {
+          ASSERT_LT(p, whole_params.size());
+          EXPECT_TRUE(torch::equal(q, whole_params[p++])) << "stage " << s;
+        }
+      }
+      EXPECT_EQ(p, whole_params.size());
+      EXPECT_TRUE(torch::equal(h, want));
+    }
+  }
 }
 
 // Two pipeline stages of one or two chunks (the interleaved schedule's) that count their forward calls: the model's

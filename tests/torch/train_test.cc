@@ -1235,8 +1235,24 @@ TEST(Train, PipelineStagesTrainTheMlpCnnAndResnetAsTheWholeModelsTrain) {
   c.micro_batches = 2;
   c.output = (dir / "cnn-pp").string();
   auto straight = train_inproc(c, 2, true);
-  auto resumed = train_inproc(stopped_at_step_3(c, dir / "cnn-resume", 2), 2, true);
+  TrainConfig again = stopped_at_step_3(c, dir / "cnn-resume", 2);
+  const fs::path meta_path = fs::path(again.resume) / "checkpoint.json";
+  auto meta = read_json_file(meta_path.string());
+  EXPECT_EQ(meta["stage_bounds"], nlohmann::json({0, 2, 4}));
+  auto resumed = train_inproc(again, 2, true);
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(resumed[r].params, straight[r].params) << "rank " << r;
+  // A checkpoint cut elsewhere (other unit costs) holds other modules in each stage's file: refused with one line.
+  meta["stage_bounds"] = {0, 1, 4};
+  std::ofstream(meta_path) << meta.dump();
+  again.output = (dir / "cnn-resume" / "recut").string();
+  try {
+    train_inproc(again, 2, true);
+    ADD_FAILURE() << "resumed a checkpoint cut elsewhere";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("stages begin at units [0,1,4], this version cuts model cnn at [0,2,4]"),
+              std::string::npos)
+        << e.what();
+  }
   fs::remove_all(dir);
 }
 
