@@ -716,6 +716,14 @@ int run_local_workers(const LaunchSpec& spec) {
   const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
   // The flags first: a bad --bind was reported as the program's failure to run when both were wrong.
   const std::vector<int> bind_cpus = binding_cpus(spec);
+  if (!spec.work.empty() && spec.work.size() != size_t(spec.nprocs))
+    throw InvalidArgument(fmt::format("launch: {} workers' work for {} workers", spec.work.size(), spec.nprocs));
+  // The index into bind_cpus of each rank's CPU.
+  const std::vector<int> cpu_slot =
+      bind_cpus.empty()
+          ? std::vector<int>{}
+          : spread_over_cpus(spec.work.empty() ? std::vector<double>(size_t(spec.nprocs), 1.0) : spec.work,
+                             int(bind_cpus.size()));
 
   const std::string& program = spec.command[0];
   std::string why;
@@ -817,7 +825,7 @@ int run_local_workers(const LaunchSpec& spec) {
       if (pid == 0) {
         exec_child(out_w.get(), err_w.get(), dev_null.get(), rep_w.get(), parent, resolved->c_str(), argv.data(),
                    envp.data(), worker_file_limit ? &*worker_file_limit : nullptr,
-                   bind_cpus.empty() ? -1 : bind_cpus[rank % bind_cpus.size()]);
+                   bind_cpus.empty() ? -1 : bind_cpus[size_t(cpu_slot[size_t(rank)])]);
       }
     }
     if (pid < 0) {

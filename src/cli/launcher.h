@@ -27,6 +27,9 @@ struct LaunchSpec {
   // "none": the scheduler decides; "auto" (default): core when there are at least as many CPUs as workers or the
   // workers divide evenly over them (4 on 2 CPUs: two each), else none.
   std::string bind = "auto";
+  // Each worker's share of the work (empty: equal); bound workers are spread by it (spread_over_cpus, core/cpus.h)
+  // instead of k mod C: `conduit train` gives a pipeline's stages of unequal work.
+  std::vector<double> work;
 };
 
 inline constexpr int kMaxLocalWorkers = 1024;

@@ -1,5 +1,6 @@
 #include "core/cpus.h"
 
+#include <fmt/format.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -8,9 +9,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <sstream>
 
 #include "core/env.h"
+#include "core/error.h"
 
 namespace conduit {
 namespace {
@@ -120,6 +123,30 @@ int usable_cpus() {
   CPU_ZERO(&mask);
   if (::sched_getaffinity(0, sizeof mask, &mask) == 0) n = std::min(n, std::max(1, CPU_COUNT(&mask)));
   return n;
+}
+
+std::vector<int> spread_over_cpus(const std::vector<double>& work, int ncpus) {
+  if (ncpus < 1) throw InvalidArgument(fmt::format("spread_over_cpus: {} CPUs; allowed: 1 or more", ncpus));
+  for (double w : work)
+    if (!std::isfinite(w) || w < 0)
+      throw InvalidArgument(fmt::format("spread_over_cpus: a worker's work is {}; allowed: finite, 0 or more", w));
+  const size_t n = work.size(), c = size_t(ncpus), cap = (n + c - 1) / c;
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work[a] > work[b]; });
+  std::vector<double> load(c, 0.0);
+  std::vector<size_t> taken(c, 0);
+  std::vector<int> cpu(n, 0);
+  for (size_t k : order) {
+    size_t best = c;
+    for (size_t i = 0; i < c; ++i)
+      if (taken[i] < cap && (best == c || load[i] < load[best] || (load[i] == load[best] && taken[i] < taken[best])))
+        best = i;
+    cpu[k] = int(best);
+    load[best] += work[k];
+    ++taken[best];
+  }
+  return cpu;
 }
 
 }  // namespace conduit

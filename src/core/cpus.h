@@ -30,4 +30,12 @@ int quota_cpus();
 // quota_cpus() capped by this process's affinity mask (taskset, a cpuset): what a launcher can spread workers over.
 int usable_cpus();
 
+// Which of `ncpus` CPUs each of work.size() workers is bound to, work[k] being worker k's share of the work (any
+// positive scale): every CPU takes ceil(workers / ncpus) at most, and the workers go one by one, the most work first
+// (of equal work, the lowest rank first), each to the CPU with the least work so far (of equal, the lowest), so the
+// busiest CPU gets as little as this greedy order can give it. Equal work gives rank k CPU k mod ncpus. A pipeline's
+// stages of unequal work, bound k mod ncpus, put every heavy first stage on one CPU. InvalidArgument for ncpus < 1
+// or a negative or non-finite work.
+std::vector<int> spread_over_cpus(const std::vector<double>& work, int ncpus);
+
 }  // namespace conduit

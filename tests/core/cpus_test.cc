@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <vector>
+
 #include "core/error.h"
 
 namespace conduit {
@@ -25,6 +28,24 @@ TEST(Cpus, QuotasBecomeWholeCpusRoundedUp) {
   EXPECT_EQ(cpus_from_cpu_max("inf 1"), std::nullopt);
   EXPECT_EQ(cpus_from_cpu_max("nan 1000"), std::nullopt);
   EXPECT_EQ(cpus_from_cpu_max("2147483000000 1000"), 2147483000);
+}
+
+TEST(Cpus, WorkersAreSpreadSoTheBusiestCpuGetsLeast) {
+  // Equal work: rank k on CPU k mod C, as binding always did.
+  EXPECT_EQ(spread_over_cpus({1, 1, 1, 1}, 2), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(spread_over_cpus({0, 0, 0}, 4), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(spread_over_cpus({}, 2), (std::vector<int>{}));
+  // 2 pipelines of a cnn cut 9:1: each CPU gets one heavy first stage and one light last stage (k mod 2 put both
+  // heavy ones on CPU 0).
+  EXPECT_EQ(spread_over_cpus({9, 1, 9, 1}, 2), (std::vector<int>{0, 0, 1, 1}));
+  // Every CPU takes at most ceil(workers / C): the two lightest do not both go to the CPU beside the heavy one.
+  EXPECT_EQ(spread_over_cpus({10, 1, 1, 1}, 2), (std::vector<int>{0, 1, 1, 0}));
+  // The most work first, each to the least loaded CPU with room: 5 + 1 | 4 + 2 | 3 + 3.
+  EXPECT_EQ(spread_over_cpus({3, 5, 4, 2, 1, 3}, 3), (std::vector<int>{2, 0, 1, 1, 0, 2}));
+  EXPECT_EQ(spread_over_cpus({1, 2}, 8), (std::vector<int>{1, 0}));
+  EXPECT_THROW(spread_over_cpus({1}, 0), InvalidArgument);
+  EXPECT_THROW(spread_over_cpus({1, -1}, 2), InvalidArgument);
+  EXPECT_THROW(spread_over_cpus({1, std::nan("")}, 2), InvalidArgument);
 }
 
 TEST(Cpus, CountsAreBetweenOneAndTheOnlineCpus) {
