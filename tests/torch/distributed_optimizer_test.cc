@@ -279,6 +279,53 @@ TEST(PipelineStages, EveryCutChainsBackIntoTheWholeModel) {
   }
 }
 
+// The resnet's two stages under GPipe with 4 micro-batches: with recomputation each stage's BatchNorm buffers end as
+// without it, every one of them (running statistics and num_batches_tracked, 4: a micro-batch counts once), and the
+// gradients are the same.
+TEST(Pipeline, RecomputationCountsEachMicroBatchOnceInTheBatchNormStatistics) {
+  torch::manual_seed(2);
+  const torch::Tensor x = torch::randn({8, 1, 28, 28}), y = torch::randint(0, 10, {8}, torch::kLong);
+  std::map<bool, std::vector<std::vector<torch::Tensor>>> buffers, grads;
+  for (bool recompute : {false, true}) {
+    auto comms = coll::Communicator::inproc(2);
+    buffers[recompute].resize(2);
+    grads[recompute].resize(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        std::shared_ptr<Net> net;
+        {
+          static std::mutex init_mu;  // (torch's generator is global)
+          std::lock_guard<std::mutex> lk(init_mu);
+          torch::manual_seed(7);
+          net = make_model_stage("resnet", r, 2);
+        }
+        Pipeline pipe(comms[size_t(r)], net, PipeSchedule::kGpipe, 30, nullptr, recompute);
+        pipe.train_step(x, y, 4);
+        for (auto& b : net->buffers()) buffers[recompute][size_t(r)].push_back(b.clone());
+        for (auto& q : net->parameters()) grads[recompute][size_t(r)].push_back(q.grad().clone());
+      });
+    for (auto& t : ts) t.join();
+  }
+  for (size_t r = 0; r < 2; ++r) {
+    const auto &plain = buffers[false][r], &again = buffers[true][r];
+    ASSERT_EQ(plain.size(), again.size());
+    ASSERT_FALSE(plain.empty());
+    int counters = 0;
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(torch::equal(plain[i], again[i])) << "stage " << r << ", buffer " << i;
+      if (plain[i].scalar_type() == torch::kLong) {
+        EXPECT_EQ(again[i].item<int64_t>(), 4) << "stage " << r;  // num_batches_tracked
+        ++counters;
+      }
+    }
+    EXPECT_GT(counters, 0);
+    ASSERT_EQ(grads[false][r].size(), grads[true][r].size());
+    for (size_t i = 0; i < grads[false][r].size(); ++i)
+      EXPECT_TRUE(torch::equal(grads[false][r][i], grads[true][r][i])) << "stage " << r << ", parameter " << i;
+  }
+}
+
 // Two pipeline stages of one or two chunks (the interleaved schedule's) that count their forward calls: the model's
 // first chunk maps images to (B, 49, 64), its last that to 10 logits, the others (B, 49, 64) to itself.
 struct CountingStage : Net {
