@@ -1423,6 +1423,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"workers", world},
          {"tp", tp},  // ranks a tensor-parallel group; pp of them a pipeline; the replicas, data_parallel, share
          {"pp", pp},  // out the data
+         // the first unit of each stage of the mlp, cnn or resnet, then their count (null: the vit, or pp 1)
+         {"stage_bounds", pp > 1 && c.model != "vit" ? nlohmann::json(stage_bounds(c.model, pp)) : nlohmann::json()},
          {"micro_batches", c.micro_batches},
          {"pp_schedule", c.pp_schedule},
          {"recompute", c.recompute},

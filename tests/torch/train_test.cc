@@ -1212,6 +1212,8 @@ TEST(Train, PipelineStagesTrainTheMlpCnnAndResnetAsTheWholeModelsTrain) {
       EXPECT_EQ(r[0].bytes_sent, 4 * (k.stage0_params * 4 + act));
       EXPECT_EQ(r[1].bytes_sent, 4 * ((whole[0].params.size() - k.stage0_params) * 4 + act));
     }
+    const auto summary = read_json_file((dir / k.model / "pp" / "summary.json").string());
+    EXPECT_EQ(summary["stage_bounds"][1], std::string(k.model) == "mlp" ? 1 : 2);
     // The same float sums in the same order, the forward recomputed in the backward the same computation.
     for (size_t r = 0; r < 4; ++r) {
       EXPECT_EQ(gpipe[r].params, pp[r].params) << "rank " << r;
