@@ -14,7 +14,7 @@ the goal, the rows whose runs alone spread past the goal, and each (model, N)'s 
   /usr/bin/python3 bench/sim/validate_train.py [--conduit build/bin/conduit] [--out /tmp/simval] [--rounds 3]
                                                [--workers 2,4] [--goal 0.10] [--retakes 2]
                                                [--train-runs 3] [--model-steps 160] [--train-steps 160]
-                                               [--zero 0|1|2|3]
+                                               [--zero 0|1|2|3] [--pp P --micro-batches M [--schedule 1f1b|gpipe]]
   /usr/bin/python3 bench/sim/validate_train.py --report /tmp/simval/rows.json     (the table of an earlier run again)
 """
 import argparse
@@ -106,22 +106,26 @@ def measure(a, workers):
                 wake = [float(l.split()[1]) * 1e-6 for l in f if l.strip().startswith("wake_latency:")]
             wake = wake[0] if wake else 0.0
             for model, spec in MODELS.items():
+                # With --pp, n / pp pipelines, each taking a batch of BATCH in --micro-batches parts.
+                pipe = ["--pp", str(a.pp), "--schedule", a.schedule] if a.pp > 1 else []
                 p = json.loads(run([c, "sim", "step", "--cluster", cluster, "--gpus", str(n), "--model", "layers",
-                                    "--layers-spec", spec, "--global-batch", str(BATCH * n), "--micro-batch",
-                                    str(BATCH), "--grad-bytes", "4", "--compression", "none", "--sync", "bsp",
-                                    "--zero", str(a.zero), "--json"]))
+                                    "--layers-spec", spec, "--global-batch", str(BATCH * n // a.pp), "--micro-batch",
+                                    str(BATCH // a.micro_batches), "--grad-bytes", "4", "--compression", "none",
+                                    "--sync", "bsp", "--zero", str(a.zero), "--json"] + pipe))
                 runs = []
                 for k in range(1, a.train_runs + 1):
                     out = os.path.join(d, f"train-{model}" + (f"-{k}" if a.train_runs > 1 else ""))
                     shutil.rmtree(out, ignore_errors=True)  # a re-run's; train refuses a folder with a checkpoint
                     run([c, "train", "--model", model, "--workers", str(n), "--transport", "shm", "--compressor",
                          "none", "--zero", str(a.zero), "--max-steps", str(a.train_steps), "--progress", "false",
-                         "--output", out])
+                         "--output", out, "--micro-batches", str(a.micro_batches)] +
+                        (["--pp", str(a.pp), "--pp-schedule", a.schedule] if a.pp > 1 else []))
                     runs.append(measured(os.path.join(out, "metrics.jsonl"), 11, a.train_steps))
                 # The run whose median step is the median of the runs' (the lower middle one for an even count).
                 total, comp, exp, opt = sorted(runs)[(len(runs) - 1) // 2]
                 b = p["breakdown_s"]
-                rows.append(dict(model=model, n=n, zero=a.zero, round=rnd, load=(l0, load()), retakes=retake, slowed=slowed, pred=p["time_s"],
+                rows.append(dict(model=model, n=n, zero=a.zero, pp=a.pp, micro_batches=a.micro_batches,
+                                 schedule=a.schedule, round=rnd, load=(l0, load()), retakes=retake, slowed=slowed, pred=p["time_s"],
                                  p_comp=p["time_s"] - b["dp_exposed"] - b["zero3_exposed"] - b["optimizer"],
                                  p_exp=b["dp_exposed"] + b["zero3_exposed"], p_opt=b["optimizer"],
                                  framework=b["framework"], rank_wait=b["rank_wait"], wake=wake, meas=total, m_comp=comp,
@@ -137,6 +141,10 @@ def main():
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                     help="ZeRO stage of both the predictions and the training runs (default 0)")
+    ap.add_argument("--pp", type=int, default=1,
+                    help="pipeline stages (conduit train --pp: the layers cut by their work; needs --zero 0)")
+    ap.add_argument("--micro-batches", type=int, default=1, help="micro-batches of each pipeline's batch of 64")
+    ap.add_argument("--schedule", default="1f1b", choices=["1f1b", "gpipe"], help="the pipeline's schedule")
     ap.add_argument("--goal", type=float, default=0.10)
     ap.add_argument("--train-runs", type=int, default=3,
                     help="conduit train runs per model and round; the measured step is the median run's")
@@ -157,9 +165,11 @@ def main():
     except ValueError:
         sys.exit(f"validate_train.py: --workers '{a.workers}' is not a comma-separated list of integers")
     if a.rounds < 1 or a.train_runs < 1 or a.retakes < 0 or any(n < 2 for n in workers) or a.stagger_us < 0 or \
-            a.model_steps < 1 or a.train_steps < 30:
+            a.model_steps < 1 or a.train_steps < 30 or a.pp < 1 or any(n % a.pp for n in workers) or \
+            a.micro_batches < 1 or BATCH % a.micro_batches or (a.pp > 1 and a.zero):
         sys.exit("validate_train.py: --rounds, --train-runs and --model-steps must be >= 1, --train-steps >= 30, "
-                 "--retakes and --stagger-us >= 0 and every --workers entry >= 2")
+                 "--retakes and --stagger-us >= 0, every --workers entry >= 2 and a multiple of --pp, "
+                 f"--micro-batches dividing {BATCH}, and --zero 0 with --pp above 1")
     if a.report:
         try:
             with open(a.report) as f:

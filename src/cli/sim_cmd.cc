@@ -355,6 +355,8 @@ void run_layer_step(const StepArgs& given_args) {
                         {"dp_comm_total", b.dp_comm},
                         {"dp_exposed", b.dp_exposed},
                         {"zero3_exposed", b.zero3_exposed},
+                        {"bubble", b.bubble},
+                        {"pp_comm", b.pp_comm},
                         {"rank_wait", b.rank_wait},
                         {"compression", b.compression},
                         {"optimizer", b.optimizer}}},
@@ -371,6 +373,9 @@ void run_layer_step(const StepArgs& given_args) {
   fmt::print("  memory per GPU            {} of {}\n", format_gb(r.memory.total()), format_gb(r.memory_capacity));
   fmt::print("  compute {}  data-parallel exposed {} (total {})  optimizer {}\n", format_seconds(b.compute),
              format_seconds(b.dp_exposed + b.zero3_exposed), format_seconds(b.dp_comm), format_seconds(b.optimizer));
+  if (c.pp > 1)
+    fmt::print("  pipeline bubble {} (the busiest stage idle; its transfers {})\n", format_seconds(b.bubble),
+               format_seconds(b.pp_comm));
   if (b.framework != 0 || b.rank_wait != 0)
     fmt::print(
         "  of which framework time beyond the kernels {}{} (measured model step), wait for the slowest rank {}\n",

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/partition.h"
 #include "sim/units.h"
 
 namespace conduit::sim {
@@ -579,23 +581,235 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   return r;
 }
 
+namespace {
+
+// Elements a sample of a layer's output.
+double output_elements(const Layer& l) {
+  if (l.kind == "pool") return l.in * std::floor(l.height / l.kernel) * std::floor(l.width / l.kernel);
+  const GemmShape g = l.forward_gemm(1);
+  return g.m * g.n;
+}
+
+// A layer-list model cut into cfg.pp pipeline stages, as `conduit train --pp` cuts the mlp and cnn (docs/sim.md §5):
+// between units, the cut whose largest stage has the fewest forward multiply-adds a sample (partition_units). Each
+// stage's forward and backward of a micro-batch are its layers' kernels (pf, pb: each layer's at the micro-batch)
+// with the framework's time shared out in proportion; the schedule (GPipe or 1F1B) is played out micro-batch by
+// micro-batch, a forward waiting for the activations of the stage before (a point-to-point transfer of the
+// boundary's output), a backward for the gradient from the stage after; each stage's data-parallel exchange among its
+// d replicas overlaps its last backward.
+StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const ParallelConfig& cfg, StepResult r,
+                          const Accelerator& acc, const ModelStepSample* measured,
+                          const std::vector<size_t>& unit_first, const std::vector<double>& pf,
+                          const std::vector<double>& pb, double framework, double cap, long long mb, double wake) {
+  const int p = cfg.pp;
+  const long long gpus = r.gpus, d = gpus / p;
+  const double b = cfg.micro_batch, eb = cfg.grad_bytes;
+  const size_t units = unit_first.size();
+  auto unit_end = [&](size_t u) { return u + 1 < units ? unit_first[u + 1] : m.layers.size(); };
+  std::vector<double> macs(units, 0.0);
+  for (size_t u = 0; u < units; ++u)
+    for (size_t li = unit_first[u]; li < unit_end(u); ++li)
+      if (m.layers[li].kind != "pool") macs[u] += m.layers[li].forward_gemm(1).flops() / 2;
+  const std::vector<int> bounds = partition_units(macs, p);
+  double kernels = 0;
+  for (size_t li = 0; li < m.layers.size(); ++li) kernels += pf[li] + pb[li];
+  const double scale = kernels > 0 ? 1 + framework / kernels : 1;  // (framework >= -kernels: scale >= 0)
+  std::vector<double> F(size_t(p), 0.0), B(size_t(p), 0.0), params(size_t(p), 0.0), act(size_t(p), 0.0),
+      out(size_t(p), 0.0);
+  for (int s = 0; s < p; ++s)
+    for (size_t u = size_t(bounds[size_t(s)]); u < size_t(bounds[size_t(s) + 1]); ++u)
+      for (size_t li = unit_first[u]; li < unit_end(u); ++li) {
+        const Layer& l = m.layers[li];
+        F[size_t(s)] += pf[li] * scale;
+        B[size_t(s)] += pb[li] * scale;
+        params[size_t(s)] += l.params();
+        const GemmShape g = l.forward_gemm(b);
+        act[size_t(s)] += 2 * g.m * g.n * eb;  // (as the data-parallel model counts them)
+        out[size_t(s)] = output_elements(l);
+      }
+  // Each boundary's transfer, forward (the activations) and backward (their gradient): the pipeline's ranks are
+  // consecutive (rank = replica x p + stage).
+  const Group pg{p, 1, 0};
+  std::vector<double> link(size_t(p), 0.0);  // link[s]: between stages s and s + 1
+  for (int s = 0; s + 1 < p; ++s) {
+    const double msg = b * out[size_t(s)] * eb;
+    auto prof = net.profile(Collective::kShift, Algorithm::kDirect, pg, msg);
+    link[size_t(s)] =
+        (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kShift, prof.algorithm, pg, msg) : prof.time(msg)) +
+        wake;
+  }
+  // The schedule, played out: each stage runs its operations in order, each once its input has arrived.
+  const size_t M = size_t(mb), P = size_t(p);
+  std::vector<std::vector<std::pair<bool, size_t>>> ops(P);  // (backward, micro-batch)
+  for (size_t s = 0; s < P; ++s) {
+    if (cfg.schedule == Schedule::kGpipe) {
+      for (size_t k = 0; k < M; ++k) ops[s].push_back({false, k});
+      for (size_t k = 0; k < M; ++k) ops[s].push_back({true, k});
+    } else {  // 1F1B: min(p - s - 1, m) forwards, then one forward and one backward in turn, then the backwards
+      const size_t warm = std::min(P - s - 1, M);
+      for (size_t k = 0; k < warm; ++k) ops[s].push_back({false, k});
+      for (size_t k = 0; k < M - warm; ++k) {
+        ops[s].push_back({false, warm + k});
+        ops[s].push_back({true, k});
+      }
+      for (size_t k = M - warm; k < M; ++k) ops[s].push_back({true, k});
+    }
+  }
+  const double unknown = -1;
+  std::vector<std::vector<double>> fdone(P, std::vector<double>(M, unknown)), bdone = fdone;
+  std::vector<size_t> next(P, 0);
+  std::vector<double> free_at(P, 0.0);
+  for (size_t left = 2 * M * P; left > 0;) {
+    bool moved = false;
+    for (size_t s = 0; s < P; ++s)
+      while (next[s] < ops[s].size()) {
+        const auto [back, k] = ops[s][next[s]];
+        double ready = 0;
+        if (!back && s > 0) {
+          if (fdone[s - 1][k] == unknown) break;
+          ready = fdone[s - 1][k] + link[s - 1];
+        } else if (back && s + 1 < P) {
+          if (bdone[s + 1][k] == unknown) break;
+          ready = bdone[s + 1][k] + link[s];
+        }
+        const double end = std::max(free_at[s], ready) + (back ? B[s] : F[s]);
+        (back ? bdone : fdone)[s][k] = end;
+        free_at[s] = end;
+        ++next[s];
+        --left;
+        moved = true;
+      }
+    if (!moved) throw std::logic_error("layer_pipeline: the schedule deadlocked");
+  }
+  const double makespan = *std::max_element(free_at.begin(), free_at.end());
+  size_t busiest = 0;
+  for (size_t s = 1; s < P; ++s)
+    if (F[s] + B[s] > F[busiest] + B[busiest]) busiest = s;
+  r.breakdown.compute = static_cast<double>(mb) * (F[busiest] + B[busiest]);
+  r.breakdown.framework = kernels > 0 ? r.breakdown.compute * (framework / kernels) / scale : 0;
+  r.breakdown.pp_comm = static_cast<double>(mb) * 2 * (link[busiest] + (busiest > 0 ? link[busiest - 1] : 0));
+  r.breakdown.bubble = makespan - r.breakdown.compute;
+  // Each stage's gradients among its d replicas, bucketed behind its last backward; the step ends when the last
+  // stage's exchange does.
+  double end = makespan, dp_total = 0, comp = 0;
+  if (d > 1) {
+    const Group dg{d, p, 0};
+    const std::string& k = cfg.compression.kind;
+    const double per = k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : k == "int8" ? 1 : 0.5;
+    for (size_t s = 0; s < P; ++s) {
+      const double wire = params[s] * per;
+      auto prof = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
+      auto tof = [&](double n) {
+        return (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllReduce, prof.algorithm, dg, n)
+                                            : prof.time(n)) +
+               memory_time(acc, 8 * n / per, 1) + wake;
+      };
+      double total = 0;
+      double exposed =
+          bucketed_exposed(cfg.dp_overlap ? B[s] : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &total);
+      const double c = k != "none" ? memory_time(acc, params[s] * (cfg.grad_bytes * 4 + per * 2), 4) : 0;
+      end = std::max(end, free_at[s] + exposed + c);
+      if (s == 0) {
+        r.dp_algorithm = algorithm_name(prof.algorithm);
+        r.dp_bottleneck = prof.bottleneck;
+      }
+      dp_total = std::max(dp_total, total);
+      comp = std::max(comp, c);
+    }
+  }
+  // The wait for the slowest rank, measured at a barrier among as many ranks (the stages meet every micro-batch).
+  if (measured)
+    r.breakdown.rank_wait =
+        measured->wait_ranks == static_cast<double>(gpus)
+            ? measured->slowest_wait
+            : measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
+  r.breakdown.dp_comm = dp_total;
+  r.breakdown.compression = comp;
+  r.breakdown.dp_exposed = end - makespan + r.breakdown.rank_wait;
+  const double total_params = m.params();
+  const double largest = *std::max_element(params.begin(), params.end());
+  r.breakdown.optimizer = measured && measured->optimizer > 0 && total_params > 0
+                              ? measured->optimizer * largest / total_params
+                              : memory_time(acc, largest * 28, 4);
+  r.time = makespan + r.breakdown.dp_exposed + r.breakdown.optimizer;
+  // Memory: the fullest stage's parameters, gradients and optimizer state, and the activations of the micro-batches it
+  // holds at once (GPipe all of them, 1F1B at most p - s).
+  for (size_t s = 0; s < P; ++s) {
+    ModelState st = zero_model_state(params[s], 1, 0, cfg.grad_bytes);
+    if (eb == 4) {
+      st.params = 4 * params[s];
+      st.optimizer = 8 * params[s];
+    }
+    const double held =
+        cfg.schedule == Schedule::kGpipe ? static_cast<double>(mb) : static_cast<double>(std::min<size_t>(P - s, M));
+    MemoryBreakdown mem{st.params, st.grads, st.optimizer, act[s] * held};
+    if (s == 0 || mem.total() > r.memory.total()) r.memory = mem;
+  }
+  r.memory_capacity = cap;
+  r.fits = r.memory.total() <= cap;
+  double flops = 0;
+  for (const auto& l : m.layers) flops += 3 * l.forward_gemm(1).flops();
+  r.model_flops = r.hardware_flops = flops * static_cast<double>(cfg.global_batch);
+  r.model_tflops_per_gpu = r.hardware_tflops_per_gpu = r.model_flops / r.time / static_cast<double>(gpus) / 1e12;
+  r.mfu = r.model_flops / r.time / static_cast<double>(gpus) / acc.peak_flops;
+  std::string cut, times;
+  for (int s = 0; s < p; ++s) {
+    cut += fmt::format("{}{}", s ? " | " : "", bounds[size_t(s)]);
+    times += fmt::format("{}{}+{}", s ? ", " : "", format_seconds(F[size_t(s)]), format_seconds(B[size_t(s)]));
+  }
+  r.notes.push_back(fmt::format(
+      "pipeline: {} stages from units {} (of {}; each layer with parameters, a pooling layer with the one before it, "
+      "cut by forward multiply-adds as conduit train cuts), {} micro-batches {}, forward+backward a micro-batch {}; "
+      "bubble {} (the busiest stage idle: fill, drain and transfers)",
+      p, cut, units, mb, cfg.schedule == Schedule::kGpipe ? "gpipe" : "1f1b", times,
+      format_seconds(r.breakdown.bubble)));
+  if (d > 1)
+    r.notes.push_back(
+        fmt::format("data-parallel exchange of each stage among {} replicas, the longest {} ({}), {} "
+                    "past the pipeline{}",
+                    d, format_seconds(dp_total), r.dp_algorithm,
+                    format_seconds(r.breakdown.dp_exposed - r.breakdown.rank_wait), wake_note(wake)));
+  check_finite(r);
+  return r;
+}
+
+}  // namespace
+
 StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const ParallelConfig& cfg) {
   const Topology& topo = net.topology();
   const long long gpus = topo.gpus();
-  if (cfg.tp != 1 || cfg.pp != 1)
-    throw ConfigError("--tp and --pp must be 1 for a layer-list model (data parallel only)");
+  if (cfg.tp != 1) throw ConfigError("--tp must be 1 for a layer-list model (data and pipeline parallel only)");
   if (cfg.micro_batch < 1) throw ConfigError(fmt::format("--micro-batch = {} must be at least 1", cfg.micro_batch));
-  if (cfg.recompute != Recompute::kNone || cfg.schedule != Schedule::k1F1B || cfg.sequence_parallel ||
-      cfg.virtual_stages != 1 || cfg.balance)
+  const int p = cfg.pp;
+  if (p < 1 || gpus % p != 0)
+    throw ConfigError(fmt::format("--pp ({}) must divide --gpus ({}) for a layer-list model", p, gpus));
+  if (cfg.recompute != Recompute::kNone || cfg.sequence_parallel || cfg.virtual_stages != 1 || cfg.balance ||
+      cfg.schedule == Schedule::kInterleaved || (p == 1 && cfg.schedule != Schedule::k1F1B))
     throw ConfigError(
-        "--recompute, --schedule, --virtual-stages, --sp and --balance apply to GPT models, not to a layer-list "
-        "model (data parallel)");
-  if (cfg.global_batch % (static_cast<long long>(cfg.micro_batch) * gpus) != 0)
-    throw ConfigError(fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x --gpus ({})",
-                                  cfg.global_batch, cfg.micro_batch, gpus));
-  if (cfg.dp != 0 && cfg.dp != gpus)
+        "--recompute, --virtual-stages, --sp and --balance apply to GPT models; a layer-list model takes --schedule "
+        "gpipe or 1f1b with --pp above 1");
+  // The units `conduit train` runs (torch/models.h): each layer with parameters, a pooling layer in the unit before
+  // it; a pipeline cuts between them.
+  std::vector<size_t> unit_first;  // each unit's first layer
+  for (size_t li = 0; li < m.layers.size(); ++li)
+    if (m.layers[li].params() > 0 || unit_first.empty()) unit_first.push_back(li);
+  if (p > 1) {
+    if (static_cast<size_t>(p) > unit_first.size())
+      throw ConfigError(
+          fmt::format("--pp ({}) exceeds the layer model's {} units (each layer with parameters, a "
+                      "pooling layer with the one before it)",
+                      p, unit_first.size()));
+    if (cfg.zero != 0) throw ConfigError("--zero with --pp is not modelled for a layer-list model: use --zero 0");
+    if (cfg.sync.kind != "bsp") throw ConfigError("--pp needs --sync bsp for a layer-list model");
+  }
+  const long long d = gpus / p;  // data-parallel replicas of the pipeline
+  if (cfg.global_batch % (static_cast<long long>(cfg.micro_batch) * d) != 0)
     throw ConfigError(
-        fmt::format("--dp ({}) must equal --gpus ({}) for a layer-list model (data parallel only)", cfg.dp, gpus));
+        fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x the data-parallel "
+                    "ranks ({}: --gpus / --pp)",
+                    cfg.global_batch, cfg.micro_batch, d));
+  if (cfg.dp != 0 && cfg.dp != d)
+    throw ConfigError(fmt::format("--dp ({}) must equal --gpus / --pp ({}) for a layer-list model", cfg.dp, d));
   if (cfg.zero < 0 || cfg.zero > 3)
     throw ConfigError(fmt::format("--zero = {} (allowed for layer models: 0, 1, 2, 3)", cfg.zero));
   if (cfg.sync.kind == "async" && cfg.zero == 3)
@@ -611,9 +825,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     throw ConfigError("--compression for layer models: none, fp16, int8 or int4");
   StepResult r;
   r.config = cfg;
-  r.config.dp = gpus;
+  r.config.dp = d;
   r.gpus = gpus;
-  const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * gpus);
+  const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
   r.microbatches = mb;
   const double b = cfg.micro_batch;
   // Activations are held in the precision the gradients are exchanged in: 2 bytes (mixed precision) or 4 (f32,
@@ -622,13 +836,16 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   const Accelerator* slow = nullptr;
   const ModelStepSample* measured = nullptr;
   double fwd = 0, bwd = 0, cap = 1e300, framework = 0;
-  // The layers' forward and backward kernels at `b` samples on `acc` (with `per_layer`: each layer's backward too).
+  // The layers' forward and backward kernels at `b` samples on `acc` (with `per_layer`: each layer's backward too;
+  // with `per_layer_fwd`, its forward).
   auto layer_times = [&](const Accelerator& acc, double b, double& f, double& bw,
-                         std::vector<double>* per_layer = nullptr) {
+                         std::vector<double>* per_layer = nullptr, std::vector<double>* per_layer_fwd = nullptr) {
     f = bw = 0;
     if (per_layer) per_layer->clear();
+    if (per_layer_fwd) per_layer_fwd->clear();
     for (size_t li = 0; li < m.layers.size(); ++li) {
       if (per_layer) per_layer->push_back(-bw);
+      if (per_layer_fwd) per_layer_fwd->push_back(-f);
       const Layer& l = m.layers[li];
       GemmShape g = l.forward_gemm(b);
       // Convolutions through conv_time (measured convolutions when the cluster has them, else the implicit GEMM).
@@ -637,6 +854,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         f += pool_time(acc, l.pool_shape(b), false, eb);
         bw += pool_time(acc, l.pool_shape(b), true, eb);
         if (per_layer) per_layer->back() += bw;
+        if (per_layer_fwd) per_layer_fwd->back() += f;
         continue;
       }
       if (l.kind == "conv") {
@@ -650,6 +868,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       f += memory_time(acc, 2 * eb * g.m * g.n, 1);   // activation function: read + write
       bw += memory_time(acc, 3 * eb * g.m * g.n, 1);  // its gradient
       if (per_layer) per_layer->back() += bw;
+      if (per_layer_fwd) per_layer_fwd->back() += f;
     }
   };
   for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
@@ -682,6 +901,12 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   r.breakdown.framework = mb * framework;
   r.breakdown.compute = mb * (fwd + bwd + framework);
   const double wake = topo.spec().network.wake_latency;
+  if (p > 1) {
+    std::vector<double> pf, pb;
+    double f0 = 0, b0 = 0;
+    layer_times(*slow, b, f0, b0, &pb, &pf);
+    return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, framework, cap, mb, wake);
+  }
   double dp_total = 0, dp_exposed = 0, comp = 0;
   if (gpus > 1) {
     const Group dg{gpus, 1, 0};

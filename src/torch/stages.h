@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/partition.h"  // partition_units
+
 namespace conduit::train {
 
 // The units' forward multiply-adds per sample, in forward order: the mlp's 3 linear layers; the cnn's 2 convolutions
@@ -12,11 +14,6 @@ namespace conduit::train {
 // its units' modules, so checkpoints record the cut these give (a resume under other costs is refused). ConfigError for
 // another model.
 std::vector<double> unit_costs(const std::string& model);
-// The cut of consecutive units with costs `costs` into `parts` non-empty runs whose largest sum is the least (of
-// equally good cuts, the one whose first run ends earliest, the rest cut so again): each run's first unit, then
-// costs.size(). InvalidArgument
-// unless 1 <= parts <= costs.size().
-std::vector<int> partition_units(const std::vector<double>& costs, int parts);
 // partition_units(unit_costs(model), stages); ConfigError (one line) for more stages than the model has units.
 std::vector<int> stage_bounds(const std::string& model, int stages);
 

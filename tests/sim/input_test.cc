@@ -507,6 +507,91 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
 // pooling in the convolution's), gathered before its forward and, but the last, before its backward, every
 // micro-batch, exposed; the units' gradients reduce-scattered once a step. And ZeRO-1's allgather moves parameters of
 // --grad-bytes bytes (4: f32, as conduit train holds them; it moved 2 whatever the precision).
+// Layer-list models cut into pipeline stages as `conduit train --pp` cuts them: between units, by forward
+// multiply-adds (the cnn's convolutions against its linear layers; the mlp's first layer alone); GPipe's step is
+// each micro-batch on the busiest stage plus a fill and drain that do not grow with the micro-batches; 1F1B holds
+// fewer micro-batches' activations; each stage's gradients go among its replicas only.
+TEST(Inputs, LayerModelsCutIntoPipelineStagesAsConduitTrainCutsThem) {
+  const ClusterSpec flat = flat_cluster(5e-6, 10e9, 1e-11);
+  Topology t2(flat, 2), t4(flat, 4);
+  CollectiveModel n2(t2), n4(t4);
+  const LayerModel cnn = parse_layer_model(kTrainCnnLayers), mlp = parse_layer_model(kTrainMlpLayers);
+  ParallelConfig c;
+  c.pp = 2;
+  c.micro_batch = 16;
+  c.grad_bytes = 4;
+  c.schedule = Schedule::kGpipe;
+  auto note = [](const StepResult& r) { return r.notes.empty() ? std::string() : r.notes[0]; };
+  auto at = [&](long long m, const LayerModel& model = parse_layer_model(kTrainCnnLayers)) {
+    ParallelConfig x = c;
+    x.global_batch = m * x.micro_batch;
+    return simulate_layer_step(n2, model, x);
+  };
+  const StepResult g8 = at(8), g9 = at(9), g16 = at(16);
+  EXPECT_NE(note(g8).find("2 stages from units 0 | 2 (of 4"), std::string::npos) << note(g8);
+  EXPECT_NE(note(at(8, mlp)).find("2 stages from units 0 | 1 (of 3"), std::string::npos) << note(at(8, mlp));
+  EXPECT_EQ(g8.microbatches, 8);
+  // One more micro-batch adds one micro-batch of the busiest stage (stage 0: the convolutions); the bubble (fill,
+  // drain and the two transfers) stays.
+  EXPECT_NEAR(g9.time - g8.time, g8.breakdown.compute / 8, 1e-9 * g8.time);
+  EXPECT_NEAR(g16.breakdown.bubble, g8.breakdown.bubble, 1e-9 * g8.time);
+  EXPECT_GT(g8.breakdown.bubble, 0);
+  EXPECT_NEAR(g8.time, g8.breakdown.compute + g8.breakdown.bubble + g8.breakdown.dp_exposed + g8.breakdown.optimizer,
+              1e-9 * g8.time);
+  EXPECT_EQ(g8.breakdown.dp_comm, 0);  // one pipeline: no data-parallel exchange
+  // The bubble holds the boundary's transfer twice (the first micro-batch's activations forward, the last one's
+  // gradient back; pp_comm is 2 transfers a micro-batch): on a link 10x slower, it grows by exactly the difference.
+  {
+    Topology slow_t(flat_cluster(5e-6, 1e9, 1e-11), 2);
+    CollectiveModel slow_n(slow_t);
+    ParallelConfig x = c;
+    x.global_batch = 8 * x.micro_batch;
+    const StepResult s8 = simulate_layer_step(slow_n, cnn, x);
+    const double transfer = g8.breakdown.pp_comm / 16, slow_transfer = s8.breakdown.pp_comm / 16;
+    EXPECT_GT(slow_transfer, 5 * transfer);
+    EXPECT_NEAR(s8.breakdown.bubble - g8.breakdown.bubble, 2 * (slow_transfer - transfer), 1e-9 * s8.time);
+  }
+  // 1F1B: the first stage holds at most 2 micro-batches' activations, GPipe all 8.
+  c.schedule = Schedule::k1F1B;
+  const StepResult f8 = at(8);
+  EXPECT_NEAR(f8.memory.activations * 4, g8.memory.activations, 1e-9 * g8.memory.activations);
+  EXPECT_NEAR(f8.breakdown.compute, g8.breakdown.compute, 1e-12);
+  // ... for time: stage 0 runs one forward between a micro-batch's forward and its backward, shorter than the
+  // gradient's round trip (two transfers and stage 1's forward and backward), so it idles every micro-batch, where
+  // GPipe's run of forwards covers it once (MODEL=cnn bench/pp/pp_vs_dp.sh measured 1F1B 1.05x, GPipe 1.01x).
+  EXPECT_GT(f8.time, g8.time);
+  // 2 pipelines on 4 GPUs: each stage's gradients among its 2 replicas, behind its last backward.
+  ParallelConfig two = c;
+  two.global_batch = 2 * 8 * 16;
+  const StepResult d2 = simulate_layer_step(n4, cnn, two);
+  EXPECT_EQ(d2.config.dp, 2);
+  EXPECT_EQ(d2.microbatches, 8);
+  EXPECT_GT(d2.breakdown.dp_comm, 0);
+  EXPECT_GE(d2.time, f8.time);
+  // A unit a stage at --pp 4; not more stages than units, nor ZeRO, other schedules or a --pp not dividing --gpus.
+  c.pp = 4;
+  c.global_batch = 64;
+  Topology t8(flat, 8);
+  CollectiveModel n8(t8);
+  EXPECT_NE(note(simulate_layer_step(n8, cnn, c)).find("4 stages from units 0 | 1 | 2 | 3"), std::string::npos);
+  c.pp = 5;
+  EXPECT_NE(error_of([&] { simulate_layer_step(n8, cnn, c); }).find("--pp (5) must divide --gpus (8)"),
+            std::string::npos);
+  Topology t5(flat, 5);
+  CollectiveModel n5(t5);
+  c.global_batch = 80;
+  EXPECT_NE(error_of([&] { simulate_layer_step(n5, cnn, c); }).find("--pp (5) exceeds the layer model's 4 units"),
+            std::string::npos);
+  c.pp = 2;
+  c.zero = 1;
+  EXPECT_NE(error_of([&] { simulate_layer_step(n2, cnn, c); }).find("--zero with --pp is not modelled"),
+            std::string::npos);
+  c.zero = 0;
+  c.schedule = Schedule::kInterleaved;
+  EXPECT_NE(error_of([&] { simulate_layer_step(n2, cnn, c); }).find("gpipe or 1f1b with --pp above 1"),
+            std::string::npos);
+}
+
 TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   Topology t8(load_cluster("dgx-a100"), 8);
   CollectiveModel n8(t8);
