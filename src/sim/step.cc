@@ -600,7 +600,8 @@ double output_elements(const Layer& l) {
 StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const ParallelConfig& cfg, StepResult r,
                           const Accelerator& acc, const ModelStepSample* measured,
                           const std::vector<size_t>& unit_first, const std::vector<double>& pf,
-                          const std::vector<double>& pb, double framework, double cap, long long mb, double wake) {
+                          const std::vector<double>& pb, double framework, double ratio, double cap, long long mb,
+                          double wake) {
   const int p = cfg.pp;
   const long long gpus = r.gpus, d = gpus / p;
   const double b = cfg.micro_batch, eb = cfg.grad_bytes;
@@ -613,7 +614,8 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
   const std::vector<int> bounds = partition_units(macs, p);
   double kernels = 0;
   for (size_t li = 0; li < m.layers.size(); ++li) kernels += pf[li] + pb[li];
-  const double scale = kernels > 0 ? 1 + framework / kernels : 1;  // (framework >= -kernels: scale >= 0)
+  // Each stage's kernels at `ratio`, and its share of the framework's time a micro-batch (framework >= 0 here).
+  const double scale = ratio + (kernels > 0 ? framework / kernels : 0);
   std::vector<double> F(size_t(p), 0.0), B(size_t(p), 0.0), params(size_t(p), 0.0), act(size_t(p), 0.0),
       out(size_t(p), 0.0);
   for (int s = 0; s < p; ++s)
@@ -686,12 +688,19 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
   for (size_t s = 1; s < P; ++s)
     if (F[s] + B[s] > F[busiest] + B[busiest]) busiest = s;
   r.breakdown.compute = static_cast<double>(mb) * (F[busiest] + B[busiest]);
-  r.breakdown.framework = kernels > 0 ? r.breakdown.compute * (framework / kernels) / scale : 0;
+  r.breakdown.framework = scale > 0 ? r.breakdown.compute * (scale - 1) / scale : 0;
   r.breakdown.pp_comm = static_cast<double>(mb) * 2 * (link[busiest] + (busiest > 0 ? link[busiest - 1] : 0));
   r.breakdown.bubble = makespan - r.breakdown.compute;
-  // Each stage's gradients among its d replicas, bucketed behind its last backward; the step ends when the last
-  // stage's exchange does.
-  double end = makespan, dp_total = 0, comp = 0;
+  // Each stage's gradients among its d replicas, bucketed behind its last backward, then its optimizer step (the
+  // measured step's share by parameters): a stage that finishes its backwards early (every stage but the first) steps
+  // while the first still works. The step ends when the last stage's optimizer does.
+  const double total_params = m.params();
+  auto optimizer_of = [&](double n) {
+    return measured && measured->optimizer > 0 && total_params > 0 ? measured->optimizer * n / total_params
+                                                                   : memory_time(acc, n * 28, 4);
+  };
+  double dp_end = makespan, end = 0, dp_total = 0, comp = 0;
+  std::vector<double> exposed_s(P, 0.0);
   if (d > 1) {
     const Group dg{d, p, 0};
     const std::string& k = cfg.compression.kind;
@@ -705,10 +714,10 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
                memory_time(acc, 8 * n / per, 1) + wake;
       };
       double total = 0;
-      double exposed =
+      const double exposed =
           bucketed_exposed(cfg.dp_overlap ? B[s] : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &total);
       const double c = k != "none" ? memory_time(acc, params[s] * (cfg.grad_bytes * 4 + per * 2), 4) : 0;
-      end = std::max(end, free_at[s] + exposed + c);
+      exposed_s[s] = exposed + c;
       if (s == 0) {
         r.dp_algorithm = algorithm_name(prof.algorithm);
         r.dp_bottleneck = prof.bottleneck;
@@ -716,6 +725,10 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
       dp_total = std::max(dp_total, total);
       comp = std::max(comp, c);
     }
+  }
+  for (size_t s = 0; s < P; ++s) {
+    dp_end = std::max(dp_end, free_at[s] + exposed_s[s]);
+    end = std::max(end, free_at[s] + exposed_s[s] + optimizer_of(params[s]));
   }
   // The wait for the slowest rank, measured at a barrier among as many ranks (the stages meet every micro-batch).
   if (measured)
@@ -725,12 +738,8 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
             : measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
   r.breakdown.dp_comm = dp_total;
   r.breakdown.compression = comp;
-  r.breakdown.dp_exposed = end - makespan + r.breakdown.rank_wait;
-  const double total_params = m.params();
-  const double largest = *std::max_element(params.begin(), params.end());
-  r.breakdown.optimizer = measured && measured->optimizer > 0 && total_params > 0
-                              ? measured->optimizer * largest / total_params
-                              : memory_time(acc, largest * 28, 4);
+  r.breakdown.dp_exposed = dp_end - makespan + r.breakdown.rank_wait;
+  r.breakdown.optimizer = end - dp_end;  // (past the last exchange)
   r.time = makespan + r.breakdown.dp_exposed + r.breakdown.optimizer;
   // Memory: the fullest stage's parameters, gradients and optimizer state, and the activations of the micro-batches it
   // holds at once (GPipe all of them, 1F1B at most p - s).
@@ -835,7 +844,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   const double eb = cfg.grad_bytes;
   const Accelerator* slow = nullptr;
   const ModelStepSample* measured = nullptr;
-  double fwd = 0, bwd = 0, cap = 1e300, framework = 0;
+  double fwd = 0, bwd = 0, cap = 1e300, framework = 0, kernels_measured = 0;
   // The layers' forward and backward kernels at `b` samples on `acc` (with `per_layer`: each layer's backward too;
   // with `per_layer_fwd`, its forward).
   auto layer_times = [&](const Accelerator& acc, double b, double& f, double& bw,
@@ -879,9 +888,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // A measured step of these very layers: the framework's time beyond its kernels (the measured median step minus
     // the layers modelled at the measured batch) is added per micro-batch, at any micro-batch size.
     const ModelStepSample* ms = find_model_step(acc, m);
-    double over = 0;
+    double over = 0, fc = 0, bc = 0;
     if (ms) {
-      double fc = 0, bc = 0;
       layer_times(acc, ms->batch, fc, bc);
       over = ms->median() - (fc + bc);
     }
@@ -889,6 +897,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       fwd = f;
       bwd = bw;
       framework = over;
+      kernels_measured = fc + bc;
       measured = ms;
       slow = &acc;
     }
@@ -905,7 +914,12 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     std::vector<double> pf, pb;
     double f0 = 0, b0 = 0;
     layer_times(*slow, b, f0, b0, &pb, &pf);
-    return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, framework, cap, mb, wake);
+    // The measured step's difference from its kernels, at a micro-batch other than the measured batch: time beyond
+    // the kernels (dispatch, autograd) comes once per micro-batch of each stage, in proportion to its kernels; kernels
+    // faster inside the model than timed alone (a negative difference) are faster by that ratio at any size.
+    const double ratio = framework < 0 && kernels_measured > 0 ? (kernels_measured + framework) / kernels_measured : 1;
+    return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, std::max(framework, 0.0),
+                          ratio, cap, mb, wake);
   }
   double dp_total = 0, dp_exposed = 0, comp = 0;
   if (gpus > 1) {
