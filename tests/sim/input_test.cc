@@ -486,7 +486,7 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   ParallelConfig l;
   l.global_batch = 64;
   l.dp = 3;
-  EXPECT_NE(error_of([&] { simulate_layer_step(n8, lm, l); }).find("--dp (3) must equal --gpus (8)"),
+  EXPECT_NE(error_of([&] { simulate_layer_step(n8, lm, l); }).find("--dp (3) must equal --gpus / --pp (8)"),
             std::string::npos);
   l.dp = 0;
   l.zero = 1;
