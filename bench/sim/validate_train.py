@@ -166,10 +166,12 @@ def main():
         sys.exit(f"validate_train.py: --workers '{a.workers}' is not a comma-separated list of integers")
     if a.rounds < 1 or a.train_runs < 1 or a.retakes < 0 or any(n < 2 for n in workers) or a.stagger_us < 0 or \
             a.model_steps < 1 or a.train_steps < 30 or a.pp < 1 or any(n % a.pp for n in workers) or \
-            a.micro_batches < 1 or BATCH % a.micro_batches or (a.pp > 1 and a.zero):
+            a.micro_batches < 1 or BATCH % a.micro_batches or (a.pp > 1 and a.zero) or \
+            (a.pp == 1 and (a.micro_batches > 1 or a.schedule != "1f1b")):
         sys.exit("validate_train.py: --rounds, --train-runs and --model-steps must be >= 1, --train-steps >= 30, "
                  "--retakes and --stagger-us >= 0, every --workers entry >= 2 and a multiple of --pp, "
-                 f"--micro-batches dividing {BATCH}, and --zero 0 with --pp above 1")
+                 f"--micro-batches dividing {BATCH}, --zero 0 with --pp above 1, and --micro-batches and --schedule "
+                 "only with --pp above 1")
     if a.report:
         try:
             with open(a.report) as f:

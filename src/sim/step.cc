@@ -631,6 +631,8 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
       }
   // Each boundary's transfer, forward (the activations) and backward (their gradient): the pipeline's ranks are
   // consecutive (rank = replica x p + stage).
+  // (The pipeline's shift as one collective: every boundary is charged its slowest pair, e.g. the one crossing nodes;
+  // a pair timed as a group of its own would be tiled over the cluster in pairs that are not the pipelines'.)
   const Group pg{p, 1, 0};
   std::vector<double> link(size_t(p), 0.0);  // link[s]: between stages s and s + 1
   for (int s = 0; s + 1 < p; ++s) {
@@ -702,10 +704,10 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
   double dp_end = makespan, end = 0, dp_total = 0, comp = 0;
   std::vector<double> exposed_s(P, 0.0);
   if (d > 1) {
-    const Group dg{d, p, 0};
     const std::string& k = cfg.compression.kind;
     const double per = k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : k == "int8" ? 1 : 0.5;
     for (size_t s = 0; s < P; ++s) {
+      const Group dg{d, p, static_cast<long long>(s)};  // stage s of every replica
       const double wire = params[s] * per;
       auto prof = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
       auto tof = [&](double n) {
@@ -906,6 +908,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   const double params = m.params();
   // A negative framework time (the kernels timed alone were slower than inside the measured step) takes away at
   // most the layers' own time.
+  const double framework_raw = framework;  // (the pipeline's ratio is of the unclamped difference)
   framework = std::max(framework, -(fwd + bwd));
   r.breakdown.framework = mb * framework;
   r.breakdown.compute = mb * (fwd + bwd + framework);
@@ -917,7 +920,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // The measured step's difference from its kernels, at a micro-batch other than the measured batch: time beyond
     // the kernels (dispatch, autograd) comes once per micro-batch of each stage, in proportion to its kernels; kernels
     // faster inside the model than timed alone (a negative difference) are faster by that ratio at any size.
-    const double ratio = framework < 0 && kernels_measured > 0 ? (kernels_measured + framework) / kernels_measured : 1;
+    const double ratio = framework_raw < 0 && kernels_measured > 0
+                             ? std::max(0.0, kernels_measured + framework_raw) / kernels_measured
+                             : 1;
     return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, std::max(framework, 0.0),
                           ratio, cap, mb, wake);
   }

@@ -113,7 +113,8 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
 
 StepResult simulate_step(CollectiveModel& net, const GptModel& m, const ParallelConfig& c);
 
-// A model given as a list of layers (MLP, CNN), data parallel only (tp = pp = 1): forward GEMMs (convolutions as
+// A model given as a list of layers (MLP, CNN), data parallel, or cut into pipeline stages as `conduit train --pp`
+// cuts it (tp = 1; docs/sim.md §5): forward GEMMs (convolutions as
 // implicit GEMMs), backward input and weight gradients, an activation function pass per layer over elements of
 // --grad-bytes (2: mixed precision, 4: f32), the gradient
 // exchange bucketed and overlapped with backward (quantized when --compression says so), ZeRO memory.
