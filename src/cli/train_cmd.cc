@@ -142,14 +142,8 @@ void run_train(const TrainArgs& a) {
     // The stages' forward work, for the binding: bound k mod C, 2 pipelines of the cnn on 2 cores put both heavy
     // first stages (the convolutions, 90% of the work) on one core and took 1.5x the unbound time. (The vit's stages
     // are near-equal.) Rank k is stage k mod pp (tp is 1 for these models).
-    const auto costs = tr::unit_costs(cfg.model);
-    const auto bounds = tr::stage_bounds(cfg.model, cfg.pp);
-    for (int k = 0; k < cfg.workers; ++k) {
-      const int s = k % cfg.pp;
-      double w = 0;
-      for (int u = bounds[size_t(s)]; u < bounds[size_t(s) + 1]; ++u) w += costs[size_t(u)];
-      spec.work.push_back(w);
-    }
+    const auto work = tr::stage_costs(cfg.model, cfg.pp);
+    for (int k = 0; k < cfg.workers; ++k) spec.work.push_back(work[size_t(k % cfg.pp)]);
   }
   int rc = run_local_workers(spec);
   if (rc == 0) print_summary(cfg.output);

@@ -204,10 +204,12 @@ Pipeline::StepResult Pipeline::train_step(const torch::Tensor& x, const torch::T
     std::vector<torch::Tensor> buffers, kept;
     if (recompute(j)) {
       buffers = net_->buffers();
-      torch::NoGradGuard ng;
-      for (auto& t : buffers) kept.push_back(t.clone());
+      {
+        torch::NoGradGuard ng;
+        for (auto& t : buffers) kept.push_back(t.clone());
+      }
+      s.out = run(j, k, s.in).second;
     }
-    if (recompute(j)) s.out = run(j, k, s.in).second;
     s.out.backward(g);
     if (!kept.empty()) {
       // (through variable_data(): the same storage under a version counter of its own, so a graph still alive that

@@ -34,4 +34,13 @@ std::vector<int> stage_bounds(const std::string& model, int stages) {
   return partition_units(costs, stages);
 }
 
+std::vector<double> stage_costs(const std::string& model, int stages) {
+  const auto costs = unit_costs(model);
+  const auto bounds = stage_bounds(model, stages);
+  std::vector<double> out(size_t(stages), 0.0);
+  for (int s = 0; s < stages; ++s)
+    for (int u = bounds[size_t(s)]; u < bounds[size_t(s) + 1]; ++u) out[size_t(s)] += costs[size_t(u)];
+  return out;
+}
+
 }  // namespace conduit::train

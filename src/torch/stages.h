@@ -16,5 +16,7 @@ namespace conduit::train {
 std::vector<double> unit_costs(const std::string& model);
 // partition_units(unit_costs(model), stages); ConfigError (one line) for more stages than the model has units.
 std::vector<int> stage_bounds(const std::string& model, int stages);
+// Each stage's forward multiply-adds a sample under that cut (the unit costs of its run summed).
+std::vector<double> stage_costs(const std::string& model, int stages);
 
 }  // namespace conduit::train

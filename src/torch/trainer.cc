@@ -475,6 +475,9 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   const int tp = std::max(1, c.tp), pp = std::max(1, c.pp), mp = tp * pp;
   std::shared_ptr<TpGroup> tpg;
   coll::CommPtr dp_comm = comm_ptr, pp_comm;
+  // The mlp's, cnn's or resnet's cut into stages (stage_bounds; null: the vit's blocks, or no pipeline): checked
+  // against a resumed checkpoint's and recorded in checkpoints and the summary.
+  nlohmann::json cut;
   if (pp > 1 || c.micro_batches > 1) {
     // (resolve_config refuses these with the same words; a caller of train_worker may not have run it)
     if (!spec.bsp())
@@ -482,7 +485,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
           fmt::format("config: pp: {} and micro_batches: {} need sync bsp, this run is under sync {}; allowed with "
                       "them: pp 1 and micro_batches 1",
                       pp, c.micro_batches, spec.name));
-    if (pp > 1 && c.model != "vit") stage_bounds(c.model, pp);  // (more stages than units: its one line)
+    if (pp > 1 && c.model != "vit") cut = stage_bounds(c.model, pp);  // (more stages than units: its one line)
     if (c.pp_schedule == "interleaved" && c.model != "vit")
       throw ConfigError(
           fmt::format("config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 "
@@ -613,12 +616,12 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                       "allowed: the same pp (each rank's model file holds its stage's blocks or layers)",
                       meta.value("pp", 1), c.pp));
     // The mlp's, cnn's and resnet's cut (stage_bounds): a stage's model file holds its units' modules only.
-    if (c.pp > 1 && c.model != "vit" && meta.contains("stage_bounds") && !meta["stage_bounds"].is_null() &&
-        meta["stage_bounds"] != nlohmann::json(stage_bounds(c.model, c.pp)))
+    if (!cut.is_null() && meta.contains("stage_bounds") && !meta["stage_bounds"].is_null() &&
+        meta["stage_bounds"] != cut)
       throw ConfigError(fmt::format(
           "config: resume: the checkpoint's stages begin at units {}, this version cuts model {} at {}; allowed: "
           "resume with the version that wrote it",
-          meta["stage_bounds"].dump(), c.model, nlohmann::json(stage_bounds(c.model, c.pp)).dump()));
+          meta["stage_bounds"].dump(), c.model, cut.dump()));
     const bool saved_interleaved = meta.value("pp_schedule", std::string("1f1b")) == "interleaved";
     if (saved_interleaved != (c.pp_schedule == "interleaved"))
       throw ConfigError(fmt::format(
@@ -1092,49 +1095,47 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (world > 1) comm.broadcast(declared, 3, DType::f64, 0).wait();
     const bool declares = declares_checkpoints();
     if (declares) {
-      nlohmann::json declaration = {
-          {"epoch", epoch},
-          {"step", step},
-          {"global_step", global_step},
-          {"world", comm_ptr->size()},
-          {"model", c.model},
-          {"compressor", c.compressor},
-          {"sync", spec.name},
-          {"sync_params", scheme_params(spec)},
-          {"batch_size", c.batch_size},
-          {"seed", c.seed},
-          {"dataset", c.dataset},
-          {"train_limit", c.train_limit},
-          {"synthetic_samples", c.synthetic_samples},
-          {"optimizer", c.optimizer},
-          {"compress_min_bytes", c.compress_min_bytes},
-          {"target_accuracy", c.target_accuracy},
-          // the rest of the run's settings, a resume's defaults
-          {"lr", c.lr},
-          {"momentum", c.momentum},
-          {"weight_decay", c.weight_decay},
-          {"lr_schedule", c.lr_schedule},
-          {"warmup_epochs", c.warmup_epochs},
-          {"epochs", c.epochs},
-          {"test_limit", c.test_limit},
-          {"data_dir", c.data_dir},
-          {"checkpoint_every", c.checkpoint_every},
-          {"eval_every", c.eval_every},
-          {"bucket_cap_mb", c.bucket_cap_mb},
-          {"first_bucket_mb", c.first_bucket_mb},
-          {"overlap", c.overlap},
-          {"zero", c.zero},
-          {"tp", c.tp},
-          {"pp", c.pp},
-          {"stage_bounds",
-           c.pp > 1 && c.model != "vit" ? nlohmann::json(stage_bounds(c.model, c.pp)) : nlohmann::json()},
-          {"micro_batches", c.micro_batches},
-          {"pp_schedule", c.pp_schedule},
-          {"recompute", c.recompute},
-          {"sequence_parallel", c.sequence_parallel},
-          {"wall_s", declared[0]},
-          {"time_to_target_s", declared[1]},
-          {"test_accuracy", declared[2]}};
+      nlohmann::json declaration = {{"epoch", epoch},
+                                    {"step", step},
+                                    {"global_step", global_step},
+                                    {"world", comm_ptr->size()},
+                                    {"model", c.model},
+                                    {"compressor", c.compressor},
+                                    {"sync", spec.name},
+                                    {"sync_params", scheme_params(spec)},
+                                    {"batch_size", c.batch_size},
+                                    {"seed", c.seed},
+                                    {"dataset", c.dataset},
+                                    {"train_limit", c.train_limit},
+                                    {"synthetic_samples", c.synthetic_samples},
+                                    {"optimizer", c.optimizer},
+                                    {"compress_min_bytes", c.compress_min_bytes},
+                                    {"target_accuracy", c.target_accuracy},
+                                    // the rest of the run's settings, a resume's defaults
+                                    {"lr", c.lr},
+                                    {"momentum", c.momentum},
+                                    {"weight_decay", c.weight_decay},
+                                    {"lr_schedule", c.lr_schedule},
+                                    {"warmup_epochs", c.warmup_epochs},
+                                    {"epochs", c.epochs},
+                                    {"test_limit", c.test_limit},
+                                    {"data_dir", c.data_dir},
+                                    {"checkpoint_every", c.checkpoint_every},
+                                    {"eval_every", c.eval_every},
+                                    {"bucket_cap_mb", c.bucket_cap_mb},
+                                    {"first_bucket_mb", c.first_bucket_mb},
+                                    {"overlap", c.overlap},
+                                    {"zero", c.zero},
+                                    {"tp", c.tp},
+                                    {"pp", c.pp},
+                                    {"stage_bounds", cut},
+                                    {"micro_batches", c.micro_batches},
+                                    {"pp_schedule", c.pp_schedule},
+                                    {"recompute", c.recompute},
+                                    {"sequence_parallel", c.sequence_parallel},
+                                    {"wall_s", declared[0]},
+                                    {"time_to_target_s", declared[1]},
+                                    {"test_accuracy", declared[2]}};
       // What a mid-epoch resume must train on (data_dir above is the folder as given, maybe relative).
       if (file_data) {
         declaration["data_dir_resolved"] = data_dir_resolved;
@@ -1424,7 +1425,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"tp", tp},  // ranks a tensor-parallel group; pp of them a pipeline; the replicas, data_parallel, share
          {"pp", pp},  // out the data
          // the first unit of each stage of the mlp, cnn or resnet, then their count (null: the vit, or pp 1)
-         {"stage_bounds", pp > 1 && c.model != "vit" ? nlohmann::json(stage_bounds(c.model, pp)) : nlohmann::json()},
+         {"stage_bounds", cut},
          {"micro_batches", c.micro_batches},
          {"pp_schedule", c.pp_schedule},
          {"recompute", c.recompute},
