@@ -906,25 +906,23 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     cap = std::min(cap, acc.memory_bytes);
   }
   const double params = m.params();
-  // A negative framework time (the kernels timed alone were slower than inside the measured step) takes away at
-  // most the layers' own time.
-  const double framework_raw = framework;  // (the pipeline's ratio is of the unclamped difference)
-  framework = std::max(framework, -(fwd + bwd));
-  r.breakdown.framework = mb * framework;
-  r.breakdown.compute = mb * (fwd + bwd + framework);
+  // The measured step's difference from its kernels, at a micro-batch other than the measured batch: time beyond the
+  // kernels (dispatch, autograd) comes once per micro-batch; kernels faster inside the model than timed alone (a
+  // negative difference) are faster by that ratio at any size (subtracting the difference per micro-batch took twice
+  // the measured saving from two micro-batches of half the batch, whose kernels take about half the time).
+  const double ratio =
+      framework < 0 && kernels_measured > 0 ? std::max(0.0, kernels_measured + framework) / kernels_measured : 1;
+  framework = std::max(framework, 0.0);
+  r.breakdown.compute = mb * ((fwd + bwd) * ratio + framework);
+  r.breakdown.framework = r.breakdown.compute - mb * (fwd + bwd);
   const double wake = topo.spec().network.wake_latency;
   if (p > 1) {
     std::vector<double> pf, pb;
     double f0 = 0, b0 = 0;
     layer_times(*slow, b, f0, b0, &pb, &pf);
-    // The measured step's difference from its kernels, at a micro-batch other than the measured batch: time beyond
-    // the kernels (dispatch, autograd) comes once per micro-batch of each stage, in proportion to its kernels; kernels
-    // faster inside the model than timed alone (a negative difference) are faster by that ratio at any size.
-    const double ratio = framework_raw < 0 && kernels_measured > 0
-                             ? std::max(0.0, kernels_measured + framework_raw) / kernels_measured
-                             : 1;
-    return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, std::max(framework, 0.0),
-                          ratio, cap, mb, wake);
+    // Each stage's kernels at the ratio, the framework's time shared in proportion to them.
+    return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, framework, ratio, cap, mb,
+                          wake);
   }
   double dp_total = 0, dp_exposed = 0, comp = 0;
   if (gpus > 1) {

@@ -436,10 +436,10 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   }
   if (env_world > 0) c.workers = env_world;
   if (c.resume.size() && !std::filesystem::exists(std::filesystem::path(c.resume) / "checkpoint.json"))
-    throw ConfigError(fmt::format("config: resume: '{}' holds no checkpoint.json; allowed: a checkpoint directory "
-                                  "written by conduit train (<output>/checkpoint)",
-                                  c.resume));
-  if (c.output.empty()) c.output = default_output_dir(c);
+    throw ConfigError(
+        fmt::format("config: resume: '{}' holds no checkpoint.json; allowed: a checkpoint directory "
+                    "written by conduit train (<output>/checkpoint)",
+                    c.resume));
   if (c.tp > 1 && c.workers % c.tp != 0)
     throw ConfigError(
         fmt::format("config: tp: {} ranks a group do not divide the {} workers; allowed: workers a "
@@ -455,6 +455,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         fmt::format("config: pp: {} stages of {} rank{} (tp) do not divide the {} workers; allowed: workers a "
                     "multiple of tp x pp ({})",
                     c.pp, c.tp, c.tp > 1 ? "s" : "", c.workers, c.tp * c.pp));
+  // One data-parallel rank exchanges its gradients with nobody: the default compressor would only make them lossy
+  // (Horovod and DDP skip the exchange at world 1). One asked for is kept (its effect on accuracy is a question
+  // worth asking) and the trainer says it saves nothing.
+  if (c.workers / (c.tp * c.pp) == 1 && !get("compressor")) c.compressor = "none";
+  if (c.output.empty()) c.output = default_output_dir(c);
   if ((c.pp > 1 || c.micro_batches > 1) && !effective_sync(c).bsp()) {
     const char* key = c.pp > 1 ? "pp" : "micro_batches";
     const std::string scheme = effective_sync(c).name;

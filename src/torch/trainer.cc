@@ -874,6 +874,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (c.dataset == "synthetic" && c.data_dir != defaults.data_dir) warn("data_dir", "the dataset is synthetic");
     if (c.compressor == "none" && c.compress_min_bytes != defaults.compress_min_bytes)
       warn("compress_min_bytes", "the compressor is none");
+    if (spec.bsp() && c.compressor != "none" && c.workers / (c.tp * c.pp) == 1)
+      fmt::print(stderr,
+                 "train: warning: compressor {} runs with one data-parallel rank (workers {} / (tp {} x pp {})): "
+                 "it changes the gradients but sends nothing (its default gives way to none here)\n",
+                 c.compressor, c.workers, c.tp, c.pp);
   }
   if (!period_text.empty() && lead && outputs) {
     const int64_t period = std::strtoll(period_text.c_str(), nullptr, 10);

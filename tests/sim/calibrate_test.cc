@@ -711,8 +711,10 @@ TEST(Calibrate, ModelStepRankSpreadIsSlowestMedianOverFastest) {
 }
 
 // The framework term: with a measured step of these layers, each micro-batch's compute grows by exactly the measured
-// median step minus the layers modelled at the measured batch (at any micro-batch size, and also when negative);
-// another layer list is unaffected.
+// median step minus the layers modelled at the measured batch (at any micro-batch size); when that difference is
+// negative (kernels faster inside the model than timed alone), the layers' time is scaled by median / modelled at any
+// micro-batch size instead, so two half micro-batches lose what one whole batch loses; another layer list is
+// unaffected.
 TEST(Calibrate, MeasuredModelStepAddsExactlyItsFrameworkTime) {
   AlphaBetaGamma f;
   f.alpha = 20e-6;
@@ -727,16 +729,14 @@ TEST(Calibrate, MeasuredModelStepAddsExactlyItsFrameworkTime) {
     const double layers64 = mlp_step(without, 2, 64).breakdown.compute;
     for (int mb : {64, 32}) {  // 32: two micro-batches per step, each pays the framework time
       const StepResult a = mlp_step(with, 2, mb), b = mlp_step(without, 2, mb);
-      // A negative framework time takes away at most the micro-batch's modelled layers.
-      const double layers = b.breakdown.compute / (64 / mb);
-      const double expect = (64 / mb) * std::max(ms[0].median() - layers64, -layers);
+      const double expect = ms[0].median() >= layers64 ? (64 / mb) * (ms[0].median() - layers64)
+                                                       : b.breakdown.compute * (ms[0].median() / layers64 - 1);
       EXPECT_NEAR(a.breakdown.framework, expect, 1e-12) << base << " " << mb;
       EXPECT_NEAR(a.breakdown.compute - b.breakdown.compute, expect, 1e-12) << base << " " << mb;
       EXPECT_EQ(b.breakdown.framework, 0);
     }
-    if (base > 1e-3) {
-      EXPECT_NEAR(mlp_step(with, 2, 64).breakdown.compute, ms[0].median(), 1e-12);
-    }
+    EXPECT_EQ(ms[0].median() > layers64, base > 1e-3);  // both signs are exercised
+    EXPECT_NEAR(mlp_step(with, 2, 64).breakdown.compute, ms[0].median(), 1e-12);
     // Another layer list has no measured step.
     Topology t(with, 2);
     CollectiveModel net(t);

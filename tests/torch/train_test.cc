@@ -51,6 +51,25 @@ TEST(TrainConfig, DefaultsAreTheCnnOnFashionMnistWithFourWorkers) {
 #endif
 }
 
+// One data-parallel rank exchanges nothing: the default compressor gives way to none (whether the world is one worker,
+// or workers launched by mpirun/torchrun, or tp x pp ranks of one replica); one asked for is kept; two data-parallel
+// ranks keep the default.
+TEST(TrainConfig, OneDataParallelRankDropsTheDefaultCompressor) {
+#ifdef CONDUIT_WITH_COMPRESS
+  const std::string def = TrainConfig().compressor;
+  ASSERT_NE(def, "none");
+  EXPECT_EQ(resolve_config({{"workers", "1"}}).compressor, "none");
+  EXPECT_EQ(resolve_config({}, 1, false).compressor, "none");
+  EXPECT_EQ(resolve_config({}, 2, false).compressor, def);
+  EXPECT_EQ(resolve_config({{"workers", "2"}, {"model", "cnn"}, {"pp", "2"}}).compressor, "none");
+  EXPECT_EQ(resolve_config({{"workers", "4"}, {"model", "cnn"}, {"pp", "2"}}).compressor, def);
+  EXPECT_EQ(resolve_config({{"workers", "4"}, {"model", "vit"}, {"tp", "2"}, {"pp", "2"}}).compressor, "none");
+  EXPECT_EQ(resolve_config({{"workers", "1"}, {"compressor", "fp16"}}).compressor, "fp16");
+  // The directory named after the compressor names the one that runs.
+  EXPECT_NE(resolve_config({{"workers", "1"}}).output.find("-none-"), std::string::npos);
+#endif
+}
+
 // DGC's momentum correction replaces the optimizer's momentum: the compressor takes the trainer's momentum unless its
 // spec names one, the optimizer runs without, and schemes or optimizers it cannot serve are refused.
 // A resume takes the checkpoint's data directory with its dataset only: resumed with another dataset, the other
