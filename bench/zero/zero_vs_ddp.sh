@@ -1,5 +1,5 @@
 #!/bin/bash
-# ZeRO in `conduit train` (--zero 1, 2 and 3) against plain bsp, and PyTorch's ZeroRedundancyOptimizer over DDP
+# ZeRO in `conduit train` (--zero 1, 2 and 3, and 3 with --zero-prefetch false: "zero 3n") against plain bsp, and PyTorch's ZeroRedundancyOptimizer over DDP
 # (bench/peers/ddp_train.py --zero) against plain DDP: the CNN on Fashion-MNIST, 4 local workers, Adam (lr 0.001),
 # EPOCHS epochs. ROUNDS rounds run the six configurations one after the other (each round in the order the
 # previous one ended with reversed, so no configuration always runs first); the table gives the median training
@@ -21,7 +21,9 @@ mkdir -p "$OUT"
 run() {  # impl zero round
   local dir="$OUT/$1-zero$2-r$3"
   if [ "$1" = conduit ]; then
-    "$CONDUIT" train --model cnn --workers 4 --optimizer adam --lr $LR --compressor none --zero "$2" \
+    local zero="--zero $2"
+    [ "$2" = 3n ] && zero="--zero 3 --zero-prefetch false"
+    "$CONDUIT" train --model cnn --workers 4 --optimizer adam --lr $LR --compressor none $zero \
       --epochs "$EPOCHS" --progress false --output "$dir" > "$dir.log" 2>&1
   else
     local flag=""
@@ -31,15 +33,15 @@ run() {  # impl zero round
   fi
 }
 source bench/alternate_rounds.sh
-alternate_rounds "$ROUNDS" run "conduit 0" "conduit 1" "conduit 2" "conduit 3" "ddp 0" "ddp 1"
+alternate_rounds "$ROUNDS" run "conduit 0" "conduit 1" "conduit 2" "conduit 3" "conduit 3n" "ddp 0" "ddp 1"
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-rows = [("conduit", 0), ("conduit", 1), ("conduit", 2), ("conduit", 3), ("ddp", 0), ("ddp", 1)]
+rows = [("conduit", 0), ("conduit", 1), ("conduit", 2), ("conduit", 3), ("conduit", "3n"), ("ddp", 0), ("ddp", 1)]
 walls = {}
 # Ratios against the same implementation's plain run (x own), and times against Conduit's plain run (x conduit 0).
 print(f"{'run':<16}{'accuracy':>10}{'wall s':>9}{'(rounds)':>20}{'x own':>7}{'x conduit 0':>12}{'MB on wire':>12}"
-      f"{'x own':>7}{'opt state KB':>14}{'x own':>7}{'params KB':>11}")
+      f"{'x own':>7}{'opt state KB':>14}{'x own':>7}{'params KB':>11}{'exposed s':>10}")
 base = {}
 for impl, z in rows:
     ss = [json.load(open(os.path.join(out, f"{impl}-zero{z}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
@@ -50,8 +52,10 @@ for impl, z in rows:
     mb, st = s["bytes_on_wire"] / 1e6, s["optimizer_state_bytes_rank0"] / 1e3
     base.setdefault(impl, (wall, mb, st))
     held = f"{s['parameter_bytes_held_rank0'] / 1e3:.1f}" if impl == "conduit" else "-"
+    # (rank 0's communication that blocked its training thread, median over the rounds)
+    exposed = f"{statistics.median(x['exposed_comm_s'] for x in ss):.2f}" if impl == "conduit" else "-"
     print(f"{impl + ' zero ' + str(z):<16}{100 * s['final_test_accuracy']:>9.2f}%{wall:>9.1f}"
           f"{' ' + '/'.join(f'{w:.1f}' for w in each):>20}{wall / base[impl][0]:>7.2f}"
           f"{wall / walls[('conduit', 0)]:>12.2f}{mb:>12.1f}{mb / base[impl][1]:>7.2f}{st:>14.1f}"
-          f"{st / base[impl][2]:>7.2f}{held:>11}")
+          f"{st / base[impl][2]:>7.2f}{held:>11}{exposed:>10}")
 PY

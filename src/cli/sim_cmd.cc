@@ -84,6 +84,7 @@ struct StepArgs {
   int virtual_stages = 0;
   bool sp = false;
   bool no_overlap = false;
+  bool no_zero_prefetch = false;
   bool balance = false;
   std::string bucket = "25M";
   double grad_bytes = 2;
@@ -199,6 +200,7 @@ ParallelConfig make_config(const StepArgs& a) {
   c.virtual_stages = a.virtual_stages > 0 ? a.virtual_stages : (c.schedule == Schedule::kInterleaved ? 2 : 1);
   c.sequence_parallel = a.sp;
   c.dp_overlap = !a.no_overlap;
+  c.zero_prefetch = !a.no_zero_prefetch;
   c.balance = a.balance;
   c.bucket_bytes = static_cast<double>(parse_bytes(a.bucket, "--bucket"));
   if (c.bucket_bytes < 1024) throw ConfigError(fmt::format("--bucket = {} (allowed: 1K or more)", a.bucket));
@@ -218,6 +220,15 @@ ParallelConfig make_config(const StepArgs& a) {
   return c;
 }
 
+// sim step: --no-zero-prefetch is about ZeRO-3's gathers (sim plan searches stages and applies it to stage 3's).
+void check_step_config(const ParallelConfig& c) {
+  if (!c.zero_prefetch && c.zero != 3)
+    throw ConfigError(fmt::format(
+        "--no-zero-prefetch: ZeRO-3 gathers each layer's parameters, this step has --zero {}, which keeps them "
+        "whole; allowed with --zero {}: leave it out",
+        c.zero, c.zero));
+}
+
 json config_json(const ParallelConfig& c) {
   return json{{"dp", c.dp},
               {"tp", c.tp},
@@ -225,6 +236,7 @@ json config_json(const ParallelConfig& c) {
               {"micro_batch", c.micro_batch},
               {"global_batch", c.global_batch},
               {"zero", c.zero},
+              {"zero_prefetch", c.zero_prefetch},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -334,6 +346,7 @@ void run_layer_step(const StepArgs& given_args) {
   if (a.global_batch <= 0)
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of samples)", a.global_batch));
   ParallelConfig c = make_config(a);
+  check_step_config(c);
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   StepResult r = simulate_layer_step(net, lm, c);
@@ -394,6 +407,7 @@ void run_step(const StepArgs& given_args) {
   if (a.global_batch <= 0)
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
   ParallelConfig c = make_config(a);
+  check_step_config(c);
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   Stopwatch sw;
@@ -1312,6 +1326,8 @@ void setup(CLI::App& app) {
                           : "model chunks per GPU for --schedule interleaved (searched: 2 and 4, unless given)");
     c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism" + searched);
     c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
+    c->add_flag("--no-zero-prefetch", a->no_zero_prefetch,
+                "ZeRO-3: every layer's gather blocks it (default: the next layer's starts while one computes)");
     c->add_flag("--balance", a->balance,
                 "heterogeneous clusters (data parallel): batch shares proportional to each accelerator's speed");
     c->add_option("--bucket", a->bucket, "gradient bucket size")->capture_default_str();

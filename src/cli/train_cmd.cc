@@ -162,7 +162,8 @@ const bool kRegistered = register_command(20, [](CLI::App& app) {
   for (auto& [key, help] : tr::config_keys()) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    if (key == "overlap" || key == "trace" || key == "progress" || key == "recompute" || key == "sequence_parallel") {
+    if (key == "overlap" || key == "trace" || key == "progress" || key == "recompute" || key == "sequence_parallel" ||
+        key == "zero_prefetch") {
       c->add_option_function<std::string>(
            flag, [values, key = key](const std::string& v) { (*values)[key] = v.empty() ? "true" : v; }, help)
           ->expected(0, 1)

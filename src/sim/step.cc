@@ -378,9 +378,12 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       const double logits_compute =
           std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) + std::max(0.0, mt.bwd_compute - lps * mt.layer_bwd);
       const double per_mb = lps * (2 * t_ag + t_rs) + 2 * te_ag + te_rs;
-      // --no-overlap: no prefetch, every gather and reduce-scatter on the critical path.
-      const double exposed_mb = !cfg.dp_overlap
-                                    ? per_mb
+      // --no-overlap: no prefetch, every gather and reduce-scatter on the critical path; --zero-prefetch false:
+      // every gather on it, the reduce-scatters behind the backward.
+      const double exposed_mb = !cfg.dp_overlap ? per_mb
+                                : !cfg.zero_prefetch
+                                    ? lps * 2 * t_ag + 2 * te_ag + std::max(0.0, te_rs - logits_compute) +
+                                          lps * std::max(0.0, t_rs - mt.layer_bwd)
                                     // the first layer's gather in full, each next one behind the layer before (it was
                                     // counted twice: in full and among the lps prefetched ones)
                                     : t_ag + te_ag + std::max(0.0, te_ag + te_rs - logits_compute) +
@@ -964,30 +967,57 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     }
     if (cfg.zero == 3) {
       // `conduit train --zero 3` (docs/training.md): each layer with parameters is a unit, with the pooling after
-      // it. Every micro-batch gathers each unit before its forward and, but the last one, before its backward, on
-      // the compute thread (nothing prefetched): exposed. The units' gradients are reduce-scattered once a step, each
-      // as soon as the last micro-batch's backward has passed it, behind the backward of the units before it.
-      std::vector<double> unit_params, unit_bwd, per_layer;
+      // it. Every micro-batch gathers each unit before its forward and, but the last one, before its backward. With
+      // --zero-prefetch (the runtime's default) the next unit's gather starts as a unit begins, one at a time on the
+      // gathers' own channel, and only what is left of it when its unit begins is exposed; without, every gather
+      // blocks. The units' gradients are reduce-scattered once a step, each as soon as the last micro-batch's
+      // backward has passed it, behind the backward of the units before it.
+      std::vector<double> unit_params, unit_bwd, unit_fwd, per_layer, per_layer_fwd;
       double f0 = 0, b0 = 0;
-      layer_times(*slow, b, f0, b0, &per_layer);
+      layer_times(*slow, b, f0, b0, &per_layer, &per_layer_fwd);
       for (size_t li = 0; li < m.layers.size(); ++li) {
         if (m.layers[li].params() > 0 || unit_params.empty()) {
           unit_params.push_back(m.layers[li].params());
           unit_bwd.push_back(0);
+          unit_fwd.push_back(0);
         }
         unit_bwd.back() += per_layer[li];
+        unit_fwd.back() += per_layer_fwd[li];
       }
       const size_t units = unit_params.size();
       std::vector<double> t_ag(units, 0.0);  // each unit's gather
-      double gathers = 0, rs_total = 0, t = 0, comm_free = 0;
+      double gathers = 0, rs_total = 0, comm_free = 0;
       for (size_t u = 0; u < units; ++u) {
         if (unit_params[u] <= 0) continue;
         t_ag[u] = allgather(unit_params[u] * eb);
         gathers += t_ag[u] * (u + 1 < units ? 2 : 1);
       }
+      // One pass over the units in `order`, each after its gather `g` (0: none): when each unit's compute ends, and
+      // the time the pass waited for gathers.
+      auto play = [&](const std::vector<size_t>& order, const std::vector<double>& g, const std::vector<double>& c,
+                      std::vector<double>& end) {
+        double clock = 0, waited = 0, ahead = 0;  // ahead: when the gather started one unit ahead is done
+        end.assign(units, 0.0);
+        for (size_t k = 0; k < order.size(); ++k) {
+          const size_t u = order[k];
+          const double ready = cfg.zero_prefetch && k > 0 ? ahead : clock + g[u];
+          const double begin = std::max(clock, ready);
+          waited += begin - clock;
+          if (k + 1 < order.size()) ahead = begin + g[order[k + 1]];  // (the channel is free: this one's is done)
+          clock = begin + c[u];
+          end[u] = clock;
+        }
+        return waited;
+      };
+      std::vector<size_t> forward_order(units), backward_order(units);
+      for (size_t u = 0; u < units; ++u) forward_order[u] = u, backward_order[u] = units - 1 - u;
+      std::vector<double> g_bwd = t_ag, end_fwd, end_bwd;
+      g_bwd.back() = 0;  // (the last unit stays gathered from its forward)
+      const double waited =
+          play(forward_order, t_ag, unit_fwd, end_fwd) + play(backward_order, g_bwd, unit_bwd, end_bwd);
+      double t = 0;
       for (size_t u = units; u-- > 0;) {  // the last micro-batch's backward, unit by unit
-        if (u + 1 < units) t += t_ag[u];
-        t += unit_bwd[u];
+        t = end_bwd[u];
         if (unit_params[u] <= 0) continue;
         const double n = unit_params[u] * per;
         auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, n);
@@ -1000,14 +1030,17 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       }
       dp_total = static_cast<double>(mb) * gathers + rs_total;
       dp_exposed = cfg.dp_overlap ? std::max(0.0, comm_free - t) : rs_total;
-      r.breakdown.zero3_exposed = static_cast<double>(mb) * gathers;
+      r.breakdown.zero3_exposed = static_cast<double>(mb) * waited;
       const size_t with_params =
           size_t(std::count_if(unit_params.begin(), unit_params.end(), [](double n) { return n > 0; }));
       const size_t backward = with_params - (unit_params.back() > 0 ? 1 : 0);
       r.notes.push_back(fmt::format(
-          "ZeRO-3: every micro-batch gathers {} unit(s) forward and {} backward ({} a micro-batch, exposed), and "
-          "each unit's gradients are reduce-scattered once an iteration ({} in all, {} of it past the backward)",
-          with_params, backward, format_seconds(gathers), format_seconds(rs_total), format_seconds(dp_exposed)));
+          "ZeRO-3: every micro-batch gathers {} unit(s) forward and {} backward ({} a micro-batch, {} of it "
+          "exposed{}), "
+          "and each unit's gradients are reduce-scattered once an iteration ({} in all, {} of it past the backward)",
+          with_params, backward, format_seconds(gathers), format_seconds(waited),
+          cfg.zero_prefetch ? ": each next unit's gather behind the unit before" : ": no prefetch",
+          format_seconds(rs_total), format_seconds(dp_exposed)));
     }
     if (k != "none") comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
     dp_exposed += comp;
@@ -1050,13 +1083,16 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     st.optimizer = 8 * params / (cfg.zero >= 1 ? n : 1);
   }
   if (cfg.zero == 3 && gpus > 1) {
-    // ZeRO-3 also holds the unit it runs whole, and that unit's gradient bucket until it is reduce-scattered.
-    double largest = 0, unit = 0;
-    for (size_t li = 0; li < m.layers.size(); ++li) {
-      if (m.layers[li].params() > 0) unit = m.layers[li].params();
-      largest = std::max(largest, unit);
+    // ZeRO-3 also holds the unit it runs whole (with prefetch, and the next one's being gathered: the largest two
+    // adjacent units), and that unit's gradient bucket until it is reduce-scattered.
+    double largest = 0, whole = 0, previous = 0;
+    for (const auto& l : m.layers) {
+      if (l.params() <= 0) continue;
+      largest = std::max(largest, l.params());
+      whole = std::max(whole, l.params() + (cfg.zero_prefetch ? previous : 0.0));
+      previous = l.params();
     }
-    st.params += largest * eb;
+    st.params += whole * eb;
     st.grads += largest * cfg.grad_bytes;
   }
   r.memory.params = st.params;

@@ -53,6 +53,9 @@ struct ParallelConfig {
   int virtual_stages = 1;  // interleaved: model chunks per GPU (v)
   bool sequence_parallel = false;
   bool dp_overlap = true;
+  // ZeRO-3: each next layer's parameter gather starts while the layer before computes (DeepSpeed's prefetch, `conduit
+  // train --zero-prefetch`); false: every gather blocks its layer.
+  bool zero_prefetch = true;
   // Heterogeneous clusters, data parallel only: give each accelerator a share of the global batch proportional
   // to its speed instead of equal shares (the slowest kind then no longer bounds the step).
   bool balance = false;

@@ -137,6 +137,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too) | "
        "3 (the parameters too, each layer gathered only while it runs; pp 1); compressor none (the default then), "
        "fp16 or bf16 (default 0)"},
+      {"zero_prefetch",
+       "with zero 3: gather the next layer while the current one computes (one layer ahead, forward and backward), "
+       "instead of each gather blocking its layer (default true)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every",
        "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
@@ -369,6 +372,14 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
                       "go with it; allowed with zero {}: compressor none, fp16 or bf16 (the "
                       "reduce-scatter's wire); or zero 0",
                       c.zero, c.compressor, c.zero));
+  }
+  if (auto v = get("zero_prefetch")) {
+    c.zero_prefetch = to_bool("zero_prefetch", *v);
+    if (c.zero != 3)
+      throw ConfigError(
+          fmt::format("config: zero_prefetch: gathers a layer's parameters ahead under zero 3, this run "
+                      "has zero {}, which keeps them whole; allowed with zero {}: leave it unset",
+                      c.zero, c.zero));
   }
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);
   if (auto v = get("checkpoint_every"))
@@ -816,6 +827,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "recompute" << YAML::Value << (c.recompute ? "true" : "false");
   e << YAML::Key << "sequence_parallel" << YAML::Value << (c.sequence_parallel ? "true" : "false");
   e << YAML::Key << "zero" << YAML::Value << c.zero;
+  if (c.zero == 3) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
   if (!c.resume.empty()) e << YAML::Key << "resume" << YAML::Value << c.resume;

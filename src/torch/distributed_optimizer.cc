@@ -123,6 +123,16 @@ struct DistributedOptimizer::Core {
   double gather_s = 0;           // this step's time blocked in gathers (under mu)
   // Allocations a failed gather's collective may still write into (an aborted transport): kept, not freed.
   std::vector<at::DataPtr> abandoned;
+  // ZeRO-3's prefetch (DistOptions::zero_prefetch): the one gather started ahead of its unit, in flight on the
+  // gathers' communicator's thread while the unit before it computes (bucket -1: none).
+  struct Ahead {
+    int b = -1;
+    coll::Work work;
+    double t0 = 0;
+    bool counted = false;
+    const char* pass = "";
+  };
+  Ahead ahead;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -202,22 +212,40 @@ struct DistributedOptimizer::Core {
     st->set_nbytes(0);
     bk.resident = false;
   }
+  // Bucket b's whole parameters get storage again (released units hold none).
+  void allocate(Bucket& bk) {
+    if (bk.resident) return;
+    const size_t bytes = bk.n * sizeof(float);
+    auto* st = bk.full.storage().unsafeGetStorageImpl();
+    st->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bytes));
+    st->set_nbytes(bytes);
+    bk.resident = true;
+  }
+  const float* slice_of(Bucket& bk) {
+    static const float dummy = 0;
+    return bk.shard.defined() ? bk.shard.data_ptr<float>() : &dummy;
+  }
+  // A gather's bytes (the ring allgather's (W-1)/W of the unit a rank), time in communication and time blocked.
+  void count_gather(const Bucket& bk, double comm_s, double blocked_s) {
+    const int w = gather_comm ? gather_comm->size() : 1;
+    const uint64_t moved = uint64_t(double(w - 1) / w * double(bk.n * sizeof(float)) + 0.5);
+    std::lock_guard<std::mutex> lk(mu);
+    step.comm_s += comm_s;
+    step.bytes_sent += moved;
+    step.bytes_recv += moved;
+    gather_s += blocked_s;
+  }
   // Every rank's slices of bucket b into its whole parameters (allocated again if released). counted: a training
-  // step's (its bytes and its time, which blocked forward or backward).
+  // step's (its bytes and its time, which blocked forward or backward). A prefetched gather of another bucket is
+  // finished first (the ranks' gathers stay in one order; its unit stays gathered until released as usual).
   void gather(int b, bool counted, const char* pass, bool refresh = false) {
+    if (ahead.b >= 0) finish_ahead();
     Bucket& bk = buckets[size_t(b)];
     if (bk.resident && !refresh) return;
     const double t0 = now_s();
-    const size_t bytes = bk.n * sizeof(float);
-    if (!bk.resident) {
-      auto* st = bk.full.storage().unsafeGetStorageImpl();
-      st->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bytes));
-      st->set_nbytes(bytes);
-      bk.resident = true;
-    }
+    allocate(bk);
     float* dst = bk.full.data_ptr<float>();
-    float dummy = 0;
-    const float* src = bk.shard.defined() ? bk.shard.data_ptr<float>() : &dummy;
+    const float* src = slice_of(bk);
     const int w = gather_comm ? gather_comm->size() : 1;
     if (w > 1) {
       coll::CollOptions co;
@@ -234,16 +262,72 @@ struct DistributedOptimizer::Core {
     }
     const double t1 = now_s();
     if (!counted) return;
-    const uint64_t moved = uint64_t(double(w - 1) / w * double(bytes) + 0.5);
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      step.comm_s += t1 - t0;
-      step.bytes_sent += moved;
-      step.bytes_recv += moved;
-      gather_s += t1 - t0;
-    }
+    count_gather(bk, t1 - t0, t1 - t0);
     if (opt.trace)
-      opt.trace->complete("gather", 0, t0, t1, {{"bucket", b}, {"bytes", bytes}, {"op", "allgather"}, {"pass", pass}});
+      opt.trace->complete("gather", 0, t0, t1,
+                          {{"bucket", b}, {"bytes", bk.n * sizeof(float)}, {"op", "allgather"}, {"pass", pass}});
+  }
+  // Starts the gather of bucket b in the background (the unit after the running one, in the pass's order), unless
+  // it is gathered already or another is in flight. Every rank runs the same units in the same order, so every rank
+  // starts the same prefetches.
+  void start_ahead(int b, bool counted, const char* pass) {
+    if (b < 0 || ahead.b >= 0 || !opt.zero_prefetch || !gather_comm || gather_comm->size() < 2) return;
+    Bucket& bk = buckets[size_t(b)];
+    if (bk.resident) return;
+    allocate(bk);
+    coll::CollOptions co;
+    co.timeout_s = opt.timeout_s;
+    ahead.t0 = now_s();
+    try {
+      ahead.work = gather_comm->allgatherv(slice_of(bk), bk.full.data_ptr<float>(), bk.counts, DType::f32, co);
+    } catch (...) {
+      release(bk, &abandoned);
+      throw;
+    }
+    ahead.b = b;
+    ahead.counted = counted;
+    ahead.pass = pass;
+  }
+  // Waits for the prefetched gather; only the wait blocked forward or backward (exposed).
+  void finish_ahead() {
+    Ahead a = std::move(ahead);
+    ahead = Ahead{};
+    Bucket& bk = buckets[size_t(a.b)];
+    const double t0 = now_s();
+    try {
+      a.work.wait();
+    } catch (...) {
+      release(bk, &abandoned);
+      throw;
+    }
+    const double t1 = now_s();
+    if (!a.counted) return;
+    count_gather(bk, a.work.seconds(), t1 - t0);
+    if (opt.trace)
+      opt.trace->complete("gather", 0, a.t0, t1,
+                          {{"bucket", a.b},
+                           {"bytes", bk.n * sizeof(float)},
+                           {"op", "allgather"},
+                           {"pass", a.pass},
+                           {"prefetched", true},
+                           {"blocked_s", t1 - t0}});
+  }
+  // The first bucket with parameters after unit u (forward) or before it (backward); -1: none.
+  int next_bucket(int u, int dir) const {
+    for (int k = u + dir; k >= 0 && k < int(unit_bucket.size()); k += dir)
+      if (unit_bucket[size_t(k)] >= 0) return unit_bucket[size_t(k)];
+    return -1;
+  }
+  ~Core() {
+    // A gather in flight writes into a unit's storage, which goes with this object: it ends first (a failed one's
+    // allocation is kept in `abandoned`, released below after the communicator).
+    if (ahead.b >= 0) {
+      try {
+        finish_ahead();
+      } catch (...) {
+      }
+    }
+    gather_comm.reset();  // (its thread stopped before the storages and `abandoned` go)
   }
 
   // ZeRO-2: a released bucket buffer back (lk holds mu): the smallest spare that holds it, resized within its
@@ -366,7 +450,7 @@ struct DistributedOptimizer::Core {
     // ZeRO-3: every node that used the unit's parameters has run once each of them has its gradient of this pass.
     if (zero >= 3 && ++bk.pass_got == bk.params.size()) {
       bk.pass_got = 0;
-      if (!pinned) release(bk);
+      if (!pinned && ahead.b != b) release(bk);  // (one being gathered ahead stays, released at the step)
     }
     if (!got[size_t(i)]) {
       ensure_flat(bk, lk);
@@ -878,6 +962,7 @@ void DistributedOptimizer::zero_grad() {
 
 void DistributedOptimizer::synchronize() {
   Core& c = *core_;
+  if (c.ahead.b >= 0) c.finish_ahead();  // a unit gathered ahead that no pass ran: counted in this step
   const double t0 = now_s();
   std::unique_lock<std::mutex> lk(c.mu);
   if (c.synced) return;  // averaged into .grad already: a second call leaves them (it averaged zeros into them)
@@ -975,6 +1060,8 @@ void DistributedOptimizer::step() {
   // After an explicit synchronize() the averaged gradients are in .grad already; a second pass would find no bucket
   // ready and average zeros into them.
   synchronize();  // returns at once after an explicit one
+  // A gather ahead reads the slices the optimizer is about to step (one started after an explicit synchronize()).
+  if (core_->ahead.b >= 0) core_->finish_ahead();
   {
     std::lock_guard<std::mutex> lk(core_->mu);
     core_->synced = false;
@@ -1020,6 +1107,7 @@ void ZeroUnits::before_forward(int unit) {
         fmt::format("DistributedOptimizer: zero_stage 3: unit {} ran; allowed: 0..{} (DistOptions::units)", unit,
                     int(c->unit_bucket.size()) - 1));
   if (c->unit_bucket[size_t(unit)] >= 0) c->gather(c->unit_bucket[size_t(unit)], !c->pinned, "forward");
+  c->start_ahead(c->next_bucket(unit, 1), !c->pinned, "forward");  // behind this unit's forward
 }
 
 void ZeroUnits::after_forward(int unit, torch::Tensor& out) {
@@ -1030,13 +1118,14 @@ void ZeroUnits::after_forward(int unit, torch::Tensor& out) {
   if (torch::GradMode::is_enabled() && out.defined() && out.requires_grad()) {
     // Gathered again once the gradient of its output is known: before its own backward runs.
     std::weak_ptr<DistributedOptimizer::Core> weak = c;
-    out.register_hook([weak, b](const torch::Tensor&) {
+    out.register_hook([weak, b, unit](const torch::Tensor&) {
       auto core = weak.lock();
       if (!core) return;
       // The unit's backward of this pass begins: its gradients count from here (a parameter that got none in an
       // earlier pass must not make a later one release the unit early).
       core->buckets[size_t(b)].pass_got = 0;
       core->gather(b, !core->pinned, "backward");
+      core->start_ahead(core->next_bucket(unit, -1), !core->pinned, "backward");  // behind this unit's backward
     });
     if (unit == int(c->unit_bucket.size()) - 1) return;  // its backward comes next
   }

@@ -87,15 +87,20 @@ struct DistOptions {
   // backward; once the unit's gradients of a backward pass are in its bucket it is released again. Between steps a
   // rank holds 1/W of the parameters (its slices, which the optimizer steps; nothing is allgathered after the
   // step), 1/W of the gradients and 1/W of the optimizer state, for 1.5 times the allreduce's bytes: an allgather
-  // forward, one backward (but the last unit's), the reduce-scatter. The gathers run on the thread of forward and
-  // backward, on a communicator of their own (the constructor is collective: it splits one off), and block it: they
-  // count as exposed communication. Every gather is collective: the ranks run the same forwards and backwards (a
+  // forward, one backward (but the last unit's), the reduce-scatter. The gathers run on a communicator of their own
+  // (the constructor is collective: it splits one off); with zero_prefetch the next unit's gather (forward: the one
+  // after, backward: the one before) starts in the background as a unit begins, so it moves while that unit computes,
+  // and only what is left of it when its unit begins blocks (exposed communication); without, each gather blocks the
+  // thread of forward and backward whole. Every gather is collective: the ranks run the same forwards and backwards (a
   // forward without gradients gathers and releases unit by unit; an evaluation whose ranks run other numbers of
   // batches holds whole_parameters() instead, as anything else that reads the parameters does: a checkpoint, a
   // copy). After the DistributedOptimizer goes, the model holds only what whole_parameters() gathered: take it
   // before, and keep it, to use the model afterwards. The same conditions as stages 1 and 2, and every trainable
   // parameter in exactly one unit; bucket caps and rebuild_buckets do not apply.
   int zero_stage = 0;
+  // ZeRO stage 3: gather the next unit while the current one computes (DeepSpeed's stage-3 prefetch, FSDP's
+  // forward and backward prefetch), one unit ahead: at most two units whole at a time instead of one.
+  bool zero_prefetch = true;
   // ZeRO stage 3: the parameters of each unit (Net::units()), in the order forward runs them.
   std::vector<std::vector<torch::Tensor>> units;
   // Backward calls a step (gradient accumulation over micro-batches, a pipeline's): each parameter's gradients are

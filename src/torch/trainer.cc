@@ -703,6 +703,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.trace = &trace;
     dopts.zero_stage = c.zero;
     if (c.zero == 3) dopts.units = model->units();
+    dopts.zero_prefetch = c.zero_prefetch;
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     model->set_unit_hooks(dopt->unit_hooks());
@@ -1435,6 +1436,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"pp_schedule", c.pp_schedule},
          {"recompute", c.recompute},
          {"sequence_parallel", c.sequence_parallel},
+         {"zero_prefetch", c.zero == 3 ? nlohmann::json(c.zero_prefetch) : nlohmann::json()},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",
           pipe ? nlohmann::json(res.pipeline_peak_micro_batches) : nlohmann::json()},

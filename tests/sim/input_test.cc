@@ -609,9 +609,30 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   z.micro_batch = 4;
   z.grad_bytes = 4;
   z.zero = 3;
+  z.zero_prefetch = false;  // (every gather blocks its layer; prefetch below)
   const StepResult r = simulate_layer_step(n8, cnn, z);
   const double gathers = 2 * (2 * ag(units[0]) + 2 * ag(units[1]) + 2 * ag(units[2]) + ag(units[3]));
   EXPECT_NEAR(r.breakdown.zero3_exposed, gathers, 1e-9 * gathers);
+  {
+    // With prefetch each next layer's gather runs behind the layer before: the same bytes and the same gathers,
+    // less of them exposed. Where every layer computes longer than any gather takes (a slow accelerator on a fast
+    // network), only the first layer's forward gather is left, once a micro-batch.
+    ParallelConfig p = z;
+    p.zero_prefetch = true;
+    const StepResult a = simulate_layer_step(n8, cnn, p);
+    EXPECT_NEAR(a.breakdown.dp_comm, r.breakdown.dp_comm, 1e-12 * r.breakdown.dp_comm);
+    EXPECT_LT(a.breakdown.zero3_exposed, r.breakdown.zero3_exposed);
+    EXPECT_NEAR(a.time,
+                a.breakdown.compute + a.breakdown.dp_exposed + a.breakdown.zero3_exposed + a.breakdown.optimizer,
+                1e-9 * a.time);
+    Topology ts(flat_cluster(1e-9, 1e12, 0, 1e9), 8);
+    CollectiveModel ns(ts);
+    const double first = ns.time(Collective::kAllGather, Algorithm::kAuto, dg, units[0] * 4);
+    const StepResult s = simulate_layer_step(ns, cnn, p);
+    EXPECT_NEAR(s.breakdown.zero3_exposed, 2 * first, 1e-9 * first);
+    p.zero_prefetch = false;
+    EXPECT_GT(simulate_layer_step(ns, cnn, p).breakdown.zero3_exposed, 10 * s.breakdown.zero3_exposed);
+  }
   const double rs_all = rs(units[0]) + rs(units[1]) + rs(units[2]) + rs(units[3]);
   EXPECT_NEAR(r.breakdown.dp_comm, gathers + rs_all, 1e-9 * gathers);
   EXPECT_NEAR(r.time, r.breakdown.compute + r.breakdown.dp_exposed + gathers + r.breakdown.optimizer, 1e-9 * r.time);
@@ -624,12 +645,17 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   EXPECT_NE(error_of([&] { simulate_layer_step(n8, cnn, z); }).find("--sync async with --zero 3 is not modelled"),
             std::string::npos);
   // Its memory, f32 as conduit train holds it: 4-byte parameters and Adam's two 4-byte moments a parameter, sharded
-  // over the 8 ranks, plus the largest unit (fc1) whole and its gradient bucket.
+  // over the 8 ranks, plus the largest unit (fc1) whole and its gradient bucket; with prefetch the largest two
+  // adjacent units whole (conv2 and fc1: conv2's gather, started ahead, is under way while fc1 runs).
   const double p = cnn.params();
   z.sync = parse_sync("bsp");
   const StepResult m3 = simulate_layer_step(n8, cnn, z);
   EXPECT_DOUBLE_EQ(m3.memory.params, 4 * p / 8 + 4 * units[2]);
   EXPECT_DOUBLE_EQ(m3.memory.grads, 4 * p / 8 + 4 * units[2]);
+  z.zero_prefetch = true;
+  EXPECT_DOUBLE_EQ(simulate_layer_step(n8, cnn, z).memory.params, 4 * p / 8 + 4 * (units[1] + units[2]));
+  EXPECT_DOUBLE_EQ(simulate_layer_step(n8, cnn, z).memory.grads, 4 * p / 8 + 4 * units[2]);
+  z.zero_prefetch = false;
   EXPECT_DOUBLE_EQ(m3.memory.optimizer, 8 * p / 8);
   z.zero = 0;
   const StepResult m0 = simulate_layer_step(n8, cnn, z);
@@ -661,6 +687,13 @@ TEST(Inputs, NoOverlapExposesZero3) {
   const StepResult b = simulate_step(net, named_model("gpt-1.7b"), c);
   EXPECT_NEAR(b.breakdown.zero3_exposed, b.breakdown.dp_comm, 1e-12 * b.breakdown.dp_comm);
   EXPECT_LT(a.breakdown.zero3_exposed, b.breakdown.zero3_exposed);
+  // Overlap without prefetch: every gather exposed, the reduce-scatters behind the backward.
+  c.dp_overlap = true;
+  c.zero_prefetch = false;
+  const StepResult n = simulate_step(net, named_model("gpt-1.7b"), c);
+  EXPECT_LT(a.breakdown.zero3_exposed, n.breakdown.zero3_exposed);
+  EXPECT_LT(n.breakdown.zero3_exposed, b.breakdown.zero3_exposed);
+  EXPECT_EQ(n.breakdown.dp_comm, b.breakdown.dp_comm);
 }
 
 // A search fixed to the interleaved schedule has no one-stage plans (they were ranked, labelled 1f1b).
@@ -742,6 +775,20 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
   EXPECT_NE(out.find("--layers-spec describes --model layers"), std::string::npos) << out;
   out = test_util::run("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 0", &rc);
   EXPECT_NE(out.find("--global-batch = 0 (allowed: a positive number"), std::string::npos) << out;
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 2 "
+      "--no-zero-prefetch",
+      &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--no-zero-prefetch: ZeRO-3 gathers each layer's parameters, this step has --zero 2"),
+            std::string::npos)
+      << out;
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 3 "
+      "--no-zero-prefetch --json",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"zero_prefetch\":false"), std::string::npos) << out;
 
   const std::string infer_cmd = "sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 ";
   out = test_util::run(infer_cmd + "--batch 4 --batch-list 1,2", &rc);

@@ -721,6 +721,7 @@ struct ThreeUnits : Net {
   std::function<uint64_t()> held;
   std::vector<uint64_t> seen;           // parameter bytes held inside each unit's forward
   std::vector<uint64_t> backward_seen;  // and as unit 0's backward begins
+  std::vector<uint64_t> backward1_seen;  // and as unit 1's
   ThreeUnits() {
     a = register_module("a", torch::nn::Linear(7, 5));
     b = register_module("b", torch::nn::Linear(5, 4));
@@ -742,7 +743,10 @@ struct ThreeUnits : Net {
     torch::Tensor h = run(0, a, x);
     // (after the hook that gathers unit 0 for its backward: the same tensor's hooks run in order)
     if (held && h.requires_grad()) h.register_hook([this](const torch::Tensor&) { backward_seen.push_back(held()); });
-    return run(2, c, torch::tanh(run(1, b, torch::tanh(h))));
+    torch::Tensor h1 = run(1, b, torch::tanh(h));
+    if (held && h1.requires_grad())
+      h1.register_hook([this](const torch::Tensor&) { backward1_seen.push_back(held()); });
+    return run(2, c, torch::tanh(h1));
   }
   std::vector<std::vector<torch::Tensor>> units() override {
     return {a->parameters(), b->parameters(), c->parameters()};
@@ -753,14 +757,14 @@ struct Zero3Run {
   std::vector<std::vector<float>> params;  // per rank, under whole_parameters()
   std::vector<uint64_t> sent, held_between, held_whole, state_bytes, grad_held;
   std::vector<std::vector<uint64_t>> seen;  // rank's parameter bytes inside each unit's forward, every step
-  std::vector<std::vector<uint64_t>> backward_seen;
+  std::vector<std::vector<uint64_t>> backward_seen, backward1_seen;
   std::vector<size_t> elements;
 };
 
 // 4 steps as zero_run's (with overlap off, two backward passes a step); an evaluation forward without gradients
 // before the third.
 Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int world,
-                   const std::string& compressor = "none") {
+                   const std::string& compressor = "none", bool prefetch = true) {
   auto comms = coll::Communicator::inproc(world);
   Zero3Run out;
   out.params.resize(world);
@@ -771,6 +775,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
   out.grad_held.resize(world);
   out.seen.resize(world);
   out.backward_seen.resize(world);
+  out.backward1_seen.resize(world);
   out.elements.resize(world);
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r)
@@ -782,6 +787,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       o.zero_stage = stage;
       o.units = m->units();
       o.compressor = compressor;
+      o.zero_prefetch = prefetch;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       m->set_unit_hooks(d.unit_hooks());
       if (stage == 3) m->held = [&d] { return d.parameter_bytes_held(); };
@@ -815,6 +821,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       }
       out.seen[size_t(r)] = m->seen;
       out.backward_seen[size_t(r)] = m->backward_seen;
+      out.backward1_seen[size_t(r)] = m->backward1_seen;
       out.state_bytes[size_t(r)] = optimizer_state_bytes(*opt);
       out.elements[size_t(r)] = d.optimizer_elements();
       if (stage == 3) EXPECT_EQ(d.parameter_bytes_held(), out.held_between[size_t(r)]) << "released again";
@@ -825,17 +832,19 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
 
 // ZeRO-3 trains as plain data parallelism with 1/W of the parameters, gradients and optimizer state: each unit is
 // whole only while it runs (and the last one through the backward that follows), the gathers add half the
-// allreduce's bytes but the last unit's backward gather, and nothing is gathered after the step.
+// allreduce's bytes but the last unit's backward gather, and nothing is gathered after the step. With prefetch the
+// next unit's gather is under way (its storage held) while a unit computes, forward and backward; same bytes, same
+// training.
 TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
   const size_t unit_n[3] = {40, 24, 15};  // 79 floats
   // Rank r's slice of each unit (the first ranks a float longer): rank 0 10 + 6 + 4, rank 3 10 + 6 + 3.
   auto slice = [&](size_t u, int r, int w) { return unit_n[u] / size_t(w) + (size_t(r) < unit_n[u] % size_t(w)); };
   for (const std::string optimizer : {"sgd", "adam"}) {
-    for (bool overlap : {true, false}) {
+    for (auto [overlap, prefetch] : {std::pair{true, true}, {false, true}, {true, false}, {false, false}}) {
       const int w = 4;
       const Zero3Run plain = zero3_run(0, optimizer, overlap, w);
-      const Zero3Run z = zero3_run(3, optimizer, overlap, w);
-      const std::string what = fmt::format("{} overlap {}", optimizer, overlap);
+      const Zero3Run z = zero3_run(3, optimizer, overlap, w, "none", prefetch);
+      const std::string what = fmt::format("{} overlap {} prefetch {}", optimizer, overlap, prefetch);
       ASSERT_EQ(z.params[0].size(), 79u);
       double worst = 0, moved = 0;
       ThreeUnits init;
@@ -859,12 +868,20 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
         EXPECT_EQ(z.grad_held[size_t(r)], 4 * mine) << what;
         EXPECT_EQ(z.held_whole[size_t(r)], 4 * (mine + 79)) << what;
         EXPECT_EQ(plain.held_between[size_t(r)], 4 * 79u) << what;
-        // Inside unit u's forward: the slices and unit u alone (the one before it released).
+        // Inside unit u's forward: the slices and unit u (the one before it released), and with prefetch the next
+        // unit's storage, its gather started before unit u computes.
         const auto& seen = z.seen[size_t(r)];
         ASSERT_EQ(seen.size(), size_t(3 * (4 * passes + 1))) << what;
-        for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 4 * (mine + unit_n[i % 3])) << what << " " << i;
+        for (size_t i = 0; i < seen.size(); ++i) {
+          const size_t u = i % 3, ahead = prefetch && u < 2 ? unit_n[u + 1] : 0;
+          EXPECT_EQ(seen[i], 4 * (mine + unit_n[u] + ahead)) << what << " " << i;
+        }
         // As unit 0's backward begins: unit 0 gathered again, units 2 and 1 released once their gradients came.
         EXPECT_EQ(z.backward_seen[size_t(r)], std::vector<uint64_t>(size_t(4 * passes), 4 * (mine + 40))) << what;
+        // As unit 1's: unit 1 gathered again, unit 2 released, and with prefetch unit 0's gather under way.
+        EXPECT_EQ(z.backward1_seen[size_t(r)],
+                  std::vector<uint64_t>(size_t(4 * passes), 4 * (mine + 24 + (prefetch ? 40 : 0))))
+            << what;
         // A step: every unit gathered forward, units 0 and 1 again backward, every pass; the reduce-scatter once;
         // each 3/4 of the unit's bytes (rounded to whole bytes per unit).
         auto r34 = [](size_t n) { return uint64_t(0.75 * double(4 * n) + 0.5); };

@@ -323,6 +323,14 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
       << r.out;
   EXPECT_NE(r.out.find("warning: data_dir is set, but the dataset is synthetic: it is ignored"), std::string::npos)
       << r.out;
+  // A compressor asked for with one data-parallel rank is kept, and named as saving nothing.
+  r = run(kTrain + " --epochs 1 --max-steps 2 --workers 1 --compressor fp16 --output " + (dir / "one").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: compressor fp16 runs with one data-parallel rank (workers 1 / (tp 1 x pp 1)): it "
+                       "changes the gradients but sends nothing"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(slurp(dir / "one" / "summary.json").find("\"compressor\": \"fp16\""), std::string::npos);
   // Local SGD's warm-up averages every step: a warm-up as long as the run is no run without exchanges (it warned
   // that nothing was exchanged), and a shorter one is named.
   r = run(kTrain + " --epochs 1 --sync local:period=8,warmup=200 --output " + (dir / "lw").string());

@@ -265,6 +265,13 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   EXPECT_EQ(c.compressor, "none");
   EXPECT_EQ(resolve_config({{"zero", "1"}, {"compressor", "none"}}, 0, false).zero, 1);
   EXPECT_EQ(resolve_config({{"zero", "0"}}, 0, false).compressor, TrainConfig().compressor);
+  // zero_prefetch: on by default, only with stage 3.
+  EXPECT_TRUE(resolve_config({{"zero", "3"}}, 0, false).zero_prefetch);
+  EXPECT_FALSE(resolve_config({{"zero", "3"}, {"zero_prefetch", "false"}}, 0, false).zero_prefetch);
+  const std::string pf = config_error({{"zero", "2"}, {"zero_prefetch", "true"}});
+  expect_one_line(pf, "zero_prefetch");
+  EXPECT_NE(pf.find("allowed with zero 2: leave it unset"), std::string::npos) << pf;
+  expect_one_line(config_error({{"zero", "3"}, {"zero_prefetch", "sometimes"}}), "zero_prefetch");
 }
 
 // Tensor parallelism splits the vit only, in groups that divide the workers and its 4 heads, under bsp.
@@ -765,6 +772,10 @@ TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
   EXPECT_EQ(res_three[1].params, res_plain[1].params);
   EXPECT_EQ(res_three[1].buffers, res_plain[1].buffers);
   EXPECT_LT(res_three[1].parameter_bytes_held, res_plain[1].parameter_bytes_held / 2 + 4 * 5);
+  res.zero_prefetch = false;  // (each gather blocking its layer: the same training, the same bytes)
+  auto res_blocking = train_inproc(res, 2);
+  EXPECT_EQ(res_blocking[1].params, res_plain[1].params);
+  EXPECT_EQ(res_blocking[0].world_bytes_sent, res_three[0].world_bytes_sent);
   // With tensor parallelism (stage 3 over the data-parallel ranks, the split blocks its units), and with 2
   // micro-batches accumulated (each gathers forward and backward): bit for bit each one's stage-0 run.
   for (auto [tp, micro] : {std::pair{2, 1}, std::pair{1, 2}}) {
