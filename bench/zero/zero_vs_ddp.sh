@@ -1,7 +1,7 @@
 #!/bin/bash
 # ZeRO in `conduit train` (--zero 1, 2 and 3, and 3 with --zero-prefetch false: "zero 3n") against plain bsp, and PyTorch's ZeroRedundancyOptimizer over DDP
 # (bench/peers/ddp_train.py --zero) against plain DDP: the CNN on Fashion-MNIST, 4 local workers, Adam (lr 0.001),
-# EPOCHS epochs. ROUNDS rounds run the six configurations one after the other (each round in the order the
+# EPOCHS epochs. ROUNDS rounds run the seven configurations one after the other (each round in the order the
 # previous one ended with reversed, so no configuration always runs first); the table gives the median training
 # wall time over the rounds, the test accuracy, bytes on the wire, rank 0's optimizer state and (Conduit) the
 # trainable parameters rank 0 held between steps, of the last round.

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string_view>
 #include <tuple>
@@ -577,20 +578,44 @@ int find_free_port(const std::string& addr) {
   }
   std::string last_error = "no address";
   int port = 0;
-  for (addrinfo* ai = res; ai != nullptr && port == 0; ai = ai->ai_next) {
+  // Binds `want` (0: the kernel's choice) on the address; the port bound, or 0.
+  auto try_bind = [&](const addrinfo* ai, int want) {
+    sockaddr_storage a{};
+    std::memcpy(&a, ai->ai_addr, std::min<size_t>(ai->ai_addrlen, sizeof a));
+    if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = htons(uint16_t(want));
+    if (a.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = htons(uint16_t(want));
     FileDescriptor s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
-    if (!s.valid() || ::bind(s.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (!s.valid() || ::bind(s.get(), reinterpret_cast<sockaddr*>(&a), ai->ai_addrlen) != 0) {
       last_error = std::strerror(errno);
-      continue;
+      return 0;
     }
     sockaddr_storage bound{};
     socklen_t len = sizeof bound;
     if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
       last_error = std::strerror(errno);
-      continue;
+      return 0;
     }
-    if (bound.ss_family == AF_INET) port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    if (bound.ss_family == AF_INET6) port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+    if (bound.ss_family == AF_INET) return int(ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port));
+    if (bound.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port));
+    return 0;
+  };
+  // Rank 0 binds the port seconds later. One from the kernel's ephemeral range
+  // (/proc/sys/net/ipv4/ip_local_port_range) could meanwhile be handed to any process's outgoing connection, and a
+  // worker retrying its connect to a port in that range can be given that very port as its own and connect to itself
+  // (TCP's simultaneous open): a port below the range, from a start that differs between launchers, that binds now.
+  int lo = 32768, hi = 60999;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+  constexpr int kFirst = 20000;  // (below: ports services commonly listen on)
+  for (addrinfo* ai = res; ai != nullptr && port == 0; ai = ai->ai_next) {
+    if (try_bind(ai, 0) == 0) continue;  // (not an address of this host)
+    const int span = lo - kFirst;
+    if (span >= 1000) {
+      const auto seed =
+          uint64_t(::getpid()) * 7919u + uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+      const int start = int(seed % uint64_t(span));
+      for (int i = 0; i < span && port == 0; ++i) port = try_bind(ai, kFirst + (start + i) % span);
+    }
+    if (port == 0) port = try_bind(ai, 0);  // (no room below the range, or nothing there binds)
   }
   ::freeaddrinfo(res);
   if (port == 0) {

@@ -49,7 +49,8 @@ int run_local_workers(const LaunchSpec& spec);
 // running it stops as it would for any program.
 int launcher_stop_signal();
 
-// A TCP port that was free on `addr` a moment ago (bind to port 0, read it back, close).
+// A TCP port that was free on `addr` a moment ago: below the kernel's ephemeral port range where there is room (a
+// port from it could go to an outgoing connection before rank 0 binds it), else the kernel's choice (bind to port 0).
 int find_free_port(const std::string& addr);
 
 // A unique id for one launch (hex of pid and time), safe in file and shared-memory names.

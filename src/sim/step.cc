@@ -532,11 +532,12 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   // The loss's fp32 logits stay until that micro-batch's backward: GPipe runs every forward first, so the last
   // stage holds all m of them (it counted one); 1F1B and interleaving take each backward soon after.
   const double loss_copies = p > 1 && cfg.schedule == Schedule::kGpipe ? mbs : 1.0;
-  // ZeRO-3 also holds what it gathers: the layer it runs and, prefetched, the next (one without overlap), the
-  // embeddings it gathers for the first and the output layer, and one layer's full gradients before their
+  // ZeRO-3 also holds what it gathers: the layer it runs and, prefetched, the next (one without overlap or prefetch),
+  // the embeddings it gathers for the first and the output layer, and one layer's full gradients before their
   // reduce-scatter (the sharded state alone left out about a third of GPT-1T's memory at t = 8).
   const bool zero3 = cfg.zero == 3 && d > 1;
-  const double gathered = zero3 ? ((cfg.dp_overlap ? 2 : 1) * layer_params / t + emb_gpu) * 2 : 0.0;
+  const double gathered =
+      zero3 ? ((cfg.dp_overlap && cfg.zero_prefetch ? 2 : 1) * layer_params / t + emb_gpu) * 2 : 0.0;
   const double unsharded_grads = zero3 ? layer_params / t * cfg.grad_bytes : 0.0;
   auto stage_memory = [&](double params, double inflight, bool loss) {
     const ModelState st = zero_model_state(params, d, cfg.zero, cfg.grad_bytes);
@@ -927,6 +928,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, framework, ratio, cap, mb,
                           wake);
   }
+  // The layers as they run in the step, for the windows communication hides behind: kernels at the ratio, plus the
+  // framework's time in proportion to them.
+  const double run_scale = ratio + (fwd + bwd > 0 ? framework / (fwd + bwd) : 0.0);
   double dp_total = 0, dp_exposed = 0, comp = 0;
   if (gpus > 1) {
     const Group dg{gpus, 1, 0};
@@ -943,13 +947,14 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
              memory_time(*slow, 8 * n / per, 1) + wake;
     };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
-    dp_exposed =
-        bucketed_exposed(cfg.dp_overlap ? bwd : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total);
+    dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd * run_scale : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes,
+                                  tof, &dp_total);
     if (cfg.zero == 2 && mb > 1) {
       // ZeRO-2 keeps only its shard of the gradients: every micro-batch's are reduce-scattered after its backward,
       // an earlier one's behind the next micro-batch's forward and backward (as the GPT model, §5).
       const double each = dp_total;
-      dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - (cfg.dp_overlap ? fwd + bwd : 0.0));
+      dp_exposed +=
+          static_cast<double>(mb - 1) * std::max(0.0, each - (cfg.dp_overlap ? (fwd + bwd) * run_scale : 0.0));
       dp_total += static_cast<double>(mb - 1) * each;
     }
     // The parameters are allgathered in the precision they are held in: 2 bytes (mixed precision) or 4 (f32, as
@@ -981,8 +986,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
           unit_bwd.push_back(0);
           unit_fwd.push_back(0);
         }
-        unit_bwd.back() += per_layer[li];
-        unit_fwd.back() += per_layer_fwd[li];
+        unit_bwd.back() += per_layer[li] * run_scale;
+        unit_fwd.back() += per_layer_fwd[li] * run_scale;
       }
       const size_t units = unit_params.size();
       std::vector<double> t_ag(units, 0.0);  // each unit's gather

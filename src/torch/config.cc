@@ -736,7 +736,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "pp_schedule",
                         "recompute",
                         "sequence_parallel",
-                        "zero"}) {
+                        "zero",
+                        "zero_prefetch"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
     if (std::string(k) == "momentum" && ((meta.contains("optimizer") && meta["optimizer"] != "sgd") ||
@@ -771,6 +772,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
         ((raw.count("tp") && raw.at("tp") == "1") || (raw.count("pp") && raw.at("pp") != "1") ||
          (raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))))
       continue;
+    // (ZeRO-3's prefetch, not taken by a run given another stage: the zero mismatch is the error to report)
+    if (std::string(k) == "zero_prefetch" && raw.count("zero") && raw.at("zero") != "3") continue;
     take(k, k);
   }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that

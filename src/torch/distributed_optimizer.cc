@@ -319,8 +319,8 @@ struct DistributedOptimizer::Core {
     return -1;
   }
   ~Core() {
-    // A gather in flight writes into a unit's storage, which goes with this object: it ends first (a failed one's
-    // allocation is kept in `abandoned`, released below after the communicator).
+    // A gather in flight writes into a unit's storage (which the model's parameters share, and `buckets` here): it
+    // ends first (a failed one's allocation is kept in `abandoned`, freed after the communicator's thread stopped).
     if (ahead.b >= 0) {
       try {
         finish_ahead();
@@ -450,7 +450,9 @@ struct DistributedOptimizer::Core {
     // ZeRO-3: every node that used the unit's parameters has run once each of them has its gradient of this pass.
     if (zero >= 3 && ++bk.pass_got == bk.params.size()) {
       bk.pass_got = 0;
-      if (!pinned && ahead.b != b) release(bk);  // (one being gathered ahead stays, released at the step)
+      // (A unit being gathered ahead cannot have had its backward: its gather hook finishes the gather first. Were
+      // one ever released here, the transfer would write into freed storage; it stays, released at the step.)
+      if (!pinned && ahead.b != b) release(bk);
     }
     if (!got[size_t(i)]) {
       ensure_flat(bk, lk);

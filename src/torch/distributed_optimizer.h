@@ -99,7 +99,8 @@ struct DistOptions {
   // parameter in exactly one unit; bucket caps and rebuild_buckets do not apply.
   int zero_stage = 0;
   // ZeRO stage 3: gather the next unit while the current one computes (DeepSpeed's stage-3 prefetch, FSDP's
-  // forward and backward prefetch), one unit ahead: at most two units whole at a time instead of one.
+  // forward and backward prefetch), one unit ahead: two units whole at a time instead of one (a unit gathered ahead
+  // that no pass then runs, one skipped by the model's forward, stays whole until step()).
   bool zero_prefetch = true;
   // ZeRO stage 3: the parameters of each unit (Net::units()), in the order forward runs them.
   std::vector<std::vector<torch::Tensor>> units;

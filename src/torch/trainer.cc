@@ -437,6 +437,7 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"first_bucket_mb", "number"},
                                                        {"overlap", "boolean"},
                                                        {"zero", "integer"},
+                                                       {"zero_prefetch", "boolean"},
                                                        {"tp", "integer"},
                                                        {"pp", "integer"},
                                                        {"micro_batches", "integer"},
@@ -1147,6 +1148,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         declaration["data_dir_resolved"] = data_dir_resolved;
         declaration["train_data"] = data_id;
       }
+      if (c.zero == 3) declaration["zero_prefetch"] = c.zero_prefetch;  // (a setting of stage 3 only)
       write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
       sync_path(stage.string());

@@ -238,6 +238,11 @@ TEST_F(LaunchTest, SetsTorchrunEnvironmentForEveryRank) {
     EXPECT_GE(p, 1);
     EXPECT_LE(p, 65535);
     EXPECT_NE(p, 1);  // a free port was chosen, not the inherited value
+    // ... below the kernel's ephemeral range, where no outgoing connection (nor a worker's own retried connect) can
+    // be given it before rank 0 binds it.
+    int lo = 32768, hi = 60999;
+    std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+    if (lo - 20000 >= 1000) EXPECT_LT(p, lo);
     EXPECT_FALSE(f["JOB"].empty());
     if (port.empty()) port = f["MASTER_PORT"], job = f["JOB"];
     EXPECT_EQ(f["MASTER_PORT"], port) << "every rank must see the same port";
@@ -404,11 +409,13 @@ TEST_F(LaunchTest, WorkerKilledBySignalGives128PlusSignal) {
 }
 
 // A worker that crashes while the others are being stopped (after a peer's failure was reaped first) is reported
-// too: otherwise the crash hides behind the peer's "connection closed" error.
+// too: otherwise the crash hides behind the peer's "connection closed" error. Rank 1 crashes on the launcher's SIGTERM,
+// so only once rank 0's failure was reaped (it crashed 0.5 s after rank 0 was told to fail, and a launcher slower
+// than that on a loaded machine reaped the crash first).
 TEST_F(LaunchTest, CrashWhileStoppingIsReportedToo) {
   const std::string ready = path("ready2");
-  const std::string script = "if [ \"$RANK\" = 1 ]; then trap '' TERM; touch " + ready +
-                             "; sleep 0.5; kill -SEGV $$; sleep 60; fi; while [ ! -e " + ready +
+  const std::string script = "if [ \"$RANK\" = 1 ]; then trap 'kill -SEGV $$' TERM; touch " + ready +
+                             "; sleep 60 & wait; sleep 60; fi; while [ ! -e " + ready +
                              " ]; do sleep 0.02; done; exit 2";
   auto r = run({"launch", "-n", "2", "--", "sh", "-c", script}, {{"CONDUIT_LAUNCH_GRACE", "5"}});
   ASSERT_FALSE(r.timed_out);

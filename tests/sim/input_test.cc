@@ -622,9 +622,9 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
     const StepResult a = simulate_layer_step(n8, cnn, p);
     EXPECT_NEAR(a.breakdown.dp_comm, r.breakdown.dp_comm, 1e-12 * r.breakdown.dp_comm);
     EXPECT_LT(a.breakdown.zero3_exposed, r.breakdown.zero3_exposed);
-    EXPECT_NEAR(a.time,
-                a.breakdown.compute + a.breakdown.dp_exposed + a.breakdown.zero3_exposed + a.breakdown.optimizer,
-                1e-9 * a.time);
+    // (the backward no longer stretched by its gathers leaves the reduce-scatters less to hide behind)
+    EXPECT_GT(a.breakdown.dp_exposed, r.breakdown.dp_exposed);
+    EXPECT_LT(a.time, r.time);
     Topology ts(flat_cluster(1e-9, 1e12, 0, 1e9), 8);
     CollectiveModel ns(ts);
     const double first = ns.time(Collective::kAllGather, Algorithm::kAuto, dg, units[0] * 4);

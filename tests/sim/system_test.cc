@@ -546,7 +546,7 @@ TEST(Cli, AClusterFilesNodeCountIsItsSizeUnlessGpusIsGiven) {
   const size_t at = yaml.find("    gpus: 8");
   ASSERT_NE(at, std::string::npos);
   yaml.insert(at, "    count: 4\n");
-  const std::string path = ::testing::TempDir() + "conduit_counted_cluster.yaml";
+  const std::string path = ::testing::TempDir() + "conduit_counted_cluster_" + std::to_string(::getpid()) + ".yaml";
   std::ofstream(path) << yaml;
   int rc = 0;
   auto gpus_of = [&](const std::string& args) {
@@ -564,7 +564,7 @@ TEST(Cli, AClusterFilesNodeCountIsItsSizeUnlessGpusIsGiven) {
 }
 
 TEST(Cli, GemmBenchFeedsCalibrate) {
-  const std::string dir = ::testing::TempDir() + "conduit_gemm_calibrate";
+  const std::string dir = ::testing::TempDir() + "conduit_gemm_calibrate_" + std::to_string(::getpid());
   std::string mk = "mkdir -p " + dir;
   ASSERT_EQ(std::system(mk.c_str()), 0);
   int rc = 0;
@@ -670,6 +670,7 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
     EXPECT_EQ(rc, 2) << out;
     EXPECT_NE(out.find("--name = '" + std::string(bad) + "' (allowed: 1 to 64 letters"), std::string::npos) << out;
   }
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 // `sim calibrate` with the cluster file on stdout: the report goes to stderr, so `> file.yaml` loads (the fit table
@@ -677,7 +678,7 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
 // (they failed the whole run); without --ranks only the largest world's samples are fitted, as the help says (all
 // worlds were pooled and the check table showed one of them); a directory given as --bench is named as such.
 TEST(Cli, CalibrateToStdoutGivesALoadableFileAndFitsOneWorld) {
-  const std::string dir = ::testing::TempDir() + "conduit_calibrate_stdout";
+  const std::string dir = ::testing::TempDir() + "conduit_calibrate_stdout_" + std::to_string(::getpid());
   ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
   {
     std::ofstream b(dir + "/bench.jsonl");
@@ -705,6 +706,7 @@ TEST(Cli, CalibrateToStdoutGivesALoadableFileAndFitsOneWorld) {
   std::string out = run("sim calibrate --bench " + dir + " --peak 1GFLOP/s", &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("--bench: '" + dir + "' is a directory"), std::string::npos) << out;
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
 }  // namespace

@@ -917,6 +917,59 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
 
 // A ZeRO-3 gather whose peer never joins it fails at the deadline with one line, in forward (rank 1 gone before it)
 // and inside backward (rank 1 gone after its forward: the gather for unit 1's backward), and nothing hangs.
+// A unit without trainable parameters (unit 1 frozen) between two that have them: the prefetch skips it (unit 0's
+// forward starts unit 2's gather, unit 2's backward unit 0's), and the training is plain data parallelism's.
+TEST(DistributedOptimizerZero, PrefetchSkipsAUnitWithoutTrainableParameters) {
+  const int w = 2;
+  std::vector<std::vector<float>> params(2);  // stage 0's and stage 3's rank 0
+  std::vector<uint64_t> seen, backward1;
+  for (int stage : {0, 3}) {
+    auto comms = coll::Communicator::inproc(w);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < w; ++r)
+      ts.emplace_back([&, r] {
+        auto m = std::make_shared<ThreeUnits>();
+        for (auto& p : m->b->parameters()) p.set_requires_grad(false);
+        std::vector<torch::Tensor> trainable;
+        for (auto& p : m->parameters())
+          if (p.requires_grad()) trainable.push_back(p);
+        auto opt = std::make_shared<torch::optim::SGD>(trainable, torch::optim::SGDOptions(0.1).momentum(0.9));
+        DistOptions o;
+        o.zero_stage = stage;
+        o.units = m->units();
+        DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+        m->set_unit_hooks(d.unit_hooks());
+        if (stage == 3 && r == 0) m->held = [&d] { return d.parameter_bytes_held(); };
+        for (int step = 0; step < 3; ++step) {
+          d.zero_grad();
+          auto x = torch::arange(14, torch::kFloat).view({2, 7}) * (0.1f * float(r + 1)) + 0.05f * float(step);
+          m->forward(x).pow(2).sum().backward();
+          d.step();
+        }
+        auto whole = d.whole_parameters();
+        if (r != 0) return;
+        for (auto& p : m->parameters()) {
+          auto v = p.detach().contiguous().view(-1);
+          params[size_t(stage / 3)].insert(params[size_t(stage / 3)].end(), v.data_ptr<float>(),
+                                           v.data_ptr<float>() + v.numel());
+        }
+        if (stage == 3) seen = m->seen, backward1 = m->backward1_seen;
+      });
+    for (auto& t : ts) t.join();
+  }
+  ASSERT_EQ(params[0].size(), 79u);
+  for (size_t i = 0; i < 79; ++i) EXPECT_NEAR(params[1][i], params[0][i], 1e-5) << i;
+  // Rank 0's slices: 20 of unit 0's 40 floats and 8 of unit 2's 15 (unit 1's 24 frozen floats are not counted).
+  const uint64_t mine = 20 + 8;
+  ASSERT_EQ(seen.size(), 9u);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    const uint64_t expect = i % 3 == 0 ? 4 * (mine + 40 + 15) : 4 * (mine + 15);  // unit 2 in flight from unit 0 on
+    EXPECT_EQ(seen[i], expect) << i;
+  }
+  // Unit 1 has no gather of its own: as its backward begins, unit 0's (started by unit 2's backward) is under way.
+  EXPECT_EQ(backward1, std::vector<uint64_t>(3, 4 * (mine + 40)));
+}
+
 TEST(DistributedOptimizerZero, AGatherWhosePeerIsGoneFailsAtItsDeadline) {
   for (bool in_backward : {false, true}) {
     auto comms = coll::Communicator::inproc(2);

@@ -130,6 +130,16 @@ TEST(TrainConfig, AResumeTakesThePipelineSettingsThatStillApply) {
     apply_resume_defaults(r, false);
     EXPECT_EQ(r.count("sequence_parallel"), 0u) << given.begin()->first;
   }
+  // ZeRO-3's prefetch setting comes with its stage (a resume turned a run's prefetch back on), and not where another
+  // stage is given (its mismatch is reported instead).
+  std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_prefetch": false})";
+  RawConfig z{{"resume", dir.string()}};
+  apply_resume_defaults(z, false);
+  EXPECT_EQ(z["zero_prefetch"], "false");
+  EXPECT_FALSE(resolve_config(z).zero_prefetch);
+  RawConfig z2{{"resume", dir.string()}, {"zero", "2"}};
+  apply_resume_defaults(z2, false);
+  EXPECT_EQ(z2.count("zero_prefetch"), 0u);
   std::filesystem::remove_all(dir);
 }
 
