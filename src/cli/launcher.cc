@@ -32,6 +32,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "net/shm.h"
+#include "net/tcp_store.h"
 
 extern char** environ;
 
@@ -606,6 +607,35 @@ int find_free_port(const std::string& addr) {
   int lo = 32768, hi = 60999;
   std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
   constexpr int kFirst = 20000;  // (below: ports services commonly listen on)
+  // Rank 0's store listens on every interface unless the address is a numeric loopback one
+  // (net::store_listen_host): a candidate is probed as it will bind, IPv6's wildcard taking IPv4 too where the host
+  // has IPv6, else IPv4's (a port free on one address can be taken on another).
+  const bool any = net::store_listen_host(host) == "*";
+  auto wildcard_binds = [](int want) {
+    for (int family : {AF_INET6, AF_INET}) {
+      FileDescriptor s(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      if (!s.valid()) continue;
+      sockaddr_storage a{};
+      socklen_t len = 0;
+      if (family == AF_INET6) {
+        auto* a6 = reinterpret_cast<sockaddr_in6*>(&a);
+        a6->sin6_family = AF_INET6;
+        a6->sin6_addr = in6addr_any;
+        a6->sin6_port = htons(uint16_t(want));
+        len = sizeof *a6;
+        int zero = 0;
+        ::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+      } else {
+        auto* a4 = reinterpret_cast<sockaddr_in*>(&a);
+        a4->sin_family = AF_INET;
+        a4->sin_addr.s_addr = htonl(INADDR_ANY);
+        a4->sin_port = htons(uint16_t(want));
+        len = sizeof *a4;
+      }
+      return ::bind(s.get(), reinterpret_cast<sockaddr*>(&a), len) == 0;  // (the first family with sockets decides)
+    }
+    return false;
+  };
   for (addrinfo* ai = res; ai != nullptr && port == 0; ai = ai->ai_next) {
     if (try_bind(ai, 0) == 0) continue;  // (not an address of this host)
     const int span = lo - kFirst;
@@ -613,7 +643,10 @@ int find_free_port(const std::string& addr) {
       const auto seed =
           uint64_t(::getpid()) * 7919u + uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
       const int start = int(seed % uint64_t(span));
-      for (int i = 0; i < span && port == 0; ++i) port = try_bind(ai, kFirst + (start + i) % span);
+      for (int i = 0; i < span && port == 0; ++i) {
+        const int want = kFirst + (start + i) % span;
+        port = any ? (wildcard_binds(want) ? want : 0) : try_bind(ai, want);
+      }
     }
     if (port == 0) port = try_bind(ai, 0);  // (no room below the range, or nothing there binds)
   }

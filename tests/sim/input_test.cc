@@ -694,6 +694,10 @@ TEST(Inputs, NoOverlapExposesZero3) {
   EXPECT_LT(a.breakdown.zero3_exposed, n.breakdown.zero3_exposed);
   EXPECT_LT(n.breakdown.zero3_exposed, b.breakdown.zero3_exposed);
   EXPECT_EQ(n.breakdown.dp_comm, b.breakdown.dp_comm);
+  // Memory: a layer prefetched is one more layer whole (its 16-bit parameters), none without prefetch or overlap.
+  const double layer = gpt_layer_parameters_per_rank(named_model("gpt-1.7b"), 1);
+  EXPECT_DOUBLE_EQ(a.memory.params - n.memory.params, 2 * layer);
+  EXPECT_EQ(n.memory.params, b.memory.params);
 }
 
 // A search fixed to the interleaved schedule has no one-stage plans (they were ranked, labelled 1f1b).

@@ -915,8 +915,6 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
   EXPECT_EQ(z.held_between[0], 4 * 79u);
 }
 
-// A ZeRO-3 gather whose peer never joins it fails at the deadline with one line, in forward (rank 1 gone before it)
-// and inside backward (rank 1 gone after its forward: the gather for unit 1's backward), and nothing hangs.
 // A unit without trainable parameters (unit 1 frozen) between two that have them: the prefetch skips it (unit 0's
 // forward starts unit 2's gather, unit 2's backward unit 0's), and the training is plain data parallelism's.
 TEST(DistributedOptimizerZero, PrefetchSkipsAUnitWithoutTrainableParameters) {
@@ -970,6 +968,8 @@ TEST(DistributedOptimizerZero, PrefetchSkipsAUnitWithoutTrainableParameters) {
   EXPECT_EQ(backward1, std::vector<uint64_t>(3, 4 * (mine + 40)));
 }
 
+// A ZeRO-3 gather whose peer never joins it fails at the deadline with one line, in forward (rank 1 gone before it)
+// and inside backward (rank 1 gone after its forward: the gather for unit 1's backward), and nothing hangs.
 TEST(DistributedOptimizerZero, AGatherWhosePeerIsGoneFailsAtItsDeadline) {
   for (bool in_backward : {false, true}) {
     auto comms = coll::Communicator::inproc(2);
