@@ -773,7 +773,12 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
          (raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))))
       continue;
     // (ZeRO-3's prefetch, not taken by a run given another stage: the zero mismatch is the error to report)
-    if (std::string(k) == "zero_prefetch" && raw.count("zero") && raw.at("zero") != "3") continue;
+    if (std::string(k) == "zero_prefetch" && raw.count("zero")) {
+      int zero = -1;
+      const std::string& z = raw.at("zero");
+      const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
+      if (ec != std::errc() || end != z.data() + z.size() || zero != 3) continue;
+    }
     take(k, k);
   }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that

@@ -140,6 +140,9 @@ TEST(TrainConfig, AResumeTakesThePipelineSettingsThatStillApply) {
   RawConfig z2{{"resume", dir.string()}, {"zero", "2"}};
   apply_resume_defaults(z2, false);
   EXPECT_EQ(z2.count("zero_prefetch"), 0u);
+  RawConfig z3{{"resume", dir.string()}, {"zero", "03"}};  // (the number, not its text)
+  apply_resume_defaults(z3, false);
+  EXPECT_EQ(z3["zero_prefetch"], "false");
   std::filesystem::remove_all(dir);
 }
 
