@@ -579,13 +579,16 @@ int find_free_port(const std::string& addr) {
   }
   std::string last_error = "no address";
   int port = 0;
-  // Binds `want` (0: the kernel's choice) on the address; the port bound, or 0.
+  // Binds `want` (0: the kernel's choice) on the address; the port bound, or 0. (An IPv6 socket takes IPv4 too, as
+  // the store's wildcard does; to a specific address it makes no difference.)
   auto try_bind = [&](const addrinfo* ai, int want) {
     sockaddr_storage a{};
     std::memcpy(&a, ai->ai_addr, std::min<size_t>(ai->ai_addrlen, sizeof a));
     if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = htons(uint16_t(want));
     if (a.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = htons(uint16_t(want));
     FileDescriptor s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
+    int zero = 0;
+    if (s.valid() && ai->ai_family == AF_INET6) ::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
     if (!s.valid() || ::bind(s.get(), reinterpret_cast<sockaddr*>(&a), ai->ai_addrlen) != 0) {
       last_error = std::strerror(errno);
       return 0;
@@ -611,31 +614,23 @@ int find_free_port(const std::string& addr) {
   // (net::store_listen_host): a candidate is probed as it will bind, IPv6's wildcard taking IPv4 too where the host
   // has IPv6, else IPv4's (a port free on one address can be taken on another).
   const bool any = net::store_listen_host(host) == "*";
-  auto wildcard_binds = [](int want) {
-    for (int family : {AF_INET6, AF_INET}) {
-      FileDescriptor s(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-      if (!s.valid()) continue;
-      sockaddr_storage a{};
-      socklen_t len = 0;
-      if (family == AF_INET6) {
-        auto* a6 = reinterpret_cast<sockaddr_in6*>(&a);
-        a6->sin6_family = AF_INET6;
-        a6->sin6_addr = in6addr_any;
-        a6->sin6_port = htons(uint16_t(want));
-        len = sizeof *a6;
-        int zero = 0;
-        ::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-      } else {
-        auto* a4 = reinterpret_cast<sockaddr_in*>(&a);
-        a4->sin_family = AF_INET;
-        a4->sin_addr.s_addr = htonl(INADDR_ANY);
-        a4->sin_port = htons(uint16_t(want));
-        len = sizeof *a4;
-      }
-      return ::bind(s.get(), reinterpret_cast<sockaddr*>(&a), len) == 0;  // (the first family with sockets decides)
-    }
-    return false;
-  };
+  sockaddr_in6 any6{};
+  any6.sin6_family = AF_INET6;
+  any6.sin6_addr = in6addr_any;
+  sockaddr_in any4{};
+  any4.sin_family = AF_INET;
+  any4.sin_addr.s_addr = htonl(INADDR_ANY);
+  addrinfo wildcard{};
+  wildcard.ai_socktype = SOCK_STREAM;
+  if (FileDescriptor(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0)).valid()) {
+    wildcard.ai_family = AF_INET6;
+    wildcard.ai_addr = reinterpret_cast<sockaddr*>(&any6);
+    wildcard.ai_addrlen = sizeof any6;
+  } else {
+    wildcard.ai_family = AF_INET;
+    wildcard.ai_addr = reinterpret_cast<sockaddr*>(&any4);
+    wildcard.ai_addrlen = sizeof any4;
+  }
   for (addrinfo* ai = res; ai != nullptr && port == 0; ai = ai->ai_next) {
     if (try_bind(ai, 0) == 0) continue;  // (not an address of this host)
     const int span = lo - kFirst;
@@ -645,7 +640,7 @@ int find_free_port(const std::string& addr) {
       const int start = int(seed % uint64_t(span));
       for (int i = 0; i < span && port == 0; ++i) {
         const int want = kFirst + (start + i) % span;
-        port = any ? (wildcard_binds(want) ? want : 0) : try_bind(ai, want);
+        port = try_bind(any ? &wildcard : ai, want);
       }
     }
     if (port == 0) port = try_bind(ai, 0);  // (no room below the range, or nothing there binds)

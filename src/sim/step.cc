@@ -604,8 +604,7 @@ double output_elements(const Layer& l) {
 StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const ParallelConfig& cfg, StepResult r,
                           const Accelerator& acc, const ModelStepSample* measured,
                           const std::vector<size_t>& unit_first, const std::vector<double>& pf,
-                          const std::vector<double>& pb, double framework, double ratio, double cap, long long mb,
-                          double wake) {
+                          const std::vector<double>& pb, double scale, double cap, long long mb, double wake) {
   const int p = cfg.pp;
   const long long gpus = r.gpus, d = gpus / p;
   const double b = cfg.micro_batch, eb = cfg.grad_bytes;
@@ -616,10 +615,8 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
     for (size_t li = unit_first[u]; li < unit_end(u); ++li)
       if (m.layers[li].kind != "pool") macs[u] += m.layers[li].forward_gemm(1).flops() / 2;
   const std::vector<int> bounds = partition_units(macs, p);
-  double kernels = 0;
-  for (size_t li = 0; li < m.layers.size(); ++li) kernels += pf[li] + pb[li];
-  // Each stage's kernels at `ratio`, and its share of the framework's time a micro-batch (framework >= 0 here).
-  const double scale = ratio + (kernels > 0 ? framework / kernels : 0);
+  // Each stage's layers as they run in the step: their kernels times `scale` (the measured ratio plus the framework's
+  // share, simulate_layer_step).
   std::vector<double> F(size_t(p), 0.0), B(size_t(p), 0.0), params(size_t(p), 0.0), act(size_t(p), 0.0),
       out(size_t(p), 0.0);
   for (int s = 0; s < p; ++s)
@@ -804,10 +801,12 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         "--recompute, --virtual-stages, --sp and --balance apply to GPT models; a layer-list model takes --schedule "
         "gpipe or 1f1b with --pp above 1");
   // The units `conduit train` runs (torch/models.h): each layer with parameters, a pooling layer in the unit before
-  // it; a pipeline cuts between them.
-  std::vector<size_t> unit_first;  // each unit's first layer
-  for (size_t li = 0; li < m.layers.size(); ++li)
+  // it; a pipeline cuts between them, ZeRO-3 gathers each.
+  std::vector<size_t> unit_first, unit_of(m.layers.size());  // each unit's first layer; each layer's unit
+  for (size_t li = 0; li < m.layers.size(); ++li) {
     if (m.layers[li].params() > 0 || unit_first.empty()) unit_first.push_back(li);
+    unit_of[li] = unit_first.size() - 1;
+  }
   if (p > 1) {
     if (static_cast<size_t>(p) > unit_first.size())
       throw ConfigError(
@@ -919,18 +918,16 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   framework = std::max(framework, 0.0);
   r.breakdown.compute = mb * ((fwd + bwd) * ratio + framework);
   r.breakdown.framework = r.breakdown.compute - mb * (fwd + bwd);
+  // The layers as they run in the step, for a pipeline's stages and the windows communication hides behind: kernels
+  // at the ratio, plus the framework's time in proportion to them.
+  const double run_scale = ratio + (fwd + bwd > 0 ? framework / (fwd + bwd) : 0.0);
   const double wake = topo.spec().network.wake_latency;
   if (p > 1) {
     std::vector<double> pf, pb;
     double f0 = 0, b0 = 0;
     layer_times(*slow, b, f0, b0, &pb, &pf);
-    // Each stage's kernels at the ratio, the framework's time shared in proportion to them.
-    return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, framework, ratio, cap, mb,
-                          wake);
+    return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, run_scale, cap, mb, wake);
   }
-  // The layers as they run in the step, for the windows communication hides behind: kernels at the ratio, plus the
-  // framework's time in proportion to them.
-  const double run_scale = ratio + (fwd + bwd > 0 ? framework / (fwd + bwd) : 0.0);
   double dp_total = 0, dp_exposed = 0, comp = 0;
   if (gpus > 1) {
     const Group dg{gpus, 1, 0};
@@ -977,19 +974,15 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       // gathers' own channel, and only what is left of it when its unit begins is exposed; without, every gather
       // blocks. The units' gradients are reduce-scattered once a step, each as soon as the last micro-batch's
       // backward has passed it, behind the backward of the units before it.
-      std::vector<double> unit_params, unit_bwd, unit_fwd, per_layer, per_layer_fwd;
+      const size_t units = unit_first.size();
+      std::vector<double> unit_params(units, 0.0), unit_bwd(units, 0.0), unit_fwd(units, 0.0), per_layer, per_layer_fwd;
       double f0 = 0, b0 = 0;
       layer_times(*slow, b, f0, b0, &per_layer, &per_layer_fwd);
       for (size_t li = 0; li < m.layers.size(); ++li) {
-        if (m.layers[li].params() > 0 || unit_params.empty()) {
-          unit_params.push_back(m.layers[li].params());
-          unit_bwd.push_back(0);
-          unit_fwd.push_back(0);
-        }
-        unit_bwd.back() += per_layer[li] * run_scale;
-        unit_fwd.back() += per_layer_fwd[li] * run_scale;
+        unit_params[unit_of[li]] += m.layers[li].params();
+        unit_bwd[unit_of[li]] += per_layer[li] * run_scale;
+        unit_fwd[unit_of[li]] += per_layer_fwd[li] * run_scale;
       }
-      const size_t units = unit_params.size();
       std::vector<double> t_ag(units, 0.0);  // each unit's gather
       double gathers = 0, rs_total = 0, comm_free = 0;
       for (size_t u = 0; u < units; ++u) {
