@@ -19,6 +19,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #ifdef CONDUIT_WITH_COMPRESS
@@ -117,7 +118,7 @@ struct DistributedOptimizer::Core {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // ZeRO-2: kept alive, they carry DropGradient
   std::vector<std::vector<float>> spare;  // ZeRO-2: released bucket buffers, reused by the next step's buckets
   // ZeRO-3 (the gathers run on the thread of forward and backward, which alone touches `full` and `resident`).
-  coll::CommPtr gather_comm;     // the gathers' own
+  coll::CommPtr gather_comm;     // the gathers' own (also ZeRO-1/2's deferred allgathers')
   std::vector<int> unit_bucket;  // bucket of each unit (-1: no trainable parameter)
   int pinned = 0;                // whole_parameters() handles alive
   double gather_s = 0;           // this step's time blocked in gathers (under mu)
@@ -133,6 +134,23 @@ struct DistributedOptimizer::Core {
     const char* pass = "";
   };
   Ahead ahead;
+  // ZeRO-1/2 with units and overlap (defer_slices): the allgather of the stepped slices, started by step() on the
+  // gathers' communicator as one allgather per piece (a unit's parameters within one bucket: each rank contributes
+  // the part of its slice that falls in it), in the order the next forward needs them, and finished piece by piece as
+  // that forward's units begin (unit_needs: each unit's pieces), or by whatever reads the parameters first
+  // (synchronize, whole_parameters, ~Core).
+  bool defer_slices = false;
+  struct Piece {
+    int bucket = 0;
+    size_t begin = 0, end = 0;   // in the bucket
+    std::vector<size_t> counts;  // each rank's part of it (its slice's overlap with [begin, end))
+    size_t src = 0;              // where this rank's part starts, in the bucket
+    bool on = false;
+    coll::Work work;
+    double t0 = 0;
+  };
+  std::vector<Piece> deferred;
+  std::vector<std::vector<int>> unit_needs;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -312,6 +330,66 @@ struct DistributedOptimizer::Core {
                            {"prefetched", true},
                            {"blocked_s", t1 - t0}});
   }
+  // The pieces of every unit (units: parameter indices, in forward order), once the buckets are cut into slices.
+  void build_pieces(const std::vector<std::vector<int>>& units, int rank, int w) {
+    for (auto& u : units) {
+      // The unit's parameters' ranges, bucket by bucket, merged where they touch.
+      std::vector<std::tuple<int, size_t, size_t>> ranges;
+      for (int i : u) {
+        const int b = param_bucket[size_t(i)];
+        const size_t at = buckets[size_t(b)].offsets[size_t(param_slot[size_t(i)])];
+        ranges.emplace_back(b, at, at + numel[size_t(i)]);
+      }
+      std::sort(ranges.begin(), ranges.end());
+      unit_needs.emplace_back();
+      for (size_t k = 0; k < ranges.size(); ++k) {
+        auto [b, begin, end] = ranges[k];
+        while (k + 1 < ranges.size() && std::get<0>(ranges[k + 1]) == b && std::get<1>(ranges[k + 1]) == end)
+          end = std::get<2>(ranges[++k]);
+        const Bucket& bk = buckets[size_t(b)];
+        Piece p;
+        p.bucket = b;
+        p.begin = begin;
+        p.end = end;
+        size_t off = 0;
+        for (int r = 0; r < w; ++r) {
+          const size_t lo = std::max(begin, off), hi = std::min(end, off + bk.counts[size_t(r)]);
+          p.counts.push_back(hi > lo ? hi - lo : 0);
+          if (r == rank) p.src = hi > lo ? lo : begin;
+          off += bk.counts[size_t(r)];
+        }
+        unit_needs.back().push_back(int(deferred.size()));
+        deferred.push_back(std::move(p));
+      }
+    }
+  }
+  // Waits for piece k's deferred allgather, if it is in flight. counted: in a training step (forward, synchronize),
+  // whose exposed communication is the wait; unit: the unit whose forward waits (-1: none).
+  void finish_deferred(int k, bool counted, int unit = -1) {
+    Piece& d = deferred[size_t(k)];
+    if (!d.on) return;
+    d.on = false;
+    const double t0 = now_s();
+    d.work.wait();
+    const double t1 = now_s();
+    if (!counted) return;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      step.comm_s += d.work.seconds();
+      gather_s += t1 - t0;
+    }
+    if (opt.trace)
+      opt.trace->complete("communicate", 0, d.t0, t1,
+                          {{"bucket", d.bucket},
+                           {"bytes", (d.end - d.begin) * sizeof(float)},
+                           {"op", "allgather"},
+                           {"deferred", true},
+                           {"unit", unit},
+                           {"blocked_s", t1 - t0}});
+  }
+  void finish_all_deferred(bool counted) {
+    for (size_t k = 0; k < deferred.size(); ++k) finish_deferred(int(k), counted);
+  }
   // The first bucket with parameters after unit u (forward) or before it (backward); -1: none.
   int next_bucket(int u, int dir) const {
     for (int k = u + dir; k >= 0 && k < int(unit_bucket.size()); k += dir)
@@ -324,6 +402,15 @@ struct DistributedOptimizer::Core {
     if (ahead.b >= 0) {
       try {
         finish_ahead();
+      } catch (...) {
+      }
+    }
+    // (ZeRO-1/2: a deferred allgather writes into flat_params, which the model's parameters are views of)
+    for (auto& d : deferred) {
+      if (!d.on) continue;
+      d.on = false;
+      try {
+        d.work.wait();
       } catch (...) {
       }
     }
@@ -741,8 +828,8 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   if (c.zero < 0 || c.zero > 3)
     throw InvalidArgument(fmt::format("DistributedOptimizer: zero_stage {}; allowed: 0, 1, 2 or 3", c.zero));
   if (c.zero) check_zero_optimizer();
-  if (c.zero >= 3) {
-    // Every trainable parameter in one unit (frozen ones stay whole on every rank).
+  // Every trainable parameter in one unit (frozen ones stay whole on every rank): each unit's parameter indices.
+  auto check_units = [&] {
     std::map<const void*, int> index;
     for (size_t i = 0; i < c.params.size(); ++i) index[c.params[i].unsafeGetTensorImpl()] = int(i);
     std::vector<std::vector<int>> units;
@@ -754,14 +841,14 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         auto it = index.find(p.unsafeGetTensorImpl());
         if (it == index.end())
           throw InvalidArgument(fmt::format(
-              "DistributedOptimizer: zero_stage 3: unit {} holds a tensor that is not a trainable parameter of the "
+              "DistributedOptimizer: zero_stage {}: unit {} holds a tensor that is not a trainable parameter of the "
               "model; allowed: units of the model's parameters (Net::units())",
-              units.size() - 1));
+              c.zero, units.size() - 1));
         if (unit_of[size_t(it->second)] >= 0)
           throw InvalidArgument(fmt::format(
-              "DistributedOptimizer: zero_stage 3: parameter '{}' is in unit {} and in unit {}; allowed: each "
+              "DistributedOptimizer: zero_stage {}: parameter '{}' is in unit {} and in unit {}; allowed: each "
               "parameter in one unit",
-              c.names[size_t(it->second)], unit_of[size_t(it->second)], units.size() - 1));
+              c.zero, c.names[size_t(it->second)], unit_of[size_t(it->second)], units.size() - 1));
         unit_of[size_t(it->second)] = int(units.size() - 1);
         units.back().push_back(it->second);
       }
@@ -769,9 +856,14 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     for (size_t i = 0; i < c.params.size(); ++i)
       if (unit_of[i] < 0)
         throw InvalidArgument(fmt::format(
-            "DistributedOptimizer: zero_stage 3: parameter '{}' is in no unit ({} given); allowed: units covering "
-            "every trainable parameter, run through unit_hooks() (a Net's units()), or zero_stage 0, 1 or 2",
-            c.names[i], options.units.size()));
+            "DistributedOptimizer: zero_stage {}: parameter '{}' is in no unit ({} given); allowed: units covering "
+            "every trainable parameter, run through unit_hooks() (a Net's units()){}",
+            c.zero, c.names[i], options.units.size(),
+            c.zero >= 3 ? ", or zero_stage 0, 1 or 2" : ", or no units (the allgather after step() then blocks)"));
+    return units;
+  };
+  if (c.zero >= 3) {
+    const auto units = check_units();
     c.build_unit_buckets(units);
     // (before the parameters become slices: then only this rank's would be there to broadcast)
     broadcast_initial_state();
@@ -783,11 +875,20 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     std::vector<int> order;
     for (int i = int(c.params.size()) - 1; i >= 0; --i) order.push_back(i);
     c.build_buckets(order);
+    // ZeRO-1/2 with units and overlap: the allgather after step() goes on behind the next forward, each unit waiting
+    // for its own parameters (units are checked whenever given: before the model is re-seated).
+    std::vector<std::vector<int>> units;
+    if (c.zero && !options.units.empty()) units = check_units();
+    c.defer_slices = c.zero && !units.empty() && options.overlap && comm_->size() > 1;
     if (c.zero) {
       c.opt.rebuild_buckets = false;  // the slices hold the optimizer's state
       optimizer_->param_groups()[0].params() = c.seat_zero(comm_->rank(), comm_->size());
     }
     broadcast_initial_state();
+    if (c.defer_slices) {
+      c.build_pieces(units, comm_->rank(), comm_->size());
+      c.gather_comm = comm_->split(0, comm_->rank());
+    }
   }
   std::weak_ptr<Core> weak = core_;
   for (size_t i = 0; i < c.params.size(); ++i) {
@@ -965,6 +1066,7 @@ void DistributedOptimizer::zero_grad() {
 void DistributedOptimizer::synchronize() {
   Core& c = *core_;
   if (c.ahead.b >= 0) c.finish_ahead();  // a unit gathered ahead that no pass ran: counted in this step
+  c.finish_all_deferred(true);           // (ZeRO-1/2: the slices of a unit no forward ran; the optimizer steps them)
   const double t0 = now_s();
   std::unique_lock<std::mutex> lk(c.mu);
   if (c.synced) return;  // averaged into .grad already: a second call leaves them (it averaged zeros into them)
@@ -1104,17 +1206,22 @@ class ZeroUnits : public UnitHooks {
 void ZeroUnits::before_forward(int unit) {
   auto c = core_.lock();
   if (!c) return;
-  if (unit < 0 || unit >= int(c->unit_bucket.size()))
+  const int units = int(c->zero >= 3 ? c->unit_bucket.size() : c->unit_needs.size());
+  if (unit < 0 || unit >= units)
     throw InvalidArgument(
-        fmt::format("DistributedOptimizer: zero_stage 3: unit {} ran; allowed: 0..{} (DistOptions::units)", unit,
-                    int(c->unit_bucket.size()) - 1));
+        fmt::format("DistributedOptimizer: zero_stage {}: unit {} ran; allowed: 0..{} (DistOptions::units)", c->zero,
+                    unit, units - 1));
+  if (c->zero < 3) {  // the deferred allgather of this unit's parameters
+    for (int k : c->unit_needs[size_t(unit)]) c->finish_deferred(k, true, unit);
+    return;
+  }
   if (c->unit_bucket[size_t(unit)] >= 0) c->gather(c->unit_bucket[size_t(unit)], !c->pinned, "forward");
   c->start_ahead(c->next_bucket(unit, 1), !c->pinned, "forward");  // behind this unit's forward
 }
 
 void ZeroUnits::after_forward(int unit, torch::Tensor& out) {
   auto c = core_.lock();
-  if (!c || unit < 0 || unit >= int(c->unit_bucket.size())) return;
+  if (!c || c->zero < 3 || unit < 0 || unit >= int(c->unit_bucket.size())) return;
   const int b = c->unit_bucket[size_t(unit)];
   if (b < 0) return;
   if (torch::GradMode::is_enabled() && out.defined() && out.requires_grad()) {
@@ -1135,7 +1242,7 @@ void ZeroUnits::after_forward(int unit, torch::Tensor& out) {
 }
 
 std::shared_ptr<UnitHooks> DistributedOptimizer::unit_hooks() {
-  if (core_->zero < 3) return nullptr;
+  if (core_->zero < 3 && !core_->defer_slices) return nullptr;
   return std::make_shared<ZeroUnits>(core_);
 }
 
@@ -1150,7 +1257,10 @@ struct WholeParameters {
 }  // namespace
 
 std::shared_ptr<void> DistributedOptimizer::whole_parameters() {
-  if (core_->zero < 3) return nullptr;
+  if (core_->zero < 3) {
+    core_->finish_all_deferred(false);  // (not a training step's)
+    return nullptr;
+  }
   auto handle = std::make_shared<WholeParameters>();
   ++core_->pinned;
   handle->core = core_;  // (a gather that fails below releases every unit again)
@@ -1178,6 +1288,22 @@ void DistributedOptimizer::allgather_slices() {
   coll::CollOptions co;
   co.timeout_s = c.opt.timeout_s;
   float* flat = c.flat_params.data_ptr<float>();
+  const uint64_t n = uint64_t(c.flat_params.numel());
+  const uint64_t bytes = uint64_t(double(w - 1) / w * double(n * sizeof(float)) + 0.5);
+  if (c.defer_slices) {
+    // Started in the order the next forward needs the buckets (on every rank the same), finished there: the bytes
+    // are this step's, the time the next one's (what its forward waits is exposed).
+    c.finish_all_deferred(true);  // (none: synchronize() finished them)
+    for (auto& d : c.deferred) {
+      float* bucket = flat + c.buckets[size_t(d.bucket)].base;
+      d.t0 = now_s();
+      d.work = c.gather_comm->allgatherv(bucket + d.src, bucket + d.begin, d.counts, DType::f32, co);
+      d.on = true;
+    }
+    last_.bytes_sent += bytes;
+    last_.bytes_recv += bytes;
+    return;
+  }
   std::vector<coll::Work> works;
   for (auto& bk : c.buckets)
     works.push_back(c.comm->allgatherv(flat + bk.base + bk.mine, flat + bk.base, bk.counts, DType::f32, co));
@@ -1191,8 +1317,6 @@ void DistributedOptimizer::allgather_slices() {
   }
   if (failed) std::rethrow_exception(failed);
   const double t1 = now_s();
-  const uint64_t n = uint64_t(c.flat_params.numel());
-  const uint64_t bytes = uint64_t(double(w - 1) / w * double(n * sizeof(float)) + 0.5);
   last_.comm_s += t1 - t0;
   last_.exposed_comm_s += t1 - t0;
   last_.bytes_sent += bytes;

@@ -102,7 +102,15 @@ struct DistOptions {
   // forward and backward prefetch), one unit ahead: two units whole at a time instead of one (a unit gathered ahead
   // that no pass then runs, one skipped by the model's forward, stays whole until step()).
   bool zero_prefetch = true;
-  // ZeRO stage 3: the parameters of each unit (Net::units()), in the order forward runs them.
+  // The parameters of each unit (Net::units()), in the order forward runs them. ZeRO stage 3 needs them. At stages 1
+  // and 2 with overlap they let the allgather of the stepped slices go on behind the next forward: step() starts it
+  // (on a communicator of its own, split off by the constructor: collective) as one allgather per unit and bucket, in
+  // forward order, and returns; the model, running its units through unit_hooks(), waits before each unit only for
+  // that unit's parameters (the wait is the next step's exposed communication, the bytes this step's; the parameters
+  // of a unit that has not begun are not to be read meanwhile); synchronize() and whole_parameters()
+  // finish what no forward did. Anything else that reads the parameters between step() and the next forward holds
+  // whole_parameters() first (an evaluation, a checkpoint, a copy), as at stage 3. Empty at stages 1 and 2, or
+  // without overlap: the allgather blocks in step().
   std::vector<std::vector<torch::Tensor>> units;
   // Backward calls a step (gradient accumulation over micro-batches, a pipeline's): each parameter's gradients are
   // summed in its bucket, and the bucket goes once every parameter in it has had its backward_passes-th, so the
@@ -161,12 +169,14 @@ class DistributedOptimizer {
   // Bytes of trainable parameters this rank holds now: all of them, or at ZeRO stage 3 its slices and the units
   // gathered at the moment.
   uint64_t parameter_bytes_held() const;
-  // ZeRO stage 3: the hooks the model runs its units between (Net::set_unit_hooks); null at the other stages.
+  // The hooks the model runs its units between (Net::set_unit_hooks): ZeRO stage 3's gathers, or stages 1 and 2's
+  // waits for the deferred allgather (DistOptions::units); null otherwise.
   std::shared_ptr<UnitHooks> unit_hooks();
   // ZeRO stage 3: every unit gathered whole, and kept so (a step refreshes it), until the returned handle and any
   // other such handle are gone: to evaluate, checkpoint or read the model. Collective: every rank at the same point.
   // Writes to the parameters meanwhile are lost at the release (the slices hold the model). Its gathers are not
-  // counted in the step statistics (as evaluations are not). The other stages: nothing to do.
+  // counted in the step statistics (as evaluations are not). Stages 1 and 2: finishes a deferred allgather
+  // (DistOptions::units), returns null. Stage 0: nothing to do.
   [[nodiscard]] std::shared_ptr<void> whole_parameters();
 
   // Compressor state of every parameter (residuals, PowerSGD's Q, step counters), for checkpoints.

@@ -703,7 +703,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.timeout_s = c.timeout_s;
     dopts.trace = &trace;
     dopts.zero_stage = c.zero;
-    if (c.zero == 3) dopts.units = model->units();
+    // (ZeRO-1/2 with overlap: the allgather after each step goes on behind the next forward, unit by unit)
+    if (c.zero == 3 || (c.zero > 0 && c.overlap)) dopts.units = model->units();
     dopts.zero_prefetch = c.zero_prefetch;
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);

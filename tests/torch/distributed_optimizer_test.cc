@@ -5,13 +5,17 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -686,6 +690,12 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
            o.units = {m.parameters(), {m.b->weight}};
          }),
          "parameter 'b.weight' is in unit 0 and in unit 1");
+  // Stages 1 and 2 check units too when given (they defer the allgather after step()).
+  expect(attempt([](TwoLayers& m, auto&, DistOptions& o) {
+           o.units = {m.a->parameters(), {m.b->weight}};
+         }),
+         "zero_stage 1: parameter 'b.bias' is in no unit (2 given); allowed: units covering every trainable "
+         "parameter, run through unit_hooks() (a Net's units()), or no units");
   expect(attempt([](TwoLayers& m, auto&, DistOptions& o) {
            o.zero_stage = 3;
            o.units = {m.parameters(), {torch::ones({2}).requires_grad_()}};
@@ -917,6 +927,103 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
 
 // A unit without trainable parameters (unit 1 frozen) between two that have them: the prefetch skips it (unit 0's
 // forward starts unit 2's gather, unit 2's backward unit 0's), and the training is plain data parallelism's.
+struct DeferredRun {
+  std::vector<std::vector<float>> params;  // per rank, under whole_parameters()
+  std::vector<uint64_t> sent;
+  std::vector<nlohmann::json> allgathers;  // rank 0's deferred allgathers, from its trace
+  bool hooks = false;
+};
+
+// ThreeUnits at ZeRO stage 1 or 2, with or without its units (the allgather after step() deferred or blocking), 4
+// steps as zero3_run's with overlap; tiny buckets (first 40 bytes, then 64) cut units across buckets: c.bias | c.weight
+// b.bias | b.weight | a.bias | a.weight.
+DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets) {
+  auto comms = coll::Communicator::inproc(world);
+  DeferredRun out;
+  out.params.resize(world);
+  out.sent.resize(world);
+  const std::string path = fmt::format("/tmp/conduit-deferred-trace-{}-{}.json", ::getpid(),
+                                       std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      auto m = std::make_shared<ThreeUnits>();
+      auto opt = zero_test_optimizer("adam", *m);
+      Trace trace(r);
+      trace.enable(r == 0);
+      DistOptions o;
+      o.zero_stage = stage;
+      if (units) o.units = m->units();
+      if (tiny_buckets) {
+        o.first_bucket_bytes = 40;
+        o.bucket_cap_bytes = 64;
+      }
+      o.trace = &trace;
+      DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+      m->set_unit_hooks(d.unit_hooks());
+      if (r == 0) out.hooks = d.unit_hooks() != nullptr;
+      for (int step = 0; step < 4; ++step) {
+        d.zero_grad();
+        auto x = torch::arange(14, torch::kFloat).view({2, 7}) * (0.1f * float(r + 1)) + 0.05f * float(step);
+        m->forward(x).pow(2).sum().backward();
+        d.step();
+      }
+      out.sent[size_t(r)] = d.total_stats().bytes_sent;
+      auto whole = d.whole_parameters();
+      for (auto& p : m->parameters()) {
+        auto v = p.detach().contiguous().view(-1);
+        out.params[size_t(r)].insert(out.params[size_t(r)].end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+      }
+      if (r == 0) trace.write(path);
+    });
+  for (auto& t : ts) t.join();
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::remove(path.c_str());
+  for (auto& e : j["traceEvents"])
+    if (e.contains("args") && e["args"].value("deferred", false)) out.allgathers.push_back(e["args"]);
+  return out;
+}
+
+// ZeRO-1/2 with the model's units: step() leaves the allgather of the stepped slices in flight, one allgather per
+// unit and bucket, and each unit of the next forward waits for its own parameters only: the same training as the
+// blocking allgather's bit for bit, the same bytes, and every piece finished as its unit begins (none at the next
+// synchronize; the last step's by whole_parameters(), which counts no step's).
+TEST(DistributedOptimizerZero, StagesOneAndTwoFinishTheAllgatherUnitByUnitInTheNextForward) {
+  for (int stage : {1, 2})
+    for (int world : {3, 4})
+      for (bool tiny : {false, true}) {
+        const std::string what = fmt::format("zero {} world {} tiny buckets {}", stage, world, tiny);
+        const DeferredRun blocking = deferred_run(stage, world, false, tiny);
+        const DeferredRun deferred = deferred_run(stage, world, true, tiny);
+        EXPECT_FALSE(blocking.hooks) << what;
+        EXPECT_TRUE(deferred.hooks) << what;
+        EXPECT_TRUE(blocking.allgathers.empty()) << what;
+        for (int r = 0; r < world; ++r) {
+          EXPECT_EQ(deferred.params[size_t(r)], blocking.params[size_t(r)]) << what << " rank " << r;
+          EXPECT_EQ(deferred.sent[size_t(r)], blocking.sent[size_t(r)]) << what << " rank " << r;
+        }
+        EXPECT_EQ(deferred.params[0].size(), 79u);
+        std::vector<float> init;  // (the comparison above is not of untrained weights)
+        for (auto& p : ThreeUnits().parameters()) {
+          auto v = p.detach().contiguous().view(-1);
+          init.insert(init.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+        }
+        EXPECT_NE(deferred.params[0], init) << what;
+        // The pieces of one step, in the order the forward waits for them: one bucket holds every parameter
+        // (40, 24 and 15 floats: a unit each), or tiny buckets put each unit's weight and bias apart.
+        const std::vector<std::pair<int, size_t>> pieces =
+            tiny ? std::vector<std::pair<int, size_t>>{{0, 5}, {0, 35}, {1, 4}, {1, 20}, {2, 3}, {2, 12}}
+                 : std::vector<std::pair<int, size_t>>{{0, 40}, {1, 24}, {2, 15}};
+        ASSERT_EQ(deferred.allgathers.size(), 3 * pieces.size()) << what;  // steps 0-2's, in steps 1-3's forward
+        for (size_t k = 0; k < deferred.allgathers.size(); ++k) {
+          const auto& a = deferred.allgathers[k];
+          EXPECT_EQ(a["unit"].get<int>(), pieces[k % pieces.size()].first) << what << " piece " << k;
+          EXPECT_EQ(a["bytes"].get<size_t>(), 4 * pieces[k % pieces.size()].second) << what << " piece " << k;
+        }
+      }
+}
+
 TEST(DistributedOptimizerZero, PrefetchSkipsAUnitWithoutTrainableParameters) {
   const int w = 2;
   std::vector<std::vector<float>> params(2);  // stage 0's and stage 3's rank 0
