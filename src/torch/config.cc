@@ -138,8 +138,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "3 (the parameters too, each layer gathered only while it runs; pp 1); compressor none (the default then), "
        "fp16 or bf16 (default 0)"},
       {"zero_prefetch",
-       "with zero 3: gather the next layer while the current one computes (one layer ahead, forward and backward), "
-       "instead of each gather blocking its layer (default true)"},
+       "with zero 1-3: gather parameters while other layers compute: at zero 3 the next layer while the current one "
+       "runs (one layer ahead, forward and backward), at zero 1 and 2 the stepped slices behind the next forward, "
+       "layer by layer; false: each gather blocks (default true)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every",
        "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
@@ -375,11 +376,10 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   }
   if (auto v = get("zero_prefetch")) {
     c.zero_prefetch = to_bool("zero_prefetch", *v);
-    if (c.zero != 3)
+    if (c.zero == 0)
       throw ConfigError(
-          fmt::format("config: zero_prefetch: gathers a layer's parameters ahead under zero 3, this run "
-                      "has zero {}, which keeps them whole; allowed with zero {}: leave it unset",
-                      c.zero, c.zero));
+          "config: zero_prefetch: gathers parameters ahead under zero 1, 2 or 3, this run has zero 0, which keeps "
+          "them whole on every rank; allowed with zero 0: leave it unset");
   }
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);
   if (auto v = get("checkpoint_every"))
@@ -772,12 +772,13 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
         ((raw.count("tp") && raw.at("tp") == "1") || (raw.count("pp") && raw.at("pp") != "1") ||
          (raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))))
       continue;
-    // (ZeRO-3's prefetch, not taken by a run given another stage: the zero mismatch is the error to report)
+    // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
+    // report)
     if (std::string(k) == "zero_prefetch" && raw.count("zero")) {
       int zero = -1;
       const std::string& z = raw.at("zero");
       const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
-      if (ec != std::errc() || end != z.data() + z.size() || zero != 3) continue;
+      if (ec != std::errc() || end != z.data() + z.size() || zero == 0) continue;
     }
     take(k, k);
   }
@@ -835,7 +836,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "recompute" << YAML::Value << (c.recompute ? "true" : "false");
   e << YAML::Key << "sequence_parallel" << YAML::Value << (c.sequence_parallel ? "true" : "false");
   e << YAML::Key << "zero" << YAML::Value << c.zero;
-  if (c.zero == 3) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
+  if (c.zero > 0) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
   if (!c.resume.empty()) e << YAML::Key << "resume" << YAML::Value << c.resume;

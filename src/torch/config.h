@@ -44,7 +44,7 @@ struct TrainConfig {
   std::string pp_schedule = "1f1b";       // gpipe | 1f1b
   bool sequence_parallel = false;         // with tp: each rank holds its share of the tokens between split layers
   bool recompute = false;                 // pipeline stages keep each micro-batch's input only (pp > 1)
-  bool zero_prefetch = true;              // zero 3: the next layer's gather runs while the current one computes
+  bool zero_prefetch = true;              // zero 1-3: parameters gathered while other layers compute
   int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2, 3)
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)
   int checkpoint_every = 0;               // steps between checkpoints (0: at the end of every epoch only)

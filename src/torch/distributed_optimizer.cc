@@ -134,13 +134,14 @@ struct DistributedOptimizer::Core {
     const char* pass = "";
   };
   Ahead ahead;
-  // ZeRO-1/2 with units and overlap (defer_slices): the allgather of the stepped slices, started by step() on the
+  // ZeRO-1/2 with units and zero_prefetch (defer_slices): the allgather of the stepped slices, started by step() on the
   // gathers' communicator as one allgather per piece (a unit's parameters within one bucket: each rank contributes
   // the part of its slice that falls in it), in the order the next forward needs them, and finished piece by piece as
   // that forward's units begin (unit_needs: each unit's pieces), or by whatever reads the parameters first
   // (synchronize, whole_parameters, ~Core).
   bool defer_slices = false;
   struct Piece {
+    int unit = 0;
     int bucket = 0;
     size_t begin = 0, end = 0;   // in the bucket
     std::vector<size_t> counts;  // each rank's part of it (its slice's overlap with [begin, end))
@@ -151,6 +152,7 @@ struct DistributedOptimizer::Core {
   };
   std::vector<Piece> deferred;
   std::vector<std::vector<int>> unit_needs;
+  std::vector<std::vector<int>> unit_params;  // each unit's parameter indices
 
   std::mutex mu;
   std::condition_variable cv;
@@ -322,7 +324,7 @@ struct DistributedOptimizer::Core {
     if (!a.counted) return;
     count_gather(bk, a.work.seconds(), t1 - t0);
     if (opt.trace)
-      opt.trace->complete("gather", 0, a.t0, t1,
+      opt.trace->complete("gather", 2, a.t0, t1,
                           {{"bucket", a.b},
                            {"bytes", bk.n * sizeof(float)},
                            {"op", "allgather"},
@@ -348,6 +350,7 @@ struct DistributedOptimizer::Core {
           end = std::get<2>(ranges[++k]);
         const Bucket& bk = buckets[size_t(b)];
         Piece p;
+        p.unit = int(unit_needs.size()) - 1;
         p.bucket = b;
         p.begin = begin;
         p.end = end;
@@ -372,14 +375,13 @@ struct DistributedOptimizer::Core {
     const double t0 = now_s();
     d.work.wait();
     const double t1 = now_s();
-    if (!counted) return;
     {
       std::lock_guard<std::mutex> lk(mu);
-      step.comm_s += d.work.seconds();
-      gather_s += t1 - t0;
+      step.comm_s += d.work.seconds();  // (its bytes were counted as it started)
+      if (counted) gather_s += t1 - t0;
     }
-    if (opt.trace)
-      opt.trace->complete("communicate", 0, d.t0, t1,
+    if (opt.trace && counted)
+      opt.trace->complete("communicate", 2, d.t0, t1,
                           {{"bucket", d.bucket},
                            {"bytes", (d.end - d.begin) * sizeof(float)},
                            {"op", "allgather"},
@@ -875,11 +877,11 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     std::vector<int> order;
     for (int i = int(c.params.size()) - 1; i >= 0; --i) order.push_back(i);
     c.build_buckets(order);
-    // ZeRO-1/2 with units and overlap: the allgather after step() goes on behind the next forward, each unit waiting
-    // for its own parameters (units are checked whenever given: before the model is re-seated).
+    // ZeRO-1/2 with units and zero_prefetch: the allgather after step() goes on behind the next forward, each unit
+    // waiting for its own parameters (units are checked whenever given: before the model is re-seated).
     std::vector<std::vector<int>> units;
     if (c.zero && !options.units.empty()) units = check_units();
-    c.defer_slices = c.zero && !units.empty() && options.overlap && comm_->size() > 1;
+    c.defer_slices = c.zero && !units.empty() && options.zero_prefetch && comm_->size() > 1;
     if (c.zero) {
       c.opt.rebuild_buckets = false;  // the slices hold the optimizer's state
       optimizer_->param_groups()[0].params() = c.seat_zero(comm_->rank(), comm_->size());
@@ -887,6 +889,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     broadcast_initial_state();
     if (c.defer_slices) {
       c.build_pieces(units, comm_->rank(), comm_->size());
+      c.unit_params = units;
       c.gather_comm = comm_->split(0, comm_->rank());
     }
   }
@@ -1066,7 +1069,26 @@ void DistributedOptimizer::zero_grad() {
 void DistributedOptimizer::synchronize() {
   Core& c = *core_;
   if (c.ahead.b >= 0) c.finish_ahead();  // a unit gathered ahead that no pass ran: counted in this step
-  c.finish_all_deferred(true);           // (ZeRO-1/2: the slices of a unit no forward ran; the optimizer steps them)
+  if (!c.deferred.empty()) {
+    // ZeRO-1/2: the slices of a unit no forward ran (the optimizer steps them). A unit whose parameters got gradients
+    // with their allgather still in flight was read before its hook waited: stale parameters, refused.
+    int stale = -1;
+    {
+      std::lock_guard<std::mutex> lk(c.mu);
+      for (auto& d : c.deferred)
+        if (d.on && stale < 0)
+          for (int i : c.unit_params[size_t(d.unit)])
+            if (c.got[size_t(i)]) stale = d.unit;
+    }
+    c.finish_all_deferred(true);
+    if (stale >= 0)
+      throw InvalidArgument(fmt::format(
+          "DistributedOptimizer: zero_stage {}: unit {}'s parameters got gradients while their allgather after the "
+          "last step was in flight (the model read them before the unit's hook: Net::set_unit_hooks(unit_hooks()) "
+          "not called, or a parameter used outside its unit); allowed: a model that runs every unit through the "
+          "hooks, or no DistOptions::units",
+          c.zero, stale));
+  }
   const double t0 = now_s();
   std::unique_lock<std::mutex> lk(c.mu);
   if (c.synced) return;  // averaged into .grad already: a second call leaves them (it averaged zeros into them)

@@ -24,7 +24,8 @@
 // The buckets travel on `comm` from the communication thread: collectives run on `comm` from another thread while a
 // step's buckets are in flight (a second DistributedOptimizer on it, a GAN's) could interleave differently on each
 // rank; give each its own (comm->split). With find_unused_parameters the constructor is collective: it splits one off
-// for the buckets.
+// for the buckets (and at ZeRO stage 3, or stages 1 and 2 with units and zero_prefetch, one for the parameters'
+// gathers).
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -100,17 +101,18 @@ struct DistOptions {
   int zero_stage = 0;
   // ZeRO stage 3: gather the next unit while the current one computes (DeepSpeed's stage-3 prefetch, FSDP's
   // forward and backward prefetch), one unit ahead: two units whole at a time instead of one (a unit gathered ahead
-  // that no pass then runs, one skipped by the model's forward, stays whole until step()).
+  // that no pass then runs, one skipped by the model's forward, stays whole until step()). Stages 1 and 2 with
+  // units: the allgather after step() goes on behind the next forward (below).
   bool zero_prefetch = true;
   // The parameters of each unit (Net::units()), in the order forward runs them. ZeRO stage 3 needs them. At stages 1
-  // and 2 with overlap they let the allgather of the stepped slices go on behind the next forward: step() starts it
-  // (on a communicator of its own, split off by the constructor: collective) as one allgather per unit and bucket, in
-  // forward order, and returns; the model, running its units through unit_hooks(), waits before each unit only for
+  // and 2 with zero_prefetch they let the allgather of the stepped slices go on behind the next forward: step() starts
+  // it (on a communicator of its own, split off by the constructor: collective) as one allgather per unit and bucket,
+  // in forward order, and returns; the model, running its units through unit_hooks(), waits before each unit only for
   // that unit's parameters (the wait is the next step's exposed communication, the bytes this step's; the parameters
   // of a unit that has not begun are not to be read meanwhile); synchronize() and whole_parameters()
   // finish what no forward did. Anything else that reads the parameters between step() and the next forward holds
   // whole_parameters() first (an evaluation, a checkpoint, a copy), as at stage 3. Empty at stages 1 and 2, or
-  // without overlap: the allgather blocks in step().
+  // without zero_prefetch: the allgather blocks in step().
   std::vector<std::vector<torch::Tensor>> units;
   // Backward calls a step (gradient accumulation over micro-batches, a pipeline's): each parameter's gradients are
   // summed in its bucket, and the bucket goes once every parameter in it has had its backward_passes-th, so the
@@ -148,7 +150,8 @@ class DistributedOptimizer {
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
   void zero_grad();
-  // Waits for the communication still in flight, writes the averaged gradients into .grad, runs the optimizer.
+  // Waits for the communication still in flight, writes the averaged gradients into .grad, runs the optimizer (at
+  // ZeRO stages 1 and 2 with units and zero_prefetch, then starts the allgather of the stepped slices and returns).
   void step();
   // The first half of step(): every gradient averaged and in .grad (no optimizer update). A step() after it (e.g.
   // clip the averaged gradients, then step, as with Horovod) does not exchange again.

@@ -69,6 +69,8 @@ void Trace::write(const std::string& path) const {
   ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", fmt::format("rank {}", rank_)}}}});
   ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 0}, {"args", {{"name", "compute"}}}});
   ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 1}, {"args", {{"name", "communication"}}}});
+  ev.push_back(
+      {{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 2}, {"args", {{"name", "parameter gathers"}}}});
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& e : events_) ev.push_back(e);

@@ -39,7 +39,8 @@ class Trace {
   explicit Trace(int rank = 0) : rank_(rank) {}
   void enable(bool on) { on_ = on; }
   bool enabled() const { return on_; }
-  // tid: 0 main (forward/backward/step), 1 communication thread.
+  // tid: 0 main (forward/backward/step), 1 communication thread, 2 ZeRO's parameter gathers in flight behind compute
+  // (from their start to their wait).
   void complete(const std::string& name, int tid, double start_s, double end_s, nlohmann::json args = {});
   void instant(const std::string& name, int tid, double at_s, nlohmann::json args = {});
   void write(const std::string& path) const;

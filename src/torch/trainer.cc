@@ -703,8 +703,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     dopts.timeout_s = c.timeout_s;
     dopts.trace = &trace;
     dopts.zero_stage = c.zero;
-    // (ZeRO-1/2 with overlap: the allgather after each step goes on behind the next forward, unit by unit)
-    if (c.zero == 3 || (c.zero > 0 && c.overlap)) dopts.units = model->units();
+    // (ZeRO-1/2 with zero_prefetch: the allgather after each step goes on behind the next forward, unit by unit)
+    if (c.zero > 0) dopts.units = model->units();
     dopts.zero_prefetch = c.zero_prefetch;
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
@@ -1149,7 +1149,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         declaration["data_dir_resolved"] = data_dir_resolved;
         declaration["train_data"] = data_id;
       }
-      if (c.zero == 3) declaration["zero_prefetch"] = c.zero_prefetch;  // (a setting of stage 3 only)
+      if (c.zero > 0) declaration["zero_prefetch"] = c.zero_prefetch;  // (a setting of stages 1-3 only)
       write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
       sync_path(stage.string());
@@ -1439,7 +1439,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"pp_schedule", c.pp_schedule},
          {"recompute", c.recompute},
          {"sequence_parallel", c.sequence_parallel},
-         {"zero_prefetch", c.zero == 3 ? nlohmann::json(c.zero_prefetch) : nlohmann::json()},
+         {"zero_prefetch", c.zero > 0 ? nlohmann::json(c.zero_prefetch) : nlohmann::json()},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",
           pipe ? nlohmann::json(res.pipeline_peak_micro_batches) : nlohmann::json()},

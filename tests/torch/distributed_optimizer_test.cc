@@ -925,8 +925,6 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
   EXPECT_EQ(z.held_between[0], 4 * 79u);
 }
 
-// A unit without trainable parameters (unit 1 frozen) between two that have them: the prefetch skips it (unit 0's
-// forward starts unit 2's gather, unit 2's backward unit 0's), and the training is plain data parallelism's.
 struct DeferredRun {
   std::vector<std::vector<float>> params;  // per rank, under whole_parameters()
   std::vector<uint64_t> sent;
@@ -1024,6 +1022,43 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoFinishTheAllgatherUnitByUnitInTheN
       }
 }
 
+// Units given but the model's hooks never set: the second step's forward read parameters whose allgather was still
+// in flight, which synchronize() refuses with one line (at stage 3 the released units would have been empty).
+TEST(DistributedOptimizerZero, ADeferredAllgatherTheForwardDidNotWaitForIsRefused) {
+  auto comms = coll::Communicator::inproc(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto m = std::make_shared<ThreeUnits>();
+      auto opt = zero_test_optimizer("sgd", *m);
+      DistOptions o;
+      o.zero_stage = 1;
+      o.units = m->units();
+      DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+      try {
+        for (int step = 0; step < 2; ++step) {
+          d.zero_grad();
+          m->forward(torch::ones({2, 7})).pow(2).sum().backward();
+          d.step();
+        }
+      } catch (const InvalidArgument& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errors) {
+    EXPECT_NE(e.find("zero_stage 1: unit 0's parameters got gradients while their allgather after the last step was "
+                     "in flight"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("allowed: a model that runs every unit through the hooks"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+}
+
+// A unit without trainable parameters (unit 1 frozen) between two that have them: the prefetch skips it (unit 0's
+// forward starts unit 2's gather, unit 2's backward unit 0's), and the training is plain data parallelism's.
 TEST(DistributedOptimizerZero, PrefetchSkipsAUnitWithoutTrainableParameters) {
   const int w = 2;
   std::vector<std::vector<float>> params(2);  // stage 0's and stage 3's rank 0

@@ -130,16 +130,21 @@ TEST(TrainConfig, AResumeTakesThePipelineSettingsThatStillApply) {
     apply_resume_defaults(r, false);
     EXPECT_EQ(r.count("sequence_parallel"), 0u) << given.begin()->first;
   }
-  // ZeRO-3's prefetch setting comes with its stage (a resume turned a run's prefetch back on), and not where another
-  // stage is given (its mismatch is reported instead).
+  // ZeRO's prefetch setting comes with its stage (a resume turned a run's prefetch back on), and not where stage 0 is
+  // given (the zero mismatch is reported instead).
   std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_prefetch": false})";
   RawConfig z{{"resume", dir.string()}};
   apply_resume_defaults(z, false);
   EXPECT_EQ(z["zero_prefetch"], "false");
   EXPECT_FALSE(resolve_config(z).zero_prefetch);
-  RawConfig z2{{"resume", dir.string()}, {"zero", "2"}};
+  RawConfig z2{{"resume", dir.string()}, {"zero", "0"}};
   apply_resume_defaults(z2, false);
   EXPECT_EQ(z2.count("zero_prefetch"), 0u);
+  std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 2, "zero_prefetch": false})";
+  RawConfig z1{{"resume", dir.string()}, {"zero", "2"}};
+  apply_resume_defaults(z1, false);
+  EXPECT_EQ(z1["zero_prefetch"], "false");
+  std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_prefetch": false})";
   RawConfig z3{{"resume", dir.string()}, {"zero", "03"}};  // (the number, not its text)
   apply_resume_defaults(z3, false);
   EXPECT_EQ(z3["zero_prefetch"], "false");
@@ -278,12 +283,14 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   EXPECT_EQ(c.compressor, "none");
   EXPECT_EQ(resolve_config({{"zero", "1"}, {"compressor", "none"}}, 0, false).zero, 1);
   EXPECT_EQ(resolve_config({{"zero", "0"}}, 0, false).compressor, TrainConfig().compressor);
-  // zero_prefetch: on by default, only with stage 3.
-  EXPECT_TRUE(resolve_config({{"zero", "3"}}, 0, false).zero_prefetch);
-  EXPECT_FALSE(resolve_config({{"zero", "3"}, {"zero_prefetch", "false"}}, 0, false).zero_prefetch);
-  const std::string pf = config_error({{"zero", "2"}, {"zero_prefetch", "true"}});
+  // zero_prefetch: on by default, with stages 1 to 3.
+  for (const char* stage : {"1", "2", "3"}) {
+    EXPECT_TRUE(resolve_config({{"zero", stage}}, 0, false).zero_prefetch) << stage;
+    EXPECT_FALSE(resolve_config({{"zero", stage}, {"zero_prefetch", "false"}}, 0, false).zero_prefetch) << stage;
+  }
+  const std::string pf = config_error({{"zero", "0"}, {"zero_prefetch", "true"}});
   expect_one_line(pf, "zero_prefetch");
-  EXPECT_NE(pf.find("allowed with zero 2: leave it unset"), std::string::npos) << pf;
+  EXPECT_NE(pf.find("allowed with zero 0: leave it unset"), std::string::npos) << pf;
   expect_one_line(config_error({{"zero", "3"}, {"zero_prefetch", "sometimes"}}), "zero_prefetch");
 }
 
