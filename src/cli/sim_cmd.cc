@@ -220,13 +220,13 @@ ParallelConfig make_config(const StepArgs& a) {
   return c;
 }
 
-// sim step: --no-zero-prefetch is about ZeRO-3's gathers (sim plan searches stages and applies it to stage 3's).
+// sim step: --no-zero-prefetch is about ZeRO's parameter gathers (sim plan searches stages and applies it to stages
+// 1-3).
 void check_step_config(const ParallelConfig& c) {
-  if (!c.zero_prefetch && c.zero != 3)
-    throw ConfigError(fmt::format(
-        "--no-zero-prefetch: ZeRO-3 gathers each layer's parameters, this step has --zero {}, which keeps them "
-        "whole; allowed with --zero {}: leave it out",
-        c.zero, c.zero));
+  if (!c.zero_prefetch && c.zero == 0)
+    throw ConfigError(
+        "--no-zero-prefetch: ZeRO gathers the parameters (stages 1 and 2 after the step, stage 3 each layer's), "
+        "this step has --zero 0, which keeps them whole on every rank; allowed with --zero 0: leave it out");
 }
 
 json config_json(const ParallelConfig& c) {
@@ -1327,7 +1327,8 @@ void setup(CLI::App& app) {
     c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism" + searched);
     c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
     c->add_flag("--no-zero-prefetch", a->no_zero_prefetch,
-                "ZeRO-3: every layer's gather blocks it (default: the next layer's starts while one computes)");
+                "ZeRO-3: every layer's gather blocks it (default: the next layer's starts while one computes); ZeRO-1 "
+                "and 2: the allgather after the step blocks (default: behind the next forward, layer by layer)");
     c->add_flag("--balance", a->balance,
                 "heterogeneous clusters (data parallel): batch shares proportional to each accelerator's speed");
     c->add_option("--bucket", a->bucket, "gradient bucket size")->capture_default_str();

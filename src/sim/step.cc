@@ -417,8 +417,26 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
         dp_total += static_cast<double>(mb - 1) * each;
       }
-      dp_exposed += t_ag;
-      dp_total += t_ag;
+      if (!cfg.zero_prefetch || !cfg.dp_overlap) {  // (--no-overlap turns the prefetch off, as at ZeRO-3)
+        dp_exposed += t_ag;
+        dp_total += t_ag;
+      } else {
+        // The allgather behind the next forward, as `conduit train --zero 1|2` runs it: one call for the embeddings,
+        // then one a layer, in forward order, each layer of the first micro-batch waiting only for its own.
+        const double layer_bytes = layer_params / t * 2, emb_bytes = emb_gpu * 2;
+        auto lag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
+        auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, emb_bytes);
+        const double t_layer = ctime(Collective::kAllGather, lag, dg, layer_bytes) + wake,
+                     t_emb = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake;
+        const double layer_fwd = mt.layer_fwd + tp_fwd;
+        double done = t_emb, clock = t_emb;
+        for (long long l = 0; l < lps; ++l) {
+          done += t_layer;
+          clock = std::max(clock, done) + layer_fwd;
+        }
+        dp_exposed += clock - static_cast<double>(lps) * layer_fwd;
+        dp_total += t_emb + static_cast<double>(lps) * t_layer;
+      }
       r.dp_algorithm = algorithm_name(rs.algorithm);
       r.dp_bottleneck = rs.bottleneck;
     } else {
@@ -962,10 +980,39 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                                           : ag.time(bytes)) +
              wake;
     };
-    if (cfg.zero == 1 || cfg.zero == 2) {
+    // Each unit's (each layer with parameters, the pooling after it: `conduit train`'s units) parameters, forward and
+    // backward, the kernels scaled as the step's.
+    const size_t units = unit_first.size();
+    std::vector<double> unit_params(units, 0.0), unit_bwd(units, 0.0), unit_fwd(units, 0.0);
+    if (cfg.zero >= 1) {
+      std::vector<double> per_layer, per_layer_fwd;
+      double f0 = 0, b0 = 0;
+      layer_times(*slow, b, f0, b0, &per_layer, &per_layer_fwd);
+      for (size_t li = 0; li < m.layers.size(); ++li) {
+        unit_params[unit_of[li]] += m.layers[li].params();
+        unit_bwd[unit_of[li]] += per_layer[li] * run_scale;
+        unit_fwd[unit_of[li]] += per_layer_fwd[li] * run_scale;
+      }
+    }
+    if ((cfg.zero == 1 || cfg.zero == 2) && !cfg.zero_prefetch) {
       const double t_ag = allgather(params * eb);
       dp_total += t_ag;
       dp_exposed += t_ag;
+    } else if (cfg.zero == 1 || cfg.zero == 2) {
+      // `conduit train --zero 1|2` (docs/training.md): step() starts the allgather of the stepped slices, one call
+      // per unit in forward order on the gathers' own channel, and the next step's first forward waits before each
+      // unit only for that unit's: what it waits is exposed.
+      double done = 0, clock = 0, fwd_units = 0;
+      for (size_t u = 0; u < units; ++u) {
+        if (unit_params[u] > 0) {
+          const double g = allgather(unit_params[u] * eb);
+          done += g;
+          dp_total += g;
+        }
+        clock = std::max(clock, done) + unit_fwd[u];
+        fwd_units += unit_fwd[u];
+      }
+      dp_exposed += clock - fwd_units;
     }
     if (cfg.zero == 3) {
       // `conduit train --zero 3` (docs/training.md): each layer with parameters is a unit, with the pooling after
@@ -974,15 +1021,6 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       // gathers' own channel, and only what is left of it when its unit begins is exposed; without, every gather
       // blocks. The units' gradients are reduce-scattered once a step, each as soon as the last micro-batch's
       // backward has passed it, behind the backward of the units before it.
-      const size_t units = unit_first.size();
-      std::vector<double> unit_params(units, 0.0), unit_bwd(units, 0.0), unit_fwd(units, 0.0), per_layer, per_layer_fwd;
-      double f0 = 0, b0 = 0;
-      layer_times(*slow, b, f0, b0, &per_layer, &per_layer_fwd);
-      for (size_t li = 0; li < m.layers.size(); ++li) {
-        unit_params[unit_of[li]] += m.layers[li].params();
-        unit_bwd[unit_of[li]] += per_layer[li] * run_scale;
-        unit_fwd[unit_of[li]] += per_layer_fwd[li] * run_scale;
-      }
       std::vector<double> t_ag(units, 0.0);  // each unit's gather
       double gathers = 0, rs_total = 0, comm_free = 0;
       for (size_t u = 0; u < units; ++u) {

@@ -662,17 +662,64 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   EXPECT_DOUBLE_EQ(m0.memory.params, 4 * p);
   EXPECT_DOUBLE_EQ(m0.memory.grads, 4 * p);
   EXPECT_DOUBLE_EQ(m0.memory.optimizer, 8 * p);
-  // ZeRO-1, one bucket, no overlap: the reduce-scatter and the allgather of 4-byte parameters.
+  // ZeRO-1, one bucket, no overlap, no prefetch: the reduce-scatter and the allgather of 4-byte parameters.
   ParallelConfig one;
   one.global_batch = 8 * 4;
   one.micro_batch = 4;
   one.grad_bytes = 4;
   one.zero = 1;
   one.dp_overlap = false;
+  one.zero_prefetch = false;
   one.bucket_bytes = 1e15;
   const double expect =
       n8.time(Collective::kReduceScatter, Algorithm::kAuto, dg, p * 4) + memory_time(acc, 8 * p, 1) + ag(p);
   EXPECT_NEAR(simulate_layer_step(n8, cnn, one).breakdown.dp_comm, expect, 1e-9 * expect);
+  // With prefetch (conduit train's default) the allgather goes behind the next forward, one call a unit: the same
+  // bytes in four calls, and where every layer computes longer than the next unit's allgather takes (a slow
+  // accelerator on a fast network) only conv1's is exposed.
+  ParallelConfig behind = one;
+  behind.zero_prefetch = true;
+  const double pieces = ag(units[0]) + ag(units[1]) + ag(units[2]) + ag(units[3]);
+  EXPECT_NEAR(simulate_layer_step(n8, cnn, behind).breakdown.dp_comm, expect - ag(p) + pieces, 1e-9 * expect);
+  Topology ts(flat_cluster(1e-9, 1e12, 0, 1e9), 8);
+  CollectiveModel ns(ts);
+  auto ags = [&](double params) { return ns.time(Collective::kAllGather, Algorithm::kAuto, dg, params * 4); };
+  const StepResult blocking = simulate_layer_step(ns, cnn, one), hidden = simulate_layer_step(ns, cnn, behind);
+  EXPECT_NEAR(blocking.breakdown.dp_exposed - hidden.breakdown.dp_exposed, ags(p) - ags(units[0]), 1e-9 * ags(p));
+  EXPECT_GT(ags(p), 10 * ags(units[0]));  // (what hid is most of it)
+  EXPECT_LT(hidden.time, blocking.time);
+}
+
+// ZeRO-1/2 on a GPT: with prefetch (and overlap) the allgather of the updated parameters goes behind the next
+// forward, as conduit train runs it, one call for the embeddings and one a layer; on a slow accelerator and a fast
+// network only the embeddings' and the first layer's are exposed. --no-zero-prefetch, or --no-overlap as at ZeRO-3,
+// exposes one allgather of them all.
+TEST(Inputs, ZeroOneAndTwoAllgatherBehindTheNextForward) {
+  Topology ts(flat_cluster(1e-9, 1e12, 0, 1e9), 8);
+  CollectiveModel ns(ts);
+  const GptModel m = named_model("gpt2-small");
+  const Group dg{8, 1, 0};
+  auto ag = [&](double bytes) { return ns.time(Collective::kAllGather, Algorithm::kAuto, dg, bytes); };
+  const double layer = gpt_layer_parameters_per_rank(m, 1) * 2,
+               emb = (static_cast<double>(m.vocab) + static_cast<double>(m.seq)) * static_cast<double>(m.hidden) * 2;
+  const double whole = ag(m.layers * layer + emb), pieces = ag(emb) + m.layers * ag(layer);
+  for (int zero : {1, 2}) {
+    ParallelConfig c;
+    c.global_batch = 8;
+    c.zero = zero;
+    const StepResult behind = simulate_step(ns, m, c);
+    c.zero_prefetch = false;
+    const StepResult blocking = simulate_step(ns, m, c);
+    EXPECT_NEAR(blocking.breakdown.dp_comm - behind.breakdown.dp_comm, whole - pieces, 1e-9 * whole) << zero;
+    EXPECT_NEAR(blocking.breakdown.dp_exposed - behind.breakdown.dp_exposed, whole - ag(emb) - ag(layer), 1e-9 * whole)
+        << zero;
+    EXPECT_GT(whole, 2 * (ag(emb) + ag(layer))) << zero;  // (what hid is most of it)
+    c.zero_prefetch = true;
+    c.dp_overlap = false;
+    ParallelConfig n = c;
+    n.zero_prefetch = false;
+    EXPECT_EQ(simulate_step(ns, m, c).breakdown.dp_exposed, simulate_step(ns, m, n).breakdown.dp_exposed) << zero;
+  }
 }
 
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
@@ -780,11 +827,12 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
   out = test_util::run("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 0", &rc);
   EXPECT_NE(out.find("--global-batch = 0 (allowed: a positive number"), std::string::npos) << out;
   out = test_util::run(
-      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 2 "
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 0 "
       "--no-zero-prefetch",
       &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--no-zero-prefetch: ZeRO-3 gathers each layer's parameters, this step has --zero 2"),
+  EXPECT_NE(out.find("--no-zero-prefetch: ZeRO gathers the parameters (stages 1 and 2 after the step, stage 3 each "
+                     "layer's), this step has --zero 0"),
             std::string::npos)
       << out;
   out = test_util::run(

@@ -339,14 +339,16 @@ TEST(Scheduler, LasBeatsFifoOnMeanJctWithAHeadOfLineJob) {
 // Tiresias's starvation guard: one 8-GPU job B and a stream of small jobs that alone keep the 8 GPUs busy. With
 // T one iteration, the first queue ends at 10T of B's service. Without the guard B runs 10T, is demoted, and waits for
 // the whole stream (2000T); with knob 1, B goes back to the first queue after waiting as long as it ran (10T) and
-// runs 10T of every 20T: its 100T are done at 190T, after 9 promotions.
+// runs 10T of every 20T: its 100T are done at 190T, after 9 promotions. The small jobs arrive a quarter of T after
+// each multiple of 5T, so that no arrival ties with a completion or a promotion (a tie was decided by rounding: a
+// step model change that moved T by a fraction turned 9 promotions into 10).
 TEST(Scheduler, LasStarvationGuardPromotesAJobThatWaitedKnobTimesItsRun) {
   const ClusterSpec spec = load_cluster("dgx-a100");
   const double T = job_iteration_time(spec, "gpt2-small", 8, 0, 1);
   ASSERT_TRUE(std::isfinite(T) && T > 0);
   std::string trace = "id,submit_s,gpus,model,iterations\nB,0,8,gpt2-small,100\n";
   for (int k = 0; k < 400; ++k)
-    trace += "s" + std::to_string(k) + "," + fmt::format("{:.17g}", k * 5 * T) + ",8,gpt2-small,5\n";
+    trace += "s" + std::to_string(k) + "," + fmt::format("{:.17g}", (k * 5 + 0.25) * T) + ",8,gpt2-small,5\n";
   const auto jobs = parse_job_trace(trace, "stream");
   SchedulerOptions las;
   las.policy = Policy::kLas;

@@ -133,6 +133,7 @@ TEST(Step, NoOverlapPaysEveryBucketAfterTheBackward) {
     ParallelConfig c;
     c.global_batch = 4096;
     c.zero = zero;
+    c.zero_prefetch = false;  // (ZeRO-1's allgather in one call after the step, with or without overlap)
     c.dp_algorithm = Algorithm::kRing;
     StepResult on = simulate_step(net, m, c);
     c.dp_overlap = false;
