@@ -417,12 +417,16 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
         dp_total += static_cast<double>(mb - 1) * each;
       }
-      if (!cfg.zero_prefetch || !cfg.dp_overlap) {  // (--no-overlap turns the prefetch off, as at ZeRO-3)
+      if (!cfg.zero_prefetch) {
         dp_exposed += t_ag;
         dp_total += t_ag;
       } else {
-        // The allgather behind the next forward, as `conduit train --zero 1|2` runs it: one call for the embeddings,
-        // then one a layer, in forward order, each layer of the first micro-batch waiting only for its own.
+        // The allgather behind the next forward, as `conduit train --zero 1|2` runs it (--no-overlap, about the
+        // gradients, leaves it so there too): one call for the embeddings, then one a layer, in forward order, each
+        // layer of the first micro-batch waiting only for its own. Each call is timed as an even allgather of its
+        // bytes (the runtime's pieces are a layer's share of each rank's slice, uneven where a layer is smaller than
+        // a slice), and with interleaved chunks the first stage's layers are played out back to back (their later
+        // chunks run later: an over-estimate).
         const double layer_bytes = layer_params / t * 2, emb_bytes = emb_gpu * 2;
         auto lag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
         auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, emb_bytes);
@@ -1001,7 +1005,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     } else if (cfg.zero == 1 || cfg.zero == 2) {
       // `conduit train --zero 1|2` (docs/training.md): step() starts the allgather of the stepped slices, one call
       // per unit in forward order on the gathers' own channel, and the next step's first forward waits before each
-      // unit only for that unit's: what it waits is exposed.
+      // unit only for that unit's: what it waits is exposed. (Each call timed as an even allgather of the unit; the
+      // runtime's are a unit's share of each rank's bucket slice, one per bucket the unit spans, uneven where the
+      // unit is smaller than a slice.)
       double done = 0, clock = 0, fwd_units = 0;
       for (size_t u = 0; u < units; ++u) {
         if (unit_params[u] > 0) {

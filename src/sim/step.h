@@ -54,7 +54,8 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool dp_overlap = true;
   // ZeRO-3: each next layer's parameter gather starts while the layer before computes (DeepSpeed's prefetch, `conduit
-  // train --zero-prefetch`); false: every gather blocks its layer.
+  // train --zero-prefetch`); false: every gather blocks its layer. ZeRO-1/2: the allgather of the updated parameters
+  // runs behind the next forward, one call a layer (as conduit train runs it); false: one allgather, exposed.
   bool zero_prefetch = true;
   // Heterogeneous clusters, data parallel only: give each accelerator a share of the global batch proportional
   // to its speed instead of equal shares (the slowest kind then no longer bounds the step).

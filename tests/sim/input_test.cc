@@ -692,8 +692,8 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
 
 // ZeRO-1/2 on a GPT: with prefetch (and overlap) the allgather of the updated parameters goes behind the next
 // forward, as conduit train runs it, one call for the embeddings and one a layer; on a slow accelerator and a fast
-// network only the embeddings' and the first layer's are exposed. --no-zero-prefetch, or --no-overlap as at ZeRO-3,
-// exposes one allgather of them all.
+// network only the embeddings' and the first layer's are exposed. --no-zero-prefetch exposes one allgather of them
+// all; --no-overlap (the gradients') leaves it behind the forward, as the runtime does.
 TEST(Inputs, ZeroOneAndTwoAllgatherBehindTheNextForward) {
   Topology ts(flat_cluster(1e-9, 1e12, 0, 1e9), 8);
   CollectiveModel ns(ts);
@@ -718,8 +718,31 @@ TEST(Inputs, ZeroOneAndTwoAllgatherBehindTheNextForward) {
     c.dp_overlap = false;
     ParallelConfig n = c;
     n.zero_prefetch = false;
-    EXPECT_EQ(simulate_step(ns, m, c).breakdown.dp_exposed, simulate_step(ns, m, n).breakdown.dp_exposed) << zero;
+    EXPECT_NEAR(simulate_step(ns, m, n).breakdown.dp_exposed - simulate_step(ns, m, c).breakdown.dp_exposed,
+                whole - ag(emb) - ag(layer), 1e-9 * whole)
+        << zero;
   }
+  // With tensor parallelism each call is the rank's share: a layer's parameters over t, the word embeddings over t
+  // (vocab-parallel), the position embeddings whole.
+  Topology t16(flat_cluster(1e-9, 1e12, 0, 1e9), 16);
+  CollectiveModel n16(t16);
+  const Group dg2{8, 2, 0};
+  auto ag2 = [&](double bytes) { return n16.time(Collective::kAllGather, Algorithm::kAuto, dg2, bytes); };
+  const double layer2 = gpt_layer_parameters_per_rank(m, 2) * 2,
+               emb2 =
+                   (static_cast<double>(m.vocab) / 2 + static_cast<double>(m.seq)) * static_cast<double>(m.hidden) * 2;
+  ParallelConfig c2;
+  c2.global_batch = 8;
+  c2.tp = 2;
+  c2.zero = 1;
+  const StepResult behind2 = simulate_step(n16, m, c2);
+  c2.zero_prefetch = false;
+  const StepResult blocking2 = simulate_step(n16, m, c2);
+  const double whole2 = ag2(m.layers * layer2 + emb2);
+  EXPECT_NEAR(blocking2.breakdown.dp_comm - behind2.breakdown.dp_comm, whole2 - (ag2(emb2) + m.layers * ag2(layer2)),
+              1e-9 * whole2);
+  EXPECT_NEAR(blocking2.breakdown.dp_exposed - behind2.breakdown.dp_exposed, whole2 - ag2(emb2) - ag2(layer2),
+              1e-9 * whole2);
 }
 
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
@@ -840,6 +863,11 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
       "--no-zero-prefetch --json",
       &rc);
   EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"zero_prefetch\":false"), std::string::npos) << out;
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 1 --no-zero-prefetch --json",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;  // (stages 1 and 2 take it too: their allgather after the step)
   EXPECT_NE(out.find("\"zero_prefetch\":false"), std::string::npos) << out;
 
   const std::string infer_cmd = "sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 ";

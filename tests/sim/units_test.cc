@@ -100,12 +100,14 @@ TEST(Step, ZeroStagesMoveTheSameGradientBytesPlusAParameterGather) {
   c.dp_overlap = false;
   c.dp_algorithm = Algorithm::kRing;  // ring RS + AG is exactly one ring allreduce (auto may pick SHARP for it)
   c.bucket_bytes = 1e12;              // one bucket: the RS and the AG then have the allreduce's latency terms
+  c.zero_prefetch = false;            // (ZeRO-1/2: one allgather after the step, not one a layer)
   StepResult z0 = simulate_step(net, m, c);
   c.zero = 1;
   StepResult z1 = simulate_step(net, m, c);
   c.zero = 2;
   StepResult z2 = simulate_step(net, m, c);
   c.zero = 3;
+  c.zero_prefetch = true;
   StepResult z3 = simulate_step(net, m, c);
   // ZeRO-1/2: reduce-scatter + allgather ~ one allreduce (same wire bytes), and the optimizer shards by 64.
   EXPECT_NEAR(z1.breakdown.dp_comm / z0.breakdown.dp_comm, 1.0, 1e-9);
