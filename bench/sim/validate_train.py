@@ -14,7 +14,8 @@ the goal, the rows whose runs alone spread past the goal, and each (model, N)'s 
   /usr/bin/python3 bench/sim/validate_train.py [--conduit build/bin/conduit] [--out /tmp/simval] [--rounds 3]
                                                [--workers 2,4] [--goal 0.10] [--retakes 2]
                                                [--train-runs 3] [--model-steps 160] [--train-steps 160]
-                                               [--zero 0|1|2|3] [--pp P --micro-batches M [--schedule 1f1b|gpipe]]
+                                               [--zero 0|1|2|3 [--zero-gather bf16|fp16]]
+                                               [--pp P --micro-batches M [--schedule 1f1b|gpipe]]
   /usr/bin/python3 bench/sim/validate_train.py --report /tmp/simval/rows.json     (the table of an earlier run again)
 """
 import argparse
@@ -111,7 +112,8 @@ def measure(a, workers):
                 p = json.loads(run([c, "sim", "step", "--cluster", cluster, "--gpus", str(n), "--model", "layers",
                                     "--layers-spec", spec, "--global-batch", str(BATCH * n // a.pp), "--micro-batch",
                                     str(BATCH // a.micro_batches), "--grad-bytes", "4", "--compression", "none",
-                                    "--sync", "bsp", "--zero", str(a.zero), "--json"] + pipe))
+                                    "--sync", "bsp", "--zero", str(a.zero), "--json"] + pipe +
+                                   (["--gather-bytes", "2"] if a.zero_gather != "f32" else [])))
                 runs = []
                 for k in range(1, a.train_runs + 1):
                     out = os.path.join(d, f"train-{model}" + (f"-{k}" if a.train_runs > 1 else ""))
@@ -119,6 +121,7 @@ def measure(a, workers):
                     run([c, "train", "--model", model, "--workers", str(n), "--transport", "shm", "--compressor",
                          "none", "--zero", str(a.zero), "--max-steps", str(a.train_steps), "--progress", "false",
                          "--output", out, "--micro-batches", str(a.micro_batches)] +
+                        (["--zero-gather", a.zero_gather] if a.zero_gather != "f32" else []) +
                         (["--pp", str(a.pp), "--pp-schedule", a.schedule] if a.pp > 1 else []))
                     runs.append(measured(os.path.join(out, "metrics.jsonl"), 11, a.train_steps))
                 # The run whose median step is the median of the runs' (the lower middle one for an even count).
@@ -141,6 +144,8 @@ def main():
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                     help="ZeRO stage of both the predictions and the training runs (default 0)")
+    ap.add_argument("--zero-gather", default="f32", choices=["f32", "bf16", "fp16"],
+                    help="with --zero 3: the gathers' wire on both sides (conduit train --zero-gather, sim --gather-bytes)")
     ap.add_argument("--pp", type=int, default=1,
                     help="pipeline stages (conduit train --pp: the layers cut by their work; needs --zero 0)")
     ap.add_argument("--micro-batches", type=int, default=1, help="micro-batches of each pipeline's batch of 64")
@@ -167,11 +172,11 @@ def main():
     if a.rounds < 1 or a.train_runs < 1 or a.retakes < 0 or any(n < 2 for n in workers) or a.stagger_us < 0 or \
             a.model_steps < 1 or a.train_steps < 30 or a.pp < 1 or any(n % a.pp for n in workers) or \
             a.micro_batches < 1 or BATCH % a.micro_batches or (a.pp > 1 and a.zero) or \
-            (a.pp == 1 and (a.micro_batches > 1 or a.schedule != "1f1b")):
+            (a.pp == 1 and (a.micro_batches > 1 or a.schedule != "1f1b")) or (a.zero_gather != "f32" and a.zero != 3):
         sys.exit("validate_train.py: --rounds, --train-runs and --model-steps must be >= 1, --train-steps >= 30, "
                  "--retakes and --stagger-us >= 0, every --workers entry >= 2 and a multiple of --pp, "
-                 f"--micro-batches dividing {BATCH}, --zero 0 with --pp above 1, and --micro-batches and --schedule "
-                 "only with --pp above 1")
+                 f"--micro-batches dividing {BATCH}, --zero 0 with --pp above 1, --micro-batches and --schedule "
+                 "only with --pp above 1, and --zero-gather only with --zero 3")
     if a.report:
         try:
             with open(a.report) as f:

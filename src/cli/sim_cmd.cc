@@ -88,6 +88,7 @@ struct StepArgs {
   bool balance = false;
   std::string bucket = "25M";
   double grad_bytes = 2;
+  double gather_bytes = 0;
   std::string dp_algorithm = "auto", tp_algorithm = "auto";
   std::string compression = "none";
   std::string sync = "bsp";
@@ -207,6 +208,9 @@ ParallelConfig make_config(const StepArgs& a) {
   c.grad_bytes = a.grad_bytes;
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
+  c.gather_bytes = a.gather_bytes;
+  if (c.gather_bytes != 0 && c.gather_bytes != 2 && c.gather_bytes != 4)
+    throw ConfigError(fmt::format("--gather-bytes = {} (allowed: 2, 4)", c.gather_bytes));
   c.dp_algorithm = parse_algorithm(a.dp_algorithm);
   c.tp_algorithm = parse_algorithm(a.tp_algorithm);
   c.compression = parse_compression(a.compression);
@@ -223,6 +227,11 @@ ParallelConfig make_config(const StepArgs& a) {
 // sim step: --no-zero-prefetch is about ZeRO's parameter gathers (sim plan searches stages and applies it to stages
 // 1-3).
 void check_step_config(const ParallelConfig& c) {
+  if (c.gather_bytes != 0 && c.zero != 3)
+    throw ConfigError(fmt::format(
+        "--gather-bytes: the wire of ZeRO-3's parameter gathers, this step has --zero {}; allowed with --zero {}: "
+        "leave it out",
+        c.zero, c.zero));
   if (!c.zero_prefetch && c.zero == 0)
     throw ConfigError(
         "--no-zero-prefetch: ZeRO gathers the parameters (stages 1 and 2 after the step, stage 3 each layer's), "
@@ -237,6 +246,7 @@ json config_json(const ParallelConfig& c) {
               {"global_batch", c.global_batch},
               {"zero", c.zero},
               {"zero_prefetch", c.zero_prefetch},
+              {"gather_bytes", c.gather_bytes},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -408,6 +418,10 @@ void run_step(const StepArgs& given_args) {
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
   ParallelConfig c = make_config(a);
   check_step_config(c);
+  if (c.gather_bytes != 0)
+    throw ConfigError(
+        "--gather-bytes is for --model layers (a list of layers, f32 as conduit train runs them); a GPT model gathers "
+        "its 16-bit parameters: leave it out");
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   Stopwatch sw;
@@ -436,6 +450,10 @@ void run_plan(const StepArgs& given_args) {
   if (a.global_batch <= 0)
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
   ParallelConfig base = make_config(a);
+  if (base.gather_bytes != 0)
+    throw ConfigError(
+        "--gather-bytes is for `sim step --model layers` (f32 layer lists); the planner's GPT models gather their "
+        "16-bit parameters: leave it out");
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   PlanSpace space;
@@ -1332,6 +1350,9 @@ void setup(CLI::App& app) {
     c->add_flag("--balance", a->balance,
                 "heterogeneous clusters (data parallel): batch shares proportional to each accelerator's speed");
     c->add_option("--bucket", a->bucket, "gradient bucket size")->capture_default_str();
+    c->add_option("--gather-bytes", a->gather_bytes,
+                  "ZeRO-3, --model layers: bytes per parameter element gathered (2: conduit train --zero-gather bf16 "
+                  "or fp16; default: as held, --grad-bytes)");
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();
     c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")

@@ -1031,7 +1031,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       double gathers = 0, rs_total = 0, comm_free = 0;
       for (size_t u = 0; u < units; ++u) {
         if (unit_params[u] <= 0) continue;
-        t_ag[u] = allgather(unit_params[u] * eb);
+        t_ag[u] = allgather(unit_params[u] * (cfg.gather_bytes > 0 ? cfg.gather_bytes : eb));
         gathers += t_ag[u] * (u + 1 < units ? 2 : 1);
       }
       // One pass over the units in `order`, each after its gather `g` (0: none): when each unit's compute ends, and

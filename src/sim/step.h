@@ -62,6 +62,9 @@ struct ParallelConfig {
   bool balance = false;
   double bucket_bytes = 25.0 * 1024 * 1024;  // 25 MiB, as `--bucket 25M` and PyTorch DDP's bucket_cap_mb = 25
   double grad_bytes = 2;  // bytes per gradient element on the wire
+  // ZeRO-3, layer-list models: bytes per parameter element its gathers move (0: as the parameters are held, 4 at
+  // grad_bytes 4; 2 for `conduit train --zero-gather bf16|fp16`). GPT models gather their 16-bit parameters.
+  double gather_bytes = 0;
   Algorithm dp_algorithm = Algorithm::kAuto;
   Algorithm tp_algorithm = Algorithm::kAuto;
   Compression compression;

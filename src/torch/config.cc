@@ -141,6 +141,10 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "with zero 1-3: gather parameters while other layers compute: at zero 3 the next layer while the current one "
        "runs (one layer ahead, forward and backward), at zero 1 and 2 the stepped slices behind the next forward, "
        "layer by layer; false: each gather blocks (default true)"},
+      {"zero_gather",
+       "with zero 3: the element type its parameter gathers travel in: f32 | bf16 | fp16 (half the gathers' bytes; "
+       "forward and backward then run on the layers' weights rounded to it, the optimizer steps exact f32 slices) "
+       "(default f32)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every",
        "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
@@ -380,6 +384,16 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
       throw ConfigError(
           "config: zero_prefetch: gathers parameters ahead under zero 1, 2 or 3, this run has zero 0, which keeps "
           "them whole on every rank; allowed with zero 0: leave it unset");
+  }
+  if (auto v = get("zero_gather")) {
+    if (*v != "f32" && *v != "bf16" && *v != "fp16")
+      throw ConfigError(fmt::format("config: zero_gather: '{}' (allowed: f32, bf16 or fp16)", *v));
+    c.zero_gather = *v;
+    if (c.zero != 3 && c.zero_gather != "f32")
+      throw ConfigError(fmt::format(
+          "config: zero_gather: {} is the wire of ZeRO-3's parameter gathers, this run has zero {}; allowed with "
+          "zero {}: f32, or leave it unset",
+          c.zero_gather, c.zero, c.zero));
   }
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);
   if (auto v = get("checkpoint_every"))
@@ -737,7 +751,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "recompute",
                         "sequence_parallel",
                         "zero",
-                        "zero_prefetch"}) {
+                        "zero_prefetch",
+                        "zero_gather"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
     if (std::string(k) == "momentum" && ((meta.contains("optimizer") && meta["optimizer"] != "sgd") ||
@@ -774,6 +789,13 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
       continue;
     // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
     // report)
+    // (ZeRO-3's gather wire, not taken by a run given another stage, which refuses it but for f32)
+    if (std::string(k) == "zero_gather" && raw.count("zero")) {
+      int zero = -1;
+      const std::string& z = raw.at("zero");
+      const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
+      if (ec != std::errc() || end != z.data() + z.size() || zero != 3) continue;
+    }
     if (std::string(k) == "zero_prefetch" && raw.count("zero")) {
       int zero = -1;
       const std::string& z = raw.at("zero");
@@ -837,6 +859,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "sequence_parallel" << YAML::Value << (c.sequence_parallel ? "true" : "false");
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   if (c.zero > 0) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
+  if (c.zero == 3) e << YAML::Key << "zero_gather" << YAML::Value << c.zero_gather;
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
   if (!c.resume.empty()) e << YAML::Key << "resume" << YAML::Value << c.resume;

@@ -98,6 +98,7 @@ struct DistributedOptimizer::Core {
     // is released), and the gradients of the current backward pass that have arrived.
     torch::Tensor full;
     bool resident = true;
+    bool rounded = false;  // gathered on a 16-bit wire (gather_wire): its weights rounded, not the slices' own
     size_t pass_got = 0;
   };
 
@@ -114,6 +115,8 @@ struct DistributedOptimizer::Core {
   bool compressed = false;
   int zero = 0;
   DType zero_wire = DType::f32;  // ZeRO: the reduce-scatter's element type (fp16 or bf16 halve its bytes)
+  // ZeRO-3: the training gathers' element type (DistOptions::zero_gather_dtype); whole_parameters() gathers f32.
+  DType gather_wire = DType::f32;
   torch::Tensor flat_params;  // ZeRO: every trainable parameter's storage, bucket after bucket
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // ZeRO-2: kept alive, they carry DropGradient
   std::vector<std::vector<float>> spare;  // ZeRO-2: released bucket buffers, reused by the next step's buckets
@@ -132,6 +135,7 @@ struct DistributedOptimizer::Core {
     double t0 = 0;
     bool counted = false;
     const char* pass = "";
+    std::vector<uint16_t> staged;  // a 16-bit gather's buffer (widened into the unit at its wait)
   };
   Ahead ahead;
   // ZeRO-1/2 with units and zero_prefetch (defer_slices): the allgather of the stepped slices, started by step() on the
@@ -231,6 +235,7 @@ struct DistributedOptimizer::Core {
     if (keep) keep->push_back(std::move(old));
     st->set_nbytes(0);
     bk.resident = false;
+    bk.rounded = false;
   }
   // Bucket b's whole parameters get storage again (released units hold none).
   void allocate(Bucket& bk) {
@@ -245,47 +250,83 @@ struct DistributedOptimizer::Core {
     static const float dummy = 0;
     return bk.shard.defined() ? bk.shard.data_ptr<float>() : &dummy;
   }
-  // A gather's bytes (the ring allgather's (W-1)/W of the unit a rank), time in communication and time blocked.
-  void count_gather(const Bucket& bk, double comm_s, double blocked_s) {
+  // A gather's bytes (the ring allgather's (W-1)/W of the unit a rank, in its wire's element size), time in
+  // communication and time blocked.
+  void count_gather(const Bucket& bk, double comm_s, double blocked_s, DType wire) {
     const int w = gather_comm ? gather_comm->size() : 1;
-    const uint64_t moved = uint64_t(double(w - 1) / w * double(bk.n * sizeof(float)) + 0.5);
+    const uint64_t moved = uint64_t(double(w - 1) / w * double(bk.n * dtype_size(wire)) + 0.5);
     std::lock_guard<std::mutex> lk(mu);
     step.comm_s += comm_s;
     step.bytes_sent += moved;
     step.bytes_recv += moved;
     gather_s += blocked_s;
   }
+  // A 16-bit gather: this rank's slice cast into its place in `staged` (bk.n elements), which the allgather fills;
+  // widen() then writes the whole unit's rounded weights (this rank's part too, so every rank runs the same ones).
+  void stage(Bucket& bk, std::vector<uint16_t>& staged) {
+    staged.resize(bk.n);
+    const size_t len = bk.shard.defined() ? size_t(bk.shard.numel()) : 0;
+    if (len == 0) return;
+    if (gather_wire == DType::f16)
+      convert_f32_to_f16(slice_of(bk), staged.data() + bk.mine, len);
+    else
+      convert_f32_to_bf16(slice_of(bk), staged.data() + bk.mine, len);
+  }
+  void widen(Bucket& bk, const std::vector<uint16_t>& staged) {
+    float* dst = bk.full.data_ptr<float>();
+    if (gather_wire == DType::f16)
+      convert_f16_to_f32(staged.data(), dst, bk.n);
+    else
+      convert_bf16_to_f32(staged.data(), dst, bk.n);
+    bk.rounded = true;
+  }
   // Every rank's slices of bucket b into its whole parameters (allocated again if released). counted: a training
   // step's (its bytes and its time, which blocked forward or backward). A prefetched gather of another bucket is
   // finished first (the ranks' gathers stay in one order; its unit stays gathered until released as usual).
+  // A training gather (counted) travels on gather_wire; the others (whole_parameters(), a refresh) in f32, and gather
+  // a unit again that a 16-bit gather left resident with rounded weights.
   void gather(int b, bool counted, const char* pass, bool refresh = false) {
     if (ahead.b >= 0) finish_ahead();
     Bucket& bk = buckets[size_t(b)];
-    if (bk.resident && !refresh) return;
+    if (bk.resident && !refresh && (counted || !bk.rounded)) return;
     const double t0 = now_s();
     allocate(bk);
     float* dst = bk.full.data_ptr<float>();
     const float* src = slice_of(bk);
     const int w = gather_comm ? gather_comm->size() : 1;
+    const DType wire = counted && w > 1 ? gather_wire : DType::f32;
     if (w > 1) {
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
       try {
-        gather_comm->allgatherv(src, dst, bk.counts, DType::f32, co).wait();
+        if (wire == DType::f32) {
+          gather_comm->allgatherv(src, dst, bk.counts, DType::f32, co).wait();
+          bk.rounded = false;
+        } else {
+          std::vector<uint16_t> staged;
+          stage(bk, staged);
+          gather_comm->allgatherv(staged.data() + bk.mine, staged.data(), bk.counts, wire, co).wait();
+          widen(bk, staged);
+        }
       } catch (...) {
         release(bk, &abandoned);  // half gathered: its allocation kept rather than freed under the transport
         throw;
       }
     } else {
       std::copy(src, src + bk.counts[0], dst);
+      bk.rounded = false;
     }
     const double t1 = now_s();
     if (!counted) return;
-    count_gather(bk, t1 - t0, t1 - t0);
+    count_gather(bk, t1 - t0, t1 - t0, wire);
     if (opt.trace)
       opt.trace->complete("gather", 0, t0, t1,
-                          {{"bucket", b}, {"bytes", bk.n * sizeof(float)}, {"op", "allgather"}, {"pass", pass}});
+                          {{"bucket", b},
+                           {"bytes", bk.n * dtype_size(wire)},
+                           {"op", "allgather"},
+                           {"pass", pass},
+                           {"dtype", dtype_name(wire)}});
   }
   // Starts the gather of bucket b in the background (the unit after the running one, in the pass's order), unless
   // it is gathered already or another is in flight. Every rank runs the same units in the same order, so every rank
@@ -298,8 +339,14 @@ struct DistributedOptimizer::Core {
     coll::CollOptions co;
     co.timeout_s = opt.timeout_s;
     ahead.t0 = now_s();
+    const DType wire = counted ? gather_wire : DType::f32;
     try {
-      ahead.work = gather_comm->allgatherv(slice_of(bk), bk.full.data_ptr<float>(), bk.counts, DType::f32, co);
+      if (wire == DType::f32) {
+        ahead.work = gather_comm->allgatherv(slice_of(bk), bk.full.data_ptr<float>(), bk.counts, DType::f32, co);
+      } else {
+        stage(bk, ahead.staged);
+        ahead.work = gather_comm->allgatherv(ahead.staged.data() + bk.mine, ahead.staged.data(), bk.counts, wire, co);
+      }
     } catch (...) {
       release(bk, &abandoned);
       throw;
@@ -320,17 +367,23 @@ struct DistributedOptimizer::Core {
       release(bk, &abandoned);
       throw;
     }
+    const DType wire = a.staged.empty() ? DType::f32 : gather_wire;
+    if (wire == DType::f32)
+      bk.rounded = false;
+    else
+      widen(bk, a.staged);
     const double t1 = now_s();
     if (!a.counted) return;
-    count_gather(bk, a.work.seconds(), t1 - t0);
+    count_gather(bk, a.work.seconds(), t1 - t0, wire);
     if (opt.trace)
       opt.trace->complete("gather", 2, a.t0, t1,
                           {{"bucket", a.b},
-                           {"bytes", bk.n * sizeof(float)},
+                           {"bytes", bk.n * dtype_size(wire)},
                            {"op", "allgather"},
                            {"pass", a.pass},
                            {"prefetched", true},
-                           {"blocked_s", t1 - t0}});
+                           {"blocked_s", t1 - t0},
+                           {"dtype", dtype_name(wire)}});
   }
   // The pieces of every unit (units: parameter indices, in forward order), once the buckets are cut into slices.
   void build_pieces(const std::vector<std::vector<int>>& units, int rank, int w) {
@@ -829,6 +882,16 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   c.zero = options.zero_stage;
   if (c.zero < 0 || c.zero > 3)
     throw InvalidArgument(fmt::format("DistributedOptimizer: zero_stage {}; allowed: 0, 1, 2 or 3", c.zero));
+  if (options.zero_gather_dtype != DType::f32 && options.zero_gather_dtype != DType::bf16 &&
+      options.zero_gather_dtype != DType::f16)
+    throw InvalidArgument(fmt::format("DistributedOptimizer: zero_gather_dtype {}; allowed: f32, bf16 or f16",
+                                      dtype_name(options.zero_gather_dtype)));
+  if (options.zero_gather_dtype != DType::f32 && c.zero != 3)
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_gather_dtype {} is ZeRO-3's parameter gathers' wire, this optimizer has zero_stage "
+        "{}; allowed: f32, or zero_stage 3",
+        dtype_name(options.zero_gather_dtype), c.zero));
+  c.gather_wire = options.zero_gather_dtype;
   if (c.zero) check_zero_optimizer();
   // Every trainable parameter in one unit (frozen ones stay whole on every rank): each unit's parameter indices.
   auto check_units = [&] {

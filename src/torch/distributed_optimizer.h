@@ -104,6 +104,12 @@ struct DistOptions {
   // that no pass then runs, one skipped by the model's forward, stays whole until step()). Stages 1 and 2 with
   // units: the allgather after step() goes on behind the next forward (below).
   bool zero_prefetch = true;
+  // ZeRO stage 3: the element type the training gathers (forward, backward, prefetched) move the parameters in. bf16
+  // or f16 halve their bytes (as ZeRO++'s quantized weights, qwZ, with a 16-bit float instead of int8): each rank casts
+  // its slice, and every rank widens the whole unit back to f32, so forward and backward run on the unit's weights
+  // rounded to that type (the same on every rank) while the optimizer steps the exact f32 slices.
+  // whole_parameters() (evaluations, checkpoints) gathers f32: exact weights. f32 (the default): exact everywhere.
+  DType zero_gather_dtype = DType::f32;
   // The parameters of each unit (Net::units()), in the order forward runs them. ZeRO stage 3 needs them. At stages 1
   // and 2 with zero_prefetch they let the allgather of the stepped slices go on behind the next forward: step() starts
   // it (on a communicator of its own, split off by the constructor: collective) as one allgather per unit and bucket,

@@ -438,6 +438,7 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"overlap", "boolean"},
                                                        {"zero", "integer"},
                                                        {"zero_prefetch", "boolean"},
+                                                       {"zero_gather", "string"},
                                                        {"tp", "integer"},
                                                        {"pp", "integer"},
                                                        {"micro_batches", "integer"},
@@ -706,6 +707,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // (ZeRO-1/2 with zero_prefetch: the allgather after each step goes on behind the next forward, unit by unit)
     if (c.zero > 0) dopts.units = model->units();
     dopts.zero_prefetch = c.zero_prefetch;
+    dopts.zero_gather_dtype = c.zero_gather == "bf16" ? DType::bf16 : c.zero_gather == "fp16" ? DType::f16 : DType::f32;
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     model->set_unit_hooks(dopt->unit_hooks());
@@ -1150,6 +1152,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
         declaration["train_data"] = data_id;
       }
       if (c.zero > 0) declaration["zero_prefetch"] = c.zero_prefetch;  // (a setting of stages 1-3 only)
+      if (c.zero == 3) declaration["zero_gather"] = c.zero_gather;
       write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
       sync_path(stage.string());
@@ -1440,6 +1443,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"recompute", c.recompute},
          {"sequence_parallel", c.sequence_parallel},
          {"zero_prefetch", c.zero > 0 ? nlohmann::json(c.zero_prefetch) : nlohmann::json()},
+         {"zero_gather", c.zero == 3 ? nlohmann::json(c.zero_gather) : nlohmann::json()},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",
           pipe ? nlohmann::json(res.pipeline_peak_micro_batches) : nlohmann::json()},

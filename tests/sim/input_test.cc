@@ -614,6 +614,17 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   const double gathers = 2 * (2 * ag(units[0]) + 2 * ag(units[1]) + 2 * ag(units[2]) + ag(units[3]));
   EXPECT_NEAR(r.breakdown.zero3_exposed, gathers, 1e-9 * gathers);
   {
+    // conduit train --zero-gather bf16: each gather of 2-byte elements; the memory as before (the units widened).
+    ParallelConfig h = z;
+    h.gather_bytes = 2;
+    auto ag2 = [&](double params) { return n8.time(Collective::kAllGather, Algorithm::kAuto, dg, params * 2); };
+    const double gathers2 = 2 * (2 * ag2(units[0]) + 2 * ag2(units[1]) + 2 * ag2(units[2]) + ag2(units[3]));
+    const StepResult g2 = simulate_layer_step(n8, cnn, h);
+    EXPECT_NEAR(g2.breakdown.zero3_exposed, gathers2, 1e-9 * gathers2);
+    EXPECT_LT(gathers2, gathers);
+    EXPECT_EQ(g2.memory.params, r.memory.params);
+  }
+  {
     // With prefetch each next layer's gather runs behind the layer before: the same bytes and the same gathers,
     // less of them exposed. Where every layer computes longer than any gather takes (a slow accelerator on a fast
     // network), only the first layer's forward gather is left, once a micro-batch.
@@ -869,6 +880,25 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
       &rc);
   EXPECT_EQ(rc, 0) << out;  // (stages 1 and 2 take it too: their allgather after the step)
   EXPECT_NE(out.find("\"zero_prefetch\":false"), std::string::npos) << out;
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model layers --layers-spec dense:784x256,dense:256x10 --global-batch 8 "
+      "--zero 2 --gather-bytes 2",
+      &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--gather-bytes: the wire of ZeRO-3's parameter gathers, this step has --zero 2"),
+            std::string::npos)
+      << out;
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 3 "
+      "--gather-bytes 2",
+      &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--gather-bytes is for --model layers"), std::string::npos) << out;
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model layers --layers-spec dense:784x256,dense:256x10 --global-batch 8 "
+      "--zero 3 --gather-bytes 3",
+      &rc);
+  EXPECT_NE(out.find("--gather-bytes = 3 (allowed: 2, 4)"), std::string::npos) << out;
 
   const std::string infer_cmd = "sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 ";
   out = test_util::run(infer_cmd + "--batch 4 --batch-list 1,2", &rc);

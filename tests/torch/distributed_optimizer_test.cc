@@ -690,6 +690,14 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
            o.units = {m.parameters(), {m.b->weight}};
          }),
          "parameter 'b.weight' is in unit 0 and in unit 1");
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_gather_dtype = DType::bf16; }),
+         "zero_gather_dtype bf16 is ZeRO-3's parameter gathers' wire, this optimizer has zero_stage 1; allowed: f32, "
+         "or zero_stage 3");
+  expect(attempt([](auto&, auto&, DistOptions& o) {
+           o.zero_stage = 3;
+           o.zero_gather_dtype = DType::i8;
+         }),
+         "zero_gather_dtype i8; allowed: f32, bf16 or f16");
   // Stages 1 and 2 check units too when given (they defer the allgather after step()).
   expect(attempt([](TwoLayers& m, auto&, DistOptions& o) {
            o.units = {m.a->parameters(), {m.b->weight}};
@@ -774,7 +782,7 @@ struct Zero3Run {
 // 4 steps as zero_run's (with overlap off, two backward passes a step); an evaluation forward without gradients
 // before the third.
 Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int world,
-                   const std::string& compressor = "none", bool prefetch = true) {
+                   const std::string& compressor = "none", bool prefetch = true, DType gather = DType::f32) {
   auto comms = coll::Communicator::inproc(world);
   Zero3Run out;
   out.params.resize(world);
@@ -798,6 +806,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       o.units = m->units();
       o.compressor = compressor;
       o.zero_prefetch = prefetch;
+      o.zero_gather_dtype = gather;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       m->set_unit_hooks(d.unit_hooks());
       if (stage == 3) m->held = [&d] { return d.parameter_bytes_held(); };
@@ -923,6 +932,64 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
   EXPECT_EQ(z.params[0], plain.params[0]);
   EXPECT_EQ(z.sent[0], 0u);
   EXPECT_EQ(z.held_between[0], 4 * 79u);
+}
+
+// ZeRO-3 with its training gathers on a 16-bit wire (bf16 or f16: ZeRO++'s quantized weights with a 16-bit float):
+// the gathers move half their bytes (the reduce-scatters stay f32), every rank runs the same rounded weights, the
+// weights stay within the rounding's reach of f32 training, and whole_parameters() gathers the exact f32 slices, also
+// of a unit a 16-bit gather left whole.
+TEST(DistributedOptimizerZero, SixteenBitGathersHalveTheirBytesAndLeaveTheSlicesExact) {
+  auto r34 = [](size_t n, size_t bytes) { return uint64_t(0.75 * double(bytes * n) + 0.5); };
+  const Zero3Run f32 = zero3_run(3, "sgd", true, 4);
+  for (DType g : {DType::bf16, DType::f16})
+    for (bool prefetch : {true, false}) {
+      const std::string what = fmt::format("{} prefetch {}", dtype_name(g), prefetch);
+      const Zero3Run z = zero3_run(3, "sgd", true, 4, "none", prefetch, g);
+      double worst = 0;
+      for (size_t i = 0; i < 79; ++i) worst = std::max(worst, double(std::abs(z.params[0][i] - f32.params[0][i])));
+      EXPECT_LT(worst, 0.02) << what;
+      EXPECT_GT(worst, 0.0) << what;  // (the forward ran rounded weights)
+      // A step: every unit gathered forward, units 0 and 1 again backward, on the 16-bit wire; the reduce-scatter in
+      // f32; the evaluation forward's gathers (one a unit) counted with the step after it.
+      const uint64_t gathers = 2 * r34(40, 2) + 2 * r34(24, 2) + r34(15, 2), rs = r34(40, 4) + r34(24, 4) + r34(15, 4);
+      for (int r = 0; r < 4; ++r) {
+        EXPECT_EQ(z.params[size_t(r)], z.params[0]) << what;
+        EXPECT_EQ(z.sent[size_t(r)], 4 * (gathers + rs) + r34(40, 2) + r34(24, 2) + r34(15, 2)) << what << " " << r;
+      }
+    }
+  // A forward leaves its last unit whole (its backward follows), rounded: whole_parameters() gathers it again in f32.
+  auto comms = coll::Communicator::inproc(2);
+  std::vector<std::vector<float>> last(2), exact(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto m = std::make_shared<ThreeUnits>();
+      for (auto& p : m->c->parameters()) {
+        auto v = p.detach().contiguous().view(-1);
+        exact[size_t(r)].insert(exact[size_t(r)].end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+      }
+      auto opt = zero_test_optimizer("sgd", *m);
+      DistOptions o;
+      o.zero_stage = 3;
+      o.units = m->units();
+      o.zero_gather_dtype = DType::bf16;
+      DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+      m->set_unit_hooks(d.unit_hooks());
+      auto out = m->forward(torch::ones({1, 7}));
+      auto whole = d.whole_parameters();
+      for (auto& p : m->c->parameters()) {
+        auto v = p.detach().contiguous().view(-1);
+        last[size_t(r)].insert(last[size_t(r)].end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(exact[size_t(r)].size(), 15u);
+    EXPECT_EQ(last[size_t(r)], exact[size_t(r)]) << r;
+    size_t off_grid = 0;  // (the check is not of values that bf16 holds exactly)
+    for (float v : exact[size_t(r)]) off_grid += bf16_to_f32(f32_to_bf16(v)) != v;
+    EXPECT_GT(off_grid, 10u) << r;
+  }
 }
 
 struct DeferredRun {

@@ -292,6 +292,15 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   expect_one_line(pf, "zero_prefetch");
   EXPECT_NE(pf.find("allowed with zero 0: leave it unset"), std::string::npos) << pf;
   expect_one_line(config_error({{"zero", "3"}, {"zero_prefetch", "sometimes"}}), "zero_prefetch");
+  // zero_gather: the wire of ZeRO-3's gathers.
+  EXPECT_EQ(resolve_config({{"zero", "3"}}, 0, false).zero_gather, "f32");
+  EXPECT_EQ(resolve_config({{"zero", "3"}, {"zero_gather", "bf16"}}, 0, false).zero_gather, "bf16");
+  EXPECT_EQ(resolve_config({{"zero", "2"}, {"zero_gather", "f32"}}, 0, false).zero_gather, "f32");
+  const std::string zg = config_error({{"zero", "2"}, {"zero_gather", "fp16"}});
+  expect_one_line(zg, "zero_gather");
+  EXPECT_NE(zg.find("fp16 is the wire of ZeRO-3's parameter gathers, this run has zero 2"), std::string::npos) << zg;
+  const std::string zi = config_error({{"zero", "3"}, {"zero_gather", "int8"}});
+  EXPECT_NE(zi.find("zero_gather: 'int8' (allowed: f32, bf16 or fp16)"), std::string::npos) << zi;
 }
 
 // Tensor parallelism splits the vit only, in groups that divide the workers and its 4 heads, under bsp.
@@ -796,6 +805,14 @@ TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
   auto res_blocking = train_inproc(res, 2);
   EXPECT_EQ(res_blocking[1].params, res_plain[1].params);
   EXPECT_EQ(res_blocking[0].world_bytes_sent, res_three[0].world_bytes_sent);
+  // bf16 gathers: fewer bytes (the gathers' halved, the reduce-scatters' not), every rank's exact slices alike.
+  res.zero_prefetch = true;
+  res.zero_gather = "bf16";
+  auto res_bf16 = train_inproc(res, 2);
+  EXPECT_LT(res_bf16[0].world_bytes_sent, res_three[0].world_bytes_sent);
+  EXPECT_GT(res_bf16[0].world_bytes_sent, res_three[0].world_bytes_sent / 2);
+  EXPECT_EQ(res_bf16[0].params, res_bf16[1].params);
+  EXPECT_NE(res_bf16[0].params, res_three[0].params);  // (trained on rounded weights)
   // With tensor parallelism (stage 3 over the data-parallel ranks, the split blocks its units), and with 2
   // micro-batches accumulated (each gathers forward and backward): bit for bit each one's stage-0 run.
   for (auto [tp, micro] : {std::pair{2, 1}, std::pair{1, 2}}) {
