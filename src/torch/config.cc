@@ -787,8 +787,6 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
         ((raw.count("tp") && raw.at("tp") == "1") || (raw.count("pp") && raw.at("pp") != "1") ||
          (raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))))
       continue;
-    // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
-    // report)
     // (ZeRO-3's gather wire, not taken by a run given another stage, which refuses it but for f32)
     if (std::string(k) == "zero_gather" && raw.count("zero")) {
       int zero = -1;
@@ -796,6 +794,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
       const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
       if (ec != std::errc() || end != z.data() + z.size() || zero != 3) continue;
     }
+    // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
+    // report)
     if (std::string(k) == "zero_prefetch" && raw.count("zero")) {
       int zero = -1;
       const std::string& z = raw.at("zero");

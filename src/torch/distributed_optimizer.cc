@@ -125,8 +125,10 @@ struct DistributedOptimizer::Core {
   std::vector<int> unit_bucket;  // bucket of each unit (-1: no trainable parameter)
   int pinned = 0;                // whole_parameters() handles alive
   double gather_s = 0;           // this step's time blocked in gathers (under mu)
-  // Allocations a failed gather's collective may still write into (an aborted transport): kept, not freed.
+  // Allocations a failed gather's collective may still write into (an aborted transport): kept, not freed (the
+  // units' storage, and a 16-bit gather's staging buffer).
   std::vector<at::DataPtr> abandoned;
+  std::vector<std::vector<uint16_t>> abandoned_staged;
   // ZeRO-3's prefetch (DistOptions::zero_prefetch): the one gather started ahead of its unit, in flight on the
   // gathers' communicator's thread while the unit before it computes (bucket -1: none).
   struct Ahead {
@@ -135,6 +137,7 @@ struct DistributedOptimizer::Core {
     double t0 = 0;
     bool counted = false;
     const char* pass = "";
+    DType wire = DType::f32;
     std::vector<uint16_t> staged;  // a 16-bit gather's buffer (widened into the unit at its wait)
   };
   Ahead ahead;
@@ -299,18 +302,19 @@ struct DistributedOptimizer::Core {
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
+      std::vector<uint16_t> staged;
       try {
         if (wire == DType::f32) {
           gather_comm->allgatherv(src, dst, bk.counts, DType::f32, co).wait();
           bk.rounded = false;
         } else {
-          std::vector<uint16_t> staged;
           stage(bk, staged);
           gather_comm->allgatherv(staged.data() + bk.mine, staged.data(), bk.counts, wire, co).wait();
           widen(bk, staged);
         }
       } catch (...) {
         release(bk, &abandoned);  // half gathered: its allocation kept rather than freed under the transport
+        if (!staged.empty()) abandoned_staged.push_back(std::move(staged));
         throw;
       }
     } else {
@@ -349,9 +353,12 @@ struct DistributedOptimizer::Core {
       }
     } catch (...) {
       release(bk, &abandoned);
+      if (!ahead.staged.empty()) abandoned_staged.push_back(std::move(ahead.staged));
+      ahead = Ahead{};
       throw;
     }
     ahead.b = b;
+    ahead.wire = wire;
     ahead.counted = counted;
     ahead.pass = pass;
   }
@@ -365,9 +372,10 @@ struct DistributedOptimizer::Core {
       a.work.wait();
     } catch (...) {
       release(bk, &abandoned);
+      if (!a.staged.empty()) abandoned_staged.push_back(std::move(a.staged));
       throw;
     }
-    const DType wire = a.staged.empty() ? DType::f32 : gather_wire;
+    const DType wire = a.wire;
     if (wire == DType::f32)
       bk.rounded = false;
     else

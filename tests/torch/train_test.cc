@@ -145,6 +145,15 @@ TEST(TrainConfig, AResumeTakesThePipelineSettingsThatStillApply) {
   apply_resume_defaults(z1, false);
   EXPECT_EQ(z1["zero_prefetch"], "false");
   std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_prefetch": false})";
+  // ZeRO-3's gather wire likewise, with stage 3 only.
+  std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_gather": "bf16"})";
+  RawConfig g{{"resume", dir.string()}};
+  apply_resume_defaults(g, false);
+  EXPECT_EQ(g["zero_gather"], "bf16");
+  RawConfig g2{{"resume", dir.string()}, {"zero", "2"}};
+  apply_resume_defaults(g2, false);
+  EXPECT_EQ(g2.count("zero_gather"), 0u);
+  std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_prefetch": false})";
   RawConfig z3{{"resume", dir.string()}, {"zero", "03"}};  // (the number, not its text)
   apply_resume_defaults(z3, false);
   EXPECT_EQ(z3["zero_prefetch"], "false");
