@@ -15,6 +15,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -852,6 +854,41 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         fmt::format("DistributedOptimizer: bucket_cap_bytes = {} and first_bucket_bytes = {}; "
                     "allowed: 1 byte or more each",
                     options.bucket_cap_bytes, options.first_bucket_bytes));
+  if (comm_->size() > 1) {
+    // The ranks must be given the same options: other stages, wires, bucket caps or compressors issue other
+    // collectives (a hang to the deadline, or sizes that do not match). Agreed first, with one line naming the
+    // option that differs.
+    const std::pair<const char*, int64_t> given[] = {
+        {"zero_stage", options.zero_stage},
+        {"zero_prefetch", options.zero_prefetch},
+        {"zero_gather_dtype", int64_t(options.zero_gather_dtype)},
+        {"overlap", options.overlap},
+        {"find_unused_parameters", options.find_unused_parameters},
+        {"backward_passes", options.backward_passes},
+        {"bucket_cap_bytes", int64_t(options.bucket_cap_bytes)},
+        {"first_bucket_bytes", int64_t(options.first_bucket_bytes)},
+        {"compress_min_bytes", int64_t(options.compress_min_bytes)},
+        {"units", int64_t(options.units.size())},
+        {"compressor", int64_t(std::hash<std::string>{}(options.compressor))}};
+    const size_t n = std::size(given);
+    std::vector<int64_t> lo(n), hi(n);
+    for (size_t k = 0; k < n; ++k) lo[k] = hi[k] = given[k].second;
+    coll::CollOptions co;
+    co.timeout_s = options.timeout_s;
+    comm_->allreduce(lo.data(), n, DType::i64, ReduceOp::min, co).wait();
+    comm_->allreduce(hi.data(), n, DType::i64, ReduceOp::max, co).wait();
+    for (size_t k = 0; k < n; ++k) {
+      if (lo[k] == hi[k]) continue;
+      const std::string name = given[k].first;
+      const std::string values =
+          name == "compressor"          ? std::string("two specs, this rank's '") + options.compressor + "'"
+          : name == "zero_gather_dtype" ? fmt::format("{} and {}", dtype_name(DType(lo[k])), dtype_name(DType(hi[k])))
+                                        : fmt::format("{} to {}", lo[k], hi[k]);
+      throw InvalidArgument(fmt::format(
+          "DistributedOptimizer: the ranks were given different {} ({}); allowed: the same DistOptions on every rank",
+          name, values));
+    }
+  }
   Core& c = *core_;
   // With find_unused_parameters the per-step flags go over `comm` while buckets may still be in flight: the buckets
   // then get a communicator of their own. Otherwise they stay on `comm`, whose shared-memory fast path (the world

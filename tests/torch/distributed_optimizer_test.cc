@@ -1124,6 +1124,45 @@ TEST(DistributedOptimizerZero, ADeferredAllgatherTheForwardDidNotWaitForIsRefuse
   }
 }
 
+// Ranks given different options would issue different collectives (a hang to the deadline, or sizes that do not
+// match): every rank refuses them at construction with one line naming the option.
+TEST(DistributedOptimizer, RanksGivenDifferentOptionsAreRefusedWithOneLine) {
+  auto attempt = [](auto&& differ) {
+    auto comms = coll::Communicator::inproc(2);
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        auto m = std::make_shared<ThreeUnits>();
+        auto opt = zero_test_optimizer("sgd", *m);
+        DistOptions o;
+        o.zero_stage = 3;
+        o.units = m->units();
+        if (r == 1) differ(o);
+        try {
+          DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+        } catch (const InvalidArgument& e) {
+          errors[size_t(r)] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    return errors;
+  };
+  auto expect = [](const std::vector<std::string>& errors, const std::string& part) {
+    for (auto& e : errors) {
+      EXPECT_NE(e.find("the ranks were given different " + part), std::string::npos) << e;
+      EXPECT_NE(e.find("allowed: the same DistOptions on every rank"), std::string::npos) << e;
+      EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    }
+  };
+  expect(attempt([](DistOptions& o) { o.zero_gather_dtype = DType::bf16; }), "zero_gather_dtype (f32 and bf16)");
+  expect(attempt([](DistOptions& o) { o.zero_stage = 2; }), "zero_stage (2 to 3)");
+  expect(attempt([](DistOptions& o) { o.compressor = "bf16"; }), "compressor (two specs");
+  expect(attempt([](DistOptions& o) { o.zero_prefetch = false; }), "zero_prefetch (0 to 1)");
+  // The same options: no error.
+  for (auto& e : attempt([](DistOptions&) {})) EXPECT_EQ(e, "");
+}
+
 // A unit without trainable parameters (unit 1 frozen) between two that have them: the prefetch skips it (unit 0's
 // forward starts unit 2's gather, unit 2's backward unit 0's), and the training is plain data parallelism's.
 TEST(DistributedOptimizerZero, PrefetchSkipsAUnitWithoutTrainableParameters) {
