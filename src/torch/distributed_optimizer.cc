@@ -1422,8 +1422,8 @@ void DistributedOptimizer::allgather_slices() {
   const uint64_t bytes = uint64_t(double(w - 1) / w * double(n * sizeof(float)) + 0.5);
   if (c.defer_slices) {
     // Started in the order the next forward needs the buckets (on every rank the same), finished there: the bytes
-    // are this step's, the time the next one's (what its forward waits is exposed).
-    c.finish_all_deferred(true);  // (none: synchronize() finished them)
+    // are this step's, the time the next one's (what its forward waits is exposed). (step() synchronized first,
+    // which finished the last step's.)
     for (auto& d : c.deferred) {
       float* bucket = flat + c.buckets[size_t(d.bucket)].base;
       d.t0 = now_s();
