@@ -145,6 +145,11 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "with zero 3: the element type its parameter gathers travel in: f32 | bf16 | fp16 (half the gathers' bytes; "
        "forward and backward then run on the layers' weights rounded to it, the optimizer steps exact f32 slices) "
        "(default f32)"},
+      {"zero_allgather_mb",
+       "with zero 1 or 2 and zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call "
+       "of the allgather behind the next forward until it carries at least this many MiB (DeepSpeed's "
+       "allgather_bucket_size): fewer calls, each waited for by a layer's forward; 0: one call per layer and bucket "
+       "(default 0)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every",
        "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
@@ -394,6 +399,15 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
           "config: zero_gather: {} is the wire of ZeRO-3's parameter gathers, this run has zero {}; allowed with "
           "zero {}: f32, or leave it unset",
           c.zero_gather, c.zero, c.zero));
+  }
+  if (auto v = get("zero_allgather_mb")) {
+    c.zero_allgather_mb = to_double("zero_allgather_mb", *v, 0, 1 << 20, false,
+                                    "a size in MiB >= 0 and <= 1048576 (0: one call a layer)");
+    if (c.zero_allgather_mb > 0 && c.zero != 1 && c.zero != 2)
+      throw ConfigError(fmt::format(
+          "config: zero_allgather_mb: {} sizes the calls of zero 1 and 2's allgather behind the next forward, this run "
+          "has zero {}; allowed with zero {}: 0, or leave it unset",
+          c.zero_allgather_mb, c.zero, c.zero));
   }
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);
   if (auto v = get("checkpoint_every"))
@@ -752,7 +766,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "sequence_parallel",
                         "zero",
                         "zero_prefetch",
-                        "zero_gather"}) {
+                        "zero_gather",
+                        "zero_allgather_mb"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
     if (std::string(k) == "momentum" && ((meta.contains("optimizer") && meta["optimizer"] != "sgd") ||
@@ -794,6 +809,9 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
       const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
       if (ec != std::errc() || end != z.data() + z.size() || zero != 3) continue;
     }
+    // (the deferred allgather's call size, not taken by a run given stage 0 or 3, which refuse it)
+    if (std::string(k) == "zero_allgather_mb" && raw.count("zero") && raw.at("zero") != "1" && raw.at("zero") != "2")
+      continue;
     // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
     // report)
     if (std::string(k) == "zero_prefetch" && raw.count("zero")) {
@@ -860,6 +878,8 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   if (c.zero > 0) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
   if (c.zero == 3) e << YAML::Key << "zero_gather" << YAML::Value << c.zero_gather;
+  if (c.zero == 1 || c.zero == 2)
+    e << YAML::Key << "zero_allgather_mb" << YAML::Value << fmt::format("{}", c.zero_allgather_mb);
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
   if (!c.resume.empty()) e << YAML::Key << "resume" << YAML::Value << c.resume;

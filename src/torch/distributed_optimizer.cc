@@ -150,7 +150,6 @@ struct DistributedOptimizer::Core {
   // (synchronize, whole_parameters, ~Core).
   bool defer_slices = false;
   struct Piece {
-    int unit = 0;
     int bucket = 0;
     size_t begin = 0, end = 0;   // in the bucket
     std::vector<size_t> counts;  // each rank's part of it (its slice's overlap with [begin, end))
@@ -395,8 +394,11 @@ struct DistributedOptimizer::Core {
                            {"blocked_s", t1 - t0},
                            {"dtype", dtype_name(wire)}});
   }
-  // The pieces of every unit (units: parameter indices, in forward order), once the buckets are cut into slices.
+  // The pieces of every unit (units: parameter indices, in forward order), once the buckets are cut into slices. A
+  // unit's range that touches the last piece of its bucket joins it while that piece carries fewer than
+  // opt.zero_allgather_bytes (the unit then waits for that piece, which an earlier unit may have waited for already).
   void build_pieces(const std::vector<std::vector<int>>& units, int rank, int w) {
+    std::map<int, int> last;  // each bucket's latest piece
     for (auto& u : units) {
       // The unit's parameters' ranges, bucket by bucket, merged where they touch.
       std::vector<std::tuple<int, size_t, size_t>> ranges;
@@ -411,21 +413,34 @@ struct DistributedOptimizer::Core {
         auto [b, begin, end] = ranges[k];
         while (k + 1 < ranges.size() && std::get<0>(ranges[k + 1]) == b && std::get<1>(ranges[k + 1]) == end)
           end = std::get<2>(ranges[++k]);
-        const Bucket& bk = buckets[size_t(b)];
+        if (auto it = last.find(b); it != last.end()) {
+          Piece& q = deferred[size_t(it->second)];
+          if ((q.end - q.begin) * sizeof(float) < opt.zero_allgather_bytes && (q.end == begin || end == q.begin)) {
+            q.begin = std::min(q.begin, begin);
+            q.end = std::max(q.end, end);
+            if (unit_needs.back().empty() || unit_needs.back().back() != it->second)
+              unit_needs.back().push_back(it->second);
+            continue;
+          }
+        }
         Piece p;
-        p.unit = int(unit_needs.size()) - 1;
         p.bucket = b;
         p.begin = begin;
         p.end = end;
-        size_t off = 0;
-        for (int r = 0; r < w; ++r) {
-          const size_t lo = std::max(begin, off), hi = std::min(end, off + bk.counts[size_t(r)]);
-          p.counts.push_back(hi > lo ? hi - lo : 0);
-          if (r == rank) p.src = hi > lo ? lo : begin;
-          off += bk.counts[size_t(r)];
-        }
+        last[b] = int(deferred.size());
         unit_needs.back().push_back(int(deferred.size()));
         deferred.push_back(std::move(p));
+      }
+    }
+    // Each rank's part of each piece (its slice's overlap with it).
+    for (Piece& p : deferred) {
+      const Bucket& bk = buckets[size_t(p.bucket)];
+      size_t off = 0;
+      for (int r = 0; r < w; ++r) {
+        const size_t lo = std::max(p.begin, off), hi = std::min(p.end, off + bk.counts[size_t(r)]);
+        p.counts.push_back(hi > lo ? hi - lo : 0);
+        if (r == rank) p.src = hi > lo ? lo : p.begin;
+        off += bk.counts[size_t(r)];
       }
     }
   }
@@ -862,6 +877,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         {"zero_stage", options.zero_stage},
         {"zero_prefetch", options.zero_prefetch},
         {"zero_gather_dtype", int64_t(options.zero_gather_dtype)},
+        {"zero_allgather_bytes", int64_t(options.zero_allgather_bytes)},
         {"overlap", options.overlap},
         {"find_unused_parameters", options.find_unused_parameters},
         {"backward_passes", options.backward_passes},
@@ -937,6 +953,11 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         "{}; allowed: f32, or zero_stage 3",
         dtype_name(options.zero_gather_dtype), c.zero));
   c.gather_wire = options.zero_gather_dtype;
+  if (options.zero_allgather_bytes > 0 && (c.zero == 0 || c.zero == 3))
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_allgather_bytes {} sizes the calls of ZeRO-1/2's allgather behind the next "
+        "forward, this optimizer has zero_stage {}; allowed: 0, or zero_stage 1 or 2",
+        options.zero_allgather_bytes, c.zero));
   if (c.zero) check_zero_optimizer();
   // Every trainable parameter in one unit (frozen ones stay whole on every rank): each unit's parameter indices.
   auto check_units = [&] {
@@ -1183,10 +1204,11 @@ void DistributedOptimizer::synchronize() {
     int stale = -1;
     {
       std::lock_guard<std::mutex> lk(c.mu);
-      for (auto& d : c.deferred)
-        if (d.on && stale < 0)
-          for (int i : c.unit_params[size_t(d.unit)])
-            if (c.got[size_t(i)]) stale = d.unit;
+      for (size_t u = 0; u < c.unit_needs.size() && stale < 0; ++u)
+        for (int k : c.unit_needs[u])
+          if (c.deferred[size_t(k)].on)
+            for (int i : c.unit_params[u])
+              if (c.got[size_t(i)]) stale = int(u);
     }
     c.finish_all_deferred(true);
     if (stale >= 0)

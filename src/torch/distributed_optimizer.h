@@ -120,6 +120,14 @@ struct DistOptions {
   // whole_parameters() first (an evaluation, a checkpoint, a copy), as at stage 3. Empty at stages 1 and 2, or
   // without zero_prefetch: the allgather blocks in step().
   std::vector<std::vector<torch::Tensor>> units;
+  // ZeRO stages 1 and 2, the allgather behind the next forward (units and zero_prefetch): consecutive units' parameters
+  // within one bucket go in one allgather until it carries at least this many bytes (DeepSpeed's
+  // allgather_bucket_size): fewer calls, each a unit's forward waits for a larger one. Over many ranks every call pays
+  // the algorithm's latencies (a ring's W-1) whatever its size, and a call per unit can cost more than the forward
+  // it hides behind. 0 (the default): one call per unit and bucket. A unit's parameters in several buckets still go
+  // in as many calls (a call covers a contiguous range of one bucket). Nothing without the deferred allgather; stages
+  // 0 and 3 refuse it.
+  size_t zero_allgather_bytes = 0;
   // Backward calls a step (gradient accumulation over micro-batches, a pipeline's): each parameter's gradients are
   // summed in its bucket, and the bucket goes once every parameter in it has had its backward_passes-th, so the
   // exchange of the last micro-batch's buckets overlaps its backward, as DDP's no_sync() then a last backward. A

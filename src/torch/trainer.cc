@@ -439,6 +439,7 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"zero", "integer"},
                                                        {"zero_prefetch", "boolean"},
                                                        {"zero_gather", "string"},
+                                                       {"zero_allgather_mb", "number"},
                                                        {"tp", "integer"},
                                                        {"pp", "integer"},
                                                        {"micro_batches", "integer"},
@@ -708,6 +709,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (c.zero > 0) dopts.units = model->units();
     dopts.zero_prefetch = c.zero_prefetch;
     dopts.zero_gather_dtype = c.zero_gather == "bf16" ? DType::bf16 : c.zero_gather == "fp16" ? DType::f16 : DType::f32;
+    dopts.zero_allgather_bytes = size_t(c.zero_allgather_mb * 1024 * 1024);
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     model->set_unit_hooks(dopt->unit_hooks());
@@ -879,6 +881,8 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (c.dataset == "synthetic" && c.data_dir != defaults.data_dir) warn("data_dir", "the dataset is synthetic");
     if (c.compressor == "none" && c.compress_min_bytes != defaults.compress_min_bytes)
       warn("compress_min_bytes", "the compressor is none");
+    if (c.zero_allgather_mb > 0 && !c.zero_prefetch)
+      warn("zero_allgather_mb", "zero_prefetch is false: the allgather after each step is one call per bucket");
     if (spec.bsp() && c.compressor != "none" && c.workers / (c.tp * c.pp) == 1)
       fmt::print(stderr,
                  "train: warning: compressor {} runs with one data-parallel rank (workers {} / (tp {} x pp {})): "
@@ -1153,6 +1157,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       }
       if (c.zero > 0) declaration["zero_prefetch"] = c.zero_prefetch;  // (a setting of stages 1-3 only)
       if (c.zero == 3) declaration["zero_gather"] = c.zero_gather;
+      if (c.zero == 1 || c.zero == 2) declaration["zero_allgather_mb"] = c.zero_allgather_mb;
       write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
       sync_path(stage.string());
@@ -1444,6 +1449,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"sequence_parallel", c.sequence_parallel},
          {"zero_prefetch", c.zero > 0 ? nlohmann::json(c.zero_prefetch) : nlohmann::json()},
          {"zero_gather", c.zero == 3 ? nlohmann::json(c.zero_gather) : nlohmann::json()},
+         {"zero_allgather_mb", c.zero == 1 || c.zero == 2 ? nlohmann::json(c.zero_allgather_mb) : nlohmann::json()},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",
           pipe ? nlohmann::json(res.pipeline_peak_micro_batches) : nlohmann::json()},

@@ -698,6 +698,15 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
            o.zero_gather_dtype = DType::i8;
          }),
          "zero_gather_dtype i8; allowed: f32, bf16 or f16");
+  for (int stage : {0, 3})
+    expect(attempt([&](TwoLayers& m, auto&, DistOptions& o) {
+             o.zero_stage = stage;
+             o.units = {m.a->parameters(), m.b->parameters()};
+             o.zero_allgather_bytes = 1024;
+           }),
+           fmt::format("zero_allgather_bytes 1024 sizes the calls of ZeRO-1/2's allgather behind the next forward, "
+                       "this optimizer has zero_stage {}; allowed: 0, or zero_stage 1 or 2",
+                       stage));
   // Stages 1 and 2 check units too when given (they defer the allgather after step()).
   expect(attempt([](TwoLayers& m, auto&, DistOptions& o) {
            o.units = {m.a->parameters(), {m.b->weight}};
@@ -1002,7 +1011,7 @@ struct DeferredRun {
 // ThreeUnits at ZeRO stage 1 or 2, with or without its units (the allgather after step() deferred or blocking), 4
 // steps as zero3_run's with overlap; tiny buckets (first 40 bytes, then 64) cut units across buckets: c.bias | c.weight
 // b.bias | b.weight | a.bias | a.weight.
-DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets) {
+DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets, size_t allgather_bytes = 0) {
   auto comms = coll::Communicator::inproc(world);
   DeferredRun out;
   out.params.resize(world);
@@ -1023,6 +1032,7 @@ DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets) {
         o.first_bucket_bytes = 40;
         o.bucket_cap_bytes = 64;
       }
+      o.zero_allgather_bytes = allgather_bytes;
       o.trace = &trace;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       m->set_unit_hooks(d.unit_hooks());
@@ -1087,6 +1097,39 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoFinishTheAllgatherUnitByUnitInTheN
           EXPECT_EQ(a["bytes"].get<size_t>(), 4 * pieces[k % pieces.size()].second) << what << " piece " << k;
         }
       }
+}
+
+// zero_allgather_bytes: a unit's piece joins its bucket's last piece (the unit before's, which it touches) while that
+// carries fewer bytes; never across buckets. The same training bit for bit, the same bytes, fewer calls.
+TEST(DistributedOptimizerZero, DeferredAllgatherPiecesJoinUpToTheirSizeWithinABucket) {
+  struct Case {
+    bool tiny;
+    size_t bytes;
+    std::vector<std::pair<int, size_t>> pieces;  // (the unit that waits first, floats), as issued
+  };
+  const Case cases[] = {
+      // One bucket (a 40, b 24, c 15 floats): a's 160 bytes stand alone, b's 96 take c in.
+      {false, 100, {{0, 40}, {1, 39}}},
+      {false, 1 << 20, {{0, 79}}},
+      // Tiny buckets (c.bias | c.weight b.bias | b.weight | a.bias | a.weight): only c.weight and b.bias share one.
+      {true, 1 << 20, {{0, 5}, {0, 35}, {1, 16}, {1, 20}, {2, 3}}},
+  };
+  for (int stage : {1, 2})
+    for (const Case& k : cases) {
+      const std::string what = fmt::format("zero {} tiny buckets {} bytes {}", stage, k.tiny, k.bytes);
+      const DeferredRun blocking = deferred_run(stage, 3, false, k.tiny);
+      const DeferredRun joined = deferred_run(stage, 3, true, k.tiny, k.bytes);
+      for (int r = 0; r < 3; ++r) {
+        EXPECT_EQ(joined.params[size_t(r)], blocking.params[size_t(r)]) << what << " rank " << r;
+        EXPECT_EQ(joined.sent[size_t(r)], blocking.sent[size_t(r)]) << what << " rank " << r;
+      }
+      ASSERT_EQ(joined.allgathers.size(), 3 * k.pieces.size()) << what;  // steps 0-2's, in steps 1-3's forward
+      for (size_t i = 0; i < joined.allgathers.size(); ++i) {
+        const auto& a = joined.allgathers[i];
+        EXPECT_EQ(a["unit"].get<int>(), k.pieces[i % k.pieces.size()].first) << what << " piece " << i;
+        EXPECT_EQ(a["bytes"].get<size_t>(), 4 * k.pieces[i % k.pieces.size()].second) << what << " piece " << i;
+      }
+    }
 }
 
 // Units given but the model's hooks never set: the second step's forward read parameters whose allgather was still
@@ -1159,6 +1202,7 @@ TEST(DistributedOptimizer, RanksGivenDifferentOptionsAreRefusedWithOneLine) {
   expect(attempt([](DistOptions& o) { o.zero_stage = 2; }), "zero_stage (2 to 3)");
   expect(attempt([](DistOptions& o) { o.compressor = "bf16"; }), "compressor (two specs");
   expect(attempt([](DistOptions& o) { o.zero_prefetch = false; }), "zero_prefetch (0 to 1)");
+  expect(attempt([](DistOptions& o) { o.zero_allgather_bytes = 4096; }), "zero_allgather_bytes (0 to 4096)");
   // The same options: no error.
   for (auto& e : attempt([](DistOptions&) {})) EXPECT_EQ(e, "");
 }

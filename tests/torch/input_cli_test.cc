@@ -315,9 +315,15 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(slurp(dir / "adam" / "config.yaml").find("momentum"), std::string::npos);
   // Data and compressor settings this run does not use (taken without a word).
-  r = run(kTrain + " --epochs 1 --max-steps 2 --compress-min-bytes 4096 --data-dir /nonexistent --output " +
+  r = run(kTrain +
+          " --epochs 1 --max-steps 2 --compress-min-bytes 4096 --data-dir /nonexistent --zero 1 --zero-prefetch false "
+          "--zero-allgather-mb 4 --output " +
           (dir / "unused").string());
   ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: zero_allgather_mb is set, but zero_prefetch is false: the allgather after each step "
+                       "is one call per bucket: it is ignored"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("warning: compress_min_bytes is set, but the compressor is none: it is ignored"),
             std::string::npos)
       << r.out;

@@ -153,6 +153,17 @@ TEST(TrainConfig, AResumeTakesThePipelineSettingsThatStillApply) {
   RawConfig g2{{"resume", dir.string()}, {"zero", "2"}};
   apply_resume_defaults(g2, false);
   EXPECT_EQ(g2.count("zero_gather"), 0u);
+  // The deferred allgather's call size with stages 1 and 2 only.
+  std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 2, "zero_allgather_mb": 4})";
+  RawConfig a{{"resume", dir.string()}};
+  apply_resume_defaults(a, false);
+  EXPECT_EQ(a["zero_allgather_mb"], "4");
+  EXPECT_EQ(resolve_config(a).zero_allgather_mb, 4);
+  for (const char* stage : {"1", "3"}) {
+    RawConfig a2{{"resume", dir.string()}, {"zero", stage}};
+    apply_resume_defaults(a2, false);
+    EXPECT_EQ(a2.count("zero_allgather_mb"), stage[0] == '1' ? 1u : 0u) << stage;
+  }
   std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_prefetch": false})";
   RawConfig z3{{"resume", dir.string()}, {"zero", "03"}};  // (the number, not its text)
   apply_resume_defaults(z3, false);
@@ -310,6 +321,20 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   EXPECT_NE(zg.find("fp16 is the wire of ZeRO-3's parameter gathers, this run has zero 2"), std::string::npos) << zg;
   const std::string zi = config_error({{"zero", "3"}, {"zero_gather", "int8"}});
   EXPECT_NE(zi.find("zero_gather: 'int8' (allowed: f32, bf16 or fp16)"), std::string::npos) << zi;
+  // zero_allgather_mb: the calls of zero 1 and 2's allgather behind the forward.
+  EXPECT_EQ(resolve_config({{"zero", "1"}}, 0, false).zero_allgather_mb, 0);
+  EXPECT_EQ(resolve_config({{"zero", "2"}, {"zero_allgather_mb", "4.5"}}, 0, false).zero_allgather_mb, 4.5);
+  EXPECT_EQ(resolve_config({{"zero", "3"}, {"zero_allgather_mb", "0"}}, 0, false).zero_allgather_mb, 0);
+  for (const char* stage : {"0", "3"}) {
+    const std::string za = config_error({{"zero", stage}, {"zero_allgather_mb", "4"}});
+    expect_one_line(za, "zero_allgather_mb");
+    EXPECT_NE(za.find(fmt::format("this run has zero {}; allowed with zero {}: 0, or leave it unset", stage, stage)),
+              std::string::npos)
+        << za;
+  }
+  const std::string zn = config_error({{"zero", "1"}, {"zero_allgather_mb", "-1"}});
+  expect_one_line(zn, "zero_allgather_mb");
+  EXPECT_NE(zn.find("allowed: a size in MiB >= 0"), std::string::npos) << zn;
 }
 
 // Tensor parallelism splits the vit only, in groups that divide the workers and its 4 heads, under bsp.
@@ -694,10 +719,29 @@ TEST(Train, ZeroTrainsAsPlainBspAndResumesBitForBit) {
   EXPECT_EQ(r[0].params, straight[0].params);
   EXPECT_EQ(r[2].params, straight[2].params);
   // Stage 1 cuts the same slices: it resumes stage 2's checkpoint as stage 2 would.
+  // (with the allgather behind the forward joined up to 64 MiB a call: only within a bucket, so the tiny buckets,
+  // from the back fc3 and fc2.bias | fc2.weight | fc1.bias | fc1.weight, leave one join: fc3 into fc2.bias's call)
   TrainConfig one = resumed;
   one.zero = 1;
+  one.zero_allgather_mb = 64;
+  one.trace = true;
   one.output = (dir / "one").string();
   EXPECT_EQ(train_inproc(one, 3, true)[1].params, straight[1].params);
+  {
+    std::ifstream in(dir / "one" / "trace-rank0.json");
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    const std::pair<int, uint64_t> pieces[] = {{0, 4 * 256}, {0, 4 * 200704}, {1, 4 * (128 + 1290)}, {1, 4 * 32768}};
+    size_t deferred = 0;
+    for (auto& e : trace["traceEvents"])
+      if (e.contains("args") && e["args"].value("deferred", false)) {
+        const auto& [unit, bytes] = pieces[deferred++ % 4];
+        EXPECT_EQ(e["args"]["bytes"].get<uint64_t>(), bytes) << e.dump();
+        EXPECT_EQ(e["args"]["unit"].get<int>(), unit) << e.dump();
+      }
+    EXPECT_EQ(deferred % 4, 0u);
+    EXPECT_GE(deferred, 4 * 4u);  // (the steps after the first of the resumed run's six)
+    EXPECT_EQ(read_json_file((dir / "one" / "summary.json").string())["zero_allgather_mb"], 64);
+  }
   for (auto [zero, cap] : {std::pair{0, 0.05}, std::pair{2, 0.1}}) {
     TrainConfig other = resumed;
     other.zero = zero;
