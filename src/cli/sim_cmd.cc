@@ -87,6 +87,7 @@ struct StepArgs {
   bool no_zero_prefetch = false;
   bool balance = false;
   std::string bucket = "25M";
+  std::string zero_allgather_bucket = "0";
   double grad_bytes = 2;
   double gather_bytes = 0;
   std::string dp_algorithm = "auto", tp_algorithm = "auto";
@@ -205,6 +206,7 @@ ParallelConfig make_config(const StepArgs& a) {
   c.balance = a.balance;
   c.bucket_bytes = static_cast<double>(parse_bytes(a.bucket, "--bucket"));
   if (c.bucket_bytes < 1024) throw ConfigError(fmt::format("--bucket = {} (allowed: 1K or more)", a.bucket));
+  c.zero_allgather_bytes = static_cast<double>(parse_bytes(a.zero_allgather_bucket, "--zero-allgather-bucket"));
   c.grad_bytes = a.grad_bytes;
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
@@ -236,6 +238,11 @@ void check_step_config(const ParallelConfig& c) {
     throw ConfigError(
         "--no-zero-prefetch: ZeRO gathers the parameters (stages 1 and 2 after the step, stage 3 each layer's), "
         "this step has --zero 0, which keeps them whole on every rank; allowed with --zero 0: leave it out");
+  if (c.zero_allgather_bytes > 0 && (c.zero == 0 || c.zero == 3 || !c.zero_prefetch))
+    throw ConfigError(fmt::format(
+        "--zero-allgather-bucket: sizes the calls of ZeRO-1/2's allgather behind the next forward, this step has "
+        "--zero {}{}; allowed: --zero 1 or 2 without --no-zero-prefetch, or leave it out",
+        c.zero, c.zero_prefetch ? "" : " --no-zero-prefetch"));
 }
 
 json config_json(const ParallelConfig& c) {
@@ -247,6 +254,7 @@ json config_json(const ParallelConfig& c) {
               {"zero", c.zero},
               {"zero_prefetch", c.zero_prefetch},
               {"gather_bytes", c.gather_bytes},
+              {"zero_allgather_bytes", c.zero_allgather_bytes},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -1350,6 +1358,11 @@ void setup(CLI::App& app) {
     c->add_flag("--balance", a->balance,
                 "heterogeneous clusters (data parallel): batch shares proportional to each accelerator's speed");
     c->add_option("--bucket", a->bucket, "gradient bucket size")->capture_default_str();
+    c->add_option("--zero-allgather-bucket", a->zero_allgather_bucket,
+                  "ZeRO-1/2: consecutive layers' parameters in one bucket go in one call of the allgather behind the "
+                  "next forward until it carries this much (conduit train --zero-allgather-mb; 0: a call per layer "
+                  "and bucket)")
+        ->capture_default_str();
     c->add_option("--gather-bytes", a->gather_bytes,
                   "ZeRO-3, --model layers: bytes per parameter element gathered (2: conduit train --zero-gather bf16 "
                   "or fp16; default: as held, --grad-bytes)");

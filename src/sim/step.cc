@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -195,6 +196,23 @@ double bucketed_exposed(double window, double total_bytes, double bucket_bytes, 
   return std::max(0.0, end - window);
 }
 
+// ZeRO-1/2's deferred allgather played out against the next forward (units in forward order, each computing
+// `fwd[u]` once its calls are done; the calls one after another on the gathers' channel, `time_of` each): the
+// forward's end minus its compute (the exposed part), and the calls' total time in `busy`.
+template <class TimeOf>
+double deferred_allgather_exposed(const std::vector<DeferredCall>& calls, const std::vector<double>& fwd,
+                                  TimeOf time_of, double* busy) {
+  double done = 0, clock = 0, compute = 0;
+  size_t k = 0;
+  for (size_t u = 0; u < fwd.size(); ++u) {
+    for (; k < calls.size() && calls[k].unit == u; ++k) done += time_of(calls[k].elems);
+    clock = std::max(clock, done) + fwd[u];
+    compute += fwd[u];
+  }
+  *busy = done;
+  return clock - compute;
+}
+
 // The step notes' mention of the per-call wake latency, when the cluster has one.
 std::string wake_note(double wake) {
   return wake > 0 ? fmt::format("; each call includes {} of waking peers (network.wake_latency)", format_seconds(wake))
@@ -218,6 +236,45 @@ const ModelStepSample* find_model_step(const Accelerator& acc, const LayerModel&
 }
 
 }  // namespace
+
+std::vector<DeferredCall> deferred_allgather_calls(const std::vector<std::vector<double>>& units, double bucket_elems,
+                                                   double min_elems) {
+  // Each tensor's bucket: the tensors from the last backward.
+  std::vector<std::vector<int>> bucket(units.size());
+  int b = 0;
+  double fill = 0;
+  bool empty = true;
+  for (size_t u = units.size(); u-- > 0;) {
+    bucket[u].assign(units[u].size(), 0);
+    for (size_t i = units[u].size(); i-- > 0;) {
+      if (!empty && fill + units[u][i] > bucket_elems) {
+        ++b;
+        fill = 0;
+      }
+      bucket[u][i] = b;
+      fill += units[u][i];
+      empty = false;
+    }
+  }
+  std::vector<DeferredCall> calls;
+  std::map<int, size_t> last;  // each bucket's latest call
+  for (size_t u = 0; u < units.size(); ++u) {
+    // The unit's elements per bucket (its tensors are consecutive in the buckets: one range in each).
+    std::map<int, double> part;
+    for (size_t i = 0; i < units[u].size(); ++i)
+      if (units[u][i] > 0) part[bucket[u][i]] += units[u][i];
+    for (auto [bk, elems] : part) {  // (the runtime issues a unit's pieces bucket by bucket, the lowest first)
+      // The bucket's last call is the previous unit's part of it (the units' ranges touch): joined while small.
+      if (auto it = last.find(bk); it != last.end() && calls[it->second].elems < min_elems) {
+        calls[it->second].elems += elems;
+        continue;
+      }
+      last[bk] = calls.size();
+      calls.push_back({elems, u});
+    }
+  }
+  return calls;
+}
 
 StepResult simulate_step(CollectiveModel& net, const GptModel& given, const ParallelConfig& cfg) {
   const Topology& topo = net.topology();
@@ -422,24 +479,42 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         dp_total += t_ag;
       } else {
         // The allgather behind the next forward, as `conduit train --zero 1|2` runs it (--no-overlap, about the
-        // gradients, leaves it so there too): one call for the embeddings, then one a layer, in forward order, each
-        // layer of the first micro-batch waiting only for its own. Each call is timed as an even allgather of its
-        // bytes (the runtime's pieces are a layer's share of each rank's slice, uneven where a layer is smaller than
-        // a slice), and with interleaved chunks the first stage's layers are played out back to back (their later
-        // chunks run later: an over-estimate).
-        const double layer_bytes = layer_params / t * 2, emb_bytes = emb_gpu * 2;
-        auto lag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
-        auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, emb_bytes);
-        const double t_layer = ctime(Collective::kAllGather, lag, dg, layer_bytes) + wake,
-                     t_emb = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake;
-        const double layer_fwd = mt.layer_fwd + tp_fwd;
-        double done = t_emb, clock = t_emb;
-        for (long long l = 0; l < lps; ++l) {
-          done += t_layer;
-          clock = std::max(clock, done) + layer_fwd;
-        }
-        dp_exposed += clock - static_cast<double>(lps) * layer_fwd;
-        dp_total += t_emb + static_cast<double>(lps) * t_layer;
+        // gradients, leaves it so there too): the embeddings, then each layer, in forward order, a call per unit and
+        // gradient bucket (deferred_allgather_calls: a layer's tensors are QKV, the projection, the MLP's two
+        // matrices and the norms), each layer of the first micro-batch waiting only for its own. Each call is timed
+        // as an even allgather of its bytes (the runtime's pieces are a unit's share of each rank's slice, uneven
+        // where the unit is smaller than a slice), and with interleaved chunks the first stage's layers are played
+        // out back to back (their later chunks run later: an over-estimate).
+        const double qkv = qkv_width_per_rank(m, t) * (h + 1), proj = h * h / t + h,
+                     up = m.mlp_up_width() * (h + 1) / t, down = m.ffn() * h / t + h;
+        const double norms = std::max(0.0, layer_params / t - qkv - proj - up - down);
+        std::vector<std::vector<double>> units{{V * h / t, s * h}};
+        units.resize(static_cast<size_t>(lps) + 1, {norms / 2, qkv, proj, norms / 2, up, down});
+        const auto calls =
+            deferred_allgather_calls(units, cfg.bucket_bytes / cfg.grad_bytes, cfg.zero_allgather_bytes / 2);
+        std::vector<double> fwd(units.size(), mt.layer_fwd + tp_fwd);
+        fwd[0] = 0;                     // (the embeddings' lookup)
+        std::map<double, double> took;  // each call size's time
+        double busy = 0;
+        dp_exposed += deferred_allgather_exposed(
+            calls, fwd,
+            [&](double elems) {
+              auto [it, fresh] = took.emplace(elems, 0.0);
+              if (fresh) {
+                auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, elems * 2);
+                it->second = ctime(Collective::kAllGather, ag, dg, elems * 2) + wake;
+              }
+              return it->second;
+            },
+            &busy);
+        dp_total += busy;
+        r.notes.push_back(fmt::format(
+            "ZeRO-{}: the allgather of the stepped parameters goes on behind the next forward in {} call{} ({} "
+            "buckets cut the layers){}",
+            cfg.zero, calls.size(), calls.size() == 1 ? "" : "s", format_bytes(cfg.bucket_bytes),
+            cfg.zero_allgather_bytes > 0 ? fmt::format(", a layer's joining the one before while under {}",
+                                                       format_bytes(cfg.zero_allgather_bytes))
+                                         : std::string()));
       }
       r.dp_algorithm = algorithm_name(rs.algorithm);
       r.dp_bottleneck = rs.bottleneck;
@@ -1003,22 +1078,22 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       dp_total += t_ag;
       dp_exposed += t_ag;
     } else if (cfg.zero == 1 || cfg.zero == 2) {
-      // `conduit train --zero 1|2` (docs/training.md): step() starts the allgather of the stepped slices, one call
-      // per unit in forward order on the gathers' own channel, and the next step's first forward waits before each
-      // unit only for that unit's: what it waits is exposed. (Each call timed as an even allgather of the unit; the
-      // runtime's are a unit's share of each rank's bucket slice, one per bucket the unit spans, uneven where the
-      // unit is smaller than a slice.)
-      double done = 0, clock = 0, fwd_units = 0;
-      for (size_t u = 0; u < units; ++u) {
-        if (unit_params[u] > 0) {
-          const double g = allgather(unit_params[u] * eb);
-          done += g;
-          dp_total += g;
-        }
-        clock = std::max(clock, done) + unit_fwd[u];
-        fwd_units += unit_fwd[u];
+      // `conduit train --zero 1|2` (docs/training.md): step() starts the allgather of the stepped slices, a call
+      // per unit and gradient bucket in forward order on the gathers' own channel (deferred_allgather_calls; the
+      // layers' tensors are their weights and biases), and the next step's first forward waits before each unit
+      // only for that unit's: what it waits is exposed. (Each call timed as an even allgather of its bytes; the
+      // runtime's are a unit's share of each rank's bucket slice, uneven where the unit is smaller than a slice.)
+      std::vector<std::vector<double>> tensors(units);
+      for (size_t li = 0; li < m.layers.size(); ++li) {
+        const Layer& l = m.layers[li];
+        if (l.params() > 0) tensors[unit_of[li]].insert(tensors[unit_of[li]].end(), {l.params() - l.out, l.out});
       }
-      dp_exposed += clock - fwd_units;
+      const auto calls =
+          deferred_allgather_calls(tensors, cfg.bucket_bytes / cfg.grad_bytes, cfg.zero_allgather_bytes / eb);
+      double busy = 0;
+      dp_exposed += deferred_allgather_exposed(
+          calls, unit_fwd, [&](double elems) { return allgather(elems * eb); }, &busy);
+      dp_total += busy;
     }
     if (cfg.zero == 3) {
       // `conduit train --zero 3` (docs/training.md): each layer with parameters is a unit, with the pooling after

@@ -57,6 +57,10 @@ struct ParallelConfig {
   // train --zero-prefetch`); false: every gather blocks its layer. ZeRO-1/2: the allgather of the updated parameters
   // runs behind the next forward, one call a layer (as conduit train runs it); false: one allgather, exposed.
   bool zero_prefetch = true;
+  // ZeRO-1/2 with zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call of the
+  // allgather behind the next forward until it carries at least this many bytes (`conduit train
+  // --zero-allgather-mb`, DeepSpeed's allgather_bucket_size); 0: one call per layer and bucket.
+  double zero_allgather_bytes = 0;
   // Heterogeneous clusters, data parallel only: give each accelerator a share of the global batch proportional
   // to its speed instead of equal shares (the slowest kind then no longer bounds the step).
   bool balance = false;
@@ -119,6 +123,18 @@ struct StepResult {
 void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus);
 
 StepResult simulate_step(CollectiveModel& net, const GptModel& m, const ParallelConfig& c);
+
+// ZeRO-1/2's allgather behind the next forward, cut into calls as `conduit train` cuts it: the parameter tensors
+// (`units`: each unit's tensors' element counts, both in forward order) fill the gradient buckets from the last one
+// backward, a bucket closing before a tensor that would take it past `bucket_elems` (a tensor is never split); a
+// call is a unit's elements within one bucket, and a unit's part joins the bucket's last call while that call holds
+// fewer than `min_elems`. The calls in the order they are issued, each with the first unit that waits for it.
+struct DeferredCall {
+  double elems = 0;
+  size_t unit = 0;
+};
+std::vector<DeferredCall> deferred_allgather_calls(const std::vector<std::vector<double>>& units, double bucket_elems,
+                                                   double min_elems);
 
 // A model given as a list of layers (MLP, CNN), data parallel, or cut into pipeline stages as `conduit train --pp`
 // cuts it (tp = 1; docs/sim.md §5): forward GEMMs (convolutions as

@@ -706,6 +706,7 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
 // network only the embeddings' and the first layer's are exposed. --no-zero-prefetch exposes one allgather of them
 // all; --no-overlap (the gradients') leaves it behind the forward, as the runtime does.
 TEST(Inputs, ZeroOneAndTwoAllgatherBehindTheNextForward) {
+  // (one bucket: a call per unit)
   Topology ts(flat_cluster(1e-9, 1e12, 0, 1e9), 8);
   CollectiveModel ns(ts);
   const GptModel m = named_model("gpt2-small");
@@ -718,6 +719,7 @@ TEST(Inputs, ZeroOneAndTwoAllgatherBehindTheNextForward) {
     ParallelConfig c;
     c.global_batch = 8;
     c.zero = zero;
+    c.bucket_bytes = 1e15;
     const StepResult behind = simulate_step(ns, m, c);
     c.zero_prefetch = false;
     const StepResult blocking = simulate_step(ns, m, c);
@@ -746,6 +748,7 @@ TEST(Inputs, ZeroOneAndTwoAllgatherBehindTheNextForward) {
   c2.global_batch = 8;
   c2.tp = 2;
   c2.zero = 1;
+  c2.bucket_bytes = 1e15;
   const StepResult behind2 = simulate_step(n16, m, c2);
   c2.zero_prefetch = false;
   const StepResult blocking2 = simulate_step(n16, m, c2);
@@ -754,6 +757,52 @@ TEST(Inputs, ZeroOneAndTwoAllgatherBehindTheNextForward) {
               1e-9 * whole2);
   EXPECT_NEAR(blocking2.breakdown.dp_exposed - behind2.breakdown.dp_exposed, whole2 - ag2(emb2) - ag2(layer2),
               1e-9 * whole2);
+}
+
+// The deferred allgather's calls, cut as the runtime cuts its pieces: tensors fill the buckets from the last one
+// backward (never split), a call is a unit's part of one bucket, joined to the bucket's last call while that is
+// smaller than the least size.
+TEST(Inputs, DeferredAllgatherCallsFollowTheBucketsAndJoinUpToTheirSize) {
+  auto calls = [](const std::vector<std::vector<double>>& units, double bucket, double least) {
+    std::vector<std::pair<double, size_t>> out;
+    for (const DeferredCall& d : deferred_allgather_calls(units, bucket, least)) out.emplace_back(d.elems, d.unit);
+    return out;
+  };
+  using Calls = std::vector<std::pair<double, size_t>>;
+  // Buckets of 20 from the back: {6, 4} and the 8 after them (18), the other 8, the 30 alone, the 10.
+  const std::vector<std::vector<double>> units{{10, 30}, {8, 8}, {6, 4}};
+  EXPECT_EQ(calls(units, 20, 0), (Calls{{30, 0}, {10, 0}, {8, 1}, {8, 1}, {10, 2}}));
+  EXPECT_EQ(calls(units, 20, 16), (Calls{{30, 0}, {10, 0}, {18, 1}, {8, 1}}));
+  // One bucket: every unit joins while the call is small; a large call stands, the next starts its own.
+  EXPECT_EQ(calls(units, 1e9, 1e9), (Calls{{66, 0}}));
+  EXPECT_EQ(calls(units, 1e9, 40), (Calls{{40, 0}, {26, 1}}));
+  EXPECT_EQ(calls(units, 1e9, 0), (Calls{{40, 0}, {16, 1}, {10, 2}}));
+  // A tensor larger than a bucket has one of its own; a unit without parameters has no call.
+  EXPECT_EQ(calls({{50}, {}, {5}}, 20, 0), (Calls{{50, 0}, {5, 2}}));
+}
+
+// --zero-allgather-bucket: one call for the whole model is the blocking allgather's time, exposed before the first
+// layer; calls of a few layers each hide all but the first behind the forward.
+TEST(Inputs, ZeroAllgatherBucketJoinsTheLayersCalls) {
+  Topology ts(flat_cluster(1e-6, 1e11, 0, 1e9), 64);
+  CollectiveModel ns(ts);
+  const GptModel m = named_model("gpt2-small");
+  ParallelConfig c;
+  c.global_batch = 64;
+  c.zero = 1;
+  c.bucket_bytes = 1e15;
+  const StepResult per_layer = simulate_step(ns, m, c);
+  c.zero_allgather_bytes = 1e15;
+  const StepResult one = simulate_step(ns, m, c);
+  c.zero_prefetch = false;
+  const StepResult blocking = simulate_step(ns, m, c);
+  EXPECT_NEAR(one.breakdown.dp_exposed, blocking.breakdown.dp_exposed, 1e-9 * blocking.breakdown.dp_exposed);
+  EXPECT_NEAR(one.breakdown.dp_comm, blocking.breakdown.dp_comm, 1e-9 * blocking.breakdown.dp_comm);
+  EXPECT_LT(per_layer.breakdown.dp_exposed, one.breakdown.dp_exposed);
+  EXPECT_GT(per_layer.breakdown.dp_comm, one.breakdown.dp_comm);  // (12 more calls' latencies)
+  bool noted = false;
+  for (auto& n : one.notes) noted = noted || n.find("behind the next forward in 1 call (") != std::string::npos;
+  EXPECT_TRUE(noted);
 }
 
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
@@ -880,6 +929,30 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
       &rc);
   EXPECT_EQ(rc, 0) << out;  // (stages 1 and 2 take it too: their allgather after the step)
   EXPECT_NE(out.find("\"zero_prefetch\":false"), std::string::npos) << out;
+  // --zero-allgather-bucket: the calls of stages 1 and 2's allgather behind the forward.
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 2 --zero-allgather-bucket 64M "
+      "--json",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"zero_allgather_bytes\":67108864"), std::string::npos) << out;
+  for (const char* extra : {"--zero 0", "--zero 3", "--zero 1 --no-zero-prefetch"}) {
+    out = test_util::run(fmt::format("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 {} "
+                                     "--zero-allgather-bucket 64M",
+                                     extra),
+                         &rc);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find(fmt::format("--zero-allgather-bucket: sizes the calls of ZeRO-1/2's allgather behind the next "
+                                   "forward, this step has {}; allowed: --zero 1 or 2 without --no-zero-prefetch",
+                                   extra)),
+              std::string::npos)
+        << out;
+  }
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 1 --zero-allgather-bucket 2X",
+      &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--zero-allgather-bucket '2X' is not a size"), std::string::npos) << out;
   out = test_util::run(
       "sim step --cluster dgx-a100 --gpus 8 --model layers --layers-spec dense:784x256,dense:256x10 --global-batch 8 "
       "--zero 2 --gather-bytes 2",
