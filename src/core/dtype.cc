@@ -1,8 +1,11 @@
 #include "core/dtype.h"
 
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "core/error.h"
 
@@ -179,6 +182,40 @@ __attribute__((target_clones("avx2", "default"))) void convert_bf16_to_f32(const
   for (size_t i = 0; i < n; ++i) {
     uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
     std::memcpy(out + i, &bits, 4);
+  }
+}
+
+size_t block_i8_bytes(size_t n, size_t block) { return 4 * ((n + block - 1) / block) + n; }
+
+void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out) {
+  const size_t blocks = (n + block - 1) / block;
+  auto* q = reinterpret_cast<int8_t*>(out + 4 * blocks);
+  for (size_t k = 0; k < blocks; ++k) {
+    const size_t lo = k * block, hi = std::min(n, lo + block);
+    float amax = 0;
+    bool finite = true;
+    for (size_t i = lo; i < hi; ++i) {
+      amax = std::max(amax, std::fabs(in[i]));
+      finite = finite && std::isfinite(in[i]);
+    }
+    const float scale = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(out + 4 * k, &scale, 4);
+    for (size_t i = lo; i < hi; ++i)
+      q[i] = scale > 0 && std::isfinite(scale)
+                 ? static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / scale), -127.f, 127.f))
+                 : int8_t{0};
+  }
+}
+
+void dequantize_block_i8(const uint8_t* in, size_t n, size_t block, float* out) {
+  const size_t blocks = (n + block - 1) / block;
+  const auto* q = reinterpret_cast<const int8_t*>(in + 4 * blocks);
+  for (size_t k = 0; k < blocks; ++k) {
+    float scale = 0;
+    std::memcpy(&scale, in + 4 * k, 4);
+    const size_t hi = std::min(n, (k + 1) * block);
+    for (size_t i = k * block; i < hi; ++i)
+      out[i] = std::isfinite(scale) ? static_cast<float>(q[i]) * scale : std::numeric_limits<float>::quiet_NaN();
   }
 }
 

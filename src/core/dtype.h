@@ -34,4 +34,12 @@ void convert_f16_to_f32(const uint16_t* in, float* out, size_t n);
 void convert_f32_to_bf16(const float* in, uint16_t* out, size_t n);
 void convert_bf16_to_f32(const uint16_t* in, float* out, size_t n);
 
+// Symmetric int8 in blocks of `block` elements (ZeRO++'s quantized weights, qwZ): each block a f32 scale (its
+// largest magnitude / 127; 0 for a block of zeros) and its elements round(x / scale) in [-127, 127]. n elements take
+// block_i8_bytes(n, block) bytes: the ceil(n / block) scales (4 bytes each, stored unaligned), then the n values.
+// A block holding an infinity or NaN decodes to NaN (its scale is not finite).
+size_t block_i8_bytes(size_t n, size_t block);
+void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out);
+void dequantize_block_i8(const uint8_t* in, size_t n, size_t block, float* out);
+
 }  // namespace conduit

@@ -142,9 +142,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "runs (one layer ahead, forward and backward), at zero 1 and 2 the stepped slices behind the next forward, "
        "layer by layer; false: each gather blocks (default true)"},
       {"zero_gather",
-       "with zero 3: the element type its parameter gathers travel in: f32 | bf16 | fp16 (half the gathers' bytes; "
-       "forward and backward then run on the layers' weights rounded to it, the optimizer steps exact f32 slices) "
-       "(default f32)"},
+       "with zero 3: the element type its parameter gathers travel in: f32 | bf16 | fp16 (half the gathers' bytes) | "
+       "int8 (ZeRO++'s quantized weights: blocks of 256 with a scale each, 26% of the bytes); forward and backward "
+       "then run on the layers' weights rounded to it, the optimizer steps exact f32 slices (default f32)"},
       {"zero_allgather_mb",
        "with zero 1 or 2 and zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call "
        "of the allgather behind the next forward until it carries at least this many MiB (DeepSpeed's "
@@ -391,8 +391,8 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
           "them whole on every rank; allowed with zero 0: leave it unset");
   }
   if (auto v = get("zero_gather")) {
-    if (*v != "f32" && *v != "bf16" && *v != "fp16")
-      throw ConfigError(fmt::format("config: zero_gather: '{}' (allowed: f32, bf16 or fp16)", *v));
+    if (*v != "f32" && *v != "bf16" && *v != "fp16" && *v != "int8")
+      throw ConfigError(fmt::format("config: zero_gather: '{}' (allowed: f32, bf16, fp16 or int8)", *v));
     c.zero_gather = *v;
     if (c.zero != 3 && c.zero_gather != "f32")
       throw ConfigError(fmt::format(

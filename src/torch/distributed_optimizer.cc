@@ -100,7 +100,7 @@ struct DistributedOptimizer::Core {
     // is released), and the gradients of the current backward pass that have arrived.
     torch::Tensor full;
     bool resident = true;
-    bool rounded = false;  // gathered on a 16-bit wire (gather_wire): its weights rounded, not the slices' own
+    bool rounded = false;  // gathered on a narrow wire (gather_wire): its weights rounded, not the slices' own
     size_t pass_got = 0;
   };
 
@@ -130,7 +130,7 @@ struct DistributedOptimizer::Core {
   // Allocations a failed gather's collective may still write into (an aborted transport): kept, not freed (the
   // units' storage, and a 16-bit gather's staging buffer).
   std::vector<at::DataPtr> abandoned;
-  std::vector<std::vector<uint16_t>> abandoned_staged;
+  std::vector<std::vector<uint8_t>> abandoned_staged;
   // ZeRO-3's prefetch (DistOptions::zero_prefetch): the one gather started ahead of its unit, in flight on the
   // gathers' communicator's thread while the unit before it computes (bucket -1: none).
   struct Ahead {
@@ -140,7 +140,7 @@ struct DistributedOptimizer::Core {
     bool counted = false;
     const char* pass = "";
     DType wire = DType::f32;
-    std::vector<uint16_t> staged;  // a 16-bit gather's buffer (widened into the unit at its wait)
+    std::vector<uint8_t> staged;  // a narrow gather's buffer (widened into the unit at its wait)
   };
   Ahead ahead;
   // ZeRO-1/2 with units and zero_prefetch (defer_slices): the allgather of the stepped slices, started by step() on the
@@ -254,34 +254,72 @@ struct DistributedOptimizer::Core {
     static const float dummy = 0;
     return bk.shard.defined() ? bk.shard.data_ptr<float>() : &dummy;
   }
-  // A gather's bytes (the ring allgather's (W-1)/W of the unit a rank, in its wire's element size), time in
-  // communication and time blocked.
+  // Bytes of a part of n elements on a gathers' wire: f32, a 16-bit float, or i8 (blocks of kQuantBlock elements, a
+  // f32 scale each, then the elements' int8 values).
+  static constexpr size_t kQuantBlock = 256;
+  static size_t wire_bytes(DType wire, size_t n) {
+    return wire == DType::i8 ? block_i8_bytes(n, kQuantBlock) : n * dtype_size(wire);
+  }
+  // The whole unit's bytes on the wire (every rank's part).
+  size_t unit_wire_bytes(const Bucket& bk, DType wire) const {
+    size_t total = 0;
+    for (size_t c : bk.counts) total += wire_bytes(wire, c);
+    return total;
+  }
+  // A gather's bytes (the ring allgather's (W-1)/W of the unit a rank, on its wire), time in communication and time
+  // blocked.
   void count_gather(const Bucket& bk, double comm_s, double blocked_s, DType wire) {
     const int w = gather_comm ? gather_comm->size() : 1;
-    const uint64_t moved = uint64_t(double(w - 1) / w * double(bk.n * dtype_size(wire)) + 0.5);
+    const uint64_t moved = uint64_t(double(w - 1) / w * double(unit_wire_bytes(bk, wire)) + 0.5);
     std::lock_guard<std::mutex> lk(mu);
     step.comm_s += comm_s;
     step.bytes_sent += moved;
     step.bytes_recv += moved;
     gather_s += blocked_s;
   }
-  // A 16-bit gather: this rank's slice cast into its place in `staged` (bk.n elements), which the allgather fills;
-  // widen() then writes the whole unit's rounded weights (this rank's part too, so every rank runs the same ones).
-  void stage(Bucket& bk, std::vector<uint16_t>& staged) {
-    staged.resize(bk.n);
+  // A narrow gather (gather_wire f16, bf16 or i8): each rank's part of `staged` is its slice on the wire (in rank
+  // order, wire_bytes each); stage() writes this rank's, the allgather (of bytes: stage_counts) fills the others, and
+  // widen() writes the whole unit's rounded weights from every part (this rank's too, so every rank runs the same
+  // ones). i8 is ZeRO++'s quantized weights (qwZ): per block of kQuantBlock elements of a slice, scale = max|x| / 127
+  // and the values round(x / scale) in [-127, 127].
+  std::vector<size_t> stage_counts(const Bucket& bk) const {
+    std::vector<size_t> out;
+    for (size_t c : bk.counts) out.push_back(wire_bytes(gather_wire, c));
+    return out;
+  }
+  size_t stage_offset(const Bucket& bk, int rank) const {
+    size_t off = 0;
+    for (int r = 0; r < rank; ++r) off += wire_bytes(gather_wire, bk.counts[size_t(r)]);
+    return off;
+  }
+  void stage(Bucket& bk, std::vector<uint8_t>& staged, int rank) {
+    staged.resize(unit_wire_bytes(bk, gather_wire));
     const size_t len = bk.shard.defined() ? size_t(bk.shard.numel()) : 0;
     if (len == 0) return;
-    if (gather_wire == DType::f16)
-      convert_f32_to_f16(slice_of(bk), staged.data() + bk.mine, len);
-    else
-      convert_f32_to_bf16(slice_of(bk), staged.data() + bk.mine, len);
+    uint8_t* part = staged.data() + stage_offset(bk, rank);
+    const float* x = slice_of(bk);
+    if (gather_wire == DType::f16) {
+      convert_f32_to_f16(x, reinterpret_cast<uint16_t*>(part), len);
+    } else if (gather_wire == DType::bf16) {
+      convert_f32_to_bf16(x, reinterpret_cast<uint16_t*>(part), len);
+    } else {
+      quantize_block_i8(x, len, kQuantBlock, part);
+    }
   }
-  void widen(Bucket& bk, const std::vector<uint16_t>& staged) {
+  void widen(Bucket& bk, const std::vector<uint8_t>& staged) {
     float* dst = bk.full.data_ptr<float>();
-    if (gather_wire == DType::f16)
-      convert_f16_to_f32(staged.data(), dst, bk.n);
-    else
-      convert_bf16_to_f32(staged.data(), dst, bk.n);
+    const uint8_t* part = staged.data();
+    for (size_t n : bk.counts) {
+      if (gather_wire == DType::f16) {
+        convert_f16_to_f32(reinterpret_cast<const uint16_t*>(part), dst, n);
+      } else if (gather_wire == DType::bf16) {
+        convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(part), dst, n);
+      } else {
+        dequantize_block_i8(part, n, kQuantBlock, dst);
+      }
+      part += wire_bytes(gather_wire, n);
+      dst += n;
+    }
     bk.rounded = true;
   }
   // Every rank's slices of bucket b into its whole parameters (allocated again if released). counted: a training
@@ -303,14 +341,17 @@ struct DistributedOptimizer::Core {
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
-      std::vector<uint16_t> staged;
+      std::vector<uint8_t> staged;
       try {
         if (wire == DType::f32) {
           gather_comm->allgatherv(src, dst, bk.counts, DType::f32, co).wait();
           bk.rounded = false;
         } else {
-          stage(bk, staged);
-          gather_comm->allgatherv(staged.data() + bk.mine, staged.data(), bk.counts, wire, co).wait();
+          const int rank = gather_comm->rank();
+          stage(bk, staged, rank);
+          gather_comm
+              ->allgatherv(staged.data() + stage_offset(bk, rank), staged.data(), stage_counts(bk), DType::u8, co)
+              .wait();
           widen(bk, staged);
         }
       } catch (...) {
@@ -328,7 +369,7 @@ struct DistributedOptimizer::Core {
     if (opt.trace)
       opt.trace->complete("gather", 0, t0, t1,
                           {{"bucket", b},
-                           {"bytes", bk.n * dtype_size(wire)},
+                           {"bytes", unit_wire_bytes(bk, wire)},
                            {"op", "allgather"},
                            {"pass", pass},
                            {"dtype", dtype_name(wire)}});
@@ -349,8 +390,10 @@ struct DistributedOptimizer::Core {
       if (wire == DType::f32) {
         ahead.work = gather_comm->allgatherv(slice_of(bk), bk.full.data_ptr<float>(), bk.counts, DType::f32, co);
       } else {
-        stage(bk, ahead.staged);
-        ahead.work = gather_comm->allgatherv(ahead.staged.data() + bk.mine, ahead.staged.data(), bk.counts, wire, co);
+        const int rank = gather_comm->rank();
+        stage(bk, ahead.staged, rank);
+        ahead.work = gather_comm->allgatherv(ahead.staged.data() + stage_offset(bk, rank), ahead.staged.data(),
+                                             stage_counts(bk), DType::u8, co);
       }
     } catch (...) {
       release(bk, &abandoned);
@@ -387,7 +430,7 @@ struct DistributedOptimizer::Core {
     if (opt.trace)
       opt.trace->complete("gather", 2, a.t0, t1,
                           {{"bucket", a.b},
-                           {"bytes", bk.n * dtype_size(wire)},
+                           {"bytes", unit_wire_bytes(bk, wire)},
                            {"op", "allgather"},
                            {"pass", a.pass},
                            {"prefetched", true},
@@ -944,9 +987,11 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   if (c.zero < 0 || c.zero > 3)
     throw InvalidArgument(fmt::format("DistributedOptimizer: zero_stage {}; allowed: 0, 1, 2 or 3", c.zero));
   if (options.zero_gather_dtype != DType::f32 && options.zero_gather_dtype != DType::bf16 &&
-      options.zero_gather_dtype != DType::f16)
-    throw InvalidArgument(fmt::format("DistributedOptimizer: zero_gather_dtype {}; allowed: f32, bf16 or f16",
-                                      dtype_name(options.zero_gather_dtype)));
+      options.zero_gather_dtype != DType::f16 && options.zero_gather_dtype != DType::i8)
+    throw InvalidArgument(
+        fmt::format("DistributedOptimizer: zero_gather_dtype {}; allowed: f32, bf16, f16 or i8 (int8 blocks with a "
+                    "scale each)",
+                    dtype_name(options.zero_gather_dtype)));
   if (options.zero_gather_dtype != DType::f32 && c.zero != 3)
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_gather_dtype {} is ZeRO-3's parameter gathers' wire, this optimizer has zero_stage "

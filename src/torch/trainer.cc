@@ -708,7 +708,10 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     // (ZeRO-1/2 with zero_prefetch: the allgather after each step goes on behind the next forward, unit by unit)
     if (c.zero > 0) dopts.units = model->units();
     dopts.zero_prefetch = c.zero_prefetch;
-    dopts.zero_gather_dtype = c.zero_gather == "bf16" ? DType::bf16 : c.zero_gather == "fp16" ? DType::f16 : DType::f32;
+    dopts.zero_gather_dtype = c.zero_gather == "bf16"   ? DType::bf16
+                              : c.zero_gather == "fp16" ? DType::f16
+                              : c.zero_gather == "int8" ? DType::i8
+                                                        : DType::f32;
     dopts.zero_allgather_bytes = size_t(c.zero_allgather_mb * 1024 * 1024);
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);

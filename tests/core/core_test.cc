@@ -107,6 +107,33 @@ TEST(DType, BulkConversionsMatchScalar) {
   }
 }
 
+// Block int8: each block's values within half its own scale (max |x| / 127) of the input, its largest magnitude exact
+// to a rounding; a block of zeros stays zeros, a block with an infinity or NaN decodes to NaN (the others unharmed).
+TEST(DType, BlockInt8KeepsEachBlockWithinItsOwnScale) {
+  const size_t block = 256, n = 3 * block + 17;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = std::sin(0.37f * float(i)) * (i < block ? 0.01f : i < 2 * block ? 100.f : 1.f);
+  std::fill(x.begin() + 2 * block, x.begin() + 3 * block, 0.f);  // (block 2: zeros)
+  std::vector<uint8_t> q(block_i8_bytes(n, block));
+  EXPECT_EQ(q.size(), 4 * 4 + n);
+  quantize_block_i8(x.data(), n, block, q.data());
+  std::vector<float> y(n);
+  dequantize_block_i8(q.data(), n, block, y.data());
+  for (size_t k = 0; k < 4; ++k) {
+    float amax = 0;
+    for (size_t i = k * block; i < std::min(n, (k + 1) * block); ++i) amax = std::max(amax, std::abs(x[i]));
+    for (size_t i = k * block; i < std::min(n, (k + 1) * block); ++i)
+      ASSERT_LE(std::abs(y[i] - x[i]), amax / 254 * 1.0001f + 1e-12f) << i;
+  }
+  for (size_t i = 2 * block; i < 3 * block; ++i) ASSERT_EQ(y[i], 0.f) << i;
+  EXPECT_NE(y[3], x[3]);  // (rounded)
+  x[300] = std::numeric_limits<float>::infinity();
+  quantize_block_i8(x.data(), n, block, q.data());
+  dequantize_block_i8(q.data(), n, block, y.data());
+  EXPECT_TRUE(std::isnan(y[256]) && std::isnan(y[511]));
+  EXPECT_FALSE(std::isnan(y[0]) || std::isnan(y[512]) || std::isnan(y[n - 1]));
+}
+
 template <typename T>
 void check_reduce(DType dt) {
   std::vector<T> a(1001), b(1001);

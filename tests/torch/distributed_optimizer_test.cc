@@ -693,11 +693,13 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
   expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_gather_dtype = DType::bf16; }),
          "zero_gather_dtype bf16 is ZeRO-3's parameter gathers' wire, this optimizer has zero_stage 1; allowed: f32, "
          "or zero_stage 3");
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_gather_dtype = DType::i8; }),
+         "zero_gather_dtype i8 is ZeRO-3's parameter gathers' wire");
   expect(attempt([](auto&, auto&, DistOptions& o) {
            o.zero_stage = 3;
-           o.zero_gather_dtype = DType::i8;
+           o.zero_gather_dtype = DType::i32;
          }),
-         "zero_gather_dtype i8; allowed: f32, bf16 or f16");
+         "zero_gather_dtype i32; allowed: f32, bf16, f16 or i8 (int8 blocks with a scale each)");
   for (int stage : {0, 3})
     expect(attempt([&](TwoLayers& m, auto&, DistOptions& o) {
              o.zero_stage = stage;
@@ -943,15 +945,19 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
   EXPECT_EQ(z.held_between[0], 4 * 79u);
 }
 
-// ZeRO-3 with its training gathers on a 16-bit wire (bf16 or f16: ZeRO++'s quantized weights with a 16-bit float):
-// the gathers move half their bytes (the reduce-scatters stay f32), every rank runs the same rounded weights, the
-// weights stay within the rounding's reach of f32 training, and whole_parameters() gathers the exact f32 slices, also
-// of a unit a 16-bit gather left whole.
-TEST(DistributedOptimizerZero, SixteenBitGathersHalveTheirBytesAndLeaveTheSlicesExact) {
-  auto r34 = [](size_t n, size_t bytes) { return uint64_t(0.75 * double(bytes * n) + 0.5); };
+// ZeRO-3 with its training gathers on a narrow wire (bf16 or f16: ZeRO++'s quantized weights with a 16-bit float; i8:
+// its int8 blocks with a scale each): the gathers move half their bytes, or a quarter and the scales (the
+// reduce-scatters stay f32), every rank runs the same rounded weights, the weights stay within the rounding's reach of
+// f32 training, and whole_parameters() gathers the exact f32 slices, also of a unit a narrow gather left whole.
+TEST(DistributedOptimizerZero, NarrowGathersCutTheirBytesAndLeaveTheSlicesExact) {
   const Zero3Run f32 = zero3_run(3, "sgd", true, 4);
-  for (DType g : {DType::bf16, DType::f16})
+  for (DType g : {DType::bf16, DType::f16, DType::i8})
     for (bool prefetch : {true, false}) {
+      // (a unit of n floats over 4 ranks, each holding some: 2 bytes an element, or 1 and each rank's 4-byte scale)
+      auto r34 = [g](size_t n, size_t bytes) {
+        const double unit = bytes == 4 ? 4.0 * double(n) : g == DType::i8 ? double(n + 4 * 4) : 2.0 * double(n);
+        return uint64_t(0.75 * unit + 0.5);
+      };
       const std::string what = fmt::format("{} prefetch {}", dtype_name(g), prefetch);
       const Zero3Run z = zero3_run(3, "sgd", true, 4, "none", prefetch, g);
       double worst = 0;
@@ -961,6 +967,7 @@ TEST(DistributedOptimizerZero, SixteenBitGathersHalveTheirBytesAndLeaveTheSlices
       // A step: every unit gathered forward, units 0 and 1 again backward, on the 16-bit wire; the reduce-scatter in
       // f32; the evaluation forward's gathers (one a unit) counted with the step after it.
       const uint64_t gathers = 2 * r34(40, 2) + 2 * r34(24, 2) + r34(15, 2), rs = r34(40, 4) + r34(24, 4) + r34(15, 4);
+      EXPECT_EQ(gathers, g == DType::i8 ? uint64_t(2 * 42 + 2 * 30 + 23) : uint64_t(2 * 60 + 2 * 36 + 23)) << what;
       for (int r = 0; r < 4; ++r) {
         EXPECT_EQ(z.params[size_t(r)], z.params[0]) << what;
         EXPECT_EQ(z.sent[size_t(r)], 4 * (gathers + rs) + r34(40, 2) + r34(24, 2) + r34(15, 2)) << what << " " << r;
@@ -1263,9 +1270,12 @@ TEST(DistributedOptimizerZero, PrefetchSkipsAUnitWithoutTrainableParameters) {
 // A ZeRO-3 gather whose peer never joins it fails at the deadline with one line, in forward (rank 1 gone before it)
 // and inside backward (rank 1 gone after its forward: the gather for unit 1's backward), and nothing hangs.
 TEST(DistributedOptimizerZero, AGatherWhosePeerIsGoneFailsAtItsDeadline) {
-  // (also on the 16-bit wire, whose staging buffers the failed collective may still write into: kept, not freed)
-  for (auto [in_backward, gather] :
-       {std::pair{false, DType::f32}, {true, DType::f32}, {false, DType::bf16}, {true, DType::bf16}}) {
+  // (also on the narrow wires, whose staging buffers the failed collective may still write into: kept, not freed)
+  for (auto [in_backward, gather] : {std::pair{false, DType::f32},
+                                     {true, DType::f32},
+                                     {false, DType::bf16},
+                                     {true, DType::bf16},
+                                     {true, DType::i8}}) {
     auto comms = coll::Communicator::inproc(2);
     std::string error;
     const auto t0 = std::chrono::steady_clock::now();
