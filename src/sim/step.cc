@@ -480,16 +480,16 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       } else {
         // The allgather behind the next forward, as `conduit train --zero 1|2` runs it (--no-overlap, about the
         // gradients, leaves it so there too): the embeddings, then each layer, in forward order, a call per unit and
-        // gradient bucket (deferred_allgather_calls: a layer's tensors are QKV, the projection, the MLP's two
-        // matrices and the norms), each layer of the first micro-batch waiting only for its own. Each call is timed
-        // as an even allgather of its bytes (the runtime's pieces are a unit's share of each rank's slice, uneven
-        // where the unit is smaller than a slice), and with interleaved chunks the first stage's layers are played
-        // out back to back (their later chunks run later: an over-estimate).
-        const double qkv = qkv_width_per_rank(m, t) * (h + 1), proj = h * h / t + h,
-                     up = m.mlp_up_width() * (h + 1) / t, down = m.ffn() * h / t + h;
-        const double norms = std::max(0.0, layer_params / t - qkv - proj - up - down);
+        // gradient bucket (deferred_allgather_calls: a layer's tensors are its two norms' weights and biases, and
+        // the weights and biases of QKV, the projection and the MLP's two matrices), each layer of the first
+        // micro-batch waiting only for its own. Each call is timed as an even allgather of its bytes (the runtime's
+        // pieces are a unit's share of each rank's slice, uneven where the unit is smaller than a slice), and with
+        // interleaved chunks the first stage's layers are played out back to back (their later chunks run later: an
+        // over-estimate). (each a rank's share as gpt_layer_parameters_per_rank counts it: all of them over t but the K
+        // and V of replicated KV heads, so that they sum to a rank's layer)
+        const double qkv = qkv_width_per_rank(m, t), up = m.mlp_up_width() / t, f = m.ffn(), n = h / t;
         std::vector<std::vector<double>> units{{V * h / t, s * h}};
-        units.resize(static_cast<size_t>(lps) + 1, {norms / 2, qkv, proj, norms / 2, up, down});
+        units.resize(static_cast<size_t>(lps) + 1, {n, n, qkv * h, qkv, h * n, n, n, n, up * h, up, f * h / t, n});
         const auto calls =
             deferred_allgather_calls(units, cfg.bucket_bytes / cfg.grad_bytes, cfg.zero_allgather_bytes / 2);
         std::vector<double> fwd(units.size(), mt.layer_fwd + tp_fwd);

@@ -810,8 +810,12 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
       if (ec != std::errc() || end != z.data() + z.size() || zero != 3) continue;
     }
     // (the deferred allgather's call size, not taken by a run given stage 0 or 3, which refuse it)
-    if (std::string(k) == "zero_allgather_mb" && raw.count("zero") && raw.at("zero") != "1" && raw.at("zero") != "2")
-      continue;
+    if (std::string(k) == "zero_allgather_mb" && raw.count("zero")) {
+      int zero = -1;
+      const std::string& z = raw.at("zero");
+      const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
+      if (ec != std::errc() || end != z.data() + z.size() || (zero != 1 && zero != 2)) continue;
+    }
     // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
     // report)
     if (std::string(k) == "zero_prefetch" && raw.count("zero")) {

@@ -782,27 +782,31 @@ TEST(Inputs, DeferredAllgatherCallsFollowTheBucketsAndJoinUpToTheirSize) {
 }
 
 // --zero-allgather-bucket: one call for the whole model is the blocking allgather's time, exposed before the first
-// layer; calls of a few layers each hide all but the first behind the forward.
+// layer (the layers' tensors sum to a rank's parameters, with tensor parallelism too); calls of a few layers each
+// hide all but the first behind the forward.
 TEST(Inputs, ZeroAllgatherBucketJoinsTheLayersCalls) {
   Topology ts(flat_cluster(1e-6, 1e11, 0, 1e9), 64);
   CollectiveModel ns(ts);
   const GptModel m = named_model("gpt2-small");
-  ParallelConfig c;
-  c.global_batch = 64;
-  c.zero = 1;
-  c.bucket_bytes = 1e15;
-  const StepResult per_layer = simulate_step(ns, m, c);
-  c.zero_allgather_bytes = 1e15;
-  const StepResult one = simulate_step(ns, m, c);
-  c.zero_prefetch = false;
-  const StepResult blocking = simulate_step(ns, m, c);
-  EXPECT_NEAR(one.breakdown.dp_exposed, blocking.breakdown.dp_exposed, 1e-9 * blocking.breakdown.dp_exposed);
-  EXPECT_NEAR(one.breakdown.dp_comm, blocking.breakdown.dp_comm, 1e-9 * blocking.breakdown.dp_comm);
-  EXPECT_LT(per_layer.breakdown.dp_exposed, one.breakdown.dp_exposed);
-  EXPECT_GT(per_layer.breakdown.dp_comm, one.breakdown.dp_comm);  // (12 more calls' latencies)
-  bool noted = false;
-  for (auto& n : one.notes) noted = noted || n.find("behind the next forward in 1 call (") != std::string::npos;
-  EXPECT_TRUE(noted);
+  for (int tp : {1, 4}) {
+    ParallelConfig c;
+    c.global_batch = 64;
+    c.tp = tp;
+    c.zero = 1;
+    c.bucket_bytes = 1e15;
+    const StepResult per_layer = simulate_step(ns, m, c);
+    c.zero_allgather_bytes = 1e15;
+    const StepResult one = simulate_step(ns, m, c);
+    c.zero_prefetch = false;
+    const StepResult blocking = simulate_step(ns, m, c);
+    EXPECT_NEAR(one.breakdown.dp_exposed, blocking.breakdown.dp_exposed, 1e-9 * blocking.breakdown.dp_exposed) << tp;
+    EXPECT_NEAR(one.breakdown.dp_comm, blocking.breakdown.dp_comm, 1e-9 * blocking.breakdown.dp_comm) << tp;
+    EXPECT_LT(per_layer.breakdown.dp_exposed, one.breakdown.dp_exposed) << tp;
+    EXPECT_GT(per_layer.breakdown.dp_comm, one.breakdown.dp_comm) << tp;  // (12 more calls' latencies)
+    bool noted = false;
+    for (auto& n : one.notes) noted = noted || n.find("behind the next forward in 1 call (") != std::string::npos;
+    EXPECT_TRUE(noted) << tp;
+  }
 }
 
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
