@@ -14,7 +14,7 @@ the goal, the rows whose runs alone spread past the goal, and each (model, N)'s 
   /usr/bin/python3 bench/sim/validate_train.py [--conduit build/bin/conduit] [--out /tmp/simval] [--rounds 3]
                                                [--workers 2,4] [--goal 0.10] [--retakes 2]
                                                [--train-runs 3] [--model-steps 160] [--train-steps 160]
-                                               [--zero 0|1|2|3 [--zero-gather bf16|fp16]]
+                                               [--zero 0|1|2|3 [--zero-gather bf16|fp16|int8]]
                                                [--pp P --micro-batches M [--schedule 1f1b|gpipe]]
   /usr/bin/python3 bench/sim/validate_train.py --report /tmp/simval/rows.json     (the table of an earlier run again)
 """
@@ -113,7 +113,8 @@ def measure(a, workers):
                                     "--layers-spec", spec, "--global-batch", str(BATCH * n // a.pp), "--micro-batch",
                                     str(BATCH // a.micro_batches), "--grad-bytes", "4", "--compression", "none",
                                     "--sync", "bsp", "--zero", str(a.zero), "--json"] + pipe +
-                                   (["--gather-bytes", "2"] if a.zero_gather != "f32" else [])))
+                                   (["--gather-bytes", "1" if a.zero_gather == "int8" else "2"]
+                                    if a.zero_gather != "f32" else [])))
                 runs = []
                 for k in range(1, a.train_runs + 1):
                     out = os.path.join(d, f"train-{model}" + (f"-{k}" if a.train_runs > 1 else ""))
@@ -144,7 +145,7 @@ def main():
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
                     help="ZeRO stage of both the predictions and the training runs (default 0)")
-    ap.add_argument("--zero-gather", default="f32", choices=["f32", "bf16", "fp16"],
+    ap.add_argument("--zero-gather", default="f32", choices=["f32", "bf16", "fp16", "int8"],
                     help="with --zero 3: the gathers' wire on both sides (conduit train --zero-gather, sim --gather-bytes)")
     ap.add_argument("--pp", type=int, default=1,
                     help="pipeline stages (conduit train --pp: the layers cut by their work; needs --zero 0)")

@@ -1,8 +1,8 @@
 #!/bin/bash
 # ZeRO in `conduit train` (--zero 1, 2 and 3, each with --zero-prefetch false: "zero 1n", "2n", "3n", and 3 with
-# --zero-gather bf16: "zero 3b") against plain bsp, and PyTorch's ZeroRedundancyOptimizer over DDP
+# --zero-gather bf16: "zero 3b", and int8: "zero 3q") against plain bsp, and PyTorch's ZeroRedundancyOptimizer over DDP
 # (bench/peers/ddp_train.py --zero) against plain DDP: the CNN on Fashion-MNIST, 4 local workers, Adam (lr 0.001),
-# EPOCHS epochs. ROUNDS rounds run the ten configurations one after the other (each round in the order the
+# EPOCHS epochs. ROUNDS rounds run the eleven configurations one after the other (each round in the order the
 # previous one ended with reversed, so no configuration always runs first); the table gives the median training
 # wall time over the rounds, the test accuracy, bytes on the wire, rank 0's optimizer state and (Conduit) the
 # trainable parameters rank 0 held between steps, of the last round.
@@ -25,6 +25,7 @@ run() {  # impl zero round
     local zero="--zero $2"
     [ "${2: -1}" = n ] && zero="--zero ${2%n} --zero-prefetch false"
     [ "$2" = 3b ] && zero="--zero 3 --zero-gather bf16"
+    [ "$2" = 3q ] && zero="--zero 3 --zero-gather int8"
     "$CONDUIT" train --model cnn --workers 4 --optimizer adam --lr $LR --compressor none $zero \
       --epochs "$EPOCHS" --progress false --output "$dir" > "$dir.log" 2>&1
   else
@@ -36,12 +37,12 @@ run() {  # impl zero round
 }
 source bench/alternate_rounds.sh
 alternate_rounds "$ROUNDS" run "conduit 0" "conduit 1" "conduit 1n" "conduit 2" "conduit 2n" "conduit 3" "conduit 3n" \
-  "conduit 3b" "ddp 0" "ddp 1"
+  "conduit 3b" "conduit 3q" "ddp 0" "ddp 1"
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 rows = [("conduit", 0), ("conduit", 1), ("conduit", "1n"), ("conduit", 2), ("conduit", "2n"), ("conduit", 3),
-        ("conduit", "3n"), ("conduit", "3b"), ("ddp", 0), ("ddp", 1)]
+        ("conduit", "3n"), ("conduit", "3b"), ("conduit", "3q"), ("ddp", 0), ("ddp", 1)]
 walls = {}
 # Ratios against the same implementation's plain run (x own), and times against Conduit's plain run (x conduit 0).
 print(f"{'run':<16}{'accuracy':>10}{'wall s':>9}{'(rounds)':>20}{'x own':>7}{'x conduit 0':>12}{'MB on wire':>12}"

@@ -211,8 +211,9 @@ ParallelConfig make_config(const StepArgs& a) {
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
   c.gather_bytes = a.gather_bytes;
-  if (c.gather_bytes != 0 && c.gather_bytes != 2 && c.gather_bytes != 4)
-    throw ConfigError(fmt::format("--gather-bytes = {} (allowed: 2, 4)", c.gather_bytes));
+  if (c.gather_bytes != 0 && c.gather_bytes != 1 && c.gather_bytes != 2 && c.gather_bytes != 4)
+    throw ConfigError(
+        fmt::format("--gather-bytes = {} (allowed: 1 (int8 blocks with their scales), 2, 4)", c.gather_bytes));
   c.dp_algorithm = parse_algorithm(a.dp_algorithm);
   c.tp_algorithm = parse_algorithm(a.tp_algorithm);
   c.compression = parse_compression(a.compression);
@@ -426,10 +427,10 @@ void run_step(const StepArgs& given_args) {
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
   ParallelConfig c = make_config(a);
   check_step_config(c);
-  if (c.gather_bytes != 0)
+  if (c.gather_bytes == 4)
     throw ConfigError(
-        "--gather-bytes is for --model layers (a list of layers, f32 as conduit train runs them); a GPT model gathers "
-        "its 16-bit parameters: leave it out");
+        "--gather-bytes 4: a GPT model holds 16-bit parameters and gathers them so; allowed: 1 (int8 blocks, ZeRO++'s "
+        "qwZ), 2, or leave it out");
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   Stopwatch sw;
@@ -458,10 +459,10 @@ void run_plan(const StepArgs& given_args) {
   if (a.global_batch <= 0)
     throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
   ParallelConfig base = make_config(a);
-  if (base.gather_bytes != 0)
+  if (base.gather_bytes == 4)
     throw ConfigError(
-        "--gather-bytes is for `sim step --model layers` (f32 layer lists); the planner's GPT models gather their "
-        "16-bit parameters: leave it out");
+        "--gather-bytes 4: the planner's GPT models hold 16-bit parameters and gather them so; allowed: 1 (int8 "
+        "blocks, ZeRO++'s qwZ, for the ZeRO-3 plans), 2, or leave it out");
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   PlanSpace space;
@@ -1364,8 +1365,9 @@ void setup(CLI::App& app) {
                   "and bucket)")
         ->capture_default_str();
     c->add_option("--gather-bytes", a->gather_bytes,
-                  "ZeRO-3, --model layers: bytes per parameter element gathered (2: conduit train --zero-gather bf16 "
-                  "or fp16; default: as held, --grad-bytes)");
+                  "ZeRO-3: bytes per parameter element gathered (1: int8 blocks with a scale each, conduit train "
+                  "--zero-gather int8 and ZeRO++'s qwZ; 2: --zero-gather bf16 or fp16; default: as held, a GPT "
+                  "model's 16 bits, a layer list's --grad-bytes)");
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();
     c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")

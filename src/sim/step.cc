@@ -419,7 +419,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     const Group dg{d, static_cast<long long>(t), 0};
     const double grad_bytes = params_gpu * cfg.grad_bytes;
     if (cfg.zero == 3) {
-      const double layer_bytes = layer_params / t * 2;
+      const double gb = gather_element_bytes(cfg.gather_bytes, 2);  // (the parameters are held in 16 bits)
+      const double layer_bytes = layer_params / t * gb;
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, layer_params / t * cfg.grad_bytes);
       const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes) + wake,
@@ -427,7 +428,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       // The embeddings (word and position; the output layer shares the word embeddings) are sharded too: gathered
       // before the first layer (nothing to hide behind) and again for the output layer and the backward, their
       // gradients reduce-scattered at the end; those two hide behind the output layer's compute as far as it lasts.
-      const double emb_bytes = emb_gpu * 2;
+      const double emb_bytes = emb_gpu * gb;
       auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, emb_bytes);
       auto ers = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, emb_gpu * cfg.grad_bytes);
       const double te_ag = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake,
@@ -1106,7 +1107,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       double gathers = 0, rs_total = 0, comm_free = 0;
       for (size_t u = 0; u < units; ++u) {
         if (unit_params[u] <= 0) continue;
-        t_ag[u] = allgather(unit_params[u] * (cfg.gather_bytes > 0 ? cfg.gather_bytes : eb));
+        t_ag[u] = allgather(unit_params[u] * gather_element_bytes(cfg.gather_bytes, eb));
         gathers += t_ag[u] * (u + 1 < units ? 2 : 1);
       }
       // One pass over the units in `order`, each after its gather `g` (0: none): when each unit's compute ends, and

@@ -66,8 +66,9 @@ struct ParallelConfig {
   bool balance = false;
   double bucket_bytes = 25.0 * 1024 * 1024;  // 25 MiB, as `--bucket 25M` and PyTorch DDP's bucket_cap_mb = 25
   double grad_bytes = 2;  // bytes per gradient element on the wire
-  // ZeRO-3, layer-list models: bytes per parameter element its gathers move (0: as the parameters are held, 4 at
-  // grad_bytes 4; 2 for `conduit train --zero-gather bf16|fp16`). GPT models gather their 16-bit parameters.
+  // ZeRO-3: bytes per parameter element its gathers move (0: as the parameters are held: a layer-list model's at
+  // grad_bytes, a GPT model's 16-bit ones; 2 for `conduit train --zero-gather bf16|fp16`; 1 for int8 blocks,
+  // `--zero-gather int8` and ZeRO++'s qwZ, which also move a 4-byte scale per 256 elements: gather_element_bytes).
   double gather_bytes = 0;
   Algorithm dp_algorithm = Algorithm::kAuto;
   Algorithm tp_algorithm = Algorithm::kAuto;
@@ -75,6 +76,11 @@ struct ParallelConfig {
   SyncScheme sync;
   EvalMode mode = EvalMode::kSymmetric;
 };
+
+// Bytes a ZeRO-3 gather moves per parameter element: gather_bytes (1: int8 and its blocks' scales), else `held`.
+inline double gather_element_bytes(double gather_bytes, double held) {
+  return gather_bytes == 1 ? 1 + 4.0 / 256 : gather_bytes > 0 ? gather_bytes : held;
+}
 
 struct StepBreakdown {
   double compute = 0;    // GEMMs + element-wise, all micro-batches, excluding the bubble

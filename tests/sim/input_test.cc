@@ -623,6 +623,14 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
     EXPECT_NEAR(g2.breakdown.zero3_exposed, gathers2, 1e-9 * gathers2);
     EXPECT_LT(gathers2, gathers);
     EXPECT_EQ(g2.memory.params, r.memory.params);
+    // --zero-gather int8: a byte an element and a 4-byte scale per 256 of them.
+    h.gather_bytes = 1;
+    auto ag1 = [&](double params) {
+      return n8.time(Collective::kAllGather, Algorithm::kAuto, dg, params * (1 + 4.0 / 256));
+    };
+    const double gathers1 = 2 * (2 * ag1(units[0]) + 2 * ag1(units[1]) + 2 * ag1(units[2]) + ag1(units[3]));
+    EXPECT_NEAR(simulate_layer_step(n8, cnn, h).breakdown.zero3_exposed, gathers1, 1e-9 * gathers1);
+    EXPECT_LT(gathers1, gathers2);
   }
   {
     // With prefetch each next layer's gather runs behind the layer before: the same bytes and the same gathers,
@@ -965,17 +973,39 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
   EXPECT_NE(out.find("--gather-bytes: the wire of ZeRO-3's parameter gathers, this step has --zero 2"),
             std::string::npos)
       << out;
+  // A GPT model gathers its 16-bit parameters, or int8 blocks (ZeRO++'s qwZ): fewer bytes, a shorter step.
   out = test_util::run(
-      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 3 "
-      "--gather-bytes 2",
-      &rc);
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 3 --gather-bytes 4", &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--gather-bytes is for --model layers"), std::string::npos) << out;
+  EXPECT_NE(out.find("--gather-bytes 4: a GPT model holds 16-bit parameters and gathers them so; allowed: 1"),
+            std::string::npos)
+      << out;
+  {
+    Topology t64(load_cluster("ethernet-25g"), 64);
+    CollectiveModel n64(t64);
+    ParallelConfig g;
+    g.global_batch = 64;
+    g.zero = 3;
+    const StepResult sixteen = simulate_step(n64, named_model("gpt2-small"), g);
+    g.gather_bytes = 2;
+    EXPECT_EQ(simulate_step(n64, named_model("gpt2-small"), g).breakdown.dp_comm, sixteen.breakdown.dp_comm);
+    g.gather_bytes = 1;
+    const StepResult eight = simulate_step(n64, named_model("gpt2-small"), g);
+    EXPECT_LT(eight.breakdown.dp_comm, 0.9 * sixteen.breakdown.dp_comm);
+    EXPECT_GT(eight.breakdown.dp_comm, 0.5 * sixteen.breakdown.dp_comm);  // (the reduce-scatters stay 16-bit)
+    EXPECT_LT(eight.time, sixteen.time);
+  }
+  out = test_util::run(
+      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --gather-bytes 1 --zero-options 3 "
+      "--json",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
   out = test_util::run(
       "sim step --cluster dgx-a100 --gpus 8 --model layers --layers-spec dense:784x256,dense:256x10 --global-batch 8 "
       "--zero 3 --gather-bytes 3",
       &rc);
-  EXPECT_NE(out.find("--gather-bytes = 3 (allowed: 2, 4)"), std::string::npos) << out;
+  EXPECT_NE(out.find("--gather-bytes = 3 (allowed: 1 (int8 blocks with their scales), 2, 4)"), std::string::npos)
+      << out;
 
   const std::string infer_cmd = "sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 ";
   out = test_util::run(infer_cmd + "--batch 4 --batch-list 1,2", &rc);
