@@ -515,6 +515,21 @@ void run_plan(const StepArgs& given_args) {
           fmt::format("--virtual-stages = {} (allowed with --schedule interleaved: 2 or more)", base.virtual_stages));
     space.virtual_stages = {base.virtual_stages};
   }
+  // Settings of one ZeRO stage's gathers need that stage among the searched ones (else they did nothing).
+  auto searched = [&](std::initializer_list<int> stages) {
+    for (int z : space.zero)
+      for (int s : stages)
+        if (z == s) return true;
+    return false;
+  };
+  if (base.gather_bytes != 0 && !searched({3}))
+    throw ConfigError(
+        "--gather-bytes: the wire of ZeRO-3's gathers, and this search has no ZeRO-3 plans; allowed: "
+        "--zero-options with 3, or leave it out");
+  if (base.zero_allgather_bytes > 0 && !searched({1, 2}))
+    throw ConfigError(
+        "--zero-allgather-bucket: the calls of ZeRO-1/2's allgather, and this search has no ZeRO-1 or 2 plans; "
+        "allowed: --zero-options with 1 or 2, or leave it out");
   if (a.given.count("--sp")) {
     // Fixed: every plan uses it, so tp = 1 (where the planner would drop it) is out of the search.
     if (!space.tp.empty() && std::all_of(space.tp.begin(), space.tp.end(), [](int t) { return t == 1; }))

@@ -185,10 +185,13 @@ __attribute__((target_clones("avx2", "default"))) void convert_bf16_to_f32(const
   }
 }
 
-size_t block_i8_bytes(size_t n, size_t block) { return 4 * ((n + block - 1) / block) + n; }
+size_t block_i8_bytes(size_t n, size_t block) {
+  if (block == 0) throw InvalidArgument("block int8: block 0; allowed: 1 element or more");
+  return 4 * ((n + block - 1) / block) + n;
+}
 
 void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out) {
-  const size_t blocks = (n + block - 1) / block;
+  const size_t blocks = (block_i8_bytes(n, block) - n) / 4;  // (refuses block 0)
   auto* q = reinterpret_cast<int8_t*>(out + 4 * blocks);
   for (size_t k = 0; k < blocks; ++k) {
     const size_t lo = k * block, hi = std::min(n, lo + block);
@@ -198,7 +201,8 @@ void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out) {
       amax = std::max(amax, std::fabs(in[i]));
       finite = finite && std::isfinite(in[i]);
     }
-    const float scale = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
+    float scale = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
+    if (scale == 0 && amax > 0) scale = std::numeric_limits<float>::denorm_min();  // (tiny subnormals: kept nonzero)
     std::memcpy(out + 4 * k, &scale, 4);
     for (size_t i = lo; i < hi; ++i)
       q[i] = scale > 0 && std::isfinite(scale)
@@ -208,7 +212,7 @@ void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out) {
 }
 
 void dequantize_block_i8(const uint8_t* in, size_t n, size_t block, float* out) {
-  const size_t blocks = (n + block - 1) / block;
+  const size_t blocks = (block_i8_bytes(n, block) - n) / 4;  // (refuses block 0)
   const auto* q = reinterpret_cast<const int8_t*>(in + 4 * blocks);
   for (size_t k = 0; k < blocks; ++k) {
     float scale = 0;

@@ -143,7 +143,8 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "layer by layer; false: each gather blocks (default true)"},
       {"zero_gather",
        "with zero 3: the element type its parameter gathers travel in: f32 | bf16 | fp16 (half the gathers' bytes) | "
-       "int8 (ZeRO++'s quantized weights: blocks of 256 with a scale each, 26% of the bytes); forward and backward "
+       "int8 (ZeRO++'s quantized weights: blocks of 256 with a scale each, about 25% of the bytes, more for layers "
+       "under 256 elements a worker); forward and backward "
        "then run on the layers' weights rounded to it, the optimizer steps exact f32 slices (default f32)"},
       {"zero_allgather_mb",
        "with zero 1 or 2 and zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call "

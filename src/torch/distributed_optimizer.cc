@@ -128,7 +128,7 @@ struct DistributedOptimizer::Core {
   int pinned = 0;                // whole_parameters() handles alive
   double gather_s = 0;           // this step's time blocked in gathers (under mu)
   // Allocations a failed gather's collective may still write into (an aborted transport): kept, not freed (the
-  // units' storage, and a 16-bit gather's staging buffer).
+  // units' storage, and a narrow gather's staging buffer).
   std::vector<at::DataPtr> abandoned;
   std::vector<std::vector<uint8_t>> abandoned_staged;
   // ZeRO-3's prefetch (DistOptions::zero_prefetch): the one gather started ahead of its unit, in flight on the
@@ -326,7 +326,7 @@ struct DistributedOptimizer::Core {
   // step's (its bytes and its time, which blocked forward or backward). A prefetched gather of another bucket is
   // finished first (the ranks' gathers stay in one order; its unit stays gathered until released as usual).
   // A training gather (counted) travels on gather_wire; the others (whole_parameters(), a refresh) in f32, and gather
-  // a unit again that a 16-bit gather left resident with rounded weights.
+  // a unit again that a narrow gather left resident with rounded weights.
   void gather(int b, bool counted, const char* pass, bool refresh = false) {
     if (ahead.b >= 0) finish_ahead();
     Bucket& bk = buckets[size_t(b)];

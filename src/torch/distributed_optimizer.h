@@ -107,7 +107,8 @@ struct DistOptions {
   // ZeRO stage 3: the element type the training gathers (forward, backward, prefetched) move the parameters in. bf16
   // or f16 halve their bytes (as ZeRO++'s quantized weights, qwZ, with a 16-bit float instead of int8); i8 is qwZ's
   // int8: each rank's slice in blocks of 256 elements, each block a f32 scale (its largest magnitude / 127) and the
-  // elements rounded to multiples of it in [-127, 127], about 26% of f32's bytes. Each rank casts or quantizes its
+  // elements rounded to multiples of it in [-127, 127], about 25% of f32's bytes (more where a rank's slice of a unit
+  // is under 256 elements: each rank's part carries a scale). Each rank casts or quantizes its
   // slice, and every rank widens the whole unit back to f32, so forward and backward run on the unit's weights
   // rounded to that type (the same on every rank) while the optimizer steps the exact f32 slices.
   // whole_parameters() (evaluations, checkpoints) gathers f32: exact weights. f32 (the default): exact everywhere.

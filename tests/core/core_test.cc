@@ -132,6 +132,21 @@ TEST(DType, BlockInt8KeepsEachBlockWithinItsOwnScale) {
   dequantize_block_i8(q.data(), n, block, y.data());
   EXPECT_TRUE(std::isnan(y[256]) && std::isnan(y[511]));
   EXPECT_FALSE(std::isnan(y[0]) || std::isnan(y[512]) || std::isnan(y[n - 1]));
+  x[300] = std::numeric_limits<float>::quiet_NaN();  // (a NaN likewise: max() would have passed over it)
+  x[256] = 1;
+  quantize_block_i8(x.data(), n, block, q.data());
+  dequantize_block_i8(q.data(), n, block, y.data());
+  EXPECT_TRUE(std::isnan(y[256]) && std::isnan(y[511]));
+  // A block of tiny subnormals keeps its nonzero values nonzero (their scale would round to 0).
+  std::vector<float> tiny(4, std::ldexp(1.0f, -148));
+  tiny[1] = 0;
+  std::vector<uint8_t> tq(block_i8_bytes(4, block));
+  quantize_block_i8(tiny.data(), 4, block, tq.data());
+  std::vector<float> ty(4);
+  dequantize_block_i8(tq.data(), 4, block, ty.data());
+  EXPECT_GT(ty[0], 0.f);
+  EXPECT_EQ(ty[1], 0.f);
+  EXPECT_THROW(block_i8_bytes(4, 0), InvalidArgument);
 }
 
 template <typename T>

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 
@@ -995,11 +996,29 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
     EXPECT_GT(eight.breakdown.dp_comm, 0.5 * sixteen.breakdown.dp_comm);  // (the reduce-scatters stay 16-bit)
     EXPECT_LT(eight.time, sixteen.time);
   }
-  out = test_util::run(
-      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --gather-bytes 1 --zero-options 3 "
-      "--json",
-      &rc);
-  EXPECT_EQ(rc, 0) << out;
+  // The planner applies it to its ZeRO-3 plans (and reports it there only); a search without them refuses it.
+  const std::string plan3 = "sim plan --cluster ethernet-25g --gpus 64 --model gpt2-small --global-batch 64 --json ";
+  out = test_util::run(plan3 + "--zero-options 3 --gather-bytes 1", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const auto with = nlohmann::json::parse(out);
+  const auto without = nlohmann::json::parse(test_util::run(plan3 + "--zero-options 3", &rc));
+  EXPECT_EQ(with["plans"][0]["config"]["gather_bytes"], 1) << out;
+  EXPECT_LT(with["plans"][0]["time_s"].get<double>(), without["plans"][0]["time_s"].get<double>()) << out;
+  out = test_util::run(plan3 + "--zero-options 1,3 --gather-bytes 1", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  for (const auto& p : nlohmann::json::parse(out)["plans"])
+    EXPECT_EQ(p["config"]["gather_bytes"], p["config"]["zero"] == 3 ? 1 : 0) << p.dump();
+  out = test_util::run(plan3 + "--zero-options 0,1 --gather-bytes 1", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--gather-bytes: the wire of ZeRO-3's gathers, and this search has no ZeRO-3 plans"),
+            std::string::npos)
+      << out;
+  out = test_util::run(plan3 + "--zero 3 --zero-allgather-bucket 1G", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--zero-allgather-bucket: the calls of ZeRO-1/2's allgather, and this search has no ZeRO-1 or 2 "
+                     "plans"),
+            std::string::npos)
+      << out;
   out = test_util::run(
       "sim step --cluster dgx-a100 --gpus 8 --model layers --layers-spec dense:784x256,dense:256x10 --global-batch 8 "
       "--zero 3 --gather-bytes 3",

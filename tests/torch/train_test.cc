@@ -878,9 +878,9 @@ TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
     for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
     return m;
   };
-  // (4 steps: 0.0038 from f32's weights, bf16's 0.0027; the loss within 0.1%)
+  // (4 steps: 0.0038 from f32's weights, bf16's 0.0027; the loss within 0.06%)
   EXPECT_LT(max_abs(res_int8[0].params, res_three[0].params), 0.02);
-  EXPECT_NEAR(res_int8[0].train_loss, res_three[0].train_loss, 0.01 * res_three[0].train_loss);
+  EXPECT_NEAR(res_int8[0].train_loss, res_three[0].train_loss, 0.002 * res_three[0].train_loss);
   // With tensor parallelism (stage 3 over the data-parallel ranks, the split blocks its units), and with 2
   // micro-batches accumulated (each gathers forward and backward): bit for bit each one's stage-0 run.
   for (auto [tp, micro] : {std::pair{2, 1}, std::pair{1, 2}}) {
