@@ -146,6 +146,10 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "int8 (ZeRO++'s quantized weights: blocks of 256 with a scale each, about 25% of the bytes, more for layers "
        "under 256 elements a worker); forward and backward "
        "then run on the layers' weights rounded to it, the optimizer steps exact f32 slices (default f32)"},
+      {"zero_hpz",
+       "with zero 3: ZeRO++'s hpZ, a secondary partition over groups of this many consecutive workers (those of a "
+       "node): each keeps its share of every layer's weights from the layer's forward to its backward, whose gather "
+       "then runs within the group; a divisor of the data-parallel workers below their number; 0: none (default 0)"},
       {"zero_allgather_mb",
        "with zero 1 or 2 and zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call "
        "of the allgather behind the next forward until it carries at least this many MiB (DeepSpeed's "
@@ -401,6 +405,14 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
           "zero {}: f32, or leave it unset",
           c.zero_gather, c.zero, c.zero));
   }
+  if (auto v = get("zero_hpz")) {
+    c.zero_hpz = static_cast<int>(to_int("zero_hpz", *v, 0, 1024));
+    if (c.zero_hpz > 1 && c.zero != 3)
+      throw ConfigError(fmt::format(
+          "config: zero_hpz: {} is a secondary partition of ZeRO-3's parameters, this run has zero {}; allowed with "
+          "zero {}: 0, or leave it unset",
+          c.zero_hpz, c.zero, c.zero));
+  }
   if (auto v = get("zero_allgather_mb")) {
     c.zero_allgather_mb = to_double("zero_allgather_mb", *v, 0, 1 << 20, false,
                                     "a size in MiB >= 0 and <= 1048576 (0: one call a layer)");
@@ -495,6 +507,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         fmt::format("config: pp: {} stages of {} rank{} (tp) do not divide the {} workers; allowed: workers a "
                     "multiple of tp x pp ({})",
                     c.pp, c.tp, c.tp > 1 ? "s" : "", c.workers, c.tp * c.pp));
+  if (c.zero_hpz > 1 && (c.workers / c.tp % c.zero_hpz != 0 || c.zero_hpz >= c.workers / c.tp))
+    throw ConfigError(fmt::format(
+        "config: zero_hpz: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into two or "
+        "more; allowed: 0, or a divisor of {} below it",
+        c.zero_hpz, c.workers / c.tp, c.workers, c.tp, c.workers / c.tp));
   // One data-parallel rank exchanges its gradients with nobody: the default compressor would only make them lossy
   // (Horovod and DDP skip the exchange at world 1). One asked for is kept (its effect on accuracy is a question
   // worth asking) and the trainer says it saves nothing.
@@ -768,6 +785,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "zero",
                         "zero_prefetch",
                         "zero_gather",
+                        "zero_hpz",
                         "zero_allgather_mb"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
@@ -803,8 +821,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
         ((raw.count("tp") && raw.at("tp") == "1") || (raw.count("pp") && raw.at("pp") != "1") ||
          (raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))))
       continue;
-    // (ZeRO-3's gather wire, not taken by a run given another stage, which refuses it but for f32)
-    if (std::string(k) == "zero_gather" && raw.count("zero")) {
+    // (ZeRO-3's gather wire and secondary partition, not taken by a run given another stage, which refuses them)
+    if ((std::string(k) == "zero_gather" || std::string(k) == "zero_hpz") && raw.count("zero")) {
       int zero = -1;
       const std::string& z = raw.at("zero");
       const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
@@ -883,6 +901,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   if (c.zero > 0) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
   if (c.zero == 3) e << YAML::Key << "zero_gather" << YAML::Value << c.zero_gather;
+  if (c.zero == 3) e << YAML::Key << "zero_hpz" << YAML::Value << c.zero_hpz;
   if (c.zero == 1 || c.zero == 2)
     e << YAML::Key << "zero_allgather_mb" << YAML::Value << fmt::format("{}", c.zero_allgather_mb);
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");

@@ -102,6 +102,12 @@ struct DistributedOptimizer::Core {
     bool resident = true;
     bool rounded = false;  // gathered on a narrow wire (gather_wire): its weights rounded, not the slices' own
     size_t pass_got = 0;
+    // ZeRO-3 with a secondary partition (sec_comm): the unit cut into its group's K parts, and this rank's part of
+    // the weights its last training forward ran, kept from that forward to the unit's backward gather (within the
+    // group), then freed.
+    std::vector<size_t> sec_counts;
+    size_t sec_mine = 0;
+    std::vector<float> secondary;
   };
 
   coll::CommPtr comm;  // the buckets' (split off the caller's with find_unused_parameters)
@@ -124,6 +130,10 @@ struct DistributedOptimizer::Core {
   std::vector<std::vector<float>> spare;  // ZeRO-2: released bucket buffers, reused by the next step's buckets
   // ZeRO-3 (the gathers run on the thread of forward and backward, which alone touches `full` and `resident`).
   coll::CommPtr gather_comm;     // the gathers' own (also ZeRO-1/2's deferred allgathers')
+  // ZeRO-3's secondary partition (DistOptions::zero_secondary_ranks, ZeRO++'s hpZ): the group of consecutive ranks
+  // the backward gathers run in (null: none).
+  coll::CommPtr sec_comm;
+  std::vector<std::vector<float>> abandoned_secondary;  // send buffers of failed secondary gathers
   std::vector<int> unit_bucket;  // bucket of each unit (-1: no trainable parameter)
   int pinned = 0;                // whole_parameters() handles alive
   double gather_s = 0;           // this step's time blocked in gathers (under mu)
@@ -141,6 +151,8 @@ struct DistributedOptimizer::Core {
     const char* pass = "";
     DType wire = DType::f32;
     std::vector<uint8_t> staged;  // a narrow gather's buffer (widened into the unit at its wait)
+    bool secondary = false;       // within the secondary group, from sent (the unit's secondary part)
+    std::vector<float> sent;
   };
   Ahead ahead;
   // ZeRO-1/2 with units and zero_prefetch (defer_slices): the allgather of the stepped slices, started by step() on the
@@ -268,8 +280,8 @@ struct DistributedOptimizer::Core {
   }
   // A gather's bytes (the ring allgather's (W-1)/W of the unit a rank, on its wire), time in communication and time
   // blocked.
-  void count_gather(const Bucket& bk, double comm_s, double blocked_s, DType wire) {
-    const int w = gather_comm ? gather_comm->size() : 1;
+  void count_gather(const Bucket& bk, double comm_s, double blocked_s, DType wire, bool secondary = false) {
+    const int w = secondary ? sec_comm->size() : gather_comm ? gather_comm->size() : 1;
     const uint64_t moved = uint64_t(double(w - 1) / w * double(unit_wire_bytes(bk, wire)) + 0.5);
     std::lock_guard<std::mutex> lk(mu);
     step.comm_s += comm_s;
@@ -333,6 +345,33 @@ struct DistributedOptimizer::Core {
     if (bk.resident && !refresh && (counted || !bk.rounded)) return;
     const double t0 = now_s();
     allocate(bk);
+    if (counted && from_secondary(bk, pass)) {
+      // ZeRO++'s hpZ: the weights the forward ran, gathered within the group (f32: what the forward's wire rounded
+      // stays as it was).
+      coll::CollOptions co;
+      co.timeout_s = opt.timeout_s;
+      co.blocking = true;
+      try {
+        sec_comm->allgatherv(bk.secondary.data(), bk.full.data_ptr<float>(), bk.sec_counts, DType::f32, co).wait();
+      } catch (...) {
+        release(bk, &abandoned);
+        abandoned_secondary.push_back(std::move(bk.secondary));
+        throw;
+      }
+      bk.rounded = gather_wire != DType::f32;
+      std::vector<float>().swap(bk.secondary);
+      const double t1 = now_s();
+      count_gather(bk, t1 - t0, t1 - t0, DType::f32, true);
+      if (opt.trace)
+        opt.trace->complete("gather", 0, t0, t1,
+                            {{"bucket", b},
+                             {"bytes", bk.n * sizeof(float)},
+                             {"op", "allgather"},
+                             {"pass", pass},
+                             {"secondary", true},
+                             {"dtype", "f32"}});
+      return;
+    }
     float* dst = bk.full.data_ptr<float>();
     const float* src = slice_of(bk);
     const int w = gather_comm ? gather_comm->size() : 1;
@@ -387,7 +426,12 @@ struct DistributedOptimizer::Core {
     ahead.t0 = now_s();
     const DType wire = counted ? gather_wire : DType::f32;
     try {
-      if (wire == DType::f32) {
+      if (counted && from_secondary(bk, pass)) {
+        ahead.secondary = true;
+        ahead.sent = std::move(bk.secondary);
+        bk.secondary.clear();
+        ahead.work = sec_comm->allgatherv(ahead.sent.data(), bk.full.data_ptr<float>(), bk.sec_counts, DType::f32, co);
+      } else if (wire == DType::f32) {
         ahead.work = gather_comm->allgatherv(slice_of(bk), bk.full.data_ptr<float>(), bk.counts, DType::f32, co);
       } else {
         const int rank = gather_comm->rank();
@@ -398,11 +442,12 @@ struct DistributedOptimizer::Core {
     } catch (...) {
       release(bk, &abandoned);
       if (!ahead.staged.empty()) abandoned_staged.push_back(std::move(ahead.staged));
+      if (!ahead.sent.empty()) abandoned_secondary.push_back(std::move(ahead.sent));
       ahead = Ahead{};
       throw;
     }
     ahead.b = b;
-    ahead.wire = wire;
+    ahead.wire = ahead.secondary ? DType::f32 : wire;
     ahead.counted = counted;
     ahead.pass = pass;
   }
@@ -417,16 +462,19 @@ struct DistributedOptimizer::Core {
     } catch (...) {
       release(bk, &abandoned);
       if (!a.staged.empty()) abandoned_staged.push_back(std::move(a.staged));
+      if (!a.sent.empty()) abandoned_secondary.push_back(std::move(a.sent));
       throw;
     }
     const DType wire = a.wire;
-    if (wire == DType::f32)
+    if (a.secondary)
+      bk.rounded = gather_wire != DType::f32;  // (the forward's weights, as its wire left them)
+    else if (wire == DType::f32)
       bk.rounded = false;
     else
       widen(bk, a.staged);
     const double t1 = now_s();
     if (!a.counted) return;
-    count_gather(bk, a.work.seconds(), t1 - t0, wire);
+    count_gather(bk, a.work.seconds(), t1 - t0, wire, a.secondary);
     if (opt.trace)
       opt.trace->complete("gather", 2, a.t0, t1,
                           {{"bucket", a.b},
@@ -434,8 +482,22 @@ struct DistributedOptimizer::Core {
                            {"op", "allgather"},
                            {"pass", a.pass},
                            {"prefetched", true},
+                           {"secondary", a.secondary},
                            {"blocked_s", t1 - t0},
                            {"dtype", dtype_name(wire)}});
+  }
+  // ZeRO-3 with a secondary partition: a backward gather of a unit whose forward kept its part comes from the group.
+  bool from_secondary(const Bucket& bk, const char* pass) const {
+    return sec_comm && std::strcmp(pass, "backward") == 0 && !bk.secondary.empty();
+  }
+  // After a training forward of the unit (whose backward will gather it again): this rank's part of the weights it
+  // ran, for that gather within the group.
+  void keep_secondary(Bucket& bk) {
+    if (!sec_comm || !bk.resident) return;
+    const size_t len = bk.sec_counts[size_t(sec_comm->rank())];
+    const float* w = bk.full.data_ptr<float>() + bk.sec_mine;
+    bk.secondary.assign(w, w + len);
+    if (len == 0) bk.secondary.assign(1, 0.f);  // (non-empty: the group's gather still runs on this rank)
   }
   // The pieces of every unit (units: parameter indices, in forward order), once the buckets are cut into slices. A
   // unit's range that touches the last piece of its bucket joins it while that piece carries fewer than
@@ -538,6 +600,7 @@ struct DistributedOptimizer::Core {
       }
     }
     gather_comm.reset();  // (its thread stopped before the storages and `abandoned` go)
+    sec_comm.reset();
   }
 
   // ZeRO-2: a released bucket buffer back (lk holds mu): the smallest spare that holds it, resized within its
@@ -921,6 +984,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         {"zero_prefetch", options.zero_prefetch},
         {"zero_gather_dtype", int64_t(options.zero_gather_dtype)},
         {"zero_allgather_bytes", int64_t(options.zero_allgather_bytes)},
+        {"zero_secondary_ranks", options.zero_secondary_ranks},
         {"overlap", options.overlap},
         {"find_unused_parameters", options.find_unused_parameters},
         {"backward_passes", options.backward_passes},
@@ -998,6 +1062,16 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         "{}; allowed: f32, or zero_stage 3",
         dtype_name(options.zero_gather_dtype), c.zero));
   c.gather_wire = options.zero_gather_dtype;
+  if (options.zero_secondary_ranks > 1 && (c.zero != 3 || comm_->size() % options.zero_secondary_ranks != 0 ||
+                                           options.zero_secondary_ranks >= comm_->size()))
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_secondary_ranks {} with zero_stage {} over {} ranks; allowed: 0 or 1 (none), or "
+        "with zero_stage 3 a group size that divides the ranks and is smaller than their number",
+        options.zero_secondary_ranks, c.zero, comm_->size()));
+  if (options.zero_secondary_ranks < 0)
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_secondary_ranks {}; allowed: 0 or 1 (none), or a group size of 2 or more",
+        options.zero_secondary_ranks));
   if (options.zero_allgather_bytes > 0 && (c.zero == 0 || c.zero == 3))
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_allgather_bytes {} sizes the calls of ZeRO-1/2's allgather behind the next "
@@ -1044,6 +1118,19 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     // (before the parameters become slices: then only this rank's would be there to broadcast)
     broadcast_initial_state();
     if (comm_->size() > 1) c.gather_comm = comm_->split(0, comm_->rank());
+    if (options.zero_secondary_ranks > 1) {
+      // ZeRO++'s hpZ: groups of consecutive ranks (the ranks of a node, as launchers number them), each unit cut
+      // into the group's parts.
+      const int k = options.zero_secondary_ranks;
+      c.sec_comm = comm_->split(comm_->rank() / k, comm_->rank());
+      for (auto& bk : c.buckets) {
+        Core::Bucket cut_k;
+        cut_k.n = bk.n;
+        Core::cut(cut_k, c.sec_comm->rank(), k);
+        bk.sec_counts = cut_k.counts;
+        bk.sec_mine = cut_k.mine;
+      }
+    }
     c.opt.rebuild_buckets = false;
     optimizer_->param_groups()[0].params() = c.seat_zero(comm_->rank(), comm_->size());
   } else {
@@ -1243,6 +1330,8 @@ void DistributedOptimizer::zero_grad() {
 void DistributedOptimizer::synchronize() {
   Core& c = *core_;
   if (c.ahead.b >= 0) c.finish_ahead();  // a unit gathered ahead that no pass ran: counted in this step
+  if (c.sec_comm)
+    for (auto& bk : c.buckets) std::vector<float>().swap(bk.secondary);  // (a forward no backward followed)
   if (!c.deferred.empty()) {
     // ZeRO-1/2: the slices of a unit no forward ran (the optimizer steps them). A unit whose parameters got gradients
     // with their allgather still in flight was read before its hook waited: stale parameters, refused.
@@ -1434,6 +1523,7 @@ void ZeroUnits::after_forward(int unit, torch::Tensor& out) {
       core->start_ahead(core->next_bucket(unit, -1), !core->pinned, "backward");  // behind this unit's backward
     });
     if (unit == int(c->unit_bucket.size()) - 1) return;  // its backward comes next
+    if (!c->pinned) c->keep_secondary(c->buckets[size_t(b)]);
   }
   if (!c->pinned) DistributedOptimizer::Core::release(c->buckets[size_t(b)]);
 }
@@ -1468,7 +1558,8 @@ std::shared_ptr<void> DistributedOptimizer::whole_parameters() {
 uint64_t DistributedOptimizer::parameter_bytes_held() const {
   uint64_t n = 0;
   if (core_->zero >= 3) {
-    for (auto& bk : core_->buckets) n += (bk.resident ? bk.n : 0) + (bk.shard.defined() ? size_t(bk.shard.numel()) : 0);
+    for (auto& bk : core_->buckets)
+      n += (bk.resident ? bk.n : 0) + (bk.shard.defined() ? size_t(bk.shard.numel()) : 0) + bk.secondary.size();
   } else {
     for (size_t k : core_->numel) n += k;
   }

@@ -440,6 +440,7 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"zero_prefetch", "boolean"},
                                                        {"zero_gather", "string"},
                                                        {"zero_allgather_mb", "number"},
+                                                       {"zero_hpz", "integer"},
                                                        {"tp", "integer"},
                                                        {"pp", "integer"},
                                                        {"micro_batches", "integer"},
@@ -713,6 +714,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                               : c.zero_gather == "int8" ? DType::i8
                                                         : DType::f32;
     dopts.zero_allgather_bytes = size_t(c.zero_allgather_mb * 1024 * 1024);
+    dopts.zero_secondary_ranks = c.zero_hpz;
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     model->set_unit_hooks(dopt->unit_hooks());
@@ -1160,6 +1162,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       }
       if (c.zero > 0) declaration["zero_prefetch"] = c.zero_prefetch;  // (a setting of stages 1-3 only)
       if (c.zero == 3) declaration["zero_gather"] = c.zero_gather;
+      if (c.zero == 3) declaration["zero_hpz"] = c.zero_hpz;
       if (c.zero == 1 || c.zero == 2) declaration["zero_allgather_mb"] = c.zero_allgather_mb;
       write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
@@ -1452,6 +1455,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"sequence_parallel", c.sequence_parallel},
          {"zero_prefetch", c.zero > 0 ? nlohmann::json(c.zero_prefetch) : nlohmann::json()},
          {"zero_gather", c.zero == 3 ? nlohmann::json(c.zero_gather) : nlohmann::json()},
+         {"zero_hpz", c.zero == 3 ? nlohmann::json(c.zero_hpz) : nlohmann::json()},
          {"zero_allgather_mb", c.zero == 1 || c.zero == 2 ? nlohmann::json(c.zero_allgather_mb) : nlohmann::json()},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",

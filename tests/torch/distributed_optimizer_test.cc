@@ -793,7 +793,8 @@ struct Zero3Run {
 // 4 steps as zero_run's (with overlap off, two backward passes a step); an evaluation forward without gradients
 // before the third.
 Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int world,
-                   const std::string& compressor = "none", bool prefetch = true, DType gather = DType::f32) {
+                   const std::string& compressor = "none", bool prefetch = true, DType gather = DType::f32,
+                   int secondary = 0) {
   auto comms = coll::Communicator::inproc(world);
   Zero3Run out;
   out.params.resize(world);
@@ -818,6 +819,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       o.compressor = compressor;
       o.zero_prefetch = prefetch;
       o.zero_gather_dtype = gather;
+      o.zero_secondary_ranks = secondary;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       m->set_unit_hooks(d.unit_hooks());
       if (stage == 3) m->held = [&d] { return d.parameter_bytes_held(); };
@@ -1005,6 +1007,58 @@ TEST(DistributedOptimizerZero, NarrowGathersCutTheirBytesAndLeaveTheSlicesExact)
     size_t off_grid = 0;  // (the check is not of values that bf16 holds exactly)
     for (float v : exact[size_t(r)]) off_grid += bf16_to_f32(f32_to_bf16(v)) != v;
     EXPECT_GT(off_grid, 10u) << r;
+  }
+}
+
+// ZeRO-3 with a secondary partition over pairs of ranks (ZeRO++'s hpZ, 4 ranks): a unit's backward gathers the
+// weights its forward ran from the parts each rank of its pair kept, within the pair: the same training bit for bit on
+// every wire, with and without prefetch; each backward gather moves 1/2 of the unit's f32 bytes a rank instead of 3/4
+// of its wire's; nothing is kept between steps.
+TEST(DistributedOptimizerZero, ASecondaryPartitionGathersTheBackwardWithinItsGroup) {
+  for (DType g : {DType::f32, DType::bf16, DType::i8})
+    for (bool prefetch : {true, false}) {
+      const std::string what = fmt::format("{} prefetch {}", dtype_name(g), prefetch);
+      const Zero3Run plain = zero3_run(3, "sgd", true, 4, "none", prefetch, g);
+      const Zero3Run hpz = zero3_run(3, "sgd", true, 4, "none", prefetch, g, 2);
+      auto wire = [g](size_t n) { return g == DType::f32 ? 4.0 * n : g == DType::bf16 ? 2.0 * n : n + 16.0; };
+      // (units 0 and 1 are gathered for backward, once a step; unit 2 stays whole from its forward)
+      int64_t less = 0;
+      for (size_t n : {40, 24}) less += int64_t(0.75 * wire(n) + 0.5) - int64_t(0.5 * 4.0 * double(n) + 0.5);
+      for (int r = 0; r < 4; ++r) {
+        EXPECT_EQ(hpz.params[size_t(r)], plain.params[size_t(r)]) << what << " rank " << r;
+        EXPECT_EQ(int64_t(hpz.sent[size_t(r)]), int64_t(plain.sent[size_t(r)]) - 4 * less) << what << " rank " << r;
+        EXPECT_EQ(hpz.held_between[size_t(r)], plain.held_between[size_t(r)]) << what << " rank " << r;
+      }
+      if (g == DType::f32) EXPECT_GT(less, 0) << what;  // (a narrow forward wire can move fewer bytes)
+    }
+  // One group of all the ranks, a group that does not divide them, a stage without gathers: refused with one line.
+  for (auto [stage, k] : {std::pair{3, 4}, {3, 3}, {2, 2}}) {
+    auto comms = coll::Communicator::inproc(4);
+    std::vector<std::string> errors(4);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 4; ++r)
+      ts.emplace_back([&, r, stage = stage, k = k] {
+        auto m = std::make_shared<ThreeUnits>();
+        auto opt = zero_test_optimizer("sgd", *m);
+        DistOptions o;
+        o.zero_stage = stage;
+        o.units = m->units();
+        o.zero_secondary_ranks = k;
+        try {
+          DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+        } catch (const InvalidArgument& e) {
+          errors[size_t(r)] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (auto& e : errors) {
+      EXPECT_NE(e.find(fmt::format("zero_secondary_ranks {} with zero_stage {} over 4 ranks; allowed: 0 or 1 (none), "
+                                   "or with zero_stage 3 a group size that divides the ranks and is smaller",
+                                   k, stage)),
+                std::string::npos)
+          << e;
+      EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    }
   }
 }
 

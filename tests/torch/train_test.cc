@@ -322,6 +322,18 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   EXPECT_EQ(resolve_config({{"zero", "3"}, {"zero_gather", "int8"}}, 0, false).zero_gather, "int8");
   const std::string zi = config_error({{"zero", "3"}, {"zero_gather", "int4"}});
   EXPECT_NE(zi.find("zero_gather: 'int4' (allowed: f32, bf16, fp16 or int8)"), std::string::npos) << zi;
+  // zero_hpz: ZeRO-3's secondary partition, groups dividing the data-parallel workers.
+  EXPECT_EQ(resolve_config({{"zero", "3"}, {"workers", "4"}, {"zero_hpz", "2"}}, 0, false).zero_hpz, 2);
+  const std::string zh = config_error({{"zero", "2"}, {"workers", "4"}, {"zero_hpz", "2"}});
+  expect_one_line(zh, "zero_hpz");
+  EXPECT_NE(zh.find("this run has zero 2; allowed with zero 2: 0, or leave it unset"), std::string::npos) << zh;
+  for (const char* k : {"3", "4"}) {
+    const std::string zd = config_error({{"zero", "3"}, {"workers", "4"}, {"zero_hpz", k}});
+    expect_one_line(zd, "zero_hpz");
+    EXPECT_NE(zd.find("do not divide the 4 data-parallel workers (workers 4 / tp 1) into two or more"),
+              std::string::npos)
+        << zd;
+  }
   // zero_allgather_mb: the calls of zero 1 and 2's allgather behind the forward.
   EXPECT_EQ(resolve_config({{"zero", "1"}}, 0, false).zero_allgather_mb, 0);
   EXPECT_EQ(resolve_config({{"zero", "2"}, {"zero_allgather_mb", "4.5"}}, 0, false).zero_allgather_mb, 4.5);
@@ -2058,12 +2070,26 @@ TEST(SlowTrainCli, FourProcessesShardTheModelOverTcpAndShm) {
   // Each rank holds its half of its tensor-parallel share (72,714 floats; 6 units, each a float over at most).
   EXPECT_LE(s["parameter_bytes_held_rank0"].get<uint64_t>(), 4u * (72714 / 2 + 6));
   EXPECT_GT(s["final_test_accuracy"].get<double>(), 0.3);
-  CliRun mlp = run_conduit(common + "--model mlp --zero 3 --transport shm --output " + (dir / "mlp").string());
+  // (with a secondary partition in pairs: the backward's gathers within each pair)
+  CliRun mlp = run_conduit(common + "--model mlp --zero 3 --zero-hpz 2 --trace true --transport shm --output " +
+                           (dir / "mlp").string());
   ASSERT_EQ(mlp.code, 0) << mlp.out;
   EXPECT_NE(mlp.out.find("conduit train: mlp on synthetic, 4 workers, zero 3"), std::string::npos) << mlp.out;
-  // 235,146 floats in 3 units, a quarter each (a float over in at most 3).
-  EXPECT_LE(read_json_file((dir / "mlp" / "summary.json").string())["parameter_bytes_held_rank0"].get<uint64_t>(),
-            4u * (235146 / 4 + 3));
+  // 235,146 floats in 3 units, a quarter each (a float over in at most 3), and no secondary part between steps.
+  const auto ms = read_json_file((dir / "mlp" / "summary.json").string());
+  EXPECT_LE(ms["parameter_bytes_held_rank0"].get<uint64_t>(), 4u * (235146 / 4 + 3));
+  EXPECT_EQ(ms["zero_hpz"], 2);
+  {
+    std::ifstream in(dir / "mlp" / "trace-rank0.json");
+    size_t secondary = 0;
+    const auto trace = nlohmann::json::parse(in);  // (kept: a range over a temporary's member dangles)
+    for (auto& e : trace["traceEvents"])
+      if (e.contains("args") && e["args"].value("secondary", false)) {
+        ++secondary;
+        EXPECT_EQ(e["args"]["pass"], "backward") << e.dump();
+      }
+    EXPECT_GE(secondary, 2u * 4);  // (units 0 and 1 of each of the 4 steps)
+  }
   CliRun tpp = run_conduit(common + "--model vit --tp 2 --pp 2 --micro-batches 2 --transport tcp --output " +
                            (dir / "tpp").string());
   ASSERT_EQ(tpp.code, 0) << tpp.out;
