@@ -90,6 +90,7 @@ struct StepArgs {
   std::string zero_allgather_bucket = "0";
   double grad_bytes = 2;
   double gather_bytes = 0;
+  long long zero_hpz = 0;
   std::string dp_algorithm = "auto", tp_algorithm = "auto";
   std::string compression = "none";
   std::string sync = "bsp";
@@ -211,6 +212,9 @@ ParallelConfig make_config(const StepArgs& a) {
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
   c.gather_bytes = a.gather_bytes;
+  if (a.zero_hpz < 0)
+    throw ConfigError(fmt::format("--zero-hpz = {} (allowed: 0 or 1 (none), or 2 or more)", a.zero_hpz));
+  c.zero_hpz = a.zero_hpz;
   if (c.gather_bytes != 0 && c.gather_bytes != 1 && c.gather_bytes != 2 && c.gather_bytes != 4)
     throw ConfigError(
         fmt::format("--gather-bytes = {} (allowed: 1 (int8 blocks with their scales), 2, 4)", c.gather_bytes));
@@ -235,6 +239,11 @@ void check_step_config(const ParallelConfig& c) {
         "--gather-bytes: the wire of ZeRO-3's parameter gathers, this step has --zero {}; allowed with --zero {}: "
         "leave it out",
         c.zero, c.zero));
+  if (c.zero_hpz > 1 && c.zero != 3)
+    throw ConfigError(fmt::format(
+        "--zero-hpz: a secondary partition of ZeRO-3's parameters, this step has --zero {}; allowed with --zero {}: "
+        "leave it out",
+        c.zero, c.zero));
   if (!c.zero_prefetch && c.zero == 0)
     throw ConfigError(
         "--no-zero-prefetch: ZeRO gathers the parameters (stages 1 and 2 after the step, stage 3 each layer's), "
@@ -256,6 +265,7 @@ json config_json(const ParallelConfig& c) {
               {"zero_prefetch", c.zero_prefetch},
               {"gather_bytes", c.gather_bytes},
               {"zero_allgather_bytes", c.zero_allgather_bytes},
+              {"zero_hpz", c.zero_hpz},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -522,10 +532,11 @@ void run_plan(const StepArgs& given_args) {
         if (z == s) return true;
     return false;
   };
-  if (base.gather_bytes != 0 && !searched({3}))
+  if ((base.gather_bytes != 0 || base.zero_hpz > 1) && !searched({3}))
     throw ConfigError(
-        "--gather-bytes: the wire of ZeRO-3's gathers, and this search has no ZeRO-3 plans; allowed: "
-        "--zero-options with 3, or leave it out");
+        fmt::format("{}: about ZeRO-3's gathers, and this search has no ZeRO-3 plans; allowed: "
+                    "--zero-options with 3, or leave it out",
+                    base.gather_bytes != 0 ? "--gather-bytes" : "--zero-hpz"));
   if (base.zero_allgather_bytes > 0 && !searched({1, 2}))
     throw ConfigError(
         "--zero-allgather-bucket: the calls of ZeRO-1/2's allgather, and this search has no ZeRO-1 or 2 plans; "
@@ -1383,6 +1394,10 @@ void setup(CLI::App& app) {
                   "ZeRO-3: bytes per parameter element gathered (1: int8 blocks with a scale each, conduit train "
                   "--zero-gather int8 and ZeRO++'s qwZ; 2: --zero-gather bf16 or fp16; default: as held, a GPT "
                   "model's 16 bits, a layer list's --grad-bytes)");
+    c->add_option("--zero-hpz", a->zero_hpz,
+                  "ZeRO-3, GPT models: ZeRO++'s hpZ, a secondary partition over groups of this many data-parallel "
+                  "ranks (the node's: gpus a node / tp), which the backward's gathers run within (conduit train "
+                  "--zero-hpz; 0: none)");
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();
     c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")

@@ -419,6 +419,11 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     const Group dg{d, static_cast<long long>(t), 0};
     const double grad_bytes = params_gpu * cfg.grad_bytes;
     if (cfg.zero == 3) {
+      if (cfg.zero_hpz > 1 && (d % cfg.zero_hpz != 0 || cfg.zero_hpz >= d))
+        throw ConfigError(fmt::format(
+            "--zero-hpz = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: a "
+            "divisor of {} below it (the ranks of a node: gpus a node / tp)",
+            cfg.zero_hpz, d, d));
       const double gb = gather_element_bytes(cfg.gather_bytes, 2);  // (the parameters are held in 16 bits)
       const double layer_bytes = layer_params / t * gb;
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
@@ -433,30 +438,45 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       auto ers = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, emb_gpu * cfg.grad_bytes);
       const double te_ag = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake,
                    te_rs = ctime(Collective::kReduceScatter, ers, dg, emb_gpu * cfg.grad_bytes) + wake;
+      // --zero-hpz K (ZeRO++'s hpZ): the backward's gathers (and the output layer's of the embeddings) within groups
+      // of K data-parallel ranks (K = the node's, G / t, keeps them on its fabric), of the 16-bit weights the forward
+      // kept there.
+      double t_agb = t_ag, te_agb = te_ag;
+      if (cfg.zero_hpz > 1) {
+        const Group hg{cfg.zero_hpz, static_cast<long long>(t), 0};
+        auto hag = net.profile(Collective::kAllGather, cfg.dp_algorithm, hg, layer_params / t * 2);
+        auto heg = net.profile(Collective::kAllGather, cfg.dp_algorithm, hg, emb_gpu * 2);
+        t_agb = ctime(Collective::kAllGather, hag, hg, layer_params / t * 2) + wake;
+        te_agb = ctime(Collective::kAllGather, heg, hg, emb_gpu * 2) + wake;
+      }
       const double logits_compute =
           std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) + std::max(0.0, mt.bwd_compute - lps * mt.layer_bwd);
-      const double per_mb = lps * (2 * t_ag + t_rs) + 2 * te_ag + te_rs;
+      const double per_mb = lps * (t_ag + t_agb + t_rs) + te_ag + te_agb + te_rs;
       // --no-overlap: no prefetch, every gather and reduce-scatter on the critical path; --zero-prefetch false:
       // every gather on it, the reduce-scatters behind the backward.
       const double exposed_mb = !cfg.dp_overlap ? per_mb
                                 : !cfg.zero_prefetch
-                                    ? lps * 2 * t_ag + 2 * te_ag + std::max(0.0, te_rs - logits_compute) +
+                                    ? lps * (t_ag + t_agb) + te_ag + te_agb + std::max(0.0, te_rs - logits_compute) +
                                           lps * std::max(0.0, t_rs - mt.layer_bwd)
                                     // the first layer's gather in full, each next one behind the layer before (it was
                                     // counted twice: in full and among the lps prefetched ones)
-                                    : t_ag + te_ag + std::max(0.0, te_ag + te_rs - logits_compute) +
+                                    : t_ag + te_ag + std::max(0.0, te_agb + te_rs - logits_compute) +
                                           (lps - 1) * std::max(0.0, t_ag - mt.layer_fwd) +
-                                          lps * std::max(0.0, t_ag + t_rs - mt.layer_bwd);
+                                          lps * std::max(0.0, t_agb + t_rs - mt.layer_bwd);
       dp_total = mb * per_mb;
       r.breakdown.zero3_exposed = mb * exposed_mb;
       r.dp_algorithm = algorithm_name(ag.algorithm);
       r.dp_bottleneck = ag.bottleneck;
-      r.notes.push_back(
-          fmt::format("ZeRO-3: every micro-batch allgathers each layer's parameters twice ({} each) and the "
-                      "embeddings twice ({} each), and reduce-scatters their gradients ({} a layer); {} exposed per "
-                      "iteration",
-                      format_seconds(t_ag), format_seconds(te_ag), format_seconds(t_rs),
-                      format_seconds(r.breakdown.zero3_exposed)));
+      r.notes.push_back(fmt::format(
+          "ZeRO-3: every micro-batch allgathers each layer's parameters twice ({} each{}) and the "
+          "embeddings twice ({} each{}), and reduce-scatters their gradients ({} a layer); {} exposed per "
+          "iteration",
+          format_seconds(t_ag),
+          cfg.zero_hpz > 1 ? fmt::format(", {} within the groups of {}", format_seconds(t_agb), cfg.zero_hpz)
+                           : std::string(),
+          format_seconds(te_ag),
+          cfg.zero_hpz > 1 ? fmt::format(", {} within the group", format_seconds(te_agb)) : std::string(),
+          format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
     } else if (cfg.zero >= 1) {
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
@@ -640,7 +660,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   auto stage_memory = [&](double params, double inflight, bool loss) {
     const ModelState st = zero_model_state(params, d, cfg.zero, cfg.grad_bytes);
     MemoryBreakdown mem;
-    mem.params = st.params + gathered;
+    // (hpZ: the secondary partition, 1/K of the stage's 16-bit parameters)
+    mem.params =
+        st.params + gathered + (zero3 && cfg.zero_hpz > 1 ? params * 2 / static_cast<double>(cfg.zero_hpz) : 0.0);
     mem.grads = st.grads + unsharded_grads;
     mem.optimizer = st.optimizer;
     mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
@@ -930,6 +952,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         "--zero 0, 1 or 2");
   if (cfg.sync.kind == "local-sgd" && cfg.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
+  if (cfg.zero_hpz > 1)
+    throw ConfigError(
+        "--zero-hpz is modelled for GPT models (--model gpt and the named ones), not layer lists: leave "
+        "it out");
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", cfg.grad_bytes));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&

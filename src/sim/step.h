@@ -70,6 +70,10 @@ struct ParallelConfig {
   // grad_bytes, a GPT model's 16-bit ones; 2 for `conduit train --zero-gather bf16|fp16`; 1 for int8 blocks,
   // `--zero-gather int8` and ZeRO++'s qwZ, which also move a 4-byte scale per 256 elements: gather_element_bytes).
   double gather_bytes = 0;
+  // ZeRO-3 (GPT models): ZeRO++'s hpZ, a secondary partition of the 16-bit parameters over groups of this many
+  // consecutive data-parallel ranks (the node's: gpus a node / tp), which the backward's gathers then run within;
+  // each rank holds 1/K of the parameters more (`conduit train --zero-hpz`). 0 or 1: none.
+  long long zero_hpz = 0;
   Algorithm dp_algorithm = Algorithm::kAuto;
   Algorithm tp_algorithm = Algorithm::kAuto;
   Compression compression;
