@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -90,7 +91,7 @@ struct StepArgs {
   std::string zero_allgather_bucket = "0";
   double grad_bytes = 2;
   double gather_bytes = 0;
-  long long zero_hpz = 0;
+  std::string zero_hpz = "0";
   std::string dp_algorithm = "auto", tp_algorithm = "auto";
   std::string compression = "none";
   std::string sync = "bsp";
@@ -212,9 +213,18 @@ ParallelConfig make_config(const StepArgs& a) {
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
   c.gather_bytes = a.gather_bytes;
-  if (a.zero_hpz < 0)
-    throw ConfigError(fmt::format("--zero-hpz = {} (allowed: 0 or 1 (none), or 2 or more)", a.zero_hpz));
-  c.zero_hpz = a.zero_hpz;
+  if (a.zero_hpz == "node") {
+    c.zero_hpz = -1;
+  } else {
+    long long k = -1;
+    const auto [end, ec] = std::from_chars(a.zero_hpz.data(), a.zero_hpz.data() + a.zero_hpz.size(), k);
+    if (ec != std::errc() || end != a.zero_hpz.data() + a.zero_hpz.size() || k < 0)
+      throw ConfigError(fmt::format(
+          "--zero-hpz = '{}' (allowed: node (the node's data-parallel ranks), 0 or 1 (none), or a group size of 2 or "
+          "more)",
+          a.zero_hpz));
+    c.zero_hpz = k;
+  }
   if (c.gather_bytes != 0 && c.gather_bytes != 1 && c.gather_bytes != 2 && c.gather_bytes != 4)
     throw ConfigError(
         fmt::format("--gather-bytes = {} (allowed: 1 (int8 blocks with their scales), 2, 4)", c.gather_bytes));
@@ -239,7 +249,7 @@ void check_step_config(const ParallelConfig& c) {
         "--gather-bytes: the wire of ZeRO-3's parameter gathers, this step has --zero {}; allowed with --zero {}: "
         "leave it out",
         c.zero, c.zero));
-  if (c.zero_hpz > 1 && c.zero != 3)
+  if ((c.zero_hpz > 1 || c.zero_hpz < 0) && c.zero != 3)
     throw ConfigError(fmt::format(
         "--zero-hpz: a secondary partition of ZeRO-3's parameters, this step has --zero {}; allowed with --zero {}: "
         "leave it out",
@@ -265,7 +275,7 @@ json config_json(const ParallelConfig& c) {
               {"zero_prefetch", c.zero_prefetch},
               {"gather_bytes", c.gather_bytes},
               {"zero_allgather_bytes", c.zero_allgather_bytes},
-              {"zero_hpz", c.zero_hpz},
+              {"zero_hpz", c.zero_hpz < 0 ? json("node") : json(c.zero_hpz)},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -532,7 +542,7 @@ void run_plan(const StepArgs& given_args) {
         if (z == s) return true;
     return false;
   };
-  if ((base.gather_bytes != 0 || base.zero_hpz > 1) && !searched({3}))
+  if ((base.gather_bytes != 0 || base.zero_hpz > 1 || base.zero_hpz < 0) && !searched({3}))
     throw ConfigError(
         fmt::format("{}: about ZeRO-3's gathers, and this search has no ZeRO-3 plans; allowed: "
                     "--zero-options with 3, or leave it out",
@@ -1396,8 +1406,9 @@ void setup(CLI::App& app) {
                   "model's 16 bits, a layer list's --grad-bytes)");
     c->add_option("--zero-hpz", a->zero_hpz,
                   "ZeRO-3, GPT models: ZeRO++'s hpZ, a secondary partition over groups of this many data-parallel "
-                  "ranks (the node's: gpus a node / tp), which the backward's gathers run within (conduit train "
-                  "--zero-hpz; 0: none)");
+                  "ranks, which the backward's gathers run within (conduit train --zero-hpz); node: the node's, gpus "
+                  "a node / tp, for each plan; 0: none")
+        ->capture_default_str();
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();
     c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")

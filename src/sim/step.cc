@@ -306,6 +306,25 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const int t = cfg.tp, p = cfg.pp;
   const long long d = gpus / (static_cast<long long>(t) * p);
   r.config.dp = d;
+  // ZeRO-3's secondary partition (--zero-hpz): K data-parallel ranks a group; `node` (-1): the node's, gpus a node /
+  // t, none where a node holds fewer than two (t fills it) or they do not cut the data-parallel ranks into groups.
+  long long hpz = 0;
+  if (cfg.zero == 3 && (cfg.zero_hpz > 1 || cfg.zero_hpz < 0)) {
+    hpz = cfg.zero_hpz > 1 ? cfg.zero_hpz : topo.gpus_per_node() / t;
+    const bool fits = hpz >= 2 && d % hpz == 0 && hpz < d;
+    if (!fits && cfg.zero_hpz > 1)
+      throw ConfigError(fmt::format(
+          "--zero-hpz = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: a "
+          "divisor of {} below it, or node (gpus a node / tp)",
+          cfg.zero_hpz, d, d));
+    if (!fits) {
+      r.notes.push_back(fmt::format(
+          "--zero-hpz node: {} data-parallel ranks a node ({} GPUs / tp {}) form no secondary partition of the {}; "
+          "none used",
+          hpz, topo.gpus_per_node(), t, d));
+      hpz = 0;
+    }
+  }
   const int v = cfg.schedule == Schedule::kInterleaved ? cfg.virtual_stages : 1;
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
   r.microbatches = mb;
@@ -419,11 +438,6 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     const Group dg{d, static_cast<long long>(t), 0};
     const double grad_bytes = params_gpu * cfg.grad_bytes;
     if (cfg.zero == 3) {
-      if (cfg.zero_hpz > 1 && (d % cfg.zero_hpz != 0 || cfg.zero_hpz >= d))
-        throw ConfigError(fmt::format(
-            "--zero-hpz = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: a "
-            "divisor of {} below it (the ranks of a node: gpus a node / tp)",
-            cfg.zero_hpz, d, d));
       const double gb = gather_element_bytes(cfg.gather_bytes, 2);  // (the parameters are held in 16 bits)
       const double layer_bytes = layer_params / t * gb;
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
@@ -442,8 +456,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       // of K data-parallel ranks (K = the node's, G / t, keeps them on its fabric), of the 16-bit weights the forward
       // kept there.
       double t_agb = t_ag, te_agb = te_ag;
-      if (cfg.zero_hpz > 1) {
-        const Group hg{cfg.zero_hpz, static_cast<long long>(t), 0};
+      if (hpz > 1) {
+        const Group hg{hpz, static_cast<long long>(t), 0};
         auto hag = net.profile(Collective::kAllGather, cfg.dp_algorithm, hg, layer_params / t * 2);
         auto heg = net.profile(Collective::kAllGather, cfg.dp_algorithm, hg, emb_gpu * 2);
         t_agb = ctime(Collective::kAllGather, hag, hg, layer_params / t * 2) + wake;
@@ -472,10 +486,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
           "embeddings twice ({} each{}), and reduce-scatters their gradients ({} a layer); {} exposed per "
           "iteration",
           format_seconds(t_ag),
-          cfg.zero_hpz > 1 ? fmt::format(", {} within the groups of {}", format_seconds(t_agb), cfg.zero_hpz)
-                           : std::string(),
-          format_seconds(te_ag),
-          cfg.zero_hpz > 1 ? fmt::format(", {} within the group", format_seconds(te_agb)) : std::string(),
+          hpz > 1 ? fmt::format(", {} within the groups of {}", format_seconds(t_agb), hpz) : std::string(),
+          format_seconds(te_ag), hpz > 1 ? fmt::format(", {} within the group", format_seconds(te_agb)) : std::string(),
           format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
     } else if (cfg.zero >= 1) {
       auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
@@ -661,8 +673,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     const ModelState st = zero_model_state(params, d, cfg.zero, cfg.grad_bytes);
     MemoryBreakdown mem;
     // (hpZ: the secondary partition, 1/K of the stage's 16-bit parameters)
-    mem.params =
-        st.params + gathered + (zero3 && cfg.zero_hpz > 1 ? params * 2 / static_cast<double>(cfg.zero_hpz) : 0.0);
+    mem.params = st.params + gathered + (zero3 && hpz > 1 ? params * 2 / static_cast<double>(hpz) : 0.0);
     mem.grads = st.grads + unsharded_grads;
     mem.optimizer = st.optimizer;
     mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
@@ -952,7 +963,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         "--zero 0, 1 or 2");
   if (cfg.sync.kind == "local-sgd" && cfg.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
-  if (cfg.zero_hpz > 1)
+  if (cfg.zero_hpz > 1 || cfg.zero_hpz < 0)
     throw ConfigError(
         "--zero-hpz is modelled for GPT models (--model gpt and the named ones), not layer lists: leave "
         "it out");

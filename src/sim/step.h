@@ -72,7 +72,8 @@ struct ParallelConfig {
   double gather_bytes = 0;
   // ZeRO-3 (GPT models): ZeRO++'s hpZ, a secondary partition of the 16-bit parameters over groups of this many
   // consecutive data-parallel ranks (the node's: gpus a node / tp), which the backward's gathers then run within;
-  // each rank holds 1/K of the parameters more (`conduit train --zero-hpz`). 0 or 1: none.
+  // each rank holds 1/K of the parameters more (`conduit train --zero-hpz`). 0 or 1: none; -1: the node's ranks
+  // (gpus a node / tp; none where that is under 2 or does not divide the data-parallel ranks).
   long long zero_hpz = 0;
   Algorithm dp_algorithm = Algorithm::kAuto;
   Algorithm tp_algorithm = Algorithm::kAuto;

@@ -147,9 +147,11 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "under 256 elements a worker); forward and backward "
        "then run on the layers' weights rounded to it, the optimizer steps exact f32 slices (default f32)"},
       {"zero_hpz",
-       "with zero 3: ZeRO++'s hpZ, a secondary partition over groups of this many consecutive workers (those of a "
-       "node): each keeps its share of every layer's weights from the layer's forward to its backward, whose gather "
-       "then runs within the group; a divisor of the data-parallel workers below their number; 0: none (default 0)"},
+       "with zero 3: ZeRO++'s hpZ, a secondary partition over groups of this many consecutive data-parallel ranks "
+       "(with tp every tp-th worker: a node's are its workers / tp): each keeps its share of every layer's weights "
+       "from the layer's forward to its backward, whose gather then runs within the group (in f32: more bytes than "
+       "a narrow zero_gather's, on the node's links); a divisor of the data-parallel ranks below their number; 0: "
+       "none (default 0)"},
       {"zero_allgather_mb",
        "with zero 1 or 2 and zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call "
        "of the allgather behind the next forward until it carries at least this many MiB (DeepSpeed's "
@@ -410,7 +412,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     if (c.zero_hpz > 1 && c.zero != 3)
       throw ConfigError(fmt::format(
           "config: zero_hpz: {} is a secondary partition of ZeRO-3's parameters, this run has zero {}; allowed with "
-          "zero {}: 0, or leave it unset",
+          "zero {}: 0 or 1 (none), or leave it unset",
           c.zero_hpz, c.zero, c.zero));
   }
   if (auto v = get("zero_allgather_mb")) {
@@ -507,11 +509,6 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         fmt::format("config: pp: {} stages of {} rank{} (tp) do not divide the {} workers; allowed: workers a "
                     "multiple of tp x pp ({})",
                     c.pp, c.tp, c.tp > 1 ? "s" : "", c.workers, c.tp * c.pp));
-  if (c.zero_hpz > 1 && (c.workers / c.tp % c.zero_hpz != 0 || c.zero_hpz >= c.workers / c.tp))
-    throw ConfigError(fmt::format(
-        "config: zero_hpz: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into two or "
-        "more; allowed: 0, or a divisor of {} below it",
-        c.zero_hpz, c.workers / c.tp, c.workers, c.tp, c.workers / c.tp));
   // One data-parallel rank exchanges its gradients with nobody: the default compressor would only make them lossy
   // (Horovod and DDP skip the exchange at world 1). One asked for is kept (its effect on accuracy is a question
   // worth asking) and the trainer says it saves nothing.
@@ -531,6 +528,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         "stage would gather its layers twice per micro-batch (DeepSpeed refuses the pair too); allowed with pp {}: "
         "zero 0, 1 or 2; or pp 1",
         c.pp));
+  if (c.zero_hpz > 1 && (c.workers / c.tp % c.zero_hpz != 0 || c.zero_hpz >= c.workers / c.tp))
+    throw ConfigError(fmt::format(
+        "config: zero_hpz: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into two or "
+        "more; allowed: 0 or 1 (none), or a divisor of {} below it",
+        c.zero_hpz, c.workers / c.tp, c.workers, c.tp, c.workers / c.tp));
   if (c.zero > 0 && !effective_sync(c).bsp())
     throw ConfigError(
         fmt::format("config: zero: {} partitions the optimizer of sync bsp, not of {}; allowed with "
@@ -821,6 +823,17 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
         ((raw.count("tp") && raw.at("tp") == "1") || (raw.count("pp") && raw.at("pp") != "1") ||
          (raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))))
       continue;
+    // (the secondary partition's group size, not taken by a run given other workers or tp than the checkpoint's:
+    // that mismatch is the error to report, or the groups the new size allows are this run's to choose)
+    if (std::string(k) == "zero_hpz") {
+      bool other = false;
+      for (auto [given, saved] : {std::pair<const char*, const char*>{"workers", "world"}, {"tp", "tp"}})
+        if (raw.count(given) && meta.contains(saved)) {
+          const auto t = text(meta[saved]);
+          other = other || !t || *t != raw.at(given);
+        }
+      if (other) continue;
+    }
     // (ZeRO-3's gather wire and secondary partition, not taken by a run given another stage, which refuses them)
     if ((std::string(k) == "zero_gather" || std::string(k) == "zero_hpz") && raw.count("zero")) {
       int zero = -1;

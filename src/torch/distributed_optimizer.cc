@@ -1559,7 +1559,9 @@ uint64_t DistributedOptimizer::parameter_bytes_held() const {
   uint64_t n = 0;
   if (core_->zero >= 3) {
     for (auto& bk : core_->buckets)
-      n += (bk.resident ? bk.n : 0) + (bk.shard.defined() ? size_t(bk.shard.numel()) : 0) + bk.secondary.size();
+      n += (bk.resident ? bk.n : 0) + (bk.shard.defined() ? size_t(bk.shard.numel()) : 0) +
+           (bk.secondary.empty() ? 0
+                                 : bk.sec_counts[size_t(core_->sec_comm->rank())]);  // (not an empty part's stand-in)
   } else {
     for (size_t k : core_->numel) n += k;
   }

@@ -840,14 +840,53 @@ TEST(Inputs, ZeroHpzGathersTheBackwardWithinTheNode) {
                       ag(8, 2 * emb);  // (one micro-batch a rank)
   EXPECT_GT(less, 0);
   EXPECT_NEAR(plain.breakdown.dp_comm - hpz.breakdown.dp_comm, less, 1e-9 * plain.breakdown.dp_comm);
-  EXPECT_LE(hpz.breakdown.zero3_exposed, plain.breakdown.zero3_exposed);
   EXPECT_NEAR(hpz.memory.params - plain.memory.params, 2 * (m.layers * layer + emb) / 8, 1e-6 * plain.memory.params);
-  c.zero_hpz = 3;
-  EXPECT_THROW(simulate_step(net, m, c), ConfigError);
-  c.zero_hpz = 64;
-  EXPECT_THROW(simulate_step(net, m, c), ConfigError);
+  // Without prefetch every gather is exposed: exactly the backward's gathers' difference.
+  c.zero_prefetch = false;
+  const StepResult hpz_blocking = simulate_step(net, m, c);
+  c.zero_hpz = 0;
+  const StepResult plain_blocking = simulate_step(net, m, c);
+  EXPECT_NEAR(plain_blocking.breakdown.zero3_exposed - hpz_blocking.breakdown.zero3_exposed, less,
+              1e-9 * plain_blocking.breakdown.zero3_exposed);
+  // `node` (-1): the node's data-parallel ranks, 8 at t = 1; none at t = 8, which fills a node (said in a note).
+  c.zero_prefetch = true;
+  c.zero_hpz = -1;
+  EXPECT_EQ(simulate_step(net, m, c).breakdown.dp_comm, hpz.breakdown.dp_comm);
+  c.tp = 8;
+  const StepResult node8 = simulate_step(net, m, c);
+  c.zero_hpz = 0;
+  EXPECT_EQ(node8.breakdown.dp_comm, simulate_step(net, m, c).breakdown.dp_comm);
+  bool noted = false;
+  for (auto& n : node8.notes) noted = noted || n.find("--zero-hpz node: 1 data-parallel ranks a node") == 0;
+  EXPECT_TRUE(noted);
+  c.tp = 1;
+  auto refused = [&](long long k, long long gpus, int tp = 1) {
+    Topology tk(load_cluster("dgx-a100"), gpus);
+    CollectiveModel nk(tk);
+    ParallelConfig ck = c;
+    ck.zero_hpz = k;
+    ck.tp = tp;
+    ck.global_batch = gpus;
+    try {
+      simulate_step(nk, m, ck);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(
+      refused(3, 64).find("--zero-hpz = 3: groups that do not divide the 64 data-parallel ranks into two or more"),
+      std::string::npos);
+  EXPECT_NE(refused(64, 64).find("--zero-hpz = 64: groups"), std::string::npos);
+  EXPECT_NE(refused(2, 8, 8).find("--zero-hpz = 2: groups that do not divide the 1 data-parallel ranks"),
+            std::string::npos);  // (one data-parallel rank: refused too, not ignored)
   c.zero_hpz = 2;
-  EXPECT_THROW(simulate_layer_step(net, parse_layer_model("dense:10x10"), c), ConfigError);
+  try {
+    simulate_layer_step(net, parse_layer_model("dense:10x10"), c);
+    ADD_FAILURE() << "a layer list took --zero-hpz";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--zero-hpz is modelled for GPT models"), std::string::npos) << e.what();
+  }
 }
 
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).

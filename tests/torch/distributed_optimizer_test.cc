@@ -1016,17 +1016,20 @@ TEST(DistributedOptimizerZero, NarrowGathersCutTheirBytesAndLeaveTheSlicesExact)
 // of its wire's; nothing is kept between steps.
 TEST(DistributedOptimizerZero, ASecondaryPartitionGathersTheBackwardWithinItsGroup) {
   for (DType g : {DType::f32, DType::bf16, DType::i8})
-    for (bool prefetch : {true, false}) {
-      const std::string what = fmt::format("{} prefetch {}", dtype_name(g), prefetch);
-      const Zero3Run plain = zero3_run(3, "sgd", true, 4, "none", prefetch, g);
-      const Zero3Run hpz = zero3_run(3, "sgd", true, 4, "none", prefetch, g, 2);
+    for (auto [prefetch, overlap] : {std::pair{true, true}, {false, true}, {true, false}}) {
+      // (overlap false: two backward passes a step, each after its own forward)
+      const std::string what = fmt::format("{} prefetch {} overlap {}", dtype_name(g), prefetch, overlap);
+      const Zero3Run plain = zero3_run(3, "sgd", overlap, 4, "none", prefetch, g);
+      const Zero3Run hpz = zero3_run(3, "sgd", overlap, 4, "none", prefetch, g, 2);
       auto wire = [g](size_t n) { return g == DType::f32 ? 4.0 * n : g == DType::bf16 ? 2.0 * n : n + 16.0; };
-      // (units 0 and 1 are gathered for backward, once a step; unit 2 stays whole from its forward)
+      // (units 0 and 1 are gathered for backward, once a pass; unit 2 stays whole from its forward)
       int64_t less = 0;
       for (size_t n : {40, 24}) less += int64_t(0.75 * wire(n) + 0.5) - int64_t(0.5 * 4.0 * double(n) + 0.5);
+      const int64_t passes = overlap ? 4 : 8;
       for (int r = 0; r < 4; ++r) {
         EXPECT_EQ(hpz.params[size_t(r)], plain.params[size_t(r)]) << what << " rank " << r;
-        EXPECT_EQ(int64_t(hpz.sent[size_t(r)]), int64_t(plain.sent[size_t(r)]) - 4 * less) << what << " rank " << r;
+        EXPECT_EQ(int64_t(hpz.sent[size_t(r)]), int64_t(plain.sent[size_t(r)]) - passes * less)
+            << what << " rank " << r;
         EXPECT_EQ(hpz.held_between[size_t(r)], plain.held_between[size_t(r)]) << what << " rank " << r;
       }
       if (g == DType::f32) EXPECT_GT(less, 0) << what;  // (a narrow forward wire can move fewer bytes)

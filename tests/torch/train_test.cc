@@ -153,6 +153,13 @@ TEST(TrainConfig, AResumeTakesThePipelineSettingsThatStillApply) {
   RawConfig g2{{"resume", dir.string()}, {"zero", "2"}};
   apply_resume_defaults(g2, false);
   EXPECT_EQ(g2.count("zero_gather"), 0u);
+  // ZeRO-3's secondary partition likewise, and not into a run given other workers or tp than the checkpoint's.
+  std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_hpz": 2, "world": 4, "tp": 1})";
+  for (auto [key, value, taken] : {std::tuple{"workers", "4", true}, {"workers", "8", false}, {"tp", "2", false}}) {
+    RawConfig h{{"resume", dir.string()}, {key, value}};
+    apply_resume_defaults(h, false);
+    EXPECT_EQ(h.count("zero_hpz"), taken ? 1u : 0u) << key << " " << value;
+  }
   // The deferred allgather's call size with stages 1 and 2 only.
   std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 2, "zero_allgather_mb": 4})";
   RawConfig a{{"resume", dir.string()}};
@@ -326,7 +333,8 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   EXPECT_EQ(resolve_config({{"zero", "3"}, {"workers", "4"}, {"zero_hpz", "2"}}, 0, false).zero_hpz, 2);
   const std::string zh = config_error({{"zero", "2"}, {"workers", "4"}, {"zero_hpz", "2"}});
   expect_one_line(zh, "zero_hpz");
-  EXPECT_NE(zh.find("this run has zero 2; allowed with zero 2: 0, or leave it unset"), std::string::npos) << zh;
+  EXPECT_NE(zh.find("this run has zero 2; allowed with zero 2: 0 or 1 (none), or leave it unset"), std::string::npos)
+      << zh;
   for (const char* k : {"3", "4"}) {
     const std::string zd = config_error({{"zero", "3"}, {"workers", "4"}, {"zero_hpz", k}});
     expect_one_line(zd, "zero_hpz");
