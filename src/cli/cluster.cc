@@ -708,9 +708,18 @@ int resolve_host(const ClusterState& state, const std::string& host) {
     const char* r = std::getenv("RANK");
     if (r == nullptr) throw ConfigError("cluster exec: host 'rank' needs RANK in the environment");
     h = r;
-    if (h.empty() || h.size() > 4 || !std::all_of(h.begin(), h.end(), ::isdigit) || std::stoi(h) >= n)
-      throw ConfigError(fmt::format(
-          "cluster exec: host 'rank': RANK='{}' is not a host of cluster '{}' (allowed 0..{})", h, state.name, n - 1));
+    // (`cluster run --ranks-per-host R`: ranks K*R .. K*R+R-1 in host K)
+    const char* per = std::getenv("CONDUIT_RANKS_PER_HOST");
+    const std::string p = per ? per : "1";
+    if (p.empty() || p.size() > 2 || !std::all_of(p.begin(), p.end(), ::isdigit) || std::stoi(p) < 1)
+      throw ConfigError(
+          fmt::format("cluster exec: host 'rank': CONDUIT_RANKS_PER_HOST='{}' (allowed: 1..64 workers a host)", p));
+    const int per_host = std::stoi(p);
+    if (h.empty() || h.size() > 6 || !std::all_of(h.begin(), h.end(), ::isdigit) || std::stoi(h) / per_host >= n)
+      throw ConfigError(
+          fmt::format("cluster exec: host 'rank': RANK='{}' is not a host of cluster '{}' (allowed 0..{})", h,
+                      state.name, n * per_host - 1));
+    h = std::to_string(std::stoi(h) / per_host);
   }
   for (int k = 0; k < n; ++k) {
     if (h == state.hosts[static_cast<size_t>(k)].address || h == state.hosts[static_cast<size_t>(k)].ns) return k;

@@ -33,6 +33,7 @@ struct ClusterOptions {
   bool quiet = false;
   std::string host;
   int master_port = 29500;
+  int ranks_per_host = 1;  // run: workers a host (ranks K*R .. K*R+R-1 in host K)
   std::vector<std::string> command;
 };
 
@@ -196,15 +197,19 @@ void cmd_run(const ClusterOptions& o) {
   if (n > static_cast<int>(s.hosts.size())) {
     throw ConfigError(fmt::format("cluster run: --hosts {} but cluster '{}' has {}", n, s.name, s.hosts.size()));
   }
+  if (o.ranks_per_host < 1 || o.ranks_per_host > 64)
+    throw ConfigError(fmt::format("cluster run: --ranks-per-host {} is out of range; allowed 1..64", o.ranks_per_host));
   LaunchSpec spec;
-  spec.nprocs = n;
+  spec.nprocs = n * o.ranks_per_host;
   spec.master_addr = s.hosts[0].address;
   spec.master_port = o.master_port;
   spec.name = "conduit cluster run";
   // Each worker is `conduit cluster exec rank -- PROGRAM...`: it enters the namespace of host RANK and execs.
   spec.command = {self_exe(), "cluster", "exec", "--name", s.name, "rank", "--"};
   spec.command.insert(spec.command.end(), o.command.begin(), o.command.end());
-  spec.extra_env = {{"CONDUIT_TRANSPORT", "tcp"}, {"CONDUIT_SOCKET_IFNAME", cl::kHostIfname}};
+  spec.extra_env = {{"CONDUIT_TRANSPORT", "tcp"},
+                    {"CONDUIT_SOCKET_IFNAME", cl::kHostIfname},
+                    {"CONDUIT_RANKS_PER_HOST", std::to_string(o.ranks_per_host)}};
   set_exit_code(run_local_workers(spec));
 }
 
@@ -263,11 +268,14 @@ const bool kRegistered = register_command(40, [](CLI::App& app) {
   auto rn = std::make_shared<ClusterOptions>();
   auto* cr = grp->add_subcommand(
       "run",
-      "Start one worker per host (rank K in host K) over tcp with the rendezvous environment of `conduit launch`; "
-      "MASTER_ADDR is host 0");
+      "Start one worker per host (rank K in host K), or --ranks-per-host R (ranks K*R..K*R+R-1 in host K: their "
+      "traffic to each other stays off the shaped link), over tcp with the rendezvous environment of `conduit "
+      "launch`; MASTER_ADDR is host 0");
   add_name(cr, rn);
   auto* run_hosts = cr->add_option("--hosts", rn->hosts, "use the first N hosts (default: all)");
   cr->add_option("--master-port", rn->master_port, "rendezvous port on host 0")->capture_default_str();
+  cr->add_option("--ranks-per-host", rn->ranks_per_host, "workers in each host (consecutive ranks)")
+      ->capture_default_str();
   cr->add_option("command", rn->command, "PROGRAM [ARGS...] (put it after --)");
   cr->footer("Example: conduit cluster run -- conduit bench coll --op allreduce -b 1M -e 64M --json");
   cr->callback([rn, run_hosts]() {

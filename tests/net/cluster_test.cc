@@ -217,6 +217,16 @@ TEST_F(ClusterTest, RunStartsOneRankPerHost) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("[rank 0] 0 3 10.213.0.1 tcp 10.213.0.1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rank 2] 2 3 10.213.0.1 tcp 10.213.0.3"), std::string::npos) << r.out;
+  // --ranks-per-host 2: ranks 2K and 2K+1 in host K.
+  Result two = sh(conduit() + " cluster run --name " + name + " --hosts 2 --ranks-per-host 2" +
+                  " -- sh -c \"echo \\$RANK \\$WORLD_SIZE \\$CONDUIT_CLUSTER_ADDR\"");
+  ASSERT_EQ(two.code, 0) << two.out;
+  for (const char* want :
+       {"[rank 0] 0 4 10.213.0.1", "[rank 1] 1 4 10.213.0.1", "[rank 2] 2 4 10.213.0.2", "[rank 3] 3 4 10.213.0.2"})
+    EXPECT_NE(two.out.find(want), std::string::npos) << want << "\n" << two.out;
+  Result bad = sh(conduit() + " cluster run --name " + name + " --ranks-per-host 0 -- true");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--ranks-per-host 0 is out of range; allowed 1..64"), std::string::npos) << bad.out;
 }
 
 // Receives on host 1 what host 0 sends over TCP through the shaped links; returns the receiver's goodput in bit/s,

@@ -1,0 +1,53 @@
+#!/bin/bash
+# ZeRO-3's secondary partition (--zero-hpz 2, ZeRO++'s hpZ) and int8 gathers (--zero-gather int8, its qwZ) where
+# they matter: between hosts. An emulated cluster of 2 hosts with 2 workers each (`conduit cluster run
+# --ranks-per-host 2`: a host's workers reach each other off the shaped link), the hosts' links shaped to RATE; the
+# cnn on Fashion-MNIST, Adam (lr 0.001), STEPS steps, five configurations alternated over ROUNDS rounds: plain bsp,
+# zero 3, zero 3 with hpZ, zero 3 with int8 gathers, and both. The table gives the median training wall time over
+# the rounds, rank 0's exposed communication (median), the bytes on the wire and the test accuracy of the last
+# round. Needs root (network namespaces, tc).
+#   sudo bash bench/zero/hpz_cluster.sh [RATE] [STEPS] [ROUNDS] [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RATE=${1:-200mbit}
+STEPS=${2:-60}
+ROUNDS=${3:-2}
+OUT=${4:-runs/hpz-bench}
+CONDUIT=$(realpath "${CONDUIT:-build/bin/conduit}")
+NAME=hpz$$
+rm -rf "$OUT"
+mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
+"$CONDUIT" cluster up -q --name "$NAME" --hosts 2 --bandwidth "$RATE"
+trap '"$CONDUIT" cluster down --name "$NAME" > /dev/null 2>&1 || true' EXIT
+run() {  # configuration round
+  local dir="$OUT/$1-r$2" extra=""
+  case $1 in
+    z3) extra="--zero 3" ;;
+    z3h) extra="--zero 3 --zero-hpz 2" ;;
+    z3q) extra="--zero 3 --zero-gather int8" ;;
+    z3qh) extra="--zero 3 --zero-gather int8 --zero-hpz 2" ;;
+  esac
+  # shellcheck disable=SC2086  # extra is words
+  "$CONDUIT" cluster run --name "$NAME" --ranks-per-host 2 -- "$CONDUIT" train --model cnn --optimizer adam \
+    --lr 0.001 --compressor none $extra --max-steps "$STEPS" --progress false --output "$dir" > "$dir.log" 2>&1
+}
+source bench/alternate_rounds.sh
+alternate_rounds "$ROUNDS" run plain z3 z3h z3q z3qh
+/usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
+import json, os, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+names = {"plain": "plain bsp", "z3": "--zero 3", "z3h": "--zero 3 --zero-hpz 2", "z3q": "--zero 3 --zero-gather int8",
+         "z3qh": "--zero 3 --zero-gather int8 --zero-hpz 2"}
+base = None
+print(f"{'run':<44}{'wall s':>8}{'(rounds)':>16}{'x plain':>8}{'exposed s':>10}{'MB on wire':>12}{'accuracy':>10}")
+for key, label in names.items():
+    ss = [json.load(open(os.path.join(out, f"{key}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
+    walls = [s["wall_time_s"] for s in ss]
+    wall = statistics.median(walls)
+    base = base or wall
+    exposed = statistics.median(s["exposed_comm_s"] for s in ss)
+    s = ss[-1]
+    print(f"{label:<44}{wall:>8.1f}{'/'.join(f'{w:.1f}' for w in walls):>16}{wall / base:>8.2f}{exposed:>10.2f}"
+          f"{s['bytes_on_wire'] / 1e6:>12.1f}{100 * s['final_test_accuracy']:>9.2f}%")
+PY
