@@ -5,7 +5,8 @@
 # cnn on Fashion-MNIST, Adam (lr 0.001), STEPS steps, five configurations alternated over ROUNDS rounds: plain bsp,
 # zero 3, zero 3 with hpZ, zero 3 with int8 gathers, and both. The table gives the median training wall time over
 # the rounds, rank 0's exposed communication (median), the bytes on the wire and the test accuracy of the last
-# round. Needs root (network namespaces, tc).
+# round, and the bytes that crossed the shaped links (both hosts' eth0 transmit counters, read with `ip -s` around
+# each run; the workers' own counts include the traffic inside a host). Needs root (network namespaces, tc).
 #   sudo bash bench/zero/hpz_cluster.sh [RATE] [STEPS] [ROUNDS] [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,17 +21,27 @@ mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 "$CONDUIT" cluster up -q --name "$NAME" --hosts 2 --bandwidth "$RATE"
 trap '"$CONDUIT" cluster down --name "$NAME" > /dev/null 2>&1 || true' EXIT
+tx() {  # bytes both hosts have sent on their shaped links
+  local total=0 h
+  for h in 0 1; do
+    total=$((total + $(ip -s -j -n "conduit-$NAME-h$h" link show eth0 | /usr/bin/python3 -c \
+      'import json, sys; print(json.load(sys.stdin)[0]["stats64"]["tx"]["bytes"])')))
+  done
+  echo "$total"
+}
 run() {  # configuration round
-  local dir="$OUT/$1-r$2" extra=""
+  local dir="$OUT/$1-r$2" extra="" before
   case $1 in
     z3) extra="--zero 3" ;;
     z3h) extra="--zero 3 --zero-hpz 2" ;;
     z3q) extra="--zero 3 --zero-gather int8" ;;
     z3qh) extra="--zero 3 --zero-gather int8 --zero-hpz 2" ;;
   esac
+  before=$(tx)
   # shellcheck disable=SC2086  # extra is words
   "$CONDUIT" cluster run --name "$NAME" --ranks-per-host 2 -- "$CONDUIT" train --model cnn --optimizer adam \
     --lr 0.001 --compressor none $extra --max-steps "$STEPS" --progress false --output "$dir" > "$dir.log" 2>&1
+  echo $(($(tx) - before)) > "$dir.cross"
 }
 source bench/alternate_rounds.sh
 alternate_rounds "$ROUNDS" run plain z3 z3h z3q z3qh
@@ -40,7 +51,8 @@ out, rounds = sys.argv[1], int(sys.argv[2])
 names = {"plain": "plain bsp", "z3": "--zero 3", "z3h": "--zero 3 --zero-hpz 2", "z3q": "--zero 3 --zero-gather int8",
          "z3qh": "--zero 3 --zero-gather int8 --zero-hpz 2"}
 base = None
-print(f"{'run':<44}{'wall s':>8}{'(rounds)':>16}{'x plain':>8}{'exposed s':>10}{'MB on wire':>12}{'accuracy':>10}")
+print(f"{'run':<44}{'wall s':>8}{'(rounds)':>16}{'x plain':>8}{'exposed s':>10}{'MB on wire':>12}"
+      f"{'MB across':>11}{'accuracy':>10}")
 for key, label in names.items():
     ss = [json.load(open(os.path.join(out, f"{key}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
     walls = [s["wall_time_s"] for s in ss]
@@ -48,6 +60,7 @@ for key, label in names.items():
     base = base or wall
     exposed = statistics.median(s["exposed_comm_s"] for s in ss)
     s = ss[-1]
+    across = int(open(os.path.join(out, f"{key}-r{rounds}.cross")).read())
     print(f"{label:<44}{wall:>8.1f}{'/'.join(f'{w:.1f}' for w in walls):>16}{wall / base:>8.2f}{exposed:>10.2f}"
-          f"{s['bytes_on_wire'] / 1e6:>12.1f}{100 * s['final_test_accuracy']:>9.2f}%")
+          f"{s['bytes_on_wire'] / 1e6:>12.1f}{across / 1e6:>11.1f}{100 * s['final_test_accuracy']:>9.2f}%")
 PY

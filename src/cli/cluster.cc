@@ -711,14 +711,16 @@ int resolve_host(const ClusterState& state, const std::string& host) {
     // (`cluster run --ranks-per-host R`: ranks K*R .. K*R+R-1 in host K)
     const char* per = std::getenv("CONDUIT_RANKS_PER_HOST");
     const std::string p = per ? per : "1";
-    if (p.empty() || p.size() > 2 || !std::all_of(p.begin(), p.end(), ::isdigit) || std::stoi(p) < 1)
+    if (p.empty() || p.size() > 2 || !std::all_of(p.begin(), p.end(), ::isdigit) || std::stoi(p) < 1 ||
+        std::stoi(p) > 64)
       throw ConfigError(
           fmt::format("cluster exec: host 'rank': CONDUIT_RANKS_PER_HOST='{}' (allowed: 1..64 workers a host)", p));
     const int per_host = std::stoi(p);
     if (h.empty() || h.size() > 6 || !std::all_of(h.begin(), h.end(), ::isdigit) || std::stoi(h) / per_host >= n)
       throw ConfigError(
-          fmt::format("cluster exec: host 'rank': RANK='{}' is not a host of cluster '{}' (allowed 0..{})", h,
-                      state.name, n * per_host - 1));
+          fmt::format("cluster exec: host 'rank': RANK='{}' is not a rank of cluster '{}' (allowed 0..{}: {} host{}, "
+                      "{} rank{} each)",
+                      h, state.name, n * per_host - 1, n, n == 1 ? "" : "s", per_host, per_host == 1 ? "" : "s"));
     h = std::to_string(std::stoi(h) / per_host);
   }
   for (int k = 0; k < n; ++k) {

@@ -199,6 +199,10 @@ void cmd_run(const ClusterOptions& o) {
   }
   if (o.ranks_per_host < 1 || o.ranks_per_host > 64)
     throw ConfigError(fmt::format("cluster run: --ranks-per-host {} is out of range; allowed 1..64", o.ranks_per_host));
+  if (n * o.ranks_per_host > kMaxLocalWorkers)
+    throw ConfigError(fmt::format(
+        "cluster run: {} hosts x --ranks-per-host {} = {} workers; allowed: at most {} (fewer --hosts or ranks a host)",
+        n, o.ranks_per_host, n * o.ranks_per_host, kMaxLocalWorkers));
   LaunchSpec spec;
   spec.nprocs = n * o.ranks_per_host;
   spec.master_addr = s.hosts[0].address;

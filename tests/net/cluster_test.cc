@@ -203,12 +203,31 @@ TEST_F(ClusterTest, ExecRunsInsideAHost) {
   // 'rank' names the value RANK holds (the error named 'rank' itself).
   Result bad_rank = sh("RANK=-1 " + conduit() + " cluster exec --name " + name + " rank -- true");
   EXPECT_EQ(bad_rank.code, 2);
-  EXPECT_NE(bad_rank.out.find("RANK='-1' is not a host of cluster '" + name + "' (allowed 0..1)"), std::string::npos)
+  EXPECT_NE(bad_rank.out.find("RANK='-1' is not a rank of cluster '" + name + "' (allowed 0..1: 2 hosts, 1 rank each)"),
+            std::string::npos)
       << bad_rank.out;
   EXPECT_EQ(sh("RANK=1 " + conduit() + " cluster exec --name " + name + " rank -- true").code, 0);
+  // With CONDUIT_RANKS_PER_HOST (cluster run --ranks-per-host) 'rank' is RANK / it; a value out of 1..64 is refused.
+  Result per = sh("RANK=3 CONDUIT_RANKS_PER_HOST=2 " + conduit() + " cluster exec --name " + name +
+                  " rank -- sh -c \"echo \\$CONDUIT_CLUSTER_HOST\"");
+  EXPECT_EQ(per.out, "1\n") << per.out;
+  Result per_bad =
+      sh("RANK=4 CONDUIT_RANKS_PER_HOST=2 " + conduit() + " cluster exec --name " + name + " rank -- true");
+  EXPECT_EQ(per_bad.code, 2);
+  EXPECT_NE(per_bad.out.find("RANK='4' is not a rank of cluster '" + name + "' (allowed 0..3: 2 hosts, 2 ranks each)"),
+            std::string::npos)
+      << per_bad.out;
+  for (const char* v : {"0", "65", "x"}) {
+    Result garbage = sh("RANK=0 CONDUIT_RANKS_PER_HOST=" + std::string(v) + " " + conduit() + " cluster exec --name " +
+                        name + " rank -- true");
+    EXPECT_EQ(garbage.code, 2) << v;
+    EXPECT_NE(garbage.out.find("CONDUIT_RANKS_PER_HOST='" + std::string(v) + "' (allowed: 1..64 workers a host)"),
+              std::string::npos)
+        << garbage.out;
+  }
 }
 
-TEST_F(ClusterTest, RunStartsOneRankPerHost) {
+TEST_F(ClusterTest, RunStartsItsRanksInTheirHosts) {
   const std::string name = unique_name("rn");
   ClusterGuard guard(name);
   ASSERT_EQ(sh(conduit() + " cluster up -q --name " + name + " --hosts 3 --bandwidth 1gbit").code, 0);
@@ -224,9 +243,12 @@ TEST_F(ClusterTest, RunStartsOneRankPerHost) {
   for (const char* want :
        {"[rank 0] 0 4 10.213.0.1", "[rank 1] 1 4 10.213.0.1", "[rank 2] 2 4 10.213.0.2", "[rank 3] 3 4 10.213.0.2"})
     EXPECT_NE(two.out.find(want), std::string::npos) << want << "\n" << two.out;
-  Result bad = sh(conduit() + " cluster run --name " + name + " --ranks-per-host 0 -- true");
-  EXPECT_EQ(bad.code, 2) << bad.out;
-  EXPECT_NE(bad.out.find("--ranks-per-host 0 is out of range; allowed 1..64"), std::string::npos) << bad.out;
+  for (const char* r : {"0", "65"}) {
+    Result bad = sh(conduit() + " cluster run --name " + name + " --ranks-per-host " + r + " -- true");
+    EXPECT_EQ(bad.code, 2) << bad.out;
+    EXPECT_NE(bad.out.find(std::string("--ranks-per-host ") + r + " is out of range; allowed 1..64"), std::string::npos)
+        << bad.out;
+  }
 }
 
 // Receives on host 1 what host 0 sends over TCP through the shaped links; returns the receiver's goodput in bit/s,
