@@ -149,8 +149,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"zero_hpz",
        "with zero 3: ZeRO++'s hpZ, a secondary partition over groups of this many consecutive data-parallel ranks "
        "(with tp every tp-th worker: a node's are its workers / tp): each keeps its share of every layer's weights "
-       "from the layer's forward to its backward, whose gather then runs within the group (in f32: more bytes than "
-       "a narrow zero_gather's, on the node's links); a divisor of the data-parallel ranks below their number; 0: "
+       "from the layer's forward to its backward, whose gather then runs within the group (on the node's links; in the "
+       "forward's 16-bit zero_gather, else f32: more bytes than int8 gathers'); a divisor of the data-parallel ranks "
+       "below their number; 0: "
        "none (default 0)"},
       {"zero_allgather_mb",
        "with zero 1 or 2 and zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call "

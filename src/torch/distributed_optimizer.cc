@@ -107,7 +107,7 @@ struct DistributedOptimizer::Core {
     // group), then freed.
     std::vector<size_t> sec_counts;
     size_t sec_mine = 0;
-    std::vector<float> secondary;
+    std::vector<uint8_t> secondary;  // (on sec_wire(); one element's zeros for an empty part)
   };
 
   coll::CommPtr comm;  // the buckets' (split off the caller's with find_unused_parameters)
@@ -133,7 +133,7 @@ struct DistributedOptimizer::Core {
   // ZeRO-3's secondary partition (DistOptions::zero_secondary_ranks, ZeRO++'s hpZ): the group of consecutive ranks
   // the backward gathers run in (null: none).
   coll::CommPtr sec_comm;
-  std::vector<std::vector<float>> abandoned_secondary;  // send buffers of failed secondary gathers
+  std::vector<std::vector<uint8_t>> abandoned_secondary;  // send buffers of failed secondary gathers
   std::vector<int> unit_bucket;  // bucket of each unit (-1: no trainable parameter)
   int pinned = 0;                // whole_parameters() handles alive
   double gather_s = 0;           // this step's time blocked in gathers (under mu)
@@ -152,7 +152,7 @@ struct DistributedOptimizer::Core {
     DType wire = DType::f32;
     std::vector<uint8_t> staged;  // a narrow gather's buffer (widened into the unit at its wait)
     bool secondary = false;       // within the secondary group, from sent (the unit's secondary part)
-    std::vector<float> sent;
+    std::vector<uint8_t> sent;
   };
   Ahead ahead;
   // ZeRO-1/2 with units and zero_prefetch (defer_slices): the allgather of the stepped slices, started by step() on the
@@ -346,30 +346,39 @@ struct DistributedOptimizer::Core {
     const double t0 = now_s();
     allocate(bk);
     if (counted && from_secondary(bk, pass)) {
-      // ZeRO++'s hpZ: the weights the forward ran, gathered within the group (f32: what the forward's wire rounded
-      // stays as it was).
+      // ZeRO++'s hpZ: the weights the forward ran, gathered within the group on sec_wire() (exact: what the forward's
+      // wire rounded stays as it was).
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
+      const DType sw = sec_wire();
+      std::vector<uint8_t> staged;
       try {
-        sec_comm->allgatherv(bk.secondary.data(), bk.full.data_ptr<float>(), bk.sec_counts, DType::f32, co).wait();
+        if (sw == DType::f32) {
+          sec_comm->allgatherv(bk.secondary.data(), bk.full.data_ptr<float>(), bk.sec_counts, sw, co).wait();
+        } else {
+          staged.resize(bk.n * dtype_size(sw));
+          sec_comm->allgatherv(bk.secondary.data(), staged.data(), bk.sec_counts, sw, co).wait();
+          widen(bk, staged);  // (a 16-bit wire's parts are contiguous elements: any cut of them widens alike)
+        }
       } catch (...) {
         release(bk, &abandoned);
         abandoned_secondary.push_back(std::move(bk.secondary));
+        if (!staged.empty()) abandoned_staged.push_back(std::move(staged));
         throw;
       }
       bk.rounded = gather_wire != DType::f32;
-      std::vector<float>().swap(bk.secondary);
+      std::vector<uint8_t>().swap(bk.secondary);
       const double t1 = now_s();
-      count_gather(bk, t1 - t0, t1 - t0, DType::f32, true);
+      count_gather(bk, t1 - t0, t1 - t0, sw, true);
       if (opt.trace)
         opt.trace->complete("gather", 0, t0, t1,
                             {{"bucket", b},
-                             {"bytes", bk.n * sizeof(float)},
+                             {"bytes", unit_wire_bytes(bk, sw)},
                              {"op", "allgather"},
                              {"pass", pass},
                              {"secondary", true},
-                             {"dtype", "f32"}});
+                             {"dtype", dtype_name(sw)}});
       return;
     }
     float* dst = bk.full.data_ptr<float>();
@@ -427,10 +436,16 @@ struct DistributedOptimizer::Core {
     const DType wire = counted ? gather_wire : DType::f32;
     try {
       if (counted && from_secondary(bk, pass)) {
+        const DType sw = sec_wire();
         ahead.secondary = true;
         ahead.sent = std::move(bk.secondary);
         bk.secondary.clear();
-        ahead.work = sec_comm->allgatherv(ahead.sent.data(), bk.full.data_ptr<float>(), bk.sec_counts, DType::f32, co);
+        void* out = bk.full.data_ptr<float>();
+        if (sw != DType::f32) {
+          ahead.staged.resize(bk.n * dtype_size(sw));
+          out = ahead.staged.data();
+        }
+        ahead.work = sec_comm->allgatherv(ahead.sent.data(), out, bk.sec_counts, sw, co);
       } else if (wire == DType::f32) {
         ahead.work = gather_comm->allgatherv(slice_of(bk), bk.full.data_ptr<float>(), bk.counts, DType::f32, co);
       } else {
@@ -447,7 +462,7 @@ struct DistributedOptimizer::Core {
       throw;
     }
     ahead.b = b;
-    ahead.wire = ahead.secondary ? DType::f32 : wire;
+    ahead.wire = ahead.secondary ? sec_wire() : wire;
     ahead.counted = counted;
     ahead.pass = pass;
   }
@@ -466,9 +481,10 @@ struct DistributedOptimizer::Core {
       throw;
     }
     const DType wire = a.wire;
-    if (a.secondary)
+    if (a.secondary) {
+      if (wire != DType::f32) widen(bk, a.staged);
       bk.rounded = gather_wire != DType::f32;  // (the forward's weights, as its wire left them)
-    else if (wire == DType::f32)
+    } else if (wire == DType::f32)
       bk.rounded = false;
     else
       widen(bk, a.staged);
@@ -486,6 +502,9 @@ struct DistributedOptimizer::Core {
                            {"blocked_s", t1 - t0},
                            {"dtype", dtype_name(wire)}});
   }
+  // The secondary parts' element type: the forward's 16-bit wire (its weights are exact in it, as ZeRO++ keeps them in
+  // 16 bits), else f32 (int8 blocks follow the primary slices, not the group's parts).
+  DType sec_wire() const { return gather_wire == DType::f16 || gather_wire == DType::bf16 ? gather_wire : DType::f32; }
   // ZeRO-3 with a secondary partition: a backward gather of a unit whose forward kept its part comes from the group.
   bool from_secondary(const Bucket& bk, const char* pass) const {
     return sec_comm && std::strcmp(pass, "backward") == 0 && !bk.secondary.empty();
@@ -496,8 +515,16 @@ struct DistributedOptimizer::Core {
     if (!sec_comm || !bk.resident) return;
     const size_t len = bk.sec_counts[size_t(sec_comm->rank())];
     const float* w = bk.full.data_ptr<float>() + bk.sec_mine;
-    bk.secondary.assign(w, w + len);
-    if (len == 0) bk.secondary.assign(1, 0.f);  // (non-empty: the group's gather still runs on this rank)
+    const DType sw = sec_wire();
+    // (an empty part is one element of zeros: non-empty, so the group's gather still runs on this rank)
+    bk.secondary.assign(std::max<size_t>(len, 1) * dtype_size(sw), 0);
+    if (len == 0) return;
+    if (sw == DType::f16)
+      convert_f32_to_f16(w, reinterpret_cast<uint16_t*>(bk.secondary.data()), len);
+    else if (sw == DType::bf16)
+      convert_f32_to_bf16(w, reinterpret_cast<uint16_t*>(bk.secondary.data()), len);
+    else
+      std::memcpy(bk.secondary.data(), w, len * sizeof(float));
   }
   // The pieces of every unit (units: parameter indices, in forward order), once the buckets are cut into slices. A
   // unit's range that touches the last piece of its bucket joins it while that piece carries fewer than
@@ -1331,7 +1358,7 @@ void DistributedOptimizer::synchronize() {
   Core& c = *core_;
   if (c.ahead.b >= 0) c.finish_ahead();  // a unit gathered ahead that no pass ran: counted in this step
   if (c.sec_comm)
-    for (auto& bk : c.buckets) std::vector<float>().swap(bk.secondary);  // (a forward no backward followed)
+    for (auto& bk : c.buckets) std::vector<uint8_t>().swap(bk.secondary);  // (a forward no backward followed)
   if (!c.deferred.empty()) {
     // ZeRO-1/2: the slices of a unit no forward ran (the optimizer steps them). A unit whose parameters got gradients
     // with their allgather still in flight was read before its hook waited: stale parameters, refused.
@@ -1556,16 +1583,17 @@ std::shared_ptr<void> DistributedOptimizer::whole_parameters() {
 }
 
 uint64_t DistributedOptimizer::parameter_bytes_held() const {
-  uint64_t n = 0;
+  uint64_t n = 0, secondary = 0;
   if (core_->zero >= 3) {
-    for (auto& bk : core_->buckets)
-      n += (bk.resident ? bk.n : 0) + (bk.shard.defined() ? size_t(bk.shard.numel()) : 0) +
-           (bk.secondary.empty() ? 0
-                                 : bk.sec_counts[size_t(core_->sec_comm->rank())]);  // (not an empty part's stand-in)
+    for (auto& bk : core_->buckets) {
+      n += (bk.resident ? bk.n : 0) + (bk.shard.defined() ? size_t(bk.shard.numel()) : 0);
+      if (!bk.secondary.empty())  // (not an empty part's stand-in)
+        secondary += bk.sec_counts[size_t(core_->sec_comm->rank())] * dtype_size(core_->sec_wire());
+    }
   } else {
     for (size_t k : core_->numel) n += k;
   }
-  return n * sizeof(float);
+  return n * sizeof(float) + secondary;
 }
 
 void DistributedOptimizer::allgather_slices() {

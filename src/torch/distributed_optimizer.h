@@ -115,11 +115,11 @@ struct DistOptions {
   DType zero_gather_dtype = DType::f32;
   // ZeRO stage 3: a secondary partition over groups of this many consecutive ranks of `comm` (ZeRO++'s hpZ; the
   // ranks of one node, as launchers number them): after a unit's training forward each rank keeps its 1/K of the
-  // weights that forward ran, and the unit's backward gathers them within its group (in f32, so a narrow forward wire's
-  // rounding carries over unchanged) instead of from all W ranks: (K-1)/K of the unit a rank on the group's links
-  // instead of (W-1)/W across the cluster, for 1/K of a unit held from each unit's forward to its backward. The
-  // training is the same bit for bit. 0 or 1: none; otherwise it must divide the ranks and be fewer than them (a
-  // collective constructor then splits the groups off).
+  // weights that forward ran, and the unit's backward gathers them within its group (in the forward's 16-bit wire,
+  // else f32: a narrow forward wire's rounding carries over unchanged) instead of from all W ranks: (K-1)/K of the unit
+  // a rank on the group's links instead of (W-1)/W across the cluster, for 1/K of a unit held from each unit's forward
+  // to its backward. The training is the same bit for bit. 0 or 1: none; otherwise it must divide the ranks and be
+  // fewer than them (a collective constructor then splits the groups off).
   int zero_secondary_ranks = 0;
   // The parameters of each unit (Net::units()), in the order forward runs them. ZeRO stage 3 needs them. At stages 1
   // and 2 with zero_prefetch they let the allgather of the stepped slices go on behind the next forward: step() starts
