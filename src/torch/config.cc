@@ -757,6 +757,13 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
   // and the data directory fell back to the defaults: 3 cosine epochs on the full test set after 2 constant ones on
   // 999 images). Not taken: max_steps (a run it stopped continues past it), where and how this run runs (output,
   // transport, timeout_s, progress, trace, slow).
+  // The ZeRO stage this run gives, as a number (-1: none given, -2: not a stage number, which resolve_config names).
+  int given_zero = -1;
+  if (raw.count("zero")) {
+    const std::string& z = raw.at("zero");
+    const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), given_zero);
+    if (ec != std::errc() || end != z.data() + z.size() || given_zero < 0) given_zero = -2;
+  }
   for (const char* k : {"model",
                         "compressor",
                         "optimizer",
@@ -836,27 +843,13 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
       if (other) continue;
     }
     // (ZeRO-3's gather wire and secondary partition, not taken by a run given another stage, which refuses them)
-    if ((std::string(k) == "zero_gather" || std::string(k) == "zero_hpz") && raw.count("zero")) {
-      int zero = -1;
-      const std::string& z = raw.at("zero");
-      const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
-      if (ec != std::errc() || end != z.data() + z.size() || zero != 3) continue;
-    }
+    if ((std::string(k) == "zero_gather" || std::string(k) == "zero_hpz") && given_zero != -1 && given_zero != 3)
+      continue;
     // (the deferred allgather's call size, not taken by a run given stage 0 or 3, which refuse it)
-    if (std::string(k) == "zero_allgather_mb" && raw.count("zero")) {
-      int zero = -1;
-      const std::string& z = raw.at("zero");
-      const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
-      if (ec != std::errc() || end != z.data() + z.size() || (zero != 1 && zero != 2)) continue;
-    }
+    if (std::string(k) == "zero_allgather_mb" && given_zero != -1 && given_zero != 1 && given_zero != 2) continue;
     // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
     // report)
-    if (std::string(k) == "zero_prefetch" && raw.count("zero")) {
-      int zero = -1;
-      const std::string& z = raw.at("zero");
-      const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), zero);
-      if (ec != std::errc() || end != z.data() + z.size() || zero == 0) continue;
-    }
+    if (std::string(k) == "zero_prefetch" && given_zero != -1 && given_zero <= 0) continue;
     take(k, k);
   }
   // The checkpoint's data directory belongs to its dataset (taken above unless given): taken only with that

@@ -334,6 +334,26 @@ struct DistributedOptimizer::Core {
     }
     bk.rounded = true;
   }
+  // Starts a narrow training gather of the unit into `staged` (widen() once it is done).
+  coll::Work start_narrow(Bucket& bk, std::vector<uint8_t>& staged, const coll::CollOptions& co) {
+    const int rank = gather_comm->rank();
+    stage(bk, staged, rank);
+    return gather_comm->allgatherv(staged.data() + stage_offset(bk, rank), staged.data(), stage_counts(bk), DType::u8,
+                                   co);
+  }
+  // Starts the group gather of the unit's kept parts (this rank's in `sent`) on sec_wire(): into the unit in f32, or
+  // into `staged` in 16 bits (widen() once it is done: a 16-bit wire's parts are contiguous elements, any cut of them
+  // widens alike).
+  coll::Work start_secondary(Bucket& bk, const std::vector<uint8_t>& sent, std::vector<uint8_t>& staged,
+                             const coll::CollOptions& co) {
+    const DType sw = sec_wire();
+    void* out = bk.full.data_ptr<float>();
+    if (sw != DType::f32) {
+      staged.resize(bk.n * dtype_size(sw));
+      out = staged.data();
+    }
+    return sec_comm->allgatherv(sent.data(), out, bk.sec_counts, sw, co);
+  }
   // Every rank's slices of bucket b into its whole parameters (allocated again if released). counted: a training
   // step's (its bytes and its time, which blocked forward or backward). A prefetched gather of another bucket is
   // finished first (the ranks' gathers stay in one order; its unit stays gathered until released as usual).
@@ -354,13 +374,8 @@ struct DistributedOptimizer::Core {
       const DType sw = sec_wire();
       std::vector<uint8_t> staged;
       try {
-        if (sw == DType::f32) {
-          sec_comm->allgatherv(bk.secondary.data(), bk.full.data_ptr<float>(), bk.sec_counts, sw, co).wait();
-        } else {
-          staged.resize(bk.n * dtype_size(sw));
-          sec_comm->allgatherv(bk.secondary.data(), staged.data(), bk.sec_counts, sw, co).wait();
-          widen(bk, staged);  // (a 16-bit wire's parts are contiguous elements: any cut of them widens alike)
-        }
+        start_secondary(bk, bk.secondary, staged, co).wait();
+        if (sw != DType::f32) widen(bk, staged);
       } catch (...) {
         release(bk, &abandoned);
         abandoned_secondary.push_back(std::move(bk.secondary));
@@ -395,11 +410,7 @@ struct DistributedOptimizer::Core {
           gather_comm->allgatherv(src, dst, bk.counts, DType::f32, co).wait();
           bk.rounded = false;
         } else {
-          const int rank = gather_comm->rank();
-          stage(bk, staged, rank);
-          gather_comm
-              ->allgatherv(staged.data() + stage_offset(bk, rank), staged.data(), stage_counts(bk), DType::u8, co)
-              .wait();
+          start_narrow(bk, staged, co).wait();
           widen(bk, staged);
         }
       } catch (...) {
@@ -436,23 +447,14 @@ struct DistributedOptimizer::Core {
     const DType wire = counted ? gather_wire : DType::f32;
     try {
       if (counted && from_secondary(bk, pass)) {
-        const DType sw = sec_wire();
         ahead.secondary = true;
         ahead.sent = std::move(bk.secondary);
         bk.secondary.clear();
-        void* out = bk.full.data_ptr<float>();
-        if (sw != DType::f32) {
-          ahead.staged.resize(bk.n * dtype_size(sw));
-          out = ahead.staged.data();
-        }
-        ahead.work = sec_comm->allgatherv(ahead.sent.data(), out, bk.sec_counts, sw, co);
+        ahead.work = start_secondary(bk, ahead.sent, ahead.staged, co);
       } else if (wire == DType::f32) {
         ahead.work = gather_comm->allgatherv(slice_of(bk), bk.full.data_ptr<float>(), bk.counts, DType::f32, co);
       } else {
-        const int rank = gather_comm->rank();
-        stage(bk, ahead.staged, rank);
-        ahead.work = gather_comm->allgatherv(ahead.staged.data() + stage_offset(bk, rank), ahead.staged.data(),
-                                             stage_counts(bk), DType::u8, co);
+        ahead.work = start_narrow(bk, ahead.staged, co);
       }
     } catch (...) {
       release(bk, &abandoned);
