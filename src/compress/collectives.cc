@@ -10,6 +10,7 @@
 #include "compress/detail.h"
 #include "compress/powersgd.h"
 #include "core/clock.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "net/tags.h"
 
@@ -357,6 +358,140 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
     }
   }
   if (o.average) scale(data, 1.0f / static_cast<float>(comm.size()));
+}
+
+namespace {
+
+using Spans = std::vector<std::span<const float>>;
+
+size_t int8_bytes(const Spans& spans) {
+  size_t b = 0;
+  for (auto s : spans) b += block_i8_bytes(s.size(), kInt8Block);
+  return b;
+}
+
+// One all-to-all over c: to each other rank d it sends to[d] (each span rounded to int8 blocks of its own); every
+// rank's to[me] has the same lengths (the spans this rank sums), and `sum` becomes their sum over c's ranks in rank
+// order, this rank's own exact.
+void int8_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<float>& sum, const ReduceOptions& o,
+              uint64_t& sent) {
+  const int w = c.size(), me = c.rank();
+  const Spans& mine = to[size_t(me)];
+  const size_t rb = int8_bytes(mine);
+  std::vector<size_t> scount(size_t(w), 0), rcount(size_t(w), 0);
+  size_t stotal = 0, rtotal = 0;
+  for (int d = 0; d < w; ++d) {
+    if (d == me) continue;
+    scount[size_t(d)] = int8_bytes(to[size_t(d)]);
+    rcount[size_t(d)] = rb;
+    stotal += scount[size_t(d)];
+    rtotal += rb;
+  }
+  std::vector<uint8_t> sbuf(stotal), rbuf(rtotal);
+  uint8_t* p = sbuf.data();
+  for (int d = 0; d < w; ++d) {
+    if (d == me) continue;
+    for (auto s : to[size_t(d)]) {
+      if (!s.empty()) quantize_block_i8(s.data(), s.size(), kInt8Block, p);
+      p += block_i8_bytes(s.size(), kInt8Block);
+    }
+  }
+  if (w > 1) c.alltoallv(sbuf.data(), scount, rbuf.data(), rcount, DType::u8, coll_opts(o)).wait();
+  size_t n = 0;
+  for (auto s : mine) n += s.size();
+  sum.assign(n, 0.0f);
+  std::vector<float> part(n);
+  const uint8_t* q = rbuf.data();
+  for (int r = 0; r < w; ++r) {
+    size_t at = 0;
+    for (auto s : mine) {
+      if (r == me) {
+        std::copy(s.begin(), s.end(), part.begin() + std::ptrdiff_t(at));
+      } else {
+        if (!s.empty()) dequantize_block_i8(q, s.size(), kInt8Block, part.data() + at);
+        q += block_i8_bytes(s.size(), kInt8Block);
+      }
+      at += s.size();
+    }
+    for (size_t k = 0; k < n; ++k) sum[k] += part[k];
+  }
+  sent += stotal;
+  if (o.received) *o.received += rtotal;
+}
+
+}  // namespace
+
+Int8ReduceGroups int8_reduce_groups(coll::Communicator& comm) {
+  Int8ReduceGroups g;
+  if (comm.num_hosts() <= 1 || !comm.hosts_uniform_multi()) return g;
+  // Hosts numbered by their first rank, each rank's local index by its order among its host's ranks.
+  const int w = comm.size();
+  std::vector<int> host_index(static_cast<size_t>(w)), local_index(static_cast<size_t>(w));
+  std::vector<int> hosts;  // host ids in order of first appearance
+  std::vector<int> seen;   // ranks of each host seen so far
+  for (int r = 0; r < w; ++r) {
+    const int h = comm.host_of(r);
+    const auto it = std::find(hosts.begin(), hosts.end(), h);
+    const size_t gi = size_t(it - hosts.begin());
+    if (it == hosts.end()) hosts.push_back(h), seen.push_back(0);
+    host_index[size_t(r)] = int(gi);
+    local_index[size_t(r)] = seen[gi]++;
+  }
+  const int k = seen[0];
+  g.owner.assign(size_t(w), 0);
+  for (int r = 0; r < w; ++r) g.owner[size_t(host_index[size_t(r)] * k + local_index[size_t(r)])] = r;
+  const int me = comm.rank();
+  g.local = comm.split(host_index[size_t(me)], me);
+  g.cross = comm.split(local_index[size_t(me)], host_index[size_t(me)]);
+  return g;
+}
+
+uint64_t int8_reduce_scatter(coll::Communicator& comm, const Int8ReduceGroups& groups, std::span<const float> in,
+                             const std::vector<size_t>& counts, std::span<float> out, const ReduceOptions& o) {
+  const int w = comm.size(), me = comm.rank();
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (counts.size() != size_t(w) || total != in.size() || out.size() != counts[size_t(me)])
+    throw InvalidArgument(fmt::format(
+        "int8_reduce_scatter: {} counts summing to {} for an input of {} and an output of {} over {} ranks; allowed: "
+        "one count a rank, summing to the input's elements, this rank's the output's",
+        counts.size(), total, in.size(), out.size(), w));
+  if (groups.hierarchical() && (groups.owner.size() != size_t(w) || groups.local->size() * groups.cross->size() != w))
+    throw InvalidArgument(fmt::format(
+        "int8_reduce_scatter: host groups of {} x {} ranks for {} ranks; allowed: int8_reduce_groups of this "
+        "communicator",
+        groups.local->size(), groups.cross->size(), w));
+  std::vector<size_t> offset(size_t(w) + 1, 0);
+  for (int r = 0; r < w; ++r) offset[size_t(r) + 1] = offset[size_t(r)] + counts[size_t(r)];
+  auto slice = [&](int r) { return in.subspan(offset[size_t(r)], counts[size_t(r)]); };
+  uint64_t sent = 0;
+  std::vector<float> sum;
+  if (!groups.hierarchical()) {
+    std::vector<Spans> to(static_cast<size_t>(w));
+    for (int r = 0; r < w; ++r) to[size_t(r)] = {slice(r)};
+    int8_hop(comm, to, sum, o, sent);
+  } else {
+    // Hop 1, within the host: local rank j sums, for every host g, the slice of that host's rank j.
+    const int k = groups.local->size(), hosts = groups.cross->size();
+    std::vector<Spans> to(static_cast<size_t>(k));
+    for (int j = 0; j < k; ++j)
+      for (int g = 0; g < hosts; ++g) to[size_t(j)].push_back(slice(groups.owner[size_t(g * k + j)]));
+    std::vector<float> partial;
+    int8_hop(*groups.local, to, partial, o, sent);
+    // Hop 2, across hosts: each host's partial sum of a slice to the slice's owner.
+    const int mine = groups.local->rank();
+    std::vector<Spans> across(static_cast<size_t>(hosts));
+    size_t at = 0;
+    for (int g = 0; g < hosts; ++g) {
+      const size_t n = counts[size_t(groups.owner[size_t(g * k + mine)])];
+      across[size_t(g)] = {std::span<const float>(partial.data() + at, n)};
+      at += n;
+    }
+    int8_hop(*groups.cross, across, sum, o, sent);
+  }
+  const float f = o.average ? 1.0f / float(w) : 1.0f;
+  for (size_t i = 0; i < sum.size(); ++i) out[i] = sum[i] * f;
+  return sent;
 }
 
 }  // namespace conduit::compress

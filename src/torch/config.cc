@@ -136,7 +136,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"zero",
        "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too) | "
        "3 (the parameters too, each layer gathered only while it runs; pp 1); compressor none (the default then), "
-       "fp16 or bf16 (default 0)"},
+       "fp16 or bf16 (the reduce-scatter's wire) or int8 (int8 blocks by all-to-all, ZeRO++'s qgZ) (default 0)"},
       {"zero_prefetch",
        "with zero 1-3: gather parameters while other layers compute: at zero 3 the next layer while the current one "
        "runs (one layer ahead, forward and backward), at zero 1 and 2 the stepped slices behind the next forward, "
@@ -381,13 +381,14 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         "(pp 1: each micro-batch's backward follows its forward); allowed with pp 1: recompute false");
   if (auto v = get("zero")) {
     c.zero = static_cast<int>(to_int("zero", *v, 0, 3));
-    // ZeRO reduce-scatters the gradients as floats (f32, or fp16 or bf16 on the wire): the default compressor gives
-    // way, another one asked for is refused.
+    // ZeRO reduce-scatters the gradients (f32, fp16 or bf16 on the wire, or int8 blocks by all-to-all): the
+    // default compressor gives way, another one asked for is refused.
     if (c.zero > 0 && !get("compressor")) c.compressor = "none";
-    if (c.zero > 0 && c.compressor != "none" && c.compressor != "fp16" && c.compressor != "bf16")
+    if (c.zero > 0 && c.compressor != "none" && c.compressor != "fp16" && c.compressor != "bf16" &&
+        c.compressor != "int8")
       throw ConfigError(
-          fmt::format("config: zero: {} reduce-scatters the gradients as floats, compressor {} cannot "
-                      "go with it; allowed with zero {}: compressor none, fp16 or bf16 (the "
+          fmt::format("config: zero: {} reduce-scatters the gradients, compressor {} cannot "
+                      "go with it; allowed with zero {}: compressor none, fp16, bf16 or int8 (the "
                       "reduce-scatter's wire); or zero 0",
                       c.zero, c.compressor, c.zero));
   }

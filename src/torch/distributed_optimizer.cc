@@ -119,10 +119,12 @@ struct DistributedOptimizer::Core {
 #ifdef CONDUIT_WITH_COMPRESS
   compress::CompressorPtr compressor;
   std::vector<compress::TensorState> states;
+  compress::Int8ReduceGroups int8_groups;  // ZeRO with the int8 wire: over several hosts, the two hops' groups
 #endif
   bool compressed = false;
   int zero = 0;
-  DType zero_wire = DType::f32;  // ZeRO: the reduce-scatter's element type (fp16 or bf16 halve its bytes)
+  // ZeRO: the reduce-scatter's element type (fp16 or bf16 halve its bytes; i8: int8 blocks by all-to-all, qgZ)
+  DType zero_wire = DType::f32;
   // ZeRO-3: the training gathers' element type (DistOptions::zero_gather_dtype); whole_parameters() gathers f32.
   DType gather_wire = DType::f32;
   torch::Tensor flat_params;  // ZeRO: every trainable parameter's storage, bucket after bucket
@@ -807,7 +809,28 @@ struct DistributedOptimizer::Core {
       co.blocking = true;
       const size_t mine = bk.counts[size_t(comm->rank())];
       double t1;
-      if (zero_wire != DType::f32) {
+      if (zero_wire == DType::i8) {
+#ifdef CONDUIT_WITH_COMPRESS
+        // int8 blocks by all-to-all (ZeRO++'s qgZ, compress::int8_reduce_scatter): every contribution rounded once,
+        // summed by the slice's owner; over several hosts in two hops. Into a buffer first: `out` may lie inside
+        // the input at stage 1.
+        std::vector<float> slice(mine);
+        compress::ReduceOptions ro;
+        ro.average = true;
+        ro.timeout_s = opt.timeout_s;
+        uint64_t received = 0;
+        ro.received = &received;
+        const uint64_t sent = compress::int8_reduce_scatter(
+            *comm, int8_groups, std::span<const float>(bk.flat.data(), n), bk.counts, slice, ro);
+        t1 = now_s();
+        std::copy(slice.begin(), slice.end(), out);
+        // The payload as the other wires count it (every rank's slice on the wire), what moved exactly.
+        payload = 0;
+        for (size_t k : bk.counts) payload += block_i8_bytes(k, compress::kInt8Block);
+        factor_sent = payload > 0 ? double(sent) / double(payload) : 0.0;
+        factor_recv = payload > 0 ? double(received) / double(payload) : 0.0;
+#endif
+      } else if (zero_wire != DType::f32) {
         // 16-bit floats on the wire: each rank's gradients cast, averaged in the collective (f16 divides before it
         // adds, as NCCL does), this rank's slice widened back. One rank casts too, so its rounding is the same.
         const bool f16 = zero_wire == DType::f16;
@@ -831,7 +854,7 @@ struct DistributedOptimizer::Core {
         const float inv = 1.0f / float(w);
         for (size_t k = 0; k < mine; ++k) out[k] *= inv;
       }
-      factor_sent = factor_recv = w > 1 ? double(w - 1) / w : 0.0;
+      if (zero_wire != DType::i8) factor_sent = factor_recv = w > 1 ? double(w - 1) / w : 0.0;
       if (zero >= 2) {
         std::lock_guard<std::mutex> lk(mu);
         spare.emplace_back().swap(bk.flat);  // (kept at its size: a reuse zeroes only what it grows by)
@@ -1183,6 +1206,10 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
       c.gather_comm = comm_->split(0, comm_->rank());
     }
   }
+#ifdef CONDUIT_WITH_COMPRESS
+  // (collective: two splits over several hosts, which every rank sees alike)
+  if (c.zero_wire == DType::i8) c.int8_groups = compress::int8_reduce_groups(*c.comm);
+#endif
   std::weak_ptr<Core> weak = core_;
   for (size_t i = 0; i < c.params.size(); ++i) {
     c.params[i].register_hook([weak, i](torch::Tensor grad) {
@@ -1200,13 +1227,16 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
 
 void DistributedOptimizer::check_zero_optimizer() {
   Core& c = *core_;
-  // The reduce-scatter's wire: f32, or a 16-bit float (fp16 or bf16, stateless casts); the slices stay f32.
+  // The reduce-scatter's wire: f32, a 16-bit float (fp16 or bf16, stateless casts) or int8 blocks (by all-to-all,
+  // ZeRO++'s qgZ; no error feedback, as there); the slices stay f32.
   if (c.opt.compressor == "fp16" || c.opt.compressor == "bf16")
     c.zero_wire = c.opt.compressor == "fp16" ? DType::f16 : DType::bf16;
+  else if (c.opt.compressor == "int8")
+    c.zero_wire = DType::i8;
   else if (c.compressed)
     throw InvalidArgument(fmt::format(
-        "DistributedOptimizer: zero_stage {} reduce-scatters the gradients as floats, compressor '{}' cannot go with "
-        "it; allowed: compressor none, fp16 or bf16 (the reduce-scatter's wire), or zero_stage 0",
+        "DistributedOptimizer: zero_stage {} reduce-scatters the gradients, compressor '{}' cannot go with it; "
+        "allowed: compressor none, fp16, bf16 or int8 (the reduce-scatter's wire), or zero_stage 0",
         c.zero, c.opt.compressor));
   if (c.opt.find_unused_parameters)
     throw InvalidArgument(fmt::format(

@@ -5,6 +5,7 @@
 //  - the re-quantizing ring: bit for bit equal to a local simulation of the ring's hops.
 #include "compress/collectives.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <random>
 
 #include "compress/powersgd.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "ranks.h"
 
@@ -243,6 +245,157 @@ TEST_P(Ranks, PowerSgdEqualsSimulationAndBatchedEqualsPerTensor) {
         }
         EXPECT_EQ(a[t].step, ref[t][c.rank()].step);
       }
+    }
+  });
+}
+
+// The int8 reduce-scatter by all-to-all, simulated: rank r's slices (counts, rank order) of every rank's data, each
+// contribution but the owner's (or the summing rank's) rounded to int8 blocks once; over hosts of K ranks in two hops
+// (the host's ranks sum each local index's slices, then those partial sums, rounded again, go to their owners).
+std::vector<float> dq(std::span<const float> x) {
+  std::vector<uint8_t> q(block_i8_bytes(x.size(), kInt8Block));
+  std::vector<float> out(x.size());
+  if (!x.empty()) quantize_block_i8(x.data(), x.size(), kInt8Block, q.data());
+  if (!x.empty()) dequantize_block_i8(q.data(), x.size(), kInt8Block, out.data());
+  return out;
+}
+
+std::vector<float> simulate_int8_reduce_scatter(const std::vector<std::vector<float>>& data,
+                                                const std::vector<size_t>& counts, int me, int k, bool hier) {
+  const int n = int(data.size());
+  size_t at = 0;
+  for (int r = 0; r < me; ++r) at += counts[size_t(r)];
+  auto slice = [&](int r) { return std::span<const float>(data[size_t(r)].data() + at, counts[size_t(me)]); };
+  std::vector<float> sum(counts[size_t(me)], 0.0f);
+  auto add = [](std::vector<float>& s, const std::vector<float>& x) {
+    for (size_t i = 0; i < s.size(); ++i) s[i] += x[i];
+  };
+  if (!hier) {
+    for (int r = 0; r < n; ++r) {
+      auto x = slice(r);
+      add(sum, r == me ? std::vector<float>(x.begin(), x.end()) : dq(x));
+    }
+    return sum;
+  }
+  // Host g's partial sum of my slice is summed by its rank of my local index: its own part exact.
+  const int hosts = n / k, j = me % k;
+  for (int g = 0; g < hosts; ++g) {
+    std::vector<float> partial(sum.size(), 0.0f);
+    for (int l = 0; l < k; ++l) {
+      auto x = slice(g * k + l);
+      add(partial, l == j ? std::vector<float>(x.begin(), x.end()) : dq(x));
+    }
+    add(sum, g == me / k ? partial : dq(partial));
+  }
+  return sum;
+}
+
+// Uneven slices over several blocks (one slice empty, one under a block) and a block of zeros.
+std::vector<size_t> uneven_counts(int n) {
+  std::vector<size_t> counts;
+  for (int r = 0; r < n; ++r) counts.push_back(r == 1 ? 0 : r == 2 ? 100 : 300 + 13 * size_t(r));
+  return counts;
+}
+
+void check_int8_reduce_scatter(int n, int per_host) {
+  const std::vector<size_t> counts = uneven_counts(n);
+  size_t d = 0;
+  for (size_t c : counts) d += c;
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < n; ++r) {
+    data.push_back(gaussian(d, 31 * r + 5));
+    std::fill(data.back().begin(), data.back().begin() + std::min<size_t>(d, 256), 0.0f);  // (a zero block)
+  }
+  on_ranks(
+      n,
+      [&](coll::Communicator& c) {
+        const bool hier = n > per_host && per_host > 1 && n % per_host == 0;
+        auto groups = int8_reduce_groups(c);
+        ASSERT_EQ(groups.hierarchical(), hier);
+        const int me = c.rank();
+        std::vector<float> out(counts[size_t(me)]);
+        uint64_t received = 0;
+        ReduceOptions o;
+        o.received = &received;
+        const uint64_t sent = int8_reduce_scatter(c, groups, data[size_t(me)], counts, out, o);
+        const std::string what = fmt::format("{} ranks, {} a host, rank {}", n, per_host, me);
+        // Bit for bit the simulation: the parts go to the right ranks, each rounded as often as the hops say.
+        ASSERT_EQ(out, simulate_int8_reduce_scatter(data, counts, me, per_host, hier)) << what;
+        // Close to the exact sum: each int8 part within half its block's scale (the gaussians' largest is under
+        // 5, so under 5/254), a partial sum's under its own, up to K times larger.
+        size_t at = 0;
+        for (int r = 0; r < me; ++r) at += counts[size_t(r)];
+        const double tol = (n - 1) * 5.0 / 254 + (hier ? (n / per_host) * per_host * 5.0 / 254 : 0.0) + 1e-4;
+        double worst = 0;
+        for (size_t i = 0; i < out.size(); ++i) {
+          double exact = 0;
+          for (int r = 0; r < n; ++r) exact += data[size_t(r)][at + i];
+          worst = std::max(worst, std::abs(out[i] - exact));
+        }
+        EXPECT_LT(worst, tol) << what;
+        if (n > 1 && out.size() > 256) {
+          EXPECT_GT(worst, 0.0) << what;  // (rounded: not a f32 sum)
+        }
+        // Bytes: each part in int8 blocks once per hop. Flat: every other rank's slice. Two hops: to each other rank
+        // of the host, that local index's slices of every host; across, my slices' partial sums to their owners.
+        auto b = [&](int r) { return uint64_t(block_i8_bytes(counts[size_t(r)], kInt8Block)); };
+        uint64_t want_sent = 0, want_recv = 0;
+        if (!hier) {
+          for (int r = 0; r < n; ++r)
+            if (r != me) want_sent += b(r), want_recv += b(me);
+        } else {
+          const int hosts = n / per_host, j = me % per_host, g0 = me / per_host;
+          for (int l = 0; l < per_host; ++l)
+            for (int g = 0; g < hosts; ++g)
+              if (l != j) want_sent += b(g * per_host + l), want_recv += b(g * per_host + j);
+          for (int g = 0; g < hosts; ++g)
+            if (g != g0) want_sent += b(g * per_host + j), want_recv += b(me);
+        }
+        EXPECT_EQ(sent, want_sent) << what;
+        EXPECT_EQ(received, want_recv) << what;
+        // Averaged: the sum over the ranks.
+        std::vector<float> avg(out.size());
+        o.average = true;
+        o.received = nullptr;
+        int8_reduce_scatter(c, groups, data[size_t(me)], counts, avg, o);
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(avg[i], out[i] * (1.0f / float(n))) << what;
+      },
+      per_host);
+}
+
+// 1 to 8 ranks two a host: one host (2), hosts of uneven counts (3, 5, 7: one hop), two hops over 2, 3 and 4 hosts.
+TEST_P(Ranks, Int8ReduceScatterEqualsItsSimulationBitForBit) { check_int8_reduce_scatter(GetParam(), 2); }
+
+// Other host sizes: three and four ranks a host (two hops), and one a host (one hop: nothing to sum on a host).
+TEST(Int8ReduceScatter, HostsOfThreeAndFourRanksSumOnTheHostFirst) {
+  check_int8_reduce_scatter(6, 3);
+  check_int8_reduce_scatter(8, 4);
+  check_int8_reduce_scatter(12, 3);
+  check_int8_reduce_scatter(4, 1);
+}
+
+// A non-finite gradient arrives as NaN in its block (passed on, as a float wire passes it); counts that do not match
+// the input are refused with one line.
+TEST(Int8ReduceScatter, NonFiniteBlocksArriveAsNaNAndWrongCountsAreRefused) {
+  on_ranks(4, [&](coll::Communicator& c) {
+    auto groups = int8_reduce_groups(c);
+    // (127: every scale exact, 127 / 127 and then 254 / 127, so the finite blocks' sums are exact)
+    std::vector<float> in(4 * 300, 127.0f), out(300);
+    if (c.rank() == 3) in[5] = std::numeric_limits<float>::infinity();  // rank 0's slice, its first block
+    int8_reduce_scatter(c, groups, in, {300, 300, 300, 300}, out, {});
+    if (c.rank() == 0) {
+      for (size_t i = 0; i < 256; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
+      for (size_t i = 256; i < 300; ++i) ASSERT_EQ(out[i], 508.0f) << i;
+    } else {
+      for (float v : out) ASSERT_EQ(v, 508.0f);
+    }
+    try {
+      int8_reduce_scatter(c, groups, in, {300, 300, 300}, out, {});
+      ADD_FAILURE() << "three counts for four ranks were taken";
+    } catch (const InvalidArgument& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("3 counts summing to 900 for an input of 1200"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("allowed"), std::string::npos) << msg;
     }
   });
 }

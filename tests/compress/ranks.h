@@ -10,12 +10,13 @@
 
 namespace conduit::compress::testing {
 
+// Rank r on host r / ranks_per_host.
 template <typename Fn>
-void on_ranks(int n, Fn fn) {
+void on_ranks(int n, Fn fn, int ranks_per_host = 2) {
   coll::CommConfig cfg;
   cfg.timeout_s = 60;
   cfg.measure_cost_model = false;
-  auto comms = coll::Communicator::inproc(n, 2, cfg);
+  auto comms = coll::Communicator::inproc(n, ranks_per_host, cfg);
   std::vector<std::string> errors(n);
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r)

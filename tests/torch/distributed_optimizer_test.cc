@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "coll/communicator.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "torch/models.h"
 #include "torch/pipeline.h"
@@ -525,8 +526,8 @@ struct ZeroRun {
 // slices are unequal and one rank's slice of the first bucket is empty. 4 steps on rank-dependent inputs; the third
 // calls synchronize() before step(); without overlap every step accumulates two backward passes.
 ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int world = 4,
-                 const std::string& compressor = "none") {
-  auto comms = coll::Communicator::inproc(world);
+                 const std::string& compressor = "none", int ranks_per_host = 0) {
+  auto comms = coll::Communicator::inproc(world, ranks_per_host);
   ZeroRun out;
   out.params.resize(world);
   out.state_bytes.resize(world);
@@ -656,6 +657,54 @@ TEST(DistributedOptimizerZero, A16BitWireHalvesTheReduceScatter) {
   }
 }
 
+// The int8 reduce-scatter's bytes a step for rank `me` (compress::int8_reduce_scatter): each bucket's slices (`counts`)
+// in int8 blocks, a scale each; on one host every other rank's slice, over hosts of K ranks the host's two hops.
+uint64_t int8_reduce_scatter_bytes(const std::vector<std::vector<size_t>>& buckets, int me, int per_host) {
+  auto b = [](size_t n) { return uint64_t(block_i8_bytes(n, 256)); };
+  uint64_t sent = 0;
+  for (const auto& counts : buckets) {
+    const int w = int(counts.size());
+    if (per_host == 0 || per_host == w) {
+      for (int d = 0; d < w; ++d)
+        if (d != me) sent += b(counts[size_t(d)]);
+      continue;
+    }
+    const int hosts = w / per_host, j = me % per_host;
+    for (int l = 0; l < per_host; ++l)
+      for (int g = 0; g < hosts; ++g)
+        if (l != j) sent += b(counts[size_t(g * per_host + l)]);
+    for (int g = 0; g < hosts; ++g)
+      if (g != me / per_host) sent += b(counts[size_t(g * per_host + j)]);
+  }
+  return sent;
+}
+
+// int8 blocks on the reduce-scatter's wire (ZeRO++'s qgZ, by all-to-all; over two hosts in two hops): the weights
+// within the int8 rounding of the gradients of plain training, every rank's bit for bit, and each step the
+// reduce-scatter's f32 bytes replaced by the int8 blocks' (a slice under 256 elements carries a 4-byte scale).
+TEST(DistributedOptimizerZero, AnInt8WireSendsEachGradientOnceInInt8Blocks) {
+  const ZeroRun plain = zero_run(0, "sgd", true);
+  // The buckets of 3, 15, 5 and 35 floats cut into four slices each.
+  const std::vector<std::vector<size_t>> buckets = {{1, 1, 1, 0}, {4, 4, 4, 3}, {2, 1, 1, 1}, {9, 9, 9, 8}};
+  for (int per_host : {0, 2}) {
+    for (int stage : {1, 2}) {
+      const ZeroRun f32 = zero_run(stage, "sgd", true, 4, "none", per_host);
+      const ZeroRun z = zero_run(stage, "sgd", true, 4, "int8", per_host);
+      const std::string what = fmt::format("zero {}, {} ranks a host", stage, per_host);
+      double worst = 0;
+      for (size_t i = 0; i < 58; ++i) worst = std::max(worst, double(std::abs(z.params[0][i] - plain.params[0][i])));
+      EXPECT_LT(worst, 0.015) << what;  // (0.0026 measured on one host, 0.006 in two hops)
+      EXPECT_GT(worst, 0.0) << what;    // (rounded: not the f32 run)
+      for (int r = 1; r < 4; ++r) EXPECT_EQ(z.params[size_t(r)], z.params[0]) << what;
+      // 4 steps, each with the f32 reduce-scatter's 3/4 of the 58 4-byte elements replaced.
+      for (int r = 0; r < 4; ++r)
+        EXPECT_EQ(z.sent[size_t(r)],
+                  f32.sent[size_t(r)] - 4 * 174 + 4 * int8_reduce_scatter_bytes(buckets, r, per_host))
+            << what << " rank " << r;
+    }
+  }
+}
+
 TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
   auto comms = coll::Communicator::inproc(1);
   auto attempt = [&](auto&& setup) -> std::string {
@@ -720,8 +769,8 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
            o.units = {m.parameters(), {torch::ones({2}).requires_grad_()}};
          }),
          "unit 1 holds a tensor that is not a trainable parameter");
-  expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "int8"; }),
-         "compressor 'int8' cannot go with it; allowed: compressor none, fp16 or bf16");
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "qsgd"; }),
+         "compressor 'qsgd' cannot go with it; allowed: compressor none, fp16, bf16 or int8");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.find_unused_parameters = true; }), "find_unused_parameters");
   expect(attempt([](TwoLayers& m, auto& opt, DistOptions&) {
            std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -938,6 +987,23 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
     const uint64_t wire = r34(40, 2) + r34(24, 2) + r34(15, 2);
     for (int r = 0; r < 4; ++r)
       EXPECT_EQ(z.sent[size_t(r)], 4 * (gathers + wire) + r34(40, 4) + r34(24, 4) + r34(15, 4)) << r;
+  }
+  // int8 blocks on the reduce-scatter's wire (by all-to-all): the weights within the int8 rounding of the gradients,
+  // each step the f32 reduce-scatter's bytes replaced by the int8 blocks' of the units' slices (40, 24 and 15).
+  {
+    const Zero3Run plain = zero3_run(0, "sgd", true, 4);
+    const Zero3Run f32 = zero3_run(3, "sgd", true, 4);
+    const Zero3Run z = zero3_run(3, "sgd", true, 4, "int8");
+    double worst = 0;
+    for (size_t i = 0; i < 79; ++i) worst = std::max(worst, double(std::abs(z.params[0][i] - plain.params[0][i])));
+    EXPECT_LT(worst, 0.015);
+    EXPECT_GT(worst, 0.0);
+    for (int r = 1; r < 4; ++r) EXPECT_EQ(z.params[size_t(r)], z.params[0]) << r;
+    const std::vector<std::vector<size_t>> units = {{10, 10, 10, 10}, {6, 6, 6, 6}, {4, 4, 4, 3}};
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(z.sent[size_t(r)],
+                f32.sent[size_t(r)] - 4 * (120 + 72 + 45) + 4 * int8_reduce_scatter_bytes(units, r, 0))
+          << r;
   }
   // One rank: its slices are the whole model, nothing crosses the wire, the training is stage 0's bit for bit.
   const Zero3Run plain = zero3_run(0, "adam", true, 1);

@@ -302,6 +302,10 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   EXPECT_NE(comp.find("compressor ef:topk:ratio=0.01 cannot go with it"), std::string::npos) << comp;
   EXPECT_EQ(config_error({{"zero", "1"}, {"compressor", "bf16"}}), "");
   EXPECT_EQ(config_error({{"zero", "2"}, {"compressor", "fp16"}}), "");
+  EXPECT_EQ(config_error({{"zero", "3"}, {"compressor", "int8"}}), "");  // (ZeRO++'s qgZ)
+  const std::string int8_params = config_error({{"zero", "1"}, {"compressor", "ef:int8"}});
+  EXPECT_NE(int8_params.find("allowed with zero 1: compressor none, fp16, bf16 or int8"), std::string::npos)
+      << int8_params;
   const std::string sync = config_error({{"zero", "2"}, {"sync", "local"}});
   expect_one_line(sync, "zero");
   EXPECT_NE(sync.find("allowed with sync local: zero 0"), std::string::npos) << sync;
