@@ -79,8 +79,10 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
 // hold as many ranks (Int8ReduceGroups::hierarchical) it goes in two hops, as ZeRO++'s hierarchical all-to-all: a
 // host's K ranks first sum each other's parts for the slices of the ranks of each local index (on the host's own
 // links), then each partial sum goes, re-quantized once, to its owner on the other hosts: 1/K of what a flat
-// all-to-all sends across hosts, for one more rounding. A block holding an infinity or NaN arrives as NaN (passed on,
-// as a float wire passes it). Returns the bytes this rank sent; ReduceOptions::received adds the bytes it received.
+// all-to-all sends across hosts, for one more rounding. A non-finite element arrives non-finite (NaN for every
+// element of a block another rank rounded; the owner's own part as it was): passed on, as a float wire passes it,
+// not refused as the other int8 exchanges refuse it. Returns the bytes this rank sent; ReduceOptions::received adds the
+// bytes it received.
 inline constexpr size_t kInt8Block = 256;
 struct Int8ReduceGroups {
   coll::CommPtr local;  // this rank's host's ranks (null: one hop over the whole communicator)

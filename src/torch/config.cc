@@ -388,8 +388,8 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         c.compressor != "int8")
       throw ConfigError(
           fmt::format("config: zero: {} reduce-scatters the gradients, compressor {} cannot "
-                      "go with it; allowed with zero {}: compressor none, fp16, bf16 or int8 (the "
-                      "reduce-scatter's wire); or zero 0",
+                      "go with it; allowed with zero {}: compressor none, fp16, bf16 or int8 (without "
+                      "parameters: the reduce-scatter's wire); or zero 0",
                       c.zero, c.compressor, c.zero));
   }
   if (auto v = get("zero_prefetch")) {

@@ -829,6 +829,9 @@ struct DistributedOptimizer::Core {
         for (size_t k : bk.counts) payload += block_i8_bytes(k, compress::kInt8Block);
         factor_sent = payload > 0 ? double(sent) / double(payload) : 0.0;
         factor_recv = payload > 0 ? double(received) / double(payload) : 0.0;
+#else
+        t1 = now_s();
+        throw InvalidArgument("DistributedOptimizer: compressor int8 needs src/compress; allowed: none, fp16, bf16");
 #endif
       } else if (zero_wire != DType::f32) {
         // 16-bit floats on the wire: each rank's gradients cast, averaged in the collective (f16 divides before it
@@ -1236,7 +1239,8 @@ void DistributedOptimizer::check_zero_optimizer() {
   else if (c.compressed)
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_stage {} reduce-scatters the gradients, compressor '{}' cannot go with it; "
-        "allowed: compressor none, fp16, bf16 or int8 (the reduce-scatter's wire), or zero_stage 0",
+        "allowed: compressor none, fp16, bf16 or int8 (without parameters: the reduce-scatter's wire), or "
+        "zero_stage 0",
         c.zero, c.opt.compressor));
   if (c.opt.find_unused_parameters)
     throw InvalidArgument(fmt::format(

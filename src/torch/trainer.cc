@@ -886,9 +886,13 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (c.dataset == "synthetic" && c.data_dir != defaults.data_dir) warn("data_dir", "the dataset is synthetic");
     if (c.compressor == "none" && c.compress_min_bytes != defaults.compress_min_bytes)
       warn("compress_min_bytes", "the compressor is none");
+    else if (c.zero > 0 && c.compress_min_bytes != defaults.compress_min_bytes)
+      warn("compress_min_bytes", fmt::format("zero {} puts every gradient on the reduce-scatter's wire", c.zero));
     if (c.zero_allgather_mb > 0 && !c.zero_prefetch)
       warn("zero_allgather_mb", "zero_prefetch is false: the allgather after each step is one call per bucket");
-    if (spec.bsp() && c.compressor != "none" && c.workers / (c.tp * c.pp) == 1)
+    // (ZeRO's int8 all-to-all keeps a rank's own part exact: with one rank nothing changes)
+    if (spec.bsp() && c.compressor != "none" && !(c.zero > 0 && c.compressor == "int8") &&
+        c.workers / (c.tp * c.pp) == 1)
       fmt::print(stderr,
                  "train: warning: compressor {} runs with one data-parallel rank (workers {} / (tp {} x pp {})): "
                  "it changes the gradients but sends nothing (its default gives way to none here)\n",

@@ -517,7 +517,7 @@ std::shared_ptr<torch::optim::Optimizer> zero_test_optimizer(const std::string& 
 
 struct ZeroRun {
   std::vector<std::vector<float>> params;  // per rank, every parameter flattened
-  std::vector<uint64_t> state_bytes, grad_held, sent;
+  std::vector<uint64_t> state_bytes, grad_held, sent, received;
   std::vector<size_t> elements;
   std::vector<int> grad_left;  // some parameter still has a .grad after the last step
 };
@@ -533,6 +533,7 @@ ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int worl
   out.state_bytes.resize(world);
   out.grad_held.resize(world);
   out.sent.resize(world);
+  out.received.resize(world);
   out.elements.resize(world);
   out.grad_left.resize(world);
   std::vector<std::thread> ts;
@@ -564,6 +565,7 @@ ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int worl
       out.state_bytes[size_t(r)] = optimizer_state_bytes(*opt);
       out.grad_held[size_t(r)] = d.gradient_bytes_held();
       out.sent[size_t(r)] = d.total_stats().bytes_sent;
+      out.received[size_t(r)] = d.total_stats().bytes_recv;
       out.elements[size_t(r)] = d.optimizer_elements();
     });
   for (auto& t : ts) t.join();
@@ -657,26 +659,29 @@ TEST(DistributedOptimizerZero, A16BitWireHalvesTheReduceScatter) {
   }
 }
 
-// The int8 reduce-scatter's bytes a step for rank `me` (compress::int8_reduce_scatter): each bucket's slices (`counts`)
-// in int8 blocks, a scale each; on one host every other rank's slice, over hosts of K ranks the host's two hops.
-uint64_t int8_reduce_scatter_bytes(const std::vector<std::vector<size_t>>& buckets, int me, int per_host) {
+// The int8 reduce-scatter's bytes a step for rank `me` (compress::int8_reduce_scatter), sent or received: each
+// bucket's slices (`counts`) in int8 blocks, a scale each; on one host every other rank's slice out and as many parts
+// of its own in; over hosts of K ranks the host's two hops (in: its local index's slices from the host's other ranks,
+// then its own slice's partial sums from the other hosts).
+uint64_t int8_reduce_scatter_bytes(const std::vector<std::vector<size_t>>& buckets, int me, int per_host,
+                                   bool received = false) {
   auto b = [](size_t n) { return uint64_t(block_i8_bytes(n, 256)); };
-  uint64_t sent = 0;
+  uint64_t bytes = 0;
   for (const auto& counts : buckets) {
     const int w = int(counts.size());
     if (per_host == 0 || per_host == w) {
       for (int d = 0; d < w; ++d)
-        if (d != me) sent += b(counts[size_t(d)]);
+        if (d != me) bytes += b(counts[size_t(received ? me : d)]);
       continue;
     }
     const int hosts = w / per_host, j = me % per_host;
     for (int l = 0; l < per_host; ++l)
       for (int g = 0; g < hosts; ++g)
-        if (l != j) sent += b(counts[size_t(g * per_host + l)]);
+        if (l != j) bytes += b(counts[size_t(g * per_host + (received ? j : l))]);
     for (int g = 0; g < hosts; ++g)
-      if (g != me / per_host) sent += b(counts[size_t(g * per_host + j)]);
+      if (g != me / per_host) bytes += b(counts[size_t(received ? me : g * per_host + j)]);
   }
-  return sent;
+  return bytes;
 }
 
 // int8 blocks on the reduce-scatter's wire (ZeRO++'s qgZ, by all-to-all; over two hosts in two hops): the weights
@@ -696,13 +701,20 @@ TEST(DistributedOptimizerZero, AnInt8WireSendsEachGradientOnceInInt8Blocks) {
       EXPECT_LT(worst, 0.015) << what;  // (0.0026 measured on one host, 0.006 in two hops)
       EXPECT_GT(worst, 0.0) << what;    // (rounded: not the f32 run)
       for (int r = 1; r < 4; ++r) EXPECT_EQ(z.params[size_t(r)], z.params[0]) << what;
-      // 4 steps, each with the f32 reduce-scatter's 3/4 of the 58 4-byte elements replaced.
-      for (int r = 0; r < 4; ++r)
+      // 4 steps, each with the f32 reduce-scatter's 3/4 of the 58 4-byte elements replaced, out and in (what comes
+      // in tells the two hops from one: rank 3, which owns none of the first bucket, receives its local index's
+      // slices of it on the host).
+      for (int r = 0; r < 4; ++r) {
         EXPECT_EQ(z.sent[size_t(r)],
                   f32.sent[size_t(r)] - 4 * 174 + 4 * int8_reduce_scatter_bytes(buckets, r, per_host))
             << what << " rank " << r;
+        EXPECT_EQ(z.received[size_t(r)],
+                  f32.received[size_t(r)] - 4 * 174 + 4 * int8_reduce_scatter_bytes(buckets, r, per_host, true))
+            << what << " rank " << r;
+      }
     }
   }
+  EXPECT_NE(int8_reduce_scatter_bytes(buckets, 3, 0, true), int8_reduce_scatter_bytes(buckets, 3, 2, true));
 }
 
 TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
@@ -770,7 +782,7 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
          }),
          "unit 1 holds a tensor that is not a trainable parameter");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "qsgd"; }),
-         "compressor 'qsgd' cannot go with it; allowed: compressor none, fp16, bf16 or int8");
+         "compressor 'qsgd' cannot go with it; allowed: compressor none, fp16, bf16 or int8 (without parameters");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.find_unused_parameters = true; }), "find_unused_parameters");
   expect(attempt([](TwoLayers& m, auto& opt, DistOptions&) {
            std::vector<torch::optim::OptimizerParamGroup> groups;
