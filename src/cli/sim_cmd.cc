@@ -1415,7 +1415,9 @@ void setup(CLI::App& app) {
         ->capture_default_str();
     c->add_option("--tp-algorithm", a->tp_algorithm, "collective algorithm for tensor parallelism")
         ->capture_default_str();
-    c->add_option("--compression", a->compression, "none, fp16, int8, int4, topk:DENSITY, powersgd:RANK")
+    c->add_option("--compression", a->compression,
+                  "none, fp16, int8, int4, topk:DENSITY, powersgd:RANK (with --zero: none, fp16, or int8/int4 blocks "
+                  "by all-to-all, ZeRO++'s qgZ)")
         ->capture_default_str();
     c->add_option("--sync", a->sync, "bsp, local-sgd:PERIOD or async")->capture_default_str();
     c->add_option("--mode", a->mode, "symmetric or full (every group's flows, max-min fair)")->capture_default_str();

@@ -83,9 +83,13 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
               }
               const bool sp = sp_option && t > 1;
               for (const Compression& cp : space.compression) {
-                if (cp.kind != "none" && (z > 0 || d == 1)) {
+                // (ZeRO reduce-scatters: its wire can be 16-bit or int blocks, not top-k or PowerSGD's factors)
+                const bool zero_wire = cp.kind == "fp16" || cp.kind == "int8" || cp.kind == "int4";
+                if (cp.kind != "none" && (d == 1 || (z > 0 && !zero_wire))) {
                   skip(d == 1 ? std::string("compression needs data parallelism (dp = 1 here)")
-                              : fmt::format("compression with ZeRO {} is not modelled", z));
+                              : fmt::format("compression {} with ZeRO {}: ZeRO's reduce-scatter takes fp16, int8 or "
+                                            "int4",
+                                            cp.kind, z));
                   continue;
                 }
                 std::vector<std::pair<Schedule, int>> scheds;

@@ -93,9 +93,12 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
   if (c.zero < 0 || c.zero > 3) throw ConfigError(fmt::format("--zero = {} (allowed: 0, 1, 2, 3)", c.zero));
   if (c.zero >= 2 && c.pp > 1)
     throw ConfigError("--zero 2 and 3 with --pp > 1 are not modelled (DeepSpeed does not combine them either)");
-  if (c.zero > 0 && c.compression.kind != "none")
-    throw ConfigError(
-        "--compression with --zero > 0 is not modelled (compress the data-parallel allreduce of --zero 0)");
+  if (c.zero > 0 && c.compression.kind != "none" && c.compression.kind != "fp16" && c.compression.kind != "int8" &&
+      c.compression.kind != "int4")
+    throw ConfigError(fmt::format(
+        "--compression {} with --zero {}: ZeRO reduce-scatters the gradients; allowed with --zero > 0: none, fp16 (a "
+        "16-bit reduce-scatter), int8 or int4 (blocks by all-to-all, ZeRO++'s qgZ)",
+        c.compression.kind, c.zero));
   if (c.sequence_parallel && c.tp == 1)
     throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
   if (c.sequence_parallel && m.seq % c.tp != 0)
@@ -118,6 +121,15 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
 }
 
 namespace {
+
+// How an all-to-all over g (ZeRO's int8/int4 gradients, qgZ) is timed: the pairwise exchange up to 512 ranks; past
+// that as a ring reduce-scatter of the same bytes (the same volume a rank and the same p - 1 latencies; its steps to
+// a neighbour cross fewer spine links than a pairwise exchange's shifts, so it can be optimistic on oversubscribed
+// networks), a pattern the model routes in a fraction of the time (a 3,125-rank pairwise exchange took 9 s).
+std::pair<Collective, Algorithm> all_to_all_as(const Group& g) {
+  if (g.size > 512) return {Collective::kReduceScatter, Algorithm::kRing};
+  return {Collective::kAllToAll, Algorithm::kDirect};
+}
 
 // A cluster file's rates are only checked to be positive: 1e-300 FLOP/s or b/s made every time inf (and the planner
 // ranked inf and nan plans).
@@ -437,21 +449,55 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   if (d > 1) {
     const Group dg{d, static_cast<long long>(t), 0};
     const double grad_bytes = params_gpu * cfg.grad_bytes;
+    // ZeRO's reduce-scatter of n gradient elements (each cfg.grad_bytes): a reduce-scatter, of 2-byte elements with
+    // --compression fp16; with int8 or int4 (ZeRO++'s qgZ, `conduit train --compressor int8`) an all-to-all of
+    // blocks of 256 with a 4-byte scale each, every rank's part of each other rank's slice sent once, in two hops
+    // where a node holds several data-parallel ranks (K = gpus a node / t): within the node, then 1/K of it across
+    // nodes among the ranks of one local index; each hop quantizes and dequantizes its part (two passes over the
+    // gradients and the blocks at memory bandwidth).
+    const std::string& zq = cfg.compression.kind;
+    const bool qgz = cfg.zero >= 1 && (zq == "int8" || zq == "int4");
+    const double zero_rs_bytes = cfg.zero >= 1 && zq == "fp16" ? 2.0 : cfg.grad_bytes;
+    const long long qgz_k = topo.gpus_per_node() / t;
+    const bool qgz_two_hops = qgz && qgz_k >= 2 && qgz_k < d && d % qgz_k == 0;
+    std::map<double, double> qgz_took;
+    auto all_to_all = [&](const Group& g, double bytes) {
+      const auto [c, a] = all_to_all_as(g);
+      return ctime(c, net.profile(c, a, g, bytes), g, bytes) + wake;
+    };
+    // (profiled at `at` bytes when given: the algorithm the bucket size picks)
+    auto zero_rs = [&](double elems, double at = 0) {
+      if (!qgz) {
+        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, at > 0 ? at : elems * zero_rs_bytes);
+        return ctime(Collective::kReduceScatter, rs, dg, elems * zero_rs_bytes) + wake;
+      }
+      auto [it, fresh] = qgz_took.emplace(elems, 0.0);
+      if (!fresh) return it->second;
+      const double q = (zq == "int8" ? 1.0 : 0.5) + 4.0 / 256;
+      const double pass = memory_time(acc, elems * (cfg.grad_bytes + q) * 2, 2);
+      it->second = qgz_two_hops
+                       ? all_to_all(Group{qgz_k, static_cast<long long>(t), 0}, elems * q) +
+                             all_to_all(Group{d / qgz_k, t * qgz_k, 0}, elems * q / qgz_k) + pass * (1 + 1.0 / qgz_k)
+                       : all_to_all(dg, elems * q) + pass;
+      return it->second;
+    };
+    if (qgz)
+      r.notes.push_back(fmt::format(
+          "ZeRO's gradients in {} blocks by all-to-all (ZeRO++'s qgZ){}", zq,
+          qgz_two_hops
+              ? fmt::format(": within each node's {} data-parallel ranks, then 1/{} of them across nodes", qgz_k, qgz_k)
+              : std::string(", one hop")));
     if (cfg.zero == 3) {
       const double gb = gather_element_bytes(cfg.gather_bytes, 2);  // (the parameters are held in 16 bits)
       const double layer_bytes = layer_params / t * gb;
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
-      auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, layer_params / t * cfg.grad_bytes);
-      const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes) + wake,
-                   t_rs = ctime(Collective::kReduceScatter, rs, dg, layer_params / t * cfg.grad_bytes) + wake;
+      const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes) + wake, t_rs = zero_rs(layer_params / t);
       // The embeddings (word and position; the output layer shares the word embeddings) are sharded too: gathered
       // before the first layer (nothing to hide behind) and again for the output layer and the backward, their
       // gradients reduce-scattered at the end; those two hide behind the output layer's compute as far as it lasts.
       const double emb_bytes = emb_gpu * gb;
       auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, emb_bytes);
-      auto ers = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, emb_gpu * cfg.grad_bytes);
-      const double te_ag = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake,
-                   te_rs = ctime(Collective::kReduceScatter, ers, dg, emb_gpu * cfg.grad_bytes) + wake;
+      const double te_ag = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake, te_rs = zero_rs(emb_gpu);
       // --zero-hpz K (ZeRO++'s hpZ): the backward's gathers (and the output layer's of the embeddings) within groups
       // of K data-parallel ranks (K = the node's, G / t, keeps them on its fabric), of the 16-bit weights the forward
       // kept there.
@@ -490,10 +536,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
           format_seconds(te_ag), hpz > 1 ? fmt::format(", {} within the group", format_seconds(te_agb)) : std::string(),
           format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
     } else if (cfg.zero >= 1) {
-      auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
       const double t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2) + wake;
-      auto rs_time = [&](double n) { return ctime(Collective::kReduceScatter, rs, dg, n) + wake; };
+      auto rs_time = [&](double n) { return zero_rs(n / cfg.grad_bytes, cfg.bucket_bytes); };
       // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
       double busy = 0;
       dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd_window : 0.0, grad_bytes, cfg.bucket_bytes, rs_time, &busy);
@@ -549,8 +594,14 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
                                                        format_bytes(cfg.zero_allgather_bytes))
                                          : std::string()));
       }
-      r.dp_algorithm = algorithm_name(rs.algorithm);
-      r.dp_bottleneck = rs.bottleneck;
+      if (qgz) {
+        r.dp_algorithm = qgz_two_hops ? "all-to-all, two hops" : "all-to-all";
+        r.dp_bottleneck = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2).bottleneck;
+      } else {
+        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
+        r.dp_algorithm = algorithm_name(rs.algorithm);
+        r.dp_bottleneck = rs.bottleneck;
+      }
     } else {
       const Compression& cp = cfg.compression;
       const double elems = params_gpu;
@@ -1067,16 +1118,35 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   if (gpus > 1) {
     const Group dg{gpus, 1, 0};
     const std::string& k = cfg.compression.kind;
-    const double per = k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : k == "int8" ? 1 : 0.5;
+    // ZeRO with int8 or int4: blocks of 256 with a 4-byte scale each, by all-to-all (`conduit train --zero N
+    // --compressor int8`, ZeRO++'s qgZ), in two hops where a node holds several ranks (as the GPT model's).
+    const bool qgz = cfg.zero >= 1 && (k == "int8" || k == "int4");
+    const double per = k == "none"   ? cfg.grad_bytes
+                       : k == "fp16" ? 2
+                       : k == "int8" ? (qgz ? 1 + 4.0 / 256 : 1)
+                                     : (qgz ? 0.5 + 4.0 / 256 : 0.5);
     const double wire = params * per;
     const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter : Collective::kAllReduce;
     auto prof = net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
+    const long long node = topo.gpus_per_node();
+    const bool two_hops = qgz && node >= 2 && node < gpus && gpus % node == 0;
+    auto all_to_all = [&](const Group& g, double bytes) {
+      const auto [c, a] = all_to_all_as(g);
+      return cfg.mode == EvalMode::kFull ? net.time_full(c, a, g, bytes) : net.profile(c, a, g, bytes).time(bytes);
+    };
     // Each bucket's exchange, then its average: the runtime divides the reduced f32 gradients by the world size (read
-    // + write 4 bytes per element) before the next bucket. Each call also pays the wake-up of peers that arrived
-    // first and stopped polling (calibrated CPU clusters; 0 elsewhere).
+    // + write 4 bytes per element) before the next bucket; int blocks also pay a quantizing and a decoding pass a
+    // hop. Each call also pays the wake-up of peers that arrived first and stopped polling (calibrated CPU clusters;
+    // 0 elsewhere).
     auto tof = [&](double n) {
+      const double elems = n / per;
+      if (qgz)
+        return (two_hops ? all_to_all(Group{node, 1, 0}, n) + all_to_all(Group{gpus / node, node, 0}, n / node)
+                         : all_to_all(dg, n)) +
+               memory_time(*slow, elems * (4 + per) * 2 * (two_hops ? 1 + 1.0 / node : 1.0), two_hops ? 4 : 2) +
+               memory_time(*slow, 8 * elems, 1) + wake;
       return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n)) +
-             memory_time(*slow, 8 * n / per, 1) + wake;
+             memory_time(*slow, 8 * elems, 1) + wake;
     };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
     dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd * run_scale : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes,
@@ -1209,7 +1279,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
               ? measured->slowest_wait
               : measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
     dp_exposed += r.breakdown.rank_wait;
-    r.dp_algorithm = algorithm_name(prof.algorithm);
+    r.dp_algorithm = qgz ? (two_hops ? "all-to-all, two hops" : "all-to-all") : algorithm_name(prof.algorithm);
     r.dp_bottleneck = prof.bottleneck;
     if (cfg.sync.kind == "local-sgd") {
       dp_total /= cfg.sync.period;
