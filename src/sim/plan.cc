@@ -83,12 +83,14 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
               }
               const bool sp = sp_option && t > 1;
               for (const Compression& cp : space.compression) {
-                // (ZeRO reduce-scatters: its wire can be 16-bit or int blocks, not top-k or PowerSGD's factors)
-                const bool zero_wire = cp.kind == "fp16" || cp.kind == "int8" || cp.kind == "int4";
+                // (ZeRO reduce-scatters: its wire can be 16-bit or int blocks, not top-k or PowerSGD's factors;
+                // fp16 with 16-bit gradients is the plan without compression)
+                const bool zero_wire =
+                    cp.kind == "int8" || cp.kind == "int4" || (cp.kind == "fp16" && space.base.grad_bytes != 2);
                 if (cp.kind != "none" && (d == 1 || (z > 0 && !zero_wire))) {
                   skip(d == 1 ? std::string("compression needs data parallelism (dp = 1 here)")
-                              : fmt::format("compression {} with ZeRO {}: ZeRO's reduce-scatter takes fp16, int8 or "
-                                            "int4",
+                              : fmt::format("compression {} with ZeRO {}: ZeRO's reduce-scatter takes int8 or int4 "
+                                            "(fp16 is the 16-bit gradients' own wire)",
                                             cp.kind, z));
                   continue;
                 }

@@ -131,6 +131,43 @@ std::pair<Collective, Algorithm> all_to_all_as(const Group& g) {
   return {Collective::kAllToAll, Algorithm::kDirect};
 }
 
+// ZeRO's gradients in int blocks by all-to-all (--compression int8|int4 with --zero, ZeRO++'s qgZ, `conduit train
+// --zero N --compressor int8`): blocks of 256 elements with a 4-byte scale each, every rank's part of each other
+// rank's slice sent once; where a node holds `per_node` (K) of the `flat` group's ranks, `stride` apart, in two hops
+// as ZeRO++'s hierarchical all-to-all and the runtime's: within the node, then 1/K of it among the ranks of one
+// local index across nodes. Each hop quantizes and decodes its part (two passes over the gradients' `grad_bytes`
+// and the blocks, at memory bandwidth) and pays the wake-up of its call.
+struct Qgz {
+  bool on = false, two_hops = false;
+  double wire = 0;  // bytes an element on the wire
+  Group flat, local, cross;
+  long long k = 1;
+  Qgz(const ParallelConfig& cfg, const Group& dp, long long per_node) : flat(dp) {
+    const std::string& kind = cfg.compression.kind;
+    on = cfg.zero >= 1 && (kind == "int8" || kind == "int4");
+    wire = (kind == "int8" ? 1.0 : 0.5) + 4.0 / 256;
+    k = per_node;
+    two_hops = on && k >= 2 && k < dp.size && dp.size % k == 0;
+    if (two_hops) {
+      local = Group{k, dp.stride, dp.first};
+      cross = Group{dp.size / k, dp.stride * k, dp.first};
+    }
+  }
+  // `time(collective, algorithm, group, bytes)`: the caller's timing (symmetric or full); `bottleneck` the slowest
+  // hop's.
+  template <typename TimeFn>
+  double time(TimeFn&& time_of, const Accelerator& acc, double elems, double grad_bytes, double wake) const {
+    auto hop = [&](const Group& g, double bytes) {
+      const auto [c, a] = all_to_all_as(g);
+      return time_of(c, a, g, bytes) + wake;
+    };
+    const double passes =
+        memory_time(acc, elems * (grad_bytes + wire) * 2 * (two_hops ? 1 + 1.0 / k : 1.0), two_hops ? 4 : 2);
+    return (two_hops ? hop(local, elems * wire) + hop(cross, elems * wire / k) : hop(flat, elems * wire)) + passes;
+  }
+  const Group& outer() const { return two_hops ? cross : flat; }  // (the hop that crosses nodes)
+};
+
 // A cluster file's rates are only checked to be positive: 1e-300 FLOP/s or b/s made every time inf (and the planner
 // ranked inf and nan plans).
 void check_finite(const StepResult& r) {
@@ -456,36 +493,29 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     // nodes among the ranks of one local index; each hop quantizes and dequantizes its part (two passes over the
     // gradients and the blocks at memory bandwidth).
     const std::string& zq = cfg.compression.kind;
-    const bool qgz = cfg.zero >= 1 && (zq == "int8" || zq == "int4");
     const double zero_rs_bytes = cfg.zero >= 1 && zq == "fp16" ? 2.0 : cfg.grad_bytes;
-    const long long qgz_k = topo.gpus_per_node() / t;
-    const bool qgz_two_hops = qgz && qgz_k >= 2 && qgz_k < d && d % qgz_k == 0;
+    // (a node's data-parallel ranks: G / t where t divides a node's G, else none on one node)
+    const Qgz qgz(cfg, dg, topo.gpus_per_node() % t == 0 ? topo.gpus_per_node() / t : 1);
     std::map<double, double> qgz_took;
-    auto all_to_all = [&](const Group& g, double bytes) {
-      const auto [c, a] = all_to_all_as(g);
-      return ctime(c, net.profile(c, a, g, bytes), g, bytes) + wake;
-    };
-    // (profiled at `at` bytes when given: the algorithm the bucket size picks)
+    // (profiled at `at` bytes of the gradients when given: the algorithm the bucket size picks)
     auto zero_rs = [&](double elems, double at = 0) {
-      if (!qgz) {
-        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, at > 0 ? at : elems * zero_rs_bytes);
+      if (!qgz.on) {
+        const double on_wire = at > 0 ? at * zero_rs_bytes / cfg.grad_bytes : elems * zero_rs_bytes;
+        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, on_wire);
         return ctime(Collective::kReduceScatter, rs, dg, elems * zero_rs_bytes) + wake;
       }
       auto [it, fresh] = qgz_took.emplace(elems, 0.0);
-      if (!fresh) return it->second;
-      const double q = (zq == "int8" ? 1.0 : 0.5) + 4.0 / 256;
-      const double pass = memory_time(acc, elems * (cfg.grad_bytes + q) * 2, 2);
-      it->second = qgz_two_hops
-                       ? all_to_all(Group{qgz_k, static_cast<long long>(t), 0}, elems * q) +
-                             all_to_all(Group{d / qgz_k, t * qgz_k, 0}, elems * q / qgz_k) + pass * (1 + 1.0 / qgz_k)
-                       : all_to_all(dg, elems * q) + pass;
+      if (fresh)
+        it->second = qgz.time([&](Collective c, Algorithm a, const Group& g,
+                                  double n) { return ctime(c, net.profile(c, a, g, n), g, n); },
+                              acc, elems, cfg.grad_bytes, wake);
       return it->second;
     };
-    if (qgz)
+    if (qgz.on)
       r.notes.push_back(fmt::format(
           "ZeRO's gradients in {} blocks by all-to-all (ZeRO++'s qgZ){}", zq,
-          qgz_two_hops
-              ? fmt::format(": within each node's {} data-parallel ranks, then 1/{} of them across nodes", qgz_k, qgz_k)
+          qgz.two_hops
+              ? fmt::format(": within each node's {} data-parallel ranks, then 1/{} of them across nodes", qgz.k, qgz.k)
               : std::string(", one hop")));
     if (cfg.zero == 3) {
       const double gb = gather_element_bytes(cfg.gather_bytes, 2);  // (the parameters are held in 16 bits)
@@ -594,9 +624,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
                                                        format_bytes(cfg.zero_allgather_bytes))
                                          : std::string()));
       }
-      if (qgz) {
-        r.dp_algorithm = qgz_two_hops ? "all-to-all, two hops" : "all-to-all";
-        r.dp_bottleneck = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2).bottleneck;
+      if (qgz.on) {
+        r.dp_algorithm = qgz.two_hops ? "all-to-all, two hops" : "all-to-all";
+        const auto [c, a] = all_to_all_as(qgz.outer());
+        r.dp_bottleneck = net.profile(c, a, qgz.outer(), cfg.bucket_bytes).bottleneck;
       } else {
         auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
         r.dp_algorithm = algorithm_name(rs.algorithm);
@@ -1118,33 +1149,26 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   if (gpus > 1) {
     const Group dg{gpus, 1, 0};
     const std::string& k = cfg.compression.kind;
-    // ZeRO with int8 or int4: blocks of 256 with a 4-byte scale each, by all-to-all (`conduit train --zero N
-    // --compressor int8`, ZeRO++'s qgZ), in two hops where a node holds several ranks (as the GPT model's).
-    const bool qgz = cfg.zero >= 1 && (k == "int8" || k == "int4");
-    const double per = k == "none"   ? cfg.grad_bytes
-                       : k == "fp16" ? 2
-                       : k == "int8" ? (qgz ? 1 + 4.0 / 256 : 1)
-                                     : (qgz ? 0.5 + 4.0 / 256 : 0.5);
+    // ZeRO with int8 or int4: blocks by all-to-all (Qgz; `conduit train --zero N --compressor int8`), in two hops
+    // where a node holds several ranks.
+    const Qgz qgz(cfg, dg, topo.gpus_per_node());
+    const double per = qgz.on ? qgz.wire : k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : k == "int8" ? 1 : 0.5;
     const double wire = params * per;
     const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter : Collective::kAllReduce;
     auto prof = net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
-    const long long node = topo.gpus_per_node();
-    const bool two_hops = qgz && node >= 2 && node < gpus && gpus % node == 0;
-    auto all_to_all = [&](const Group& g, double bytes) {
-      const auto [c, a] = all_to_all_as(g);
-      return cfg.mode == EvalMode::kFull ? net.time_full(c, a, g, bytes) : net.profile(c, a, g, bytes).time(bytes);
+    auto qgz_time = [&](double elems) {
+      return qgz.time(
+          [&](Collective c, Algorithm a, const Group& g, double n) {
+            return cfg.mode == EvalMode::kFull ? net.time_full(c, a, g, n) : net.profile(c, a, g, n).time(n);
+          },
+          *slow, elems, cfg.grad_bytes, wake);
     };
     // Each bucket's exchange, then its average: the runtime divides the reduced f32 gradients by the world size (read
-    // + write 4 bytes per element) before the next bucket; int blocks also pay a quantizing and a decoding pass a
-    // hop. Each call also pays the wake-up of peers that arrived first and stopped polling (calibrated CPU clusters;
-    // 0 elsewhere).
+    // + write 4 bytes per element) before the next bucket. Each call also pays the wake-up of peers that arrived
+    // first and stopped polling (calibrated CPU clusters; 0 elsewhere; qgZ's a hop).
     auto tof = [&](double n) {
       const double elems = n / per;
-      if (qgz)
-        return (two_hops ? all_to_all(Group{node, 1, 0}, n) + all_to_all(Group{gpus / node, node, 0}, n / node)
-                         : all_to_all(dg, n)) +
-               memory_time(*slow, elems * (4 + per) * 2 * (two_hops ? 1 + 1.0 / node : 1.0), two_hops ? 4 : 2) +
-               memory_time(*slow, 8 * elems, 1) + wake;
+      if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems, 1);
       return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n)) +
              memory_time(*slow, 8 * elems, 1) + wake;
     };
@@ -1246,10 +1270,12 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         if (unit_params[u] <= 0) continue;
         const double n = unit_params[u] * per;
         auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, n);
+        const double avg = memory_time(*slow, 8 * n / per / static_cast<double>(gpus), 1);
         const double t_rs =
-            (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kReduceScatter, rs.algorithm, dg, n)
-                                         : rs.time(n)) +
-            memory_time(*slow, 8 * n / per / static_cast<double>(gpus), 1) + wake;
+            qgz.on ? qgz_time(unit_params[u]) + avg
+                   : (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kReduceScatter, rs.algorithm, dg, n)
+                                                  : rs.time(n)) +
+                         avg + wake;
         rs_total += t_rs;
         comm_free = std::max(comm_free, cfg.dp_overlap ? t : 0.0) + t_rs;
       }
@@ -1267,7 +1293,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
           cfg.zero_prefetch ? ": each next unit's gather behind the unit before" : ": no prefetch",
           format_seconds(rs_total), format_seconds(dp_exposed)));
     }
-    if (k != "none") comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
+    // (the quantized ring's passes; qgZ's are in its calls)
+    if (k != "none" && !qgz.on) comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
     dp_exposed += comp;
     // Synchronous data parallelism waits for the slowest rank every step: measured at a barrier among as many ranks
     // (the ranks' steps are not independent when they share cores), else the median step of the slowest of `gpus`
@@ -1279,8 +1306,13 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
               ? measured->slowest_wait
               : measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
     dp_exposed += r.breakdown.rank_wait;
-    r.dp_algorithm = qgz ? (two_hops ? "all-to-all, two hops" : "all-to-all") : algorithm_name(prof.algorithm);
-    r.dp_bottleneck = prof.bottleneck;
+    r.dp_algorithm = qgz.on ? (qgz.two_hops ? "all-to-all, two hops" : "all-to-all") : algorithm_name(prof.algorithm);
+    if (qgz.on) {
+      const auto [c, a] = all_to_all_as(qgz.outer());
+      r.dp_bottleneck = net.profile(c, a, qgz.outer(), std::min(wire, cfg.bucket_bytes)).bottleneck;
+    } else {
+      r.dp_bottleneck = prof.bottleneck;
+    }
     if (cfg.sync.kind == "local-sgd") {
       dp_total /= cfg.sync.period;
       dp_exposed /= cfg.sync.period;

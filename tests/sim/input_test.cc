@@ -921,7 +921,7 @@ TEST(Inputs, ZeroInt8GradientsGoByAllToAllInTwoHopsAcrossNodes) {
       auto a2a = [&](double n) {
         return net.time(Collective::kAllToAll, Algorithm::kDirect, Group{8, 1, 0}, n * qb) +
                net.time(Collective::kAllToAll, Algorithm::kDirect, Group{8, 8, 0}, n * qb / 8) +
-               memory_time(acc, n * (2 + qb) * 2, 2) * (1 + 1.0 / 8);
+               memory_time(acc, n * (2 + qb) * 2 * (1 + 1.0 / 8), 4);
       };
       // ZeRO-3: each layer's and the embeddings' reduce-scatter; ZeRO-1: one call of every gradient.
       const double total = static_cast<double>(m.layers) * layer + emb;
@@ -938,6 +938,31 @@ TEST(Inputs, ZeroInt8GradientsGoByAllToAllInTwoHopsAcrossNodes) {
                                 "node's 8 data-parallel ranks, then 1/8 of them across nodes") == 0;
       EXPECT_TRUE(noted) << what;
     }
+  }
+  // tp 2: a node's 4 data-parallel ranks two apart, then the two ranks of a local index eight apart; ZeRO-2 with two
+  // micro-batches reduce-scatters each one's gradients.
+  {
+    ParallelConfig c;
+    c.global_batch = 64;  // (two micro-batches on each of the 32 data-parallel ranks)
+    c.tp = 2;
+    c.zero = 2;
+    c.dp_overlap = false;
+    c.zero_prefetch = false;
+    c.bucket_bytes = 1e15;
+    const StepResult plain = simulate_step(net, m, c);
+    c.compression = parse_compression("int8");
+    const StepResult q = simulate_step(net, m, c);
+    const double n = static_cast<double>(m.layers) * gpt_layer_parameters_per_rank(m, 2) +
+                     static_cast<double>(m.vocab) * static_cast<double>(m.hidden) / 2 +
+                     static_cast<double>(m.seq) * static_cast<double>(m.hidden);
+    const double qb = 1 + 4.0 / 256;
+    const double less = net.time(Collective::kReduceScatter, Algorithm::kAuto, Group{32, 2, 0}, n * 2) -
+                        net.time(Collective::kAllToAll, Algorithm::kDirect, Group{4, 2, 0}, n * qb) -
+                        net.time(Collective::kAllToAll, Algorithm::kDirect, Group{8, 8, 0}, n * qb / 4) -
+                        memory_time(acc, n * (2 + qb) * 2 * (1 + 1.0 / 4), 4);
+    EXPECT_GT(less, 0);
+    EXPECT_NEAR(plain.breakdown.dp_comm - q.breakdown.dp_comm, 2 * less, 1e-9 * plain.breakdown.dp_comm);
+    EXPECT_EQ(q.microbatches, 2);
   }
   // tp 8: one data-parallel rank a node, one hop over the 8 nodes.
   ParallelConfig c;
@@ -972,23 +997,44 @@ TEST(Inputs, ZeroInt8GradientsGoByAllToAllInTwoHopsAcrossNodes) {
           << e.what();
     }
   }
-  // Layer lists (`conduit train`'s models) alike: two hops over ethernet-25g's nodes of 4, one within a node, fewer
-  // seconds than the f32 reduce-scatter; at --zero 0 int8 stays the quantized allreduce.
+  // Layer lists (`conduit train`'s f32 models) alike, at ZeRO-1 (one bucket) and ZeRO-3 (one unit): two hops over
+  // ethernet-25g's nodes of 4 at 8 ranks, one within a node at 4, each the f32 reduce-scatter's time less the
+  // all-to-all hops and their passes (the quantized ring's separate passes not charged again); at --zero 0 int8 stays
+  // the quantized allreduce.
   for (long long gpus : {4LL, 8LL}) {
     Topology tl(load_cluster("ethernet-25g"), gpus);
     CollectiveModel nl(tl);
-    ParallelConfig lc;
-    lc.global_batch = 64;
-    lc.grad_bytes = 4;
-    lc.zero = 2;
+    const Accelerator& v100 = tl.spec().node_kinds.front().accelerator;
     const LayerModel lm = parse_layer_model("dense:2000x2000");
-    const StepResult f32 = simulate_layer_step(nl, lm, lc);
-    lc.compression = parse_compression("int8");
-    const StepResult q8 = simulate_layer_step(nl, lm, lc);
-    EXPECT_EQ(q8.dp_algorithm, gpus == 8 ? "all-to-all, two hops" : "all-to-all") << gpus;
-    EXPECT_LT(q8.breakdown.dp_comm, 0.5 * f32.breakdown.dp_comm) << gpus;
-    lc.zero = 0;
-    EXPECT_NE(simulate_layer_step(nl, lm, lc).dp_algorithm.find("all-to-all"), 0u) << gpus;
+    double n = 0;
+    for (auto& l : lm.layers) n += l.params();
+    const double qb = 1 + 4.0 / 256;
+    const Group flat{gpus, 1, 0};
+    const double rs = nl.time(Collective::kReduceScatter, Algorithm::kAuto, flat, n * 4);
+    const double a2a = gpus == 8 ? nl.time(Collective::kAllToAll, Algorithm::kDirect, Group{4, 1, 0}, n * qb) +
+                                       nl.time(Collective::kAllToAll, Algorithm::kDirect, Group{2, 4, 0}, n * qb / 4) +
+                                       memory_time(v100, n * (4 + qb) * 2 * (1 + 1.0 / 4), 4)
+                                 : nl.time(Collective::kAllToAll, Algorithm::kDirect, flat, n * qb) +
+                                       memory_time(v100, n * (4 + qb) * 2, 2);
+    for (int zero : {1, 3}) {
+      ParallelConfig lc;
+      lc.global_batch = 64;
+      lc.grad_bytes = 4;
+      lc.zero = zero;
+      lc.dp_overlap = false;
+      lc.zero_prefetch = false;
+      lc.bucket_bytes = 1e15;
+      const StepResult f32 = simulate_layer_step(nl, lm, lc);
+      lc.compression = parse_compression("int8");
+      const StepResult q8 = simulate_layer_step(nl, lm, lc);
+      const std::string what = fmt::format("{} ranks, zero {}", gpus, zero);
+      EXPECT_EQ(q8.dp_algorithm, gpus == 8 ? "all-to-all, two hops" : "all-to-all") << what;
+      EXPECT_GT(rs - a2a, 0) << what;
+      EXPECT_NEAR(f32.breakdown.dp_comm - q8.breakdown.dp_comm, rs - a2a, 1e-9 * f32.breakdown.dp_comm) << what;
+      EXPECT_EQ(q8.breakdown.compression, 0.0) << what;
+      lc.zero = 0;
+      EXPECT_NE(simulate_layer_step(nl, lm, lc).dp_algorithm.find("all-to-all"), 0u) << what;
+    }
   }
 }
 
