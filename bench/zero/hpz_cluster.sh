@@ -1,9 +1,10 @@
 #!/bin/bash
-# ZeRO-3's secondary partition (--zero-hpz 2, ZeRO++'s hpZ) and int8 gathers (--zero-gather int8, its qwZ) where
-# they matter: between hosts. An emulated cluster of 2 hosts with 2 workers each (`conduit cluster run
+# ZeRO++'s three reductions where they matter: between hosts. ZeRO-3's secondary partition (--zero-hpz 2, hpZ), its
+# int8 gathers (--zero-gather int8, qwZ) and its int8 gradients (--compressor int8 at zero 3: the reduce-scatter by
+# all-to-all in two hops, qgZ). An emulated cluster of 2 hosts with 2 workers each (`conduit cluster run
 # --ranks-per-host 2`: a host's workers reach each other off the shaped link), the hosts' links shaped to RATE; the
-# cnn on Fashion-MNIST, Adam (lr 0.001), STEPS steps, five configurations alternated over ROUNDS rounds: plain bsp,
-# zero 3, zero 3 with hpZ, zero 3 with int8 gathers, and both. The table gives the median training wall time over
+# cnn on Fashion-MNIST, Adam (lr 0.001), STEPS steps, seven configurations alternated over ROUNDS rounds: plain bsp,
+# zero 3, zero 3 with hpZ, with int8 gathers, with both, with int8 gradients alone, and with all three. The table gives the median training wall time over
 # the rounds, rank 0's exposed communication (median), the bytes on the wire and the test accuracy of the last
 # round, and the bytes that crossed the shaped links (both hosts' eth0 transmit counters, read with `ip -s` around
 # each run; the workers' own counts include the traffic inside a host). Needs root (network namespaces, tc).
@@ -30,28 +31,31 @@ tx() {  # bytes both hosts have sent on their shaped links
   echo "$total"
 }
 run() {  # configuration round
-  local dir="$OUT/$1-r$2" extra="" before
+  local dir="$OUT/$1-r$2" extra="" comp=none before
   case $1 in
     z3) extra="--zero 3" ;;
     z3h) extra="--zero 3 --zero-hpz 2" ;;
     z3q) extra="--zero 3 --zero-gather int8" ;;
     z3qh) extra="--zero 3 --zero-gather int8 --zero-hpz 2" ;;
+    z3g) extra="--zero 3" comp=int8 ;;
+    z3all) extra="--zero 3 --zero-gather int8 --zero-hpz 2" comp=int8 ;;
   esac
   before=$(tx)
   # shellcheck disable=SC2086  # extra is words
   "$CONDUIT" cluster run --name "$NAME" --ranks-per-host 2 -- "$CONDUIT" train --model cnn --optimizer adam \
-    --lr 0.001 --compressor none $extra --max-steps "$STEPS" --progress false --output "$dir" > "$dir.log" 2>&1
+    --lr 0.001 --compressor "$comp" $extra --max-steps "$STEPS" --progress false --output "$dir" > "$dir.log" 2>&1
   echo $(($(tx) - before)) > "$dir.cross"
 }
 source bench/alternate_rounds.sh
-alternate_rounds "$ROUNDS" run plain z3 z3h z3q z3qh
+alternate_rounds "$ROUNDS" run plain z3 z3h z3q z3qh z3g z3all
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 names = {"plain": "plain bsp", "z3": "--zero 3", "z3h": "--zero 3 --zero-hpz 2", "z3q": "--zero 3 --zero-gather int8",
-         "z3qh": "--zero 3 --zero-gather int8 --zero-hpz 2"}
+         "z3qh": "--zero 3 --zero-gather int8 --zero-hpz 2", "z3g": "--zero 3 --compressor int8",
+         "z3all": "--zero 3 --zero-gather int8 --zero-hpz 2 --compressor int8"}
 base = None
-print(f"{'run':<44}{'wall s':>8}{'(rounds)':>16}{'x plain':>8}{'exposed s':>10}{'MB on wire':>12}"
+print(f"{'run':<60}{'wall s':>8}{'(rounds)':>16}{'x plain':>8}{'exposed s':>10}{'MB on wire':>12}"
       f"{'MB across':>11}{'accuracy':>10}")
 for key, label in names.items():
     ss = [json.load(open(os.path.join(out, f"{key}-r{r}", "summary.json"))) for r in range(1, rounds + 1)]
@@ -61,6 +65,6 @@ for key, label in names.items():
     exposed = statistics.median(s["exposed_comm_s"] for s in ss)
     s = ss[-1]
     across = int(open(os.path.join(out, f"{key}-r{rounds}.cross")).read())
-    print(f"{label:<44}{wall:>8.1f}{'/'.join(f'{w:.1f}' for w in walls):>16}{wall / base:>8.2f}{exposed:>10.2f}"
+    print(f"{label:<60}{wall:>8.1f}{'/'.join(f'{w:.1f}' for w in walls):>16}{wall / base:>8.2f}{exposed:>10.2f}"
           f"{s['bytes_on_wire'] / 1e6:>12.1f}{across / 1e6:>11.1f}{100 * s['final_test_accuracy']:>9.2f}%")
 PY
