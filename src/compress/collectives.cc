@@ -364,25 +364,25 @@ namespace {
 
 using Spans = std::vector<std::span<const float>>;
 
-size_t int8_bytes(const Spans& spans) {
+size_t int_bytes(const Spans& spans, int bits) {
   size_t b = 0;
-  for (auto s : spans) b += block_i8_bytes(s.size(), kInt8Block);
+  for (auto s : spans) b += block_int_bytes(s.size(), kIntBlock, bits);
   return b;
 }
 
 // One all-to-all over c: to each other rank d it sends to[d] (each span rounded to int8 blocks of its own); every
 // rank's to[me] has the same lengths (the spans this rank sums), and `sum` becomes their sum over c's ranks in rank
 // order, this rank's own exact.
-void int8_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<float>& sum, const ReduceOptions& o,
-              uint64_t& sent) {
+void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<float>& sum, int bits,
+             const ReduceOptions& o, uint64_t& sent) {
   const int w = c.size(), me = c.rank();
   const Spans& mine = to[size_t(me)];
-  const size_t rb = int8_bytes(mine);
+  const size_t rb = int_bytes(mine, bits);
   std::vector<size_t> scount(size_t(w), 0), rcount(size_t(w), 0);
   size_t stotal = 0, rtotal = 0;
   for (int d = 0; d < w; ++d) {
     if (d == me) continue;
-    scount[size_t(d)] = int8_bytes(to[size_t(d)]);
+    scount[size_t(d)] = int_bytes(to[size_t(d)], bits);
     rcount[size_t(d)] = rb;
     stotal += scount[size_t(d)];
     rtotal += rb;
@@ -392,8 +392,8 @@ void int8_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<f
   for (int d = 0; d < w; ++d) {
     if (d == me) continue;
     for (auto s : to[size_t(d)]) {
-      if (!s.empty()) quantize_block_i8(s.data(), s.size(), kInt8Block, p);
-      p += block_i8_bytes(s.size(), kInt8Block);
+      if (!s.empty()) quantize_block_int(s.data(), s.size(), kIntBlock, bits, p);
+      p += block_int_bytes(s.size(), kIntBlock, bits);
     }
   }
   if (w > 1) c.alltoallv(sbuf.data(), scount, rbuf.data(), rcount, DType::u8, coll_opts(o)).wait();
@@ -408,8 +408,8 @@ void int8_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<f
       if (r == me) {
         std::copy(s.begin(), s.end(), part.begin() + std::ptrdiff_t(at));
       } else {
-        if (!s.empty()) dequantize_block_i8(q, s.size(), kInt8Block, part.data() + at);
-        q += block_i8_bytes(s.size(), kInt8Block);
+        if (!s.empty()) dequantize_block_int(q, s.size(), kIntBlock, bits, part.data() + at);
+        q += block_int_bytes(s.size(), kIntBlock, bits);
       }
       at += s.size();
     }
@@ -421,8 +421,8 @@ void int8_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<f
 
 }  // namespace
 
-Int8ReduceGroups int8_reduce_groups(coll::Communicator& comm) {
-  Int8ReduceGroups g;
+IntReduceGroups int_reduce_groups(coll::Communicator& comm) {
+  IntReduceGroups g;
   if (comm.num_hosts() <= 1 || !comm.hosts_uniform_multi()) return g;
   // Hosts numbered by their first rank, each rank's local index by its order among its host's ranks.
   const int w = comm.size();
@@ -446,21 +446,22 @@ Int8ReduceGroups int8_reduce_groups(coll::Communicator& comm) {
   return g;
 }
 
-uint64_t int8_reduce_scatter(coll::Communicator& comm, const Int8ReduceGroups& groups, std::span<const float> in,
-                             const std::vector<size_t>& counts, std::span<float> out, const ReduceOptions& o) {
+uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& groups, std::span<const float> in,
+                            const std::vector<size_t>& counts, std::span<float> out, int bits, const ReduceOptions& o) {
+  if (bits != 8 && bits != 4) throw InvalidArgument(fmt::format("int_reduce_scatter: {} bits; allowed: 8 or 4", bits));
   const int w = comm.size(), me = comm.rank();
   size_t total = 0;
   for (size_t c : counts) total += c;
   if (counts.size() != size_t(w) || total != in.size() || out.size() != counts[size_t(me)])
     throw InvalidArgument(fmt::format(
-        "int8_reduce_scatter: {} counts summing to {} for an input of {} and an output of {} over {} ranks; allowed: "
+        "int_reduce_scatter: {} counts summing to {} for an input of {} and an output of {} over {} ranks; allowed: "
         "one count a rank, summing to the input's elements, this rank's the output's",
         counts.size(), total, in.size(), out.size(), w));
   if (groups.hierarchical() && (groups.owner.size() != size_t(w) || groups.local->size() * groups.cross->size() != w))
-    throw InvalidArgument(fmt::format(
-        "int8_reduce_scatter: host groups of {} x {} ranks for {} ranks; allowed: int8_reduce_groups of this "
-        "communicator",
-        groups.local->size(), groups.cross->size(), w));
+    throw InvalidArgument(
+        fmt::format("int_reduce_scatter: host groups of {} x {} ranks for {} ranks; allowed: int_reduce_groups of this "
+                    "communicator",
+                    groups.local->size(), groups.cross->size(), w));
   std::vector<size_t> offset(size_t(w) + 1, 0);
   for (int r = 0; r < w; ++r) offset[size_t(r) + 1] = offset[size_t(r)] + counts[size_t(r)];
   auto slice = [&](int r) { return in.subspan(offset[size_t(r)], counts[size_t(r)]); };
@@ -469,7 +470,7 @@ uint64_t int8_reduce_scatter(coll::Communicator& comm, const Int8ReduceGroups& g
   if (!groups.hierarchical()) {
     std::vector<Spans> to(static_cast<size_t>(w));
     for (int r = 0; r < w; ++r) to[size_t(r)] = {slice(r)};
-    int8_hop(comm, to, sum, o, sent);
+    int_hop(comm, to, sum, bits, o, sent);
   } else {
     // Hop 1, within the host: local rank j sums, for every host g, the slice of that host's rank j.
     const int k = groups.local->size(), hosts = groups.cross->size();
@@ -477,7 +478,7 @@ uint64_t int8_reduce_scatter(coll::Communicator& comm, const Int8ReduceGroups& g
     for (int j = 0; j < k; ++j)
       for (int g = 0; g < hosts; ++g) to[size_t(j)].push_back(slice(groups.owner[size_t(g * k + j)]));
     std::vector<float> partial;
-    int8_hop(*groups.local, to, partial, o, sent);
+    int_hop(*groups.local, to, partial, bits, o, sent);
     // Hop 2, across hosts: each host's partial sum of a slice to the slice's owner.
     const int mine = groups.local->rank();
     std::vector<Spans> across(static_cast<size_t>(hosts));
@@ -487,7 +488,7 @@ uint64_t int8_reduce_scatter(coll::Communicator& comm, const Int8ReduceGroups& g
       across[size_t(g)] = {std::span<const float>(partial.data() + at, n)};
       at += n;
     }
-    int8_hop(*groups.cross, across, sum, o, sent);
+    int_hop(*groups.cross, across, sum, bits, o, sent);
   }
   const float f = o.average ? 1.0f / float(w) : 1.0f;
   for (size_t i = 0; i < sum.size(); ++i) out[i] = sum[i] * f;

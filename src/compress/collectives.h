@@ -70,21 +70,22 @@ void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const flo
 void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, const std::string& codec,
                               const ReduceOptions& o = {});
 
-// The int8 reduce-scatter by all-to-all (ZeRO++'s quantized gradients, qgZ): out = this rank's slice of the sum of
-// every rank's `in`, the slices laid in rank order with `counts` elements each. Every contribution is rounded once
-// to int8 blocks (kInt8Block elements, a f32 scale each: quantize_block_i8) and sent straight to the rank that sums
-// it, which adds the decoded parts and its own exact slice in rank order (the same result however the messages
-// arrive). Each rank sends (W-1)/W of its input in int8 blocks, about 0.254x a f32 reduce-scatter's bytes, and
+// The int8 (or int4) reduce-scatter by all-to-all (ZeRO++'s quantized gradients, qgZ): out = this rank's slice of
+// the sum of every rank's `in`, the slices laid in rank order with `counts` elements each. Every contribution is
+// rounded once to blocks of `bits` 8 or 4 (kIntBlock elements, a f32 scale each: quantize_block_int) and sent
+// straight to the rank that sums it, which adds the decoded parts and its own exact slice in rank order (the same
+// result however the messages arrive). Each rank sends (W-1)/W of its input in those blocks, about 0.254x a f32
+// reduce-scatter's bytes at 8 bits (0.129x at 4), and
 // nothing is re-quantized on the way, as a ring's partial sums would be at every hop. Over several hosts that each
-// hold as many ranks (Int8ReduceGroups::hierarchical) it goes in two hops, as ZeRO++'s hierarchical all-to-all: a
+// hold as many ranks (IntReduceGroups::hierarchical) it goes in two hops, as ZeRO++'s hierarchical all-to-all: a
 // host's K ranks first sum each other's parts for the slices of the ranks of each local index (on the host's own
 // links), then each partial sum goes, re-quantized once, to its owner on the other hosts: 1/K of what a flat
 // all-to-all sends across hosts, for one more rounding. A non-finite element arrives non-finite (NaN for every
 // element of a block another rank rounded; the owner's own part as it was): passed on, as a float wire passes it,
 // not refused as the other int8 exchanges refuse it. Returns the bytes this rank sent; ReduceOptions::received adds the
 // bytes it received.
-inline constexpr size_t kInt8Block = 256;
-struct Int8ReduceGroups {
+inline constexpr size_t kIntBlock = 256;
+struct IntReduceGroups {
   coll::CommPtr local;  // this rank's host's ranks (null: one hop over the whole communicator)
   coll::CommPtr cross;  // the ranks of this rank's local index, one a host, in host order
   // owner[g * K + k]: the rank of the communicator that is rank k of host g's local group
@@ -92,8 +93,9 @@ struct Int8ReduceGroups {
   bool hierarchical() const { return local != nullptr; }
 };
 // Collective when the hierarchy applies (two splits; every rank computes the same from the host map).
-Int8ReduceGroups int8_reduce_groups(coll::Communicator& comm);
-uint64_t int8_reduce_scatter(coll::Communicator& comm, const Int8ReduceGroups& groups, std::span<const float> in,
-                             const std::vector<size_t>& counts, std::span<float> out, const ReduceOptions& o = {});
+IntReduceGroups int_reduce_groups(coll::Communicator& comm);
+uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& groups, std::span<const float> in,
+                            const std::vector<size_t>& counts, std::span<float> out, int bits = 8,
+                            const ReduceOptions& o = {});
 
 }  // namespace conduit::compress

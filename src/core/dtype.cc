@@ -185,14 +185,20 @@ __attribute__((target_clones("avx2", "default"))) void convert_bf16_to_f32(const
   }
 }
 
-size_t block_i8_bytes(size_t n, size_t block) {
-  if (block == 0) throw InvalidArgument("block int8: block 0; allowed: 1 element or more");
-  return 4 * ((n + block - 1) / block) + n;
+size_t block_int_bytes(size_t n, size_t block, int bits) {
+  if (block == 0) throw InvalidArgument("block int8/int4: block 0; allowed: 1 element or more");
+  if (bits != 8 && bits != 4) throw InvalidArgument(fmt::format("block int: {} bits; allowed: 8 or 4", bits));
+  return 4 * ((n + block - 1) / block) + (bits == 8 ? n : (n + 1) / 2);
 }
 
-void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out) {
-  const size_t blocks = (block_i8_bytes(n, block) - n) / 4;  // (refuses block 0)
-  auto* q = reinterpret_cast<int8_t*>(out + 4 * blocks);
+size_t block_i8_bytes(size_t n, size_t block) { return block_int_bytes(n, block, 8); }
+
+void quantize_block_int(const float* in, size_t n, size_t block, int bits, uint8_t* out) {
+  (void)block_int_bytes(n, block, bits);  // (refuses block 0 and other bits)
+  const size_t blocks = (n + block - 1) / block;
+  uint8_t* q = out + 4 * blocks;
+  const float top = bits == 8 ? 127.f : 7.f;
+  if (bits == 4) std::fill(q, q + (n + 1) / 2, uint8_t{0});
   for (size_t k = 0; k < blocks; ++k) {
     const size_t lo = k * block, hi = std::min(n, lo + block);
     float amax = 0;
@@ -201,26 +207,41 @@ void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out) {
       amax = std::max(amax, std::fabs(in[i]));
       finite = finite && std::isfinite(in[i]);
     }
-    float scale = finite ? amax / 127.f : std::numeric_limits<float>::quiet_NaN();
+    float scale = finite ? amax / top : std::numeric_limits<float>::quiet_NaN();
     if (scale == 0 && amax > 0) scale = std::numeric_limits<float>::denorm_min();  // (tiny subnormals: kept nonzero)
     std::memcpy(out + 4 * k, &scale, 4);
-    for (size_t i = lo; i < hi; ++i)
-      q[i] = scale > 0 && std::isfinite(scale)
-                 ? static_cast<int8_t>(std::clamp(std::nearbyint(in[i] / scale), -127.f, 127.f))
-                 : int8_t{0};
+    const bool coded = scale > 0 && std::isfinite(scale);
+    for (size_t i = lo; i < hi; ++i) {
+      const int c = coded ? static_cast<int>(std::clamp(std::nearbyint(in[i] / scale), -top, top)) : 0;
+      if (bits == 8)
+        q[i] = static_cast<uint8_t>(static_cast<int8_t>(c));
+      else
+        q[i / 2] |= static_cast<uint8_t>((c + 8) << (4 * (i % 2)));
+    }
   }
 }
 
-void dequantize_block_i8(const uint8_t* in, size_t n, size_t block, float* out) {
-  const size_t blocks = (block_i8_bytes(n, block) - n) / 4;  // (refuses block 0)
-  const auto* q = reinterpret_cast<const int8_t*>(in + 4 * blocks);
+void dequantize_block_int(const uint8_t* in, size_t n, size_t block, int bits, float* out) {
+  (void)block_int_bytes(n, block, bits);
+  const size_t blocks = (n + block - 1) / block;
+  const uint8_t* q = in + 4 * blocks;
   for (size_t k = 0; k < blocks; ++k) {
     float scale = 0;
     std::memcpy(&scale, in + 4 * k, 4);
     const size_t hi = std::min(n, (k + 1) * block);
-    for (size_t i = k * block; i < hi; ++i)
-      out[i] = std::isfinite(scale) ? static_cast<float>(q[i]) * scale : std::numeric_limits<float>::quiet_NaN();
+    for (size_t i = k * block; i < hi; ++i) {
+      const int c = bits == 8 ? static_cast<int>(static_cast<int8_t>(q[i])) : ((q[i / 2] >> (4 * (i % 2))) & 15) - 8;
+      out[i] = std::isfinite(scale) ? static_cast<float>(c) * scale : std::numeric_limits<float>::quiet_NaN();
+    }
   }
+}
+
+void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out) {
+  quantize_block_int(in, n, block, 8, out);
+}
+
+void dequantize_block_i8(const uint8_t* in, size_t n, size_t block, float* out) {
+  dequantize_block_int(in, n, block, 8, out);
 }
 
 }  // namespace conduit

@@ -41,5 +41,11 @@ void convert_bf16_to_f32(const uint16_t* in, float* out, size_t n);
 size_t block_i8_bytes(size_t n, size_t block);
 void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out);
 void dequantize_block_i8(const uint8_t* in, size_t n, size_t block, float* out);
+// The same with `bits` 8 or 4 (ZeRO++'s int4 gradients: largest magnitude / 7, elements in [-7, 7], two to a byte,
+// element i in byte i / 2's low nibble when i is even, stored + 8): ceil(n / block) scales, then ceil(n * bits / 8)
+// bytes of values. Other bits: InvalidArgument.
+size_t block_int_bytes(size_t n, size_t block, int bits);
+void quantize_block_int(const float* in, size_t n, size_t block, int bits, uint8_t* out);
+void dequantize_block_int(const uint8_t* in, size_t n, size_t block, int bits, float* out);
 
 }  // namespace conduit

@@ -119,12 +119,13 @@ struct DistributedOptimizer::Core {
 #ifdef CONDUIT_WITH_COMPRESS
   compress::CompressorPtr compressor;
   std::vector<compress::TensorState> states;
-  compress::Int8ReduceGroups int8_groups;  // ZeRO with the int8 wire: over several hosts, the two hops' groups
+  compress::IntReduceGroups int_groups;  // ZeRO with the int8 wire: over several hosts, the two hops' groups
 #endif
   bool compressed = false;
   int zero = 0;
   // ZeRO: the reduce-scatter's element type (fp16 or bf16 halve its bytes; i8: int8 blocks by all-to-all, qgZ)
   DType zero_wire = DType::f32;
+  int zero_bits = 8;  // (i8: the int blocks' bits, 8 or 4)
   // ZeRO-3: the training gathers' element type (DistOptions::zero_gather_dtype); whole_parameters() gathers f32.
   DType gather_wire = DType::f32;
   torch::Tensor flat_params;  // ZeRO: every trainable parameter's storage, bucket after bucket
@@ -811,8 +812,8 @@ struct DistributedOptimizer::Core {
       double t1;
       if (zero_wire == DType::i8) {
 #ifdef CONDUIT_WITH_COMPRESS
-        // int8 blocks by all-to-all (ZeRO++'s qgZ, compress::int8_reduce_scatter): every contribution rounded once,
-        // summed by the slice's owner; over several hosts in two hops. Into a buffer first: `out` may lie inside
+        // int8 (int4) blocks by all-to-all (ZeRO++'s qgZ, compress::int_reduce_scatter): every contribution rounded
+        // once, summed by the slice's owner; over several hosts in two hops. Into a buffer first: `out` may lie inside
         // the input at stage 1.
         std::vector<float> slice(mine);
         compress::ReduceOptions ro;
@@ -820,18 +821,19 @@ struct DistributedOptimizer::Core {
         ro.timeout_s = opt.timeout_s;
         uint64_t received = 0;
         ro.received = &received;
-        const uint64_t sent = compress::int8_reduce_scatter(
-            *comm, int8_groups, std::span<const float>(bk.flat.data(), n), bk.counts, slice, ro);
+        const uint64_t sent = compress::int_reduce_scatter(*comm, int_groups, std::span<const float>(bk.flat.data(), n),
+                                                           bk.counts, slice, zero_bits, ro);
         t1 = now_s();
         std::copy(slice.begin(), slice.end(), out);
         // The payload as the other wires count it (every rank's slice on the wire), what moved exactly.
         payload = 0;
-        for (size_t k : bk.counts) payload += block_i8_bytes(k, compress::kInt8Block);
+        for (size_t k : bk.counts) payload += block_int_bytes(k, compress::kIntBlock, zero_bits);
         factor_sent = payload > 0 ? double(sent) / double(payload) : 0.0;
         factor_recv = payload > 0 ? double(received) / double(payload) : 0.0;
 #else
         t1 = now_s();
-        throw InvalidArgument("DistributedOptimizer: compressor int8 needs src/compress; allowed: none, fp16, bf16");
+        throw InvalidArgument(
+            "DistributedOptimizer: compressor int8 or int4 needs src/compress; allowed: none, fp16, bf16");
 #endif
       } else if (zero_wire != DType::f32) {
         // 16-bit floats on the wire: each rank's gradients cast, averaged in the collective (f16 divides before it
@@ -1088,7 +1090,8 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   }
   c.compressed = options.compressor != "none" && !options.compressor.empty();
 #ifdef CONDUIT_WITH_COMPRESS
-  if (c.compressed) {
+  // (int4 is only ZeRO's reduce-scatter wire, no compressor of its own: refused at stage 0 below)
+  if (c.compressed && !(options.zero_stage > 0 && options.compressor == "int4")) {
     c.compressor = compress::parse_compressor(options.compressor);
     for (size_t i = 0; i < c.params.size(); ++i)
       c.states.push_back(c.compressor->make_state(c.shapes[i], options.seed + 1000003 * i, uint64_t(comm_->rank())));
@@ -1211,7 +1214,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   }
 #ifdef CONDUIT_WITH_COMPRESS
   // (collective: two splits over several hosts, which every rank sees alike)
-  if (c.zero_wire == DType::i8) c.int8_groups = compress::int8_reduce_groups(*c.comm);
+  if (c.zero_wire == DType::i8) c.int_groups = compress::int_reduce_groups(*c.comm);
 #endif
   std::weak_ptr<Core> weak = core_;
   for (size_t i = 0; i < c.params.size(); ++i) {
@@ -1234,12 +1237,12 @@ void DistributedOptimizer::check_zero_optimizer() {
   // ZeRO++'s qgZ; no error feedback, as there); the slices stay f32.
   if (c.opt.compressor == "fp16" || c.opt.compressor == "bf16")
     c.zero_wire = c.opt.compressor == "fp16" ? DType::f16 : DType::bf16;
-  else if (c.opt.compressor == "int8")
-    c.zero_wire = DType::i8;
+  else if (c.opt.compressor == "int8" || c.opt.compressor == "int4")
+    c.zero_wire = DType::i8, c.zero_bits = c.opt.compressor == "int8" ? 8 : 4;
   else if (c.compressed)
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_stage {} reduce-scatters the gradients, compressor '{}' cannot go with it; "
-        "allowed: compressor none, fp16, bf16 or int8 (without parameters: the reduce-scatter's wire), or "
+        "allowed: compressor none, fp16, bf16, int8 or int4 (without parameters: the reduce-scatter's wire), or "
         "zero_stage 0",
         c.zero, c.opt.compressor));
   if (c.opt.find_unused_parameters)

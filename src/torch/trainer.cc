@@ -891,7 +891,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
     if (c.zero_allgather_mb > 0 && !c.zero_prefetch)
       warn("zero_allgather_mb", "zero_prefetch is false: the allgather after each step is one call per bucket");
     // (ZeRO's int8 all-to-all keeps a rank's own part exact: with one rank nothing changes)
-    if (spec.bsp() && c.compressor != "none" && !(c.zero > 0 && c.compressor == "int8") &&
+    if (spec.bsp() && c.compressor != "none" && !(c.zero > 0 && (c.compressor == "int8" || c.compressor == "int4")) &&
         c.workers / (c.tp * c.pp) == 1)
       fmt::print(stderr,
                  "train: warning: compressor {} runs with one data-parallel rank (workers {} / (tp {} x pp {})): "

@@ -252,16 +252,16 @@ TEST_P(Ranks, PowerSgdEqualsSimulationAndBatchedEqualsPerTensor) {
 // The int8 reduce-scatter by all-to-all, simulated: rank r's slices (counts, rank order) of every rank's data, each
 // contribution but the owner's (or the summing rank's) rounded to int8 blocks once; over hosts of K ranks in two hops
 // (the host's ranks sum each local index's slices, then those partial sums, rounded again, go to their owners).
-std::vector<float> dq(std::span<const float> x) {
-  std::vector<uint8_t> q(block_i8_bytes(x.size(), kInt8Block));
+std::vector<float> dq(std::span<const float> x, int bits) {
+  std::vector<uint8_t> q(block_int_bytes(x.size(), kIntBlock, bits));
   std::vector<float> out(x.size());
-  if (!x.empty()) quantize_block_i8(x.data(), x.size(), kInt8Block, q.data());
-  if (!x.empty()) dequantize_block_i8(q.data(), x.size(), kInt8Block, out.data());
+  if (!x.empty()) quantize_block_int(x.data(), x.size(), kIntBlock, bits, q.data());
+  if (!x.empty()) dequantize_block_int(q.data(), x.size(), kIntBlock, bits, out.data());
   return out;
 }
 
-std::vector<float> simulate_int8_reduce_scatter(const std::vector<std::vector<float>>& data,
-                                                const std::vector<size_t>& counts, int me, int k, bool hier) {
+std::vector<float> simulate_int_reduce_scatter(const std::vector<std::vector<float>>& data,
+                                               const std::vector<size_t>& counts, int me, int k, bool hier, int bits) {
   const int n = int(data.size());
   size_t at = 0;
   for (int r = 0; r < me; ++r) at += counts[size_t(r)];
@@ -273,7 +273,7 @@ std::vector<float> simulate_int8_reduce_scatter(const std::vector<std::vector<fl
   if (!hier) {
     for (int r = 0; r < n; ++r) {
       auto x = slice(r);
-      add(sum, r == me ? std::vector<float>(x.begin(), x.end()) : dq(x));
+      add(sum, r == me ? std::vector<float>(x.begin(), x.end()) : dq(x, bits));
     }
     return sum;
   }
@@ -283,9 +283,9 @@ std::vector<float> simulate_int8_reduce_scatter(const std::vector<std::vector<fl
     std::vector<float> partial(sum.size(), 0.0f);
     for (int l = 0; l < k; ++l) {
       auto x = slice(g * k + l);
-      add(partial, l == j ? std::vector<float>(x.begin(), x.end()) : dq(x));
+      add(partial, l == j ? std::vector<float>(x.begin(), x.end()) : dq(x, bits));
     }
-    add(sum, g == me / k ? partial : dq(partial));
+    add(sum, g == me / k ? partial : dq(partial, bits));
   }
   return sum;
 }
@@ -297,7 +297,7 @@ std::vector<size_t> uneven_counts(int n) {
   return counts;
 }
 
-void check_int8_reduce_scatter(int n, int per_host) {
+void check_int_reduce_scatter(int n, int per_host, int bits) {
   const std::vector<size_t> counts = uneven_counts(n);
   size_t d = 0;
   for (size_t c : counts) d += c;
@@ -310,22 +310,23 @@ void check_int8_reduce_scatter(int n, int per_host) {
       n,
       [&](coll::Communicator& c) {
         const bool hier = n > per_host && per_host > 1 && n % per_host == 0;
-        auto groups = int8_reduce_groups(c);
+        auto groups = int_reduce_groups(c);
         ASSERT_EQ(groups.hierarchical(), hier);
         const int me = c.rank();
         std::vector<float> out(counts[size_t(me)]);
         uint64_t received = 0;
         ReduceOptions o;
         o.received = &received;
-        const uint64_t sent = int8_reduce_scatter(c, groups, data[size_t(me)], counts, out, o);
-        const std::string what = fmt::format("{} ranks, {} a host, rank {}", n, per_host, me);
+        const uint64_t sent = int_reduce_scatter(c, groups, data[size_t(me)], counts, out, bits, o);
+        const std::string what = fmt::format("{} ranks, {} a host, rank {}, {} bits", n, per_host, me, bits);
         // Bit for bit the simulation: the parts go to the right ranks, each rounded as often as the hops say.
-        ASSERT_EQ(out, simulate_int8_reduce_scatter(data, counts, me, per_host, hier)) << what;
-        // Close to the exact sum: each int8 part within half its block's scale (the gaussians' largest is under
-        // 5, so under 5/254), a partial sum's under its own, up to K times larger.
+        ASSERT_EQ(out, simulate_int_reduce_scatter(data, counts, me, per_host, hier, bits)) << what;
+        // Close to the exact sum: each part within half its block's scale (the gaussians' largest is under 5, so
+        // under 5/254 at 8 bits, 5/14 at 4), a partial sum's under its own, up to K times larger.
         size_t at = 0;
         for (int r = 0; r < me; ++r) at += counts[size_t(r)];
-        const double tol = (n - 1) * 5.0 / 254 + (hier ? (n / per_host) * per_host * 5.0 / 254 : 0.0) + 1e-4;
+        const double half = bits == 8 ? 5.0 / 254 : 5.0 / 14;
+        const double tol = (n - 1) * half + (hier ? (n / per_host) * per_host * half : 0.0) + 1e-4;
         double worst = 0;
         for (size_t i = 0; i < out.size(); ++i) {
           double exact = 0;
@@ -338,7 +339,7 @@ void check_int8_reduce_scatter(int n, int per_host) {
         }
         // Bytes: each part in int8 blocks once per hop. Flat: every other rank's slice. Two hops: to each other rank
         // of the host, that local index's slices of every host; across, my slices' partial sums to their owners.
-        auto b = [&](int r) { return uint64_t(block_i8_bytes(counts[size_t(r)], kInt8Block)); };
+        auto b = [&](int r) { return uint64_t(block_int_bytes(counts[size_t(r)], kIntBlock, bits)); };
         uint64_t want_sent = 0, want_recv = 0;
         if (!hier) {
           for (int r = 0; r < n; ++r)
@@ -357,32 +358,38 @@ void check_int8_reduce_scatter(int n, int per_host) {
         std::vector<float> avg(out.size());
         o.average = true;
         o.received = nullptr;
-        int8_reduce_scatter(c, groups, data[size_t(me)], counts, avg, o);
+        int_reduce_scatter(c, groups, data[size_t(me)], counts, avg, bits, o);
         for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(avg[i], out[i] * (1.0f / float(n))) << what;
       },
       per_host);
 }
 
-// 1 to 8 ranks two a host: one host (2), hosts of uneven counts (3, 5, 7: one hop), two hops over 2, 3 and 4 hosts.
-TEST_P(Ranks, Int8ReduceScatterEqualsItsSimulationBitForBit) { check_int8_reduce_scatter(GetParam(), 2); }
+// 1 to 8 ranks two a host: one host (2), hosts of uneven counts (3, 5, 7: one hop), two hops over 2, 3 and 4 hosts;
+// int8 and int4 blocks.
+TEST_P(Ranks, IntReduceScatterEqualsItsSimulationBitForBit) {
+  check_int_reduce_scatter(GetParam(), 2, 8);
+  check_int_reduce_scatter(GetParam(), 2, 4);
+}
 
 // Other host sizes: three and four ranks a host (two hops), and one a host (one hop: nothing to sum on a host).
-TEST(Int8ReduceScatter, HostsOfThreeAndFourRanksSumOnTheHostFirst) {
-  check_int8_reduce_scatter(6, 3);
-  check_int8_reduce_scatter(8, 4);
-  check_int8_reduce_scatter(12, 3);
-  check_int8_reduce_scatter(4, 1);
+TEST(IntReduceScatter, HostsOfThreeAndFourRanksSumOnTheHostFirst) {
+  for (int bits : {8, 4}) {
+    check_int_reduce_scatter(6, 3, bits);
+    check_int_reduce_scatter(8, 4, bits);
+    check_int_reduce_scatter(12, 3, bits);
+    check_int_reduce_scatter(4, 1, bits);
+  }
 }
 
 // A non-finite gradient arrives as NaN in its block (passed on, as a float wire passes it); counts that do not match
 // the input are refused with one line.
-TEST(Int8ReduceScatter, NonFiniteBlocksArriveAsNaNAndWrongCountsAreRefused) {
+TEST(IntReduceScatter, NonFiniteBlocksArriveAsNaNAndWrongCountsAreRefused) {
   on_ranks(4, [&](coll::Communicator& c) {
-    auto groups = int8_reduce_groups(c);
+    auto groups = int_reduce_groups(c);
     // (127: every scale exact, 127 / 127 and then 254 / 127, so the finite blocks' sums are exact)
     std::vector<float> in(4 * 300, 127.0f), out(300);
     if (c.rank() == 3) in[5] = std::numeric_limits<float>::infinity();  // rank 0's slice, its first block
-    int8_reduce_scatter(c, groups, in, {300, 300, 300, 300}, out, {});
+    int_reduce_scatter(c, groups, in, {300, 300, 300, 300}, out);
     if (c.rank() == 0) {
       for (size_t i = 0; i < 256; ++i) ASSERT_TRUE(std::isnan(out[i])) << i;
       for (size_t i = 256; i < 300; ++i) ASSERT_EQ(out[i], 508.0f) << i;
@@ -390,7 +397,7 @@ TEST(Int8ReduceScatter, NonFiniteBlocksArriveAsNaNAndWrongCountsAreRefused) {
       for (float v : out) ASSERT_EQ(v, 508.0f);
     }
     try {
-      int8_reduce_scatter(c, groups, in, {300, 300, 300}, out, {});
+      int_reduce_scatter(c, groups, in, {300, 300, 300}, out);
       ADD_FAILURE() << "three counts for four ranks were taken";
     } catch (const InvalidArgument& e) {
       const std::string msg = e.what();

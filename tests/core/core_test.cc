@@ -149,6 +149,48 @@ TEST(DType, BlockInt8KeepsEachBlockWithinItsOwnScale) {
   EXPECT_THROW(block_i8_bytes(4, 0), InvalidArgument);
 }
 
+// Block int4 (ZeRO++'s int4 gradients): the scale max |x| / 7, codes in [-7, 7] stored + 8, two to a byte, element i
+// in byte i / 2's low nibble when i is even; each value within half its block's scale; an odd count's last byte
+// holds one; a non-finite block decodes to NaN; bits other than 8 and 4 refused.
+TEST(DType, BlockInt4PacksTwoCodesAByteWithinHalfTheScale) {
+  const size_t block = 4;
+  const std::vector<float> x = {7, -7, 3.5f, 1, 0.4f, -2, 0, 1.4f, -0.7f};  // (blocks: scale 1, 2/7, 1.4/7 ... )
+  std::vector<uint8_t> q(block_int_bytes(x.size(), block, 4));
+  EXPECT_EQ(q.size(), 3 * 4 + 5u);
+  quantize_block_int(x.data(), x.size(), block, 4, q.data());
+  float s0 = 0;
+  std::memcpy(&s0, q.data(), 4);
+  EXPECT_EQ(s0, 1.0f);
+  // Codes 7, -7, 4 (3.5 rounds to even), 1: bytes (7 + 8) | (-7 + 8) << 4 and (4 + 8) | (1 + 8) << 4.
+  EXPECT_EQ(q[12], uint8_t(15 | (1 << 4)));
+  EXPECT_EQ(q[13], uint8_t(12 | (9 << 4)));
+  EXPECT_EQ(q[16] >> 4, 0);  // (the ninth element's byte holds only it)
+  std::vector<float> y(x.size());
+  dequantize_block_int(q.data(), x.size(), block, 4, y.data());
+  EXPECT_EQ(y[0], 7.f);
+  EXPECT_EQ(y[1], -7.f);
+  EXPECT_EQ(y[2], 4.f);
+  for (size_t k = 0; k < 3; ++k) {
+    float amax = 0;
+    for (size_t i = k * block; i < std::min(x.size(), (k + 1) * block); ++i) amax = std::max(amax, std::abs(x[i]));
+    for (size_t i = k * block; i < std::min(x.size(), (k + 1) * block); ++i)
+      ASSERT_LE(std::abs(y[i] - x[i]), amax / 14 * 1.0001f) << i;
+  }
+  EXPECT_NEAR(y[8], -0.7f, 1e-6f);  // (a block of one: its own scale)
+  std::vector<float> bad = x;
+  bad[5] = std::numeric_limits<float>::infinity();
+  quantize_block_int(bad.data(), bad.size(), block, 4, q.data());
+  dequantize_block_int(q.data(), bad.size(), block, 4, y.data());
+  EXPECT_TRUE(std::isnan(y[4]) && std::isnan(y[7]));
+  EXPECT_EQ(y[0], 7.f);
+  // 8 bits through the same functions are block_i8's bytes.
+  std::vector<uint8_t> a(block_i8_bytes(x.size(), block)), b(block_int_bytes(x.size(), block, 8));
+  quantize_block_i8(x.data(), x.size(), block, a.data());
+  quantize_block_int(x.data(), x.size(), block, 8, b.data());
+  EXPECT_EQ(a, b);
+  EXPECT_THROW(block_int_bytes(4, 4, 2), InvalidArgument);
+}
+
 template <typename T>
 void check_reduce(DType dt) {
   std::vector<T> a(1001), b(1001);

@@ -659,13 +659,13 @@ TEST(DistributedOptimizerZero, A16BitWireHalvesTheReduceScatter) {
   }
 }
 
-// The int8 reduce-scatter's bytes a step for rank `me` (compress::int8_reduce_scatter), sent or received: each
+// The int8 reduce-scatter's bytes a step for rank `me` (compress::int_reduce_scatter), sent or received: each
 // bucket's slices (`counts`) in int8 blocks, a scale each; on one host every other rank's slice out and as many parts
 // of its own in; over hosts of K ranks the host's two hops (in: its local index's slices from the host's other ranks,
 // then its own slice's partial sums from the other hosts).
-uint64_t int8_reduce_scatter_bytes(const std::vector<std::vector<size_t>>& buckets, int me, int per_host,
-                                   bool received = false) {
-  auto b = [](size_t n) { return uint64_t(block_i8_bytes(n, 256)); };
+uint64_t int_reduce_scatter_bytes(const std::vector<std::vector<size_t>>& buckets, int me, int per_host,
+                                  bool received = false, int bits = 8) {
+  auto b = [&](size_t n) { return uint64_t(block_int_bytes(n, 256, bits)); };
   uint64_t bytes = 0;
   for (const auto& counts : buckets) {
     const int w = int(counts.size());
@@ -691,30 +691,32 @@ TEST(DistributedOptimizerZero, AnInt8WireSendsEachGradientOnceInInt8Blocks) {
   const ZeroRun plain = zero_run(0, "sgd", true);
   // The buckets of 3, 15, 5 and 35 floats cut into four slices each.
   const std::vector<std::vector<size_t>> buckets = {{1, 1, 1, 0}, {4, 4, 4, 3}, {2, 1, 1, 1}, {9, 9, 9, 8}};
-  for (int per_host : {0, 2}) {
-    for (int stage : {1, 2}) {
-      const ZeroRun f32 = zero_run(stage, "sgd", true, 4, "none", per_host);
-      const ZeroRun z = zero_run(stage, "sgd", true, 4, "int8", per_host);
-      const std::string what = fmt::format("zero {}, {} ranks a host", stage, per_host);
-      double worst = 0;
-      for (size_t i = 0; i < 58; ++i) worst = std::max(worst, double(std::abs(z.params[0][i] - plain.params[0][i])));
-      EXPECT_LT(worst, 0.015) << what;  // (0.0026 measured on one host, 0.006 in two hops)
-      EXPECT_GT(worst, 0.0) << what;    // (rounded: not the f32 run)
-      for (int r = 1; r < 4; ++r) EXPECT_EQ(z.params[size_t(r)], z.params[0]) << what;
-      // 4 steps, each with the f32 reduce-scatter's 3/4 of the 58 4-byte elements replaced, out and in (what comes
-      // in tells the two hops from one: rank 3, which owns none of the first bucket, receives its local index's
-      // slices of it on the host).
-      for (int r = 0; r < 4; ++r) {
-        EXPECT_EQ(z.sent[size_t(r)],
-                  f32.sent[size_t(r)] - 4 * 174 + 4 * int8_reduce_scatter_bytes(buckets, r, per_host))
-            << what << " rank " << r;
-        EXPECT_EQ(z.received[size_t(r)],
-                  f32.received[size_t(r)] - 4 * 174 + 4 * int8_reduce_scatter_bytes(buckets, r, per_host, true))
-            << what << " rank " << r;
+  for (int bits : {8, 4})
+    for (int per_host : {0, 2}) {
+      for (int stage : {1, 2}) {
+        const ZeroRun f32 = zero_run(stage, "sgd", true, 4, "none", per_host);
+        const ZeroRun z = zero_run(stage, "sgd", true, 4, bits == 8 ? "int8" : "int4", per_host);
+        const std::string what = fmt::format("zero {}, {} ranks a host, {} bits", stage, per_host, bits);
+        double worst = 0;
+        for (size_t i = 0; i < 58; ++i) worst = std::max(worst, double(std::abs(z.params[0][i] - plain.params[0][i])));
+        // (measured: int8 0.0026 on one host, 0.006 in two hops; int4 0.077 either way)
+        EXPECT_LT(worst, bits == 8 ? 0.015 : 0.15) << what;
+        EXPECT_GT(worst, 0.0) << what;  // (rounded: not the f32 run)
+        for (int r = 1; r < 4; ++r) EXPECT_EQ(z.params[size_t(r)], z.params[0]) << what;
+        // 4 steps, each with the f32 reduce-scatter's 3/4 of the 58 4-byte elements replaced, out and in (what comes
+        // in tells the two hops from one: rank 3, which owns none of the first bucket, receives its local index's
+        // slices of it on the host).
+        for (int r = 0; r < 4; ++r) {
+          EXPECT_EQ(z.sent[size_t(r)],
+                    f32.sent[size_t(r)] - 4 * 174 + 4 * int_reduce_scatter_bytes(buckets, r, per_host, false, bits))
+              << what << " rank " << r;
+          EXPECT_EQ(z.received[size_t(r)],
+                    f32.received[size_t(r)] - 4 * 174 + 4 * int_reduce_scatter_bytes(buckets, r, per_host, true, bits))
+              << what << " rank " << r;
+        }
       }
     }
-  }
-  EXPECT_NE(int8_reduce_scatter_bytes(buckets, 3, 0, true), int8_reduce_scatter_bytes(buckets, 3, 2, true));
+  EXPECT_NE(int_reduce_scatter_bytes(buckets, 3, 0, true), int_reduce_scatter_bytes(buckets, 3, 2, true));
 }
 
 TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
@@ -782,7 +784,7 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
          }),
          "unit 1 holds a tensor that is not a trainable parameter");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "qsgd"; }),
-         "compressor 'qsgd' cannot go with it; allowed: compressor none, fp16, bf16 or int8 (without parameters");
+         "compressor 'qsgd' cannot go with it; allowed: compressor none, fp16, bf16, int8 or int4 (without parameters");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.find_unused_parameters = true; }), "find_unused_parameters");
   expect(attempt([](TwoLayers& m, auto& opt, DistOptions&) {
            std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -1014,7 +1016,7 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
     const std::vector<std::vector<size_t>> units = {{10, 10, 10, 10}, {6, 6, 6, 6}, {4, 4, 4, 3}};
     for (int r = 0; r < 4; ++r)
       EXPECT_EQ(z.sent[size_t(r)],
-                f32.sent[size_t(r)] - 4 * (120 + 72 + 45) + 4 * int8_reduce_scatter_bytes(units, r, 0))
+                f32.sent[size_t(r)] - 4 * (120 + 72 + 45) + 4 * int_reduce_scatter_bytes(units, r, 0))
           << r;
   }
   // One rank: its slices are the whole model, nothing crosses the wire, the training is stage 0's bit for bit.

@@ -304,9 +304,15 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   EXPECT_EQ(config_error({{"zero", "2"}, {"compressor", "fp16"}}), "");
   EXPECT_EQ(config_error({{"zero", "3"}, {"compressor", "int8"}}), "");  // (ZeRO++'s qgZ)
   const std::string int8_params = config_error({{"zero", "1"}, {"compressor", "ef:int8"}});
-  EXPECT_NE(int8_params.find("allowed with zero 1: compressor none, fp16, bf16 or int8 (without parameters"),
+  EXPECT_NE(int8_params.find("allowed with zero 1: compressor none, fp16, bf16, int8 or int4 (without parameters"),
             std::string::npos)
       << int8_params;
+  // int4 is ZeRO's wire only: taken with zero, refused without it (not an unknown compressor).
+  EXPECT_EQ(config_error({{"zero", "2"}, {"compressor", "int4"}}), "");
+  const std::string int4 = config_error({{"compressor", "int4"}});
+  expect_one_line(int4, "compressor");
+  EXPECT_NE(int4.find("int4 is ZeRO's reduce-scatter wire"), std::string::npos) << int4;
+  EXPECT_NE(int4.find("or zero 1, 2 or 3"), std::string::npos) << int4;
   const std::string sync = config_error({{"zero", "2"}, {"sync", "local"}});
   expect_one_line(sync, "zero");
   EXPECT_NE(sync.find("allowed with sync local: zero 0"), std::string::npos) << sync;
