@@ -507,8 +507,9 @@ TEST_F(LaunchTest, UserSignalsPassThroughToTheWorkers) {
 // as it would have. (The launcher stopped alone and its workers ran on; or, started where SIGTSTP was caught, the
 // workers were stopped and never continued.)
 TEST_F(LaunchTest, CtrlZStopsTheWorkersWithTheLauncherAndFgContinuesThem) {
-  // Each worker counts to 40 in 2 s, writing its count to a file.
-  const std::string script = "echo $$ > " + path("pid") + ".$RANK; i=0; while [ $i -lt 40 ]; do i=$((i+1)); " +
+  // Each worker counts to 80 in 4 s, writing its count to a file (long enough that a loaded machine still stops it
+  // mid-way: at 2 s the test failed once under load, no log kept).
+  const std::string script = "echo $$ > " + path("pid") + ".$RANK; i=0; while [ $i -lt 80 ]; do i=$((i+1)); " +
                              "echo $i > " + path("count") + ".$RANK; sleep 0.05; done; echo done-$RANK";
   pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script}, {}, -1, {}, {}, {}, true);
   const pid_t w0 = wait_pid_file("pid.0"), w1 = wait_pid_file("pid.1");
