@@ -193,12 +193,15 @@ size_t block_int_bytes(size_t n, size_t block, int bits) {
 
 size_t block_i8_bytes(size_t n, size_t block) { return block_int_bytes(n, block, 8); }
 
-void quantize_block_int(const float* in, size_t n, size_t block, int bits, uint8_t* out) {
-  (void)block_int_bytes(n, block, bits);  // (refuses block 0 and other bits)
+namespace {
+
+// (the bit width a template parameter: GCC at -O2 does not unswitch a per-element test of it)
+template <int Bits>
+void quantize_blocks(const float* in, size_t n, size_t block, uint8_t* out) {
   const size_t blocks = (n + block - 1) / block;
   uint8_t* q = out + 4 * blocks;
-  const float top = bits == 8 ? 127.f : 7.f;
-  if (bits == 4) std::fill(q, q + (n + 1) / 2, uint8_t{0});
+  constexpr float top = Bits == 8 ? 127.f : 7.f;
+  if constexpr (Bits == 4) std::fill(q, q + (n + 1) / 2, uint8_t{0});
   for (size_t k = 0; k < blocks; ++k) {
     const size_t lo = k * block, hi = std::min(n, lo + block);
     float amax = 0;
@@ -210,10 +213,18 @@ void quantize_block_int(const float* in, size_t n, size_t block, int bits, uint8
     float scale = finite ? amax / top : std::numeric_limits<float>::quiet_NaN();
     if (scale == 0 && amax > 0) scale = std::numeric_limits<float>::denorm_min();  // (tiny subnormals: kept nonzero)
     std::memcpy(out + 4 * k, &scale, 4);
-    const bool coded = scale > 0 && std::isfinite(scale);
+    if (!(scale > 0 && std::isfinite(scale))) {  // (zeros, or a non-finite block: code 0)
+      for (size_t i = lo; i < hi; ++i) {
+        if constexpr (Bits == 8)
+          q[i] = 0;
+        else
+          q[i / 2] |= static_cast<uint8_t>(8 << (4 * (i % 2)));
+      }
+      continue;
+    }
     for (size_t i = lo; i < hi; ++i) {
-      const int c = coded ? static_cast<int>(std::clamp(std::nearbyint(in[i] / scale), -top, top)) : 0;
-      if (bits == 8)
+      const int c = static_cast<int>(std::clamp(std::nearbyint(in[i] / scale), -top, top));
+      if constexpr (Bits == 8)
         q[i] = static_cast<uint8_t>(static_cast<int8_t>(c));
       else
         q[i / 2] |= static_cast<uint8_t>((c + 8) << (4 * (i % 2)));
@@ -221,19 +232,45 @@ void quantize_block_int(const float* in, size_t n, size_t block, int bits, uint8
   }
 }
 
-void dequantize_block_int(const uint8_t* in, size_t n, size_t block, int bits, float* out) {
-  (void)block_int_bytes(n, block, bits);
+template <int Bits>
+void dequantize_blocks(const uint8_t* in, size_t n, size_t block, float* out) {
   const size_t blocks = (n + block - 1) / block;
   const uint8_t* q = in + 4 * blocks;
   for (size_t k = 0; k < blocks; ++k) {
     float scale = 0;
     std::memcpy(&scale, in + 4 * k, 4);
-    const size_t hi = std::min(n, (k + 1) * block);
-    for (size_t i = k * block; i < hi; ++i) {
-      const int c = bits == 8 ? static_cast<int>(static_cast<int8_t>(q[i])) : ((q[i / 2] >> (4 * (i % 2))) & 15) - 8;
-      out[i] = std::isfinite(scale) ? static_cast<float>(c) * scale : std::numeric_limits<float>::quiet_NaN();
+    const size_t lo = k * block, hi = std::min(n, lo + block);
+    if (!std::isfinite(scale)) {
+      std::fill(out + lo, out + hi, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    for (size_t i = lo; i < hi; ++i) {
+      int c;
+      if constexpr (Bits == 8)
+        c = static_cast<int8_t>(q[i]);
+      else
+        c = ((q[i / 2] >> (4 * (i % 2))) & 15) - 8;
+      out[i] = static_cast<float>(c) * scale;
     }
   }
+}
+
+}  // namespace
+
+void quantize_block_int(const float* in, size_t n, size_t block, int bits, uint8_t* out) {
+  (void)block_int_bytes(n, block, bits);  // (refuses block 0 and other bits)
+  if (bits == 8)
+    quantize_blocks<8>(in, n, block, out);
+  else
+    quantize_blocks<4>(in, n, block, out);
+}
+
+void dequantize_block_int(const uint8_t* in, size_t n, size_t block, int bits, float* out) {
+  (void)block_int_bytes(n, block, bits);
+  if (bits == 8)
+    dequantize_blocks<8>(in, n, block, out);
+  else
+    dequantize_blocks<4>(in, n, block, out);
 }
 
 void quantize_block_i8(const float* in, size_t n, size_t block, uint8_t* out) {

@@ -1089,8 +1089,13 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     c.shapes.push_back(shape);
   }
   c.compressed = options.compressor != "none" && !options.compressor.empty();
+  if (options.compressor == "int4" && options.zero_stage == 0)
+    throw InvalidArgument(
+        "DistributedOptimizer: compressor 'int4' is ZeRO's reduce-scatter wire (int4 blocks by all-to-all) and "
+        "zero_stage 0 has none; allowed with zero_stage 0: a compressor spec such as int8 or powersgd:rank=4; or "
+        "zero_stage 1, 2 or 3");
 #ifdef CONDUIT_WITH_COMPRESS
-  // (int4 is only ZeRO's reduce-scatter wire, no compressor of its own: refused at stage 0 below)
+  // (int4 is only ZeRO's reduce-scatter wire, no compressor of its own)
   if (c.compressed && !(options.zero_stage > 0 && options.compressor == "int4")) {
     c.compressor = compress::parse_compressor(options.compressor);
     for (size_t i = 0; i < c.params.size(); ++i)
@@ -1734,6 +1739,7 @@ uint64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
 }
 
 std::string DistributedOptimizer::compressor_name() const {
+  if (core_->zero_wire == DType::i8) return core_->opt.compressor;  // (int4 has no compressor object)
 #ifdef CONDUIT_WITH_COMPRESS
   if (core_->compressor) return core_->compressor->name();
 #endif

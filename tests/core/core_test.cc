@@ -188,6 +188,20 @@ TEST(DType, BlockInt4PacksTwoCodesAByteWithinHalfTheScale) {
   quantize_block_i8(x.data(), x.size(), block, a.data());
   quantize_block_int(x.data(), x.size(), block, 8, b.data());
   EXPECT_EQ(a, b);
+  // Blocks of 3 (a boundary mid-byte) over 7 elements: each value its own block's, both nibbles of a shared byte.
+  const std::vector<float> odd = {3, -3, 1, 14, -7, 7, 0.5f};  // (scales 3/7, 2, 0.5/7)
+  std::vector<uint8_t> oq(block_int_bytes(odd.size(), 3, 4));
+  EXPECT_EQ(oq.size(), 3 * 4 + 4u);
+  quantize_block_int(odd.data(), odd.size(), 3, 4, oq.data());
+  std::vector<float> oy(odd.size());
+  dequantize_block_int(oq.data(), odd.size(), 3, 4, oy.data());
+  EXPECT_FLOAT_EQ(oy[0], 3.f);
+  EXPECT_FLOAT_EQ(oy[1], -3.f);
+  EXPECT_FLOAT_EQ(oy[3], 14.f);  // (block 1 begins in byte 1's high nibble)
+  EXPECT_FLOAT_EQ(oy[4], -8.f);  // (-7 / 2 = -3.5 rounds to -4: code -4 x 2)
+  EXPECT_FLOAT_EQ(oy[5], 8.f);
+  EXPECT_FLOAT_EQ(oy[6], 0.5f);
+  EXPECT_NEAR(oy[2], 1.f, 3.f / 14 + 1e-6f);
   EXPECT_THROW(block_int_bytes(4, 4, 2), InvalidArgument);
 }
 

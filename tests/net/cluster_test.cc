@@ -626,6 +626,24 @@ TEST(SweepConfig, GridLeavesOutCompressorsOfSchemesThatAverageParameters) {
   EXPECT_NE(r.out.find("--sync ps-asp"), std::string::npos) << r.out;
 }
 
+// int4 is ZeRO's reduce-scatter wire, no compressor of its own: a grid with zero takes it, one without refuses it in
+// one line for the cell (it was refused as an unknown compressor before any cell).
+TEST(SweepConfig, Int4IsTakenWithZeroOnly) {
+  const fs::path file = fs::temp_directory_path() / (unique_name("int4sweep") + ".yaml");
+  std::ofstream(file) << "hosts: 2\nnetworks: [{bandwidth: 100mbit}]\ncompressors: [none, int8, int4]\n"
+                         "train: {epochs: 1, zero: 2}\n";
+  Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("3 cells"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--compressor int4"), std::string::npos) << r.out;
+  std::ofstream(file) << "hosts: 2\nnetworks: [{bandwidth: 100mbit}]\ncompressors: [int4]\ntrain: {epochs: 1}\n";
+  r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  fs::remove(file);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  EXPECT_NE(r.out.find("int4 is ZeRO's reduce-scatter wire"), std::string::npos) << r.out;
+}
+
 TEST(SweepConfig, BadFileIsRejectedInOneLine) {
   const fs::path file = fs::temp_directory_path() / (unique_name("badsweep") + ".yaml");
   {

@@ -783,6 +783,11 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
            o.units = {m.parameters(), {torch::ones({2}).requires_grad_()}};
          }),
          "unit 1 holds a tensor that is not a trainable parameter");
+  expect(attempt([](auto&, auto&, DistOptions& o) {
+           o.compressor = "int4";
+           o.zero_stage = 0;
+         }),
+         "compressor 'int4' is ZeRO's reduce-scatter wire (int4 blocks by all-to-all) and zero_stage 0 has none");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "qsgd"; }),
          "compressor 'qsgd' cannot go with it; allowed: compressor none, fp16, bf16, int8 or int4 (without parameters");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.find_unused_parameters = true; }), "find_unused_parameters");
@@ -1002,22 +1007,22 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
     for (int r = 0; r < 4; ++r)
       EXPECT_EQ(z.sent[size_t(r)], 4 * (gathers + wire) + r34(40, 4) + r34(24, 4) + r34(15, 4)) << r;
   }
-  // int8 blocks on the reduce-scatter's wire (by all-to-all): the weights within the int8 rounding of the gradients,
-  // each step the f32 reduce-scatter's bytes replaced by the int8 blocks' of the units' slices (40, 24 and 15).
-  {
+  // int8 (int4) blocks on the reduce-scatter's wire (by all-to-all): the weights within the rounding of the
+  // gradients, each step the f32 reduce-scatter's bytes replaced by the blocks' of the units' slices (40, 24 and 15).
+  for (int bits : {8, 4}) {
     const Zero3Run plain = zero3_run(0, "sgd", true, 4);
     const Zero3Run f32 = zero3_run(3, "sgd", true, 4);
-    const Zero3Run z = zero3_run(3, "sgd", true, 4, "int8");
+    const Zero3Run z = zero3_run(3, "sgd", true, 4, bits == 8 ? "int8" : "int4");
     double worst = 0;
     for (size_t i = 0; i < 79; ++i) worst = std::max(worst, double(std::abs(z.params[0][i] - plain.params[0][i])));
-    EXPECT_LT(worst, 0.015);
-    EXPECT_GT(worst, 0.0);
+    EXPECT_LT(worst, bits == 8 ? 0.015 : 0.15) << bits;
+    EXPECT_GT(worst, 0.0) << bits;
     for (int r = 1; r < 4; ++r) EXPECT_EQ(z.params[size_t(r)], z.params[0]) << r;
     const std::vector<std::vector<size_t>> units = {{10, 10, 10, 10}, {6, 6, 6, 6}, {4, 4, 4, 3}};
     for (int r = 0; r < 4; ++r)
       EXPECT_EQ(z.sent[size_t(r)],
-                f32.sent[size_t(r)] - 4 * (120 + 72 + 45) + 4 * int_reduce_scatter_bytes(units, r, 0))
-          << r;
+                f32.sent[size_t(r)] - 4 * (120 + 72 + 45) + 4 * int_reduce_scatter_bytes(units, r, 0, false, bits))
+          << r << " " << bits;
   }
   // One rank: its slices are the whole model, nothing crosses the wire, the training is stage 0's bit for bit.
   const Zero3Run plain = zero3_run(0, "adam", true, 1);
