@@ -92,6 +92,7 @@ struct StepArgs {
   double grad_bytes = 2;
   double gather_bytes = 0;
   std::string zero_hpz = "0";
+  std::string zero_shard = "0";
   std::string dp_algorithm = "auto", tp_algorithm = "auto";
   std::string compression = "none";
   std::string sync = "bsp";
@@ -225,6 +226,18 @@ ParallelConfig make_config(const StepArgs& a) {
           a.zero_hpz));
     c.zero_hpz = k;
   }
+  if (a.zero_shard == "node") {
+    c.zero_shard = -1;
+  } else {
+    long long k = -1;
+    const auto [end, ec] = std::from_chars(a.zero_shard.data(), a.zero_shard.data() + a.zero_shard.size(), k);
+    if (ec != std::errc() || end != a.zero_shard.data() + a.zero_shard.size() || k < 0)
+      throw ConfigError(fmt::format(
+          "--zero-shard-group = '{}' (allowed: node (the node's data-parallel ranks), 0 or 1 (all ranks), or a group "
+          "size of 2 or more)",
+          a.zero_shard));
+    c.zero_shard = k;
+  }
   if (c.gather_bytes != 0 && c.gather_bytes != 1 && c.gather_bytes != 2 && c.gather_bytes != 4)
     throw ConfigError(
         fmt::format("--gather-bytes = {} (allowed: 1 (int8 blocks with their scales), 2, 4)", c.gather_bytes));
@@ -248,6 +261,10 @@ void check_step_config(const ParallelConfig& c) {
     throw ConfigError(fmt::format(
         "--gather-bytes: the wire of ZeRO-3's parameter gathers, this step has --zero {}; allowed with --zero {}: "
         "leave it out",
+        c.zero, c.zero));
+  if ((c.zero_shard > 1 || c.zero_shard < 0) && c.zero != 3)
+    throw ConfigError(fmt::format(
+        "--zero-shard-group: ZeRO-3's shard groups, this step has --zero {}; allowed with --zero {}: leave it out",
         c.zero, c.zero));
   if ((c.zero_hpz > 1 || c.zero_hpz < 0) && c.zero != 3)
     throw ConfigError(fmt::format(
@@ -276,6 +293,7 @@ json config_json(const ParallelConfig& c) {
               {"gather_bytes", c.gather_bytes},
               {"zero_allgather_bytes", c.zero_allgather_bytes},
               {"zero_hpz", c.zero_hpz < 0 ? json("node") : json(c.zero_hpz)},
+              {"zero_shard_group", c.zero_shard < 0 ? json("node") : json(c.zero_shard)},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -542,11 +560,15 @@ void run_plan(const StepArgs& given_args) {
         if (z == s) return true;
     return false;
   };
-  if ((base.gather_bytes != 0 || base.zero_hpz > 1 || base.zero_hpz < 0) && !searched({3}))
+  if ((base.gather_bytes != 0 || base.zero_hpz > 1 || base.zero_hpz < 0 || base.zero_shard > 1 ||
+       base.zero_shard < 0) &&
+      !searched({3}))
     throw ConfigError(
         fmt::format("{}: about ZeRO-3's gathers, and this search has no ZeRO-3 plans; allowed: "
                     "--zero-options with 3, or leave it out",
-                    base.gather_bytes != 0 ? "--gather-bytes" : "--zero-hpz"));
+                    base.gather_bytes != 0                   ? "--gather-bytes"
+                    : base.zero_hpz > 1 || base.zero_hpz < 0 ? "--zero-hpz"
+                                                             : "--zero-shard-group"));
   if (base.zero_allgather_bytes > 0 && !searched({1, 2}))
     throw ConfigError(
         "--zero-allgather-bucket: the calls of ZeRO-1/2's allgather, and this search has no ZeRO-1 or 2 plans; "
@@ -1408,6 +1430,11 @@ void setup(CLI::App& app) {
                   "ZeRO-3, GPT models: ZeRO++'s hpZ, a secondary partition over groups of this many data-parallel "
                   "ranks, which the backward's gathers run within (conduit train --zero-hpz); node: the node's, gpus "
                   "a node / tp, for each plan; 0: none")
+        ->capture_default_str();
+    c->add_option("--zero-shard-group", a->zero_shard,
+                  "ZeRO-3, GPT models: shard within groups of this many data-parallel ranks and replicate across them "
+                  "(FSDP's HYBRID_SHARD, MiCS; conduit train --zero-shard-group); node: the node's, gpus a node / tp, "
+                  "for each plan; 0: all ranks")
         ->capture_default_str();
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();

@@ -374,6 +374,28 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       hpz = 0;
     }
   }
+  // ZeRO-3 sharded within groups (--zero-shard-group): K data-parallel ranks a group, `node` (-1) the node's; none
+  // where they do not cut the data-parallel ranks into two groups or more.
+  long long shard = 0;
+  if (cfg.zero == 3 && (cfg.zero_shard > 1 || cfg.zero_shard < 0)) {
+    if (hpz > 1)
+      throw ConfigError(
+          "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
+    shard = cfg.zero_shard > 1 ? cfg.zero_shard : topo.gpus_per_node() / t;
+    const bool fits = shard >= 2 && d % shard == 0 && shard < d;
+    if (!fits && cfg.zero_shard > 1)
+      throw ConfigError(fmt::format(
+          "--zero-shard-group = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: "
+          "a divisor of {} below it, or node (gpus a node / tp)",
+          cfg.zero_shard, d, d));
+    if (!fits) {
+      r.notes.push_back(fmt::format(
+          "--zero-shard-group node: {} data-parallel ranks a node ({} GPUs / tp {}) form no shard groups of the {}; "
+          "sharded over all",
+          shard, topo.gpus_per_node(), t, d));
+      shard = 0;
+    }
+  }
   const int v = cfg.schedule == Schedule::kInterleaved ? cfg.virtual_stages : 1;
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
   r.microbatches = mb;
@@ -494,21 +516,32 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     // gradients and the blocks at memory bandwidth).
     const std::string& zq = cfg.compression.kind;
     const double zero_rs_bytes = cfg.zero >= 1 && zq == "fp16" ? 2.0 : cfg.grad_bytes;
+    // ZeRO-3 sharded within groups (--zero-shard-group K): its gathers and reduce-scatters within the K ranks `zg`,
+    // then each rank's slice (1/K of the call) allreduced across the d/K groups (`rg`, the ranks of one index).
+    const Group zg = shard > 1 ? Group{shard, static_cast<long long>(t), 0} : dg;
+    const Group rg{shard > 1 ? d / shard : 1, static_cast<long long>(t) * std::max(shard, 1LL), 0};
+    auto replicas = [&](double elems) {
+      if (shard <= 1) return 0.0;
+      const double bytes = elems / static_cast<double>(shard) * zero_rs_bytes;
+      auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes);
+      return ctime(Collective::kAllReduce, ar, rg, bytes) + wake;
+    };
     // (a node's data-parallel ranks: G / t where t divides a node's G, else none on one node)
-    const Qgz qgz(cfg, dg, topo.gpus_per_node() % t == 0 ? topo.gpus_per_node() / t : 1);
+    const Qgz qgz(cfg, zg, topo.gpus_per_node() % t == 0 ? topo.gpus_per_node() / t : 1);
     std::map<double, double> qgz_took;
     // (profiled at `at` bytes of the gradients when given: the algorithm the bucket size picks)
     auto zero_rs = [&](double elems, double at = 0) {
       if (!qgz.on) {
         const double on_wire = at > 0 ? at * zero_rs_bytes / cfg.grad_bytes : elems * zero_rs_bytes;
-        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, on_wire);
-        return ctime(Collective::kReduceScatter, rs, dg, elems * zero_rs_bytes) + wake;
+        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, zg, on_wire);
+        return ctime(Collective::kReduceScatter, rs, zg, elems * zero_rs_bytes) + wake + replicas(elems);
       }
       auto [it, fresh] = qgz_took.emplace(elems, 0.0);
       if (fresh)
         it->second = qgz.time([&](Collective c, Algorithm a, const Group& g,
                                   double n) { return ctime(c, net.profile(c, a, g, n), g, n); },
-                              acc, elems, cfg.grad_bytes, wake);
+                              acc, elems, cfg.grad_bytes, wake) +
+                     replicas(elems);
       return it->second;
     };
     if (qgz.on)
@@ -520,14 +553,14 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     if (cfg.zero == 3) {
       const double gb = gather_element_bytes(cfg.gather_bytes, 2);  // (the parameters are held in 16 bits)
       const double layer_bytes = layer_params / t * gb;
-      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, layer_bytes);
-      const double t_ag = ctime(Collective::kAllGather, ag, dg, layer_bytes) + wake, t_rs = zero_rs(layer_params / t);
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, layer_bytes);
+      const double t_ag = ctime(Collective::kAllGather, ag, zg, layer_bytes) + wake, t_rs = zero_rs(layer_params / t);
       // The embeddings (word and position; the output layer shares the word embeddings) are sharded too: gathered
       // before the first layer (nothing to hide behind) and again for the output layer and the backward, their
       // gradients reduce-scattered at the end; those two hide behind the output layer's compute as far as it lasts.
       const double emb_bytes = emb_gpu * gb;
-      auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, emb_bytes);
-      const double te_ag = ctime(Collective::kAllGather, eag, dg, emb_bytes) + wake, te_rs = zero_rs(emb_gpu);
+      auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, emb_bytes);
+      const double te_ag = ctime(Collective::kAllGather, eag, zg, emb_bytes) + wake, te_rs = zero_rs(emb_gpu);
       // --zero-hpz K (ZeRO++'s hpZ): the backward's gathers (and the output layer's of the embeddings) within groups
       // of K data-parallel ranks (K = the node's, G / t, keeps them on its fabric), of the 16-bit weights the forward
       // kept there.
@@ -565,6 +598,11 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
           hpz > 1 ? fmt::format(", {} within the groups of {}", format_seconds(t_agb), hpz) : std::string(),
           format_seconds(te_ag), hpz > 1 ? fmt::format(", {} within the group", format_seconds(te_agb)) : std::string(),
           format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
+      if (shard > 1)
+        r.notes.push_back(fmt::format(
+            "ZeRO-3 sharded within groups of {} data-parallel ranks, replicated across the {} groups: the gathers "
+            "and reduce-scatters within the group, each slice's gradients allreduced across the groups ({} a layer)",
+            shard, d / shard, format_seconds(replicas(layer_params / t))));
     } else if (cfg.zero >= 1) {
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
       const double t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2) + wake;
@@ -712,7 +750,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   r.breakdown.compression = comp_time;
 
   // Optimizer: Adam over this GPU's (sharded) parameters: ~28 bytes of memory traffic per parameter.
-  const double opt_params = params_gpu / (cfg.zero >= 1 ? static_cast<double>(d) : 1.0);
+  const double opt_params =
+      params_gpu / (cfg.zero >= 1 ? static_cast<double>(shard > 1 ? shard : d) : 1.0);  // (a shard group's)
   r.breakdown.optimizer = memory_time(acc, opt_params * 28, 4);
 
   r.time = pipe + embedding_sync + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
@@ -752,7 +791,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       zero3 ? ((cfg.dp_overlap && cfg.zero_prefetch ? 2 : 1) * layer_params / t + emb_gpu) * 2 : 0.0;
   const double unsharded_grads = zero3 ? layer_params / t * cfg.grad_bytes : 0.0;
   auto stage_memory = [&](double params, double inflight, bool loss) {
-    const ModelState st = zero_model_state(params, d, cfg.zero, cfg.grad_bytes);
+    // (sharded within groups: over the group's ranks only)
+    const ModelState st = zero_model_state(params, shard > 1 ? shard : d, cfg.zero, cfg.grad_bytes);
     MemoryBreakdown mem;
     // (hpZ: the secondary partition, 1/K of the stage's 16-bit parameters)
     mem.params = st.params + gathered + (zero3 && hpz > 1 ? params * 2 / static_cast<double>(hpz) : 0.0);
@@ -1049,6 +1089,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     throw ConfigError(
         "--zero-hpz is modelled for GPT models (--model gpt and the named ones), not layer lists: leave "
         "it out");
+  if (cfg.zero_shard > 1 || cfg.zero_shard < 0)
+    throw ConfigError(
+        "--zero-shard-group is modelled for GPT models (--model gpt and the named ones), not layer lists: leave it "
+        "out");
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", cfg.grad_bytes));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&

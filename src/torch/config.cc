@@ -153,6 +153,12 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "forward's 16-bit zero_gather, else f32: more bytes than int8 gathers'); a divisor of the data-parallel ranks "
        "below their number; 0: "
        "none (default 0)"},
+      {"zero_shard_group",
+       "with zero 3: shard over groups of this many consecutive data-parallel ranks and replicate across the groups "
+       "(FSDP's HYBRID_SHARD, MiCS): the gathers and the reduce-scatter run within the group (a node's links when "
+       "it is a node's workers / tp), each slice's gradients then averaged across the groups; each worker holds "
+       "1/group of the model's state instead of 1/workers; a divisor of the data-parallel ranks from 2 to below "
+       "their number; 0: shard over all (default 0)"},
       {"zero_allgather_mb",
        "with zero 1 or 2 and zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call "
        "of the allgather behind the next forward until it carries at least this many MiB (DeepSpeed's "
@@ -422,6 +428,19 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
           "zero {}: 0 or 1 (none), or leave it unset",
           c.zero_hpz, c.zero, c.zero));
   }
+  if (auto v = get("zero_shard_group")) {
+    c.zero_shard_group = static_cast<int>(to_int("zero_shard_group", *v, 0, 1024));
+    if (c.zero_shard_group > 1 && c.zero != 3)
+      throw ConfigError(fmt::format(
+          "config: zero_shard_group: {} shards ZeRO-3's parameters within groups, this run has zero {}; allowed with "
+          "zero {}: 0 or 1 (shard over all), or leave it unset",
+          c.zero_shard_group, c.zero, c.zero));
+    if (c.zero_shard_group > 1 && c.zero_hpz > 1)
+      throw ConfigError(fmt::format(
+          "config: zero_shard_group: {} with zero_hpz {}: the gathers run within the shard group already; allowed: "
+          "one of them",
+          c.zero_shard_group, c.zero_hpz));
+  }
   if (auto v = get("zero_allgather_mb")) {
     c.zero_allgather_mb = to_double("zero_allgather_mb", *v, 0, 1 << 20, false,
                                     "a size in MiB >= 0 and <= 1048576 (0: one call a layer)");
@@ -540,6 +559,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         "config: zero_hpz: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into two or "
         "more; allowed: 0 or 1 (none), or a divisor of {} below it",
         c.zero_hpz, c.workers / c.tp, c.workers, c.tp, c.workers / c.tp));
+  if (c.zero_shard_group > 1 && (c.workers / c.tp % c.zero_shard_group != 0 || c.zero_shard_group >= c.workers / c.tp))
+    throw ConfigError(fmt::format(
+        "config: zero_shard_group: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into "
+        "two or more; allowed: 0 or 1 (shard over all), or a divisor of {} below it",
+        c.zero_shard_group, c.workers / c.tp, c.workers, c.tp, c.workers / c.tp));
   if (c.zero > 0 && !effective_sync(c).bsp())
     throw ConfigError(
         fmt::format("config: zero: {} partitions the optimizer of sync bsp, not of {}; allowed with "
@@ -802,6 +826,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "zero_prefetch",
                         "zero_gather",
                         "zero_hpz",
+                        "zero_shard_group",
                         "zero_allgather_mb"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
@@ -839,7 +864,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
       continue;
     // (the secondary partition's group size, not taken by a run given other workers or tp than the checkpoint's:
     // that mismatch is the error to report, or the groups the new size allows are this run's to choose)
-    if (std::string(k) == "zero_hpz") {
+    if (std::string(k) == "zero_hpz" || std::string(k) == "zero_shard_group") {
       bool other = false;
       for (auto [given, saved] : {std::pair<const char*, const char*>{"workers", "world"}, {"tp", "tp"}})
         if (raw.count(given) && meta.contains(saved)) {
@@ -849,7 +874,8 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
       if (other) continue;
     }
     // (ZeRO-3's gather wire and secondary partition, not taken by a run given another stage, which refuses them)
-    if ((std::string(k) == "zero_gather" || std::string(k) == "zero_hpz") && given_zero != -1 && given_zero != 3)
+    if ((std::string(k) == "zero_gather" || std::string(k) == "zero_hpz" || std::string(k) == "zero_shard_group") &&
+        given_zero != -1 && given_zero != 3)
       continue;
     // (the deferred allgather's call size, not taken by a run given stage 0 or 3, which refuse it)
     if (std::string(k) == "zero_allgather_mb" && given_zero != -1 && given_zero != 1 && given_zero != 2) continue;
@@ -915,6 +941,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   if (c.zero > 0) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
   if (c.zero == 3) e << YAML::Key << "zero_gather" << YAML::Value << c.zero_gather;
   if (c.zero == 3) e << YAML::Key << "zero_hpz" << YAML::Value << c.zero_hpz;
+  if (c.zero == 3) e << YAML::Key << "zero_shard_group" << YAML::Value << c.zero_shard_group;
   if (c.zero == 1 || c.zero == 2)
     e << YAML::Key << "zero_allgather_mb" << YAML::Value << fmt::format("{}", c.zero_allgather_mb);
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");

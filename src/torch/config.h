@@ -47,6 +47,7 @@ struct TrainConfig {
   bool zero_prefetch = true;              // zero 1-3: parameters gathered while other layers compute
   std::string zero_gather = "f32";        // zero 3: the parameter gathers' wire: f32, bf16, fp16 or int8
   int zero_hpz = 0;                       // zero 3: ranks a secondary partition group (ZeRO++'s hpZ; 0: none)
+  int zero_shard_group = 0;  // zero 3: ranks a shard group, replicated across groups (FSDP's HYBRID_SHARD; 0: all)
   double zero_allgather_mb = 0;           // zero 1, 2: the deferred allgather's calls' least size (0: one a layer)
   int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2, 3)
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)

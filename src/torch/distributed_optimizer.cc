@@ -136,6 +136,19 @@ struct DistributedOptimizer::Core {
   // ZeRO-3's secondary partition (DistOptions::zero_secondary_ranks, ZeRO++'s hpZ): the group of consecutive ranks
   // the backward gathers run in (null: none).
   coll::CommPtr sec_comm;
+  // ZeRO-3 sharded within groups (DistOptions::zero_shard_ranks): the reduce-scatter's group (this rank's K
+  // consecutive ranks; the gathers run on a split of their own, gather_comm) and the ranks of this rank's index in
+  // every group, over which each slice's gradients are then averaged (null: none).
+  coll::CommPtr shard_comm, replica_comm;
+  // The communicator a bucket's slices are cut over (its rank owns slice rank()).
+  coll::Communicator& slice_comm() const { return shard_comm ? *shard_comm : *comm; }
+  // A slice averaged within its group: its average over the groups too (f32; nothing without replicas).
+  void average_replicas(float* slice, size_t len, const coll::CollOptions& co) {
+    if (!replica_comm || replica_comm->size() < 2) return;
+    replica_comm->allreduce(slice, len, DType::f32, ReduceOp::sum, co).wait();
+    const float inv = 1.0f / float(replica_comm->size());
+    for (size_t j = 0; j < len; ++j) slice[j] *= inv;
+  }
   std::vector<std::vector<uint8_t>> abandoned_secondary;  // send buffers of failed secondary gathers
   std::vector<int> unit_bucket;  // bucket of each unit (-1: no trainable parameter)
   int pinned = 0;                // whole_parameters() handles alive
@@ -808,7 +821,10 @@ struct DistributedOptimizer::Core {
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
-      const size_t mine = bk.counts[size_t(comm->rank())];
+      // (sharded within groups: the reduce-scatter within this rank's group, then the replicas' allreduce below)
+      coll::Communicator& rs = slice_comm();
+      const int k = rs.size();
+      const size_t mine = bk.counts[size_t(rs.rank())];
       double t1;
       if (zero_wire == DType::i8) {
 #ifdef CONDUIT_WITH_COMPRESS
@@ -821,13 +837,14 @@ struct DistributedOptimizer::Core {
         ro.timeout_s = opt.timeout_s;
         uint64_t received = 0;
         ro.received = &received;
-        const uint64_t sent = compress::int_reduce_scatter(*comm, int_groups, std::span<const float>(bk.flat.data(), n),
+        const uint64_t sent = compress::int_reduce_scatter(rs, int_groups, std::span<const float>(bk.flat.data(), n),
                                                            bk.counts, slice, zero_bits, ro);
-        t1 = now_s();
         std::copy(slice.begin(), slice.end(), out);
+        average_replicas(out, mine, co);
+        t1 = now_s();
         // The payload as the other wires count it (every rank's slice on the wire), what moved exactly.
         payload = 0;
-        for (size_t k : bk.counts) payload += block_int_bytes(k, compress::kIntBlock, zero_bits);
+        for (size_t c : bk.counts) payload += block_int_bytes(c, compress::kIntBlock, zero_bits);
         factor_sent = payload > 0 ? double(sent) / double(payload) : 0.0;
         factor_recv = payload > 0 ? double(received) / double(payload) : 0.0;
 #else
@@ -843,23 +860,34 @@ struct DistributedOptimizer::Core {
         const auto widen = f16 ? convert_f16_to_f32 : convert_bf16_to_f32;
         std::vector<uint16_t> wire(n), slice(mine);
         narrow(bk.flat.data(), wire.data(), n);
-        if (w > 1)
-          comm->reduce_scatter(wire.data(), slice.data(), bk.counts, zero_wire, ReduceOp::avg, co).wait();
+        if (k > 1)
+          rs.reduce_scatter(wire.data(), slice.data(), bk.counts, zero_wire, ReduceOp::avg, co).wait();
         else
           std::copy(wire.begin(), wire.end(), slice.begin());
-        t1 = now_s();
         widen(slice.data(), out, mine);
+        average_replicas(out, mine, co);
+        t1 = now_s();
         payload = n * sizeof(uint16_t);
       } else {
-        if (w > 1)
-          comm->reduce_scatter(bk.flat.data(), out, bk.counts, DType::f32, ReduceOp::sum, co).wait();
+        if (k > 1)
+          rs.reduce_scatter(bk.flat.data(), out, bk.counts, DType::f32, ReduceOp::sum, co).wait();
         else if (out != bk.flat.data())  // (out may lie inside the input at stage 1: the collective copies it first)
           std::copy(bk.flat.begin(), bk.flat.begin() + std::ptrdiff_t(n), out);
+        // (summed over the replicas too, then divided by every rank once)
+        if (replica_comm && replica_comm->size() > 1)
+          replica_comm->allreduce(out, mine, DType::f32, ReduceOp::sum, co).wait();
         t1 = now_s();
         const float inv = 1.0f / float(w);
-        for (size_t k = 0; k < mine; ++k) out[k] *= inv;
+        for (size_t j = 0; j < mine; ++j) out[j] *= inv;
       }
-      if (zero_wire != DType::i8) factor_sent = factor_recv = w > 1 ? double(w - 1) / w : 0.0;
+      if (zero_wire != DType::i8) factor_sent = factor_recv = k > 1 ? double(k - 1) / k : 0.0;
+      if (replica_comm && replica_comm->size() > 1 && payload > 0) {
+        // The replicas' allreduce of this rank's slice (a ring's 2(G-1)/G of its f32 bytes), as one factor with the
+        // reduce-scatter's.
+        const double g = replica_comm->size(), ar = 2.0 * (g - 1) / g * double(mine * sizeof(float));
+        factor_sent = (factor_sent * double(payload) + ar) / double(payload);
+        factor_recv = (factor_recv * double(payload) + ar) / double(payload);
+      }
       if (zero >= 2) {
         std::lock_guard<std::mutex> lk(mu);
         spare.emplace_back().swap(bk.flat);  // (kept at its size: a reuse zeroes only what it grows by)
@@ -1042,6 +1070,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         {"zero_gather_dtype", int64_t(options.zero_gather_dtype)},
         {"zero_allgather_bytes", int64_t(options.zero_allgather_bytes)},
         {"zero_secondary_ranks", options.zero_secondary_ranks},
+        {"zero_shard_ranks", options.zero_shard_ranks},
         {"overlap", options.overlap},
         {"find_unused_parameters", options.find_unused_parameters},
         {"backward_passes", options.backward_passes},
@@ -1131,6 +1160,18 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         "DistributedOptimizer: zero_secondary_ranks {} with zero_stage {} over {} ranks; allowed: 0 or 1 (none), or "
         "with zero_stage 3 a group size that divides the ranks and is smaller than their number",
         options.zero_secondary_ranks, c.zero, comm_->size()));
+  const int shard = options.zero_shard_ranks;
+  if (shard < 0 || (shard > 1 && (c.zero != 3 || comm_->size() % shard != 0 || shard >= comm_->size())))
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_shard_ranks {} with zero_stage {} over {} ranks; allowed: 0 or 1 (shard over all "
+        "ranks), or with zero_stage 3 a group size of 2 or more that divides the ranks and is smaller than their "
+        "number",
+        shard, c.zero, comm_->size()));
+  if (shard > 1 && options.zero_secondary_ranks > 1)
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_shard_ranks {} with zero_secondary_ranks {}: the gathers run within the shard "
+        "group already; allowed: one of them",
+        shard, options.zero_secondary_ranks));
   if (options.zero_secondary_ranks < 0)
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_secondary_ranks {}; allowed: 0 or 1 (none), or a group size of 2 or more",
@@ -1180,7 +1221,16 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     c.build_unit_buckets(units);
     // (before the parameters become slices: then only this rank's would be there to broadcast)
     broadcast_initial_state();
-    if (comm_->size() > 1) c.gather_comm = comm_->split(0, comm_->rank());
+    const int me = comm_->rank();
+    if (shard > 1) {
+      // Groups of `shard` consecutive ranks: the gathers' (their own split), the reduce-scatter's, and across the
+      // groups the ranks of one index, which average each slice.
+      c.gather_comm = comm_->split(me / shard, me);
+      c.shard_comm = comm_->split(me / shard, me);
+      c.replica_comm = comm_->split(me % shard, me);
+    } else if (comm_->size() > 1) {
+      c.gather_comm = comm_->split(0, me);
+    }
     if (options.zero_secondary_ranks > 1) {
       // ZeRO++'s hpZ: groups of consecutive ranks (the ranks of a node, as launchers number them), each unit cut
       // into the group's parts.
@@ -1195,7 +1245,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
       }
     }
     c.opt.rebuild_buckets = false;
-    optimizer_->param_groups()[0].params() = c.seat_zero(comm_->rank(), comm_->size());
+    optimizer_->param_groups()[0].params() = c.seat_zero(c.slice_comm().rank(), c.slice_comm().size());
   } else {
     // Reverse registration order approximates the order backward produces gradients.
     std::vector<int> order;
@@ -1219,7 +1269,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   }
 #ifdef CONDUIT_WITH_COMPRESS
   // (collective: two splits over several hosts, which every rank sees alike)
-  if (c.zero_wire == DType::i8) c.int_groups = compress::int_reduce_groups(*c.comm);
+  if (c.zero_wire == DType::i8) c.int_groups = compress::int_reduce_groups(c.slice_comm());
 #endif
   std::weak_ptr<Core> weak = core_;
   for (size_t i = 0; i < c.params.size(); ++i) {
@@ -1700,7 +1750,7 @@ std::vector<std::vector<int>> DistributedOptimizer::bucket_layout() const {
 size_t DistributedOptimizer::optimizer_elements() const {
   size_t n = 0;
   if (core_->zero) {
-    for (auto& bk : core_->buckets) n += bk.counts[size_t(core_->comm->rank())];
+    for (auto& bk : core_->buckets) n += bk.counts[size_t(core_->slice_comm().rank())];
   } else {
     for (size_t k : core_->numel) n += k;
   }

@@ -123,6 +123,15 @@ struct DistOptions {
   // to its backward. The training is the same bit for bit. 0 or 1: none; otherwise it must divide the ranks and be
   // fewer than them (a collective constructor then splits the groups off).
   int zero_secondary_ranks = 0;
+  // ZeRO stage 3 sharded within groups of this many consecutive ranks of `comm` and replicated across the groups
+  // (PyTorch FSDP's HYBRID_SHARD, MiCS): each unit's slices are cut over the group's K ranks, so its gathers run
+  // within the group (on a node's links when the group is a node's ranks), and each unit's gradients are
+  // reduce-scattered within the group, then each slice averaged with the same slice of the other groups (an
+  // allreduce over the W/K ranks of one index in their groups). A rank holds 1/K of the parameters, gradients and
+  // optimizer state instead of 1/W. The same training as ZeRO-3 over all ranks, to the float sum's order. 0: shard
+  // over all ranks; otherwise it must divide the ranks, be 2 or more and fewer than them (a collective constructor
+  // then splits the groups off). Not with zero_secondary_ranks (the gathers are within the group already).
+  int zero_shard_ranks = 0;
   // The parameters of each unit (Net::units()), in the order forward runs them. ZeRO stage 3 needs them. At stages 1
   // and 2 with zero_prefetch they let the allgather of the stepped slices go on behind the next forward: step() starts
   // it (on a communicator of its own, split off by the constructor: collective) as one allgather per unit and bucket,

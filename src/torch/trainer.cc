@@ -441,6 +441,7 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
                                                        {"zero_gather", "string"},
                                                        {"zero_allgather_mb", "number"},
                                                        {"zero_hpz", "integer"},
+                                                       {"zero_shard_group", "integer"},
                                                        {"tp", "integer"},
                                                        {"pp", "integer"},
                                                        {"micro_batches", "integer"},
@@ -654,6 +655,15 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       same["bucket_cap_mb"] = c.bucket_cap_mb;
       same["first_bucket_mb"] = c.first_bucket_mb;
     }
+    // Stage 3's slices are cut over the shard group (checkpoints before it: over all ranks, 0).
+    const int saved_group = meta.contains("zero_shard_group") && meta["zero_shard_group"].is_number_integer()
+                                ? meta["zero_shard_group"].get<int>()
+                                : 0;
+    if (c.zero == 3 && std::max(saved_group, 1) != std::max(c.zero_shard_group, 1))
+      throw ConfigError(fmt::format(
+          "config: resume: the checkpoint was written with zero_shard_group = {}, this run has {}; allowed: the same "
+          "zero_shard_group (each rank's optimizer state is of its slices cut over that group)",
+          saved_group, c.zero_shard_group));
     // compress_min_bytes only matters with a compressor (which must be the checkpoint's, checked above).
     if (c.compressor != "none") same["compress_min_bytes"] = c.compress_min_bytes;
     for (const auto& [key, value] : same.items())
@@ -715,6 +725,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
                                                         : DType::f32;
     dopts.zero_allgather_bytes = size_t(c.zero_allgather_mb * 1024 * 1024);
     dopts.zero_secondary_ranks = c.zero_hpz;
+    dopts.zero_shard_ranks = c.zero_shard_group;
     dopts.backward_passes = c.micro_batches;
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     model->set_unit_hooks(dopt->unit_hooks());
@@ -1167,6 +1178,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
       if (c.zero > 0) declaration["zero_prefetch"] = c.zero_prefetch;  // (a setting of stages 1-3 only)
       if (c.zero == 3) declaration["zero_gather"] = c.zero_gather;
       if (c.zero == 3) declaration["zero_hpz"] = c.zero_hpz;
+      if (c.zero == 3) declaration["zero_shard_group"] = c.zero_shard_group;
       if (c.zero == 1 || c.zero == 2) declaration["zero_allgather_mb"] = c.zero_allgather_mb;
       write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
@@ -1460,6 +1472,7 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
          {"zero_prefetch", c.zero > 0 ? nlohmann::json(c.zero_prefetch) : nlohmann::json()},
          {"zero_gather", c.zero == 3 ? nlohmann::json(c.zero_gather) : nlohmann::json()},
          {"zero_hpz", c.zero == 3 ? nlohmann::json(c.zero_hpz) : nlohmann::json()},
+         {"zero_shard_group", c.zero == 3 ? nlohmann::json(c.zero_shard_group) : nlohmann::json()},
          {"zero_allgather_mb", c.zero == 1 || c.zero == 2 ? nlohmann::json(c.zero_allgather_mb) : nlohmann::json()},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",

@@ -1038,6 +1038,62 @@ TEST(Inputs, ZeroInt8GradientsGoByAllToAllInTwoHopsAcrossNodes) {
   }
 }
 
+// --zero-shard-group (FSDP's HYBRID_SHARD, MiCS) on 8 nodes of 8: every gather and reduce-scatter within the node's 8
+// ranks, each rank's eighth of a layer's gradients then allreduced across the 8 nodes; the optimizer state sharded
+// 8 ways instead of 64. `node` is the same at t 1; refused with hpZ, with a group that does not divide, and for
+// layer lists.
+TEST(Inputs, ZeroShardGroupsGatherWithinTheNodeAndAllreduceAcross) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  const GptModel m = named_model("gpt-1.7b");
+  ParallelConfig c;
+  c.global_batch = 64;
+  c.zero = 3;
+  c.dp_overlap = false;
+  c.zero_prefetch = false;
+  const StepResult plain = simulate_step(net, m, c);
+  c.zero_shard = 8;
+  const StepResult h = simulate_step(net, m, c);
+  const Group node{8, 1, 0}, across{8, 8, 0};
+  auto call = [&](double n) {
+    return 2 * net.time(Collective::kAllGather, Algorithm::kAuto, node, n * 2) +
+           net.time(Collective::kReduceScatter, Algorithm::kAuto, node, n * 2) +
+           net.time(Collective::kAllReduce, Algorithm::kAuto, across, n / 8 * 2);
+  };
+  const double layer = gpt_layer_parameters_per_rank(m, 1),
+               emb = static_cast<double>(m.vocab + m.seq) * static_cast<double>(m.hidden);
+  EXPECT_NEAR(h.breakdown.dp_comm, static_cast<double>(m.layers) * call(layer) + call(emb), 1e-9 * h.breakdown.dp_comm);
+  EXPECT_LT(h.breakdown.dp_comm, plain.breakdown.dp_comm);
+  const double params = static_cast<double>(m.layers) * layer + emb;
+  EXPECT_NEAR(h.memory.optimizer, zero_model_state(params, 8, 3, 2).optimizer, 1e-6 * h.memory.optimizer);
+  EXPECT_NEAR(plain.memory.optimizer * 8, h.memory.optimizer, 1e-6 * h.memory.optimizer);
+  c.zero_shard = -1;
+  EXPECT_EQ(simulate_step(net, m, c).breakdown.dp_comm, h.breakdown.dp_comm);
+  auto refused = [&](ParallelConfig k) {
+    try {
+      simulate_step(net, m, k);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  ParallelConfig k = c;
+  k.zero_shard = 3;
+  EXPECT_NE(refused(k).find("--zero-shard-group = 3: groups that do not divide the 64 data-parallel ranks"),
+            std::string::npos);
+  k.zero_shard = 8;
+  k.zero_hpz = 8;
+  EXPECT_NE(refused(k).find("--zero-shard-group with --zero-hpz"), std::string::npos);
+  try {
+    c.zero_shard = 2;
+    simulate_layer_step(net, parse_layer_model("dense:10x10"), c);
+    ADD_FAILURE() << "a layer list took --zero-shard-group";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--zero-shard-group is modelled for GPT models"), std::string::npos)
+        << e.what();
+  }
+}
+
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
 TEST(Inputs, NoOverlapExposesZero3) {
   Topology topo(load_cluster("dgx-a100"), 64);

@@ -788,6 +788,9 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
            o.zero_stage = 0;
          }),
          "compressor 'int4' is ZeRO's reduce-scatter wire (int4 blocks by all-to-all) and zero_stage 0 has none");
+  expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_shard_ranks = 2; }),
+         "zero_shard_ranks 2 with zero_stage 1 over 1 ranks; allowed: 0 or 1 (shard over all ranks), or with "
+         "zero_stage 3 a group size of 2 or more");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "qsgd"; }),
          "compressor 'qsgd' cannot go with it; allowed: compressor none, fp16, bf16, int8 or int4 (without parameters");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.find_unused_parameters = true; }), "find_unused_parameters");
@@ -862,7 +865,7 @@ struct Zero3Run {
 // before the third.
 Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int world,
                    const std::string& compressor = "none", bool prefetch = true, DType gather = DType::f32,
-                   int secondary = 0) {
+                   int secondary = 0, int shard = 0) {
   auto comms = coll::Communicator::inproc(world);
   Zero3Run out;
   out.params.resize(world);
@@ -888,6 +891,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       o.zero_prefetch = prefetch;
       o.zero_gather_dtype = gather;
       o.zero_secondary_ranks = secondary;
+      o.zero_shard_ranks = shard;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       m->set_unit_hooks(d.unit_hooks());
       if (stage == 3) m->held = [&d] { return d.parameter_bytes_held(); };
@@ -1030,6 +1034,38 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
   EXPECT_EQ(z.params[0], plain.params[0]);
   EXPECT_EQ(z.sent[0], 0u);
   EXPECT_EQ(z.held_between[0], 4 * 79u);
+}
+
+// ZeRO-3 sharded within groups of 2 of the 4 ranks and replicated across them (FSDP's HYBRID_SHARD): the training of
+// ZeRO-3 over all ranks (to the float sum's order), every rank's weights alike, each rank holding half of the
+// parameters and optimizer state (its group's slice) instead of a quarter; the gathers and the reduce-scatter move
+// half a unit (within the group) and each slice is allreduced across the 2 groups (2 (G-1)/G of its bytes).
+TEST(DistributedOptimizerZero, HybridShardingGathersWithinTheGroupAndAveragesAcrossThem) {
+  const Zero3Run plain = zero3_run(0, "adam", true, 4);
+  for (bool overlap : {true, false}) {
+    const Zero3Run h = zero3_run(3, "adam", overlap, 4, "none", true, DType::f32, 0, 2);
+    const Zero3Run z = zero3_run(3, "adam", overlap, 4);
+    const std::string what = fmt::format("overlap {}", overlap);
+    double worst = 0;
+    const Zero3Run& ref = overlap ? plain : z;  // (without overlap two passes a step: ZeRO-3's own run)
+    for (size_t i = 0; i < 79; ++i) {
+      worst = std::max(worst, double(std::abs(h.params[0][i] - ref.params[0][i])));
+    }
+    EXPECT_LT(worst, 1e-5) << what;
+    for (int r = 1; r < 4; ++r) EXPECT_EQ(h.params[size_t(r)], h.params[0]) << what << " " << r;
+    // Units of 40, 24 and 15 cut in two: ranks 0 and 2 step 20 + 12 + 8, ranks 1 and 3 20 + 12 + 7.
+    for (int r = 0; r < 4; ++r) {
+      const size_t mine = r % 2 == 0 ? 40 : 39;
+      EXPECT_EQ(h.elements[size_t(r)], mine) << what << " " << r;
+      EXPECT_EQ(h.state_bytes[size_t(r)], 8 * mine) << what << " " << r;
+      EXPECT_EQ(h.held_between[size_t(r)], 4 * mine) << what << " " << r;
+      if (!overlap) continue;
+      // A step: the gathers (every unit forward, units 0 and 1 backward) half a unit each; the reduce-scatter half
+      // of each unit and the slice's allreduce across the groups (G = 2: its own bytes); the evaluation's gathers.
+      const uint64_t gathers = 2 * 80 + 2 * 48 + 30, rs = 80 + 48 + 30 + 4 * (20 + 12 + (r % 2 == 0 ? 8 : 7));
+      EXPECT_EQ(h.sent[size_t(r)], 4 * (gathers + rs) + 80 + 48 + 30) << what << " " << r;
+    }
+  }
 }
 
 // ZeRO-3 with its training gathers on a narrow wire (bf16 or f16: ZeRO++'s quantized weights with a 16-bit float; i8:

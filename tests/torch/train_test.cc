@@ -353,6 +353,23 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
               std::string::npos)
         << zd;
   }
+  // zero_shard_group: ZeRO-3 sharded within groups dividing the data-parallel workers, not with hpZ.
+  EXPECT_EQ(resolve_config({{"zero", "3"}, {"workers", "4"}, {"zero_shard_group", "2"}}, 0, false).zero_shard_group, 2);
+  const std::string zs = config_error({{"zero", "2"}, {"workers", "4"}, {"zero_shard_group", "2"}});
+  expect_one_line(zs, "zero_shard_group");
+  EXPECT_NE(zs.find("this run has zero 2; allowed with zero 2: 0 or 1 (shard over all), or leave it unset"),
+            std::string::npos)
+      << zs;
+  for (const char* k : {"3", "4"}) {
+    const std::string zd = config_error({{"zero", "3"}, {"workers", "4"}, {"zero_shard_group", k}});
+    expect_one_line(zd, "zero_shard_group");
+    EXPECT_NE(zd.find("do not divide the 4 data-parallel workers (workers 4 / tp 1) into two or more"),
+              std::string::npos)
+        << zd;
+  }
+  const std::string zsh = config_error({{"zero", "3"}, {"workers", "4"}, {"zero_hpz", "2"}, {"zero_shard_group", "2"}});
+  expect_one_line(zsh, "zero_shard_group");
+  EXPECT_NE(zsh.find("with zero_hpz 2: the gathers run within the shard group already"), std::string::npos) << zsh;
   // zero_allgather_mb: the calls of zero 1 and 2's allgather behind the forward.
   EXPECT_EQ(resolve_config({{"zero", "1"}}, 0, false).zero_allgather_mb, 0);
   EXPECT_EQ(resolve_config({{"zero", "2"}, {"zero_allgather_mb", "4.5"}}, 0, false).zero_allgather_mb, 4.5);
@@ -838,6 +855,47 @@ std::vector<double> eval_accuracies(const fs::path& run) {
 // classifier unit's backward gather. The checkpoint, the evaluations and the eval_every copies read the whole model
 // (without counting its gathers); the checkpoint resumes bit for bit, and is refused at stages 1 and 2. ResNet's
 // units (BatchNorm's parameters in them, its statistics whole) train likewise.
+// ZeRO-3 sharded within pairs of the 4 workers (zero_shard_group 2, FSDP's HYBRID_SHARD) trains the mlp as ZeRO-3
+// over all 4 (to the float sum's order), each rank holding half of it instead of a quarter; its checkpoint resumes
+// bit for bit with the same groups and is refused with others (the optimizer state is of slices cut over them).
+TEST(Train, ZeroThreeShardGroupsTrainAsZeroThreeAndResumeWithTheirGroups) {
+  auto dir = temp_dir("zero3-shard");
+  TrainConfig c = tiny("mlp");
+  c.zero = 3;
+  c.workers = 4;
+  c.max_steps = 6;
+  c.checkpoint_every = 3;
+  c.output = (dir / "all").string();
+  auto all = train_inproc(c, 4, true);
+  TrainConfig h = c;
+  h.zero_shard_group = 2;
+  h.output = (dir / "pairs").string();
+  auto pairs = train_inproc(h, 4, true);
+  double worst = 0;
+  for (size_t i = 0; i < all[0].params.size(); ++i)
+    worst = std::max(worst, double(std::abs(pairs[0].params[i] - all[0].params[i])));
+  EXPECT_LT(worst, 1e-5);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(pairs[size_t(r)].params, pairs[0].params) << r;
+    EXPECT_NEAR(double(pairs[size_t(r)].parameter_bytes_held), 2.0 * double(all[size_t(r)].parameter_bytes_held),
+                4 * 8)
+        << r;  // (each unit's odd float)
+  }
+  TrainConfig resumed = stopped_at_step_3(h, dir, 4);
+  EXPECT_EQ(train_inproc(resumed, 4, true)[0].params, pairs[0].params);
+  resumed.zero_shard_group = 0;
+  try {
+    train_inproc(resumed, 4, true);
+    ADD_FAILURE() << "a run sharded over all ranks resumed a checkpoint of pairs";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("written with zero_shard_group = 2, this run has 0; allowed: the same "
+                                         "zero_shard_group"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
   auto dir = temp_dir("zero3");
   TrainConfig c = whole_vit(dir);
