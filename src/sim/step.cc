@@ -520,9 +520,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     // then each rank's slice (1/K of the call) allreduced across the d/K groups (`rg`, the ranks of one index).
     const Group zg = shard > 1 ? Group{shard, static_cast<long long>(t), 0} : dg;
     const Group rg{shard > 1 ? d / shard : 1, static_cast<long long>(t) * std::max(shard, 1LL), 0};
+    // (in the gradients' own precision, as the runtime's f32 allreduce: its 16-bit and int wires are the group's)
     auto replicas = [&](double elems) {
       if (shard <= 1) return 0.0;
-      const double bytes = elems / static_cast<double>(shard) * zero_rs_bytes;
+      const double bytes = elems / static_cast<double>(shard) * cfg.grad_bytes;
       auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes);
       return ctime(Collective::kAllReduce, ar, rg, bytes) + wake;
     };
@@ -598,11 +599,17 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
           hpz > 1 ? fmt::format(", {} within the groups of {}", format_seconds(t_agb), hpz) : std::string(),
           format_seconds(te_ag), hpz > 1 ? fmt::format(", {} within the group", format_seconds(te_agb)) : std::string(),
           format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
-      if (shard > 1)
+      if (shard > 1) {
+        const double across = replicas(layer_params / t);
+        const double bytes = layer_params / t / static_cast<double>(shard) * cfg.grad_bytes;
+        const std::string where = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes).bottleneck;
         r.notes.push_back(fmt::format(
             "ZeRO-3 sharded within groups of {} data-parallel ranks, replicated across the {} groups: the gathers "
-            "and reduce-scatters within the group, each slice's gradients allreduced across the groups ({} a layer)",
-            shard, d / shard, format_seconds(replicas(layer_params / t))));
+            "and reduce-scatters within the group, each slice's gradients allreduced across the groups ({} a layer, "
+            "bottleneck {})",
+            shard, d / shard, format_seconds(across), where));
+        if (across > t_ag) r.dp_bottleneck = where;  // (the slower of a layer's gather and its replicas' allreduce)
+      }
     } else if (cfg.zero >= 1) {
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
       const double t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2) + wake;

@@ -1069,6 +1069,29 @@ TEST(Inputs, ZeroShardGroupsGatherWithinTheNodeAndAllreduceAcross) {
   EXPECT_NEAR(plain.memory.optimizer * 8, h.memory.optimizer, 1e-6 * h.memory.optimizer);
   c.zero_shard = -1;
   EXPECT_EQ(simulate_step(net, m, c).breakdown.dp_comm, h.breakdown.dp_comm);
+  // t 2 (32 data-parallel ranks two apart) in groups of 4 (8 groups: K and G differ), 4-byte gradients: the group's
+  // ranks 2 apart, the replicas of one index 8 apart, the allreduce of a quarter of a layer in 4 bytes.
+  {
+    ParallelConfig c2 = c;
+    c2.tp = 2;
+    c2.zero_shard = 4;
+    c2.grad_bytes = 4;
+    const StepResult h2 = simulate_step(net, m, c2);
+    const Group group{4, 2, 0}, replicas{8, 8, 0};
+    const double layer2 = gpt_layer_parameters_per_rank(m, 2),
+                 emb2 = static_cast<double>(m.vocab) * static_cast<double>(m.hidden) / 2 +
+                        static_cast<double>(m.seq) * static_cast<double>(m.hidden);
+    auto call2 = [&](double n) {
+      return 2 * net.time(Collective::kAllGather, Algorithm::kAuto, group, n * 2) +
+             net.time(Collective::kReduceScatter, Algorithm::kAuto, group, n * 4) +
+             net.time(Collective::kAllReduce, Algorithm::kAuto, replicas, n / 4 * 4);
+    };
+    EXPECT_EQ(h2.microbatches, 2);  // (64 samples over 32 data-parallel ranks: each call twice)
+    EXPECT_NEAR(h2.breakdown.dp_comm, 2 * (static_cast<double>(m.layers) * call2(layer2) + call2(emb2)),
+                1e-9 * h2.breakdown.dp_comm);
+    EXPECT_NEAR(h2.memory.optimizer, zero_model_state(static_cast<double>(m.layers) * layer2 + emb2, 4, 3, 4).optimizer,
+                1e-6 * h2.memory.optimizer);
+  }
   auto refused = [&](ParallelConfig k) {
     try {
       simulate_step(net, m, k);

@@ -1066,6 +1066,43 @@ TEST(DistributedOptimizerZero, HybridShardingGathersWithinTheGroupAndAveragesAcr
       EXPECT_EQ(h.sent[size_t(r)], 4 * (gathers + rs) + 80 + 48 + 30) << what << " " << r;
     }
   }
+  // 8 ranks in 4 pairs (groups of K = 2, G = 4 of them: a mix-up of the two shows), SGD (a wrong scale of the
+  // gradients shows in its step): ZeRO-3's training over all 8 to the float sum's order; each slice's allreduce
+  // across the 4 groups moves 2 (G-1)/G = 3/2 of its bytes.
+  const Zero3Run all8 = zero3_run(3, "sgd", true, 8);
+  const Zero3Run h8 = zero3_run(3, "sgd", true, 8, "none", true, DType::f32, 0, 2);
+  double worst = 0;
+  for (size_t i = 0; i < 79; ++i) worst = std::max(worst, double(std::abs(h8.params[0][i] - all8.params[0][i])));
+  EXPECT_LT(worst, 1e-5);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(h8.params[size_t(r)], h8.params[0]) << r;
+    const uint64_t mine = r % 2 == 0 ? 40 : 39;
+    EXPECT_EQ(h8.held_between[size_t(r)], 4 * mine) << r;
+    const uint64_t gathers = 2 * 80 + 2 * 48 + 30, rs = 80 + 48 + 30 + 6 * mine;
+    EXPECT_EQ(h8.sent[size_t(r)], 4 * (gathers + rs) + 80 + 48 + 30) << r;
+  }
+  // The reduce-scatter's other wires (16-bit, int blocks within the group; the replicas' allreduce in f32) and a
+  // narrow gather: every rank's weights alike, within the wire's rounding of the same wire over all 8.
+  struct Wire {
+    const char* compressor;
+    DType gather;
+    double tol;
+  };
+  for (const Wire& w : {Wire{"bf16", DType::f32, 0.02}, Wire{"int8", DType::f32, 0.015}, Wire{"int4", DType::f32, 0.15},
+                        Wire{"none", DType::bf16, 0.02}}) {
+    const Zero3Run a = zero3_run(3, "sgd", true, 8, w.compressor, true, w.gather);
+    const Zero3Run g = zero3_run(3, "sgd", true, 8, w.compressor, true, w.gather, 0, 2);
+    const std::string what = fmt::format("{} {}", w.compressor, dtype_name(w.gather));
+    double apart = 0, off = 0;
+    for (size_t i = 0; i < 79; ++i) {
+      apart = std::max(apart, double(std::abs(g.params[0][i] - a.params[0][i])));
+      off = std::max(off, double(std::abs(g.params[0][i] - all8.params[0][i])));
+    }
+    EXPECT_LT(apart, w.tol) << what;
+    EXPECT_LT(off, w.tol) << what;
+    EXPECT_GT(off, 0.0) << what;  // (rounded: not the f32 run)
+    for (int r = 1; r < 8; ++r) EXPECT_EQ(g.params[size_t(r)], g.params[0]) << what << " " << r;
+  }
 }
 
 // ZeRO-3 with its training gathers on a narrow wire (bf16 or f16: ZeRO++'s quantized weights with a 16-bit float; i8:

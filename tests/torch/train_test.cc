@@ -850,11 +850,6 @@ std::vector<double> eval_accuracies(const fs::path& run) {
   return acc;
 }
 
-// ZeRO-3 over 2 ranks trains the vit as plain data parallelism does, bit for bit (a sum of two floats has one
-// order), each rank holding half of the parameters between steps, for 1.5 times the allreduce's bytes but the
-// classifier unit's backward gather. The checkpoint, the evaluations and the eval_every copies read the whole model
-// (without counting its gathers); the checkpoint resumes bit for bit, and is refused at stages 1 and 2. ResNet's
-// units (BatchNorm's parameters in them, its statistics whole) train likewise.
 // ZeRO-3 sharded within pairs of the 4 workers (zero_shard_group 2, FSDP's HYBRID_SHARD) trains the mlp as ZeRO-3
 // over all 4 (to the float sum's order), each rank holding half of it instead of a quarter; its checkpoint resumes
 // bit for bit with the same groups and is refused with others (the optimizer state is of slices cut over them).
@@ -896,6 +891,11 @@ TEST(Train, ZeroThreeShardGroupsTrainAsZeroThreeAndResumeWithTheirGroups) {
   fs::remove_all(dir);
 }
 
+// ZeRO-3 over 2 ranks trains the vit as plain data parallelism does, bit for bit (a sum of two floats has one
+// order), each rank holding half of the parameters between steps, for 1.5 times the allreduce's bytes but the
+// classifier unit's backward gather. The checkpoint, the evaluations and the eval_every copies read the whole model
+// (without counting its gathers); the checkpoint resumes bit for bit, and is refused at stages 1 and 2. ResNet's
+// units (BatchNorm's parameters in them, its statistics whole) train likewise.
 TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
   auto dir = temp_dir("zero3");
   TrainConfig c = whole_vit(dir);
