@@ -189,6 +189,18 @@ void add_model_flags(CLI::App* c, StepArgs& a) {
   c->add_option("--vocab", a.model.vocab, "vocabulary size (default: the named model's, else 51200)");
 }
 
+// --zero-hpz, --zero-shard-group: node (-1: the node's data-parallel ranks) or a group size (0 or 1: `none`).
+long long parse_zero3_group(const std::string& text, const char* flag, const char* none) {
+  if (text == "node") return -1;
+  long long k = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), k);
+  if (ec != std::errc() || end != text.data() + text.size() || k < 0)
+    throw ConfigError(fmt::format(
+        "{} = '{}' (allowed: node (the node's data-parallel ranks), 0 or 1 ({}), or a group size of 2 or more)", flag,
+        text, none));
+  return k;
+}
+
 ParallelConfig make_config(const StepArgs& a) {
   ParallelConfig c;
   c.tp = a.tp;
@@ -214,30 +226,8 @@ ParallelConfig make_config(const StepArgs& a) {
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
   c.gather_bytes = a.gather_bytes;
-  if (a.zero_hpz == "node") {
-    c.zero_hpz = -1;
-  } else {
-    long long k = -1;
-    const auto [end, ec] = std::from_chars(a.zero_hpz.data(), a.zero_hpz.data() + a.zero_hpz.size(), k);
-    if (ec != std::errc() || end != a.zero_hpz.data() + a.zero_hpz.size() || k < 0)
-      throw ConfigError(fmt::format(
-          "--zero-hpz = '{}' (allowed: node (the node's data-parallel ranks), 0 or 1 (none), or a group size of 2 or "
-          "more)",
-          a.zero_hpz));
-    c.zero_hpz = k;
-  }
-  if (a.zero_shard == "node") {
-    c.zero_shard = -1;
-  } else {
-    long long k = -1;
-    const auto [end, ec] = std::from_chars(a.zero_shard.data(), a.zero_shard.data() + a.zero_shard.size(), k);
-    if (ec != std::errc() || end != a.zero_shard.data() + a.zero_shard.size() || k < 0)
-      throw ConfigError(fmt::format(
-          "--zero-shard-group = '{}' (allowed: node (the node's data-parallel ranks), 0 or 1 (all ranks), or a group "
-          "size of 2 or more)",
-          a.zero_shard));
-    c.zero_shard = k;
-  }
+  c.zero_hpz = parse_zero3_group(a.zero_hpz, "--zero-hpz", "none");
+  c.zero_shard = parse_zero3_group(a.zero_shard, "--zero-shard-group", "all ranks");
   if (c.gather_bytes != 0 && c.gather_bytes != 1 && c.gather_bytes != 2 && c.gather_bytes != 4)
     throw ConfigError(
         fmt::format("--gather-bytes = {} (allowed: 1 (int8 blocks with their scales), 2, 4)", c.gather_bytes));

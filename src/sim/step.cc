@@ -355,47 +355,27 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const int t = cfg.tp, p = cfg.pp;
   const long long d = gpus / (static_cast<long long>(t) * p);
   r.config.dp = d;
-  // ZeRO-3's secondary partition (--zero-hpz): K data-parallel ranks a group; `node` (-1): the node's, gpus a node /
-  // t, none where a node holds fewer than two (t fills it) or they do not cut the data-parallel ranks into groups.
-  long long hpz = 0;
-  if (cfg.zero == 3 && (cfg.zero_hpz > 1 || cfg.zero_hpz < 0)) {
-    hpz = cfg.zero_hpz > 1 ? cfg.zero_hpz : topo.gpus_per_node() / t;
-    const bool fits = hpz >= 2 && d % hpz == 0 && hpz < d;
-    if (!fits && cfg.zero_hpz > 1)
+  // ZeRO-3's groups of K consecutive data-parallel ranks (--zero-hpz's secondary partition, --zero-shard-group's
+  // shards): the K given, or `node` (-1): the node's, gpus a node / t; none (0) where a node's do not cut the
+  // data-parallel ranks into two groups or more (a note says so; a K given so is refused).
+  auto zero3_groups = [&](long long given, const char* flag, const char* what, const char* instead) -> long long {
+    if (cfg.zero != 3 || (given >= 0 && given <= 1)) return 0;
+    const long long k = given > 1 ? given : topo.gpus_per_node() / t;
+    if (k >= 2 && d % k == 0 && k < d) return k;
+    if (given > 1)
       throw ConfigError(fmt::format(
-          "--zero-hpz = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: a "
-          "divisor of {} below it, or node (gpus a node / tp)",
-          cfg.zero_hpz, d, d));
-    if (!fits) {
-      r.notes.push_back(fmt::format(
-          "--zero-hpz node: {} data-parallel ranks a node ({} GPUs / tp {}) form no secondary partition of the {}; "
-          "none used",
-          hpz, topo.gpus_per_node(), t, d));
-      hpz = 0;
-    }
-  }
-  // ZeRO-3 sharded within groups (--zero-shard-group): K data-parallel ranks a group, `node` (-1) the node's; none
-  // where they do not cut the data-parallel ranks into two groups or more.
-  long long shard = 0;
-  if (cfg.zero == 3 && (cfg.zero_shard > 1 || cfg.zero_shard < 0)) {
-    if (hpz > 1)
-      throw ConfigError(
-          "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
-    shard = cfg.zero_shard > 1 ? cfg.zero_shard : topo.gpus_per_node() / t;
-    const bool fits = shard >= 2 && d % shard == 0 && shard < d;
-    if (!fits && cfg.zero_shard > 1)
-      throw ConfigError(fmt::format(
-          "--zero-shard-group = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: "
-          "a divisor of {} below it, or node (gpus a node / tp)",
-          cfg.zero_shard, d, d));
-    if (!fits) {
-      r.notes.push_back(fmt::format(
-          "--zero-shard-group node: {} data-parallel ranks a node ({} GPUs / tp {}) form no shard groups of the {}; "
-          "sharded over all",
-          shard, topo.gpus_per_node(), t, d));
-      shard = 0;
-    }
-  }
+          "{} = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: a divisor of {} "
+          "below it, or node (gpus a node / tp)",
+          flag, given, d, d));
+    r.notes.push_back(fmt::format("{} node: {} data-parallel ranks a node ({} GPUs / tp {}) form no {} of the {}; {}",
+                                  flag, k, topo.gpus_per_node(), t, what, d, instead));
+    return 0;
+  };
+  const long long hpz = zero3_groups(cfg.zero_hpz, "--zero-hpz", "secondary partition", "none used");
+  if (hpz > 1 && cfg.zero == 3 && (cfg.zero_shard > 1 || cfg.zero_shard < 0))
+    throw ConfigError(
+        "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
+  const long long shard = zero3_groups(cfg.zero_shard, "--zero-shard-group", "shard groups", "sharded over all");
   const int v = cfg.schedule == Schedule::kInterleaved ? cfg.virtual_stages : 1;
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
   r.microbatches = mb;
