@@ -500,10 +500,11 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     // then each rank's slice (1/K of the call) allreduced across the d/K groups (`rg`, the ranks of one index).
     const Group zg = shard > 1 ? Group{shard, static_cast<long long>(t), 0} : dg;
     const Group rg{shard > 1 ? d / shard : 1, static_cast<long long>(t) * std::max(shard, 1LL), 0};
-    // (in the gradients' own precision, as the runtime's f32 allreduce: its 16-bit and int wires are the group's)
+    // (on the reduce-scatter's 16-bit wire with --compression fp16, else in the gradients' own precision, as the
+    // runtime's: int blocks are the group's reduce-scatter's only)
     auto replicas = [&](double elems) {
       if (shard <= 1) return 0.0;
-      const double bytes = elems / static_cast<double>(shard) * cfg.grad_bytes;
+      const double bytes = elems / static_cast<double>(shard) * zero_rs_bytes;
       auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes);
       return ctime(Collective::kAllReduce, ar, rg, bytes) + wake;
     };
@@ -581,7 +582,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
           format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
       if (shard > 1) {
         const double across = replicas(layer_params / t);
-        const double bytes = layer_params / t / static_cast<double>(shard) * cfg.grad_bytes;
+        const double bytes = layer_params / t / static_cast<double>(shard) * zero_rs_bytes;
         const std::string where = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes).bottleneck;
         r.notes.push_back(fmt::format(
             "ZeRO-3 sharded within groups of {} data-parallel ranks, replicated across the {} groups: the gathers "

@@ -142,9 +142,19 @@ struct DistributedOptimizer::Core {
   coll::CommPtr shard_comm, replica_comm;
   // The communicator a bucket's slices are cut over (its rank owns slice rank()).
   coll::Communicator& slice_comm() const { return shard_comm ? *shard_comm : *comm; }
-  // A slice averaged within its group: its average over the groups too (f32; nothing without replicas).
+  // A slice averaged within its group: its average over the groups too (nothing without replicas), on the
+  // reduce-scatter's 16-bit wire when it has one (as FSDP's reduce_dtype), else in f32 (after int blocks too: no
+  // allreduce re-encodes them).
   void average_replicas(float* slice, size_t len, const coll::CollOptions& co) {
     if (!replica_comm || replica_comm->size() < 2) return;
+    if (zero_wire == DType::f16 || zero_wire == DType::bf16) {
+      const bool f16 = zero_wire == DType::f16;
+      std::vector<uint16_t> wire(len);
+      (f16 ? convert_f32_to_f16 : convert_f32_to_bf16)(slice, wire.data(), len);
+      replica_comm->allreduce(wire.data(), len, zero_wire, ReduceOp::avg, co).wait();
+      (f16 ? convert_f16_to_f32 : convert_bf16_to_f32)(wire.data(), slice, len);
+      return;
+    }
     replica_comm->allreduce(slice, len, DType::f32, ReduceOp::sum, co).wait();
     const float inv = 1.0f / float(replica_comm->size());
     for (size_t j = 0; j < len; ++j) slice[j] *= inv;
@@ -882,9 +892,10 @@ struct DistributedOptimizer::Core {
       }
       if (zero_wire != DType::i8) factor_sent = factor_recv = k > 1 ? double(k - 1) / k : 0.0;
       if (replica_comm && replica_comm->size() > 1 && payload > 0) {
-        // The replicas' allreduce of this rank's slice (a ring's 2(G-1)/G of its f32 bytes), as one factor with the
-        // reduce-scatter's.
-        const double g = replica_comm->size(), ar = 2.0 * (g - 1) / g * double(mine * sizeof(float));
+        // The replicas' allreduce of this rank's slice (a ring's 2(G-1)/G of its bytes: 16-bit on a 16-bit wire,
+        // else f32), as one factor with the reduce-scatter's.
+        const size_t each = zero_wire == DType::f16 || zero_wire == DType::bf16 ? sizeof(uint16_t) : sizeof(float);
+        const double g = replica_comm->size(), ar = 2.0 * (g - 1) / g * double(mine * each);
         factor_sent = (factor_sent * double(payload) + ar) / double(payload);
         factor_recv = (factor_recv * double(payload) + ar) / double(payload);
       }

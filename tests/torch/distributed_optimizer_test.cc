@@ -1102,6 +1102,13 @@ TEST(DistributedOptimizerZero, HybridShardingGathersWithinTheGroupAndAveragesAcr
     EXPECT_LT(off, w.tol) << what;
     EXPECT_GT(off, 0.0) << what;  // (rounded: not the f32 run)
     for (int r = 1; r < 8; ++r) EXPECT_EQ(g.params[size_t(r)], g.params[0]) << what << " " << r;
+    // On the 16-bit wire the replicas' allreduce is 16-bit too: a step's reduce-scatter half of each unit in 2 bytes
+    // and 3/2 of the slice in 2 bytes (the gathers f32, as above).
+    if (std::string(w.compressor) == "bf16")
+      for (int r = 0; r < 8; ++r) {
+        const uint64_t mine = r % 2 == 0 ? 40 : 39, gathers = 2 * 80 + 2 * 48 + 30;
+        EXPECT_EQ(g.sent[size_t(r)], 4 * (gathers + 79 + 3 * mine) + 80 + 48 + 30) << r;
+      }
   }
 }
 
