@@ -1200,6 +1200,21 @@ TEST(DistributedOptimizerZero, ASecondaryPartitionGathersTheBackwardWithinItsGro
         EXPECT_EQ(hpz.held_between[size_t(r)], plain.held_between[size_t(r)]) << what << " rank " << r;
       }
       if (g != DType::i8) EXPECT_GT(less, 0) << what;  // (int8's gathers move fewer bytes than f32 parts)
+      // Inside each unit's training forward a rank also holds its kept parts of the units before it in this pass
+      // (unit 0's 20 elements, unit 1's 12, on the kept wire); none inside the evaluation's forward (step 2's
+      // first), and none left from a pass whose backward gathered them.
+      std::vector<int64_t> extra;
+      for (int step = 0; step < 4; ++step) {
+        if (step == 2) extra.insert(extra.end(), {0, 0, 0});
+        for (int64_t pass = 0; pass < passes / 4; ++pass)
+          extra.insert(extra.end(), {0, int64_t(kept * 20), int64_t(kept * (20 + 12))});
+      }
+      for (int r = 0; r < 4; ++r) {
+        ASSERT_EQ(hpz.seen[size_t(r)].size(), extra.size()) << what;
+        for (size_t i = 0; i < extra.size(); ++i)
+          EXPECT_EQ(int64_t(hpz.seen[size_t(r)][i]) - int64_t(plain.seen[size_t(r)][i]), extra[i])
+              << what << " rank " << r << " forward " << i;
+      }
     }
   // One group of all the ranks, a group that does not divide them, a stage without gathers: refused with one line.
   for (auto [stage, k] : {std::pair{3, 4}, {3, 3}, {2, 2}}) {
