@@ -376,6 +376,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     throw ConfigError(
         "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
   const long long shard = zero3_groups(cfg.zero_shard, "--zero-shard-group", "shard groups", "sharded over all");
+  // (the result's configuration holds the groups used: `node` resolved, 0 where none)
+  r.config.zero_hpz = hpz;
+  r.config.zero_shard = shard;
   const int v = cfg.schedule == Schedule::kInterleaved ? cfg.virtual_stages : 1;
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
   r.microbatches = mb;

@@ -1068,7 +1068,22 @@ TEST(Inputs, ZeroShardGroupsGatherWithinTheNodeAndAllreduceAcross) {
   EXPECT_NEAR(h.memory.optimizer, zero_model_state(params, 8, 3, 2).optimizer, 1e-6 * h.memory.optimizer);
   EXPECT_NEAR(plain.memory.optimizer * 8, h.memory.optimizer, 1e-6 * h.memory.optimizer);
   c.zero_shard = -1;
-  EXPECT_EQ(simulate_step(net, m, c).breakdown.dp_comm, h.breakdown.dp_comm);
+  const StepResult by_node = simulate_step(net, m, c);
+  EXPECT_EQ(by_node.breakdown.dp_comm, h.breakdown.dp_comm);
+  // The result holds the group `node` resolved to, and its label says so (a plan's too).
+  EXPECT_EQ(by_node.config.zero_shard, 8);
+  EXPECT_NE(describe_config(by_node.config).find(" shard=8"), std::string::npos) << describe_config(by_node.config);
+  EXPECT_NE(describe_config(c).find(" shard=node"), std::string::npos) << describe_config(c);
+  {
+    PlanSpace space;
+    space.zero = {3};
+    space.tp = {1};
+    space.base.zero_shard = -1;
+    const PlanResult pr = plan(net, m, 64, space, 3);
+    ASSERT_FALSE(pr.ranked.empty());
+    EXPECT_EQ(pr.ranked[0].config.zero_shard, 8);
+    EXPECT_NE(describe_config(pr.ranked[0].config).find(" shard=8"), std::string::npos);
+  }
   // t 2 (32 data-parallel ranks two apart) in groups of 4 (8 groups: K and G differ), 4-byte gradients: the group's
   // ranks 2 apart, the replicas of one index 8 apart, the allreduce of a quarter of a layer in 4 bytes.
   {
