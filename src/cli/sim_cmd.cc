@@ -252,6 +252,9 @@ void check_step_config(const ParallelConfig& c) {
         "--gather-bytes: the wire of ZeRO-3's parameter gathers, this step has --zero {}; allowed with --zero {}: "
         "leave it out",
         c.zero, c.zero));
+  if ((c.zero_shard > 1 || c.zero_shard < 0) && (c.zero_hpz > 1 || c.zero_hpz < 0))
+    throw ConfigError(
+        "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
   if ((c.zero_shard > 1 || c.zero_shard < 0) && c.zero != 3)
     throw ConfigError(fmt::format(
         "--zero-shard-group: ZeRO-3's shard groups, this step has --zero {}; allowed with --zero {}: leave it out",

@@ -128,7 +128,9 @@ struct DistOptions {
   // within the group (on a node's links when the group is a node's ranks), and each unit's gradients are
   // reduce-scattered within the group, then each slice averaged with the same slice of the other groups (an
   // allreduce over the W/K ranks of one index in their groups). A rank holds 1/K of the parameters, gradients and
-  // optimizer state instead of 1/W. The same training as ZeRO-3 over all ranks, to the float sum's order. 0: shard
+  // optimizer state instead of 1/W. On the f32 wire the same training as ZeRO-3 over all ranks, to the float sum's
+  // order; on the 16-bit and int wires within their rounding (the groups' results are rounded again, or the
+  // replicas' allreduce carries f32). 0: shard
   // over all ranks; otherwise it must divide the ranks, be 2 or more and fewer than them (a collective constructor
   // then splits the groups off). Not with zero_secondary_ranks (the gathers are within the group already).
   int zero_shard_ranks = 0;

@@ -1122,6 +1122,14 @@ TEST(Inputs, ZeroShardGroupsGatherWithinTheNodeAndAllreduceAcross) {
   k.zero_shard = 8;
   k.zero_hpz = 8;
   EXPECT_NE(refused(k).find("--zero-shard-group with --zero-hpz"), std::string::npos);
+  // On the command line both flags are refused together, even where hpZ's `node` would resolve to no group.
+  int rc = 0;
+  const std::string both = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 64 --model gpt-1.7b --global-batch 64 --zero 3 --tp 8 --zero-hpz node "
+      "--zero-shard-group 4",
+      &rc);
+  EXPECT_EQ(rc, 2) << both;
+  EXPECT_NE(both.find("--zero-shard-group with --zero-hpz"), std::string::npos) << both;
   try {
     c.zero_shard = 2;
     simulate_layer_step(net, parse_layer_model("dense:10x10"), c);

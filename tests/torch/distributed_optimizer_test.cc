@@ -855,7 +855,7 @@ struct ThreeUnits : Net {
 
 struct Zero3Run {
   std::vector<std::vector<float>> params;  // per rank, under whole_parameters()
-  std::vector<uint64_t> sent, held_between, held_whole, state_bytes, grad_held;
+  std::vector<uint64_t> sent, received, held_between, held_whole, state_bytes, grad_held;
   std::vector<std::vector<uint64_t>> seen;  // rank's parameter bytes inside each unit's forward, every step
   std::vector<std::vector<uint64_t>> backward_seen, backward1_seen;
   std::vector<size_t> elements;
@@ -865,10 +865,11 @@ struct Zero3Run {
 // before the third.
 Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int world,
                    const std::string& compressor = "none", bool prefetch = true, DType gather = DType::f32,
-                   int secondary = 0, int shard = 0) {
-  auto comms = coll::Communicator::inproc(world);
+                   int secondary = 0, int shard = 0, int ranks_per_host = 0) {
+  auto comms = coll::Communicator::inproc(world, ranks_per_host);
   Zero3Run out;
   out.params.resize(world);
+  out.received.resize(world);
   out.sent.resize(world);
   out.held_between.resize(world);
   out.held_whole.resize(world);
@@ -912,6 +913,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       out.held_between[size_t(r)] = d.parameter_bytes_held();
       out.grad_held[size_t(r)] = d.gradient_bytes_held();
       out.sent[size_t(r)] = d.total_stats().bytes_sent;
+      out.received[size_t(r)] = d.total_stats().bytes_recv;
       {
         auto whole = d.whole_parameters();
         auto again = d.whole_parameters();  // (handles nest)
@@ -1102,6 +1104,7 @@ TEST(DistributedOptimizerZero, HybridShardingGathersWithinTheGroupAndAveragesAcr
     EXPECT_LT(off, w.tol) << what;
     EXPECT_GT(off, 0.0) << what;  // (rounded: not the f32 run)
     for (int r = 1; r < 8; ++r) EXPECT_EQ(g.params[size_t(r)], g.params[0]) << what << " " << r;
+    // (see below for the int blocks across hosts)
     // On the 16-bit wire the replicas' allreduce is 16-bit too: a step's reduce-scatter half of each unit in 2 bytes
     // and 3/2 of the slice in 2 bytes (the gathers f32, as above).
     if (std::string(w.compressor) == "bf16")
@@ -1109,6 +1112,28 @@ TEST(DistributedOptimizerZero, HybridShardingGathersWithinTheGroupAndAveragesAcr
         const uint64_t mine = r % 2 == 0 ? 40 : 39, gathers = 2 * 80 + 2 * 48 + 30;
         EXPECT_EQ(g.sent[size_t(r)], 4 * (gathers + 79 + 3 * mine) + 80 + 48 + 30) << r;
       }
+  }
+  // int8 blocks within groups of 4 that span two hosts of 2 (8 ranks, 2 a host): the group's reduce-scatter in its
+  // two hops (the host's pair first), then the slice's f32 allreduce across the 2 groups; every rank's weights alike,
+  // within int8's rounding of f32 training, each step's bytes exact.
+  {
+    const Zero3Run q = zero3_run(3, "sgd", true, 8, "int8", true, DType::f32, 0, 4, 2);
+    double off = 0;
+    for (size_t i = 0; i < 79; ++i) off = std::max(off, double(std::abs(q.params[0][i] - all8.params[0][i])));
+    EXPECT_LT(off, 0.015);
+    EXPECT_GT(off, 0.0);
+    const std::vector<std::vector<size_t>> units = {{10, 10, 10, 10}, {6, 6, 6, 6}, {4, 4, 4, 3}};
+    for (int r = 0; r < 8; ++r) {
+      EXPECT_EQ(q.params[size_t(r)], q.params[0]) << r;
+      const int local = r % 4;
+      const uint64_t mine = 10 + 6 + (local < 3 ? 4 : 3), gathers = 2 * 120 + 2 * 72 + 45;
+      const uint64_t rs = int_reduce_scatter_bytes(units, local, 2) + 4 * mine;
+      EXPECT_EQ(q.sent[size_t(r)], 4 * (gathers + rs) + 120 + 72 + 45) << r;
+      // (what comes in tells two hops from one: the last of a group owns a slice shorter than the others')
+      const uint64_t in = int_reduce_scatter_bytes(units, local, 2, true) + 4 * mine;
+      EXPECT_EQ(q.received[size_t(r)], 4 * (gathers + in) + 120 + 72 + 45) << r;
+    }
+    EXPECT_NE(int_reduce_scatter_bytes(units, 3, 2, true), int_reduce_scatter_bytes(units, 3, 0, true));
   }
 }
 
