@@ -1416,6 +1416,10 @@ TEST(DistributedOptimizerZero, ADeferredAllgatherTheForwardDidNotWaitForIsRefuse
       DistOptions o;
       o.zero_stage = 1;
       o.units = m->units();
+      // (overlap off: no bucket is exchanged before step() refuses, so neither rank's optimizer goes with a
+      // reduce-scatter under way; with it one rank's thread could stop before a bucket the other had begun, which
+      // then waited for its deadline: CI hung here once under load)
+      o.overlap = false;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       try {
         for (int step = 0; step < 2; ++step) {
