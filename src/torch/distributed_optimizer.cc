@@ -33,6 +33,15 @@ namespace conduit::train {
 
 namespace {
 
+// f32 to a 16-bit wire (f16 or bf16) and back: the gathers', the kept parts' and the reduce-scatter's.
+bool is_16bit(DType wire) { return wire == DType::f16 || wire == DType::bf16; }
+void narrow16(DType wire, const float* in, void* out, size_t n) {
+  (wire == DType::f16 ? convert_f32_to_f16 : convert_f32_to_bf16)(in, static_cast<uint16_t*>(out), n);
+}
+void widen16(DType wire, const void* in, float* out, size_t n) {
+  (wire == DType::f16 ? convert_f16_to_f32 : convert_bf16_to_f32)(static_cast<const uint16_t*>(in), out, n);
+}
+
 #ifdef CONDUIT_WITH_COMPRESS
 // Forwards to a compressor and puts its compress() and decompress() calls on the timeline (communication thread).
 class TracedCompressor : public compress::Compressor {
@@ -147,12 +156,11 @@ struct DistributedOptimizer::Core {
   // allreduce re-encodes them).
   void average_replicas(float* slice, size_t len, const coll::CollOptions& co) {
     if (!replica_comm || replica_comm->size() < 2) return;
-    if (zero_wire == DType::f16 || zero_wire == DType::bf16) {
-      const bool f16 = zero_wire == DType::f16;
+    if (is_16bit(zero_wire)) {
       std::vector<uint16_t> wire(len);
-      (f16 ? convert_f32_to_f16 : convert_f32_to_bf16)(slice, wire.data(), len);
+      narrow16(zero_wire, slice, wire.data(), len);
       replica_comm->allreduce(wire.data(), len, zero_wire, ReduceOp::avg, co).wait();
-      (f16 ? convert_f16_to_f32 : convert_bf16_to_f32)(wire.data(), slice, len);
+      widen16(zero_wire, wire.data(), slice, len);
       return;
     }
     replica_comm->allreduce(slice, len, DType::f32, ReduceOp::sum, co).wait();
@@ -336,25 +344,19 @@ struct DistributedOptimizer::Core {
     if (len == 0) return;
     uint8_t* part = staged.data() + stage_offset(bk, rank);
     const float* x = slice_of(bk);
-    if (gather_wire == DType::f16) {
-      convert_f32_to_f16(x, reinterpret_cast<uint16_t*>(part), len);
-    } else if (gather_wire == DType::bf16) {
-      convert_f32_to_bf16(x, reinterpret_cast<uint16_t*>(part), len);
-    } else {
+    if (is_16bit(gather_wire))
+      narrow16(gather_wire, x, part, len);
+    else
       quantize_block_i8(x, len, kQuantBlock, part);
-    }
   }
   void widen(Bucket& bk, const std::vector<uint8_t>& staged) {
     float* dst = bk.full.data_ptr<float>();
     const uint8_t* part = staged.data();
     for (size_t n : bk.counts) {
-      if (gather_wire == DType::f16) {
-        convert_f16_to_f32(reinterpret_cast<const uint16_t*>(part), dst, n);
-      } else if (gather_wire == DType::bf16) {
-        convert_bf16_to_f32(reinterpret_cast<const uint16_t*>(part), dst, n);
-      } else {
+      if (is_16bit(gather_wire))
+        widen16(gather_wire, part, dst, n);
+      else
         dequantize_block_i8(part, n, kQuantBlock, dst);
-      }
       part += wire_bytes(gather_wire, n);
       dst += n;
     }
@@ -532,7 +534,7 @@ struct DistributedOptimizer::Core {
   }
   // The secondary parts' element type: the forward's 16-bit wire (its weights are exact in it, as ZeRO++ keeps them in
   // 16 bits), else f32 (int8 blocks follow the primary slices, not the group's parts).
-  DType sec_wire() const { return gather_wire == DType::f16 || gather_wire == DType::bf16 ? gather_wire : DType::f32; }
+  DType sec_wire() const { return is_16bit(gather_wire) ? gather_wire : DType::f32; }
   // ZeRO-3 with a secondary partition: a backward gather of a unit whose forward kept its part comes from the group.
   bool from_secondary(const Bucket& bk, const char* pass) const {
     return sec_comm && std::strcmp(pass, "backward") == 0 && !bk.secondary.empty();
@@ -547,10 +549,8 @@ struct DistributedOptimizer::Core {
     // (an empty part is one element of zeros: non-empty, so the group's gather still runs on this rank)
     bk.secondary.assign(std::max<size_t>(len, 1) * dtype_size(sw), 0);
     if (len == 0) return;
-    if (sw == DType::f16)
-      convert_f32_to_f16(w, reinterpret_cast<uint16_t*>(bk.secondary.data()), len);
-    else if (sw == DType::bf16)
-      convert_f32_to_bf16(w, reinterpret_cast<uint16_t*>(bk.secondary.data()), len);
+    if (is_16bit(sw))
+      narrow16(sw, w, bk.secondary.data(), len);
     else
       std::memcpy(bk.secondary.data(), w, len * sizeof(float));
   }
@@ -865,16 +865,13 @@ struct DistributedOptimizer::Core {
       } else if (zero_wire != DType::f32) {
         // 16-bit floats on the wire: each rank's gradients cast, averaged in the collective (f16 divides before it
         // adds, as NCCL does), this rank's slice widened back. One rank casts too, so its rounding is the same.
-        const bool f16 = zero_wire == DType::f16;
-        const auto narrow = f16 ? convert_f32_to_f16 : convert_f32_to_bf16;
-        const auto widen = f16 ? convert_f16_to_f32 : convert_bf16_to_f32;
         std::vector<uint16_t> wire(n), slice(mine);
-        narrow(bk.flat.data(), wire.data(), n);
+        narrow16(zero_wire, bk.flat.data(), wire.data(), n);
         if (k > 1)
           rs.reduce_scatter(wire.data(), slice.data(), bk.counts, zero_wire, ReduceOp::avg, co).wait();
         else
           std::copy(wire.begin(), wire.end(), slice.begin());
-        widen(slice.data(), out, mine);
+        widen16(zero_wire, slice.data(), out, mine);
         average_replicas(out, mine, co);
         t1 = now_s();
         payload = n * sizeof(uint16_t);
@@ -894,7 +891,7 @@ struct DistributedOptimizer::Core {
       if (replica_comm && replica_comm->size() > 1 && payload > 0) {
         // The replicas' allreduce of this rank's slice (a ring's 2(G-1)/G of its bytes: 16-bit on a 16-bit wire,
         // else f32), as one factor with the reduce-scatter's.
-        const size_t each = zero_wire == DType::f16 || zero_wire == DType::bf16 ? sizeof(uint16_t) : sizeof(float);
+        const size_t each = is_16bit(zero_wire) ? sizeof(uint16_t) : sizeof(float);
         const double g = replica_comm->size(), ar = 2.0 * (g - 1) / g * double(mine * each);
         factor_sent = (factor_sent * double(payload) + ar) / double(payload);
         factor_recv = (factor_recv * double(payload) + ar) / double(payload);
