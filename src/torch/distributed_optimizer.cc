@@ -1336,8 +1336,15 @@ void DistributedOptimizer::check_zero_optimizer() {
 
 DistributedOptimizer::~DistributedOptimizer() {
   {
-    std::lock_guard<std::mutex> lk(core_->mu);
-    core_->stop = true;
+    Core& c = *core_;
+    std::unique_lock<std::mutex> lk(c.mu);
+    // The buckets the backward made ready go before the thread stops: every rank's backward made the same ones ready,
+    // while each rank's thread had got to a bucket of its own (stopping there left a peer whose thread had begun a
+    // later one waiting for its deadline, 300 s by default, its communicator then aborted). (Without overlap none
+    // went before a flush, which synchronize() waits out; after a failed one the thread exchanges no more.)
+    if (c.opt.overlap)
+      c.cv.wait(lk, [&] { return c.error || c.next >= int(c.buckets.size()) || !c.ready[size_t(c.next)]; });
+    c.stop = true;
     core_->alive = false;
   }
   core_->cv.notify_all();

@@ -183,6 +183,9 @@ class DistributedOptimizer {
  public:
   DistributedOptimizer(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<torch::optim::Optimizer> optimizer,
                        coll::CommPtr comm, DistOptions options = {});
+  // Exchanges the buckets this rank's backward has made ready and its thread has not (with overlap, unless one
+  // failed), then stops the thread: after an error every rank raised between backward and step(), every rank's
+  // thread ends at the same bucket and the communicator stays usable.
   ~DistributedOptimizer();
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;

@@ -1416,10 +1416,8 @@ TEST(DistributedOptimizerZero, ADeferredAllgatherTheForwardDidNotWaitForIsRefuse
       DistOptions o;
       o.zero_stage = 1;
       o.units = m->units();
-      // (overlap off: no bucket is exchanged before step() refuses, so neither rank's optimizer goes with a
-      // reduce-scatter under way; with it one rank's thread could stop before a bucket the other had begun, which
-      // then waited for its deadline: CI hung here once under load)
-      o.overlap = false;
+      // (with overlap: the reduce-scatters of the buckets the backward made ready are under way when step() refuses,
+      // and each rank's optimizer finishes them as it goes)
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       try {
         for (int step = 0; step < 2; ++step) {
@@ -1439,6 +1437,49 @@ TEST(DistributedOptimizerZero, ADeferredAllgatherTheForwardDidNotWaitForIsRefuse
         << e;
     EXPECT_NE(e.find("allowed: a model that runs every unit through the hooks"), std::string::npos) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+}
+
+// An optimizer destroyed between backward and step() (an error every rank raised, or a caller that stops) exchanges
+// the buckets its backward made ready before its thread stops: each rank's thread had got to a bucket of its own, and
+// one that had begun a bucket the other rank's thread never would waited for its deadline, its communicator aborted.
+// Here rank 1 starts its backward late (rank 0's thread waits in the first bucket as its optimizer goes) and lets its
+// thread run on into the later buckets before its own goes; the communicator then still works on both.
+TEST(DistributedOptimizer, DestroyedAfterBackwardItFinishesTheBucketsItsBackwardMadeReady) {
+  for (int zero : {0, 2}) {
+    coll::CommConfig cfg;
+    cfg.timeout_s = 5;  // (what a stalled bucket would wait; the stall shows as an aborted communicator)
+    auto comms = coll::Communicator::inproc(2, 0, cfg);
+    std::vector<std::string> errors(2);
+    std::vector<float> sums(2, 0.f);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          auto m = std::make_shared<TwoLayers>();
+          auto opt = zero_test_optimizer("sgd", *m);
+          DistOptions o;
+          o.zero_stage = zero;
+          o.first_bucket_bytes = o.bucket_cap_bytes = 16;  // a bucket per parameter: four
+          {
+            DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+            if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            d.zero_grad();
+            m->forward(torch::ones({2, 7}) * float(r + 1)).pow(2).sum().backward();
+            if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          }
+          float one = 1.f;
+          comms[size_t(r)]->allreduce(&one, 1, DType::f32, ReduceOp::sum).wait();
+          sums[size_t(r)] = one;
+        } catch (const std::exception& e) {
+          errors[size_t(r)] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(errors[size_t(r)], "") << "zero " << zero << " rank " << r;
+      EXPECT_EQ(sums[size_t(r)], 2.f) << "zero " << zero << " rank " << r;
+    }
   }
 }
 
