@@ -372,9 +372,9 @@ size_t int_bytes(const Spans& spans, int bits) {
 
 // One all-to-all over c: to each other rank d it sends to[d] (each span rounded to int8 blocks of its own); every
 // rank's to[me] has the same lengths (the spans this rank sums), and `sum` becomes their sum over c's ranks in rank
-// order, this rank's own exact.
+// order, this rank's own exact. By `deadline`: the hops of one reduce-scatter share it.
 void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<float>& sum, int bits,
-             const ReduceOptions& o, uint64_t& sent) {
+             const ReduceOptions& o, const Deadline& deadline, uint64_t& sent) {
   const int w = c.size(), me = c.rank();
   const Spans& mine = to[size_t(me)];
   const size_t rb = int_bytes(mine, bits);
@@ -396,7 +396,11 @@ void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<fl
       p += block_int_bytes(s.size(), kIntBlock, bits);
     }
   }
-  if (w > 1) c.alltoallv(sbuf.data(), scount, rbuf.data(), rcount, DType::u8, coll_opts(o)).wait();
+  if (w > 1) {
+    coll::CollOptions co;
+    co.timeout_s = std::max(deadline.remaining_seconds(), 1e-3);  // (spent: fails at once, naming the hop)
+    c.alltoallv(sbuf.data(), scount, rbuf.data(), rcount, DType::u8, co).wait();
+  }
   size_t n = 0;
   for (auto s : mine) n += s.size();
   sum.assign(n, 0.0f);
@@ -467,10 +471,11 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
   auto slice = [&](int r) { return in.subspan(offset[size_t(r)], counts[size_t(r)]); };
   uint64_t sent = 0;
   std::vector<float> sum;
+  const Deadline deadline = Deadline::after(o.timeout_s > 0 ? o.timeout_s : comm.timeout_s());
   if (!groups.hierarchical()) {
     std::vector<Spans> to(static_cast<size_t>(w));
     for (int r = 0; r < w; ++r) to[size_t(r)] = {slice(r)};
-    int_hop(comm, to, sum, bits, o, sent);
+    int_hop(comm, to, sum, bits, o, deadline, sent);
   } else {
     // Hop 1, within the host: local rank j sums, for every host g, the slice of that host's rank j.
     const int k = groups.local->size(), hosts = groups.cross->size();
@@ -478,7 +483,7 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
     for (int j = 0; j < k; ++j)
       for (int g = 0; g < hosts; ++g) to[size_t(j)].push_back(slice(groups.owner[size_t(g * k + j)]));
     std::vector<float> partial;
-    int_hop(*groups.local, to, partial, bits, o, sent);
+    int_hop(*groups.local, to, partial, bits, o, deadline, sent);
     // Hop 2, across hosts: each host's partial sum of a slice to the slice's owner.
     const int mine = groups.local->rank();
     std::vector<Spans> across(static_cast<size_t>(hosts));
@@ -488,7 +493,7 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
       across[size_t(g)] = {std::span<const float>(partial.data() + at, n)};
       at += n;
     }
-    int_hop(*groups.cross, across, sum, bits, o, sent);
+    int_hop(*groups.cross, across, sum, bits, o, deadline, sent);
   }
   const float f = o.average ? 1.0f / float(w) : 1.0f;
   for (size_t i = 0; i < sum.size(); ++i) out[i] = sum[i] * f;
