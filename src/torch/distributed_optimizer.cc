@@ -906,7 +906,17 @@ struct DistributedOptimizer::Core {
         }
       }
       if (opt.trace) {
-        opt.trace->complete("communicate", 1, t0, t1, {{"bucket", b}, {"bytes", payload}, {"op", "reduce_scatter"}});
+        // (qgZ: an all-to-all of int blocks; `bytes` every rank's slice on the wire; the replicas' allreduce of this
+        // rank's slice, on the 16-bit wire or f32, as its own bytes)
+        nlohmann::json args = {{"bucket", b},
+                               {"bytes", payload},
+                               {"op", zero_wire == DType::i8 ? "int_reduce_scatter" : "reduce_scatter"},
+                               {"wire", zero_wire != DType::i8 ? dtype_name(zero_wire)
+                                        : zero_bits == 8       ? "int8"
+                                                               : "int4"}};
+        if (replica_comm && replica_comm->size() > 1)
+          args["replica_allreduce_bytes"] = mine * (is_16bit(zero_wire) ? sizeof(uint16_t) : sizeof(float));
+        opt.trace->complete("communicate", 1, t0, t1, std::move(args));
         opt.trace->complete("average", 1, t1, now_s(), {{"bucket", b}});
       }
     } else if (!compressed) {

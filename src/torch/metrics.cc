@@ -61,6 +61,11 @@ size_t Trace::size() const {
   return events_.size();
 }
 
+std::vector<nlohmann::json> Trace::events() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return events_;
+}
+
 void Trace::write(const std::string& path) const {
   nlohmann::json out;
   out["displayTimeUnit"] = "ms";

@@ -45,6 +45,7 @@ class Trace {
   void instant(const std::string& name, int tid, double at_s, nlohmann::json args = {});
   void write(const std::string& path) const;
   size_t size() const;
+  std::vector<nlohmann::json> events() const;  // (a copy, as recorded)
 
  private:
   int rank_;

@@ -859,6 +859,7 @@ struct Zero3Run {
   std::vector<std::vector<uint64_t>> seen;  // rank's parameter bytes inside each unit's forward, every step
   std::vector<std::vector<uint64_t>> backward_seen, backward1_seen;
   std::vector<size_t> elements;
+  std::vector<std::vector<nlohmann::json>> communicated;  // per rank, the args of its trace's "communicate" events
 };
 
 // 4 steps as zero_run's (with overlap off, two backward passes a step); an evaluation forward without gradients
@@ -879,6 +880,7 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
   out.backward_seen.resize(world);
   out.backward1_seen.resize(world);
   out.elements.resize(world);
+  out.communicated.resize(world);
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
@@ -893,6 +895,9 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       o.zero_gather_dtype = gather;
       o.zero_secondary_ranks = secondary;
       o.zero_shard_ranks = shard;
+      Trace trace(r);
+      trace.enable(true);
+      o.trace = &trace;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       m->set_unit_hooks(d.unit_hooks());
       if (stage == 3) m->held = [&d] { return d.parameter_bytes_held(); };
@@ -930,6 +935,8 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       out.backward1_seen[size_t(r)] = m->backward1_seen;
       out.state_bytes[size_t(r)] = optimizer_state_bytes(*opt);
       out.elements[size_t(r)] = d.optimizer_elements();
+      for (auto& e : trace.events())
+        if (e["name"] == "communicate") out.communicated[size_t(r)].push_back(e["args"]);
       if (stage == 3) EXPECT_EQ(d.parameter_bytes_held(), out.held_between[size_t(r)]) << "released again";
     });
   for (auto& t : ts) t.join();
@@ -1104,6 +1111,25 @@ TEST(DistributedOptimizerZero, HybridShardingGathersWithinTheGroupAndAveragesAcr
     EXPECT_LT(off, w.tol) << what;
     EXPECT_GT(off, 0.0) << what;  // (rounded: not the f32 run)
     for (int r = 1; r < 8; ++r) EXPECT_EQ(g.params[size_t(r)], g.params[0]) << what << " " << r;
+    // The trace names each bucket's reduction and wire, and the replicas' allreduce bytes of its slice: 4 steps of
+    // the three units' slices (40 or 39 elements a rank) on the 16-bit wire or f32.
+    const std::string op = std::string(w.compressor) == "int8" || std::string(w.compressor) == "int4"
+                               ? "int_reduce_scatter"
+                               : "reduce_scatter";
+    const std::string wire = std::string(w.compressor) == "none" ? "f32" : w.compressor;
+    for (int r = 0; r < 8; ++r) {
+      const auto& events = g.communicated[size_t(r)];
+      EXPECT_EQ(events.size(), 12u) << what << " " << r;
+      uint64_t replica_bytes = 0;
+      for (const auto& e : events) {
+        EXPECT_EQ(e.value("op", ""), op) << what << " " << r;
+        EXPECT_EQ(e.value("wire", ""), wire) << what << " " << r;
+        replica_bytes += e.value("replica_allreduce_bytes", uint64_t(0));
+      }
+      EXPECT_EQ(replica_bytes, 4 * (r % 2 == 0 ? 40 : 39) * (wire == "bf16" ? 2 : 4)) << what << " " << r;
+      // (no replicas: none counted)
+      for (const auto& e : a.communicated[size_t(r)]) EXPECT_FALSE(e.contains("replica_allreduce_bytes")) << what;
+    }
     // (see below for the int blocks across hosts)
     // On the 16-bit wire the replicas' allreduce is 16-bit too: a step's reduce-scatter half of each unit in 2 bytes
     // and 3/2 of the slice in 2 bytes (the gathers f32, as above).
