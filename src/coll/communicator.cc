@@ -212,6 +212,20 @@ bool Communicator::hosts_uniform_multi() const {
   return each > 1;
 }
 
+int Communicator::consecutive_host_ranks() const {
+  const int w = size();
+  int k = 1;
+  while (k < w && host_of(k) == host_of(0)) ++k;
+  if (w % k != 0) return 0;
+  std::set<int> seen;
+  for (int g = 0; g < w; g += k) {
+    if (!seen.insert(host_of(g)).second) return 0;
+    for (int r = g + 1; r < g + k; ++r)
+      if (host_of(r) != host_of(g)) return 0;
+  }
+  return k;
+}
+
 std::string Communicator::describe() const {
   return fmt::format("rank {} of {} ({})", rank_, size(), transport_->name());
 }

@@ -119,6 +119,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Every host holds as many of the members as every other, and some hold more than one: hierarchical algorithms
   // apply. Computed from the host map alone (host_groups() builds communicators).
   bool hosts_uniform_multi() const;
+  // K when every host holds K of the members, consecutive in rank order (ranks gK .. gK+K-1 on one host, each such
+  // group on a host of its own: as launchers number a node's ranks); 0 otherwise. From the host map alone.
+  int consecutive_host_ranks() const;
   double timeout_s() const { return timeout_s_; }
   Tuner& tuner() { return *tuner_; }
   const net::Bootstrap* bootstrap() const { return bootstrap_.get(); }

@@ -151,14 +151,15 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "(with tp every tp-th worker: a node's are its workers / tp): each keeps its share of every layer's weights "
        "from the layer's forward to its backward, whose gather then runs within the group (on the node's links; in the "
        "forward's 16-bit zero_gather, else f32: more bytes than int8 gathers'); a divisor of the data-parallel ranks "
-       "below their number; 0: "
-       "none (default 0)"},
+       "below their number; node: a host's data-parallel workers (the host map's; none where one host holds them "
+       "all); 0: none (default 0)"},
       {"zero_shard_group",
        "with zero 3: shard over groups of this many consecutive data-parallel ranks and replicate across the groups "
        "(FSDP's HYBRID_SHARD, MiCS): the gathers and the reduce-scatter run within the group (a node's links when "
        "it is a node's workers / tp), each slice's gradients then averaged across the groups; each worker holds "
        "1/group of the model's state instead of 1/workers; a divisor of the data-parallel ranks from 2 to below "
-       "their number; 0: shard over all (default 0)"},
+       "their number; node: a host's data-parallel workers (the host map's; over all where one host holds them "
+       "all); 0: shard over all (default 0)"},
       {"zero_allgather_mb",
        "with zero 1 or 2 and zero_prefetch: consecutive layers' parameters within one gradient bucket go in one call "
        "of the allgather behind the next forward until it carries at least this many MiB (DeepSpeed's "
@@ -420,26 +421,38 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
           "zero {}: f32, or leave it unset",
           c.zero_gather, c.zero, c.zero));
   }
+  // ZeRO-3's groups of consecutive data-parallel workers: a size, or node (kHostGroup: a host's, which the trainer
+  // resolves from the communicator's host map).
+  auto zero3_group = [&](const char* key, const std::string& v, const char* none) {
+    if (v == "node") return kHostGroup;
+    int64_t x = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || p != v.data() + v.size() || x < 0 || x > 1024)
+      bad(key, v,
+          fmt::format("allowed: node (the data-parallel workers of one host), 0 or 1 ({}), or a group size up to 1024",
+                      none));
+    return static_cast<int>(x);
+  };
   if (auto v = get("zero_hpz")) {
-    c.zero_hpz = static_cast<int>(to_int("zero_hpz", *v, 0, 1024));
-    if (c.zero_hpz > 1 && c.zero != 3)
+    c.zero_hpz = zero3_group("zero_hpz", *v, "none");
+    if (zero3_group_set(c.zero_hpz) && c.zero != 3)
       throw ConfigError(fmt::format(
           "config: zero_hpz: {} is a secondary partition of ZeRO-3's parameters, this run has zero {}; allowed with "
           "zero {}: 0 or 1 (none), or leave it unset",
-          c.zero_hpz, c.zero, c.zero));
+          zero3_group_text(c.zero_hpz), c.zero, c.zero));
   }
   if (auto v = get("zero_shard_group")) {
-    c.zero_shard_group = static_cast<int>(to_int("zero_shard_group", *v, 0, 1024));
-    if (c.zero_shard_group > 1 && c.zero != 3)
+    c.zero_shard_group = zero3_group("zero_shard_group", *v, "shard over all");
+    if (zero3_group_set(c.zero_shard_group) && c.zero != 3)
       throw ConfigError(fmt::format(
           "config: zero_shard_group: {} shards ZeRO-3's parameters within groups, this run has zero {}; allowed with "
           "zero {}: 0 or 1 (shard over all), or leave it unset",
-          c.zero_shard_group, c.zero, c.zero));
-    if (c.zero_shard_group > 1 && c.zero_hpz > 1)
+          zero3_group_text(c.zero_shard_group), c.zero, c.zero));
+    if (zero3_group_set(c.zero_shard_group) && zero3_group_set(c.zero_hpz))
       throw ConfigError(fmt::format(
           "config: zero_shard_group: {} with zero_hpz {}: the gathers run within the shard group already; allowed: "
           "one of them",
-          c.zero_shard_group, c.zero_hpz));
+          zero3_group_text(c.zero_shard_group), zero3_group_text(c.zero_hpz)));
   }
   if (auto v = get("zero_allgather_mb")) {
     c.zero_allgather_mb = to_double("zero_allgather_mb", *v, 0, 1 << 20, false,
@@ -554,7 +567,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         "stage would gather its layers twice per micro-batch (DeepSpeed refuses the pair too); allowed with pp {}: "
         "zero 0, 1 or 2; or pp 1",
         c.pp));
-  if (c.zero_hpz > 1 && (c.workers / c.tp % c.zero_hpz != 0 || c.zero_hpz >= c.workers / c.tp))
+  if (c.zero_hpz > 1 && (c.workers / c.tp % c.zero_hpz != 0 || c.zero_hpz >= c.workers / c.tp))  // (node: resolved)
     throw ConfigError(fmt::format(
         "config: zero_hpz: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into two or "
         "more; allowed: 0 or 1 (none), or a divisor of {} below it",
@@ -940,8 +953,8 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "zero" << YAML::Value << c.zero;
   if (c.zero > 0) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
   if (c.zero == 3) e << YAML::Key << "zero_gather" << YAML::Value << c.zero_gather;
-  if (c.zero == 3) e << YAML::Key << "zero_hpz" << YAML::Value << c.zero_hpz;
-  if (c.zero == 3) e << YAML::Key << "zero_shard_group" << YAML::Value << c.zero_shard_group;
+  if (c.zero == 3) e << YAML::Key << "zero_hpz" << YAML::Value << zero3_group_text(c.zero_hpz);
+  if (c.zero == 3) e << YAML::Key << "zero_shard_group" << YAML::Value << zero3_group_text(c.zero_shard_group);
   if (c.zero == 1 || c.zero == 2)
     e << YAML::Key << "zero_allgather_mb" << YAML::Value << fmt::format("{}", c.zero_allgather_mb);
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");

@@ -10,6 +10,12 @@
 
 namespace conduit::train {
 
+// TrainConfig::zero_hpz and zero_shard_group given as `node`.
+inline constexpr int kHostGroup = -1;
+// Groups asked for: a size of 2 or more, or node.
+inline bool zero3_group_set(int k) { return k > 1 || k == kHostGroup; }
+inline std::string zero3_group_text(int k) { return k == kHostGroup ? "node" : std::to_string(k); }
+
 struct TrainConfig {
   std::string model = "cnn";             // mlp | cnn | resnet
   std::string dataset = "fashion-mnist";  // fashion-mnist | mnist | synthetic
@@ -46,8 +52,11 @@ struct TrainConfig {
   bool recompute = false;                 // pipeline stages keep each micro-batch's input only (pp > 1)
   bool zero_prefetch = true;              // zero 1-3: parameters gathered while other layers compute
   std::string zero_gather = "f32";        // zero 3: the parameter gathers' wire: f32, bf16, fp16 or int8
-  int zero_hpz = 0;                       // zero 3: ranks a secondary partition group (ZeRO++'s hpZ; 0: none)
-  int zero_shard_group = 0;  // zero 3: ranks a shard group, replicated across groups (FSDP's HYBRID_SHARD; 0: all)
+  // zero 3: ranks a secondary partition group (ZeRO++'s hpZ; 0: none), and a shard group, replicated across groups
+  // (FSDP's HYBRID_SHARD; 0: all); kHostGroup (`node`): a host's data-parallel workers, which train_worker resolves
+  // from the host map (the resolved size in config.yaml, checkpoints and the summary).
+  int zero_hpz = 0;
+  int zero_shard_group = 0;
   double zero_allgather_mb = 0;           // zero 1, 2: the deferred allgather's calls' least size (0: one a layer)
   int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2, 3)
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)

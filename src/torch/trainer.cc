@@ -15,10 +15,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <numbers>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -465,7 +467,8 @@ void check_checkpoint_fields(const nlohmann::json& meta, const fs::path& dir) {
 }
 }  // namespace
 
-TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const WorkerOptions& wo) {
+TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const WorkerOptions& wo) {
+  TrainConfig c = given;  // (ZeRO-3's `node` groups resolved below)
   const SyncSpec spec = effective_sync(c);
   const int global_rank = comm_ptr->rank();
   const bool outputs = wo.write_outputs;
@@ -531,6 +534,26 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm_ptr, const Wor
   }
   if (pp > 1) pp_comm = comm_ptr->split(global_rank / mp * tp + global_rank % tp, global_rank / tp % pp);
   if (mp > 1) dp_comm = comm_ptr->split(global_rank % mp, global_rank / mp);
+  // ZeRO-3's groups given as `node`: the data-parallel workers of one host (with tp every tp-th), which must hold as
+  // many each, consecutively; none (over all, for shards) where one host holds them all, as the simulator's node.
+  for (auto [group, key, none] : {std::tuple{&c.zero_hpz, "zero_hpz", "none used"},
+                                  std::tuple{&c.zero_shard_group, "zero_shard_group", "sharded over all"}}) {
+    if (*group != kHostGroup || c.zero != 3) continue;
+    const int k = dp_comm->consecutive_host_ranks(), d = dp_comm->size();
+    if (k == 0) {
+      std::map<int, int> per_host;
+      for (int r = 0; r < d; ++r) ++per_host[dp_comm->host_of(r)];
+      std::string counts;
+      for (auto [h, n] : per_host) counts += (counts.empty() ? "" : ", ") + std::to_string(n);
+      throw ConfigError(fmt::format(
+          "config: {}: node: the hosts hold {} of the {} data-parallel workers, not as many each in consecutive ranks; "
+          "allowed: a group size, or 0",
+          key, counts, d));
+    }
+    *group = k < d ? k : 0;
+    if (k >= d && global_rank == 0 && wo.write_outputs)
+      fmt::print(stderr, "train: note: {} node: one host holds all {} data-parallel workers; {}\n", key, d, none);
+  }
   std::shared_ptr<Net> model;
   {
     // torch's generator is global: ranks that are threads of one process (tests) must not interleave their draws.

@@ -370,6 +370,26 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   const std::string zsh = config_error({{"zero", "3"}, {"workers", "4"}, {"zero_hpz", "2"}, {"zero_shard_group", "2"}});
   expect_one_line(zsh, "zero_shard_group");
   EXPECT_NE(zsh.find("with zero_hpz 2: the gathers run within the shard group already"), std::string::npos) << zsh;
+  // node: a host's data-parallel workers, resolved by the trainer (so not checked against the workers here).
+  for (const char* key : {"zero_hpz", "zero_shard_group"}) {
+    const TrainConfig n = resolve_config({{"zero", "3"}, {"workers", "4"}, {key, "node"}}, 0, false);
+    EXPECT_EQ(std::string(key) == "zero_hpz" ? n.zero_hpz : n.zero_shard_group, kHostGroup) << key;
+    EXPECT_NE(config_to_yaml(n).find(std::string(key) + ": node"), std::string::npos) << config_to_yaml(n);
+    const std::string z1 = config_error({{"zero", "1"}, {"workers", "4"}, {key, "node"}});
+    expect_one_line(z1, key);
+    EXPECT_NE(z1.find(": node "), std::string::npos) << z1;
+    EXPECT_NE(z1.find("this run has zero 1"), std::string::npos) << z1;
+    const std::string bad = config_error({{"zero", "3"}, {"workers", "4"}, {key, "nodes"}});
+    expect_one_line(bad, key);
+    EXPECT_NE(bad.find("'nodes' is not allowed; allowed: node (the data-parallel workers of one host), 0 or 1"),
+              std::string::npos)
+        << bad;
+  }
+  const std::string zboth =
+      config_error({{"zero", "3"}, {"workers", "4"}, {"zero_hpz", "node"}, {"zero_shard_group", "node"}});
+  EXPECT_NE(zboth.find("zero_shard_group: node with zero_hpz node: the gathers run within the shard group already"),
+            std::string::npos)
+      << zboth;
   // zero_allgather_mb: the calls of zero 1 and 2's allgather behind the forward.
   EXPECT_EQ(resolve_config({{"zero", "1"}}, 0, false).zero_allgather_mb, 0);
   EXPECT_EQ(resolve_config({{"zero", "2"}, {"zero_allgather_mb", "4.5"}}, 0, false).zero_allgather_mb, 4.5);
@@ -875,6 +895,27 @@ TEST(Train, ZeroThreeShardGroupsTrainAsZeroThreeAndResumeWithTheirGroups) {
     EXPECT_NEAR(double(pairs[size_t(r)].parameter_bytes_held), 2.0 * double(all[size_t(r)].parameter_bytes_held),
                 4 * 8)
         << r;  // (each unit's odd float)
+  }
+  // node: the groups are the hosts' workers (2 a host: the pairs, bit for bit), or, on one host, all of them; hosts
+  // that hold different numbers are refused with one line.
+  TrainConfig n = h;
+  n.zero_shard_group = kHostGroup;
+  n.output = (dir / "node").string();
+  const auto by_host = train_inproc(n, 4, true, {}, 2);
+  EXPECT_EQ(by_host[0].params, pairs[0].params);
+  EXPECT_EQ(by_host[0].parameter_bytes_held, pairs[0].parameter_bytes_held);
+  EXPECT_NE(read_json_file((dir / "node" / "summary.json").string()).dump().find("\"zero_shard_group\":2"),
+            std::string::npos);
+  n.output = (dir / "node-one-host").string();
+  EXPECT_EQ(train_inproc(n, 4, true)[0].params, all[0].params);
+  try {
+    n.output = (dir / "node-uneven").string();
+    train_inproc(n, 4, true, {}, 3);
+    ADD_FAILURE() << "hosts of 3 and 1 workers were taken as node groups";
+  } catch (const ConfigError& e) {
+    expect_one_line(e.what(), "zero_shard_group");
+    EXPECT_NE(std::string(e.what()).find("node: the hosts hold 3, 1 of the 4 data-parallel workers"), std::string::npos)
+        << e.what();
   }
   TrainConfig resumed = stopped_at_step_3(h, dir, 4);
   EXPECT_EQ(train_inproc(resumed, 4, true)[0].params, pairs[0].params);
