@@ -362,11 +362,17 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
 
 namespace {
 
-using Spans = std::vector<std::span<const float>>;
+// A part of a hop's message, and where its rounding error goes (error feedback; null: nowhere).
+struct Part {
+  std::span<const float> x;
+  float* error = nullptr;
+  size_t size() const { return x.size(); }
+};
+using Spans = std::vector<Part>;
 
 size_t int_bytes(const Spans& spans, int bits) {
   size_t b = 0;
-  for (auto s : spans) b += block_int_bytes(s.size(), kIntBlock, bits);
+  for (const auto& s : spans) b += block_int_bytes(s.size(), kIntBlock, bits);
   return b;
 }
 
@@ -391,8 +397,17 @@ void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<fl
   uint8_t* p = sbuf.data();
   for (int d = 0; d < w; ++d) {
     if (d == me) continue;
-    for (auto s : to[size_t(d)]) {
-      if (!s.empty()) quantize_block_int(s.data(), s.size(), kIntBlock, bits, p);
+    for (const auto& s : to[size_t(d)]) {
+      if (s.size() > 0) {
+        quantize_block_int(s.x.data(), s.size(), kIntBlock, bits, p);
+        if (s.error) {  // what the peer will decode, taken off what was meant
+          dequantize_block_int(p, s.size(), kIntBlock, bits, s.error);
+          for (size_t i = 0; i < s.size(); ++i) {
+            const float e = s.x[i] - s.error[i];
+            s.error[i] = std::isfinite(e) ? e : 0.0f;
+          }
+        }
+      }
       p += block_int_bytes(s.size(), kIntBlock, bits);
     }
   }
@@ -402,17 +417,17 @@ void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<fl
     c.alltoallv(sbuf.data(), scount, rbuf.data(), rcount, DType::u8, co).wait();
   }
   size_t n = 0;
-  for (auto s : mine) n += s.size();
+  for (const auto& s : mine) n += s.size();
   sum.assign(n, 0.0f);
   std::vector<float> part(n);
   const uint8_t* q = rbuf.data();
   for (int r = 0; r < w; ++r) {
     size_t at = 0;
-    for (auto s : mine) {
+    for (const auto& s : mine) {
       if (r == me) {
-        std::copy(s.begin(), s.end(), part.begin() + std::ptrdiff_t(at));
+        std::copy(s.x.begin(), s.x.end(), part.begin() + std::ptrdiff_t(at));
       } else {
-        if (!s.empty()) dequantize_block_int(q, s.size(), kIntBlock, bits, part.data() + at);
+        if (s.size() > 0) dequantize_block_int(q, s.size(), kIntBlock, bits, part.data() + at);
         q += block_int_bytes(s.size(), kIntBlock, bits);
       }
       at += s.size();
@@ -451,7 +466,8 @@ IntReduceGroups int_reduce_groups(coll::Communicator& comm) {
 }
 
 uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& groups, std::span<const float> in,
-                            const std::vector<size_t>& counts, std::span<float> out, int bits, const ReduceOptions& o) {
+                            const std::vector<size_t>& counts, std::span<float> out, int bits, const ReduceOptions& o,
+                            std::span<float> residual) {
   if (bits != 8 && bits != 4) throw InvalidArgument(fmt::format("int_reduce_scatter: {} bits; allowed: 8 or 4", bits));
   const int w = comm.size(), me = comm.rank();
   size_t total = 0;
@@ -466,9 +482,24 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
         fmt::format("int_reduce_scatter: host groups of {} x {} ranks for {} ranks; allowed: int_reduce_groups of this "
                     "communicator",
                     groups.local->size(), groups.cross->size(), w));
+  if (!residual.empty() && residual.size() != in.size())
+    throw InvalidArgument(
+        fmt::format("int_reduce_scatter: a residual of {} elements for an input of {}; allowed: as many, or none",
+                    residual.size(), in.size()));
+  // Error feedback: the carried errors added to the input, then cleared; each rounding writes its own back.
+  std::vector<float> compensated;
+  if (!residual.empty()) {
+    compensated.resize(in.size());
+    for (size_t i = 0; i < in.size(); ++i) compensated[i] = in[i] + residual[i];
+    std::fill(residual.begin(), residual.end(), 0.0f);
+    in = compensated;
+  }
   std::vector<size_t> offset(size_t(w) + 1, 0);
   for (int r = 0; r < w; ++r) offset[size_t(r) + 1] = offset[size_t(r)] + counts[size_t(r)];
-  auto slice = [&](int r) { return in.subspan(offset[size_t(r)], counts[size_t(r)]); };
+  auto slice = [&](int r) {
+    return Part{in.subspan(offset[size_t(r)], counts[size_t(r)]),
+                residual.empty() ? nullptr : residual.data() + offset[size_t(r)]};
+  };
   uint64_t sent = 0;
   std::vector<float> sum;
   const Deadline deadline = Deadline::after(o.timeout_s > 0 ? o.timeout_s : comm.timeout_s());
@@ -489,8 +520,10 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
     std::vector<Spans> across(static_cast<size_t>(hosts));
     size_t at = 0;
     for (int g = 0; g < hosts; ++g) {
-      const size_t n = counts[size_t(groups.owner[size_t(g * k + mine)])];
-      across[size_t(g)] = {std::span<const float>(partial.data() + at, n)};
+      const int owner = groups.owner[size_t(g * k + mine)];
+      const size_t n = counts[size_t(owner)];
+      across[size_t(g)] = {Part{std::span<const float>(partial.data() + at, n),
+                                residual.empty() ? nullptr : residual.data() + offset[size_t(owner)]}};
       at += n;
     }
     int_hop(*groups.cross, across, sum, bits, o, deadline, sent);

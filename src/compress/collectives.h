@@ -84,6 +84,12 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
 // element of a block another rank rounded; the owner's own part as it was): passed on, as a float wire passes it,
 // not refused as the other int8 exchanges refuse it. Returns the bytes this rank sent; ReduceOptions::received adds the
 // bytes it received.
+// With `residual` (error feedback; as long as `in`, zeros at first, kept by the caller between calls): each call adds
+// it to `in` first and leaves in it what this call's rounding took off what this rank sent: in each part it sent in
+// the first hop, and in the partial sums it sent across in the second (DeepSpeed's compressed allreduce keeps such a
+// worker and server error); zero where nothing of this rank's was rounded (its own slice, the parts it summed). The
+// sum over calls of every owner's result then differs from the exact one by what the residuals hold at the end, not by
+// a rounding a call. A non-finite error is dropped (zero), not carried into later calls.
 inline constexpr size_t kIntBlock = 256;
 struct IntReduceGroups {
   coll::CommPtr local;  // this rank's host's ranks (null: one hop over the whole communicator)
@@ -96,6 +102,6 @@ struct IntReduceGroups {
 IntReduceGroups int_reduce_groups(coll::Communicator& comm);
 uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& groups, std::span<const float> in,
                             const std::vector<size_t>& counts, std::span<float> out, int bits = 8,
-                            const ReduceOptions& o = {});
+                            const ReduceOptions& o = {}, std::span<float> residual = {});
 
 }  // namespace conduit::compress

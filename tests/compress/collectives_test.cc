@@ -408,6 +408,73 @@ TEST(IntReduceScatter, NonFiniteBlocksArriveAsNaNAndWrongCountsAreRefused) {
   });
 }
 
+// Error feedback: over T calls with the same input, the owners' results add up to T times the exact sums less what
+// every rank's residual holds at the end (telescoping: each call's rounding is carried into the next), so the running
+// sum stays within a call's rounding of the exact one, where without it each call adds its rounding's bias again.
+// One hop (4 ranks, 1 a host) and two (2 a host: the partial sums' errors kept by the ranks that sent them across);
+// int8 and int4. The first call, with zero residuals, is the plain call bit for bit.
+TEST(IntReduceScatter, ErrorFeedbackKeepsTheRunningSumWithinOneCallsRounding) {
+  const int n = 4, calls = 40;
+  const std::vector<size_t> counts = uneven_counts(n);
+  size_t d = 0;
+  for (size_t c : counts) d += c;
+  std::vector<std::vector<float>> data;
+  for (int r = 0; r < n; ++r) data.push_back(gaussian(d, 7 * r + 3));
+  for (int per_host : {1, 2})
+    for (int bits : {8, 4}) {
+      std::vector<std::vector<float>> residuals(n);
+      std::vector<std::vector<double>> runs(n);
+      std::vector<double> with(n), without(n);  // each rank's worst error of the running sum, with and without
+      on_ranks(
+          n,
+          [&](coll::Communicator& c) {
+            auto groups = int_reduce_groups(c);
+            ASSERT_EQ(groups.hierarchical(), per_host == 2);
+            const int me = c.rank();
+            const std::string what = fmt::format("{} a host, {} bits, rank {}", per_host, bits, me);
+            std::vector<float> residual(d, 0.0f), out(counts[size_t(me)]), plain(out.size());
+            std::vector<double> run(out.size(), 0.0), run_plain(out.size(), 0.0);
+            for (int t = 0; t < calls; ++t) {
+              int_reduce_scatter(c, groups, data[size_t(me)], counts, out, bits, {}, residual);
+              int_reduce_scatter(c, groups, data[size_t(me)], counts, plain, bits);
+              if (t == 0) ASSERT_EQ(out, plain) << what;
+              for (size_t i = 0; i < out.size(); ++i) run[i] += out[i], run_plain[i] += plain[i];
+            }
+            residuals[size_t(me)] = residual;
+            runs[size_t(me)] = run;
+            size_t at = 0;
+            for (int r = 0; r < me; ++r) at += counts[size_t(r)];
+            for (size_t i = 0; i < out.size(); ++i) {
+              double exact = 0;
+              for (int r = 0; r < n; ++r) exact += data[size_t(r)][at + i];
+              with[size_t(me)] = std::max(with[size_t(me)], std::abs(run[i] - calls * exact));
+              without[size_t(me)] = std::max(without[size_t(me)], std::abs(run_plain[i] - calls * exact));
+            }
+          },
+          per_host);
+      // The telescoped sum: the running sum plus every rank's final residual on the owner's slice is T x exact.
+      size_t at = 0;
+      for (int me = 0; me < n; ++me) {
+        const std::string what = fmt::format("{} a host, {} bits, rank {}", per_host, bits, me);
+        for (size_t i = 0; i < counts[size_t(me)]; ++i) {
+          double exact = 0, held = 0;
+          for (int r = 0; r < n; ++r) exact += data[size_t(r)][at + i], held += residuals[size_t(r)][at + i];
+          // (to the float sums' rounding over 40 calls)
+          ASSERT_NEAR(runs[size_t(me)][i] + held, calls * exact, 2e-3) << what << " element " << i;
+          EXPECT_EQ(residuals[size_t(me)][at + i], 0.0f) << what << " (its own slice: nothing of it rounded)";
+        }
+        at += counts[size_t(me)];
+        if (counts[size_t(me)] > 256) {
+          EXPECT_GT(without[size_t(me)], 5 * with[size_t(me)]) << what;
+          // a call's rounding: every other rank's part within half its block's scale (< 5/254 or 5/14), twice with
+          // two hops
+          const double half = bits == 8 ? 5.0 / 254 : 5.0 / 14;
+          EXPECT_LT(with[size_t(me)], (n - 1) * half * (per_host == 2 ? 2 : 1) + 1e-3) << what;
+        }
+      }
+    }
+}
+
 // The two hops share the call's deadline: a rank whose first hop ended late fails at its timeout, not a whole timeout
 // after that hop. Ranks 0 and 1 (one host) never call; rank 3 joins its host's hop 2 s late, so rank 2's hop across
 // (to rank 0) begins 2 s into a 3 s timeout: it fails at 3 s, where each hop's own deadline made it 5.
