@@ -276,7 +276,8 @@ SweepSpec load_spec(const std::string& path) {
   // What the cells would find out one by one, on a cluster already up, is checked here for the whole grid.
 #ifdef CONDUIT_WITH_COMPRESS
   for (const auto& c : s.compressors) {
-    if (c == "int4") continue;  // (ZeRO's reduce-scatter wire only: each train cell checks it with its zero)
+    // (ZeRO's reduce-scatter wire only: each train cell checks it with its zero)
+    if (c == "int4" || c == "ef:int4") continue;
     try {
       compress::parse_compressor(c);
     } catch (const ConfigError& e) {

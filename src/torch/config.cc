@@ -136,7 +136,10 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"zero",
        "ZeRO stage of sync bsp: 0 | 1 (the optimizer state partitioned over the workers) | 2 (the gradients too) | "
        "3 (the parameters too, each layer gathered only while it runs; pp 1); compressor none (the default then), "
-       "fp16 or bf16 (the reduce-scatter's wire) or int8 / int4 (int blocks by all-to-all, ZeRO++'s qgZ) (default 0)"},
+       "fp16 or bf16 (the reduce-scatter's wire) or int8 / int4 (int blocks by all-to-all, ZeRO++'s qgZ; ef:int8 / "
+       "ef:int4 "
+       "with error feedback: each worker keeps what its roundings took off, a residual the size of its whole gradient, "
+       "and adds it to the next step's) (default 0)"},
       {"zero_prefetch",
        "with zero 1-3: gather parameters while other layers compute: at zero 3 the next layer while the current one "
        "runs (one layer ahead, forward and backward), at zero 1 and 2 the stepped slices behind the next forward, "
@@ -293,7 +296,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
 #ifdef CONDUIT_WITH_COMPRESS
   try {
     // (int4 is ZeRO's reduce-scatter wire only, checked with zero below)
-    if (c.compressor != "int4") compress::parse_compressor(c.compressor);
+    if (zero_int_wire(c.compressor).bits != 4) compress::parse_compressor(c.compressor);
   } catch (const Error& e) {
     std::string msg = e.what();
     if (msg.rfind("config: ", 0) == 0) msg = msg.substr(8);
@@ -393,17 +396,18 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     // default compressor gives way, another one asked for is refused.
     if (c.zero > 0 && !get("compressor")) c.compressor = "none";
     if (c.zero > 0 && c.compressor != "none" && c.compressor != "fp16" && c.compressor != "bf16" &&
-        c.compressor != "int8" && c.compressor != "int4")
+        zero_int_wire(c.compressor).bits == 0)
       throw ConfigError(
           fmt::format("config: zero: {} reduce-scatters the gradients, compressor {} cannot "
                       "go with it; allowed with zero {}: compressor none, fp16, bf16, int8 or int4 (without "
-                      "parameters: the reduce-scatter's wire); or zero 0",
+                      "parameters: the reduce-scatter's wire), ef:int8 or ef:int4 (with error feedback); or zero 0",
                       c.zero, c.compressor, c.zero));
   }
-  if (c.compressor == "int4" && c.zero == 0)
-    throw ConfigError(
-        "config: compressor: int4 is ZeRO's reduce-scatter wire (int4 blocks by all-to-all, ZeRO++'s qgZ), this run "
-        "has zero 0; allowed with zero 0: a compressor spec such as int8, qsgd or powersgd:rank=4; or zero 1, 2 or 3");
+  if (zero_int_wire(c.compressor).bits == 4 && c.zero == 0)
+    throw ConfigError(fmt::format(
+        "config: compressor: {} is ZeRO's reduce-scatter wire (int4 blocks by all-to-all, ZeRO++'s qgZ), this run "
+        "has zero 0; allowed with zero 0: a compressor spec such as int8, qsgd or powersgd:rank=4; or zero 1, 2 or 3",
+        c.compressor));
   if (auto v = get("zero_prefetch")) {
     c.zero_prefetch = to_bool("zero_prefetch", *v);
     if (c.zero == 0)

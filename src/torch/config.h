@@ -10,6 +10,19 @@
 
 namespace conduit::train {
 
+// ZeRO's reduce-scatter in int blocks by all-to-all (ZeRO++'s qgZ) from a compressor spec: int8 or int4, with ef:
+// error feedback (compress::int_reduce_scatter's residual); bits 0 for any other spec.
+struct ZeroIntWire {
+  int bits = 0;
+  bool error_feedback = false;
+};
+inline ZeroIntWire zero_int_wire(const std::string& spec) {
+  const bool ef = spec.rfind("ef:", 0) == 0;
+  const std::string name = ef ? spec.substr(3) : spec;
+  if (name == "int8" || name == "int4") return {name == "int8" ? 8 : 4, ef};
+  return {};
+}
+
 // TrainConfig::zero_hpz and zero_shard_group given as `node`.
 inline constexpr int kHostGroup = -1;
 // Groups asked for: a size of 2 or more, or node.

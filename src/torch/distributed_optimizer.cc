@@ -23,7 +23,9 @@
 #include <thread>
 #include <tuple>
 
+#include "core/clock.h"
 #include "core/error.h"
+#include "torch/config.h"
 #ifdef CONDUIT_WITH_COMPRESS
 #include "compress/collectives.h"
 #include "compress/compressor.h"
@@ -135,6 +137,8 @@ struct DistributedOptimizer::Core {
   // ZeRO: the reduce-scatter's element type (fp16 or bf16 halve its bytes; i8: int8 blocks by all-to-all, qgZ)
   DType zero_wire = DType::f32;
   int zero_bits = 8;  // (i8: the int blocks' bits, 8 or 4)
+  // (i8 with ef:int8 / ef:int4: error feedback, each parameter's residual in states[i]'s "qgz.residual")
+  bool zero_ef = false;
   // ZeRO-3: the training gathers' element type (DistOptions::zero_gather_dtype); whole_parameters() gathers f32.
   DType gather_wire = DType::f32;
   torch::Tensor flat_params;  // ZeRO: every trainable parameter's storage, bucket after bucket
@@ -831,10 +835,17 @@ struct DistributedOptimizer::Core {
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
-      // (sharded within groups: the reduce-scatter within this rank's group, then the replicas' allreduce below)
+      // (sharded within groups: the reduce-scatter within this rank's group, then the replicas' allreduce below, by
+      // what is left of one deadline: a bucket's exchange fails within the timeout, not twice it)
       coll::Communicator& rs = slice_comm();
       const int k = rs.size();
       const size_t mine = bk.counts[size_t(rs.rank())];
+      const Deadline due = Deadline::after(opt.timeout_s > 0 ? opt.timeout_s : rs.timeout_s());
+      auto replica_co = [&] {
+        coll::CollOptions left = co;
+        left.timeout_s = std::max(due.remaining_seconds(), 1e-3);
+        return left;
+      };
       double t1;
       if (zero_wire == DType::i8) {
 #ifdef CONDUIT_WITH_COMPRESS
@@ -847,10 +858,25 @@ struct DistributedOptimizer::Core {
         ro.timeout_s = opt.timeout_s;
         uint64_t received = 0;
         ro.received = &received;
+        // Error feedback: the bucket's parameters' residuals laid out as the bucket, and back (each parameter keeps
+        // its own, whatever buckets it is in from step to step).
+        std::vector<float> residual(zero_ef ? n : 0);
+        if (zero_ef)
+          for (size_t k = 0; k < bk.params.size(); ++k) {
+            const int i = bk.params[k];
+            auto& r = states[size_t(i)].buffer("qgz.residual", numel[size_t(i)]);
+            std::copy(r.begin(), r.end(), residual.begin() + std::ptrdiff_t(bk.offsets[k]));
+          }
         const uint64_t sent = compress::int_reduce_scatter(rs, int_groups, std::span<const float>(bk.flat.data(), n),
-                                                           bk.counts, slice, zero_bits, ro);
+                                                           bk.counts, slice, zero_bits, ro, residual);
+        if (zero_ef)
+          for (size_t k = 0; k < bk.params.size(); ++k) {
+            const int i = bk.params[k];
+            auto& r = states[size_t(i)].buffer("qgz.residual", numel[size_t(i)]);
+            std::copy_n(residual.begin() + std::ptrdiff_t(bk.offsets[k]), r.size(), r.begin());
+          }
         std::copy(slice.begin(), slice.end(), out);
-        average_replicas(out, mine, co);
+        average_replicas(out, mine, replica_co());
         t1 = now_s();
         // The payload as the other wires count it (every rank's slice on the wire), what moved exactly.
         payload = 0;
@@ -872,7 +898,7 @@ struct DistributedOptimizer::Core {
         else
           std::copy(wire.begin(), wire.end(), slice.begin());
         widen16(zero_wire, slice.data(), out, mine);
-        average_replicas(out, mine, co);
+        average_replicas(out, mine, replica_co());
         t1 = now_s();
         payload = n * sizeof(uint16_t);
       } else {
@@ -882,7 +908,7 @@ struct DistributedOptimizer::Core {
           std::copy(bk.flat.begin(), bk.flat.begin() + std::ptrdiff_t(n), out);
         // (summed over the replicas too, then divided by every rank once)
         if (replica_comm && replica_comm->size() > 1)
-          replica_comm->allreduce(out, mine, DType::f32, ReduceOp::sum, co).wait();
+          replica_comm->allreduce(out, mine, DType::f32, ReduceOp::sum, replica_co()).wait();
         t1 = now_s();
         const float inv = 1.0f / float(w);
         for (size_t j = 0; j < mine; ++j) out[j] *= inv;
@@ -1136,14 +1162,26 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     c.shapes.push_back(shape);
   }
   c.compressed = options.compressor != "none" && !options.compressor.empty();
-  if (options.compressor == "int4" && options.zero_stage == 0)
-    throw InvalidArgument(
-        "DistributedOptimizer: compressor 'int4' is ZeRO's reduce-scatter wire (int4 blocks by all-to-all) and "
+  const ZeroIntWire int_wire = zero_int_wire(options.compressor);
+  if (int_wire.bits == 4 && options.zero_stage == 0)
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: compressor '{}' is ZeRO's reduce-scatter wire (int4 blocks by all-to-all) and "
         "zero_stage 0 has none; allowed with zero_stage 0: a compressor spec such as int8 or powersgd:rank=4; or "
-        "zero_stage 1, 2 or 3");
+        "zero_stage 1, 2 or 3",
+        options.compressor));
 #ifdef CONDUIT_WITH_COMPRESS
-  // (int4 is only ZeRO's reduce-scatter wire, no compressor of its own)
-  if (c.compressed && !(options.zero_stage > 0 && options.compressor == "int4")) {
+  if (options.zero_stage > 0 && int_wire.error_feedback) {
+    // ZeRO's int blocks with error feedback: no compressor object, a residual per parameter (its state, checkpointed
+    // as the compressors' are)
+    for (size_t i = 0; i < c.params.size(); ++i) {
+      compress::TensorState s;
+      s.shape = c.shapes[i];
+      s.seed = options.seed + 1000003 * i;
+      s.stream = uint64_t(comm_->rank());
+      c.states.push_back(std::move(s));
+    }
+  } else if (c.compressed && !(options.zero_stage > 0 && int_wire.bits == 4)) {
+    // (int4 is only ZeRO's reduce-scatter wire, no compressor of its own)
     c.compressor = compress::parse_compressor(options.compressor);
     for (size_t i = 0; i < c.params.size(); ++i)
       c.states.push_back(c.compressor->make_state(c.shapes[i], options.seed + 1000003 * i, uint64_t(comm_->rank())));
@@ -1306,17 +1344,18 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
 
 void DistributedOptimizer::check_zero_optimizer() {
   Core& c = *core_;
-  // The reduce-scatter's wire: f32, a 16-bit float (fp16 or bf16, stateless casts) or int8 blocks (by all-to-all,
-  // ZeRO++'s qgZ; no error feedback, as there); the slices stay f32.
+  // The reduce-scatter's wire: f32, a 16-bit float (fp16 or bf16, stateless casts) or int8/int4 blocks (by
+  // all-to-all, ZeRO++'s qgZ; as there without error feedback, or with it: ef:int8, ef:int4); the slices stay f32.
+  const ZeroIntWire int_wire = zero_int_wire(c.opt.compressor);
   if (c.opt.compressor == "fp16" || c.opt.compressor == "bf16")
     c.zero_wire = c.opt.compressor == "fp16" ? DType::f16 : DType::bf16;
-  else if (c.opt.compressor == "int8" || c.opt.compressor == "int4")
-    c.zero_wire = DType::i8, c.zero_bits = c.opt.compressor == "int8" ? 8 : 4;
+  else if (int_wire.bits > 0)
+    c.zero_wire = DType::i8, c.zero_bits = int_wire.bits, c.zero_ef = int_wire.error_feedback;
   else if (c.compressed)
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_stage {} reduce-scatters the gradients, compressor '{}' cannot go with it; "
-        "allowed: compressor none, fp16, bf16, int8 or int4 (without parameters: the reduce-scatter's wire), or "
-        "zero_stage 0",
+        "allowed: compressor none, fp16, bf16, int8 or int4 (without parameters: the reduce-scatter's wire), ef:int8 "
+        "or ef:int4 (with error feedback), or zero_stage 0",
         c.zero, c.opt.compressor));
   if (c.opt.find_unused_parameters)
     throw InvalidArgument(fmt::format(
@@ -1351,7 +1390,8 @@ DistributedOptimizer::~DistributedOptimizer() {
     // The buckets the backward made ready go before the thread stops: every rank's backward made the same ones ready,
     // while each rank's thread had got to a bucket of its own (stopping there left a peer whose thread had begun a
     // later one waiting for its deadline, 300 s by default, its communicator then aborted). (Without overlap none
-    // went before a flush, which synchronize() waits out; after a failed one the thread exchanges no more.)
+    // went before a flush, which synchronize() waits out; after a failed one the thread exchanges no more. With
+    // find_unused_parameters the ranks that used a parameter no other did have its bucket ready alone, and wait.)
     if (c.opt.overlap)
       c.cv.wait(lk, [&] { return c.error || c.next >= int(c.buckets.size()) || !c.ready[size_t(c.next)]; });
     c.stop = true;

@@ -185,7 +185,8 @@ class DistributedOptimizer {
                        coll::CommPtr comm, DistOptions options = {});
   // Exchanges the buckets this rank's backward has made ready and its thread has not (with overlap, unless one
   // failed), then stops the thread: after an error every rank raised between backward and step(), every rank's
-  // thread ends at the same bucket and the communicator stays usable.
+  // thread ends at the same bucket and the communicator stays usable. (Not with find_unused_parameters, where a
+  // bucket holding a parameter only some ranks used is ready on those alone: one of them waits for its deadline.)
   ~DistributedOptimizer();
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;

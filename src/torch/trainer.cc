@@ -534,25 +534,31 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   }
   if (pp > 1) pp_comm = comm_ptr->split(global_rank / mp * tp + global_rank % tp, global_rank / tp % pp);
   if (mp > 1) dp_comm = comm_ptr->split(global_rank % mp, global_rank / mp);
-  // ZeRO-3's groups given as `node`: the data-parallel workers of one host (with tp every tp-th), which must hold as
-  // many each, consecutively; none (over all, for shards) where one host holds them all, as the simulator's node.
+  // ZeRO-3's groups given as `node`: the data-parallel workers of one host (with tp every tp-th: a host's workers /
+  // tp), from the whole job's host map so that every rank comes to the same number: the hosts must hold as many workers
+  // each, in consecutive ranks, a multiple of tp; none (over all, for shards) where a host's form no two groups or
+  // more of two or more (one host holds them all, or one data-parallel worker a host), with a note, as the
+  // simulator's node.
   for (auto [group, key, none] : {std::tuple{&c.zero_hpz, "zero_hpz", "none used"},
                                   std::tuple{&c.zero_shard_group, "zero_shard_group", "sharded over all"}}) {
     if (*group != kHostGroup || c.zero != 3) continue;
-    const int k = dp_comm->consecutive_host_ranks(), d = dp_comm->size();
-    if (k == 0) {
-      std::map<int, int> per_host;
-      for (int r = 0; r < d; ++r) ++per_host[dp_comm->host_of(r)];
-      std::string counts;
-      for (auto [h, n] : per_host) counts += (counts.empty() ? "" : ", ") + std::to_string(n);
+    const int per_host = comm_ptr->consecutive_host_ranks(), d = dp_comm->size();
+    if (per_host == 0 || per_host % mp != 0) {
+      std::map<int, int> counts;
+      for (int r = 0; r < comm_ptr->size(); ++r) ++counts[comm_ptr->host_of(r)];
+      std::string held;
+      for (auto [h, n] : counts) held += (held.empty() ? "" : ", ") + std::to_string(n);
       throw ConfigError(fmt::format(
-          "config: {}: node: the hosts hold {} of the {} data-parallel workers, not as many each in consecutive ranks; "
-          "allowed: a group size, or 0",
-          key, counts, d));
+          "config: {}: node: the hosts hold {} of the {} workers{}; allowed with node: as many workers on every host "
+          "in consecutive ranks{}; or a group size, or 0",
+          key, held, comm_ptr->size(), per_host == 0 ? ", not as many each in consecutive ranks" : "",
+          mp > 1 ? fmt::format(", a multiple of tp {}", mp) : ""));
     }
-    *group = k < d ? k : 0;
-    if (k >= d && global_rank == 0 && wo.write_outputs)
-      fmt::print(stderr, "train: note: {} node: one host holds all {} data-parallel workers; {}\n", key, d, none);
+    const int k = per_host / mp;
+    *group = k >= 2 && k < d ? k : 0;
+    if (*group == 0 && global_rank == 0 && wo.write_outputs)
+      fmt::print(stderr, "train: note: {} node: {} data-parallel worker(s) a host form no groups of the {}; {}\n", key,
+                 k, d, none);
   }
   std::shared_ptr<Net> model;
   {
@@ -925,7 +931,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     if (c.zero_allgather_mb > 0 && !c.zero_prefetch)
       warn("zero_allgather_mb", "zero_prefetch is false: the allgather after each step is one call per bucket");
     // (ZeRO's int8 all-to-all keeps a rank's own part exact: with one rank nothing changes)
-    if (spec.bsp() && c.compressor != "none" && !(c.zero > 0 && (c.compressor == "int8" || c.compressor == "int4")) &&
+    if (spec.bsp() && c.compressor != "none" && !(c.zero > 0 && zero_int_wire(c.compressor).bits > 0) &&
         c.workers / (c.tp * c.pp) == 1)
       fmt::print(stderr,
                  "train: warning: compressor {} runs with one data-parallel rank (workers {} / (tp {} x pp {})): "

@@ -356,6 +356,34 @@ TEST(Communicator, HostGroupIdsAreDistinctPerParentAndRole) {
   EXPECT_THROW(host_group_comm_id(5, 3), InvalidArgument);
 }
 
+// consecutive_host_ranks: K where every host holds K of the members in consecutive ranks, each group on a host of its
+// own; 0 for hosts of unequal counts, interleaved hosts, or a host whose ranks come in two groups (splits reorder the
+// members to make these).
+TEST(Communicator, ConsecutiveHostRanksNeedEqualHostsInConsecutiveRanks) {
+  auto reordered = [](int n, int per_host, std::vector<int> order) {
+    std::vector<int> k(size_t(n), -1);
+    on_ranks(
+        n,
+        [&](Communicator& c) {
+          const int key = int(std::find(order.begin(), order.end(), c.rank()) - order.begin());
+          auto s = c.split(0, key);
+          k[size_t(c.rank())] = s->consecutive_host_ranks();
+          return size_t(0);
+        },
+        per_host);
+    for (int r = 1; r < n; ++r) EXPECT_EQ(k[size_t(r)], k[0]) << "rank " << r << " came to another K";
+    return k[0];
+  };
+  EXPECT_EQ(reordered(4, 2, {0, 1, 2, 3}), 2);
+  EXPECT_EQ(reordered(6, 3, {0, 1, 2, 3, 4, 5}), 3);
+  EXPECT_EQ(reordered(4, 1, {0, 1, 2, 3}), 1);
+  EXPECT_EQ(reordered(4, 4, {0, 1, 2, 3}), 4);              // (one host)
+  EXPECT_EQ(reordered(4, 3, {0, 1, 2, 3}), 0);              // hosts of 3 and 1
+  EXPECT_EQ(reordered(4, 2, {0, 2, 1, 3}), 0);              // hosts 0, 1, 0, 1
+  EXPECT_EQ(reordered(6, 3, {0, 1, 3, 4, 2, 5}), 0);        // hosts 0, 0, 1, 1, 0, 1
+  EXPECT_EQ(reordered(8, 4, {0, 1, 4, 5, 2, 3, 6, 7}), 0);  // hosts 0, 0, 1, 1, 0, 0, 1, 1: host 0 twice
+}
+
 TEST(Communicator, MissingRankTimesOutNamingOpSequenceAndSilentRank) {
   CommConfig cfg;
   cfg.timeout_s = 0.5;

@@ -476,8 +476,8 @@ TEST(IntReduceScatter, ErrorFeedbackKeepsTheRunningSumWithinOneCallsRounding) {
 }
 
 // The two hops share the call's deadline: a rank whose first hop ended late fails at its timeout, not a whole timeout
-// after that hop. Ranks 0 and 1 (one host) never call; rank 3 joins its host's hop 2 s late, so rank 2's hop across
-// (to rank 0) begins 2 s into a 3 s timeout: it fails at 3 s, where each hop's own deadline made it 5.
+// after that hop. Ranks 0 and 1 (one host) never call; rank 3 joins its host's hop 3 s late, so rank 2's hop across
+// (to rank 0) begins 3 s into a 4 s timeout: it fails at 4 s, where each hop's own deadline made it 7.
 TEST(IntReduceScatter, ItsTwoHopsShareOneDeadline) {
   std::vector<double> failed_after(4, -1);
   std::vector<std::string> errors(4);
@@ -487,10 +487,10 @@ TEST(IntReduceScatter, ItsTwoHopsShareOneDeadline) {
     const int me = c.rank();
     if (me < 2) return;
     const auto t0 = std::chrono::steady_clock::now();
-    if (me == 3) std::this_thread::sleep_for(std::chrono::seconds(2));
+    if (me == 3) std::this_thread::sleep_for(std::chrono::seconds(3));
     std::vector<float> in(4 * 300, 1.0f), out(300);
     ReduceOptions o;
-    o.timeout_s = 3;
+    o.timeout_s = 4;
     try {
       int_reduce_scatter(c, groups, in, {300, 300, 300, 300}, out, 8, o);
     } catch (const Error& e) {  // (rank 2's timeout; rank 3's, or rank 2's abort reaching it first)
@@ -500,8 +500,8 @@ TEST(IntReduceScatter, ItsTwoHopsShareOneDeadline) {
   });
   EXPECT_NE(errors[2].find("did not complete before the deadline"), std::string::npos) << errors[2];
   EXPECT_NE(errors[3], "") << "rank 3 was not stopped";
-  EXPECT_GE(failed_after[2], 2.9);
-  EXPECT_LT(failed_after[2], 4.2);  // (the hop across alone given 3 s: 5)
+  EXPECT_GE(failed_after[2], 3.9);
+  EXPECT_LT(failed_after[2], 5.5);  // (the hop across alone given 4 s: 7)
 }
 
 INSTANTIATE_TEST_SUITE_P(OneToEight, Ranks, ::testing::Range(1, 9));

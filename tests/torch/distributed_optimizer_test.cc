@@ -520,13 +520,14 @@ struct ZeroRun {
   std::vector<uint64_t> state_bytes, grad_held, sent, received;
   std::vector<size_t> elements;
   std::vector<int> grad_left;  // some parameter still has a .grad after the last step
+  std::vector<std::vector<uint8_t>> compressor_state;
 };
 
 // Buckets of at most 16 floats, the first 10: one parameter each here (3, 15, 5 and 35 floats), so with 4 ranks the
 // slices are unequal and one rank's slice of the first bucket is empty. 4 steps on rank-dependent inputs; the third
 // calls synchronize() before step(); without overlap every step accumulates two backward passes.
 ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int world = 4,
-                 const std::string& compressor = "none", int ranks_per_host = 0) {
+                 const std::string& compressor = "none", int ranks_per_host = 0, int steps = 4) {
   auto comms = coll::Communicator::inproc(world, ranks_per_host);
   ZeroRun out;
   out.params.resize(world);
@@ -536,6 +537,7 @@ ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int worl
   out.received.resize(world);
   out.elements.resize(world);
   out.grad_left.resize(world);
+  out.compressor_state.resize(world);
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
@@ -548,9 +550,9 @@ ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int worl
       o.zero_stage = stage;
       o.compressor = compressor;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
-      for (int step = 0; step < 4; ++step) {
+      for (int step = 0; step < steps; ++step) {
         d.zero_grad();
-        auto x = torch::arange(14, torch::kFloat).view({2, 7}) * (0.1f * float(r + 1)) + 0.05f * float(step);
+        auto x = torch::arange(14, torch::kFloat).view({2, 7}) * (0.1f * float(r + 1)) + 0.05f * float(step % 4);
         m->forward(x).pow(2).sum().backward();
         if (!overlap) m->forward(x * 0.5f).pow(2).sum().backward();
         if (step == 2) d.synchronize();
@@ -567,6 +569,7 @@ ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int worl
       out.sent[size_t(r)] = d.total_stats().bytes_sent;
       out.received[size_t(r)] = d.total_stats().bytes_recv;
       out.elements[size_t(r)] = d.optimizer_elements();
+      out.compressor_state[size_t(r)] = d.save_compressor_state();
     });
   for (auto& t : ts) t.join();
   return out;
@@ -717,6 +720,46 @@ TEST(DistributedOptimizerZero, AnInt8WireSendsEachGradientOnceInInt8Blocks) {
       }
     }
   EXPECT_NE(int_reduce_scatter_bytes(buckets, 3, 0, true), int_reduce_scatter_bytes(buckets, 3, 2, true));
+}
+
+// Error feedback on the int wire (ef:int8, ef:int4): each rank's roundings carried into its next step's gradients,
+// for the same bytes. After the 4 steps the weights are closer to f32 training's than the plain wire's, over one hop
+// and two (measured: 3.4-4.6x closer at stage 2), and the residuals are the optimizer's compressor state, which a
+// fresh optimizer loads back whole.
+TEST(DistributedOptimizerZero, ErrorFeedbackOnTheIntWireFollowsF32TrainingCloser) {
+  const ZeroRun plain = zero_run(0, "sgd", true);
+  auto worst = [&](const ZeroRun& z) {
+    double w = 0;
+    for (size_t i = 0; i < 58; ++i) w = std::max(w, double(std::abs(z.params[0][i] - plain.params[0][i])));
+    return w;
+  };
+  for (int bits : {8, 4})
+    for (int per_host : {0, 2})
+      for (int stage : {1, 2}) {
+        const std::string bare = bits == 8 ? "int8" : "int4";
+        const ZeroRun z = zero_run(stage, "sgd", true, 4, bare, per_host);
+        const ZeroRun ef = zero_run(stage, "sgd", true, 4, "ef:" + bare, per_host);
+        const std::string what = fmt::format("zero {}, {} ranks a host, {}", stage, per_host, bare);
+        EXPECT_LT(2.5 * worst(ef), worst(z)) << what << ": " << worst(ef) << " against " << worst(z);
+        EXPECT_GT(worst(ef), 0.0) << what;
+        for (int r = 0; r < 4; ++r) {
+          EXPECT_EQ(ef.params[size_t(r)], ef.params[0]) << what;
+          EXPECT_EQ(ef.sent[size_t(r)], z.sent[size_t(r)]) << what;
+          EXPECT_EQ(ef.received[size_t(r)], z.received[size_t(r)]) << what;
+          // (the residuals: 58 floats a rank, in four parameters' states)
+          EXPECT_GT(ef.compressor_state[size_t(r)].size(), z.compressor_state[size_t(r)].size() + 58 * 4) << what;
+        }
+      }
+  // A fresh optimizer of the same model on the same rank takes the residuals back whole.
+  const ZeroRun ef = zero_run(2, "sgd", true, 4, "ef:int4", 2);
+  auto comms = coll::Communicator::inproc(1);
+  auto m = std::make_shared<TwoLayers>();
+  DistOptions o;
+  o.zero_stage = 2;
+  o.compressor = "ef:int4";
+  DistributedOptimizer d(m, zero_test_optimizer("sgd", *m), comms[0], o);
+  d.load_compressor_state(ef.compressor_state[0]);
+  EXPECT_EQ(d.save_compressor_state(), ef.compressor_state[0]);
 }
 
 TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {

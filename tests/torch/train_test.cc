@@ -303,10 +303,20 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   EXPECT_EQ(config_error({{"zero", "1"}, {"compressor", "bf16"}}), "");
   EXPECT_EQ(config_error({{"zero", "2"}, {"compressor", "fp16"}}), "");
   EXPECT_EQ(config_error({{"zero", "3"}, {"compressor", "int8"}}), "");  // (ZeRO++'s qgZ)
-  const std::string int8_params = config_error({{"zero", "1"}, {"compressor", "ef:int8"}});
+  const std::string int8_params = config_error({{"zero", "1"}, {"compressor", "int8:chunk=64"}});
   EXPECT_NE(int8_params.find("allowed with zero 1: compressor none, fp16, bf16, int8 or int4 (without parameters"),
             std::string::npos)
       << int8_params;
+  EXPECT_NE(int8_params.find("ef:int8 or ef:int4 (with error feedback)"), std::string::npos) << int8_params;
+  // With error feedback: ef:int8 and ef:int4 at any stage; ef:int4 is ZeRO's only (ef:int8 without ZeRO is the
+  // allreduce's int8 compressor with error feedback).
+  for (const char* stage : {"1", "2", "3"})
+    for (const char* comp : {"ef:int8", "ef:int4"})
+      EXPECT_EQ(config_error({{"zero", stage}, {"compressor", comp}}), "") << stage << " " << comp;
+  EXPECT_EQ(config_error({{"compressor", "ef:int8"}}), "");
+  const std::string ef_int4 = config_error({{"compressor", "ef:int4"}});
+  expect_one_line(ef_int4, "compressor");
+  EXPECT_NE(ef_int4.find("ef:int4 is ZeRO's reduce-scatter wire"), std::string::npos) << ef_int4;
   // int4 is ZeRO's wire only: taken with zero, refused without it (not an unknown compressor).
   EXPECT_EQ(config_error({{"zero", "2"}, {"compressor", "int4"}}), "");
   const std::string int4 = config_error({{"compressor", "int4"}});
@@ -787,6 +797,19 @@ TEST(Train, ZeroTrainsAsPlainBspAndResumesBitForBit) {
   EXPECT_EQ(r[0].steps, 22);
   EXPECT_EQ(r[0].params, straight[0].params);
   EXPECT_EQ(r[2].params, straight[2].params);
+  // int4 blocks with error feedback: the residuals go into the checkpoint with the compressor state, so the resume
+  // continues bit for bit (restarted with zero residuals it would round step 17's gradients otherwise).
+  {
+    TrainConfig ef = c;
+    ef.compressor = "ef:int4";
+    ef.output = (dir / "ef").string();
+    const auto ef_straight = train_inproc(ef, 3, true);
+    EXPECT_GT(max_rel_diff(ef_straight[0].params, straight[0].params), 0.0);  // (rounded)
+    TrainConfig ef_resumed = ef;
+    ef_resumed.output = (dir / "ef-resumed").string();
+    ef_resumed.resume = (dir / "ef" / "checkpoint").string();
+    EXPECT_EQ(train_inproc(ef_resumed, 3, true)[1].params, ef_straight[1].params);
+  }
   // Stage 1 cuts the same slices: it resumes stage 2's checkpoint as stage 2 would.
   // (with the allgather behind the forward joined up to 64 MiB a call: only within a bucket, so the tiny buckets,
   // from the back fc3 and fc2.bias | fc2.weight | fc1.bias | fc1.weight, leave one join: fc3 into fc2.bias's call)
@@ -908,13 +931,27 @@ TEST(Train, ZeroThreeShardGroupsTrainAsZeroThreeAndResumeWithTheirGroups) {
             std::string::npos);
   n.output = (dir / "node-one-host").string();
   EXPECT_EQ(train_inproc(n, 4, true)[0].params, all[0].params);
+  // (one worker a host: no groups either)
+  n.output = (dir / "node-one-a-host").string();
+  EXPECT_EQ(train_inproc(n, 4, true, {}, 1)[0].params, all[0].params);
+  EXPECT_EQ(read_json_file((dir / "node-one-a-host" / "summary.json").string())["zero_shard_group"], 0);
+  // hpZ's node: the backward's gathers within each host's pair, the training ZeRO-3's bit for bit.
+  TrainConfig hpz = c;
+  hpz.zero_hpz = kHostGroup;
+  hpz.output = (dir / "hpz-node").string();
+  EXPECT_EQ(train_inproc(hpz, 4, true, {}, 2)[0].params, all[0].params);
+  EXPECT_EQ(read_json_file((dir / "hpz-node" / "summary.json").string())["zero_hpz"], 2);
   try {
     n.output = (dir / "node-uneven").string();
     train_inproc(n, 4, true, {}, 3);
     ADD_FAILURE() << "hosts of 3 and 1 workers were taken as node groups";
   } catch (const ConfigError& e) {
     expect_one_line(e.what(), "zero_shard_group");
-    EXPECT_NE(std::string(e.what()).find("node: the hosts hold 3, 1 of the 4 data-parallel workers"), std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("node: the hosts hold 3, 1 of the 4 workers, not as many each in consecutive "
+                                   "ranks; allowed with node: as many workers on every host in consecutive ranks; "
+                                   "or a group size, or 0"),
+        std::string::npos)
         << e.what();
   }
   TrainConfig resumed = stopped_at_step_3(h, dir, 4);
