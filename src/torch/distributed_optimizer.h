@@ -76,30 +76,31 @@ struct DistOptions {
   // Needs compressor "none", or "fp16" / "bf16" to reduce-scatter the gradients as 16-bit floats, or "int8" / "int4" to
   // send them in int8 / int4 blocks by all-to-all (ZeRO++'s quantized gradients, qgZ: each rank's contribution to
   // each slice rounded once, about a quarter (an eighth) of f32's bytes, in two hops over several hosts:
-  // compress::int_reduce_scatter; no error feedback; int4 is this wire's only, no compressor at stage 0) (the slices
-  // and the allgather stay f32), no find_unused_parameters, one parameter group over exactly the trainable parameters
-  // and an optimizer that has not stepped (a checkpoint's optimizer state loads after construction, since the state is
-  // the slices'). Buckets keep reverse registration order (rebuild_buckets does not apply: a run resumed from a
-  // checkpoint must cut the same slices before its first step, when no order has been observed). .grad does not hold
-  // averaged gradients after synchronize(), and last_stats() counts the allgather only once step() ran. A constructor
-  // that throws after the checks (the initial broadcast failed) leaves the model re-seated and the optimizer on the
-  // slices (at stage 3 the broadcast comes first: the model as it was). 3: the parameters too (DeepSpeed's stage 3,
-  // FSDP's full sharding). Each unit of `units` is one bucket whose parameters are views of one flat tensor that holds
-  // data only while the unit is gathered: the model runs each unit between the hooks of unit_hooks() (Net::unit), which
-  // allgather its slices into it before its forward, release it after (the last unit stays for the backward that
-  // follows at once), and gather it again before its backward; once the unit's gradients of a backward pass are in its
-  // bucket it is released again. Between steps a rank holds 1/W of the parameters (its slices, which the optimizer
-  // steps; nothing is allgathered after the step), 1/W of the gradients and 1/W of the optimizer state, for 1.5 times
-  // the allreduce's bytes: an allgather forward, one backward (but the last unit's), the reduce-scatter. The gathers
-  // run on a communicator of their own (the constructor is collective: it splits one off); with zero_prefetch the next
-  // unit's gather (forward: the one after, backward: the one before) starts in the background as a unit begins, so it
-  // moves while that unit computes, and only what is left of it when its unit begins blocks (exposed communication);
-  // without, each gather blocks the thread of forward and backward whole. Every gather is collective: the ranks run the
-  // same forwards and backwards (a forward without gradients gathers and releases unit by unit; an evaluation whose
-  // ranks run other numbers of batches holds whole_parameters() instead, as anything else that reads the parameters
-  // does: a checkpoint, a copy). After the DistributedOptimizer goes, the model holds only what whole_parameters()
-  // gathered: take it before, and keep it, to use the model afterwards. The same conditions as stages 1 and 2, and
-  // every trainable parameter in exactly one unit; bucket caps and rebuild_buckets do not apply.
+  // compress::int_reduce_scatter; without error feedback, or with it as "ef:int8" / "ef:int4": each rank's residual
+  // the size of its whole gradient, in the compressor state; int4 is this wire's only, no compressor at stage 0) (the
+  // slices and the allgather stay f32), no find_unused_parameters, one parameter group over exactly the trainable
+  // parameters and an optimizer that has not stepped (a checkpoint's optimizer state loads after construction, since
+  // the state is the slices'). Buckets keep reverse registration order (rebuild_buckets does not apply: a run resumed
+  // from a checkpoint must cut the same slices before its first step, when no order has been observed). .grad does not
+  // hold averaged gradients after synchronize(), and last_stats() counts the allgather only once step() ran. A
+  // constructor that throws after the checks (the initial broadcast failed) leaves the model re-seated and the
+  // optimizer on the slices (at stage 3 the broadcast comes first: the model as it was). 3: the parameters too
+  // (DeepSpeed's stage 3, FSDP's full sharding). Each unit of `units` is one bucket whose parameters are views of one
+  // flat tensor that holds data only while the unit is gathered: the model runs each unit between the hooks of
+  // unit_hooks() (Net::unit), which allgather its slices into it before its forward, release it after (the last unit
+  // stays for the backward that follows at once), and gather it again before its backward; once the unit's gradients of
+  // a backward pass are in its bucket it is released again. Between steps a rank holds 1/W of the parameters (its
+  // slices, which the optimizer steps; nothing is allgathered after the step), 1/W of the gradients and 1/W of the
+  // optimizer state, for 1.5 times the allreduce's bytes: an allgather forward, one backward (but the last unit's), the
+  // reduce-scatter. The gathers run on a communicator of their own (the constructor is collective: it splits one off);
+  // with zero_prefetch the next unit's gather (forward: the one after, backward: the one before) starts in the
+  // background as a unit begins, so it moves while that unit computes, and only what is left of it when its unit begins
+  // blocks (exposed communication); without, each gather blocks the thread of forward and backward whole. Every gather
+  // is collective: the ranks run the same forwards and backwards (a forward without gradients gathers and releases unit
+  // by unit; an evaluation whose ranks run other numbers of batches holds whole_parameters() instead, as anything else
+  // that reads the parameters does: a checkpoint, a copy). After the DistributedOptimizer goes, the model holds only
+  // what whole_parameters() gathered: take it before, and keep it, to use the model afterwards. The same conditions as
+  // stages 1 and 2, and every trainable parameter in exactly one unit; bucket caps and rebuild_buckets do not apply.
   int zero_stage = 0;
   // ZeRO stage 3: gather the next unit while the current one computes (DeepSpeed's stage-3 prefetch, FSDP's
   // forward and backward prefetch), one unit ahead: two units whole at a time instead of one (a unit gathered ahead
