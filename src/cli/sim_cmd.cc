@@ -255,10 +255,10 @@ void check_step_config(const ParallelConfig& c) {
   if ((c.zero_shard > 1 || c.zero_shard < 0) && (c.zero_hpz > 1 || c.zero_hpz < 0))
     throw ConfigError(
         "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
-  if ((c.zero_shard > 1 || c.zero_shard < 0) && c.zero != 3)
-    throw ConfigError(fmt::format(
-        "--zero-shard-group: ZeRO-3's shard groups, this step has --zero {}; allowed with --zero {}: leave it out",
-        c.zero, c.zero));
+  if ((c.zero_shard > 1 || c.zero_shard < 0) && c.zero == 0)
+    throw ConfigError(
+        "--zero-shard-group: ZeRO's shard groups, this step has --zero 0; allowed with --zero 0: leave it out; or "
+        "--zero 1, 2 or 3");
   if ((c.zero_hpz > 1 || c.zero_hpz < 0) && c.zero != 3)
     throw ConfigError(fmt::format(
         "--zero-hpz: a secondary partition of ZeRO-3's parameters, this step has --zero {}; allowed with --zero {}: "
@@ -553,15 +553,15 @@ void run_plan(const StepArgs& given_args) {
         if (z == s) return true;
     return false;
   };
-  if ((base.gather_bytes != 0 || base.zero_hpz > 1 || base.zero_hpz < 0 || base.zero_shard > 1 ||
-       base.zero_shard < 0) &&
-      !searched({3}))
+  if ((base.gather_bytes != 0 || base.zero_hpz > 1 || base.zero_hpz < 0) && !searched({3}))
+    throw ConfigError(fmt::format(
+        "{}: about ZeRO-3's gathers, and this search has no ZeRO-3 plans; allowed: --zero-options with 3, or leave "
+        "it out",
+        base.gather_bytes != 0 ? "--gather-bytes" : "--zero-hpz"));
+  if ((base.zero_shard > 1 || base.zero_shard < 0) && !searched({1, 2, 3}))
     throw ConfigError(
-        fmt::format("{}: about ZeRO-3's gathers, and this search has no ZeRO-3 plans; allowed: "
-                    "--zero-options with 3, or leave it out",
-                    base.gather_bytes != 0                   ? "--gather-bytes"
-                    : base.zero_hpz > 1 || base.zero_hpz < 0 ? "--zero-hpz"
-                                                             : "--zero-shard-group"));
+        "--zero-shard-group: about ZeRO's shards, and this search has no ZeRO plans; allowed: --zero-options with 1, "
+        "2 or 3, or leave it out");
   if (base.zero_allgather_bytes > 0 && !searched({1, 2}))
     throw ConfigError(
         "--zero-allgather-bucket: the calls of ZeRO-1/2's allgather, and this search has no ZeRO-1 or 2 plans; "
@@ -1425,9 +1425,9 @@ void setup(CLI::App& app) {
                   "a node / tp, for each plan; 0: none")
         ->capture_default_str();
     c->add_option("--zero-shard-group", a->zero_shard,
-                  "ZeRO-3, GPT models: shard within groups of this many data-parallel ranks and replicate across them "
-                  "(FSDP's HYBRID_SHARD, MiCS; conduit train --zero-shard-group); node: the node's, gpus a node / tp, "
-                  "for each plan; 0: all ranks")
+                  "ZeRO 1-3, GPT models: shard within groups of this many data-parallel ranks and replicate across "
+                  "them (FSDP's HYBRID_SHARD, MiCS; conduit train --zero-shard-group); node: the node's, gpus a node / "
+                  "tp, for each plan; 0: all ranks")
         ->capture_default_str();
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();

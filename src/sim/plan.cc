@@ -130,7 +130,8 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   c.global_batch = global_batch;
                   c.zero = z;
                   // (other stages' gathers and shards: not this plan's)
-                  if (z != 3) c.gather_bytes = 0, c.zero_hpz = 0, c.zero_shard = 0;
+                  if (z != 3) c.gather_bytes = 0, c.zero_hpz = 0;
+                  if (z == 0) c.zero_shard = 0;
                   if (z != 1 && z != 2) c.zero_allgather_bytes = 0;
                   c.recompute = rc;
                   c.sequence_parallel = sp;

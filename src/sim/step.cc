@@ -358,8 +358,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   // ZeRO-3's groups of K consecutive data-parallel ranks (--zero-hpz's secondary partition, --zero-shard-group's
   // shards): the K given, or `node` (-1): the node's, gpus a node / t; none (0) where a node's do not cut the
   // data-parallel ranks into two groups or more (a note says so; a K given so is refused).
-  auto zero3_groups = [&](long long given, const char* flag, const char* what, const char* instead) -> long long {
-    if (cfg.zero != 3 || (given >= 0 && given <= 1)) return 0;
+  // (hpZ is ZeRO-3's; shard groups apply at stages 1-3)
+  auto zero3_groups = [&](long long given, const char* flag, const char* what, const char* instead,
+                          int from_stage) -> long long {
+    if (cfg.zero < from_stage || (given >= 0 && given <= 1)) return 0;
     const long long k = given > 1 ? given : topo.gpus_per_node() / t;
     if (k >= 2 && d % k == 0 && k < d) return k;
     if (given > 1)
@@ -371,11 +373,11 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
                                   flag, k, topo.gpus_per_node(), t, what, d, instead));
     return 0;
   };
-  const long long hpz = zero3_groups(cfg.zero_hpz, "--zero-hpz", "secondary partition", "none used");
+  const long long hpz = zero3_groups(cfg.zero_hpz, "--zero-hpz", "secondary partition", "none used", 3);
   if (hpz > 1 && cfg.zero == 3 && (cfg.zero_shard > 1 || cfg.zero_shard < 0))
     throw ConfigError(
         "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
-  const long long shard = zero3_groups(cfg.zero_shard, "--zero-shard-group", "shard groups", "sharded over all");
+  const long long shard = zero3_groups(cfg.zero_shard, "--zero-shard-group", "shard groups", "sharded over all", 1);
   // (the result's configuration holds the groups used: `node` resolved, 0 where none)
   r.config.zero_hpz = hpz;
   r.config.zero_shard = shard;
@@ -595,8 +597,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         if (across > t_ag) r.dp_bottleneck = where;  // (the slower of a layer's gather and its replicas' allreduce)
       }
     } else if (cfg.zero >= 1) {
-      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, params_gpu * 2);
-      const double t_ag = ctime(Collective::kAllGather, ag, dg, params_gpu * 2) + wake;
+      // (sharded within groups: the stepped slices allgathered within the group, zg, as its reduce-scatter)
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, params_gpu * 2);
+      const double t_ag = ctime(Collective::kAllGather, ag, zg, params_gpu * 2) + wake;
       auto rs_time = [&](double n) { return zero_rs(n / cfg.grad_bytes, cfg.bucket_bytes); };
       // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
       double busy = 0;
@@ -611,6 +614,12 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
         dp_total += static_cast<double>(mb - 1) * each;
       }
+      if (shard > 1)
+        r.notes.push_back(fmt::format(
+            "ZeRO-{} sharded within groups of {} data-parallel ranks, replicated across the {} groups: the "
+            "reduce-scatter and the stepped slices' allgather within the group, each slice's gradients allreduced "
+            "across the groups",
+            cfg.zero, shard, d / shard));
       if (!cfg.zero_prefetch) {
         dp_exposed += t_ag;
         dp_total += t_ag;
@@ -638,8 +647,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
             [&](double elems) {
               auto [it, fresh] = took.emplace(elems, 0.0);
               if (fresh) {
-                auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, elems * 2);
-                it->second = ctime(Collective::kAllGather, ag, dg, elems * 2) + wake;
+                auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, elems * 2);
+                it->second = ctime(Collective::kAllGather, ag, zg, elems * 2) + wake;
               }
               return it->second;
             },

@@ -75,9 +75,10 @@ struct ParallelConfig {
   // each rank holds 1/K of the parameters more (`conduit train --zero-hpz`). 0 or 1: none; -1: the node's ranks
   // (gpus a node / tp; none where that is under 2 or does not divide the data-parallel ranks).
   long long zero_hpz = 0;
-  // ZeRO-3 sharded within groups of this many data-parallel ranks and replicated across them (FSDP's HYBRID_SHARD,
-  // MiCS; `conduit train --zero-shard-group`): gathers and reduce-scatters within the group, each slice's gradients
-  // then allreduced across the groups; -1: the node's (gpus a node / tp); 0: all ranks.
+  // ZeRO sharded within groups of this many data-parallel ranks and replicated across them (FSDP's HYBRID_SHARD,
+  // MiCS; _HYBRID_SHARD_ZERO2 at stages 1-2; `conduit train --zero-shard-group`): gathers (stage 3), reduce-scatters
+  // and the stepped slices' allgather within the group, each slice's gradients then allreduced across the groups;
+  // -1: the node's (gpus a node / tp); 0: all ranks.
   long long zero_shard = 0;
   Algorithm dp_algorithm = Algorithm::kAuto;
   Algorithm tp_algorithm = Algorithm::kAuto;

@@ -157,10 +157,11 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "below their number; node: a host's data-parallel workers (the host map's; none where one host holds them "
        "all); 0: none (default 0)"},
       {"zero_shard_group",
-       "with zero 3: shard over groups of this many consecutive data-parallel ranks and replicate across the groups "
-       "(FSDP's HYBRID_SHARD, MiCS): the gathers and the reduce-scatter run within the group (a node's links when "
-       "it is a node's workers / tp), each slice's gradients then averaged across the groups; each worker holds "
-       "1/group of the model's state instead of 1/workers; a divisor of the data-parallel ranks from 2 to below "
+       "with zero 1-3: shard over groups of this many consecutive data-parallel ranks and replicate across the groups "
+       "(FSDP's HYBRID_SHARD, MiCS; _HYBRID_SHARD_ZERO2 at zero 1-2): the gathers (zero 3), the reduce-scatter and "
+       "the allgather of the stepped slices run within the group (a node's links when it is a node's workers / tp), "
+       "each slice's gradients averaged across the groups; each worker holds 1/group of what ZeRO partitions "
+       "instead of 1/workers; a divisor of the data-parallel ranks from 2 to below "
        "their number; node: a host's data-parallel workers (the host map's; over all where one host holds them "
        "all); 0: shard over all (default 0)"},
       {"zero_allgather_mb",
@@ -447,11 +448,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   }
   if (auto v = get("zero_shard_group")) {
     c.zero_shard_group = zero3_group("zero_shard_group", *v, "shard over all");
-    if (zero3_group_set(c.zero_shard_group) && c.zero != 3)
+    if (zero3_group_set(c.zero_shard_group) && c.zero == 0)
       throw ConfigError(fmt::format(
-          "config: zero_shard_group: {} shards ZeRO-3's parameters within groups, this run has zero {}; allowed with "
-          "zero {}: 0 or 1 (shard over all), or leave it unset",
-          zero3_group_text(c.zero_shard_group), c.zero, c.zero));
+          "config: zero_shard_group: {} shards ZeRO's state within groups, this run has zero 0; allowed with zero 0: "
+          "0 or 1 (shard over all), or leave it unset; or zero 1, 2 or 3",
+          zero3_group_text(c.zero_shard_group)));
     if (zero3_group_set(c.zero_shard_group) && zero3_group_set(c.zero_hpz))
       throw ConfigError(fmt::format(
           "config: zero_shard_group: {} with zero_hpz {}: the gathers run within the shard group already; allowed: "
@@ -576,11 +577,12 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         "config: zero_hpz: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into two or "
         "more; allowed: 0 or 1 (none), or a divisor of {} below it",
         c.zero_hpz, c.workers / c.tp, c.workers, c.tp, c.workers / c.tp));
-  if (c.zero_shard_group > 1 && (c.workers / c.tp % c.zero_shard_group != 0 || c.zero_shard_group >= c.workers / c.tp))
+  const int dp_workers = c.workers / (c.tp * c.pp);
+  if (c.zero_shard_group > 1 && (dp_workers % c.zero_shard_group != 0 || c.zero_shard_group >= dp_workers))
     throw ConfigError(fmt::format(
-        "config: zero_shard_group: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into "
-        "two or more; allowed: 0 or 1 (shard over all), or a divisor of {} below it",
-        c.zero_shard_group, c.workers / c.tp, c.workers, c.tp, c.workers / c.tp));
+        "config: zero_shard_group: groups of {} do not divide the {} data-parallel workers (workers {} / (tp {} x pp "
+        "{})) into two or more; allowed: 0 or 1 (shard over all), or a divisor of {} below it",
+        c.zero_shard_group, dp_workers, c.workers, c.tp, c.pp, dp_workers));
   if (c.zero > 0 && !effective_sync(c).bsp())
     throw ConfigError(
         fmt::format("config: zero: {} partitions the optimizer of sync bsp, not of {}; allowed with "
@@ -883,17 +885,18 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     // that mismatch is the error to report, or the groups the new size allows are this run's to choose)
     if (std::string(k) == "zero_hpz" || std::string(k) == "zero_shard_group") {
       bool other = false;
-      for (auto [given, saved] : {std::pair<const char*, const char*>{"workers", "world"}, {"tp", "tp"}})
+      for (auto [given, saved] : {std::pair<const char*, const char*>{"workers", "world"}, {"tp", "tp"}, {"pp", "pp"}})
         if (raw.count(given) && meta.contains(saved)) {
           const auto t = text(meta[saved]);
           other = other || !t || *t != raw.at(given);
         }
       if (other) continue;
     }
-    // (ZeRO-3's gather wire and secondary partition, not taken by a run given another stage, which refuses them)
-    if ((std::string(k) == "zero_gather" || std::string(k) == "zero_hpz" || std::string(k) == "zero_shard_group") &&
-        given_zero != -1 && given_zero != 3)
+    // (ZeRO-3's gather wire and secondary partition, not taken by a run given another stage, which refuses them; the
+    // shard groups not by a run given zero 0)
+    if ((std::string(k) == "zero_gather" || std::string(k) == "zero_hpz") && given_zero != -1 && given_zero != 3)
       continue;
+    if (std::string(k) == "zero_shard_group" && given_zero == 0) continue;
     // (the deferred allgather's call size, not taken by a run given stage 0 or 3, which refuse it)
     if (std::string(k) == "zero_allgather_mb" && given_zero != -1 && given_zero != 1 && given_zero != 2) continue;
     // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
@@ -958,7 +961,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   if (c.zero > 0) e << YAML::Key << "zero_prefetch" << YAML::Value << (c.zero_prefetch ? "true" : "false");
   if (c.zero == 3) e << YAML::Key << "zero_gather" << YAML::Value << c.zero_gather;
   if (c.zero == 3) e << YAML::Key << "zero_hpz" << YAML::Value << zero3_group_text(c.zero_hpz);
-  if (c.zero == 3) e << YAML::Key << "zero_shard_group" << YAML::Value << zero3_group_text(c.zero_shard_group);
+  if (c.zero > 0) e << YAML::Key << "zero_shard_group" << YAML::Value << zero3_group_text(c.zero_shard_group);
   if (c.zero == 1 || c.zero == 2)
     e << YAML::Key << "zero_allgather_mb" << YAML::Value << fmt::format("{}", c.zero_allgather_mb);
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");

@@ -1217,11 +1217,11 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         "with zero_stage 3 a group size that divides the ranks and is smaller than their number",
         options.zero_secondary_ranks, c.zero, comm_->size()));
   const int shard = options.zero_shard_ranks;
-  if (shard < 0 || (shard > 1 && (c.zero != 3 || comm_->size() % shard != 0 || shard >= comm_->size())))
+  if (shard < 0 || (shard > 1 && (c.zero == 0 || comm_->size() % shard != 0 || shard >= comm_->size())))
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_shard_ranks {} with zero_stage {} over {} ranks; allowed: 0 or 1 (shard over all "
-        "ranks), or with zero_stage 3 a group size of 2 or more that divides the ranks and is smaller than their "
-        "number",
+        "ranks), or with zero_stage 1, 2 or 3 a group size of 2 or more that divides the ranks and is smaller than "
+        "their number",
         shard, c.zero, comm_->size()));
   if (shard > 1 && options.zero_secondary_ranks > 1)
     throw InvalidArgument(fmt::format(
@@ -1312,15 +1312,23 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     std::vector<std::vector<int>> units;
     if (c.zero && !options.units.empty()) units = check_units();
     c.defer_slices = c.zero && !units.empty() && options.zero_prefetch && comm_->size() > 1;
+    const int me = comm_->rank();
     if (c.zero) {
       c.opt.rebuild_buckets = false;  // the slices hold the optimizer's state
-      optimizer_->param_groups()[0].params() = c.seat_zero(comm_->rank(), comm_->size());
+      if (shard > 1) {
+        // Sharded within groups of `shard` consecutive ranks (FSDP's _HYBRID_SHARD_ZERO2): the buckets' slices cut
+        // over the group, reduce-scattered within it and averaged across the groups, the stepped slices gathered
+        // within it.
+        c.shard_comm = comm_->split(me / shard, me);
+        c.replica_comm = comm_->split(me % shard, me);
+      }
+      optimizer_->param_groups()[0].params() = c.seat_zero(c.slice_comm().rank(), c.slice_comm().size());
     }
     broadcast_initial_state();
     if (c.defer_slices) {
-      c.build_pieces(units, comm_->rank(), comm_->size());
+      c.build_pieces(units, c.slice_comm().rank(), c.slice_comm().size());
       c.unit_params = units;
-      c.gather_comm = comm_->split(0, comm_->rank());
+      c.gather_comm = comm_->split(shard > 1 ? me / shard : 0, me);
     }
   }
 #ifdef CONDUIT_WITH_COMPRESS
@@ -1759,7 +1767,8 @@ void DistributedOptimizer::allgather_slices() {
   // Every rank's stepped slices into every rank's parameters, in place: all buckets issued, then waited for (the
   // communicator runs them in order).
   Core& c = *core_;
-  const int w = c.comm->size();
+  coll::Communicator& group = c.slice_comm();  // (sharded within groups: the group's)
+  const int w = group.size();
   if (w == 1) return;
   const double t0 = now_s();
   coll::CollOptions co;
@@ -1783,7 +1792,7 @@ void DistributedOptimizer::allgather_slices() {
   }
   std::vector<coll::Work> works;
   for (auto& bk : c.buckets)
-    works.push_back(c.comm->allgatherv(flat + bk.base + bk.mine, flat + bk.base, bk.counts, DType::f32, co));
+    works.push_back(group.allgatherv(flat + bk.base + bk.mine, flat + bk.base, bk.counts, DType::f32, co));
   std::exception_ptr failed;
   for (auto& wk : works) {
     try {

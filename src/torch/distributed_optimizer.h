@@ -134,6 +134,9 @@ struct DistOptions {
   // replicas' allreduce carries f32). 0: shard
   // over all ranks; otherwise it must divide the ranks, be 2 or more and fewer than them (a collective constructor
   // then splits the groups off). Not with zero_secondary_ranks (the gathers are within the group already).
+  // At stages 1 and 2 likewise (FSDP's _HYBRID_SHARD_ZERO2): each bucket's slices cut over the group, reduce-scattered
+  // within it, averaged across the groups, and the stepped slices allgathered within it; a rank holds 1/K of the
+  // optimizer state (and at stage 2 of the gradients).
   int zero_shard_ranks = 0;
   // The parameters of each unit (Net::units()), in the order forward runs them. ZeRO stage 3 needs them. At stages 1
   // and 2 with zero_prefetch they let the allgather of the stepped slices go on behind the next forward: step() starts

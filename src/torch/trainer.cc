@@ -541,7 +541,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   // simulator's node.
   for (auto [group, key, none] : {std::tuple{&c.zero_hpz, "zero_hpz", "none used"},
                                   std::tuple{&c.zero_shard_group, "zero_shard_group", "sharded over all"}}) {
-    if (*group != kHostGroup || c.zero != 3) continue;
+    if (*group != kHostGroup || (group == &c.zero_hpz ? c.zero != 3 : c.zero == 0)) continue;
     const int per_host = comm_ptr->consecutive_host_ranks(), d = dp_comm->size();
     if (per_host == 0 || per_host % mp != 0) {
       std::map<int, int> counts;
@@ -684,11 +684,11 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       same["bucket_cap_mb"] = c.bucket_cap_mb;
       same["first_bucket_mb"] = c.first_bucket_mb;
     }
-    // Stage 3's slices are cut over the shard group (checkpoints before it: over all ranks, 0).
+    // ZeRO's slices are cut over the shard group (checkpoints before it: over all ranks, 0).
     const int saved_group = meta.contains("zero_shard_group") && meta["zero_shard_group"].is_number_integer()
                                 ? meta["zero_shard_group"].get<int>()
                                 : 0;
-    if (c.zero == 3 && std::max(saved_group, 1) != std::max(c.zero_shard_group, 1))
+    if (c.zero > 0 && std::max(saved_group, 1) != std::max(c.zero_shard_group, 1))
       throw ConfigError(fmt::format(
           "config: resume: the checkpoint was written with zero_shard_group = {}, this run has {}; allowed: the same "
           "zero_shard_group (each rank's optimizer state is of its slices cut over that group)",
@@ -1207,7 +1207,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       if (c.zero > 0) declaration["zero_prefetch"] = c.zero_prefetch;  // (a setting of stages 1-3 only)
       if (c.zero == 3) declaration["zero_gather"] = c.zero_gather;
       if (c.zero == 3) declaration["zero_hpz"] = c.zero_hpz;
-      if (c.zero == 3) declaration["zero_shard_group"] = c.zero_shard_group;
+      if (c.zero > 0) declaration["zero_shard_group"] = c.zero_shard_group;
       if (c.zero == 1 || c.zero == 2) declaration["zero_allgather_mb"] = c.zero_allgather_mb;
       write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
@@ -1501,7 +1501,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
          {"zero_prefetch", c.zero > 0 ? nlohmann::json(c.zero_prefetch) : nlohmann::json()},
          {"zero_gather", c.zero == 3 ? nlohmann::json(c.zero_gather) : nlohmann::json()},
          {"zero_hpz", c.zero == 3 ? nlohmann::json(c.zero_hpz) : nlohmann::json()},
-         {"zero_shard_group", c.zero == 3 ? nlohmann::json(c.zero_shard_group) : nlohmann::json()},
+         {"zero_shard_group", c.zero > 0 ? nlohmann::json(c.zero_shard_group) : nlohmann::json()},
          {"zero_allgather_mb", c.zero == 1 || c.zero == 2 ? nlohmann::json(c.zero_allgather_mb) : nlohmann::json()},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",

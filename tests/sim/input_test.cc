@@ -1140,6 +1140,52 @@ TEST(Inputs, ZeroShardGroupsGatherWithinTheNodeAndAllreduceAcross) {
   }
 }
 
+// --zero-shard-group at stages 1 and 2 (FSDP's _HYBRID_SHARD_ZERO2) on 8 nodes of 8: the gradients reduce-scattered
+// within the node, each rank's eighth allreduced across the 8 nodes, the stepped parameters allgathered within the
+// node; the optimizer state (stage 2: and the gradients) sharded 8 ways instead of 64. (One bucket of the whole
+// gradients: the call the closed form times.) Refused at stage 0, by step and by plan.
+TEST(Inputs, ZeroShardGroupsAtStagesOneAndTwo) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  const GptModel m = named_model("gpt-1.7b");
+  const double params = static_cast<double>(m.layers) * gpt_layer_parameters_per_rank(m, 1) +
+                        static_cast<double>(m.vocab + m.seq) * static_cast<double>(m.hidden);
+  const Group node{8, 1, 0}, across{8, 8, 0};
+  for (int z : {1, 2}) {
+    ParallelConfig c;
+    c.global_batch = 64;
+    c.zero = z;
+    c.dp_overlap = false;
+    c.zero_prefetch = false;
+    c.bucket_bytes = params * 2;
+    const StepResult plain = simulate_step(net, m, c);
+    c.zero_shard = 8;
+    const StepResult h = simulate_step(net, m, c);
+    EXPECT_EQ(h.config.zero_shard, 8) << z;
+    const double want = net.time(Collective::kReduceScatter, Algorithm::kAuto, node, params * 2) +
+                        net.time(Collective::kAllReduce, Algorithm::kAuto, across, params / 8 * 2) +
+                        net.time(Collective::kAllGather, Algorithm::kAuto, node, params * 2);
+    EXPECT_NEAR(h.breakdown.dp_comm, want, 1e-9 * want) << z;
+    EXPECT_NE(h.breakdown.dp_comm, plain.breakdown.dp_comm) << z;
+    const ModelState st = zero_model_state(params, 8, z, 2);
+    EXPECT_NEAR(h.memory.optimizer, st.optimizer, 1e-6 * st.optimizer) << z;
+    EXPECT_NEAR(h.memory.optimizer, 8 * plain.memory.optimizer, 1e-6 * st.optimizer) << z;
+    EXPECT_NEAR(h.memory.grads, st.grads, 1e-6 * st.grads) << z;
+    c.zero_shard = -1;
+    EXPECT_EQ(simulate_step(net, m, c).breakdown.dp_comm, h.breakdown.dp_comm) << z;
+  }
+  int rc = 0;
+  const std::string zero0 = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 64 --model gpt-1.7b --global-batch 64 --zero 0 --zero-shard-group 8", &rc);
+  EXPECT_EQ(rc, 2) << zero0;
+  EXPECT_NE(zero0.find("--zero-shard-group: ZeRO's shard groups, this step has --zero 0"), std::string::npos) << zero0;
+  const std::string plan0 = test_util::run(
+      "sim plan --cluster dgx-a100 --gpus 64 --model gpt-1.7b --global-batch 64 --zero-options 0 --zero-shard-group 8",
+      &rc);
+  EXPECT_EQ(rc, 2) << plan0;
+  EXPECT_NE(plan0.find("this search has no ZeRO plans"), std::string::npos) << plan0;
+}
+
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
 TEST(Inputs, NoOverlapExposesZero3) {
   Topology topo(load_cluster("dgx-a100"), 64);

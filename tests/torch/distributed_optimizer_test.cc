@@ -527,7 +527,7 @@ struct ZeroRun {
 // slices are unequal and one rank's slice of the first bucket is empty. 4 steps on rank-dependent inputs; the third
 // calls synchronize() before step(); without overlap every step accumulates two backward passes.
 ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int world = 4,
-                 const std::string& compressor = "none", int ranks_per_host = 0, int steps = 4) {
+                 const std::string& compressor = "none", int ranks_per_host = 0, int steps = 4, int shard = 0) {
   auto comms = coll::Communicator::inproc(world, ranks_per_host);
   ZeroRun out;
   out.params.resize(world);
@@ -549,6 +549,7 @@ ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int worl
       o.overlap = overlap;
       o.zero_stage = stage;
       o.compressor = compressor;
+      o.zero_shard_ranks = shard;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       for (int step = 0; step < steps; ++step) {
         d.zero_grad();
@@ -833,7 +834,12 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
          "compressor 'int4' is ZeRO's reduce-scatter wire (int4 blocks by all-to-all) and zero_stage 0 has none");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.zero_shard_ranks = 2; }),
          "zero_shard_ranks 2 with zero_stage 1 over 1 ranks; allowed: 0 or 1 (shard over all ranks), or with "
-         "zero_stage 3 a group size of 2 or more");
+         "zero_stage 1, 2 or 3 a group size of 2 or more");
+  expect(attempt([](auto&, auto&, DistOptions& o) {
+           o.zero_stage = 0;
+           o.zero_shard_ranks = 2;
+         }),
+         "zero_shard_ranks 2 with zero_stage 0 over 1 ranks");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.compressor = "qsgd"; }),
          "compressor 'qsgd' cannot go with it; allowed: compressor none, fp16, bf16, int8 or int4 (without parameters");
   expect(attempt([](auto&, auto&, DistOptions& o) { o.find_unused_parameters = true; }), "find_unused_parameters");
@@ -1351,7 +1357,8 @@ struct DeferredRun {
 // ThreeUnits at ZeRO stage 1 or 2, with or without its units (the allgather after step() deferred or blocking), 4
 // steps as zero3_run's with overlap; tiny buckets (first 40 bytes, then 64) cut units across buckets: c.bias | c.weight
 // b.bias | b.weight | a.bias | a.weight.
-DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets, size_t allgather_bytes = 0) {
+DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets, size_t allgather_bytes = 0,
+                         int shard = 0) {
   auto comms = coll::Communicator::inproc(world);
   DeferredRun out;
   out.params.resize(world);
@@ -1373,6 +1380,7 @@ DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets, si
         o.bucket_cap_bytes = 64;
       }
       o.zero_allgather_bytes = allgather_bytes;
+      o.zero_shard_ranks = shard;
       o.trace = &trace;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
       m->set_unit_hooks(d.unit_hooks());
@@ -1437,6 +1445,53 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoFinishTheAllgatherUnitByUnitInTheN
           EXPECT_EQ(a["bytes"].get<size_t>(), 4 * pieces[k % pieces.size()].second) << what << " piece " << k;
         }
       }
+}
+
+// Stages 1 and 2 sharded within groups (FSDP's _HYBRID_SHARD_ZERO2): 4 ranks in pairs train as plain data parallelism
+// (to the float sum's order), each rank stepping its pair's half of every bucket (the sgd momentum of 31 or 27 of the
+// 58 floats: buckets of 3, 15, 5 and 35 cut in two), and a step sends the pair's reduce-scatter and allgather, half
+// the buckets' bytes each, and the slice's allreduce across the 2 groups (its own bytes). 8 ranks in 4 pairs (G = 4:
+// a mix-up of K and G shows) likewise; the allgather behind the forward (units) the same training and bytes.
+TEST(DistributedOptimizerZero, StagesOneAndTwoShardWithinGroupsAndAverageAcrossThem) {
+  const ZeroRun plain = zero_run(0, "sgd", true);
+  const ZeroRun plain8 = zero_run(0, "sgd", true, 8);
+  for (int stage : {1, 2}) {
+    const std::string what = fmt::format("zero {}", stage);
+    const ZeroRun h = zero_run(stage, "sgd", true, 4, "none", 0, 4, 2);
+    double worst = 0;
+    for (size_t i = 0; i < 58; ++i) worst = std::max(worst, double(std::abs(h.params[0][i] - plain.params[0][i])));
+    EXPECT_LT(worst, 1e-5) << what;
+    for (int r = 0; r < 4; ++r) {
+      const uint64_t mine = r % 2 == 0 ? 31 : 27;
+      EXPECT_EQ(h.params[size_t(r)], h.params[0]) << what << " " << r;
+      EXPECT_EQ(h.elements[size_t(r)], mine) << what << " " << r;
+      EXPECT_EQ(h.state_bytes[size_t(r)], 4 * mine) << what << " " << r;
+      EXPECT_EQ(h.sent[size_t(r)], 4 * (116 + 4 * mine + 116)) << what << " " << r;
+    }
+    const ZeroRun h8 = zero_run(stage, "sgd", true, 8, "none", 0, 4, 2);
+    worst = 0;
+    for (size_t i = 0; i < 58; ++i) worst = std::max(worst, double(std::abs(h8.params[0][i] - plain8.params[0][i])));
+    EXPECT_LT(worst, 1e-5) << what;
+    for (int r = 0; r < 8; ++r) {
+      const uint64_t mine = r % 2 == 0 ? 31 : 27;
+      EXPECT_EQ(h8.params[size_t(r)], h8.params[0]) << what << " " << r;
+      // (the slice's allreduce over 4 groups: 2 (G-1)/G = 3/2 of its bytes)
+      EXPECT_EQ(h8.sent[size_t(r)], 4 * (116 + 6 * mine + 116)) << what << " " << r;
+    }
+    for (bool tiny : {false, true}) {
+      const DeferredRun blocking = deferred_run(stage, 4, false, tiny, 0, 2);
+      const DeferredRun deferred = deferred_run(stage, 4, true, tiny, 0, 2);
+      const DeferredRun all = deferred_run(stage, 4, true, tiny);
+      for (int r = 0; r < 4; ++r) {
+        EXPECT_EQ(deferred.params[size_t(r)], blocking.params[size_t(r)]) << what << " tiny " << tiny << " " << r;
+        EXPECT_EQ(deferred.sent[size_t(r)], blocking.sent[size_t(r)]) << what << " tiny " << tiny << " " << r;
+        double apart = 0;
+        for (size_t i = 0; i < 79; ++i)
+          apart = std::max(apart, double(std::abs(deferred.params[size_t(r)][i] - all.params[size_t(r)][i])));
+        EXPECT_LT(apart, 1e-5) << what << " tiny " << tiny << " " << r;
+      }
+    }
+  }
 }
 
 // zero_allgather_bytes: a unit's piece joins its bucket's last piece (the unit before's, which it touches) while that

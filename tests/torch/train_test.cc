@@ -363,20 +363,32 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
               std::string::npos)
         << zd;
   }
-  // zero_shard_group: ZeRO-3 sharded within groups dividing the data-parallel workers, not with hpZ.
-  EXPECT_EQ(resolve_config({{"zero", "3"}, {"workers", "4"}, {"zero_shard_group", "2"}}, 0, false).zero_shard_group, 2);
-  const std::string zs = config_error({{"zero", "2"}, {"workers", "4"}, {"zero_shard_group", "2"}});
+  // zero_shard_group: ZeRO sharded within groups dividing the data-parallel workers (at stages 1-3), not with hpZ.
+  for (const char* stage : {"1", "2", "3"})
+    EXPECT_EQ(resolve_config({{"zero", stage}, {"workers", "4"}, {"zero_shard_group", "2"}}, 0, false).zero_shard_group,
+              2)
+        << stage;
+  const std::string zs = config_error({{"zero", "0"}, {"workers", "4"}, {"zero_shard_group", "2"}});
   expect_one_line(zs, "zero_shard_group");
-  EXPECT_NE(zs.find("this run has zero 2; allowed with zero 2: 0 or 1 (shard over all), or leave it unset"),
+  EXPECT_NE(zs.find("this run has zero 0; allowed with zero 0: 0 or 1 (shard over all), or leave it unset; or zero 1, "
+                    "2 or 3"),
             std::string::npos)
       << zs;
   for (const char* k : {"3", "4"}) {
     const std::string zd = config_error({{"zero", "3"}, {"workers", "4"}, {"zero_shard_group", k}});
     expect_one_line(zd, "zero_shard_group");
-    EXPECT_NE(zd.find("do not divide the 4 data-parallel workers (workers 4 / tp 1) into two or more"),
+    EXPECT_NE(zd.find("do not divide the 4 data-parallel workers (workers 4 / (tp 1 x pp 1)) into two or more"),
               std::string::npos)
         << zd;
   }
+  // (with pp the data-parallel workers are workers / (tp x pp): 8 / 2 = 4 take groups of 2, not of 4)
+  EXPECT_EQ(resolve_config({{"zero", "1"}, {"workers", "8"}, {"pp", "2"}, {"model", "mlp"}, {"zero_shard_group", "2"}},
+                           0, false)
+                .zero_shard_group,
+            2);
+  EXPECT_NE(config_error({{"zero", "1"}, {"workers", "8"}, {"pp", "2"}, {"model", "mlp"}, {"zero_shard_group", "4"}})
+                .find("groups of 4 do not divide the 4 data-parallel workers"),
+            std::string::npos);
   const std::string zsh = config_error({{"zero", "3"}, {"workers", "4"}, {"zero_hpz", "2"}, {"zero_shard_group", "2"}});
   expect_one_line(zsh, "zero_shard_group");
   EXPECT_NE(zsh.find("with zero_hpz 2: the gathers run within the shard group already"), std::string::npos) << zsh;
@@ -385,10 +397,11 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
     const TrainConfig n = resolve_config({{"zero", "3"}, {"workers", "4"}, {key, "node"}}, 0, false);
     EXPECT_EQ(std::string(key) == "zero_hpz" ? n.zero_hpz : n.zero_shard_group, kHostGroup) << key;
     EXPECT_NE(config_to_yaml(n).find(std::string(key) + ": node"), std::string::npos) << config_to_yaml(n);
-    const std::string z1 = config_error({{"zero", "1"}, {"workers", "4"}, {key, "node"}});
+    const char* refusing = std::string(key) == "zero_hpz" ? "1" : "0";
+    const std::string z1 = config_error({{"zero", refusing}, {"workers", "4"}, {key, "node"}});
     expect_one_line(z1, key);
     EXPECT_NE(z1.find(": node "), std::string::npos) << z1;
-    EXPECT_NE(z1.find("this run has zero 1"), std::string::npos) << z1;
+    EXPECT_NE(z1.find(fmt::format("this run has zero {}", refusing)), std::string::npos) << z1;
     const std::string bad = config_error({{"zero", "3"}, {"workers", "4"}, {key, "nodes"}});
     expect_one_line(bad, key);
     EXPECT_NE(bad.find("'nodes' is not allowed; allowed: node (the data-parallel workers of one host), 0 or 1"),
@@ -953,6 +966,22 @@ TEST(Train, ZeroThreeShardGroupsTrainAsZeroThreeAndResumeWithTheirGroups) {
                                    "or a group size, or 0"),
         std::string::npos)
         << e.what();
+  }
+  // Stage 2 likewise (FSDP's _HYBRID_SHARD_ZERO2): the same training, resumed bit for bit, refused with other groups.
+  {
+    TrainConfig z2 = h;
+    z2.zero = 2;
+    z2.output = (dir / "zero2-pairs").string();
+    const auto z2_pairs = train_inproc(z2, 4, true);
+    double apart = 0;
+    for (size_t i = 0; i < all[0].params.size(); ++i)
+      apart = std::max(apart, double(std::abs(z2_pairs[0].params[i] - all[0].params[i])));
+    EXPECT_LT(apart, 1e-5);
+    EXPECT_EQ(read_json_file((dir / "zero2-pairs" / "summary.json").string())["zero_shard_group"], 2);
+    TrainConfig z2_resumed = stopped_at_step_3(z2, dir / "zero2", 4);
+    EXPECT_EQ(train_inproc(z2_resumed, 4, true)[3].params, z2_pairs[3].params);
+    z2_resumed.zero_shard_group = 0;
+    EXPECT_THROW(train_inproc(z2_resumed, 4, true), ConfigError);
   }
   TrainConfig resumed = stopped_at_step_3(h, dir, 4);
   EXPECT_EQ(train_inproc(resumed, 4, true)[0].params, pairs[0].params);
