@@ -3,10 +3,11 @@
 # int8 gathers (--zero-gather int8, qwZ) and its int8 gradients (--compressor int8 at zero 3: the reduce-scatter by
 # all-to-all in two hops, qgZ). An emulated cluster of 2 hosts with 2 workers each (`conduit cluster run
 # --ranks-per-host 2`: a host's workers reach each other off the shaped link), the hosts' links shaped to RATE; the
-# cnn on Fashion-MNIST, Adam (lr 0.001), STEPS steps, eight configurations alternated over ROUNDS rounds: plain
+# cnn on Fashion-MNIST, Adam (lr 0.001), STEPS steps, ten configurations alternated over ROUNDS rounds: plain
 # bsp, zero 3, zero 3 with hpZ, with int8 gathers, with both, with int8 gradients alone, with all three, and zero 3
 # sharded within each host (--zero-shard-group 2, FSDP's HYBRID_SHARD: only each slice's gradient allreduce crosses
-# hosts). The table gives the median training wall time over the rounds, rank 0's exposed communication (median), the bytes on the wire and the test accuracy of the last
+# hosts); then zero 2, and zero 2 sharded within each host (--zero-shard-group node, resolved from the emulated hosts:
+# FSDP's _HYBRID_SHARD_ZERO2). The table gives the median training wall time over the rounds, rank 0's exposed communication (median), the bytes on the wire and the test accuracy of the last
 # round, and the bytes that crossed the shaped links (both hosts' eth0 transmit counters, read with `ip -s` around
 # each run; the workers' own counts include the traffic inside a host). Needs root (network namespaces, tc).
 #   sudo bash bench/zero/hpz_cluster.sh [RATE] [STEPS] [ROUNDS] [OUT_DIR]
@@ -41,6 +42,8 @@ run() {  # configuration round
     z3g) extra="--zero 3" comp=int8 ;;
     z3all) extra="--zero 3 --zero-gather int8 --zero-hpz 2" comp=int8 ;;
     z3s) extra="--zero 3 --zero-shard-group 2" ;;
+    z2) extra="--zero 2" ;;
+    z2s) extra="--zero 2 --zero-shard-group node" ;;
   esac
   before=$(tx)
   # shellcheck disable=SC2086  # extra is words
@@ -49,14 +52,14 @@ run() {  # configuration round
   echo $(($(tx) - before)) > "$dir.cross"
 }
 source bench/alternate_rounds.sh
-alternate_rounds "$ROUNDS" run plain z3 z3h z3q z3qh z3g z3all z3s
+alternate_rounds "$ROUNDS" run plain z3 z3h z3q z3qh z3g z3all z3s z2 z2s
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 names = {"plain": "plain bsp", "z3": "--zero 3", "z3h": "--zero 3 --zero-hpz 2", "z3q": "--zero 3 --zero-gather int8",
          "z3qh": "--zero 3 --zero-gather int8 --zero-hpz 2", "z3g": "--zero 3 --compressor int8",
          "z3all": "--zero 3 --zero-gather int8 --zero-hpz 2 --compressor int8",
-         "z3s": "--zero 3 --zero-shard-group 2"}
+         "z3s": "--zero 3 --zero-shard-group 2", "z2": "--zero 2", "z2s": "--zero 2 --zero-shard-group node"}
 base = None
 print(f"{'run':<60}{'wall s':>8}{'(rounds)':>16}{'x plain':>8}{'exposed s':>10}{'MB on wire':>12}"
       f"{'MB across':>11}{'accuracy':>10}")

@@ -89,7 +89,8 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
 // the first hop, and in the partial sums it sent across in the second (DeepSpeed's compressed allreduce keeps such a
 // worker and server error); zero where nothing of this rank's was rounded (its own slice, the parts it summed). The
 // sum over calls of every owner's result then differs from the exact one by what the residuals hold at the end, not by
-// a rounding a call. A non-finite error is dropped (zero), not carried into later calls.
+// a rounding a call. Non-finite errors are dropped (zero), not carried into later calls: a block holding a non-finite
+// element decodes to NaN, so the errors of its whole block go.
 inline constexpr size_t kIntBlock = 256;
 struct IntReduceGroups {
   coll::CommPtr local;  // this rank's host's ranks (null: one hop over the whole communicator)

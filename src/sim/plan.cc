@@ -20,15 +20,16 @@ std::string describe_config(const ParallelConfig& c) {
     if (c.schedule == Schedule::kInterleaved) s += fmt::format(" v={}", c.virtual_stages);
   }
   if (c.tp > 1 && c.sequence_parallel) s += " sp";
-  if (c.zero == 3) {  // (ZeRO-3's gathers and groups, where set; `node` until a step resolves it)
+  // (ZeRO's gathers and groups, where set; `node` until a step resolves it; shard groups at stages 1-3)
+  auto group = [&](const char* name, long long k) {
+    if (k < 0) s += fmt::format(" {}=node", name);
+    if (k > 1) s += fmt::format(" {}={}", name, k);
+  };
+  if (c.zero == 3) {
     if (c.gather_bytes != 0) s += fmt::format(" gather-bytes={:g}", c.gather_bytes);
-    auto group = [&](const char* name, long long k) {
-      if (k < 0) s += fmt::format(" {}=node", name);
-      if (k > 1) s += fmt::format(" {}={}", name, k);
-    };
     group("hpz", c.zero_hpz);
-    group("shard", c.zero_shard);
   }
+  if (c.zero >= 1) group("shard", c.zero_shard);
   if (c.compression.kind != "none")
     s += c.compression.param > 0 ? fmt::format(" compression={}:{}", c.compression.kind, c.compression.param)
                                  : fmt::format(" compression={}", c.compression.kind);

@@ -501,7 +501,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     // gradients and the blocks at memory bandwidth).
     const std::string& zq = cfg.compression.kind;
     const double zero_rs_bytes = cfg.zero >= 1 && zq == "fp16" ? 2.0 : cfg.grad_bytes;
-    // ZeRO-3 sharded within groups (--zero-shard-group K): its gathers and reduce-scatters within the K ranks `zg`,
+    // ZeRO sharded within groups (--zero-shard-group K): its gathers and reduce-scatters within the K ranks `zg`,
     // then each rank's slice (1/K of the call) allreduced across the d/K groups (`rg`, the ranks of one index).
     const Group zg = shard > 1 ? Group{shard, static_cast<long long>(t), 0} : dg;
     const Group rg{shard > 1 ? d / shard : 1, static_cast<long long>(t) * std::max(shard, 1LL), 0};
@@ -618,8 +618,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         r.notes.push_back(fmt::format(
             "ZeRO-{} sharded within groups of {} data-parallel ranks, replicated across the {} groups: the "
             "reduce-scatter and the stepped slices' allgather within the group, each slice's gradients allreduced "
-            "across the groups",
-            cfg.zero, shard, d / shard));
+            "across the groups ({} a {} bucket)",
+            cfg.zero, shard, d / shard, format_seconds(replicas(cfg.bucket_bytes / cfg.grad_bytes)),
+            format_bytes(cfg.bucket_bytes)));
       if (!cfg.zero_prefetch) {
         dp_exposed += t_ag;
         dp_total += t_ag;
@@ -667,9 +668,17 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         const auto [c, a] = all_to_all_as(qgz.outer());
         r.dp_bottleneck = net.profile(c, a, qgz.outer(), cfg.bucket_bytes).bottleneck;
       } else {
-        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, cfg.bucket_bytes);
+        // (within the shard group where there is one; its replicas' allreduce the bottleneck where it outlasts it)
+        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, zg, cfg.bucket_bytes);
         r.dp_algorithm = algorithm_name(rs.algorithm);
         r.dp_bottleneck = rs.bottleneck;
+        if (shard > 1) {
+          const double elems = cfg.bucket_bytes / cfg.grad_bytes,
+                       bytes = elems / static_cast<double>(shard) * zero_rs_bytes;
+          const double across = replicas(elems);
+          if (across > ctime(Collective::kReduceScatter, rs, zg, elems * zero_rs_bytes))
+            r.dp_bottleneck = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes).bottleneck;
+        }
       }
     } else {
       const Compression& cp = cfg.compression;

@@ -159,7 +159,8 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"zero_shard_group",
        "with zero 1-3: shard over groups of this many consecutive data-parallel ranks and replicate across the groups "
        "(FSDP's HYBRID_SHARD, MiCS; _HYBRID_SHARD_ZERO2 at zero 1-2): the gathers (zero 3), the reduce-scatter and "
-       "the allgather of the stepped slices run within the group (a node's links when it is a node's workers / tp), "
+       "the allgather of the stepped slices run within the group (a node's links when it is a node's workers / (tp x "
+       "pp)), "
        "each slice's gradients averaged across the groups; each worker holds 1/group of what ZeRO partitions "
        "instead of 1/workers; a divisor of the data-parallel ranks from 2 to below "
        "their number; node: a host's data-parallel workers (the host map's; over all where one host holds them "

@@ -1842,6 +1842,11 @@ uint64_t DistributedOptimizer::gradient_bytes_held() const {
   for (auto& s : core_->spare) bytes += s.capacity() * sizeof(float);
   for (auto& p : core_->params)
     if (p.grad().defined()) bytes += uint64_t(p.grad().numel()) * sizeof(float);
+#ifdef CONDUIT_WITH_COMPRESS
+  // (error feedback on ZeRO's int wire: every parameter's residual, whole on every rank)
+  for (auto& s : core_->states)
+    if (auto it = s.buffers.find("qgz.residual"); it != s.buffers.end()) bytes += it->second.size() * sizeof(float);
+#endif
   return bytes;
 }
 

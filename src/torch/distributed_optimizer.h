@@ -213,7 +213,8 @@ class DistributedOptimizer {
   std::string compressor_name() const;
   // Elements the optimizer steps on this rank: every trainable one, or with ZeRO this rank's slices.
   size_t optimizer_elements() const;
-  // Bytes of gradient memory this rank holds now: the buckets' buffers, the parameters' .grad and ZeRO's slices.
+  // Bytes of gradient memory this rank holds now: the buckets' buffers, the parameters' .grad and ZeRO's slices (and
+  // with ef:int8 / ef:int4 at ZeRO the residuals, the size of the whole gradients).
   uint64_t gradient_bytes_held() const;
   // Bytes of trainable parameters this rank holds now: all of them, or at ZeRO stage 3 its slices and the units
   // gathered at the moment.

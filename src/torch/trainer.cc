@@ -534,16 +534,16 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   }
   if (pp > 1) pp_comm = comm_ptr->split(global_rank / mp * tp + global_rank % tp, global_rank / tp % pp);
   if (mp > 1) dp_comm = comm_ptr->split(global_rank % mp, global_rank / mp);
-  // ZeRO-3's groups given as `node`: the data-parallel workers of one host (with tp every tp-th: a host's workers /
-  // tp), from the whole job's host map so that every rank comes to the same number: the hosts must hold as many workers
-  // each, in consecutive ranks, a multiple of tp; none (over all, for shards) where a host's form no two groups or
-  // more of two or more (one host holds them all, or one data-parallel worker a host), with a note, as the
-  // simulator's node.
+  // ZeRO's groups given as `node`: the data-parallel workers of one host (with tp and pp every (tp x pp)-th: a host's
+  // workers / (tp x pp)), from the whole job's host map so that every rank comes to the same number: the hosts must
+  // hold as many workers each, in consecutive ranks, a multiple of tp x pp (or a model replica spans hosts: no groups);
+  // none (over all, for shards) where a host's form no two groups or more of two or more (one host holds them all, or
+  // one data-parallel worker a host, or none), with a note, as the simulator's node.
   for (auto [group, key, none] : {std::tuple{&c.zero_hpz, "zero_hpz", "none used"},
                                   std::tuple{&c.zero_shard_group, "zero_shard_group", "sharded over all"}}) {
     if (*group != kHostGroup || (group == &c.zero_hpz ? c.zero != 3 : c.zero == 0)) continue;
     const int per_host = comm_ptr->consecutive_host_ranks(), d = dp_comm->size();
-    if (per_host == 0 || per_host % mp != 0) {
+    if (per_host == 0 || (per_host % mp != 0 && mp % per_host != 0)) {
       std::map<int, int> counts;
       for (int r = 0; r < comm_ptr->size(); ++r) ++counts[comm_ptr->host_of(r)];
       std::string held;
@@ -552,9 +552,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
           "config: {}: node: the hosts hold {} of the {} workers{}; allowed with node: as many workers on every host "
           "in consecutive ranks{}; or a group size, or 0",
           key, held, comm_ptr->size(), per_host == 0 ? ", not as many each in consecutive ranks" : "",
-          mp > 1 ? fmt::format(", a multiple of tp {}", mp) : ""));
+          mp > 1 ? fmt::format(", a multiple or a divisor of tp x pp = {}", mp) : ""));
     }
-    const int k = per_host / mp;
+    const int k = per_host % mp == 0 ? per_host / mp : 0;  // (a replica spanning hosts: none a host)
     *group = k >= 2 && k < d ? k : 0;
     if (*group == 0 && global_rank == 0 && wo.write_outputs)
       fmt::print(stderr, "train: note: {} node: {} data-parallel worker(s) a host form no groups of the {}; {}\n", key,

@@ -1162,6 +1162,7 @@ TEST(Inputs, ZeroShardGroupsAtStagesOneAndTwo) {
     c.zero_shard = 8;
     const StepResult h = simulate_step(net, m, c);
     EXPECT_EQ(h.config.zero_shard, 8) << z;
+    EXPECT_NE(describe_config(h.config).find(" shard=8"), std::string::npos) << describe_config(h.config);
     const double want = net.time(Collective::kReduceScatter, Algorithm::kAuto, node, params * 2) +
                         net.time(Collective::kAllReduce, Algorithm::kAuto, across, params / 8 * 2) +
                         net.time(Collective::kAllGather, Algorithm::kAuto, node, params * 2);

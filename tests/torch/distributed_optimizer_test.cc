@@ -1098,6 +1098,29 @@ TEST(DistributedOptimizerZero, StageThreeGathersEachUnitOnlyWhileItRuns) {
 // ZeRO-3 over all ranks (to the float sum's order), every rank's weights alike, each rank holding half of the
 // parameters and optimizer state (its group's slice) instead of a quarter; the gathers and the reduce-scatter move
 // half a unit (within the group) and each slice is allreduced across the 2 groups (2 (G-1)/G of its bytes).
+// Error feedback at stage 3, and within shard groups (the residuals cut over the group's ranks before the replicas'
+// allreduce): every rank's weights equal, nearer f32 training's than the plain int4 wire's, the same bytes, and the
+// residuals (the whole model's 79 floats) counted among the gradient bytes held.
+TEST(DistributedOptimizerZero, ErrorFeedbackAtStageThreeAndWithinShardGroups) {
+  const Zero3Run f32 = zero3_run(3, "sgd", true, 8);
+  for (int shard : {0, 2}) {
+    const Zero3Run z = zero3_run(3, "sgd", true, 8, "int4", true, DType::f32, 0, shard);
+    const Zero3Run ef = zero3_run(3, "sgd", true, 8, "ef:int4", true, DType::f32, 0, shard);
+    double off = 0, off_ef = 0;
+    for (size_t i = 0; i < 79; ++i) {
+      off = std::max(off, double(std::abs(z.params[0][i] - f32.params[0][i])));
+      off_ef = std::max(off_ef, double(std::abs(ef.params[0][i] - f32.params[0][i])));
+    }
+    EXPECT_LT(1.5 * off_ef, off) << "zero 3, shard " << shard << ": " << off_ef << " against " << off;
+    for (int r = 0; r < 8; ++r) {
+      EXPECT_EQ(ef.params[size_t(r)], ef.params[0]) << shard << " " << r;
+      EXPECT_EQ(ef.sent[size_t(r)], z.sent[size_t(r)]) << shard << " " << r;
+      // (the residuals held: the 79 floats of the whole model, beyond the plain wire's gradients)
+      EXPECT_EQ(ef.grad_held[size_t(r)], z.grad_held[size_t(r)] + 79 * 4) << shard << " " << r;
+    }
+  }
+}
+
 TEST(DistributedOptimizerZero, HybridShardingGathersWithinTheGroupAndAveragesAcrossThem) {
   const Zero3Run plain = zero3_run(0, "adam", true, 4);
   for (bool overlap : {true, false}) {
@@ -1467,6 +1490,15 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoShardWithinGroupsAndAverageAcrossT
       EXPECT_EQ(h.elements[size_t(r)], mine) << what << " " << r;
       EXPECT_EQ(h.state_bytes[size_t(r)], 4 * mine) << what << " " << r;
       EXPECT_EQ(h.sent[size_t(r)], 4 * (116 + 4 * mine + 116)) << what << " " << r;
+    }
+    // (the int8 wire within the pairs, each a host's: one hop; bf16's average rounded again across the groups)
+    for (const char* wire : {"int8", "bf16"}) {
+      const ZeroRun q = zero_run(stage, "sgd", true, 4, wire, 2, 4, 2);
+      double off = 0;
+      for (size_t i = 0; i < 58; ++i) off = std::max(off, double(std::abs(q.params[0][i] - plain.params[0][i])));
+      EXPECT_LT(off, 0.02) << what << " " << wire;
+      EXPECT_GT(off, 0.0) << what << " " << wire;
+      for (int r = 1; r < 4; ++r) EXPECT_EQ(q.params[size_t(r)], q.params[0]) << what << " " << wire << " " << r;
     }
     const ZeroRun h8 = zero_run(stage, "sgd", true, 8, "none", 0, 4, 2);
     worst = 0;
