@@ -355,10 +355,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const int t = cfg.tp, p = cfg.pp;
   const long long d = gpus / (static_cast<long long>(t) * p);
   r.config.dp = d;
-  // ZeRO-3's groups of K consecutive data-parallel ranks (--zero-hpz's secondary partition, --zero-shard-group's
-  // shards): the K given, or `node` (-1): the node's, gpus a node / t; none (0) where a node's do not cut the
-  // data-parallel ranks into two groups or more (a note says so; a K given so is refused).
-  // (hpZ is ZeRO-3's; shard groups apply at stages 1-3)
+  // ZeRO's groups of K consecutive data-parallel ranks (--zero-hpz's secondary partition, ZeRO-3's;
+  // --zero-shard-group's shards, stages 1-3): the K given, or `node` (-1): the node's, gpus a node / t; none (0) where
+  // a node's do not cut the data-parallel ranks into two groups or more (a note says so; a K given so is refused).
   auto zero3_groups = [&](long long given, const char* flag, const char* what, const char* instead,
                           int from_stage) -> long long {
     if (cfg.zero < from_stage || (given >= 0 && given <= 1)) return 0;

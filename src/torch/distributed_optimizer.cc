@@ -149,9 +149,10 @@ struct DistributedOptimizer::Core {
   // ZeRO-3's secondary partition (DistOptions::zero_secondary_ranks, ZeRO++'s hpZ): the group of consecutive ranks
   // the backward gathers run in (null: none).
   coll::CommPtr sec_comm;
-  // ZeRO-3 sharded within groups (DistOptions::zero_shard_ranks): the reduce-scatter's group (this rank's K
-  // consecutive ranks; the gathers run on a split of their own, gather_comm) and the ranks of this rank's index in
-  // every group, over which each slice's gradients are then averaged (null: none).
+  // ZeRO sharded within groups (DistOptions::zero_shard_ranks, stages 1-3): the reduce-scatter's group (this rank's K
+  // consecutive ranks; the gathers, and stages 1-2's deferred allgathers, run on a split of their own, gather_comm)
+  // and the ranks of this rank's index in every group, over which each slice's gradients are then averaged (null:
+  // none).
   coll::CommPtr shard_comm, replica_comm;
   // The communicator a bucket's slices are cut over (its rank owns slice rank()).
   coll::Communicator& slice_comm() const { return shard_comm ? *shard_comm : *comm; }
@@ -862,18 +863,18 @@ struct DistributedOptimizer::Core {
         // its own, whatever buckets it is in from step to step).
         std::vector<float> residual(zero_ef ? n : 0);
         if (zero_ef)
-          for (size_t k = 0; k < bk.params.size(); ++k) {
-            const int i = bk.params[k];
+          for (size_t q = 0; q < bk.params.size(); ++q) {
+            const int i = bk.params[q];
             auto& r = states[size_t(i)].buffer("qgz.residual", numel[size_t(i)]);
-            std::copy(r.begin(), r.end(), residual.begin() + std::ptrdiff_t(bk.offsets[k]));
+            std::copy(r.begin(), r.end(), residual.begin() + std::ptrdiff_t(bk.offsets[q]));
           }
         const uint64_t sent = compress::int_reduce_scatter(rs, int_groups, std::span<const float>(bk.flat.data(), n),
                                                            bk.counts, slice, zero_bits, ro, residual);
         if (zero_ef)
-          for (size_t k = 0; k < bk.params.size(); ++k) {
-            const int i = bk.params[k];
+          for (size_t q = 0; q < bk.params.size(); ++q) {
+            const int i = bk.params[q];
             auto& r = states[size_t(i)].buffer("qgz.residual", numel[size_t(i)]);
-            std::copy_n(residual.begin() + std::ptrdiff_t(bk.offsets[k]), r.size(), r.begin());
+            std::copy_n(residual.begin() + std::ptrdiff_t(bk.offsets[q]), r.size(), r.begin());
           }
         std::copy(slice.begin(), slice.end(), out);
         average_replicas(out, mine, replica_co());
@@ -940,6 +941,7 @@ struct DistributedOptimizer::Core {
                                {"wire", zero_wire != DType::i8 ? dtype_name(zero_wire)
                                         : zero_bits == 8       ? "int8"
                                                                : "int4"}};
+        if (zero_ef) args["error_feedback"] = true;
         if (replica_comm && replica_comm->size() > 1)
           args["replica_allreduce_bytes"] = mine * (is_16bit(zero_wire) ? sizeof(uint16_t) : sizeof(float));
         opt.trace->complete("communicate", 1, t0, t1, std::move(args));

@@ -475,6 +475,42 @@ TEST(IntReduceScatter, ErrorFeedbackKeepsTheRunningSumWithinOneCallsRounding) {
     }
 }
 
+// Error feedback's edges: a residual of another length is refused with one line; averaged, the result is the summed
+// one scaled (the residuals the same); a non-finite element's block decodes to NaN on its owner and leaves no
+// non-finite error behind (the next call, finite again, comes out finite).
+TEST(IntReduceScatter, ErrorFeedbackRefusesAResidualOfAnotherLengthAndCarriesNothingNonFinite) {
+  on_ranks(4, [&](coll::Communicator& c) {
+    auto groups = int_reduce_groups(c);
+    const std::vector<size_t> counts = {300, 300, 300, 300};
+    std::vector<float> in = gaussian(1200, 11 + c.rank()), out(300), avg(300);
+    std::vector<float> short_residual(1199);
+    try {
+      int_reduce_scatter(c, groups, in, counts, out, 8, {}, short_residual);
+      ADD_FAILURE() << "a residual of 1199 for an input of 1200 was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("a residual of 1199 elements for an input of 1200; allowed: as many, or none"),
+          std::string::npos)
+          << e.what();
+    }
+    std::vector<float> r1(1200, 0.01f), r2 = r1;
+    int_reduce_scatter(c, groups, in, counts, out, 4, {}, r1);
+    ReduceOptions o;
+    o.average = true;
+    int_reduce_scatter(c, groups, in, counts, avg, 4, o, r2);
+    EXPECT_EQ(r1, r2);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(avg[i], out[i] * 0.25f) << i;
+    // Rank 3's part of rank 0's first block not finite: rank 0's block NaN, every residual finite after.
+    std::vector<float> bad = in;
+    if (c.rank() == 3) bad[7] = std::numeric_limits<float>::infinity();
+    int_reduce_scatter(c, groups, bad, counts, out, 4, {}, r1);
+    if (c.rank() == 0) EXPECT_TRUE(std::isnan(out[7]));
+    for (float e : r1) ASSERT_TRUE(std::isfinite(e));
+    int_reduce_scatter(c, groups, in, counts, out, 4, {}, r1);
+    for (float v : out) ASSERT_TRUE(std::isfinite(v));
+  });
+}
+
 // The two hops share the call's deadline: a rank whose first hop ended late fails at its timeout, not a whole timeout
 // after that hop. Ranks 0 and 1 (one host) never call; rank 3 joins its host's hop 3 s late, so rank 2's hop across
 // (to rank 0) begins 3 s into a 4 s timeout: it fails at 4 s, where each hop's own deadline made it 7.
