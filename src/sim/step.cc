@@ -325,6 +325,29 @@ std::vector<DeferredCall> deferred_allgather_calls(const std::vector<std::vector
   return calls;
 }
 
+namespace {
+
+// ZeRO's groups of K consecutive data-parallel ranks (--zero-hpz's secondary partition, ZeRO-3's; --zero-shard-group's
+// shards, stages 1-3): the K given, or `node` (-1): the node's data-parallel ranks (node_gpus / t); none (0) below
+// `from_stage`, or where a node's do not cut the d data-parallel ranks into two groups or more (a note says so; a K
+// given so is refused).
+long long zero_group_size(int zero, int from_stage, long long given, long long d, long long node_gpus, int t,
+                          const char* flag, const char* what, const char* instead, std::vector<std::string>& notes) {
+  if (zero < from_stage || (given >= 0 && given <= 1)) return 0;
+  const long long k = given > 1 ? given : node_gpus / t;
+  if (k >= 2 && d % k == 0 && k < d) return k;
+  if (given > 1)
+    throw ConfigError(fmt::format(
+        "{} = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: a divisor of {} "
+        "below it, or node (gpus a node / tp)",
+        flag, given, d, d));
+  notes.push_back(fmt::format("{} node: {} data-parallel ranks a node ({} GPUs / tp {}) form no {} of the {}; {}", flag,
+                              k, node_gpus, t, what, d, instead));
+  return 0;
+}
+
+}  // namespace
+
 StepResult simulate_step(CollectiveModel& net, const GptModel& given, const ParallelConfig& cfg) {
   const Topology& topo = net.topology();
   const long long gpus = topo.gpus();
@@ -355,22 +378,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const int t = cfg.tp, p = cfg.pp;
   const long long d = gpus / (static_cast<long long>(t) * p);
   r.config.dp = d;
-  // ZeRO's groups of K consecutive data-parallel ranks (--zero-hpz's secondary partition, ZeRO-3's;
-  // --zero-shard-group's shards, stages 1-3): the K given, or `node` (-1): the node's, gpus a node / t; none (0) where
-  // a node's do not cut the data-parallel ranks into two groups or more (a note says so; a K given so is refused).
-  auto zero3_groups = [&](long long given, const char* flag, const char* what, const char* instead,
-                          int from_stage) -> long long {
-    if (cfg.zero < from_stage || (given >= 0 && given <= 1)) return 0;
-    const long long k = given > 1 ? given : topo.gpus_per_node() / t;
-    if (k >= 2 && d % k == 0 && k < d) return k;
-    if (given > 1)
-      throw ConfigError(fmt::format(
-          "{} = {}: groups that do not divide the {} data-parallel ranks into two or more; allowed: a divisor of {} "
-          "below it, or node (gpus a node / tp)",
-          flag, given, d, d));
-    r.notes.push_back(fmt::format("{} node: {} data-parallel ranks a node ({} GPUs / tp {}) form no {} of the {}; {}",
-                                  flag, k, topo.gpus_per_node(), t, what, d, instead));
-    return 0;
+  auto zero3_groups = [&](long long given, const char* flag, const char* what, const char* instead, int from_stage) {
+    return zero_group_size(cfg.zero, from_stage, given, d, topo.gpus_per_node(), t, flag, what, instead, r.notes);
   };
   const long long hpz = zero3_groups(cfg.zero_hpz, "--zero-hpz", "secondary partition", "none used", 3);
   if (hpz > 1 && cfg.zero == 3 && (cfg.zero_shard > 1 || cfg.zero_shard < 0))
@@ -1097,10 +1106,6 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     throw ConfigError(
         "--zero-hpz is modelled for GPT models (--model gpt and the named ones), not layer lists: leave "
         "it out");
-  if (cfg.zero_shard > 1 || cfg.zero_shard < 0)
-    throw ConfigError(
-        "--zero-shard-group is modelled for GPT models (--model gpt and the named ones), not layer lists: leave it "
-        "out");
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", cfg.grad_bytes));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
@@ -1198,16 +1203,39 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, run_scale, cap, mb, wake);
   }
   double dp_total = 0, dp_exposed = 0, comp = 0;
+  // ZeRO sharded within groups of K consecutive ranks (--zero-shard-group; `conduit train --zero-shard-group`): the
+  // reduce-scatters and allgathers (ZeRO-3's gathers) within the group, each slice's gradients then allreduced across
+  // the groups (on the reduce-scatter's 16-bit wire with fp16, else in the gradients' own bytes); state sharded K ways.
+  const long long shard = p == 1 ? zero_group_size(cfg.zero, 1, cfg.zero_shard, gpus, topo.gpus_per_node(), 1,
+                                                   "--zero-shard-group", "shard groups", "sharded over all", r.notes)
+                                 : 0;
+  r.config.zero_shard = shard;
+  const long long sharded_over = cfg.zero >= 1 ? (shard > 1 ? shard : gpus) : 1;
+  if (shard > 1)
+    r.notes.push_back(fmt::format(
+        "ZeRO-{} sharded within groups of {} ranks, replicated across the {} groups: the reduce-scatters and "
+        "allgathers within the group, each slice's gradients allreduced across the groups",
+        cfg.zero, shard, gpus / shard));
   if (gpus > 1) {
     const Group dg{gpus, 1, 0};
+    const Group zg = shard > 1 ? Group{shard, 1, 0} : dg, rg{shard > 1 ? gpus / shard : 1, std::max(shard, 1LL), 0};
     const std::string& k = cfg.compression.kind;
+    const double replica_bytes = k == "fp16" ? 2.0 : cfg.grad_bytes;
+    auto replicas = [&](double elems) {
+      if (shard <= 1) return 0.0;
+      const double bytes = elems / static_cast<double>(shard) * replica_bytes;
+      auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes);
+      return (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllReduce, ar.algorithm, rg, bytes)
+                                          : ar.time(bytes)) +
+             wake;
+    };
     // ZeRO with int8 or int4: blocks by all-to-all (Qgz; `conduit train --zero N --compressor int8`), in two hops
     // where a node holds several ranks.
-    const Qgz qgz(cfg, dg, topo.gpus_per_node());
+    const Qgz qgz(cfg, zg, topo.gpus_per_node());
     const double per = qgz.on ? qgz.wire : k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : k == "int8" ? 1 : 0.5;
     const double wire = params * per;
     const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter : Collective::kAllReduce;
-    auto prof = net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
+    auto prof = net.profile(coll, cfg.dp_algorithm, zg, std::min(wire, cfg.bucket_bytes));
     auto qgz_time = [&](double elems) {
       return qgz.time(
           [&](Collective c, Algorithm a, const Group& g, double n) {
@@ -1220,9 +1248,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // first and stopped polling (calibrated CPU clusters; 0 elsewhere; qgZ's a hop).
     auto tof = [&](double n) {
       const double elems = n / per;
-      if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems, 1);
-      return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n) : prof.time(n)) +
-             memory_time(*slow, 8 * elems, 1) + wake;
+      if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems, 1) + replicas(elems);
+      return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, zg, n) : prof.time(n)) +
+             memory_time(*slow, 8 * elems, 1) + wake + replicas(elems);
     };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
     dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd * run_scale : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes,
@@ -1238,8 +1266,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // The parameters are allgathered in the precision they are held in: 2 bytes (mixed precision) or 4 (f32, as
     // `conduit train` runs; the factor 2 stood here for both).
     auto allgather = [&](double bytes) {
-      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, bytes);
-      return (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, dg, bytes)
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, bytes);
+      return (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, zg, bytes)
                                           : ag.time(bytes)) +
              wake;
     };
@@ -1321,13 +1349,14 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         t = end_bwd[u];
         if (unit_params[u] <= 0) continue;
         const double n = unit_params[u] * per;
-        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, dg, n);
-        const double avg = memory_time(*slow, 8 * n / per / static_cast<double>(gpus), 1);
+        auto rs = net.profile(Collective::kReduceScatter, cfg.dp_algorithm, zg, n);
+        const double avg = memory_time(*slow, 8 * n / per / static_cast<double>(sharded_over), 1);
         const double t_rs =
-            qgz.on ? qgz_time(unit_params[u]) + avg
-                   : (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kReduceScatter, rs.algorithm, dg, n)
-                                                  : rs.time(n)) +
-                         avg + wake;
+            (qgz.on ? qgz_time(unit_params[u]) + avg
+                    : (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kReduceScatter, rs.algorithm, zg, n)
+                                                   : rs.time(n)) +
+                          avg + wake) +
+            replicas(unit_params[u]);
         rs_total += t_rs;
         comm_free = std::max(comm_free, cfg.dp_overlap ? t : 0.0) + t_rs;
       }
@@ -1378,16 +1407,16 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   r.breakdown.dp_exposed = dp_exposed;
   r.breakdown.compression = comp;
   // The optimizer streams 28 bytes per (sharded) parameter, or takes its measured time for these layers (SGD with
-  // momentum, as conduit train runs it; sharded by ZeRO like the parameters).
-  const double shard = cfg.zero >= 1 ? static_cast<double>(gpus) : 1.0;
+  // momentum, as conduit train runs it; sharded by ZeRO like the parameters: over the shard group where there is one).
+  const double over = static_cast<double>(sharded_over);
   r.breakdown.optimizer =
-      measured && measured->optimizer > 0 ? measured->optimizer / shard : memory_time(*slow, params / shard * 28, 4);
+      measured && measured->optimizer > 0 ? measured->optimizer / over : memory_time(*slow, params / over * 28, 4);
   r.time = r.breakdown.compute + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
-  ModelState st = zero_model_state(params, gpus, cfg.zero, cfg.grad_bytes);
+  ModelState st = zero_model_state(params, cfg.zero >= 1 ? sharded_over : gpus, cfg.zero, cfg.grad_bytes);
   if (eb == 4) {
     // f32 training (`conduit train`): 4-byte parameters and Adam's two f32 moments, no f32 master copy (the mixed
     // precision state above is 2-byte parameters and 12 bytes of optimizer state a parameter).
-    const double n = static_cast<double>(gpus);
+    const double n = static_cast<double>(cfg.zero >= 1 ? sharded_over : gpus);
     st.params = 4 * params / (cfg.zero >= 3 ? n : 1);
     st.optimizer = 8 * params / (cfg.zero >= 1 ? n : 1);
   }

@@ -1130,13 +1130,52 @@ TEST(Inputs, ZeroShardGroupsGatherWithinTheNodeAndAllreduceAcross) {
       &rc);
   EXPECT_EQ(rc, 2) << both;
   EXPECT_NE(both.find("--zero-shard-group with --zero-hpz"), std::string::npos) << both;
-  try {
-    c.zero_shard = 2;
-    simulate_layer_step(net, parse_layer_model("dense:10x10"), c);
-    ADD_FAILURE() << "a layer list took --zero-shard-group";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--zero-shard-group is modelled for GPT models"), std::string::npos)
-        << e.what();
+}
+
+// Layer lists (the models `conduit train` runs) shard within groups too, at stages 1-3: on 8 nodes of 8, groups of
+// 8, one bucket, no overlap or prefetch: against sharding over all 64 ranks, the reduce-scatters and allgathers run
+// within the node instead and each slice is allreduced across the nodes (4-byte gradients, as conduit train's), the
+// rest (the averaging passes, the compute) the same; the optimizer state sharded 8 ways.
+TEST(Inputs, ZeroShardGroupsForLayerLists) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  const LayerModel m = parse_layer_model("dense:1000x1000,dense:1000x1000");
+  const double params = 2 * (1000.0 * 1000 + 1000);
+  const Group all{64, 1, 0}, node{8, 1, 0}, across{8, 8, 0};
+  const Accelerator& acc = topo.spec().node_kinds[0].accelerator;
+  auto t = [&](Collective c, const Group& g, double bytes) { return net.time(c, Algorithm::kAuto, g, bytes); };
+  for (int z : {1, 2, 3}) {
+    ParallelConfig c;
+    c.global_batch = 64;
+    c.zero = z;
+    c.grad_bytes = 4;
+    c.dp_overlap = false;
+    c.zero_prefetch = false;
+    c.bucket_bytes = params * 4;
+    const StepResult plain = simulate_layer_step(net, m, c);
+    c.zero_shard = 8;
+    const StepResult h = simulate_layer_step(net, m, c);
+    EXPECT_EQ(h.config.zero_shard, 8) << z;
+    double want = 0;
+    if (z < 3) {
+      want = t(Collective::kReduceScatter, node, params * 4) - t(Collective::kReduceScatter, all, params * 4) +
+             t(Collective::kAllReduce, across, params / 8 * 4) + t(Collective::kAllGather, node, params * 4) -
+             t(Collective::kAllGather, all, params * 4);
+    } else {
+      // (each layer a unit: gathered forward, the first again backward; each reduce-scattered with its averaging
+      // pass over its slice: an eighth of the layer instead of a 64th)
+      const double layer = 1000.0 * 1000 + 1000;
+      for (int u = 0; u < 2; ++u)
+        want += (u == 0 ? 2 : 1) *
+                    (t(Collective::kAllGather, node, layer * 4) - t(Collective::kAllGather, all, layer * 4)) +
+                t(Collective::kReduceScatter, node, layer * 4) - t(Collective::kReduceScatter, all, layer * 4) +
+                t(Collective::kAllReduce, across, layer / 8 * 4) + memory_time(acc, 8 * layer / 8, 1) -
+                memory_time(acc, 8 * layer / 64, 1);
+    }
+    EXPECT_NEAR(h.breakdown.dp_comm - plain.breakdown.dp_comm, want, 1e-9 * h.breakdown.dp_comm) << z;
+    EXPECT_NEAR(h.memory.optimizer, 8 * plain.memory.optimizer, 1e-6 * h.memory.optimizer) << z;
+    c.zero_shard = -1;
+    EXPECT_EQ(simulate_layer_step(net, m, c).breakdown.dp_comm, h.breakdown.dp_comm) << z;
   }
 }
 
