@@ -1102,10 +1102,6 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         "--zero 0, 1 or 2");
   if (cfg.sync.kind == "local-sgd" && cfg.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
-  if (cfg.zero_hpz > 1 || cfg.zero_hpz < 0)
-    throw ConfigError(
-        "--zero-hpz is modelled for GPT models (--model gpt and the named ones), not layer lists: leave "
-        "it out");
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", cfg.grad_bytes));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
@@ -1211,6 +1207,16 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                                  : 0;
   r.config.zero_shard = shard;
   const long long sharded_over = cfg.zero >= 1 ? (shard > 1 ? shard : gpus) : 1;
+  // ZeRO-3's secondary partition (--zero-hpz; `conduit train --zero-hpz`): each unit's backward gather within groups
+  // of K ranks, of the part of the weights its forward kept (in the forward's 16-bit wire, else in f32).
+  const long long hpz = p == 1 ? zero_group_size(cfg.zero, 3, cfg.zero_hpz, gpus, topo.gpus_per_node(), 1, "--zero-hpz",
+                                                 "secondary partition", "none used", r.notes)
+                               : 0;
+  if (hpz > 1 && shard > 1)
+    throw ConfigError(
+        "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
+  r.config.zero_hpz = hpz;
+  const double kept_bytes = gather_element_bytes(cfg.gather_bytes, cfg.grad_bytes) == 2 ? 2.0 : cfg.grad_bytes;
   if (shard > 1)
     r.notes.push_back(fmt::format(
         "ZeRO-{} sharded within groups of {} ranks, replicated across the {} groups: the reduce-scatters and "
@@ -1265,9 +1271,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     }
     // The parameters are allgathered in the precision they are held in: 2 bytes (mixed precision) or 4 (f32, as
     // `conduit train` runs; the factor 2 stood here for both).
-    auto allgather = [&](double bytes) {
-      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, bytes);
-      return (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, zg, bytes)
+    auto allgather = [&](double bytes, const Group* within = nullptr) {
+      const Group& g = within ? *within : zg;
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, g, bytes);
+      return (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllGather, ag.algorithm, g, bytes)
                                           : ag.time(bytes)) +
              wake;
     };
@@ -1314,12 +1321,15 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       // gathers' own channel, and only what is left of it when its unit begins is exposed; without, every gather
       // blocks. The units' gradients are reduce-scattered once a step, each as soon as the last micro-batch's
       // backward has passed it, behind the backward of the units before it.
-      std::vector<double> t_ag(units, 0.0);  // each unit's gather
+      // (with hpZ the backward's within its group, of the kept parts)
+      std::vector<double> t_ag(units, 0.0), g_bwd(units, 0.0);  // each unit's gathers, forward and backward
       double gathers = 0, rs_total = 0, comm_free = 0;
+      const Group hg{std::max(hpz, 1LL), 1, 0};
       for (size_t u = 0; u < units; ++u) {
         if (unit_params[u] <= 0) continue;
         t_ag[u] = allgather(unit_params[u] * gather_element_bytes(cfg.gather_bytes, eb));
-        gathers += t_ag[u] * (u + 1 < units ? 2 : 1);
+        g_bwd[u] = hpz > 1 ? allgather(unit_params[u] * kept_bytes, &hg) : t_ag[u];
+        gathers += t_ag[u] + (u + 1 < units ? g_bwd[u] : 0.0);
       }
       // One pass over the units in `order`, each after its gather `g` (0: none): when each unit's compute ends, and
       // the time the pass waited for gathers.
@@ -1340,7 +1350,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       };
       std::vector<size_t> forward_order(units), backward_order(units);
       for (size_t u = 0; u < units; ++u) forward_order[u] = u, backward_order[u] = units - 1 - u;
-      std::vector<double> g_bwd = t_ag, end_fwd, end_bwd;
+      std::vector<double> end_fwd, end_bwd;
       g_bwd.back() = 0;  // (the last unit stays gathered from its forward)
       const double waited =
           play(forward_order, t_ag, unit_fwd, end_fwd) + play(backward_order, g_bwd, unit_bwd, end_bwd);
@@ -1367,10 +1377,12 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
           size_t(std::count_if(unit_params.begin(), unit_params.end(), [](double n) { return n > 0; }));
       const size_t backward = with_params - (unit_params.back() > 0 ? 1 : 0);
       r.notes.push_back(fmt::format(
-          "ZeRO-3: every micro-batch gathers {} unit(s) forward and {} backward ({} a micro-batch, {} of it "
+          "ZeRO-3: every micro-batch gathers {} unit(s) forward and {} backward{} ({} a micro-batch, {} of it "
           "exposed{}), "
           "and each unit's gradients are reduce-scattered once an iteration ({} in all, {} of it past the backward)",
-          with_params, backward, format_seconds(gathers), format_seconds(waited),
+          with_params, backward,
+          hpz > 1 ? fmt::format(" within groups of {} (hpZ: the parts the forward kept)", hpz) : std::string(),
+          format_seconds(gathers), format_seconds(waited),
           cfg.zero_prefetch ? ": each next unit's gather behind the unit before" : ": no prefetch",
           format_seconds(rs_total), format_seconds(dp_exposed)));
     }
@@ -1432,6 +1444,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     }
     st.params += whole * eb;
     st.grads += largest * cfg.grad_bytes;
+    // (hpZ: every unit's kept part, from its forward to its backward)
+    if (hpz > 1) st.params += params * kept_bytes / static_cast<double>(hpz);
   }
   r.memory.params = st.params;
   r.memory.grads = st.grads;
