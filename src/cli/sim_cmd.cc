@@ -1420,12 +1420,14 @@ void setup(CLI::App& app) {
                   "--zero-gather int8 and ZeRO++'s qwZ; 2: --zero-gather bf16 or fp16; default: as held, a GPT "
                   "model's 16 bits, a layer list's --grad-bytes)");
     c->add_option("--zero-hpz", a->zero_hpz,
-                  "ZeRO-3, GPT models: ZeRO++'s hpZ, a secondary partition over groups of this many data-parallel "
+                  "ZeRO-3 (GPT models and layer lists): ZeRO++'s hpZ, a secondary partition over groups of this many "
+                  "data-parallel "
                   "ranks, which the backward's gathers run within (conduit train --zero-hpz); node: the node's, gpus "
                   "a node / tp, for each plan; 0: none")
         ->capture_default_str();
     c->add_option("--zero-shard-group", a->zero_shard,
-                  "ZeRO 1-3, GPT models: shard within groups of this many data-parallel ranks and replicate across "
+                  "ZeRO 1-3 (GPT models and layer lists): shard within groups of this many data-parallel ranks and "
+                  "replicate across "
                   "them (FSDP's HYBRID_SHARD, MiCS; conduit train --zero-shard-group); node: the node's, gpus a node / "
                   "tp, for each plan; 0: all ranks")
         ->capture_default_str();

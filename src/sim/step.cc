@@ -1192,6 +1192,23 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   // at the ratio, plus the framework's time in proportion to them.
   const double run_scale = ratio + (fwd + bwd > 0 ? framework / (fwd + bwd) : 0.0);
   const double wake = topo.spec().network.wake_latency;
+  // ZeRO sharded within groups of K consecutive ranks (--zero-shard-group; `conduit train --zero-shard-group`): the
+  // reduce-scatters and allgathers (ZeRO-3's gathers) within the group, each slice's gradients then allreduced across
+  // the groups (on the reduce-scatter's 16-bit wire with fp16, else in the gradients' own bytes); state sharded K ways.
+  // (with pipelines ZeRO is refused above: none)
+  const long long shard = zero_group_size(cfg.zero, 1, cfg.zero_shard, gpus, topo.gpus_per_node(), 1,
+                                          "--zero-shard-group", "shard groups", "sharded over all", r.notes);
+  r.config.zero_shard = shard;
+  const long long sharded_over = cfg.zero >= 1 ? (shard > 1 ? shard : gpus) : 1;
+  // ZeRO-3's secondary partition (--zero-hpz; `conduit train --zero-hpz`): each unit's backward gather within groups
+  // of K ranks, of the part of the weights its forward kept (in the forward's 16-bit wire, else in f32).
+  const long long hpz = zero_group_size(cfg.zero, 3, cfg.zero_hpz, gpus, topo.gpus_per_node(), 1, "--zero-hpz",
+                                        "secondary partition", "none used", r.notes);
+  if (hpz > 1 && shard > 1)
+    throw ConfigError(
+        "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
+  r.config.zero_hpz = hpz;
+  const double kept_bytes = gather_element_bytes(cfg.gather_bytes, cfg.grad_bytes) == 2 ? 2.0 : 4.0;
   if (p > 1) {
     std::vector<double> pf, pb;
     double f0 = 0, b0 = 0;
@@ -1199,24 +1216,6 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     return layer_pipeline(net, m, cfg, std::move(r), *slow, measured, unit_first, pf, pb, run_scale, cap, mb, wake);
   }
   double dp_total = 0, dp_exposed = 0, comp = 0;
-  // ZeRO sharded within groups of K consecutive ranks (--zero-shard-group; `conduit train --zero-shard-group`): the
-  // reduce-scatters and allgathers (ZeRO-3's gathers) within the group, each slice's gradients then allreduced across
-  // the groups (on the reduce-scatter's 16-bit wire with fp16, else in the gradients' own bytes); state sharded K ways.
-  const long long shard = p == 1 ? zero_group_size(cfg.zero, 1, cfg.zero_shard, gpus, topo.gpus_per_node(), 1,
-                                                   "--zero-shard-group", "shard groups", "sharded over all", r.notes)
-                                 : 0;
-  r.config.zero_shard = shard;
-  const long long sharded_over = cfg.zero >= 1 ? (shard > 1 ? shard : gpus) : 1;
-  // ZeRO-3's secondary partition (--zero-hpz; `conduit train --zero-hpz`): each unit's backward gather within groups
-  // of K ranks, of the part of the weights its forward kept (in the forward's 16-bit wire, else in f32).
-  const long long hpz = p == 1 ? zero_group_size(cfg.zero, 3, cfg.zero_hpz, gpus, topo.gpus_per_node(), 1, "--zero-hpz",
-                                                 "secondary partition", "none used", r.notes)
-                               : 0;
-  if (hpz > 1 && shard > 1)
-    throw ConfigError(
-        "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
-  r.config.zero_hpz = hpz;
-  const double kept_bytes = gather_element_bytes(cfg.gather_bytes, cfg.grad_bytes) == 2 ? 2.0 : cfg.grad_bytes;
   if (shard > 1)
     r.notes.push_back(fmt::format(
         "ZeRO-{} sharded within groups of {} ranks, replicated across the {} groups: the reduce-scatters and "
@@ -1226,7 +1225,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     const Group dg{gpus, 1, 0};
     const Group zg = shard > 1 ? Group{shard, 1, 0} : dg, rg{shard > 1 ? gpus / shard : 1, std::max(shard, 1LL), 0};
     const std::string& k = cfg.compression.kind;
-    const double replica_bytes = k == "fp16" ? 2.0 : cfg.grad_bytes;
+    // (f32 after int blocks, as the runtime's: no allreduce re-encodes them)
+    const double replica_bytes = k == "fp16" ? 2.0 : k == "int8" || k == "int4" ? 4.0 : cfg.grad_bytes;
     auto replicas = [&](double elems) {
       if (shard <= 1) return 0.0;
       const double bytes = elems / static_cast<double>(shard) * replica_bytes;
@@ -1252,11 +1252,13 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // Each bucket's exchange, then its average: the runtime divides the reduced f32 gradients by the world size (read
     // + write 4 bytes per element) before the next bucket. Each call also pays the wake-up of peers that arrived
     // first and stopped polling (calibrated CPU clusters; 0 elsewhere; qgZ's a hop).
+    // (ZeRO averages this rank's slice only: 1/K of the bucket, K the ranks it is cut over)
+    const double averaged = cfg.zero >= 1 ? static_cast<double>(sharded_over) : 1.0;
     auto tof = [&](double n) {
       const double elems = n / per;
-      if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems, 1) + replicas(elems);
+      if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems / averaged, 1) + replicas(elems);
       return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, zg, n) : prof.time(n)) +
-             memory_time(*slow, 8 * elems, 1) + wake + replicas(elems);
+             memory_time(*slow, 8 * elems / averaged, 1) + wake + replicas(elems);
     };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
     dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd * run_scale : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes,
@@ -1406,6 +1408,14 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     } else {
       r.dp_bottleneck = prof.bottleneck;
     }
+    if (shard > 1 && cfg.zero >= 1) {
+      // (the slices' allreduce across the groups where it outlasts a bucket's reduce-scatter within the group)
+      const double elems = std::min(wire, cfg.bucket_bytes * per / cfg.grad_bytes) / per;
+      const double within = qgz.on ? qgz_time(elems) : prof.time(elems * per);
+      const double bytes = elems / static_cast<double>(shard) * replica_bytes;
+      if (replicas(elems) > within)
+        r.dp_bottleneck = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes).bottleneck;
+    }
     if (cfg.sync.kind == "local-sgd") {
       dp_total /= cfg.sync.period;
       dp_exposed /= cfg.sync.period;
@@ -1444,8 +1454,13 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     }
     st.params += whole * eb;
     st.grads += largest * cfg.grad_bytes;
-    // (hpZ: every unit's kept part, from its forward to its backward)
-    if (hpz > 1) st.params += params * kept_bytes / static_cast<double>(hpz);
+    // (hpZ: every unit's kept part but the last unit's, whose backward comes next: from its forward to its backward)
+    if (hpz > 1) {
+      double last = 0;
+      for (size_t li = 0; li < m.layers.size(); ++li)
+        if (unit_of[li] + 1 == unit_first.size()) last += m.layers[li].params();
+      st.params += (params - last) * kept_bytes / static_cast<double>(hpz);
+    }
   }
   r.memory.params = st.params;
   r.memory.grads = st.grads;

@@ -94,7 +94,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "(default powersgd:rank=4,wire=f16)"},
       {"optimizer",
        "sgd (with momentum) | adam | adamw (decoupled weight decay; DiLoCo's inner optimizer) (default sgd)"},
-      {"lr", "learning rate for the global batch (> 0, default 0.1)"},
+      {"lr",
+       "learning rate for the global batch (> 0, default 0.1 with sgd, 0.001 with adam and adamw: PyTorch's "
+       "Adam default)"},
       {"momentum", "SGD momentum in [0, 1) (default 0.9)"},
       {"weight_decay", "L2 weight decay, in [0, 1]"},
       {"lr_schedule", "constant | step | cosine (default cosine)"},
@@ -308,7 +310,10 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (c.compressor != "none") bad("compressor", c.compressor, "allowed: none (built without src/compress)");
 #endif
   if (auto v = get("optimizer")) c.optimizer = one_of("optimizer", *v, {"sgd", "adam", "adamw"});
-  if (auto v = get("lr")) c.lr = to_double("lr", *v, 0, 1e3, true, "a number > 0 and <= 1000");
+  if (auto v = get("lr"))
+    c.lr = to_double("lr", *v, 0, 1e3, true, "a number > 0 and <= 1000");
+  else if (c.optimizer != "sgd")  // (sgd's 0.1 took Adam's cnn to 10% accuracy in one epoch)
+    c.lr = 0.001;
   if (auto v = get("momentum")) c.momentum = to_double("momentum", *v, 0, 0.999999, false, "a number in [0, 1)");
   if (get("momentum") && c.optimizer != "sgd")  // (adam's betas are its own; the value was dropped without a word)
     throw ConfigError(fmt::format("config: momentum: applies to optimizer sgd, not {}; allowed with {}: leave it unset",

@@ -682,7 +682,8 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   EXPECT_DOUBLE_EQ(m0.memory.params, 4 * p);
   EXPECT_DOUBLE_EQ(m0.memory.grads, 4 * p);
   EXPECT_DOUBLE_EQ(m0.memory.optimizer, 8 * p);
-  // ZeRO-1, one bucket, no overlap, no prefetch: the reduce-scatter and the allgather of 4-byte parameters.
+  // ZeRO-1, one bucket, no overlap, no prefetch: the reduce-scatter and the allgather of 4-byte parameters, the
+  // average over this rank's eighth.
   ParallelConfig one;
   one.global_batch = 8 * 4;
   one.micro_batch = 4;
@@ -692,7 +693,7 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   one.zero_prefetch = false;
   one.bucket_bytes = 1e15;
   const double expect =
-      n8.time(Collective::kReduceScatter, Algorithm::kAuto, dg, p * 4) + memory_time(acc, 8 * p, 1) + ag(p);
+      n8.time(Collective::kReduceScatter, Algorithm::kAuto, dg, p * 4) + memory_time(acc, 8 * p / 8, 1) + ag(p);
   EXPECT_NEAR(simulate_layer_step(n8, cnn, one).breakdown.dp_comm, expect, 1e-9 * expect);
   // With prefetch (conduit train's default) the allgather goes behind the next forward, one call a unit: the same
   // bytes in four calls, and where every layer computes longer than the next unit's allgather takes (a slow
@@ -1126,15 +1127,16 @@ TEST(Inputs, ZeroShardGroupsGatherWithinTheNodeAndAllreduceAcross) {
 }
 
 // Layer lists take hpZ too (ZeRO-3): on 8 nodes of 8 with groups of 8, each unit's backward gather (the first of the
-// two dense layers'; the last stays gathered) runs within the node on the f32 parts its forward kept, bf16 ones with
-// 16-bit forward gathers; every rank holds those parts (an eighth of the model) besides; refused with shard groups.
+// two dense layers'; the last stays gathered) runs within the node on the f32 parts its forward kept (after f32 or
+// int8 forward gathers), bf16 ones with 16-bit forward gathers; every rank holds those parts (an eighth of the first
+// layer) besides; refused with shard groups.
 TEST(Inputs, ZeroHpzForLayerLists) {
   Topology topo(load_cluster("dgx-a100"), 64);
   CollectiveModel net(topo);
   const LayerModel m = parse_layer_model("dense:1000x1000,dense:1000x1000");
   const double layer = 1000.0 * 1000 + 1000;
   const Group all{64, 1, 0}, node{8, 1, 0};
-  for (double gather : {0.0, 2.0}) {
+  for (double gather : {0.0, 2.0, 1.0}) {
     ParallelConfig c;
     c.global_batch = 64;
     c.zero = 3;
@@ -1146,12 +1148,14 @@ TEST(Inputs, ZeroHpzForLayerLists) {
     c.zero_hpz = 8;
     const StepResult h = simulate_layer_step(net, m, c);
     EXPECT_EQ(h.config.zero_hpz, 8);
-    const double fwd = gather > 0 ? 2 : 4, kept = gather > 0 ? 2 : 4;
+    // (int8 forward gathers: blocks of 256 with a 4-byte scale; the parts kept in f32)
+    const double fwd = gather == 2 ? 2 : gather == 1 ? 1 + 4.0 / 256 : 4, kept = gather == 2 ? 2 : 4;
     const double want = net.time(Collective::kAllGather, Algorithm::kAuto, node, layer * kept) -
                         net.time(Collective::kAllGather, Algorithm::kAuto, all, layer * fwd);
     EXPECT_NEAR(h.breakdown.dp_comm - plain.breakdown.dp_comm, want, 1e-9 * plain.breakdown.dp_comm) << gather;
     EXPECT_LT(h.breakdown.dp_comm, plain.breakdown.dp_comm) << gather;
-    EXPECT_NEAR(h.memory.params - plain.memory.params, 2 * layer * kept / 8, 1e-6 * h.memory.params) << gather;
+    // (the first unit's part: the last unit's backward comes right after its forward, nothing kept)
+    EXPECT_NEAR(h.memory.params - plain.memory.params, layer * kept / 8, 1e-6 * h.memory.params) << gather;
     c.zero_hpz = -1;
     EXPECT_EQ(simulate_layer_step(net, m, c).breakdown.dp_comm, h.breakdown.dp_comm) << gather;
     c.zero_shard = 8;
@@ -1185,9 +1189,11 @@ TEST(Inputs, ZeroShardGroupsForLayerLists) {
     EXPECT_EQ(h.config.zero_shard, 8) << z;
     double want = 0;
     if (z < 3) {
+      // (each rank averages its slice: an eighth of the bucket instead of a 64th)
       want = t(Collective::kReduceScatter, node, params * 4) - t(Collective::kReduceScatter, all, params * 4) +
              t(Collective::kAllReduce, across, params / 8 * 4) + t(Collective::kAllGather, node, params * 4) -
-             t(Collective::kAllGather, all, params * 4);
+             t(Collective::kAllGather, all, params * 4) + memory_time(acc, 8 * params / 8, 1) -
+             memory_time(acc, 8 * params / 64, 1);
     } else {
       // (each layer a unit: gathered forward, the first again backward; each reduce-scattered with its averaging
       // pass over its slice: an eighth of the layer instead of a 64th)
@@ -1201,6 +1207,9 @@ TEST(Inputs, ZeroShardGroupsForLayerLists) {
     }
     EXPECT_NEAR(h.breakdown.dp_comm - plain.breakdown.dp_comm, want, 1e-9 * h.breakdown.dp_comm) << z;
     EXPECT_NEAR(h.memory.optimizer, 8 * plain.memory.optimizer, 1e-6 * h.memory.optimizer) << z;
+    // (stage 2 shards the gradients too: 8 times the 64th; stage 3's whole unit and bucket held the same)
+    if (z == 2) EXPECT_NEAR(h.memory.grads, 8 * plain.memory.grads, 1e-6 * h.memory.grads) << z;
+    if (z == 1) EXPECT_EQ(h.memory.grads, plain.memory.grads) << z;
     c.zero_shard = -1;
     EXPECT_EQ(simulate_layer_step(net, m, c).breakdown.dp_comm, h.breakdown.dp_comm) << z;
   }

@@ -199,6 +199,12 @@ TEST(TrainConfig, MomentumIsRefusedWithAdamAndEmptyPathsAreRefused) {
   expect_one_line(config_error({{"optimizer", "adam"}, {"momentum", "0.5"}}), "momentum");
   expect_one_line(config_error({{"optimizer", "adamw"}, {"momentum", "0"}}), "momentum");
   EXPECT_NO_THROW(resolve_config({{"optimizer", "adam"}}));
+  // The learning rate's default is the optimizer's: sgd 0.1, adam and adamw 0.001 (PyTorch's Adam default); one given
+  // is kept.
+  EXPECT_EQ(resolve_config({}).lr, 0.1);
+  EXPECT_EQ(resolve_config({{"optimizer", "adam"}}).lr, 0.001);
+  EXPECT_EQ(resolve_config({{"optimizer", "adamw"}}).lr, 0.001);
+  EXPECT_EQ(resolve_config({{"optimizer", "adam"}, {"lr", "0.01"}}).lr, 0.01);
   EXPECT_NO_THROW(resolve_config({{"optimizer", "sgd"}, {"momentum", "0.5"}}));
   const fs::path dir = temp_dir("adam-resume");
   std::ofstream(dir / "checkpoint.json") << R"({"optimizer": "adam", "momentum": 0.9, "lr": 0.01})";
