@@ -1263,14 +1263,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
     dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd * run_scale : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes,
                                   tof, &dp_total);
-    if (cfg.zero == 2 && mb > 1) {
-      // ZeRO-2 keeps only its shard of the gradients: every micro-batch's are reduce-scattered after its backward,
-      // an earlier one's behind the next micro-batch's forward and backward (as the GPT model, §5).
-      const double each = dp_total;
-      dp_exposed +=
-          static_cast<double>(mb - 1) * std::max(0.0, each - (cfg.dp_overlap ? (fwd + bwd) * run_scale : 0.0));
-      dp_total += static_cast<double>(mb - 1) * each;
-    }
+    // (ZeRO-2 with micro-batches: `conduit train` sums a step's micro-batches in its buckets and reduce-scatters them
+    // once, as ZeRO-1, the buckets holding the whole gradients meanwhile (below); DeepSpeed's, which the GPT model
+    // follows, reduce-scatters after every micro-batch's backward, for M times the bytes.)
     // The parameters are allgathered in the precision they are held in: 2 bytes (mixed precision) or 4 (f32, as
     // `conduit train` runs; the factor 2 stood here for both).
     auto allgather = [&](double bytes, const Group* within = nullptr) {
@@ -1442,6 +1437,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     st.params = 4 * params / (cfg.zero >= 3 ? n : 1);
     st.optimizer = 8 * params / (cfg.zero >= 1 ? n : 1);
   }
+  // (ZeRO-2 over micro-batches: the buckets hold the whole gradients from the first micro-batch to their
+  // reduce-scatter, as `conduit train` sums them)
+  if (cfg.zero == 2 && mb > 1) st.grads = params * cfg.grad_bytes;
   if (cfg.zero == 3 && gpus > 1) {
     // ZeRO-3 also holds the unit it runs whole (with prefetch, and the next one's being gathered: the largest two
     // adjacent units), and that unit's gradient bucket until it is reduce-scattered.
