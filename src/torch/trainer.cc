@@ -690,9 +690,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                                 : 0;
     if (c.zero > 0 && std::max(saved_group, 1) != std::max(c.zero_shard_group, 1))
       throw ConfigError(fmt::format(
-          "config: resume: the checkpoint was written with zero_shard_group = {}, this run has {}; allowed: the same "
+          "config: resume: the checkpoint was written with zero_shard_group = {}, this run has {}{}; allowed: the same "
           "zero_shard_group (each rank's optimizer state is of its slices cut over that group)",
-          saved_group, c.zero_shard_group));
+          saved_group, c.zero_shard_group, given.zero_shard_group == kHostGroup ? " (node, from the host map)" : ""));
     // compress_min_bytes only matters with a compressor (which must be the checkpoint's, checked above).
     if (c.compressor != "none") same["compress_min_bytes"] = c.compress_min_bytes;
     for (const auto& [key, value] : same.items())

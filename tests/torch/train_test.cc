@@ -1001,6 +1001,15 @@ TEST(Train, ZeroThreeShardGroupsTrainAsZeroThreeAndResumeWithTheirGroups) {
               std::string::npos)
         << e.what();
   }
+  // (node resolved on one host to no groups: the message says where the 0 came from; on hosts of 2 it resumes)
+  resumed.zero_shard_group = kHostGroup;
+  try {
+    train_inproc(resumed, 4, true);
+    ADD_FAILURE() << "node on one host resumed a checkpoint of pairs";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("this run has 0 (node, from the host map)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(train_inproc(resumed, 4, true, {}, 2)[0].params, pairs[0].params);
   fs::remove_all(dir);
 }
 
