@@ -378,14 +378,13 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const int t = cfg.tp, p = cfg.pp;
   const long long d = gpus / (static_cast<long long>(t) * p);
   r.config.dp = d;
-  auto zero3_groups = [&](long long given, const char* flag, const char* what, const char* instead, int from_stage) {
-    return zero_group_size(cfg.zero, from_stage, given, d, topo.gpus_per_node(), t, flag, what, instead, r.notes);
-  };
-  const long long hpz = zero3_groups(cfg.zero_hpz, "--zero-hpz", "secondary partition", "none used", 3);
+  const long long hpz = zero_group_size(cfg.zero, 3, cfg.zero_hpz, d, topo.gpus_per_node(), t, "--zero-hpz",
+                                        "secondary partition", "none used", r.notes);
   if (hpz > 1 && cfg.zero == 3 && (cfg.zero_shard > 1 || cfg.zero_shard < 0))
     throw ConfigError(
         "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
-  const long long shard = zero3_groups(cfg.zero_shard, "--zero-shard-group", "shard groups", "sharded over all", 1);
+  const long long shard = zero_group_size(cfg.zero, 1, cfg.zero_shard, d, topo.gpus_per_node(), t, "--zero-shard-group",
+                                          "shard groups", "sharded over all", r.notes);
   // (the result's configuration holds the groups used: `node` resolved, 0 where none)
   r.config.zero_hpz = hpz;
   r.config.zero_shard = shard;
@@ -1199,6 +1198,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   const long long shard = zero_group_size(cfg.zero, 1, cfg.zero_shard, gpus, topo.gpus_per_node(), 1,
                                           "--zero-shard-group", "shard groups", "sharded over all", r.notes);
   r.config.zero_shard = shard;
+  // (the ranks ZeRO cuts the state over: the group's, or all; 1 without ZeRO)
   const long long sharded_over = cfg.zero >= 1 ? (shard > 1 ? shard : gpus) : 1;
   // ZeRO-3's secondary partition (--zero-hpz; `conduit train --zero-hpz`): each unit's backward gather within groups
   // of K ranks, of the part of the weights its forward kept (in the forward's 16-bit wire, else in f32).
@@ -1253,7 +1253,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // + write 4 bytes per element) before the next bucket. Each call also pays the wake-up of peers that arrived
     // first and stopped polling (calibrated CPU clusters; 0 elsewhere; qgZ's a hop).
     // (ZeRO averages this rank's slice only: 1/K of the bucket, K the ranks it is cut over)
-    const double averaged = cfg.zero >= 1 ? static_cast<double>(sharded_over) : 1.0;
+    const double averaged = static_cast<double>(sharded_over);
     auto tof = [&](double n) {
       const double elems = n / per;
       if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems / averaged, 1) + replicas(elems);
@@ -1429,11 +1429,11 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   r.breakdown.optimizer =
       measured && measured->optimizer > 0 ? measured->optimizer / over : memory_time(*slow, params / over * 28, 4);
   r.time = r.breakdown.compute + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
-  ModelState st = zero_model_state(params, cfg.zero >= 1 ? sharded_over : gpus, cfg.zero, cfg.grad_bytes);
+  ModelState st = zero_model_state(params, sharded_over, cfg.zero, cfg.grad_bytes);
   if (eb == 4) {
     // f32 training (`conduit train`): 4-byte parameters and Adam's two f32 moments, no f32 master copy (the mixed
     // precision state above is 2-byte parameters and 12 bytes of optimizer state a parameter).
-    const double n = static_cast<double>(cfg.zero >= 1 ? sharded_over : gpus);
+    const double n = static_cast<double>(sharded_over);
     st.params = 4 * params / (cfg.zero >= 3 ? n : 1);
     st.optimizer = 8 * params / (cfg.zero >= 1 ? n : 1);
   }

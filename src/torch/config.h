@@ -65,9 +65,9 @@ struct TrainConfig {
   bool recompute = false;                 // pipeline stages keep each micro-batch's input only (pp > 1)
   bool zero_prefetch = true;              // zero 1-3: parameters gathered while other layers compute
   std::string zero_gather = "f32";        // zero 3: the parameter gathers' wire: f32, bf16, fp16 or int8
-  // zero 3: ranks a secondary partition group (ZeRO++'s hpZ; 0: none), and a shard group, replicated across groups
-  // (FSDP's HYBRID_SHARD; 0: all); kHostGroup (`node`): a host's data-parallel workers, which train_worker resolves
-  // from the host map (the resolved size in config.yaml, checkpoints and the summary).
+  // zero 3: ranks a secondary partition group (ZeRO++'s hpZ; 0: none); zero 1-3: ranks a shard group, replicated
+  // across groups (FSDP's HYBRID_SHARD; 0: all); kHostGroup (`node`): a host's data-parallel workers, which
+  // train_worker resolves from the host map (the resolved size in config.yaml, checkpoints and the summary).
   int zero_hpz = 0;
   int zero_shard_group = 0;
   double zero_allgather_mb = 0;           // zero 1, 2: the deferred allgather's calls' least size (0: one a layer)
