@@ -93,6 +93,7 @@ struct StepArgs {
   double gather_bytes = 0;
   std::string zero_hpz = "0";
   std::string zero_shard = "0";
+  std::string zero2_reduce;  // (empty: the model's default)
   std::string dp_algorithm = "auto", tp_algorithm = "auto";
   std::string compression = "none";
   std::string sync = "bsp";
@@ -228,6 +229,7 @@ ParallelConfig make_config(const StepArgs& a) {
   c.gather_bytes = a.gather_bytes;
   c.zero_hpz = parse_zero3_group(a.zero_hpz, "--zero-hpz", "none");
   c.zero_shard = parse_zero3_group(a.zero_shard, "--zero-shard-group", "all ranks");
+  if (a.given.count("--zero2-reduce")) c.zero2_reduce = parse_zero2_reduce(a.zero2_reduce);
   if (c.gather_bytes != 0 && c.gather_bytes != 1 && c.gather_bytes != 2 && c.gather_bytes != 4)
     throw ConfigError(
         fmt::format("--gather-bytes = {} (allowed: 1 (int8 blocks with their scales), 2, 4)", c.gather_bytes));
@@ -268,6 +270,11 @@ void check_step_config(const ParallelConfig& c) {
     throw ConfigError(
         "--no-zero-prefetch: ZeRO gathers the parameters (stages 1 and 2 after the step, stage 3 each layer's), "
         "this step has --zero 0, which keeps them whole on every rank; allowed with --zero 0: leave it out");
+  if (c.zero2_reduce != Zero2Reduce::kModelDefault && c.zero != 2)
+    throw ConfigError(fmt::format(
+        "--zero2-reduce: when ZeRO-2 reduce-scatters over several micro-batches, this step has --zero {}; allowed: "
+        "--zero 2, or leave it out",
+        c.zero));
   if (c.zero_allgather_bytes > 0 && (c.zero == 0 || c.zero == 3 || !c.zero_prefetch))
     throw ConfigError(fmt::format(
         "--zero-allgather-bucket: sizes the calls of ZeRO-1/2's allgather behind the next forward, this step has "
@@ -287,6 +294,7 @@ json config_json(const ParallelConfig& c) {
               {"zero_allgather_bytes", c.zero_allgather_bytes},
               {"zero_hpz", c.zero_hpz < 0 ? json("node") : json(c.zero_hpz)},
               {"zero_shard_group", c.zero_shard < 0 ? json("node") : json(c.zero_shard)},
+              {"zero2_reduce", zero2_reduce_name(c.zero2_reduce)},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -562,6 +570,10 @@ void run_plan(const StepArgs& given_args) {
     throw ConfigError(
         "--zero-shard-group: about ZeRO's shards, and this search has no ZeRO plans; allowed: --zero-options with 1, "
         "2 or 3, or leave it out");
+  if (base.zero2_reduce != Zero2Reduce::kModelDefault && !searched({2}))
+    throw ConfigError(
+        "--zero2-reduce: about ZeRO-2's reduce-scatters, and this search has no ZeRO-2 plans; allowed: --zero-options "
+        "with 2, or leave it out");
   if (base.zero_allgather_bytes > 0 && !searched({1, 2}))
     throw ConfigError(
         "--zero-allgather-bucket: the calls of ZeRO-1/2's allgather, and this search has no ZeRO-1 or 2 plans; "
@@ -1431,6 +1443,10 @@ void setup(CLI::App& app) {
                   "them (FSDP's HYBRID_SHARD, MiCS; conduit train --zero-shard-group); node: the node's, gpus a node / "
                   "tp, for each plan; 0: all ranks")
         ->capture_default_str();
+    c->add_option("--zero2-reduce", a->zero2_reduce,
+                  "ZeRO-2 over several micro-batches: micro-batch (reduce-scatter after every micro-batch's backward, "
+                  "holding only the shard: DeepSpeed's, a GPT model's default) or step (sum them in whole-gradient "
+                  "buckets, reduce-scatter once: conduit train's, FSDP's no_sync, a layer list's default)");
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();
     c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")
@@ -1446,7 +1462,8 @@ void setup(CLI::App& app) {
     c->add_flag("--json", a->json, "one JSON record instead of the table");
     if (is_step) {
       c->callback([a, c]() {
-        if (c->get_option("--virtual-stages")->count() > 0) a->given.insert("--virtual-stages");
+        for (const char* f : {"--virtual-stages", "--zero2-reduce"})
+          if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_step(*a);
       });
     } else {
@@ -1458,7 +1475,7 @@ void setup(CLI::App& app) {
       c->add_option("--recompute-options", a->recompute_options, "recompute modes to try, e.g. selective,full");
       c->callback([a, c]() {
         for (const char* f : {"--tp", "--pp", "--dp", "--micro-batch", "--zero", "--recompute", "--schedule",
-                              "--virtual-stages", "--sp"})
+                              "--virtual-stages", "--sp", "--zero2-reduce"})
           if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_plan(*a);
       });

@@ -30,6 +30,8 @@ std::string describe_config(const ParallelConfig& c) {
     group("hpz", c.zero_hpz);
   }
   if (c.zero >= 1) group("shard", c.zero_shard);
+  if (c.zero == 2 && c.zero2_reduce != Zero2Reduce::kModelDefault)
+    s += fmt::format(" zero2-reduce={}", zero2_reduce_name(c.zero2_reduce));
   if (c.compression.kind != "none")
     s += c.compression.param > 0 ? fmt::format(" compression={}:{}", c.compression.kind, c.compression.param)
                                  : fmt::format(" compression={}", c.compression.kind);
@@ -134,6 +136,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   if (z != 3) c.gather_bytes = 0, c.zero_hpz = 0;
                   if (z == 0) c.zero_shard = 0;
                   if (z != 1 && z != 2) c.zero_allgather_bytes = 0;
+                  if (z != 2) c.zero2_reduce = Zero2Reduce::kModelDefault;
                   c.recompute = rc;
                   c.sequence_parallel = sp;
                   c.compression = cp;

@@ -58,6 +58,19 @@ SyncScheme parse_sync(const std::string& s) {
   throw bad();
 }
 
+Zero2Reduce parse_zero2_reduce(const std::string& s) {
+  if (s == "micro-batch") return Zero2Reduce::kEveryMicroBatch;
+  if (s == "step") return Zero2Reduce::kOncePerStep;
+  throw ConfigError(fmt::format(
+      "--zero2-reduce = '{}' (allowed: micro-batch (after every micro-batch's backward, DeepSpeed's), step (once a "
+      "step, conduit train's))",
+      s));
+}
+
+const char* zero2_reduce_name(Zero2Reduce z) {
+  return z == Zero2Reduce::kEveryMicroBatch ? "micro-batch" : z == Zero2Reduce::kOncePerStep ? "step" : "default";
+}
+
 void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus) {
   m.validate();
   if (c.tp < 1) throw ConfigError(fmt::format("--tp = {} must be at least 1", c.tp));
@@ -612,10 +625,11 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       double busy = 0;
       dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd_window : 0.0, grad_bytes, cfg.bucket_bytes, rs_time, &busy);
       dp_total = busy;
-      if (cfg.zero == 2 && mb > 1) {
+      if (cfg.zero == 2 && mb > 1 && cfg.zero2_reduce != Zero2Reduce::kOncePerStep) {
         // ZeRO-2 keeps only its shard of the gradients, so every micro-batch's gradients are reduce-scattered after
         // its backward (DeepSpeed reduces at each backward); an earlier micro-batch's exchange can also run during
-        // the next one's forward. ZeRO-1 keeps whole gradients and reduce-scatters them once per iteration.
+        // the next one's forward. ZeRO-1 keeps whole gradients and reduce-scatters them once per iteration, and so
+        // does ZeRO-2 with --zero2-reduce step (conduit train's: the buckets sum the micro-batches first).
         const double each = busy;
         const double hidden = cfg.dp_overlap ? bwd_window + mt.fwd_compute + lps * tp_fwd : 0.0;
         dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
@@ -812,7 +826,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     MemoryBreakdown mem;
     // (hpZ: the secondary partition, 1/K of the stage's 16-bit parameters)
     mem.params = st.params + gathered + (zero3 && hpz > 1 ? params * 2 / static_cast<double>(hpz) : 0.0);
-    mem.grads = st.grads + unsharded_grads;
+    // (ZeRO-2 reducing once a step: the buckets hold the stage's whole gradients from the first micro-batch on)
+    mem.grads = (cfg.zero == 2 && mbs > 1 && cfg.zero2_reduce == Zero2Reduce::kOncePerStep ? params * cfg.grad_bytes
+                                                                                           : st.grads) +
+                unsharded_grads;
     mem.optimizer = st.optimizer;
     mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
     return mem;
@@ -1265,7 +1282,14 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                                   tof, &dp_total);
     // (ZeRO-2 with micro-batches: `conduit train` sums a step's micro-batches in its buckets and reduce-scatters them
     // once, as ZeRO-1, the buckets holding the whole gradients meanwhile (below); DeepSpeed's, which the GPT model
-    // follows, reduce-scatters after every micro-batch's backward, for M times the bytes.)
+    // follows by default, reduce-scatters after every micro-batch's backward, for M times the bytes: --zero2-reduce
+    // micro-batch, each earlier micro-batch's exchange hidden behind its backward and the next one's forward.)
+    if (cfg.zero == 2 && mb > 1 && cfg.zero2_reduce == Zero2Reduce::kEveryMicroBatch) {
+      const double each = dp_total;
+      const double hidden = cfg.dp_overlap ? (bwd + fwd) * run_scale : 0.0;
+      dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
+      dp_total += static_cast<double>(mb - 1) * each;
+    }
     // The parameters are allgathered in the precision they are held in: 2 bytes (mixed precision) or 4 (f32, as
     // `conduit train` runs; the factor 2 stood here for both).
     auto allgather = [&](double bytes, const Group* within = nullptr) {
@@ -1439,7 +1463,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   }
   // (ZeRO-2 over micro-batches: the buckets hold the whole gradients from the first micro-batch to their
   // reduce-scatter, as `conduit train` sums them)
-  if (cfg.zero == 2 && mb > 1) st.grads = params * cfg.grad_bytes;
+  if (cfg.zero == 2 && mb > 1 && cfg.zero2_reduce != Zero2Reduce::kEveryMicroBatch) st.grads = params * cfg.grad_bytes;
   if (cfg.zero == 3 && gpus > 1) {
     // ZeRO-3 also holds the unit it runs whole (with prefetch, and the next one's being gathered: the largest two
     // adjacent units), and that unit's gradient bucket until it is reduce-scattered.

@@ -42,6 +42,10 @@ struct SyncScheme {
 };
 SyncScheme parse_sync(const std::string& s);  // "bsp", "local-sgd:8", "async"
 
+enum class Zero2Reduce { kModelDefault, kEveryMicroBatch, kOncePerStep };
+Zero2Reduce parse_zero2_reduce(const std::string& s);  // "micro-batch", "step"
+const char* zero2_reduce_name(Zero2Reduce z);          // "default", "micro-batch", "step"
+
 struct ParallelConfig {
   int tp = 1, pp = 1;
   long long dp = 0;  // 0: gpus / (tp * pp)
@@ -80,6 +84,12 @@ struct ParallelConfig {
   // and the stepped slices' allgather within the group, each slice's gradients then allreduced across the groups;
   // -1: the node's (gpus a node / tp); 0: all ranks.
   long long zero_shard = 0;
+  // ZeRO-2 over several micro-batches: when the gradients are reduce-scattered. kEveryMicroBatch: after each
+  // micro-batch's backward, each rank then holding only its shard (DeepSpeed's ZeRO-2, M times the bytes);
+  // kOncePerStep: the step's micro-batches summed in whole-gradient buckets first and reduce-scattered once, as
+  // ZeRO-1 and FSDP's no_sync (`conduit train --zero 2`), the gradients' memory whole meanwhile. kModelDefault: a GPT
+  // model's every micro-batch, a layer list's once a step (what `conduit train` runs).
+  Zero2Reduce zero2_reduce = Zero2Reduce::kModelDefault;
   Algorithm dp_algorithm = Algorithm::kAuto;
   Algorithm tp_algorithm = Algorithm::kAuto;
   Compression compression;

@@ -508,6 +508,25 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   z.global_batch = 8;
   const StepResult one_mb = simulate_layer_step(n8, lm, z);
   EXPECT_NEAR(one_mb.memory.grads * 8, z1.memory.grads, 1e-9 * z1.memory.grads);
+  // --zero2-reduce micro-batch (DeepSpeed's): each micro-batch's gradients reduce-scattered after its backward, 3
+  // more reduce-scatters of the bucket, exposed without overlap; the shard held. (A bucket's reduce-scatter: the
+  // step's exchange less the blocking allgather of the parameters, held in --grad-bytes.)
+  z.global_batch = 8 * 4;
+  z.dp_overlap = false;
+  z.zero_prefetch = false;
+  const StepResult once = simulate_layer_step(n8, lm, z);
+  z.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+  const StepResult each = simulate_layer_step(n8, lm, z);
+  const double params = 784 * 256 + 256 + 256 * 10 + 10;
+  const double ag = n8.time(Collective::kAllGather, Algorithm::kAuto, Group{8, 1, 0}, params * z.grad_bytes) +
+                    t8.spec().network.wake_latency;
+  const double rs = once.breakdown.dp_comm - ag;
+  EXPECT_GT(rs, 0);
+  EXPECT_NEAR(each.breakdown.dp_comm, once.breakdown.dp_comm + 3 * rs, 1e-9 * each.breakdown.dp_comm);
+  EXPECT_NEAR(each.breakdown.dp_exposed, once.breakdown.dp_exposed + 3 * rs, 1e-9 * each.breakdown.dp_comm);
+  EXPECT_NEAR(each.memory.grads * 8, once.memory.grads, 1e-9 * once.memory.grads);
+  z.zero2_reduce = Zero2Reduce::kOncePerStep;
+  EXPECT_EQ(simulate_layer_step(n8, lm, z).time, once.time);
 }
 
 // Layer-list models at ZeRO-3 as `conduit train --zero 3` runs them: each layer with parameters a unit (the CNN's
@@ -1411,6 +1430,46 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
               std::string::npos)
         << out;
   }
+  // --zero2-reduce: stage 2 only, named in the JSON and in the plans' labels; a search without stage 2 refuses it.
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 2 --zero2-reduce step --json",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"zero2_reduce\":\"step\""), std::string::npos) << out;
+  for (const char* extra : {"--zero 1", "--zero 3", "--zero 0"}) {
+    out = test_util::run(fmt::format("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 {} "
+                                     "--zero2-reduce micro-batch",
+                                     extra),
+                         &rc);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find(fmt::format("--zero2-reduce: when ZeRO-2 reduce-scatters over several micro-batches, this step "
+                                   "has {}; allowed: --zero 2, or leave it out",
+                                   extra)),
+              std::string::npos)
+        << out;
+  }
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 2 --zero2-reduce once", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--zero2-reduce = 'once' (allowed: micro-batch (after every micro-batch's backward, DeepSpeed's), "
+                     "step (once a step, conduit train's))"),
+            std::string::npos)
+      << out;
+  out = test_util::run(
+      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero-options 1,2 --zero2-reduce "
+      "step --top 1000",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("zero=2 recompute=none zero2-reduce=step"), std::string::npos) << out;
+  EXPECT_EQ(out.find("zero=1 recompute=none zero2-reduce"), std::string::npos) << out;
+  out = test_util::run(
+      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero-options 1,3 --zero2-reduce "
+      "step",
+      &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--zero2-reduce: about ZeRO-2's reduce-scatters, and this search has no ZeRO-2 plans"),
+            std::string::npos)
+      << out;
   out = test_util::run(
       "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 1 --zero-allgather-bucket 2X",
       &rc);

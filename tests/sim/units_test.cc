@@ -199,6 +199,37 @@ TEST(Step, ZeroTwoReduceScattersEveryMicroBatch) {
   EXPECT_DOUBLE_EQ(one2.breakdown.dp_comm, one1.breakdown.dp_comm);
 }
 
+// --zero2-reduce step (conduit train's ZeRO-2, FSDP's no_sync): the micro-batches summed in whole-gradient buckets and
+// reduce-scattered once, as ZeRO-1, which holds the whole gradients too; micro-batch (DeepSpeed's) is the GPT
+// model's default.
+TEST(Step, ZeroTwoReducingOnceAStepIsZeroOnesExchange) {
+  Topology topo(load_cluster("ethernet-25g"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(24, 2304, 24, 2048, 51200);
+  for (bool overlap : {false, true}) {
+    ParallelConfig c;
+    c.global_batch = 256;  // 4 per replica
+    c.dp_overlap = overlap;
+    c.zero = 1;
+    const StepResult z1 = simulate_step(net, m, c);
+    c.zero = 2;
+    const StepResult each = simulate_step(net, m, c);
+    c.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+    const StepResult each_given = simulate_step(net, m, c);
+    c.zero2_reduce = Zero2Reduce::kOncePerStep;
+    const StepResult once = simulate_step(net, m, c);
+    EXPECT_EQ(each_given.time, each.time) << overlap;
+    EXPECT_DOUBLE_EQ(once.breakdown.dp_comm, z1.breakdown.dp_comm) << overlap;
+    EXPECT_DOUBLE_EQ(once.breakdown.dp_exposed, z1.breakdown.dp_exposed) << overlap;
+    EXPECT_DOUBLE_EQ(once.memory.grads, z1.memory.grads) << overlap;
+    EXPECT_GT(once.memory.grads, 60 * each.memory.grads) << overlap;             // (the 64th, the shard)
+    EXPECT_GT(each.breakdown.dp_comm, 1.5 * once.breakdown.dp_comm) << overlap;  // (3 more reduce-scatters)
+    EXPECT_LT(once.time, each.time) << overlap;
+    // (the optimizer's state sharded alike)
+    EXPECT_DOUBLE_EQ(once.memory.optimizer, each.memory.optimizer) << overlap;
+  }
+}
+
 TEST(Step, TopkAndAsyncChangeTheExchange) {
   Topology topo(load_cluster("ethernet-25g"), 64);
   CollectiveModel net(topo);
