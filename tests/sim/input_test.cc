@@ -1233,8 +1233,11 @@ TEST(Inputs, ZeroShardGroupsForLayerLists) {
     EXPECT_NEAR(h.breakdown.dp_comm - plain.breakdown.dp_comm, want, 1e-9 * h.breakdown.dp_comm) << z;
     EXPECT_NEAR(h.memory.optimizer, 8 * plain.memory.optimizer, 1e-6 * h.memory.optimizer) << z;
     // (stage 2 shards the gradients too: 8 times the 64th; stage 3's whole unit and bucket held the same)
-    if (z == 2) EXPECT_NEAR(h.memory.grads, 8 * plain.memory.grads, 1e-6 * h.memory.grads) << z;
-    if (z == 1) EXPECT_EQ(h.memory.grads, plain.memory.grads) << z;
+    if (z == 2) {
+      EXPECT_NEAR(h.memory.grads, 8 * plain.memory.grads, 1e-6 * h.memory.grads) << z;
+    } else if (z == 1) {
+      EXPECT_EQ(h.memory.grads, plain.memory.grads) << z;
+    }
     c.zero_shard = -1;
     EXPECT_EQ(simulate_layer_step(net, m, c).breakdown.dp_comm, h.breakdown.dp_comm) << z;
   }
