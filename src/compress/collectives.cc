@@ -378,9 +378,11 @@ size_t int_bytes(const Spans& spans, int bits) {
 
 // One all-to-all over c: to each other rank d it sends to[d] (each span rounded to int8 blocks of its own); every
 // rank's to[me] has the same lengths (the spans this rank sums), and `sum` becomes their sum over c's ranks in rank
-// order, this rank's own exact. By `deadline`: the hops of one reduce-scatter share it.
+// order, this rank's own exact. With `senders`: only the ranks it marks send this rank anything (the others' to[me]
+// empty), and the sum is over them and this rank. By `deadline`: the hops of one reduce-scatter share it.
 void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<float>& sum, int bits,
-             const ReduceOptions& o, const Deadline& deadline, uint64_t& sent) {
+             const ReduceOptions& o, const Deadline& deadline, uint64_t& sent,
+             const std::vector<char>* senders = nullptr) {
   const int w = c.size(), me = c.rank();
   const Spans& mine = to[size_t(me)];
   const size_t rb = int_bytes(mine, bits);
@@ -389,9 +391,9 @@ void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<fl
   for (int d = 0; d < w; ++d) {
     if (d == me) continue;
     scount[size_t(d)] = int_bytes(to[size_t(d)], bits);
-    rcount[size_t(d)] = rb;
+    rcount[size_t(d)] = !senders || (*senders)[size_t(d)] ? rb : 0;
     stotal += scount[size_t(d)];
-    rtotal += rb;
+    rtotal += rcount[size_t(d)];
   }
   std::vector<uint8_t> sbuf(stotal), rbuf(rtotal);
   uint8_t* p = sbuf.data();
@@ -422,6 +424,7 @@ void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<fl
   std::vector<float> part(n);
   const uint8_t* q = rbuf.data();
   for (int r = 0; r < w; ++r) {
+    if (r != me && senders && !(*senders)[size_t(r)]) continue;
     size_t at = 0;
     for (const auto& s : mine) {
       if (r == me) {
@@ -442,26 +445,41 @@ void int_hop(coll::Communicator& c, const std::vector<Spans>& to, std::vector<fl
 
 IntReduceGroups int_reduce_groups(coll::Communicator& comm) {
   IntReduceGroups g;
-  if (comm.num_hosts() <= 1 || !comm.hosts_uniform_multi()) return g;
+  if (comm.num_hosts() <= 1) return g;
   // Hosts numbered by their first rank, each rank's local index by its order among its host's ranks.
   const int w = comm.size();
   std::vector<int> host_index(static_cast<size_t>(w)), local_index(static_cast<size_t>(w));
-  std::vector<int> hosts;  // host ids in order of first appearance
-  std::vector<int> seen;   // ranks of each host seen so far
+  std::vector<int> hosts;               // host ids in order of first appearance
+  std::vector<std::vector<int>> ranks;  // each host's ranks, ascending
   for (int r = 0; r < w; ++r) {
     const int h = comm.host_of(r);
     const auto it = std::find(hosts.begin(), hosts.end(), h);
     const size_t gi = size_t(it - hosts.begin());
-    if (it == hosts.end()) hosts.push_back(h), seen.push_back(0);
+    if (it == hosts.end()) hosts.push_back(h), ranks.emplace_back();
     host_index[size_t(r)] = int(gi);
-    local_index[size_t(r)] = seen[gi]++;
+    local_index[size_t(r)] = int(ranks[gi].size());
+    ranks[gi].push_back(r);
   }
-  const int k = seen[0];
-  g.owner.assign(size_t(w), 0);
-  for (int r = 0; r < w; ++r) g.owner[size_t(host_index[size_t(r)] * k + local_index[size_t(r)])] = r;
+  bool several = false, alike = true;
+  for (const auto& rs : ranks) several = several || rs.size() > 1, alike = alike && rs.size() == ranks[0].size();
+  if (!several) return g;  // (one rank a host: nothing to sum on a host)
+  // Each rank's position host by host; the local index of host `h` that sums rank r's slice: r itself on its own
+  // host, else its position modulo the host's count (its local index where the hosts hold as many).
+  std::vector<int> position(static_cast<size_t>(w));
+  int at = 0;
+  for (const auto& rs : ranks)
+    for (int r : rs) position[size_t(r)] = at++;
+  auto summer = [&](size_t h, int r) {
+    return size_t(host_index[size_t(r)]) == h ? local_index[size_t(r)] : position[size_t(r)] % int(ranks[h].size());
+  };
   const int me = comm.rank();
-  g.local = comm.split(host_index[size_t(me)], me);
-  g.cross = comm.split(local_index[size_t(me)], host_index[size_t(me)]);
+  const size_t mh = size_t(host_index[size_t(me)]);
+  g.sums.resize(ranks[mh].size());
+  for (const auto& rs : ranks)
+    for (int r : rs) g.sums[size_t(summer(mh, r))].push_back(r);
+  for (size_t h = 0; h < ranks.size(); ++h) g.from.push_back(ranks[h][size_t(summer(h, me))]);
+  g.local = comm.split(int(mh), me);
+  if (alike) g.cross = comm.split(local_index[size_t(me)], int(mh));
   return g;
 }
 
@@ -477,11 +495,20 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
         "int_reduce_scatter: {} counts summing to {} for an input of {} and an output of {} over {} ranks; allowed: "
         "one count a rank, summing to the input's elements, this rank's the output's",
         counts.size(), total, in.size(), out.size(), w));
-  if (groups.hierarchical() && (groups.owner.size() != size_t(w) || groups.local->size() * groups.cross->size() != w))
-    throw InvalidArgument(
-        fmt::format("int_reduce_scatter: host groups of {} x {} ranks for {} ranks; allowed: int_reduce_groups of this "
-                    "communicator",
-                    groups.local->size(), groups.cross->size(), w));
+  if (groups.hierarchical()) {
+    size_t summed = 0;
+    bool across = true;  // (hosts alike: a slice of each host for every local rank, one a rank of cross)
+    for (const auto& s : groups.sums) {
+      summed += s.size();
+      across = across && (!groups.cross || s.size() == size_t(groups.cross->size()));
+    }
+    if (groups.sums.size() != size_t(groups.local->size()) || summed != size_t(w) || !across ||
+        (groups.cross && groups.cross->size() != int(groups.from.size())))
+      throw InvalidArgument(
+          fmt::format("int_reduce_scatter: host groups summing {} slices among {} ranks for {} ranks; allowed: "
+                      "int_reduce_groups of this communicator",
+                      summed, groups.local->size(), w));
+  }
   if (!residual.empty() && residual.size() != in.size())
     throw InvalidArgument(
         fmt::format("int_reduce_scatter: a residual of {} elements for an input of {}; allowed: as many, or none",
@@ -508,25 +535,37 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
     for (int r = 0; r < w; ++r) to[size_t(r)] = {slice(r)};
     int_hop(comm, to, sum, bits, o, deadline, sent);
   } else {
-    // Hop 1, within the host: local rank j sums, for every host g, the slice of that host's rank j.
-    const int k = groups.local->size(), hosts = groups.cross->size();
+    // Hop 1, within the host: local rank j sums the slices groups.sums[j] lists (its own and its share of the other
+    // hosts' ranks').
+    const int k = groups.local->size();
     std::vector<Spans> to(static_cast<size_t>(k));
     for (int j = 0; j < k; ++j)
-      for (int g = 0; g < hosts; ++g) to[size_t(j)].push_back(slice(groups.owner[size_t(g * k + j)]));
+      for (int owner : groups.sums[size_t(j)]) to[size_t(j)].push_back(slice(owner));
     std::vector<float> partial;
     int_hop(*groups.local, to, partial, bits, o, deadline, sent);
-    // Hop 2, across hosts: each host's partial sum of a slice to the slice's owner.
-    const int mine = groups.local->rank();
-    std::vector<Spans> across(static_cast<size_t>(hosts));
+    // Hop 2, across hosts: each partial sum to its slice's owner; this rank's own stays (exact).
+    const std::vector<int>& mine = groups.sums[size_t(groups.local->rank())];
+    std::vector<Part> parts;
     size_t at = 0;
-    for (int g = 0; g < hosts; ++g) {
-      const int owner = groups.owner[size_t(g * k + mine)];
+    for (int owner : mine) {
       const size_t n = counts[size_t(owner)];
-      across[size_t(g)] = {Part{std::span<const float>(partial.data() + at, n),
-                                residual.empty() ? nullptr : residual.data() + offset[size_t(owner)]}};
+      parts.push_back(Part{std::span<const float>(partial.data() + at, n),
+                           residual.empty() || owner == me ? nullptr : residual.data() + offset[size_t(owner)]});
       at += n;
     }
-    int_hop(*groups.cross, across, sum, bits, o, deadline, sent);
+    if (groups.cross) {
+      // Hosts alike: one owner a host in host order, cross rank g the rank of host g.
+      std::vector<Spans> across;
+      for (const Part& part : parts) across.push_back({part});
+      int_hop(*groups.cross, across, sum, bits, o, deadline, sent);
+    } else {
+      // Hosts of different counts: over the whole communicator, each owner receiving from groups.from alone.
+      std::vector<Spans> across(static_cast<size_t>(w));
+      for (size_t i = 0; i < mine.size(); ++i) across[size_t(mine[i])] = {parts[i]};
+      std::vector<char> sends(static_cast<size_t>(w), 0);
+      for (int r : groups.from) sends[size_t(r)] = 1;
+      int_hop(comm, across, sum, bits, o, deadline, sent, &sends);
+    }
   }
   const float f = o.average ? 1.0f / float(w) : 1.0f;
   for (size_t i = 0; i < sum.size(); ++i) out[i] = sum[i] * f;

@@ -76,11 +76,15 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
 // straight to the rank that sums it, which adds the decoded parts and its own exact slice in rank order (the same
 // result however the messages arrive). Each rank sends (W-1)/W of its input in those blocks, about 0.254x a f32
 // reduce-scatter's bytes at 8 bits (0.129x at 4), and
-// nothing is re-quantized on the way, as a ring's partial sums would be at every hop. Over several hosts that each
-// hold as many ranks (IntReduceGroups::hierarchical) it goes in two hops, as ZeRO++'s hierarchical all-to-all: a
-// host's K ranks first sum each other's parts for the slices of the ranks of each local index (on the host's own
-// links), then each partial sum goes, re-quantized once, to its owner on the other hosts: 1/K of what a flat
-// all-to-all sends across hosts, for one more rounding. A non-finite element arrives non-finite (NaN for every
+// nothing is re-quantized on the way, as a ring's partial sums would be at every hop. Over several hosts, some holding
+// several ranks (IntReduceGroups::hierarchical), it goes in two hops, as ZeRO++'s hierarchical all-to-all: a host's
+// K ranks first sum each other's parts (on the host's own links), each rank for its own slice and a K-th share of
+// the other hosts' ranks' slices, then each partial sum goes, re-quantized once, to its owner on the other hosts:
+// 1/K of what a flat all-to-all sends across a host of K, for one more rounding. Hosts of K ranks each share out
+// the other hosts' slices by their owners' local index (ZeRO++'s), and the partial sums cross among the ranks of a
+// local index (IntReduceGroups::cross); hosts of different counts share them out in turn (the owners' positions
+// host by host, modulo K) and the partial sums cross over the whole communicator (an all-to-all whose other
+// messages are empty). A non-finite element arrives non-finite (NaN for every
 // element of a block another rank rounded; the owner's own part as it was): passed on, as a float wire passes it,
 // not refused as the other int8 exchanges refuse it. Returns the bytes this rank sent; ReduceOptions::received adds the
 // bytes it received.
@@ -94,9 +98,14 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
 inline constexpr size_t kIntBlock = 256;
 struct IntReduceGroups {
   coll::CommPtr local;  // this rank's host's ranks (null: one hop over the whole communicator)
-  coll::CommPtr cross;  // the ranks of this rank's local index, one a host, in host order
-  // owner[g * K + k]: the rank of the communicator that is rank k of host g's local group
-  std::vector<int> owner;
+  // Hosts of equal counts: the ranks of this rank's local index, one a host, in host order (hop 2 among them); null
+  // otherwise (hop 2 over the whole communicator).
+  coll::CommPtr cross;
+  // sums[j]: the communicator's ranks whose slices this host's local rank j sums in hop 1, in host order (hosts by
+  // their first rank), then by local index: rank j's own and its share of the other hosts' ranks.
+  std::vector<std::vector<int>> sums;
+  // from[g]: the rank of host g that sends it this rank's slice's partial sum in hop 2 (this rank on its own host).
+  std::vector<int> from;
   bool hierarchical() const { return local != nullptr; }
 };
 // Collective when the hierarchy applies (two splits; every rank computes the same from the host map).

@@ -251,8 +251,12 @@ TEST_P(Ranks, PowerSgdEqualsSimulationAndBatchedEqualsPerTensor) {
 }
 
 // The int8 reduce-scatter by all-to-all, simulated: rank r's slices (counts, rank order) of every rank's data, each
-// contribution but the owner's (or the summing rank's) rounded to int8 blocks once; over hosts of K ranks in two hops
-// (the host's ranks sum each local index's slices, then those partial sums, rounded again, go to their owners).
+// contribution but the owner's (or the summing rank's) rounded to int8 blocks once; over hosts of K consecutive ranks
+// (the last host the rest) in two hops: on each host the rank that sums a slice (the owner on its own host; else
+// local index owner % the host's count: its local index where the hosts are alike) adds its host's parts, then those
+// partial sums, rounded again, go to their owners, which add them in host order.
+int host_count(int n, int k, int g) { return std::min(k, n - g * k); }
+int summer_of(int n, int k, int g, int owner) { return owner / k == g ? owner % k : owner % host_count(n, k, g); }
 std::vector<float> dq(std::span<const float> x, int bits) {
   std::vector<uint8_t> q(block_int_bytes(x.size(), kIntBlock, bits));
   std::vector<float> out(x.size());
@@ -278,11 +282,12 @@ std::vector<float> simulate_int_reduce_scatter(const std::vector<std::vector<flo
     }
     return sum;
   }
-  // Host g's partial sum of my slice is summed by its rank of my local index: its own part exact.
-  const int hosts = n / k, j = me % k;
+  // Host g's partial sum of my slice is summed by its rank summer_of(...): its own part exact.
+  const int hosts = (n + k - 1) / k;
   for (int g = 0; g < hosts; ++g) {
     std::vector<float> partial(sum.size(), 0.0f);
-    for (int l = 0; l < k; ++l) {
+    const int j = summer_of(n, k, g, me);
+    for (int l = 0; l < host_count(n, k, g); ++l) {
       auto x = slice(g * k + l);
       add(partial, l == j ? std::vector<float>(x.begin(), x.end()) : dq(x, bits));
     }
@@ -310,7 +315,7 @@ void check_int_reduce_scatter(int n, int per_host, int bits) {
   on_ranks(
       n,
       [&](coll::Communicator& c) {
-        const bool hier = n > per_host && per_host > 1 && n % per_host == 0;
+        const bool hier = n > per_host && per_host > 1;
         auto groups = int_reduce_groups(c);
         ASSERT_EQ(groups.hierarchical(), hier);
         const int me = c.rank();
@@ -339,19 +344,22 @@ void check_int_reduce_scatter(int n, int per_host, int bits) {
           EXPECT_GT(worst, 0.0) << what;  // (rounded: not a f32 sum)
         }
         // Bytes: each part in int8 blocks once per hop. Flat: every other rank's slice. Two hops: to each other rank
-        // of the host, that local index's slices of every host; across, my slices' partial sums to their owners.
+        // of the host, the slices it sums; across, the partial sums of the slices I sum to their owners, and from
+        // every other host my slice's.
         auto b = [&](int r) { return uint64_t(block_int_bytes(counts[size_t(r)], kIntBlock, bits)); };
         uint64_t want_sent = 0, want_recv = 0;
         if (!hier) {
           for (int r = 0; r < n; ++r)
             if (r != me) want_sent += b(r), want_recv += b(me);
         } else {
-          const int hosts = n / per_host, j = me % per_host, g0 = me / per_host;
-          for (int l = 0; l < per_host; ++l)
-            for (int g = 0; g < hosts; ++g)
-              if (l != j) want_sent += b(g * per_host + l), want_recv += b(g * per_host + j);
-          for (int g = 0; g < hosts; ++g)
-            if (g != g0) want_sent += b(g * per_host + j), want_recv += b(me);
+          const int g0 = me / per_host, j = me % per_host, here = host_count(n, per_host, g0);
+          for (int r = 0; r < n; ++r) {
+            const int l = summer_of(n, per_host, g0, r);
+            if (l != j) want_sent += b(r);
+            if (l == j) want_recv += uint64_t(here - 1) * b(r);
+            if (l == j && r / per_host != g0) want_sent += b(r);
+          }
+          want_recv += uint64_t((n + per_host - 1) / per_host - 1) * b(me);
         }
         EXPECT_EQ(sent, want_sent) << what;
         EXPECT_EQ(received, want_recv) << what;
@@ -365,8 +373,8 @@ void check_int_reduce_scatter(int n, int per_host, int bits) {
       per_host);
 }
 
-// 1 to 8 ranks two a host: one host (2), hosts of uneven counts (3, 5, 7: one hop), two hops over 2, 3 and 4 hosts;
-// int8 and int4 blocks.
+// 1 to 8 ranks two a host: one host (2), two hops over 2, 3 and 4 hosts, and over hosts of uneven counts (3, 5, 7:
+// the last host one rank); int8 and int4 blocks.
 TEST_P(Ranks, IntReduceScatterEqualsItsSimulationBitForBit) {
   check_int_reduce_scatter(GetParam(), 2, 8);
   check_int_reduce_scatter(GetParam(), 2, 4);
@@ -379,6 +387,10 @@ TEST(IntReduceScatter, HostsOfThreeAndFourRanksSumOnTheHostFirst) {
     check_int_reduce_scatter(8, 4, bits);
     check_int_reduce_scatter(12, 3, bits);
     check_int_reduce_scatter(4, 1, bits);
+    // Hosts of different counts: 4 + 3 (each host's rank 0 sums two of the other host's slices), 4 + 4 + 1, 3 + 2.
+    check_int_reduce_scatter(7, 4, bits);
+    check_int_reduce_scatter(9, 4, bits);
+    check_int_reduce_scatter(5, 3, bits);
   }
 }
 
@@ -411,8 +423,8 @@ TEST(IntReduceScatter, NonFiniteBlocksArriveAsNaNAndWrongCountsAreRefused) {
 // Error feedback: over T calls with the same input, the owners' results add up to T times the exact sums less what
 // every rank's residual holds at the end (telescoping: each call's rounding is carried into the next), so the running
 // sum stays within a call's rounding of the exact one, where without it each call adds its rounding's bias again.
-// One hop (4 ranks, 1 a host) and two (2 a host: the partial sums' errors kept by the ranks that sent them across);
-// int8 and int4. The first call, with zero residuals, is the plain call bit for bit.
+// One hop (4 ranks, 1 a host) and two (2 a host, and hosts of 3 and 1: the partial sums' errors kept by the ranks that
+// sent them across); int8 and int4. The first call, with zero residuals, is the plain call bit for bit.
 TEST(IntReduceScatter, ErrorFeedbackKeepsTheRunningSumWithinOneCallsRounding) {
   const int n = 4, calls = 40;
   const std::vector<size_t> counts = uneven_counts(n);
@@ -420,7 +432,7 @@ TEST(IntReduceScatter, ErrorFeedbackKeepsTheRunningSumWithinOneCallsRounding) {
   for (size_t c : counts) d += c;
   std::vector<std::vector<float>> data;
   for (int r = 0; r < n; ++r) data.push_back(gaussian(d, 7 * r + 3));
-  for (int per_host : {1, 2})
+  for (int per_host : {1, 2, 3})
     for (int bits : {8, 4}) {
       std::vector<std::vector<float>> residuals(n);
       std::vector<std::vector<double>> runs(n);
@@ -429,7 +441,7 @@ TEST(IntReduceScatter, ErrorFeedbackKeepsTheRunningSumWithinOneCallsRounding) {
           n,
           [&](coll::Communicator& c) {
             auto groups = int_reduce_groups(c);
-            ASSERT_EQ(groups.hierarchical(), per_host == 2);
+            ASSERT_EQ(groups.hierarchical(), per_host > 1);
             const int me = c.rank();
             const std::string what = fmt::format("{} a host, {} bits, rank {}", per_host, bits, me);
             std::vector<float> residual(d, 0.0f), out(counts[size_t(me)]), plain(out.size());
@@ -469,7 +481,7 @@ TEST(IntReduceScatter, ErrorFeedbackKeepsTheRunningSumWithinOneCallsRounding) {
           // a call's rounding: every other rank's part within half its block's scale (< 5/254 or 5/14), twice with
           // two hops
           const double half = bits == 8 ? 5.0 / 254 : 5.0 / 14;
-          EXPECT_LT(with[size_t(me)], (n - 1) * half * (per_host == 2 ? 2 : 1) + 1e-3) << what;
+          EXPECT_LT(with[size_t(me)], (n - 1) * half * (per_host > 1 ? 2 : 1) + 1e-3) << what;
         }
       }
     }

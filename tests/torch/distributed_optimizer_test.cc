@@ -664,31 +664,35 @@ TEST(DistributedOptimizerZero, A16BitWireHalvesTheReduceScatter) {
 }
 
 // The int8 reduce-scatter's bytes a step for rank `me` (compress::int_reduce_scatter), sent or received: each
-// bucket's slices (`counts`) in int8 blocks, a scale each; on one host every other rank's slice out and as many parts
-// of its own in; over hosts of K ranks the host's two hops (in: its local index's slices from the host's other ranks,
-// then its own slice's partial sums from the other hosts).
+// bucket's slices (`counts`) in int8 blocks, a scale each; on one host (or one rank a host) every other rank's slice
+// out and as many parts of its own in; over hosts of K consecutive ranks (the last the rest) the host's two hops: each
+// slice summed on a host by its owner there, else by local index owner % the host's count (compress::
+// int_reduce_groups); in: the slices it sums from the host's other ranks, then its own slice's partial sums from the
+// other hosts; out: its parts of the slices the others sum, then the partial sums of those it sums for other hosts.
 uint64_t int_reduce_scatter_bytes(const std::vector<std::vector<size_t>>& buckets, int me, int per_host,
                                   bool received = false, int bits = 8) {
   auto b = [&](size_t n) { return uint64_t(block_int_bytes(n, 256, bits)); };
   uint64_t bytes = 0;
   for (const auto& counts : buckets) {
     const int w = int(counts.size());
-    if (per_host == 0 || per_host == w) {
+    if (per_host <= 1 || per_host >= w) {
       for (int d = 0; d < w; ++d)
         if (d != me) bytes += b(counts[size_t(received ? me : d)]);
       continue;
     }
-    const int hosts = w / per_host, j = me % per_host;
-    for (int l = 0; l < per_host; ++l)
-      for (int g = 0; g < hosts; ++g)
-        if (l != j) bytes += b(counts[size_t(g * per_host + (received ? j : l))]);
-    for (int g = 0; g < hosts; ++g)
-      if (g != me / per_host) bytes += b(counts[size_t(received ? me : g * per_host + j)]);
+    const int g0 = me / per_host, j = me % per_host, here = std::min(per_host, w - g0 * per_host);
+    for (int r = 0; r < w; ++r) {
+      const int l = r / per_host == g0 ? r % per_host : r % here;
+      if (received && l == j) bytes += uint64_t(here - 1) * b(counts[size_t(r)]);
+      if (!received && (l != j || r / per_host != g0)) bytes += b(counts[size_t(r)]);
+    }
+    if (received) bytes += uint64_t((w + per_host - 1) / per_host - 1) * b(counts[size_t(me)]);
   }
   return bytes;
 }
 
-// int8 blocks on the reduce-scatter's wire (ZeRO++'s qgZ, by all-to-all; over two hosts in two hops): the weights
+// int8 blocks on the reduce-scatter's wire (ZeRO++'s qgZ, by all-to-all; over two hosts in two hops, hosts of 2 and 2
+// or of 3 and 1): the weights
 // within the int8 rounding of the gradients of plain training, every rank's bit for bit, and each step the
 // reduce-scatter's f32 bytes replaced by the int8 blocks' (a slice under 256 elements carries a 4-byte scale).
 TEST(DistributedOptimizerZero, AnInt8WireSendsEachGradientOnceInInt8Blocks) {
@@ -696,7 +700,7 @@ TEST(DistributedOptimizerZero, AnInt8WireSendsEachGradientOnceInInt8Blocks) {
   // The buckets of 3, 15, 5 and 35 floats cut into four slices each.
   const std::vector<std::vector<size_t>> buckets = {{1, 1, 1, 0}, {4, 4, 4, 3}, {2, 1, 1, 1}, {9, 9, 9, 8}};
   for (int bits : {8, 4})
-    for (int per_host : {0, 2}) {
+    for (int per_host : {0, 2, 3}) {
       for (int stage : {1, 2}) {
         const ZeroRun f32 = zero_run(stage, "sgd", true, 4, "none", per_host);
         const ZeroRun z = zero_run(stage, "sgd", true, 4, bits == 8 ? "int8" : "int4", per_host);
@@ -721,6 +725,7 @@ TEST(DistributedOptimizerZero, AnInt8WireSendsEachGradientOnceInInt8Blocks) {
       }
     }
   EXPECT_NE(int_reduce_scatter_bytes(buckets, 3, 0, true), int_reduce_scatter_bytes(buckets, 3, 2, true));
+  EXPECT_NE(int_reduce_scatter_bytes(buckets, 0, 0, true), int_reduce_scatter_bytes(buckets, 0, 3, true));
 }
 
 // Error feedback on the int wire (ef:int8, ef:int4): each rank's roundings carried into its next step's gradients,
