@@ -503,6 +503,7 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
       across = across && (!groups.cross || s.size() == size_t(groups.cross->size()));
     }
     if (groups.sums.size() != size_t(groups.local->size()) || summed != size_t(w) || !across ||
+        groups.from.size() != size_t(comm.num_hosts()) ||
         (groups.cross && groups.cross->size() != int(groups.from.size())))
       throw InvalidArgument(
           fmt::format("int_reduce_scatter: host groups summing {} slices among {} ranks for {} ranks; allowed: "

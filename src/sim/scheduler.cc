@@ -515,7 +515,22 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   };
 
   size_t done = 0;
+  // A bound on the events (a second or so each million here): LAS's starvation guard promotes and demotes jobs again
+  // and again, as often as its knob and the queues' thresholds make it, for as long as the jobs run.
+  constexpr long long kMaxEvents = 10000000;
+  long long events = 0;
   while (done < n) {
+    if (++events > kMaxEvents)
+      throw ConfigError(fmt::format(
+          "cluster simulation: over {} scheduling events by simulated time {:.6g} s with {} of {} jobs done{}; "
+          "allowed: "
+          "traces that take fewer (fewer or shorter jobs{})",
+          kMaxEvents, now, done, n,
+          guard ? fmt::format(" (the starvation guard promotes waiting jobs every --promote-knob {} x their attained "
+                              "service a GPU, and --las-threshold {} demotes them again)",
+                              opt.las_promote_knob, opt.las_first_threshold)
+                : std::string(),
+          guard ? ", a larger --promote-knob or --las-threshold, or --promote-knob 0" : ""));
     // Arrivals at `now`.
     for (; arrived < n && jobs[order[arrived]].submit <= now; ++arrived) {
       state[order[arrived]] = 1;

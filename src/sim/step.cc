@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -148,22 +149,34 @@ std::pair<Collective, Algorithm> all_to_all_as(const Group& g) {
 // --zero N --compressor int8`): blocks of 256 elements with a 4-byte scale each, every rank's part of each other
 // rank's slice sent once; where a node holds `per_node` (K) of the `flat` group's ranks, `stride` apart, in two hops
 // as ZeRO++'s hierarchical all-to-all and the runtime's: within the node, then 1/K of it among the ranks of one
-// local index across nodes. Each hop quantizes and decodes its part (two passes over the gradients' `grad_bytes`
-// and the blocks, at memory bandwidth) and pays the wake-up of its call.
+// local index across nodes. A group of S consecutive ranks that K does not divide (shard groups of 6 on nodes of 4)
+// holds parts of nodes, the smallest k = gcd(S, K) of its ranks, and the runtime takes two hops there too: within
+// each part, then each part's partial sums to their owners on the other parts, the smallest part's ranks each
+// sending (S - k) / (S k) of the gradients across (1/K where K divides S), timed as an all-to-all over the nodes a
+// group spans at most, ceil((S + K - k) / K). Each hop quantizes and decodes its part (two passes over the gradients'
+// `grad_bytes` and the blocks, at memory bandwidth) and pays the wake-up of its call.
 struct Qgz {
   bool on = false, two_hops = false;
   double wire = 0;  // bytes an element on the wire
   Group flat, local, cross;
-  long long k = 1;
+  long long k = 1;      // a node's ranks of the group (the most)
+  long long least = 1;  // the fewest ranks of the group a node holds (k where k divides the group)
+  double across = 0;    // the cross hop's all-to-all bytes per element on the wire
   Qgz(const ParallelConfig& cfg, const Group& dp, long long per_node) : flat(dp) {
     const std::string& kind = cfg.compression.kind;
     on = cfg.zero >= 1 && (kind == "int8" || kind == "int4");
     wire = (kind == "int8" ? 1.0 : 0.5) + 4.0 / 256;
     k = per_node;
-    two_hops = on && k >= 2 && k < dp.size && dp.size % k == 0;
+    two_hops = on && k >= 2 && k < dp.size;
     if (two_hops) {
+      const long long s = dp.size;
+      least = std::gcd(s, k);
+      const long long nodes = (s + k - least + k - 1) / k;
       local = Group{k, dp.stride, dp.first};
-      cross = Group{dp.size / k, dp.stride * k, dp.first};
+      cross = Group{nodes, dp.stride * k, dp.first};
+      // (an all-to-all of n sends (nodes - 1) / nodes of n a rank: n such that that is the smallest part's share)
+      across = static_cast<double>(s - least) / static_cast<double>(s * least) * static_cast<double>(nodes) /
+               static_cast<double>(nodes - 1);
     }
   }
   // `time(collective, algorithm, group, bytes)`: the caller's timing (symmetric or full); `bottleneck` the slowest
@@ -175,8 +188,9 @@ struct Qgz {
       return time_of(c, a, g, bytes) + wake;
     };
     const double passes =
-        memory_time(acc, elems * (grad_bytes + wire) * 2 * (two_hops ? 1 + 1.0 / k : 1.0), two_hops ? 4 : 2);
-    return (two_hops ? hop(local, elems * wire) + hop(cross, elems * wire / k) : hop(flat, elems * wire)) + passes;
+        memory_time(acc, elems * (grad_bytes + wire) * 2 * (two_hops ? 1 + 1.0 / static_cast<double>(least) : 1.0),
+                    two_hops ? 4 : 2);
+    return (two_hops ? hop(local, elems * wire) + hop(cross, elems * wire * across) : hop(flat, elems * wire)) + passes;
   }
   const Group& outer() const { return two_hops ? cross : flat; }  // (the hop that crosses nodes)
 };
@@ -554,9 +568,12 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     if (qgz.on)
       r.notes.push_back(fmt::format(
           "ZeRO's gradients in {} blocks by all-to-all (ZeRO++'s qgZ){}", zq,
-          qgz.two_hops
+          !qgz.two_hops ? std::string(", one hop")
+          : qgz.least == qgz.k
               ? fmt::format(": within each node's {} data-parallel ranks, then 1/{} of them across nodes", qgz.k, qgz.k)
-              : std::string(", one hop")));
+              : fmt::format(": within each node's part of a group ({} data-parallel ranks, {} in the smallest part), "
+                            "then each part's partial sums across nodes",
+                            qgz.k, qgz.least)));
     if (cfg.zero == 3) {
       const double gb = gather_element_bytes(cfg.gather_bytes, 2);  // (the parameters are held in 16 bits)
       const double layer_bytes = layer_params / t * gb;
@@ -1128,6 +1145,14 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   r.config.dp = d;
   r.gpus = gpus;
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
+  // (a pipeline's schedule is played out micro-batch by micro-batch, its operations held in memory)
+  constexpr long long kMaxPipelineMicroBatches = 1000000;
+  if (p > 1 && mb > kMaxPipelineMicroBatches)
+    throw ConfigError(
+        fmt::format("--global-batch ({}) makes {} micro-batches a step for the layer-list pipeline (--global-batch / "
+                    "(--micro-batch "
+                    "x --gpus / --pp)); allowed: at most {} (the schedule is played out micro-batch by micro-batch)",
+                    cfg.global_batch, mb, kMaxPipelineMicroBatches));
   r.microbatches = mb;
   const double b = cfg.micro_batch;
   // Activations are held in the precision the gradients are exchanged in: 2 bytes (mixed precision) or 4 (f32,

@@ -394,6 +394,98 @@ TEST(IntReduceScatter, HostsOfThreeAndFourRanksSumOnTheHostFirst) {
   }
 }
 
+// Host maps the launchers do not make, as a sub-communicator of permuted ranks has them: hosts interleaved, alike
+// (0 1 0 1) and not (0 1 0 1 0 0), a host of one rank first (1 0 0 0) and between others (2 0 0 1 1). Each is
+// simulated from the map alone: hosts numbered by their first rank, each rank's position host by host, a slice
+// summed on a host by its owner there, else by local index position % the host's count; the partial sums added in
+// host order where hosts are alike (among one local index's ranks), else in the order of the ranks that send them.
+TEST(IntReduceScatter, AnyHostMapSumsEachSliceOnceAHostBitForBit) {
+  struct Map {
+    int n, per_host;
+    std::vector<int> order;  // order[i]: the world rank that is rank i of the sub-communicator
+  };
+  for (const Map& m :
+       {Map{4, 2, {0, 2, 1, 3}}, Map{6, 4, {0, 4, 1, 5, 2, 3}}, Map{4, 3, {3, 0, 1, 2}}, Map{5, 2, {4, 0, 1, 2, 3}}})
+    for (int bits : {8, 4}) {
+      const int n = m.n;
+      std::vector<int> host(static_cast<size_t>(n));  // the sub-communicator's host map
+      for (int i = 0; i < n; ++i) host[size_t(i)] = m.order[size_t(i)] / m.per_host;
+      std::vector<int> hosts;               // in order of first appearance
+      std::vector<std::vector<int>> ranks;  // each host's ranks
+      std::vector<int> hi(static_cast<size_t>(n)), li(static_cast<size_t>(n)), pos(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        auto it = std::find(hosts.begin(), hosts.end(), host[size_t(r)]);
+        if (it == hosts.end()) hosts.push_back(host[size_t(r)]), ranks.emplace_back(), it = hosts.end() - 1;
+        hi[size_t(r)] = int(it - hosts.begin());
+        li[size_t(r)] = int(ranks[size_t(hi[size_t(r)])].size());
+        ranks[size_t(hi[size_t(r)])].push_back(r);
+      }
+      int at = 0;
+      bool alike = true;
+      for (const auto& rs : ranks) {
+        alike = alike && rs.size() == ranks[0].size();
+        for (int r : rs) pos[size_t(r)] = at++;
+      }
+      auto summer = [&](int g, int r) {  // the local index of host g that sums r's slice
+        return hi[size_t(r)] == g ? li[size_t(r)] : pos[size_t(r)] % int(ranks[size_t(g)].size());
+      };
+      const std::vector<size_t> counts = uneven_counts(n);
+      size_t d = 0;
+      for (size_t c : counts) d += c;
+      std::vector<std::vector<float>> data;
+      for (int r = 0; r < n; ++r) data.push_back(gaussian(d, 17 * r + 3));
+      on_ranks(
+          n,
+          [&](coll::Communicator& world) {
+            int key = 0;
+            while (m.order[size_t(key)] != world.rank()) ++key;
+            auto c = world.split(0, key);
+            auto groups = int_reduce_groups(*c);
+            ASSERT_TRUE(groups.hierarchical());
+            ASSERT_EQ(groups.cross != nullptr, alike);
+            const int me = c->rank(), g0 = hi[size_t(me)];
+            const std::string what = fmt::format("map {}, rank {}, {} bits", fmt::join(host, " "), me, bits);
+            std::vector<float> out(counts[size_t(me)]);
+            uint64_t received = 0;
+            ReduceOptions o;
+            o.received = &received;
+            const uint64_t sent = int_reduce_scatter(*c, groups, data[size_t(me)], counts, out, bits, o);
+            size_t off = 0;
+            for (int r = 0; r < me; ++r) off += counts[size_t(r)];
+            // Each host's partial sum of my slice, then their sum in the order the owner adds them.
+            std::vector<std::pair<int, std::vector<float>>> partials;  // (order key, partial as it arrives)
+            for (int g = 0; g < int(ranks.size()); ++g) {
+              const int j = summer(g, me);
+              std::vector<float> partial(out.size(), 0.0f);
+              for (int l = 0; l < int(ranks[size_t(g)].size()); ++l) {
+                const int r = ranks[size_t(g)][size_t(l)];
+                std::span<const float> x(data[size_t(r)].data() + off, out.size());
+                const std::vector<float> part = l == j ? std::vector<float>(x.begin(), x.end()) : dq(x, bits);
+                for (size_t i = 0; i < partial.size(); ++i) partial[i] += part[i];
+              }
+              partials.push_back({alike ? g : ranks[size_t(g)][size_t(j)], g == g0 ? partial : dq(partial, bits)});
+            }
+            std::sort(partials.begin(), partials.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+            std::vector<float> want(out.size(), 0.0f);
+            for (const auto& [k, p] : partials)
+              for (size_t i = 0; i < want.size(); ++i) want[i] += p[i];
+            ASSERT_EQ(out, want) << what;
+            // Bytes: my parts of the slices the host's other ranks sum, and the partial sums of those I sum for other
+            // hosts' owners; in: my slices from the host's others, and my own slice's partial sum from each other host.
+            auto b = [&](int r) { return uint64_t(block_int_bytes(counts[size_t(r)], kIntBlock, bits)); };
+            uint64_t want_sent = 0, want_recv = uint64_t(ranks.size() - 1) * b(me);
+            for (int r = 0; r < n; ++r) {
+              const bool mine = summer(g0, r) == li[size_t(me)];
+              if (!mine || hi[size_t(r)] != g0) want_sent += b(r);
+              if (mine) want_recv += uint64_t(ranks[size_t(g0)].size() - 1) * b(r);
+            }
+            EXPECT_EQ(sent, want_sent) << what;
+            EXPECT_EQ(received, want_recv) << what;
+          },
+          m.per_host);
+    }
+}
+
 // A non-finite gradient arrives as NaN in its block (passed on, as a float wire passes it); counts that do not match
 // the input are refused with one line.
 TEST(IntReduceScatter, NonFiniteBlocksArriveAsNaNAndWrongCountsAreRefused) {

@@ -1055,6 +1055,37 @@ TEST(Inputs, ZeroInt8GradientsGoByAllToAllInTwoHopsAcrossNodes) {
       EXPECT_NE(simulate_layer_step(nl, lm, lc).dp_algorithm.find("all-to-all"), 0u) << what;
     }
   }
+  // Shard groups of 6 on nodes of 4 (24 ranks): each group holds 4 + 2 or 2 + 4 ranks of two nodes, and takes two
+  // hops as the runtime does (it took one): within the node's part, then the smallest part's 2 ranks each sending 4/12
+  // of the gradients across, an all-to-all over the 2 nodes of 2/3 (it sends half of that); the quantize passes of
+  // 1 + 1/2 of the gradients.
+  {
+    Topology tl(load_cluster("ethernet-25g"), 24);
+    CollectiveModel nl(tl);
+    const Accelerator& v100 = tl.spec().node_kinds.front().accelerator;
+    const LayerModel lm = parse_layer_model("dense:2000x2000");
+    double n = 0;
+    for (auto& l : lm.layers) n += l.params();
+    const double qb = 1 + 4.0 / 256;
+    const double rs = nl.time(Collective::kReduceScatter, Algorithm::kAuto, Group{6, 1, 0}, n * 4);
+    const double a2a = nl.time(Collective::kAllToAll, Algorithm::kDirect, Group{4, 1, 0}, n * qb) +
+                       nl.time(Collective::kAllToAll, Algorithm::kDirect, Group{2, 4, 0}, n * qb * 2 / 3) +
+                       memory_time(v100, n * (4 + qb) * 2 * (1 + 1.0 / 2), 4);
+    ParallelConfig lc;
+    lc.global_batch = 24;
+    lc.grad_bytes = 4;
+    lc.zero = 1;
+    lc.zero_shard = 6;
+    lc.dp_overlap = false;
+    lc.zero_prefetch = false;
+    lc.bucket_bytes = 1e15;
+    const StepResult f32 = simulate_layer_step(nl, lm, lc);
+    lc.compression = parse_compression("int8");
+    const StepResult q8 = simulate_layer_step(nl, lm, lc);
+    EXPECT_EQ(q8.dp_algorithm, "all-to-all, two hops");
+    EXPECT_GT(rs - a2a, 0);
+    EXPECT_NEAR(f32.breakdown.dp_comm - q8.breakdown.dp_comm, rs - a2a, 1e-9 * f32.breakdown.dp_comm);
+  }
 }
 
 // --zero-shard-group (FSDP's HYBRID_SHARD, MiCS) on 8 nodes of 8: every gather and reduce-scatter within the node's 8

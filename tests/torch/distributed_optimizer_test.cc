@@ -725,7 +725,6 @@ TEST(DistributedOptimizerZero, AnInt8WireSendsEachGradientOnceInInt8Blocks) {
       }
     }
   EXPECT_NE(int_reduce_scatter_bytes(buckets, 3, 0, true), int_reduce_scatter_bytes(buckets, 3, 2, true));
-  EXPECT_NE(int_reduce_scatter_bytes(buckets, 0, 0, true), int_reduce_scatter_bytes(buckets, 0, 3, true));
 }
 
 // Error feedback on the int wire (ef:int8, ef:int4): each rank's roundings carried into its next step's gradients,
