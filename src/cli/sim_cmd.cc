@@ -294,7 +294,7 @@ json config_json(const ParallelConfig& c) {
               {"zero_allgather_bytes", c.zero_allgather_bytes},
               {"zero_hpz", c.zero_hpz < 0 ? json("node") : json(c.zero_hpz)},
               {"zero_shard_group", c.zero_shard < 0 ? json("node") : json(c.zero_shard)},
-              {"zero2_reduce", zero2_reduce_name(c.zero2_reduce)},
+              {"zero2_reduce", c.zero == 2 ? json(zero2_reduce_name(c.zero2_reduce)) : json(nullptr)},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -1444,7 +1444,8 @@ void setup(CLI::App& app) {
                   "tp, for each plan; 0: all ranks")
         ->capture_default_str();
     c->add_option("--zero2-reduce", a->zero2_reduce,
-                  "ZeRO-2 over several micro-batches: micro-batch (reduce-scatter after every micro-batch's backward, "
+                  "ZeRO-2 (at --zero 2) over several micro-batches: micro-batch (reduce-scatter after every "
+                  "micro-batch's backward, "
                   "holding only the shard: DeepSpeed's, a GPT model's default) or step (sum them in whole-gradient "
                   "buckets, reduce-scatter once: conduit train's, FSDP's no_sync, a layer list's default)");
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")

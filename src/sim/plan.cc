@@ -30,8 +30,8 @@ std::string describe_config(const ParallelConfig& c) {
     group("hpz", c.zero_hpz);
   }
   if (c.zero >= 1) group("shard", c.zero_shard);
-  if (c.zero == 2 && c.zero2_reduce != Zero2Reduce::kModelDefault)
-    s += fmt::format(" zero2-reduce={}", zero2_reduce_name(c.zero2_reduce));
+  // (as modelled: a GPT model's default, every micro-batch as DeepSpeed, left unsaid)
+  if (c.zero == 2 && c.zero2_reduce == Zero2Reduce::kOncePerStep) s += " zero2-reduce=step";
   if (c.compression.kind != "none")
     s += c.compression.param > 0 ? fmt::format(" compression={}:{}", c.compression.kind, c.compression.param)
                                  : fmt::format(" compression={}", c.compression.kind);
@@ -136,7 +136,10 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   if (z != 3) c.gather_bytes = 0, c.zero_hpz = 0;
                   if (z == 0) c.zero_shard = 0;
                   if (z != 1 && z != 2) c.zero_allgather_bytes = 0;
-                  if (z != 2) c.zero2_reduce = Zero2Reduce::kModelDefault;
+                  // (and where a rank has one micro-batch: reduce-scattered once either way)
+                  if (z != 2 ||
+                      global_batch / (static_cast<long long>(b) * (gpus / (static_cast<long long>(t) * p))) <= 1)
+                    c.zero2_reduce = Zero2Reduce::kModelDefault;
                   c.recompute = rc;
                   c.sequence_parallel = sp;
                   c.compression = cp;

@@ -373,6 +373,18 @@ long long zero_group_size(int zero, int from_stage, long long given, long long d
   return 0;
 }
 
+// --zero2-reduce as modelled: at ZeRO-2, the model's default resolved (a GPT model's every micro-batch, DeepSpeed's; a
+// layer list's once a step, conduit train's); refused where a data-parallel rank has one micro-batch (then both are
+// one reduce-scatter).
+Zero2Reduce zero2_mode(const ParallelConfig& cfg, long long mb, Zero2Reduce model_default) {
+  if (cfg.zero != 2) return Zero2Reduce::kModelDefault;
+  if (mb <= 1 && cfg.zero2_reduce != Zero2Reduce::kModelDefault)
+    throw ConfigError(
+        "--zero2-reduce: this step has one micro-batch a data-parallel rank (--global-batch / (--micro-batch x dp)), "
+        "reduce-scattered once either way; allowed: leave it out, or a --global-batch of several micro-batches a rank");
+  return cfg.zero2_reduce == Zero2Reduce::kModelDefault ? model_default : cfg.zero2_reduce;
+}
+
 }  // namespace
 
 StepResult simulate_step(CollectiveModel& net, const GptModel& given, const ParallelConfig& cfg) {
@@ -418,6 +430,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const int v = cfg.schedule == Schedule::kInterleaved ? cfg.virtual_stages : 1;
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
   r.microbatches = mb;
+  const Zero2Reduce z2 = zero2_mode(cfg, mb, Zero2Reduce::kEveryMicroBatch);
+  r.config.zero2_reduce = z2;
   const int lps = m.layers / p;
   const double b = cfg.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
   const double V = static_cast<double>(m.vocab);
@@ -642,7 +656,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       double busy = 0;
       dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd_window : 0.0, grad_bytes, cfg.bucket_bytes, rs_time, &busy);
       dp_total = busy;
-      if (cfg.zero == 2 && mb > 1 && cfg.zero2_reduce != Zero2Reduce::kOncePerStep) {
+      if (cfg.zero == 2 && mb > 1 && z2 == Zero2Reduce::kEveryMicroBatch) {
         // ZeRO-2 keeps only its shard of the gradients, so every micro-batch's gradients are reduce-scattered after
         // its backward (DeepSpeed reduces at each backward); an earlier micro-batch's exchange can also run during
         // the next one's forward. ZeRO-1 keeps whole gradients and reduce-scatters them once per iteration, and so
@@ -844,8 +858,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     // (hpZ: the secondary partition, 1/K of the stage's 16-bit parameters)
     mem.params = st.params + gathered + (zero3 && hpz > 1 ? params * 2 / static_cast<double>(hpz) : 0.0);
     // (ZeRO-2 reducing once a step: the buckets hold the stage's whole gradients from the first micro-batch on)
-    mem.grads = (cfg.zero == 2 && mbs > 1 && cfg.zero2_reduce == Zero2Reduce::kOncePerStep ? params * cfg.grad_bytes
-                                                                                           : st.grads) +
+    mem.grads = (cfg.zero == 2 && mbs > 1 && z2 == Zero2Reduce::kOncePerStep ? params * cfg.grad_bytes : st.grads) +
                 unsharded_grads;
     mem.optimizer = st.optimizer;
     mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
@@ -1154,6 +1167,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                     "x --gpus / --pp)); allowed: at most {} (the schedule is played out micro-batch by micro-batch)",
                     cfg.global_batch, mb, kMaxPipelineMicroBatches));
   r.microbatches = mb;
+  const Zero2Reduce z2 = zero2_mode(cfg, mb, Zero2Reduce::kOncePerStep);
+  r.config.zero2_reduce = z2;
   const double b = cfg.micro_batch;
   // Activations are held in the precision the gradients are exchanged in: 2 bytes (mixed precision) or 4 (f32,
   // as `conduit train` runs on CPUs).
@@ -1309,7 +1324,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // once, as ZeRO-1, the buckets holding the whole gradients meanwhile (below); DeepSpeed's, which the GPT model
     // follows by default, reduce-scatters after every micro-batch's backward, for M times the bytes: --zero2-reduce
     // micro-batch, each earlier micro-batch's exchange hidden behind its backward and the next one's forward.)
-    if (cfg.zero == 2 && mb > 1 && cfg.zero2_reduce == Zero2Reduce::kEveryMicroBatch) {
+    if (cfg.zero == 2 && mb > 1 && z2 == Zero2Reduce::kEveryMicroBatch) {
       const double each = dp_total;
       const double hidden = cfg.dp_overlap ? (bwd + fwd) * run_scale : 0.0;
       dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
@@ -1433,7 +1448,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
           format_seconds(rs_total), format_seconds(dp_exposed)));
     }
     // (the quantized ring's passes; qgZ's are in its calls)
-    if (k != "none" && !qgz.on) comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4);
+    // (an exchange's passes: every micro-batch's with --zero2-reduce micro-batch)
+    if (k != "none" && !qgz.on)
+      comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4) *
+             (cfg.zero == 2 && z2 == Zero2Reduce::kEveryMicroBatch ? static_cast<double>(mb) : 1.0);
     dp_exposed += comp;
     // Synchronous data parallelism waits for the slowest rank every step: measured at a barrier among as many ranks
     // (the ranks' steps are not independent when they share cores), else the median step of the slowest of `gpus`
@@ -1488,7 +1506,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   }
   // (ZeRO-2 over micro-batches: the buckets hold the whole gradients from the first micro-batch to their
   // reduce-scatter, as `conduit train` sums them)
-  if (cfg.zero == 2 && mb > 1 && cfg.zero2_reduce != Zero2Reduce::kEveryMicroBatch) st.grads = params * cfg.grad_bytes;
+  if (cfg.zero == 2 && mb > 1 && z2 == Zero2Reduce::kOncePerStep) st.grads = params * cfg.grad_bytes;
   if (cfg.zero == 3 && gpus > 1) {
     // ZeRO-3 also holds the unit it runs whole (with prefetch, and the next one's being gathered: the largest two
     // adjacent units), and that unit's gradient bucket until it is reduce-scattered.
