@@ -29,6 +29,7 @@
 #include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/yaml_file.h"
 
 namespace conduit::cli::cluster {
 namespace {
@@ -392,17 +393,7 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
                                       const LinkGiven& given) {
   if (hosts < 0 || hosts > kMaxHosts)  // 0: not given (the file's count)
     throw ConfigError(fmt::format("--hosts {}: allowed 1..{}", hosts, kMaxHosts));
-  struct stat pst {};
-  if (stat(path.c_str(), &pst) == 0 && S_ISDIR(pst.st_mode))
-    throw ConfigError(fmt::format("--hosts-file {}: is a directory; allowed: a YAML file", path));
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(fmt::format("--hosts-file: cannot read {}", path));
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("--hosts-file {}: not valid YAML: {}", path, e.what()));
-  }
+  const YAML::Node root = load_yaml_file(path, "--hosts-file", "a YAML file");
   if (!root.IsMap())
     throw ConfigError(fmt::format("--hosts-file {}: expected a map with 'hosts' and 'defaults'", path));
   const auto apply = [&](const YAML::Node& n, LinkSpec l, const std::string& where) {

@@ -45,13 +45,7 @@ struct FlArgs {
 
 bool under_outer_launcher() { return net::mpi_launched() || env_world_size() > 0; }
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw ConfigError(fmt::format("fl: --config: cannot read '{}'", path));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::string& path) { return read_input_file(path, "fl: --config", "a JSON file"); }
 
 std::string default_output() {
   std::time_t t = std::time(nullptr);

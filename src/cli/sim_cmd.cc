@@ -994,14 +994,7 @@ struct CalibrateArgs {
 };
 
 std::string read_file(const std::string& path, const char* flag) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(fmt::format("{}: '{}' is a directory (expected a file of JSON lines)", flag, path));
-  std::ifstream in(path);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read '{}'", flag, path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, flag, "a file of JSON lines");
 }
 
 void run_calibrate(const CalibrateArgs& a) {

@@ -58,6 +58,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/reduce.h"
+#include "core/yaml_file.h"
 #ifdef CONDUIT_WITH_COMPRESS
 #include "compress/compressor.h"
 #endif
@@ -176,14 +177,7 @@ std::string find_ddp_script() {
 bool compressor_applies(const std::string& scheme, const std::string& compressor);  // below
 
 SweepSpec load_spec(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(fmt::format("sweep: cannot read {}", path));
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("sweep: {} is not valid YAML: {}", path, e.what()));
-  }
+  const YAML::Node root = load_yaml_file(path, "sweep", "a YAML file");
   if (!root.IsMap()) throw ConfigError(fmt::format("sweep: {} must be a YAML map", path));
   static const std::set<std::string> kKeys = {"name",    "output",      "hosts",  "networks",           "seeds",
                                               "schemes", "compressors", "peers",  "peer_powersgd_rank", "train",

@@ -17,6 +17,36 @@
 
 namespace conduit {
 
+std::string read_input_file(const std::string& path, const std::string& what, const std::string& allowed) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
+    throw ConfigError(fmt::format("{}: cannot read '{}' (no such file); allowed: {}", what, path, allowed));
+  if (fs::is_directory(st)) throw ConfigError(fmt::format("{}: '{}' is a directory; allowed: {}", what, path, allowed));
+  if (!fs::is_regular_file(st))
+    throw ConfigError(
+        fmt::format("{}: '{}' is not a regular file (a pipe, device or socket); allowed: {}", what, path, allowed));
+  constexpr uintmax_t kMax = uintmax_t(1) << 30;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kMax)
+    throw ConfigError(fmt::format("{}: '{}' holds {} bytes; allowed: {}, up to 1 GiB", what, path, size, allowed));
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
+  // (a regular file that says 0 bytes, as /proc's do, is read to its end)
+  std::string text;
+  if (!ec && size > 0) {
+    text.resize(static_cast<size_t>(size));
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in.gcount()));
+  } else {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read '{}'; allowed: {}", what, path, allowed));
+  return text;
+}
+
 void write_text_file(const std::string& path, const std::string& text) {
   // A temporary name of this process and call: two writers of one file (ranks, threads) shared "<path>.tmp" and
   // renamed each other's half-written text into place.

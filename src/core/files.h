@@ -1,8 +1,14 @@
 #pragma once
-// Writing output files whole: every layer that leaves a file for the user goes through here.
+// Reading the user's input files, and writing output files whole: every layer that leaves a file for the user goes
+// through here.
 #include <string>
 
 namespace conduit {
+
+// The whole text of an input file the user named (`what`: the flag or key that named it, as errors say it;
+// `allowed`: what it should be, "a YAML file"). ConfigError with one line when the path is missing or unreadable, a
+// directory, not a regular file (a FIFO would block for ever, /dev/zero fill memory), or over 1 GiB.
+std::string read_input_file(const std::string& path, const std::string& what, const std::string& allowed);
 
 // Writes `text` to path.tmp and renames it into place: whole or failing with one line naming the path (a full disk
 // never leaves a cut file in place of the old one).

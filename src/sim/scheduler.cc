@@ -15,6 +15,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "sim/plan.h"
 
 namespace conduit::sim {
@@ -116,13 +117,7 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
 }
 
 std::vector<JobSpec> load_job_trace(const std::string& path) {
-  if (std::filesystem::is_directory(path))
-    throw ConfigError(fmt::format("--jobs: '{}' is a directory (expected a CSV file)", path));
-  std::ifstream in(path);
-  if (!in) throw ConfigError(fmt::format("--jobs: cannot read '{}'", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_job_trace(ss.str(), path);
+  return parse_job_trace(read_input_file(path, "--jobs", "a CSV file of jobs"), path);
 }
 
 double job_iteration_time(const ClusterSpec& spec, const std::string& model, long long gpus, long long global_batch,

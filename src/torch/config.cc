@@ -16,6 +16,7 @@
 #include "coll/communicator.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/yaml_file.h"
 #include "sync/straggler.h"
 #include "sync/strategy.h"
 #include "torch/metrics.h"
@@ -197,16 +198,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
 }
 
 RawConfig read_yaml_config(const std::string& path) {
-  if (std::filesystem::is_directory(path))
-    throw ConfigError(fmt::format("config: '{}' is a directory; allowed: a YAML file", path));
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(fmt::format("config: cannot read '{}' (no such file or not readable)", path));
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("config: '{}' is not valid YAML: {}", path, e.msg));
-  }
+  const YAML::Node root = load_yaml_file(path, "config", "a YAML file");
   RawConfig raw;
   if (root.IsNull()) return raw;
   if (!root.IsMap()) throw ConfigError(fmt::format("config: '{}' must be a mapping of key: value", path));
@@ -237,6 +229,9 @@ RawConfig read_yaml_config(const std::string& path) {
                           key, path, p->first.Mark().line + 1,
                           key == "sync" ? "{name: local, period: 8}" : "{name: topk, ratio: 0.01}"));
         auto pk = p->first.as<std::string>();
+        if (pk == "name" && !name.empty())
+          throw ConfigError(fmt::format("config: {} in {} (line {}): 'name' is given twice; give it once", key, path,
+                                        p->first.Mark().line + 1));
         if (pk == "name")
           name = p->second.as<std::string>();
         else

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -708,6 +709,41 @@ TEST(Cli, CalibrateToStdoutGivesALoadableFileAndFitsOneWorld) {
   std::string out = run("sim calibrate --bench " + dir + " --peak 1GFLOP/s", &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("--bench: '" + dir + "' is a directory"), std::string::npos) << out;
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
+// Inputs that hung the simulator or ate its memory (a bad-input audit): a pipe or a device as --jobs (read for ever),
+// a layer-list pipeline of 10^18 micro-batches (its schedule, played out one by one, in memory), and LAS's
+// starvation guard cycling three endless jobs through its queues (events without end): each is one line, exit 2.
+TEST(Cli, PipesDevicesEndlessSchedulesAndEventsAreRefused) {
+  const std::string dir = ::testing::TempDir() + "conduit_sim_refusals_" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir + " && mkfifo " + dir + "/pipe").c_str()), 0);
+  int rc = 0;
+  for (const std::string& jobs : {dir + "/pipe", std::string("/dev/zero")}) {
+    const std::string out = run("sim cluster --jobs " + jobs + " --gpus 8", &rc);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_NE(out.find("--jobs: '" + jobs + "' is not a regular file (a pipe, device or socket); allowed: a CSV file"),
+              std::string::npos)
+        << out;
+  }
+  std::string out =
+      run("sim step --cluster dgx-a100 --gpus 8 --model layers --layers-spec dense:4x4,dense:4x4 --pp 2 --global-batch "
+          "4000000000000000000",
+          &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("makes 1000000000000000000 micro-batches a step for the layer-list pipeline"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("allowed: at most 1000000"), std::string::npos) << out;
+  {
+    std::ofstream t(dir + "/endless.csv");
+    t << "id,submit_s,gpus,model,iterations\n";
+    for (const char* id : {"a", "b", "c"}) t << id << ",0,8,gpt2-small,1000000000000\n";
+  }
+  out = run("sim cluster --jobs " + dir + "/endless.csv --gpus 8 --scheduler las --promote-knob 2", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("cluster simulation: over 10000000 scheduling events"), std::string::npos) << out;
+  EXPECT_NE(out.find("a larger --promote-knob or --las-threshold, or --promote-knob 0"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 

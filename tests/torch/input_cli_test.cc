@@ -3,6 +3,7 @@
 // where the labels belong, a checkpoint with a missing, corrupt or incomplete rank file, a key given twice, and a
 // bad CONDUIT_LOG_LEVEL under several ranks. Each must end with exit code 2 and one line naming what is wrong.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -366,6 +367,23 @@ TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
   r = run("train --config " + dir.string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("is a directory; allowed: a YAML file"), std::string::npos) << r.out;
+  // A second YAML document was never read (its bad values and keys passed); a repeated name in a compressor's mapping
+  // kept the last; a pipe blocked the run for ever.
+  std::ofstream(dir / "two.yaml") << "lr: 0.1\n---\nlr: abc\nbogus_key: 1\n";
+  r = run("train --config " + (dir / "two.yaml").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("two.yaml' holds 2 YAML documents; allowed: one (a YAML file)"), std::string::npos) << r.out;
+  std::ofstream(dir / "name.yaml") << "compressor: {name: bogus, name: fp16}\n";
+  r = run("train --config " + (dir / "name.yaml").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: compressor in " + (dir / "name.yaml").string() + " (line 1): 'name' is given twice"),
+            std::string::npos)
+      << r.out;
+  ASSERT_EQ(::mkfifo((dir / "pipe").c_str(), 0600), 0);
+  r = run("train --config " + (dir / "pipe").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("is not a regular file (a pipe, device or socket); allowed: a YAML file"), std::string::npos)
+      << r.out;
   // Keys and nested values that are not single values name the file and the key (yaml-cpp's "bad conversion" named
   // neither, exit 1).
   for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{

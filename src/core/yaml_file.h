@@ -1,0 +1,30 @@
+#pragma once
+// One YAML document from an input file the user named (config files, hosts files, sweep specs).
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/files.h"
+
+namespace conduit {
+
+// read_input_file's refusals, then ConfigError naming `what` and the path when the text is not valid YAML or holds
+// several documents (a second one after `---` was never read); an empty file is a null node.
+inline YAML::Node load_yaml_file(const std::string& path, const std::string& what, const std::string& allowed) {
+  const std::string text = read_input_file(path, what, allowed);
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: '{}' is not valid YAML: {}; allowed: {}", what, path, e.msg, allowed));
+  }
+  if (docs.size() > 1)
+    throw ConfigError(
+        fmt::format("{}: '{}' holds {} YAML documents; allowed: one ({})", what, path, docs.size(), allowed));
+  return docs.empty() ? YAML::Node() : docs[0];
+}
+
+}  // namespace conduit
