@@ -310,6 +310,36 @@ LayerModel parse_layer_model(const std::string& spec) {
     m.layers.push_back(l);
   }
   if (m.layers.empty()) throw ConfigError("--layers-spec: no layers given");
+  // Each layer takes what the one before gives: a dense layer the features (a map flattened: channels x height x
+  // width), a convolution or pooling the channels and the map (a convolution's HxW is its output map: the map before
+  // or, strided, a smaller one; a pooling's is its input map, divided by its window, rounding down).
+  auto spec_of = [](const Layer& l) {
+    return l.kind == "dense"  ? fmt::format("dense:{}x{}", l.in, l.out)
+           : l.kind == "conv" ? fmt::format("conv:{}x{}k{}@{}x{}", l.in, l.out, l.kernel, l.height, l.width)
+                              : fmt::format("pool:{}k{}@{}x{}", l.in, l.kernel, l.height, l.width);
+  };
+  for (size_t i = 1; i < m.layers.size(); ++i) {
+    const Layer &a = m.layers[i - 1], &b = m.layers[i];
+    const double h = a.kind == "pool" ? std::floor(a.height / a.kernel) : a.height;
+    const double w = a.kind == "pool" ? std::floor(a.width / a.kernel) : a.width;
+    std::string why;
+    if (b.kind == "dense") {
+      const double given = a.kind == "dense" ? a.out : a.out * h * w;
+      if (b.in != given) why = fmt::format("takes {} features where the one before gives {}", b.in, given);
+    } else if (a.kind == "dense") {
+      why = "takes a map where the dense layer before gives flat features";
+    } else if (b.in != a.out || (b.kind == "pool" ? b.height != h || b.width != w : b.height > h || b.width > w)) {
+      why = fmt::format("takes {} channels of {}x{} where the one before gives {} of {}x{}", b.in, b.height, b.width,
+                        a.out, h, w);
+    }
+    if (!why.empty())
+      throw ConfigError(fmt::format(
+          "--layers-spec: layer {} ({}) {}; allowed: layers that connect (a dense layer's IN the features before, a "
+          "convolution's or pooling's channels the ones before, a pooling's HxW the map before and a convolution's no "
+          "larger, e.g. conv:3x32k3@28x28,pool:32k2@28x28,"
+          "dense:6272x10)",
+          i + 1, spec_of(b), why));
+  }
   return m;
 }
 

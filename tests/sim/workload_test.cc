@@ -283,5 +283,41 @@ TEST(LayerModel, ParsesAndScalesWithDataParallelism) {
   EXPECT_THROW(simulate_layer_step(n1, m, c), ConfigError);
 }
 
+// Layers that do not connect are refused with one line naming the layer (dense:10x20,dense:50x5 was simulated); the
+// train models' lists connect. The FLOPs a step counts leave out the first layer's input gradient, as its time does
+// (three forwards a layer gave one large convolution an MFU of 119%).
+TEST(LayerModel, LayersConnectAndTheFirstComputesNoInputGradient) {
+  for (const auto& [spec, want] : std::vector<std::pair<std::string, std::string>>{
+           {"dense:10x20,dense:50x5", "layer 2 (dense:50x5) takes 50 features where the one before gives 20"},
+           {"conv:1x32k3@28x28,dense:6272x10",
+            "layer 2 (dense:6272x10) takes 6272 features where the one before "
+            "gives 25088"},
+           {"conv:1x32k3@28x28,pool:32k2@14x14", "takes 32 channels of 14x14 where the one before gives 32 of 28x28"},
+           {"conv:1x32k3@28x28,conv:16x8k3@28x28", "takes 16 channels of 28x28 where the one before gives 32 of"},
+           {"dense:4x4,conv:4x4k3@2x2", "takes a map where the dense layer before gives flat features"}}) {
+    try {
+      parse_layer_model(spec);
+      ADD_FAILURE() << spec << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << spec << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("allowed: layers that connect"), std::string::npos) << e.what();
+    }
+  }
+  for (const char* ok : {kTrainCnnLayers, kTrainMlpLayers, "conv:1x32k3@28x28,pool:32k2@28x28,dense:6272x10",
+                         "conv:3x64k3@32x32,conv:64x128k3@16x16"})
+    EXPECT_NO_THROW(parse_layer_model(ok)) << ok;
+  Topology t(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(t);
+  ParallelConfig c;
+  c.global_batch = 8;
+  const LayerModel one = parse_layer_model("conv:10000x10000k3@1000x1000");
+  const StepResult r = simulate_layer_step(net, one, c);
+  EXPECT_DOUBLE_EQ(r.model_flops, 8 * 2 * one.layers[0].forward_gemm(1).flops());
+  EXPECT_LT(r.mfu, 1.0);
+  const LayerModel two = parse_layer_model("dense:784x256,dense:256x10");
+  EXPECT_DOUBLE_EQ(simulate_layer_step(net, two, c).model_flops,
+                   8 * (2 * two.layers[0].forward_gemm(1).flops() + 3 * two.layers[1].forward_gemm(1).flops()));
+}
+
 }  // namespace
 }  // namespace conduit::sim
