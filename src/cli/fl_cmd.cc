@@ -161,7 +161,7 @@ void run_rank(fl::FlConfig c, bool workers_given, bool output_given) {
   std::unique_ptr<fl::LocalTrainer> trainer;
   try {
     if (comm->rank() == 0 && !parent) {
-      fs::create_directories(c.output);
+      make_output_dir(c.output, "--output");
       write_text_file((fs::path(c.output) / "config.json").string(), fl::config_to_json(c) + "\n");
     }
     trainer = torch_api().make_fl_trainer(c);
@@ -237,7 +237,7 @@ void run_fl(const FlArgs& a) {
   // (a checkpoint that is missing or of other settings stops here rather than in the started ranks)
   if (!c.resume.empty()) fl::check_resume(c, fl::read_latest_checkpoint(fl::resume_checkpoint_dir(c.resume)));
   // Start the ranks: they read the resolved configuration from the output folder.
-  fs::create_directories(c.output);
+  make_output_dir(c.output, "--output");
   const fs::path cfg_path = fs::path(c.output) / "config.json";
   write_text_file(cfg_path.string(), fl::config_to_json(c) + "\n");
   std::error_code ec;

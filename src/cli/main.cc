@@ -1,7 +1,9 @@
 // `conduit`: one binary for every subcommand (launch, bench, train, sim, ...).
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "cli/launcher.h"
@@ -59,6 +61,31 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
   return g;
 }
 
+// Integers out of range are refused: CLI11 takes strtoll's clamped value (-99999999999999999999 became LLONG_MIN,
+// which some commands use for "left out", and 99999999999999999999 was echoed back as 9223372036854775807).
+void refuse_integer_overflow(CLI::App& app) {
+  for (CLI::Option* o : app.get_options()) {
+    const std::string type = o->get_type_name();
+    if (type.find("INT") == std::string::npos) continue;
+    const bool is_unsigned = type.find("UINT") != std::string::npos;
+    o->check(CLI::Validator(
+        [is_unsigned](std::string& s) {
+          errno = 0;
+          char* end = nullptr;
+          if (is_unsigned)
+            (void)std::strtoull(s.c_str(), &end, 0);
+          else
+            (void)std::strtoll(s.c_str(), &end, 0);
+          return errno == ERANGE ? "an integer out of range: " + s +
+                                       (is_unsigned ? " (allowed: 0 to 18446744073709551615)"
+                                                    : " (allowed: -9223372036854775808 to 9223372036854775807)")
+                                 : std::string();
+        },
+        ""));
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_integer_overflow(*sub);
+}
+
 }  // namespace conduit::cli
 
 int main(int argc, char** argv) {
@@ -69,6 +96,7 @@ int main(int argc, char** argv) {
   auto es = entries();
   std::stable_sort(es.begin(), es.end(), [](const Entry& a, const Entry& b) { return a.order < b.order; });
   for (auto& e : es) e.setup(app);
+  refuse_integer_overflow(app);
   try {
     conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
     conduit::log_level_from_env();

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -158,7 +159,15 @@ GptModel make_model(const ModelArgs& a) {
 // default (a file's `count: 140` was ignored for the default of 8, 64 or 512).
 ClusterSpec load_sized(const std::string& cluster, long long& gpus, bool given) {
   ClusterSpec spec = load_cluster(cluster);
-  if (!given && spec.described_gpus() > 0) gpus = spec.described_gpus();
+  if (!given && spec.described_gpus() > 0) {
+    gpus = spec.described_gpus();
+    // (the topology's refusal names --gpus, which was not given)
+    if (gpus > kMaxSimulatedGpus)
+      throw ConfigError(fmt::format(
+          "cluster '{}': its nodes' counts describe {} accelerators, beyond the simulator's limit of {}; allowed: "
+          "fewer nodes in the file, or --gpus",
+          spec.name, gpus, kMaxSimulatedGpus));
+  }
   return spec;
 }
 
@@ -399,6 +408,21 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
 
 void run_layer_step(const StepArgs& given_args) {
   StepArgs a = given_args;
+  // (a layer list has no transformer's shape: those flags did nothing)
+  for (const auto& [flag, v] : std::vector<std::pair<const char*, long long>>{{"--layers", a.model.layers},
+                                                                              {"--hidden", a.model.hidden},
+                                                                              {"--heads", a.model.heads},
+                                                                              {"--kv-heads", a.model.kv_heads},
+                                                                              {"--ffn-hidden", a.model.ffn_hidden},
+                                                                              {"--seq", a.model.seq},
+                                                                              {"--vocab", a.model.vocab}})
+    if (v != kNotGiven)
+      throw ConfigError(fmt::format(
+          "{}: a transformer's shape, and --model layers takes its layers from --layers-spec; allowed: leave it out",
+          flag));
+  if (!a.model.mlp.empty())
+    throw ConfigError(
+        "--mlp: a transformer's MLP, and --model layers takes its layers from --layers-spec; allowed: leave it out");
   ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   LayerModel lm = parse_layer_model(a.model.layers_spec);
   if (a.global_batch <= 0)
@@ -668,7 +692,7 @@ struct CollArgs {
   std::string op = "allreduce";
   std::string algorithm = "all";
   std::string size = "256M";
-  long long group = 0, stride = 1;
+  long long group = kNotGiven, stride = 1;  // (group: all ranks when left out; an explicit 0 was taken as that)
   std::string mode = "symmetric";
   bool json = false;
   bool steps = false;
@@ -699,9 +723,9 @@ void run_coll(const CollArgs& given_args) {
     throw ConfigError(fmt::format("--mode = '{}' (allowed: symmetric, full)", a.mode));
   const double n = static_cast<double>(parse_bytes(a.size, "--size"));
   if (n <= 0) throw ConfigError("--size must be positive (e.g. 64M)");
-  Group g{a.group > 0 ? a.group : a.gpus, a.stride, 0};
+  Group g{a.group != kNotGiven ? a.group : a.gpus, a.stride, 0};
   // (group - 1) x stride < gpus, without overflowing: group <= gpus and stride < gpus first.
-  if (a.group < 0 || a.stride < 1 || g.size > a.gpus ||
+  if ((a.group != kNotGiven && a.group < 0) || a.stride < 1 || g.size > a.gpus ||
       (g.size > 1 && (a.stride >= a.gpus || g.size - 1 > (a.gpus - 1) / g.stride)))
     throw ConfigError(
         fmt::format("--group ({}) and --stride ({}) must place the group's ranks within --gpus ({}): "
@@ -713,10 +737,13 @@ void run_coll(const CollArgs& given_args) {
     algs = candidate_algorithms(c, topo);
   else
     algs = {parse_algorithm(a.algorithm)};
+  // (the table is kept until some algorithm can run: a refusal is one line)
+  std::string table;
+  auto out = std::back_inserter(table);
   if (!a.json) {
-    fmt::print("{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n", a.op, format_bytes(n), g.size,
-               g.stride, spec.name, a.gpus, a.mode);
-    fmt::print("  {:<20} {:>12} {:>12} {:>10}  {}\n", "algorithm", "time", "bus GB/s", "steps", "bottleneck");
+    fmt::format_to(out, "{} of {} on {} ranks (stride {}) of {} ({} accelerators), {} mode\n\n", a.op, format_bytes(n),
+                   g.size, g.stride, spec.name, a.gpus, a.mode);
+    fmt::format_to(out, "  {:<20} {:>12} {:>12} {:>10}  {}\n", "algorithm", "time", "bus GB/s", "steps", "bottleneck");
   }
   int shown = 0, approximate = 0;
   std::string why;
@@ -731,7 +758,7 @@ void run_coll(const CollArgs& given_args) {
     } catch (const UnsupportedError& e) {
       // One algorithm asked for by name that cannot run is an error; among all of them, a row that says why.
       if (a.algorithm != "all") throw ConfigError(fmt::format("--algorithm {}: {}", a.algorithm, e.what()));
-      if (!a.json) fmt::print("  {:<20} {}\n", algorithm_name(alg), e.what());
+      if (!a.json) fmt::format_to(out, "  {:<20} {}\n", algorithm_name(alg), e.what());
       why = e.what();
       continue;
     }
@@ -762,22 +789,24 @@ void run_coll(const CollArgs& given_args) {
                        .dump()
                 << "\n";
     } else {
-      fmt::print("  {:<20} {:>12} {:>12.1f} {:>10.0f}  {}{}\n", algorithm_name(cost.algorithm), format_seconds(t),
-                 busbw, cost.steps, cost.bottleneck, approx ? "  *" : "");
+      fmt::format_to(out, "  {:<20} {:>12} {:>12.1f} {:>10.0f}  {}{}\n", algorithm_name(cost.algorithm),
+                     format_seconds(t), busbw, cost.steps, cost.bottleneck, approx ? "  *" : "");
       if (a.steps) {
         long long copy_first = g.first;
         const auto steps = net.explain(c, cost.algorithm, g, n, &copy_first);
         if (copy_first != g.first)
-          fmt::print("      (the steps of the slowest copy of the group, from accelerator {})\n", copy_first);
+          fmt::format_to(out, "      (the steps of the slowest copy of the group, from accelerator {})\n", copy_first);
         for (const auto& st : steps)
-          fmt::print("      x{:<6.0f} {:<34} {:>7} transfers {:>7} links  bound by {} (link {}, {} per step)  {}\n",
-                     st.repeat, st.phase, st.transfers, st.links_used, st.bottleneck, st.bottleneck_link,
-                     format_bytes(st.bottleneck_bytes), format_seconds(st.time));
+          fmt::format_to(out,
+                         "      x{:<6.0f} {:<34} {:>7} transfers {:>7} links  bound by {} (link {}, {} per step)  {}\n",
+                         st.repeat, st.phase, st.transfers, st.links_used, st.bottleneck, st.bottleneck_link,
+                         format_bytes(st.bottleneck_bytes), format_seconds(st.time));
       }
     }
   }
   if (shown == 0)
     throw ConfigError(fmt::format("no algorithm can run {} on {} ranks of {}: {}", a.op, g.size, spec.name, why));
+  std::cout << table;
   if (approximate > 0 && !a.json)
     fmt::print(
         "\n  * approximate: the group's copies straddle nodes or leaves unevenly, and they are too many to route "
@@ -1229,7 +1258,7 @@ void run_calibrate(const CalibrateArgs& a) {
 
 struct ScaleArgs {
   std::string gpus_list = "64,128,256,512,1024,2048,4096,8192";
-  long long batch_per_gpu = 0;
+  long long batch_per_gpu = kNotGiven;  // (weak scaling when given; -5 was taken as left out)
   std::string plot;
 };
 
@@ -1240,7 +1269,9 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
   GptModel m = make_model(a.model);
   std::vector<int> counts = parse_int_list(sa.gpus_list, "--gpus-list");
   if (counts.empty()) throw ConfigError("--gpus-list: give at least one accelerator count");
-  if (sa.batch_per_gpu <= 0 && a.global_batch <= 0)
+  if (sa.batch_per_gpu != kNotGiven && sa.batch_per_gpu <= 0)
+    throw ConfigError(fmt::format("--batch-per-gpu = {} (allowed: a positive number of sequences)", sa.batch_per_gpu));
+  if (sa.batch_per_gpu == kNotGiven && a.global_batch <= 0)
     throw ConfigError("give --global-batch (strong scaling) or --batch-per-gpu (weak scaling)");
   struct Point {
     long long gpus;
@@ -1250,7 +1281,14 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
   };
   std::vector<Point> pts;
   for (int n : counts) {
-    Topology topo(spec, n);
+    // (the topology's refusals name --gpus, which this command takes from the list)
+    std::optional<Topology> made;
+    try {
+      made.emplace(spec, n);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("--gpus-list = '{}', at {} accelerators: {}", sa.gpus_list, n, e.what()));
+    }
+    const Topology& topo = *made;
     CollectiveModel net(topo);
     if (sa.batch_per_gpu > 0 && sa.batch_per_gpu > (1LL << 40) / n)
       throw ConfigError(

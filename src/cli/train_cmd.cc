@@ -17,6 +17,7 @@
 #include "cli/torch_plugin.h"
 #include "coll/communicator.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "net/mpi_transport.h"
 #include "torch/config.h"
 #include "torch/metrics.h"
@@ -63,14 +64,16 @@ void print_summary(const std::string& out) {
                           pp > 1 ? " " + s.value("pp_schedule", std::string()) : std::string());
   if (s.value("zero", 0) > 0) layout += fmt::format(", zero {}", s.value("zero", 0));
   std::printf(
-      "conduit train: %s on %s, %d workers%s, sync %s, compressor %s: test accuracy %.2f%% after %d epochs in %.1f s; "
+      "conduit train: %s on %s, %d workers%s, sync %s, compressor %s: test accuracy %.2f%% after %d epochs (%lld "
+      "steps) in "
+      "%.1f s; "
       "time "
       "to target %s; %.1f MB on the wire (uncompressed %.1f MB); communication hidden %.0f%%; output %s\n",
       s.value("model", std::string()).c_str(), s.value("dataset", std::string()).c_str(), s.value("workers", 0),
       layout.c_str(), s.value("sync", std::string("bsp")).c_str(), s.value("compressor", std::string()).c_str(),
-      100 * s.value("final_test_accuracy", 0.0), s.value("epochs", 0), s.value("wall_time_s", 0.0), tta.c_str(),
-      s.value("bytes_on_wire", 0.0) / 1e6, s.value("uncompressed_bytes", 0.0) / 1e6,
-      100 * s.value("hidden_comm_fraction", 0.0), out.c_str());
+      100 * s.value("final_test_accuracy", 0.0), s.value("epochs", 0), static_cast<long long>(s.value("steps", 0LL)),
+      s.value("wall_time_s", 0.0), tta.c_str(), s.value("bytes_on_wire", 0.0) / 1e6,
+      s.value("uncompressed_bytes", 0.0) / 1e6, 100 * s.value("hidden_comm_fraction", 0.0), out.c_str());
 }
 
 void run_train(const TrainArgs& a) {
@@ -124,7 +127,7 @@ void run_train(const TrainArgs& a) {
   }
 
   // Start the workers: they read the resolved configuration from the output directory.
-  fs::create_directories(cfg.output);
+  make_output_dir(cfg.output, "--output");
   fs::path cfg_path = fs::path(cfg.output) / "config.yaml";
   {
     std::ofstream f(cfg_path);

@@ -17,6 +17,16 @@
 
 namespace conduit {
 
+void make_output_dir(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec)
+    throw ConfigError(
+        fmt::format("{}: cannot create the directory '{}' ({}); allowed: a directory that exists or can be "
+                    "made",
+                    what, path, ec.message()));
+}
+
 std::string read_input_file(const std::string& path, const std::string& what, const std::string& allowed) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -10,6 +10,10 @@ namespace conduit {
 // directory, not a regular file (a FIFO would block for ever, /dev/zero fill memory), or over 1 GiB.
 std::string read_input_file(const std::string& path, const std::string& what, const std::string& allowed);
 
+// create_directories of an output directory the user named (`what`: the flag or key), as ConfigError with one line
+// naming it when it cannot be made (a regular file on its path: "not a directory"; no permission).
+void make_output_dir(const std::string& path, const std::string& what);
+
 // Writes `text` to path.tmp and renames it into place: whole or failing with one line naming the path (a full disk
 // never leaves a cut file in place of the old one).
 void write_text_file(const std::string& path, const std::string& text);

@@ -785,13 +785,91 @@ std::string default_output_dir(const TrainConfig& c) {
   return name;
 }
 
+// A whole-number field of checkpoint.json, or a one-line error naming the file and the field.
+int64_t checkpoint_int(const nlohmann::json& meta, const char* key, const std::filesystem::path& dir) {
+  auto it = meta.find(key);
+  if (it == meta.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+    throw ConfigError(
+        fmt::format("config: resume: {} has no whole number '{}' ({}); allowed: a checkpoint "
+                    "directory written by conduit train",
+                    (dir / "checkpoint.json").string(), key, it == meta.end() ? "missing" : it->dump()));
+  return it->get<int64_t>();
+}
+
+// The fields of checkpoint.json this run reads have their types (a damaged or hand-edited file is a one-line error
+// naming the field, not a JSON library exception).
+void check_checkpoint_fields(const nlohmann::json& meta, const std::filesystem::path& dir, bool counts_required) {
+  if (!meta.is_object())
+    throw ConfigError(
+        fmt::format("config: resume: {} is not a JSON object; allowed: a checkpoint directory written "
+                    "by conduit train",
+                    (dir / "checkpoint.json").string()));
+  for (const char* key : {"epoch", "step", "global_step", "world"})
+    if (counts_required || meta.contains(key)) checkpoint_int(meta, key, dir);
+  const std::pair<const char*, const char*> typed[] = {{"model", "string"},
+                                                       {"compressor", "string"},
+                                                       {"sync", "string"},
+                                                       {"optimizer", "string"},
+                                                       {"dataset", "string"},
+                                                       {"wall_s", "number"},
+                                                       {"time_to_target_s", "number"},
+                                                       {"test_accuracy", "number"},
+                                                       {"target_accuracy", "number"},
+                                                       {"batch_size", "number"},
+                                                       {"seed", "number"},
+                                                       {"train_limit", "number"},
+                                                       {"synthetic_samples", "number"},
+                                                       {"lr", "number"},
+                                                       {"momentum", "number"},
+                                                       {"weight_decay", "number"},
+                                                       {"lr_schedule", "string"},
+                                                       {"warmup_epochs", "number"},
+                                                       {"epochs", "number"},
+                                                       {"test_limit", "number"},
+                                                       {"data_dir", "string"},
+                                                       {"data_dir_resolved", "string"},
+                                                       {"train_data", "string"},
+                                                       {"checkpoint_every", "number"},
+                                                       {"eval_every", "number"},
+                                                       {"bucket_cap_mb", "number"},
+                                                       {"first_bucket_mb", "number"},
+                                                       {"overlap", "boolean"},
+                                                       {"zero", "integer"},
+                                                       {"zero_prefetch", "boolean"},
+                                                       {"zero_gather", "string"},
+                                                       {"zero_allgather_mb", "number"},
+                                                       {"zero_hpz", "integer"},
+                                                       {"zero_shard_group", "integer"},
+                                                       {"tp", "integer"},
+                                                       {"pp", "integer"},
+                                                       {"micro_batches", "integer"},
+                                                       {"pp_schedule", "string"},
+                                                       {"recompute", "boolean"},
+                                                       {"sequence_parallel", "boolean"}};
+  for (const auto& [key, type] : typed) {
+    auto it = meta.find(key);
+    if (it == meta.end()) continue;
+    const std::string t = type;
+    const bool ok = t == "string"    ? it->is_string()
+                    : t == "boolean" ? it->is_boolean()
+                    : t == "integer" ? it->is_number_integer()
+                                     : it->is_number();
+    if (!ok)
+      throw ConfigError(
+          fmt::format("config: resume: {}: '{}' is {}, not a {}; allowed: a checkpoint directory "
+                      "written by conduit train",
+                      (dir / "checkpoint.json").string(), key, it->dump(), type));
+  }
+}
+
 void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
   auto it = raw.find("resume");
   if (it == raw.end() || it->second.empty()) return;
   const std::filesystem::path meta_path = std::filesystem::path(it->second) / "checkpoint.json";
   if (!std::filesystem::exists(meta_path)) return;  // resolve_config names the missing checkpoint
   const nlohmann::json meta = read_json_file(meta_path.string());
-  if (!meta.is_object()) return;  // the worker's checks name what is wrong with it
+  // (a damaged or hand-edited file is one line here, not one from every worker)
+  check_checkpoint_fields(meta, std::filesystem::path(it->second), false);
   auto text = [](const nlohmann::json& v) -> std::optional<std::string> {
     if (v.is_string()) return v.get<std::string>();
     if (v.is_number_integer()) return std::to_string(v.get<int64_t>());

@@ -3,7 +3,9 @@
 // same name (`batch_size` <-> `--batch-size`); flags win over the file. resolve_config() checks every value and
 // throws ConfigError with one line naming the field and what is allowed.
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -126,6 +128,13 @@ RawConfig read_yaml_config(const std::string& path);
 // settings (lr, momentum, weight decay, schedule, warm-up, epochs, test_limit, data_dir with its dataset, the
 // checkpoint and evaluation intervals, buckets, overlap). `--resume DIR --epochs 3` then continues the run.
 void apply_resume_defaults(RawConfig& raw, bool workers_from_env);
+// A whole-number field of a checkpoint's checkpoint.json (in `dir`), or a one-line ConfigError naming the file and the
+// field.
+int64_t checkpoint_int(const nlohmann::json& meta, const char* key, const std::filesystem::path& dir);
+// The fields of checkpoint.json a run reads have their types (a damaged or hand-edited file is a one-line error naming
+// the field, not a JSON library exception); without `counts_required`, a missing epoch, step, global step or world
+// passes (the launching process's check: the workers require them).
+void check_checkpoint_fields(const nlohmann::json& meta, const std::filesystem::path& dir, bool counts_required = true);
 // Applies `raw` over the defaults and validates; `env_world` is WORLD_SIZE of an outer launcher (0 when none) and
 // `workers_given` says whether workers was set explicitly (it must then agree with env_world).
 TrainConfig resolve_config(const RawConfig& raw, int env_world = 0, bool workers_given = false);

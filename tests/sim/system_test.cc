@@ -747,5 +747,52 @@ TEST(Cli, PipesDevicesEndlessSchedulesAndEventsAreRefused) {
   EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
+// Flags a bad-input audit found taken silently or named wrongly: an integer past 64 bits (CLI11 clamped it, and
+// LLONG_MIN read as "left out"), --group 0 (taken as all ranks), a transformer's shape with --model layers (ignored),
+// a negative --batch-per-gpu (taken as strong scaling), a count of --gpus-list named as --gpus, a cluster file's size
+// named as --gpus, and sim coll's table printed before its refusal. Each one line, exit 2.
+TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
+  const std::string dir = ::testing::TempDir() + "conduit_sim_flags_" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  {
+    std::string yaml = preset_yaml("dgx-a100");
+    const size_t at = yaml.find("    gpus: 8");
+    ASSERT_NE(at, std::string::npos);
+    yaml.insert(at, "    count: 10000000\n");
+    std::ofstream(dir + "/huge.yaml") << yaml;
+  }
+  int rc = 0;
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"sim step --model gpt2-small --global-batch 8 --hidden -99999999999999999999",
+            "--hidden: an integer out of range: -99999999999999999999 (allowed: -9223372036854775808 to "
+            "9223372036854775807)"},
+           {"sim step --model gpt2-small --global-batch 99999999999999999999",
+            "--global-batch: an integer out of range: 99999999999999999999"},
+           {"sim coll --gpus 16 --size 1M --group 0", "--group = 0: a collective needs at least 2 ranks"},
+           {"sim step --model layers --layers-spec dense:4x4 --hidden 5 --global-batch 8",
+            "--hidden: a transformer's shape, and --model layers takes its layers from --layers-spec"},
+           {"sim step --model layers --layers-spec dense:4x4 --mlp swiglu --global-batch 8",
+            "--mlp: a transformer's MLP"},
+           {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu -5",
+            "--batch-per-gpu = -5 (allowed: a positive number of sequences)"},
+           {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,12",
+            "--gpus-list = '8,12', at 12 accelerators: "},
+           {"sim step --cluster " + dir + "/huge.yaml --model gpt2-small --global-batch 8",
+            "cluster 'dgx-a100': its nodes' counts describe 80000000 accelerators, beyond the simulator's limit of "
+            "262144"},
+           {"sim coll --size 1T --op all-to-all --gpus 262144",
+            "no algorithm can run all-to-all on 262144 ranks of dgx-a100"}}) {
+    const std::string out = run(args, &rc);
+    EXPECT_EQ(rc, 2) << args << ": " << out;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << args << ": " << out;
+  }
+  // (a group left out is all ranks, as before)
+  const std::string out = run("sim coll --gpus 16 --size 1M --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"ranks\":16"), std::string::npos) << out;
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
 }  // namespace
 }  // namespace conduit::sim

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,20 @@ TEST(TrainInputProcesses, CheckpointFilesThatAreMissingCorruptOrIncompleteAreNam
     EXPECT_EQ(r.code, 2) << c.name << ": " << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
     EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << c.name << ": " << r.out;
+  }
+  // A checkpoint.json of a negative epoch: one line from the launching process (each worker said it, and the
+  // launcher that a rank exited: three lines).
+  {
+    const fs::path copy = dir / "epoch";
+    fs::copy(ck, copy, fs::copy_options::recursive);
+    std::ifstream in(copy / "checkpoint.json");
+    nlohmann::json meta = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), {}));
+    meta["epoch"] = -3;
+    std::ofstream(copy / "checkpoint.json") << meta.dump();
+    r = run(kTrain + " --epochs 2 --resume " + copy.string() + " --output " + (dir / "o-epoch").string());
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("checkpoint.json has no whole number 'epoch' (-3)"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   }
   // Bytes after the last tensor's compressor state (not checked), named with the file (the message named none).
   {
@@ -377,6 +392,14 @@ TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
   r = run("train --config " + (dir / "name.yaml").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("config: compressor in " + (dir / "name.yaml").string() + " (line 1): 'name' is given twice"),
+            std::string::npos)
+      << r.out;
+  // An --output below a file: one line naming the flag (a raw filesystem error, exit 1).
+  std::ofstream(dir / "afile") << "x";
+  r = run(kTrain + " --epochs 1 --output " + (dir / "afile" / "sub").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--output: cannot create the directory '" + (dir / "afile" / "sub").string() +
+                       "' (Not a directory); allowed: a directory that exists or can be made"),
             std::string::npos)
       << r.out;
   ASSERT_EQ(::mkfifo((dir / "pipe").c_str(), 0600), 0);
