@@ -79,7 +79,7 @@ struct StepArgs {
   long long global_batch = 0;
   int micro_batch = 1;
   int tp = 1, pp = 1;
-  long long dp = 0;
+  long long dp = kNotGiven;  // (gpus / (tp pp) when left out; an explicit 0 was taken as that)
   int zero = 0;
   std::string recompute = "none";
   std::string schedule = "1f1b";
@@ -215,7 +215,10 @@ ParallelConfig make_config(const StepArgs& a) {
   ParallelConfig c;
   c.tp = a.tp;
   c.pp = a.pp;
-  c.dp = a.dp;
+  if (a.dp != kNotGiven && a.dp <= 0)
+    throw ConfigError(
+        fmt::format("--dp = {} (allowed: a positive data-parallel size, or leave it out for gpus / (tp pp))", a.dp));
+  c.dp = a.dp == kNotGiven ? 0 : a.dp;
   c.micro_batch = a.micro_batch;
   c.global_batch = a.global_batch;
   c.zero = a.zero;
@@ -1271,6 +1274,12 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
   if (counts.empty()) throw ConfigError("--gpus-list: give at least one accelerator count");
   if (sa.batch_per_gpu != kNotGiven && sa.batch_per_gpu <= 0)
     throw ConfigError(fmt::format("--batch-per-gpu = {} (allowed: a positive number of sequences)", sa.batch_per_gpu));
+  if (sa.batch_per_gpu != kNotGiven && a.global_batch != 0)
+    throw ConfigError(
+        "--global-batch with --batch-per-gpu: strong and weak scaling; allowed: one of them (--batch-per-gpu scales "
+        "the global batch with the GPUs)");
+  if (sa.batch_per_gpu == kNotGiven && a.global_batch < 0)
+    throw ConfigError(fmt::format("--global-batch = {} (allowed: a positive number of sequences)", a.global_batch));
   if (sa.batch_per_gpu == kNotGiven && a.global_batch <= 0)
     throw ConfigError("give --global-batch (strong scaling) or --batch-per-gpu (weak scaling)");
   struct Point {
@@ -1286,7 +1295,10 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
     try {
       made.emplace(spec, n);
     } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("--gpus-list = '{}', at {} accelerators: {}", sa.gpus_list, n, e.what()));
+      // ("--gpus = 12 must be ..." -> "12 must be ...": the count is the list's)
+      std::string why = e.what();
+      if (why.rfind("--gpus = ", 0) == 0) why.erase(0, 9);
+      throw ConfigError(fmt::format("--gpus-list = '{}': {}", sa.gpus_list, why));
     }
     const Topology& topo = *made;
     CollectiveModel net(topo);

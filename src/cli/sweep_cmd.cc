@@ -1088,7 +1088,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       fmt::print(stderr, "sweep: cluster {} of a sweep that no longer runs could not be removed: {}\n", name, e.what());
     }
   }
-  fs::create_directories(out);
+  make_output_dir(out, "sweep: output");
   // What an earlier run into this folder wrote goes first: its plots, series and cell folders stayed beside this
   // run's results (a run whose cells all failed left the last run's accuracy plots looking current).
   // (the four plots by name: `-o .` or `-o docs` holds other images)

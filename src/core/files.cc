@@ -31,27 +31,29 @@ std::string read_input_file(const std::string& path, const std::string& what, co
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
-  if (ec || !fs::exists(st))
-    throw ConfigError(fmt::format("{}: cannot read '{}' (no such file); allowed: {}", what, path, allowed));
+  if (!fs::exists(st))
+    throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path,
+                                  ec ? ec.message() : std::string("no such file"), allowed));
   if (fs::is_directory(st)) throw ConfigError(fmt::format("{}: '{}' is a directory; allowed: {}", what, path, allowed));
   if (!fs::is_regular_file(st))
     throw ConfigError(
         fmt::format("{}: '{}' is not a regular file (a pipe, device or socket); allowed: {}", what, path, allowed));
-  constexpr uintmax_t kMax = uintmax_t(1) << 30;
+  constexpr size_t kMax = size_t(1) << 30;
+  auto too_large = [&]() {
+    return ConfigError(fmt::format("{}: '{}' holds over 1 GiB; allowed: {}, up to 1 GiB", what, path, allowed));
+  };
   const uintmax_t size = fs::file_size(path, ec);
-  if (!ec && size > kMax)
-    throw ConfigError(fmt::format("{}: '{}' holds {} bytes; allowed: {}, up to 1 GiB", what, path, size, allowed));
+  if (!ec && size > kMax) throw too_large();
   std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
-  // (a regular file that says 0 bytes, as /proc's do, is read to its end)
+  if (!in) throw ConfigError(fmt::format("{}: cannot read '{}' (not readable); allowed: {}", what, path, allowed));
+  // In pieces up to the bound: a regular file that says 0 bytes (/proc's) may hold far more.
   std::string text;
-  if (!ec && size > 0) {
-    text.resize(static_cast<size_t>(size));
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    text.resize(static_cast<size_t>(in.gcount()));
-  } else {
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::vector<char> piece(size_t(1) << 20);
+  while (in) {
+    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
+    const size_t got = static_cast<size_t>(in.gcount());
+    if (text.size() + got > kMax) throw too_large();
+    text.append(piece.data(), got);
   }
   if (in.bad()) throw ConfigError(fmt::format("{}: cannot read '{}'; allowed: {}", what, path, allowed));
   return text;

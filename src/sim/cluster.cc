@@ -12,6 +12,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "sim/presets_data.h"
 #include "sim/units.h"
 #include "sim/workload.h"
@@ -376,14 +377,12 @@ ClusterSpec load_cluster(const std::string& preset_or_file) {
   for (const auto& p : detail::kPresetTexts)
     if (preset_or_file == p.name) return parse_cluster_yaml(p.yaml, std::string("preset ") + p.name);
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(preset_or_file, ec)) {
+  if (!std::filesystem::exists(preset_or_file, ec)) {
     throw ConfigError(fmt::format("--cluster: '{}' is neither a preset ({}) nor a readable YAML file", preset_or_file,
                                   join(preset_names(), ", ")));
   }
-  std::ifstream in(preset_or_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_cluster_yaml(ss.str(), preset_or_file);
+  return parse_cluster_yaml(read_input_file(preset_or_file, "--cluster", "a preset or a cluster YAML file"),
+                            preset_or_file);
 }
 
 ClusterSpec flat_cluster(double alpha, double bandwidth, double gamma, double peak_flops) {

@@ -1167,14 +1167,14 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   r.config.dp = d;
   r.gpus = gpus;
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
-  // (a pipeline's schedule is played out micro-batch by micro-batch, its operations held in memory)
-  constexpr long long kMaxPipelineMicroBatches = 1000000;
-  if (p > 1 && mb > kMaxPipelineMicroBatches)
-    throw ConfigError(
-        fmt::format("--global-batch ({}) makes {} micro-batches a step for the layer-list pipeline (--global-batch / "
-                    "(--micro-batch "
-                    "x --gpus / --pp)); allowed: at most {} (the schedule is played out micro-batch by micro-batch)",
-                    cfg.global_batch, mb, kMaxPipelineMicroBatches));
+  // (a pipeline's schedule is played out micro-batch by micro-batch on every stage, its operations held in memory)
+  constexpr long long kMaxPipelineOps = 10000000;
+  if (p > 1 && mb > kMaxPipelineOps / p)
+    throw ConfigError(fmt::format(
+        "--global-batch ({}) makes {} micro-batches a step on each of the {} stages of the layer-list pipeline "
+        "(--global-batch / (--micro-batch x --gpus / --pp)); allowed: micro-batches x --pp up to {} (the schedule is "
+        "played out micro-batch by micro-batch)",
+        cfg.global_batch, mb, p, kMaxPipelineOps));
   r.microbatches = mb;
   const Zero2Reduce z2 = zero2_mode(cfg, mb, Zero2Reduce::kOncePerStep);
   r.config.zero2_reduce = z2;

@@ -221,6 +221,7 @@ RawConfig read_yaml_config(const std::string& path) {
     if ((key == "compressor" || key == "sync") && v.IsMap()) {
       // {name: topk, ratio: 0.01} -> "topk:ratio=0.01"; {name: local, period: 8} -> "local:period=8"
       std::string name, params;
+      bool named = false;
       for (auto p = v.begin(); p != v.end(); ++p) {
         if (!p->first.IsScalar() || !p->second.IsScalar())
           throw ConfigError(
@@ -229,13 +230,15 @@ RawConfig read_yaml_config(const std::string& path) {
                           key, path, p->first.Mark().line + 1,
                           key == "sync" ? "{name: local, period: 8}" : "{name: topk, ratio: 0.01}"));
         auto pk = p->first.as<std::string>();
-        if (pk == "name" && !name.empty())
+        if (pk == "name" && named)
           throw ConfigError(fmt::format("config: {} in {} (line {}): 'name' is given twice; give it once", key, path,
                                         p->first.Mark().line + 1));
-        if (pk == "name")
+        if (pk == "name") {
           name = p->second.as<std::string>();
-        else
+          named = true;
+        } else {
           params += (params.empty() ? "" : ",") + pk + "=" + p->second.as<std::string>();
+        }
       }
       if (name.empty())
         throw ConfigError(fmt::format("config: {}: a mapping needs a 'name' key, e.g. {}", key,

@@ -731,9 +731,23 @@ TEST(Cli, PipesDevicesEndlessSchedulesAndEventsAreRefused) {
           "4000000000000000000",
           &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("makes 1000000000000000000 micro-batches a step for the layer-list pipeline"), std::string::npos)
+  EXPECT_NE(out.find("makes 1000000000000000000 micro-batches a step on each of the 2 stages"), std::string::npos)
       << out;
-  EXPECT_NE(out.find("allowed: at most 1000000"), std::string::npos) << out;
+  EXPECT_NE(out.find("allowed: micro-batches x --pp up to 10000000"), std::string::npos) << out;
+  // (a deep pipeline of few micro-batches each is as many operations: 4096 stages)
+  std::string deep;
+  for (int i = 0; i < 4096; ++i) deep += std::string(i ? "," : "") + "dense:8x8";
+  out = run("sim step --cluster dgx-a100 --gpus 4096 --model layers --layers-spec " + deep +
+                " --pp 4096 --global-batch 10000",
+            &rc);
+  EXPECT_EQ(rc, 2) << out.substr(0, 300);
+  EXPECT_NE(out.find("makes 10000 micro-batches a step on each of the 4096 stages"), std::string::npos)
+      << out.substr(0, 300);
+  // A file over 1 GiB (sparse: nothing written) is refused before it is read.
+  ASSERT_EQ(std::system(("truncate -s 1100M " + dir + "/big.csv").c_str()), 0);
+  out = run("sim cluster --jobs " + dir + "/big.csv --gpus 8", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("big.csv' holds over 1 GiB; allowed: a CSV file of jobs, up to 1 GiB"), std::string::npos) << out;
   {
     std::ofstream t(dir + "/endless.csv");
     t << "id,submit_s,gpus,model,iterations\n";
@@ -748,9 +762,9 @@ TEST(Cli, PipesDevicesEndlessSchedulesAndEventsAreRefused) {
 }
 
 // Flags a bad-input audit found taken silently or named wrongly: an integer past 64 bits (CLI11 clamped it, and
-// LLONG_MIN read as "left out"), --group 0 (taken as all ranks), a transformer's shape with --model layers (ignored),
-// a negative --batch-per-gpu (taken as strong scaling), a count of --gpus-list named as --gpus, a cluster file's size
-// named as --gpus, and sim coll's table printed before its refusal. Each one line, exit 2.
+// LLONG_MIN read as "left out"), --group 0 and --dp 0 (taken as left out), a transformer's shape with --model layers
+// (ignored), a negative --batch-per-gpu (taken as strong scaling), a count of --gpus-list named as --gpus, a cluster
+// file's size named as --gpus, and sim coll's table printed before its refusal. Each one line, exit 2.
 TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
   const std::string dir = ::testing::TempDir() + "conduit_sim_flags_" + std::to_string(::getpid());
   ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
@@ -764,11 +778,17 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
   int rc = 0;
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"sim step --model gpt2-small --global-batch 8 --hidden -99999999999999999999",
-            "--hidden: an integer out of range: -99999999999999999999 (allowed: -9223372036854775808 to "
-            "9223372036854775807)"},
+            "--hidden: an integer out of range: -99999999999999999999 (allowed: a whole number within the option's "
+            "range)"},
            {"sim step --model gpt2-small --global-batch 99999999999999999999",
             "--global-batch: an integer out of range: 99999999999999999999"},
            {"sim coll --gpus 16 --size 1M --group 0", "--group = 0: a collective needs at least 2 ranks"},
+           {"sim coll --gpus 16 --size 1M --group -9223372036854775808",
+            "--group: an integer out of range: -9223372036854775808"},
+           {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu 4",
+            "--global-batch with --batch-per-gpu: strong and weak scaling; allowed: one of them"},
+           {"sim step --model gpt2-small --global-batch 8 --dp 0",
+            "--dp = 0 (allowed: a positive data-parallel size, or leave it out for gpus / (tp pp))"},
            {"sim step --model layers --layers-spec dense:4x4 --hidden 5 --global-batch 8",
             "--hidden: a transformer's shape, and --model layers takes its layers from --layers-spec"},
            {"sim step --model layers --layers-spec dense:4x4 --mlp swiglu --global-batch 8",
@@ -776,7 +796,7 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu -5",
             "--batch-per-gpu = -5 (allowed: a positive number of sequences)"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,12",
-            "--gpus-list = '8,12', at 12 accelerators: "},
+            "--gpus-list = '8,12': 12 must be a multiple of the 8 accelerators per node"},
            {"sim step --cluster " + dir + "/huge.yaml --model gpt2-small --global-batch 8",
             "cluster 'dgx-a100': its nodes' counts describe 80000000 accelerators, beyond the simulator's limit of "
             "262144"},

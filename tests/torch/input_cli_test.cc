@@ -388,7 +388,12 @@ TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
   r = run("train --config " + (dir / "two.yaml").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("two.yaml' holds 2 YAML documents; allowed: one (a YAML file)"), std::string::npos) << r.out;
-  std::ofstream(dir / "name.yaml") << "compressor: {name: bogus, name: fp16}\n";
+  // (a trailing --- is an empty document, none: the file is read, and its unknown key named)
+  std::ofstream(dir / "trailing.yaml") << "lr: 0.1\nbogus_key: 1\n---\n";
+  r = run("train --config " + (dir / "trailing.yaml").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: unknown key 'bogus_key'"), std::string::npos) << r.out;
+  std::ofstream(dir / "name.yaml") << "compressor: {name: '', name: fp16}\n";
   r = run("train --config " + (dir / "name.yaml").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("config: compressor in " + (dir / "name.yaml").string() + " (line 1): 'name' is given twice"),
