@@ -71,6 +71,13 @@ void refuse_integer_overflow(CLI::App& app) {
     const bool is_unsigned = type.find("UINT") != std::string::npos;
     o->check(CLI::Validator(
         [is_unsigned](std::string& s) {
+          // (CLI11 reads integers in base 0: 010 was 8 and 0x10 16)
+          size_t at = s.find_first_not_of(" \t");
+          if (at != std::string::npos && (s[at] == '-' || s[at] == '+')) ++at;
+          if (at != std::string::npos && at + 1 < s.size() && s[at] == '0' &&
+              s.find_first_not_of(" \t", at + 1) != std::string::npos)
+            return "'" + s +
+                   "': a decimal integer without leading zeros (0x and 0 prefixes read as hexadecimal and octal)";
           errno = 0;
           char* end = nullptr;
           bool least = false;  // (LLONG_MIN itself: some commands read it as "left out")

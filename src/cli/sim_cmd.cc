@@ -91,7 +91,7 @@ struct StepArgs {
   std::string bucket = "25M";
   std::string zero_allgather_bucket = "0";
   double grad_bytes = 2;
-  double gather_bytes = 0;
+  double gather_bytes = -1;  // (left out: as held; an explicit 0 was taken as that)
   std::string zero_hpz = "0";
   std::string zero_shard = "0";
   std::string zero2_reduce;  // (empty: the model's default)
@@ -238,7 +238,10 @@ ParallelConfig make_config(const StepArgs& a) {
   c.grad_bytes = a.grad_bytes;
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
-  c.gather_bytes = a.gather_bytes;
+  if (a.gather_bytes == 0)
+    throw ConfigError(
+        "--gather-bytes = 0 (allowed: 1 (int8 blocks with their scales), 2, 4, or leave it out: as held)");
+  c.gather_bytes = a.gather_bytes == -1 ? 0 : a.gather_bytes;
   c.zero_hpz = parse_zero3_group(a.zero_hpz, "--zero-hpz", "none");
   c.zero_shard = parse_zero3_group(a.zero_shard, "--zero-shard-group", "all ranks");
   if (a.given.count("--zero2-reduce")) c.zero2_reduce = parse_zero2_reduce(a.zero2_reduce);

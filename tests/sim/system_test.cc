@@ -762,9 +762,10 @@ TEST(Cli, PipesDevicesEndlessSchedulesAndEventsAreRefused) {
 }
 
 // Flags a bad-input audit found taken silently or named wrongly: an integer past 64 bits (CLI11 clamped it, and
-// LLONG_MIN read as "left out"), --group 0 and --dp 0 (taken as left out), a transformer's shape with --model layers
-// (ignored), a negative --batch-per-gpu (taken as strong scaling), a count of --gpus-list named as --gpus, a cluster
-// file's size named as --gpus, and sim coll's table printed before its refusal. Each one line, exit 2.
+// LLONG_MIN read as "left out"; 010 read as octal 8), --group 0, --dp 0 and --gather-bytes 0 (taken as left out), a
+// transformer's shape with --model layers (ignored), a negative --batch-per-gpu (taken as strong scaling), a count of
+// --gpus-list named as --gpus, a cluster file's size named as --gpus, and sim coll's table printed before its refusal.
+// Each one line, exit 2.
 TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
   const std::string dir = ::testing::TempDir() + "conduit_sim_flags_" + std::to_string(::getpid());
   ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
@@ -783,6 +784,12 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
            {"sim step --model gpt2-small --global-batch 99999999999999999999",
             "--global-batch: an integer out of range: 99999999999999999999"},
            {"sim coll --gpus 16 --size 1M --group 0", "--group = 0: a collective needs at least 2 ranks"},
+           {"sim step --model gpt2-small --global-batch 8 --layers 010",
+            "--layers: '010': a decimal integer without leading zeros (0x and 0 prefixes read as hexadecimal and "
+            "octal)"},
+           {"sim step --model gpt2-small --global-batch 0x8", "--global-batch: '0x8': a decimal integer"},
+           {"sim step --model gpt2-small --global-batch 8 --zero 3 --gather-bytes 0",
+            "--gather-bytes = 0 (allowed: 1 (int8 blocks with their scales), 2, 4, or leave it out: as held)"},
            {"sim coll --gpus 16 --size 1M --group -9223372036854775808",
             "--group: an integer out of range: -9223372036854775808"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu 4",
