@@ -3,6 +3,7 @@
 // `conduit selftest-compress` (hidden): every compressed collective over this job's ranks (any transport, started
 // by `conduit launch`) checked against decompress-then-reduce computed locally; used by the process tests.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "compress/detail.h"
 #include "compress/powersgd.h"
 #include "core/clock.h"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace conduit::cli {
@@ -37,23 +39,32 @@ constexpr uint64_t kMaxWarmupCalls = 1000;
 constexpr double kMaxBenchBytes = 4.0 * 4294967295.0;
 
 size_t parse_size(const std::string& s) {
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  std::string suf = s.substr(pos);
-  double mul = suf.empty() || suf == "B" ? 1 : suf == "K" || suf == "KiB" ? 1024.0
-             : suf == "M" || suf == "MiB" ? 1048576.0 : suf == "G" || suf == "GiB" ? 1073741824.0 : -1;
-  if (pos == 0 || mul < 0 || !(v > 0) || v * mul < 4 || v * mul > kMaxBenchBytes || std::fmod(v * mul, 4.0) != 0)
-    throw ConfigError(
+  // (parse_bytes, as bench coll's sizes: stod took 0x10, 1e3 and leading spaces)
+  auto bad = [&]() {
+    return ConfigError(
         fmt::format("--size '{}' must be a byte count from 4 B to 16G - 4 B (2^32 - 1 f32 elements, the most the "
                     "sparsifiers index), a multiple of 4, with an optional K, M or G suffix (powers of 1024), e.g. "
                     "1M,10M,100M",
                     s));
-  return static_cast<size_t>(v * mul);
+  };
+  uint64_t v = 0;
+  try {
+    v = parse_bytes(s, "--size");
+  } catch (const ConfigError&) {
+    throw bad();
+  }
+  if (v < 4 || static_cast<double>(v) > kMaxBenchBytes || v % 4 != 0) throw bad();
+  // An input, its output and the payload are held at once: at most a quarter of the memory (--size 12G went to the
+  // out-of-memory killer on a 23 GB machine).
+  const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
+               page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double mem = pages > 0 && page > 0 ? pages * page : 0;
+  if (mem > 0 && 3.0 * static_cast<double>(v) > mem / 4)
+    throw ConfigError(
+        fmt::format("--size '{}' holds about {:.1f} GB at once (input, output, payload); this machine has "
+                    "{:.1f} GB (allowed: at most a quarter of the memory)",
+                    s, 3e-9 * static_cast<double>(v), mem * 1e-9));
+  return static_cast<size_t>(v);
 }
 
 // The items of a `sep`-separated list; an empty list or an empty item is an error naming `flag`.

@@ -26,6 +26,7 @@
 #include "coll/communicator.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "net/bootstrap.h"
 #include "sim/calibrate.h"
 #include "sim/workload.h"
 #include "torch/gemm_bench.h"
@@ -192,6 +193,9 @@ void run_gemm(const GemmArgs& a) {
   // The cnn/mlp shapes and --model grow with the batch (200000 needed ~20 GB for one im2col matrix).
   if (a.batch < 1 || a.batch > 65536) throw ConfigError(fmt::format("--batch = {} (allowed: 1..65536)", a.batch));
   if (a.threads < 1 || a.threads > 1024) throw ConfigError(fmt::format("--threads = {} (allowed: 1..1024)", a.threads));
+  // (checked before the kernels are timed: it was taken unchecked alone, and under launch after the whole pass)
+  if (a.transport != "auto" && a.transport != "tcp" && a.transport != "shm" && a.transport != "mpi")
+    throw ConfigError(fmt::format("--transport = '{}' (allowed: {})", a.transport, net::transport_kinds_allowed()));
   if (!(a.min_time > 0) || a.min_time > 60)
     throw ConfigError(fmt::format("--min-time = {} (allowed: seconds in (0, 60])", a.min_time));
   if (a.model_steps < 1 || a.model_steps > 10000)

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -29,6 +30,7 @@
 #include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/yaml_file.h"
 
 namespace conduit::cli::cluster {
@@ -405,7 +407,11 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
             "--hosts-file {}: {} has a key that is not a name; allowed bandwidth, latency, loss", path, where));
       const std::string key = kv.first.as<std::string>();
       const std::string field = fmt::format("--hosts-file {}: {}.{}", path, where, key);
-      if (!seen.insert(key).second) throw ConfigError(fmt::format("{}: given twice; give it once", field));
+      // (by what it sets: bandwidth and rate, or latency and delay, in one map were both taken, the last winning)
+      const std::string what = key == "rate" ? "bandwidth" : key == "delay" ? "latency" : key;
+      if (!seen.insert(what).second)
+        throw ConfigError(fmt::format(
+            "{}: given twice (bandwidth and rate are one setting, latency and delay another); give it once", field));
       if (!kv.second.IsScalar()) throw ConfigError(fmt::format("{}: must be a single value, e.g. 100mbit", field));
       const std::string val = kv.second.as<std::string>();
       if (key == "bandwidth" || key == "rate") {
@@ -668,15 +674,17 @@ std::vector<std::string> list_clusters() {
 
 ClusterState load_state(const std::string& name) {
   validate_name(name);
-  std::ifstream f(state_path(name));
-  if (!f) {
+  std::error_code ec;
+  if (!std::filesystem::exists(state_path(name), ec)) {
     throw ConfigError(
         fmt::format("cluster: no cluster named '{}' (start one with `conduit cluster up --name {} "
                     "--hosts N --bandwidth RATE`)",
                     name, name));
   }
+  // (a pipe in its place blocked every command that reads it)
+  const std::string text = read_input_file(state_path(name), "cluster: state file", "the file `cluster up` wrote");
   try {
-    nlohmann::json j = nlohmann::json::parse(f);
+    nlohmann::json j = nlohmann::json::parse(text);
     ClusterState s;
     s.name = j.at("name").get<std::string>();
     s.switch_ns = j.at("switch_ns").get<std::string>();
@@ -685,6 +693,12 @@ ClusterState load_state(const std::string& name) {
       s.hosts.push_back(
           {h.at("ns").get<std::string>(), h.at("address").get<std::string>(), link_from_json(h.at("link"))});
     }
+    // (no hosts: `cluster run` read the first of none)
+    if (s.hosts.empty() || s.hosts.size() > static_cast<size_t>(kMaxHosts))
+      throw ConfigError(
+          fmt::format("cluster: state file {} is damaged ({} hosts; allowed: 1 to {}); run `conduit "
+                      "cluster down --name {}`",
+                      state_path(name), s.hosts.size(), kMaxHosts, name));
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("cluster: state file {} is damaged ({}); run `conduit cluster down --name {}`",

@@ -268,7 +268,14 @@ const bool kRegistered = register_command(60, [](CLI::App& app) {
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     auto* o = c->add_option_function<std::string>(
-                   flag, [values, key = key](const std::string& v) { (*values)[key] = v.empty() ? "true" : v; }, help)
+                   flag,
+                   [values, key = key](const std::string& v) {
+                     // (a bare boolean flag is true; an empty value of any other key stays empty, which its check
+                     // names: it said 'true')
+                     const bool flag_only = key == "secagg" || key == "progress" || key == "scaffold";
+                     (*values)[key] = v.empty() && flag_only ? "true" : v;
+                   },
+                   help)
                   ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     if (key == "secagg" || key == "progress" || key == "scaffold") o->expected(0, 1);  // bare --secagg: true
   }

@@ -760,7 +760,8 @@ int run_local_workers(const LaunchSpec& spec) {
     }
   }
   double grace = spec.grace_seconds;
-  if (grace < 0) grace = env_seconds("CONDUIT_LAUNCH_GRACE").value_or(kDefaultGraceSeconds);
+  // (the environment's range is the flag's: it said [0.001, 1e9] for -1 and up to 3600 for 3601)
+  if (grace < 0) grace = env_seconds("CONDUIT_LAUNCH_GRACE", 3600).value_or(kDefaultGraceSeconds);
   if (grace > 3600)
     throw ConfigError(
         fmt::format("{}='{}' is invalid: expected a positive number of seconds up to 3600 (workers that "

@@ -34,7 +34,7 @@ std::optional<long long> env_int(const char* name, long long lo, long long hi) {
   return v;
 }
 
-std::optional<double> env_seconds(const char* name) {
+std::optional<double> env_seconds(const char* name, double max) {
   auto s = env_string(name);
   if (!s) return std::nullopt;
   // A decimal number, optionally with an exponent (strtod alone also took 0x10, " 5" and "infinity"), from a
@@ -42,9 +42,10 @@ std::optional<double> env_seconds(const char* name) {
   const bool decimal = is_decimal(*s);
   char* end = nullptr;
   double v = decimal ? std::strtod(s->c_str(), &end) : 0;
-  if (!decimal || end == s->c_str() || *end != '\0' || !(v >= 1e-3) || !(v <= 1e9)) {
-    throw ConfigError(fmt::format(
-        "environment variable {}='{}' is invalid: expected a decimal number of seconds in [0.001, 1e9]", name, *s));
+  if (!decimal || end == s->c_str() || *end != '\0' || !(v >= 1e-3) || !(v <= max)) {
+    throw ConfigError(
+        fmt::format("environment variable {}='{}' is invalid: expected a decimal number of seconds in [0.001, {:g}]",
+                    name, *s, max));
   }
   return v;
 }

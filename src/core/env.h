@@ -15,7 +15,7 @@ std::optional<std::string> env_string(const char* name);
 // Integer env var; nullopt when unset; ConfigError when set but not a decimal integer (optional '-') in [lo, hi].
 std::optional<long long> env_int(const char* name, long long lo, long long hi);
 // Seconds: a decimal number (fraction and exponent allowed) in [0.001, 1e9]; ConfigError when not.
-std::optional<double> env_seconds(const char* name);
+std::optional<double> env_seconds(const char* name, double max = 1e9);
 bool env_flag(const char* name);  // 1/true/yes/on -> true; 0/false/no/off/unset -> false; else ConfigError
 
 // "4096", "4K", "4KiB", "1.5M", "2G" -> bytes (powers of 1024). `what` names the field in errors.

@@ -65,7 +65,15 @@ void put_bytes(std::ostream& o, const void* p, size_t n) {
 // Reads a file's fields in order, every read checked against what is left.
 class Reader {
  public:
-  explicit Reader(const fs::path& p) : path_(p.string()), f_(p, std::ios::binary) {
+  explicit Reader(const fs::path& p) : path_(p.string()) {
+    // (opening a pipe of a checkpoint's name blocked for ever)
+    std::error_code ec;
+    if (fs::exists(p, ec) && !fs::is_regular_file(p, ec))
+      throw ConfigError(
+          fmt::format("fl: resume: '{}' is not a regular file; allowed: a checkpoint folder conduit fl "
+                      "wrote",
+                      path_));
+    f_.open(p, std::ios::binary);
     if (!f_)
       throw ConfigError(fmt::format("fl: resume: cannot read '{}': {}; allowed: a readable checkpoint folder", path_,
                                     std::strerror(errno)));

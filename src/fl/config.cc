@@ -4,8 +4,12 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 #include <type_traits>
+#include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "fl/federation.h"
 #include "fl/partition.h"
@@ -304,6 +308,8 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
       else
         throw bad("a boolean (true | false)");
     } else if constexpr (std::is_floating_point_v<T>) {
+      // (as a person writes it: stod also took hex floats, inf and leading spaces)
+      if (!is_decimal(value, true)) throw bad("a number");
       size_t pos = 0;
       try {
         v = std::stod(value, &pos);
@@ -317,7 +323,10 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
                       key == "secagg_neighbors" ? ", or auto" : "");
       size_t pos = 0;
       try {
-        if (value.empty() || (std::is_unsigned_v<T> && value[0] == '-')) throw std::invalid_argument("sign");
+        // (digits, a leading - where signed: stoull skipped the spaces of ' -1' and wrapped it to 2^64 - 1)
+        const size_t digits = !value.empty() && value[0] == '-' && !std::is_unsigned_v<T> ? 1 : 0;
+        if (value.size() <= digits || value.find_first_not_of("0123456789", digits) != std::string::npos)
+          throw std::invalid_argument("not decimal digits");
         if constexpr (std::is_unsigned_v<T>) {
           const unsigned long long x = std::stoull(value, &pos);
           if (x > std::numeric_limits<T>::max()) throw std::out_of_range("range");
@@ -344,11 +353,23 @@ std::string config_to_json(const FlConfig& c) {
 
 FlConfig config_from_json(const std::string& text, const std::string& what) {
   nlohmann::json j;
+  // A key given twice in one object is refused (the parser kept the last), as the YAML inputs refuse it.
+  std::vector<std::set<std::string>> open;  // the keys of each object being read
+  std::string twice;
+  const auto seen = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    if (ev == nlohmann::json::parse_event_t::object_start) open.emplace_back();
+    if (ev == nlohmann::json::parse_event_t::object_end && !open.empty()) open.pop_back();
+    if (ev == nlohmann::json::parse_event_t::key && !open.empty() && twice.empty() &&
+        !open.back().insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, seen);
   } catch (const std::exception& e) {
     throw ConfigError(fmt::format("fl: {}: not JSON ({})", what, e.what()));
   }
+  if (!twice.empty()) throw ConfigError(fmt::format("fl: {}: key '{}' is given twice; give it once", what, twice));
   if (!j.is_object()) throw ConfigError(fmt::format("fl: {}: not a JSON object", what));
   FlConfig c;
   size_t known = 0;
@@ -372,7 +393,11 @@ FlConfig config_from_json(const std::string& text, const std::string& what) {
            x.get<int64_t>() >= std::numeric_limits<T>::min() && x.get<int64_t>() <= std::numeric_limits<T>::max();
     if (!ok)
       throw ConfigError(fmt::format("fl: {}: key '{}' has a value of the wrong type ({}); allowed: {}", what, k,
-                                    x.dump(),
+                                    // (an array or object by its kind: dumping a deeply nested one overflowed the
+                                    // stack, and a large one made the line megabytes long)
+                                    x.is_structured()      ? std::string("an ") + x.type_name()
+                                    : x.dump().size() > 80 ? x.dump().substr(0, 77) + "..."
+                                                           : x.dump(),
                                     std::is_same_v<T, std::string> ? "a string"
                                     : std::is_same_v<T, bool>      ? "true or false"
                                     : std::is_floating_point_v<T>  ? "a number"

@@ -658,6 +658,10 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
            {"bench compress --method 'dgc:warmup_steps=5000' --size 1M",
             "warms up for 5000 calls; allowed in a benchmark: at most 1000"},
            {"bench compress --method fp16 --size 16G", "--size '16G' must be a byte count from 4 B to 16G - 4 B"},
+           // (stod took 0x10; 15G wanted ~45 GB and met the out-of-memory killer)
+           {"bench compress --method none --size 0x10", "--size '0x10' must be a byte count from 4 B"},
+           {"bench compress --method none --size 15G", "(allowed: at most a quarter of the memory)"},
+           {"bench gemm --shapes 4x4x4 --transport bogus", "--transport = 'bogus' (allowed: auto, tcp, shm, mpi)"},
            {"selftest-compress --timeout -1", "--timeout = -1 (allowed: seconds from 0.001"}}) {
     out = run(args, &rc);
     EXPECT_EQ(rc, 2) << args << out;
@@ -818,6 +822,39 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
   const std::string out = run("sim coll --gpus 16 --size 1M --json", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"ranks\":16"), std::string::npos) << out;
+  EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
+}
+
+// The emulated cluster's state file (a pipe in its place blocked every command that read it; no hosts crashed
+// `cluster run`), a hosts file giving a bandwidth twice under its two names (the last won), and the launcher's grace
+// period from the environment (its range said 1e9 where the flag's is 3600). Nothing is created: each is refused
+// before any namespace.
+TEST(Cli, DamagedClusterStateAndHostsFilesAndTheGracePeriodAreRefused) {
+  const std::string dir = ::testing::TempDir() + "conduit_cluster_state_" + std::to_string(::getpid());
+  ASSERT_EQ(
+      std::system(("rm -rf " + dir + " && mkdir -p " + dir + " && mkfifo " + dir + "/cluster-piped.json").c_str()), 0);
+  std::ofstream(dir + "/cluster-empty.json") << R"({"name":"empty","switch_ns":"conduit-empty-sw","hosts":[]})";
+  std::ofstream(dir + "/twice.yaml") << "defaults: {bandwidth: 100mbit}\nhosts: [{bandwidth: 1gbit, rate: 10mbit}]\n";
+  ASSERT_EQ(::setenv("CONDUIT_CLUSTER_STATE_DIR", dir.c_str(), 1), 0);
+  int rc = 0;
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"cluster exec --name piped 0 -- true",
+            "cluster-piped.json' is not a regular file (a pipe, device or socket)"},
+           {"cluster run --name empty -- true", "cluster-empty.json is damaged (0 hosts; allowed: 1 to 250)"},
+           {"cluster up --name fresh --hosts-file " + dir + "/twice.yaml",
+            "hosts[0].rate: given twice (bandwidth and rate are one setting, latency and delay another)"}}) {
+    const std::string out = run(args, &rc);
+    EXPECT_EQ(rc, 2) << args << ": " << out;
+    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+  }
+  ::unsetenv("CONDUIT_CLUSTER_STATE_DIR");
+  ASSERT_EQ(::setenv("CONDUIT_LAUNCH_GRACE", "-1", 1), 0);
+  const std::string out = run("launch -n 2 -- true", &rc);
+  ::unsetenv("CONDUIT_LAUNCH_GRACE");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("CONDUIT_LAUNCH_GRACE='-1' is invalid: expected a decimal number of seconds in [0.001, 3600]"),
+            std::string::npos)
+      << out;
   EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 

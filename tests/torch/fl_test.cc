@@ -1,6 +1,8 @@
 // `conduit fl`'s libtorch side: local training of a client (FedProx, partial work), a federation of real models on
 // in-process ranks, and the command end to end.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -307,6 +309,29 @@ TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
   o = run_cli("--config /nonexistent/fl.json", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(o.find("cannot read '/nonexistent/fl.json'"), std::string::npos) << o;
+  // From a bad-input audit: a deeply nested value of a known key (its dump overflowed the stack: a segfault), a key
+  // given twice (the last won), ' -1' as an unsigned seed (wrapped to 2^64 - 1), an empty value (named 'true'), a
+  // hexadecimal float, and a pipe named as a checkpoint (read for ever).
+  const fs::path dir = fs::temp_directory_path() / ("conduit-fl-bad-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "ck");
+  std::ofstream(dir / "deep.json") << "{\"model\": " << std::string(200000, '[') << std::string(200000, ']') << "}";
+  std::ofstream(dir / "twice.json") << R"({"rounds": 1, "rounds": 2})";
+  ASSERT_EQ(::mkfifo((dir / "ck" / "server-1.bin").c_str(), 0600), 0);
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--config " + (dir / "deep.json").string(), "key 'model' has a value of the wrong type (an array)"},
+           {"--config " + (dir / "twice.json").string(), "key 'rounds' is given twice; give it once"},
+           {"--seed ' -1'", "fl: seed: ' -1' is not an integer from 0 to 18446744073709551615"},
+           {"--fraction ''", "fl: fraction: '' is not a number"},
+           {"--lr 0x1p-3", "fl: lr: '0x1p-3' is not a number"},
+           {"--dataset synthetic --resume " + (dir / "ck").string() + " --output " + (dir / "out").string(),
+            "server-1.bin' is not a regular file"}}) {
+    o = run_cli(args, &rc);
+    EXPECT_EQ(rc, 2) << args << ": " << o;
+    EXPECT_NE(o.find(want), std::string::npos) << args << ": " << o;
+    EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << args << ": " << o;
+  }
+  fs::remove_all(dir);
   // What the data cannot hold is found from its size before any process starts.
   o = run_cli("--dataset synthetic --synthetic-samples 64 --clients 100", &rc);
   EXPECT_EQ(rc, 2);
