@@ -394,12 +394,25 @@ SweepSpec load_spec(const std::string& path) {
       if (k == "warmup") number(0, 1e6, true);
       if (k == "root") number(0, s.hosts - 1, true);  // a rank of the cell's hosts
       if (k == "stagger-us") stagger_us = number(0, 1e6, false);
-      if (k == "timeout") timeout = number(0, 1e6, false, true);
+      if (k == "timeout") timeout = number(0.001, 1e6, false);  // (bench coll's range: 0.0001 passed here)
       if (k == "dtype") parse_dtype(v);
       if (k == "reduce") parse_reduce_op(v);
     }
-    if (parse_bytes(hi, "sweep: bench: max-bytes") < parse_bytes(lo, "sweep: bench: min-bytes"))
-      throw ConfigError(fmt::format("sweep: bench: max-bytes {} is below min-bytes {}", hi, lo));
+    const uint64_t lo_b = parse_bytes(lo, "sweep: bench: min-bytes"), hi_b = parse_bytes(hi, "sweep: bench: max-bytes");
+    if (hi_b < lo_b) throw ConfigError(fmt::format("sweep: bench: max-bytes {} is below min-bytes {}", hi, lo));
+    // (as bench coll: whole elements of the dtype; 3 bytes of f32 passed here and failed each cell once its cluster
+    // was up)
+    {
+      std::string dtype = "f32";
+      for (const auto& [bk, bv] : s.bench)
+        if (bk == "dtype") dtype = bv;
+      const size_t e = dtype_size(parse_dtype(dtype));
+      if (lo_b % e != 0 || hi_b % e != 0)
+        throw ConfigError(
+            fmt::format("sweep: bench: min-bytes {} and max-bytes {} must be whole numbers of {} elements "
+                        "({} bytes each)",
+                        lo, hi, dtype, e));
+    }
     if (timeout > 0 && stagger_us * 1e-6 >= timeout)
       throw ConfigError(
           fmt::format("sweep: bench: stagger-us {:g} is not below the timeout ({:g} s): the waiting ranks "

@@ -1,16 +1,18 @@
 // The world communicator from the environment, and the start-up measurement of the cost model.
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstring>
 #include <numeric>
 #include <thread>
 
-#include <fmt/format.h>
-
+#include "coll/algorithms.h"
 #include "coll/communicator.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "net/tags.h"
+#include "net/tcp.h"
 
 namespace conduit::coll {
 namespace {
@@ -94,6 +96,10 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
   if (kind.empty()) kind = env_string("CONDUIT_TRANSPORT").value_or("auto");
   net::TransportPtr transport;
   try {
+    // Settings read when first used, checked now: a bad ring segment size passed until a ring ran (mid-run, or
+    // never where shm's fast path served), a bad tcp budget until a run over tcp.
+    (void)ring_segment_bytes();
+    (void)net::tcp_unexpected_budget();
     transport = net::make_transport(*boot, kind, start_up);
   } catch (...) {
     // The store (rank 0 serves it) outlives this error by a second: torn down while the exception went up, it

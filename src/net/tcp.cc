@@ -206,12 +206,7 @@ class TcpTransport : public Transport {
     rank_ = rank;
     size_ = size;
     hosts_ = std::move(hosts);
-    unexpected_budget_ = 64ull << 20;
-    if (auto s = env_string("CONDUIT_TCP_UNEXPECTED_BYTES")) {
-      unexpected_budget_ = parse_bytes(*s, "CONDUIT_TCP_UNEXPECTED_BYTES");
-      if (unexpected_budget_ > (uint64_t{1} << 40))
-        throw ConfigError(fmt::format("CONDUIT_TCP_UNEXPECTED_BYTES={} is more than 1T; allowed: 0 to 1T", *s));
-    }
+    unexpected_budget_ = tcp_unexpected_budget();
     max_len_ = max_message_bytes();
     for (int i = 0; i < size; ++i) peers_[i].rank = i;
     connect_all(allgather, deadline);
@@ -942,6 +937,15 @@ class TcpTransport : public Transport {
 };
 
 }  // namespace
+
+uint64_t tcp_unexpected_budget() {
+  auto s = env_string("CONDUIT_TCP_UNEXPECTED_BYTES");
+  if (!s) return 64ull << 20;
+  const uint64_t v = parse_bytes(*s, "CONDUIT_TCP_UNEXPECTED_BYTES");
+  if (v > (uint64_t{1} << 40))
+    throw ConfigError(fmt::format("CONDUIT_TCP_UNEXPECTED_BYTES={} is more than 1T; allowed: 0 to 1T", *s));
+  return v;
+}
 
 TransportPtr make_tcp_transport(int rank, int size, std::vector<int> hosts, const AllgatherFn& allgather,
                                 const Deadline& connect_deadline, std::vector<char> serve) {

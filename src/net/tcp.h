@@ -19,6 +19,9 @@ using AllgatherFn = std::function<std::vector<std::string>(const std::string& mi
 // NCCL_SOCKET_IFNAME (first set wins), else the first up, non-loopback interface, else 127.0.0.1. The choice
 // and why it was made is logged at info level. ConfigError for a named interface that does not exist.
 std::string tcp_listen_address(std::string* why = nullptr);
+// CONDUIT_TCP_UNEXPECTED_BYTES (default 64M): 0 to 1T, else ConfigError naming it. (Checked at start-up whatever the
+// transport, so that a bad value does not pass until a run over tcp.)
+uint64_t tcp_unexpected_budget();
 
 // `serve` marks the peers this transport connects to (empty: all); the others are served by another transport.
 TransportPtr make_tcp_transport(int rank, int size, std::vector<int> hosts, const AllgatherFn& allgather,

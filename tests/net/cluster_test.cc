@@ -712,7 +712,11 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       // ... as `bench coll` reads them (1e3 passed and failed there; root beyond the hosts; stagger past the timeout).
       {"bench: {iters: 1e3}\n", "bench: iters = '1e3' (allowed: a whole number"},
       {"bench: {root: 2}\n", "bench: root = '2' (allowed: a whole number in [0, 1])"},
-      {"bench: {timeout: 2000000}\n", "bench: timeout = '2000000' (allowed: a number in (0, 1e+06])"},
+      {"bench: {timeout: 2000000}\n", "bench: timeout = '2000000' (allowed: a number in [0.001, 1e+06])"},
+      // (a second audit: bench coll refuses a timeout under a millisecond, and sizes of part of an element)
+      {"bench: {timeout: 0.0001}\n", "bench: timeout = '0.0001' (allowed: a number in [0.001, 1e+06])"},
+      {"bench: {op: allreduce, min-bytes: 3, max-bytes: 1K}\n",
+       "bench: min-bytes 3 and max-bytes 1K must be whole numbers of f32 elements (4 bytes each)"},
       {"bench: {timeout: 1, stagger_us: 1000000}\n", "stagger-us 1e+06 is not below the timeout (1 s)"},
       // The DDP peer's own keys with peers alone (timeout), not with Conduit cells (conduit train has timeout_s).
       {"compressors: [none]\ntrain: {timeout: 600}\n", "train: 'timeout' is not a `conduit train` key"},

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "run_cli.h"
@@ -855,6 +856,19 @@ TEST(Cli, DamagedClusterStateAndHostsFilesAndTheGracePeriodAreRefused) {
   EXPECT_NE(out.find("CONDUIT_LAUNCH_GRACE='-1' is invalid: expected a decimal number of seconds in [0.001, 3600]"),
             std::string::npos)
       << out;
+  // Settings read when first used are checked at start-up: a bad ring segment size passed where shm's fast
+  // allreduce served (and failed mid-run where a ring ran), a bad tcp budget unless the run was over tcp.
+  for (const auto& [var, value, want] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"CONDUIT_RING_SEGMENT_BYTES", "63",
+            "CONDUIT_RING_SEGMENT_BYTES='63' is 63 bytes (allowed: 64 bytes to 1G)"},
+           {"CONDUIT_TCP_UNEXPECTED_BYTES", "2T",
+            "CONDUIT_TCP_UNEXPECTED_BYTES=2T is more than 1T; allowed: 0 to 1T"}}) {
+    ASSERT_EQ(::setenv(var.c_str(), value.c_str(), 1), 0);
+    const std::string o = run("bench coll --op allreduce -b 1K -e 1K -n 1 -w 0 --transport shm", &rc);
+    ::unsetenv(var.c_str());
+    EXPECT_EQ(rc, 2) << var << ": " << o;
+    EXPECT_NE(o.find(want), std::string::npos) << var << ": " << o;
+  }
   EXPECT_EQ(std::system(("rm -rf " + dir).c_str()), 0);
 }
 
