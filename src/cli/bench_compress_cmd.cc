@@ -19,6 +19,7 @@
 #include "compress/detail.h"
 #include "compress/powersgd.h"
 #include "core/clock.h"
+#include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -39,7 +40,7 @@ constexpr uint64_t kMaxWarmupCalls = 1000;
 constexpr double kMaxBenchBytes = 4.0 * 4294967295.0;
 
 size_t parse_size(const std::string& s) {
-  // (parse_bytes, as bench coll's sizes: stod took 0x10, 1e3 and leading spaces)
+  // (parse_bytes, as bench coll's sizes: stod took 0x10 and 1e3)
   auto bad = [&]() {
     return ConfigError(
         fmt::format("--size '{}' must be a byte count from 4 B to 16G - 4 B (2^32 - 1 f32 elements, the most the "
@@ -54,16 +55,15 @@ size_t parse_size(const std::string& s) {
     throw bad();
   }
   if (v < 4 || static_cast<double>(v) > kMaxBenchBytes || v % 4 != 0) throw bad();
-  // An input, its output and the payload are held at once: at most a quarter of the memory (--size 12G went to the
+  // An input, its output, the payload and a method's state (DGC's two buffers, an error-feedback residual) are held
+  // at once, about 5x the size: at most half of the memory this process may use (--size 12G went to the
   // out-of-memory killer on a 23 GB machine).
-  const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
-               page = static_cast<double>(::sysconf(_SC_PAGESIZE));
-  const double mem = pages > 0 && page > 0 ? pages * page : 0;
-  if (mem > 0 && 3.0 * static_cast<double>(v) > mem / 4)
+  const double mem = usable_memory_bytes();
+  if (mem > 0 && 5.0 * static_cast<double>(v) > mem / 2)
     throw ConfigError(
-        fmt::format("--size '{}' holds about {:.1f} GB at once (input, output, payload); this machine has "
-                    "{:.1f} GB (allowed: at most a quarter of the memory)",
-                    s, 3e-9 * static_cast<double>(v), mem * 1e-9));
+        fmt::format("--size '{}' holds about {:.1f} GB at once (input, output, payload, a method's "
+                    "state); this process may use {:.1f} GB (allowed: at most half of it)",
+                    s, 5e-9 * static_cast<double>(v), mem * 1e-9));
   return static_cast<size_t>(v);
 }
 

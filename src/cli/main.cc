@@ -1,9 +1,11 @@
 // `conduit`: one binary for every subcommand (launch, bench, train, sim, ...).
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -63,7 +65,8 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
 }
 
 // Integers out of range are refused: CLI11 takes strtoll's clamped value (-99999999999999999999 became LLONG_MIN,
-// which some commands use for "left out", and 99999999999999999999 was echoed back as 9223372036854775807).
+// which some commands use for "left out", and 99999999999999999999 was echoed back as 9223372036854775807); and so
+// are leading zeros and 0x (CLI11 reads base 0: 010 was 8).
 void refuse_integer_overflow(CLI::App& app) {
   for (CLI::Option* o : app.get_options()) {
     const std::string type = o->get_type_name();
@@ -75,7 +78,7 @@ void refuse_integer_overflow(CLI::App& app) {
           size_t at = s.find_first_not_of(" \t");
           if (at != std::string::npos && (s[at] == '-' || s[at] == '+')) ++at;
           if (at != std::string::npos && at + 1 < s.size() && s[at] == '0' &&
-              s.find_first_not_of(" \t", at + 1) != std::string::npos)
+              (std::isdigit(static_cast<unsigned char>(s[at + 1])) || std::strchr("xXbBoO", s[at + 1]) != nullptr))
             return "'" + s +
                    "': a decimal integer without leading zeros (0x and 0 prefixes read as hexadecimal and octal)";
           errno = 0;
@@ -86,7 +89,10 @@ void refuse_integer_overflow(CLI::App& app) {
           else
             least = std::strtoll(s.c_str(), &end, 0) == std::numeric_limits<long long>::min();
           return errno == ERANGE || least
-                     ? "an integer out of range: " + s + " (allowed: a whole number within the option's range)"
+                     ? "an integer out of range: " + s +
+                           (is_unsigned ? " (allowed: at most 18446744073709551615, or the option's own range)"
+                                        : " (allowed: -9223372036854775807 to 9223372036854775807 at most, or the "
+                                          "option's own range)")
                      : std::string();
         },
         ""));

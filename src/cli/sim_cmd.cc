@@ -91,7 +91,7 @@ struct StepArgs {
   std::string bucket = "25M";
   std::string zero_allgather_bucket = "0";
   double grad_bytes = 2;
-  double gather_bytes = -1;  // (left out: as held; an explicit 0 was taken as that)
+  double gather_bytes = 0;  // (0: left out, as held; given, `given` holds it and only 1, 2, 4 pass)
   std::string zero_hpz = "0";
   std::string zero_shard = "0";
   std::string zero2_reduce;  // (empty: the model's default)
@@ -238,10 +238,12 @@ ParallelConfig make_config(const StepArgs& a) {
   c.grad_bytes = a.grad_bytes;
   if (c.grad_bytes != 2 && c.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", c.grad_bytes));
-  if (a.gather_bytes == 0)
-    throw ConfigError(
-        "--gather-bytes = 0 (allowed: 1 (int8 blocks with their scales), 2, 4, or leave it out: as held)");
-  c.gather_bytes = a.gather_bytes == -1 ? 0 : a.gather_bytes;
+  // (an explicit 0 was taken as left out, which means as held)
+  if (a.given.count("--gather-bytes") && a.gather_bytes != 1 && a.gather_bytes != 2 && a.gather_bytes != 4)
+    throw ConfigError(fmt::format(
+        "--gather-bytes = {:g} (allowed: 1 (int8 blocks with their scales), 2, 4, or leave it out: as held)",
+        a.gather_bytes));
+  c.gather_bytes = a.gather_bytes;
   c.zero_hpz = parse_zero3_group(a.zero_hpz, "--zero-hpz", "none");
   c.zero_shard = parse_zero3_group(a.zero_shard, "--zero-shard-group", "all ranks");
   if (a.given.count("--zero2-reduce")) c.zero2_reduce = parse_zero2_reduce(a.zero2_reduce);
@@ -1509,7 +1511,7 @@ void setup(CLI::App& app) {
     c->add_flag("--json", a->json, "one JSON record instead of the table");
     if (is_step) {
       c->callback([a, c]() {
-        for (const char* f : {"--virtual-stages", "--zero2-reduce"})
+        for (const char* f : {"--virtual-stages", "--zero2-reduce", "--gather-bytes"})
           if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_step(*a);
       });
@@ -1522,7 +1524,7 @@ void setup(CLI::App& app) {
       c->add_option("--recompute-options", a->recompute_options, "recompute modes to try, e.g. selective,full");
       c->callback([a, c]() {
         for (const char* f : {"--tp", "--pp", "--dp", "--micro-batch", "--zero", "--recompute", "--schedule",
-                              "--virtual-stages", "--sp", "--zero2-reduce"})
+                              "--virtual-stages", "--sp", "--zero2-reduce", "--gather-bytes"})
           if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_plan(*a);
       });

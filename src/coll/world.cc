@@ -91,15 +91,15 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
   double timeout = cfg.timeout_s > 0 ? cfg.timeout_s : default_timeout_seconds();
   // (the store, the transport's connections and calibration: CONDUIT_TIMEOUT when longer than the collectives')
   const double start_up = startup_timeout_seconds(timeout);
+  // Settings read when first used, checked before anything starts: a bad ring segment size passed until a ring ran
+  // (mid-run, or never where shm's fast path served), a bad tcp budget until a run over tcp.
+  (void)ring_segment_bytes();
+  (void)net::tcp_unexpected_budget();
   auto boot = net::bootstrap_from_env(start_up);
   std::string kind = cfg.transport;
   if (kind.empty()) kind = env_string("CONDUIT_TRANSPORT").value_or("auto");
   net::TransportPtr transport;
   try {
-    // Settings read when first used, checked now: a bad ring segment size passed until a ring ran (mid-run, or
-    // never where shm's fast path served), a bad tcp budget until a run over tcp.
-    (void)ring_segment_bytes();
-    (void)net::tcp_unexpected_budget();
     transport = net::make_transport(*boot, kind, start_up);
   } catch (...) {
     // The store (rank 0 serves it) outlives this error by a second: torn down while the exception went up, it

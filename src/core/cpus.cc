@@ -149,4 +149,13 @@ std::vector<int> spread_over_cpus(const std::vector<double>& work, int ncpus) {
   return cpu;
 }
 
+double usable_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  double have = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
+  std::ifstream f("/sys/fs/cgroup/memory.max");  // cgroup v2 ("max": none)
+  double limit = 0;
+  if (f >> limit && limit > 0) have = have > 0 ? std::min(have, limit) : limit;
+  return have;
+}
+
 }  // namespace conduit

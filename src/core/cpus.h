@@ -29,6 +29,8 @@ std::vector<CgroupDir> cgroup_cpu_dirs(const std::string& self_cgroup, const std
 int quota_cpus();
 // quota_cpus() capped by this process's affinity mask (taskset, a cpuset): what a launcher can spread workers over.
 int usable_cpus();
+// The memory this process may use: the machine's, or its cgroup's limit (v2 memory.max) when lower; 0: unknown.
+double usable_memory_bytes();
 
 // Which of `ncpus` CPUs each of work.size() workers is bound to, work[k] being worker k's share of the work (any
 // positive scale): every CPU takes ceil(workers / ncpus) at most, and the workers go one by one, the most work first

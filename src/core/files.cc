@@ -44,8 +44,10 @@ std::string read_input_file(const std::string& path, const std::string& what, co
   };
   const uintmax_t size = fs::file_size(path, ec);
   if (!ec && size > kMax) throw too_large();
+  if (::access(path.c_str(), R_OK) != 0)
+    throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read '{}' (not readable); allowed: {}", what, path, allowed));
+  if (!in) throw ConfigError(fmt::format("{}: cannot read '{}'; allowed: {}", what, path, allowed));
   // In pieces up to the bound: a regular file that says 0 bytes (/proc's) may hold far more.
   std::string text;
   std::vector<char> piece(size_t(1) << 20);

@@ -324,7 +324,9 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
       size_t pos = 0;
       try {
         // (digits, a leading - where signed: stoull skipped the spaces of ' -1' and wrapped it to 2^64 - 1)
-        const size_t digits = !value.empty() && value[0] == '-' && !std::is_unsigned_v<T> ? 1 : 0;
+        // (a leading + as the numbers take it)
+        const size_t digits =
+            !value.empty() && (value[0] == '+' || (value[0] == '-' && !std::is_unsigned_v<T>)) ? 1 : 0;
         if (value.size() <= digits || value.find_first_not_of("0123456789", digits) != std::string::npos)
           throw std::invalid_argument("not decimal digits");
         if constexpr (std::is_unsigned_v<T>) {

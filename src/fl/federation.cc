@@ -55,6 +55,7 @@
 #include <random>
 
 #include "core/clock.h"
+#include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -352,16 +353,6 @@ struct Federation {
   int hosted = 1;            // the most clients one host hosts
   int max_per_host = 1;  // the most sampled clients one host can hold in a round
 };
-
-// The memory this process may use: the machine's, or its cgroup's limit when lower (0: unknown).
-double usable_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  double have = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
-  std::ifstream f("/sys/fs/cgroup/memory.max");  // cgroup v2 ("max": none)
-  double limit = 0;
-  if (f >> limit && limit > 0) have = have > 0 ? std::min(have, limit) : limit;
-  return have;
-}
 
 // SCAFFOLD: a host keeps a model-sized c_i for every client of its own that has trained. Refuses (before round 1,
 // not when memory runs out mid-run) a federation whose hosts on this machine together could not.

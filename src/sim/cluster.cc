@@ -377,7 +377,7 @@ ClusterSpec load_cluster(const std::string& preset_or_file) {
   for (const auto& p : detail::kPresetTexts)
     if (preset_or_file == p.name) return parse_cluster_yaml(p.yaml, std::string("preset ") + p.name);
   std::error_code ec;
-  if (!std::filesystem::exists(preset_or_file, ec)) {
+  if (!std::filesystem::exists(preset_or_file, ec) || std::filesystem::is_directory(preset_or_file, ec)) {
     throw ConfigError(fmt::format("--cluster: '{}' is neither a preset ({}) nor a readable YAML file", preset_or_file,
                                   join(preset_names(), ", ")));
   }

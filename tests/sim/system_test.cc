@@ -661,7 +661,7 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
            {"bench compress --method fp16 --size 16G", "--size '16G' must be a byte count from 4 B to 16G - 4 B"},
            // (stod took 0x10; 15G wanted ~45 GB and met the out-of-memory killer)
            {"bench compress --method none --size 0x10", "--size '0x10' must be a byte count from 4 B"},
-           {"bench compress --method none --size 15G", "(allowed: at most a quarter of the memory)"},
+           {"bench compress --method none --size 16383M", "(allowed: at most half of it)"},
            {"bench gemm --shapes 4x4x4 --transport bogus", "--transport = 'bogus' (allowed: auto, tcp, shm, mpi)"},
            {"selftest-compress --timeout -1", "--timeout = -1 (allowed: seconds from 0.001"}}) {
     out = run(args, &rc);
@@ -784,8 +784,8 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
   int rc = 0;
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"sim step --model gpt2-small --global-batch 8 --hidden -99999999999999999999",
-            "--hidden: an integer out of range: -99999999999999999999 (allowed: a whole number within the option's "
-            "range)"},
+            "--hidden: an integer out of range: -99999999999999999999 (allowed: -9223372036854775807 to "
+            "9223372036854775807 at most, or the option's own range)"},
            {"sim step --model gpt2-small --global-batch 99999999999999999999",
             "--global-batch: an integer out of range: 99999999999999999999"},
            {"sim coll --gpus 16 --size 1M --group 0", "--group = 0: a collective needs at least 2 ranks"},
@@ -795,6 +795,8 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
            {"sim step --model gpt2-small --global-batch 0x8", "--global-batch: '0x8': a decimal integer"},
            {"sim step --model gpt2-small --global-batch 8 --zero 3 --gather-bytes 0",
             "--gather-bytes = 0 (allowed: 1 (int8 blocks with their scales), 2, 4, or leave it out: as held)"},
+           {"sim step --model gpt2-small --global-batch 8 --zero 3 --gather-bytes -1", "--gather-bytes = -1 (allowed:"},
+           {"sim step --model gpt2-small --global-batch 8 --dp 0.5", "Could not convert: --dp = 0.5"},
            {"sim coll --gpus 16 --size 1M --group -9223372036854775808",
             "--group: an integer out of range: -9223372036854775808"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu 4",
@@ -836,8 +838,10 @@ TEST(Cli, DamagedClusterStateAndHostsFilesAndTheGracePeriodAreRefused) {
       std::system(("rm -rf " + dir + " && mkdir -p " + dir + " && mkfifo " + dir + "/cluster-piped.json").c_str()), 0);
   std::ofstream(dir + "/cluster-empty.json") << R"({"name":"empty","switch_ns":"conduit-empty-sw","hosts":[]})";
   std::ofstream(dir + "/twice.yaml") << "defaults: {bandwidth: 100mbit}\nhosts: [{bandwidth: 1gbit, rate: 10mbit}]\n";
-  ASSERT_EQ(::setenv("CONDUIT_CLUSTER_STATE_DIR", dir.c_str(), 1), 0);
   int rc = 0;
+  ASSERT_EQ(::setenv("CONDUIT_CLUSTER_STATE_DIR", dir.c_str(), 1), 0);
+  // (the cluster commands need root before they read anything: elsewhere they say so, and only that is checked)
+  const bool root = ::geteuid() == 0;
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"cluster exec --name piped 0 -- true",
             "cluster-piped.json' is not a regular file (a pipe, device or socket)"},
@@ -846,7 +850,7 @@ TEST(Cli, DamagedClusterStateAndHostsFilesAndTheGracePeriodAreRefused) {
             "hosts[0].rate: given twice (bandwidth and rate are one setting, latency and delay another)"}}) {
     const std::string out = run(args, &rc);
     EXPECT_EQ(rc, 2) << args << ": " << out;
-    EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+    EXPECT_NE(out.find(root ? want : std::string("root")), std::string::npos) << args << ": " << out;
   }
   ::unsetenv("CONDUIT_CLUSTER_STATE_DIR");
   ASSERT_EQ(::setenv("CONDUIT_LAUNCH_GRACE", "-1", 1), 0);
