@@ -1302,7 +1302,7 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
     } catch (const ConfigError& e) {
       // ("--gpus = 12 must be ..." -> "12 must be ...": the count is the list's)
       std::string why = e.what();
-      if (why.rfind("--gpus = ", 0) == 0) why.erase(0, 9);
+      for (size_t at; (at = why.find("--gpus = ")) != std::string::npos;) why.erase(at, 9);
       throw ConfigError(fmt::format("--gpus-list = '{}': {}", sa.gpus_list, why));
     }
     const Topology& topo = *made;
