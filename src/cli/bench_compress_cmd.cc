@@ -3,7 +3,6 @@
 // `conduit selftest-compress` (hidden): every compressed collective over this job's ranks (any transport, started
 // by `conduit launch`) checked against decompress-then-reduce computed locally; used by the process tests.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>

@@ -1030,10 +1030,6 @@ struct CalibrateArgs {
   int batch = 64;       // samples per worker for the GEMMs timed when neither --gemm nor --peak is given
 };
 
-std::string read_file(const std::string& path, const char* flag) {
-  return read_input_file(path, flag, "a file of JSON lines");
-}
-
 void run_calibrate(const CalibrateArgs& a) {
   if (a.bench.empty()) throw ConfigError("--bench is required: JSON lines from `conduit bench coll --json`");
   // The name goes into the cluster file as a plain YAML scalar (": " or a leading '#' broke the file or named the
@@ -1068,7 +1064,8 @@ void run_calibrate(const CalibrateArgs& a) {
   long long ranks = a.ranks;
   for (const auto& f : a.bench) {
     std::string skipped;
-    for (auto& s : parse_bench_lines(read_file(f, "--bench"), f, &skipped)) all.push_back(s);
+    for (auto& s : parse_bench_lines(read_input_file(f, "--bench", "a file of JSON lines"), f, &skipped))
+      all.push_back(s);
     if (!skipped.empty()) std::fprintf(stderr, "sim calibrate: %s\n", skipped.c_str());
   }
   if (a.ranks < 0) throw ConfigError(fmt::format("--ranks = {} must be positive", a.ranks));
@@ -1140,7 +1137,7 @@ void run_calibrate(const CalibrateArgs& a) {
   long long concurrent = 1;  // processes that timed the --gemm records together
   double peak = 0;
   if (!a.gemm.empty()) {
-    const std::string text = read_file(a.gemm, "--gemm");
+    const std::string text = read_input_file(a.gemm, "--gemm", "a file of JSON lines");
     gemms = parse_gemm_lines(text, a.gemm);
     convs = parse_conv_lines(text, a.gemm);
     pools = parse_pool_lines(text, a.gemm);

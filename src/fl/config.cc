@@ -393,13 +393,16 @@ FlConfig config_from_json(const std::string& text, const std::string& what) {
     else
       ok = x.is_number_integer() && !(x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX)) &&
            x.get<int64_t>() >= std::numeric_limits<T>::min() && x.get<int64_t>() <= std::numeric_limits<T>::max();
+    // (an array or object named by its kind: dumping a deeply nested one overflowed the stack, and a large one made
+    // the line megabytes long)
+    auto shown = [](const nlohmann::json& v) {
+      if (v.is_structured()) return std::string("an ") + v.type_name();
+      const std::string s = v.dump();
+      return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+    };
     if (!ok)
       throw ConfigError(fmt::format("fl: {}: key '{}' has a value of the wrong type ({}); allowed: {}", what, k,
-                                    // (an array or object by its kind: dumping a deeply nested one overflowed the
-                                    // stack, and a large one made the line megabytes long)
-                                    x.is_structured()      ? std::string("an ") + x.type_name()
-                                    : x.dump().size() > 80 ? x.dump().substr(0, 77) + "..."
-                                                           : x.dump(),
+                                    shown(x),
                                     std::is_same_v<T, std::string> ? "a string"
                                     : std::is_same_v<T, bool>      ? "true or false"
                                     : std::is_floating_point_v<T>  ? "a number"
