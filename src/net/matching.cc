@@ -48,7 +48,7 @@ bool MatchQueues::take_unexpected(uint64_t tag, PostedRecv& r, const char* trans
   it->second.pop_front();
   if (it->second.empty()) unexpected_.erase(it);
   if (u->complete) {
-    unexpected_bytes_ -= u->data.size();
+    unexpected_bytes_ -= u->data.size() + kMessageOverhead;
     deliver(*u, r, transport);
   } else {
     u->has_waiter = true;
@@ -101,14 +101,15 @@ bool MatchQueues::cancel(const Request* req) {
 std::shared_ptr<Unexpected> MatchQueues::add_unexpected(uint64_t tag, size_t bytes) {
   auto u = std::make_shared<Unexpected>();
   u->data.resize(bytes);
-  unexpected_bytes_ += bytes;
   unexpected_[tag].push_back(u);
+  unexpected_bytes_ += bytes + kMessageOverhead;  // (once it is held: a failed push leaves the count as it was)
   return u;
 }
 
 std::shared_ptr<Unexpected> MatchQueues::add_remote(uint64_t tag) {
   auto u = std::make_shared<Unexpected>();
   unexpected_[tag].push_back(u);
+  unexpected_bytes_ += kMessageOverhead;
   return u;
 }
 
@@ -117,6 +118,7 @@ PostedRecv MatchQueues::take_waiter(Unexpected& u) {
   u.waiter = PostedRecv{};
   u.has_waiter = false;
   u.complete = true;
+  unexpected_bytes_ -= u.data.size() + kMessageOverhead;  // (delivered: it leaves the queues)
   arriving_.erase(std::remove_if(arriving_.begin(), arriving_.end(),
                                  [&](const std::shared_ptr<Unexpected>& p) { return p.get() == &u; }),
                   arriving_.end());
@@ -127,7 +129,7 @@ void MatchQueues::complete_unexpected(Unexpected& u, const char* transport) {
   u.complete = true;
   if (!u.has_waiter) return;
   // It left the unexpected queue when the receive attached; deliver now.
-  unexpected_bytes_ -= u.data.size();
+  unexpected_bytes_ -= u.data.size() + kMessageOverhead;
   deliver(u, u.waiter, transport);
   arriving_.erase(std::remove_if(arriving_.begin(), arriving_.end(),
                                  [&](const std::shared_ptr<Unexpected>& p) { return p.get() == &u; }),
@@ -142,7 +144,7 @@ void MatchQueues::fail_all(std::exception_ptr err, bool keep_arrived) {
     if (u->has_waiter) u->waiter.req->fail(err);
     // (out of the unexpected queue since a receive attached, its bytes still counted: they stayed against the
     // budget for good, and the failed receive stayed its waiter)
-    unexpected_bytes_ -= u->data.size();
+    unexpected_bytes_ -= u->data.size() + kMessageOverhead;
     u->has_waiter = false;
     u->waiter = PostedRecv{};
   }
@@ -155,7 +157,7 @@ void MatchQueues::fail_all(std::exception_ptr err, bool keep_arrived) {
   for (auto it = unexpected_.begin(); it != unexpected_.end();) {
     std::erase_if(it->second, [&](const std::shared_ptr<Unexpected>& u) {
       if (u->complete) return false;
-      unexpected_bytes_ -= u->data.size();
+      unexpected_bytes_ -= u->data.size() + kMessageOverhead;
       return true;
     });
     it = it->second.empty() ? unexpected_.erase(it) : std::next(it);

@@ -40,12 +40,17 @@ class MatchQueues {
   void post(uint64_t tag, PostedRecv r) { posted_[tag].push_back(std::move(r)); }
   // The oldest posted receive of `tag`, if any.
   bool pop_posted(uint64_t tag, PostedRecv* out);
-  // Room for `bytes` more buffered bytes within `budget`?
+  // What a buffered message costs besides its payload (its record and queue slot), counted against the budget with
+  // its bytes: a peer sending many empty or tiny messages nobody receives grew memory without bound within a
+  // budget of payload bytes alone.
+  static constexpr size_t kMessageOverhead = 128;
+  // Room for one more buffered message of `bytes` within `budget`? (The messages held count with their overhead; one
+  // message within the budget always fits an empty queue, so a budget under the overhead still buffers one.)
   bool can_buffer(size_t bytes, size_t budget) const { return unexpected_bytes_ + bytes <= budget; }
   std::shared_ptr<Unexpected> add_unexpected(uint64_t tag, size_t bytes);
-  // A message whose bytes stay in its sender's memory for now (shm single copy): its data is empty and nothing counts
-  // against the budget until the transport reads them into the receive that takes it (take_waiter), or into data
-  // once it has waited long enough for one (charge, then complete_unexpected).
+  // A message whose bytes stay in its sender's memory for now (shm single copy): its data is empty and only its
+  // overhead counts against the budget until the transport reads them into the receive that takes it (take_waiter), or
+  // into data once it has waited long enough for one (charge, then complete_unexpected).
   std::shared_ptr<Unexpected> add_remote(uint64_t tag);
   // A message of add_remote is being read into its data after all: its bytes count against the budget from now on.
   void charge(size_t bytes) { unexpected_bytes_ += bytes; }

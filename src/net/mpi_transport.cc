@@ -507,8 +507,9 @@ class MpiEngine : public Progressor {
         if (rc == MPI_SUCCESS && flag) {
           int n = 0;
           MPI_Get_count(&st, MPI_CHAR, &n);
-          remote_abort = fmt::format("rank {} aborted: {}", st.MPI_SOURCE,
-                                     std::string(ctrl_buf_, static_cast<size_t>(std::max(n, 0))));
+          remote_abort =
+              fmt::format("rank {} aborted: {}", st.MPI_SOURCE,
+                          printable_reason(std::string_view(ctrl_buf_, static_cast<size_t>(std::max(n, 0)))));
           remote_abort_rank = st.MPI_SOURCE;
           if (aborted_.empty()) aborted_ = remote_abort;
           ctrl_req_ = MPI_REQUEST_NULL;

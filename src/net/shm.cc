@@ -637,7 +637,8 @@ class ShmTransport : public Transport, public Progressor {
       my_seg_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
       if (slot->seq.load(std::memory_order_acquire) == seq) return;
       if (my_seg_->aborted.load(std::memory_order_acquire) > 0) {
-        std::string why(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason));
+        std::string why =
+            printable_reason(std::string_view(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason)));
         throw PeerError(why.empty() ? fmt::format("rank {} aborted", my_seg_->aborted.load() - 1) : why);
       }
       std::string reason = aborted_reason();
@@ -728,7 +729,8 @@ class ShmTransport : public Transport, public Progressor {
   // flag is kAbortClaimed: everything fails then too).
   void progress_abort() {
     const int32_t who = my_seg_->aborted.load(std::memory_order_acquire);
-    std::string why = who > 0 ? std::string(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason)) : "";
+    std::string why =
+        who > 0 ? printable_reason(std::string_view(my_seg_->reason, strnlen(my_seg_->reason, kMaxAbortReason))) : "";
     if (why.empty()) why = who > 0 ? fmt::format("rank {} aborted", who - 1) : "a local rank aborted";
     if (aborted_reason().empty()) set_aborted(why);
     fail_all(std::make_exception_ptr(PeerError(why)));
@@ -1151,7 +1153,7 @@ class ShmTransport : public Transport, public Progressor {
       p.cur_unexp.reset();
       p.q.complete_unexpected(*u, "shm");
     } else if (t == Target::abort) {
-      std::string why = fmt::format("rank {} aborted: {}", p.rank, p.abort_buf);
+      std::string why = fmt::format("rank {} aborted: {}", p.rank, printable_reason(p.abort_buf));
       set_aborted(why);
       fail_all(std::make_exception_ptr(PeerError(why)));
     }

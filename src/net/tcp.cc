@@ -539,7 +539,7 @@ class TcpTransport : public Transport {
         break;
       }
       case Target::abort: {
-        std::string why = fmt::format("rank {} aborted: {}", p.rank, p.abort_buf);
+        std::string why = fmt::format("rank {} aborted: {}", p.rank, printable_reason(p.abort_buf));
         set_aborted(why);
         auto err = std::make_exception_ptr(PeerError(why));
         p.target = Target::none;
@@ -638,6 +638,19 @@ class TcpTransport : public Transport {
     return false;
   }
 
+  // Under mu_: handle_read on the progress thread, where an exception (std::bad_alloc buffering a message) would
+  // end the process (std::terminate): it fails that peer's requests with the reason instead.
+  void read_guarded(Peer& p) {
+    try {
+      handle_read(p);
+    } catch (const std::exception& e) {
+      CONDUIT_LOG_ERROR("tcp: rank {}: reading from rank {} failed: {}", rank_, p.rank, e.what());
+      ::shutdown(p.fd, SHUT_RDWR);
+      fail_peer(
+          p, std::make_exception_ptr(PeerError(fmt::format("tcp: reading from rank {} failed: {}", p.rank, e.what()))));
+    }
+  }
+
   void loop() {
     epoll_event evs[64];
     while (running_) {
@@ -651,10 +664,10 @@ class TcpTransport : public Transport {
           std::lock_guard<std::mutex> lk(mu_);
           for (auto& p : peers_) {
             if (p.fd < 0 || p.failed) continue;
-            if (p.have_hdr && p.target == Target::none) handle_read(p);
+            if (p.have_hdr && p.target == Target::none) read_guarded(p);
             if (p.send_failed && !p.failed) {  // a write failed: let the read side see the end
               p.peer_closed = true;
-              handle_read(p);
+              read_guarded(p);
             }
             refresh_read_interest(p);
           }
@@ -665,7 +678,7 @@ class TcpTransport : public Transport {
         if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) {
           std::lock_guard<std::mutex> lk(mu_);
           if (evs[i].events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)) p.peer_closed = true;
-          if (!p.failed) handle_read(p);
+          if (!p.failed) read_guarded(p);
           refresh_read_interest(p);
         }
         if (evs[i].events & EPOLLOUT) {
@@ -859,7 +872,7 @@ class TcpTransport : public Transport {
       throw ProtocolError(
           fmt::format("tcp: rank {} refused the connection of rank {}: {} (is another process "
                       "using the same rank, or the same store?)",
-                      peer, rank_, why));
+                      peer, rank_, printable_reason(why)));
     }
     if (bad.empty() && h.type != kFrameHello) bad = "the answer to its hello is not a hello";
     if (!bad.empty())

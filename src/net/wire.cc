@@ -62,4 +62,16 @@ void check_message_size(uint64_t bytes, uint64_t limit) {
                                   bytes, limit));
 }
 
+std::string printable_reason(std::string_view reason) {
+  std::string out(reason);
+  for (char& ch : out) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (ch == '\n' || ch == '\r' || ch == '\t')
+      ch = ' ';
+    else if (b < 0x20 || b == 0x7f)
+      ch = '?';
+  }
+  return out;
+}
+
 }  // namespace conduit::net

@@ -7,6 +7,7 @@
 // abort frames at most 4 KiB).
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace conduit::net {
 
@@ -39,5 +40,8 @@ uint64_t max_message_bytes();
 // Throws ConfigError when a message of `bytes` is over `limit` (max_message_bytes()): its receiver would refuse the
 // frame and blame the sender.
 void check_message_size(uint64_t bytes, uint64_t limit);
+// A peer's abort reason as this rank reports it: one line whatever the peer sent (a line break or tab becomes a
+// space, another control byte '?'; bytes past ASCII stay, as UTF-8 names in a reason).
+std::string printable_reason(std::string_view reason);
 
 }  // namespace conduit::net

@@ -130,6 +130,37 @@ TEST(MatchQueues, FailingAllReleasesAnArrivingMessagesBudget) {
   EXPECT_FALSE(m->has_waiter);
 }
 
+// Every buffered message counts against the budget with its overhead, so a peer sending empty messages nobody
+// receives is held to a bound (2M empty tcp frames grew a rank by 250 MB with the budget at 0 bytes used); taking
+// or failing them gives it all back.
+TEST(MatchQueues, EmptyMessagesCountAgainstTheBudget) {
+  MatchQueues q;
+  const size_t budget = 4096;
+  std::vector<std::shared_ptr<Unexpected>> held;
+  while (q.can_buffer(0, budget) && held.size() < 100000) {
+    held.push_back(q.add_unexpected(7, 0));
+    q.complete_unexpected(*held.back(), "test");
+  }
+  EXPECT_EQ(held.size(), budget / MatchQueues::kMessageOverhead + 1);
+  // A message still in its sender's memory (shm single copy) counts its overhead too.
+  auto remote = q.add_remote(8);
+  EXPECT_FALSE(q.can_buffer(0, (held.size() + 1) * MatchQueues::kMessageOverhead - 1));
+  char none[1];
+  for (size_t i = 0; i < held.size(); ++i) {
+    PostedRecv r = make_recv(Request::Kind::recv, 0, 7, none, 0);
+    RequestPtr req = r.req;
+    ASSERT_TRUE(q.take_unexpected(7, r, "test"));
+    EXPECT_TRUE(req->succeeded());
+  }
+  EXPECT_TRUE(q.can_buffer(budget - MatchQueues::kMessageOverhead, budget));
+  EXPECT_FALSE(q.can_buffer(budget - MatchQueues::kMessageOverhead + 1, budget));
+  PostedRecv r = make_recv(Request::Kind::recv, 0, 8, none, 0);
+  ASSERT_TRUE(q.take_unexpected(8, r, "test"));  // attaches to the remote message
+  PostedRecv w = q.take_waiter(*remote);         // the transport reads its bytes into the receive
+  EXPECT_TRUE(q.can_buffer(budget, budget));
+  EXPECT_FALSE(q.can_buffer(budget + 1, budget));
+}
+
 // A receive attached to a message still arriving into the transport's buffer is detached, and the message stays
 // the oldest of its tag: the next receive gets it, not the one behind it.
 TEST(MatchQueues, AWithdrawnReceiveLeavesItsArrivingMessageFirstInLine) {

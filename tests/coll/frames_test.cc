@@ -228,6 +228,14 @@ TEST(TcpFrames, APeerClosingBehindAHeldFrameIsSeenAtOnce) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0) << e;
 }
 
+// A peer's abort reason is reported as one line whatever bytes it held (a reason with line breaks and terminal
+// escapes was printed as sent).
+TEST(Wire, AnAbortReasonIsReportedAsOneLine) {
+  EXPECT_EQ(printable_reason(std::string("disk\nfull\r\t\x1b[2J\0!\x7f caf\xc3\xa9", 24)),
+            "disk full  ?[2J?!? caf\xc3\xa9");
+  EXPECT_EQ(printable_reason(""), "");
+}
+
 TEST(TcpFrames, TheUnexpectedBudgetIsBounded) {
   setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "2T", 1);
   std::string e = "no error";
