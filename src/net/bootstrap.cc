@@ -141,6 +141,20 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
           "CONDUIT_STORE_PATH={} already holds rank {}'s values of job '{}' from an earlier run; allowed: an empty "
           "directory, or a CONDUIT_JOB_ID unique to each run",
           *path, b->rank, job_prefix));
+    // One process a rank: the first to claim it is counted 1. A second (RANK set alike twice, or ranks of another
+    // job whose rank 0 could not listen on this MASTER_PORT) is refused here, before it publishes an address the
+    // job's ranks would read and connect to (it overwrote the first one's).
+    if (b->method == "tcp-store") {
+      const int64_t claims =
+          b->store->add(fmt::format("conduit/{}/claimed/{}", job_prefix, b->rank), 1, Deadline::after(timeout_s));
+      if (claims != 1)
+        throw ConfigError(fmt::format(
+            "rank {}: another process already joined the store at MASTER_ADDR={}:{} as rank {} of job '{}' (RANK "
+            "given twice, a rank restarted during the rendezvous, or another job on this MASTER_PORT); allowed: one "
+            "process a rank, and a MASTER_PORT or "
+            "CONDUIT_JOB_ID of each job's own",
+            b->rank, *addr, env_string("MASTER_PORT").value_or("?"), b->rank, job_prefix));
+    }
     StorePtr store = b->store;
     int rank = b->rank, size = b->size;
     b->allgather = [store, counter, rank, size, job_prefix, timeout_s](const std::string& mine) {

@@ -96,7 +96,12 @@ class FileStore : public Store {
     }
   }
 
-  void set(const std::string& key, const std::string& value, const Deadline&) override { write_atomic(key, value); }
+  void set(const std::string& key, const std::string& value, const Deadline&) override {
+    if (value.size() > kMaxStoreFieldBytes)
+      throw InvalidArgument(fmt::format("file store: the value of key '{}' is {} bytes; allowed: up to {}",
+                                        key.substr(0, 64), value.size(), kMaxStoreFieldBytes));
+    write_atomic(key, value);
+  }
 
   std::string get(const std::string& key, const Deadline& deadline) override {
     auto pause = std::chrono::microseconds(1000);
@@ -168,10 +173,20 @@ class FileStore : public Store {
  private:
   bool read(const std::string& key, std::string* out) {
     std::string path = dir_ + "/" + escape_key(key);
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Non-blocking, then only a regular file is read: a FIFO under a key's name blocked open() (and a read) with no
+    // deadline, and a device such as /dev/zero filled memory.
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
       if (errno == ENOENT) return false;
       throw Error(fmt::format("file store: cannot read key '{}' from {}: {}", key, path, std::strerror(errno)));
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(fd);
+      throw Error(
+          fmt::format("file store: key '{}' is {}, not a regular file; allowed: the files this store writes "
+                      "(another program's file under its name?)",
+                      key, path));
     }
     out->clear();
     char buf[65536];
@@ -179,6 +194,11 @@ class FileStore : public Store {
       ssize_t n = ::read(fd, buf, sizeof(buf));
       if (n > 0) {
         out->append(buf, static_cast<size_t>(n));
+        if (out->size() > kMaxStoreFieldBytes) {
+          close(fd);
+          throw Error(fmt::format("file store: key '{}' ({}) holds more than {} bytes; allowed: values up to that", key,
+                                  path, kMaxStoreFieldBytes));
+        }
         continue;
       }
       if (n < 0 && errno == EINTR) continue;

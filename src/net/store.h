@@ -10,6 +10,10 @@
 
 namespace conduit::net {
 
+// Largest key or value a store holds: the TCP store's largest length field trusted on the wire, the file store's
+// largest file read as a value.
+inline constexpr uint32_t kMaxStoreFieldBytes = 64u << 20;
+
 // Every call ends by its deadline (TimeoutError): a server that hangs, or a file-system lock held by a stuck rank,
 // cannot keep a caller past the time it was given. The overloads without one allow CONDUIT_TIMEOUT (300 s).
 class Store {

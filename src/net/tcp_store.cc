@@ -318,16 +318,24 @@ class TcpStoreServer {
       // client whose replies drained below the limit has the requests it sent meanwhile served.
       std::vector<uint64_t> dead;
       for (auto& [id, c] : clients_) {
-        const bool was_backed_up = backed_up(c);
-        if (c.out_off < c.out.size() && !flush(c)) {
+        // (as reading: an exception here, out of memory for a 64 MiB reply, loses the client, not every rank's
+        // store by std::terminate)
+        try {
+          const bool was_backed_up = backed_up(c);
+          if (c.out_off < c.out.size() && !flush(c)) {
+            dead.push_back(id);
+            continue;
+          }
+          while (!c.deferred.empty() && !backed_up(c)) {
+            reply_get(c, c.deferred.front().second, data_.at(c.deferred.front().first));  // (keys are never deleted)
+            c.deferred.pop_front();
+          }
+          if (was_backed_up && !backed_up(c) && !c.in.empty() && !serve(id, c)) dead.push_back(id);
+        } catch (const std::exception& e) {
+          CONDUIT_LOG_ERROR("tcp store server {}:{}: serving client {} failed: {}; dropped it", host_, port_, c.peer,
+                            e.what());
           dead.push_back(id);
-          continue;
         }
-        while (!c.deferred.empty() && !backed_up(c)) {
-          reply_get(c, c.deferred.front().second, data_.at(c.deferred.front().first));  // (keys are never deleted)
-          c.deferred.pop_front();
-        }
-        if (was_backed_up && !backed_up(c) && !c.in.empty() && !serve(id, c)) dead.push_back(id);
       }
       for (uint64_t id : dead) drop(id);
     }

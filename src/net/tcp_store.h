@@ -19,7 +19,4 @@ std::string store_listen_host(const std::string& master_addr);
 // only.
 bool names_localhost(const std::string& master_addr);
 
-// Largest key or value the TCP store accepts (and the largest length field it trusts on the wire).
-inline constexpr uint32_t kMaxStoreFieldBytes = 64u << 20;
-
 }  // namespace conduit::net

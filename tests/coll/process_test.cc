@@ -199,6 +199,28 @@ TEST(Processes, FileStoreRendezvousWithoutFlags) {
   EXPECT_LT(r.seconds, 30) << r.out;
 }
 
+// Two processes given one rank over a TCP store (RANK set alike twice, or another job's ranks on this MASTER_PORT):
+// the second to join is refused at once naming the rank and the store; it overwrote the first one's address, and
+// the job's ranks connected to whichever they read. The first goes on with rank 0.
+TEST(Processes, ASecondProcessForOneRankIsRefusedAtTheStore) {
+  const int port = free_port();
+  const std::string env = "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+                          " CONDUIT_TIMEOUT=20 CONDUIT_JOB_ID=twice" + std::to_string(::getpid()) + " ";
+  // Both rank 1s wait for rank 0's store, which comes a second later: the first to claim the rank goes on.
+  const std::string rank1 =
+      "RANK=1 " + env + kConduit + " selftest --op allreduce --timeout 20; echo \"rank 1 exit $?\"";
+  auto r = run_sh("(" + rank1 + ") & (" + rank1 + ") & sleep 1; RANK=0 " + env + kConduit +
+                  " selftest --op allreduce --timeout 20; wait");
+  EXPECT_NE(r.out.find("rank 1: another process already joined the store at MASTER_ADDR=127.0.0.1:" +
+                       std::to_string(port) + " as rank 1 of job 'twice"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("rank 1 exit 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 exit 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("on 2 ranks over"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 20) << r.out;
+}
+
 TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
   auto r = run_sh("CONDUIT_ALLREDUCE=tree:0-1K,rhd:1K- " + kConduit + " launch -n 3 -- " + kConduit +
                   " bench coll --min-bytes 512 --max-bytes 2K --iters 2 --warmup 0");

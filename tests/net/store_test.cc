@@ -12,6 +12,7 @@
 #include <sys/file.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -668,6 +669,47 @@ TEST(FileStore, AddGivesUpOnALockHeldPastTheDeadline) {
   ::flock(fd, LOCK_UN);
   ::close(fd);
   EXPECT_EQ(s->add("n", 1), 3);  // nothing was added by the attempt that gave up
+}
+
+// A key's file that is not a regular file, or too large to be a value, is refused at once with one line: a FIFO
+// under a key's name blocked get() in open() past every deadline. A value over the limit is refused by set().
+TEST(FileStore, AKeyThatIsNotAValueFileIsRefusedAtOnce) {
+  TempDir d;
+  auto s = make_file_store(d.path());
+  s->set("fifo-key", "x");
+  s->set("big-key", "x");
+  auto file_of = [&](const std::string& part) {
+    for (const auto& e : std::filesystem::directory_iterator(d.path()))
+      if (e.path().filename().string().find(part) != std::string::npos) return e.path().string();
+    ADD_FAILURE() << "no file for " << part;
+    return std::string();
+  };
+  const std::string fifo = file_of("fifo-key"), big = file_of("big-key");
+  ASSERT_EQ(::unlink(fifo.c_str()), 0);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    s->get("fifo-key", Deadline::after(20));
+    ADD_FAILURE() << "a FIFO was read as a value";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'fifo-key' is " + fifo + ", not a regular file"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  ASSERT_EQ(::truncate(big.c_str(), off_t{kMaxStoreFieldBytes} + 1), 0);
+  try {
+    s->get("big-key", Deadline::after(20));
+    ADD_FAILURE() << "a value over the limit was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds more than 67108864 bytes"), std::string::npos) << e.what();
+  }
+  try {
+    s->set("k", std::string(kMaxStoreFieldBytes + 1, 'v'));
+    ADD_FAILURE() << "a value over the limit was written";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("is 67108865 bytes; allowed: up to 67108864"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(s->check("k"));
 }
 
 TEST(FileStore, MissingOrUnusableDirIsConfigError) {
