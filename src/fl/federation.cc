@@ -258,14 +258,20 @@ class Wire {
     std::vector<net::RequestPtr> reqs;
     for (size_t i = 0; i < peers.size(); ++i) reqs.push_back(irecv(peers[i], tag, &sizes[i], 8));
     wait_or_explain(reqs, d, peers, what, steps);
-    std::vector<Bytes> out(peers.size());
-    reqs.clear();
-    std::vector<int> from;
-    for (size_t i = 0; i < peers.size(); ++i) {
+    // Every announcement checked before any payload's receive is posted: a receive left posted into `out` while a
+    // later peer's refusal unwinds would be written into freed memory.
+    for (size_t i = 0; i < peers.size(); ++i)
       if (sizes[i] > caps[i])
         throw ProtocolError(fmt::format("fl: rank {} announced {} of {} bytes; allowed: at most {} at this step",
                                         peers[i], what, sizes[i], caps[i]));
-      out[i].resize(sizes[i]);
+    // (and every buffer allocated before the first is posted: a std::bad_alloc midway would leave it the same way)
+    std::vector<Bytes> out(peers.size());
+    for (size_t i = 0; i < peers.size(); ++i) out[i].resize(sizes[i]);
+    reqs.clear();
+    reqs.reserve(peers.size());
+    std::vector<int> from;
+    from.reserve(peers.size());
+    for (size_t i = 0; i < peers.size(); ++i) {
       received += 8 + sizes[i];
       if (sizes[i]) {
         reqs.push_back(irecv(peers[i], tag, out[i].data(), sizes[i]));
@@ -788,6 +794,11 @@ ClientReport parse_update(const Bytes& b, int host, int expect, bool masked, int
   r.fate = Fate(fate);
   if (r.fate == Fate::sent) {
     if (!masked) r.loss = in.f64();
+    // (a client checks its own update and loss before sending: a non-finite one here is the peer's fault, and summed
+    // it surfaced as a global model the server could not step, blamed on --server-lr)
+    if (!std::isfinite(r.loss))
+      throw ProtocolError(fmt::format(
+          "fl: rank {} reported a loss of {} for its client at position {}; allowed: finite", host, r.loss, expect));
     *update = in.view();
     r.update_bytes = update->second;
   }
@@ -991,6 +1002,11 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
             for (size_t i = 0; i < len; ++i) {
               float v;
               std::memcpy(&v, u.first + i * 4, 4);  // (the vector need not be aligned inside the message)
+              if (!std::isfinite(v))
+                throw ProtocolError(
+                    fmt::format("fl: rank {} sent an update for client {} whose element {} is {}; "
+                                "allowed: finite values",
+                                h, sampled[size_t(x.pos)], i, v));
               sum[i] += double(v);
             }
             sum[len] += x.loss;

@@ -197,12 +197,24 @@ void SgpStrategy::after_step(uint64_t step, std::span<float> params) {
     // In-peers use the same offsets, backwards.
     std::vector<std::vector<float>> in(outs.size(), std::vector<float>(d + 1));
     std::vector<net::RequestPtr> reqs;
+    std::vector<int> from(outs.size());
     for (size_t k = 0; k < outs.size(); ++k) {
-      int from = ((me - (outs[k] - me)) % n + 2 * n) % n;
-      reqs.push_back(irecv(*comm_, from, detail::kTagPushSum, in[k].data(), (d + 1) * 4));
+      from[k] = ((me - (outs[k] - me)) % n + 2 * n) % n;
+      reqs.push_back(irecv(*comm_, from[k], detail::kTagPushSum, in[k].data(), (d + 1) * 4));
     }
     for (int p : outs) reqs.push_back(isend(*comm_, p, detail::kTagPushSum, msg.data(), (d + 1) * 4));
     detail::wait_all(*comm_, reqs);
+    // A push-sum weight is a positive share of a positive weight: anything else is the neighbour's fault, and taken
+    // it turned every parameter into NaN or inf without a word.
+    for (size_t k = 0; k < outs.size(); ++k)
+      if (!(std::isfinite(in[k][d]) && in[k][d] > 0)) {
+        const std::string why = fmt::format(
+            "sync sgp: neighbour rank {} sent a push-sum weight of {}; allowed: a "
+            "finite number above 0",
+            from[k], in[k][d]);
+        comm_->transport().abort(why);
+        throw ProtocolError(why);
+      }
     for (const auto& m : in) {
       for (size_t i = 0; i < d; ++i) x_[i] += m[i];
       w_ += m[d];

@@ -27,6 +27,7 @@
 #include "compress/collectives.h"
 #include "compress/compressor.h"
 #include "core/clock.h"
+#include "core/cpus.h"
 #include "core/error.h"
 #include "sync/detail.h"
 
@@ -695,6 +696,15 @@ class PsStrategy : public Strategy {
                           "parameters; allowed: the initial parameters (kind {}), 4 bytes each of "
                           "the shard's {} of at most 2^40",
                           name(), s, h.kind, h.bytes, h.clock, uint64_t{kInit}, want / 4));
+        // Before anything is allocated for it: the shard held (parameters, momentum, the sum of pushes, the
+        // initial copy) within what this process may use (a bogus size had std::bad_alloc as its only message).
+        const double memory = usable_memory_bytes();
+        if (memory > 0 && 4.0 * double(want) > memory)
+          throw ProtocolError(
+              fmt::format("sync {}: shard {}: worker 0 sent a model of {} parameters, whose shard of "
+                          "{} bytes this process cannot hold four times ({:.0f} bytes usable); "
+                          "allowed: more servers or a smaller model",
+                          name(), s, h.clock, want, memory));
         std::vector<float> p(h.bytes / 4);
         detail::wait(*comm_, irecv(*comm_, 0, tag_of(detail::kTagPsInit, s), p.data(), h.bytes));
         shard.init(p);

@@ -1,4 +1,5 @@
 // D-PSGD (plain and CHOCO), PushSum and AD-PSGD conservation laws and consensus rates on in-process ranks.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -211,6 +212,43 @@ TEST(SyncDpsgd, AnAnnouncedPayloadNoEncoderWritesIsRefused) {
     } catch (const Error&) {
     }
   });
+}
+
+// A neighbour's push-sum weight that is not a positive finite number is refused naming it (a NaN weight turned
+// every parameter into NaN silently). Rank 1 speaks the protocol by hand.
+TEST(SyncSgp, ANeighboursWeightThatIsNotPositiveIsRefused) {
+  for (float bad : {std::nanf(""), 0.0f, -0.5f}) {
+    on_ranks(2, [&](int r, coll::CommPtr c) {
+      const size_t d = 8;
+      std::vector<float> x(d, 0.5f);
+      if (r == 0) {
+        SgpStrategy s(c, 1);
+        s.setup(x);
+        try {
+          s.after_step(0, x);
+          ADD_FAILURE() << "a push-sum weight of " << bad << " was taken";
+        } catch (const ProtocolError& e) {
+          EXPECT_NE(std::string(e.what()).find(fmt::format("sync sgp: neighbour rank 1 sent a push-sum weight of {}; "
+                                                           "allowed: a finite number above 0",
+                                                           bad)),
+                    std::string::npos)
+              << e.what();
+        }
+        return;
+      }
+      c->broadcast(x.data(), x.size(), DType::f32, 0, detail::blocking_opts()).wait();  // setup's
+      std::vector<float> msg(d + 1, 0.25f), theirs(d + 1);
+      msg[d] = bad;
+      auto in = detail::irecv(*c, 0, detail::kTagPushSum, theirs.data(), (d + 1) * 4);
+      detail::isend(*c, 0, detail::kTagPushSum, msg.data(), (d + 1) * 4)->wait(Deadline::after(10));
+      in->wait(Deadline::after(10));
+      EXPECT_FLOAT_EQ(theirs[d], 0.5f);  // rank 0's half of its weight
+      try {                              // rank 0 aborts the transport: the next wait here ends with its reason
+        c->barrier(detail::blocking_opts()).wait();
+      } catch (const Error&) {
+      }
+    });
+  }
 }
 
 TEST(SyncSgp, PushSumPreservesSumOfNumeratorsAndWeights) {

@@ -651,6 +651,31 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
     EXPECT_NE(error.find(c.want), std::string::npos) << error;
     comms[1]->transport().abort("test over");
   }
+  // Worker 0's initial upload announcing a model whose shard this process could not hold is refused before
+  // anything is allocated for it (std::bad_alloc, or the out-of-memory killer, was all it said).
+  {
+    auto comms = harness::make_comms(2);
+    std::string error = "no error";
+    std::thread server([&] {
+      auto s = make_strategy("ps-bsp", {{"servers", "1"}, {"colocate", "0"}}, comms[1]);
+      try {
+        s->serve();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    });
+    struct Header {
+      uint64_t kind, bytes, clock;
+      double lr_scale;
+    } h{0, uint64_t{4} << 39, uint64_t{1} << 39, 1.0};  // the init header of a model of 2^39 parameters
+    detail::wait(*comms[0], detail::isend(*comms[0], 1, detail::kTagPsInit, &h, sizeof h));
+    server.join();
+    EXPECT_NE(error.find("shard 0: worker 0 sent a model of 549755813888 parameters, whose shard of 2199023255552 "
+                         "bytes this process cannot hold four times"),
+              std::string::npos)
+        << error;
+    comms[0]->transport().abort("test over");
+  }
   // What a compressor may rightly send passes the length checks both ways: uint8 with one scale pair an element
   // takes 9 bytes an element (a first bound of 8 refused it once a shard passed 4096 elements); a payload whose size
   // depends on the data (threshold) is bounded by 8 bytes an element without asking its wire size (it has none:
