@@ -84,20 +84,9 @@ void run_bench(const BenchArgs& a) {
                                   a.max_bytes, dtype_name(dt), dtype_size(dt)));
   if (hi < lo)
     throw ConfigError(fmt::format("--max-bytes {} is below --min-bytes {} ({} bytes)", a.max_bytes, a.min_bytes, lo));
-  {
-    // Each rank holds an input and an output of up to world x size (gather-like ops) plus the check's copies, and the
-    // ranks on this host all do (`conduit launch` and mpirun say how many): refuse what cannot fit instead of
-    // failing on an allocation halfway through the sweep (the ranks of `launch -n 2 ... -e 5G` needed ~30 GB of 23).
-    const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
-                 page = static_cast<double>(::sysconf(_SC_PAGESIZE));
-    const double mem = pages > 0 && page > 0 ? pages * page : 0;
-    const long long local = ranks_on_this_host();
-    if (mem > 0 && 4.0 * static_cast<double>(hi) * static_cast<double>(local) > mem)
-      throw ConfigError(
-          fmt::format("--max-bytes {} needs about {:.1f} GB per rank, {} ranks on this host; this machine has {:.1f} "
-                      "GB (allowed: at most a quarter of the memory per rank)",
-                      a.max_bytes, 4e-9 * static_cast<double>(hi), local, mem * 1e-9));
-  }
+  // (the ranks on this host all hold theirs: `conduit launch` and mpirun say how many; the ranks of `launch -n 2 ...
+  // -e 5G` needed ~30 GB of 23)
+  check_bench_coll_memory(hi, ranks_on_this_host(), "--max-bytes " + a.max_bytes);
   if (a.iters < 1 || a.iters > 1000000) throw ConfigError("--iters must be in [1, 1000000]");
   if (a.warmup < 0 || a.warmup > 1000000) throw ConfigError("--warmup must be in [0, 1000000]");
   if (!(a.stagger_us >= 0) || a.stagger_us > 1e6)

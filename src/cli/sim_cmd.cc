@@ -633,6 +633,13 @@ void run_plan(const StepArgs& given_args) {
   if (a.top < 1) throw ConfigError(fmt::format("--top = {} (allowed: 1 or more plans)", a.top));
   // One plan more than shown, so the last one shown is compared with the plan after it.
   PlanResult pr = plan(net, m, a.global_batch, space, static_cast<size_t>(a.top) + 1);
+  // No candidate valid at all is an input the search cannot meet (fixed settings that contradict each other or the
+  // cluster), refused as sim step refuses it; a search whose valid plans do not fit in memory is a result (exit 1).
+  if (pr.valid == 0)
+    throw ConfigError(fmt::format(
+        "sim plan: no candidate is valid{}; allowed: --gpus, --global-batch, fixed settings and the model's sizes "
+        "with common divisors",
+        pr.first_error.empty() ? "" : " (the first tried: " + pr.first_error + ")"));
   const size_t shown = std::min(pr.ranked.size(), static_cast<size_t>(a.top));
   if (a.json) {
     json plans = json::array();
@@ -649,10 +656,8 @@ void run_plan(const StepArgs& given_args) {
              {"plans", plans}};
     // With no plan, the reason too and exit code 1, as the text output (it printed an empty list and exited 0).
     if (pr.ranked.empty()) {
-      out["reason"] = pr.any_oom
-                          ? fmt::format("no plan fits in memory; the fastest needs {} per GPU: {}",
-                                        format_gb(pr.best_oom.memory.total()), describe_config(pr.best_oom.config))
-                          : "no valid plan; the first candidate tried: " + pr.first_error;
+      out["reason"] = fmt::format("no plan fits in memory; the fastest needs {} per GPU: {}",
+                                  format_gb(pr.best_oom.memory.total()), describe_config(pr.best_oom.config));
       set_exit_code(1);
     }
     std::cout << out.dump() << "\n";
@@ -663,12 +668,8 @@ void run_plan(const StepArgs& given_args) {
   fmt::print("searched {} candidates ({} valid, {} fit in memory) in {} ({:.0f} candidates/s)\n\n", pr.candidates,
              pr.valid, pr.fitting, format_seconds(pr.seconds), pr.candidates / std::max(pr.seconds, 1e-9));
   if (pr.ranked.empty()) {
-    if (pr.any_oom)
-      fmt::print("no plan fits in memory; the fastest needs {} per GPU: {}\n", format_gb(pr.best_oom.memory.total()),
-                 describe_config(pr.best_oom.config));
-    else
-      fmt::print("no valid plan (check that --gpus, --global-batch and the model's sizes have common divisors){}\n",
-                 pr.first_error.empty() ? "" : "; the first candidate tried: " + pr.first_error);
+    fmt::print("no plan fits in memory; the fastest needs {} per GPU: {}\n", format_gb(pr.best_oom.memory.total()),
+               describe_config(pr.best_oom.config));
     set_exit_code(1);
     return;
   }

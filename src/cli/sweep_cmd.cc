@@ -400,6 +400,9 @@ SweepSpec load_spec(const std::string& path) {
     }
     const uint64_t lo_b = parse_bytes(lo, "sweep: bench: min-bytes"), hi_b = parse_bytes(hi, "sweep: bench: max-bytes");
     if (hi_b < lo_b) throw ConfigError(fmt::format("sweep: bench: max-bytes {} is below min-bytes {}", hi, lo));
+    // (every emulated host's rank runs on this machine; bench coll checks only its own host's, after the cluster is
+    // up)
+    check_bench_coll_memory(hi_b, s.hosts, "sweep: bench: max-bytes " + hi);
     // (as bench coll: whole elements of the dtype; 3 bytes of f32 passed here and failed each cell once its cluster
     // was up)
     {

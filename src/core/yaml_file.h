@@ -1,6 +1,7 @@
 #pragma once
 // One YAML document from an input file the user named (config files, hosts files, sweep specs).
 #include <fmt/format.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <string>
@@ -19,6 +20,9 @@ inline YAML::Node load_yaml_file(const std::string& path, const std::string& wha
   std::vector<YAML::Node> docs;
   try {
     docs = YAML::LoadAll(text);
+  } catch (const YAML::DeepRecursion& e) {  // (its message says "bad file")
+    throw ConfigError(fmt::format("{}: '{}' nests values more than {} levels deep (line {}, column {}); allowed: {}",
+                                  what, path, e.depth() - 1, e.mark.line + 1, e.mark.column + 1, allowed));
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format(
         "{}: '{}' is not valid YAML{}: {}; allowed: {}", what, path,

@@ -685,6 +685,8 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"compressors: [bogus]\n", "compressors: 'bogus': unknown compressor 'bogus'"},
       {"bench: {op: bogus}\n", "bench: op 'bogus' is not supported"},
       {"bench: {min_bytes: 4M, max_bytes: 1M}\n", "max-bytes 1M is below min-bytes 4M"},
+      // The hosts' ranks all on this machine (bench coll's own check saw one rank, once the cluster was up).
+      {"bench: {max_bytes: 1T}\n", "sweep: bench: max-bytes 1T needs about 4398.0 GB per rank, 2 ranks on this host"},
       {"train: {epochz: 1}\ncompressors: [none]\n", "train: 'epochz' is not a `conduit train` key"},
       {"seeds: [-1]\nbench: {}\n", "seeds must be non-negative integers"},
       {"timeout_s: .nan\nbench: {}\n", "timeout_s = nan (allowed: seconds in (0, 604800]"},

@@ -272,11 +272,24 @@ TEST(Inputs, InferencePlanAndCollInputsThatWereSilentlyBent) {
   // A prompt alone: the generated length fits what it leaves (it named a --generate nobody gave).
   out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --prompt 4000", &rc);
   EXPECT_EQ(rc, 0) << out;
-  // No plan: --json says why and exits 1, as the text output (it printed an empty list and exited 0).
-  out = test_util::run("sim plan --cluster dgx-a100 --gpus 8 --pp 8 --model gpt2-small --global-batch 512 --sp --json",
-                       &rc);
+  // No valid candidate at all: refused in one line, as sim step refuses the configuration (it printed a header and
+  // the reason, exit 1, like a search whose plans do not fit; before that an empty list and exit 0).
+  for (const char* json : {"", " --json"}) {
+    out = test_util::run(std::string("sim plan --cluster dgx-a100 --gpus 8 --pp 8 --model gpt2-small --global-batch "
+                                     "512 --sp") +
+                             json,
+                         &rc);
+    EXPECT_EQ(rc, 2) << out;
+    EXPECT_EQ(out,
+              "conduit: error: sim plan: no candidate is valid (the first tried: sequence parallelism (--sp) needs "
+              "tp > 1); allowed: --gpus, --global-batch, fixed settings and the model's sizes with "
+              "common divisors\n")
+        << out;
+  }
+  // No plan fits in memory: a result, its reason and exit 1 (--json says it too).
+  out = test_util::run("sim plan --cluster dgx-a100 --gpus 8 --model gpt3-175b --global-batch 8 --json", &rc);
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("\"reason\":\"no valid plan"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"reason\":\"no plan fits in memory; the fastest needs "), std::string::npos) << out;
   // --sp fixes sequence parallelism: no plan without it (tp = 1 plans ran without it and ranked first).
   out = test_util::run("sim plan --cluster dgx-a100 --gpus 64 --model gpt2-small --global-batch 512 --sp", &rc);
   EXPECT_EQ(rc, 0) << out;

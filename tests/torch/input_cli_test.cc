@@ -388,6 +388,12 @@ TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
   r = run("train --config " + (dir / "two.yaml").string());
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("two.yaml' holds 2 YAML documents; allowed: one (a YAML file)"), std::string::npos) << r.out;
+  // Nested past yaml-cpp's depth guard: said so (its message was "bad file").
+  std::ofstream(dir / "deep.yaml") << "lr: " << std::string(5000, '[') << std::string(5000, ']') << "\n";
+  r = run("train --config " + (dir / "deep.yaml").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("deep.yaml' nests values more than 499 levels deep (line 1, column "), std::string::npos)
+      << r.out;
   // (a trailing --- is an empty document, none: the file is read, and its unknown key named)
   std::ofstream(dir / "trailing.yaml") << "lr: 0.1\nbogus_key: 1\n---\n";
   r = run("train --config " + (dir / "trailing.yaml").string());
