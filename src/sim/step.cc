@@ -670,8 +670,14 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         // ZeRO-2 keeps only its shard of the gradients, so every micro-batch's gradients are reduce-scattered after
         // its backward (DeepSpeed reduces at each backward); an earlier micro-batch's exchange can also run during
         // the next one's forward. ZeRO-1 keeps whole gradients and reduce-scatters them once per iteration, and so
-        // does ZeRO-2 with --zero2-reduce step (conduit train's: the buckets sum the micro-batches first).
-        const double each = busy;
+        // does ZeRO-2 with --zero2-reduce step (the buckets sum the micro-batches first). With shard groups the
+        // slices' allreduce across the groups goes once, after the last micro-batch (MiCS's accumulation, as
+        // `conduit train --zero2-reduce micro-batch` runs it): the earlier micro-batches pay the reduce-scatters only.
+        double each = busy;
+        if (shard > 1)
+          bucketed_exposed(
+              0.0, grad_bytes, cfg.bucket_bytes, [&](double n) { return rs_time(n) - replicas(n / cfg.grad_bytes); },
+              &each);
         const double hidden = cfg.dp_overlap ? bwd_window + mt.fwd_compute + lps * tp_fwd : 0.0;
         dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
         dp_total += static_cast<double>(mb - 1) * each;
@@ -1320,21 +1326,25 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // first and stopped polling (calibrated CPU clusters; 0 elsewhere; qgZ's a hop).
     // (ZeRO averages this rank's slice only: 1/K of the bucket, K the ranks it is cut over)
     const double averaged = static_cast<double>(sharded_over);
-    auto tof = [&](double n) {
+    // (tof_within: without the slices' allreduce across shard groups, which --zero2-reduce micro-batch pays once)
+    auto tof_within = [&](double n) {
       const double elems = n / per;
-      if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems / averaged, 1) + replicas(elems);
+      if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems / averaged, 1);
       return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, zg, n) : prof.time(n)) +
-             memory_time(*slow, 8 * elems / averaged, 1) + wake + replicas(elems);
+             memory_time(*slow, 8 * elems / averaged, 1) + wake;
     };
+    auto tof = [&](double n) { return tof_within(n) + replicas(n / per); };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
     dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd * run_scale : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes,
                                   tof, &dp_total);
     // (ZeRO-2 with micro-batches: `conduit train` sums a step's micro-batches in its buckets and reduce-scatters them
     // once, as ZeRO-1, the buckets holding the whole gradients meanwhile (below); DeepSpeed's, which the GPT model
     // follows by default, reduce-scatters after every micro-batch's backward, for M times the bytes: --zero2-reduce
-    // micro-batch, each earlier micro-batch's exchange hidden behind its backward and the next one's forward.)
+    // micro-batch, each earlier micro-batch's exchange hidden behind its backward and the next one's forward; with
+    // shard groups the slices' allreduce across them once, after the last, as the runtime's.)
     if (cfg.zero == 2 && mb > 1 && z2 == Zero2Reduce::kEveryMicroBatch) {
-      const double each = dp_total;
+      double each = dp_total;
+      if (shard > 1) bucketed_exposed(0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof_within, &each);
       const double hidden = cfg.dp_overlap ? (bwd + fwd) * run_scale : 0.0;
       dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
       dp_total += static_cast<double>(mb - 1) * each;

@@ -540,6 +540,25 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   EXPECT_NEAR(each.memory.grads * 8, once.memory.grads, 1e-9 * once.memory.grads);
   z.zero2_reduce = Zero2Reduce::kOncePerStep;
   EXPECT_EQ(simulate_layer_step(n8, lm, z).time, once.time);
+  // Sharded within pairs: the slices' allreduce across the 4 pairs once a step, after the last micro-batch, as
+  // `conduit train --zero2-reduce micro-batch` runs it (MiCS); the three more exchanges are the pairs' reduce-scatters
+  // alone (they paid the allreduce too).
+  z.zero_shard = 2;
+  const StepResult pairs_once = simulate_layer_step(n8, lm, z);
+  z.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+  const StepResult pairs_each = simulate_layer_step(n8, lm, z);
+  const double wake = t8.spec().network.wake_latency;
+  const double across =
+      n8.time(Collective::kAllReduce, Algorithm::kAuto, Group{4, 2, 0}, params / 2 * z.grad_bytes) + wake;
+  const double pair_ag =
+      n8.time(Collective::kAllGather, Algorithm::kAuto, Group{2, 1, 0}, params * z.grad_bytes) + wake;
+  const double pair_rs = pairs_once.breakdown.dp_comm - pair_ag - across;
+  EXPECT_GT(across, 0);
+  EXPECT_GT(pair_rs, 0);
+  EXPECT_NEAR(pairs_each.breakdown.dp_comm, pairs_once.breakdown.dp_comm + 3 * pair_rs,
+              1e-9 * pairs_each.breakdown.dp_comm);
+  z.zero_shard = 0;
+  z.zero2_reduce = Zero2Reduce::kOncePerStep;
   // fp16 on the wire: its cast passes every micro-batch too.
   z.compression = parse_compression("fp16");
   const double passes = simulate_layer_step(n8, lm, z).breakdown.compression;

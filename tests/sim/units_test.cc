@@ -230,6 +230,36 @@ TEST(Step, ZeroTwoReducingOnceAStepIsZeroOnesExchange) {
   }
 }
 
+// With shard groups, --zero2-reduce micro-batch allreduces the slices across the groups once a step, after the last
+// micro-batch (MiCS's accumulation, as conduit train runs it): what the three earlier micro-batches add is the
+// groups' reduce-scatters alone, the same whatever the links between the groups (nodes of 8, groups of 8: the
+// reduce-scatters on the node's links, the allreduce on the NICs).
+TEST(Step, ZeroTwoWithinShardGroupsAllreducesAcrossThemOnceAStep) {
+  std::vector<double> added, across;
+  for (double nic : {25e9 / 8, 100e9 / 8}) {
+    ClusterSpec spec = load_cluster("dgx-a100");
+    for (auto& kind : spec.node_kinds) kind.nic.bandwidth = nic;
+    Topology topo(spec, 64);
+    CollectiveModel net(topo);
+    GptModel m = gpt(24, 2304, 24, 2048, 51200);
+    ParallelConfig c;
+    c.global_batch = 256;  // 4 micro-batches a replica
+    c.dp_overlap = false;
+    c.zero_prefetch = false;
+    c.zero = 2;
+    c.zero_shard = 8;
+    c.zero2_reduce = Zero2Reduce::kOncePerStep;
+    const StepResult once = simulate_step(net, m, c);
+    c.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+    const StepResult each = simulate_step(net, m, c);
+    added.push_back(each.breakdown.dp_comm - once.breakdown.dp_comm);
+    across.push_back(once.breakdown.dp_comm);
+  }
+  EXPECT_GT(added[0], 0);
+  EXPECT_NEAR(added[0], added[1], 1e-9 * added[0]);
+  EXPECT_GT(across[0], across[1] * 1.5);  // (the allreduce across the groups did slow down on the slower NICs)
+}
+
 TEST(Step, TopkAndAsyncChangeTheExchange) {
   Topology topo(load_cluster("ethernet-25g"), 64);
   CollectiveModel net(topo);
