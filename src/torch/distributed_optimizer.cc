@@ -221,8 +221,9 @@ struct DistributedOptimizer::Core {
   std::vector<int> got;             // gradients arrived this step (up to opt.backward_passes)
   std::vector<uint8_t> used;        // find_unused_parameters: which any rank had a gradient for, known at the flush
   std::vector<int> pending;         // gradients still missing per bucket
-  std::vector<char> ready;          // bucket full
-  int next = 0;                     // next bucket the thread communicates
+  std::vector<int> ready;           // backward passes whose gradients have all reached the bucket (0 or 1 unless
+                                    // each_pass())
+  int next = 0;                     // next task the thread communicates (task t: bucket t % B, backward pass t / B)
   bool flush = false, stop = false, alive = true;
   bool synced = false;  // synchronize() wrote .grad and step() has not run: no gradient may arrive now
   std::exception_ptr error;
@@ -744,6 +745,11 @@ struct DistributedOptimizer::Core {
     for (int r = 0; r < rank; ++r) bk.mine += bk.counts[size_t(r)];
   }
 
+  // ZeRO-2 reducing every backward pass (DistOptions::zero_reduce_each_pass): a step's tasks are each bucket once per
+  // pass, in pass order; otherwise each bucket once.
+  bool each_pass() const { return zero == 2 && opt.zero_reduce_each_pass && opt.backward_passes > 1; }
+  int tasks() const { return int(buckets.size()) * (each_pass() ? opt.backward_passes : 1); }
+
   void reset_step_locked() {
     // A step's observed order goes with its gradients (a backward discarded by zero_grad() recorded every parameter
     // once, and the next backward again: duplicate slots in the rebuilt buckets, twice the bytes every step).
@@ -787,12 +793,40 @@ struct DistributedOptimizer::Core {
       // one ever released here, the transfer would write into freed storage; it stays, released at the step.)
       if (!pinned && ahead.b != b) release(bk);
     }
-    if (!got[size_t(i)]) {
+    const int passes = opt.backward_passes;
+    if (each_pass() && got[size_t(i)] > 0 && got[size_t(i)] < passes) {
+      // Pass p's gradient goes into a buffer of its own once the bucket's exchange of pass p - 1 is over (it reads the
+      // buffer, then releases it). The exchanges go in order, so every one up to it must have had all its gradients
+      // (one that never fills would keep this wait from ending).
+      const int p = got[size_t(i)], nb = int(buckets.size());
+      const int task = (p - 1) * nb + b;
+      for (int t = next; t <= task; ++t) {
+        const Bucket& waiting = buckets[size_t(t % nb)];
+        if (ready[size_t(t % nb)] > t / nb) continue;
+        std::string missing;
+        for (int j : waiting.params)
+          if (got[size_t(j)] <= t / nb) missing = names[size_t(j)];
+        throw InvalidArgument(fmt::format(
+            "DistributedOptimizer: parameter '{}' got its gradient of backward pass {} while '{}' has none of pass {} "
+            "(with zero_reduce_each_pass each pass's buckets are reduced as they fill, in order); allowed: backward "
+            "passes that each reach every trainable parameter, or zero_reduce_each_pass off",
+            names[size_t(i)], p + 1, missing, t / nb + 1));
+      }
+      if (next <= task) {
+        // (blocked backward: exposed communication, as a gather's wait, not compute)
+        const double w0 = now_s();
+        cv.wait(lk, [&] { return next > task || !alive; });
+        const double w1 = now_s();
+        gather_s += w1 - w0;
+        if (opt.trace) opt.trace->complete("wait for bucket", 0, w0, w1, {{"bucket", b}, {"pass", p + 1}});
+      }
+      if (!alive) return;
+    }
+    if (!got[size_t(i)] || each_pass()) {
       ensure_flat(bk, lk);
       if (!alive) return;
     }
     float* dst = bk.flat.data() + bk.offsets[size_t(param_slot[size_t(i)])];
-    const int passes = opt.backward_passes;
     if (got[size_t(i)] >= passes) {
       // One gradient more than the step's backward passes: with overlap its bucket may be averaged already, or being
       // averaged (the sum would mix the average with this rank's own gradient, differently on every rank); without,
@@ -806,21 +840,23 @@ struct DistributedOptimizer::Core {
       accumulate(dst, g, numel[size_t(i)]);
       return;
     }
-    if (got[size_t(i)] == 0)
+    if (got[size_t(i)] == 0 || each_pass())
       std::memcpy(dst, g.data_ptr<float>(), numel[size_t(i)] * sizeof(float));
     else  // an earlier micro-batch's gradient is in the bucket: this one adds to it
       accumulate(dst, g, numel[size_t(i)]);
-    if (++got[size_t(i)] < passes) return;  // (ready, and its bucket may go, with the last pass's)
-    if (record_order) ready_order.push_back(i);
+    if (++got[size_t(i)] < passes && !each_pass()) return;  // (ready, and its bucket may go, with the last pass's)
+    if (record_order && got[size_t(i)] == passes) ready_order.push_back(i);
     if (--pending[size_t(b)] == 0) {
-      ready[size_t(b)] = 1;
+      ready[size_t(b)] += 1;
+      if (each_pass()) pending[size_t(b)] = int(bk.params.size());  // (the next pass's)
       if (opt.trace) opt.trace->instant("bucket ready", 0, now_s(), {{"bucket", b}});
       if (opt.overlap) cv.notify_all();
     }
   }
 
   // flushed: synchronize() had begun when the thread took the bucket (so `used` is set and stays until the step ends).
-  void communicate(int b, bool flushed) {
+  // pass: the backward pass whose gradients the bucket holds (each_pass(); else 0, the passes' sum).
+  void communicate(int b, int pass, bool flushed) {
     Bucket& bk = buckets[size_t(b)];
     const int w = comm->size();
     const size_t n = bk.n;
@@ -833,6 +869,12 @@ struct DistributedOptimizer::Core {
       // step() moves the other half of the allreduce's bytes.
       float dummy = 0;
       float* out = bk.shard.defined() ? bk.shard.mutable_grad().data_ptr<float>() : &dummy;
+      // Reducing every backward pass (each_pass()): a later pass's slice goes into `acc` and is added to the earlier
+      // passes' in `out`; the replicas' allreduce (and f32's division) wait for the last pass, as MiCS's accumulation
+      // steps leave the cross-group exchange to the accumulation boundary.
+      const bool each = each_pass(), last = !each || pass == opt.backward_passes - 1;
+      float* const grad_out = out;
+      std::vector<float> acc;
       coll::CollOptions co;
       co.timeout_s = opt.timeout_s;
       co.blocking = true;
@@ -841,6 +883,17 @@ struct DistributedOptimizer::Core {
       coll::Communicator& rs = slice_comm();
       const int k = rs.size();
       const size_t mine = bk.counts[size_t(rs.rank())];
+      if (each && pass > 0) {
+        acc.assign(mine, 0.f);
+        out = acc.data();
+      }
+      // The pass's slice into the earlier passes' sum, then (at the last) across the replicas.
+      auto finish_slice = [&](auto&& across) {
+        if (out != grad_out)
+          for (size_t j = 0; j < mine; ++j) grad_out[j] += out[j];
+        out = grad_out;
+        if (last) across();
+      };
       const Deadline due = Deadline::after(opt.timeout_s > 0 ? opt.timeout_s : rs.timeout_s());
       auto replica_co = [&] {
         coll::CollOptions left = co;
@@ -877,7 +930,7 @@ struct DistributedOptimizer::Core {
             std::copy_n(residual.begin() + std::ptrdiff_t(bk.offsets[q]), r.size(), r.begin());
           }
         std::copy(slice.begin(), slice.end(), out);
-        average_replicas(out, mine, replica_co());
+        finish_slice([&] { average_replicas(out, mine, replica_co()); });
         t1 = now_s();
         // The payload as the other wires count it (every rank's slice on the wire), what moved exactly.
         payload = 0;
@@ -899,7 +952,7 @@ struct DistributedOptimizer::Core {
         else
           std::copy(wire.begin(), wire.end(), slice.begin());
         widen16(zero_wire, slice.data(), out, mine);
-        average_replicas(out, mine, replica_co());
+        finish_slice([&] { average_replicas(out, mine, replica_co()); });
         t1 = now_s();
         payload = n * sizeof(uint16_t);
       } else {
@@ -908,18 +961,22 @@ struct DistributedOptimizer::Core {
         else if (out != bk.flat.data())  // (out may lie inside the input at stage 1: the collective copies it first)
           std::copy(bk.flat.begin(), bk.flat.begin() + std::ptrdiff_t(n), out);
         // (summed over the replicas too, then divided by every rank once)
-        if (replica_comm && replica_comm->size() > 1)
-          replica_comm->allreduce(out, mine, DType::f32, ReduceOp::sum, replica_co()).wait();
+        finish_slice([&] {
+          if (replica_comm && replica_comm->size() > 1)
+            replica_comm->allreduce(out, mine, DType::f32, ReduceOp::sum, replica_co()).wait();
+        });
         t1 = now_s();
-        const float inv = 1.0f / float(w);
-        for (size_t j = 0; j < mine; ++j) out[j] *= inv;
+        if (last) {
+          const float inv = 1.0f / float(w);
+          for (size_t j = 0; j < mine; ++j) out[j] *= inv;
+        }
       }
       if (zero_wire != DType::i8) factor_sent = factor_recv = k > 1 ? double(k - 1) / k : 0.0;
-      if (replica_comm && replica_comm->size() > 1 && payload > 0) {
+      if (replica_comm && replica_comm->size() > 1 && payload > 0 && last) {
         // The replicas' allreduce of this rank's slice (a ring's 2(G-1)/G of its bytes: 16-bit on a 16-bit wire,
         // else f32), as one factor with the reduce-scatter's.
-        const size_t each = is_16bit(zero_wire) ? sizeof(uint16_t) : sizeof(float);
-        const double g = replica_comm->size(), ar = 2.0 * (g - 1) / g * double(mine * each);
+        const size_t element = is_16bit(zero_wire) ? sizeof(uint16_t) : sizeof(float);
+        const double g = replica_comm->size(), ar = 2.0 * (g - 1) / g * double(mine * element);
         factor_sent = (factor_sent * double(payload) + ar) / double(payload);
         factor_recv = (factor_recv * double(payload) + ar) / double(payload);
       }
@@ -942,7 +999,8 @@ struct DistributedOptimizer::Core {
                                         : zero_bits == 8       ? "int8"
                                                                : "int4"}};
         if (zero_ef) args["error_feedback"] = true;
-        if (replica_comm && replica_comm->size() > 1)
+        if (each) args["pass"] = pass + 1;
+        if (replica_comm && replica_comm->size() > 1 && last)
           args["replica_allreduce_bytes"] = mine * (is_16bit(zero_wire) ? sizeof(uint16_t) : sizeof(float));
         opt.trace->complete("communicate", 1, t0, t1, std::move(args));
         opt.trace->complete("average", 1, t1, now_s(), {{"bucket", b}});
@@ -1046,49 +1104,57 @@ struct DistributedOptimizer::Core {
     std::lock_guard<std::mutex> lk(mu);
     step.comm_s += t2 - t0;
     step.payload_bytes += payload;
-    step.grad_bytes += n * sizeof(float);
+    // (reducing every pass: the step's gradients and buckets counted once, at the last pass)
+    const bool step_last = !each_pass() || pass == opt.backward_passes - 1;
+    if (step_last) step.grad_bytes += n * sizeof(float);
     step.bytes_sent += uint64_t(factor_sent * double(payload) + 0.5);
     step.bytes_recv += uint64_t(factor_recv * double(payload) + 0.5);
-    step.raw_bytes += uint64_t((w > 1 ? 2.0 * (w - 1) / w : 0.0) * double(n * sizeof(float)) + 0.5);
-    step.buckets += 1;
+    // (reducing every pass: the earlier passes' reduce-scatters the f32 wire's half of an allreduce each; the last
+    // pass's with the step's allgather a whole one)
+    const double raw = w > 1 ? (step_last ? 2.0 : 1.0) * (w - 1) / w : 0.0;
+    step.raw_bytes += uint64_t(raw * double(n * sizeof(float)) + 0.5);
+    if (step_last) step.buckets += 1;
   }
 
   void loop() {
     for (;;) {
-      int b;
+      int task, b, pass;
       bool flushed;
       {
         std::unique_lock<std::mutex> lk(mu);
+        const int nb = int(buckets.size());
         cv.wait(lk, [&] {
-          return stop || (next < int(buckets.size()) && (flush || (opt.overlap && ready[size_t(next)])));
+          return stop || (next < tasks() && (flush || (opt.overlap && ready[size_t(next % nb)] > next / nb)));
         });
         if (stop) return;
-        b = next;
+        task = next;
+        b = task % nb;
+        pass = task / nb;
         flushed = flush;
         if (error) {  // (the unused-parameter flags failed: no bucket may go)
-          next = int(buckets.size());
+          next = tasks();
           lk.unlock();
           cv.notify_all();
           continue;
         }
-        if (flush && !ready[size_t(b)]) {  // parameters without a gradient this step contribute zeros
+        if (flush && ready[size_t(b)] <= pass) {  // parameters without a gradient this pass contribute zeros
           Bucket& bk = buckets[size_t(b)];
           ensure_flat(bk, lk);
           for (size_t k = 0; k < bk.params.size(); ++k)
-            if (!got[size_t(bk.params[k])])
+            if (got[size_t(bk.params[k])] <= pass)
               std::fill_n(bk.flat.data() + bk.offsets[k], numel[size_t(bk.params[k])], 0.f);
         }
       }
       try {
-        communicate(b, flushed);
+        communicate(b, pass, flushed);
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu);
         if (!error) error = std::current_exception();
       }
       {
         std::lock_guard<std::mutex> lk(mu);
-        next = b + 1;
-        if (error) next = int(buckets.size());
+        next = task + 1;
+        if (error) next = tasks();
       }
       cv.notify_all();
     }
@@ -1120,6 +1186,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         {"overlap", options.overlap},
         {"find_unused_parameters", options.find_unused_parameters},
         {"backward_passes", options.backward_passes},
+        {"zero_reduce_each_pass", options.zero_reduce_each_pass},
         {"bucket_cap_bytes", int64_t(options.bucket_cap_bytes)},
         {"first_bucket_bytes", int64_t(options.first_bucket_bytes)},
         {"compress_min_bytes", int64_t(options.compress_min_bytes)},
@@ -1200,6 +1267,24 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   c.zero = options.zero_stage;
   if (c.zero < 0 || c.zero > 3)
     throw InvalidArgument(fmt::format("DistributedOptimizer: zero_stage {}; allowed: 0, 1, 2 or 3", c.zero));
+  if (options.zero_reduce_each_pass) {
+    // (a pass's buckets are exchanged as they fill, which the thread does with overlap only; a parameter some pass
+    // leaves out would keep its bucket's exchange, and every later one, from starting)
+    std::string why;
+    if (c.zero != 2)
+      why = fmt::format("zero_stage {} (the passes' reduce-scatters are ZeRO-2's)", c.zero);
+    else if (options.backward_passes < 2)
+      why = fmt::format("backward_passes {} (one pass is one reduce-scatter either way)", options.backward_passes);
+    else if (!options.overlap)
+      why = "overlap off (a pass's buckets are exchanged as they fill)";
+    else if (options.find_unused_parameters)
+      why = "find_unused_parameters (each pass must reach every parameter)";
+    if (!why.empty())
+      throw InvalidArgument(fmt::format(
+          "DistributedOptimizer: zero_reduce_each_pass with {}; allowed with it: zero_stage 2, backward_passes 2 or "
+          "more, overlap on and find_unused_parameters off",
+          why));
+  }
   if (options.zero_gather_dtype != DType::f32 && options.zero_gather_dtype != DType::bf16 &&
       options.zero_gather_dtype != DType::f16 && options.zero_gather_dtype != DType::i8)
     throw InvalidArgument(
@@ -1403,7 +1488,10 @@ DistributedOptimizer::~DistributedOptimizer() {
     // went before a flush, which synchronize() waits out; after a failed one the thread exchanges no more. With
     // find_unused_parameters the ranks that used a parameter no other did have its bucket ready alone, and wait.)
     if (c.opt.overlap)
-      c.cv.wait(lk, [&] { return c.error || c.next >= int(c.buckets.size()) || !c.ready[size_t(c.next)]; });
+      c.cv.wait(lk, [&] {
+        const int nb = int(c.buckets.size());
+        return c.error || c.next >= c.tasks() || c.ready[size_t(c.next % nb)] <= c.next / nb;
+      });
     c.stop = true;
     core_->alive = false;
   }
@@ -1582,7 +1670,7 @@ void DistributedOptimizer::synchronize() {
   }
   c.flush = true;
   c.cv.notify_all();
-  c.cv.wait(lk, [&] { return c.next >= int(c.buckets.size()); });
+  c.cv.wait(lk, [&] { return c.next >= c.tasks(); });
   const double t1 = now_s();
   if (c.error || flags_error) {
     auto e = c.error ? c.error : flags_error;
