@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -28,36 +29,40 @@ void make_output_dir(const std::string& path, const std::string& what) {
 }
 
 std::string read_input_file(const std::string& path, const std::string& what, const std::string& allowed) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  if (!fs::exists(st))
-    throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path,
-                                  ec ? ec.message() : std::string("no such file"), allowed));
-  if (fs::is_directory(st)) throw ConfigError(fmt::format("{}: '{}' is a directory; allowed: {}", what, path, allowed));
-  if (!fs::is_regular_file(st))
+  // Opened first (without blocking: a FIFO's open waits for a writer), then asked what it is: a check of the path
+  // before opening it left a moment for a FIFO to be put in its place.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
+  if (S_ISDIR(st.st_mode)) throw ConfigError(fmt::format("{}: '{}' is a directory; allowed: {}", what, path, allowed));
+  if (!S_ISREG(st.st_mode))
     throw ConfigError(
         fmt::format("{}: '{}' is not a regular file (a pipe, device or socket); allowed: {}", what, path, allowed));
   constexpr size_t kMax = size_t(1) << 30;
   auto too_large = [&]() {
     return ConfigError(fmt::format("{}: '{}' holds over 1 GiB; allowed: {}, up to 1 GiB", what, path, allowed));
   };
-  const uintmax_t size = fs::file_size(path, ec);
-  if (!ec && size > kMax) throw too_large();
-  if (::access(path.c_str(), R_OK) != 0)
-    throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read '{}'; allowed: {}", what, path, allowed));
+  if (static_cast<uintmax_t>(st.st_size) > kMax) throw too_large();
   // In pieces up to the bound: a regular file that says 0 bytes (/proc's) may hold far more.
   std::string text;
   std::vector<char> piece(size_t(1) << 20);
-  while (in) {
-    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
-    const size_t got = static_cast<size_t>(in.gcount());
-    if (text.size() + got > kMax) throw too_large();
-    text.append(piece.data(), got);
+  while (true) {
+    const ssize_t got = ::read(fd, piece.data(), piece.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      throw ConfigError(
+          fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
+    if (got == 0) break;
+    if (text.size() + static_cast<size_t>(got) > kMax) throw too_large();
+    text.append(piece.data(), static_cast<size_t>(got));
   }
-  if (in.bad()) throw ConfigError(fmt::format("{}: cannot read '{}'; allowed: {}", what, path, allowed));
   return text;
 }
 
