@@ -173,12 +173,12 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
        "of the allgather behind the next forward until it carries at least this many MiB (DeepSpeed's "
        "allgather_bucket_size): fewer calls, each waited for by a layer's forward; 0: one call per layer and bucket "
        "(default 0)"},
-      {"zero2_reduce",
-       "with zero 2 and micro_batches above 1: when the gradients are reduce-scattered; step: the micro-batches' "
-       "gradients summed in whole-gradient buckets, reduced once after the last (as DDP's no_sync: the whole "
+      {"zero_reduce",
+       "with zero 2 or 3 and micro_batches above 1: when the gradients are reduce-scattered; step: the micro-batches' "
+       "gradients summed in whole-gradient buckets, reduced once after the last (as FSDP's no_sync: the whole "
        "gradient held until then); micro-batch: each micro-batch's buckets reduced as they fill and the slices summed "
-       "(DeepSpeed's ZeRO-2: micro_batches times the reduce-scatter's bytes, 1/workers of the gradients held; with "
-       "zero_shard_group the allreduce across the groups still goes once a step, as MiCS) (default step)"},
+       "(DeepSpeed's ZeRO-2 and 3: micro_batches times the reduce-scatter's bytes, 1/workers of the gradients held; "
+       "with zero_shard_group the allreduce across the groups still goes once a step, as MiCS) (default step)"},
       {"trace", "write a Chrome trace per rank (trace-rank<R>.json) (default false)"},
       {"checkpoint_every",
        "steps between checkpoints; 0: at each epoch end under bsp, at the end of the run under other schemes "
@@ -478,25 +478,25 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
           "has zero {}; allowed with zero {}: 0, or leave it unset",
           c.zero_allgather_mb, c.zero, c.zero));
   }
-  if (auto v = get("zero2_reduce")) {
-    if (*v != "step" && *v != "micro-batch") bad("zero2_reduce", *v, "allowed: step, micro-batch");
-    c.zero2_reduce = *v;
+  if (auto v = get("zero_reduce")) {
+    if (*v != "step" && *v != "micro-batch") bad("zero_reduce", *v, "allowed: step, micro-batch");
+    c.zero_reduce = *v;
     // (as sim step refuses it: where either value changes nothing)
-    if (c.zero != 2 || c.micro_batches < 2)
+    if ((c.zero != 2 && c.zero != 3) || c.micro_batches < 2)
       throw ConfigError(fmt::format(
-          "config: zero2_reduce: {} is when zero 2 reduce-scatters a step's micro-batches, this run has zero {} and "
-          "micro_batches {}; allowed with them: leave it unset",
-          c.zero2_reduce, c.zero, c.micro_batches));
-    if (c.zero2_reduce == "micro-batch" && c.pp > 1)
+          "config: zero_reduce: {} is when zero 2 or 3 reduce-scatters a step's micro-batches, this run has zero {} "
+          "and micro_batches {}; allowed with them: leave it unset",
+          c.zero_reduce, c.zero, c.micro_batches));
+    if (c.zero_reduce == "micro-batch" && c.pp > 1)
       throw ConfigError(fmt::format(
-          "config: zero2_reduce: micro-batch with pp {}: not with pipelines (a micro-batch's backward waiting for its "
+          "config: zero_reduce: micro-batch with pp {}: not with pipelines (a micro-batch's backward waiting for its "
           "bucket's previous exchange would stall the schedule the stage's replicas need to reach it); allowed: pp 1, "
-          "or zero2_reduce step",
+          "or zero_reduce step",
           c.pp));
-    if (c.zero2_reduce == "micro-batch" && !c.overlap)
+    if (c.zero_reduce == "micro-batch" && !c.overlap)
       throw ConfigError(
-          "config: zero2_reduce: micro-batch reduces each micro-batch's buckets as they fill, which overlap: false "
-          "leaves to the end of the step; allowed: overlap true, or zero2_reduce step");
+          "config: zero_reduce: micro-batch reduces each micro-batch's buckets as they fill, which overlap: false "
+          "leaves to the end of the step; allowed: overlap true, or zero_reduce step");
   }
   if (auto v = get("trace")) c.trace = to_bool("trace", *v);
   if (auto v = get("checkpoint_every"))
@@ -867,7 +867,7 @@ void check_checkpoint_fields(const nlohmann::json& meta, const std::filesystem::
                                                        {"zero_prefetch", "boolean"},
                                                        {"zero_gather", "string"},
                                                        {"zero_allgather_mb", "number"},
-                                                       {"zero2_reduce", "string"},
+                                                       {"zero_reduce", "string"},
                                                        {"zero_hpz", "integer"},
                                                        {"zero_shard_group", "integer"},
                                                        {"tp", "integer"},
@@ -956,7 +956,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
                         "zero_hpz",
                         "zero_shard_group",
                         "zero_allgather_mb",
-                        "zero2_reduce"}) {
+                        "zero_reduce"}) {
     // (an adam or adamw run records sgd's momentum it never used; taken, it would be refused as set for adam)
     // (nor when this run asks for another optimizer: the optimizer mismatch is the error to report)
     if (std::string(k) == "momentum" && ((meta.contains("optimizer") && meta["optimizer"] != "sgd") ||
@@ -1009,11 +1009,11 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     if (std::string(k) == "zero_shard_group" && given_zero == 0) continue;
     // (the deferred allgather's call size, not taken by a run given stage 0 or 3, which refuse it)
     if (std::string(k) == "zero_allgather_mb" && given_zero != -1 && given_zero != 1 && given_zero != 2) continue;
-    // (when ZeRO-2 reduces, not taken by a run given another stage, one micro-batch (given, or the checkpoint's not
-    // taken: carried before this key) or overlap off, which refuse it)
-    if (std::string(k) == "zero2_reduce" &&
-        ((given_zero != -1 && given_zero != 2) || !raw.count("micro_batches") || raw.at("micro_batches") == "1" ||
-         (raw.count("overlap") && raw.at("overlap") == "false")))
+    // (when ZeRO-2 or 3 reduces, not taken by a run given another stage, one micro-batch (given, or the
+    // checkpoint's not taken: carried before this key) or overlap off, which refuse it)
+    if (std::string(k) == "zero_reduce" &&
+        ((given_zero != -1 && given_zero != 2 && given_zero != 3) || !raw.count("micro_batches") ||
+         raw.at("micro_batches") == "1" || (raw.count("overlap") && raw.at("overlap") == "false")))
       continue;
     // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
     // report)
@@ -1080,7 +1080,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   if (c.zero > 0) e << YAML::Key << "zero_shard_group" << YAML::Value << zero3_group_text(c.zero_shard_group);
   if (c.zero == 1 || c.zero == 2)
     e << YAML::Key << "zero_allgather_mb" << YAML::Value << fmt::format("{}", c.zero_allgather_mb);
-  if (c.zero == 2 && c.micro_batches > 1) e << YAML::Key << "zero2_reduce" << YAML::Value << c.zero2_reduce;
+  if (c.zero >= 2 && c.micro_batches > 1) e << YAML::Key << "zero_reduce" << YAML::Value << c.zero_reduce;
   e << YAML::Key << "trace" << YAML::Value << (c.trace ? "true" : "false");
   e << YAML::Key << "checkpoint_every" << YAML::Value << c.checkpoint_every;
   if (!c.resume.empty()) e << YAML::Key << "resume" << YAML::Value << c.resume;

@@ -73,7 +73,7 @@ struct TrainConfig {
   int zero_hpz = 0;
   int zero_shard_group = 0;
   double zero_allgather_mb = 0;           // zero 1, 2: the deferred allgather's calls' least size (0: one a layer)
-  std::string zero2_reduce = "step";      // zero 2 with micro_batches > 1: step | micro-batch
+  std::string zero_reduce = "step";       // zero 2-3 with micro_batches > 1: step | micro-batch
   int zero = 0;                           // ZeRO stage of bsp's DistributedOptimizer (0, 1, 2, 3)
   bool trace = false;                     // write trace-rank<R>.json (Chrome trace format)
   int checkpoint_every = 0;               // steps between checkpoints (0: at the end of every epoch only)

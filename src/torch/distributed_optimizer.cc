@@ -745,9 +745,9 @@ struct DistributedOptimizer::Core {
     for (int r = 0; r < rank; ++r) bk.mine += bk.counts[size_t(r)];
   }
 
-  // ZeRO-2 reducing every backward pass (DistOptions::zero_reduce_each_pass): a step's tasks are each bucket once per
-  // pass, in pass order; otherwise each bucket once.
-  bool each_pass() const { return zero == 2 && opt.zero_reduce_each_pass && opt.backward_passes > 1; }
+  // ZeRO-2 or 3 reducing every backward pass (DistOptions::zero_reduce_each_pass): a step's tasks are each bucket
+  // once per pass, in pass order; otherwise each bucket once.
+  bool each_pass() const { return zero >= 2 && opt.zero_reduce_each_pass && opt.backward_passes > 1; }
   int tasks() const { return int(buckets.size()) * (each_pass() ? opt.backward_passes : 1); }
 
   void reset_step_locked() {
@@ -1271,8 +1271,8 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     // (a pass's buckets are exchanged as they fill, which the thread does with overlap only; a parameter some pass
     // leaves out would keep its bucket's exchange, and every later one, from starting)
     std::string why;
-    if (c.zero != 2)
-      why = fmt::format("zero_stage {} (the passes' reduce-scatters are ZeRO-2's)", c.zero);
+    if (c.zero != 2 && c.zero != 3)
+      why = fmt::format("zero_stage {} (the passes' reduce-scatters are ZeRO-2's and 3's)", c.zero);
     else if (options.backward_passes < 2)
       why = fmt::format("backward_passes {} (one pass is one reduce-scatter either way)", options.backward_passes);
     else if (!options.overlap)
@@ -1280,10 +1280,11 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     else if (options.find_unused_parameters)
       why = "find_unused_parameters (each pass must reach every parameter)";
     if (!why.empty())
-      throw InvalidArgument(fmt::format(
-          "DistributedOptimizer: zero_reduce_each_pass with {}; allowed with it: zero_stage 2, backward_passes 2 or "
-          "more, overlap on and find_unused_parameters off",
-          why));
+      throw InvalidArgument(
+          fmt::format("DistributedOptimizer: zero_reduce_each_pass with {}; allowed with it: zero_stage 2 or 3, "
+                      "backward_passes 2 or "
+                      "more, overlap on and find_unused_parameters off",
+                      why));
   }
   if (options.zero_gather_dtype != DType::f32 && options.zero_gather_dtype != DType::bf16 &&
       options.zero_gather_dtype != DType::f16 && options.zero_gather_dtype != DType::i8)

@@ -160,12 +160,12 @@ struct DistOptions {
   // summed in its bucket, and the bucket goes once every parameter in it has had its backward_passes-th, so the
   // exchange of the last micro-batch's buckets overlaps its backward, as DDP's no_sync() then a last backward. A
   // parameter no micro-batch reached is sent as zeros at step() (or left out with find_unused_parameters). With ZeRO
-  // stage 2 the buckets then hold the whole gradient from the first micro-batch to their reduce-scatter (the sum
-  // needs it; zero_reduce_each_pass reduce-scatters every micro-batch instead, as DeepSpeed, for M times the bytes);
-  // between steps, as ever, the slices and at most two spare buffers.
+  // stages 2 and 3 the buckets then hold the whole gradient from the first micro-batch to their reduce-scatter (the
+  // sum needs it; zero_reduce_each_pass reduce-scatters every micro-batch instead, as DeepSpeed, for M times the
+  // bytes); between steps, as ever, the slices (and at stage 2 at most two spare buffers).
   int backward_passes = 1;
-  // ZeRO stage 2 with backward_passes 2 or more: each pass's buckets are reduce-scattered as they fill and the
-  // averaged slices added into the slices' .grad (DeepSpeed's ZeRO-2 under gradient accumulation), instead of
+  // ZeRO stage 2 or 3 with backward_passes 2 or more: each pass's buckets are reduce-scattered as they fill and the
+  // averaged slices added into the slices' .grad (DeepSpeed's ZeRO-2 and 3 under gradient accumulation), instead of
   // summing the passes in whole-gradient buckets and reducing once: backward_passes times the reduce-scatter's bytes
   // for 1/W of the gradients held between passes (the slices and at most two spare buffers, where the buckets held
   // every gradient). With zero_shard_ranks the replicas' allreduce still goes once a step, after the last pass (MiCS's

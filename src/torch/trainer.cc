@@ -678,7 +678,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     dopts.zero_secondary_ranks = c.zero_hpz;
     dopts.zero_shard_ranks = c.zero_shard_group;
     dopts.backward_passes = c.micro_batches;
-    dopts.zero_reduce_each_pass = c.zero2_reduce == "micro-batch";
+    dopts.zero_reduce_each_pass = c.zero_reduce == "micro-batch";
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     model->set_unit_hooks(dopt->unit_hooks());
     if (c.zero > 0 && !c.resume.empty())
@@ -1132,7 +1132,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       if (c.zero == 3) declaration["zero_hpz"] = c.zero_hpz;
       if (c.zero > 0) declaration["zero_shard_group"] = c.zero_shard_group;
       if (c.zero == 1 || c.zero == 2) declaration["zero_allgather_mb"] = c.zero_allgather_mb;
-      if (c.zero == 2 && c.micro_batches > 1) declaration["zero2_reduce"] = c.zero2_reduce;
+      if (c.zero >= 2 && c.micro_batches > 1) declaration["zero_reduce"] = c.zero_reduce;
       write_json_file((stage / "checkpoint.json").string(), declaration);
       sync_path((stage / "checkpoint.json").string());
       sync_path(stage.string());
@@ -1427,7 +1427,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
          {"zero_hpz", c.zero == 3 ? nlohmann::json(c.zero_hpz) : nlohmann::json()},
          {"zero_shard_group", c.zero > 0 ? nlohmann::json(c.zero_shard_group) : nlohmann::json()},
          {"zero_allgather_mb", c.zero == 1 || c.zero == 2 ? nlohmann::json(c.zero_allgather_mb) : nlohmann::json()},
-         {"zero2_reduce", c.zero == 2 && c.micro_batches > 1 ? nlohmann::json(c.zero2_reduce) : nlohmann::json()},
+         {"zero_reduce", c.zero >= 2 && c.micro_batches > 1 ? nlohmann::json(c.zero_reduce) : nlohmann::json()},
          // the most micro-batches whose activations rank 0 (the first stage: it holds the most) kept at once
          {"pipeline_peak_micro_batches_rank0",
           pipe ? nlohmann::json(res.pipeline_peak_micro_batches) : nlohmann::json()},

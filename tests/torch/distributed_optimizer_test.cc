@@ -1530,15 +1530,16 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoShardWithinGroupsAndAverageAcrossT
   }
 }
 
-// ZeRO-2 under gradient accumulation: 3 backward passes a step with overlap, each pass's buckets reduce-scattered as
-// they fill (zero_reduce_each_pass) or the passes summed in whole-gradient buckets and reduced once. `held`: the
-// gradient bytes a rank holds after the first step's first pass (once its buckets have gone, each pass).
+// ZeRO-2 (TwoLayers, buckets of 3, 15, 5 and 35 floats) or ZeRO-3 (ThreeUnits, a bucket a unit: 15, 24 and 40) under
+// gradient accumulation: 3 backward passes a step with overlap, each pass's buckets reduce-scattered as they fill
+// (zero_reduce_each_pass) or the passes summed in whole-gradient buckets and reduced once. `held`: the gradient bytes
+// a rank holds after the first step's first pass (once its buckets have gone, each pass).
 struct AccumulationRun {
   std::vector<std::vector<float>> params;
   std::vector<uint64_t> sent, held;
   std::vector<size_t> elements;
 };
-AccumulationRun accumulation_run(bool each_pass, const std::string& compressor = "none", int shard = 0) {
+AccumulationRun accumulation_run(bool each_pass, const std::string& compressor = "none", int shard = 0, int stage = 2) {
   const int world = 4;
   auto comms = coll::Communicator::inproc(world, compressor == "int8" ? 2 : 0);
   AccumulationRun out;
@@ -1549,31 +1550,45 @@ AccumulationRun accumulation_run(bool each_pass, const std::string& compressor =
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r)
     ts.emplace_back([&, r] {
-      auto m = std::make_shared<TwoLayers>();
+      std::shared_ptr<torch::nn::Module> m;
+      std::function<torch::Tensor(const torch::Tensor&)> forward;
+      std::shared_ptr<ThreeUnits> units;
+      if (stage == 3) {
+        units = std::make_shared<ThreeUnits>();
+        m = units;
+        forward = [units](const torch::Tensor& x) { return units->forward(x); };
+      } else {
+        auto two = std::make_shared<TwoLayers>();
+        m = two;
+        forward = [two](const torch::Tensor& x) { return two->forward(x); };
+      }
       auto opt = zero_test_optimizer("sgd", *m);
       DistOptions o;
       o.first_bucket_bytes = 40;  // one parameter a bucket: 3, 15, 5 and 35 floats
       o.bucket_cap_bytes = 64;
-      o.zero_stage = 2;
+      o.zero_stage = stage;
+      if (units) o.units = units->units();
       o.compressor = compressor;
       o.zero_shard_ranks = shard;
       o.backward_passes = 3;
       o.zero_reduce_each_pass = each_pass;
       DistributedOptimizer d(m, opt, comms[size_t(r)], o);
+      if (units) units->set_unit_hooks(d.unit_hooks());
       const size_t slice = d.optimizer_elements();
       out.elements[size_t(r)] = slice;
+      const uint64_t spares = stage == 3 ? 40 + 24 : 35 + 15;  // (the two largest buckets)
       for (int step = 0; step < 4; ++step) {
         d.zero_grad();
         for (int k = 0; k < 3; ++k) {
           auto x = torch::arange(14, torch::kFloat).view({2, 7}) * (0.1f * float(r + 1)) + 0.05f * float(step) +
                    0.02f * float(k);
-          m->forward(x).pow(2).sum().backward();
+          forward(x).pow(2).sum().backward();
           if (step > 0 || k > 0) continue;
           uint64_t held = d.gradient_bytes_held();
-          // (each pass: once the buckets have gone, the slices and the two largest released buffers, 35 and 15
-          // floats; it only goes down meanwhile)
+          // (each pass: once the buckets have gone, the slices and the two largest released buffers; it only goes
+          // down meanwhile)
           const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-          while (each_pass && held > 4 * (slice + 50) && std::chrono::steady_clock::now() < until) {
+          while (each_pass && held > 4 * (slice + spares) && std::chrono::steady_clock::now() < until) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
             held = d.gradient_bytes_held();
           }
@@ -1581,9 +1596,13 @@ AccumulationRun accumulation_run(bool each_pass, const std::string& compressor =
         }
         d.step();
       }
-      for (auto& p : m->parameters()) {
-        auto v = p.detach().contiguous().view(-1);
-        out.params[size_t(r)].insert(out.params[size_t(r)].end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+      {
+        auto whole = d.whole_parameters();  // (stage 3: every unit gathered for the copy)
+        for (auto& p : m->parameters()) {
+          auto v = p.detach().contiguous().view(-1);
+          out.params[size_t(r)].insert(out.params[size_t(r)].end(), v.data_ptr<float>(),
+                                       v.data_ptr<float>() + v.numel());
+        }
       }
       out.sent[size_t(r)] = d.total_stats().bytes_sent;
     });
@@ -1594,7 +1613,7 @@ AccumulationRun accumulation_run(bool each_pass, const std::string& compressor =
 // Reducing every pass trains as reducing the summed passes once (to the float sums' order), moves the reduce-scatter's
 // bytes once a pass (the allgather's and, with shard groups, the replicas' allreduce's once a step, as MiCS), and
 // holds between passes the slices and two spare buffers where the buckets held the whole gradient.
-TEST(DistributedOptimizerZero, StageTwoReducesEachBackwardPassAndHoldsOnlyTheSlices) {
+TEST(DistributedOptimizerZero, StagesTwoAndThreeReduceEachBackwardPassAndHoldOnlyTheSlices) {
   for (int shard : {0, 2}) {
     const std::string what = fmt::format("shard {}", shard);
     const AccumulationRun once = accumulation_run(false, "none", shard);
@@ -1630,6 +1649,27 @@ TEST(DistributedOptimizerZero, StageTwoReducesEachBackwardPassAndHoldsOnlyTheSli
       EXPECT_EQ(each.held[size_t(r)], 4 * (slice + 50)) << what << " " << r;
     }
   }
+  // ZeRO-3 (a bucket a unit, gathered forward and backward every pass either way): the same training, the
+  // reduce-scatter (3/4 of the 79 floats) twice more a step, the units' buffers released after each pass's exchange.
+  {
+    const AccumulationRun once = accumulation_run(false, "none", 0, 3);
+    const AccumulationRun each = accumulation_run(true, "none", 0, 3);
+    ASSERT_EQ(each.params[0].size(), 79u);
+    double worst = 0;
+    double biggest = 0;
+    for (size_t i = 0; i < 79; ++i) {
+      worst = std::max(worst, double(std::abs(each.params[0][i] - once.params[0][i])));
+      biggest = std::max(biggest, double(std::abs(once.params[0][i])));
+    }
+    EXPECT_LT(worst, 1e-5 * biggest);  // (weights up to 23 here: relative to them, float sums' order)
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(each.params[size_t(r)], each.params[0]) << r;
+      EXPECT_NEAR(double(each.sent[size_t(r)]), double(once.sent[size_t(r)]) + 4 * 2 * 237.0, 24) << r;
+      const uint64_t slice = each.elements[size_t(r)];
+      EXPECT_EQ(once.held[size_t(r)], 4 * (slice + 79)) << r;
+      EXPECT_EQ(each.held[size_t(r)], 4 * (slice + 64)) << r;
+    }
+  }
   // The narrow wires: each pass's slice rounded on its own, as far from f32 training as reducing the sum once is
   // (here 0.12 against 0.08 for bf16, 0.12 against 0.12 for int8: 4 sgd steps with momentum on large gradients),
   // more bytes.
@@ -1660,7 +1700,7 @@ TEST(DistributedOptimizerZero, ReducingEachPassRefusesWhatItCannotOrder) {
     const char* want;
   };
   for (const Case& cs :
-       {Case{1, 3, true, false, "with zero_stage 1 (the passes' reduce-scatters are ZeRO-2's)"},
+       {Case{1, 3, true, false, "with zero_stage 1 (the passes' reduce-scatters are ZeRO-2's and 3's)"},
         Case{2, 1, true, false, "with backward_passes 1 (one pass is one reduce-scatter either way)"},
         Case{2, 3, false, false, "with overlap off"}, Case{2, 3, true, true, "with find_unused_parameters"}}) {
     auto comms = coll::Communicator::inproc(1);

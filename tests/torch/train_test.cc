@@ -171,17 +171,18 @@ TEST(TrainConfig, AResumeTakesThePipelineSettingsThatStillApply) {
     apply_resume_defaults(a2, false);
     EXPECT_EQ(a2.count("zero_allgather_mb"), std::string(stage) == "3" ? 0u : 1u) << stage;
   }
-  // When zero 2 reduces, not into a run given another stage or one micro-batch.
+  // When zero 2 or 3 reduces, not into a run given another stage, one micro-batch or overlap off.
   std::ofstream(dir / "checkpoint.json")
-      << R"({"model": "cnn", "zero": 2, "micro_batches": 2, "zero2_reduce": "micro-batch"})";
+      << R"({"model": "cnn", "zero": 2, "micro_batches": 2, "zero_reduce": "micro-batch"})";
   for (auto [key, value, taken] : {std::tuple{"epochs", "1", true},
                                    {"zero", "1", false},
+                                   {"zero", "3", true},
                                    {"micro_batches", "1", false},
                                    {"micro_batches", "4", true},
                                    {"overlap", "false", false}}) {
     RawConfig zr{{"resume", dir.string()}, {key, value}};
     apply_resume_defaults(zr, false);
-    EXPECT_EQ(zr.count("zero2_reduce"), taken ? 1u : 0u) << key << " " << value;
+    EXPECT_EQ(zr.count("zero_reduce"), taken ? 1u : 0u) << key << " " << value;
   }
   std::ofstream(dir / "checkpoint.json") << R"({"model": "cnn", "zero": 3, "zero_prefetch": false})";
   RawConfig z3{{"resume", dir.string()}, {"zero", "03"}};  // (the number, not its text)
@@ -445,27 +446,30 @@ TEST(TrainConfig, ZeroTakesStagesZeroToThreeUnderBspWithoutACompressor) {
   const std::string zn = config_error({{"zero", "1"}, {"zero_allgather_mb", "-1"}});
   expect_one_line(zn, "zero_allgather_mb");
   EXPECT_NE(zn.find("allowed: a size in MiB >= 0"), std::string::npos) << zn;
-  // zero2_reduce: when zero 2 reduces a step's micro-batches; refused where it changes nothing, and without overlap.
-  EXPECT_EQ(resolve_config({{"zero", "2"}, {"micro_batches", "4"}}, 0, false).zero2_reduce, "step");
-  EXPECT_EQ(
-      resolve_config({{"zero", "2"}, {"micro_batches", "4"}, {"zero2_reduce", "micro-batch"}}, 0, false).zero2_reduce,
-      "micro-batch");
+  // zero_reduce: when zero 2 or 3 reduces a step's micro-batches; refused where it changes nothing, and without
+  // overlap.
+  EXPECT_EQ(resolve_config({{"zero", "2"}, {"micro_batches", "4"}}, 0, false).zero_reduce, "step");
+  for (const char* zero : {"2", "3"})
+    EXPECT_EQ(
+        resolve_config({{"zero", zero}, {"micro_batches", "4"}, {"zero_reduce", "micro-batch"}}, 0, false).zero_reduce,
+        "micro-batch")
+        << zero;
   for (const char* mode : {"micro-batch", "step"})
-    for (const auto& [zero, mb] : {std::pair{"1", "4"}, {"3", "4"}, {"2", "1"}}) {
-      const std::string zr = config_error({{"zero", zero}, {"micro_batches", mb}, {"zero2_reduce", mode}});
-      expect_one_line(zr, "zero2_reduce");
+    for (const auto& [zero, mb] : {std::pair{"1", "4"}, {"0", "4"}, {"2", "1"}, {"3", "1"}}) {
+      const std::string zr = config_error({{"zero", zero}, {"micro_batches", mb}, {"zero_reduce", mode}});
+      expect_one_line(zr, "zero_reduce");
       EXPECT_NE(zr.find(fmt::format("this run has zero {} and micro_batches {}; allowed with them: leave it unset",
                                     zero, mb)),
                 std::string::npos)
           << zr;
     }
   const std::string zp = config_error(
-      {{"model", "mlp"}, {"zero", "2"}, {"pp", "2"}, {"micro_batches", "2"}, {"zero2_reduce", "micro-batch"}});
-  EXPECT_NE(zp.find("zero2_reduce: micro-batch with pp 2: not with pipelines"), std::string::npos) << zp;
+      {{"model", "mlp"}, {"zero", "2"}, {"pp", "2"}, {"micro_batches", "2"}, {"zero_reduce", "micro-batch"}});
+  EXPECT_NE(zp.find("zero_reduce: micro-batch with pp 2: not with pipelines"), std::string::npos) << zp;
   const std::string zo =
-      config_error({{"zero", "2"}, {"micro_batches", "2"}, {"overlap", "false"}, {"zero2_reduce", "micro-batch"}});
-  EXPECT_NE(zo.find("allowed: overlap true, or zero2_reduce step"), std::string::npos) << zo;
-  const std::string zb = config_error({{"zero", "2"}, {"micro_batches", "2"}, {"zero2_reduce", "pass"}});
+      config_error({{"zero", "2"}, {"micro_batches", "2"}, {"overlap", "false"}, {"zero_reduce", "micro-batch"}});
+  EXPECT_NE(zo.find("allowed: overlap true, or zero_reduce step"), std::string::npos) << zo;
+  const std::string zb = config_error({{"zero", "2"}, {"micro_batches", "2"}, {"zero_reduce", "pass"}});
   EXPECT_NE(zb.find("allowed: step, micro-batch"), std::string::npos) << zb;
 }
 
@@ -809,10 +813,10 @@ TEST(Train, CheckpointResumeContinuesBitForBit) {
   }
 }
 
-// zero2_reduce micro-batch: each micro-batch's buckets reduce-scattered as they fill; the same training as reducing
-// the step's sum once (to the float sums' order), the reduce-scatter's bytes once a micro-batch, and a resume takes
-// the mode from the checkpoint and continues bit for bit.
-TEST(Train, ZeroTwoReducingEachMicroBatchTrainsAsReducingOnce) {
+// zero_reduce micro-batch (zero 2 and 3): each micro-batch's buckets reduce-scattered as they fill; the same training
+// as reducing the step's sum once (to the float sums' order), the reduce-scatter's bytes once a micro-batch, and a
+// resume takes the mode from the checkpoint and continues bit for bit.
+TEST(Train, ZeroReducingEachMicroBatchTrainsAsReducingOnce) {
   auto dir = temp_dir("zero2reduce");
   TrainConfig c = tiny("mlp");  // 16 steps an epoch with 3 workers at batch 8
   c.lr = 0.05;
@@ -822,7 +826,7 @@ TEST(Train, ZeroTwoReducingEachMicroBatchTrainsAsReducingOnce) {
   c.micro_batches = 2;
   c.output = (dir / "step").string();
   const auto once = train_inproc(c, 3, true);
-  c.zero2_reduce = "micro-batch";
+  c.zero_reduce = "micro-batch";
   c.output = (dir / "micro").string();
   const auto each = train_inproc(c, 3, true);
   EXPECT_LT(max_rel_diff(each[0].params, once[0].params), 1e-3);
@@ -832,20 +836,35 @@ TEST(Train, ZeroTwoReducingEachMicroBatchTrainsAsReducingOnce) {
   EXPECT_NEAR(double(each[0].world_bytes_sent), 1.5 * double(once[0].world_bytes_sent),
               1e-3 * double(once[0].world_bytes_sent));
   const auto summary = read_json_file((dir / "micro" / "summary.json").string());
-  EXPECT_EQ(summary["zero2_reduce"], "micro-batch");
+  EXPECT_EQ(summary["zero_reduce"], "micro-batch");
   // (f32 on the wire: what an uncompressed run of this schedule moves; the earlier micro-batches' reduce-scatters were
   // counted as whole allreduces)
   EXPECT_EQ(summary["uncompressed_bytes"], summary["bytes_on_wire"]);
-  EXPECT_EQ(read_json_file((dir / "micro" / "checkpoint" / "checkpoint.json").string())["zero2_reduce"], "micro-batch");
+  EXPECT_EQ(read_json_file((dir / "micro" / "checkpoint" / "checkpoint.json").string())["zero_reduce"], "micro-batch");
   RawConfig raw{{"resume", (dir / "micro" / "checkpoint").string()}};
   apply_resume_defaults(raw, false);
-  EXPECT_EQ(raw["zero2_reduce"], "micro-batch");
+  EXPECT_EQ(raw["zero_reduce"], "micro-batch");
   TrainConfig resumed = c;
   resumed.output = (dir / "resumed").string();
   resumed.resume = (dir / "micro" / "checkpoint").string();
   const auto r = train_inproc(resumed, 3, true);
   EXPECT_EQ(r[0].steps, 20);
   EXPECT_EQ(r[1].params, each[1].params);
+  // ZeRO-3: both gather every layer forward and backward each micro-batch; reducing each one moves 3M/2 of the
+  // allreduce's bytes against (2M + 1)/2 (M = 2: 3 against 2.5).
+  c.zero = 3;
+  c.max_steps = 6;
+  c.zero_reduce = "step";
+  c.output = (dir / "step3").string();
+  const auto once3 = train_inproc(c, 3, true);
+  c.zero_reduce = "micro-batch";
+  c.output = (dir / "micro3").string();
+  const auto each3 = train_inproc(c, 3, true);
+  EXPECT_LT(max_rel_diff(each3[0].params, once3[0].params), 1e-3);
+  EXPECT_EQ(each3[2].params, each3[0].params);
+  EXPECT_NEAR(double(each3[0].world_bytes_sent), 1.2 * double(once3[0].world_bytes_sent),
+              2e-3 * double(once3[0].world_bytes_sent));
+  EXPECT_EQ(read_json_file((dir / "micro3" / "summary.json").string())["zero_reduce"], "micro-batch");
   std::filesystem::remove_all(dir);
 }
 
