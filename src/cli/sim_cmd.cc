@@ -94,7 +94,7 @@ struct StepArgs {
   double gather_bytes = 0;  // (0: left out, as held; given, `given` holds it and only 1, 2, 4 pass)
   std::string zero_hpz = "0";
   std::string zero_shard = "0";
-  std::string zero2_reduce;  // (empty: the model's default)
+  std::string zero_reduce;  // (empty: the model's default)
   std::string dp_algorithm = "auto", tp_algorithm = "auto";
   std::string compression = "none";
   std::string sync = "bsp";
@@ -246,7 +246,7 @@ ParallelConfig make_config(const StepArgs& a) {
   c.gather_bytes = a.gather_bytes;
   c.zero_hpz = parse_zero3_group(a.zero_hpz, "--zero-hpz", "none");
   c.zero_shard = parse_zero3_group(a.zero_shard, "--zero-shard-group", "all ranks");
-  if (a.given.count("--zero2-reduce")) c.zero2_reduce = parse_zero2_reduce(a.zero2_reduce);
+  if (a.given.count("--zero-reduce")) c.zero_reduce = parse_zero_reduce(a.zero_reduce);
   if (c.gather_bytes != 0 && c.gather_bytes != 1 && c.gather_bytes != 2 && c.gather_bytes != 4)
     throw ConfigError(
         fmt::format("--gather-bytes = {} (allowed: 1 (int8 blocks with their scales), 2, 4)", c.gather_bytes));
@@ -287,10 +287,10 @@ void check_step_config(const ParallelConfig& c) {
     throw ConfigError(
         "--no-zero-prefetch: ZeRO gathers the parameters (stages 1 and 2 after the step, stage 3 each layer's), "
         "this step has --zero 0, which keeps them whole on every rank; allowed with --zero 0: leave it out");
-  if (c.zero2_reduce != Zero2Reduce::kModelDefault && c.zero != 2)
+  if (c.zero_reduce != ZeroReduce::kModelDefault && c.zero < 2)
     throw ConfigError(fmt::format(
-        "--zero2-reduce: when ZeRO-2 reduce-scatters over several micro-batches, this step has --zero {}; allowed: "
-        "--zero 2, or leave it out",
+        "--zero-reduce: when ZeRO-2 or 3 reduce-scatters over several micro-batches, this step has --zero {}; "
+        "allowed: --zero 2 or 3, or leave it out",
         c.zero));
   if (c.zero_allgather_bytes > 0 && (c.zero == 0 || c.zero == 3 || !c.zero_prefetch))
     throw ConfigError(fmt::format(
@@ -311,7 +311,7 @@ json config_json(const ParallelConfig& c) {
               {"zero_allgather_bytes", c.zero_allgather_bytes},
               {"zero_hpz", c.zero_hpz < 0 ? json("node") : json(c.zero_hpz)},
               {"zero_shard_group", c.zero_shard < 0 ? json("node") : json(c.zero_shard)},
-              {"zero2_reduce", c.zero == 2 ? json(zero2_reduce_name(c.zero2_reduce)) : json(nullptr)},
+              {"zero_reduce", c.zero >= 2 ? json(zero_reduce_name(c.zero_reduce)) : json(nullptr)},
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
@@ -602,10 +602,10 @@ void run_plan(const StepArgs& given_args) {
     throw ConfigError(
         "--zero-shard-group: about ZeRO's shards, and this search has no ZeRO plans; allowed: --zero-options with 1, "
         "2 or 3, or leave it out");
-  if (base.zero2_reduce != Zero2Reduce::kModelDefault && !searched({2}))
+  if (base.zero_reduce != ZeroReduce::kModelDefault && !searched({2, 3}))
     throw ConfigError(
-        "--zero2-reduce: about ZeRO-2's reduce-scatters, and this search has no ZeRO-2 plans; allowed: --zero-options "
-        "with 2, or leave it out");
+        "--zero-reduce: about ZeRO-2's and 3's reduce-scatters, and this search has no ZeRO-2 or 3 plans; allowed: "
+        "--zero-options with 2 or 3, or leave it out");
   if (base.zero_allgather_bytes > 0 && !searched({1, 2}))
     throw ConfigError(
         "--zero-allgather-bucket: the calls of ZeRO-1/2's allgather, and this search has no ZeRO-1 or 2 plans; "
@@ -1489,11 +1489,12 @@ void setup(CLI::App& app) {
                   "them (FSDP's HYBRID_SHARD, MiCS; conduit train --zero-shard-group); node: the node's, gpus a node / "
                   "tp, for each plan; 0: all ranks")
         ->capture_default_str();
-    c->add_option("--zero2-reduce", a->zero2_reduce,
-                  "ZeRO-2 (at --zero 2) over several micro-batches: micro-batch (reduce-scatter after every "
-                  "micro-batch's backward, "
-                  "holding only the shard: DeepSpeed's, a GPT model's default) or step (sum them in whole-gradient "
-                  "buckets, reduce-scatter once: conduit train's, FSDP's no_sync, a layer list's default)");
+    c->add_option("--zero-reduce,--zero2-reduce", a->zero_reduce,
+                  "ZeRO-2 and 3 (at --zero 2 or 3) over several micro-batches: micro-batch (reduce-scatter after "
+                  "every micro-batch's backward, holding only the shard: DeepSpeed's, a GPT model's default; with "
+                  "shard groups the allreduce across them once a step, as MiCS) or step (sum them in whole-gradient "
+                  "buckets, reduce-scatter once: FSDP's no_sync, conduit train's and a layer list's default); "
+                  "--zero2-reduce: its name before stage 3 took it");
     c->add_option("--grad-bytes", a->grad_bytes, "bytes per gradient element exchanged (2 or 4)")
         ->capture_default_str();
     c->add_option("--dp-algorithm", a->dp_algorithm, "collective algorithm for data parallelism")
@@ -1509,7 +1510,7 @@ void setup(CLI::App& app) {
     c->add_flag("--json", a->json, "one JSON record instead of the table");
     if (is_step) {
       c->callback([a, c]() {
-        for (const char* f : {"--virtual-stages", "--zero2-reduce", "--gather-bytes"})
+        for (const char* f : {"--virtual-stages", "--zero-reduce", "--gather-bytes"})
           if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_step(*a);
       });
@@ -1522,7 +1523,7 @@ void setup(CLI::App& app) {
       c->add_option("--recompute-options", a->recompute_options, "recompute modes to try, e.g. selective,full");
       c->callback([a, c]() {
         for (const char* f : {"--tp", "--pp", "--dp", "--micro-batch", "--zero", "--recompute", "--schedule",
-                              "--virtual-stages", "--sp", "--zero2-reduce", "--gather-bytes"})
+                              "--virtual-stages", "--sp", "--zero-reduce", "--gather-bytes"})
           if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_plan(*a);
       });

@@ -31,7 +31,7 @@ std::string describe_config(const ParallelConfig& c) {
   }
   if (c.zero >= 1) group("shard", c.zero_shard);
   // (as modelled: a GPT model's default, every micro-batch as DeepSpeed, left unsaid)
-  if (c.zero == 2 && c.zero2_reduce == Zero2Reduce::kOncePerStep) s += " zero2-reduce=step";
+  if (c.zero >= 2 && c.zero_reduce == ZeroReduce::kOncePerStep) s += " zero-reduce=step";
   if (c.compression.kind != "none")
     s += c.compression.param > 0 ? fmt::format(" compression={}:{}", c.compression.kind, c.compression.param)
                                  : fmt::format(" compression={}", c.compression.kind);
@@ -137,9 +137,9 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   if (z == 0) c.zero_shard = 0;
                   if (z != 1 && z != 2) c.zero_allgather_bytes = 0;
                   // (and where a rank has one micro-batch: reduce-scattered once either way)
-                  if (z != 2 ||
+                  if (z < 2 ||
                       global_batch / (static_cast<long long>(b) * (gpus / (static_cast<long long>(t) * p))) <= 1)
-                    c.zero2_reduce = Zero2Reduce::kModelDefault;
+                    c.zero_reduce = ZeroReduce::kModelDefault;
                   c.recompute = rc;
                   c.sequence_parallel = sp;
                   c.compression = cp;

@@ -59,17 +59,17 @@ SyncScheme parse_sync(const std::string& s) {
   throw bad();
 }
 
-Zero2Reduce parse_zero2_reduce(const std::string& s) {
-  if (s == "micro-batch") return Zero2Reduce::kEveryMicroBatch;
-  if (s == "step") return Zero2Reduce::kOncePerStep;
+ZeroReduce parse_zero_reduce(const std::string& s) {
+  if (s == "micro-batch") return ZeroReduce::kEveryMicroBatch;
+  if (s == "step") return ZeroReduce::kOncePerStep;
   throw ConfigError(fmt::format(
-      "--zero2-reduce = '{}' (allowed: micro-batch (after every micro-batch's backward, DeepSpeed's), step (once a "
-      "step, conduit train's))",
+      "--zero-reduce = '{}' (allowed: micro-batch (after every micro-batch's backward, DeepSpeed's), step (once a "
+      "step, conduit train's by default))",
       s));
 }
 
-const char* zero2_reduce_name(Zero2Reduce z) {
-  return z == Zero2Reduce::kEveryMicroBatch ? "micro-batch" : z == Zero2Reduce::kOncePerStep ? "step" : "default";
+const char* zero_reduce_name(ZeroReduce z) {
+  return z == ZeroReduce::kEveryMicroBatch ? "micro-batch" : z == ZeroReduce::kOncePerStep ? "step" : "default";
 }
 
 void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus) {
@@ -383,16 +383,16 @@ double layer_model_flops(const LayerModel& m) {
   return flops;
 }
 
-// --zero2-reduce as modelled: at ZeRO-2, the model's default resolved (a GPT model's every micro-batch, DeepSpeed's; a
-// layer list's once a step, conduit train's); refused where a data-parallel rank has one micro-batch (then both are
-// one reduce-scatter).
-Zero2Reduce zero2_mode(const ParallelConfig& cfg, long long mb, Zero2Reduce model_default) {
-  if (cfg.zero != 2) return Zero2Reduce::kModelDefault;
-  if (mb <= 1 && cfg.zero2_reduce != Zero2Reduce::kModelDefault)
+// --zero-reduce as modelled: at ZeRO-2 and 3, the model's default resolved (a GPT model's every micro-batch,
+// DeepSpeed's; a layer list's once a step, conduit train's); refused where a data-parallel rank has one micro-batch
+// (then both are one reduce-scatter).
+ZeroReduce zero_reduce_mode(const ParallelConfig& cfg, long long mb, ZeroReduce model_default) {
+  if (cfg.zero < 2) return ZeroReduce::kModelDefault;
+  if (mb <= 1 && cfg.zero_reduce != ZeroReduce::kModelDefault)
     throw ConfigError(
-        "--zero2-reduce: this step has one micro-batch a data-parallel rank (--global-batch / (--micro-batch x dp)), "
+        "--zero-reduce: this step has one micro-batch a data-parallel rank (--global-batch / (--micro-batch x dp)), "
         "reduce-scattered once either way; allowed: leave it out, or a --global-batch of several micro-batches a rank");
-  return cfg.zero2_reduce == Zero2Reduce::kModelDefault ? model_default : cfg.zero2_reduce;
+  return cfg.zero_reduce == ZeroReduce::kModelDefault ? model_default : cfg.zero_reduce;
 }
 
 }  // namespace
@@ -440,8 +440,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const int v = cfg.schedule == Schedule::kInterleaved ? cfg.virtual_stages : 1;
   const long long mb = cfg.global_batch / (static_cast<long long>(cfg.micro_batch) * d);
   r.microbatches = mb;
-  const Zero2Reduce z2 = zero2_mode(cfg, mb, Zero2Reduce::kEveryMicroBatch);
-  r.config.zero2_reduce = z2;
+  const ZeroReduce z2 = zero_reduce_mode(cfg, mb, ZeroReduce::kEveryMicroBatch);
+  r.config.zero_reduce = z2;
   const int lps = m.layers / p;
   const double b = cfg.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
   const double V = static_cast<double>(m.vocab);
@@ -622,29 +622,45 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       }
       const double logits_compute =
           std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) + std::max(0.0, mt.bwd_compute - lps * mt.layer_bwd);
-      const double per_mb = lps * (t_ag + t_agb + t_rs) + te_ag + te_agb + te_rs;
-      // --no-overlap: no prefetch, every gather and reduce-scatter on the critical path; --zero-prefetch false:
-      // every gather on it, the reduce-scatters behind the backward.
-      const double exposed_mb = !cfg.dp_overlap ? per_mb
-                                : !cfg.zero_prefetch
-                                    ? lps * (t_ag + t_agb) + te_ag + te_agb + std::max(0.0, te_rs - logits_compute) +
-                                          lps * std::max(0.0, t_rs - mt.layer_bwd)
-                                    // the first layer's gather in full, each next one behind the layer before (it was
-                                    // counted twice: in full and among the lps prefetched ones)
-                                    : t_ag + te_ag + std::max(0.0, te_agb + te_rs - logits_compute) +
-                                          (lps - 1) * std::max(0.0, t_ag - mt.layer_fwd) +
-                                          lps * std::max(0.0, t_agb + t_rs - mt.layer_bwd);
-      dp_total = mb * per_mb;
-      r.breakdown.zero3_exposed = mb * exposed_mb;
+      // A micro-batch's gathers and the reduce-scatters it pays (a layer's `rs`, the embeddings' `ers`): its time on
+      // the data-parallel links, and what of it the compute does not hide. --no-overlap: no prefetch, every gather
+      // and reduce-scatter on the critical path; --zero-prefetch false: every gather on it, the reduce-scatters
+      // behind the backward.
+      auto micro_batch = [&](double rs, double ers) {
+        const double total = lps * (t_ag + t_agb + rs) + te_ag + te_agb + ers;
+        const double exposed = !cfg.dp_overlap ? total
+                               : !cfg.zero_prefetch
+                                   ? lps * (t_ag + t_agb) + te_ag + te_agb + std::max(0.0, ers - logits_compute) +
+                                         lps * std::max(0.0, rs - mt.layer_bwd)
+                                   // the first layer's gather in full, each next one behind the layer before (it was
+                                   // counted twice: in full and among the lps prefetched ones)
+                                   : t_ag + te_ag + std::max(0.0, te_agb + ers - logits_compute) +
+                                         (lps - 1) * std::max(0.0, t_ag - mt.layer_fwd) +
+                                         lps * std::max(0.0, t_agb + rs - mt.layer_bwd);
+        return std::pair{total, exposed};
+      };
+      // The last micro-batch reduce-scatters (and across shard groups allreduces) the step's gradients; the earlier
+      // ones, with --zero-reduce micro-batch (DeepSpeed's, the default here), reduce-scatter theirs within the group
+      // (the allreduce across the groups once a step, as MiCS and `conduit train`), with step (conduit train's
+      // default) nothing: their gradients summed in each layer's bucket, held whole.
+      const auto [last_total, last_exposed] = micro_batch(t_rs, te_rs);
+      const auto [each_total, each_exposed] =
+          mb > 1 && z2 == ZeroReduce::kOncePerStep
+              ? micro_batch(0.0, 0.0)
+              : micro_batch(t_rs - replicas(layer_params / t), te_rs - replicas(emb_gpu));
+      dp_total = (mb - 1) * each_total + last_total;
+      r.breakdown.zero3_exposed = (mb - 1) * each_exposed + last_exposed;
       r.dp_algorithm = algorithm_name(ag.algorithm);
       r.dp_bottleneck = ag.bottleneck;
       r.notes.push_back(fmt::format(
           "ZeRO-3: every micro-batch allgathers each layer's parameters twice ({} each{}) and the "
-          "embeddings twice ({} each{}), and reduce-scatters their gradients ({} a layer); {} exposed per "
+          "embeddings twice ({} each{}); their gradients are reduce-scattered {} ({} a layer); {} exposed per "
           "iteration",
           format_seconds(t_ag),
           hpz > 1 ? fmt::format(", {} within the groups of {}", format_seconds(t_agb), hpz) : std::string(),
           format_seconds(te_ag), hpz > 1 ? fmt::format(", {} within the group", format_seconds(te_agb)) : std::string(),
+          mb > 1 && z2 == ZeroReduce::kOncePerStep ? "once, summed over the micro-batches (--zero-reduce step)"
+                                                   : "every micro-batch",
           format_seconds(t_rs), format_seconds(r.breakdown.zero3_exposed)));
       if (shard > 1) {
         const double across = replicas(layer_params / t);
@@ -652,8 +668,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         const std::string where = net.profile(Collective::kAllReduce, cfg.dp_algorithm, rg, bytes).bottleneck;
         r.notes.push_back(fmt::format(
             "ZeRO-3 sharded within groups of {} data-parallel ranks, replicated across the {} groups: the gathers "
-            "and reduce-scatters within the group, each slice's gradients allreduced across the groups ({} a layer, "
-            "bottleneck {})",
+            "and reduce-scatters within the group, each slice's gradients allreduced across the groups once a step "
+            "({} a layer, bottleneck {})",
             shard, d / shard, format_seconds(across), where));
         if (across > t_ag) r.dp_bottleneck = where;  // (the slower of a layer's gather and its replicas' allreduce)
       }
@@ -666,13 +682,13 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       double busy = 0;
       dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd_window : 0.0, grad_bytes, cfg.bucket_bytes, rs_time, &busy);
       dp_total = busy;
-      if (cfg.zero == 2 && mb > 1 && z2 == Zero2Reduce::kEveryMicroBatch) {
+      if (cfg.zero == 2 && mb > 1 && z2 == ZeroReduce::kEveryMicroBatch) {
         // ZeRO-2 keeps only its shard of the gradients, so every micro-batch's gradients are reduce-scattered after
         // its backward (DeepSpeed reduces at each backward); an earlier micro-batch's exchange can also run during
         // the next one's forward. ZeRO-1 keeps whole gradients and reduce-scatters them once per iteration, and so
-        // does ZeRO-2 with --zero2-reduce step (the buckets sum the micro-batches first). With shard groups the
+        // does ZeRO-2 with --zero-reduce step (the buckets sum the micro-batches first). With shard groups the
         // slices' allreduce across the groups goes once, after the last micro-batch (MiCS's accumulation, as
-        // `conduit train --zero2-reduce micro-batch` runs it): the earlier micro-batches pay the reduce-scatters only.
+        // `conduit train --zero-reduce micro-batch` runs it): the earlier micro-batches pay the reduce-scatters only.
         double each = busy;
         if (shard > 1)
           bucketed_exposed(
@@ -873,9 +889,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     MemoryBreakdown mem;
     // (hpZ: the secondary partition, 1/K of the stage's 16-bit parameters)
     mem.params = st.params + gathered + (zero3 && hpz > 1 ? params * 2 / static_cast<double>(hpz) : 0.0);
-    // (ZeRO-2 reducing once a step: the buckets hold the stage's whole gradients from the first micro-batch on)
-    mem.grads = (cfg.zero == 2 && mbs > 1 && z2 == Zero2Reduce::kOncePerStep ? params * cfg.grad_bytes : st.grads) +
-                unsharded_grads;
+    // (ZeRO-2 or 3 reducing once a step: the buckets hold the stage's whole gradients from the first micro-batch on)
+    mem.grads = (cfg.zero >= 2 && mbs > 1 && z2 == ZeroReduce::kOncePerStep ? params * cfg.grad_bytes : st.grads) +
+                (cfg.zero >= 2 && mbs > 1 && z2 == ZeroReduce::kOncePerStep ? 0.0 : unsharded_grads);
     mem.optimizer = st.optimizer;
     mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
     return mem;
@@ -1182,8 +1198,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         "played out micro-batch by micro-batch)",
         cfg.global_batch, mb, p, kMaxPipelineOps));
   r.microbatches = mb;
-  const Zero2Reduce z2 = zero2_mode(cfg, mb, Zero2Reduce::kOncePerStep);
-  r.config.zero2_reduce = z2;
+  const ZeroReduce z2 = zero_reduce_mode(cfg, mb, ZeroReduce::kOncePerStep);
+  r.config.zero_reduce = z2;
   const double b = cfg.micro_batch;
   // Activations are held in the precision the gradients are exchanged in: 2 bytes (mixed precision) or 4 (f32,
   // as `conduit train` runs on CPUs).
@@ -1326,7 +1342,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // first and stopped polling (calibrated CPU clusters; 0 elsewhere; qgZ's a hop).
     // (ZeRO averages this rank's slice only: 1/K of the bucket, K the ranks it is cut over)
     const double averaged = static_cast<double>(sharded_over);
-    // (tof_within: without the slices' allreduce across shard groups, which --zero2-reduce micro-batch pays once)
+    // (tof_within: without the slices' allreduce across shard groups, which --zero-reduce micro-batch pays once)
     auto tof_within = [&](double n) {
       const double elems = n / per;
       if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems / averaged, 1);
@@ -1339,10 +1355,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                                   tof, &dp_total);
     // (ZeRO-2 with micro-batches: `conduit train` sums a step's micro-batches in its buckets and reduce-scatters them
     // once, as ZeRO-1, the buckets holding the whole gradients meanwhile (below); DeepSpeed's, which the GPT model
-    // follows by default, reduce-scatters after every micro-batch's backward, for M times the bytes: --zero2-reduce
+    // follows by default, reduce-scatters after every micro-batch's backward, for M times the bytes: --zero-reduce
     // micro-batch, each earlier micro-batch's exchange hidden behind its backward and the next one's forward; with
     // shard groups the slices' allreduce across them once, after the last, as the runtime's.)
-    if (cfg.zero == 2 && mb > 1 && z2 == Zero2Reduce::kEveryMicroBatch) {
+    if (cfg.zero == 2 && mb > 1 && z2 == ZeroReduce::kEveryMicroBatch) {
       double each = dp_total;
       if (shard > 1) bucketed_exposed(0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof_within, &each);
       const double hidden = cfg.dp_overlap ? (bwd + fwd) * run_scale : 0.0;
@@ -1399,10 +1415,12 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       // it. Every micro-batch gathers each unit before its forward and, but the last one, before its backward. With
       // --zero-prefetch (the runtime's default) the next unit's gather starts as a unit begins, one at a time on the
       // gathers' own channel, and only what is left of it when its unit begins is exposed; without, every gather
-      // blocks. The units' gradients are reduce-scattered once a step, each as soon as the last micro-batch's
-      // backward has passed it, behind the backward of the units before it.
+      // blocks. The units' gradients are reduce-scattered once a step (--zero-reduce step, the runtime's default),
+      // each as soon as the last micro-batch's backward has passed it, behind the backward of the units before it;
+      // with micro-batch, after every micro-batch's backward (below).
       // (with hpZ the backward's within its group, of the kept parts)
       std::vector<double> t_ag(units, 0.0), g_bwd(units, 0.0);  // each unit's gathers, forward and backward
+      std::vector<double> rs_of(units, 0.0);                    // and its reduce-scatter
       double gathers = 0, rs_total = 0, comm_free = 0;
       const Group hg{std::max(hpz, 1LL), 1, 0};
       for (size_t u = 0; u < units; ++u) {
@@ -1448,29 +1466,43 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                           avg + wake) +
             replicas(unit_params[u]);
         rs_total += t_rs;
+        rs_of[u] = t_rs;
         comm_free = std::max(comm_free, cfg.dp_overlap ? t : 0.0) + t_rs;
       }
       dp_total = static_cast<double>(mb) * gathers + rs_total;
       dp_exposed = cfg.dp_overlap ? std::max(0.0, comm_free - t) : rs_total;
       r.breakdown.zero3_exposed = static_cast<double>(mb) * waited;
+      if (mb > 1 && z2 == ZeroReduce::kEveryMicroBatch) {
+        // --zero-reduce micro-batch (DeepSpeed's stage 3): every micro-batch's units reduce-scattered after its
+        // backward, each earlier one's behind its own backward and the next forward (with shard groups the slices'
+        // allreduce across them once, after the last, as the runtime's)
+        double within = 0;
+        for (size_t u = 0; u < units; ++u)
+          if (unit_params[u] > 0) within += rs_of[u] - replicas(unit_params[u]);
+        const double hidden = cfg.dp_overlap ? (bwd + fwd) * run_scale : 0.0;
+        dp_total += static_cast<double>(mb - 1) * within;
+        dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, within - hidden);
+      }
       const size_t with_params =
           size_t(std::count_if(unit_params.begin(), unit_params.end(), [](double n) { return n > 0; }));
       const size_t backward = with_params - (unit_params.back() > 0 ? 1 : 0);
       r.notes.push_back(fmt::format(
           "ZeRO-3: every micro-batch gathers {} unit(s) forward and {} backward{} ({} a micro-batch, {} of it "
           "exposed{}), "
-          "and each unit's gradients are reduce-scattered once an iteration ({} in all, {} of it past the backward)",
+          "and each unit's gradients are reduce-scattered {} ({} in all, {} of it past the backward)",
           with_params, backward,
           hpz > 1 ? fmt::format(" within groups of {} (hpZ: the parts the forward kept)", hpz) : std::string(),
           format_seconds(gathers), format_seconds(waited),
           cfg.zero_prefetch ? ": each next unit's gather behind the unit before" : ": no prefetch",
-          format_seconds(rs_total), format_seconds(dp_exposed)));
+          mb > 1 && z2 == ZeroReduce::kEveryMicroBatch ? "every micro-batch (--zero-reduce micro-batch)"
+                                                       : "once an iteration",
+          format_seconds(dp_total - static_cast<double>(mb) * gathers), format_seconds(dp_exposed)));
     }
     // (the quantized ring's passes; qgZ's are in its calls)
-    // (an exchange's passes: every micro-batch's with --zero2-reduce micro-batch)
+    // (an exchange's passes: every micro-batch's with --zero-reduce micro-batch)
     if (k != "none" && !qgz.on)
       comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4) *
-             (cfg.zero == 2 && z2 == Zero2Reduce::kEveryMicroBatch ? static_cast<double>(mb) : 1.0);
+             (cfg.zero >= 2 && z2 == ZeroReduce::kEveryMicroBatch ? static_cast<double>(mb) : 1.0);
     dp_exposed += comp;
     // Synchronous data parallelism waits for the slowest rank every step: measured at a barrier among as many ranks
     // (the ranks' steps are not independent when they share cores), else the median step of the slowest of `gpus`
@@ -1523,9 +1555,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     st.params = 4 * params / (cfg.zero >= 3 ? n : 1);
     st.optimizer = 8 * params / (cfg.zero >= 1 ? n : 1);
   }
-  // (ZeRO-2 over micro-batches: the buckets hold the whole gradients from the first micro-batch to their
-  // reduce-scatter, as `conduit train` sums them)
-  if (cfg.zero == 2 && mb > 1 && z2 == Zero2Reduce::kOncePerStep) st.grads = params * cfg.grad_bytes;
+  // (ZeRO-2 and 3 over micro-batches reduced once a step: the buckets hold the whole gradients from the first
+  // micro-batch to their reduce-scatter, as `conduit train` sums them by default)
+  const bool whole_grads = cfg.zero >= 2 && mb > 1 && z2 == ZeroReduce::kOncePerStep;
+  if (whole_grads) st.grads = params * cfg.grad_bytes;
   if (cfg.zero == 3 && gpus > 1) {
     // ZeRO-3 also holds the unit it runs whole (with prefetch, and the next one's being gathered: the largest two
     // adjacent units), and that unit's gradient bucket until it is reduce-scattered.
@@ -1537,7 +1570,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
       previous = l.params();
     }
     st.params += whole * eb;
-    st.grads += largest * cfg.grad_bytes;
+    if (!whole_grads) st.grads += largest * cfg.grad_bytes;  // (within the whole gradients otherwise)
     // (hpZ: every unit's kept part but the last unit's, whose backward comes next: from its forward to its backward)
     if (hpz > 1) {
       double last = 0;

@@ -42,9 +42,9 @@ struct SyncScheme {
 };
 SyncScheme parse_sync(const std::string& s);  // "bsp", "local-sgd:8", "async"
 
-enum class Zero2Reduce { kModelDefault, kEveryMicroBatch, kOncePerStep };
-Zero2Reduce parse_zero2_reduce(const std::string& s);  // "micro-batch", "step"
-const char* zero2_reduce_name(Zero2Reduce z);          // "default", "micro-batch", "step"
+enum class ZeroReduce { kModelDefault, kEveryMicroBatch, kOncePerStep };
+ZeroReduce parse_zero_reduce(const std::string& s);  // "micro-batch", "step"
+const char* zero_reduce_name(ZeroReduce z);          // "default", "micro-batch", "step"
 
 struct ParallelConfig {
   int tp = 1, pp = 1;
@@ -89,7 +89,7 @@ struct ParallelConfig {
   // kOncePerStep: the step's micro-batches summed in whole-gradient buckets first and reduce-scattered once, as
   // ZeRO-1 and FSDP's no_sync (`conduit train --zero 2`), the gradients' memory whole meanwhile. kModelDefault: a GPT
   // model's every micro-batch, a layer list's once a step (what `conduit train` runs).
-  Zero2Reduce zero2_reduce = Zero2Reduce::kModelDefault;
+  ZeroReduce zero_reduce = ZeroReduce::kModelDefault;
   Algorithm dp_algorithm = Algorithm::kAuto;
   Algorithm tp_algorithm = Algorithm::kAuto;
   Compression compression;

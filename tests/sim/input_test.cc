@@ -521,14 +521,14 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   z.global_batch = 8;
   const StepResult one_mb = simulate_layer_step(n8, lm, z);
   EXPECT_NEAR(one_mb.memory.grads * 8, z1.memory.grads, 1e-9 * z1.memory.grads);
-  // --zero2-reduce micro-batch (DeepSpeed's): each micro-batch's gradients reduce-scattered after its backward, 3
+  // --zero-reduce micro-batch (DeepSpeed's): each micro-batch's gradients reduce-scattered after its backward, 3
   // more reduce-scatters of the bucket, exposed without overlap; the shard held. (A bucket's reduce-scatter: the
   // step's exchange less the blocking allgather of the parameters, held in --grad-bytes.)
   z.global_batch = 8 * 4;
   z.dp_overlap = false;
   z.zero_prefetch = false;
   const StepResult once = simulate_layer_step(n8, lm, z);
-  z.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+  z.zero_reduce = ZeroReduce::kEveryMicroBatch;
   const StepResult each = simulate_layer_step(n8, lm, z);
   const double params = 784 * 256 + 256 + 256 * 10 + 10;
   const double ag = n8.time(Collective::kAllGather, Algorithm::kAuto, Group{8, 1, 0}, params * z.grad_bytes) +
@@ -538,14 +538,14 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   EXPECT_NEAR(each.breakdown.dp_comm, once.breakdown.dp_comm + 3 * rs, 1e-9 * each.breakdown.dp_comm);
   EXPECT_NEAR(each.breakdown.dp_exposed, once.breakdown.dp_exposed + 3 * rs, 1e-9 * each.breakdown.dp_comm);
   EXPECT_NEAR(each.memory.grads * 8, once.memory.grads, 1e-9 * once.memory.grads);
-  z.zero2_reduce = Zero2Reduce::kOncePerStep;
+  z.zero_reduce = ZeroReduce::kOncePerStep;
   EXPECT_EQ(simulate_layer_step(n8, lm, z).time, once.time);
   // Sharded within pairs: the slices' allreduce across the 4 pairs once a step, after the last micro-batch, as
-  // `conduit train --zero2-reduce micro-batch` runs it (MiCS); the three more exchanges are the pairs' reduce-scatters
+  // `conduit train --zero-reduce micro-batch` runs it (MiCS); the three more exchanges are the pairs' reduce-scatters
   // alone (they paid the allreduce too).
   z.zero_shard = 2;
   const StepResult pairs_once = simulate_layer_step(n8, lm, z);
-  z.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+  z.zero_reduce = ZeroReduce::kEveryMicroBatch;
   const StepResult pairs_each = simulate_layer_step(n8, lm, z);
   const double wake = t8.spec().network.wake_latency;
   const double across =
@@ -558,11 +558,11 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   EXPECT_NEAR(pairs_each.breakdown.dp_comm, pairs_once.breakdown.dp_comm + 3 * pair_rs,
               1e-9 * pairs_each.breakdown.dp_comm);
   z.zero_shard = 0;
-  z.zero2_reduce = Zero2Reduce::kOncePerStep;
+  z.zero_reduce = ZeroReduce::kOncePerStep;
   // fp16 on the wire: its cast passes every micro-batch too.
   z.compression = parse_compression("fp16");
   const double passes = simulate_layer_step(n8, lm, z).breakdown.compression;
-  z.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+  z.zero_reduce = ZeroReduce::kEveryMicroBatch;
   EXPECT_GT(passes, 0);
   EXPECT_NEAR(simulate_layer_step(n8, lm, z).breakdown.compression, 4 * passes, 1e-9 * passes);
   // With overlap each earlier micro-batch's reduce-scatter hides behind its backward and the next forward: a layer
@@ -576,7 +576,7 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
     w.zero = 2;
     w.zero_prefetch = false;
     const StepResult one = simulate_layer_step(n8, big, w);
-    w.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+    w.zero_reduce = ZeroReduce::kEveryMicroBatch;
     const StepResult every = simulate_layer_step(n8, big, w);
     const double rs = (every.breakdown.dp_comm - one.breakdown.dp_comm) / 3;
     EXPECT_GT(rs, 0);
@@ -749,16 +749,25 @@ TEST(Inputs, LayerModelsAtZero3GatherEachLayerAsConduitTrainDoes) {
   EXPECT_NE(error_of([&] { simulate_layer_step(n8, cnn, z); }).find("--sync async with --zero 3 is not modelled"),
             std::string::npos);
   // Its memory, f32 as conduit train holds it: 4-byte parameters and Adam's two 4-byte moments a parameter, sharded
-  // over the 8 ranks, plus the largest unit (fc1) whole and its gradient bucket; with prefetch the largest two
-  // adjacent units whole (conv2 and fc1: conv2's gather, started ahead, is under way while fc1 runs).
+  // over the 8 ranks, plus the largest unit (fc1) whole; with prefetch the largest two adjacent units whole (conv2 and
+  // fc1: conv2's gather, started ahead, is under way while fc1 runs). Its gradients: the 2 micro-batches summed in
+  // the units' buckets, the whole gradients held (--zero-reduce step, conduit train's default; the shard and fc1's
+  // bucket until 2026-12-05); reducing each micro-batch (--zero-reduce micro-batch, DeepSpeed's) holds the shard and
+  // the largest bucket, and reduce-scatters twice, all exposed without overlap.
   const double p = cnn.params();
   z.sync = parse_sync("bsp");
   const StepResult m3 = simulate_layer_step(n8, cnn, z);
   EXPECT_DOUBLE_EQ(m3.memory.params, 4 * p / 8 + 4 * units[2]);
-  EXPECT_DOUBLE_EQ(m3.memory.grads, 4 * p / 8 + 4 * units[2]);
+  EXPECT_DOUBLE_EQ(m3.memory.grads, 4 * p);
+  z.zero_reduce = ZeroReduce::kEveryMicroBatch;
+  const StepResult e3 = simulate_layer_step(n8, cnn, z);
+  EXPECT_DOUBLE_EQ(e3.memory.grads, 4 * p / 8 + 4 * units[2]);
+  EXPECT_NEAR(e3.breakdown.dp_comm, gathers + 2 * rs_all, 1e-9 * gathers);
+  EXPECT_NEAR(e3.breakdown.dp_exposed, 2 * rs_all, 1e-9 * rs_all);
+  z.zero_reduce = ZeroReduce::kModelDefault;
   z.zero_prefetch = true;
   EXPECT_DOUBLE_EQ(simulate_layer_step(n8, cnn, z).memory.params, 4 * p / 8 + 4 * (units[1] + units[2]));
-  EXPECT_DOUBLE_EQ(simulate_layer_step(n8, cnn, z).memory.grads, 4 * p / 8 + 4 * units[2]);
+  EXPECT_DOUBLE_EQ(simulate_layer_step(n8, cnn, z).memory.grads, 4 * p);
   z.zero_prefetch = false;
   EXPECT_DOUBLE_EQ(m3.memory.optimizer, 8 * p / 8);
   z.zero = 0;
@@ -1207,11 +1216,15 @@ TEST(Inputs, ZeroShardGroupsGatherWithinTheNodeAndAllreduceAcross) {
                         static_cast<double>(m.seq) * static_cast<double>(m.hidden);
     auto call2 = [&](double n) {
       return 2 * net.time(Collective::kAllGather, Algorithm::kAuto, group, n * 2) +
-             net.time(Collective::kReduceScatter, Algorithm::kAuto, group, n * 4) +
-             net.time(Collective::kAllReduce, Algorithm::kAuto, replicas, n / 4 * 4);
+             net.time(Collective::kReduceScatter, Algorithm::kAuto, group, n * 4);
     };
-    EXPECT_EQ(h2.microbatches, 2);  // (64 samples over 32 data-parallel ranks: each call twice)
-    EXPECT_NEAR(h2.breakdown.dp_comm, 2 * (static_cast<double>(m.layers) * call2(layer2) + call2(emb2)),
+    auto across = [&](double n) { return net.time(Collective::kAllReduce, Algorithm::kAuto, replicas, n / 4 * 4); };
+    // (64 samples over 32 data-parallel ranks: the gathers and reduce-scatters twice, the allreduce across the
+    // groups once, after the last micro-batch, as MiCS and conduit train; it went every micro-batch until 2026-12-05)
+    EXPECT_EQ(h2.microbatches, 2);
+    EXPECT_NEAR(h2.breakdown.dp_comm,
+                2 * (static_cast<double>(m.layers) * call2(layer2) + call2(emb2)) +
+                    static_cast<double>(m.layers) * across(layer2) + across(emb2),
                 1e-9 * h2.breakdown.dp_comm);
     EXPECT_NEAR(h2.memory.optimizer, zero_model_state(static_cast<double>(m.layers) * layer2 + emb2, 4, 3, 4).optimizer,
                 1e-6 * h2.memory.optimizer);
@@ -1523,67 +1536,80 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
               std::string::npos)
         << out;
   }
-  // --zero2-reduce: stage 2 only, named in the JSON and in the plans' labels; a search without stage 2 refuses it.
+  // --zero-reduce: stages 2 and 3, named in the JSON and in the plans' labels; a search without either refuses it;
+  // --zero2-reduce, its name before stage 3 took it, still works.
   out = test_util::run(
-      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 2 --zero2-reduce step --json",
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 2 --zero-reduce step --json",
       &rc);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("\"zero2_reduce\":\"step\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"zero_reduce\":\"step\""), std::string::npos) << out;
   // (as modelled: a GPT model's default every micro-batch, a layer list's once a step; none below stage 2)
   out =
       test_util::run("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 2 --json", &rc);
-  EXPECT_NE(out.find("\"zero2_reduce\":\"micro-batch\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"zero_reduce\":\"micro-batch\""), std::string::npos) << out;
   out = test_util::run(
       "sim step --cluster dgx-a100 --gpus 8 --model layers --layers-spec dense:784x256,dense:256x10 --global-batch 32 "
       "--zero 2 --json",
       &rc);
-  EXPECT_NE(out.find("\"zero2_reduce\":\"step\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"zero_reduce\":\"step\""), std::string::npos) << out;
   out = test_util::run(
       "sim step --cluster dgx-a100 --gpus 8 --model layers --layers-spec dense:784x256,dense:256x10 --global-batch 32 "
-      "--zero 2 --zero2-reduce micro-batch --json",
+      "--zero 2 --zero-reduce micro-batch --json",
       &rc);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("\"zero2_reduce\":\"micro-batch\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"zero_reduce\":\"micro-batch\""), std::string::npos) << out;
   out =
       test_util::run("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 1 --json", &rc);
-  EXPECT_NE(out.find("\"zero2_reduce\":null"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"zero_reduce\":null"), std::string::npos) << out;
   // One micro-batch a rank: reduce-scattered once either way.
   out = test_util::run(
-      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 2 --zero2-reduce step", &rc);
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 8 --zero 2 --zero-reduce step", &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--zero2-reduce: this step has one micro-batch a data-parallel rank"), std::string::npos) << out;
-  for (const char* extra : {"--zero 1", "--zero 3", "--zero 0"}) {
+  EXPECT_NE(out.find("--zero-reduce: this step has one micro-batch a data-parallel rank"), std::string::npos) << out;
+  for (const char* extra : {"--zero 1", "--zero 0"}) {
     out = test_util::run(fmt::format("sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 {} "
-                                     "--zero2-reduce micro-batch",
+                                     "--zero-reduce micro-batch",
                                      extra),
                          &rc);
     EXPECT_EQ(rc, 2) << out;
-    EXPECT_NE(out.find(fmt::format("--zero2-reduce: when ZeRO-2 reduce-scatters over several micro-batches, this step "
-                                   "has {}; allowed: --zero 2, or leave it out",
+    EXPECT_NE(out.find(fmt::format("--zero-reduce: when ZeRO-2 or 3 reduce-scatters over several micro-batches, this "
+                                   "step has {}; allowed: --zero 2 or 3, or leave it out",
                                    extra)),
               std::string::npos)
         << out;
   }
   out = test_util::run(
-      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 2 --zero2-reduce once", &rc);
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 3 --zero2-reduce step --json",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"zero_reduce\":\"step\""), std::string::npos) << out;
+  out = test_util::run(
+      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero-options 3 --zero-reduce step "
+      "--top 1000",
+      &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("zero=3 recompute=none zero-reduce=step"), std::string::npos) << out;
+  out = test_util::run(
+      "sim step --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero 2 --zero-reduce once", &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--zero2-reduce = 'once' (allowed: micro-batch (after every micro-batch's backward, DeepSpeed's), "
-                     "step (once a step, conduit train's))"),
+  EXPECT_NE(out.find("--zero-reduce = 'once' (allowed: micro-batch (after every micro-batch's backward, DeepSpeed's), "
+                     "step (once a step, conduit train's by default))"),
             std::string::npos)
       << out;
   out = test_util::run(
-      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero-options 1,2 --zero2-reduce "
+      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero-options 1,2 --zero-reduce "
       "step --top 1000",
       &rc);
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("zero=2 recompute=none zero2-reduce=step"), std::string::npos) << out;
-  EXPECT_EQ(out.find("zero=1 recompute=none zero2-reduce"), std::string::npos) << out;
+  EXPECT_NE(out.find("zero=2 recompute=none zero-reduce=step"), std::string::npos) << out;
+  EXPECT_EQ(out.find("zero=1 recompute=none zero-reduce"), std::string::npos) << out;
   out = test_util::run(
-      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero-options 1,3 --zero2-reduce "
+      "sim plan --cluster dgx-a100 --gpus 8 --model gpt2-small --global-batch 32 --zero-options 0,1 --zero-reduce "
       "step",
       &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("--zero2-reduce: about ZeRO-2's reduce-scatters, and this search has no ZeRO-2 plans"),
+  EXPECT_NE(out.find("--zero-reduce: about ZeRO-2's and 3's reduce-scatters, and this search has no ZeRO-2 or 3 "
+                     "plans"),
             std::string::npos)
       << out;
   out = test_util::run(

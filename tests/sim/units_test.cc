@@ -199,7 +199,7 @@ TEST(Step, ZeroTwoReduceScattersEveryMicroBatch) {
   EXPECT_DOUBLE_EQ(one2.breakdown.dp_comm, one1.breakdown.dp_comm);
 }
 
-// --zero2-reduce step (conduit train's ZeRO-2, FSDP's no_sync): the micro-batches summed in whole-gradient buckets and
+// --zero-reduce step (conduit train's ZeRO-2, FSDP's no_sync): the micro-batches summed in whole-gradient buckets and
 // reduce-scattered once, as ZeRO-1, which holds the whole gradients too; micro-batch (DeepSpeed's) is the GPT
 // model's default.
 TEST(Step, ZeroTwoReducingOnceAStepIsZeroOnesExchange) {
@@ -214,9 +214,9 @@ TEST(Step, ZeroTwoReducingOnceAStepIsZeroOnesExchange) {
     const StepResult z1 = simulate_step(net, m, c);
     c.zero = 2;
     const StepResult each = simulate_step(net, m, c);
-    c.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
+    c.zero_reduce = ZeroReduce::kEveryMicroBatch;
     const StepResult each_given = simulate_step(net, m, c);
-    c.zero2_reduce = Zero2Reduce::kOncePerStep;
+    c.zero_reduce = ZeroReduce::kOncePerStep;
     const StepResult once = simulate_step(net, m, c);
     EXPECT_EQ(each_given.time, each.time) << overlap;
     EXPECT_DOUBLE_EQ(once.breakdown.dp_comm, z1.breakdown.dp_comm) << overlap;
@@ -230,34 +230,66 @@ TEST(Step, ZeroTwoReducingOnceAStepIsZeroOnesExchange) {
   }
 }
 
-// With shard groups, --zero2-reduce micro-batch allreduces the slices across the groups once a step, after the last
-// micro-batch (MiCS's accumulation, as conduit train runs it): what the three earlier micro-batches add is the
-// groups' reduce-scatters alone, the same whatever the links between the groups (nodes of 8, groups of 8: the
+// With shard groups, --zero-reduce micro-batch (stages 2 and 3) allreduces the slices across the groups once a step,
+// after the last micro-batch (MiCS's accumulation, as conduit train runs it): what the three earlier micro-batches add
+// is the groups' reduce-scatters alone, the same whatever the links between the groups (nodes of 8, groups of 8: the
 // reduce-scatters on the node's links, the allreduce on the NICs).
 TEST(Step, ZeroTwoWithinShardGroupsAllreducesAcrossThemOnceAStep) {
-  std::vector<double> added, across;
-  for (double nic : {25e9 / 8, 100e9 / 8}) {
-    ClusterSpec spec = load_cluster("dgx-a100");
-    for (auto& kind : spec.node_kinds) kind.nic.bandwidth = nic;
-    Topology topo(spec, 64);
-    CollectiveModel net(topo);
-    GptModel m = gpt(24, 2304, 24, 2048, 51200);
-    ParallelConfig c;
-    c.global_batch = 256;  // 4 micro-batches a replica
-    c.dp_overlap = false;
-    c.zero_prefetch = false;
-    c.zero = 2;
-    c.zero_shard = 8;
-    c.zero2_reduce = Zero2Reduce::kOncePerStep;
-    const StepResult once = simulate_step(net, m, c);
-    c.zero2_reduce = Zero2Reduce::kEveryMicroBatch;
-    const StepResult each = simulate_step(net, m, c);
-    added.push_back(each.breakdown.dp_comm - once.breakdown.dp_comm);
-    across.push_back(once.breakdown.dp_comm);
+  for (int zero : {2, 3}) {
+    std::vector<double> added, across;
+    for (double nic : {25e9 / 8, 100e9 / 8}) {
+      ClusterSpec spec = load_cluster("dgx-a100");
+      for (auto& kind : spec.node_kinds) kind.nic.bandwidth = nic;
+      Topology topo(spec, 64);
+      CollectiveModel net(topo);
+      GptModel m = gpt(24, 2304, 24, 2048, 51200);
+      ParallelConfig c;
+      c.global_batch = 256;  // 4 micro-batches a replica
+      c.dp_overlap = false;
+      c.zero_prefetch = false;
+      c.zero = zero;
+      c.zero_shard = 8;
+      c.zero_reduce = ZeroReduce::kOncePerStep;
+      const StepResult once = simulate_step(net, m, c);
+      c.zero_reduce = ZeroReduce::kEveryMicroBatch;
+      const StepResult each = simulate_step(net, m, c);
+      added.push_back(each.breakdown.dp_comm - once.breakdown.dp_comm);
+      across.push_back(once.breakdown.dp_comm);
+    }
+    EXPECT_GT(added[0], 0) << zero;
+    EXPECT_NEAR(added[0], added[1], 1e-9 * added[0]) << zero;
+    EXPECT_GT(across[0], across[1] * 1.5) << zero;  // (the allreduce across the groups slowed down on the slower NICs)
   }
-  EXPECT_GT(added[0], 0);
-  EXPECT_NEAR(added[0], added[1], 1e-9 * added[0]);
-  EXPECT_GT(across[0], across[1] * 1.5);  // (the allreduce across the groups did slow down on the slower NICs)
+}
+
+// ZeRO-3 with --zero-reduce step (conduit train's default): the layers' gradients summed over the micro-batches and
+// reduce-scattered once, the whole gradients held meanwhile; every micro-batch (the GPT model's default, DeepSpeed's)
+// pays each earlier micro-batch's reduce-scatters too: (M - 1) of them, the same each.
+TEST(Step, ZeroThreeReducingOnceAStepHoldsTheWholeGradients) {
+  Topology topo(load_cluster("ethernet-25g"), 64);
+  CollectiveModel net(topo);
+  GptModel m = gpt(24, 2304, 24, 2048, 51200);
+  for (bool overlap : {false, true}) {
+    std::vector<double> extra;
+    for (long long per_replica : {2, 4}) {
+      ParallelConfig c;
+      c.global_batch = 64 * per_replica;
+      c.zero = 3;
+      c.dp_overlap = overlap;
+      c.zero_reduce = ZeroReduce::kOncePerStep;
+      const StepResult once = simulate_step(net, m, c);
+      c.zero_reduce = ZeroReduce::kModelDefault;
+      const StepResult each = simulate_step(net, m, c);
+      EXPECT_EQ(each.config.zero_reduce, ZeroReduce::kEveryMicroBatch);
+      extra.push_back(each.breakdown.dp_comm - once.breakdown.dp_comm);
+      EXPECT_NEAR(once.memory.grads, gpt_parameters(m) * c.grad_bytes, 1e-9 * once.memory.grads);
+      EXPECT_LT(each.memory.grads * 10, once.memory.grads);
+      EXPECT_LT(once.time, each.time);
+      EXPECT_LE(once.breakdown.zero3_exposed, each.breakdown.zero3_exposed);
+    }
+    EXPECT_GT(extra[0], 0) << overlap;
+    EXPECT_NEAR(extra[1], 3 * extra[0], 1e-9 * extra[1]) << overlap;
+  }
 }
 
 TEST(Step, TopkAndAsyncChangeTheExchange) {
