@@ -749,6 +749,8 @@ struct DistributedOptimizer::Core {
   // once per pass, in pass order; otherwise each bucket once.
   bool each_pass() const { return zero >= 2 && opt.zero_reduce_each_pass && opt.backward_passes > 1; }
   int tasks() const { return int(buckets.size()) * (each_pass() ? opt.backward_passes : 1); }
+  // A task of this pass ends the step's reduction: its last pass's (or its only one).
+  bool last_pass(int pass) const { return !each_pass() || pass == opt.backward_passes - 1; }
 
   void reset_step_locked() {
     // A step's observed order goes with its gradients (a backward discarded by zero_grad() recorded every parameter
@@ -872,7 +874,7 @@ struct DistributedOptimizer::Core {
       // Reducing every backward pass (each_pass()): a later pass's slice goes into `acc` and is added to the earlier
       // passes' in `out`; the replicas' allreduce (and f32's division) wait for the last pass, as MiCS's accumulation
       // steps leave the cross-group exchange to the accumulation boundary.
-      const bool each = each_pass(), last = !each || pass == opt.backward_passes - 1;
+      const bool each = each_pass(), last = last_pass(pass);
       float* const grad_out = out;
       std::vector<float> acc;
       coll::CollOptions co;
@@ -1105,7 +1107,7 @@ struct DistributedOptimizer::Core {
     step.comm_s += t2 - t0;
     step.payload_bytes += payload;
     // (reducing every pass: the step's gradients and buckets counted once, at the last pass)
-    const bool step_last = !each_pass() || pass == opt.backward_passes - 1;
+    const bool step_last = last_pass(pass);
     if (step_last) step.grad_bytes += n * sizeof(float);
     step.bytes_sent += uint64_t(factor_sent * double(payload) + 0.5);
     step.bytes_recv += uint64_t(factor_recv * double(payload) + 0.5);
