@@ -170,7 +170,9 @@ std::string connect_host(const std::string& host) {
 class TcpStoreServer {
  public:
   TcpStoreServer(const std::string& master_addr, int port)
-      : host_(store_listen_host(master_addr)), loopback_only_(names_localhost(master_addr)) {
+      : host_(store_listen_host(master_addr)),
+        loopback_only_(names_localhost(master_addr)),
+        max_bytes_(store_max_bytes()) {
     const bool any = host_ == "*";
     if (any && !master_addr.empty() && master_addr != "*") {
       // Listening everywhere needs no address, but rank 0's own client connects to MASTER_ADDR: a name that does not
@@ -460,6 +462,7 @@ class TcpStoreServer {
   bool handle(uint64_t id, Client& c, const Header& h, std::string key, std::string value) {
     switch (h.op) {
       case kOpSet:
+        if (!room_for(c, h, key, value.size())) return true;
         set_key(key, std::move(value));
         reply(c, h, kOk, {});
         return true;
@@ -492,7 +495,9 @@ class TcpStoreServer {
           }
         }
         int64_t next = static_cast<int64_t>(static_cast<uint64_t>(cur) + static_cast<uint64_t>(delta));
-        set_key(key, std::to_string(next));
+        std::string text = std::to_string(next);
+        if (!room_for(c, h, key, text.size())) return true;
+        set_key(key, std::move(text));
         reply(c, h, kOk, encode_i64(next));
         return true;
       }
@@ -508,6 +513,8 @@ class TcpStoreServer {
   }
 
   void set_key(const std::string& key, std::string value) {
+    if (auto found = data_.find(key); found != data_.end()) held_bytes_ -= key.size() + found->second.size();
+    held_bytes_ += key.size() + value.size();
     auto& slot = data_[key];
     slot = std::move(value);
     auto w = waiters_.find(key);
@@ -575,6 +582,38 @@ class TcpStoreServer {
   uint64_t next_client_ = 1;
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> waiters_;
+  // Keys' and values' bytes held, within max_bytes_ (CONDUIT_STORE_MAX_BYTES): the store listens on every interface
+  // unless MASTER_ADDR is a loopback address, unauthenticated as torch's TCPStore, and a client setting ever more keys
+  // grew rank 0 without bound.
+  uint64_t held_bytes_ = 0;
+  uint64_t max_bytes_ = 0;
+
+  static uint64_t store_max_bytes() {
+    const auto s = env_string("CONDUIT_STORE_MAX_BYTES");
+    if (!s) return uint64_t{1} << 30;
+    const uint64_t b = parse_bytes(*s, "CONDUIT_STORE_MAX_BYTES");
+    if (b < (uint64_t{1} << 20) || b > (uint64_t{1} << 40))
+      throw ConfigError(fmt::format(
+          "CONDUIT_STORE_MAX_BYTES='{}' is {} bytes; allowed: 1M to 1T (the TCP store's keys and values, 1G by "
+          "default)",
+          *s, b));
+    return b;
+  }
+  // Refuses (kBadRequest, the client's one-line error) a set of `key` to `bytes` of value that would take the store
+  // past max_bytes_. False: refused.
+  bool room_for(Client& c, const Header& h, const std::string& key, size_t bytes) {
+    auto it = data_.find(key);
+    const uint64_t now = it == data_.end() ? 0 : key.size() + it->second.size();
+    const uint64_t after = held_bytes_ - now + key.size() + bytes;
+    if (after <= max_bytes_) return true;
+    CONDUIT_LOG_WARN("tcp store server {}:{}: refused a set of {} bytes from {}: the store holds {} of {}", host_,
+                     port_, key.size() + bytes, c.peer, held_bytes_, max_bytes_);
+    reply(c, h, kBadRequest,
+          fmt::format("the store holds {} bytes and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
+                      "{} (rank 0's); allowed: fewer or smaller values, or a larger limit",
+                      held_bytes_, after, max_bytes_));
+    return false;
+  }
 };
 
 // ------------------------------------------------------------------------------------------------ client

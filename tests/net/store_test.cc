@@ -172,6 +172,43 @@ TEST(TcpStore, LargeValue) {
   EXPECT_THROW(c->set("huge", std::string(kMaxStoreFieldBytes + 1, 'y')), InvalidArgument);
 }
 
+// The server holds at most CONDUIT_STORE_MAX_BYTES of keys and values (a client setting ever more keys grew rank 0
+// without bound): a set past it is refused with one line, the store unchanged; replacing a value counts only the
+// difference; the limit's own value is checked when the server starts.
+TEST(TcpStore, TheServerHoldsAtMostItsLimit) {
+  setenv("CONDUIT_STORE_MAX_BYTES", "1M", 1);
+  int port = 0;
+  auto server = start_server(&port);
+  unsetenv("CONDUIT_STORE_MAX_BYTES");
+  auto c = client(port);
+  const std::string part(600 << 10, 'a');
+  c->set("a", part);
+  try {
+    c->set("b", part);
+    ADD_FAILURE() << "a set past the limit was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("set of key 'b' rejected: the store holds 614401 bytes and this value would "
+                                         "take it to 1228802, past CONDUIT_STORE_MAX_BYTES = 1048576"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(c->check("b"));
+  c->set("a", std::string(100 << 10, 'a'));  // (replaced: the old value's bytes given back)
+  c->set("b", part);
+  EXPECT_EQ(c->get("b", Deadline::after(10)), part);
+  EXPECT_EQ(c->add("n", 5), 5);
+  for (const char* bad : {"512K", "2T", "lots"}) {
+    setenv("CONDUIT_STORE_MAX_BYTES", bad, 1);
+    try {
+      start_server(&port);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("CONDUIT_STORE_MAX_BYTES"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("CONDUIT_STORE_MAX_BYTES");
+}
+
 TEST(TcpStore, GetBlocksUntilLaterSet) {
   int port = 0;
   auto server = start_server(&port);
