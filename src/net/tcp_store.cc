@@ -470,8 +470,18 @@ class TcpStoreServer {
         auto it = data_.find(key);
         if (it != data_.end()) {
           reply(c, h, kOk, it->second);
+        } else if (held_bytes_ + parked_bytes_ + parked_cost(key) > max_bytes_) {
+          // (a get waiting for its key holds memory too: one client could park gets without end)
+          CONDUIT_LOG_WARN("tcp store server {}:{}: refused a waiting get from {}: the store holds {} of {}", host_,
+                           port_, c.peer, held_bytes_ + parked_bytes_, max_bytes_);
+          reply(c, h, kBadRequest,
+                fmt::format("the store holds {} bytes of values and waiting gets, and one more waiting get would pass "
+                            "CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer gets of keys not set yet, or a "
+                            "larger limit",
+                            held_bytes_ + parked_bytes_, max_bytes_));
         } else {
           waiters_[key].push_back({id, h.id});
+          parked_bytes_ += parked_cost(key);
         }
         return true;
       }
@@ -528,6 +538,7 @@ class TcpStoreServer {
       }
       reply_get(c->second, req_id, slot);
     }
+    parked_bytes_ -= w->second.size() * parked_cost(key);
     waiters_.erase(w);
   }
 
@@ -562,7 +573,9 @@ class TcpStoreServer {
     // The gets it left waiting go with it (they stayed, each with its key, until the key was set, if ever).
     for (auto w = waiters_.begin(); w != waiters_.end();) {
       auto& v = w->second;
+      const size_t before = v.size();
       v.erase(std::remove_if(v.begin(), v.end(), [id](const auto& e) { return e.first == id; }), v.end());
+      parked_bytes_ -= (before - v.size()) * parked_cost(w->first);
       w = v.empty() ? waiters_.erase(w) : std::next(w);
     }
   }
@@ -587,6 +600,9 @@ class TcpStoreServer {
   // grew rank 0 without bound.
   uint64_t held_bytes_ = 0;
   uint64_t max_bytes_ = 0;
+  // Gets waiting for their key count against the same limit: their key and a record each.
+  uint64_t parked_bytes_ = 0;
+  static uint64_t parked_cost(const std::string& key) { return key.size() + 64; }
 
   static uint64_t store_max_bytes() {
     const auto s = env_string("CONDUIT_STORE_MAX_BYTES");
@@ -604,14 +620,14 @@ class TcpStoreServer {
   bool room_for(Client& c, const Header& h, const std::string& key, size_t bytes) {
     auto it = data_.find(key);
     const uint64_t now = it == data_.end() ? 0 : key.size() + it->second.size();
-    const uint64_t after = held_bytes_ - now + key.size() + bytes;
+    const uint64_t after = held_bytes_ + parked_bytes_ - now + key.size() + bytes;
     if (after <= max_bytes_) return true;
     CONDUIT_LOG_WARN("tcp store server {}:{}: refused a set of {} bytes from {}: the store holds {} of {}", host_,
-                     port_, key.size() + bytes, c.peer, held_bytes_, max_bytes_);
+                     port_, key.size() + bytes, c.peer, held_bytes_ + parked_bytes_, max_bytes_);
     reply(c, h, kBadRequest,
           fmt::format("the store holds {} bytes and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
                       "{} (rank 0's); allowed: fewer or smaller values, or a larger limit",
-                      held_bytes_, after, max_bytes_));
+                      held_bytes_ + parked_bytes_, after, max_bytes_));
     return false;
   }
 };

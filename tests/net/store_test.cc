@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -193,6 +194,19 @@ TEST(TcpStore, TheServerHoldsAtMostItsLimit) {
         << e.what();
   }
   EXPECT_FALSE(c->check("b"));
+  // A get waiting for its key holds its key too: one that would pass the limit is refused at once (not parked until
+  // its deadline); a short one waits as ever.
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    c->get(std::string(500 << 10, 'k'), Deadline::after(20));
+    ADD_FAILURE() << "a waiting get past the limit was parked";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("one more waiting get would pass CONDUIT_STORE_MAX_BYTES = 1048576"),
+              std::string::npos)
+        << std::string(e.what()).substr(0, 300);
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_THROW(c->get("missing", Deadline::after(0.2)), TimeoutError);
   c->set("a", std::string(100 << 10, 'a'));  // (replaced: the old value's bytes given back)
   c->set("b", part);
   EXPECT_EQ(c->get("b", Deadline::after(10)), part);
