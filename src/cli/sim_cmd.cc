@@ -637,9 +637,10 @@ void run_plan(const StepArgs& given_args) {
   // cluster), refused as sim step refuses it; a search whose valid plans do not fit in memory is a result (exit 1).
   if (pr.valid == 0)
     throw ConfigError(fmt::format(
-        "sim plan: no candidate is valid{}; allowed: --gpus, --global-batch, fixed settings and the model's sizes "
-        "with common divisors",
-        pr.first_error.empty() ? "" : " (the first tried: " + pr.first_error + ")"));
+        "sim plan: no candidate is valid{}{}", pr.first_error.empty() ? "" : "; the first tried: " + pr.first_error,
+        pr.first_error.find("allowed:") != std::string::npos
+            ? ""
+            : "; allowed: --gpus, --global-batch, fixed settings and the model's sizes with common divisors"));
   const size_t shown = std::min(pr.ranked.size(), static_cast<size_t>(a.top));
   if (a.json) {
     json plans = json::array();

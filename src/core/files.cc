@@ -29,22 +29,28 @@ void make_output_dir(const std::string& path, const std::string& what) {
 }
 
 std::string read_input_file(const std::string& path, const std::string& what, const std::string& allowed) {
-  // Opened first (without blocking: a FIFO's open waits for a writer), then asked what it is: a check of the path
-  // before opening it left a moment for a FIFO to be put in its place.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  // What it is, asked of the path (a device is never opened: opening some has effects) and again of what was opened
+  // (without blocking: a FIFO's open waits for a writer; nor as a controlling terminal): the path's answer alone left
+  // a moment for a FIFO to be put in its place.
+  struct stat st {};
+  auto refuse_kind = [&](const struct stat& s) {
+    if (S_ISDIR(s.st_mode)) throw ConfigError(fmt::format("{}: '{}' is a directory; allowed: {}", what, path, allowed));
+    if (!S_ISREG(s.st_mode))
+      throw ConfigError(
+          fmt::format("{}: '{}' is not a regular file (a pipe, device or socket); allowed: {}", what, path, allowed));
+  };
+  if (::stat(path.c_str(), &st) == 0) refuse_kind(st);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0)
     throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
   if (::fstat(fd, &st) != 0)
     throw ConfigError(fmt::format("{}: cannot read '{}' ({}); allowed: {}", what, path, std::strerror(errno), allowed));
-  if (S_ISDIR(st.st_mode)) throw ConfigError(fmt::format("{}: '{}' is a directory; allowed: {}", what, path, allowed));
-  if (!S_ISREG(st.st_mode))
-    throw ConfigError(
-        fmt::format("{}: '{}' is not a regular file (a pipe, device or socket); allowed: {}", what, path, allowed));
+  refuse_kind(st);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // (a regular file: reads as a plain one)
   constexpr size_t kMax = size_t(1) << 30;
   auto too_large = [&]() {
     return ConfigError(fmt::format("{}: '{}' holds over 1 GiB; allowed: {}, up to 1 GiB", what, path, allowed));

@@ -330,6 +330,7 @@ class TcpStoreServer {
           }
           while (!c.deferred.empty() && !backed_up(c)) {
             reply_get(c, c.deferred.front().second, data_.at(c.deferred.front().first));  // (keys are never deleted)
+            parked_bytes_ -= parked_cost(c.deferred.front().first);
             c.deferred.pop_front();
           }
           if (was_backed_up && !backed_up(c) && !c.in.empty() && !serve(id, c)) dead.push_back(id);
@@ -472,8 +473,10 @@ class TcpStoreServer {
           reply(c, h, kOk, it->second);
         } else if (held_bytes_ + parked_bytes_ + parked_cost(key) > max_bytes_) {
           // (a get waiting for its key holds memory too: one client could park gets without end)
-          CONDUIT_LOG_WARN("tcp store server {}:{}: refused a waiting get from {}: the store holds {} of {}", host_,
-                           port_, c.peer, held_bytes_ + parked_bytes_, max_bytes_);
+          if (!warned_)
+            CONDUIT_LOG_WARN("tcp store server {}:{}: refused a waiting get from {}: the store holds {} of {}", host_,
+                             port_, c.peer, held_bytes_ + parked_bytes_, max_bytes_);
+          warned_ = true;
           reply(c, h, kBadRequest,
                 fmt::format("the store holds {} bytes of values and waiting gets, and one more waiting get would pass "
                             "CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer gets of keys not set yet, or a "
@@ -523,22 +526,27 @@ class TcpStoreServer {
   }
 
   void set_key(const std::string& key, std::string value) {
-    if (auto found = data_.find(key); found != data_.end()) held_bytes_ -= key.size() + found->second.size();
-    held_bytes_ += key.size() + value.size();
+    auto found = data_.find(key);
+    const uint64_t was = found == data_.end() ? 0 : entry_cost(key, found->second.size());
+    const uint64_t will = entry_cost(key, value.size());
     auto& slot = data_[key];
     slot = std::move(value);
+    held_bytes_ = held_bytes_ - was + will;  // (once it is in: a failed insert leaves the count as it was)
     auto w = waiters_.find(key);
     if (w == waiters_.end()) return;
     for (auto [client_id, req_id] : w->second) {
       auto c = clients_.find(client_id);
-      if (c == clients_.end()) continue;  // that client went away while it waited
+      if (c == clients_.end()) {  // that client went away while it waited
+        parked_bytes_ -= parked_cost(key);
+        continue;
+      }
       if (backed_up(c->second) || !c->second.deferred.empty()) {
-        c->second.deferred.emplace_back(key, req_id);
+        c->second.deferred.emplace_back(key, req_id);  // (still charged: it holds its key until the reply goes)
         continue;
       }
       reply_get(c->second, req_id, slot);
+      parked_bytes_ -= parked_cost(key);
     }
-    parked_bytes_ -= w->second.size() * parked_cost(key);
     waiters_.erase(w);
   }
 
@@ -569,6 +577,7 @@ class TcpStoreServer {
     auto it = clients_.find(id);
     if (it == clients_.end()) return;
     close(it->second.fd);
+    for (const auto& d : it->second.deferred) parked_bytes_ -= parked_cost(d.first);  // (answers it never took)
     clients_.erase(it);
     // The gets it left waiting go with it (they stayed, each with its key, until the key was set, if ever).
     for (auto w = waiters_.begin(); w != waiters_.end();) {
@@ -600,9 +609,12 @@ class TcpStoreServer {
   // grew rank 0 without bound.
   uint64_t held_bytes_ = 0;
   uint64_t max_bytes_ = 0;
-  // Gets waiting for their key count against the same limit: their key and a record each.
+  // Gets waiting for their key (or for their client to take the answer) count against the same limit: their key and
+  // a record each; a stored key its key, its value and the map's node.
   uint64_t parked_bytes_ = 0;
   static uint64_t parked_cost(const std::string& key) { return key.size() + 64; }
+  static uint64_t entry_cost(const std::string& key, size_t value) { return key.size() + value + 96; }
+  bool warned_ = false;  // (one warning of a refusal until one is taken again: a flood would fill the log)
 
   static uint64_t store_max_bytes() {
     const auto s = env_string("CONDUIT_STORE_MAX_BYTES");
@@ -619,11 +631,19 @@ class TcpStoreServer {
   // past max_bytes_. False: refused.
   bool room_for(Client& c, const Header& h, const std::string& key, size_t bytes) {
     auto it = data_.find(key);
-    const uint64_t now = it == data_.end() ? 0 : key.size() + it->second.size();
-    const uint64_t after = held_bytes_ + parked_bytes_ - now + key.size() + bytes;
-    if (after <= max_bytes_) return true;
-    CONDUIT_LOG_WARN("tcp store server {}:{}: refused a set of {} bytes from {}: the store holds {} of {}", host_,
-                     port_, key.size() + bytes, c.peer, held_bytes_ + parked_bytes_, max_bytes_);
+    const uint64_t now = it == data_.end() ? 0 : entry_cost(key, it->second.size());
+    // (the gets this set answers give their charge back)
+    auto w = waiters_.find(key);
+    const uint64_t answered = w == waiters_.end() ? 0 : w->second.size() * parked_cost(key);
+    const uint64_t after = held_bytes_ + parked_bytes_ - now - answered + entry_cost(key, bytes);
+    if (after <= max_bytes_) {
+      warned_ = false;
+      return true;
+    }
+    if (!warned_)
+      CONDUIT_LOG_WARN("tcp store server {}:{}: refused a set of {} bytes from {}: the store holds {} of {}", host_,
+                       port_, key.size() + bytes, c.peer, held_bytes_ + parked_bytes_, max_bytes_);
+    warned_ = true;
     reply(c, h, kBadRequest,
           fmt::format("the store holds {} bytes and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
                       "{} (rank 0's); allowed: fewer or smaller values, or a larger limit",
@@ -897,8 +917,8 @@ class TcpStore : public Store {
         }
         if (r.status == kBadRequest) {
           release(std::move(c));
-          throw InvalidArgument(fmt::format("tcp store {}: {} of key '{}' rejected: {}", addr_, op_name(op), key,
-                                            body.substr(r.key_len)));
+          throw InvalidArgument(fmt::format("tcp store {}: {} of key '{}' rejected: {}", addr_, op_name(op),
+                                            key.size() > 64 ? key.substr(0, 64) + "..." : key, body.substr(r.key_len)));
         }
         if (r.status != kOk && !(op == kOpCheck && r.status == kNotFound)) {
           throw ProtocolError(fmt::format("tcp store {}: unknown status {} in the reply to {} of key '{}'", addr_,

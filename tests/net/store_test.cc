@@ -188,8 +188,8 @@ TEST(TcpStore, TheServerHoldsAtMostItsLimit) {
     c->set("b", part);
     ADD_FAILURE() << "a set past the limit was taken";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("set of key 'b' rejected: the store holds 614401 bytes and this value would "
-                                         "take it to 1228802, past CONDUIT_STORE_MAX_BYTES = 1048576"),
+    EXPECT_NE(std::string(e.what()).find("set of key 'b' rejected: the store holds 614497 bytes and this value would "
+                                         "take it to 1228994, past CONDUIT_STORE_MAX_BYTES = 1048576"),
               std::string::npos)
         << e.what();
   }

@@ -281,8 +281,8 @@ TEST(Inputs, InferencePlanAndCollInputsThatWereSilentlyBent) {
                          &rc);
     EXPECT_EQ(rc, 2) << out;
     EXPECT_EQ(out,
-              "conduit: error: sim plan: no candidate is valid (the first tried: sequence parallelism (--sp) needs "
-              "tp > 1); allowed: --gpus, --global-batch, fixed settings and the model's sizes with "
+              "conduit: error: sim plan: no candidate is valid; the first tried: sequence parallelism (--sp) needs "
+              "tp > 1; allowed: --gpus, --global-batch, fixed settings and the model's sizes with "
               "common divisors\n")
         << out;
   }
