@@ -558,6 +558,58 @@ TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsNotServedUntilItDoes) {
   read_replies(fd);
 }
 
+// A get woken by a set while its client's replies are backed up waits in the server for the client to read: it stays
+// charged against CONDUIT_STORE_MAX_BYTES until its answer goes (its key and 64 bytes), so a client that never reads
+// cannot hold memory past the limit; the refusals say how much the store holds.
+TEST(TcpStore, AWokenGetStaysChargedUntilItsAnswerGoes) {
+  setenv("CONDUIT_STORE_MAX_BYTES", "16M", 1);
+  int port = 0;
+  auto server = start_server(&port);
+  unsetenv("CONDUIT_STORE_MAX_BYTES");
+  auto other = client(port);
+  const std::string big(4 << 20, 'v');
+  // The store's count, read from the refusal of a set that cannot fit.
+  auto held = [&] {
+    try {
+      other->set("probe", std::string(size_t(16) << 20, 'p'));
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      const size_t at = m.find("the store holds ");
+      if (at != std::string::npos) return std::stoull(m.substr(at + 16));
+    }
+    ADD_FAILURE() << "no refusal";
+    return 0ull;
+  };
+  const uint64_t empty = held();
+  int fd = raw_connect(port);
+  constexpr int kGets = 100;
+  unsigned char h[24 + 3] = {0x43, 0x44, 0x53, 0x54, 1, 0, 2, 0};
+  h[16] = 3;
+  std::memcpy(h + 24, "sit", 3);
+  for (int i = 0; i < kGets; ++i) {
+    h[8] = static_cast<unsigned char>(i + 1);
+    ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the gets wait in the server
+  EXPECT_EQ(held(), empty + kGets * (3 + 64));
+  other->set("sit", big);  // two answers fill the client's 8 MiB of pending replies; the rest wait for it to read
+  const uint64_t set = 3 + big.size() + 96;
+  // (as the kernel takes some of the pending bytes, a few more answers go: 98 or a few fewer still wait)
+  const uint64_t waiting = held() - empty - set;
+  EXPECT_LE(waiting, 98u * (3 + 64));
+  EXPECT_GE(waiting, 80u * (3 + 64));
+  EXPECT_EQ(waiting % (3 + 64), 0u);
+  std::vector<char> buf(1 << 20);
+  size_t got = 0;
+  while (got < size_t(kGets) * (24 + big.size())) {
+    const ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+    ASSERT_GT(n, 0) << got;
+    got += size_t(n);
+  }
+  EXPECT_EQ(held(), empty + set);  // every answer gone: their charge given back
+  close(fd);
+}
+
 TEST(TcpStore, MalformedReplyIsProtocolError) {
   // A fake server that answers every request with garbage.
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
