@@ -471,17 +471,13 @@ class TcpStoreServer {
         auto it = data_.find(key);
         if (it != data_.end()) {
           reply(c, h, kOk, it->second);
-        } else if (held_bytes_ + parked_bytes_ + parked_cost(key) > max_bytes_) {
+        } else if (holding() + parked_cost(key) > max_bytes_) {
           // (a get waiting for its key holds memory too: one client could park gets without end)
-          if (!warned_)
-            CONDUIT_LOG_WARN("tcp store server {}:{}: refused a waiting get from {}: the store holds {} of {}", host_,
-                             port_, c.peer, held_bytes_ + parked_bytes_, max_bytes_);
-          warned_ = true;
-          reply(c, h, kBadRequest,
-                fmt::format("the store holds {} bytes of values and waiting gets, and one more waiting get would pass "
-                            "CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer gets of keys not set yet, or a "
-                            "larger limit",
-                            held_bytes_ + parked_bytes_, max_bytes_));
+          refuse(c, h, "a waiting get",
+                 fmt::format("the store holds {} bytes of values and waiting gets, and one more waiting get would "
+                             "pass CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer gets of keys not set yet, "
+                             "or a larger limit",
+                             holding(), max_bytes_));
         } else {
           waiters_[key].push_back({id, h.id});
           parked_bytes_ += parked_cost(key);
@@ -635,20 +631,25 @@ class TcpStoreServer {
     // (the gets this set answers give their charge back)
     auto w = waiters_.find(key);
     const uint64_t answered = w == waiters_.end() ? 0 : w->second.size() * parked_cost(key);
-    const uint64_t after = held_bytes_ + parked_bytes_ - now - answered + entry_cost(key, bytes);
+    const uint64_t after = holding() - now - answered + entry_cost(key, bytes);
     if (after <= max_bytes_) {
       warned_ = false;
       return true;
     }
-    if (!warned_)
-      CONDUIT_LOG_WARN("tcp store server {}:{}: refused a set of {} bytes from {}: the store holds {} of {}", host_,
-                       port_, key.size() + bytes, c.peer, held_bytes_ + parked_bytes_, max_bytes_);
-    warned_ = true;
-    reply(c, h, kBadRequest,
-          fmt::format("the store holds {} bytes and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
-                      "{} (rank 0's); allowed: fewer or smaller values, or a larger limit",
-                      held_bytes_ + parked_bytes_, after, max_bytes_));
+    refuse(c, h, fmt::format("a set of {} bytes", key.size() + bytes),
+           fmt::format("the store holds {} bytes and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
+                       "{} (rank 0's); allowed: fewer or smaller values, or a larger limit",
+                       holding(), after, max_bytes_));
     return false;
+  }
+  uint64_t holding() const { return held_bytes_ + parked_bytes_; }
+  // A request the limit refuses: the client's one-line error, and a warning (once until one is taken again).
+  void refuse(Client& c, const Header& h, const std::string& what, const std::string& why) {
+    if (!warned_)
+      CONDUIT_LOG_WARN("tcp store server {}:{}: refused {} from {}: the store holds {} of {}", host_, port_, what,
+                       c.peer, holding(), max_bytes_);
+    warned_ = true;
+    reply(c, h, kBadRequest, why);
   }
 };
 

@@ -40,6 +40,14 @@ StorePtr start_server(int* port) {
   return s;
 }
 
+// A server started under CONDUIT_STORE_MAX_BYTES = limit (the variable is read as it starts).
+StorePtr start_server_limited(const char* limit, int* port) {
+  setenv("CONDUIT_STORE_MAX_BYTES", limit, 1);
+  auto s = start_server(port);
+  unsetenv("CONDUIT_STORE_MAX_BYTES");
+  return s;
+}
+
 StorePtr client(int port, double connect_seconds = 10) {
   return make_tcp_store("127.0.0.1", port, false, Deadline::after(connect_seconds));
 }
@@ -177,10 +185,8 @@ TEST(TcpStore, LargeValue) {
 // without bound): a set past it is refused with one line, the store unchanged; replacing a value counts only the
 // difference; the limit's own value is checked when the server starts.
 TEST(TcpStore, TheServerHoldsAtMostItsLimit) {
-  setenv("CONDUIT_STORE_MAX_BYTES", "1M", 1);
   int port = 0;
-  auto server = start_server(&port);
-  unsetenv("CONDUIT_STORE_MAX_BYTES");
+  auto server = start_server_limited("1M", &port);
   auto c = client(port);
   const std::string part(600 << 10, 'a');
   c->set("a", part);
@@ -494,6 +500,17 @@ TEST(TcpStore, MalformedFramesDropOnlyThatClient) {
 }
 
 namespace {
+// Sends `n` gets of a 3-letter key on a raw connection without reading anything (request ids 1..n).
+void send_raw_gets(int fd, const char* key, int n) {
+  unsigned char h[24 + 3] = {0x43, 0x44, 0x53, 0x54, 1, 0, 2, 0};
+  h[16] = 3;
+  std::memcpy(h + 24, key, 3);
+  for (int i = 0; i < n; ++i) {
+    h[8] = static_cast<unsigned char>(i + 1);  // request id
+    ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
+  }
+}
+
 long vm_rss_kib() {
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -512,16 +529,7 @@ TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsNotServedUntilItDoes) {
   const std::string big(4 << 20, 'v');
   server->set("big", big);
   constexpr int kGets = 100;
-  // Sends kGets gets of a 3-letter key without reading anything.
-  auto send_gets = [&](int fd, const char* key) {
-    unsigned char h[24 + 3] = {0x43, 0x44, 0x53, 0x54, 1, 0, 2, 0};
-    h[16] = 3;
-    std::memcpy(h + 24, key, 3);
-    for (int i = 0; i < kGets; ++i) {
-      h[8] = static_cast<unsigned char>(i + 1);  // request id
-      ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
-    }
-  };
+  auto send_gets = [&](int fd, const char* key) { send_raw_gets(fd, key, kGets); };
   // Reads the kGets replies of the 4 MiB value, then closes.
   const size_t want = size_t(kGets) * (24 + big.size());
   std::vector<char> buf(1 << 20);
@@ -562,10 +570,8 @@ TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsNotServedUntilItDoes) {
 // charged against CONDUIT_STORE_MAX_BYTES until its answer goes (its key and 64 bytes), so a client that never reads
 // cannot hold memory past the limit; the refusals say how much the store holds.
 TEST(TcpStore, AWokenGetStaysChargedUntilItsAnswerGoes) {
-  setenv("CONDUIT_STORE_MAX_BYTES", "16M", 1);
   int port = 0;
-  auto server = start_server(&port);
-  unsetenv("CONDUIT_STORE_MAX_BYTES");
+  auto server = start_server_limited("16M", &port);
   auto other = client(port);
   const std::string big(4 << 20, 'v');
   // The store's count, read from the refusal of a set that cannot fit.
@@ -583,13 +589,7 @@ TEST(TcpStore, AWokenGetStaysChargedUntilItsAnswerGoes) {
   const uint64_t empty = held();
   int fd = raw_connect(port);
   constexpr int kGets = 100;
-  unsigned char h[24 + 3] = {0x43, 0x44, 0x53, 0x54, 1, 0, 2, 0};
-  h[16] = 3;
-  std::memcpy(h + 24, "sit", 3);
-  for (int i = 0; i < kGets; ++i) {
-    h[8] = static_cast<unsigned char>(i + 1);
-    ASSERT_EQ(send(fd, h, sizeof h, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof h));
-  }
+  send_raw_gets(fd, "sit", kGets);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the gets wait in the server
   EXPECT_EQ(held(), empty + kGets * (3 + 64));
   other->set("sit", big);  // two answers fill the client's 8 MiB of pending replies; the rest wait for it to read
