@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <unordered_map>
 
@@ -99,7 +100,7 @@ Step ring_step(const Builder& b, const std::vector<long long>& idx, double frac,
   s.phase = phase;
   const size_t m = idx.size();
   s.transfers.reserve(m);
-  for (size_t i = 0; i < m; ++i) s.transfers.push_back({b.gid(idx[i]), b.gid(idx[(i + 1) % m]), frac, {}, -1});
+  for (size_t i = 0; i < m; ++i) s.transfers.push_back({b.gid(idx[i]), b.gid(idx[(i + 1) % m]), frac, -1, -1});
   return s;
 }
 
@@ -143,7 +144,7 @@ void append_halving_doubling(const Builder& b, Collective c, long long p, std::v
     Step s;
     s.phase = "fold extra ranks";
     s.reduce = 1;
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, {}, -1});
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, -1, -1});
     out.push_back(std::move(s));
   }
   const int logq = ceil_log2(q);
@@ -154,7 +155,7 @@ void append_halving_doubling(const Builder& b, Collective c, long long p, std::v
       double frac = 1.0 / static_cast<double>(2LL << k);
       s.reduce = frac;
       long long d = 1LL << k;
-      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, {}, -1});
+      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, -1, -1});
       out.push_back(std::move(s));
     }
   }
@@ -164,14 +165,14 @@ void append_halving_doubling(const Builder& b, Collective c, long long p, std::v
       s.phase = "recursive doubling";
       double frac = 1.0 / static_cast<double>(2LL << k);
       long long d = 1LL << k;
-      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, {}, -1});
+      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, -1, -1});
       out.push_back(std::move(s));
     }
   }
   if (extra > 0 && c == Collective::kAllReduce) {
     Step s;
     s.phase = "return to extra ranks";
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, {}, -1});
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, -1, -1});
     out.push_back(std::move(s));
   }
   if (extra > 0 && c != Collective::kAllReduce)
@@ -186,20 +187,20 @@ void append_recursive_doubling_allreduce(const Builder& b, long long p, std::vec
     Step s;
     s.phase = "fold extra ranks";
     s.reduce = 1;
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, {}, -1});
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, -1, -1});
     out.push_back(std::move(s));
   }
   for (int k = 0; (1LL << k) < q; ++k) {
     Step s;
     s.phase = "recursive doubling";
     s.reduce = 1;
-    for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ (1LL << k)), 1.0, {}, -1});
+    for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ (1LL << k)), 1.0, -1, -1});
     out.push_back(std::move(s));
   }
   if (extra > 0) {
     Step s;
     s.phase = "return to extra ranks";
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, {}, -1});
+    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, -1, -1});
     out.push_back(std::move(s));
   }
 }
@@ -214,9 +215,9 @@ void append_binomial(const Builder& b, long long p, bool reduce, std::vector<Ste
     long long d = 1LL << k;
     for (long long i = 0; i < d && i + d < p; ++i) {
       if (reduce)
-        s.transfers.push_back({b.gid(i + d), b.gid(i), 1.0, {}, -1});
+        s.transfers.push_back({b.gid(i + d), b.gid(i), 1.0, -1, -1});
       else
-        s.transfers.push_back({b.gid(i), b.gid(i + d), 1.0, {}, -1});
+        s.transfers.push_back({b.gid(i), b.gid(i + d), 1.0, -1, -1});
     }
     s.reduce = reduce ? 1.0 : 0.0;
     down.push_back(std::move(s));
@@ -261,8 +262,8 @@ void append_double_binary_tree(const Builder& b, long long p, std::vector<Step>&
       long long par = inorder_parent(v, p);
       if (par == 0) continue;
       long long pr = tree == 0 ? par - 1 : odd ? par % p : p - par;
-      s.transfers.push_back({b.gid(r), b.gid(pr), 0.5, {}, -1});  // reduce up
-      s.transfers.push_back({b.gid(pr), b.gid(r), 0.5, {}, -1});  // broadcast down
+      s.transfers.push_back({b.gid(r), b.gid(pr), 0.5, -1, -1});  // reduce up
+      s.transfers.push_back({b.gid(pr), b.gid(r), 0.5, -1, -1});  // broadcast down
     }
   }
   int depth = p <= 64 ? inorder_depth(p) : static_cast<int>(std::floor(std::log2(static_cast<double>(p))));
@@ -292,6 +293,7 @@ void append_in_network(const Builder& b, const std::vector<long long>& members, 
   Step s;
   s.phase = phase;
   s.latency_hops = 2;  // up to the aggregation root and back down
+  s.transfers.reserve(2 * members.size());
   std::vector<int> behind;
   std::unordered_map<int, long long> leaves;  // leaf-up link -> a member behind it
   double nic_lat = 0;
@@ -303,8 +305,8 @@ void append_in_network(const Builder& b, const std::vector<long long>& members, 
     const NodeKind& k = t.kind_of_gpu(r);
     // A way up (or down) passes the NIC and, behind a leaf switch, that switch (as a point-to-point route counts it).
     const double way = k.nic.latency + (behind.size() >= 6 ? t.spec().network.switch_latency : 0);
-    s.transfers.push_back({r, r, frac, {behind[2]}, way});
-    s.transfers.push_back({r, r, frac, {behind[3]}, way});
+    s.transfers.push_back({r, r, frac, behind[2], way});
+    s.transfers.push_back({r, r, frac, behind[3], way});
     nic_lat = std::max(nic_lat, k.nic.latency);
     if (behind.size() >= 6) leaves.emplace(behind[4], r);
   }
@@ -313,8 +315,8 @@ void append_in_network(const Builder& b, const std::vector<long long>& members, 
     // slowest leg's, so the leaf legs carry the whole way (they carried the two switches alone, a NIC's short).
     const double way = nic_lat + t.spec().network.switch_latency * 2;
     for (auto [up, r] : leaves) {
-      s.transfers.push_back({r, r, frac, {up}, way});
-      s.transfers.push_back({r, r, frac, {up + static_cast<int>(t.leaves())}, way});
+      s.transfers.push_back({r, r, frac, up, way});
+      s.transfers.push_back({r, r, frac, up + static_cast<int>(t.leaves()), way});
     }
   }
   out.push_back(std::move(s));
@@ -339,7 +341,7 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
     case Collective::kShift: {
       Step s;
       s.phase = "send to next stage";
-      for (long long i = 0; i + 1 < p; ++i) s.transfers.push_back({b.gid(i), b.gid(i + 1), 1.0, {}, -1});
+      for (long long i = 0; i + 1 < p; ++i) s.transfers.push_back({b.gid(i), b.gid(i + 1), 1.0, -1, -1});
       out.push_back(std::move(s));
       return out;
     }
@@ -348,7 +350,7 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
       for (long long k = 1; k < p; ++k) {
         Step s;
         s.phase = "pairwise exchange";
-        for (long long i = 0; i < p; ++i) s.transfers.push_back({b.gid(i), b.gid((i + k) % p), 1.0 / p, {}, -1});
+        for (long long i = 0; i < p; ++i) s.transfers.push_back({b.gid(i), b.gid((i + k) % p), 1.0 / p, -1, -1});
         out.push_back(std::move(s));
       }
       return out;
@@ -366,9 +368,9 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
         s.reduce = c == Collective::kReduce ? 1.0 : 0.0;
         for (long long i = 0; i + 1 < p; ++i) {
           if (c == Collective::kBroadcast)
-            s.transfers.push_back({b.gid(i), b.gid(i + 1), 1.0, {}, -1});
+            s.transfers.push_back({b.gid(i), b.gid(i + 1), 1.0, -1, -1});
           else
-            s.transfers.push_back({b.gid(i + 1), b.gid(i), 1.0, {}, -1});
+            s.transfers.push_back({b.gid(i + 1), b.gid(i), 1.0, -1, -1});
         }
         out.push_back(std::move(s));
         return out;
@@ -486,11 +488,11 @@ std::vector<Algorithm> candidate_algorithms(Collective c, const Topology& topo) 
   return {Algorithm::kRing};
 }
 
-// Appends a transfer's links to `path` (its own when the pattern fixed them, else the topology's route) and returns
-// their latency.
+// Appends a transfer's links to `path` (the one the pattern fixed, else the topology's route) and returns their
+// latency.
 static double route_transfer(const Topology& topo, const Transfer& t, std::vector<int>& path) {
-  if (t.links.empty()) return topo.route(t.src, t.dst, path);
-  path.insert(path.end(), t.links.begin(), t.links.end());
+  if (t.link < 0) return topo.route(t.src, t.dst, path);
+  path.push_back(t.link);
   return std::max(0.0, t.latency);
 }
 
@@ -505,14 +507,21 @@ static std::vector<long long> copy_offsets(const Topology& topo, const Group& g)
 }
 
 // Whether a copy of the pattern is the pattern with every rank shifted by the copy's offset: its transfers are routed
-// by the topology (none carries fixed links) and its shape does not read where the group sits (the hierarchical and
-// in-network patterns split at node boundaries). Then copies need not be built, only routed (100,000 accelerators on
-// a torus: 1.3 s of building and copying patterns).
-static bool shifts_exactly(Algorithm a, const std::vector<Step>& steps) {
-  if (a == Algorithm::kHierarchical || a == Algorithm::kInNetwork) return false;
+// by the topology (none carries a fixed link, as in-network aggregation's do) and its shape does not read where the
+// group sits (a hierarchical pattern splits at node boundaries: below). Then copies need not be built, only routed
+// (100,000 accelerators on a torus: 1.3 s of building and copying patterns).
+static bool shifts_exactly(const Topology& topo, Algorithm a, const Group& g, const std::vector<Step>& steps) {
+  if (a == Algorithm::kInNetwork) return false;
   for (const Step& s : steps)
     for (const Transfer& t : s.transfers)
-      if (!t.links.empty()) return false;
+      if (t.link >= 0) return false;
+  if (a != Algorithm::kHierarchical) return true;
+  // A hierarchical pattern reads where its group sits only through how many of its ranks share a node (its rings run
+  // over positions in the group): a copy whose ranks split over nodes as g's do runs g's pattern shifted. (Building
+  // and routing every copy's pattern took a quarter of a 262,144-GPU plan's time.)
+  const long long k = ranks_per_node(Builder{topo, g}, g.size);
+  for (long long off : copy_offsets(topo, g))
+    if (ranks_per_node(Builder{topo, Group{g.size, g.stride, g.first + off}}, g.size) != k) return false;
   return true;
 }
 
@@ -567,7 +576,7 @@ CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, co
       if (one_rail) return false;
       for (const Step& s : steps)
         for (const Transfer& t : s.transfers)
-          if (t.links.empty() && topo_.via_proxy(t.src, t.dst)) return true;
+          if (t.link < 0 && topo_.via_proxy(t.src, t.dst)) return true;
       return false;
     };
     if (!it->second && (topo_.spec().network.topology != TopologyKind::kRailOptimized || !proxied())) return cs;
@@ -578,7 +587,7 @@ CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, co
     cs.approximate = !cs.route_all;
   }
   if (!cs.route_all) return cs;
-  cs.shift = shifts_exactly(a, steps);
+  cs.shift = shifts_exactly(topo_, a, g, steps);
   if (cs.shift) {
     cs.offsets = copy_offsets(topo_, g);
     return cs;
@@ -594,6 +603,33 @@ CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, co
       break;
     }
   return cs;
+}
+
+// Two independent 64-bit hashes of a step's transfers (ranks, fractions, fixed links and latencies): what its cost
+// depends on besides its group and the copies routed with it.
+static std::pair<uint64_t, uint64_t> step_hash(const Step& s) {
+  uint64_t a = 0xcbf29ce484222325ull, b = 0x9e3779b97f4a7c15ull;
+  auto mix = [&](uint64_t v) {
+    a = (a ^ v) * 0x100000001b3ull;  // FNV-1a over 64-bit words
+    b += v + 0x9e3779b97f4a7c15ull;  // splitmix64's step and finalizer
+    b = (b ^ (b >> 30)) * 0xbf58476d1ce4e5b9ull;
+    b = (b ^ (b >> 27)) * 0x94d049bb133111ebull;
+    b ^= b >> 31;
+  };
+  auto bits = [](double d) {
+    uint64_t u;
+    std::memcpy(&u, &d, sizeof u);
+    return u;
+  };
+  mix(s.transfers.size());
+  for (const Transfer& t : s.transfers) {
+    mix(static_cast<uint64_t>(t.src));
+    mix(static_cast<uint64_t>(t.dst));
+    mix(bits(t.frac));
+    mix(static_cast<uint64_t>(t.link));
+    mix(bits(t.latency));
+  }
+  return {a, b};
 }
 
 // Calls f(step, offset) for step si of every copy in cs: g's own step shifted by each copy's offset, each built
@@ -640,8 +676,26 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
   const double overhead = topo_.spec().network.software_overhead;
   std::vector<int> touched, path;
   std::map<std::string, double> by_kind;
+  // Looked up where every copy is routed as g's transfers shifted: hashing a step's transfers costs about what routing
+  // them once does (g alone: no gain, 20-25% slower), and copies built one by one may differ from g's in any step.
+  const bool cacheable = route_all && cs.shift;
   for (size_t si = 0; si < steps.size(); ++si) {
     const Step& s = steps[si];
+    StepCost* known = nullptr;
+    if (cacheable) {
+      const auto [h1, h2] = step_hash(s);
+      auto [it, fresh] = step_cache_.try_emplace({g.size, g.stride, g.first, h1, h2});
+      if (!fresh) {
+        const StepCost& sc = it->second;
+        cost.latency += s.repeat * s.latency_hops * (sc.latency + overhead);
+        cost.per_byte += s.repeat * sc.per_byte;
+        cost.reduce_frac += s.repeat * s.reduce;
+        cost.steps += s.repeat;
+        by_kind[link_kind_name(sc.worst)] += s.repeat * sc.per_byte;
+        continue;
+      }
+      known = &it->second;
+    }
     double lat = 0;
     auto load = [&](const Step& st, long long off) {
       for (const Transfer& t : st.transfers) {
@@ -668,6 +722,7 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
       load_[id] = 0.0;
     }
     touched.clear();
+    if (known) *known = StepCost{lat, coeff, worst};
     cost.latency += s.repeat * s.latency_hops * (lat + overhead);
     cost.per_byte += s.repeat * coeff;
     cost.reduce_frac += s.repeat * s.reduce;
@@ -725,11 +780,15 @@ std::set<long long> CollectiveModel::distinct_copies(const Group& g, bool* uneve
     uint64_t h = 1469598103934665603ull, straddle = h;
     auto mix = [](uint64_t& x, uint64_t v) { x = (x ^ v) * 1099511628211ull; };
     long long prev_node = -1, prev_leaf = -1;
+    // How many nodes a leaf holds matters only to a copy that leaves its leaf (to its share of the leaf's uplinks): a
+    // group inside a node or a leaf costs the same in the last, part-full leaf (every tensor-parallel group of 262,144
+    // dgx-a100 GPUs was routed, copy by copy, because the last leaf holds 8 nodes of 20).
+    const bool one_leaf = topo_.node_of(first) / npl == topo_.node_of(first + (g.size - 1) * g.stride) / npl;
     for (long long i = 0; i < g.size; ++i) {
       const long long gpu = first + i * g.stride, node = topo_.node_of(gpu), leaf = node / npl;
       const NodeKind& k = topo_.kind_of_node(node);
       mix(straddle, uint64_t(node == prev_node) | uint64_t(leaf == prev_leaf) << 1);
-      mix(straddle, uint64_t(std::min(npl, topo_.nodes() - leaf * npl)));
+      if (!one_leaf) mix(straddle, uint64_t(std::min(npl, topo_.nodes() - leaf * npl)));
       mix(h, uint64_t(&k - topo_.spec().node_kinds.data()));
       if (rail) mix(h, uint64_t(topo_.nic_of_local(topo_.local_of(gpu), k)));
       prev_node = node;

@@ -67,8 +67,8 @@ struct Group {
 struct Transfer {
   long long src = 0, dst = 0;  // global accelerator ids
   double frac = 0;             // bytes = frac * n
-  std::vector<int> links;      // explicit links (in-network aggregation), else routed src -> dst
-  double latency = -1;         // with explicit links: the latency of this leg (else the route's)
+  int link = -1;               // a fixed link (in-network aggregation), else routed src -> dst
+  double latency = -1;         // with a fixed link: the latency of this leg (else the route's)
 };
 
 struct Step {
@@ -158,6 +158,16 @@ class CollectiveModel {
   static constexpr double kRouteAllTransfers = 1 << 21;
   // (size, stride, -1 or a first off the tiling) -> the copies straddle unevenly
   std::map<std::tuple<long long, long long, long long>, bool> uneven_;
+  // A step's latency, bandwidth term (seconds per byte of n) and bounding link kind where every copy of the group was
+  // routed as its transfers shifted, per (group, the step's transfers as a 128-bit hash): steps alike in transfers
+  // cost alike, and many are (a ring allreduce's reduce-scatter and allgather steps and those of the reduce-scatter
+  // and allgather profiles; the halving and doubling steps; a hierarchical pattern's intra-node rings, and its
+  // inter-node ring with a rank a node is the plain ring's step).
+  struct StepCost {
+    double latency = 0, per_byte = 0;
+    LinkKind worst = LinkKind::kGpuOut;
+  };
+  std::map<std::tuple<long long, long long, long long, uint64_t, uint64_t>, StepCost> step_cache_;
   std::vector<double> load_;  // scratch, per link
   std::vector<int> ranks_behind_;
 };

@@ -1,5 +1,6 @@
 // Closed forms of the collective cost models (MPICH formulas on a flat alpha-beta network), max-min fairness,
 // and agreement of the symmetric and full-detail modes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -289,7 +290,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // against 8.89 ms), which no rank of the group sits behind.
                       Agree{"dgx-a100", 160, 2, 10, Algorithm::kRing, Collective::kAllReduce, 0.01},
                       Agree{"dgx-a100", 72, 8, 9, Algorithm::kHalvingDoubling, Collective::kAllReduce, 0.01},
-                      Agree{"dgx-a100", 72, 2, 9, Algorithm::kDoubleBinaryTree, Collective::kAllReduce, 0.01}));
+                      Agree{"dgx-a100", 72, 2, 9, Algorithm::kDoubleBinaryTree, Collective::kAllReduce, 0.01},
+                      // Hierarchical copies that split over nodes alike but straddle leaves unevenly (30 nodes, leaves
+                      // of 20, copies of 3 nodes): routed as g's pattern shifted instead of built one by one.
+                      Agree{"dgx-a100", 240, 24, 1, Algorithm::kHierarchical, Collective::kAllReduce, 0.01},
+                      Agree{"dgx-a100", 240, 24, 1, Algorithm::kHierarchical, Collective::kReduceScatter, 0.01}));
 
 // In-network aggregation across leaves: each way up (and down) passes the NIC, the leaf and the spine switch (a review
 // found the step's latency was the larger of the NIC's and the two switches', a NIC's short; inside a leaf it left the
@@ -428,6 +433,65 @@ TEST(Symmetric, UnevenCopiesAreRoutedOrFlagged) {
   auto aligned = m.profile(Collective::kAllReduce, Algorithm::kRing, Group{25, 8, 0});
   EXPECT_FALSE(aligned.all_copies_routed);
   EXPECT_FALSE(aligned.approximate);
+}
+
+// Symmetric mode reuses a step's cost wherever the same transfers come again for the same group (a ring allreduce's
+// two phases, the reduce-scatter and allgather profiles, the halving and doubling steps): a profile is the same
+// whatever was profiled before it. Halving-doubling and recursive doubling exchange between the same pairs with
+// different fractions of n; 28 dgx-a100 nodes leave the last leaf part full, so some groups route every copy.
+TEST(Symmetric, AProfileDoesNotDependOnWhatWasProfiledBefore) {
+  for (const char* preset : {"dgx-a100", "ethernet-25g"}) {
+    Topology topo(load_cluster(preset), 224);
+    CollectiveModel shared(topo);
+    int routed = 0, checked = 0;
+    for (const Group g : {Group{8, 1, 0}, Group{16, 1, 0}, Group{28, 8, 0}, Group{56, 4, 0}, Group{32, 7, 0}})
+      for (Algorithm a : {Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling, Algorithm::kRing,
+                          Algorithm::kDoubleBinaryTree, Algorithm::kHierarchical, Algorithm::kInNetwork})
+        for (Collective c : {Collective::kReduceScatter, Collective::kAllGather, Collective::kAllReduce}) {
+          CollectiveModel fresh(topo);
+          CollectiveCost x, y;
+          try {
+            x = fresh.profile(c, a, g);
+          } catch (const UnsupportedError&) {
+            EXPECT_THROW(shared.profile(c, a, g), UnsupportedError);
+            continue;
+          }
+          y = shared.profile(c, a, g);
+          const std::string what =
+              fmt::format("{} {} {} of {} stride {}", preset, algorithm_name(a), collective_name(c), g.size, g.stride);
+          EXPECT_EQ(x.latency, y.latency) << what;
+          EXPECT_EQ(x.per_byte, y.per_byte) << what;
+          EXPECT_EQ(x.reduce_frac, y.reduce_frac) << what;
+          EXPECT_EQ(x.bottleneck, y.bottleneck) << what;
+          EXPECT_EQ(x.all_copies_routed, y.all_copies_routed) << what;
+          EXPECT_EQ(x.approximate, y.approximate) << what;
+          routed += x.all_copies_routed;
+          ++checked;
+        }
+    EXPECT_GT(checked, 40) << preset;
+    if (std::string(preset) == "dgx-a100") {
+      EXPECT_GT(routed, 5);
+    }
+  }
+}
+
+// A group inside a node or a leaf costs the same in the last, part-full leaf as in a full one: its copies are not
+// routed one by one (every tensor-parallel group of 262,144 dgx-a100 GPUs was, since the last leaf holds 8 nodes of
+// 20), and the time is the full-leaf cluster's and full detail's.
+TEST(Symmetric, GroupsInsideALeafAreNotRoutedCopyByCopy) {
+  Topology part(load_cluster("dgx-a100"), 224), whole(load_cluster("dgx-a100"), 320);
+  CollectiveModel m(part), w(whole);
+  const double n = 64 << 20;
+  // (Inside a node; on one rail of 2 and 4 nodes, so that no transfer passes a PXN proxy, whose copies are routed.)
+  for (const Group g : {Group{8, 1, 0}, Group{4, 2, 0}, Group{2, 8, 0}, Group{4, 8, 0}})
+    for (Algorithm a : {Algorithm::kRing, Algorithm::kInNetwork}) {
+      const std::string what = fmt::format("{} of {} stride {}", algorithm_name(a), g.size, g.stride);
+      const auto c = m.profile(Collective::kAllReduce, a, g);
+      EXPECT_FALSE(c.all_copies_routed) << what;
+      EXPECT_FALSE(c.approximate) << what;
+      EXPECT_DOUBLE_EQ(c.time(n), w.time(Collective::kAllReduce, a, g, n)) << what;
+      EXPECT_LT(rel(c.time(n), m.time_full(Collective::kAllReduce, a, g, n)), 1e-6) << what;
+    }
 }
 
 }  // namespace
