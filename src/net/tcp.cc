@@ -149,8 +149,9 @@ void set_nonblocking(int fd) {
   fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-// How long an accepted connection may take to say hello before it is dropped.
+// How long an accepted connection may take to say hello before it is dropped, and how many may be waited on at once.
 constexpr double kHelloSeconds = 5.0;
+constexpr size_t kMaxPendingHellos = 64;
 
 bool poll_fd(int fd, short events, const Deadline& d) {
   while (true) {
@@ -697,7 +698,7 @@ class TcpTransport : public Transport {
     std::string why;
     std::string addr = tcp_listen_address(&why);
     CONDUIT_LOG_INFO("tcp: rank {} listens on {}", rank_, why);
-    int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (lfd < 0)  // (out of descriptors read as bind's "Bad file descriptor")
       throw Error(fmt::format("tcp: cannot open a socket to listen on {}: {}", addr, std::strerror(errno)));
     sockaddr_in sa{};
@@ -732,61 +733,34 @@ class TcpTransport : public Transport {
       std::vector<int> unanswered;
       for (int j = 0; j < rank_; ++j)
         if (serve_[j]) unanswered.push_back(j);
-      // Until the listening socket has a connection (listen) or every answer has come (!listen); false when the
-      // deadline passes first.
-      auto wait_for = [&](bool listen) {
-        std::vector<pollfd> fds;
-        while (listen || !unanswered.empty()) {
-          const double rem = deadline.remaining_seconds();
-          if (rem <= 0) return false;
-          fds.clear();
-          if (listen) fds.push_back({lfd, POLLIN, 0});
-          for (int j : unanswered) fds.push_back({peers_[j].fd, POLLIN, 0});
-          const int r = ::poll(fds.data(), fds.size(), rem > 1e6 ? 1000 : static_cast<int>(rem * 1000) + 1);
-          if (r < 0 && errno != EINTR) throw Error(fmt::format("tcp: poll failed: {}", std::strerror(errno)));
-          if (r <= 0) continue;
-          const size_t first = listen ? 1 : 0;
-          std::vector<int> still;
-          for (size_t i = first; i < fds.size(); ++i) {
-            const int j = unanswered[i - first];
-            if (fds[i].revents != 0)
-              read_hello_answer(j, deadline);
-            else
-              still.push_back(j);
-          }
-          unanswered.swap(still);
-          if (listen && fds[0].revents != 0) return true;
-        }
-        return true;
-      };
-      for (int k = 0; k < expected; ++k) {
-        if (!wait_for(true))
-          throw TimeoutError(fmt::format("tcp: rank {} timed out waiting for {} more peers to connect{}", rank_,
-                                         expected - k,
-                                         rejected.empty() ? "" : "; the last connection refused: " + rejected));
-        int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd < 0) {
-          const int e = errno;
-          // Errors of this socket or process stop the rendezvous; the network errors a pending connection hands
-          // on (EPROTO, ENETDOWN, EHOSTUNREACH, ...) and a passing shortage of buffers are retried, as accept(2) says.
-          if (e == EMFILE || e == ENFILE || e == EBADF || e == EINVAL || e == ENOTSOCK || e == EFAULT)
-            throw Error(fmt::format("tcp: rank {} cannot accept its peers' connections: {}{}", rank_, std::strerror(e),
-                                    e == EMFILE || e == ENFILE ? " (allowed: more file descriptors, ulimit -n)" : ""));
-          --k;
-          continue;
-        }
+      // Accepted connections are read as their bytes come, side by side with each other and with the answers: a
+      // connection that says nothing (a port scan, a stale process) is dropped after kHelloSeconds and costs the real
+      // peers no time (read one at a time, every silent connection held the rendezvous up for kHelloSeconds). At
+      // most kMaxPendingHellos wait at once; later ones wait in the listen backlog.
+      struct Pending {
+        int fd = -1;
+        Deadline until;
         FrameHeader h{};
-        try {
-          // A real peer sends its hello as soon as it has connected; a connection that says nothing within a few
-          // seconds is dropped and accepting goes on (reading it until the deadline kept every real peer waiting
-          // in the backlog, and the rendezvous failed).
-          read_all_blocking(fd, &h, sizeof h, deadline.min(Deadline::after(kHelloSeconds)));
-        } catch (const Error& e) {
-          CONDUIT_LOG_WARN("tcp: rank {} dropped a connection during handshake: {}", rank_, e.what());
-          ::close(fd);
-          --k;
-          continue;
+        size_t got = 0;
+      };
+      struct PendingSet {  // (closed however the rendezvous ends)
+        std::vector<Pending> v;
+        ~PendingSet() {
+          for (const Pending& p : v)
+            if (p.fd >= 0) ::close(p.fd);
         }
+      } pending;
+      std::string dropped;  // why the last connection that said no hello was dropped
+      auto drop = [&](Pending& p, const std::string& why) {
+        CONDUIT_LOG_WARN("tcp: rank {} dropped a connection during handshake: {}", rank_, why);
+        dropped = why;
+        ::close(p.fd);
+        p.fd = -1;
+      };
+      int accepted = 0;
+      // A whole hello: the peer's connection from now on, or refused with the reason.
+      auto take_hello = [&](Pending& p) {
+        const FrameHeader& h = p.h;
         std::string bad = validate_frame(h, -1, 0);
         if (bad.empty() && h.type != kFrameHello) bad = "first frame is not a hello";
         if (bad.empty() && h.src >= static_cast<uint32_t>(size_))
@@ -807,30 +781,98 @@ class TcpTransport : public Transport {
             const std::string why = bad.substr(0, kMaxAbortReason);
             FrameHeader r = make_frame(kFrameAbort, 0, why.size(), rank_);
             try {
-              write_all_blocking(fd, &r, sizeof r, Deadline::after(1));
-              write_all_blocking(fd, why.data(), why.size(), Deadline::after(1));
+              write_all_blocking(p.fd, &r, sizeof r, Deadline::after(1));
+              write_all_blocking(p.fd, why.data(), why.size(), Deadline::after(1));
             } catch (const Error&) {
             }
           }
-          ::close(fd);
-          --k;
-          continue;
+          ::close(p.fd);
+          p.fd = -1;
+          return;
         }
         try {
           // The hello is answered with this rank's own.
           FrameHeader ack = make_frame(kFrameHello, 0, 0, rank_);
-          write_all_blocking(fd, &ack, sizeof ack, deadline.min(Deadline::after(kHelloSeconds)));
+          write_all_blocking(p.fd, &ack, sizeof ack, deadline.min(Deadline::after(kHelloSeconds)));
         } catch (const Error& e) {
-          CONDUIT_LOG_WARN("tcp: rank {} dropped a connection during handshake: {}", rank_, e.what());
-          ::close(fd);
-          --k;
-          continue;
+          drop(p, e.what());
+          return;
         }
-        peers_[h.src].fd = fd;
+        peers_[h.src].fd = p.fd;
+        p.fd = -1;
+        ++accepted;
+      };
+      std::vector<pollfd> fds;
+      while (accepted < expected || !unanswered.empty()) {
+        const double rem = deadline.remaining_seconds();
+        if (rem <= 0) {
+          if (accepted < expected)
+            throw TimeoutError(fmt::format("tcp: rank {} timed out waiting for {} more peers to connect{}", rank_,
+                                           expected - accepted,
+                                           !rejected.empty()  ? "; the last connection refused: " + rejected
+                                           : !dropped.empty() ? "; the last connection dropped: " + dropped
+                                                              : ""));
+          throw TimeoutError(
+              fmt::format("tcp: rank {} timed out waiting for rank {} to answer its hello", rank_, unanswered.front()));
+        }
+        double wait = rem;
+        for (const Pending& p : pending.v) wait = std::min(wait, p.until.remaining_seconds());
+        const bool listen = accepted < expected && pending.v.size() < kMaxPendingHellos;
+        fds.clear();
+        if (listen) fds.push_back({lfd, POLLIN, 0});
+        const size_t first_pending = fds.size();
+        for (const Pending& p : pending.v) fds.push_back({p.fd, POLLIN, 0});
+        const size_t first_answer = fds.size();
+        for (int j : unanswered) fds.push_back({peers_[j].fd, POLLIN, 0});
+        const int r =
+            ::poll(fds.data(), fds.size(), wait > 1e6 ? 1000 : static_cast<int>(std::max(0.0, wait) * 1000) + 1);
+        if (r < 0 && errno != EINTR) throw Error(fmt::format("tcp: poll failed: {}", std::strerror(errno)));
+        for (size_t i = 0; i < pending.v.size(); ++i) {
+          Pending& p = pending.v[i];
+          if (r > 0 && fds[first_pending + i].revents != 0) {
+            const ssize_t n = ::recv(p.fd, reinterpret_cast<char*>(&p.h) + p.got, sizeof p.h - p.got, 0);
+            if (n > 0) {
+              p.got += static_cast<size_t>(n);
+              if (p.got == sizeof p.h) take_hello(p);
+            } else if (n == 0) {
+              drop(p, "connection closed during handshake");
+            } else if (errno != EAGAIN && errno != EINTR) {
+              drop(p, fmt::format("handshake read failed: {}", std::strerror(errno)));
+            }
+          }
+          if (p.fd >= 0 && p.until.expired()) drop(p, fmt::format("no hello within {} s", kHelloSeconds));
+        }
+        std::erase_if(pending.v, [](const Pending& p) { return p.fd < 0; });
+        if (r > 0) {
+          std::vector<int> still;
+          for (size_t i = first_answer; i < fds.size(); ++i) {
+            const int j = unanswered[i - first_answer];
+            if (fds[i].revents != 0)
+              read_hello_answer(j, deadline);
+            else
+              still.push_back(j);
+          }
+          unanswered.swap(still);
+        }
+        if (r > 0 && listen && fds[0].revents != 0) {
+          while (pending.v.size() < kMaxPendingHellos) {
+            const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd >= 0) {
+              pending.v.push_back({fd, deadline.min(Deadline::after(kHelloSeconds))});
+              continue;
+            }
+            const int e = errno;
+            // Errors of this socket or process stop the rendezvous; the network errors a pending connection hands
+            // on (EPROTO, ENETDOWN, EHOSTUNREACH, ...) and a passing shortage of buffers are retried at the next
+            // poll, as accept(2) says.
+            if (e == EMFILE || e == ENFILE || e == EBADF || e == EINVAL || e == ENOTSOCK || e == EFAULT)
+              throw Error(
+                  fmt::format("tcp: rank {} cannot accept its peers' connections: {}{}", rank_, std::strerror(e),
+                              e == EMFILE || e == ENFILE ? " (allowed: more file descriptors, ulimit -n)" : ""));
+            break;
+          }
+        }
       }
-      if (!wait_for(false))
-        throw TimeoutError(
-            fmt::format("tcp: rank {} timed out waiting for rank {} to answer its hello", rank_, unanswered.front()));
     } catch (...) {
       ::close(lfd);
       // The destructor does not run for a constructor that throws: close the peers connected so far.
