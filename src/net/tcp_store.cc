@@ -268,6 +268,8 @@ class TcpStoreServer {
     // Gets answered by a set while this client's replies were backed up: (key, request id), answered once they
     // drained (a set answering 1,000 waiting gets queued 1,000 copies of its value at once).
     std::deque<std::pair<std::string, uint64_t>> deferred;
+    uint64_t arriving = 0;  // the whole size of the request it is sending, charged against the limit until it is in
+    uint64_t skip = 0;      // bytes still to come of a request refused before it was in, read and discarded
     size_t pending() const { return out.size() - out_off; }
   };
   // A client's requests are not read or served while more than this of its replies waits to be sent: one that
@@ -421,7 +423,14 @@ class TcpStoreServer {
   bool serve(uint64_t id, Client& c) {
     size_t off = 0;
     bool ok = true;
-    while (c.in.size() - off >= kHeaderBytes && !backed_up(c)) {
+    while (!backed_up(c)) {
+      if (c.skip > 0) {
+        const size_t d = static_cast<size_t>(std::min<uint64_t>(c.skip, c.in.size() - off));
+        off += d;
+        c.skip -= d;
+        if (c.skip > 0) break;
+      }
+      if (c.in.size() - off < kHeaderBytes) break;
       Header h = decode_header(c.in.data() + off);
       std::string bad = check_header(h, false);
       if (!bad.empty()) {
@@ -432,7 +441,35 @@ class TcpStoreServer {
       }
       size_t total = kHeaderBytes + static_cast<size_t>(h.key_len) + h.value_len;
       // (not reserved from the header: 30 connections that sent a header each reserved 4 GB)
-      if (c.in.size() - off < total) break;
+      if (c.in.size() - off < total) {
+        // A request still arriving holds its bytes here as they come: it is charged against the limit for its whole
+        // size from its header on, or refused at once and its bytes discarded as they come (clients that each sent
+        // most of a 64 MiB value and stopped held 64 MiB apiece, uncounted).
+        if (c.arriving == 0) {
+          // (a set whose key is in is judged as it will be once in: replacing a value gives the old one's bytes back)
+          const bool set_key_in = h.op == kOpSet && c.in.size() - off >= kHeaderBytes + h.key_len;
+          const uint64_t after =
+              set_key_in ? after_set(c.in.substr(off + kHeaderBytes, h.key_len), h.value_len) : holding() + total;
+          if (after > max_bytes_) {
+            if (set_key_in)
+              refuse_set(c, h, total - kHeaderBytes, after);
+            else
+              refuse(c, h, fmt::format("a request of {} bytes", total),
+                     fmt::format("the store holds {} bytes and this request of {} bytes would take it past "
+                                 "CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer or smaller values or "
+                                 "keys, or a larger limit",
+                                 holding(), total, max_bytes_));
+            c.skip = total - (c.in.size() - off);
+            off = c.in.size();
+            break;
+          }
+          c.arriving = total;
+          arriving_bytes_ += total;
+        }
+        break;
+      }
+      arriving_bytes_ -= c.arriving;  // (in: judged as what it is from here)
+      c.arriving = 0;
       std::string key = c.in.substr(off + kHeaderBytes, h.key_len);
       std::string value = c.in.substr(off + kHeaderBytes + h.key_len, h.value_len);
       off += total;
@@ -574,6 +611,7 @@ class TcpStoreServer {
     if (it == clients_.end()) return;
     close(it->second.fd);
     for (const auto& d : it->second.deferred) parked_bytes_ -= parked_cost(d.first);  // (answers it never took)
+    arriving_bytes_ -= it->second.arriving;
     clients_.erase(it);
     // The gets it left waiting go with it (they stayed, each with its key, until the key was set, if ever).
     for (auto w = waiters_.begin(); w != waiters_.end();) {
@@ -609,6 +647,8 @@ class TcpStoreServer {
   // a record each; a stored key its key, its value and the map's node.
   uint64_t parked_bytes_ = 0;
   static uint64_t parked_cost(const std::string& key) { return key.size() + 64; }
+  // Requests still arriving, each charged its whole size (Client::arriving).
+  uint64_t arriving_bytes_ = 0;
   static uint64_t entry_cost(const std::string& key, size_t value) { return key.size() + value + 96; }
   bool warned_ = false;  // (one warning of a refusal until one is taken again: a flood would fill the log)
 
@@ -626,23 +666,30 @@ class TcpStoreServer {
   // Refuses (kBadRequest, the client's one-line error) a set of `key` to `bytes` of value that would take the store
   // past max_bytes_. False: refused.
   bool room_for(Client& c, const Header& h, const std::string& key, size_t bytes) {
-    auto it = data_.find(key);
-    const uint64_t now = it == data_.end() ? 0 : entry_cost(key, it->second.size());
-    // (the gets this set answers give their charge back)
-    auto w = waiters_.find(key);
-    const uint64_t answered = w == waiters_.end() ? 0 : w->second.size() * parked_cost(key);
-    const uint64_t after = holding() - now - answered + entry_cost(key, bytes);
+    const uint64_t after = after_set(key, bytes);
     if (after <= max_bytes_) {
       warned_ = false;
       return true;
     }
-    refuse(c, h, fmt::format("a set of {} bytes", key.size() + bytes),
+    refuse_set(c, h, key.size() + bytes, after);
+    return false;
+  }
+  // What the store would hold after a set of `key` to `bytes` of value: its old value and the gets it answers give
+  // their charge back.
+  uint64_t after_set(const std::string& key, uint64_t bytes) const {
+    auto it = data_.find(key);
+    const uint64_t now = it == data_.end() ? 0 : entry_cost(key, it->second.size());
+    auto w = waiters_.find(key);
+    const uint64_t answered = w == waiters_.end() ? 0 : w->second.size() * parked_cost(key);
+    return holding() - now - answered + entry_cost(key, bytes);
+  }
+  void refuse_set(Client& c, const Header& h, uint64_t bytes, uint64_t after) {
+    refuse(c, h, fmt::format("a set of {} bytes", bytes),
            fmt::format("the store holds {} bytes and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
                        "{} (rank 0's); allowed: fewer or smaller values, or a larger limit",
                        holding(), after, max_bytes_));
-    return false;
   }
-  uint64_t holding() const { return held_bytes_ + parked_bytes_; }
+  uint64_t holding() const { return held_bytes_ + parked_bytes_ + arriving_bytes_; }
   // A request the limit refuses: the client's one-line error, and a warning (once until one is taken again).
   void refuse(Client& c, const Header& h, const std::string& what, const std::string& why) {
     if (!warned_)

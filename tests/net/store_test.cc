@@ -26,6 +26,7 @@
 #include <future>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "../test_port.h"
 #include "core/error.h"
@@ -201,13 +202,14 @@ TEST(TcpStore, TheServerHoldsAtMostItsLimit) {
   }
   EXPECT_FALSE(c->check("b"));
   // A get waiting for its key holds its key too: one that would pass the limit is refused at once (not parked until
-  // its deadline); a short one waits as ever.
+  // its deadline; this one as its key arrives, which it would hold as well); a short one waits as ever.
   const auto t0 = std::chrono::steady_clock::now();
   try {
     c->get(std::string(500 << 10, 'k'), Deadline::after(20));
     ADD_FAILURE() << "a waiting get past the limit was parked";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("one more waiting get would pass CONDUIT_STORE_MAX_BYTES = 1048576"),
+    EXPECT_NE(std::string(e.what()).find("this request of 512024 bytes would take it past CONDUIT_STORE_MAX_BYTES = "
+                                         "1048576"),
               std::string::npos)
         << std::string(e.what()).substr(0, 300);
   }
@@ -519,6 +521,74 @@ long vm_rss_kib() {
   return -1;
 }
 }  // namespace
+
+namespace {
+// A raw request header (op, request id, key and value lengths) as the store's wire format has it.
+std::string raw_header(uint8_t op, uint8_t id, uint32_t key_len, uint32_t value_len) {
+  std::string h(24, '\0');
+  const unsigned char start[8] = {0x43, 0x44, 0x53, 0x54, 1, 0, op, 0};
+  std::memcpy(h.data(), start, 8);
+  h[8] = static_cast<char>(id);
+  std::memcpy(h.data() + 16, &key_len, 4);
+  std::memcpy(h.data() + 20, &value_len, 4);
+  return h;
+}
+void send_all(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    ASSERT_GT(n, 0) << std::strerror(errno);
+    sent += size_t(n);
+  }
+}
+// The reply to a request: (request id, status, value); id 0 when none came within raw_connect's 5 s.
+std::tuple<int, int, std::string> raw_reply(int fd) {
+  unsigned char h[24];
+  if (recv(fd, h, sizeof h, MSG_WAITALL) != 24) return {0, -1, ""};
+  uint32_t len;
+  std::memcpy(&len, h + 20, 4);
+  std::string v(len, '\0');
+  if (len > 0 && recv(fd, v.data(), len, MSG_WAITALL) != static_cast<ssize_t>(len)) return {0, -1, ""};
+  return {h[8], h[7], v};
+}
+}  // namespace
+
+// A request still arriving is charged its whole size from its header on: clients that each sent most of a 64 MiB
+// value and stopped held 64 MiB apiece in rank 0, uncounted. One that cannot fit beside it is refused at once, its
+// bytes discarded as they come (the connection stays in step), and a client that leaves mid-request gives its charge
+// back.
+TEST(TcpStore, ARequestStillArrivingIsChargedAgainstTheLimit) {
+  int port = 0;
+  auto server = start_server_limited("2M", &port);
+  const uint32_t big = 1200000;
+  const std::string body(big, 'v');
+  int a = raw_connect(port), b = raw_connect(port);
+  send_all(a, raw_header(1, 1, 3, big) + "aaa" + body.substr(0, 1000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a's set is arriving
+  send_all(b, raw_header(1, 1, 3, big) + "bbb" + body.substr(0, 1000));
+  auto [id, status, why] = raw_reply(b);  // refused before b sent the rest
+  EXPECT_EQ(id, 1);
+  EXPECT_EQ(status, 2);  // bad request
+  // (a's whole request is held: 24 + 3 + 1,200,000 bytes)
+  EXPECT_NE(why.find("the store holds 1200027 bytes and this value would take it to 2400126, past "
+                     "CONDUIT_STORE_MAX_BYTES = 2097152"),
+            std::string::npos)
+      << why;
+  send_all(b, body.substr(1000) + raw_header(4, 2, 3, 0) + "bbb");  // the rest, then a check: answered in step
+  auto [id2, status2, v2] = raw_reply(b);
+  EXPECT_EQ(id2, 2);
+  EXPECT_EQ(status2, 1);  // not found: the refused set left nothing
+  close(a);               // gone in the middle of its set
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto c = client(port);
+  EXPECT_NO_THROW(c->set("ccc", std::string(1500000, 'c')));  // a's charge given back (1.2M + 1.5M > 2M)
+  EXPECT_FALSE(c->check("aaa"));
+  send_all(b, raw_header(1, 3, 3, big) + "bbb" + body.substr(0, 1000));  // cannot fit beside ccc: refused at once
+  auto [id3, status3, why3] = raw_reply(b);
+  EXPECT_EQ(id3, 3);
+  EXPECT_EQ(status3, 2);
+  close(b);
+}
 
 // A client that sends requests without reading the replies is not read while its replies back up: each get of a
 // 4 MiB value queued another 4 MiB in the server (60 held 240 MiB); the others are served meanwhile, and once the
