@@ -726,7 +726,7 @@ class TcpTransport : public Transport {
         if (serve_[j]) peers_[j].fd = connect_to(all[j], j, deadline);
       int expected = 0;
       for (int k = rank_ + 1; k < size_; ++k) expected += serve_[k] ? 1 : 0;
-      std::string rejected;  // why the last connection that was not a peer's hello was refused
+      std::string last_bad;  // what became of the last connection refused or dropped, and where it came from
       // Each lower rank answers this rank's hello with its own, or with the reason it refused the connection: the
       // answers are read as they come while this rank accepts its own peers, so a refusal ends the rendezvous at
       // once and waiting for them adds no step to it.
@@ -739,7 +739,8 @@ class TcpTransport : public Transport {
       // most kMaxPendingHellos wait at once; later ones wait in the listen backlog.
       struct Pending {
         int fd = -1;
-        Deadline until;
+        Deadline until;  // its own kHelloSeconds (not the rendezvous' deadline: a timeout would blame it)
+        std::string peer;
         FrameHeader h{};
         size_t got = 0;
       };
@@ -750,10 +751,10 @@ class TcpTransport : public Transport {
             if (p.fd >= 0) ::close(p.fd);
         }
       } pending;
-      std::string dropped;  // why the last connection that said no hello was dropped
+      pending.v.reserve(kMaxPendingHellos);  // (no allocation between an accept and its entry)
       auto drop = [&](Pending& p, const std::string& why) {
-        CONDUIT_LOG_WARN("tcp: rank {} dropped a connection during handshake: {}", rank_, why);
-        dropped = why;
+        CONDUIT_LOG_WARN("tcp: rank {} dropped a connection from {} during handshake: {}", rank_, p.peer, why);
+        last_bad = fmt::format("dropped: {} (from {})", why, p.peer);
         ::close(p.fd);
         p.fd = -1;
       };
@@ -773,8 +774,8 @@ class TcpTransport : public Transport {
         else if (bad.empty() && peers_[h.src].fd >= 0)
           bad = fmt::format("a second hello from rank {} (two processes with the same rank?)", h.src);
         if (!bad.empty()) {
-          CONDUIT_LOG_WARN("tcp: rank {} rejected a connection: {}", rank_, bad);
-          rejected = bad;
+          CONDUIT_LOG_WARN("tcp: rank {} rejected a connection from {}: {}", rank_, p.peer, bad);
+          last_bad = fmt::format("refused: {} (from {})", bad, p.peer);
           // A connection that speaks this protocol is told why (an abort frame with the reason) before it is
           // closed, so the rank behind it reports the reason rather than a plain close.
           if (h.magic == kFrameMagic) {  // (another version too: it reads ours and names both)
@@ -809,9 +810,7 @@ class TcpTransport : public Transport {
           if (accepted < expected)
             throw TimeoutError(fmt::format("tcp: rank {} timed out waiting for {} more peers to connect{}", rank_,
                                            expected - accepted,
-                                           !rejected.empty()  ? "; the last connection refused: " + rejected
-                                           : !dropped.empty() ? "; the last connection dropped: " + dropped
-                                                              : ""));
+                                           last_bad.empty() ? "" : "; the last connection " + last_bad));
           throw TimeoutError(
               fmt::format("tcp: rank {} timed out waiting for rank {} to answer its hello", rank_, unanswered.front()));
         }
@@ -856,9 +855,19 @@ class TcpTransport : public Transport {
         }
         if (r > 0 && listen && fds[0].revents != 0) {
           while (pending.v.size() < kMaxPendingHellos) {
-            const int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            sockaddr_in from{};
+            socklen_t from_len = sizeof from;
+            const int fd = ::accept4(lfd, reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC | SOCK_NONBLOCK);
             if (fd >= 0) {
-              pending.v.push_back({fd, deadline.min(Deadline::after(kHelloSeconds))});
+              char ip[INET_ADDRSTRLEN] = "?";
+              inet_ntop(AF_INET, &from.sin_addr, ip, sizeof ip);
+              try {
+                pending.v.push_back(
+                    {fd, Deadline::after(kHelloSeconds), fmt::format("{}:{}", ip, ntohs(from.sin_port))});
+              } catch (...) {
+                ::close(fd);
+                throw;
+              }
               continue;
             }
             const int e = errno;

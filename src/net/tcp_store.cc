@@ -268,7 +268,7 @@ class TcpStoreServer {
     // Gets answered by a set while this client's replies were backed up: (key, request id), answered once they
     // drained (a set answering 1,000 waiting gets queued 1,000 copies of its value at once).
     std::deque<std::pair<std::string, uint64_t>> deferred;
-    uint64_t arriving = 0;  // the whole size of the request it is sending, charged against the limit until it is in
+    uint64_t arriving = 0;  // the bytes of requests not served yet it holds, charged against the limit (serve())
     uint64_t skip = 0;      // bytes still to come of a request refused before it was in, read and discarded
     size_t pending() const { return out.size() - out_off; }
   };
@@ -421,6 +421,7 @@ class TcpStoreServer {
   }
 
   bool serve(uint64_t id, Client& c) {
+    set_arriving(c, 0);  // (what is complete is judged as what it is; what is not is counted again below)
     size_t off = 0;
     bool ok = true;
     while (!backed_up(c)) {
@@ -441,35 +442,7 @@ class TcpStoreServer {
       }
       size_t total = kHeaderBytes + static_cast<size_t>(h.key_len) + h.value_len;
       // (not reserved from the header: 30 connections that sent a header each reserved 4 GB)
-      if (c.in.size() - off < total) {
-        // A request still arriving holds its bytes here as they come: it is charged against the limit for its whole
-        // size from its header on, or refused at once and its bytes discarded as they come (clients that each sent
-        // most of a 64 MiB value and stopped held 64 MiB apiece, uncounted).
-        if (c.arriving == 0) {
-          // (a set whose key is in is judged as it will be once in: replacing a value gives the old one's bytes back)
-          const bool set_key_in = h.op == kOpSet && c.in.size() - off >= kHeaderBytes + h.key_len;
-          const uint64_t after =
-              set_key_in ? after_set(c.in.substr(off + kHeaderBytes, h.key_len), h.value_len) : holding() + total;
-          if (after > max_bytes_) {
-            if (set_key_in)
-              refuse_set(c, h, total - kHeaderBytes, after);
-            else
-              refuse(c, h, fmt::format("a request of {} bytes", total),
-                     fmt::format("the store holds {} bytes and this request of {} bytes would take it past "
-                                 "CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer or smaller values or "
-                                 "keys, or a larger limit",
-                                 holding(), total, max_bytes_));
-            c.skip = total - (c.in.size() - off);
-            off = c.in.size();
-            break;
-          }
-          c.arriving = total;
-          arriving_bytes_ += total;
-        }
-        break;
-      }
-      arriving_bytes_ -= c.arriving;  // (in: judged as what it is from here)
-      c.arriving = 0;
+      if (c.in.size() - off < total) break;
       std::string key = c.in.substr(off + kHeaderBytes, h.key_len);
       std::string value = c.in.substr(off + kHeaderBytes + h.key_len, h.value_len);
       off += total;
@@ -479,7 +452,34 @@ class TcpStoreServer {
       }
     }
     if (off > 0) c.in.erase(0, off);
-    return ok;
+    if (!ok) return false;
+    // What is left is held here as it came: a request still arriving (or requests waiting for a backed-up client to
+    // read its replies) counts against the limit by the bytes received (clients that each sent most of a 64 MiB value
+    // and stopped held 64 MiB apiece, uncounted; counting what a header announces let a few headers with nothing
+    // behind them block the store). A request still arriving that takes the store past the limit is refused now, its
+    // remaining bytes discarded as they come, so the connection stays in step.
+    set_arriving(c, c.in.size());
+    if (c.in.size() >= kHeaderBytes && holding() > max_bytes_) {
+      const Header h = decode_header(c.in.data());
+      const uint64_t total = kHeaderBytes + uint64_t{h.key_len} + h.value_len;
+      if (check_header(h, false).empty() && c.in.size() < total) {
+        refuse(c, h, fmt::format("a request of {} bytes", total),
+               fmt::format("the store holds {} bytes besides the {} bytes of this request of {} received so far, "
+                           "which take it past CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer or smaller "
+                           "values or keys, or a larger limit",
+                           holding() - c.arriving, c.in.size(), total, max_bytes_));
+        c.skip = total - c.in.size();
+        c.in.clear();
+        set_arriving(c, 0);
+      }
+    }
+    // (a 64 MiB request's buffer is not kept by an idle connection: six that had each sent one held 128 MiB apiece)
+    if (c.in.capacity() > (size_t{1} << 20) && c.in.size() < c.in.capacity() / 4) c.in.shrink_to_fit();
+    return true;
+  }
+  void set_arriving(Client& c, uint64_t bytes) {
+    arriving_bytes_ = arriving_bytes_ - c.arriving + bytes;
+    c.arriving = bytes;
   }
 
   void reply(Client& c, const Header& req, Status st, const std::string& value) {
@@ -599,6 +599,7 @@ class TcpStoreServer {
     if (c.out_off == c.out.size()) {
       c.out.clear();
       c.out_off = 0;
+      if (c.out.capacity() > (size_t{1} << 20)) c.out.shrink_to_fit();  // (as the requests' buffer, serve())
     } else if (c.out_off > (1u << 20)) {
       c.out.erase(0, c.out_off);
       c.out_off = 0;
@@ -647,7 +648,7 @@ class TcpStoreServer {
   // a record each; a stored key its key, its value and the map's node.
   uint64_t parked_bytes_ = 0;
   static uint64_t parked_cost(const std::string& key) { return key.size() + 64; }
-  // Requests still arriving, each charged its whole size (Client::arriving).
+  // Bytes of requests received and not served yet (Client::arriving).
   uint64_t arriving_bytes_ = 0;
   static uint64_t entry_cost(const std::string& key, size_t value) { return key.size() + value + 96; }
   bool warned_ = false;  // (one warning of a refusal until one is taken again: a flood would fill the log)
