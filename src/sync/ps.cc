@@ -53,6 +53,21 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
   auto c = compress::parse_compressor(spec);
   if (c->collective() == compress::Collective::powersgd)
     throw ConfigError(fmt::format("sync ps: {} '{}' needs a collective; use a quantizer or sparsifier", what, spec));
+  // A server sums what the workers send and owns the optimizer. signSGD and Signum are decided by a majority vote of
+  // the ranks' signs (sign of their sum), which a server summing pushes would not take: it averaged the ±1s into its
+  // momentum, every coordinate moving by lr whatever its gradient (train loss 346 after 5 MLP steps against 2.0).
+  // DGC and Signum keep their own momentum, which would stack on the servers' (about 10x the step at 0.9).
+  std::string base = spec.rfind("ef:", 0) == 0 ? spec.substr(3) : spec;  // (the method, without error feedback)
+  base = base.substr(0, base.find(':'));
+  const bool vote = c->collective() == compress::Collective::majority_vote;
+  if (std::string_view(what) == "push_compressor" && (vote || base == "dgc"))
+    throw ConfigError(fmt::format(
+        "sync ps: {} '{}' {}, which servers that sum pushes and own the momentum do not take; allowed: a quantizer or "
+        "sparsifier (e.g. int8, ef:topk, ef:scaled_sign)",
+        what, spec,
+        !vote              ? "keeps its own momentum (momentum correction)"
+        : base == "signum" ? "is a majority vote of the ranks' signs of their own momentum"
+                           : "is a majority vote of the ranks' signs"));
   // A pull sends Q(θ - θ̂_w) and both ends add it to θ̂_w: what it leaves out must shrink, as in CHOCO-gossip (an
   // unbiased randk moved θ̂_w by d/k of the difference: 3e8 off θ after 60 pulls; ef:topk's residual sent twice: 889).
   if (std::string_view(what) == "pull_compressor")

@@ -524,13 +524,16 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   // Schemes other than bsp average parameters, not gradients: the default gradient compressor does not apply.
   if (c.sync.substr(0, c.sync.find(':')) != "bsp" && !get("compressor")) c.compressor = "none";
   // DGC (Lin et al. 2018) corrects momentum locally: the compressor accumulates the velocity (momentum factor
-  // masking included) and sends its largest entries, so the optimizer must not add momentum a second time. It takes
-  // the trainer's momentum unless the spec sets its own, and the optimizer then runs plain SGD.
-  if (c.compressor.substr(0, c.compressor.find(':')) == "dgc") {
+  // masking included) and sends its largest entries, so the optimizer must not add momentum a second time. Signum
+  // (Bernstein et al. 2018) votes on the signs of each rank's momentum and steps by lr times the vote (an audit found
+  // the optimizer's momentum 0.9 stacked on it: ten times the step, lagged twice). Either takes the trainer's
+  // momentum unless the spec sets its own, and the optimizer then runs plain SGD.
+  if (const std::string owner = momentum_compressor(c.compressor); !owner.empty()) {
     if (c.optimizer != "sgd")
-      throw ConfigError(fmt::format("config: optimizer: {} with compressor dgc, which applies SGD momentum itself "
-                                    "(momentum correction); allowed: sgd",
-                                    c.optimizer));
+      throw ConfigError(
+          fmt::format("config: optimizer: {} with compressor {}, which applies SGD momentum itself "
+                      "({}); allowed: sgd",
+                      c.optimizer, owner, owner == "dgc" ? "momentum correction" : "signs of the momentum"));
     const auto params = split_compressor_spec(c.compressor).second;
     if (!params.count("momentum")) {
       c.compressor += fmt::format("{}momentum={}", c.compressor.find(':') == std::string::npos ? ":" : ",",
@@ -654,9 +657,12 @@ int training_workers(const TrainConfig& c) {
   return c.workers - n;
 }
 
-double optimizer_momentum(const TrainConfig& c) {
-  return c.compressor.substr(0, c.compressor.find(':')) == "dgc" ? 0.0 : c.momentum;
+std::string momentum_compressor(const std::string& compressor) {
+  const std::string name = compressor.substr(0, compressor.find(':'));
+  return name == "dgc" || name == "signum" ? name : "";
 }
+
+double optimizer_momentum(const TrainConfig& c) { return momentum_compressor(c.compressor).empty() ? c.momentum : 0.0; }
 
 SyncSpec effective_sync(const TrainConfig& c) {
   SyncSpec s;
@@ -966,7 +972,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     // runs before the two were kept equal, would be refused as a second value)
     if (std::string(k) == "momentum" && meta.contains("compressor") && meta["compressor"].is_string()) {
       const auto [name, params] = split_compressor_spec(meta["compressor"].get<std::string>());
-      if (name == "dgc" && params.count("momentum")) continue;
+      if (!momentum_compressor(name).empty() && params.count("momentum")) continue;
     }
     // (a vit checkpoint's tp or pp with another model given: the model mismatch is the error to report)
     if ((std::string(k) == "tp" || std::string(k) == "pp") && raw.count("model") && meta.contains("model") &&

@@ -111,8 +111,11 @@ struct SyncSpec {
 SyncSpec effective_sync(const TrainConfig& c);
 // The ranks that train (and share the training set): all of them, less dedicated parameter servers (colocate=0).
 int training_workers(const TrainConfig& c);
-// The momentum the local optimizer applies: 0 with compressor dgc, whose momentum correction replaces it (resolve_config
-// gives dgc the trainer's momentum unless its spec names one); c.momentum otherwise.
+// "dgc" or "signum" when the compressor keeps SGD's momentum itself (DGC's momentum correction; Signum's signs of the
+// momentum), else "": resolve_config gives it the trainer's momentum unless its spec names one.
+std::string momentum_compressor(const std::string& compressor);
+// The momentum the local optimizer applies: 0 with a momentum compressor, whose momentum replaces it; c.momentum
+// otherwise.
 double optimizer_momentum(const TrainConfig& c);
 
 // Raw key -> value strings (from YAML and flags) before checking.

@@ -29,6 +29,7 @@
 #include "sync/strategy.h"
 #include "torch/batches.h"
 #include "torch/data.h"
+#include "torch/dgc_sgd.h"
 #include "torch/distributed_optimizer.h"
 #include "torch/metrics.h"
 #include "torch/models.h"
@@ -127,6 +128,10 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, Ne
   if (c.optimizer == "adamw")
     return std::make_shared<torch::optim::AdamW>(model.parameters(),
                                                  torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  // (dgc: weight decay with a momentum of its own, as DGC's reference optimizer; dgc_sgd.h)
+  if (momentum_compressor(c.compressor) == "dgc")
+    return std::make_shared<DgcSgd>(model.parameters(), torch::optim::SGDOptions(c.lr).weight_decay(c.weight_decay),
+                                    c.momentum);
   return std::make_shared<torch::optim::SGD>(
       model.parameters(), torch::optim::SGDOptions(c.lr).momentum(optimizer_momentum(c)).weight_decay(c.weight_decay));
 }
@@ -658,8 +663,10 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     dopts.bucket_cap_bytes = size_t(c.bucket_cap_mb * 1024 * 1024);
     dopts.first_bucket_bytes = size_t(c.first_bucket_mb * 1024 * 1024);
     dopts.compress_min_bytes = size_t(c.compress_min_bytes);
-    // dgc holds the momentum (resolve_config wrote it into its spec); the layers that skip it need theirs too.
-    if (auto [cname, cparams] = split_compressor_spec(c.compressor); cname == "dgc" && cparams.count("momentum"))
+    // dgc and signum hold the momentum (resolve_config wrote it into their spec); the layers that skip them need
+    // theirs too.
+    if (auto [cname, cparams] = split_compressor_spec(c.compressor);
+        !momentum_compressor(cname).empty() && cparams.count("momentum"))
       dopts.dense_momentum = std::stod(cparams.at("momentum"));
     dopts.overlap = c.overlap;
     dopts.compressor = c.compressor;

@@ -74,6 +74,11 @@ TEST(SyncConfig, BadValuesNameTheParameterAndRange) {
       {"ps-asp", "servers", "0", "'servers'"},
       {"ps-bsp", "lr", "x", "'lr'"},
       {"ps-asp", "push_compressor", "powersgd", "needs a collective"},
+      // Servers sum pushes and own the momentum (an audit: signsgd's signs were averaged into the servers' momentum,
+      // train loss 346 after 5 steps; dgc's and signum's momentum stacked on theirs).
+      {"ps-bsp", "push_compressor", "signsgd", "'signsgd' is a majority vote of the ranks' signs, which servers"},
+      {"ps-asp", "push_compressor", "signum:momentum=0.5", "is a majority vote of the ranks' signs of their own"},
+      {"ps-ssp", "push_compressor", "dgc", "'dgc' keeps its own momentum (momentum correction)"},
       // A pull moves the worker's copy by the decoded difference (review: unbiased randk and ef:topk were accepted
       // and drove the copies 3e8 and 889 off the servers' parameters).
       {"ps-asp", "pull_compressor", "randk:ratio=0.1", "sync ps: pull_compressor 'randk:ratio=0.1': the pull"},

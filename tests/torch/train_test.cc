@@ -275,6 +275,32 @@ TEST(TrainConfig, DgcTakesOverTheMomentum) {
   expect_one_line(config_error({{"compressor", "dgc"}, {"sync", "dpsgd"}}), "compressor");
   expect_one_line(config_error({{"compress_min_bytes", "-1"}}), "compress_min_bytes");
   expect_one_line(config_error({{"compress_min_bytes", "4096"}, {"sync", "local"}}), "compress_min_bytes");
+  // Signum votes on the signs of each rank's momentum and steps by lr times the vote: the optimizer's momentum was
+  // stacked on it (ten times the step at 0.9, lagged twice), and Adam ran over the signs.
+  const TrainConfig s = resolve_config({{"compressor", "signum"}, {"momentum", "0.8"}});
+  EXPECT_EQ(s.compressor, "signum:momentum=0.8");
+  EXPECT_EQ(optimizer_momentum(s), 0.0);
+  EXPECT_EQ(resolve_config({{"compressor", "signum:momentum=0.5"}}).momentum, 0.5);
+  expect_one_line(config_error({{"compressor", "signum:momentum=0.5"}, {"momentum", "0.8"}}), "momentum");
+  const std::string adam = config_error({{"compressor", "signum"}, {"optimizer", "adam"}});
+  expect_one_line(adam, "optimizer");
+  EXPECT_NE(adam.find("adam with compressor signum, which applies SGD momentum itself (signs of the momentum)"),
+            std::string::npos)
+      << adam;
+  EXPECT_EQ(optimizer_momentum(resolve_config({{"compressor", "signsgd"}})), 0.9);  // (no momentum of its own)
+  // Servers own the momentum and sum pushes: a voted or momentum compressor pushed to them is refused, whether given
+  // as the compressor or in the scheme's spec (push_compressor=dgc passed the dgc check above).
+  for (const auto& [compressor, sync] : std::vector<std::pair<std::string, std::string>>{
+           {"signum", "ps-bsp"}, {"signsgd", "ps-asp"}, {"none", "ps-bsp:push_compressor=dgc"}}) {
+    std::string e;
+    try {
+      check_sync_config(resolve_config({{"compressor", compressor}, {"sync", sync}}));
+    } catch (const ConfigError& x) {
+      e = x.what();
+    }
+    expect_one_line(e, "sync");
+    EXPECT_NE(e.find("which servers that sum pushes and own the momentum do not take"), std::string::npos) << e;
+  }
 #endif
 }
 
@@ -2245,23 +2271,34 @@ TEST(Train, SmallGradientsSkipTheCompressor) {
   EXPECT_LT(mixed[0].payload_bytes, plain[0].payload_bytes);
 }
 
-// dgc takes over the optimizer's momentum (the optimizer runs plain SGD), so the layers that skip it must get their
-// momentum from the distributed optimizer: with every layer below compress_min_bytes, dgc's run is momentum SGD on
-// the averaged gradients, as uncompressed training with the optimizer's momentum is.
+// dgc and signum take over the optimizer's momentum (the optimizer runs plain SGD), so the layers that skip them must
+// get their momentum from the distributed optimizer: with every layer below compress_min_bytes, such a run is
+// momentum SGD on the averaged gradients, as uncompressed training with the optimizer's momentum is. dgc's weight
+// decay keeps a momentum of its own (DGC's reference optimizer), so with decay too the sum is momentum SGD's (its
+// decay without momentum, as before, ran 10x weaker).
 TEST(Train, LayersThatSkipDgcKeepTheirMomentum) {
   TrainConfig c = tiny("mlp");
   c.max_steps = 12;
   c.momentum = 0.9;
-  auto plain = train_inproc(c, 2);
-  c.compressor = "dgc:ratio=0.01,momentum=0.9";
+  std::vector<float> plain_params;
+  for (const auto& [spec, decay] : std::vector<std::pair<std::string, double>>{{"dgc:ratio=0.01,momentum=0.9", 0.05},
+                                                                               {"signum:momentum=0.9", 0.0}}) {
+    TrainConfig run = c;
+    run.weight_decay = decay;
+    auto plain = train_inproc(run, 2);
+    run.compress_min_bytes = int64_t(1) << 30;
+    run.compressor = spec;
+    auto dense = train_inproc(run, 2);
+    EXPECT_EQ(dense[0].params, dense[1].params) << spec;
+    EXPECT_LT(max_rel_diff(dense[0].params, plain[0].params), 1e-4) << spec;
+    if (decay == 0) plain_params = plain[0].params;
+  }
   c.compress_min_bytes = int64_t(1) << 30;
-  auto dense = train_inproc(c, 2);
-  EXPECT_EQ(dense[0].params, dense[1].params);
-  EXPECT_LT(max_rel_diff(dense[0].params, plain[0].params), 1e-4);
+  c.compressor = "dgc:ratio=0.01,momentum=0.9";
   TrainConfig none = c;  // the same run without any momentum is far from it
   none.compressor = "none";
   none.momentum = 0;
-  EXPECT_GT(max_rel_diff(train_inproc(none, 2)[0].params, plain[0].params), 1e-2);
+  EXPECT_GT(max_rel_diff(train_inproc(none, 2)[0].params, plain_params), 1e-2);
 }
 #endif
 
