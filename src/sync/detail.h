@@ -30,10 +30,13 @@ class ParamReader {
   bool flag(const std::string& key) const;
   std::string choice(const std::string& key, const std::vector<std::string>& allowed) const;
   std::string str(const std::string& key) const;
+  // Whether the spec gave `key` (not its default): what a setting of no effect is refused by.
+  bool given(const std::string& key) const { return given_.count(key) > 0; }
 
  private:
   std::string scheme_;
   Params values_;
+  Params given_;
 };
 
 // User tags of the strategies (top byte 0x5x keeps them apart from a trainer's own point-to-point tags).

@@ -58,7 +58,7 @@ void await_workers(coll::Communicator& workers) {
 namespace detail {
 
 ParamReader::ParamReader(std::string scheme, const Params& given, const Params& defaults)
-    : scheme_(std::move(scheme)), values_(defaults) {
+    : scheme_(std::move(scheme)), values_(defaults), given_(given) {
   for (const auto& [k, v] : given) {
     if (!defaults.count(k)) {
       std::string allowed;
@@ -250,8 +250,16 @@ const std::map<std::string, Entry>& registry() {
                 fmt::format("sync local: max_period = {} is below period = {}; allowed with "
                             "adaptive=1: max_period >= period (it bounds the period's growth)",
                             max_period, period));
+          const double target = p.real("target", 0, 1e9);
+          // (taken without a word, they changed nothing: the period is fixed without adaptive=1)
+          for (const char* k : {"max_period", "target"})
+            if (!p.flag("adaptive") && p.given(k))
+              throw ConfigError(
+                  fmt::format("sync local: {} = {} steers the adaptive period, which is off; allowed: "
+                              "adaptive=1 with it, or leave {} out",
+                              k, p.str(k), k));
           return std::make_unique<LocalSgdStrategy>(std::move(c), period, p.integer("warmup", 0, int64_t(1) << 50),
-                                                    p.flag("adaptive"), max_period, p.real("target", 0, 1e9));
+                                                    p.flag("adaptive"), max_period, target);
         }};
     m["diloco"] = {{{"period", "100"}, {"outer_lr", "0.7"}, {"momentum", "0.9"}, {"nesterov", "1"}},
                    [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
@@ -288,14 +296,23 @@ const std::map<std::string, Entry>& registry() {
                     if (comp)
                       detail::check_difference_compressor("sync dpsgd: compressor", "CHOCO-gossip", p.str("compressor"),
                                                           *comp);
+                    const double gamma = p.real("gamma", 1e-6, 1);
+                    const int64_t seed = p.integer("seed", 0, INT64_MAX);
+                    // (taken without a word, they changed nothing: plain gossip has no step size and draws nothing)
+                    for (const char* k : {"gamma", "seed"})
+                      if (!comp && p.given(k))
+                        throw ConfigError(
+                            fmt::format("sync dpsgd: {} = {} applies to compressed (CHOCO) gossip, and "
+                                        "this gossip is uncompressed; allowed: compressor=... with it, "
+                                        "or leave {} out",
+                                        k, p.str(k), k));
                     if (kind != "torus" && p.integer("rows", 0, n) != 0)
                       throw ConfigError(
                           fmt::format("sync dpsgd: rows = {} applies to graph=torus, not graph={}; "
                                       "allowed with {}: rows=0 (the default)",
                                       p.integer("rows", 0, n), kind, kind));
-                    return std::make_unique<DpsgdStrategy>(c, Graph(kind, n, p.integer("rows", 0, n)),
-                                                           std::move(comp),
-                                                           p.real("gamma", 1e-6, 1), p.integer("seed", 0, INT64_MAX));
+                    return std::make_unique<DpsgdStrategy>(c, Graph(kind, n, p.integer("rows", 0, n)), std::move(comp),
+                                                           gamma, seed);
                   }};
     m["sgp"] = {{{"peers", "1"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                   // Out-peers are drawn from the offsets 1, 2, 4, ... below n: at most that many differ.

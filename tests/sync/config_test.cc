@@ -1,4 +1,5 @@
 // Every bad scheme name, parameter and value gives one ConfigError line naming it and what is allowed.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <time.h>
 
@@ -254,7 +255,21 @@ TEST(SyncConfig, GossipCompressorsMustShrinkTheirInputAndParametersMustApply) {
   EXPECT_NO_THROW(make_strategy("sgp", {{"peers", "2"}}, four[0]));
   m = config_error([] { make_strategy("local", {{"period", "16"}, {"max_period", "4"}, {"adaptive", "1"}}, four[0]); });
   EXPECT_NE(m.find("max_period = 4 is below period = 16"), std::string::npos) << m;
-  EXPECT_NO_THROW(make_strategy("local", {{"period", "16"}, {"max_period", "4"}}, four[0]));  // not adaptive: unused
+  // Settings of no effect are refused, not taken without a word (an audit: not adaptive, max_period and target
+  // changed nothing; plain gossip has no step size and draws nothing).
+  m = config_error([] { make_strategy("local", {{"period", "16"}, {"max_period", "4"}}, four[0]); });
+  EXPECT_NE(m.find("sync local: max_period = 4 steers the adaptive period, which is off; allowed: adaptive=1"),
+            std::string::npos)
+      << m;
+  m = config_error([] { make_strategy("local", {{"target", "0.1"}}, four[0]); });
+  EXPECT_NE(m.find("sync local: target = 0.1 steers the adaptive period"), std::string::npos) << m;
+  EXPECT_NO_THROW(make_strategy("local", {{"target", "0.1"}, {"adaptive", "1"}}, four[0]));
+  for (const auto& [k, v] : {std::pair<const char*, const char*>{"gamma", "0.25"}, {"seed", "7"}}) {
+    m = config_error([k, v] { make_strategy("dpsgd", {{k, v}}, four[0]); });
+    EXPECT_NE(m.find(fmt::format("sync dpsgd: {} = {} applies to compressed (CHOCO) gossip", k, v)), std::string::npos)
+        << m;
+  }
+  EXPECT_NO_THROW(make_strategy("dpsgd", {{"gamma", "0.25"}, {"seed", "3"}, {"compressor", "topk"}}, four[0]));
   m = config_error([] { make_strategy("dpsgd", {{"graph", "ring"}, {"rows", "2"}}, four[0]); });
   EXPECT_NE(m.find("rows = 2 applies to graph=torus, not graph=ring"), std::string::npos) << m;
   m = config_error([] { make_strategy("dpsgd", {{"graph", "torus"}, {"rows", "3"}}, four[0]); });
