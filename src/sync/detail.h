@@ -30,13 +30,14 @@ class ParamReader {
   bool flag(const std::string& key) const;
   std::string choice(const std::string& key, const std::vector<std::string>& allowed) const;
   std::string str(const std::string& key) const;
-  // Whether the spec gave `key` (not its default): what a setting of no effect is refused by.
-  bool given(const std::string& key) const { return given_.count(key) > 0; }
+  // Whether the spec gave `key` another value than its default: what a setting of no effect is refused by (a
+  // checkpoint records every parameter of its scheme, defaults included, and a resume hands them back).
+  bool changed(const std::string& key) const { return values_.at(key) != defaults_.at(key); }
 
  private:
   std::string scheme_;
   Params values_;
-  Params given_;
+  Params defaults_;
 };
 
 // User tags of the strategies (top byte 0x5x keeps them apart from a trainer's own point-to-point tags).

@@ -58,7 +58,7 @@ void await_workers(coll::Communicator& workers) {
 namespace detail {
 
 ParamReader::ParamReader(std::string scheme, const Params& given, const Params& defaults)
-    : scheme_(std::move(scheme)), values_(defaults), given_(given) {
+    : scheme_(std::move(scheme)), values_(defaults), defaults_(defaults) {
   for (const auto& [k, v] : given) {
     if (!defaults.count(k)) {
       std::string allowed;
@@ -253,7 +253,7 @@ const std::map<std::string, Entry>& registry() {
           const double target = p.real("target", 0, 1e9);
           // (taken without a word, they changed nothing: the period is fixed without adaptive=1)
           for (const char* k : {"max_period", "target"})
-            if (!p.flag("adaptive") && p.given(k))
+            if (!p.flag("adaptive") && p.changed(k))
               throw ConfigError(
                   fmt::format("sync local: {} = {} steers the adaptive period, which is off; allowed: "
                               "adaptive=1 with it, or leave {} out",
@@ -300,7 +300,7 @@ const std::map<std::string, Entry>& registry() {
                     const int64_t seed = p.integer("seed", 0, INT64_MAX);
                     // (taken without a word, they changed nothing: plain gossip has no step size and draws nothing)
                     for (const char* k : {"gamma", "seed"})
-                      if (!comp && p.given(k))
+                      if (!comp && p.changed(k))
                         throw ConfigError(
                             fmt::format("sync dpsgd: {} = {} applies to compressed (CHOCO) gossip, and "
                                         "this gossip is uncompressed; allowed: compressor=... with it, "

@@ -928,6 +928,16 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), given_zero);
     if (ec != std::errc() || end != z.data() + z.size() || given_zero < 0) given_zero = -2;
   }
+  // A signum run before 2026-12-05 stacked the optimizer's momentum on Signum's, its checkpoint's spec without the
+  // momentum resolve_config now writes into it: its optimizer state is that momentum, not what this run keeps.
+  if (meta.contains("compressor") && meta["compressor"].is_string()) {
+    const auto [name, params] = split_compressor_spec(meta["compressor"].get<std::string>());
+    if (name == "signum" && !params.count("momentum"))
+      throw ConfigError(fmt::format(
+          "config: resume: the checkpoint's compressor '{}' ran with the optimizer's momentum on top of Signum's "
+          "(before 2026-12-05), whose state this version does not keep; allowed: a new run (--output elsewhere)",
+          meta["compressor"].get<std::string>()));
+  }
   for (const char* k : {"model",
                         "compressor",
                         "optimizer",

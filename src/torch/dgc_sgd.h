@@ -1,10 +1,12 @@
 #pragma once
-// The optimizer of a `--compressor dgc` run. DGC (Lin et al. 2018) moves SGD's momentum into the compressor
-// (momentum correction: each rank accumulates its velocity and sends its largest entries), so the step applies the
-// exchanged gradient as it is; weight decay, which never passes the compressor, keeps a momentum of its own, as
-// DGC's reference DGCSGD does: buf = m·buf + λθ, θ -= lr·(g + buf). Plain SGD with momentum 0 and weight decay λ
-// (what ran before) applied λθ without momentum: ten times weaker at m = 0.9 than the same flags without DGC.
-// The buffer is SGD's momentum buffer, so it is saved and restored with the optimizer.
+// The optimizer of a run whose compressor owns SGD's momentum (`--compressor dgc` or `signum`). DGC (Lin et al.
+// 2018) moves the momentum into the compressor (momentum correction: each rank accumulates its velocity and sends its
+// largest entries) and Signum votes on the signs of each rank's momentum, so the step applies the exchanged gradient
+// as it is; weight decay, which never passes the compressor, keeps a momentum of its own, as DGC's reference DGCSGD
+// does: buf = m·buf + λθ, θ -= lr·(g + buf). Plain SGD with momentum 0 and weight decay λ (what ran for dgc before)
+// applied λθ without momentum: ten times weaker at m = 0.9 than the same flags without the compressor; and the
+// layers below compress_min_bytes, whose momentum the distributed optimizer applies to g, then train as momentum SGD
+// on g + λθ. The buffer is SGD's momentum buffer, so it is saved and restored with the optimizer.
 #include <torch/optim/sgd.h>
 
 #include <string>

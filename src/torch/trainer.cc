@@ -128,8 +128,8 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, Ne
   if (c.optimizer == "adamw")
     return std::make_shared<torch::optim::AdamW>(model.parameters(),
                                                  torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
-  // (dgc: weight decay with a momentum of its own, as DGC's reference optimizer; dgc_sgd.h)
-  if (momentum_compressor(c.compressor) == "dgc")
+  // (dgc, signum: weight decay with a momentum of its own, as DGC's reference optimizer; dgc_sgd.h)
+  if (!momentum_compressor(c.compressor).empty())
     return std::make_shared<DgcSgd>(model.parameters(), torch::optim::SGDOptions(c.lr).weight_decay(c.weight_decay),
                                     c.momentum);
   return std::make_shared<torch::optim::SGD>(

@@ -618,12 +618,27 @@ TEST(SweepConfig, GridLeavesOutCompressorsOfSchemesThatAverageParameters) {
          "compressors: [none, fp16]\ntrain: {epochs: 1}\n";
   }
   Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
-  fs::remove(file);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("5 cells"), std::string::npos) << r.out;  // 3 x 2 minus local with fp16
   EXPECT_NE(r.out.find("left out local:period=8 with fp16"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--sync local:period=8"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--sync ps-asp"), std::string::npos) << r.out;
+  // Servers take neither a vote of signs nor a compressor's momentum, and dgc corrects bsp's momentum only: those
+  // cells are left out (a grid with them was refused whole).
+  std::ofstream(file) << "hosts: 4\nnetworks: [{bandwidth: 100mbit}]\nschemes: [bsp, ps-ssp]\n"
+                         "compressors: [none, signsgd, dgc]\ntrain: {epochs: 1}\n";
+  r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("4 cells"), std::string::npos) << r.out;  // bsp with each, ps-ssp with none
+  EXPECT_NE(r.out.find("left out ps-ssp with signsgd"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("left out ps-ssp with dgc"), std::string::npos) << r.out;
+  std::ofstream(file) << "hosts: 4\nnetworks: [{bandwidth: 100mbit}]\nschemes: [dpsgd]\ncompressors: [none, dgc]\n"
+                         "train: {epochs: 1}\n";
+  r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  fs::remove(file);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("1 cells"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("left out dpsgd with dgc"), std::string::npos) << r.out;
 }
 
 // int4 is ZeRO's reduce-scatter wire, no compressor of its own: a grid with zero takes it, one without refuses it in

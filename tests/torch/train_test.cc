@@ -268,6 +268,18 @@ TEST(TrainConfig, DgcTakesOverTheMomentum) {
   apply_resume_defaults(resumed, false);
   EXPECT_EQ(resumed.count("momentum"), 0u);
   EXPECT_EQ(resumed["compressor"], "dgc:momentum=0.5");
+  // A signum checkpoint from before signum took over the momentum (its spec without one) is refused up front, naming
+  // why (it was refused after the workers started, as another compressor than the one given).
+  std::ofstream(ck / "checkpoint.json") << R"({"compressor": "signum", "momentum": 0.9, "lr": 0.05})";
+  RawConfig old_signum{{"resume", ck.string()}, {"compressor", "signum"}};
+  try {
+    apply_resume_defaults(old_signum, false);
+    ADD_FAILURE() << "an old signum checkpoint was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("compressor 'signum' ran with the optimizer's momentum on top of Signum's"),
+              std::string::npos)
+        << e.what();
+  }
   std::filesystem::remove_all(ck);
   EXPECT_EQ(optimizer_momentum(resolve_config({{"compressor", "ef:topk"}})), 0.9);
   expect_one_line(config_error({{"compressor", "dgc"}, {"optimizer", "adam"}}), "optimizer");
@@ -2273,16 +2285,16 @@ TEST(Train, SmallGradientsSkipTheCompressor) {
 
 // dgc and signum take over the optimizer's momentum (the optimizer runs plain SGD), so the layers that skip them must
 // get their momentum from the distributed optimizer: with every layer below compress_min_bytes, such a run is
-// momentum SGD on the averaged gradients, as uncompressed training with the optimizer's momentum is. dgc's weight
-// decay keeps a momentum of its own (DGC's reference optimizer), so with decay too the sum is momentum SGD's (its
-// decay without momentum, as before, ran 10x weaker).
+// momentum SGD on the averaged gradients, as uncompressed training with the optimizer's momentum is. Their weight
+// decay keeps a momentum of its own (DGC's reference optimizer), so with decay too the sum is momentum SGD's (dgc's
+// decay without momentum, as before, ran 10x weaker; so did signum's in a first version of this change).
 TEST(Train, LayersThatSkipDgcKeepTheirMomentum) {
   TrainConfig c = tiny("mlp");
   c.max_steps = 12;
   c.momentum = 0.9;
   std::vector<float> plain_params;
-  for (const auto& [spec, decay] : std::vector<std::pair<std::string, double>>{{"dgc:ratio=0.01,momentum=0.9", 0.05},
-                                                                               {"signum:momentum=0.9", 0.0}}) {
+  for (const auto& [spec, decay] : std::vector<std::pair<std::string, double>>{
+           {"dgc:ratio=0.01,momentum=0.9", 0.05}, {"signum:momentum=0.9", 0.05}, {"signum:momentum=0.9", 0.0}}) {
     TrainConfig run = c;
     run.weight_decay = decay;
     auto plain = train_inproc(run, 2);
