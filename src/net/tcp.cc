@@ -804,6 +804,7 @@ class TcpTransport : public Transport {
         ++accepted;
       };
       std::vector<pollfd> fds;
+      Deadline accept_pause = Deadline::after(0);
       while (accepted < expected || !unanswered.empty()) {
         const double rem = deadline.remaining_seconds();
         if (rem <= 0) {
@@ -816,7 +817,11 @@ class TcpTransport : public Transport {
         }
         double wait = rem;
         for (const Pending& p : pending.v) wait = std::min(wait, p.until.remaining_seconds());
-        const bool listen = accepted < expected && pending.v.size() < kMaxPendingHellos;
+        // (a shortage of buffers leaves the connection queued and the socket readable: polled again after a pause,
+        // not at once, which spun a core until the deadline)
+        const bool paused = !accept_pause.expired();
+        if (paused) wait = std::min(wait, accept_pause.remaining_seconds());
+        const bool listen = accepted < expected && pending.v.size() < kMaxPendingHellos && !paused;
         fds.clear();
         if (listen) fds.push_back({lfd, POLLIN, 0});
         const size_t first_pending = fds.size();
@@ -878,6 +883,7 @@ class TcpTransport : public Transport {
               throw Error(
                   fmt::format("tcp: rank {} cannot accept its peers' connections: {}{}", rank_, std::strerror(e),
                               e == EMFILE || e == ENFILE ? " (allowed: more file descriptors, ulimit -n)" : ""));
+            if (e == ENOBUFS || e == ENOMEM) accept_pause = Deadline::after(0.1);
             break;
           }
         }
