@@ -667,28 +667,21 @@ class TcpStoreServer {
   // Refuses (kBadRequest, the client's one-line error) a set of `key` to `bytes` of value that would take the store
   // past max_bytes_. False: refused.
   bool room_for(Client& c, const Header& h, const std::string& key, size_t bytes) {
-    const uint64_t after = after_set(key, bytes);
+    auto it = data_.find(key);
+    const uint64_t now = it == data_.end() ? 0 : entry_cost(key, it->second.size());
+    // (the gets this set answers give their charge back)
+    auto w = waiters_.find(key);
+    const uint64_t answered = w == waiters_.end() ? 0 : w->second.size() * parked_cost(key);
+    const uint64_t after = holding() - now - answered + entry_cost(key, bytes);
     if (after <= max_bytes_) {
       warned_ = false;
       return true;
     }
-    refuse_set(c, h, key.size() + bytes, after);
-    return false;
-  }
-  // What the store would hold after a set of `key` to `bytes` of value: its old value and the gets it answers give
-  // their charge back.
-  uint64_t after_set(const std::string& key, uint64_t bytes) const {
-    auto it = data_.find(key);
-    const uint64_t now = it == data_.end() ? 0 : entry_cost(key, it->second.size());
-    auto w = waiters_.find(key);
-    const uint64_t answered = w == waiters_.end() ? 0 : w->second.size() * parked_cost(key);
-    return holding() - now - answered + entry_cost(key, bytes);
-  }
-  void refuse_set(Client& c, const Header& h, uint64_t bytes, uint64_t after) {
-    refuse(c, h, fmt::format("a set of {} bytes", bytes),
+    refuse(c, h, fmt::format("a set of {} bytes", key.size() + bytes),
            fmt::format("the store holds {} bytes and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
                        "{} (rank 0's); allowed: fewer or smaller values, or a larger limit",
                        holding(), after, max_bytes_));
+    return false;
   }
   uint64_t holding() const { return held_bytes_ + parked_bytes_ + arriving_bytes_; }
   // A request the limit refuses: the client's one-line error, and a warning (once until one is taken again).
