@@ -95,6 +95,12 @@ std::pair<size_t, size_t> shard_range(size_t d, int64_t s, int64_t S) {
   return {size_t(d * s / S), size_t(d * (s + 1) / S)};
 }
 
+// The compressors' seeds of shard s's pushes and pulls, the same on the worker and the server: one per shard, so that
+// a random method draws independently in each (seed 0 and 1 for every shard drew the same random-k positions in
+// every shard of one size: unbiased, but the shards' errors correlated). Shard 0's are what every shard had.
+uint64_t push_seed(int64_t s) { return 2 * uint64_t(s); }
+uint64_t pull_seed(int64_t s) { return 2 * uint64_t(s) + 1; }
+
 class Shard {
  public:
   // `aborted`: why the transport was aborted, empty while it is not (a wait here ends on it).
@@ -119,8 +125,9 @@ class Shard {
     if (dana()) vsum_.assign(p.size(), 0.f);
     for (auto& s : slots_) {
       if (dana()) s.velocity.assign(p.size(), 0.f);
-      if (push_) s.push_state = push_->make_state(p.size(), 0, 0);
-      if (pull_) s.pull_state = pull_->make_state(p.size(), 1, 0);
+      // (seeds per shard, as the workers' states: shards of one size drew the same random-k positions)
+      if (push_) s.push_state = push_->make_state(p.size(), push_seed(index_), 0);
+      if (pull_) s.pull_state = pull_->make_state(p.size(), pull_seed(index_), 0);
     }
     initialized_ = true;
     cv_.notify_all();
@@ -578,8 +585,8 @@ class PsStrategy : public Strategy {
     push_states_.clear();
     for (int64_t s = 0; s < cfg_.servers; ++s) {
       auto [lo, hi] = shard_range(d_, s, cfg_.servers);
-      if (push_) push_states_.push_back(push_->make_state(hi - lo, 0, me));
-      if (pull_) pull_states_.push_back(pull_->make_state(hi - lo, 1, 0));
+      if (push_) push_states_.push_back(push_->make_state(hi - lo, push_seed(s), me));
+      if (pull_) pull_states_.push_back(pull_->make_state(hi - lo, pull_seed(s), 0));
     }
   }
 

@@ -109,6 +109,19 @@ TEST(SyncPs, BspThroughServersEqualsAllreduceBsp) {
   EXPECT_TRUE(ded.x[3].empty());
 }
 
+// Each shard's pushes draw their random-k positions of their own: with the same seed in every shard, two shards of
+// one size kept the same positions (here 10 of 20 each, from one worker's first push to two dedicated servers).
+TEST(SyncPs, ShardsDrawTheirOwnRandomPositions) {
+  const auto r = run(3, "ps-bsp", {{"servers", "2"}, {"colocate", "0"}, {"push_compressor", "randk:ratio=0.5"}}, 1);
+  const std::vector<float> x0 = harness::initial(0, 40);
+  std::vector<int> moved[2];
+  for (size_t i = 0; i < 40; ++i)
+    if (r.x[0][i] != x0[i]) moved[i / 20].push_back(int(i % 20));
+  EXPECT_EQ(moved[0].size(), 10u);
+  EXPECT_EQ(moved[1].size(), 10u);
+  EXPECT_NE(moved[0], moved[1]);
+}
+
 TEST(SyncPs, SspWithZeroStalenessEqualsBsp) {
   // With weight decay too: each of asp/ssp's W pushes a round decays by 1/W of it (it decayed in full on every push,
   // W times a round: the weights shrank by (1 - lr wd)^W a round against bsp's 1 - lr wd). Pushes applied one after
