@@ -520,16 +520,12 @@ std::string sanitize(const std::string& s) {
 }
 
 // Schemes that average parameters (local, diloco, easgd, sgp, adpsgd) take no gradient compressor (conduit train
-// refuses the pair): the grid leaves those cells out. bsp compresses gradients, dpsgd its gossip, ps-* its pushes;
-// dgc corrects bsp's momentum only, and servers (which sum pushes and own the momentum) take neither a vote of signs
-// nor a compressor's momentum: those cells are left out too (a grid with them was refused whole).
+// refuses the pair): the grid leaves those cells out. bsp compresses gradients, dpsgd its gossip, ps-* its pushes.
+// (A compressor one of those refuses, dgc or signum with the servers, signsgd with the servers or gossip, refuses the
+// grid in one line naming the cell and the reason, before any cell runs.)
 bool compressor_applies(const std::string& scheme, const std::string& compressor) {
   const std::string name = scheme.substr(0, scheme.find(':'));
-  std::string method = compressor.rfind("ef:", 0) == 0 ? compressor.substr(3) : compressor;
-  method = method.substr(0, method.find(':'));
-  if (compressor == "none" || name == "bsp") return true;
-  if (name == "dpsgd") return method != "dgc";
-  return name.rfind("ps-", 0) == 0 && method != "dgc" && method != "signsgd" && method != "signum";
+  return compressor == "none" || name == "bsp" || name == "dpsgd" || name.rfind("ps-", 0) == 0;
 }
 
 std::vector<Cell> make_cells(const SweepSpec& s, const std::string& out_dir) {

@@ -30,9 +30,10 @@ class ParamReader {
   bool flag(const std::string& key) const;
   std::string choice(const std::string& key, const std::vector<std::string>& allowed) const;
   std::string str(const std::string& key) const;
-  // Whether the spec gave `key` another value than its default: what a setting of no effect is refused by (a
-  // checkpoint records every parameter of its scheme, defaults included, and a resume hands them back).
-  bool changed(const std::string& key) const { return values_.at(key) != defaults_.at(key); }
+  // Whether the spec gave `key` another value than its default (as numbers where both are: "064" is 64): what a
+  // setting of no effect is refused by (a checkpoint records every parameter of its scheme, defaults included, and a
+  // resume hands them back).
+  bool changed(const std::string& key) const;
 
  private:
   std::string scheme_;

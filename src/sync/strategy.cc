@@ -57,6 +57,15 @@ void await_workers(coll::Communicator& workers) {
 
 namespace detail {
 
+bool ParamReader::changed(const std::string& key) const {
+  const std::string &v = values_.at(key), &d = defaults_.at(key);
+  if (v == d) return false;
+  char *ve = nullptr, *de = nullptr;
+  const double x = std::strtod(v.c_str(), &ve), y = std::strtod(d.c_str(), &de);
+  const bool numbers = ve != v.c_str() && *ve == '\0' && de != d.c_str() && *de == '\0';
+  return !numbers || x != y;
+}
+
 ParamReader::ParamReader(std::string scheme, const Params& given, const Params& defaults)
     : scheme_(std::move(scheme)), values_(defaults), defaults_(defaults) {
   for (const auto& [k, v] : given) {

@@ -856,6 +856,7 @@ void check_checkpoint_fields(const nlohmann::json& meta, const std::filesystem::
                                                        {"synthetic_samples", "number"},
                                                        {"lr", "number"},
                                                        {"momentum", "number"},
+                                                       {"optimizer_momentum", "number"},
                                                        {"weight_decay", "number"},
                                                        {"lr_schedule", "string"},
                                                        {"warmup_epochs", "number"},
@@ -928,16 +929,16 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), given_zero);
     if (ec != std::errc() || end != z.data() + z.size() || given_zero < 0) given_zero = -2;
   }
-  // A signum run before 2026-12-05 stacked the optimizer's momentum on Signum's, its checkpoint's spec without the
-  // momentum resolve_config now writes into it: its optimizer state is that momentum, not what this run keeps.
-  if (meta.contains("compressor") && meta["compressor"].is_string()) {
-    const auto [name, params] = split_compressor_spec(meta["compressor"].get<std::string>());
-    if (name == "signum" && !params.count("momentum"))
-      throw ConfigError(fmt::format(
-          "config: resume: the checkpoint's compressor '{}' ran with the optimizer's momentum on top of Signum's "
-          "(before 2026-12-05), whose state this version does not keep; allowed: a new run (--output elsewhere)",
-          meta["compressor"].get<std::string>()));
-  }
+  // A signum run before 2026-12-05 stacked the optimizer's momentum on Signum's: its optimizer state is that
+  // momentum, which this version would read as its weight decay's. Such checkpoints do not record the optimizer's
+  // own momentum (optimizer_momentum), which every checkpoint since does.
+  if (meta.contains("compressor") && meta["compressor"].is_string() && !meta.contains("optimizer_momentum") &&
+      split_compressor_spec(meta["compressor"].get<std::string>()).first == "signum")
+    throw ConfigError(fmt::format(
+        "config: resume: the checkpoint's compressor '{}' was trained before signum took over the momentum "
+        "(2026-12-05), and its optimizer state is not what this version keeps; allowed: a new run (--output "
+        "elsewhere)",
+        meta["compressor"].get<std::string>()));
   for (const char* k : {"model",
                         "compressor",
                         "optimizer",

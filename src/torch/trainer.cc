@@ -1102,6 +1102,8 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                                     {"train_limit", c.train_limit},
                                     {"synthetic_samples", c.synthetic_samples},
                                     {"optimizer", c.optimizer},
+                                    // (0 where the compressor owns the momentum; absent from checkpoints of before)
+                                    {"optimizer_momentum", optimizer_momentum(c)},
                                     {"compress_min_bytes", c.compress_min_bytes},
                                     {"target_accuracy", c.target_accuracy},
                                     // the rest of the run's settings, a resume's defaults

@@ -267,6 +267,8 @@ TEST(SyncConfig, GossipCompressorsMustShrinkTheirInputAndParametersMustApply) {
   // A checkpoint records every parameter, defaults included, and a resume gives them back: those pass.
   EXPECT_NO_THROW(make_strategy("local", {{"period", "2"}, {"max_period", "64"}, {"target", "0.01"}}, four[0]));
   EXPECT_NO_THROW(make_strategy("dpsgd", {{"gamma", "0.5"}, {"seed", "0"}}, four[0]));
+  EXPECT_NO_THROW(make_strategy("local", {{"max_period", "064"}, {"target", "0.010"}}, four[0]));  // (as numbers)
+  EXPECT_NO_THROW(make_strategy("dpsgd", {{"gamma", "0.50"}, {"seed", "00"}}, four[0]));
   for (const auto& [k, v] : {std::pair<const char*, const char*>{"gamma", "0.25"}, {"seed", "7"}}) {
     m = config_error([k, v] { make_strategy("dpsgd", {{k, v}}, four[0]); });
     EXPECT_NE(m.find(fmt::format("sync dpsgd: {} = {} applies to compressed (CHOCO) gossip", k, v)), std::string::npos)

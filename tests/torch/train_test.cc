@@ -268,18 +268,27 @@ TEST(TrainConfig, DgcTakesOverTheMomentum) {
   apply_resume_defaults(resumed, false);
   EXPECT_EQ(resumed.count("momentum"), 0u);
   EXPECT_EQ(resumed["compressor"], "dgc:momentum=0.5");
-  // A signum checkpoint from before signum took over the momentum (its spec without one) is refused up front, naming
-  // why (it was refused after the workers started, as another compressor than the one given).
-  std::ofstream(ck / "checkpoint.json") << R"({"compressor": "signum", "momentum": 0.9, "lr": 0.05})";
-  RawConfig old_signum{{"resume", ck.string()}, {"compressor", "signum"}};
-  try {
-    apply_resume_defaults(old_signum, false);
-    ADD_FAILURE() << "an old signum checkpoint was taken";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("compressor 'signum' ran with the optimizer's momentum on top of Signum's"),
-              std::string::npos)
-        << e.what();
+  // A signum checkpoint from before signum took over the momentum (no optimizer_momentum recorded), whether its spec
+  // named a momentum or not, is refused up front, naming why (it was refused after the workers started, as another
+  // compressor than the one given, or its momentum buffers were read as the weight decay's); one since is taken.
+  for (const char* spec : {"signum", "signum:momentum=0.9"}) {
+    std::ofstream(ck / "checkpoint.json")
+        << fmt::format(R"({{"compressor": "{}", "momentum": 0.9, "lr": 0.05}})", spec);
+    RawConfig old_signum{{"resume", ck.string()}};
+    try {
+      apply_resume_defaults(old_signum, false);
+      ADD_FAILURE() << "an old signum checkpoint was taken: " << spec;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    fmt::format("compressor '{}' was trained before signum took over the momentum", spec)),
+                std::string::npos)
+          << e.what();
+    }
   }
+  std::ofstream(ck / "checkpoint.json")
+      << R"({"compressor": "signum:momentum=0.9", "momentum": 0.9, "optimizer_momentum": 0, "lr": 0.05})";
+  RawConfig new_signum{{"resume", ck.string()}};
+  EXPECT_NO_THROW(apply_resume_defaults(new_signum, false));
   std::filesystem::remove_all(ck);
   EXPECT_EQ(optimizer_momentum(resolve_config({{"compressor", "ef:topk"}})), 0.9);
   expect_one_line(config_error({{"compressor", "dgc"}, {"optimizer", "adam"}}), "optimizer");
