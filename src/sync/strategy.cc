@@ -55,15 +55,19 @@ void await_workers(coll::Communicator& workers) {
   }
 }
 
+bool same_param_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  auto flag = [](const std::string& s) { return s == "true" ? "1" : s == "false" ? "0" : s; };
+  if (flag(a) == flag(b)) return true;
+  char *ae = nullptr, *be = nullptr;
+  const double x = std::strtod(a.c_str(), &ae), y = std::strtod(b.c_str(), &be);
+  return ae != a.c_str() && *ae == '\0' && be != b.c_str() && *be == '\0' && x == y;
+}
+
 namespace detail {
 
 bool ParamReader::changed(const std::string& key) const {
-  const std::string &v = values_.at(key), &d = defaults_.at(key);
-  if (v == d) return false;
-  char *ve = nullptr, *de = nullptr;
-  const double x = std::strtod(v.c_str(), &ve), y = std::strtod(d.c_str(), &de);
-  const bool numbers = ve != v.c_str() && *ve == '\0' && de != d.c_str() && *de == '\0';
-  return !numbers || x != y;
+  return !same_param_value(values_.at(key), defaults_.at(key));
 }
 
 ParamReader::ParamReader(std::string scheme, const Params& given, const Params& defaults)

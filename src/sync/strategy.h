@@ -95,6 +95,9 @@ StrategyPtr make_strategy(const std::string& name, const Params& params, coll::C
 std::vector<std::string> strategy_names();
 // Parameters `name` accepts, with their defaults.
 Params strategy_defaults(const std::string& name);
+// Whether two spellings of a scheme parameter are the same setting: equal text, the same number ("064" and "64",
+// "0.50" and "0.5"), or the same flag ("false" and "0", "true" and "1").
+bool same_param_value(const std::string& a, const std::string& b);
 // "local:period=8,warmup=100" -> make_strategy("local", {{"period","8"},{"warmup","100"}}, comm).
 StrategyPtr parse_strategy(const std::string& spec, coll::CommPtr comm);
 

@@ -113,8 +113,13 @@ nlohmann::json scheme_params(const SyncSpec& spec) {
 // (they were dropped with the trainer's) are not judged on those.
 bool scheme_params_differ(const nlohmann::json& saved, const nlohmann::json& now) {
   static const std::set<std::string> kOnceDropped = {"lr", "momentum", "weight_decay", "compressor", "push_compressor"};
+  // (the same setting spelled otherwise is the same: adaptive=false against a recorded "0" was another scheme)
+  auto same = [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a == b ||
+           (a.is_string() && b.is_string() && sync::same_param_value(a.get<std::string>(), b.get<std::string>()));
+  };
   for (const auto& [k, v] : now.items())
-    if (saved.contains(k) ? saved[k] != v : !kOnceDropped.count(k)) return true;
+    if (saved.contains(k) ? !same(saved[k], v) : !kOnceDropped.count(k)) return true;
   for (const auto& [k, v] : saved.items())
     if (!now.contains(k)) return true;
   return false;

@@ -269,6 +269,12 @@ TEST(SyncConfig, GossipCompressorsMustShrinkTheirInputAndParametersMustApply) {
   EXPECT_NO_THROW(make_strategy("dpsgd", {{"gamma", "0.5"}, {"seed", "0"}}, four[0]));
   EXPECT_NO_THROW(make_strategy("local", {{"max_period", "064"}, {"target", "0.010"}}, four[0]));  // (as numbers)
   EXPECT_NO_THROW(make_strategy("dpsgd", {{"gamma", "0.50"}, {"seed", "00"}}, four[0]));
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{
+           {"64", "064"}, {"0.5", "0.50"}, {"0.01", "1e-2"}, {"false", "0"}, {"true", "1"}, {"ring", "ring"}})
+    EXPECT_TRUE(same_param_value(a, b)) << a << " " << b;
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{
+           {"64", "65"}, {"true", "0"}, {"ring", "torus"}, {"1x", "1"}, {"", "0"}})
+    EXPECT_FALSE(same_param_value(a, b)) << a << " " << b;
   for (const auto& [k, v] : {std::pair<const char*, const char*>{"gamma", "0.25"}, {"seed", "7"}}) {
     m = config_error([k, v] { make_strategy("dpsgd", {{k, v}}, four[0]); });
     EXPECT_NE(m.find(fmt::format("sync dpsgd: {} = {} applies to compressed (CHOCO) gossip", k, v)), std::string::npos)

@@ -247,11 +247,15 @@ TEST(TrainSync, CheckpointResumeContinues) {
       }
       EXPECT_NE(msg.find("written with sync local {"), std::string::npos) << msg;
       EXPECT_NE(msg.find("\"period\":\"8\""), std::string::npos) << msg;
-      // The same parameters written differently, and a learning rate of the trainer's, resume.
-      TrainConfig same = rest;
-      same.sync = "local:period=4,warmup=0";
-      same.output = (dir / "same").string();
-      EXPECT_NO_THROW(train_inproc(same, 2, true));
+      // The same parameters written differently, and a learning rate of the trainer's, resume (a flag or a number
+      // spelled otherwise than recorded was another scheme).
+      for (const char* spelled : {"local:period=4,warmup=0", "local:period=04,adaptive=false,target=0.010"}) {
+        TrainConfig same = rest;
+        same.sync = spelled;
+        same.output = (dir / "same").string();
+        EXPECT_NO_THROW(train_inproc(same, 2, true)) << spelled;
+        fs::remove_all(dir / "same");
+      }
     }
     if (spec == "ps-bsp") {
       TrainConfig lr = rest;
