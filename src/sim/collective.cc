@@ -679,23 +679,8 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
   // Looked up where every copy is routed as g's transfers shifted: hashing a step's transfers costs about what routing
   // them once does (g alone: no gain, 20-25% slower), and copies built one by one may differ from g's in any step.
   const bool cacheable = route_all && cs.shift;
-  for (size_t si = 0; si < steps.size(); ++si) {
-    const Step& s = steps[si];
-    StepCost* known = nullptr;
-    if (cacheable) {
-      const auto [h1, h2] = step_hash(s);
-      auto [it, fresh] = step_cache_.try_emplace({g.size, g.stride, g.first, h1, h2});
-      if (!fresh) {
-        const StepCost& sc = it->second;
-        cost.latency += s.repeat * s.latency_hops * (sc.latency + overhead);
-        cost.per_byte += s.repeat * sc.per_byte;
-        cost.reduce_frac += s.repeat * s.reduce;
-        cost.steps += s.repeat;
-        by_kind[link_kind_name(sc.worst)] += s.repeat * sc.per_byte;
-        continue;
-      }
-      known = &it->second;
-    }
+  // Step si's latency, bandwidth term and bounding link kind, routed over the copies.
+  auto route_step = [&](size_t si) {
     double lat = 0;
     auto load = [&](const Step& st, long long off) {
       for (const Transfer& t : st.transfers) {
@@ -722,12 +707,24 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
       load_[id] = 0.0;
     }
     touched.clear();
-    if (known) *known = StepCost{lat, coeff, worst};
-    cost.latency += s.repeat * s.latency_hops * (lat + overhead);
-    cost.per_byte += s.repeat * coeff;
+    return StepCost{lat, coeff, worst};
+  };
+  for (size_t si = 0; si < steps.size(); ++si) {
+    const Step& s = steps[si];
+    StepCost sc;
+    if (cacheable) {
+      const auto [h1, h2] = step_hash(s);
+      auto [it, fresh] = step_cache_.try_emplace({g.size, g.stride, g.first, h1, h2});
+      if (fresh) it->second = route_step(si);
+      sc = it->second;
+    } else {
+      sc = route_step(si);
+    }
+    cost.latency += s.repeat * s.latency_hops * (sc.latency + overhead);
+    cost.per_byte += s.repeat * sc.per_byte;
     cost.reduce_frac += s.repeat * s.reduce;
     cost.steps += s.repeat;
-    by_kind[link_kind_name(worst)] += s.repeat * coeff;
+    by_kind[link_kind_name(sc.worst)] += s.repeat * sc.per_byte;
   }
   for (int l : behind_touched) ranks_behind_[l] = 0;
   double best = -1;

@@ -890,8 +890,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     // (hpZ: the secondary partition, 1/K of the stage's 16-bit parameters)
     mem.params = st.params + gathered + (zero3 && hpz > 1 ? params * 2 / static_cast<double>(hpz) : 0.0);
     // (ZeRO-2 or 3 reducing once a step: the buckets hold the stage's whole gradients from the first micro-batch on)
-    mem.grads = (cfg.zero >= 2 && mbs > 1 && z2 == ZeroReduce::kOncePerStep ? params * cfg.grad_bytes : st.grads) +
-                (cfg.zero >= 2 && mbs > 1 && z2 == ZeroReduce::kOncePerStep ? 0.0 : unsharded_grads);
+    const bool whole = cfg.zero >= 2 && mbs > 1 && z2 == ZeroReduce::kOncePerStep;
+    mem.grads = whole ? params * cfg.grad_bytes : st.grads + unsharded_grads;
     mem.optimizer = st.optimizer;
     mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
     return mem;

@@ -57,8 +57,8 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
   // the ranks' signs (sign of their sum), which a server summing pushes would not take: it averaged the ±1s into its
   // momentum, every coordinate moving by lr whatever its gradient (train loss 346 after 5 MLP steps against 2.0).
   // DGC and Signum keep their own momentum, which would stack on the servers' (about 10x the step at 0.9).
-  std::string base = spec.rfind("ef:", 0) == 0 ? spec.substr(3) : spec;  // (the method, without error feedback)
-  base = base.substr(0, base.find(':'));
+  std::string base = c->name();  // (the method, without error feedback)
+  if (base.rfind("ef:", 0) == 0) base = base.substr(3);
   const bool vote = c->collective() == compress::Collective::majority_vote;
   if (std::string_view(what) == "push_compressor" && (vote || base == "dgc"))
     throw ConfigError(fmt::format(

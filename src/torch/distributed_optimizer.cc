@@ -751,6 +751,11 @@ struct DistributedOptimizer::Core {
   int tasks() const { return int(buckets.size()) * (each_pass() ? opt.backward_passes : 1); }
   // A task of this pass ends the step's reduction: its last pass's (or its only one).
   bool last_pass(int pass) const { return !each_pass() || pass == opt.backward_passes - 1; }
+  // Whether task t's gradients have all reached its bucket.
+  bool task_ready(int t) const {
+    const int nb = int(buckets.size());
+    return ready[size_t(t % nb)] > t / nb;
+  }
 
   void reset_step_locked() {
     // A step's observed order goes with its gradients (a backward discarded by zero_grad() recorded every parameter
@@ -804,7 +809,7 @@ struct DistributedOptimizer::Core {
       const int task = (p - 1) * nb + b;
       for (int t = next; t <= task; ++t) {
         const Bucket& waiting = buckets[size_t(t % nb)];
-        if (ready[size_t(t % nb)] > t / nb) continue;
+        if (task_ready(t)) continue;
         std::string missing;
         for (int j : waiting.params)
           if (got[size_t(j)] <= t / nb) missing = names[size_t(j)];
@@ -1124,14 +1129,11 @@ struct DistributedOptimizer::Core {
       bool flushed;
       {
         std::unique_lock<std::mutex> lk(mu);
-        const int nb = int(buckets.size());
-        cv.wait(lk, [&] {
-          return stop || (next < tasks() && (flush || (opt.overlap && ready[size_t(next % nb)] > next / nb)));
-        });
+        cv.wait(lk, [&] { return stop || (next < tasks() && (flush || (opt.overlap && task_ready(next)))); });
         if (stop) return;
         task = next;
-        b = task % nb;
-        pass = task / nb;
+        b = task % int(buckets.size());
+        pass = task / int(buckets.size());
         flushed = flush;
         if (error) {  // (the unused-parameter flags failed: no bucket may go)
           next = tasks();
@@ -1490,11 +1492,7 @@ DistributedOptimizer::~DistributedOptimizer() {
     // later one waiting for its deadline, 300 s by default, its communicator then aborted). (Without overlap none
     // went before a flush, which synchronize() waits out; after a failed one the thread exchanges no more. With
     // find_unused_parameters the ranks that used a parameter no other did have its bucket ready alone, and wait.)
-    if (c.opt.overlap)
-      c.cv.wait(lk, [&] {
-        const int nb = int(c.buckets.size());
-        return c.error || c.next >= c.tasks() || c.ready[size_t(c.next % nb)] <= c.next / nb;
-      });
+    if (c.opt.overlap) c.cv.wait(lk, [&] { return c.error || c.next >= c.tasks() || !c.task_ready(c.next); });
     c.stop = true;
     core_->alive = false;
   }
