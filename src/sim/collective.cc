@@ -322,6 +322,26 @@ void append_in_network(const Builder& b, const std::vector<long long>& members, 
   out.push_back(std::move(s));
 }
 
+// The aggregation step of an in-network allreduce over a group of k ranks a node: the k aggregations (the ranks at
+// position j of each node) run at once, as one step.
+void append_in_network_allreduce(const Builder& b, long long k, std::vector<Step>& out) {
+  const long long m = b.g.size / k;
+  for (long long j = 0; j < k; ++j) {
+    std::vector<long long> members;
+    for (long long n = 0; n < m; ++n) members.push_back(n * k + j);
+    append_in_network(b, members, 1.0 / k, out, "in-network allreduce");
+  }
+  if (k > 1) {
+    Step merged = std::move(out[out.size() - k]);
+    for (long long j = 1; j < k; ++j) {
+      auto& s = out[out.size() - k + j];
+      merged.transfers.insert(merged.transfers.end(), s.transfers.begin(), s.transfers.end());
+    }
+    out.resize(out.size() - k);
+    out.push_back(std::move(merged));
+  }
+}
+
 }  // namespace
 
 std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, const Group& g) {
@@ -422,21 +442,7 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
           }
           if (m > 1) {
             if (a == Algorithm::kInNetwork) {
-              for (long long j = 0; j < k; ++j) {
-                std::vector<long long> members;
-                for (long long n = 0; n < m; ++n) members.push_back(n * k + j);
-                append_in_network(b, members, 1.0 / k, out, "in-network allreduce");
-              }
-              // The k aggregations run at once: merge them into one step.
-              if (k > 1) {
-                Step merged = std::move(out[out.size() - k]);
-                for (long long j = 1; j < k; ++j) {
-                  auto& s = out[out.size() - k + j];
-                  merged.transfers.insert(merged.transfers.end(), s.transfers.begin(), s.transfers.end());
-                }
-                out.resize(out.size() - k);
-                out.push_back(std::move(merged));
-              }
+              append_in_network_allreduce(b, k, out);
             } else {
               std::vector<std::vector<long long>> inter;
               for (long long j = 0; j < k; ++j) {
@@ -511,11 +517,13 @@ static std::vector<long long> copy_offsets(const Topology& topo, const Group& g)
 // group sits (a hierarchical pattern splits at node boundaries: below). Then copies need not be built, only routed
 // (100,000 accelerators on a torus: 1.3 s of building and copying patterns).
 static bool shifts_exactly(const Topology& topo, Algorithm a, const Group& g, const std::vector<Step>& steps) {
-  if (a == Algorithm::kInNetwork) return false;
-  for (const Step& s : steps)
-    for (const Transfer& t : s.transfers)
-      if (t.link >= 0) return false;
-  if (a != Algorithm::kHierarchical) return true;
+  // (An in-network allreduce's aggregation step holds fixed links, the NICs and leaf uplinks of its ranks: each copy's
+  // is rebuilt for its own ranks, the rest of its pattern, intra-node rings, shifts as a hierarchical one's does.)
+  if (a != Algorithm::kInNetwork)
+    for (const Step& s : steps)
+      for (const Transfer& t : s.transfers)
+        if (t.link >= 0) return false;
+  if (a != Algorithm::kHierarchical && a != Algorithm::kInNetwork) return true;
   // A hierarchical pattern reads where its group sits only through how many of its ranks share a node (its rings run
   // over positions in the group): a copy whose ranks split over nodes as g's do runs g's pattern shifted. (Building
   // and routing every copy's pattern took a quarter of a 262,144-GPU plan's time.)
@@ -590,6 +598,7 @@ CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, co
   cs.shift = shifts_exactly(topo_, a, g, steps);
   if (cs.shift) {
     cs.offsets = copy_offsets(topo_, g);
+    if (a == Algorithm::kInNetwork) cs.rebuild = {&topo_, g, ranks_per_node(Builder{topo_, g}, g.size)};
     return cs;
   }
   cs.patterns = group_copies(c, a, g, &steps);
@@ -636,7 +645,19 @@ static std::pair<uint64_t, uint64_t> step_hash(const Step& s) {
 // copy's step, or g's step alone.
 template <class F>
 static void for_each_copy(const CollectiveModel::CopySet& cs, const std::vector<Step>& steps, size_t si, F&& f) {
-  if (cs.shift)
+  const bool fixed = cs.rebuild.topo && std::any_of(steps[si].transfers.begin(), steps[si].transfers.end(),
+                                                    [](const Transfer& t) { return t.link >= 0; });
+  if (fixed) {
+    // (each copy's in-network aggregation step, over its own ranks' links)
+    const Group& g = cs.rebuild.group;
+    std::vector<Step> own;
+    for (long long off : cs.offsets) {
+      own.clear();
+      append_in_network_allreduce(Builder{*cs.rebuild.topo, Group{g.size, g.stride, g.first + off}},
+                                  cs.rebuild.ranks_per_node, own);
+      f(own.front(), 0);
+    }
+  } else if (cs.shift)
     for (long long off : cs.offsets) f(steps[si], off);
   else if (cs.route_all)
     for (const auto& pat : cs.patterns) f(pat[si], 0);
@@ -644,7 +665,7 @@ static void for_each_copy(const CollectiveModel::CopySet& cs, const std::vector<
     f(steps[si], 0);
 }
 
-CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, const Group& g) {
+CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, const Group& g, bool alone) {
   CollectiveCost cost;
   cost.algorithm = a;
   cost.gamma = 1.0 / topo_.spec().network.reduction_bandwidth;
@@ -660,12 +681,12 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
   // also carries other groups' traffic routed through it (dimension-ordered multi-hop routes), which that count does
   // not see: every concurrent copy is routed and the loads summed (equal flows on a symmetric pattern finish
   // together, so the most loaded link gives the max-min fair makespan full-detail mode finds).
-  const CopySet cs = copy_set(c, a, g, steps);
+  const CopySet cs = alone ? CopySet{} : copy_set(c, a, g, steps);
   const bool route_all = cs.route_all;
   cost.all_copies_routed = route_all;
   cost.approximate = cs.approximate;
   std::vector<int> behind_touched, behind;
-  if (!route_all)
+  if (!route_all && !alone)
     for (long long i = 0; i < g.size; ++i) {
       behind.clear();
       topo_.links_behind(g.first + i * g.stride, behind);
@@ -698,7 +719,7 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
     for (int id : touched) {
       const Link& L = topo_.link(id);
       const double share =
-          route_all ? 1.0 : static_cast<double>(topo_.gpus_behind(id)) / std::max(1, ranks_behind_[id]);
+          route_all || alone ? 1.0 : static_cast<double>(topo_.gpus_behind(id)) / std::max(1, ranks_behind_[id]);
       double v = load_[id] * std::max(1.0, share) / L.bandwidth;
       if (v > coeff) {
         coeff = v;
@@ -870,26 +891,66 @@ std::vector<StepReport> CollectiveModel::explain_copy(Collective c, Algorithm a,
   return out;
 }
 
-CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& g, double n_hint) {
-  if (a == Algorithm::kAuto) {
-    CollectiveCost best;
-    double best_t = -1;
-    for (Algorithm cand : candidate_algorithms(c, topo_)) {
-      CollectiveCost cc;
-      try {
-        cc = profile(c, cand, g, n_hint);
-      } catch (const UnsupportedError&) {
-        continue;
+// The fastest candidate algorithm for n_hint bytes: the first in candidate_algorithms' order of those that take the
+// least time. Each candidate's pattern is first routed for g alone, a bound below its profile (loads summed over more
+// copies, scaled by shares >= 1, maxima over more placements: each term of the cost only grows; with g's own transfers
+// routed among them: a copy off the cluster's tiling is not), candidates are profiled in the order of their bounds,
+// and one whose bound the best so far beats is not profiled: on 262,144 GPUs the halving-doubling, recursive-doubling
+// and tree patterns of large groups each took as long to route over every copy as the rest of a plan. The choice is the
+// one profiling every candidate makes.
+CollectiveCost CollectiveModel::auto_profile(Collective c, const Group& g, double n_hint) {
+  const std::vector<Algorithm> cands = candidate_algorithms(c, topo_);
+  const long long block = g.size * g.stride;
+  const bool own_routed = block <= 0 || topo_.gpus() % block != 0 || (g.first >= 0 && g.first % block < g.stride);
+  struct Entry {
+    double bound;
+    size_t index;
+  };
+  std::vector<Entry> order;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const auto key = std::make_tuple(static_cast<int>(c), static_cast<int>(cands[i]), g.size, g.stride, g.first);
+    double bound = 0;
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      bound = it->second.time(n_hint);
+    } else if (own_routed) {
+      auto [b, fresh] = bounds_.try_emplace(key);
+      if (fresh) {
+        try {
+          b->second = evaluate_symmetric(c, cands[i], g, true);
+        } catch (const UnsupportedError&) {
+          b->second.latency = -1;  // the pattern does not apply: profile() would throw too
+        }
       }
-      double t = cc.time(n_hint);
-      if (best_t < 0 || t < best_t) {
-        best_t = t;
-        best = cc;
-      }
+      if (b->second.latency < 0) continue;
+      bound = b->second.time(n_hint);
     }
-    if (best_t < 0) throw UnsupportedError(fmt::format("no algorithm implements {}", collective_name(c)));
-    return best;
+    order.push_back({bound, i});
   }
+  std::stable_sort(order.begin(), order.end(), [](const Entry& x, const Entry& y) { return x.bound < y.bound; });
+  CollectiveCost best;
+  double best_t = -1;
+  size_t best_i = 0;
+  for (const Entry& e : order) {
+    if (best_t >= 0 && (e.bound > best_t || (e.bound == best_t && e.index > best_i))) continue;
+    CollectiveCost cc;
+    try {
+      cc = profile(c, cands[e.index], g, n_hint);
+    } catch (const UnsupportedError&) {
+      continue;
+    }
+    const double t = cc.time(n_hint);
+    if (best_t < 0 || t < best_t || (t == best_t && e.index < best_i)) {
+      best_t = t;
+      best = cc;
+      best_i = e.index;
+    }
+  }
+  if (best_t < 0) throw UnsupportedError(fmt::format("no algorithm implements {}", collective_name(c)));
+  return best;
+}
+
+CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& g, double n_hint) {
+  if (a == Algorithm::kAuto) return auto_profile(c, g, n_hint);
   auto key = std::make_tuple(static_cast<int>(c), static_cast<int>(a), g.size, g.stride, g.first);
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;

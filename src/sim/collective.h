@@ -139,10 +139,19 @@ class CollectiveModel {
     bool approximate = false;  // copies share links unevenly but were not all routed (see CollectiveCost)
     std::vector<std::vector<Step>> patterns;
     std::vector<long long> offsets;
+    // With shift, an in-network allreduce's: each copy's aggregation step is built for its ranks (fixed links)
+    struct Rebuild {
+      const Topology* topo = nullptr;
+      Group group;
+      long long ranks_per_node = 1;
+    } rebuild;
   };
 
  private:
-  CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g);
+  // (alone: g's transfers only, each link's load unscaled: a lower bound on every term of profile()'s cost where g's
+  // own transfers are among those it routes; see auto_profile())
+  CollectiveCost evaluate_symmetric(Collective c, Algorithm a, const Group& g, bool alone = false);
+  CollectiveCost auto_profile(Collective c, const Group& g, double n_hint);
   // (*all_routed: whether every concurrent copy was routed, so that no other placement needs its own report)
   std::vector<StepReport> explain_copy(Collective c, Algorithm a, const Group& g, double n, bool* all_routed = nullptr);
   // The first ranks of copies of g placed otherwise than g (and than each other), which profile() and explain()
@@ -153,6 +162,7 @@ class CollectiveModel {
   CopySet copy_set(Collective c, Algorithm a, const Group& g, const std::vector<Step>& steps);
   const Topology& topo_;
   std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> cache_;
+  std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> bounds_;  // evaluated alone
   // Symmetric mode routes every copy of a group whose copies share links unevenly when they make at most this many
   // transfers (over the pattern's distinct steps); beyond it, it approximates (CollectiveCost::approximate).
   static constexpr double kRouteAllTransfers = 1 << 21;

@@ -321,6 +321,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Agree{"het", 24, 8, 1, Algorithm::kHalvingDoubling, Collective::kAllReduce},
                       Agree{"het", 24, 8, 1, Algorithm::kRecursiveDoubling, Collective::kAllReduce},
                       Agree{"railhet", 40, 8, 1, Algorithm::kInNetwork, Collective::kAllReduce},
+                      // In-network copies straddling the part-full leaf unevenly (2 ranks a node): its intra-node
+                      // rings routed as g's shifted, each copy's aggregation step built over its own NICs and uplinks
+                      // (full detail's first latency is the last flow's, a switch hop under the slowest copy's).
+                      Agree{"dgx-a100", 224, 28, 4, Algorithm::kInNetwork, Collective::kAllReduce, 1e-3},
+                      Agree{"railhet", 40, 10, 2, Algorithm::kInNetwork, Collective::kAllReduce, 1e-3},
                       Agree{"railhet", 40, 2, 4, Algorithm::kRing, Collective::kReduce}));
 
 // In-network aggregation across leaves: each way up (and down) passes the NIC, the leaf and the spine switch (a review
@@ -500,6 +505,56 @@ TEST(Symmetric, AProfileDoesNotDependOnWhatWasProfiledBefore) {
       EXPECT_GT(routed, 5);
     }
   }
+}
+
+// Auto chooses what profiling every candidate chooses (the fastest for n, the first in candidate order on a tie),
+// though candidates whose bound from routing the group alone loses are not profiled: for large and small messages,
+// on part-full leaves and heterogeneous nodes, groups on and off the cluster's tiling, asked in any order.
+TEST(Symmetric, AutoPicksWhatProfilingEveryCandidatePicks) {
+  ClusterSpec het = two_level(4, 1, 2e9, 12.5e9, TopologyKind::kFatTree);
+  het.network.nodes_per_leaf = 4;
+  het.node_kinds.push_back(het.node_kinds[0]);
+  het.node_kinds[0].count = 2;
+  het.node_kinds[1].intra = {300e9, 1e-6};
+  het.node_kinds[1].nic = {1.25e9, 25e-6};
+  int skipped = 0, checked = 0;
+  for (const auto& [spec, gpus] :
+       {std::pair{load_cluster("dgx-a100"), 224}, std::pair{load_cluster("ethernet-25g"), 96}, std::pair{het, 24}}) {
+    Topology topo(spec, gpus);
+    CollectiveModel shared(topo);
+    for (const Group g : {Group{8, 1, 0}, Group{28, 4, 0}, Group{12, 2, 0}, Group{6, 2, 5}, Group{4, 3, 1}})
+      for (Collective c : {Collective::kAllReduce, Collective::kAllGather, Collective::kBroadcast})
+        for (double n : {1e3, 1e6, 1e9}) {
+          if (g.first + (g.size - 1) * g.stride >= gpus) continue;
+          CollectiveModel all(topo), one(topo);
+          CollectiveCost best;
+          double best_t = -1;
+          int applicable = 0;
+          for (Algorithm a : candidate_algorithms(c, topo)) {
+            try {
+              const CollectiveCost cc = all.profile(c, a, g, n);
+              ++applicable;
+              if (best_t < 0 || cc.time(n) < best_t) {
+                best_t = cc.time(n);
+                best = cc;
+              }
+            } catch (const UnsupportedError&) {
+            }
+          }
+          const std::string what = fmt::format("{} {} of {} stride {} first {}, {} bytes", spec.name,
+                                               collective_name(c), g.size, g.stride, g.first, n);
+          ASSERT_GT(applicable, 0) << what;
+          for (CollectiveModel* m : {&shared, &one}) {
+            const CollectiveCost x = m->profile(c, Algorithm::kAuto, g, n);
+            EXPECT_EQ(algorithm_name(x.algorithm), algorithm_name(best.algorithm)) << what;
+            EXPECT_EQ(x.time(n), best_t) << what;
+          }
+          skipped += static_cast<int>(one.cache_size()) < applicable;
+          ++checked;
+        }
+  }
+  EXPECT_GT(checked, 100);
+  EXPECT_GT(skipped, checked / 4) << "candidates profiled that their bounds rule out";
 }
 
 // A group inside a node costs the same in the last, part-full leaf as in a full one: its copies are not routed one
