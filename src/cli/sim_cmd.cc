@@ -1540,16 +1540,26 @@ void setup(CLI::App& app) {
     c->add_option("--global-batch", a->global_batch, "sequences per iteration (strong scaling)");
     c->add_option("--batch-per-gpu", sa->batch_per_gpu, "sequences per GPU per iteration (weak scaling)");
     c->add_flag("--fixed", *fixed, "simulate the given --tp/--pp/--micro-batch/... instead of planning each size");
-    c->add_option("--tp", a->tp, "tensor-parallel size (with --fixed)")->capture_default_str();
-    c->add_option("--pp", a->pp, "pipeline-parallel size (with --fixed)")->capture_default_str();
-    c->add_option("--micro-batch", a->micro_batch, "micro-batch (with --fixed)")->capture_default_str();
-    c->add_option("--zero", a->zero, "ZeRO stage (with --fixed)")->capture_default_str();
-    c->add_option("--recompute", a->recompute, "none, selective, full (with --fixed)")->capture_default_str();
-    c->add_option("--schedule", a->schedule, "gpipe, 1f1b, interleaved (with --fixed)")->capture_default_str();
-    c->add_flag("--sp", a->sp, "sequence parallelism (with --fixed)");
+    const std::vector<CLI::Option*> with_fixed = {
+        c->add_option("--tp", a->tp, "tensor-parallel size (with --fixed)")->capture_default_str(),
+        c->add_option("--pp", a->pp, "pipeline-parallel size (with --fixed)")->capture_default_str(),
+        c->add_option("--micro-batch", a->micro_batch, "micro-batch (with --fixed)")->capture_default_str(),
+        c->add_option("--zero", a->zero, "ZeRO stage (with --fixed)")->capture_default_str(),
+        c->add_option("--recompute", a->recompute, "none, selective, full (with --fixed)")->capture_default_str(),
+        c->add_option("--schedule", a->schedule, "gpipe, 1f1b, interleaved (with --fixed)")->capture_default_str(),
+        c->add_flag("--sp", a->sp, "sequence parallelism (with --fixed)")};
     c->add_option("--plot", sa->plot, "write a PNG of the curve with gnuplot");
     c->add_flag("--json", a->json, "one JSON record per size");
-    c->callback([a, sa, fixed]() { run_scale(*a, *sa, *fixed); });
+    c->callback([a, sa, fixed, with_fixed]() {
+      // (without --fixed each size is planned over every configuration: these were taken and ignored)
+      for (auto* o : with_fixed)
+        if (o->count() > 0 && !*fixed)
+          throw ConfigError(
+              fmt::format("{} applies with --fixed only (allowed: add --fixed to simulate that "
+                          "configuration at every size, or leave it out to plan each size)",
+                          o->get_name()));
+      run_scale(*a, *sa, *fixed);
+    });
   }
   {
     auto* c = sim->add_subcommand("infer", "Prefill and decode latency and throughput of LLM serving with a KV cache");

@@ -38,6 +38,15 @@ void validate(const SchedulerOptions& opt) {
         fmt::format("--las-threshold = {} (allowed: accelerator-seconds above 0)", opt.las_first_threshold));
   if (opt.las_queues < 1 || opt.las_queues > kMaxLasQueues)
     throw ConfigError(fmt::format("--las-queues = {} (allowed: 1 to {})", opt.las_queues, kMaxLasQueues));
+  // Each queue's threshold is ten times the one before: the last one must stay a number (an infinite one put every
+  // job that had run at all in the last queue).
+  double last = opt.las_first_threshold;
+  for (int q = 1; q < opt.las_queues - 1; ++q) last *= 10;
+  if (!std::isfinite(last))
+    throw ConfigError(
+        fmt::format("--las-threshold = {} with --las-queues = {}: the last queue's threshold, {} x 10^{}, "
+                    "is past a double's range (allowed: thresholds up to 1.8e308)",
+                    opt.las_first_threshold, opt.las_queues, opt.las_first_threshold, opt.las_queues - 2));
   if (!(std::isfinite(opt.restart_penalty) && opt.restart_penalty >= 0))
     throw ConfigError(fmt::format("--restart-penalty = {} (allowed: seconds, 0 or more)", opt.restart_penalty));
   if (!(std::isfinite(opt.min_lease) && opt.min_lease >= 0))
@@ -197,11 +206,15 @@ struct Running {
 ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const std::vector<JobSpec>& jobs,
                                 const SchedulerOptions& opt) {
   validate(opt);
+  if (jobs.empty()) throw InvalidArgument("simulate_cluster: no jobs (a trace holds at least one)");
   const long long gpn = spec.gpus_per_node();
   if (gpus < 1 || gpus > kMaxSimulatedGpus)
     throw ConfigError(fmt::format("--gpus = {} (allowed: 1..{})", gpus, kMaxSimulatedGpus));
   if (gpus % gpn != 0) throw ConfigError(fmt::format("--gpus = {} must be a multiple of {} per node", gpus, gpn));
-  const long long per_leaf = static_cast<long long>(spec.network.nodes_per_leaf) * gpn;
+  // On a torus every node is its own leaf: placement does not group nodes there (the file's nodes_per_leaf counted
+  // groups of nodes in the leaves column).
+  const long long npl = spec.network.topology == TopologyKind::kTorus ? 1 : spec.network.nodes_per_leaf;
+  const long long per_leaf = npl * gpn;
   const long long nleaves = (gpus + per_leaf - 1) / per_leaf;
   const size_t n = jobs.size();
   for (const auto& j : jobs) {
@@ -213,7 +226,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   }
   // The cluster itself (its torus must hold these nodes, as for `sim step`), and the kind of every node.
   const Topology topo(spec, gpus);
-  const long long nnodes = gpus / gpn, npl = spec.network.nodes_per_leaf;
+  const long long nnodes = gpus / gpn;
   const size_t nkinds = spec.node_kinds.size();
   std::vector<uint16_t> kind_of(nnodes);
   for (long long nd = 0; nd < nnodes; ++nd)
@@ -222,6 +235,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   // the file's first kind, a job on a node of the second was refused for the first one's memory).
   const bool mixed = nkinds > 1;
   auto nodes_of = [&](long long job_gpus) { return std::max<long long>(1, job_gpus / gpn); };
+  // The fewest leaves a job's nodes can be placed on: its best placement's, the base of its slowdown (timed on one
+  // leaf, a job larger than a leaf had a base no placement reaches).
+  auto fewest_leaves = [&](long long job_gpus) { return static_cast<int>((nodes_of(job_gpus) + npl - 1) / npl); };
   JobTimeCache times;  // iteration times on this cluster, by model, size, batch and placement
   std::vector<JobOutcome> out(n);
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
@@ -242,12 +258,12 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     remaining[i] = static_cast<double>(jobs[i].iterations);
     std::string why;
     if (!mixed) {
-      packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, 1, &why, nullptr, &times);
+      packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch,
+                                     fewest_leaves(jobs[i].gpus), &why, nullptr, &times);
       if (!std::isfinite(packed[i])) throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
       continue;
     }
     on_kind[i].assign(nkinds, std::numeric_limits<double>::infinity());
-    packed[i] = std::numeric_limits<double>::infinity();
     for (size_t k = 0; k < nkinds; ++k) {
       if (topo.kind_counts()[k] == 0) continue;
       std::vector<long long> only(nkinds, 0);
@@ -258,7 +274,6 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         fastest[i].push_back(k);
       else if (why.empty())
         why = fmt::format("{} (on {} nodes)", w, spec.node_kinds[k].name);
-      packed[i] = std::min(packed[i], on_kind[i][k]);
     }
     std::stable_sort(fastest[i].begin(), fastest[i].end(),
                      [&](size_t a, size_t b) { return on_kind[i][a] < on_kind[i][b]; });
@@ -268,6 +283,19 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     if (jobs[i].gpus > room)
       throw ConfigError(fmt::format("job {} asks for {} accelerators; the node kinds it fits in memory have {}",
                                     jobs[i].id, jobs[i].gpus, room));
+    // Its best placement: nodes of the fastest kinds for it that the cluster has, the fastest first, on the fewest
+    // leaves (the fastest kind alone was its base even where that kind has too few nodes: a 32-GPU job on edge's 16
+    // AGX Orins showed a 6.2x slowdown alone on an empty cluster).
+    std::vector<long long> best(nkinds, 0);
+    long long left = nodes_of(jobs[i].gpus);
+    for (size_t k : fastest[i]) {
+      best[k] = std::min(left, topo.kind_counts()[k]);
+      left -= best[k];
+    }
+    packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, fewest_leaves(jobs[i].gpus),
+                                   &why, &best, &times);
+    if (!std::isfinite(packed[i]))  // (the kinds hold it one by one, so together too: the smallest memory decides)
+      throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
   }
   std::vector<Running> running;
   double now = 0, busy = 0, useful = 0;

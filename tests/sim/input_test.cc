@@ -136,6 +136,52 @@ TEST(Inputs, JobTracesNeedWholeBoundedNumbersAndUniqueIds) {
   const ClusterSpec spec = load_cluster("dgx-a100");
   const auto jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt-1.7b,10\n", "t");
   EXPECT_EQ(error_of([&] { simulate_cluster(spec, -1600, jobs, {}); }), "--gpus = -1600 (allowed: 1..262144)");
+  EXPECT_THROW(simulate_cluster(spec, 8, {}, {}), InvalidArgument);  // (read past an empty list's end)
+  // LAS thresholds grow tenfold a queue: one past a double's range put every job that had run in the last queue.
+  SchedulerOptions las;
+  las.policy = Policy::kLas;
+  las.las_first_threshold = 1e300;
+  las.las_queues = 12;
+  EXPECT_EQ(error_of([&] { simulate_cluster(spec, 8, jobs, las); }),
+            "--las-threshold = 1e+300 with --las-queues = 12: the last queue's threshold, 1e+300 x 10^10, is past a "
+            "double's range (allowed: thresholds up to 1.8e308)");
+  las.las_queues = 3;
+  EXPECT_EQ(simulate_cluster(spec, 8, jobs, las).jobs[0].preemptions, 0);
+}
+
+// A job's slowdown and the goodput are against its best placement on this cluster: alone on an empty cluster a job
+// runs at exactly that pace. Timed on one leaf, a job larger than a leaf had a base no placement reaches (512 GPUs on
+// ethernet-25g's leaves of 128: 1.01x, goodput 99%); on the fastest node kind alone, one larger than that kind's nodes
+// (32 GPUs on edge's 16 AGX Orins: 6.2x, goodput 8%).
+TEST(Inputs, AJobAloneRunsAtItsBestPlacementsPace) {
+  struct Case {
+    const char* cluster;
+    long long gpus, job;
+    const char* model;
+    int leaves;
+  };
+  for (const Case c : {Case{"ethernet-25g", 512, 512, "gpt-1.7b", 4}, Case{"ethernet-25g", 512, 256, "gpt-1.7b", 2},
+                       Case{"ethernet-25g", 512, 128, "gpt-1.7b", 1}, Case{"edge", 64, 32, "gpt2-small", 1},
+                       Case{"edge", 64, 8, "gpt2-small", 1}}) {
+    const auto jobs =
+        parse_job_trace(fmt::format("id,submit_s,gpus,model,iterations\na,0,{},{},100\n", c.job, c.model), "t");
+    for (Policy p : {Policy::kFifo, Policy::kSrtf})
+      for (Placement pl : {Placement::kTopology, Placement::kSpread}) {
+        SchedulerOptions o;
+        o.policy = p;
+        o.placement = pl;
+        const ScheduleResult r = simulate_cluster(load_cluster(c.cluster), c.gpus, jobs, o);
+        const std::string what = fmt::format("{} GPUs of {} on {}", c.job, c.gpus, c.cluster);
+        if (pl == Placement::kTopology) {
+          EXPECT_EQ(r.jobs[0].leaves_used, c.leaves) << what;
+          EXPECT_DOUBLE_EQ(r.jobs[0].slowdown, 1.0) << what;
+          EXPECT_NEAR(r.goodput, r.utilization, 1e-9) << what;
+        } else {
+          EXPECT_GE(r.jobs[0].slowdown, 1.0 - 1e-12) << what << " spread";
+        }
+        EXPECT_NEAR(r.utilization, static_cast<double>(c.job) / static_cast<double>(c.gpus), 1e-9) << what;
+      }
+  }
 }
 
 // Late in a long trace `now + dt` rounds to `now`, and remaining iterations to a sliver that never reached zero:
@@ -394,6 +440,9 @@ TEST(Inputs, SchedulerPlacesPerNodeCountsFromTheFirstSubmitAndNamesWhyNothingRun
   jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,0,16,gpt2-small,10\nb,0,4,gpt2-small,10\n", "t");
   const ScheduleResult tr = simulate_cluster(torus, 128, jobs, {});
   EXPECT_TRUE(std::isfinite(tr.makespan));
+  // Every node is its own leaf there: the leaves column counts a job's nodes (it counted groups of the file's 20).
+  EXPECT_EQ(tr.jobs[0].leaves_used, 2);
+  EXPECT_EQ(tr.jobs[1].leaves_used, 1);
   // Ids are printable ASCII; a byte-order mark before the header is not part of it.
   EXPECT_NE(error_of([] {
               parse_job_trace("id,submit_s,gpus,model,iterations\n\xff\xfe,0,8,gpt2-small,1\n", "t");

@@ -811,6 +811,12 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--batch-per-gpu = -5 (allowed: a positive number of sequences)"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,12",
             "--gpus-list = '8,12': 12 must be a multiple of the 8 accelerators per node"},
+           // (planned over every configuration, each size ran without them)
+           {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --tp 8 --pp 2",
+            "--tp applies with --fixed only (allowed: add --fixed to simulate that configuration at every size, or "
+            "leave it out to plan each size)"},
+           {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --recompute full", "--recompute applies"},
+           {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --sp", "--sp applies with --fixed only"},
            {"sim step --cluster " + dir + "/huge.yaml --model gpt2-small --global-batch 8",
             "cluster 'dgx-a100': its nodes' counts describe 80000000 accelerators, beyond the simulator's limit of "
             "262144"},
