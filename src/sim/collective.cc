@@ -735,9 +735,12 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
     StepCost sc;
     if (cacheable) {
       const auto [h1, h2] = step_hash(s);
-      auto [it, fresh] = step_cache_.try_emplace({g.size, g.stride, g.first, h1, h2});
-      if (fresh) it->second = route_step(si);
-      sc = it->second;
+      const auto key = std::make_tuple(g.size, g.stride, g.first, h1, h2);
+      // (kept once routed: a step that threw part way leaves no entry)
+      if (auto it = step_cache_.find(key); it != step_cache_.end())
+        sc = it->second;
+      else
+        sc = step_cache_.emplace(key, route_step(si)).first->second;
     } else {
       sc = route_step(si);
     }
@@ -901,7 +904,9 @@ std::vector<StepReport> CollectiveModel::explain_copy(Collective c, Algorithm a,
 CollectiveCost CollectiveModel::auto_profile(Collective c, const Group& g, double n_hint) {
   const std::vector<Algorithm> cands = candidate_algorithms(c, topo_);
   const long long block = g.size * g.stride;
-  const bool own_routed = block <= 0 || topo_.gpus() % block != 0 || (g.first >= 0 && g.first % block < g.stride);
+  // (a bound costs a routing of g: worth it only where some candidate may be skipped)
+  const bool own_routed =
+      cands.size() > 1 && (block <= 0 || topo_.gpus() % block != 0 || (g.first >= 0 && g.first % block < g.stride));
   struct Entry {
     double bound;
     size_t index;
@@ -918,11 +923,11 @@ CollectiveCost CollectiveModel::auto_profile(Collective c, const Group& g, doubl
         try {
           b->second = evaluate_symmetric(c, cands[i], g, true);
         } catch (const UnsupportedError&) {
-          b->second.latency = -1;  // the pattern does not apply: profile() would throw too
+          b->second.reset();  // the pattern does not apply: profile() would throw too
         }
       }
-      if (b->second.latency < 0) continue;
-      bound = b->second.time(n_hint);
+      if (!b->second) continue;
+      bound = b->second->time(n_hint);
     }
     order.push_back({bound, i});
   }

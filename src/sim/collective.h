@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -162,7 +163,8 @@ class CollectiveModel {
   CopySet copy_set(Collective c, Algorithm a, const Group& g, const std::vector<Step>& steps);
   const Topology& topo_;
   std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> cache_;
-  std::map<std::tuple<int, int, long long, long long, long long>, CollectiveCost> bounds_;  // evaluated alone
+  // evaluated alone (nullopt: the pattern does not apply)
+  std::map<std::tuple<int, int, long long, long long, long long>, std::optional<CollectiveCost>> bounds_;
   // Symmetric mode routes every copy of a group whose copies share links unevenly when they make at most this many
   // transfers (over the pattern's distinct steps); beyond it, it approximates (CollectiveCost::approximate).
   static constexpr double kRouteAllTransfers = 1 << 21;
