@@ -490,7 +490,7 @@ double dp_clip_bound(const FlConfig& c, size_t n, const FixedPointCodec* codec) 
 std::vector<float> weighted_update(const FlConfig& c, const Federation& f, const LocalResult& r, double dp_bound) {
   std::vector<float> v = r.delta;
   if (dp_on(c)) {
-    clip_l2(v.data(), v.size(), dp_bound);
+    if (!c.dp_unclipped_for_testing) clip_l2(v.data(), v.size(), dp_bound);
     return v;
   }
   const double w = double(r.examples) / f.mean_examples;
@@ -999,16 +999,26 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
             if (u.second != len * 4)
               throw ProtocolError(fmt::format("fl: rank {} sent an update of {} bytes for client {}; expected {}", h,
                                               u.second, sampled[size_t(x.pos)], len * 4));
-            for (size_t i = 0; i < len; ++i) {
-              float v;
-              std::memcpy(&v, u.first + i * 4, 4);  // (the vector need not be aligned inside the message)
-              if (!std::isfinite(v))
+            thread_local std::vector<float> v;
+            v.resize(len);
+            std::memcpy(v.data(), u.first, len * 4);  // (the vector need not be aligned inside the message)
+            for (size_t i = 0; i < len; ++i)
+              if (!std::isfinite(v[i]))
                 throw ProtocolError(
                     fmt::format("fl: rank {} sent an update for client {} whose element {} is {}; "
                                 "allowed: finite values",
-                                h, sampled[size_t(x.pos)], i, v));
-              sum[i] += double(v);
+                                h, sampled[size_t(x.pos)], i, v[i]));
+            if (dp) {
+              // The noise and the accountant rest on no update's norm passing dp_clip: the server sees each one in
+              // the clear here and holds it to that (a host that does not clip is refused; rounding is clipped).
+              const double norm = clip_l2(v.data(), len, c.dp_clip);
+              if (norm > c.dp_clip * (1 + 1e-6))
+                throw ProtocolError(fmt::format(
+                    "fl: rank {} sent an update for client {} of L2 norm {:.6g}; allowed: at most --dp-clip {} "
+                    "(the bound differential privacy's noise is scaled to)",
+                    h, sampled[size_t(x.pos)], norm, c.dp_clip));
             }
+            for (size_t i = 0; i < len; ++i) sum[i] += double(v[i]);
             sum[len] += x.loss;
           }
           reports.push_back(x);
@@ -1337,6 +1347,22 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
             "fl: dp_clip: updates are clipped to {:.3g}, not {} (secure aggregation's rounding at {} bits "
             "takes the rest of the bound); allowed: more --secagg-bits keep more of it",
             bound, c.dp_clip, c.secagg_bits);
+      // The accountant takes one client to change a round's released update by at most dp_clip. A round that secure
+      // aggregation abandons (fewer than 2 sampled, or fewer than its threshold sent) releases noise alone, and one
+      // client's presence can decide that, and with it whether the other clients' updates appear: epsilon does not
+      // cover those events. With one other client sampled beside it (probability (N-1) q (1-q)^(N-2)) a client's
+      // presence alone decides; dropouts and dropped stragglers put rounds near the threshold.
+      const double q = c.fraction, others = double(c.clients - 1);
+      const double one_other = others * q * std::pow(1 - q, std::max(0.0, others - 1));
+      const bool drops = c.dropout > 0 || (c.deadline > 0 && c.stragglers == "drop");
+      if (comm->rank() == 0 && (one_other > 1e-9 || drops))
+        CONDUIT_LOG_WARN(
+            "fl: epsilon does not cover rounds secure aggregation abandons because of how many clients were sampled "
+            "or sent, which one client's presence can decide ({:.2g} of the rounds a client is sampled in have one "
+            "other client beside it{}): allowed: a larger fraction x clients{} (docs/federated.md, Differential "
+            "privacy)",
+            one_other, drops ? "; dropouts and dropped stragglers add rounds near the threshold" : "",
+            drops ? " and no --dropout or dropped stragglers" : "");
     }
     if (comm->rank() != 0) {
       res.host_peak_posted_bytes = run_host(c, *comm, trainer, f);

@@ -82,6 +82,8 @@ struct FlConfig {
   double dp_clip = 0.0, dp_noise = 0.0, dp_delta = 1e-5;
   // Tests only (no key, no flag): a fixed seed for DP's sampling and noise; 0 draws them from the OS.
   uint64_t dp_secret_seed_for_testing = 0;
+  // Tests only: hosts send DP updates unclipped (a host that does not clip, which the server must refuse).
+  bool dp_unclipped_for_testing = false;
   // Tests only: the bytes of updates a host keeps posted (0: 256 MiB).
   uint64_t host_window_bytes_for_testing = 0;
   // Running.

@@ -16,7 +16,9 @@ namespace conduit::fl {
 namespace {
 
 constexpr const char* kAllowedSpecs =
-    "iid, dirichlet:ALPHA (ALPHA a finite number > 0) or shards:K (an integer K >= 1)";
+    "iid, dirichlet:ALPHA (ALPHA a number > 0, at most 1e12) or shards:K (an integer K >= 1)";
+
+constexpr double kMaxDirichletAlpha = 1e12;
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
   throw ConfigError(fmt::format("partition spec '{}': {}; allowed: {}", spec, why, kAllowedSpecs));
@@ -187,6 +189,9 @@ PartitionSpec parse_partition(const std::string& spec) {
     const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), alpha);
     if (ec != std::errc() || end != value.data() + value.size()) bad_spec(spec, "ALPHA is not a number");
     if (!std::isfinite(alpha) || alpha <= 0) bad_spec(spec, "ALPHA must be finite and > 0");
+    // (a split that large is iid in all but name; near a double's range the Gamma draws' sum overflowed, and every
+    // class went whole to one client, the most skewed split there is)
+    if (alpha > kMaxDirichletAlpha) bad_spec(spec, "ALPHA above 1e12 (use iid)");
     out.kind = "dirichlet";
     out.alpha = alpha;
     return out;

@@ -783,6 +783,22 @@ TEST(Federation, DpNoiseIsSecretAndAppliedAlsoWhenNobodySent) {
   EXPECT_GT(norm, 0) << "no noise on an empty round: an observer of the model learns nobody took part";
 }
 
+// Without secure aggregation the server sees each update in the clear and holds it to dp_clip, the sensitivity the
+// noise and the accountant rest on: a host that does not clip is refused, naming it (its updates were summed).
+TEST(Federation, DpRefusesAnUpdateAboveTheClip) {
+  FlConfig c = base_config();
+  c.dp_clip = 1e-4;  // every update's norm is above it
+  c.dp_noise = 1.0;
+  c.rounds = 2;
+  c.dp_secret_seed_for_testing = 7;
+  RunResult honest = run(c);
+  expect_ok(honest);
+  c.dp_unclipped_for_testing = true;
+  RunResult r = run(c);
+  EXPECT_NE(r.errors[0].find("sent an update for client"), std::string::npos) << r.errors[0];
+  EXPECT_NE(r.errors[0].find("allowed: at most --dp-clip 0.0001"), std::string::npos) << r.errors[0];
+}
+
 // The noise is N(0, (z S)^2) on the sum, divided by the expected number of clients q N (not by how many sent).
 void check_dp_noise(bool secagg) {
   struct Dim {

@@ -61,7 +61,8 @@ TEST(FlPartition, ParsesSpecsAndPrintsThemBack) {
 TEST(FlPartition, RejectsMalformedSpecsNamingThem) {
   for (const std::string spec :
        {"dirichlet:-1", "dirichlet:0", "dirichlet:abc", "dirichlet:", "dirichlet", "dirichlet:inf", "dirichlet:nan",
-        "dirichlet:1x", "shards:0", "shards:-2", "shards:2.5", "shards:", "shards", "foo", "", "iid:3", "IID"}) {
+        "dirichlet:1x", "dirichlet:1.7e308", "dirichlet:1.1e12", "shards:0", "shards:-2", "shards:2.5",
+        "shards:", "shards", "foo", "", "iid:3", "IID"}) {
     EXPECT_THROW(parse_partition(spec), ConfigError) << spec;
     const std::string msg = error_of([&] { parse_partition(spec); });
     EXPECT_NE(msg.find("'" + spec + "'"), std::string::npos) << msg;
@@ -71,7 +72,8 @@ TEST(FlPartition, RejectsMalformedSpecsNamingThem) {
 
 TEST(FlPartition, EverySpecCoversEveryIndexExactlyOnce) {
   const auto labels = interleaved(1003, 10);
-  for (const std::string spec : {"iid", "dirichlet:0.5", "dirichlet:0.1", "dirichlet:100", "shards:2", "shards:5"}) {
+  for (const std::string spec :
+       {"iid", "dirichlet:0.5", "dirichlet:0.1", "dirichlet:100", "dirichlet:1e12", "shards:2", "shards:5"}) {
     for (const int clients : {1, 7, 10, 50}) {
       SCOPED_TRACE(spec + " over " + std::to_string(clients));
       expect_exact_cover(partition(labels, 10, clients, parse_partition(spec), 42), labels.size(), clients);
@@ -107,6 +109,9 @@ TEST(FlPartition, SmallDirichletAlphaIsFarMoreHeterogeneous) {
   EXPECT_LT(tv_iid, 0.1);
   EXPECT_GT(tv_small, 4 * tv_large);
   EXPECT_GT(tv_small, 4 * tv_iid);
+  // The largest alpha taken is as even as iid (near a double's range, a sum that overflowed gave each class whole to
+  // one client: TV 0.9 here).
+  EXPECT_LT(mean_label_tv_distance(labels, 10, partition(labels, 10, 10, parse_partition("dirichlet:1e12"), 3)), 0.1);
 }
 
 TEST(FlPartition, TwoShardsPerClientGiveAtMostTwoLabels) {
