@@ -402,6 +402,14 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   auto release = [&](const Running& r) {
     for (auto [nd, g] : r.alloc) free_node[nd] += g;
   };
+  // LAS keeps each queue in the order jobs entered it, as Tiresias's simulator does: a job arriving, demoted or
+  // promoted joins the end of its queue, and after each pass the waiting jobs move behind the running ones (keeping
+  // their order), so a job waiting in a queue never preempts one running in the same queue. (Ordered by submission
+  // time inside a queue, a waiting job preempted a running one that had entered its queue before it: two jobs
+  // swapped at each demotion, paying a restart penalty each time.)
+  std::vector<int> in_queue(n, -1);
+  std::vector<uint64_t> queue_seq(n, 0);
+  uint64_t next_seq = 0;
   auto queue_of = [&](size_t i) {
     double th = opt.las_first_threshold;
     for (int q = 0; q < opt.las_queues - 1; ++q, th *= 10)
@@ -462,6 +470,12 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
           waited[i] = 0;
           out[i].promotions++;
         }
+    if (opt.policy == Policy::kLas)
+      for (size_t i : live)  // (in arrival order, as Tiresias moves jobs between queues)
+        if (const int q = queue_of(i); q != in_queue[i]) {
+          in_queue[i] = q;
+          queue_seq[i] = next_seq++;
+        }
     std::vector<size_t> active = live;
     if (opt.policy == Policy::kSrtf) {
       std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
@@ -472,9 +486,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       });
     } else {
       std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
-        int qa = queue_of(a), qb = queue_of(b);
-        if (qa != qb) return qa < qb;
-        return jobs[a].submit < jobs[b].submit;
+        if (in_queue[a] != in_queue[b]) return in_queue[a] < in_queue[b];
+        return queue_seq[a] < queue_seq[b];
       });
     }
     // In priority order, a waiting job starts where it fits; one that does not fit preempts running jobs of lower
@@ -534,6 +547,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       }
       if (place(i, alloc)) start_job(i, alloc);
     }
+    if (opt.policy == Policy::kLas)
+      for (size_t i : active)
+        if (state[i] == 1) queue_seq[i] = next_seq++;
   };
 
   size_t done = 0;
