@@ -211,9 +211,11 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   if (gpus < 1 || gpus > kMaxSimulatedGpus)
     throw ConfigError(fmt::format("--gpus = {} (allowed: 1..{})", gpus, kMaxSimulatedGpus));
   if (gpus % gpn != 0) throw ConfigError(fmt::format("--gpus = {} must be a multiple of {} per node", gpus, gpn));
-  // On a torus every node is its own leaf: placement does not group nodes there (the file's nodes_per_leaf counted
-  // groups of nodes in the leaves column).
-  const long long npl = spec.network.topology == TopologyKind::kTorus ? 1 : spec.network.nodes_per_leaf;
+  // On a torus every node is its own leaf, on a flat network all hang off one switch: placement does not group nodes
+  // there (the file's nodes_per_leaf counted groups of nodes in the leaves column).
+  const long long npl = spec.network.topology == TopologyKind::kTorus  ? 1
+                        : spec.network.topology == TopologyKind::kFlat ? std::max<long long>(1, gpus / gpn)
+                                                                       : spec.network.nodes_per_leaf;
   const long long per_leaf = npl * gpn;
   const long long nleaves = (gpus + per_leaf - 1) / per_leaf;
   const size_t n = jobs.size();
@@ -235,9 +237,6 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   // the file's first kind, a job on a node of the second was refused for the first one's memory).
   const bool mixed = nkinds > 1;
   auto nodes_of = [&](long long job_gpus) { return std::max<long long>(1, job_gpus / gpn); };
-  // The fewest leaves a job's nodes can be placed on: its best placement's, the base of its slowdown (timed on one
-  // leaf, a job larger than a leaf had a base no placement reaches).
-  auto fewest_leaves = [&](long long job_gpus) { return static_cast<int>((nodes_of(job_gpus) + npl - 1) / npl); };
   JobTimeCache times;  // iteration times on this cluster, by model, size, batch and placement
   std::vector<JobOutcome> out(n);
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
@@ -257,12 +256,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     out[i].submit = jobs[i].submit;
     remaining[i] = static_cast<double>(jobs[i].iterations);
     std::string why;
-    if (!mixed) {
-      packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch,
-                                     fewest_leaves(jobs[i].gpus), &why, nullptr, &times);
-      if (!std::isfinite(packed[i])) throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
-      continue;
-    }
+    if (!mixed) continue;
     on_kind[i].assign(nkinds, std::numeric_limits<double>::infinity());
     for (size_t k = 0; k < nkinds; ++k) {
       if (topo.kind_counts()[k] == 0) continue;
@@ -283,19 +277,6 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     if (jobs[i].gpus > room)
       throw ConfigError(fmt::format("job {} asks for {} accelerators; the node kinds it fits in memory have {}",
                                     jobs[i].id, jobs[i].gpus, room));
-    // Its best placement: nodes of the fastest kinds for it that the cluster has, the fastest first, on the fewest
-    // leaves (the fastest kind alone was its base even where that kind has too few nodes: a 32-GPU job on edge's 16
-    // AGX Orins showed a 6.2x slowdown alone on an empty cluster).
-    std::vector<long long> best(nkinds, 0);
-    long long left = nodes_of(jobs[i].gpus);
-    for (size_t k : fastest[i]) {
-      best[k] = std::min(left, topo.kind_counts()[k]);
-      left -= best[k];
-    }
-    packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, fewest_leaves(jobs[i].gpus),
-                                   &why, &best, &times);
-    if (!std::isfinite(packed[i]))  // (the kinds hold it one by one, so together too: the smallest memory decides)
-      throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
   }
   std::vector<Running> running;
   double now = 0, busy = 0, useful = 0;
@@ -308,16 +289,16 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   // one whole free nodes. Counting per leaf let a 6-GPU job take 3 + 3 of two nodes and run as one NVSwitch node.
   std::vector<long long> free_node(nnodes, gpn);
   auto leaf_of_node = [&](long long node) { return node / npl; };
-  // Places `need` accelerators on nodes of the `allowed` kinds (taking them when it fits).
+  // Places `need` accelerators on nodes of the `allowed` kinds (taking them when it fits), as `how` places.
   auto place_on = [&](std::vector<long long>& free_node, long long need, const std::vector<char>& allowed,
-                      std::vector<std::pair<long long, long long>>& alloc) -> bool {
+                      std::vector<std::pair<long long, long long>>& alloc, Placement how) -> bool {
     alloc.clear();
     if (need < gpn) {
       // Part of one node: best fit (topology) or first fit (spread).
       long long best = -1;
       for (long long nd = 0; nd < nnodes; ++nd)
         if (allowed[kind_of[nd]] && free_node[nd] >= need) {
-          if (opt.placement == Placement::kSpread) {
+          if (how == Placement::kSpread) {
             best = nd;
             break;
           }
@@ -335,7 +316,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
           ++total;
         }
       if (total < k) return false;
-      if (opt.placement == Placement::kTopology) {
+      if (how == Placement::kTopology) {
         // The fewest leaves: best fit in one leaf, else the leaves with the most whole free nodes first.
         long long best = -1;
         for (long long l = 0; l < nleaves; ++l)
@@ -374,28 +355,61 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   // Places job `job` on the free accelerators `free_node` describes, trying the kinds of nodes pass by pass: on a
   // cluster of several kinds only the kinds it fits on, and under topology placement one kind at a time, the fastest
   // for the job first (a job across kinds runs at its slowest kind's pace), before mixing them.
-  std::vector<std::vector<std::vector<char>>> passes(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (!mixed) {
-      passes[i].push_back(std::vector<char>(nkinds, 1));
-      continue;
-    }
+  auto passes_for = [&](size_t i, Placement how) {
+    std::vector<std::vector<char>> out;
+    if (!mixed) return std::vector<std::vector<char>>{std::vector<char>(nkinds, 1)};
     std::vector<char> all(nkinds, 0);
     for (size_t k : fastest[i]) all[k] = 1;
-    if (opt.placement == Placement::kTopology)
+    if (how == Placement::kTopology)
       for (size_t k : fastest[i]) {
         std::vector<char> one(nkinds, 0);
         one[k] = 1;
-        passes[i].push_back(one);
+        out.push_back(one);
       }
-    passes[i].push_back(all);
-  }
+    out.push_back(all);
+    return out;
+  };
+  std::vector<std::vector<std::vector<char>>> passes(n);
+  for (size_t i = 0; i < n; ++i) passes[i] = passes_for(i, opt.placement);
   auto place_in = [&](std::vector<long long>& free_node, size_t job,
                       std::vector<std::pair<long long, long long>>& alloc) {
     for (const auto& allowed : passes[job])
-      if (place_on(free_node, jobs[job].gpus, allowed, alloc)) return true;
+      if (place_on(free_node, jobs[job].gpus, allowed, alloc, opt.placement)) return true;
     return false;
   };
+  // The leaves an allocation spans and its nodes of each kind: what a job's iteration time is timed on.
+  auto shape_of = [&](const std::vector<std::pair<long long, long long>>& alloc) {
+    std::vector<long long> used;
+    for (auto [nd, g] : alloc) used.push_back(leaf_of_node(nd));
+    std::sort(used.begin(), used.end());
+    std::vector<long long> kinds(nkinds, 0);
+    for (auto [nd, g] : alloc) kinds[kind_of[nd]]++;
+    return std::pair{static_cast<int>(std::unique(used.begin(), used.end()) - used.begin()), kinds};
+  };
+  // Each job's base, the pace its slowdown, goodput and srtf's ranking are measured against: where topology
+  // placement puts it alone on the empty cluster (the fewest leaves; on several kinds the fastest kind that holds it,
+  // else a mix), so that alone there a job's slowdown is 1. (Timed on one leaf, a job larger than a leaf had a base no
+  // placement reaches, 1.01x alone; on the fastest kind alone, one larger than that kind's nodes: 6.2x alone.)
+  {
+    std::map<std::pair<long long, std::vector<size_t>>, std::pair<int, std::vector<long long>>> shapes;
+    for (size_t i = 0; i < n; ++i) {
+      auto [it, fresh] = shapes.try_emplace({jobs[i].gpus, fastest[i]});
+      if (fresh) {
+        std::vector<long long> empty(nnodes, gpn);
+        std::vector<std::pair<long long, long long>> alloc;
+        bool placed = false;
+        for (const auto& allowed : passes_for(i, Placement::kTopology))
+          if ((placed = place_on(empty, jobs[i].gpus, allowed, alloc, Placement::kTopology))) break;
+        if (!placed)  // (the kinds it fits on hold it: checked above)
+          throw Error(fmt::format("cluster simulation: job {} fits nowhere on the empty cluster", jobs[i].id));
+        it->second = shape_of(alloc);
+      }
+      std::string why;
+      packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, it->second.first, &why,
+                                     mixed ? &it->second.second : nullptr, &times);
+      if (!std::isfinite(packed[i])) throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
+    }
+  }
   auto place = [&](size_t job, std::vector<std::pair<long long, long long>>& alloc) {
     return place_in(free_node, job, alloc);
   };
@@ -404,9 +418,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   };
   // LAS keeps each queue in the order jobs entered it, as Tiresias's simulator does: a job arriving, demoted or
   // promoted joins the end of its queue, and after each pass the waiting jobs move behind the running ones (keeping
-  // their order), so a job waiting in a queue never preempts one running in the same queue. (Ordered by submission
-  // time inside a queue, a waiting job preempted a running one that had entered its queue before it: two jobs
-  // swapped at each demotion, paying a restart penalty each time.)
+  // their order), so a waiting job goes ahead only of jobs that entered its queue after it. (Ordered by submission
+  // time inside a queue, a waiting job submitted earlier preempted a running one that had entered the queue before
+  // it, and a promoted job went ahead of every job waiting in the first queue.)
   std::vector<int> in_queue(n, -1);
   std::vector<uint64_t> queue_seq(n, 0);
   uint64_t next_seq = 0;
@@ -423,12 +437,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     return opt.las_promote_knob * attained[i] / static_cast<double>(jobs[i].gpus) - waited[i];
   };
   auto start_job = [&](size_t i, std::vector<std::pair<long long, long long>>& alloc) {
-    std::vector<long long> used;
-    for (auto [nd, g] : alloc) used.push_back(leaf_of_node(nd));
-    std::sort(used.begin(), used.end());
-    const int leaves = static_cast<int>(std::unique(used.begin(), used.end()) - used.begin());
-    std::vector<long long> kinds(nkinds, 0);
-    for (auto [nd, g] : alloc) kinds[kind_of[nd]]++;
+    auto [leaves, kinds] = shape_of(alloc);
     double it = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, leaves, nullptr,
                                    mixed ? &kinds : nullptr, &times);
     if (!std::isfinite(it))  // (kinds it fits on one by one hold it together too: the smallest memory decides)
@@ -470,12 +479,20 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
           waited[i] = 0;
           out[i].promotions++;
         }
-    if (opt.policy == Policy::kLas)
-      for (size_t i : live)  // (in arrival order, as Tiresias moves jobs between queues)
+    if (opt.policy == Policy::kLas) {
+      // New arrivals join the first queue before jobs moved between queues at the same time, then those in arrival
+      // order, as Tiresias's simulator does.
+      for (size_t i : live)
+        if (in_queue[i] < 0) {
+          in_queue[i] = queue_of(i);
+          queue_seq[i] = next_seq++;
+        }
+      for (size_t i : live)
         if (const int q = queue_of(i); q != in_queue[i]) {
           in_queue[i] = q;
           queue_seq[i] = next_seq++;
         }
+    }
     std::vector<size_t> active = live;
     if (opt.policy == Policy::kSrtf) {
       std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
@@ -598,9 +615,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     // Time moves forward by at least one representable step (late in a long trace `now + tiny` equals `now`).
     next = std::max(next, std::nextafter(now, std::numeric_limits<double>::infinity()));
     const double dt = next - now;
-    if (guard)
+    if (guard)  // (Tiresias counts a wait only once the job has run since its last promotion)
       for (size_t i : live)
-        if (state[i] == 1 && out[i].start >= 0) waited[i] += dt;
+        if (state[i] == 1 && attained[i] > 0) waited[i] += dt;
     for (const auto& r : running) {
       size_t i = r.job;
       const double begin = std::max(now, restart_at[i]);

@@ -342,9 +342,10 @@ TEST(Scheduler, LasBeatsFifoOnMeanJctWithAHeadOfLineJob) {
 // T one iteration, the first queue ends at 10T of B's service. Without the guard B runs 10T, is demoted, and waits for
 // the whole stream (2000T); with knob 1, B goes back to the first queue after waiting as long as it ran (10T), at the
 // end of it, as Tiresias's simulator appends a promoted job: behind the small jobs waiting there (2 at 20T), whose
-// backlog grows by two for each of B's runs. Its waits count towards the next promotion (Tiresias resets them only
-// at one), so from its second run on B is promoted as it is demoted and waits 10kT before run k+1: runs at 0, 30,
-// 60, 100, 150, ..., 550: done at 560T after 9 promotions (190T when promotion put B first in the queue). The small
+// backlog grows by two for each of B's runs. Its wait there does not count towards the next promotion (Tiresias
+// counts a wait only once the job has run since its promotion), so run k + 1 starts 10T (the wait to promotion) +
+// 10kT (2k jobs ahead) after run k ends: runs at 0, 30, 70, 120, ..., 630: done at 640T after 9 promotions (190T
+// when promotion put B first in the queue). The small
 // jobs arrive a quarter of T after each multiple of 5T, so that no arrival ties with a completion or a promotion (a tie
 // was decided by rounding: a step model change that moved T by a fraction turned 9 promotions into 10).
 TEST(Scheduler, LasStarvationGuardPromotesAJobThatWaitedKnobTimesItsRun) {
@@ -366,15 +367,14 @@ TEST(Scheduler, LasStarvationGuardPromotesAJobThatWaitedKnobTimesItsRun) {
   las.las_promote_knob = 1;
   const ScheduleResult on = simulate_cluster(spec, 8, jobs, las);
   EXPECT_EQ(on.jobs[0].promotions, 9);
-  EXPECT_NEAR(on.jobs[0].finish, 560 * T, T);
+  EXPECT_NEAR(on.jobs[0].finish, 640 * T, T);
   for (size_t i = 1; i < on.jobs.size(); ++i) EXPECT_EQ(on.jobs[i].promotions, 0) << on.jobs[i].id;  // never demoted
   // The work is the same: the stream finishes 90T later, when B's rest (90T) has run in its gaps.
   EXPECT_NEAR(on.makespan, off.makespan, T);
-  // Knob 2: B first waits 20T in the second queue and 10T in the first, runs 40-50T, waits 10T more to be promoted
-  // and 20T behind 4 jobs, runs 80-90T, and from then on is promoted as it is demoted: runs at 120, 170, ..., 570.
+  // Knob 2: 20T to each promotion, then 10kT behind 2k jobs: runs at 0, 40, 90, 150, ..., 720: done at 730T.
   las.las_promote_knob = 2;
   const ScheduleResult two = simulate_cluster(spec, 8, jobs, las);
-  EXPECT_NEAR(two.jobs[0].finish, 580 * T, T);
+  EXPECT_NEAR(two.jobs[0].finish, 730 * T, T);
   // SRTF has no such guard: the knob changes nothing there.
   SchedulerOptions srtf = las;
   srtf.policy = Policy::kSrtf;
@@ -449,7 +449,7 @@ TEST(Scheduler, LasStarvationGuardPromotesAJobThatWaitedKnobTimesItsRun) {
   ASSERT_EQ(rc, 0) << out;
   auto js = nlohmann::json::parse(out);
   EXPECT_EQ(js["jobs"][0]["promotions"], 9) << out.substr(0, 400);
-  EXPECT_NEAR(js["jobs"][0]["finish_s"].get<double>(), 560 * T, T);
+  EXPECT_NEAR(js["jobs"][0]["finish_s"].get<double>(), 640 * T, T);
   out = test_util::run("sim cluster --gpus 8 --jobs " + path + " --scheduler las --promote-knob -1", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--promote-knob = -1 (allowed"), std::string::npos) << out;
