@@ -543,6 +543,14 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
     Bytes hb = w.recv(0, kTagHeader, "the next round's header", 8 * (3 + max_sampled) + 40, 2.0 + f.max_per_host);
     In h(hb, "round header");
     const int round = h.index(int64_t(c.rounds) + 1, "round");
+    // SCAFFOLD: this host's file of the rounds before this one (the server wrote its own before sending this
+    // header), written once the weights are in: over MPI the server's send of them completes only when this host
+    // posts their receive, and a large file's write and fsync could outlast that send's deadline.
+    bool save = false;
+    auto save_now = [&] {
+      if (save) write_host_checkpoint(checkpoint_dir(c.output), me, round, control, n);
+      save = false;
+    };
     if (first < 0) {
       first = round;
       if (!c.resume.empty() && c.scaffold) {
@@ -551,9 +559,8 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
         control = read_host_checkpoints(resume_checkpoint_dir(c.resume), round, n, c.clients,
                                         [&](int client) { return host_of_client(client, world) == me; });
       }
-    } else if (c.scaffold && checkpoint_after(c, round)) {
-      // (the server wrote its file of these rounds before sending this header)
-      write_host_checkpoint(checkpoint_dir(c.output), me, round, control, n);
+    } else {
+      save = c.scaffold && checkpoint_after(c, round);
     }
     const bool go = h.u64() != 0;
     const uint64_t ns = h.count(8);
@@ -572,13 +579,20 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
       neighbors = int(k);
     }
     h.done();
-    if (!go) return;
+    if (!go) {
+      save_now();
+      return;
+    }
     std::vector<int> mine;  // positions in `sampled`
     for (size_t i = 0; i < sampled.size(); ++i)
       if (host_of_client(sampled[i], world) == me) mine.push_back(int(i));
-    if (mine.empty()) continue;
+    if (mine.empty()) {
+      save_now();
+      continue;
+    }
     const uint64_t m = sampled.size(), k = mine.size();
     Bytes wb = w.recv(0, kTagWeights, "the global weights", down * 4);
+    save_now();
     if (wb.size() != down * 4)
       throw ProtocolError(fmt::format("fl: the global weights are {} bytes; expected {}", wb.size(), down * 4));
     std::vector<float> global(n), server_control;
@@ -1352,16 +1366,22 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
       // client's presence can decide that, and with it whether the other clients' updates appear: epsilon does not
       // cover those events. With one other client sampled beside it (probability (N-1) q (1-q)^(N-2)) a client's
       // presence alone decides; dropouts and dropped stragglers put rounds near the threshold.
+      // So does a round of exactly the codec's most clients beside it (one more is abandoned).
       const double q = c.fraction, others = double(c.clients - 1);
-      const double one_other = others * q * std::pow(1 - q, std::max(0.0, others - 1));
+      auto others_sampled = [&](double k) {  // P(k of the others sampled), binomial
+        if (k < 0 || k > others) return 0.0;
+        return std::exp(std::lgamma(others + 1) - std::lgamma(k + 1) - std::lgamma(others - k + 1) + k * std::log(q) +
+                        (others - k) * std::log1p(-q));
+      };
+      const double decides = others_sampled(1) + others_sampled(dp_max_sampled(c));
       const bool drops = c.dropout > 0 || (c.deadline > 0 && c.stragglers == "drop");
-      if (comm->rank() == 0 && (one_other > 1e-9 || drops))
+      // (warned where it is not negligible beside delta over the run's rounds, or where anything drops)
+      if (comm->rank() == 0 && (decides * double(c.rounds) > 0.1 * c.dp_delta || drops))
         CONDUIT_LOG_WARN(
             "fl: epsilon does not cover rounds secure aggregation abandons because of how many clients were sampled "
-            "or sent, which one client's presence can decide ({:.2g} of the rounds a client is sampled in have one "
-            "other client beside it{}): allowed: a larger fraction x clients{} (docs/federated.md, Differential "
-            "privacy)",
-            one_other, drops ? "; dropouts and dropped stragglers add rounds near the threshold" : "",
+            "or sent, which one client's presence can decide (in {:.2g} of the rounds a client is sampled in, by the "
+            "others sampled{}): allowed: a larger fraction x clients{} (docs/federated.md, Differential privacy)",
+            decides, drops ? "; dropouts and dropped stragglers add rounds near the threshold" : "",
             drops ? " and no --dropout or dropped stragglers" : "");
     }
     if (comm->rank() != 0) {
