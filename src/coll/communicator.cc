@@ -77,7 +77,35 @@ namespace {
 // that a failure can name the ranks that never answered.
 thread_local std::vector<net::RequestPtr>* tl_op_recvs = nullptr;
 thread_local Clock::time_point tl_op_start{};  // when the operation running on this thread started
+// Records the running operation's failure and stops the transport with it (run_op's), called before a failed wait's
+// exception unwinds the operation's buffers.
+thread_local std::function<void(const std::exception&)>* tl_op_stop = nullptr;
 }  // namespace
+
+void Ctx::stop(const std::exception& e) {
+  if (tl_op_stop)
+    (*tl_op_stop)(e);
+  else
+    comm_.transport_->abort(e.what());
+}
+
+void Ctx::wait(const net::RequestPtr& r) {
+  try {
+    r->wait(deadline_);
+  } catch (const std::exception& e) {
+    stop(e);
+    throw;
+  }
+}
+
+void Ctx::wait_all(const std::vector<net::RequestPtr>& rs) {
+  try {
+    net::wait_all(rs, deadline_);
+  } catch (const std::exception& e) {
+    stop(e);
+    throw;
+  }
+}
 
 int Ctx::rank() const { return comm_.rank(); }
 int Ctx::size() const { return comm_.size(); }
@@ -128,7 +156,10 @@ std::string join_ints(const std::vector<int>& v) {
 
 Communicator::Communicator(net::TransportPtr transport, std::vector<int> members, uint32_t comm_id,
                            const CommConfig& cfg, std::shared_ptr<Tuner> tuner)
-    : transport_(std::move(transport)), members_(std::move(members)), id_(comm_id & 0xffffffu) {
+    : transport_(std::move(transport)), members_(std::move(members)), id_(comm_id) {
+  // (a tag holds 24 bits of id: 1 << 24 wrapped to 0, the world communicator's)
+  if (comm_id > 0xffffffu)
+    throw InvalidArgument(fmt::format("communicator id {:#x}: allowed below {:#x}", comm_id, kHostGroupIds / 3));
   {
     std::vector<int> sorted = members_;
     std::sort(sorted.begin(), sorted.end());
@@ -158,6 +189,11 @@ Communicator::Communicator(net::TransportPtr transport, std::vector<int> members
   // which exists once per transport. CONDUIT_SHM_FAST_BYTES lowers its size limit (0 turns it off).
   bool world = id_ == 0 && static_cast<int>(members_.size()) == transport_->size();
   for (size_t i = 0; world && i < members_.size(); ++i) world = members_[i] == static_cast<int>(i);
+  // Id 0's tags are the world communicator's: another group under it would take the world's messages.
+  if (id_ == 0 && !world)
+    throw InvalidArgument(
+        "communicator id 0: the world's (every transport rank, in order); allowed for another group: an id of its "
+        "own from 1");
   fast_allreduce_bytes_ = world ? transport_->fast_allreduce_max_bytes() : 0;
   // A size as the other *_BYTES variables take it (4K was refused as not an integer); the start-up agreement check
   // reads it the same way.
@@ -185,6 +221,11 @@ Communicator::~Communicator() {
 
 CommPtr Communicator::create(net::TransportPtr transport, std::vector<int> members, uint32_t comm_id,
                              const CommConfig& cfg, std::shared_ptr<Tuner> tuner) {
+  // Ids from kHostGroupIds are the host groups' (host_groups()): one given here shared their tags.
+  if (comm_id >= kHostGroupIds / 3)
+    throw InvalidArgument(
+        fmt::format("communicator id {:#x}: allowed below {:#x} (ids from {:#x} are the host groups')", comm_id,
+                    kHostGroupIds / 3, kHostGroupIds));
   return CommPtr(new Communicator(std::move(transport), std::move(members), comm_id, cfg, std::move(tuner)));
 }
 
@@ -269,13 +310,14 @@ Communicator::HostGroups& Communicator::host_groups() {
   groups_->uniform = uniform;
   CommConfig cfg;
   cfg.timeout_s = timeout_s_;
-  groups_->local = create(transport_, local, host_group_comm_id(id_, 0), cfg, tuner_);
+  groups_->local = CommPtr(new Communicator(transport_, local, host_group_comm_id(id_, 0), cfg, tuner_));
   if (uniform) {
     std::vector<int> cross;
     for (auto& [h, v] : by_host) cross.push_back(v[my_local]);
-    groups_->cross = create(transport_, cross, host_group_comm_id(id_, 1), cfg, tuner_);
+    groups_->cross = CommPtr(new Communicator(transport_, cross, host_group_comm_id(id_, 1), cfg, tuner_));
   }
-  if (my_local == 0) groups_->leaders = create(transport_, leaders, host_group_comm_id(id_, 2), cfg, tuner_);
+  if (my_local == 0)
+    groups_->leaders = CommPtr(new Communicator(transport_, leaders, host_group_comm_id(id_, 2), cfg, tuner_));
   return *groups_;
 }
 
@@ -427,10 +469,18 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
   Ctx ctx(*this, net::make_tag(net::kCollective, id_, static_cast<uint32_t>(seq)), d);
   const auto start = tl_op_start;  // set by submit's task, which runs this on the same thread
   std::vector<net::RequestPtr> recvs;
-  tl_op_recvs = &recvs;
+  std::string stopped;  // the failure the transport was stopped with by a failed wait, before unwinding
+  std::function<void(const std::exception&)> stop;
   struct Reset {
-    ~Reset() { tl_op_recvs = nullptr; }
+    std::vector<net::RequestPtr>* recvs = tl_op_recvs;
+    std::function<void(const std::exception&)>* stop = tl_op_stop;
+    ~Reset() {
+      tl_op_recvs = recvs;
+      tl_op_stop = stop;
+    }
   } reset;
+  tl_op_recvs = &recvs;
+  tl_op_stop = &stop;
   // The operation's error message, recorded as the communicator's failure (later operations refuse to run).
   auto fail = [&](const char* what, const std::string& detail) {
     std::string msg = fmt::format("{} #{} on {} failed after {:.1f} s: {}{}", op_name, seq, describe(),
@@ -440,17 +490,23 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
     failed_flag_.store(true, std::memory_order_release);
     return msg;
   };
+  // (so that the other ranks fail now rather than at their deadline, and no transport keeps filling or reading a
+  // scratch buffer the unwinding frees)
+  auto stop_with = [&](const std::exception& e) {
+    if (!stopped.empty()) return stopped;
+    auto silent = silent_peers(recvs);
+    stopped = fail(e.what(), silent.empty() ? "" : fmt::format("; no data yet from rank(s) {}", join_ints(silent)));
+    transport_->abort(stopped);
+    return stopped;
+  };
+  stop = [&](const std::exception& e) { stop_with(e); };
   try {
     if (debug_ && size() > 1) check_signature(seq, sig, d, op_name);
     return body(ctx);
   } catch (const Error& e) {
-    auto silent = silent_peers(recvs);
-    const std::string msg =
-        fail(e.what(), silent.empty() ? "" : fmt::format("; no data yet from rank(s) {}", join_ints(silent)));
-    // So that the other ranks fail now rather than at their deadline; an argument error found inside the
-    // operation too (the arguments were checked before it was queued: what remains is found mid-way, with the
-    // other ranks already in it).
-    transport_->abort(msg);
+    // An argument error found inside the operation too (the arguments were checked before it was queued: what
+    // remains is found mid-way, with the other ranks already in it).
+    const std::string msg = stop_with(e);
     if (dynamic_cast<const TimeoutError*>(&e)) rethrow_as<TimeoutError>(msg);
     if (dynamic_cast<const ProtocolError*>(&e)) rethrow_as<ProtocolError>(msg);
     if (dynamic_cast<const MismatchError*>(&e)) rethrow_as<MismatchError>(msg);
@@ -459,7 +515,7 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
   } catch (const std::exception& e) {
     // Not one of ours (std::bad_alloc of a scratch buffer, ...): this rank cannot go on with the operation, and
     // its peers would wait for it until their deadline. Fail the communicator and the transport as for any error.
-    const std::string msg = fail(e.what(), "");
+    const std::string msg = stopped.empty() ? fail(e.what(), "") : stopped;
     transport_->abort(msg);
     rethrow_as<Error>(msg);  // this rank's own failure, not a peer's
   }
@@ -479,11 +535,23 @@ void Communicator::check_signature(uint64_t seq, const Signature& sig, const Dea
                        reduce_op_name(static_cast<ReduceOp>(s.redop)));
   };
   Verdict v{};
+  // (a failed wait stops the transport before `all` and `v` are freed: they are its receives' buffers)
+  auto waited = [&](auto&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      if (tl_op_stop)
+        (*tl_op_stop)(e);
+      else
+        transport_->abort(e.what());
+      throw;
+    }
+  };
   if (rank_ == 0) {
     std::vector<Signature> all(size());
     std::vector<net::RequestPtr> rs;
     for (int r = 1; r < size(); ++r) rs.push_back(transport_->irecv(members_[r], tag, &all[r], sizeof(Signature)));
-    net::wait_all(rs, d);
+    waited([&] { net::wait_all(rs, d); });
     all[0] = sig;
     std::string bad;
     uint64_t sent = 0, received = 0;
@@ -516,12 +584,14 @@ void Communicator::check_signature(uint64_t seq, const Signature& sig, const Dea
     std::snprintf(v.text, sizeof v.text, "%s", bad.c_str());
     std::vector<net::RequestPtr> ss;
     for (int r = 1; r < size(); ++r) ss.push_back(transport_->isend(members_[r], tag, &v, sizeof v));
-    net::wait_all(ss, d);
+    waited([&] { net::wait_all(ss, d); });
   } else {
     auto sq = transport_->isend(members_[0], tag, &sig, sizeof sig);
     auto rq = transport_->irecv(members_[0], tag, &v, sizeof v);
-    sq->wait(d);
-    rq->wait(d);
+    waited([&] {
+      sq->wait(d);
+      rq->wait(d);
+    });
   }
   if (v.text[0] != '\0') throw MismatchError(std::string(v.text) + " (CONDUIT_DEBUG_COLLECTIVES)");
   (void)op_name;

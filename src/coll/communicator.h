@@ -89,10 +89,13 @@ class Ctx {
   net::RequestPtr send_reduced(int peer, const void* data, size_t bytes);
   net::RequestPtr recv(int peer, void* data, size_t bytes);
   net::RequestPtr recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op);
-  void wait(const net::RequestPtr& r) { r->wait(deadline_); }
-  void wait_all(const std::vector<net::RequestPtr>& rs) { net::wait_all(rs, deadline_); }
+  // A failed wait stops the transport before the exception leaves (the operation's scratch buffers, freed as it
+  // unwinds, may still be a posted receive's or send's).
+  void wait(const net::RequestPtr& r);
+  void wait_all(const std::vector<net::RequestPtr>& rs);
 
  private:
+  void stop(const std::exception& e);
   Communicator& comm_;
   uint64_t tag_;
   Deadline deadline_;

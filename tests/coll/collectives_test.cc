@@ -710,6 +710,13 @@ TEST(CollectiveEdges, CommunicatorMembersMustBeDistinctTransportRanks) {
   EXPECT_NO_THROW(Communicator::create(ts[0], {1, 0}, 7, {}));
   // Between the splits' ids and the host groups' (it left no id for later splits and could not form host groups).
   EXPECT_THROW(Communicator::create(ts[0], {1, 0}, 0x2AAAAA, {}), InvalidArgument);
+  // The host groups' ids (0x800001 is the world's cross-host group), an id past a tag's 24 bits (1 << 24 wrapped to
+  // the world's 0), and id 0 for a group other than the world in order: each shared another communicator's tags.
+  EXPECT_THROW(Communicator::create(ts[0], {0, 1}, 0x800001, {}), InvalidArgument);
+  EXPECT_THROW(Communicator::create(ts[0], {0, 1}, 1u << 24, {}), InvalidArgument);
+  EXPECT_THROW(Communicator::create(ts[0], {1, 0}, 0, {}), InvalidArgument);
+  EXPECT_THROW(Communicator::create(ts[0], {0}, 0, {}), InvalidArgument);
+  EXPECT_NO_THROW(Communicator::create(ts[0], {0, 1}, 0, {}));
 }
 
 }  // namespace
