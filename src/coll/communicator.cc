@@ -82,6 +82,7 @@ thread_local Clock::time_point tl_op_start{};  // when the operation running on 
 thread_local std::function<void(const std::exception&)>* tl_op_stop = nullptr;
 }  // namespace
 
+// (Operations run inside run_op, which sets tl_op_stop; without it, as a last resort, the transport stops alone.)
 void Ctx::stop(const std::exception& e) {
   if (tl_op_stop)
     (*tl_op_stop)(e);
@@ -89,43 +90,45 @@ void Ctx::stop(const std::exception& e) {
     comm_.transport_->abort(e.what());
 }
 
-void Ctx::wait(const net::RequestPtr& r) {
+// Runs f (a post or a wait); if it throws, the transport stops before the exception leaves: requests posted earlier
+// may point into the operation's scratch buffers, which the unwinding frees.
+template <typename F>
+auto Ctx::stopping(F&& f) -> decltype(f()) {
   try {
-    r->wait(deadline_);
+    return f();
   } catch (const std::exception& e) {
     stop(e);
     throw;
   }
 }
 
+void Ctx::wait(const net::RequestPtr& r) {
+  stopping([&] { r->wait(deadline_); });
+}
+
 void Ctx::wait_all(const std::vector<net::RequestPtr>& rs) {
-  try {
-    net::wait_all(rs, deadline_);
-  } catch (const std::exception& e) {
-    stop(e);
-    throw;
-  }
+  stopping([&] { net::wait_all(rs, deadline_); });
 }
 
 int Ctx::rank() const { return comm_.rank(); }
 int Ctx::size() const { return comm_.size(); }
 
 net::RequestPtr Ctx::send(int peer, const void* data, size_t bytes) {
-  return comm_.transport_->isend(comm_.members_[peer], tag_, data, bytes);
+  return stopping([&] { return comm_.transport_->isend(comm_.members_[peer], tag_, data, bytes); });
 }
 
 net::RequestPtr Ctx::send_reduced(int peer, const void* data, size_t bytes) {
-  return comm_.transport_->isend_reduced(comm_.members_[peer], tag_, data, bytes);
+  return stopping([&] { return comm_.transport_->isend_reduced(comm_.members_[peer], tag_, data, bytes); });
 }
 
 net::RequestPtr Ctx::recv(int peer, void* data, size_t bytes) {
-  auto r = comm_.transport_->irecv(comm_.members_[peer], tag_, data, bytes);
+  auto r = stopping([&] { return comm_.transport_->irecv(comm_.members_[peer], tag_, data, bytes); });
   if (tl_op_recvs) tl_op_recvs->push_back(r);
   return r;
 }
 
 net::RequestPtr Ctx::recv_reduce(int peer, void* dst, size_t count, DType dtype, ReduceOp op) {
-  auto r = comm_.transport_->irecv_reduce(comm_.members_[peer], tag_, dst, count, dtype, op);
+  auto r = stopping([&] { return comm_.transport_->irecv_reduce(comm_.members_[peer], tag_, dst, count, dtype, op); });
   if (tl_op_recvs) tl_op_recvs->push_back(r);
   return r;
 }
@@ -159,7 +162,8 @@ Communicator::Communicator(net::TransportPtr transport, std::vector<int> members
     : transport_(std::move(transport)), members_(std::move(members)), id_(comm_id) {
   // (a tag holds 24 bits of id: 1 << 24 wrapped to 0, the world communicator's)
   if (comm_id > 0xffffffu)
-    throw InvalidArgument(fmt::format("communicator id {:#x}: allowed below {:#x}", comm_id, kHostGroupIds / 3));
+    throw InvalidArgument(
+        fmt::format("communicator id {:#x}: allowed below {:#x} (a tag's 24 bits)", comm_id, 1u << 24));
   {
     std::vector<int> sorted = members_;
     std::sort(sorted.begin(), sorted.end());
@@ -515,8 +519,11 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
   } catch (const std::exception& e) {
     // Not one of ours (std::bad_alloc of a scratch buffer, ...): this rank cannot go on with the operation, and
     // its peers would wait for it until their deadline. Fail the communicator and the transport as for any error.
-    const std::string msg = stopped.empty() ? fail(e.what(), "") : stopped;
-    transport_->abort(msg);
+    std::string msg = stopped;
+    if (msg.empty()) {
+      msg = fail(e.what(), "");
+      transport_->abort(msg);
+    }
     rethrow_as<Error>(msg);  // this rank's own failure, not a peer's
   }
 }
@@ -830,6 +837,8 @@ Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> cou
   if (!forced.empty()) Tuner::check_algorithm(CollOp::allgather, forced);
   return submit("allgather", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt));
+    // (recursive doubling needs a power of two ranks and runs the ring elsewhere: reported as what ran)
+    if (algo == "rd" && (size() & (size() - 1)) != 0) algo = "ring";
     run_allgatherv(c.deadline(), in, out, counts, dt, algo);
     return algo;
   });

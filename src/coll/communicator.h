@@ -96,6 +96,8 @@ class Ctx {
 
  private:
   void stop(const std::exception& e);
+  template <typename F>
+  auto stopping(F&& f) -> decltype(f());
   Communicator& comm_;
   uint64_t tag_;
   Deadline deadline_;

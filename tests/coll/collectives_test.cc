@@ -299,6 +299,25 @@ TEST(Communicator, ForcedHierOnOneHostReportsTheRingItRan) {
   EXPECT_EQ(total(wrong), 0u);
 }
 
+// Likewise a forced recursive-doubling allgather on 3 ranks (not a power of two) runs the ring and says so.
+TEST(Communicator, ForcedRdAllgatherOffAPowerOfTwoReportsTheRingItRan) {
+  auto wrong = on_ranks(3, [&](Communicator& c) {
+    std::vector<float> in(5, float(c.rank())), out(15, -1.0f);
+    CollOptions o;
+    o.algorithm = "rd";
+    Work w = c.allgather(in.data(), out.data(), in.size(), DType::f32, o);
+    w.wait();
+    size_t bad = 0;
+    for (size_t i = 0; i < out.size(); ++i) bad += out[i] != float(i / 5);
+    if (w.algorithm() != "ring") {
+      ADD_FAILURE() << "algorithm " << w.algorithm();
+      ++bad;
+    }
+    return bad;
+  });
+  EXPECT_EQ(total(wrong), 0u);
+}
+
 // Communicators from splits never share an id with one their members already use (ids came from a hash of the
 // parent's id, the split count and the color: split #1 of color 0 and split #2 of color 3145728 collided, as did
 // small colors after ~1700 splits), so their tags stay apart and concurrent operations on them cannot swap messages.
