@@ -53,8 +53,9 @@ constexpr std::string_view kOwnedVariables[] = {
     "MASTER_ADDR", "MASTER_PORT",      "RANK",      "WORLD_SIZE",      "LOCAL_RANK",     "LOCAL_WORLD_SIZE",
     "GROUP_RANK",  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "CONDUIT_JOB_ID", "CONDUIT_LOCAL_CPUS"};
 // Left by an outer mpirun (OpenMPI: OMPI_, PMIX_; MPICH/Hydra: PMI_): a worker that saw them would bootstrap
-// through MPI instead of the TCP store.
-constexpr std::string_view kDroppedPrefixes[] = {"OMPI_", "PMIX_", "PMI_"};
+// through MPI instead of the TCP store; by an outer torchrun (TORCHELASTIC_): its agent-store flag made every worker
+// refuse to start.
+constexpr std::string_view kDroppedPrefixes[] = {"OMPI_", "PMIX_", "PMI_", "TORCHELASTIC_"};
 
 // ---- signals: handlers write the signal number into a self-pipe that the poll loop watches ----
 

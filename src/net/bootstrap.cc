@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,7 +48,14 @@ std::string host_identity() {
   std::string boot;
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
-  return std::string(name) + "/" + boot;
+  // Shared memory between two ranks needs the same /dev/shm and the same process ids (its liveness checks open the
+  // peer's pid): containers of one machine with host networking but a PID namespace or a /dev/shm of their own are
+  // other hosts to it (one was told its live peer had died; one could not open the peer's segment).
+  char pidns[64] = {0};
+  if (::readlink("/proc/self/ns/pid", pidns, sizeof pidns - 1) < 0) pidns[0] = '\0';
+  struct stat shm {};
+  const unsigned long long shm_dev = ::stat("/dev/shm", &shm) == 0 ? static_cast<unsigned long long>(shm.st_dev) : 0;
+  return fmt::format("{}/{}/{}/{}", name, boot, pidns, shm_dev);
 }
 
 int required_int(const char* var, long long lo, long long hi) {
@@ -183,17 +191,18 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
   // The settings the ranks must share go with it: the shm segments' layout, the fast allreduce's limit, the ring's
   // segments, the algorithms chosen and debug mode's extra exchanges. Mixed, ranks crashed (SIGBUS on a peer's
   // smaller segment) or waited to the deadline in different algorithms.
+  // (and the largest message a rank takes: a rank with a smaller one refused a peer's message hours into a run)
   static constexpr const char* kShared[] = {
-      "CONDUIT_SHM_RING_BYTES", "CONDUIT_SHM_FAST_BYTES",   "CONDUIT_RING_SEGMENT_BYTES", "CONDUIT_ALLREDUCE",
-      "CONDUIT_REDUCE_SCATTER", "CONDUIT_ALLGATHER",        "CONDUIT_BROADCAST",          "CONDUIT_REDUCE",
-      "CONDUIT_COST_MODEL",     "CONDUIT_DEBUG_COLLECTIVES"};
+      "CONDUIT_SHM_RING_BYTES", "CONDUIT_SHM_FAST_BYTES", "CONDUIT_RING_SEGMENT_BYTES", "CONDUIT_MAX_MESSAGE_BYTES",
+      "CONDUIT_ALLREDUCE",      "CONDUIT_REDUCE_SCATTER", "CONDUIT_ALLGATHER",          "CONDUIT_BROADCAST",
+      "CONDUIT_REDUCE",         "CONDUIT_COST_MODEL",     "CONDUIT_DEBUG_COLLECTIVES"};
   constexpr size_t kShmOnly = 2;  // the first two only matter between ranks of one host (they share segments)
   // Compared as the ranks read them: sizes as bytes (2M is 2097152), the debug flag as on or off; what does not
   // parse is compared as written (the rank that reads it stops with its own error).
   auto normalized = [](size_t i, const char* value) -> std::string {
     const std::string v = value;
     try {
-      if (i < 3) return std::to_string(parse_bytes(v, kShared[i]));
+      if (i < 4) return std::to_string(parse_bytes(v, kShared[i]));
       if (i + 1 == std::size(kShared)) return env_flag(kShared[i]) ? "on" : "off";
     } catch (const ConfigError&) {
     }

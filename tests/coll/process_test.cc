@@ -157,6 +157,11 @@ TEST(Processes, SharedMemorySettingsMustAgreeAndFit) {
              "\"");
   EXPECT_NE(r.out.find("CONDUIT_SHM_FAST_BYTES is unset on rank 0 but '0' on rank 1"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 15) << r.out;
+  // The largest message a rank takes, on any transport (a rank with a smaller one refused a peer's message mid-run).
+  r = run_sh(kConduit + " launch -n 2 -- sh -c \"[ \\$RANK = 0 ] && export CONDUIT_MAX_MESSAGE_BYTES=2M; exec " +
+             selftest + "\"");
+  EXPECT_NE(r.out.find("CONDUIT_MAX_MESSAGE_BYTES is '2097152' on rank 0 but unset on rank 1"), std::string::npos)
+      << r.out;
   // The same values spelled two ways agree: sizes as bytes, the debug flag unset or 0.
   r = run_sh("CONDUIT_SHM_RING_BYTES=2M " + kConduit +
              " launch -n 2 -- sh -c \"[ \\$RANK = 1 ] && export CONDUIT_SHM_RING_BYTES=2097152 " +
@@ -178,6 +183,19 @@ TEST(Processes, SharedMemorySettingsMustAgreeAndFit) {
             std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("signal"), std::string::npos) << r.out;
+}
+
+// Ranks of one machine in PID namespaces of their own (containers with host networking) are other hosts to shared
+// memory, whose liveness checks open a peer's pid: rank 0 was told its live peer had died. They meet over tcp.
+TEST(Processes, RanksInAnotherPidNamespaceAreAnotherHost) {
+  if (geteuid() != 0 || run_sh("unshare -p -f true").code != 0)
+    GTEST_SKIP() << "a PID namespace of its own needs root (unshare -p)";
+  const std::string selftest = kConduit + " selftest --op allreduce --timeout 20";
+  auto r = run_sh(kConduit + " launch -n 2 -- sh -c \"if [ \\$RANK = 1 ]; then exec unshare -p -f " + selftest +
+                  "; else exec " + selftest + "; fi\"");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("0 wrong elements"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("died"), std::string::npos) << r.out;
 }
 
 TEST(Processes, FileStoreRendezvousWithoutFlags) {

@@ -228,11 +228,16 @@ TEST_F(LaunchTest, SetsTorchrunEnvironmentForEveryRank) {
       "echo \"env RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE "
       "GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT JOB=$CONDUIT_JOB_ID "
       "OMPI=${OMPI_COMM_WORLD_RANK:-unset} PMIX=${PMIX_RANK:-unset} PMI=${PMI_RANK:-unset} "
-      "KEPT=${CONDUIT_TEST_KEPT:-unset}\"";
-  // Variables left by an outer mpirun must not reach the workers; the launcher's own ones replace inherited ones.
-  std::map<std::string, std::string> env = {
-      {"OMPI_COMM_WORLD_RANK", "7"}, {"PMIX_RANK", "3"},          {"PMI_RANK", "2"}, {"RANK", "99"},
-      {"MASTER_PORT", "1"},          {"CONDUIT_TEST_KEPT", "yes"}};
+      "TE=${TORCHELASTIC_USE_AGENT_STORE:-unset} KEPT=${CONDUIT_TEST_KEPT:-unset}\"";
+  // Variables left by an outer mpirun or torchrun must not reach the workers (torchrun's agent-store flag made every
+  // worker refuse to start); the launcher's own ones replace inherited ones.
+  std::map<std::string, std::string> env = {{"OMPI_COMM_WORLD_RANK", "7"},
+                                            {"PMIX_RANK", "3"},
+                                            {"PMI_RANK", "2"},
+                                            {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                            {"RANK", "99"},
+                                            {"MASTER_PORT", "1"},
+                                            {"CONDUIT_TEST_KEPT", "yes"}};
   auto r = run({"launch", "-n", "4", "--", "sh", "-c", script}, env);
   ASSERT_FALSE(r.timed_out);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -253,6 +258,7 @@ TEST_F(LaunchTest, SetsTorchrunEnvironmentForEveryRank) {
     EXPECT_EQ(f["OMPI"], "unset");
     EXPECT_EQ(f["PMIX"], "unset");
     EXPECT_EQ(f["PMI"], "unset");
+    EXPECT_EQ(f["TE"], "unset");
     EXPECT_EQ(f["KEPT"], "yes");
     int p = std::stoi(f["MASTER_PORT"]);
     EXPECT_GE(p, 1);
