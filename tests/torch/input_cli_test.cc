@@ -345,6 +345,20 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
       << r.out;
   EXPECT_NE(r.out.find("warning: data_dir is set, but the dataset is synthetic: it is ignored"), std::string::npos)
       << r.out;
+  // ZeRO-3's buckets are its units (the caps were taken and recorded), and one micro-batch leaves a pipeline nothing
+  // to recompute.
+  r = run(kTrain + " --epochs 1 --max-steps 2 --zero 3 --bucket-cap-mb 8 --output " + (dir / "z3").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: bucket_cap_mb is set, but zero 3 reduces and gathers a layer (unit) at a time, one "
+                       "bucket each: it is ignored"),
+            std::string::npos)
+      << r.out;
+  r = run(kTrain + " --epochs 1 --max-steps 2 --pp 2 --recompute true --output " + (dir / "rc").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: recompute is set, but with one micro-batch every stage's backward follows its "
+                       "forward: nothing is kept to recompute: it is ignored"),
+            std::string::npos)
+      << r.out;
   // A compressor asked for with one data-parallel rank is kept, and named as saving nothing.
   r = run(kTrain + " --epochs 1 --max-steps 2 --workers 1 --compressor fp16 --output " + (dir / "one").string());
   ASSERT_EQ(r.code, 0) << r.out;
