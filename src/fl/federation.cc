@@ -1362,14 +1362,15 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
             "takes the rest of the bound); allowed: more --secagg-bits keep more of it",
             bound, c.dp_clip, c.secagg_bits);
       // The accountant takes one client to change a round's released update by at most dp_clip. A round that secure
-      // aggregation abandons (fewer than 2 sampled, or fewer than its threshold sent) releases noise alone, and one
-      // client's presence can decide that, and with it whether the other clients' updates appear: epsilon does not
-      // cover those events. With one other client sampled beside it (probability (N-1) q (1-q)^(N-2)) a client's
-      // presence alone decides; dropouts and dropped stragglers put rounds near the threshold.
-      // So does a round of exactly the codec's most clients beside it (one more is abandoned).
+      // aggregation abandons (fewer than 2 sampled, more than the codec's most, fewer than its threshold sent)
+      // releases noise alone, and one client's presence can decide that, and with it whether the other clients'
+      // updates appear: epsilon does not cover those events. A client's presence alone decides with one other client
+      // sampled beside it (probability (N-1) q (1-q)^(N-2)) or exactly the codec's most; dropouts and dropped
+      // stragglers put rounds near the threshold.
       const double q = c.fraction, others = double(c.clients - 1);
       auto others_sampled = [&](double k) {  // P(k of the others sampled), binomial
         if (k < 0 || k > others) return 0.0;
+        if (q >= 1) return k == others ? 1.0 : 0.0;  // (0 x log 0 is not a number)
         return std::exp(std::lgamma(others + 1) - std::lgamma(k + 1) - std::lgamma(others - k + 1) + k * std::log(q) +
                         (others - k) * std::log1p(-q));
       };

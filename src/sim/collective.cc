@@ -905,7 +905,7 @@ CollectiveCost CollectiveModel::auto_profile(Collective c, const Group& g, doubl
   const std::vector<Algorithm> cands = candidate_algorithms(c, topo_);
   const long long block = g.size * g.stride;
   // (a bound costs a routing of g: worth it only where some candidate may be skipped)
-  const bool own_routed =
+  const bool bounded =
       cands.size() > 1 && (block <= 0 || topo_.gpus() % block != 0 || (g.first >= 0 && g.first % block < g.stride));
   struct Entry {
     double bound;
@@ -917,7 +917,7 @@ CollectiveCost CollectiveModel::auto_profile(Collective c, const Group& g, doubl
     double bound = 0;
     if (auto it = cache_.find(key); it != cache_.end()) {
       bound = it->second.time(n_hint);
-    } else if (own_routed) {
+    } else if (bounded) {
       auto [b, fresh] = bounds_.try_emplace(key);
       if (fresh) {
         try {
