@@ -280,6 +280,22 @@ std::pair<std::string, std::map<std::string, std::string>> split_compressor_spec
   return {name, params};
 }
 
+void check_pipeline_pairs(const TrainConfig& c) {
+  if (c.pp < 2) return;
+  if (c.zero_reduce == "micro-batch")
+    throw ConfigError(fmt::format(
+        "config: zero_reduce: micro-batch with pp {}: not with pipelines (a micro-batch's backward waiting for its "
+        "bucket's previous exchange would stall the schedule the stage's replicas need to reach it); allowed: pp 1, "
+        "or zero_reduce step",
+        c.pp));
+  if (c.zero == 3)
+    throw ConfigError(fmt::format(
+        "config: zero: 3 gathers each layer's parameters for its forward and again for its backward, so a pipeline "
+        "stage would gather its layers twice per micro-batch (DeepSpeed refuses the pair too); allowed with pp {}: "
+        "zero 0, 1 or 2; or pp 1",
+        c.pp));
+}
+
 TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_given) {
   TrainConfig c;
   std::set<std::string> known;
@@ -487,12 +503,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
           "config: zero_reduce: {} is when zero 2 or 3 reduce-scatters a step's micro-batches, this run has zero {} "
           "and micro_batches {}; allowed with them: leave it unset",
           c.zero_reduce, c.zero, c.micro_batches));
-    if (c.zero_reduce == "micro-batch" && c.pp > 1)
-      throw ConfigError(fmt::format(
-          "config: zero_reduce: micro-batch with pp {}: not with pipelines (a micro-batch's backward waiting for its "
-          "bucket's previous exchange would stall the schedule the stage's replicas need to reach it); allowed: pp 1, "
-          "or zero_reduce step",
-          c.pp));
+    check_pipeline_pairs(c);
     if (c.zero_reduce == "micro-batch" && !c.overlap)
       throw ConfigError(
           "config: zero_reduce: micro-batch reduces each micro-batch's buckets as they fill, which overlap: false "
@@ -599,12 +610,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
         "allowed with sync {}: {} 1",
         key, c.pp > 1 ? c.pp : c.micro_batches, scheme, scheme, key));
   }
-  if (c.zero == 3 && c.pp > 1)
-    throw ConfigError(fmt::format(
-        "config: zero: 3 gathers each layer's parameters for its forward and again for its backward, so a pipeline "
-        "stage would gather its layers twice per micro-batch (DeepSpeed refuses the pair too); allowed with pp {}: "
-        "zero 0, 1 or 2; or pp 1",
-        c.pp));
+  check_pipeline_pairs(c);
   if (c.zero_hpz > 1 && (c.workers / c.tp % c.zero_hpz != 0 || c.zero_hpz >= c.workers / c.tp))  // (node: resolved)
     throw ConfigError(fmt::format(
         "config: zero_hpz: groups of {} do not divide the {} data-parallel workers (workers {} / tp {}) into two or "

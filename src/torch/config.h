@@ -144,6 +144,9 @@ void check_checkpoint_fields(const nlohmann::json& meta, const std::filesystem::
 TrainConfig resolve_config(const RawConfig& raw, int env_world = 0, bool workers_given = false);
 // Builds the scheme on `workers` in-process ranks, so every parameter value is checked before workers start.
 void check_sync_config(const TrainConfig& c);
+// Pipelines with ZeRO-3 or ZeRO's per-micro-batch reduction (resolve_config's refusals, repeated by train_worker for
+// callers that did not run it): a stage would gather its layers twice a micro-batch, or stall the schedule.
+void check_pipeline_pairs(const TrainConfig& c);
 // Checks that need the file system (the dataset files); separate so tests can run without the dataset.
 void check_dataset(const TrainConfig& c);
 // The config as YAML (every key), so workers and resumed runs read exactly what the first run used.

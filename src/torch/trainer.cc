@@ -441,6 +441,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     throw ConfigError(
         "config: recompute: recomputes the forward of a pipeline stage's micro-batches, this run has no pipeline; "
         "allowed with pp 1: recompute false");
+  check_pipeline_pairs(c);
   if (c.sequence_parallel && (tp < 2 || pp > 1))  // (as resolve_config refuses it)
     throw ConfigError(fmt::format(
         "config: sequence_parallel: splits the tokens over a tensor-parallel group between its split layers, this "

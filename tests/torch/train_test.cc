@@ -2450,5 +2450,29 @@ TEST(SlowTrainCli, FourProcessesShardTheModelOverTcpAndShm) {
   fs::remove_all(dir);
 }
 
+// train_worker repeats resolve_config's refusals of pipelines with ZeRO-3 or per-micro-batch reduction for callers
+// that did not run it (the in-process harness calls it directly): each would gather a stage's layers twice a
+// micro-batch or stall its schedule.
+TEST(Train, WorkersRefusePipelinesWithZeroThreeOrPerMicroBatchReduction) {
+  TrainConfig c = tiny("mlp");
+  c.pp = 2;
+  c.micro_batches = 2;
+  c.max_steps = 1;
+  TrainConfig z3 = c;
+  z3.zero = 3;
+  TrainConfig mb = c;
+  mb.zero = 2;
+  mb.zero_reduce = "micro-batch";
+  for (const auto& [bad, want] : {std::pair{z3, std::string("config: zero: 3 gathers each layer's parameters")},
+                                  std::pair{mb, std::string("config: zero_reduce: micro-batch with pp 2")}}) {
+    try {
+      train_inproc(bad, 2);
+      ADD_FAILURE() << want << ": taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace conduit::train
