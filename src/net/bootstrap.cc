@@ -173,9 +173,20 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     b->method = "single";
     b->allgather = [](const std::string& mine) { return std::vector<std::string>{mine}; };
   }
-  // Every rank takes rank 0's job id (CONDUIT_JOB_ID when set), so segment names agree.
+  // Every rank takes rank 0's job id (CONDUIT_JOB_ID when set), so segment names agree; the world sizes go with it
+  // (WORLD_SIZE set otherwise on some rank: a rank of a larger job passed the bootstrap and was refused only by the
+  // tcp rendezvous, one of a smaller job ran on as a job of its own).
   std::string job = job_id_from_env().value_or(new_job_id());
-  b->job = b->allgather(job)[0];
+  const std::vector<std::string> first = b->allgather(job + "\x1f" + std::to_string(b->size));
+  for (int r = 0; r < static_cast<int>(first.size()); ++r) {
+    const std::string theirs = first[size_t(r)].substr(first[size_t(r)].rfind('\x1f') + 1);
+    if (theirs != std::to_string(b->size))
+      throw ConfigError(
+          fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on "
+                      "every rank",
+                      b->rank, b->size, theirs, r));
+  }
+  b->job = first[0].substr(0, first[0].rfind('\x1f'));
   fill_hosts(*b);
   set_log_rank(b->rank);
   CONDUIT_LOG_INFO("bootstrap: rank {} of {} via {}, {} host(s)", b->rank, b->size, b->method,

@@ -198,6 +198,21 @@ TEST(Processes, RanksInAnotherPidNamespaceAreAnotherHost) {
   EXPECT_EQ(r.out.find("died"), std::string::npos) << r.out;
 }
 
+// WORLD_SIZE set otherwise on one rank: every rank that meets another's value stops at once naming both (rank 1 of a
+// job of 2 in a job of 3 finished its bootstrap as a job of its own; ranks 0 and 2 waited for it to the deadline).
+TEST(Processes, WorldSizesMustAgree) {
+  std::string dir = temp_path("sizes");
+  auto r = run_sh("mkdir -p " + dir + " && for r in 0 1 2; do s=3; [ $r = 1 ] && s=2; RANK=$r WORLD_SIZE=$s " +
+                  "CONDUIT_STORE_PATH=" + dir + " CONDUIT_JOB_ID=ws" + std::to_string(::getpid()) + " " + kConduit +
+                  " selftest --op allreduce --timeout 20 & done; wait");
+  std::system(("rm -rf " + dir).c_str());
+  EXPECT_NE(r.out.find("rank 1: WORLD_SIZE is 2 here but 3 on rank 0; allowed: the same WORLD_SIZE on every rank"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("rank 0: WORLD_SIZE is 3 here but 2 on rank 1"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 15) << r.out;
+}
+
 TEST(Processes, FileStoreRendezvousWithoutFlags) {
   // RANK and WORLD_SIZE with CONDUIT_STORE_PATH (no MASTER_ADDR): the ranks meet through files.
   std::string dir = temp_path("store");
