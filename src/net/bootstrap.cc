@@ -14,6 +14,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -180,11 +181,16 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
   const std::vector<std::string> first = b->allgather(job + "\x1f" + std::to_string(b->size));
   for (int r = 0; r < static_cast<int>(first.size()); ++r) {
     const std::string theirs = first[size_t(r)].substr(first[size_t(r)].rfind('\x1f') + 1);
-    if (theirs != std::to_string(b->size))
+    if (theirs != std::to_string(b->size)) {
+      // (rank 0's store outlives the error by a second, as world.cc keeps it: the others read their values from it)
+      std::thread([keep = b]() mutable {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        keep.reset();
+      }).detach();
       throw ConfigError(
-          fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on "
-                      "every rank",
+          fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on every rank",
                       b->rank, b->size, theirs, r));
+    }
   }
   b->job = first[0].substr(0, first[0].rfind('\x1f'));
   fill_hosts(*b);
@@ -224,6 +230,7 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
     const char* val = std::getenv(kShared[i]);
     if (val && *val == '\0') val = nullptr;              // empty is unset, as the readers take it
     if (!val && i + 1 == std::size(kShared)) val = "0";  // the debug flag unset is off, as 0 is
+    if (!val && i == 3) val = "16G";                     // the message limit unset is its default
     mine += '\x1f';
     if (val) mine += "=" + normalized(i, val);  // "=" marks a set value
   }
@@ -273,7 +280,9 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
     }
   }
   if (kind == "shm" && any_remote)
-    throw ConfigError("transport 'shm' needs every rank on one host, but the ranks span several hosts; use auto or tcp");
+    throw ConfigError(
+        "transport 'shm' needs every rank on one host (one machine's boot, PID namespace and /dev/shm), but the ranks "
+        "span several hosts; use auto or tcp");
   if (kind == "tcp" || b.size == 1) {
     return make_tcp_transport(b.rank, b.size, b.hosts, b.allgather, deadline);
   }

@@ -160,7 +160,9 @@ TEST(Processes, SharedMemorySettingsMustAgreeAndFit) {
   // The largest message a rank takes, on any transport (a rank with a smaller one refused a peer's message mid-run).
   r = run_sh(kConduit + " launch -n 2 -- sh -c \"[ \\$RANK = 0 ] && export CONDUIT_MAX_MESSAGE_BYTES=2M; exec " +
              selftest + "\"");
-  EXPECT_NE(r.out.find("CONDUIT_MAX_MESSAGE_BYTES is '2097152' on rank 0 but unset on rank 1"), std::string::npos)
+  // (unset is its default, 16G)
+  EXPECT_NE(r.out.find("CONDUIT_MAX_MESSAGE_BYTES is '2097152' on rank 0 but '17179869184' on rank 1"),
+            std::string::npos)
       << r.out;
   // The same values spelled two ways agree: sizes as bytes, the debug flag unset or 0.
   r = run_sh("CONDUIT_SHM_RING_BYTES=2M " + kConduit +
@@ -210,6 +212,14 @@ TEST(Processes, WorldSizesMustAgree) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("rank 0: WORLD_SIZE is 3 here but 2 on rank 1"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 15) << r.out;
+  // Over rank 0's TCP store as well (which outlives its own refusal by a second, should the others still read).
+  const int port = free_port();
+  r = run_sh("for r in 0 1 2; do s=3; [ $r = 1 ] && s=2; RANK=$r WORLD_SIZE=$s MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+             std::to_string(port) + " CONDUIT_JOB_ID=wt" + std::to_string(::getpid()) + " " + kConduit +
+             " selftest --op allreduce --timeout 20 & done; wait");
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) + ": WORLD_SIZE is"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 15) << r.out;
 }
 
