@@ -1,5 +1,6 @@
 // Every collective, algorithm, dtype and reduction against a simple reference, for 1 to 8 in-process ranks
 // (non-powers of two included), with counts 0, 1, odd and larger than the ring segment (set to 4 KiB here).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -297,6 +298,48 @@ TEST(Communicator, ForcedHierOnOneHostReportsTheRingItRan) {
       },
       4);
   EXPECT_EQ(total(wrong), 0u);
+}
+
+// Data-parallel replicas stay identical only if every rank ends an allreduce with the same bits: with floats whose
+// sums round (not the small integers the verifier uses), each algorithm, rank count (powers of two and not, where
+// recursive algorithms fold ranks in) and both emulated host layouts give every rank the same result, and it is the
+// sum within rounding.
+TEST(Communicator, AllreduceOfRoundingFloatsLeavesEveryRankTheSameBits) {
+  for (int p : {2, 3, 4, 5, 6, 8})
+    for (int per_host : {0, 2})
+      for (const std::string algo : {"ring", "rhd", "rd", "tree", "hier"})
+        for (size_t count : {size_t{1}, size_t{7}, size_t{5000}}) {
+          if (algo == "hier" && (per_host == 0 || p % per_host != 0)) continue;
+          std::vector<std::vector<float>> got(static_cast<size_t>(p));
+          on_ranks(
+              p,
+              [&](Communicator& c) {
+                std::vector<float> v(count);
+                for (size_t i = 0; i < count; ++i)  // (values of many magnitudes: sums round differently by order)
+                  v[i] = float(std::sin(1.0 + double(i) * 0.37 + double(c.rank()) * 1.91) *
+                               std::pow(10.0, double((i + size_t(c.rank())) % 7) - 3.0));
+                CollOptions o;
+                o.algorithm = algo;
+                c.allreduce(v.data(), count, DType::f32, ReduceOp::sum, o).wait();
+                got[size_t(c.rank())] = v;
+                return size_t{0};
+              },
+              per_host);
+          const std::string what = fmt::format("{} on {} ranks ({} a host), {} elements", algo, p, per_host, count);
+          for (int r = 1; r < p; ++r)
+            ASSERT_EQ(std::memcmp(got[size_t(r)].data(), got[0].data(), count * sizeof(float)), 0)
+                << what << ": rank " << r << " differs from rank 0";
+          for (size_t i = 0; i < count; ++i) {
+            double want = 0, mag = 0;
+            for (int r = 0; r < p; ++r) {
+              const double x = std::sin(1.0 + double(i) * 0.37 + double(r) * 1.91) *
+                               std::pow(10.0, double((i + size_t(r)) % 7) - 3.0);
+              want += double(float(x));
+              mag += std::abs(double(float(x)));
+            }
+            ASSERT_NEAR(got[0][i], want, 1e-6 * mag + 1e-30) << what << ", element " << i;
+          }
+        }
 }
 
 // Likewise a forced recursive-doubling allgather on 3 ranks (not a power of two) runs the ring and says so.
