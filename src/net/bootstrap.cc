@@ -182,11 +182,10 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
   for (int r = 0; r < static_cast<int>(first.size()); ++r) {
     const std::string theirs = first[size_t(r)].substr(first[size_t(r)].rfind('\x1f') + 1);
     if (theirs != std::to_string(b->size)) {
-      // (rank 0's store outlives the error by a second, as world.cc keeps it: the others read their values from it)
-      std::thread([keep = b]() mutable {
-        std::this_thread::sleep_for(std::chrono::seconds(1));
-        keep.reset();
-      }).detach();
+      // Rank 0 serves the TCP store the others still read their values from: it waits a second before it goes (a
+      // detached thread keeping the store did not outlive the process, which exits on this error: a rank still
+      // reading lost the connection instead of learning why).
+      if (b->rank == 0 && b->store) std::this_thread::sleep_for(std::chrono::seconds(1));
       throw ConfigError(
           fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on every rank",
                       b->rank, b->size, theirs, r));
