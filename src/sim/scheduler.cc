@@ -356,8 +356,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   // cluster of several kinds only the kinds it fits on, and under topology placement one kind at a time, the fastest
   // for the job first (a job across kinds runs at its slowest kind's pace), before mixing them.
   auto passes_for = [&](size_t i, Placement how) {
-    std::vector<std::vector<char>> out;
     if (!mixed) return std::vector<std::vector<char>>{std::vector<char>(nkinds, 1)};
+    std::vector<std::vector<char>> out;
     std::vector<char> all(nkinds, 0);
     for (size_t k : fastest[i]) all[k] = 1;
     if (how == Placement::kTopology)

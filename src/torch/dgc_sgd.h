@@ -42,8 +42,7 @@ class DgcSgd : public torch::optim::SGD {
             auto it = state_.find(key);
             if (it == state_.end()) {
               auto st = std::make_unique<torch::optim::SGDParamState>();
-              st->momentum_buffer(decay.clone());
-              decay = st->momentum_buffer();
+              st->momentum_buffer(decay);  // (decay is this step's own tensor: kept as the buffer)
               state_[key] = std::move(st);
             } else {
               auto& buf = static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer();

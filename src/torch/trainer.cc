@@ -867,10 +867,11 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     if (c.zero_allgather_mb > 0 && !c.zero_prefetch)
       warn("zero_allgather_mb", "zero_prefetch is false: the allgather after each step is one call per bucket");
     // (found by an audit: taken and recorded, changing nothing)
-    if (c.zero == 3 && c.bucket_cap_mb != defaults.bucket_cap_mb)
-      warn("bucket_cap_mb", "zero 3 reduces and gathers a layer (unit) at a time, one bucket each");
-    if (c.zero == 3 && c.first_bucket_mb != defaults.first_bucket_mb)
-      warn("first_bucket_mb", "zero 3 reduces and gathers a layer (unit) at a time, one bucket each");
+    for (const auto& [key, given, fallback] :
+         {std::tuple{"bucket_cap_mb", c.bucket_cap_mb, defaults.bucket_cap_mb},
+          std::tuple{"first_bucket_mb", c.first_bucket_mb, defaults.first_bucket_mb}})
+      if (c.zero == 3 && given != fallback)
+        warn(key, "zero 3 reduces and gathers a layer (unit) at a time, one bucket each");
     if (c.recompute && c.micro_batches == 1)
       warn("recompute",
            "with one micro-batch every stage's backward follows its forward: nothing is kept to recompute");
