@@ -608,8 +608,24 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
         "calibrate: {} usable back-to-back samples{}; need at least 3 (sweep sizes with `conduit bench coll "
         "--json -b 8 -e 64M`, without --stagger-us)",
         X.size(), late ? fmt::format(" ({} staggered ones only give the wake latency)", late) : std::string()));
-  // Non-negative least squares by active sets over the three unknowns: drop any negative coefficient and refit.
-  std::array<bool, 3> active{true, true, true};
+  // One message size (or sizes that keep every sample's latency and bandwidth terms in one ratio) cannot tell alpha
+  // from beta: any split fits alike, and rounding picked one (two files a byte apart gave 13 and 8 us).
+  {
+    double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+    bool proportional = true;
+    for (const auto& r : X) {
+      if (r[0] <= 0 || r[1] <= 0) {
+        proportional = proportional && r[0] <= 0 && r[1] <= 0;
+        continue;
+      }
+      lo = std::min(lo, r[1] / r[0]);
+      hi = std::max(hi, r[1] / r[0]);
+    }
+    if (proportional && lo <= hi && hi - lo <= 1e-9 * hi)
+      throw ConfigError(
+          "calibrate: every sample's latency and bandwidth terms keep one ratio (one message size), so alpha and "
+          "beta cannot be told apart; sweep sizes with `conduit bench coll --json -b 8 -e 64M`");
+  }
   bool any_gamma = false;
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;  // gamma's coefficient over beta's, per sample
   for (const auto& r : X) {
@@ -621,17 +637,26 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   }
   // Proportional columns make the normal equations singular: the split between beta and gamma is then rounding.
   const bool inseparable = any_gamma && lo <= hi && hi - lo <= 1e-9 * hi;
-  if (!any_gamma || inseparable) active[2] = false;
-  std::vector<double> x;
-  for (int iter = 0; iter < 4; ++iter) {
-    x = least_squares(X, y, active);
-    bool changed = false;
-    for (int i = 0; i < 3; ++i)
-      if (active[i] && x[i] < 0) {
-        active[i] = false;
-        changed = true;
-      }
-    if (!changed) break;
+  // Non-negative least squares: the optimum is the unconstrained fit over the unknowns it leaves non-zero (its KKT
+  // conditions), so the best of the non-negative fits over every subset of the three unknowns is it, the larger
+  // subsets first on a tie. (Dropping every negative coefficient at once and refitting could miss it: a residual up
+  // to 2x the optimum's on noisy samples.)
+  std::vector<double> x(3, 0.0);
+  double best = std::numeric_limits<double>::infinity();
+  for (int set : {7, 3, 5, 6, 1, 2, 4}) {
+    if ((set & 4) && (!any_gamma || inseparable)) continue;
+    const std::array<bool, 3> active{(set & 1) != 0, (set & 2) != 0, (set & 4) != 0};
+    const std::vector<double> c = least_squares(X, y, active);
+    if (!std::all_of(c.begin(), c.end(), [](double v) { return v >= 0 && std::isfinite(v); })) continue;
+    double se = 0;
+    for (size_t r = 0; r < X.size(); ++r) {
+      const double e = X[r][0] * c[0] + X[r][1] * c[1] + X[r][2] * c[2] - 1;
+      se += e * e;
+    }
+    if (se < best * (1 - 1e-12)) {
+      best = se;
+      x = c;
+    }
   }
   AlphaBetaGamma f;
   f.alpha = std::max(0.0, x[0]);

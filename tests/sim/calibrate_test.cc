@@ -89,6 +89,56 @@ TEST(Calibrate, AllreduceAloneCannotSeparateBetaFromGamma) {
               1, 1e-4);
 }
 
+// One message size keeps every sample's latency and bandwidth terms in one ratio, so any split of alpha and beta fits
+// alike: refused (rounding picked one, files a byte apart gave 13 and 8 us). And the fit is the best non-negative one
+// (dropping every negative coefficient at once and refitting left alpha and gamma at 0: rms 82.7% on these noisy
+// samples, where beta and gamma give 61.8%, the optimum over every subset of the unknowns, computed apart).
+TEST(Calibrate, OneSizeIsRefusedAndTheFitIsTheBestNonNegativeOne) {
+  std::string one;
+  for (const char* op : {"allreduce", "allgather"})
+    for (int t : {77, 79, 81})
+      one += fmt::format(
+          "{{\"op\":\"{}\",\"algo\":\"ring\",\"transport\":\"shm\",\"world\":3,\"bytes\":12345,\"time_us\":{}}}\n", op,
+          t);
+  std::string why;
+  try {
+    fit_alpha_beta_gamma(parse_bench_lines(one, "one.jsonl"));
+  } catch (const ConfigError& e) {
+    why = e.what();
+  }
+  EXPECT_NE(why.find("alpha and beta cannot be told apart"), std::string::npos) << why;
+  const std::string noisy =
+      R"({"op":"allgather","algo":"ring","transport":"shm","world":4,"bytes":1024,"time_us":0.08451413919102463})"
+      "\n"
+      R"({"op":"allgather","algo":"ring","transport":"shm","world":4,"bytes":65536,"time_us":60.936452737585014})"
+      "\n"
+      R"({"op":"allgather","algo":"ring","transport":"shm","world":4,"bytes":1048576,"time_us":1191.1968096644644})"
+      "\n"
+      R"({"op":"allgather","algo":"ring","transport":"shm","world":4,"bytes":4194304,"time_us":5321.054218444583})"
+      "\n"
+      R"({"op":"allreduce","algo":"rhd","transport":"shm","world":4,"bytes":1024,"time_us":1.5444003014564478})"
+      "\n"
+      R"({"op":"allreduce","algo":"rhd","transport":"shm","world":4,"bytes":65536,"time_us":180.64930553363988})"
+      "\n"
+      R"({"op":"allreduce","algo":"rhd","transport":"shm","world":4,"bytes":1048576,"time_us":1537.0266377961987})"
+      "\n"
+      R"({"op":"allreduce","algo":"rhd","transport":"shm","world":4,"bytes":4194304,"time_us":6540.787883596989})"
+      "\n"
+      R"({"op":"allreduce","algo":"rd","transport":"shm","world":4,"bytes":1024,"time_us":1.757903937543049})"
+      "\n"
+      R"({"op":"allreduce","algo":"rd","transport":"shm","world":4,"bytes":65536,"time_us":149.3780738257107})"
+      "\n"
+      R"({"op":"allreduce","algo":"rd","transport":"shm","world":4,"bytes":1048576,"time_us":6738.955641373679})"
+      "\n"
+      R"({"op":"allreduce","algo":"rd","transport":"shm","world":4,"bytes":4194304,"time_us":4893.697093687524})"
+      "\n";
+  const AlphaBetaGamma f = fit_alpha_beta_gamma(parse_bench_lines(noisy, "noisy.jsonl"));
+  EXPECT_EQ(f.alpha, 0);
+  EXPECT_NEAR(f.beta / 1.4297926478217443e-10, 1, 1e-6);
+  EXPECT_NEAR(f.gamma / 8.129392924740271e-10, 1, 1e-6);
+  EXPECT_NEAR(f.rms_relative_error, 0.6179078273015777, 1e-6);
+}
+
 // A bad bench record is one line naming file, line and field (they were dropped silently: truncated JSON, a missing
 // world, time_us <= 0, a negative stagger; world 4.7 was read as 4 and 1e30 overflowed); records that are valid but
 // carry nothing to fit are skipped and counted.
