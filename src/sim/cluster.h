@@ -107,6 +107,9 @@ struct NetworkSpec {
   double wake_latency = 0;
   double reduction_bandwidth = 1e12;  // bytes/s reduced (gamma = 1 / this)
   bool in_network_reduction = false;
+  // A leaf's uplink: false, its switch's (nodes_per_leaf nodes' NICs over the oversubscription, a part-full leaf
+  // too); true, the attached nodes' share of it (a job's view of a loaded cluster in `sim cluster`; no YAML key).
+  bool uplink_share_of_attached = false;
 };
 
 struct ClusterSpec {

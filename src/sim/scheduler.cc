@@ -167,6 +167,7 @@ double job_iteration_time(const ClusterSpec& spec, const std::string& model, lon
   }
   const long long nodes = std::max<long long>(1, (gpus + gpn - 1) / gpn);
   s.network.nodes_per_leaf = static_cast<int>(std::max<long long>(1, (nodes + leaves - 1) / leaves));
+  s.network.uplink_share_of_attached = true;  // (its nodes' share of each leaf's uplink, as under a loaded cluster)
   // A job on a torus gets a ring of its nodes (the file's dimensions hold the whole cluster, not the job).
   if (s.network.topology == TopologyKind::kTorus) s.network.torus_dims = {static_cast<int>(nodes)};
   Topology topo(s, nodes * gpn);
