@@ -389,6 +389,7 @@ void print_step(const std::string& cluster, const GptModel& m, const StepResult&
   row("pipeline p2p (exposed)", b.pp_comm);
   row("tied embeddings (exposed)", b.embedding_sync);
   row("data-parallel comm (exposed)", b.dp_exposed);
+  if (b.compression > 0) row("  of which compression", b.compression);  // (a part of the row above)
   row("ZeRO-3 gathers (exposed)", b.zero3_exposed);
   row("optimizer step", b.optimizer);
   fmt::print("  {:<32} {:>12}\n", "data-parallel comm (total)", format_seconds(b.dp_comm));
@@ -1228,7 +1229,17 @@ void run_calibrate(const CalibrateArgs& a) {
   std::string yaml =
       calibrated_cluster_yaml(a.name, static_cast<int>(ranks), chosen_fit, bw, mem_bytes / static_cast<double>(ranks),
                               peak, gemms, chosen, share, convs, pools, models);
-  ClusterSpec cal = parse_cluster_yaml(yaml, "calibrated cluster");  // what we write must load
+  // What we write must load; a value out of a cluster file's range comes from a measurement (a GEMM's gflops, a
+  // record's time_us or *_us), which the file's field name alone did not say.
+  ClusterSpec cal;
+  try {
+    cal = parse_cluster_yaml(yaml, "calibrated cluster");
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format(
+        "the measurements give a cluster out of the simulator's range ({}); check the records' gflops, time_us and "
+        "*_us fields",
+        e.what()));
+  }
   {
     // Predicted (from the written cluster) against measured, sample by sample.
     Topology topo(cal, ranks);

@@ -283,6 +283,12 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
     k.intra_kind = intra["kind"] ? get_string(intra["kind"], f + ".intra.kind") : "nvswitch";
     if (k.intra_kind != "nvswitch" && k.intra_kind != "pcie" && k.intra_kind != "none")
       throw ConfigError(fmt::format("{}.intra.kind = '{}' (allowed: nvswitch, pcie, none)", f, k.intra_kind));
+    // (none routed a node's accelerators to each other at intra.bandwidth all the same)
+    if (k.intra_kind == "none" && k.gpus != 1)
+      throw ConfigError(fmt::format(
+          "{}.intra.kind = none (no fabric between a node's accelerators) needs gpus: 1; allowed with more: "
+          "nvswitch, pcie",
+          f));
     k.intra = parse_link(intra, f + ".intra", true);
     k.nics = get_int(require(n, "nics", f), f + ".nics", 1, 1024);
     if (k.gpus % k.nics != 0 && k.nics % k.gpus != 0)
@@ -350,6 +356,13 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
                     "with topology: torus only)",
                     f));
   if (ns.topology == TopologyKind::kTorus) {
+    // (a torus has no switches: these were taken and ignored, in-network reduction then listed as unsupported)
+    for (const char* key : {"nodes_per_leaf", "oversubscription", "switch_latency", "in_network_reduction"})
+      if (net[key])
+        throw ConfigError(fmt::format(
+            "{}.{} describes leaf and spine switches, which a torus does not have (allowed with topology: torus: "
+            "torus_dims, torus_link, software_overhead, wake_latency, reduction_bandwidth)",
+            f, key));
     auto d = net["torus_dims"];
     if (!d || !d.IsSequence() || d.size() < 1 || d.size() > 3)
       throw ConfigError(fmt::format("{}.torus_dims must be a list of 1-3 node counts, e.g. [8, 8, 8]", f));

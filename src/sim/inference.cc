@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "core/error.h"
@@ -146,8 +147,9 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   r.memory_capacity = capacity;
   r.fits = r.memory_total <= r.memory_capacity;
   const double per_seq = kv_cache_bytes(m0, t, p, tokens, 1) + act / b;
-  r.max_batch =
-      std::max<long long>(0, static_cast<long long>(std::floor((r.memory_capacity - r.weight_bytes) / per_seq)));
+  // (at most what --batch takes: a tiny model on a large memory fitted more sequences than an int holds)
+  r.max_batch = static_cast<long long>(
+      std::clamp(std::floor((r.memory_capacity - r.weight_bytes) / per_seq), 0.0, double(INT_MAX)));
   return r;
 }
 

@@ -85,6 +85,8 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
             continue;
           }
           for (Recompute rc : space.recompute) {
+            const bool has_none = std::any_of(space.compression.begin(), space.compression.end(),
+                                              [](const Compression& c) { return c.kind == "none"; });
             const bool has_plain = std::find(space.sequence_parallel.begin(), space.sequence_parallel.end(), false) !=
                                    space.sequence_parallel.end();
             for (bool sp_option : space.sequence_parallel) {
@@ -95,6 +97,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
               }
               const bool sp = sp_option && t > 1;
               for (const Compression& cp : space.compression) {
+                if (cp.kind == "fp16" && space.base.grad_bytes == 2 && has_none) continue;  // (the same plan)
                 // (ZeRO reduce-scatters: its wire can be 16-bit or int blocks, not top-k or PowerSGD's factors;
                 // fp16 with 16-bit gradients is the plan without compression)
                 const bool zero_wire =

@@ -72,6 +72,24 @@ const char* zero_reduce_name(ZeroReduce z) {
   return z == ZeroReduce::kEveryMicroBatch ? "micro-batch" : z == ZeroReduce::kOncePerStep ? "step" : "default";
 }
 
+// Flags that act on the data-parallel exchange, refused where there is none (dp = 1): `sim step` took them, printed
+// them in its config and predicted the step without them (`sim plan` skips such candidates saying why).
+void check_data_parallel_flags(const ParallelConfig& c, long long dp) {
+  if (dp > 1) return;
+  if (c.zero != 0)
+    throw ConfigError(fmt::format(
+        "--zero {} shards over the data-parallel ranks, and dp = 1 here; allowed with dp = 1: --zero 0", c.zero));
+  if (c.compression.kind != "none")
+    throw ConfigError(fmt::format(
+        "--compression {} compresses the data-parallel exchange, which dp = 1 does not have; allowed with dp = 1: "
+        "none",
+        c.compression.kind));
+  if (c.sync.kind != "bsp")
+    throw ConfigError(fmt::format(
+        "--sync {} schedules the data-parallel exchange, which dp = 1 does not have; allowed with dp = 1: bsp",
+        c.sync.kind));
+}
+
 void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus) {
   m.validate();
   if (c.tp < 1) throw ConfigError(fmt::format("--tp = {} must be at least 1", c.tp));
@@ -92,6 +110,7 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
                     c.global_batch, c.micro_batch, dp));
   const long long mb = c.global_batch / (static_cast<long long>(c.micro_batch) * dp);
   const int v = c.schedule == Schedule::kInterleaved ? c.virtual_stages : 1;
+  check_data_parallel_flags(c, dp);
   if (c.schedule == Schedule::kInterleaved) {
     if (c.virtual_stages < 2) throw ConfigError("--schedule interleaved needs --virtual-stages >= 2");
     if (c.pp < 2) throw ConfigError("--schedule interleaved needs --pp >= 2");
@@ -776,7 +795,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         dp_exposed = bucketed_exposed(
             cfg.dp_overlap ? bwd_window : 0.0, wire, cap,
             [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n) + wake; }, &dp_total);
-        if (cp.kind != "none") {
+        if (bytes_per != cfg.grad_bytes) {  // (fp16 of 16-bit gradients sends them as they are)
           // Quantize before sending, dequantize-accumulate-requantize at each reduction step (fused, one pass
           // over the local gradient each way) and dequantize at the end; error feedback adds a pass.
           comp_time = memory_time(acc, elems * (cfg.grad_bytes * 4 + bytes_per * 2), 4);
@@ -840,7 +859,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   }
   r.breakdown.dp_comm = dp_total;
   r.breakdown.dp_exposed = dp_exposed;
-  r.breakdown.compression = comp_time;
+  r.breakdown.compression = std::min(comp_time, dp_exposed);  // (the part exposed: async hides the rest)
 
   // Optimizer: Adam over this GPU's (sharded) parameters: ~28 bytes of memory traffic per parameter.
   const double opt_params =
@@ -1067,7 +1086,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
       double total = 0;
       const double exposed =
           bucketed_exposed(cfg.dp_overlap ? B[s] : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &total);
-      const double c = k != "none" ? memory_time(acc, params[s] * (cfg.grad_bytes * 4 + per * 2), 4) : 0;
+      const double c = per != cfg.grad_bytes ? memory_time(acc, params[s] * (cfg.grad_bytes * 4 + per * 2), 4) : 0;
       exposed_s[s] = exposed + c;
       if (s == 0) {
         r.dp_algorithm = algorithm_name(prof.algorithm);
@@ -1088,8 +1107,8 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
             ? measured->slowest_wait
             : measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
   r.breakdown.dp_comm = dp_total;
-  r.breakdown.compression = comp;
   r.breakdown.dp_exposed = dp_end - makespan + r.breakdown.rank_wait;
+  r.breakdown.compression = std::min(comp, r.breakdown.dp_exposed);  // (a stage done early hides some)
   r.breakdown.optimizer = end - dp_end;  // (past the last exchange)
   r.time = makespan + r.breakdown.dp_exposed + r.breakdown.optimizer;
   // Memory: the fullest stage's parameters, gradients and optimizer state, and the activations of the micro-batches it
@@ -1184,6 +1203,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
       cfg.compression.kind != "int4")
     throw ConfigError("--compression for layer models: none, fp16, int8 or int4");
+  check_data_parallel_flags(cfg, d);
   StepResult r;
   r.config = cfg;
   r.config.dp = d;
@@ -1500,7 +1520,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     }
     // (the quantized ring's passes; qgZ's are in its calls)
     // (an exchange's passes: every micro-batch's with --zero-reduce micro-batch)
-    if (k != "none" && !qgz.on)
+    if (per != cfg.grad_bytes && !qgz.on)
       comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4) *
              (cfg.zero >= 2 && z2 == ZeroReduce::kEveryMicroBatch ? static_cast<double>(mb) : 1.0);
     dp_exposed += comp;
@@ -1540,7 +1560,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   }
   r.breakdown.dp_comm = dp_total;
   r.breakdown.dp_exposed = dp_exposed;
-  r.breakdown.compression = comp;
+  r.breakdown.compression = std::min(comp, dp_exposed);  // (the part exposed: async hides the rest)
   // The optimizer streams 28 bytes per (sharded) parameter, or takes its measured time for these layers (SGD with
   // momentum, as conduit train runs it; sharded by ZeRO like the parameters: over the shard group where there is one).
   const double over = static_cast<double>(sharded_over);

@@ -55,7 +55,9 @@ void GptModel::validate() const {
   auto check = [kMax](const char* flag, long long v) {
     if (v < 1 || v > kMax) throw ConfigError(fmt::format("{} = {} (allowed: 1 to {})", flag, v, kMax));
   };
-  check("--layers", layers);
+  // (a million layers, 10^4 times the deepest published model: the step model keeps a few hundred bytes per layer
+  // for ZeRO's per-layer calls, so 2^31 of them needed ~560 GB)
+  if (layers < 1 || layers > 1000000) throw ConfigError(fmt::format("--layers = {} (allowed: 1 to 1000000)", layers));
   check("--hidden", hidden);
   check("--heads", heads);
   if (hidden % heads != 0) throw ConfigError(fmt::format("--heads = {} must divide --hidden = {}", heads, hidden));

@@ -102,6 +102,21 @@ TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
       cluster_error(preset_with("  topology: rail-optimized", "  torus_dims: [0]\n  topology: rail-optimized"));
   EXPECT_NE(torus.find("torus_dims and torus_link describe a torus; this network is not one"), std::string::npos)
       << torus;
+  // A torus has no switches (leaf settings and in-network reduction were taken and ignored), and intra.kind none
+  // has no fabric between a node's accelerators (they were routed at intra.bandwidth all the same).
+  const std::string on_torus =
+      cluster_error(preset_with("  topology: rail-optimized",
+                                "  torus_dims: [140]\n  torus_link: {bandwidth: 50 GB/s, latency: 1 us}\n"
+                                "  topology: torus"));
+  EXPECT_NE(on_torus.find("x.yaml: network.nodes_per_leaf describes leaf and spine switches, which a torus does not "
+                          "have (allowed with topology: torus: torus_dims, torus_link"),
+            std::string::npos)
+      << on_torus;
+  const std::string none = cluster_error(preset_with("kind: nvswitch", "kind: none"));
+  EXPECT_NE(none.find("nodes[0].intra.kind = none (no fabric between a node's accelerators) needs gpus: 1"),
+            std::string::npos)
+      << none;
+  EXPECT_EQ(cluster_error(preset_yaml("edge")), "no error");  // (its devices: kind none, one accelerator each)
   EXPECT_EQ(cluster_error(preset_yaml("dgx-a100")), "no error");
 }
 
@@ -608,8 +623,15 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
               1e-9 * pairs_each.breakdown.dp_comm);
   z.zero_shard = 0;
   z.zero_reduce = ZeroReduce::kOncePerStep;
-  // fp16 on the wire: its cast passes every micro-batch too.
+  // fp16 on the wire: its cast passes every micro-batch too (of f32 gradients: 16-bit ones are sent as they are).
   z.compression = parse_compression("fp16");
+  {
+    ParallelConfig plain = z;
+    plain.compression = Compression{};
+    EXPECT_EQ(simulate_layer_step(n8, lm, z).breakdown.compression, 0);
+    EXPECT_EQ(simulate_layer_step(n8, lm, z).time, simulate_layer_step(n8, lm, plain).time);
+  }
+  z.grad_bytes = 4;
   const double passes = simulate_layer_step(n8, lm, z).breakdown.compression;
   z.zero_reduce = ZeroReduce::kEveryMicroBatch;
   EXPECT_GT(passes, 0);
@@ -1021,8 +1043,9 @@ TEST(Inputs, ZeroHpzGathersTheBackwardWithinTheNode) {
       refused(3, 64).find("--zero-hpz = 3: groups that do not divide the 64 data-parallel ranks into two or more"),
       std::string::npos);
   EXPECT_NE(refused(64, 64).find("--zero-hpz = 64: groups"), std::string::npos);
-  EXPECT_NE(refused(2, 8, 8).find("--zero-hpz = 2: groups that do not divide the 1 data-parallel ranks"),
-            std::string::npos);  // (one data-parallel rank: refused too, not ignored)
+  EXPECT_NE(
+      refused(2, 8, 8).find("shards over the data-parallel ranks, and dp = 1 here; allowed with dp = 1: --zero 0"),
+      std::string::npos);  // (one data-parallel rank: refused too, not ignored)
 }
 
 // --compression int8|int4 with --zero (ZeRO++'s qgZ, `conduit train --zero N --compressor int8`): each reduce-scatter
@@ -1852,6 +1875,130 @@ TEST(Inputs, SchedulerPlacesByNodeKindAndChecksTheCluster) {
   EXPECT_GE(p.jobs[0].preemptions, 1);
   EXPECT_NEAR(p.restart_overhead * 8 * p.makespan, 8 * las.restart_penalty * p.jobs[0].preemptions, 1e-3);
   EXPECT_LT(p.utilization + p.restart_overhead, 1 + 1e-9);
+}
+
+// A step's breakdown adds up to its time (the JSON counted compression twice: it is inside the exposed exchange);
+// fp16 of 16-bit gradients is the exchange without compression (it charged cast passes for sending the same bytes);
+// flags of a data-parallel exchange are refused where there is none (they were taken and ignored); --layers is
+// bounded (ZeRO's per-layer calls grew without bound); an inference's largest batch is one --batch can take.
+TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
+  Topology topo(load_cluster("ethernet-25g"), 64);
+  CollectiveModel net(topo);
+  const GptModel m = named_model("gpt2-small");
+  auto gpt_sum = [](const StepResult& r) {
+    const StepBreakdown& b = r.breakdown;
+    return b.compute + b.bubble + b.tp_comm + b.pp_comm + b.embedding_sync + b.dp_exposed + b.zero3_exposed +
+           b.optimizer;  // (compute holds recompute)
+  };
+  ParallelConfig c;
+  c.global_batch = 64;
+  for (const char* sync : {"bsp", "async", "local-sgd:4"})
+    for (const char* comp : {"int8", "topk:0.01", "powersgd:4"}) {
+      c.sync = parse_sync(sync);
+      c.compression = parse_compression(comp);
+      const StepResult r = simulate_step(net, m, c);
+      EXPECT_NEAR(gpt_sum(r), r.time, 1e-12 * r.time) << sync << " " << comp;
+      EXPECT_LE(r.breakdown.compression, r.breakdown.dp_exposed) << sync << " " << comp;
+      if (std::string(sync) != "async") {
+        EXPECT_GT(r.breakdown.compression, 0) << sync << " " << comp;
+      }
+    }
+  c.sync = parse_sync("async");  // (a step long enough to hide the whole exchange: nothing of it exposed)
+  c.global_batch = 64 * 64;
+  c.micro_batch = 64;
+  c.compression = parse_compression("int8");
+  const StepResult hidden = simulate_step(net, m, c);
+  EXPECT_EQ(hidden.breakdown.dp_exposed, 0);
+  EXPECT_EQ(hidden.breakdown.compression, 0);
+  // A layer-list pipeline's transfers overlap its stages' work: its pp_comm is inside the bubble.
+  const LayerModel lm = parse_layer_model("dense:784x512,dense:512x512,dense:512x10");
+  ParallelConfig l;
+  l.global_batch = 64 * 8;
+  l.micro_batch = 8;
+  l.compression = parse_compression("int8");
+  l.grad_bytes = 4;
+  for (int pp : {1, 2}) {
+    l.pp = pp;
+    l.schedule = pp > 1 ? Schedule::kGpipe : Schedule::k1F1B;
+    const StepResult r = simulate_layer_step(net, lm, l);
+    const StepBreakdown& b = r.breakdown;
+    EXPECT_NEAR(b.compute + b.bubble + b.dp_exposed + b.zero3_exposed + b.optimizer, r.time, 1e-12 * r.time) << pp;
+    EXPECT_GT(b.compression, 0) << pp;
+    EXPECT_LE(b.compression, b.dp_exposed) << pp;
+  }
+
+  // fp16 of 16-bit gradients (the default --grad-bytes 2) sends them as they are: the plan without compression.
+  c = ParallelConfig{};
+  c.global_batch = 64;
+  const StepResult plain = simulate_step(net, m, c);
+  c.compression = parse_compression("fp16");
+  EXPECT_EQ(simulate_step(net, m, c).time, plain.time);
+  c.grad_bytes = 4;  // (f32 gradients are cast: slower than sending 16-bit ones, faster than sending f32)
+  const StepResult cast = simulate_step(net, m, c);
+  EXPECT_GT(cast.breakdown.compression, 0);
+  EXPECT_GT(cast.time, plain.time);
+  PlanSpace space;
+  space.tp = {1};
+  space.pp = {1};
+  space.zero = {0};
+  space.recompute = {Recompute::kNone};
+  space.micro_batch = {1};
+  space.compression = {Compression{}, parse_compression("fp16")};
+  const PlanResult pr = plan(net, m, 64, space, 10);
+  ASSERT_EQ(pr.ranked.size(), 1u);  // (fp16 was listed beside none, slower by its casts)
+  EXPECT_EQ(pr.ranked[0].config.compression.kind, "none");
+  space.compression = {parse_compression("fp16")};  // (asked for alone: planned, as fast as none)
+  const PlanResult fp16_only = plan(net, m, 64, space, 10);
+  ASSERT_EQ(fp16_only.ranked.size(), 1u);
+  EXPECT_EQ(fp16_only.ranked[0].time, pr.ranked[0].time);
+
+  // dp = 1: ZeRO, compression and a sync scheme have no exchange to act on.
+  Topology t8(load_cluster("dgx-a100"), 8);
+  CollectiveModel n8(t8);
+  ParallelConfig one;
+  one.tp = 4;
+  one.pp = 2;
+  one.global_batch = 8;
+  EXPECT_EQ(error_of([&] { simulate_step(n8, m, one); }), "no error");
+  auto refused = [&](const std::function<void(ParallelConfig&)>& set) {
+    ParallelConfig x = one;
+    set(x);
+    return error_of([&] { simulate_step(n8, m, x); });
+  };
+  EXPECT_EQ(refused([](ParallelConfig& x) { x.zero = 3; }),
+            "--zero 3 shards over the data-parallel ranks, and dp = 1 here; allowed with dp = 1: --zero 0");
+  EXPECT_EQ(refused([](ParallelConfig& x) { x.compression = parse_compression("topk:0.01"); }),
+            "--compression topk compresses the data-parallel exchange, which dp = 1 does not have; allowed with dp "
+            "= 1: none");
+  EXPECT_EQ(refused([](ParallelConfig& x) { x.sync = parse_sync("local-sgd:8"); }),
+            "--sync local-sgd schedules the data-parallel exchange, which dp = 1 does not have; allowed with dp = 1: "
+            "bsp");
+  Topology t1(flat_cluster(5e-6, 10e9, 1e-11), 1);
+  CollectiveModel n1(t1);
+  ParallelConfig lone;
+  lone.global_batch = 8;
+  EXPECT_EQ(error_of([&] { simulate_layer_step(n1, lm, lone); }), "no error");
+  lone.compression = parse_compression("int8");
+  EXPECT_NE(error_of([&] { simulate_layer_step(n1, lm, lone); }).find("which dp = 1 does not have"), std::string::npos);
+
+  // --layers: a million at most.
+  GptModel deep = m;
+  deep.layers = 1000000;
+  EXPECT_EQ(error_of([&] { deep.validate(); }), "no error");
+  deep.layers = 1000001;
+  EXPECT_EQ(error_of([&] { deep.validate(); }), "--layers = 1000001 (allowed: 1 to 1000000)");
+
+  // The largest batch that fits, at most what --batch takes.
+  GptModel tiny = m;
+  tiny.layers = 1;
+  tiny.hidden = 1;
+  tiny.heads = 1;
+  tiny.seq = 2;
+  tiny.vocab = 1;
+  InferenceConfig ic;
+  ic.prompt = 1;
+  ic.generate = 1;
+  EXPECT_EQ(simulate_inference(n8, tiny, ic).max_batch, 2147483647);
 }
 
 }  // namespace

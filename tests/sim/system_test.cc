@@ -132,13 +132,22 @@ TEST(Step, PipelinesExchangeTheTiedEmbeddingGradients) {
   StepResult two = simulate_step(net, m, c);
   const double eb = double(m.vocab) * m.hidden / c.tp * c.grad_bytes;
   const Group pg{2, 8, 0};
-  const double sync = net.time(Collective::kShift, Algorithm::kDirect, pg, eb);
+  auto sync_of = [&](CollectiveModel& n) { return n.time(Collective::kShift, Algorithm::kDirect, pg, eb); };
+  const double sync = sync_of(net);
   EXPECT_NEAR(two.breakdown.embedding_sync, sync, 1e-12);
   EXPECT_GT(sync, 0);
   EXPECT_EQ(two.breakdown.dp_comm, 0);  // pipeline traffic of each replica, not a data-parallel exchange
-  // Every step, whatever the data-parallel scheme (local SGD divided it, async hid it).
+  // Without data parallelism there is no scheme to choose (it was taken and ignored).
   c.sync = parse_sync("async");
-  EXPECT_NEAR(simulate_step(net, m, c).time, two.time, 1e-9 * two.time);
+  EXPECT_THROW(simulate_step(net, m, c), ConfigError);
+  // Every step, whatever the data-parallel scheme (local SGD divided it, async hid it).
+  Topology topo2(load_cluster("dgx-a100"), 32);
+  CollectiveModel net2(topo2);
+  c.global_batch = 32;
+  for (const char* sync : {"bsp", "async", "local-sgd:4"}) {
+    c.sync = parse_sync(sync);
+    EXPECT_NEAR(simulate_step(net2, m, c).breakdown.embedding_sync, sync_of(net2), 1e-12) << sync;
+  }
 }
 
 TEST(Step, ScheduleMemoryGpipeHoldsAllMicroBatches) {
@@ -640,6 +649,15 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
   EXPECT_NE(out.find("conduit: error: " + dir + "/bad.jsonl:1: field 'gflops' must be a positive number"),
             std::string::npos)
       << out;
+  // A rate past the cluster file's range: the measurements named as its cause, not only the written file's field.
+  std::ofstream(dir + "/fast.jsonl") << "{\"m\":64,\"n\":64,\"k\":64,\"gflops\":1e10}\n";
+  out = run("sim calibrate --bench " + dir + "/bench.jsonl --gemm " + dir + "/fast.jsonl --out -", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("conduit: error: the measurements give a cluster out of the simulator's range (calibrated "
+                     "cluster: nodes[0].accelerator.peak_bf16:"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("check the records' gflops, time_us and *_us fields"), std::string::npos) << out;
   // bench gemm's inputs: sides whose products wrapped past the 2^28 check, a batch without a bound, a model name that
   // was refused only after the whole timing pass.
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
