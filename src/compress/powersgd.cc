@@ -246,6 +246,22 @@ void PowerSgd::decompress(std::span<const uint8_t> payload, const TensorState& s
   decode_wire(wire_, payload.data(), pq);
   const float* p = pq.data();
   const float* q = p + n * r;
+  // A peer's factors, refused before anything is written where they are not finite or their product could leave
+  // the floats (each element of P^T Q is at most r max|P| max|Q|), as every other decoder refuses a payload that
+  // decodes past them (the collective path checks the summed factors).
+  float most_p = 0, most_q = 0;
+  for (size_t i = 0; i < pq.size(); ++i) {
+    if (!std::isfinite(pq[i]))
+      throw InvalidArgument(
+          fmt::format("powersgd: element {} of the payload's factors is {}; allowed: finite factors", i, pq[i]));
+    float& most = i < n * r ? most_p : most_q;
+    most = std::max(most, std::abs(pq[i]));
+  }
+  if (static_cast<double>(r) * most_p * most_q > std::numeric_limits<float>::max())
+    throw InvalidArgument(
+        fmt::format("powersgd: the payload's factors (max |P| {}, max |Q| {}, rank {}) can multiply past the floats; "
+                    "allowed: factors whose product stays within 3.4e38",
+                    most_p, most_q, r));
   sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(m), static_cast<int>(r),
               1.0f, p, static_cast<int>(n), q, static_cast<int>(m), 0.0f, out.data(), static_cast<int>(m));
 }

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "compress/kernels.h"
 #include "compress/methods.h"
@@ -289,8 +290,12 @@ class Qsgd : public Compressor {
     uint16_t codes[kBlock];
     for (size_t b = 0; b < nb; ++b) {
       size_t off = b * bk, n = std::min(bk, d - off);
-      float unit = get_f32(p.data() + 4 * b) / static_cast<float>(s_);
-      if (packed) {
+      const float norm = get_f32(p.data() + 4 * b);
+      const float unit = norm / static_cast<float>(s_);
+      // A unit below the normal floats (a norm under ~1e-36) keeps too few bits: every element of the bucket came out
+      // scaled by its rounding (1.92x at 1e-43), a bias; those buckets decode each element in double.
+      const bool tiny = unit != 0 && std::abs(unit) < std::numeric_limits<float>::min();
+      if (packed && !tiny) {
         kernels::get().qsgd_unpack(codes_in + off * bits_ / 8, n, bits_, unit, out.data() + off, add);
         continue;
       }
@@ -299,7 +304,8 @@ class Qsgd : public Compressor {
         read_codes(codes_in, off + o, m, codes);
         float* y = out.data() + off + o;
         for (size_t i = 0; i < m; ++i) {
-          float v = unit * static_cast<float>(codes[i] >> 1);
+          float v = tiny ? static_cast<float>(static_cast<double>(norm) * (codes[i] >> 1) / s_)
+                         : unit * static_cast<float>(codes[i] >> 1);
           v = (codes[i] & 1) ? -v : v;
           y[i] = add ? y[i] + v : v;
         }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -367,6 +368,55 @@ TEST(Qsgd, NormsWhoseInverseOverflowsStayUnbiased) {
         EXPECT_NEAR(mean / double(x[i]), 1.0, 0.15) << name << " " << i;
     }
   }
+}
+
+// A norm so small that norm / s falls below the normal floats: each element is decoded in double (a unit of f32 kept
+// too few bits and scaled the whole bucket by its rounding: +0.86% at 1e-41, +92% at 1e-43).
+TEST(Qsgd, TinyNormsDecodeUnbiased) {
+  auto c = make_compressor("qsgd", {{"levels", "127"}});
+  for (double scale : {1e-41, 1e-30}) {
+    std::vector<float> x;
+    for (double v : {0.3, -0.7, 0.11, 0.5}) x.push_back(static_cast<float>(v * scale));
+    auto st = c->make_state(x.size(), 3, 0);
+    std::vector<double> sum(x.size(), 0.0);
+    std::vector<float> out(x.size());
+    const int trials = 20000;
+    for (int t = 0; t < trials; ++t) {
+      c->decompress(c->compress(x, st), st, out);
+      for (size_t i = 0; i < x.size(); ++i) sum[i] += out[i];
+    }
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(sum[i] / trials / double(x[i]), 1.0, 2e-3) << scale << " " << i;
+  }
+}
+
+// PowerSGD's factors from a peer, refused before anything is written where they are not finite or their product could
+// leave the floats (they decoded to inf and NaN).
+TEST(PowerSgd, FactorsThatDecodePastTheFloatsAreRefused) {
+  auto ps = make_compressor("powersgd", {{"rank", "2"}, {"wire", "f32"}});
+  const auto x = gaussian(64 * 100, 5);
+  auto st = ps->make_state({64, 100});
+  const Bytes good = ps->compress(x, st);
+  ASSERT_EQ(good.size(), 4u * 2 * (64 + 100));
+  std::vector<float> out(x.size(), 7.0f);
+  ps->decompress(good, st, out);
+  EXPECT_NE(out[0], 7.0f);
+  auto refused = [&](size_t at, float v) {
+    Bytes bad = good;
+    std::memcpy(bad.data() + 4 * at, &v, 4);
+    std::fill(out.begin(), out.end(), 7.0f);
+    std::string why;
+    try {
+      ps->decompress(bad, st, out);
+    } catch (const InvalidArgument& e) {
+      why = e.what();
+    }
+    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float y) { return y == 7.0f; })) << at;
+    return why;
+  };
+  EXPECT_NE(refused(3, std::numeric_limits<float>::quiet_NaN()).find("element 3 of the payload's factors is nan"),
+            std::string::npos);
+  EXPECT_NE(refused(200, std::numeric_limits<float>::infinity()).find("is inf"), std::string::npos);
+  EXPECT_NE(refused(5, 3e38f).find("can multiply past the floats"), std::string::npos);  // (P's element, Q's ~1)
 }
 
 // A code no encoder writes (a QSGD level above s, TernGrad's code 3) is refused with the element named, in the
