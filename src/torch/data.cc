@@ -1,14 +1,21 @@
 // IDX reader (zlib), synthetic data and the distributed sampler (torch-free).
 #include "torch/data.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <random>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace conduit::train {
@@ -18,9 +25,49 @@ namespace {
 // hostile gzip stream that inflates without end is an error, not an exhausted memory.
 constexpr size_t kMaxIdxBytes = size_t{4} << 30;
 
+// Opens a data file for gzread (which reads plain files too). A pipe (data another process writes) is waited for up
+// to start-up's deadline, CONDUIT_TIMEOUT or 300 s: gzopen waited for a writer for ever. Directories, devices and
+// sockets are refused.
+gzFile open_data(const std::string& path) {
+  struct stat s {};
+  if (::stat(path.c_str(), &s) != 0) throw ConfigError(fmt::format("data: cannot open '{}'", path));
+  if (S_ISREG(s.st_mode)) {
+    gzFile f = gzopen(path.c_str(), "rb");
+    if (!f) throw ConfigError(fmt::format("data: cannot open '{}'", path));
+    return f;
+  }
+  if (!S_ISFIFO(s.st_mode))
+    throw ConfigError(fmt::format(
+        "data: '{}' is not a regular file (a directory, device or socket); allowed: an IDX file, plain or gzipped",
+        path));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw ConfigError(fmt::format("data: cannot open '{}'", path));
+  const double limit = startup_timeout_seconds(0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit);
+  pollfd p{fd, POLLIN, 0};
+  int rc = 0;
+  do {  // (a pipe that never had a writer reports neither data nor a hang-up)
+    const double left = std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count();
+    rc = ::poll(&p, 1, static_cast<int>(std::clamp(left * 1000, 0.0, 1e9)));
+  } while (rc < 0 && errno == EINTR);
+  if (rc <= 0) {
+    ::close(fd);
+    throw ConfigError(fmt::format(
+        "data: '{}' is a pipe nothing wrote to within {:g} s (start-up's deadline, CONDUIT_TIMEOUT); allowed: an IDX "
+        "file, plain or gzipped, or a pipe written to in time",
+        path, limit));
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  gzFile f = gzdopen(fd, "rb");
+  if (!f) {
+    ::close(fd);
+    throw ConfigError(fmt::format("data: cannot open '{}'", path));
+  }
+  return f;
+}
+
 std::vector<uint8_t> read_gz_file(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files too
-  if (!f) throw ConfigError(fmt::format("data: cannot open '{}'", path));
+  gzFile f = open_data(path);
   std::vector<uint8_t> out;
   uint8_t buf[1 << 16];
   auto fail = [&](std::string why) {
@@ -57,15 +104,25 @@ uint32_t be32(const uint8_t* p) { return (uint32_t(p[0]) << 24) | (uint32_t(p[1]
 std::string find_file(const std::string& dir, const std::string& base) {
   namespace fs = std::filesystem;
   fs::path p = fs::path(dir) / base;
-  if (fs::exists(p.string() + ".gz")) return p.string() + ".gz";
-  if (fs::exists(p)) return p.string();
-  throw ConfigError(fmt::format("data: '{}' has no {}[.gz]", dir, base));
+  std::string found;
+  if (fs::exists(p.string() + ".gz"))
+    found = p.string() + ".gz";
+  else if (fs::exists(p))
+    found = p.string();
+  else
+    throw ConfigError(fmt::format("data: '{}' has no {}[.gz]", dir, base));
+  return found;
 }
 
 }  // namespace
 
 int64_t mnist_format_train_count(const std::string& dir) {
   const std::string path = find_file(dir, "train-labels-idx1-ubyte");
+  // (its header read here and the whole file again by the workers: a pipe's bytes would be gone, and it waited for a
+  // writer for ever, before any worker started)
+  if (!std::filesystem::is_regular_file(path))
+    throw ConfigError(fmt::format(
+        "data: '{}' is not a regular file; allowed: an IDX file, plain or gzipped (the labels are read twice)", path));
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) return -1;
   uint8_t h[8] = {};

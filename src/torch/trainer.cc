@@ -386,10 +386,13 @@ static void remove_old_stages(const fs::path& out, const std::string& stage) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
-    // Only the stages this scheme writes (checkpoint-<step>) and the moved-aside directory: a user's copy named
-    // checkpoint-best is not ours to remove.
-    const bool staged = name.size() > 11 && name.rfind("checkpoint-", 0) == 0 &&
-                        name.find_first_not_of("0123456789", 11) == std::string::npos;
+    // Only the stages this scheme writes (checkpoint-<step>, checkpoint-<step>-<k> where that was taken) and the
+    // moved-aside directory: a user's copy named checkpoint-best is not ours to remove.
+    const size_t digits =
+        name.size() > 11 && name.rfind("checkpoint-", 0) == 0 ? name.find_first_not_of("0123456789", 11) : 0;
+    const bool staged = digits > 11 && (digits == std::string::npos ||
+                                        (name[digits] == '-' && digits + 1 < name.size() &&
+                                         name.find_first_not_of("0123456789", digits + 1) == std::string::npos));
     std::error_code lec;
     const bool link = fs::is_symlink(e.symlink_status(lec));
     if ((staged || name == "checkpoint-unstaged") && name != stage && !link) fs::remove_all(e.path(), lec);
@@ -1074,7 +1077,17 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     // Written whole into its own directory (checkpoint-<global step>), then `checkpoint` is switched to it by one
     // rename of a symbolic link: a run killed at any moment leaves `checkpoint` at a complete checkpoint, the last or
     // the one before (files overwritten in place could mix two steps or lose the only good one).
-    const std::string stage_name = fmt::format("checkpoint-{}", global_step);
+    // Always a directory of its own: a stage of this step already there (a run resumed from an older stage into the
+    // same output reaches the step of the one `checkpoint` points at) was rewritten in place, the link at it all the
+    // while, and a kill meanwhile left the link at a half-written checkpoint. The ranks agree on the name.
+    std::string stage_name = fmt::format("checkpoint-{}", global_step);
+    for (int k = 1;; ++k) {
+      std::error_code ec;
+      int64_t taken = fs::exists(fs::symlink_status(out / stage_name, ec)) ? 1 : 0;
+      if (world > 1) comm.allreduce(&taken, 1, DType::i64, ReduceOp::max).wait();
+      if (taken == 0) break;
+      stage_name = fmt::format("checkpoint-{}-{}", global_step, k);
+    }
     const fs::path stage = out / stage_name;
     fs::path mine = stage / fmt::format("rank-{}", global_rank);
     fs::create_directories(mine);

@@ -1857,6 +1857,39 @@ TEST(Train, MidEpochCheckpointResumesAtTheSamplerPosition) {
   }
 }
 
+// A run resumed from an older stage into the same output, while `checkpoint` points at a newer one (a kill between
+// the switch and the old stages' removal leaves both), reaches the linked stage's step: its checkpoint goes into a
+// directory of its own (it rewrote the linked one in place, where a kill left the link at a half-written checkpoint),
+// and the stages it replaces go once it is declared.
+TEST(Train, ACheckpointNeverRewritesTheStageTheLinkPointsAt) {
+  auto dir = temp_dir("restage");
+  TrainConfig c = tiny("mlp");
+  c.max_steps = 10;
+  auto straight = train_inproc(c, 2);
+  TrainConfig part = c;
+  part.max_steps = 5;
+  part.output = (dir / "part").string();
+  train_inproc(part, 2, true);
+  fs::copy(dir / "part" / "checkpoint-5", dir / "saved-5", fs::copy_options::recursive);
+  TrainConfig more = c;
+  more.output = part.output;
+  more.resume = (dir / "part" / "checkpoint").string();
+  train_inproc(more, 2, true);
+  ASSERT_EQ(fs::read_symlink(dir / "part" / "checkpoint"), fs::path("checkpoint-10"));
+  fs::copy(dir / "saved-5", dir / "part" / "checkpoint-5", fs::copy_options::recursive);  // (the kill's leftover)
+  TrainConfig again = more;
+  again.resume = (dir / "part" / "checkpoint-5").string();
+  auto r = train_inproc(again, 2, true);
+  EXPECT_EQ(r[0].params, straight[0].params);
+  EXPECT_EQ(fs::read_symlink(dir / "part" / "checkpoint"), fs::path("checkpoint-10-1"));
+  std::vector<std::string> staged;
+  for (const auto& e : fs::directory_iterator(dir / "part"))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) staged.push_back(e.path().filename().string());
+  EXPECT_EQ(staged, std::vector<std::string>{"checkpoint-10-1"});
+  EXPECT_EQ(read_json_file((dir / "part" / "checkpoint" / "checkpoint.json").string())["global_step"], 10);
+  fs::remove_all(dir);
+}
+
 // A bsp run that --max-steps stops inside its first epoch (no epoch-end checkpoint, no checkpoint_every) still ends
 // with a checkpoint, and resuming it continues bit for bit (it wrote none and could not be resumed).
 TEST(Train, RunStoppedInItsFirstEpochCanBeResumed) {
@@ -2036,6 +2069,43 @@ std::vector<TrainResult> train_inproc_each(const std::vector<TrainConfig>& cs) {
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);
   return res;
+}
+
+// A data file that is a pipe nobody writes to fails at start-up's deadline, naming it (reading it waited for a writer
+// for ever); the labels, read twice (their count before the workers start), must be a regular file.
+TEST(Train, ADataPipeNobodyWritesToFailsAtTheDeadline) {
+  auto dir = temp_dir("pipe-data");
+  write_mnist_folder(dir / "a", 96, 1);
+  const fs::path images = dir / "a" / "train-images-idx3-ubyte";
+  fs::remove(images);
+  ASSERT_EQ(::mkfifo(images.c_str(), 0600), 0) << std::strerror(errno);
+  TrainConfig c = tiny("mlp");
+  c.dataset = "mnist";
+  c.data_dir = (dir / "a").string();
+  c.max_steps = 2;
+  const char* set = std::getenv("CONDUIT_TIMEOUT");
+  const std::string had = set ? set : "";
+  setenv("CONDUIT_TIMEOUT", "1", 1);
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    train_inproc(c, 1);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (set)
+    setenv("CONDUIT_TIMEOUT", had.c_str(), 1);
+  else
+    unsetenv("CONDUIT_TIMEOUT");
+  EXPECT_NE(error.find("data: '" + images.string() + "' is a pipe nothing wrote to within 1 s"), std::string::npos)
+      << error;
+  EXPECT_LT(took, 30);
+  const fs::path labels = dir / "a" / "train-labels-idx1-ubyte";
+  fs::remove(labels);
+  ASSERT_EQ(::mkfifo(labels.c_str(), 0600), 0) << std::strerror(errno);
+  EXPECT_THROW(mnist_format_train_count((dir / "a").string()), ConfigError);
+  fs::remove_all(dir);
 }
 
 // The workers load their data at their own pace: one whose training images come 3 s late (a FIFO here, standing for
