@@ -146,6 +146,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   c.recompute = rc;
                   c.sequence_parallel = sp;
                   c.compression = cp;
+                  if (d == 1) c.sync = SyncScheme{};  // (no exchange to schedule: the plan without one)
                   c.schedule = sched;
                   c.virtual_stages = v;
                   ++res.candidates;

@@ -1108,7 +1108,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
             : measured->quantile(std::pow(0.5, 1.0 / static_cast<double>(gpus))) - measured->median();
   r.breakdown.dp_comm = dp_total;
   r.breakdown.dp_exposed = dp_end - makespan + r.breakdown.rank_wait;
-  r.breakdown.compression = std::min(comp, r.breakdown.dp_exposed);  // (a stage done early hides some)
+  r.breakdown.compression = std::min(comp, dp_end - makespan);  // (a stage done early hides some)
   r.breakdown.optimizer = end - dp_end;  // (past the last exchange)
   r.time = makespan + r.breakdown.dp_exposed + r.breakdown.optimizer;
   // Memory: the fullest stage's parameters, gradients and optimizer state, and the activations of the micro-batches it

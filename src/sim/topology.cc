@@ -109,23 +109,24 @@ Topology::Topology(const ClusterSpec& spec, long long gpus) : spec_(spec), gpus_
   // fill it) keeps its switch's uplinks: it was given its attached NICs' share of them, so one node on a 3:1 leaf
   // crossed the spine at a third of its NIC (each missing node counted at the attached nodes' mean).
   std::vector<double> leaf_nic(leaves_, 0.0);
-  std::vector<long long> leaf_gpus(leaves_, 0), leaf_nodes(leaves_, 0), last_node(leaves_, -1);
+  std::vector<long long> leaf_gpus(leaves_, 0), leaf_pod(leaves_, 0);
   for (long long n = 0; n < nodes_; ++n) {
     const NodeKind& k = kind_of_node(n);
     for (int i = 0; i < k.nics; ++i) {
       long long l = leaf_of(n, i);
       leaf_nic[l] += k.nic.bandwidth;
       leaf_gpus[l] += k.gpus / k.nics;
-      if (last_node[l] != n) ++leaf_nodes[l], last_node[l] = n;
+      leaf_pod[l] = n / net.nodes_per_leaf;
     }
   }
   std::vector<double> leaf_cap(leaves_, 0.0);
-  for (long long l = 0; l < leaves_; ++l)
-    if (leaf_nodes[l] > 0)
-      leaf_cap[l] = net.uplink_share_of_attached
-                        ? leaf_nic[l] / net.oversubscription
-                        : std::min(leaf_nic[l], leaf_nic[l] * static_cast<double>(net.nodes_per_leaf) /
-                                                    static_cast<double>(leaf_nodes[l]) / net.oversubscription);
+  for (long long l = 0; l < leaves_; ++l) {
+    // (the pod's nodes, not the NICs on this leaf: a full pod's upper rails, which nodes with fewer NICs leave
+    // short, keep the share they had)
+    const long long in_pod = std::min<long long>(net.nodes_per_leaf, nodes_ - leaf_pod[l] * net.nodes_per_leaf);
+    const double fill = net.uplink_share_of_attached ? 1.0 : static_cast<double>(net.nodes_per_leaf) / in_pod;
+    leaf_cap[l] = std::min(leaf_nic[l], leaf_nic[l] * fill / net.oversubscription);
+  }
   for (int dir = 0; dir < 2; ++dir) {
     for (long long l = 0; l < leaves_; ++l) {
       links_.push_back({leaf_cap[l], net.switch_latency * 2, dir == 0 ? LinkKind::kLeafUp : LinkKind::kLeafDown});

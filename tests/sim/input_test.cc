@@ -1981,6 +1981,29 @@ TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
   lone.compression = parse_compression("int8");
   EXPECT_NE(error_of([&] { simulate_layer_step(n1, lm, lone); }).find("which dp = 1 does not have"), std::string::npos);
 
+  // The planner and a scaling curve keep their dp = 1 points: without an exchange to schedule or shard (sim plan
+  // --sync local-sgd dropped every dp = 1 plan; sim scale --fixed --zero 1 lost its baseline size).
+  PlanSpace lone_space;
+  lone_space.tp = {8};
+  lone_space.pp = {1};
+  lone_space.zero = {0};
+  lone_space.recompute = {Recompute::kNone};
+  lone_space.base.sync = parse_sync("local-sgd:4");
+  Topology t8b(load_cluster("dgx-a100"), 8);
+  CollectiveModel n8b(t8b);
+  GptModel heads8 = m;
+  heads8.heads = 16;
+  heads8.hidden = 1024;
+  const PlanResult lone_plan = plan(n8b, heads8, 8, lone_space, 5);
+  ASSERT_FALSE(lone_plan.ranked.empty()) << lone_plan.first_error;
+  EXPECT_EQ(lone_plan.ranked[0].config.sync.kind, "bsp");
+  int rc = 0;
+  const std::string scale = test_util::run(
+      "sim scale --cluster dgx-a100 --model gpt-1.7b --global-batch 64 --gpus-list 8,16 --fixed --tp 8 --zero 1", &rc);
+  EXPECT_EQ(rc, 0) << scale;
+  EXPECT_NE(scale.find("100.0%  dp=1 tp=8 pp=1 b=1 zero=0"), std::string::npos) << scale;  // (the baseline)
+  EXPECT_NE(scale.find("dp=2 tp=8 pp=1 b=1 zero=1"), std::string::npos) << scale;
+
   // --layers: a million at most.
   GptModel deep = m;
   deep.layers = 1000000;
