@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -28,7 +29,7 @@ constexpr size_t kMaxIdxBytes = size_t{4} << 30;
 // Opens a data file for gzread (which reads plain files too). A pipe (data another process writes) is waited for up
 // to start-up's deadline, CONDUIT_TIMEOUT or 300 s: gzopen waited for a writer for ever. Directories, devices and
 // sockets are refused.
-gzFile open_data(const std::string& path) {
+gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point until) {
   struct stat s {};
   if (::stat(path.c_str(), &s) != 0) throw ConfigError(fmt::format("data: cannot open '{}'", path));
   if (S_ISREG(s.st_mode)) {
@@ -42,20 +43,26 @@ gzFile open_data(const std::string& path) {
         path));
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw ConfigError(fmt::format("data: cannot open '{}'", path));
-  const double limit = startup_timeout_seconds(0);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit);
+  if (until == std::chrono::steady_clock::time_point{})
+    until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                   std::chrono::duration<double>(startup_timeout_seconds(0)));
   pollfd p{fd, POLLIN, 0};
   int rc = 0;
   do {  // (a pipe that never had a writer reports neither data nor a hang-up)
     const double left = std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count();
     rc = ::poll(&p, 1, static_cast<int>(std::clamp(left * 1000, 0.0, 1e9)));
   } while (rc < 0 && errno == EINTR);
-  if (rc <= 0) {
+  if (rc < 0) {
+    const int e = errno;
+    ::close(fd);
+    throw ConfigError(fmt::format("data: cannot wait for the pipe '{}': {}", path, std::strerror(e)));
+  }
+  if (rc == 0) {
     ::close(fd);
     throw ConfigError(fmt::format(
-        "data: '{}' is a pipe nothing wrote to within {:g} s (start-up's deadline, CONDUIT_TIMEOUT); allowed: an IDX "
-        "file, plain or gzipped, or a pipe written to in time",
-        path, limit));
+        "data: '{}' is a pipe nothing wrote to by start-up's deadline (--timeout-s or CONDUIT_TIMEOUT, the longer); "
+        "allowed: an IDX file, plain or gzipped, or a pipe written to in time",
+        path));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   gzFile f = gzdopen(fd, "rb");
@@ -66,8 +73,8 @@ gzFile open_data(const std::string& path) {
   return f;
 }
 
-std::vector<uint8_t> read_gz_file(const std::string& path) {
-  gzFile f = open_data(path);
+std::vector<uint8_t> read_gz_file(const std::string& path, std::chrono::steady_clock::time_point until) {
+  gzFile f = open_data(path, until);
   std::vector<uint8_t> out;
   uint8_t buf[1 << 16];
   auto fail = [&](std::string why) {
@@ -132,8 +139,8 @@ int64_t mnist_format_train_count(const std::string& dir) {
   return be32(h + 4);
 }
 
-IdxArray read_idx(const std::string& path) {
-  auto bytes = read_gz_file(path);
+IdxArray read_idx(const std::string& path, std::chrono::steady_clock::time_point until) {
+  auto bytes = read_gz_file(path, until);
   if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)
     throw InvalidArgument(fmt::format("data: '{}' is not an IDX file: it starts with {}; allowed: 00 00 08 <dims>",
                                       path,
@@ -166,11 +173,12 @@ IdxArray read_idx(const std::string& path) {
   return a;
 }
 
-ImageSet load_mnist_format(const std::string& dir, bool train, int64_t limit) {
+ImageSet load_mnist_format(const std::string& dir, bool train, int64_t limit,
+                           std::chrono::steady_clock::time_point until) {
   std::string pre = train ? "train" : "t10k";
   auto img_path = find_file(dir, pre + "-images-idx3-ubyte");
   auto lab_path = find_file(dir, pre + "-labels-idx1-ubyte");
-  IdxArray img = read_idx(img_path), lab = read_idx(lab_path);
+  IdxArray img = read_idx(img_path, until), lab = read_idx(lab_path, until);
   if (img.dims.size() != 3) throw InvalidArgument(fmt::format("data: '{}' is not 3-D (n x rows x cols)", img_path));
   if (img.dims[1] != 28 || img.dims[2] != 28)
     throw InvalidArgument(fmt::format("data: '{}' has {}x{} images; allowed: 28x28 (the models' input)", img_path,
@@ -266,7 +274,7 @@ std::vector<int64_t> DistributedSampler::batch(int64_t step, int64_t batch) cons
 }
 
 TrainTestSets load_train_test(const std::string& dataset, const std::string& data_dir, int64_t train_limit,
-                              int64_t test_limit, int64_t synthetic_samples, uint64_t seed) {
+                              int64_t test_limit, int64_t synthetic_samples, uint64_t seed, double timeout_s) {
   TrainTestSets d;
   if (dataset == "synthetic") {
     d.train = make_synthetic(synthetic_samples, seed, true);
@@ -274,8 +282,11 @@ TrainTestSets load_train_test(const std::string& dataset, const std::string& dat
     if (train_limit > 0 && train_limit < d.train.n) d.train.n = train_limit;
     if (test_limit > 0 && test_limit < d.test.n) d.test.n = test_limit;
   } else {
-    d.train = load_mnist_format(data_dir, true, train_limit);
-    d.test = load_mnist_format(data_dir, false, test_limit);
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(startup_timeout_seconds(timeout_s)));
+    d.train = load_mnist_format(data_dir, true, train_limit, until);
+    d.test = load_mnist_format(data_dir, false, test_limit, until);
     d.test.mean = d.train.mean;
     d.test.stddev = d.train.stddev;
   }

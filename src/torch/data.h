@@ -1,6 +1,7 @@
 #pragma once
 // Data for training (torch-free): MNIST-format IDX files (gzipped or not, read through zlib), a synthetic dataset
 // for tests, and the distributed sampler that shards an epoch's permutation by rank.
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,8 +14,9 @@ struct IdxArray {
   std::vector<uint8_t> data;
 };
 // Reads `path` (gzip-compressed or plain). ConfigError when missing, ProtocolError-free: a malformed file raises
-// InvalidArgument naming the file and what is wrong.
-IdxArray read_idx(const std::string& path);
+// InvalidArgument naming the file and what is wrong. A pipe is waited for until `until` (default: start-up's deadline,
+// CONDUIT_TIMEOUT or 300 s, from now); other files that are not regular are refused.
+IdxArray read_idx(const std::string& path, std::chrono::steady_clock::time_point until = {});
 
 // Images as u8 pixels (n x rows x cols) with labels 0..classes-1.
 struct ImageSet {
@@ -26,7 +28,8 @@ struct ImageSet {
 };
 
 // <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; `limit` > 0 keeps the first `limit` samples.
-ImageSet load_mnist_format(const std::string& dir, bool train, int64_t limit = 0);
+ImageSet load_mnist_format(const std::string& dir, bool train, int64_t limit = 0,
+                           std::chrono::steady_clock::time_point until = {});
 // The number of training samples in <dir>, from the labels file's IDX header alone (8 bytes read); -1 when that
 // header is not a labels file's (read_idx then names what is wrong). ConfigError when the file is missing.
 int64_t mnist_format_train_count(const std::string& dir);
@@ -36,12 +39,13 @@ ImageSet make_synthetic(int64_t n, uint64_t seed, bool train);
 
 // The training and test sets of a run: `dataset` synthetic (synthetic_samples for training, a quarter for testing,
 // from `seed`) or MNIST-format files in data_dir (the test set normalised with the training set's mean and
-// deviation); train_limit / test_limit > 0 keep the first samples.
+// deviation); train_limit / test_limit > 0 keep the first samples. Files that are pipes are waited for up to
+// start-up's deadline from the call, all together (timeout_s: the run's --timeout-s, <= 0 its default).
 struct TrainTestSets {
   ImageSet train, test;
 };
 TrainTestSets load_train_test(const std::string& dataset, const std::string& data_dir, int64_t train_limit,
-                              int64_t test_limit, int64_t synthetic_samples, uint64_t seed);
+                              int64_t test_limit, int64_t synthetic_samples, uint64_t seed, double timeout_s = 0);
 
 // Shards an epoch: a permutation of [0, n) drawn from (seed, epoch) (the same on every rank); rank r takes
 // positions r, r+W, r+2W, ... of its first W*floor(n/W) entries, so every rank has the same number of samples and

@@ -25,7 +25,8 @@ class TorchLocalTrainer : public fl::LocalTrainer {
     torch::set_num_threads(1);
     torch::manual_seed(c.seed);
     model_ = make_model(c.model);
-    TrainTestSets d = load_train_test(c.dataset, c.data_dir, c.train_limit, c.test_limit, c.synthetic_samples, c.seed);
+    TrainTestSets d =
+        load_train_test(c.dataset, c.data_dir, c.train_limit, c.test_limit, c.synthetic_samples, c.seed, c.timeout_s);
     train_ = std::move(d.train);
     test_ = std::move(d.test);
     for (auto& p : model_->parameters()) state_.push_back(p);

@@ -44,7 +44,7 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainTestSets load_data(const TrainConfig& c) {
-  return load_train_test(c.dataset, c.data_dir, c.train_limit, c.test_limit, c.synthetic_samples, c.seed);
+  return load_train_test(c.dataset, c.data_dir, c.train_limit, c.test_limit, c.synthetic_samples, c.seed, c.timeout_s);
 }
 
 // What identifies the training samples a sampler position counts: their number and a 64-bit FNV-1a hash of their
@@ -380,18 +380,27 @@ static void switch_checkpoint(const fs::path& out, const std::string& stage, int
   sync_path(out.string());  // the new link is on disk before the checkpoint it replaces goes
 }
 
+// The stage of `step` in `out`: checkpoint-<step>, or the last checkpoint-<step>.<k> written where that name was taken.
+static fs::path older_stage(const fs::path& out, int64_t step) {
+  const std::string base = fmt::format("checkpoint-{}", step);
+  fs::path found = out / base;
+  std::error_code ec;
+  for (int k = 1; fs::exists(out / fmt::format("{}.{}", base, k), ec); ++k) found = out / fmt::format("{}.{}", base, k);
+  return found;
+}
+
 // Removes the checkpoint-<step> stages of <out> other than `stage` (the one `checkpoint` now points at), the
 // moved-aside `checkpoint-unstaged`, and what runs killed at a checkpoint left: temporary links and file-system probes.
 static void remove_old_stages(const fs::path& out, const std::string& stage) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string name = e.path().filename().string();
-    // Only the stages this scheme writes (checkpoint-<step>, checkpoint-<step>-<k> where that was taken) and the
+    // Only the stages this scheme writes (checkpoint-<step>, checkpoint-<step>.<k> where that was taken) and the
     // moved-aside directory: a user's copy named checkpoint-best is not ours to remove.
     const size_t digits =
         name.size() > 11 && name.rfind("checkpoint-", 0) == 0 ? name.find_first_not_of("0123456789", 11) : 0;
     const bool staged = digits > 11 && (digits == std::string::npos ||
-                                        (name[digits] == '-' && digits + 1 < name.size() &&
+                                        (name[digits] == '.' && digits + 1 < name.size() &&
                                          name.find_first_not_of("0123456789", digits + 1) == std::string::npos));
     std::error_code lec;
     const bool link = fs::is_symlink(e.symlink_status(lec));
@@ -546,8 +555,8 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
             "config: resume: the ranks' checkpoints are of different steps ({} to {}; rank {} read step {} from '{}'): "
             "the run stopped while its nodes switched their checkpoint links; allowed: --resume {} (step {}, "
             "which every node keeps)",
-            -range[1], range[0], global_rank, my_step, rd.string(),
-            (dir.parent_path() / fmt::format("checkpoint-{}", -range[1])).string(), -range[1]));
+            -range[1], range[0], global_rank, my_step, rd.string(), older_stage(dir.parent_path(), -range[1]).string(),
+            -range[1]));
       }
     }
     if (unreadable) std::rethrow_exception(unreadable);
@@ -1086,7 +1095,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       int64_t taken = fs::exists(fs::symlink_status(out / stage_name, ec)) ? 1 : 0;
       if (world > 1) comm.allreduce(&taken, 1, DType::i64, ReduceOp::max).wait();
       if (taken == 0) break;
-      stage_name = fmt::format("checkpoint-{}-{}", global_step, k);
+      stage_name = fmt::format("checkpoint-{}.{}", global_step, k);
     }
     const fs::path stage = out / stage_name;
     fs::path mine = stage / fmt::format("rank-{}", global_rank);
