@@ -60,22 +60,32 @@ def main():
         seeds = [int(x) for x in a.seeds.split(",")]
     except ValueError:
         sys.exit(f"straggler.py: --seeds '{a.seeds}' is not a comma-separated list of integers")
-    ratios = {}  # scheme -> [time to target / bsp's, per seed]
+    # scheme -> [(seed, time to target / bsp's, or why there is none)]: a run that failed, or a seed whose bsp run
+    # failed or missed the target, is named as such (a failed run read as "not reached", and a seed without a bsp
+    # time dropped from the row without a mark)
+    ratios = {}
     for seed in seeds:
         rows = run_seed(a, wanted, seed, len(seeds) > 1)
         base = dict(rows).get("bsp")
         print_table(a, rows, base, seed)
+        bsp_t = base.get("time_to_target_s") if base and "failed" not in base else None
         for name, s in rows:
+            if name == "bsp":
+                continue
             tta = s.get("time_to_target_s")
-            if base and base.get("time_to_target_s") and name != "bsp":
-                ratios.setdefault(name, []).append(tta / base["time_to_target_s"] if tta else float("inf"))
+            entry = ("failed" if "failed" in s else "no bsp time" if not bsp_t
+                     else tta / bsp_t if tta else float("inf"))
+            ratios.setdefault(name, []).append((seed, entry))
     if len(seeds) > 1 and ratios:
         print(f"\nTime to target against bsp of the same seed ({', '.join(map(str, seeds))}):\n")
         print("| scheme | per seed | median | sooner than bsp |")
         print("|---|---|---|---|")
         for name, rs in ratios.items():
-            per = ", ".join("not reached" if r == float("inf") else f"{r:.2f}x" for r in rs)
-            print(f"| {name} | {per} | {statistics.median(rs):.2f}x | {sum(r < 1 for r in rs)} of {len(rs)} |")
+            per = ", ".join(f"{seed}: " + (r if isinstance(r, str) else "not reached" if r == float("inf")
+                                           else f"{r:.2f}x") for seed, r in rs)
+            nums = [r for _, r in rs if not isinstance(r, str)]
+            med = f"{statistics.median(nums):.2f}x" if nums else "-"
+            print(f"| {name} | {per} | {med} | {sum(r < 1 for r in nums)} of {len(nums)} |")
 
 
 def run_seed(a, wanted, seed, tag):

@@ -340,12 +340,13 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
   c->add_option("--algo", a->algo, "force an algorithm (default: the tuner's choice per size)");
   c->add_option("--transport", a->transport, "auto, tcp, shm, mpi (default: CONDUIT_TRANSPORT or auto)");
   c->add_option("--dtype", a->dtype, "f32, f64, f16, bf16, i8, u8, i32, i64")->capture_default_str();
-  c->add_option("--reduce", a->reduce, "sum, avg, min, max, prod")->capture_default_str();
+  auto* reduce = c->add_option("--reduce", a->reduce, "sum, avg, min, max, prod (allreduce, reduce_scatter, reduce)")
+                     ->capture_default_str();
   c->add_option("--min-bytes,-b", a->min_bytes, "smallest size (K/M/G suffixes)")->capture_default_str();
   c->add_option("--max-bytes,-e", a->max_bytes, "largest size (K/M/G suffixes)")->capture_default_str();
   c->add_option("--iters,-n", a->iters, "timed iterations per size")->capture_default_str();
   c->add_option("--warmup,-w", a->warmup, "untimed iterations per size")->capture_default_str();
-  c->add_option("--root", a->root, "root rank of broadcast/reduce/gather/scatter")->capture_default_str();
+  auto* root = c->add_option("--root", a->root, "root rank of broadcast/reduce/gather/scatter")->capture_default_str();
   auto* bt =
       c->add_option("--timeout", a->timeout, "seconds before a collective fails (default CONDUIT_TIMEOUT or 300)");
   c->add_flag("--json", a->json, "one JSON object per size instead of the table");
@@ -357,8 +358,21 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
                 "time each call as training meets it: the last rank arrives this many microseconds after the others "
                 "(busy meanwhile) and its median time from call to end is reported (default 0: back-to-back "
                 "calls, their mean, with the median and slowest single call)");
-  c->callback([a, bt] {
+  c->callback([a, bt, reduce, root] {
     check_timeout_flag(bt, a->timeout);
+    // (taken and ignored, yet printed in the redop column: --op allgather --reduce prod)
+    const bool reduces = a->op == "allreduce" || a->op == "reduce_scatter" || a->op == "reduce";
+    const bool rooted = a->op == "broadcast" || a->op == "reduce" || a->op == "gather" || a->op == "scatter";
+    if (reduce->count() > 0 && !reduces && is_bench_coll_op(a->op))
+      throw ConfigError(
+          fmt::format("--reduce {}: {} reduces nothing; allowed with --reduce: allreduce, "
+                      "reduce_scatter, reduce",
+                      a->reduce, a->op));
+    if (root->count() > 0 && !rooted && is_bench_coll_op(a->op))
+      throw ConfigError(
+          fmt::format("--root {}: {} has no root; allowed with --root: broadcast, reduce, gather, "
+                      "scatter",
+                      a->root, a->op));
     run_bench(*a);
   });
 

@@ -301,12 +301,13 @@ SweepSpec load_spec(const std::string& path) {
           k));
   }
   // DDP peer cells take the train: keys bench/peers/ddp_train.py has; one that changes what is trained and that it
-  // lacks would make the peer train something else than the cells it is compared with (weight_decay was dropped).
+  // lacks would make the peer train something else than the cells it is compared with (weight_decay was dropped; tp
+  // and pp divide the workers into fewer data-parallel replicas, a smaller global batch than the peer's).
   if (!s.peers.empty())
     for (const auto& [k, v] : s.train) {
-      static const std::set<std::string> kTrainsOtherwise = {"optimizer",         "weight-decay", "warmup-epochs",
-                                                             "dataset",           "slow",         "resume",
-                                                             "synthetic-samples", "sync-period",  "staleness"};
+      static const std::set<std::string> kTrainsOtherwise = {
+          "optimizer",         "weight-decay", "warmup-epochs", "dataset", "slow", "resume",
+          "synthetic-samples", "sync-period",  "staleness",     "tp",      "pp"};
       if (kTrainsOtherwise.count(k))
         throw ConfigError(fmt::format(
             "sweep: train: '{}' is not something the PyTorch DDP peer (peers:) can do, so its cells would train "
@@ -398,8 +399,27 @@ SweepSpec load_spec(const std::string& path) {
       if (k == "dtype") parse_dtype(v);
       if (k == "reduce") parse_reduce_op(v);
     }
+    {  // (as bench coll refuses them: taken and ignored otherwise)
+      std::string op = "allreduce";
+      bool reduce = false, root = false;
+      for (const auto& [bk, bv] : s.bench) {
+        if (bk == "op") op = bv;
+        reduce = reduce || bk == "reduce";
+        root = root || bk == "root";
+      }
+      if (reduce && op != "allreduce" && op != "reduce_scatter" && op != "reduce")
+        throw ConfigError(fmt::format(
+            "sweep: bench: reduce: {} reduces nothing; allowed with reduce: allreduce, reduce_scatter, reduce", op));
+      if (root && op != "broadcast" && op != "reduce" && op != "gather" && op != "scatter")
+        throw ConfigError(fmt::format(
+            "sweep: bench: root: {} has no root; allowed with root: broadcast, reduce, gather, scatter", op));
+    }
     const uint64_t lo_b = parse_bytes(lo, "sweep: bench: min-bytes"), hi_b = parse_bytes(hi, "sweep: bench: max-bytes");
     if (hi_b < lo_b) throw ConfigError(fmt::format("sweep: bench: max-bytes {} is below min-bytes {}", hi, lo));
+    // (bench coll refuses it, so every cell failed once its cluster was up)
+    if (hi_b == 0)
+      throw ConfigError(
+          fmt::format("sweep: bench: max-bytes {} is not a message size; allowed: 1 element or more", hi));
     // (every emulated host's rank runs on this machine; bench coll checks only its own host's, after the cluster is
     // up)
     check_bench_coll_memory(hi_b, s.hosts, "sweep: bench: max-bytes " + hi);

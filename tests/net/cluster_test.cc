@@ -723,6 +723,12 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       // ... as `bench coll` reads them (1e3 passed and failed there; root beyond the hosts; stagger past the timeout).
       {"bench: {iters: 1e3}\n", "bench: iters = '1e3' (allowed: a whole number"},
       {"bench: {root: 2}\n", "bench: root = '2' (allowed: a whole number in [0, 1])"},
+      // (a bench audit: settings bench coll takes for other operations, a size of nothing, and tp/pp, which the DDP
+      // peer does not run: its global batch was larger than its Conduit cells')
+      {"bench: {op: allgather, reduce: prod}\n", "sweep: bench: reduce: allgather reduces nothing"},
+      {"bench: {op: allreduce, root: 1}\n", "sweep: bench: root: allreduce has no root"},
+      {"bench: {min_bytes: 0, max_bytes: 0}\n", "sweep: bench: max-bytes 0 is not a message size"},
+      {"peers: [none]\ntrain: {pp: 2}\n", "train: 'pp' is not something the PyTorch DDP peer"},
       {"bench: {timeout: 2000000}\n", "bench: timeout = '2000000' (allowed: a number in [0.001, 1e+06])"},
       // (a second audit: bench coll refuses a timeout under a millisecond, and sizes of part of an element)
       {"bench: {timeout: 0.0001}\n", "bench: timeout = '0.0001' (allowed: a number in [0.001, 1e+06])"},

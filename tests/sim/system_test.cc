@@ -690,6 +690,16 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
     EXPECT_EQ(rc, 2) << args << out;
     EXPECT_NE(out.find(want), std::string::npos) << args << out;
   }
+  // Flags of other operations (taken and ignored: --op allgather --reduce prod printed prod).
+  out = run("bench coll --op allgather --reduce prod", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--reduce prod: allgather reduces nothing; allowed with --reduce: allreduce, reduce_scatter, "
+                     "reduce"),
+            std::string::npos)
+      << out;
+  out = run("bench coll --op alltoall --root 1", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--root 1: alltoall has no root"), std::string::npos) << out;
   // bench coll --no-check says nothing was checked (it reported 0 wrong, as a verified run does).
   out = run("bench coll --op allreduce --min-bytes 8 --max-bytes 8 --no-check --json", &rc);
   EXPECT_EQ(rc, 0) << out;
