@@ -17,8 +17,11 @@ bench/peers/ddp_train.py ...`, each process is one rank (GLOO_SOCKET_IFNAME foll
 Rank 0 writes <output>/metrics.jsonl (one {"kind":"epoch",...} record per epoch: test_accuracy, time_s,
 bytes_sent and bytes_payload of rank 0, samples_per_s) and <output>/summary.json with the keys of conduit train's summary (final_test_accuracy,
 wall_time_s, time_to_target_s, bytes_on_wire, ...). bytes_on_wire is what all ranks' interfaces sent during training
-(/proc/net/dev of each rank's network namespace, summed; on loopback it is the whole machine's lo counter and
-only an upper bound), plus the hook's own count of payload bytes in bytes_payload.
+(/proc/net/dev of each rank's network namespace, summed; on loopback every rank reads the one machine-wide lo
+counter, so it is that counter's mean reading over the ranks: all ranks' traffic plus TCP/IP headers and anything
+else on lo, once — it was the sum of the ranks' readings, world size times too much), plus the hook's own count of
+payload bytes in bytes_payload. The epoch records' and copies' bytes_sent are rank 0's interface, on loopback the
+machine's counter over the world size (the ranks of a ring send alike).
 
 Each rank fixes glibc's malloc thresholds as `conduit` does (CONDUIT_MALLOC_TUNING=0 turns it off on both sides).
 """
@@ -60,6 +63,9 @@ def parse_args(argv):
                         "train does), so evaluating does not stop the timed run")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--output", default="runs/ddp")
+    p.add_argument("--bind", choices=["auto", "core", "none"], default="auto",
+                   help="processes started here (-n): worker k on CPU k mod C, as `conduit train`'s launcher binds "
+                        "its workers (auto: core when the workers divide evenly over the CPUs or fit them, else none)")
     p.add_argument("--timeout", type=float, default=300)
     a = p.parse_args(argv)
     if a.nprocs < 1 or a.epochs < 1 or a.batch_size < 1 or a.lr <= 0 or a.powersgd_rank < 1:
@@ -218,6 +224,9 @@ def worker(a):
         os.makedirs(a.output, exist_ok=True)
         metrics = open(os.path.join(a.output, "metrics.jsonl"), "w")
     dist.barrier()
+    # On loopback every rank reads the machine's one lo counter (all ranks' traffic), not its own interface's.
+    shared_lo = not os.environ.get("CONDUIT_CLUSTER_HOST")
+    lo_share = world if shared_lo else 1
     tx0 = netdev_tx_bytes()
     t0 = time.time()
     untimed = [0.0]  # evaluations: the clock below (as conduit train's) leaves them out
@@ -265,7 +274,7 @@ def worker(a):
             if rank == 0 and a.eval_every > 0 and step % a.eval_every == 0 and s + 1 < steps_per_epoch:
                 snapshots.append((epoch, step, clock(),
                                   {k: v.detach().clone() for k, v in model.module.state_dict().items()},
-                                  netdev_tx_bytes() - tx0))
+                                  (netdev_tx_bytes() - tx0) / lo_share))
         model.eval()
         elapsed = clock()
         ev0 = time.time()
@@ -280,7 +289,7 @@ def worker(a):
         dist.all_reduce(ls)
         train_loss = float(ls[0] / max(ls[1], 1))
         # Per epoch, rank 0's own counters (as conduit train's epoch records); the summary sums over ranks.
-        tx = torch.tensor([netdev_tx_bytes() - tx0, payload[0]], dtype=torch.float64)
+        tx = torch.tensor([(netdev_tx_bytes() - tx0) / lo_share, payload[0]], dtype=torch.float64)
         if metrics:
             metrics.write(json.dumps({"kind": "epoch", "impl": "pytorch-ddp", "hook": a.hook, "epoch": epoch + 1,
                                       "train_loss": train_loss, "test_accuracy": acc,
@@ -320,6 +329,8 @@ def worker(a):
                                       "time_s": at, "bytes_sent": sent}) + "\n")
         model.module.load_state_dict(final_state)
     dist.all_reduce(tx)
+    if shared_lo:
+        tx[0] /= world  # (every rank read the one machine-wide counter)
     # What ZeRO partitions: the optimizer's state tensors on rank 0 (momentum, Adam's moments; not its step counts).
     inner = opt.optim if a.zero else opt
     state_bytes = sum(t.numel() * t.element_size() for st in inner.state.values() for t in st.values()
@@ -372,7 +383,12 @@ def main(argv):
     # the pthread OpenBLAS, which read its own variable when it was loaded (2 threads a rank on 2 cores otherwise).
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(a.nprocs),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__] + argv, env=dict(env, RANK=str(r)))
+    # Bound as `conduit train`'s launcher binds its workers (launcher.h: auto, rank k on CPU k mod C), so that a
+    # comparison of the two runs both alike (the ZeRO table's DDP ran unbound beside bound Conduit workers).
+    cpus = sorted(os.sched_getaffinity(0))
+    bind = a.bind == "core" or (a.bind == "auto" and (a.nprocs <= len(cpus) or a.nprocs % len(cpus) == 0))
+    procs = [subprocess.Popen([sys.executable, __file__] + argv, env=dict(env, RANK=str(r)),
+                              preexec_fn=(lambda c=cpus[r % len(cpus)]: os.sched_setaffinity(0, {c})) if bind else None)
              for r in range(a.nprocs)]
     codes = [p.wait() for p in procs]
     return next((c for c in codes if c != 0), 0)

@@ -7,8 +7,9 @@
 # wall time over the rounds, the test accuracy, bytes on the wire, rank 0's optimizer state and (Conduit) the
 # trainable parameters rank 0 held between steps, of the last round.
 # Conduit counts the bytes its collectives move (docs/training.md); the DDP peer reads the loopback interface's
-# counter (an upper bound: TCP/IP headers and anything else on lo), so compare each implementation's ZeRO with its
-# own plain run.
+# counter (all ranks' traffic, with TCP/IP headers and anything else on lo), so compare each implementation's ZeRO
+# with its own plain run. Both bind their 4 workers as `conduit train` does (worker k on CPU k mod C; the DDP peer
+# ran unbound before 2026-12-05, and summed every rank's reading of the one lo counter: 4x the bytes).
 #   bash bench/zero/zero_vs_ddp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
