@@ -1326,17 +1326,14 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
       StepArgs f = a;
       f.global_batch = B;
       ParallelConfig c = make_config(f);
-      // (a size whose tp x pp leaves one data-parallel rank has no exchange for ZeRO, compression or a sync scheme:
-      // the curve's point without them, said in its notes, rather than a gap where its baseline was)
-      const bool lone = n / (static_cast<long long>(c.tp) * c.pp) == 1 &&
-                        (c.zero != 0 || c.compression.kind != "none" || c.sync.kind != "bsp");
-      if (lone) c.zero = 0, c.compression = Compression{}, c.sync = SyncScheme{};
+      // (a size whose tp x pp leaves one data-parallel rank has nothing for ZeRO to shard: the curve's point at
+      // --zero 0, as its plan column says, rather than a gap where its baseline was)
+      const bool lone = n / (static_cast<long long>(c.tp) * c.pp) == 1 && c.zero != 0;
+      if (lone) c.zero = 0;
       try {
         p.r = simulate_step(net, m, c);
         if (lone)
-          p.r.notes.push_back(
-              "dp = 1 at this size: no data-parallel exchange, so --zero, --compression and --sync "
-              "do not apply");
+          p.r.notes.push_back("dp = 1 at this size: no data-parallel ranks to shard over, so --zero does not apply");
         p.ok = p.r.fits;
         if (!p.ok) p.why = fmt::format("does not fit: {} per GPU", format_gb(p.r.memory.total()));
       } catch (const ConfigError& e) {

@@ -158,6 +158,9 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                     continue;
                   }
                   ++res.valid;
+                  if (d == 1 && space.base.sync.kind != "bsp")
+                    r.notes.push_back(fmt::format("dp = 1: no data-parallel exchange, so --sync {} does not apply",
+                                                  space.base.sync.kind));
                   if (!r.fits) {
                     if (!res.any_oom || r.time < res.best_oom.time) {
                       res.best_oom = r;

@@ -9,7 +9,8 @@
 //                    rail first crosses NVLink to the GPU on that rail (NCCL's PXN), then stays on the rail
 //   torus            dimension-ordered shortest path over node-to-node links
 //   flat             every accelerator has one out and one in link; nothing else (closed-form checks)
-// A leaf's uplink aggregates its spine ports: capacity = sum of its NIC bandwidth / oversubscription.
+// A leaf's uplink aggregates its spine ports: capacity = sum of its NIC bandwidth / oversubscription; a part-full
+// leaf's (its pod holds fewer than nodes_per_leaf nodes) is scaled up to its switch's, at most its NICs' bandwidth.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1997,6 +1997,10 @@ TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
   const PlanResult lone_plan = plan(n8b, heads8, 8, lone_space, 5);
   ASSERT_FALSE(lone_plan.ranked.empty()) << lone_plan.first_error;
   EXPECT_EQ(lone_plan.ranked[0].config.sync.kind, "bsp");
+  bool noted = false;
+  for (const auto& note : lone_plan.ranked[0].notes)
+    noted = noted || note == "dp = 1: no data-parallel exchange, so --sync local-sgd does not apply";
+  EXPECT_TRUE(noted);
   int rc = 0;
   const std::string scale = test_util::run(
       "sim scale --cluster dgx-a100 --model gpt-1.7b --global-batch 64 --gpus-list 8,16 --fixed --tp 8 --zero 1", &rc);

@@ -214,6 +214,32 @@ TEST(Topology, APartFullLeafKeepsItsSwitchsUplinks) {
   Topology nb(blocking, 160);
   CollectiveModel mn(nb);
   EXPECT_LT(rel(t, mn.time(Collective::kAllReduce, Algorithm::kRing, g, n)), 1e-9);
+  // The uplinks' capacities: a part-full leaf scales by its pod's missing nodes, at most its NICs; a full pod's upper
+  // rails, which nodes with fewer NICs leave short (rail-optimized, a node of 4 NICs and one of 2), keep the NICs on
+  // them over the oversubscription.
+  auto uplinks = [](const Topology& topo) {  // each leaf's, in leaf order
+    std::vector<double> up;
+    for (size_t i = 0; i < topo.num_links(); ++i)
+      if (topo.link(i).kind == LinkKind::kLeafUp) up.push_back(topo.link(i).bandwidth);
+    return up;
+  };
+  const std::vector<double> ups = uplinks(part);
+  ASSERT_EQ(ups.size(), 2u);
+  EXPECT_EQ(ups[1], 8 * spec.node_kinds[0].nic.bandwidth);
+  EXPECT_NEAR(ups[0], 32 * spec.node_kinds[0].nic.bandwidth / 3, 1);
+  ClusterSpec rails = load_cluster("dgx-a100");
+  rails.node_kinds[0].gpus = 4;
+  rails.node_kinds[0].nics = 4;
+  rails.node_kinds[0].count = 1;
+  rails.node_kinds.push_back(rails.node_kinds[0]);
+  rails.node_kinds[1].nics = 2;
+  rails.network.nodes_per_leaf = 2;
+  rails.network.oversubscription = 2;
+  Topology rt(rails, 8);  // one pod of both nodes: full
+  const double nic = rails.node_kinds[0].nic.bandwidth;
+  const std::vector<double> rail_ups = uplinks(rt);
+  ASSERT_EQ(rail_ups.size(), 4u);
+  for (size_t rail = 0; rail < 4; ++rail) EXPECT_EQ(rail_ups[rail], (rail < 2 ? 2 : 1) * nic / 2) << rail;
   spec.network.uplink_share_of_attached = true;
   Topology shared(spec, 160);
   CollectiveModel ms(shared);
