@@ -385,8 +385,10 @@ def main(argv):
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     # Bound as `conduit train`'s launcher binds its workers (launcher.h: auto, rank k on CPU k mod C), so that a
     # comparison of the two runs both alike (the ZeRO table's DDP ran unbound beside bound Conduit workers).
-    cpus = sorted(os.sched_getaffinity(0))
-    bind = a.bind == "core" or (a.bind == "auto" and (a.nprocs <= len(cpus) or a.nprocs % len(cpus) == 0))
+    # (auto leaves a single worker every CPU, as the launcher does)
+    cpus = sorted(os.sched_getaffinity(0)) if a.bind != "none" else []
+    bind = a.bind == "core" or (a.bind == "auto" and a.nprocs > 1 and
+                                (a.nprocs <= len(cpus) or a.nprocs % len(cpus) == 0))
     procs = [subprocess.Popen([sys.executable, __file__] + argv, env=dict(env, RANK=str(r)),
                               preexec_fn=(lambda c=cpus[r % len(cpus)]: os.sched_setaffinity(0, {c})) if bind else None)
              for r in range(a.nprocs)]

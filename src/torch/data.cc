@@ -48,6 +48,7 @@ gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point 
                                                    std::chrono::duration<double>(startup_timeout_seconds(0)));
   pollfd p{fd, POLLIN, 0};
   int rc = 0;
+  const auto waiting = std::chrono::steady_clock::now();
   do {  // (a pipe that never had a writer reports neither data nor a hang-up)
     const double left = std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count();
     rc = ::poll(&p, 1, static_cast<int>(std::clamp(left * 1000, 0.0, 1e9)));
@@ -60,9 +61,9 @@ gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point 
   if (rc == 0) {
     ::close(fd);
     throw ConfigError(fmt::format(
-        "data: '{}' is a pipe nothing wrote to by start-up's deadline (--timeout-s or CONDUIT_TIMEOUT, the longer); "
-        "allowed: an IDX file, plain or gzipped, or a pipe written to in time",
-        path));
+        "data: '{}' is a pipe nothing wrote to in {:.0f} s, by start-up's deadline (the longer of --timeout-s and "
+        "CONDUIT_TIMEOUT, 300 s unset); allowed: an IDX file, plain or gzipped, or a pipe written to in time",
+        path, std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count()));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   gzFile f = gzdopen(fd, "rb");

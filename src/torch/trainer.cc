@@ -380,12 +380,26 @@ static void switch_checkpoint(const fs::path& out, const std::string& stage, int
   sync_path(out.string());  // the new link is on disk before the checkpoint it replaces goes
 }
 
-// The stage of `step` in `out`: checkpoint-<step>, or the last checkpoint-<step>.<k> written where that name was taken.
+// The stage of `step` in `out` to resume from: the one `checkpoint` points at when it is of that step, else the
+// declared one (with its checkpoint.json) of checkpoint-<step> and checkpoint-<step>.<k> written last (the highest k).
 static fs::path older_stage(const fs::path& out, int64_t step) {
   const std::string base = fmt::format("checkpoint-{}", step);
-  fs::path found = out / base;
   std::error_code ec;
-  for (int k = 1; fs::exists(out / fmt::format("{}.{}", base, k), ec); ++k) found = out / fmt::format("{}.{}", base, k);
+  const std::string linked = fs::read_symlink(out / "checkpoint", ec).filename().string();
+  if (!ec && (linked == base || linked.rfind(base + ".", 0) == 0)) return out / linked;
+  fs::path found = out / base;
+  long long best = -1;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    long long k = -1;
+    if (n == base)
+      k = 0;
+    else if (n.rfind(base + ".", 0) == 0 && n.size() > base.size() + 1 && n.size() < base.size() + 12 &&
+             n.find_first_not_of("0123456789", base.size() + 1) == std::string::npos)
+      k = std::stoll(n.substr(base.size() + 1));
+    std::error_code jec;
+    if (k > best && fs::exists(e.path() / "checkpoint.json", jec)) best = k, found = e.path();
+  }
   return found;
 }
 

@@ -2083,7 +2083,7 @@ TEST(Train, ADataPipeNobodyWritesToFailsAtTheDeadline) {
   c.dataset = "mnist";
   c.data_dir = (dir / "a").string();
   c.max_steps = 2;
-  c.timeout_s = 1;  // (start-up's deadline: the longer of it and CONDUIT_TIMEOUT)
+  c.timeout_s = 3;  // (start-up's deadline: the longer of it and CONDUIT_TIMEOUT, 1 here)
   const char* set = std::getenv("CONDUIT_TIMEOUT");
   const std::string had = set ? set : "";
   setenv("CONDUIT_TIMEOUT", "1", 1);
@@ -2099,9 +2099,10 @@ TEST(Train, ADataPipeNobodyWritesToFailsAtTheDeadline) {
     setenv("CONDUIT_TIMEOUT", had.c_str(), 1);
   else
     unsetenv("CONDUIT_TIMEOUT");
-  EXPECT_NE(error.find("data: '" + images.string() + "' is a pipe nothing wrote to by start-up's deadline"),
+  EXPECT_NE(error.find("data: '" + images.string() + "' is a pipe nothing wrote to in 3 s, by start-up's deadline"),
             std::string::npos)
       << error;
+  EXPECT_GT(took, 2.5);  // (the run's own --timeout-s, passed down)
   EXPECT_LT(took, 30);
   const fs::path labels = dir / "a" / "train-labels-idx1-ubyte";
   fs::remove(labels);
