@@ -73,7 +73,8 @@ const char* zero_reduce_name(ZeroReduce z) {
 }
 
 // Flags that act on the data-parallel exchange, refused where there is none (dp = 1): `sim step` took them, printed
-// them in its config and predicted the step without them (`sim plan` skips such candidates saying why).
+// them in its config and predicted the step without them (`sim plan` and `sim scale --fixed` leave them out of such
+// candidates themselves, saying so).
 void check_data_parallel_flags(const ParallelConfig& c, long long dp) {
   if (dp > 1) return;
   if (c.zero != 0)

@@ -106,7 +106,9 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"batch_size",
        "samples per worker per step; per data-parallel replica with tp or pp (a tensor-parallel group, a pipeline) "
        "(>= 1, default 64)"},
-      {"seed", "seed of initialisation, shuffling and compressors (default 42)"},
+      {"seed",
+       "seed of initialisation, shuffling and compressors (default 42; a sync scheme's own draws, e.g. "
+       "adpsgd's peers, take the scheme's seed parameter: --sync adpsgd:seed=N)"},
       {"output", "output directory (default runs/<model>-<compressor>-<time>)"},
       {"target_accuracy", "test accuracy in [0, 1] whose first reach is timed in summary.json (0: none)"},
       {"bucket_cap_mb", "gradient bucket cap in MiB (default 25)"},
