@@ -196,6 +196,20 @@ TEST(Topology, TorusRingMatchesItsClosedForm) {
             1e-9);
 }
 
+// Rail-optimized, 2:1 oversubscribed, nodes of 4 GPUs: one of 4 NICs, then one of 2 (whose ranks reach the higher
+// rails through the spine), `pod` nodes a pod.
+ClusterSpec rail_het(int pod) {
+  ClusterSpec c = load_cluster("dgx-a100");
+  c.node_kinds[0].gpus = 4;
+  c.node_kinds[0].nics = 4;
+  c.node_kinds[0].count = 1;
+  c.node_kinds.push_back(c.node_kinds[0]);
+  c.node_kinds[1].nics = 2;
+  c.network.nodes_per_leaf = pod;
+  c.network.oversubscription = 2;
+  return c;
+}
+
 // A part-full leaf keeps its switch's uplinks: the 32 pairs (i, i + 80) on 160 accelerators whose far ends sit on the
 // last leaf's 8 servers (of 32) are bound by those servers' NICs (4 accelerators share each), as without any
 // oversubscription; the leaf was given its 8 servers' share of the uplinks, a third of their NICs on the 3:1 leaf,
@@ -227,14 +241,7 @@ TEST(Topology, APartFullLeafKeepsItsSwitchsUplinks) {
   ASSERT_EQ(ups.size(), 2u);
   EXPECT_EQ(ups[1], 8 * spec.node_kinds[0].nic.bandwidth);
   EXPECT_NEAR(ups[0], 32 * spec.node_kinds[0].nic.bandwidth / 3, 1);
-  ClusterSpec rails = load_cluster("dgx-a100");
-  rails.node_kinds[0].gpus = 4;
-  rails.node_kinds[0].nics = 4;
-  rails.node_kinds[0].count = 1;
-  rails.node_kinds.push_back(rails.node_kinds[0]);
-  rails.node_kinds[1].nics = 2;
-  rails.network.nodes_per_leaf = 2;
-  rails.network.oversubscription = 2;
+  const ClusterSpec rails = rail_het(2);
   Topology rt(rails, 8);  // one pod of both nodes: full
   const double nic = rails.node_kinds[0].nic.bandwidth;
   const std::vector<double> rail_ups = uplinks(rt);
@@ -293,14 +300,7 @@ TEST_P(AgreeTest, SymmetricMatchesFullDetail) {
   het.node_kinds[1].count = 1;
   het.node_kinds[1].intra = {300e9, 1e-6};
   het.node_kinds[1].nic = {1.25e9, 25e-6};
-  ClusterSpec railhet = load_cluster("dgx-a100");
-  railhet.node_kinds[0].gpus = 4;
-  railhet.node_kinds[0].nics = 4;
-  railhet.node_kinds[0].count = 1;
-  railhet.node_kinds.push_back(railhet.node_kinds[0]);
-  railhet.node_kinds[1].nics = 2;
-  railhet.network.nodes_per_leaf = 4;
-  railhet.network.oversubscription = 2;
+  const ClusterSpec railhet = rail_het(4);
   Topology topo(preset == "torus"     ? torus_cluster()
                 : preset == "ring8"   ? ring
                 : preset == "flat8"   ? flat8
