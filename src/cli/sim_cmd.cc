@@ -180,7 +180,7 @@ void add_model_flags(CLI::App* c, StepArgs& a) {
   c->add_option("--model", a.model.model,
                 "gpt (give --layers/--hidden/--heads) or a named model: gpt2-small, gpt2-xl, "
                 "gpt-1.7b, gpt-7.5b, gpt-18.4b, gpt-39b, gpt3-175b, gpt-530b, gpt-1t, llama2-7b-like, "
-                "llama2-70b-like")
+                "llama2-70b-like; or layers (sim step only: a list of layers, --layers-spec)")
       ->capture_default_str();
   c->add_option("--layers", a.model.layers, "transformer layers");
   c->add_option("--layers-spec", a.model.layers_spec,

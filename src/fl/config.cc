@@ -279,7 +279,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"transport", "auto | tcp | shm | mpi"},
       {"timeout_s", "deadline of one step of a peer (seconds; waits spanning a host's clients get that many more)"},
       {"eval_every", "rounds between test evaluations (0: the last only)"},
-      {"output", "folder of config.json, metrics.jsonl and summary.json (empty: runs/fl-<time>)"},
+      {"output", "folder of config.json, metrics.jsonl and summary.json (empty: runs/fl-<time>-<pid>)"},
       {"checkpoint_every", "write <output>/checkpoints after every K rounds and the last (0: none)"},
       {"resume", "continue the run whose output (or checkpoints) folder this is, from its newest checkpoint"},
       {"progress", "print a line per round (true | false)"},
