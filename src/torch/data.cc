@@ -26,9 +26,9 @@ namespace {
 // hostile gzip stream that inflates without end is an error, not an exhausted memory.
 constexpr size_t kMaxIdxBytes = size_t{4} << 30;
 
-// Opens a data file for gzread (which reads plain files too). A pipe (data another process writes) is waited for up
-// to start-up's deadline, CONDUIT_TIMEOUT or 300 s: gzopen waited for a writer for ever. Directories, devices and
-// sockets are refused.
+// Opens a data file for gzread (which reads plain files too). A pipe (data another process writes) is waited for
+// until `until` (default: start-up's deadline from now, CONDUIT_TIMEOUT or 300 s): gzopen waited for a writer for
+// ever. Directories, devices and sockets are refused.
 gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point until) {
   struct stat s {};
   if (::stat(path.c_str(), &s) != 0) throw ConfigError(fmt::format("data: cannot open '{}'", path));
@@ -112,14 +112,9 @@ uint32_t be32(const uint8_t* p) { return (uint32_t(p[0]) << 24) | (uint32_t(p[1]
 std::string find_file(const std::string& dir, const std::string& base) {
   namespace fs = std::filesystem;
   fs::path p = fs::path(dir) / base;
-  std::string found;
-  if (fs::exists(p.string() + ".gz"))
-    found = p.string() + ".gz";
-  else if (fs::exists(p))
-    found = p.string();
-  else
-    throw ConfigError(fmt::format("data: '{}' has no {}[.gz]", dir, base));
-  return found;
+  if (fs::exists(p.string() + ".gz")) return p.string() + ".gz";
+  if (fs::exists(p)) return p.string();
+  throw ConfigError(fmt::format("data: '{}' has no {}[.gz]", dir, base));
 }
 
 }  // namespace
