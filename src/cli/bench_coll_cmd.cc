@@ -361,14 +361,12 @@ const bool kRegistered = register_command(30, [](CLI::App& app) {
   c->callback([a, bt, reduce, root] {
     check_timeout_flag(bt, a->timeout);
     // (taken and ignored, yet printed in the redop column: --op allgather --reduce prod)
-    const bool reduces = a->op == "allreduce" || a->op == "reduce_scatter" || a->op == "reduce";
-    const bool rooted = a->op == "broadcast" || a->op == "reduce" || a->op == "gather" || a->op == "scatter";
-    if (reduce->count() > 0 && !reduces && is_bench_coll_op(a->op))
+    if (reduce->count() > 0 && !bench_coll_op_reduces(a->op) && is_bench_coll_op(a->op))
       throw ConfigError(
           fmt::format("--reduce {}: {} reduces nothing; allowed with --reduce: allreduce, "
                       "reduce_scatter, reduce",
                       a->reduce, a->op));
-    if (root->count() > 0 && !rooted && is_bench_coll_op(a->op))
+    if (root->count() > 0 && !bench_coll_op_rooted(a->op) && is_bench_coll_op(a->op))
       throw ConfigError(
           fmt::format("--root {}: {} has no root; allowed with --root: broadcast, reduce, gather, "
                       "scatter",

@@ -36,6 +36,14 @@ inline bool is_bench_coll_op(std::string_view op) {
   return std::find(kBenchCollOps.begin(), kBenchCollOps.end(), op) != kBenchCollOps.end();
 }
 
+// The operations --reduce and --root apply to (bench coll and sweeps refuse them elsewhere).
+inline bool bench_coll_op_reduces(std::string_view op) {
+  return op == "allreduce" || op == "reduce_scatter" || op == "reduce";
+}
+inline bool bench_coll_op_rooted(std::string_view op) {
+  return op == "broadcast" || op == "reduce" || op == "gather" || op == "scatter";
+}
+
 // The tuner's operation of a `bench coll --op` name, for --algo: empty for the ops without algorithms to choose.
 inline std::optional<coll::CollOp> tunable_coll_op(std::string_view op) {
   if (op == "allreduce") return coll::CollOp::allreduce;

@@ -407,10 +407,10 @@ SweepSpec load_spec(const std::string& path) {
         reduce = reduce || bk == "reduce";
         root = root || bk == "root";
       }
-      if (reduce && op != "allreduce" && op != "reduce_scatter" && op != "reduce")
+      if (reduce && !bench_coll_op_reduces(op))
         throw ConfigError(fmt::format(
             "sweep: bench: reduce: {} reduces nothing; allowed with reduce: allreduce, reduce_scatter, reduce", op));
-      if (root && op != "broadcast" && op != "reduce" && op != "gather" && op != "scatter")
+      if (root && !bench_coll_op_rooted(op))
         throw ConfigError(fmt::format(
             "sweep: bench: root: {} has no root; allowed with root: broadcast, reduce, gather, scatter", op));
     }

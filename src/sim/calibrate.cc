@@ -641,6 +641,14 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   // conditions), so the best of the non-negative fits over every subset of the three unknowns is it, the larger
   // subsets first on a tie. (Dropping every negative coefficient at once and refitting could miss it: a residual up
   // to 2x the optimum's on noisy samples.)
+  auto squared_error = [&](const std::vector<double>& c) {  // (each sample's relative error: its time is 1 here)
+    double se = 0;
+    for (const auto& r : X) {
+      const double e = r[0] * c[0] + r[1] * c[1] + r[2] * c[2] - 1;
+      se += e * e;
+    }
+    return se;
+  };
   std::vector<double> x(3, 0.0);
   double best = std::numeric_limits<double>::infinity();
   for (int set : {7, 3, 5, 6, 1, 2, 4}) {
@@ -648,11 +656,7 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
     const std::array<bool, 3> active{(set & 1) != 0, (set & 2) != 0, (set & 4) != 0};
     const std::vector<double> c = least_squares(X, y, active);
     if (!std::all_of(c.begin(), c.end(), [](double v) { return v >= 0 && std::isfinite(v); })) continue;
-    double se = 0;
-    for (size_t r = 0; r < X.size(); ++r) {
-      const double e = X[r][0] * c[0] + X[r][1] * c[1] + X[r][2] * c[2] - 1;
-      se += e * e;
-    }
+    const double se = squared_error(c);
     if (se < best * (1 - 1e-12)) {
       best = se;
       x = c;
@@ -664,12 +668,7 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   f.gamma = std::max(0.0, x[2]);
   f.samples = X.size();
   f.gamma_inseparable = inseparable;
-  double se = 0;
-  for (size_t r = 0; r < X.size(); ++r) {
-    double pred = X[r][0] * f.alpha + X[r][1] * f.beta + X[r][2] * f.gamma;
-    se += (pred - 1) * (pred - 1);
-  }
-  f.rms_relative_error = std::sqrt(se / X.size());
+  f.rms_relative_error = std::sqrt(squared_error({f.alpha, f.beta, f.gamma}) / X.size());
   return f;
 }
 
