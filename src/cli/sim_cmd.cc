@@ -1564,6 +1564,8 @@ void setup(CLI::App& app) {
         c->add_option("--zero", a->zero, "ZeRO stage (with --fixed)")->capture_default_str(),
         c->add_option("--recompute", a->recompute, "none, selective, full (with --fixed)")->capture_default_str(),
         c->add_option("--schedule", a->schedule, "gpipe, 1f1b, interleaved (with --fixed)")->capture_default_str(),
+        c->add_option("--virtual-stages", a->virtual_stages,
+                      "model chunks per GPU for --schedule interleaved (with --fixed; default 2)"),
         c->add_flag("--sp", a->sp, "sequence parallelism (with --fixed)")};
     c->add_option("--plot", sa->plot, "write a PNG of the curve with gnuplot");
     c->add_flag("--json", a->json, "one JSON record per size");
@@ -1575,6 +1577,7 @@ void setup(CLI::App& app) {
               fmt::format("{} applies with --fixed only (allowed: add --fixed to simulate that "
                           "configuration at every size, or leave it out to plan each size)",
                           o->get_name()));
+      if (with_fixed[6]->count() > 0) a->given.insert("--virtual-stages");
       run_scale(*a, *sa, *fixed);
     });
   }

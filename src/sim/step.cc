@@ -640,8 +640,13 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         t_agb = ctime(Collective::kAllGather, hag, hg, layer_params / t * 2) + wake;
         te_agb = ctime(Collective::kAllGather, heg, hg, emb_gpu * 2) + wake;
       }
-      const double logits_compute =
-          std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) + std::max(0.0, mt.bwd_compute - lps * mt.layer_bwd);
+      // A layer's time in the forward and the backward, which the data-parallel gathers and reduce-scatters hide
+      // behind: its compute, its tensor-parallel collectives (on the tensor-parallel group's links) and in the
+      // backward its recompute (the windows were the compute alone).
+      const double rec_layer = lps > 0 ? mt.recompute / lps : 0.0;
+      const double fwd_window = mt.layer_fwd + tp_fwd, bwd_window_layer = mt.layer_bwd + rec_layer + tp_bwd;
+      const double logits_compute = std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) +
+                                    std::max(0.0, mt.bwd_compute - lps * (mt.layer_bwd + rec_layer));
       // A micro-batch's gathers and the reduce-scatters it pays (a layer's `rs`, the embeddings' `ers`): its time on
       // the data-parallel links, and what of it the compute does not hide. --no-overlap: no prefetch, every gather
       // and reduce-scatter on the critical path; --zero-prefetch false: every gather on it, the reduce-scatters
@@ -651,12 +656,12 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         const double exposed = !cfg.dp_overlap ? total
                                : !cfg.zero_prefetch
                                    ? lps * (t_ag + t_agb) + te_ag + te_agb + std::max(0.0, ers - logits_compute) +
-                                         lps * std::max(0.0, rs - mt.layer_bwd)
+                                         lps * std::max(0.0, rs - bwd_window_layer)
                                    // the first layer's gather in full, each next one behind the layer before (it was
                                    // counted twice: in full and among the lps prefetched ones)
                                    : t_ag + te_ag + std::max(0.0, te_agb + ers - logits_compute) +
-                                         (lps - 1) * std::max(0.0, t_ag - mt.layer_fwd) +
-                                         lps * std::max(0.0, t_agb + rs - mt.layer_bwd);
+                                         (lps - 1) * std::max(0.0, t_ag - fwd_window) +
+                                         lps * std::max(0.0, t_agb + rs - bwd_window_layer);
         return std::pair{total, exposed};
       };
       // The last micro-batch reduce-scatters (and across shard groups allreduces) the step's gradients; the earlier

@@ -1465,6 +1465,28 @@ TEST(Inputs, ZeroShardGroupsAtStagesOneAndTwo) {
   EXPECT_NE(plan0.find("this search has no ZeRO plans"), std::string::npos) << plan0;
 }
 
+// ZeRO-3's gathers and reduce-scatters hide behind a layer's whole time: its compute, its tensor-parallel
+// collectives and, under full recompute, its recompute and the recompute's collectives (the windows were the
+// compute alone, and the recompute counted as the output layer's). A slow network where every layer's exchange
+// outlasts its backward: full recompute hides exactly its own time and its collectives' more.
+TEST(Inputs, Zero3HidesBehindTensorParallelismAndRecompute) {
+  Topology topo(load_cluster("ethernet-25g"), 64);
+  CollectiveModel net(topo);
+  ParallelConfig c;
+  c.global_batch = 512;
+  c.micro_batch = 4;
+  c.tp = 2;
+  c.zero = 3;
+  const StepResult none = simulate_step(net, named_model("gpt-1.7b"), c);
+  c.recompute = Recompute::kFull;
+  const StepResult full = simulate_step(net, named_model("gpt-1.7b"), c);
+  ASSERT_GT(full.breakdown.recompute, 0);
+  ASSERT_GT(full.breakdown.tp_comm, none.breakdown.tp_comm);
+  const double more = full.breakdown.recompute + full.breakdown.tp_comm - none.breakdown.tp_comm;
+  EXPECT_NEAR(none.breakdown.zero3_exposed - full.breakdown.zero3_exposed, more, 1e-9 * more);
+  EXPECT_GT(full.breakdown.zero3_exposed, 0);  // (still exposed: the difference is the windows', not a floor's)
+}
+
 // --no-overlap exposes ZeRO-3's gathers and reduce-scatters (its prefetch overlap was applied regardless).
 TEST(Inputs, NoOverlapExposesZero3) {
   Topology topo(load_cluster("dgx-a100"), 64);

@@ -552,6 +552,19 @@ TEST(Cli, StepPlanAndErrors) {
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"kind\":\"sim.scale\""), std::string::npos) << out;
   EXPECT_NE(out.find("scaling_efficiency"), std::string::npos) << out;
+  // A fixed interleaved schedule takes its virtual stages (it was always v = 2), with --fixed only.
+  out =
+      run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --fixed --pp 4 "
+          "--schedule interleaved --virtual-stages 3 --json",
+          &rc);
+  EXPECT_EQ(rc, 0) << out;
+  size_t with_v3 = 0;
+  for (size_t at = 0; (at = out.find("\"virtual_stages\":3", at)) != std::string::npos; ++at) ++with_v3;
+  EXPECT_EQ(with_v3, 2u) << out;
+  out =
+      run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --virtual-stages 3", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--virtual-stages applies with --fixed only"), std::string::npos) << out;
 }
 
 // `conduit bench gemm --json` (libtorch) feeds `conduit sim calibrate --gemm`; its shapes land in the written
