@@ -14,12 +14,17 @@ conduit=${CONDUIT:-$here/../../build/bin/conduit}
 [ -x "$conduit" ] || { echo "shm_single_copy.sh: no conduit binary at $conduit (build first, or set CONDUIT)" >&2; exit 2; }
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "shm_single_copy.sh: ROUNDS must be a positive integer, got '$rounds'" >&2; exit 2; }
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+err=$(mktemp)
+trap 'rm -f "$out" "$err"' EXIT
 for ((r = 1; r <= rounds; r++)); do
   for setting in off 256K; do
     CONDUIT_SHM_SINGLE_COPY_BYTES=$setting timeout 600 "$conduit" launch -n 2 --bind core -- "$conduit" bench coll \
-      --op "$op" --transport shm -b "$min" -e "$max" -n 20 -w 3 --json 2>/dev/null |
-      sed -n 's/^\[rank 0\] //p' | sed "s/^/$setting /" >>"$out"
+      --op "$op" --transport shm -b "$min" -e "$max" -n 20 -w 3 --json 2>"$err" |
+      sed -n 's/^\[rank 0\] //p' | sed "s/^/$setting /" >>"$out" || {
+      echo "shm_single_copy.sh: round $r with CONDUIT_SHM_SINGLE_COPY_BYTES=$setting failed:" >&2
+      cat "$err" >&2
+      exit 1
+    }
   done
 done
 /usr/bin/python3 - "$out" "$op" "$rounds" <<'EOF'
