@@ -503,13 +503,18 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
 }
 
 // In the child between fork and exec: async-signal-safe calls only.
+// `cpu` >= 0: bound to that CPU; else given `start_mask` when there is one (the launcher's thread may have been
+// narrowed since the program started: an unbound worker inherited it).
 [[noreturn]] void exec_child(int out_fd, int err_fd, int null_fd, int report_fd, pid_t parent, const char* path,
-                             char* const* argv, char* const* envp, const rlimit* file_limit, int cpu) {
+                             char* const* argv, char* const* envp, const rlimit* file_limit, int cpu,
+                             const cpu_set_t* start_mask) {
   if (cpu >= 0) {
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(cpu, &one);
     ::sched_setaffinity(0, sizeof one, &one);
+  } else if (start_mask != nullptr) {
+    ::sched_setaffinity(0, sizeof *start_mask, start_mask);
   }
   ::setpgid(0, 0);                     // own process group: the launcher signals the worker and everything it starts
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL does not leave workers behind
@@ -657,15 +662,9 @@ int find_free_port(const std::string& addr) {
 }
 
 int env_world_size() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"}) {
-    const char* s = std::getenv(v);
-    if (!s || !*s) continue;
-    char* end = nullptr;
-    long n = std::strtol(s, &end, 10);
-    if (*end != '\0' || n < 1 || n > (1 << 20))
-      throw ConfigError(fmt::format("environment: {}='{}' is not a world size; allowed: an integer >= 1", v, s));
-    return int(n);
-  }
+  // (strict, as the bootstrap reads them: " 4" and "+4" passed here)
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"})
+    if (auto n = env_int(v, 1, 1 << 20)) return static_cast<int>(*n);
   if (std::getenv("RANK"))
     throw ConfigError("environment: RANK is set but WORLD_SIZE is not; allowed: both (torchrun) or neither");
   return 0;
@@ -677,17 +676,31 @@ std::string make_job_id() {
   return fmt::format("{:x}-{:x}", static_cast<unsigned>(::getpid()), static_cast<unsigned long long>(ns));
 }
 
+namespace {
+std::string_view key_of(std::string_view entry) { return entry.substr(0, entry.find('=')); }
+bool sets(const LaunchSpec& spec, std::string_view key) {
+  for (const auto& [k, v] : spec.extra_env)
+    if (k == key) return true;
+  return false;
+}
+}  // namespace
+
+bool unpins_openmp(const std::vector<std::string>& base, const LaunchSpec& spec, bool bound) {
+  if (spec.nprocs < 2 || bound || sets(spec, "OMP_PROC_BIND")) return false;
+  for (const auto& entry : base)
+    if (key_of(entry) == "OMP_PROC_BIND" || key_of(entry) == "OMP_PLACES") return true;
+  return false;
+}
+
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, const LaunchSpec& spec, int rank,
-                                            int master_port, const std::string& job_id) {
-  auto key_of = [](std::string_view entry) { return entry.substr(0, entry.find('=')); };
+                                            int master_port, const std::string& job_id, bool bound) {
+  const bool unpin = unpins_openmp(base, spec, bound);
   auto dropped = [&](std::string_view key) {
     for (auto p : kDroppedPrefixes)
       if (key.starts_with(p)) return true;
     for (auto k : kOwnedVariables)
       if (key == k) return true;
-    for (const auto& [k, v] : spec.extra_env)
-      if (key == k) return true;
-    return false;
+    return sets(spec, key) || (unpin && key == "OMP_PROC_BIND");
   };
   std::vector<std::string> env;
   env.reserve(base.size() + 16);
@@ -714,7 +727,9 @@ std::vector<std::string> worker_environment(const std::vector<std::string>& base
   // its spinning and fast path by ranks per CPU, and a bound worker alone would see one CPU.
   set("CONDUIT_LOCAL_CPUS", std::to_string(usable_cpus()));
   // As torchrun: several workers each running a full OpenMP pool would oversubscribe the cores.
-  if (!has_omp_threads && n > 1) set("OMP_NUM_THREADS", "1");
+  // (once: given in extra_env as well, the first of two entries won for getenv, the last for Python's os.environ)
+  if (!has_omp_threads && n > 1 && !sets(spec, "OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
+  if (unpin) set("OMP_PROC_BIND", "false");
   for (const auto& [k, v] : spec.extra_env) set(k, v);
   return env;
 }
@@ -726,12 +741,8 @@ std::vector<int> binding_cpus(const LaunchSpec& spec) {
     throw ConfigError(fmt::format("launch: --bind '{}' is not one of auto, core, none", spec.bind));
   // One worker keeps every CPU under "auto": binding it to the first one left a multi-threaded program one core.
   if (spec.bind == "none" || (spec.bind == "auto" && spec.nprocs == 1)) return {};
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  // (the mask the program started with: the calling thread's may have been narrowed since, see start_affinity)
+  std::vector<int> cpus = start_affinity();
   // Oversubscribed (more workers than CPUs), "auto" binds only when every CPU gets the same number of workers:
   // 4 shm workers on 2 cores bound two per core took 0.64-0.98x (median 0.85x) of the unbound median MLP step and
   // 0.87-1.21x (median 0.93x) of the CNN's, six alternating pairs of 100-300-step runs; with uneven counts a bound
@@ -796,6 +807,17 @@ int run_local_workers(const LaunchSpec& spec) {
   if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));
 
   const auto base_env = current_environment();
+  const bool bound = !bind_cpus.empty();
+  if (unpins_openmp(base_env, spec, bound))
+    message(spec, fmt::format("OMP_PROC_BIND or OMP_PLACES is set and the {} workers are not bound to CPUs, so "
+                              "each one's OpenMP runtime would pin its threads to the same first CPU: the workers "
+                              "get OMP_PROC_BIND=false",
+                              spec.nprocs));
+  // Unbound workers get the mask the program started with (the launcher's thread may have been pinned since).
+  cpu_set_t start_mask;
+  CPU_ZERO(&start_mask);
+  for (int c : start_affinity()) CPU_SET(c, &start_mask);
+  const cpu_set_t* unbound_mask = start_affinity().empty() ? nullptr : &start_mask;
   std::vector<std::string> args = spec.command;
   std::vector<char*> argv = c_strings(args);
   std::vector<Worker> workers(static_cast<size_t>(spec.nprocs));
@@ -811,6 +833,12 @@ int run_local_workers(const LaunchSpec& spec) {
   int user_signals = 0;
   int stop_signal = SIGTERM;  // what the workers were asked to stop with
   Clock::time_point kill_deadline{};
+  // After a worker's first failure by an error exit, the others get this long to end on their own before they are
+  // told to stop: the rank whose error started it may not have printed it yet (it had closed its connections while
+  // unwinding, a peer exited on the lost connection first, and the SIGTERM that followed ended the first rank before
+  // it said why). A crash (a signal) stops the others at once.
+  constexpr auto kSettle = std::chrono::milliseconds(500);
+  std::optional<Clock::time_point> settle_deadline;
 
   auto running_count = [&]() {
     return static_cast<int>(std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return w.running; }));
@@ -820,6 +848,7 @@ int run_local_workers(const LaunchSpec& spec) {
       if (w.running) ::kill(-w.pid, sig);
   };
   auto begin_stop = [&](int sig) {
+    settle_deadline.reset();
     signal_all(sig);
     signal_all(SIGCONT);  // a worker stopped meanwhile (SIGSTOP from elsewhere) acts on it now, not at SIGKILL
     if (!stopping) {
@@ -844,6 +873,7 @@ int run_local_workers(const LaunchSpec& spec) {
     g_suspended_for = Clock::duration::zero();
     kill_deadline += stopped;
     abandon_deadline += stopped;
+    if (settle_deadline) *settle_deadline += stopped;
     if (drain_deadline) *drain_deadline += stopped;
   };
   auto kill_all = [&]() {
@@ -858,7 +888,7 @@ int run_local_workers(const LaunchSpec& spec) {
     Worker& w = workers[static_cast<size_t>(rank)];
     w.rank = rank;
     w.prefix = spec.tag_output ? fmt::format("[rank {}] ", rank) : std::string();
-    auto env = worker_environment(base_env, spec, rank, port, job_id);
+    auto env = worker_environment(base_env, spec, rank, port, job_id, bound);
     std::vector<char*> envp = c_strings(env);
     FileDescriptor out_r, out_w, err_r, err_w, rep_r, rep_w;
     try {
@@ -880,7 +910,7 @@ int run_local_workers(const LaunchSpec& spec) {
       if (pid == 0) {
         exec_child(out_w.get(), err_w.get(), dev_null.get(), rep_w.get(), parent, resolved->c_str(), argv.data(),
                    envp.data(), worker_file_limit ? &*worker_file_limit : nullptr,
-                   bind_cpus.empty() ? -1 : bind_cpus[size_t(cpu_slot[size_t(rank)])]);
+                   bind_cpus.empty() ? -1 : bind_cpus[size_t(cpu_slot[size_t(rank)])], unbound_mask);
       }
     }
     if (pid < 0) {
@@ -955,30 +985,37 @@ int run_local_workers(const LaunchSpec& spec) {
     }
     const Exit* first = nullptr;
     std::vector<std::string> also;
+    const bool settling = settle_deadline.has_value();
     for (const auto& e : exits) {
       if (e.code == 0) continue;
-      if (!stopping && first == nullptr) {
+      if (!stopping && !settling && first == nullptr) {
         first = &e;
-      } else if (!stopping) {
+      } else if (!stopping && !settling) {
         for (auto& st : e.w->streams) pump_all(st, e.w->prefix, buf);
         also.push_back(fmt::format("rank {} (pid {}) {}", e.w->rank, e.w->pid, e.what));
-      } else if (e.info.si_code != CLD_EXITED && e.info.si_status != stop_signal && e.info.si_status != SIGKILL) {
-        // A worker that crashed on its own while the others were being stopped (its peers' errors may have been
-        // reaped first): say so, or the crash stays hidden behind the peer's "connection closed".
+      } else if (settling ||
+                 (e.info.si_code != CLD_EXITED && e.info.si_status != stop_signal && e.info.si_status != SIGKILL)) {
+        // A worker that failed on its own after the first (the one that started it may be reaped later), or that
+        // crashed while the others were being stopped: say so, or it stays hidden behind a peer's "connection
+        // closed".
         for (auto& st : e.w->streams) pump_all(st, e.w->prefix, buf);
         message(spec, fmt::format("rank {} (pid {}) also {}", e.w->rank, e.w->pid, e.what));
       }
     }
     if (first != nullptr) {
       for (auto& st : first->w->streams) pump_all(st, first->w->prefix, buf);
-      int others = running_count();
+      const int others = running_count();
+      result = first->code;
+      have_result = true;
+      // (decided before the line is written: a stalled stderr held the stop back)
+      if (first->info.si_code == CLD_EXITED && others > 0)
+        settle_deadline = Clock::now() + kSettle;
+      else
+        begin_stop(SIGTERM);
       message(spec,
               fmt::format("rank {} (pid {}) {}{}{}", first->w->rank, first->w->pid, first->what,
                           also.empty() ? std::string() : fmt::format(" (at about the same time: {})", join(also, "; ")),
                           stopping_others(others)));
-      result = first->code;
-      have_result = true;
-      begin_stop(SIGTERM);
     }
   };
 
@@ -1001,6 +1038,7 @@ int run_local_workers(const LaunchSpec& spec) {
           if (s.fd.valid()) finish(s, w.prefix);
       break;
     }
+    if (settle_deadline && now >= *settle_deadline) begin_stop(SIGTERM);  // (the others still running: told now)
     if (stopping && !killed && any_running && now >= kill_deadline) {
       message(spec, fmt::format("{} still running {:.3g} s after {}; sending SIGKILL", plural_workers(running_count()),
                                 grace, signal_name(stop_signal)));
@@ -1024,6 +1062,7 @@ int run_local_workers(const LaunchSpec& spec) {
 
     std::optional<Clock::time_point> wake;
     if (stopping && !killed && any_running) wake = kill_deadline;
+    if (settle_deadline) wake = settle_deadline;
     if (killed && any_running) wake = abandon_deadline;
     if (drain_deadline) wake = wake ? std::min(*wake, *drain_deadline) : *drain_deadline;
     // At most a second between looks at the workers, should a child's exit ever go unsignalled.

@@ -3,7 +3,9 @@
 // rendezvous environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 // CONDUIT_JOB_ID), forwards each line of their output with a "[rank K] " prefix, forwards SIGINT/SIGTERM, stops and
 // continues the workers with itself (SIGTSTP: Ctrl-Z; SIGCONT: fg/bg), and when one worker fails stops the others
-// and returns that worker's exit code. Used by `conduit launch` and by
+// (at once when it was killed by a signal, half a second later when it exited with an error, so that a rank whose
+// error a peer's exit preceded can still say why; each that fails meanwhile is named) and returns that worker's exit
+// code. Used by `conduit launch` and by
 // subcommands that start their own workers (`conduit train -n N`).
 #include <string>
 #include <utility>
@@ -62,7 +64,12 @@ int env_world_size();
 
 // The environment a worker starts with: `base` (KEY=VALUE entries) without OMPI_*/PMIX_*/PMI_* variables inherited
 // from an outer mpirun and without the variables set here, then the rendezvous variables for `rank`, then extra_env.
+// Workers of several (spec.nprocs > 1) that the launcher does not bind (`bound` false) get OMP_PROC_BIND=false in
+// place of an inherited OMP_PROC_BIND or OMP_PLACES, unless extra_env sets it: each one's OpenMP runtime pinned its
+// threads to the first CPU, all of them to the same one.
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, const LaunchSpec& spec, int rank,
-                                            int master_port, const std::string& job_id);
+                                            int master_port, const std::string& job_id, bool bound = false);
+// Whether worker_environment replaces an inherited OMP_PROC_BIND or OMP_PLACES for unbound workers.
+bool unpins_openmp(const std::vector<std::string>& base, const LaunchSpec& spec, bool bound);
 
 }  // namespace conduit::cli

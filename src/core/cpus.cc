@@ -117,11 +117,25 @@ int quota_cpus() {
   return n;
 }
 
-int usable_cpus() {
-  int n = quota_cpus();
+namespace {
+std::vector<int> read_affinity() {
   cpu_set_t mask;
   CPU_ZERO(&mask);
-  if (::sched_getaffinity(0, sizeof mask, &mask) == 0) n = std::min(n, std::max(1, CPU_COUNT(&mask)));
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof mask, &mask) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+  return cpus;
+}
+// Read while the program loads, before main runs and before any library is opened.
+const std::vector<int> g_start_affinity = read_affinity();
+}  // namespace
+
+std::vector<int> start_affinity() { return g_start_affinity; }
+
+int usable_cpus() {
+  int n = quota_cpus();
+  if (!g_start_affinity.empty()) n = std::min(n, static_cast<int>(g_start_affinity.size()));
   return n;
 }
 

@@ -27,8 +27,14 @@ std::vector<CgroupDir> cgroup_cpu_dirs(const std::string& self_cgroup, const std
 // a container, whatever each one's affinity (ranks pinned one per core by mpirun or `conduit launch` see one CPU in
 // their mask).
 int quota_cpus();
-// quota_cpus() capped by this process's affinity mask (taskset, a cpuset): what a launcher can spread workers over.
+// quota_cpus() capped by this process's affinity mask (taskset, a cpuset) as the program started
+// (start_affinity): what a launcher can spread workers over.
 int usable_cpus();
+// The CPUs of this process's affinity mask as it was when the program started, in increasing order (empty when it
+// cannot be read). A library loaded later may narrow the loading thread's mask: libgomp under OMP_PROC_BIND or
+// OMP_PLACES pins it to its first place, and `conduit train --workers N`, which loads libtorch before it launches,
+// bound every worker to that one CPU.
+std::vector<int> start_affinity();
 // The memory this process may use: the machine's, or its cgroup's limit (v2 memory.max) when lower; 0: unknown.
 double usable_memory_bytes();
 

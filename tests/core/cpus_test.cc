@@ -3,9 +3,11 @@
 #include "core/cpus.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -54,6 +56,28 @@ TEST(Cpus, CountsAreBetweenOneAndTheOnlineCpus) {
   EXPECT_LE(quota_cpus(), online);
   EXPECT_GE(usable_cpus(), 1);
   EXPECT_LE(usable_cpus(), quota_cpus());
+}
+
+// The mask the program started with, not the calling thread's now: libgomp under OMP_PROC_BIND pins the thread that
+// loads libtorch to one CPU, and `conduit train --workers N` then bound every worker to it. A thread narrowed here
+// after start-up sees the start mask and its count.
+TEST(Cpus, TheStartMaskOutlivesALaterPinning) {
+  cpu_set_t now;
+  CPU_ZERO(&now);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof now, &now), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &now)) cpus.push_back(c);
+  ASSERT_EQ(start_affinity(), cpus);  // (nothing in this test binary narrows it before)
+  const int usable = usable_cpus();
+  std::thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus.back(), &one);
+    ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+    EXPECT_EQ(start_affinity(), cpus);
+    EXPECT_EQ(usable_cpus(), usable);
+  }).join();
 }
 
 // An emulated host's programs see a sysfs without cgroup files; `cluster exec` passes the quota it measured before.

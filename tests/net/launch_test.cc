@@ -454,6 +454,23 @@ TEST_F(LaunchTest, CrashWhileStoppingIsReportedToo) {
   EXPECT_TRUE(std::regex_search(r.err, crash_re)) << r.err;
 }
 
+// A rank whose error started it may exit just after a peer that lost its connection to it: the peer's exit is reaped
+// first, and the SIGTERM that followed at once ended the first rank before it said why. An error exit now gives the
+// others half a second to end on their own, and each that fails meanwhile is named.
+TEST_F(LaunchTest, ARankFailingJustAfterAPeerStillSaysWhy) {
+  const std::string ready = path("ready3");
+  const std::string script = "if [ \"$RANK\" = 0 ]; then touch " + ready +
+                             "; sleep 0.1; echo 'the root cause' >&2; exit 3; fi; while [ ! -e " + ready +
+                             " ]; do sleep 0.02; done; echo 'connection lost' >&2; exit 2";
+  auto r = run({"launch", "-n", "2", "--", "sh", "-c", script});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("[rank 0] the root cause"), std::string::npos) << r.err;
+  std::regex also_re(R"(conduit launch: rank 0 \(pid \d+\) also exited with code 3)");
+  EXPECT_TRUE(std::regex_search(r.err, also_re)) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+}
+
 TEST_F(LaunchTest, WorkerIgnoringSigtermIsKilledAfterGracePeriod) {
   // Rank 0 ignores SIGTERM (so does the sleep it execs); rank 1 fails once rank 0 is ready.
   const std::string ready = path("ready");
@@ -818,6 +835,34 @@ TEST_F(LaunchTest, BindsWorkersRoundRobinWhenTheyDivideEvenlyOverTheCpus) {
   auto bad = run({"launch", "-n", "2", "--bind", "socket", "--", "true"}, {}, 10s);
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("--bind 'socket' is not one of auto, core, none"), std::string::npos) << bad.err;
+}
+
+// Workers the launcher leaves unbound get OMP_PROC_BIND=false in place of an inherited OMP_PROC_BIND or OMP_PLACES
+// (each one's OpenMP runtime pinned its threads to the first CPU: every worker on one), with a note; bound workers
+// keep it (their runtime pins within their own CPU).
+TEST_F(LaunchTest, UnboundWorkersAreNotAllPinnedToOneCpuByOpenMp) {
+  const std::vector<std::string> report = {"--no-tag-output", "--", "sh", "-c",
+                                           "echo \"$RANK ${OMP_PROC_BIND-unset} ${OMP_PLACES-unset}\""};
+  auto launch = [&](const std::string& bind, std::map<std::string, std::string> env) {
+    std::vector<std::string> args = {"launch", "-n", "3", "--bind", bind};
+    args.insert(args.end(), report.begin(), report.end());
+    auto r = run(args, env);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r;
+  };
+  auto r = launch("none", {{"OMP_PROC_BIND", "true"}});
+  for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" false unset"), std::string::npos) << r.out;
+  EXPECT_EQ(lines_of(r.out).size(), 3u) << r.out;
+  EXPECT_NE(r.err.find("the workers get OMP_PROC_BIND=false"), std::string::npos) << r.err;
+  r = launch("none", {{"OMP_PLACES", "cores"}});
+  for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" false cores"), std::string::npos) << r.out;
+  r = launch("core", {{"OMP_PROC_BIND", "true"}});
+  for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" true unset"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("OMP_PROC_BIND"), std::string::npos) << r.err;
+  if (std::getenv("OMP_PROC_BIND") != nullptr || std::getenv("OMP_PLACES") != nullptr) return;
+  r = launch("none", {});
+  for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" unset unset"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
 }
 
 TEST_F(LaunchTest, ProgramThatCannotRunIsReportedWith127) {
