@@ -624,8 +624,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, layer_bytes);
       const double t_ag = ctime(Collective::kAllGather, ag, zg, layer_bytes) + wake, t_rs = zero_rs(layer_params / t);
       // The embeddings (word and position; the output layer shares the word embeddings) are sharded too: gathered
-      // before the first layer (nothing to hide behind) and again for the output layer and the backward, their
-      // gradients reduce-scattered at the end; those two hide behind the output layer's compute as far as it lasts.
+      // before the first layer (nothing to hide behind) and again for the output layer and its backward, prefetched
+      // behind the last layer's forward as each layer's is behind the one before; their gradients are whole once the
+      // input embedding's backward, the last, has added its part: reduce-scattered after it, with nothing left to hide
+      // behind. (Both were hidden behind the output layer's compute, which needs the one and produces the other.)
       const double emb_bytes = emb_gpu * gb;
       auto eag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, emb_bytes);
       const double te_ag = ctime(Collective::kAllGather, eag, zg, emb_bytes) + wake, te_rs = zero_rs(emb_gpu);
@@ -645,23 +647,20 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       // backward its recompute (the windows were the compute alone).
       const double rec_layer = lps > 0 ? mt.recompute / lps : 0.0;
       const double fwd_window = mt.layer_fwd + tp_fwd, bwd_window_layer = mt.layer_bwd + rec_layer + tp_bwd;
-      const double logits_compute = std::max(0.0, mt.fwd_compute - lps * mt.layer_fwd) +
-                                    std::max(0.0, mt.bwd_compute - lps * (mt.layer_bwd + rec_layer));
       // A micro-batch's gathers and the reduce-scatters it pays (a layer's `rs`, the embeddings' `ers`): its time on
       // the data-parallel links, and what of it the compute does not hide. --no-overlap: no prefetch, every gather
       // and reduce-scatter on the critical path; --zero-prefetch false: every gather on it, the reduce-scatters
       // behind the backward.
       auto micro_batch = [&](double rs, double ers) {
         const double total = lps * (t_ag + t_agb + rs) + te_ag + te_agb + ers;
-        const double exposed = !cfg.dp_overlap ? total
-                               : !cfg.zero_prefetch
-                                   ? lps * (t_ag + t_agb) + te_ag + te_agb + std::max(0.0, ers - logits_compute) +
-                                         lps * std::max(0.0, rs - bwd_window_layer)
-                                   // the first layer's gather in full, each next one behind the layer before (it was
-                                   // counted twice: in full and among the lps prefetched ones)
-                                   : t_ag + te_ag + std::max(0.0, te_agb + ers - logits_compute) +
-                                         (lps - 1) * std::max(0.0, t_ag - fwd_window) +
-                                         lps * std::max(0.0, t_agb + rs - bwd_window_layer);
+        const double exposed =
+            !cfg.dp_overlap ? total
+            : !cfg.zero_prefetch
+                ? lps * (t_ag + t_agb) + te_ag + te_agb + ers + lps * std::max(0.0, rs - bwd_window_layer)
+                // the first layer's gather in full, each next one behind the layer before (it was
+                // counted twice: in full and among the lps prefetched ones)
+                : t_ag + te_ag + std::max(0.0, te_agb - fwd_window) + ers +
+                      (lps - 1) * std::max(0.0, t_ag - fwd_window) + lps * std::max(0.0, t_agb + rs - bwd_window_layer);
         return std::pair{total, exposed};
       };
       // The last micro-batch reduce-scatters (and across shard groups allreduces) the step's gradients; the earlier
