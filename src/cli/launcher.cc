@@ -242,6 +242,103 @@ class BlockSignals {
   sigset_t old_;
 };
 
+// Kills the workers' process groups when the launcher dies without doing so (SIGKILL, the OOM killer):
+// PR_SET_PDEATHSIG reaches a worker itself, not what it started, and a worker's children (`sh -c`, a Python
+// wrapper's) ran on, re-parented to init. A child of the launcher in a process group of its own with the stop signals
+// ignored, reading a pipe only the launcher writes: each worker's process group once it started (+pgid) and once the
+// launcher has reaped it (-pgid). At end of file with groups left, the launcher died with workers it had not reaped:
+// it SIGKILLs their groups. Best effort: without a pipe or a fork, launches go on as before.
+class Watchdog {
+ public:
+  Watchdog() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    rlimit files{};
+    const int max_fd = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                           ? static_cast<int>(std::min<rlim_t>(files.rlim_cur, 1 << 20))
+                           : 1 << 16;
+    pid_t pid;
+    {
+      BlockSignals block;  // (no launcher handler runs in the child)
+      pid = ::fork();
+      if (pid == 0) watch(fds[0], fds[1], null_fd, max_fd);
+    }
+    ::close(fds[0]);
+    if (null_fd >= 0) ::close(null_fd);
+    if (pid < 0) {
+      ::close(fds[1]);
+      return;
+    }
+    pid_ = pid;
+    fd_ = fds[1];
+  }
+  ~Watchdog() {
+    if (fd_ >= 0) ::close(fd_);  // end of file: it exits, with nothing left to kill
+    if (pid_ <= 0) return;
+    // (at once, normally; should it not see the end, a launch must not wait on it)
+    for (int i = 0; i < 200 && ::waitpid(pid_, nullptr, WNOHANG) == 0; ++i) ::usleep(5000);
+    if (::waitpid(pid_, nullptr, WNOHANG) == 0) {
+      ::kill(pid_, SIGKILL);
+      while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  void started(pid_t pgid) { send(static_cast<int32_t>(pgid)); }
+  void reaped(pid_t pgid) { send(-static_cast<int32_t>(pgid)); }
+
+ private:
+  void send(int32_t v) {
+    if (fd_ < 0) return;
+    ssize_t r;
+    do {
+      r = ::write(fd_, &v, sizeof v);
+    } while (r < 0 && errno == EINTR);
+  }
+  // In the child: async-signal-safe calls only (the launcher may have threads: libtorch's in `conduit train`).
+  [[noreturn]] static void watch(int rd, int wr, int null_fd, int max_fd) {
+    ::close(wr);      // (its own copy of the write end would keep the end of file from coming)
+    ::setpgid(0, 0);  // out of the launcher's group: a Ctrl-C or a group kill meant for it leaves this to clean up
+    for (int sig : SignalScope::kSignals) ::signal(sig, SIG_IGN);
+    ::signal(SIGPIPE, SIG_IGN);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // The read end to 3, then /dev/null on 0-2 (not the launcher's output: its readers see it end; the read end may
+    // have been one of them when the launcher started with one closed), every other descriptor closed.
+    const int keep = ::fcntl(rd, F_DUPFD, 3);
+    if (keep < 0) ::_exit(0);
+    if (null_fd >= 0)
+      for (int fd = 0; fd < 3; ++fd) ::dup2(null_fd, fd);
+    if (keep != 3 && ::dup2(keep, 3) != 3) ::_exit(0);
+    if (::close_range(4, ~0U, 0) != 0)  // (ENOSYS before Linux 5.9, or a seccomp filter)
+      for (int fd = 4; fd < max_fd; ++fd) ::close(fd);
+    pid_t groups[kMaxLocalWorkers];
+    int n = 0;
+    int32_t v;
+    for (;;) {
+      const ssize_t r = ::read(3, &v, sizeof v);
+      if (r < 0 && errno == EINTR) continue;
+      if (r != static_cast<ssize_t>(sizeof v)) break;  // end of file: the launcher is gone
+      if (v > 0 && n < kMaxLocalWorkers) {
+        groups[n++] = v;
+      } else if (v < 0) {
+        for (int i = 0; i < n; ++i)
+          if (groups[i] == -v) {
+            groups[i] = groups[--n];
+            break;
+          }
+      }
+    }
+    for (int i = 0; i < n; ++i) ::kill(-groups[i], SIGKILL);
+    ::_exit(0);
+  }
+  pid_t pid_ = -1;
+  int fd_ = -1;
+};
+
 // Stops the workers and then the launcher (SIGTSTP); returns once the launcher is continued, having continued them.
 void suspend_job();
 
@@ -517,7 +614,7 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
     ::sched_setaffinity(0, sizeof *start_mask, start_mask);
   }
   ::setpgid(0, 0);                     // own process group: the launcher signals the worker and everything it starts
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL does not leave workers behind
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a launcher killed with SIGKILL takes its workers (their children: Watchdog)
   if (::getppid() != parent) ::_exit(kExecFailedCode);
   if (file_limit != nullptr) ::setrlimit(RLIMIT_NOFILE, file_limit);  // what the launcher raised for itself
   struct sigaction dfl {};
@@ -569,6 +666,10 @@ std::optional<rlimit> ensure_file_limit(int nprocs) {
 }
 
 }  // namespace
+
+std::optional<std::string> find_program(const std::string& program, std::string* why) {
+  return resolve_program(program, why);
+}
 
 int find_free_port(const std::string& addr) {
   addrinfo hints{};
@@ -803,6 +904,7 @@ int run_local_workers(const LaunchSpec& spec) {
 
   const std::optional<rlimit> worker_file_limit = ensure_file_limit(spec.nprocs);
   SignalScope signals;
+  Watchdog watchdog;
   FileDescriptor dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));
 
@@ -921,6 +1023,7 @@ int run_local_workers(const LaunchSpec& spec) {
       break;
     }
     ::setpgid(pid, pid);  // also here, so that signalling the group cannot race the child's own setpgid
+    watchdog.started(pid);
     out_w.reset();
     err_w.reset();
     rep_w.reset();
@@ -942,6 +1045,7 @@ int run_local_workers(const LaunchSpec& spec) {
     } while (r < 0 && errno == EINTR);
     if (r == static_cast<ssize_t>(sizeof exec_errno)) {
       ::waitpid(pid, nullptr, 0);
+      watchdog.reaped(pid);
       w.running = false;
       for (auto& s : w.streams) s.fd.reset();
       int others = running_count();
@@ -980,12 +1084,14 @@ int run_local_workers(const LaunchSpec& spec) {
       // the launch, and in `conduit cluster run` shared the host with the next cell).
       ::kill(-w.pid, SIGKILL);
       ::waitpid(w.pid, nullptr, 0);
+      watchdog.reaped(w.pid);
       w.running = false;
       exits.push_back({&w, info, code, std::move(what)});
     }
     const Exit* first = nullptr;
     std::vector<std::string> also;
     const bool settling = settle_deadline.has_value();
+    bool crashed = false;
     for (const auto& e : exits) {
       if (e.code == 0) continue;
       if (!stopping && !settling && first == nullptr) {
@@ -1000,8 +1106,10 @@ int run_local_workers(const LaunchSpec& spec) {
         // closed".
         for (auto& st : e.w->streams) pump_all(st, e.w->prefix, buf);
         message(spec, fmt::format("rank {} (pid {}) also {}", e.w->rank, e.w->pid, e.what));
+        if (settling && e.info.si_code != CLD_EXITED) crashed = true;
       }
     }
+    if (crashed && settle_deadline) begin_stop(SIGTERM);  // (a crash stops the others at once, as a first one does)
     if (first != nullptr) {
       for (auto& st : first->w->streams) pump_all(st, first->w->prefix, buf);
       const int others = running_count();

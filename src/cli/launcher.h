@@ -7,6 +7,7 @@
 // error a peer's exit preceded can still say why; each that fails meanwhile is named) and returns that worker's exit
 // code. Used by `conduit launch` and by
 // subcommands that start their own workers (`conduit train -n N`).
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,10 @@ int launcher_stop_signal();
 // A TCP port that was free on `addr` a moment ago: below the kernel's ephemeral port range where there is room (a
 // port from it could go to an outgoing connection before rank 0 binds it), else the kernel's choice (bind to port 0).
 int find_free_port(const std::string& addr);
+
+// The path execve will run for `program` (a path, or a name looked up in PATH as execvp does); nullopt with `why`
+// set (e.g. "not found in PATH", "Permission denied") when there is none.
+std::optional<std::string> find_program(const std::string& program, std::string* why);
 
 // A unique id for one launch (hex of pid and time), safe in file and shared-memory names.
 std::string make_job_id();

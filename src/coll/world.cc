@@ -104,9 +104,14 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
   } catch (...) {
     // The store (rank 0 serves it) outlives this error by a second: torn down while the exception went up, it
     // failed the other ranks' waits at once, and the launcher stopped this rank on their exit before it printed why
-    // (a full /dev/shm was reported only as "connection to the server lost" by the others). Waited here: a detached
-    // thread holding it did not outlive a process that exits on the error, as most callers do.
-    if (boot->rank == 0 && boot->store) std::this_thread::sleep_for(std::chrono::seconds(1));
+    // (a full /dev/shm was reported only as "connection to the server lost" by the others). A caller that goes on
+    // gets the store's port back after that second. (The thread dies with a process that exits on the error, but by
+    // then this rank has printed why; waiting here instead held that line back a second, long enough for the
+    // launcher to stop this rank when the others failed at start-up too.)
+    std::thread([keep = boot]() mutable {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      keep.reset();
+    }).detach();
     throw;
   }
   std::vector<int> members(boot->size);

@@ -458,10 +458,12 @@ TEST_F(LaunchTest, CrashWhileStoppingIsReportedToo) {
 // first, and the SIGTERM that followed at once ended the first rank before it said why. An error exit now gives the
 // others half a second to end on their own, and each that fails meanwhile is named.
 TEST_F(LaunchTest, ARankFailingJustAfterAPeerStillSaysWhy) {
-  const std::string ready = path("ready3");
-  const std::string script = "if [ \"$RANK\" = 0 ]; then touch " + ready +
-                             "; sleep 0.1; echo 'the root cause' >&2; exit 3; fi; while [ ! -e " + ready +
-                             " ]; do sleep 0.02; done; echo 'connection lost' >&2; exit 2";
+  // Rank 0 fails once the launcher has reaped rank 1 (its pid no longer answers), so the order is always this one.
+  const std::string p = path("peer");
+  const std::string script = "if [ \"$RANK\" = 0 ]; then while [ ! -s " + p + " ]; do sleep 0.01; done; q=$(cat " + p +
+                             "); while kill -0 $q 2>/dev/null; do sleep 0.01; done; echo 'the root cause' >&2; " +
+                             "exit 3; fi; echo $$ > " + p + ".t && mv " + p + ".t " + p +
+                             "; echo 'connection lost' >&2; exit 2";
   auto r = run({"launch", "-n", "2", "--", "sh", "-c", script});
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.code, 2) << r.err;
@@ -517,6 +519,30 @@ TEST_P(LaunchSignalTest, SignalToLauncherStopsWorkersAndTheirChildren) {
             std::string::npos)
       << r.err;
   for (pid_t pid : pids) EXPECT_TRUE(wait_gone(pid, 2s)) << "pid " << pid << " still running";
+}
+
+// A launcher killed with SIGKILL (the OOM killer, a batch system) leaves nothing behind: its workers die with it
+// (PR_SET_PDEATHSIG) and what they started with them (its watchdog kills their process groups; a worker's `sleep`
+// ran on, re-parented to init).
+TEST_F(LaunchTest, ALauncherKilledWithSigkillLeavesNoWorkerChildren) {
+  const std::string script =
+      "sleep 60 & echo $! > " + path("child") + ".$RANK; echo $$ > " + path("pid") + ".$RANK; wait";
+  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script});
+  std::vector<pid_t> pids;
+  for (const char* name : {"pid.0", "pid.1", "child.0", "child.1"}) {
+    pid_t pid = wait_pid_file(name);
+    if (pid <= 0) {
+      ::kill(launcher, SIGKILL);
+      finish(launcher);
+      FAIL() << "worker did not write " << name;
+    }
+    pids.push_back(pid);
+  }
+  ASSERT_EQ(::kill(launcher, SIGKILL), 0);
+  auto r = finish(launcher, 10s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 128 + SIGKILL);
+  for (pid_t pid : pids) EXPECT_TRUE(wait_gone(pid, 3s)) << "pid " << pid << " still running";
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignalTest, ::testing::Values(SIGTERM, SIGINT, SIGHUP),
@@ -841,6 +867,8 @@ TEST_F(LaunchTest, BindsWorkersRoundRobinWhenTheyDivideEvenlyOverTheCpus) {
 // (each one's OpenMP runtime pinned its threads to the first CPU: every worker on one), with a note; bound workers
 // keep it (their runtime pins within their own CPU).
 TEST_F(LaunchTest, UnboundWorkersAreNotAllPinnedToOneCpuByOpenMp) {
+  if (std::getenv("OMP_PROC_BIND") != nullptr || std::getenv("OMP_PLACES") != nullptr)
+    GTEST_SKIP() << "OMP_PROC_BIND or OMP_PLACES is set for the test itself";
   const std::vector<std::string> report = {"--no-tag-output", "--", "sh", "-c",
                                            "echo \"$RANK ${OMP_PROC_BIND-unset} ${OMP_PLACES-unset}\""};
   auto launch = [&](const std::string& bind, std::map<std::string, std::string> env) {
@@ -859,7 +887,6 @@ TEST_F(LaunchTest, UnboundWorkersAreNotAllPinnedToOneCpuByOpenMp) {
   r = launch("core", {{"OMP_PROC_BIND", "true"}});
   for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" true unset"), std::string::npos) << r.out;
   EXPECT_EQ(r.err.find("OMP_PROC_BIND"), std::string::npos) << r.err;
-  if (std::getenv("OMP_PROC_BIND") != nullptr || std::getenv("OMP_PLACES") != nullptr) return;
   r = launch("none", {});
   for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" unset unset"), std::string::npos) << r.out;
   EXPECT_EQ(r.err, "");
