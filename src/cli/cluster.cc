@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -231,35 +232,35 @@ std::string stop_namespaces_processes(const std::vector<std::string>& names) {
   return survivors;
 }
 
-// SIGINT/SIGTERM while `up` builds namespaces: remember the signal, finish the current step, remove what was made.
+// SIGINT/SIGTERM/SIGHUP/SIGQUIT while `up` builds namespaces: remember the signal, finish the current step, remove
+// what was made (a hang-up, a dropped ssh session, killed `up` half way and left its namespaces).
 volatile sig_atomic_t g_up_signal = 0;
 void note_up_signal(int sig) { g_up_signal = sig; }
 
-// Installs note_up_signal for SIGINT and SIGTERM while alive; restores the previous handlers after.
+// Installs note_up_signal for the stop signals while alive; restores the previous handlers after.
 class UpSignals {
  public:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   UpSignals() {
     g_up_signal = 0;
     struct sigaction sa {};
     sa.sa_handler = note_up_signal;
     sigemptyset(&sa.sa_mask);
     // A signal the caller ignores (nohup, a backgrounded script) stays ignored.
-    sigaction(SIGINT, nullptr, &old_int_);
-    sigaction(SIGTERM, nullptr, &old_term_);
-    if (old_int_.sa_handler != SIG_IGN) sigaction(SIGINT, &sa, nullptr);
-    if (old_term_.sa_handler != SIG_IGN) sigaction(SIGTERM, &sa, nullptr);
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      sigaction(kSignals[i], nullptr, &old_[i]);
+      if (old_[i].sa_handler != SIG_IGN) sigaction(kSignals[i], &sa, nullptr);
+    }
   }
   ~UpSignals() { restore(); }
   void restore() {
     if (restored_) return;
     restored_ = true;
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
+    for (size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &old_[i], nullptr);
   }
 
  private:
-  struct sigaction old_int_ {
-  }, old_term_{};
+  struct sigaction old_[std::size(kSignals)] = {};
   bool restored_ = false;
 };
 
@@ -327,13 +328,15 @@ double parse_rate(const std::string& text, const std::string& field) {
   if (!split_number(text, &v, &unit) || lower(text).find('x') != std::string::npos) throw bad();
   if (unit.size() > 2 && unit.substr(unit.size() - 2) == "/s") unit = unit.substr(0, unit.size() - 2);
   // tc reads "mbps" as megabytes per second, most people as megabits: refuse the ambiguity.
-  if ((unit.size() >= 3 && unit.substr(unit.size() - 3) == "bps") || unit == "kb" || unit == "mb" || unit == "gb")
+  // ('b' alone was taken as bits, 800000b as 800 kbit, beside 'kb' refused as a size)
+  if ((unit.size() >= 3 && unit.substr(unit.size() - 3) == "bps") || unit == "b" || unit == "kb" || unit == "mb" ||
+      unit == "gb")
     throw ConfigError(
         fmt::format("{}: '{}' is ambiguous (tc reads 'mbps' as megabytes per second and 'mb' as a size); use "
                     "bits: e.g. 100mbit, 1gbit, 500kbit",
                     field, text));
   double mult = 0;
-  if (unit.empty() || unit == "bit" || unit == "b") {
+  if (unit.empty() || unit == "bit") {
     mult = 1;
   } else if (unit == "k" || unit == "kbit") {
     mult = 1e3;
@@ -346,7 +349,8 @@ double parse_rate(const std::string& text, const std::string& field) {
   }
   const double bps = v * mult;
   if (bps < 8000 || bps > 400e9) {
-    throw ConfigError(fmt::format("{}: {} is out of range; allowed 8kbit .. 400gbit", field, text));
+    throw ConfigError(fmt::format("{}: {} is out of range; allowed 8kbit .. 400gbit{}", field, text,
+                                  unit.empty() ? " (a number without a unit is bits per second)" : ""));
   }
   return bps;
 }
@@ -636,6 +640,8 @@ int down(const std::string& name) {
     std::string out;
     if (run_program({"ip", "netns", "del", ns}, &out) == 0) {
       ++removed;
+    } else if (std::error_code ec; !std::filesystem::exists(std::filesystem::path(kNetnsDir) / ns, ec) && !ec) {
+      // (gone meanwhile: another `down` of this cluster, a sweep's clean-up, took it; that one counts it)
     } else {
       errors += fmt::format(" {}: {};", ns, first_line(out));
     }

@@ -241,7 +241,11 @@ const bool kRegistered = register_command(40, [](CLI::App& app) {
                       ->capture_default_str();
   cu->add_option("--hosts-file", up->hosts_file, "YAML with per-host bandwidth/latency/loss (see docs/cluster.md)");
   cu->add_flag("-q,--quiet", up->quiet, "print nothing on success");
-  cu->callback([up, up_bw, up_lat, up_loss]() {
+  auto* up_hosts = cu->get_option("--hosts");
+  cu->callback([up, up_bw, up_lat, up_loss, up_hosts]() {
+    // (with --hosts-file, 0 meant "the file's count" whether given or not: --hosts 0 was taken without a word)
+    if (up_hosts->count() > 0 && up->hosts < 1)
+      throw ConfigError(fmt::format("cluster up: --hosts must be between 1 and {}, got {}", cl::kMaxHosts, up->hosts));
     // Given or not by the command line, not by the value: an explicit --latency 0 or --loss 0 is a value too (it
     // was taken for "not given", and a hosts file's defaults then applied theirs without a word).
     up->given.bandwidth = up_bw->count() > 0 ? "--bandwidth" : "";

@@ -52,6 +52,7 @@
 
 #include "cli/bench_ops.h"
 #include "cli/cluster.h"
+#include "cli/launcher.h"
 #include "cli/registry.h"
 #include "core/dtype.h"
 #include "core/env.h"
@@ -111,6 +112,7 @@ struct SweepSpec {
 
 volatile sig_atomic_t g_stop = 0;
 void on_stop(int sig) { g_stop = sig; }
+constexpr int kStops[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 std::string self_exe() {
   char buf[PATH_MAX];
@@ -226,7 +228,11 @@ SweepSpec load_spec(const std::string& path) {
       s.seeds.clear();
       for (const auto& v : string_list(root["seeds"], "seeds")) {
         if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) throw std::invalid_argument(v);
-        s.seeds.push_back(std::stoull(v));
+        // (conduit train's --seed takes at most INT64_MAX: a larger one failed every cell after its cluster came up)
+        const unsigned long long seed = std::stoull(v);
+        if (seed > static_cast<unsigned long long>(INT64_MAX))
+          throw ConfigError(fmt::format("sweep: {}: seed {} is too large; allowed: 0 to {}", path, v, INT64_MAX));
+        s.seeds.push_back(seed);
       }
     }
   } catch (const YAML::Exception& e) {
@@ -346,8 +352,27 @@ SweepSpec load_spec(const std::string& path) {
           throw ConfigError(fmt::format("sweep: train cell (scheme {}, compressor {}): {}", sc, comp, e.what()));
         }
       }
+  } else if (!s.peers.empty()) {
+    // A grid of DDP peers alone: the values they share with conduit train, read as conduit train reads them (none
+    // were checked: epochs: abc or lr: -1 failed every peer cell after its cluster came up).
+    train::RawConfig raw;
+    for (const auto& [k, v] : base)
+      for (const auto& [ck, desc] : train::config_keys())
+        if (ck == k) raw[k] = v;
+    try {
+      (void)train::resolve_config(raw, s.hosts, false);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("sweep: train (the DDP peer cells): {}", e.what()));
+    }
   }
 #endif
+  if (!s.peers.empty())
+    for (const auto& [k, v] : s.train)
+      if (k == "model" && v != "cnn" && v != "mlp")
+        throw ConfigError(
+            fmt::format("sweep: train: model '{}' is not one the PyTorch DDP peer (peers:) trains; "
+                        "allowed with peers: cnn, mlp",
+                        v));
   {
     static const std::set<std::string> kBench = {"op",    "algo",   "dtype", "reduce",  "min-bytes", "max-bytes",
                                                  "iters", "warmup", "root",  "timeout", "stagger-us"};
@@ -530,6 +555,21 @@ SweepSpec load_spec(const std::string& path) {
       throw ConfigError("sweep: peers need bench/peers/ddp_train.py; run from the repository root or set ddp_script");
     }
   }
+  if (!s.peers.empty()) {
+    // (a missing interpreter or script failed every DDP cell, exit 127, after its cluster came up)
+    std::string why;
+    if (!find_program(s.python, &why))
+      throw ConfigError(
+          fmt::format("sweep: python '{}' cannot run the DDP peer: {}; allowed: a Python 3 with torch "
+                      "(default /usr/bin/python3)",
+                      s.python, why));
+    std::error_code ec;
+    if (!fs::is_regular_file(s.ddp_script, ec))
+      throw ConfigError(
+          fmt::format("sweep: ddp_script '{}' is not a file; allowed: the path of "
+                      "bench/peers/ddp_train.py (or leave it out)",
+                      s.ddp_script));
+  }
   return s;
 }
 
@@ -652,18 +692,33 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The stop signals blocked across the fork: one that came before the child had its default handlers back went to
+  // the sweep's handler in the child (a SIGTERM to it was lost and the cell ran on until SIGKILL 15 s later); pending,
+  // it acts once they are back.
+  sigset_t stops, before;
+  sigemptyset(&stops);
+  for (int sig : kStops) sigaddset(&stops, sig);
+  sigprocmask(SIG_BLOCK, &stops, &before);
   const pid_t pid = fork();
-  if (pid < 0) throw Error("sweep: fork failed");
   if (pid == 0) {
     setpgid(0, 0);
     dup2(fd, 1);
     dup2(fd, 2);
     const int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
+    for (int sig : kStops) {
+      struct sigaction now {};
+      sigaction(sig, nullptr, &now);
+      if (now.sa_handler != SIG_IGN) signal(sig, SIG_DFL);  // (ignored ones, nohup's, stay ignored)
+    }
+    sigprocmask(SIG_SETMASK, &before, nullptr);
     execvp(args[0], args.data());
     _exit(127);
+  }
+  sigprocmask(SIG_SETMASK, &before, nullptr);
+  if (pid < 0) {
+    close(fd);
+    throw Error("sweep: fork failed");
   }
   close(fd);
   const auto t0 = std::chrono::steady_clock::now();
@@ -1069,11 +1124,14 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
   if (output.empty()) output = s.output.empty() ? "runs/sweep-" + sanitize(s.name) : s.output;
   const fs::path out = fs::absolute(output);
   const auto cells = make_cells(s, out.string());
-  if (cells.empty())  // every (scheme, compressor) pair left out: nothing ran and the sweep said it succeeded
+  // Every (scheme, compressor) pair left out: nothing ran and the sweep said it succeeded; beside peers: or bench:
+  // the Conduit cells asked for were dropped with a line the cells' output buried.
+  const bool any_train = std::any_of(cells.begin(), cells.end(), [](const Cell& c) { return c.kind == "train"; });
+  if (!s.schemes.empty() && !any_train)
     throw ConfigError(
-        fmt::format("sweep: no cell to run: every scheme of schemes: averages parameters and takes no "
+        fmt::format("sweep: no Conduit cell to run: every scheme of schemes: averages parameters and takes no "
                     "gradient compressor, and compressors: has no none; allowed: add none to "
-                    "compressors:, a scheme that compresses (bsp, dpsgd, ps-*), peers: or bench:"));
+                    "compressors:, a scheme that compresses (bsp, dpsgd, ps-*), or leave schemes: out"));
   const std::string exe = self_exe();
   const std::string cluster = fmt::format("sweep{}", getpid());
   bool needs_sync = false;
@@ -1135,19 +1193,22 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
   for (const auto& e : fs::directory_iterator(out)) {
     const std::string name = e.path().filename().string();
     const bool ours =
-        name == "results.csv" || name == "results.json" ||
+        name == "results.csv" || name == "results.json" || name == "plot.gp" ||
         (e.is_regular_file() &&
          (kPlots.count(name) > 0 ||
           ((name.rfind("throughput-", 0) == 0 || name.rfind("busbw-", 0) == 0) && name.ends_with(".dat")))) ||
         (e.is_directory() && is_cell_folder_name(name));
     if (ours) fs::remove_all(e.path());
   }
-  // SIGHUP and SIGQUIT stop a sweep as SIGINT and SIGTERM do (by default they killed it with its cluster up).
-  static constexpr int kStops[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  // SIGHUP and SIGQUIT stop a sweep as SIGINT and SIGTERM do (by default they killed it with its cluster up); one
+  // the caller ignores (nohup) stays ignored, as `cluster up` and the launcher keep it.
   struct sigaction sa {};
   struct sigaction old_handlers[4] = {};
   sa.sa_handler = on_stop;
-  for (int i = 0; i < 4; ++i) sigaction(kStops[i], &sa, &old_handlers[i]);
+  for (int i = 0; i < 4; ++i) {
+    sigaction(kStops[i], nullptr, &old_handlers[i]);
+    if (old_handlers[i].sa_handler != SIG_IGN) sigaction(kStops[i], &sa, nullptr);
+  }
   auto restore_handlers = [&] {
     for (int i = 0; i < 4; ++i) sigaction(kStops[i], &old_handlers[i], nullptr);
   };
@@ -1182,6 +1243,8 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
         cl::up(cluster, c.net->links);
         up_net = c.net;
         bringing_up = false;
+        // (a signal after `up` gave its handlers back: the cell ran on, and was marked stopped however it ended)
+        if (g_stop) break;
       }
       // A cell's folder starts empty: an earlier sweep's summary.json was read as this cell's result when the cell
       // failed before writing its own.
