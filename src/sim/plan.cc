@@ -228,11 +228,13 @@ std::vector<std::string> explain_plan(const StepResult& best, const StepResult* 
         {"exposed data-parallel comm", (o.dp_exposed + o.zero3_exposed) - (b.dp_exposed + b.zero3_exposed)},
         {"optimizer", o.optimizer - b.optimizer}};
     std::sort(diffs.begin(), diffs.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
-    if (other->time > best.time && diffs.front().v > 0)
+    // (a tie within rounding too: ZeRO-1 and 2 reach the same time by different sums)
+    const bool tie = other->time <= best.time * (1 + 1e-9);
+    if (!tie && diffs.front().v > 0)
       out.push_back(fmt::format("beats the next plan ({}) by {:.1f}% mostly through {} ({} less)",
                                 describe_config(other->config), 100 * (other->time - best.time) / other->time,
                                 diffs.front().name, format_seconds(diffs.front().v)));
-    else if (other->time <= best.time)  // (an exact tie said nothing: ZeRO-1 and 2 of a small model, one bucket)
+    else if (tie)  // (a tie said nothing: ZeRO-1 and 2 of a small model, one bucket)
       out.push_back(fmt::format("ties with the next plan ({}): the same predicted time, ranked first by {}",
                                 describe_config(other->config),
                                 best.memory.total() < other->memory.total() ? "its smaller memory" : "its name"));

@@ -902,11 +902,13 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
   const double loss_copies = p > 1 && cfg.schedule == Schedule::kGpipe ? mbs : 1.0;
   // ZeRO-3 also holds what it gathers: the layer it runs and, prefetched, the next (one without overlap or prefetch),
   // the embeddings it gathers for the first and the output layer, and one layer's full gradients before their
-  // reduce-scatter (the sharded state alone left out about a third of GPT-1T's memory at t = 8).
+  // reduce-scatter (the sharded state alone left out about a third of GPT-1T's memory at t = 8), and the embeddings'
+  // full gradients, whole from the output layer's backward until the input embedding's, the last (their
+  // reduce-scatter's timing, above).
   const bool zero3 = cfg.zero == 3 && d > 1;
   const double gathered =
       zero3 ? ((cfg.dp_overlap && cfg.zero_prefetch ? 2 : 1) * layer_params / t + emb_gpu) * 2 : 0.0;
-  const double unsharded_grads = zero3 ? layer_params / t * cfg.grad_bytes : 0.0;
+  const double unsharded_grads = zero3 ? (layer_params / t + emb_gpu) * cfg.grad_bytes : 0.0;
   auto stage_memory = [&](double params, double inflight, bool loss) {
     // (sharded within groups: over the group's ranks only)
     const ModelState st = zero_model_state(params, shard > 1 ? shard : d, cfg.zero, cfg.grad_bytes);

@@ -116,10 +116,11 @@ TEST(Step, ZeroStagesMoveTheSameGradientBytesPlusAParameterGather) {
   // ZeRO-3 gathers the parameters twice per micro-batch: more traffic than one allreduce per step.
   EXPECT_GT(z3.breakdown.dp_comm, z0.breakdown.dp_comm);
   // Its memory: the sharded state plus what it gathers (the running layer, no prefetch without overlap, and the
-  // embeddings) and one layer's full gradients before their reduce-scatter (it counted the shards alone).
+  // embeddings) and one layer's full gradients before their reduce-scatter (it counted the shards alone), and the
+  // embeddings' full gradients, whole until the input embedding's backward, the last.
   const double layer = gpt_layer_parameters(m), emb = double(m.vocab + m.seq) * m.hidden;
   EXPECT_NEAR(z3.memory.params, z0.memory.params / 64 + (layer + emb) * 2, 1e-9 * z3.memory.params);
-  EXPECT_NEAR(z3.memory.grads, z0.memory.grads / 64 + layer * c.grad_bytes, 1e-9 * z3.memory.grads);
+  EXPECT_NEAR(z3.memory.grads, z0.memory.grads / 64 + (layer + emb) * c.grad_bytes, 1e-9 * z3.memory.grads);
   c.dp_overlap = true;  // the next layer prefetched
   EXPECT_NEAR(simulate_step(net, m, c).memory.params, z0.memory.params / 64 + (2 * layer + emb) * 2,
               1e-9 * z3.memory.params);
@@ -283,7 +284,7 @@ TEST(Step, ZeroThreeReducingOnceAStepHoldsTheWholeGradients) {
       EXPECT_EQ(each.config.zero_reduce, ZeroReduce::kEveryMicroBatch);
       extra.push_back(each.breakdown.dp_comm - once.breakdown.dp_comm);
       EXPECT_NEAR(once.memory.grads, gpt_parameters(m) * c.grad_bytes, 1e-9 * once.memory.grads);
-      EXPECT_LT(each.memory.grads * 10, once.memory.grads);
+      EXPECT_LT(each.memory.grads * 4, once.memory.grads);  // (a layer's and the embeddings' whole, the rest sharded)
       EXPECT_LT(once.time, each.time);
       EXPECT_LE(once.breakdown.zero3_exposed, each.breakdown.zero3_exposed);
     }
