@@ -253,6 +253,13 @@ class UpSignals {
     }
   }
   ~UpSignals() { restore(); }
+  // The signal to pass on: SIGQUIT's default action dumps core (as root, of `cluster up`): SIGTERM then, as the
+  // launcher does; a handler the caller installed gets SIGQUIT itself.
+  int passed_on(int sig) const {
+    for (size_t i = 0; i < std::size(kSignals); ++i)
+      if (kSignals[i] == sig && sig == SIGQUIT && old_[i].sa_handler == SIG_DFL) return SIGTERM;
+    return sig;
+  }
   void restore() {
     if (restored_) return;
     restored_ = true;
@@ -613,7 +620,7 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links) {
     // after the namespaces and the state file are gone; `sweep` notes it and stops).
     const int sig = g_up_signal;
     signals.restore();
-    if (sig != 0) raise(sig);
+    if (sig != 0) raise(signals.passed_on(sig));
     throw;
   }
   signals.restore();
@@ -623,7 +630,7 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links) {
       down(name);
     } catch (...) {
     }
-    raise(sig);
+    raise(signals.passed_on(sig));
     throw Error(fmt::format("cluster up: stopped by signal {}", sig));
   }
   return s;

@@ -322,7 +322,7 @@ class Watchdog {
       const ssize_t r = ::read(3, &v, sizeof v);
       if (r < 0 && errno == EINTR) continue;
       if (r != static_cast<ssize_t>(sizeof v)) break;  // end of file: the launcher is gone
-      if (v > 0 && n < kMaxLocalWorkers) {
+      if (v > 1 && n < kMaxLocalWorkers) {             // (a process group id; 1 would make kill(-1) signal everything)
         groups[n++] = v;
       } else if (v < 0) {
         for (int i = 0; i < n; ++i)
@@ -1044,8 +1044,8 @@ int run_local_workers(const LaunchSpec& spec) {
       r = ::read(rep_r.get(), &exec_errno, sizeof exec_errno);
     } while (r < 0 && errno == EINTR);
     if (r == static_cast<ssize_t>(sizeof exec_errno)) {
-      ::waitpid(pid, nullptr, 0);
       watchdog.reaped(pid);
+      ::waitpid(pid, nullptr, 0);
       w.running = false;
       for (auto& s : w.streams) s.fd.reset();
       int others = running_count();
@@ -1083,8 +1083,8 @@ int run_local_workers(const LaunchSpec& spec) {
       // Whatever a worker started in its process group goes with it, also when it succeeded (its leftovers outlived
       // the launch, and in `conduit cluster run` shared the host with the next cell).
       ::kill(-w.pid, SIGKILL);
+      watchdog.reaped(w.pid);  // (before the wait frees the group's id for reuse)
       ::waitpid(w.pid, nullptr, 0);
-      watchdog.reaped(w.pid);
       w.running = false;
       exits.push_back({&w, info, code, std::move(what)});
     }
@@ -1115,8 +1115,11 @@ int run_local_workers(const LaunchSpec& spec) {
       const int others = running_count();
       result = first->code;
       have_result = true;
-      // (decided before the line is written: a stalled stderr held the stop back)
-      if (first->info.si_code == CLD_EXITED && others > 0)
+      // (decided before the line is written: a stalled stderr held the stop back; a crash among them stops the others
+      // at once too)
+      bool crash = first->info.si_code != CLD_EXITED;
+      for (const auto& e : exits) crash = crash || (e.code != 0 && e.info.si_code != CLD_EXITED);
+      if (!crash && others > 0)
         settle_deadline = Clock::now() + kSettle;
       else
         begin_stop(SIGTERM);

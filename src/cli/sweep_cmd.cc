@@ -557,18 +557,18 @@ SweepSpec load_spec(const std::string& path) {
   }
   if (!s.peers.empty()) {
     // (a missing interpreter or script failed every DDP cell, exit 127, after its cluster came up)
-    std::string why;
-    if (!find_program(s.python, &why))
-      throw ConfigError(
-          fmt::format("sweep: python '{}' cannot run the DDP peer: {}; allowed: a Python 3 with torch "
-                      "(default /usr/bin/python3)",
-                      s.python, why));
     std::error_code ec;
     if (!fs::is_regular_file(s.ddp_script, ec))
       throw ConfigError(
           fmt::format("sweep: ddp_script '{}' is not a file; allowed: the path of "
                       "bench/peers/ddp_train.py (or leave it out)",
                       s.ddp_script));
+    std::string why;
+    if (!find_program(s.python, &why))
+      throw ConfigError(
+          fmt::format("sweep: python '{}' cannot run the DDP peer: {}; allowed: a Python 3 with torch "
+                      "(default /usr/bin/python3)",
+                      s.python, why));
   }
   return s;
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <numeric>
+#include <system_error>
 #include <thread>
 
 #include "coll/algorithms.h"
@@ -108,10 +109,14 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
     // gets the store's port back after that second. (The thread dies with a process that exits on the error, but by
     // then this rank has printed why; waiting here instead held that line back a second, long enough for the
     // launcher to stop this rank when the others failed at start-up too.)
-    std::thread([keep = boot]() mutable {
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      keep.reset();
-    }).detach();
+    try {
+      std::thread([keep = boot]() mutable {
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        keep.reset();
+      }).detach();
+    } catch (const std::system_error&) {
+      // (no thread to spare: the store goes now, and the start-up error, not this one, is what the caller sees)
+    }
     throw;
   }
   std::vector<int> members(boot->size);

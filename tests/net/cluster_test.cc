@@ -621,8 +621,9 @@ TEST_F(ClusterTest, ASweepUnderNohupIgnoresHangUps) {
   std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 8\nnetworks: [{bandwidth: 1gbit}]\n"
                                 << "bench: {max_bytes: 1K, iters: 2, warmup: 1}\n";
   Result r = sh("(PATH=" + bin.string() + ":$PATH nohup " + conduit() + " sweep " + (dir / "s.yaml").string() + " -o " +
-                (dir / "out").string() + " > " + (dir / "log").string() +
-                " 2>&1 & P=$!; sleep 0.5; kill -HUP $P; sleep 1; kill -HUP $P; wait $P; echo rc=$?)");
+                (dir / "out").string() + " > " + (dir / "log").string() + " 2>&1 & P=$!; while [ ! -d " +
+                (dir / "out").string() +
+                " ]; do sleep 0.05; done; kill -HUP $P; sleep 0.5; kill -HUP $P; wait $P; echo rc=$?)");
   EXPECT_NE(r.out.find("rc=0"), std::string::npos) << r.out << read_file(dir / "log");
   EXPECT_NE(read_file(dir / "out" / "results.csv").find(",ok,"), std::string::npos) << read_file(dir / "log");
   fs::remove_all(dir);

@@ -461,7 +461,7 @@ TEST_F(LaunchTest, ARankFailingJustAfterAPeerStillSaysWhy) {
   // Rank 0 fails once the launcher has reaped rank 1 (its pid no longer answers), so the order is always this one.
   const std::string p = path("peer");
   const std::string script = "if [ \"$RANK\" = 0 ]; then while [ ! -s " + p + " ]; do sleep 0.01; done; q=$(cat " + p +
-                             "); while kill -0 $q 2>/dev/null; do sleep 0.01; done; echo 'the root cause' >&2; " +
+                             "); while kill -0 $q 2>/dev/null; do :; done; echo 'the root cause' >&2; " +
                              "exit 3; fi; echo $$ > " + p + ".t && mv " + p + ".t " + p +
                              "; echo 'connection lost' >&2; exit 2";
   auto r = run({"launch", "-n", "2", "--", "sh", "-c", script});
