@@ -259,16 +259,19 @@ TEST_F(ClusterTest, RunStartsItsRanksInTheirHosts) {
   }
 }
 
+// Moves this process into emulated host `host` of cluster `name` (its network namespace).
+bool enter_host(const std::string& name, int host) {
+  const std::string path = "/run/netns/conduit-" + name + "-h" + std::to_string(host);
+  const int fd = open(path.c_str(), O_RDONLY);
+  return fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+}
+
 // Receives on host 1 what host 0 sends over TCP through the shaped links; returns the receiver's goodput in bit/s,
 // or a negative value on failure. Timed from the read that passes the first 1.5 MB to the last byte: what the link
 // delivered while a late-starting receiver was not reading yet (62.5 KB a 10 ms at 50 Mbit/s) is read in a burst
 // before the clock starts, not counted as taking no time.
 double measure_goodput(const std::string& name, size_t bytes) {
-  const auto enter = [&](int host) {
-    const std::string path = "/run/netns/conduit-" + name + "-h" + std::to_string(host);
-    const int fd = open(path.c_str(), O_RDONLY);
-    return fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
-  };
+  const auto enter = [&](int host) { return enter_host(name, host); };
   int pfd[2];
   if (pipe(pfd) != 0) return -1;
   int ready[2];
@@ -360,11 +363,7 @@ TEST_F(ClusterTest, ShapedRateIsHonouredWithinTenPercent) {
 // Host 0 sends `bytes` to host 1 over TCP after `idle_s` of silence on the connection; returns the seconds from the
 // first write to host 1's one-byte answer once it has them all, or a negative value on failure.
 double seconds_after_idle(const std::string& name, size_t bytes, double idle_s) {
-  const auto enter = [&](int host) {
-    const std::string path = "/run/netns/conduit-" + name + "-h" + std::to_string(host);
-    const int fd = open(path.c_str(), O_RDONLY);
-    return fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
-  };
+  const auto enter = [&](int host) { return enter_host(name, host); };
   int ready[2], result[2];
   if (pipe(ready) != 0) return -1;
   if (pipe(result) != 0) {

@@ -208,6 +208,24 @@ class LaunchTest : public ::testing::Test {
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
+  // Starts 2 workers that each start a child; once all four wrote their pids (workers first), returns the
+  // launcher's pid with the four in *pids; -1 (the launcher killed and reaped) when one did not.
+  pid_t start_workers_with_children(std::vector<pid_t>* pids) {
+    const std::string script =
+        "sleep 60 & echo $! > " + path("child") + ".$RANK; echo $$ > " + path("pid") + ".$RANK; wait";
+    const pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script});
+    for (const char* name : {"pid.0", "pid.1", "child.0", "child.1"}) {
+      const pid_t pid = wait_pid_file(name);
+      if (pid <= 0) {
+        ::kill(launcher, SIGKILL);
+        finish(launcher);
+        return -1;
+      }
+      pids->push_back(pid);
+    }
+    return launcher;
+  }
+
   fs::path dir_;
   Clock::time_point started_;
 };
@@ -492,19 +510,9 @@ class LaunchSignalTest : public LaunchTest, public ::testing::WithParamInterface
 TEST_P(LaunchSignalTest, SignalToLauncherStopsWorkersAndTheirChildren) {
   const int sig = GetParam();
   // Each worker starts a child of its own; the launcher must stop it too (it signals the process group).
-  const std::string script =
-      "sleep 60 & echo $! > " + path("child") + ".$RANK; echo $$ > " + path("pid") + ".$RANK; wait";
-  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script});
   std::vector<pid_t> pids;
-  for (const char* name : {"pid.0", "pid.1", "child.0", "child.1"}) {
-    pid_t pid = wait_pid_file(name);
-    if (pid <= 0) {
-      ::kill(launcher, SIGKILL);
-      finish(launcher);
-      FAIL() << "worker did not write " << name;
-    }
-    pids.push_back(pid);
-  }
+  const pid_t launcher = start_workers_with_children(&pids);
+  ASSERT_GT(launcher, 0) << "a worker did not write its pid files";
   ASSERT_EQ(::kill(launcher, sig), 0);
   auto r = finish(launcher, 10s);
   ASSERT_FALSE(r.timed_out);
@@ -525,19 +533,9 @@ TEST_P(LaunchSignalTest, SignalToLauncherStopsWorkersAndTheirChildren) {
 // (PR_SET_PDEATHSIG) and what they started with them (its watchdog kills their process groups; a worker's `sleep`
 // ran on, re-parented to init).
 TEST_F(LaunchTest, ALauncherKilledWithSigkillLeavesNoWorkerChildren) {
-  const std::string script =
-      "sleep 60 & echo $! > " + path("child") + ".$RANK; echo $$ > " + path("pid") + ".$RANK; wait";
-  pid_t launcher = start({"launch", "-n", "2", "--", "sh", "-c", script});
   std::vector<pid_t> pids;
-  for (const char* name : {"pid.0", "pid.1", "child.0", "child.1"}) {
-    pid_t pid = wait_pid_file(name);
-    if (pid <= 0) {
-      ::kill(launcher, SIGKILL);
-      finish(launcher);
-      FAIL() << "worker did not write " << name;
-    }
-    pids.push_back(pid);
-  }
+  const pid_t launcher = start_workers_with_children(&pids);
+  ASSERT_GT(launcher, 0) << "a worker did not write its pid files";
   ASSERT_EQ(::kill(launcher, SIGKILL), 0);
   auto r = finish(launcher, 10s);
   ASSERT_FALSE(r.timed_out);
