@@ -155,7 +155,13 @@ void cmd_status(const ClusterOptions& o) {
       continue;
     }
     if (o.json) {
-      nlohmann::json j = {{"name", s.name}, {"switch_ns", s.switch_ns}, {"shaping", s.shaping}};
+      // (whether each namespace is there, as the table says: the JSON claimed a whole cluster where one was gone)
+      const auto present = cl::existing_namespaces(s.name);
+      const auto up = [&](const std::string& ns) {
+        return std::find(present.begin(), present.end(), ns) != present.end();
+      };
+      nlohmann::json j = {
+          {"name", s.name}, {"switch_ns", s.switch_ns}, {"switch_up", up(s.switch_ns)}, {"shaping", s.shaping}};
       j["hosts"] = nlohmann::json::array();
       for (const auto& h : s.hosts) {
         j["hosts"].push_back({{"ns", h.ns},
@@ -163,7 +169,8 @@ void cmd_status(const ClusterOptions& o) {
                               {"ifname", cl::kHostIfname},
                               {"rate_bps", h.link.rate_bps},
                               {"latency_s", h.link.latency_s},
-                              {"loss", h.link.loss}});
+                              {"loss", h.link.loss},
+                              {"up", up(h.ns)}});
       }
       out.push_back(j);
     } else {

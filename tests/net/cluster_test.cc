@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -109,6 +110,19 @@ TEST_F(ClusterTest, UpDownLeavesNothingBehind) {
   EXPECT_NE(sw.out.find("100Mbit"), std::string::npos) << sw.out;
   Result st = sh(conduit() + " cluster status");
   EXPECT_NE(st.out.find("cluster " + name + ": 3 hosts"), std::string::npos) << st.out;
+  // --json says which namespaces are there, as the table's MISSING does (it claimed a host whose namespace was gone).
+  ASSERT_EQ(sh("ip netns del conduit-" + name + "-h1").code, 0);
+  const nlohmann::json all = nlohmann::json::parse(sh(conduit() + " cluster status --json").out);
+  bool seen = false;
+  for (const auto& c : all)
+    if (c["name"] == name) {
+      seen = true;
+      EXPECT_EQ(c["switch_up"], true);
+      EXPECT_EQ(c["hosts"][0]["up"], true);
+      EXPECT_EQ(c["hosts"][1]["up"], false);
+    }
+  EXPECT_TRUE(seen);
+  EXPECT_NE(sh(conduit() + " cluster status").out.find("MISSING"), std::string::npos);
   // A second up with the same name is refused in one line.
   Result again = sh(conduit() + " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit");
   EXPECT_EQ(again.code, 2);
@@ -116,7 +130,7 @@ TEST_F(ClusterTest, UpDownLeavesNothingBehind) {
 
   Result down = sh(conduit() + " cluster down --name " + name);
   ASSERT_EQ(down.code, 0) << down.out;
-  EXPECT_NE(down.out.find("removed 4 namespaces"), std::string::npos) << down.out;
+  EXPECT_NE(down.out.find("removed 3 namespaces"), std::string::npos) << down.out;  // (h1 went above)
   EXPECT_TRUE(namespaces_of(name).empty());
   EXPECT_FALSE(fs::exists("/run/conduit/cluster-" + name + ".json"));
   EXPECT_EQ(sh("ip -o link show | cut -d: -f2 | sort").out, links_before);
