@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -218,7 +219,20 @@ bool kill_namespace_processes(const std::string& ns) {
       if (p > 1 && p != getpid()) pids.push_back(static_cast<pid_t>(p));
     }
     if (pids.empty()) return true;
-    for (pid_t pid : pids) kill(pid, round < 10 ? SIGTERM : SIGKILL);
+    // Signalled through a pidfd taken while the pid is still seen in this namespace: a pid that ended after the
+    // listing and was reused by a process elsewhere is not signalled (kill(pid) could have hit it).
+    struct stat ns_st {};
+    const bool have_ns = ::stat((std::string(kNetnsDir) + "/" + ns).c_str(), &ns_st) == 0;
+    for (pid_t pid : pids) {
+      // (the system calls themselves: Debian 12's <sys/pidfd.h> declares them without C linkage)
+      const int pfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+      if (pfd < 0) continue;  // (gone)
+      struct stat pid_ns {};
+      const bool same = have_ns && ::stat(fmt::format("/proc/{}/ns/net", pid).c_str(), &pid_ns) == 0 &&
+                        pid_ns.st_ino == ns_st.st_ino && pid_ns.st_dev == ns_st.st_dev;
+      if (same) ::syscall(SYS_pidfd_send_signal, pfd, round < 10 ? SIGTERM : SIGKILL, nullptr, 0);
+      ::close(pfd);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return false;
