@@ -161,9 +161,10 @@ std::vector<std::pair<std::string, std::string>> flag_map(const YAML::Node& n, c
 
 // The train: keys bench/peers/ddp_train.py takes (the others go to Conduit's train cells only).
 const std::set<std::string>& ddp_keys() {
-  static const std::set<std::string> keys = {
-      "model",       "data-dir",   "epochs",    "batch-size",      "lr",      "momentum",   "lr-schedule",
-      "train-limit", "test-limit", "max-steps", "target-accuracy", "timeout", "eval-every", "bucket-cap-mb"};
+  static const std::set<std::string> keys = {"model",      "data-dir",      "epochs",          "batch-size",
+                                             "lr",         "momentum",      "lr-schedule",     "train-limit",
+                                             "test-limit", "max-steps",     "target-accuracy", "timeout",
+                                             "eval-every", "bucket-cap-mb", "optimizer"};
   return keys;
 }
 
@@ -312,8 +313,14 @@ SweepSpec load_spec(const std::string& path) {
   if (!s.peers.empty())
     for (const auto& [k, v] : s.train) {
       static const std::set<std::string> kTrainsOtherwise = {
-          "optimizer",         "weight-decay", "warmup-epochs", "dataset", "slow", "resume",
-          "synthetic-samples", "sync-period",  "staleness",     "tp",      "pp"};
+          "weight-decay",      "warmup-epochs", "dataset",   "slow", "resume",
+          "synthetic-samples", "sync-period",   "staleness", "tp",   "pp"};
+      // (the peer has sgd and adam: adamw's decoupled decay it does not)
+      if (k == "optimizer" && v != "sgd" && v != "adam")
+        throw ConfigError(
+            fmt::format("sweep: train: optimizer '{}' is not one the PyTorch DDP peer (peers:) has; "
+                        "allowed with peers: sgd, adam",
+                        v));
       if (kTrainsOtherwise.count(k))
         throw ConfigError(fmt::format(
             "sweep: train: '{}' is not something the PyTorch DDP peer (peers:) can do, so its cells would train "
@@ -649,11 +656,16 @@ std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const s
   } else if (c.kind == "ddp") {
     cmd.insert(cmd.end(), {s.python, s.ddp_script, "--hook", c.hook, "--powersgd-rank",
                            std::to_string(s.peer_powersgd_rank), "--seed", std::to_string(c.seed), "--output", c.dir});
+    bool adam = false, lr = false;
     for (const auto& [k, v] : s.train) {
       if (ddp_keys().count(k)) cmd.insert(cmd.end(), {"--" + k, v});
       // conduit train's deadline is the peer's --timeout (the peer cells ran on its default, whatever was set).
       if (k == "timeout-s") cmd.insert(cmd.end(), {"--timeout", v});
+      adam = adam || (k == "optimizer" && v == "adam");
+      lr = lr || k == "lr";
     }
+    // conduit train's learning rate for adam unless given (the peer's default is sgd's 0.1)
+    if (adam && !lr) cmd.insert(cmd.end(), {"--lr", "0.001"});
   } else {
     cmd.insert(cmd.end(), {exe, "bench", "coll", "--json", "--transport", "tcp"});
     for (const auto& [k, v] : s.bench) cmd.insert(cmd.end(), {"--" + k, v});

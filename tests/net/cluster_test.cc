@@ -779,6 +779,24 @@ TEST(SweepConfig, PeerCellsTakeTheDeadlineAndBucketSize) {
   const std::string line = r.out.substr(ddp, r.out.find('\n', ddp) - ddp);
   EXPECT_NE(line.find("--timeout 77"), std::string::npos) << line;
   EXPECT_NE(line.find("--bucket-cap-mb 5"), std::string::npos) << line;
+  // Adam on both sides (refused beside peers before), at conduit train's learning rate for it unless given (the
+  // peer's own default is sgd's 0.1); adamw, which the peer lacks, refused.
+  std::ofstream(file) << "name: p\nhosts: 2\nnetworks: [{bandwidth: 10mbit}]\ncompressors: [none]\npeers: [none]\n"
+                         "train: {optimizer: adam}\nddp_script: /bin/true\n";
+  r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t adam = r.out.find("/bin/true");
+  ASSERT_NE(adam, std::string::npos) << r.out;
+  const std::string adam_line = r.out.substr(adam, r.out.find('\n', adam) - adam);
+  EXPECT_NE(adam_line.find("--optimizer adam"), std::string::npos) << adam_line;
+  EXPECT_NE(adam_line.find("--lr 0.001"), std::string::npos) << adam_line;
+  std::ofstream(file) << "name: p\nhosts: 2\nnetworks: [{bandwidth: 10mbit}]\npeers: [none]\n"
+                         "train: {optimizer: adamw}\nddp_script: /bin/true\n";
+  r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("optimizer 'adamw' is not one the PyTorch DDP peer (peers:) has; allowed with peers: sgd, adam"),
+            std::string::npos)
+      << r.out;
   fs::remove(file);
 }
 
