@@ -6,6 +6,7 @@
 #include <climits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,11 +54,15 @@ void require_root(const std::string& what) {
 std::string fmt_latency(double s) { return s <= 0 ? "0" : fmt::format("{:g}ms", s * 1e3); }
 std::string fmt_loss(double p) { return p <= 0 ? "0" : fmt::format("{:g}%", p * 100); }
 
+// The namespaces of cluster `name` that are there now.
+std::set<std::string> present_namespaces(const std::string& name) {
+  const auto names = cl::existing_namespaces(name);
+  return {names.begin(), names.end()};
+}
+
 void print_state(const cl::ClusterState& s) {
-  const auto present = cl::existing_namespaces(s.name);
-  const auto has = [&](const std::string& ns) {
-    return std::find(present.begin(), present.end(), ns) != present.end();
-  };
+  const auto present = present_namespaces(s.name);
+  const auto has = [&](const std::string& ns) { return present.count(ns) > 0; };
   fmt::print("cluster {}: {} hosts, shaping {}, switch namespace {}{}\n", s.name, s.hosts.size(), s.shaping,
              s.switch_ns, has(s.switch_ns) ? "" : " (MISSING)");
   fmt::print("  {:<5} {:<24} {:<12} {:<10} {:<9} {:<7} {}\n", "host", "namespace", "address", "bandwidth", "latency",
@@ -156,10 +161,8 @@ void cmd_status(const ClusterOptions& o) {
     }
     if (o.json) {
       // (whether each namespace is there, as the table says: the JSON claimed a whole cluster where one was gone)
-      const auto present = cl::existing_namespaces(s.name);
-      const auto up = [&](const std::string& ns) {
-        return std::find(present.begin(), present.end(), ns) != present.end();
-      };
+      const auto present = present_namespaces(s.name);
+      const auto up = [&](const std::string& ns) { return present.count(ns) > 0; };
       nlohmann::json j = {
           {"name", s.name}, {"switch_ns", s.switch_ns}, {"switch_up", up(s.switch_ns)}, {"shaping", s.shaping}};
       j["hosts"] = nlohmann::json::array();

@@ -916,10 +916,11 @@ int run_local_workers(const LaunchSpec& spec) {
                               "get OMP_PROC_BIND=false",
                               spec.nprocs));
   // Unbound workers get the mask the program started with (the launcher's thread may have been pinned since).
+  const std::vector<int> start_cpus = start_affinity();
   cpu_set_t start_mask;
   CPU_ZERO(&start_mask);
-  for (int c : start_affinity()) CPU_SET(c, &start_mask);
-  const cpu_set_t* unbound_mask = start_affinity().empty() ? nullptr : &start_mask;
+  for (int c : start_cpus) CPU_SET(c, &start_mask);
+  const cpu_set_t* unbound_mask = start_cpus.empty() ? nullptr : &start_mask;
   std::vector<std::string> args = spec.command;
   std::vector<char*> argv = c_strings(args);
   std::vector<Worker> workers(static_cast<size_t>(spec.nprocs));

@@ -312,6 +312,11 @@ SweepSpec load_spec(const std::string& path) {
   // and pp divide the workers into fewer data-parallel replicas, a smaller global batch than the peer's).
   if (!s.peers.empty())
     for (const auto& [k, v] : s.train) {
+      if (k == "model" && v != "cnn" && v != "mlp")
+        throw ConfigError(
+            fmt::format("sweep: train: model '{}' is not one the PyTorch DDP peer (peers:) trains; "
+                        "allowed with peers: cnn, mlp",
+                        v));
       static const std::set<std::string> kTrainsOtherwise = {
           "weight-decay",      "warmup-epochs", "dataset",   "slow", "resume",
           "synthetic-samples", "sync-period",   "staleness", "tp",   "pp"};
@@ -373,13 +378,6 @@ SweepSpec load_spec(const std::string& path) {
     }
   }
 #endif
-  if (!s.peers.empty())
-    for (const auto& [k, v] : s.train)
-      if (k == "model" && v != "cnn" && v != "mlp")
-        throw ConfigError(
-            fmt::format("sweep: train: model '{}' is not one the PyTorch DDP peer (peers:) trains; "
-                        "allowed with peers: cnn, mlp",
-                        v));
   {
     static const std::set<std::string> kBench = {"op",    "algo",   "dtype", "reduce",  "min-bytes", "max-bytes",
                                                  "iters", "warmup", "root",  "timeout", "stagger-us"};

@@ -273,6 +273,15 @@ TEST_F(ClusterTest, RunStartsItsRanksInTheirHosts) {
   }
 }
 
+// Host 1's address in an emulated cluster (10.213.0.2) at `port`.
+sockaddr_in host1_address(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, "10.213.0.2", &a.sin_addr);
+  return a;
+}
+
 // Moves this process into emulated host `host` of cluster `name` (its network namespace).
 bool enter_host(const std::string& name, int host) {
   const std::string path = "/run/netns/conduit-" + name + "-h" + std::to_string(host);
@@ -298,10 +307,7 @@ double measure_goodput(const std::string& name, size_t bytes) {
       int ls = socket(AF_INET, SOCK_STREAM, 0);
       int one = 1;
       setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(5201);
-      inet_pton(AF_INET, "10.213.0.2", &a.sin_addr);
+      sockaddr_in a = host1_address(5201);
       if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(ls, 1) == 0) {
         (void)!write(ready[1], "r", 1);
         int c = accept(ls, nullptr, nullptr);
@@ -333,10 +339,7 @@ double measure_goodput(const std::string& name, size_t bytes) {
     alarm(30);
     if (!enter(0)) _exit(1);
     int s = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(5201);
-    inet_pton(AF_INET, "10.213.0.2", &a.sin_addr);
+    sockaddr_in a = host1_address(5201);
     if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) _exit(1);
     std::vector<char> buf(1 << 16, 'x');
     size_t sent = 0;
@@ -396,10 +399,7 @@ double seconds_after_idle(const std::string& name, size_t bytes, double idle_s) 
     int ls = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(5202);
-    inet_pton(AF_INET, "10.213.0.2", &a.sin_addr);
+    sockaddr_in a = host1_address(5202);
     if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(ls, 1) != 0) _exit(1);
     (void)!write(ready[1], "r", 1);
     int c = accept(ls, nullptr, nullptr);
@@ -426,10 +426,7 @@ double seconds_after_idle(const std::string& name, size_t bytes, double idle_s) 
     double s = -1;
     if (enter(0)) {
       int sock = socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(5202);
-      inet_pton(AF_INET, "10.213.0.2", &a.sin_addr);
+      sockaddr_in a = host1_address(5202);
       if (connect(sock, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
         std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
         std::vector<char> buf(bytes, 'x');
