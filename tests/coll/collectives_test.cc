@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "net/inproc.h"
+#include "transport_pair.h"
 
 using namespace conduit;
 using namespace conduit::coll;
@@ -780,5 +781,136 @@ TEST(CollectiveEdges, CommunicatorMembersMustBeDistinctTransportRanks) {
   EXPECT_THROW(Communicator::create(ts[0], {0}, 0, {}), InvalidArgument);
   EXPECT_NO_THROW(Communicator::create(ts[0], {0, 1}, 0, {}));
 }
+
+// Shapes the suite above leaves out: worlds above 8 ranks, 3 to 5 ranks a host, and hosts holding unequal numbers
+// of ranks (13 at 4 a host: the last host holds one), where the hierarchical allreduce goes through each host's
+// leader instead of its local and cross groups.
+struct Shape {
+  int ranks, per_host;
+};
+class Shapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(Shapes, EveryCollectiveIsCorrect) {
+  const auto [n, per_host] = GetParam();
+  auto wrong = on_ranks(
+      n,
+      [&](Communicator& c) {
+        size_t w = 0;
+        for (const std::string algo : {"ring", "rhd", "rd", "tree", "hier"})
+          for (DType t : {DType::f32, DType::bf16, DType::i32})
+            for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max})
+              for (size_t count : kCounts) {
+                size_t e = run_and_verify(c, {"allreduce", algo, t, op, count, 0, 0});
+                if (e)
+                  ADD_FAILURE() << algo << " " << dtype_name(t) << " " << reduce_op_name(op) << " count " << count
+                                << ": " << e << " wrong on rank " << c.rank();
+                w += e;
+              }
+        for (size_t count : kCounts) {
+          for (const std::string a : {"ring", "rh"})
+            w += run_and_verify(c, {"reduce_scatter", a, DType::f32, ReduceOp::sum, count, 0, 0});
+          for (const std::string a : {"ring", "rd"}) {
+            w += run_and_verify(c, {"allgather", a, DType::f32, ReduceOp::sum, count, 0, 0});
+            w += run_and_verify(c, {"allgatherv", a, DType::i32, ReduceOp::sum, count, 0, 0});
+          }
+          for (int root : {0, n / 2, n - 1}) {
+            for (const std::string a : {"tree", "chain"})
+              w += run_and_verify(c, {"broadcast", a, DType::f32, ReduceOp::sum, count, root, 0});
+            for (const std::string a : {"tree", "rsg"})
+              w += run_and_verify(c, {"reduce", a, DType::f32, ReduceOp::avg, count, root, 0});
+            w += run_and_verify(c, {"gather", "", DType::f64, ReduceOp::sum, count, root, 0});
+            w += run_and_verify(c, {"scatter", "", DType::f64, ReduceOp::sum, count, root, 0});
+          }
+          w += run_and_verify(c, {"alltoall", "", DType::u8, ReduceOp::sum, count, 0, 0});
+          w += run_and_verify(c, {"alltoallv", "", DType::u8, ReduceOp::sum, count, 0, 0});
+          w += run_and_verify(c, {"barrier", "", DType::f32, ReduceOp::sum, 0, 0, 0});
+          w += run_and_verify(c, {"sendrecv", "", DType::f32, ReduceOp::sum, count, 0, 0});
+        }
+        // The hierarchical allreduce runs as itself (on one host it reports the ring it ran).
+        std::vector<float> v(1000, 1.0f);
+        CollOptions o;
+        o.algorithm = "hier";
+        o.blocking = c.rank() % 2 == 0;
+        Work op = c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::sum, o);
+        op.wait();
+        if (v[999] != static_cast<float>(n)) ++w;
+        if (op.algorithm() != "hier") {
+          ADD_FAILURE() << "rank " << c.rank() << ": hier ran as " << op.algorithm();
+          ++w;
+        }
+        if (c.num_hosts() != (n + per_host - 1) / per_host) ++w;
+        return w;
+      },
+      per_host);
+  EXPECT_EQ(total(wrong), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, Shapes,
+                         ::testing::Values(Shape{9, 3}, Shape{12, 3}, Shape{16, 4}, Shape{13, 4}, Shape{10, 5}),
+                         [](const auto& info) {
+                           return fmt::format("{}RanksAt{}AHost", info.param.ranks, info.param.per_host);
+                         });
+
+// Communicators over one transport used at the same time from different threads, as training does (the data-parallel
+// exchange on its communication thread, tensor-parallel collectives on the compute thread): the world, a second
+// communicator over the same ranks in reverse order and one of ranks 1 to 3, each driven by its own thread on every
+// member, mixing background and blocking operations. Every result must be right on every transport.
+class ConcurrentCommunicators : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ConcurrentCommunicators, OperationsOfDifferentCommunicatorsInterleaveCorrectly) {
+  constexpr int n = 4, kRounds = 25;
+  auto transports = net::test_util::make_transport_world(GetParam(), n);
+  CommConfig cfg;
+  cfg.timeout_s = 60;
+  std::vector<size_t> wrong(n, 0);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        std::vector<CommPtr> comms{Communicator::create(transports[r], {0, 1, 2, 3}, 0, cfg),
+                                   Communicator::create(transports[r], {3, 2, 1, 0}, 1, cfg)};
+        if (r != 0) comms.push_back(Communicator::create(transports[r], {1, 2, 3}, 2, cfg));
+        std::vector<size_t> w(comms.size(), 0);
+        std::vector<std::string> err(comms.size());
+        std::vector<std::thread> drivers;
+        for (size_t k = 0; k < comms.size(); ++k)
+          drivers.emplace_back([&, k] {
+            try {
+              Communicator& c = *comms[k];
+              const char* algos[] = {"ring", "rhd", "tree"};
+              for (int i = 0; i < kRounds; ++i) {
+                const size_t count = 1 + static_cast<size_t>((i * 7919 + static_cast<int>(k) * 104729) % 20000);
+                w[k] += run_and_verify(c, {"allreduce", algos[(i + k) % 3], DType::f32, ReduceOp::sum, count, 0, 0});
+                w[k] += run_and_verify(c, {"allgather", "", DType::i32, ReduceOp::sum, count / 3, 0, 0});
+                w[k] += run_and_verify(c, {"broadcast", "", DType::f64, ReduceOp::sum, count / 5, i % c.size(), 0});
+                // Blocking: on this thread, not the communicator's worker.
+                std::vector<float> v(257, static_cast<float>(c.rank() + 1));
+                CollOptions o;
+                o.blocking = true;
+                c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::max, o).wait();
+                if (v[256] != static_cast<float>(c.size())) ++w[k];
+              }
+            } catch (const std::exception& e) {
+              err[k] = e.what();
+            }
+          });
+        for (auto& d : drivers) d.join();
+        for (size_t k = 0; k < comms.size(); ++k) {
+          wrong[r] += w[k];
+          if (!err[k].empty()) errors[r] += fmt::format("communicator {}: {}; ", k, err[k]);
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(wrong[r], 0u) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ConcurrentCommunicators, ::testing::Values("inproc", "tcp", "shm"));
 
 }  // namespace
