@@ -850,7 +850,9 @@ std::vector<int> binding_cpus(const LaunchSpec& spec) {
   // CPU would run more workers than another and pace every synchronous step.
   const int c = static_cast<int>(cpus.size());
   if (spec.bind == "auto" && c < spec.nprocs && (c == 0 || spec.nprocs % c != 0)) return {};
-  return cpus;
+  // One CPU of each core first: worker k mod C over the CPUs in number order put two workers on one core's SMT
+  // siblings where the kernel numbers them next to each other, while other cores stayed idle.
+  return cores_first(cpus, sysfs_core_of);
 }
 }  // namespace
 

@@ -25,8 +25,9 @@ struct LaunchSpec {
   double grace_seconds = -1;            // SIGTERM -> SIGKILL delay; < 0 = CONDUIT_LAUNCH_GRACE, else 10 s
   std::string job_id;                   // CONDUIT_JOB_ID; empty = a fresh unique id
   std::string name = "conduit launch";  // how the launcher names itself in its messages
-  // "core": worker k runs on CPU k mod C of the C CPUs this launcher may use (as mpirun --bind-to core), so two
-  // busy-polling workers never share a core when there are enough and a peer on another core answers at once;
+  // "core": worker k runs on CPU k mod C of the C CPUs this launcher may use, listed one CPU of each core before
+  // any core's SMT sibling (cores_first, core/cpus.h), so two busy-polling workers never share a core when there
+  // are enough and a peer on another core answers at once;
   // "none": the scheduler decides; "auto" (default): core when there are at least as many CPUs as workers or the
   // workers divide evenly over them (4 on 2 CPUs: two each), else none.
   std::string bind = "auto";

@@ -133,6 +133,34 @@ const std::vector<int> g_start_affinity = read_affinity();
 
 std::vector<int> start_affinity() { return g_start_affinity; }
 
+std::vector<int> cores_first(const std::vector<int>& cpus, const std::function<std::optional<int>(int)>& core_of) {
+  // (a CPU of unknown core is its own: keyed by -1 - cpu, apart from every real core's key)
+  std::vector<std::pair<int, size_t>> level(cpus.size());  // (the CPU's index among its core's, its position)
+  std::vector<std::pair<int, int>> seen;                   // (core, CPUs of it so far)
+  for (size_t i = 0; i < cpus.size(); ++i) {
+    const std::optional<int> core = core_of(cpus[i]);
+    const int key = core ? *core : -1 - cpus[i];
+    auto it = std::find_if(seen.begin(), seen.end(), [&](const auto& s) { return s.first == key; });
+    if (it == seen.end()) it = seen.insert(seen.end(), {key, 0});
+    level[i] = {it->second++, i};
+  }
+  std::stable_sort(level.begin(), level.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<int> out;
+  out.reserve(cpus.size());
+  for (const auto& [k, i] : level) out.push_back(cpus[i]);
+  return out;
+}
+
+std::optional<int> sysfs_core_of(int cpu) {
+  // "0-1", "0,4" or "3": the first number is the core's lowest CPU.
+  const std::string list = first_line(fmt::format("/sys/devices/system/cpu/cpu{}/topology/thread_siblings_list", cpu));
+  int first = 0;
+  size_t i = 0;
+  for (; i < list.size() && i < 9 && list[i] >= '0' && list[i] <= '9'; ++i) first = first * 10 + (list[i] - '0');
+  if (i == 0) return std::nullopt;
+  return first;
+}
+
 int usable_cpus() {
   int n = quota_cpus();
   if (!g_start_affinity.empty()) n = std::min(n, static_cast<int>(g_start_affinity.size()));

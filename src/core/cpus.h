@@ -1,6 +1,7 @@
 #pragma once
 // How many CPUs this process may use: the online CPUs, fewer when a container's CPU quota (cgroup v2 cpu.max or
 // v1 cpu.cfs_quota_us / cpu.cfs_period_us) allows fewer, and (usable_cpus) fewer when the affinity mask does.
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,13 @@ int usable_cpus();
 // OMP_PLACES pins it to its first place, and `conduit train --workers N`, which loads libtorch before it launches,
 // bound every worker to that one CPU.
 std::vector<int> start_affinity();
+// `cpus` reordered so that one logical CPU of every core comes before any core's second (then the second of each,
+// and so on), keeping their order otherwise: a launcher binding worker k to the k-th CPU then gives workers up to
+// the number of cores a core each, also where the kernel numbers SMT siblings next to each other (0 and 1 one
+// core). core_of(cpu) names a CPU's core (nullopt: unknown, a core of its own); sysfs_core_of reads it from
+// /sys/devices/system/cpu/cpuN/topology (the lowest CPU of its thread_siblings_list).
+std::vector<int> cores_first(const std::vector<int>& cpus, const std::function<std::optional<int>(int)>& core_of);
+std::optional<int> sysfs_core_of(int cpu);
 // The memory this process may use: the machine's, or its cgroup's limit (v2 memory.max) when lower; 0: unknown.
 double usable_memory_bytes();
 

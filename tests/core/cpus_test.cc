@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -48,6 +49,34 @@ TEST(Cpus, WorkersAreSpreadSoTheBusiestCpuGetsLeast) {
   EXPECT_THROW(spread_over_cpus({1}, 0), InvalidArgument);
   EXPECT_THROW(spread_over_cpus({1, -1}, 2), InvalidArgument);
   EXPECT_THROW(spread_over_cpus({1, std::nan("")}, 2), InvalidArgument);
+}
+
+TEST(Cpus, OneCpuOfEveryCoreComesBeforeAnySibling) {
+  // Siblings numbered next to each other (cores {0,1}, {2,3}, {4,5}): two workers bound to CPUs 0 and 1 shared a
+  // core while two stayed idle.
+  auto adjacent = [](int cpu) { return std::optional<int>(cpu / 2 * 2); };
+  EXPECT_EQ(cores_first({0, 1, 2, 3, 4, 5}, adjacent), (std::vector<int>{0, 2, 4, 1, 3, 5}));
+  // Siblings numbered half the machine apart (cores {0,4} .. {3,7}): already in that order, unchanged.
+  auto apart = [](int cpu) { return std::optional<int>(cpu % 4); };
+  EXPECT_EQ(cores_first({0, 1, 2, 3, 4, 5, 6, 7}, apart), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  // A mask (taskset 1,2,3,5) keeps its order within each level; a core with 4 threads gives four levels.
+  EXPECT_EQ(cores_first({1, 2, 3, 5}, adjacent), (std::vector<int>{1, 2, 5, 3}));
+  auto four = [](int cpu) { return std::optional<int>(cpu / 4); };
+  EXPECT_EQ(cores_first({0, 1, 2, 3, 4, 5}, four), (std::vector<int>{0, 4, 1, 5, 2, 3}));
+  // A CPU whose core cannot be read is a core of its own; nothing, or no SMT, stays as it was.
+  auto unknown_odd = [](int cpu) { return cpu % 2 ? std::nullopt : std::optional<int>(0); };
+  EXPECT_EQ(cores_first({0, 1, 2, 3}, unknown_odd), (std::vector<int>{0, 1, 3, 2}));
+  EXPECT_EQ(cores_first({}, adjacent), (std::vector<int>{}));
+  auto own = [](int cpu) { return std::optional<int>(cpu); };
+  EXPECT_EQ(cores_first({3, 0, 2}, own), (std::vector<int>{3, 0, 2}));
+  // This machine's sysfs names each CPU's core as a CPU of the same core, at most the CPU itself.
+  for (int cpu : start_affinity()) {
+    const std::optional<int> core = sysfs_core_of(cpu);
+    if (!core) continue;  // (a container without sysfs' topology)
+    EXPECT_GE(*core, 0);
+    EXPECT_LE(*core, cpu);
+    EXPECT_EQ(sysfs_core_of(*core), core) << "cpu " << cpu;
+  }
 }
 
 TEST(Cpus, CountsAreBetweenOneAndTheOnlineCpus) {
