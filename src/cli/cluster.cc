@@ -526,6 +526,15 @@ bool kernel_has_netem() {
   // reported as a kernel without netem, hiding what to fix.
   std::string failed;
   bool made = false;
+  // A probe's namespace outlives a process killed with SIGKILL during the probe (which no blocking stops), and no
+  // `cluster down` matches its name: each probe removes those whose process is gone.
+  static const std::regex stale_probe("^conduit-probe([0-9]{1,9})$");
+  for (const std::string& e : netns_entries()) {
+    std::smatch m;
+    if (!std::regex_match(e, m, stale_probe)) continue;
+    const pid_t owner = static_cast<pid_t>(std::stol(m[1].str()));
+    if (owner != getpid() && ::kill(owner, 0) != 0 && errno == ESRCH) run_program({"ip", "netns", "del", e}, &out);
+  }
   try {
     made = run_program({"ip", "netns", "add", ns}, &out) == 0;
     if (!made) {

@@ -654,6 +654,9 @@ TEST_F(ClusterTest, ConcurrentDownsOfOneClusterBothSucceed) {
 TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
   const std::string name = unique_name("nm");
   ClusterGuard guard(name);
+  // The probe's namespace of an `up` killed with SIGKILL (no process has a pid above pid_max, 4194304 at most) is
+  // removed by the next probe; one whose process lives (pid 1) is not.
+  ASSERT_EQ(sh("ip netns add conduit-probe4194305 && (ip netns add conduit-probe1 || true)").code, 0);
   Result r =
       sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 100mbit --latency 10ms --loss 1%");
   if (r.code == 0) {
@@ -666,6 +669,9 @@ TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
     EXPECT_NE(r.out.find("netem"), std::string::npos) << r.out;
     EXPECT_TRUE(namespaces_of(name).empty()) << "a refused up leaves nothing";
   }
+  EXPECT_FALSE(fs::exists("/run/netns/conduit-probe4194305"));
+  EXPECT_TRUE(fs::exists("/run/netns/conduit-probe1"));
+  sh("ip netns del conduit-probe1");
 }
 
 TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
