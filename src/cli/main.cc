@@ -66,21 +66,24 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
 
 // Integers out of range are refused: CLI11 takes strtoll's clamped value (-99999999999999999999 became LLONG_MIN,
 // which some commands use for "left out", and 99999999999999999999 was echoed back as 9223372036854775807); and so
-// are leading zeros and 0x (CLI11 reads base 0: 010 was 8).
+// are leading zeros and 0x (CLI11 reads base 0: 010 was 8), and anything but digits after an optional minus sign
+// (strtoll skipped leading blanks and took a '+': -n ' 2' and +2 were 2; an unsigned option wrapped -1 to 2^64 - 1).
 void refuse_integer_overflow(CLI::App& app) {
   for (CLI::Option* o : app.get_options()) {
     const std::string type = o->get_type_name();
-    if (type.find("INT") == std::string::npos) continue;
+    if (type.find("INT") == std::string::npos || o->get_type_size_max() == 0) continue;  // (a flag counts itself)
     const bool is_unsigned = type.find("UINT") != std::string::npos;
     o->check(CLI::Validator(
         [is_unsigned](std::string& s) {
+          const size_t at = !s.empty() && s[0] == '-' ? 1 : 0;
           // (CLI11 reads integers in base 0: 010 was 8 and 0x10 16)
-          size_t at = s.find_first_not_of(" \t");
-          if (at != std::string::npos && (s[at] == '-' || s[at] == '+')) ++at;
-          if (at != std::string::npos && at + 1 < s.size() && s[at] == '0' &&
+          if (at + 1 < s.size() && s[at] == '0' &&
               (std::isdigit(static_cast<unsigned char>(s[at + 1])) || std::strchr("xXbBoO", s[at + 1]) != nullptr))
             return "'" + s +
                    "': a decimal integer without leading zeros (0x and 0 prefixes read as hexadecimal and octal)";
+          if (s.size() == at || s.find_first_not_of("0123456789", at) != std::string::npos || (is_unsigned && at == 1))
+            return "'" + s + "': " + (is_unsigned ? "a whole number" : "an integer") +
+                   " in decimal digits (no blanks, no '+'" + (is_unsigned ? ", not negative)" : ")");
           errno = 0;
           char* end = nullptr;
           bool least = false;  // (LLONG_MIN itself: some commands read it as "left out")

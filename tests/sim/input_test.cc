@@ -476,9 +476,13 @@ TEST(Inputs, CliGroupsPlanConstraintsAndPlotPaths) {
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("must place the group's ranks within --gpus (64)"), std::string::npos) << out;
   // A flag the parser cannot convert: one line and exit code 2 as every other bad input (CLI11's own: two, 104).
+  out = run("sim step --model gpt2-small --global-batch 8 --grad-bytes many", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_EQ(out, "conduit: error: Could not convert: --grad-bytes = many (see --help)\n");
+  // An integer flag says what it takes.
   out = run("sim coll --gpus many", &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_EQ(out, "conduit: error: Could not convert: --gpus = many (see --help)\n");
+  EXPECT_EQ(out, "conduit: error: --gpus: 'many': an integer in decimal digits (no blanks, no '+') (see --help)\n");
 
   out = run("sim plan --cluster dgx-a100 --gpus 16 --model gpt-1.7b --global-batch 64 --tp 2 --top 20 --json", &rc);
   EXPECT_EQ(rc, 0) << out;

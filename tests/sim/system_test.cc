@@ -841,7 +841,11 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
            {"sim step --model gpt2-small --global-batch 8 --zero 3 --gather-bytes 0",
             "--gather-bytes = 0 (allowed: 1 (int8 blocks with their scales), 2, 4, or leave it out: as held)"},
            {"sim step --model gpt2-small --global-batch 8 --zero 3 --gather-bytes -1", "--gather-bytes = -1 (allowed:"},
-           {"sim step --model gpt2-small --global-batch 8 --dp 0.5", "Could not convert: --dp = 0.5"},
+           {"sim step --model gpt2-small --global-batch 8 --dp 0.5",
+            "--dp: '0.5': an integer in decimal digits (no blanks, no '+')"},
+           // (strtoll skipped the blank and took the '+': both were 8)
+           {"sim step --model gpt2-small --global-batch ' 8'", "--global-batch: ' 8': an integer in decimal digits"},
+           {"sim step --model gpt2-small --global-batch +8", "--global-batch: '+8': an integer in decimal digits"},
            {"sim coll --gpus 16 --size 1M --group -9223372036854775808",
             "--group: an integer out of range: -9223372036854775808"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu 4",
