@@ -913,4 +913,45 @@ TEST_P(ConcurrentCommunicators, OperationsOfDifferentCommunicatorsInterleaveCorr
 
 INSTANTIATE_TEST_SUITE_P(Transports, ConcurrentCommunicators, ::testing::Values("inproc", "tcp", "shm"));
 
+// A world of 12 over the real transports (tcp's 66 connections, shm's 132 rings on one host): each pattern once.
+class TwelveRanks : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TwelveRanks, EveryPatternIsCorrect) {
+  constexpr int n = 12;
+  auto transports = net::test_util::make_transport_world(GetParam(), n);
+  CommConfig cfg;
+  cfg.timeout_s = 60;
+  std::vector<size_t> wrong(n, 0);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        auto c = Communicator::create(transports[r], {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 0, cfg);
+        for (size_t count : {size_t{1}, size_t{5003}, size_t{100000}}) {
+          for (const std::string a : {"ring", "rhd", "rd", "tree"})
+            wrong[r] += run_and_verify(*c, {"allreduce", a, DType::f32, ReduceOp::sum, count, 0, 0});
+          wrong[r] += run_and_verify(*c, {"reduce_scatter", "", DType::bf16, ReduceOp::avg, count, 0, 0});
+          wrong[r] += run_and_verify(*c, {"allgather", "", DType::i32, ReduceOp::sum, count, 0, 0});
+          wrong[r] += run_and_verify(*c, {"broadcast", "", DType::f64, ReduceOp::sum, count, 7, 0});
+          wrong[r] += run_and_verify(*c, {"reduce", "", DType::f32, ReduceOp::max, count, 11, 0});
+          wrong[r] += run_and_verify(*c, {"gather", "", DType::u8, ReduceOp::sum, count, 5, 0});
+          wrong[r] += run_and_verify(*c, {"scatter", "", DType::u8, ReduceOp::sum, count, 3, 0});
+          wrong[r] += run_and_verify(*c, {"alltoall", "", DType::i64, ReduceOp::sum, count / 12 + 1, 0, 0});
+          wrong[r] += run_and_verify(*c, {"sendrecv", "", DType::f32, ReduceOp::sum, count, 0, 0});
+          wrong[r] += run_and_verify(*c, {"barrier", "", DType::f32, ReduceOp::sum, 0, 0, 0});
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(wrong[r], 0u) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TwelveRanks, ::testing::Values("tcp", "shm"));
+
 }  // namespace
