@@ -838,7 +838,7 @@ InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long 
 struct InferArgs {
   int batch = 1;
   long long prompt = -1, generate = -1;  // when not given: fit the model's context (at most 1024 and 256)
-  bool prompt_given = false, generate_given = false, batch_given = false;
+  bool prompt_given = false, generate_given = false, batch_given = false, batch_list_given = false;
   std::string batch_list;
 };
 
@@ -873,13 +873,19 @@ json infer_json(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec,
 void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec, const GptModel& m,
                      CollectiveModel& net) {
   std::vector<int> batches = parse_int_list(ia.batch_list, "--batch-list");
+  // (an empty list ran the single batch of --batch's default)
+  if (batches.empty()) throw ConfigError("--batch-list is empty; allowed: a comma-separated list of positive integers");
+  // Every row before any output: a refused configuration printed the table's header, then its error.
+  std::vector<InferenceResult> rows;
+  for (int b : batches) rows.push_back(simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate)));
   if (!a.json)
     fmt::print(
         "cluster {}  model {}  tp={} pp={}  prompt {}  generate {}\n\n  {:>6} {:>12} {:>14} {:>12} {:>14} {:>10}\n",
         spec.name, m.name, a.tp, a.pp, ia.prompt, ia.generate, "batch", "TTFT", "per token", "request", "tokens/s",
         "memory");
-  for (int b : batches) {
-    InferenceResult r = simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate));
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const int b = batches[i];
+    const InferenceResult& r = rows[i];
     if (a.json) {
       std::cout << infer_json(a, ia, spec, m, b, r).dump() << "\n";
     } else {
@@ -923,7 +929,7 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
   if (ia.prompt < 0) ia.prompt = std::max<long long>(1, std::min<long long>(1024, m.seq - ia.generate));
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
-  if (!ia.batch_list.empty()) {
+  if (ia.batch_list_given) {
     if (ia.batch_given) throw ConfigError("give --batch or --batch-list, not both");
     run_infer_sweep(a, ia, spec, m, net);
     return;
@@ -1589,15 +1595,17 @@ void setup(CLI::App& app) {
     c->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str();
     c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
     auto* batch = c->add_option("--batch", ia->batch, "concurrent sequences")->capture_default_str();
-    c->add_option("--batch-list", ia->batch_list, "sweep batch sizes, e.g. 1,4,16,64 (latency vs throughput)");
+    auto* batch_list =
+        c->add_option("--batch-list", ia->batch_list, "sweep batch sizes, e.g. 1,4,16,64 (latency vs throughput)");
     auto* prompt = c->add_option("--prompt", ia->prompt, "prompt tokens (default: 1024, or what the context leaves)");
     auto* generate =
         c->add_option("--generate", ia->generate, "generated tokens (default: 256, at most a quarter of the context)");
     c->add_flag("--json", a->json, "one JSON record");
-    c->callback([a, ia, prompt, generate, batch]() {
+    c->callback([a, ia, prompt, generate, batch, batch_list]() {
       ia->prompt_given = prompt->count() > 0;
       ia->generate_given = generate->count() > 0;
       ia->batch_given = batch->count() > 0;
+      ia->batch_list_given = batch_list->count() > 0;
       run_infer(*a, *ia);
     });
   }

@@ -13,24 +13,52 @@ double measured_work(const Accelerator& acc, double measured_s) {
   return std::max(measured_s - acc.kernel_overhead, 0.0);
 }
 
-// The analytic time, and whether memory traffic, not arithmetic, bounds it.
+// The analytic time, and whether memory traffic, not arithmetic, bounds it. Each SM runs at peak * e_max / SMs; the
+// tiles (full ones, then the edge ones of the M and N remainders, largest first) run SMs at a time, and a wave lasts
+// as long as its largest tile. (Each tile was charged an equal share of the GEMM's FLOPs, so an edge tile one row
+// high made a wave shorter: M = 257 took half M = 256's time.) A GEMM whose tiles leave SMs idle splits K over
+// `split` blocks a tile (split-K), chosen for the shortest time, each split's K at least a tile wide (deeper than
+// the output it adds), its fp32 partial sums written and read back as memory traffic: decode's GEMMs (M = batch)
+// have a few tiles, and without splitting ran on as many SMs (10 of 132 for a 70B model's QKV at tp 8).
 double analytic_time(const Accelerator& acc, const GemmShape& g, bool* memory_bound = nullptr) {
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;
-  const double tiles = std::ceil(g.m / acc.tile_m) * std::ceil(g.n / acc.tile_n) * g.batch;
-  const double waves = std::ceil(tiles / acc.sm_count);
-  const double wave_util = tiles / (waves * acc.sm_count);
-  const double compute = g.flops() / (acc.peak_flops * acc.gemm_efficiency * wave_util);
+  const double tm = acc.tile_m, tn = acc.tile_n, sms = acc.sm_count;
+  const double fm = std::floor(g.m / tm), fn = std::floor(g.n / tn), rm = g.m - fm * tm, rn = g.n - fn * tn;
+  struct Kind {
+    double area, count;
+  } kinds[] = {{tm * tn, fm * fn * g.batch},
+               {rm * tn, rm > 0 ? fn * g.batch : 0},
+               {tm * rn, rn > 0 ? fm * g.batch : 0},
+               {rm * rn, rm > 0 && rn > 0 ? g.batch : 0}};
+  std::sort(std::begin(kinds), std::end(kinds), [](const Kind& a, const Kind& b) { return a.area > b.area; });
+  // The sum over waves of each wave's largest tile: wave w starts at tile w * SMs.
+  double tiles = 0, wave_area = 0;
+  for (const Kind& k : kinds) {
+    if (k.count <= 0) continue;
+    const double first = std::ceil(tiles / sms), last = std::floor((tiles + k.count - 1) / sms);
+    if (last >= first) wave_area += (last - first + 1) * k.area;
+    tiles += k.count;
+  }
+  const double per_sm = acc.peak_flops * acc.gemm_efficiency / sms;
   const double bytes = 2.0 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch;
-  const double memory = bytes / (acc.memory_bandwidth * acc.memory_efficiency);
+  const double bandwidth = acc.memory_bandwidth * acc.memory_efficiency;
+  const double most = tiles < sms ? std::max(1.0, std::min(std::floor(sms / tiles), std::floor(g.k / tn))) : 1.0;
+  const double whole_k = 2.0 * g.k * wave_area / per_sm;
+  double compute = whole_k, memory = bytes / bandwidth;
+  for (double split = 2; split <= most; ++split) {
+    const double c = whole_k / split, m = (bytes + 8.0 * split * g.m * g.n * g.batch) / bandwidth;
+    if (std::max(c, m) < std::max(compute, memory)) compute = c, memory = m;
+  }
   if (memory_bound) *memory_bound = memory > compute;
   return std::max(compute, memory);
 }
 
 }  // namespace
 
-double gemm_time(const Accelerator& acc, const GemmShape& g) {
+double gemm_time(const Accelerator& acc, const GemmShape& g, bool* bound) {
   bool memory_bound = false;
   double t = analytic_time(acc, g, &memory_bound);
+  if (bound) *bound = memory_bound;
   if (t <= 0) return 0;
   if (!acc.calibration.empty()) {
     double best = std::numeric_limits<double>::infinity();

@@ -2,11 +2,14 @@
 // Compute time of kernels as a function of their shape.
 //
 // GEMM (M x K) * (K x N), `batch` of them, 2MNK FLOPs each:
-//   time = max(FLOPs / (peak * e_max * wave(M, N)), bytes / (memory bandwidth * e_mem)) + launch overhead
-//   wave(M, N) = tiles / (waves * SMs), tiles = ceil(M / tile_m) * ceil(N / tile_n) * batch,
-//                waves = ceil(tiles / SMs)   (tile and wave quantization, NVIDIA "Matrix Multiplication
-//                Background User's Guide")
+//   time = max(compute, bytes / (memory bandwidth * e_mem)) + launch overhead
+//   compute = sum over waves of the wave's largest tile, 2 K rows cols / (peak * e_max / SMs): the
+//             ceil(M / tile_m) * ceil(N / tile_n) * batch tiles (those of the M and N remainders smaller), largest
+//             first, SMs at a time (tile and wave quantization, NVIDIA "Matrix Multiplication Background User's
+//             Guide"); full tiles only: FLOPs / (peak * e_max * tiles / (waves * SMs))
 //   bytes = 2 (MK + KN + MN) * batch for 16-bit operands.
+//   Fewer tiles than SMs: K split over s blocks a tile (split-K; s <= SMs / tiles and K / s >= tile_n), compute / s
+//   and 8 s M N batch more bytes (fp32 partial sums written and read), the s of the shortest time.
 // e_max, e_mem, the tile and the SM count come from the cluster file (published kernel measurements). A
 // `calibration:` table of measured GEMMs rescales the model by the measured/predicted ratio of the nearest
 // measured shape (log distance), so a measured machine predicts itself.
@@ -38,7 +41,8 @@ struct ConvShape {
 enum class ConvPass { kForward, kInputGrad, kWeightGrad };
 GemmShape conv_pass_gemm(const ConvShape& c, ConvPass p);  // the implicit GEMM of a pass
 
-double gemm_time(const Accelerator& acc, const GemmShape& g);
+// (*memory_bound: whether memory traffic, not arithmetic, bounds the analytic time)
+double gemm_time(const Accelerator& acc, const GemmShape& g, bool* memory_bound = nullptr);
 double conv_time(const Accelerator& acc, const ConvShape& c, ConvPass p);
 struct PoolShape {
   double batch = 1, channels = 1, height = 1, width = 1, kernel = 2;

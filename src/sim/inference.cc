@@ -61,9 +61,19 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     double logits = gemm_time(acc, {b, V / t, h, 1});
     tm.prefill = p * lps * (layer + tp_layer) + (p - 1) * p2p + logits;
 
-    // Decode at the average context length.
+    // Decode at the average context length. What bounds it: the time of the memory-bound kernels (their traffic),
+    // of the arithmetic-bound ones, or of the launches and the tensor- and pipeline-parallel exchanges (`latency`),
+    // whichever is the largest share of the step. (It compared the GEMMs' FLOPs at the peak rate with their bytes,
+    // and called a batch-256 decode three times its traffic's time, and gpt2-small's launch-bound one, memory-bound.)
     const double ctx = static_cast<double>(c.prompt) + static_cast<double>(c.generate) / 2;
-    double dlayer = 0, flops = 0, bytes = 0;
+    double dlayer = 0, mem = 0, arith = 0, launches = 0;
+    auto kernel = [&](const GemmShape& g) {
+      bool memory_bound = false;
+      const double k = gemm_time(acc, g, &memory_bound);
+      (memory_bound ? mem : arith) += k - acc.kernel_overhead;
+      launches += acc.kernel_overhead;
+      return k;
+    };
     const double d = h / a;
     // Attention over the cache: each key/value head's K and V read once for the g query heads that share it (one
     // under multi-head attention).
@@ -74,19 +84,21 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
                                 {b, h, h / t, 1},
                                 {b, up / t, h, 1},
                                 {b, h, f / t, 1}};
-    for (const auto& g : shapes) {
-      dlayer += gemm_time(acc, g);
-      flops += g.flops();
-      bytes += 2 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch;
-    }
-    dlayer += memory_time(acc, 2 * 11 * b * h, 6);
+    for (const auto& g : shapes) dlayer += kernel(g);
+    const double elementwise = memory_time(acc, 2 * 11 * b * h, 6);
+    dlayer += elementwise;
+    mem += elementwise - 6 * acc.kernel_overhead;
+    launches += 6 * acc.kernel_overhead;
     double dtp = t > 1 ? 2 * net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * h * 2) : 0;
     double dp2p = p > 1 ? net.time(Collective::kShift, Algorithm::kDirect, pg, b * h * 2 / t) : 0;
-    tm.decode = p * lps * (dlayer + dtp) + (p - 1) * dp2p + gemm_time(acc, {b, V / t, h, 1});
-    const double t_flops = flops / (acc.peak_flops * acc.gemm_efficiency);
-    const double t_bytes = bytes / (acc.memory_bandwidth * acc.memory_efficiency);
-    tm.bound = t_bytes >= t_flops ? "memory" : "compute";
-    tm.latency = tm.prefill + static_cast<double>(c.generate) * tm.decode;
+    const double layers = static_cast<double>(p) * lps;
+    mem *= layers, arith *= layers;
+    launches = launches * layers + layers * dtp + (p - 1) * dp2p;
+    tm.decode = layers * (dlayer + dtp) + (p - 1) * dp2p + kernel({b, V / t, h, 1});
+    tm.bound = mem >= arith && mem >= launches ? "memory" : arith >= launches ? "compute" : "latency";
+    // The prefill gives each sequence its first token; the other generate - 1 take a decode step each (vLLM's
+    // end-to-end latency: time to first token + (n - 1) time per output token).
+    tm.latency = tm.prefill + static_cast<double>(c.generate - 1) * tm.decode;
     return tm;
   };
 

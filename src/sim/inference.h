@@ -3,10 +3,11 @@
 //   prefill   the prompt (batch x prompt tokens) runs through every layer as in training's forward pass, with
 //             two tensor-parallel allreduces per layer and the pipeline stages one after another
 //   decode    one token per sequence per step: the same GEMMs with M = batch (memory-bound: every step reads
-//             all weights), attention reads the KV cache (2 x layers x hidden x context x 2 bytes per sequence,
-//             split over tensor and pipeline ranks), two small allreduces per layer (latency-bound)
+//             all weights), attention reads the KV cache (kv_cache_bytes: K and V of the rank's key/value heads,
+//             2 bytes each, per token of context and sequence), two small allreduces per layer (latency-bound);
+//             the prefill makes each sequence's first token, decode the other generate - 1
 //   memory    the heaviest pipeline stage's weights (its layers and embeddings, 2 bytes/param, / t) + KV cache of
-//             batch x (prompt + generate) tokens
+//             batch x (prompt + generate) tokens + the prefill's largest transient (activations, the logits)
 // Replicas: accelerators / (t p) independent copies serve requests in parallel.
 #include <string>
 
@@ -30,7 +31,9 @@ struct InferenceResult {
   double weight_bytes = 0, kv_bytes = 0, memory_total = 0, memory_capacity = 0;
   bool fits = true;
   long long max_batch = 0;
-  std::string decode_bound;  // "memory" or "compute"
+  // What bounds a decode step: "memory" (memory-bound kernels' traffic), "compute" (arithmetic-bound kernels), or
+  // "latency" (kernel launches and the tensor- and pipeline-parallel exchanges), whichever takes the most of it.
+  std::string decode_bound;
 };
 
 // KV-cache bytes per GPU: 2 (K and V) x layers/p x the K columns on a rank (kv_width_per_rank: kv_heads x head size

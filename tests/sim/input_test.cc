@@ -1822,6 +1822,14 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
   const std::string infer_cmd = "sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 ";
   out = test_util::run(infer_cmd + "--batch 4 --batch-list 1,2", &rc);
   EXPECT_NE(out.find("give --batch or --batch-list, not both"), std::string::npos) << out;
+  // An empty list (it ran --batch's default) and a refused configuration (it printed the table's header first): one
+  // line each.
+  out = test_util::run(infer_cmd + "--batch-list ''", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_EQ(out, "conduit: error: --batch-list is empty; allowed: a comma-separated list of positive integers\n");
+  out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 3 --batch-list 1,2", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_EQ(out, "conduit: error: --tp (3) x --pp (1) must divide --gpus (8)\n");
   out = test_util::run(infer_cmd + "--batch-list 1,2 --json", &rc);
   EXPECT_EQ(rc, 0) << out;
   for (const char* field : {"\"prompt\":", "\"generate\":", "\"gpus\":", "\"replicas\":", "\"max_batch\":",

@@ -267,7 +267,7 @@ TEST(Planner, RanksFittingPlansFastAndExplains) {
   EXPECT_LE(pr.ranked[0].time, simulate_step(net, m, meg).time);
 }
 
-TEST(Inference, DecodeIsMemoryBoundAndKvCacheMatchesItsFormula) {
+TEST(Inference, DecodeIsBoundByWhatTakesMostOfItAndKvCacheMatchesItsFormula) {
   Topology topo(load_cluster("dgx-h100"), 8);
   CollectiveModel net(topo);
   GptModel m = named("llama2-70b-like");
@@ -277,7 +277,23 @@ TEST(Inference, DecodeIsMemoryBoundAndKvCacheMatchesItsFormula) {
   c.prompt = 1024;
   c.generate = 128;
   InferenceResult r = simulate_inference(net, m, c);
-  EXPECT_EQ(r.decode_bound, "memory");
+  // Batch 1 over 8 ranks: 80 layers' kernel launches and 160 allreduces take more of a step than streaming the
+  // 17 GB of weights (it was called memory-bound from the GEMMs' FLOPs against their bytes alone).
+  EXPECT_EQ(r.decode_bound, "latency");
+  // The prefill makes the first token; each of the other 127 takes a decode step.
+  EXPECT_NEAR(r.request_latency, r.prefill + 127 * r.decode_per_token, 1e-9 * r.request_latency);
+  InferenceConfig one = c;
+  one.generate = 1;
+  EXPECT_DOUBLE_EQ(simulate_inference(net, m, one).request_latency, simulate_inference(net, m, one).prefill);
+  // A 7B model on one GPU streams its weights (memory); at batch 1024 over 16-token contexts its GEMMs are
+  // arithmetic-bound (compute).
+  InferenceConfig solo;
+  solo.batch = 1;
+  solo.prompt = 16;
+  solo.generate = 16;
+  EXPECT_EQ(simulate_inference(net, named("llama2-7b-like"), solo).decode_bound, "memory");
+  solo.batch = 1024;
+  EXPECT_EQ(simulate_inference(net, named("llama2-7b-like"), solo).decode_bound, "compute");
   // (the position embeddings are whole on each rank, the rest split over the 8)
   const double weights = 2 * (gpt_parameters(m) / 8 + m.seq * m.hidden * (1 - 1.0 / 8));
   EXPECT_NEAR(r.weight_bytes, weights, 1);

@@ -149,6 +149,43 @@ TEST(Compute, EfficiencyGrowsWithShapeAndWavesQuantize) {
   EXPECT_NEAR(gemm_time(a, skinny), 2.0 * (8192.0 * 8192 + 8192 * 16 + 8192 * 16) / (2039e9 * 0.85) + 4e-6, 1e-9);
 }
 
+// Edge tiles and split-K: a GEMM never takes less time for more rows or columns (an edge tile one row high halved
+// the wave's time: M = 257 took half of M = 256's), a GEMM whose tiles leave SMs idle splits K to use them (decode's
+// M = batch GEMMs), and with one SM (a calibrated CPU) the time is the FLOPs at the sustained rate, edges included.
+TEST(Compute, EdgeTilesNeverShortenAGemmAndFewTilesSplitK) {
+  Accelerator a;
+  a.peak_flops = 989e12;
+  a.memory_bandwidth = 3350e9;
+  a.sm_count = 132;
+  a.tile_m = 256;
+  a.tile_n = 128;
+  a.gemm_efficiency = 0.72;
+  a.memory_efficiency = 0.85;
+  a.kernel_overhead = 4e-6;
+  for (double n : {1280.0, 8192.0, 28672.0 / 4})
+    for (double m = 1; m <= 1100; m += 1) {
+      const double t0 = gemm_time(a, {m, n, 8192, 1}), t1 = gemm_time(a, {m + 1, n, 8192, 1});
+      ASSERT_GE(t1, t0 * (1 - 1e-12)) << "M " << m << " to " << m + 1 << ", N " << n;
+    }
+  for (double n = 1000; n <= 1400; n += 1)
+    ASSERT_GE(gemm_time(a, {512, n + 1, 4096, 1}), gemm_time(a, {512, n, 4096, 1}) * (1 - 1e-12)) << "N " << n;
+  // The QKV GEMM of a 70B model's decode at tp 8, batch 256: 10 tiles. On 10 SMs it was 99.5 us of arithmetic;
+  // split over the idle SMs it is far less, and no faster than streaming its weights.
+  const GemmShape qkv{256, 1280, 8192, 1};
+  const double on_ten_sms = qkv.flops() / (a.peak_flops * a.gemm_efficiency * 10 / 132);
+  const double streaming = 2.0 * (256.0 * 8192 + 8192.0 * 1280 + 256.0 * 1280) / (3350e9 * 0.85);
+  EXPECT_LT(gemm_time(a, qkv), on_ten_sms / 4);
+  EXPECT_GT(gemm_time(a, qkv), streaming + 4e-6);
+  // One SM: every tile, the edge ones too, at the sustained rate.
+  Accelerator cpu = a;
+  cpu.sm_count = 1;
+  cpu.tile_m = cpu.tile_n = 64;
+  cpu.peak_flops = 20e9;
+  cpu.gemm_efficiency = 1;
+  for (const GemmShape g : {GemmShape{100, 10, 128, 1}, GemmShape{64, 784, 128, 3}, GemmShape{1000, 1000, 1000, 1}})
+    EXPECT_NEAR(gemm_time(cpu, g), g.flops() / 20e9 + 4e-6, 1e-12);
+}
+
 ParallelConfig cfg(int tp, int pp, int b, long long B) {
   ParallelConfig c;
   c.tp = tp;
