@@ -48,7 +48,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     double prefill = 0, decode = 0, latency = 0;
     std::string bound;
   };
-  auto timing = [&](const Accelerator& acc) {
+  auto timing = [&](const Accelerator& acc, CollectiveModel& kind_net) {
     Timing tm;
     // Prefill: the forward pass over the prompt.
     GptModel pm = m0;
@@ -56,8 +56,8 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     double layer = 0;
     for (const auto& g : gpt_layer_gemms(pm, b, t)) layer += gemm_time(acc, g.shape);
     layer += memory_time(acc, 2 * (11 * b * s * h + 2 * b * (a / t) * s * s) + 2 * b * s * (up + f) / t, 6);
-    double tp_layer = t > 1 ? 2 * net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;
-    double p2p = p > 1 ? net.time(Collective::kShift, Algorithm::kDirect, pg, b * s * h * 2 / t) : 0;
+    double tp_layer = t > 1 ? 2 * kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;
+    double p2p = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * s * h * 2 / t) : 0;
     double logits = gemm_time(acc, {b, V / t, h, 1});
     tm.prefill = p * lps * (layer + tp_layer) + (p - 1) * p2p + logits;
 
@@ -89,8 +89,8 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     dlayer += elementwise;
     mem += elementwise - 6 * acc.kernel_overhead;
     launches += 6 * acc.kernel_overhead;
-    double dtp = t > 1 ? 2 * net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * h * 2) : 0;
-    double dp2p = p > 1 ? net.time(Collective::kShift, Algorithm::kDirect, pg, b * h * 2 / t) : 0;
+    double dtp = t > 1 ? 2 * kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * h * 2) : 0;
+    double dp2p = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * h * 2 / t) : 0;
     const double layers = static_cast<double>(p) * lps;
     mem *= layers, arith *= layers;
     launches = launches * layers + layers * dtp + (p - 1) * dp2p;
@@ -105,15 +105,29 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   // Clusters with several node kinds (edge): each replica runs at the pace of the slowest kind among its nodes and
   // must fit in the smallest memory; the reported latencies are the slowest replica's, the throughput the sum over
   // replicas. (Node 0's kind for all of them put 8 GB devices' replicas in 64 GB and at their speed.)
+  // A kind's replicas exchange over that kind's links: their tensor- and pipeline-parallel groups are timed on a
+  // cluster of that kind's nodes alone. (The whole cluster's model keeps the slowest placement of a group, which
+  // gave the 10 GbE devices' replicas the 1 GbE devices' exchanges: 666 tokens/s where each kind alone sums to 787.)
   const auto& kinds = topo.spec().node_kinds;
+  const long long width = static_cast<long long>(t) * p;
   std::vector<Timing> per_kind(kinds.size());
   std::vector<bool> present(kinds.size(), false);
   for (size_t k = 0; k < kinds.size(); ++k)
     if (topo.kind_counts()[k] > 0) {
       present[k] = true;
-      per_kind[k] = timing(kinds[k].accelerator);
+      if (kinds.size() == 1) {
+        per_kind[k] = timing(kinds[k].accelerator, net);
+        continue;
+      }
+      ClusterSpec alone = topo.spec();
+      alone.node_kinds = {kinds[k]};
+      const long long gpn = topo.gpus_per_node();
+      const long long nodes = std::max(topo.kind_counts()[k], (width + gpn - 1) / gpn);
+      alone.node_kinds[0].count = static_cast<int>(nodes);
+      Topology kind_topo(alone, nodes * gpn);
+      CollectiveModel kind_net(kind_topo);
+      per_kind[k] = timing(kinds[k].accelerator, kind_net);
     }
-  const long long width = static_cast<long long>(t) * p;
   double capacity = 0;
   bool first = true;
   for (size_t k = 0; k < kinds.size(); ++k)
