@@ -59,7 +59,16 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     double tp_layer = t > 1 ? 2 * kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;
     double p2p = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * s * h * 2 / t) : 0;
     double logits = gemm_time(acc, {b, V / t, h, 1});
-    tm.prefill = p * lps * (layer + tp_layer) + (p - 1) * p2p + logits;
+    // Megatron's vocab-parallel embedding: its output allreduced over the t ranks (first stage); the last token's
+    // logits, a 1/t slice of the vocabulary on each rank, gathered whole for sampling (bf16); with pipeline stages
+    // the sampled token (4 bytes a sequence) back from the last stage to the first, for the next step.
+    auto vocab_exchanges = [&](double tokens) {
+      if (t == 1) return 0.0;
+      return kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * tokens * h * 2) +
+             kind_net.time(Collective::kAllGather, Algorithm::kAuto, tg, b * V * 2);
+    };
+    const double token_back = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * 4) : 0;
+    tm.prefill = p * lps * (layer + tp_layer) + (p - 1) * p2p + logits + vocab_exchanges(s);
 
     // Decode at the average context length. What bounds it: the time of the memory-bound kernels (their traffic),
     // of the arithmetic-bound ones, or of the launches and the tensor- and pipeline-parallel exchanges (`latency`),
@@ -93,8 +102,9 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     double dp2p = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * h * 2 / t) : 0;
     const double layers = static_cast<double>(p) * lps;
     mem *= layers, arith *= layers;
-    launches = launches * layers + layers * dtp + (p - 1) * dp2p;
-    tm.decode = layers * (dlayer + dtp) + (p - 1) * dp2p + kernel({b, V / t, h, 1});
+    const double vocab = vocab_exchanges(1) + token_back;
+    launches = launches * layers + layers * dtp + (p - 1) * dp2p + vocab;
+    tm.decode = layers * (dlayer + dtp) + (p - 1) * dp2p + kernel({b, V / t, h, 1}) + vocab;
     tm.bound = mem >= arith && mem >= launches ? "memory" : arith >= launches ? "compute" : "latency";
     // The prefill gives each sequence its first token; the other generate - 1 take a decode step each (vLLM's
     // end-to-end latency: time to first token + (n - 1) time per output token).
