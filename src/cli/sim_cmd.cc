@@ -611,6 +611,18 @@ void run_plan(const StepArgs& given_args) {
     throw ConfigError(
         "--zero-allgather-bucket: the calls of ZeRO-1/2's allgather, and this search has no ZeRO-1 or 2 plans; "
         "allowed: --zero-options with 1 or 2, or leave it out");
+  // (as sim step refuses them: the planner took them and did nothing, or dropped every plan they conflict on)
+  if (!base.zero_prefetch && !searched({1, 2, 3}))
+    throw ConfigError(
+        "--no-zero-prefetch: about ZeRO's parameter gathers, and this search has no ZeRO plans; allowed: "
+        "--zero-options with 1, 2 or 3, or leave it out");
+  if (base.zero_allgather_bytes > 0 && !base.zero_prefetch)
+    throw ConfigError(
+        "--zero-allgather-bucket with --no-zero-prefetch: it sizes the calls of the allgather behind the next "
+        "forward, which --no-zero-prefetch runs after the step instead; allowed: one of them");
+  if ((base.zero_shard > 1 || base.zero_shard < 0) && (base.zero_hpz > 1 || base.zero_hpz < 0))
+    throw ConfigError(
+        "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
   if (a.given.count("--sp")) {
     // Fixed: every plan uses it, so tp = 1 (where the planner would drop it) is out of the search.
     if (!space.tp.empty() && std::all_of(space.tp.begin(), space.tp.end(), [](int t) { return t == 1; }))
@@ -1307,7 +1319,8 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
     long long gpus;
     StepResult r;
     bool ok;
-    std::string why;  // when not ok: the configuration's error, or that nothing fits
+    std::string why;       // when not ok: the configuration's error, or that nothing fits
+    bool invalid = false;  // why is the configuration's error
   };
   std::vector<Point> pts;
   for (int n : counts) {
@@ -1344,6 +1357,7 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
         if (!p.ok) p.why = fmt::format("does not fit: {} per GPU", format_gb(p.r.memory.total()));
       } catch (const ConfigError& e) {
         p.why = e.what();
+        p.invalid = true;
       }
     } else {
       PlanSpace space;
@@ -1354,16 +1368,21 @@ void run_scale(const StepArgs& a, const ScaleArgs& sa, bool fixed) {
         p.ok = true;
       } else if (!pr.any_oom && !pr.first_error.empty()) {
         p.why = "no valid configuration, e.g. " + pr.first_error;
+        p.invalid = true;
       }
     }
     pts.push_back(p);
   }
+  // The efficiency is relative to the smallest size that ran (it was the first listed: a list given largest first
+  // put 109% beside 256 GPUs).
   const Point* base = nullptr;
   for (const auto& p : pts)
-    if (p.ok) {
-      base = &p;
-      break;
-    }
+    if (p.ok && (!base || p.gpus < base->gpus)) base = &p;
+  // No size valid: one line and exit 2, as sim step and sim plan (every row printed the same error, exit 0).
+  if (std::all_of(pts.begin(), pts.end(), [](const Point& p) { return p.invalid; }))
+    throw ConfigError(fmt::format("no size of --gpus-list = '{}' can run: {}", sa.gpus_list, pts.front().why));
+  // None fits: the table, and exit 1 as sim plan's "no plan fits".
+  if (!base) set_exit_code(1);
   if (a.json) {
     for (const auto& p : pts) {
       json j = p.ok ? step_json(spec.name, m, p.r)
@@ -1584,6 +1603,8 @@ void setup(CLI::App& app) {
                           "configuration at every size, or leave it out to plan each size)",
                           o->get_name()));
       if (with_fixed[6]->count() > 0) a->given.insert("--virtual-stages");
+      // (add_model_flags registers --gpus for every command; scale took it and ignored it)
+      if (a->gpus_given) throw ConfigError("--gpus: sim scale takes its sizes from --gpus-list; allowed: leave it out");
       run_scale(*a, *sa, *fixed);
     });
   }

@@ -137,7 +137,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   c.zero = z;
                   // (other stages' gathers and shards: not this plan's)
                   if (z != 3) c.gather_bytes = 0, c.zero_hpz = 0;
-                  if (z == 0) c.zero_shard = 0;
+                  if (z == 0) c.zero_shard = 0, c.zero_prefetch = true;
                   if (z != 1 && z != 2) c.zero_allgather_bytes = 0;
                   // (and where a rank has one micro-batch: reduce-scattered once either way)
                   if (z < 2 ||

@@ -581,6 +581,19 @@ TEST(Cli, StepPlanAndErrors) {
       run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --virtual-stages 3", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("--virtual-stages applies with --fixed only"), std::string::npos) << out;
+  // The efficiency is relative to the smallest size, whatever the list's order (it was the first listed's).
+  out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --global-batch 256 --gpus-list 64,32 --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  const std::string second = out.substr(out.find('\n') + 1);  // the 32-GPU point's record
+  EXPECT_NE(second.find("\"gpus\":32"), std::string::npos) << out;
+  EXPECT_NE(second.find("\"scaling_efficiency\":1.0,"), std::string::npos) << out;
+  // No size fits: the table, exit 1 (as sim plan); no size can run at all: one line, exit 2 (each row said it, 0).
+  out = run("sim scale --cluster dgx-a100 --model gpt3-175b --global-batch 64 --gpus-list 8,16", &rc);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("no configuration fits in memory"), std::string::npos) << out;
+  out = run("sim scale --cluster dgx-a100 --model gpt2-small --global-batch 64 --gpus-list 8,16 --fixed --tp 8", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_EQ(out, "conduit: error: no size of --gpus-list = '8,16' can run: --tp = 8 must divide --heads = 12\n");
 }
 
 // `conduit bench gemm --json` (libtorch) feeds `conduit sim calibrate --gemm`; its shapes land in the written
@@ -872,6 +885,15 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--hidden: a transformer's shape, and --model layers takes its layers from --layers-spec"},
            {"sim step --model layers --layers-spec dense:4x4 --mlp swiglu --global-batch 8",
             "--mlp: a transformer's MLP"},
+           // (sim scale took --gpus and ignored it; sim plan took settings sim step refuses, ignored or dropping plans)
+           {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --gpus 32",
+            "--gpus: sim scale takes its sizes from --gpus-list; allowed: leave it out"},
+           {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --no-zero-prefetch --zero 0",
+            "--no-zero-prefetch: about ZeRO's parameter gathers, and this search has no ZeRO plans"},
+           {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --no-zero-prefetch --zero-allgather-bucket 1M",
+            "--zero-allgather-bucket with --no-zero-prefetch"},
+           {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --zero-shard-group 2 --zero-hpz 2",
+            "--zero-shard-group with --zero-hpz: the gathers run within the shard group already"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu -5",
             "--batch-per-gpu = -5 (allowed: a positive number of sequences)"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,12",
