@@ -17,9 +17,11 @@ double measured_work(const Accelerator& acc, double measured_s) {
 // tiles (full ones, then the edge ones of the M and N remainders, largest first) run SMs at a time, and a wave lasts
 // as long as its largest tile. (Each tile was charged an equal share of the GEMM's FLOPs, so an edge tile one row
 // high made a wave shorter: M = 257 took half M = 256's time.) A GEMM whose tiles leave SMs idle splits K over
-// `split` blocks a tile (split-K), chosen for the shortest time, each split's K at least a tile wide (deeper than
-// the output it adds), its fp32 partial sums written and read back as memory traffic: decode's GEMMs (M = batch)
-// have a few tiles, and without splitting ran on as many SMs (10 of 132 for a 70B model's QKV at tp 8).
+// `split` blocks a tile (split-K), chosen for the shortest time, each split costing at least a slice of K a tile
+// wide (a shallower one does less than the output it adds; capping the split at K / tile_n instead made a GEMM
+// faster as K grew past each multiple), its fp32 partial sums written and read back as memory traffic: decode's
+// GEMMs (M = batch) have a few tiles, and without splitting ran on as many SMs (10 of 132 for a 70B model's QKV at
+// tp 8).
 double analytic_time(const Accelerator& acc, const GemmShape& g, bool* memory_bound = nullptr) {
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return 0;
   const double tm = acc.tile_m, tn = acc.tile_n, sms = acc.sm_count;
@@ -42,11 +44,11 @@ double analytic_time(const Accelerator& acc, const GemmShape& g, bool* memory_bo
   const double per_sm = acc.peak_flops * acc.gemm_efficiency / sms;
   const double bytes = 2.0 * (g.m * g.k + g.k * g.n + g.m * g.n) * g.batch;
   const double bandwidth = acc.memory_bandwidth * acc.memory_efficiency;
-  const double most = tiles < sms ? std::max(1.0, std::min(std::floor(sms / tiles), std::floor(g.k / tn))) : 1.0;
-  const double whole_k = 2.0 * g.k * wave_area / per_sm;
+  const double most = tiles < sms ? std::floor(sms / tiles) : 1.0;
+  const double whole_k = 2.0 * g.k * wave_area / per_sm, least = 2.0 * std::min(g.k, tn) * wave_area / per_sm;
   double compute = whole_k, memory = bytes / bandwidth;
   for (double split = 2; split <= most; ++split) {
-    const double c = whole_k / split, m = (bytes + 8.0 * split * g.m * g.n * g.batch) / bandwidth;
+    const double c = std::max(whole_k / split, least), m = (bytes + 8.0 * split * g.m * g.n * g.batch) / bandwidth;
     if (std::max(c, m) < std::max(compute, memory)) compute = c, memory = m;
   }
   if (memory_bound) *memory_bound = memory > compute;

@@ -8,7 +8,8 @@
 //             first, SMs at a time (tile and wave quantization, NVIDIA "Matrix Multiplication Background User's
 //             Guide"); full tiles only: FLOPs / (peak * e_max * tiles / (waves * SMs))
 //   bytes = 2 (MK + KN + MN) * batch for 16-bit operands.
-//   Fewer tiles than SMs: K split over s blocks a tile (split-K; s <= SMs / tiles and K / s >= tile_n), compute / s
+//   Fewer tiles than SMs: K split over s blocks a tile (split-K; s <= SMs / tiles, each split at least a tile_n deep
+//   slice's time), compute / s
 //   and 8 s M N batch more bytes (fp32 partial sums written and read), the s of the shortest time.
 // e_max, e_mem, the tile and the SM count come from the cluster file (published kernel measurements). A
 // `calibration:` table of measured GEMMs rescales the model by the measured/predicted ratio of the nearest

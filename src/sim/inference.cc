@@ -117,7 +117,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   // replicas. (Node 0's kind for all of them put 8 GB devices' replicas in 64 GB and at their speed.)
   // A kind's replicas exchange over that kind's links: their tensor- and pipeline-parallel groups are timed on a
   // cluster of that kind's nodes alone. (The whole cluster's model keeps the slowest placement of a group, which
-  // gave the 10 GbE devices' replicas the 1 GbE devices' exchanges: 666 tokens/s where each kind alone sums to 787.)
+  // gave the 10 GbE devices' replicas the 1 GbE devices' exchanges: 666 tokens/s where each kind alone sums to 790.)
   const auto& kinds = topo.spec().node_kinds;
   const long long width = static_cast<long long>(t) * p;
   std::vector<Timing> per_kind(kinds.size());

@@ -2,12 +2,13 @@
 // LLM serving: prefill and decode of a GPT model with tensor and pipeline parallelism and a KV cache.
 //   prefill   the prompt (batch x prompt tokens) runs through every layer as in training's forward pass, with
 //             two tensor-parallel allreduces per layer and the pipeline stages one after another
-//   decode    one token per sequence per step: the same GEMMs with M = batch (memory-bound: every step reads
-//             all weights), attention reads the KV cache (kv_cache_bytes: K and V of the rank's key/value heads,
-//             2 bytes each, per token of context and sequence), two small allreduces per layer (latency-bound);
-//             the prefill makes each sequence's first token, decode the other generate - 1; each pass (prefill,
-//             decode step) also allreduces the vocab-parallel embedding's output and gathers the logits over the t
-//             ranks, and with p stages sends the sampled tokens from the last stage back to the first
+//   decode    one token per sequence per step: the same GEMMs with M = batch (every step reads all weights:
+//             memory-bound unless launches and exchanges, or a large batch's arithmetic, take longer), attention reads
+//             the KV cache (kv_cache_bytes: K and V of the rank's key/value heads, 2 bytes each, per token of context
+//             and sequence), two small allreduces per layer (latency-bound); the prefill makes each sequence's first
+//             token, decode the other generate - 1; each pass (prefill, decode step) also allreduces the vocab-parallel
+//             embedding's output and gathers the logits over the t ranks, and with p stages sends the sampled tokens
+//             from the last stage back to the first
 //   memory    the heaviest pipeline stage's weights (its layers and embeddings, 2 bytes/param, / t) + KV cache of
 //             batch x (prompt + generate) tokens + the prefill's largest transient (activations, the logits)
 // Replicas: accelerators / (t p) independent copies serve requests in parallel.

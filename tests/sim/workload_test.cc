@@ -169,6 +169,13 @@ TEST(Compute, EdgeTilesNeverShortenAGemmAndFewTilesSplitK) {
     }
   for (double n = 1000; n <= 1400; n += 1)
     ASSERT_GE(gemm_time(a, {512, n + 1, 4096, 1}), gemm_time(a, {512, n, 4096, 1}) * (1 - 1e-12)) << "N " << n;
+  // Nor for a deeper K (capping the split at K / tile_n halved a 64 x 128 GEMM's time from K = 255 to 256).
+  for (double m : {64.0, 256.0, 1000.0})
+    for (double k = 1; k <= 2100; k += 1)
+      ASSERT_GE(gemm_time(a, {m, 128, k + 1, 1}), gemm_time(a, {m, 128, k, 1}) * (1 - 1e-12))
+          << "M " << m << " K " << k;
+  for (double b = 1; b <= 300; b += 1)
+    ASSERT_GE(gemm_time(a, {64, 128, 512, b + 1}), gemm_time(a, {64, 128, 512, b}) * (1 - 1e-12)) << "batch " << b;
   // The QKV GEMM of a 70B model's decode at tp 8, batch 256: 10 tiles. On 10 SMs it was 99.5 us of arithmetic;
   // split over the idle SMs it is far less, and no faster than streaming its weights.
   const GemmShape qkv{256, 1280, 8192, 1};
