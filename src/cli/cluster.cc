@@ -528,7 +528,7 @@ bool kernel_has_netem() {
   bool made = false;
   // A probe's namespace outlives a process killed with SIGKILL during the probe (which no blocking stops), and no
   // `cluster down` matches its name: each probe removes those whose process is gone.
-  static const std::regex stale_probe("^conduit-probe([0-9]{1,9})$");
+  static const std::regex stale_probe("^conduit-probe([1-9][0-9]{0,8})$");
   for (const std::string& e : netns_entries()) {
     std::smatch m;
     if (!std::regex_match(e, m, stale_probe)) continue;

@@ -22,6 +22,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/cpus.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -829,6 +831,8 @@ TEST_F(LaunchTest, BindsWorkersRoundRobinWhenTheyDivideEvenlyOverTheCpus) {
     if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
   const int c = static_cast<int>(cpus.size());
   const std::set<int> all(cpus.begin(), cpus.end());
+  // (in the launcher's order: one CPU of every core before any core's SMT sibling)
+  cpus = conduit::cores_first(cpus, conduit::sysfs_core_of);
   // Each worker reports the CPUs it may run on; returns them by rank.
   auto bound = [&](int n, const std::string& bind) {
     auto r = run({"launch", "-n", std::to_string(n), "--bind", bind, "--no-tag-output", "--", "sh", "-c",
