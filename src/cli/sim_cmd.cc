@@ -670,8 +670,9 @@ void run_plan(const StepArgs& given_args) {
              {"plans", plans}};
     // With no plan, the reason too and exit code 1, as the text output (it printed an empty list and exited 0).
     if (pr.ranked.empty()) {
-      out["reason"] = fmt::format("no plan fits in memory; the fastest needs {} per GPU: {}",
-                                  format_gb(pr.best_oom.memory.total()), describe_config(pr.best_oom.config));
+      out["reason"] = fmt::format("no plan fits in memory; the nearest needs {} per GPU of {}: {}",
+                                  format_gb(pr.best_oom.memory.total()), format_gb(pr.best_oom.memory_capacity),
+                                  describe_config(pr.best_oom.config));
       set_exit_code(1);
     }
     std::cout << out.dump() << "\n";
@@ -682,7 +683,8 @@ void run_plan(const StepArgs& given_args) {
   fmt::print("searched {} candidates ({} valid, {} fit in memory) in {} ({:.0f} candidates/s)\n\n", pr.candidates,
              pr.valid, pr.fitting, format_seconds(pr.seconds), pr.candidates / std::max(pr.seconds, 1e-9));
   if (pr.ranked.empty()) {
-    fmt::print("no plan fits in memory; the fastest needs {} per GPU: {}\n", format_gb(pr.best_oom.memory.total()),
+    fmt::print("no plan fits in memory; the nearest needs {} per GPU of {}: {}\n",
+               format_gb(pr.best_oom.memory.total()), format_gb(pr.best_oom.memory_capacity),
                describe_config(pr.best_oom.config));
     set_exit_code(1);
     return;

@@ -162,7 +162,10 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                     r.notes.push_back(fmt::format("dp = 1: no data-parallel exchange, so --sync {} does not apply",
                                                   space.base.sync.kind));
                   if (!r.fits) {
-                    if (!res.any_oom || r.time < res.best_oom.time) {
+                    // (the nearest to fitting: how far the search is from a plan says more than the fastest
+                    // failure's memory, which may be far off)
+                    if (!res.any_oom || r.memory.total() < res.best_oom.memory.total() ||
+                        (r.memory.total() == res.best_oom.memory.total() && r.time < res.best_oom.time)) {
                       res.best_oom = r;
                       res.any_oom = true;
                     }

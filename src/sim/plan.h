@@ -30,7 +30,7 @@ struct PlanResult {
   long long valid = 0;             // passed validation (divisibility etc.)
   long long fitting = 0;           // fit in memory
   double seconds = 0;              // wall time of the search
-  StepResult best_oom;             // the fastest plan that did not fit (when none fits)
+  StepResult best_oom;             // the plan nearest to fitting, the least memory (when none fits)
   bool any_oom = false;
   std::string first_error;  // why the first invalid candidate was invalid (the hint when none is valid)
 };
