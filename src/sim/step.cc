@@ -140,6 +140,17 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
         "--sp splits the sequence over the tensor-parallel ranks: --tp = {} must divide --seq = {}", c.tp, m.seq));
   if (c.sync.kind == "local-sgd" && c.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
+  // (as `conduit train`: int4 is ZeRO's reduce-scatter wire; gradient top-k and PowerSGD do not apply to the
+  // parameters local SGD averages)
+  if (c.compression.kind == "int4" && c.zero == 0)
+    throw ConfigError(
+        "--compression int4 is ZeRO's reduce-scatter wire (qgZ, --zero 1, 2 or 3); allowed with --zero 0: none, fp16, "
+        "int8, topk:D, powersgd:R");
+  if (c.sync.kind == "local-sgd" && (c.compression.kind == "topk" || c.compression.kind == "powersgd"))
+    throw ConfigError(fmt::format(
+        "--compression {} with --sync local-sgd: local SGD averages the parameters, and {} compresses gradients; "
+        "allowed with local-sgd: none, fp16, int8",
+        c.compression.kind, c.compression.kind));
   if (c.sync.kind == "async" && c.zero == 3)
     throw ConfigError(
         "--sync async with --zero 3 is not modelled: ZeRO-3 gathers every layer's parameters inside the step, so its "
@@ -791,47 +802,80 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
     } else {
       const Compression& cp = cfg.compression;
       const double elems = params_gpu;
-      if (cp.kind == "none" || cp.kind == "fp16" || cp.kind == "int8" || cp.kind == "int4") {
-        double bytes_per = cp.kind == "none" ? cfg.grad_bytes : cp.kind == "fp16" ? 2 : cp.kind == "int8" ? 1 : 0.5;
+      // Local SGD averages the parameters after the step (the runtime's parameter averaging): nothing to hide behind.
+      const bool local = cfg.sync.kind == "local-sgd";
+      const double window = cfg.dp_overlap && !local ? bwd_window : 0.0;
+      if (cp.kind == "none" || cp.kind == "fp16") {
+        double bytes_per = cp.kind == "none" ? cfg.grad_bytes : 2;
         const double wire = elems * bytes_per;
         auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
         const double cap = cfg.bucket_bytes * bytes_per / cfg.grad_bytes;
         // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
         dp_exposed = bucketed_exposed(
-            cfg.dp_overlap ? bwd_window : 0.0, wire, cap,
-            [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n) + wake; }, &dp_total);
-        if (bytes_per != cfg.grad_bytes) {  // (fp16 of 16-bit gradients sends them as they are)
-          // Quantize before sending, dequantize-accumulate-requantize at each reduction step (fused, one pass
-          // over the local gradient each way) and dequantize at the end; error feedback adds a pass.
-          comp_time = memory_time(acc, elems * (cfg.grad_bytes * 4 + bytes_per * 2), 4);
-        }
+            window, wire, cap, [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n) + wake; }, &dp_total);
+        if (bytes_per != cfg.grad_bytes)  // (fp16 of 16-bit gradients sends them as they are)
+          comp_time = memory_time(acc, elems * (cfg.grad_bytes * 2 + bytes_per * 2), 2);  // cast there and back
         r.dp_algorithm = algorithm_name(ar.algorithm);
         r.dp_bottleneck = ar.bottleneck;
+      } else if (cp.kind == "int8") {
+        // The runtime's int8 (`conduit train --compressor int8`, compress/quantize.cc): each bucket in blocks of 256
+        // elements with an f32 scale each, allgathered (a sum re-quantized at every step of a ring would compound the
+        // rounding), every rank decoding and adding the other d - 1 payloads. (Timed as a ring allreduce of 1-byte
+        // elements until 2026-12-05: 3.7x faster than `none` on a 25 GbE cluster where the runtime's exchange is
+        // slower than it.)
+        const double per = 1 + 4.0 / 256, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
+        auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) * d);
+        auto each = [&](double n) {
+          return ctime(Collective::kAllGather, ag, dg, n * d) +
+                 memory_time(acc, static_cast<double>(d - 1) * (n + 8 * n / per), 1) + wake;
+        };
+        dp_exposed = bucketed_exposed(window, wire, cap, each, &dp_total);
+        comp_time = memory_time(acc, elems * (cfg.grad_bytes * 2 + per * 2), 2);  // quantize; error feedback
+        r.dp_algorithm = algorithm_name(ag.algorithm);
+        r.dp_bottleneck = ag.bottleneck;
       } else if (cp.kind == "topk") {
-        const double per_rank = cp.param * elems * (2 + 4);  // fp16 value + int32 index
-        auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, per_rank * d);
-        dp_total = ctime(Collective::kAllGather, ag, dg, per_rank * d) + wake;
-        dp_exposed = dp_total;  // needs the whole gradient for selection: after backward
-        comp_time = memory_time(acc, elems * cfg.grad_bytes * 3 + per_rank * d * 2, 4 + 1);
+        // Each bucket's largest D of its elements, as the runtime's compressor runs it (compress/sparse.cc): a u32
+        // index and an f32 value each (6 bytes, an fp16 value, until 2026-12-05), allgathered while the backward
+        // goes on, every rank adding the others' (it was timed after the whole backward).
+        const double per = cp.param * 8, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
+        auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) * d);
+        auto each = [&](double n) {
+          return ctime(Collective::kAllGather, ag, dg, n * d) +
+                 memory_time(acc, static_cast<double>(d - 1) * n * 2, 1) + wake;
+        };
+        dp_exposed = bucketed_exposed(window, wire, cap, each, &dp_total);
+        comp_time = memory_time(acc, elems * cfg.grad_bytes * 3, 4);  // selection, error feedback
         r.dp_algorithm = algorithm_name(ag.algorithm);
         r.dp_bottleneck = ag.bottleneck;
       } else if (cp.kind == "powersgd") {
         const double rank = cp.param;
-        // Weight matrices of a layer per GPU: (h x 3h/t), (h/t x h), (h x 4h/t), (4h/t x h); embedding (V/t x h).
+        // Weight matrices of a layer per GPU: (h x 3h/t), (h/t x h), (h x 4h/t), (4h/t x h); the word embedding
+        // (V/t x h) and the position embedding (seq x h). As the runtime (compress/powersgd.cc, min_ratio 2), a
+        // matrix whose factors would be over half its size goes raw, and so do the vectors (biases, norms): they
+        // were left out, and factors larger than their matrix were charged as factors.
         const std::vector<std::pair<double, double>> mats{
             {h, qkv_width_per_rank(m, t)}, {h / t, h}, {h, m.mlp_up_width() / t}, {m.ffn() / t, h}};
-        double factors = 0, gemm = 0;
-        for (auto [rows, cols] : mats) {
-          factors += rank * (rows + cols);
-          gemm += 3 * gemm_time(acc, {rows, rank, cols, 1});  // P = MQ, Q = M^T P, decompress P Q^T
-        }
-        factors *= lps;
-        gemm *= lps;
-        factors += rank * (V / t + h);
-        gemm += 3 * gemm_time(acc, {V / t, rank, h, 1});
+        double factors = 0, gemm = 0, raw = 0, matrix_elems = 0;
+        auto add = [&](double rows, double cols, double copies) {
+          matrix_elems += copies * rows * cols;
+          if (2 * rank * (rows + cols) > rows * cols) {
+            raw += copies * rows * cols;
+            return;
+          }
+          factors += copies * rank * (rows + cols);
+          gemm += copies * 3 * gemm_time(acc, {rows, rank, cols, 1});  // P = MQ, Q = M^T P, decompress P Q^T
+        };
+        for (auto [rows, cols] : mats) add(rows, cols, lps);
+        add(V / t, h, 1);
+        add(static_cast<double>(m.seq), h, 1);
+        raw += std::max(0.0, elems - matrix_elems);  // the vectors
         auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, factors);
-        // P then Q: each about half of the fp16 factors.
+        // P then Q: each about half of the fp16 factors; the raw tensors in the gradients' width.
         dp_total = 2 * (ctime(Collective::kAllReduce, ar, dg, factors) + wake);
+        if (raw > 0) {
+          auto rr = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, raw * cfg.grad_bytes);
+          dp_total += ctime(Collective::kAllReduce, rr, dg, raw * cfg.grad_bytes) + wake;
+        }
         dp_exposed = dp_total;
         comp_time = gemm + memory_time(acc, elems * cfg.grad_bytes * 2, 2);
         r.dp_algorithm = algorithm_name(ar.algorithm);
@@ -845,7 +889,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       comp_time /= cfg.sync.period;
       r.breakdown.zero3_exposed /= cfg.sync.period;
       r.notes.push_back(
-          fmt::format("local SGD: parameters averaged every {} steps; the exchange is amortized", cfg.sync.period));
+          fmt::format("local SGD: parameters averaged once every {} steps, after the step (not hidden behind a "
+                      "backward); the exchange is amortized",
+                      cfg.sync.period));
     } else if (cfg.sync.kind == "async") {
       dp_exposed = std::max(0.0, dp_total + comp_time - pipe);
       r.notes.push_back("asynchronous: the exchange overlaps the next step's compute (gradients one step stale)");
@@ -1080,20 +1126,27 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
   std::vector<double> exposed_s(P, 0.0);
   if (d > 1) {
     const std::string& k = cfg.compression.kind;
-    const double per = k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : k == "int8" ? 1 : 0.5;
+    // (int8: the runtime's blocks of 256 with an f32 scale, allgathered and decoded by every rank, as the GPT path)
+    const bool gathered = k == "int8";
+    const double per = k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : 1 + 4.0 / 256;
+    const Collective coll = gathered ? Collective::kAllGather : Collective::kAllReduce;
+    const double spread = gathered ? static_cast<double>(d) : 1.0;  // (an allgather's size: every rank's part)
     for (size_t s = 0; s < P; ++s) {
       const Group dg{d, p, static_cast<long long>(s)};  // stage s of every replica
       const double wire = params[s] * per;
-      auto prof = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
+      auto prof =
+          net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes * per / cfg.grad_bytes) * spread);
       auto tof = [&](double n) {
-        return (cfg.mode == EvalMode::kFull ? net.time_full(Collective::kAllReduce, prof.algorithm, dg, n)
-                                            : prof.time(n)) +
-               memory_time(acc, 8 * n / per, 1) + wake;
+        return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n * spread)
+                                            : prof.time(n * spread)) +
+               memory_time(acc, 8 * n / per, 1) + (gathered ? memory_time(acc, (d - 1) * (n + 8 * n / per), 1) : 0) +
+               wake;
       };
       double total = 0;
       const double exposed =
           bucketed_exposed(cfg.dp_overlap ? B[s] : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &total);
-      const double c = per != cfg.grad_bytes ? memory_time(acc, params[s] * (cfg.grad_bytes * 4 + per * 2), 4) : 0;
+      // (quantize, or cast, before sending; error feedback)
+      const double c = per != cfg.grad_bytes ? memory_time(acc, params[s] * (cfg.grad_bytes * 2 + per * 2), 2) : 0;
       exposed_s[s] = exposed + c;
       if (s == 0) {
         r.dp_algorithm = algorithm_name(prof.algorithm);
@@ -1210,6 +1263,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
       cfg.compression.kind != "int4")
     throw ConfigError("--compression for layer models: none, fp16, int8 or int4");
+  if (cfg.compression.kind == "int4" && cfg.zero == 0)
+    throw ConfigError(
+        "--compression int4 is ZeRO's reduce-scatter wire (qgZ, --zero 1, 2 or 3); allowed for layer models with "
+        "--zero 0: none, fp16, int8");
   check_data_parallel_flags(cfg, d);
   StepResult r;
   r.config = cfg;
@@ -1353,10 +1410,16 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     // ZeRO with int8 or int4: blocks by all-to-all (Qgz; `conduit train --zero N --compressor int8`), in two hops
     // where a node holds several ranks.
     const Qgz qgz(cfg, zg, topo.gpus_per_node());
-    const double per = qgz.on ? qgz.wire : k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : k == "int8" ? 1 : 0.5;
+    // (int8 without ZeRO: the runtime's blocks of 256 with an f32 scale, allgathered and decoded by every rank)
+    const bool gathered = !qgz.on && k == "int8";
+    const double per = qgz.on ? qgz.wire : k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : 1 + 4.0 / 256;
     const double wire = params * per;
-    const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter : Collective::kAllReduce;
-    auto prof = net.profile(coll, cfg.dp_algorithm, zg, std::min(wire, cfg.bucket_bytes));
+    const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter
+                            : gathered    ? Collective::kAllGather
+                                          : Collective::kAllReduce;
+    const double spread = gathered ? static_cast<double>(zg.size) : 1.0;  // (an allgather's size: every rank's part)
+    auto prof =
+        net.profile(coll, cfg.dp_algorithm, zg, std::min(wire, cfg.bucket_bytes * per / cfg.grad_bytes) * spread);
     auto qgz_time = [&](double elems) {
       return qgz.time(
           [&](Collective c, Algorithm a, const Group& g, double n) {
@@ -1373,8 +1436,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     auto tof_within = [&](double n) {
       const double elems = n / per;
       if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems / averaged, 1);
-      return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, zg, n) : prof.time(n)) +
-             memory_time(*slow, 8 * elems / averaged, 1) + wake;
+      return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, zg, n * spread)
+                                          : prof.time(n * spread)) +
+             memory_time(*slow, 8 * elems / averaged, 1) +
+             (gathered ? memory_time(*slow, (spread - 1) * (n + 8 * elems), 1) : 0.0) + wake;
     };
     auto tof = [&](double n) { return tof_within(n) + replicas(n / per); };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
@@ -1525,10 +1590,10 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                                                        : "once an iteration",
           format_seconds(dp_total - static_cast<double>(mb) * gathers), format_seconds(dp_exposed)));
     }
-    // (the quantized ring's passes; qgZ's are in its calls)
+    // (the cast to fp16 or the int8 blocks and back, error feedback; qgZ's passes are in its calls)
     // (an exchange's passes: every micro-batch's with --zero-reduce micro-batch)
     if (per != cfg.grad_bytes && !qgz.on)
-      comp = memory_time(*slow, params * (cfg.grad_bytes * 4 + per * 2), 4) *
+      comp = memory_time(*slow, params * (cfg.grad_bytes * 2 + per * 2), 2) *
              (cfg.zero >= 2 && z2 == ZeroReduce::kEveryMicroBatch ? static_cast<double>(mb) : 1.0);
     dp_exposed += comp;
     // Synchronous data parallelism waits for the slowest rank every step: measured at a barrier among as many ranks
