@@ -250,8 +250,8 @@ ParallelConfig make_config(const StepArgs& a) {
   if (c.gather_bytes != 0 && c.gather_bytes != 1 && c.gather_bytes != 2 && c.gather_bytes != 4)
     throw ConfigError(
         fmt::format("--gather-bytes = {} (allowed: 1 (int8 blocks with their scales), 2, 4)", c.gather_bytes));
-  c.dp_algorithm = parse_algorithm(a.dp_algorithm);
-  c.tp_algorithm = parse_algorithm(a.tp_algorithm);
+  c.dp_algorithm = parse_algorithm(a.dp_algorithm, "--dp-algorithm");
+  c.tp_algorithm = parse_algorithm(a.tp_algorithm, "--tp-algorithm");
   c.compression = parse_compression(a.compression);
   c.sync = parse_sync(a.sync);
   if (a.mode == "symmetric")

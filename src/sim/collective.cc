@@ -58,16 +58,16 @@ const char* algorithm_name(Algorithm a) {
   return "?";
 }
 
-Algorithm parse_algorithm(const std::string& s) {
+Algorithm parse_algorithm(const std::string& s, const std::string& flag) {
   for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling,
                       Algorithm::kBinomialTree, Algorithm::kDoubleBinaryTree, Algorithm::kHierarchical,
                       Algorithm::kInNetwork, Algorithm::kDirect}) {
     if (s == algorithm_name(a)) return a;
   }
   throw ConfigError(
-      fmt::format("--algorithm = '{}' (allowed: auto, ring, halving-doubling, recursive-doubling, binomial-tree, "
+      fmt::format("{} = '{}' (allowed: auto, ring, halving-doubling, recursive-doubling, binomial-tree, "
                   "double-binary-tree, hierarchical, in-network, direct)",
-                  s));
+                  flag, s));
 }
 
 namespace {

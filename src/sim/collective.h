@@ -56,7 +56,8 @@ enum class Algorithm {
 
 const char* collective_name(Collective c);
 const char* algorithm_name(Algorithm a);
-Algorithm parse_algorithm(const std::string& s);  // ConfigError naming the allowed values
+// ConfigError naming `flag` and the allowed values (--dp-algorithm's error said --algorithm).
+Algorithm parse_algorithm(const std::string& s, const std::string& flag = "--algorithm");
 
 // Ranks first + i * stride, i in [0, size).
 struct Group {

@@ -885,6 +885,9 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--hidden: a transformer's shape, and --model layers takes its layers from --layers-spec"},
            {"sim step --model layers --layers-spec dense:4x4 --mlp swiglu --global-batch 8",
             "--mlp: a transformer's MLP"},
+           // (the error named --algorithm, a flag sim step does not have)
+           {"sim step --model gpt2-small --global-batch 8 --dp-algorithm foo",
+            "--dp-algorithm = 'foo' (allowed: auto, ring,"},
            // (sim scale took --gpus and ignored it; sim plan took settings sim step refuses, ignored or dropping plans)
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --gpus 32",
             "--gpus: sim scale takes its sizes from --gpus-list; allowed: leave it out"},
