@@ -623,6 +623,16 @@ void run_plan(const StepArgs& given_args) {
   if ((base.zero_shard > 1 || base.zero_shard < 0) && (base.zero_hpz > 1 || base.zero_hpz < 0))
     throw ConfigError(
         "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
+  // (a compression no plan can take: the search kept only the uncompressed plans, exit 0)
+  if (a.compression != "none" && base.sync.kind == "local-sgd")
+    throw ConfigError(fmt::format(
+        "--compression {} with --sync local-sgd: local SGD averages the parameters uncompressed (as `conduit train`, "
+        "which takes no compressor with it); allowed with local-sgd: none",
+        a.compression));
+  if (a.compression == "int4" && !searched({1, 2, 3}))
+    throw ConfigError(
+        "--compression int4 is ZeRO's reduce-scatter wire (qgZ), and this search has no ZeRO plans; allowed: "
+        "--zero-options with 1, 2 or 3, or another compression");
   if (a.given.count("--sp")) {
     // Fixed: every plan uses it, so tp = 1 (where the planner would drop it) is out of the search.
     if (!space.tp.empty() && std::all_of(space.tp.begin(), space.tp.end(), [](int t) { return t == 1; }))

@@ -146,11 +146,11 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
     throw ConfigError(
         "--compression int4 is ZeRO's reduce-scatter wire (qgZ, --zero 1, 2 or 3); allowed with --zero 0: none, fp16, "
         "int8, topk:D, powersgd:R");
-  if (c.sync.kind == "local-sgd" && (c.compression.kind == "topk" || c.compression.kind == "powersgd"))
+  if (c.sync.kind == "local-sgd" && c.compression.kind != "none")
     throw ConfigError(fmt::format(
-        "--compression {} with --sync local-sgd: local SGD averages the parameters, and {} compresses gradients; "
-        "allowed with local-sgd: none, fp16, int8",
-        c.compression.kind, c.compression.kind));
+        "--compression {} with --sync local-sgd: local SGD averages the parameters uncompressed (as `conduit train`, "
+        "which takes no compressor with it); allowed with local-sgd: none",
+        c.compression.kind));
   if (c.sync.kind == "async" && c.zero == 3)
     throw ConfigError(
         "--sync async with --zero 3 is not modelled: ZeRO-3 gathers every layer's parameters inside the step, so its "
@@ -805,15 +805,21 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       // Local SGD averages the parameters after the step (the runtime's parameter averaging): nothing to hide behind.
       const bool local = cfg.sync.kind == "local-sgd";
       const double window = cfg.dp_overlap && !local ? bwd_window : 0.0;
+      // The runtime runs int8 and top-k tensor by tensor (compress/collectives.cc: a call per tensor of a bucket):
+      // at least a call per tensor, 12 a layer and the embeddings' and final norm's 4.
+      const double tensors = 12.0 * lps + 4;
       if (cp.kind == "none" || cp.kind == "fp16") {
-        double bytes_per = cp.kind == "none" ? cfg.grad_bytes : 2;
+        // (local SGD averages the f32 parameters: sync/collective.cc)
+        double bytes_per = local ? 4 : cp.kind == "none" ? cfg.grad_bytes : 2;
         const double wire = elems * bytes_per;
-        auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes));
-        const double cap = cfg.bucket_bytes * bytes_per / cfg.grad_bytes;
+        // (local SGD: one allreduce of all the parameters)
+        const double cap = local ? wire : cfg.bucket_bytes * bytes_per / cfg.grad_bytes;
+        auto ar =
+            net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(wire, local ? wire : cfg.bucket_bytes));
         // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
         dp_exposed = bucketed_exposed(
             window, wire, cap, [&](double n) { return ctime(Collective::kAllReduce, ar, dg, n) + wake; }, &dp_total);
-        if (bytes_per != cfg.grad_bytes)  // (fp16 of 16-bit gradients sends them as they are)
+        if (bytes_per != cfg.grad_bytes && !local)  // (fp16 of 16-bit gradients sends them as they are)
           comp_time = memory_time(acc, elems * (cfg.grad_bytes * 2 + bytes_per * 2), 2);  // cast there and back
         r.dp_algorithm = algorithm_name(ar.algorithm);
         r.dp_bottleneck = ar.bottleneck;
@@ -821,9 +827,10 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         // The runtime's int8 (`conduit train --compressor int8`, compress/quantize.cc): each bucket in blocks of 256
         // elements with an f32 scale each, allgathered (a sum re-quantized at every step of a ring would compound the
         // rounding), every rank decoding and adding the other d - 1 payloads. (Timed as a ring allreduce of 1-byte
-        // elements until 2026-12-05: 3.7x faster than `none` on a 25 GbE cluster where the runtime's exchange is
-        // slower than it.)
-        const double per = 1 + 4.0 / 256, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
+        // elements until 2026-12-05: 0.6x the uncompressed exchange of GPT-2 small on 64 ethernet-25g GPUs, where
+        // the runtime's is over 5x.)
+        const double per = 1 + 4.0 / 256, wire = elems * per;
+        const double cap = std::min(cfg.bucket_bytes * per / cfg.grad_bytes, wire / tensors);
         auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) * d);
         auto each = [&](double n) {
           return ctime(Collective::kAllGather, ag, dg, n * d) +
@@ -837,7 +844,8 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         // Each bucket's largest D of its elements, as the runtime's compressor runs it (compress/sparse.cc): a u32
         // index and an f32 value each (6 bytes, an fp16 value, until 2026-12-05), allgathered while the backward
         // goes on, every rank adding the others' (it was timed after the whole backward).
-        const double per = cp.param * 8, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
+        const double per = cp.param * 8, wire = elems * per;
+        const double cap = std::min(cfg.bucket_bytes * per / cfg.grad_bytes, wire / tensors);
         auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) * d);
         auto each = [&](double n) {
           return ctime(Collective::kAllGather, ag, dg, n * d) +
@@ -869,14 +877,17 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         add(V / t, h, 1);
         add(static_cast<double>(m.seq), h, 1);
         raw += std::max(0.0, elems - matrix_elems);  // the vectors
-        auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, factors);
-        // P then Q: each about half of the fp16 factors; the raw tensors in the gradients' width.
-        dp_total = 2 * (ctime(Collective::kAllReduce, ar, dg, factors) + wake);
-        if (raw > 0) {
-          auto rr = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, raw * cfg.grad_bytes);
-          dp_total += ctime(Collective::kAllReduce, rr, dg, raw * cfg.grad_bytes) + wake;
-        }
-        dp_exposed = dp_total;
+        // Bucket by bucket behind the backward, as the runtime (powersgd_allreduce, per bucket): its matrices' P
+        // with its raw tensors in one allreduce, then their Q, in fp16 (P and Q each about half of the factors).
+        // (It was timed after the whole backward.)
+        const double p_round = factors + 2 * raw, q_round = factors, wire = p_round + q_round;
+        const double cap = cfg.bucket_bytes * wire / (elems * cfg.grad_bytes);
+        auto ar = net.profile(Collective::kAllReduce, cfg.dp_algorithm, dg, std::min(p_round, cap * p_round / wire));
+        auto each = [&](double n) {
+          return ctime(Collective::kAllReduce, ar, dg, n * p_round / wire) +
+                 ctime(Collective::kAllReduce, ar, dg, n * q_round / wire) + 2 * wake;
+        };
+        dp_exposed = bucketed_exposed(window, wire, cap, each, &dp_total);
         comp_time = gemm + memory_time(acc, elems * cfg.grad_bytes * 2, 2);
         r.dp_algorithm = algorithm_name(ar.algorithm);
         r.dp_bottleneck = ar.bottleneck;
@@ -1258,6 +1269,11 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         "--zero 0, 1 or 2");
   if (cfg.sync.kind == "local-sgd" && cfg.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
+  if (cfg.sync.kind == "local-sgd" && cfg.compression.kind != "none")
+    throw ConfigError(fmt::format(
+        "--compression {} with --sync local-sgd: local SGD averages the parameters uncompressed (as `conduit train`, "
+        "which takes no compressor with it); allowed with local-sgd: none",
+        cfg.compression.kind));
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", cfg.grad_bytes));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&
@@ -1412,7 +1428,9 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     const Qgz qgz(cfg, zg, topo.gpus_per_node());
     // (int8 without ZeRO: the runtime's blocks of 256 with an f32 scale, allgathered and decoded by every rank)
     const bool gathered = !qgz.on && k == "int8";
-    const double per = qgz.on ? qgz.wire : k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : 1 + 4.0 / 256;
+    // (local SGD averages the f32 parameters after the step: sync/collective.cc)
+    const bool local = cfg.sync.kind == "local-sgd";
+    const double per = qgz.on ? qgz.wire : local ? 4.0 : k == "none" ? cfg.grad_bytes : k == "fp16" ? 2 : 1 + 4.0 / 256;
     const double wire = params * per;
     const Collective coll = cfg.zero >= 1 ? Collective::kReduceScatter
                             : gathered    ? Collective::kAllGather
@@ -1443,8 +1461,8 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     };
     auto tof = [&](double n) { return tof_within(n) + replicas(n / per); };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
-    dp_exposed = bucketed_exposed(cfg.dp_overlap ? bwd * run_scale : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes,
-                                  tof, &dp_total);
+    dp_exposed = bucketed_exposed(cfg.dp_overlap && !local ? bwd * run_scale : 0.0, wire,
+                                  local ? wire : cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total);
     // (ZeRO-2 with micro-batches: `conduit train` sums a step's micro-batches in its buckets and reduce-scatters them
     // once, as ZeRO-1, the buckets holding the whole gradients meanwhile (below); DeepSpeed's, which the GPT model
     // follows by default, reduce-scatters after every micro-batch's backward, for M times the bytes: --zero-reduce
@@ -1592,7 +1610,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     }
     // (the cast to fp16 or the int8 blocks and back, error feedback; qgZ's passes are in its calls)
     // (an exchange's passes: every micro-batch's with --zero-reduce micro-batch)
-    if (per != cfg.grad_bytes && !qgz.on)
+    if (per != cfg.grad_bytes && !qgz.on && !local)
       comp = memory_time(*slow, params * (cfg.grad_bytes * 2 + per * 2), 2) *
              (cfg.zero >= 2 && z2 == ZeroReduce::kEveryMicroBatch ? static_cast<double>(mb) : 1.0);
     dp_exposed += comp;

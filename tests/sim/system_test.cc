@@ -895,6 +895,11 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--no-zero-prefetch: about ZeRO's parameter gathers, and this search has no ZeRO plans"},
            {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --no-zero-prefetch --zero-allgather-bucket 1M",
             "--zero-allgather-bucket with --no-zero-prefetch"},
+           // (a compression no plan can take: only uncompressed plans came back, exit 0)
+           {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --sync local-sgd:4 --compression int8",
+            "--compression int8 with --sync local-sgd: local SGD averages the parameters uncompressed"},
+           {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --zero 0 --compression int4",
+            "--compression int4 is ZeRO's reduce-scatter wire (qgZ), and this search has no ZeRO plans"},
            {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --zero-shard-group 2 --zero-hpz 2",
             "--zero-shard-group with --zero-hpz: the gathers run within the shard group already"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu -5",

@@ -303,7 +303,9 @@ TEST(Step, TopkAndAsyncChangeTheExchange) {
   StepResult base = simulate_step(net, m, c);
   c.compression = parse_compression("topk:0.001");
   StepResult tk = simulate_step(net, m, c);
-  EXPECT_LT(tk.breakdown.dp_comm, base.breakdown.dp_comm / 5);
+  // (a call per tensor, as the runtime's: 148 allgathers' latencies bound it; a fifth of the ring's time with one
+  // call a bucket)
+  EXPECT_LT(tk.breakdown.dp_comm, base.breakdown.dp_comm / 2);
   EXPECT_GT(tk.breakdown.compression, 0);
   c.compression = parse_compression("none");
   c.sync = parse_sync("async");
@@ -405,7 +407,7 @@ TEST(Robustness, RandomConfigurationsEitherFailCleanlyOrGiveFiniteResults) {
       ++rejected;
     }
   }
-  EXPECT_GT(ok, 20);
+  EXPECT_GT(ok, 10);  // (18 of 400 once local SGD took no compressor and int4 needed ZeRO, 2026-12-05)
   EXPECT_GT(rejected, 20);
 }
 
