@@ -140,8 +140,7 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
         "--sp splits the sequence over the tensor-parallel ranks: --tp = {} must divide --seq = {}", c.tp, m.seq));
   if (c.sync.kind == "local-sgd" && c.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
-  // (as `conduit train`: int4 is ZeRO's reduce-scatter wire; gradient top-k and PowerSGD do not apply to the
-  // parameters local SGD averages)
+  // (as `conduit train`: int4 is ZeRO's reduce-scatter wire; local SGD averages the parameters uncompressed)
   if (c.compression.kind == "int4" && c.zero == 0)
     throw ConfigError(
         "--compression int4 is ZeRO's reduce-scatter wire (qgZ, --zero 1, 2 or 3); allowed with --zero 0: none, fp16, "
@@ -824,7 +823,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         r.dp_algorithm = algorithm_name(ar.algorithm);
         r.dp_bottleneck = ar.bottleneck;
       } else if (cp.kind == "int8") {
-        // The runtime's int8 (`conduit train --compressor int8`, compress/quantize.cc): each bucket in blocks of 256
+        // The runtime's int8 (`conduit train --compressor int8`, compress/quantize.cc): each tensor in blocks of 256
         // elements with an f32 scale each, allgathered (a sum re-quantized at every step of a ring would compound the
         // rounding), every rank decoding and adding the other d - 1 payloads. (Timed as a ring allreduce of 1-byte
         // elements until 2026-12-05: 0.6x the uncompressed exchange of GPT-2 small on 64 ethernet-25g GPUs, where
@@ -841,7 +840,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         r.dp_algorithm = algorithm_name(ag.algorithm);
         r.dp_bottleneck = ag.bottleneck;
       } else if (cp.kind == "topk") {
-        // Each bucket's largest D of its elements, as the runtime's compressor runs it (compress/sparse.cc): a u32
+        // Each tensor's largest D of its elements, as the runtime's compressor runs it (compress/sparse.cc): a u32
         // index and an f32 value each (6 bytes, an fp16 value, until 2026-12-05), allgathered while the backward
         // goes on, every rank adding the others' (it was timed after the whole backward).
         const double per = cp.param * 8, wire = elems * per;
@@ -1049,7 +1048,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
   // Each stage's layers as they run in the step: their kernels times `scale` (the measured ratio plus the framework's
   // share, simulate_layer_step).
   std::vector<double> F(size_t(p), 0.0), B(size_t(p), 0.0), params(size_t(p), 0.0), act(size_t(p), 0.0),
-      out(size_t(p), 0.0);
+      out(size_t(p), 0.0), tensors(size_t(p), 0.0);
   for (int s = 0; s < p; ++s)
     for (size_t u = size_t(bounds[size_t(s)]); u < size_t(bounds[size_t(s) + 1]); ++u)
       for (size_t li = unit_first[u]; li < unit_end(u); ++li) {
@@ -1057,6 +1056,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
         F[size_t(s)] += pf[li] * scale;
         B[size_t(s)] += pb[li] * scale;
         params[size_t(s)] += l.params();
+        if (l.params() > 0) tensors[size_t(s)] += 2;  // (weight and bias)
         const GemmShape g = l.forward_gemm(b);
         act[size_t(s)] += 2 * g.m * g.n * eb;  // (as the data-parallel model counts them)
         out[size_t(s)] = output_elements(l);
@@ -1145,8 +1145,11 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
     for (size_t s = 0; s < P; ++s) {
       const Group dg{d, p, static_cast<long long>(s)};  // stage s of every replica
       const double wire = params[s] * per;
-      auto prof =
-          net.profile(coll, cfg.dp_algorithm, dg, std::min(wire, cfg.bucket_bytes * per / cfg.grad_bytes) * spread);
+      // (int8 a call per tensor, as the runtime's compressed_allreduce_many)
+      const double cap =
+          std::min(cfg.bucket_bytes * per / cfg.grad_bytes, gathered ? wire / std::max(1.0, tensors[s]) : wire);
+      auto prof = net.profile(coll, cfg.dp_algorithm, dg,
+                              gathered ? std::min(wire, cap) * spread : std::min(wire, cfg.bucket_bytes));
       auto tof = [&](double n) {
         return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n * spread)
                                             : prof.time(n * spread)) +
@@ -1154,8 +1157,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
                wake;
       };
       double total = 0;
-      const double exposed =
-          bucketed_exposed(cfg.dp_overlap ? B[s] : 0.0, wire, cfg.bucket_bytes * per / cfg.grad_bytes, tof, &total);
+      const double exposed = bucketed_exposed(cfg.dp_overlap ? B[s] : 0.0, wire, cap, tof, &total);
       // (quantize, or cast, before sending; error feedback)
       const double c = per != cfg.grad_bytes ? memory_time(acc, params[s] * (cfg.grad_bytes * 2 + per * 2), 2) : 0;
       exposed_s[s] = exposed + c;
@@ -1436,8 +1438,14 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                             : gathered    ? Collective::kAllGather
                                           : Collective::kAllReduce;
     const double spread = gathered ? static_cast<double>(zg.size) : 1.0;  // (an allgather's size: every rank's part)
-    auto prof =
-        net.profile(coll, cfg.dp_algorithm, zg, std::min(wire, cfg.bucket_bytes * per / cfg.grad_bytes) * spread);
+    // (int8 a call per tensor, weight and bias of each layer with parameters, as the runtime's)
+    const double tensors = 2.0 * static_cast<double>(std::count_if(m.layers.begin(), m.layers.end(),
+                                                                   [](const Layer& l) { return l.params() > 0; }));
+    const double cap = local      ? wire
+                       : gathered ? std::min(cfg.bucket_bytes * per / cfg.grad_bytes, wire / std::max(1.0, tensors))
+                                  : cfg.bucket_bytes * per / cfg.grad_bytes;
+    auto prof = net.profile(coll, cfg.dp_algorithm, zg,
+                            gathered ? std::min(wire, cap) * spread : std::min(wire, local ? wire : cfg.bucket_bytes));
     auto qgz_time = [&](double elems) {
       return qgz.time(
           [&](Collective c, Algorithm a, const Group& g, double n) {
@@ -1461,8 +1469,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     };
     auto tof = [&](double n) { return tof_within(n) + replicas(n / per); };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
-    dp_exposed = bucketed_exposed(cfg.dp_overlap && !local ? bwd * run_scale : 0.0, wire,
-                                  local ? wire : cfg.bucket_bytes * per / cfg.grad_bytes, tof, &dp_total);
+    dp_exposed = bucketed_exposed(cfg.dp_overlap && !local ? bwd * run_scale : 0.0, wire, cap, tof, &dp_total);
     // (ZeRO-2 with micro-batches: `conduit train` sums a step's micro-batches in its buckets and reduce-scatters them
     // once, as ZeRO-1, the buckets holding the whole gradients meanwhile (below); DeepSpeed's, which the GPT model
     // follows by default, reduce-scatters after every micro-batch's backward, for M times the bytes: --zero-reduce
