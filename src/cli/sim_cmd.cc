@@ -633,6 +633,19 @@ void run_plan(const StepArgs& given_args) {
     throw ConfigError(
         "--compression int4 is ZeRO's reduce-scatter wire (qgZ), and this search has no ZeRO plans; allowed: "
         "--zero-options with 1, 2 or 3, or another compression");
+  if (const Compression cp = parse_compression(a.compression); cp.kind == "topk" || cp.kind == "powersgd") {
+    if (!searched({0}))
+      throw ConfigError(fmt::format(
+          "--compression {}: it compresses the gradients' allreduce, which ZeRO replaces with its reduce-scatter, "
+          "and this search has only ZeRO plans; allowed: --zero-options with 0, or none, fp16, int8, int4",
+          a.compression));
+    const int least_tp = space.tp.empty() ? 1 : *std::min_element(space.tp.begin(), space.tp.end());
+    if (cp.kind == "powersgd" && cp.param > static_cast<double>(m.hidden / least_tp))
+      throw ConfigError(fmt::format(
+          "--compression {}: the rank exceeds the smallest weight matrix side of every searched plan (hidden / tp "
+          "= {}); allowed: a rank up to it",
+          a.compression, m.hidden / least_tp));
+  }
   if (a.given.count("--sp")) {
     // Fixed: every plan uses it, so tp = 1 (where the planner would drop it) is out of the search.
     if (!space.tp.empty() && std::all_of(space.tp.begin(), space.tp.end(), [](int t) { return t == 1; }))

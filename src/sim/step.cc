@@ -804,8 +804,9 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
       // Local SGD averages the parameters after the step (the runtime's parameter averaging): nothing to hide behind.
       const bool local = cfg.sync.kind == "local-sgd";
       const double window = cfg.dp_overlap && !local ? bwd_window : 0.0;
-      // The runtime runs int8 and top-k tensor by tensor (compress/collectives.cc: a call per tensor of a bucket):
-      // at least a call per tensor, 12 a layer and the embeddings' and final norm's 4.
+      // The runtime runs int8 and top-k tensor by tensor (compress/collectives.cc: a call per tensor of a bucket, the
+      // bucket's once it is full): a bucket's share of the tensors, 12 a layer and the embeddings' and final norm's
+      // 4, and at least one.
       const double tensors = 12.0 * lps + 4;
       if (cp.kind == "none" || cp.kind == "fp16") {
         // (local SGD averages the f32 parameters: sync/collective.cc)
@@ -828,12 +829,12 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         // rounding), every rank decoding and adding the other d - 1 payloads. (Timed as a ring allreduce of 1-byte
         // elements until 2026-12-05: 0.6x the uncompressed exchange of GPT-2 small on 64 ethernet-25g GPUs, where
         // the runtime's is over 5x.)
-        const double per = 1 + 4.0 / 256, wire = elems * per;
-        const double cap = std::min(cfg.bucket_bytes * per / cfg.grad_bytes, wire / tensors);
-        auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) * d);
+        const double per = 1 + 4.0 / 256, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
+        const double calls = std::max(1.0, tensors / std::ceil(wire / cap));  // (a bucket's, once it is full)
+        auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) / calls * d);
         auto each = [&](double n) {
-          return ctime(Collective::kAllGather, ag, dg, n * d) +
-                 memory_time(acc, static_cast<double>(d - 1) * (n + 8 * n / per), 1) + wake;
+          return calls * (ctime(Collective::kAllGather, ag, dg, n / calls * d) + wake) +
+                 memory_time(acc, static_cast<double>(d - 1) * (n + 8 * n / per), 1);
         };
         dp_exposed = bucketed_exposed(window, wire, cap, each, &dp_total);
         comp_time = memory_time(acc, elems * (cfg.grad_bytes * 2 + per * 2), 2);  // quantize; error feedback
@@ -843,12 +844,12 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         // Each tensor's largest D of its elements, as the runtime's compressor runs it (compress/sparse.cc): a u32
         // index and an f32 value each (6 bytes, an fp16 value, until 2026-12-05), allgathered while the backward
         // goes on, every rank adding the others' (it was timed after the whole backward).
-        const double per = cp.param * 8, wire = elems * per;
-        const double cap = std::min(cfg.bucket_bytes * per / cfg.grad_bytes, wire / tensors);
-        auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) * d);
+        const double per = cp.param * 8, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
+        const double calls = std::max(1.0, tensors / std::ceil(wire / cap));  // (a bucket's, once it is full)
+        auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) / calls * d);
         auto each = [&](double n) {
-          return ctime(Collective::kAllGather, ag, dg, n * d) +
-                 memory_time(acc, static_cast<double>(d - 1) * n * 2, 1) + wake;
+          return calls * (ctime(Collective::kAllGather, ag, dg, n / calls * d) + wake) +
+                 memory_time(acc, static_cast<double>(d - 1) * n * 2, 1);
         };
         dp_exposed = bucketed_exposed(window, wire, cap, each, &dp_total);
         comp_time = memory_time(acc, elems * cfg.grad_bytes * 3, 4);  // selection, error feedback
@@ -1145,16 +1146,16 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
     for (size_t s = 0; s < P; ++s) {
       const Group dg{d, p, static_cast<long long>(s)};  // stage s of every replica
       const double wire = params[s] * per;
-      // (int8 a call per tensor, as the runtime's compressed_allreduce_many)
-      const double cap =
-          std::min(cfg.bucket_bytes * per / cfg.grad_bytes, gathered ? wire / std::max(1.0, tensors[s]) : wire);
+      // (int8 a call per tensor of a bucket, as the runtime's compressed_allreduce_many)
+      const double cap = cfg.bucket_bytes * per / cfg.grad_bytes;
+      const double calls = gathered ? std::max(1.0, tensors[s] / std::ceil(wire / cap)) : 1.0;
       auto prof = net.profile(coll, cfg.dp_algorithm, dg,
-                              gathered ? std::min(wire, cap) * spread : std::min(wire, cfg.bucket_bytes));
+                              gathered ? std::min(wire, cap) / calls * spread : std::min(wire, cfg.bucket_bytes));
       auto tof = [&](double n) {
-        return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n * spread)
-                                            : prof.time(n * spread)) +
-               memory_time(acc, 8 * n / per, 1) + (gathered ? memory_time(acc, (d - 1) * (n + 8 * n / per), 1) : 0) +
-               wake;
+        return calls * ((cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, dg, n / calls * spread)
+                                                     : prof.time(n / calls * spread)) +
+                        wake) +
+               memory_time(acc, 8 * n / per, 1) + (gathered ? memory_time(acc, (d - 1) * (n + 8 * n / per), 1) : 0);
       };
       double total = 0;
       const double exposed = bucketed_exposed(cfg.dp_overlap ? B[s] : 0.0, wire, cap, tof, &total);
@@ -1438,14 +1439,14 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
                             : gathered    ? Collective::kAllGather
                                           : Collective::kAllReduce;
     const double spread = gathered ? static_cast<double>(zg.size) : 1.0;  // (an allgather's size: every rank's part)
-    // (int8 a call per tensor, weight and bias of each layer with parameters, as the runtime's)
+    // (int8 a call per tensor of a bucket, weight and bias of each layer with parameters, as the runtime's)
     const double tensors = 2.0 * static_cast<double>(std::count_if(m.layers.begin(), m.layers.end(),
                                                                    [](const Layer& l) { return l.params() > 0; }));
-    const double cap = local      ? wire
-                       : gathered ? std::min(cfg.bucket_bytes * per / cfg.grad_bytes, wire / std::max(1.0, tensors))
-                                  : cfg.bucket_bytes * per / cfg.grad_bytes;
-    auto prof = net.profile(coll, cfg.dp_algorithm, zg,
-                            gathered ? std::min(wire, cap) * spread : std::min(wire, local ? wire : cfg.bucket_bytes));
+    const double cap = local ? wire : cfg.bucket_bytes * per / cfg.grad_bytes;
+    const double calls = gathered ? std::max(1.0, tensors / std::ceil(wire / cap)) : 1.0;
+    auto prof =
+        net.profile(coll, cfg.dp_algorithm, zg,
+                    gathered ? std::min(wire, cap) / calls * spread : std::min(wire, local ? wire : cfg.bucket_bytes));
     auto qgz_time = [&](double elems) {
       return qgz.time(
           [&](Collective c, Algorithm a, const Group& g, double n) {
@@ -1462,10 +1463,11 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
     auto tof_within = [&](double n) {
       const double elems = n / per;
       if (qgz.on) return qgz_time(elems) + memory_time(*slow, 8 * elems / averaged, 1);
-      return (cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, zg, n * spread)
-                                          : prof.time(n * spread)) +
+      return calls * ((cfg.mode == EvalMode::kFull ? net.time_full(coll, prof.algorithm, zg, n / calls * spread)
+                                                   : prof.time(n / calls * spread)) +
+                      wake) +
              memory_time(*slow, 8 * elems / averaged, 1) +
-             (gathered ? memory_time(*slow, (spread - 1) * (n + 8 * elems), 1) : 0.0) + wake;
+             (gathered ? memory_time(*slow, (spread - 1) * (n + 8 * elems), 1) : 0.0);
     };
     auto tof = [&](double n) { return tof_within(n) + replicas(n / per); };
     // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).

@@ -900,6 +900,11 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--compression int8 with --sync local-sgd: local SGD averages the parameters uncompressed"},
            {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --zero 0 --compression int4",
             "--compression int4 is ZeRO's reduce-scatter wire (qgZ), and this search has no ZeRO plans"},
+           {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --zero 1 --compression topk:0.01",
+            "--compression topk:0.01: it compresses the gradients' allreduce, which ZeRO replaces"},
+           {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --zero 0 --compression powersgd:1000",
+            "--compression powersgd:1000: the rank exceeds the smallest weight matrix side of every searched plan "
+            "(hidden / tp = 768)"},
            {"sim plan --model gpt2-small --gpus 16 --global-batch 64 --zero-shard-group 2 --zero-hpz 2",
             "--zero-shard-group with --zero-hpz: the gathers run within the shard group already"},
            {"sim scale --model gpt2-small --global-batch 64 --gpus-list 8,16 --batch-per-gpu -5",

@@ -306,6 +306,18 @@ TEST(Step, TopkAndAsyncChangeTheExchange) {
   // (a call per tensor, as the runtime's: 148 allgathers' latencies bound it; a fifth of the ring's time with one
   // call a bucket)
   EXPECT_LT(tk.breakdown.dp_comm, base.breakdown.dp_comm / 2);
+  // The calls of a bucket go once the bucket is full: the last bucket's tensors after the backward, not one
+  // tensor's (the per-tensor calls were first timed as 148 buckets, each ready on its own: total / 148 exposed).
+  {
+    Topology t8(load_cluster("dgx-h100"), 8);
+    CollectiveModel n8(t8);
+    ParallelConfig s;
+    s.global_batch = 8;
+    s.compression = parse_compression("topk:0.01");
+    const StepResult r = simulate_step(n8, m, s);
+    const double exposed_exchange = r.breakdown.dp_exposed - r.breakdown.compression;
+    EXPECT_GT(exposed_exchange, 5 * r.breakdown.dp_comm / (12 * 12 + 4)) << r.breakdown.dp_comm;
+  }
   EXPECT_GT(tk.breakdown.compression, 0);
   c.compression = parse_compression("none");
   c.sync = parse_sync("async");
