@@ -828,7 +828,7 @@ StepResult simulate_step(CollectiveModel& net, const GptModel& given, const Para
         // elements with an f32 scale each, allgathered (a sum re-quantized at every step of a ring would compound the
         // rounding), every rank decoding and adding the other d - 1 payloads. (Timed as a ring allreduce of 1-byte
         // elements until 2026-12-05: 0.6x the uncompressed exchange of GPT-2 small on 64 ethernet-25g GPUs, where
-        // the runtime's is over 5x.)
+        // the runtime's is 16x.)
         const double per = 1 + 4.0 / 256, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
         const double calls = std::max(1.0, tensors / std::ceil(wire / cap));  // (a bucket's, once it is full)
         auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) / calls * d);
