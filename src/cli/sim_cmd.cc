@@ -624,16 +624,13 @@ void run_plan(const StepArgs& given_args) {
     throw ConfigError(
         "--zero-shard-group with --zero-hpz: the gathers run within the shard group already; allowed: one of them");
   // (a compression no plan can take: the search kept only the uncompressed plans, exit 0)
-  if (a.compression != "none" && base.sync.kind == "local-sgd")
-    throw ConfigError(fmt::format(
-        "--compression {} with --sync local-sgd: local SGD averages the parameters uncompressed (as `conduit train`, "
-        "which takes no compressor with it); allowed with local-sgd: none",
-        a.compression));
-  if (a.compression == "int4" && !searched({1, 2, 3}))
+  const Compression cp = space.compression.empty() ? Compression{} : space.compression.back();
+  check_local_sgd_compression(base.sync, cp);
+  if (cp.kind == "int4" && !searched({1, 2, 3}))
     throw ConfigError(
         "--compression int4 is ZeRO's reduce-scatter wire (qgZ), and this search has no ZeRO plans; allowed: "
         "--zero-options with 1, 2 or 3, or another compression");
-  if (const Compression cp = parse_compression(a.compression); cp.kind == "topk" || cp.kind == "powersgd") {
+  if (cp.kind == "topk" || cp.kind == "powersgd") {
     if (!searched({0}))
       throw ConfigError(fmt::format(
           "--compression {}: it compresses the gradients' allreduce, which ZeRO replaces with its reduce-scatter, "

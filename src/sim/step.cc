@@ -72,6 +72,14 @@ const char* zero_reduce_name(ZeroReduce z) {
   return z == ZeroReduce::kEveryMicroBatch ? "micro-batch" : z == ZeroReduce::kOncePerStep ? "step" : "default";
 }
 
+void check_local_sgd_compression(const SyncScheme& sync, const Compression& compression) {
+  if (sync.kind == "local-sgd" && compression.kind != "none")
+    throw ConfigError(fmt::format(
+        "--compression {} with --sync local-sgd: local SGD averages the parameters uncompressed (as `conduit train`, "
+        "which takes no compressor with it); allowed with local-sgd: none",
+        compression.kind));
+}
+
 // Flags that act on the data-parallel exchange, refused where there is none (dp = 1): `sim step` took them, printed
 // them in its config and predicted the step without them (`sim plan` and `sim scale --fixed` leave them out of such
 // candidates themselves, saying so).
@@ -145,11 +153,7 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
     throw ConfigError(
         "--compression int4 is ZeRO's reduce-scatter wire (qgZ, --zero 1, 2 or 3); allowed with --zero 0: none, fp16, "
         "int8, topk:D, powersgd:R");
-  if (c.sync.kind == "local-sgd" && c.compression.kind != "none")
-    throw ConfigError(fmt::format(
-        "--compression {} with --sync local-sgd: local SGD averages the parameters uncompressed (as `conduit train`, "
-        "which takes no compressor with it); allowed with local-sgd: none",
-        c.compression.kind));
+  check_local_sgd_compression(c.sync, c.compression);
   if (c.sync.kind == "async" && c.zero == 3)
     throw ConfigError(
         "--sync async with --zero 3 is not modelled: ZeRO-3 gathers every layer's parameters inside the step, so its "
@@ -1272,11 +1276,7 @@ StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const 
         "--zero 0, 1 or 2");
   if (cfg.sync.kind == "local-sgd" && cfg.zero > 0)
     throw ConfigError("--sync local-sgd needs full model replicas: use --zero 0");
-  if (cfg.sync.kind == "local-sgd" && cfg.compression.kind != "none")
-    throw ConfigError(fmt::format(
-        "--compression {} with --sync local-sgd: local SGD averages the parameters uncompressed (as `conduit train`, "
-        "which takes no compressor with it); allowed with local-sgd: none",
-        cfg.compression.kind));
+  check_local_sgd_compression(cfg.sync, cfg.compression);
   if (cfg.grad_bytes != 2 && cfg.grad_bytes != 4)
     throw ConfigError(fmt::format("--grad-bytes = {} (allowed: 2, 4)", cfg.grad_bytes));
   if (cfg.compression.kind != "none" && cfg.compression.kind != "fp16" && cfg.compression.kind != "int8" &&

@@ -41,6 +41,8 @@ struct SyncScheme {
   int period = 1;
 };
 SyncScheme parse_sync(const std::string& s);  // "bsp", "local-sgd:8", "async"
+// ConfigError for a compression with local SGD, which averages the parameters uncompressed (as `conduit train`).
+void check_local_sgd_compression(const SyncScheme& sync, const Compression& compression);
 
 enum class ZeroReduce { kModelDefault, kEveryMicroBatch, kOncePerStep };
 ZeroReduce parse_zero_reduce(const std::string& s);  // "micro-batch", "step"

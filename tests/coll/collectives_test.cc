@@ -29,19 +29,17 @@ const bool kSmallSegments = [] {
   return true;
 }();
 
-// Runs fn(comm) on n in-process ranks (2 ranks per emulated host) and returns each rank's result.
+// Runs fn(r) for r = 0..n-1, each on a thread of its own, and returns each one's result; a rank that throws fails
+// the test with its error.
 template <typename Fn>
-std::vector<size_t> on_ranks(int n, Fn fn, int ranks_per_host = 2) {
-  CommConfig cfg;
-  cfg.timeout_s = 30;
-  auto comms = Communicator::inproc(n, ranks_per_host, cfg);
+std::vector<size_t> on_threads(int n, Fn fn) {
   std::vector<size_t> out(n, 0);
   std::vector<std::string> errors(n);
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r)
     ts.emplace_back([&, r] {
       try {
-        out[r] = fn(*comms[r]);
+        out[r] = fn(r);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -49,6 +47,15 @@ std::vector<size_t> on_ranks(int n, Fn fn, int ranks_per_host = 2) {
   for (auto& t : ts) t.join();
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   return out;
+}
+
+// Runs fn(comm) on n in-process ranks (2 ranks per emulated host) and returns each rank's result.
+template <typename Fn>
+std::vector<size_t> on_ranks(int n, Fn fn, int ranks_per_host = 2) {
+  CommConfig cfg;
+  cfg.timeout_s = 30;
+  auto comms = Communicator::inproc(n, ranks_per_host, cfg);
+  return on_threads(n, [&](int r) { return fn(*comms[r]); });
 }
 
 size_t total(const std::vector<size_t>& v) {
@@ -862,53 +869,34 @@ TEST_P(ConcurrentCommunicators, OperationsOfDifferentCommunicatorsInterleaveCorr
   auto transports = net::test_util::make_transport_world(GetParam(), n);
   CommConfig cfg;
   cfg.timeout_s = 60;
-  std::vector<size_t> wrong(n, 0);
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        std::vector<CommPtr> comms{Communicator::create(transports[r], {0, 1, 2, 3}, 0, cfg),
-                                   Communicator::create(transports[r], {3, 2, 1, 0}, 1, cfg)};
-        if (r != 0) comms.push_back(Communicator::create(transports[r], {1, 2, 3}, 2, cfg));
-        std::vector<size_t> w(comms.size(), 0);
-        std::vector<std::string> err(comms.size());
-        std::vector<std::thread> drivers;
-        for (size_t k = 0; k < comms.size(); ++k)
-          drivers.emplace_back([&, k] {
-            try {
-              Communicator& c = *comms[k];
-              const char* algos[] = {"ring", "rhd", "tree"};
-              for (int i = 0; i < kRounds; ++i) {
-                const size_t count = 1 + static_cast<size_t>((i * 7919 + static_cast<int>(k) * 104729) % 20000);
-                w[k] += run_and_verify(c, {"allreduce", algos[(i + k) % 3], DType::f32, ReduceOp::sum, count, 0, 0});
-                w[k] += run_and_verify(c, {"allgather", "", DType::i32, ReduceOp::sum, count / 3, 0, 0});
-                w[k] += run_and_verify(c, {"broadcast", "", DType::f64, ReduceOp::sum, count / 5, i % c.size(), 0});
-                // Blocking: on this thread, not the communicator's worker.
-                std::vector<float> v(257, static_cast<float>(c.rank() + 1));
-                CollOptions o;
-                o.blocking = true;
-                c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::max, o).wait();
-                if (v[256] != static_cast<float>(c.size())) ++w[k];
-              }
-            } catch (const std::exception& e) {
-              err[k] = e.what();
-            }
-          });
-        for (auto& d : drivers) d.join();
-        for (size_t k = 0; k < comms.size(); ++k) {
-          wrong[r] += w[k];
-          if (!err[k].empty()) errors[r] += fmt::format("communicator {}: {}; ", k, err[k]);
-        }
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
+  const auto wrong = on_threads(n, [&](int r) {
+    std::vector<CommPtr> comms{Communicator::create(transports[r], {0, 1, 2, 3}, 0, cfg),
+                               Communicator::create(transports[r], {3, 2, 1, 0}, 1, cfg)};
+    if (r != 0) comms.push_back(Communicator::create(transports[r], {1, 2, 3}, 2, cfg));
+    // (each communicator driven from a thread of its own)
+    const auto w = on_threads(static_cast<int>(comms.size()), [&](int k) {
+      Communicator& c = *comms[size_t(k)];
+      const char* algos[] = {"ring", "rhd", "tree"};
+      size_t bad = 0;
+      for (int i = 0; i < kRounds; ++i) {
+        const size_t count = 1 + static_cast<size_t>((i * 7919 + k * 104729) % 20000);
+        bad += run_and_verify(c, {"allreduce", algos[(i + k) % 3], DType::f32, ReduceOp::sum, count, 0, 0});
+        bad += run_and_verify(c, {"allgather", "", DType::i32, ReduceOp::sum, count / 3, 0, 0});
+        bad += run_and_verify(c, {"broadcast", "", DType::f64, ReduceOp::sum, count / 5, i % c.size(), 0});
+        // Blocking: on this thread, not the communicator's worker.
+        std::vector<float> v(257, static_cast<float>(c.rank() + 1));
+        CollOptions o;
+        o.blocking = true;
+        c.allreduce(v.data(), v.size(), DType::f32, ReduceOp::max, o).wait();
+        if (v[256] != static_cast<float>(c.size())) ++bad;
       }
+      return bad;
     });
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(errors[r], "") << "rank " << r;
-    EXPECT_EQ(wrong[r], 0u) << "rank " << r;
-  }
+    size_t bad = 0;
+    for (size_t x : w) bad += x;
+    return bad;
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(wrong[r], 0u) << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ConcurrentCommunicators, ::testing::Values("inproc", "tcp", "shm"));
@@ -929,35 +917,25 @@ TEST_P(TwelveRanks, EveryPatternIsCorrect) {
     unsetenv("CONDUIT_SHM_RING_BYTES");
   CommConfig cfg;
   cfg.timeout_s = 60;
-  std::vector<size_t> wrong(n, 0);
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        auto c = Communicator::create(transports[r], {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 0, cfg);
-        for (size_t count : {size_t{1}, size_t{5003}, size_t{100000}}) {
-          for (const std::string a : {"ring", "rhd", "rd", "tree"})
-            wrong[r] += run_and_verify(*c, {"allreduce", a, DType::f32, ReduceOp::sum, count, 0, 0});
-          wrong[r] += run_and_verify(*c, {"reduce_scatter", "", DType::bf16, ReduceOp::avg, count, 0, 0});
-          wrong[r] += run_and_verify(*c, {"allgather", "", DType::i32, ReduceOp::sum, count, 0, 0});
-          wrong[r] += run_and_verify(*c, {"broadcast", "", DType::f64, ReduceOp::sum, count, 7, 0});
-          wrong[r] += run_and_verify(*c, {"reduce", "", DType::f32, ReduceOp::max, count, 11, 0});
-          wrong[r] += run_and_verify(*c, {"gather", "", DType::u8, ReduceOp::sum, count, 5, 0});
-          wrong[r] += run_and_verify(*c, {"scatter", "", DType::u8, ReduceOp::sum, count, 3, 0});
-          wrong[r] += run_and_verify(*c, {"alltoall", "", DType::i64, ReduceOp::sum, count / 12 + 1, 0, 0});
-          wrong[r] += run_and_verify(*c, {"sendrecv", "", DType::f32, ReduceOp::sum, count, 0, 0});
-          wrong[r] += run_and_verify(*c, {"barrier", "", DType::f32, ReduceOp::sum, 0, 0, 0});
-        }
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(errors[r], "") << "rank " << r;
-    EXPECT_EQ(wrong[r], 0u) << "rank " << r;
-  }
+  const auto wrong = on_threads(n, [&](int r) {
+    auto c = Communicator::create(transports[r], {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, 0, cfg);
+    size_t bad = 0;
+    for (size_t count : {size_t{1}, size_t{5003}, size_t{100000}}) {
+      for (const std::string a : {"ring", "rhd", "rd", "tree"})
+        bad += run_and_verify(*c, {"allreduce", a, DType::f32, ReduceOp::sum, count, 0, 0});
+      bad += run_and_verify(*c, {"reduce_scatter", "", DType::bf16, ReduceOp::avg, count, 0, 0});
+      bad += run_and_verify(*c, {"allgather", "", DType::i32, ReduceOp::sum, count, 0, 0});
+      bad += run_and_verify(*c, {"broadcast", "", DType::f64, ReduceOp::sum, count, 7, 0});
+      bad += run_and_verify(*c, {"reduce", "", DType::f32, ReduceOp::max, count, 11, 0});
+      bad += run_and_verify(*c, {"gather", "", DType::u8, ReduceOp::sum, count, 5, 0});
+      bad += run_and_verify(*c, {"scatter", "", DType::u8, ReduceOp::sum, count, 3, 0});
+      bad += run_and_verify(*c, {"alltoall", "", DType::i64, ReduceOp::sum, count / 12 + 1, 0, 0});
+      bad += run_and_verify(*c, {"sendrecv", "", DType::f32, ReduceOp::sum, count, 0, 0});
+      bad += run_and_verify(*c, {"barrier", "", DType::f32, ReduceOp::sum, 0, 0, 0});
+    }
+    return bad;
+  });
+  for (int r = 0; r < n; ++r) EXPECT_EQ(wrong[r], 0u) << "rank " << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TwelveRanks, ::testing::Values("tcp", "shm"));

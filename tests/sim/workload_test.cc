@@ -153,15 +153,10 @@ TEST(Compute, EfficiencyGrowsWithShapeAndWavesQuantize) {
 // the wave's time: M = 257 took half of M = 256's), a GEMM whose tiles leave SMs idle splits K to use them (decode's
 // M = batch GEMMs), and with one SM (a calibrated CPU) the time is the FLOPs at the sustained rate, edges included.
 TEST(Compute, EdgeTilesNeverShortenAGemmAndFewTilesSplitK) {
-  Accelerator a;
-  a.peak_flops = 989e12;
-  a.memory_bandwidth = 3350e9;
-  a.sm_count = 132;
-  a.tile_m = 256;
-  a.tile_n = 128;
-  a.gemm_efficiency = 0.72;
-  a.memory_efficiency = 0.85;
-  a.kernel_overhead = 4e-6;
+  // The dgx-h100 preset's H100: 989 TFLOP/s at 0.72, 3350 GB/s at 0.85, 132 SMs, 256 x 128 tiles, 4 us a launch.
+  const Accelerator a = load_cluster("dgx-h100").node_kinds[0].accelerator;
+  ASSERT_EQ(a.sm_count, 132);
+  ASSERT_TRUE(a.calibration.empty());
   for (double n : {1280.0, 8192.0, 28672.0 / 4})
     for (double m = 1; m <= 1100; m += 1) {
       const double t0 = gemm_time(a, {m, n, 8192, 1}), t1 = gemm_time(a, {m + 1, n, 8192, 1});
