@@ -102,7 +102,7 @@ struct StepArgs {
   bool json = false;
   int top = 5;
   std::string tp_options, pp_options, mb_options, zero_options, recompute_options;
-  // The options given on the command line: sim plan's (they fix that dimension) and step's --virtual-stages.
+  // The options given on the command line: sim plan's (they fix that dimension) and step's --virtual-stages, ...
   std::set<std::string> given;
 };
 
@@ -361,6 +361,9 @@ json step_json(const std::string& cluster, const GptModel& m, const StepResult& 
                 {"zero3_exposed", b.zero3_exposed},
                 {"compression", b.compression},
                 {"optimizer", b.optimizer}}},
+              {"stage_per_micro_batch_s",
+               r.config.pp > 1 ? json{{"first", b.stage_first}, {"middle", b.stage_middle}, {"last", b.stage_last}}
+                               : json(nullptr)},
               {"dp_algorithm", r.dp_algorithm},
               {"tp_algorithm", r.tp_algorithm},
               {"notes", r.notes}};
@@ -393,6 +396,11 @@ void print_step(const std::string& cluster, const GptModel& m, const StepResult&
   row("ZeRO-3 gathers (exposed)", b.zero3_exposed);
   row("optimizer step", b.optimizer);
   fmt::print("  {:<32} {:>12}\n", "data-parallel comm (total)", format_seconds(b.dp_comm));
+  if (r.config.pp > 1)
+    fmt::print("  a micro-batch's stage (forward, backward, its collectives and transfers): first {}{}, last {}\n",
+               format_seconds(b.stage_first),
+               r.config.pp > 2 ? fmt::format(", middle {}", format_seconds(b.stage_middle)) : std::string(),
+               format_seconds(b.stage_last));
   if (!r.notes.empty()) {
     fmt::print("\n");
     for (const auto& n : r.notes) fmt::print("  - {}\n", n);
@@ -441,6 +449,11 @@ void run_layer_step(const StepArgs& given_args) {
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   StepResult r = simulate_layer_step(net, lm, c);
+  if (a.given.count("--bucket") && r.config.dp == 1)
+    throw ConfigError(fmt::format(
+        "--bucket {}: sizes the data-parallel exchange's calls, which dp = 1 does not have; allowed with dp = 1: "
+        "leave it out",
+        a.bucket));
   const StepBreakdown& b = r.breakdown;
   if (a.json) {
     std::cout << json{{"kind", "sim.step"},
@@ -508,6 +521,11 @@ void run_step(const StepArgs& given_args) {
   Stopwatch sw;
   StepResult r = simulate_step(net, m, c);
   double took = sw.seconds();
+  if (a.given.count("--bucket") && r.config.dp == 1)
+    throw ConfigError(fmt::format(
+        "--bucket {}: sizes the data-parallel exchange's calls, which dp = 1 does not have; allowed with dp = 1: "
+        "leave it out",
+        a.bucket));
   if (a.json) {
     json j = step_json(spec.name, m, r);
     j["simulation_wall_s"] = took;
@@ -626,6 +644,8 @@ void run_plan(const StepArgs& given_args) {
   // (a compression no plan can take: the search kept only the uncompressed plans, exit 0)
   const Compression cp = space.compression.empty() ? Compression{} : space.compression.back();
   check_local_sgd_compression(base.sync, cp);
+  if (base.sync.kind == "async" && !base.dp_overlap)
+    check_data_parallel_flags(base, 2);  // (the conflict, refused as sim step does)
   if (cp.kind == "int4" && !searched({1, 2, 3}))
     throw ConfigError(
         "--compression int4 is ZeRO's reduce-scatter wire (qgZ), and this search has no ZeRO plans; allowed: "
@@ -1575,7 +1595,7 @@ void setup(CLI::App& app) {
     c->add_flag("--json", a->json, "one JSON record instead of the table");
     if (is_step) {
       c->callback([a, c]() {
-        for (const char* f : {"--virtual-stages", "--zero-reduce", "--gather-bytes"})
+        for (const char* f : {"--virtual-stages", "--zero-reduce", "--gather-bytes", "--bucket"})
           if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_step(*a);
       });

@@ -146,7 +146,9 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   c.recompute = rc;
                   c.sequence_parallel = sp;
                   c.compression = cp;
-                  if (d == 1) c.sync = SyncScheme{};  // (no exchange to schedule: the plan without one)
+                  // (no exchange to schedule, no collectives to choose an algorithm for)
+                  if (d == 1) c.sync = SyncScheme{}, c.dp_overlap = true, c.dp_algorithm = Algorithm::kAuto;
+                  if (t == 1) c.tp_algorithm = Algorithm::kAuto;
                   c.schedule = sched;
                   c.virtual_stages = v;
                   ++res.candidates;

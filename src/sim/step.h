@@ -121,6 +121,11 @@ struct StepBreakdown {
   // and the wait for the slowest of the data-parallel ranks (part of dp_exposed).
   double framework = 0;
   double rank_wait = 0;
+  // A GPT pipeline's stages, one micro-batch's forward and backward each with their collectives and transfers
+  // (p = 1: `last` is the one stage; 0 for layer lists): the last runs the output layer and the loss, the first the
+  // embedding's tensor-parallel collective. The pipeline takes m max + (sum - max) / v, plus (p - 1/v) (first -
+  // middle) when interleaved (the first stage's extra sits in its first chunk, which fills the pipeline p times).
+  double stage_first = 0, stage_middle = 0, stage_last = 0;
 };
 
 struct MemoryBreakdown {
@@ -149,6 +154,9 @@ struct StepResult {
 
 // Checks the configuration against the model and the cluster; ConfigError naming the flag.
 void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus);
+// ConfigError for flags that contradict each other on the data-parallel exchange (async with --no-overlap), or act
+// on one that dp = 1 does not have (ZeRO, compression, a sync scheme other than bsp, --no-overlap).
+void check_data_parallel_flags(const ParallelConfig& c, long long dp);
 
 StepResult simulate_step(CollectiveModel& net, const GptModel& m, const ParallelConfig& c);
 

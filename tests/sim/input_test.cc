@@ -2055,6 +2055,45 @@ TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
   EXPECT_EQ(refused([](ParallelConfig& x) { x.sync = parse_sync("local-sgd:8"); }),
             "--sync local-sgd schedules the data-parallel exchange, which dp = 1 does not have; allowed with dp = 1: "
             "bsp");
+  EXPECT_EQ(refused([](ParallelConfig& x) { x.dp_overlap = false; }),
+            "--no-overlap: about the data-parallel exchange, which dp = 1 does not have; allowed with dp = 1: leave it "
+            "out");
+  EXPECT_EQ(
+      refused([](ParallelConfig& x) { x.dp_algorithm = Algorithm::kRing; }),
+      "--dp-algorithm ring: the data-parallel exchange's algorithm, which dp = 1 does not have; allowed with dp = "
+      "1: leave it out");
+  EXPECT_EQ(refused([](ParallelConfig& x) { x.tp = 1, x.pp = 4, x.tp_algorithm = Algorithm::kRing; }),
+            "--tp-algorithm ring: the tensor-parallel collectives' algorithm, which --tp 1 does not have; allowed with "
+            "--tp 1: leave it out");
+  // An algorithm the step's collectives cannot run on: the flag named (it said "algorithm direct does not implement
+  // allreduce", naming neither).
+  EXPECT_EQ(refused([](ParallelConfig& x) { x.sequence_parallel = true, x.tp_algorithm = Algorithm::kBinomialTree; }),
+            "--tp-algorithm: algorithm binomial-tree does not implement allgather; allowed: auto, or an algorithm that "
+            "implements it (`conduit sim coll --op OP --algorithm all` lists them)");
+  {
+    Topology t16(load_cluster("dgx-a100"), 16);
+    CollectiveModel n16(t16);
+    ParallelConfig x = one;
+    x.global_batch = 16;
+    x.dp_algorithm = Algorithm::kDirect;
+    EXPECT_EQ(error_of([&] { simulate_step(n16, m, x); }).substr(0, 60),
+              "--dp-algorithm: algorithm direct does not implement allreduc");
+    x.dp_algorithm = Algorithm::kAuto;
+    x.sync = parse_sync("async");
+    x.dp_overlap = false;  // (async runs the exchange behind the next step: --no-overlap changed nothing)
+    EXPECT_EQ(error_of([&] { simulate_step(n16, m, x); }),
+              "--no-overlap with --sync async: asynchronous training runs the exchange behind the next step's "
+              "compute, which --no-overlap forbids; allowed: one of them");
+  }
+  {
+    int rc = 0;
+    const std::string out = test_util::run(
+        "sim step --cluster dgx-a100 --model gpt-1.7b --gpus 8 --global-batch 8 --tp 8 --bucket 4M", &rc);
+    EXPECT_EQ(rc, 2);
+    EXPECT_NE(out.find("--bucket 4M: sizes the data-parallel exchange's calls, which dp = 1 does not have"),
+              std::string::npos)
+        << out;
+  }
   Topology t1(flat_cluster(5e-6, 10e9, 1e-11), 1);
   CollectiveModel n1(t1);
   ParallelConfig lone;
@@ -2071,6 +2110,8 @@ TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
   lone_space.zero = {0};
   lone_space.recompute = {Recompute::kNone};
   lone_space.base.sync = parse_sync("local-sgd:4");
+  lone_space.base.dp_overlap = false;  // (and the exchange's other flags)
+  lone_space.base.dp_algorithm = Algorithm::kRing;
   Topology t8b(load_cluster("dgx-a100"), 8);
   CollectiveModel n8b(t8b);
   GptModel heads8 = m;
