@@ -5,7 +5,9 @@
 // get the result back at the end. Cost: α + nβ + nγ before, α + nβ after.
 //
 // rhd allreduce (Rabenseifner): reduce-scatter by recursive halving (log p' steps; at step k exchange half of the
-//   remaining range with the partner at distance p'/2^k), then allgather by recursive doubling.
+//   remaining range with the partner at distance 2^k: the largest halves between neighbouring ranks, which a host
+//   holds together, as MPICH orders it), then allgather by recursive doubling in the mirror order (the partner at
+//   distance p'/2 first, with the smallest pieces).
 //   time 2·log p'·α + 2(p'-1)/p'·nβ + (p'-1)/p'·nγ (+ fix-up) — bandwidth-optimal with log-many messages.
 // rd allreduce: log p' steps exchanging the whole vector with the partner at distance 2^k and reducing.
 //   time log p'·(α + nβ + nγ) (+ fix-up) — the latency-optimal choice for small vectors.
@@ -158,8 +160,10 @@ void rhd_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op) {
       size_t a = b.offset[lo], e = b.offset[hi - 1] + b.count[hi - 1];
       return std::make_pair(a, e);
     };
+    // (ranks differing in one bit share the range the lower bits have left them, so each pair splits one range;
+    // a rank ends with the block of its bit-reversed index, which the doubling's mirror order undoes)
     int lo = 0, hi = f.pp;
-    for (int mask = f.pp / 2; mask >= 1; mask >>= 1) {
+    for (int mask = 1; mask < f.pp; mask <<= 1) {
       int partner = f.real(f.newrank ^ mask);
       int mid = lo + (hi - lo) / 2;
       bool upper = (f.newrank & mask) != 0;
@@ -172,10 +176,11 @@ void rhd_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op) {
       if (upper) lo = mid;
       else hi = mid;
     }
-    for (int mask = 1; mask < f.pp; mask <<= 1) {
+    for (int mask = f.pp / 2; mask >= 1; mask >>= 1) {
       int partner = f.real(f.newrank ^ mask);
       bool upper = (f.newrank & mask) != 0;
-      int plo = upper ? lo - mask : hi, phi = plo + mask;
+      const int len = hi - lo;
+      int plo = upper ? lo - len : hi, phi = plo + len;
       auto mine = range(lo, hi);
       auto theirs = range(plo, phi);
       auto rq = c.recv(partner, w + theirs.first * esz, (theirs.second - theirs.first) * esz);

@@ -132,98 +132,139 @@ std::vector<long long> iota(long long p) {
   return v;
 }
 
-// Recursive halving (reduce-scatter) and doubling (allgather) over relative ranks 0..p-1 with the MPICH
-// treatment of non-powers of two: the p - p' extra ranks fold their data into a partner first and get the result
-// back at the end. Distances grow (1, 2, 4, ...) so the largest messages travel between the nearest ranks.
-void append_halving_doubling(const Builder& b, Collective c, long long p, std::vector<Step>& out) {
-  const long long q = floor_pow2(p);
-  const long long extra = p - q;
-  const bool rs = c == Collective::kAllReduce || c == Collective::kReduceScatter;
-  const bool ag = c == Collective::kAllReduce || c == Collective::kAllGather;
-  if (extra > 0 && c == Collective::kAllReduce) {
-    Step s;
-    s.phase = "fold extra ranks";
-    s.reduce = 1;
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, -1, -1});
-    out.push_back(std::move(s));
+// The runtime's treatment of non-powers of two (coll/halving_doubling.cc, as MPICH's): for p = q + r, q the largest
+// power of two <= p, each even rank of the first 2r hands its data to the odd rank above it (usually on its node),
+// which takes part as participant i / 2; the others are participants i - r. A participant stands for the blocks of
+// the ranks folded into it (reduce-scatter).
+struct Fold {
+  long long p, q, rem;
+  explicit Fold(long long size) : p(size), q(floor_pow2(size)), rem(size - floor_pow2(size)) {}
+  long long real(long long nr) const { return nr < rem ? 2 * nr + 1 : nr + rem; }
+  long long first_block(long long nr) const { return nr < rem ? 2 * nr : nr + rem; }
+  long long end_block(long long nr) const { return nr + 1 < q ? first_block(nr + 1) : p; }
+  // Fraction of the data in participants [lo, hi)'s blocks (blocks of 1/p each).
+  double span(long long lo, long long hi) const {
+    return static_cast<double>(end_block(hi - 1) - first_block(lo)) / static_cast<double>(p);
   }
-  const int logq = ceil_log2(q);
-  if (rs) {
-    for (int k = 0; k < logq; ++k) {
-      Step s;
-      s.phase = "recursive halving";
-      double frac = 1.0 / static_cast<double>(2LL << k);
-      s.reduce = frac;
-      long long d = 1LL << k;
-      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, -1, -1});
-      out.push_back(std::move(s));
-    }
-  }
-  if (ag) {
-    for (int k = logq - 1; k >= 0; --k) {
-      Step s;
-      s.phase = "recursive doubling";
-      double frac = 1.0 / static_cast<double>(2LL << k);
-      long long d = 1LL << k;
-      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, -1, -1});
-      out.push_back(std::move(s));
-    }
-  }
-  if (extra > 0 && c == Collective::kAllReduce) {
-    Step s;
-    s.phase = "return to extra ranks";
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, -1, -1});
-    out.push_back(std::move(s));
-  }
-  if (extra > 0 && c != Collective::kAllReduce)
-    throw UnsupportedError(
-        fmt::format("halving-doubling {} needs a power-of-two group (got {})", collective_name(c), p));
+};
+
+void append_fold(const Builder& b, const Fold& f, std::vector<Step>& out) {
+  if (f.rem == 0) return;
+  Step s;
+  s.phase = "fold extra ranks";
+  s.reduce = 1;
+  for (long long i = 0; i < f.rem; ++i) s.transfers.push_back({b.gid(2 * i), b.gid(2 * i + 1), 1.0, -1, -1});
+  out.push_back(std::move(s));
 }
 
-void append_recursive_doubling_allreduce(const Builder& b, long long p, std::vector<Step>& out) {
-  const long long q = floor_pow2(p);
-  const long long extra = p - q;
-  if (extra > 0) {
+// The folded ranks' result back: the whole vector (allreduce) or their block (reduce-scatter).
+void append_unfold(const Builder& b, const Fold& f, double frac, std::vector<Step>& out) {
+  if (f.rem == 0) return;
+  Step s;
+  s.phase = "return to extra ranks";
+  for (long long i = 0; i < f.rem; ++i) s.transfers.push_back({b.gid(2 * i + 1), b.gid(2 * i), frac, -1, -1});
+  out.push_back(std::move(s));
+}
+
+// Recursive halving and doubling as the runtime runs them (coll/halving_doubling.cc), over relative ranks 0..p-1:
+// - allreduce (rhd, Rabenseifner's, as MPICH orders it): halving with the partner at distance 1, 2, 4, ... (the
+//   largest halves between the nearest ranks, which a node holds together), then doubling in the mirror order;
+// - reduce-scatter (rh): halving from the farthest partner in (the block a rank keeps decides the order), any size
+//   (the fold, then each participant's range covers its ranks' blocks, then the folded ranks get their block);
+// - allgather (rd): doubling from the nearest partner out, the pieces growing to n/2 at distance p/2; powers of two
+//   only: the runtime runs the ring for other sizes, and so does this pattern.
+void append_halving_doubling(const Builder& b, Collective c, long long p, std::vector<Step>& out) {
+  const Fold f(p);
+  const long long q = f.q;
+  if (c == Collective::kAllGather) {
+    if (f.rem > 0) {
+      append_ring(b, c, {iota(p)}, 1.0, out, "ring (rd's fallback for a non-power of two) ");
+      return;
+    }
+    for (long long d = 1; d < q; d <<= 1) {
+      Step s;
+      s.phase = "recursive doubling";
+      const double frac = static_cast<double>(d) / static_cast<double>(q);
+      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ d), frac, -1, -1});
+      out.push_back(std::move(s));
+    }
+    return;
+  }
+  append_fold(b, f, out);
+  if (c == Collective::kAllReduce) {
+    // (equal blocks over the q participants; each halving step keeps and reduces half of what is left)
+    for (long long d = 1; d < q; d <<= 1) {
+      Step s;
+      s.phase = "recursive halving";
+      const double frac = 1.0 / static_cast<double>(2 * d);
+      s.reduce = frac;
+      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(f.real(i)), b.gid(f.real(i ^ d)), frac, -1, -1});
+      out.push_back(std::move(s));
+    }
+    for (long long d = q / 2; d >= 1; d >>= 1) {
+      Step s;
+      s.phase = "recursive doubling";
+      const double frac = 1.0 / static_cast<double>(2 * d);
+      for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(f.real(i)), b.gid(f.real(i ^ d)), frac, -1, -1});
+      out.push_back(std::move(s));
+    }
+    append_unfold(b, f, 1.0, out);
+    return;
+  }
+  // Reduce-scatter: each participant's range of participants [lo, hi) halves, the far partner first; it sends the
+  // half it gives up (that part of the blocks) and reduces the half it keeps.
+  std::vector<long long> lo(static_cast<size_t>(q), 0), hi(static_cast<size_t>(q), q);
+  for (long long d = q / 2; d >= 1; d >>= 1) {
     Step s;
-    s.phase = "fold extra ranks";
-    s.reduce = 1;
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(q + i), b.gid(i), 1.0, -1, -1});
+    s.phase = "recursive halving";
+    for (long long i = 0; i < q; ++i) {
+      const size_t u = static_cast<size_t>(i);
+      const long long mid = lo[u] + (hi[u] - lo[u]) / 2;
+      const bool upper = (i & d) != 0;
+      const double give = upper ? f.span(lo[u], mid) : f.span(mid, hi[u]);
+      const double keep = upper ? f.span(mid, hi[u]) : f.span(lo[u], mid);
+      s.transfers.push_back({b.gid(f.real(i)), b.gid(f.real(i ^ d)), give, -1, -1});
+      s.reduce = std::max(s.reduce, keep);
+      (upper ? lo[u] : hi[u]) = mid;
+    }
     out.push_back(std::move(s));
   }
-  for (int k = 0; (1LL << k) < q; ++k) {
+  append_unfold(b, f, 1.0 / static_cast<double>(p), out);
+}
+
+// Recursive doubling (rd allreduce): the whole vector exchanged and reduced with the partner at distance 1, 2, 4, ...
+// after the runtime's fold.
+void append_recursive_doubling_allreduce(const Builder& b, long long p, std::vector<Step>& out) {
+  const Fold f(p);
+  append_fold(b, f, out);
+  for (long long d = 1; d < f.q; d <<= 1) {
     Step s;
     s.phase = "recursive doubling";
     s.reduce = 1;
-    for (long long i = 0; i < q; ++i) s.transfers.push_back({b.gid(i), b.gid(i ^ (1LL << k)), 1.0, -1, -1});
+    for (long long i = 0; i < f.q; ++i) s.transfers.push_back({b.gid(f.real(i)), b.gid(f.real(i ^ d)), 1.0, -1, -1});
     out.push_back(std::move(s));
   }
-  if (extra > 0) {
-    Step s;
-    s.phase = "return to extra ranks";
-    for (long long i = 0; i < extra; ++i) s.transfers.push_back({b.gid(i), b.gid(q + i), 1.0, -1, -1});
-    out.push_back(std::move(s));
-  }
+  append_unfold(b, f, 1.0, out);
 }
 
-// Binomial tree rooted at relative rank 0.
+// Binomial tree rooted at relative rank 0, as the runtime's (coll/tree.cc): the broadcast sends to the farthest
+// half first (0 -> p/2, then 0 -> p/4 and p/2 -> 3p/4, ...: one transfer leaves the root's node in the first
+// round), the reduce is its mirror (distance 1 first, reducing on the way up).
 void append_binomial(const Builder& b, long long p, bool reduce, std::vector<Step>& out) {
   const int steps = ceil_log2(p);
-  std::vector<Step> down;
   for (int k = 0; k < steps; ++k) {
     Step s;
     s.phase = reduce ? "binomial reduce" : "binomial broadcast";
-    long long d = 1LL << k;
-    for (long long i = 0; i < d && i + d < p; ++i) {
+    const long long d = reduce ? 1LL << k : 1LL << (steps - 1 - k);
+    for (long long i = 0; i + d < p; i += 2 * d) {
       if (reduce)
         s.transfers.push_back({b.gid(i + d), b.gid(i), 1.0, -1, -1});
       else
         s.transfers.push_back({b.gid(i), b.gid(i + d), 1.0, -1, -1});
     }
     s.reduce = reduce ? 1.0 : 0.0;
-    down.push_back(std::move(s));
+    out.push_back(std::move(s));
   }
-  if (reduce) std::reverse(down.begin(), down.end());
-  for (auto& s : down) out.push_back(std::move(s));
 }
 
 // In-order binary tree on positions 1..p; returns the parent position (0 for the root) and the depth.

@@ -10,7 +10,9 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <thread>
+#include <utility>
 
 #include "coll/communicator.h"
 #include "coll/verify.h"
@@ -939,5 +941,116 @@ TEST_P(TwelveRanks, EveryPatternIsCorrect) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TwelveRanks, ::testing::Values("tcp", "shm"));
+
+// Counts the bytes each rank sends to each peer (forwarding everything to an in-process transport).
+class CountingTransport : public net::Transport {
+ public:
+  explicit CountingTransport(net::TransportPtr inner) : inner_(std::move(inner)), sent_(inner_->size()) {
+    rank_ = inner_->rank();
+    size_ = inner_->size();
+    hosts_ = inner_->hosts();
+  }
+  const char* name() const override { return "counting"; }
+  net::RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    sent_[peer] += bytes;
+    return inner_->isend(peer, tag, data, bytes);
+  }
+  net::RequestPtr isend_reduced(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    sent_[peer] += bytes;
+    return inner_->isend_reduced(peer, tag, data, bytes);
+  }
+  net::RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    return inner_->irecv(peer, tag, data, bytes);
+  }
+  net::RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
+    return inner_->irecv_reduce(peer, tag, dst, count, dtype, op);
+  }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+  bool cancel(const net::RequestPtr& r, std::exception_ptr error) override { return inner_->cancel(r, error); }
+  std::vector<size_t> take() { return std::exchange(sent_, std::vector<size_t>(sent_.size(), 0)); }
+
+ private:
+  net::TransportPtr inner_;
+  std::vector<size_t> sent_;
+};
+
+// Which partner gets which share of the data: the order the simulator's patterns assume (sim/collective.cc, tested
+// there against the same shares). 8 ranks, n bytes a rank; bytes rank r sends to r ^ 1, r ^ 2 and r ^ 4:
+//   rhd allreduce: n/2 + n/2 to the nearest, n/4 + n/4, n/8 + n/8 (MPICH's order: the largest halves between
+//     neighbouring ranks, which a host holds together; it sent them to the farthest until 2026-12-06);
+//   rh reduce-scatter of 8 blocks: T/8, T/4, T/2 (the block a rank keeps decides: the farthest partner first);
+//   rd allgather of blocks B: B, 2B, 4B; and a binomial broadcast from rank 0 sends to 4, then 2, then 1.
+TEST(AlgorithmShape, EachPartnerGetsTheShareThePatternsAssume) {
+  const int n = 8;
+  auto inner = net::make_inproc_world(n, 2);
+  std::vector<std::shared_ptr<CountingTransport>> ts;
+  for (auto& t : inner) ts.push_back(std::make_shared<CountingTransport>(t));
+  CommConfig cfg;
+  cfg.timeout_s = 30;
+  const size_t count = 4096;  // f32 elements: 16 KiB a rank, 2 KiB blocks
+  const size_t B = count * 4 / n;
+  std::vector<std::vector<std::vector<size_t>>> sent(n);  // [rank][case][peer]
+  const auto wrong = on_threads(n, [&](int r) {
+    auto c = Communicator::create(ts[r], {0, 1, 2, 3, 4, 5, 6, 7}, 0, cfg);
+    size_t bad = 0;
+    ts[r]->take();
+    bad += run_and_verify(*c, {"allreduce", "rhd", DType::f32, ReduceOp::sum, count, 0, 0});
+    sent[r].push_back(ts[r]->take());
+    bad += run_and_verify(*c, {"reduce_scatter", "rh", DType::f32, ReduceOp::sum, count / n, 0, 0});
+    sent[r].push_back(ts[r]->take());
+    bad += run_and_verify(*c, {"allgather", "rd", DType::f32, ReduceOp::sum, count / n, 0, 0});
+    sent[r].push_back(ts[r]->take());
+    bad += run_and_verify(*c, {"broadcast", "tree", DType::f32, ReduceOp::sum, count, 0, 0});
+    sent[r].push_back(ts[r]->take());
+    return bad;
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(wrong[r], 0u);
+    ASSERT_EQ(sent[r].size(), 4u);
+    const size_t N = count * 4;
+    // (each verify case also runs a small exchange of its own: compare the partners' shares, which dwarf it)
+    auto near = [&](size_t got, size_t want) { return got >= want && got < want + 64; };
+    EXPECT_TRUE(near(sent[r][0][r ^ 1], N)) << r << ": " << sent[r][0][r ^ 1];
+    EXPECT_TRUE(near(sent[r][0][r ^ 2], N / 2)) << r << ": " << sent[r][0][r ^ 2];
+    EXPECT_TRUE(near(sent[r][0][r ^ 4], N / 4)) << r << ": " << sent[r][0][r ^ 4];
+    EXPECT_TRUE(near(sent[r][1][r ^ 1], N / 8)) << r;
+    EXPECT_TRUE(near(sent[r][1][r ^ 2], N / 4)) << r;
+    EXPECT_TRUE(near(sent[r][1][r ^ 4], N / 2)) << r;
+    EXPECT_TRUE(near(sent[r][2][r ^ 1], B)) << r;
+    EXPECT_TRUE(near(sent[r][2][r ^ 2], 2 * B)) << r;
+    EXPECT_TRUE(near(sent[r][2][r ^ 4], 4 * B)) << r;
+  }
+  // The broadcast's tree: 0 -> 4, 0 -> 2, 4 -> 6, then 0 -> 1, 2 -> 3, 4 -> 5, 6 -> 7.
+  for (int r = 0; r < n; ++r)
+    for (int peer = 0; peer < n; ++peer) {
+      const bool edge = (r % 2 == 0) && peer > r &&
+                        ((r == 0 && (peer == 4 || peer == 2 || peer == 1)) || (r == 4 && (peer == 6 || peer == 5)) ||
+                         (r == 2 && peer == 3) || (r == 6 && peer == 7));
+      EXPECT_EQ(sent[r][3][peer] >= count * 4, edge) << r << " -> " << peer << ": " << sent[r][3][peer];
+    }
+  // 6 ranks, rh reduce-scatter of blocks of Bb bytes: 0 -> 1 and 2 -> 3 fold the whole vector; participants 1, 3,
+  // 4, 5 halve ranges that cover their ranks' blocks (1: blocks 0-1, 3: 2-3); the folded ranks get their block.
+  auto inner6 = net::make_inproc_world(6, 2);
+  std::vector<std::shared_ptr<CountingTransport>> ts6;
+  for (auto& t : inner6) ts6.push_back(std::make_shared<CountingTransport>(t));
+  const size_t block = 1024, Bb = block * 4;
+  std::vector<std::vector<size_t>> sent6(6);
+  on_threads(6, [&](int r) {
+    auto c = Communicator::create(ts6[r], {0, 1, 2, 3, 4, 5}, 0, cfg);
+    ts6[r]->take();
+    const size_t bad = run_and_verify(*c, {"reduce_scatter", "rh", DType::f32, ReduceOp::sum, block, 0, 0});
+    sent6[r] = ts6[r]->take();
+    return bad;
+  });
+  const std::map<std::pair<int, int>, size_t> want = {
+      {{0, 1}, 6 * Bb}, {{2, 3}, 6 * Bb}, {{1, 4}, 2 * Bb}, {{4, 1}, 4 * Bb}, {{3, 5}, 2 * Bb}, {{5, 3}, 4 * Bb},
+      {{1, 3}, 2 * Bb}, {{3, 1}, 2 * Bb}, {{4, 5}, Bb},     {{5, 4}, Bb},     {{1, 0}, Bb},     {{3, 2}, Bb}};
+  for (int r = 0; r < 6; ++r)
+    for (int peer = 0; peer < 6; ++peer) {
+      auto it = want.find({r, peer});
+      const size_t w = it == want.end() ? 0 : it->second;
+      EXPECT_TRUE(sent6[r][peer] >= w && sent6[r][peer] < w + 64) << r << " -> " << peer << ": " << sent6[r][peer];
+    }
+}
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "core/error.h"
 #include "sim/cluster.h"
@@ -78,6 +80,85 @@ TEST_P(FlatTest, MpichClosedForms) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GroupSizes, FlatTest, ::testing::Values(2, 4, 8, 64, 6, 12));
+
+// The share of n each rank sends each other rank over a whole pattern, summed over its steps.
+std::map<std::pair<long long, long long>, double> shares(Collective c, Algorithm a, long long p) {
+  Topology topo(flat_cluster(kAlpha, kBw, kGamma), p);
+  std::map<std::pair<long long, long long>, double> out;
+  for (const Step& s : make_pattern(topo, c, a, Group{p, 1, 0}))
+    for (const Transfer& t : s.transfers) out[{t.src, t.dst}] += t.frac * s.repeat;
+  return out;
+}
+
+// The patterns are the runtime's algorithms (tests/coll's AlgorithmShape counts the same shares on the runtime's
+// ranks): which partner gets which share decides which links carry the most, e.g. whether the largest halves of a
+// halving-doubling stay inside a node. (Until 2026-12-06 the reduce-scatter, the allgather and the binomial tree ran
+// in the opposite order to the runtime's, and the fold of a non-power of two paired rank i with i + q, across nodes,
+// where the runtime pairs 2i with 2i + 1.)
+TEST(Collective, PatternsGiveEachPartnerTheRuntimesShare) {
+  using Pairs = std::map<std::pair<long long, long long>, double>;
+  auto expect = [](const Pairs& got, const Pairs& want, const char* what) {
+    for (const auto& [k, v] : want) {
+      auto it = got.find(k);
+      EXPECT_TRUE(it != got.end() && std::abs(it->second - v) < 1e-12)
+          << what << ": " << k.first << " -> " << k.second << " got " << (it == got.end() ? -1 : it->second)
+          << ", want " << v;
+    }
+    double total = 0, want_total = 0;
+    for (const auto& [k, v] : got) total += v;
+    for (const auto& [k, v] : want) want_total += v;
+    EXPECT_NEAR(total, want_total, 1e-12) << what << ": transfers beyond the expected ones";
+  };
+  // 8 ranks: every rank r sends r ^ 1, r ^ 2, r ^ 4 these shares.
+  auto by_distance = [](double d1, double d2, double d4) {
+    Pairs w;
+    for (long long r = 0; r < 8; ++r) w[{r, r ^ 1}] = d1, w[{r, r ^ 2}] = d2, w[{r, r ^ 4}] = d4;
+    return w;
+  };
+  expect(shares(Collective::kAllReduce, Algorithm::kHalvingDoubling, 8), by_distance(1, 0.5, 0.25), "rhd allreduce");
+  expect(shares(Collective::kReduceScatter, Algorithm::kHalvingDoubling, 8), by_distance(0.125, 0.25, 0.5),
+         "rh reduce-scatter");
+  expect(shares(Collective::kAllGather, Algorithm::kHalvingDoubling, 8), by_distance(0.125, 0.25, 0.5), "rd allgather");
+  expect(shares(Collective::kAllReduce, Algorithm::kRecursiveDoubling, 8), by_distance(1, 1, 1), "rd allreduce");
+  // Binomial broadcast from 0: 0 -> 4, then 0 -> 2 and 4 -> 6, then the odd ranks; the reduce its mirror.
+  expect(shares(Collective::kBroadcast, Algorithm::kBinomialTree, 8),
+         {{{0, 4}, 1}, {{0, 2}, 1}, {{4, 6}, 1}, {{0, 1}, 1}, {{2, 3}, 1}, {{4, 5}, 1}, {{6, 7}, 1}}, "broadcast");
+  expect(shares(Collective::kReduce, Algorithm::kBinomialTree, 8),
+         {{{4, 0}, 1}, {{2, 0}, 1}, {{6, 4}, 1}, {{1, 0}, 1}, {{3, 2}, 1}, {{5, 4}, 1}, {{7, 6}, 1}}, "reduce");
+  // 6 ranks (q = 4, two folded): 0 -> 1 and 2 -> 3 fold; participants 1, 3, 4, 5. The reduce-scatter's halving
+  // gives away the far half of its range, which covers its ranks' blocks (participant 0: blocks 0-1, 1: 2-3),
+  // then the folded ranks get their block back.
+  const double s = 1.0 / 6;
+  expect(shares(Collective::kReduceScatter, Algorithm::kHalvingDoubling, 6),
+         {{{0, 1}, 1},
+          {{2, 3}, 1},
+          {{1, 4}, 2 * s},
+          {{4, 1}, 4 * s},
+          {{3, 5}, 2 * s},
+          {{5, 3}, 4 * s},
+          {{1, 3}, 2 * s},
+          {{3, 1}, 2 * s},
+          {{4, 5}, s},
+          {{5, 4}, s},
+          {{1, 0}, s},
+          {{3, 2}, s}},
+         "rh reduce-scatter, 6 ranks");
+  // The allreduce's fold and return, and equal blocks over the four participants.
+  expect(shares(Collective::kAllReduce, Algorithm::kHalvingDoubling, 6),
+         {{{0, 1}, 1},
+          {{2, 3}, 1},
+          {{1, 3}, 1},
+          {{3, 1}, 1},
+          {{4, 5}, 1},
+          {{5, 4}, 1},
+          {{1, 4}, 0.5},
+          {{4, 1}, 0.5},
+          {{3, 5}, 0.5},
+          {{5, 3}, 0.5},
+          {{1, 0}, 1},
+          {{3, 2}, 1}},
+         "rhd allreduce, 6 ranks");
+}
 
 TEST(Collective, DoubleBinaryTreeOnFlat) {
   // p = 8: tree depth 3 (in-order tree rooted at 8), every rank is inner in one tree and a leaf in the other,

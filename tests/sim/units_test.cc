@@ -303,9 +303,10 @@ TEST(Step, TopkAndAsyncChangeTheExchange) {
   StepResult base = simulate_step(net, m, c);
   c.compression = parse_compression("topk:0.001");
   StepResult tk = simulate_step(net, m, c);
-  // (a call per tensor, as the runtime's: 148 allgathers' latencies bound it; a fifth of the ring's time with one
-  // call a bucket)
-  EXPECT_LT(tk.breakdown.dp_comm, base.breakdown.dp_comm / 2);
+  // (a call per tensor, as the runtime's: 148 allgathers, each recursive doubling as the runtime's rd, whose pieces
+  // grow to half the gathered data at distance 32, across the nodes' one NIC: 0.59 of the uncompressed exchange;
+  // under half while the pattern sent the largest pieces to the nearest rank, which rd does not)
+  EXPECT_LT(tk.breakdown.dp_comm, base.breakdown.dp_comm * 0.7);
   // The calls of a bucket go once the bucket is full: the last bucket's tensors after the backward, not one
   // tensor's (the per-tensor calls were first timed as 148 buckets, each ready on its own: total / 148 exposed).
   {
