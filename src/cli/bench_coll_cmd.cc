@@ -1,18 +1,18 @@
 // `conduit bench coll`: an nccl-tests-style sweep of one collective over message sizes, with a correctness check
 // per size; `conduit selftest`: every collective, algorithm and several dtypes/counts checked over the world
 // communicator (used by the test suite over real processes: tcp, shm, mpi).
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <thread>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/bench_ops.h"
 #include "cli/registry.h"
+#include "coll/algorithms.h"
 #include "coll/communicator.h"
 #include "coll/verify.h"
 #include "core/env.h"
@@ -214,6 +214,7 @@ void run_bench(const BenchArgs& a) {
                          {"count", per_rank_block ? count * n : count},
                          {"iters", a.iters},
                          {"time_us", t * 1e6},
+                         {"segment_bytes", coll::ring_segment_bytes()},  // (the chain's and ring's; calibrate)
                          {"median_us", t_median * 1e6},
                          {"max_us", t_max * 1e6},
                          {"algbw_gbs", algbw},

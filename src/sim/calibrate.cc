@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -69,10 +70,20 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
     s.world = static_cast<long long>(world);
     s.bytes = j["bytes"].get<double>();
     s.seconds = j["time_us"].get<double>() * 1e-6;
-    if (!(s.bytes >= 0) || !std::isfinite(s.bytes))
-      throw ConfigError(fmt::format("{}: bytes = {} (allowed: a finite size >= 0)", where, j["bytes"].dump()));
-    if (!(s.seconds > 0) || !std::isfinite(s.seconds))
-      throw ConfigError(fmt::format("{}: time_us = {} (allowed: a finite time > 0)", where, j["time_us"].dump()));
+    // (a petabyte, or a time under a nanosecond, passed and spoiled the fit quietly)
+    if (!(s.bytes >= 0) || !(s.bytes <= 1099511627776.0))
+      throw ConfigError(
+          fmt::format("{}: bytes = {} (allowed: 0 to 1 TiB, what a benchmark moves)", where, j["bytes"].dump()));
+    if (!(s.seconds >= 1e-9) || !std::isfinite(s.seconds))
+      throw ConfigError(
+          fmt::format("{}: time_us = {} (allowed: a finite time of 0.001 us or more)", where, j["time_us"].dump()));
+    if (j.contains("segment_bytes")) {
+      const auto& v = j["segment_bytes"];
+      if (!v.is_number_integer() || v.get<double>() < 64 || v.get<double>() > 1073741824.0)
+        throw ConfigError(
+            fmt::format("{}: segment_bytes = {} (allowed: a whole number of bytes, 64 to 1 GiB)", where, v.dump()));
+      s.segment = v.get<double>();
+    }
     if (j.contains("stagger_us")) {
       if (!j["stagger_us"].is_number() || !(j["stagger_us"].get<double>() >= 0))
         throw ConfigError(fmt::format("{}: stagger_us = {} (allowed: a number >= 0)", where, j["stagger_us"].dump()));
@@ -497,15 +508,14 @@ bool bench_algorithm(Collective c, std::string s, long long world, Algorithm& a)
   const bool pow2 = world > 0 && (world & (world - 1)) == 0;
   // The runtime's names per operation (src/coll/tuner.cc: allreduce ring, rhd, rd, tree; reduce-scatter ring, rh;
   // allgather ring, rd; broadcast tree, chain; reduce tree, rsg) and the simulator's. The runtime's recursive
-  // halving reduce-scatter and recursive doubling allgather are the halving-doubling patterns at powers of two;
-  // elsewhere the allgather runs the ring and the reduce-scatter folds in a way the simulator does not model.
+  // halving reduce-scatter and recursive doubling allgather are the halving-doubling patterns (at a non-power of two
+  // the reduce-scatter folds as the runtime's, the allgather runs the ring as the runtime's).
   if (s == "ring") {
     a = Algorithm::kRing;
   } else if (s == "rhd" || s == "halving-doubling" || s == "rabenseifner" || s == "recursive-halving") {
     a = Algorithm::kHalvingDoubling;
   } else if (s == "rh" && c == Collective::kReduceScatter) {
-    if (!pow2) return false;
-    a = Algorithm::kHalvingDoubling;
+    a = Algorithm::kHalvingDoubling;  // (any size: the simulator folds as the runtime does)
   } else if (s == "rd" && c == Collective::kAllGather) {
     a = pow2 ? Algorithm::kHalvingDoubling : Algorithm::kRing;
   } else if (s == "rd" || s == "recursive-doubling") {
@@ -570,7 +580,9 @@ bool sample_coefficients(const BenchSample& s, std::array<double, 3>& coef) {
   Collective c;
   Algorithm a;
   if (!bench_collective(s.op, c) || !bench_algorithm(c, s.algo, s.world, a)) return false;
-  Topology flat(flat_cluster(1.0, 1.0, 1.0), s.world);
+  ClusterSpec unit = flat_cluster(1.0, 1.0, 1.0);
+  unit.network.pipeline_segment = s.segment;
+  Topology flat(unit, s.world);
   CollectiveModel m(flat);
   CollectiveCost cost;
   try {
@@ -578,7 +590,11 @@ bool sample_coefficients(const BenchSample& s, std::array<double, 3>& coef) {
   } catch (const Error&) {
     return false;
   }
-  coef = {cost.latency, cost.per_byte * s.bytes, cost.reduce_frac * s.bytes};
+  // (a chain's further segments pay alpha each, its fill moves and reduces the first segment over the other hops)
+  const double first = cost.segment > 0 ? std::min(s.bytes, cost.segment) : 0.0;
+  const double more = cost.segment > 0 && s.bytes > 0 ? std::ceil(s.bytes / cost.segment) - 1 : 0.0;
+  coef = {cost.latency + more * cost.segment_latency, cost.per_byte * s.bytes + first * cost.fill_per_byte,
+          cost.reduce_frac * s.bytes + first * cost.fill_reduce};
   return true;
 }
 }  // namespace
@@ -587,6 +603,7 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   std::vector<std::array<double, 3>> X;
   std::vector<double> y;
   int skip = 0, late = 0;
+  std::map<double, size_t> segments;  // the runtime's segment size: samples that ran with it
   for (const auto& s : samples) {
     if (s.stagger > 0) {
       ++late;
@@ -597,6 +614,7 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
       ++skip;
       continue;
     }
+    ++segments[s.segment];
     // Weight each sample by 1/time so that small and large messages count alike (relative error).
     const double w = 1.0 / s.seconds;
     X.push_back({k[0] * w, k[1] * w, k[2] * w});
@@ -605,9 +623,11 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   if (unmodelled) *unmodelled = skip;
   if (X.size() < 3)
     throw ConfigError(fmt::format(
-        "calibrate: {} usable back-to-back samples{}; need at least 3 (sweep sizes with `conduit bench coll "
+        "calibrate: {} usable back-to-back samples{}{}; need at least 3 (sweep sizes with `conduit bench coll "
         "--json -b 8 -e 64M`, without --stagger-us)",
-        X.size(), late ? fmt::format(" ({} staggered ones only give the wake latency)", late) : std::string()));
+        X.size(), late ? fmt::format(" ({} staggered ones only give the wake latency)", late) : std::string(),
+        skip ? fmt::format(" ({} of an operation or algorithm the simulator does not model, e.g. reduce rsg)", skip)
+             : std::string()));
   // One message size (or sizes that keep every sample's latency and bandwidth terms in one ratio) cannot tell alpha
   // from beta: any split fits alike, and rounding picked one (two files a byte apart gave 13 and 8 us).
   {
@@ -668,6 +688,8 @@ AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int
   f.gamma = std::max(0.0, x[2]);
   f.samples = X.size();
   f.gamma_inseparable = inseparable;
+  f.pipeline_segment =
+      std::max_element(segments.begin(), segments.end(), [](auto& a, auto& b) { return a.second < b.second; })->first;
   f.rms_relative_error = std::sqrt(squared_error({f.alpha, f.beta, f.gamma}) / X.size());
   return f;
 }
@@ -774,6 +796,8 @@ std::string calibrated_cluster_yaml(const std::string& name, int ranks, const Al
     y += fmt::format("  wake_latency: {:.6g} us   # per call, measured with the last rank arriving late\n",
                      fit.wake * 1e6);
   y += fmt::format("  reduction_bandwidth: {:.6g} MB/s\n", fit.gamma > 1e-15 ? 1.0 / fit.gamma / 1e6 : 1e9);
+  y += fmt::format("  pipeline_segment: {:.0f} B   # the runtime's CONDUIT_RING_SEGMENT_BYTES in the benchmark\n",
+                   fit.pipeline_segment);
   y += "  in_network_reduction: false\n";
   return y;
 }

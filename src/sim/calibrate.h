@@ -21,6 +21,9 @@ struct BenchSample {
   double bytes = 0;
   double seconds = 0;
   double stagger = 0;  // seconds the last rank arrived after the others (`bench coll --stagger-us`); 0: back to back
+  // The runtime's CONDUIT_RING_SEGMENT_BYTES in that run ("segment_bytes"): its chain broadcast's segments. Records
+  // without it (written before 2026-12-06) ran with the default, 1 MiB.
+  double segment = 1024.0 * 1024;
 };
 
 // Parses JSON lines of `conduit bench coll --json`. Lines without a JSON object and other tools' records (no "op")
@@ -44,6 +47,7 @@ struct AlphaBetaGamma {
   // cannot be told apart, so gamma is 0 and beta carries both (right for those collectives, too slow for ones that
   // move bytes without reducing them).
   bool gamma_inseparable = false;
+  double pipeline_segment = 1024.0 * 1024;  // the samples' segment (the cluster file's pipeline_segment)
 };
 
 // Fits one transport's back-to-back samples. Samples whose algorithm the simulator does not model are skipped

@@ -316,7 +316,7 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
   std::string f = origin + ": network";
   check_map(net, f,
             {"topology", "nodes_per_leaf", "oversubscription", "switch_latency", "software_overhead", "wake_latency",
-             "reduction_bandwidth", "in_network_reduction", "torus_dims", "torus_link"});
+             "reduction_bandwidth", "in_network_reduction", "torus_dims", "torus_link", "pipeline_segment"});
   NetworkSpec& ns = c.network;
   std::string topo = get_string(require(net, "topology", f), f + ".topology");
   if (topo == "fat-tree")
@@ -343,6 +343,13 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
     ns.reduction_bandwidth =
         parse_bandwidth(get_string(net["reduction_bandwidth"], f + ".reduction_bandwidth"), f + ".reduction_bandwidth");
   if (!(ns.reduction_bandwidth > 0)) throw ConfigError(fmt::format("{}.reduction_bandwidth must be positive", f));
+  if (net["pipeline_segment"]) {
+    ns.pipeline_segment =
+        parse_size(get_string(net["pipeline_segment"], f + ".pipeline_segment"), f + ".pipeline_segment");
+    if (ns.pipeline_segment < 64 || ns.pipeline_segment > 1024.0 * 1024 * 1024)
+      throw ConfigError(fmt::format("{}.pipeline_segment = {} (allowed: 64 B to 1 GiB)", f,
+                                    get_string(net["pipeline_segment"], f + ".pipeline_segment")));
+  }
   if (net["in_network_reduction"]) {
     try {
       ns.in_network_reduction = net["in_network_reduction"].as<bool>();
@@ -361,7 +368,7 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
       if (net[key])
         throw ConfigError(fmt::format(
             "{}.{} describes leaf and spine switches, which a torus does not have (allowed with topology: torus: "
-            "torus_dims, torus_link, software_overhead, wake_latency, reduction_bandwidth)",
+            "torus_dims, torus_link, software_overhead, wake_latency, reduction_bandwidth, pipeline_segment)",
             f, key));
     auto d = net["torus_dims"];
     if (!d || !d.IsSequence() || d.size() < 1 || d.size() > 3)

@@ -106,6 +106,10 @@ struct NetworkSpec {
   // accelerators' collectives, which poll (`conduit sim calibrate` measures it).
   double wake_latency = 0;
   double reduction_bandwidth = 1e12;  // bytes/s reduced (gamma = 1 / this)
+  // Bytes a pipelined chain (broadcast and reduce over `ring`) forwards at a time, each hop waiting for a whole one:
+  // NCCL's step, NCCL_BUFFSIZE (4 MiB) over NCCL_STEPS (8); a calibrated cluster writes the runtime's
+  // CONDUIT_RING_SEGMENT_BYTES (1 MiB by default) that its benchmark ran with. YAML `pipeline_segment`.
+  double pipeline_segment = 512.0 * 1024;
   bool in_network_reduction = false;
   // A leaf's uplink: false, its switch's (nodes_per_leaf nodes' NICs over the oversubscription, a part-full leaf
   // too); true, the attached nodes' share of it (a job's view of a loaded cluster in `sim cluster`; no YAML key).

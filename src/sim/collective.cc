@@ -798,6 +798,24 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
       best = v;
       cost.bottleneck = k;
     }
+  if ((c == Collective::kBroadcast || c == Collective::kReduce) && a == Algorithm::kRing && g.size > 1) {
+    // The chain's segments: each hop's per-byte time is its route's slowest link's (the copies' sharing is in the
+    // steady pace, per_byte, and left out of the fill).
+    const Step& s = steps.front();
+    double sum = 0, slowest = 0;
+    for (const Transfer& t : s.transfers) {
+      path.clear();
+      route_transfer(topo_, t, path);
+      double hop = 0;
+      for (int id : path) hop = std::max(hop, 1.0 / topo_.link(id).bandwidth);
+      sum += hop;
+      slowest = std::max(slowest, hop);
+    }
+    cost.segment = topo_.spec().network.pipeline_segment;
+    cost.segment_latency = cost.latency / static_cast<double>(g.size - 1);
+    cost.fill_per_byte = sum - slowest;
+    cost.fill_reduce = s.reduce * static_cast<double>(g.size - 2);
+  }
   return cost;
 }
 
@@ -822,6 +840,13 @@ std::vector<StepReport> CollectiveModel::explain(Collective c, Algorithm a, cons
       }
     }
   if (copy_first) *copy_first = first;
+  // (a chain's further segments and its fill, after the one step that moves n at the slowest hop's pace)
+  if (const double seg = profile(c, a, g, n).segmentation(n); seg > 0) {
+    StepReport r;
+    r.phase = "segments and pipeline fill";
+    r.time = seg;
+    best.push_back(r);
+  }
   return best;
 }
 
@@ -1014,6 +1039,8 @@ CollectiveCost CollectiveModel::profile(Collective c, Algorithm a, const Group& 
       cost.latency = std::max(cost.latency, other.latency);
       cost.per_byte = std::max(cost.per_byte, other.per_byte);
       cost.reduce_frac = std::max(cost.reduce_frac, other.reduce_frac);
+      cost.segment_latency = std::max(cost.segment_latency, other.segment_latency);
+      cost.fill_per_byte = std::max(cost.fill_per_byte, other.fill_per_byte);
       cost.approximate = cost.approximate || other.approximate;
     }
   cache_.emplace(key, cost);
@@ -1060,7 +1087,8 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
     double step = r.makespan + overhead + (s0.latency_hops - 1) * (max_lat + overhead) + s0.reduce * n * gamma;
     total += s0.repeat * step;
   }
-  return total;
+  // (a chain's segments and fill, as symmetric mode's)
+  return total + profile(c, a, g, n).segmentation(n);
 }
 
 }  // namespace conduit::sim

@@ -13,6 +13,7 @@
 //   ring / recursive-halving reduce-scatter   (p-1)a or log p a, + (p-1)/p nb + (p-1)/p ng
 //   ring / recursive-doubling allgather       (p-1)a or log p a, + (p-1)/p nb
 //   binomial broadcast           ceil(log p)(a + nb);   binomial reduce  ceil(log p)(a + nb + ng)
+//   chain broadcast (ring)       (p-1+S-1)(a + n/S b), S = ceil(n / segment) (reduce: + (p-1+S-1) n/S g)
 //   double binary tree allreduce 2 depth a + 2 nb + ng   (pipelined, NCCL's two complementary trees)
 //   in-network aggregation       2a + nb                 (each rank sends n up and receives n down once)
 //   hierarchical allreduce       intra ring reduce-scatter, inter allreduce of n/k, intra ring allgather
@@ -20,13 +21,15 @@
 // Two evaluations:
 //   symmetric   the representative group (the one holding rank `first`) is routed; a link's load is that group's
 //               load times the number of concurrent groups sharing it (accelerators behind the link / the
-//               group's ranks behind it). Linear in n, cached: O(group size) once, then O(1) per message size.
-//               That count holds while the copies sharing a link load it alike; where they straddle nodes or leaves
-//               differently, and on a torus, every copy is routed and the most loaded link taken (up to a bound on
-//               the transfers; past it the result is flagged approximate). Each other placement of the group (node
-//               kind, rail) is evaluated as well and the slowest kept.
+//               group's ranks behind it). Linear in n (a chain's segments aside), cached: O(group size) once, then O(1)
+//               per message size. That count holds while the copies sharing a link load it alike; where they straddle
+//               nodes or leaves differently, and on a torus, every copy is routed and the most loaded link taken (up to
+//               a bound on the transfers; past it the result is flagged approximate). Each other placement of the group
+//               (node kind, rail) is evaluated as well and the slowest kept.
 //   full        every concurrent group's transfers are routed and share links max-min fairly (flow.h); exact
 //               for any placement, O(total transfers) per step. Used to validate the symmetric mode.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -97,7 +100,23 @@ struct CollectiveCost {
   // detail's (check with full mode).
   bool approximate = false;
   Algorithm algorithm = Algorithm::kRing;
-  double time(double n) const { return n <= 0 ? 0.0 : latency + n * per_byte + n * reduce_frac * gamma; }
+  // A pipelined chain (broadcast and reduce over `ring`, the runtime's chain broadcast) forwards `segment` bytes at
+  // a time, each hop waiting for a whole one: on top of the pattern's (p-1) latencies and n at the slowest hop's
+  // pace, a latency per further segment and the pipeline's fill, the first segment through every other hop:
+  // (p - 1 + S - 1)(alpha + n/S beta) on a flat network, S = ceil(n / segment). 0: no segments.
+  double segment = 0;
+  double segment_latency = 0;  // seconds per further segment (the slowest hop's latency)
+  double fill_per_byte = 0;    // seconds per byte of the first segment: every hop's per-byte time but the slowest's
+  double fill_reduce = 0;      // bytes reduced per byte of the first segment on the way (p - 2 for a reduce)
+  double time(double n) const {
+    if (n <= 0) return 0.0;
+    return latency + n * per_byte + n * reduce_frac * gamma + segmentation(n);
+  }
+  double segmentation(double n) const {
+    if (segment <= 0 || n <= 0) return 0.0;
+    return (std::ceil(n / segment) - 1) * segment_latency +
+           std::min(n, segment) * (fill_per_byte + fill_reduce * gamma);
+  }
 };
 
 enum class EvalMode { kSymmetric, kFull };

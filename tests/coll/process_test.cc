@@ -403,12 +403,14 @@ TEST(Processes, BenchCollReportsTheMedianAndSlowestCall) {
   EXPECT_EQ(records, 5) << r.out;  // 4 KiB to 64 KiB
   // Bus bandwidth as nccl-tests defines it: gather and scatter move (n-1)/n of the buffer (they said 1).
   for (const char* op : {"gather", "scatter", "allgather"}) {
-    auto g = run_sh(kConduit + " launch -n 2 --no-tag-output -- " + kConduit + " bench coll --op " + op +
-                    " --transport shm -b 4K -e 4K -n 3 -w 1 --json");
+    auto g = run_sh("CONDUIT_RING_SEGMENT_BYTES=8K " + kConduit + " launch -n 2 --no-tag-output -- " + kConduit +
+                    " bench coll --op " + op + " --transport shm -b 4K -e 4K -n 3 -w 1 --json");
     const size_t at = g.out.find("\"impl\":\"conduit\"");
     ASSERT_NE(at, std::string::npos) << g.out;
     const std::string line = g.out.substr(g.out.rfind('\n', at) + 1);
     EXPECT_NEAR(json_number(line, "busbw_gbs") / json_number(line, "algbw_gbs"), 0.5, 1e-9) << op << line;
+    // (the segment the run used: `sim calibrate` times the chain broadcast's segments with it)
+    EXPECT_EQ(json_number(line, "segment_bytes"), 8192) << line;
   }
   // One rank moves nothing over a bus: 0, as nccl-tests and the peers say (it said algbw, the peers 0).
   auto one = run_sh(kConduit + " bench coll -b 4K -e 4K -n 3 -w 1 --json");

@@ -60,6 +60,10 @@ std::string preset_with(const std::string& from, const std::string& to) {
 }
 
 TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
+  EXPECT_EQ(cluster_error(preset_with("pipeline_segment: 512 KiB", "pipeline_segment: 32 B")),
+            "x.yaml: network.pipeline_segment = 32 B (allowed: 64 B to 1 GiB)");
+  EXPECT_NE(cluster_error(preset_with("pipeline_segment: 512 KiB", "pipeline_segment: 1 Mb")).find("is not a size"),
+            std::string::npos);
   EXPECT_NE(
       cluster_error(preset_with("oversubscription:", "oversubscribtion:"))
           .find("x.yaml: network: unknown key 'oversubscribtion' (allowed: topology, nodes_per_leaf, oversubscription"),

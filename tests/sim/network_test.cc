@@ -47,6 +47,23 @@ TEST_P(FlatTest, MpichClosedForms) {
   EXPECT_LT(rel(m.time(Collective::kBroadcast, Algorithm::kBinomialTree, g, n), clg * (kAlpha + n * kBeta)), 1e-9);
   EXPECT_LT(rel(m.time(Collective::kReduce, Algorithm::kBinomialTree, g, n), clg * (kAlpha + n * kBeta + n * kGamma)),
             1e-9);
+  // The chain (pipelined `ring`) broadcast and reduce, in segments of 512 KiB (the default pipeline_segment), as the
+  // runtime's chain: (p-1+S-1)(a + n/S b [+ n/S g]); one segment: (p-1)(a + nb). (An ideal chain, (p-1)a + nb, was
+  // 4.7x too fast for 64 MiB over 1024 GPUs: an audit.)
+  {
+    const double big = 64.0 * 1024 * 1024, S = big / (512.0 * 1024);
+    EXPECT_LT(
+        rel(m.time(Collective::kBroadcast, Algorithm::kRing, g, big), (p - 1 + S - 1) * (kAlpha + big / S * kBeta)),
+        1e-9);
+    EXPECT_LT(rel(m.time(Collective::kReduce, Algorithm::kRing, g, big),
+                  (p - 1 + S - 1) * (kAlpha + big / S * (kBeta + kGamma))),
+              1e-9);
+    EXPECT_LT(rel(m.time(Collective::kBroadcast, Algorithm::kRing, g, 1000), (p - 1) * (kAlpha + 1000 * kBeta)), 1e-9);
+    // (`sim coll --steps`: the chain's one step, then its segments and fill, add up to the time)
+    double sum = 0;
+    for (const StepReport& s : m.explain(Collective::kBroadcast, Algorithm::kRing, g, big)) sum += s.repeat * s.time;
+    EXPECT_LT(rel(sum, m.time(Collective::kBroadcast, Algorithm::kRing, g, big)), 1e-9);
+  }
   if ((p & (p - 1)) == 0) {
     // Rabenseifner: 2 log p a + 2(p-1)/p nb + (p-1)/p ng.
     double rab = 2 * lg * kAlpha + 2.0 * (p - 1) / p * n * kBeta + 1.0 * (p - 1) / p * n * kGamma;
