@@ -796,12 +796,25 @@ void run_coll(const CollArgs& given_args) {
         fmt::format("--group ({}) and --stride ({}) must place the group's ranks within --gpus ({}): "
                     "group >= 2, stride >= 1, (group - 1) x stride < gpus",
                     g.size, g.stride, a.gpus));
-  if (g.size < 2) throw ConfigError(fmt::format("--group = {}: a collective needs at least 2 ranks", g.size));
+  if (g.size < 2)
+    throw ConfigError(a.group != kNotGiven
+                          ? fmt::format("--group = {}: a collective needs at least 2 ranks", g.size)
+                          : fmt::format("--gpus = {}: a collective needs at least 2 ranks (the group is every "
+                                        "accelerator unless --group says otherwise)",
+                                        a.gpus));
   std::vector<Algorithm> algs;
-  if (a.algorithm == "all")
+  if (a.algorithm == "all") {
     algs = candidate_algorithms(c, topo);
-  else
-    algs = {parse_algorithm(a.algorithm)};
+  } else {
+    try {
+      algs = {parse_algorithm(a.algorithm)};
+    } catch (const ConfigError&) {  // (its list left out `all`, this command's default)
+      throw ConfigError(fmt::format(
+          "--algorithm = '{}' (allowed: all (every one that implements --op, the default), auto, ring, "
+          "halving-doubling, recursive-doubling, binomial-tree, double-binary-tree, hierarchical, in-network, direct)",
+          a.algorithm));
+    }
+  }
   // (the table is kept until some algorithm can run: a refusal is one line)
   std::string table;
   auto out = std::back_inserter(table);

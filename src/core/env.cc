@@ -94,6 +94,12 @@ uint64_t parse_bytes(std::string_view text, std::string_view what) {
   if (digits == 0 || std::count(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(digits), '.') > 1 || t[0] == '.' ||
       t[digits - 1] == '.')
     throw bad();
+  // (a lowercase b is bits where bandwidths are written, as cluster files read it: "64Mb" was taken as 64 MiB)
+  if (digits < t.size() && t.back() == 'b')
+    throw ConfigError(
+        fmt::format("{} '{}' ends in a lowercase b, which reads as bits; allowed: a size in bytes, "
+                    "e.g. 64M, 64MB or 64MiB",
+                    what, text));
   std::string suffix;
   for (size_t i = digits; i < t.size(); ++i)
     suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(t[i])));
@@ -110,7 +116,8 @@ uint64_t parse_bytes(std::string_view text, std::string_view what) {
   else throw bad();
   constexpr uint64_t kLimit = 1000000000000000000ull;  // 10^18 bytes
   auto too_big = [&]() {
-    return ConfigError(fmt::format("{} '{}' is more than 10^18 bytes; allowed: up to 10^18 (about 888P)", what, text));
+    return ConfigError(
+        fmt::format("{} '{}' is more than 10^18 bytes; allowed: up to 10^18 (about 909494T)", what, text));
   };
   const std::string_view num(t.data(), digits);
   if (num.find('.') == std::string_view::npos) {

@@ -788,7 +788,7 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
     cost.latency += s.repeat * s.latency_hops * (sc.latency + overhead);
     cost.per_byte += s.repeat * sc.per_byte;
     cost.reduce_frac += s.repeat * s.reduce;
-    cost.steps += s.repeat;
+    cost.steps += s.repeat * s.latency_hops;  // (the latencies paid: a pipelined tree's depth, a chain's hops)
     by_kind[link_kind_name(sc.worst)] += s.repeat * sc.per_byte;
   }
   for (int l : behind_touched) ranks_behind_[l] = 0;

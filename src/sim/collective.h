@@ -92,7 +92,7 @@ struct CollectiveCost {
   double per_byte = 0;     // seconds per byte of n on the wire
   double reduce_frac = 0;  // bytes reduced per byte of n (times gamma)
   double gamma = 0;        // seconds per reduced byte
-  double steps = 0;
+  double steps = 0;        // latencies paid (a pipelined step pays its depth; a chain's further segments not counted)
   std::string bottleneck;  // the link kind that bounds most of the bandwidth term
   bool all_copies_routed = false;  // every concurrent copy's transfers were routed (torus, uneven placements)
   // The copies share links unevenly (they straddle nodes or leaves differently) and were too many to route, or ran

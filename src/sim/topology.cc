@@ -37,12 +37,13 @@ Topology::Topology(const ClusterSpec& spec, long long gpus) : spec_(spec), gpus_
       (spec_.network.torus_dims.empty() || spec_.network.torus_dims.size() > 3))
     throw ConfigError(fmt::format("cluster '{}': a torus has 1 to 3 dimensions (torus_dims), not {}", spec_.name,
                                   spec_.network.torus_dims.size()));
-  if (gpus % gpn_ != 0)
-    throw ConfigError(fmt::format("--gpus = {} must be a multiple of the {} accelerators per node of cluster '{}'",
-                                  gpus, gpn_, spec_.name));
+  // (the limit first: 99999999999 was told to be a multiple of 8)
   if (gpus > kMaxSimulatedGpus)
     throw ConfigError(
         fmt::format("--gpus = {} is beyond the simulator's limit of {} accelerators", gpus, kMaxSimulatedGpus));
+  if (gpus % gpn_ != 0)
+    throw ConfigError(fmt::format("--gpus = {} must be a multiple of the {} accelerators per node of cluster '{}'",
+                                  gpus, gpn_, spec_.name));
   nodes_ = gpus / gpn_;
   // Node kinds: a homogeneous cluster repeats its one kind; a heterogeneous one is scaled to `nodes_` keeping
   // the kinds' proportions (largest remainder), kinds laid out in the order the file lists them.

@@ -341,6 +341,21 @@ TEST(Env, ParseBytesAcceptsSuffixesAndRejectsGarbage) {
       ADD_FAILURE() << big;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("more than 10^18 bytes"), std::string::npos) << big << ": " << e.what();
+      // (the allowed maximum in a suffix parse_bytes takes: it said "about 888P", and P is not one)
+      EXPECT_NE(std::string(e.what()).find("(about 909494T)"), std::string::npos) << e.what();
+      EXPECT_EQ(parse_bytes("909494T", "x") <= 1000000000000000000ull, true);
+    }
+  }
+  // A lowercase b reads as bits where bandwidths are written (cluster files): "64Mb" was 64 MiB here.
+  EXPECT_EQ(parse_bytes("64MB", "x"), 64u << 20);
+  EXPECT_EQ(parse_bytes("64mB", "x"), 64u << 20);
+  for (const char* bits : {"64Mb", "8b", "1kb", "2Gb"}) {
+    try {
+      parse_bytes(bits, "--size");
+      ADD_FAILURE() << bits;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("ends in a lowercase b, which reads as bits"), std::string::npos)
+          << e.what();
     }
   }
   for (const char* bad :

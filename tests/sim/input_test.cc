@@ -509,6 +509,18 @@ TEST(Inputs, CliGroupsPlanConstraintsAndPlotPaths) {
   out = run("sim coll --gpus many", &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_EQ(out, "conduit: error: --gpus: 'many': an integer in decimal digits (no blanks, no '+') (see --help)\n");
+  // What each refusal names is what was given (an audit: --group not given, a multiple of 8 asked of 10^11, `all`
+  // missing from the algorithms, 64Mb taken as 64 MiB).
+  out = run("sim coll --cluster edge --gpus 1", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--gpus = 1: a collective needs at least 2 ranks"), std::string::npos) << out;
+  out = run("sim coll --gpus 99999999999", &rc);
+  EXPECT_NE(out.find("beyond the simulator's limit of 262144 accelerators"), std::string::npos) << out;
+  out = run("sim coll --algorithm rings", &rc);
+  EXPECT_NE(out.find("(allowed: all (every one that implements --op, the default), auto, ring,"), std::string::npos)
+      << out;
+  out = run("sim coll --size 64Mb", &rc);
+  EXPECT_NE(out.find("ends in a lowercase b, which reads as bits"), std::string::npos) << out;
 
   out = run("sim plan --cluster dgx-a100 --gpus 16 --model gpt-1.7b --global-batch 64 --tp 2 --top 20 --json", &rc);
   EXPECT_EQ(rc, 0) << out;
