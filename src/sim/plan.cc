@@ -55,8 +55,13 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   if (space.pp.empty())
     for (int p = 1; p <= std::min(m.layers, 128); ++p)
       if (m.layers % p == 0) space.pp.push_back(p);
-  if (space.micro_batch.empty())  // every size from 1 to 16 (those that do not divide the batch are skipped)
+  // Every size from 1 to 16, then 24, 32, 48, ... (powers of two and 1.5 times them) to 1024; those that do not
+  // divide a rank's share of the batch are skipped. (Up to 16 only, GPT-2 small on 16 dgx-a100 GPUs at batch 1024
+  // missed micro-batch 64, 2.3% faster: small models fill the GPU only with large micro-batches.)
+  if (space.micro_batch.empty()) {
     for (int b = 1; b <= 16; ++b) space.micro_batch.push_back(b);
+    for (int b = 16; b < 1024; b *= 2) space.micro_batch.insert(space.micro_batch.end(), {b + b / 2, 2 * b});
+  }
   PlanResult res;
   std::vector<StepResult> all;
   for (int t : space.tp) {
