@@ -361,9 +361,13 @@ json step_json(const std::string& cluster, const GptModel& m, const StepResult& 
                 {"zero3_exposed", b.zero3_exposed},
                 {"compression", b.compression},
                 {"optimizer", b.optimizer}}},
-              {"stage_per_micro_batch_s",
-               r.config.pp > 1 ? json{{"first", b.stage_first}, {"middle", b.stage_middle}, {"last", b.stage_last}}
-                               : json(nullptr)},
+              {"stage_per_micro_batch_s", r.config.pp > 1 ? json{{"first", b.stage_first},
+                                                                 {"middle", b.stage_middle},
+                                                                 {"last", b.stage_last},
+                                                                 {"first_forward", b.stage_first_forward},
+                                                                 {"middle_forward", b.stage_middle_forward},
+                                                                 {"last_forward", b.stage_last_forward}}
+                                                          : json(nullptr)},
               {"dp_algorithm", r.dp_algorithm},
               {"tp_algorithm", r.tp_algorithm},
               {"notes", r.notes}};
@@ -1163,7 +1167,14 @@ void run_calibrate(const CalibrateArgs& a) {
     worlds.insert(s.world);
     if (usable(s)) ++usable_at[s.world];
   }
-  if (ranks == 0) ranks = usable_at.empty() ? *worlds.rbegin() : usable_at.rbegin()->first;
+  // (the world with the most usable samples, the largest on a tie: the largest with any took 2 ring samples at 4
+  // ranks over 14 at 2, and failed)
+  if (ranks == 0) {
+    ranks = *worlds.rbegin();
+    size_t most = 0;
+    for (auto [w, k] : usable_at)
+      if (k >= most) most = k, ranks = w;
+  }
   // Fit the samples taken at that world size only (the largest without --ranks): ranks that share cores are slower
   // per step, and a fit pooled over world sizes was then checked against one of them only.
   for (const auto& s : all)

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <tuple>
 
 #include "core/env.h"
@@ -449,14 +450,15 @@ ZeroReduce zero_reduce_mode(const ParallelConfig& cfg, long long mb, ZeroReduce 
 }
 
 // An algorithm given for a collective it does not implement (--tp-algorithm direct with --sp's all-gathers), or
-// not for this group (halving-doubling's reduce-scatter over 6 ranks): the flag named. `flag` says which of the
-// step's collectives were being timed (nullptr: none of the given algorithms').
+// not on this cluster (in-network without switches that aggregate): the flag named. `flag` says which given
+// algorithm's collectives were being timed (nullptr: none, or the flag was left at auto); other refusals (full-detail
+// mode's) pass as they are.
 template <class Simulate>
 StepResult naming_the_algorithm_flag(const char*& flag, Simulate simulate) {
   try {
     return simulate();
   } catch (const UnsupportedError& e) {
-    if (!flag) throw;
+    if (!flag || std::string_view(e.what()).starts_with("full-detail mode")) throw;
     throw ConfigError(fmt::format(
         "{}: {}; allowed: auto, or an algorithm that implements it (`conduit sim coll --op OP --algorithm all` "
         "lists them)",
@@ -571,8 +573,8 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   const Accelerator& acc = *slowest;
 
   // Tensor-parallel communication per micro-batch: per layer, and at the model's two ends.
-  flag = "--tp-algorithm";
-  double tp_fwd = 0, tp_bwd = 0, tp_first = 0, tp_last = 0;
+  flag = cfg.tp_algorithm != Algorithm::kAuto ? "--tp-algorithm" : nullptr;
+  double tp_fwd = 0, tp_bwd = 0, tp_first = 0, tp_last_fwd = 0, tp_last_bwd = 0;
   if (t > 1) {
     const Group tg{t, 1, 0};
     const double act = b * s * h * 2;
@@ -587,9 +589,9 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     // parallelism a reduce-scatter there, and an all-gather of the output layer's input plus a reduce-scatter of its
     // gradient; and the vocab-parallel cross entropy's allreduces of the per-token max, target logit and sum (fp32).
     tp_first = cfg.sequence_parallel ? one(Collective::kReduceScatter, act) : one(Collective::kAllReduce, act);
-    tp_last = (cfg.sequence_parallel ? one(Collective::kAllGather, act) + one(Collective::kReduceScatter, act)
-                                     : one(Collective::kAllReduce, act)) +
-              3 * one(Collective::kAllReduce, b * s * 4);
+    tp_last_fwd =
+        (cfg.sequence_parallel ? one(Collective::kAllGather, act) : 0.0) + 3 * one(Collective::kAllReduce, b * s * 4);
+    tp_last_bwd = cfg.sequence_parallel ? one(Collective::kReduceScatter, act) : one(Collective::kAllReduce, act);
   }
 
   // Pipeline point-to-point per micro-batch: forward activations and backward gradients, v times (interleaved).
@@ -602,39 +604,51 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     p2p_mb = 2.0 * v * one;
   }
 
-  // Each stage's time per micro-batch (its layers, their collectives and its transfers): the last stage also runs
-  // the output layer and the loss, the first the embedding's collective, a middle one neither; one stage (p = 1)
-  // runs both ends. With stage times S_i the schedule takes m max S + (sum S - max S) / v (1F1B and GPipe: m - 1
-  // micro-batches at the slowest stage's pace plus one through every stage; interleaved, chunks of S / v), the
-  // formula's (m + (p - 1) / v) S when the stages are equal. Played out operation by operation, this is exact
-  // whenever the last stage is the slowest, as the output layer makes it; charging every stage the last one's time
-  // overstated the pipeline by 16% (GPT 1.7B, p 8, m 8 on dgx-a100), 41% with 8 small layers (an audit).
+  // Each stage's time per micro-batch, forward and backward (its layers, their collectives and its transfers): the
+  // last stage also runs the output layer and the loss, the first the embedding's collective (forward), a middle one
+  // neither; one stage (p = 1) runs both ends. With stage times S_i = F_i + B_i, played out operation by operation:
+  //   1F1B: m max S + (sum S - max S); interleaved: m max S + (sum S - max S) / v + (p - 1/v)(S_first - S_middle)
+  //     (the first stage's extra sits in its first chunk, through which the first p micro-batches pass before the
+  //     pipeline fills); both exact whenever the last stage is the slowest, as the output layer makes it (its
+  //     collectives hold the first stage's and more), for any split of S into F and B;
+  //   GPipe (every forward, then every backward: two flow shops): sum S + (m - 1)(max F + max B), exact;
+  // each (m + (p - 1) / v) S when the stages are equal. Charging every stage the last one's time overstated the
+  // pipeline by 16% (GPT 1.7B, p 8, m 8 on dgx-a100), 41% with 8 small layers (an audit).
   struct StageTime {
-    double compute = 0, recompute = 0, tp = 0;
-    double total(double p2p) const { return compute + tp + p2p; }
+    double fwd = 0, bwd = 0, compute = 0, recompute = 0, tp = 0;
+    double total() const { return fwd + bwd; }
   };
-  // (interleaved: the first stage's extra, the embedding's collective, sits in its first chunk, through which the
-  // first p micro-batches pass before the pipeline fills: p - 1/v times what the spread above counts; played out
-  // chunk by chunk with random stage times, this is exact whenever the last stage is the slowest)
+  auto stage = [&](const MicroTimes& x, double tp_f, double tp_b) {
+    return StageTime{x.fwd_compute + tp_f + p2p_mb / 2, x.bwd_compute + tp_b + p2p_mb / 2,
+                     x.fwd_compute + x.bwd_compute, x.recompute, tp_f + tp_b};
+  };
   const MicroTimes inner = p > 1 ? micro_times(acc, m, cfg, lps, false) : mt;
-  const double tp_layers = lps * (tp_fwd + tp_bwd);
-  const StageTime last{mt.fwd_compute + mt.bwd_compute, mt.recompute, tp_layers + tp_last + (p == 1 ? tp_first : 0.0)};
-  const StageTime first{inner.fwd_compute + inner.bwd_compute, inner.recompute, tp_layers + tp_first};
-  const StageTime middle{inner.fwd_compute + inner.bwd_compute, inner.recompute, tp_layers};
-  const StageTime& busiest = p == 1 || last.total(p2p_mb) >= first.total(p2p_mb) ? last : first;
-  const double slot = busiest.total(p2p_mb);
-  const double stages_sum =
-      p == 1 ? slot : first.total(p2p_mb) + static_cast<double>(p - 2) * middle.total(p2p_mb) + last.total(p2p_mb);
-  r.breakdown.compute = mb * busiest.compute;
-  r.breakdown.recompute = mb * busiest.recompute;
-  r.breakdown.tp_comm = mb * busiest.tp;
+  const StageTime last = stage(mt, lps * tp_fwd + tp_last_fwd + (p == 1 ? tp_first : 0.0), lps * tp_bwd + tp_last_bwd);
+  const StageTime first = stage(inner, lps * tp_fwd + tp_first, lps * tp_bwd);
+  const StageTime middle = stage(inner, lps * tp_fwd, lps * tp_bwd);
+  const double slot = last.total();
+  const double stages_sum = p == 1 ? slot : first.total() + static_cast<double>(p - 2) * middle.total() + last.total();
+  r.breakdown.compute = mb * last.compute;
+  r.breakdown.recompute = mb * last.recompute;
+  r.breakdown.tp_comm = mb * last.tp;
   r.breakdown.pp_comm = mb * p2p_mb;
-  r.breakdown.stage_first = p == 1 ? 0.0 : first.total(p2p_mb);
-  r.breakdown.stage_middle = p <= 2 ? 0.0 : middle.total(p2p_mb);
-  r.breakdown.stage_last = last.total(p2p_mb);
-  const double skew = v > 1 ? (static_cast<double>(p) - 1.0 / v) * (first.total(p2p_mb) - middle.total(p2p_mb)) : 0.0;
-  r.breakdown.bubble = p == 1 ? 0.0 : (stages_sum - slot) / v + skew;
-  const double pipe = static_cast<double>(mb) * slot + r.breakdown.bubble;
+  if (p > 1) {
+    r.breakdown.stage_first = first.total(), r.breakdown.stage_first_forward = first.fwd;
+    r.breakdown.stage_middle = middle.total(), r.breakdown.stage_middle_forward = middle.fwd;
+  }
+  r.breakdown.stage_last = last.total(), r.breakdown.stage_last_forward = last.fwd;
+  const double mf = static_cast<double>(mb);
+  if (p == 1) {
+    r.breakdown.bubble = 0;
+  } else if (cfg.schedule == Schedule::kGpipe) {
+    const double max_f = std::max({first.fwd, p > 2 ? middle.fwd : 0.0, last.fwd});
+    const double max_b = std::max({first.bwd, p > 2 ? middle.bwd : 0.0, last.bwd});
+    r.breakdown.bubble = stages_sum + (mf - 1) * (max_f + max_b) - mf * slot;
+  } else {
+    const double skew = v > 1 ? (static_cast<double>(p) - 1.0 / v) * (first.total() - middle.total()) : 0.0;
+    r.breakdown.bubble = (stages_sum - slot) / v + skew;
+  }
+  const double pipe = mf * slot + r.breakdown.bubble;
 
   // Parameters per GPU on the largest stage (the first holds the embeddings; with p = 1 everything).
   // t times one rank's share (the K and V of replicated KV heads whole on each rank), so that / t is a rank's.
@@ -648,7 +662,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   // polling (calibrated CPU clusters; 0 elsewhere): the ranks reach a gradient exchange apart.
   const double wake = topo.spec().network.wake_latency;
   double dp_total = 0, dp_exposed = 0, comp_time = 0;
-  flag = "--dp-algorithm";
+  flag = cfg.dp_algorithm != Algorithm::kAuto ? "--dp-algorithm" : nullptr;
   // The data-parallel exchange overlaps the first stage's last backward (p = 1: the whole model's), the pipeline's
   // last operation, whose gradients (with the embeddings) are the most; the last stage's backward, with the output
   // layer's, ended a drain earlier.
@@ -1799,7 +1813,13 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
 }  // namespace
 
 StepResult simulate_layer_step(CollectiveModel& net, const LayerModel& m, const ParallelConfig& cfg) {
-  const char* flag = "--dp-algorithm";  // (its only given algorithm)
+  // (its only given algorithm: a layer list has no tensor parallelism)
+  if (cfg.tp_algorithm != Algorithm::kAuto)
+    throw ConfigError(fmt::format(
+        "--tp-algorithm {}: the tensor-parallel collectives' algorithm, and a layer-list model has none (--tp 1); "
+        "allowed: leave it out",
+        algorithm_name(cfg.tp_algorithm)));
+  const char* flag = cfg.dp_algorithm != Algorithm::kAuto ? "--dp-algorithm" : nullptr;
   return naming_the_algorithm_flag(flag, [&] { return layer_step(net, m, cfg); });
 }
 

@@ -121,11 +121,13 @@ struct StepBreakdown {
   // and the wait for the slowest of the data-parallel ranks (part of dp_exposed).
   double framework = 0;
   double rank_wait = 0;
-  // A GPT pipeline's stages, one micro-batch's forward and backward each with their collectives and transfers
-  // (p = 1: `last` is the one stage; 0 for layer lists): the last runs the output layer and the loss, the first the
-  // embedding's tensor-parallel collective. The pipeline takes m max + (sum - max) / v, plus (p - 1/v) (first -
-  // middle) when interleaved (the first stage's extra sits in its first chunk, which fills the pipeline p times).
+  // A GPT pipeline's stages, one micro-batch's forward and backward each with their collectives and transfers, and
+  // of that the forward (p = 1: `last` is the one stage; 0 for layer lists): the last runs the output layer and the
+  // loss, the first the embedding's tensor-parallel collective, a middle one (none at p = 2) neither. 1F1B takes
+  // m max + (sum - max), interleaved m max + (sum - max) / v + (p - 1/v)(first - middle), GPipe sum + (m - 1)(the
+  // largest forward + the largest backward); sim/step.cc says why.
   double stage_first = 0, stage_middle = 0, stage_last = 0;
+  double stage_first_forward = 0, stage_middle_forward = 0, stage_last_forward = 0;
 };
 
 struct MemoryBreakdown {
