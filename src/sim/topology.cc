@@ -151,8 +151,10 @@ long long Topology::leaf_of(long long node, int nic) const {
 }
 
 double Topology::route_torus(long long ns, long long nd, std::vector<int>& path) const {
-  // Dimension-ordered: along dimension 0 the shorter way round (ties +), then 1, then 2. At most three dimensions
-  // (the cluster file's check), so no allocation per call: this runs for every transfer of every copy of a group.
+  // Dimension-ordered: along dimension 0 the shorter way round, then 1, then 2; at exactly half way round, + from an
+  // even coordinate and - from an odd one, so a shift by n/2 uses both directions' links (ties all went +, and the
+  // - links sat idle: twice the time). At most three dimensions (the cluster file's check), so no allocation per
+  // call: this runs for every transfer of every copy of a group.
   const auto& dims = spec_.network.torus_dims;
   const size_t nd_dims = dims.size();
   long long cs[3] = {0, 0, 0}, cd[3] = {0, 0, 0}, mul[3] = {1, 1, 1};
@@ -169,7 +171,7 @@ double Topology::route_torus(long long ns, long long nd, std::vector<int>& path)
   for (size_t d = 0; d < nd_dims; ++d) {
     const long long n = dims[d];
     const long long fwd = ((cd[d] - cs[d]) % n + n) % n;
-    const int dir = fwd <= n - fwd ? 0 : 1;
+    const int dir = fwd < n - fwd || (fwd == n - fwd && cs[d] % 2 == 0) ? 0 : 1;
     const long long hops = dir == 0 ? fwd : n - fwd;
     long long c = cs[d];
     for (long long h = 0; h < hops; ++h) {

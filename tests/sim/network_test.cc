@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "core/error.h"
@@ -292,6 +293,21 @@ TEST(Topology, TorusRingMatchesItsClosedForm) {
   EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kRing, Group{8, 1, 0}, n),
                 2 * (p - 1) * (4e-6 + 1e-6) + 2 * (p - 1) / p * n / 20e9),
             1e-9);
+  // Half way round, + from an even node and - from an odd one: pairs 4 apart (groups {i, i + 4}, every copy at once)
+  // put two flows on each link of both directions; all + (as it was) put four on the + links and left the - ones idle.
+  path.clear();
+  topo.route(0, 4, path);
+  std::vector<int> back;
+  topo.route(1, 5, back);
+  ASSERT_EQ(path.size(), 4u);
+  ASSERT_EQ(back.size(), 4u);
+  EXPECT_EQ(std::set<int>(path.begin(), path.end()).count(back[0]), 0u);  // (another direction's links)
+  EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kRing, Group{2, 4, 0}, n),
+                2 * (4e-6 + 4e-6) + 2 * (2 * n / 2) / 20e9),
+            1e-9);
+  EXPECT_LT(rel(m.time_full(Collective::kAllReduce, Algorithm::kRing, Group{2, 4, 0}, n),
+                2 * (4e-6 + 4e-6) + 2 * (2 * n / 2) / 20e9),
+            1e-6);
 }
 
 // Rail-optimized, 2:1 oversubscribed, nodes of 4 GPUs: one of 4 NICs, then one of 2 (whose ranks reach the higher
