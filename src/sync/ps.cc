@@ -324,10 +324,12 @@ class Shard {
 
   bool dana() const { return cfg_.dana && cfg_.mode != "bsp"; }
 
-  // A worker's messages come in one order: one pull, then pushes with rising clocks, then a stop (after which its
-  // thread reads nothing more). Anything else is a corrupt or foreign peer: a second pull re-read the emptied
-  // starting point, a push before the pull read the replica out of range, a clock going back (or past 2^62, negative
-  // as a signed clock) lowered the slowest clock other workers wait on.
+  // A worker's messages come in one order: one pull, then pushes with the clocks 1, 2, 3, ... (each push the next;
+  // restored on both sides at a resume), then a stop (after which its thread reads nothing more). Anything else is a
+  // corrupt or foreign peer: a second pull re-read the emptied starting point, a push before the pull read the replica
+  // out of range, a clock going back (or past 2^62, negative as a signed clock) lowered the slowest clock other
+  // workers wait on, and one leaping ahead (1000 after 3) set bsp's applied clock past every later pull's, which were
+  // then released before the other workers pushed: bsp ran as asp without a word (an audit).
   void check_order(int w, const Header& h, const Slot& slot) const {
     if (h.kind == kPull && slot.pulled)
       throw ProtocolError(
@@ -337,11 +339,10 @@ class Shard {
     if (h.kind == kPush && !slot.pulled)
       throw ProtocolError(fmt::format(
           "sync ps shard {}: worker {} pushed before its pull (allowed: one pull, then pushes)", index_, w));
-    if (h.kind == kPush && (h.clock <= static_cast<uint64_t>(clocks_[w]) || h.clock >= (uint64_t{1} << 62)))
+    if (h.kind == kPush && h.clock != static_cast<uint64_t>(clocks_[w]) + 1)
       throw ProtocolError(
-          fmt::format("sync ps shard {}: worker {} pushed clock {} after clock {} (allowed: a "
-                      "larger clock each push, below 2^62)",
-                      index_, w, h.clock, clocks_[w]));
+          fmt::format("sync ps shard {}: worker {} pushed clock {} after clock {} (allowed: the next clock, {})",
+                      index_, w, h.clock, clocks_[w], clocks_[w] + 1));
   }
 
  public:

@@ -765,9 +765,12 @@ SyncSpec effective_sync(const TrainConfig& c) {
     derive("momentum", fmt::format("{:.6g}", momentum));
     derive("weight_decay", fmt::format("{}", c.weight_decay));
     s.params.try_emplace("colocate", "1");
+    // (true and false are the scheme's flags too: colocate=true left servers at 1, all the work on rank 0, and
+    // colocate=false skipped the resume refusal, to fail later naming a missing checkpoint; an audit)
+    const bool colocated = sync::same_param_value(s.params["colocate"], "1");
     // Co-located: one shard per worker spreads the servers' work (and traffic) evenly, as BytePS does.
-    if (s.params["colocate"] == "1") s.params.try_emplace("servers", std::to_string(c.workers));
-    if (!c.resume.empty() && s.params["colocate"] == "0")
+    if (colocated) s.params.try_emplace("servers", std::to_string(c.workers));
+    if (!c.resume.empty() && sync::same_param_value(s.params["colocate"], "0"))
       throw ConfigError(fmt::format("config: resume: {} with dedicated server ranks (colocate=0) keeps the model on "
                                     "ranks that are not checkpointed; allowed: colocate=1",
                                     s.name));

@@ -631,11 +631,15 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
   struct Case {
     uint64_t kind, bytes, clock;
     const char* want;
+    bool pull_first = false;  // (the push after the worker's one pull)
   };
   const size_t d = 16;
   const Case cases[] = {{7, 0, 0, "sent a message of kind 7; allowed: push (1), stop (2), pull (3)"},
                         {1, 4 * d, 1, "pushed before its pull"},
-                        {3, 1u << 30, 0, "announced 1073741824 bytes for a pull; allowed: 0 bytes"}};
+                        {3, 1u << 30, 0, "announced 1073741824 bytes for a pull; allowed: 0 bytes"},
+                        // (a clock leaping ahead set bsp's applied clock past every later pull's: bsp ran as asp)
+                        {1, 4 * d, 1000, "worker 1 pushed clock 1000 after clock 0 (allowed: the next clock, 1)", true},
+                        {1, 4 * d, 0, "worker 1 pushed clock 0 after clock 0 (allowed: the next clock, 1)", true}};
   for (const Case& c : cases) {
     auto comms = harness::make_comms(2);
     std::string error;
@@ -658,8 +662,22 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
       double lr_scale;
     } h{c.kind, c.bytes, c.clock, 1.0};
     std::vector<float> payload(d, 0.25f);
-    detail::wait(*comms[1], detail::isend(*comms[1], 0, detail::kTagPsHeader, &h, sizeof h));
-    if (c.kind == 1) detail::isend(*comms[1], 0, detail::kTagPsPayload, payload.data(), 4 * d);
+    try {
+      if (c.pull_first) {  // (and takes the reply: the starting parameters)
+        const Header pull{3, 0, 0, 1.0};
+        uint64_t reply_header[2] = {0, 0};
+        std::vector<float> start(d);
+        detail::wait(*comms[1], detail::isend(*comms[1], 0, detail::kTagPsHeader, &pull, sizeof pull));
+        detail::wait(*comms[1],
+                     detail::irecv(*comms[1], 0, detail::kTagPsReplyHeader, reply_header, sizeof reply_header));
+        EXPECT_EQ(reply_header[0], 4 * d);
+        detail::wait(*comms[1], detail::irecv(*comms[1], 0, detail::kTagPsReply, start.data(), 4 * d));
+      }
+      detail::wait(*comms[1], detail::isend(*comms[1], 0, detail::kTagPsHeader, &h, sizeof h));
+      if (c.kind == 1) detail::isend(*comms[1], 0, detail::kTagPsPayload, payload.data(), 4 * d);
+    } catch (const Error&) {
+      // (the shard may refuse and abort before this side's last send is done: what it said is checked below)
+    }
     server.join();
     EXPECT_NE(error.find(c.want), std::string::npos) << error;
     comms[1]->transport().abort("test over");

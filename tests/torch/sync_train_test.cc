@@ -196,6 +196,17 @@ TEST(TrainSync, CompressorsGoWhereTheSchemeCompresses) {
   EXPECT_EQ(effective_sync(given).params.at("lr"), "0.05");
   EXPECT_EQ(spec.params.at("colocate"), "1");
   EXPECT_EQ(spec.params.at("servers"), "4");  // one shard per worker (resolve_config's default of 4 workers)
+  // ... written as true too (it left servers at 1: every worker's traffic and all the servers' work on rank 0), and
+  // colocate=false is refused at a resume as colocate=0 is (it failed later, naming a missing checkpoint).
+  EXPECT_EQ(effective_sync(tiny_sync("ps-asp:colocate=true")).params.at("servers"), "4");
+  TrainConfig resumed = tiny_sync("ps-asp:colocate=false");
+  resumed.resume = "/nonexistent/checkpoint";
+  try {
+    effective_sync(resumed);
+    ADD_FAILURE() << "colocate=false resumed";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("dedicated server ranks (colocate=0)"), std::string::npos) << e.what();
+  }
   auto dense = train_inproc(tiny_sync("ps-asp"), 2);
   auto r = train_inproc(c, 2);
   EXPECT_LT(r[1].bytes_sent * 3, dense[1].bytes_sent);  // top-10% pushes (values + indices) from worker 1
