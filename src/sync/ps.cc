@@ -48,6 +48,15 @@ struct ReplyHeader {
   uint64_t bytes = 0, raw = 1;
 };
 
+// A clock read from a checkpoint: below 2^62 (a step count; a corrupt one near 2^63 turned negative as a signed
+// clock, and the next push's clock + 1 check passed it).
+int64_t checked_clock(uint64_t v, const char* what) {
+  if (v >= (uint64_t{1} << 62))
+    throw InvalidArgument(fmt::format(
+        "sync ps: the checkpoint's {} is {} (allowed: below 2^62, a step count; the checkpoint is corrupt)", what, v));
+  return static_cast<int64_t>(v);
+}
+
 compress::CompressorPtr ps_compressor(const std::string& spec, const char* what) {
   if (spec.empty() || spec == "none") return nullptr;
   auto c = compress::parse_compressor(spec);
@@ -283,11 +292,11 @@ class Shard {
     const size_t n = params_.size();
     momentum_ = r.floats(n, "momentum");
     mean_sq_ = r.floats(n, "gradients' mean square", true);
-    applied_clock_ = static_cast<int64_t>(r.u64());
+    applied_clock_ = checked_clock(r.u64(), "applied clock");
     bsp_clock_ = applied_clock_;
     version_ = r.u64();
     for (int k = 0; k < workers_; ++k) {
-      clocks_[k] = static_cast<int64_t>(r.u64());
+      clocks_[k] = checked_clock(r.u64(), "worker clock");
       slots_[k].version = r.u64();
       slots_[k].replica = r.floats(n, "worker replica", true);
       slots_[k].backup = r.floats(n, "delay-compensation backup", true);
@@ -327,9 +336,9 @@ class Shard {
   // A worker's messages come in one order: one pull, then pushes with the clocks 1, 2, 3, ... (each push the next;
   // restored on both sides at a resume), then a stop (after which its thread reads nothing more). Anything else is a
   // corrupt or foreign peer: a second pull re-read the emptied starting point, a push before the pull read the replica
-  // out of range, a clock going back (or past 2^62, negative as a signed clock) lowered the slowest clock other
-  // workers wait on, and one leaping ahead (1000 after 3) set bsp's applied clock past every later pull's, which were
-  // then released before the other workers pushed: bsp ran as asp without a word (an audit).
+  // out of range, a clock going back lowered the slowest clock other workers wait on, and one leaping ahead (1000 after
+  // 3) set bsp's applied clock past every later pull's, which were then released before the other workers pushed: bsp
+  // ran as asp without a word (an audit).
   void check_order(int w, const Header& h, const Slot& slot) const {
     if (h.kind == kPull && slot.pulled)
       throw ProtocolError(
@@ -641,7 +650,7 @@ class PsStrategy : public Strategy {
 
   void load_state(std::span<const uint8_t> bytes) override {
     detail::Reader r(bytes, name());
-    clock_ = r.u64();
+    clock_ = static_cast<uint64_t>(checked_clock(r.u64(), "clock"));
     if (r.u64() != push_states_.size())
       throw InvalidArgument(fmt::format("sync {}: state's push compressor states do not match", name()));
     for (auto& st : push_states_) st = compress::TensorState::load(r.bytes());

@@ -283,6 +283,34 @@ TEST(SyncPs, ColocatedStateResumes) {
   }
 }
 
+// A checkpoint's clock near 2^63 turned negative as a signed clock and passed the next push's clock + 1 check: a
+// corrupt state is refused naming it.
+TEST(SyncPs, ACorruptCheckpointClockIsRefused) {
+  on_ranks(1, [&](int, coll::CommPtr c) {
+    const Params p = {{"servers", "1"}, {"colocate", "1"}};
+    auto a = make_strategy("ps-asp", p, c);
+    std::vector<float> x(4, 1.0f), g(4, 0.5f);
+    a->setup(x);
+    a->before_step(0, x, g);
+    auto state = a->save_state();
+    ASSERT_GE(state.size(), 8u);
+    state[7] = 0x80;  // (the worker's clock, the state's first u64, little-endian)
+    a->finish(x);
+    auto b = make_strategy("ps-asp", p, c);
+    std::vector<float> y(4, 1.0f);
+    b->setup(y);
+    try {
+      b->load_state(state);
+      ADD_FAILURE() << "a clock past 2^62 was restored";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("the checkpoint's clock is 9223372036854775809 (allowed: below 2^62"),
+                std::string::npos)
+          << e.what();
+    }
+    b->finish(y);
+  });
+}
+
 }  // namespace
 
 namespace {
