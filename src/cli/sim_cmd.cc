@@ -427,6 +427,16 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag) {
   return out;
 }
 
+// --bucket given where dp = 1 (the flags a ParallelConfig holds are checked by the step itself; this one's default
+// cannot be told from a given value there).
+void check_bucket_given(const StepArgs& a, long long dp) {
+  if (a.given.count("--bucket") && dp == 1)
+    throw ConfigError(fmt::format(
+        "--bucket {}: sizes the data-parallel exchange's calls, which dp = 1 does not have; allowed with dp = 1: "
+        "leave it out",
+        a.bucket));
+}
+
 void run_layer_step(const StepArgs& given_args) {
   StepArgs a = given_args;
   // (a layer list has no transformer's shape: those flags did nothing)
@@ -453,11 +463,7 @@ void run_layer_step(const StepArgs& given_args) {
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
   StepResult r = simulate_layer_step(net, lm, c);
-  if (a.given.count("--bucket") && r.config.dp == 1)
-    throw ConfigError(fmt::format(
-        "--bucket {}: sizes the data-parallel exchange's calls, which dp = 1 does not have; allowed with dp = 1: "
-        "leave it out",
-        a.bucket));
+  check_bucket_given(a, r.config.dp);
   const StepBreakdown& b = r.breakdown;
   if (a.json) {
     std::cout << json{{"kind", "sim.step"},
@@ -525,11 +531,7 @@ void run_step(const StepArgs& given_args) {
   Stopwatch sw;
   StepResult r = simulate_step(net, m, c);
   double took = sw.seconds();
-  if (a.given.count("--bucket") && r.config.dp == 1)
-    throw ConfigError(fmt::format(
-        "--bucket {}: sizes the data-parallel exchange's calls, which dp = 1 does not have; allowed with dp = 1: "
-        "leave it out",
-        a.bucket));
+  check_bucket_given(a, r.config.dp);
   if (a.json) {
     json j = step_json(spec.name, m, r);
     j["simulation_wall_s"] = took;
@@ -1156,16 +1158,11 @@ void run_calibrate(const CalibrateArgs& a) {
   if (a.ranks < 0) throw ConfigError(fmt::format("--ranks = {} must be positive", a.ranks));
   // A sample the fit can use: back to back, of an operation and algorithm the simulator models. The defaults go by
   // these (by records, 24 unmodelled `reduce rsg` lines at 4 ranks outvoted 14 ring samples at 2, and the fit failed).
-  auto usable = [](const BenchSample& s) {
-    Collective c;
-    Algorithm al;
-    return s.stagger == 0 && bench_collective(s.op, c) && bench_algorithm(c, s.algo, s.world, al);
-  };
   std::set<long long> worlds;
   std::map<long long, size_t> usable_at;
   for (const auto& s : all) {
     worlds.insert(s.world);
-    if (usable(s)) ++usable_at[s.world];
+    if (fit_uses(s)) ++usable_at[s.world];
   }
   // (the world with the most usable samples, the largest on a tie: the largest with any took 2 ring samples at 4
   // ranks over 14 at 2, and failed)
@@ -1189,7 +1186,7 @@ void run_calibrate(const CalibrateArgs& a) {
   if (chosen.empty()) {
     long long most = -1;
     for (auto& [t, v] : by_transport) {
-      const auto n = static_cast<long long>(std::count_if(v.begin(), v.end(), usable));
+      const auto n = static_cast<long long>(std::count_if(v.begin(), v.end(), fit_uses));
       if (n > most) {
         most = n;
         chosen = t;

@@ -599,6 +599,11 @@ bool sample_coefficients(const BenchSample& s, std::array<double, 3>& coef) {
 }
 }  // namespace
 
+bool fit_uses(const BenchSample& s) {
+  std::array<double, 3> k;
+  return s.stagger <= 0 && sample_coefficients(s, k);
+}
+
 AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int* unmodelled) {
   std::vector<std::array<double, 3>> X;
   std::vector<double> y;

@@ -53,6 +53,8 @@ struct AlphaBetaGamma {
 // Fits one transport's back-to-back samples. Samples whose algorithm the simulator does not model are skipped
 // (counted); staggered samples are left to fit_wake_latency.
 AlphaBetaGamma fit_alpha_beta_gamma(const std::vector<BenchSample>& samples, int* unmodelled = nullptr);
+// Whether fit_alpha_beta_gamma uses the sample: back to back, of an operation and algorithm the simulator models.
+bool fit_uses(const BenchSample& s);
 
 // The time a collective call takes beyond `fit` when its peers arrived first and stopped spinning while they waited
 // (`bench coll --stagger-us`: their wake-up and return to the call): the median over the staggered samples of the

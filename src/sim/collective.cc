@@ -430,6 +430,7 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
       if (a == Algorithm::kRing) {  // pipelined chain: (p-1) latencies, n over each link once
         Step s;
         s.phase = "pipelined chain";
+        s.chain = true;
         s.latency_hops = static_cast<double>(p - 1);
         s.reduce = c == Collective::kReduce ? 1.0 : 0.0;
         for (long long i = 0; i + 1 < p; ++i) {
@@ -803,7 +804,7 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
       best = v;
       cost.bottleneck = k;
     }
-  if ((c == Collective::kBroadcast || c == Collective::kReduce) && a == Algorithm::kRing && g.size > 1) {
+  if (steps.size() == 1 && steps.front().chain) {
     // The chain's segments: each hop's per-byte time is its route's slowest link's (the copies' sharing is in the
     // steady pace, per_byte, and left out of the fill).
     const Step& s = steps.front();
@@ -817,9 +818,9 @@ CollectiveCost CollectiveModel::evaluate_symmetric(Collective c, Algorithm a, co
       slowest = std::max(slowest, hop);
     }
     cost.segment = topo_.spec().network.pipeline_segment;
-    cost.segment_latency = cost.latency / static_cast<double>(g.size - 1);
+    cost.segment_latency = cost.latency / s.latency_hops;
     cost.fill_per_byte = sum - slowest;
-    cost.fill_reduce = s.reduce * static_cast<double>(g.size - 2);
+    cost.fill_reduce = s.reduce * (s.latency_hops - 1);
   }
   return cost;
 }

@@ -81,6 +81,7 @@ struct Step {
   double repeat = 1;        // identical steps in a row
   double latency_hops = 1;  // latencies paid per repeat (pipelined algorithms pay their depth once)
   double reduce = 0;        // fraction of n each rank reduces per repeat
+  bool chain = false;       // a pipelined chain: its transfers forward segments hop by hop (CollectiveCost::segment)
   std::string phase;        // "reduce-scatter", "inter allreduce", ...
 };
 

@@ -654,7 +654,7 @@ int training_workers(const TrainConfig& c) {
   const SyncSpec s = effective_sync(c);
   if (!s.parameter_server()) return c.workers;
   auto colocate = s.params.find("colocate");
-  if (colocate == s.params.end() || (colocate->second != "0" && colocate->second != "false")) return c.workers;
+  if (colocate == s.params.end() || !sync::same_param_value(colocate->second, "0")) return c.workers;
   // The scheme's own default count when none is given (1).
   auto servers = s.params.find("servers");
   const std::string count = servers != s.params.end() ? servers->second : sync::strategy_defaults(s.name).at("servers");
@@ -767,9 +767,8 @@ SyncSpec effective_sync(const TrainConfig& c) {
     s.params.try_emplace("colocate", "1");
     // (true and false are the scheme's flags too: colocate=true left servers at 1, all the work on rank 0, and
     // colocate=false skipped the resume refusal, to fail later naming a missing checkpoint; an audit)
-    const bool colocated = sync::same_param_value(s.params["colocate"], "1");
     // Co-located: one shard per worker spreads the servers' work (and traffic) evenly, as BytePS does.
-    if (colocated) s.params.try_emplace("servers", std::to_string(c.workers));
+    if (sync::same_param_value(s.params["colocate"], "1")) s.params.try_emplace("servers", std::to_string(c.workers));
     if (!c.resume.empty() && sync::same_param_value(s.params["colocate"], "0"))
       throw ConfigError(fmt::format("config: resume: {} with dedicated server ranks (colocate=0) keeps the model on "
                                     "ranks that are not checkpointed; allowed: colocate=1",

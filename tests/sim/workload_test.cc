@@ -320,8 +320,9 @@ TEST(Step, PipelineBubbleMatchesTheScheduleItModels) {
     EXPECT_GE(s.stage_first, s.stage_middle);
     EXPECT_EQ(s.stage_first > s.stage_middle, k.tp > 1);  // (the embedding's allreduce)
     EXPECT_NEAR(s.stage_first - s.stage_first_forward, s.stage_middle - s.stage_middle_forward, 1e-15);  // (forward)
-    if (k.ethernet && k.pp == 2)  // (GPipe's largest forward and largest backward on different stages)
+    if (k.ethernet && k.pp == 2) {  // (GPipe's largest forward and largest backward on different stages)
       EXPECT_GT(s.stage_first_forward, s.stage_last_forward);
+    }
     const double pipe = s.compute + s.tp_comm + s.pp_comm + s.bubble;
     EXPECT_NEAR(
         pipe,
@@ -332,7 +333,9 @@ TEST(Step, PipelineBubbleMatchesTheScheduleItModels) {
     // Cheaper than charging every stage the last one's time (what it did until 2026-12-06), where the last stage
     // holds both the largest forward and backward (GPipe over ethernet's slow embedding collective: dearer than
     // that, as played out).
-    if (!k.ethernet) EXPECT_LT(pipe, (r.microbatches + static_cast<double>(k.pp - 1) / k.v) * s.stage_last);
+    if (!k.ethernet) {
+      EXPECT_LT(pipe, (r.microbatches + static_cast<double>(k.pp - 1) / k.v) * s.stage_last);
+    }
     // ... and the step's time is made of it: the pipeline, then the exchanges and the optimizer after it.
     EXPECT_NEAR(r.time, pipe + s.embedding_sync + s.dp_exposed + s.zero3_exposed + s.optimizer, 1e-9 * r.time);
   }
