@@ -251,6 +251,15 @@ class Shard {
                         : fmt::format("sync ps shard {}: stopped: {}", index_, why_);
   }
 
+  // The shard's final parameters, once every worker has stopped (every push applied). No deadline of its own: a
+  // worker under asp or ssp may rightly train on long after the others stopped; an error anywhere ends the wait.
+  std::vector<float> final_params() {
+    std::unique_lock<std::mutex> lk(mu_);
+    wait_or_abort(lk, 1e18, [&] { return std::find(stopped_.begin(), stopped_.end(), false) == stopped_.end(); });
+    if (shutdown_) throw PeerError(shutdown_message());
+    return params_;
+  }
+
   // The shard's current parameters into out (its length).
   void copy_params(float* out) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -615,14 +624,15 @@ class PsStrategy : public Strategy {
     join_threads();
     // Co-located shards: once this rank's server threads have every worker's stop, all pushes are applied; one
     // allreduce of the shards each rank hosts gives every worker the servers' final model (what pushes after its
-    // own last pull changed, e.g. a slow worker's last steps under asp). Dedicated servers keep the last pull.
-    if (cfg_.colocate && comm_->size() > 1) {
+    // own last pull changed, e.g. a slow worker's last steps under asp). Dedicated servers send it in reply to the
+    // stop. (One rank alone holds every shard: with dana its last pull was the look-ahead point, not the parameters.)
+    if (cfg_.colocate) {
       std::vector<float> full(d_, 0.f);
       for (auto& [s, sh] : shards_) sh->copy_params(full.data() + shard_range(d_, s, cfg_.servers).first);
       // Its volume is counted once, as sent: the trainer adds a parameter server worker's receives (its pulls) to
       // the bytes on the wire, and counted in bytes_received too it was there twice. It is no push: not a payload.
       const uint64_t received = stats_.bytes_received, payload = stats_.payload_bytes;
-      detail::allreduce_f32(*comm_, full, ReduceOp::sum, stats_);
+      if (comm_->size() > 1) detail::allreduce_f32(*comm_, full, ReduceOp::sum, stats_);
       stats_.bytes_received = received;
       stats_.payload_bytes = payload;
       std::copy(full.begin(), full.end(), params.begin());
@@ -755,7 +765,17 @@ class PsStrategy : public Strategy {
         payload.resize(h.bytes);
         if (h.bytes) detail::wait(*comm_, irecv(*comm_, w, tag_of(detail::kTagPsPayload, s), payload.data(), h.bytes));
         auto [rh, reply] = shard.handle(w, h, payload, t);
-        if (h.kind == kStop) return;
+        if (h.kind == kStop && cfg_.colocate) return;  // (finish() allreduces the final model)
+        if (h.kind == kStop) {
+          // The servers' final model to the worker (raw), once every worker's pushes are in: what it held was its
+          // last pull, without the pushes that came after it (other workers' under asp/ssp) and, with dana, the
+          // look-ahead point rather than the parameters.
+          const std::vector<float> last = shard.final_params();
+          rh = ReplyHeader{last.size() * 4, 1};
+          detail::wait_all(*comm_, {isend(*comm_, w, tag_of(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
+                                    isend(*comm_, w, tag_of(detail::kTagPsReply, s), last.data(), rh.bytes)});
+          return;
+        }
         detail::wait_all(*comm_, {isend(*comm_, w, tag_of(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
                                   isend(*comm_, w, tag_of(detail::kTagPsReply, s), reply.data(), reply.size())});
       }
@@ -813,7 +833,7 @@ class PsStrategy : public Strategy {
       sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
       if (!payloads[s].empty())
         sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsPayload, s), payloads[s].data(), payloads[s].size()));
-      if (kind != kStop)
+      if (kind != kStop || !cfg_.colocate)  // (dedicated servers answer a stop with the final model)
         rrecv.push_back(irecv(*comm_, h, tag_of(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
       stats_.bytes_sent += sizeof(Header) + payloads[s].size();
     }
@@ -833,13 +853,13 @@ class PsStrategy : public Strategy {
       throw;
     }
     detail::wait_all(*comm_, sends);
-    if (kind == kStop) {
+    if (kind == kStop && cfg_.colocate) {
       stats_.comm_seconds += sw.seconds();
       return;
     }
     // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
-    // worker aborts the transport, which ends the wait).
-    if (ssp_drifts(cfg_))  // (asp replies at once: its wait keeps the deadline)
+    // worker aborts the transport, which ends the wait); so does the final model, sent once every worker stopped.
+    if (ssp_drifts(cfg_) || kind == kStop)  // (asp replies at once: its wait keeps the deadline)
       net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
     else
       detail::wait_all(*comm_, rrecv);
@@ -851,7 +871,7 @@ class PsStrategy : public Strategy {
       auto [lo, hi] = shard_range(d_, s, S);
       const uint64_t raw_bytes = 4 * static_cast<uint64_t>(hi - lo);
       // (The starting point at setup comes raw, before the pull states exist.)
-      const bool compressed = pull_ && size_t(s) < pull_states_.size();
+      const bool compressed = pull_ && size_t(s) < pull_states_.size() && kind != kStop;
       const uint64_t cap = compressed ? compress::max_payload_bytes(*pull_, hi - lo, pull_states_[size_t(s)]) : 0;
       const bool ok =
           rhs[s].raw == 1 ? rhs[s].bytes == raw_bytes : rhs[s].raw == 0 && compressed && rhs[s].bytes <= cap;
@@ -882,7 +902,7 @@ class PsStrategy : public Strategy {
         pull_->decompress_add(replies[s], pull_states_[s], dst);
       }
     }
-    stats_.rounds++;
+    if (kind != kStop) stats_.rounds++;
     stats_.comm_seconds += sw.seconds();
   }
 

@@ -36,7 +36,7 @@ TEST(SyncBytes, PerStepVolumesMatchTheDocumentedFormulas) {
   // and the stop's headers.
   auto ps = stats_of(5, "ps-bsp", {{"servers", "2"}}, steps, d);
   EXPECT_EQ(ps[1].bytes_sent, steps * (2 * 32 + b) + 2 * 2 * 32);
-  EXPECT_EQ(ps[1].bytes_received, (steps + 1) * (2 * 16 + b));  // + the initial pull
+  EXPECT_EQ(ps[1].bytes_received, (steps + 2) * (2 * 16 + b));  // + the initial pull and the final model
 }
 
 }  // namespace

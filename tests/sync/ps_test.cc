@@ -195,13 +195,17 @@ TEST(SyncPs, SspWaitsForAStragglerPastTheTimeout) {
   }
 }
 
-TEST(SyncPs, ColocatedWorkersEndWithTheServersFinalModel) {
+TEST(SyncPs, WorkersEndWithTheServersFinalModel) {
   // Under asp a slow worker's last pushes land after the fast workers' last pulls; finish() hands every worker the
-  // servers' final model, so all replicas agree (a dedicated-server run keeps each worker's last pull).
+  // servers' final model, so all replicas agree: co-located shards by an allreduce, dedicated servers in reply to
+  // the stop (each worker kept its own last pull, the fast ones missing the slow worker's last steps).
   auto r = run(3, "ps-asp", {{"servers", "3"}, {"colocate", "1"}, {"momentum", "0"}}, 20, 2.0);
   for (int w = 1; w < 3; ++w) EXPECT_EQ(r.x[w], r.x[0]);
-  auto ded = run(4, "ps-asp", {{"servers", "1"}, {"momentum", "0"}}, 20, 2.0);
-  EXPECT_GT(max_abs_diff(ded.x[0], ded.x[1]), 0.0);
+  for (const char* servers : {"1", "2"}) {
+    auto ded = run(5, "ps-asp", {{"servers", servers}, {"momentum", "0"}}, 20, 2.0);
+    const int workers = 5 - std::stoi(servers);
+    for (int w = 1; w < workers; ++w) EXPECT_EQ(ded.x[w], ded.x[0]) << servers << " servers, worker " << w;
+  }
 }
 
 // Bounded staleness keeps every worker's last pull near the optimum (under asp a worker that runs alone at the end
@@ -564,6 +568,39 @@ TEST(SyncPs, DanaWithOneWorkerIsNesterovMomentum) {
   };
   Params p = {{"colocate", "1"}, {"lr", "0.05"}, {"momentum", "0.9"}, {"dana", "1"}};
   for (int steps : {1, 7, 40}) EXPECT_LT(max_abs_diff(dana(p, steps), nesterov(steps)), 1e-6) << steps << " steps";
+  // The model a run ends with is the servers' parameters w, not the look-ahead point the worker last computed on:
+  // co-located (the allreduce of the shards) and with a dedicated server (its reply to the stop).
+  auto final_w = [&](int steps) {
+    auto w = harness::initial(0, d);
+    std::vector<float> v(d, 0.f);
+    for (int t = 0; t < steps; ++t)
+      for (size_t i = 0; i < d; ++i) {
+        const float x = w[i] - lr * mu * v[i];  // where the gradient is taken
+        v[i] = mu * v[i] + harness::curvature(0) * (x - harness::target(0, i));
+        w[i] -= lr * v[i];
+      }
+    return w;
+  };
+  for (const char* colocate : {"1", "0"}) {
+    const int n = colocate[0] == '1' ? 1 : 2;
+    std::vector<float> x;
+    on_ranks(n, [&](int r, coll::CommPtr c) {
+      auto s = make_strategy("ps-asp", {{"colocate", colocate}, {"lr", "0.05"}, {"momentum", "0.9"}, {"dana", "1"}}, c);
+      if (!s->is_worker()) return s->serve();
+      x = harness::initial(0, d);
+      s->setup(x);
+      std::vector<float> g(d);
+      for (int t = 0; t < 7; ++t) {
+        for (size_t i = 0; i < d; ++i) g[i] = harness::curvature(0) * (x[i] - harness::target(0, i));
+        s->before_step(t, x, g);
+        s->after_step(t, x);
+      }
+      EXPECT_LT(max_abs_diff(x, nesterov(7)), 1e-6) << "colocate " << colocate;  // the look-ahead point
+      s->finish(x);
+    });
+    EXPECT_LT(max_abs_diff(x, final_w(7)), 1e-6) << "colocate " << colocate;
+    EXPECT_GT(max_abs_diff(x, nesterov(7)), 1e-4) << "colocate " << colocate;
+  }
   // Without the look-ahead the same momentum is heavy ball, a different trajectory.
   auto heavy = dana({{"colocate", "1"}, {"lr", "0.05"}, {"momentum", "0.9"}}, 7);
   EXPECT_GT(max_abs_diff(heavy, nesterov(7)), 1e-3);
