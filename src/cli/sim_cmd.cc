@@ -1059,32 +1059,46 @@ void run_cluster(const ClusterArgs& given_args) {
                     {"start_s", j.start},
                     {"finish_s", j.finish},
                     {"jct_s", j.finish - j.submit},
+                    {"queued_s", j.queued},
+                    {"reloading_s", j.reloading},
+                    {"iteration_s", j.iteration_time},
                     {"gpus", j.gpus},
                     {"leaves", j.leaves_used},
                     {"slowdown", j.slowdown},
                     {"preemptions", j.preemptions},
                     {"promotions", j.promotions}});
-    std::cout
-        << json{{"kind", "sim.cluster"},    {"cluster", spec.name},         {"gpus", a.gpus},
-                {"scheduler", a.scheduler}, {"placement", a.placement},     {"jobs", js},
-                {"mean_jct_s", r.mean_jct}, {"p50_jct_s", r.p50_jct},       {"p99_jct_s", r.p99_jct},
-                {"makespan_s", r.makespan}, {"utilization", r.utilization}, {"restart_overhead", r.restart_overhead},
-                {"goodput", r.goodput},     {"simulation_wall_s", took}}
-               .dump()
-        << "\n";
+    std::cout << json{{"kind", "sim.cluster"},
+                      {"cluster", spec.name},
+                      {"gpus", a.gpus},
+                      {"scheduler", a.scheduler},
+                      {"placement", a.placement},
+                      {"jobs", js},
+                      {"mean_jct_s", r.mean_jct},
+                      {"p50_jct_s", r.p50_jct},
+                      {"p99_jct_s", r.p99_jct},
+                      {"mean_queued_s", r.mean_queued},
+                      {"makespan_s", r.makespan},
+                      {"utilization", r.utilization},
+                      {"restart_overhead", r.restart_overhead},
+                      {"goodput", r.goodput},
+                      {"simulation_wall_s", took}}
+                     .dump()
+              << "\n";
     return;
   }
   fmt::print("cluster {} ({} accelerators)  scheduler {}  placement {}  {} jobs\n\n", spec.name, a.gpus, a.scheduler,
              a.placement, r.jobs.size());
-  fmt::print("  {:<12} {:>6} {:>10} {:>10} {:>10} {:>10} {:>7} {:>9} {:>6}\n", "job", "gpus", "submit", "start",
-             "finish", "JCT", "leaves", "slowdown", "preempt");
+  fmt::print("  {:<12} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>9} {:>6}\n", "job", "gpus", "submit",
+             "start", "finish", "JCT", "queued", "iteration", "leaves", "slowdown", "preempt");
   for (const auto& j : r.jobs)
-    fmt::print("  {:<12} {:>6} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>7} {:>8.2f}x {:>6}\n", j.id, j.gpus, j.submit,
-               j.start, j.finish, j.finish - j.submit, j.leaves_used, j.slowdown, j.preemptions);
+    fmt::print("  {:<12} {:>6} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>10.0f} {:>8.3g} s {:>7} {:>8.2f}x {:>6}\n",
+               j.id, j.gpus, j.submit, j.start, j.finish, j.finish - j.submit, j.queued, j.iteration_time,
+               j.leaves_used, j.slowdown, j.preemptions);
   fmt::print(
-      "\n  mean JCT {:.0f} s   p50 {:.0f} s   p99 {:.0f} s   makespan {:.0f} s   utilization {:.1f}%{}   goodput "
+      "\n  mean JCT {:.0f} s   p50 {:.0f} s   p99 {:.0f} s   mean queueing delay {:.0f} s   makespan {:.0f} s   "
+      "utilization {:.1f}%{}   goodput "
       "{:.1f}% (the jobs' work at their best placement's speed)\n",
-      r.mean_jct, r.p50_jct, r.p99_jct, r.makespan, 100 * r.utilization,
+      r.mean_jct, r.p50_jct, r.p99_jct, r.mean_queued, r.makespan, 100 * r.utilization,
       r.restart_overhead > 0
           ? fmt::format(" (+{:.1f}% reloading checkpoints after preemptions)", 100 * r.restart_overhead)
           : std::string(),

@@ -619,6 +619,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     if (guard)  // (Tiresias counts a wait only once the job has run since its last promotion)
       for (size_t i : live)
         if (state[i] == 1 && attained[i] > 0) waited[i] += dt;
+    for (size_t i : live)
+      if (state[i] == 1) out[i].queued += dt;
     for (const auto& r : running) {
       size_t i = r.job;
       const double begin = std::max(now, restart_at[i]);
@@ -632,6 +634,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       // first queue ended within the restart penalty was demoted, and with the starvation guard promoted again, before
       // it trained at all, for ever).
       attained[i] += std::max(0.0, next - begin) * static_cast<double>(jobs[i].gpus);
+      out[i].reloading += std::max(0.0, std::min(next, restart_at[i]) - now);
       busy += dt * static_cast<double>(jobs[i].gpus);
       useful += std::max(0.0, next - begin) * static_cast<double>(jobs[i].gpus);  // not reloading a checkpoint
       if (opt.policy == Policy::kLas) {  // a demotion event that rounding left just short of its threshold
@@ -666,6 +669,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   }
   std::sort(jct.begin(), jct.end());
   for (double x : jct) res.mean_jct += x / static_cast<double>(jct.size());
+  for (const auto& j : out) res.mean_queued += j.queued / static_cast<double>(out.size());
   auto pct = [&](double q) {
     return jct[std::min(jct.size() - 1, static_cast<size_t>(std::ceil(q * jct.size())) - 1)];
   };

@@ -74,11 +74,15 @@ struct JobOutcome {
   int preemptions = 0;
   int promotions = 0;  // las: times the starvation guard put it back in the first queue
   double iteration_time = 0;
+  // Seconds between submission and finish spent waiting (arrived, not placed: Tiresias's queueing delay) and reloading
+  // a checkpoint after a preemption; JCT = queued + reloading + training.
+  double queued = 0, reloading = 0;
 };
 
 struct ScheduleResult {
   std::vector<JobOutcome> jobs;
   double mean_jct = 0, p50_jct = 0, p99_jct = 0;
+  double mean_queued = 0;       // mean of the jobs' queueing delays (JobOutcome::queued)
   double utilization = 0;       // accelerator-time spent on iterations / (accelerators x makespan)
   // Accelerator-time the jobs' iterations need at their best placement's speed (packed in one leaf, on the fastest
   // kind they fit) / (accelerators x makespan): unlike utilization, a placement that slows jobs lowers it (their

@@ -404,6 +404,20 @@ TEST(Scheduler, LasStarvationGuardPromotesAJobThatWaitedKnobTimesItsRun) {
   const ScheduleResult off = simulate_cluster(spec, 8, jobs, las);
   EXPECT_EQ(off.jobs[0].promotions, 0);
   EXPECT_NEAR(off.jobs[0].finish, 2100 * T, T);  // behind all 400 small jobs
+  EXPECT_NEAR(off.jobs[0].queued, 2000 * T, T);  // after its first 10T, it waits for the stream to drain
+  // Every job's time is its wait, its reloads and its iterations at its placement's speed (one node: T each).
+  auto accounted = [&](const ScheduleResult& r, const std::vector<JobSpec>& js) {
+    double queued = 0;
+    for (size_t i = 0; i < r.jobs.size(); ++i) {
+      const JobOutcome& j = r.jobs[i];
+      EXPECT_NEAR(j.iteration_time, T, 1e-12 * T) << j.id;
+      EXPECT_NEAR(j.finish - j.submit, j.queued + j.reloading + static_cast<double>(js[i].iterations) * T, 1e-6 * T)
+          << j.id;
+      queued += j.queued;
+    }
+    EXPECT_NEAR(r.mean_queued, queued / static_cast<double>(r.jobs.size()), 1e-9 * T);
+  };
+  accounted(off, jobs);
   las.las_promote_knob = 1;
   const ScheduleResult on = simulate_cluster(spec, 8, jobs, las);
   EXPECT_EQ(on.jobs[0].promotions, 9);
@@ -437,6 +451,12 @@ TEST(Scheduler, LasStarvationGuardPromotesAJobThatWaitedKnobTimesItsRun) {
     EXPECT_GT(j.promotions, 0) << j.id;
   }
   EXPECT_GT(pair.restart_overhead, 0);
+  accounted(pair,
+            parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt2-small,20\nb,0,8,gpt2-small,20\n", "t"));
+  for (const auto& j : pair.jobs) {  // each restart reloads for up to the penalty (unless preempted again meanwhile)
+    EXPECT_GT(j.reloading, 0) << j.id;
+    EXPECT_LE(j.reloading, j.preemptions * 10 * T * (1 + 1e-9)) << j.id;
+  }
   // A lease of the restart penalty: each run trains 10T before it can be preempted, so reloading holds at most half
   // of the accelerators' time (without it 75%, 99 preemptions each) and both finish in half the time (770T, 1492T).
   SchedulerOptions leased = slow_restart;
