@@ -238,7 +238,7 @@ size_t check_one(coll::Communicator& c, const std::string& spec, size_t d) {
     for (auto& p : payloads) all.insert(all.end(), p.begin(), p.end());
     majority_vote(all, n, want);
   } else {
-    for (int r = 0; r < n; ++r) comp->decompress_add(payloads[r], ref[c.rank()], want);
+    for (int r = 0; r < n; ++r) comp->decompress_add(payloads[r], ref[r], want);  // (as its sender decodes it)
   }
   double tol = !comp->linear() ? 0.0 : comp->linear_dtype() == DType::f32 ? 1e-5 * n : n / 128.0;
   for (size_t i = 0; i < d; ++i) wrong += std::fabs(got[i] - want[i]) > tol * (std::fabs(want[i]) + 4 * n);

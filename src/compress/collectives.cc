@@ -157,6 +157,30 @@ static Bytes compress_or_abort(coll::Communicator& comm, const Compressor& c, st
   }
 }
 
+static size_t first_nonfinite(std::span<const float> x) {
+  size_t i = 0;
+  while (i < x.size() && std::isfinite(x[i])) ++i;
+  return i;
+}
+
+// fp16 passes nan and inf on, as an uncompressed allreduce does; but finite values beyond its range (a rank's own
+// above 65504, or a sum of them) turned into inf on the way, where f32 would have carried them, without a word. The
+// result is the same on every rank, so every rank sees one and asks whether any rank's input held a nan or inf: if
+// none did, each stops with the same line.
+static void refuse_f16_overflow(coll::Communicator& comm, const Compressor& c, bool input_nonfinite,
+                                std::span<const float> result, const coll::CollOptions& co) {
+  const size_t i = first_nonfinite(result);
+  if (i == result.size()) return;
+  int64_t any = input_nonfinite ? 1 : 0;
+  if (comm.size() > 1) comm.allreduce(&any, 1, DType::i64, ReduceOp::max, co).wait();
+  if (any) return;
+  throw InvalidArgument(
+      fmt::format("{}: element {} of {} came out {} from finite values on all {} ranks: beyond f16's largest, 65504 "
+                  "(one rank's value or their sum); allowed: values and sums within +-65504 (bf16 keeps f32's range; "
+                  "or a smaller loss scale or learning rate)",
+                  c.name(), i, result.size(), result[i], comm.size()));
+}
+
 size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
                             const ReduceOptions& o) {
   check_finite_or_abort(comm, data, c.name(), "compressed allreduce");
@@ -169,6 +193,8 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       return powersgd_allreduce(comm, *ps, {&st}, {data}, o);
     }
     case Collective::allreduce: {
+      const bool f16 = c.linear_dtype() == DType::f16;
+      const bool input_nonfinite = f16 && first_nonfinite(data) < data.size();
       Bytes payload = compress_or_abort(comm, c, data, st);
       size_t es = dtype_size(c.linear_dtype());
       if (payload.size() % es)
@@ -177,6 +203,7 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       if (!payload.empty())
         comm.allreduce(payload.data(), payload.size() / es, c.linear_dtype(), ReduceOp::sum, co).wait();
       c.decompress(payload, st, data);
+      if (f16) refuse_f16_overflow(comm, c, input_nonfinite, data, co);
       if (o.average) scale(data, 1.0f / static_cast<float>(w));
       return payload.size();
     }
@@ -214,7 +241,11 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       std::fill(data.begin(), data.end(), 0.0f);
       size_t off = 0;
       for (int r = 0; r < w; ++r) {
-        c.decompress_add(std::span<const uint8_t>(all).subspan(off, counts[r]), st, data);
+        try {  // (every rank decodes every payload alike: each names the same sender)
+          c.decompress_add(std::span<const uint8_t>(all).subspan(off, counts[r]), st, data);
+        } catch (const InvalidArgument& e) {
+          throw InvalidArgument(fmt::format("rank {}'s payload of {} bytes refused: {}", r, counts[r], e.what()));
+        }
         off += counts[r];
       }
       if (o.average) scale(data, 1.0f / static_cast<float>(w));

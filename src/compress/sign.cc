@@ -59,8 +59,10 @@ class SignSgd : public Compressor {
 // scaled_sign (one scale) and the 1-bit quantizer (two reconstruction values).
 class ScaledSign : public Compressor {
  public:
-  explicit ScaledSign(bool two_values) : two_(two_values) {}
-  std::string name() const override { return two_ ? "onebit_quantizer" : "scaled_sign"; }
+  // `shown`: the name its messages give, the method the user asked for (efsignsgd and onebit wrap one in error
+  // feedback; an error naming an inner "onebit_quantizer" named nothing they could type).
+  explicit ScaledSign(bool two_values, std::string shown = "") : two_(two_values), shown_(std::move(shown)) {}
+  std::string name() const override { return !shown_.empty() ? shown_ : two_ ? "onebit" : "scaled_sign"; }
   Collective collective() const override { return Collective::allgather; }
   size_t header() const { return two_ ? 8 : 4; }
   size_t wire_bytes(size_t d, const TensorState&) const override { return header() + ceil_div(d, 8); }
@@ -193,6 +195,7 @@ class ScaledSign : public Compressor {
 
  private:
   bool two_;
+  std::string shown_;
 };
 
 }  // namespace
@@ -201,10 +204,10 @@ CompressorPtr make_signsgd(const ParamReader&) { return std::make_unique<SignSgd
 CompressorPtr make_signum(const ParamReader& p) { return std::make_unique<SignSgd>(p.real("momentum", 0, 0.999999)); }
 CompressorPtr make_scaled_sign(const ParamReader&) { return std::make_unique<ScaledSign>(false); }
 CompressorPtr make_efsignsgd(const ParamReader&) {
-  return make_error_feedback(std::make_unique<ScaledSign>(false), "efsignsgd");
+  return make_error_feedback(std::make_unique<ScaledSign>(false, "efsignsgd"), "efsignsgd");
 }
 CompressorPtr make_onebit(const ParamReader&) {
-  return make_error_feedback(std::make_unique<ScaledSign>(true), "onebit");
+  return make_error_feedback(std::make_unique<ScaledSign>(true, "onebit"), "onebit");
 }
 
 }  // namespace conduit::compress::methods

@@ -1195,6 +1195,9 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         {"first_bucket_bytes", int64_t(options.first_bucket_bytes)},
         {"compress_min_bytes", int64_t(options.compress_min_bytes)},
         {"units", int64_t(options.units.size())},
+        // (random-k draws its positions from it: ranks seeded apart sent values at different positions, and each
+        // wrote the sum back at its own, the replicas drifting apart without a word)
+        {"seed", int64_t(options.seed)},
         {"compressor", int64_t(std::hash<std::string>{}(options.compressor))}};
     const size_t n = std::size(given);
     std::vector<int64_t> lo(n), hi(n);

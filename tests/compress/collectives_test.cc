@@ -81,7 +81,8 @@ void check_method(coll::Communicator& c, const Method& m, const std::vector<int>
       }
       for (size_t i = 0; i < d; ++i) ASSERT_EQ(want[i], sum[i] > 0 ? 1.0f : (sum[i] < 0 ? -1.0f : 0.0f));
     } else {
-      for (int r = 0; r < n; ++r) comp->decompress_add(payloads[r], ref[c.rank()], want);
+      // (each payload decoded with its sender's state: a method whose positions depended on the rank would not sum)
+      for (int r = 0; r < n; ++r) comp->decompress_add(payloads[r], ref[r], want);
     }
     if (comp->linear()) {
       // The payloads' sum is rounded to the payload dtype once per reduction hop (at most n - 1 on any path), each
@@ -90,7 +91,7 @@ void check_method(coll::Communicator& c, const Method& m, const std::vector<int>
       // rounding passed it.)
       std::vector<float> mag(d, 0.0f), one(d);
       for (int r = 0; r < n; ++r) {
-        comp->decompress(payloads[r], ref[c.rank()], one);
+        comp->decompress(payloads[r], ref[r], one);
         for (size_t i = 0; i < d; ++i) mag[i] += std::fabs(one[i]);
       }
       const double u = unit_roundoff(comp->linear_dtype()) + 1.0 / (1 << 24);
@@ -800,6 +801,52 @@ TEST(NonFinite, CompressedExchangesRefuseWhatTheyCannotCarry) {
   EXPECT_NE(errors[1].find("element 7 of 4096 is nan"), std::string::npos) << errors[1];
   EXPECT_NE(errors[0].find("rank 1: compressed allreduce: element 7"), std::string::npos) << errors[0];
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10);
+}
+
+// fp16's range ends at 65504: a sum of finite values beyond it (or one rank's value) came out inf without a word,
+// where f32 carried it. Every rank now stops with the same line; an inf or nan a rank put in still passes through,
+// as in an uncompressed allreduce, and bf16 (f32's range) carries the sum.
+TEST(NonFinite, Fp16RefusesASumBeyondItsRangeButPassesNonFiniteInputsOn) {
+  auto run = [](const std::string& name, float rank1, float others) {
+    auto c = make_compressor(name);
+    std::vector<std::string> errors(3);
+    std::vector<std::vector<float>> out(3);
+    conduit::compress::testing::on_ranks(3, [&](coll::Communicator& comm) {
+      auto st = c->make_state({256}, 1, comm.rank());
+      std::vector<float> x(256, 1.0f);
+      x[100] = comm.rank() == 1 ? rank1 : others;
+      try {
+        compressed_allreduce(comm, *c, st, x);
+      } catch (const InvalidArgument& e) {
+        errors[comm.rank()] = e.what();
+      }
+      out[comm.rank()] = x;
+    });
+    return std::make_pair(errors, out);
+  };
+  for (float rank1 : {30000.0f, 70000.0f}) {  // the sum 90,000 / one rank's 70,000 beyond 65504
+    auto [errors, out] = run("fp16", rank1, 30000.0f);
+    for (int r = 0; r < 3; ++r)
+      EXPECT_NE(errors[r].find("fp16: element 100 of 256 came out inf from finite values on all 3 ranks: beyond "
+                               "f16's largest, 65504"),
+                std::string::npos)
+          << rank1 << " rank " << r << ": " << errors[r];
+  }
+  auto [fine, sum] = run("fp16", 2000.0f, 1000.0f);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(fine[r], "") << r;
+    EXPECT_EQ(sum[r][100], 4000.0f) << r;
+  }
+  auto [passed, inf] = run("fp16", std::numeric_limits<float>::infinity(), 30000.0f);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(passed[r], "") << r;
+    EXPECT_TRUE(std::isinf(inf[r][100])) << r;
+  }
+  auto [wide, bf] = run("bf16", 30000.0f, 30000.0f);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(wide[r], "") << r;
+    EXPECT_NEAR(bf[r][100], 90000.0f, 1000.0f) << r;
+  }
 }
 
 // Finite gradients that pass the input check can still fail one rank's compressor: error feedback whose residual

@@ -822,6 +822,26 @@ TEST(Sparse, NonFiniteValuesFromPeersAreRefusedRandomKPassesThemOn) {
   EXPECT_EQ(sent, 10u);
 }
 
+// Random-k's positions come from the seed and the step, never the rank (stream): the ranks' values at the same
+// positions are what a compressed allreduce sums. A new seed or step draws others.
+TEST(RandK, EveryRankDrawsTheSamePositionsForASeedAndStep) {
+  auto rk = make_compressor("randk", {{"ratio", "0.05"}});
+  const size_t d = 4000;
+  auto positions = [&](uint64_t seed, uint64_t stream, int steps) {
+    auto st = rk->make_state(d, seed, stream);
+    std::vector<float> out(d);
+    for (int t = 0; t < steps; ++t) rk->decompress(rk->compress(gaussian(d, 10 * stream + t), st), st, out);
+    std::vector<size_t> at;
+    for (size_t i = 0; i < d; ++i)
+      if (out[i] != 0.0f) at.push_back(i);
+    EXPECT_EQ(at.size(), 200u);
+    return at;
+  };
+  for (int steps : {1, 3}) EXPECT_EQ(positions(5, 0, steps), positions(5, 1, steps)) << steps << " steps";
+  EXPECT_NE(positions(5, 0, 1), positions(6, 0, 1));
+  EXPECT_NE(positions(5, 0, 1), positions(5, 0, 2));
+}
+
 // TernGrad's clip=1 clips at 2.5 standard deviations, computed without cancellation (E[x^2] - mean^2 in f32 gave
 // 0.52 for x = 1000 + 0.01 N(0,1), whose 2.5 sigma is 0.025), and a tensor with no spread (constant, or one element)
 // is not clipped to zero.
@@ -1120,6 +1140,7 @@ TEST(Dgc, WarmupMomentumCorrectionAndFactorMasking) {
     c->decompress(p, st, y);
     const auto& u = st.buffers.at("dgc.u");
     const auto& v = st.buffers.at("dgc.v");
+    float least_sent = std::numeric_limits<float>::infinity(), most_kept = 0;
     for (size_t i = 0; i < d; ++i) {
       float uu = 0.5f * before_u[i] + g[i];
       float vv = before_v[i] + uu;
@@ -1127,11 +1148,15 @@ TEST(Dgc, WarmupMomentumCorrectionAndFactorMasking) {
         EXPECT_EQ(y[i], vv);  // sent the accumulated, momentum-corrected value
         EXPECT_EQ(u[i], 0.0f);
         EXPECT_EQ(v[i], 0.0f);
+        least_sent = std::min(least_sent, std::fabs(vv));
       } else {
         EXPECT_EQ(u[i], uu);
         EXPECT_EQ(v[i], vv);
+        most_kept = std::max(most_kept, std::fabs(vv));
       }
     }
+    // The k largest of the accumulation v (not of the gradient or the momentum u).
+    EXPECT_GE(least_sent, most_kept) << t;
   }
   // Local gradient clipping: the momentum after one step from zero is the clipped gradient.
   auto cl = make_compressor("dgc", {{"clip_norm", "1"}, {"momentum", "0"}, {"ratio", "0.5"}});

@@ -1957,6 +1957,7 @@ TEST(DistributedOptimizer, RanksGivenDifferentOptionsAreRefusedWithOneLine) {
   expect(attempt([](DistOptions& o) { o.compressor = "bf16"; }), "compressor (two specs");
   expect(attempt([](DistOptions& o) { o.zero_prefetch = false; }), "zero_prefetch (0 to 1)");
   expect(attempt([](DistOptions& o) { o.zero_allgather_bytes = 4096; }), "zero_allgather_bytes (0 to 4096)");
+  expect(attempt([](DistOptions& o) { o.seed = 7; }), "seed (0 to 7)");  // (random-k's positions)
   // The same options: no error.
   for (auto& e : attempt([](DistOptions&) {})) EXPECT_EQ(e, "");
 }
