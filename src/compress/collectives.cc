@@ -516,7 +516,7 @@ IntReduceGroups int_reduce_groups(coll::Communicator& comm) {
 
 uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& groups, std::span<const float> in,
                             const std::vector<size_t>& counts, std::span<float> out, int bits, const ReduceOptions& o,
-                            std::span<float> residual) {
+                            std::span<float> residual, std::span<const size_t> bounds) {
   if (bits != 8 && bits != 4) throw InvalidArgument(fmt::format("int_reduce_scatter: {} bits; allowed: 8 or 4", bits));
   const int w = comm.size(), me = comm.rank();
   size_t total = 0;
@@ -553,18 +553,34 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
     std::fill(residual.begin(), residual.end(), 0.0f);
     in = compensated;
   }
+  for (size_t i = 0; i < bounds.size(); ++i)
+    if (bounds[i] > in.size() || (i > 0 && bounds[i] <= bounds[i - 1]))
+      throw InvalidArgument(fmt::format(
+          "int_reduce_scatter: block bound {} = {} for an input of {}; allowed: ascending offsets within the input", i,
+          bounds[i], in.size()));
   std::vector<size_t> offset(size_t(w) + 1, 0);
   for (int r = 0; r < w; ++r) offset[size_t(r) + 1] = offset[size_t(r)] + counts[size_t(r)];
-  auto slice = [&](int r) {
-    return Part{in.subspan(offset[size_t(r)], counts[size_t(r)]),
-                residual.empty() ? nullptr : residual.data() + offset[size_t(r)]};
+  // The elements [begin, begin + x.size()) of `in` (error at `error`), as parts cut at the bounds inside them: each
+  // part's blocks start at its first element.
+  auto cut = [&](std::span<const float> x, size_t begin, float* error, Spans& into) {
+    size_t at = 0;
+    auto b = std::upper_bound(bounds.begin(), bounds.end(), begin);
+    for (; b != bounds.end() && *b < begin + x.size(); ++b) {
+      into.push_back(Part{x.subspan(at, *b - begin - at), error ? error + at : nullptr});
+      at = *b - begin;
+    }
+    into.push_back(Part{x.subspan(at), error ? error + at : nullptr});
+  };
+  auto slice = [&](int r, Spans& into) {
+    cut(in.subspan(offset[size_t(r)], counts[size_t(r)]), offset[size_t(r)],
+        residual.empty() ? nullptr : residual.data() + offset[size_t(r)], into);
   };
   uint64_t sent = 0;
   std::vector<float> sum;
   const Deadline deadline = Deadline::after(o.timeout_s > 0 ? o.timeout_s : comm.timeout_s());
   if (!groups.hierarchical()) {
     std::vector<Spans> to(static_cast<size_t>(w));
-    for (int r = 0; r < w; ++r) to[size_t(r)] = {slice(r)};
+    for (int r = 0; r < w; ++r) slice(r, to[size_t(r)]);
     int_hop(comm, to, sum, bits, o, deadline, sent);
   } else {
     // Hop 1, within the host: local rank j sums the slices groups.sums[j] lists (its own and its share of the other
@@ -572,28 +588,27 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
     const int k = groups.local->size();
     std::vector<Spans> to(static_cast<size_t>(k));
     for (int j = 0; j < k; ++j)
-      for (int owner : groups.sums[size_t(j)]) to[size_t(j)].push_back(slice(owner));
+      for (int owner : groups.sums[size_t(j)]) slice(owner, to[size_t(j)]);
     std::vector<float> partial;
     int_hop(*groups.local, to, partial, bits, o, deadline, sent);
     // Hop 2, across hosts: each partial sum to its slice's owner; this rank's own stays (exact).
     const std::vector<int>& mine = groups.sums[size_t(groups.local->rank())];
-    std::vector<Part> parts;
+    std::vector<Spans> parts(mine.size());
     size_t at = 0;
-    for (int owner : mine) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const int owner = mine[i];
       const size_t n = counts[size_t(owner)];
-      parts.push_back(Part{std::span<const float>(partial.data() + at, n),
-                           residual.empty() || owner == me ? nullptr : residual.data() + offset[size_t(owner)]});
+      cut(std::span<const float>(partial.data() + at, n), offset[size_t(owner)],
+          residual.empty() || owner == me ? nullptr : residual.data() + offset[size_t(owner)], parts[i]);
       at += n;
     }
     if (groups.cross) {
       // Hosts alike: one owner a host in host order, cross rank g the rank of host g.
-      std::vector<Spans> across;
-      for (const Part& part : parts) across.push_back({part});
-      int_hop(*groups.cross, across, sum, bits, o, deadline, sent);
+      int_hop(*groups.cross, parts, sum, bits, o, deadline, sent);
     } else {
       // Hosts of different counts: over the whole communicator, each owner receiving from groups.from alone.
       std::vector<Spans> across(static_cast<size_t>(w));
-      for (size_t i = 0; i < mine.size(); ++i) across[size_t(mine[i])] = {parts[i]};
+      for (size_t i = 0; i < mine.size(); ++i) across[size_t(mine[i])] = std::move(parts[i]);
       std::vector<char> sends(static_cast<size_t>(w), 0);
       for (int r : groups.from) sends[size_t(r)] = 1;
       int_hop(comm, across, sum, bits, o, deadline, sent, &sends);

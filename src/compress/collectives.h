@@ -110,8 +110,12 @@ struct IntReduceGroups {
 };
 // Collective when the hierarchy applies (two splits; every rank computes the same from the host map).
 IntReduceGroups int_reduce_groups(coll::Communicator& comm);
+// `bounds` (ascending offsets into `in`): where a block must start, besides each slice's first element. Tensor
+// parallelism passes its parameters' starts, so that a replicated parameter, equal on the ranks of a tensor-parallel
+// group, never shares a block (its scale) with a split one, different on each: its rounding stays alike.
 uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& groups, std::span<const float> in,
                             const std::vector<size_t>& counts, std::span<float> out, int bits = 8,
-                            const ReduceOptions& o = {}, std::span<float> residual = {});
+                            const ReduceOptions& o = {}, std::span<float> residual = {},
+                            std::span<const size_t> bounds = {});
 
 }  // namespace conduit::compress

@@ -312,10 +312,41 @@ struct DistributedOptimizer::Core {
   static size_t wire_bytes(DType wire, size_t n) {
     return wire == DType::i8 ? block_i8_bytes(n, kQuantBlock) : n * dtype_size(wire);
   }
+  // Where the int wires' blocks must start inside the bucket besides each slice's first element: every parameter's
+  // start with opt.blocks_per_parameter (ascending), else nowhere.
+  std::vector<size_t> block_bounds(const Bucket& bk) const {
+    if (!opt.blocks_per_parameter) return {};
+    std::vector<size_t> b(bk.offsets.begin(), bk.offsets.end());
+    std::sort(b.begin(), b.end());
+    b.erase(std::unique(b.begin(), b.end()), b.end());
+    return b;
+  }
+  // The lengths of rank r's slice cut at those bounds, each quantized in blocks of its own.
+  std::vector<size_t> slice_pieces(const Bucket& bk, int r) const {
+    size_t begin = 0;
+    for (int q = 0; q < r; ++q) begin += bk.counts[size_t(q)];
+    const size_t end = begin + bk.counts[size_t(r)];
+    std::vector<size_t> out;
+    size_t at = begin;
+    for (size_t b : block_bounds(bk))
+      if (b > at && b < end) {
+        out.push_back(b - at);
+        at = b;
+      }
+    out.push_back(end - at);
+    return out;
+  }
+  // Rank r's slice on a wire: the int8 pieces' blocks, or the elements.
+  size_t slice_wire_bytes(const Bucket& bk, DType wire, int r) const {
+    if (wire != DType::i8 || !opt.blocks_per_parameter) return wire_bytes(wire, bk.counts[size_t(r)]);
+    size_t total = 0;
+    for (size_t n : slice_pieces(bk, r)) total += wire_bytes(wire, n);
+    return total;
+  }
   // The whole unit's bytes on the wire (every rank's part).
   size_t unit_wire_bytes(const Bucket& bk, DType wire) const {
     size_t total = 0;
-    for (size_t c : bk.counts) total += wire_bytes(wire, c);
+    for (size_t r = 0; r < bk.counts.size(); ++r) total += slice_wire_bytes(bk, wire, int(r));
     return total;
   }
   // A gather's bytes (the ring allgather's (W-1)/W of the unit a rank, on its wire), time in communication and time
@@ -336,12 +367,12 @@ struct DistributedOptimizer::Core {
   // and the values round(x / scale) in [-127, 127].
   std::vector<size_t> stage_counts(const Bucket& bk) const {
     std::vector<size_t> out;
-    for (size_t c : bk.counts) out.push_back(wire_bytes(gather_wire, c));
+    for (size_t r = 0; r < bk.counts.size(); ++r) out.push_back(slice_wire_bytes(bk, gather_wire, int(r)));
     return out;
   }
   size_t stage_offset(const Bucket& bk, int rank) const {
     size_t off = 0;
-    for (int r = 0; r < rank; ++r) off += wire_bytes(gather_wire, bk.counts[size_t(r)]);
+    for (int r = 0; r < rank; ++r) off += slice_wire_bytes(bk, gather_wire, r);
     return off;
   }
   void stage(Bucket& bk, std::vector<uint8_t>& staged, int rank) {
@@ -350,21 +381,32 @@ struct DistributedOptimizer::Core {
     if (len == 0) return;
     uint8_t* part = staged.data() + stage_offset(bk, rank);
     const float* x = slice_of(bk);
-    if (is_16bit(gather_wire))
+    if (is_16bit(gather_wire)) {
       narrow16(gather_wire, x, part, len);
-    else
-      quantize_block_i8(x, len, kQuantBlock, part);
+      return;
+    }
+    for (size_t n : slice_pieces(bk, rank)) {
+      if (n > 0) quantize_block_i8(x, n, kQuantBlock, part);
+      x += n;
+      part += wire_bytes(gather_wire, n);
+    }
   }
   void widen(Bucket& bk, const std::vector<uint8_t>& staged) {
     float* dst = bk.full.data_ptr<float>();
     const uint8_t* part = staged.data();
-    for (size_t n : bk.counts) {
-      if (is_16bit(gather_wire))
+    for (size_t r = 0; r < bk.counts.size(); ++r) {
+      if (is_16bit(gather_wire)) {
+        const size_t n = bk.counts[r];
         widen16(gather_wire, part, dst, n);
-      else
-        dequantize_block_i8(part, n, kQuantBlock, dst);
-      part += wire_bytes(gather_wire, n);
-      dst += n;
+        part += wire_bytes(gather_wire, n);
+        dst += n;
+        continue;
+      }
+      for (size_t n : slice_pieces(bk, int(r))) {
+        if (n > 0) dequantize_block_i8(part, n, kQuantBlock, dst);
+        part += wire_bytes(gather_wire, n);
+        dst += n;
+      }
     }
     bk.rounded = true;
   }
@@ -928,8 +970,9 @@ struct DistributedOptimizer::Core {
             auto& r = states[size_t(i)].buffer("qgz.residual", numel[size_t(i)]);
             std::copy(r.begin(), r.end(), residual.begin() + std::ptrdiff_t(bk.offsets[q]));
           }
+        const std::vector<size_t> bounds = block_bounds(bk);
         const uint64_t sent = compress::int_reduce_scatter(rs, int_groups, std::span<const float>(bk.flat.data(), n),
-                                                           bk.counts, slice, zero_bits, ro, residual);
+                                                           bk.counts, slice, zero_bits, ro, residual, bounds);
         if (zero_ef)
           for (size_t q = 0; q < bk.params.size(); ++q) {
             const int i = bk.params[q];
@@ -941,7 +984,8 @@ struct DistributedOptimizer::Core {
         t1 = now_s();
         // The payload as the other wires count it (every rank's slice on the wire), what moved exactly.
         payload = 0;
-        for (size_t c : bk.counts) payload += block_int_bytes(c, compress::kIntBlock, zero_bits);
+        for (size_t r = 0; r < bk.counts.size(); ++r)
+          for (size_t c : slice_pieces(bk, int(r))) payload += block_int_bytes(c, compress::kIntBlock, zero_bits);
         factor_sent = payload > 0 ? double(sent) / double(payload) : 0.0;
         factor_recv = payload > 0 ? double(received) / double(payload) : 0.0;
 #else
@@ -1198,6 +1242,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         // (random-k draws its positions from it: ranks seeded apart sent values at different positions, and each
         // wrote the sum back at its own, the replicas drifting apart without a word)
         {"seed", int64_t(options.seed)},
+        {"blocks_per_parameter", options.blocks_per_parameter},
         {"compressor", int64_t(std::hash<std::string>{}(options.compressor))}};
     const size_t n = std::size(given);
     std::vector<int64_t> lo(n), hi(n);

@@ -138,6 +138,12 @@ struct DistOptions {
   // within it, averaged across the groups, and the stepped slices allgathered within it; a rank holds 1/K of the
   // optimizer state (and at stage 2 of the gradients).
   int zero_shard_ranks = 0;
+  // The int wires (the int8/int4 reduce-scatter, ZeRO-3's int8 gathers) start a quantization block at every
+  // parameter, not only at each rank's slice: a block's one scale then never mixes two parameters. Tensor parallelism
+  // needs it: a replicated parameter (layer norms, biases after a row-parallel layer) is equal on the ranks of a group
+  // and a split one is not, so a block holding both got a scale of its own on each rank, rounded the replicated
+  // elements differently, and the group's copies of them drifted apart. A few more scales on the wire.
+  bool blocks_per_parameter = false;
   // The parameters of each unit (Net::units()), in the order forward runs them. ZeRO stage 3 needs them. At stages 1
   // and 2 with zero_prefetch they let the allgather of the stepped slices go on behind the next forward: step() starts
   // it (on a communicator of its own, split off by the constructor: collective) as one allgather per unit and bucket,

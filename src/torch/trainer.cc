@@ -716,6 +716,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     dopts.zero_allgather_bytes = size_t(c.zero_allgather_mb * 1024 * 1024);
     dopts.zero_secondary_ranks = c.zero_hpz;
     dopts.zero_shard_ranks = c.zero_shard_group;
+    // (the int wires' blocks never mix a replicated parameter, equal across the tensor-parallel group, with a split
+    // one)
+    dopts.blocks_per_parameter = c.tp > 1;
     dopts.backward_passes = c.micro_batches;
     dopts.zero_reduce_each_pass = c.zero_reduce == "micro-batch";
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);

@@ -266,8 +266,31 @@ std::vector<float> dq(std::span<const float> x, int bits) {
   return out;
 }
 
+// The lengths of [begin, begin + n) cut at the bounds inside it.
+std::vector<size_t> pieces(size_t begin, size_t n, const std::vector<size_t>& bounds) {
+  std::vector<size_t> out;
+  size_t at = begin;
+  for (size_t b : bounds)
+    if (b > at && b < begin + n) out.push_back(b - at), at = b;
+  out.push_back(begin + n - at);
+  return out;
+}
+
+// dq piece by piece: x holds the elements from `begin` of the whole input.
+std::vector<float> dq_cut(std::span<const float> x, size_t begin, const std::vector<size_t>& bounds, int bits) {
+  std::vector<float> out;
+  size_t at = 0;
+  for (size_t n : pieces(begin, x.size(), bounds)) {
+    auto part = dq(x.subspan(at, n), bits);
+    out.insert(out.end(), part.begin(), part.end());
+    at += n;
+  }
+  return out;
+}
+
 std::vector<float> simulate_int_reduce_scatter(const std::vector<std::vector<float>>& data,
-                                               const std::vector<size_t>& counts, int me, int k, bool hier, int bits) {
+                                               const std::vector<size_t>& counts, int me, int k, bool hier, int bits,
+                                               const std::vector<size_t>& bounds = {}) {
   const int n = int(data.size());
   size_t at = 0;
   for (int r = 0; r < me; ++r) at += counts[size_t(r)];
@@ -279,7 +302,7 @@ std::vector<float> simulate_int_reduce_scatter(const std::vector<std::vector<flo
   if (!hier) {
     for (int r = 0; r < n; ++r) {
       auto x = slice(r);
-      add(sum, r == me ? std::vector<float>(x.begin(), x.end()) : dq(x, bits));
+      add(sum, r == me ? std::vector<float>(x.begin(), x.end()) : dq_cut(x, at, bounds, bits));
     }
     return sum;
   }
@@ -290,9 +313,9 @@ std::vector<float> simulate_int_reduce_scatter(const std::vector<std::vector<flo
     const int j = summer_of(n, k, g, me);
     for (int l = 0; l < host_count(n, k, g); ++l) {
       auto x = slice(g * k + l);
-      add(partial, l == j ? std::vector<float>(x.begin(), x.end()) : dq(x, bits));
+      add(partial, l == j ? std::vector<float>(x.begin(), x.end()) : dq_cut(x, at, bounds, bits));
     }
-    add(sum, g == me / k ? partial : dq(partial, bits));
+    add(sum, g == me / k ? partial : dq_cut(partial, at, bounds, bits));
   }
   return sum;
 }
@@ -304,7 +327,7 @@ std::vector<size_t> uneven_counts(int n) {
   return counts;
 }
 
-void check_int_reduce_scatter(int n, int per_host, int bits) {
+void check_int_reduce_scatter(int n, int per_host, int bits, const std::vector<size_t>& bounds = {}) {
   const std::vector<size_t> counts = uneven_counts(n);
   size_t d = 0;
   for (size_t c : counts) d += c;
@@ -324,10 +347,11 @@ void check_int_reduce_scatter(int n, int per_host, int bits) {
         uint64_t received = 0;
         ReduceOptions o;
         o.received = &received;
-        const uint64_t sent = int_reduce_scatter(c, groups, data[size_t(me)], counts, out, bits, o);
-        const std::string what = fmt::format("{} ranks, {} a host, rank {}, {} bits", n, per_host, me, bits);
+        const uint64_t sent = int_reduce_scatter(c, groups, data[size_t(me)], counts, out, bits, o, {}, bounds);
+        const std::string what =
+            fmt::format("{} ranks, {} a host, rank {}, {} bits, {} bounds", n, per_host, me, bits, bounds.size());
         // Bit for bit the simulation: the parts go to the right ranks, each rounded as often as the hops say.
-        ASSERT_EQ(out, simulate_int_reduce_scatter(data, counts, me, per_host, hier, bits)) << what;
+        ASSERT_EQ(out, simulate_int_reduce_scatter(data, counts, me, per_host, hier, bits, bounds)) << what;
         // Close to the exact sum: each part within half its block's scale (the gaussians' largest is under 5, so
         // under 5/254 at 8 bits, 5/14 at 4), a partial sum's under its own, up to K times larger.
         size_t at = 0;
@@ -347,7 +371,13 @@ void check_int_reduce_scatter(int n, int per_host, int bits) {
         // Bytes: each part in int8 blocks once per hop. Flat: every other rank's slice. Two hops: to each other rank
         // of the host, the slices it sums; across, the partial sums of the slices I sum to their owners, and from
         // every other host my slice's.
-        auto b = [&](int r) { return uint64_t(block_int_bytes(counts[size_t(r)], kIntBlock, bits)); };
+        auto b = [&](int r) {
+          size_t begin = 0;
+          for (int q = 0; q < r; ++q) begin += counts[size_t(q)];
+          uint64_t bytes = 0;
+          for (size_t len : pieces(begin, counts[size_t(r)], bounds)) bytes += block_int_bytes(len, kIntBlock, bits);
+          return bytes;
+        };
         uint64_t want_sent = 0, want_recv = 0;
         if (!hier) {
           for (int r = 0; r < n; ++r)
@@ -368,10 +398,71 @@ void check_int_reduce_scatter(int n, int per_host, int bits) {
         std::vector<float> avg(out.size());
         o.average = true;
         o.received = nullptr;
-        int_reduce_scatter(c, groups, data[size_t(me)], counts, avg, bits, o);
+        int_reduce_scatter(c, groups, data[size_t(me)], counts, avg, bits, o, {}, bounds);
         for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(avg[i], out[i] * (1.0f / float(n))) << what;
       },
       per_host);
+}
+
+// Blocks cut at given bounds (tensor parallelism's parameter starts): bit for bit the simulation that rounds each
+// piece in blocks of its own, in one hop and two, its bytes the pieces' blocks; and a piece whose elements are
+// alike in two runs comes out alike whatever its neighbours hold (a replicated parameter next to a split one: with
+// one block over both, each tensor-parallel rank's scale differed, and so did the replicated sums).
+TEST(IntReduceScatter, BlocksCutAtBoundsRoundEachPieceOnItsOwn) {
+  const std::vector<size_t> bounds = {0, 40, 77, 333, 334, 700, 739};
+  for (int bits : {8, 4}) {
+    check_int_reduce_scatter(4, 2, bits, bounds);
+    check_int_reduce_scatter(5, 1, bits, bounds);
+    check_int_reduce_scatter(7, 4, bits, bounds);
+  }
+  const int n = 4;
+  const std::vector<size_t> counts = uneven_counts(n);  // 300, 0, 100, 339: 739 elements
+  size_t d = 0;
+  for (size_t c : counts) d += c;
+  // Elements [40, 77) and [333, 700) alike in both runs; the rest (larger, setting the scales) differ.
+  std::vector<std::vector<float>> a, b;
+  for (int r = 0; r < n; ++r) {
+    a.push_back(gaussian(d, 7 * r + 1));
+    b.push_back(gaussian(d, 7 * r + 2));
+    for (size_t i = 0; i < d; ++i) {
+      const bool alike = (i >= 40 && i < 77) || (i >= 333 && i < 700);
+      if (alike)
+        b.back()[i] = a.back()[i];
+      else
+        a.back()[i] *= 8, b.back()[i] *= 8;
+    }
+  }
+  for (int per_host : {1, 2})
+    for (bool cut : {true, false}) {
+      std::vector<std::vector<float>> out_a(n), out_b(n);
+      for (auto* run : {&a, &b})
+        on_ranks(
+            n,
+            [&](coll::Communicator& c) {
+              auto groups = int_reduce_groups(c);
+              std::vector<float> out(counts[size_t(c.rank())]);
+              int_reduce_scatter(c, groups, (*run)[size_t(c.rank())], counts, out, 8, {}, {},
+                                 cut ? std::span<const size_t>(bounds) : std::span<const size_t>());
+              (run == &a ? out_a : out_b)[size_t(c.rank())] = out;
+            },
+            per_host);
+      size_t differ = 0;
+      for (int r = 0, at = 0; r < n; at += int(counts[size_t(r)]), ++r)
+        for (size_t i = 0; i < counts[size_t(r)]; ++i) {
+          const size_t g = size_t(at) + i;
+          if ((g >= 40 && g < 77) || (g >= 333 && g < 700)) differ += out_a[size_t(r)][i] != out_b[size_t(r)][i];
+        }
+      if (cut)
+        EXPECT_EQ(differ, 0u) << per_host << " a host";
+      else
+        EXPECT_GT(differ, 0u) << per_host << " a host";  // (the test tells: one block over both rounds them apart)
+    }
+  // Bounds out of order or past the input are refused.
+  on_ranks(2, [&](coll::Communicator& c) {
+    std::vector<float> in(10, 1.0f), out(5);
+    const std::vector<size_t> bad = {6, 3};
+    EXPECT_THROW(int_reduce_scatter(c, int_reduce_groups(c), in, {5, 5}, out, 8, {}, {}, bad), InvalidArgument);
+  });
 }
 
 // 1 to 8 ranks two a host: one host (2), two hops over 2, 3 and 4 hosts, and over hosts of uneven counts (3, 5, 7:
