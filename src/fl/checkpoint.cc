@@ -27,6 +27,8 @@ constexpr uint64_t kVersion = 1;
 constexpr char kServerMagic[8] = {'C', 'D', 'F', 'L', 'S', 'R', 'V', '1'};
 constexpr char kHostMagic[8] = {'C', 'D', 'F', 'L', 'H', 'S', 'T', '1'};
 constexpr char kEndMagic[8] = {'C', 'D', 'F', 'L', 'E', 'N', 'D', '1'};
+constexpr char kLedgerMagic[8] = {'C', 'D', 'F', 'L', 'D', 'P', 'L', '1'};
+constexpr const char* kLedgerName = "dp-ledger.bin";
 
 // Writes through `fill` to a temporary name, then renames it into place (whole, or an Error naming the path).
 template <class F>
@@ -205,6 +207,28 @@ std::string resume_checkpoint_dir(const std::string& resume) {
   std::error_code ec;
   const std::string sub = checkpoint_dir(resume);
   return fs::is_directory(sub, ec) ? sub : resume;
+}
+
+void write_dp_ledger(const std::string& dir, int64_t accountant_steps) {
+  fs::create_directories(dir);
+  write_whole(fs::path(dir) / kLedgerName, [&](std::ostream& o) {
+    o.write(kLedgerMagic, 8);
+    put(o, kVersion);
+    put(o, accountant_steps);
+  });
+}
+
+int64_t read_dp_ledger(const std::string& dir) {
+  std::error_code ec;
+  const fs::path p = fs::path(dir) / kLedgerName;
+  if (!fs::exists(p, ec)) return 0;
+  Reader r(p);
+  r.magic(kLedgerMagic, "differential privacy ledger");
+  if (r.get<uint64_t>() != kVersion) r.bad("has another version");
+  const int64_t steps = r.get<int64_t>();
+  if (steps < 0) r.bad(fmt::format("counts {} rounds", steps));
+  r.end();
+  return steps;
 }
 
 void write_server_checkpoint(const std::string& dir, const ServerCheckpoint& s) {

@@ -56,6 +56,15 @@ ServerCheckpoint read_latest_checkpoint(const std::string& dir);
 // `keep` accepts (each model-sized: n; client ids below `clients`).
 std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, size_t n, int clients,
                                                         const std::function<bool(int)>& keep);
+// Differential privacy's ledger, dp-ledger.bin: the accountant's rounds once a round's noisy model is made, written
+// (synced, renamed into place) before that model leaves the server. A run that stops between checkpoints released
+// rounds the checkpoint does not count; its resume repeats them with new noise, a second release of each, so it
+// starts the accountant at the ledger's count, not the checkpoint's (the re-run rounds then count twice, as they
+// were released twice).
+void write_dp_ledger(const std::string& dir, int64_t accountant_steps);
+// The ledger's count; 0 without one. ProtocolError naming the file when it is not a ledger.
+int64_t read_dp_ledger(const std::string& dir);
+
 // Whether dir holds a server checkpoint (a new run's folder must not: its pruning would take the old files for its
 // own).
 bool holds_checkpoints(const std::string& dir);

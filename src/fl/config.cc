@@ -212,7 +212,16 @@ void check_config(const FlConfig& c) {
           fmt::format("fl: secagg: up to {} clients a round; allowed: at most {} (the protocol's "
                       "client ids), a smaller --fraction or --secagg false",
                       sampled, kMaxClients));
-    FixedPointCodec(c.secagg_bits, c.secagg_clip, sampled);  // ConfigError when too coarse
+    // The codec keeps at least 2 integer levels a client below half the modulus: (2^(bits-1) - 1) / clients >= 2.
+    int need = 8;
+    while (need < 32 && ((int64_t{1} << (need - 1)) - 1) / sampled < 2) ++need;
+    if (c.secagg_bits < need)
+      throw ConfigError(fmt::format(
+          "fl: secagg_bits: {} bits cannot sum {} clients a round without wrapping (each needs 2 integer levels "
+          "of 2^(bits-1) - 1); allowed: secagg_bits {} to 32 for {} clients a round, or fewer clients a round "
+          "(--fraction, --clients)",
+          c.secagg_bits, sampled, need, sampled));
+    FixedPointCodec(c.secagg_bits, c.secagg_clip, sampled);  // (the codec's own checks, as a backstop)
   }
   int_in("workers", c.workers, 2, 4096);
   if (c.workers - 1 > c.clients)

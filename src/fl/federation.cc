@@ -819,8 +819,11 @@ ClientReport parse_update(const Bytes& b, int host, int expect, bool masked, int
   *steps = in.i64();
   *seconds = in.f64();
   in.done();
-  if (*steps < 0 || !(*seconds >= 0))
-    throw ProtocolError(fmt::format("fl: rank {} reported {} steps in {} s", host, *steps, *seconds));
+  // (bounded: the server sums them over the run; an infinite time made the modelled time null in the summary)
+  if (*steps < 0 || *steps > (int64_t{1} << 40) || !(*seconds >= 0) || !std::isfinite(*seconds))
+    throw ProtocolError(
+        fmt::format("fl: rank {} reported {} steps in {} s; allowed: 0 to 2^40 steps in a finite time of 0 s or more",
+                    host, *steps, *seconds));
   return r;
 }
 
@@ -902,7 +905,6 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   if (c.dp_noise > 0) accountant = std::make_unique<RdpAccountant>(c.dp_noise, c.fraction);
   namespace fs = std::filesystem;
   if (!c.output.empty()) fs::create_directories(c.output);
-  MetricsFile metrics(c.output.empty() ? "" : (fs::path(c.output) / "metrics.jsonl").string());
   std::vector<int> hosts;
   for (int h = 1; h < world; ++h) hosts.push_back(h);
   Stopwatch total;
@@ -928,12 +930,24 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     global = std::move(s.weights);
     server_control = std::move(s.control);
     opt->load_state(s.optimizer);
-    if (accountant) accountant->step(s.accountant_steps);
+    if (accountant) {
+      // Rounds released after this checkpoint by the run that wrote it are released again below, with new noise:
+      // both releases count.
+      const int64_t released = std::max<int64_t>(s.accountant_steps, read_dp_ledger(dir));
+      if (released > s.accountant_steps)
+        CONDUIT_LOG_WARN(
+            "fl: resume: {} round(s) after the checkpoint were released before (differential privacy's "
+            "ledger): counted again, as they will be released again with new noise",
+            released - s.accountant_steps);
+      accountant->step(released);
+    }
     step_s = s.step_s;
     res.rounds_applied = int(s.rounds_applied);
     first = int(s.round);
     CONDUIT_LOG_INFO("fl: resuming after round {} from '{}'", first, dir);
   }
+  // (opened once the folder is known to be this run's: it truncates)
+  MetricsFile metrics(c.output.empty() ? "" : (fs::path(c.output) / "metrics.jsonl").string());
 
   for (int round = first; round < c.rounds; ++round) {
     Stopwatch rs;
@@ -1154,6 +1168,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
           }
           in.done();
         }
+        // (Every survivor in U3 answers: its host committed SCAFFOLD's c_i on U3, so the unmasking completes the round
+        // or fails the run; too few answers is a host breaking the protocol.)
         const std::vector<uint32_t> total = srv->finish();
         std::vector<float> dec(len + 2);
         codec->decode(total.data(), len + 2, dec.data());
@@ -1244,6 +1260,10 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     if (accountant) {
       accountant->step(1);  // a round counts whether or not anything was applied (the sampling happened)
       rec.epsilon = accountant->epsilon(c.dp_delta);
+      // Before this round's model leaves the server (evaluated, sent to the next round's clients): a resume from an
+      // earlier checkpoint counts it.
+      if (c.checkpoint_every > 0 && !c.output.empty())
+        write_dp_ledger(checkpoint_dir(c.output), int64_t(accountant->steps()));
     }
     const bool last = round + 1 == c.rounds;
     if (last || (c.eval_every > 0 && (round + 1) % c.eval_every == 0)) {

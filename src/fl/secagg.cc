@@ -568,7 +568,8 @@ void FixedPointCodec::decode(const uint32_t* sum, size_t n, float* out) const {
 int group_size(const SecAggConfig& cfg) { return cfg.neighbors > 0 ? cfg.neighbors + 1 : cfg.num_clients; }
 
 int threshold_for(int group, double x) {
-  return std::min(group, std::max(2, static_cast<int>(std::floor(x * group)) + 1));
+  // (floor of the product plus a rounding error: 0.7 * 90 is 62.99999999999999, which gave 63 for floor(63) + 1 = 64)
+  return std::min(group, std::max(2, static_cast<int>(std::floor(x * group * (1 + 1e-12))) + 1));
 }
 
 double hypergeometric_tail(int64_t N, int64_t K, int64_t k, int64_t j) {

@@ -23,6 +23,8 @@
 #include "../coll/transport_pair.h"
 #include "coll/communicator.h"
 #include "core/error.h"
+#include "error_of.h"
+#include "fl/checkpoint.h"
 #include "fl/partition.h"
 #include "fl/privacy.h"
 #include "fl/secagg.h"
@@ -1271,6 +1273,41 @@ TEST(Federation, AResumedDpRunAccountsForTheRoundsBeforeTheCheckpoint) {
   ASSERT_EQ(second.server.rounds.size(), 2u);
   EXPECT_GT(second.server.rounds.back().epsilon, first.server.rounds.back().epsilon);
   EXPECT_DOUBLE_EQ(second.server.rounds.back().epsilon, whole.server.rounds.back().epsilon);
+  // A run that stopped after releasing rounds its last checkpoint does not hold (its round-4 checkpoint lost: it had
+  // released 4 rounds, the checkpoint left holds 2): the resume releases rounds 3 and 4 again with new noise, and
+  // counts both releases, from the ledger: epsilon after 6 rounds (it reported 4's).
+  c.resume = "";
+  c.rounds = 4;
+  c.checkpoint_every = 2;
+  c.output = d.path + "/stopped";
+  expect_ok(run(c));
+  const std::string ck = d.path + "/stopped/checkpoints";
+  EXPECT_EQ(read_dp_ledger(ck), 4);
+  std::filesystem::remove(ck + "/server-4.bin");
+  c.resume = d.path + "/stopped";
+  c.checkpoint_every = 0;
+  c.output = "";
+  RunResult again = run(c);
+  expect_ok(again);
+  FlConfig six = base_config();
+  six.dp_clip = 1.0;
+  six.dp_noise = 1.0;
+  six.dp_secret_seed_for_testing = 5;
+  six.rounds = 6;
+  RunResult longer = run(six);
+  expect_ok(longer);
+  ASSERT_EQ(again.server.rounds.size(), 2u);
+  EXPECT_DOUBLE_EQ(again.server.rounds.back().epsilon, longer.server.rounds.back().epsilon);
+  EXPECT_GT(again.server.rounds.back().epsilon, whole.server.rounds.back().epsilon);
+  // A ledger that is not one is refused naming it.
+  std::ofstream(ck + "/dp-ledger.bin") << "not a ledger";
+  try {
+    read_dp_ledger(ck);
+    ADD_FAILURE() << "a bad ledger was read";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("dp-ledger.bin' is not a differential privacy ledger"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
@@ -1320,6 +1357,19 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
         c.secagg_threshold = 0.4;
       },
       "secagg_threshold");
+  {  // too few bits for the clients a round: the flag and the bits that would do, named (it named the codec)
+    FlConfig c = base_config();
+    c.secagg = true;
+    c.secagg_bits = 8;
+    c.clients = 100;
+    c.fraction = 1;
+    EXPECT_EQ(conduit::fl::fltest::error_of<ConfigError>([&] { check_config(c); }),
+              "fl: secagg_bits: 8 bits cannot sum 100 clients a round without wrapping (each needs 2 integer levels "
+              "of 2^(bits-1) - 1); allowed: secagg_bits 9 to 32 for 100 clients a round, or fewer clients a round "
+              "(--fraction, --clients)");
+    c.secagg_bits = 9;
+    EXPECT_NO_THROW(check_config(c));
+  }
   for (int k : {-2, 3, 65536})
     bad(
         [k](FlConfig& c) {

@@ -372,6 +372,26 @@ TEST(SecAgg, CorruptShareIsCaughtByASpareResponse) {
   EXPECT_THAT(msg, HasSubstr("inconsistent"));
 }
 
+// t = floor(x * group) + 1 as documented, also where the product in binary falls just under an integer (0.7 x 90 is
+// 62.99999999999999: it gave 63 for 64, a collusion threshold one below the one asked for); at least 2, at most the
+// group.
+TEST(SecAgg, ThresholdIsFloorOfTheFractionPlusOne) {
+  EXPECT_EQ(threshold_for(90, 0.7), 64);
+  EXPECT_EQ(threshold_for(100, 0.57), 58);
+  EXPECT_EQ(threshold_for(100, 0.58), 59);
+  EXPECT_EQ(threshold_for(170, 0.7), 120);
+  EXPECT_EQ(threshold_for(150, 0.82), 124);
+  EXPECT_EQ(threshold_for(10, 0.5), 6);
+  EXPECT_EQ(threshold_for(7, 0.66), 5);  // 4.62
+  EXPECT_EQ(threshold_for(3, 0.5), 2);
+  EXPECT_EQ(threshold_for(5, 1.0), 5);
+  for (int g = 2; g <= 400; ++g)
+    for (int pct = 50; pct <= 100; ++pct) {
+      const int t = threshold_for(g, pct / 100.0);
+      EXPECT_EQ(t, std::min(g, std::max(2, g * pct / 100 + 1))) << g << " at " << pct << "%";
+    }
+}
+
 TEST(SecAgg, ConfigErrorsNameTheField) {
   check(config(5, 3, 32, 1));
   check(config(2, 2, 8, 1));
