@@ -868,24 +868,21 @@ nlohmann::json to_json(const RoundRecord& r) {
           {"epsilon", optional(r.epsilon)}};
 }
 
-// A secret 64-bit seed (DP's sampling and noise must not be reproducible from the run's recorded settings).
-uint64_t secret_seed(const FlConfig& c) {
-  if (c.dp_secret_seed_for_testing) return c.dp_secret_seed_for_testing;
-  if (sodium_init() < 0) throw Error("fl: libsodium cannot start (no entropy source?): DP needs secret randomness");
-  uint64_t s = 0;
-  randombytes_buf(&s, sizeof s);
-  return s;
+// A secret 256-bit key (DP's sampling and noise must not be reproducible from the run's recorded settings, nor from
+// what the run releases: each use draws from a ChaCha20 keystream under a key derived from it).
+SecretKey secret_key(const FlConfig& c) {
+  return c.dp_secret_seed_for_testing ? secret_from_seed(c.dp_secret_seed_for_testing) : random_secret();
 }
+enum : uint64_t { kSamplingKey = 1, kNoiseKey = 2 };
 
 // The round's clients: fixed-size sampling, or under DP each client independently with probability `fraction`
-// (Poisson sampling, what the accountant assumes), from the secret seed.
-std::vector<int> sample_round(const FlConfig& c, int round, uint64_t secret) {
+// (Poisson sampling, what the accountant assumes), from the secret.
+std::vector<int> sample_round(const FlConfig& c, int round, const SecretKey& secret) {
   if (!dp_on(c)) return sample_clients(c.clients, c.fraction, c.min_clients, c.seed, uint64_t(round));
-  std::mt19937_64 g(secret ^ (uint64_t(round) * 0x9e3779b97f4a7c15ull));
-  std::uniform_real_distribution<double> u(0, 1);
+  KeyStream g(derive_key(secret, kSamplingKey, uint64_t(round)));
   std::vector<int> out;
   for (int k = 0; k < c.clients; ++k)
-    if (u(g) < c.fraction) out.push_back(k);
+    if (g.unit() < c.fraction) out.push_back(k);
   return out;
 }
 
@@ -900,7 +897,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   std::vector<float> server_control(c.scaffold ? n : 0);  // SCAFFOLD's c
   auto opt = make_server_optimizer(server_opt_config(c), n);
   const bool dp = dp_on(c);
-  const uint64_t secret = dp ? secret_seed(c) : 0;
+  const SecretKey secret = dp ? secret_key(c) : SecretKey{};
   std::unique_ptr<RdpAccountant> accountant;
   if (c.dp_noise > 0) accountant = std::make_unique<RdpAccountant>(c.dp_noise, c.fraction);
   namespace fs = std::filesystem;
@@ -1224,7 +1221,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         std::vector<float> s(n);
         for (size_t i = 0; i < n; ++i) s[i] = float(sum[i]);
         if (c.dp_noise > 0)
-          add_gaussian_noise(s.data(), n, c.dp_noise * c.dp_clip, secret ^ (uint64_t(round) << 8) ^ 1);
+          add_gaussian_noise(s.data(), n, c.dp_noise * c.dp_clip, derive_key(secret, kNoiseKey, uint64_t(round)));
         const double denom = c.fraction * c.clients;
         for (size_t i = 0; i < n; ++i) avg[i] = float(double(s[i]) / denom);
       } else {

@@ -1,12 +1,12 @@
 #include "fl/privacy.h"
 
 #include <fmt/format.h>
+#include <sodium.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
-#include <random>
 
 #include "core/error.h"
 #include "fl/log_choose.h"
@@ -26,8 +26,9 @@ void check_mechanism(double sigma, double q) {
 // log(exp(x) - 1) for x > 0, accurate for tiny and huge x.
 double log_expm1(double x) { return x > 1 ? x + std::log1p(-std::exp(-x)) : std::log(std::expm1(x)); }
 
-// A uniform double in [0, 1) from the top 53 bits of one draw.
-double unit(uint64_t r) { return static_cast<double>(r >> 11) * 0x1.0p-53; }
+void start_sodium() {
+  if (sodium_init() < 0) throw Error("fl: libsodium cannot start (no entropy source?): DP needs secret randomness");
+}
 
 double norm2(const float* x, size_t n) {
   double s = 0;
@@ -62,17 +63,54 @@ double clip_l2(float* x, size_t n, double clip) {
   return before;
 }
 
-void add_gaussian_noise(float* x, size_t n, double stddev, uint64_t seed) {
+SecretKey random_secret() {
+  start_sodium();
+  SecretKey k;
+  randombytes_buf(k.data(), k.size());
+  return k;
+}
+
+SecretKey secret_from_seed(uint64_t seed) {
+  start_sodium();
+  SecretKey k;
+  crypto_generichash(k.data(), k.size(), reinterpret_cast<const unsigned char*>(&seed), sizeof seed, nullptr, 0);
+  return k;
+}
+
+SecretKey derive_key(const SecretKey& secret, uint64_t purpose, uint64_t index) {
+  start_sodium();
+  const uint64_t in[2] = {purpose, index};
+  SecretKey k;
+  crypto_generichash(k.data(), k.size(), reinterpret_cast<const unsigned char*>(in), sizeof in, secret.data(),
+                     secret.size());
+  return k;
+}
+
+uint64_t KeyStream::next() {
+  if (at_ == words_.size()) {
+    static const std::array<uint8_t, sizeof words_> zeros{};
+    static const std::array<uint8_t, crypto_stream_chacha20_NONCEBYTES> nonce{};
+    auto* out = reinterpret_cast<unsigned char*>(words_.data());
+    crypto_stream_chacha20_xor_ic(out, zeros.data(), zeros.size(), nonce.data(), block_, key_.data());
+    block_ += sizeof words_ / 64;
+    at_ = 0;
+  }
+  return words_[at_++];
+}
+
+double KeyStream::unit() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+
+void add_gaussian_noise(float* x, size_t n, double stddev, const SecretKey& key) {
   if (!(std::isfinite(stddev) && stddev >= 0)) {
     throw InvalidArgument(fmt::format("add_gaussian_noise: stddev is {}; allowed: finite and >= 0", stddev));
   }
   if (n > 0 && !x) throw InvalidArgument(fmt::format("add_gaussian_noise: a null buffer of {} elements", n));
   if (stddev == 0) return;
-  std::mt19937_64 rng(seed);
+  KeyStream rng(key);
   for (size_t i = 0; i < n; i += 2) {
     // Box-Muller: u1 in (0, 1] keeps the logarithm finite.
-    const double u1 = 1.0 - unit(rng());
-    const double u2 = unit(rng());
+    const double u1 = 1.0 - rng.unit();
+    const double u2 = rng.unit();
     const double r = std::sqrt(-2.0 * std::log(u1)) * stddev;
     const double t = 2.0 * std::numbers::pi * u2;
     x[i] = static_cast<float>(double(x[i]) + r * std::cos(t));

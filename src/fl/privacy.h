@@ -21,6 +21,7 @@
 //   epsilon = min_a  steps * RDP(a) + log(1/delta) / (a - 1).
 // Integer orders and the classic conversion give a slightly larger (more conservative) epsilon than TF-Privacy's
 // or Opacus' fractional orders and improved conversion.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -32,10 +33,34 @@ namespace conduit::fl {
 // element (named by index; x unchanged).
 double clip_l2(float* x, size_t n, double clip);
 
-// Adds independent N(0, stddev^2) noise to each of x[0..n). Deterministic per seed on every platform (Box-Muller on
-// std::mt19937_64, whose output the standard fixes). stddev 0 leaves x unchanged. InvalidArgument: stddev not
-// finite >= 0, or a null x with n > 0.
-void add_gaussian_noise(float* x, size_t n, double stddev, uint64_t seed);
+// A 256-bit secret key. DP's noise and Poisson sampling are drawn from ChaCha20 keystreams (libsodium) under keys
+// derived from one such secret per run: a generator whose state its outputs reveal (std::mt19937_64's is linear in
+// them) would let an observer of released models rebuild the noise and take it off.
+using SecretKey = std::array<uint8_t, 32>;
+// A fresh secret from the operating system's randomness; Error when libsodium cannot start.
+SecretKey random_secret();
+// A secret derived from a 64-bit seed (BLAKE2b): for tests, where runs must repeat.
+SecretKey secret_from_seed(uint64_t seed);
+// The key of one use of the secret: BLAKE2b keyed with it over (purpose, index), e.g. (noise, round).
+SecretKey derive_key(const SecretKey& secret, uint64_t purpose, uint64_t index);
+
+// Uniform 64-bit words of the ChaCha20 keystream under `key` (nonce 0), in order.
+class KeyStream {
+ public:
+  explicit KeyStream(const SecretKey& key) : key_(key) {}
+  uint64_t next();
+  double unit();  // uniform in [0, 1), the word's top 53 bits
+
+ private:
+  SecretKey key_;
+  std::array<uint64_t, 512> words_{};
+  size_t at_ = 512;
+  uint64_t block_ = 0;  // the keystream's next 64-byte block
+};
+
+// Adds independent N(0, stddev^2) noise to each of x[0..n): Box-Muller on KeyStream(key), the same on every platform.
+// stddev 0 leaves x unchanged. InvalidArgument: stddev not finite >= 0, or a null x with n > 0.
+void add_gaussian_noise(float* x, size_t n, double stddev, const SecretKey& key);
 
 // The noise standard deviation DP-FedAvg adds to the average of clipped updates: z * clip / expected_clients
 // (McMahan et al. 2018, Algorithm 1 with the fixed denominator W = q*N). InvalidArgument for non-positive or

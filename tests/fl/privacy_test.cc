@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -74,7 +76,7 @@ TEST(FlPrivacy, GaussianNoiseHasTheStatedMeanAndStddev) {
   const size_t n = 200001;
   const double sd = 2.0;
   std::vector<float> x(n, 0.0f);
-  add_gaussian_noise(x.data(), n, sd, 7);
+  add_gaussian_noise(x.data(), n, sd, secret_from_seed(7));
   double sum = 0, sq = 0;
   size_t within = 0;
   for (const float v : x) {
@@ -91,20 +93,47 @@ TEST(FlPrivacy, GaussianNoiseHasTheStatedMeanAndStddev) {
 
 TEST(FlPrivacy, GaussianNoiseIsDeterministicPerSeedAndAdds) {
   std::vector<float> a(1001, 1.0f), b(1001, 1.0f), c(1001, 1.0f), zero(1001, 0.0f);
-  add_gaussian_noise(a.data(), a.size(), 0.5, 11);
-  add_gaussian_noise(b.data(), b.size(), 0.5, 11);
-  add_gaussian_noise(c.data(), c.size(), 0.5, 12);
-  add_gaussian_noise(zero.data(), zero.size(), 0.5, 11);
+  add_gaussian_noise(a.data(), a.size(), 0.5, secret_from_seed(11));
+  add_gaussian_noise(b.data(), b.size(), 0.5, secret_from_seed(11));
+  add_gaussian_noise(c.data(), c.size(), 0.5, secret_from_seed(12));
+  add_gaussian_noise(zero.data(), zero.size(), 0.5, secret_from_seed(11));
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], 1.0f + zero[i], 1e-6) << i;  // noise is added to x
 
   std::vector<float> same(5, 3.0f);
-  add_gaussian_noise(same.data(), same.size(), 0.0, 1);
+  add_gaussian_noise(same.data(), same.size(), 0.0, secret_from_seed(1));
   EXPECT_EQ(same, std::vector<float>(5, 3.0f));
-  EXPECT_THROW(add_gaussian_noise(same.data(), same.size(), -1.0, 1), InvalidArgument);
-  EXPECT_THROW(add_gaussian_noise(same.data(), same.size(), std::nan(""), 1), InvalidArgument);
-  EXPECT_THROW(add_gaussian_noise(nullptr, 3, 1.0, 1), InvalidArgument);
+  EXPECT_THROW(add_gaussian_noise(same.data(), same.size(), -1.0, secret_from_seed(1)), InvalidArgument);
+  EXPECT_THROW(add_gaussian_noise(same.data(), same.size(), std::nan(""), secret_from_seed(1)), InvalidArgument);
+  EXPECT_THROW(add_gaussian_noise(nullptr, 3, 1.0, secret_from_seed(1)), InvalidArgument);
+}
+
+// The keystream is ChaCha20's (RFC 7539's djb variant, nonce 0, counter from 0): its first words under the all-zero
+// key are the published keystream's; a derived key depends on the secret, the purpose and the index; the words go on
+// across refills without repeating.
+TEST(FlPrivacy, KeyStreamIsChaCha20AndKeysAreDerivedPerUse) {
+  KeyStream zero(SecretKey{});
+  // ChaCha20 keystream, key 0, nonce 0, block 0 (draft-agl-tls-chacha20poly1305 test vector 1): 76 b8 e0 ad a0 f1 ...
+  const uint64_t w = zero.next();
+  uint8_t b[8];
+  std::memcpy(b, &w, 8);
+  const uint8_t want[8] = {0x76, 0xb8, 0xe0, 0xad, 0xa0, 0xf1, 0x3d, 0x90};
+  EXPECT_EQ(std::memcmp(b, want, 8), 0);
+  const SecretKey s = secret_from_seed(3);
+  EXPECT_NE(derive_key(s, 1, 0), derive_key(s, 2, 0));
+  EXPECT_NE(derive_key(s, 1, 0), derive_key(s, 1, 1));
+  EXPECT_NE(derive_key(s, 1, 0), derive_key(secret_from_seed(4), 1, 0));
+  EXPECT_EQ(derive_key(s, 1, 7), derive_key(secret_from_seed(3), 1, 7));
+  KeyStream a(derive_key(s, 1, 0)), again(derive_key(s, 1, 0));
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 3000; ++i) {  // past several refills of 512 words
+    const uint64_t v = a.next();
+    ASSERT_EQ(v, again.next()) << i;
+    seen.insert(v);
+  }
+  EXPECT_EQ(seen.size(), 3000u);
+  EXPECT_NE(random_secret(), random_secret());
 }
 
 TEST(FlPrivacy, DpFedAvgNoiseScale) {
