@@ -904,6 +904,11 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     if (c.recompute && c.micro_batches == 1)
       warn("recompute",
            "with one micro-batch every stage's backward follows its forward: nothing is kept to recompute");
+    else if (c.pp > 1 && c.micro_batches == 1)  // (found by an audit)
+      fmt::print(stderr,
+                 "train: warning: pp {} with one micro-batch runs the stages one after another, each waiting for "
+                 "the others (no pipelining; the schedule changes nothing): --micro-batches M > 1 overlaps them\n",
+                 c.pp);
     // (ZeRO's int8 all-to-all keeps a rank's own part exact: with one rank nothing changes)
     if (spec.bsp() && c.compressor != "none" && !(c.zero > 0 && zero_int_wire(c.compressor).bits > 0) &&
         c.workers / (c.tp * c.pp) == 1)

@@ -359,6 +359,13 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
                        "forward: nothing is kept to recompute: it is ignored"),
             std::string::npos)
       << r.out;
+  r = run(kTrain + " --epochs 1 --max-steps 2 --pp 2 --output " + (dir / "pp1").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: pp 2 with one micro-batch runs the stages one after another"), std::string::npos)
+      << r.out;
+  r = run(kTrain + " --epochs 1 --max-steps 2 --pp 2 --micro-batches 2 --output " + (dir / "pp2").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("with one micro-batch"), std::string::npos) << r.out;
   // A compressor asked for with one data-parallel rank is kept, and named as saving nothing.
   r = run(kTrain + " --epochs 1 --max-steps 2 --workers 1 --compressor fp16 --output " + (dir / "one").string());
   ASSERT_EQ(r.code, 0) << r.out;
