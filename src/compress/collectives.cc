@@ -164,7 +164,8 @@ static size_t first_nonfinite(std::span<const float> x) {
 }
 
 // fp16 passes nan and inf on, as an uncompressed allreduce does; but finite values beyond its range (a rank's own
-// above 65504, or a sum of them) turned into inf on the way, where f32 would have carried them, without a word. The
+// above 65504, or a sum, or averaged a mean, beyond it) turned into inf on the way, where f32 would have carried them,
+// without a word. The
 // result is the same on every rank, so every rank sees one and asks whether any rank's input held a nan or inf: if
 // none did, each stops with the same line.
 static void refuse_f16_overflow(coll::Communicator& comm, const Compressor& c, bool input_nonfinite,
@@ -176,8 +177,8 @@ static void refuse_f16_overflow(coll::Communicator& comm, const Compressor& c, b
   if (any) return;
   throw InvalidArgument(
       fmt::format("{}: element {} of {} came out {} from finite values on all {} ranks: beyond f16's largest, 65504 "
-                  "(one rank's value or their sum); allowed: values and sums within +-65504 (bf16 keeps f32's range; "
-                  "or a smaller loss scale or learning rate)",
+                  "(one rank's value, or their sum or mean); allowed: values within +-65504 (bf16 keeps f32's range; "
+                  "or a smaller learning rate)",
                   c.name(), i, result.size(), result[i], comm.size()));
 }
 
@@ -200,11 +201,16 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       if (payload.size() % es)
         throw InvalidArgument(fmt::format("{}: linear payload of {} bytes is not a whole number of {}", c.name(),
                                           payload.size(), dtype_name(c.linear_dtype())));
+      // Averaged in f16, each rank's part is divided before the sum (the communicator's avg, as NCCL's): a mean
+      // within f16's range is carried whatever the sum (4 ranks of 20,000).
+      const bool pre_divided = f16 && o.average;
       if (!payload.empty())
-        comm.allreduce(payload.data(), payload.size() / es, c.linear_dtype(), ReduceOp::sum, co).wait();
+        comm.allreduce(payload.data(), payload.size() / es, c.linear_dtype(),
+                       pre_divided ? ReduceOp::avg : ReduceOp::sum, co)
+            .wait();
       c.decompress(payload, st, data);
       if (f16) refuse_f16_overflow(comm, c, input_nonfinite, data, co);
-      if (o.average) scale(data, 1.0f / static_cast<float>(w));
+      if (o.average && !pre_divided) scale(data, 1.0f / static_cast<float>(w));
       return payload.size();
     }
     case Collective::allgather:
@@ -541,6 +547,11 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
                       "int_reduce_groups of this communicator",
                       summed, groups.local->size(), w));
   }
+  for (size_t i = 0; i < bounds.size(); ++i)
+    if (bounds[i] > in.size() || (i > 0 && bounds[i] <= bounds[i - 1]))
+      throw InvalidArgument(fmt::format(
+          "int_reduce_scatter: block bound {} = {} for an input of {}; allowed: ascending offsets within the input", i,
+          bounds[i], in.size()));
   if (!residual.empty() && residual.size() != in.size())
     throw InvalidArgument(
         fmt::format("int_reduce_scatter: a residual of {} elements for an input of {}; allowed: as many, or none",
@@ -553,11 +564,6 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
     std::fill(residual.begin(), residual.end(), 0.0f);
     in = compensated;
   }
-  for (size_t i = 0; i < bounds.size(); ++i)
-    if (bounds[i] > in.size() || (i > 0 && bounds[i] <= bounds[i - 1]))
-      throw InvalidArgument(fmt::format(
-          "int_reduce_scatter: block bound {} = {} for an input of {}; allowed: ascending offsets within the input", i,
-          bounds[i], in.size()));
   std::vector<size_t> offset(size_t(w) + 1, 0);
   for (int r = 0; r < w; ++r) offset[size_t(r) + 1] = offset[size_t(r)] + counts[size_t(r)];
   // The elements [begin, begin + x.size()) of `in` (error at `error`), as parts cut at the bounds inside them: each

@@ -907,6 +907,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   Stopwatch total;
   double step_s = 0;  // the last measured seconds a local step took
   int first = 0;      // rounds done before this run (a resumed one)
+  std::string resumed_dir;  // the checkpoints it resumed from
   if (c.checkpoint_every > 0 && holds_checkpoints(checkpoint_dir(c.output)))
     throw ConfigError(fmt::format(
         "fl: output: '{}' holds an earlier run's checkpoints; allowed: another --output (a resumed run writes to a "
@@ -914,6 +915,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         checkpoint_dir(c.output)));
   if (!c.resume.empty()) {
     const std::string dir = resume_checkpoint_dir(c.resume);
+    resumed_dir = dir;
     ServerCheckpoint s = read_latest_checkpoint(dir);
     check_resume(c, s);
     if (s.weights.size() != n || s.control.size() != server_control.size())
@@ -1259,8 +1261,10 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       rec.epsilon = accountant->epsilon(c.dp_delta);
       // Before this round's model leaves the server (evaluated, sent to the next round's clients): a resume from an
       // earlier checkpoint counts it.
-      if (c.checkpoint_every > 0 && !c.output.empty())
-        write_dp_ledger(checkpoint_dir(c.output), int64_t(accountant->steps()));
+      const int64_t released = accountant->steps();
+      if (c.checkpoint_every > 0 && !c.output.empty()) write_dp_ledger(checkpoint_dir(c.output), released);
+      // And in the folder resumed from: another resume from there counts this run's releases too.
+      if (!resumed_dir.empty()) write_dp_ledger(resumed_dir, std::max(released, read_dp_ledger(resumed_dir)));
     }
     const bool last = round + 1 == c.rounds;
     if (last || (c.eval_every > 0 && (round + 1) % c.eval_every == 0)) {

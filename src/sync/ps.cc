@@ -251,11 +251,19 @@ class Shard {
                         : fmt::format("sync ps shard {}: stopped: {}", index_, why_);
   }
 
-  // The shard's final parameters, once every worker has stopped (every push applied). No deadline of its own: a
-  // worker under asp or ssp may rightly train on long after the others stopped; an error anywhere ends the wait.
-  std::vector<float> final_params() {
+  // The shard's final parameters, once every worker has stopped (every push applied), within timeout_s (a worker
+  // under asp or ssp may rightly train on long after the others stopped: those pass an unbounded one; an error
+  // anywhere ends the wait).
+  std::vector<float> final_params(double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
-    wait_or_abort(lk, 1e18, [&] { return std::find(stopped_.begin(), stopped_.end(), false) == stopped_.end(); });
+    if (!wait_or_abort(lk, timeout_s,
+                       [&] { return std::find(stopped_.begin(), stopped_.end(), false) == stopped_.end(); })) {
+      std::string running;
+      for (int w = 0; w < workers_; ++w)
+        if (!stopped_[w]) running += (running.empty() ? "" : ", ") + std::to_string(w);
+      throw TimeoutError(fmt::format("sync ps shard {}: worker(s) {} did not stop within {} s of the others", index_,
+                                     running, timeout_s));
+    }
     if (shutdown_) throw PeerError(shutdown_message());
     return params_;
   }
@@ -770,7 +778,7 @@ class PsStrategy : public Strategy {
           // The servers' final model to the worker (raw), once every worker's pushes are in: what it held was its
           // last pull, without the pushes that came after it (other workers' under asp/ssp) and, with dana, the
           // look-ahead point rather than the parameters.
-          const std::vector<float> last = shard.final_params();
+          const std::vector<float> last = shard.final_params(workers_drift() ? 1e18 : t);
           rh = ReplyHeader{last.size() * 4, 1};
           detail::wait_all(*comm_, {isend(*comm_, w, tag_of(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
                                     isend(*comm_, w, tag_of(detail::kTagPsReply, s), last.data(), rh.bytes)});
@@ -858,8 +866,9 @@ class PsStrategy : public Strategy {
       return;
     }
     // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
-    // worker aborts the transport, which ends the wait); so does the final model, sent once every worker stopped.
-    if (ssp_drifts(cfg_) || kind == kStop)  // (asp replies at once: its wait keeps the deadline)
+    // worker aborts the transport, which ends the wait); so does the final model under asp and ssp, sent once every
+    // worker stopped (bsp's workers stop together: the deadline holds).
+    if (ssp_drifts(cfg_) || (kind == kStop && workers_drift()))  // (asp replies at once: its wait keeps the deadline)
       net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
     else
       detail::wait_all(*comm_, rrecv);

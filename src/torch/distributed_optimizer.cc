@@ -1243,6 +1243,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         // wrote the sum back at its own, the replicas drifting apart without a word)
         {"seed", int64_t(options.seed)},
         {"blocks_per_parameter", options.blocks_per_parameter},
+        {"zero_int_hierarchy", options.zero_int_hierarchy},
         {"compressor", int64_t(std::hash<std::string>{}(options.compressor))}};
     const size_t n = std::size(given);
     std::vector<int64_t> lo(n), hi(n);
@@ -1473,7 +1474,8 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
   }
 #ifdef CONDUIT_WITH_COMPRESS
   // (collective: two splits over several hosts, which every rank sees alike)
-  if (c.zero_wire == DType::i8) c.int_groups = compress::int_reduce_groups(c.slice_comm());
+  if (c.zero_wire == DType::i8 && options.zero_int_hierarchy)
+    c.int_groups = compress::int_reduce_groups(c.slice_comm());
 #endif
   std::weak_ptr<Core> weak = core_;
   for (size_t i = 0; i < c.params.size(); ++i) {

@@ -144,6 +144,10 @@ struct DistOptions {
   // and a split one is not, so a block holding both got a scale of its own on each rank, rounded the replicated
   // elements differently, and the group's copies of them drifted apart. A few more scales on the wire.
   bool blocks_per_parameter = false;
+  // ZeRO's int8/int4 reduce-scatter in two hops where the group spans hosts (compress::int_reduce_groups); false: one
+  // hop over the group (tensor-parallel partners whose groups split over hosts otherwise: train::
+  // tp_partners_split_alike).
+  bool zero_int_hierarchy = true;
   // The parameters of each unit (Net::units()), in the order forward runs them. ZeRO stage 3 needs them. At stages 1
   // and 2 with zero_prefetch they let the allgather of the stepped slices go on behind the next forward: step() starts
   // it (on a communicator of its own, split off by the constructor: collective) as one allgather per unit and bucket,

@@ -279,6 +279,24 @@ const char* data_sharers(const TrainConfig& c) {
 
 }  // namespace
 
+bool tp_partners_split_alike(const std::vector<int>& host_of, int tp, int mp) {
+  if (tp <= 1 || mp <= 1) return true;
+  const int w = int(host_of.size());
+  // A group's hosts numbered by first appearance, rank by rank: what compress::int_reduce_groups builds from.
+  auto layout = [&](int key) {
+    std::vector<int> hosts, seq;
+    for (int r = key; r < w; r += mp) {
+      auto it = std::find(hosts.begin(), hosts.end(), host_of[size_t(r)]);
+      seq.push_back(int(it - hosts.begin()));
+      if (it == hosts.end()) hosts.push_back(host_of[size_t(r)]);
+    }
+    return seq;
+  };
+  for (int k = 0; k < mp; ++k)
+    if (layout(k) != layout(k - k % tp)) return false;
+  return true;
+}
+
 void check_model_config(const TrainConfig& c, int world) {
   torch::NoGradGuard ng;
   // The ranks that share out the data: a tensor-parallel group's ranks, and a pipeline's, see the same samples.
@@ -719,6 +737,11 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     // (the int wires' blocks never mix a replicated parameter, equal across the tensor-parallel group, with a split
     // one)
     dopts.blocks_per_parameter = c.tp > 1;
+    if (c.tp > 1 && c.zero > 0 && zero_int_wire(c.compressor).bits > 0) {
+      std::vector<int> host_of;
+      for (int r = 0; r < comm_ptr->size(); ++r) host_of.push_back(comm_ptr->host_of(r));
+      dopts.zero_int_hierarchy = tp_partners_split_alike(host_of, c.tp, c.tp * c.pp);
+    }
     dopts.backward_passes = c.micro_batches;
     dopts.zero_reduce_each_pass = c.zero_reduce == "micro-batch";
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
@@ -904,7 +927,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     if (c.recompute && c.micro_batches == 1)
       warn("recompute",
            "with one micro-batch every stage's backward follows its forward: nothing is kept to recompute");
-    else if (c.pp > 1 && c.micro_batches == 1)  // (found by an audit)
+    if (c.pp > 1 && c.micro_batches == 1)  // (found by an audit)
       fmt::print(stderr,
                  "train: warning: pp {} with one micro-batch runs the stages one after another, each waiting for "
                  "the others (no pipelining; the schedule changes nothing): --micro-batches M > 1 overlaps them\n",

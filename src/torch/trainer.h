@@ -44,4 +44,11 @@ TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm, const WorkerO
 // Checks that need the model: a PowerSGD rank no layer allows, a batch larger than the data. ConfigError.
 void check_model_config(const TrainConfig& c, int world);
 
+// Whether the data-parallel groups of tensor-parallel partners (ranks of one model replica's stage: rank = replica x
+// mp + stage x tp + position, mp = tp x pp; a group holds the ranks of one rank % mp) split over hosts alike:
+// host_of[r] is rank r's host. ZeRO's int reduce-scatter goes in two hops where a group spans hosts, rounding partial
+// sums at points the host map decides: partners whose groups split otherwise would round the replicated parameters'
+// sums apart, so then it goes in one hop.
+bool tp_partners_split_alike(const std::vector<int>& host_of, int tp, int mp);
+
 }  // namespace conduit::train

@@ -898,7 +898,7 @@ TEST(NonFinite, CompressedExchangesRefuseWhatTheyCannotCarry) {
 // where f32 carried it. Every rank now stops with the same line; an inf or nan a rank put in still passes through,
 // as in an uncompressed allreduce, and bf16 (f32's range) carries the sum.
 TEST(NonFinite, Fp16RefusesASumBeyondItsRangeButPassesNonFiniteInputsOn) {
-  auto run = [](const std::string& name, float rank1, float others) {
+  auto run = [](const std::string& name, float rank1, float others, bool average = false) {
     auto c = make_compressor(name);
     std::vector<std::string> errors(3);
     std::vector<std::vector<float>> out(3);
@@ -906,8 +906,10 @@ TEST(NonFinite, Fp16RefusesASumBeyondItsRangeButPassesNonFiniteInputsOn) {
       auto st = c->make_state({256}, 1, comm.rank());
       std::vector<float> x(256, 1.0f);
       x[100] = comm.rank() == 1 ? rank1 : others;
+      ReduceOptions o;
+      o.average = average;
       try {
-        compressed_allreduce(comm, *c, st, x);
+        compressed_allreduce(comm, *c, st, x, o);
       } catch (const InvalidArgument& e) {
         errors[comm.rank()] = e.what();
       }
@@ -923,6 +925,14 @@ TEST(NonFinite, Fp16RefusesASumBeyondItsRangeButPassesNonFiniteInputsOn) {
                 std::string::npos)
           << rank1 << " rank " << r << ": " << errors[r];
   }
+  // Averaged (as the trainer averages), each rank's part is divided first: a mean within range is carried.
+  auto [averaged, mean] = run("fp16", 30000.0f, 30000.0f, true);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(averaged[r], "") << r;
+    EXPECT_NEAR(mean[r][100], 30000.0f, 32.0f) << r;
+  }
+  auto [beyond, unused] = run("fp16", 70000.0f, 30000.0f, true);  // one rank's own value beyond the range
+  for (int r = 0; r < 3; ++r) EXPECT_NE(beyond[r].find("came out inf from finite values"), std::string::npos) << r;
   auto [fine, sum] = run("fp16", 2000.0f, 1000.0f);
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(fine[r], "") << r;

@@ -1299,6 +1299,8 @@ TEST(Federation, AResumedDpRunAccountsForTheRoundsBeforeTheCheckpoint) {
   ASSERT_EQ(again.server.rounds.size(), 2u);
   EXPECT_DOUBLE_EQ(again.server.rounds.back().epsilon, longer.server.rounds.back().epsilon);
   EXPECT_GT(again.server.rounds.back().epsilon, whole.server.rounds.back().epsilon);
+  // The resume raised the ledger it resumed from: a second resume from the same checkpoint counts its releases too.
+  EXPECT_EQ(read_dp_ledger(ck), 6);
   // A ledger that is not one is refused naming it.
   std::ofstream(ck + "/dp-ledger.bin") << "not a ledger";
   try {

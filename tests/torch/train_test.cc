@@ -1339,6 +1339,25 @@ TEST(Train, SequenceParallelGroupsTrainTheVitAsTheWholeModelTrains) {
   fs::remove_all(dir);
 }
 
+// ZeRO's int reduce-scatter splits a data-parallel group at its host boundaries: tensor-parallel partners' groups must
+// split alike, or their replicated parameters' partial sums are rounded at other points.
+TEST(Train, TensorParallelPartnersGroupsSplitOverHostsAlikeOrTheIntWireGoesInOneHop) {
+  // 2 hosts of 4, tp 2: groups {0,2 | 4,6} and {1,3 | 5,7}, alike.
+  EXPECT_TRUE(tp_partners_split_alike({0, 0, 0, 0, 1, 1, 1, 1}, 2, 2));
+  // 3 ranks a host, tp 2: {0,2 | 4} against {1 | 3,5}.
+  EXPECT_FALSE(tp_partners_split_alike({0, 0, 0, 1, 1, 1}, 2, 2));
+  // tp 2 x pp 2 on hosts of 4: each replica on a host of its own, every group {h0 | h1}.
+  EXPECT_TRUE(tp_partners_split_alike({0, 0, 0, 0, 1, 1, 1, 1}, 2, 4));
+  // One host, or no tensor parallelism: nothing to compare.
+  EXPECT_TRUE(tp_partners_split_alike({0, 0, 0, 0, 0, 0}, 2, 2));
+  EXPECT_TRUE(tp_partners_split_alike({0, 0, 0, 1, 1, 1}, 1, 1));
+  // Hosts interleaved with the positions: {0,2} on hosts 0 then 0, {1,3} on 1 then 1: alike (one host each).
+  EXPECT_TRUE(tp_partners_split_alike({0, 1, 0, 1}, 2, 2));
+  // Stages differ between each other (pp 2, tp 2, hosts of 2): stage 0's groups {0 | 4} and {1 | 5} alike, as stage
+  // 1's.
+  EXPECT_TRUE(tp_partners_split_alike({0, 0, 1, 1, 2, 2, 3, 3}, 2, 4));
+}
+
 // Two groups of two tensor-parallel ranks train the vit as two data-parallel ranks train it whole: the same losses
 // and accuracy to the float sums' order, every replicated parameter equal on both ranks of a group and close to the
 // whole model's, each rank holding its share of the split ones; with ZeRO-1 over the groups too, and with PowerSGD
