@@ -88,6 +88,20 @@ std::string new_job_id() {
   return fmt::format("{:x}{:x}", static_cast<unsigned long>(::getpid()), static_cast<unsigned long long>(t) & 0xffffffffffull);
 }
 
+// Rank r's value in the first bootstrap exchange, "<job id>\x1f<WORLD_SIZE>": ConfigError naming both sizes when its
+// WORLD_SIZE is not this rank's (every rank takes rank 0's job id, so segment names agree; the sizes go with it).
+void check_world_size(Store&, int rank, int size, int r, const std::string& v) {
+  const std::string theirs = v.substr(v.rfind('\x1f') + 1);
+  if (theirs == std::to_string(size)) return;
+  // Rank 0 serves the TCP store the others still read their values from: it waits a second before it goes (a
+  // detached thread keeping the store did not outlive the process, which exits on this error: a rank still reading
+  // lost the connection instead of learning why).
+  if (rank == 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+  throw ConfigError(
+      fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on every rank", rank,
+                  size, theirs, r));
+}
+
 }  // namespace
 
 const char* transport_kinds_allowed() { return "auto, tcp, shm, mpi"; }
@@ -167,8 +181,19 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     StorePtr store = b->store;
     int rank = b->rank, size = b->size;
     b->allgather = [store, counter, rank, size, job_prefix, timeout_s](const std::string& mine) {
-      std::string prefix = fmt::format("conduit/{}/bootstrap/{}", job_prefix, counter->fetch_add(1));
-      return store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s));
+      const int n = counter->fetch_add(1);
+      std::string prefix = fmt::format("conduit/{}/bootstrap/{}", job_prefix, n);
+      // The first exchange carries each rank's WORLD_SIZE: checked as each value comes (rank 0's first), so a rank
+      // of a larger job stops at once rather than waiting out its deadline for ranks that will never come.
+      std::function<void(int, const std::string&)> check;
+      if (n == 0) check = [&](int r, const std::string& v) { check_world_size(*store, rank, size, r, v); };
+      auto all = store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s), check);
+      // A rank beyond this world that published already (one of a larger job, its WORLD_SIZE set otherwise): the
+      // smaller job would otherwise run on as a job of its own. (One that comes later is stopped by its own check.)
+      if (n == 0)
+        if (const std::string beyond = fmt::format("{}/{}", prefix, size); store->check(beyond))
+          check_world_size(*store, rank, size, size, store->get(beyond, Deadline::after(timeout_s)));
+      return all;
     };
   } else {
     b->method = "single";
@@ -179,18 +204,6 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
   // tcp rendezvous, one of a smaller job ran on as a job of its own).
   std::string job = job_id_from_env().value_or(new_job_id());
   const std::vector<std::string> first = b->allgather(job + "\x1f" + std::to_string(b->size));
-  for (int r = 0; r < static_cast<int>(first.size()); ++r) {
-    const std::string theirs = first[size_t(r)].substr(first[size_t(r)].rfind('\x1f') + 1);
-    if (theirs != std::to_string(b->size)) {
-      // Rank 0 serves the TCP store the others still read their values from: it waits a second before it goes (a
-      // detached thread keeping the store did not outlive the process, which exits on this error: a rank still
-      // reading lost the connection instead of learning why).
-      if (b->rank == 0 && b->store) std::this_thread::sleep_for(std::chrono::seconds(1));
-      throw ConfigError(
-          fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on every rank",
-                      b->rank, b->size, theirs, r));
-    }
-  }
   b->job = first[0].substr(0, first[0].rfind('\x1f'));
   fill_hosts(*b);
   set_log_rank(b->rank);

@@ -942,6 +942,12 @@ class ShmTransport : public Transport, public Progressor {
       }
       if (r < 0 && errno == EINTR) continue;
       const int e = r < 0 ? errno : EFAULT;
+      // A sender that aborted may have freed the buffer already: the abort is the cause, not its memory (it was
+      // reported as a protocol error of the sender's).
+      if (my_seg_->aborted.load(std::memory_order_seq_cst) != 0) {
+        progress_abort();
+        return false;
+      }
       if (e == ESRCH) {
         fail_peer(p,
                   std::make_exception_ptr(

@@ -1,6 +1,7 @@
 #pragma once
 // Shared-memory transport for ranks on one host. Each rank owns a segment (/dev/shm, unlinked as soon as every
-// peer has mapped it, so nothing is left behind after a crash) holding one single-producer/single-consumer byte
+// peer has mapped it, so a crash after that leaves nothing behind; one before it leaves the segment, which `conduit
+// launch` removes and other launchers do not) holding one single-producer/single-consumer byte
 // ring per sending peer (CONDUIT_SHM_RING_BYTES, default 2 MiB). Frames are the tcp frames (net/wire.h), checked
 // the same way. Progress happens in the waiting thread (no helper thread competes for cores): a waiter moves
 // data, spins briefly, then sleeps on a futex doorbell that peers ring when they write or free ring space.

@@ -22,7 +22,8 @@ void check_rank(const char* what, const std::string& prefix, int rank, int size)
 }  // namespace
 
 std::vector<std::string> store_allgather(Store& store, const std::string& prefix, int rank, int size,
-                                         const std::string& value, const Deadline& deadline) {
+                                         const std::string& value, const Deadline& deadline,
+                                         const std::function<void(int, const std::string&)>& on_value) {
   check_rank("store_allgather", prefix, rank, size);
   store.set(fmt::format("{}/{}", prefix, rank), value, deadline);
   std::vector<std::string> out(size);
@@ -35,6 +36,7 @@ std::vector<std::string> store_allgather(Store& store, const std::string& prefix
       throw TimeoutError(fmt::format("store_allgather '{}' (rank {} of {}): rank {} has not published its value: {}",
                                      prefix, rank, size, r, e.what()));
     }
+    if (on_value) on_value(r, out[r]);
   }
   return out;
 }

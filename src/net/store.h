@@ -2,6 +2,7 @@
 // Rendezvous key-value stores. Ranks publish their addresses under keys and read their peers'; every blocking
 // call has a deadline and throws TimeoutError naming the key it waited for.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,8 +15,10 @@ namespace conduit::net {
 // largest file read as a value.
 inline constexpr uint32_t kMaxStoreFieldBytes = 64u << 20;
 
-// Every call ends by its deadline (TimeoutError): a server that hangs, or a file-system lock held by a stuck rank,
-// cannot keep a caller past the time it was given. The overloads without one allow CONDUIT_TIMEOUT (300 s).
+// Every wait ends by its deadline (TimeoutError): a TCP store server that hangs, a value not yet published, or a
+// file-system lock held by a stuck rank cannot keep a caller past the time it was given. The file store's single
+// file operations (open, write, rename) are the file system's own: on a hung network mount they block as it does.
+// The overloads without one allow CONDUIT_TIMEOUT (300 s).
 class Store {
  public:
   virtual ~Store() = default;
@@ -48,8 +51,11 @@ void set_file_store_identity_for_testing(const std::string& host, long pid);
 
 // Collective helpers over any store, for bootstrap: every one of `size` ranks calls them in the same order with
 // the same `prefix`.
+// `on_value` (when given) sees each other rank's value as it is read, in rank order, and may throw: a rank whose
+// value says it is of another job stops this one at once instead of after every value came.
 std::vector<std::string> store_allgather(Store& store, const std::string& prefix, int rank, int size,
-                                         const std::string& value, const Deadline& deadline);
+                                         const std::string& value, const Deadline& deadline,
+                                         const std::function<void(int, const std::string&)>& on_value = nullptr);
 void store_barrier(Store& store, const std::string& prefix, int rank, int size, const Deadline& deadline);
 
 }  // namespace conduit::net

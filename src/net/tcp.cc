@@ -223,17 +223,31 @@ class TcpTransport : public Transport {
                       "descriptors (ulimit -n)",
                       rank_, ep_ < 0 ? "epoll_create1" : "eventfd", std::strerror(e)));
     }
+    // A descriptor the loop does not watch is never read: every wait on it ran to its deadline with no cause given
+    // (epoll_ctl fails with ENOMEM, or ENOSPC past fs.epoll.max_user_watches).
+    auto watch = [&](int fd, epoll_event ev, const std::string& what) {
+      if (epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev) == 0) return;
+      const int e = errno;
+      ::close(evfd_);
+      ::close(ep_);
+      for (auto& p : peers_)
+        if (p.fd >= 0) ::close(p.fd);
+      throw Error(
+          fmt::format("tcp: rank {} cannot watch {} (epoll_ctl: {}); allowed: a process under its epoll and "
+                      "memory limits (fs.epoll.max_user_watches)",
+                      rank_, what, std::strerror(e)));
+    };
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u32 = 0xffffffffu;
-    epoll_ctl(ep_, EPOLL_CTL_ADD, evfd_, &ev);
+    watch(evfd_, ev, "its wake-up descriptor");
     for (auto& p : peers_) {
       if (p.fd < 0) continue;
       epoll_event pe{};
       p.interest = EPOLLIN;
       pe.events = p.interest;
       pe.data.u32 = static_cast<uint32_t>(p.rank);
-      epoll_ctl(ep_, EPOLL_CTL_ADD, p.fd, &pe);
+      watch(p.fd, pe, fmt::format("its connection to rank {}", p.rank));
     }
     try {
       thread_ = std::thread([this] { loop(); });

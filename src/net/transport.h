@@ -6,8 +6,9 @@
 // match receives in the order both were posted. A receive names the exact byte size it expects; a message of
 // another size fails that receive with a ProtocolError naming both sizes and is consumed, whichever came first
 // (the connection stays usable, as with MPI's truncation error). The failed receive's buffer is left as it was,
-// except under MPI, which may have written a message's first bytes into it. Tags carry a kind in their top byte (see
-// tags.h).
+// except under MPI, which may have written a message's first bytes into it. The send completes (tcp, shm, MPI),
+// except in-process, where sender and receiver meet directly and both fail with the mismatch. Tags carry a kind in
+// their top byte (see tags.h).
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>

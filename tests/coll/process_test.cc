@@ -221,6 +221,20 @@ TEST(Processes, WorldSizesMustAgree) {
   for (int rank = 0; rank < 3; ++rank)
     EXPECT_NE(r.out.find("rank " + std::to_string(rank) + ": WORLD_SIZE is"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 15) << r.out;
+  // Each value is checked as it is read: rank 0 of a job of 3 meeting only rank 1 of a job of 2 stops at once (it
+  // waited its whole deadline for rank 2, then blamed it); a rank of a larger job among a smaller one's stops at once.
+  for (const char* sizes : {"3 2", "2 2 3"}) {
+    std::string d = temp_path("sizes2");
+    r = run_sh("mkdir -p " + d + " && r=0; for s in " + sizes + "; do RANK=$r WORLD_SIZE=$s CONDUIT_STORE_PATH=" + d +
+               " CONDUIT_JOB_ID=wz" + std::to_string(::getpid()) + " " + kConduit +
+               " selftest --op allreduce --timeout 30 & r=$((r+1)); done; wait");
+    std::system(("rm -rf " + d).c_str());
+    if (std::string(sizes) == "3 2")
+      EXPECT_NE(r.out.find("rank 0: WORLD_SIZE is 3 here but 2 on rank 1"), std::string::npos) << r.out;
+    else
+      EXPECT_NE(r.out.find("rank 2: WORLD_SIZE is 3 here but 2 on rank 0"), std::string::npos) << r.out;
+    EXPECT_LT(r.seconds, 15) << sizes << ": " << r.out;
+  }
 }
 
 TEST(Processes, FileStoreRendezvousWithoutFlags) {
