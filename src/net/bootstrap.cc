@@ -161,22 +161,30 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     // earlier run of this job id used, and would read that run's addresses (it timed out connecting to old ports).
     if (b->method == "file-store" && b->store->check(fmt::format("conduit/{}/bootstrap/0/{}", job_prefix, b->rank)))
       throw ConfigError(fmt::format(
-          "CONDUIT_STORE_PATH={} already holds rank {}'s values of job '{}' from an earlier run; allowed: an empty "
-          "directory, or a CONDUIT_JOB_ID unique to each run",
+          "CONDUIT_STORE_PATH={} already holds rank {}'s values of job '{}' (from an earlier run, or from another "
+          "process given this RANK); allowed: one process a rank, and an empty directory or a CONDUIT_JOB_ID unique "
+          "to each run",
           *path, b->rank, job_prefix));
     // One process a rank: the first to claim it is counted 1. A second (RANK set alike twice, or ranks of another
     // job whose rank 0 could not listen on this MASTER_PORT) is refused here, before it publishes an address the
     // job's ranks would read and connect to (it overwrote the first one's).
-    if (b->method == "tcp-store") {
+    // (The file store too: a second process of one rank was told the directory held an earlier run's values.)
+    {
       const int64_t claims =
           b->store->add(fmt::format("conduit/{}/claimed/{}", job_prefix, b->rank), 1, Deadline::after(timeout_s));
-      if (claims != 1)
+      if (claims != 1 && b->method == "tcp-store")
         throw ConfigError(fmt::format(
             "rank {}: another process already joined the store at MASTER_ADDR={}:{} as rank {} of job '{}' (RANK "
             "given twice, a rank restarted during the rendezvous, or another job on this MASTER_PORT); allowed: one "
             "process a rank, and a MASTER_PORT or "
             "CONDUIT_JOB_ID of each job's own",
             b->rank, *addr, env_string("MASTER_PORT").value_or("?"), b->rank, job_prefix));
+      if (claims != 1)
+        throw ConfigError(fmt::format(
+            "rank {}: another process already joined CONDUIT_STORE_PATH={} as rank {} of job '{}' (RANK given "
+            "twice, a rank restarted during the rendezvous, or another job with this CONDUIT_JOB_ID); allowed: one "
+            "process a rank, and an empty directory or a CONDUIT_JOB_ID of each job's own",
+            b->rank, *path, b->rank, job_prefix));
     }
     StorePtr store = b->store;
     int rank = b->rank, size = b->size;

@@ -276,6 +276,23 @@ TEST(Processes, ASecondProcessForOneRankIsRefusedAtTheStore) {
   EXPECT_NE(r.out.find("rank 1 exit 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("on 2 ranks over"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 20) << r.out;
+  // Over a file store: the second is refused naming the rank (it was told the directory held an earlier run's
+  // values when the first had published them, and went on when it had not: the store's claim counts there too).
+  const std::string dir = temp_path("twice");
+  const std::string fenv = "WORLD_SIZE=2 CONDUIT_STORE_PATH=" + dir + " CONDUIT_TIMEOUT=20 CONDUIT_JOB_ID=ftwice" +
+                           std::to_string(::getpid()) + " ";
+  const std::string frank1 =
+      "RANK=1 " + fenv + kConduit + " selftest --op allreduce --timeout 20; echo \"rank 1 exit $?\"";
+  r = run_sh("mkdir -p " + dir + " && (" + frank1 + ") & (" + frank1 + ") & sleep 1; RANK=0 " + fenv + kConduit +
+             " selftest --op allreduce --timeout 20; wait");
+  std::system(("rm -rf " + dir).c_str());
+  EXPECT_TRUE(r.out.find("rank 1: another process already joined CONDUIT_STORE_PATH=" + dir + " as rank 1") !=
+                  std::string::npos ||
+              r.out.find("already holds rank 1's values of job 'ftwice") != std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("rank 1 exit 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 exit 0"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 20) << r.out;
 }
 
 TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
