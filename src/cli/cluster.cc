@@ -176,7 +176,11 @@ void shape(const std::string& ns, const std::string& dev, double rate_bps, doubl
   const bool netem = delay_s > 0 || loss > 0;
   std::vector<std::string> netem_args;
   if (netem) {
-    netem_args = {"netem", "limit", "100000"};
+    // The delay line holds rate x delay of full frames (with half again for bursts): a fixed 100,000 dropped what
+    // a long latency at a high rate kept in flight (10 s at 1 gbit: ~413,000 frames), loss nobody asked for.
+    const double frames = 1.5 * rate_bps * delay_s / (1514.0 * 8);
+    const long long limit = std::max<long long>(100000, static_cast<long long>(std::ceil(frames)));
+    netem_args = {"netem", "limit", std::to_string(limit)};
     if (delay_s > 0) {
       netem_args.insert(netem_args.end(),
                         {"delay", fmt::format("{}us", static_cast<long long>(std::llround(delay_s * 1e6)))});
@@ -738,6 +742,22 @@ ClusterState load_state(const std::string& name) {
           fmt::format("cluster: state file {} is damaged ({} hosts; allowed: 1 to {}); run `conduit "
                       "cluster down --name {}`",
                       state_path(name), s.hosts.size(), kMaxHosts, name));
+    // The names are the ones `up` makes from the cluster's name, nothing else: commands run as root open
+    // /run/netns/<ns> from this file (a written "../../proc/1/ns/net" ran them unshaped in the machine's own).
+    std::string odd;
+    if (s.name != name) odd = fmt::format("name '{}'", s.name);
+    if (odd.empty() && s.switch_ns != switch_ns(name)) odd = fmt::format("switch namespace '{}'", s.switch_ns);
+    for (size_t k = 0; k < s.hosts.size() && odd.empty(); ++k) {
+      if (s.hosts[k].ns != host_ns(name, int(k)))
+        odd = fmt::format("host {}'s namespace '{}'", k, s.hosts[k].ns);
+      else if (s.hosts[k].address != fmt::format("{}{}", kSubnetPrefix, k + 1))
+        odd = fmt::format("host {}'s address '{}'", k, s.hosts[k].address);
+    }
+    if (!odd.empty())
+      throw ConfigError(
+          fmt::format("cluster: state file {} is damaged ({}: not what `cluster up --name {}` makes); "
+                      "run `conduit cluster down --name {}`",
+                      state_path(name), odd, name, name));
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(fmt::format("cluster: state file {} is damaged ({}); run `conduit cluster down --name {}`",

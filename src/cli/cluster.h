@@ -8,7 +8,8 @@
 //   namespace conduit-NAME-hK:  lo, eth0 = 10.213.0.(K+1)/24 (veth end), no default route
 //
 // Each host's link is shaped in both directions at its rate: tbf on the host's eth0 (host -> switch) and on the
-// switch's pK (switch -> host), burst above the MTU (and above a GSO super-packet) so TCP never stalls. Latency and
+// switch's pK (switch -> host), burst of three full frames (above the MTU, below a 64 KiB GSO super-packet, which the
+// veths split) so TCP never stalls. Latency and
 // loss need netem: when the kernel has it, each direction gets htb (rate) with a netem leaf (half the latency each
 // way, the loss on the host's egress); when it does not, asking for them fails with one line naming what is missing.
 // State is kept in /run/conduit/cluster-NAME.json (CONDUIT_CLUSTER_STATE_DIR overrides); `down` also finds

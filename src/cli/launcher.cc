@@ -671,7 +671,8 @@ std::optional<std::string> find_program(const std::string& program, std::string*
   return resolve_program(program, why);
 }
 
-int find_free_port(const std::string& addr) {
+// The master address's addresses (ConfigError naming it when it does not resolve); the caller frees them.
+static addrinfo* resolve_master(const std::string& addr) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -684,6 +685,13 @@ int find_free_port(const std::string& addr) {
   if (rc != 0) {
     throw ConfigError(fmt::format("launch: master address '{}' cannot be resolved: {}", addr, ::gai_strerror(rc)));
   }
+  return res;
+}
+
+int find_free_port(const std::string& addr) {
+  addrinfo* res = resolve_master(addr);
+  const std::string host =
+      addr.size() > 2 && addr.front() == '[' && addr.back() == ']' ? addr.substr(1, addr.size() - 2) : addr;
   std::string last_error = "no address";
   int port = 0;
   // Binds `want` (0: the kernel's choice) on the address; the port bound, or 0. (An IPv6 socket takes IPv4 too, as
@@ -857,6 +865,7 @@ std::vector<int> binding_cpus(const LaunchSpec& spec) {
 }  // namespace
 
 int launcher_stop_signal() { return g_stop_signal; }
+void set_launcher_stop_signal(int sig) { g_stop_signal = sig; }
 
 int run_local_workers(const LaunchSpec& spec) {
   if (spec.nprocs < 1 || spec.nprocs > kMaxLocalWorkers) {
@@ -901,6 +910,8 @@ int run_local_workers(const LaunchSpec& spec) {
     message(spec, fmt::format("cannot execute '{}': {}", program, why));
     return kExecFailedCode;
   }
+  // (Checked with a port given too: the ranks started and each failed to reach it, or ran on without it.)
+  if (spec.master_port != 0) ::freeaddrinfo(resolve_master(spec.master_addr));
   const int port = spec.master_port != 0 ? spec.master_port : find_free_port(spec.master_addr);
   const std::string job_id = spec.job_id.empty() ? make_job_id() : spec.job_id;
 
@@ -1228,9 +1239,13 @@ int run_local_workers(const LaunchSpec& spec) {
           g_stop_signal = sig;
         }
         if (user_signals == 1) {
-          message(spec,
-                  fmt::format("received {}; forwarding it to {}", signal_name(sig), plural_workers(running_count())));
-          begin_stop(sig == SIGQUIT ? SIGTERM : sig);  // (SIGQUIT would make every worker dump core)
+          // (SIGQUIT would make every worker dump core: they get SIGTERM, and the message says so)
+          const int forward = sig == SIGQUIT ? SIGTERM : sig;
+          message(spec, forward == sig ? fmt::format("received {}; forwarding it to {}", signal_name(sig),
+                                                     plural_workers(running_count()))
+                                       : fmt::format("received {}; sending {} to {}", signal_name(sig),
+                                                     signal_name(forward), plural_workers(running_count())));
+          begin_stop(forward);
         } else if (!killed) {
           message(spec,
                   fmt::format("received {} again; killing {}", signal_name(sig), plural_workers(running_count())));

@@ -52,6 +52,8 @@ int run_local_workers(const LaunchSpec& spec);
 // then ends by that signal itself (except SIGQUIT, which would dump core: exit code 131), so that a shell loop
 // running it stops as it would for any program.
 int launcher_stop_signal();
+// Another command stopped by such a signal (conduit sweep between its cells) ends the same way.
+void set_launcher_stop_signal(int sig);
 
 // A TCP port that was free on `addr` a moment ago: below the kernel's ephemeral port range where there is room (a
 // port from it could go to an outgoing connection before rank 0 binds it), else the kernel's choice (bind to port 0).

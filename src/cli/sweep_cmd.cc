@@ -1332,6 +1332,9 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
              pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
   if (g_stop) {
     set_exit_code(128 + g_stop);
+    // (and ends by the signal itself, as conduit launch does: a shell loop of sweeps took exit code 130 for a
+    // handled signal and went on to the next)
+    set_launcher_stop_signal(g_stop);
   } else if (failed > 0) {
     fmt::print(stderr, "sweep: {} of {} cells failed; see their log.txt\n", failed, rows.size());
     set_exit_code(1);

@@ -506,6 +506,7 @@ TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --loss 0x1p-4",
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --latency infms",
       " cluster up --name BAD/name --hosts 2 --bandwidth 1gbit",
+      " cluster up --name sweep123 --hosts 2 --bandwidth 1gbit",  // (conduit sweep's own: a sweep may remove it)
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --hosts-file /nonexistent.yaml",
       " cluster exec --name " + name + "-none 0 -- true",
       " cluster run --name " + name + "-none -- true",
@@ -525,6 +526,29 @@ TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
     EXPECT_EQ(r.out.rfind("conduit: error: ", 0), 0u) << args << ": " << r.out;
   }
   EXPECT_TRUE(namespaces_of(name).empty());
+}
+
+// A state file whose names are not the ones `up` makes from the cluster's name is refused before anything runs as
+// root in what it names (a host namespace of "../../proc/1/ns/net" ran `cluster exec` in the machine's own).
+TEST_F(ClusterTest, AStateFileNamingOtherNamespacesIsRefused) {
+  const std::string name = unique_name("sf");
+  TempDir dir(fs::temp_directory_path() / (name + "-state"));
+  const std::string good_sw = "conduit-" + name + "-sw";
+  auto state = [&](const std::string& ns, const std::string& addr) {
+    std::ofstream(dir.d / ("cluster-" + name + ".json"))
+        << "{\"name\": \"" << name << "\", \"switch_ns\": \"" << good_sw << "\", \"hosts\": [{\"ns\": \"" << ns
+        << "\", \"address\": \"" << addr << "\", \"link\": {\"rate_bps\": 1e9, \"latency_s\": 0, \"loss\": 0}}]}";
+  };
+  for (const auto& [ns, addr, what] :
+       {std::tuple<std::string, std::string, std::string>{"../../proc/1/ns/net", "10.213.0.1", "host 0's namespace"},
+        {"conduit-" + name + "-h0", "10.0.0.9", "host 0's address"}}) {
+    state(ns, addr);
+    Result r = sh("CONDUIT_CLUSTER_STATE_DIR=" + dir.d.string() + " " + conduit() + " cluster exec --name " + name +
+                  " 0 -- true");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("is damaged (" + what), std::string::npos) << r.out;
+    EXPECT_EQ(count_lines(r.out), 1) << r.out;
+  }
 }
 
 // Shaping that would differ from what was asked is refused before anything is made: a flag and the hosts file's

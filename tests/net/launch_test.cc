@@ -785,6 +785,9 @@ TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
       // Not an address of this host (TEST-NET-3): no free port can be found on it.
       {{"launch", "-n", "2", "--master-addr", "203.0.113.7", "--", "true"},
        "cannot bind a port on master address '203.0.113.7'"},
+      // With a port given too (it was checked only when a free port was looked for: the ranks started).
+      {{"launch", "-n", "2", "--master-port", "23456", "--master-addr", "no such host!", "--", "true"},
+       "master address 'no such host!' cannot be resolved"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args, {}, 10s);
