@@ -134,6 +134,7 @@ void write_state(const ClusterState& s) {
   j["name"] = s.name;
   j["switch_ns"] = s.switch_ns;
   j["shaping"] = s.shaping;
+  if (!s.owner.empty()) j["owner"] = s.owner;
   j["hosts"] = nlohmann::json::array();
   for (const auto& h : s.hosts) {
     j["hosts"].push_back({{"ns", h.ns}, {"address", h.address}, {"ifname", kHostIfname}, {"link", link_json(h.link)}});
@@ -587,7 +588,7 @@ std::vector<std::string> existing_namespaces(const std::string& name) {
   return out;
 }
 
-ClusterState up(const std::string& name, const std::vector<LinkSpec>& links) {
+ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, const std::string& owner) {
   validate_name(name);
   if (links.empty() || static_cast<int>(links.size()) > kMaxHosts) {
     throw ConfigError(fmt::format("cluster up: --hosts must be between 1 and {}, got {}", kMaxHosts, links.size()));
@@ -608,6 +609,7 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links) {
   s.name = name;
   s.switch_ns = switch_ns(name);
   s.shaping = wants_netem ? "htb+netem" : "tbf";
+  s.owner = owner;
   for (size_t k = 0; k < links.size(); ++k) {
     s.hosts.push_back({host_ns(name, static_cast<int>(k)), fmt::format("{}{}", kSubnetPrefix, k + 1), links[k]});
   }
@@ -732,6 +734,7 @@ ClusterState load_state(const std::string& name) {
     s.name = j.at("name").get<std::string>();
     s.switch_ns = j.at("switch_ns").get<std::string>();
     s.shaping = j.value("shaping", "tbf");
+    s.owner = j.value("owner", "");
     for (const auto& h : j.at("hosts")) {
       s.hosts.push_back(
           {h.at("ns").get<std::string>(), h.at("address").get<std::string>(), link_from_json(h.at("link"))});

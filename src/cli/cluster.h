@@ -42,6 +42,7 @@ struct ClusterState {
   std::string switch_ns;
   std::string shaping;  // "tbf" or "htb+netem"
   std::vector<HostInfo> hosts;
+  std::string owner;  // "sweep": made by conduit sweep, which removes it once that sweep's pid is gone; else ""
 };
 
 // "100mbit", "1gbit", "1Gbit/s", "500kbit", "2.5G", "1000000" (bit/s) -> bit/s. Throws ConfigError naming `field`.
@@ -78,7 +79,7 @@ std::string switch_ns(const std::string& name);
 
 // Creates the cluster; on any failure removes what it made and rethrows. Throws ConfigError when a cluster of that
 // name exists (or left namespaces behind: run down first) and UnsupportedError when latency/loss need netem.
-ClusterState up(const std::string& name, const std::vector<LinkSpec>& links);
+ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, const std::string& owner = "");
 // Removes the cluster's namespaces (stopping processes still inside them) and state file. Returns the number of
 // namespaces removed; 0 when there was nothing.
 int down(const std::string& name);

@@ -77,14 +77,6 @@ void print_state(const cl::ClusterState& s) {
 void cmd_up(const ClusterOptions& o) {
   require_root("up");
   cl::validate_name(o.name);
-  // sweep<digits> are the clusters of `conduit sweep` (sweep<pid>): a sweep removes those whose pid no longer runs,
-  // and took a user's cluster of such a name down with the processes inside it.
-  if (o.name.size() > 5 && o.name.rfind("sweep", 0) == 0 &&
-      o.name.find_first_not_of("0123456789", 5) == std::string::npos)
-    throw ConfigError(
-        fmt::format("cluster up: --name '{}' is reserved for conduit sweep's own clusters (sweep<pid>); "
-                    "allowed: another name, e.g. sweep-{}",
-                    o.name, o.name.substr(5)));
   cl::LinkSpec base;
   if (!o.bandwidth.empty()) base.rate_bps = cl::parse_rate(o.bandwidth, "--bandwidth");
   base.latency_s = cl::parse_duration(o.latency, "--latency");

@@ -914,6 +914,21 @@ int run_local_workers(const LaunchSpec& spec) {
   if (spec.master_port != 0) ::freeaddrinfo(resolve_master(spec.master_addr));
   const int port = spec.master_port != 0 ? spec.master_port : find_free_port(spec.master_addr);
   const std::string job_id = spec.job_id.empty() ? make_job_id() : spec.job_id;
+  // The workers' shared-memory segments go however this ends: an error out of the supervision below (poll failing,
+  // memory running out while forwarding output) skipped the removal at its end. (Declared before the watchdog: its
+  // end kills the workers first.)
+  struct ShmCleanup {
+    const std::string& job;
+    int n;
+    bool done = false;
+    ~ShmCleanup() {
+      if (done) return;
+      try {
+        net::remove_shm_segments(job, n);
+      } catch (...) {  // (a destructor must not throw; the segments are named for this job alone)
+      }
+    }
+  } shm_cleanup{job_id, spec.nprocs};
 
   const std::optional<rlimit> worker_file_limit = ensure_file_limit(spec.nprocs);
   SignalScope signals;
@@ -1273,6 +1288,7 @@ int run_local_workers(const LaunchSpec& spec) {
   // A worker killed while the ranks were meeting over shared memory leaves its segment behind (the ranks unlink them
   // once all have mapped them); with every worker gone, none is in use.
   net::remove_shm_segments(job_id, spec.nprocs);
+  shm_cleanup.done = true;
   return have_result ? result : 0;
 }
 

@@ -1186,6 +1186,13 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     // Only clusters this machine's sweeps recorded (a state file here): namespaces of another container's sweep,
     // whose pid means nothing in this pid namespace, are not ours to judge.
     if (!fs::exists(cl::state_path(name))) continue;
+    // Only a sweep's own (its state file says so): a user's cluster named sweep<digits> was taken down with the
+    // processes inside it.
+    try {
+      if (cl::load_state(name).owner != "sweep") continue;
+    } catch (const std::exception&) {
+      continue;  // (a damaged state file is not ours to judge either)
+    }
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
     try {
       cl::down(name);
@@ -1250,7 +1257,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
           up_net = nullptr;
         }
         if (g_stop) break;  // a stop during the switch: the next cluster is not built for a cell that will not run
-        cl::up(cluster, c.net->links);
+        cl::up(cluster, c.net->links, "sweep");
         up_net = c.net;
         bringing_up = false;
         // (a signal after `up` gave its handlers back: the cell ran on, and was marked stopped however it ended)

@@ -195,13 +195,10 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
       // of a larger job stops at once rather than waiting out its deadline for ranks that will never come.
       std::function<void(int, const std::string&)> check;
       if (n == 0) check = [&](int r, const std::string& v) { check_world_size(*store, rank, size, r, v); };
-      auto all = store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s), check);
-      // A rank beyond this world that published already (one of a larger job, its WORLD_SIZE set otherwise): the
-      // smaller job would otherwise run on as a job of its own. (One that comes later is stopped by its own check.)
-      if (n == 0)
-        if (const std::string beyond = fmt::format("{}/{}", prefix, size); store->check(beyond))
-          check_world_size(*store, rank, size, size, store->get(beyond, Deadline::after(timeout_s)));
-      return all;
+      // (A rank beyond this world, of a larger job, is stopped by its own check as it reads rank 0's value; this job's
+      // ranks do not look for it: one that saw it and one that had looked before would stop apart, the other
+      // waiting for its peer until its deadline.)
+      return store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s), check);
     };
   } else {
     b->method = "single";

@@ -865,8 +865,9 @@ class TcpTransport : public Transport {
           std::vector<int> still;
           for (size_t i = first_answer; i < fds.size(); ++i) {
             const int j = unanswered[i - first_answer];
-            if (fds[i].revents != 0)
-              read_hello_answer(j, deadline);
+            if (fds[i].revents != 0)  // (begun: the rest of a 32-byte answer within the hello's own bound, not the
+                                      // rendezvous' whole deadline, which a stalled half-answer held this loop for)
+              read_hello_answer(j, deadline.min(Deadline::after(kHelloSeconds)));
             else
               still.push_back(j);
           }

@@ -506,7 +506,6 @@ TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --loss 0x1p-4",
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --latency infms",
       " cluster up --name BAD/name --hosts 2 --bandwidth 1gbit",
-      " cluster up --name sweep123 --hosts 2 --bandwidth 1gbit",  // (conduit sweep's own: a sweep may remove it)
       " cluster up --name " + name + " --hosts 2 --bandwidth 1gbit --hosts-file /nonexistent.yaml",
       " cluster exec --name " + name + "-none 0 -- true",
       " cluster run --name " + name + "-none -- true",
@@ -716,6 +715,21 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   const std::string stale = "sweep" + std::to_string(gone);
   ASSERT_EQ(sh(conduit() + " cluster up --name " + stale + " --hosts 2 --bandwidth 10mbit").code, 0);
   ASSERT_TRUE(fs::exists("/run/netns/conduit-" + stale + "-h0"));
+  // Marked as a sweep's (as a sweep's own `up` marks it), it goes; one `up` made unmarked is a user's that only
+  // looks like a sweep's: left alone.
+  const pid_t gone2 = ::fork();
+  if (gone2 == 0) ::_exit(0);
+  ::waitpid(gone2, nullptr, 0);
+  const std::string users = "sweep" + std::to_string(gone2);
+  ASSERT_EQ(sh(conduit() + " cluster up --name " + users + " --hosts 1 --bandwidth 10mbit").code, 0);
+  ClusterGuard users_guard(users);
+  {
+    const std::string state = "/run/conduit/cluster-" + stale + ".json";
+    std::ifstream in(state);
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["owner"] = "sweep";
+    std::ofstream(state) << j.dump();
+  }
   fs::create_directories(dir / "out" / "cell007-conduit_bsp_none-10mbit-s1");
   fs::create_directories(dir / "out" / "cell1234-conduit_bsp_none-10mbit-s1");
   fs::create_directories(dir / "out" / "cellar");
@@ -730,6 +744,8 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   EXPECT_FALSE(fs::exists("/run/netns/conduit-" + stale + "-h0")) << r.out;
   if (fs::exists("/run/netns/conduit-" + stale + "-h0")) sh(conduit() + " cluster down --name " + stale);
   EXPECT_NE(r.out.find("removed cluster " + stale), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists("/run/netns/conduit-" + users + "-h0")) << r.out;
+  EXPECT_EQ(r.out.find("removed cluster " + users), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir / "out" / "accuracy_vs_time.png"));
   EXPECT_TRUE(fs::exists(dir / "out" / "notes.txt"));
   EXPECT_TRUE(fs::exists(dir / "out" / "figure.png"));
