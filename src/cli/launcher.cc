@@ -671,6 +671,11 @@ std::optional<std::string> find_program(const std::string& program, std::string*
   return resolve_program(program, why);
 }
 
+// The host part of a master address: an IPv6 literal in brackets ([::1]), as the TCP store takes it, without them.
+static std::string master_host(const std::string& addr) {
+  return addr.size() > 2 && addr.front() == '[' && addr.back() == ']' ? addr.substr(1, addr.size() - 2) : addr;
+}
+
 // The master address's addresses (ConfigError naming it when it does not resolve); the caller frees them.
 static addrinfo* resolve_master(const std::string& addr) {
   addrinfo hints{};
@@ -678,10 +683,7 @@ static addrinfo* resolve_master(const std::string& addr) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* res = nullptr;
-  // An IPv6 literal in brackets ([::1]), as the TCP store takes it.
-  const std::string host =
-      addr.size() > 2 && addr.front() == '[' && addr.back() == ']' ? addr.substr(1, addr.size() - 2) : addr;
-  int rc = ::getaddrinfo(host.c_str(), "0", &hints, &res);
+  int rc = ::getaddrinfo(master_host(addr).c_str(), "0", &hints, &res);
   if (rc != 0) {
     throw ConfigError(fmt::format("launch: master address '{}' cannot be resolved: {}", addr, ::gai_strerror(rc)));
   }
@@ -690,8 +692,7 @@ static addrinfo* resolve_master(const std::string& addr) {
 
 int find_free_port(const std::string& addr) {
   addrinfo* res = resolve_master(addr);
-  const std::string host =
-      addr.size() > 2 && addr.front() == '[' && addr.back() == ']' ? addr.substr(1, addr.size() - 2) : addr;
+  const std::string host = master_host(addr);
   std::string last_error = "no address";
   int port = 0;
   // Binds `want` (0: the kernel's choice) on the address; the port bound, or 0. (An IPv6 socket takes IPv4 too, as

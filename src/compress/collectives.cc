@@ -165,9 +165,8 @@ static size_t first_nonfinite(std::span<const float> x) {
 
 // fp16 passes nan and inf on, as an uncompressed allreduce does; but finite values beyond its range (a rank's own
 // above 65504, or a sum, or averaged a mean, beyond it) turned into inf on the way, where f32 would have carried them,
-// without a word. The
-// result is the same on every rank, so every rank sees one and asks whether any rank's input held a nan or inf: if
-// none did, each stops with the same line.
+// without a word. The result is the same on every rank, so every rank sees one and asks whether any rank's input
+// held a nan or inf: if none did, each stops with the same line.
 static void refuse_f16_overflow(coll::Communicator& comm, const Compressor& c, bool input_nonfinite,
                                 std::span<const float> result, const coll::CollOptions& co) {
   const size_t i = first_nonfinite(result);

@@ -90,7 +90,7 @@ std::string new_job_id() {
 
 // Rank r's value in the first bootstrap exchange, "<job id>\x1f<WORLD_SIZE>": ConfigError naming both sizes when its
 // WORLD_SIZE is not this rank's (every rank takes rank 0's job id, so segment names agree; the sizes go with it).
-void check_world_size(Store&, int rank, int size, int r, const std::string& v) {
+void check_world_size(int rank, int size, int r, const std::string& v) {
   const std::string theirs = v.substr(v.rfind('\x1f') + 1);
   if (theirs == std::to_string(size)) return;
   // Rank 0 serves the TCP store the others still read their values from: it waits a second before it goes (a
@@ -194,7 +194,7 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
       // The first exchange carries each rank's WORLD_SIZE: checked as each value comes (rank 0's first), so a rank
       // of a larger job stops at once rather than waiting out its deadline for ranks that will never come.
       std::function<void(int, const std::string&)> check;
-      if (n == 0) check = [&](int r, const std::string& v) { check_world_size(*store, rank, size, r, v); };
+      if (n == 0) check = [&](int r, const std::string& v) { check_world_size(rank, size, r, v); };
       // (A rank beyond this world, of a larger job, is stopped by its own check as it reads rank 0's value; this job's
       // ranks do not look for it: one that saw it and one that had looked before would stop apart, the other
       // waiting for its peer until its deadline.)
