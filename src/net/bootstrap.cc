@@ -90,13 +90,15 @@ std::string new_job_id() {
 
 // Rank r's value in the first bootstrap exchange, "<job id>\x1f<WORLD_SIZE>": ConfigError naming both sizes when its
 // WORLD_SIZE is not this rank's (every rank takes rank 0's job id, so segment names agree; the sizes go with it).
-void check_world_size(int rank, int size, int r, const std::string& v) {
+// `serves_store`: this is rank 0 serving the TCP store.
+void check_world_size(int rank, int size, int r, const std::string& v, bool serves_store) {
   const std::string theirs = v.substr(v.rfind('\x1f') + 1);
   if (theirs == std::to_string(size)) return;
-  // Rank 0 serves the TCP store the others still read their values from: it waits a second before it goes (a
+  // Rank 0 serves the TCP store the others still read their values from: it keeps it a while before it goes (a
   // detached thread keeping the store did not outlive the process, which exits on this error: a rank still reading
-  // lost the connection instead of learning why).
-  if (rank == 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+  // lost the connection instead of learning why; stopping at the first mismatch, it may not have met every rank
+  // yet, and a rank coming later retried the refused connection until its deadline).
+  if (serves_store) std::this_thread::sleep_for(std::chrono::seconds(5));
   throw ConfigError(
       fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on every rank", rank,
                   size, theirs, r));
@@ -170,31 +172,33 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     // job's ranks would read and connect to (it overwrote the first one's).
     // (The file store too: a second process of one rank was told the directory held an earlier run's values.)
     {
-      const int64_t claims =
-          b->store->add(fmt::format("conduit/{}/claimed/{}", job_prefix, b->rank), 1, Deadline::after(timeout_s));
-      if (claims != 1 && b->method == "tcp-store")
+      const bool first =
+          b->store->claim(fmt::format("conduit/{}/claimed/{}", job_prefix, b->rank), Deadline::after(timeout_s));
+      if (!first && b->method == "tcp-store")
         throw ConfigError(fmt::format(
             "rank {}: another process already joined the store at MASTER_ADDR={}:{} as rank {} of job '{}' (RANK "
             "given twice, a rank restarted during the rendezvous, or another job on this MASTER_PORT); allowed: one "
             "process a rank, and a MASTER_PORT or "
             "CONDUIT_JOB_ID of each job's own",
             b->rank, *addr, env_string("MASTER_PORT").value_or("?"), b->rank, job_prefix));
-      if (claims != 1)
+      if (!first)
         throw ConfigError(fmt::format(
             "rank {}: another process already joined CONDUIT_STORE_PATH={} as rank {} of job '{}' (RANK given "
-            "twice, a rank restarted during the rendezvous, or another job with this CONDUIT_JOB_ID); allowed: one "
-            "process a rank, and an empty directory or a CONDUIT_JOB_ID of each job's own",
+            "twice, a rank restarted during the rendezvous, an earlier attempt of this job id that stopped early, or "
+            "another job with this CONDUIT_JOB_ID); allowed: one process a rank, and an empty directory or a "
+            "CONDUIT_JOB_ID of each job's own",
             b->rank, *path, b->rank, job_prefix));
     }
     StorePtr store = b->store;
     int rank = b->rank, size = b->size;
-    b->allgather = [store, counter, rank, size, job_prefix, timeout_s](const std::string& mine) {
+    const bool serves = b->method == "tcp-store";
+    b->allgather = [store, counter, rank, size, job_prefix, timeout_s, serves](const std::string& mine) {
       const int n = counter->fetch_add(1);
       std::string prefix = fmt::format("conduit/{}/bootstrap/{}", job_prefix, n);
       // The first exchange carries each rank's WORLD_SIZE: checked as each value comes (rank 0's first), so a rank
       // of a larger job stops at once rather than waiting out its deadline for ranks that will never come.
       std::function<void(int, const std::string&)> check;
-      if (n == 0) check = [&](int r, const std::string& v) { check_world_size(rank, size, r, v); };
+      if (n == 0) check = [&](int r, const std::string& v) { check_world_size(rank, size, r, v, rank == 0 && serves); };
       // (A rank beyond this world, of a larger job, is stopped by its own check as it reads rank 0's value; this job's
       // ranks do not look for it: one that saw it and one that had looked before would stop apart, the other
       // waiting for its peer until its deadline.)

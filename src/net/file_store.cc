@@ -120,6 +120,17 @@ class FileStore : public Store {
     }
   }
 
+  bool claim(const std::string& key, const Deadline&) override {
+    const std::string path = dir_ + "/" + escape_key(key) + ".claim";
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::close(fd);
+      return true;
+    }
+    if (errno == EEXIST) return false;
+    throw Error(fmt::format("file store {}: cannot claim key '{}': {}", dir_, key.substr(0, 64), std::strerror(errno)));
+  }
+
   int64_t add(const std::string& key, int64_t delta, const Deadline& deadline) override {
     std::string lock_path = dir_ + "/.lock";
     int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

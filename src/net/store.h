@@ -29,6 +29,10 @@ class Store {
   virtual int64_t add(const std::string& key, int64_t delta, const Deadline& deadline) = 0;
   // True if `key` exists now (waits for nothing but the store's answer).
   virtual bool check(const std::string& key, const Deadline& deadline) = 0;
+  // Claims `key` for this caller: true for the first to ask, false for any later one. By default add(key, 1) == 1;
+  // the file store creates the key's file exclusively instead (no lock file: flock is missing on some network file
+  // systems, and a shared lock file another user made is not writable).
+  virtual bool claim(const std::string& key, const Deadline& deadline) { return add(key, 1, deadline) == 1; }
 
   void set(const std::string& key, const std::string& value) { set(key, value, default_deadline()); }
   int64_t add(const std::string& key, int64_t delta) { return add(key, delta, default_deadline()); }

@@ -809,6 +809,19 @@ TEST(FileStore, SetGetAddCheck) {
   EXPECT_EQ(other->get("a", Deadline::after(1)), "again");
 }
 
+// A claim is the first caller's alone, from any store object on the directory, and needs no lock file (flock is
+// missing on some network file systems; a lock file another user made is not writable).
+TEST(FileStore, AKeyIsClaimedOnceWithoutALockFile) {
+  TempDir d;
+  auto a = make_file_store(d.path());
+  auto b = make_file_store(d.path());
+  EXPECT_TRUE(a->claim("conduit/j/claimed/1", Deadline::after(1)));
+  EXPECT_FALSE(b->claim("conduit/j/claimed/1", Deadline::after(1)));
+  EXPECT_FALSE(a->claim("conduit/j/claimed/1", Deadline::after(1)));
+  EXPECT_TRUE(b->claim("conduit/j/claimed/2", Deadline::after(1)));
+  EXPECT_FALSE(std::filesystem::exists(d.path() + "/.lock"));
+}
+
 TEST(FileStore, GetBlocksUntilLaterSet) {
   TempDir d;
   auto a = make_file_store(d.path());
