@@ -569,12 +569,10 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
   // part's blocks start at its first element.
   auto cut = [&](std::span<const float> x, size_t begin, float* error, Spans& into) {
     size_t at = 0;
-    auto b = std::upper_bound(bounds.begin(), bounds.end(), begin);
-    for (; b != bounds.end() && *b < begin + x.size(); ++b) {
-      into.push_back(Part{x.subspan(at, *b - begin - at), error ? error + at : nullptr});
-      at = *b - begin;
+    for (size_t len : cut_at_bounds(begin, x.size(), bounds)) {
+      into.push_back(Part{x.subspan(at, len), error ? error + at : nullptr});
+      at += len;
     }
-    into.push_back(Part{x.subspan(at), error ? error + at : nullptr});
   };
   auto slice = [&](int r, Spans& into) {
     cut(in.subspan(offset[size_t(r)], counts[size_t(r)]), offset[size_t(r)],

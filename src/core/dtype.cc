@@ -193,6 +193,17 @@ size_t block_int_bytes(size_t n, size_t block, int bits) {
 
 size_t block_i8_bytes(size_t n, size_t block) { return block_int_bytes(n, block, 8); }
 
+std::vector<size_t> cut_at_bounds(size_t begin, size_t n, std::span<const size_t> bounds) {
+  std::vector<size_t> out;
+  size_t at = begin;
+  for (auto b = std::upper_bound(bounds.begin(), bounds.end(), begin); b != bounds.end() && *b < begin + n; ++b) {
+    out.push_back(*b - at);
+    at = *b;
+  }
+  out.push_back(begin + n - at);
+  return out;
+}
+
 namespace {
 
 // (the bit width a template parameter: GCC at -O2 does not unswitch a per-element test of it)

@@ -2,8 +2,10 @@
 // Element types and the f16/bf16 <-> f32 conversions every layer uses.
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace conduit {
 
@@ -47,5 +49,10 @@ void dequantize_block_i8(const uint8_t* in, size_t n, size_t block, float* out);
 size_t block_int_bytes(size_t n, size_t block, int bits);
 void quantize_block_int(const float* in, size_t n, size_t block, int bits, uint8_t* out);
 void dequantize_block_int(const uint8_t* in, size_t n, size_t block, int bits, float* out);
+// The lengths of the elements [begin, begin + n) of a buffer cut at every bound (ascending offsets into the buffer)
+// strictly inside them: the pieces a block-quantized wire rounds in blocks of their own (one piece without such a
+// bound; an empty one for n = 0). Tensor parallelism cuts at its parameters' starts (compress::int_reduce_scatter,
+// ZeRO-3's int8 gathers).
+std::vector<size_t> cut_at_bounds(size_t begin, size_t n, std::span<const size_t> bounds);
 
 }  // namespace conduit

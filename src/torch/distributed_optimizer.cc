@@ -14,11 +14,13 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -321,20 +323,11 @@ struct DistributedOptimizer::Core {
     b.erase(std::unique(b.begin(), b.end()), b.end());
     return b;
   }
-  // The lengths of rank r's slice cut at those bounds, each quantized in blocks of its own.
-  std::vector<size_t> slice_pieces(const Bucket& bk, int r) const {
-    size_t begin = 0;
-    for (int q = 0; q < r; ++q) begin += bk.counts[size_t(q)];
-    const size_t end = begin + bk.counts[size_t(r)];
-    std::vector<size_t> out;
-    size_t at = begin;
-    for (size_t b : block_bounds(bk))
-      if (b > at && b < end) {
-        out.push_back(b - at);
-        at = b;
-      }
-    out.push_back(end - at);
-    return out;
+  // The lengths of rank r's slice cut at those bounds, each quantized in blocks of its own; `begin`: where the
+  // slice starts in the bucket, when the caller has it (walking the ranks in order).
+  std::vector<size_t> slice_pieces(const Bucket& bk, int r, size_t begin = SIZE_MAX) const {
+    if (begin == SIZE_MAX) begin = std::accumulate(bk.counts.begin(), bk.counts.begin() + r, size_t{0});
+    return cut_at_bounds(begin, bk.counts[size_t(r)], block_bounds(bk));
   }
   // Rank r's slice on a wire: the int8 pieces' blocks, or the elements.
   size_t slice_wire_bytes(const Bucket& bk, DType wire, int r) const {
@@ -392,7 +385,8 @@ struct DistributedOptimizer::Core {
     }
   }
   void widen(Bucket& bk, const std::vector<uint8_t>& staged) {
-    float* dst = bk.full.data_ptr<float>();
+    float* const first = bk.full.data_ptr<float>();
+    float* dst = first;
     const uint8_t* part = staged.data();
     for (size_t r = 0; r < bk.counts.size(); ++r) {
       if (is_16bit(gather_wire)) {
@@ -402,7 +396,7 @@ struct DistributedOptimizer::Core {
         dst += n;
         continue;
       }
-      for (size_t n : slice_pieces(bk, int(r))) {
+      for (size_t n : slice_pieces(bk, int(r), size_t(dst - first))) {
         if (n > 0) dequantize_block_i8(part, n, kQuantBlock, dst);
         part += wire_bytes(gather_wire, n);
         dst += n;
@@ -984,8 +978,10 @@ struct DistributedOptimizer::Core {
         t1 = now_s();
         // The payload as the other wires count it (every rank's slice on the wire), what moved exactly.
         payload = 0;
-        for (size_t r = 0; r < bk.counts.size(); ++r)
-          for (size_t c : slice_pieces(bk, int(r))) payload += block_int_bytes(c, compress::kIntBlock, zero_bits);
+        size_t begin = 0;
+        for (size_t r = 0; r < bk.counts.size(); begin += bk.counts[r], ++r)
+          for (size_t c : slice_pieces(bk, int(r), begin))
+            payload += block_int_bytes(c, compress::kIntBlock, zero_bits);
         factor_sent = payload > 0 ? double(sent) / double(payload) : 0.0;
         factor_recv = payload > 0 ? double(received) / double(payload) : 0.0;
 #else
