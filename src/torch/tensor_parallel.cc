@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <stdexcept>
 
 #include "core/error.h"
 #include "torch/metrics.h"
@@ -144,23 +145,27 @@ struct SplitTokens : torch::autograd::Function<SplitTokens> {
 class Split {
  public:
   explicit Split(TpGroup* g) : group_(g && g->comm && g->comm->size() > 1 ? g : nullptr) {}
-  int size() const { return group_ ? group_->comm->size() : 1; }
-  int rank() const { return group_ ? group_->comm->rank() : 0; }
+  // Layout only: rank `rank`'s share of a split over `size` ranks, with no group to run it (forward throws).
+  Split(int size, int rank) : group_(nullptr), size_(size), rank_(rank) {}
+  int size() const { return group_ ? group_->comm->size() : size_; }
+  int rank() const { return group_ ? group_->comm->rank() : rank_; }
   // Sequence parallelism (Korthikanti et al. 2022): between the tensor-parallel regions each rank holds its share
   // of the tokens, and f and g become an allgather and a reduce-scatter of the tokens.
   bool sequence() const { return group_ && group_->sequence_parallel; }
   torch::Tensor f(const torch::Tensor& x) const {
-    if (!group_) return x;
+    if (!group_) return unsplit(x);
     return sequence() ? GatherTokens::apply(x, as_int(group_)) : CopyToGroup::apply(x, as_int(group_));
   }
   torch::Tensor g(const torch::Tensor& x) const {
-    if (!group_) return x;
+    if (!group_) return unsplit(x);
     return sequence() ? ScatterTokens::apply(x, as_int(group_)) : ReduceFromGroup::apply(x, as_int(group_));
   }
   // Every token to this rank's share (sequence parallelism), or as is.
   torch::Tensor split(const torch::Tensor& x) const { return sequence() ? SplitTokens::apply(x, as_int(group_)) : x; }
   // The sum over the group (allreduce forward, as is backward).
-  torch::Tensor sum(const torch::Tensor& x) const { return group_ ? ReduceFromGroup::apply(x, as_int(group_)) : x; }
+  torch::Tensor sum(const torch::Tensor& x) const {
+    return group_ ? ReduceFromGroup::apply(x, as_int(group_)) : unsplit(x);
+  }
   // Sequence parallelism: a replicated parameter used on this rank's tokens only gets a partial gradient; summed
   // over the group before anything else sees it (before a DistributedOptimizer's hooks, registered later).
   void sum_gradient(torch::Tensor& p) const {
@@ -174,7 +179,13 @@ class Split {
   }
 
  private:
+  // Without a group: x as is, unless this is a layout-only share (no group to sum it over).
+  const torch::Tensor& unsplit(const torch::Tensor& x) const {
+    if (size_ > 1) throw std::logic_error("tensor_parallel: a layout-only model (make_vit_layout) cannot run");
+    return x;
+  }
   TpGroup* group_;
+  int size_ = 1, rank_ = 0;
 };
 
 // Pre-norm transformer block; this rank's heads and MLP units only.
@@ -315,8 +326,8 @@ class Vit : public Net {
 
 }  // namespace
 
-std::shared_ptr<Net> make_vit(TpGroup* group, int stage, int stages, int chunks) {
-  Split s(group);
+namespace {
+std::shared_ptr<Net> make_vit_with(const Split& s, int stage, int stages, int chunks) {
   if (kVitHeads % s.size() != 0)
     throw ConfigError(fmt::format("config: tp: {} does not divide the vit's {} attention heads; allowed: 1, 2 or 4",
                                   s.size(), kVitHeads));
@@ -326,6 +337,16 @@ std::shared_ptr<Net> make_vit(TpGroup* group, int stage, int stages, int chunks)
                     "allowed: stages x chunks dividing the blocks, stage in [0, stages)",
                     stage, stages, chunks, kBlocks));
   return std::make_shared<Vit>(s, stage, stages, chunks);
+}
+}  // namespace
+
+std::shared_ptr<Net> make_vit(TpGroup* group, int stage, int stages, int chunks) {
+  return make_vit_with(Split(group), stage, stages, chunks);
+}
+
+std::shared_ptr<Net> make_vit_layout(int tp, int stage, int stages, int chunks) {
+  if (tp < 1) throw ConfigError(fmt::format("config: tp: {} ranks; allowed: 1, 2 or 4", tp));
+  return make_vit_with(Split(tp, 0), stage, stages, chunks);
 }
 
 }  // namespace conduit::train

@@ -48,6 +48,9 @@ struct TpGroup {
 // chunks > 1: the interleaved schedule's stage, holding chunks non-consecutive parts of the blocks (chunk j is part
 // j x stages + stage of stages x chunks), each a forward_chunk.
 std::shared_ptr<Net> make_vit(TpGroup* group, int stage = 0, int stages = 1, int chunks = 1);
+// The parameters tensor-parallel rank 0 of `tp` holds in that stage (their shapes: every rank of a group holds alike
+// shapes), without a group: for checks before the ranks exist. Its forward throws.
+std::shared_ptr<Net> make_vit_layout(int tp, int stage = 0, int stages = 1, int chunks = 1);
 constexpr int kVitHeads = 4;
 constexpr int kVitBlocks = 4;
 

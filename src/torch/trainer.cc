@@ -301,7 +301,6 @@ void check_model_config(const TrainConfig& c, int world) {
   torch::NoGradGuard ng;
   // The ranks that share out the data: a tensor-parallel group's ranks, and a pipeline's, see the same samples.
   world /= std::max(1, c.tp) * std::max(1, c.pp);
-  auto model = make_model(c.model);
   auto [name, params] = split_compressor_spec(c.compressor);
   if (name.find("powersgd") != std::string::npos && params.count("rank")) {
     int64_t rank = 0;
@@ -310,17 +309,32 @@ void check_model_config(const TrainConfig& c, int world) {
     } catch (...) {
       rank = 0;
     }
-    int64_t most = 0;
-    for (auto& p : model->parameters()) {
-      if (p.dim() < 2) continue;
-      int64_t n = p.size(0), m = p.numel() / p.size(0);
-      most = std::max(most, std::min(n, m));
+    // Each rank compresses the matrices it holds: a tensor-parallel rank's shares, a pipeline stage's layers (the
+    // whole model's shapes let rank 60 pass at tp 4, where no share allows more than 49 and nothing was compressed).
+    const int tp = std::max(1, c.tp), pp = std::max(1, c.pp);
+    const int chunks = c.model == "vit" && c.pp_schedule == "interleaved" ? kVitBlocks / pp : 1;
+    int64_t allowed = std::numeric_limits<int64_t>::max();
+    int narrowest = 0;
+    for (int s = 0; s < pp; ++s) {
+      auto model = c.model == "vit" ? make_vit_layout(tp, s, pp, chunks)
+                   : pp > 1         ? make_model_stage(c.model, s, pp)
+                                    : make_model(c.model);
+      int64_t most = 0;
+      for (auto& p : model->parameters()) {
+        if (p.dim() < 2) continue;
+        int64_t n = p.size(0), m = p.numel() / p.size(0);
+        most = std::max(most, std::min(n, m));
+      }
+      if (most < allowed) allowed = most, narrowest = s;
     }
-    if (rank > most)
+    if (rank > allowed) {
+      std::string where = tp > 1 ? fmt::format(" split over tp {}", tp) : "";
+      if (pp > 1) where += fmt::format(" in pipeline stage {} of {}", narrowest, pp);
       throw ConfigError(
-          fmt::format("config: compressor: rank {} is larger than any layer of model {} allows; "
-                      "allowed: 1..{}",
-                      rank, c.model, most));
+          fmt::format("config: compressor: rank {} is larger than any matrix of model {}{} allows (it would go "
+                      "uncompressed); allowed: 1..{}",
+                      rank, c.model, where, allowed));
+    }
   }
   int64_t train_n = c.dataset == "synthetic" ? c.synthetic_samples : 0;
   if (c.dataset != "synthetic") {

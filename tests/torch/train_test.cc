@@ -623,6 +623,34 @@ TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
   } catch (const ConfigError& e) {
     expect_one_line(e.what(), "rank");
   }
+  // A tensor-parallel rank compresses its shares, a pipeline stage its layers: the vit's widest share at tp 4 is
+  // the 49 x 64 position table (the QKV share is 48 x 64), and the second of two stages holds no positions.
+  auto powersgd_check = [](int tp, int pp, int rank) -> std::string {
+    TrainConfig v;
+    v.model = "vit";
+    v.tp = tp;
+    v.pp = pp;
+    v.dataset = "synthetic";
+    v.synthetic_samples = 1000;
+    v.batch_size = 8;
+    v.compressor = fmt::format("powersgd:rank={}", rank);
+    try {
+      check_model_config(v, tp * pp);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(powersgd_check(1, 1, 64), "");
+  EXPECT_EQ(powersgd_check(4, 1, 49), "");
+  std::string err = powersgd_check(4, 1, 60);
+  expect_one_line(err, "rank 60");
+  EXPECT_NE(err.find("tp 4"), std::string::npos) << err;
+  EXPECT_NE(err.find("allowed: 1..49"), std::string::npos) << err;
+  EXPECT_EQ(powersgd_check(4, 2, 48), "");
+  err = powersgd_check(4, 2, 49);
+  EXPECT_NE(err.find("stage 1 of 2"), std::string::npos) << err;
+  EXPECT_NE(err.find("allowed: 1..48"), std::string::npos) << err;
   TrainConfig b;
   b.dataset = "synthetic";
   b.synthetic_samples = 100;
