@@ -70,6 +70,21 @@ bool Work::test() {
 double Work::seconds() const { return s_ ? s_->seconds : 0; }
 std::string Work::algorithm() const { return s_ ? s_->algorithm : ""; }
 
+uint64_t allgatherv_sent(const std::string& algorithm, const std::vector<size_t>& counts, int rank) {
+  const int p = int(counts.size());
+  if (p <= 1) return 0;
+  uint64_t sent = 0;
+  if (algorithm == "rd" && (p & (p - 1)) == 0) {
+    // (rd_allgather_inplace: at step `mask` the aligned group of `mask` ranks holding this one)
+    for (int mask = 1; mask < p; mask <<= 1)
+      for (int q = rank & ~(mask - 1); q < (rank & ~(mask - 1)) + mask; ++q) sent += counts[size_t(q)];
+    return sent;
+  }
+  for (int q = 0; q < p; ++q)
+    if (q != (rank + 1) % p) sent += counts[size_t(q)];
+  return sent;
+}
+
 // ----------------------------------------------------------------------------------------------------------- Ctx
 
 namespace {

@@ -252,4 +252,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 // groups could share an id, and with it tags).
 uint32_t host_group_comm_id(uint32_t parent, int role);
 
+// The elements rank `rank` sends in an allgatherv of `counts` run by `algorithm` (Work::algorithm()): the ring
+// forwards every block but its successor's; recursive doubling sends its group's blocks at each step. Blocks of
+// different sizes make this differ from rank to rank, and from (size - 1) x the rank's own.
+uint64_t allgatherv_sent(const std::string& algorithm, const std::vector<size_t>& counts, int rank);
+
 }  // namespace conduit::coll

@@ -237,8 +237,10 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       size_t total = 0;
       for (auto n : counts) total += n;
       Bytes all(total);
-      comm.allgatherv(payload.data(), all.data(), counts, DType::u8, co).wait();
+      coll::Work gather = comm.allgatherv(payload.data(), all.data(), counts, DType::u8, co);
+      gather.wait();
       if (o.received) *o.received += total - payload.size();
+      if (o.sent) *o.sent += coll::allgatherv_sent(gather.algorithm(), counts, comm.rank());
       if (c.collective() == Collective::majority_vote) {
         majority_vote(all, w, data);
         return payload.size();

@@ -34,6 +34,9 @@ struct ReduceOptions {
   // When set, the allgathered methods add the payload bytes this rank received (the other ranks' payloads, whose
   // sizes differ for threshold and DGC); the allreduced ones add nothing (their traffic follows from the payload).
   uint64_t* received = nullptr;
+  // When set, the allgathered methods add the payload bytes this rank sent (as the allgather that ran forwards
+  // them: the ring every payload but its successor's); the allreduced ones add nothing.
+  uint64_t* sent = nullptr;
 };
 
 // check_finite_input for a compressed exchange over `comm`: a refusal aborts the communicator's transport first, so

@@ -1105,12 +1105,13 @@ struct DistributedOptimizer::Core {
         }
         payload += dense_n * sizeof(float);
       }
-      uint64_t comp_payload = 0, comp_received = 0;
+      uint64_t comp_payload = 0, comp_received = 0, comp_sent = 0;
       if (!data.empty()) {
         compress::ReduceOptions ro;
         ro.average = true;
         ro.timeout_s = opt.timeout_s;
         ro.received = &comp_received;
+        ro.sent = &comp_sent;
         // PowerSGD's collective needs the PowerSgd object itself: its phases stay inside one "communicate" event.
         if (opt.trace && opt.trace->enabled() && compressor->collective() != compress::Collective::powersgd) {
           TracedCompressor traced(*compressor, opt.trace);
@@ -1120,25 +1121,17 @@ struct DistributedOptimizer::Core {
         }
       }
       payload += comp_payload;
-      double comp_factor = factor_sent;
-      bool gathered = false;
-      switch (compressor->collective()) {
-        case compress::Collective::allreduce:
-        case compress::Collective::powersgd:
-          break;
-        case compress::Collective::allgather:
-        case compress::Collective::majority_vote:
-          comp_factor = double(w - 1);  // every payload reaches every other rank
-          gathered = true;
-          break;
-      }
-      // Dense part at the allreduce factor, compressed part at its collective's; as one effective factor. Received:
-      // the allgathered methods report what actually arrived (the other ranks' payloads differ in size for threshold
-      // and DGC; (W-1) times this rank's own was off by their difference).
+      const bool gathered = compressor->collective() == compress::Collective::allgather ||
+                            compressor->collective() == compress::Collective::majority_vote;
+      // Dense part at the allreduce factor, compressed part at its collective's; as one effective factor. The
+      // allgathered methods report what actually left and arrived (the ranks' payloads differ in size for threshold
+      // and DGC: (W-1) times this rank's own was off by their difference, both ways).
       if (payload > 0) {
         const double dense_part = factor_sent * double(dense_n * sizeof(float));
-        factor_sent = (dense_part + comp_factor * double(comp_payload)) / double(payload);
-        factor_recv = gathered ? (dense_part + double(comp_received)) / double(payload) : factor_sent;
+        const double comp_part = gathered ? double(comp_sent) : factor_sent * double(comp_payload);
+        factor_recv = gathered ? (dense_part + double(comp_received)) / double(payload)
+                               : (dense_part + comp_part) / double(payload);
+        factor_sent = (dense_part + comp_part) / double(payload);
       }
       if (opt.trace)
         opt.trace->complete("communicate", 1, t0, now_s(),

@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <thread>
 #include <utility>
 
@@ -18,11 +19,13 @@
 #include "coll/verify.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "counting_transport.h"
 #include "net/inproc.h"
 #include "transport_pair.h"
 
 using namespace conduit;
 using namespace conduit::coll;
+using conduit::test_util::CountingTransport;
 
 namespace {
 
@@ -942,38 +945,6 @@ TEST_P(TwelveRanks, EveryPatternIsCorrect) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, TwelveRanks, ::testing::Values("tcp", "shm"));
 
-// Counts the bytes each rank sends to each peer (forwarding everything to an in-process transport).
-class CountingTransport : public net::Transport {
- public:
-  explicit CountingTransport(net::TransportPtr inner) : inner_(std::move(inner)), sent_(inner_->size()) {
-    rank_ = inner_->rank();
-    size_ = inner_->size();
-    hosts_ = inner_->hosts();
-  }
-  const char* name() const override { return "counting"; }
-  net::RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
-    sent_[peer] += bytes;
-    return inner_->isend(peer, tag, data, bytes);
-  }
-  net::RequestPtr isend_reduced(int peer, uint64_t tag, const void* data, size_t bytes) override {
-    sent_[peer] += bytes;
-    return inner_->isend_reduced(peer, tag, data, bytes);
-  }
-  net::RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
-    return inner_->irecv(peer, tag, data, bytes);
-  }
-  net::RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
-    return inner_->irecv_reduce(peer, tag, dst, count, dtype, op);
-  }
-  void abort(const std::string& reason) override { inner_->abort(reason); }
-  bool cancel(const net::RequestPtr& r, std::exception_ptr error) override { return inner_->cancel(r, error); }
-  std::vector<size_t> take() { return std::exchange(sent_, std::vector<size_t>(sent_.size(), 0)); }
-
- private:
-  net::TransportPtr inner_;
-  std::vector<size_t> sent_;
-};
-
 // Which partner gets which share of the data: the order the simulator's patterns assume (sim/collective.cc, tested
 // there against the same shares). 8 ranks, n bytes a rank; bytes rank r sends to r ^ 1, r ^ 2 and r ^ 4:
 //   rhd allreduce: n/2 + n/2 to the nearest, n/4 + n/4, n/8 + n/8 (MPICH's order: the largest halves between
@@ -1051,6 +1022,49 @@ TEST(AlgorithmShape, EachPartnerGetsTheShareThePatternsAssume) {
       const size_t w = it == want.end() ? 0 : it->second;
       EXPECT_TRUE(sent6[r][peer] >= w && sent6[r][peer] < w + 64) << r << " -> " << peer << ": " << sent6[r][peer];
     }
+}
+
+// allgatherv_sent (what compressed allgathers count as sent) against the bytes each rank put on the wire, with blocks
+// of different sizes: the ring forwards all but its successor's block, recursive doubling its group's.
+TEST(AlgorithmShape, AllgathervSentIsWhatEachRankSends) {
+  CommConfig cfg;
+  cfg.timeout_s = 30;
+  for (auto [n, algo] : {std::pair{3, "ring"}, std::pair{5, "ring"}, std::pair{4, "ring"}, std::pair{4, "rd"},
+                         std::pair{8, "rd"}, std::pair{6, "rd"}}) {
+    auto inner = net::make_inproc_world(n, 2);
+    std::vector<std::shared_ptr<CountingTransport>> ts;
+    for (auto& t : inner) ts.push_back(std::make_shared<CountingTransport>(t));
+    std::vector<size_t> counts;
+    for (int r = 0; r < n; ++r) counts.push_back(size_t(100 + 1000 * r * r));  // bytes
+    size_t total = 0;
+    for (auto c : counts) total += c;
+    std::vector<uint64_t> wire(n), claimed(n);
+    std::vector<std::string> ran(n);
+    const auto wrong = on_threads(n, [&](int r) {
+      std::vector<int> members(n);
+      std::iota(members.begin(), members.end(), 0);
+      auto c = Communicator::create(ts[r], members, 0, cfg);
+      std::vector<uint8_t> in(counts[r], uint8_t(r + 1)), out(total);
+      ts[r]->take();
+      CollOptions o;
+      o.algorithm = algo;
+      Work w = c->allgatherv(in.data(), out.data(), counts, DType::u8, o);
+      w.wait();
+      for (auto b : ts[r]->take()) wire[r] += b;
+      ran[r] = w.algorithm();
+      claimed[r] = allgatherv_sent(ran[r], counts, r);
+      size_t at = 0, bad = 0;
+      for (int q = 0; q < n; at += counts[q], ++q)
+        for (size_t j = 0; j < counts[q]; ++j) bad += out[at + j] != uint8_t(q + 1);
+      return bad;
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(wrong[r], 0u) << n << " ranks, " << algo << ", rank " << r;
+      EXPECT_EQ(claimed[r], wire[r]) << n << " ranks, " << algo << " (ran " << ran[r] << "), rank " << r;
+      // (the bug this replaced: (size - 1) x the rank's own block)
+      if (r == 0) EXPECT_NE(claimed[r], uint64_t(n - 1) * counts[r]);
+    }
+  }
 }
 
 }  // namespace

@@ -14,9 +14,11 @@
 #include <random>
 #include <thread>
 
+#include "../coll/counting_transport.h"
 #include "compress/powersgd.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "net/inproc.h"
 #include "ranks.h"
 
 using namespace conduit;
@@ -804,6 +806,51 @@ TEST(PeerInput, AnnouncedPayloadSizesAreBounded) {
     EXPECT_NE(errors[r].find("rank 1 announced a payload of 865 bytes for 100 elements (at most 864)"),
               std::string::npos)
         << r << ": " << errors[r];
+}
+
+// Payloads of different sizes (threshold keeps what exceeds it: rank r's data has 10 + 40r such elements) on 3 ranks:
+// the bytes reported sent are what left each rank (the ring forwards all but its successor's payload; (W-1) x its
+// own was reported), received the others' payloads; both besides the 8-byte sizes each rank sends twice.
+TEST(PeerInput, VaryingPayloadsReportTheBytesEachRankSentAndReceived) {
+  const int n = 3;
+  const size_t d = 1000;
+  auto inner = net::make_inproc_world(n, 2);
+  std::vector<std::shared_ptr<test_util::CountingTransport>> ts;
+  for (auto& t : inner) ts.push_back(std::make_shared<test_util::CountingTransport>(t));
+  auto comp = make_compressor("threshold", {{"threshold", "1.5"}});
+  std::vector<uint64_t> wire(n), sent(n), received(n), own(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        coll::CommConfig cfg;
+        cfg.timeout_s = 30;
+        cfg.measure_cost_model = false;
+        auto c = coll::Communicator::create(ts[size_t(r)], {0, 1, 2}, 0, cfg);
+        TensorState st = comp->make_state(d, 7, r);
+        std::vector<float> x(d, 0.0f);
+        for (int i = 0; i < 10 + 40 * r; ++i) x[size_t(i)] = 2.0f + float(i);
+        ReduceOptions o;
+        o.sent = &sent[size_t(r)];
+        o.received = &received[size_t(r)];
+        ts[size_t(r)]->take();
+        own[size_t(r)] = compressed_allreduce(*c, *comp, st, x, o);
+        for (auto b : ts[size_t(r)]->take()) wire[size_t(r)] += b;
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  const uint64_t total = own[0] + own[1] + own[2];
+  ASSERT_LT(own[0], own[1]);
+  ASSERT_LT(own[1], own[2]);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[size_t(r)], "") << r;
+    EXPECT_EQ(sent[size_t(r)] + 2 * 8, wire[size_t(r)]) << "rank " << r;
+    EXPECT_EQ(sent[size_t(r)], total - own[size_t((r + 1) % n)]) << "rank " << r;
+    EXPECT_EQ(received[size_t(r)], total - own[size_t(r)]) << "rank " << r;
+  }
 }
 
 // The quantized ring with int8/uint8 refuses a nan or inf as the compressed exchanges do (int8 decoded a NaN as

@@ -571,7 +571,7 @@ std::shared_ptr<torch::optim::Optimizer> zero_test_optimizer(const std::string& 
 
 struct ZeroRun {
   std::vector<std::vector<float>> params;  // per rank, every parameter flattened
-  std::vector<uint64_t> state_bytes, grad_held, sent, received;
+  std::vector<uint64_t> state_bytes, grad_held, sent, received, payload;
   std::vector<size_t> elements;
   std::vector<int> grad_left;  // some parameter still has a .grad after the last step
   std::vector<std::vector<uint8_t>> compressor_state;
@@ -589,6 +589,7 @@ ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int worl
   out.grad_held.resize(world);
   out.sent.resize(world);
   out.received.resize(world);
+  out.payload.resize(world);
   out.elements.resize(world);
   out.grad_left.resize(world);
   out.compressor_state.resize(world);
@@ -623,6 +624,7 @@ ZeroRun zero_run(int stage, const std::string& optimizer, bool overlap, int worl
       out.grad_held[size_t(r)] = d.gradient_bytes_held();
       out.sent[size_t(r)] = d.total_stats().bytes_sent;
       out.received[size_t(r)] = d.total_stats().bytes_recv;
+      out.payload[size_t(r)] = d.total_stats().payload_bytes;
       out.elements[size_t(r)] = d.optimizer_elements();
       out.compressor_state[size_t(r)] = d.save_compressor_state();
     });
@@ -682,6 +684,22 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoTrainAsPlainDataParallelWithAQuart
         EXPECT_EQ(elements, 58u) << what;
       }
     }
+  }
+}
+
+// Threshold's payloads differ in size from rank to rank: on 3 ranks the ring allgather sends every payload but the
+// next rank's and receives every payload but its own, so sent - received = own - next's (the dense tensors' bytes
+// alike both ways). (W-1) x its own was counted as sent: 3 x own - everyone's.
+TEST(DistributedOptimizer, VaryingPayloadsCountTheBytesEachRankSent) {
+  const ZeroRun t = zero_run(0, "sgd", true, 3, "threshold:threshold=0.05");
+  ASSERT_NE(t.payload[0], t.payload[1]);
+  ASSERT_NE(t.payload[1], t.payload[2]);
+  for (int r = 0; r < 3; ++r) {
+    const int64_t own = int64_t(t.payload[size_t(r)]), next = int64_t(t.payload[size_t((r + 1) % 3)]);
+    // (each bucket's counts rounded to whole bytes: 4 buckets, 4 steps)
+    EXPECT_NEAR(double(int64_t(t.sent[size_t(r)]) - int64_t(t.received[size_t(r)])), double(own - next), 16.0)
+        << "rank " << r << " sent " << t.sent[size_t(r)] << " received " << t.received[size_t(r)] << " payloads "
+        << t.payload[0] << " " << t.payload[1] << " " << t.payload[2];
   }
 }
 
