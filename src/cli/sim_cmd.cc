@@ -817,7 +817,8 @@ void run_coll(const CollArgs& given_args) {
     } catch (const ConfigError&) {  // (its list left out `all`, this command's default)
       throw ConfigError(fmt::format(
           "--algorithm = '{}' (allowed: all (every one that implements --op, the default), auto, ring, "
-          "halving-doubling, recursive-doubling, binomial-tree, double-binary-tree, hierarchical, in-network, direct)",
+          "halving-doubling, recursive-doubling, binomial-tree, double-binary-tree, hierarchical, hierarchical-hd, "
+          "hierarchical-tree, in-network, direct)",
           a.algorithm));
     }
   }

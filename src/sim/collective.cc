@@ -50,6 +50,10 @@ const char* algorithm_name(Algorithm a) {
       return "double-binary-tree";
     case Algorithm::kHierarchical:
       return "hierarchical";
+    case Algorithm::kHierarchicalHd:
+      return "hierarchical-hd";
+    case Algorithm::kHierarchicalTree:
+      return "hierarchical-tree";
     case Algorithm::kInNetwork:
       return "in-network";
     case Algorithm::kDirect:
@@ -59,14 +63,15 @@ const char* algorithm_name(Algorithm a) {
 }
 
 Algorithm parse_algorithm(const std::string& s, const std::string& flag) {
-  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling,
-                      Algorithm::kBinomialTree, Algorithm::kDoubleBinaryTree, Algorithm::kHierarchical,
-                      Algorithm::kInNetwork, Algorithm::kDirect}) {
+  for (Algorithm a :
+       {Algorithm::kAuto, Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling,
+        Algorithm::kBinomialTree, Algorithm::kDoubleBinaryTree, Algorithm::kHierarchical, Algorithm::kHierarchicalHd,
+        Algorithm::kHierarchicalTree, Algorithm::kInNetwork, Algorithm::kDirect}) {
     if (s == algorithm_name(a)) return a;
   }
   throw ConfigError(
       fmt::format("{} = '{}' (allowed: auto, ring, halving-doubling, recursive-doubling, binomial-tree, "
-                  "double-binary-tree, hierarchical, in-network, direct)",
+                  "double-binary-tree, hierarchical, hierarchical-hd, hierarchical-tree, in-network, direct)",
                   flag, s));
 }
 
@@ -363,6 +368,34 @@ void append_in_network(const Builder& b, const std::vector<long long>& members, 
   out.push_back(std::move(s));
 }
 
+// The inter-node phase of a hierarchical pattern over a group of m nodes with k ranks each: the k groups of the ranks
+// at position j of each node (relative ranks j, j + k, ...) run `inner` at once, each on 1/k of n, step by step.
+void append_inter_node(const Builder& b, Collective c, Algorithm inner, long long k, std::vector<Step>& out) {
+  const long long m = b.g.size / k;
+  std::vector<Step> merged;
+  for (long long j = 0; j < k; ++j) {
+    const Builder bj{b.topo, Group{m, b.g.stride * k, b.g.first + j * b.g.stride}};
+    std::vector<Step> one;
+    if (inner == Algorithm::kDoubleBinaryTree)
+      append_double_binary_tree(bj, m, one);
+    else
+      append_halving_doubling(bj, c, m, one);
+    if (j == 0) {
+      merged = std::move(one);
+      continue;
+    }
+    for (size_t si = 0; si < merged.size(); ++si)
+      merged[si].transfers.insert(merged[si].transfers.end(), one[si].transfers.begin(), one[si].transfers.end());
+  }
+  const double share = 1.0 / static_cast<double>(k);
+  for (Step& s : merged) {
+    s.phase = fmt::format("inter-node {}", s.phase);
+    s.reduce *= share;
+    for (Transfer& t : s.transfers) t.frac *= share;
+    out.push_back(std::move(s));
+  }
+}
+
 // The aggregation step of an in-network allreduce over a group of k ranks a node: the k aggregations (the ranks at
 // position j of each node) run at once, as one step.
 void append_in_network_allreduce(const Builder& b, long long k, std::vector<Step>& out) {
@@ -468,10 +501,12 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
           append_double_binary_tree(b, p, out);
           return out;
         case Algorithm::kHierarchical:
+        case Algorithm::kHierarchicalHd:
+        case Algorithm::kHierarchicalTree:
         case Algorithm::kInNetwork: {
           const long long k = ranks_per_node(b, p);
           const long long m = p / k;
-          if (a == Algorithm::kInNetwork && c != Collective::kAllReduce) break;
+          if ((a == Algorithm::kInNetwork || a == Algorithm::kHierarchicalTree) && c != Collective::kAllReduce) break;
           // Asked for by name on a cluster without switch aggregation: say so even when the group fits in a node
           // (it would otherwise run the intra-node rings under the in-network name).
           if (a == Algorithm::kInNetwork && !b.topo.spec().network.in_network_reduction &&
@@ -490,6 +525,10 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
           if (m > 1) {
             if (a == Algorithm::kInNetwork) {
               append_in_network_allreduce(b, k, out);
+            } else if (a == Algorithm::kHierarchicalHd) {
+              append_inter_node(b, c, Algorithm::kHalvingDoubling, k, out);
+            } else if (a == Algorithm::kHierarchicalTree) {
+              append_inter_node(b, c, Algorithm::kDoubleBinaryTree, k, out);
             } else {
               std::vector<std::vector<long long>> inter;
               for (long long j = 0; j < k; ++j) {
@@ -523,14 +562,19 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
 std::vector<Algorithm> candidate_algorithms(Collective c, const Topology& topo) {
   switch (c) {
     case Collective::kAllReduce: {
-      std::vector<Algorithm> v{Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kDoubleBinaryTree,
-                               Algorithm::kHierarchical, Algorithm::kRecursiveDoubling};
+      std::vector<Algorithm> v{Algorithm::kRing,
+                               Algorithm::kHalvingDoubling,
+                               Algorithm::kDoubleBinaryTree,
+                               Algorithm::kHierarchical,
+                               Algorithm::kHierarchicalHd,
+                               Algorithm::kHierarchicalTree,
+                               Algorithm::kRecursiveDoubling};
       if (topo.spec().network.in_network_reduction) v.push_back(Algorithm::kInNetwork);
       return v;
     }
     case Collective::kReduceScatter:
     case Collective::kAllGather:
-      return {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kHierarchical};
+      return {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kHierarchical, Algorithm::kHierarchicalHd};
     case Collective::kBroadcast:
     case Collective::kReduce:
       return {Algorithm::kRing, Algorithm::kBinomialTree};
@@ -570,7 +614,9 @@ static bool shifts_exactly(const Topology& topo, Algorithm a, const Group& g, co
     for (const Step& s : steps)
       for (const Transfer& t : s.transfers)
         if (t.link >= 0) return false;
-  if (a != Algorithm::kHierarchical && a != Algorithm::kInNetwork) return true;
+  if (a != Algorithm::kHierarchical && a != Algorithm::kHierarchicalHd && a != Algorithm::kHierarchicalTree &&
+      a != Algorithm::kInNetwork)
+    return true;
   // A hierarchical pattern reads where its group sits only through how many of its ranks share a node (its rings run
   // over positions in the group): a copy whose ranks split over nodes as g's do runs g's pattern shifted. (Building
   // and routing every copy's pattern took a quarter of a 262,144-GPU plan's time.)

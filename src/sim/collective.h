@@ -16,7 +16,9 @@
 //   chain broadcast (ring)       (p-1+S-1)(a + n/S b), S = ceil(n / segment) (reduce: + (p-1+S-1) n/S g)
 //   double binary tree allreduce 2 depth a + 2 nb + ng   (pipelined, NCCL's two complementary trees)
 //   in-network aggregation       2a + nb                 (each rank sends n up and receives n down once)
-//   hierarchical allreduce       intra ring reduce-scatter, inter allreduce of n/k, intra ring allgather
+//   hierarchical allreduce       intra ring reduce-scatter, inter allreduce of n/k, intra ring allgather; the
+//                                inter phase a ring (hierarchical), halving-doubling (hierarchical-hd: 2 log m
+//                                latencies instead of 2(m-1) over m nodes) or a double binary tree (hierarchical-tree)
 //
 // Two evaluations:
 //   symmetric   the representative group (the one holding rank `first`) is routed; a link's load is that group's
@@ -52,9 +54,11 @@ enum class Algorithm {
   kRecursiveDoubling,
   kBinomialTree,
   kDoubleBinaryTree,
-  kHierarchical,  // intra-node ring reduce-scatter, inter-node ring allreduce, intra-node ring allgather
-  kInNetwork,     // switch aggregation (SHARP); hierarchical when a group has several ranks per node
-  kDirect,        // all-to-all pairwise exchange; pipeline shift
+  kHierarchical,      // intra-node ring reduce-scatter, inter-node ring allreduce, intra-node ring allgather
+  kHierarchicalHd,    // the same with the inter-node phase by halving-doubling (the runtime's tuner may pick it)
+  kHierarchicalTree,  // the same with the inter-node allreduce by a double binary tree (as NCCL's tree)
+  kInNetwork,         // switch aggregation (SHARP); hierarchical when a group has several ranks per node
+  kDirect,            // all-to-all pairwise exchange; pipeline shift
 };
 
 const char* collective_name(Collective c);

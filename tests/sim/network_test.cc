@@ -239,6 +239,20 @@ TEST(Collective, HierarchicalMatchesItsClosedForm) {
   double red = (k - 1) / k * n * g + (nodes - 1) / nodes * (n / k) * g;
   double expect = 2 * intra + inter + red;
   EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kHierarchical, Group{16, 1, 0}, n), expect), 1e-9);
+  // Across the nodes by halving-doubling: 2 log 4 steps instead of 2 (4 - 1), the same bytes and reductions; by a
+  // double binary tree: 2 x depth 2 latencies (pipelined), each NIC carrying 2 n/k (a rank inner in one tree sends
+  // to and gets from its children and parent there: half of n/k each way per tree edge).
+  const double hop = a + 3e-6 + 0.5e-6;
+  const double hd = 2 * intra + 2 * 2 * hop + 2 * (nodes - 1) / nodes * (n / k) / 10e9 + red;
+  EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kHierarchicalHd, Group{16, 1, 0}, n), hd), 1e-9);
+  const double tree = 2 * intra + 2 * 2 * hop + 2 * (n / k) / 10e9 + (k - 1) / k * n * g + (n / k) * g;
+  EXPECT_LT(rel(m.time(Collective::kAllReduce, Algorithm::kHierarchicalTree, Group{16, 1, 0}, n), tree), 1e-9);
+  // The reduce-scatter and allgather halves: the intra-node ring and the halving (doubling) across.
+  const double rs = intra + 2 * hop + (nodes - 1) / nodes * (n / k) / 10e9 + red;
+  EXPECT_LT(rel(m.time(Collective::kReduceScatter, Algorithm::kHierarchicalHd, Group{16, 1, 0}, n), rs), 1e-9);
+  const double ag = intra + 2 * hop + (nodes - 1) / nodes * (n / k) / 10e9;
+  EXPECT_LT(rel(m.time(Collective::kAllGather, Algorithm::kHierarchicalHd, Group{16, 1, 0}, n), ag), 1e-9);
+  EXPECT_THROW(m.time(Collective::kAllGather, Algorithm::kHierarchicalTree, Group{16, 1, 0}, n), UnsupportedError);
 }
 
 TEST(Flow, TwoFlowsOnOneLinkEachGetHalf) {
@@ -437,6 +451,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Agree{"dgx-a100", 64, 8, 8, Algorithm::kRing, Collective::kAllReduce},   // DP, one per node
                       Agree{"dgx-a100", 64, 16, 4, Algorithm::kRing, Collective::kAllReduce},  // DP, 2 per node
                       Agree{"dgx-a100", 64, 64, 1, Algorithm::kHierarchical, Collective::kAllReduce},
+                      Agree{"dgx-a100", 64, 64, 1, Algorithm::kHierarchicalHd, Collective::kAllReduce},
+                      Agree{"dgx-a100", 64, 64, 1, Algorithm::kHierarchicalTree, Collective::kAllReduce},
+                      Agree{"dgx-a100", 96, 48, 2, Algorithm::kHierarchicalHd, Collective::kReduceScatter},
                       Agree{"dgx-a100", 64, 8, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce},
                       Agree{"dgx-a100", 64, 8, 8, Algorithm::kInNetwork, Collective::kAllReduce},
                       Agree{"ethernet-25g", 32, 8, 4, Algorithm::kRing, Collective::kAllReduce},    // NIC shared by 4
@@ -483,6 +500,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // of 20, copies of 3 nodes): routed as g's pattern shifted instead of built one by one.
                       Agree{"dgx-a100", 240, 24, 1, Algorithm::kHierarchical, Collective::kAllReduce, 0.01},
                       Agree{"dgx-a100", 240, 24, 1, Algorithm::kHierarchical, Collective::kReduceScatter, 0.01},
+                      Agree{"dgx-a100", 240, 24, 1, Algorithm::kHierarchicalHd, Collective::kAllReduce, 0.01},
+                      Agree{"dgx-a100", 240, 24, 1, Algorithm::kHierarchicalTree, Collective::kAllReduce, 0.01},
                       Agree{"het", 24, 8, 1, Algorithm::kHalvingDoubling, Collective::kAllReduce},
                       Agree{"het", 24, 8, 1, Algorithm::kRecursiveDoubling, Collective::kAllReduce},
                       // (full detail's first latency is the last flow's: one switch hop, 130 ns, under the slowest
@@ -648,8 +667,9 @@ TEST(Symmetric, AProfileDoesNotDependOnWhatWasProfiledBefore) {
     CollectiveModel shared(topo);
     int routed = 0, checked = 0;
     for (const Group g : {Group{8, 1, 0}, Group{16, 1, 0}, Group{28, 8, 0}, Group{56, 4, 0}, Group{32, 7, 0}})
-      for (Algorithm a : {Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling, Algorithm::kRing,
-                          Algorithm::kDoubleBinaryTree, Algorithm::kHierarchical, Algorithm::kInNetwork})
+      for (Algorithm a :
+           {Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling, Algorithm::kRing, Algorithm::kDoubleBinaryTree,
+            Algorithm::kHierarchical, Algorithm::kHierarchicalHd, Algorithm::kHierarchicalTree, Algorithm::kInNetwork})
         for (Collective c : {Collective::kReduceScatter, Collective::kAllGather, Collective::kAllReduce}) {
           CollectiveModel fresh(topo);
           CollectiveCost x, y;
