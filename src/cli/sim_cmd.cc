@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -411,15 +412,22 @@ void print_step(const std::string& cluster, const GptModel& m, const StepResult&
   }
 }
 
-std::vector<int> parse_int_list(const std::string& s, const char* flag) {
+// given: the flag was on the command line (an empty list given is refused: it searched everything).
+std::vector<int> parse_int_list(const std::string& s, const char* flag, bool given = false) {
   std::vector<int> out;
+  if (s.empty() && given)
+    throw ConfigError(fmt::format(
+        "{} = '': an empty list (allowed: a comma-separated list of integers from 1 to 1048576, or leave it out)",
+        flag));
   if (s.empty()) return out;
   for (const auto& p : split(s, ',')) {
     const std::string item = trim(p);
     char* end = nullptr;
+    errno = 0;
     long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != 0 || v < 1 || v > 1 << 20)
-      throw ConfigError(fmt::format("{} = '{}': a comma-separated list of positive integers", flag, s));
+    if (item.empty() || *end != 0 || errno != 0 || v < 1 || v > 1 << 20)
+      throw ConfigError(
+          fmt::format("{} = '{}' (allowed: a comma-separated list of integers from 1 to 1048576)", flag, s));
     if (std::find(out.begin(), out.end(), static_cast<int>(v)) != out.end())
       throw ConfigError(fmt::format("{} = '{}' lists {} twice (allowed: each value once)", flag, s, v));
     out.push_back(static_cast<int>(v));
@@ -563,9 +571,13 @@ void run_plan(const StepArgs& given_args) {
   CollectiveModel net(topo);
   PlanSpace space;
   space.base = base;
-  space.tp = parse_int_list(a.tp_options, "--tp-options");
-  space.pp = parse_int_list(a.pp_options, "--pp-options");
-  space.micro_batch = parse_int_list(a.mb_options, "--micro-batch-options");
+  space.tp = parse_int_list(a.tp_options, "--tp-options", a.given.count("--tp-options") > 0);
+  space.pp = parse_int_list(a.pp_options, "--pp-options", a.given.count("--pp-options") > 0);
+  space.micro_batch = parse_int_list(a.mb_options, "--micro-batch-options", a.given.count("--micro-batch-options") > 0);
+  for (const char* f : {"--zero-options", "--recompute-options"})
+    if (a.given.count(f) && (std::string(f) == "--zero-options" ? a.zero_options : a.recompute_options).empty())
+      throw ConfigError(fmt::format("{} = '': an empty list (allowed: a comma-separated list of {}, or leave it out)",
+                                    f, std::string(f) == "--zero-options" ? "0, 1, 2, 3" : "none, selective, full"));
   if (!a.zero_options.empty()) {
     space.zero.clear();
     for (const auto& z : split(a.zero_options, ',')) {
@@ -581,7 +593,15 @@ void run_plan(const StepArgs& given_args) {
   if (!a.recompute_options.empty()) {
     space.recompute.clear();
     for (const auto& r : split(a.recompute_options, ',')) {
-      const Recompute rc = parse_recompute(trim(r));
+      Recompute rc;
+      try {
+        rc = parse_recompute(trim(r));
+      } catch (const ConfigError&) {  // (it named --recompute)
+        throw ConfigError(
+            fmt::format("--recompute-options = '{}' (allowed: a comma-separated list of none, "
+                        "selective, full)",
+                        a.recompute_options));
+      }
       if (std::find(space.recompute.begin(), space.recompute.end(), rc) != space.recompute.end())
         throw ConfigError(fmt::format("--recompute-options = '{}' lists {} twice (allowed: each value once)",
                                       a.recompute_options, trim(r)));
@@ -669,7 +689,9 @@ void run_plan(const StepArgs& given_args) {
           "= {}); allowed: a rank up to it",
           a.compression, m.hidden / least_tp));
   }
-  if (a.given.count("--sp")) {
+  if (a.given.count("--sp") && !a.sp) {
+    space.sequence_parallel = {false};  // (--sp=false: none of the plans uses it; it forced it on every plan)
+  } else if (a.given.count("--sp")) {
     // Fixed: every plan uses it, so tp = 1 (where the planner would drop it) is out of the search.
     if (!space.tp.empty() && std::all_of(space.tp.begin(), space.tp.end(), [](int t) { return t == 1; }))
       throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
@@ -904,8 +926,9 @@ void run_coll(const CollArgs& given_args) {
         "placement's own link loads: the time can be well under the truth\n");
 }
 
-InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long long gen) {
+InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long long gen, bool fused) {
   InferenceConfig c;
+  c.fused_attention = fused;
   c.tp = a.tp;
   c.pp = a.pp;
   c.batch = batch;
@@ -919,6 +942,7 @@ struct InferArgs {
   long long prompt = -1, generate = -1;  // when not given: fit the model's context (at most 1024 and 256)
   bool prompt_given = false, generate_given = false, batch_given = false, batch_list_given = false;
   std::string batch_list;
+  std::string attention = "fused";
 };
 
 // One `sim.infer` record: a single run's and each row of a --batch-list sweep have the same fields.
@@ -932,6 +956,8 @@ json infer_json(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec,
               {"pp", a.pp},
               {"replicas", r.replicas},
               {"batch", batch},
+              {"batches_in_flight", r.batches_in_flight},
+              {"attention", ia.attention},
               {"prompt", ia.prompt},
               {"generate", ia.generate},
               {"prefill_s", r.prefill},
@@ -951,17 +977,19 @@ json infer_json(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec,
 // The serving trade-off: latency against throughput over batch sizes.
 void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec, const GptModel& m,
                      CollectiveModel& net) {
-  std::vector<int> batches = parse_int_list(ia.batch_list, "--batch-list");
-  // (an empty list ran the single batch of --batch's default)
-  if (batches.empty()) throw ConfigError("--batch-list is empty; allowed: a comma-separated list of positive integers");
+  std::vector<int> batches = parse_int_list(ia.batch_list, "--batch-list", true);
+  // (an empty list ran the single batch of --batch's default: parse_int_list refuses it)
   // Every row before any output: a refused configuration printed the table's header, then its error.
   std::vector<InferenceResult> rows;
-  for (int b : batches) rows.push_back(simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate)));
+  for (int b : batches)
+    rows.push_back(simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate, ia.attention == "fused")));
   if (!a.json)
     fmt::print(
-        "cluster {}  model {}  tp={} pp={}  prompt {}  generate {}\n\n  {:>6} {:>12} {:>14} {:>12} {:>14} {:>10}\n",
-        spec.name, m.name, a.tp, a.pp, ia.prompt, ia.generate, "batch", "TTFT", "per token", "request", "tokens/s",
-        "memory");
+        "cluster {}  model {}  tp={} pp={}  prompt {}  generate {}  {} attention{}\n\n  {:>6} {:>12} {:>14} {:>12} "
+        "{:>14} {:>10}\n",
+        spec.name, m.name, a.tp, a.pp, ia.prompt, ia.generate, ia.attention,
+        a.pp > 1 ? fmt::format("  {} batches in flight", a.pp) : "", "batch", "TTFT", "per token", "request",
+        "tokens/s", "memory");
   for (size_t i = 0; i < batches.size(); ++i) {
     const int b = batches[i];
     const InferenceResult& r = rows[i];
@@ -982,6 +1010,8 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
   // Unset lengths fit the model's context: 256 generated tokens (a quarter of it at most) after a 1024-token prompt
   // (what is left, at most).
   InferArgs ia = given;
+  if (ia.attention != "fused" && ia.attention != "unfused")
+    throw ConfigError(fmt::format("--attention = '{}' (allowed: fused, unfused)", ia.attention));
   if (ia.prompt_given && ia.prompt < 1)
     throw ConfigError(fmt::format("--prompt = {} must be at least 1 token", ia.prompt));
   if (ia.generate_given && ia.generate < 1)
@@ -1013,14 +1043,17 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
     run_infer_sweep(a, ia, spec, m, net);
     return;
   }
-  InferenceResult r = simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate));
+  InferenceResult r =
+      simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate, ia.attention == "fused"));
   if (a.json) {
     std::cout << infer_json(a, ia, spec, m, ia.batch, r).dump() << "\n";
     return;
   }
   fmt::print("cluster {}  model {} ({:.1f}B)  tp={} pp={} ({} replicas on {} accelerators)\n", spec.name, m.name,
              gpt_parameters(m) / 1e9, a.tp, a.pp, r.replicas, a.gpus);
-  fmt::print("batch {}  prompt {} tokens  generate {} tokens\n\n", ia.batch, ia.prompt, ia.generate);
+  fmt::print("batch {}{}  prompt {} tokens  generate {} tokens  {} attention\n\n", ia.batch,
+             r.batches_in_flight > 1 ? fmt::format(" x {} in flight (one a stage)", r.batches_in_flight) : "",
+             ia.prompt, ia.generate, ia.attention);
   fmt::print("  prefill (time to first token)   {}\n", format_seconds(r.prefill));
   fmt::print("  decode per token                {}  ({}-bound)\n", format_seconds(r.decode_per_token), r.decode_bound);
   fmt::print("  request latency                 {}\n", format_seconds(r.request_latency));
@@ -1662,7 +1695,8 @@ void setup(CLI::App& app) {
       c->add_option("--recompute-options", a->recompute_options, "recompute modes to try, e.g. selective,full");
       c->callback([a, c]() {
         for (const char* f : {"--tp", "--pp", "--dp", "--micro-batch", "--zero", "--recompute", "--schedule",
-                              "--virtual-stages", "--sp", "--zero-reduce", "--gather-bytes"})
+                              "--virtual-stages", "--sp", "--zero-reduce", "--gather-bytes", "--tp-options",
+                              "--pp-options", "--micro-batch-options", "--zero-options", "--recompute-options"})
           if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_plan(*a);
       });
@@ -1711,12 +1745,16 @@ void setup(CLI::App& app) {
     add_model_flags(c, *a);
     c->add_option("--tp", a->tp, "tensor-parallel size")->capture_default_str();
     c->add_option("--pp", a->pp, "pipeline-parallel size")->capture_default_str();
-    auto* batch = c->add_option("--batch", ia->batch, "concurrent sequences")->capture_default_str();
+    auto* batch = c->add_option("--batch", ia->batch, "sequences a batch (with --pp p, p batches in flight)")
+                      ->capture_default_str();
     auto* batch_list =
         c->add_option("--batch-list", ia->batch_list, "sweep batch sizes, e.g. 1,4,16,64 (latency vs throughput)");
     auto* prompt = c->add_option("--prompt", ia->prompt, "prompt tokens (default: 1024, or what the context leaves)");
     auto* generate =
         c->add_option("--generate", ia->generate, "generated tokens (default: 256, at most a quarter of the context)");
+    c->add_option("--attention", ia->attention,
+                  "fused (FlashAttention: no s x s scores in memory, the causal half skipped) or unfused")
+        ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
     c->callback([a, ia, prompt, generate, batch, batch_list]() {
       ia->prompt_given = prompt->count() > 0;

@@ -31,8 +31,10 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   if (c.batch < 1) throw ConfigError(fmt::format("--batch = {} must be at least 1", c.batch));
   if (c.prompt < 1 || c.generate < 1) throw ConfigError("--prompt and --generate must be at least 1 token");
   if (c.prompt > m0.seq || c.generate > m0.seq - c.prompt)  // (the sum of two huge values overflowed)
-    throw ConfigError(fmt::format("--prompt ({}) + --generate ({}) exceed the model's context of {} tokens (--seq)",
-                                  c.prompt, c.generate, m0.seq));
+    throw ConfigError(
+        fmt::format("--prompt ({}) + --generate ({}) exceed the model's context of {} tokens (--seq); "
+                    "allowed: prompt + generate up to --seq, a context of at least 2 tokens",
+                    c.prompt, c.generate, m0.seq));
   InferenceResult r;
   r.replicas = gpus / (static_cast<long long>(c.tp) * c.pp);
   const int t = c.tp, p = c.pp, lps = m0.layers / p;
@@ -54,8 +56,14 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     GptModel pm = m0;
     pm.seq = c.prompt;
     double layer = 0;
-    for (const auto& g : gpt_layer_gemms(pm, b, t)) layer += gemm_time(acc, g.shape);
-    layer += memory_time(acc, 2 * (11 * b * s * h + 2 * b * (a / t) * s * s) + 2 * b * s * (up + f) / t, 6);
+    for (auto g : gpt_layer_gemms(pm, b, t)) {
+      // (fused and causal: FlashAttention skips the blocks above the diagonal, half the scores and the context)
+      if (c.fused_attention && g.attention_core)
+        (std::string(g.name) == "attention scores" ? g.shape.n : g.shape.k) /= 2;
+      layer += gemm_time(acc, g.shape);
+    }
+    const double scores_traffic = c.fused_attention ? 0 : 2 * b * (a / t) * s * s;
+    layer += memory_time(acc, 2 * (11 * b * s * h + scores_traffic) + 2 * b * s * (up + f) / t, 6);
     double tp_layer = t > 1 ? 2 * kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;
     double p2p = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * s * h * 2 / t) : 0;
     double logits = gemm_time(acc, {b, V / t, h, 1});
@@ -154,7 +162,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
       const Timing& k = per_kind[static_cast<size_t>(&topo.kind_of_node(n) - kinds.data())];
       if (!tm || k.latency > tm->latency) tm = &k;
     }
-    throughput += b * static_cast<double>(c.generate) / tm->latency;
+    throughput += p * b * static_cast<double>(c.generate) / tm->latency;
     if (tm->latency > slowest.latency) slowest = *tm;
   }
   r.prefill = slowest.prefill;
@@ -162,10 +170,13 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   r.decode_bound = slowest.bound;
   r.request_latency = slowest.latency;
   r.tokens_per_second = throughput;
+  r.batches_in_flight = p;
 
   // Memory: weights, KV cache, and the prefill's largest transient: the MLP phase (up-projection output and QKV) or
-  // the attention phase (QKV, the b (a/t) s^2 scores and their softmax, which the prefill timing above writes to
-  // memory, so the two agree), plus the logits.
+  // the attention phase (QKV and its output; unfused, the b (a/t) s^2 scores and their softmax, which the prefill
+  // timing above then writes to memory, so the two agree), plus the logits. (Unfused was the only model until
+  // 2026-12-06: a 32,000-token prompt of a 7B model needed 162 GB a GPU, 132 GB of them scores no FlashAttention
+  // kernel stores.)
   // The heaviest stage: its layers and the embeddings (the first stage holds the token and position embeddings, the
   // last a copy of the token embedding for the logits), the token embeddings split over tp, the position embeddings
   // whole on each rank (they were split too). Spread evenly over the stages, they
@@ -175,14 +186,17 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
                         static_cast<double>(m0.vocab) * static_cast<double>(m0.hidden) / t +
                         static_cast<double>(m0.seq) * static_cast<double>(m0.hidden));
   const long long tokens = c.prompt + c.generate;
-  r.kv_bytes = kv_cache_bytes(m0, t, p, tokens, c.batch);
+  // (each stage holds the caches of the p batches in flight)
+  r.kv_bytes = p * kv_cache_bytes(m0, t, p, tokens, c.batch);
   const double qkv = qkv_width_per_rank(m0, t);
-  const double act =
-      std::max(2 * b * s * (up / t + qkv), 2 * b * s * qkv + 2 * 2 * b * (a / t) * s * s) + 4 * b * V / t;
+  // The attention phase: QKV and its output (fused), or QKV and the scores with their softmax (unfused).
+  const double attention =
+      c.fused_attention ? 2 * b * s * (qkv + h / t) : 2 * b * s * qkv + 2 * 2 * b * (a / t) * s * s;
+  const double act = std::max(2 * b * s * (up / t + qkv), attention) + 4 * b * V / t;
   r.memory_total = r.weight_bytes + r.kv_bytes + act;
   r.memory_capacity = capacity;
   r.fits = r.memory_total <= r.memory_capacity;
-  const double per_seq = kv_cache_bytes(m0, t, p, tokens, 1) + act / b;
+  const double per_seq = p * kv_cache_bytes(m0, t, p, tokens, 1) + act / b;
   // (at most what --batch takes: a tiny model on a large memory fitted more sequences than an int holds)
   r.max_batch = static_cast<long long>(
       std::clamp(std::floor((r.memory_capacity - r.weight_bytes) / per_seq), 0.0, double(INT_MAX)));

@@ -10,7 +10,10 @@
 //             embedding's output and gathers the logits over the t ranks, and with p stages sends the sampled tokens
 //             from the last stage back to the first
 //   memory    the heaviest pipeline stage's weights (its layers and embeddings, 2 bytes/param, / t) + KV cache of
-//             batch x (prompt + generate) tokens + the prefill's largest transient (activations, the logits)
+//             p batches x batch x (prompt + generate) tokens + the prefill's largest transient (activations, the
+//             logits; with unfused attention the b (a/t) s^2 scores)
+//   pipeline  p stages serve p batches at once (each stage another batch's step): a request's latency runs the p
+//             stages one after another, the throughput is p batches over it
 // Replicas: accelerators / (t p) independent copies serve requests in parallel.
 #include <string>
 
@@ -21,8 +24,12 @@ namespace conduit::sim {
 
 struct InferenceConfig {
   int tp = 1, pp = 1;
-  int batch = 1;
+  int batch = 1;  // sequences in each batch in flight
   long long prompt = 1024, generate = 256;
+  // Fused attention (FlashAttention, as vLLM, TGI and TensorRT-LLM serve): the prefill's b (a/t) s^2 scores never
+  // reach memory, and the causal mask's upper half is skipped (half the attention FLOPs). Unfused: the scores and
+  // their softmax written and read, the whole s x s computed.
+  bool fused_attention = true;
 };
 
 struct InferenceResult {
@@ -31,6 +38,9 @@ struct InferenceResult {
   double decode_per_token = 0;  // seconds per generated token (whole batch)
   double request_latency = 0;
   double tokens_per_second = 0;  // generated tokens/s over all replicas
+  // Batches in flight per replica: with p pipeline stages each works on another batch (vLLM's pipeline-parallel
+  // virtual engines), so p batches share the stages and each stage holds their KV caches.
+  int batches_in_flight = 1;
   double weight_bytes = 0, kv_bytes = 0, memory_total = 0, memory_capacity = 0;
   bool fits = true;
   long long max_batch = 0;

@@ -567,7 +567,9 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   } else if (kinds > 1) {
     r.notes.push_back(fmt::format("heterogeneous cluster: {} accelerators bound the step", slowest->name));
   } else if (cfg.balance) {
-    throw ConfigError("--balance shares the batch among different accelerators: this cluster has one kind");
+    throw ConfigError(
+        "--balance shares the batch among different accelerators: this cluster has one kind; allowed: a cluster "
+        "with several node kinds, or leave --balance out");
   }
 
   const Accelerator& acc = *slowest;

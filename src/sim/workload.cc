@@ -63,7 +63,9 @@ void GptModel::validate() const {
   if (hidden % heads != 0) throw ConfigError(fmt::format("--heads = {} must divide --hidden = {}", heads, hidden));
   if (kv_heads < 0 || kv_heads > heads || (kv_heads > 0 && heads % kv_heads != 0))
     throw ConfigError(
-        fmt::format("--kv-heads = {} (allowed: a divisor of --heads = {}, or 0 for --heads)", kv_heads, heads));
+        fmt::format("--kv-heads = {} does not divide --heads = {} (allowed: --kv-heads a divisor of --heads, such as "
+                    "--kv-heads {}; a named model's own key/value heads count until it is given)",
+                    kv_heads, heads, heads));
   check("--seq", seq);
   check("--vocab", vocab);
   if (ffn_hidden != 0) check("--ffn-hidden", ffn_hidden);

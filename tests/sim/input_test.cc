@@ -1864,7 +1864,9 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
   // line each.
   out = test_util::run(infer_cmd + "--batch-list ''", &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_EQ(out, "conduit: error: --batch-list is empty; allowed: a comma-separated list of positive integers\n");
+  EXPECT_EQ(out,
+            "conduit: error: --batch-list = '': an empty list (allowed: a comma-separated list of integers from 1 to "
+            "1048576, or leave it out)\n");
   out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 3 --batch-list 1,2", &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_EQ(out, "conduit: error: --tp (3) x --pp (1) must divide --gpus (8)\n");
@@ -1876,7 +1878,10 @@ TEST(Inputs, PlanAndInferenceReviewFindings) {
   // --kv-heads: a divisor of --heads; tp and it must divide one another.
   out = test_util::run(infer_cmd + "--kv-heads 3", &rc);
   EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("--kv-heads = 3 (allowed: a divisor of --heads = 64"), std::string::npos) << out;
+  EXPECT_NE(out.find("--kv-heads = 3 does not divide --heads = 64 (allowed: --kv-heads a divisor of --heads, such as "
+                     "--kv-heads 64"),
+            std::string::npos)
+      << out;
   out = test_util::run(
       "sim infer --cluster dgx-h100 --gpus 8 --model llama2-70b-like --tp 8 --kv-heads 12 --pp 1 "
       "--heads 48 --hidden 6144",
@@ -2165,6 +2170,49 @@ TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
   ic.prompt = 1;
   ic.generate = 1;
   EXPECT_EQ(simulate_inference(n8, tiny, ic).max_batch, 2147483647);
+}
+
+// An audit's plan and infer findings (2026-12-06): --sp=false forced sequence parallelism on every plan; an empty
+// option list searched everything; the list's range was not said; --recompute-options' errors named --recompute;
+// --balance on one kind appended the generic advice; --attention is checked.
+TEST(Inputs, PlanListsAndFlagsSayWhatTheyMean) {
+  int rc = 0;
+  const std::string plan = "sim plan --cluster dgx-a100 --gpus 64 --model gpt2-small --global-batch 512 --top 5 ";
+  std::string out = test_util::run(plan + "--sp=false", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("dp=64 tp=1"), std::string::npos) << out;
+  EXPECT_EQ(out.find(" sp\n"), std::string::npos) << out;
+  out = test_util::run(plan + "--sp", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(" sp\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("tp=1 "), std::string::npos) << out;
+  for (const char* f :
+       {"--tp-options", "--pp-options", "--micro-batch-options", "--zero-options", "--recompute-options"}) {
+    out = test_util::run(plan + f + " ''", &rc);
+    EXPECT_EQ(rc, 2) << f << ": " << out;
+    EXPECT_NE(out.find(std::string(f) + " = '': an empty list (allowed: a comma-separated list of"), std::string::npos)
+        << out;
+  }
+  out = test_util::run(plan + "--micro-batch-options 2000000", &rc);
+  EXPECT_EQ(out,
+            "conduit: error: --micro-batch-options = '2000000' (allowed: a comma-separated list of integers from 1 to "
+            "1048576)\n");
+  out = test_util::run(plan + "--recompute-options none,foo", &rc);
+  EXPECT_EQ(out,
+            "conduit: error: --recompute-options = 'none,foo' (allowed: a comma-separated list of none, selective, "
+            "full)\n");
+  out = test_util::run(plan + "--balance", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("this cluster has one kind; allowed: a cluster with several node kinds, or leave --balance out"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("--gpus, --global-batch"), std::string::npos) << out;
+  out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model gpt2-small --attention flash", &rc);
+  EXPECT_EQ(out, "conduit: error: --attention = 'flash' (allowed: fused, unfused)\n");
+  out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model gpt2-small --tp 1 --pp 2 --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"batches_in_flight\":2"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"attention\":\"fused\""), std::string::npos) << out;
 }
 
 }  // namespace

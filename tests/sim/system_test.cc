@@ -340,15 +340,20 @@ TEST(Inference, DecodeIsBoundByWhatTakesMostOfItAndKvCacheMatchesItsFormula) {
   EXPECT_NEAR(big.kv_bytes, 32 * r.kv_bytes, 1);
   EXPECT_GT(big.prefill, r.prefill);
   EXPECT_GT(r.max_batch, 32);
-  // Memory holds what the prefill timing writes: with a long prompt the attention phase (QKV, the b (a/t) s^2 scores
-  // and their softmax, 2 bytes each) is the largest transient (it was left out: 0.47 GB counted against 1.07 GB).
+  // Memory holds what the prefill timing writes: with a long prompt and unfused attention the attention phase (QKV,
+  // the b (a/t) s^2 scores and their softmax, 2 bytes each) is the largest transient (it was left out: 0.47 GB
+  // counted against 1.07 GB); fused, the MLP phase (its up-projection's output and QKV).
   c.batch = 4;
   c.prompt = 3072;
   c.generate = 512;
+  const InferenceResult fused = simulate_inference(net, m, c);
+  c.fused_attention = false;
   InferenceResult longp = simulate_inference(net, m, c);
   const double b = 4, s = 3072, h = m.hidden, heads = m.heads / 8.0, V = m.vocab;
   const double attention = 2 * b * s * (h / 8 + 2 * 128) + 2 * 2 * b * heads * s * s, logits = 4 * b * V / 8;
   EXPECT_NEAR(longp.memory_total - longp.weight_bytes - longp.kv_bytes, attention + logits, 1e3);
+  const double mlp = 2 * b * s * (m.mlp_up_width() / 8 + h / 8 + 2 * 128);
+  EXPECT_NEAR(fused.memory_total - fused.weight_bytes - fused.kv_bytes, mlp + logits, 1e3);
 }
 
 TEST(Scheduler, LasBeatsFifoOnMeanJctWithAHeadOfLineJob) {

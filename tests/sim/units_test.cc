@@ -346,9 +346,49 @@ TEST(Inference, PipelineStagesAddLatencyButSplitTheWeights) {
   // Each stage has half the layers; the first also holds the embeddings whole (V h split over tp, the position
   // embeddings s h whole on each rank).
   EXPECT_NEAR(two.weight_bytes * 2 - one.weight_bytes, 2.0 * (51200.0 / 8 + 2048) * 12288, 1);
-  EXPECT_GT(two.max_batch, 2 * one.max_batch);              // half the weights and half the KV cache per GPU
-  EXPECT_GT(one.tokens_per_second, two.tokens_per_second);  // two replicas beat one two-stage pipeline
-  EXPECT_THROW(simulate_inference(net, m, InferenceConfig{3, 1, 1, 16, 16}), ConfigError);
+  // Two batches in flight, one a stage: each stage holds half the layers' caches of both, as much as one replica's
+  // whole model holds of one batch; half the weights leave room for more sequences a batch.
+  EXPECT_EQ(two.batches_in_flight, 2);
+  EXPECT_EQ(one.batches_in_flight, 1);
+  EXPECT_DOUBLE_EQ(two.kv_bytes, one.kv_bytes);
+  EXPECT_GT(two.max_batch, one.max_batch);
+  // The stages serve as many sequences as two replicas (one batch in flight made it half), short of them by the
+  // transfers between the stages.
+  EXPECT_LE(two.tokens_per_second, one.tokens_per_second);
+  EXPECT_GT(two.tokens_per_second, 0.9 * one.tokens_per_second);
+  GptModel twelve = m;
+  twelve.heads = 12;
+  try {
+    simulate_inference(net, twelve, InferenceConfig{8, 1, 1, 16, 16});
+    ADD_FAILURE() << "tp 8 of 12 heads passed";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--tp = 8 must divide --heads = 12"), std::string::npos) << e.what();
+  }
+}
+
+// Fused attention (FlashAttention, the serving default): a 32,000-token prompt of a 7B model keeps no s x s scores
+// (4 b a s^2 bytes, 131 GB here, made it not fit an 80 GB GPU) and computes the causal half of them.
+TEST(Inference, FusedAttentionKeepsNoScoresAndSkipsTheCausalHalf) {
+  Topology topo(load_cluster("dgx-h100"), 8);
+  CollectiveModel net(topo);
+  GptModel m = gpt(32, 4096, 32, 32768, 32000);
+  InferenceConfig c;
+  c.prompt = 32000;
+  c.generate = 256;
+  const InferenceResult fused = simulate_inference(net, m, c);
+  c.fused_attention = false;
+  const InferenceResult unfused = simulate_inference(net, m, c);
+  const double scores = 4.0 * 32 * 32000.0 * 32000.0;
+  EXPECT_GT(unfused.memory_total - fused.memory_total, 0.95 * scores);
+  EXPECT_LT(unfused.memory_total - fused.memory_total, scores);
+  EXPECT_TRUE(fused.fits);
+  EXPECT_FALSE(unfused.fits);
+  EXPECT_GT(fused.max_batch, 0);
+  EXPECT_EQ(unfused.max_batch, 0);
+  // Attention is most of this prefill's FLOPs: halving them and writing no scores takes well over a third off.
+  EXPECT_LT(fused.prefill, 0.65 * unfused.prefill);
+  EXPECT_EQ(fused.kv_bytes, unfused.kv_bytes);
+  EXPECT_EQ(fused.decode_per_token, unfused.decode_per_token);
 }
 
 TEST(Planner, DescribesAndExplainsInWords) {
