@@ -176,13 +176,33 @@ std::map<std::string, std::string> parse_key_values(
     std::string_view text, const std::function<std::string(const std::string&)>& bad_item) {
   std::map<std::string, std::string> out;
   if (text.empty()) return out;
-  for (const auto& kv : split(text, ',')) {
+  // Items end at commas outside brackets.
+  std::vector<std::string> items(1);
+  int depth = 0;
+  for (char ch : text) {
+    if (ch == '[') ++depth;
+    if (ch == ']' && --depth < 0)
+      throw ConfigError(fmt::format("'{}' closes a bracket it never opened; allowed: key=[value, with commas]", text));
+    if (ch == ',' && depth == 0)
+      items.emplace_back();
+    else
+      items.back() += ch;
+  }
+  if (depth != 0) throw ConfigError(fmt::format("'{}' leaves a '[' unclosed; allowed: key=[value, with commas]", text));
+  for (const auto& kv : items) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw ConfigError(bad_item(kv));
-    if (!out.emplace(kv.substr(0, eq), kv.substr(eq + 1)).second)
+    std::string value = kv.substr(eq + 1);
+    if (value.size() >= 2 && value.front() == '[' && value.back() == ']') value = value.substr(1, value.size() - 2);
+    if (!out.emplace(kv.substr(0, eq), value).second)
       throw ConfigError(fmt::format("'{}' is given twice in '{}'; give each key once", kv.substr(0, eq), text));
   }
   return out;
+}
+
+std::string key_value(std::string_view key, std::string_view value) {
+  if (value.find(',') == std::string_view::npos) return fmt::format("{}={}", key, value);
+  return fmt::format("{}=[{}]", key, value);
 }
 
 std::string trim(std::string_view text) {

@@ -34,9 +34,12 @@ double startup_timeout_seconds(double timeout_s);
 
 std::vector<std::string> split(std::string_view text, char sep);
 // Parses "key=value,key=value" (empty text: no pairs). An item without '=' or with an empty key is a ConfigError
-// whose message is bad_item(item).
+// whose message is bad_item(item). A value in brackets may hold commas, and is taken without them:
+// "pull_compressor=[qsgd:levels=127,bucket=64],lr=0.1" (a compressor spec with parameters, inside a scheme's).
 std::map<std::string, std::string> parse_key_values(std::string_view text,
                                                     const std::function<std::string(const std::string&)>& bad_item);
+// "key=value" as parse_key_values reads it back: a value holding a comma is bracketed.
+std::string key_value(std::string_view key, std::string_view value);
 std::string trim(std::string_view text);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 

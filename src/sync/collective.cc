@@ -49,11 +49,8 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
   double own = 0;
   for (float v : params) own += double(v) * v;
   float sq = static_cast<float>(own);
-  if (comm_->size() > 1) {
-    comm_->allreduce(&sq, 1, DType::f32, ReduceOp::sum, detail::blocking_opts()).wait();
-    stats_.bytes_sent += 4;
-    stats_.payload_bytes += 4;
-  }
+  // (counted as every exchange is: it added its bytes to bytes_sent only, none to received, time or rounds)
+  detail::allreduce_f32(*comm_, std::span<float>(&sq, 1), ReduceOp::sum, stats_);
   allreduce_avg(*comm_, params, stats_);
   double mean = 0;
   for (float v : params) mean += double(v) * v;
@@ -82,9 +79,17 @@ void LocalSgdStrategy::load_state(std::span<const uint8_t> bytes) {
     throw InvalidArgument(fmt::format("sync {}: the state's period is {} (allowed: 1 to {})", name(), period, INT_MAX));
   // An adaptive period goes on from where it was (a smaller max_period given on resume wins); a fixed one is the
   // configured one (the saved 8 overrode a resume's period=32 without a word).
-  if (adaptive_) period_ = std::min(static_cast<int>(period), max_period_);
-  since_avg_ = static_cast<int64_t>(r.u64());
+  const uint64_t since = r.u64();
+  // (since the last average: below the period it counts to; a corrupt 2^63 read as negative never averaged again,
+  // and finish() skipped the final average, leaving the replicas apart without a word)
+  if (since >= period)
+    throw InvalidArgument(
+        fmt::format("sync {}: the state's steps since the last average are {} (allowed: 0 to {}, "
+                    "below its period)",
+                    name(), since, period - 1));
   r.done();
+  if (adaptive_) period_ = std::min(static_cast<int>(period), max_period_);
+  since_avg_ = static_cast<int64_t>(since);
 }
 
 DilocoStrategy::DilocoStrategy(coll::CommPtr comm, int period, double outer_lr, double momentum, bool nesterov)
@@ -131,7 +136,7 @@ Bytes DilocoStrategy::save_state() const {
 }
 void DilocoStrategy::load_state(std::span<const uint8_t> bytes) {
   detail::Reader r(bytes, name());
-  since_sync_ = static_cast<int64_t>(r.u64());
+  since_sync_ = detail::steps_since(r.u64(), name());
   outer_ = r.floats(outer_.size(), "outer parameters");
   velocity_ = r.floats(outer_.size(), "outer momentum");
   r.done();
@@ -179,7 +184,7 @@ Bytes EasgdStrategy::save_state() const {
 }
 void EasgdStrategy::load_state(std::span<const uint8_t> bytes) {
   detail::Reader r(bytes, name());
-  since_sync_ = static_cast<int64_t>(r.u64());
+  since_sync_ = detail::steps_since(r.u64(), name());
   center_ = r.floats(center_.size(), "center variable");
   r.done();
   diff_.resize(center_.size());

@@ -104,4 +104,8 @@ class Reader {
   std::string what_;
 };
 
+// A saved count of steps since the last synchronization, which stays below its period (an int): InvalidArgument
+// otherwise (a corrupt 2^63 read as negative never synchronized again).
+int64_t steps_since(uint64_t saved, const std::string& scheme);
+
 }  // namespace conduit::sync::detail

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -213,6 +214,15 @@ std::vector<float> Reader::floats(size_t expect, std::string_view field, bool or
 void Reader::done() const {
   if (pos_ != b_.size())
     throw InvalidArgument(fmt::format("sync {}: state has {} trailing bytes", what_, b_.size() - pos_));
+}
+
+int64_t steps_since(uint64_t saved, const std::string& scheme) {
+  if (saved >= static_cast<uint64_t>(INT_MAX))
+    throw InvalidArgument(
+        fmt::format("sync {}: the state's steps since the last synchronization are {} (allowed: 0 "
+                    "to {}, below a period)",
+                    scheme, saved, INT_MAX - 1));
+  return static_cast<int64_t>(saved);
 }
 
 // CHOCO-gossip (Koloskova et al. 2019) moves the public copies by the compressed differences x - x̂: the part not

@@ -245,7 +245,7 @@ RawConfig read_yaml_config(const std::string& path) {
           name = p->second.as<std::string>();
           named = true;
         } else {
-          params += (params.empty() ? "" : ",") + pk + "=" + p->second.as<std::string>();
+          params += (params.empty() ? "" : ",") + key_value(pk, p->second.as<std::string>());
         }
       }
       if (name.empty())
@@ -630,13 +630,23 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
                     "sync {}: zero 0",
                     c.zero, effective_sync(c).name, effective_sync(c).name));
   effective_sync(c);  // names and applicability (values: check_sync_config)
+  std::map<int, sync::Slowdown> slow;
   try {
-    sync::parse_slow(c.slow, c.workers);
+    slow = sync::parse_slow(c.slow, c.workers);
   } catch (const Error& e) {
     throw ConfigError(fmt::format("config: slow: {}; allowed: RANK:FACTOR[@P][,...] with RANK < workers or "
                                   "*, FACTOR in [1, 1000] and P in (0, 1]",
                                   without_prefixes(e.what(), {"config: ", "--slow: "})));
   }
+  // Dedicated parameter servers (the last ranks) take no training steps to slow: the flag was accepted and did
+  // nothing, while the summary said the rank was slowed.
+  const int trainers = training_workers(c);
+  for (const auto& [rank, how] : slow)
+    if (rank != sync::kEveryRank && rank >= trainers)
+      throw ConfigError(
+          fmt::format("config: slow: rank {} is a parameter server under sync {} (ranks {} to {} serve, "
+                      "training nothing); allowed: a training rank 0 to {}, or *",
+                      rank, effective_sync(c).to_string(), trainers, c.workers - 1, trainers - 1));
   return c;
 }
 
@@ -644,7 +654,7 @@ std::string SyncSpec::to_string() const {
   std::string s = name;
   char sep = ':';
   for (const auto& [k, v] : params) {
-    s += fmt::format("{}{}={}", sep, k, v);
+    s += sep + key_value(k, v);
     sep = ',';
   }
   return s;
@@ -697,7 +707,8 @@ SyncSpec effective_sync(const TrainConfig& c) {
   }
   auto set = [&](const std::string& key, const std::string& value, const char* from) {
     auto it = s.params.find(key);
-    if (it != s.params.end() && it->second != value)
+    // (by value: period=08 and --sync-period 8 agree, as a resume compares them)
+    if (it != s.params.end() && !sync::same_param_value(it->second, value))
       throw ConfigError(fmt::format("config: {}: {} contradicts {}={} of sync '{}'; allowed: give it once", from,
                                     value, key, it->second, c.sync));
     s.params[key] = value;
@@ -1062,7 +1073,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
     if (meta.contains("sync_params") && meta["sync_params"].is_object())
       for (const auto& [k, v] : meta["sync_params"].items()) {
         if ((k == "period" && raw.count("sync_period")) || (k == "staleness" && raw.count("staleness"))) continue;
-        if (auto t = text(v)) params.push_back(k + "=" + *t);
+        if (auto t = text(v)) params.push_back(key_value(k, *t));
       }
     if (!params.empty()) spec += ":" + join(params, ",");
     raw["sync"] = spec;

@@ -75,10 +75,33 @@ TEST(SyncCollective, AdaptivePeriodGrowsWhenReplicasAgree) {
     s.setup(x);
     for (int t = 0; t < 40; ++t) s.after_step(t, x);
     EXPECT_EQ(s.period(), 16);
+    // Each average's one-number allreduce of the squared norms is counted as any exchange is: both ways, in the
+    // rounds (periods 1, 2, 4, 8, 16 over 40 steps: 5 averages of 16 floats and 5 sums of one, 2 ranks).
+    EXPECT_EQ(s.stats().rounds, 10u);
+    EXPECT_EQ(s.stats().bytes_sent, 5u * (64 + 4));
+    EXPECT_EQ(s.stats().bytes_received, s.stats().bytes_sent);
     auto st = s.save_state();
     LocalSgdStrategy s2(c, 1, 0, true, 16, 0.5);
     s2.load_state(st);
     EXPECT_EQ(s2.period(), 16);
+  });
+}
+
+// Replicas far apart (divergence above 2 x target) halve an adaptive period down to 1.
+TEST(SyncCollective, AdaptivePeriodHalvesWhenReplicasDiverge) {
+  on_ranks(2, [](int r, coll::CommPtr c) {
+    LocalSgdStrategy s(c, 8, 0, true, 16, 1e-6);
+    std::vector<float> x(16);
+    int averages = 0;
+    for (int t = 0; t < 16; ++t) {
+      // Each rank steps its replica its own way: after an average they are apart again by the next one.
+      for (size_t i = 0; i < x.size(); ++i) x[i] += (r == 0 ? 1.0f : -1.0f) * float(i + 1);
+      const uint64_t before = s.stats().rounds;
+      s.after_step(uint64_t(t), x);
+      if (s.stats().rounds != before) ++averages;
+    }
+    EXPECT_EQ(s.period(), 1);  // 8 -> 4 -> 2 -> 1
+    EXPECT_GE(averages, 4);
   });
 }
 
@@ -202,6 +225,21 @@ TEST(SyncState, OtherModelsAndCorruptStatesAreRefused) {
     auto local = make_strategy("local", {}, c);
     local->setup(big);
     refused(*local, std::vector<uint8_t>(16, 0), "period is 0 (allowed: 1 to");
+    // Steps since the last synchronization of 2^63 and more (read as negative: local SGD, DiLoCo and EASGD never
+    // synchronized again and finish() skipped its last round, leaving the replicas apart without a word), or at
+    // or past local SGD's own period.
+    detail::Writer lw;
+    lw.u64(8);
+    lw.u64(8);
+    refused(*local, lw.take(), "steps since the last average are 8 (allowed: 0 to 7");
+    for (const std::string name : {"diloco", "easgd"}) {
+      auto s = make_strategy(name, {}, c);
+      s->setup(big);
+      auto saved = s->save_state();
+      const uint64_t negative = uint64_t{1} << 63;
+      std::memcpy(saved.data(), &negative, 8);
+      refused(*s, saved, "steps since the last synchronization are 9223372036854775808");
+    }
     (void)r;
   });
 }

@@ -461,6 +461,48 @@ TEST(TrainSync, ConfigurationErrorsAreOneLine) {
   EXPECT_EQ(effective_sync(ok).params.at("staleness"), "0");
   // Schemes other than bsp drop the default gradient compressor; bsp keeps it.
   EXPECT_EQ(resolve_config({{"sync", "local"}}).compressor, "none");
+  // (an audit) A dedicated server's rank takes no training steps to slow: refused, where it did nothing while the
+  // summary said the rank was slowed; a training rank and * pass. The period clash is judged by value (period=08
+  // and sync_period 8 agree, as a resume compares them).
+  const std::string served = config_error({{"sync", "ps-asp:colocate=0"}, {"workers", "3"}, {"slow", "2:50"}});
+  expect_one_line(served, "slow");
+  EXPECT_NE(served.find("rank 2 is a parameter server"), std::string::npos) << served;
+  EXPECT_NE(served.find("allowed: a training rank 0 to 1, or *"), std::string::npos) << served;
+  EXPECT_NO_THROW(resolve_config({{"sync", "ps-asp:colocate=0"}, {"workers", "3"}, {"slow", "1:50,*:2"}}));
+  EXPECT_NO_THROW(resolve_config({{"sync", "ps-asp"}, {"workers", "3"}, {"slow", "2:50"}}));  // (co-located)
+  EXPECT_NO_THROW(resolve_config({{"sync", "local:period=08"}, {"sync_period", "8"}}));
+  expect_one_line(config_error({{"sync", "local:period=08"}, {"sync_period", "9"}}), "sync_period");
+}
+
+// A scheme parameter holding a compressor spec with parameters, in brackets (its second parameter was read as the
+// scheme's and refused); YAML mappings, the spec written back and a resume's spec bracket it themselves.
+TEST(TrainSync, ACompressorSpecWithParametersGoesInBrackets) {
+  TrainConfig c =
+      resolve_config({{"sync", "ps-asp:pull_compressor=[qsgd:levels=127,bucket=64],lr=0.05"}, {"workers", "3"}});
+  const SyncSpec s = effective_sync(c);
+  EXPECT_EQ(s.params.at("pull_compressor"), "qsgd:levels=127,bucket=64");
+  EXPECT_EQ(s.params.at("lr"), "0.05");
+  EXPECT_NO_THROW(check_sync_config(c));
+  // Written back and read again: the same parameters.
+  TrainConfig again = c;
+  again.sync = s.to_string();
+  EXPECT_NE(again.sync.find("pull_compressor=[qsgd:levels=127,bucket=64]"), std::string::npos) << again.sync;
+  EXPECT_EQ(effective_sync(again).params, s.params);
+  // dpsgd takes --compressor as its own: two parameters went into the spec unbracketed and failed on re-reading.
+  TrainConfig d = resolve_config({{"sync", "dpsgd"}, {"workers", "3"}, {"compressor", "qsgd:levels=127,bucket=64"}});
+  TrainConfig d2 = d;
+  d2.sync = effective_sync(d).to_string();
+  EXPECT_EQ(effective_sync(d2).params.at("compressor"), "qsgd:levels=127,bucket=64");
+  auto dir = temp_dir("sync-brackets");
+  {
+    std::ofstream f(dir / "a.yaml");
+    f << "sync: {name: ps-asp, pull_compressor: \"qsgd:levels=127,bucket=64\"}\nworkers: 3\n";
+  }
+  TrainConfig y = resolve_config(read_yaml_config((dir / "a.yaml").string()));
+  EXPECT_EQ(effective_sync(y).params.at("pull_compressor"), "qsgd:levels=127,bucket=64");
+  fs::remove_all(dir);
+  expect_one_line(config_error({{"sync", "ps-asp:pull_compressor=[qsgd:levels=127,bucket=64"}}), "[");
+  expect_one_line(config_error({{"sync", "ps-asp:pull_compressor=qsgd]"}}), "bracket");
 }
 
 TEST(TrainSync, YamlTakesTheSchemeAsAMapping) {
