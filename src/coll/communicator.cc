@@ -906,7 +906,15 @@ void check_root_block(const void* block, const void* all, size_t bytes, int root
 }
 }  // namespace
 
+// The one algorithm an operation has: CollOptions::algorithm may name it or be empty (another name was taken without a
+// word: "ring" for a gather ran the linear gather).
+static void check_only_algorithm(const CollOptions& o, const char* op, const char* only) {
+  if (!o.algorithm.empty() && o.algorithm != only)
+    throw ConfigError(fmt::format("unknown {} algorithm '{}': allowed is {} (or none given)", op, o.algorithm, only));
+}
+
 Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
+  check_only_algorithm(o, "gather", "linear");
   check_root(root, "gather");
   check_buffer(in, count, dt, "gather input", size());
   if (rank_ == root) check_buffer(out, count * size(), dt, "gather output");
@@ -919,6 +927,7 @@ Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int
 }
 
 Work Communicator::scatter(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
+  check_only_algorithm(o, "scatter", "linear");
   check_root(root, "scatter");
   check_buffer(out, count, dt, "scatter output", size());
   if (rank_ == root) check_buffer(in, count * size(), dt, "scatter input");
@@ -936,6 +945,7 @@ Work Communicator::alltoall(const void* in, void* out, size_t count, DType dt, c
 
 Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, void* out,
                              std::vector<size_t> recv_counts, DType dt, const CollOptions& o) {
+  check_only_algorithm(o, "alltoall", "pairwise");
   check_counts(send_counts, "alltoallv send_counts");
   check_counts(recv_counts, "alltoallv recv_counts");
   if (send_counts[rank_] != recv_counts[rank_])
@@ -969,6 +979,7 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
 }
 
 Work Communicator::barrier(const CollOptions& o) {
+  check_only_algorithm(o, "barrier", "dissemination");
   Signature sig{kSigBarrier, 0, 0, -1, 0};
   return submit("barrier", sig, o, [](Ctx& c) {
     dissemination_barrier(c);

@@ -15,6 +15,7 @@
 #include "coll/algorithms.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "net/wire.h"
 
 namespace conduit::coll {
 
@@ -42,6 +43,12 @@ size_t ring_segment_bytes() {
     // (0 was raised to 64 without a word: every megabyte then took 16,384 steps)
     if (b < 64 || b > (size_t{1} << 30))
       throw ConfigError(fmt::format("CONDUIT_RING_SEGMENT_BYTES='{}' is {} bytes (allowed: 64 bytes to 1G)", *s, b));
+    // (checked at start-up: a ring failed mid-run on its first segment over the limit, which every receiver refuses)
+    if (b > net::max_message_bytes())
+      throw ConfigError(
+          fmt::format("CONDUIT_RING_SEGMENT_BYTES='{}' is {} bytes, over CONDUIT_MAX_MESSAGE_BYTES = {}; "
+                      "allowed: a segment up to the message limit",
+                      s ? *s : std::string("1M"), b, net::max_message_bytes()));
     return b;
   }();
   return v;

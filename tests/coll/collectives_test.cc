@@ -638,6 +638,30 @@ TEST(Communicator, BadArgumentsAreRejectedWithClearErrors) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("allowed are ring, rhd, rd, tree, hier"), std::string::npos) << e.what();
   }
+  // Operations with one algorithm take its name or none (another was taken without a word).
+  auto one_algorithm = [&](const char* algo, auto&& call) {
+    CollOptions forced;
+    forced.algorithm = algo;
+    try {
+      call(forced).wait();
+      return std::string();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  std::vector<float> out(4);
+  auto gather = [&](const CollOptions& f) { return comms[0]->gather(b.data(), out.data(), 4, DType::f32, 0, f); };
+  auto scatter = [&](const CollOptions& f) { return comms[0]->scatter(b.data(), out.data(), 4, DType::f32, 0, f); };
+  auto alltoall = [&](const CollOptions& f) { return comms[0]->alltoall(b.data(), out.data(), 4, DType::f32, f); };
+  auto barrier = [&](const CollOptions& f) { return comms[0]->barrier(f); };
+  EXPECT_EQ(one_algorithm("ring", gather), "unknown gather algorithm 'ring': allowed is linear (or none given)");
+  EXPECT_EQ(one_algorithm("linear", gather), "");
+  EXPECT_EQ(one_algorithm("tree", scatter), "unknown scatter algorithm 'tree': allowed is linear (or none given)");
+  EXPECT_EQ(one_algorithm("ring", alltoall), "unknown alltoall algorithm 'ring': allowed is pairwise (or none given)");
+  EXPECT_EQ(one_algorithm("pairwise", alltoall), "");
+  EXPECT_EQ(one_algorithm("tree", barrier),
+            "unknown barrier algorithm 'tree': allowed is dissemination (or none given)");
+  EXPECT_EQ(one_algorithm("", barrier), "");
   EXPECT_THROW(comms[0]->allgatherv(b.data(), b.data(), {1, 2}, DType::f32), InvalidArgument);
   EXPECT_THROW(comms[0]->allreduce(nullptr, 4, DType::f32, ReduceOp::sum), InvalidArgument);
   // Counts whose bytes no buffer can have (they wrapped: 2^62 + 1 floats became 4 bytes, so the shm fast path read

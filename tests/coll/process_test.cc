@@ -313,6 +313,13 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("CONDUIT_RING_SEGMENT_BYTES='0' is 0 bytes (allowed: 64 bytes to 1G)"), std::string::npos)
       << bad.out;
+  // ... and above the message limit, at start-up (a ring failed mid-run on its first segment over it).
+  bad = run_sh("CONDUIT_RING_SEGMENT_BYTES=8M CONDUIT_MAX_MESSAGE_BYTES=2M " + kConduit + " launch -n 2 -- " +
+               kConduit + " bench coll --op broadcast -b 1K -e 1K --transport tcp --timeout 30");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("CONDUIT_RING_SEGMENT_BYTES='8M' is 8388608 bytes, over CONDUIT_MAX_MESSAGE_BYTES = 2097152"),
+            std::string::npos)
+      << bad.out;
 }
 
 // Sizes below ranks x element size give reduce_scatter the same one-element block: it is timed and printed once.
