@@ -840,7 +840,7 @@ void run_coll(const CollArgs& given_args) {
       throw ConfigError(fmt::format(
           "--algorithm = '{}' (allowed: all (every one that implements --op, the default), auto, ring, "
           "halving-doubling, recursive-doubling, binomial-tree, double-binary-tree, hierarchical, hierarchical-hd, "
-          "hierarchical-tree, in-network, direct)",
+          "hierarchical-tree, in-network, direct, reduce-scatter-gather)",
           a.algorithm));
     }
   }

@@ -526,6 +526,8 @@ bool bench_algorithm(Collective c, std::string s, long long world, Algorithm& a)
     a = Algorithm::kBinomialTree;
   } else if (s == "double-binary-tree") {
     a = Algorithm::kDoubleBinaryTree;
+  } else if ((s == "rsg" || s == "reduce-scatter-gather") && c == Collective::kReduce) {
+    a = Algorithm::kReduceScatterGather;
   } else {
     return false;
   }

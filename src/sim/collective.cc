@@ -58,6 +58,8 @@ const char* algorithm_name(Algorithm a) {
       return "in-network";
     case Algorithm::kDirect:
       return "direct";
+    case Algorithm::kReduceScatterGather:
+      return "reduce-scatter-gather";
   }
   return "?";
 }
@@ -66,12 +68,13 @@ Algorithm parse_algorithm(const std::string& s, const std::string& flag) {
   for (Algorithm a :
        {Algorithm::kAuto, Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling,
         Algorithm::kBinomialTree, Algorithm::kDoubleBinaryTree, Algorithm::kHierarchical, Algorithm::kHierarchicalHd,
-        Algorithm::kHierarchicalTree, Algorithm::kInNetwork, Algorithm::kDirect}) {
+        Algorithm::kHierarchicalTree, Algorithm::kInNetwork, Algorithm::kDirect, Algorithm::kReduceScatterGather}) {
     if (s == algorithm_name(a)) return a;
   }
   throw ConfigError(
       fmt::format("{} = '{}' (allowed: auto, ring, halving-doubling, recursive-doubling, binomial-tree, "
-                  "double-binary-tree, hierarchical, hierarchical-hd, hierarchical-tree, in-network, direct)",
+                  "double-binary-tree, hierarchical, hierarchical-hd, hierarchical-tree, in-network, direct, "
+                  "reduce-scatter-gather)",
                   flag, s));
 }
 
@@ -460,6 +463,19 @@ std::vector<Step> make_pattern(const Topology& topo, Collective c, Algorithm a, 
         append_binomial(b, p, c == Collective::kReduce, out);
         return out;
       }
+      if (a == Algorithm::kReduceScatterGather && c == Collective::kReduce) {
+        // The runtime's rsg (coll/communicator.cc): a ring reduce-scatter, then every rank's reduced block of n/p to
+        // the root at once (its link takes (p-1)/p n), the p - 1 arrivals charged ceil(log p) latencies as the
+        // runtime's cost model charges them (docs/algorithms.md).
+        append_ring(b, Collective::kReduceScatter, {iota(p)}, 1.0, out, "ring ");
+        Step s;
+        s.phase = "blocks to the root";
+        s.latency_hops = ceil_log2(p);
+        for (long long i = 1; i < p; ++i)
+          s.transfers.push_back({b.gid(i), b.gid(0), 1.0 / static_cast<double>(p), -1, -1});
+        out.push_back(std::move(s));
+        return out;
+      }
       if (a == Algorithm::kRing) {  // pipelined chain: (p-1) latencies, n over each link once
         Step s;
         s.phase = "pipelined chain";
@@ -576,8 +592,9 @@ std::vector<Algorithm> candidate_algorithms(Collective c, const Topology& topo) 
     case Collective::kAllGather:
       return {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kHierarchical, Algorithm::kHierarchicalHd};
     case Collective::kBroadcast:
-    case Collective::kReduce:
       return {Algorithm::kRing, Algorithm::kBinomialTree};
+    case Collective::kReduce:
+      return {Algorithm::kRing, Algorithm::kBinomialTree, Algorithm::kReduceScatterGather};
     case Collective::kAllToAll:
     case Collective::kShift:
       return {Algorithm::kDirect};

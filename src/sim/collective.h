@@ -13,6 +13,7 @@
 //   ring / recursive-halving reduce-scatter   (p-1)a or log p a, + (p-1)/p nb + (p-1)/p ng
 //   ring / recursive-doubling allgather       (p-1)a or log p a, + (p-1)/p nb
 //   binomial broadcast           ceil(log p)(a + nb);   binomial reduce  ceil(log p)(a + nb + ng)
+//   reduce-scatter-gather reduce (p-1)a + (p-1)/p n(b + g), then ceil(log p)a + (p-1)/p nb into the root
 //   chain broadcast (ring)       (p-1+S-1)(a + n/S b), S = ceil(n / segment) (reduce: + (p-1+S-1) n/S g)
 //   double binary tree allreduce 2 depth a + 2 nb + ng   (pipelined, NCCL's two complementary trees)
 //   in-network aggregation       2a + nb                 (each rank sends n up and receives n down once)
@@ -54,11 +55,12 @@ enum class Algorithm {
   kRecursiveDoubling,
   kBinomialTree,
   kDoubleBinaryTree,
-  kHierarchical,      // intra-node ring reduce-scatter, inter-node ring allreduce, intra-node ring allgather
-  kHierarchicalHd,    // the same with the inter-node phase by halving-doubling (the runtime's tuner may pick it)
-  kHierarchicalTree,  // the same with the inter-node allreduce by a double binary tree (as NCCL's tree)
-  kInNetwork,         // switch aggregation (SHARP); hierarchical when a group has several ranks per node
-  kDirect,            // all-to-all pairwise exchange; pipeline shift
+  kHierarchical,         // intra-node ring reduce-scatter, inter-node ring allreduce, intra-node ring allgather
+  kHierarchicalHd,       // the same with the inter-node phase by halving-doubling (the runtime's tuner may pick it)
+  kHierarchicalTree,     // the same with the inter-node allreduce by a double binary tree (as NCCL's tree)
+  kInNetwork,            // switch aggregation (SHARP); hierarchical when a group has several ranks per node
+  kDirect,               // all-to-all pairwise exchange; pipeline shift
+  kReduceScatterGather,  // reduce: a ring reduce-scatter, then every block to the root (the runtime's rsg)
 };
 
 const char* collective_name(Collective c);

@@ -48,6 +48,12 @@ TEST_P(FlatTest, MpichClosedForms) {
   EXPECT_LT(rel(m.time(Collective::kBroadcast, Algorithm::kBinomialTree, g, n), clg * (kAlpha + n * kBeta)), 1e-9);
   EXPECT_LT(rel(m.time(Collective::kReduce, Algorithm::kBinomialTree, g, n), clg * (kAlpha + n * kBeta + n * kGamma)),
             1e-9);
+  // The runtime's rsg reduce: a ring reduce-scatter, then the p - 1 blocks into the root's link at once (charged
+  // ceil(log p) latencies, as the runtime's cost model does).
+  EXPECT_LT(
+      rel(m.time(Collective::kReduce, Algorithm::kReduceScatterGather, g, n),
+          (p - 1) * kAlpha + 1.0 * (p - 1) / p * n * (kBeta + kGamma) + clg * kAlpha + 1.0 * (p - 1) / p * n * kBeta),
+      1e-9);
   // The chain (pipelined `ring`) broadcast and reduce, in segments of 512 KiB (the default pipeline_segment), as the
   // runtime's chain: (p-1+S-1)(a + n/S b [+ n/S g]); one segment: (p-1)(a + nb). (An ideal chain, (p-1)a + nb, was
   // 4.7x too fast for 64 MiB over 1024 GPUs: an audit.)
@@ -462,6 +468,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Agree{"dgx-a100", 64, 32, 2, Algorithm::kRing, Collective::kAllReduce},  // PXN across rails
                       Agree{"dgx-a100", 64, 32, 2, Algorithm::kDoubleBinaryTree, Collective::kAllReduce},
                       Agree{"dgx-a100", 64, 64, 1, Algorithm::kBinomialTree, Collective::kBroadcast},
+                      Agree{"dgx-a100", 64, 16, 4, Algorithm::kReduceScatterGather, Collective::kReduce},
                       Agree{"dgx-a100", 640, 80, 8, Algorithm::kHalvingDoubling, Collective::kAllReduce},  // 4 pods
                       Agree{"edge", 64, 64, 1, Algorithm::kRing, Collective::kAllReduce},  // heterogeneous NICs
                       // Groups within one node kind each: the slowest kind's copies decide (symmetric mode priced the
