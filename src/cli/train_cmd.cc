@@ -48,6 +48,9 @@ void print_summary(const std::string& out) {
   std::string tta = s["target_accuracy"].is_null()    ? std::string("not set")
                     : s["time_to_target_s"].is_null() ? std::string("not reached")
                                                     : fmt::format("{:.1f} s", s["time_to_target_s"].get<double>());
+  const std::string hidden = s.contains("hidden_comm_fraction") && s["hidden_comm_fraction"].is_number()
+                                 ? fmt::format("{:.0f}%", 100 * s["hidden_comm_fraction"].get<double>())
+                                 : std::string("none (nothing sent)");
   // Tensor-parallel groups, pipelines and the ZeRO stage, where the run has them.
   std::string layout;
   const int tp = s.value("tp", 1), pp = s.value("pp", 1), replicas = s.value("data_parallel", 0);
@@ -64,16 +67,14 @@ void print_summary(const std::string& out) {
                           pp > 1 ? " " + s.value("pp_schedule", std::string()) : std::string());
   if (s.value("zero", 0) > 0) layout += fmt::format(", zero {}", s.value("zero", 0));
   std::printf(
-      "conduit train: %s on %s, %d workers%s, sync %s, compressor %s: test accuracy %.2f%% after %d epochs (%lld "
-      "steps) in "
-      "%.1f s; "
-      "time "
-      "to target %s; %.1f MB on the wire (uncompressed %.1f MB); communication hidden %.0f%%; output %s\n",
+      "conduit train: %s on %s, %d workers%s, sync %s, compressor %s: test accuracy %.2f%% after %lld steps (%d "
+      "complete epoch%s) in %.1f s; time to target %s; %.1f MB on the wire (uncompressed %.1f MB); communication "
+      "hidden %s; output %s\n",
       s.value("model", std::string()).c_str(), s.value("dataset", std::string()).c_str(), s.value("workers", 0),
       layout.c_str(), s.value("sync", std::string("bsp")).c_str(), s.value("compressor", std::string()).c_str(),
-      100 * s.value("final_test_accuracy", 0.0), s.value("epochs", 0), static_cast<long long>(s.value("steps", 0LL)),
-      s.value("wall_time_s", 0.0), tta.c_str(), s.value("bytes_on_wire", 0.0) / 1e6,
-      s.value("uncompressed_bytes", 0.0) / 1e6, 100 * s.value("hidden_comm_fraction", 0.0), out.c_str());
+      100 * s.value("final_test_accuracy", 0.0), static_cast<long long>(s.value("steps", 0LL)), s.value("epochs", 0),
+      s.value("epochs", 0) == 1 ? "" : "s", s.value("wall_time_s", 0.0), tta.c_str(),
+      s.value("bytes_on_wire", 0.0) / 1e6, s.value("uncompressed_bytes", 0.0) / 1e6, hidden.c_str(), out.c_str());
 }
 
 void run_train(const TrainArgs& a) {
@@ -97,8 +98,28 @@ void run_train(const TrainArgs& a) {
                       "(--resume {}), another --output, or remove the folder first",
                       cfg.output, ck.string()));
   }
-  // (the batch is per training worker: dedicated servers hold no share of the data)
-  torch_api().check_model_config(cfg, tr::training_workers(cfg));
+  // A resume into another run's folder: its metrics were trimmed at this run's step and this run's appended after
+  // them, and its checkpoint stages removed (an audit). The resumed run's own folder (the checkpoint's) continues.
+  if (!cfg.resume.empty() && !cfg.output.empty()) {
+    std::error_code ec;
+    const fs::path own = fs::weakly_canonical(fs::path(cfg.resume), ec).parent_path();
+    const fs::path out = fs::weakly_canonical(fs::path(cfg.output), ec);
+    const fs::path ck = fs::path(cfg.output) / "checkpoint";
+    if (!ec && own != out &&
+        (fs::exists(fs::symlink_status(ck, ec)) || fs::exists(fs::path(cfg.output) / "metrics.jsonl", ec)))
+      throw ConfigError(
+          fmt::format("config: output: '{}' holds another run's records (its checkpoint or metrics.jsonl), and "
+                      "--resume continues the run in '{}'; allowed: --output {} (the run's own folder), a new "
+                      "folder, or remove it first",
+                      cfg.output, own.string(), own.string()));
+  }
+  // (the batch is per training worker: dedicated servers hold no share of the data; notes once: by a single process
+  // or the first rank, not by a launching parent and every worker)
+  const char* rank_text = nullptr;
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK"})
+    if (!rank_text) rank_text = std::getenv(v);
+  const bool notes = env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1;
+  torch_api().check_model_config(cfg, tr::training_workers(cfg), notes);
 
   if (env_world > 0 || cfg.workers == 1) {
     // This process is one worker.
@@ -129,10 +150,12 @@ void run_train(const TrainArgs& a) {
   // Start the workers: they read the resolved configuration from the output directory.
   make_output_dir(cfg.output, "--output");
   fs::path cfg_path = fs::path(cfg.output) / "config.yaml";
-  {
-    std::ofstream f(cfg_path);
-    f << tr::config_to_yaml(cfg);
-    if (!f) throw ConfigError(fmt::format("config: output: cannot write '{}'", cfg_path.string()));
+  // (whole or not at all, and its failure named: a full disk's failed flush went unnoticed, and the workers could read
+  // a truncated file, taking defaults for the keys cut off)
+  try {
+    write_text_file(cfg_path.string(), tr::config_to_yaml(cfg));
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("config: {}", e.what()));  // (it names the file)
   }
   LaunchSpec spec;
   spec.nprocs = cfg.workers;

@@ -193,7 +193,13 @@ std::map<std::string, std::string> parse_key_values(
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw ConfigError(bad_item(kv));
     std::string value = kv.substr(eq + 1);
-    if (value.size() >= 2 && value.front() == '[' && value.back() == ']') value = value.substr(1, value.size() - 2);
+    const size_t open = value.find('[');
+    if (open != std::string::npos && (open != 0 || value.back() != ']'))
+      throw ConfigError(
+          fmt::format("'{}' has a bracket inside its value; allowed: key=[value, with commas], the whole "
+                      "value in one pair of brackets",
+                      kv));
+    if (open == 0) value = value.substr(1, value.size() - 2);
     if (!out.emplace(kv.substr(0, eq), value).second)
       throw ConfigError(fmt::format("'{}' is given twice in '{}'; give each key once", kv.substr(0, eq), text));
   }
@@ -201,7 +207,9 @@ std::map<std::string, std::string> parse_key_values(
 }
 
 std::string key_value(std::string_view key, std::string_view value) {
-  if (value.find(',') == std::string_view::npos) return fmt::format("{}={}", key, value);
+  // (a value already in brackets, as a YAML mapping may give it, is kept: bracketed twice, it was refused)
+  const bool bracketed = value.size() >= 2 && value.front() == '[' && value.back() == ']';
+  if (bracketed || value.find(',') == std::string_view::npos) return fmt::format("{}={}", key, value);
   return fmt::format("{}=[{}]", key, value);
 }
 

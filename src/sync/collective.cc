@@ -1,7 +1,8 @@
 // Schemes built on allreduce: bsp, local (post-local, adaptive), diloco, easgd.
 //
 // Bytes per rank and round (d parameters, n ranks, ring-equivalent volume): one allreduce of 4d bytes sends
-// 2(n-1)/n * 4d bytes. bsp: every step. local: every `period` steps (+ 4 bytes for the adaptive divergence).
+// 2(n-1)/n * 4d bytes. bsp: every step. local: every `period` steps (adaptive: + an allreduce of one float, the
+// divergence's squared norms, a round of its own).
 // diloco: every `period` steps. easgd: every `period` steps.
 #include <fmt/format.h>
 

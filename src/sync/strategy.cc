@@ -237,11 +237,19 @@ void check_difference_compressor(std::string_view field, std::string_view method
         "compressor without state (topk, randk:unbiased=0, threshold, int8, uint8, fp16, bf16, natural, "
         "scaled_sign, qsgd with small buckets)",
         field, spec, method));
-  if (auto g = compress::input_growth(spec))
+  if (auto g = compress::input_growth(spec)) {
+    // (a scheme's parameter: an example with parameters goes in brackets, as the scheme reads it; pasted without
+    // them, its second parameter was read as the scheme's and refused)
+    std::string fix = g->fix;
+    const size_t eg = fix.find("(e.g. ");
+    const size_t end = eg == std::string::npos ? eg : fix.find(')', eg);
+    if (end != std::string::npos && fix.substr(eg, end - eg).find(',') != std::string::npos)
+      fix = fix.substr(0, eg + 6) + "[" + fix.substr(eg + 6, end - eg - 6) + "]" + fix.substr(end);
     throw ConfigError(
         fmt::format("{} '{}': {} needs a compressor whose error is smaller than its input, but {}; "
                     "allowed: {}",
-                    field, spec, method, g->why, g->fix));
+                    field, spec, method, g->why, fix));
+  }
 }
 
 }  // namespace detail
@@ -416,9 +424,15 @@ StrategyPtr parse_strategy(const std::string& spec, coll::CommPtr comm) {
   std::string name = spec.substr(0, colon);
   Params p;
   if (colon != std::string::npos) {
-    p = parse_key_values(spec.substr(colon + 1), [&](const std::string& kv) {
-      return fmt::format("sync: '{}' in '{}' is not key=value (e.g. local:period=8,warmup=100)", kv, spec);
-    });
+    try {
+      p = parse_key_values(spec.substr(colon + 1), [&](const std::string& kv) {
+        return fmt::format("sync: '{}' in '{}' is not key=value (e.g. local:period=8,warmup=100)", kv, spec);
+      });
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      if (what.rfind("sync: ", 0) == 0) throw;
+      throw ConfigError(fmt::format("sync: {} (in '{}')", what, spec));
+    }
   }
   return make_strategy(name, p, std::move(comm));
 }

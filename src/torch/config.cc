@@ -687,9 +687,15 @@ SyncSpec effective_sync(const TrainConfig& c) {
   auto colon = c.sync.find(':');
   s.name = c.sync.substr(0, colon);
   if (colon != std::string::npos) {
-    s.params = parse_key_values(c.sync.substr(colon + 1), [&](const std::string& kv) {
-      return fmt::format("config: sync: '{}' in '{}' is not key=value (e.g. local:period=8)", kv, c.sync);
-    });
+    try {
+      s.params = parse_key_values(c.sync.substr(colon + 1), [&](const std::string& kv) {
+        return fmt::format("config: sync: '{}' in '{}' is not key=value (e.g. local:period=8)", kv, c.sync);
+      });
+    } catch (const ConfigError& e) {
+      const std::string what = e.what();
+      if (what.rfind("config: ", 0) == 0) throw;
+      throw ConfigError(fmt::format("config: sync: {} (in '{}')", what, c.sync));
+    }
   }
   sync::Params defaults;
   try {

@@ -14,7 +14,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
+#include <span>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -74,7 +76,11 @@ gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point 
   return f;
 }
 
-std::vector<uint8_t> read_gz_file(const std::string& path, std::chrono::steady_clock::time_point until) {
+// Reads the whole (inflated) file. `expected(head)` is asked after each chunk until it returns the file's size from
+// its header (0: not enough of it yet): from then on the buffer holds exactly that much and a byte more fails at
+// once (a small gzip file inflating to 4 GiB was read whole, and copied, before its header was compared).
+std::vector<uint8_t> read_gz_file(const std::string& path, std::chrono::steady_clock::time_point until,
+                                  const std::function<size_t(std::span<const uint8_t>)>& expected) {
   gzFile f = open_data(path, until);
   std::vector<uint8_t> out;
   uint8_t buf[1 << 16];
@@ -84,6 +90,8 @@ std::vector<uint8_t> read_gz_file(const std::string& path, std::chrono::steady_c
     return InvalidArgument(
         fmt::format("data: '{}' is corrupt ({}); allowed: a whole IDX file, plain or gzipped", path, why));
   };
+  size_t size = 0;  // from the header, once known
+  bool longer = false;
   for (;;) {
     int got = gzread(f, buf, sizeof buf);
     if (got < 0) {
@@ -93,7 +101,32 @@ std::vector<uint8_t> read_gz_file(const std::string& path, std::chrono::steady_c
     }
     if (got == 0) break;
     if (out.size() + size_t(got) > kMaxIdxBytes) throw fail("it inflates past 4 GiB");
+    if (size > 0 && out.size() + size_t(got) > size) {
+      longer = true;  // (refused below, without reading the rest)
+      break;
+    }
     out.insert(out.end(), buf, buf + got);
+    if (size == 0) {
+      try {
+        size = expected(out);
+      } catch (...) {
+        gzclose(f);
+        throw;
+      }
+      if (size > 0 && out.size() > size) {
+        longer = true;
+        break;
+      }
+      // (up to 64 MiB at once: a header is not trusted with gigabytes before its data has come)
+      if (size > 0) out.reserve(std::min(size, size_t{64} << 20));
+    }
+  }
+  if (longer) {
+    gzclose(f);
+    throw InvalidArgument(fmt::format(
+        "data: '{}' is longer than its header says: more than the {} bytes of header and data it gives (allowed: "
+        "exactly that many)",
+        path, size));
   }
   // A gzip stream cut short (no CRC and length trailer) reads as a quiet end of file: zlib says so only here.
   int err = Z_OK;
@@ -136,36 +169,52 @@ int64_t mnist_format_train_count(const std::string& dir) {
 }
 
 IdxArray read_idx(const std::string& path, std::chrono::steady_clock::time_point until) {
-  auto bytes = read_gz_file(path, until);
-  if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)
-    throw InvalidArgument(fmt::format("data: '{}' is not an IDX file: it starts with {}; allowed: 00 00 08 <dims>",
-                                      path,
-                                      bytes.size() < 4 ? fmt::format("{} byte(s) only", bytes.size())
-                                                       : fmt::format("{:02x} {:02x}", bytes[0], bytes[1])));
-  if (bytes[2] != 0x08)
-    throw InvalidArgument(fmt::format("data: '{}': IDX type 0x{:02x} is not supported (only unsigned bytes, 0x08)",
-                                      path, bytes[2]));
-  int nd = bytes[3];
-  if (nd < 1)
-    throw InvalidArgument(fmt::format("data: '{}': the IDX header has 0 dimensions; allowed: 1 or more", path));
-  if (bytes.size() < 4 + 4 * size_t(nd))
-    throw InvalidArgument(fmt::format("data: '{}': truncated IDX header ({} dimensions need {} bytes, the file has {})",
-                                      path, nd, 4 + 4 * size_t(nd), bytes.size()));
   IdxArray a;
-  size_t total = 1;
-  for (int i = 0; i < nd; ++i) {
-    a.dims.push_back(be32(&bytes[4 + 4 * i]));
-    // (a product past 2^64 wrapped: [2^31, 2^31, 4] with no data passed)
-    if (a.dims.back() != 0 && total > kMaxIdxBytes / a.dims.back())
-      throw InvalidArgument(fmt::format("data: '{}': the IDX dimensions multiply past 4 GiB", path));
-    total *= a.dims.back();
-  }
-  size_t off = 4 + 4 * size_t(nd);
+  size_t off = 0, total = 1;
+  // The header, checked as soon as its bytes are in: the file's size (header + data), or 0 while it is incomplete.
+  auto header = [&](std::span<const uint8_t> bytes) -> size_t {
+    if (bytes.size() < 4) return 0;
+    if (bytes[0] != 0 || bytes[1] != 0)
+      throw InvalidArgument(
+          fmt::format("data: '{}' is not an IDX file: it starts with {:02x} {:02x}; allowed: 00 00 "
+                      "08 <dims>",
+                      path, bytes[0], bytes[1]));
+    if (bytes[2] != 0x08)
+      throw InvalidArgument(
+          fmt::format("data: '{}': IDX type 0x{:02x} is not supported (only unsigned bytes, 0x08)", path, bytes[2]));
+    const int nd = bytes[3];
+    if (nd < 1)
+      throw InvalidArgument(fmt::format("data: '{}': the IDX header has 0 dimensions; allowed: 1 or more", path));
+    off = 4 + 4 * size_t(nd);
+    if (bytes.size() < off) return 0;
+    a.dims.clear();
+    total = 1;
+    for (int i = 0; i < nd; ++i) {
+      a.dims.push_back(be32(&bytes[4 + 4 * size_t(i)]));
+      // (a product past 2^64 wrapped: [2^31, 2^31, 4] with no data passed)
+      if (a.dims.back() != 0 && total > kMaxIdxBytes / a.dims.back())
+        throw InvalidArgument(fmt::format("data: '{}': the IDX dimensions multiply past 4 GiB", path));
+      total *= a.dims.back();
+    }
+    // (an empty array: nothing may follow the header; 0 would mean "not known yet")
+    return off + total;
+  };
+  auto bytes = read_gz_file(path, until, header);
+  if (bytes.size() < 4)
+    throw InvalidArgument(
+        fmt::format("data: '{}' is not an IDX file: it starts with {} byte(s) only; allowed: 00 00 "
+                    "08 <dims>",
+                    path, bytes.size()));
+  if (bytes.size() < off)
+    throw InvalidArgument(fmt::format("data: '{}': truncated IDX header ({} dimensions need {} bytes, the file has {})",
+                                      path, bytes[3], off, bytes.size()));
   if (bytes.size() - off != total)
     throw InvalidArgument(fmt::format(
         "data: '{}' is {}: {} data bytes, the header says {} (allowed: exactly that many)", path,
         bytes.size() - off < total ? "truncated" : "longer than its header says", bytes.size() - off, total));
-  a.data.assign(bytes.begin() + off, bytes.end());
+  // (the data moved down over the header in place: a second copy of the file doubled the peak)
+  bytes.erase(bytes.begin(), bytes.begin() + std::ptrdiff_t(off));
+  a.data = std::move(bytes);
   return a;
 }
 

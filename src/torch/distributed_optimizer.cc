@@ -1557,8 +1557,9 @@ DType to_dtype(const torch::Tensor& t) {
 
 }  // namespace
 
-void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm) {
-  if (comm.size() == 1) return;
+uint64_t broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm) {
+  if (comm.size() == 1) return 0;
+  uint64_t bytes = 0;
   torch::NoGradGuard ng;
   // One broadcast for the float buffers and one for the rest (BatchNorm's step counters): a broadcast per buffer paid
   // its latency 27 times a step for ResNet-18's BatchNorm layers.
@@ -1572,12 +1573,14 @@ void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm) {
     for (auto& b : bufs) flat.push_back(b.reshape(-1));
     torch::Tensor all = torch::cat(flat).contiguous();
     comm.broadcast(all.data_ptr(), size_t(all.numel()), to_dtype(all), 0).wait();
+    bytes += uint64_t(all.numel()) * uint64_t(all.element_size());
     int64_t off = 0;
     for (auto& b : bufs) {
       b.copy_(all.narrow(0, off, b.numel()).view_as(b));
       off += b.numel();
     }
   }
+  return bytes;
 }
 
 void average_buffers(torch::nn::Module& model, coll::Communicator& comm) {

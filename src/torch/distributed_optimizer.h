@@ -197,7 +197,8 @@ enum class Broadcast { kAllParameters, kFrozenParameters, kNoParameters };
 void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, Broadcast parameters);
 // Broadcasts the buffers of `model` from rank 0, one collective per element type (each type's buffers coalesced:
 // two for BatchNorm's float statistics and int64 step counters).
-void broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm);
+// Returns the bytes broadcast (0 on one rank).
+uint64_t broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm);
 // The mean of every float buffer (BatchNorm's running statistics) over the ranks, in one allreduce. Schemes other than
 // bsp let each worker's statistics follow its own data; at the end they are averaged with the model.
 void average_buffers(torch::nn::Module& model, coll::Communicator& comm);

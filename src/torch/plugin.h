@@ -26,7 +26,7 @@ struct TorchApi {
   const char* token = "";                   // the build's fingerprint of this interface's headers (CMake); must match
   size_t config_size = 0, result_size = 0;  // sizeof(TrainConfig), sizeof(TrainResult) in the module
   TrainResult (*train_worker)(const TrainConfig&, coll::CommPtr, const WorkerOptions&) = nullptr;
-  void (*check_model_config)(const TrainConfig&, int world) = nullptr;
+  void (*check_model_config)(const TrainConfig&, int world, bool notes) = nullptr;
   std::vector<GemmTiming> (*time_gemms)(const std::vector<std::array<int64_t, 3>>&, int threads,
                                         double min_seconds) = nullptr;
   std::vector<ConvTiming> (*time_convs)(const std::vector<ConvTiming>&, int threads, double min_seconds) = nullptr;

@@ -25,6 +25,10 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/files.h"
+#ifdef CONDUIT_WITH_COMPRESS
+#include "compress/compressor.h"
+#include "compress/powersgd.h"
+#endif
 #include "sync/straggler.h"
 #include "sync/strategy.h"
 #include "torch/batches.h"
@@ -297,45 +301,83 @@ bool tp_partners_split_alike(const std::vector<int>& host_of, int tp, int mp) {
   return true;
 }
 
-void check_model_config(const TrainConfig& c, int world) {
+void check_model_config(const TrainConfig& c, int world, bool notes) {
   torch::NoGradGuard ng;
   // The ranks that share out the data: a tensor-parallel group's ranks, and a pipeline's, see the same samples.
   world /= std::max(1, c.tp) * std::max(1, c.pp);
+#ifdef CONDUIT_WITH_COMPRESS
   auto [name, params] = split_compressor_spec(c.compressor);
-  if (name.find("powersgd") != std::string::npos && params.count("rank")) {
-    int64_t rank = 0;
-    try {
-      rank = std::stoll(params["rank"]);
-    } catch (...) {
-      rank = 0;
-    }
-    // Each rank compresses the matrices it holds: a tensor-parallel rank's shares, a pipeline stage's layers (the
-    // whole model's shapes let rank 60 pass at tp 4, where no share allows more than 49 and nothing was compressed).
+  if (name == "powersgd") {
+    // Each rank compresses the matrices it holds, a tensor-parallel rank's shares and a pipeline stage's layers, and
+    // only those whose ratio n m / (r (n + m)) reaches min_ratio (PowerSgd::plan). The whole model's sides let rank
+    // 60 pass at tp 4, where every matrix went uncompressed (and the sides let rank 49 pass, which compresses none).
     const int tp = std::max(1, c.tp), pp = std::max(1, c.pp);
     const int chunks = c.model == "vit" && c.pp_schedule == "interleaved" ? kVitBlocks / pp : 1;
-    int64_t allowed = std::numeric_limits<int64_t>::max();
-    int narrowest = 0;
+    std::vector<std::vector<std::vector<size_t>>> stages(static_cast<size_t>(pp));  // each stage's matrices' shapes
+    size_t widest = 1;
     for (int s = 0; s < pp; ++s) {
       auto model = c.model == "vit" ? make_vit_layout(tp, s, pp, chunks)
                    : pp > 1         ? make_model_stage(c.model, s, pp)
                                     : make_model(c.model);
-      int64_t most = 0;
       for (auto& p : model->parameters()) {
         if (p.dim() < 2) continue;
-        int64_t n = p.size(0), m = p.numel() / p.size(0);
-        most = std::max(most, std::min(n, m));
+        std::vector<size_t> shape(p.sizes().begin(), p.sizes().end());
+        stages[size_t(s)].push_back(shape);
+        widest = std::max(widest, std::min<size_t>(shape[0], size_t(p.numel()) / shape[0]));
       }
-      if (most < allowed) allowed = most, narrowest = s;
     }
-    if (rank > allowed) {
-      std::string where = tp > 1 ? fmt::format(" split over tp {}", tp) : "";
-      if (pp > 1) where += fmt::format(" in pipeline stage {} of {}", narrowest, pp);
-      throw ConfigError(
-          fmt::format("config: compressor: rank {} is larger than any matrix of model {}{} allows (it would go "
-                      "uncompressed); allowed: 1..{}",
-                      rank, c.model, where, allowed));
+    // Whether rank r compresses some matrix of a stage (the compressor's own rule; its bad parameters are refused
+    // here with its own line).
+    auto compresses = [&, &params = params](size_t r, const std::vector<std::vector<size_t>>& shapes) {
+      auto with = params;
+      with["rank"] = std::to_string(r);
+      const auto comp = compress::make_compressor("powersgd", with);
+      const auto* psgd = dynamic_cast<const compress::PowerSgd*>(comp.get());
+      if (!psgd) return true;
+      for (const auto& shape : shapes) {
+        compress::TensorState st = psgd->make_state(shape);
+        st.step = psgd->warmup_calls();
+        size_t numel = 1;
+        for (size_t d : shape) numel *= d;
+        if (psgd->plan(numel, st).compressed) return true;
+      }
+      return false;
+    };
+    // The largest rank that compresses something of `shapes` (0: none does), by bisection: a larger rank's ratio is
+    // smaller.
+    auto largest = [&](const std::vector<std::vector<size_t>>& shapes) {
+      size_t lo = 0, hi = widest;
+      while (lo < hi) {
+        const size_t mid = (lo + hi + 1) / 2;
+        if (compresses(mid, shapes))
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      return lo;
+    };
+    compress::make_compressor("powersgd", params);  // (bad parameters: its own one-line refusal)
+    const auto given = params.find("rank");
+    const size_t rank =
+        std::stoull(given != params.end() ? given->second : compress::compressor_defaults("powersgd").at("rank"));
+    std::vector<std::vector<size_t>> all;
+    for (const auto& st : stages) all.insert(all.end(), st.begin(), st.end());
+    const std::string where = tp > 1 ? fmt::format(" split over tp {}", tp) : "";
+    if (!compresses(rank, all)) {
+      const size_t most = largest(all);
+      throw ConfigError(fmt::format(
+          "config: compressor: powersgd rank {} compresses no matrix of model {}{} (each needs n x m / (rank x (n + "
+          "m)) of at least min_ratio, and every gradient would go uncompressed); allowed: {}",
+          rank, c.model, where, most > 0 ? fmt::format("rank 1 to {}", most) : std::string("another compressor")));
     }
+    for (int s = 0; notes && pp > 1 && s < pp; ++s)
+      if (!compresses(rank, stages[size_t(s)]))
+        fmt::print(stderr,
+                   "train: note: powersgd rank {} compresses no matrix of pipeline stage {} of {}{} (at most rank {} "
+                   "would): that stage's gradients go uncompressed\n",
+                   rank, s, pp, where, largest(stages[size_t(s)]));
   }
+#endif
   int64_t train_n = c.dataset == "synthetic" ? c.synthetic_samples : 0;
   if (c.dataset != "synthetic") {
     // From the labels file's header (it took 60,000, MNIST's count, for any folder: a larger one's valid batch was
@@ -1345,12 +1387,20 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       }
       if (dopt) {
         dopt->step();
-        if (tpg || pipe) dopt->add_to_totals(mp_step);
         // Buffers that the forward updates (BatchNorm's running statistics) follow each rank's own data: rank 0's
         // are sent to the others after every step (PyTorch DDP sends them before every forward; after the step, the
         // ranks also evaluate and checkpoint one model). Without this, ResNet's ranks drifted apart: the test
-        // accuracy mixed their statistics and resume was not bit for bit on ranks > 0.
-        if (sync_buffers) broadcast_buffers(*model, dopt->comm());
+        // accuracy mixed their statistics and resume was not bit for bit on ranks > 0. Counted as the step's
+        // traffic (bus volume, as a pipelined chain moves it through every rank), all of it exposed: it was left
+        // out, 43% of a compressed ResNet step's bytes.
+        if (sync_buffers) {
+          const double b0 = now_s();
+          StepStats bst;
+          bst.bytes_sent = bst.bytes_recv = bst.raw_bytes = broadcast_buffers(*model, dopt->comm());
+          bst.comm_s = bst.exposed_comm_s = now_s() - b0;
+          mp_step += bst;
+        }
+        if (tpg || pipe || sync_buffers) dopt->add_to_totals(mp_step);
       } else {
         sopt->step(uint64_t(global_step), lr);
       }
@@ -1431,10 +1481,12 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                       {"exposed_comm_s", tot.exposed_comm_s},
                       {"compute_s", tot.compute_s}});
     }
+    // (a run stopped inside the epoch by max_steps said "done" too)
     bar.finish(
-        fmt::format("epoch {}/{} done: train loss {:.4f} acc {:.1f}%, test acc {}, {:.0f} samples/s, "
+        fmt::format("epoch {}/{} {}: train loss {:.4f} acc {:.1f}%, test acc {}, {:.0f} samples/s, "
                     "{:.1f} MB sent, {:.1f} s",
-                    epoch + 1, c.epochs, res.train_loss, seen > 0 ? 100 * correct / seen : 0,
+                    epoch + 1, c.epochs, epoch_done ? "done" : fmt::format("stopped at step {} of {}", step, spe),
+                    res.train_loss, seen > 0 ? 100 * correct / seen : 0,
                     std::isnan(acc) ? std::string("after training (snapshot)") : fmt::format("{:.2f}%", 100 * acc),
                     dt > 0 ? seen * data_world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
     // bsp checkpoints at every epoch end; other schemes only where asked (a checkpoint is a barrier) and at the end.
@@ -1553,8 +1605,10 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
          {"bytes_on_wire_rank0", res.bytes_sent},
          // Rank 0's gradient bytes over the compressed payloads it sent (for parameter servers: its pushes; the
          // pulls are in bytes_on_wire); null when it sent none (e.g. a period longer than the run).
-         {"compression_ratio",
-          res.payload_bytes ? nlohmann::json(double(res.grad_bytes) / double(res.payload_bytes)) : nlohmann::json()},
+         // (and null with nothing on the wire: one worker reported 1.0 for an exchange that never happened)
+         {"compression_ratio", res.payload_bytes && res.world_bytes_sent
+                                   ? nlohmann::json(double(res.grad_bytes) / double(res.payload_bytes))
+                                   : nlohmann::json()},
          {"compute_s", res.compute_s},
          {"comm_s", res.comm_s},
          {"exposed_comm_s", res.exposed_comm_s},
@@ -1566,7 +1620,10 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
          {"parameter_bytes_held_rank0", dopt ? nlohmann::json(res.parameter_bytes_held) : nlohmann::json()},
          // rank 0's process at its largest (resident set): with pp, what its schedule and recompute keep
          {"max_rss_mb_rank0", max_rss_mb()},
-         {"hidden_comm_fraction", res.comm_s > 0 ? std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0) : 0.0}});
+         // null with nothing on the wire (one worker's local bookkeeping read as 93% hidden)
+         {"hidden_comm_fraction", res.comm_s > 0 && res.world_bytes_sent
+                                      ? nlohmann::json(std::clamp(1.0 - res.exposed_comm_s / res.comm_s, 0.0, 1.0))
+                                      : nlohmann::json()}});
   }
   return res;
 }

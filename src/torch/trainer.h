@@ -41,8 +41,9 @@ struct WorkerOptions {
 // checkpoint.json, switches the `checkpoint` link and removes the older stages.
 TrainResult train_worker(const TrainConfig& c, coll::CommPtr comm, const WorkerOptions& o = {});
 
-// Checks that need the model: a PowerSGD rank no layer allows, a batch larger than the data. ConfigError.
-void check_model_config(const TrainConfig& c, int world);
+// Checks that need the model: a PowerSGD rank that compresses no matrix, a batch larger than the data. ConfigError.
+// notes: print what passes but deserves a word (a pipeline stage PowerSGD compresses nothing of) on stderr.
+void check_model_config(const TrainConfig& c, int world, bool notes = false);
 
 // Whether the data-parallel groups of tensor-parallel partners (ranks of one model replica's stage: rank = replica x
 // mp + stage x tp + position, mp = tp x pp; a group holds the ranks of one rank % mp) split over hosts alike:

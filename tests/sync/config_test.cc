@@ -245,6 +245,10 @@ TEST(SyncConfig, GossipCompressorsMustShrinkTheirInputAndParametersMustApply) {
               make_strategy("dpsgd", {{"compressor", "randk:ratio=0.1"}}, kComms[0]);
             }).find("allowed: randk:unbiased=0"),
             std::string::npos);
+  // An example with parameters comes in brackets, as a scheme's parameter is written.
+  const std::string qsgd = config_error([] { make_strategy("dpsgd", {{"compressor", "qsgd"}}, kComms[0]); });
+  EXPECT_NE(qsgd.find("(e.g. [qsgd:levels="), std::string::npos) << qsgd;
+  EXPECT_NE(qsgd.find("])"), std::string::npos) << qsgd;
   for (const char* good : {"topk:ratio=0.1", "randk:ratio=0.1,unbiased=0", "int8", "uint8", "fp16", "scaled_sign",
                            "natural", "threshold", "qsgd:levels=127,bucket=1024"})
     EXPECT_NO_THROW(make_strategy("dpsgd", {{"compressor", good}}, kComms[0])) << good;

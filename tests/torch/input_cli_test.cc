@@ -209,6 +209,31 @@ std::string slurp(const fs::path& p) {
 // --resume alone continues the run: the settings the checkpoint must agree with come from it (docs/training.md's
 // example failed: the defaults' 4 workers and cnn met a 2-worker mlp checkpoint); a flag given still wins, and a
 // contradicting one is still refused.
+// A run stopped inside an epoch by max_steps says so (its epoch line said "done" and its summary "after 0 epochs");
+// one worker puts nothing on the wire, and its summary says so (it reported a compression ratio of 1 and 93% of
+// its communication hidden).
+TEST(TrainInputProcesses, AStoppedEpochAndARunThatSentNothingSaySo) {
+  const fs::path dir = temp_dir("stopped");
+  auto r =
+      run("train --dataset synthetic --model mlp --workers 2 --synthetic-samples 1280 --test-limit 64 "
+          "--compressor none --max-steps 3 --output " +
+          (dir / "a").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("epoch 1/3 stopped at step 3 of "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("done:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("after 3 steps (0 complete epochs)"), std::string::npos) << r.out;
+  r =
+      run("train --dataset synthetic --model mlp --workers 1 --synthetic-samples 1280 --test-limit 64 --progress false "
+          "--max-steps 2 --output " +
+          (dir / "b").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("communication hidden none (nothing sent)"), std::string::npos) << r.out;
+  const std::string summary = slurp(dir / "b" / "summary.json");
+  EXPECT_NE(summary.find("\"compression_ratio\": null"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"hidden_comm_fraction\": null"), std::string::npos) << summary;
+  fs::remove_all(dir);
+}
+
 TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
   const fs::path dir = temp_dir("resume-defaults");
   auto r =
@@ -245,6 +270,15 @@ TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
   EXPECT_NE(cfg.find("staleness=1"), std::string::npos) << cfg;
   EXPECT_NE(slurp(dir / "b" / "summary.json").find("\"epochs\": 2"), std::string::npos)
       << slurp(dir / "b" / "summary.json");
+  // A resume into another run's folder is refused, its records left as they were (its metrics were trimmed at this
+  // run's step and this run's appended after them, and its checkpoint stages removed).
+  const std::string d_metrics = slurp(dir / "d" / "metrics.jsonl");
+  r = run("train --progress false --resume " + (dir / "a" / "checkpoint").string() + " --output " +
+          (dir / "d").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: output: '" + (dir / "d").string() + "' holds another run's records"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(slurp(dir / "d" / "metrics.jsonl"), d_metrics);
   // A scheme parameter given on its own (--staleness) keeps the checkpoint's scheme (it fell back to bsp, which has
   // no staleness); the same value resumes.
   r = run("train --progress false --test-limit 64 --epochs 2 --staleness 1 --resume " +

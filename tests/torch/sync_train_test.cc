@@ -500,9 +500,22 @@ TEST(TrainSync, ACompressorSpecWithParametersGoesInBrackets) {
   }
   TrainConfig y = resolve_config(read_yaml_config((dir / "a.yaml").string()));
   EXPECT_EQ(effective_sync(y).params.at("pull_compressor"), "qsgd:levels=127,bucket=64");
-  fs::remove_all(dir);
-  expect_one_line(config_error({{"sync", "ps-asp:pull_compressor=[qsgd:levels=127,bucket=64"}}), "[");
+  std::string bad = config_error({{"sync", "ps-asp:pull_compressor=[qsgd:levels=127,bucket=64"}});
+  expect_one_line(bad, "[");
+  EXPECT_EQ(bad.rfind("config: sync: ", 0), 0u) << bad;
   expect_one_line(config_error({{"sync", "ps-asp:pull_compressor=qsgd]"}}), "bracket");
+  bad = config_error({{"sync", "ps-asp:pull_compressor=[qsgd:levels=127,bucket=64]x"}});
+  EXPECT_NE(bad.find("'pull_compressor=[qsgd:levels=127,bucket=64]x' has a bracket inside its value"),
+            std::string::npos)
+      << bad;
+  // A YAML value already in brackets is kept as it is (bracketed twice, it was refused).
+  {
+    std::ofstream f(dir / "b.yaml");
+    f << "sync: {name: ps-asp, pull_compressor: \"[qsgd:levels=127,bucket=64]\"}\nworkers: 3\n";
+  }
+  EXPECT_EQ(effective_sync(resolve_config(read_yaml_config((dir / "b.yaml").string()))).params.at("pull_compressor"),
+            "qsgd:levels=127,bucket=64");
+  fs::remove_all(dir);
 }
 
 TEST(TrainSync, YamlTakesTheSchemeAsAMapping) {

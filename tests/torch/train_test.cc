@@ -623,8 +623,9 @@ TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
   } catch (const ConfigError& e) {
     expect_one_line(e.what(), "rank");
   }
-  // A tensor-parallel rank compresses its shares, a pipeline stage its layers: the vit's widest share at tp 4 is
-  // the 49 x 64 position table (the QKV share is 48 x 64), and the second of two stages holds no positions.
+  // A tensor-parallel rank compresses its shares, a pipeline stage its layers, and only matrices whose ratio
+  // n m / (r (n + m)) reaches min_ratio 2: the vit's QKV (192 x 64) up to rank 24, its shares at tp 4 (48 x 64, and
+  // the 49 x 64 position table) up to 13. (The sides passed rank 49 at tp 4 and 64 at tp 1: nothing compressed.)
   auto powersgd_check = [](int tp, int pp, int rank) -> std::string {
     TrainConfig v;
     v.model = "vit";
@@ -635,22 +636,45 @@ TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
     v.batch_size = 8;
     v.compressor = fmt::format("powersgd:rank={}", rank);
     try {
-      check_model_config(v, tp * pp);
+      check_model_config(v, tp * pp, true);
     } catch (const ConfigError& e) {
       return e.what();
     }
     return "";
   };
-  EXPECT_EQ(powersgd_check(1, 1, 64), "");
-  EXPECT_EQ(powersgd_check(4, 1, 49), "");
-  std::string err = powersgd_check(4, 1, 60);
-  expect_one_line(err, "rank 60");
-  EXPECT_NE(err.find("tp 4"), std::string::npos) << err;
-  EXPECT_NE(err.find("allowed: 1..49"), std::string::npos) << err;
-  EXPECT_EQ(powersgd_check(4, 2, 48), "");
-  err = powersgd_check(4, 2, 49);
-  EXPECT_NE(err.find("stage 1 of 2"), std::string::npos) << err;
-  EXPECT_NE(err.find("allowed: 1..48"), std::string::npos) << err;
+  EXPECT_EQ(powersgd_check(1, 1, 24), "");
+  std::string err = powersgd_check(1, 1, 25);
+  expect_one_line(err, "rank 25");
+  EXPECT_NE(err.find("allowed: rank 1 to 24"), std::string::npos) << err;
+  EXPECT_EQ(powersgd_check(4, 1, 13), "");
+  err = powersgd_check(4, 1, 14);
+  expect_one_line(err, "rank 14");
+  EXPECT_NE(err.find("split over tp 4"), std::string::npos) << err;
+  EXPECT_NE(err.find("allowed: rank 1 to 13"), std::string::npos) << err;
+  EXPECT_EQ(powersgd_check(4, 2, 13), "");
+  EXPECT_NE(powersgd_check(4, 2, 49).find("allowed: rank 1 to 13"), std::string::npos);
+  // A pipeline stage whose matrices all go uncompressed at that rank is named once, by the process asked for notes
+  // (the run goes on: the other stages compress). Each of the vit's 4 stages at tp 4 holds a block, whose QKV share
+  // compresses at 13: no note. The mlp's last of 3 stages holds only its 10-wide classifier, at most rank 4.
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(powersgd_check(4, 4, 13), "");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  TrainConfig mp;
+  mp.model = "mlp";
+  mp.pp = 3;
+  mp.dataset = "synthetic";
+  mp.synthetic_samples = 1000;
+  mp.batch_size = 8;
+  mp.compressor = "powersgd:rank=5";
+  for (bool notes : {true, false}) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_NO_THROW(check_model_config(mp, 3, notes));
+    const std::string noted = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(noted.find("powersgd rank 5 compresses no matrix of pipeline stage 2 of 3 (at most rank 4 would)") !=
+                  std::string::npos,
+              notes)
+        << noted;
+  }
   TrainConfig b;
   b.dataset = "synthetic";
   b.synthetic_samples = 100;
@@ -716,6 +740,35 @@ TEST(Data, IdxReaderReadsGzippedAndPlainFiles) {
   std::ofstream(dir / "w", std::ios::binary).write(reinterpret_cast<char*>(file.data()), std::streamsize(file.size()));
   EXPECT_THROW(read_idx((dir / "w").string()), InvalidArgument);
   EXPECT_THROW(read_idx((dir / "missing").string()), ConfigError);
+  // A file longer than its header says is refused once the header is in and its size passed, without reading (and
+  // holding, and copying) the rest: a small gzip file inflating towards 4 GiB was read whole first. Here 64 MiB of
+  // zeros after a 2 x 2 x 3 header; the message gives the size the header allows.
+  file.push_back(110);
+  {
+    gzFile big = gzopen((dir / "long.gz").string().c_str(), "wb");
+    gzwrite(big, file.data(), unsigned(file.size()));
+    std::vector<uint8_t> zeros(1 << 20, 0);
+    for (int i = 0; i < 64; ++i) gzwrite(big, zeros.data(), unsigned(zeros.size()));
+    gzclose(big);
+  }
+  try {
+    read_idx((dir / "long.gz").string());
+    ADD_FAILURE() << "a longer file passed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("is longer than its header says: more than the 28 bytes of header and data"),
+              std::string::npos)
+        << e.what();
+  }
+  // A header whose dimensions alone say it is wrong is refused before the data.
+  std::vector<uint8_t> bad = {0, 0, 8, 1, 0xff, 0xff, 0xff, 0xff};
+  std::ofstream(dir / "v", std::ios::binary).write(reinterpret_cast<char*>(bad.data()), std::streamsize(bad.size()));
+  try {
+    read_idx((dir / "v").string());
+    ADD_FAILURE() << "a truncated file passed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated: 0 data bytes, the header says 4294967295"), std::string::npos)
+        << e.what();
+  }
   fs::remove_all(dir);
 }
 
@@ -793,10 +846,19 @@ TEST(Train, BspWithNWorkersEqualsOneWorkerWithNTimesTheBatch) {
 TEST(Train, BatchNormStatisticsAreEqualOnEveryRank) {
   TrainConfig c = tiny("resnet");
   c.max_steps = 3;
+  c.compressor = "none";
   auto r = train_inproc(c, 2);
   ASSERT_FALSE(r[0].buffers.empty());
   EXPECT_EQ(r[1].buffers, r[0].buffers);
   EXPECT_EQ(r[1].params, r[0].params);
+  // The statistics' broadcast after each step is counted as traffic (it was left out): on 2 ranks the f32 gradients'
+  // allreduce sends their bytes once, and each step adds the float buffers (4 bytes each) and BatchNorm's step
+  // counters (8 bytes a layer, fewer than 64 layers here).
+  ASSERT_EQ(r[0].steps, 3);
+  const uint64_t extra = r[0].bytes_sent - r[0].grad_bytes;
+  EXPECT_GE(extra, 3 * 4 * r[0].buffers.size()) << r[0].bytes_sent << " " << r[0].grad_bytes;
+  EXPECT_LT(extra, 3 * (4 * r[0].buffers.size() + 8 * 64)) << r[0].bytes_sent << " " << r[0].grad_bytes;
+  EXPECT_EQ(r[1].bytes_sent, r[0].bytes_sent);
 }
 
 #ifdef CONDUIT_WITH_COMPRESS
