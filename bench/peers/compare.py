@@ -247,6 +247,20 @@ def run_peer(name, a):
             pass
         stdout, _ = proc.communicate()
         return parse_records(stdout or "")[0], f"timed out after {a.timeout:g} s", line, time.time() - t0
+    except BaseException:
+        # Ctrl-C or a stop signal (main() turns SIGTERM into SystemExit): the benchmark's session does not get the
+        # terminal's SIGINT, and left running it loaded the cores every later measurement used.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        raise
     r = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     recs, problem = parse_records(r.stdout)
     err = None
@@ -300,6 +314,8 @@ def median_rounds(runs, stat):
 
 def main():
     a = parse_args()
+    # SIGTERM unwinds as SystemExit, so the running benchmark's process group is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     chosen = [n for n in PEERS if n in a.peers]
     runs = {n: [] for n in chosen}
     for k in range(a.rounds):

@@ -36,6 +36,20 @@ import sys
 import time
 
 
+
+def finite_json(obj, **kw):
+    """JSON with nan and inf as null, as conduit's records write them (json.dumps wrote a bare NaN, which no JSON
+    reader takes: a diverged run's records were dropped by the sweep, conduit's kept)."""
+    def clean(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return v
+    return json.dumps(clean(obj), allow_nan=False, **kw)
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description="PyTorch DDP peer of conduit train")
     p.add_argument("-n", "--nprocs", type=int, default=4, help="processes to start when not under a launcher")
@@ -291,7 +305,7 @@ def worker(a):
         # Per epoch, rank 0's own counters (as conduit train's epoch records); the summary sums over ranks.
         tx = torch.tensor([(netdev_tx_bytes() - tx0) / lo_share, payload[0]], dtype=torch.float64)
         if metrics:
-            metrics.write(json.dumps({"kind": "epoch", "impl": "pytorch-ddp", "hook": a.hook, "epoch": epoch + 1,
+            metrics.write(finite_json({"kind": "epoch", "impl": "pytorch-ddp", "hook": a.hook, "epoch": epoch + 1,
                                       "train_loss": train_loss, "test_accuracy": acc,
                                       "test_loss": float(sums[1] / sums[2]),
                                       "samples_per_s": seen * world / max(ev0 - te, 1e-9),  # training only
@@ -324,7 +338,7 @@ def worker(a):
             sacc = float(sums[0] / sums[2])
             if a.target_accuracy > 0 and sacc >= a.target_accuracy and (reached is None or at < reached):
                 reached = at
-            metrics.write(json.dumps({"kind": "eval", "impl": "pytorch-ddp", "epoch": ep + 1, "global_step": st,
+            metrics.write(finite_json({"kind": "eval", "impl": "pytorch-ddp", "epoch": ep + 1, "global_step": st,
                                       "test_accuracy": sacc, "test_loss": float(sums[1] / sums[2]),
                                       "time_s": at, "bytes_sent": sent}) + "\n")
         model.module.load_state_dict(final_state)
@@ -345,7 +359,7 @@ def worker(a):
                    "target_accuracy": a.target_accuracy or None, "time_to_target_s": reached,
                    "bytes_on_wire": int(tx[0]), "bytes_payload": int(tx[1])}
         with open(os.path.join(a.output, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+            f.write(finite_json(summary, indent=2))
         metrics.close()
     dist.destroy_process_group()
 

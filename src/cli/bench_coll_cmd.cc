@@ -195,7 +195,7 @@ void run_bench(const BenchArgs& a) {
     t_max = slowest[2];
     uint64_t wrong = 0;
     if (a.check) {
-      coll::VerifyCase vc{a.op, a.algo, dt, rop, count, a.root, a.timeout};
+      coll::VerifyCase vc{a.op, a.algo, dt, rop, count, a.root, a.timeout, a.blocking};
       wrong = coll::run_and_verify(c, vc);
       c.allreduce(&wrong, 1, DType::i64, ReduceOp::sum).wait();
     }
@@ -213,6 +213,12 @@ void run_bench(const BenchArgs& a) {
                          {"bytes", static_cast<uint64_t>(size_bytes)},
                          {"count", per_rank_block ? count * n : count},
                          {"iters", a.iters},
+                         {"warmup", a.warmup},
+                         // what else the run measured: a --reduce max or --async run was indistinguishable from the
+                         // default in its record (calibrate and compare.py read these records)
+                         {"reduce", reduce_op_name(rop)},
+                         {"root", a.root},
+                         {"blocking", a.blocking},
                          {"time_us", t * 1e6},
                          {"segment_bytes", coll::ring_segment_bytes()},  // (the chain's and ring's; calibrate)
                          {"median_us", t_median * 1e6},

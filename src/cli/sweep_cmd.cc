@@ -426,8 +426,13 @@ SweepSpec load_spec(const std::string& path) {
       if (k == "root") number(0, s.hosts - 1, true);  // a rank of the cell's hosts
       if (k == "stagger-us") stagger_us = number(0, 1e6, false);
       if (k == "timeout") timeout = number(0.001, 1e6, false);  // (bench coll's range: 0.0001 passed here)
-      if (k == "dtype") parse_dtype(v);
-      if (k == "reduce") parse_reduce_op(v);
+      // (their errors named neither the sweep nor the key)
+      try {
+        if (k == "dtype") parse_dtype(v);
+        if (k == "reduce") parse_reduce_op(v);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("sweep: bench: {}: {}", k, e.what()));
+      }
     }
     {  // (as bench coll refuses them: taken and ignored otherwise)
       std::string op = "allreduce";
@@ -823,16 +828,20 @@ void collect(const Cell& c, json& row, json& detail) {
       json r = json::parse(line);
       const std::string kind = r.value("kind", "");
       if (kind != "epoch" && kind != "eval") continue;
+      // Fields read as numbers or left out: value() throws on a null, and a whole record went with it (an epoch
+      // record under a scheme with eval_every has test_accuracy null, and its throughput was lost).
+      auto number = [&](const char* key) { return r.contains(key) && r[key].is_number() ? r[key] : json(); };
+      if (kind == "epoch" && number("samples_per_s").is_number()) sps = number("samples_per_s").get<double>();
+      // (a point needs its accuracy and time: the copies evaluated after training stand for that epoch)
+      if (!number("test_accuracy").is_number() || !number("time_s").is_number()) continue;
       json p = {{"kind", kind},
-                {"epoch", r.value("epoch", 0)},
-                {"time_s", r.value("time_s", 0.0)},
-                {"test_accuracy", r.value("test_accuracy", 0.0)},
-                {"bytes_sent", r.contains("bytes_sent") && r["bytes_sent"].is_number() ? r["bytes_sent"] : json()}};
-      if (kind == "eval") p["global_step"] = r.value("global_step", 0);
-      if (kind == "epoch") {
-        p["samples_per_s"] = r.value("samples_per_s", 0.0);
-        sps = r.value("samples_per_s", 0.0);
-      }
+                {"epoch", number("epoch").is_number() ? number("epoch") : json(0)},
+                {"time_s", number("time_s")},
+                {"test_accuracy", number("test_accuracy")},
+                {"bytes_sent", number("bytes_sent")}};
+      if (kind == "eval") p["global_step"] = number("global_step").is_number() ? number("global_step") : json(0);
+      if (kind == "epoch")
+        p["samples_per_s"] = number("samples_per_s").is_number() ? number("samples_per_s") : json(0.0);
       curve.push_back(std::move(p));
     } catch (const json::exception&) {
     }

@@ -131,6 +131,7 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
   CollOptions o;
   o.algorithm = vc.algorithm;
   o.timeout_s = vc.timeout_s;
+  o.blocking = vc.blocking;
   size_t wrong = 0;
   auto expect = [&](const std::vector<char>& b, size_t at, double want) {
     if (get(b, at, t) != want) ++wrong;

@@ -18,6 +18,7 @@ struct VerifyCase {
   size_t count = 0;       // elements per rank (per block for gather-like ops)
   int root = 0;
   double timeout_s = 0;
+  bool blocking = false;  // CollOptions::blocking (its default): a benchmark checks the path it timed
 };
 
 const char* verify_ops_allowed();

@@ -331,6 +331,14 @@ TEST(Processes, BenchCollPrintsEachBlockSizeOnce) {
   for (size_t at = r.out.find("\"bytes\":"); at != std::string::npos; at = r.out.find("\"bytes\":", at + 1))
     sizes.push_back(r.out.substr(at, r.out.find(',', at) - at));
   EXPECT_EQ(sizes, (std::vector<std::string>{"\"bytes\":12", "\"bytes\":24"})) << r.out;
+  // The record says what else was measured (a --reduce max or --async run read as the default), and an --async run
+  // is checked on the path it timed.
+  r = run_sh(
+      kConduit + " launch -n 2 -- " + kConduit +
+      " bench coll --op allreduce --reduce max --async --min-bytes 64 --max-bytes 64 --iters 2 --warmup 1 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* field : {"\"reduce\":\"max\"", "\"blocking\":false", "\"warmup\":1", "\"root\":0", "\"wrong\":0"})
+    EXPECT_NE(r.out.find(field), std::string::npos) << field << ": " << r.out;
 }
 
 // Small allreduces over shm take the shared-memory fast path (checked results), larger ones an algorithm; a forced

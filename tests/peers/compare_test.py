@@ -75,5 +75,45 @@ class Rounds(unittest.TestCase):
         self.assertEqual(err, "exit 1: boom")
 
 
+class Interrupts(unittest.TestCase):
+    def test_an_interrupt_stops_the_benchmark_it_was_running(self):
+        """Ctrl-C (or a stop signal) while a benchmark runs stops its whole process group: in a session of its own it
+        does not get the terminal's SIGINT, and left running it loaded the cores later measurements used."""
+        import signal
+        import tempfile
+        import time
+        pidfile = os.path.join(tempfile.mkdtemp(), "pid")
+
+        def fake(a):
+            return ["sh", "-c", f"echo $$ > {pidfile}; sleep 30 & sleep 30"], dict(os.environ)
+
+        saved = compare.conduit_command
+        compare.conduit_command = fake
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt()
+
+        old = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with self.assertRaises(KeyboardInterrupt):
+                compare.run_peer("conduit", argparse.Namespace(timeout=60))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            compare.conduit_command = saved
+        with open(pidfile) as f:
+            group = int(f.read())
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        with self.assertRaises(ProcessLookupError):
+            os.killpg(group, 0)
+
+
 if __name__ == "__main__":
     unittest.main()
