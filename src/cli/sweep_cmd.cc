@@ -317,9 +317,10 @@ SweepSpec load_spec(const std::string& path) {
             fmt::format("sweep: train: model '{}' is not one the PyTorch DDP peer (peers:) trains; "
                         "allowed with peers: cnn, mlp",
                         v));
+      // (zero-gather: 16-bit or int8 weight gathers train on rounded weights, the peer's ZeRO on f32 ones)
       static const std::set<std::string> kTrainsOtherwise = {
-          "weight-decay",      "warmup-epochs", "dataset",   "slow", "resume",
-          "synthetic-samples", "sync-period",   "staleness", "tp",   "pp"};
+          "weight-decay", "warmup-epochs", "dataset", "slow", "resume",     "synthetic-samples",
+          "sync-period",  "staleness",     "tp",      "pp",   "zero-gather"};
       // (the peer has sgd and adam: adamw's decoupled decay it does not)
       if (k == "optimizer" && v != "sgd" && v != "adam")
         throw ConfigError(
@@ -1010,7 +1011,10 @@ std::vector<std::string> plot(const fs::path& out, const std::vector<Cell>& cell
   if (!curves.empty()) {
     gp << "set output 'accuracy_vs_time.png'\nset xlabel 'wall time (s)'\nset ylabel 'test accuracy'\n"
        << "set title 'Test accuracy vs wall time'\nplot " << join_plot("1") << target_line << "\n";
-    gp << "set output 'accuracy_vs_bytes.png'\nset xlabel 'bytes sent by rank 0 (MB)'\n"
+    // (the two sides count differently: Conduit its messages' bytes, the DDP peer its interface's transmitted
+    // bytes, headers included; results.csv's net_bytes is the one measure of both)
+    gp << "set output 'accuracy_vs_bytes.png'\nset xlabel 'bytes sent by rank 0 (MB; Conduit: messages, DDP: interface "
+          "tx)'\n"
        << "set title 'Test accuracy vs bytes sent'\nplot " << join_plot("3") << target_line << "\n";
     pngs.insert(pngs.end(), {"accuracy_vs_time.png", "accuracy_vs_bytes.png"});
   }
