@@ -250,16 +250,27 @@ def run_peer(name, a):
     except BaseException:
         # Ctrl-C or a stop signal (main() turns SIGTERM into SystemExit): the benchmark's session does not get the
         # terminal's SIGINT, and left running it loaded the cores every later measurement used.
+        # (the whole group: its leader may go at once while members that ignore SIGTERM stay)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 break
-            try:
-                proc.wait(timeout=2)
-                break
-            except subprocess.TimeoutExpired:
-                pass
+            deadline = time.time() + 2
+            while time.time() < deadline:
+                proc.poll()  # (reaps the leader: a zombie still counts as the group's member)
+                try:
+                    os.killpg(proc.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)
+            else:
+                continue
+            break
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
         raise
     r = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     recs, problem = parse_records(r.stdout)

@@ -216,8 +216,6 @@ void run_bench(const BenchArgs& a) {
                          {"warmup", a.warmup},
                          // what else the run measured: a --reduce max or --async run was indistinguishable from the
                          // default in its record (calibrate and compare.py read these records)
-                         {"reduce", reduce_op_name(rop)},
-                         {"root", a.root},
                          {"blocking", a.blocking},
                          {"time_us", t * 1e6},
                          {"segment_bytes", coll::ring_segment_bytes()},  // (the chain's and ring's; calibrate)
@@ -227,6 +225,8 @@ void run_bench(const BenchArgs& a) {
                          {"busbw_gbs", busbw},
                          {"wrong", a.check ? nlohmann::json(wrong) : nlohmann::json(nullptr)}};  // null: not checked
         if (a.stagger_us > 0) j["stagger_us"] = a.stagger_us;
+        if (bench_coll_op_reduces(a.op)) j["reduce"] = reduce_op_name(rop);  // (where the operation has one)
+        if (bench_coll_op_rooted(a.op)) j["root"] = a.root;
         std::cout << j.dump() << std::endl;
       } else {
         const std::string checked = a.check ? std::to_string(wrong) : "-";  // (--no-check read as 0 wrong)

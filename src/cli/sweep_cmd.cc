@@ -317,10 +317,15 @@ SweepSpec load_spec(const std::string& path) {
             fmt::format("sweep: train: model '{}' is not one the PyTorch DDP peer (peers:) trains; "
                         "allowed with peers: cnn, mlp",
                         v));
-      // (zero-gather: 16-bit or int8 weight gathers train on rounded weights, the peer's ZeRO on f32 ones)
       static const std::set<std::string> kTrainsOtherwise = {
-          "weight-decay", "warmup-epochs", "dataset", "slow", "resume",     "synthetic-samples",
-          "sync-period",  "staleness",     "tp",      "pp",   "zero-gather"};
+          "weight-decay",      "warmup-epochs", "dataset",   "slow", "resume",
+          "synthetic-samples", "sync-period",   "staleness", "tp",   "pp"};
+      // (16-bit or int8 weight gathers train on rounded weights, the peer's ZeRO on f32 ones)
+      if (k == "zero-gather" && v != "f32")
+        throw ConfigError(fmt::format(
+            "sweep: train: 'zero-gather' {} is not something the PyTorch DDP peer (peers:) can do (it gathers f32 "
+            "weights), so its cells would train differently; allowed with peers: f32, or leave it out",
+            v));
       // (the peer has sgd and adam: adamw's decoupled decay it does not)
       if (k == "optimizer" && v != "sgd" && v != "adam")
         throw ConfigError(

@@ -99,19 +99,37 @@ void run_train(const TrainArgs& a) {
                       cfg.output, ck.string()));
   }
   // A resume into another run's folder: its metrics were trimmed at this run's step and this run's appended after
-  // them, and its checkpoint stages removed (an audit). The resumed run's own folder (the checkpoint's) continues.
+  // them, and its checkpoint stages removed (an audit). The resumed run's own folder (the checkpoint's) continues, and
+  // so does a folder an earlier resume from the same checkpoint wrote (a retried job redoes its work: its config.yaml
+  // names that checkpoint).
   if (!cfg.resume.empty() && !cfg.output.empty()) {
-    std::error_code ec;
-    const fs::path own = fs::weakly_canonical(fs::path(cfg.resume), ec).parent_path();
-    const fs::path out = fs::weakly_canonical(fs::path(cfg.output), ec);
+    std::error_code own_ec, out_ec, ec;
+    const fs::path own = fs::weakly_canonical(fs::path(cfg.resume), own_ec).parent_path();
+    const fs::path out = fs::weakly_canonical(fs::path(cfg.output), out_ec);
     const fs::path ck = fs::path(cfg.output) / "checkpoint";
-    if (!ec && own != out &&
-        (fs::exists(fs::symlink_status(ck, ec)) || fs::exists(fs::path(cfg.output) / "metrics.jsonl", ec)))
-      throw ConfigError(
-          fmt::format("config: output: '{}' holds another run's records (its checkpoint or metrics.jsonl), and "
-                      "--resume continues the run in '{}'; allowed: --output {} (the run's own folder), a new "
-                      "folder, or remove it first",
-                      cfg.output, own.string(), own.string()));
+    const bool holds_checkpoint = fs::exists(fs::symlink_status(ck, ec));
+    const bool holds_records = holds_checkpoint || fs::exists(fs::path(cfg.output) / "metrics.jsonl", ec);
+    auto normal = [](const std::string& p) {
+      std::string s = fs::absolute(fs::path(p)).lexically_normal().string();
+      while (s.size() > 1 && s.back() == '/') s.pop_back();
+      return s;
+    };
+    auto same_resume = [&] {
+      try {
+        const auto prior = tr::read_yaml_config((fs::path(cfg.output) / "config.yaml").string());
+        const auto it = prior.find("resume");
+        return it != prior.end() && !it->second.empty() && normal(it->second) == normal(cfg.resume);
+      } catch (const std::exception&) {
+        return false;  // (no config.yaml, or not one a run wrote)
+      }
+    };
+    if (!own_ec && !out_ec && own != out && holds_records && !same_resume())
+      throw ConfigError(fmt::format(
+          "config: output: '{}' holds another run's records (its {}), and --resume continues the run in '{}'; "
+          "allowed: {}--output {} (the resumed run's own folder), a new folder, or remove it first",
+          cfg.output, holds_checkpoint ? "checkpoint" : "metrics.jsonl", own.string(),
+          holds_checkpoint ? fmt::format("--resume {} (that folder's own run), ", ck.string()) : std::string(),
+          own.string()));
   }
   // (the batch is per training worker: dedicated servers hold no share of the data; notes once: by a single process
   // or the first rank, not by a launching parent and every worker)

@@ -188,7 +188,8 @@ std::map<std::string, std::string> parse_key_values(
     else
       items.back() += ch;
   }
-  if (depth != 0) throw ConfigError(fmt::format("'{}' leaves a '[' unclosed; allowed: key=[value, with commas]", text));
+  if (depth != 0)
+    throw ConfigError(fmt::format("'{}' leaves a bracket '[' unclosed; allowed: key=[value, with commas]", text));
   for (const auto& kv : items) {
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw ConfigError(bad_item(kv));
@@ -207,8 +208,14 @@ std::map<std::string, std::string> parse_key_values(
 }
 
 std::string key_value(std::string_view key, std::string_view value) {
-  // (a value already in brackets, as a YAML mapping may give it, is kept: bracketed twice, it was refused)
-  const bool bracketed = value.size() >= 2 && value.front() == '[' && value.back() == ']';
+  // (a value already in one pair of brackets, as a YAML mapping may give it, is kept: bracketed twice, it was
+  // refused; "[a],[b]" is two pairs, and bracketed again)
+  bool bracketed = value.size() >= 2 && value.front() == '[' && value.back() == ']';
+  int depth = 0;
+  for (size_t i = 0; bracketed && i < value.size(); ++i) {
+    depth += value[i] == '[' ? 1 : value[i] == ']' ? -1 : 0;
+    if (depth == 0 && i + 1 < value.size()) bracketed = false;
+  }
   if (bracketed || value.find(',') == std::string_view::npos) return fmt::format("{}={}", key, value);
   return fmt::format("{}=[{}]", key, value);
 }

@@ -363,19 +363,27 @@ void check_model_config(const TrainConfig& c, int world, bool notes) {
     std::vector<std::vector<size_t>> all;
     for (const auto& st : stages) all.insert(all.end(), st.begin(), st.end());
     const std::string where = tp > 1 ? fmt::format(" split over tp {}", tp) : "";
+    const auto ratio_given = params.find("min_ratio");
+    const std::string min_ratio =
+        ratio_given != params.end() ? ratio_given->second : compress::compressor_defaults("powersgd").at("min_ratio");
     if (!compresses(rank, all)) {
       const size_t most = largest(all);
       throw ConfigError(fmt::format(
           "config: compressor: powersgd rank {} compresses no matrix of model {}{} (each needs n x m / (rank x (n + "
-          "m)) of at least min_ratio, and every gradient would go uncompressed); allowed: {}",
-          rank, c.model, where, most > 0 ? fmt::format("rank 1 to {}", most) : std::string("another compressor")));
+          "m)) of at least min_ratio {}, and every gradient would go uncompressed); allowed: {}",
+          rank, c.model, where, min_ratio,
+          most > 0 ? fmt::format("rank 1 to {}", most)
+                   : fmt::format("a smaller min_ratio (no rank reaches {}), or another compressor", min_ratio)));
     }
     for (int s = 0; notes && pp > 1 && s < pp; ++s)
-      if (!compresses(rank, stages[size_t(s)]))
+      if (!compresses(rank, stages[size_t(s)])) {
+        const size_t most = largest(stages[size_t(s)]);
         fmt::print(stderr,
-                   "train: note: powersgd rank {} compresses no matrix of pipeline stage {} of {}{} (at most rank {} "
-                   "would): that stage's gradients go uncompressed\n",
-                   rank, s, pp, where, largest(stages[size_t(s)]));
+                   "train: note: powersgd rank {} compresses no matrix of pipeline stage {} of {}{} ({} at min_ratio "
+                   "{}): that stage's gradients go uncompressed\n",
+                   rank, s, pp, where, most > 0 ? fmt::format("at most rank {} would", most) : "no rank would",
+                   min_ratio);
+      }
   }
 #endif
   int64_t train_n = c.dataset == "synthetic" ? c.synthetic_samples : 0;

@@ -528,3 +528,28 @@ TEST(Stats, MedianOfOddEvenEmptyAndNanSamples) {
   EXPECT_TRUE(std::isnan(median({1, std::nan(""), 2})));
   EXPECT_TRUE(std::isnan(median({std::nan(""), 5})));
 }
+
+// Key-value lists: a bracketed value may hold commas, key_value brackets what holds one (and keeps a value already in
+// one pair), and what it writes reads back the same; stray brackets are one line naming the item.
+TEST(KeyValues, BracketedValuesHoldCommasAndRoundTrip) {
+  auto bad = [](const std::string& kv) { return "bad '" + kv + "'"; };
+  auto p = parse_key_values("a=[q:x=1,y=2],b=3", bad);
+  EXPECT_EQ(p, (std::map<std::string, std::string>{{"a", "q:x=1,y=2"}, {"b", "3"}}));
+  EXPECT_EQ(key_value("a", "q:x=1,y=2"), "a=[q:x=1,y=2]");
+  EXPECT_EQ(key_value("a", "[q:x=1,y=2]"), "a=[q:x=1,y=2]");  // (one pair: kept)
+  EXPECT_EQ(key_value("a", "[x],[y]"), "a=[[x],[y]]");        // (two pairs: bracketed again)
+  EXPECT_EQ(key_value("b", "3"), "b=3");
+  for (const std::string v : {"q:x=1,y=2", "[x],[y]", "plain"}) {
+    const auto back = parse_key_values(key_value("k", v), bad);
+    EXPECT_EQ(back.at("k"), v) << v;
+  }
+  for (const char* text : {"a=[q:x=1", "a=q]", "a=[q]x", "a=x[q]"}) {
+    try {
+      parse_key_values(text, bad);
+      ADD_FAILURE() << text << " passed";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("bracket"), std::string::npos) << e.what();
+    }
+  }
+}

@@ -963,7 +963,8 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"bench: {op: allreduce, root: 1}\n", "sweep: bench: root: allreduce has no root"},
       {"bench: {min_bytes: 0, max_bytes: 0}\n", "sweep: bench: max-bytes 0 is not a message size"},
       {"peers: [none]\ntrain: {pp: 2}\n", "train: 'pp' is not something the PyTorch DDP peer"},
-      {"peers: [none]\ntrain: {zero: 3, zero_gather: bf16}\n", "train: 'zero-gather' is not something the PyTorch DDP"},
+      {"peers: [none]\ntrain: {zero: 3, zero_gather: bf16}\n",
+       "train: 'zero-gather' bf16 is not something the PyTorch DDP"},
       {"bench: {timeout: 2000000}\n", "bench: timeout = '2000000' (allowed: a number in [0.001, 1e+06])"},
       // (a second audit: bench coll refuses a timeout under a millisecond, and sizes of part of an element)
       {"bench: {timeout: 0.0001}\n", "bench: timeout = '0.0001' (allowed: a number in [0.001, 1e+06])"},

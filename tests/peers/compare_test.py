@@ -85,7 +85,8 @@ class Interrupts(unittest.TestCase):
         pidfile = os.path.join(tempfile.mkdtemp(), "pid")
 
         def fake(a):
-            return ["sh", "-c", f"echo $$ > {pidfile}; sleep 30 & sleep 30"], dict(os.environ)
+            # (a member that ignores SIGTERM: the leader goes at once, the group stays until SIGKILL)
+            return ["sh", "-c", f"echo $$ > {pidfile}; (trap '' TERM; exec sleep 30) & sleep 30"], dict(os.environ)
 
         saved = compare.conduit_command
         compare.conduit_command = fake

@@ -271,14 +271,29 @@ TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
   EXPECT_NE(slurp(dir / "b" / "summary.json").find("\"epochs\": 2"), std::string::npos)
       << slurp(dir / "b" / "summary.json");
   // A resume into another run's folder is refused, its records left as they were (its metrics were trimmed at this
-  // run's step and this run's appended after them, and its checkpoint stages removed).
+  // run's step and this run's appended after them, and its checkpoint stages removed): d continued a (its metrics
+  // only: a finished at its one epoch), b's checkpoint is another run's, and a holds its own. Resuming a's checkpoint
+  // into d again is a retried job redoing its work: it runs.
   const std::string d_metrics = slurp(dir / "d" / "metrics.jsonl");
-  r = run("train --progress false --resume " + (dir / "a" / "checkpoint").string() + " --output " +
+  r = run("train --progress false --resume " + (dir / "b" / "checkpoint").string() + " --output " +
           (dir / "d").string());
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("config: output: '" + (dir / "d").string() + "' holds another run's records"), std::string::npos)
+  EXPECT_NE(r.out.find("config: output: '" + (dir / "d").string() + "' holds another run's records (its metrics"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("allowed: --output " + (dir / "b").string() + " (the resumed run's own folder)"),
+            std::string::npos)
       << r.out;
   EXPECT_EQ(slurp(dir / "d" / "metrics.jsonl"), d_metrics);
+  r = run("train --progress false --resume " + (dir / "b" / "checkpoint").string() + " --output " +
+          (dir / "a").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("allowed: --resume " + (dir / "a" / "checkpoint").string() + " (that folder's own run)"),
+            std::string::npos)
+      << r.out;
+  r = run("train --progress false --resume " + (dir / "a" / "checkpoint").string() + " --output " +
+          (dir / "d").string());
+  EXPECT_EQ(r.code, 0) << r.out;
   // A scheme parameter given on its own (--staleness) keeps the checkpoint's scheme (it fell back to bsp, which has
   // no staleness); the same value resumes.
   r = run("train --progress false --test-limit 64 --epochs 2 --staleness 1 --resume " +

@@ -645,6 +645,7 @@ TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
   EXPECT_EQ(powersgd_check(1, 1, 24), "");
   std::string err = powersgd_check(1, 1, 25);
   expect_one_line(err, "rank 25");
+  EXPECT_NE(err.find("of at least min_ratio 2, and"), std::string::npos) << err;
   EXPECT_NE(err.find("allowed: rank 1 to 24"), std::string::npos) << err;
   EXPECT_EQ(powersgd_check(4, 1, 13), "");
   err = powersgd_check(4, 1, 14);
@@ -653,6 +654,20 @@ TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
   EXPECT_NE(err.find("allowed: rank 1 to 13"), std::string::npos) << err;
   EXPECT_EQ(powersgd_check(4, 2, 13), "");
   EXPECT_NE(powersgd_check(4, 2, 49).find("allowed: rank 1 to 13"), std::string::npos);
+  {
+    TrainConfig v;
+    v.model = "mlp";
+    v.dataset = "synthetic";
+    v.synthetic_samples = 1000;
+    v.compressor = "powersgd:rank=1,min_ratio=1000000";
+    try {
+      check_model_config(v, 1);
+      ADD_FAILURE() << "a min_ratio no rank reaches passed";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("allowed: a smaller min_ratio (no rank reaches 1000000)"), std::string::npos)
+          << e.what();
+    }
+  }
   // A pipeline stage whose matrices all go uncompressed at that rank is named once, by the process asked for notes
   // (the run goes on: the other stages compress). Each of the vit's 4 stages at tp 4 holds a block, whose QKV share
   // compresses at 13: no note. The mlp's last of 3 stages holds only its 10-wide classifier, at most rank 4.
@@ -670,8 +685,8 @@ TEST(TrainConfig, MissingDatasetAndModelLimitsAreCaughtBeforeTraining) {
     ::testing::internal::CaptureStderr();
     EXPECT_NO_THROW(check_model_config(mp, 3, notes));
     const std::string noted = ::testing::internal::GetCapturedStderr();
-    EXPECT_EQ(noted.find("powersgd rank 5 compresses no matrix of pipeline stage 2 of 3 (at most rank 4 would)") !=
-                  std::string::npos,
+    EXPECT_EQ(noted.find("powersgd rank 5 compresses no matrix of pipeline stage 2 of 3 (at most rank 4 would at "
+                         "min_ratio 2)") != std::string::npos,
               notes)
         << noted;
   }
@@ -759,7 +774,8 @@ TEST(Data, IdxReaderReadsGzippedAndPlainFiles) {
               std::string::npos)
         << e.what();
   }
-  // A header whose dimensions alone say it is wrong is refused before the data.
+  // A header that promises more than the file holds is named as truncated (what the promised size no longer
+  // allocates: the reader takes at most 64 MiB ahead of the data).
   std::vector<uint8_t> bad = {0, 0, 8, 1, 0xff, 0xff, 0xff, 0xff};
   std::ofstream(dir / "v", std::ios::binary).write(reinterpret_cast<char*>(bad.data()), std::streamsize(bad.size()));
   try {
