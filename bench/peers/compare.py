@@ -220,6 +220,12 @@ def check_records(recs, a):
     return None
 
 
+def record_transport(recs):
+    """The transport a peer's records name (one for all of them), or None."""
+    kinds = {r.get("transport") for r in recs.values() if isinstance(r, dict) and r.get("transport")}
+    return kinds.pop() if len(kinds) == 1 else (", ".join(sorted(kinds)) if kinds else None)
+
+
 def run_peer(name, a):
     """Returns (records by bytes, error or None, command line, seconds)."""
     try:
@@ -341,6 +347,15 @@ def main():
     print(f"allreduce f32 sum, world {a.nprocs}, iters {a.iters}, {os.cpu_count()} CPUs; time in us ({what}, "
           f"slowest rank{f', median of {a.rounds} rounds' if a.rounds > 1 else ''}), busbw in GB/s; "
           f"ratio = peer time / conduit time (>1: conduit faster)")
+    # Each side's transport, from its records (a ratio of Conduit over tcp against OpenMPI over shared memory said
+    # nothing of it): ratios across different transports are marked.
+    transports = {n: record_transport(results[n][0]) for n in names}
+    print("transports: " + ", ".join(f"{n} {transports[n] or '?'}" for n in names)
+          + (" (OpenMPI picks its own: shared memory between ranks of one host)" if "openmpi" in names else ""))
+    differs = {n for n in names if n != "conduit" and transports.get("conduit") and transports[n]
+               and transports[n] not in (transports["conduit"], "mpi")}
+    if differs:
+        print("~ = the ratio compares different transports (" + ", ".join(sorted(differs)) + " against conduit's)")
     head = f"{'bytes':>7} |" + "".join(f" {n + ' us':>12} {'busbw':>8} |" for n in names)
     peers_for_ratio = [n for n in names if n != "conduit"] if "conduit" in names else []
     head += "".join(f" {'c/' + ('ompi' if n == 'openmpi' else n):>7}" for n in peers_for_ratio)
@@ -363,7 +378,7 @@ def main():
             p = results[n][0].get(b)
             ct, pt = (op_time_us(c, a.stat) if c else None), (op_time_us(p, a.stat) if p else None)
             if ct and pt and not c.get("wrong", 0) and not p.get("wrong", 0):  # no ratio for wrong results
-                row += f" {pt / ct:>6.3g}x"
+                row += f" {pt / ct:>5.3g}x{'~' if n in differs else ' '}"
             else:
                 row += f" {'-':>7}"
         print(row)

@@ -43,6 +43,7 @@ struct GemmArgs {
   int model_steps = 20;
   std::string transport = "auto";  // of the barrier between model steps under `conduit launch`
   bool json = false;
+  bool batch_given = false, model_steps_given = false, transport_given = false;
 };
 
 struct Shape {
@@ -211,6 +212,18 @@ void run_gemm(const GemmArgs& a) {
   for (const auto& m : models)  // before the timings (a bad name was refused after the whole GEMM pass)
     if (m != "mlp" && m != "cnn" && m != "resnet")
       throw ConfigError(fmt::format("--model: '{}' is not allowed; allowed: mlp, cnn, resnet", m));
+  // Flags that apply to what this run does not time (they were taken and changed nothing, and the records did not
+  // show them).
+  if (models.empty() && a.model_steps_given)
+    throw ConfigError("--model-steps applies to --model's training steps; allowed: give --model too, or leave it out");
+  if (models.empty() && a.transport_given)
+    throw ConfigError(
+        "--transport applies to the barrier ending each --model step; allowed: give --model too, or leave it out");
+  bool batched = !models.empty();
+  for (const auto& s : split(a.shapes, ',')) batched = batched || trim(s) == "cnn" || trim(s) == "mlp";
+  if (a.batch_given && !batched)
+    throw ConfigError(
+        "--batch applies to the cnn and mlp shapes and --model; allowed: one of those too, or leave it out");
   auto timings = torch_api().time_gemms(mnk, a.threads, a.min_time);
   struct Sums {
     double gemm = 0;   // of the model's step GEMMs
@@ -408,7 +421,12 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
       "--json", a->json,
       "JSON lines {kind: bench.gemm, m, n, k, gflops, ...} and {kind: bench.conv, batch, in, out, height, width, "
       "kernel, stride, padding, forward_us, input_grad_us, weight_grad_us, ...} for sim calibrate --gemm");
-  c->callback([a]() { run_gemm(*a); });
+  c->callback([a, c]() {
+    a->batch_given = c->get_option("--batch")->count() > 0;
+    a->model_steps_given = c->get_option("--model-steps")->count() > 0;
+    a->transport_given = c->get_option("--transport")->count() > 0;
+    run_gemm(*a);
+  });
 });
 
 }  // namespace

@@ -75,6 +75,14 @@ class Rounds(unittest.TestCase):
         self.assertEqual(err, "exit 1: boom")
 
 
+class Transports(unittest.TestCase):
+    def test_each_sides_transport_comes_from_its_records(self):
+        self.assertEqual(compare.record_transport({8: rec(8, transport="tcp"), 16: rec(16, transport="tcp")}), "tcp")
+        self.assertEqual(compare.record_transport({8: rec(8, transport="tcp"), 16: rec(16, transport="shm")}),
+                         "shm, tcp")
+        self.assertIsNone(compare.record_transport({8: rec(8)}))
+
+
 class Interrupts(unittest.TestCase):
     def test_an_interrupt_stops_the_benchmark_it_was_running(self):
         """Ctrl-C (or a stop signal) while a benchmark runs stops its whole process group: in a session of its own it

@@ -763,7 +763,11 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
            {"--shapes mlp --batch 2000000000", "--batch = 2000000000 (allowed: 1..65536)"},
            {"--shapes 8x8x8 --model foo", "--model: 'foo' is not allowed; allowed: mlp, cnn, resnet"},
            // (a repeated item credited its models twice and timed its poolings twice)
-           {"--shapes cnn,8x8x8,cnn --model cnn", "--shapes: 'cnn' is given twice; allowed: each item once"}}) {
+           {"--shapes cnn,8x8x8,cnn --model cnn", "--shapes: 'cnn' is given twice; allowed: each item once"},
+           // (an audit: flags for what the run does not time were taken and changed nothing)
+           {"--shapes 8x8x8 --model-steps 7", "--model-steps applies to --model's training steps"},
+           {"--shapes 8x8x8 --transport tcp", "--transport applies to the barrier ending each --model step"},
+           {"--shapes square --batch 999", "--batch applies to the cnn and mlp shapes and --model"}}) {
     out = run("bench gemm " + args, &rc);
     EXPECT_EQ(rc, 2) << args << out;
     EXPECT_NE(out.find(want), std::string::npos) << args << out;
