@@ -836,18 +836,19 @@ void collect(const Cell& c, json& row, json& detail) {
       if (kind != "epoch" && kind != "eval") continue;
       // Fields read as numbers or left out: value() throws on a null, and a whole record went with it (an epoch
       // record under a scheme with eval_every has test_accuracy null, and its throughput was lost).
-      auto number = [&](const char* key) { return r.contains(key) && r[key].is_number() ? r[key] : json(); };
+      auto number = [&](const char* key, const json& otherwise = json()) {
+        return r.contains(key) && r[key].is_number() ? r[key] : otherwise;
+      };
       if (kind == "epoch" && number("samples_per_s").is_number()) sps = number("samples_per_s").get<double>();
       // (a point needs its accuracy and time: the copies evaluated after training stand for that epoch)
       if (!number("test_accuracy").is_number() || !number("time_s").is_number()) continue;
       json p = {{"kind", kind},
-                {"epoch", number("epoch").is_number() ? number("epoch") : json(0)},
+                {"epoch", number("epoch", 0)},
                 {"time_s", number("time_s")},
                 {"test_accuracy", number("test_accuracy")},
                 {"bytes_sent", number("bytes_sent")}};
-      if (kind == "eval") p["global_step"] = number("global_step").is_number() ? number("global_step") : json(0);
-      if (kind == "epoch")
-        p["samples_per_s"] = number("samples_per_s").is_number() ? number("samples_per_s") : json(0.0);
+      if (kind == "eval") p["global_step"] = number("global_step", 0);
+      if (kind == "epoch") p["samples_per_s"] = number("samples_per_s", 0.0);
       curve.push_back(std::move(p));
     } catch (const json::exception&) {
     }

@@ -172,6 +172,17 @@ std::vector<std::string> split(std::string_view text, char sep) {
   return out;
 }
 
+// Whether `value` is one pair of brackets around the rest ("[a,b]"; not "[a],[b]" or "[a]b").
+static bool in_one_bracket_pair(std::string_view value) {
+  if (value.size() < 2 || value.front() != '[' || value.back() != ']') return false;
+  int depth = 0;
+  for (size_t i = 0; i < value.size(); ++i) {
+    depth += value[i] == '[' ? 1 : value[i] == ']' ? -1 : 0;
+    if (depth == 0 && i + 1 < value.size()) return false;
+  }
+  return true;
+}
+
 std::map<std::string, std::string> parse_key_values(
     std::string_view text, const std::function<std::string(const std::string&)>& bad_item) {
   std::map<std::string, std::string> out;
@@ -194,13 +205,13 @@ std::map<std::string, std::string> parse_key_values(
     size_t eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw ConfigError(bad_item(kv));
     std::string value = kv.substr(eq + 1);
-    const size_t open = value.find('[');
-    if (open != std::string::npos && (open != 0 || value.back() != ']'))
+    const bool bracketed = in_one_bracket_pair(value);
+    if (!bracketed && value.find('[') != std::string::npos)
       throw ConfigError(
           fmt::format("'{}' has a bracket inside its value; allowed: key=[value, with commas], the whole "
                       "value in one pair of brackets",
                       kv));
-    if (open == 0) value = value.substr(1, value.size() - 2);
+    if (bracketed) value = value.substr(1, value.size() - 2);
     if (!out.emplace(kv.substr(0, eq), value).second)
       throw ConfigError(fmt::format("'{}' is given twice in '{}'; give each key once", kv.substr(0, eq), text));
   }
@@ -210,13 +221,7 @@ std::map<std::string, std::string> parse_key_values(
 std::string key_value(std::string_view key, std::string_view value) {
   // (a value already in one pair of brackets, as a YAML mapping may give it, is kept: bracketed twice, it was
   // refused; "[a],[b]" is two pairs, and bracketed again)
-  bool bracketed = value.size() >= 2 && value.front() == '[' && value.back() == ']';
-  int depth = 0;
-  for (size_t i = 0; bracketed && i < value.size(); ++i) {
-    depth += value[i] == '[' ? 1 : value[i] == ']' ? -1 : 0;
-    if (depth == 0 && i + 1 < value.size()) bracketed = false;
-  }
-  if (bracketed || value.find(',') == std::string_view::npos) return fmt::format("{}={}", key, value);
+  if (in_one_bracket_pair(value) || value.find(',') == std::string_view::npos) return fmt::format("{}={}", key, value);
   return fmt::format("{}=[{}]", key, value);
 }
 

@@ -101,10 +101,6 @@ std::vector<uint8_t> read_gz_file(const std::string& path, std::chrono::steady_c
     }
     if (got == 0) break;
     if (out.size() + size_t(got) > kMaxIdxBytes) throw fail("it inflates past 4 GiB");
-    if (size > 0 && out.size() + size_t(got) > size) {
-      longer = true;  // (refused below, without reading the rest)
-      break;
-    }
     out.insert(out.end(), buf, buf + got);
     if (size == 0) {
       try {
@@ -113,12 +109,12 @@ std::vector<uint8_t> read_gz_file(const std::string& path, std::chrono::steady_c
         gzclose(f);
         throw;
       }
-      if (size > 0 && out.size() > size) {
-        longer = true;
-        break;
-      }
       // (up to 64 MiB at once: a header is not trusted with gigabytes before its data has come)
       if (size > 0) out.reserve(std::min(size, size_t{64} << 20));
+    }
+    if (size > 0 && out.size() > size) {
+      longer = true;  // (refused below, without reading the rest)
+      break;
     }
   }
   if (longer) {

@@ -357,15 +357,16 @@ void check_model_config(const TrainConfig& c, int world, bool notes) {
       return lo;
     };
     compress::make_compressor("powersgd", params);  // (bad parameters: its own one-line refusal)
-    const auto given = params.find("rank");
-    const size_t rank =
-        std::stoull(given != params.end() ? given->second : compress::compressor_defaults("powersgd").at("rank"));
+    // A parameter as given, or the compressor's default.
+    auto param = [&, &params = params](const char* key) {
+      const auto given = params.find(key);
+      return given != params.end() ? given->second : compress::compressor_defaults("powersgd").at(key);
+    };
+    const size_t rank = std::stoull(param("rank"));
     std::vector<std::vector<size_t>> all;
     for (const auto& st : stages) all.insert(all.end(), st.begin(), st.end());
     const std::string where = tp > 1 ? fmt::format(" split over tp {}", tp) : "";
-    const auto ratio_given = params.find("min_ratio");
-    const std::string min_ratio =
-        ratio_given != params.end() ? ratio_given->second : compress::compressor_defaults("powersgd").at("min_ratio");
+    const std::string min_ratio = param("min_ratio");
     if (!compresses(rank, all)) {
       const size_t most = largest(all);
       throw ConfigError(fmt::format(
