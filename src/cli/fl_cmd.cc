@@ -19,6 +19,7 @@
 #include "cli/launcher.h"
 #include "cli/registry.h"
 #include "coll/communicator.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "fl/checkpoint.h"
@@ -109,6 +110,9 @@ void print_summary(const std::string& out) {
 // defaulted theirs from their own clocks) is broadcast and compared, and rank 0 checks its output folder; then every
 // rank learns whether any refused, so all stop (each with its own line, or naming the ranks that refused).
 void agree_on_config(coll::Communicator& comm, fl::FlConfig& c, bool output_given, bool writes_output) {
+  // (under start-up's deadline, as the ranks' meeting after it: a rank still starting is not a failed step)
+  coll::CollOptions meet;
+  meet.timeout_s = startup_timeout_seconds(c.timeout_s);
   std::string why;
   if (comm.rank() == 0 && writes_output) {
     try {
@@ -119,10 +123,10 @@ void agree_on_config(coll::Communicator& comm, fl::FlConfig& c, bool output_give
   }
   std::string mine = fl::config_to_json(c);
   int64_t len = int64_t(mine.size());
-  comm.broadcast(&len, 1, DType::i64, 0).wait();
+  comm.broadcast(&len, 1, DType::i64, 0, meet).wait();
   if (len < 2 || len > (1 << 24)) throw ProtocolError(fmt::format("fl: rank 0's configuration is {} bytes", len));
   std::string root = comm.rank() == 0 ? mine : std::string(size_t(len), '\0');
-  comm.broadcast(root.data(), root.size(), DType::u8, 0).wait();
+  comm.broadcast(root.data(), root.size(), DType::u8, 0, meet).wait();
   if (comm.rank() != 0) {
     fl::FlConfig theirs = fl::config_from_json(root, "rank 0's configuration");
     if (!output_given) c.output = theirs.output;
@@ -134,7 +138,7 @@ void agree_on_config(coll::Communicator& comm, fl::FlConfig& c, bool output_give
   }
   std::vector<int32_t> refused(size_t(comm.size()), 0);
   refused[size_t(comm.rank())] = why.empty() ? 0 : 1;
-  comm.allreduce(refused.data(), refused.size(), DType::i32, ReduceOp::sum).wait();
+  comm.allreduce(refused.data(), refused.size(), DType::i32, ReduceOp::sum, meet).wait();
   std::string who;
   for (size_t r = 0; r < refused.size(); ++r)
     if (refused[r]) who += (who.empty() ? "" : ", ") + std::to_string(r);
@@ -180,8 +184,8 @@ void run_rank(fl::FlConfig c, bool workers_given, bool output_given) {
         "round %d/%d: %d sampled, %d aggregated (%d stragglers, %d dropouts, %d partial)%s%s%s%s, %.2f MB up, "
         "%.1f s\n",
         r.round, c.rounds, r.sampled, r.aggregated, r.stragglers, r.dropouts, r.partial,
-        r.abandoned ? " [abandoned: fewer than the threshold]" : "", loss.c_str(), acc.c_str(), extra.c_str(),
-        double(r.bytes_up) / 1e6, r.wall_s);
+        r.abandoned ? fmt::format(" [abandoned: {}]", r.abandon_reason).c_str() : "", loss.c_str(), acc.c_str(),
+        extra.c_str(), double(r.bytes_up) / 1e6, r.wall_s);
     std::fflush(stdout);
   };
   fl::run_federation(c, comm, *trainer, on_round);
@@ -233,6 +237,7 @@ void run_fl(const FlArgs& a) {
   }
   fl::check_sample_count(c, samples);
 #endif
+  fl::check_secagg_memory(c, 1.0);  // (every host on this machine)
   refuse_used_output(c.output);
   // (a checkpoint that is missing or of other settings stops here rather than in the started ranks)
   if (!c.resume.empty()) fl::check_resume(c, fl::read_latest_checkpoint(fl::resume_checkpoint_dir(c.resume)));

@@ -164,6 +164,10 @@ void check_config(const FlConfig& c) {
   real_in("speed_sigma", c.speed_sigma, 0, 4, false, false);
   real_in("deadline", c.deadline, 0, 1e6, false, false);
   one_of("stragglers", c.stragglers, {"drop", "partial"});
+  if (c.stragglers == "partial" && c.deadline == 0)
+    throw ConfigError(
+        "fl: stragglers: partial cuts a client's work to the steps that fit the deadline, and there is none; "
+        "allowed: --deadline D > 0 with it, or stragglers drop");
   real_in("dropout", c.dropout, 0, 1, false, true);
   real_in("uplink_mbps", c.uplink_mbps, 0, 1e9, true, false);
   real_in("downlink_mbps", c.downlink_mbps, 0, 1e9, true, false);
@@ -180,23 +184,24 @@ void check_config(const FlConfig& c) {
   // Under DP each client is sampled independently: about fraction * clients a round; the codec is sized for the
   // most a round may have.
   const int sampled = dp ? dp_max_sampled(c) : clients_per_round(c);
+  // (the ranges whether or not secure aggregation is on: the values are recorded, and a resume compares them)
+  int_in("secagg_bits", c.secagg_bits, 8, 32);
+  real_in("secagg_clip", c.secagg_clip, 1e-20, 1e30, false, false);  // (the codec's scale is levels / clip)
+  real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
+  if (c.secagg_neighbors < -1 || (c.secagg_neighbors > 0 && c.secagg_neighbors % 2 != 0) ||
+      c.secagg_neighbors > kMaxClients - 1)
+    throw ConfigError(
+        fmt::format("fl: secagg_neighbors: {} is not allowed; allowed: 0 (every pair of a round's clients), an "
+                    "even number in 2..{} (SecAgg+'s graph: k/2 on each side of a ring) or auto (-1 in JSON)",
+                    c.secagg_neighbors, kMaxClients - 1));
+  real_in("secagg_max_corrupt", c.secagg_max_corrupt, 0, 0.5, false, true);
+  real_in("secagg_max_dropout", c.secagg_max_dropout, 0, 1, false, true);
   if (c.secagg) {
     if (dp && c.fraction * c.clients < 2)
       throw ConfigError(
           fmt::format("fl: fraction: {} of {} clients is {:.2g} a round on average, and secure "
                       "aggregation abandons rounds of fewer than 2; allowed: fraction * clients >= 2",
                       c.fraction, c.clients, c.fraction * c.clients));
-    int_in("secagg_bits", c.secagg_bits, 8, 32);
-    real_in("secagg_clip", c.secagg_clip, 1e-20, 1e30, false, false);  // (the codec's scale is levels / clip)
-    real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
-    if (c.secagg_neighbors < -1 || (c.secagg_neighbors > 0 && c.secagg_neighbors % 2 != 0) ||
-        c.secagg_neighbors > kMaxClients - 1)
-      throw ConfigError(
-          fmt::format("fl: secagg_neighbors: {} is not allowed; allowed: 0 (every pair of a round's clients), an "
-                      "even number in 2..{} (SecAgg+'s graph: k/2 on each side of a ring) or auto (-1 in JSON)",
-                      c.secagg_neighbors, kMaxClients - 1));
-    real_in("secagg_max_corrupt", c.secagg_max_corrupt, 0, 0.5, false, true);
-    real_in("secagg_max_dropout", c.secagg_max_dropout, 0, 1, false, true);
     if (c.secagg_neighbors == -1 && c.dropout > c.secagg_max_dropout)
       throw ConfigError(fmt::format(
           "fl: secagg_max_dropout: {} is below --dropout {}: the graph chosen for it would abandon rounds; allowed: "

@@ -281,10 +281,18 @@ class Wire {
     wait_or_explain(reqs, d, from, what, steps);
     return out;
   }
+  // The server's sends that each host hands on to copies[i] of its clients: a deployed federation sends every client
+  // its own, so `delivered` counts copies[i] of each (the simulation's processes carry one: `sent`).
+  void send_to_clients(const std::vector<int>& peers, uint32_t tag, const std::vector<const Bytes*>& b,
+                       const std::vector<uint64_t>& copies) {
+    send_many(peers, tag, b);
+    for (size_t i = 0; i < peers.size(); ++i) delivered += copies[i] * (8 + b[i]->size());
+  }
   Bytes recv(int peer, uint32_t tag, const char* what, uint64_t cap, double steps = 1) {
     return std::move(recv_many({peer}, tag, what, {cap}, steps)[0]);
   }
   uint64_t sent = 0, received = 0;
+  uint64_t delivered = 0;    // the server: what its clients would download (send_to_clients)
   uint64_t peak_posted = 0;  // the most bytes of posted messages held at once
 
  private:
@@ -375,6 +383,17 @@ void check_control_memory(const FlConfig& c, coll::Communicator& comm, const Fed
         local_hosts, f.hosted, f.n, need / 1e9, have / 1e9));
 }
 
+int round_neighbors(const FlConfig& c, int sampled);
+
+// (the hosts on the server's machine: SecAgg's relay counts their share of it)
+void check_secagg_memory_here(const FlConfig& c, coll::Communicator& comm) {
+  const auto& hosts = comm.transport().hosts();
+  const int here = hosts[size_t(comm.transport_rank(comm.rank()))];
+  int local_hosts = 0;
+  for (int r = 1; r < comm.size(); ++r) local_hosts += hosts[size_t(comm.transport_rank(r))] == here ? 1 : 0;
+  fl::check_secagg_memory(c, double(local_hosts) / std::max(1, comm.size() - 1));
+}
+
 int64_t full_steps(const FlConfig& c, int64_t examples) {
   return int64_t(c.local_epochs) * ((examples + c.batch_size - 1) / c.batch_size);
 }
@@ -431,10 +450,13 @@ Plan plan_client(const FlConfig& c, const Federation& f, int client, int round) 
   if (c.deadline > 0) {
     const double budget = c.deadline * double(f.reference_steps);
     if (double(steps) * f.speed[size_t(client)] > budget) {
-      if (c.stragglers == "drop") {
+      // (partial: the steps that fit; a client too slow for one step is a straggler in either mode, else its one
+      // step would overrun the deadline the round is modelled to keep)
+      const auto fit = int64_t(std::floor(budget / f.speed[size_t(client)]));
+      if (c.stragglers == "drop" || fit < 1) {
         p.fate = Fate::straggler;
       } else {
-        p.max_steps = std::max<int64_t>(1, int64_t(std::floor(budget / f.speed[size_t(client)])));
+        p.max_steps = fit;
         p.steps = std::min(steps, p.max_steps);
       }
     }
@@ -856,6 +878,7 @@ nlohmann::json to_json(const RoundRecord& r) {
           {"dropouts", r.dropouts},
           {"partial", r.partial},
           {"abandoned", r.abandoned},
+          {"abandon_reason", r.abandon_reason},
           {"secagg_neighbors", r.secagg_neighbors},
           {"train_loss", optional(r.train_loss)},
           {"test_accuracy", optional(r.test_accuracy)},
@@ -863,6 +886,7 @@ nlohmann::json to_json(const RoundRecord& r) {
           {"wall_s", r.wall_s},
           {"modelled_s", r.modelled_s},
           {"bytes_down", r.bytes_down},
+          {"wire_bytes_down", r.wire_bytes_down},
           {"bytes_up", r.bytes_up},
           {"clipped", r.clipped},
           {"epsilon", optional(r.epsilon)}};
@@ -950,7 +974,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
 
   for (int round = first; round < c.rounds; ++round) {
     Stopwatch rs;
-    const uint64_t sent0 = w.sent, recv0 = w.received;
+    const uint64_t sent0 = w.sent, recv0 = w.received, delivered0 = w.delivered;
     RoundRecord rec;
     rec.round = round + 1;
     std::vector<int> sampled = sample_round(c, round, secret);
@@ -970,6 +994,12 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       active.push_back(h);
       most = std::max(most, v.size());
     }
+    // (a host's clients this round, for the downloads each of them would make)
+    auto clients_of = [&](const std::vector<int>& to) {
+      std::vector<uint64_t> out;
+      for (int h : to) out.push_back(by_host.count(h) ? by_host[h].size() : 0);
+      return out;
+    };
     auto caps = [&](uint64_t base, uint64_t per_client) {
       std::vector<uint64_t> out;
       for (int h : active) out.push_back(base + by_host[h].size() * per_client);
@@ -988,11 +1018,11 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         o.i64(neighbors);
       }
       Bytes hb = o.take();
-      w.send_many(hosts, kTagHeader, std::vector<const Bytes*>(hosts.size(), &hb));
+      w.send_to_clients(hosts, kTagHeader, std::vector<const Bytes*>(hosts.size(), &hb), clients_of(hosts));
       Bytes wb((n + server_control.size()) * 4);
       std::memcpy(wb.data(), global.data(), n * 4);
       if (!server_control.empty()) std::memcpy(wb.data() + n * 4, server_control.data(), n * 4);
-      w.send_many(active, kTagWeights, std::vector<const Bytes*>(active.size(), &wb));
+      w.send_to_clients(active, kTagWeights, std::vector<const Bytes*>(active.size(), &wb), clients_of(active));
     }
 
     std::vector<double> sum(len + 2, 0.0);  // the clients' vectors, then the losses (and the clipped count)
@@ -1081,7 +1111,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         o.u64(u1.size());
         for (auto& a : u1) o.blob(a.serialize());
         Bytes b = o.take();
-        w.send_many(active, kTagU1, std::vector<const Bytes*>(active.size(), &b));
+        w.send_to_clients(active, kTagU1, std::vector<const Bytes*>(active.size(), &b), clients_of(active));
       }
       std::vector<Bytes> sb = w.recv_many(active, kTagShares, "the key shares",
                                           caps(kLen, 2 * kLen + m * (kLen + kShareMsgBytes)), per_client);
@@ -1101,6 +1131,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         }
         in.done();
       }
+      std::vector<Bytes>().swap(sb);  // (filed by recipient now: the received copy goes before the inboxes are built)
       {
         const std::vector<int> u2 = srv->u2();
         std::vector<Bytes> boxes;
@@ -1122,7 +1153,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         }
         std::vector<const Bytes*> ptrs;
         for (auto& b : boxes) ptrs.push_back(&b);
-        w.send_many(active, kTagInbox, ptrs);
+        // (each host's message holds its clients' own inboxes: one copy)
+        w.send_to_clients(active, kTagInbox, ptrs, std::vector<uint64_t>(active.size(), 1));
       }
       collect_updates();
       int arrived = 0;
@@ -1135,9 +1167,11 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         } catch (const TooFewClientsError& e) {  // SecAgg+: a neighbourhood kept fewer than t, or U3 split
           CONDUIT_LOG_INFO("fl: round {}: {}", rec.round, e.what());
           rec.abandoned = true;
+          rec.abandon_reason = e.what();
         }
       } else {
         rec.abandoned = true;
+        rec.abandon_reason = fmt::format("{} of {} sent, fewer than the threshold {}", arrived, m, scfg.threshold);
       }
       if (rec.abandoned) {
         // Bonawitz et al.'s protocol stops here: fewer than t masked vectors (in all, or among one client's
@@ -1150,7 +1184,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         for (int v : u3) o.i64(v);
       }
       Bytes b = o.take();
-      w.send_many(active, kTagU3, std::vector<const Bytes*>(active.size(), &b));
+      w.send_to_clients(active, kTagU3, std::vector<const Bytes*>(active.size(), &b), clients_of(active));
       if (!rec.abandoned) {
         std::vector<Bytes> mb =
             w.recv_many(active, kTagUnmask, "the unmasking shares",
@@ -1182,7 +1216,14 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     } else if (m > 0) {
       collect_updates();
     }
-    if (too_few) rec.abandoned = true;
+    if (too_few) {
+      rec.abandoned = true;
+      rec.abandon_reason = rec.sampled < 2 ? fmt::format("{} sampled, fewer than 2", rec.sampled)
+                                           : fmt::format(
+                                                 "{} sampled, more than the {} differential privacy's codec "
+                                                 "was sized for",
+                                                 rec.sampled, dp_max_sampled(c));
+    }
 
     // Who sent, their summed weight, and the modelled round time: each client downloads the weights, computes its
     // steps at its speed (at the seconds a step took here, measured) and uploads its update; the server waits for the
@@ -1249,12 +1290,9 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     if (rec.aggregated > 0) {
       ++res.rounds_applied;
     } else {
-      CONDUIT_LOG_WARN("fl: round {} applied nothing ({} sampled: {} stragglers, {} dropouts{})", rec.round,
+      CONDUIT_LOG_WARN("fl: round {} applied nothing ({} sampled: {} stragglers, {} dropouts{}{})", rec.round,
                        rec.sampled, rec.stragglers, rec.dropouts,
-                       !rec.abandoned              ? ""
-                       : rec.secagg_neighbors == 0 ? ", fewer than secure aggregation's threshold sent"
-                                                   : ", secure aggregation could not unmask it: too few sent, in all "
-                                                     "or near one client, or the dropouts split the survivors");
+                       rec.abandoned ? "; secure aggregation abandoned it: " : "", rec.abandon_reason);
     }
     if (accountant) {
       accountant->step(1);  // a round counts whether or not anything was applied (the sampling happened)
@@ -1273,7 +1311,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       rec.test_loss = e.loss;
       res.final_accuracy = e.accuracy;
     }
-    rec.bytes_down = w.sent - sent0;
+    rec.bytes_down = w.delivered - delivered0;
+    rec.wire_bytes_down = w.sent - sent0;
     rec.bytes_up = w.received - recv0;
     rec.wall_s = rs.seconds();
     metrics.line(to_json(rec));
@@ -1309,7 +1348,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
   }
   res.weights = std::move(global);
   res.wall_s = total.seconds();
-  res.bytes_down = w.sent;
+  for (const auto& r : res.rounds) res.bytes_down += r.bytes_down;
+  res.wire_bytes_down = w.sent;
   res.bytes_up = w.received;
   if (!c.output.empty()) {
     nlohmann::json s = nlohmann::json::parse(config_to_json(c));
@@ -1317,6 +1357,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     s["final_test_accuracy"] = res.final_accuracy;
     s["wall_time_s"] = res.wall_s;
     s["bytes_down"] = res.bytes_down;
+    s["wire_bytes_down"] = res.wire_bytes_down;
     s["bytes_up"] = res.bytes_up;
     s["label_tv_distance"] = res.label_tv_distance;
     s["rounds_applied"] = res.rounds_applied;
@@ -1338,6 +1379,26 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
 }
 
 }  // namespace
+
+// Secure aggregation's share relay holds a round's encrypted shares, m x (k or m - 1) of them, at once: the server
+// three times (as received, filed by recipient, and in the messages to the hosts), the hosts twice between them (sent
+// and received). Every pair of 10,000 clients a round is about 10^8 shares, over 40 GB at the server.
+void check_secagg_memory(const FlConfig& c, double local_host_fraction) {
+  if (!c.secagg) return;
+  const int m = dp_on(c) ? dp_max_sampled(c) : clients_per_round(c);
+  const int k = round_neighbors(c, m);
+  const double shares = double(m) * double(k > 0 ? k : m - 1);
+  const double per_share = double(kShareMsgBytes) + 16;  // (its framing and the parsed copy's bookkeeping)
+  const double need = shares * per_share * (3 + 2 * local_host_fraction);
+  const double have = usable_memory_bytes();
+  if (have > 0 && need > 0.8 * have)
+    throw ConfigError(fmt::format(
+        "fl: secagg: {} clients a round with {} would relay {:.3g} key shares a round, {:.1f} GB on this machine, "
+        "and it has {:.1f} GB; allowed: --secagg-neighbors auto or an even k (SecAgg+: each client shares with k "
+        "others), fewer clients a round, or more machines",
+        m, k > 0 ? fmt::format("SecAgg+'s k = {}", k) : std::string("every pair sharing keys"), shares, need / 1e9,
+        have / 1e9));
+}
 
 FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& trainer,
                         const std::function<void(const RoundRecord&)>& on_round) {
@@ -1396,7 +1457,8 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
                         (others - k) * std::log1p(-q));
       };
       const double decides = others_sampled(1) + others_sampled(dp_max_sampled(c));
-      const bool drops = c.dropout > 0 || (c.deadline > 0 && c.stragglers == "drop");
+      // (partial work drops a client too slow for one step)
+      const bool drops = c.dropout > 0 || c.deadline > 0;
       // (warned where it is not negligible beside delta over the run's rounds, or where anything drops)
       if (comm->rank() == 0 && (decides * double(c.rounds) > 0.1 * c.dp_delta || drops))
         CONDUIT_LOG_WARN(
@@ -1410,6 +1472,7 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
       res.host_peak_posted_bytes = run_host(c, *comm, trainer, f);
       return res;
     }
+    check_secagg_memory_here(c, *comm);
     res = run_server(c, *comm, trainer, f, on_round);
   } catch (const std::exception& e) {
     // The others would wait for this rank until their deadline: tell them now.

@@ -156,13 +156,19 @@ class LocalTrainer {
 struct RoundRecord {
   int round = 0;  // 1-based
   int sampled = 0, aggregated = 0, stragglers = 0, dropouts = 0, partial = 0;
-  bool abandoned = false;  // secagg: fewer than the threshold sent updates (all, or near one client), nothing applied
+  // secagg: nothing applied, as fewer than 2 were sampled, more than DP's codec holds, or fewer than the threshold
+  // sent (in all, or near one client under SecAgg+); abandon_reason says which
+  bool abandoned = false;
+  std::string abandon_reason;
   int secagg_neighbors = 0;                   // secagg: the round's k (SecAgg+'s graph), 0 for every pair
   double train_loss = -1;                     // mean over the aggregated clients (-1: none, or withheld under DP)
   double test_accuracy = -1, test_loss = -1;  // -1: not evaluated this round
   double wall_s = 0;                          // this round's wall time
   double modelled_s = 0;                      // the round's time with the configured client links and speeds
-  uint64_t bytes_down = 0, bytes_up = 0;      // server to hosts and back, this round (framing included)
+  // Down: what the round's clients download (each its own copy of the weights and of secure aggregation's lists,
+  // as a deployed federation sends them); up: what reached the server (framing included). wire_bytes_down: what the
+  // server sent this simulation's host processes (one copy a host).
+  uint64_t bytes_down = 0, bytes_up = 0, wire_bytes_down = 0;
   uint64_t clipped = 0;                       // secagg: elements clipped to secagg_clip
   double epsilon = -1;                        // DP: privacy spent so far at dp_delta (-1: off)
 };
@@ -172,7 +178,7 @@ struct FlResult {
   std::vector<float> weights;  // the final global model (server)
   double final_accuracy = -1;
   double wall_s = 0;
-  uint64_t bytes_down = 0, bytes_up = 0;
+  uint64_t bytes_down = 0, bytes_up = 0, wire_bytes_down = 0;  // (bytes_down: the rounds' own)
   double label_tv_distance = 0;  // the partition's mean total-variation distance from the global label mix
   int rounds_applied = 0;        // rounds whose aggregate was applied
   uint64_t host_peak_posted_bytes = 0;  // a host: the most bytes of updates it held posted at once
@@ -183,6 +189,11 @@ struct FlResult {
 // <output>/metrics.jsonl and summary.json when output is set. `on_round` (server) sees each record as it completes.
 // Error (on the server, after the records are written) when no round applied an update: the run's settings leave
 // nothing to learn from.
+// Refuses (ConfigError) a secure aggregation whose share relay would not fit this machine's memory: every pair of
+// m clients a round relays m (m - 1) key shares, held several times over by the server and the hosts (the fraction
+// of them on this machine: local_host_fraction). SecAgg+'s k shares a client keep it m k.
+void check_secagg_memory(const FlConfig& c, double local_host_fraction);
+
 FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& trainer,
                         const std::function<void(const RoundRecord&)>& on_round = {});
 

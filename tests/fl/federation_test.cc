@@ -3,6 +3,7 @@
 // f_k(y) = (0.05 / lr) |y - target_k|^2: gradient (0.1 / lr)(y - target_k), which SCAFFOLD's correction adds to.)
 #include "fl/federation.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -427,6 +428,7 @@ TEST(Federation, TooFewSurvivorsAbandonTheRoundAndTheWeightsStay) {
     ++abandoned;
     EXPECT_EQ(x.aggregated, 0);
     EXPECT_LT(x.sampled - x.dropouts, 4);  // t = floor(6 / 2) + 1
+    EXPECT_EQ(x.abandon_reason, fmt::format("{} of 6 sent, fewer than the threshold 4", x.sampled - x.dropouts));
   }
   // This seed leaves fewer than t = 4 of the 6 in every round: nothing was ever applied.
   ASSERT_EQ(abandoned, 4);
@@ -473,20 +475,68 @@ TEST(Federation, StragglersPastTheDeadlineDropOrDoPartialWork) {
   RunResult partial = run(c);
   expect_ok(dropped);
   expect_ok(partial);
-  int stragglers = 0, parts = 0;
+  int stragglers = 0, parts = 0, too_slow = 0;
   for (size_t k = 0; k < 3; ++k) {
     stragglers += dropped.server.rounds[k].stragglers;
     parts += partial.server.rounds[k].partial;
-    EXPECT_EQ(partial.server.rounds[k].stragglers, 0);
-    EXPECT_EQ(partial.server.rounds[k].aggregated, partial.server.rounds[k].sampled);
+    // (partial work drops only a client too slow for one step: PartialWorkDropsAClientTooSlowForOneStep)
+    too_slow += partial.server.rounds[k].stragglers;
+    EXPECT_EQ(partial.server.rounds[k].aggregated + partial.server.rounds[k].stragglers,
+              partial.server.rounds[k].sampled);
     // A dropped straggler keeps the server waiting until the deadline: deadline x reference steps x 1e-4 s a step
     // (400 / 12 samples in batches of 8: 5 steps), and every client it aggregates fits the deadline.
     if (dropped.server.rounds[k].stragglers > 0) {
       EXPECT_NEAR(dropped.server.rounds[k].modelled_s, 1.0 * 5 * 1e-4, 1e-8) << k;
     }
   }
-  EXPECT_GT(stragglers, 0);
-  EXPECT_EQ(stragglers, parts);  // the same slow clients: dropped in one run, cut short in the other
+  EXPECT_GT(parts, 0);
+  EXPECT_EQ(stragglers, parts + too_slow);  // the same slow clients: dropped in one run, cut short in the other
+}
+
+// A deadline shorter than one step of a slow client: partial work cannot cut it to a step that fits, so it is a
+// straggler in either mode (it did one step, counted as neither, and the round was modelled past its deadline).
+TEST(Federation, PartialWorkDropsAClientTooSlowForOneStep) {
+  FlConfig c = base_config();
+  c.speed_sigma = 1.0;
+  c.deadline = 0.2;  // 0.2 x 5 reference steps: one step of a speed-1 client
+  c.stragglers = "partial";
+  c.downlink_mbps = c.uplink_mbps = 1e9;
+  RunResult r = run(c);
+  expect_ok(r);
+  int stragglers = 0;
+  for (const auto& x : r.server.rounds) {
+    stragglers += x.stragglers;
+    EXPECT_EQ(x.aggregated + x.stragglers, x.sampled) << "round " << x.round;
+    // Every client aggregated or waited for fits the deadline: 1 step x 1e-4 s (and the links' 1e-9-scale terms).
+    EXPECT_LE(x.modelled_s, 0.2 * 5 * 1e-4 + 1e-6) << "round " << x.round;
+  }
+  EXPECT_GT(stragglers, 0) << "the seed gave no client slower than speed 1: nothing was checked";
+}
+
+// What the clients download is counted as a deployed federation sends it, a copy to each client, whatever the number
+// of processes hosting them (the weights went once to each host process: 2 hosts counted 2 copies of the weights for
+// 6 clients, and 5 hosts 5); the processes' own traffic is wire_bytes_down.
+TEST(Federation, BytesDownCountEachClientsDownloadWhateverTheHosts) {
+  FlConfig c = base_config();
+  c.workers = 3;
+  RunResult two = run(c);
+  c.workers = 6;
+  RunResult five = run(c);
+  expect_ok(two);
+  expect_ok(five);
+  ASSERT_EQ(two.server.rounds.size(), 3u);
+  ASSERT_EQ(five.server.rounds.size(), 3u);
+  uint64_t total = 0;
+  for (size_t k = 0; k < 3; ++k) {
+    const auto& a = two.server.rounds[k];
+    const auto& b = five.server.rounds[k];
+    EXPECT_EQ(a.bytes_down, b.bytes_down) << "round " << k;
+    EXPECT_GE(a.bytes_down, uint64_t(a.sampled) * kDim * 4) << "round " << k;  // the weights, once a client
+    EXPECT_LT(a.wire_bytes_down, a.bytes_down) << "round " << k;               // (2 hosts for 6 clients)
+    EXPECT_GT(b.wire_bytes_down, a.wire_bytes_down) << "round " << k;
+    total += a.bytes_down;
+  }
+  EXPECT_EQ(two.server.bytes_down, total);
 }
 
 // (after 0 trainings: before its first update; after 1: with its first client's update already on its way)
@@ -866,8 +916,10 @@ struct ScaffoldReference {
   uint64_t clipped = 0;                  // elements clipped in the last round
   std::unique_ptr<ServerOptimizer> opt;  // set: the weights' pseudo-gradient goes through it (c never does)
 
-  // limits: the step limit of each client this round (absent: full work).
-  void round(const FlConfig& cfg, int r, double clip = 0, const std::map<int, int64_t>& limits = {}) {
+  // limits: the step limit of each client this round (absent: full work); trained: the clients that trained (null:
+  // every sampled one; the others were stragglers).
+  void round(const FlConfig& cfg, int r, double clip = 0, const std::map<int, int64_t>& limits = {},
+             const std::set<int>* trained = nullptr) {
     ToyTrainer t(cfg);
     auto parts = partition(t.train_labels(), 10, cfg.clients, parse_partition(cfg.partition), cfg.seed);
     auto sampled = sample_clients(cfg.clients, cfg.fraction, cfg.min_clients, cfg.seed, uint64_t(r));
@@ -885,6 +937,7 @@ struct ScaffoldReference {
     std::map<int, std::vector<double>> next;
     std::vector<float> x(w.begin(), w.end());
     for (int k : sampled) {
+      if (trained && !trained->count(k)) continue;
       std::vector<double>& mine = ci.try_emplace(k, std::vector<double>(kDim, 0.0)).first->second;
       std::vector<float> corr(kDim);
       for (size_t i = 0; i < kDim; ++i) corr[i] = float(c[i] - mine[i]);
@@ -998,13 +1051,16 @@ TEST(Federation, ScaffoldWithPartialWorkUsesTheStepsTaken) {
   for (auto& x : r.server.rounds) partial += x.partial;
   ASSERT_GT(partial, 0) << "no client did partial work: the test checks nothing";
   std::map<int, std::map<int, int64_t>> limits;  // round -> client -> limit
+  std::map<int, std::set<int>> trained;          // round -> clients (a client too slow for one step is not)
   {
     std::lock_guard<std::mutex> lk(g_limits_mu);
-    for (auto& [key, limit] : g_limits)
+    for (auto& [key, limit] : g_limits) {
+      trained[key.first].insert(key.second);
       if (limit > 0) limits[key.first][key.second] = limit;
+    }
   }
   ScaffoldReference ref;
-  for (int round = 0; round < c.rounds; ++round) ref.round(c, round, 0, limits[round]);
+  for (int round = 0; round < c.rounds; ++round) ref.round(c, round, 0, limits[round], &trained[round]);
   ASSERT_EQ(r.server.weights.size(), kDim);
   for (size_t i = 0; i < kDim; ++i) EXPECT_NEAR(r.server.weights[i], ref.w[i], 2e-5) << i;
 }
@@ -1333,6 +1389,13 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
   bad([](FlConfig& c) { c.dropout = 1; }, "dropout");
   bad([](FlConfig& c) { c.dp_noise = 1; }, "dp_noise");
   bad([](FlConfig& c) { c.workers = 1; }, "workers");
+  // (a switched-off feature's settings are recorded, and a resume compares them: checked all the same)
+  bad([](FlConfig& c) { c.secagg_bits = 99; }, "secagg_bits");
+  bad([](FlConfig& c) { c.secagg_threshold = 2; }, "secagg_threshold");
+  bad([](FlConfig& c) { c.secagg_neighbors = 3; }, "secagg_neighbors");
+  bad([](FlConfig& c) { c.stragglers = "partial"; },
+      "stragglers: partial cuts a client's work to the steps that fit "
+      "the deadline, and there is none");
   bad([](FlConfig& c) { c.lr = std::nan(""); }, "lr");
   bad(
       [](FlConfig& c) {
@@ -1433,6 +1496,30 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
         set_config_value(c, "no_such_key", "1");
       },
       ConfigError);
+}
+
+// Every pair of 40,000 clients a round would relay 1.6e9 key shares (hundreds of GB): refused before a round, naming
+// SecAgg+; its k keeps the relay linear in the clients, and without secure aggregation nothing is relayed.
+TEST(FlConfig, ASecureAggregationWhoseShareRelayCannotFitIsRefused) {
+  FlConfig c = base_config();
+  c.clients = 40000;
+  c.fraction = 1;
+  c.secagg = true;
+  c.secagg_neighbors = 0;
+  check_config(c);
+  const std::string e = conduit::fl::fltest::error_of<ConfigError>([&] { check_secagg_memory(c, 1.0); });
+  EXPECT_NE(e.find("fl: secagg: 40000 clients a round with every pair sharing keys would relay 1.6e+09 key shares"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("allowed: --secagg-neighbors auto"), std::string::npos) << e;
+  c.secagg_neighbors = -1;  // auto: a k of tens
+  EXPECT_NO_THROW(check_secagg_memory(c, 1.0));
+  c.secagg_neighbors = 0;
+  c.secagg = false;
+  EXPECT_NO_THROW(check_secagg_memory(c, 1.0));
+  c.secagg = true;
+  c.clients = 100;  // every pair of 100: 9,900 shares
+  EXPECT_NO_THROW(check_secagg_memory(c, 1.0));
 }
 
 TEST(FlConfig, JsonRoundTripsEveryKeyAndRefusesUnknownOnes) {
