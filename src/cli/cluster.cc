@@ -211,9 +211,19 @@ void shape(const std::string& ns, const std::string& dev, double rate_bps, doubl
   must(a, what);
 }
 
-// Stops every process in the namespace (SIGTERM, then SIGKILL from the second second); false when some are still
-// there after 4 s (in uninterruptible sleep).
-bool kill_namespace_processes(const std::string& ns) {
+// True when the process's environment holds `entry` (KEY=VALUE) exactly.
+bool environment_holds(pid_t pid, const std::string& entry) {
+  std::ifstream f(fmt::format("/proc/{}/environ", pid), std::ios::binary);
+  std::string e;
+  while (std::getline(f, e, '\0'))
+    if (e == entry) return true;
+  return false;
+}
+
+// Stops every process in the namespace (SIGTERM, then SIGKILL from the second second), or only those whose
+// environment holds `marked` (KEY=VALUE) when it is set; false when some are still there after 4 s (in
+// uninterruptible sleep). *signalled counts the processes it signalled first.
+bool kill_namespace_processes(const std::string& ns, const std::string& marked = "", int* signalled = nullptr) {
   for (int round = 0; round < 40; ++round) {
     std::string out;
     if (run_program({"ip", "netns", "pids", ns}, &out) != 0) return true;
@@ -221,9 +231,11 @@ bool kill_namespace_processes(const std::string& ns) {
     std::istringstream in(out);
     long p;
     while (in >> p) {
-      if (p > 1 && p != getpid()) pids.push_back(static_cast<pid_t>(p));
+      if (p > 1 && p != getpid() && (marked.empty() || environment_holds(static_cast<pid_t>(p), marked)))
+        pids.push_back(static_cast<pid_t>(p));
     }
     if (pids.empty()) return true;
+    if (round == 0 && signalled) *signalled += static_cast<int>(pids.size());
     // Signalled through a pidfd taken while the pid is still seen in this namespace: a pid that ended after the
     // listing and was reused by a process elsewhere is not signalled (kill(pid) could have hit it).
     struct stat ns_st {};
@@ -691,6 +703,16 @@ int down(const std::string& name) {
     throw Error(fmt::format("cluster down: deleted {} namespaces, but processes survived SIGKILL for 3 s in:{}",
                             removed, survivors));
   return removed;
+}
+
+int stop_marked_processes(const ClusterState& s, int hosts, const std::string& marked) {
+  int signalled = 0;
+  std::string survivors;
+  for (int k = 0; k < hosts && k < static_cast<int>(s.hosts.size()); ++k)
+    if (!kill_namespace_processes(s.hosts[size_t(k)].ns, marked, &signalled)) survivors += " " + s.hosts[size_t(k)].ns;
+  if (!survivors.empty())
+    throw Error(fmt::format("cluster {}: processes the run left survived SIGKILL for 3 s in:{}", s.name, survivors));
+  return signalled;
 }
 
 void stop_processes(const std::string& name) {

@@ -8,8 +8,8 @@
 //   namespace conduit-NAME-hK:  lo, eth0 = 10.213.0.(K+1)/24 (veth end), no default route
 //
 // Each host's link is shaped in both directions at its rate: tbf on the host's eth0 (host -> switch) and on the
-// switch's pK (switch -> host), burst of three full frames (above the MTU, below a 64 KiB GSO super-packet, which the
-// veths split) so TCP never stalls. Latency and
+// switch's pK (switch -> host), burst of three full frames or 1 ms of the rate, whichever is larger (above the MTU,
+// so TCP never stalls; tbf segments a GSO super-packet larger than it), queue of 50 ms of the rate. Latency and
 // loss need netem: when the kernel has it, each direction gets htb (rate) with a netem leaf (half the latency each
 // way, the loss on the host's egress); when it does not, asking for them fails with one line naming what is missing.
 // State is kept in /run/conduit/cluster-NAME.json (CONDUIT_CLUSTER_STATE_DIR overrides); `down` also finds
@@ -86,6 +86,9 @@ int down(const std::string& name);
 // Stops every process left inside the cluster's namespaces (SIGTERM, then SIGKILL); throws Error naming the ones
 // still there after a few seconds.
 void stop_processes(const std::string& name);
+// Stops the processes in the first `hosts` hosts of the cluster whose environment holds `marked` (KEY=VALUE: what a
+// run gave its workers, which their children inherit), as stop_processes; returns how many there were.
+int stop_marked_processes(const ClusterState& s, int hosts, const std::string& marked);
 // Names of clusters with a state file or namespaces.
 std::vector<std::string> list_clusters();
 // The recorded state; throws ConfigError when there is no such cluster.

@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -221,10 +223,23 @@ void cmd_run(const ClusterOptions& o) {
   // Each worker is `conduit cluster exec rank -- PROGRAM...`: it enters the namespace of host RANK and execs.
   spec.command = {self_exe(), "cluster", "exec", "--name", s.name, "rank", "--"};
   spec.command.insert(spec.command.end(), o.command.begin(), o.command.end());
+  // The workers and every process they start carry this run's mark: what is left in the hosts once the workers are
+  // gone (a daemon, a setsid child: out of the process groups the launcher stops) is stopped by it, and nothing of
+  // another run or started by hand (`cluster exec`) is touched. Left, they held CPU and ports for the next run.
+  const std::string mark =
+      fmt::format("{}-{}", ::getpid(), std::chrono::steady_clock::now().time_since_epoch().count());
   spec.extra_env = {{"CONDUIT_TRANSPORT", "tcp"},
                     {"CONDUIT_SOCKET_IFNAME", cl::kHostIfname},
-                    {"CONDUIT_RANKS_PER_HOST", std::to_string(o.ranks_per_host)}};
-  set_exit_code(run_local_workers(spec));
+                    {"CONDUIT_RANKS_PER_HOST", std::to_string(o.ranks_per_host)},
+                    {"CONDUIT_CLUSTER_RUN", mark}};
+  const int rc = run_local_workers(spec);
+  const int left = cl::stop_marked_processes(s, n, "CONDUIT_CLUSTER_RUN=" + mark);
+  if (left > 0)
+    std::fprintf(stderr,
+                 "conduit cluster run: stopped %d process(es) the workers left running in the hosts of '%s' "
+                 "(started by them outside their process groups)\n",
+                 left, s.name.c_str());
+  set_exit_code(rc);
 }
 
 const bool kRegistered = register_command(40, [](CLI::App& app) {

@@ -147,6 +147,11 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
                         "an IPv4/IPv6 address, with the port in MASTER_PORT",
                         *addr));
       int port = required_int("MASTER_PORT", 1, 65535);
+      if (path && b->rank == 0)  // (taken silently: the user may have meant the file store)
+        CONDUIT_LOG_WARN(
+            "bootstrap: CONDUIT_STORE_PATH={} is not used: MASTER_ADDR/MASTER_PORT are set and the ranks meet at the "
+            "TCP store there (the file store is taken with them only under torchrun's agent store); unset one of them",
+            *path);
       b->method = "tcp-store";
       b->store = make_tcp_store(*addr, port, b->rank == 0, deadline);
     } else if (path) {
@@ -158,7 +163,10 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
           "store) says where to meet the other ranks");
     }
     auto counter = std::make_shared<std::atomic<int>>(0);
-    std::string job_prefix = job_id_from_env().value_or("job");
+    // A TCP store is the job's own (its rank 0 serves it): its keys leave the job id out, so ranks given different
+    // CONDUIT_JOB_IDs meet and take rank 0's (each waited under its own id until its deadline, then blamed a rank
+    // that had published). A file store's directory may be shared by jobs: the id keeps them apart.
+    const std::string job_prefix = b->method == "tcp-store" ? std::string("job") : job_id_from_env().value_or("job");
     // A file store outlives its job: a rank that finds its own first value already there is in a directory an
     // earlier run of this job id used, and would read that run's addresses (it timed out connecting to old ports).
     if (b->method == "file-store" && b->store->check(fmt::format("conduit/{}/bootstrap/0/{}", job_prefix, b->rank)))
@@ -176,11 +184,10 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
           b->store->claim(fmt::format("conduit/{}/claimed/{}", job_prefix, b->rank), Deadline::after(timeout_s));
       if (!first && b->method == "tcp-store")
         throw ConfigError(fmt::format(
-            "rank {}: another process already joined the store at MASTER_ADDR={}:{} as rank {} of job '{}' (RANK "
-            "given twice, a rank restarted during the rendezvous, or another job on this MASTER_PORT); allowed: one "
-            "process a rank, and a MASTER_PORT or "
-            "CONDUIT_JOB_ID of each job's own",
-            b->rank, *addr, env_string("MASTER_PORT").value_or("?"), b->rank, job_prefix));
+            "rank {}: another process already joined the store at MASTER_ADDR={}:{} as rank {} (RANK given twice, a "
+            "rank restarted during the rendezvous, or another job on this MASTER_PORT); allowed: one process a rank, "
+            "and a MASTER_PORT of each job's own",
+            b->rank, *addr, env_string("MASTER_PORT").value_or("?"), b->rank));
       if (!first)
         throw ConfigError(fmt::format(
             "rank {}: another process already joined CONDUIT_STORE_PATH={} as rank {} of job '{}' (RANK given "
@@ -202,7 +209,17 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
       // (A rank beyond this world, of a larger job, is stopped by its own check as it reads rank 0's value; this job's
       // ranks do not look for it: one that saw it and one that had looked before would stop apart, the other
       // waiting for its peer until its deadline.)
-      return store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s), check);
+      try {
+        return store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s), check);
+      } catch (const TimeoutError& e) {
+        if (serves) throw;
+        // (a rank of this job given another CONDUIT_JOB_ID publishes under it: this one cannot tell it from a rank
+        // that never came)
+        throw TimeoutError(
+            fmt::format("{} (looked for under CONDUIT_JOB_ID '{}': every rank of a job needs the same "
+                        "one, or none)",
+                        e.what(), job_prefix));
+      }
     };
   } else {
     b->method = "single";

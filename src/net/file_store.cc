@@ -164,7 +164,12 @@ class FileStore : public Store {
           throw InvalidArgument(fmt::format("file store {}: add on key '{}' whose value is not an integer", dir_, key));
         }
       }
-      int64_t next = static_cast<int64_t>(static_cast<uint64_t>(cur) + static_cast<uint64_t>(delta));
+      int64_t next = 0;
+      if (__builtin_add_overflow(cur, delta, &next))  // (it wrapped silently)
+        throw InvalidArgument(
+            fmt::format("file store {}: add of {} on key '{}' (value {}) would overflow a 64-bit "
+                        "integer",
+                        dir_, delta, key, cur));
       write_atomic(key, std::to_string(next));
       flock(fd, LOCK_UN);
       close(fd);

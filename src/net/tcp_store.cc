@@ -540,7 +540,12 @@ class TcpStoreServer {
             return true;
           }
         }
-        int64_t next = static_cast<int64_t>(static_cast<uint64_t>(cur) + static_cast<uint64_t>(delta));
+        int64_t next = 0;
+        if (__builtin_add_overflow(cur, delta, &next)) {  // (it wrapped, answered as a success)
+          reply(c, h, kBadRequest,
+                fmt::format("add of {} on key '{}' (value {}) would overflow a 64-bit integer", delta, key, cur));
+          return true;
+        }
         std::string text = std::to_string(next);
         if (!room_for(c, h, key, text.size())) return true;
         set_key(key, std::move(text));

@@ -269,7 +269,7 @@ TEST(Processes, ASecondProcessForOneRankIsRefusedAtTheStore) {
   auto r = run_sh("(" + rank1 + ") & (" + rank1 + ") & sleep 1; RANK=0 " + env + kConduit +
                   " selftest --op allreduce --timeout 20; wait");
   EXPECT_NE(r.out.find("rank 1: another process already joined the store at MASTER_ADDR=127.0.0.1:" +
-                       std::to_string(port) + " as rank 1 of job 'twice"),
+                       std::to_string(port) + " as rank 1 (RANK given twice"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("rank 1 exit 2"), std::string::npos) << r.out;
@@ -293,6 +293,31 @@ TEST(Processes, ASecondProcessForOneRankIsRefusedAtTheStore) {
   EXPECT_NE(r.out.find("rank 1 exit 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("rank 1 exit 0"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 20) << r.out;
+}
+
+// Ranks of one job given different CONDUIT_JOB_IDs: over the job's own TCP store they meet and take rank 0's (each
+// waited under its own id until the deadline, and rank 0 blamed rank 1 for a value it had published under its own);
+// over a shared file store they cannot be told from ranks that never came, and the timeout says what to check.
+TEST(Processes, RanksGivenDifferentJobIdsMeetOverTcpAndAreToldOverAFileStore) {
+  const int port = free_port();
+  const std::string env =
+      "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " CONDUIT_TIMEOUT=20 ";
+  auto r = run_sh("RANK=1 CONDUIT_JOB_ID=b" + std::to_string(::getpid()) + " " + env + kConduit +
+                  " selftest --op allreduce --timeout 20 & RANK=0 CONDUIT_JOB_ID=a" + std::to_string(::getpid()) + " " +
+                  env + kConduit + " selftest --op allreduce --timeout 20; wait");
+  EXPECT_NE(r.out.find("on 2 ranks over"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("has not published"), std::string::npos) << r.out;
+  const std::string dir = temp_path("jobids");
+  const std::string fenv = "WORLD_SIZE=2 CONDUIT_STORE_PATH=" + dir + " CONDUIT_TIMEOUT=3 ";
+  r = run_sh("mkdir -p " + dir + " && (RANK=1 CONDUIT_JOB_ID=fb" + std::to_string(::getpid()) + " " + fenv + kConduit +
+             " selftest --timeout 3) & RANK=0 CONDUIT_JOB_ID=fa" + std::to_string(::getpid()) + " " + fenv + kConduit +
+             " selftest --timeout 3; wait");
+  std::system(("rm -rf " + dir).c_str());
+  EXPECT_NE(r.out.find("(looked for under CONDUIT_JOB_ID 'fa" + std::to_string(::getpid()) +
+                       "': every rank of a job needs the same one, or none)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_LT(r.seconds, 15) << r.out;
 }
 
 TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
@@ -523,6 +548,13 @@ TEST(Processes, RendezvousEnvironmentIsChecked) {
              " selftest --op allreduce");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), std::string::npos) << r.out;
+  // A file store's path beside MASTER_ADDR is not taken, and rank 0 says so (it was dropped without a word).
+  r = run_sh("RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+             " CONDUIT_STORE_PATH=/nonexistent/store " + kConduit + " selftest --op barrier --timeout 20");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CONDUIT_STORE_PATH=/nonexistent/store is not used: MASTER_ADDR/MASTER_PORT are set"),
+            std::string::npos)
+      << r.out;
 }
 
 // Starts `n` ranks by hand (no launcher, so nothing stops the survivors for us) and reaps them as they exit. Rank 0

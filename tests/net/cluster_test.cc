@@ -265,6 +265,19 @@ TEST_F(ClusterTest, RunStartsItsRanksInTheirHosts) {
   for (const char* want :
        {"[rank 0] 0 4 10.213.0.1", "[rank 1] 1 4 10.213.0.1", "[rank 2] 2 4 10.213.0.2", "[rank 3] 3 4 10.213.0.2"})
     EXPECT_NE(two.out.find(want), std::string::npos) << want << "\n" << two.out;
+  // What the workers leave running in their hosts outside their process groups (setsid) is stopped when they are
+  // gone (it held CPU and ports for the next run); a process started in a host by hand is not the run's and stays.
+  ASSERT_EQ(sh("(" + conduit() + " cluster exec --name " + name + " 0 -- sleep 117 > /dev/null 2>&1 &); true").code, 0);
+  Result left = sh(conduit() + " cluster run --name " + name + " --hosts 2" +
+                   " -- sh -c \"setsid sleep 301 > /dev/null 2>&1 < /dev/null & sleep 1\"");
+  EXPECT_EQ(left.code, 0) << left.out;
+  EXPECT_NE(left.out.find("conduit cluster run: stopped 2 process(es) the workers left running in the hosts of '" +
+                          name + "'"),
+            std::string::npos)
+      << left.out;
+  Result in_hosts = sh("for h in 0 1 2; do ip netns pids conduit-" + name + "-h$h; done | xargs -r ps -o args= -p");
+  EXPECT_EQ(in_hosts.out.find("sleep 301"), std::string::npos) << in_hosts.out;
+  EXPECT_NE(in_hosts.out.find("sleep 117"), std::string::npos) << in_hosts.out;
   for (const char* r : {"0", "65"}) {
     Result bad = sh(conduit() + " cluster run --name " + name + " --ranks-per-host " + r + " -- true");
     EXPECT_EQ(bad.code, 2) << bad.out;

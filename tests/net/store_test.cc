@@ -24,6 +24,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -115,6 +116,19 @@ void basic_semantics(Store& s) {
   EXPECT_EQ(s.add("n", 0), 3);
   EXPECT_EQ(s.get("n", Deadline::after(5)), "3");
   EXPECT_THROW(s.add("a", 1), InvalidArgument);
+  // A counter past int64's range is refused and keeps its value (it wrapped to the most negative, answered as ok).
+  const std::string top = std::to_string(std::numeric_limits<int64_t>::max());
+  s.set("big", top);
+  try {
+    s.add("big", 1);
+    ADD_FAILURE() << "an add past int64 was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("add of 1 on key 'big' (value " + top + ") would overflow a 64-bit integer"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(s.get("big", Deadline::after(5)), top);
+  EXPECT_EQ(s.add("big", -1), std::numeric_limits<int64_t>::max() - 1);
   // Keys with separators, dots and odd bytes stay distinct.
   s.set("x/y", "1");
   s.set("x%2Fy", "2");
