@@ -51,8 +51,13 @@ class ErrorFeedback : public Compressor {
       p.assign(e.begin(), e.end());
       kernels::get().add_to(p.data(), in.data(), d);
       const std::span<float> ps(p.data(), d);
+      // A finite g and e can sum past the floats: qsgd clamped the norm and sent a finite payload, randk sent the
+      // inf, and both kept an inf or nan residual for good. Refused here, as the gradient itself is, leaving the state
+      // as it was; and a residual the decode's subtraction took past them likewise.
+      check_finite_input(ps, name_, "the gradient plus its error-feedback residual");
       inner_->compress(ps, st, out);
       inner_->decompress_sub(out, st, ps);
+      check_finite_input(ps, name_, "the error-feedback residual after this step's decode");
       std::copy(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(d), e.begin());
     } catch (...) {
       if (fresh) {

@@ -223,6 +223,9 @@ void quantize_blocks(const float* in, size_t n, size_t block, uint8_t* out) {
     }
     float scale = finite ? amax / top : std::numeric_limits<float>::quiet_NaN();
     if (scale == 0 && amax > 0) scale = std::numeric_limits<float>::denorm_min();  // (tiny subnormals: kept nonzero)
+    // (FLT_MAX / 127 rounds up: 127 x it, the top code's value, was inf for a finite block; an ulp or two less fits)
+    for (int i = 0; i < 8 && std::isfinite(scale) && scale > 0 && !std::isfinite(top * scale); ++i)
+      scale = std::nextafter(scale, 0.0f);
     std::memcpy(out + 4 * k, &scale, 4);
     if (!(scale > 0 && std::isfinite(scale))) {  // (zeros, or a non-finite block: code 0)
       for (size_t i = lo; i < hi; ++i) {

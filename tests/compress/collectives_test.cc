@@ -880,6 +880,37 @@ TEST(NonFinite, QuantizedRingRefusesWhatItsByteCodecsCannotCarry) {
       EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10) << codec;
     }
   }
+  // fp16's partial sums are encoded at every hop: averaged, each rank's value is divided first, so a mean within
+  // its range is carried where a partial sum (80,000) is not; summed, every rank stops with one line (it came out
+  // inf without a word), in both the allreduce and the reduce-scatter.
+  for (bool average : {true, false})
+    for (bool reduce_scatter : {false, true}) {
+      std::vector<std::string> errors(3);
+      std::vector<std::vector<float>> outs(3);
+      conduit::compress::testing::on_ranks(3, [&](coll::Communicator& comm) {
+        std::vector<float> x(66, 40000.0f), out(22);
+        ReduceOptions o;
+        o.average = average;
+        try {
+          if (reduce_scatter)
+            quantized_ring_reduce_scatter(comm, x, out, "fp16", o);
+          else
+            quantized_ring_allreduce(comm, x, "fp16", o);
+        } catch (const InvalidArgument& e) {
+          errors[comm.rank()] = e.what();
+        }
+        outs[comm.rank()] = reduce_scatter ? out : x;
+      });
+      for (int r = 0; r < 3; ++r) {
+        if (average) {
+          EXPECT_EQ(errors[r], "") << r << " " << reduce_scatter;
+          for (float v : outs[r]) ASSERT_NEAR(v, 40000.0f, 40.0f) << r << " " << reduce_scatter;
+        } else {
+          EXPECT_NE(errors[r].find("came out inf from finite values on all 3 ranks"), std::string::npos)
+              << r << " " << reduce_scatter << ": " << errors[r];
+        }
+      }
+    }
   // fp16 carries a NaN through, as an uncompressed allreduce does.
   conduit::compress::testing::on_ranks(2, [&](coll::Communicator& comm) {
     std::vector<float> x(64, 1.0f);

@@ -985,6 +985,37 @@ TEST(ErrorFeedback, OnePassSignFeedbackEqualsThePlainSteps) {
   }
 }
 
+// Finite g and e whose sum passes the floats: qsgd clamped the norm and sent a finite payload, randk sent the inf, and
+// both kept an inf or nan residual for good (int8 and top-k threw, with the state kept). Every inner method now
+// refuses it naming the element, and the state stays as it was.
+TEST(ErrorFeedback, AGradientPlusResidualPastTheFloatsIsRefusedAndTheStateKept) {
+  const size_t d = 64;
+  for (const auto& [name, params] :
+       std::vector<std::pair<std::string, Params>>{{"ef:qsgd", {{"levels", "127"}, {"bucket", "1024"}}},
+                                                   {"ef:randk", {{"ratio", "1"}, {"unbiased", "0"}}},
+                                                   {"ef:int8", {}}}) {
+    auto ef = make_compressor(name, params);
+    auto st = ef->make_state(d, 4, 2);
+    ef->compress(gaussian(d, 1), st);  // (a residual of this size)
+    st.buffers.at("ef.residual")[5] = 3e38f;
+    const TensorState before = st;
+    auto g = gaussian(d, 2);
+    g[5] = 3e38f;
+    try {
+      ef->compress(g, st);
+      ADD_FAILURE() << name << ": a sum past the floats was compressed";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("the gradient plus its error-feedback residual: element 5 of 64 is inf"),
+                std::string::npos)
+          << name << ": " << e.what();
+    }
+    EXPECT_TRUE(st == before) << name;
+    g[5] = -3e38f;  // (back within the floats with the residual)
+    EXPECT_NO_THROW(ef->compress(g, st)) << name;
+    for (float x : ef->residual(st)) EXPECT_TRUE(std::isfinite(x)) << name;
+  }
+}
+
 // Error feedback's generic call is all or nothing: one whose g + e has an inf or NaN (ef:topk's decoder refuses the
 // non-finite value its payload carried, after which the residual had already taken p) throws and leaves the state as
 // it was. The one-pass sign form finds out after overwriting the residual with p: it takes g out again, applies its
