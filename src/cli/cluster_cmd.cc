@@ -232,13 +232,28 @@ void cmd_run(const ClusterOptions& o) {
                     {"CONDUIT_SOCKET_IFNAME", cl::kHostIfname},
                     {"CONDUIT_RANKS_PER_HOST", std::to_string(o.ranks_per_host)},
                     {"CONDUIT_CLUSTER_RUN", mark}};
-  const int rc = run_local_workers(spec);
-  const int left = cl::stop_marked_processes(s, n, "CONDUIT_CLUSTER_RUN=" + mark);
-  if (left > 0)
-    std::fprintf(stderr,
-                 "conduit cluster run: stopped %d process(es) the workers left running in the hosts of '%s' "
-                 "(started by them outside their process groups)\n",
-                 left, s.name.c_str());
+  // (also when the launcher failed, and a cleanup that fails says so without hiding the workers' exit code)
+  auto stop_leftovers = [&] {
+    try {
+      const int left = cl::stop_marked_processes(s, n, "CONDUIT_CLUSTER_RUN=" + mark);
+      if (left > 0)
+        std::fprintf(stderr,
+                     "conduit cluster run: stopped %d process(es) the workers left running in the hosts of '%s' "
+                     "(started by them outside their process groups)\n",
+                     left, s.name.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "conduit cluster run: %s; `conduit cluster down --name %s` removes them\n", e.what(),
+                   s.name.c_str());
+    }
+  };
+  int rc = 0;
+  try {
+    rc = run_local_workers(spec);
+  } catch (...) {
+    stop_leftovers();
+    throw;
+  }
+  stop_leftovers();
   set_exit_code(rc);
 }
 

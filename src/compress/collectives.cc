@@ -82,11 +82,6 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
       ro += data[t].size();
     }
   }
-  // A 16-bit wire carries the mean when averaging, divided before it is sent (as PyTorch's fp16 hook does): a sum
-  // of w ranks' values leaves f16's range (65504) where their mean stays in it, and the run stopped. P is
-  // orthonormalised after its sum, which no scale changes.
-  const bool prescale = o.average && ps.wire() != DType::f32 && w > 1;
-  if (prescale) scale(buf1, 1.0f / static_cast<float>(w));
   allreduce_wire(comm, ps.wire(), buf1, co);
   check_factor_sums(buf1, ps.wire(), "P factors and uncompressed tensors");
   // Round 2: every Q.
@@ -100,7 +95,6 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
     po += plans[t].p_len();
     qo += plans[t].q_len();
   }
-  if (prescale) scale(buf2, 1.0f / static_cast<float>(w));
   allreduce_wire(comm, ps.wire(), buf2, co);
   check_factor_sums(buf2, ps.wire(), "Q factors");
   po = 0;
@@ -109,13 +103,13 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
   for (size_t t = 0; t < data.size(); ++t) {
     if (plans[t].compressed) {
       ps.finish(data[t], *states[t], std::span<const float>(buf1).subspan(po, plans[t].p_len()),
-                std::span<const float>(buf2).subspan(qo, plans[t].q_len()), prescale ? 1 : w, o.average, data[t]);
+                std::span<const float>(buf2).subspan(qo, plans[t].q_len()), w, o.average, data[t]);
       po += plans[t].p_len();
       qo += plans[t].q_len();
     } else {
       if (!data[t].empty()) std::memcpy(data[t].data(), buf1.data() + ro, 4 * data[t].size());
       ro += data[t].size();
-      if (o.average && !prescale) scale(data[t], 1.0f / static_cast<float>(w));
+      if (o.average) scale(data[t], 1.0f / static_cast<float>(w));
       ps.skip(*states[t]);
     }
   }
@@ -373,14 +367,15 @@ void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const flo
   const bool f16 = codec_name == "fp16";
   const bool input_nonfinite = f16 && first_nonfinite(in) < in.size();
   std::vector<float> work(in.begin(), in.end());
-  // (averaging: divided before the ring, whose partial sums are encoded at every hop: fp16 turned a sum past 65504
-  // into inf where the mean fitted, and nothing said so)
-  if (o.average) scale(work, 1.0f / static_cast<float>(comm.size()));
+  // (fp16 averaging: divided before the ring, whose partial sums are encoded at every hop: it turned a sum past 65504
+  // into inf where the mean fitted, and nothing said so; the byte codecs' per-chunk scales take any range)
+  if (o.average && f16) scale(work, 1.0f / static_cast<float>(comm.size()));
   if (comm.size() > 1) {
     Ring ring(comm, o);
     ring_reduce_scatter_inplace(ring, *codec, work);
   }
   std::copy(work.begin() + mine.offset, work.begin() + mine.offset + mine.count, out.begin());
+  if (o.average && !f16) scale(out, 1.0f / static_cast<float>(comm.size()));
   if (f16 && comm.size() > 1) {
     // (each rank holds another block: every rank takes part, and all stop when any block overflowed from finite
     // inputs everywhere)
@@ -404,7 +399,7 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
   check_ring_input(comm, data, codec_name);
   const bool f16 = codec_name == "fp16";
   const bool input_nonfinite = f16 && first_nonfinite(data) < data.size();
-  if (o.average) scale(data, 1.0f / static_cast<float>(comm.size()));  // (before the ring: as reduce-scatter's)
+  if (o.average && f16) scale(data, 1.0f / static_cast<float>(comm.size()));  // (before the ring: as reduce-scatter's)
   if (comm.size() > 1) {
     Ring ring(comm, o);
     ring_reduce_scatter_inplace(ring, *codec, data);
@@ -423,6 +418,7 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
       std::swap(cur, next);
     }
   }
+  if (o.average && !f16) scale(data, 1.0f / static_cast<float>(comm.size()));
   if (f16) refuse_f16_overflow(comm, *codec, input_nonfinite, data, coll_opts(o));
 }
 

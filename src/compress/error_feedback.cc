@@ -57,7 +57,9 @@ class ErrorFeedback : public Compressor {
       check_finite_input(ps, name_, "the gradient plus its error-feedback residual");
       inner_->compress(ps, st, out);
       inner_->decompress_sub(out, st, ps);
-      check_finite_input(ps, name_, "the error-feedback residual after this step's decode");
+      check_finite_input(ps, name_,
+                         "the error-feedback residual after this step's decode (a value past the method's range, e.g. "
+                         "fp16's 65504, or a diverged run)");
       std::copy(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(d), e.begin());
     } catch (...) {
       if (fresh) {

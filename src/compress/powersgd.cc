@@ -222,13 +222,15 @@ void PowerSgd::decompress(std::span<const uint8_t> payload, const TensorState& s
   const size_t w = wire_size();
   if (payload.size() == w * d) {
     decode_wire(wire_, payload.data(), out);
-    // (a sender refuses a non-finite input, as the factor branch's do: a nan or inf here is a corrupt payload)
+    // (as the factor branch refuses them: a corrupt payload, or a value past a 16-bit wire's range at its sender)
     for (size_t i = 0; i < d; ++i)
       if (!std::isfinite(out[i]))
         throw InvalidArgument(
-            fmt::format("powersgd: element {} of an uncompressed payload of {} elements is {} (its "
-                        "sender refuses non-finite values: a corrupt payload)",
-                        i, d, out[i]));
+            fmt::format("powersgd: element {} of an uncompressed payload of {} elements is {} ({} "
+                        "wire): beyond the wire's range at its sender (f16 tops out at 65504), a "
+                        "diverged run, or a corrupt payload; allowed: finite values within the wire's "
+                        "range (wire=bf16 or f32)",
+                        i, d, out[i], dtype_name(wire_)));
     return;
   }
   if (st.shape.size() < 2 || st.shape[0] == 0 || d % st.shape[0])

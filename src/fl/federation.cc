@@ -387,6 +387,7 @@ int round_neighbors(const FlConfig& c, int sampled);
 
 // (the hosts on the server's machine: SecAgg's relay counts their share of it)
 void check_secagg_memory_here(const FlConfig& c, coll::Communicator& comm) {
+  if (!c.secagg) return;
   const auto& hosts = comm.transport().hosts();
   const int here = hosts[size_t(comm.transport_rank(comm.rank()))];
   int local_hosts = 0;
@@ -1135,6 +1136,9 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       {
         const std::vector<int> u2 = srv->u2();
         std::vector<Bytes> boxes;
+        // (what the clients in U2 download: each its own inbox and the list U2, with a frame; the hosts' messages
+        // carry the list once)
+        uint64_t to_clients = 0;
         for (int h : active) {
           Out o;
           o.u64(u2.size());
@@ -1145,16 +1149,20 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
           o.u64(here.size());
           for (int i : here) {
             auto box = srv->inbox_for(i);
-            o.i64(i);
-            o.u64(box.size());
-            for (auto& s : box) o.blob(s.serialize());
+            Out mine;
+            mine.i64(i);
+            mine.u64(box.size());
+            for (auto& s : box) mine.blob(s.serialize());
+            Bytes b = mine.take();
+            to_clients += 8 + 8 * (1 + u2.size()) + b.size();
+            o.put(b.data(), b.size());
           }
           boxes.push_back(o.take());
         }
         std::vector<const Bytes*> ptrs;
         for (auto& b : boxes) ptrs.push_back(&b);
-        // (each host's message holds its clients' own inboxes: one copy)
-        w.send_to_clients(active, kTagInbox, ptrs, std::vector<uint64_t>(active.size(), 1));
+        w.send_to_clients(active, kTagInbox, ptrs, std::vector<uint64_t>(active.size(), 0));
+        w.delivered += to_clients;
       }
       collect_updates();
       int arrived = 0;
@@ -1381,15 +1389,15 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
 }  // namespace
 
 // Secure aggregation's share relay holds a round's encrypted shares, m x (k or m - 1) of them, at once: the server
-// three times (as received, filed by recipient, and in the messages to the hosts), the hosts twice between them (sent
-// and received). Every pair of 10,000 clients a round is about 10^8 shares, over 40 GB at the server.
+// twice (as received and filed by recipient, then filed and in the messages to the hosts), the hosts twice between
+// them (sent and received). Every pair of 10,000 clients a round is about 10^8 shares, tens of GB at the server.
 void check_secagg_memory(const FlConfig& c, double local_host_fraction) {
   if (!c.secagg) return;
   const int m = dp_on(c) ? dp_max_sampled(c) : clients_per_round(c);
   const int k = round_neighbors(c, m);
   const double shares = double(m) * double(k > 0 ? k : m - 1);
-  const double per_share = double(kShareMsgBytes) + 16;  // (its framing and the parsed copy's bookkeeping)
-  const double need = shares * per_share * (3 + 2 * local_host_fraction);
+  const double per_share = double(kShareMsgBytes) + 64;  // (its framing and a parsed copy's vector and allocation)
+  const double need = shares * per_share * (2 + 2 * local_host_fraction);
   const double have = usable_memory_bytes();
   if (have > 0 && need > 0.8 * have)
     throw ConfigError(fmt::format(
@@ -1466,7 +1474,9 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
             "or sent, which one client's presence can decide (in {:.2g} of the rounds a client is sampled in, by the "
             "others sampled{}): allowed: a larger fraction x clients{} (docs/federated.md, Differential privacy)",
             decides, drops ? "; dropouts and dropped stragglers add rounds near the threshold" : "",
-            drops ? " and no --dropout or dropped stragglers" : "");
+            drops ? " and no --dropout or --deadline (a deadline drops stragglers, under partial work those too slow "
+                    "for one step)"
+                  : "");
     }
     if (comm->rank() != 0) {
       res.host_peak_posted_bytes = run_host(c, *comm, trainer, f);

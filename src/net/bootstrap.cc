@@ -216,9 +216,11 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
         // (a rank of this job given another CONDUIT_JOB_ID publishes under it: this one cannot tell it from a rank
         // that never came)
         throw TimeoutError(
-            fmt::format("{} (looked for under CONDUIT_JOB_ID '{}': every rank of a job needs the same "
-                        "one, or none)",
-                        e.what(), job_prefix));
+            fmt::format("{} (looked for under {}: every rank of a job needs the same "
+                        "CONDUIT_JOB_ID, or none)",
+                        e.what(),
+                        job_id_from_env() ? fmt::format("CONDUIT_JOB_ID '{}'", job_prefix)
+                                          : std::string("no CONDUIT_JOB_ID (the keys of 'job')")));
       }
     };
   } else {

@@ -314,7 +314,7 @@ TEST(Processes, RanksGivenDifferentJobIdsMeetOverTcpAndAreToldOverAFileStore) {
              " selftest --timeout 3; wait");
   std::system(("rm -rf " + dir).c_str());
   EXPECT_NE(r.out.find("(looked for under CONDUIT_JOB_ID 'fa" + std::to_string(::getpid()) +
-                       "': every rank of a job needs the same one, or none)"),
+                       "': every rank of a job needs the same CONDUIT_JOB_ID, or none)"),
             std::string::npos)
       << r.out;
   EXPECT_LT(r.seconds, 15) << r.out;

@@ -107,8 +107,6 @@ TEST(DType, BulkConversionsMatchScalar) {
   }
 }
 
-// Block int8: each block's values within half its own scale (max |x| / 127) of the input, its largest magnitude exact
-// to a rounding; a block of zeros stays zeros, a block with an infinity or NaN decodes to NaN (the others unharmed).
 // A block holding FLT_MAX: max / 127 rounded up, and 127 x that, its top code's value, was inf; the scale is an ulp
 // or two lower and every finite value decodes finite (int4's 7 x scale fitted already).
 TEST(DType, BlockInt8OfTheLargestFloatDecodesFinite) {
@@ -123,6 +121,8 @@ TEST(DType, BlockInt8OfTheLargestFloatDecodesFinite) {
   EXPECT_NEAR(y[1] / big, -1.0, 1e-6);
 }
 
+// Block int8: each block's values within half its own scale (max |x| / 127) of the input, its largest magnitude exact
+// to a rounding; a block of zeros stays zeros, a block with an infinity or NaN decodes to NaN (the others unharmed).
 TEST(DType, BlockInt8KeepsEachBlockWithinItsOwnScale) {
   const size_t block = 256, n = 3 * block + 17;
   std::vector<float> x(n);

@@ -516,27 +516,31 @@ TEST(Federation, PartialWorkDropsAClientTooSlowForOneStep) {
 // What the clients download is counted as a deployed federation sends it, a copy to each client, whatever the number
 // of processes hosting them (the weights went once to each host process: 2 hosts counted 2 copies of the weights for
 // 6 clients, and 5 hosts 5); the processes' own traffic is wire_bytes_down.
+// Secure aggregation's lists and inboxes too (each client its own copy of the list of those who shared keys).
 TEST(Federation, BytesDownCountEachClientsDownloadWhateverTheHosts) {
-  FlConfig c = base_config();
-  c.workers = 3;
-  RunResult two = run(c);
-  c.workers = 6;
-  RunResult five = run(c);
-  expect_ok(two);
-  expect_ok(five);
-  ASSERT_EQ(two.server.rounds.size(), 3u);
-  ASSERT_EQ(five.server.rounds.size(), 3u);
-  uint64_t total = 0;
-  for (size_t k = 0; k < 3; ++k) {
-    const auto& a = two.server.rounds[k];
-    const auto& b = five.server.rounds[k];
-    EXPECT_EQ(a.bytes_down, b.bytes_down) << "round " << k;
-    EXPECT_GE(a.bytes_down, uint64_t(a.sampled) * kDim * 4) << "round " << k;  // the weights, once a client
-    EXPECT_LT(a.wire_bytes_down, a.bytes_down) << "round " << k;               // (2 hosts for 6 clients)
-    EXPECT_GT(b.wire_bytes_down, a.wire_bytes_down) << "round " << k;
-    total += a.bytes_down;
+  for (bool secagg : {false, true}) {
+    FlConfig c = base_config();
+    c.secagg = secagg;
+    c.workers = 3;
+    RunResult two = run(c);
+    c.workers = 6;
+    RunResult five = run(c);
+    expect_ok(two);
+    expect_ok(five);
+    ASSERT_EQ(two.server.rounds.size(), 3u);
+    ASSERT_EQ(five.server.rounds.size(), 3u);
+    uint64_t total = 0;
+    for (size_t k = 0; k < 3; ++k) {
+      const auto& a = two.server.rounds[k];
+      const auto& b = five.server.rounds[k];
+      EXPECT_EQ(a.bytes_down, b.bytes_down) << "round " << k << " secagg " << secagg;
+      EXPECT_GE(a.bytes_down, uint64_t(a.sampled) * kDim * 4) << "round " << k;  // the weights, once a client
+      EXPECT_LT(a.wire_bytes_down, a.bytes_down) << "round " << k;               // (2 hosts for 6 clients)
+      EXPECT_GT(b.wire_bytes_down, a.wire_bytes_down) << "round " << k;
+      total += a.bytes_down;
+    }
+    EXPECT_EQ(two.server.bytes_down, total);
   }
-  EXPECT_EQ(two.server.bytes_down, total);
 }
 
 // (after 0 trainings: before its first update; after 1: with its first client's update already on its way)
@@ -1498,17 +1502,17 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
       ConfigError);
 }
 
-// Every pair of 40,000 clients a round would relay 1.6e9 key shares (hundreds of GB): refused before a round, naming
+// Every pair of 65,535 clients a round would relay 4.3e9 key shares (terabytes): refused before a round, naming
 // SecAgg+; its k keeps the relay linear in the clients, and without secure aggregation nothing is relayed.
 TEST(FlConfig, ASecureAggregationWhoseShareRelayCannotFitIsRefused) {
   FlConfig c = base_config();
-  c.clients = 40000;
+  c.clients = 65535;  // (the protocol's most: 4.3e9 shares, terabytes)
   c.fraction = 1;
   c.secagg = true;
   c.secagg_neighbors = 0;
   check_config(c);
   const std::string e = conduit::fl::fltest::error_of<ConfigError>([&] { check_secagg_memory(c, 1.0); });
-  EXPECT_NE(e.find("fl: secagg: 40000 clients a round with every pair sharing keys would relay 1.6e+09 key shares"),
+  EXPECT_NE(e.find("fl: secagg: 65535 clients a round with every pair sharing keys would relay 4.29e+09 key shares"),
             std::string::npos)
       << e;
   EXPECT_NE(e.find("allowed: --secagg-neighbors auto"), std::string::npos) << e;

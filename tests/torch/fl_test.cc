@@ -337,10 +337,10 @@ TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
   EXPECT_EQ(rc, 2);
   EXPECT_NE(o.find("fl: clients: 100 clients for 64 training samples"), std::string::npos) << o;
   EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << o;
-  // And a secure aggregation whose share relay would not fit the machine (every pair of 40,000 clients a round).
-  o = run_cli("--dataset synthetic --synthetic-samples 40000 --clients 40000 --fraction 1 --secagg-neighbors 0", &rc);
+  // And a secure aggregation whose share relay would not fit the machine (every pair of 65,535 clients a round).
+  o = run_cli("--dataset synthetic --synthetic-samples 65535 --clients 65535 --fraction 1 --secagg-neighbors 0", &rc);
   EXPECT_EQ(rc, 2);
-  EXPECT_NE(o.find("fl: secagg: 40000 clients a round with every pair sharing keys would relay"), std::string::npos)
+  EXPECT_NE(o.find("fl: secagg: 65535 clients a round with every pair sharing keys would relay"), std::string::npos)
       << o;
   EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << o;
 }
