@@ -438,6 +438,11 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag, bool giv
 // --bucket given where dp = 1 (the flags a ParallelConfig holds are checked by the step itself; this one's default
 // cannot be told from a given value there).
 void check_bucket_given(const StepArgs& a, long long dp) {
+  if (a.given.count("--bucket") && a.sync.rfind("local-sgd", 0) == 0)
+    throw ConfigError(fmt::format(
+        "--bucket {} with --sync local-sgd: local SGD averages all the parameters in one call, not in buckets; "
+        "allowed with local-sgd: leave it out",
+        a.bucket));
   if (a.given.count("--bucket") && dp == 1)
     throw ConfigError(fmt::format(
         "--bucket {}: sizes the data-parallel exchange's calls, which dp = 1 does not have; allowed with dp = 1: "
@@ -716,6 +721,11 @@ void run_plan(const StepArgs& given_args) {
   PlanResult pr = plan(net, m, a.global_batch, space, static_cast<size_t>(a.top) + 1);
   // No candidate valid at all is an input the search cannot meet (fixed settings that contradict each other or the
   // cluster), refused as sim step refuses it; a search whose valid plans do not fit in memory is a result (exit 1).
+  if (pr.valid == 0 && pr.untimeable > 0)
+    throw ConfigError(
+        fmt::format("sim plan: no candidate full-detail mode can time ({} valid ones it cannot, e.g. {}); "
+                    "allowed: --mode symmetric",
+                    pr.untimeable, pr.first_untimeable));
   if (pr.valid == 0)
     throw ConfigError(fmt::format(
         "sim plan: no candidate is valid{}{}", pr.first_error.empty() ? "" : "; the first tried: " + pr.first_error,
@@ -731,10 +741,15 @@ void run_plan(const StepArgs& given_args) {
       j["explanation"] = explain_plan(pr.ranked[i], i + 1 < pr.ranked.size() ? &pr.ranked[i + 1] : nullptr);
       plans.push_back(j);
     }
-    json out{{"kind", "sim.plan"},     {"cluster", spec.name},
-             {"gpus", a.gpus},         {"candidates", pr.candidates},
-             {"valid", pr.valid},      {"fitting", pr.fitting},
-             {"search_s", pr.seconds}, {"candidates_per_s", pr.candidates / std::max(pr.seconds, 1e-9)},
+    json out{{"kind", "sim.plan"},
+             {"cluster", spec.name},
+             {"gpus", a.gpus},
+             {"candidates", pr.candidates},
+             {"valid", pr.valid},
+             {"fitting", pr.fitting},
+             {"search_s", pr.seconds},
+             {"candidates_per_s", pr.candidates / std::max(pr.seconds, 1e-9)},
+             {"untimeable", pr.untimeable},
              {"plans", plans}};
     // With no plan, the reason too and exit code 1, as the text output (it printed an empty list and exited 0).
     if (pr.ranked.empty()) {
@@ -748,8 +763,12 @@ void run_plan(const StepArgs& given_args) {
   }
   fmt::print("cluster {}  gpus {}  model {} ({:.2f}B params)  global batch {}\n", spec.name, a.gpus, m.name,
              gpt_parameters(m) / 1e9, a.global_batch);
-  fmt::print("searched {} candidates ({} valid, {} fit in memory) in {} ({:.0f} candidates/s)\n\n", pr.candidates,
+  fmt::print("searched {} candidates ({} valid, {} fit in memory) in {} ({:.0f} candidates/s)\n", pr.candidates,
              pr.valid, pr.fitting, format_seconds(pr.seconds), pr.candidates / std::max(pr.seconds, 1e-9));
+  if (pr.untimeable > 0)
+    fmt::print("left out: {} valid candidate(s) full-detail mode cannot time (e.g. {}); --mode symmetric times them\n",
+               pr.untimeable, pr.first_untimeable);
+  fmt::print("\n");
   if (pr.ranked.empty()) {
     fmt::print("no plan fits in memory; the nearest needs {} per GPU of {}: {}\n",
                format_gb(pr.best_oom.memory.total()), format_gb(pr.best_oom.memory_capacity),

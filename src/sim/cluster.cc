@@ -362,6 +362,14 @@ ClusterSpec parse_cluster_yaml(const std::string& text, const std::string& origi
         fmt::format("{}: torus_dims and torus_link describe a torus; this network is not one (allowed "
                     "with topology: torus only)",
                     f));
+  if (ns.topology == TopologyKind::kFlat)
+    // (every node's NICs straight to every other's: no switches; these were taken and ignored)
+    for (const char* key : {"nodes_per_leaf", "oversubscription", "switch_latency"})
+      if (net[key])
+        throw ConfigError(fmt::format(
+            "{}.{} describes leaf and spine switches, which a flat network does not have (allowed with topology: "
+            "flat: software_overhead, wake_latency, reduction_bandwidth, in_network_reduction, pipeline_segment)",
+            f, key));
   if (ns.topology == TopologyKind::kTorus) {
     // (a torus has no switches: these were taken and ignored, in-network reduction then listed as unsupported)
     for (const char* key : {"nodes_per_leaf", "oversubscription", "switch_latency", "in_network_reduction"})

@@ -163,6 +163,13 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   } catch (const ConfigError& e) {
                     if (res.first_error.empty()) res.first_error = e.what();
                     continue;
+                  } catch (const UnsupportedError& e) {
+                    // A placement full-detail mode cannot time in lock step: this candidate is left out, and
+                    // counted (it stopped the whole search, naming no plan).
+                    if (!std::string_view(e.what()).starts_with("full-detail mode")) throw;
+                    if (res.untimeable == 0) res.first_untimeable = e.what();
+                    ++res.untimeable;
+                    continue;
                   }
                   ++res.valid;
                   if (d == 1 && space.base.sync.kind != "bsp")

@@ -34,6 +34,10 @@ struct PlanResult {
   StepResult best_oom;             // the plan nearest to fitting, the least memory (when none fits)
   bool any_oom = false;
   std::string first_error;  // why the first invalid candidate was invalid (the hint when none is valid)
+  // Valid candidates full-detail mode cannot time (copies of a group running different patterns): left out of the
+  // ranking; symmetric mode times them.
+  long long untimeable = 0;
+  std::string first_untimeable;
 };
 
 PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space, size_t top);

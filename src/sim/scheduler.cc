@@ -84,6 +84,7 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
       throw ConfigError(fmt::format("{}:{}: expected {} comma-separated fields (as the header), got {}", origin, lineno,
                                     columns, f.size()));
     JobSpec j;
+    j.where = fmt::format("{}:{}", origin, lineno);
     j.id = f[0];
     if (j.id.empty()) throw ConfigError(fmt::format("{}:{}: id is empty", origin, lineno));
     // Ids go into JSON and tables: printable ASCII (a byte 0xFF failed the JSON writer after the whole simulation).
@@ -196,6 +197,9 @@ double job_iteration_time(const ClusterSpec& spec, const std::string& model, lon
 
 namespace {
 
+// "file:line: " of a trace's job, for the errors found once the cluster is known.
+std::string job_where(const JobSpec& j) { return j.where.empty() ? std::string() : j.where + ": "; }
+
 struct Running {
   size_t job;
   std::vector<std::pair<long long, long long>> alloc;  // (node, gpus)
@@ -222,10 +226,11 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   const size_t n = jobs.size();
   for (const auto& j : jobs) {
     if (j.gpus > gpus)
-      throw ConfigError(fmt::format("job {} asks for {} accelerators; the cluster has {}", j.id, j.gpus, gpus));
+      throw ConfigError(fmt::format("{}job {}: gpus = {}, and the cluster has {} accelerators (--gpus)", job_where(j),
+                                    j.id, j.gpus, gpus));
     if (j.gpus > gpn && j.gpus % gpn != 0)
-      throw ConfigError(
-          fmt::format("job {}: gpus = {} must be at most {} or a multiple of it (whole nodes)", j.id, j.gpus, gpn));
+      throw ConfigError(fmt::format("{}job {}: gpus = {} must be at most {} or a multiple of it (whole nodes)",
+                                    job_where(j), j.id, j.gpus, gpn));
   }
   // The cluster itself (its torus must hold these nodes, as for `sim step`), and the kind of every node.
   const Topology topo(spec, gpus);
@@ -272,7 +277,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     }
     std::stable_sort(fastest[i].begin(), fastest[i].end(),
                      [&](size_t a, size_t b) { return on_kind[i][a] < on_kind[i][b]; });
-    if (fastest[i].empty()) throw ConfigError(fmt::format("job {}: on no node kind: {}", jobs[i].id, why));
+    if (fastest[i].empty())
+      throw ConfigError(fmt::format("{}job {}: on no node kind: {}", job_where(jobs[i]), jobs[i].id, why));
     long long room = 0;
     for (size_t k : fastest[i]) room += topo.kind_counts()[k] * gpn;
     if (jobs[i].gpus > room)
@@ -408,7 +414,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       std::string why;
       packed[i] = job_iteration_time(spec, jobs[i].model, jobs[i].gpus, jobs[i].global_batch, it->second.first, &why,
                                      mixed ? &it->second.second : nullptr, &times);
-      if (!std::isfinite(packed[i])) throw ConfigError(fmt::format("job {}: {}", jobs[i].id, why));
+      if (!std::isfinite(packed[i]))
+        throw ConfigError(fmt::format("{}job {}: {}", job_where(jobs[i]), jobs[i].id, why));
     }
   }
   auto place = [&](size_t job, std::vector<std::pair<long long, long long>>& alloc) {

@@ -37,6 +37,7 @@ struct JobSpec {
   std::string model;  // a named GPT model (workload.h)
   long long iterations = 1;
   long long global_batch = 0;  // 0: 8 sequences per accelerator
+  std::string where;           // "file:line" of a trace's job (empty: made in code), for the errors found later
 };
 
 // CSV with a header: id,submit_s,gpus,model,iterations[,global_batch]. ConfigError naming the line and field.

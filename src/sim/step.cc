@@ -90,6 +90,11 @@ void check_data_parallel_flags(const ParallelConfig& c, long long dp) {
     throw ConfigError(
         "--no-overlap with --sync async: asynchronous training runs the exchange behind the next step's compute, "
         "which --no-overlap forbids; allowed: one of them");
+  // (local SGD averages the parameters after the step, in one call: nothing overlaps and nothing is bucketed)
+  if (c.sync.kind == "local-sgd" && !c.dp_overlap)
+    throw ConfigError(
+        "--no-overlap with --sync local-sgd: local SGD averages the parameters after the step in one call, which "
+        "overlaps nothing already; allowed: one of them");
   if (dp > 1) return;
   if (c.zero != 0)
     throw ConfigError(fmt::format(
@@ -189,6 +194,19 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
 }
 
 namespace {
+
+// MFU's denominator: the peak FLOP/s of the accelerators in use, averaged over them (the slowest kind's peak made a
+// mixed cluster's MFU exceed 100%: 251% with one node of 312 and one of 31.2 TFLOP/s).
+double mean_peak_flops(const Topology& topo) {
+  double sum = 0, n = 0;
+  for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
+    const NodeKind& k = topo.spec().node_kinds[i];
+    const double g = static_cast<double>(topo.kind_counts()[i]) * k.gpus;
+    sum += g * k.accelerator.peak_flops;
+    n += g;
+  }
+  return n > 0 ? sum / n : 0;
+}
 
 // How an all-to-all over g (ZeRO's int8/int4 gradients, qgZ) is timed: the pairwise exchange up to 512 ranks; past
 // that as a ring reduce-scatter of the same bytes (the same volume a rank and the same p - 1 latencies; its steps to
@@ -1092,7 +1110,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   r.hardware_flops = gpt_iteration_flops(m, static_cast<double>(cfg.global_batch), cfg.recompute);
   r.model_tflops_per_gpu = r.model_flops / r.time / gpus / 1e12;
   r.hardware_tflops_per_gpu = r.hardware_flops / r.time / gpus / 1e12;
-  r.mfu = r.model_flops / r.time / gpus / acc.peak_flops;
+  r.mfu = r.model_flops / r.time / gpus / mean_peak_flops(topo);
 
   if (p > 1)
     r.notes.push_back(fmt::format(
@@ -1296,7 +1314,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
   const double flops = layer_model_flops(m);
   r.model_flops = r.hardware_flops = flops * static_cast<double>(cfg.global_batch);
   r.model_tflops_per_gpu = r.hardware_tflops_per_gpu = r.model_flops / r.time / static_cast<double>(gpus) / 1e12;
-  r.mfu = r.model_flops / r.time / static_cast<double>(gpus) / acc.peak_flops;
+  r.mfu = r.model_flops / r.time / static_cast<double>(gpus) / mean_peak_flops(net.topology());
   std::string cut, times;
   for (int s = 0; s < p; ++s) {
     cut += fmt::format("{}{}", s ? " | " : "", bounds[size_t(s)]);
@@ -1803,7 +1821,7 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
   const double flops = layer_model_flops(m);
   r.model_flops = r.hardware_flops = flops * static_cast<double>(cfg.global_batch);
   r.model_tflops_per_gpu = r.hardware_tflops_per_gpu = r.model_flops / r.time / gpus / 1e12;
-  r.mfu = r.model_flops / r.time / gpus / slow->peak_flops;
+  r.mfu = r.model_flops / r.time / gpus / mean_peak_flops(topo);
   if (gpus > 1)
     r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed{}",
                                   format_seconds(dp_total), r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed),

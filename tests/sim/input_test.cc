@@ -70,6 +70,11 @@ TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
       std::string::npos);
   EXPECT_NE(cluster_error("name: a\nname: b\nnodes: []\nnetwork: {topology: flat}\n").find("key 'name' is given twice"),
             std::string::npos);
+  // A flat network has no switches: their keys were taken and ignored (the same times with and without them).
+  EXPECT_NE(cluster_error(preset_with("topology: rail-optimized", "topology: flat"))
+                .find("network.nodes_per_leaf describes leaf and spine switches, which a flat network does not have"),
+            std::string::npos)
+      << cluster_error(preset_with("topology: rail-optimized", "topology: flat"));
   EXPECT_EQ(cluster_error("name: x\nnodes: [5]\nnetwork: {topology: flat}\n"),
             "x.yaml: nodes[0] must be a map with name, count, gpus, accelerator, intra, nics, nic");
   EXPECT_NE(cluster_error("name: x\nnodes: [{gpus: 8}]\nnetwork: 5\n").find("nodes[0].accelerator must be a map"),
@@ -156,6 +161,13 @@ TEST(Inputs, JobTracesNeedWholeBoundedNumbersAndUniqueIds) {
   const auto jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt-1.7b,10\n", "t");
   EXPECT_EQ(error_of([&] { simulate_cluster(spec, -1600, jobs, {}); }), "--gpus = -1600 (allowed: 1..262144)");
   EXPECT_THROW(simulate_cluster(spec, 8, {}, {}), InvalidArgument);  // (read past an empty list's end)
+  // What only the cluster can refuse names the trace's line too (it named the job alone).
+  const auto odd =
+      parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt-1.7b,10\nb,0,12,gpt-1.7b,10\n", "t.csv");
+  EXPECT_EQ(error_of([&] { simulate_cluster(spec, 64, odd, {}); }),
+            "t.csv:3: job b: gpus = 12 must be at most 8 or a multiple of it (whole nodes)");
+  EXPECT_EQ(error_of([&] { simulate_cluster(spec, 8, odd, {}); }),
+            "t.csv:3: job b: gpus = 12, and the cluster has 8 accelerators (--gpus)");
   // LAS thresholds grow tenfold a queue: one past a double's range put every job that had run in the last queue.
   SchedulerOptions las;
   las.policy = Policy::kLas;
@@ -1941,7 +1953,7 @@ TEST(Inputs, SchedulerPlacesByNodeKindAndChecksTheCluster) {
   EXPECT_NE(error_of([&] {
               simulate_cluster(edge, 64, parse_job_trace("id,submit_s,gpus,model,iterations\na,0,1,gpt3-175b,1\n", "t"),
                                {});
-            }).find("job a: on no node kind"),
+            }).find("t:2: job a: on no node kind"),
             std::string::npos);
   // A file of two kinds where --gpus holds one node, of the second kind: a job is timed on that kind (it was timed on
   // the first kind's 4 GiB and refused).

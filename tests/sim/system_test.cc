@@ -114,6 +114,13 @@ TEST(Presets, HeterogeneousEdgeScalesKindsProportionally) {
   const double fast_mb = f.breakdown.compute / f.microbatches;
   ASSERT_LT(fast_mb, slow_mb);
   EXPECT_NEAR(bal.breakdown.compute, (64.0 / 2) / (8 / fast_mb + 24 / slow_mb), 1e-9 * bal.breakdown.compute);
+  // MFU against the peak of the devices in use, averaged over them (the slow kind's peak gave the whole cluster's
+  // FLOP/s against 32 Orin Nanos', over 100% with a kind fast enough).
+  const ClusterSpec edge = load_cluster("edge");
+  const double mean_peak =
+      (8 * edge.node_kinds[0].accelerator.peak_flops + 24 * edge.node_kinds[1].accelerator.peak_flops) / 32;
+  EXPECT_NEAR(bal.mfu, bal.model_tflops_per_gpu * 1e12 / mean_peak, 1e-9 * bal.mfu);
+  EXPECT_LT(bal.mfu, 1.0);
   c.tp = 1;
   c.pp = 2;
   EXPECT_THROW(simulate_step(net, gpt_layers_even(m), c), ConfigError);
@@ -604,6 +611,18 @@ TEST(Cli, StepPlanAndErrors) {
   out = run("sim plan --cluster dgx-h100 --gpus 64 --model gpt-7.5b --global-batch 256 --top 3", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("rank"), std::string::npos);
+  // Full-detail mode cannot time some placements (copies of a group running different patterns): those candidates
+  // are left out and counted, and the search goes on (the first one stopped it, naming no plan).
+  out = run("sim plan --cluster dgx-a100 --gpus 200 --model gpt-1.7b --global-batch 400 --mode full --top 1", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("valid candidate(s) full-detail mode cannot time (e.g. full-detail mode: the copies"),
+            std::string::npos)
+      << out;
+  // A bucket size with local SGD, which averages everything in one call, is refused (it changed nothing).
+  out = run("sim step --cluster dgx-a100 --gpus 64 --model gpt-1.7b --global-batch 64 --sync local-sgd:4 --bucket 1M",
+            &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--bucket 1M with --sync local-sgd"), std::string::npos) << out;
   out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --fixed --json", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"kind\":\"sim.scale\""), std::string::npos) << out;

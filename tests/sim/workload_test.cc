@@ -413,6 +413,9 @@ TEST(Step, CompressionAndLocalSgdReduceExposedCommunication) {
   c.sync = parse_sync("local-sgd:8");
   StepResult ls = simulate_step(net, m, c);
   EXPECT_NEAR(ls.breakdown.dp_exposed, unhidden.breakdown.dp_exposed / 8, 1e-9 * unhidden.breakdown.dp_exposed);
+  c.dp_overlap = false;  // (local SGD's one call after the step overlaps nothing: the flag changed nothing)
+  EXPECT_THROW(simulate_step(net, m, c), ConfigError);
+  c.dp_overlap = true;
   c.compression = parse_compression("int8");  // (the trainer takes no compressor with local SGD)
   EXPECT_THROW(simulate_step(net, m, c), ConfigError);
   // A layer list the same way (it hid the exchange behind the backward: 10.51 ms exposed against 10.55 unhidden).
