@@ -1348,11 +1348,19 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
   const int p = cfg.pp;
   if (p < 1 || gpus % p != 0)
     throw ConfigError(fmt::format("--pp ({}) must divide --gpus ({}) for a layer-list model", p, gpus));
-  if (cfg.recompute != Recompute::kNone || cfg.sequence_parallel || cfg.virtual_stages != 1 || cfg.balance ||
-      cfg.schedule == Schedule::kInterleaved || (p == 1 && cfg.schedule != Schedule::k1F1B))
-    throw ConfigError(
-        "--recompute, --virtual-stages, --sp and --balance apply to GPT models; a layer-list model takes --schedule "
-        "gpipe or 1f1b with --pp above 1");
+  // (each named: one line listed four flags, whichever was given)
+  const char* gpt_only = cfg.recompute != Recompute::kNone ? "--recompute"
+                         : cfg.sequence_parallel           ? "--sp"
+                         : cfg.virtual_stages != 1         ? "--virtual-stages"
+                         : cfg.balance                     ? "--balance"
+                                                           : nullptr;
+  if (gpt_only)
+    throw ConfigError(fmt::format("{} applies to GPT models; allowed with a layer-list model: leave it out", gpt_only));
+  if (cfg.schedule == Schedule::kInterleaved || (p == 1 && cfg.schedule != Schedule::k1F1B))
+    throw ConfigError(fmt::format(
+        "--schedule {}: a layer-list model takes --schedule gpipe or 1f1b with --pp above 1 (one stage has no "
+        "schedule: leave it out)",
+        cfg.schedule == Schedule::kInterleaved ? "interleaved" : "gpipe"));
   // The units `conduit train` runs (torch/models.h): each layer with parameters, a pooling layer in the unit before
   // it; a pipeline cuts between them, ZeRO-3 gathers each.
   std::vector<size_t> unit_first, unit_of(m.layers.size());  // each unit's first layer; each layer's unit

@@ -625,6 +625,21 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
   l.sync = parse_sync("local-sgd:4");
   EXPECT_NE(error_of([&] { simulate_layer_step(n8, lm, l); }).find("--sync local-sgd needs full model replicas"),
             std::string::npos);
+  {  // GPT-only flags are named one at a time (one line listed four, whichever was given)
+    ParallelConfig g;
+    g.global_batch = 64;
+    g.recompute = Recompute::kFull;
+    EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
+              "--recompute applies to GPT models; allowed with a layer-list model: leave it out");
+    g.recompute = Recompute::kNone;
+    g.sequence_parallel = true;
+    EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
+              "--sp applies to GPT models; allowed with a layer-list model: leave it out");
+    g.sequence_parallel = false;
+    g.schedule = Schedule::kGpipe;
+    EXPECT_NE(error_of([&] { simulate_layer_step(n8, lm, g); }).find("--schedule gpipe: a layer-list model takes"),
+              std::string::npos);
+  }
   // ZeRO-2 over micro-batches, as `conduit train` runs it: the micro-batches summed in the buckets and reduce-scattered
   // once a step, as ZeRO-1 (DeepSpeed's reduce-scatter after every micro-batch moved 4 times the bytes here), the
   // buckets holding the whole gradients meanwhile; with one micro-batch stage 2 holds its eighth.
