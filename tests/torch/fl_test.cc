@@ -236,6 +236,28 @@ TEST(FlProcess, TheCommandRunsAFederationOfProcessesAndWritesItsRecords) {
   fs::remove_all(out);
 }
 
+// The adaptive server optimizers' rate defaults to 0.01 (FedAdam at FedAvg's 1 diverged within 3 rounds); a given
+// one is kept, and FedAvg keeps 1.
+TEST(FlProcess, AdaptiveServerOptimizersDefaultToASmallServerRate) {
+  const fs::path dir = fs::temp_directory_path() / ("conduit-fl-slr-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto server_lr = [&](const std::string& flags, const std::string& name) {
+    int rc = 0;
+    const std::string o = run_cli(
+        "--model mlp --dataset synthetic --synthetic-samples 256 --clients 4 --rounds 1 "
+        "--batch-size 32 --secagg false --progress false --output " +
+            (dir / name).string() + " " + flags,
+        &rc);
+    EXPECT_EQ(rc, 0) << o;
+    std::ifstream f(dir / name / "config.json");
+    return nlohmann::json::parse(f).value("server_lr", -1.0);
+  };
+  EXPECT_EQ(server_lr("--server-opt fedadam", "adam"), 0.01);
+  EXPECT_EQ(server_lr("--server-opt fedyogi --server-lr 0.3", "yogi"), 0.3);
+  EXPECT_EQ(server_lr("", "avg"), 1.0);
+  fs::remove_all(dir);
+}
+
 TEST(FlProcess, RanksOfAnOuterLauncherWithOtherSettingsAllStopNamingTheKey) {
   const fs::path out = fs::temp_directory_path() / ("conduit-fl-mismatch-" + std::to_string(::getpid()));
   fs::remove_all(out);
