@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 
@@ -29,8 +31,20 @@ class RoutedTransport : public Transport {
       for (auto& t : route_)
         if (t && dynamic_cast<Progressor*>(t.get()) != prog) t->set_activity_target(prog);
     }
+    // A peer's abort reaches one of the transports only (shm's segment flag, or tcp's frame): the requests of the
+    // others waited for their deadline (a rank of a two-host job with shm inside and tcp across failed after its
+    // whole timeout, without the reason). Relayed to the others from a thread of its own: the transport that heard
+    // it calls the listener with its own locks held.
+    if (inner_.size() > 1)
+      for (Transport* t : inner_) t->set_abort_listener([this, t](const std::string& why) { relay_abort(t, why); });
   }
   ~RoutedTransport() override {
+    for (Transport* t : inner_) t->set_abort_listener(nullptr);  // (waits for a call in progress)
+    {
+      std::lock_guard<std::mutex> lk(relay_mu_);
+      closing_ = true;
+    }
+    if (relay_.joinable()) relay_.join();
     // The other transports' threads notify the progressor: stop and destroy them before it goes.
     for (auto& t : route_)
       if (t && dynamic_cast<Progressor*>(t.get()) != progressor_) {
@@ -69,6 +83,19 @@ class RoutedTransport : public Transport {
   }
 
  private:
+  // The first abort one of the inner transports records: the others are aborted with its reason (once; nothing when
+  // this transport's own abort started it, which aborts them all itself).
+  void relay_abort(Transport* source, const std::string& why) {
+    if (!Transport::aborted_reason().empty()) return;
+    std::lock_guard<std::mutex> lk(relay_mu_);
+    if (closing_ || relay_started_) return;
+    relay_started_ = true;
+    relay_ = std::thread([this, source, why] {
+      if (!Transport::aborted_reason().empty()) return;
+      for (Transport* t : inner_)
+        if (t != source && t->aborted_reason().empty()) t->abort(why);
+    });
+  }
   Transport& at(int peer) {
     if (peer < 0 || peer >= size_ || !route_[peer])
       throw InvalidArgument(fmt::format("peer rank {} is not another rank of [0, {})", peer, size_));
@@ -82,6 +109,9 @@ class RoutedTransport : public Transport {
   std::vector<Transport*> inner_;  // the transports of route_, each once (route_ owns them)
   std::string desc_;
   Progressor* progressor_ = nullptr;
+  std::mutex relay_mu_;
+  bool relay_started_ = false, closing_ = false;
+  std::thread relay_;
 };
 
 }  // namespace

@@ -80,8 +80,10 @@ std::string Transport::aborted_reason() const {
 
 void Transport::set_aborted(const std::string& reason) {
   std::lock_guard<std::mutex> lk(abort_mu_);
-  if (aborted_.empty()) aborted_ = reason.empty() ? "aborted" : reason;
+  const bool first = aborted_.empty();
+  if (first) aborted_ = reason.empty() ? "aborted" : reason;
   aborted_flag_.store(true, std::memory_order_release);
+  if (first && abort_listener_) abort_listener_(aborted_);
 }
 
 namespace {

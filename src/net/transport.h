@@ -125,6 +125,14 @@ class Transport {
   // Called (from the transport's own thread) after it completes or fails requests; lets a routed transport wake
   // waiters that sleep in another transport's progressor.
   void set_activity_target(Progressor* p) { activity_target_.store(p, std::memory_order_release); }
+  // Called once, with the reason, when the transport is first marked aborted (by its own abort or a peer's), from
+  // whichever thread marked it, with the transport's abort lock held: it must only note the reason or hand it on
+  // (a routed transport relays a peer's abort to the transports beside this one). Null clears it; clearing waits for
+  // a call in progress.
+  void set_abort_listener(std::function<void(const std::string&)> f) {
+    std::lock_guard<std::mutex> lk(abort_mu_);
+    abort_listener_ = std::move(f);
+  }
 
   // Communicator ids (the middle 24 bits of a tag) that splits handed out on this transport, and ids below 0x800000
   // that callers gave Communicator::create, lie below this floor; a split takes the largest floor of its members, so
@@ -146,6 +154,7 @@ class Transport {
   mutable std::mutex abort_mu_;
   std::string aborted_;
   std::atomic<bool> aborted_flag_{false};  // aborted_ is set
+  std::function<void(const std::string&)> abort_listener_;
   std::atomic<uint32_t> comm_id_floor_{1};  // 0 is the world communicator
 };
 

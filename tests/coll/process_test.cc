@@ -603,6 +603,26 @@ std::vector<Result> run_ranks_by_hand(int n, const std::string& transport, const
   return res;
 }
 
+// Two hosts of two ranks, shm inside and tcp across: rank 0 gives up after 3 s (ranks 2 and 3 never take part) and
+// aborts; rank 1 hears it through shm, and its tcp requests, waiting on the other host, fail with it (they waited for
+// rank 1's own 25 s deadline, and its error named a silent rank, not rank 0's abort).
+TEST(Processes, AnAbortHeardOverShmFailsTheTcpRequestsToo) {
+  const std::string env = "WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                          " CONDUIT_JOB_ID=relay" + std::to_string(::getpid()) + " ";
+  auto rank = [&](int r, const std::string& flags) {
+    return "(RANK=" + std::to_string(r) + " CONDUIT_HOST_ID=h" + std::to_string(r / 2) + " " + env + kConduit +
+           " selftest --op allreduce " + flags + " > /dev/null 2>&1) & ";
+  };
+  // (the hanging ranks sleep 7 s: the whole command takes that long when rank 1 stops with rank 0)
+  auto r = run_sh(rank(2, "--hang-rank 2 --timeout 6") + rank(3, "--hang-rank 3 --timeout 6") + rank(0, "--timeout 3") +
+                  "RANK=1 CONDUIT_HOST_ID=h0 " + env + kConduit +
+                  " selftest --op allreduce --timeout 25; echo \"rank 1 exit $?\"; wait");
+  EXPECT_NE(r.out.find("rank 0 aborted"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 exit "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rank 1 exit 0"), std::string::npos) << r.out;
+  EXPECT_LT(r.seconds, 15) << r.out;
+}
+
 class Failures : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Failures, KilledPeerFailsTheOthersFastNamingTheOperation) {
