@@ -12,6 +12,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "net/shm.h"
 #include "net/tags.h"
 #include "net/tcp.h"
 
@@ -96,6 +97,7 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
   // (mid-run, or never where shm's fast path served), a bad tcp budget until a run over tcp.
   (void)ring_segment_bytes();
   (void)net::tcp_unexpected_budget();
+  net::check_shm_environment();
   auto boot = net::bootstrap_from_env(start_up);
   std::string kind = cfg.transport;
   if (kind.empty()) kind = env_string("CONDUIT_TRANSPORT").value_or("auto");

@@ -78,6 +78,14 @@ bool env_flag(const char* name) {
                                 name, *s));
 }
 
+uint64_t parse_bytes(std::string_view text, std::string_view what, std::string_view allowed) {
+  try {
+    return parse_bytes(text, what);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}; allowed: {}", e.what(), allowed));
+  }
+}
+
 uint64_t parse_bytes(std::string_view text, std::string_view what) {
   std::string t = trim(text);
   auto bad = [&]() {

@@ -20,6 +20,8 @@ bool env_flag(const char* name);  // 1/true/yes/on -> true; 0/false/no/off/unset
 
 // "4096", "4K", "4KiB", "1.5M", "2G" -> bytes (powers of 1024). `what` names the field in errors.
 uint64_t parse_bytes(std::string_view text, std::string_view what);
+// The same, its error ending in "; allowed: <allowed>" (an environment variable's range, for one line that says all).
+uint64_t parse_bytes(std::string_view text, std::string_view what, std::string_view allowed);
 // Whether `text` is a decimal number as a person writes one: digits with an optional fraction and exponent (and,
 // with `sign`, a leading + or -); strtod alone also takes hex, inf, nan and leading spaces.
 bool is_decimal(std::string_view text, bool sign = false);

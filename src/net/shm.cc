@@ -100,6 +100,8 @@ inline void cpu_relax() {
 // operation s - 1, and each peer published s - 1 only after finishing s - 2: nobody still reads the slot it reuses.
 constexpr uint64_t kMaxRingBytes = uint64_t{1} << 30;  // CONDUIT_SHM_RING_BYTES at most
 constexpr uint64_t kDefaultSingleCopyBytes = 256 << 10;  // CONDUIT_SHM_SINGLE_COPY_BYTES
+uint64_t shm_ring_bytes();
+uint64_t shm_single_copy_bytes();
 constexpr size_t kReadChunk = 128 << 10;  // a reducing single-copy receive reads and reduces this much at a time
 // A single-copy message that found no receive is read into a buffer after this long without one: the sender's send
 // completes only once it is read, and a program may wait for that before posting the receive.
@@ -222,13 +224,7 @@ class ShmTransport : public Transport, public Progressor {
     size_ = size;
     hosts_ = std::move(hosts);
     if (serve.empty()) serve.assign(size, 1);
-    ring_bytes_ = 2ull << 20;
-    if (auto s = env_string("CONDUIT_SHM_RING_BYTES")) {
-      ring_bytes_ = parse_bytes(*s, "CONDUIT_SHM_RING_BYTES");
-      if (ring_bytes_ < 4096 || ring_bytes_ > kMaxRingBytes || (ring_bytes_ & (ring_bytes_ - 1)) != 0)
-        throw ConfigError(
-            fmt::format("CONDUIT_SHM_RING_BYTES={} is invalid: allowed: a power of two from 4K to 1G", *s));
-    }
+    ring_bytes_ = shm_ring_bytes();
     unexpected_budget_ = 64ull << 20;
     max_len_ = max_message_bytes();
     int local = 0;
@@ -243,19 +239,7 @@ class ShmTransport : public Transport, public Progressor {
     spin_ = std::chrono::microseconds(spin_us);
     // Messages from this size on are read by the receiver straight out of the sender's memory (one copy, by the
     // kernel, instead of one into the ring and one out of it), where every local rank can read every other's.
-    single_copy_bytes_ = kDefaultSingleCopyBytes;
-    if (auto v = env_string("CONDUIT_SHM_SINGLE_COPY_BYTES")) {
-      if (*v == "off") {
-        single_copy_bytes_ = 0;
-      } else {
-        single_copy_bytes_ = parse_bytes(*v, "CONDUIT_SHM_SINGLE_COPY_BYTES");
-        if (single_copy_bytes_ < 4096)
-          throw ConfigError(fmt::format(
-              "CONDUIT_SHM_SINGLE_COPY_BYTES={} is invalid: allowed: 'off' or a size from 4K (the smallest message "
-              "read straight from the sender's memory)",
-              *v));
-      }
-    }
+    single_copy_bytes_ = shm_single_copy_bytes();
     seg_bytes_ = ring_offset(size_) + 2 * sizeof(FastSlot);  // the rings, then the two fast slots
     all_local_ = true;
     for (int i = 0; i < size; ++i) all_local_ = all_local_ && (i == rank || serve[i]);
@@ -1260,7 +1244,37 @@ class ShmTransport : public Transport, public Progressor {
 thread_local uint32_t ShmTransport::tl_seen_ = 0;
 thread_local uint32_t ShmTransport::tl_polls_ = 0;
 
+// CONDUIT_SHM_RING_BYTES: each ring's size (default 2M).
+uint64_t shm_ring_bytes() {
+  auto s = env_string("CONDUIT_SHM_RING_BYTES");
+  if (!s) return 2ull << 20;
+  constexpr const char* allowed = "a power of two from 4K to 1G";
+  const uint64_t b = parse_bytes(*s, "CONDUIT_SHM_RING_BYTES", allowed);
+  if (b < 4096 || b > kMaxRingBytes || (b & (b - 1)) != 0)
+    throw ConfigError(fmt::format("CONDUIT_SHM_RING_BYTES={} is invalid: allowed: {}", *s, allowed));
+  return b;
+}
+
+// CONDUIT_SHM_SINGLE_COPY_BYTES: 0 for off.
+uint64_t shm_single_copy_bytes() {
+  auto v = env_string("CONDUIT_SHM_SINGLE_COPY_BYTES");
+  if (!v) return kDefaultSingleCopyBytes;
+  if (*v == "off") return 0;
+  constexpr const char* allowed =
+      "'off' or a size from 4K (the smallest message read straight from the sender's memory)";
+  const uint64_t b = parse_bytes(*v, "CONDUIT_SHM_SINGLE_COPY_BYTES", allowed);
+  if (b < 4096) throw ConfigError(fmt::format("CONDUIT_SHM_SINGLE_COPY_BYTES={} is invalid: allowed: {}", *v, allowed));
+  return b;
+}
+
 }  // namespace
+
+void check_shm_environment() {
+  (void)shm_ring_bytes();
+  (void)shm_single_copy_bytes();
+  (void)env_int("CONDUIT_LOCAL_CPUS", 1, 1 << 20);
+  (void)env_int("CONDUIT_SHM_SPIN_US", 0, 1000000);
+}
 
 std::string shm_segment_name(const std::string& job, int rank) { return fmt::format("/conduit-{}-{}", job, rank); }
 

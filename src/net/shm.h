@@ -24,5 +24,9 @@ std::string shm_segment_name(const std::string& job, int rank);
 // Removes the segments of ranks [0, ranks) of `job` that are still there: a rank killed while the ranks met leaves
 // its segment (conduit launch calls this once its workers have exited). Returns how many it removed.
 int remove_shm_segments(const std::string& job, int ranks);
+// Checks the shm settings (CONDUIT_SHM_RING_BYTES, CONDUIT_SHM_SINGLE_COPY_BYTES, CONDUIT_SHM_SPIN_US,
+// CONDUIT_LOCAL_CPUS): ConfigError naming the variable and what is allowed. Called at start-up whatever the
+// transport (read only where shm runs, they passed unchecked in a tcp job or one rank a host).
+void check_shm_environment();
 
 }  // namespace conduit::net

@@ -1026,7 +1026,7 @@ class TcpTransport : public Transport {
 uint64_t tcp_unexpected_budget() {
   auto s = env_string("CONDUIT_TCP_UNEXPECTED_BYTES");
   if (!s) return 64ull << 20;
-  const uint64_t v = parse_bytes(*s, "CONDUIT_TCP_UNEXPECTED_BYTES");
+  const uint64_t v = parse_bytes(*s, "CONDUIT_TCP_UNEXPECTED_BYTES", "0 to 1T");
   if (v > (uint64_t{1} << 40))
     throw ConfigError(fmt::format("CONDUIT_TCP_UNEXPECTED_BYTES={} is more than 1T; allowed: 0 to 1T", *s));
   return v;

@@ -41,7 +41,7 @@ uint64_t max_message_bytes() {
   static const uint64_t v = [] {
     auto s = env_string("CONDUIT_MAX_MESSAGE_BYTES");
     if (!s) return uint64_t{16} << 30;
-    const uint64_t b = parse_bytes(*s, "CONDUIT_MAX_MESSAGE_BYTES");
+    const uint64_t b = parse_bytes(*s, "CONDUIT_MAX_MESSAGE_BYTES", "a size from 2M to 1T");
     // Below 2 MiB, the runtime's own start-up messages (the 1 MiB link measurement) would not fit.
     if (b < (uint64_t{2} << 20) || b > (uint64_t{1} << 40))
       throw ConfigError(

@@ -548,6 +548,21 @@ TEST(Processes, RendezvousEnvironmentIsChecked) {
              " selftest --op allreduce");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), std::string::npos) << r.out;
+  // The shm settings are checked whatever the transport (over tcp, or one rank a host, they were never read), and a
+  // size that is not one names what is allowed.
+  r = run_sh("CONDUIT_SHM_RING_BYTES=3M " + kConduit + " launch -n 2 -- " + kConduit +
+             " selftest --op barrier --transport tcp --timeout 20");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CONDUIT_SHM_RING_BYTES=3M is invalid: allowed: a power of two from 4K to 1G"),
+            std::string::npos)
+      << r.out;
+  r = run_sh("CONDUIT_SHM_SINGLE_COPY_BYTES=lots " + kConduit + " launch -n 2 -- " + kConduit +
+             " selftest --op barrier --transport tcp --timeout 20");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("is not a size: expected a non-negative number with an optional K, M, G or T suffix (powers "
+                       "of 1024), e.g. 4096, 64K, 4M, 1G; allowed: 'off' or a size from 4K"),
+            std::string::npos)
+      << r.out;
   // A file store's path beside MASTER_ADDR is not taken, and rank 0 says so (it was dropped without a word).
   r = run_sh("RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
              " CONDUIT_STORE_PATH=/nonexistent/store " + kConduit + " selftest --op barrier --timeout 20");
