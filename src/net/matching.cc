@@ -41,12 +41,24 @@ void deliver(const Unexpected& u, PostedRecv& r, const char* transport) {
   r.req->complete();
 }
 
+std::deque<std::shared_ptr<Unexpected>>& MatchQueues::unexpected_queue(uint64_t tag) {
+  auto [it, made] = unexpected_.try_emplace(tag);
+  if (made) unexpected_bytes_ += kTagOverhead;
+  return it->second;
+}
+
+std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>::iterator MatchQueues::drop_queue(
+    std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>::iterator it) {
+  unexpected_bytes_ -= kTagOverhead;
+  return unexpected_.erase(it);
+}
+
 bool MatchQueues::take_unexpected(uint64_t tag, PostedRecv& r, const char* transport) {
   auto it = unexpected_.find(tag);
   if (it == unexpected_.end() || it->second.empty()) return false;
   auto u = it->second.front();
   it->second.pop_front();
-  if (it->second.empty()) unexpected_.erase(it);
+  if (it->second.empty()) drop_queue(it);
   if (u->complete) {
     unexpected_bytes_ -= u->data.size() + kMessageOverhead;
     deliver(*u, r, transport);
@@ -94,21 +106,21 @@ bool MatchQueues::cancel(const Request* req) {
   arriving_.erase(a);
   u->has_waiter = false;
   u->waiter = PostedRecv{};
-  unexpected_[req->tag()].push_front(std::move(u));
+  unexpected_queue(req->tag()).push_front(std::move(u));
   return true;
 }
 
 std::shared_ptr<Unexpected> MatchQueues::add_unexpected(uint64_t tag, size_t bytes) {
   auto u = std::make_shared<Unexpected>();
   u->data.resize(bytes);
-  unexpected_[tag].push_back(u);
+  unexpected_queue(tag).push_back(u);
   unexpected_bytes_ += bytes + kMessageOverhead;  // (once it is held: a failed push leaves the count as it was)
   return u;
 }
 
 std::shared_ptr<Unexpected> MatchQueues::add_remote(uint64_t tag) {
   auto u = std::make_shared<Unexpected>();
-  unexpected_[tag].push_back(u);
+  unexpected_queue(tag).push_back(u);
   unexpected_bytes_ += kMessageOverhead;
   return u;
 }
@@ -160,7 +172,7 @@ void MatchQueues::fail_all(std::exception_ptr err, bool keep_arrived) {
       unexpected_bytes_ -= u->data.size() + kMessageOverhead;
       return true;
     });
-    it = it->second.empty() ? unexpected_.erase(it) : std::next(it);
+    it = it->second.empty() ? drop_queue(it) : std::next(it);
   }
 }
 

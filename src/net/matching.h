@@ -44,6 +44,9 @@ class MatchQueues {
   // its bytes: a peer sending many empty or tiny messages nobody receives grew memory without bound within a
   // budget of payload bytes alone.
   static constexpr size_t kMessageOverhead = 128;
+  // And a tag's queue while it holds messages (its map node, the deque's first 512-byte block and block map): a peer
+  // sending empty messages of ever new tags grew a rank by ~850 bytes a message against the budget's 128.
+  static constexpr size_t kTagOverhead = 768;
   // Room for one more buffered message of `bytes` within `budget`? (The messages held count with their overhead; one
   // message within the budget always fits an empty queue, so a budget under the overhead still buffers one.)
   bool can_buffer(size_t bytes, size_t budget) const { return unexpected_bytes_ + bytes <= budget; }
@@ -72,6 +75,11 @@ class MatchQueues {
   std::map<uint64_t, std::deque<PostedRecv>> posted_;
   std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>> unexpected_;
   std::vector<std::shared_ptr<Unexpected>> arriving_;  // matched while arriving (for fail_all)
+  // The buffered messages of `tag`, its queue made (and its overhead counted) when it has none.
+  std::deque<std::shared_ptr<Unexpected>>& unexpected_queue(uint64_t tag);
+  // Removes an empty queue and its overhead.
+  std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>::iterator drop_queue(
+      std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>::iterator it);
   size_t unexpected_bytes_ = 0;
 };
 

@@ -141,10 +141,11 @@ TEST(MatchQueues, EmptyMessagesCountAgainstTheBudget) {
     held.push_back(q.add_unexpected(7, 0));
     q.complete_unexpected(*held.back(), "test");
   }
-  EXPECT_EQ(held.size(), budget / MatchQueues::kMessageOverhead + 1);
+  constexpr size_t kTag = MatchQueues::kTagOverhead;
+  EXPECT_EQ(held.size(), (budget - kTag) / MatchQueues::kMessageOverhead + 1);  // (and tag 7's queue)
   // A message still in its sender's memory (shm single copy) counts its overhead too.
   auto remote = q.add_remote(8);
-  EXPECT_FALSE(q.can_buffer(0, (held.size() + 1) * MatchQueues::kMessageOverhead - 1));
+  EXPECT_FALSE(q.can_buffer(0, 2 * kTag + (held.size() + 1) * MatchQueues::kMessageOverhead - 1));
   char none[1];
   for (size_t i = 0; i < held.size(); ++i) {
     PostedRecv r = make_recv(Request::Kind::recv, 0, 7, none, 0);
@@ -152,11 +153,32 @@ TEST(MatchQueues, EmptyMessagesCountAgainstTheBudget) {
     ASSERT_TRUE(q.take_unexpected(7, r, "test"));
     EXPECT_TRUE(req->succeeded());
   }
-  EXPECT_TRUE(q.can_buffer(budget - MatchQueues::kMessageOverhead, budget));
-  EXPECT_FALSE(q.can_buffer(budget - MatchQueues::kMessageOverhead + 1, budget));
+  EXPECT_TRUE(q.can_buffer(budget - MatchQueues::kMessageOverhead - kTag, budget));
+  EXPECT_FALSE(q.can_buffer(budget - MatchQueues::kMessageOverhead - kTag + 1, budget));
   PostedRecv r = make_recv(Request::Kind::recv, 0, 8, none, 0);
   ASSERT_TRUE(q.take_unexpected(8, r, "test"));  // attaches to the remote message
   PostedRecv w = q.take_waiter(*remote);         // the transport reads its bytes into the receive
+  EXPECT_TRUE(q.can_buffer(budget, budget));
+  EXPECT_FALSE(q.can_buffer(budget + 1, budget));
+}
+
+// Messages of ever new tags count their tags' queues too (each grew a rank by ~850 bytes against 128 counted: 217 MB
+// within an 8M budget); all taken, the budget is whole again.
+TEST(MatchQueues, MessagesOfNewTagsCountTheirQueues) {
+  MatchQueues q;
+  const size_t budget = 64 << 10;
+  std::vector<std::shared_ptr<Unexpected>> held;
+  uint64_t tag = 100;
+  while (q.can_buffer(0, budget) && held.size() < 100000) {
+    held.push_back(q.add_unexpected(tag++, 0));
+    q.complete_unexpected(*held.back(), "test");
+  }
+  EXPECT_EQ(held.size(), budget / (MatchQueues::kMessageOverhead + MatchQueues::kTagOverhead) + 1);
+  char none[1];
+  for (uint64_t t = 100; t < tag; ++t) {
+    PostedRecv r = make_recv(Request::Kind::recv, 0, t, none, 0);
+    ASSERT_TRUE(q.take_unexpected(t, r, "test"));
+  }
   EXPECT_TRUE(q.can_buffer(budget, budget));
   EXPECT_FALSE(q.can_buffer(budget + 1, budget));
 }
