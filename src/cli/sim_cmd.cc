@@ -812,6 +812,8 @@ struct CollArgs {
 
 void run_coll(const CollArgs& given_args) {
   CollArgs a = given_args;
+  if (a.steps && a.json)  // (dropped without a word)
+    throw ConfigError("--steps shows the table's steps, which --json does not write; allowed: one of them");
   ClusterSpec spec = load_sized(a.cluster, a.gpus, a.gpus_given);
   Topology topo(spec, a.gpus);
   CollectiveModel net(topo);
@@ -922,6 +924,8 @@ void run_coll(const CollArgs& given_args) {
         const auto steps = net.explain(c, cost.algorithm, g, n, &copy_first);
         if (copy_first != g.first)
           fmt::format_to(out, "      (the steps of the slowest copy of the group, from accelerator {})\n", copy_first);
+        if (a.mode == "full")  // (the time above is full detail's; the steps are routed as symmetric mode routes them)
+          fmt::format_to(out, "      (the steps as symmetric mode routes and times them)\n");
         for (const auto& st : steps)
           if (st.links_used == 0)  // (a chain's further segments and fill: time, no transfers of their own)
             fmt::format_to(out, "      x{:<6.0f} {:<34} {:>81}  {}\n", st.repeat, st.phase, "",
@@ -1035,6 +1039,9 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
     throw ConfigError(fmt::format("--prompt = {} must be at least 1 token", ia.prompt));
   if (ia.generate_given && ia.generate < 1)
     throw ConfigError(fmt::format("--generate = {} must be at least 1 token", ia.generate));
+  // (the same range as --batch-list's: 2^31 - 1 was taken, a decode step of 5e5 s)
+  if (ia.batch < 1 || ia.batch > (1 << 20))
+    throw ConfigError(fmt::format("--batch = {} (allowed: 1 to 1048576 sequences)", ia.batch));
   if (!ia.prompt_given) ia.prompt = -1;
   if (!ia.generate_given) ia.generate = -1;
   if (ia.generate >= m.seq)
@@ -1796,17 +1803,27 @@ void setup(CLI::App& app) {
                   "(`conduit bench gemm --json`); with neither --gemm nor --peak, calibrate times them itself with "
                   "libtorch");
     c->add_option("--peak", a->peak, "compute rate instead of measured GEMMs (e.g. 80 GFLOP/s)");
-    c->add_option("--ranks", a->ranks,
-                  "workers of the cluster file; fits only bench samples of that world size (default: the largest)");
+    c->add_option(
+        "--ranks", a->ranks,
+        "workers of the cluster file; fits only bench samples of that world size (default: the world with the "
+        "most usable samples, the largest on a tie)");
     c->add_option("--share", a->share,
                   "fraction of the measured speed each rank gets (default: min(1, cores / ranks) / min(1, cores / the "
                   "processes that timed the --gemm records together), so 1 under `conduit launch -n ranks`");
-    c->add_option("--batch", a->batch, "samples per worker of the model GEMMs timed without --gemm")
-        ->capture_default_str();
+    auto* cbatch = c->add_option("--batch", a->batch, "samples per worker of the model GEMMs timed without --gemm")
+                       ->capture_default_str();
     c->add_option("--transport", a->transport, "which transport's fit to write (default: the one with most samples)");
     c->add_option("--name", a->name, "cluster name")->capture_default_str();
     c->add_option("--out", a->out, "cluster YAML to write (default: stdout)");
-    c->callback([a]() { run_calibrate(*a); });
+    c->callback([a, cbatch]() {
+      // (it sizes the kernels calibrate times itself: taken and ignored beside --gemm or --peak, -5 included)
+      if (cbatch->count() > 0 && (!a->gemm.empty() || !a->peak.empty()))
+        throw ConfigError(
+            fmt::format("--batch sizes the kernels calibrate times itself, which {} replaces; allowed: "
+                        "--batch without --gemm and --peak",
+                        a->gemm.empty() ? "--peak" : "--gemm"));
+      run_calibrate(*a);
+    });
   }
   {
     auto* c = sim->add_subcommand(

@@ -70,6 +70,10 @@ TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
       std::string::npos);
   EXPECT_NE(cluster_error("name: a\nname: b\nnodes: []\nnetwork: {topology: flat}\n").find("key 'name' is given twice"),
             std::string::npos);
+  // A fat-tree or rail-optimized network without its leaves' size made every node a leaf of its own.
+  EXPECT_NE(cluster_error(preset_with("  nodes_per_leaf: 20", "")).find("network.nodes_per_leaf is missing"),
+            std::string::npos)
+      << cluster_error(preset_with("  nodes_per_leaf: 20", ""));
   // A flat network has no switches: their keys were taken and ignored (the same times with and without them).
   EXPECT_NE(cluster_error(preset_with("topology: rail-optimized", "topology: flat"))
                 .find("network.nodes_per_leaf describes leaf and spine switches, which a flat network does not have"),

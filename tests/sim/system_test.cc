@@ -594,6 +594,42 @@ using test_util::run;
 
 // Each run starts the whole `conduit` binary, which loads every area's libraries (libtorch's dependency chain
 // alone takes about a second to load here), so this test keeps to four runs; the library tests cover the rest.
+// sim coll, calibrate and infer, from a read-only audit: a flag taken and dropped is refused, full-detail mode bounds
+// the flows it builds, a one-copy group is routed whole (not marked approximate), and a flat network aggregates in
+// the switch only where its file says so.
+TEST(Cli, CollCalibrateAndInferRefuseWhatTheyDropped) {
+  int rc = 0;
+  std::string out = run("sim coll --steps --json", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--steps shows the table's steps, which --json does not write"), std::string::npos) << out;
+  out = run("sim coll --cluster dgx-a100 --gpus 4096 --op all-to-all --size 1G --mode full", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("is 1.68e+07 flows, over its budget of 4e+06; use symmetric mode"), std::string::npos) << out;
+  out = run("sim coll --cluster dgx-a100 --gpus 2048 --op all-to-all --size 1G --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"approximate\":false"), std::string::npos) << out;
+  out = run("sim calibrate --bench /dev/null --peak \"50 GFLOP/s\" --batch -5", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--batch sizes the kernels calibrate times itself, which --peak replaces"), std::string::npos)
+      << out;
+  out = run("sim infer --model gpt3-175b --gpus 8 --tp 8 --batch 2147483647", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--batch = 2147483647 (allowed: 1 to 1048576 sequences)"), std::string::npos) << out;
+  const std::string file = "/tmp/conduit-flat-" + std::to_string(::getpid()) + ".yaml";
+  const std::string flat =
+      "name: f\nnodes:\n  - name: n\n    gpus: 1\n    accelerator: {peak_bf16: 100 TFLOP/s, memory: 80 GB, "
+      "memory_bandwidth: 1000 GB/s}\n    intra: {kind: none, bandwidth: 10 GB/s, latency: 1 us}\n    nics: 1\n    "
+      "nic: {bandwidth: 10 GB/s, latency: 5 us}\nnetwork: {topology: flat";
+  std::ofstream(file) << flat << "}\n";
+  out = run("sim coll --cluster " + file + " --gpus 4 --algorithm in-network --size 1M", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("cluster 'f' has no in-network reduction"), std::string::npos) << out;
+  std::ofstream(file) << flat << ", in_network_reduction: true}\n";
+  out = run("sim coll --cluster " + file + " --gpus 4 --algorithm in-network --size 1M", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  std::remove(file.c_str());
+}
+
 TEST(Cli, StepPlanAndErrors) {
   int rc = 0;
   std::string out =
