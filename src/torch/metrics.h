@@ -23,7 +23,7 @@ struct StepStats {
   uint64_t bytes_recv = 0;
   uint64_t raw_bytes = 0;      // what an uncompressed f32 allreduce would have sent
   uint64_t payload_bytes = 0;  // compressed payload bytes of this rank (before the collective)
-  uint64_t grad_bytes = 0;     // f32 bytes of all gradients
+  uint64_t grad_bytes = 0;     // f32 bytes of the gradients exchanged (each pass's when ZeRO reduces every pass)
   int buckets = 0;
   double ratio() const { return payload_bytes ? double(grad_bytes) / double(payload_bytes) : 1.0; }
   StepStats& operator+=(const StepStats& s);  // sums every field (totals over steps)

@@ -1614,8 +1614,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
          {"bytes_on_wire_rank0", res.bytes_sent},
          // Rank 0's gradient bytes over the compressed payloads it sent (for parameter servers: its pushes; the
          // pulls are in bytes_on_wire); null when it sent none (e.g. a period longer than the run).
-         // (and null with nothing on the wire: one worker reported 1.0 for an exchange that never happened)
-         {"compression_ratio", res.payload_bytes && res.world_bytes_sent
+         // (and null with nothing on the wire: one worker reported 1.0 for an exchange that never happened; and with
+         // one data-parallel replica, whose model-parallel traffic made the wire non-empty: tp 2 or pp 2 on 2 workers)
+         {"compression_ratio", res.payload_bytes && res.world_bytes_sent && data_world > 1
                                    ? nlohmann::json(double(res.grad_bytes) / double(res.payload_bytes))
                                    : nlohmann::json()},
          {"compute_s", res.compute_s},

@@ -1608,7 +1608,7 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoShardWithinGroupsAndAverageAcrossT
 // a rank holds after the first step's first pass (once its buckets have gone, each pass).
 struct AccumulationRun {
   std::vector<std::vector<float>> params;
-  std::vector<uint64_t> sent, held;
+  std::vector<uint64_t> sent, held, grad, payload;
   std::vector<size_t> elements;
 };
 AccumulationRun accumulation_run(bool each_pass, const std::string& compressor = "none", int shard = 0, int stage = 2) {
@@ -1618,6 +1618,8 @@ AccumulationRun accumulation_run(bool each_pass, const std::string& compressor =
   out.params.resize(world);
   out.sent.resize(world);
   out.held.resize(world);
+  out.grad.resize(world);
+  out.payload.resize(world);
   out.elements.resize(world);
   std::vector<std::thread> ts;
   for (int r = 0; r < world; ++r)
@@ -1677,6 +1679,8 @@ AccumulationRun accumulation_run(bool each_pass, const std::string& compressor =
         }
       }
       out.sent[size_t(r)] = d.total_stats().bytes_sent;
+      out.grad[size_t(r)] = d.total_stats().grad_bytes;
+      out.payload[size_t(r)] = d.total_stats().payload_bytes;
     });
   for (auto& t : ts) t.join();
   return out;
@@ -1719,6 +1723,11 @@ TEST(DistributedOptimizerZero, StagesTwoAndThreeReduceEachBackwardPassAndHoldOnl
       }
       EXPECT_EQ(once.held[size_t(r)], 4 * (slice + 58)) << what << " " << r;
       EXPECT_EQ(each.held[size_t(r)], 4 * (slice + 50)) << what << " " << r;
+      // Uncompressed, the gradient bytes are the payload's either way: compression ratio 1 (each pass's payload was
+      // counted against the step's gradient once, a ratio of 1/3).
+      EXPECT_GT(each.payload[size_t(r)], 0u) << what << " " << r;
+      EXPECT_EQ(each.grad[size_t(r)], each.payload[size_t(r)]) << what << " " << r;
+      EXPECT_EQ(once.grad[size_t(r)], once.payload[size_t(r)]) << what << " " << r;
     }
   }
   // ZeRO-3 (a bucket a unit, gathered forward and backward every pass either way): the same training, the

@@ -360,6 +360,12 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
       << r.out;
   EXPECT_NE(slurp(dir / "ms2" / "summary.json").find("\"final_train_loss\": null,"), std::string::npos)
       << slurp(dir / "ms2" / "summary.json");
+  // One data-parallel replica (a pipeline of 2 on 2 workers): no gradient exchange, no ratio (it read 1.0, its
+  // stages' activations on the wire).
+  r = run(kTrain + " --pp 2 --max-steps 3 --output " + (dir / "pp").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(slurp(dir / "pp" / "summary.json").find("\"compression_ratio\": null,"), std::string::npos)
+      << slurp(dir / "pp" / "summary.json");
   r = run(kTrain + " --epochs 1 --sync diloco --output " + (dir / "dl").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("sync diloco synchronizes every 100 steps, but this run has 10"), std::string::npos) << r.out;
