@@ -216,8 +216,18 @@ fl::FlConfig resolve(const FlArgs& a, bool* workers_given, bool* output_given, b
   // The adaptive server optimizers step by about lr per element whatever the update's size: FedAdam at FedAvg's 1
   // diverged within 3 rounds on the defaults (the loss at its cap). 0.01 unless given, as Reddi et al.'s tuned rates
   // and the docs' example.
-  if (!server_lr_given && (c.server_opt == "fedadagrad" || c.server_opt == "fedadam" || c.server_opt == "fedyogi"))
+  // A resume continues at its checkpoint's rate (one written before this default, at 1, was refused as another
+  // setting); its own errors are check_resume's.
+  if (!server_lr_given && !c.resume.empty()) {
+    try {
+      const auto j = nlohmann::json::parse(fl::read_latest_checkpoint(fl::resume_checkpoint_dir(c.resume)).config_json);
+      if (j.contains("server_lr") && j["server_lr"].is_number()) c.server_lr = j["server_lr"].get<double>();
+    } catch (const std::exception&) {
+    }
+  } else if (!server_lr_given &&
+             (c.server_opt == "fedadagrad" || c.server_opt == "fedadam" || c.server_opt == "fedyogi")) {
     c.server_lr = 0.01;
+  }
   // Another data set named on the command line does not keep a config file's folder of the old one.
   if (a.flags.count("dataset") && !a.flags.count("data_dir")) c.data_dir.clear();
   if (c.output.empty()) c.output = default_output();

@@ -675,8 +675,9 @@ void run_plan(const StepArgs& given_args) {
   // (a compression no plan can take: the search kept only the uncompressed plans, exit 0)
   const Compression cp = space.compression.empty() ? Compression{} : space.compression.back();
   check_local_sgd_compression(base.sync, cp);
-  if (base.sync.kind == "async" && !base.dp_overlap)
-    check_data_parallel_flags(base, 2);  // (the conflict, refused as sim step does)
+  // (the conflicts, refused as sim step does: refused per candidate, local SGD's left only the dp = 1 plans)
+  if ((base.sync.kind == "async" || base.sync.kind == "local-sgd") && !base.dp_overlap)
+    check_data_parallel_flags(base, 2);
   if (cp.kind == "int4" && !searched({1, 2, 3}))
     throw ConfigError(
         "--compression int4 is ZeRO's reduce-scatter wire (qgZ), and this search has no ZeRO plans; allowed: "

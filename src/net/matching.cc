@@ -114,7 +114,7 @@ std::shared_ptr<Unexpected> MatchQueues::add_unexpected(uint64_t tag, size_t byt
   auto u = std::make_shared<Unexpected>();
   u->data.resize(bytes);
   unexpected_queue(tag).push_back(u);
-  unexpected_bytes_ += bytes + kMessageOverhead;  // (once it is held: a failed push leaves the count as it was)
+  unexpected_bytes_ += bytes + kMessageOverhead;  // (once it is held; a failed push may leave its new, empty queue)
   return u;
 }
 

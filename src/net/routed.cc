@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace conduit::net {
 namespace {
@@ -89,12 +90,20 @@ class RoutedTransport : public Transport {
     if (!Transport::aborted_reason().empty()) return;
     std::lock_guard<std::mutex> lk(relay_mu_);
     if (closing_ || relay_started_) return;
-    relay_started_ = true;
-    relay_ = std::thread([this, source, why] {
-      if (!Transport::aborted_reason().empty()) return;
-      for (Transport* t : inner_)
-        if (t != source && t->aborted_reason().empty()) t->abort(why);
-    });
+    // (called inside the source's abort or frame handling: a failed spawn must not unwind through it)
+    try {
+      relay_ = std::thread([this, source, why] {
+        if (!Transport::aborted_reason().empty()) return;
+        for (Transport* t : inner_)
+          if (t != source && t->aborted_reason().empty()) t->abort(why);
+      });
+      relay_started_ = true;
+    } catch (const std::exception& e) {
+      CONDUIT_LOG_WARN(
+          "routed transport: cannot start the thread that relays an abort ({}): the other transports' "
+          "requests fail at their deadlines",
+          e.what());
+    }
   }
   Transport& at(int peer) {
     if (peer < 0 || peer >= size_ || !route_[peer])

@@ -701,10 +701,10 @@ CollectiveModel::CopySet CollectiveModel::copy_set(Collective c, Algorithm a, co
     size_t transfers = 0;
     for (const Step& s : steps) transfers += s.transfers.size();
     const double copies = static_cast<double>(topo_.gpus() / block) * static_cast<double>(g.stride);
-    // (one copy is the group itself: routing it is no more work, and an all-to-all over the whole cluster was marked
+    cs.route_all = copies * static_cast<double>(transfers) <= kRouteAllTransfers;
+    // (one copy is the group itself, routed exactly either way: an all-to-all over the whole cluster was marked
     // approximate, its note saying copies straddle nodes unevenly)
-    cs.route_all = copies <= 1 || copies * static_cast<double>(transfers) <= kRouteAllTransfers;
-    cs.approximate = !cs.route_all;
+    cs.approximate = copies > 1 && !cs.route_all;
   }
   if (!cs.route_all) return cs;
   cs.shift = shifts_exactly(topo_, a, g, steps);
@@ -1130,8 +1130,8 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
                                       g.size, g.stride, topo_.gpus()));
   // Every copy's every transfer becomes a flow: bounded before they are built (an all-to-all over 4,096 accelerators
   // took 58 s and 5.2 GB, over 8,192 it ran out of memory).
+  const std::vector<Step> one = make_pattern(topo_, c, a, g);
   {
-    const std::vector<Step> one = make_pattern(topo_, c, a, g);
     double transfers = 0;
     for (const Step& s : one) transfers += static_cast<double>(s.transfers.size());
     const double flows = transfers * static_cast<double>(topo_.gpus() / block) * static_cast<double>(g.stride);
@@ -1141,7 +1141,7 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
           "use symmetric mode, which times the group's placements without them",
           algorithm_name(a), g.size, g.stride, topo_.gpus(), flows, kMaxFullFlows));
   }
-  std::vector<std::vector<Step>> all = group_copies(c, a, g, nullptr);
+  std::vector<std::vector<Step>> all = group_copies(c, a, g, &one);
   // Steps run in lock step across the copies: copies whose patterns differ (a hierarchical pattern splits where a
   // copy's nodes are, and a copy on part of a node falls back to a flat ring) have no common steps to share links
   // in. (Step si of the first copy was taken from every copy: a shorter one was read past its end.)

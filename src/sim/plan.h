@@ -34,8 +34,8 @@ struct PlanResult {
   StepResult best_oom;             // the plan nearest to fitting, the least memory (when none fits)
   bool any_oom = false;
   std::string first_error;  // why the first invalid candidate was invalid (the hint when none is valid)
-  // Valid candidates full-detail mode cannot time (copies of a group running different patterns): left out of the
-  // ranking; symmetric mode times them.
+  // Valid candidates full-detail mode cannot time (copies of a group running different patterns, or more flows than
+  // its budget): left out of the ranking; symmetric mode times them.
   long long untimeable = 0;
   std::string first_untimeable;
 };

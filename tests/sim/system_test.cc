@@ -592,11 +592,9 @@ TEST(Scale, HundredThousandGpuIterationUnderOneSecond) {
 
 using test_util::run;
 
-// Each run starts the whole `conduit` binary, which loads every area's libraries (libtorch's dependency chain
-// alone takes about a second to load here), so this test keeps to four runs; the library tests cover the rest.
 // sim coll, calibrate and infer, from a read-only audit: a flag taken and dropped is refused, full-detail mode bounds
-// the flows it builds, a one-copy group is routed whole (not marked approximate), and a flat network aggregates in
-// the switch only where its file says so.
+// the flows it builds, a one-copy group is not marked approximate, and a flat network aggregates in the switch only
+// where its file says so.
 TEST(Cli, CollCalibrateAndInferRefuseWhatTheyDropped) {
   int rc = 0;
   std::string out = run("sim coll --steps --json", &rc);
@@ -630,6 +628,8 @@ TEST(Cli, CollCalibrateAndInferRefuseWhatTheyDropped) {
   std::remove(file.c_str());
 }
 
+// Each run starts the whole `conduit` binary, which loads every area's libraries (libtorch's dependency chain
+// alone takes about a second to load here), so this test keeps to a few runs; the library tests cover the rest.
 TEST(Cli, StepPlanAndErrors) {
   int rc = 0;
   std::string out =
@@ -654,6 +654,11 @@ TEST(Cli, StepPlanAndErrors) {
   EXPECT_NE(out.find("valid candidate(s) full-detail mode cannot time (e.g. full-detail mode: the copies"),
             std::string::npos)
       << out;
+  // So is --no-overlap with it, in the planner too (refused per candidate, only the dp = 1 plans were left).
+  out = run("sim plan --cluster dgx-a100 --gpus 16 --model gpt-1.7b --global-batch 64 --sync local-sgd:4 --no-overlap",
+            &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--no-overlap with --sync local-sgd"), std::string::npos) << out;
   // A bucket size with local SGD, which averages everything in one call, is refused (it changed nothing).
   out = run("sim step --cluster dgx-a100 --gpus 64 --model gpt-1.7b --global-batch 64 --sync local-sgd:4 --bucket 1M",
             &rc);

@@ -255,6 +255,9 @@ TEST(FlProcess, AdaptiveServerOptimizersDefaultToASmallServerRate) {
   EXPECT_EQ(server_lr("--server-opt fedadam", "adam"), 0.01);
   EXPECT_EQ(server_lr("--server-opt fedyogi --server-lr 0.3", "yogi"), 0.3);
   EXPECT_EQ(server_lr("", "avg"), 1.0);
+  // A resume keeps its checkpoint's rate (one written at 1 before this default was refused as another setting).
+  EXPECT_EQ(server_lr("--server-opt fedadam --server-lr 1 --checkpoint-every 1", "one"), 1.0);
+  EXPECT_EQ(server_lr("--server-opt fedadam --rounds 2 --resume " + (dir / "one").string(), "two"), 1.0);
   fs::remove_all(dir);
 }
 
