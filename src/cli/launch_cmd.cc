@@ -20,6 +20,7 @@ struct LaunchOptions {
   bool tag_output = true;
   std::string bind = "auto";
   bool port_given = false;
+  double timeout = 0;
   std::vector<std::string> command;
 };
 
@@ -40,6 +41,7 @@ void run_launch(const LaunchOptions& o) {
   spec.command = o.command;
   spec.tag_output = o.tag_output;
   spec.bind = o.bind;
+  spec.timeout_seconds = o.timeout;
   set_exit_code(run_local_workers(spec));
 }
 
@@ -61,6 +63,9 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
        "a single worker is not bound), "
        "core (always so), none")
       ->capture_default_str();
+  c->add_option("--timeout", opts->timeout,
+                "seconds the whole job may run (0: no limit, the default); workers still running then are stopped as "
+                "on SIGTERM and the launcher exits 124");
   // After "--" everything is the program and its arguments, even what looks like an option.
   c->add_option("command", opts->command, "PROGRAM [ARGS...] that every worker runs (put it after --)");
   c->footer(

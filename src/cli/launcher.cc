@@ -893,6 +893,9 @@ int run_local_workers(const LaunchSpec& spec) {
                     "ignore SIGTERM are killed after it)",
                     spec.grace_seconds < 0 ? "environment variable CONDUIT_LAUNCH_GRACE" : "the grace period", grace));
   const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
+  if (!(spec.timeout_seconds >= 0) || spec.timeout_seconds > 1e7)
+    throw ConfigError(fmt::format("launch: --timeout {:g} is invalid: allowed: seconds from 0 (none) up to 1e7",
+                                  spec.timeout_seconds));
   // The flags first: a bad --bind was reported as the program's failure to run when both were wrong.
   const std::vector<int> bind_cpus = binding_cpus(spec);
   if (!spec.work.empty() && spec.work.size() != size_t(spec.nprocs))
@@ -999,6 +1002,11 @@ int run_local_workers(const LaunchSpec& spec) {
   // SIGSTOP from elsewhere is not seen, so a SIGCONT without one of ours counts the last pass of the loop below (up to
   // a second, more while output is written).
   Clock::time_point last_pass = Clock::now();
+  // (a worker hung outside its collectives, or waiting on something else, kept the launcher waiting without end)
+  std::optional<Clock::time_point> job_deadline;
+  if (spec.timeout_seconds > 0)
+    job_deadline =
+        last_pass + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.timeout_seconds));
   g_suspended_for = Clock::duration::zero();
   auto allow_for_a_stop = [&](Clock::time_point now) {
     const auto stopped = g_suspended_for > Clock::duration::zero() ? g_suspended_for : now - last_pass;
@@ -1007,6 +1015,7 @@ int run_local_workers(const LaunchSpec& spec) {
     abandon_deadline += stopped;
     if (settle_deadline) *settle_deadline += stopped;
     if (drain_deadline) *drain_deadline += stopped;
+    if (job_deadline) *job_deadline += stopped;
   };
   auto kill_all = [&]() {
     signal_all(SIGKILL);
@@ -1180,6 +1189,16 @@ int run_local_workers(const LaunchSpec& spec) {
       break;
     }
     if (settle_deadline && now >= *settle_deadline) begin_stop(SIGTERM);  // (the others still running: told now)
+    if (job_deadline && !stopping && any_running && now >= *job_deadline) {
+      job_deadline.reset();
+      if (!have_result) {
+        result = 124;  // (as timeout(1))
+        have_result = true;
+      }
+      message(spec, fmt::format("{} still running at --timeout {:g} s; stopping {}", plural_workers(running_count()),
+                                spec.timeout_seconds, running_count() > 1 ? "them" : "it"));
+      begin_stop(SIGTERM);
+    }
     if (stopping && !killed && any_running && now >= kill_deadline) {
       message(spec, fmt::format("{} still running {:.3g} s after {}; sending SIGKILL", plural_workers(running_count()),
                                 grace, signal_name(stop_signal)));
@@ -1206,6 +1225,7 @@ int run_local_workers(const LaunchSpec& spec) {
     if (settle_deadline) wake = settle_deadline;
     if (killed && any_running) wake = abandon_deadline;
     if (drain_deadline) wake = wake ? std::min(*wake, *drain_deadline) : *drain_deadline;
+    if (job_deadline && !stopping) wake = wake ? std::min(*wake, *job_deadline) : *job_deadline;
     // At most a second between looks at the workers, should a child's exit ever go unsignalled.
     int timeout_ms = 1000;
     if (wake) {

@@ -23,6 +23,9 @@ struct LaunchSpec {
   std::vector<std::pair<std::string, std::string>> extra_env;
   bool tag_output = true;               // prefix each output line with "[rank K] "
   double grace_seconds = -1;            // SIGTERM -> SIGKILL delay; < 0 = CONDUIT_LAUNCH_GRACE, else 10 s
+  // > 0: the whole job's deadline (mpirun's --timeout): workers still running then are stopped as on SIGTERM and the
+  // launcher returns 124 (time spent stopped by Ctrl-Z does not count); 0: none.
+  double timeout_seconds = 0;
   std::string job_id;                   // CONDUIT_JOB_ID; empty = a fresh unique id
   std::string name = "conduit launch";  // how the launcher names itself in its messages
   // "core": worker k runs on CPU k mod C of the C CPUs this launcher may use, listed one CPU of each core before

@@ -426,6 +426,24 @@ TEST_F(LaunchTest, FailingWorkerStopsTheOthersAndItsCodeIsReturned) {
   }
 }
 
+// --timeout bounds the whole job (a worker hung outside its collectives kept the launcher waiting without end): the
+// workers still running then are stopped as on SIGTERM and the launcher exits 124; a bad value is one line.
+TEST_F(LaunchTest, TimeoutStopsAJobThatRunsPastIt) {
+  auto r = run({"launch", "-n", "2", "--timeout", "1", "--", "sh", "-c", "exec sleep 60"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 124) << r.err;
+  EXPECT_LT(r.seconds, 8.0) << r.err;
+  EXPECT_NE(r.err.find("conduit launch: 2 workers still running at --timeout 1 s; stopping them"), std::string::npos)
+      << r.err;
+  auto quick = run({"launch", "-n", "2", "--timeout", "30", "--", "true"});
+  EXPECT_EQ(quick.code, 0) << quick.err;
+  auto bad = run({"launch", "-n", "1", "--timeout", "-1", "--", "true"});
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("launch: --timeout -1 is invalid: allowed: seconds from 0 (none) up to 1e7"),
+            std::string::npos)
+      << bad.err;
+}
+
 // A worker stopped while the ranks meet over shared memory leaves its segment (/dev/shm/conduit-<job>-<rank>; the
 // ranks unlink them once all have mapped them): once its workers are gone, the launcher removes what is left of its
 // job's segments (a rerun with the same job id failed with "File exists"). The workers here stand in for that: each
