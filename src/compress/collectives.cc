@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "compress/detail.h"
 #include "compress/powersgd.h"
@@ -166,19 +167,20 @@ static size_t first_nonfinite(std::span<const float> x) {
 // fp16 passes nan and inf on, as an uncompressed allreduce does; but finite values beyond its range (a rank's own
 // above 65504, or a sum, or averaged a mean, beyond it) turned into inf on the way, where f32 would have carried them,
 // without a word. The result is the same on every rank, so every rank sees one and asks whether any rank's input
-// held a nan or inf: if none did, each stops with the same line.
+// held a nan or inf: if none did, each stops with the same line. `per_rank`: each rank holds another block (a
+// reduce-scatter), so every rank takes part whether or not its own block overflowed, and all stop together.
 static void refuse_f16_overflow(coll::Communicator& comm, const Compressor& c, bool input_nonfinite,
-                                std::span<const float> result, const coll::CollOptions& co) {
+                                std::span<const float> result, const coll::CollOptions& co, bool per_rank = false) {
   const size_t i = first_nonfinite(result);
-  if (i == result.size()) return;
-  int64_t any = input_nonfinite ? 1 : 0;
-  if (comm.size() > 1) comm.allreduce(&any, 1, DType::i64, ReduceOp::max, co).wait();
-  if (any) return;
-  throw InvalidArgument(
-      fmt::format("{}: element {} of {} came out {} from finite values on all {} ranks: beyond f16's largest, 65504 "
-                  "(one rank's value, or their sum or mean); allowed: values within +-65504 (bf16 keeps f32's range; "
-                  "or a smaller learning rate)",
-                  c.name(), i, result.size(), result[i], comm.size()));
+  if (i == result.size() && !per_rank) return;
+  int64_t flags[2] = {i < result.size() ? 1 : 0, input_nonfinite ? 1 : 0};  // (an overflow somewhere, any input's)
+  if (comm.size() > 1) comm.allreduce(flags, 2, DType::i64, ReduceOp::max, co).wait();
+  if (!flags[0] || flags[1]) return;
+  throw InvalidArgument(fmt::format(
+      "{}: {} came out {} from finite values on all {} ranks: beyond f16's largest, 65504 (one rank's value, or their "
+      "sum or mean); allowed: values within +-65504 (bf16 keeps f32's range; or a smaller learning rate)",
+      c.name(), i < result.size() ? fmt::format("element {} of {}", i, result.size()) : "another rank's block",
+      i < result.size() ? result[i] : std::numeric_limits<float>::infinity(), comm.size()));
 }
 
 size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
@@ -376,21 +378,7 @@ void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const flo
   }
   std::copy(work.begin() + mine.offset, work.begin() + mine.offset + mine.count, out.begin());
   if (o.average && !f16) scale(out, 1.0f / static_cast<float>(comm.size()));
-  if (f16 && comm.size() > 1) {
-    // (each rank holds another block: every rank takes part, and all stop when any block overflowed from finite
-    // inputs everywhere)
-    const size_t i = first_nonfinite(out);
-    int64_t flags[2] = {i < out.size() ? 1 : 0, input_nonfinite ? 1 : 0};
-    comm.allreduce(flags, 2, DType::i64, ReduceOp::max, coll_opts(o)).wait();
-    if (flags[0] && !flags[1])
-      throw InvalidArgument(fmt::format(
-          "quantized ring fp16: a block came out inf from finite values on all {} ranks{}: beyond f16's largest, "
-          "65504 (a rank's value, or a partial sum of the means); allowed: values within +-65504 (bf16 keeps f32's "
-          "range)",
-          comm.size(), i < out.size() ? fmt::format(" (this rank's element {})", i) : std::string()));
-  } else if (f16) {
-    refuse_f16_overflow(comm, *codec, input_nonfinite, out, coll_opts(o));
-  }
+  if (f16) refuse_f16_overflow(comm, *codec, input_nonfinite, out, coll_opts(o), true);
 }
 
 void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, const std::string& codec_name,

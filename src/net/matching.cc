@@ -47,8 +47,7 @@ std::deque<std::shared_ptr<Unexpected>>& MatchQueues::unexpected_queue(uint64_t 
   return it->second;
 }
 
-std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>::iterator MatchQueues::drop_queue(
-    std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>::iterator it) {
+MatchQueues::UnexpectedQueues::iterator MatchQueues::drop_queue(UnexpectedQueues::iterator it) {
   unexpected_bytes_ -= kTagOverhead;
   return unexpected_.erase(it);
 }

@@ -73,13 +73,13 @@ class MatchQueues {
 
  private:
   std::map<uint64_t, std::deque<PostedRecv>> posted_;
-  std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>> unexpected_;
+  using UnexpectedQueues = std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>;
+  UnexpectedQueues unexpected_;
   std::vector<std::shared_ptr<Unexpected>> arriving_;  // matched while arriving (for fail_all)
   // The buffered messages of `tag`, its queue made (and its overhead counted) when it has none.
   std::deque<std::shared_ptr<Unexpected>>& unexpected_queue(uint64_t tag);
   // Removes an empty queue and its overhead.
-  std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>::iterator drop_queue(
-      std::map<uint64_t, std::deque<std::shared_ptr<Unexpected>>>::iterator it);
+  UnexpectedQueues::iterator drop_queue(UnexpectedQueues::iterator it);
   size_t unexpected_bytes_ = 0;
 };
 
