@@ -328,10 +328,18 @@ class TcpTransport : public Transport {
       std::lock_guard<std::mutex> sl(p.send_mu);
       // (A failed write ended the stream mid-frame and cleared the queue, or a failure dropped a partly written
       // send: nothing more goes on it.)
-      bool mid_frame =
-          p.send_failed || p.dropped_mid_frame || (!p.sendq.empty() && p.sendq.front().sent > 0);
-      if (!mid_frame) {
+      if (!p.send_failed && !p.dropped_mid_frame) {
         try {
+          // A send cut mid-frame is finished first (its buffer is still the caller's to lend): the peer reading it
+          // then reads the reason, where the stream ending inside the frame told it only of a truncated frame.
+          if (!p.sendq.empty() && p.sendq.front().sent > 0) {
+            const TcpSend& s = p.sendq.front();
+            if (s.sent < sizeof(FrameHeader))
+              write_all_blocking(p.fd, reinterpret_cast<const char*>(&s.hdr) + s.sent, sizeof(FrameHeader) - s.sent,
+                                 give_up);
+            const size_t off = s.sent > sizeof(FrameHeader) ? s.sent - sizeof(FrameHeader) : 0;
+            write_all_blocking(p.fd, s.data + off, s.bytes - off, give_up);
+          }
           write_all_blocking(p.fd, frame.data(), frame.size(), give_up);
         } catch (const Error&) {  // gone or full past the deadline: the connection's end tells the peer
         }

@@ -555,3 +555,31 @@ TEST(TcpAbort, ARankFailedByAnothersAbortStillTellsThePeerWaitingOnIt) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5);
   EXPECT_TRUE(cut->done());
 }
+
+// Rank 0 aborts with a send to rank 1 cut mid-frame (rank 1 holds it unread until it posts the receive). Its abort
+// finishes that frame before the abort frame, so rank 1, posting the receive then, reads the reason; the stream
+// ending inside the frame told rank 1 only that the connection closed.
+TEST(TcpAbort, AnAbortFinishesASendCutMidFrameSoThePeerHearsTheReason) {
+  setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "64K", 1);
+  auto ts = test_util::make_transport_world("tcp", 2);
+  unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+  const uint64_t tag = make_tag(kUser, 0, 1);
+  std::vector<char> big(16 << 20, 'x');
+  auto cut = ts[0]->isend(1, tag, big.data(), big.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (as much of it written as the sockets take)
+  ASSERT_FALSE(cut->done());
+  std::thread aborting([&] { ts[0]->abort("rank 0 broke"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (the abort waits for the frame to be read)
+  std::vector<char> got(big.size());
+  auto r = ts[1]->irecv(0, tag, got.data(), got.size());
+  try {
+    r->wait(Deadline::after(20));
+  } catch (const Error&) {  // (whether the message or the abort is seen first)
+  }
+  aborting.join();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ts[1]->aborted_reason().empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_NE(ts[1]->aborted_reason().find("rank 0 aborted: rank 0 broke"), std::string::npos)
+      << "rank 1's reason: '" << ts[1]->aborted_reason() << "'";
+}
