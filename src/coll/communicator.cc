@@ -287,7 +287,12 @@ int Communicator::consecutive_host_ranks() const {
 }
 
 std::string Communicator::describe() const {
-  return fmt::format("rank {} of {} ({})", rank_, size(), transport_->name());
+  // A transport's own errors name its ranks: a group's rank that is not the same number says which it is.
+  bool same = size() == transport_->size();
+  for (int r = 0; same && r < size(); ++r) same = members_[r] == r;
+  if (same) return fmt::format("rank {} of {} ({})", rank_, size(), transport_->name());
+  return fmt::format("rank {} of {} ({} rank {} of {})", rank_, size(), transport_->name(), members_[rank_],
+                     transport_->size());
 }
 
 void Communicator::check_root(int root, const char* op) const {
@@ -514,7 +519,14 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
   auto stop_with = [&](const std::exception& e) {
     if (!stopped.empty()) return stopped;
     auto silent = silent_peers(recvs);
-    stopped = fail(e.what(), silent.empty() ? "" : fmt::format("; no data yet from rank(s) {}", join_ints(silent)));
+    std::string quiet;
+    if (!silent.empty()) {
+      std::vector<int> theirs;  // (as the transport's errors number them)
+      for (int r : silent) theirs.push_back(members_[r]);
+      quiet = fmt::format("; no data yet from rank(s) {}", join_ints(silent));
+      if (theirs != silent) quiet += fmt::format(" ({} rank(s) {})", transport_->name(), join_ints(theirs));
+    }
+    stopped = fail(e.what(), quiet);
     transport_->abort(stopped);
     return stopped;
   };

@@ -1086,9 +1086,38 @@ TEST(AlgorithmShape, AllgathervSentIsWhatEachRankSends) {
       EXPECT_EQ(wrong[r], 0u) << n << " ranks, " << algo << ", rank " << r;
       EXPECT_EQ(claimed[r], wire[r]) << n << " ranks, " << algo << " (ran " << ran[r] << "), rank " << r;
       // (the bug this replaced: (size - 1) x the rank's own block)
-      if (r == 0) EXPECT_NE(claimed[r], uint64_t(n - 1) * counts[r]);
+      if (r == 0) {
+        EXPECT_NE(claimed[r], uint64_t(n - 1) * counts[r]);
+      }
     }
   }
 }
 
+}  // namespace
+
+namespace {
+// A split group's errors number its ranks as the group does, its transport's as the transport does: the group's
+// own description and its list of silent peers give both (a timeout read "rank 0 of 2" beside "rank 3").
+TEST(Communicator, ASplitGroupsTimeoutNamesItsRanksAsTheTransportDoes) {
+  auto comms = Communicator::inproc(4);
+  std::vector<std::string> msgs(4);
+  on_threads(4, [&](int r) {
+    auto sub = comms[r]->split(r % 2, r);
+    if (r != 1) return size_t(0);
+    std::vector<float> x(64, 1.0f);
+    CollOptions o;
+    o.timeout_s = 0.3;
+    o.algorithm = "ring";
+    try {
+      sub->allreduce(x.data(), x.size(), DType::f32, ReduceOp::sum, o).wait();
+    } catch (const TimeoutError& e) {
+      msgs[r] = e.what();
+    }
+    return size_t(0);
+  });
+  EXPECT_NE(msgs[1].find("on rank 0 of 2 (inproc rank 1 of 4)"), std::string::npos) << msgs[1];
+  EXPECT_NE(msgs[1].find("no data yet from rank(s) 1 (inproc rank(s) 3)"), std::string::npos) << msgs[1];
+  // The world communicator keeps the short form.
+  EXPECT_EQ(comms[2]->describe(), "rank 2 of 4 (inproc)");
+}
 }  // namespace
