@@ -67,8 +67,24 @@ bool Work::test() {
   return s_->done;
 }
 
-double Work::seconds() const { return s_ ? s_->seconds : 0; }
-std::string Work::algorithm() const { return s_ ? s_->algorithm : ""; }
+// (under the lock: the worker writes them when the operation ends, perhaps while a caller that has not waited reads)
+double Work::seconds() const {
+  if (!s_) return 0;
+  std::lock_guard<std::mutex> lk(s_->mu);
+  return s_->seconds;
+}
+std::string Work::algorithm() const {
+  if (!s_) return "";
+  std::lock_guard<std::mutex> lk(s_->mu);
+  return s_->algorithm;
+}
+
+double checked_timeout(double seconds, const char* what) {
+  if (!(seconds >= 0))  // (nan too: it compared false with 0 and quietly became the default)
+    throw InvalidArgument(
+        fmt::format("{} = {}: allowed: 0 (the default timeout) or a number of seconds above 0", what, seconds));
+  return seconds;
+}
 
 uint64_t allgatherv_sent(const std::string& algorithm, const std::vector<size_t>& counts, int rank) {
   const int p = int(counts.size());
@@ -201,7 +217,7 @@ Communicator::Communicator(net::TransportPtr transport, std::vector<int> members
   if (id_ > 0 && id_ < kHostGroupIds)
     transport_->raise_comm_id_floor(id_);  // an id given by the caller: splits skip it
   rank_ = static_cast<int>(it - members_.begin());
-  timeout_s_ = cfg.timeout_s > 0 ? cfg.timeout_s : default_timeout_seconds();
+  timeout_s_ = checked_timeout(cfg.timeout_s, "CommConfig.timeout_s") > 0 ? cfg.timeout_s : default_timeout_seconds();
   debug_ = cfg.debug_collectives || env_flag("CONDUIT_DEBUG_COLLECTIVES");
   tuner_ = tuner ? std::move(tuner) : Tuner::from_env();
   // The transport's fast allreduce serves one communicator: the world one (id 0, every transport rank in order),

@@ -33,6 +33,10 @@ struct CollOptions {
   bool blocking = false;
 };
 
+// `seconds` when it is 0 (the default) or more; else InvalidArgument naming `what` (a negative or nan timeout
+// quietly became the default).
+double checked_timeout(double seconds, const char* what);
+
 struct CommConfig {
   // Deadline of each collective (0: CONDUIT_TIMEOUT or 300 s). from_env's start-up (meeting the other ranks, the
   // transport's connections, the cost model's measurement) waits this or CONDUIT_TIMEOUT, whichever is longer.
@@ -212,7 +216,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   friend class Work;
   // Only on the thread running an operation (executing_ is set: one at a time, in submission order).
   uint64_t next_seq() { return seq_++; }
-  double effective_timeout(const CollOptions& o) const { return o.timeout_s > 0 ? o.timeout_s : timeout_s_; }
+  double effective_timeout(const CollOptions& o) const {
+    return checked_timeout(o.timeout_s, "CollOptions.timeout_s") > 0 ? o.timeout_s : timeout_s_;
+  }
   void check_root(int root, const char* op) const;
   void check_counts(const std::vector<size_t>& counts, const char* what) const;
 

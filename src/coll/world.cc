@@ -90,7 +90,8 @@ void calibrate(Communicator& c, double start_up_s) {
 }  // namespace
 
 CommPtr Communicator::from_env(const CommConfig& cfg) {
-  double timeout = cfg.timeout_s > 0 ? cfg.timeout_s : default_timeout_seconds();
+  double timeout =
+      checked_timeout(cfg.timeout_s, "CommConfig.timeout_s") > 0 ? cfg.timeout_s : default_timeout_seconds();
   // (the store, the transport's connections and calibration: CONDUIT_TIMEOUT when longer than the collectives')
   const double start_up = startup_timeout_seconds(timeout);
   // Settings read when first used, checked before anything starts: a bad ring segment size passed until a ring ran

@@ -1121,3 +1121,31 @@ TEST(Communicator, ASplitGroupsTimeoutNamesItsRanksAsTheTransportDoes) {
   EXPECT_EQ(comms[2]->describe(), "rank 2 of 4 (inproc)");
 }
 }  // namespace
+
+namespace {
+// A negative or nan timeout is refused, naming the field (it quietly became the default: 300 s, or the
+// communicator's); 0 stays the default.
+TEST(Communicator, ANegativeOrNanTimeoutIsRefused) {
+  for (double bad : {-1.0, std::nan("")}) {
+    CommConfig cfg;
+    cfg.timeout_s = bad;
+    try {
+      Communicator::inproc(2, 2, cfg);
+      ADD_FAILURE() << "CommConfig.timeout_s = " << bad << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("CommConfig.timeout_s"), std::string::npos) << e.what();
+    }
+    auto comms = Communicator::inproc(2);
+    float x = 1;
+    CollOptions o;
+    o.timeout_s = bad;
+    try {
+      comms[0]->allreduce(&x, 1, DType::f32, ReduceOp::sum, o);
+      ADD_FAILURE() << "CollOptions.timeout_s = " << bad << " accepted by allreduce";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("CollOptions.timeout_s"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(comms[0]->send(&x, 1, DType::f32, 1, 3, o), InvalidArgument);
+  }
+}
+}  // namespace
