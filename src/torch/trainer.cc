@@ -10,6 +10,7 @@
 #include <torch/serialize.h>
 #include <torch/utils.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -54,7 +55,7 @@ TrainTestSets load_data(const TrainConfig& c) {
 // What identifies the training samples a sampler position counts: their number and a 64-bit FNV-1a hash of their
 // labels and pixels (taken 8 bytes at a time, folded down after each, as loaded: train_limit applied). Two data sets of
 // one size (MNIST and Fashion-MNIST have the same files' sizes) differ here; the same files at another path do not.
-std::string train_data_id(const ImageSet& s) {
+uint64_t data_hash(const ImageSet& s) {
   uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&h](const std::vector<uint8_t>& bytes) {
     size_t i = 0;
@@ -69,7 +70,10 @@ std::string train_data_id(const ImageSet& s) {
   };
   mix(s.labels);
   mix(s.pixels);
-  return fmt::format("{} samples of {}x{}, fnv1a-64 {:016x}", s.n, s.rows, s.cols, h);
+  return h;
+}
+std::string train_data_id(const ImageSet& s) {
+  return fmt::format("{} samples of {}x{}, fnv1a-64 {:016x}", s.n, s.rows, s.cols, data_hash(s));
 }
 
 // c.data_dir as an absolute path (what a checkpoint records beside data_dir as given, which may be relative to
@@ -888,6 +892,31 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       throw ConfigError(
           "config: resume: another worker's training data is not the data the checkpoint was written on mid-epoch "
           "(its error names both); allowed: the same training data on every node");
+  }
+  // The workers compare what they loaded (after a resume's own check, whose error says more where it applies): nodes
+  // with copies of their own may hold other files, and the samplers shard by each rank's own count: other counts of
+  // steps waited in an exchange until the deadline, equal ones trained on overlapping shards and scored other test
+  // sets.
+  if (world > 1) {
+    auto digest = [](const ImageSet& s) {
+      const uint64_t h = data_hash(s);
+      return std::array<int64_t, 2>{s.n, static_cast<int64_t>(h)};
+    };
+    const auto tr = digest(data.train), te = digest(data.test);
+    const std::array<int64_t, 4> mine{tr[0], tr[1], te[0], te[1]};
+    std::vector<int64_t> all(4 * static_cast<size_t>(world));
+    comm.allgather(mine.data(), all.data(), 4, DType::i64).wait();
+    for (int r = 1; r < world; ++r)
+      for (int k = 0; k < 4; k += 2) {
+        const int64_t* a = &all[k];
+        const int64_t* b = &all[4 * static_cast<size_t>(r) + k];
+        if (a[0] != b[0] || a[1] != b[1])
+          throw ConfigError(fmt::format(
+              "data: the workers loaded different {} sets: worker 0 {} samples (fnv1a-64 {:016x}), worker {} {} "
+              "samples (fnv1a-64 {:016x}); allowed: the same data on every worker (each node's copy of data_dir "
+              "holding the same files, with the same train_limit/test_limit)",
+              k == 0 ? "training" : "test", a[0], static_cast<uint64_t>(a[1]), r, b[0], static_cast<uint64_t>(b[1])));
+      }
   }
   sync::Straggler straggler(sync::parse_slow(c.slow, comm_ptr->size()), global_rank, uint64_t(c.seed));
 

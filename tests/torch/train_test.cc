@@ -2343,6 +2343,57 @@ TEST(Train, OneRanksOtherTrainingDataStopsEveryRank) {
   fs::remove_all(dir);
 }
 
+// A fresh run whose nodes hold other copies of the data stops at start-up on every rank, naming both (other counts of
+// steps an epoch waited in a gradient exchange until the deadline; equal counts trained on overlapping shards
+// without a word). The test sets are compared too.
+TEST(Train, WorkersThatLoadedOtherDataStopAtStartUp) {
+  auto dir = temp_dir("data-fresh");
+  write_mnist_folder(dir / "a", 96, 1);
+  write_mnist_folder(dir / "b", 96, 2);   // the same sizes, other samples
+  write_mnist_folder(dir / "c", 64, 1);   // fewer samples
+  write_mnist_folder(dir / "d", 96, 1);   // the same training set, another test set
+  write_mnist_folder(dir / "e", 100, 1);  // (its test images, 25 of them, start as a's 24)
+  for (const char* f : {"t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    fs::remove(dir / "d" / f);
+    fs::copy_file(dir / "e" / f, dir / "d" / f);
+  }
+  TrainConfig c = tiny("mlp");
+  c.dataset = "mnist";
+  c.max_steps = 2;
+  for (const auto& [other, what] :
+       std::vector<std::pair<std::string, std::string>>{{"b", "training sets: worker 0 96 samples"},
+                                                        {"c", "training sets: worker 0 96 samples"},
+                                                        {"d", "test sets: worker 0 24 samples"}}) {
+    std::vector<TrainConfig> cs(2, c);
+    cs[0].data_dir = (dir / "a").string();
+    cs[1].data_dir = (dir / other).string();
+    for (auto& x : cs) x.output = (dir / ("run-" + other)).string();
+    try {
+      train_inproc_each(cs);
+      ADD_FAILURE() << "trained with rank 1 on " << other;
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      expect_one_line(m, "data");
+      EXPECT_NE(m.find("data: the workers loaded different " + what), std::string::npos) << m;
+      EXPECT_NE(m.find("worker 1 " +
+                       std::string(other == "c"   ? "64"
+                                   : other == "d" ? "25"
+                                                  : "96") +
+                       " samples"),
+                std::string::npos)
+          << m;
+    }
+  }
+  // The same files at another path train.
+  fs::copy(dir / "a", dir / "a2");
+  std::vector<TrainConfig> cs(2, c);
+  cs[0].data_dir = (dir / "a").string();
+  cs[1].data_dir = (dir / "a2").string();
+  for (auto& x : cs) x.output = (dir / "run-same").string();
+  EXPECT_EQ(train_inproc_each(cs)[0].steps, 2);
+  fs::remove_all(dir);
+}
+
 // Nodes without a shared file system (here: ranks whose output folders differ): each node's lowest rank declares
 // every checkpoint there too (checkpoint.json, the `checkpoint` link, the older stages removed). Only rank 0 did: the
 // other nodes kept every stage, without a link or checkpoint.json to resume from. Resumed from each node's own link,
