@@ -8,10 +8,11 @@
 // wire size) and pulls the shard back (16-byte header + 4*d/S bytes, or with a pull compressor the compressed
 // difference between the server's parameters and the copy it knows the worker holds). The server owns the
 // optimizer (SGD with momentum and weight decay). asp/ssp apply each gradient on arrival scaled by 1/W (a round of
-// W pushes is then one averaged step); bsp sums the W gradients of a clock and applies their average once.
-// A pull for clock c is released when: asp always; ssp when the slowest worker's clock >= c - s; bsp when clock c
-// has been applied. Replies are built under the shard's lock at the moment their condition becomes true, so
-// ssp with s = 0 reads exactly what bsp reads.
+// W pushes is then one averaged step); bsp sums the W gradients of a clock and applies their average once, and so
+// does ssp with s = 0 without dana (one momentum step a clock: a step a push decayed the momentum by mu^W a round,
+// another optimizer than bsp's with momentum). A pull for clock c is released when: asp always; ssp when the slowest
+// worker's clock >= c - s; bsp (and ssp with s = 0 without dana) when clock c has been applied. Replies are built
+// under the shard's lock at the moment their condition becomes true.
 #include "sync/ps.h"
 
 #include <fmt/format.h>
@@ -186,7 +187,7 @@ class Shard {
     const float ratio = static_cast<float>(h.lr_scale);
     clocks_[w] = static_cast<int64_t>(h.clock);
     stats_.pushes++;
-    if (cfg_.mode == "bsp") {
+    if (per_clock()) {
       for (size_t i = 0; i < d; ++i) agg_[i] += grad_[i];
       bsp_count_++;
       bsp_clock_ = static_cast<int64_t>(h.clock);
@@ -349,6 +350,9 @@ class Shard {
   };
 
   bool dana() const { return cfg_.dana && cfg_.mode != "bsp"; }
+  // Each clock's mean applied once: bsp, and ssp with s = 0 (whose dana keeps a momentum per worker that sums to
+  // bsp's with Nesterov's look-ahead, applied a push at a time).
+  bool per_clock() const { return cfg_.mode == "bsp" || (cfg_.mode == "ssp" && cfg_.staleness == 0 && !cfg_.dana); }
 
   // A worker's messages come in one order: one pull, then pushes with the clocks 1, 2, 3, ... (each push the next;
   // restored on both sides at a resume), then a stop (after which its thread reads nothing more). Anything else is a
@@ -480,7 +484,7 @@ class Shard {
   }
 
   bool releasable(int64_t c) const {
-    if (cfg_.mode == "bsp") return applied_clock_ >= c;
+    if (per_clock()) return applied_clock_ >= c;
     if (cfg_.staleness < 0) return true;
     int64_t m = min_clock();
     return m == INT64_MAX || c - m <= cfg_.staleness;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -90,7 +91,10 @@ double ParamReader::real(const std::string& key, double lo, double hi) const {
   const std::string& s = values_.at(key);
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
+  // (a leading space or sign is refused as the trainer's own readings of these values refuse it: "staleness=+0" ran
+  // with s = 0 while the trainer took it for a stale scheme)
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0])) || s[0] == '+' || *end != '\0' || !std::isfinite(v) ||
+      v < lo || v > hi)
     throw ConfigError(
         fmt::format("sync {}: parameter '{}' = '{}' must be a number in [{}, {}]", scheme_, key, s, lo, hi));
   return v;
@@ -101,7 +105,8 @@ int64_t ParamReader::integer(const std::string& key, int64_t lo, int64_t hi) con
   char* end = nullptr;
   errno = 0;
   long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi)  // (out of range saturated: seed=1e20 digits)
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0])) || s[0] == '+' || *end != '\0' || errno == ERANGE ||
+      v < lo || v > hi)  // (out of range saturated: seed=1e20 digits)
     throw ConfigError(
         fmt::format("sync {}: parameter '{}' = '{}' must be an integer in [{}, {}]", scheme_, key, s, lo, hi));
   return v;
@@ -383,6 +388,12 @@ const std::map<std::string, Entry>& registry() {
                              cfg.staleness_lr = p.flag("staleness_lr");
                              cfg.dana = p.flag("dana");
                            }
+                           if (mode == "ssp" && cfg.staleness == 0 && !cfg.dana && (cfg.dc > 0 || cfg.staleness_lr))
+                             throw ConfigError(fmt::format(
+                                 "sync ps-ssp: staleness=0 applies each clock's mean gradient once, as ps-bsp, so no "
+                                 "gradient is stale and {} would do nothing; allowed with staleness=0: dc=0 and "
+                                 "staleness_lr=0 (or dana=1, which applies a push at a time)",
+                                 cfg.dc > 0 ? "dc" : "staleness_lr"));
                            cfg.push_compressor = p.str("push_compressor");
                            cfg.pull_compressor = p.str("pull_compressor");
                            return make_ps_strategy(std::move(c), cfg);
