@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -17,6 +18,8 @@
 #include <functional>
 #include <random>
 #include <span>
+#include <string>
+#include <thread>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -28,8 +31,8 @@ namespace {
 // hostile gzip stream that inflates without end is an error, not an exhausted memory.
 constexpr size_t kMaxIdxBytes = size_t{4} << 30;
 
-// Opens a data file for gzread (which reads plain files too). A pipe (data another process writes) is waited for
-// until `until` (default: start-up's deadline from now, CONDUIT_TIMEOUT or 300 s): gzopen waited for a writer for
+// Opens a data file for gzread (which reads plain files too). A pipe (data another process writes) is read whole
+// by `until` (default: start-up's deadline from now, CONDUIT_TIMEOUT or 300 s): gzopen waited for a writer for
 // ever. Directories, devices and sockets are refused.
 gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point until) {
   struct stat s {};
@@ -48,29 +51,73 @@ gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point 
   if (until == std::chrono::steady_clock::time_point{})
     until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                    std::chrono::duration<double>(startup_timeout_seconds(0)));
-  pollfd p{fd, POLLIN, 0};
-  int rc = 0;
+  // The whole pipe is read here, against the deadline, into a memory file that zlib then reads: handed to gzdopen
+  // once its first bytes came, a writer that stalled held the worker without a deadline.
   const auto waiting = std::chrono::steady_clock::now();
-  do {  // (a pipe that never had a writer reports neither data nor a hang-up)
+  std::string data;
+  for (;;) {
+    char buf[1 << 16];
+    const ssize_t got = ::read(fd, buf, sizeof buf);
+    if (got > 0) {
+      if (data.size() + size_t(got) > kMaxIdxBytes) {
+        ::close(fd);
+        throw ConfigError(
+            fmt::format("data: the pipe '{}' holds more than 4 GiB; allowed: an IDX file of at most 4 GiB", path));
+      }
+      data.append(buf, size_t(got));
+      continue;
+    }
+    if (got == 0 && !data.empty()) break;  // the writer closed it (0 before any byte: no writer yet, waited for)
+    if (got < 0 && errno != EAGAIN && errno != EINTR) {
+      const int e = errno;
+      ::close(fd);
+      throw ConfigError(fmt::format("data: cannot read the pipe '{}': {}", path, std::strerror(e)));
+    }
     const double left = std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count();
-    rc = ::poll(&p, 1, static_cast<int>(std::clamp(left * 1000, 0.0, 1e9)));
-  } while (rc < 0 && errno == EINTR);
-  if (rc < 0) {
-    const int e = errno;
-    ::close(fd);
-    throw ConfigError(fmt::format("data: cannot wait for the pipe '{}': {}", path, std::strerror(e)));
+    pollfd p{fd, POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(std::clamp(left * 1000, 0.0, 1e9)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) {
+      const int e = errno;
+      ::close(fd);
+      throw ConfigError(fmt::format("data: cannot wait for the pipe '{}': {}", path, std::strerror(e)));
+    }
+    if (rc == 0) {
+      ::close(fd);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+      if (data.empty())
+        throw ConfigError(fmt::format(
+            "data: '{}' is a pipe nothing wrote to in {:.0f} s, by start-up's deadline (the longer of --timeout-s "
+            "and CONDUIT_TIMEOUT, 300 s unset); allowed: an IDX file, plain or gzipped, or a pipe written to in time",
+            path, waited));
+      throw ConfigError(fmt::format(
+          "data: the pipe '{}' was not written whole in {:.0f} s, by start-up's deadline (the longer of --timeout-s "
+          "and CONDUIT_TIMEOUT, 300 s unset): {} bytes came, and its writer has not closed it; allowed: a pipe "
+          "written whole and closed in time",
+          path, waited, data.size()));
+    }
+    // (a hang-up with nothing to read: the next read returns 0 at the end, or EAGAIN while a writer is yet to come)
+    if ((p.revents & POLLHUP) && !(p.revents & POLLIN) && data.empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (rc == 0) {
-    ::close(fd);
-    throw ConfigError(fmt::format(
-        "data: '{}' is a pipe nothing wrote to in {:.0f} s, by start-up's deadline (the longer of --timeout-s and "
-        "CONDUIT_TIMEOUT, 300 s unset); allowed: an IDX file, plain or gzipped, or a pipe written to in time",
-        path, std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count()));
+  ::close(fd);
+  const int mem = ::memfd_create("conduit-data", MFD_CLOEXEC);
+  if (mem < 0)
+    throw ConfigError(fmt::format("data: cannot hold the pipe '{}' in memory: {}", path, std::strerror(errno)));
+  for (size_t at = 0; at < data.size();) {
+    const ssize_t w = ::write(mem, data.data() + at, data.size() - at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = errno;
+      ::close(mem);
+      throw ConfigError(fmt::format("data: cannot hold the pipe '{}' in memory: {}", path, std::strerror(e)));
+    }
+    at += size_t(w);
   }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  gzFile f = gzdopen(fd, "rb");
+  ::lseek(mem, 0, SEEK_SET);
+  gzFile f = gzdopen(mem, "rb");
   if (!f) {
-    ::close(fd);
+    ::close(mem);
     throw ConfigError(fmt::format("data: cannot open '{}'", path));
   }
   return f;

@@ -14,8 +14,8 @@ struct IdxArray {
   std::vector<uint8_t> data;
 };
 // Reads `path` (gzip-compressed or plain). ConfigError when missing, ProtocolError-free: a malformed file raises
-// InvalidArgument naming the file and what is wrong. A pipe is waited for until `until` (default: start-up's deadline,
-// CONDUIT_TIMEOUT or 300 s, from now); other files that are not regular are refused.
+// InvalidArgument naming the file and what is wrong. A pipe is read whole (until its writer closes it) by `until`
+// (default: start-up's deadline, CONDUIT_TIMEOUT or 300 s, from now); other files that are not regular are refused.
 IdxArray read_idx(const std::string& path, std::chrono::steady_clock::time_point until = {});
 
 // Images as u8 pixels (n x rows x cols) with labels 0..classes-1.
@@ -39,7 +39,7 @@ ImageSet make_synthetic(int64_t n, uint64_t seed, bool train);
 
 // The training and test sets of a run: `dataset` synthetic (synthetic_samples for training, a quarter for testing,
 // from `seed`) or MNIST-format files in data_dir (the test set normalised with the training set's mean and
-// deviation); train_limit / test_limit > 0 keep the first samples. Files that are pipes are waited for up to
+// deviation); train_limit / test_limit > 0 keep the first samples. Files that are pipes are read whole by
 // start-up's deadline from the call, all together (timeout_s: the run's --timeout-s, <= 0 its default).
 struct TrainTestSets {
   ImageSet train, test;

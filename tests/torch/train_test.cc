@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -2254,6 +2255,52 @@ TEST(Train, ADataPipeNobodyWritesToFailsAtTheDeadline) {
   fs::remove(labels);
   ASSERT_EQ(::mkfifo(labels.c_str(), 0600), 0) << std::strerror(errno);
   EXPECT_THROW(mnist_format_train_count((dir / "a").string()), ConfigError);
+  fs::remove_all(dir);
+}
+
+// A pipe whose writer sent part of the file and stalled, holding it open, fails at start-up's deadline too: handed to
+// zlib once its first bytes came, it held the worker for as long as the writer held the pipe (for ever).
+TEST(Train, ADataPipeWhoseWriterStallsFailsAtTheDeadline) {
+  auto dir = temp_dir("pipe-stall");
+  write_mnist_folder(dir / "a", 96, 1);
+  const fs::path images = dir / "a" / "train-images-idx3-ubyte";
+  fs::remove(images);
+  ASSERT_EQ(::mkfifo(images.c_str(), 0600), 0) << std::strerror(errno);
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    const int fd = ::open(images.c_str(), O_WRONLY);  // (waits for the reader)
+    if (fd < 0) return;
+    const std::vector<char> head(200, 0);
+    (void)!::write(fd, head.data(), head.size());
+    for (int i = 0; i < 600 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::close(fd);
+  });
+  TrainConfig c = tiny("mlp");
+  c.dataset = "mnist";
+  c.data_dir = (dir / "a").string();
+  c.max_steps = 2;
+  c.timeout_s = 2;
+  const char* set = std::getenv("CONDUIT_TIMEOUT");
+  const std::string had = set ? set : "";
+  setenv("CONDUIT_TIMEOUT", "1", 1);
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    train_inproc(c, 1);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  done = true;
+  writer.join();
+  if (set)
+    setenv("CONDUIT_TIMEOUT", had.c_str(), 1);
+  else
+    unsetenv("CONDUIT_TIMEOUT");
+  EXPECT_NE(error.find("data: the pipe '" + images.string() + "' was not written whole in 2 s"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("200 bytes came"), std::string::npos) << error;
+  EXPECT_LT(took, 20);  // (the writer held the pipe for 30 s)
   fs::remove_all(dir);
 }
 
