@@ -415,16 +415,19 @@ SweepSpec load_spec(const std::string& path) {
       if (k == "max-bytes") hi = v;
       // The values `bench coll` checks, checked here for the whole grid (iters: abc failed each cell after its
       // cluster came up).
-      // As `bench coll` reads them: whole numbers in digits only (it refused 1e3), seconds in (0, 1e6].
+      // As `bench coll` reads them: whole numbers in digits only, without leading zeros (it refused 1e3 and 010),
+      // seconds in (0, 1e6].
       auto number = [&](double lo_v, double hi_v, bool whole, bool open_low = false) {
         char* end = nullptr;
         const double x = std::strtod(v.c_str(), &end);
-        const bool digits =
-            whole ? !v.empty() && std::all_of(v.begin(), v.end(), [](unsigned char ch) { return std::isdigit(ch); })
-                  : is_decimal(v);
+        const bool digits = whole
+                                ? !v.empty() && (v.size() == 1 || v[0] != '0') &&
+                                      std::all_of(v.begin(), v.end(), [](unsigned char ch) { return std::isdigit(ch); })
+                                : is_decimal(v);
         if (!digits || *end != '\0' || !(open_low ? x > lo_v : x >= lo_v) || !(x <= hi_v))
           throw ConfigError(fmt::format("sweep: bench: {} = '{}' (allowed: {} in {}{:g}, {:g}])", k, v,
-                                        whole ? "a whole number" : "a number", open_low ? "(" : "[", lo_v, hi_v));
+                                        whole ? "a whole number without leading zeros" : "a number",
+                                        open_low ? "(" : "[", lo_v, hi_v));
         return x;
       };
       if (k == "iters") number(1, 1e6, true);

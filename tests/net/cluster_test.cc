@@ -964,12 +964,16 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"compressors: [none, none]\n", "compressors lists an entry twice"},
       {"peers: [fp16, fp16]\n", "peers lists an entry twice"},
       {"peers: [none]\ntrain: {epohcs: 3}\n", "train: 'epohcs' is not a `conduit train` key"},
-      {"bench: {iters: abc}\n", "bench: iters = 'abc' (allowed: a whole number in [1, 1e+06])"},
+      {"bench: {iters: abc}\n", "bench: iters = 'abc' (allowed: a whole number without leading zeros in [1, 1e+06])"},
       {"bench: {dtype: f33}\n", "sweep: bench: dtype: unknown dtype 'f33'"},
       {"bench: {reduce: foo}\n", "sweep: bench: reduce: "},
       // ... as `bench coll` reads them (1e3 passed and failed there; root beyond the hosts; stagger past the timeout).
       {"bench: {iters: 1e3}\n", "bench: iters = '1e3' (allowed: a whole number"},
-      {"bench: {root: 2}\n", "bench: root = '2' (allowed: a whole number in [0, 1])"},
+      {"bench: {root: 2}\n", "bench: root = '2' (allowed: a whole number without leading zeros in [0, 1])"},
+      // (leading zeros: `bench coll` reads 0x and 0 prefixes as hexadecimal and octal, and refuses them)
+      {"bench: {iters: 010}\n", "bench: iters = '010' (allowed: a whole number without leading zeros"},
+      {"bench: {warmup: 00}\n", "bench: warmup = '00' (allowed: a whole number without leading zeros"},
+      {"bench: {root: 01}\n", "bench: root = '01' (allowed: a whole number without leading zeros"},
       // (a bench audit: settings bench coll takes for other operations, a size of nothing, and tp/pp, which the DDP
       // peer does not run: its global batch was larger than its Conduit cells')
       {"bench: {op: allgather, reduce: prod}\n", "sweep: bench: reduce: allgather reduces nothing"},
