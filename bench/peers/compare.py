@@ -196,9 +196,9 @@ def expected_sizes(a):
     return sizes
 
 
-def check_records(recs, a):
-    """The first way the records differ from the sweep asked for (what was run, or a size missing), or None.
-    Ratios of records that timed different operations, worlds or iteration counts would compare nothing."""
+def check_records(recs, a, whole=True):
+    """The first way the records differ from the sweep asked for (what was run, or with `whole` a size missing), or
+    None. Ratios of records that timed different operations, worlds or iteration counts would compare nothing."""
     for b in sorted(recs):
         r = recs[b]
         want = {"op": "allreduce", "dtype": "f32", "world": a.nprocs, "count": b // 4, "iters": a.iters}
@@ -209,6 +209,8 @@ def check_records(recs, a):
             t = r.get(k)
             if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
                 return f"its record for {b} bytes has {k} {t!r}, expected a time in us"
+    if not whole:
+        return None
     sweep = expected_sizes(a)
     asked = set(sweep)
     missing = [fmt_size(b) for b in sweep if b not in recs]
@@ -218,6 +220,15 @@ def check_records(recs, a):
     if extra:
         return "records for sizes outside the sweep: " + ", ".join(extra) + " bytes"
     return None
+
+
+def different_transports(transports):
+    """The peers whose transport is not Conduit's ({name: transport or None}); OpenMPI's "mpi" is shared memory
+    between the ranks of one host (it was never marked, against Conduit over tcp either)."""
+    def medium(t):
+        return "shm" if t == "mpi" else t
+    mine = transports.get("conduit")
+    return {n for n, t in transports.items() if n != "conduit" and mine and t and medium(t) != medium(mine)}
 
 
 def record_transport(recs):
@@ -252,7 +263,12 @@ def run_peer(name, a):
         except ProcessLookupError:
             pass
         stdout, _ = proc.communicate()
-        return parse_records(stdout or "")[0], f"timed out after {a.timeout:g} s", line, time.time() - t0
+        # The sizes it finished are kept (each timed whole), once checked as a finished run's are: records of another
+        # operation or world fed the table and the medians of --rounds.
+        recs, problem = parse_records(stdout or "")
+        problem = problem or check_records(recs, a, whole=False)
+        return ({} if problem else recs), f"timed out after {a.timeout:g} s" + (f"; {problem}" if problem else ""), \
+            line, time.time() - t0
     except BaseException:
         # Ctrl-C or a stop signal (main() turns SIGTERM into SystemExit): the benchmark's session does not get the
         # terminal's SIGINT, and left running it loaded the cores every later measurement used.
@@ -352,8 +368,7 @@ def main():
     transports = {n: record_transport(results[n][0]) for n in names}
     print("transports: " + ", ".join(f"{n} {transports[n] or '?'}" for n in names)
           + (" (OpenMPI picks its own: shared memory between ranks of one host)" if "openmpi" in names else ""))
-    differs = {n for n in names if n != "conduit" and transports.get("conduit") and transports[n]
-               and transports[n] not in (transports["conduit"], "mpi")}
+    differs = different_transports(transports)
     if differs:
         print("~ = the ratio compares different transports (" + ", ".join(sorted(differs)) + " against conduit's)")
     head = f"{'bytes':>7} |" + "".join(f" {n + ' us':>12} {'busbw':>8} |" for n in names)

@@ -82,6 +82,33 @@ class Transports(unittest.TestCase):
                          "shm, tcp")
         self.assertIsNone(compare.record_transport({8: rec(8)}))
 
+    def test_ratios_across_transports_are_marked(self):
+        """OpenMPI's "mpi" is shared memory on one host: against Conduit over tcp it is marked (it never was)."""
+        self.assertEqual(compare.different_transports({"conduit": "tcp", "openmpi": "mpi", "gloo": "tcp"}),
+                         {"openmpi"})
+        self.assertEqual(compare.different_transports({"conduit": "shm", "openmpi": "mpi", "gloo": "tcp"}), {"gloo"})
+        self.assertEqual(compare.different_transports({"conduit": None, "openmpi": "mpi"}), set())
+
+
+class Timeouts(unittest.TestCase):
+    def test_a_timed_out_runs_records_are_checked(self):
+        """The sizes a run finished before its timeout are kept when they are the sweep's work, dropped when not (a
+        timed-out run's records fed the table unchecked)."""
+        saved = compare.conduit_command
+        a = argparse.Namespace(timeout=1, nprocs=2, iters=20, min_bytes_n=8, max_bytes_n=32)
+        try:
+            for r8, kept in ((rec(8), [8]), (rec(8, world=3), [])):
+                out = lines(r8).replace("\n", "\\n").replace("'", "")
+                compare.conduit_command = lambda _a, out=out: (
+                    ["sh", "-c", f"printf '{out}'; exec sleep 30"], dict(os.environ))
+                recs, err, _, _ = compare.run_peer("conduit", a)
+                self.assertEqual(sorted(recs), kept)
+                self.assertTrue(err.startswith("timed out after 1 s"), err)
+                if not kept:
+                    self.assertIn("world 3, expected 2", err)
+        finally:
+            compare.conduit_command = saved
+
 
 class Interrupts(unittest.TestCase):
     def test_an_interrupt_stops_the_benchmark_it_was_running(self):
