@@ -22,6 +22,7 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "core/malloc_tuning.h"
+#include "core/partition.h"
 #include "core/reduce.h"
 #include "core/stats.h"
 
@@ -263,21 +264,35 @@ TEST(Reduce, HalfTypesAccumulateInFloat) {
 }
 
 // min and max do not depend on operand order: a NaN in either gives NaN (b < a ? b : a dropped it when it was the
-// second operand), -0 and +0 give -0 for min and +0 for max; integers wrap without undefined behaviour.
+// second operand), -0 and +0 give -0 for min and +0 for max; integers wrap without undefined behaviour. 37
+// elements: the pattern repeats through the vectorized body (8 floats a step) and the scalar tail (4 reached only
+// the tail).
 TEST(Reduce, MinMaxAreSymmetricForNanAndSignedZerosAndIntegersWrap) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
+  const size_t n = 37;
   for (bool in_place : {false, true})
     for (bool swap : {false, true}) {
-      std::vector<float> a{nan, 1.0f, -0.0f, 2.0f}, b{1.0f, nan, 0.0f, 2.0f};
+      std::vector<float> a(n), b(n);
+      for (size_t k = 0; k < n; ++k) {
+        const float pa[] = {nan, 1.0f, -0.0f, 2.0f}, pb[] = {1.0f, nan, 0.0f, 2.0f};
+        a[k] = pa[k % 4];
+        b[k] = pb[k % 4];
+      }
       if (swap) std::swap(a, b);
       for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
-        std::vector<float> x = a, y = b, out(4);
+        std::vector<float> x = a, y = b, out(n);
         float* o = in_place ? x.data() : out.data();
-        reduce_to(o, x.data(), y.data(), 4, DType::f32, op);
-        EXPECT_TRUE(std::isnan(o[0]) && std::isnan(o[1])) << reduce_op_name(op) << in_place << swap;
-        EXPECT_EQ(o[2], 0.0f);
-        EXPECT_EQ(std::signbit(o[2]), op == ReduceOp::min) << reduce_op_name(op) << in_place << swap;
-        EXPECT_EQ(o[3], 2.0f);
+        reduce_to(o, x.data(), y.data(), n, DType::f32, op);
+        for (size_t k = 0; k < n; ++k) {
+          const std::string at = std::string(reduce_op_name(op)) + (in_place ? " in place" : "") +
+                                 (swap ? " swapped" : "") + " at " + std::to_string(k);
+          if (k % 4 < 2) EXPECT_TRUE(std::isnan(o[k])) << at;
+          if (k % 4 == 2) {
+            EXPECT_EQ(o[k], 0.0f) << at;
+            EXPECT_EQ(std::signbit(o[k]), op == ReduceOp::min) << at;
+          }
+          if (k % 4 == 3) EXPECT_EQ(o[k], 2.0f) << at;
+        }
       }
     }
   std::vector<double> d{-0.0}, e{0.0};
@@ -567,3 +582,16 @@ TEST(KeyValues, BracketedValuesHoldCommasAndRoundTrip) {
     }
   }
 }
+
+namespace {
+// A cost that is not a finite number of 0 or more, or costs summing past the largest double, are refused: the cut
+// came back with empty runs ({inf, 1, 1} in 2 parts: 0, 3, 3), which the header promises it never does.
+TEST(Partition, CostsThatAreNotFiniteAreRefused) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  for (const auto& costs :
+       std::vector<std::vector<double>>{{inf, 1, 1}, {1, nan, 1}, {1, 1, -1}, {1e308, 1e308, 1}, {1, 1, inf}})
+    EXPECT_THROW(conduit::partition_units(costs, 2), conduit::InvalidArgument);
+  EXPECT_EQ(conduit::partition_units({0, 0, 0}, 3), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(conduit::partition_units({1e307, 1e307, 1}, 2), (std::vector<int>{0, 1, 3}));
+}
+}  // namespace
