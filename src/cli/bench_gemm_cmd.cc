@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -148,12 +150,21 @@ std::vector<Shape> parse_shapes(const GemmArgs& a, std::vector<Conv>& convs, std
     } else if (s == "square") {
       for (int64_t n = 32; n <= 1024; n *= 2) out.push_back({{n, n, n}, "square"});
     } else {
-      long long m = 0, n = 0, k = 0;
-      char tail = 0;
-      // Each side at most 2^28 before any product (a product of sides near 2^32 wrapped past the 2^28 check).
+      // Each side digits only (sscanf took "+4x4x4" and "4x 4x4", and overflowed a long side undefined), at most
+      // 2^28 before any product (a product of sides near 2^32 wrapped past the 2^28 check).
       constexpr long long kMax = 1LL << 28;
-      if (std::sscanf(s.c_str(), "%lldx%lldx%lld%c", &m, &n, &k, &tail) != 3 || m < 1 || n < 1 || k < 1 || m > kMax ||
-          n > kMax || k > kMax || m * n > kMax || m * k > kMax || n * k > kMax)
+      const auto sides = split(s, 'x');
+      long long mnk[3] = {0, 0, 0};
+      bool ok = sides.size() == 3;
+      for (size_t i = 0; ok && i < 3; ++i) {
+        const std::string& t = sides[i];
+        const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), mnk[i]);
+        ok = !t.empty() && std::isdigit(static_cast<unsigned char>(t[0])) && ec == std::errc() &&
+             end == t.data() + t.size();
+      }
+      const long long m = mnk[0], n = mnk[1], k = mnk[2];
+      if (!ok || m < 1 || n < 1 || k < 1 || m > kMax || n > kMax || k > kMax || m * n > kMax || m * k > kMax ||
+          n * k > kMax)
         throw ConfigError(fmt::format(
             "--shapes: '{}' is not allowed; allowed: cnn, mlp, square, MxNxK (positive, each matrix at most 2^28 "
             "elements) or conv:INxOUTkK@HxW (a stride-1 convolution padded by K/2 at --batch), comma-separated",

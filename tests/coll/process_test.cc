@@ -38,10 +38,13 @@ std::string temp_path(const std::string& stem) {
   return "/tmp/conduit-test-" + std::to_string(::getpid()) + "-" + stem;
 }
 
-// Runs a shell command with a time limit; returns its exit code and combined output.
+// Runs a shell command with a time limit; returns its exit code and combined output. Without the 4 KiB ring segments
+// this binary sets for its in-process tests (collectives_test.cc): the processes run the default segment size (over
+// shm the only one whose messages reach the single-copy threshold), unless a command sets its own.
 Result run_sh(const std::string& cmd, int limit_s = 240) {
   std::string out = temp_path("out.txt");
-  std::string full = "timeout -k 5 " + std::to_string(limit_s) + " sh -c '" + cmd + "' > " + out + " 2>&1";
+  std::string full = "timeout -k 5 " + std::to_string(limit_s) + " sh -c 'unset CONDUIT_RING_SEGMENT_BYTES; " + cmd +
+                     "' > " + out + " 2>&1";
   auto t0 = std::chrono::steady_clock::now();
   int rc = std::system(full.c_str());
   Result r;
@@ -514,7 +517,11 @@ TEST(Processes, BenchAndSelftestFlagsAreChecked) {
         // Every rank on the host needs its buffers (1 GiB passed for 64 ranks on this 24 GB machine).
         Case{"env LOCAL_WORLD_SIZE=64 " + kConduit + " bench coll -e 1G", "GB per rank, 64 ranks on this host"},
         // A conv shape's error names the flag it came from (it named --layers-spec).
-        Case{"bench gemm --shapes conv:", "--shapes: 'conv:'"}}) {
+        Case{"bench gemm --shapes conv:", "--shapes: 'conv:'"},
+        // Digits only in MxNxK (sscanf took a sign and a space, and overflowed a long side undefined).
+        Case{"bench gemm --shapes +4x4x4", "--shapes: '+4x4x4' is not allowed"},
+        Case{"bench gemm --shapes '4x 4x4'", "--shapes: '4x 4x4' is not allowed"},
+        Case{"bench gemm --shapes 4x4x99999999999999999999", "--shapes: '4x4x99999999999999999999' is not allowed"}}) {
     auto r = run_sh(c.args.rfind("env ", 0) == 0 ? c.args : kConduit + " " + c.args);
     EXPECT_EQ(r.code, 2) << c.args << ": " << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << ": " << r.out;
