@@ -1,9 +1,11 @@
 // Hierarchical two-level allreduce (intra-host, inter-host, intra-host), for L ranks on each of H hosts.
 //   1. reduce-scatter inside each host (ring over the fast local links): local rank i owns 1/L of the vector;
-//   2. allreduce of that 1/L across hosts among the ranks with the same local index (L concurrent rings, one per
-//      local rank, so every NIC is busy);
+//   2. allreduce of that 1/L across hosts among the ranks with the same local index (L concurrent allreduces, one per
+//      local rank, so every NIC is busy; each runs the tuner's pick for n/L bytes among H ranks, a ring for large
+//      vectors);
 //   3. allgather inside each host.
-//   time ≈ (L-1)α_l + (L-1)/L·n(β_l+γ) + 2(H-1)α_x + 2(H-1)/H·(n/L)β_x + (H-1)/H·(n/L)γ + (L-1)α_l + (L-1)/L·nβ_l.
+//   time ≈ (L-1)α_l + (L-1)/L·n(β_l+γ) + cross + (L-1)α_l + (L-1)/L·nβ_l, cross the picked algorithm's time on the
+//   inter-host link (a ring: 2(H-1)α_x + 2(H-1)/H·(n/L)β_x + (H-1)/H·(n/L)γ).
 //   The inter-host bytes per rank drop L-fold compared with a flat ring.
 // Hosts with different rank counts: reduce to each host's leader, allreduce among leaders, broadcast inside hosts.
 #include "coll/algorithms.h"

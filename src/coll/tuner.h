@@ -1,6 +1,7 @@
 #pragma once
 // Algorithm choice, separate from the algorithms (as NCCL's tuner plugins are). An alpha-beta-gamma cost model
-// (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009) predicts each algorithm's time; the cheapest wins.
+// (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009) predicts each algorithm's time; the cheapest wins, but
+// an algorithm listed earlier (ring first) keeps the choice unless a later one is more than 10% cheaper.
 // alpha: seconds per message, beta: seconds per byte on the wire, gamma: seconds per byte reduced; one triple for
 // links inside a host and one across hosts. Parameters are measured at start-up (Communicator::from_env) or given
 // by CONDUIT_COST_MODEL="intra=ALPHA,BETA,GAMMA;inter=ALPHA,BETA,GAMMA" (seconds, seconds/byte, seconds/byte).
@@ -95,6 +96,9 @@ class Tuner {
   void update(F&& change);
   static double predict_with(const CostModel& m, CollOp op, const std::string& algo, double bytes, int p, int hosts);
   static std::string choose_with(const State& s, CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts);
+  // The model's choice, without forcing rules: the cheapest, an earlier-listed algorithm kept unless a later one is
+  // more than 10% cheaper.
+  static std::string cheapest(const CostModel& m, CollOp op, double bytes, int p, int hosts, bool uniform_hosts);
 
   mutable std::mutex mu_;
   std::shared_ptr<const State> state_;  // guarded by mu_; never null

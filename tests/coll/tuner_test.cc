@@ -69,6 +69,22 @@ TEST(Tuner, LatencyBoundSizesPickLogarithmicAlgorithmsAndLargeOnesBandwidthOptim
   EXPECT_NE(th.choose(CollOp::allreduce, 64 << 20, 8, 2, false), "hier");
 }
 
+// hier's cross-host step runs the tuner's pick for n/L bytes among H ranks, and is priced so (it was priced as a ring:
+// 2(H-1) latencies where rd pays log H, and hier lost to a flat rd it beats). 16 ranks on 8 hosts, 64 KiB, a
+// high-latency inter-host link: the cross step is rd's, and hier wins.
+TEST(Tuner, HierPricesItsCrossHostStepAsTheAlgorithmItRuns) {
+  CostModel m;
+  m.intra = {1e-7, 1e-12, 1e-12};
+  m.inter = {5e-5, 1e-9, 1e-12};
+  Tuner t(m);
+  const double n = 64 << 10, L = 2;
+  const double local = 2 * ((L - 1) * m.intra.alpha + (L - 1) / L * n * m.intra.beta) + (L - 1) / L * n * m.intra.gamma;
+  const double rd = t.predict(CollOp::allreduce, "rd", n / L, 8, 8);
+  for (const char* a : {"ring", "rhd", "tree"}) EXPECT_LT(rd, 0.9 * t.predict(CollOp::allreduce, a, n / L, 8, 8)) << a;
+  EXPECT_NEAR(t.predict(CollOp::allreduce, "hier", n, 16, 8), local + rd, 1e-12);
+  EXPECT_EQ(t.choose(CollOp::allreduce, 64 << 10, 16, 8, true), "hier");
+}
+
 TEST(Tuner, ForcingRulesBySizeRange) {
   Tuner t;
   t.force(CollOp::allreduce, Tuner::parse_rules(CollOp::allreduce, "tree:0-64K,rhd:64K-4M,ring:4M-", "X"));
