@@ -88,11 +88,13 @@ class Pacer {
 
 // Trains with plain SGD (lr) for `steps` steps; returns this rank's final parameters (empty on server ranks).
 // `slow`: extra sleep per step on this rank. `step_hook(worker, t, returned)` is called as before_step(t) begins
-// and after it returns.
+// and after it returns. `unfinished`: the parameters after the last step, before finish() (whose final average hides
+// how close the replicas came).
 inline std::vector<float> train(int rank, coll::CommPtr comm, const std::string& name, const Params& p, int steps,
                                 size_t d = 40, float lr = 0.1f, double slow_ms = 0, Strategy** out = nullptr,
                                 std::function<void(Strategy&)> after = nullptr, Pacer* pace = nullptr,
-                                const std::function<void(int, int, bool)>& step_hook = nullptr) {
+                                const std::function<void(int, int, bool)>& step_hook = nullptr,
+                                std::vector<float>* unfinished = nullptr) {
   auto s = make_strategy(name, p, comm);
   if (out) *out = s.get();
   if (!s->is_worker()) {
@@ -115,6 +117,7 @@ inline std::vector<float> train(int rank, coll::CommPtr comm, const std::string&
       for (size_t i = 0; i < d; ++i) x[i] -= lr * g[i];
     s->after_step(t, x);
   }
+  if (unfinished) *unfinished = x;
   s->finish(x);
   if (after) after(*s);
   return x;

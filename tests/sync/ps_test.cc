@@ -367,7 +367,7 @@ TEST(SyncPs, DelayCompensationIsZeroWithoutStalenessAndConvergesWithIt) {
   EXPECT_GT(max_abs_diff(d1.x[0], p1.x[0]), 1e-4) << "delay compensation changed nothing";
   auto asp = run(4, "ps-asp", {{"momentum", "0"}, {"servers", "2"}, {"colocate", "1"}}, 60);
   auto comp = run(4, "ps-asp", {{"momentum", "0"}, {"servers", "2"}, {"colocate", "1"}, {"dc", "0.5"}}, 60);
-  EXPECT_GT(max_abs_diff(comp.x[0], asp.x[0]), 0.0);
+  // (free-running, the two runs differ by timing alone: that dc changes the updates is the ordered check's above)
   auto worst = [](const ::Run& r) {
     double w = 0;
     for (size_t i = 0; i < r.x[0].size(); ++i) {
