@@ -46,46 +46,31 @@ gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point 
     throw ConfigError(fmt::format(
         "data: '{}' is not a regular file (a directory, device or socket); allowed: an IDX file, plain or gzipped",
         path));
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw ConfigError(fmt::format("data: cannot open '{}'", path));
+  // (each descriptor closed on every way out)
+  struct Fd {
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  Fd in{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
+  if (in.fd < 0) throw ConfigError(fmt::format("data: cannot open '{}'", path));
   if (until == std::chrono::steady_clock::time_point{})
     until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                    std::chrono::duration<double>(startup_timeout_seconds(0)));
   // The whole pipe is read here, against the deadline, into a memory file that zlib then reads: handed to gzdopen
   // once its first bytes came, a writer that stalled held the worker without a deadline.
+  Fd mem{::memfd_create("conduit-data", MFD_CLOEXEC)};
+  if (mem.fd < 0)
+    throw ConfigError(fmt::format("data: cannot hold the pipe '{}' in memory: {}", path, std::strerror(errno)));
   const auto waiting = std::chrono::steady_clock::now();
-  std::string data;
+  size_t size = 0;
   for (;;) {
-    char buf[1 << 16];
-    const ssize_t got = ::read(fd, buf, sizeof buf);
-    if (got > 0) {
-      if (data.size() + size_t(got) > kMaxIdxBytes) {
-        ::close(fd);
-        throw ConfigError(
-            fmt::format("data: the pipe '{}' holds more than 4 GiB; allowed: an IDX file of at most 4 GiB", path));
-      }
-      data.append(buf, size_t(got));
-      continue;
-    }
-    if (got == 0 && !data.empty()) break;  // the writer closed it (0 before any byte: no writer yet, waited for)
-    if (got < 0 && errno != EAGAIN && errno != EINTR) {
-      const int e = errno;
-      ::close(fd);
-      throw ConfigError(fmt::format("data: cannot read the pipe '{}': {}", path, std::strerror(e)));
-    }
-    const double left = std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count();
-    pollfd p{fd, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(std::clamp(left * 1000, 0.0, 1e9)));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0) {
-      const int e = errno;
-      ::close(fd);
-      throw ConfigError(fmt::format("data: cannot wait for the pipe '{}': {}", path, std::strerror(e)));
-    }
-    if (rc == 0) {
-      ::close(fd);
+    // The deadline is checked on every turn: a writer that came and closed the pipe without writing left it
+    // reporting a hang-up at once, and one writing without end never let a wait time out.
+    if (std::chrono::steady_clock::now() >= until) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
-      if (data.empty())
+      if (size == 0)
         throw ConfigError(fmt::format(
             "data: '{}' is a pipe nothing wrote to in {:.0f} s, by start-up's deadline (the longer of --timeout-s "
             "and CONDUIT_TIMEOUT, 300 s unset); allowed: an IDX file, plain or gzipped, or a pipe written to in time",
@@ -94,32 +79,41 @@ gzFile open_data(const std::string& path, std::chrono::steady_clock::time_point 
           "data: the pipe '{}' was not written whole in {:.0f} s, by start-up's deadline (the longer of --timeout-s "
           "and CONDUIT_TIMEOUT, 300 s unset): {} bytes came, and its writer has not closed it; allowed: a pipe "
           "written whole and closed in time",
-          path, waited, data.size()));
+          path, waited, size));
     }
-    // (a hang-up with nothing to read: the next read returns 0 at the end, or EAGAIN while a writer is yet to come)
-    if ((p.revents & POLLHUP) && !(p.revents & POLLIN) && data.empty())
+    char buf[1 << 16];
+    const ssize_t got = ::read(in.fd, buf, sizeof buf);
+    if (got > 0) {
+      if (size + size_t(got) > kMaxIdxBytes)
+        throw ConfigError(
+            fmt::format("data: the pipe '{}' holds more than 4 GiB; allowed: an IDX file of at most 4 GiB", path));
+      for (ssize_t at = 0; at < got;) {
+        const ssize_t w = ::write(mem.fd, buf + at, size_t(got - at));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0)
+          throw ConfigError(fmt::format("data: cannot hold the pipe '{}' in memory: {}", path,
+                                        std::strerror(w < 0 ? errno : ENOSPC)));
+        at += w;
+      }
+      size += size_t(got);
+      continue;
+    }
+    if (got == 0 && size > 0) break;  // the writer closed it (0 before any byte: no writer yet, or one that left)
+    if (got < 0 && errno != EAGAIN && errno != EINTR)
+      throw ConfigError(fmt::format("data: cannot read the pipe '{}': {}", path, std::strerror(errno)));
+    const double left = std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count();
+    pollfd p{in.fd, POLLIN, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::clamp(left * 1000, 1.0, 1e9)));
+    if (rc < 0 && errno != EINTR)
+      throw ConfigError(fmt::format("data: cannot wait for the pipe '{}': {}", path, std::strerror(errno)));
+    // (a writer that left before writing: the hang-up stays until another opens it; waited for, not spun on)
+    if (rc > 0 && (p.revents & POLLHUP) && !(p.revents & POLLIN))
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ::close(fd);
-  const int mem = ::memfd_create("conduit-data", MFD_CLOEXEC);
-  if (mem < 0)
-    throw ConfigError(fmt::format("data: cannot hold the pipe '{}' in memory: {}", path, std::strerror(errno)));
-  for (size_t at = 0; at < data.size();) {
-    const ssize_t w = ::write(mem, data.data() + at, data.size() - at);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int e = errno;
-      ::close(mem);
-      throw ConfigError(fmt::format("data: cannot hold the pipe '{}' in memory: {}", path, std::strerror(e)));
-    }
-    at += size_t(w);
-  }
-  ::lseek(mem, 0, SEEK_SET);
-  gzFile f = gzdopen(mem, "rb");
-  if (!f) {
-    ::close(mem);
-    throw ConfigError(fmt::format("data: cannot open '{}'", path));
-  }
+  ::lseek(mem.fd, 0, SEEK_SET);
+  gzFile f = gzdopen(mem.fd, "rb");
+  if (!f) throw ConfigError(fmt::format("data: cannot open '{}'", path));
+  mem.fd = -1;  // (gzclose closes it)
   return f;
 }
 
