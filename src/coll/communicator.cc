@@ -1021,6 +1021,7 @@ Work Communicator::p2p(bool is_send, void* buf, size_t count, DType dt, int peer
   if (peer < 0 || peer >= size() || peer == rank_)
     throw InvalidArgument(fmt::format("{}: peer {} is not another rank of [0, {})", what, peer, size()));
   check_buffer(buf, count, dt, what);
+  const double timeout_s = effective_timeout(o);  // (refused before the request is posted on the caller's buffer)
   uint64_t t = net::make_tag(net::kUser, id_, tag);
   size_t bytes = count * dtype_size(dt);
   auto state = std::make_shared<Work::State>();
@@ -1028,7 +1029,7 @@ Work Communicator::p2p(bool is_send, void* buf, size_t count, DType dt, int peer
   state->request = is_send ? transport_->isend(members_[peer], t, buf, bytes)
                            : transport_->irecv(members_[peer], t, buf, bytes);
   state->transport = transport_;
-  state->deadline = Deadline::after(effective_timeout(o));
+  state->deadline = Deadline::after(timeout_s);
   state->algorithm = "p2p";
   state->what = fmt::format("{} {} rank {} (tag {}) on {}", what, is_send ? "to" : "from", peer, tag, describe());
   return Work(state);
