@@ -15,6 +15,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -316,13 +317,18 @@ class TcpTransport : public Transport {
     const Deadline give_up = Deadline::after(0.5);
     // Peers already failed get the frame too: failed by another rank's abort (relayed to every peer), the
     // connections to the others are sound, and a peer waiting on this rank would otherwise hear nothing until its
-    // deadline (its rank may never talk to the one that aborted first). The healthy ones first: a failed peer that
-    // stopped reading must not spend their share of the deadline.
+    // deadline (its rank may never talk to the one that aborted first). The healthy ones first, those with a send
+    // cut mid-frame after them (finishing it needs the peer to read, and one stalled on a frame it has no receive for
+    // reads nothing), failed ones last: a peer that is not reading must not spend the others' share of the deadline.
+    std::vector<std::pair<int, Peer*>> ranked;  // (0 healthy, 1 a send cut mid-frame, 2 failed; each peer once)
+    for (auto& p : peers_) {
+      if (p.fd < 0) continue;
+      std::lock_guard<std::mutex> sl(p.send_mu);
+      ranked.push_back({p.failed ? 2 : !p.sendq.empty() && p.sendq.front().sent > 0 ? 1 : 0, &p});
+    }
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<Peer*> order;
-    for (auto& p : peers_)
-      if (p.fd >= 0 && !p.failed) order.push_back(&p);
-    for (auto& p : peers_)
-      if (p.fd >= 0 && p.failed) order.push_back(&p);
+    for (const auto& [rank_class, p] : ranked) order.push_back(p);
     for (Peer* pp : order) {
       Peer& p = *pp;
       std::lock_guard<std::mutex> sl(p.send_mu);
