@@ -520,7 +520,7 @@ TEST(Processes, BenchAndSelftestFlagsAreChecked) {
         Case{"bench gemm --shapes conv:", "--shapes: 'conv:'"},
         // Digits only in MxNxK (sscanf took a sign and a space, and overflowed a long side undefined).
         Case{"bench gemm --shapes +4x4x4", "--shapes: '+4x4x4' is not allowed"},
-        Case{"bench gemm --shapes '4x 4x4'", "--shapes: '4x 4x4' is not allowed"},
+        Case{"bench gemm --shapes \"4x 4x4\"", "--shapes: '4x 4x4' is not allowed"},
         Case{"bench gemm --shapes 4x4x99999999999999999999", "--shapes: '4x4x99999999999999999999' is not allowed"}}) {
     auto r = run_sh(c.args.rfind("env ", 0) == 0 ? c.args : kConduit + " " + c.args);
     EXPECT_EQ(r.code, 2) << c.args << ": " << r.out;
