@@ -216,10 +216,11 @@ uint64_t Tuner::next_version() {
 }
 
 double Tuner::predict(CollOp op, const std::string& algo, double n, int p, int hosts) const {
-  return predict_with(snapshot()->model, op, algo, n, p, hosts);
+  return predict_with(*snapshot(), op, algo, n, p, hosts);
 }
 
-double Tuner::predict_with(const CostModel& model, CollOp op, const std::string& algo, double n, int p, int hosts) {
+double Tuner::predict_with(const State& s, CollOp op, const std::string& algo, double n, int p, int hosts) {
+  const CostModel& model = s.model;
   if (p <= 1) return 0;
   // Links: a flat algorithm over several hosts is limited by the inter-host link.
   const LinkCost& l = hosts > 1 ? model.inter : model.intra;
@@ -249,12 +250,14 @@ double Tuner::predict_with(const CostModel& model, CollOp op, const std::string&
         const LinkCost& in = model.intra;
         double L = P / hosts, H = hosts;
         double local_rs = (L - 1) * in.alpha + (L - 1) / L * n * (in.beta + in.gamma);
-        // The cross-host step runs what the tuner picks for n/L bytes among H ranks on H hosts (hierarchical.cc),
-        // priced so: a ring there overstated small messages' cost (2(H-1) latencies where rd pays log H), and hier
-        // was passed over where it won. (A flat algorithm on h > 1 hosts is charged the inter-host link.)
+        // The cross-host step runs what the tuner picks for n/L bytes among H ranks on H hosts (hierarchical.cc: its
+        // forcing rules too, hier read as ring), priced so: a ring there overstated small messages' cost (2(H-1)
+        // latencies where rd pays log H), and hier was passed over where it won. (A flat algorithm on h > 1 hosts
+        // is charged the inter-host link.)
         const int h = static_cast<int>(H);
-        double cross =
-            predict_with(model, CollOp::allreduce, cheapest(model, CollOp::allreduce, n / L, h, h, false), n / L, h, h);
+        std::string cross_algo = choose_with(s, CollOp::allreduce, static_cast<size_t>(n / L), h, h, false);
+        if (cross_algo == "hier") cross_algo = "ring";
+        double cross = predict_with(s, CollOp::allreduce, cross_algo, n / L, h, h);
         double local_ag = (L - 1) * in.alpha + (L - 1) / L * n * in.beta;
         return local_rs + cross + local_ag;
       }
@@ -311,16 +314,16 @@ std::string Tuner::choose_with(const State& s, CollOp op, size_t bytes, int p, i
   // is less than kTieMargin cheaper: for large vectors ring and Rabenseifner predict the same bandwidth term, and
   // measured here ring is faster (each rank sends and receives on different links, segments pipeline), e.g. 94-96%
   // of a shaped 1 Gbit/s link against 65-85% for rhd (docs/cluster.md).
-  return cheapest(s.model, op, static_cast<double>(bytes), p, hosts, uniform_hosts);
+  return cheapest(s, op, static_cast<double>(bytes), p, hosts, uniform_hosts);
 }
 
-std::string Tuner::cheapest(const CostModel& m, CollOp op, double bytes, int p, int hosts, bool uniform_hosts) {
+std::string Tuner::cheapest(const State& s, CollOp op, double bytes, int p, int hosts, bool uniform_hosts) {
   constexpr double kTieMargin = 0.10;
   std::string best;
   double best_t = std::numeric_limits<double>::infinity();
   for (const auto& a : algorithms(op)) {
     if (a == "hier" && (hosts <= 1 || !uniform_hosts)) continue;
-    double t = predict_with(m, op, a, bytes, p, hosts);
+    double t = predict_with(s, op, a, bytes, p, hosts);
     if (best.empty() || t < best_t * (1 - kTieMargin)) {
       best_t = t;
       best = a;

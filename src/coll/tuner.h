@@ -94,11 +94,11 @@ class Tuner {
   // writers do not lose each other's change).
   template <class F>
   void update(F&& change);
-  static double predict_with(const CostModel& m, CollOp op, const std::string& algo, double bytes, int p, int hosts);
+  static double predict_with(const State& s, CollOp op, const std::string& algo, double bytes, int p, int hosts);
   static std::string choose_with(const State& s, CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts);
   // The model's choice, without forcing rules: the cheapest, an earlier-listed algorithm kept unless a later one is
   // more than 10% cheaper.
-  static std::string cheapest(const CostModel& m, CollOp op, double bytes, int p, int hosts, bool uniform_hosts);
+  static std::string cheapest(const State& s, CollOp op, double bytes, int p, int hosts, bool uniform_hosts);
 
   mutable std::mutex mu_;
   std::shared_ptr<const State> state_;  // guarded by mu_; never null

@@ -83,6 +83,10 @@ TEST(Tuner, HierPricesItsCrossHostStepAsTheAlgorithmItRuns) {
   for (const char* a : {"ring", "rhd", "tree"}) EXPECT_LT(rd, 0.9 * t.predict(CollOp::allreduce, a, n / L, 8, 8)) << a;
   EXPECT_NEAR(t.predict(CollOp::allreduce, "hier", n, 16, 8), local + rd, 1e-12);
   EXPECT_EQ(t.choose(CollOp::allreduce, 64 << 10, 16, 8, true), "hier");
+  // A forcing rule that covers the cross step's n/L bytes is what the step runs, and what it is priced as.
+  t.force(CollOp::allreduce, Tuner::parse_rules(CollOp::allreduce, "tree:0-40K,ring:40K-", "X"));
+  EXPECT_NEAR(t.predict(CollOp::allreduce, "hier", n, 16, 8), local + t.predict(CollOp::allreduce, "tree", n / L, 8, 8),
+              1e-12);
 }
 
 TEST(Tuner, ForcingRulesBySizeRange) {
