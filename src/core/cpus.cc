@@ -57,6 +57,11 @@ std::optional<int> cpus_from_cfs(const std::string& quota, const std::string& pe
 }
 
 std::vector<CgroupDir> cgroup_cpu_dirs(const std::string& self_cgroup, const std::string& mount) {
+  return cgroup_dirs(self_cgroup, "cpu", mount);
+}
+
+std::vector<CgroupDir> cgroup_dirs(const std::string& self_cgroup, const std::string& controller,
+                                   const std::string& mount) {
   std::vector<CgroupDir> out;
   // Every directory from `rel` (a cgroup path, "/a/b") up to the root, below `base`.
   auto chain = [&](const std::string& base, std::string rel, int version) {
@@ -83,17 +88,17 @@ std::vector<CgroupDir> cgroup_cpu_dirs(const std::string& self_cgroup, const std
     } else {
       std::istringstream cs(controllers);
       std::string c;
-      bool cpu = false;
-      while (std::getline(cs, c, ',')) cpu = cpu || c == "cpu";
-      if (!cpu) continue;
+      bool mine = false;
+      while (std::getline(cs, c, ',')) mine = mine || c == controller;
+      if (!mine) continue;
       chain(mount + "/" + controllers, path, 1);
-      if (controllers != "cpu") chain(mount + "/cpu", path, 1);  // the usual symlink to "cpu,cpuacct"
+      if (controllers != controller) chain(mount + "/" + controller, path, 1);  // the usual symlink ("cpu,cpuacct")
       any = true;
     }
   }
   if (!any) {  // no /proc/self/cgroup: the mount's root, both layouts
     out.push_back({mount, 2});
-    out.push_back({mount + "/cpu", 1});
+    out.push_back({mount + "/" + controller, 1});
   }
   return out;
 }
@@ -191,12 +196,27 @@ std::vector<int> spread_over_cpus(const std::vector<double>& work, int ncpus) {
   return cpu;
 }
 
+std::optional<double> cgroup_memory_limit(const std::string& self_cgroup, const std::string& mount) {
+  std::optional<double> limit;
+  for (const auto& d : cgroup_dirs(self_cgroup, "memory", mount)) {
+    // v2 memory.max ("max": none), v1 memory.limit_in_bytes (about 2^63 for none: above any machine's memory)
+    std::ifstream f(d.path + (d.version == 2 ? "/memory.max" : "/memory.limit_in_bytes"));
+    double v = 0;
+    if (f >> v && v > 0) limit = limit ? std::min(*limit, v) : v;
+  }
+  return limit;
+}
+
 double usable_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   double have = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
-  std::ifstream f("/sys/fs/cgroup/memory.max");  // cgroup v2 ("max": none)
-  double limit = 0;
-  if (f >> limit && limit > 0) have = have > 0 ? std::min(have, limit) : limit;
+  std::ifstream self("/proc/self/cgroup");
+  std::stringstream text;
+  text << self.rdbuf();
+  // This process's cgroup and every parent's, v2 and v1 (only the v2 root's memory.max was read: a limit on a
+  // sub-cgroup, systemd-run -p MemoryMax or a batch job's, and every v1 limit were missed, and the guards that
+  // refuse a run too large for memory let the out-of-memory killer end it instead).
+  if (const auto limit = cgroup_memory_limit(text.str())) have = have > 0 ? std::min(have, *limit) : *limit;
   return have;
 }
 

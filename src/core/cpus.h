@@ -23,6 +23,12 @@ struct CgroupDir {
   int version;
 };
 std::vector<CgroupDir> cgroup_cpu_dirs(const std::string& self_cgroup, const std::string& mount = "/sys/fs/cgroup");
+// The same for another v1 controller ("memory": v1 directories under <mount>/memory).
+std::vector<CgroupDir> cgroup_dirs(const std::string& self_cgroup, const std::string& controller,
+                                   const std::string& mount = "/sys/fs/cgroup");
+// The smallest memory limit of this cgroup and its parents (v2 memory.max, v1 memory.limit_in_bytes), in bytes;
+// nullopt when none is set or readable.
+std::optional<double> cgroup_memory_limit(const std::string& self_cgroup, const std::string& mount = "/sys/fs/cgroup");
 
 // Online CPUs, capped by the smallest CPU quota of this process's cgroup and its parents. The same on every process of
 // a container, whatever each one's affinity (ranks pinned one per core by mpirun or `conduit launch` see one CPU in
@@ -43,7 +49,8 @@ std::vector<int> start_affinity();
 // /sys/devices/system/cpu/cpuN/topology (the lowest CPU of its thread_siblings_list).
 std::vector<int> cores_first(const std::vector<int>& cpus, const std::function<std::optional<int>(int)>& core_of);
 std::optional<int> sysfs_core_of(int cpu);
-// The memory this process may use: the machine's, or its cgroup's limit (v2 memory.max) when lower; 0: unknown.
+// The memory this process may use: the machine's, or the smallest limit of its cgroup and their parents
+// (cgroup_memory_limit) when lower; 0: unknown.
 double usable_memory_bytes();
 
 // Which of `ncpus` CPUs each of work.size() workers is bound to, work[k] being worker k's share of the work (any

@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -142,4 +145,33 @@ TEST(Cpus, QuotaIsReadFromThisProcesssCgroupAndItsParents) {
             (std::vector<std::string>{"1 /m/cpu,cpuacct/slurm/job7", "1 /m/cpu,cpuacct/slurm", "1 /m/cpu,cpuacct",
                                       "1 /m/cpu/slurm/job7", "1 /m/cpu/slurm", "1 /m/cpu", "2 /m"}));
   EXPECT_EQ(paths(conduit::cgroup_cpu_dirs("", "/m")), (std::vector<std::string>{"2 /m", "1 /m/cpu"}));
+}
+
+// Memory limits are read from this process's cgroup and every parent, v2 and v1 (only the v2 root's memory.max was
+// read: a sub-cgroup's limit and every v1 limit were missed, and the guards against a run too large for memory
+// passed).
+TEST(Cpus, MemoryLimitIsReadFromThisProcesssCgroupAndItsParents) {
+  namespace fs = std::filesystem;
+  const fs::path m = fs::temp_directory_path() / ("conduit-cgroup-" + std::to_string(::getpid()));
+  fs::remove_all(m);
+  auto put = [&](const fs::path& file, const std::string& text) {
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text << "\n";
+  };
+  put(m / "system.slice" / "job.scope" / "memory.max", "max");
+  put(m / "system.slice" / "memory.max", "3221225472");
+  EXPECT_EQ(conduit::cgroup_memory_limit("0::/system.slice/job.scope\n", m.string()), 3221225472.0);
+  put(m / "system.slice" / "job.scope" / "memory.max", "1073741824");
+  EXPECT_EQ(conduit::cgroup_memory_limit("0::/system.slice/job.scope\n", m.string()), 1073741824.0);
+  EXPECT_EQ(conduit::cgroup_memory_limit("0::/other\n", m.string()), std::nullopt);
+  // v1: the memory controller's hierarchy (its "unlimited" is about 2^63, above any machine's memory).
+  put(m / "memory" / "process_api" / "memory.limit_in_bytes", "2147483648");
+  put(m / "memory" / "memory.limit_in_bytes", "9223372036854771712");
+  EXPECT_EQ(conduit::cgroup_memory_limit("4:memory:/process_api\n2:cpu,cpuacct:/x\n", m.string()), 2147483648.0);
+  const auto dirs = conduit::cgroup_dirs("4:memory:/process_api\n", "memory", "/m");
+  ASSERT_EQ(dirs.size(), 2u);
+  EXPECT_EQ(dirs[0].path, "/m/memory/process_api");
+  EXPECT_EQ(dirs[1].path, "/m/memory");
+  EXPECT_GT(conduit::usable_memory_bytes(), 0);
+  fs::remove_all(m);
 }
