@@ -264,7 +264,7 @@ TEST(SyncPs, ColocatedStateResumes) {
     std::vector<std::vector<float>> straight(n), resumed(n);
     Params p = {
         {"servers", "2"}, {"colocate", "1"}, {"push_compressor", "ef:topk:ratio=0.3"}, {"pull_compressor", "int8"}};
-    // ssp applies each push with its own momentum step, so arrival order matters unless momentum is 0.
+    // (momentum 0: the pushes' order does not matter whichever way the server applies them)
     if (mode == "ps-ssp") p = {{"servers", "2"}, {"colocate", "1"}, {"staleness", "0"}, {"momentum", "0"}};
     if (mode == "plain") mode = "ps-bsp", p.erase("push_compressor"), p.erase("pull_compressor");
     // dana's per-worker momenta and their sum are state too (s = 0 fixes which pushes each look-ahead has seen).

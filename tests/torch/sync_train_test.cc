@@ -110,8 +110,7 @@ TEST(TrainSync, LearningRateScheduleReachesTheServers) {
   ps.sync = "ps-bsp";
   auto r = train_inproc(ps, 2);
   EXPECT_LT(max_rel_diff(r[0].params, ref[0].params), 1e-4);
-  // SSP with s = 0 reads what BSP reads; without momentum applying each gradient on arrival (scaled by 1/W) is the
-  // averaged step. (With momentum it is not: asp/ssp take one momentum step per push.)
+  // SSP with s = 0 applies each clock's mean once, as BSP (with momentum too: sync/ps_test.cc).
   TrainConfig ssp0 = ps;
   ssp0.sync = "ps-ssp:staleness=0";
   auto s0 = train_inproc(ssp0, 2);
