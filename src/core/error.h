@@ -53,4 +53,19 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 
+// Rethrows `e` as its own class with `context` before its message ("pipeline stage 1 of 2: receiving ...: recv from
+// rank 0 ... timed out"): a caller that knows what the operation was for names it, and whoever catches a kind of
+// error still catches it.
+[[noreturn]] inline void rethrow_with_context(const Error& e, const std::string& context) {
+  const std::string m = context + ": " + e.what();
+  if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(m);
+  if (dynamic_cast<const PeerError*>(&e)) throw PeerError(m);
+  if (dynamic_cast<const ProtocolError*>(&e)) throw ProtocolError(m);
+  if (dynamic_cast<const MismatchError*>(&e)) throw MismatchError(m);
+  if (dynamic_cast<const InvalidArgument*>(&e)) throw InvalidArgument(m);
+  if (dynamic_cast<const ConfigError*>(&e)) throw ConfigError(m);
+  if (dynamic_cast<const UnsupportedError*>(&e)) throw UnsupportedError(m);
+  throw Error(m);
+}
+
 }  // namespace conduit

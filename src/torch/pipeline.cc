@@ -73,6 +73,14 @@ Pipeline::~Pipeline() {
   }
 }
 
+void Pipeline::wait_send(Pending& p) {
+  try {
+    p.work.wait();
+  } catch (const Error& e) {
+    rethrow_with_context(e, p.what);
+  }
+}
+
 torch::Tensor Pipeline::recv_activation(int64_t n, int kind, int chunk) {
   // (around the ring: with interleaved chunks the first stage's chunk j + 1 follows the last stage's chunk j)
   const int peer = (kind == kBackward ? stage_id_ + 1 : stage_id_ + n_stages_ - 1) % n_stages_;
@@ -87,7 +95,13 @@ torch::Tensor Pipeline::recv_activation(int64_t n, int kind, int chunk) {
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
   const double t0 = now_s();
-  comm_->recv(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, chunk), o).wait();
+  try {
+    comm_->recv(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, chunk), o).wait();
+  } catch (const Error& e) {  // (the communicator names a rank and a tag: which stage waited for what)
+    rethrow_with_context(
+        e, fmt::format("pipeline stage {} of {}: receiving the {} of chunk {} from stage {}", stage_id_, n_stages_,
+                       kind == kBackward ? "gradient of its output" : "input activations", chunk, peer));
+  }
   stats_.wait_s += now_s() - t0;
   const uint64_t bytes = uint64_t(t.numel()) * sizeof(float);
   stats_.bytes_recv += bytes;
@@ -105,15 +119,26 @@ void Pipeline::send(torch::Tensor t, int kind, int chunk) {
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
   // Sends that have completed free their buffers now (not at the end of the step: GPipe would hold every one).
-  while (!sends_.empty() && sends_.front().work.test()) sends_.pop_front();
-  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, to), o), t});
+  while (!sends_.empty()) {
+    bool done = false;
+    try {
+      done = sends_.front().work.test();
+    } catch (const Error& e) {
+      rethrow_with_context(e, sends_.front().what);
+    }
+    if (!done) break;
+    sends_.pop_front();
+  }
+  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, to), o), t,
+                    fmt::format("pipeline stage {} of {}: sending the {} of chunk {} to stage {}", stage_id_, n_stages_,
+                                back ? "gradient of its input" : "output activations", chunk, peer)});
   stats_.bytes_sent += uint64_t(t.numel()) * sizeof(float);
 }
 
 void Pipeline::wait_sends(size_t keep) {
   while (sends_.size() > keep) {
     const double t0 = now_s();
-    sends_.front().work.wait();
+    wait_send(sends_.front());
     stats_.wait_s += now_s() - t0;
     sends_.pop_front();
   }

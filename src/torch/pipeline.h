@@ -107,7 +107,9 @@ class Pipeline {
   struct Pending {
     coll::Work work;
     torch::Tensor buf;
+    std::string what;  // for its errors: which stage's send of what
   };
+  void wait_send(Pending& p);
   std::deque<Pending> sends_;
   PipeStats stats_;
 };

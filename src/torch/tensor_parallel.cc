@@ -30,7 +30,12 @@ void group_allreduce(TpGroup* g, torch::Tensor& t, const char* pass) {
   const double s0 = now_s();
   coll::CollOptions o;
   o.timeout_s = g->timeout_s;
-  g->comm->allreduce(t.data_ptr<float>(), size_t(t.numel()), DType::f32, ReduceOp::sum, o).wait();
+  try {
+    g->comm->allreduce(t.data_ptr<float>(), size_t(t.numel()), DType::f32, ReduceOp::sum, o).wait();
+  } catch (const Error& e) {  // (which group, which pass: the communicator names only a rank)
+    rethrow_with_context(e, fmt::format("tensor parallelism, rank {} of its group of {}: the {} pass's allreduce",
+                                        g->comm->rank(), g->comm->size(), pass));
+  }
   const uint64_t bytes = uint64_t(t.numel()) * sizeof(float);
   g->payload_bytes += bytes;
   g->calls += 1;
@@ -68,10 +73,16 @@ torch::Tensor token_collective(TpGroup* g, const torch::Tensor& x, bool gather, 
   torch::Tensor out = torch::empty({gather ? kTokens : mine, b, d}, torch::kFloat);
   coll::CollOptions o;
   o.timeout_s = g->timeout_s;
-  if (gather)
-    g->comm->allgatherv(in.data_ptr<float>(), out.data_ptr<float>(), counts, DType::f32, o).wait();
-  else
-    g->comm->reduce_scatter(in.data_ptr<float>(), out.data_ptr<float>(), counts, DType::f32, ReduceOp::sum, o).wait();
+  try {
+    if (gather)
+      g->comm->allgatherv(in.data_ptr<float>(), out.data_ptr<float>(), counts, DType::f32, o).wait();
+    else
+      g->comm->reduce_scatter(in.data_ptr<float>(), out.data_ptr<float>(), counts, DType::f32, ReduceOp::sum, o).wait();
+  } catch (const Error& e) {
+    rethrow_with_context(
+        e, fmt::format("sequence parallelism, rank {} of its group of {}: the {} pass's {}", g->comm->rank(),
+                       g->comm->size(), pass, gather ? "allgather" : "reduce-scatter"));
+  }
   const uint64_t bytes = uint64_t(kTokens * b * d) * sizeof(float);
   g->payload_bytes += bytes / 2;
   g->calls += 1;

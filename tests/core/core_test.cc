@@ -595,3 +595,36 @@ TEST(Partition, CostsThatAreNotFiniteAreRefused) {
   EXPECT_EQ(conduit::partition_units({1e307, 1e307, 1}, 2), (std::vector<int>{0, 1, 3}));
 }
 }  // namespace
+
+namespace {
+// A caller's context goes before the message and the error keeps its class (catch blocks for a timeout still match).
+TEST(Errors, RethrowWithContextKeepsTheClass) {
+  try {
+    try {
+      throw conduit::TimeoutError("recv from rank 1 timed out");
+    } catch (const conduit::Error& e) {
+      conduit::rethrow_with_context(e, "pipeline stage 0 of 2");
+    }
+  } catch (const conduit::TimeoutError& e) {
+    EXPECT_STREQ(e.what(), "pipeline stage 0 of 2: recv from rank 1 timed out");
+  }
+  EXPECT_THROW(
+      {
+        try {
+          throw conduit::PeerError("x");
+        } catch (const conduit::Error& e) {
+          conduit::rethrow_with_context(e, "c");
+        }
+      },
+      conduit::PeerError);
+  EXPECT_THROW(
+      {
+        try {
+          throw conduit::Error("x");
+        } catch (const conduit::Error& e) {
+          conduit::rethrow_with_context(e, "c");
+        }
+      },
+      conduit::Error);
+}
+}  // namespace

@@ -277,8 +277,31 @@ TEST(DistributedOptimizer, BackwardPassesAccumulateMicroBatchesBeforeTheirBucket
   }
 }
 
+// A tensor-parallel rank whose partner never runs its half fails at the deadline naming the group and the pass (the
+// communicator's line named only ranks), still a TimeoutError.
+TEST(TensorParallel, ARankWhosePartnerIsGoneNamesItsGroupAndPass) {
+  auto comms = coll::Communicator::inproc(2);  // (rank 1 never runs its half)
+  TpGroup g;
+  g.comm = comms[0];
+  g.timeout_s = 0.5;
+  std::string error;
+  {
+    torch::NoGradGuard ng;
+    auto net = make_vit(&g);
+    try {
+      net->forward(torch::zeros({2, 1, 28, 28}));
+    } catch (const TimeoutError& e) {
+      error = e.what();
+    }
+  }
+  EXPECT_EQ(error.rfind("tensor parallelism, rank 0 of its group of 2: the forward pass's allreduce: ", 0), 0u)
+      << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
 // A pipeline stage whose neighbour stops answering fails at the receive's deadline with one line naming the peer
-// (not after the default 300 s), and the pipeline's destructor waits for its sends no longer than theirs.
+// (not after the default 300 s) and what the stage waited for (it named a rank and a tag only), still a
+// TimeoutError; the pipeline's destructor waits for its sends no longer than theirs.
 TEST(Pipeline, AStageWhoseNeighbourIsGoneFailsAtItsDeadline) {
   auto comms = coll::Communicator::inproc(2);  // (rank 1 never runs its stage)
   std::shared_ptr<Net> stage;
@@ -299,6 +322,8 @@ TEST(Pipeline, AStageWhoseNeighbourIsGoneFailsAtItsDeadline) {
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(error.find("recv from rank 1"), std::string::npos) << error;
+  EXPECT_EQ(error.rfind("pipeline stage 0 of 2: receiving the gradient of its output of chunk 0 from stage 1: ", 0), 0u)
+      << error;
   EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   EXPECT_LT(s, 60.0);  // (a hang guard, not a timing: the deadline is 0.5 s)
 }
