@@ -6,6 +6,10 @@ set -euo pipefail
 ratio=${1:-0.001}
 size=${2:-100000000}
 conduit=${3:-build/bin/conduit}
+# (from the repository root whatever the caller's directory: the peer's paths are relative to it; a CONDUIT path given
+# relative to the caller's directory is resolved first)
+if [[ "$conduit" == */* ]]; then conduit=$(realpath -- "$conduit"); fi
+cd "$(dirname "$0")/../.."
 case "$size" in
   ''|*[!0-9]*) echo "compare_topk.sh: SIZE '$size': allowed: a whole number of bytes (no suffixes)" >&2; exit 2 ;;
 esac

@@ -35,11 +35,17 @@ run() {  # new|old CASE-WORDS... ROUND
     key="step dgx-h100 $3 gpt3-175b t$4 p$5"
     field=simulation_wall_s
     "$b" sim step --cluster dgx-h100 --gpus "$3" --model gpt3-175b --global-batch "$6" --tp "$4" --pp "$5" \
-      --recompute selective --sp --json >"$out.json" || true  # (exit 1: the plan does not fit; the JSON is there)
+      --recompute selective --sp --json >"$out.json"  # (exit 0 whether or not it fits: "fits" says)
   else
     key="plan $3 $4 $5"
     field=search_s
-    "$b" sim plan --cluster "$3" --gpus "$4" --model "$5" --global-batch "$6" --json >"$out.json" || true
+    # (exit 1: no plan fits, with the JSON written; any other failure stops the script)
+    local rc=0
+    "$b" sim plan --cluster "$3" --gpus "$4" --model "$5" --global-batch "$6" --json >"$out.json" || rc=$?
+    if ((rc != 0 && rc != 1)); then
+      echo "sim_speed.sh: $who binary: sim plan $3 $4 $5 exited $rc" >&2
+      return "$rc"
+    fi
   fi
   /usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 print(sys.argv[2], sys.argv[3], round(1e3 * d[sys.argv[4]], 1), d.get("candidates", ""), sep="\t")' \
@@ -50,7 +56,7 @@ for c in "${cases[@]}"; do
   configs+=("new $c")
   if [[ -n "$old" ]]; then configs+=("old $c"); fi
 done
-alternate_rounds "$rounds" run "${configs[@]}" 2>/dev/null
+alternate_rounds "$rounds" run "${configs[@]}"
 echo
 /usr/bin/python3 - "$out" <<'PY'
 import statistics, sys
