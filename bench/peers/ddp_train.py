@@ -400,14 +400,50 @@ def main(argv):
     # Bound as `conduit train`'s launcher binds its workers (launcher.h: auto, rank k on CPU k mod C), so that a
     # comparison of the two runs both alike (the ZeRO table's DDP ran unbound beside bound Conduit workers).
     # (auto leaves a single worker every CPU, as the launcher does)
-    cpus = sorted(os.sched_getaffinity(0)) if a.bind != "none" else []
+    cpus = cores_first(sorted(os.sched_getaffinity(0))) if a.bind != "none" else []
     bind = a.bind == "core" or (a.bind == "auto" and a.nprocs > 1 and
                                 (a.nprocs <= len(cpus) or a.nprocs % len(cpus) == 0))
     procs = [subprocess.Popen([sys.executable, __file__] + argv, env=dict(env, RANK=str(r)),
                               preexec_fn=(lambda c=cpus[r % len(cpus)]: os.sched_setaffinity(0, {c})) if bind else None)
              for r in range(a.nprocs)]
+    # The first rank to fail stops the others (waited for in turn, the rest sat in gloo until its timeout, 300 s).
+    code = 0
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = next((p.returncode for p in procs if p.returncode not in (None, 0)), 0)
+            if failed:
+                code = failed
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+                break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        code = 130
     codes = [p.wait() for p in procs]
-    return next((c for c in codes if c != 0), 0)
+    return code or next((c for c in codes if c != 0), 0)
+
+
+def cores_first(cpus):
+    """The CPUs with one of every core before any core's second (and so on), as the launcher orders them
+    (launcher.cc: cores_first): sorted by number, two ranks on a host that numbers SMT siblings side by side shared a
+    core where Conduit's did not. Unknown topology keeps the order."""
+    def core(c):
+        try:
+            base = f"/sys/devices/system/cpu/cpu{c}/topology/"
+            with open(base + "physical_package_id") as f1, open(base + "core_id") as f2:
+                return (f1.read().strip(), f2.read().strip())
+        except OSError:
+            return ("cpu", str(c))
+    seen, out = {}, []
+    for c in cpus:
+        k = core(c)
+        out.append((seen.get(k, 0), c))
+        seen[k] = seen.get(k, 0) + 1
+    return [c for _, c in sorted(out, key=lambda t: t[0])]
 
 
 if __name__ == "__main__":

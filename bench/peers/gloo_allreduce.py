@@ -71,13 +71,20 @@ def spawn(args, argv):
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=env_r))
     code = 0
     try:
-        for p in procs:
-            rc = p.wait()
-            if rc != 0 and code == 0:
+        # Polled, not waited for in turn: a later rank that failed while an earlier one sat in gloo went unseen until
+        # that one's timeout.
+        while code == 0 and any(p.poll() is None for p in procs):
+            rc = next((p.returncode for p in procs if p.returncode not in (None, 0)), 0)
+            if rc:
                 code = rc if rc > 0 else 128 - rc
                 for q in procs:
                     if q.poll() is None:
                         q.terminate()
+            else:
+                time.sleep(0.1)
+        if code == 0:
+            rc = next((p.returncode for p in procs if p.returncode != 0), 0)
+            code = rc if rc >= 0 else 128 - rc
     except KeyboardInterrupt:
         for q in procs:
             q.terminate()
