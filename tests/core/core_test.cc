@@ -608,23 +608,16 @@ TEST(Errors, RethrowWithContextKeepsTheClass) {
   } catch (const conduit::TimeoutError& e) {
     EXPECT_STREQ(e.what(), "pipeline stage 0 of 2: recv from rank 1 timed out");
   }
-  EXPECT_THROW(
-      {
-        try {
-          throw conduit::PeerError("x");
-        } catch (const conduit::Error& e) {
-          conduit::rethrow_with_context(e, "c");
-        }
-      },
-      conduit::PeerError);
-  EXPECT_THROW(
-      {
-        try {
-          throw conduit::Error("x");
-        } catch (const conduit::Error& e) {
-          conduit::rethrow_with_context(e, "c");
-        }
-      },
-      conduit::Error);
+  auto rethrown = [](const conduit::Error& e) {
+    try {
+      conduit::rethrow_with_context(e, "c");
+    } catch (const conduit::PeerError&) {
+      return std::string("PeerError");
+    } catch (const conduit::Error&) {
+      return std::string("Error");
+    }
+  };
+  EXPECT_EQ(rethrown(conduit::PeerError("x")), "PeerError");
+  EXPECT_EQ(rethrown(conduit::Error("x")), "Error");
 }
 }  // namespace

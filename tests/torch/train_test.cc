@@ -2218,6 +2218,27 @@ std::vector<TrainResult> train_inproc_each(const std::vector<TrainConfig>& cs) {
   return res;
 }
 
+// One worker trained with CONDUIT_TIMEOUT at 1 s (start-up's deadline the longer of it and c.timeout_s): its error
+// ("" for none) and the seconds it took.
+std::string one_worker_error(const TrainConfig& c, double& took) {
+  const char* set = std::getenv("CONDUIT_TIMEOUT");
+  const std::string had = set ? set : "";
+  setenv("CONDUIT_TIMEOUT", "1", 1);
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    train_inproc(c, 1);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (set)
+    setenv("CONDUIT_TIMEOUT", had.c_str(), 1);
+  else
+    unsetenv("CONDUIT_TIMEOUT");
+  return error;
+}
+
 // A data file that is a pipe nobody writes to fails at start-up's deadline, naming it (reading it waited for a writer
 // for ever); the labels, read twice (their count before the workers start), must be a regular file.
 TEST(Train, ADataPipeNobodyWritesToFailsAtTheDeadline) {
@@ -2231,21 +2252,8 @@ TEST(Train, ADataPipeNobodyWritesToFailsAtTheDeadline) {
   c.data_dir = (dir / "a").string();
   c.max_steps = 2;
   c.timeout_s = 3;  // (start-up's deadline: the longer of it and CONDUIT_TIMEOUT, 1 here)
-  const char* set = std::getenv("CONDUIT_TIMEOUT");
-  const std::string had = set ? set : "";
-  setenv("CONDUIT_TIMEOUT", "1", 1);
-  std::string error;
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    train_inproc(c, 1);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (set)
-    setenv("CONDUIT_TIMEOUT", had.c_str(), 1);
-  else
-    unsetenv("CONDUIT_TIMEOUT");
+  double took = 0;
+  const std::string error = one_worker_error(c, took);
   EXPECT_NE(error.find("data: '" + images.string() + "' is a pipe nothing wrote to in 3 s, by start-up's deadline"),
             std::string::npos)
       << error;
@@ -2323,23 +2331,10 @@ TEST(Train, ADataPipeWhoseWriterStallsFailsAtTheDeadline) {
   c.data_dir = (dir / "a").string();
   c.max_steps = 2;
   c.timeout_s = 2;
-  const char* set = std::getenv("CONDUIT_TIMEOUT");
-  const std::string had = set ? set : "";
-  setenv("CONDUIT_TIMEOUT", "1", 1);
-  std::string error;
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    train_inproc(c, 1);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double took = 0;
+  const std::string error = one_worker_error(c, took);
   done = true;
   writer.join();
-  if (set)
-    setenv("CONDUIT_TIMEOUT", had.c_str(), 1);
-  else
-    unsetenv("CONDUIT_TIMEOUT");
   EXPECT_NE(error.find("data: the pipe '" + images.string() + "' was not written whole in 2 s"), std::string::npos)
       << error;
   EXPECT_NE(error.find("200 bytes came"), std::string::npos) << error;
