@@ -2218,6 +2218,15 @@ std::vector<TrainResult> train_inproc_each(const std::vector<TrainConfig>& cs) {
   return res;
 }
 
+// An MNIST folder of 96 samples whose training images are a FIFO (returned).
+fs::path mnist_folder_with_piped_images(const fs::path& folder) {
+  write_mnist_folder(folder, 96, 1);
+  const fs::path images = folder / "train-images-idx3-ubyte";
+  fs::remove(images);
+  EXPECT_EQ(::mkfifo(images.c_str(), 0600), 0) << std::strerror(errno);
+  return images;
+}
+
 // One worker trained with CONDUIT_TIMEOUT at 1 s (start-up's deadline the longer of it and c.timeout_s): its error
 // ("" for none) and the seconds it took.
 std::string one_worker_error(const TrainConfig& c, double& took) {
@@ -2243,10 +2252,7 @@ std::string one_worker_error(const TrainConfig& c, double& took) {
 // for ever); the labels, read twice (their count before the workers start), must be a regular file.
 TEST(Train, ADataPipeNobodyWritesToFailsAtTheDeadline) {
   auto dir = temp_dir("pipe-data");
-  write_mnist_folder(dir / "a", 96, 1);
-  const fs::path images = dir / "a" / "train-images-idx3-ubyte";
-  fs::remove(images);
-  ASSERT_EQ(::mkfifo(images.c_str(), 0600), 0) << std::strerror(errno);
+  const fs::path images = mnist_folder_with_piped_images(dir / "a");
   TrainConfig c = tiny("mlp");
   c.dataset = "mnist";
   c.data_dir = (dir / "a").string();
@@ -2313,10 +2319,7 @@ TEST(Data, APipeWhoseWriterLeftWithoutWritingFailsAtTheDeadline) {
 // zlib once its first bytes came, it held the worker for as long as the writer held the pipe (for ever).
 TEST(Train, ADataPipeWhoseWriterStallsFailsAtTheDeadline) {
   auto dir = temp_dir("pipe-stall");
-  write_mnist_folder(dir / "a", 96, 1);
-  const fs::path images = dir / "a" / "train-images-idx3-ubyte";
-  fs::remove(images);
-  ASSERT_EQ(::mkfifo(images.c_str(), 0600), 0) << std::strerror(errno);
+  const fs::path images = mnist_folder_with_piped_images(dir / "a");
   std::atomic<bool> done{false};
   std::thread writer([&] {
     const int fd = open_fifo_writer(images, done);
