@@ -310,14 +310,14 @@ std::string Tuner::choose(CollOp op, size_t bytes, int p, int hosts, bool unifor
 std::string Tuner::choose_with(const State& s, CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts) {
   for (const auto& r : s.forced[static_cast<int>(op)])
     if (bytes >= r.lo && bytes < r.hi) return r.algorithm;
-  // The cheapest prediction wins, but an algorithm listed earlier (ring first) keeps the choice while the later one
-  // is less than kTieMargin cheaper: for large vectors ring and Rabenseifner predict the same bandwidth term, and
-  // measured here ring is faster (each rank sends and receives on different links, segments pipeline), e.g. 94-96%
-  // of a shaped 1 Gbit/s link against 65-85% for rhd (docs/cluster.md).
   return cheapest(s, op, static_cast<double>(bytes), p, hosts, uniform_hosts);
 }
 
 std::string Tuner::cheapest(const State& s, CollOp op, double bytes, int p, int hosts, bool uniform_hosts) {
+  // The cheapest prediction wins, but an algorithm listed earlier (ring first) keeps the choice while the later one
+  // is less than kTieMargin cheaper: for large vectors ring and Rabenseifner predict the same bandwidth term, and
+  // measured here ring is faster (each rank sends and receives on different links, segments pipeline), e.g. 94-96%
+  // of a shaped 1 Gbit/s link against 65-85% for rhd (docs/cluster.md).
   constexpr double kTieMargin = 0.10;
   std::string best;
   double best_t = std::numeric_limits<double>::infinity();
