@@ -350,8 +350,8 @@ class Shard {
   };
 
   bool dana() const { return cfg_.dana && cfg_.mode != "bsp"; }
-  // Each clock's mean applied once: bsp, and ssp with s = 0 (whose dana keeps a momentum per worker that sums to
-  // bsp's with Nesterov's look-ahead, applied a push at a time).
+  // Each clock's mean applied once: bsp, and ssp with s = 0 without dana (with dana, a push at a time: its momenta,
+  // one per worker, sum to bsp's with Nesterov's look-ahead).
   bool per_clock() const { return cfg_.mode == "bsp" || (cfg_.mode == "ssp" && cfg_.staleness == 0 && !cfg_.dana); }
 
   // A worker's messages come in one order: one pull, then pushes with the clocks 1, 2, 3, ... (each push the next;
