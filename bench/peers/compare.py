@@ -41,8 +41,8 @@ def parse_args():
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build-peers"), help="where mpi_allreduce is built")
     p.add_argument("--timeout", type=float, default=600, help="seconds each run may take (default 600)")
     p.add_argument("--bind", choices=("core", "none"), default="core",
-                   help="process binding, the same for every implementation: core (default: rank r on CPU r mod "
-                        "CPUs: conduit launch --bind core, mpirun --bind-to core --map-by core, gloo by "
+                   help="process binding, the same for every implementation: core (default: rank r on the r-th CPU "
+                        "mod CPUs, one CPU of every core first: conduit launch --bind core, mpirun --bind-to core --map-by core, gloo by "
                         "sched_setaffinity) or none")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every implementation this many times, rotating which goes first each round (the "

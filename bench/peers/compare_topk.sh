@@ -5,11 +5,12 @@
 set -euo pipefail
 ratio=${1:-0.001}
 size=${2:-100000000}
-conduit=${3:-build/bin/conduit}
-# (from the repository root whatever the caller's directory: the peer's paths are relative to it; a CONDUIT path given
-# relative to the caller's directory is resolved first)
+# (run from the repository root whatever the caller's directory: the peer's paths are relative to it; a CONDUIT given
+# relative to the caller's directory is resolved there first, the default is the root's build)
+root=$(cd "$(dirname "$0")/../.." && pwd)
+conduit=${3:-$root/build/bin/conduit}
 if [[ "$conduit" == */* ]]; then conduit=$(realpath -- "$conduit"); fi
-cd "$(dirname "$0")/../.."
+cd "$root"
 case "$size" in
   ''|*[!0-9]*) echo "compare_topk.sh: SIZE '$size': allowed: a whole number of bytes (no suffixes)" >&2; exit 2 ;;
 esac

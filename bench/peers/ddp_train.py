@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+from peer_procs import cores_first, wait_ranks
+
 
 
 def finite_json(obj, **kw):
@@ -406,44 +408,7 @@ def main(argv):
     procs = [subprocess.Popen([sys.executable, __file__] + argv, env=dict(env, RANK=str(r)),
                               preexec_fn=(lambda c=cpus[r % len(cpus)]: os.sched_setaffinity(0, {c})) if bind else None)
              for r in range(a.nprocs)]
-    # The first rank to fail stops the others (waited for in turn, the rest sat in gloo until its timeout, 300 s).
-    code = 0
-    try:
-        while any(p.poll() is None for p in procs):
-            failed = next((p.returncode for p in procs if p.returncode not in (None, 0)), 0)
-            if failed:
-                code = failed
-                for p in procs:
-                    if p.poll() is None:
-                        p.terminate()
-                break
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        code = 130
-    codes = [p.wait() for p in procs]
-    return code or next((c for c in codes if c != 0), 0)
-
-
-def cores_first(cpus):
-    """The CPUs with one of every core before any core's second (and so on), as the launcher orders them
-    (launcher.cc: cores_first): sorted by number, two ranks on a host that numbers SMT siblings side by side shared a
-    core where Conduit's did not. Unknown topology keeps the order."""
-    def core(c):
-        try:
-            base = f"/sys/devices/system/cpu/cpu{c}/topology/"
-            with open(base + "physical_package_id") as f1, open(base + "core_id") as f2:
-                return (f1.read().strip(), f2.read().strip())
-        except OSError:
-            return ("cpu", str(c))
-    seen, out = {}, []
-    for c in cpus:
-        k = core(c)
-        out.append((seen.get(k, 0), c))
-        seen[k] = seen.get(k, 0) + 1
-    return [c for _, c in sorted(out, key=lambda t: t[0])]
+    return wait_ranks(procs)
 
 
 if __name__ == "__main__":

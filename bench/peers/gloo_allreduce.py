@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from peer_procs import cores_first, wait_ranks
+
 
 def parse_bytes(text):
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGkmg]?)(i?B?)\s*", text)
@@ -43,7 +45,7 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300, help="seconds for rendezvous and each collective")
-    p.add_argument("--bind-core", action="store_true", help="bind rank r to CPU r mod CPUs (as compare.py --bind core)")
+    p.add_argument("--bind-core", action="store_true", help="bind rank r to the r-th CPU mod CPUs, one CPU of every core first (as compare.py --bind core)")
     a = p.parse_args(argv)
     if a.nprocs < 1 or a.iters < 1 or a.warmup < 0:
         p.error("-n and --iters must be at least 1, --warmup at least 0")
@@ -69,29 +71,7 @@ def spawn(args, argv):
     for rank in range(args.nprocs):
         env_r = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=env_r))
-    code = 0
-    try:
-        # Polled, not waited for in turn: a later rank that failed while an earlier one sat in gloo went unseen until
-        # that one's timeout.
-        while code == 0 and any(p.poll() is None for p in procs):
-            rc = next((p.returncode for p in procs if p.returncode not in (None, 0)), 0)
-            if rc:
-                code = rc if rc > 0 else 128 - rc
-                for q in procs:
-                    if q.poll() is None:
-                        q.terminate()
-            else:
-                time.sleep(0.1)
-        if code == 0:
-            rc = next((p.returncode for p in procs if p.returncode != 0), 0)
-            code = rc if rc >= 0 else 128 - rc
-    except KeyboardInterrupt:
-        for q in procs:
-            q.terminate()
-        code = 130
-    for q in procs:
-        q.wait()
-    return code
+    return wait_ranks(procs)
 
 
 def worker(args):
@@ -104,7 +84,7 @@ def worker(args):
     if not os.environ["GLOO_SOCKET_IFNAME"]:
         del os.environ["GLOO_SOCKET_IFNAME"]
     if args.bind_core:
-        cpus = sorted(os.sched_getaffinity(0))
+        cpus = cores_first(sorted(os.sched_getaffinity(0)))
         os.sched_setaffinity(0, {cpus[int(os.environ["RANK"]) % len(cpus)]})
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -53,9 +53,9 @@ class UnsupportedError : public Error {
   using Error::Error;
 };
 
-// Rethrows `e` as its own class with `context` before its message ("pipeline stage 1 of 2: receiving ...: recv from
-// rank 0 ... timed out"): a caller that knows what the operation was for names it, and whoever catches a kind of
-// error still catches it.
+// Rethrows `e` as its class among Error and its direct subclasses above (a deeper subclass as its parent here), with
+// `context` before its message ("pipeline stage 1 of 2: receiving ...: recv from rank 0 ... timed out"): a caller
+// that knows what the operation was for names it, and whoever catches a kind of error still catches it.
 [[noreturn]] inline void rethrow_with_context(const Error& e, const std::string& context) {
   const std::string m = context + ": " + e.what();
   if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(m);

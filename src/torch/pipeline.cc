@@ -302,7 +302,12 @@ void Pipeline::from_last(double* v, size_t count) {
   coll::CollOptions o;
   o.timeout_s = timeout_s_;
   const double t0 = now_s();
-  comm_->broadcast(v, count, DType::f64, n_stages_ - 1, o).wait();
+  try {
+    comm_->broadcast(v, count, DType::f64, n_stages_ - 1, o).wait();
+  } catch (const Error& e) {
+    rethrow_with_context(e, fmt::format("pipeline stage {} of {}: the last stage's broadcast of the step's results",
+                                        stage_id_, n_stages_));
+  }
   stats_.wait_s += now_s() - t0;
 }
 

@@ -110,6 +110,28 @@ class Timeouts(unittest.TestCase):
             compare.conduit_command = saved
 
 
+class Ranks(unittest.TestCase):
+    def test_the_first_failing_rank_stops_the_others(self):
+        """Any rank's failure is seen at once, the others stopped, its code returned (a signal as 128 + its number): the
+        loop polled only the first rank still running, so rank 1's failure waited for rank 0's sleep."""
+        import subprocess
+        import time
+        import peer_procs
+        for failing, code in ((["sh", "-c", "sleep 0.3; exit 3"], 3), (["sh", "-c", "sleep 0.3; kill -9 $$"], 137)):
+            procs = [subprocess.Popen(["sleep", "30"]), subprocess.Popen(failing), subprocess.Popen(["sleep", "30"])]
+            t0 = time.time()
+            self.assertEqual(peer_procs.wait_ranks(procs), code)
+            self.assertLess(time.time() - t0, 10)
+            self.assertTrue(all(p.returncode is not None for p in procs))
+        self.assertEqual(peer_procs.wait_ranks([subprocess.Popen(["true"]), subprocess.Popen(["true"])]), 0)
+
+    def test_cores_first_takes_one_cpu_of_every_core_first(self):
+        import peer_procs
+        self.assertEqual(peer_procs.cores_first([]), [])
+        cpus = sorted(os.sched_getaffinity(0))
+        self.assertEqual(sorted(peer_procs.cores_first(cpus)), cpus)
+
+
 class Interrupts(unittest.TestCase):
     def test_an_interrupt_stops_the_benchmark_it_was_running(self):
         """Ctrl-C (or a stop signal) while a benchmark runs stops its whole process group: in a session of its own it
