@@ -1222,6 +1222,9 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         {"zero_secondary_ranks", options.zero_secondary_ranks},
         {"zero_shard_ranks", options.zero_shard_ranks},
         {"overlap", options.overlap},
+        // (a rank that rebuilds broadcasts rank 0's order after the first step, one that does not sends nothing: its
+        // next bucket's allreduce met that broadcast)
+        {"rebuild_buckets", options.rebuild_buckets},
         {"find_unused_parameters", options.find_unused_parameters},
         {"backward_passes", options.backward_passes},
         {"zero_reduce_each_pass", options.zero_reduce_each_pass},
@@ -1763,7 +1766,9 @@ void DistributedOptimizer::synchronize() {
     for (int i = int(c.params.size()) - 1; i >= 0; --i)
       if (!seen[size_t(i)]) order.push_back(i);
     std::vector<int64_t> o(order.begin(), order.end());
-    if (comm_->size() > 1) comm_->broadcast(o.data(), o.size(), DType::i64, 0).wait();
+    coll::CollOptions co;
+    co.timeout_s = c.opt.timeout_s;  // (the default's 300 s where a caller set its own deadline)
+    if (comm_->size() > 1) comm_->broadcast(o.data(), o.size(), DType::i64, 0, co).wait();
     std::vector<int> agreed(o.begin(), o.end());
     std::vector<int> current;
     for (auto& bk : c.buckets) current.insert(current.end(), bk.params.begin(), bk.params.end());

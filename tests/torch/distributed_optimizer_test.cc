@@ -2010,6 +2010,7 @@ TEST(DistributedOptimizer, RanksGivenDifferentOptionsAreRefusedWithOneLine) {
   expect(attempt([](DistOptions& o) { o.zero_prefetch = false; }), "zero_prefetch (0 to 1)");
   expect(attempt([](DistOptions& o) { o.zero_allgather_bytes = 4096; }), "zero_allgather_bytes (0 to 4096)");
   expect(attempt([](DistOptions& o) { o.seed = 7; }), "seed (0 to 7)");  // (random-k's positions)
+  expect(attempt([](DistOptions& o) { o.rebuild_buckets = false; }), "rebuild_buckets (0 to 1)");
   // The same options: no error.
   for (auto& e : attempt([](DistOptions&) {})) EXPECT_EQ(e, "");
 }
