@@ -327,9 +327,7 @@ class TcpTransport : public Transport {
       ranked.push_back({p.failed ? 2 : !p.sendq.empty() && p.sendq.front().sent > 0 ? 1 : 0, &p});
     }
     std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<Peer*> order;
-    for (const auto& [rank_class, p] : ranked) order.push_back(p);
-    for (Peer* pp : order) {
+    for (const auto& [rank_class, pp] : ranked) {
       Peer& p = *pp;
       std::lock_guard<std::mutex> sl(p.send_mu);
       // (A failed write ended the stream mid-frame and cleared the queue, or a failure dropped a partly written

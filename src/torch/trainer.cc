@@ -72,8 +72,8 @@ uint64_t data_hash(const ImageSet& s) {
   mix(s.pixels);
   return h;
 }
-std::string train_data_id(const ImageSet& s) {
-  return fmt::format("{} samples of {}x{}, fnv1a-64 {:016x}", s.n, s.rows, s.cols, data_hash(s));
+std::string train_data_id(const ImageSet& s, uint64_t hash) {
+  return fmt::format("{} samples of {}x{}, fnv1a-64 {:016x}", s.n, s.rows, s.cols, hash);
 }
 
 // c.data_dir as an absolute path (what a checkpoint records beside data_dir as given, which may be relative to
@@ -862,7 +862,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   // The training data's identity and absolute folder (file data sets; the synthetic one is its seed and
   // synthetic_samples, compared with the checkpoint's above).
   const bool file_data = c.dataset != "synthetic";
-  const std::string data_id = file_data ? train_data_id(data.train) : std::string();
+  // (hashed once: the workers' comparison below takes it too)
+  const uint64_t train_hash = file_data || world > 1 ? data_hash(data.train) : 0;
+  const std::string data_id = file_data ? train_data_id(data.train, train_hash) : std::string();
   const std::string data_dir_resolved = file_data ? resolved_data_dir(c.data_dir) : std::string();
   // Mid-epoch, the sampler position counts this data's samples: resumed on other data (another data_dir, or its
   // files replaced), the rest of the epoch ran over other samples without a word. Compared by content, so the same
@@ -898,12 +900,8 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   // steps waited in an exchange until the deadline, equal ones trained on overlapping shards and scored other test
   // sets.
   if (world > 1) {
-    auto digest = [](const ImageSet& s) {
-      const uint64_t h = data_hash(s);
-      return std::array<int64_t, 2>{s.n, static_cast<int64_t>(h)};
-    };
-    const auto tr = digest(data.train), te = digest(data.test);
-    const std::array<int64_t, 4> mine{tr[0], tr[1], te[0], te[1]};
+    const std::array<int64_t, 4> mine{data.train.n, static_cast<int64_t>(train_hash), data.test.n,
+                                      static_cast<int64_t>(data_hash(data.test))};
     std::vector<int64_t> all(4 * static_cast<size_t>(world));
     comm.allgather(mine.data(), all.data(), 4, DType::i64).wait();
     for (int r = 1; r < world; ++r)
