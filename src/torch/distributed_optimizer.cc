@@ -24,6 +24,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -212,6 +213,7 @@ struct DistributedOptimizer::Core {
     double t0 = 0;
   };
   std::vector<Piece> deferred;
+  double outside_comm_s = 0;  // under mu: the seconds of deferred pieces finished outside a step
   std::vector<std::vector<int>> unit_needs;
   std::vector<std::vector<int>> unit_params;  // each unit's parameter indices
 
@@ -657,7 +659,9 @@ struct DistributedOptimizer::Core {
     const double t1 = now_s();
     {
       std::lock_guard<std::mutex> lk(mu);
-      step.comm_s += d.work.seconds();  // (its bytes were counted as it started)
+      // (its bytes were counted as it started; one finished outside a step, by whole_parameters(), goes to the
+      // totals: the last step's went nowhere, no step following)
+      (counted ? step.comm_s : outside_comm_s) += d.work.seconds();
       if (counted) gather_s += t1 - t0;
     }
     if (opt.trace && counted)
@@ -1205,6 +1209,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     : model_(std::move(model)), optimizer_(std::move(optimizer)), comm_(std::move(comm)),
       core_(std::make_shared<Core>()) {
   if (!model_ || !optimizer_ || !comm_) throw InvalidArgument("DistributedOptimizer: model, optimizer and comm are required");
+  coll::checked_timeout(options.timeout_s, "DistOptions.timeout_s");  // (before the first collective names CollOptions)
   if (options.bucket_cap_bytes == 0 || options.first_bucket_bytes == 0)
     throw InvalidArgument(
         fmt::format("DistributedOptimizer: bucket_cap_bytes = {} and first_bucket_bytes = {}; "
@@ -1561,30 +1566,50 @@ DType to_dtype(const torch::Tensor& t) {
 
 }  // namespace
 
-uint64_t broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm) {
+// Broadcasts `tensors` from rank 0, coalesced: one collective per element type and up to 64 MiB (a broadcast per
+// tensor paid its latency 27 times a step for ResNet-18's BatchNorm buffers, 62 times at start-up for its
+// parameters; the cap bounds the staging copy for a model of billions of parameters). Returns the bytes broadcast.
+static uint64_t broadcast_coalesced(const std::vector<torch::Tensor>& tensors, coll::Communicator& comm,
+                                    double timeout_s) {
   if (comm.size() == 1) return 0;
-  uint64_t bytes = 0;
   torch::NoGradGuard ng;
-  // One broadcast for the float buffers and one for the rest (BatchNorm's step counters): a broadcast per buffer paid
-  // its latency 27 times a step for ResNet-18's BatchNorm layers.
-  // Buffers grouped by element type, each group coalesced into one broadcast (the step counters went one by one:
-  // seven more broadcasts a step for ResNet-18).
-  std::map<int, std::vector<torch::Tensor>> groups;  // scalar type -> buffers
-  for (auto& b : model.buffers())
-    if (b.numel() > 0) groups[static_cast<int>(b.scalar_type())].push_back(b);
-  for (auto& [type, bufs] : groups) {
+  coll::CollOptions co;
+  co.timeout_s = timeout_s;
+  constexpr int64_t kChunkBytes = int64_t(64) << 20;
+  uint64_t bytes = 0;
+  auto flush = [&](std::vector<torch::Tensor>& group) {
+    if (group.empty()) return;
     std::vector<torch::Tensor> flat;
-    for (auto& b : bufs) flat.push_back(b.reshape(-1));
+    for (auto& t : group) flat.push_back(t.reshape(-1));
     torch::Tensor all = torch::cat(flat).contiguous();
-    comm.broadcast(all.data_ptr(), size_t(all.numel()), to_dtype(all), 0).wait();
+    comm.broadcast(all.data_ptr(), size_t(all.numel()), to_dtype(all), 0, co).wait();
     bytes += uint64_t(all.numel()) * uint64_t(all.element_size());
     int64_t off = 0;
-    for (auto& b : bufs) {
-      b.copy_(all.narrow(0, off, b.numel()).view_as(b));
-      off += b.numel();
+    for (auto& t : group) {
+      t.copy_(all.narrow(0, off, t.numel()).view_as(t));
+      off += t.numel();
     }
+    group.clear();
+  };
+  std::map<int, std::pair<std::vector<torch::Tensor>, int64_t>> groups;  // scalar type -> tensors, their bytes
+  for (const auto& t : tensors) {
+    if (t.numel() == 0) continue;
+    to_dtype(t);  // (refused before anything is sent)
+    auto& [group, held] = groups[static_cast<int>(t.scalar_type())];
+    const int64_t b = t.numel() * int64_t(t.element_size());
+    if (!group.empty() && held + b > kChunkBytes) {
+      flush(group);
+      held = 0;
+    }
+    group.push_back(t);
+    held += b;
   }
+  for (auto& [type, g] : groups) flush(g.first);
   return bytes;
+}
+
+uint64_t broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm, double timeout_s) {
+  return broadcast_coalesced(model.buffers(), comm, timeout_s);
 }
 
 void average_buffers(torch::nn::Module& model, coll::Communicator& comm) {
@@ -1616,21 +1641,21 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable_parameters(torch::n
   return out;
 }
 
-void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, Broadcast parameters) {
-  torch::NoGradGuard ng;
-  auto bcast = [&](torch::Tensor t) {
-    if (comm.size() == 1 || t.numel() == 0) return;
-    torch::Tensor c = t.contiguous();
-    comm.broadcast(c.data_ptr(), size_t(c.numel()), to_dtype(c), 0).wait();
-    if (!c.is_same(t)) t.copy_(c);
-  };
+void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, Broadcast parameters, double timeout_s) {
+  std::vector<torch::Tensor> params;
+  std::set<const void*> seen;  // (a tied weight is listed twice)
   if (parameters != Broadcast::kNoParameters)
     for (auto& p : model.parameters())
-      if (parameters == Broadcast::kAllParameters || !p.requires_grad()) bcast(p);
-  broadcast_buffers(model, comm);
+      if ((parameters == Broadcast::kAllParameters || !p.requires_grad()) &&
+          seen.insert(p.unsafeGetTensorImpl()).second)
+        params.push_back(p);
+  broadcast_coalesced(params, comm, timeout_s);
+  broadcast_buffers(model, comm, timeout_s);
 }
 
-void DistributedOptimizer::broadcast_initial_state() { broadcast_module(*model_, *comm_, Broadcast::kAllParameters); }
+void DistributedOptimizer::broadcast_initial_state() {
+  broadcast_module(*model_, *comm_, Broadcast::kAllParameters, core_->opt.timeout_s);
+}
 
 void DistributedOptimizer::zero_grad() {
   {
@@ -1879,6 +1904,8 @@ struct WholeParameters {
 std::shared_ptr<void> DistributedOptimizer::whole_parameters() {
   if (core_->zero < 3) {
     core_->finish_all_deferred(false);  // (not a training step's)
+    std::lock_guard<std::mutex> lk(core_->mu);
+    total_.comm_s += std::exchange(core_->outside_comm_s, 0.0);
     return nullptr;
   }
   auto handle = std::make_shared<WholeParameters>();

@@ -192,13 +192,14 @@ uint64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 // tied weights, is listed under its first: libtorch's parameters() lists it twice), in registration order.
 std::vector<std::pair<std::string, torch::Tensor>> trainable_parameters(torch::nn::Module& model);
 // Broadcasts the buffers of `model` from rank 0 of `comm`, and its parameters: all, or only the frozen ones (those
-// that do not require a gradient), or none.
+// that do not require a gradient), or none. Coalesced like broadcast_buffers. timeout_s: each collective's deadline
+// (0: the communicator's).
 enum class Broadcast { kAllParameters, kFrozenParameters, kNoParameters };
-void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, Broadcast parameters);
-// Broadcasts the buffers of `model` from rank 0, one collective per element type (each type's buffers coalesced:
-// two for BatchNorm's float statistics and int64 step counters).
+void broadcast_module(torch::nn::Module& model, coll::Communicator& comm, Broadcast parameters, double timeout_s = 0);
+// Broadcasts the buffers of `model` from rank 0, one collective per element type and 64 MiB (each type's buffers
+// coalesced: two for BatchNorm's float statistics and int64 step counters).
 // Returns the bytes broadcast (0 on one rank).
-uint64_t broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm);
+uint64_t broadcast_buffers(torch::nn::Module& model, coll::Communicator& comm, double timeout_s = 0);
 // The mean of every float buffer (BatchNorm's running statistics) over the ranks, in one allreduce. Schemes other than
 // bsp let each worker's statistics follow its own data; at the end they are averaged with the model.
 void average_buffers(torch::nn::Module& model, coll::Communicator& comm);

@@ -277,6 +277,78 @@ TEST(DistributedOptimizer, BackwardPassesAccumulateMicroBatchesBeforeTheirBucket
   }
 }
 
+// A negative or nan DistOptions::timeout_s is refused by its own name (the first collective named CollOptions).
+TEST(DistributedOptimizer, ANegativeTimeoutIsRefusedByItsName) {
+  auto comms = coll::Communicator::inproc(1);
+  for (double t : {-1.0, std::nan("")}) {
+    auto [model, sgd] = fixed_linear();
+    DistOptions o;
+    o.timeout_s = t;
+    std::string error;
+    try {
+      DistributedOptimizer opt(model, sgd, comms[0], o);
+    } catch (const InvalidArgument& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error.rfind("DistOptions.timeout_s = ", 0), 0u) << t << ": " << error;
+    EXPECT_NE(error.find("allowed: 0 (the default timeout) or a number of seconds above 0"), std::string::npos)
+        << error;
+  }
+}
+
+// A module with everything broadcast_module coalesces: two float parameters over the 64 MiB chunk together, one
+// tied (registered twice), a double one, a frozen one, and float and int64 buffers.
+struct MixedModule : torch::nn::Module {
+  torch::Tensor big1, big2, tied, dbl, frozen, stat, count;
+  explicit MixedModule(float v) {
+    big1 = register_parameter("big1", torch::full({int64_t(9) << 20}, v));  // 36 MiB each
+    big2 = register_parameter("big2", torch::full({int64_t(9) << 20}, v + 1));
+    tied = register_parameter("tied", torch::full({3, 5}, v + 2));
+    register_parameter("tied_again", tied);
+    dbl = register_parameter("dbl", torch::full({7}, double(v + 3), torch::kDouble));
+    frozen = register_parameter("frozen", torch::full({4}, v + 4), /*requires_grad=*/false);
+    stat = register_buffer("stat", torch::full({6}, v + 5));
+    count = register_buffer("count", torch::full({2}, int64_t(v) + 6, torch::kLong));
+  }
+  std::vector<double> firsts() const {
+    return {big1[0].item<double>(), big1[-1].item<double>(),  big2[-1].item<double>(), tied[2][4].item<double>(),
+            dbl[6].item<double>(),  frozen[3].item<double>(), stat[5].item<double>(),  count[1].item<double>()};
+  }
+};
+
+// broadcast_module copies rank 0's parameters (all, or the frozen ones) and buffers to every rank, coalesced per type
+// in chunks; buffers alone go with kNoParameters.
+TEST(BroadcastModule, EveryParameterAndBufferArrivesCoalesced) {
+  for (Broadcast mode : {Broadcast::kAllParameters, Broadcast::kFrozenParameters, Broadcast::kNoParameters}) {
+    auto comms = coll::Communicator::inproc(2);
+    std::vector<std::vector<double>> got(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        MixedModule m(r == 0 ? 10.0f : 50.0f);
+        broadcast_module(m, *comms[size_t(r)], mode);
+        got[size_t(r)] = m.firsts();
+      });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(got[0], (std::vector<double>{10, 10, 11, 12, 13, 14, 15, 16}));
+    const std::vector<double> want = mode == Broadcast::kAllParameters ? got[0]
+                                     : mode == Broadcast::kFrozenParameters
+                                         ? std::vector<double>{50, 50, 51, 52, 53, 14, 15, 16}
+                                         : std::vector<double>{50, 50, 51, 52, 53, 54, 15, 16};
+    EXPECT_EQ(got[1], want) << int(mode);
+  }
+}
+
+// broadcast_module takes the deadline it is given (DistributedOptimizer's timeout_s for its initial broadcast): a
+// rank whose peer never joins fails with a TimeoutError then, not at the communicator's 300 s.
+TEST(BroadcastModule, ARankWhosePeerNeverJoinsFailsAtTheGivenDeadline) {
+  auto comms = coll::Communicator::inproc(2);  // (rank 0, the root, never broadcasts)
+  MixedModule m(1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(broadcast_module(m, *comms[1], Broadcast::kAllParameters, 0.3), TimeoutError);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+}
+
 // A tensor-parallel rank whose partner never runs its half fails at the deadline naming the group and the pass (the
 // communicator's line named only ranks), still a TimeoutError.
 TEST(TensorParallel, ARankWhosePartnerIsGoneNamesItsGroupAndPass) {
@@ -1474,6 +1546,7 @@ TEST(DistributedOptimizerZero, ASecondaryPartitionGathersTheBackwardWithinItsGro
 struct DeferredRun {
   std::vector<std::vector<float>> params;  // per rank, under whole_parameters()
   std::vector<uint64_t> sent;
+  std::vector<double> comm_before, comm_after;  // per rank, the total comm_s before and after whole_parameters()
   std::vector<nlohmann::json> allgathers;  // rank 0's deferred allgathers, from its trace
   bool hooks = false;
 };
@@ -1487,6 +1560,8 @@ DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets, si
   DeferredRun out;
   out.params.resize(world);
   out.sent.resize(world);
+  out.comm_before.resize(world);
+  out.comm_after.resize(world);
   const std::string path = fmt::format("/tmp/conduit-deferred-trace-{}-{}.json", ::getpid(),
                                        std::hash<std::thread::id>{}(std::this_thread::get_id()));
   std::vector<std::thread> ts;
@@ -1516,7 +1591,9 @@ DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets, si
         d.step();
       }
       out.sent[size_t(r)] = d.total_stats().bytes_sent;
+      out.comm_before[size_t(r)] = d.total_stats().comm_s;
       auto whole = d.whole_parameters();
+      out.comm_after[size_t(r)] = d.total_stats().comm_s;
       for (auto& p : m->parameters()) {
         auto v = p.detach().contiguous().view(-1);
         out.params[size_t(r)].insert(out.params[size_t(r)].end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
@@ -1535,7 +1612,7 @@ DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets, si
 // ZeRO-1/2 with the model's units: step() leaves the allgather of the stepped slices in flight, one allgather per
 // unit and bucket, and each unit of the next forward waits for its own parameters only: the same training as the
 // blocking allgather's bit for bit, the same bytes, and every piece finished as its unit begins (none at the next
-// synchronize; the last step's by whole_parameters(), which counts no step's).
+// synchronize; the last step's by whole_parameters(), which counts no step's: its seconds go to the totals).
 TEST(DistributedOptimizerZero, StagesOneAndTwoFinishTheAllgatherUnitByUnitInTheNextForward) {
   for (int stage : {1, 2})
     for (int world : {3, 4})
@@ -1549,6 +1626,8 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoFinishTheAllgatherUnitByUnitInTheN
         for (int r = 0; r < world; ++r) {
           EXPECT_EQ(deferred.params[size_t(r)], blocking.params[size_t(r)]) << what << " rank " << r;
           EXPECT_EQ(deferred.sent[size_t(r)], blocking.sent[size_t(r)]) << what << " rank " << r;
+          EXPECT_GT(deferred.comm_after[size_t(r)], deferred.comm_before[size_t(r)]) << what << " rank " << r;
+          EXPECT_EQ(blocking.comm_after[size_t(r)], blocking.comm_before[size_t(r)]) << what << " rank " << r;
         }
         EXPECT_EQ(deferred.params[0].size(), 79u);
         std::vector<float> init;  // (the comparison above is not of untrained weights)
