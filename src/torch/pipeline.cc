@@ -73,11 +73,16 @@ Pipeline::~Pipeline() {
   }
 }
 
+std::string Pipeline::describe(const Pending& p) const {
+  return fmt::format("pipeline stage {} of {}: sending the {} of chunk {} to stage {}", stage_id_, n_stages_,
+                     p.back ? "gradient of its input" : "output activations", p.chunk, p.peer);
+}
+
 void Pipeline::wait_send(Pending& p) {
   try {
     p.work.wait();
   } catch (const Error& e) {
-    rethrow_with_context(e, p.what);
+    rethrow_with_context(e, describe(p));
   }
 }
 
@@ -124,14 +129,13 @@ void Pipeline::send(torch::Tensor t, int kind, int chunk) {
     try {
       done = sends_.front().work.test();
     } catch (const Error& e) {
-      rethrow_with_context(e, sends_.front().what);
+      rethrow_with_context(e, describe(sends_.front()));
     }
     if (!done) break;
     sends_.pop_front();
   }
-  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, to), o), t,
-                    fmt::format("pipeline stage {} of {}: sending the {} of chunk {} to stage {}", stage_id_, n_stages_,
-                                back ? "gradient of its input" : "output activations", chunk, peer)});
+  sends_.push_back({comm_->send(t.data_ptr<float>(), size_t(t.numel()), DType::f32, peer, tag_of(kind, to), o), t, back,
+                    chunk, peer});
   stats_.bytes_sent += uint64_t(t.numel()) * sizeof(float);
 }
 

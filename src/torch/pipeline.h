@@ -107,8 +107,10 @@ class Pipeline {
   struct Pending {
     coll::Work work;
     torch::Tensor buf;
-    std::string what;  // for its errors: which stage's send of what
+    bool back = false;  // for its errors (formatted only then): the gradient of the input, or the output
+    int chunk = 0, peer = 0;
   };
+  std::string describe(const Pending& p) const;
   void wait_send(Pending& p);
   std::deque<Pending> sends_;
   PipeStats stats_;
