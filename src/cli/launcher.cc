@@ -367,6 +367,14 @@ void write_all(int fd, const char* data, size_t size) {
       // and a write that blocks (on a reader stopped by the same Ctrl-Z) was never acted on.
       pollfd p{fd, POLLOUT, 0};
       const int r = ::poll(&p, 1, 100);
+      if (r > 0 && (p.revents & (POLLERR | POLLNVAL)) != 0) {
+        if (fd >= 0 && fd < 3) g_output_broken[fd] = true;
+        return;  // (POLLOUT never comes: drop the output, as for a closed one)
+      }
+      if (r == 0 && (::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY) {
+        if (fd >= 0 && fd < 3) g_output_broken[fd] = true;
+        return;  // a descriptor open for reading only (`1<file`) never has room
+      }
       if (r == 0 || (r < 0 && errno == EINTR)) continue;
       if (r > 0 && (p.revents & POLLOUT) != 0) chunk = std::min<size_t>(size, PIPE_BUF);
     }

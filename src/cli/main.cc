@@ -1,4 +1,6 @@
 // `conduit`: one binary for every subcommand (launch, bench, train, sim, ...).
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -103,10 +105,49 @@ void refuse_integer_overflow(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_integer_overflow(*sub);
 }
 
+// The commands that run a program (`launch`, `cluster run`, `cluster exec` after its host) take it and its arguments
+// from the first positional on, as torchrun and mpirun do, also without "--": that is put in front of it. Without it,
+// an option meant for the program after its name went to the launcher (`conduit launch -n 2 prog --timeout 1` killed
+// the job after 1 s). Returns argv's arguments, with "--" inserted where it was left out.
+std::vector<std::string> mark_program_arguments(CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  CLI::App* cur = &app;
+  int positionals = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") break;  // marked already
+    const auto named = cur->get_subcommands([&a](CLI::App* s) { return s->check_name(a); });
+    if (!named.empty() && positionals == 0) {
+      cur = named.front();
+      continue;
+    }
+    if (a.size() > 1 && a[0] == '-') {
+      const CLI::Option* o = cur->get_option_no_throw(a.substr(0, a.find('=')));
+      if (o == nullptr && !(a.size() > 2 && a[1] != '-' && cur->get_option_no_throw(a.substr(0, 2)) != nullptr))
+        break;  // an unknown option: refused as typed (not with a "--" the user never wrote beside it)
+      if (o != nullptr && o->get_items_expected_max() != 0 && a.find('=') == std::string::npos) ++i;  // (its value)
+      continue;
+    }
+    const bool runs_program = cur->get_option_no_throw("command") != nullptr;
+    const int before = cur->get_name() == "exec" ? 1 : 0;  // (cluster exec's host)
+    if (runs_program && positionals == before) {
+      args.insert(args.begin() + std::ptrdiff_t(i), "--");
+      break;
+    }
+    ++positionals;
+  }
+  return args;
+}
+
 }  // namespace conduit::cli
 
 int main(int argc, char** argv) {
   using namespace conduit::cli;
+  // A closed stdin, stdout or stderr (`>&-`, a daemon's) becomes /dev/null: left closed, the next descriptor opened
+  // took its number (the launcher's signal pipe became stdout, the workers' output went into its read end, waited on
+  // for room forever, and the launch never returned).
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) ::open("/dev/null", O_RDWR);  // (the lowest free number: fd)
   CLI::App app{"Conduit: communication-efficient distributed deep learning"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "conduit 0.1.0");
@@ -117,7 +158,9 @@ int main(int argc, char** argv) {
   try {
     conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
     conduit::log_level_from_env();
-    app.parse(argc, argv);
+    std::vector<std::string> args = mark_program_arguments(app, argc, argv);
+    std::reverse(args.begin(), args.end());  // (CLI11 takes them last first)
+    app.parse(args);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

@@ -129,6 +129,8 @@ class LaunchTest : public ::testing::Test {
   // those, the ones already sent (they arrive as the launcher unblocks them, before any worker starts).
   // `own_group`: the launcher runs in a process group of its own, as a shell with job control starts a job (its
   // group then has a parent outside it, in this session: not orphaned, so SIGTSTP stops it).
+  // stdout_fd: the launcher's stdout (-1: a file in the test directory), or one of these: stdout or stderr closed.
+  static constexpr int kCloseStdout = -2, kCloseStderr = -3;
   pid_t start(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
               int stdout_fd = -1, const std::vector<int>& ignored = {}, const std::vector<int>& blocked = {},
               const std::vector<int>& pending = {}, bool own_group = false) {
@@ -155,6 +157,8 @@ class LaunchTest : public ::testing::Test {
       FILE* e = std::freopen(err.c_str(), "w", stderr);
       if (o == nullptr || e == nullptr) ::_exit(126);
       if (stdout_fd >= 0 && ::dup2(stdout_fd, 1) < 0) ::_exit(126);
+      if (stdout_fd == kCloseStdout) ::close(1);
+      if (stdout_fd == kCloseStderr) ::close(2);
       for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGTERM, SIGTSTP})
         ::signal(sig, std::find(ignored.begin(), ignored.end(), sig) != ignored.end() ? SIG_IGN : SIG_DFL);
       sigset_t mask;
@@ -761,6 +765,19 @@ TEST_F(LaunchTest, ASucceedingWorkersLeftoversGoWithIt) {
   EXPECT_TRUE(wait_gone(child, 2s)) << "the worker's child " << child << " still runs";
 }
 
+// Started with stdout or stderr closed (`>&-`, a daemon's descriptors): the launch runs and ends as usual (the
+// signal pipe took the free descriptor 1 or 2, the workers' output was written into its read end, waited on for
+// room forever, and the launcher never returned); the output goes nowhere.
+TEST_F(LaunchTest, AClosedStdoutOrStderrAtStartIsNoHang) {
+  for (int closed : {kCloseStdout, kCloseStderr})
+    for (int code : {0, 3}) {
+      const std::string script = "echo out; echo err >&2; exit " + std::to_string(code);
+      auto r = finish(start({"launch", "-n", "2", "--", "sh", "-c", script}, {}, closed), 10s);
+      ASSERT_FALSE(r.timed_out) << "closed fd " << -closed - 1 << ", exit " << code;
+      EXPECT_EQ(r.code, code) << "closed fd " << -closed - 1;
+    }
+}
+
 TEST_F(LaunchTest, SignalStopsWorkersEvenWhenStdoutIsStalled) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
@@ -773,6 +790,23 @@ TEST_F(LaunchTest, SignalStopsWorkersEvenWhenStdoutIsStalled) {
   ::close(fds[0]);
   ASSERT_FALSE(r.timed_out) << "a stalled stdout kept the launcher from stopping";
   EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
+}
+
+// The program's options after its name are its own, also without "--" (as torchrun and mpirun take them): `conduit
+// launch -n 1 prog --timeout 1` gave --timeout to the launcher, which stopped the job after 1 s. An option the
+// launcher does not know, before the program, is still refused as typed.
+TEST_F(LaunchTest, OptionsAfterTheProgramAreItsOwnWithoutTheSeparator) {
+  auto r = run({"launch", "-n", "1", "--no-tag-output", "sh", "-c", "sleep 1.5; echo \"[$*]\"", "x", "--timeout", "1",
+                "--bind", "none", "-n", "3"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "[--timeout 1 --bind none -n 3]\n") << r.err;
+  auto marked =
+      run({"launch", "-n1", "--timeout=60", "--no-tag-output", "--", "sh", "-c", "echo \"[$*]\"", "x", "--", "-n"});
+  EXPECT_EQ(marked.code, 0) << marked.err;
+  EXPECT_EQ(marked.out, "[-- -n]\n") << marked.err;
+  auto unknown = run({"launch", "-n", "1", "--bogus", "true"});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_EQ(unknown.err, "conduit: error: The following argument was not expected: --bogus (see --help)\n");
 }
 
 TEST_F(LaunchTest, ExitCodesOfCleanRuns) {
