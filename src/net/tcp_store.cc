@@ -330,11 +330,7 @@ class TcpStoreServer {
             dead.push_back(id);
             continue;
           }
-          while (!c.deferred.empty() && !backed_up(c)) {
-            reply_get(c, c.deferred.front().second, data_.at(c.deferred.front().first));  // (keys are never deleted)
-            parked_bytes_ -= parked_cost(c.deferred.front().first);
-            c.deferred.pop_front();
-          }
+          answer_deferred(c);
           if (was_backed_up && !backed_up(c) && !c.in.empty() && !serve(id, c)) dead.push_back(id);
         } catch (const std::exception& e) {
           CONDUIT_LOG_ERROR("tcp store server {}:{}: serving client {} failed: {}; dropped it", host_, port_, c.peer,
@@ -343,6 +339,20 @@ class TcpStoreServer {
         }
       }
       for (uint64_t id : dead) drop(id);
+      // (an answer held back for room that a later client's flush made: not left to wait for the next poll, which
+      // nothing may wake)
+      for (auto& [id, c] : clients_) answer_deferred(c);
+    }
+  }
+
+  // Answers the gets `c` has waiting for their key's value to go (backed up, or held back for room), in order.
+  void answer_deferred(Client& c) {
+    while (!c.deferred.empty() && !backed_up(c)) {
+      const std::string& value = data_.at(c.deferred.front().first);  // (keys are never deleted)
+      if (!reply_fits(value.size())) return;
+      reply_get(c, c.deferred.front().second, value);
+      parked_bytes_ -= parked_cost(c.deferred.front().first);
+      c.deferred.pop_front();
     }
   }
 
@@ -487,7 +497,16 @@ class TcpStoreServer {
     h.op = static_cast<uint8_t>(req.op | kReplyBit);
     h.status = st;
     h.id = req.id;
+    const size_t before = c.out.size();
     c.out += frame(h, std::string(), value);
+    replying_bytes_ += c.out.size() - before;
+  }
+  // Whether a reply carrying `value` bytes may be queued now: the replies queued for every client stay within what the
+  // limit leaves (each was a copy of its value: 30 clients that each sent a get of a 16 MiB value and read nothing
+  // held 480 MiB beside the one counted), or none is queued (a reply larger than the room still goes, alone). One
+  // that may not waits, charged as a waiting get, until replies drain.
+  bool reply_fits(size_t value) const {
+    return replying_bytes_ == 0 || holding() + replying_bytes_ + kHeaderBytes + value <= max_bytes_;
   }
   // The answer to a get that waited for its key.
   void reply_get(Client& c, uint64_t req_id, const std::string& value) {
@@ -506,15 +525,20 @@ class TcpStoreServer {
         return true;
       case kOpGet: {
         auto it = data_.find(key);
-        if (it != data_.end()) {
+        // (a get of a key that is there waits for room for its reply, behind the client's earlier answers)
+        const bool held_back = it != data_.end() && (!c.deferred.empty() || !reply_fits(it->second.size()));
+        if (it != data_.end() && !held_back) {
           reply(c, h, kOk, it->second);
         } else if (holding() + parked_cost(key) > max_bytes_) {
-          // (a get waiting for its key holds memory too: one client could park gets without end)
+          // (a get waiting for its key or for room holds memory too: one client could park gets without end)
           refuse(c, h, "a waiting get",
                  fmt::format("the store holds {} bytes of values and waiting gets, and one more waiting get would "
                              "pass CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer gets of keys not set yet, "
                              "or a larger limit",
                              holding(), max_bytes_));
+        } else if (held_back) {
+          c.deferred.emplace_back(key, h.id);  // (answered by run() once replies drained)
+          parked_bytes_ += parked_cost(key);
         } else {
           waiters_[key].push_back({id, h.id});
           parked_bytes_ += parked_cost(key);
@@ -578,7 +602,7 @@ class TcpStoreServer {
         parked_bytes_ -= parked_cost(key);
         continue;
       }
-      if (backed_up(c->second) || !c->second.deferred.empty()) {
+      if (backed_up(c->second) || !c->second.deferred.empty() || !reply_fits(slot.size())) {
         c->second.deferred.emplace_back(key, req_id);  // (still charged: it holds its key until the reply goes)
         continue;
       }
@@ -593,6 +617,7 @@ class TcpStoreServer {
       ssize_t n = send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
       if (n > 0) {
         c.out_off += static_cast<size_t>(n);
+        replying_bytes_ -= static_cast<size_t>(n);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -618,6 +643,7 @@ class TcpStoreServer {
     close(it->second.fd);
     for (const auto& d : it->second.deferred) parked_bytes_ -= parked_cost(d.first);  // (answers it never took)
     arriving_bytes_ -= it->second.arriving;
+    replying_bytes_ -= it->second.pending();
     clients_.erase(it);
     // The gets it left waiting go with it (they stayed, each with its key, until the key was set, if ever).
     for (auto w = waiters_.begin(); w != waiters_.end();) {
@@ -655,6 +681,9 @@ class TcpStoreServer {
   static uint64_t parked_cost(const std::string& key) { return key.size() + 64; }
   // Bytes of requests received and not served yet (Client::arriving).
   uint64_t arriving_bytes_ = 0;
+  // Bytes of replies queued and not sent yet, every client's (Client::pending()): within what max_bytes_ leaves
+  // (reply_fits), not counted in holding() (a set is not refused for replies on their way).
+  uint64_t replying_bytes_ = 0;
   static uint64_t entry_cost(const std::string& key, size_t value) { return key.size() + value + 96; }
   bool warned_ = false;  // (one warning of a refusal until one is taken again: a flood would fill the log)
 

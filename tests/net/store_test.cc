@@ -701,6 +701,61 @@ TEST(TcpStore, AWokenGetStaysChargedUntilItsAnswerGoes) {
   close(fd);
 }
 
+// Replies queued for many clients stay within the limit together: 40 connections that each sent one get of an 8 MiB
+// value and read nothing had 40 copies of it queued in rank 0 (320 MiB past a 32 MiB limit; one client's backlog
+// limit bounds only its own). Past the room the limit leaves, a get waits, charged as a waiting get, until replies
+// drain; every client still gets its whole answer once it reads.
+TEST(TcpStore, RepliesQueuedForManyClientsStayWithinTheLimit) {
+  int port = 0;
+  auto server = start_server_limited("32M", &port);
+  auto other = client(port);
+  const std::string big(8 << 20, 'v');
+  auto held = [&] {  // the store's count, read from the refusal of a set that cannot fit
+    try {
+      other->set("probe", std::string(size_t(32) << 20, 'p'));
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      const size_t at = m.find("the store holds ");
+      if (at != std::string::npos) return std::stoull(m.substr(at + 16));
+    }
+    ADD_FAILURE() << "no refusal";
+    return 0ull;
+  };
+  other->set("big", big);
+  const uint64_t base = held();
+  const long before = vm_rss_kib();
+  constexpr int kClients = 40;
+  std::vector<int> fds;
+  for (int i = 0; i < kClients; ++i) {
+    fds.push_back(raw_connect(port));
+    send_raw_gets(fds.back(), "big", 1);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const long grown = vm_rss_kib() - before;
+  const uint64_t waiting = held() - base;
+  EXPECT_LT(grown, 64 * 1024) << "KiB";  // the limit's room and one reply at most, not 40 copies
+  EXPECT_GT(waiting, 0u);                // (what the kernel's buffers did not take waits)
+  EXPECT_EQ(waiting % (3 + 64), 0u);
+  // (each client reads on its own: one held back waits for the others' replies to drain)
+  std::vector<size_t> got(kClients, 0);
+  std::vector<std::thread> readers;
+  for (int i = 0; i < kClients; ++i)
+    readers.emplace_back([&, i] {
+      std::vector<char> buf(1 << 20);
+      const size_t want = 24 + big.size();
+      while (got[size_t(i)] < want) {
+        const ssize_t n = recv(fds[size_t(i)], buf.data(), std::min(buf.size(), want - got[size_t(i)]), 0);
+        if (n <= 0) break;
+        got[size_t(i)] += size_t(n);
+      }
+      close(fds[size_t(i)]);
+    });
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(got, std::vector<size_t>(kClients, 24 + big.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(held(), base);  // every answer gone: their charge given back
+}
+
 TEST(TcpStore, MalformedReplyIsProtocolError) {
   // A fake server that answers every request with garbage.
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
