@@ -210,7 +210,9 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
       // ranks do not look for it: one that saw it and one that had looked before would stop apart, the other
       // waiting for its peer until its deadline.)
       try {
-        return store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s), check);
+        auto all = store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s), check);
+        if (serves) store->add(prefix + "/read", 1, Deadline::after(timeout_s));  // (wait_readers counts them)
+        return all;
       } catch (const TimeoutError& e) {
         if (serves) throw;
         // (a rank of this job given another CONDUIT_JOB_ID publishes under it: this one cannot tell it from a rank
@@ -223,6 +225,16 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
                                           : std::string("no CONDUIT_JOB_ID (the keys of 'job')")));
       }
     };
+    if (serves && rank == 0)
+      b->wait_readers = [store, counter, size, job_prefix](double seconds) {
+        const std::string key = fmt::format("conduit/{}/bootstrap/{}/read", job_prefix, counter->load() - 1);
+        const Deadline due = Deadline::after(seconds);
+        try {
+          while (store->add(key, 0, due) < size && !due.expired())
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        } catch (const Error&) {  // (the error about to be thrown is what counts)
+        }
+      };
   } else {
     b->method = "single";
     b->allgather = [](const std::string& mine) { return std::vector<std::string>{mine}; };
@@ -275,40 +287,46 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
     if (val) mine += "=" + normalized(i, val);  // "=" marks a set value
   }
   const std::vector<std::string> all = b.allgather(mine);
-  auto fields = [](const std::string& x) {
-    std::vector<std::string> f;
-    size_t at = 0;
-    for (size_t sep; (sep = x.find('\x1f', at)) != std::string::npos; at = sep + 1) f.push_back(x.substr(at, sep - at));
-    f.push_back(x.substr(at));
-    return f;
-  };
-  std::vector<std::vector<std::string>> f(all.size());
-  for (size_t r = 0; r < all.size(); ++r) f[r] = fields(all[r]);
-  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    if (f[r][0] != f[0][0])
-      throw ConfigError(
-          fmt::format("transport: rank 0 asks for '{}' but rank {} for '{}' (CONDUIT_TRANSPORT or "
-                      "--transport); allowed: the same transport on every rank",
-                      f[0][0], r, f[r][0]));
-    for (size_t i = 0; i < std::size(kShared); ++i) {
-      // Against rank 0, or for the shared-memory settings the first rank on this rank's host.
-      int ref = 0;
-      if (i < kShmOnly && !b.hosts.empty())
-        while (b.hosts[static_cast<size_t>(ref)] != b.hosts[static_cast<size_t>(r)]) ++ref;
-      const auto at = [&](int q) { return i + 1 < f[q].size() ? f[q][i + 1] : std::string(); };
-      if (at(ref) == at(r)) continue;
-      auto show = [](const std::string& x) { return x.empty() ? std::string("unset") : "'" + x.substr(1) + "'"; };
-      throw ConfigError(fmt::format("{} is {} on rank {} but {} on rank {}; allowed: the same value on every rank{}",
-                                    kShared[i], show(at(ref)), ref, show(at(r)), r, i < kShmOnly ? " of a host" : ""));
+  // (an error here on rank 0 waits for the others to have read the exchange: each then finds it too)
+  try {
+    auto fields = [](const std::string& x) {
+      std::vector<std::string> f;
+      size_t at = 0;
+      for (size_t sep; (sep = x.find('\x1f', at)) != std::string::npos; at = sep + 1)
+        f.push_back(x.substr(at, sep - at));
+      f.push_back(x.substr(at));
+      return f;
+    };
+    std::vector<std::vector<std::string>> f(all.size());
+    for (size_t r = 0; r < all.size(); ++r) f[r] = fields(all[r]);
+    for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+      if (f[r][0] != f[0][0])
+        throw ConfigError(
+            fmt::format("transport: rank 0 asks for '{}' but rank {} for '{}' (CONDUIT_TRANSPORT or "
+                        "--transport); allowed: the same transport on every rank",
+                        f[0][0], r, f[r][0]));
+      for (size_t i = 0; i < std::size(kShared); ++i) {
+        // Against rank 0, or for the shared-memory settings the first rank on this rank's host.
+        int ref = 0;
+        if (i < kShmOnly && !b.hosts.empty())
+          while (b.hosts[static_cast<size_t>(ref)] != b.hosts[static_cast<size_t>(r)]) ++ref;
+        const auto at = [&](int q) { return i + 1 < f[q].size() ? f[q][i + 1] : std::string(); };
+        if (at(ref) == at(r)) continue;
+        auto show = [](const std::string& x) { return x.empty() ? std::string("unset") : "'" + x.substr(1) + "'"; };
+        throw ConfigError(fmt::format("{} is {} on rank {} but {} on rank {}; allowed: the same value on every rank{}",
+                                      kShared[i], show(at(ref)), ref, show(at(r)), r,
+                                      i < kShmOnly ? " of a host" : ""));
+      }
     }
-  }
-  if (kind == "mpi") {
-    if (b.method != "mpi")
+    if (kind == "mpi" && b.method != "mpi")
       throw ConfigError("transport 'mpi' needs the program to be started by mpirun (OMPI_COMM_WORLD_RANK is not set)");
-    return make_mpi_transport(b.hosts, deadline);
+    if (kind != "mpi" && kind != "auto" && kind != "tcp" && kind != "shm")
+      throw ConfigError(fmt::format("unknown transport '{}': allowed are {}", kind, transport_kinds_allowed()));
+  } catch (...) {
+    if (b.wait_readers) b.wait_readers(5.0);
+    throw;
   }
-  if (kind != "auto" && kind != "tcp" && kind != "shm")
-    throw ConfigError(fmt::format("unknown transport '{}': allowed are {}", kind, transport_kinds_allowed()));
+  if (kind == "mpi") return make_mpi_transport(b.hosts, deadline);
   std::vector<char> local(b.size, 0), remote(b.size, 0);
   bool any_remote = false;
   for (int r = 0; r < b.size; ++r) {

@@ -26,6 +26,10 @@ struct Bootstrap {
   std::vector<int> hosts;   // host index of every rank
   StorePtr store;           // null under mpi and single
   AllgatherFn allgather;    // exchanges one string per rank
+  // Rank 0 serving the TCP store: waits, at most `seconds`, until every rank has read the last exchange, before an
+  // error ends the process and the store with it (the ranks still reading lost the connection and said "did rank 0
+  // exit?", not the error they would each have found). Empty elsewhere.
+  std::function<void(double seconds)> wait_readers;
 };
 
 // ConfigError when the environment is inconsistent (e.g. RANK >= WORLD_SIZE, RANK without MASTER_ADDR or

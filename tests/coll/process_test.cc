@@ -124,6 +124,14 @@ TEST(Processes, RanksAskingForDifferentTransportsStopAtStartUp) {
   auto r = run_sh("FIRST=auto SECOND=tcp " + kConduit + " launch -n 2 -- " + script, 60);
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("transport: rank 0 asks for 'auto' but rank 1 for 'tcp'"), std::string::npos) << r.out;
+  // Rank 0, serving the store, waits for the others to have read the exchange before its error ends it: each rank
+  // says what is wrong (ranks still reading lost the store and asked "did rank 0 exit?"; 3 runs of 3 did so).
+  for (int run = 0; run < 3; ++run) {
+    r = run_sh("FIRST=auto SECOND=tcp " + kConduit + " launch -n 4 -- " + script, 60);
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("transport: rank 0 asks for 'auto' but rank 1 for 'tcp'"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("did rank 0 exit"), std::string::npos) << r.out;
+  }
   r = run_sh(
       "FIRST=mpi SECOND=bogus OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe "
       "-x FIRST -x SECOND -np 2 " +
