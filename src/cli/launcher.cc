@@ -783,7 +783,7 @@ int env_world_size() {
   // (strict, as the bootstrap reads them: " 4" and "+4" passed here)
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"})
     if (auto n = env_int(v, 1, 1 << 20)) return static_cast<int>(*n);
-  if (std::getenv("RANK"))
+  if (env_string("RANK"))  // (empty is unset, as everywhere else)
     throw ConfigError("environment: RANK is set but WORLD_SIZE is not; allowed: both (torchrun) or neither");
   return 0;
 }
@@ -901,9 +901,10 @@ int run_local_workers(const LaunchSpec& spec) {
                     "ignore SIGTERM are killed after it)",
                     spec.grace_seconds < 0 ? "environment variable CONDUIT_LAUNCH_GRACE" : "the grace period", grace));
   const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
-  if (!(spec.timeout_seconds >= 0) || spec.timeout_seconds > 1e7)
-    throw ConfigError(fmt::format("launch: --timeout {:g} is invalid: allowed: seconds from 0 (none) up to 1e7",
-                                  spec.timeout_seconds));
+  // (1e-300 stopped the job at once: the least is CONDUIT_TIMEOUT's)
+  if (!(spec.timeout_seconds == 0 || (spec.timeout_seconds >= 0.001 && spec.timeout_seconds <= 1e7)))
+    throw ConfigError(fmt::format(
+        "launch: --timeout {:g} is invalid: allowed: 0 (none) or seconds from 0.001 up to 1e7", spec.timeout_seconds));
   // The flags first: a bad --bind was reported as the program's failure to run when both were wrong.
   const std::vector<int> bind_cpus = binding_cpus(spec);
   if (!spec.work.empty() && spec.work.size() != size_t(spec.nprocs))

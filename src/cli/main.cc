@@ -13,6 +13,7 @@
 
 #include "cli/launcher.h"
 #include "cli/registry.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/malloc_tuning.h"
@@ -70,9 +71,23 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
 // which some commands use for "left out", and 99999999999999999999 was echoed back as 9223372036854775807); and so
 // are leading zeros and 0x (CLI11 reads base 0: 010 was 8), and anything but digits after an optional minus sign
 // (strtoll skipped leading blanks and took a '+': -n ' 2' and +2 were 2; an unsigned option wrapped -1 to 2^64 - 1).
+// Floating-point options take decimal numbers only.
 void refuse_integer_overflow(CLI::App& app) {
   for (CLI::Option* o : app.get_options()) {
     const std::string type = o->get_type_name();
+    if (type.find("FLOAT") != std::string::npos && o->get_items_expected_max() != 0) {
+      // Numbers as a person writes them: CLI11 reads floats with strtod, which also took 0x10, leading blanks, a '+',
+      // inf and nan (launch --timeout 0x10 was a 16 s deadline).
+      o->check(CLI::Validator(
+          [](std::string& s) {
+            return !s.empty() && s[0] != '+' && is_decimal(s, true)
+                       ? std::string()
+                       : "'" + s + "': a decimal number (digits, an optional fraction and exponent; no blanks, '+', " +
+                             "hexadecimal, inf or nan)";
+          },
+          ""));
+      continue;
+    }
     if (type.find("INT") == std::string::npos || o->get_type_size_max() == 0) continue;  // (a flag counts itself)
     const bool is_unsigned = type.find("UINT") != std::string::npos;
     o->check(CLI::Validator(

@@ -201,7 +201,9 @@ const bool kRegistered = register_command(20, [](CLI::App& app) {
       "Data-parallel training on libtorch (MLP, CNN, ResNet or ViT on Fashion-MNIST, MNIST or synthetic data) with "
       "bucketed, overlapped and optionally compressed gradient averaging. With no arguments: the CNN on "
       "Fashion-MNIST with 4 local workers. Under mpirun or torchrun it is one worker and starts nothing.");
-  c->add_option("--config", args->config, "YAML file of key: value (the keys below, with _); flags win over it");
+  c->add_option("--config", args->config,
+                "YAML file of key: value (the keys below, with _); flags win over it, and a flag given twice counts as "
+                "the last one (base flags, then overrides)");
   auto values = std::make_shared<std::map<std::string, std::string>>();
   for (auto& [key, help] : tr::config_keys()) {
     std::string flag = "--" + key;

@@ -324,7 +324,7 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
         throw bad("a boolean (true | false)");
     } else if constexpr (std::is_floating_point_v<T>) {
       // (as a person writes it: stod also took hex floats, inf and leading spaces)
-      if (!is_decimal(value, true)) throw bad("a number");
+      if (value.empty() || value[0] == '+' || !is_decimal(value, true)) throw bad("a number");
       size_t pos = 0;
       try {
         v = std::stod(value, &pos);

@@ -53,7 +53,8 @@ double to_double(const std::string& key, const std::string& v, double lo, double
   double x = 0;
   size_t used = 0;
   try {
-    x = std::stod(v, &used);
+    // (as a person writes it: stod also took 0x1p-3, leading blanks, a '+', inf and nan)
+    if (!v.empty() && v[0] != '+' && is_decimal(v, true)) x = std::stod(v, &used);
   } catch (...) {
     used = 0;
   }

@@ -514,7 +514,8 @@ TEST(Processes, BenchAndSelftestFlagsAreChecked) {
   };
   for (const Case& c :
        {Case{"bench coll --timeout 0", "--timeout = 0 (allowed: seconds from 0.001 to 1000000)"},
-        Case{"bench coll --timeout nan", "--timeout = nan (allowed: seconds from 0.001 to 1000000)"},
+        Case{"bench coll --timeout nan", "--timeout: 'nan': a decimal number"},
+        Case{"bench coll --timeout 0x10", "--timeout: '0x10': a decimal number"},
         Case{"selftest --timeout -1", "--timeout = -1 (allowed: seconds from 0.001 to 1000000)"},
         Case{"selftest --timeout 0.0001", "--timeout = 0.0001 (allowed: seconds from 0.001 to 1000000)"},
         Case{"selftest --op foo", "--op 'foo' is not supported: allowed are all, allreduce"},

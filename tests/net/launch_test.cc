@@ -443,7 +443,7 @@ TEST_F(LaunchTest, TimeoutStopsAJobThatRunsPastIt) {
   EXPECT_EQ(quick.code, 0) << quick.err;
   auto bad = run({"launch", "-n", "1", "--timeout", "-1", "--", "true"});
   EXPECT_EQ(bad.code, 2) << bad.err;
-  EXPECT_NE(bad.err.find("launch: --timeout -1 is invalid: allowed: seconds from 0 (none) up to 1e7"),
+  EXPECT_NE(bad.err.find("launch: --timeout -1 is invalid: allowed: 0 (none) or seconds from 0.001 up to 1e7"),
             std::string::npos)
       << bad.err;
 }
@@ -840,6 +840,9 @@ TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
       // With a port given too (it was checked only when a free port was looked for: the ranks started).
       {{"launch", "-n", "2", "--master-port", "23456", "--master-addr", "no such host!", "--", "true"},
        "master address 'no such host!' cannot be resolved"},
+      // (1e-300 stopped the job at once)
+      {{"launch", "-n", "1", "--timeout", "1e-300", "--", "true"},
+       "--timeout 1e-300 is invalid: allowed: 0 (none) or seconds from 0.001 up to 1e7"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args, {}, 10s);
@@ -850,6 +853,17 @@ TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
     EXPECT_EQ(lines[0].rfind("conduit: error: launch: ", 0), 0u) << lines[0];
     EXPECT_NE(lines[0].find(c.expect), std::string::npos) << lines[0];
     EXPECT_EQ(r.out, "");
+  }
+  // Numbers as a person writes them (strtod took 0x10 as a 16 s deadline, and ' 5' and +5 as 5), refused by CLI11's
+  // check with one line naming the value.
+  for (const char* t : {"0x10", " 5", "+5", "inf", "nan", "5s"}) {
+    auto r = run({"launch", "-n", "1", "--timeout", t, "--", "true"}, {}, 10s);
+    ASSERT_FALSE(r.timed_out);
+    EXPECT_EQ(r.code, 2) << t;
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_NE(r.err.find("'" + std::string(t) + "': a decimal number (digits, an optional fraction and exponent"),
+              std::string::npos)
+        << r.err;
   }
   // Flags CLI11 itself rejects: a usage error, not a launch.
   for (const auto& args : std::vector<std::vector<std::string>>{{"launch", "-n", "two", "--", "true"},

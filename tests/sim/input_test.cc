@@ -520,7 +520,9 @@ TEST(Inputs, CliGroupsPlanConstraintsAndPlotPaths) {
   // A flag the parser cannot convert: one line and exit code 2 as every other bad input (CLI11's own: two, 104).
   out = run("sim step --model gpt2-small --global-batch 8 --grad-bytes many", &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_EQ(out, "conduit: error: Could not convert: --grad-bytes = many (see --help)\n");
+  EXPECT_EQ(out,
+            "conduit: error: --grad-bytes: 'many': a decimal number (digits, an optional fraction and exponent; no "
+            "blanks, '+', hexadecimal, inf or nan) (see --help)\n");
   // An integer flag says what it takes.
   out = run("sim coll --gpus many", &rc);
   EXPECT_EQ(rc, 2) << out;

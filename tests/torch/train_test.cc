@@ -330,6 +330,9 @@ TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
   expect_one_line(config_error({{"model", "vgg"}}), "model");
   expect_one_line(config_error({{"lr", "-0.1"}}), "lr");
   expect_one_line(config_error({{"lr", "abc"}}), "lr");
+  // Numbers as a person writes them (stod took a hex float, leading blanks and a '+').
+  for (const char* v : {"0x1p-3", " 0.1", "+0.1", "0.1 "}) expect_one_line(config_error({{"lr", v}}), "lr");
+  EXPECT_EQ(config_error({{"lr", "1e-2"}}), "");
   expect_one_line(config_error({{"epochs", "0"}}), "epochs");
   expect_one_line(config_error({{"batch_size", "-3"}}), "batch_size");
   expect_one_line(config_error({{"workers", "0"}}), "workers");
@@ -2714,6 +2717,22 @@ TEST(TrainCli, ConfigurationErrorsStopBeforeTrainingWithOneLine) {
   int st = pclose(p);
   EXPECT_NE(WEXITSTATUS(st), 0);
   EXPECT_NE(out.find("workers: 4 does not match WORLD_SIZE=2"), std::string::npos) << out;
+  // RANK set, WORLD_SIZE not: refused; an empty RANK is unset, as everywhere else (it was refused as set).
+  for (const char* rank : {"1", ""}) {
+    p = popen(("env -u WORLD_SIZE RANK=" + std::string(rank) + " " + CONDUIT_BINARY +
+               " train --workers 1 --dataset synthetic --synthetic-samples 64 --epochs 1 --progress false --output " +
+               never.string() + "-rank" + rank + " 2>&1")
+                  .c_str(),
+              "r");
+    out.clear();
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    st = pclose(p);
+    const bool refused = out.find("RANK is set but WORLD_SIZE is not") != std::string::npos;
+    EXPECT_EQ(refused, *rank != '\0') << out;
+    EXPECT_EQ(WEXITSTATUS(st) == 0, *rank == '\0') << out;
+  }
+  fs::remove_all(never.string() + "-rank");
+  fs::remove_all(never.string() + "-rank1");
 }
 
 TEST(SlowTrainCli, TwoLocalWorkersTrainAndResume) {
