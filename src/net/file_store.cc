@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -157,10 +158,9 @@ class FileStore : public Store {
       int64_t cur = 0;
       std::string v;
       if (read(key, &v)) {
-        char* end = nullptr;
-        errno = 0;
-        cur = std::strtoll(v.c_str(), &end, 10);
-        if (v.empty() || errno != 0 || *end != '\0') {
+        // (all of it: strtoll took " +7" as 7, and "5\0x" as 5, stopping at the NUL)
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), cur);
+        if (v.empty() || ec != std::errc() || end != v.data() + v.size()) {
           throw InvalidArgument(fmt::format("file store {}: add on key '{}' whose value is not an integer", dir_, key));
         }
       }

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -556,10 +557,10 @@ class TcpStoreServer {
         int64_t cur = 0;
         auto it = data_.find(key);
         if (it != data_.end()) {
-          char* end = nullptr;
-          errno = 0;
-          cur = std::strtoll(it->second.c_str(), &end, 10);
-          if (it->second.empty() || errno != 0 || *end != '\0') {
+          // (all of it: strtoll took " +7" as 7, and "5\0x" as 5, stopping at the NUL)
+          const std::string& v = it->second;
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), cur);
+          if (v.empty() || ec != std::errc() || end != v.data() + v.size()) {
             reply(c, h, kBadRequest, fmt::format("value of key '{}' is not an integer", key));
             return true;
           }
