@@ -1468,7 +1468,8 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
       // (partial work drops a client too slow for one step)
       const bool drops = c.dropout > 0 || c.deadline > 0;
       // (warned where it is not negligible beside delta over the run's rounds, or where anything drops)
-      if (comm->rank() == 0 && (decides * double(c.rounds) > 0.1 * c.dp_delta || drops))
+      // (clipping alone accounts no epsilon: nothing to warn about)
+      if (comm->rank() == 0 && c.dp_noise > 0 && (decides * double(c.rounds) > 0.1 * c.dp_delta || drops))
         CONDUIT_LOG_WARN(
             "fl: epsilon does not cover rounds secure aggregation abandons because of how many clients were sampled "
             "or sent, which one client's presence can decide (in {:.2g} of the rounds a client is sampled in, by the "

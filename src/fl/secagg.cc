@@ -790,7 +790,8 @@ struct SecAggClient::Impl {
   std::vector<int> u3;  // the survivor set answered (state unmasked)
   UnmaskMsg answer;
 
-  std::string who() const { return cat("secagg client ", id, " (round ", cfg.round_id, ")"); }
+  // (the protocol's round id: `conduit fl` gives its rounds from 0, its records count them from 1)
+  std::string who() const { return cat("secagg client ", id, " (round id ", cfg.round_id, ")"); }
 
   void wipe_all() {
     wipe(c_sk);
@@ -1101,7 +1102,7 @@ struct SecAggServer::Impl {
   std::map<int, UnmaskMsg> unmasks;
   std::vector<uint32_t> result;
 
-  std::string who() const { return cat("secagg server (round ", cfg.round_id, ")"); }
+  std::string who() const { return cat("secagg server (round id ", cfg.round_id, ")"); }
 
   void fix_u1() {
     if (phase != Phase::advertise) return;
@@ -1143,7 +1144,9 @@ struct SecAggServer::Impl {
       if (near < static_cast<size_t>(cfg.threshold))
         throw TooFewClientsError(
             cat(who(), ": too few survivors near client ", v, " (", survived ? "a survivor" : "dropped", "): ", near,
-                " of its ", graph->group() - 1, survived ? " neighbours and itself" : " neighbours",
+                survived ? cat(" of the ", graph->group(), " of its neighbourhood (its ", graph->group() - 1,
+                               " neighbours and itself)")
+                         : cat(" of its ", graph->group() - 1, " neighbours"),
                 " sent masked inputs, threshold t=", cfg.threshold, "; its ", survived ? "self mask" : "pairwise masks",
                 " could not be removed, abort the round"));
       if (!survived) out.push_back(v);

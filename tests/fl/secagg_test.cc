@@ -515,7 +515,10 @@ TEST(SecAggPlus, ANeighbourhoodWithTooFewSurvivorsAbortsTheRoundTheCompleteGraph
   sparse.share();
   sparse.mask(drop);
   auto msg = error_of<TooFewClientsError>([&] { sparse.server.survivors(); });
-  EXPECT_THAT(msg, HasSubstr("too few survivors near client"));
+  EXPECT_THAT(msg, HasSubstr("secagg server (round id 7): too few survivors near client"));
+  // (a survivor counts itself among its neighbourhood's 5, and says so: "3 of its 4 neighbours and itself" read as 4)
+  EXPECT_THAT(msg, HasSubstr("near client 0 (a survivor): 3 of the 5 of its neighbourhood (its 4 neighbours and "
+                             "itself) sent masked inputs"));
   EXPECT_THAT(msg, HasSubstr("threshold t=4"));
   EXPECT_THROW(sparse.server.finish(), ProtocolError);  // nothing is unmasked
 

@@ -236,6 +236,24 @@ TEST(FlProcess, TheCommandRunsAFederationOfProcessesAndWritesItsRecords) {
   fs::remove_all(out);
 }
 
+// The warning that epsilon does not cover rounds secure aggregation abandons comes with noise only: clipping alone
+// accounts no epsilon (it warned about one that did not exist).
+TEST(FlProcess, TheEpsilonWarningComesWithNoiseOnly) {
+  const fs::path dir = fs::temp_directory_path() / ("conduit-fl-dpw-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (const char* noise : {"0", "1"}) {
+    int rc = 0;
+    const std::string o = run_cli(
+        "--model mlp --dataset synthetic --synthetic-samples 256 --clients 10 --fraction 0.4 --rounds 1 "
+        "--batch-size 32 --dropout 0.1 --dp-clip 1 --dp-noise " +
+            std::string(noise) + " --progress false --output " + (dir / noise).string(),
+        &rc);
+    EXPECT_EQ(rc, 0) << o;
+    EXPECT_EQ(o.find("epsilon does not cover rounds") != std::string::npos, std::string(noise) == "1") << o;
+  }
+  fs::remove_all(dir);
+}
+
 // The adaptive server optimizers' rate defaults to 0.01 (FedAdam at FedAvg's 1 diverged within 3 rounds); a given
 // one is kept, and FedAvg keeps 1.
 TEST(FlProcess, AdaptiveServerOptimizersDefaultToASmallServerRate) {
