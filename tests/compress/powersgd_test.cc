@@ -224,9 +224,30 @@ TEST(PowerSgd, RankBelowRIsStillRecovered) {
     for (size_t k = 0; k < n; ++k) nn += double(pt[i * n + k]) * pt[i * n + k];
     EXPECT_NEAR(nn, i < 7 ? 1.0 : 0.0, 1e-5) << i;
   }
-  // Its Q column was redrawn for this step (not stuck at zero).
   c->decompress(p, st, y);
   for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(y[i], x[i], 1e-3) << i;
+}
+
+// A column of P that came out zero has its Q column redrawn for the next step, not stuck at zero: after an all-zero
+// gradient (every column of P zero, so Q = M^T P is zero too) a rank-1 gradient is still recovered, with and without
+// the warm start. (The test above could not tell: seven of its eight columns rebuilt a rank-7 matrix either way.)
+TEST(PowerSgd, AZeroColumnOfPHasItsQColumnRedrawn) {
+  const size_t n = 40, m = 50;
+  for (const char* warm : {"1", "0"}) {
+    auto c = make_compressor("powersgd", {{"rank", "1"}, {"warm_start", warm}});
+    auto st = c->make_state({n, m}, 1, 0);
+    std::vector<float> zero(n * m, 0.0f), y(n * m);
+    c->decompress(c->compress(zero, st), st, y);
+    for (float v : y) ASSERT_EQ(v, 0.0f);
+    const auto x = low_rank(n, m, 1, 5);
+    c->decompress(c->compress(x, st), st, y);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      err += (double(y[i]) - x[i]) * (double(y[i]) - x[i]);
+      norm += double(x[i]) * x[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 1e-4) << "warm_start " << warm;
+  }
 }
 
 // The warm start keeps Q's columns at unit length, so P and Q stay the size of the gradient and a 16-bit wire
