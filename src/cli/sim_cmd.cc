@@ -888,6 +888,20 @@ void run_coll(const CollArgs& given_args) {
       // One algorithm asked for by name that cannot run is an error; among all of them, a row that says why.
       if (a.algorithm != "all") throw ConfigError(fmt::format("--algorithm {}: {}", a.algorithm, e.what()));
       if (!a.json) fmt::format_to(out, "  {:<20} {}\n", algorithm_name(alg), e.what());
+      // (JSON too: its records left the others out without a word)
+      if (a.json)
+        std::cout << json{{"kind", "sim.coll"},
+                          {"cluster", spec.name},
+                          {"gpus", a.gpus},
+                          {"op", a.op},
+                          {"algorithm", algorithm_name(alg)},
+                          {"bytes", n},
+                          {"ranks", g.size},
+                          {"stride", g.stride},
+                          {"mode", a.mode},
+                          {"error", e.what()}}
+                         .dump()
+                  << "\n";
       why = e.what();
       continue;
     }

@@ -32,6 +32,7 @@ Compression parse_compression(const std::string& s) {
   }
   if ((c.kind == "topk" || c.kind == "powersgd") && parts.size() == 2) {
     char* end = nullptr;
+    if (!is_decimal(parts[1])) throw bad();  // (strtod also took 0x0.1)
     c.param = std::strtod(parts[1].c_str(), &end);
     if (end == parts[1].c_str() || *end != 0) throw bad();
     if (c.kind == "topk" && !(c.param > 0 && c.param <= 1)) throw bad();  // (nan passed both tests)
@@ -953,7 +954,11 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
         // Each tensor's largest D of its elements, as the runtime's compressor runs it (compress/sparse.cc): a u32
         // index and an f32 value each (6 bytes, an fp16 value, until 2026-12-05), allgathered while the backward
         // goes on, every rank adding the others' (it was timed after the whole backward).
-        const double per = cp.param * 8, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
+        // (every tensor sends one element at least, as the runtime's k = ceil(density x its size): at least the
+        // tensors' count over the elements is sent, and a bucket as much of its share; topk:1e-300 was charged for
+        // 1e297 buckets)
+        const double density = std::max(cp.param, tensors / elems);
+        const double per = density * 8, wire = elems * per, cap = cfg.bucket_bytes * per / cfg.grad_bytes;
         const double calls = std::max(1.0, tensors / std::ceil(wire / cap));  // (a bucket's, once it is full)
         auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, dg, std::min(wire, cap) / calls * d);
         auto each = [&](double n) {

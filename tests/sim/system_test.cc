@@ -606,6 +606,11 @@ TEST(Cli, CollCalibrateAndInferRefuseWhatTheyDropped) {
   out = run("sim coll --cluster dgx-a100 --gpus 2048 --op all-to-all --size 1G --json", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"approximate\":false"), std::string::npos) << out;
+  // An algorithm that cannot run on the group has a record saying why, as the table has a row (the JSON left it out).
+  out = run("sim coll --gpus 96 --group 6 --size 64M --mode full --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"algorithm\":\"hierarchical\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"error\":"), std::string::npos) << out;
   out = run("sim calibrate --bench /dev/null --peak \"50 GFLOP/s\" --batch -5", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("--batch sizes the kernels calibrate times itself, which --peak replaces"), std::string::npos)

@@ -320,6 +320,14 @@ TEST(Step, TopkAndAsyncChangeTheExchange) {
     EXPECT_GT(exposed_exchange, 5 * r.breakdown.dp_comm / (12 * 12 + 4)) << r.breakdown.dp_comm;
   }
   EXPECT_GT(tk.breakdown.compression, 0);
+  // Every tensor sends one element at least (the runtime's k = ceil(density x size)): a density far below one element
+  // a tensor costs what one element a tensor does, not nothing (topk:1e-300 was charged nothing on the wire).
+  c.compression = parse_compression("topk:1e-300");
+  const StepResult tiny = simulate_step(net, m, c);
+  c.compression = parse_compression("topk:1e-12");
+  EXPECT_EQ(tiny.breakdown.dp_comm, simulate_step(net, m, c).breakdown.dp_comm);
+  EXPECT_GT(tiny.breakdown.dp_comm, 0);
+  EXPECT_THROW(parse_compression("topk:0x0.1"), ConfigError);
   c.compression = parse_compression("none");
   c.sync = parse_sync("async");
   StepResult as = simulate_step(net, m, c);
