@@ -16,3 +16,18 @@ alternate_rounds() {
     order=("${reversed[@]}")
   done
 }
+
+# bench_out_dir GIVEN DEFAULT: sets OUT to the run's folder, emptied and marked: GIVEN (a path from the caller's
+# directory, where the script was started) or else DEFAULT (from the repository root, the current directory). A folder
+# holding anything a bench run did not write is refused, not emptied (a mistyped OUT_DIR must not cost anyone their
+# files): every run's folder carries a .conduit-bench marker.
+bench_out_dir() {
+  if [ -n "$1" ]; then OUT=$(cd "$OLDPWD" && realpath -m -- "$1"); else OUT=$(realpath -m -- "$2"); fi
+  if [ -e "$OUT" ] && [ ! -e "$OUT/.conduit-bench" ] && { [ ! -d "$OUT" ] || [ -n "$(ls -A "$OUT")" ]; }; then
+    echo "$(basename "$0"): OUT_DIR $OUT holds files a bench run did not write; allowed: a new or empty folder, or an earlier run's" >&2
+    exit 2
+  fi
+  rm -rf "$OUT"
+  mkdir -p "$OUT"
+  touch "$OUT/.conduit-bench"
+}

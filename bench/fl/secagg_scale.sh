@@ -1,34 +1,44 @@
 #!/bin/bash
 # Secure aggregation's cost at 100 clients a round: none, every pair (Bonawitz et al.) and SecAgg+ with k = 16
 # neighbours (Bell et al.), one command, the same seed and dropouts. Local work is kept small (12000 training images
-# over 200 clients, one epoch) so the protocol's share of the round shows. Prints each run's wall time, accuracy and
-# bytes, and the secure-aggregation overhead (wall time over the run without it).
-#   bash bench/fl/secagg_scale.sh [OUT_DIR] [K]
+# over 200 clients, one epoch) so the protocol's share of the round shows. ROUNDS rounds run the three configurations
+# one after the other, each round in the previous one's order reversed (no configuration always runs first); the
+# table gives each one's median wall time with every round's, the overhead (median wall time over the run without
+# it, and the median of the per-round differences), and the last round's accuracy and bytes.
+#   bash bench/fl/secagg_scale.sh [OUT_DIR] [K] [ROUNDS]
 set -euo pipefail
-out=$(realpath -m "${1:-/tmp/conduit-secagg-scale}")
-k=${2:-16}
 cd "$(dirname "$0")/../.."
+source bench/alternate_rounds.sh
+bench_out_dir "${1:-}" /tmp/conduit-secagg-scale
+k=${2:-16}
+rounds=${3:-3}
+[[ $k =~ ^[1-9][0-9]*$ ]] || { echo "secagg_scale.sh: K '$k'; allowed: a whole number of neighbours, 1 or more" >&2; exit 2; }
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "secagg_scale.sh: ROUNDS '$rounds'; allowed: 1 or more" >&2; exit 2; }
 conduit=build/bin/conduit
 [ -x "$conduit" ] || { echo "secagg_scale.sh: $conduit is missing; build first (cmake --build build)" >&2; exit 2; }
-mkdir -p "$out"
 common=(--clients 200 --fraction 0.5 --rounds 3 --train-limit 12000 --dropout 0.05 --seed 42)
 declare -a names=("none" "every pair" "SecAgg+ k=$k")
 declare -a flags=("--secagg false" "--secagg true --secagg-neighbors 0" "--secagg true --secagg-neighbors $k")
-for i in 0 1 2; do
-  rm -rf "$out/run$i"  # (conduit fl refuses a folder holding an earlier run)
+run() {  # configuration round
+  local dir="$OUT/run$1-r$2"
   # shellcheck disable=SC2086
-  "$conduit" fl "${common[@]}" ${flags[$i]} --output "$out/run$i" > "$out/run$i.log" 2>&1 ||
-    { echo "secagg_scale.sh: run '${names[$i]}' failed; see $out/run$i.log" >&2; exit 1; }
-done
-/usr/bin/python3 - "$out" "${names[@]}" <<'PY'
-import json, sys
-out, names = sys.argv[1], sys.argv[2:]
-runs = [json.load(open(f"{out}/run{i}/summary.json")) for i in range(3)]
-base = runs[0]["wall_time_s"]
-print("| secure aggregation | wall s (x none) | overhead s | test accuracy | MB down | MB up |")
-print("|---|---|---|---|---|---|")
-for name, r in zip(names, runs):
-    w = r["wall_time_s"]
-    print(f"| {name} | {w:.1f} ({w / base:.2f}) | {w - base:+.1f} | {100 * r['final_test_accuracy']:.2f}% "
-          f"| {r['bytes_down'] / 1e6:.1f} | {r['bytes_up'] / 1e6:.1f} |")
+  "$conduit" fl "${common[@]}" ${flags[$1]} --output "$dir" > "$dir.log" 2>&1 ||
+    { echo "secagg_scale.sh: run '${names[$1]}' (round $2) failed; see $dir.log" >&2; exit 1; }
+}
+alternate_rounds "$rounds" run 0 1 2
+/usr/bin/python3 - "$OUT" "$rounds" "${names[@]}" <<'PY'
+import json, statistics, sys
+out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+runs = [[json.load(open(f"{out}/run{i}-r{r}/summary.json")) for r in range(1, rounds + 1)] for i in range(3)]
+walls = [[r["wall_time_s"] for r in rs] for rs in runs]
+base = statistics.median(walls[0])
+print(f"median of {rounds} rounds (each round's wall time in brackets)")
+print("| secure aggregation | wall s (x none) | rounds' wall s | overhead s (median of rounds') | test accuracy | MB down | MB up |")
+print("|---|---|---|---|---|---|---|")
+for name, rs, w in zip(names, runs, walls):
+    m = statistics.median(w)
+    over = statistics.median([a - b for a, b in zip(w, walls[0])])
+    last = rs[-1]
+    print(f"| {name} | {m:.1f} ({m / base:.2f}) | {', '.join(f'{x:.1f}' for x in w)} | {over:+.1f} "
+          f"| {100 * last['final_test_accuracy']:.2f}% | {last['bytes_down'] / 1e6:.1f} | {last['bytes_up'] / 1e6:.1f} |")
 PY

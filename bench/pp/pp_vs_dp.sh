@@ -15,18 +15,16 @@ cd "$(dirname "$0")/../.."
 EPOCHS=${1:-1}
 ROUNDS=${2:-2}
 MICRO=${3:-8}
-OUT=${4:-runs/pp-bench}
 CONDUIT=${CONDUIT:-build/bin/conduit}
 MODEL=${MODEL:-vit}
-rm -rf "$OUT"
-mkdir -p "$OUT"
+source bench/alternate_rounds.sh
+bench_out_dir "${4:-}" runs/pp-bench
 run() {  # pp batch micro-batches schedule recompute round
   local name="pp$1-$4-$5-r$6"
   "$CONDUIT" train --model "$MODEL" --workers 4 --pp "$1" --batch-size "$2" --micro-batches "$3" \
     $([ "$1" -gt 1 ] && echo "--pp-schedule $4 --recompute $5") --optimizer adam --lr 0.002 --compressor none \
     --epochs "$EPOCHS" --progress false --output "$OUT/$name" > "$OUT/$name.log" 2>&1
 }
-source bench/alternate_rounds.sh
 configs=("1 64 1 1f1b false" "2 128 $MICRO 1f1b false" "2 128 $MICRO gpipe false")
 [ "$MODEL" = vit ] && configs+=("2 128 $MICRO interleaved false")
 configs+=("4 256 $MICRO 1f1b false" "4 256 $MICRO gpipe false" "4 256 $MICRO gpipe true")

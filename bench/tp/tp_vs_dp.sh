@@ -11,16 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 EPOCHS=${1:-1}
 ROUNDS=${2:-3}
-OUT=${3:-runs/tp-bench}
 CONDUIT=${CONDUIT:-build/bin/conduit}
-rm -rf "$OUT"
-mkdir -p "$OUT"
+source bench/alternate_rounds.sh
+bench_out_dir "${3:-}" runs/tp-bench
 run() {  # tp batch sequence_parallel round
   "$CONDUIT" train --model vit --workers 4 --tp "$1" --batch-size "$2" --sequence-parallel "$3" --optimizer adam \
     --lr 0.002 --compressor none --epochs "$EPOCHS" --progress false --output "$OUT/tp$1-sp$3-r$4" \
     > "$OUT/tp$1-sp$3-r$4.log" 2>&1
 }
-source bench/alternate_rounds.sh
 alternate_rounds "$ROUNDS" run "1 64 false" "2 128 false" "4 256 false" "2 128 true" "4 256 true"
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys

@@ -16,12 +16,10 @@ cd "$(dirname "$0")/../.."
 RATE=${1:-200mbit}
 STEPS=${2:-60}
 ROUNDS=${3:-2}
-OUT=${4:-runs/hpz-bench}
 CONDUIT=$(realpath "${CONDUIT:-build/bin/conduit}")
 NAME=hpz$$
-rm -rf "$OUT"
-mkdir -p "$OUT"
-OUT=$(realpath "$OUT")
+source bench/alternate_rounds.sh
+bench_out_dir "${4:-}" runs/hpz-bench
 "$CONDUIT" cluster up -q --name "$NAME" --hosts 2 --bandwidth "$RATE"
 trap '"$CONDUIT" cluster down --name "$NAME" > /dev/null 2>&1 || true' EXIT
 tx() {  # bytes both hosts have sent on their shaped links
@@ -51,7 +49,6 @@ run() {  # configuration round
     --lr 0.001 --compressor "$comp" $extra --max-steps "$STEPS" --progress false --output "$dir" > "$dir.log" 2>&1
   echo $(($(tx) - before)) > "$dir.cross"
 }
-source bench/alternate_rounds.sh
 alternate_rounds "$ROUNDS" run plain z3 z3h z3q z3qh z3g z3all z3s z2 z2s
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
 import json, os, statistics, sys

@@ -15,11 +15,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 EPOCHS=${1:-1}
 ROUNDS=${2:-3}
-OUT=${3:-runs/zero-bench}
 CONDUIT=${CONDUIT:-build/bin/conduit}
 LR=0.001
-rm -rf "$OUT"
-mkdir -p "$OUT"
+source bench/alternate_rounds.sh
+bench_out_dir "${3:-}" runs/zero-bench
 run() {  # impl zero round
   local dir="$OUT/$1-zero$2-r$3"
   if [ "$1" = conduit ]; then
@@ -36,7 +35,6 @@ run() {  # impl zero round
       $flag --output "$dir" > "$dir.log" 2>&1
   fi
 }
-source bench/alternate_rounds.sh
 alternate_rounds "$ROUNDS" run "conduit 0" "conduit 1" "conduit 1n" "conduit 2" "conduit 2n" "conduit 3" "conduit 3n" \
   "conduit 3b" "conduit 3q" "ddp 0" "ddp 1"
 /usr/bin/python3 - "$OUT" "$ROUNDS" <<'PY'
