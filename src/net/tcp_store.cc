@@ -264,20 +264,29 @@ class TcpStoreServer {
     int fd = -1;
     std::string peer;
     std::string in;
-    std::string out;
+    // The replies queued, each its own buffer, freed once it has gone whole (one string grown by appends kept its
+    // largest capacity, and a reply partly sent kept the part that had gone), and how much of the first has gone.
+    std::deque<std::string> out;
     size_t out_off = 0;
-    // Gets answered by a set while this client's replies were backed up: (key, request id), answered once they
-    // drained (a set answering 1,000 waiting gets queued 1,000 copies of its value at once).
+    size_t out_bytes = 0;  // the bytes of `out`'s replies, sent or not: what they hold
+    // Gets of a key that is set whose answers wait, in order: (key, request id). Answered by a set while this
+    // client's replies were backed up (a set answering 1,000 waiting gets queued 1,000 copies of its value at once),
+    // or held back for room (reply_fits); answered once replies drained.
     std::deque<std::pair<std::string, uint64_t>> deferred;
     uint64_t arriving = 0;  // the bytes of requests not served yet it holds, charged against the limit (serve())
     uint64_t skip = 0;      // bytes still to come of a request refused before it was in, read and discarded
-    size_t pending() const { return out.size() - out_off; }
+    size_t pending() const { return out_bytes - out_off; }
   };
   // A client's requests are not read or served while more than this of its replies waits to be sent: one that
   // sent requests without reading the replies grew the server's memory by a reply each (60 gets of a 4 MiB value
   // held 240 MiB). One reply may still take it past this (a value is up to 64 MiB).
   static constexpr size_t kMaxPendingReplies = size_t{8} << 20;
   static bool backed_up(const Client& c) { return c.pending() > kMaxPendingReplies; }
+  // Nor while a get's answer waits (its later requests' replies would overtake it).
+  static bool paused(const Client& c) { return backed_up(c) || !c.deferred.empty(); }
+  // A reply this small to a client with none queued goes whatever the room (reply_fits): clients that hold the room
+  // by not reading kept every other client's small answers waiting (N such clients hold N of these at most).
+  static constexpr size_t kSmallReply = size_t{64} << 10;
 
   void run() {
     std::vector<pollfd> fds;
@@ -291,8 +300,8 @@ class TcpStoreServer {
       const bool accept_paused = Clock::now() < accept_paused_until_;
       fds.push_back({accept_paused ? -1 : listen_fd_, POLLIN, 0});
       for (auto& [id, c] : clients_) {
-        short ev = backed_up(c) ? 0 : POLLIN;  // (a hang-up or error is reported either way)
-        if (c.out_off < c.out.size()) ev |= POLLOUT;
+        short ev = paused(c) ? 0 : POLLIN;  // (a hang-up or error is reported either way)
+        if (!c.out.empty()) ev |= POLLOUT;
         fds.push_back({c.fd, ev, 0});
         ids.push_back(id);
       }
@@ -322,27 +331,32 @@ class TcpStoreServer {
       // Flush every client with pending output (replies may have been queued for any client, e.g. by a set); a
       // client whose replies drained below the limit has the requests it sent meanwhile served.
       std::vector<uint64_t> dead;
-      for (auto& [id, c] : clients_) {
-        // (as reading: an exception here, out of memory for a 64 MiB reply, loses the client, not every rank's
-        // store by std::terminate)
-        try {
-          const bool was_backed_up = backed_up(c);
-          if (c.out_off < c.out.size() && !flush(c)) {
-            dead.push_back(id);
-            continue;
-          }
-          answer_deferred(c);
-          if (was_backed_up && !backed_up(c) && !c.in.empty() && !serve(id, c)) dead.push_back(id);
-        } catch (const std::exception& e) {
-          CONDUIT_LOG_ERROR("tcp store server {}:{}: serving client {} failed: {}; dropped it", host_, port_, c.peer,
-                            e.what());
-          dead.push_back(id);
-        }
-      }
+      for (auto& [id, c] : clients_)
+        if (!service(id, c)) dead.push_back(id);
       for (uint64_t id : dead) drop(id);
       // (an answer held back for room that a later client's flush made: not left to wait for the next poll, which
       // nothing may wake)
-      for (auto& [id, c] : clients_) answer_deferred(c);
+      dead.clear();
+      for (auto& [id, c] : clients_)
+        if (!c.deferred.empty() && !service(id, c)) dead.push_back(id);
+      for (uint64_t id : dead) drop(id);
+    }
+  }
+
+  // Sends what `c`'s socket takes of its replies, answers its waiting gets that may go now, and serves the requests
+  // it sent meanwhile once it is no longer paused. False: drop it.
+  bool service(uint64_t id, Client& c) {
+    // (as reading: an exception here, out of memory for a 64 MiB reply, loses the client, not every rank's store by
+    // std::terminate)
+    try {
+      const bool was_paused = paused(c);
+      if (!c.out.empty() && !flush(c)) return false;
+      answer_deferred(c);
+      return !(was_paused && !paused(c) && !c.in.empty() && !serve(id, c));
+    } catch (const std::exception& e) {
+      CONDUIT_LOG_ERROR("tcp store server {}:{}: serving client {} failed: {}; dropped it", host_, port_, c.peer,
+                        e.what());
+      return false;
     }
   }
 
@@ -350,7 +364,7 @@ class TcpStoreServer {
   void answer_deferred(Client& c) {
     while (!c.deferred.empty() && !backed_up(c)) {
       const std::string& value = data_.at(c.deferred.front().first);  // (keys are never deleted)
-      if (!reply_fits(value.size())) return;
+      if (!reply_fits(c, value.size())) return;
       reply_get(c, c.deferred.front().second, value);
       parked_bytes_ -= parked_cost(c.deferred.front().first);
       c.deferred.pop_front();
@@ -406,7 +420,7 @@ class TcpStoreServer {
   bool read_client(uint64_t id, Client& c) {
     char buf[65536];
     while (true) {
-      if (backed_up(c)) return true;  // read again once its replies drained
+      if (paused(c)) return true;  // read again once its replies drained and its gets were answered
       ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
       if (n > 0) {
         c.in.append(buf, static_cast<size_t>(n));
@@ -435,7 +449,7 @@ class TcpStoreServer {
     set_arriving(c, 0);  // (what is complete is judged as what it is; what is not is counted again below)
     size_t off = 0;
     bool ok = true;
-    while (!backed_up(c)) {
+    while (!paused(c)) {
       if (c.skip > 0) {
         const size_t d = static_cast<size_t>(std::min<uint64_t>(c.skip, c.in.size() - off));
         off += d;
@@ -498,16 +512,19 @@ class TcpStoreServer {
     h.op = static_cast<uint8_t>(req.op | kReplyBit);
     h.status = st;
     h.id = req.id;
-    const size_t before = c.out.size();
-    c.out += frame(h, std::string(), value);
-    replying_bytes_ += c.out.size() - before;
+    c.out.push_back(frame(h, std::string(), value));
+    c.out_bytes += c.out.back().size();
+    replying_bytes_ += c.out.back().size();
   }
-  // Whether a reply carrying `value` bytes may be queued now: the replies queued for every client stay within what the
-  // limit leaves (each was a copy of its value: 30 clients that each sent a get of a 16 MiB value and read nothing
-  // held 480 MiB beside the one counted), or none is queued (a reply larger than the room still goes, alone). One
-  // that may not waits, charged as a waiting get, until replies drain.
-  bool reply_fits(size_t value) const {
-    return replying_bytes_ == 0 || holding() + replying_bytes_ + kHeaderBytes + value <= max_bytes_;
+  // Whether an answer carrying `value` bytes may be queued for `c` now: the replies queued for every client stay
+  // within what the limit leaves (each is a copy of its value: 40 clients that each sent a get of an 8 MiB value and
+  // read nothing held 320 MiB beside the one counted), or none is queued (one larger than the room still goes, alone),
+  // or it is small and `c` has none queued. One that may not waits, charged as a waiting get, until replies drain.
+  // (Only the answers of gets wait: the replies to sets, adds, checks and refusals are small and always go.)
+  bool reply_fits(const Client& c, size_t value) const {
+    const size_t bytes = kHeaderBytes + value;
+    return replying_bytes_ == 0 || (bytes <= kSmallReply && c.out.empty()) ||
+           holding() + replying_bytes_ + bytes <= max_bytes_;
   }
   // The answer to a get that waited for its key.
   void reply_get(Client& c, uint64_t req_id, const std::string& value) {
@@ -527,16 +544,17 @@ class TcpStoreServer {
       case kOpGet: {
         auto it = data_.find(key);
         // (a get of a key that is there waits for room for its reply, behind the client's earlier answers)
-        const bool held_back = it != data_.end() && (!c.deferred.empty() || !reply_fits(it->second.size()));
+        const bool held_back = it != data_.end() && (!c.deferred.empty() || !reply_fits(c, it->second.size()));
         if (it != data_.end() && !held_back) {
           reply(c, h, kOk, it->second);
         } else if (holding() + parked_cost(key) > max_bytes_) {
           // (a get waiting for its key or for room holds memory too: one client could park gets without end)
           refuse(c, h, "a waiting get",
                  fmt::format("the store holds {} bytes of values and waiting gets, and one more waiting get would "
-                             "pass CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer gets of keys not set yet, "
-                             "or a larger limit",
-                             holding(), max_bytes_));
+                             "pass CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: {}, or a larger limit",
+                             holding(), max_bytes_,
+                             held_back ? "clients that read their answers (this get's waits for room for its reply)"
+                                       : "fewer gets of keys not set yet"));
         } else if (held_back) {
           c.deferred.emplace_back(key, h.id);  // (answered by run() once replies drained)
           parked_bytes_ += parked_cost(key);
@@ -603,7 +621,7 @@ class TcpStoreServer {
         parked_bytes_ -= parked_cost(key);
         continue;
       }
-      if (backed_up(c->second) || !c->second.deferred.empty() || !reply_fits(slot.size())) {
+      if (paused(c->second) || !reply_fits(c->second, slot.size())) {
         c->second.deferred.emplace_back(key, req_id);  // (still charged: it holds its key until the reply goes)
         continue;
       }
@@ -614,11 +632,17 @@ class TcpStoreServer {
   }
 
   bool flush(Client& c) {
-    while (c.out_off < c.out.size()) {
-      ssize_t n = send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
+    while (!c.out.empty()) {
+      const std::string& front = c.out.front();
+      ssize_t n = send(c.fd, front.data() + c.out_off, front.size() - c.out_off, MSG_NOSIGNAL);
       if (n > 0) {
         c.out_off += static_cast<size_t>(n);
-        replying_bytes_ -= static_cast<size_t>(n);
+        if (c.out_off == front.size()) {
+          c.out_bytes -= front.size();
+          replying_bytes_ -= front.size();
+          c.out.pop_front();
+          c.out_off = 0;
+        }
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -626,14 +650,6 @@ class TcpStoreServer {
       CONDUIT_LOG_WARN("tcp store server {}:{}: write to client {} failed: {}; dropped it", host_, port_, c.peer,
                        std::strerror(errno));
       return false;
-    }
-    if (c.out_off == c.out.size()) {
-      c.out.clear();
-      c.out_off = 0;
-      if (c.out.capacity() > (size_t{1} << 20)) c.out.shrink_to_fit();  // (as the requests' buffer, serve())
-    } else if (c.out_off > (1u << 20)) {
-      c.out.erase(0, c.out_off);
-      c.out_off = 0;
     }
     return true;
   }
@@ -644,7 +660,7 @@ class TcpStoreServer {
     close(it->second.fd);
     for (const auto& d : it->second.deferred) parked_bytes_ -= parked_cost(d.first);  // (answers it never took)
     arriving_bytes_ -= it->second.arriving;
-    replying_bytes_ -= it->second.pending();
+    replying_bytes_ -= it->second.out_bytes;
     clients_.erase(it);
     // The gets it left waiting go with it (they stayed, each with its key, until the key was set, if ever).
     for (auto w = waiters_.begin(); w != waiters_.end();) {
@@ -682,8 +698,8 @@ class TcpStoreServer {
   static uint64_t parked_cost(const std::string& key) { return key.size() + 64; }
   // Bytes of requests received and not served yet (Client::arriving).
   uint64_t arriving_bytes_ = 0;
-  // Bytes of replies queued and not sent yet, every client's (Client::pending()): within what max_bytes_ leaves
-  // (reply_fits), not counted in holding() (a set is not refused for replies on their way).
+  // Bytes of the replies queued, every client's (Client::out_bytes, a reply's until the whole of it has gone): within
+  // what max_bytes_ leaves (reply_fits), not counted in holding() (a set is not refused for replies on their way).
   uint64_t replying_bytes_ = 0;
   static uint64_t entry_cost(const std::string& key, size_t value) { return key.size() + value + 96; }
   bool warned_ = false;  // (one warning of a refusal until one is taken again: a flood would fill the log)
