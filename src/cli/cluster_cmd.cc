@@ -310,7 +310,8 @@ const bool kRegistered = register_command(40, [](CLI::App& app) {
   auto* ce = grp->add_subcommand("exec", "Run a command inside one host's namespace (CONDUIT_SOCKET_IFNAME=eth0)");
   add_name(ce, ex);
   ce->add_option("host", ex->host, "host: index, hK, its address, or 'rank' (RANK from the environment)");
-  ce->add_option("command", ex->command, "CMD [ARGS...] (put it after --)");
+  ce->add_option("command", ex->command,
+                 "CMD [ARGS...]: every argument from the first one that is not an option (or after --) is its own");
   ce->callback([ex]() { cmd_exec(*ex); });
 
   auto rn = std::make_shared<ClusterOptions>();
@@ -324,7 +325,8 @@ const bool kRegistered = register_command(40, [](CLI::App& app) {
   cr->add_option("--master-port", rn->master_port, "rendezvous port on host 0")->capture_default_str();
   cr->add_option("--ranks-per-host", rn->ranks_per_host, "workers in each host (consecutive ranks)")
       ->capture_default_str();
-  cr->add_option("command", rn->command, "PROGRAM [ARGS...] (put it after --)");
+  cr->add_option("command", rn->command,
+                 "PROGRAM [ARGS...]: every argument from the first one that is not an option (or after --) is its own");
   cr->footer("Example: conduit cluster run -- conduit bench coll --op allreduce -b 1M -e 64M --json");
   cr->callback([rn, run_hosts]() {
     rn->hosts_given = run_hosts->count() > 0;

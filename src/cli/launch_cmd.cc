@@ -67,7 +67,9 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
                 "seconds the whole job may run (0: no limit, the default); workers still running then are stopped as "
                 "on SIGTERM and the launcher exits 124");
   // After "--" everything is the program and its arguments, even what looks like an option.
-  c->add_option("command", opts->command, "PROGRAM [ARGS...] that every worker runs (put it after --)");
+  c->add_option("command", opts->command,
+                "PROGRAM [ARGS...] that every worker runs: every argument from the first one that is not an option (or "
+                "after --) is its own");
   c->footer(
       "Example: conduit launch -n 4 -- conduit bench coll --op allreduce\n"
       "SIGINT/SIGTERM/SIGHUP are forwarded to the workers (SIGQUIT as SIGTERM); those still running "

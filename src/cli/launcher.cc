@@ -68,6 +68,9 @@ bool g_output_stalled[3] = {false, false, false};
 // Set for stdout (1) / stderr (2) once its reader went away (EPIPE): the workers' pipes to it are closed, so that
 // they meet the closed pipe themselves, as in a shell pipeline (`conduit launch ... | head` ran on forever).
 bool g_output_broken[3] = {false, false, false};
+// Set for stdout (1) / stderr (2) when it can never take output (open for reading only, or not open): what the
+// workers write to it is read and dropped, and they run on as with a closed one (which is /dev/null here).
+bool g_output_dropped[3] = {false, false, false};
 // SIGINT, SIGHUP and SIGQUIT as the launcher found them ignored (nohup, a background job of a shell without job
 // control): they stay ignored, in the launcher and in its workers.
 // SIGTSTP too: a launcher that cannot be stopped from the terminal keeps its workers running as well.
@@ -159,6 +162,7 @@ class SignalScope {
     g_continued = 0;
     for (bool& stalled : g_output_stalled) stalled = false;
     for (bool& broken : g_output_broken) broken = false;
+    for (bool& dropped : g_output_dropped) dropped = false;
     g_stop_signal = 0;
     struct sigaction sa {};
     sa.sa_handler = on_signal;
@@ -350,6 +354,7 @@ void suspend_job();
 void write_all(int fd, const char* data, size_t size) {
   constexpr int kStalledOutputWaitMs = 1000;
   while (size > 0) {
+    if (fd >= 0 && fd < 3 && g_output_dropped[fd]) return;
     if (g_suspend_requested) suspend_job();  // (blocked here, the launcher never reached its loop to stop)
     size_t chunk = size;
     if (g_stop_requested) {
@@ -367,13 +372,15 @@ void write_all(int fd, const char* data, size_t size) {
       // and a write that blocks (on a reader stopped by the same Ctrl-Z) was never acted on.
       pollfd p{fd, POLLOUT, 0};
       const int r = ::poll(&p, 1, 100);
-      if (r > 0 && (p.revents & (POLLERR | POLLNVAL)) != 0) {
+      // (POLLOUT never comes: a pipe whose reader went away, as EPIPE below; a descriptor not open, or open for
+      // reading only (`1<file`), whose output is dropped)
+      if (r > 0 && (p.revents & POLLERR) != 0) {
         if (fd >= 0 && fd < 3) g_output_broken[fd] = true;
-        return;  // (POLLOUT never comes: drop the output, as for a closed one)
+        return;
       }
-      if (r == 0 && (::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY) {
-        if (fd >= 0 && fd < 3) g_output_broken[fd] = true;
-        return;  // a descriptor open for reading only (`1<file`) never has room
+      if ((r > 0 && (p.revents & POLLNVAL) != 0) || (r == 0 && (::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY)) {
+        if (fd >= 0 && fd < 3) g_output_dropped[fd] = true;
+        return;
       }
       if (r == 0 || (r < 0 && errno == EINTR)) continue;
       if (r > 0 && (p.revents & POLLOUT) != 0) chunk = std::min<size_t>(size, PIPE_BUF);

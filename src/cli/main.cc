@@ -127,6 +127,7 @@ void refuse_integer_overflow(CLI::App& app) {
 std::vector<std::string> mark_program_arguments(CLI::App& app, int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   CLI::App* cur = &app;
+  std::string path;  // the subcommands so far, "cluster exec"
   int positionals = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -134,17 +135,22 @@ std::vector<std::string> mark_program_arguments(CLI::App& app, int argc, char** 
     const auto named = cur->get_subcommands([&a](CLI::App* s) { return s->check_name(a); });
     if (!named.empty() && positionals == 0) {
       cur = named.front();
+      path += (path.empty() ? "" : " ") + cur->get_name();
       continue;
     }
     if (a.size() > 1 && a[0] == '-') {
       const CLI::Option* o = cur->get_option_no_throw(a.substr(0, a.find('=')));
       if (o == nullptr && !(a.size() > 2 && a[1] != '-' && cur->get_option_no_throw(a.substr(0, 2)) != nullptr))
         break;  // an unknown option: refused as typed (not with a "--" the user never wrote beside it)
-      if (o != nullptr && o->get_items_expected_max() != 0 && a.find('=') == std::string::npos) ++i;  // (its value)
+      if (o != nullptr && a.find('=') == std::string::npos) {
+        // Its values: one always (-1 is a value), more while they do not look like options.
+        const int most = o->get_items_expected_max();
+        for (int v = 0; v < most && i + 1 < args.size() && (v == 0 || args[i + 1][0] != '-'); ++v) ++i;
+      }
       continue;
     }
-    const bool runs_program = cur->get_option_no_throw("command") != nullptr;
-    const int before = cur->get_name() == "exec" ? 1 : 0;  // (cluster exec's host)
+    const bool runs_program = path == "launch" || path == "cluster run" || path == "cluster exec";
+    const int before = path == "cluster exec" ? 1 : 0;  // (its host)
     if (runs_program && positionals == before) {
       args.insert(args.begin() + std::ptrdiff_t(i), "--");
       break;
@@ -175,6 +181,7 @@ int main(int argc, char** argv) {
     conduit::log_level_from_env();
     std::vector<std::string> args = mark_program_arguments(app, argc, argv);
     std::reverse(args.begin(), args.end());  // (CLI11 takes them last first)
+    app.name(argc > 0 ? argv[0] : "conduit");  // (what parse(argc, argv) names the usage lines with)
     app.parse(args);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);

@@ -776,6 +776,17 @@ TEST_F(LaunchTest, AClosedStdoutOrStderrAtStartIsNoHang) {
       ASSERT_FALSE(r.timed_out) << "closed fd " << -closed - 1 << ", exit " << code;
       EXPECT_EQ(r.code, code) << "closed fd " << -closed - 1;
     }
+  // A stdout open for reading only (a pipe's read end) never has room: its output is dropped, and the workers run to
+  // their end (not stopped as by a reader gone away).
+  int fds[2];
+  ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  const pid_t launcher = start(
+      {"launch", "-n", "2", "--", "sh", "-c", "i=0; while [ $i -lt 50 ]; do echo line; i=$((i+1)); done"}, {}, fds[0]);
+  auto r = finish(launcher, 10s);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  ASSERT_FALSE(r.timed_out) << "a read-only stdout";
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 TEST_F(LaunchTest, SignalStopsWorkersEvenWhenStdoutIsStalled) {
