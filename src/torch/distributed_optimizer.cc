@@ -1282,6 +1282,15 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
     c.shapes.push_back(shape);
   }
   c.compressed = options.compressor != "none" && !options.compressor.empty();
+  // It applies where a compressed exchange at stage 0 sends a layer uncompressed (below compress_min_bytes); anywhere
+  // else nothing read it, and those layers trained without the momentum asked for, without a word.
+  if (options.dense_momentum != 0 && (!(options.dense_momentum > 0 && options.dense_momentum < 1) || !c.compressed ||
+                                      options.zero_stage != 0 || options.compress_min_bytes == 0))
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: dense_momentum = {} with compressor '{}', zero_stage {} and compress_min_bytes {}; "
+        "allowed: 0, or a momentum in (0, 1) for the layers a compressor at zero_stage 0 sends uncompressed (below "
+        "compress_min_bytes > 0)",
+        options.dense_momentum, options.compressor, options.zero_stage, options.compress_min_bytes));
   const ZeroIntWire int_wire = zero_int_wire(options.compressor);
   if (int_wire.bits == 4 && options.zero_stage == 0)
     throw InvalidArgument(fmt::format(
@@ -1568,7 +1577,8 @@ DType to_dtype(const torch::Tensor& t) {
 
 // Broadcasts `tensors` from rank 0, coalesced: one collective per element type and up to 64 MiB (a broadcast per
 // tensor paid its latency 27 times a step for ResNet-18's BatchNorm buffers, 62 times at start-up for its
-// parameters; the cap bounds the staging copy for a model of billions of parameters). Returns the bytes broadcast.
+// parameters; the cap bounds the staging copy for a model of billions of parameters: a tensor over it goes alone, in
+// place). Returns the bytes broadcast.
 static uint64_t broadcast_coalesced(const std::vector<torch::Tensor>& tensors, coll::Communicator& comm,
                                     double timeout_s) {
   if (comm.size() == 1) return 0;
@@ -1579,6 +1589,13 @@ static uint64_t broadcast_coalesced(const std::vector<torch::Tensor>& tensors, c
   uint64_t bytes = 0;
   auto flush = [&](std::vector<torch::Tensor>& group) {
     if (group.empty()) return;
+    if (group.size() == 1 && group[0].is_contiguous()) {  // (one tensor, over the cap or alone: in place, no copy)
+      torch::Tensor& t = group[0];
+      comm.broadcast(t.data_ptr(), size_t(t.numel()), to_dtype(t), 0, co).wait();
+      bytes += uint64_t(t.numel()) * uint64_t(t.element_size());
+      group.clear();
+      return;
+    }
     std::vector<torch::Tensor> flat;
     for (auto& t : group) flat.push_back(t.reshape(-1));
     torch::Tensor all = torch::cat(flat).contiguous();
