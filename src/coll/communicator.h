@@ -133,6 +133,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int consecutive_host_ranks() const;
   double timeout_s() const { return timeout_s_; }
   Tuner& tuner() { return *tuner_; }
+  // Gives this communicator a tuner of its own (split() shares its parent's): before its first collective.
+  void set_tuner(std::shared_ptr<Tuner> tuner) { tuner_ = std::move(tuner); }
   const net::Bootstrap* bootstrap() const { return bootstrap_.get(); }
 
   // Collective over this communicator: ranks with the same color form a new communicator, ordered by (key, rank).

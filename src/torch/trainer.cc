@@ -287,6 +287,15 @@ const char* data_sharers(const TrainConfig& c) {
 
 }  // namespace
 
+bool agree_partner_sums(coll::Communicator& dp, const std::vector<int>& host_of, int tp, int mp) {
+  if (tp_partners_split_alike(host_of, tp, mp)) return false;
+  auto tuner = std::make_shared<coll::Tuner>(dp.tuner());
+  tuner->force(coll::CollOp::allreduce, {{"ring"}});
+  tuner->force(coll::CollOp::reduce_scatter, {{"ring"}});
+  dp.set_tuner(std::move(tuner));
+  return true;
+}
+
 bool tp_partners_split_alike(const std::vector<int>& host_of, int tp, int mp) {
   if (tp <= 1 || mp <= 1) return true;
   const int w = int(host_of.size());
@@ -580,6 +589,15 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   }
   if (pp > 1) pp_comm = comm_ptr->split(global_rank / mp * tp + global_rank % tp, global_rank / tp % pp);
   if (mp > 1) dp_comm = comm_ptr->split(global_rank % mp, global_rank / mp);
+  if (tp > 1 && dp_comm->size() > 1) {
+    std::vector<int> host_of;
+    for (int r = 0; r < comm_ptr->size(); ++r) host_of.push_back(comm_ptr->host_of(r));
+    if (agree_partner_sums(*dp_comm, host_of, tp, mp) && global_rank == 0)
+      std::fprintf(stderr,
+                   "train: note: the tensor-parallel partners' data-parallel groups span the hosts "
+                   "differently: their gradients' allreduce and reduce-scatter go by ring, whose sums follow the "
+                   "ranks alone (the replicated parameters' copies would drift apart by rounding otherwise)\n");
+  }
   // ZeRO's groups given as `node`: the data-parallel workers of one host (with tp and pp every (tp x pp)-th: a host's
   // workers / (tp x pp)), from the whole job's host map so that every rank comes to the same number: the hosts must
   // hold as many workers each, in consecutive ranks, a multiple of tp x pp (or a model replica spans hosts: no groups);
@@ -783,9 +801,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     dopts.first_bucket_bytes = size_t(c.first_bucket_mb * 1024 * 1024);
     dopts.compress_min_bytes = size_t(c.compress_min_bytes);
     // dgc and signum hold the momentum (resolve_config wrote it into their spec); the layers that skip them need
-    // theirs too.
+    // theirs too (there are some only below a compress_min_bytes, and at stage 0).
     if (auto [cname, cparams] = split_compressor_spec(c.compressor);
-        !momentum_compressor(cname).empty() && cparams.count("momentum"))
+        !momentum_compressor(cname).empty() && cparams.count("momentum") && c.compress_min_bytes > 0 && c.zero == 0)
       dopts.dense_momentum = std::stod(cparams.at("momentum"));
     dopts.overlap = c.overlap;
     dopts.compressor = c.compressor;

@@ -51,5 +51,11 @@ void check_model_config(const TrainConfig& c, int world, bool notes = false);
 // sums at points the host map decides: partners whose groups split otherwise would round the replicated parameters'
 // sums apart, so then it goes in one hop.
 bool tp_partners_split_alike(const std::vector<int>& host_of, int tp, int mp);
+// The same holds for the f32 sums: a data-parallel group's allreduce and reduce-scatter algorithm follows its host
+// count and layout (hier over a host's ranks first, ring or halving-doubling else), and partners whose groups split
+// over hosts otherwise summed a replicated parameter's gradient in other orders, its copies drifting apart by
+// rounding for good. Where they split otherwise, `dp` (one partner's group) gets a tuner of its own that forces the
+// ring, whose order follows the ranks alone. Returns whether it did.
+bool agree_partner_sums(coll::Communicator& dp, const std::vector<int>& host_of, int tp, int mp);
 
 }  // namespace conduit::train

@@ -1469,6 +1469,24 @@ TEST(Train, TensorParallelPartnersGroupsSplitOverHostsAlikeOrTheIntWireGoesInOne
   EXPECT_TRUE(tp_partners_split_alike({0, 0, 1, 1, 2, 2, 3, 3}, 2, 4));
 }
 
+// The f32 sums too: where partners' data-parallel groups split over hosts otherwise, their allreduce and
+// reduce-scatter go by ring (the tuner chose by each group's own host count and layout, hier on one and halving-
+// doubling on the other, and the replicated parameters' copies drifted apart: 489 of 6,538 elements after 6 steps on
+// hosts of 1 and 7); on a tuner of the group's own, so the parent's choices stay.
+TEST(Train, TensorParallelPartnersSumByRingWhereTheirGroupsSplitOverHostsOtherwise) {
+  auto comms = coll::Communicator::inproc(1);
+  auto dp = comms[0]->split(0, 0);  // (sharing its parent's tuner)
+  EXPECT_FALSE(agree_partner_sums(*dp, {0, 0, 0, 0, 1, 1, 1, 1}, 2, 2));
+  EXPECT_FALSE(dp->tuner().forced_at(coll::CollOp::allreduce, 1 << 20));
+  EXPECT_TRUE(agree_partner_sums(*dp, {0, 0, 0, 1, 1, 1}, 2, 2));
+  for (size_t bytes : {size_t(8), size_t(1) << 20, size_t(1) << 30}) {
+    EXPECT_EQ(dp->tuner().choose(coll::CollOp::allreduce, bytes, 8, 2, true), "ring") << bytes;
+    EXPECT_EQ(dp->tuner().choose(coll::CollOp::reduce_scatter, bytes, 8, 2, true), "ring") << bytes;
+  }
+  EXPECT_FALSE(comms[0]->tuner().forced_at(coll::CollOp::allreduce, 1 << 20));
+  EXPECT_NE(comms[0]->tuner().choose(coll::CollOp::allreduce, 8, 8, 2, true), "ring");
+}
+
 // Two groups of two tensor-parallel ranks train the vit as two data-parallel ranks train it whole: the same losses
 // and accuracy to the float sums' order, every replicated parameter equal on both ranks of a group and close to the
 // whole model's, each rank holding its share of the split ones; with ZeRO-1 over the groups too, and with PowerSGD
