@@ -24,7 +24,7 @@ alternate_rounds() {
 bench_out_dir() {
   if [ -n "$1" ]; then OUT=$(cd "$OLDPWD" && realpath -m -- "$1"); else OUT=$(realpath -m -- "$2"); fi
   if [ -e "$OUT" ] && [ ! -e "$OUT/.conduit-bench" ] && { [ ! -d "$OUT" ] || [ -n "$(ls -A "$OUT")" ]; }; then
-    echo "$(basename "$0"): OUT_DIR $OUT holds files a bench run did not write; allowed: a new or empty folder, or an earlier run's" >&2
+    echo "$(basename "$0"): OUT_DIR $OUT holds files no marked bench run wrote (runs before 2026-12-06 carry no .conduit-bench marker); allowed: a new or empty folder, or a marked earlier run's: remove it, or name another" >&2
     exit 2
   fi
   rm -rf "$OUT"

@@ -4,18 +4,19 @@
 # over 200 clients, one epoch) so the protocol's share of the round shows. ROUNDS rounds run the three configurations
 # one after the other, each round in the previous one's order reversed (no configuration always runs first); the
 # table gives each one's median wall time with every round's, the overhead (median wall time over the run without
-# it, and the median of the per-round differences), and the last round's accuracy and bytes.
+# it, and the median of the per-round differences), and the last round's accuracy and bytes. ROUNDS repeats the
+# whole comparison (each `conduit fl` run trains its own 3 federated rounds).
 #   bash bench/fl/secagg_scale.sh [OUT_DIR] [K] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source bench/alternate_rounds.sh
-bench_out_dir "${1:-}" /tmp/conduit-secagg-scale
 k=${2:-16}
 rounds=${3:-3}
 [[ $k =~ ^[1-9][0-9]*$ ]] || { echo "secagg_scale.sh: K '$k'; allowed: a whole number of neighbours, 1 or more" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "secagg_scale.sh: ROUNDS '$rounds'; allowed: 1 or more" >&2; exit 2; }
 conduit=build/bin/conduit
 [ -x "$conduit" ] || { echo "secagg_scale.sh: $conduit is missing; build first (cmake --build build)" >&2; exit 2; }
+bench_out_dir "${1:-}" /tmp/conduit-secagg-scale  # (after the checks: a typo does not cost the last run's results)
 common=(--clients 200 --fraction 0.5 --rounds 3 --train-limit 12000 --dropout 0.05 --seed 42)
 declare -a names=("none" "every pair" "SecAgg+ k=$k")
 declare -a flags=("--secagg false" "--secagg true --secagg-neighbors 0" "--secagg true --secagg-neighbors $k")
@@ -32,7 +33,7 @@ out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 runs = [[json.load(open(f"{out}/run{i}-r{r}/summary.json")) for r in range(1, rounds + 1)] for i in range(3)]
 walls = [[r["wall_time_s"] for r in rs] for rs in runs]
 base = statistics.median(walls[0])
-print(f"median of {rounds} rounds (each round's wall time in brackets)")
+print(f"medians of {rounds} rounds (the ratio to the run without secure aggregation in brackets)")
 print("| secure aggregation | wall s (x none) | rounds' wall s | overhead s (median of rounds') | test accuracy | MB down | MB up |")
 print("|---|---|---|---|---|---|---|")
 for name, rs, w in zip(names, runs, walls):
