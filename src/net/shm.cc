@@ -743,7 +743,6 @@ class ShmTransport : public Transport, public Progressor {
       // stays with the consumer.
       size_t total_left = s.frame_bytes() - s.sent;
       uint64_t tail = p.out_tail_cache;
-      size_t space = ring_bytes_ - static_cast<size_t>(head - tail);
       // The consumer's tail is never past the head nor more than a ring behind it: else the segment is corrupt and
       // the space computed from it would overwrite unread bytes.
       auto corrupt = [&] {
@@ -754,6 +753,10 @@ class ShmTransport : public Transport, public Progressor {
                                      p.rank, tail, head, ring_bytes_))));
         return true;
       };
+      // (the cache may hold a tail read just now, by the single-copy check above: its space wrapped past the ring
+      // and the checks below were skipped)
+      if (corrupt()) return wrote;
+      size_t space = ring_bytes_ - static_cast<size_t>(head - tail);
       if (space < total_left) {
         tail = p.out_tail_cache = p.out->tail.load(std::memory_order_acquire);
         if (corrupt()) return wrote;

@@ -304,6 +304,18 @@ class TcpTransport : public Transport {
     return post_recv(peer, tag, make_reduce_recv(peer, tag, dst, count, dtype, op));
   }
 
+  // Ends the connection on `fd` with a reset, which reaches a peer whose receive window is shut: the end of the
+  // stream (shutdown's FIN) waits behind the bytes it has not read, and a peer holding a frame over its unexpected
+  // budget reads none until it posts that frame's receive (it waited for its deadline on another tag, never seeing
+  // the abort). The number stays open, on /dev/null, for the peer's other uses of it until the destructor.
+  static void reset_connection(int fd) {
+    const linger now{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof now);
+    const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null_fd < 0 || ::dup3(null_fd, fd, O_CLOEXEC) < 0) ::shutdown(fd, SHUT_RDWR);  // (the socket's last close)
+    if (null_fd >= 0) ::close(null_fd);
+  }
+
   void abort(const std::string& reason) override {
     std::lock_guard<std::mutex> lk(mu_);
     std::string why = fmt::format("rank {} aborted: {}", rank_, reason);
@@ -332,6 +344,7 @@ class TcpTransport : public Transport {
       std::lock_guard<std::mutex> sl(p.send_mu);
       // (A failed write ended the stream mid-frame and cleared the queue, or a failure dropped a partly written
       // send: nothing more goes on it.)
+      bool told = false;
       if (!p.send_failed && !p.dropped_mid_frame) {
         try {
           // A send cut mid-frame is finished first (its buffer is still the caller's to lend): the peer reading it
@@ -345,10 +358,14 @@ class TcpTransport : public Transport {
             write_all_blocking(p.fd, s.data + off, s.bytes - off, give_up);
           }
           write_all_blocking(p.fd, frame.data(), frame.size(), give_up);
+          told = true;
         } catch (const Error&) {  // gone or full past the deadline: the connection's end tells the peer
         }
       }
-      ::shutdown(p.fd, SHUT_RDWR);
+      if (told)
+        ::shutdown(p.fd, SHUT_RDWR);
+      else
+        reset_connection(p.fd);
     }
     auto err = std::make_exception_ptr(PeerError(why));
     for (auto& p : peers_) fail_peer(p, err);
@@ -999,6 +1016,11 @@ class TcpTransport : public Transport {
         try {
           FrameHeader h = make_frame(kFrameHello, 0, 0, rank_);
           write_all_blocking(fd, &h, sizeof h, deadline);
+        } catch (const Error& e) {
+          ::close(fd);
+          // (it said only "handshake write timed out")
+          rethrow_with_context(e,
+                               fmt::format("tcp: rank {} sending its hello to rank {} at {}", rank_, peer, hostport));
         } catch (...) {
           ::close(fd);
           throw;

@@ -37,8 +37,8 @@ void Request::wait(const Deadline& deadline) {
   int s = state_.load(std::memory_order_acquire);
   if (s == kFailed) std::rethrow_exception(error_);
   if (s != kDone) {
-    throw TimeoutError(fmt::format("{} of {} bytes with rank {} did not complete before the deadline",
-                                   kind_ == Kind::send ? "send" : "receive", bytes_, peer_));
+    throw TimeoutError(fmt::format("{} of {} bytes with rank {} (tag {:#x}) did not complete before the deadline",
+                                   kind_ == Kind::send ? "send" : "receive", bytes_, peer_, tag_));
   }
 }
 

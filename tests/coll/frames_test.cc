@@ -556,6 +556,34 @@ TEST(TcpAbort, ARankFailedByAnothersAbortStillTellsThePeerWaitingOnIt) {
   EXPECT_TRUE(cut->done());
 }
 
+// Rank 0 aborts with a 16 MiB frame to rank 1 cut mid-frame, which rank 1 holds unread (over its unexpected budget,
+// no receive posted for it) while it waits on another tag: the abort cannot finish the frame, and the end of the
+// stream waited behind its unread bytes (rank 1's window shut), so rank 1 waited for its whole deadline. The abort
+// resets such a connection: rank 1's receive fails at once.
+TEST(TcpAbort, AnAbortStuckBehindAHeldFrameResetsTheConnection) {
+  setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "64K", 1);
+  auto ts = test_util::make_transport_world("tcp", 2);
+  unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+  std::vector<char> big(16 << 20, 'x');
+  auto held = ts[0]->isend(1, make_tag(kUser, 0, 1), big.data(), big.size());
+  int32_t other = 0;
+  auto waiter = ts[1]->irecv(0, make_tag(kUser, 0, 2), &other, sizeof other);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (as much of it written as the sockets take)
+  ASSERT_FALSE(held->done());
+  const auto t0 = std::chrono::steady_clock::now();
+  ts[0]->abort("rank 0 broke");
+  std::string e = "no error";
+  try {
+    waiter->wait(Deadline::after(20));
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 5.0) << e;
+  EXPECT_EQ(e.find("did not complete before the deadline"), std::string::npos) << e;
+  EXPECT_NE(e, "no error");
+}
+
 // Rank 0 aborts with a send to rank 1 cut mid-frame (rank 1 holds it unread until it posts the receive). Its abort
 // finishes that frame before the abort frame, so rank 1, posting the receive then, reads the reason; the stream
 // ending inside the frame told rank 1 only that the connection closed.
