@@ -16,7 +16,8 @@
 //    interleaved 1F1B): each stage holds v chunks of blocks (stage s the model's chunks s, s+P, ...: the vit's 4
 //    blocks give v = 2 on 2 stages), micro-batches go in groups of P (M a multiple of P) and the last stage's chunk
 //    j feeds the first stage's chunk j+1, so the bubble shrinks to (P-1)/(vM) for v times the messages and more
-//    activations held. All are synchronous (one optimizer step a batch, the same gradients as without a pipeline);
+//    activations held. All are synchronous (one optimizer step a batch, the same gradients as without a pipeline,
+//    BatchNorm aside: it normalises each micro-batch by its own statistics);
 //    GPipe and 1F1B idle (P-1)/M of an ideal step (the bubble); 1F1B saves activation memory, not time.
 //  - Activation recomputation (Chen et al. 2016; GPipe's re-materialisation): a stage keeps only each micro-batch's
 //    input, computes the forward without a graph, and again with one in the backward; the same gradients for one
