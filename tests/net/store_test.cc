@@ -668,6 +668,20 @@ TEST(TcpStore, AClientThatDoesNotReadItsRepliesIsNotServedUntilItDoes) {
   read_replies(fd);
 }
 
+// The bytes a TCP store server holds by its own count, read from the refusal of a set of `limit` bytes (its limit: it
+// cannot fit).
+unsigned long long store_holds(Store& s, size_t limit) {
+  try {
+    s.set("probe", std::string(limit, 'p'));
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    const size_t at = m.find("the store holds ");
+    if (at != std::string::npos) return std::stoull(m.substr(at + 16));
+  }
+  ADD_FAILURE() << "no refusal";
+  return 0ull;
+}
+
 // A get woken by a set while its client's replies are backed up waits in the server for the client to read: it stays
 // charged against CONDUIT_STORE_MAX_BYTES until its answer goes (its key and 64 bytes), so a client that never reads
 // cannot hold memory past the limit; the refusals say how much the store holds.
@@ -676,18 +690,7 @@ TEST(TcpStore, AWokenGetStaysChargedUntilItsAnswerGoes) {
   auto server = start_server_limited("16M", &port);
   auto other = client(port);
   const std::string big(4 << 20, 'v');
-  // The store's count, read from the refusal of a set that cannot fit.
-  auto held = [&] {
-    try {
-      other->set("probe", std::string(size_t(16) << 20, 'p'));
-    } catch (const InvalidArgument& e) {
-      const std::string m = e.what();
-      const size_t at = m.find("the store holds ");
-      if (at != std::string::npos) return std::stoull(m.substr(at + 16));
-    }
-    ADD_FAILURE() << "no refusal";
-    return 0ull;
-  };
+  auto held = [&] { return store_holds(*other, size_t(16) << 20); };
   const uint64_t empty = held();
   int fd = raw_connect(port);
   constexpr int kGets = 100;
@@ -721,17 +724,7 @@ TEST(TcpStore, RepliesQueuedForManyClientsStayWithinTheLimit) {
   auto server = start_server_limited("32M", &port);
   auto other = client(port);
   const std::string big(8 << 20, 'v');
-  auto held = [&] {  // the store's count, read from the refusal of a set that cannot fit
-    try {
-      other->set("probe", std::string(size_t(32) << 20, 'p'));
-    } catch (const InvalidArgument& e) {
-      const std::string m = e.what();
-      const size_t at = m.find("the store holds ");
-      if (at != std::string::npos) return std::stoull(m.substr(at + 16));
-    }
-    ADD_FAILURE() << "no refusal";
-    return 0ull;
-  };
+  auto held = [&] { return store_holds(*other, size_t(32) << 20); };
   other->set("big", big);
   const uint64_t base = held();
   const long before = vm_rss_kib();
