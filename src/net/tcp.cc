@@ -123,6 +123,7 @@ struct Peer {
   std::exception_ptr send_error;         // a write failed: later sends fail at once (the read side fails the rest)
   std::atomic<bool> send_failed{false};  // send_error is set (readable without send_mu)
   bool dropped_mid_frame = false;        // under send_mu: fail_peer cleared a partly written send
+  bool ended = false;                    // under send_mu: an abort ended the connection (a second one leaves it)
   std::mutex interest_mu;
   uint32_t interest = 0;
   std::atomic<bool> want_out{false};  // sendq is not empty (updated under send_mu)
@@ -307,13 +308,16 @@ class TcpTransport : public Transport {
   // Ends the connection on `fd` with a reset, which reaches a peer whose receive window is shut: the end of the
   // stream (shutdown's FIN) waits behind the bytes it has not read, and a peer holding a frame over its unexpected
   // budget reads none until it posts that frame's receive (it waited for its deadline on another tag, never seeing
-  // the abort). The number stays open, on /dev/null, for the peer's other uses of it until the destructor.
+  // the abort). The socket's last close with a zero linger sends it; the number stays open, on /dev/null, for the
+  // peer's other uses of it until the destructor (where /dev/null cannot be had, the shutdown before stays).
   static void reset_connection(int fd) {
     const linger now{1, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof now);
     const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null_fd < 0 || ::dup3(null_fd, fd, O_CLOEXEC) < 0) ::shutdown(fd, SHUT_RDWR);  // (the socket's last close)
-    if (null_fd >= 0) ::close(null_fd);
+    if (null_fd >= 0) {
+      ::dup3(null_fd, fd, O_CLOEXEC);
+      ::close(null_fd);
+    }
   }
 
   void abort(const std::string& reason) override {
@@ -339,12 +343,14 @@ class TcpTransport : public Transport {
       ranked.push_back({p.failed ? 2 : !p.sendq.empty() && p.sendq.front().sent > 0 ? 1 : 0, &p});
     }
     std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    auto err = std::make_exception_ptr(PeerError(why));
     for (const auto& [rank_class, pp] : ranked) {
       Peer& p = *pp;
       std::lock_guard<std::mutex> sl(p.send_mu);
+      if (p.ended) continue;  // (a second abort: its write failed on the closed stream, and a reset lost the first's)
       // (A failed write ended the stream mid-frame and cleared the queue, or a failure dropped a partly written
       // send: nothing more goes on it.)
-      bool told = false;
+      bool stuck = false;  // the peer took nothing more within the deadline: its window is shut
       if (!p.send_failed && !p.dropped_mid_frame) {
         try {
           // A send cut mid-frame is finished first (its buffer is still the caller's to lend): the peer reading it
@@ -358,16 +364,26 @@ class TcpTransport : public Transport {
             write_all_blocking(p.fd, s.data + off, s.bytes - off, give_up);
           }
           write_all_blocking(p.fd, frame.data(), frame.size(), give_up);
-          told = true;
-        } catch (const Error&) {  // gone or full past the deadline: the connection's end tells the peer
+        } catch (const TimeoutError&) {
+          stuck = true;
+        } catch (const Error&) {  // gone: the connection's end tells the peer
         }
       }
-      if (told)
-        ::shutdown(p.fd, SHUT_RDWR);
-      else
+      ::shutdown(p.fd, SHUT_RDWR);
+      if (stuck) {
+        {
+          std::lock_guard<std::mutex> il(p.interest_mu);
+          epoll_ctl(ep_, EPOLL_CTL_DEL, p.fd, nullptr);  // (the socket may outlive this number in a forked child)
+        }
         reset_connection(p.fd);
+      }
+      p.ended = true;
+      // (a send racing the abort fails with its reason, not on the descriptor the reset left)
+      if (!p.send_error) {
+        p.send_error = err;
+        p.send_failed = true;
+      }
     }
-    auto err = std::make_exception_ptr(PeerError(why));
     for (auto& p : peers_) fail_peer(p, err);
   }
 
