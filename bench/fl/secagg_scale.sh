@@ -33,7 +33,7 @@ out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 runs = [[json.load(open(f"{out}/run{i}-r{r}/summary.json")) for r in range(1, rounds + 1)] for i in range(3)]
 walls = [[r["wall_time_s"] for r in rs] for rs in runs]
 base = statistics.median(walls[0])
-print(f"medians of {rounds} rounds (the ratio to the run without secure aggregation in brackets)")
+print(f"medians of {rounds} rounds (the ratio to the run without secure aggregation in brackets); accuracy and MB: the last round's")
 print("| secure aggregation | wall s (x none) | rounds' wall s | overhead s (median of rounds') | test accuracy | MB down | MB up |")
 print("|---|---|---|---|---|---|---|")
 for name, rs, w in zip(names, runs, walls):

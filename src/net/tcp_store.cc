@@ -284,8 +284,9 @@ class TcpStoreServer {
   static bool backed_up(const Client& c) { return c.pending() > kMaxPendingReplies; }
   // Nor while a get's answer waits (its later requests' replies would overtake it).
   static bool paused(const Client& c) { return backed_up(c) || !c.deferred.empty(); }
-  // A reply this small to a client with none queued goes whatever the room (reply_fits): clients that hold the room
-  // by not reading kept every other client's small answers waiting (N such clients hold N of these at most).
+  // A reply this small to a client with none queued goes whatever the room (reply_fits), while the replies queued stay
+  // within the limit itself: clients that hold the room by not reading kept every other client's small answers
+  // waiting (the replies then hold twice the limit at most).
   static constexpr size_t kSmallReply = size_t{64} << 10;
 
   void run() {
@@ -317,6 +318,10 @@ class TcpStoreServer {
         if (fds[i].revents == 0) continue;
         auto it = clients_.find(ids[i - 2]);
         if (it == clients_.end()) continue;
+        if (paused(it->second) && (fds[i].revents & (POLLHUP | POLLERR))) {  // (not read: it spun on the event)
+          drop(it->first);
+          continue;
+        }
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
           bool keep = false;
           try {
@@ -334,12 +339,15 @@ class TcpStoreServer {
       for (auto& [id, c] : clients_)
         if (!service(id, c)) dead.push_back(id);
       for (uint64_t id : dead) drop(id);
-      // (an answer held back for room that a later client's flush made: not left to wait for the next poll, which
-      // nothing may wake)
-      dead.clear();
-      for (auto& [id, c] : clients_)
-        if (!c.deferred.empty() && !service(id, c)) dead.push_back(id);
-      for (uint64_t id : dead) drop(id);
+      // (an answer held back for room that a later client's flush made, or a client dropped: not left to wait for
+      // the next poll, which nothing may wake)
+      for (bool again = true; again;) {
+        dead.clear();
+        for (auto& [id, c] : clients_)
+          if (!c.deferred.empty() && !service(id, c)) dead.push_back(id);
+        for (uint64_t id : dead) drop(id);
+        again = !dead.empty();
+      }
     }
   }
 
@@ -523,7 +531,7 @@ class TcpStoreServer {
   // (Only the answers of gets wait: the replies to sets, adds, checks and refusals are small and always go.)
   bool reply_fits(const Client& c, size_t value) const {
     const size_t bytes = kHeaderBytes + value;
-    return replying_bytes_ == 0 || (bytes <= kSmallReply && c.out.empty()) ||
+    return replying_bytes_ == 0 || (bytes <= kSmallReply && c.out.empty() && replying_bytes_ + bytes <= max_bytes_) ||
            holding() + replying_bytes_ + bytes <= max_bytes_;
   }
   // The answer to a get that waited for its key.
@@ -615,20 +623,18 @@ class TcpStoreServer {
     held_bytes_ = held_bytes_ - was + will;  // (once it is in: a failed insert leaves the count as it was)
     auto w = waiters_.find(key);
     if (w == waiters_.end()) return;
-    for (auto [client_id, req_id] : w->second) {
+    // The waiting gets join their clients' answers in waiting, which run() sends as room allows, in order (answered
+    // here, an allocation failing halfway left the answered ones in the list, to be charged off twice).
+    const auto list = std::move(w->second);
+    waiters_.erase(w);
+    for (auto [client_id, req_id] : list) {
       auto c = clients_.find(client_id);
       if (c == clients_.end()) {  // that client went away while it waited
         parked_bytes_ -= parked_cost(key);
         continue;
       }
-      if (paused(c->second) || !reply_fits(c->second, slot.size())) {
-        c->second.deferred.emplace_back(key, req_id);  // (still charged: it holds its key until the reply goes)
-        continue;
-      }
-      reply_get(c->second, req_id, slot);
-      parked_bytes_ -= parked_cost(key);
+      c->second.deferred.emplace_back(key, req_id);  // (still charged: it holds its key until the reply goes)
     }
-    waiters_.erase(w);
   }
 
   bool flush(Client& c) {

@@ -593,10 +593,12 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     std::vector<int> host_of;
     for (int r = 0; r < comm_ptr->size(); ++r) host_of.push_back(comm_ptr->host_of(r));
     if (agree_partner_sums(*dp_comm, host_of, tp, mp) && global_rank == 0)
-      std::fprintf(stderr,
-                   "train: note: the tensor-parallel partners' data-parallel groups span the hosts "
-                   "differently: their gradients' allreduce and reduce-scatter go by ring, whose sums follow the "
-                   "ranks alone (the replicated parameters' copies would drift apart by rounding otherwise)\n");
+      std::fprintf(
+          stderr,
+          "train: note: the tensor-parallel partners' data-parallel groups span the hosts "
+          "differently: their gradients' allreduce and reduce-scatter go by ring (over any CONDUIT_ALLREDUCE or "
+          "CONDUIT_REDUCE_SCATTER), whose sums follow the "
+          "ranks alone (the replicated parameters' copies would drift apart by rounding otherwise)\n");
   }
   // ZeRO's groups given as `node`: the data-parallel workers of one host (with tp and pp every (tp x pp)-th: a host's
   // workers / (tp x pp)), from the whole job's host map so that every rank comes to the same number: the hosts must
