@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -128,6 +129,10 @@ std::vector<float> floats(Reader& r) {
   if (bytes % 4) r.bad(fmt::format("holds a float block of {} bytes", bytes));
   std::vector<float> v(bytes / 4);
   r.raw(v.data(), bytes);
+  // (weights and control variates are finite when written: a damaged file's surfaced as "local training diverged")
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      r.bad(fmt::format("holds a value that is not finite ({}, float {} of a block of {})", v[i], i, v.size()));
   return v;
 }
 

@@ -1182,6 +1182,26 @@ struct TempDir {
   ~TempDir() { std::filesystem::remove_all(path); }
 };
 
+// A checkpoint's weights and control variates are finite when written: a damaged file holding a nan or inf is named
+// at resume (it read in and surfaced as "local training diverged"), a sound one reads back as written.
+TEST(Checkpoint, AValueThatIsNotFiniteIsNamedAtResume) {
+  for (float bad : {std::nanf(""), INFINITY, 0.5f}) {
+    TempDir d;
+    ServerCheckpoint s;
+    s.round = 1;
+    s.config_json = "{}";
+    s.weights = {1.0f, bad, 3.0f};
+    write_server_checkpoint(d.path, s);
+    if (std::isfinite(bad)) {
+      EXPECT_EQ(read_latest_checkpoint(d.path).weights, s.weights);
+      continue;
+    }
+    const std::string e = fltest::error_of<ProtocolError>([&] { read_latest_checkpoint(d.path); });
+    EXPECT_NE(e.find("server-1.bin' holds a value that is not finite"), std::string::npos) << e;
+    EXPECT_NE(e.find("float 1 of a block of 3"), std::string::npos) << e;
+  }
+}
+
 // Rounds 1-3 with checkpoints, then 4-5 resumed from the last: the weights are those of 5 rounds straight, bit for bit
 // (the server optimizer's moments, SCAFFOLD's c and every client's c_i, and under secure aggregation the exact sums,
 // all carried over).
