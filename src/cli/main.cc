@@ -72,7 +72,7 @@ CLI::App* subcommand_group(CLI::App& app, const std::string& name, const std::st
 // are leading zeros and 0x (CLI11 reads base 0: 010 was 8), and anything but digits after an optional minus sign
 // (strtoll skipped leading blanks and took a '+': -n ' 2' and +2 were 2; an unsigned option wrapped -1 to 2^64 - 1).
 // Floating-point options take decimal numbers only.
-void refuse_integer_overflow(CLI::App& app) {
+void refuse_malformed_numbers(CLI::App& app) {
   for (CLI::Option* o : app.get_options()) {
     const std::string type = o->get_type_name();
     if (type.find("FLOAT") != std::string::npos && o->get_items_expected_max() != 0) {
@@ -117,7 +117,7 @@ void refuse_integer_overflow(CLI::App& app) {
         },
         ""));
   }
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_integer_overflow(*sub);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_malformed_numbers(*sub);
 }
 
 // The commands that run a program (`launch`, `cluster run`, `cluster exec` after its host) take it and its arguments
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   auto es = entries();
   std::stable_sort(es.begin(), es.end(), [](const Entry& a, const Entry& b) { return a.order < b.order; });
   for (auto& e : es) e.setup(app);
-  refuse_integer_overflow(app);
+  refuse_malformed_numbers(app);
   try {
     conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
     conduit::log_level_from_env();
