@@ -589,9 +589,10 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   }
   if (pp > 1) pp_comm = comm_ptr->split(global_rank / mp * tp + global_rank % tp, global_rank / tp % pp);
   if (mp > 1) dp_comm = comm_ptr->split(global_rank % mp, global_rank / mp);
-  if (tp > 1 && dp_comm->size() > 1) {
-    std::vector<int> host_of;
+  std::vector<int> host_of;  // every rank's host (the tensor-parallel partners' groups are compared by it)
+  if (tp > 1)
     for (int r = 0; r < comm_ptr->size(); ++r) host_of.push_back(comm_ptr->host_of(r));
+  if (tp > 1 && dp_comm->size() > 1) {
     if (agree_partner_sums(*dp_comm, host_of, tp, mp) && global_rank == 0)
       std::fprintf(
           stderr,
@@ -827,8 +828,6 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     // one)
     dopts.blocks_per_parameter = c.tp > 1;
     if (c.tp > 1 && c.zero > 0 && zero_int_wire(c.compressor).bits > 0) {
-      std::vector<int> host_of;
-      for (int r = 0; r < comm_ptr->size(); ++r) host_of.push_back(comm_ptr->host_of(r));
       dopts.zero_int_hierarchy = tp_partners_split_alike(host_of, c.tp, c.tp * c.pp);
     }
     dopts.backward_passes = c.micro_batches;
