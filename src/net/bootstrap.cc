@@ -289,16 +289,8 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
   const std::vector<std::string> all = b.allgather(mine);
   // (an error here on rank 0 waits for the others to have read the exchange: each then finds it too)
   try {
-    auto fields = [](const std::string& x) {
-      std::vector<std::string> f;
-      size_t at = 0;
-      for (size_t sep; (sep = x.find('\x1f', at)) != std::string::npos; at = sep + 1)
-        f.push_back(x.substr(at, sep - at));
-      f.push_back(x.substr(at));
-      return f;
-    };
     std::vector<std::vector<std::string>> f(all.size());
-    for (size_t r = 0; r < all.size(); ++r) f[r] = fields(all[r]);
+    for (size_t r = 0; r < all.size(); ++r) f[r] = split(all[r], '\x1f');
     for (int r = 0; r < static_cast<int>(all.size()); ++r) {
       if (f[r][0] != f[0][0])
         throw ConfigError(
