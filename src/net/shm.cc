@@ -411,6 +411,11 @@ class ShmTransport : public Transport, public Progressor {
   }
 
   ~ShmTransport() override {
+    {
+      // Pending requests fail now: their waits would call progress() on this transport once it is gone.
+      std::lock_guard<std::mutex> lk(mu_);
+      fail_all(std::make_exception_ptr(PeerError(fmt::format("shm transport (rank {}) was destroyed", rank_))));
+    }
     close_pidfds();
     for (char* m : maps_)
       if (m != nullptr && m != MAP_FAILED) ::munmap(m, seg_bytes_);

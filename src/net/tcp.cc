@@ -267,6 +267,13 @@ class TcpTransport : public Transport {
     uint64_t one = 1;
     [[maybe_unused]] ssize_t w = ::write(evfd_, &one, 8);
     if (thread_.joinable()) thread_.join();
+    {
+      // Requests still pending fail now rather than at their deadlines: nothing will move their data any more.
+      std::lock_guard<std::mutex> lk(mu_);
+      const auto err = std::make_exception_ptr(PeerError(fmt::format("tcp transport (rank {}) was destroyed", rank_)));
+      for (auto& p : peers_)
+        if (p.rank != rank_) fail_peer(p, err);
+    }
     for (auto& p : peers_)
       if (p.fd >= 0) ::close(p.fd);
     ::close(ep_);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +52,33 @@ TEST_P(Cancel, ATimedOutReceiveIsWithdrawnAndTheLateMessageGoesToTheNextReceive)
   EXPECT_EQ(second, 42);
   EXPECT_EQ(first, -1) << "the withdrawn receive's buffer was written";
   EXPECT_FALSE(t[1]->cancel(r2, nullptr)) << "a completed request cannot be withdrawn";
+}
+
+// A destroyed transport fails its pending requests at once: a waiter that still holds one got a TimeoutError only at
+// its deadline (tcp), or its wait called into the freed transport (shm's progress in the waiting thread).
+TEST_P(Cancel, ADestroyedTransportsPendingRequestsFailAtOnce) {
+  auto t = make_transport_pair(GetParam());
+  ASSERT_TRUE(t[0] && t[1]);
+  int never = -1;
+  RequestPtr r = t[0]->irecv(1, make_tag(kUser, 0, 3), &never, 4);
+  const std::vector<char> big(8 << 20, 'x');  // past the peer's budget for unexpected bytes: not all of it leaves
+  RequestPtr s = t[0]->isend(1, make_tag(kUser, 0, 4), big.data(), big.size());
+  EXPECT_FALSE(r->done());
+  EXPECT_FALSE(s->done());
+  t[0].reset();
+  for (const RequestPtr& q : {r, s}) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      q->wait(Deadline::after(5));
+      ADD_FAILURE() << "a request of a destroyed transport completed";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("destroyed"), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "expected a PeerError, got: " << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  }
+  EXPECT_EQ(never, -1);
 }
 
 // A send nothing of which was written is withdrawn; one partly written cannot be, and giving up on it aborts the
