@@ -824,10 +824,13 @@ void check_dataset(const TrainConfig& c) {
                         "t10k-labels-idx1-ubyte"}) {
     fs::path p = fs::path(c.data_dir) / f;
     if (!fs::exists(p) && !fs::exists(p.string() + ".gz")) {
+      // (Debian packages Fashion-MNIST only: MNIST's files come from its own site)
       throw ConfigError(fmt::format(
-          "config: data_dir: '{}' has no {}[.gz]; allowed: a folder with the four MNIST-format IDX files (Debian: "
-          "apt-get install dataset-fashion-mnist) or dataset: synthetic",
-          c.data_dir, f));
+          "config: data_dir: '{}' has no {}[.gz]; allowed: a folder with the four MNIST-format IDX files ({}) "
+          "or dataset: synthetic",
+          c.data_dir, f,
+          c.dataset == "fashion-mnist" ? "Debian: apt-get install dataset-fashion-mnist"
+                                       : "MNIST's train- and t10k- images and labels, gzipped or not"));
     }
   }
 }

@@ -254,6 +254,31 @@ StepStats totals_from_json(const nlohmann::json& j, const std::string& path) {
   return s;
 }
 
+// The running epoch's sums a checkpoint inside an epoch saves (JSON has no NaN: a diverged loss is null).
+nlohmann::json epoch_sums_json(double loss_sum, double correct, double seen, double trained_s) {
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  return {{"loss_sum", num(loss_sum)}, {"correct", correct}, {"seen", seen}, {"trained_s", trained_s}};
+}
+
+void epoch_sums_from_json(const nlohmann::json& j, const std::string& path, double out[4]) {
+  const char* keys[4] = {"loss_sum", "correct", "seen", "trained_s"};
+  const nlohmann::json* e = j.is_object() && j.contains("epoch") ? &j["epoch"] : nullptr;
+  for (int k = 0; k < 4; ++k) {
+    const bool null_loss = k == 0 && e != nullptr && e->is_object() && e->contains(keys[k]) && (*e)[keys[k]].is_null();
+    if (null_loss) {
+      out[k] = std::numeric_limits<double>::quiet_NaN();
+      continue;
+    }
+    if (e == nullptr || !e->is_object() || !e->contains(keys[k]) || !(*e)[keys[k]].is_number() ||
+        !((*e)[keys[k]].get<double>() >= 0))
+      throw ConfigError(
+          fmt::format("checkpoint: '{}' has no epoch.{} (a non-negative number: the checkpoint is inside an "
+                      "epoch); allowed: the totals.json a checkpoint of this version wrote",
+                      path, keys[k]));
+    out[k] = (*e)[keys[k]].get<double>();
+  }
+}
+
 // Loads a libtorch archive of a checkpoint into `into` (a module or an optimizer); a missing or unreadable file is
 // one line naming it, not libtorch's exception with its stack.
 template <typename T>
@@ -959,8 +984,10 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                "train: warning: the checkpoint is at step {}, where this run (epochs {}, max_steps {}) ends already: "
                "nothing is left to run (give more epochs, or max_steps 0 or above {}, to train on)\n",
                resumed_at, c.epochs, c.max_steps, resumed_at);
-  // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all.
-  const int64_t warmup = int64_t(c.warmup_epochs * double(spe));
+  // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all. Its length
+  // in steps is rounded to the nearest (truncated, 0.29 of 100 steps was 28, and the least length the error below
+  // names, 0.2857 of 7 steps, was refused as one step).
+  const int64_t warmup = std::llround(c.warmup_epochs * double(spe));
   // (max_steps shortened the run below the warm-up: the lr never reached lr; a resume, whose earlier steps may have
   // had another batch size, is not judged here)
   if (c.max_steps > 0 && c.resume.empty() && warmup > total_steps)
@@ -1077,6 +1104,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   int start_epoch = 0;
   int64_t start_step = 0, global_step = 0, start_global_step = 0;
   double wall_before = 0, time_to_target = -1, last_acc = 0;
+  // The epoch's training loss sum, correct predictions, samples and training seconds up to a checkpoint inside it
+  // (totals.json's "epoch"): a run resumed there reports the whole epoch, where it reported its remainder alone.
+  double resumed_epoch[4] = {0, 0, 0, 0};
   if (!c.resume.empty()) {
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
     const fs::path state_file = mine / (dopt ? "compressor.bin" : "sync.bin");
@@ -1105,6 +1135,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       dopt->add_to_totals(totals_from_json(tot, totals));
     else
       sopt->add_to_totals(totals_from_json(tot, totals));
+    if (start_step > 0) epoch_sums_from_json(tot, totals, resumed_epoch);
   }
   auto last_stats = [&]() -> const StepStats& { return dopt ? dopt->last_stats() : sopt->last_stats(); };
   auto total_stats = [&]() -> const StepStats& { return dopt ? dopt->total_stats() : sopt->total_stats(); };
@@ -1225,8 +1256,14 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   };
   int64_t checkpointed_at = -1;  // global step of the last checkpoint written
   double checkpoint_s = 0;       // seconds spent writing checkpoints (not training: samples/s leaves them out)
+  // The running epoch's sums (reset at each epoch's start) and its training time, without the evaluations and
+  // checkpoints inside it; a resumed epoch starts from what its checkpoint saved.
+  double loss_sum = 0, correct = 0, seen = 0;
+  double epoch_t0 = 0, paused0 = 0, epoch_trained_before = 0;
+  auto trained_s = [&] { return epoch_trained_before + now_s() - epoch_t0 - (untimed_s + checkpoint_s - paused0); };
   auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
     if (!outputs) return;
+    const double epoch_trained = trained_s();
     const double ck0 = now_s(), untimed0 = untimed_s;
     checkpointed_at = global_step;
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
@@ -1271,7 +1308,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       write_bytes(mine / "compressor.bin", dopt->save_compressor_state());
     else
       write_bytes(mine / "sync.bin", sopt->save_state());
-    write_json_file((mine / "totals.json").string(), totals_json(total_stats()));
+    nlohmann::json totals = totals_json(total_stats());
+    if (step > 0) totals["epoch"] = epoch_sums_json(loss_sum, correct, seen, epoch_trained);
+    write_json_file((mine / "totals.json").string(), totals);
     sync_tree(mine.string());  // on disk, not only in the page cache, before the checkpoint is declared
     comm.barrier().wait();     // every rank's files are complete before the checkpoint is declared
     // The checkpoint is declared on every file system that holds ranks' files, by the lowest rank there (rank 0 on
@@ -1371,10 +1410,13 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     }
     sampler.set_epoch(epoch);
     ProgressBar bar(epoch + 1, c.epochs, spe, lead && c.progress && outputs);
-    double loss_sum = 0, correct = 0, seen = 0;
-    const double epoch_t0 = now_s();
-    const double paused0 = untimed_s + checkpoint_s;  // evaluations and checkpoints inside the epoch: not training
-    auto trained_s = [&] { return now_s() - epoch_t0 - (untimed_s + checkpoint_s - paused0); };
+    const bool resumed_inside = epoch == start_epoch && start_step > 0;
+    loss_sum = resumed_inside ? resumed_epoch[0] : 0;
+    correct = resumed_inside ? resumed_epoch[1] : 0;
+    seen = resumed_inside ? resumed_epoch[2] : 0;
+    epoch_trained_before = resumed_inside ? resumed_epoch[3] : 0;
+    epoch_t0 = now_s();
+    paused0 = untimed_s + checkpoint_s;  // evaluations and checkpoints inside the epoch: not training
     int64_t step = epoch == start_epoch ? start_step : 0;
     const int64_t first_step = step;
     for (; step < spe; ++step) {

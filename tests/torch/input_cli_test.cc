@@ -75,6 +75,25 @@ TEST(TrainInputProcesses, ADivergedRunFailsEvenWhenOnlyItsTestLossIsNan) {
   fs::remove_all(dir);
 }
 
+// A folder without the dataset's files names how to get them: Debian's package for Fashion-MNIST, which holds no
+// MNIST (the hint named it for both).
+TEST(TrainInputProcesses, AMissingDatasetSaysWhereItsFilesComeFrom) {
+  const fs::path dir = temp_dir("nodata");
+  const std::string flags = " --model mlp --workers 1 --epochs 1 --progress false --output " + (dir / "o").string() +
+                            " --data-dir " + (dir / "empty").string();
+  auto r = run("train --dataset fashion-mnist" + flags);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("has no train-images-idx3-ubyte[.gz]; allowed: a folder with the four MNIST-format IDX files "
+                       "(Debian: apt-get install dataset-fashion-mnist)"),
+            std::string::npos)
+      << r.out;
+  r = run("train --dataset mnist" + flags);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("(MNIST's train- and t10k- images and labels, gzipped or not)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("dataset-fashion-mnist"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 TEST(TrainInputProcesses, ImageFilesOfTheWrongShapeAreNamed) {
   const fs::path dir = temp_dir("shapes");
   for (const char* pre : {"train", "t10k"}) {

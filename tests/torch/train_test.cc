@@ -1163,6 +1163,17 @@ std::vector<double> eval_accuracies(const fs::path& run) {
   return acc;
 }
 
+// A run's epoch records, in order.
+std::vector<nlohmann::json> epoch_records(const fs::path& run) {
+  std::vector<nlohmann::json> out;
+  std::ifstream m(run / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "epoch") out.push_back(j);
+  }
+  return out;
+}
+
 // ZeRO-3 sharded within pairs of the 4 workers (zero_shard_group 2, FSDP's HYBRID_SHARD) trains the mlp as ZeRO-3
 // over all 4 (to the float sum's order), each rank holding half of it instead of a quarter; its checkpoint resumes
 // bit for bit with the same groups and is refused with others (the optimizer state is of slices cut over them).
@@ -1925,6 +1936,8 @@ TEST(Train, AWarmupShorterThanTwoStepsIsRefused) {
   }
   c.warmup_epochs = 0.1;  // 2 steps
   EXPECT_NO_THROW(train_inproc(c, 2));
+  c.warmup_epochs = 0.08333;  // the least the error names: 1.99992 steps, rounded (truncated, it was 1 and refused)
+  EXPECT_NO_THROW(train_inproc(c, 2));
 }
 
 // A resume at an epoch's end may change the batch size: the remaining epochs run with the new one (the run's length
@@ -2021,6 +2034,14 @@ TEST(Train, MidEpochCheckpointResumesAtTheSamplerPosition) {
     rest.output = (dir / "rest").string();
     auto r = train_inproc(rest, 2, true);
     EXPECT_EQ(r[0].params, straight[0].params) << comp;
+    // The epoch's record and the final training loss cover the whole epoch (the resumed run's were of its 5 steps).
+    const auto whole = epoch_records(dir / "straight"), resumed = epoch_records(dir / "rest");
+    ASSERT_EQ(whole.size(), 1u);
+    ASSERT_EQ(resumed.size(), 1u);
+    for (const char* key : {"train_loss", "train_accuracy"})
+      EXPECT_DOUBLE_EQ(resumed[0][key].get<double>(), whole[0][key].get<double>()) << comp << " " << key;
+    EXPECT_DOUBLE_EQ(read_json_file((dir / "rest" / "summary.json").string())["final_train_loss"].get<double>(),
+                     read_json_file((dir / "straight" / "summary.json").string())["final_train_loss"].get<double>());
     fs::remove_all(dir);
   }
 }
