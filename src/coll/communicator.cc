@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "net/inproc.h"
 #include "net/tags.h"
+#include "net/wire.h"
 
 namespace conduit::coll {
 
@@ -23,7 +24,6 @@ namespace conduit::coll {
 namespace {
 // Waits on (or tests) a point-to-point request and records its outcome in the state, once.
 bool settle_request(Work::State& s, bool block) {
-  Stopwatch sw;
   std::exception_ptr err;
   try {
     if (block) {
@@ -44,7 +44,7 @@ bool settle_request(Work::State& s, bool block) {
   if (!s.done) {
     s.done = true;
     s.error = err;
-    s.seconds = sw.seconds();
+    s.seconds = s.posted.seconds();  // (the last wait's or test()'s own time, 0 for a polled request, it was)
   }
   return true;
 }
@@ -80,9 +80,11 @@ std::string Work::algorithm() const {
 }
 
 double checked_timeout(double seconds, const char* what) {
-  if (!(seconds >= 0))  // (nan too: it compared false with 0 and quietly became the default)
+  // (nan too: it compared false with 0 and quietly became the default; a positive value under a millisecond, as
+  // CONDUIT_TIMEOUT's floor, expired before the first message: 1e-12 rounded to a zero duration)
+  if (!(seconds == 0 || seconds >= 1e-3))
     throw InvalidArgument(
-        fmt::format("{} = {}: allowed: 0 (the default timeout) or a number of seconds above 0", what, seconds));
+        fmt::format("{} = {}: allowed: 0 (the default timeout) or a number of seconds from 0.001", what, seconds));
   return seconds;
 }
 
@@ -706,6 +708,18 @@ uint64_t pair_term(uint64_t from, uint64_t to, uint64_t count) {
   return mix64(mix64(from * 0x100000001b3ull + to) ^ count);
 }
 
+// The segmented algorithm of each collective (reduce's sends a block of n/p to the root).
+const char* segmented_algorithm(CollOp op) {
+  switch (op) {
+    case CollOp::broadcast:
+      return "chain";
+    case CollOp::reduce:
+      return "rsg";
+    default:
+      return "ring";
+  }
+}
+
 std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t bytes) {
   if (!forced.empty()) {
     Tuner::check_algorithm(op, forced);
@@ -735,7 +749,10 @@ void Communicator::run_allreduce(const Deadline& d, void* buf, size_t count, DTy
   else if (algo == "rd") rd_allreduce(ctx, buf, count, dt, op);
   else if (algo == "tree") tree_allreduce(ctx, buf, count, dt, op);
   else if (algo == "hier") {
-    if (num_hosts() <= 1) ring_allreduce(ctx, buf, count, dt, op);
+    // (one host, or one member a host, host groups' own cross and leader groups among them: nothing to split; their
+    // host groups could not be built, and a forced hier failed mid-operation)
+    if (num_hosts() <= 1 || num_hosts() == size())
+      ring_allreduce(ctx, buf, count, dt, op);
     else hier_allreduce(ctx, buf, count, dt, op);
   } else Tuner::check_algorithm(CollOp::allreduce, algo);
 }
@@ -813,12 +830,25 @@ void Communicator::run_reduce(const Deadline& d, const void* in, void* out, size
   }
 }
 
+void Communicator::check_forced(CollOp op, const std::string& forced, size_t bytes) {
+  if (!forced.empty()) Tuner::check_algorithm(op, forced);
+  const std::string algo = forced.empty() ? tuner_->forced_algorithm(op, bytes) : forced;
+  if (algo.empty()) return;
+  const double big = tuner_->largest_message(op, algo, double(bytes), size(), num_hosts(), hosts_uniform_multi());
+  // (refused here, before anything is sent: the message failed mid-operation, and the transport was aborted)
+  if (big > double(net::max_message_bytes()))
+    throw ConfigError(fmt::format(
+        "{} of {} bytes over {} ranks: algorithm {} sends a message of {:.0f} bytes, over CONDUIT_MAX_MESSAGE_BYTES "
+        "= {}; allowed: {} (it sends in segments), or a larger CONDUIT_MAX_MESSAGE_BYTES",
+        coll_op_name(op), bytes, size(), algo, big, net::max_message_bytes(), segmented_algorithm(op)));
+}
+
 Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, const CollOptions& o) {
   check_buffer(buf, count, dt, "allreduce");
   check_reduce_op(op, "allreduce");
   Signature sig{kSigAllreduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count};
-  std::string forced = o.algorithm;
-  if (!forced.empty()) Tuner::check_algorithm(CollOp::allreduce, forced);
+  const std::string forced = o.algorithm;
+  check_forced(CollOp::allreduce, forced, count * dtype_size(dt));
   return submit("allreduce", sig, o, [=, this](Ctx& c) {
     // avg of f16 divides each rank's input first (its sum overflows where the average does not).
     const bool divided = op == ReduceOp::avg && avg_divides_first(dt);
@@ -833,7 +863,8 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
       return std::string("shm-fast");
     }
     std::string algo = pick(*this, CollOp::allreduce, forced, count * dtype_size(dt));
-    if (algo == "hier" && num_hosts() <= 1) algo = "ring";  // what runs (and is reported) on one host
+    // what runs (and is reported) on one host, or with one member a host
+    if (algo == "hier" && (num_hosts() <= 1 || num_hosts() == size())) algo = "ring";
     run_allreduce(c.deadline(), buf, count, dt, op, algo);
     if (op == ReduceOp::avg && !divided) finalize_avg(buf, count, dt, size());
     return algo;
@@ -849,8 +880,8 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
   check_reduce_op(op, "reduce_scatter");
   Signature sig{kSigReduceScatter, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, total};
   if (debug_) sig.counts_hash = counts_hash(counts);
-  std::string forced = o.algorithm;
-  if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce_scatter, forced);
+  const std::string forced = o.algorithm;
+  check_forced(CollOp::reduce_scatter, forced, total * dtype_size(dt));
   return submit("reduce_scatter", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt));
     std::vector<char> divided;
@@ -876,8 +907,8 @@ Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> cou
   check_buffer(out, total, dt, "allgather output");
   Signature sig{kSigAllgatherv, static_cast<uint32_t>(dt), 0, -1, total};
   if (debug_) sig.counts_hash = counts_hash(counts);
-  std::string forced = o.algorithm;
-  if (!forced.empty()) Tuner::check_algorithm(CollOp::allgather, forced);
+  const std::string forced = o.algorithm;
+  check_forced(CollOp::allgather, forced, total * dtype_size(dt));
   return submit("allgather", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt));
     // (recursive doubling needs a power of two ranks and runs the ring elsewhere: reported as what ran)
@@ -891,8 +922,8 @@ Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const 
   check_root(root, "broadcast");
   check_buffer(buf, count, dt, "broadcast");
   Signature sig{kSigBroadcast, static_cast<uint32_t>(dt), 0, root, count};
-  std::string forced = o.algorithm;
-  if (!forced.empty()) Tuner::check_algorithm(CollOp::broadcast, forced);
+  const std::string forced = o.algorithm;
+  check_forced(CollOp::broadcast, forced, count * dtype_size(dt));
   return submit("broadcast", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::broadcast, forced, count * dtype_size(dt));
     run_broadcast(c.deadline(), buf, count, dt, root, algo);
@@ -907,8 +938,8 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
   if (rank_ == root) check_buffer(out, count, dt, "reduce output");
   check_reduce_op(op, "reduce");
   Signature sig{kSigReduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count};
-  std::string forced = o.algorithm;
-  if (!forced.empty()) Tuner::check_algorithm(CollOp::reduce, forced);
+  const std::string forced = o.algorithm;
+  check_forced(CollOp::reduce, forced, count * dtype_size(dt));
   return submit("reduce", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt));
     std::vector<char> divided;

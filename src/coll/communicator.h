@@ -64,6 +64,7 @@ class Work {
     net::TransportPtr transport;
     Deadline deadline;
     std::string what;
+    Stopwatch posted;  // point-to-point: since the request was posted (seconds() until its completion was seen)
   };
   Work() = default;
   explicit Work(std::shared_ptr<State> s) : s_(std::move(s)) {}
@@ -222,6 +223,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     return checked_timeout(o.timeout_s, "CollOptions.timeout_s") > 0 ? o.timeout_s : timeout_s_;
   }
   void check_root(int root, const char* op) const;
+  // A forced algorithm (`forced` by the call, else a forcing rule for this size) must be known and send no message
+  // over the transport's message limit: ConfigError naming it and the segmented alternative.
+  void check_forced(CollOp op, const std::string& forced, size_t bytes);
   void check_counts(const std::vector<size_t>& counts, const char* what) const;
 
   net::TransportPtr transport_;

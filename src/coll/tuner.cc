@@ -9,6 +9,7 @@
 #include "coll/algorithms.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "net/wire.h"
 
 namespace conduit::coll {
 
@@ -133,6 +134,52 @@ bool Tuner::forced_at(CollOp op, size_t bytes) const {
   for (const auto& r : s->forced[static_cast<int>(op)])
     if (bytes >= r.lo && bytes < r.hi) return true;
   return false;
+}
+
+std::string Tuner::forced_algorithm(CollOp op, size_t bytes) const {
+  const auto s = snapshot();
+  for (const auto& r : s->forced[static_cast<int>(op)])
+    if (bytes >= r.lo && bytes < r.hi) return r.algorithm;
+  return {};
+}
+
+double Tuner::largest_message(CollOp op, const std::string& algo, double bytes, int p, int hosts,
+                              bool uniform_hosts) const {
+  return largest_with(*snapshot(), op, algo, bytes, p, hosts, uniform_hosts);
+}
+
+double Tuner::largest_with(const State& s, CollOp op, const std::string& algo, double n, int p, int hosts,
+                           bool uniform_hosts) {
+  if (p <= 1) return 0;
+  const bool p2 = pow2(p);
+  switch (op) {
+    case CollOp::allreduce:
+      // rhd's first halving step sends half; off a power of two its fold sends the whole vector first (rd too)
+      if (algo == "rhd") return p2 ? std::ceil(n / 2) : n;
+      if (algo == "rd" || algo == "tree") return n;
+      if (algo == "hier") {
+        if (hosts <= 1) return 0;      // it runs the ring
+        if (!uniform_hosts) return n;  // a tree reduce and broadcast inside hosts
+        // The rings inside hosts, and across them the tuner's pick for n/L bytes among H ranks (hierarchical.cc).
+        const double part = std::ceil(n / (double(p) / hosts));
+        std::string cross = choose_with(s, CollOp::allreduce, static_cast<size_t>(part), hosts, hosts, false);
+        if (cross == "hier") cross = "ring";
+        return largest_with(s, CollOp::allreduce, cross, part, hosts, hosts, false);
+      }
+      return 0;
+    case CollOp::reduce_scatter:
+      if (algo == "rh") return p2 ? std::ceil(n / 2) : n;
+      return 0;
+    case CollOp::allgather:
+      if (algo == "rd") return p2 ? std::ceil(n / 2) : 0;  // (else it runs the ring)
+      return 0;
+    case CollOp::broadcast:
+      return algo == "tree" ? n : 0;
+    case CollOp::reduce:
+      // rsg: every rank's reduced block goes to the root whole (a block is at most one element over n/p)
+      return algo == "tree" ? n : std::ceil(n / p) + 16;
+  }
+  return 0;
 }
 
 std::shared_ptr<Tuner> Tuner::from_env() {
@@ -321,8 +368,12 @@ std::string Tuner::cheapest(const State& s, CollOp op, double bytes, int p, int 
   constexpr double kTieMargin = 0.10;
   std::string best;
   double best_t = std::numeric_limits<double>::infinity();
+  const double limit = static_cast<double>(net::max_message_bytes());
   for (const auto& a : algorithms(op)) {
     if (a == "hier" && (hosts <= 1 || !uniform_hosts)) continue;
+    // (a 2-rank broadcast took the tree at every size, one message of the whole vector, and failed past the limit
+    // where the chain's segments went through)
+    if (largest_with(s, op, a, bytes, p, hosts, uniform_hosts) > limit) continue;
     double t = predict_with(s, op, a, bytes, p, hosts);
     if (best.empty() || t < best_t * (1 - kTieMargin)) {
       best_t = t;

@@ -60,8 +60,8 @@ uint64_t mix(int rank, size_t i) {
 
 // Small integers, so that every sum, min, max and product stays exact in every dtype: rank r holds
 // a(r+1, i) - a(r, i) for a hashed a in [0, 5] (plus 5 for unsigned types), so a sum over ranks telescopes to at most
-// 5 in magnitude (5p + 5 unsigned: u8 exact up to 50 ranks), as the cyclic pattern's did, while the values
-// themselves have no period.
+// 5 in magnitude (5p + 5 unsigned, which u8 holds up to 50 ranks: past them its sums wrap, as unsigned arithmetic
+// does, and reduced() expects them so), as the cyclic pattern's did, while the values themselves have no period.
 // Except f16's average: large values of one sign, whose sum overflows f16 (65504 at most) from two ranks on while
 // their average does not, so an average that sums before it divides shows inf (multiples of 2048 in [32768, 47104],
 // exact in f16).
@@ -92,6 +92,9 @@ double combine(double a, double b, ReduceOp op) {
 double reduced(int p, size_t i, DType t, ReduceOp op) {
   double acc = value(0, i, t, op);
   for (int r = 1; r < p; ++r) acc = combine(acc, value(r, i, t, op), op);
+  // (u8 sums of more than 50 ranks wrapped, and bench coll counted every element of a correct result wrong)
+  if ((op == ReduceOp::sum || op == ReduceOp::avg) && is_unsigned(t))
+    acc = std::fmod(acc, std::ldexp(1.0, 8 * static_cast<int>(dtype_size(t))));
   if (op == ReduceOp::avg) {
     if (is_floating(t)) acc /= p;
     else acc = std::trunc(acc / p);

@@ -289,4 +289,19 @@ TEST(Communicator, ATimedOutPointToPointReceiveDoesNotTakeTheNextMessage) {
   EXPECT_EQ(comms[0]->transport().aborted_reason(), "");
 }
 
+// A point-to-point Work's seconds() run from its post to the completion seen, however it was waited for (a receive
+// polled with test() until done reported the last test()'s own time: about 0).
+TEST(Communicator, APolledPointToPointRequestTimesItsWholeLife) {
+  auto comms = coll::Communicator::inproc(2);
+  float got = -1, v = 4.0f;
+  auto r = comms[0]->recv(&got, 1, DType::f32, 1, 5);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  auto s = comms[1]->send(&v, 1, DType::f32, 0, 5);
+  while (!r.test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  s.wait();
+  EXPECT_EQ(got, 4.0f);
+  EXPECT_GE(r.seconds(), 0.14);
+  EXPECT_LT(s.seconds(), r.seconds());
+}
+
 }  // namespace

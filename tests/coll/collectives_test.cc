@@ -291,6 +291,18 @@ TEST(Verify, InputsHaveNoShortPeriod) {
   }
 }
 
+// Past 50 ranks u8 sums wrap, as unsigned arithmetic does; the reference wraps them too (it did not, and every
+// element of a correct u8 sum or average over 51 or more ranks counted as wrong).
+TEST(Verify, UnsignedSumsOverManyRanksAreExpectedWrapped) {
+  auto wrong = on_ranks(64, [&](Communicator& c) {
+    size_t w = 0;
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg})
+      w += run_and_verify(c, {"allreduce", "ring", DType::u8, op, 300, 0, 0});
+    return w;
+  });
+  EXPECT_EQ(total(wrong), 0u);
+}
+
 // A forced hierarchical allreduce on one host runs the ring (there is no inter-host level) and says so: the
 // algorithm a call reports is the one that moved its data (it reported "hier").
 TEST(Communicator, ForcedHierOnOneHostReportsTheRingItRan) {
@@ -423,6 +435,10 @@ TEST(Communicator, HostGroupIdsAreDistinctPerParentAndRole) {
     auto& g = c.host_groups();
     w += run_and_verify(*g.local, {"allreduce", "", DType::f32, ReduceOp::sum, 1000, 0, 0});
     w += run_and_verify(*g.cross, {"allreduce", "", DType::f32, ReduceOp::sum, 1000, 0, 0});
+    // hier forced where every host holds one member (the cross group) runs the ring: it built host groups of a host
+    // group and failed mid-operation, aborting the transport (CONDUIT_ALLREDUCE=hier reached here)
+    w += run_and_verify(*g.cross, {"allreduce", "hier", DType::f32, ReduceOp::sum, 1000, 0, 0});
+    w += run_and_verify(*g.local, {"allreduce", "hier", DType::f32, ReduceOp::sum, 1000, 0, 0});
     return w;
   });
   EXPECT_EQ(total(wrong), 0u);
@@ -1124,9 +1140,9 @@ TEST(Communicator, ASplitGroupsTimeoutNamesItsRanksAsTheTransportDoes) {
 
 namespace {
 // A negative or nan timeout is refused, naming the field (it quietly became the default: 300 s, or the
-// communicator's); 0 stays the default.
+// communicator's); 0 stays the default. So is one under a millisecond (it expired before anything moved).
 TEST(Communicator, ANegativeOrNanTimeoutIsRefused) {
-  for (double bad : {-1.0, std::nan("")}) {
+  for (double bad : {-1.0, std::nan(""), 1e-12, 0.0009}) {
     CommConfig cfg;
     cfg.timeout_s = bad;
     try {

@@ -356,6 +356,20 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
   EXPECT_NE(bad.out.find("CONDUIT_RING_SEGMENT_BYTES='8M' is 8388608 bytes, over CONDUIT_MAX_MESSAGE_BYTES = 2097152"),
             std::string::npos)
       << bad.out;
+  // Under a 2 MiB message limit a 4 MiB broadcast between 2 ranks takes the chain's segments (the tree's one message
+  // failed mid-run); forced to the tree, it is refused before anything is sent, naming the segmented alternative.
+  const std::string small_limit = "CONDUIT_MAX_MESSAGE_BYTES=2M CONDUIT_COST_MODEL=intra=5e-6,1e-10,2.5e-10 ";
+  r = run_sh(small_limit + kConduit + " launch -n 2 --timeout 60 -- " + kConduit +
+             " bench coll --op broadcast --transport shm -b 1M -e 4M --iters 2 --warmup 0");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("chain"), std::string::npos) << r.out;
+  bad = run_sh(small_limit + "CONDUIT_BROADCAST=tree " + kConduit + " launch -n 2 --timeout 60 -- " + kConduit +
+               " bench coll --op broadcast --transport shm -b 4M -e 4M --iters 2 --warmup 0");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("broadcast of 4194304 bytes over 2 ranks: algorithm tree sends a message of 4194304 bytes, "
+                         "over CONDUIT_MAX_MESSAGE_BYTES = 2097152; allowed: chain (it sends in segments)"),
+            std::string::npos)
+      << bad.out;
 }
 
 // Sizes below ranks x element size give reduce_scatter the same one-element block: it is timed and printed once.

@@ -89,6 +89,32 @@ TEST(Tuner, HierPricesItsCrossHostStepAsTheAlgorithmItRuns) {
               1e-12);
 }
 
+// The tuner passes over algorithms that send one message past the message limit (16 GiB by default): every receiver
+// refuses it. A 2-rank broadcast took the tree (one message of the whole vector) at every size and failed past it.
+TEST(Tuner, AlgorithmsWithMessagesPastTheLimitAreNotPicked) {
+  Tuner t;
+  const double limit = double(size_t{16} << 30), big = 2 * limit;
+  EXPECT_EQ(t.largest_message(CollOp::broadcast, "tree", big, 2, 1, false), big);
+  EXPECT_EQ(t.largest_message(CollOp::broadcast, "chain", big, 2, 1, false), 0);
+  EXPECT_EQ(t.choose(CollOp::broadcast, 1 << 20, 2, 1, false), "tree");
+  EXPECT_EQ(t.choose(CollOp::broadcast, size_t(big), 2, 1, false), "chain");
+  // reduce: the tree sends the whole vector, rsg a block of it to the root
+  EXPECT_EQ(t.largest_message(CollOp::reduce, "rsg", big, 4, 1, false), big / 4 + 16);
+  EXPECT_EQ(t.choose(CollOp::reduce, size_t(big), 4, 1, false), "rsg");
+  // Halving and doubling send half at a power of two; off one, the fold sends the whole vector.
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "rhd", big, 4, 1, false), big / 2);
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "rhd", big, 6, 1, false), big);
+  EXPECT_EQ(t.largest_message(CollOp::allgather, "rd", big, 6, 1, false), 0);  // (runs the ring)
+  // hier: across hosts the step runs the tuner's pick for n/L bytes, inside them rings; uneven hosts use trees.
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "hier", 4 * limit, 8, 2, true), 0);
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "hier", big, 8, 2, false), big);
+  CostModel latency;  // a latency-bound model, where the logarithmic algorithms win up to large sizes
+  latency.intra = {1e-3, 1e-12, 1e-12};
+  Tuner tl(latency);
+  EXPECT_NE(tl.choose(CollOp::allreduce, 1 << 20, 8, 1, true), "ring");
+  EXPECT_EQ(tl.choose(CollOp::allreduce, size_t(big), 8, 1, true), "ring");
+}
+
 TEST(Tuner, ForcingRulesBySizeRange) {
   Tuner t;
   t.force(CollOp::allreduce, Tuner::parse_rules(CollOp::allreduce, "tree:0-64K,rhd:64K-4M,ring:4M-", "X"));

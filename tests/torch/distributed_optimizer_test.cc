@@ -291,7 +291,7 @@ TEST(DistributedOptimizer, ANegativeTimeoutIsRefusedByItsName) {
       error = e.what();
     }
     EXPECT_EQ(error.rfind("DistOptions.timeout_s = ", 0), 0u) << t << ": " << error;
-    EXPECT_NE(error.find("allowed: 0 (the default timeout) or a number of seconds above 0"), std::string::npos)
+    EXPECT_NE(error.find("allowed: 0 (the default timeout) or a number of seconds from 0.001"), std::string::npos)
         << error;
   }
 }
