@@ -374,6 +374,11 @@ Bytes AdpsgdStrategy::save_state() const {
   const bool answers = !adpsgd_ring_roles(comm_->rank(), comm_->size()).answers.empty();
   w.floats(answers ? pending_ : std::vector<float>{});
   w.floats(answers ? shadow_ : std::vector<float>{});
+  // The traffic of requests answered since its last step, not yet in its stats (apply_pending adds it): a resumed run
+  // counts it at its first step (it was lost, 7 replies of 4 workers' run short after a resume at step 6).
+  w.u64(served_sent_.load());
+  w.u64(served_received_.load());
+  w.u64(served_rounds_.load());
   return w.take();
 }
 
@@ -382,17 +387,23 @@ void AdpsgdStrategy::load_state(std::span<const uint8_t> bytes) {
   detail::Reader r(bytes, name());
   Bytes rb = r.bytes();
   std::vector<float> pending = r.floats(), shadow = r.floats();
+  uint64_t served[3] = {0, 0, 0};  // (a checkpoint from before they were saved has none)
+  if (r.remaining() > 0)
+    for (uint64_t& v : served) v = r.u64();
   r.done();
   std::lock_guard<std::mutex> lk(mu_);
   // Saved by a rank that only initiates (or by rank 0 of an odd ring in a checkpoint written before it answered the
   // wrap edge's requests: it had none pending).
   const bool none = pending.empty() && shadow.empty();
   if (!none && (pending.size() != pending_.size() || shadow.size() != pending_.size()))
-    throw ConfigError(fmt::format("sync adpsgd: the checkpoint holds {} and {} parameters, this model {}",
-                                  pending.size(), shadow.size(), pending_.size()));
+    throw InvalidArgument(fmt::format("sync adpsgd: the state holds {} and {} parameters, this model {}",
+                                      pending.size(), shadow.size(), pending_.size()));
   std::istringstream rng(std::string(rb.begin(), rb.end()));
   rng >> rng_;
-  if (rng.fail()) throw ConfigError("sync adpsgd: the checkpoint's random state is corrupt");
+  if (rng.fail()) throw InvalidArgument("sync adpsgd: its random state is corrupt");  // (the trainer names the file)
+  served_sent_ = served[0];
+  served_received_ = served[1];
+  served_rounds_ = served[2];
   if (none) return;
   pending_ = std::move(pending);
   shadow_ = std::move(shadow);

@@ -60,7 +60,12 @@ int64_t checked_clock(uint64_t v, const char* what) {
 
 compress::CompressorPtr ps_compressor(const std::string& spec, const char* what) {
   if (spec.empty() || spec == "none") return nullptr;
-  auto c = compress::parse_compressor(spec);
+  compress::CompressorPtr c;
+  try {
+    c = compress::parse_compressor(spec);
+  } catch (const ConfigError& e) {  // (which of the two it was went unsaid)
+    throw ConfigError(fmt::format("sync ps: {} '{}': {}", what, spec, e.what()));
+  }
   if (c->collective() == compress::Collective::powersgd)
     throw ConfigError(fmt::format("sync ps: {} '{}' needs a collective; use a quantizer or sparsifier", what, spec));
   // A server sums what the workers send and owns the optimizer. signSGD and Signum are decided by a majority vote of

@@ -266,9 +266,13 @@ struct Entry {
   std::function<StrategyPtr(const detail::ParamReader&, coll::CommPtr)> make;
 };
 
-compress::CompressorPtr optional_compressor(const std::string& spec) {
+compress::CompressorPtr optional_compressor(const std::string& spec, const char* scheme) {
   if (spec.empty() || spec == "none") return nullptr;
-  return compress::parse_compressor(spec);
+  try {
+    return compress::parse_compressor(spec);
+  } catch (const ConfigError& e) {  // (named neither the scheme nor its field)
+    throw ConfigError(fmt::format("sync {}: compressor '{}': {}", scheme, spec, e.what()));
+  }
 }
 
 const std::map<std::string, Entry>& registry() {
@@ -307,6 +311,12 @@ const std::map<std::string, Entry>& registry() {
     m["easgd"] = {{{"period", "4"}, {"alpha", "0"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                     double a = p.real("alpha", 0, 1);
                     const int n = c->size();
+                    // (1e-300 became 0 in f32: no elastic force, and the run ended on the untrained centre)
+                    if (a > 0 && a < 1e-9)
+                      throw ConfigError(fmt::format(
+                          "sync easgd: alpha = {} is too small to move anything; allowed: 0 (the default 0.9/n) or "
+                          "from 1e-9 to below 2/(n+1)",
+                          a));
                     if (a == 0) a = 0.9 / n;  // the paper's beta = 0.9 split over p workers
                     // Each round scales the gap between the workers' mean and the centre by 1 - (n + 1) alpha: at
                     // alpha >= 2 / (n + 1) it grows without bound (alpha = 1 with 2 workers: inf loss at step 24).
@@ -322,7 +332,7 @@ const std::map<std::string, Entry>& registry() {
                   [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                     std::string kind = p.choice("graph", Graph::kinds());
                     int n = c->size();
-                    auto comp = optional_compressor(p.str("compressor"));
+                    auto comp = optional_compressor(p.str("compressor"), "dpsgd");
                     // CHOCO compresses one flat buffer: PowerSGD has no matrix there and would send it raw.
                     if (comp && comp->collective() == compress::Collective::powersgd)
                       throw ConfigError(fmt::format(

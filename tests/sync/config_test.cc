@@ -67,9 +67,13 @@ TEST(SyncConfig, BadValuesNameTheParameterAndRange) {
       {"diloco", "outer_lr", "0", "'outer_lr'"},  // 0 never moves the outer model: no training at all
       {"diloco", "momentum", "1", "'momentum'"},
       {"easgd", "alpha", "2", "'alpha'"},
+      {"easgd", "alpha", "1e-300", "sync easgd: alpha = 1e-300 is too small to move anything; allowed: 0"},
       {"dpsgd", "graph", "star", "ring, torus, exponential"},
       {"dpsgd", "rows", "3", "torus rows"},
-      {"dpsgd", "compressor", "zip", "zip"},
+      {"dpsgd", "compressor", "zip", "sync dpsgd: compressor 'zip': "},
+      // A bad compressor of a scheme says which field it is (push and pull gave the same line).
+      {"ps-asp", "push_compressor", "topk:ratio=2", "sync ps: push_compressor 'topk:ratio=2': "},
+      {"ps-asp", "pull_compressor", "topk:ratio=2", "sync ps: pull_compressor 'topk:ratio=2': "},
       {"sgp", "peers", "0", "'peers'"},
       {"ps-ssp", "staleness", "-1", "'staleness'"},
       {"ps-asp", "servers", "0", "'servers'"},

@@ -277,6 +277,32 @@ TEST(TrainSync, CheckpointResumeContinues) {
   }
 }
 
+// adpsgd's passive ranks count the requests they answered at their next step: those answered after a passive rank's
+// last step before a checkpoint go with the checkpoint and count in the resumed run (they were lost: 4 workers
+// resumed at step 6 counted 7 replies fewer than an uninterrupted run).
+TEST(TrainSync, AResumedAdpsgdRunCountsEveryReply) {
+  auto dir = temp_dir("adpsgd-resume");
+  TrainConfig c = tiny_sync("adpsgd");
+  c.max_steps = 14;
+  c.slow = "0:4,2:4";  // the initiating ranks: their last requests come after the answering ranks' last step
+  c.output = (dir / "straight").string();
+  auto straight = train_inproc(c, 4, true);
+  TrainConfig part = c;
+  part.max_steps = 6;
+  part.checkpoint_every = 6;
+  part.output = (dir / "part").string();
+  train_inproc(part, 4, true);
+  TrainConfig rest = c;
+  rest.resume = (dir / "part" / "checkpoint").string();
+  rest.output = (dir / "rest").string();
+  auto r = train_inproc(rest, 4, true);
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(r[k].bytes_sent, straight[k].bytes_sent) << "rank " << k;
+    EXPECT_EQ(r[k].bytes_recv, straight[k].bytes_recv) << "rank " << k;
+  }
+  fs::remove_all(dir);
+}
+
 // The scheme's own parameters that share a name with the trainer's (DiLoCo's outer momentum) were dropped from the
 // checkpoint with the trainer's: a resume given only --resume ran at the default momentum, and another momentum was
 // accepted. Those the trainer derives (the servers' lr) may still change, as the ps-bsp case above checks.
