@@ -2042,6 +2042,10 @@ TEST(Train, MidEpochCheckpointResumesAtTheSamplerPosition) {
       EXPECT_DOUBLE_EQ(resumed[0][key].get<double>(), whole[0][key].get<double>()) << comp << " " << key;
     EXPECT_DOUBLE_EQ(read_json_file((dir / "rest" / "summary.json").string())["final_train_loss"].get<double>(),
                      read_json_file((dir / "straight" / "summary.json").string())["final_train_loss"].get<double>());
+    // The checkpoints' time is said apart from the training clock's.
+    const auto part_summary = read_json_file((dir / "part" / "summary.json").string());
+    EXPECT_GT(part_summary["checkpoint_s"].get<double>(), 0.0);
+    EXPECT_GT(part_summary["wall_time_s"].get<double>(), 0.0);
     fs::remove_all(dir);
   }
 }
