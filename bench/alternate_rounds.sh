@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the bench scripts: alternate_rounds ROUNDS FUNCTION CONFIG... calls FUNCTION CONFIG-words ROUND for every
 # configuration, ROUNDS times, each round in the previous one's order reversed (no configuration always runs first
 # on a machine whose speed drifts).

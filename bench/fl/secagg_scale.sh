@@ -12,7 +12,12 @@ cd "$(dirname "$0")/../.."
 source bench/alternate_rounds.sh
 k=${2:-16}
 rounds=${3:-3}
-[[ $k =~ ^[1-9][0-9]*$ ]] || { echo "secagg_scale.sh: K '$k'; allowed: a whole number of neighbours, 1 or more" >&2; exit 2; }
+# (as conduit fl: SecAgg+'s k/2 neighbours on each side of the ring of a round's 100 clients; an odd or larger K
+# failed in the first run's log)
+if ! [[ $k =~ ^[1-9][0-9]*$ ]] || ((k % 2 != 0 || k > 98)); then
+  echo "secagg_scale.sh: K '$k'; allowed: an even number of neighbours from 2 to 98 (100 clients a round)" >&2
+  exit 2
+fi
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "secagg_scale.sh: ROUNDS '$rounds'; allowed: 1 or more" >&2; exit 2; }
 conduit=build/bin/conduit
 [ -x "$conduit" ] || { echo "secagg_scale.sh: $conduit is missing; build first (cmake --build build)" >&2; exit 2; }

@@ -11,6 +11,8 @@
 # activations) and the ideal bubble (p - 1) / m (interleaved: / v) of an idle-free schedule, for reference.
 #   [MODEL=vit|cnn|resnet] bash bench/pp/pp_vs_dp.sh [EPOCHS] [ROUNDS] [MICRO] [OUT_DIR]
 set -euo pipefail
+# (a CONDUIT given relative to the caller's directory, before the cd to the repository root)
+if [ -n "${CONDUIT:-}" ]; then CONDUIT=$(realpath "$CONDUIT"); fi
 cd "$(dirname "$0")/../.."
 EPOCHS=${1:-1}
 ROUNDS=${2:-2}
@@ -21,8 +23,10 @@ source bench/alternate_rounds.sh
 bench_out_dir "${4:-}" runs/pp-bench
 run() {  # pp batch micro-batches schedule recompute round
   local name="pp$1-$4-$5-r$6"
+  local sched=()
+  [ "$1" -gt 1 ] && sched=(--pp-schedule "$4" --recompute "$5")
   "$CONDUIT" train --model "$MODEL" --workers 4 --pp "$1" --batch-size "$2" --micro-batches "$3" \
-    $([ "$1" -gt 1 ] && echo "--pp-schedule $4 --recompute $5") --optimizer adam --lr 0.002 --compressor none \
+    "${sched[@]}" --optimizer adam --lr 0.002 --compressor none \
     --epochs "$EPOCHS" --progress false --output "$OUT/$name" > "$OUT/$name.log" 2>&1
 }
 configs=("1 64 1 1f1b false" "2 128 $MICRO 1f1b false" "2 128 $MICRO gpipe false")
@@ -52,6 +56,6 @@ for pp, sched, rc in ((1, "1f1b", "false"), (2, "1f1b", "false"), (2, "gpipe", "
     bubble = (pp - 1) / s["micro_batches"] / (4 // pp if sched == "interleaved" else 1)
     print(f"{name:<24}{100 * s['final_test_accuracy']:>9.2f}%{wall:>9.1f}"
           f"{' ' + '/'.join(f'{w:.1f}' for w in each):>16}{wall / base[0]:>8.2f}"
-          f"{mb:>12.1f}{mb / base[1]:>8.1f}{s['exposed_comm_s']:>11.1f}{peak if peak is not None else '-':>9}"
+          f"{mb:>12.1f}{mb / base[1]:>8.2f}{s['exposed_comm_s']:>11.1f}{peak if peak is not None else '-':>9}"
           f"{s['max_rss_mb_rank0']:>8.0f}{bubble:>9.2f}")
 PY

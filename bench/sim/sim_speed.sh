@@ -18,7 +18,7 @@ if [[ ! "$rounds" =~ ^[1-9][0-9]*$ ]]; then
   echo "sim_speed.sh: ROUNDS = '$rounds' (allowed: a whole number from 1)" >&2
   exit 2
 fi
-# shellcheck source=../alternate_rounds.sh
+# shellcheck source-path=SCRIPTDIR source=../alternate_rounds.sh
 source "$(dirname "$0")/../alternate_rounds.sh"
 out=$(mktemp)
 trap 'rm -f "$out" "$out.json"' EXIT

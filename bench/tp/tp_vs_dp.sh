@@ -8,6 +8,8 @@
 # --tp 2 and 4 also run with --sequence-parallel (each rank holds its share of the tokens between the split layers).
 #   bash bench/tp/tp_vs_dp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
 set -euo pipefail
+# (a CONDUIT given relative to the caller's directory, before the cd to the repository root)
+if [ -n "${CONDUIT:-}" ]; then CONDUIT=$(realpath "$CONDUIT"); fi
 cd "$(dirname "$0")/../.."
 EPOCHS=${1:-1}
 ROUNDS=${2:-3}

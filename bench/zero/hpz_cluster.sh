@@ -12,6 +12,8 @@
 # each run; the workers' own counts include the traffic inside a host). Needs root (network namespaces, tc).
 #   sudo bash bench/zero/hpz_cluster.sh [RATE] [STEPS] [ROUNDS] [OUT_DIR]
 set -euo pipefail
+# (a CONDUIT given relative to the caller's directory, before the cd to the repository root)
+if [ -n "${CONDUIT:-}" ]; then CONDUIT=$(realpath "$CONDUIT"); fi
 cd "$(dirname "$0")/../.."
 RATE=${1:-200mbit}
 STEPS=${2:-60}
@@ -20,8 +22,9 @@ CONDUIT=$(realpath "${CONDUIT:-build/bin/conduit}")
 NAME=hpz$$
 source bench/alternate_rounds.sh
 bench_out_dir "${4:-}" runs/hpz-bench
-"$CONDUIT" cluster up -q --name "$NAME" --hosts 2 --bandwidth "$RATE"
+# (the clean-up first: an up that fails part-way leaves namespaces that only a down removes)
 trap '"$CONDUIT" cluster down --name "$NAME" > /dev/null 2>&1 || true' EXIT
+"$CONDUIT" cluster up -q --name "$NAME" --hosts 2 --bandwidth "$RATE"
 tx() {  # bytes both hosts have sent on their shaped links
   local total=0 h
   for h in 0 1; do

@@ -130,6 +130,23 @@ class Ranks(unittest.TestCase):
         self.assertEqual(peer_procs.cores_first([]), [])
         cpus = sorted(os.sched_getaffinity(0))
         self.assertEqual(sorted(peer_procs.cores_first(cpus)), cpus)
+        # A host that numbers SMT siblings side by side (CPUs 0 and 1 on core 0, 2 and 3 on core 1, one package):
+        # one CPU of each core first, as the launcher orders them.
+        import io
+        import re
+
+        def fake_open(path, *args, **kwargs):
+            m = re.search(r"cpu(\d+)/topology/(physical_package_id|core_id)$", path)
+            if not m:
+                raise OSError(path)
+            return io.StringIO("0" if m.group(2) == "physical_package_id" else str(int(m.group(1)) // 2))
+
+        peer_procs.open = fake_open  # (the module's open: the builtin is looked up after its globals)
+        try:
+            self.assertEqual(peer_procs.cores_first([0, 1, 2, 3]), [0, 2, 1, 3])
+            self.assertEqual(peer_procs.cores_first([1, 3, 0]), [1, 3, 0])
+        finally:
+            del peer_procs.open
 
 
 class Interrupts(unittest.TestCase):
@@ -139,7 +156,9 @@ class Interrupts(unittest.TestCase):
         import signal
         import tempfile
         import time
-        pidfile = os.path.join(tempfile.mkdtemp(), "pid")
+        scratch = tempfile.TemporaryDirectory()  # (mkdtemp's folders were left behind, one a run)
+        self.addCleanup(scratch.cleanup)
+        pidfile = os.path.join(scratch.name, "pid")
 
         def fake(a):
             # (a member that ignores SIGTERM: the leader goes at once, the group stays until SIGKILL)
