@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <set>
 
@@ -708,26 +709,40 @@ uint64_t pair_term(uint64_t from, uint64_t to, uint64_t count) {
   return mix64(mix64(from * 0x100000001b3ull + to) ^ count);
 }
 
-// The segmented algorithm of each collective (reduce's sends a block of n/p to the root).
-const char* segmented_algorithm(CollOp op) {
-  switch (op) {
-    case CollOp::broadcast:
-      return "chain";
-    case CollOp::reduce:
-      return "rsg";
-    default:
-      return "ring";
-  }
+// Whether a call of `bytes` may send a message over the message limit at all: none is larger than the vector, but
+// for rsg's block (at most one element over n/p).
+bool may_pass_limit(size_t bytes) { return double(bytes) + 16 > double(net::max_message_bytes()); }
+
+// The largest single message `algo` sends for this call: the tuner's bound, and with `even` false (reduce_scatter and
+// allgatherv with blocks of different sizes) the whole vector for the halving and doubling algorithms (one of their
+// steps may carry nearly all of it: counts {N, 0, 0, 0}).
+double largest_message(Communicator& c, CollOp op, const std::string& algo, size_t bytes, bool even) {
+  if (!even && (algo == "rh" || algo == "rd")) return double(bytes);
+  return c.tuner().largest_message(op, algo, double(bytes), c.size(), c.num_hosts(), c.hosts_uniform_multi());
 }
 
-std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t bytes) {
+// The first algorithm of `op` (in the tuner's order) whose messages fit the limit; empty when none does.
+std::string fitting_algorithm(Communicator& c, CollOp op, size_t bytes, bool even) {
+  for (const auto& a : Tuner::algorithms(op))
+    if (largest_message(c, op, a, bytes, even) <= double(net::max_message_bytes())) return a;
+  return {};
+}
+
+std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t bytes, bool even = true) {
   if (!forced.empty()) {
     Tuner::check_algorithm(op, forced);
     return forced;
   }
   // (the host map decides; building the host groups here made every collective build them, and a host group's own
   // communicators cannot have host groups of their own)
-  return c.tuner().choose(op, bytes, c.size(), c.num_hosts(), c.hosts_uniform_multi());
+  std::string algo = c.tuner().choose(op, bytes, c.size(), c.num_hosts(), c.hosts_uniform_multi());
+  // The tuner passes over algorithms past the limit, from sizes alone; uneven blocks are known here (check_fits
+  // refused the call before it was queued when no algorithm fits).
+  if (may_pass_limit(bytes) && largest_message(c, op, algo, bytes, even) > double(net::max_message_bytes())) {
+    const std::string fits = fitting_algorithm(c, op, bytes, even);
+    if (!fits.empty()) algo = fits;
+  }
+  return algo;
 }
 
 // The input a reduction sums: for avg of f16 on more than one rank, a copy divided first (the caller's input stays);
@@ -830,17 +845,25 @@ void Communicator::run_reduce(const Deadline& d, const void* in, void* out, size
   }
 }
 
-void Communicator::check_forced(CollOp op, const std::string& forced, size_t bytes) {
+void Communicator::check_fits(CollOp op, const std::string& forced, size_t bytes, bool even) {
   if (!forced.empty()) Tuner::check_algorithm(op, forced);
-  const std::string algo = forced.empty() ? tuner_->forced_algorithm(op, bytes) : forced;
-  if (algo.empty()) return;
-  const double big = tuner_->largest_message(op, algo, double(bytes), size(), num_hosts(), hosts_uniform_multi());
+  if (!may_pass_limit(bytes)) return;  // (every call below the limit: nothing more to do)
   // (refused here, before anything is sent: the message failed mid-operation, and the transport was aborted)
-  if (big > double(net::max_message_bytes()))
+  const uint64_t limit = net::max_message_bytes();
+  const std::string fits = fitting_algorithm(*this, op, bytes, even);
+  if (fits.empty())
+    throw ConfigError(
+        fmt::format("{} of {} bytes over {} ranks: every {} algorithm would send a message over "
+                    "CONDUIT_MAX_MESSAGE_BYTES = {}; allowed: a larger CONDUIT_MAX_MESSAGE_BYTES, or smaller calls",
+                    coll_op_name(op), bytes, size(), coll_op_name(op), limit));
+  const std::string algo = forced.empty() ? tuner_->forced_algorithm(op, bytes) : forced;
+  if (algo.empty()) return;  // the tuner's pick, which pick() keeps within the limit
+  const double big = largest_message(*this, op, algo, bytes, even);
+  if (big > double(limit))
     throw ConfigError(fmt::format(
         "{} of {} bytes over {} ranks: algorithm {} sends a message of {:.0f} bytes, over CONDUIT_MAX_MESSAGE_BYTES "
-        "= {}; allowed: {} (it sends in segments), or a larger CONDUIT_MAX_MESSAGE_BYTES",
-        coll_op_name(op), bytes, size(), algo, big, net::max_message_bytes(), segmented_algorithm(op)));
+        "= {}; allowed: {} (its messages fit), or a larger CONDUIT_MAX_MESSAGE_BYTES",
+        coll_op_name(op), bytes, size(), algo, big, limit, fits));
 }
 
 Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, const CollOptions& o) {
@@ -848,7 +871,7 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
   check_reduce_op(op, "allreduce");
   Signature sig{kSigAllreduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count};
   const std::string forced = o.algorithm;
-  check_forced(CollOp::allreduce, forced, count * dtype_size(dt));
+  check_fits(CollOp::allreduce, forced, count * dtype_size(dt), true);
   return submit("allreduce", sig, o, [=, this](Ctx& c) {
     // avg of f16 divides each rank's input first (its sum overflows where the average does not).
     const bool divided = op == ReduceOp::avg && avg_divides_first(dt);
@@ -881,9 +904,10 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
   Signature sig{kSigReduceScatter, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, total};
   if (debug_) sig.counts_hash = counts_hash(counts);
   const std::string forced = o.algorithm;
-  check_forced(CollOp::reduce_scatter, forced, total * dtype_size(dt));
+  const bool even = std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
+  check_fits(CollOp::reduce_scatter, forced, total * dtype_size(dt), even);
   return submit("reduce_scatter", sig, o, [=, this](Ctx& c) {
-    std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt));
+    std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt), even);
     std::vector<char> divided;
     run_reduce_scatter(c.deadline(), avg_input(in, total, dt, op, size(), divided), out, counts, dt, op, algo);
     if (op == ReduceOp::avg && !avg_divides_first(dt)) finalize_avg(out, counts[rank_], dt, size());
@@ -908,9 +932,10 @@ Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> cou
   Signature sig{kSigAllgatherv, static_cast<uint32_t>(dt), 0, -1, total};
   if (debug_) sig.counts_hash = counts_hash(counts);
   const std::string forced = o.algorithm;
-  check_forced(CollOp::allgather, forced, total * dtype_size(dt));
+  const bool even = std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
+  check_fits(CollOp::allgather, forced, total * dtype_size(dt), even);
   return submit("allgather", sig, o, [=, this](Ctx& c) {
-    std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt));
+    std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt), even);
     // (recursive doubling needs a power of two ranks and runs the ring elsewhere: reported as what ran)
     if (algo == "rd" && (size() & (size() - 1)) != 0) algo = "ring";
     run_allgatherv(c.deadline(), in, out, counts, dt, algo);
@@ -923,7 +948,7 @@ Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const 
   check_buffer(buf, count, dt, "broadcast");
   Signature sig{kSigBroadcast, static_cast<uint32_t>(dt), 0, root, count};
   const std::string forced = o.algorithm;
-  check_forced(CollOp::broadcast, forced, count * dtype_size(dt));
+  check_fits(CollOp::broadcast, forced, count * dtype_size(dt), true);
   return submit("broadcast", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::broadcast, forced, count * dtype_size(dt));
     run_broadcast(c.deadline(), buf, count, dt, root, algo);
@@ -939,7 +964,7 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
   check_reduce_op(op, "reduce");
   Signature sig{kSigReduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count};
   const std::string forced = o.algorithm;
-  check_forced(CollOp::reduce, forced, count * dtype_size(dt));
+  check_fits(CollOp::reduce, forced, count * dtype_size(dt), true);
   return submit("reduce", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt));
     std::vector<char> divided;

@@ -70,7 +70,9 @@ class Work {
   explicit Work(std::shared_ptr<State> s) : s_(std::move(s)) {}
   void wait();        // rethrows the operation's error
   bool test();        // true when done; rethrows the error
-  double seconds() const;          // execution time once done
+  // Once done: a collective's execution time (from when it ran, not queued); a send's or receive's from its post to
+  // the wait() or test() that saw it complete.
+  double seconds() const;
   std::string algorithm() const;   // the algorithm that ran
   bool valid() const { return s_ != nullptr; }
 
@@ -224,8 +226,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   }
   void check_root(int root, const char* op) const;
   // A forced algorithm (`forced` by the call, else a forcing rule for this size) must be known and send no message
-  // over the transport's message limit: ConfigError naming it and the segmented alternative.
-  void check_forced(CollOp op, const std::string& forced, size_t bytes);
+  // over the transport's message limit, and some algorithm must fit it: ConfigError naming the algorithm and one that
+  // fits. `even`: every rank's block has the same count (reduce_scatter, allgatherv).
+  void check_fits(CollOp op, const std::string& forced, size_t bytes, bool even);
   void check_counts(const std::vector<size_t>& counts, const char* what) const;
 
   net::TransportPtr transport_;

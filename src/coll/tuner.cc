@@ -158,7 +158,7 @@ double Tuner::largest_with(const State& s, CollOp op, const std::string& algo, d
       if (algo == "rhd") return p2 ? std::ceil(n / 2) : n;
       if (algo == "rd" || algo == "tree") return n;
       if (algo == "hier") {
-        if (hosts <= 1) return 0;      // it runs the ring
+        if (hosts <= 1 || hosts >= p) return 0;  // it runs the ring (one host, or one member a host)
         if (!uniform_hosts) return n;  // a tree reduce and broadcast inside hosts
         // The rings inside hosts, and across them the tuner's pick for n/L bytes among H ranks (hierarchical.cc).
         const double part = std::ceil(n / (double(p) / hosts));
@@ -380,7 +380,14 @@ std::string Tuner::cheapest(const State& s, CollOp op, double bytes, int p, int 
       best = a;
     }
   }
-  return best.empty() ? algorithms(op).front() : best;
+  if (!best.empty()) return best;
+  // None fits: the one with the smallest message (the call is refused before it runs, Communicator::check_fits).
+  double least = std::numeric_limits<double>::infinity();
+  for (const auto& a : algorithms(op)) {
+    const double m = largest_with(s, op, a, bytes, p, hosts, uniform_hosts);
+    if (m < least) least = m, best = a;
+  }
+  return best;
 }
 
 }  // namespace conduit::coll

@@ -367,9 +367,19 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
                " bench coll --op broadcast --transport shm -b 4M -e 4M --iters 2 --warmup 0");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.out.find("broadcast of 4194304 bytes over 2 ranks: algorithm tree sends a message of 4194304 bytes, "
-                         "over CONDUIT_MAX_MESSAGE_BYTES = 2097152; allowed: chain (it sends in segments)"),
+                         "over CONDUIT_MAX_MESSAGE_BYTES = 2097152; allowed: chain (its messages fit)"),
             std::string::npos)
       << bad.out;
+  // A reduce where no algorithm fits (the tree sends the whole 8 MiB, rsg half of it to the root) is refused before
+  // anything is sent, unforced too (the tuner's fallback failed mid-run and aborted the transport).
+  bad = run_sh(small_limit + kConduit + " launch -n 2 --timeout 60 -- " + kConduit +
+               " bench coll --op reduce --transport shm -b 8M -e 8M --iters 2 --warmup 0");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("reduce of 8388608 bytes over 2 ranks: every reduce algorithm would send a message over "
+                         "CONDUIT_MAX_MESSAGE_BYTES = 2097152; allowed: a larger CONDUIT_MAX_MESSAGE_BYTES"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_EQ(bad.out.find("aborted"), std::string::npos) << bad.out;
 }
 
 // Sizes below ranks x element size give reduce_scatter the same one-element block: it is timed and printed once.

@@ -108,6 +108,9 @@ TEST(Tuner, AlgorithmsWithMessagesPastTheLimitAreNotPicked) {
   // hier: across hosts the step runs the tuner's pick for n/L bytes, inside them rings; uneven hosts use trees.
   EXPECT_EQ(t.largest_message(CollOp::allreduce, "hier", 4 * limit, 8, 2, true), 0);
   EXPECT_EQ(t.largest_message(CollOp::allreduce, "hier", big, 8, 2, false), big);
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "hier", big, 2, 2, false), 0);  // one member a host: the ring
+  // Nothing fits (a 2-rank reduce past twice the limit): the smallest message, rsg's half (the call is refused).
+  EXPECT_EQ(t.choose(CollOp::reduce, size_t(2 * big), 2, 1, false), "rsg");
   CostModel latency;  // a latency-bound model, where the logarithmic algorithms win up to large sizes
   latency.intra = {1e-3, 1e-12, 1e-12};
   Tuner tl(latency);
