@@ -260,9 +260,11 @@ nlohmann::json epoch_sums_json(double loss_sum, double correct, double seen, dou
   return {{"loss_sum", num(loss_sum)}, {"correct", correct}, {"seen", seen}, {"trained_s", trained_s}};
 }
 
-void epoch_sums_from_json(const nlohmann::json& j, const std::string& path, double out[4]) {
+// False when there are none (a checkpoint of before 2026-12-06): the epoch's report covers the steps after a resume.
+bool epoch_sums_from_json(const nlohmann::json& j, const std::string& path, double out[4]) {
   const char* keys[4] = {"loss_sum", "correct", "seen", "trained_s"};
-  const nlohmann::json* e = j.is_object() && j.contains("epoch") ? &j["epoch"] : nullptr;
+  if (j.is_object() && !j.contains("epoch")) return false;
+  const nlohmann::json* e = j.is_object() ? &j["epoch"] : nullptr;
   for (int k = 0; k < 4; ++k) {
     const bool null_loss = k == 0 && e != nullptr && e->is_object() && e->contains(keys[k]) && (*e)[keys[k]].is_null();
     if (null_loss) {
@@ -277,6 +279,7 @@ void epoch_sums_from_json(const nlohmann::json& j, const std::string& path, doub
                       path, keys[k]));
     out[k] = (*e)[keys[k]].get<double>();
   }
+  return true;
 }
 
 // Loads a libtorch archive of a checkpoint into `into` (a module or an optimizer); a missing or unreadable file is
@@ -987,7 +990,21 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all. Its length
   // in steps is rounded to the nearest (truncated, 0.29 of 100 steps was 28, and the least length the error below
   // names, 0.2857 of 7 steps, was refused as one step).
-  const int64_t warmup = std::llround(c.warmup_epochs * double(spe));
+  // A resume that keeps the checkpoint's warm-up (the same warmup_epochs, batch size and world) keeps its length in
+  // steps as the checkpoint recorded it: a checkpoint of before the rounding (2026-12-06) has none, and ran with the
+  // truncated length, which the schedule's remaining steps depend on.
+  const int64_t warmup = [&]() -> int64_t {
+    const int64_t rounded = std::llround(c.warmup_epochs * double(spe));
+    if (c.resume.empty() || !meta.contains("warmup_epochs") || !meta["warmup_epochs"].is_number() ||
+        meta["warmup_epochs"].get<double>() != c.warmup_epochs ||
+        meta.value("batch_size", int64_t{-1}) != c.batch_size || meta.value("world", -1) != comm_ptr->size())
+      return rounded;
+    if (!meta.contains("warmup_steps")) return int64_t(c.warmup_epochs * double(spe));
+    if (!meta["warmup_steps"].is_number_integer() || meta["warmup_steps"].get<int64_t>() < 0)
+      throw ConfigError(fmt::format("checkpoint: '{}' has warmup_steps {}; allowed: a whole number of steps, 0 or more",
+                                    (rd / "checkpoint.json").string(), meta["warmup_steps"].dump()));
+    return meta["warmup_steps"].get<int64_t>();
+  }();
   // (max_steps shortened the run below the warm-up: the lr never reached lr; a resume, whose earlier steps may have
   // had another batch size, is not judged here)
   if (c.max_steps > 0 && c.resume.empty() && warmup > total_steps)
@@ -1135,7 +1152,10 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       dopt->add_to_totals(totals_from_json(tot, totals));
     else
       sopt->add_to_totals(totals_from_json(tot, totals));
-    if (start_step > 0) epoch_sums_from_json(tot, totals, resumed_epoch);
+    if (start_step > 0 && !epoch_sums_from_json(tot, totals, resumed_epoch) && lead && outputs)
+      fmt::print(stderr,
+                 "train: warning: the checkpoint holds no running sums of its epoch (written before 2026-12-06): "
+                 "this epoch's training loss, accuracy and samples/s cover the steps after the resume\n");
   }
   auto last_stats = [&]() -> const StepStats& { return dopt ? dopt->last_stats() : sopt->last_stats(); };
   auto total_stats = [&]() -> const StepStats& { return dopt ? dopt->total_stats() : sopt->total_stats(); };
@@ -1347,6 +1367,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                                     {"weight_decay", c.weight_decay},
                                     {"lr_schedule", c.lr_schedule},
                                     {"warmup_epochs", c.warmup_epochs},
+                                    {"warmup_steps", warmup},  // (as this run rounded it: a resume keeps it)
                                     {"epochs", c.epochs},
                                     {"test_limit", c.test_limit},
                                     {"data_dir", c.data_dir},
@@ -1421,7 +1442,6 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     epoch_t0 = now_s();
     paused0 = untimed_s + checkpoint_s;  // evaluations and checkpoints inside the epoch: not training
     int64_t step = epoch == start_epoch ? start_step : 0;
-    const int64_t first_step = step;
     for (; step < spe; ++step) {
       if (global_step >= total_steps) {
         stop = true;
@@ -1518,7 +1538,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       StepStats st = last_stats();
       st += mp_step;
       const double dt = trained_s();
-      const double sps = dt > 0 ? double(step + 1 - first_step) * c.batch_size * data_world / dt : 0;
+      const double sps = dt > 0 ? seen * data_world / dt : 0;  // (the epoch's, a resumed part included)
       if (metrics) {
         nlohmann::json j = {{"kind", "step"}, {"epoch", epoch + 1}, {"step", step + 1},   {"global_step", global_step},
                             {"loss", l},      {"lr", lr},           {"time_s", elapsed()}};
@@ -1545,14 +1565,14 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     const double dt = trained_s();
     // bsp: the epoch's training loss and accuracy over every rank's samples (they were rank 0's half alone); the
     // other schemes' workers are not in step here, so theirs stay the worker's own.
+    // (Reported from copies: the rank's own sums stay, for a checkpoint after the loop that ends inside the epoch.)
+    double ep_loss = loss_sum, ep_correct = correct, ep_seen = seen;
     if (dopt && world > 1) {
       double sums[3] = {loss_sum, correct, seen};
       comm.allreduce(sums, 3, DType::f64, ReduceOp::sum).wait();
-      loss_sum = sums[0];
-      correct = sums[1];
-      seen = sums[2] / world;  // samples per rank, as the throughput below multiplies by world
-      loss_sum /= world;
-      correct /= world;
+      ep_seen = sums[2] / world;  // samples per rank, as the throughput below multiplies by world
+      ep_loss = sums[0] / world;
+      ep_correct = sums[1] / world;
     }
     double acc = std::numeric_limits<double>::quiet_NaN(), test_loss = acc;
     if (!snapshot_epoch) {
@@ -1565,17 +1585,17 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     } else if (data_lead && (snapshots.empty() || snapshots.back().global_step != global_step)) {
       snapshots.push_back({epoch, global_step, elapsed(), total_stats().bytes_sent, model_state()});
     }
-    res.train_loss = seen > 0 ? loss_sum / seen : 0;
+    res.train_loss = ep_seen > 0 ? ep_loss / ep_seen : 0;
     const auto& tot = total_stats();
     if (metrics) {
       metrics->write({{"kind", "epoch"},
                       {"epoch", epoch + 1},
                       {"complete", epoch_done},
                       {"train_loss", res.train_loss},
-                      {"train_accuracy", seen > 0 ? correct / seen : 0},
+                      {"train_accuracy", ep_seen > 0 ? ep_correct / ep_seen : 0},
                       {"test_accuracy", acc},
                       {"test_loss", test_loss},
-                      {"samples_per_s", dt > 0 ? seen * data_world / dt : 0},
+                      {"samples_per_s", dt > 0 ? ep_seen * data_world / dt : 0},
                       {"time_s", elapsed()},
                       {"bytes_sent", tot.bytes_sent},
                       {"raw_bytes", tot.raw_bytes},
@@ -1588,9 +1608,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
         fmt::format("epoch {}/{} {}: train loss {:.4f} acc {:.1f}%, test acc {}, {:.0f} samples/s, "
                     "{:.1f} MB sent, {:.1f} s",
                     epoch + 1, c.epochs, epoch_done ? "done" : fmt::format("stopped at step {} of {}", step, spe),
-                    res.train_loss, seen > 0 ? 100 * correct / seen : 0,
+                    res.train_loss, ep_seen > 0 ? 100 * ep_correct / ep_seen : 0,
                     std::isnan(acc) ? std::string("after training (snapshot)") : fmt::format("{:.2f}%", 100 * acc),
-                    dt > 0 ? seen * data_world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
+                    dt > 0 ? ep_seen * data_world / dt : 0, double(tot.bytes_sent) / 1e6, elapsed()));
     // bsp checkpoints at every epoch end; other schemes only where asked (a checkpoint is a barrier) and at the end.
     if (epoch_done && dopt) save_checkpoint(epoch + 1, 0, acc);
     if (epoch_done && sopt && c.checkpoint_every > 0 && global_step % c.checkpoint_every == 0)

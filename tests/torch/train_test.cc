@@ -971,6 +971,33 @@ TEST(Train, CheckpointResumeContinuesBitForBit) {
   }
 }
 
+// The warm-up's length in steps is rounded (0.29 of 24 steps: 7) and recorded in the checkpoint; a resume keeps the
+// recorded length, and one of a checkpoint from before the rounding, which has none, the truncated length it ran
+// with (6), so the cosine's remaining steps are those of the run that wrote it.
+TEST(Train, AResumeKeepsTheWarmupLengthItsCheckpointRanWith) {
+  auto dir = temp_dir("warm");
+  TrainConfig c = tiny("mlp");  // 24 steps an epoch with 2 workers
+  c.epochs = 2;
+  c.max_steps = 30;
+  c.lr_schedule = "cosine";
+  c.warmup_epochs = 0.29;
+  c.output = (dir / "straight").string();
+  auto straight = train_inproc(c, 2, true);
+  const fs::path ck = dir / "straight" / "checkpoint" / "checkpoint.json";
+  auto meta = read_json_file(ck.string());
+  EXPECT_EQ(meta["warmup_steps"].get<int64_t>(), 7);
+  TrainConfig resumed = c;
+  resumed.output = (dir / "resumed").string();
+  resumed.resume = (dir / "straight" / "checkpoint").string();
+  EXPECT_EQ(train_inproc(resumed, 2, true)[0].params, straight[0].params);
+  // As a checkpoint of before: no warmup_steps. It resumes, on the truncated warm-up (another schedule from here).
+  meta.erase("warmup_steps");
+  std::ofstream(ck) << meta.dump();
+  resumed.output = (dir / "old").string();
+  EXPECT_NE(train_inproc(resumed, 2, true)[0].params, straight[0].params);
+  fs::remove_all(dir);
+}
+
 // zero_reduce micro-batch (zero 2 and 3): each micro-batch's buckets reduce-scattered as they fill; the same training
 // as reducing the step's sum once (to the float sums' order), the reduce-scatter's bytes once a micro-batch, and a
 // resume takes the mode from the checkpoint and continues bit for bit.
@@ -2042,6 +2069,19 @@ TEST(Train, MidEpochCheckpointResumesAtTheSamplerPosition) {
       EXPECT_DOUBLE_EQ(resumed[0][key].get<double>(), whole[0][key].get<double>()) << comp << " " << key;
     EXPECT_DOUBLE_EQ(read_json_file((dir / "rest" / "summary.json").string())["final_train_loss"].get<double>(),
                      read_json_file((dir / "straight" / "summary.json").string())["final_train_loss"].get<double>());
+    // A checkpoint of before the sums were saved resumes as it did: the epoch's report covers the steps after it.
+    if (comp == resume_compressors().front()) {
+      for (int rank = 0; rank < 2; ++rank) {
+        const fs::path t = dir / "part" / "checkpoint" / fmt::format("rank-{}", rank) / "totals.json";
+        auto j = read_json_file(t.string());
+        j.erase("epoch");
+        std::ofstream(t) << j.dump();
+      }
+      TrainConfig old = rest;
+      old.output = (dir / "old").string();
+      EXPECT_EQ(train_inproc(old, 2, true)[0].params, straight[0].params);
+      EXPECT_NE(epoch_records(dir / "old")[0]["train_loss"], whole[0]["train_loss"]);
+    }
     // The checkpoints' time is said apart from the training clock's.
     const auto part_summary = read_json_file((dir / "part" / "summary.json").string());
     EXPECT_GT(part_summary["checkpoint_s"].get<double>(), 0.0);
