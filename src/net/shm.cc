@@ -411,6 +411,17 @@ class ShmTransport : public Transport, public Progressor {
   }
 
   ~ShmTransport() override {
+    // A send whose data is moving (a peer reading its buffer, single copy; a frame partly written into a ring) is told
+    // to the peers as an abort: failed here, its buffer goes back to the caller while a peer could still read it, and
+    // a peer waiting for the rest of a frame waited for its deadline. (Other pending requests, such as receives left
+    // posted at the end of a run, say nothing to the peers, as tcp's closed connections do not.)
+    bool moving = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& p : peers_)
+        moving = moving || (p.serve && (!p.being_read.empty() || (!p.sendq.empty() && p.sendq.front().sent > 0)));
+    }
+    if (moving && aborted_reason().empty()) abort("its shm transport was destroyed while sending");
     {
       // Pending requests fail now: their waits would call progress() on this transport once it is gone.
       std::lock_guard<std::mutex> lk(mu_);

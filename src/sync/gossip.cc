@@ -300,10 +300,12 @@ void AdpsgdStrategy::serve_peer(int peer) {
           shadow_[i] += half;
           pending_[i] += half;
         }
+        // (counted with the averages they bring, under the lock: a save_state between the two saw one without the
+        // other)
+        served_received_ += req.size() * 4;
+        served_sent_ += d * 4;
+        served_rounds_ += 1;
       }
-      served_received_ += req.size() * 4;
-      served_sent_ += d * 4;
-      served_rounds_ += 1;
       exchanges_++;
       detail::wait(*comm_, isend(*comm_, peer, detail::kTagPairRep, rep.data(), d * 4));
     }

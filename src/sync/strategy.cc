@@ -311,12 +311,13 @@ const std::map<std::string, Entry>& registry() {
     m["easgd"] = {{{"period", "4"}, {"alpha", "0"}}, [](const detail::ParamReader& p, coll::CommPtr c) -> StrategyPtr {
                     double a = p.real("alpha", 0, 1);
                     const int n = c->size();
-                    // (1e-300 became 0 in f32: no elastic force, and the run ended on the untrained centre)
-                    if (a > 0 && a < 1e-9)
+                    // (1e-300 became 0 in f32, where it is applied: no elastic force, and the run ended on the
+                    // untrained centre; a small alpha that f32 holds only pulls slowly)
+                    if (a > 0 && static_cast<float>(a) == 0.0f)
                       throw ConfigError(fmt::format(
-                          "sync easgd: alpha = {} is too small to move anything; allowed: 0 (the default 0.9/n) or "
-                          "from 1e-9 to below 2/(n+1)",
-                          a));
+                          "sync easgd: alpha = {} is 0 in f32, where it is applied (no elastic force at all); allowed: "
+                          "0 (the default 0.9/n) or a value f32 holds (from about 1.4e-45) below 2/(n+1) = {:.4g}",
+                          a, 2.0 / (n + 1)));
                     if (a == 0) a = 0.9 / n;  // the paper's beta = 0.9 split over p workers
                     // Each round scales the gap between the workers' mean and the centre by 1 - (n + 1) alpha: at
                     // alpha >= 2 / (n + 1) it grows without bound (alpha = 1 with 2 workers: inf loss at step 24).

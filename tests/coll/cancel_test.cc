@@ -79,6 +79,18 @@ TEST_P(Cancel, ADestroyedTransportsPendingRequestsFailAtOnce) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   }
   EXPECT_EQ(never, -1);
+  // shm: the send's buffer was the peer's to read (single copy): the peer is told, as of an abort, before the buffer
+  // goes back to its owner.
+  if (GetParam() == "shm") {
+    int other = 0;
+    RequestPtr later = t[1]->irecv(0, make_tag(kUser, 0, 5), &other, 4);
+    try {
+      later->wait(Deadline::after(5));
+      ADD_FAILURE() << "the peer of a transport destroyed while sending received";
+    } catch (const PeerError& e) {
+      EXPECT_NE(std::string(e.what()).find("destroyed while sending"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // A send nothing of which was written is withdrawn; one partly written cannot be, and giving up on it aborts the
