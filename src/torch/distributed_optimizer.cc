@@ -38,6 +38,9 @@ namespace conduit::train {
 
 namespace {
 
+// Marks the bucket layout after the compressor states in save_compressor_state's bytes ("BKLAYOUT").
+constexpr uint64_t kLayoutMagic = 0x54554F59414C4B42ull;
+
 // f32 to a 16-bit wire (f16 or bf16) and back: the gathers', the kept parts' and the reduce-scatter's.
 bool is_16bit(DType wire) { return wire == DType::f16 || wire == DType::bf16; }
 void narrow16(DType wire, const float* in, void* out, size_t n) {
@@ -1559,6 +1562,9 @@ DistributedOptimizer::~DistributedOptimizer() {
 
 namespace {
 
+// The element type a broadcast moves `t` as: a broadcast copies bits, so a type the collectives do not name goes as
+// one of its size (bool as u8, int16 as f16's two bytes, complex64 as i64). (Bool, half and bf16 buffers, a mask or a
+// frozen half-precision embedding, were refused, and such a model could not be wrapped on more than one rank.)
 DType to_dtype(const torch::Tensor& t) {
   switch (t.scalar_type()) {
     case torch::kFloat: return DType::f32;
@@ -1567,9 +1573,27 @@ DType to_dtype(const torch::Tensor& t) {
     case torch::kInt: return DType::i32;
     case torch::kByte: return DType::u8;
     case torch::kChar: return DType::i8;
+    case torch::kHalf:
+      return DType::f16;
+    case torch::kBFloat16:
+      return DType::bf16;
     default:
-      throw InvalidArgument(fmt::format("train: tensors of type {} cannot be broadcast; allowed: float, double, long, int, uint8, int8",
-                                        c10::toString(t.scalar_type())));
+      break;
+  }
+  switch (t.element_size()) {
+    case 1:
+      return DType::u8;
+    case 2:
+      return DType::f16;
+    case 4:
+      return DType::i32;
+    case 8:
+      return DType::i64;
+    default:
+      throw InvalidArgument(
+          fmt::format("train: tensors of type {} ({} bytes an element) cannot be broadcast; allowed: "
+                      "elements of 1, 2, 4 or 8 bytes",
+                      c10::toString(t.scalar_type()), t.element_size()));
   }
 }
 
@@ -2073,6 +2097,17 @@ std::vector<uint8_t> DistributedOptimizer::save_compressor_state() const {
 #else
   put64(0);
 #endif
+  // The bucket layout, once rebuilt from the first step's gradient order: a resumed run starts on it (it started on
+  // reverse registration order and rebuilt after its first step, and with 3 or more ranks the buckets' different
+  // ring chunks summed that step in another order: not bit for bit).
+  std::lock_guard<std::mutex> lk(core_->mu);
+  put64(kLayoutMagic);
+  put64(core_->record_order ? 0 : 1);
+  size_t count = 0;
+  for (const auto& bk : core_->buckets) count += bk.params.size();
+  put64(count);
+  for (const auto& bk : core_->buckets)
+    for (int i : bk.params) put64(uint64_t(i));
   return out;
 }
 
@@ -2108,13 +2143,42 @@ void DistributedOptimizer::load_compressor_state(const std::vector<uint8_t>& byt
           "(same model and rank needed to resume)",
           i, fmt::join(was.shape, ", "), was.stream, fmt::join(now.shape, ", "), now.stream));
   }
-  if (pos != bytes.size())
-    throw InvalidArgument(
-        fmt::format("checkpoint: compressor state has {} bytes after its last tensor's", bytes.size() - pos));
-  core_->states = std::move(loaded);  // all or nothing
 #else
   if (n != 0) throw InvalidArgument("checkpoint: it holds compressor state but this build has no compressors");
 #endif
+  // The bucket layout (absent from checkpoints of before 2026-12-06).
+  std::vector<int> order;
+  bool rebuilt = false;
+  if (pos < bytes.size()) {
+    if (get64() != kLayoutMagic)
+      throw InvalidArgument(
+          fmt::format("checkpoint: compressor state has {} bytes after its last tensor's that are not a bucket layout",
+                      bytes.size() - pos + 8));
+    rebuilt = get64() == 1;
+    const uint64_t count = get64();
+    if (count != core_->params.size() || count > (bytes.size() - pos) / 8)
+      throw InvalidArgument(fmt::format("checkpoint: its bucket layout holds {} parameters, this run has {}", count,
+                                        core_->params.size()));
+    std::vector<char> seen(core_->params.size(), 0);
+    for (uint64_t k = 0; k < count; ++k) {
+      const uint64_t i = get64();
+      if (i >= count || seen[i])
+        throw InvalidArgument(fmt::format("checkpoint: its bucket layout names parameter {} twice or out of range", i));
+      seen[i] = 1;
+      order.push_back(int(i));
+    }
+    if (pos != bytes.size())
+      throw InvalidArgument(
+          fmt::format("checkpoint: compressor state has {} bytes after its bucket layout", bytes.size() - pos));
+  }
+#ifdef CONDUIT_WITH_COMPRESS
+  core_->states = std::move(loaded);  // all or nothing
+#endif
+  std::lock_guard<std::mutex> lk(core_->mu);
+  if (rebuilt && core_->record_order && core_->opt.rebuild_buckets) {
+    core_->build_buckets(order);
+    core_->record_order = false;
+  }
 }
 
 }  // namespace conduit::train

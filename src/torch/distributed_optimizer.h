@@ -229,7 +229,8 @@ class DistributedOptimizer {
   const StepStats& last_stats() const { return last_; }
   const StepStats& total_stats() const { return total_; }
   void add_to_totals(const StepStats& s);  // restores counters from a checkpoint
-  // Parameter indices (registration order of model->parameters()) of every bucket, in communication order.
+  // Indices into trainable_parameters(model) (registration order, without frozen parameters and second names of tied
+  // ones) of every bucket's parameters, in communication order.
   std::vector<std::vector<int>> bucket_layout() const;
   std::string compressor_name() const;
   // Elements the optimizer steps on this rank: every trainable one, or with ZeRO this rank's slices.

@@ -1671,7 +1671,8 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     res.parameter_bytes_held = dopt->parameter_bytes_held();
   }
   auto whole = wo.keep_params ? whole_model() : nullptr;
-  for (auto& p : model->parameters()) res.param_numel.push_back(size_t(p.numel()));
+  // (of the parameters bucket_layout() indexes: a frozen or tied one offset every index after it)
+  for (auto& [name, p] : trainable_parameters(*model)) res.param_numel.push_back(size_t(p.numel()));
   if (wo.keep_params) {
     for (auto& p : model->parameters()) {
       auto f = p.detach().contiguous().view(-1);

@@ -27,7 +27,7 @@ struct TrainResult {
   std::vector<float> params;    // every parameter, flattened in registration order (when keep_params)
   std::vector<float> buffers;   // every floating-point buffer (BatchNorm statistics), likewise
   std::vector<std::vector<int>> buckets;  // parameter indices of each gradient bucket, in communication order
-  std::vector<size_t> param_numel;        // elements of each parameter (registration order)
+  std::vector<size_t> param_numel;        // elements of each trainable parameter (what buckets index)
 };
 
 struct WorkerOptions {

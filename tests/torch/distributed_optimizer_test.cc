@@ -334,9 +334,10 @@ TEST(DistributedOptimizer, DenseMomentumWhereNothingReadsItIsRefused) {
 }
 
 // A module with everything broadcast_module coalesces: two float parameters over the 64 MiB chunk together, one
-// tied (registered twice), a double one, a frozen one, and float and int64 buffers.
+// tied (registered twice), a double one, a frozen one, and float, int64, bool, half, bf16 and int16 buffers (the last
+// four were refused: such a model could not be wrapped on two ranks).
 struct MixedModule : torch::nn::Module {
-  torch::Tensor big1, big2, tied, dbl, frozen, stat, count;
+  torch::Tensor big1, big2, tied, dbl, frozen, stat, count, mask, half, brain, shorts;
   explicit MixedModule(float v) {
     big1 = register_parameter("big1", torch::full({int64_t(9) << 20}, v));  // 36 MiB each
     big2 = register_parameter("big2", torch::full({int64_t(9) << 20}, v + 1));
@@ -346,10 +347,18 @@ struct MixedModule : torch::nn::Module {
     frozen = register_parameter("frozen", torch::full({4}, v + 4), /*requires_grad=*/false);
     stat = register_buffer("stat", torch::full({6}, v + 5));
     count = register_buffer("count", torch::full({2}, int64_t(v) + 6, torch::kLong));
+    mask = register_buffer("mask", torch::full({3}, v < 20, torch::kBool));
+    half = register_buffer("half", torch::full({3}, v + 7, torch::kHalf));
+    brain = register_buffer("brain", torch::full({3}, v + 8, torch::kBFloat16));
+    shorts = register_buffer("shorts", torch::full({3}, int64_t(v) + 9, torch::kShort));
   }
   std::vector<double> firsts() const {
     return {big1[0].item<double>(), big1[-1].item<double>(),  big2[-1].item<double>(), tied[2][4].item<double>(),
             dbl[6].item<double>(),  frozen[3].item<double>(), stat[5].item<double>(),  count[1].item<double>()};
+  }
+  // The buffers of other types: mask, half, bf16, int16.
+  std::vector<double> others() const {
+    return {mask[2].item<double>(), half[2].item<double>(), brain[2].item<double>(), shorts[2].item<double>()};
   }
 };
 
@@ -358,15 +367,18 @@ struct MixedModule : torch::nn::Module {
 TEST(BroadcastModule, EveryParameterAndBufferArrivesCoalesced) {
   for (Broadcast mode : {Broadcast::kAllParameters, Broadcast::kFrozenParameters, Broadcast::kNoParameters}) {
     auto comms = coll::Communicator::inproc(2);
-    std::vector<std::vector<double>> got(2);
+    std::vector<std::vector<double>> got(2), others(2);
     std::vector<std::thread> ts;
     for (int r = 0; r < 2; ++r)
       ts.emplace_back([&, r] {
         MixedModule m(r == 0 ? 10.0f : 50.0f);
         broadcast_module(m, *comms[size_t(r)], mode);
         got[size_t(r)] = m.firsts();
+        others[size_t(r)] = m.others();
       });
     for (auto& t : ts) t.join();
+    EXPECT_EQ(others[0], (std::vector<double>{1, 17, 18, 19}));
+    EXPECT_EQ(others[1], others[0]) << int(mode);  // (buffers go in every mode)
     EXPECT_EQ(got[0], (std::vector<double>{10, 10, 11, 12, 13, 14, 15, 16}));
     const std::vector<double> want = mode == Broadcast::kAllParameters ? got[0]
                                      : mode == Broadcast::kFrozenParameters

@@ -933,6 +933,9 @@ TEST(Train, BucketsFollowGradientReadyOrderWithASmallFirstBucket) {
   EXPECT_TRUE(first.count(6) && first.count(7));
   EXPECT_EQ(r[0].buckets[1].front(), 4);
   EXPECT_EQ(r[0].buckets, r[1].buckets);
+  // Rebuilt in the order the gradients came, the convolutions' weights before their biases: reverse registration order
+  // (4 3 2 1 0), which passed every check above, is what a layout that was never rebuilt keeps.
+  EXPECT_EQ(r[0].buckets[1], (std::vector<int>{4, 2, 3, 0, 1}));
 }
 
 std::vector<std::string> resume_compressors() {
@@ -969,6 +972,31 @@ TEST(Train, CheckpointResumeContinuesBitForBit) {
     EXPECT_EQ(r[0].bytes_sent, straight[0].bytes_sent) << comp;
     fs::remove_all(dir);
   }
+}
+
+// The buckets rebuilt from the first step's gradient order go with the checkpoint: a resumed run started on reverse
+// registration order and rebuilt after its first step, and with 3 ranks that step's ring chunks (the cnn's conv2
+// weight moved ahead of its bias) summed in another order: not bit for bit.
+TEST(Train, AResumeKeepsTheRebuiltBucketLayoutWithThreeRanks) {
+  auto dir = temp_dir("layout");
+  TrainConfig c = tiny("cnn");
+  c.first_bucket_mb = 0.01;
+  c.bucket_cap_mb = 0.5;
+  c.lr_schedule = "constant";
+  c.max_steps = 4;
+  c.output = (dir / "straight").string();
+  auto straight = train_inproc(c, 3, true);
+  TrainConfig part = c;
+  part.max_steps = 2;
+  part.checkpoint_every = 2;
+  part.output = (dir / "part").string();
+  train_inproc(part, 3, true);
+  TrainConfig rest = c;
+  rest.resume = (dir / "part" / "checkpoint").string();
+  rest.output = (dir / "rest").string();
+  auto r = train_inproc(rest, 3, true);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(r[k].params, straight[k].params) << "rank " << k;
+  fs::remove_all(dir);
 }
 
 // The warm-up's length in steps is rounded (0.29 of 24 steps: 7) and recorded in the checkpoint; a resume keeps the
