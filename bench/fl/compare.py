@@ -47,6 +47,49 @@ def mean_sd(xs):
     return m, sd
 
 
+def run_one(a, i, seed):
+    """One run of row i with `seed` (or its --reuse): its summary (with the last 5 rounds' mean accuracy), and the
+    clients aggregated and sampled over its rounds."""
+    name, flags = CONFIGS[i]
+    out = os.path.join(a.out, f"{i}-seed{seed}")
+    cmd = [a.conduit, "fl", "--rounds", str(a.rounds), "--progress", "false", "--seed", str(seed), "--output",
+           out] + flags
+    settings = " ".join(cmd[2:])  # (the binary may move between a run and its --reuse)
+    if a.reuse:
+        try:
+            with open(os.path.join(out, "command.txt")) as f:
+                ran = f.read().strip()
+        except OSError:
+            sys.exit(f"fl compare: --reuse: '{out}' holds no run of '{name}' (seed {seed}); allowed: the --out "
+                     "of an earlier run of this script with these rows, rounds and seeds")
+        if ran != settings:
+            sys.exit(f"fl compare: --reuse: '{out}' ran 'fl {ran}', not 'fl {settings}'")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        print("+", " ".join(cmd), file=sys.stderr, flush=True)
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=a.timeout)
+        except subprocess.TimeoutExpired:  # (a hang outside the run's own deadlines waited forever)
+            sys.exit(f"fl compare: '{name}' (seed {seed}) ran past --timeout {a.timeout} s")
+        if r.returncode != 0:
+            sys.exit(f"fl compare: '{name}' (seed {seed}) failed ({r.returncode}):\n{r.stdout[-2000:]}")
+        with open(os.path.join(out, "command.txt"), "w") as f:
+            f.write(settings + "\n")
+    with open(os.path.join(out, "summary.json")) as f:
+        s = json.load(f)
+    agg = sampled = 0
+    accs = []
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            agg += m["aggregated"]
+            sampled += m["sampled"]
+            if m["test_accuracy"] is not None:
+                accs.append(m["test_accuracy"])
+    s["last5"] = sum(accs[-5:]) / len(accs[-5:]) if accs else float("nan")
+    return s, agg, sampled
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--conduit", default="build/bin/conduit")
@@ -56,6 +99,7 @@ def main():
     ap.add_argument("--seeds", default="42", help="','-separated seeds (each row runs once per seed)")
     ap.add_argument("--baseline", default=CONFIGS[0][0], help="the row the others are compared with")
     ap.add_argument("--reuse", action="store_true", help="take the runs already in --out instead of running them")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds a run may take before it is stopped")
     a = ap.parse_args()
     try:
         seeds = [int(s) for s in a.seeds.split(",")]
@@ -68,49 +112,16 @@ def main():
     unknown = [s for s in only + [a.baseline] if s not in names]
     if unknown:
         sys.exit(f"fl compare: --only/--baseline: unknown row(s) {unknown}; allowed: {names}")
-    rows = []
     order = [names.index(a.baseline)] + [i for i in range(len(CONFIGS)) if names[i] != a.baseline]
-    for i in order:
-        name, flags = CONFIGS[i]
-        if only and name != a.baseline and name not in only:
-            continue
-        runs = []
-        for seed in seeds:
-            out = os.path.join(a.out, f"{i}-seed{seed}")
-            cmd = [a.conduit, "fl", "--rounds", str(a.rounds), "--progress", "false", "--seed", str(seed), "--output",
-                   out] + flags
-            settings = " ".join(cmd[2:])  # (the binary may move between a run and its --reuse)
-            if a.reuse:
-                try:
-                    with open(os.path.join(out, "command.txt")) as f:
-                        ran = f.read().strip()
-                except OSError:
-                    sys.exit(f"fl compare: --reuse: '{out}' holds no run of '{name}' (seed {seed}); allowed: the --out "
-                             "of an earlier run of this script with these rows, rounds and seeds")
-                if ran != settings:
-                    sys.exit(f"fl compare: --reuse: '{out}' ran 'fl {ran}', not 'fl {settings}'")
-            else:
-                shutil.rmtree(out, ignore_errors=True)
-                print("+", " ".join(cmd), file=sys.stderr, flush=True)
-                r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                if r.returncode != 0:
-                    sys.exit(f"fl compare: '{name}' (seed {seed}) failed ({r.returncode}):\n{r.stdout[-2000:]}")
-                with open(os.path.join(out, "command.txt"), "w") as f:
-                    f.write(settings + "\n")
-            with open(os.path.join(out, "summary.json")) as f:
-                s = json.load(f)
-            agg = sampled = 0
-            accs = []
-            with open(os.path.join(out, "metrics.jsonl")) as f:
-                for line in f:
-                    m = json.loads(line)
-                    agg += m["aggregated"]
-                    sampled += m["sampled"]
-                    if m["test_accuracy"] is not None:
-                        accs.append(m["test_accuracy"])
-            s["last5"] = sum(accs[-5:]) / len(accs[-5:]) if accs else float("nan")
-            runs.append((s, agg, sampled))
-        rows.append((name, runs))
+    order = [i for i in order if not only or names[i] == a.baseline or names[i] in only]
+    # Seed by seed, the rows in the table's order for the first seed and reversed for the next, and so on: the
+    # baseline, every ratio's reference, always ran first (and every seed of a row one after another) on a machine
+    # whose speed drifts.
+    results = {}
+    for k, seed in enumerate(seeds):
+        for i in (order if k % 2 == 0 else order[::-1]):
+            results[(i, seed)] = run_one(a, i, seed)
+    rows = [(CONFIGS[i][0], [results[(i, seed)] for seed in seeds]) for i in order]
     if len(seeds) > 1:
         print_seeds_table(a.rounds, seeds, rows)
         return

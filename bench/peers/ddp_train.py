@@ -30,6 +30,7 @@ import gzip
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -405,6 +406,12 @@ def main(argv):
     cpus = cores_first(sorted(os.sched_getaffinity(0))) if a.bind != "none" else []
     bind = a.bind == "core" or (a.bind == "auto" and a.nprocs > 1 and
                                 (a.nprocs <= len(cpus) or a.nprocs % len(cpus) == 0))
+    # A SIGTERM (a script's timeout) stops the ranks as Ctrl-C does: by default it ended this process alone and left
+    # them running, loading the cores later runs measured on.
+    def stop(signum, frame):
+        raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGTERM, stop)
     procs = [subprocess.Popen([sys.executable, __file__] + argv, env=dict(env, RANK=str(r)),
                               preexec_fn=(lambda c=cpus[r % len(cpus)]: os.sched_setaffinity(0, {c})) if bind else None)
              for r in range(a.nprocs)]

@@ -34,15 +34,21 @@ MODELS = {
 BATCH = 64  # conduit train's default per-worker batch
 
 
+RUN_TIMEOUT_S = 3600  # a run's limit
+
+
 def run(cmd, out=None, err=None):
     """Runs cmd (stdout to the file `out` if given) and returns its stdout; its stderr is appended to the list
     `err` if given, else dropped."""
     print("+", " ".join(cmd) + (f" > {out}" if out else ""), flush=True)
-    if out:
-        with open(out, "w") as f:
-            r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True)
-    else:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # (a hang outside the run's own deadlines waited forever; conduit stops its workers on the SIGTERM)
+        if out:
+            with open(out, "w") as f:
+                r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, timeout=RUN_TIMEOUT_S)
+        else:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"validate_train.py: `{' '.join(cmd)}` ran past {RUN_TIMEOUT_S} s; stopped")
     if r.returncode != 0:
         sys.exit(f"validate_train.py: `{' '.join(cmd)}` failed (exit {r.returncode}): {r.stderr.strip()[-400:]}")
     if err is not None:

@@ -38,10 +38,12 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--schemes", default=",".join(s for s, _ in SCHEMES), help="comma-separated subset")
     ap.add_argument("--transport", default="auto")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds a run may take before it is stopped")
     ap.add_argument("--warmup-epochs", default="0", help="learning-rate warm-up, the same for every scheme")
     ap.add_argument("--seeds", default="42",
-                    help="comma-separated seeds; each runs every scheme (bsp first), and the summary gives each "
-                         "scheme's time to target against bsp's of the same seed")
+                    help="comma-separated seeds; each runs every scheme (in the table's order for the first seed, "
+                         "reversed for the next, and so on), and the summary gives each scheme's time to target "
+                         "against bsp's of the same seed")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                     help="an extra row: NAME=conduit train flags (e.g. 'asp lr0.5=--sync ps-asp:lr=0.5'); "
                          "repeatable, run after the --schemes rows")
@@ -64,8 +66,8 @@ def main():
     # failed or missed the target, is named as such (a failed run read as "not reached", and a seed without a bsp
     # time dropped from the row without a mark)
     ratios = {}
-    for seed in seeds:
-        rows = run_seed(a, wanted, seed, len(seeds) > 1)
+    for index, seed in enumerate(seeds):
+        rows = run_seed(a, wanted, seed, len(seeds) > 1, index)
         base = dict(rows).get("bsp")
         print_table(a, rows, base, seed)
         bsp_t = base.get("time_to_target_s") if base and "failed" not in base else None
@@ -88,11 +90,13 @@ def main():
             print(f"| {name} | {per} | {med} | {sum(r < 1 for r in nums)} of {len(nums)} |")
 
 
-def run_seed(a, wanted, seed, tag):
-    rows = []
-    for name, flags in SCHEMES:
-        if name not in wanted:
-            continue
+def run_seed(a, wanted, seed, tag, index):
+    """Every wanted scheme once with `seed`, in the table's order for the first seed and reversed for the next, and so
+    on (on a machine whose speed drifts, bsp, every ratio's reference, always ran first); rows in the table's order."""
+    chosen = [(name, flags) for name, flags in SCHEMES if name in wanted]
+    order = chosen if index % 2 == 0 else chosen[::-1]
+    results = {}
+    for name, flags in order:
         out = os.path.join(a.out, "".join(c if c.isalnum() or c in "-_." else "_" for c in name) +
                            (f"_seed{seed}" if tag else ""))
         cmd = [a.conduit, "train", "--model", "cnn", "--workers", str(a.workers), "--epochs", str(a.epochs),
@@ -101,17 +105,20 @@ def run_seed(a, wanted, seed, tag):
                "--progress", "false", "--output", out] + flags
         print("+", " ".join(cmd), flush=True)
         shutil.rmtree(out, ignore_errors=True)  # a re-run's; train refuses a folder with a checkpoint
-        r = subprocess.run(cmd)
-        if r.returncode != 0:  # e.g. a diverged run: a row that never reached the target, not the end of the table
-            print(f"straggler.py: {name} (seed {seed}) failed with exit code {r.returncode}", file=sys.stderr)
+        try:
+            code = subprocess.run(cmd, timeout=a.timeout).returncode
+        except subprocess.TimeoutExpired:  # (a hang outside the collectives' deadlines waited forever)
+            print(f"straggler.py: {name} (seed {seed}) ran past --timeout {a.timeout} s; stopped", file=sys.stderr)
+            code = "timeout"
+        if code != 0:  # e.g. a diverged run: a row that never reached the target, not the end of the table
+            print(f"straggler.py: {name} (seed {seed}) failed: {code}", file=sys.stderr)
             if name == "bsp":
                 sys.exit("straggler.py: bsp is the reference of every ratio; stopping")
-            rows.append((name, {"failed": r.returncode}))
+            results[name] = {"failed": code}
             continue
         with open(os.path.join(out, "summary.json")) as f:
-            s = json.load(f)
-        rows.append((name, s))
-    return rows
+            results[name] = json.load(f)
+    return [(name, results[name]) for name, _ in chosen]
 
 
 def print_table(a, rows, base, seed):
