@@ -717,7 +717,8 @@ bool may_pass_limit(size_t bytes) { return double(bytes) + 16 > double(net::max_
 // allgatherv with blocks of different sizes) the whole vector for the halving and doubling algorithms (one of their
 // steps may carry nearly all of it: counts {N, 0, 0, 0}).
 double largest_message(Communicator& c, CollOp op, const std::string& algo, size_t bytes, bool even) {
-  if (!even && (algo == "rh" || algo == "rd")) return double(bytes);
+  // (rd off a power of two runs the ring)
+  if (!even && (algo == "rh" || (algo == "rd" && (c.size() & (c.size() - 1)) == 0))) return double(bytes);
   return c.tuner().largest_message(op, algo, double(bytes), c.size(), c.num_hosts(), c.hosts_uniform_multi());
 }
 

@@ -418,8 +418,11 @@ class ShmTransport : public Transport, public Progressor {
     bool moving = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      for (const auto& p : peers_)
-        moving = moving || (p.serve && (!p.being_read.empty() || (!p.sendq.empty() && p.sendq.front().sent > 0)));
+      for (auto& p : peers_) {
+        if (!p.serve) continue;
+        if (!p.being_read.empty()) sends_read(p);  // (reads a peer finished, which no wait here has seen yet)
+        moving = moving || !p.being_read.empty() || (!p.sendq.empty() && p.sendq.front().sent > 0);
+      }
     }
     if (moving && aborted_reason().empty()) abort("its shm transport was destroyed while sending");
     {

@@ -1423,6 +1423,18 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
             c.zero >= 3 ? ", or zero_stage 0, 1 or 2" : ", or no units (the allgather after step() then blocks)"));
     return units;
   };
+  // ZeRO's int8 reduce-scatter over several hosts: its groups, made before the model is re-seated on its slices
+  // (collective: two splits over several hosts, which every rank sees alike; made after, a failure of theirs left the
+  // model of a failed constructor without its parameters' storage at stage 3).
+  bool int_groups_made = false;
+  auto make_int_groups = [&] {
+    if (int_groups_made) return;
+    int_groups_made = true;
+#ifdef CONDUIT_WITH_COMPRESS
+    if (c.zero_wire == DType::i8 && options.zero_int_hierarchy)
+      c.int_groups = compress::int_reduce_groups(c.slice_comm());
+#endif
+  };
   if (c.zero >= 3) {
     const auto units = check_units();
     c.build_unit_buckets(units);
@@ -1452,6 +1464,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
       }
     }
     c.opt.rebuild_buckets = false;
+    make_int_groups();
     optimizer_->param_groups()[0].params() = c.seat_zero(c.slice_comm().rank(), c.slice_comm().size());
   } else {
     // Reverse registration order approximates the order backward produces gradients.
@@ -1473,6 +1486,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
         c.shard_comm = comm_->split(me / shard, me);
         c.replica_comm = comm_->split(me % shard, me);
       }
+      make_int_groups();
       optimizer_->param_groups()[0].params() = c.seat_zero(c.slice_comm().rank(), c.slice_comm().size());
     }
     broadcast_initial_state();
@@ -1482,11 +1496,7 @@ DistributedOptimizer::DistributedOptimizer(std::shared_ptr<torch::nn::Module> mo
       c.gather_comm = comm_->split(shard > 1 ? me / shard : 0, me);
     }
   }
-#ifdef CONDUIT_WITH_COMPRESS
-  // (collective: two splits over several hosts, which every rank sees alike)
-  if (c.zero_wire == DType::i8 && options.zero_int_hierarchy)
-    c.int_groups = compress::int_reduce_groups(c.slice_comm());
-#endif
+  make_int_groups();  // (where no stage above made them)
   std::weak_ptr<Core> weak = core_;
   for (size_t i = 0; i < c.params.size(); ++i) {
     c.params[i].register_hook([weak, i](torch::Tensor grad) {
@@ -2102,7 +2112,7 @@ std::vector<uint8_t> DistributedOptimizer::save_compressor_state() const {
   // ring chunks summed that step in another order: not bit for bit).
   std::lock_guard<std::mutex> lk(core_->mu);
   put64(kLayoutMagic);
-  put64(core_->record_order ? 0 : 1);
+  put64(!core_->record_order && core_->opt.rebuild_buckets ? 1 : 0);  // (1: rebuilt from the gradients' order)
   size_t count = 0;
   for (const auto& bk : core_->buckets) count += bk.params.size();
   put64(count);

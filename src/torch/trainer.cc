@@ -990,15 +990,19 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   // The warm-up's steps run at lr (k+1)/warmup, its last at the full lr: under two steps it is none at all. Its length
   // in steps is rounded to the nearest (truncated, 0.29 of 100 steps was 28, and the least length the error below
   // names, 0.2857 of 7 steps, was refused as one step).
-  // A resume that keeps the checkpoint's warm-up (the same warmup_epochs, batch size and world) keeps its length in
+  // A resume that keeps the checkpoint's warm-up (the same warmup_epochs and steps an epoch) keeps its length in
   // steps as the checkpoint recorded it: a checkpoint of before the rounding (2026-12-06) has none, and ran with the
   // truncated length, which the schedule's remaining steps depend on.
   const int64_t warmup = [&]() -> int64_t {
     const int64_t rounded = std::llround(c.warmup_epochs * double(spe));
     if (c.resume.empty() || !meta.contains("warmup_epochs") || !meta["warmup_epochs"].is_number() ||
-        meta["warmup_epochs"].get<double>() != c.warmup_epochs ||
-        meta.value("batch_size", int64_t{-1}) != c.batch_size || meta.value("world", -1) != comm_ptr->size())
+        meta["warmup_epochs"].get<double>() != c.warmup_epochs)
       return rounded;
+    // The same steps an epoch (recorded since 2026-12-06; before, the batch size: the data could change only at an
+    // epoch's end, and rarely did).
+    const bool same_epochs = meta.contains("steps_per_epoch") ? meta.value("steps_per_epoch", int64_t{-1}) == spe
+                                                              : meta.value("batch_size", int64_t{-1}) == c.batch_size;
+    if (!same_epochs) return rounded;
     if (!meta.contains("warmup_steps")) return int64_t(c.warmup_epochs * double(spe));
     if (!meta["warmup_steps"].is_number_integer() || meta["warmup_steps"].get<int64_t>() < 0)
       throw ConfigError(fmt::format("checkpoint: '{}' has warmup_steps {}; allowed: a whole number of steps, 0 or more",
@@ -1368,6 +1372,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                                     {"lr_schedule", c.lr_schedule},
                                     {"warmup_epochs", c.warmup_epochs},
                                     {"warmup_steps", warmup},  // (as this run rounded it: a resume keeps it)
+                                    {"steps_per_epoch", spe},
                                     {"epochs", c.epochs},
                                     {"test_limit", c.test_limit},
                                     {"data_dir", c.data_dir},
