@@ -285,17 +285,7 @@ TEST(TrainSync, AResumedAdpsgdRunCountsEveryReply) {
   TrainConfig c = tiny_sync("adpsgd");
   c.max_steps = 14;
   c.slow = "0:4,2:4";  // the initiating ranks: their last requests come after the answering ranks' last step
-  c.output = (dir / "straight").string();
-  auto straight = train_inproc(c, 4, true);
-  TrainConfig part = c;
-  part.max_steps = 6;
-  part.checkpoint_every = 6;
-  part.output = (dir / "part").string();
-  train_inproc(part, 4, true);
-  TrainConfig rest = c;
-  rest.resume = (dir / "part" / "checkpoint").string();
-  rest.output = (dir / "rest").string();
-  auto r = train_inproc(rest, 4, true);
+  const auto [straight, r] = straight_and_resumed(c, 4, 6, dir);
   for (size_t k = 0; k < 4; ++k) {
     EXPECT_EQ(r[k].bytes_sent, straight[k].bytes_sent) << "rank " << k;
     EXPECT_EQ(r[k].bytes_recv, straight[k].bytes_recv) << "rank " << k;

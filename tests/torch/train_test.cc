@@ -984,17 +984,7 @@ TEST(Train, AResumeKeepsTheRebuiltBucketLayoutWithThreeRanks) {
   c.bucket_cap_mb = 0.5;
   c.lr_schedule = "constant";
   c.max_steps = 4;
-  c.output = (dir / "straight").string();
-  auto straight = train_inproc(c, 3, true);
-  TrainConfig part = c;
-  part.max_steps = 2;
-  part.checkpoint_every = 2;
-  part.output = (dir / "part").string();
-  train_inproc(part, 3, true);
-  TrainConfig rest = c;
-  rest.resume = (dir / "part" / "checkpoint").string();
-  rest.output = (dir / "rest").string();
-  auto r = train_inproc(rest, 3, true);
+  const auto [straight, r] = straight_and_resumed(c, 3, 2, dir);
   for (size_t k = 0; k < 3; ++k) EXPECT_EQ(r[k].params, straight[k].params) << "rank " << k;
   fs::remove_all(dir);
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "coll/communicator.h"
@@ -70,6 +71,24 @@ inline std::vector<TrainResult> train_inproc(const TrainConfig& c, int world, bo
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);
   return res;
+}
+
+// Runs `c` on `world` ranks straight (into dir/straight), then stopped at step `stop_at` with a checkpoint there
+// (dir/part) and resumed from it to c's end (dir/rest): the straight run's and the resumed run's results.
+inline std::pair<std::vector<TrainResult>, std::vector<TrainResult>> straight_and_resumed(
+    const TrainConfig& c, int world, int64_t stop_at, const std::filesystem::path& dir) {
+  TrainConfig straight = c;
+  straight.output = (dir / "straight").string();
+  auto whole = train_inproc(straight, world, true);
+  TrainConfig part = c;
+  part.max_steps = stop_at;
+  part.checkpoint_every = stop_at;
+  part.output = (dir / "part").string();
+  train_inproc(part, world, true);
+  TrainConfig rest = c;
+  rest.resume = (dir / "part" / "checkpoint").string();
+  rest.output = (dir / "rest").string();
+  return {whole, train_inproc(rest, world, true)};
 }
 
 inline TrainConfig tiny(const std::string& model) {
