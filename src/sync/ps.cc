@@ -193,7 +193,10 @@ class Shard {
     clocks_[w] = static_cast<int64_t>(h.clock);
     stats_.pushes++;
     if (per_clock()) {
-      for (size_t i = 0; i < d; ++i) agg_[i] += grad_[i];
+      // Held per worker and summed in worker order when the clock is complete (summed as they arrived, 3 or more
+      // workers' runs were not bit-identical: float addition is not associative).
+      if (clock_grads_.empty()) clock_grads_.assign(size_t(workers_), {});
+      clock_grads_[size_t(w)].assign(grad_.begin(), grad_.begin() + ptrdiff_t(d));
       bsp_count_++;
       bsp_clock_ = static_cast<int64_t>(h.clock);
       bsp_ratio_ = ratio;  // the same clock on every worker: the same schedule
@@ -335,6 +338,7 @@ class Shard {
     vsum_ = r.floats(n, "sum of the workers' momenta", !dana());
     if (!dana()) vsum_.clear();
     agg_.assign(params_.size(), 0.f);
+    for (auto& g : clock_grads_) g.clear();
     bsp_count_ = 0;
     initialized_ = true;
     cv_.notify_all();
@@ -482,6 +486,11 @@ class Shard {
     int active = 0;
     for (int w = 0; w < workers_; ++w) active += !stopped_[w];
     if (bsp_count_ == 0 || bsp_count_ < active) return;
+    for (auto& g : clock_grads_) {
+      if (g.empty()) continue;
+      for (size_t i = 0; i < g.size(); ++i) agg_[i] += g[i];
+      g.clear();  // (keeps its capacity for the next clock)
+    }
     apply(agg_, 1.0f / bsp_count_, bsp_ratio_);
     std::fill(agg_.begin(), agg_.end(), 0.f);
     bsp_count_ = 0;
@@ -531,6 +540,7 @@ class Shard {
   bool initialized_ = false, shutdown_ = false;
   std::string why_;  // why it shut down, when an error did it
   std::vector<float> params_, initial_, momentum_, agg_, grad_, mean_sq_;
+  std::vector<std::vector<float>> clock_grads_;  // per_clock(): each worker's gradient of the clock being gathered
   std::vector<float> vsum_, lookahead_;  // dana: sum of the workers' momenta; the last look-ahead built
   int initial_pulls_ = 0;
   std::vector<int64_t> clocks_;

@@ -98,6 +98,19 @@ TEST(TrainSync, ParameterServersInBspModeEqualBsp) {
   EXPECT_GT(r[0].bytes_recv, 8 * uint64_t(r[0].grad_bytes / 8));
 }
 
+// A clock's pushes are summed in worker order, not as they arrive: runs of 4 workers are bit-identical (float addition
+// is not associative: with 3 or more workers each run's model differed), with a straggler reordering arrivals.
+TEST(TrainSync, ParameterServersInBspModeRepeatBitForBitWithFourWorkers) {
+  TrainConfig c = tiny_sync("ps-bsp");
+  c.max_steps = 8;
+  auto first = train_inproc(c, 4);
+  c.slow = "0:3";  // (rank 0's pushes come last now; the sums must not notice)
+  for (int run = 0; run < 2; ++run) {
+    auto again = train_inproc(c, 4);
+    for (size_t k = 0; k < 4; ++k) EXPECT_EQ(again[k].params, first[k].params) << "run " << run << " rank " << k;
+  }
+}
+
 TEST(TrainSync, LearningRateScheduleReachesTheServers) {
   // With a cosine schedule the servers' steps shrink with the trainer's: ps-bsp with momentum 0 equals bsp (SGD
   // without momentum scales the step and the gradient alike).
