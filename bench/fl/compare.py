@@ -7,7 +7,7 @@ or two on a non-IID split), wall time, modelled round time on the client links, 
 each as a ratio to the baseline row of the same command (by default the first: FedAvg on the same non-IID partition
 without secure aggregation).
 
-  /usr/bin/python3 bench/fl/compare.py [--conduit build/bin/conduit] [--out runs/fl-compare] [--rounds 20]
+  /usr/bin/python3 bench/fl/compare.py [--conduit build/bin/conduit] [--out runs/fl-compare] [--rounds 20] [--timeout 3600]
                                        [--only 'NAME;NAME'] [--seeds 42,43,44] [--baseline NAME] [--reuse]
 
 With several seeds (each changes the partition, the sampling and the initial weights), every row runs once per seed
@@ -23,6 +23,9 @@ import os
 import shutil
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from peer_procs import run_with_deadline, timeout_arg  # noqa: E402
 
 CONFIGS = [
     ("fedavg, dirichlet:0.5", ["--secagg", "false"]),
@@ -68,7 +71,7 @@ def run_one(a, i, seed):
         shutil.rmtree(out, ignore_errors=True)
         print("+", " ".join(cmd), file=sys.stderr, flush=True)
         try:
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=a.timeout)
+            r = run_with_deadline(cmd, a.timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         except subprocess.TimeoutExpired:  # (a hang outside the run's own deadlines waited forever)
             sys.exit(f"fl compare: '{name}' (seed {seed}) ran past --timeout {a.timeout} s")
         if r.returncode != 0:
@@ -99,7 +102,8 @@ def main():
     ap.add_argument("--seeds", default="42", help="','-separated seeds (each row runs once per seed)")
     ap.add_argument("--baseline", default=CONFIGS[0][0], help="the row the others are compared with")
     ap.add_argument("--reuse", action="store_true", help="take the runs already in --out instead of running them")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds a run may take before it is stopped")
+    ap.add_argument("--timeout", type=timeout_arg, default=3600,
+                    help="seconds a run may take before it is stopped (SIGTERM, then SIGKILL 30 s later)")
     a = ap.parse_args()
     try:
         seeds = [int(s) for s in a.seeds.split(",")]

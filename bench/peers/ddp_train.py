@@ -406,16 +406,30 @@ def main(argv):
     cpus = cores_first(sorted(os.sched_getaffinity(0))) if a.bind != "none" else []
     bind = a.bind == "core" or (a.bind == "auto" and a.nprocs > 1 and
                                 (a.nprocs <= len(cpus) or a.nprocs % len(cpus) == 0))
-    # A SIGTERM (a script's timeout) stops the ranks as Ctrl-C does: by default it ended this process alone and left
-    # them running, loading the cores later runs measured on.
+    # A SIGTERM (a script's deadline) stops the ranks as Ctrl-C does, and the run ends with 143: by default it ended
+    # this process alone and left them running, loading the cores later runs measured on.
+    terminated = []
+
     def stop(signum, frame):
+        terminated.append(signum)
         raise KeyboardInterrupt()
 
     signal.signal(signal.SIGTERM, stop)
-    procs = [subprocess.Popen([sys.executable, __file__] + argv, env=dict(env, RANK=str(r)),
-                              preexec_fn=(lambda c=cpus[r % len(cpus)]: os.sched_setaffinity(0, {c})) if bind else None)
-             for r in range(a.nprocs)]
-    return wait_ranks(procs)
+    procs = []
+    try:
+        for r in range(a.nprocs):
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__] + argv, env=dict(env, RANK=str(r)),
+                preexec_fn=(lambda c=cpus[r % len(cpus)]: os.sched_setaffinity(0, {c})) if bind else None))
+        code = wait_ranks(procs)
+    except KeyboardInterrupt:  # (while the ranks were starting: those started go)
+        code = 130
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait()
+    return 128 + signal.SIGTERM if terminated else code
 
 
 if __name__ == "__main__":

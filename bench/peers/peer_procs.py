@@ -1,6 +1,35 @@
-"""What the peers' launchers share: the CPU order their ranks are bound in (as Conduit's launcher orders CPUs) and
-the wait for their ranks."""
+"""What the peers' launchers and the benchmark scripts share: the CPU order their ranks are bound in (as Conduit's
+launcher orders CPUs), the wait for their ranks, and a run with a deadline."""
+import math
+import signal
+import subprocess
 import time
+
+
+def timeout_arg(text):
+    """argparse type of a --timeout: seconds, finite and above 0."""
+    v = float(text)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(text)
+    return v
+
+
+def run_with_deadline(cmd, timeout, **popen_kwargs):
+    """subprocess.run(cmd, timeout=...) that stops a run past its deadline with SIGTERM first (Conduit's launcher then
+    stops its workers and removes their shared memory; run()'s SIGKILL skipped that), SIGKILL 30 s later. Returns the
+    CompletedProcess; raises subprocess.TimeoutExpired once the run is stopped."""
+    with subprocess.Popen(cmd, **popen_kwargs) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+            raise
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def cores_first(cpus):
@@ -40,9 +69,15 @@ def wait_ranks(procs):
             time.sleep(0.1)
     except KeyboardInterrupt:
         code = 130
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    codes = [p.wait() for p in procs]
+    # (a second Ctrl-C or SIGTERM during the clean-up escaped with a traceback and left ranks unreaped)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        codes = [p.wait() for p in procs]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
     code = code or next((c for c in codes if c != 0), 0)
     return code if code >= 0 else 128 - code

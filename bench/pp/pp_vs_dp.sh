@@ -11,9 +11,6 @@
 # activations) and the ideal bubble (p - 1) / m (interleaved: / v) of an idle-free schedule, for reference.
 #   [MODEL=vit|cnn|resnet] bash bench/pp/pp_vs_dp.sh [EPOCHS] [ROUNDS] [MICRO] [OUT_DIR]
 set -euo pipefail
-# Each run is stopped past RUN_TIMEOUT seconds (a hang outside the collectives' deadlines waited forever); in the
-# foreground, so that Ctrl-C still reaches it (the launcher and the DDP peer stop their ranks on the SIGTERM).
-RUN_TIMEOUT=${RUN_TIMEOUT:-3600}
 # (a CONDUIT given relative to the caller's directory, before the cd to the repository root)
 if [ -n "${CONDUIT:-}" ]; then CONDUIT=$(realpath "$CONDUIT"); fi
 cd "$(dirname "$0")/../.."
@@ -28,7 +25,7 @@ run() {  # pp batch micro-batches schedule recompute round
   local name="pp$1-$4-$5-r$6"
   local sched=()
   [ "$1" -gt 1 ] && sched=(--pp-schedule "$4" --recompute "$5")
-  timeout --foreground "$RUN_TIMEOUT" "$CONDUIT" train --model "$MODEL" --workers 4 --pp "$1" --batch-size "$2" --micro-batches "$3" \
+  "$CONDUIT" train --model "$MODEL" --workers 4 --pp "$1" --batch-size "$2" --micro-batches "$3" \
     "${sched[@]}" --optimizer adam --lr 0.002 --compressor none \
     --epochs "$EPOCHS" --progress false --output "$OUT/$name" > "$OUT/$name.log" 2>&1
 }

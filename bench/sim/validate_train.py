@@ -27,6 +27,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from peer_procs import run_with_deadline  # noqa: E402
+
 MODELS = {
     "cnn": "conv:1x32k3@28x28,pool:32k2@28x28,conv:32x64k3@14x14,pool:64k2@14x14,dense:3136x128,dense:128x10",
     "mlp": "dense:784x256,dense:256x128,dense:128x10",
@@ -41,12 +44,14 @@ def run(cmd, out=None, err=None):
     """Runs cmd (stdout to the file `out` if given) and returns its stdout; its stderr is appended to the list
     `err` if given, else dropped."""
     print("+", " ".join(cmd) + (f" > {out}" if out else ""), flush=True)
-    try:  # (a hang outside the run's own deadlines waited forever; conduit stops its workers on the SIGTERM)
+    # (a hang outside the run's own deadlines waited forever; past the limit conduit gets a SIGTERM, which stops its
+    # workers, and a SIGKILL 30 s later)
+    try:
         if out:
             with open(out, "w") as f:
-                r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, timeout=RUN_TIMEOUT_S)
+                r = run_with_deadline(cmd, RUN_TIMEOUT_S, stdout=f, stderr=subprocess.PIPE, text=True)
         else:
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=RUN_TIMEOUT_S)
+            r = run_with_deadline(cmd, RUN_TIMEOUT_S, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except subprocess.TimeoutExpired:
         sys.exit(f"validate_train.py: `{' '.join(cmd)}` ran past {RUN_TIMEOUT_S} s; stopped")
     if r.returncode != 0:

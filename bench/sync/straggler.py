@@ -6,7 +6,7 @@ worker 0 evaluating every --eval-every steps; prints time to the target accuracy
 bytes on the wire, each also as a ratio to bsp of the same command.
 
   /usr/bin/python3 bench/sync/straggler.py [--conduit build/bin/conduit] [--out runs/straggler] [--epochs 3]
-                                           [--schemes bsp,ps-asp] [--seeds 42,7,1]
+                                           [--schemes bsp,ps-asp] [--seeds 42,7,1] [--timeout 3600]
 
 Every scheme gets the same learning-rate warm-up (--warmup-epochs, default none).
 """
@@ -17,6 +17,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+from peer_procs import run_with_deadline, timeout_arg  # noqa: E402
 
 SCHEMES = [
     ("bsp", ["--sync", "bsp", "--compressor", "none"]),
@@ -38,7 +41,8 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--schemes", default=",".join(s for s, _ in SCHEMES), help="comma-separated subset")
     ap.add_argument("--transport", default="auto")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds a run may take before it is stopped")
+    ap.add_argument("--timeout", type=timeout_arg, default=3600,
+                    help="seconds a run may take before it is stopped (SIGTERM, then SIGKILL 30 s later)")
     ap.add_argument("--warmup-epochs", default="0", help="learning-rate warm-up, the same for every scheme")
     ap.add_argument("--seeds", default="42",
                     help="comma-separated seeds; each runs every scheme (in the table's order for the first seed, "
@@ -46,7 +50,7 @@ def main():
                          "against bsp's of the same seed")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                     help="an extra row: NAME=conduit train flags (e.g. 'asp lr0.5=--sync ps-asp:lr=0.5'); "
-                         "repeatable, run after the --schemes rows")
+                         "repeatable, listed after the --schemes rows")
     a = ap.parse_args()
     for v in a.variant:
         name, eq, flags = v.partition("=")
@@ -54,6 +58,10 @@ def main():
             sys.exit(f"straggler.py: --variant '{v}' is not NAME=FLAGS (a name, '=', then conduit train flags)")
         SCHEMES.append((name.strip(), flags.split()))
     wanted = [s.strip() for s in a.schemes.split(",")] + [v.partition("=")[0].strip() for v in a.variant]
+    names = [s for s, _ in SCHEMES]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # (rows are keyed by name: two of one name showed one run's numbers)
+        sys.exit(f"straggler.py: row name(s) {twice} given twice; allowed: a --variant name of its own")
     known = {s for s, _ in SCHEMES}
     for w in wanted:
         if w not in known:
@@ -106,15 +114,16 @@ def run_seed(a, wanted, seed, tag, index):
         print("+", " ".join(cmd), flush=True)
         shutil.rmtree(out, ignore_errors=True)  # a re-run's; train refuses a folder with a checkpoint
         try:
-            code = subprocess.run(cmd, timeout=a.timeout).returncode
+            code = run_with_deadline(cmd, a.timeout).returncode
         except subprocess.TimeoutExpired:  # (a hang outside the collectives' deadlines waited forever)
             print(f"straggler.py: {name} (seed {seed}) ran past --timeout {a.timeout} s; stopped", file=sys.stderr)
-            code = "timeout"
+            code = "timed out"
         if code != 0:  # e.g. a diverged run: a row that never reached the target, not the end of the table
             print(f"straggler.py: {name} (seed {seed}) failed: {code}", file=sys.stderr)
-            if name == "bsp":
+            results[name] = {"failed": code if isinstance(code, str) else f"exit {code}"}
+            if name == "bsp":  # (the seed's other runs, done first on every second seed, are still shown)
+                print_table(a, [(n, results[n]) for n, _ in chosen if n in results], None, seed)
                 sys.exit("straggler.py: bsp is the reference of every ratio; stopping")
-            results[name] = {"failed": code}
             continue
         with open(os.path.join(out, "summary.json")) as f:
             results[name] = json.load(f)
@@ -128,7 +137,7 @@ def print_table(a, rows, base, seed):
     print("|---|---|---|---|---|---|---|")
     for name, s in rows:
         if "failed" in s:
-            print(f"| {name} | failed (exit {s['failed']}) | - | - | - | - | - |")
+            print(f"| {name} | failed ({s['failed']}) | - | - | - | - | - |")
             continue
         tta = s.get("time_to_target_s")
         rel_t = f"{tta / base['time_to_target_s']:.2f}x" if base and tta and base.get("time_to_target_s") else "-"
