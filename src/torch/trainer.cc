@@ -715,13 +715,16 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
           fmt::format("config: resume: the checkpoint was written by {} ranks, this run has {}; "
                       "allowed: {} ranks",
                       meta.value("world", 0), comm_ptr->size(), meta.value("world", 0)));
-    if (meta.value("model", std::string()) != c.model || meta.value("compressor", std::string()) != c.compressor ||
-        meta.value("sync", std::string("bsp")) != spec.name)
-      throw ConfigError(
-          fmt::format("config: resume: the checkpoint is of model {} with compressor {} and sync {}; "
-                      "allowed: the same model, compressor and sync scheme",
-                      meta.value("model", std::string()), meta.value("compressor", std::string()),
-                      meta.value("sync", std::string("bsp"))));
+    // (the line named the checkpoint's three and not which differed, nor what this run asked for)
+    for (const auto& [field, was, now] :
+         {std::tuple<const char*, std::string, std::string>{"model", meta.value("model", std::string()), c.model},
+          {"compressor", meta.value("compressor", std::string()), c.compressor},
+          {"sync", meta.value("sync", std::string("bsp")), spec.name}})
+      if (was != now)
+        throw ConfigError(fmt::format(
+            "config: resume: the checkpoint was written with {} {}, this run has {}; allowed: {} {} (leave --{} "
+            "out to take the checkpoint's)",
+            field, was, now, field, was, field));
     // The scheme's parameters too: its saved state belongs to them (local SGD restored the checkpoint's period over
     // a new --sync-period; dpsgd's public copies would attach to another graph's neighbours).
     if (meta.contains("sync_params") && scheme_params_differ(meta["sync_params"], scheme_params(spec)))
@@ -1629,6 +1632,12 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   // the epoch-end state a resume with the same schedule continues from.
   if (dopt && checkpointed_at < 0 && global_step > start_global_step)
     save_checkpoint(int(end_epoch_pos), end_step_pos, res.test_accuracy);
+  // (said: the run reported its last step while its checkpoint held an earlier one, without a word)
+  else if (dopt && outputs && lead && checkpointed_at >= 0 && checkpointed_at < global_step)
+    fmt::print(stderr,
+               "train: note: the checkpoint holds step {} (bsp keeps its last epoch end or checkpoint_every step): "
+               "the {} step(s) after it are not in it, and a resume continues from step {}\n",
+               checkpointed_at, global_step - checkpointed_at, checkpointed_at);
   if (sopt) {
     // The state to continue from is the one before the scheme's last word (local SGD's final average, the servers'
     // stop): a resumed run goes on exactly as an uninterrupted one would have.

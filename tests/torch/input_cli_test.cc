@@ -75,6 +75,21 @@ TEST(TrainInputProcesses, ADivergedRunFailsEvenWhenOnlyItsTestLossIsNan) {
   fs::remove_all(dir);
 }
 
+// A bsp run that --max-steps stops after its last checkpoint (an epoch end) keeps that checkpoint and says which step
+// it holds (the run reported its last step, the checkpoint an earlier one, without a word).
+TEST(TrainInputProcesses, ABspRunStoppedPastItsCheckpointSaysWhichStepItHolds) {
+  const fs::path dir = temp_dir("past");
+  // 1280 samples, 2 workers, batch 32: 20 steps an epoch
+  auto r = run(kTrain + " --batch-size 32 --epochs 2 --max-steps 25 --output " + (dir / "o").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train: note: the checkpoint holds step 20 (bsp keeps its last epoch end or checkpoint_every "
+                       "step): the 5 step(s) after it are not in it, and a resume continues from step 20"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(fs::read_symlink(dir / "o" / "checkpoint"), fs::path("checkpoint-20"));
+  fs::remove_all(dir);
+}
+
 // A folder without the dataset's files names how to get them: Debian's package for Fashion-MNIST, which holds no
 // MNIST (the hint named it for both).
 TEST(TrainInputProcesses, AMissingDatasetSaysWhereItsFilesComeFrom) {
@@ -321,7 +336,11 @@ TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
   r = run("train --progress false --test-limit 64 --epochs 2 --model cnn --resume " +
           (dir / "a" / "checkpoint").string() + " --output " + (dir / "c").string());
   EXPECT_EQ(r.code, 2) << r.out;
-  EXPECT_NE(r.out.find("the checkpoint is of model mlp"), std::string::npos) << r.out;
+  EXPECT_NE(
+      r.out.find("config: resume: the checkpoint was written with model mlp, this run has cnn; allowed: model mlp "
+                 "(leave --model out to take the checkpoint's)"),
+      std::string::npos)
+      << r.out;
   fs::remove_all(dir);
 }
 
