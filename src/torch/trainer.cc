@@ -672,6 +672,25 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
 
   // Resume: the model and optimizer state first (SchemeOptimizer re-seats the parameters afterwards).
   fs::path rd(c.resume);
+  // A rank's own checkpoint files, read by `load`, and whether every rank could read its own: the rank that cannot
+  // throws its error naming the file; the others one line naming that rank (they failed in their next collective
+  // with the transport's nested errors, naming no file).
+  auto agree_on_files = [&](const char* what, const std::function<void()>& load) {
+    std::exception_ptr err;
+    try {
+      load();
+    } catch (const Error&) {
+      err = std::current_exception();
+    }
+    int64_t failed = err ? global_rank + 1 : 0;  // (the highest such rank, plus one)
+    if (comm_ptr->size() > 1) comm_ptr->allreduce(&failed, 1, DType::i64, ReduceOp::max).wait();
+    if (err) std::rethrow_exception(err);
+    if (failed > 0)
+      throw ConfigError(
+          fmt::format("config: resume: rank {} cannot read its {} (its error names the file); allowed: "
+                      "a complete checkpoint",
+                      failed - 1, what));
+  };
   nlohmann::json meta;
   if (!c.resume.empty()) {
     // Read on every rank (nodes may have their own copies): a rank that cannot read its copy tells the others in the
@@ -819,9 +838,11 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                         "allowed: the same {} (the sampler position counts its batches)",
                         key, meta[key].dump(), value.dump(), key));
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
-    load_checkpoint_archive(mine / "model.pt", *model);
-    // (ZeRO: once the DistributedOptimizer has given it this rank's slices, below)
-    if (c.zero == 0) load_checkpoint_archive(mine / "optimizer.pt", *optimizer);
+    agree_on_files("model.pt or optimizer.pt", [&] {
+      load_checkpoint_archive(mine / "model.pt", *model);
+      // (ZeRO: once the DistributedOptimizer has given it this rank's slices, below)
+      if (c.zero == 0) load_checkpoint_archive(mine / "optimizer.pt", *optimizer);
+    });
   }
 
   // bsp: the bucketed, overlapped, compressed DistributedOptimizer; any other scheme: a sync::Strategy.
@@ -866,7 +887,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     dopt = std::make_unique<DistributedOptimizer>(model, optimizer, dp_comm, dopts);
     model->set_unit_hooks(dopt->unit_hooks());
     if (c.zero > 0 && !c.resume.empty())
-      load_checkpoint_archive(rd / fmt::format("rank-{}", global_rank) / "optimizer.pt", *optimizer);
+      agree_on_files("optimizer.pt", [&] {
+        load_checkpoint_archive(rd / fmt::format("rank-{}", global_rank) / "optimizer.pt", *optimizer);
+      });
     sync_buffers = comm_ptr->size() > 1 && !model->buffers().empty();
   } else {
     sopt = std::make_unique<SchemeOptimizer>(model, optimizer, comm_ptr, spec, c.lr, &trace);
@@ -1134,17 +1157,31 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   if (!c.resume.empty()) {
     fs::path mine = rd / fmt::format("rank-{}", global_rank);
     const fs::path state_file = mine / (dopt ? "compressor.bin" : "sync.bin");
-    try {
-      if (dopt) {
-        dopt->load_compressor_state(read_bytes(state_file));
-      } else {
-        sopt->resume(read_bytes(state_file));
-      }
-    } catch (const InvalidArgument& e) {  // (the message named no file)
-      throw ConfigError(
+    auto state_error = [&](const InvalidArgument& e) {  // (the message named no file)
+      return ConfigError(
           fmt::format("config: resume: '{}' cannot be read: {}; allowed: a checkpoint written by "
                       "conduit train",
                       state_file.string(), e.what()));
+    };
+    const std::string totals = (mine / "totals.json").string();
+    std::vector<uint8_t> state;
+    nlohmann::json tot;
+    agree_on_files("compressor.bin, sync.bin or totals.json", [&] {
+      state = read_bytes(state_file);
+      try {
+        if (dopt) dopt->load_compressor_state(state);
+      } catch (const InvalidArgument& e) {
+        throw state_error(e);
+      }
+      tot = read_json_file(totals);
+      totals_from_json(tot, totals);  // (checked here, added below)
+    });
+    if (sopt) {
+      try {
+        sopt->resume(state);  // (collective over the workers)
+      } catch (const InvalidArgument& e) {
+        throw state_error(e);
+      }
     }
     start_epoch = start_epoch_at;
     start_step = checkpoint_int(meta, "step", rd);
@@ -1153,8 +1190,6 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     wall_before = meta.value("wall_s", 0.0);
     time_to_target = meta.value("time_to_target_s", -1.0);
     last_acc = meta.value("test_accuracy", 0.0);
-    const std::string totals = (mine / "totals.json").string();
-    auto tot = read_json_file(totals);
     if (dopt)
       dopt->add_to_totals(totals_from_json(tot, totals));
     else

@@ -177,10 +177,13 @@ TEST(TrainInputProcesses, CheckpointFilesThatAreMissingCorruptOrIncompleteAreNam
     const char* content;  // nullptr: delete the file
     const char* expect;
   };
+  // The other rank says which rank cannot read its files (it failed in its next collective, naming no file).
   for (const Case& c : {Case{"missing", "rank-1/model.pt", nullptr, "rank-1/model.pt' is missing; allowed:"},
                         Case{"corrupt", "rank-0/optimizer.pt", "not a zip archive",
                              "rank-0/optimizer.pt' cannot be read: PytorchStreamReader failed"},
-                        Case{"totals", "rank-0/totals.json", "{}", "rank-0/totals.json' has no compute_s"}}) {
+                        Case{"totals", "rank-0/totals.json", "{}", "rank-0/totals.json' has no compute_s"},
+                        Case{"compressor", "rank-1/compressor.bin", "",
+                             "rank-1/compressor.bin' cannot be read: checkpoint: compressor"}}) {
     const fs::path copy = dir / c.name;
     fs::copy(ck, copy, fs::copy_options::recursive);
     if (c.content)
@@ -192,6 +195,12 @@ TEST(TrainInputProcesses, CheckpointFilesThatAreMissingCorruptOrIncompleteAreNam
     EXPECT_EQ(r.code, 2) << c.name << ": " << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
     EXPECT_EQ(r.out.find("Exception raised from"), std::string::npos) << c.name << ": " << r.out;
+    const int bad = c.file[5] - '0';
+    EXPECT_NE(r.out.find("[rank " + std::to_string(1 - bad) + "] conduit: error: config: resume: rank " +
+                         std::to_string(bad) + " cannot read its"),
+              std::string::npos)
+        << c.name << ": " << r.out;
+    EXPECT_EQ(r.out.find("failed after"), std::string::npos) << c.name << ": " << r.out;
   }
   // A checkpoint.json of a negative epoch: one line from the launching process (each worker said it, and the
   // launcher that a rank exited: three lines).
