@@ -679,11 +679,16 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     std::exception_ptr err;
     try {
       load();
-    } catch (const Error&) {
+    } catch (const std::exception&) {  // (a filesystem_error of an unreadable folder too)
       err = std::current_exception();
     }
     int64_t failed = err ? global_rank + 1 : 0;  // (the highest such rank, plus one)
-    if (comm_ptr->size() > 1) comm_ptr->allreduce(&failed, 1, DType::i64, ReduceOp::max).wait();
+    try {
+      if (comm_ptr->size() > 1) comm_ptr->allreduce(&failed, 1, DType::i64, ReduceOp::max).wait();
+    } catch (...) {
+      if (err) std::rethrow_exception(err);  // (its own file's error first)
+      throw;
+    }
     if (err) std::rethrow_exception(err);
     if (failed > 0)
       throw ConfigError(
@@ -740,10 +745,14 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
           {"compressor", meta.value("compressor", std::string()), c.compressor},
           {"sync", meta.value("sync", std::string("bsp")), spec.name}})
       if (was != now)
-        throw ConfigError(fmt::format(
-            "config: resume: the checkpoint was written with {} {}, this run has {}; allowed: {} {} (leave --{} "
-            "out to take the checkpoint's)",
-            field, was, now, field, was, field));
+        throw ConfigError(
+            was.empty()
+                ? fmt::format("config: resume: the checkpoint records no {} (this run has {}); allowed: a checkpoint "
+                              "written by conduit train",
+                              field, now)
+                : fmt::format("config: resume: the checkpoint was written with {} {}, this run has {}; allowed: {} {} "
+                              "(leave --{} out to take the checkpoint's)",
+                              field, was, now, field, was, field));
     // The scheme's parameters too: its saved state belongs to them (local SGD restored the checkpoint's period over
     // a new --sync-period; dpsgd's public copies would attach to another graph's neighbours).
     if (meta.contains("sync_params") && scheme_params_differ(meta["sync_params"], scheme_params(spec)))
@@ -1166,7 +1175,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     const std::string totals = (mine / "totals.json").string();
     std::vector<uint8_t> state;
     nlohmann::json tot;
-    agree_on_files("compressor.bin, sync.bin or totals.json", [&] {
+    bool has_epoch_sums = true;
+    const std::string files = state_file.filename().string() + " or totals.json";
+    agree_on_files(files.c_str(), [&] {
       state = read_bytes(state_file);
       try {
         if (dopt) dopt->load_compressor_state(state);
@@ -1175,6 +1186,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       }
       tot = read_json_file(totals);
       totals_from_json(tot, totals);  // (checked here, added below)
+      if (checkpoint_int(meta, "step", rd) > 0) has_epoch_sums = epoch_sums_from_json(tot, totals, resumed_epoch);
     });
     if (sopt) {
       try {
@@ -1194,7 +1206,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       dopt->add_to_totals(totals_from_json(tot, totals));
     else
       sopt->add_to_totals(totals_from_json(tot, totals));
-    if (start_step > 0 && !epoch_sums_from_json(tot, totals, resumed_epoch) && lead && outputs)
+    if (start_step > 0 && !has_epoch_sums && lead && outputs)
       fmt::print(stderr,
                  "train: warning: the checkpoint holds no running sums of its epoch (written before 2026-12-06): "
                  "this epoch's training loss, accuracy and samples/s cover the steps after the resume\n");
