@@ -64,7 +64,27 @@ void SchemeOptimizer::setup(bool resuming) {
 void SchemeOptimizer::resume(const std::vector<uint8_t>& state) {
   if (!own_params_.defined()) throw InvalidArgument("train: SchemeOptimizer::resume needs setup(true) first");
   workers_->barrier().wait();
-  strategy_->load_state(state);
+  // The workers agree on whether every one loaded its state, where a barrier stood: a worker whose state was corrupt
+  // threw, and the others waited at the barrier for their deadline, naming no file.
+  std::exception_ptr err;
+  try {
+    strategy_->load_state(state);
+  } catch (const std::exception&) {
+    err = std::current_exception();
+  }
+  int64_t failed = err ? workers_->rank() + 1 : 0;
+  try {
+    workers_->allreduce(&failed, 1, DType::i64, ReduceOp::max).wait();
+  } catch (...) {
+    if (err) std::rethrow_exception(err);
+    throw;
+  }
+  if (err) std::rethrow_exception(err);
+  if (failed > 0)
+    throw ConfigError(
+        fmt::format("config: resume: worker {} cannot load its saved sync state (its error names the "
+                    "file); allowed: a complete checkpoint",
+                    failed - 1));
   {
     torch::NoGradGuard ng;
     flat_params_.copy_(own_params_);
@@ -73,7 +93,6 @@ void SchemeOptimizer::resume(const std::vector<uint8_t>& state) {
   }
   own_params_ = torch::Tensor();
   own_buffers_.clear();
-  workers_->barrier().wait();
 }
 
 void SchemeOptimizer::zero_grad() {

@@ -75,6 +75,25 @@ TEST(TrainInputProcesses, ADivergedRunFailsEvenWhenOnlyItsTestLossIsNan) {
   fs::remove_all(dir);
 }
 
+// A worker whose sync state is corrupt (found by its scheme's own loading, between the workers' meetings) is named by
+// the others in one line: they waited at the next barrier for their deadline, naming no file.
+TEST(TrainInputProcesses, ACorruptSyncStateOfOneWorkerIsNamedByTheOthers) {
+  const fs::path dir = temp_dir("syncstate");
+  auto r = run(kTrain + " --batch-size 32 --sync local:period=4 --max-steps 6 --checkpoint-every 6 --output " +
+               (dir / "a").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ofstream(dir / "a" / "checkpoint" / "rank-1" / "sync.bin") << "corrupt";
+  r = run(kTrain + " --batch-size 32 --max-steps 8 --resume " + (dir / "a" / "checkpoint").string() + " --output " +
+          (dir / "b").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("rank-1/sync.bin' cannot be read"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 0] conduit: error: config: resume: worker 1 cannot load its saved sync state"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("failed after"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 // A bsp run that --max-steps stops after its last checkpoint (an epoch end) keeps that checkpoint and says which step
 // it holds (the run reported its last step, the checkpoint an earlier one, without a word).
 TEST(TrainInputProcesses, ABspRunStoppedPastItsCheckpointSaysWhichStepItHolds) {
