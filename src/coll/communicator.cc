@@ -89,6 +89,18 @@ double checked_timeout(double seconds, const char* what) {
   return seconds;
 }
 
+int agree_on_failure(Communicator& c, const std::exception_ptr& err) {
+  int64_t failed = err ? c.rank() + 1 : 0;  // (the highest such rank, plus one)
+  try {
+    if (c.size() > 1) c.allreduce(&failed, 1, DType::i64, ReduceOp::max).wait();
+  } catch (...) {
+    if (err) std::rethrow_exception(err);  // (its own error first)
+    throw;
+  }
+  if (err) std::rethrow_exception(err);
+  return int(failed) - 1;
+}
+
 uint64_t allgatherv_sent(const std::string& algorithm, const std::vector<size_t>& counts, int rank) {
   const int p = int(counts.size());
   if (p <= 1) return 0;

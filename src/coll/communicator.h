@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -271,5 +272,10 @@ uint32_t host_group_comm_id(uint32_t parent, int role);
 // forwards every block but its successor's; recursive doubling sends its group's blocks at each step. Blocks of
 // different sizes make this differ from rank to rank, and from (size - 1) x the rank's own.
 uint64_t allgatherv_sent(const std::string& algorithm, const std::vector<size_t>& counts, int rank);
+
+// Every rank of `c` says whether a local step failed (`err`, null when it did not), in one allreduce: a rank that
+// failed rethrows its own error (also when the agreement itself fails); the others get the highest rank that failed, or
+// -1 when none did, and can say so in one line where they would have failed later in a collective naming nothing.
+int agree_on_failure(Communicator& c, const std::exception_ptr& err);
 
 }  // namespace conduit::coll

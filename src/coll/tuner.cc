@@ -129,12 +129,7 @@ void Tuner::set_model(const CostModel& m) {
 
 CostModel Tuner::model() const { return snapshot()->model; }
 
-bool Tuner::forced_at(CollOp op, size_t bytes) const {
-  const auto s = snapshot();
-  for (const auto& r : s->forced[static_cast<int>(op)])
-    if (bytes >= r.lo && bytes < r.hi) return true;
-  return false;
-}
+bool Tuner::forced_at(CollOp op, size_t bytes) const { return !forced_algorithm(op, bytes).empty(); }
 
 std::string Tuner::forced_algorithm(CollOp op, size_t bytes) const {
   const auto s = snapshot();

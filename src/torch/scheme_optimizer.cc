@@ -72,19 +72,11 @@ void SchemeOptimizer::resume(const std::vector<uint8_t>& state) {
   } catch (const std::exception&) {
     err = std::current_exception();
   }
-  int64_t failed = err ? workers_->rank() + 1 : 0;
-  try {
-    workers_->allreduce(&failed, 1, DType::i64, ReduceOp::max).wait();
-  } catch (...) {
-    if (err) std::rethrow_exception(err);
-    throw;
-  }
-  if (err) std::rethrow_exception(err);
-  if (failed > 0)
+  if (const int failed = coll::agree_on_failure(*workers_, err); failed >= 0)
     throw ConfigError(
         fmt::format("config: resume: worker {} cannot load its saved sync state (its error names the "
                     "file); allowed: a complete checkpoint",
-                    failed - 1));
+                    failed));
   {
     torch::NoGradGuard ng;
     flat_params_.copy_(own_params_);

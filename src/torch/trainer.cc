@@ -682,19 +682,11 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     } catch (const std::exception&) {  // (a filesystem_error of an unreadable folder too)
       err = std::current_exception();
     }
-    int64_t failed = err ? global_rank + 1 : 0;  // (the highest such rank, plus one)
-    try {
-      if (comm_ptr->size() > 1) comm_ptr->allreduce(&failed, 1, DType::i64, ReduceOp::max).wait();
-    } catch (...) {
-      if (err) std::rethrow_exception(err);  // (its own file's error first)
-      throw;
-    }
-    if (err) std::rethrow_exception(err);
-    if (failed > 0)
+    if (const int failed = coll::agree_on_failure(*comm_ptr, err); failed >= 0)
       throw ConfigError(
           fmt::format("config: resume: rank {} cannot read its {} (its error names the file); allowed: "
                       "a complete checkpoint",
-                      failed - 1, what));
+                      failed, what));
   };
   nlohmann::json meta;
   if (!c.resume.empty()) {
@@ -1174,8 +1166,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     };
     const std::string totals = (mine / "totals.json").string();
     std::vector<uint8_t> state;
-    nlohmann::json tot;
+    StepStats restored;
     bool has_epoch_sums = true;
+    start_step = checkpoint_int(meta, "step", rd);
     const std::string files = state_file.filename().string() + " or totals.json";
     agree_on_files(files.c_str(), [&] {
       state = read_bytes(state_file);
@@ -1184,9 +1177,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       } catch (const InvalidArgument& e) {
         throw state_error(e);
       }
-      tot = read_json_file(totals);
-      totals_from_json(tot, totals);  // (checked here, added below)
-      if (checkpoint_int(meta, "step", rd) > 0) has_epoch_sums = epoch_sums_from_json(tot, totals, resumed_epoch);
+      const nlohmann::json tot = read_json_file(totals);
+      restored = totals_from_json(tot, totals);  // (added below, once every rank has read its own)
+      if (start_step > 0) has_epoch_sums = epoch_sums_from_json(tot, totals, resumed_epoch);
     });
     if (sopt) {
       try {
@@ -1196,16 +1189,15 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       }
     }
     start_epoch = start_epoch_at;
-    start_step = checkpoint_int(meta, "step", rd);
     global_step = start_global_step = checkpoint_int(meta, "global_step", rd);
     straggler.skip(start_global_step);  // the draws of the steps taken before the checkpoint
     wall_before = meta.value("wall_s", 0.0);
     time_to_target = meta.value("time_to_target_s", -1.0);
     last_acc = meta.value("test_accuracy", 0.0);
     if (dopt)
-      dopt->add_to_totals(totals_from_json(tot, totals));
+      dopt->add_to_totals(restored);
     else
-      sopt->add_to_totals(totals_from_json(tot, totals));
+      sopt->add_to_totals(restored);
     if (start_step > 0 && !has_epoch_sums && lead && outputs)
       fmt::print(stderr,
                  "train: warning: the checkpoint holds no running sums of its epoch (written before 2026-12-06): "
