@@ -9,7 +9,8 @@
 # exposed communication (rank 0's waits on other stages count: transfers and the bubble), the most micro-batches rank
 # 0 held at once for their backward (interleaved: micro-batch chunks), rank 0's largest resident set (the process: libtorch, data, model and
 # activations) and the ideal bubble (p - 1) / m (interleaved: / v) of an idle-free schedule, for reference.
-#   [MODEL=vit|cnn|resnet] bash bench/pp/pp_vs_dp.sh [EPOCHS] [ROUNDS] [MICRO] [OUT_DIR]
+#   [MODEL=vit|cnn|resnet] [TIME_LIMIT=seconds] bash bench/pp/pp_vs_dp.sh [EPOCHS] [ROUNDS] [MICRO] [OUT_DIR]
+# (TIME_LIMIT: what each conduit train run may take, its --time-limit-s; default 3600)
 set -euo pipefail
 # (a CONDUIT given relative to the caller's directory, before the cd to the repository root)
 if [ -n "${CONDUIT:-}" ]; then CONDUIT=$(realpath "$CONDUIT"); fi
@@ -18,6 +19,7 @@ EPOCHS=${1:-1}
 ROUNDS=${2:-2}
 MICRO=${3:-8}
 CONDUIT=${CONDUIT:-build/bin/conduit}
+TIME_LIMIT=${TIME_LIMIT:-3600}
 MODEL=${MODEL:-vit}
 source bench/alternate_rounds.sh
 bench_out_dir "${4:-}" runs/pp-bench
@@ -27,7 +29,7 @@ run() {  # pp batch micro-batches schedule recompute round
   [ "$1" -gt 1 ] && sched=(--pp-schedule "$4" --recompute "$5")
   "$CONDUIT" train --model "$MODEL" --workers 4 --pp "$1" --batch-size "$2" --micro-batches "$3" \
     "${sched[@]}" --optimizer adam --lr 0.002 --compressor none \
-    --epochs "$EPOCHS" --progress false --output "$OUT/$name" > "$OUT/$name.log" 2>&1
+    --epochs "$EPOCHS" --progress false --time-limit-s "$TIME_LIMIT" --output "$OUT/$name" > "$OUT/$name.log" 2>&1
 }
 configs=("1 64 1 1f1b false" "2 128 $MICRO 1f1b false" "2 128 $MICRO gpipe false")
 [ "$MODEL" = vit ] && configs+=("2 128 $MICRO interleaved false")

@@ -6,7 +6,8 @@
 # left out) with every round's, and the last round's accuracy, bytes on the wire (the gradients' allreduce and the
 # groups' activation allreduces, ring-equivalent volumes), exposed communication and rank 0's largest resident set.
 # --tp 2 and 4 also run with --sequence-parallel (each rank holds its share of the tokens between the split layers).
-#   bash bench/tp/tp_vs_dp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
+#   [TIME_LIMIT=seconds] bash bench/tp/tp_vs_dp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
+# (TIME_LIMIT: what each conduit train run may take, its --time-limit-s; default 3600)
 set -euo pipefail
 # (a CONDUIT given relative to the caller's directory, before the cd to the repository root)
 if [ -n "${CONDUIT:-}" ]; then CONDUIT=$(realpath "$CONDUIT"); fi
@@ -14,11 +15,13 @@ cd "$(dirname "$0")/../.."
 EPOCHS=${1:-1}
 ROUNDS=${2:-3}
 CONDUIT=${CONDUIT:-build/bin/conduit}
+TIME_LIMIT=${TIME_LIMIT:-3600}
 source bench/alternate_rounds.sh
 bench_out_dir "${3:-}" runs/tp-bench
 run() {  # tp batch sequence_parallel round
   "$CONDUIT" train --model vit --workers 4 --tp "$1" --batch-size "$2" --sequence-parallel "$3" --optimizer adam \
-    --lr 0.002 --compressor none --epochs "$EPOCHS" --progress false --output "$OUT/tp$1-sp$3-r$4" \
+    --lr 0.002 --compressor none --epochs "$EPOCHS" --progress false --time-limit-s "$TIME_LIMIT" \
+    --output "$OUT/tp$1-sp$3-r$4" \
     > "$OUT/tp$1-sp$3-r$4.log" 2>&1
 }
 alternate_rounds "$ROUNDS" run "1 64 false" "2 128 false" "4 256 false" "2 128 true" "4 256 true"

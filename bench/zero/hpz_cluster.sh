@@ -10,7 +10,8 @@
 # FSDP's _HYBRID_SHARD_ZERO2). The table gives the median training wall time over the rounds, rank 0's exposed communication (median), the bytes on the wire and the test accuracy of the last
 # round, and the bytes that crossed the shaped links (both hosts' eth0 transmit counters, read with `ip -s` around
 # each run; the workers' own counts include the traffic inside a host). Needs root (network namespaces, tc).
-#   sudo bash bench/zero/hpz_cluster.sh [RATE] [STEPS] [ROUNDS] [OUT_DIR]
+#   sudo [TIME_LIMIT=seconds] bash bench/zero/hpz_cluster.sh [RATE] [STEPS] [ROUNDS] [OUT_DIR]
+# (TIME_LIMIT: what each run may take, its cluster run --timeout; default 3600)
 set -euo pipefail
 # (a CONDUIT given relative to the caller's directory, before the cd to the repository root)
 if [ -n "${CONDUIT:-}" ]; then CONDUIT=$(realpath "$CONDUIT"); fi
@@ -19,6 +20,7 @@ RATE=${1:-200mbit}
 STEPS=${2:-60}
 ROUNDS=${3:-2}
 CONDUIT=$(realpath "${CONDUIT:-build/bin/conduit}")
+TIME_LIMIT=${TIME_LIMIT:-3600}
 NAME=hpz$$
 source bench/alternate_rounds.sh
 bench_out_dir "${4:-}" runs/hpz-bench
@@ -48,7 +50,7 @@ run() {  # configuration round
   esac
   before=$(tx)
   # shellcheck disable=SC2086  # extra is words
-  "$CONDUIT" cluster run --name "$NAME" --ranks-per-host 2 -- "$CONDUIT" train --model cnn --optimizer adam \
+  "$CONDUIT" cluster run --name "$NAME" --ranks-per-host 2 --timeout "$TIME_LIMIT" -- "$CONDUIT" train --model cnn --optimizer adam \
     --lr 0.001 --compressor "$comp" $extra --max-steps "$STEPS" --progress false --output "$dir" > "$dir.log" 2>&1
   echo $(($(tx) - before)) > "$dir.cross"
 }

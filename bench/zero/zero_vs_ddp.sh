@@ -10,7 +10,8 @@
 # counter (all ranks' traffic, with TCP/IP headers and anything else on lo), so compare each implementation's ZeRO
 # with its own plain run. Both bind their 4 workers as `conduit train` does (worker k on CPU k mod C; the DDP peer
 # ran unbound before 2026-12-05, and summed every rank's reading of the one lo counter: 4x the bytes).
-#   bash bench/zero/zero_vs_ddp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
+#   [TIME_LIMIT=seconds] bash bench/zero/zero_vs_ddp.sh [EPOCHS] [ROUNDS] [OUT_DIR]
+# (TIME_LIMIT: what each conduit train run may take, its --time-limit-s; default 3600)
 set -euo pipefail
 # (a CONDUIT given relative to the caller's directory, before the cd to the repository root)
 if [ -n "${CONDUIT:-}" ]; then CONDUIT=$(realpath "$CONDUIT"); fi
@@ -18,6 +19,7 @@ cd "$(dirname "$0")/../.."
 EPOCHS=${1:-1}
 ROUNDS=${2:-3}
 CONDUIT=${CONDUIT:-build/bin/conduit}
+TIME_LIMIT=${TIME_LIMIT:-3600}
 LR=0.001
 source bench/alternate_rounds.sh
 bench_out_dir "${3:-}" runs/zero-bench
@@ -30,7 +32,7 @@ run() {  # impl zero round
     [ "$2" = 3q ] && zero="--zero 3 --zero-gather int8"
     # shellcheck disable=SC2086  # ($zero is several words on purpose)
     "$CONDUIT" train --model cnn --workers 4 --optimizer adam --lr "$LR" --compressor none $zero \
-      --epochs "$EPOCHS" --progress false --output "$dir" > "$dir.log" 2>&1
+      --epochs "$EPOCHS" --progress false --time-limit-s "$TIME_LIMIT" --output "$dir" > "$dir.log" 2>&1
   else
     local flag=""
     [ "$2" = 1 ] && flag="--zero"

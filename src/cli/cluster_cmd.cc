@@ -37,6 +37,7 @@ struct ClusterOptions {
   std::string host;
   int master_port = 29500;
   int ranks_per_host = 1;  // run: workers a host (ranks K*R .. K*R+R-1 in host K)
+  double timeout = 0;      // run: the whole job's deadline in seconds (0: none), as conduit launch's
   std::vector<std::string> command;
 };
 
@@ -220,6 +221,7 @@ void cmd_run(const ClusterOptions& o) {
   spec.master_addr = s.hosts[0].address;
   spec.master_port = o.master_port;
   spec.name = "conduit cluster run";
+  spec.timeout_seconds = o.timeout;
   // Each worker is `conduit cluster exec rank -- PROGRAM...`: it enters the namespace of host RANK and execs.
   spec.command = {self_exe(), "cluster", "exec", "--name", s.name, "rank", "--"};
   spec.command.insert(spec.command.end(), o.command.begin(), o.command.end());
@@ -325,6 +327,9 @@ const bool kRegistered = register_command(40, [](CLI::App& app) {
   cr->add_option("--master-port", rn->master_port, "rendezvous port on host 0")->capture_default_str();
   cr->add_option("--ranks-per-host", rn->ranks_per_host, "workers in each host (consecutive ranks)")
       ->capture_default_str();
+  cr->add_option("--timeout", rn->timeout,
+                 "seconds the whole job may run (0: no limit, the default); workers still running then are stopped "
+                 "as on SIGTERM and it exits 124");
   cr->add_option("command", rn->command,
                  "PROGRAM [ARGS...]: every argument from the first one that is not an option (or after --) is its own");
   cr->footer("Example: conduit cluster run -- conduit bench coll --op allreduce -b 1M -e 64M --json");

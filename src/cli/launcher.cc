@@ -910,8 +910,8 @@ int run_local_workers(const LaunchSpec& spec) {
   const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
   // (1e-300 stopped the job at once: the least is CONDUIT_TIMEOUT's)
   if (!(spec.timeout_seconds == 0 || (spec.timeout_seconds >= 0.001 && spec.timeout_seconds <= 1e7)))
-    throw ConfigError(fmt::format(
-        "launch: --timeout {:g} is invalid: allowed: 0 (none) or seconds from 0.001 up to 1e7", spec.timeout_seconds));
+    throw ConfigError(fmt::format("launch: {} {:g} is invalid: allowed: 0 (none) or seconds from 0.001 up to 1e7",
+                                  spec.timeout_name, spec.timeout_seconds));
   // The flags first: a bad --bind was reported as the program's failure to run when both were wrong.
   const std::vector<int> bind_cpus = binding_cpus(spec);
   if (!spec.work.empty() && spec.work.size() != size_t(spec.nprocs))
@@ -1211,8 +1211,8 @@ int run_local_workers(const LaunchSpec& spec) {
         result = 124;  // (as timeout(1))
         have_result = true;
       }
-      message(spec, fmt::format("{} still running at --timeout {:g} s; stopping {}", plural_workers(running_count()),
-                                spec.timeout_seconds, running_count() > 1 ? "them" : "it"));
+      message(spec, fmt::format("{} still running at {} {:g} s; stopping {}", plural_workers(running_count()),
+                                spec.timeout_name, spec.timeout_seconds, running_count() > 1 ? "them" : "it"));
       begin_stop(SIGTERM);
     }
     if (stopping && !killed && any_running && now >= kill_deadline) {

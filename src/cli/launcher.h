@@ -26,6 +26,7 @@ struct LaunchSpec {
   // > 0: the whole job's deadline (mpirun's --timeout): workers still running then are stopped as on SIGTERM and the
   // launcher returns 124 (time spent stopped by Ctrl-Z does not count); 0: none.
   double timeout_seconds = 0;
+  std::string timeout_name = "--timeout";  // how the messages name it (conduit train: time_limit_s)
   std::string job_id;                   // CONDUIT_JOB_ID; empty = a fresh unique id
   std::string name = "conduit launch";  // how the launcher names itself in its messages
   // "core": worker k runs on CPU k mod C of the C CPUs this launcher may use, listed one CPU of each core before

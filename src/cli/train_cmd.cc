@@ -67,14 +67,15 @@ void print_summary(const std::string& out) {
                           pp > 1 ? " " + s.value("pp_schedule", std::string()) : std::string());
   if (s.value("zero", 0) > 0) layout += fmt::format(", zero {}", s.value("zero", 0));
   std::printf(
-      "conduit train: %s on %s, %d workers%s, sync %s, compressor %s: test accuracy %.2f%% after %lld steps (%d "
+      "conduit train: %s on %s, %d worker%s%s, sync %s, compressor %s: test accuracy %.2f%% after %lld steps (%d "
       "complete epoch%s) in %.1f s; time to target %s; %.1f MB on the wire (uncompressed %.1f MB); communication "
       "hidden %s; output %s\n",
       s.value("model", std::string()).c_str(), s.value("dataset", std::string()).c_str(), s.value("workers", 0),
-      layout.c_str(), s.value("sync", std::string("bsp")).c_str(), s.value("compressor", std::string()).c_str(),
-      100 * s.value("final_test_accuracy", 0.0), static_cast<long long>(s.value("steps", 0LL)), s.value("epochs", 0),
-      s.value("epochs", 0) == 1 ? "" : "s", s.value("wall_time_s", 0.0), tta.c_str(),
-      s.value("bytes_on_wire", 0.0) / 1e6, s.value("uncompressed_bytes", 0.0) / 1e6, hidden.c_str(), out.c_str());
+      s.value("workers", 0) == 1 ? "" : "s", layout.c_str(), s.value("sync", std::string("bsp")).c_str(),
+      s.value("compressor", std::string()).c_str(), 100 * s.value("final_test_accuracy", 0.0),
+      static_cast<long long>(s.value("steps", 0LL)), s.value("epochs", 0), s.value("epochs", 0) == 1 ? "" : "s",
+      s.value("wall_time_s", 0.0), tta.c_str(), s.value("bytes_on_wire", 0.0) / 1e6,
+      s.value("uncompressed_bytes", 0.0) / 1e6, hidden.c_str(), out.c_str());
 }
 
 void run_train(const TrainArgs& a) {
@@ -136,10 +137,20 @@ void run_train(const TrainArgs& a) {
   const char* rank_text = nullptr;
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK"})
     if (!rank_text) rank_text = std::getenv(v);
-  const bool notes = env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1;
+  const bool notes =
+      env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1 && cfg.time_limit_s == 0;
   torch_api().check_model_config(cfg, tr::training_workers(cfg), notes);
+  // The whole run's deadline is the launching parent's to keep: a worker started by another launcher cannot stop its
+  // peers (this one's workers read it from the parent's config.yaml and leave it to the parent).
+  if (cfg.time_limit_s > 0 && env_world > 0 && !std::getenv("CONDUIT_TRAIN_PARENT"))
+    throw ConfigError(fmt::format(
+        "config: time_limit_s: {:g} s is kept by conduit train's own launcher, and this process is one worker of "
+        "another (mpirun, torchrun, conduit launch); allowed: that launcher's own limit (mpirun --timeout, conduit "
+        "launch --timeout), or time_limit_s 0",
+        cfg.time_limit_s));
 
-  if (env_world > 0 || cfg.workers == 1) {
+  // (one worker with a deadline runs under the launcher as well, which keeps it)
+  if (env_world > 0 || (cfg.workers == 1 && cfg.time_limit_s == 0)) {
     // This process is one worker.
     coll::CommConfig cc;
     cc.timeout_s = cfg.timeout_s;
@@ -179,8 +190,13 @@ void run_train(const TrainArgs& a) {
   spec.nprocs = cfg.workers;
   spec.command = {self_exe(), "train", "--config", cfg_path.string()};
   spec.name = "conduit train";
-  // One intra-op thread per worker: the workers share the cores.
-  spec.extra_env = {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}, {"CONDUIT_TRAIN_PARENT", "1"}};
+  spec.timeout_seconds = cfg.time_limit_s;
+  spec.timeout_name = "time_limit_s";
+  // One intra-op thread per worker: the workers share the cores (one alone keeps libtorch's threads, as it has
+  // when it runs in this process).
+  spec.extra_env = {{"CONDUIT_TRAIN_PARENT", "1"}};
+  if (cfg.workers > 1)  // (one alone is not bound either)
+    spec.extra_env.insert(spec.extra_env.begin(), {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}});
   if (cfg.transport != "auto") spec.extra_env.push_back({"CONDUIT_TRANSPORT", cfg.transport});
   if (cfg.pp > 1 && cfg.model != "vit") {
     // The stages' forward work, for the binding: bound k mod C, 2 pipelines of the cnn on 2 cores put both heavy

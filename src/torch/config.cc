@@ -193,6 +193,10 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"synthetic_samples", "training samples of the synthetic dataset"},
       {"progress", "rank 0 shows a progress bar (default true)"},
       {"timeout_s", "deadline of each collective in seconds (default 300)"},
+      {"time_limit_s",
+       "the whole run's deadline in seconds, from the workers' start (mpirun's --timeout): workers still running "
+       "then are stopped as on SIGTERM (no checkpoint is written) and conduit train exits 124; kept by conduit "
+       "train's own launcher (under mpirun or torchrun give theirs); 0: none (default 0)"},
       {"sync",
        "synchronization scheme name[:key=value,...]: bsp | local | diloco | easgd | dpsgd | sgp | adpsgd | "
        "ps-asp | ps-ssp | ps-bsp (default bsp; docs/sync.md)"},
@@ -527,6 +531,11 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("progress")) c.progress = to_bool("progress", *v);
   if (auto v = get("timeout_s"))
     c.timeout_s = to_double("timeout_s", *v, 0.001, 1e7, false, "seconds from 0.001 to 10000000");
+  if (auto v = get("time_limit_s")) {
+    const char* allowed = "0 (none) or seconds from 0.001 to 10000000";
+    c.time_limit_s = to_double("time_limit_s", *v, 0, 1e7, false, allowed);
+    if (c.time_limit_s > 0 && c.time_limit_s < 0.001) bad("time_limit_s", *v, fmt::format("allowed: {}", allowed));
+  }
   if (auto v = get("sync")) {
     if (v->empty()) bad("sync", *v, "allowed: a sync scheme such as bsp, local:period=8 or ps-ssp:staleness=2");
     c.sync = *v;
@@ -952,7 +961,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
   // Everything that defines the run, so that a resume given only --resume continues it (the schedule, the test set
   // and the data directory fell back to the defaults: 3 cosine epochs on the full test set after 2 constant ones on
   // 999 images). Not taken: max_steps (a run it stopped continues past it), where and how this run runs (output,
-  // transport, timeout_s, progress, trace, slow).
+  // transport, timeout_s, time_limit_s, progress, trace, slow).
   // The ZeRO stage this run gives, as a number (-1: none given, -2: not a stage number, which resolve_config names).
   int given_zero = -1;
   if (raw.count("zero")) {
@@ -1138,6 +1147,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "synthetic_samples" << YAML::Value << c.synthetic_samples;
   e << YAML::Key << "progress" << YAML::Value << (c.progress ? "true" : "false");
   e << YAML::Key << "timeout_s" << YAML::Value << fmt::format("{}", c.timeout_s);
+  e << YAML::Key << "time_limit_s" << YAML::Value << fmt::format("{}", c.time_limit_s);
   e << YAML::Key << "sync" << YAML::Value << c.sync;
   e << YAML::Key << "sync_period" << YAML::Value << c.sync_period;
   e << YAML::Key << "staleness" << YAML::Value << c.staleness;

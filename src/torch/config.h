@@ -84,6 +84,9 @@ struct TrainConfig {
   int64_t synthetic_samples = 4096;       // training samples of the synthetic dataset (test: a quarter)
   bool progress = true;                   // rank 0 prints a progress bar
   double timeout_s = 300;                 // deadline of every collective
+  // > 0: the whole run's deadline in seconds (mpirun's --timeout), kept by the parent that starts the workers: those
+  // still running then are stopped as on SIGTERM and conduit train exits 124; 0: none.
+  double time_limit_s = 0;
   // Synchronization scheme spec "name[:key=value,...]" (sync/strategy.h, docs/sync.md): bsp (the
   // DistributedOptimizer above), local, diloco, easgd, dpsgd, sgp, adpsgd, ps-asp, ps-ssp, ps-bsp.
   std::string sync = "bsp";

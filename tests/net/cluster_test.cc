@@ -278,6 +278,12 @@ TEST_F(ClusterTest, RunStartsItsRanksInTheirHosts) {
   Result in_hosts = sh("for h in 0 1 2; do ip netns pids conduit-" + name + "-h$h; done | xargs -r ps -o args= -p");
   EXPECT_EQ(in_hosts.out.find("sleep 301"), std::string::npos) << in_hosts.out;
   EXPECT_NE(in_hosts.out.find("sleep 117"), std::string::npos) << in_hosts.out;
+  // --timeout: the whole job's deadline, as conduit launch's.
+  Result late = sh(conduit() + " cluster run --name " + name + " --hosts 2 --timeout 1 -- sleep 30");
+  EXPECT_EQ(late.code, 124) << late.out;
+  EXPECT_NE(late.out.find("conduit cluster run: 2 workers still running at --timeout 1 s; stopping them"),
+            std::string::npos)
+      << late.out;
   for (const char* r : {"0", "65"}) {
     Result bad = sh(conduit() + " cluster run --name " + name + " --ranks-per-host " + r + " -- true");
     EXPECT_EQ(bad.code, 2) << bad.out;

@@ -511,6 +511,41 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
   fs::remove_all(dir);
 }
 
+// The whole run's deadline (time_limit_s): kept by conduit train's own launcher, for one worker too, and refused in a
+// worker of another launcher, which has its own.
+TEST(TrainInputProcesses, ATimeLimitStopsTheWholeRunWithExitCode124) {
+  const fs::path dir = temp_dir("time-limit");
+  // (1280 samples a worker: 10000 epochs take hours)
+  auto r = run(kTrain + " --epochs 10000 --time-limit-s 4 --output " + (dir / "two").string());
+  EXPECT_EQ(r.code, 124) << r.out;
+  EXPECT_NE(r.out.find("conduit train: 2 workers still running at time_limit_s 4 s; stopping them"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("conduit train: mlp"), std::string::npos) << r.out;  // (no summary)
+  r = run(kTrain + " --workers 1 --epochs 10000 --time-limit-s 4 --output " + (dir / "one").string());
+  EXPECT_EQ(r.code, 124) << r.out;
+  EXPECT_NE(r.out.find("conduit train: 1 worker still running at time_limit_s 4 s; stopping it"), std::string::npos)
+      << r.out;
+  // One worker that ends in time: its summary once, as without a limit.
+  r = run(kTrain + " --workers 1 --epochs 1 --time-limit-s 600 --output " + (dir / "done").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  const size_t first = r.out.find("conduit train: mlp on synthetic, 1 worker, sync bsp");
+  EXPECT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("conduit train: mlp on synthetic", first + 1), std::string::npos) << r.out;
+  r = run("launch -n 2 -- " + std::string(CONDUIT_BINARY) + " " + kTrain + " --epochs 1 --time-limit-s 60 --output " +
+          (dir / "outer").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("config: time_limit_s: 60 s is kept by conduit train's own launcher, and this process is one "
+                       "worker of another"),
+            std::string::npos)
+      << r.out;
+  for (const char* bad : {"0.0001", "-1", "1e8", "inf"}) {
+    r = run(kTrain + " --time-limit-s " + bad + " --output " + (dir / "bad").string());
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("allowed: 0 (none) or seconds from 0.001 to 10000000"), std::string::npos) << r.out;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
   auto r = run(kTrain + " --epochs 1 --compressor topk:ratio=0.1,ratio=0.2 --output /tmp/unused-conduit-input");
   EXPECT_EQ(r.code, 2) << r.out;
