@@ -474,7 +474,7 @@ int funneled() {
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   if (provided >= MPI_THREAD_SERIALIZED) {
-    std::printf("rank 0: ok funneled (skipped: the library gave level %d)\n", provided);
+    std::printf("rank 0: SKIP funneled: the library gave level %d\n", provided);
   } else {
     try {
       make_mpi_transport({});

@@ -519,7 +519,14 @@ TEST(MallocTuning, LeavesTheUsersOwnMallocSettingsInCharge) {
 
 // An empty CONDUIT_MALLOC_TUNING is unset, as every other variable (it was "'' is not a switch").
 TEST(MallocTuning, EmptyValueIsUnset) {
-  EXPECT_NO_THROW(conduit::tune_malloc(fake_env({{"CONDUIT_MALLOC_TUNING", ""}})));
+  const auto unset = conduit::tune_malloc(fake_env({}));
+  conduit::MallocTuning empty;
+  EXPECT_NO_THROW(empty = conduit::tune_malloc(fake_env({{"CONDUIT_MALLOC_TUNING", ""}})));
+  EXPECT_EQ(empty.applied, unset.applied);
+  EXPECT_EQ(empty.reason, unset.reason);
+  EXPECT_TRUE(empty.applied) << empty.reason;  // (as without it: the default is on)
+  // and one that is off is not applied (the comparison above can tell the two apart)
+  EXPECT_FALSE(conduit::tune_malloc(fake_env({{"CONDUIT_MALLOC_TUNING", "0"}})).applied);
 }
 
 TEST(MallocTuning, KeepsStepSizedBlocksOnTheHeap) {

@@ -625,12 +625,16 @@ TEST_F(ClusterTest, SignalDuringUpLeavesNothingBehind) {
   const fs::path bin = fs::temp_directory_path() / (name + "-bin");
   fs::create_directories(bin);
   const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
-  std::ofstream(bin / "ip") << "#!/bin/sh\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
+  // (it marks its first call: the signal goes once `up` has begun, not after a fixed sleep a loaded machine outlasts)
+  const std::string called = (bin / "called").string();
+  std::ofstream(bin / "ip") << "#!/bin/sh\n: > " << called << "\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
   fs::permissions(bin / "ip", fs::perms::owner_all);
   // (SIGHUP too, a dropped ssh session: it killed `up` half way and left its namespaces)
   for (const auto& [sig, rc] : {std::pair{"TERM", "rc=143"}, std::pair{"HUP", "rc=129"}}) {
+    fs::remove(called);
     Result r = sh("(PATH=" + bin.string() + ":$PATH " + conduit() + " cluster up -q --name " + name +
-                  " --hosts 20 --bandwidth 1gbit & P=$!; sleep 1; kill -" + sig + " $P; wait $P; echo rc=$?)");
+                  " --hosts 20 --bandwidth 1gbit & P=$!; while [ ! -e " + called + " ]; do sleep 0.05; done; " +
+                  "sleep 0.5; kill -" + sig + " $P; wait $P; echo rc=$?)");
     EXPECT_NE(r.out.find(rc), std::string::npos) << sig << ": " << r.out;
     EXPECT_TRUE(namespaces_of(name).empty()) << sig;
   }
@@ -650,8 +654,11 @@ TEST_F(ClusterTest, SignalWhileASweepBringsUpItsClusterStopsIt) {
   std::ofstream(bin / "ip") << "#!/bin/sh\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
   fs::permissions(bin / "ip", fs::perms::owner_all);
   std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 20\nnetworks: [{bandwidth: 1gbit}]\nbench: {}\n";
+  // (once the sweep has made its output folder, which it does before its cluster's `up`: a fixed sleep could end
+  // before that on a loaded machine)
   Result r = sh("(PATH=" + bin.string() + ":$PATH " + conduit() + " sweep " + (dir / "s.yaml").string() + " -o " +
-                (dir / "out").string() + " & P=$!; sleep 1.5; kill -TERM $P; wait $P; echo rc=$?; echo pid=$P)");
+                (dir / "out").string() + " & P=$!; while [ ! -d " + (dir / "out").string() +
+                " ]; do sleep 0.05; done; sleep 0.5; kill -TERM $P; wait $P; echo rc=$?; echo pid=$P)");
   EXPECT_NE(r.out.find("rc=143"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(dir / "out" / "results.csv")) << r.out;
   const std::string pid =
@@ -697,8 +704,11 @@ TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
   const std::string name = unique_name("nm");
   ClusterGuard guard(name);
   // The probe's namespace of an `up` killed with SIGKILL (no process has a pid above pid_max, 4194304 at most) is
-  // removed by the next probe; one whose process lives (pid 1) is not.
-  ASSERT_EQ(sh("ip netns add conduit-probe4194305 && (ip netns add conduit-probe1 || true)").code, 0);
+  // removed by the next probe; one whose process lives (this test's) is not. (Names of this test process's own: a
+  // second run of the suite on the machine has its own.)
+  const std::string dead = "conduit-probe" + std::to_string(100000000 + ::getpid());
+  const std::string live = "conduit-probe" + std::to_string(::getpid());
+  ASSERT_EQ(sh("ip netns add " + dead + " && ip netns add " + live).code, 0);
   Result r =
       sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 100mbit --latency 10ms --loss 1%");
   if (r.code == 0) {
@@ -711,9 +721,9 @@ TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
     EXPECT_NE(r.out.find("netem"), std::string::npos) << r.out;
     EXPECT_TRUE(namespaces_of(name).empty()) << "a refused up leaves nothing";
   }
-  EXPECT_FALSE(fs::exists("/run/netns/conduit-probe4194305"));
-  EXPECT_TRUE(fs::exists("/run/netns/conduit-probe1"));
-  sh("ip netns del conduit-probe1");
+  EXPECT_FALSE(fs::exists("/run/netns/" + dead));
+  EXPECT_TRUE(fs::exists("/run/netns/" + live));
+  sh("ip netns del " + live + "; ip netns del " + dead + " 2>/dev/null");
 }
 
 TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {

@@ -966,11 +966,14 @@ TEST_F(LaunchTest, UnboundWorkersAreNotAllPinnedToOneCpuByOpenMp) {
   EXPECT_NE(r.err.find("the workers get OMP_PROC_BIND=false"), std::string::npos) << r.err;
   r = launch("none", {{"OMP_PLACES", "cores"}});
   for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" false cores"), std::string::npos) << r.out;
+  EXPECT_EQ(lines_of(r.out).size(), 3u) << r.out;
   r = launch("core", {{"OMP_PROC_BIND", "true"}});
   for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" true unset"), std::string::npos) << r.out;
+  EXPECT_EQ(lines_of(r.out).size(), 3u) << r.out;
   EXPECT_EQ(r.err.find("OMP_PROC_BIND"), std::string::npos) << r.err;
   r = launch("none", {});
   for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" unset unset"), std::string::npos) << r.out;
+  EXPECT_EQ(lines_of(r.out).size(), 3u) << r.out;
   EXPECT_EQ(r.err, "");
 }
 

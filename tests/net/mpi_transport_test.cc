@@ -152,6 +152,8 @@ TEST(MpiTransport, AThreadLevelBelowSerializedIsRefused) {
               worker + "'",
           &out);
   EXPECT_EQ(rc, 0) << out;
+  if (out.find("rank 0: SKIP funneled") != std::string::npos)
+    GTEST_SKIP() << "this MPI library gives MPI_THREAD_SERIALIZED when asked for less: " << out;
   EXPECT_NE(out.find("rank 0: ok funneled"), std::string::npos) << out;
   EXPECT_EQ(out.find("FAIL"), std::string::npos) << out;
 }

@@ -119,10 +119,16 @@ class Ranks(unittest.TestCase):
         import peer_procs
         for failing, code in ((["sh", "-c", "sleep 0.3; exit 3"], 3), (["sh", "-c", "sleep 0.3; kill -9 $$"], 137)):
             procs = [subprocess.Popen(["sleep", "30"]), subprocess.Popen(failing), subprocess.Popen(["sleep", "30"])]
-            t0 = time.time()
-            self.assertEqual(peer_procs.wait_ranks(procs), code)
-            self.assertLess(time.time() - t0, 10)
-            self.assertTrue(all(p.returncode is not None for p in procs))
+            try:
+                t0 = time.time()
+                self.assertEqual(peer_procs.wait_ranks(procs), code)
+                self.assertLess(time.time() - t0, 10)
+                self.assertTrue(all(p.returncode is not None for p in procs))
+            finally:  # (a failure here left the sleeps running)
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
         self.assertEqual(peer_procs.wait_ranks([subprocess.Popen(["true"]), subprocess.Popen(["true"])]), 0)
 
     def test_cores_first_takes_one_cpu_of_every_core_first(self):
@@ -168,6 +174,10 @@ class Interrupts(unittest.TestCase):
         compare.conduit_command = fake
 
         def interrupt(signum, frame):
+            # (not before the group has written its leader's pid: a loaded machine started sh later than the alarm)
+            deadline = time.time() + 10
+            while time.time() < deadline and not (os.path.exists(pidfile) and os.path.getsize(pidfile) > 0):
+                time.sleep(0.02)
             raise KeyboardInterrupt()
 
         old = signal.signal(signal.SIGALRM, interrupt)
