@@ -50,8 +50,8 @@ const bool kRegistered = register_command(10, [](CLI::App& app) {
   auto* c = app.add_subcommand(
       "launch",
       "Start N local worker processes with the rendezvous environment torchrun sets (MASTER_ADDR, MASTER_PORT, "
-      "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, CONDUIT_JOB_ID); prefix their output lines with "
-      "the rank; stop all when one fails");
+      "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, CONDUIT_JOB_ID), and OMP_NUM_THREADS=1 for "
+      "several unless it is set, as torchrun does; prefix their output lines with the rank; stop all when one fails");
   c->add_option("-n,--nprocs", opts->nprocs, "number of worker processes (1..1024)")->required();
   auto* port = c->add_option("--master-port", opts->master_port,
                              "port of the rendezvous store served by rank 0 (1..65535; default: a free port)");

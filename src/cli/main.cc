@@ -1,5 +1,6 @@
 // `conduit`: one binary for every subcommand (launch, bench, train, sim, ...).
 #include <fcntl.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
@@ -9,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/launcher.h"
@@ -160,6 +163,54 @@ std::vector<std::string> mark_program_arguments(CLI::App& app, int argc, char** 
   return args;
 }
 
+// The arguments no command took (CLI11's own message lists them last first, and names no command).
+struct Leftovers {
+  std::vector<std::string> args;
+};
+
+void collect_leftovers(CLI::App* a, Leftovers& out) {
+  for (const auto& s : a->remaining(false))
+    if (s != "--") out.args.push_back(s);
+  for (CLI::App* sub : a->get_subcommands()) collect_leftovers(sub, out);
+}
+
+CLI::App* deepest_command(CLI::App* a, std::string& path) {
+  for (CLI::App* sub : a->get_subcommands()) {
+    path += " " + sub->get_name();
+    return deepest_command(sub, path);
+  }
+  return a;
+}
+
+// One line for arguments a command does not take, or a command group given no command or an unknown one: what was
+// given, where, and what is allowed.
+std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
+  const bool extras = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
+  const bool no_command = std::string_view(e.what()).find("subcommand") != std::string_view::npos;
+  if (!extras && !no_command) return fmt::format("{} (see --help)", e.what());
+  Leftovers left;
+  collect_leftovers(&app, left);
+  std::string path = "conduit";
+  CLI::App* at = deepest_command(&app, path);
+  if (no_command) {
+    std::vector<std::string> names;
+    for (const CLI::App* s : at->get_subcommands([](const CLI::App* s) { return !s->get_name().empty(); }))
+      names.push_back(s->get_name());
+    const std::string allowed = fmt::format("allowed: {}", fmt::join(names, ", "));
+    if (!left.args.empty() && left.args.front().rfind("-", 0) != 0)
+      return fmt::format("{}: '{}' is not one of its commands; {} (see {} --help)", path, left.args.front(), allowed,
+                         path);
+    return fmt::format("{}: a command is required; {} (see {} --help)", path, allowed, path);
+  }
+  if (left.args.empty()) return fmt::format("{} (see --help)", e.what());
+  // (named after the command typed last: CLI11 hands an option its subcommand does not know to the parent)
+  for (const std::string& a : left.args)
+    if (a.size() > 1 && a[0] == '-')
+      return fmt::format("{}: unknown option '{}'; allowed: the options `{} --help` lists", path, a, path);
+  return fmt::format("{}: unexpected argument{}: {} (see {} --help)", path, left.args.size() > 1 ? "s" : "",
+                     fmt::join(left.args, " "), path);
+}
+
 }  // namespace conduit::cli
 
 int main(int argc, char** argv) {
@@ -191,7 +242,13 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // One line and exit code 2, as every other bad input (CLI11 prints two lines and its own codes, e.g. 104).
-    std::fprintf(stderr, "conduit: error: %s (see --help)\n", e.what());
+    std::string line;
+    try {
+      line = parse_error_line(app, e);
+    } catch (const std::exception&) {
+      line = fmt::format("{} (see --help)", e.what());
+    }
+    std::fprintf(stderr, "conduit: error: %s\n", line.c_str());
     return 2;
   } catch (const conduit::Error& e) {
     std::fprintf(stderr, "conduit: error: %s\n", e.what());

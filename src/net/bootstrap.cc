@@ -283,6 +283,10 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
     if (val && *val == '\0') val = nullptr;              // empty is unset, as the readers take it
     if (!val && i + 1 == std::size(kShared)) val = "0";  // the debug flag unset is off, as 0 is
     if (!val && i == 3) val = "16G";                     // the message limit unset is its default
+    // (so are the rings' sizes: a rank given the documented default met one without it as a mismatch; the fast
+    // path's limit, the cost model and the algorithm rules unset mean "automatic", which no value given is)
+    if (!val && i == 0) val = "2M";
+    if (!val && i == 2) val = "1M";
     mine += '\x1f';
     if (val) mine += "=" + normalized(i, val);  // "=" marks a set value
   }

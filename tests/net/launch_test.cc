@@ -817,7 +817,37 @@ TEST_F(LaunchTest, OptionsAfterTheProgramAreItsOwnWithoutTheSeparator) {
   EXPECT_EQ(marked.out, "[-- -n]\n") << marked.err;
   auto unknown = run({"launch", "-n", "1", "--bogus", "true"});
   EXPECT_EQ(unknown.code, 2);
-  EXPECT_EQ(unknown.err, "conduit: error: The following argument was not expected: --bogus (see --help)\n");
+  EXPECT_EQ(unknown.err,
+            "conduit: error: conduit launch: unknown option '--bogus'; allowed: the options `conduit launch --help` "
+            "lists\n");
+}
+
+// An unknown option, argument or command is named with the command it was given to and what is allowed (CLI11's
+// own line listed the arguments last first, "not expected: 1gbit --bandwith", and named no command; a command group
+// given an unknown command said only "A subcommand is required").
+TEST_F(LaunchTest, UnknownOptionsAndCommandsAreNamedWithTheirCommand) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"cluster", "up", "--bandwith", "1gbit"},
+       "conduit: error: conduit cluster up: unknown option '--bandwith'; allowed: the options `conduit cluster up "
+       "--help` lists"},
+      // (an option the subcommand does not know, which CLI11 hands to its parent)
+      {{"cluster", "run", "--bogus", "x", "--", "echo", "hi"},
+       "conduit: error: conduit cluster run: unknown option '--bogus'"},
+      {{"cluster", "foo"},
+       "conduit: error: conduit cluster: 'foo' is not one of its commands; allowed: up, down, status, exec, run (see "
+       "conduit cluster --help)"},
+      {{"cluster"}, "conduit: error: conduit cluster: a command is required; allowed: up, down, status, exec, run"},
+      {{"bogus"}, "conduit: error: conduit: 'bogus' is not one of its commands; allowed: launch, train, bench,"},
+      {{"sim", "step", "--gpus", "8", "--global-batch", "8", "--model", "gpt-7b", "extra"},
+       "conduit: error: conduit sim step: unexpected argument: extra (see conduit sim step --help)"},
+  };
+  for (const auto& [args, expect] : cases) {
+    auto r = run(args, {}, 10s);
+    ASSERT_FALSE(r.timed_out);
+    EXPECT_EQ(r.code, 2) << expect;
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_EQ(r.err.rfind(expect, 0), 0u) << r.err;
+  }
 }
 
 TEST_F(LaunchTest, ExitCodesOfCleanRuns) {
