@@ -142,12 +142,14 @@ void write_state(const ClusterState& s) {
   const std::string path = state_path(s.name);
   const std::string tmp = fmt::format("{}.tmp{}", path, static_cast<long>(getpid()));
   {
+    errno = 0;
     std::ofstream f(tmp);
     f << j.dump(2) << "\n";
     f.close();
     if (!f) {
+      const int err = errno;
       ::unlink(tmp.c_str());  // (a full disk left the partial file behind)
-      throw Error(fmt::format("cluster: cannot write {}", tmp));
+      throw Error(fmt::format("cluster: cannot write {}: {}", tmp, err ? std::strerror(err) : "write failed"));
     }
   }
   // link() fails when the name exists, atomically, and the file appears whole or not at all.
@@ -164,7 +166,9 @@ void write_state(const ClusterState& s) {
 // tbf burst: three full Ethernet frames or 1 ms of the rate, the larger; queue: 50 ms of the rate on top. tbf splits a
 // GSO super-packet larger than the burst into frames, so TCP does not stall on it; a burst of 96 KiB (once chosen to
 // hold a whole 64 KiB super-packet) let that much through at the veth's speed after every pause: a compressed
-// exchange between two compute phases crossed a 10 Mbit/s link in 1 ms instead of 54.
+// exchange between two compute phases crossed a 10 Mbit/s link in 1 ms instead of 54. The 1 ms is what tbf needs to
+// hold high rates on a small VM (at 1 Gbit/s three frames gave 44-72% of the rate, 1 ms 92-96%; docs/cluster.md):
+// after a pause a message crosses up to 1 ms sooner than the rate allows.
 long burst_bytes(double rate_bps) { return std::max<long>(3 * 1514, static_cast<long>(rate_bps / 8 * 0.001)); }
 long limit_bytes(double rate_bps) {
   return burst_bytes(rate_bps) + std::max<long>(64 * 1024, static_cast<long>(rate_bps / 8 * 0.05));

@@ -88,6 +88,9 @@ void cmd_up(const ClusterOptions& o) {
   if (!o.hosts_file.empty()) {
     links = cl::load_hosts_file(o.hosts_file, o.hosts, base, o.given);
   } else {
+    if (o.hosts == 0)
+      throw ConfigError(
+          fmt::format("cluster up: --hosts is required (1 to {}) unless --hosts-file lists them", cl::kMaxHosts));
     if (o.hosts < 1 || o.hosts > cl::kMaxHosts) {
       throw ConfigError(fmt::format("cluster up: --hosts must be between 1 and {}, got {}", cl::kMaxHosts, o.hosts));
     }

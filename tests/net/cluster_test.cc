@@ -543,6 +543,12 @@ TEST_F(ClusterTest, BadFlagsAreRejectedInOneLine) {
     EXPECT_EQ(count_lines(r.out), 1) << args << ": " << r.out;
     EXPECT_EQ(r.out.rfind("conduit: error: ", 0), 0u) << args << ": " << r.out;
   }
+  // (without --hosts it said "got 0", a value nobody gave)
+  Result none = sh(conduit() + " cluster up --name " + name + " --bandwidth 1gbit");
+  EXPECT_EQ(none.code, 2) << none.out;
+  EXPECT_NE(none.out.find("cluster up: --hosts is required (1 to 250) unless --hosts-file lists them"),
+            std::string::npos)
+      << none.out;
   EXPECT_TRUE(namespaces_of(name).empty());
 }
 
