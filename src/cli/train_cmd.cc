@@ -140,6 +140,19 @@ void run_train(const TrainArgs& a) {
   const bool notes =
       env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1 && cfg.time_limit_s == 0;
   torch_api().check_model_config(cfg, tr::training_workers(cfg), notes);
+  // A resume that its checkpoint refuses stops here once, not in every worker after each has loaded libtorch and its
+  // data (the workers check their own copies again: under mpirun each node may hold one of its own).
+  if (!cfg.resume.empty() && env_world == 0) {
+    const fs::path dir(cfg.resume);
+    nlohmann::json meta;
+    try {
+      meta = tr::read_json_file((dir / "checkpoint.json").string());
+    } catch (const Error& e) {
+      throw ConfigError(fmt::format("config: resume: {}", e.what()));
+    }
+    tr::check_checkpoint_fields(meta, dir, false);
+    tr::check_resume_against(meta, cfg, cfg.workers);
+  }
   // The whole run's deadline is the launching parent's to keep: a worker started by another launcher cannot stop its
   // peers (this one's workers read it from the parent's config.yaml and leave it to the parent).
   if (cfg.time_limit_s > 0 && env_world > 0 && !std::getenv("CONDUIT_TRAIN_PARENT"))

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "coll/communicator.h"
 #include "core/env.h"
@@ -1155,6 +1156,141 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "eval_every" << YAML::Value << c.eval_every;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
+}
+
+// The parameters a scheme's saved state depends on, its defaults filled in: what a resume must not change. Those the
+// trainer derived from its own flags (the servers' lr, momentum and weight decay; the compressor, checked on its
+// own) may change as they may for bsp; the same keys given in the spec are the spec's (DiLoCo's outer lr and
+// momentum, a dpsgd compressor): they were dropped too, so a resume fell back to the defaults without a word.
+nlohmann::json scheme_params(const SyncSpec& spec) {
+  nlohmann::json out = nlohmann::json::object();
+  if (spec.bsp()) return out;
+  sync::Params p = sync::strategy_defaults(spec.name);
+  for (const auto& [k, v] : spec.params) p[k] = v;
+  for (const auto& k : spec.derived) p.erase(k);
+  for (const auto& [k, v] : p) out[k] = v;
+  return out;
+}
+
+namespace {
+
+// A checkpoint's scheme parameters differ from this run's: a key both record with different values, or one only one
+// of them records. Checkpoints written before the spec's own lr, momentum, weight decay and compressor were recorded
+// (they were dropped with the trainer's) are not judged on those.
+bool scheme_params_differ(const nlohmann::json& saved, const nlohmann::json& now) {
+  static const std::set<std::string> kOnceDropped = {"lr", "momentum", "weight_decay", "compressor", "push_compressor"};
+  // (the same setting spelled otherwise is the same: adaptive=false against a recorded "0" was another scheme)
+  auto same = [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a == b ||
+           (a.is_string() && b.is_string() && sync::same_param_value(a.get<std::string>(), b.get<std::string>()));
+  };
+  for (const auto& [k, v] : now.items())
+    if (saved.contains(k) ? !same(saved[k], v) : !kOnceDropped.count(k)) return true;
+  for (const auto& [k, v] : saved.items())
+    if (!now.contains(k)) return true;
+  return false;
+}
+
+}  // namespace
+
+void check_resume_against(const nlohmann::json& meta, const TrainConfig& c, int world) {
+  const SyncSpec spec = effective_sync(c);
+  if (meta.value("world", 0) != world)
+    throw ConfigError(
+        fmt::format("config: resume: the checkpoint was written by {} ranks, this run has {}; "
+                    "allowed: {} ranks",
+                    meta.value("world", 0), world, meta.value("world", 0)));
+  // (the line named the checkpoint's three and not which differed, nor what this run asked for)
+  for (const auto& [field, was, now] :
+       {std::tuple<const char*, std::string, std::string>{"model", meta.value("model", std::string()), c.model},
+        {"compressor", meta.value("compressor", std::string()), c.compressor},
+        {"sync", meta.value("sync", std::string("bsp")), spec.name}})
+    if (was != now)
+      throw ConfigError(
+          was.empty()
+              ? fmt::format("config: resume: the checkpoint records no {} (this run has {}); allowed: a checkpoint "
+                            "written by conduit train",
+                            field, now)
+              : fmt::format("config: resume: the checkpoint was written with {} {}, this run has {}; allowed: {} {} "
+                            "(leave --{} out to take the checkpoint's)",
+                            field, was, now, field, was, field));
+  // The scheme's parameters too: its saved state belongs to them (local SGD restored the checkpoint's period over
+  // a new --sync-period; dpsgd's public copies would attach to another graph's neighbours).
+  if (meta.contains("sync_params") && scheme_params_differ(meta["sync_params"], scheme_params(spec)))
+    throw ConfigError(
+        fmt::format("config: resume: the checkpoint was written with sync {} {}, this run asks for "
+                    "{}; allowed: the same scheme parameters",
+                    spec.name, meta["sync_params"].dump(), scheme_params(spec).dump()));
+  // The optimizer's saved state is its kind's (sgd's momentum buffers, adam's moments; adamw decays the weights
+  // another way than adam), and the time to the target was judged against the checkpoint's target accuracy.
+  nlohmann::json same = {{"optimizer", c.optimizer}, {"target_accuracy", c.target_accuracy}};
+  // Each rank's files hold its share of the split layers.
+  if (meta.value("tp", 1) != c.tp)
+    throw ConfigError(
+        fmt::format("config: resume: the checkpoint was written with tp = {}, this run has {}; "
+                    "allowed: the same tp (each rank's model file holds its share of the split "
+                    "layers)",
+                    meta.value("tp", 1), c.tp));
+  if (meta.value("pp", 1) != c.pp)
+    throw ConfigError(
+        fmt::format("config: resume: the checkpoint was written with pp = {}, this run has {}; "
+                    "allowed: the same pp (each rank's model file holds its stage's blocks or layers)",
+                    meta.value("pp", 1), c.pp));
+  const bool saved_interleaved = meta.value("pp_schedule", std::string("1f1b")) == "interleaved";
+  if (saved_interleaved != (c.pp_schedule == "interleaved"))
+    throw ConfigError(fmt::format(
+        "config: resume: the checkpoint was written with pp_schedule {}, this run has {}; allowed: {} (a stage's "
+        "model file holds {})",
+        meta.value("pp_schedule", std::string("1f1b")), c.pp_schedule,
+        saved_interleaved ? "interleaved" : "gpipe or 1f1b",
+        saved_interleaved ? "its interleaved chunks of blocks" : "consecutive blocks or layers"));
+  // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0);
+  // stages 1 and 2 cut the same slices, so either resumes the other.
+  // Stage 3 cuts its slices per layer instead.
+  const int saved_zero = meta.value("zero", 0);
+  auto zero_kind = [](int z) { return z == 0 ? 0 : z < 3 ? 1 : 2; };
+  if (zero_kind(saved_zero) != zero_kind(c.zero))
+    throw ConfigError(fmt::format(
+        "config: resume: the checkpoint was written with zero = {}, this run has {}; allowed: {} (its optimizer "
+        "state is {})",
+        saved_zero, c.zero,
+        saved_zero == 0  ? "zero 0"
+        : saved_zero < 3 ? "zero 1 or 2"
+                         : "zero 3",
+        saved_zero == 0  ? "whole on every rank"
+        : saved_zero < 3 ? "each rank's slices of every bucket"
+                         : "each rank's slices of every layer"));
+  if (c.zero == 1 || c.zero == 2) {  // (stage 3 cuts them per layer)
+    same["bucket_cap_mb"] = c.bucket_cap_mb;
+    same["first_bucket_mb"] = c.first_bucket_mb;
+  }
+  // compress_min_bytes only matters with a compressor (which must be the checkpoint's, checked above).
+  if (c.compressor != "none") same["compress_min_bytes"] = c.compress_min_bytes;
+  for (const auto& [key, value] : same.items())
+    if (meta.contains(key) && meta[key] != value)
+      throw ConfigError(fmt::format(
+          "config: resume: the checkpoint was written with {} = {}, this run has {}; allowed: the same {}{}", key,
+          meta[key].dump(), value.dump(), key,
+          key == "optimizer" ? " (its saved state is that optimizer's)"
+          : key.find("bucket") != std::string::npos
+              ? " (with zero, each rank's optimizer state is of its slices of every bucket)"
+          : key == "compress_min_bytes" ? " (the tensors it leaves uncompressed have no compressor state: error "
+                                          "feedback's residuals and momentum would be dropped or start empty)"
+                                        : " (the evaluations before the checkpoint were judged against it)"));
+  // The sampler position (epoch, step) counts batches of this size in this seed's shuffle of this data: resumed
+  // with another, the rest of the epoch would repeat or skip samples. (Checkpoints written before these fields
+  // existed are not checked.)
+  const nlohmann::json now = {{"batch_size", c.batch_size},
+                              {"seed", c.seed},
+                              {"dataset", c.dataset},
+                              {"train_limit", c.train_limit},
+                              {"synthetic_samples", c.synthetic_samples}};
+  for (const auto& [key, value] : now.items())
+    if (meta.value("step", int64_t{0}) != 0 && meta.contains(key) && meta[key] != value)
+      throw ConfigError(
+          fmt::format("config: resume: the checkpoint was written with {} = {}, this run has {}; "
+                      "allowed: the same {} (the sampler position counts its batches)",
+                      key, meta[key].dump(), value.dump(), key));
 }
 
 }  // namespace conduit::train

@@ -142,6 +142,15 @@ int64_t checkpoint_int(const nlohmann::json& meta, const char* key, const std::f
 // the field, not a JSON library exception); without `counts_required`, a missing epoch, step, global step or world
 // passes (the launching process's check: the workers require them).
 void check_checkpoint_fields(const nlohmann::json& meta, const std::filesystem::path& dir, bool counts_required = true);
+// A checkpoint's checkpoint.json against this run's settings and its `world` of ranks: what its saved files belong
+// to (the ranks, model, compressor, sync scheme and its parameters, tp, pp and the schedule's kind, the ZeRO kind,
+// optimizer, target accuracy, ZeRO 1-2's bucket caps, compress_min_bytes, and mid-epoch the sampler's fields). A
+// one-line ConfigError naming the field, both values and what is allowed. The launching process checks it once, so
+// that a mismatch stops before any worker starts; each worker checks it again against its own copy (and the layout
+// checks only a worker can make: the pipeline's cut, a node-sized shard group).
+void check_resume_against(const nlohmann::json& meta, const TrainConfig& c, int world);
+// The parameters a scheme's saved state depends on, its defaults filled in (checkpoint.json's sync_params).
+nlohmann::json scheme_params(const SyncSpec& spec);
 // Applies `raw` over the defaults and validates; `env_world` is WORLD_SIZE of an outer launcher (0 when none) and
 // `workers_given` says whether workers was set explicitly (it must then agree with env_world).
 TrainConfig resolve_config(const RawConfig& raw, int env_world = 0, bool workers_given = false);

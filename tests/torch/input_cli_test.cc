@@ -380,6 +380,16 @@ TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
                  "(leave --model out to take the checkpoint's)"),
       std::string::npos)
       << r.out;
+  // Said once, by the launching process, before any worker starts (every worker said it, then the launcher's lines
+  // on each one's exit followed).
+  EXPECT_EQ(r.out.rfind("conduit: error: config: resume:", 0), 0u) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  r = run("train --progress false --test-limit 64 --epochs 2 --workers 3 --resume " +
+          (dir / "a" / "checkpoint").string() + " --output " + (dir / "w").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_EQ(r.out,
+            "conduit: error: config: resume: the checkpoint was written by 2 ranks, this run has 3; allowed: 2 "
+            "ranks\n");
   fs::remove_all(dir);
 }
 
