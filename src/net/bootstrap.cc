@@ -88,17 +88,30 @@ std::string new_job_id() {
   return fmt::format("{:x}{:x}", static_cast<unsigned long>(::getpid()), static_cast<unsigned long long>(t) & 0xffffffffffull);
 }
 
-// Rank r's value in the first bootstrap exchange, "<job id>\x1f<WORLD_SIZE>": ConfigError naming both sizes when its
-// WORLD_SIZE is not this rank's (every rank takes rank 0's job id, so segment names agree; the sizes go with it).
-// `serves_store`: this is rank 0 serving the TCP store.
-void check_world_size(int rank, int size, int r, const std::string& v, bool serves_store) {
+// Rank r's value in the first bootstrap exchange, "<job id>\x1f<1 when CONDUIT_JOB_ID gave it>\x1f<WORLD_SIZE>":
+// ConfigError naming both sizes when its WORLD_SIZE is not this rank's (every rank takes rank 0's job id, so segment
+// names agree; the sizes go with it), or both ids when both were given and differ: ranks of two jobs on one
+// MASTER_PORT (two launches given one --master-port: a rank of one joined the other's store and the two ran as one
+// job). `my_job`: this rank's CONDUIT_JOB_ID, empty when unset (a rank without one takes rank 0's). `serves_store`:
+// this is rank 0 serving the TCP store.
+void check_first_value(int rank, int size, const std::string& my_job, int r, const std::string& v, bool serves_store) {
   const std::string theirs = v.substr(v.rfind('\x1f') + 1);
-  if (theirs == std::to_string(size)) return;
+  const size_t first = v.find('\x1f');
+  const std::string their_job = v.substr(0, first);
+  const bool their_given = first != std::string::npos && v.compare(first + 1, 2, "1\x1f") == 0;
+  const bool other_job = !my_job.empty() && their_given && their_job != my_job;
+  if (theirs == std::to_string(size) && !other_job) return;
   // Rank 0 serves the TCP store the others still read their values from: it keeps it a while before it goes (a
   // detached thread keeping the store did not outlive the process, which exits on this error: a rank still reading
   // lost the connection instead of learning why; stopping at the first mismatch, it may not have met every rank
   // yet, and a rank coming later retried the refused connection until its deadline).
   if (serves_store) std::this_thread::sleep_for(std::chrono::seconds(5));
+  if (other_job)
+    throw ConfigError(fmt::format(
+        "rank {}: CONDUIT_JOB_ID is '{}' here but '{}' on rank {}: ranks of two jobs met at one store (another job on "
+        "this MASTER_PORT?) or were given different ids; allowed: one CONDUIT_JOB_ID on every rank of a job (or none), "
+        "and a MASTER_PORT of each job's own",
+        rank, my_job, their_job, r));
   throw ConfigError(
       fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on every rank", rank,
                   size, theirs, r));
@@ -112,7 +125,7 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
   auto b = std::make_shared<Bootstrap>();
   Deadline deadline = Deadline::after(timeout_s);
   if (mpi_launched()) {
-    mpi_init_once();
+    mpi_init_once(timeout_s);
     b->method = "mpi";
     b->rank = mpi_world_rank();
     b->size = mpi_world_size();
@@ -205,7 +218,9 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
       // The first exchange carries each rank's WORLD_SIZE: checked as each value comes (rank 0's first), so a rank
       // of a larger job stops at once rather than waiting out its deadline for ranks that will never come.
       std::function<void(int, const std::string&)> check;
-      if (n == 0) check = [&](int r, const std::string& v) { check_world_size(rank, size, r, v, rank == 0 && serves); };
+      const std::string my_job = job_id_from_env().value_or("");
+      if (n == 0)
+        check = [&](int r, const std::string& v) { check_first_value(rank, size, my_job, r, v, rank == 0 && serves); };
       // (A rank beyond this world, of a larger job, is stopped by its own check as it reads rank 0's value; this job's
       // ranks do not look for it: one that saw it and one that had looked before would stop apart, the other
       // waiting for its peer until its deadline.)
@@ -242,9 +257,11 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
   // Every rank takes rank 0's job id (CONDUIT_JOB_ID when set), so segment names agree; the world sizes go with it
   // (WORLD_SIZE set otherwise on some rank: a rank of a larger job passed the bootstrap and was refused only by the
   // tcp rendezvous, one of a smaller job ran on as a job of its own).
-  std::string job = job_id_from_env().value_or(new_job_id());
-  const std::vector<std::string> first = b->allgather(job + "\x1f" + std::to_string(b->size));
-  b->job = first[0].substr(0, first[0].rfind('\x1f'));
+  const auto given_job = job_id_from_env();
+  const std::string job = given_job.value_or(new_job_id());
+  const std::vector<std::string> first =
+      b->allgather(job + "\x1f" + (given_job ? "1" : "0") + "\x1f" + std::to_string(b->size));
+  b->job = first[0].substr(0, first[0].find('\x1f'));
   fill_hosts(*b);
   set_log_rank(b->rank);
   CONDUIT_LOG_INFO("bootstrap: rank {} of {} via {}, {} host(s)", b->rank, b->size, b->method,

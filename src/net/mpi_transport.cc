@@ -4,7 +4,9 @@
 // become Conduit exceptions) instead of killing the job: kDataComms (64) carry messages, one more carries abort
 // notices (every rank keeps one MPI_Irecv(MPI_ANY_SOURCE) posted on it; abort() sends its reason to every peer).
 //
-// Start-up: the 65 duplicates are 65 collectives on MPI_COMM_WORLD, which MPI cannot interrupt. Each is an
+// Start-up: MPI_Init_thread itself waits for every rank, with no deadline: a watchdog ends the process past the
+// start-up deadline (mpi_init_once). Then the 65 duplicates are 65 collectives on MPI_COMM_WORLD, which MPI cannot
+// interrupt. Each is an
 // MPI_Comm_idup (MPI-3) polled with MPI_Test against the caller's deadline (CONDUIT_TIMEOUT by default), one after
 // another (several outstanding idups on one communicator have hung OpenMPI before), as is the host-name exchange
 // (MPI_Iallgather): a rank that never comes is a TimeoutError naming the step, not a hang. MPI allows neither
@@ -57,7 +59,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -871,9 +875,46 @@ bool mpi_launched() {
   return false;
 }
 
-void mpi_init_once() {
+// Ends the process when MPI_Init_thread has not returned within `seconds` (0: no deadline): it waits for every rank
+// of the job, and a rank that never starts MPI (killed, stuck before it, a program that is not an MPI one) left the
+// others there with no word.
+class InitWatchdog {
+ public:
+  explicit InitWatchdog(double seconds) {
+    if (seconds <= 0) return;
+    thread_ = std::thread([this, seconds] {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
+      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      std::fprintf(stderr,
+                   "conduit: error: mpi: MPI_Init_thread did not return within %g s on rank %s: a rank of this job has "
+                   "not started MPI (gone, stuck before it, or not an MPI program); allowed: every rank starting MPI "
+                   "within CONDUIT_TIMEOUT\n",
+                   seconds, rank ? rank : "?");
+      std::fflush(stderr);
+      ::_exit(2);
+    });
+  }
+  ~InitWatchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+void mpi_init_once(double timeout_s) {
   static std::once_flag once;
-  std::call_once(once, [] {
+  std::call_once(once, [timeout_s] {
     int init = 0;
     MPI_Initialized(&init);
     int provided = MPI_THREAD_SINGLE;
@@ -881,7 +922,10 @@ void mpi_init_once() {
       if (mpi_finalized()) throw Error("mpi transport: MPI was already finalized in this process");
       MPI_Query_thread(&provided);
     } else {
-      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+      {
+        InitWatchdog watchdog(timeout_s);
+        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+      }
       std::atexit(finalize_at_exit);
     }
     // Conduit calls MPI from its communicators' worker threads (and parameter-server and gossip threads): below

@@ -17,7 +17,10 @@ bool mpi_launched();
 // MPI_Init_thread(MPI_THREAD_MULTIPLE) once per process (a no-op when the program already initialized MPI);
 // registers MPI_Finalize with atexit. When the library provides less than MULTIPLE a warning is logged and every
 // MPI call Conduit makes is serialized by one mutex (env CONDUIT_MPI_SERIALIZE=1 forces that mode, for tests).
-void mpi_init_once();
+// `timeout_s` > 0: MPI_Init_thread waits for every rank of the job to start MPI, with no deadline of its own (a rank
+// that never came hung the others there, silently): past timeout_s this process ends with one line and exit code 2,
+// and mpirun then stops the job as for any rank that exits without MPI_Finalize.
+void mpi_init_once(double timeout_s = 0);
 // The process is about to exit with `code` after an error: when MPI is initialized, the exit calls MPI_Abort instead
 // of MPI_Finalize (OpenMPI's MPI_Finalize waits for every rank, and ranks still inside an MPI collective of the
 // start-up never come: the job hung with its error printed).

@@ -63,6 +63,15 @@ bool loopback_address(const std::string& addr) {
 }
 }  // namespace
 
+bool connected_to_itself(int fd) {
+  sockaddr_storage mine{}, peer{};
+  socklen_t ml = sizeof mine, pl = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &ml) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+    return false;
+  return ml == pl && std::memcmp(&mine, &peer, ml) == 0;
+}
+
 std::string store_listen_host(const std::string& master_addr) {
   return loopback_address(master_addr) ? master_addr : "*";
 }
@@ -887,6 +896,14 @@ class TcpStore : public Store {
     }
     if (rc != 0) {
       *why = std::strerror(errno);
+      close(fd);
+      return -1;
+    }
+    // Nothing listening on a port of the kernel's ephemeral range: a retried connect can be handed that very port as
+    // its own and meet itself (TCP's simultaneous open), and its requests then came back as malformed replies. It is
+    // a refusal, and its port goes back at once (held, it kept rank 0 from listening there).
+    if (connected_to_itself(fd)) {
+      *why = std::strerror(ECONNREFUSED);
       close(fd);
       return -1;
     }

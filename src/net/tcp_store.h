@@ -18,5 +18,8 @@ std::string store_listen_host(const std::string& master_addr);
 // "localhost" or a name under it (RFC 6761): the server listens everywhere, as for a name, but serves loopback peers
 // only.
 bool names_localhost(const std::string& master_addr);
+// A connected TCP socket whose own address is its peer's: a connect to a port with no listener that the kernel gave
+// that same port as its source (simultaneous open).
+bool connected_to_itself(int fd);
 
 }  // namespace conduit::net

@@ -196,6 +196,32 @@ TEST(TcpStore, SetGetAddCheck) {
   EXPECT_EQ(c->add("n", 1), 4);
 }
 
+// A connect that met itself (its source port the one it dialled, nothing listening there) is told apart from a
+// server: made here directly, by binding the socket to the address it then connects to.
+TEST(TcpStore, AConnectionToItselfIsToldApart) {
+  const int port = conduit::test::unused_port();
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  EXPECT_TRUE(conduit::net::connected_to_itself(fd));
+  ::close(fd);
+  // and a real server's connection is not
+  int sport = 0;
+  auto server = start_server(&sport);
+  const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  a.sin_port = htons(static_cast<uint16_t>(sport));
+  ASSERT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  EXPECT_FALSE(conduit::net::connected_to_itself(c));
+  ::close(c);
+}
+
 TEST(TcpStore, LargeValue) {
   int port = 0;
   auto server = start_server(&port);
