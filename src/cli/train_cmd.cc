@@ -20,6 +20,9 @@
 #include "core/files.h"
 #include "net/mpi_transport.h"
 #include "torch/config.h"
+#ifdef CONDUIT_WITH_COMPRESS
+#include "compress/compressor.h"
+#endif
 #include "torch/metrics.h"
 #include "torch/stages.h"
 #include "torch/trainer.h"
@@ -140,6 +143,22 @@ void run_train(const TrainArgs& a) {
   const bool notes =
       env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1 && cfg.time_limit_s == 0;
   torch_api().check_model_config(cfg, tr::training_workers(cfg), notes);
+#ifdef CONDUIT_WITH_COMPRESS
+  // A compressor set to send more than the gradient itself (a sparsifier keeping over half of the values, each with
+  // its index; a quantizer with a scale every element or two) is legal but defeats its purpose: said once.
+  if (notes && cfg.compressor != "none" && tr::zero_int_wire(cfg.compressor).bits != 4) {
+    const auto comp = compress::parse_compressor(cfg.compressor);
+    compress::TensorState st;
+    st.shape = {1024, 1024};
+    const size_t n = size_t{1024} * 1024, plain = n * 4;
+    const size_t wire = comp->fixed_size() ? comp->wire_bytes(n, st) : 0;
+    if (wire > plain)
+      std::fprintf(stderr,
+                   "train: warning: compressor %s sends %.2f MB for a 1024 x 1024 f32 gradient, more than its %.2f MB "
+                   "uncompressed (compressor none)\n",
+                   cfg.compressor.c_str(), wire / 1e6, plain / 1e6);
+  }
+#endif
   // A resume that its checkpoint refuses stops here once, not in every worker after each has loaded libtorch and its
   // data (the workers check their own copies again: under mpirun each node may hold one of its own).
   if (!cfg.resume.empty() && env_world == 0) {

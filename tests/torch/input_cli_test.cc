@@ -567,6 +567,25 @@ TEST(TrainInputProcesses, ATimeLimitStopsTheWholeRunWithExitCode124) {
   fs::remove_all(dir);
 }
 
+// A compressor set to send more than the gradient (a top-k keeping 60%: each value with its index; uint8 with a scale
+// every element) was taken without a word.
+TEST(TrainInputProcesses, ACompressorThatSendsMoreThanTheGradientIsWarnedOf) {
+  const fs::path dir = temp_dir("inflating");
+  const std::string one =
+      "train --dataset synthetic --model mlp --workers 1 --synthetic-samples 256 --test-limit 64 "
+      "--progress false --epochs 1 ";
+  auto r = run(one + "--compressor topk:ratio=0.6 --output " + (dir / "a").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("train: warning: compressor topk:ratio=0.6 sends 5.03 MB for a 1024 x 1024 f32 gradient, more "
+                       "than its 4.19 MB uncompressed (compressor none)"),
+            std::string::npos)
+      << r.out;
+  r = run(one + "--compressor topk:ratio=0.4 --output " + (dir / "b").string());
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("more than its"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 TEST(TrainInputProcesses, KeysGivenTwiceAndABadLogLevelAreOneLine) {
   auto r = run(kTrain + " --epochs 1 --compressor topk:ratio=0.1,ratio=0.2 --output /tmp/unused-conduit-input");
   EXPECT_EQ(r.code, 2) << r.out;
