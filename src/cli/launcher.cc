@@ -910,7 +910,8 @@ int run_local_workers(const LaunchSpec& spec) {
   const auto grace_time = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace));
   // (1e-300 stopped the job at once: the least is CONDUIT_TIMEOUT's)
   if (!(spec.timeout_seconds == 0 || (spec.timeout_seconds >= 0.001 && spec.timeout_seconds <= 1e7)))
-    throw ConfigError(fmt::format("launch: {} {:g} is invalid: allowed: 0 (none) or seconds from 0.001 up to 1e7",
+    throw ConfigError(fmt::format("{}: {} {:g} is invalid: allowed: 0 (none) or seconds from 0.001 up to 1e7",
+                                  spec.name.rfind("conduit ", 0) == 0 ? spec.name.substr(8) : spec.name,
                                   spec.timeout_name, spec.timeout_seconds));
   // The flags first: a bad --bind was reported as the program's failure to run when both were wrong.
   const std::vector<int> bind_cpus = binding_cpus(spec);

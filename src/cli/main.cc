@@ -186,12 +186,19 @@ CLI::App* deepest_command(CLI::App* a, std::string& path) {
 // given, where, and what is allowed.
 std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
   const bool extras = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
-  const bool no_command = std::string_view(e.what()).find("subcommand") != std::string_view::npos;
+  // (by its type and CLI11's own words, not by a word anywhere in it: a value typed "subcommand" was taken for one)
+  const std::string_view what = e.what();
+  const bool no_command = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
+                          (what.rfind("A subcommand", 0) == 0 || what.rfind("Requires at least", 0) == 0);
   if (!extras && !no_command) return fmt::format("{} (see --help)", e.what());
   Leftovers left;
   collect_leftovers(&app, left);
   std::string path = "conduit";
   CLI::App* at = deepest_command(&app, path);
+  // An unknown option is named first wherever the parse stopped (`conduit --bogus` said a command is required).
+  for (const std::string& a : left.args)
+    if (a.size() > 1 && a[0] == '-')
+      return fmt::format("{}: unknown option '{}'; allowed: the options `{} --help` lists", path, a, path);
   if (no_command) {
     std::vector<std::string> names;
     for (const CLI::App* s : at->get_subcommands([](const CLI::App* s) { return !s->get_name().empty(); }))
@@ -203,10 +210,8 @@ std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
     return fmt::format("{}: a command is required; {} (see {} --help)", path, allowed, path);
   }
   if (left.args.empty()) return fmt::format("{} (see --help)", e.what());
-  // (named after the command typed last: CLI11 hands an option its subcommand does not know to the parent)
-  for (const std::string& a : left.args)
-    if (a.size() > 1 && a[0] == '-')
-      return fmt::format("{}: unknown option '{}'; allowed: the options `{} --help` lists", path, a, path);
+  // (options were named above, after the command typed last: CLI11 hands one its subcommand does not know to the
+  // parent)
   return fmt::format("{}: unexpected argument{}: {} (see {} --help)", path, left.args.size() > 1 ? "s" : "",
                      fmt::join(left.args, " "), path);
 }

@@ -5,12 +5,15 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "cli/launcher.h"
 #include "cli/registry.h"
@@ -140,8 +143,7 @@ void run_train(const TrainArgs& a) {
   const char* rank_text = nullptr;
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK"})
     if (!rank_text) rank_text = std::getenv(v);
-  const bool notes =
-      env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1 && cfg.time_limit_s == 0;
+  const bool notes = env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1;
   torch_api().check_model_config(cfg, tr::training_workers(cfg), notes);
 #ifdef CONDUIT_WITH_COMPRESS
   // A compressor set to send more than the gradient itself (a sparsifier keeping over half of the values, each with
@@ -169,20 +171,29 @@ void run_train(const TrainArgs& a) {
     } catch (const Error& e) {
       throw ConfigError(fmt::format("config: resume: {}", e.what()));
     }
-    tr::check_checkpoint_fields(meta, dir, false);
+    tr::check_checkpoint_fields(meta, dir, true);  // (as the workers do: a missing world was "0 ranks")
     tr::check_resume_against(meta, cfg, cfg.workers);
   }
-  // The whole run's deadline is the launching parent's to keep: a worker started by another launcher cannot stop its
-  // peers (this one's workers read it from the parent's config.yaml and leave it to the parent).
-  if (cfg.time_limit_s > 0 && env_world > 0 && !std::getenv("CONDUIT_TRAIN_PARENT"))
+  // The whole run's deadline is kept by the process that starts the workers (its launcher, which does not write it
+  // into the workers' config.yaml): a worker started by another launcher cannot stop its peers.
+  if (cfg.time_limit_s > 0 && env_world > 0)
     throw ConfigError(fmt::format(
         "config: time_limit_s: {:g} s is kept by conduit train's own launcher, and this process is one worker of "
         "another (mpirun, torchrun, conduit launch); allowed: that launcher's own limit (mpirun --timeout, conduit "
         "launch --timeout), or time_limit_s 0",
         cfg.time_limit_s));
+  // One worker runs in this process, and keeps its deadline itself (through the launcher it lost its terminal's
+  // progress bar and gained a rank prefix and a TCP store).
+  if (env_world == 0 && cfg.workers == 1 && cfg.time_limit_s > 0) {
+    std::thread([limit = cfg.time_limit_s] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(limit));
+      std::fprintf(stderr, "conduit train: 1 worker still running at time_limit_s %g s; stopping it\n", limit);
+      std::fflush(nullptr);
+      std::_Exit(124);  // (as timeout(1); no checkpoint is written, as for the workers the launcher stops)
+    }).detach();
+  }
 
-  // (one worker with a deadline runs under the launcher as well, which keeps it)
-  if (env_world > 0 || (cfg.workers == 1 && cfg.time_limit_s == 0)) {
+  if (env_world > 0 || cfg.workers == 1) {
     // This process is one worker.
     coll::CommConfig cc;
     cc.timeout_s = cfg.timeout_s;
@@ -224,11 +235,8 @@ void run_train(const TrainArgs& a) {
   spec.name = "conduit train";
   spec.timeout_seconds = cfg.time_limit_s;
   spec.timeout_name = "time_limit_s";
-  // One intra-op thread per worker: the workers share the cores (one alone keeps libtorch's threads, as it has
-  // when it runs in this process).
-  spec.extra_env = {{"CONDUIT_TRAIN_PARENT", "1"}};
-  if (cfg.workers > 1)  // (one alone is not bound either)
-    spec.extra_env.insert(spec.extra_env.begin(), {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}});
+  // One intra-op thread per worker: the workers share the cores.
+  spec.extra_env = {{"OMP_NUM_THREADS", "1"}, {"OPENBLAS_NUM_THREADS", "1"}, {"CONDUIT_TRAIN_PARENT", "1"}};
   if (cfg.transport != "auto") spec.extra_env.push_back({"CONDUIT_TRANSPORT", cfg.transport});
   if (cfg.pp > 1 && cfg.model != "vit") {
     // The stages' forward work, for the binding: bound k mod C, 2 pipelines of the cnn on 2 cores put both heavy

@@ -15,6 +15,7 @@
 #include "coll/algorithms.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "net/bootstrap.h"
 #include "net/wire.h"
 
 namespace conduit::coll {
@@ -39,7 +40,7 @@ Blocks::Blocks(size_t total, int parts) : count(parts), offset(parts) {
 size_t ring_segment_bytes() {
   static const size_t v = [] {
     auto s = env_string("CONDUIT_RING_SEGMENT_BYTES");
-    size_t b = s ? parse_bytes(*s, "CONDUIT_RING_SEGMENT_BYTES") : (1u << 20);
+    size_t b = s ? parse_bytes(*s, "CONDUIT_RING_SEGMENT_BYTES") : net::kDefaultRingSegmentBytes;
     // (0 was raised to 64 without a word: every megabyte then took 16,384 steps)
     if (b < 64 || b > (size_t{1} << 30))
       throw ConfigError(fmt::format("CONDUIT_RING_SEGMENT_BYTES='{}' is {} bytes (allowed: 64 bytes to 1G)", *s, b));

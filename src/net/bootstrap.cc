@@ -302,8 +302,10 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
     if (!val && i == 3) val = "16G";                     // the message limit unset is its default
     // (so are the rings' sizes: a rank given the documented default met one without it as a mismatch; the fast
     // path's limit, the cost model and the algorithm rules unset mean "automatic", which no value given is)
-    if (!val && i == 0) val = "2M";
-    if (!val && i == 2) val = "1M";
+    const std::string shm_default = std::to_string(kDefaultShmRingBytes);
+    const std::string segment_default = std::to_string(kDefaultRingSegmentBytes);
+    if (!val && i == 0) val = shm_default.c_str();
+    if (!val && i == 2) val = segment_default.c_str();
     mine += '\x1f';
     if (val) mine += "=" + normalized(i, val);  // "=" marks a set value
   }

@@ -6,6 +6,7 @@
 //   - otherwise: a single rank.
 // Then a transport: CONDUIT_TRANSPORT=auto (default: shm to peers on the same host, tcp to the others), tcp, shm
 // or mpi.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,11 @@
 #include "net/transport.h"
 
 namespace conduit::net {
+
+// The defaults of two settings the ranks must agree on (make_transport compares them, unset as its default):
+// CONDUIT_SHM_RING_BYTES (each shm ring) and CONDUIT_RING_SEGMENT_BYTES (the ring algorithms' segments, coll/ring.cc).
+inline constexpr uint64_t kDefaultShmRingBytes = uint64_t{2} << 20;
+inline constexpr uint64_t kDefaultRingSegmentBytes = uint64_t{1} << 20;
 
 struct Bootstrap {
   int rank = 0;

@@ -885,7 +885,9 @@ class InitWatchdog {
     thread_ = std::thread([this, seconds] {
       std::unique_lock<std::mutex> lock(mu_);
       if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
-      const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      const char* rank = nullptr;
+      for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+        if (!rank) rank = std::getenv(v);
       std::fprintf(stderr,
                    "conduit: error: mpi: MPI_Init_thread did not return within %g s on rank %s: a rank of this job has "
                    "not started MPI (gone, stuck before it, or not an MPI program); allowed: every rank starting MPI "

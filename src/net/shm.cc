@@ -32,6 +32,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/reduce.h"
+#include "net/bootstrap.h"
 #include "net/matching.h"
 #include "net/wire.h"
 
@@ -1269,7 +1270,7 @@ thread_local uint32_t ShmTransport::tl_polls_ = 0;
 // CONDUIT_SHM_RING_BYTES: each ring's size (default 2M).
 uint64_t shm_ring_bytes() {
   auto s = env_string("CONDUIT_SHM_RING_BYTES");
-  if (!s) return 2ull << 20;
+  if (!s) return kDefaultShmRingBytes;
   constexpr const char* allowed = "a power of two from 4K to 1G";
   const uint64_t b = parse_bytes(*s, "CONDUIT_SHM_RING_BYTES", allowed);
   if (b < 4096 || b > kMaxRingBytes || (b & (b - 1)) != 0)

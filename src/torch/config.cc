@@ -197,7 +197,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"time_limit_s",
        "the whole run's deadline in seconds, from the workers' start (mpirun's --timeout): workers still running "
        "then are stopped as on SIGTERM (no checkpoint is written) and conduit train exits 124; kept by conduit "
-       "train's own launcher (under mpirun or torchrun give theirs); 0: none (default 0)"},
+       "train itself, not by its workers (under mpirun or torchrun give theirs); 0: none (default 0)"},
       {"sync",
        "synchronization scheme name[:key=value,...]: bsp | local | diloco | easgd | dpsgd | sgp | adpsgd | "
        "ps-asp | ps-ssp | ps-bsp (default bsp; docs/sync.md)"},
@@ -1148,7 +1148,6 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "synthetic_samples" << YAML::Value << c.synthetic_samples;
   e << YAML::Key << "progress" << YAML::Value << (c.progress ? "true" : "false");
   e << YAML::Key << "timeout_s" << YAML::Value << fmt::format("{}", c.timeout_s);
-  e << YAML::Key << "time_limit_s" << YAML::Value << fmt::format("{}", c.time_limit_s);
   e << YAML::Key << "sync" << YAML::Value << c.sync;
   e << YAML::Key << "sync_period" << YAML::Value << c.sync_period;
   e << YAML::Key << "staleness" << YAML::Value << c.staleness;

@@ -840,6 +840,12 @@ TEST_F(LaunchTest, UnknownOptionsAndCommandsAreNamedWithTheirCommand) {
       {{"bogus"}, "conduit: error: conduit: 'bogus' is not one of its commands; allowed: launch, train, bench,"},
       {{"sim", "step", "--gpus", "8", "--global-batch", "8", "--model", "gpt-7b", "extra"},
        "conduit: error: conduit sim step: unexpected argument: extra (see conduit sim step --help)"},
+      // (an option where a command belongs is named; a value that reads "subcommand" is a bad value, not a missing
+      // command)
+      {{"--bogus"}, "conduit: error: conduit: unknown option '--bogus'"},
+      {{"cluster", "--bogus"}, "conduit: error: conduit cluster: unknown option '--bogus'"},
+      {{"launch", "-n", "subcommand", "--", "true"},
+       "conduit: error: --nprocs: 'subcommand': an integer in decimal digits"},
   };
   for (const auto& [args, expect] : cases) {
     auto r = run(args, {}, 10s);

@@ -390,6 +390,18 @@ TEST(TrainInputProcesses, ResumeTakesTheCheckpointsSettings) {
   EXPECT_EQ(r.out,
             "conduit: error: config: resume: the checkpoint was written by 2 ranks, this run has 3; allowed: 2 "
             "ranks\n");
+  // A checkpoint without its world says so (the launching process's check read it as "0 ranks").
+  {
+    const fs::path meta = dir / "a" / "checkpoint" / "checkpoint.json";
+    auto j = nlohmann::json::parse(std::ifstream(meta));
+    j.erase("world");
+    std::ofstream(meta) << j.dump();
+  }
+  r = run("train --progress false --test-limit 64 --epochs 2 --resume " + (dir / "a" / "checkpoint").string() +
+          " --output " + (dir / "nw").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("'world'"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("0 ranks"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 
@@ -542,10 +554,19 @@ TEST(TrainInputProcesses, ATimeLimitStopsTheWholeRunWithExitCode124) {
   EXPECT_NE(r.out.find("conduit train: 2 workers still running at time_limit_s 4 s; stopping them"), std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("conduit train: mlp"), std::string::npos) << r.out;  // (no summary)
+  // (the workers' config.yaml does not hold it: rerun under another launcher, it would be refused there)
+  {
+    std::ifstream in(dir / "two" / "config.yaml");
+    const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(yaml.find("timeout_s"), std::string::npos) << yaml;
+    EXPECT_EQ(yaml.find("time_limit_s"), std::string::npos) << yaml;
+  }
+  // One worker keeps its own deadline, in this process (its output as without one: no rank prefix).
   r = run(kTrain + " --workers 1 --epochs 10000 --time-limit-s 4 --output " + (dir / "one").string());
   EXPECT_EQ(r.code, 124) << r.out;
   EXPECT_NE(r.out.find("conduit train: 1 worker still running at time_limit_s 4 s; stopping it"), std::string::npos)
       << r.out;
+  EXPECT_EQ(r.out.find("[rank 0]"), std::string::npos) << r.out;
   // One worker that ends in time: its summary once, as without a limit.
   r = run(kTrain + " --workers 1 --epochs 1 --time-limit-s 600 --output " + (dir / "done").string());
   EXPECT_EQ(r.code, 0) << r.out;
