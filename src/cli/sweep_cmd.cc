@@ -110,6 +110,11 @@ struct SweepSpec {
   std::string ddp_script;
 };
 
+// A network's label, at most (it is part of every cell folder's name, which the file system caps at 255 bytes).
+constexpr size_t kMaxLabel = 64;
+// Cells in one grid, at most (networks x seeds x configurations: a typo of a list made 120,000 cells, days of runs).
+constexpr double kMaxCells = 10000;
+
 volatile sig_atomic_t g_stop = 0;
 void on_stop(int sig) { g_stop = sig; }
 constexpr int kStops[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
@@ -201,7 +206,13 @@ SweepSpec load_spec(const std::string& path) {
   }
   SweepSpec s;
   try {
-    if (root["name"]) s.name = scalar(root["name"], "name");
+    if (root["name"]) {
+      s.name = scalar(root["name"], "name");
+      // (an empty one named the output folder runs/sweep- and the sweep in its lines nothing)
+      if (s.name.empty())
+        throw ConfigError(
+            fmt::format("sweep: {}: name is empty; allowed: a name such as demo, or leave name out", path));
+    }
     if (root["output"]) s.output = scalar(root["output"], "output");
     auto number = [&](const char* key, const char* allowed) {
       try {
@@ -229,8 +240,10 @@ SweepSpec load_spec(const std::string& path) {
       s.seeds.clear();
       for (const auto& v : string_list(root["seeds"], "seeds")) {
         if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) throw std::invalid_argument(v);
-        // (conduit train's --seed takes at most INT64_MAX: a larger one failed every cell after its cluster came up)
-        const unsigned long long seed = std::stoull(v);
+        // (conduit train's --seed takes at most INT64_MAX: a larger one failed every cell after its cluster came up;
+        // one past 2^64 - 1 was called not a non-negative integer)
+        const size_t digits = v.size() - std::min(v.find_first_not_of('0'), v.size());
+        const unsigned long long seed = digits > 19 ? ULLONG_MAX : std::stoull(v);
         if (seed > static_cast<unsigned long long>(INT64_MAX))
           throw ConfigError(fmt::format("sweep: {}: seed {} is too large; allowed: 0 to {}", path, v, INT64_MAX));
         s.seeds.push_back(seed);
@@ -244,9 +257,10 @@ SweepSpec load_spec(const std::string& path) {
   if (s.hosts < 1 || s.hosts > cl::kMaxHosts) {
     throw ConfigError(fmt::format("sweep: hosts must be between 1 and {}, got {}", cl::kMaxHosts, s.hosts));
   }
-  if (!(s.timeout_s > 0 && s.timeout_s <= 7 * 86400))
-    throw ConfigError(
-        fmt::format("sweep: timeout_s = {} (allowed: seconds in (0, 604800]: every cell has a deadline)", s.timeout_s));
+  // (below a second no cell can bring up its workers: 0.001 passed and every cell timed out)
+  if (!(s.timeout_s >= 1 && s.timeout_s <= 7 * 86400))
+    throw ConfigError(fmt::format(
+        "sweep: timeout_s = {} (allowed: seconds from 1 to 604800: every cell has a deadline)", s.timeout_s));
   if (s.seeds.empty()) throw ConfigError("sweep: seeds must list at least one seed");
   if (std::set<uint64_t>(s.seeds.begin(), s.seeds.end()).size() != s.seeds.size())
     throw ConfigError("sweep: seeds lists a seed twice (the cells would repeat)");
@@ -307,9 +321,25 @@ SweepSpec load_spec(const std::string& path) {
           "output per cell; a config file's values); remove it",
           k));
   }
+  // timeout (the peer's) and timeout_s (conduit train's, the peer's --timeout too) both became the peer's --timeout,
+  // and the last won.
+  {
+    bool timeout = false, timeout_s = false;
+    for (const auto& [k, v] : s.train) {
+      timeout = timeout || k == "timeout";
+      timeout_s = timeout_s || k == "timeout-s";
+    }
+    if (timeout && timeout_s)
+      throw ConfigError(
+          "sweep: train: 'timeout' and 'timeout_s' are both given, and both are the DDP peer's --timeout (the "
+          "last one won); allowed: one of them (timeout_s, which conduit train takes too)");
+  }
   // DDP peer cells take the train: keys bench/peers/ddp_train.py has; one that changes what is trained and that it
   // lacks would make the peer train something else than the cells it is compared with (weight_decay was dropped; tp
-  // and pp divide the workers into fewer data-parallel replicas, a smaller global batch than the peer's).
+  // and pp divide the workers into fewer data-parallel replicas, a smaller global batch than the peer's). A key of
+  // conduit train's the peer has no flag for is taken only at the value that is what the peer does (micro_batches
+  // 2, time_limit_s and first_bucket_mb were passed to the Conduit cells alone, silently); trace and
+  // checkpoint_every, which change nothing that is compared, go to the Conduit cells alone.
   if (!s.peers.empty())
     for (const auto& [k, v] : s.train) {
       if (k == "model" && v != "cnn" && v != "mlp")
@@ -337,6 +367,59 @@ SweepSpec load_spec(const std::string& path) {
             "sweep: train: '{}' is not something the PyTorch DDP peer (peers:) can do, so its cells would train "
             "differently from the ones they are compared with; allowed with peers: {}; remove it or the peers",
             k, join(std::vector<std::string>(ddp_keys().begin(), ddp_keys().end()), ", ")));
+      // The peer does what these say at one value: the value conduit train takes by default.
+      static const std::map<std::string, std::pair<std::string, const char*>> kPeerDoes = {
+          {"micro-batches", {"1", "it steps once a batch"}},
+          {"time-limit-s", {"0", "it has no whole-run deadline; timeout_s: is each cell's"}},
+          {"first-bucket-mb", {"1", "DDP's first bucket is 1 MiB"}},
+          {"compress-min-bytes", {"0", "its hook compresses every bucket"}},
+          {"overlap", {"true", "DDP communicates while backward runs"}},
+          {"sequence-parallel", {"false", "it has no tensor parallelism"}},
+          {"recompute", {"false", "it has no pipeline"}},
+          {"pp-schedule", {"1f1b", "it has no pipeline"}},
+          {"zero-prefetch", {"true", "its --zero is PyTorch's ZeroRedundancyOptimizer, without that setting"}},
+          {"zero-hpz", {"0", "its --zero is PyTorch's ZeroRedundancyOptimizer, without that setting"}},
+          {"zero-shard-group", {"0", "its --zero is PyTorch's ZeroRedundancyOptimizer, without that setting"}},
+          {"zero-allgather-mb", {"0", "its --zero is PyTorch's ZeroRedundancyOptimizer, without that setting"}},
+          {"zero-reduce", {"step", "its --zero is PyTorch's ZeroRedundancyOptimizer, without that setting"}}};
+      static const std::set<std::string> kConduitOnly = {"trace", "checkpoint-every"};
+      // (zero-gather f32 and zero: the peer's ZeRO gathers f32 weights; zero 1-3 is its --zero)
+      const bool passed = ddp_keys().count(k) > 0 || k == "timeout-s" || k == "zero" || k == "zero-gather";
+      bool conduit_key = false;  // (one that is none is refused below as such)
+#ifdef CONDUIT_WITH_TORCH
+      {
+        std::string key = k;
+        std::replace(key.begin(), key.end(), '-', '_');
+        for (const auto& [ck, desc] : train::config_keys()) conduit_key = conduit_key || ck == key;
+      }
+#endif
+      if (const auto it = kPeerDoes.find(k); it != kPeerDoes.end()) {
+        const std::string& at = it->second.first;
+        // (as conduit train reads the value: 1.0 is 1, yes is true)
+        const auto norm = [](const std::string& x) {
+          if (x == "true" || x == "yes" || x == "on") return std::string("true");
+          if (x == "false" || x == "no" || x == "off") return std::string("false");
+          char* end = nullptr;
+          const double d = std::strtod(x.c_str(), &end);
+          return !x.empty() && *end == '\0' ? fmt::format("{:g}", d) : x;
+        };
+        if (norm(v) != norm(at))
+          throw ConfigError(
+              fmt::format("sweep: train: '{}' {} is not something the PyTorch DDP peer (peers:) takes ({}), so its "
+                          "cells would run differently from the ones they are compared with; allowed with peers: "
+                          "{} {}, or leave it out",
+                          k, v, it->second.second, k, at));
+      } else if (!passed && !kConduitOnly.count(k) && conduit_key) {
+        throw ConfigError(
+            fmt::format("sweep: train: '{}' is not something the PyTorch DDP peer (peers:) takes; allowed with "
+                        "peers: {}, timeout_s, zero, and trace and checkpoint_every (Conduit cells only)",
+                        k, join(std::vector<std::string>(ddp_keys().begin(), ddp_keys().end()), ", ")));
+      }
+      if (kConduitOnly.count(k) && s.schemes.empty())
+        throw ConfigError(
+            fmt::format("sweep: train: '{}' applies to Conduit's train cells only and this grid has none (peers "
+                        "alone); allowed: compressors: or schemes: beside it, or leave it out",
+                        k));
     }
 #ifdef CONDUIT_WITH_TORCH
   // Train cells pass every train: key to `conduit train`; a grid of DDP peers alone passes only the keys it shares,
@@ -518,6 +601,18 @@ SweepSpec load_spec(const std::string& path) {
         // directory, so the same sweep file worked from one directory only).
         hosts_file = v.empty() || fs::path(v).is_absolute() ? v : (fs::path(path).parent_path() / v).string();
       } else if (k == "label") {
+        // It names the cells' folders and the plots' lines: a 250-character one passed here and the sweep died on
+        // "File name too long" after its first cell; a newline broke the results and the plot titles.
+        if (v.empty() || v.size() > kMaxLabel ||
+            std::any_of(v.begin(), v.end(), [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; }))
+          throw ConfigError(
+              fmt::format("sweep: {}.label is {}; allowed: 1 to {} characters without control characters "
+                          "(newlines, tabs)",
+                          where,
+                          v.empty()              ? std::string("empty")
+                          : v.size() > kMaxLabel ? fmt::format("{} characters long", v.size())
+                                                 : std::string("a text with control characters"),
+                          kMaxLabel));
         n.label = v;
       } else {
         throw ConfigError(
@@ -567,6 +662,26 @@ SweepSpec load_spec(const std::string& path) {
   }
   if (s.schemes.empty() && s.peers.empty() && !s.has_bench) {
     throw ConfigError("sweep: nothing to run; give compressors (and schemes), peers, or bench");
+  }
+  // The DDP peer's own settings without peers: applied to nothing (a misplaced or commented-out peers: went unseen).
+  if (s.peers.empty())
+    for (const char* key : {"python", "ddp_script", "peer_powersgd_rank"})
+      if (root[key])
+        throw ConfigError(
+            fmt::format("sweep: {} is a setting of the PyTorch DDP peer cells and {} has no peers:; allowed: "
+                        "peers: (none, fp16, powersgd) beside it, or leave {} out",
+                        key, path, key));
+  {
+    // (make_cells' count, before any is made: 120,000 cells were taken, and days of runs)
+    double configs = static_cast<double>(s.peers.size()) + (s.has_bench ? 1 : 0);
+    for (const auto& sc : s.schemes)
+      for (const auto& comp : s.compressors) configs += compressor_applies(sc, comp) ? 1 : 0;
+    const double cells = static_cast<double>(s.networks.size()) * static_cast<double>(s.seeds.size()) * configs;
+    if (cells > kMaxCells)
+      throw ConfigError(fmt::format(
+          "sweep: {}: the grid has {:.0f} cells ({} networks x {} seeds x {:.0f} configurations: train cells, peers, "
+          "bench); allowed: at most {:.0f} cells, so fewer networks, seeds, schemes, compressors or peers",
+          path, cells, s.networks.size(), s.seeds.size(), configs, kMaxCells));
   }
   if (!s.peers.empty() && s.ddp_script.empty()) {
     s.ddp_script = find_ddp_script();
@@ -673,6 +788,8 @@ std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const s
       if (ddp_keys().count(k)) cmd.insert(cmd.end(), {"--" + k, v});
       // conduit train's deadline is the peer's --timeout (the peer cells ran on its default, whatever was set).
       if (k == "timeout-s") cmd.insert(cmd.end(), {"--timeout", v});
+      // ZeRO 1-3: the peer's PyTorch ZeroRedundancyOptimizer (the peer cells ran without, silently).
+      if (k == "zero" && std::strtod(v.c_str(), nullptr) != 0) cmd.push_back("--zero");
       adam = adam || (k == "optimizer" && v == "adam");
       lr = lr || k == "lr";
     }

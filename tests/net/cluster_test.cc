@@ -857,6 +857,19 @@ TEST(SweepConfig, PeerCellsTakeTheDeadlineAndBucketSize) {
   const std::string line = r.out.substr(ddp, r.out.find('\n', ddp) - ddp);
   EXPECT_NE(line.find("--timeout 77"), std::string::npos) << line;
   EXPECT_NE(line.find("--bucket-cap-mb 5"), std::string::npos) << line;
+  // ZeRO: the peer's --zero (PyTorch's ZeroRedundancyOptimizer; its cells ran without, silently); zero 0 is none.
+  for (const auto& [zero, flag] : {std::pair{"1", true}, std::pair{"3", true}, std::pair{"0", false}}) {
+    std::ofstream(file) << "name: p\nhosts: 2\nnetworks: [{bandwidth: 10mbit}]\ncompressors: [none]\npeers: [none]\n"
+                           "train: {zero: "
+                        << zero << "}\nddp_script: /bin/true\n";
+    Result z = sh(conduit() + " sweep " + file.string() + " --dry-run");
+    ASSERT_EQ(z.code, 0) << z.out;
+    const size_t at = z.out.find("/bin/true");
+    ASSERT_NE(at, std::string::npos) << z.out;
+    const std::string zline = z.out.substr(at, z.out.find('\n', at) - at);
+    EXPECT_EQ(zline.find(" --zero") != std::string::npos, flag) << zero << ": " << zline;
+    EXPECT_NE(z.out.find(std::string("--zero ") + zero), std::string::npos) << z.out;  // (the Conduit cell's)
+  }
   // Adam on both sides (refused beside peers before), at conduit train's learning rate for it unless given (the
   // peer's own default is sgd's 0.1); adamw, which the peer lacks, refused.
   std::ofstream(file) << "name: p\nhosts: 2\nnetworks: [{bandwidth: 10mbit}]\ncompressors: [none]\npeers: [none]\n"
@@ -876,6 +889,81 @@ TEST(SweepConfig, PeerCellsTakeTheDeadlineAndBucketSize) {
             std::string::npos)
       << r.out;
   fs::remove(file);
+}
+
+// What passed the file's checks and then failed or misled once cells ran is refused when the file is read, in one
+// line naming the setting and what is allowed: a 250-character label (its cell folder's name was too long, the sweep
+// died after its first cell), a grid of 120,000 cells, a deadline under a second, an empty name, the DDP peer's
+// settings without peers, a 20-digit seed (called not an integer), timeout beside timeout_s (the last won), and
+// train: keys the DDP peer cells do not take (they went to the Conduit cells alone).
+TEST(SweepConfig, SettingsThatFailOrMisleadOnceCellsRunAreRefused) {
+  const fs::path dir = fs::temp_directory_path() / unique_name("refusesweep");
+  TempDir cleanup(dir);
+  const fs::path file = dir / "s.yaml";
+  const std::string net = "hosts: 2\nnetworks: [{bandwidth: 10mbit}]\n";
+  std::string many_seeds = "seeds: [0";
+  for (int i = 1; i <= 10000; ++i) many_seeds += ", " + std::to_string(i);
+  many_seeds += "]\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"hosts: 2\nnetworks: [{bandwidth: 10mbit, label: " + std::string(65, 'x') + "}]\nbench: {}\n",
+       "sweep: networks[0].label is 65 characters long; allowed: 1 to 64 characters without control characters"},
+      {"hosts: 2\nnetworks: [{bandwidth: 10mbit, label: \"a\\nb\"}]\nbench: {}\n",
+       "sweep: networks[0].label is a text with control characters; allowed: 1 to 64 characters"},
+      {"hosts: 2\nnetworks: [{bandwidth: 10mbit, label: \"\"}]\nbench: {}\n", "sweep: networks[0].label is empty"},
+      {net + many_seeds + "bench: {}\n",
+       "the grid has 10001 cells (1 networks x 10001 seeds x 1 configurations: train cells, peers, bench); allowed: "
+       "at most 10000 cells"},
+      {net + "timeout_s: 0.5\nbench: {}\n", "sweep: timeout_s = 0.5 (allowed: seconds from 1 to 604800"},
+      {"name: \"\"\n" + net + "bench: {}\n", "name is empty; allowed: a name such as demo, or leave name out"},
+      {net + "python: /usr/bin/python3\nbench: {}\n",
+       "sweep: python is a setting of the PyTorch DDP peer cells and " + file.string() + " has no peers:"},
+      {net + "ddp_script: /bin/true\ncompressors: [none]\n", "sweep: ddp_script is a setting of the PyTorch DDP peer"},
+      {net + "peer_powersgd_rank: 8\nbench: {}\n", "sweep: peer_powersgd_rank is a setting of the PyTorch DDP peer"},
+      {net + "seeds: [12345678901234567890]\nbench: {}\n",
+       "seed 12345678901234567890 is too large; allowed: 0 to 9223372036854775807"},
+      {net + "peers: [none]\ntrain: {timeout: 5, timeout_s: 5}\n",
+       "sweep: train: 'timeout' and 'timeout_s' are both given, and both are the DDP peer's --timeout"},
+      {net + "peers: [none]\ncompressors: [none]\ntrain: {micro_batches: 2}\n",
+       "sweep: train: 'micro-batches' 2 is not something the PyTorch DDP peer (peers:) takes (it steps once a batch)"},
+      {net + "peers: [none]\ncompressors: [none]\ntrain: {time_limit_s: 60}\n",
+       "train: 'time-limit-s' 60 is not something the PyTorch DDP peer (peers:) takes"},
+      {net + "peers: [none]\ncompressors: [none]\ntrain: {first_bucket_mb: 4}\n",
+       "train: 'first-bucket-mb' 4 is not something the PyTorch DDP peer (peers:) takes (DDP's first bucket is 1 "
+       "MiB), so its cells would run differently from the ones they are compared with; allowed with peers: "
+       "first-bucket-mb 1, or leave it out"},
+      {net + "peers: [none]\ncompressors: [none]\ntrain: {overlap: false}\n",
+       "train: 'overlap' false is not something the PyTorch DDP peer (peers:) takes"},
+      {net + "peers: [none]\ncompressors: [none]\ntrain: {zero: 1, zero_allgather_mb: 4}\n",
+       "train: 'zero-allgather-mb' 4 is not something the PyTorch DDP peer (peers:) takes (its --zero is PyTorch's "
+       "ZeroRedundancyOptimizer"},
+      {net + "peers: [none]\ntrain: {trace: true}\n",
+       "sweep: train: 'trace' applies to Conduit's train cells only and this grid has none"}};
+  for (const auto& [body, expect] : cases) {
+    std::ofstream(file) << body;
+    Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+    EXPECT_EQ(r.code, 2) << body.substr(0, 200) << r.out.substr(0, 2000);
+    EXPECT_EQ(count_lines(r.out), 1) << body.substr(0, 200) << r.out.substr(0, 2000);
+    EXPECT_NE(r.out.find(expect), std::string::npos) << body.substr(0, 200) << r.out.substr(0, 2000);
+  }
+  // The limits themselves are taken: 64 characters, 10,000 cells, 1 s, and the values the DDP peer does itself.
+  for (const std::string& body :
+       {"hosts: 2\nnetworks: [{bandwidth: 10mbit, label: " + std::string(64, 'x') + "}]\nbench: {}\ntimeout_s: 1\n",
+        net + many_seeds.substr(0, many_seeds.rfind(", ")) + "]\nbench: {}\n",
+        net + "seeds: [9223372036854775807]\npeers: [none]\ncompressors: [none]\n"
+              "train: {micro_batches: 1, first_bucket_mb: 1.0, overlap: yes, time_limit_s: 0, trace: true}\n"}) {
+    std::ofstream(file) << body;
+    Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+    EXPECT_EQ(r.code, 0) << body.substr(0, 200) << r.out.substr(0, 2000);
+  }
+  Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  // (trace goes to the Conduit cells alone, as the docs say)
+  const size_t peer = r.out.find("ddp_train.py");
+  ASSERT_NE(peer, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(peer, r.out.find('\n', peer) - peer).find("--trace"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--trace true"), std::string::npos) << r.out;
+  std::ofstream(file) << net + many_seeds.substr(0, many_seeds.rfind(", ")) + "]\nbench: {}\n";
+  EXPECT_NE(sh(conduit() + " sweep " + file.string() + " --dry-run").out.find(": 10000 cells on 2 emulated hosts"),
+            std::string::npos);
 }
 
 TEST(SweepConfig, GridLeavesOutCompressorsOfSchemesThatAverageParameters) {
@@ -966,7 +1054,7 @@ TEST(SweepConfig, GridValuesAreCheckedBeforeAnyCell) {
       {"bench: {max_bytes: 1T}\n", "sweep: bench: max-bytes 1T needs about 4398.0 GB per rank, 2 ranks on this host"},
       {"train: {epochz: 1}\ncompressors: [none]\n", "train: 'epochz' is not a `conduit train` key"},
       {"seeds: [-1]\nbench: {}\n", "seeds must be non-negative integers"},
-      {"timeout_s: .nan\nbench: {}\n", "timeout_s = nan (allowed: seconds in (0, 604800]"},
+      {"timeout_s: .nan\nbench: {}\n", "timeout_s = nan (allowed: seconds from 1 to 604800"},
       {"peer_powersgd_rank: 0\nbench: {}\n", "peer_powersgd_rank must be a whole number from 1 to 1024"},
       {"bench: {}\nbench: {}\n", "'bench' is given twice"},
       // One flag under its two spellings: bench cells failed on the repeat, train cells took the last.
