@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -36,6 +37,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -962,6 +964,9 @@ void collect(const Cell& c, json& row, json& detail) {
       if (kind == "epoch" && number("samples_per_s").is_number()) sps = number("samples_per_s").get<double>();
       // (a point needs its accuracy and time: the copies evaluated after training stand for that epoch)
       if (!number("test_accuracy").is_number() || !number("time_s").is_number()) continue;
+      // (nor one that is no accuracy or time: a damaged record's 7 or -3 s set the plots' ranges)
+      const double acc = number("test_accuracy").get<double>(), at = number("time_s").get<double>();
+      if (!(acc >= 0 && acc <= 1) || !(at >= 0)) continue;
       json p = {{"kind", kind},
                 {"epoch", number("epoch", 0)},
                 {"time_s", number("time_s")},
@@ -1067,7 +1072,17 @@ std::vector<Series> build_series(const std::vector<Cell>& cells, const json& row
     any_latency = any_latency || (!c.net->hetero && c.net->latency_s > 0);
     any_loss = any_loss || (!c.net->hetero && c.net->loss > 0);
   }
-  // (label, hetero, latency, loss, hetero network's label): in that order, so 0 ms comes before 5 ms.
+  // Networks of one setting (bandwidth, latency, loss) under different labels: each is a line of its own, named by
+  // its label (keyed by the setting alone, their cells were taken for seeds of one point).
+  std::set<const Network*> twins;
+  {
+    std::map<std::tuple<double, double, double>, std::set<const Network*>> by_setting;
+    for (const auto& c : cells)
+      if (!c.net->hetero) by_setting[{c.net->rate_bps, c.net->latency_s, c.net->loss}].insert(c.net);
+    for (const auto& [setting, nets] : by_setting)
+      if (nets.size() > 1) twins.insert(nets.begin(), nets.end());
+  }
+  // (label, hetero, latency, loss, the label of a hetero or twin network): in that order, so 0 ms comes before 5 ms.
   using Key = std::tuple<std::string, bool, double, double, std::string>;
   std::map<Key, std::map<double, std::vector<double>>> groups;
   std::map<Key, std::string> titles;
@@ -1079,11 +1094,13 @@ std::vector<Series> build_series(const std::vector<Cell>& cells, const json& row
     const Network& n = *c.net;
     // (latency and loss rounded to what the title shows: 5ms and 5000us may differ in the last bit)
     const double lat = std::round(n.latency_s * 1e9) / 1e9, loss = std::round(n.loss * 1e9) / 1e9;
-    const Key key = n.hetero ? Key{c.label, true, 0.0, 0.0, n.label} : Key{c.label, false, lat, loss, ""};
+    const bool twin = twins.count(&n) > 0;
+    const Key key = n.hetero ? Key{c.label, true, 0.0, 0.0, n.label}
+                             : Key{c.label, false, lat, loss, twin ? n.label : std::string()};
     groups[key][n.rate_bps / 1e6].push_back(*v);
     if (!titles.count(key)) {
       std::vector<std::string> shape;
-      if (n.hetero) {
+      if (n.hetero || twin) {
         shape.push_back(n.label);
       } else {
         if (any_latency) shape.push_back(fmt::format("{:g}ms", n.latency_s * 1e3));
@@ -1216,6 +1233,70 @@ double train_target(const SweepSpec& s) {
   return 0;
 }
 
+// A cell folder's name as make_cells writes it: "cell", the index in at least three digits, '-' (cell1000-... too:
+// a test of the fourth digit left those of sweeps past 999 cells behind).
+bool is_cell_folder_name(const std::string& name) {
+  if (name.rfind("cell", 0) != 0) return false;
+  const size_t end = name.find_first_not_of("0123456789", 4);
+  return end != std::string::npos && end >= 7 && name[end] == '-';
+}
+
+// The plots and the files behind them (plot.gp, the series' .dat files) that a run or a replot wrote: a new one
+// removes them before plotting, so none of an earlier one stays beside its results looking current. (the four plots
+// by name: `-o .` or `-o docs` holds other images)
+void remove_plots(const fs::path& out) {
+  static const std::set<std::string> kPlots = {"accuracy_vs_time.png", "accuracy_vs_bytes.png",
+                                               "throughput_vs_bandwidth.png", "busbw_vs_bandwidth.png"};
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (name == "plot.gp" ||
+        (e.is_regular_file() &&
+         (kPlots.count(name) > 0 ||
+          ((name.rfind("throughput-", 0) == 0 || name.rfind("busbw-", 0) == 0) && name.ends_with(".dat")))))
+      fs::remove_all(e.path());
+  }
+}
+
+// What an earlier run into the folder wrote: its results, plots and cell folders (other files stay).
+void remove_earlier_results(const fs::path& out) {
+  remove_plots(out);
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string name = e.path().filename().string();
+    if (name == "results.csv" || name == "results.json" || (e.is_directory() && is_cell_folder_name(name)))
+      fs::remove_all(e.path());
+  }
+}
+
+// An exclusive lock on OUT/.sweep.lock, held while a sweep (or a replot) writes the folder: a second one is refused
+// in one line (two sweeps into one folder removed each other's cell folders and wrote over each other's results).
+// The descriptor is close-on-exec, so no cell's processes keep it.
+class OutputLock {
+ public:
+  explicit OutputLock(const fs::path& out) {
+    const std::string path = (out / ".sweep.lock").string();
+    fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw ConfigError(fmt::format("sweep: cannot open {}: {}; allowed: an output folder this user can write", path,
+                                    std::strerror(errno)));
+    if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      close(fd_);
+      if (err == EWOULDBLOCK)
+        throw ConfigError(
+            fmt::format("sweep: output {} is being written by another sweep (it holds {}); allowed: another -o "
+                        "folder, or this one once that sweep has ended",
+                        out.string(), path));
+      throw ConfigError(fmt::format("sweep: cannot lock {}: {}", path, std::strerror(err)));
+    }
+  }
+  ~OutputLock() { close(fd_); }
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // --replot: collects again every cell that results.json of an earlier run of the same file lists (its folder's
 // summary, metrics and log) and rewrites results.csv, results.json and the plots; runs nothing and needs no root.
 // For a sweep run by an older build, or one stopped part way.
@@ -1226,13 +1307,46 @@ void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::
     throw ConfigError(
         fmt::format("sweep --replot: {} is missing or is not a sweep's results; run the sweep first", file.string()));
   }
+  // (not while a sweep writes the folder: each wrote over the other's results)
+  const OutputLock lock(out);
+  // The columns a sweep writes, by their type (a damaged field ended the replot with a raw JSON exception, exit 1).
+  static const std::set<std::string> kText = {"kind", "scheme", "compressor", "network", "reason", "output"};
   json rows = json::array(), details = json::array();
   std::vector<Cell> done;
+  std::set<int64_t> seen;
   for (const auto& r : old) {
     const bool named = r.is_object() && r.contains("cell") && r["cell"].is_number_integer() && r.contains("label") &&
                        r["label"].is_string();
     const int64_t i = named ? r["cell"].get<int64_t>() : -1;
     const std::string label = named ? r["label"].get<std::string>() : "?";
+    const auto bad = [&](const std::string& key, const std::string& must) {
+      return ConfigError(
+          fmt::format("sweep --replot: {} cell {}: {} must be {}; replot with the results.json the "
+                      "sweep wrote",
+                      file.string(), i, key, must));
+    };
+    if (named) {
+      for (const auto& k : kColumns) {
+        if (!r.contains(k) || k == "cell" || k == "label") continue;
+        const json& v = r[k];
+        if (k == "status") {
+          if (!v.is_string() || (v != "ok" && v != "failed" && v != "timeout" && v != "stopped"))
+            throw bad(k, "one of ok, failed, timeout, stopped");
+        } else if (k == "seed") {
+          if (!v.is_number_unsigned()) throw bad(k, "a whole number >= 0");
+        } else if (k == "hosts") {
+          if (!v.is_number_unsigned() || v.get<uint64_t>() < 1) throw bad(k, "a whole number >= 1");
+        } else if (k == "network" || k == "kind") {
+          if (!v.is_string()) throw bad(k, "a string");
+        } else if (kText.count(k)) {
+          if (!v.is_string() && !v.is_null()) throw bad(k, "a string or null");
+        } else if (k == "bandwidth_mbit" || k == "latency_ms" || k == "loss_pct") {
+          if (!v.is_number() || v.get<double>() < 0) throw bad(k, "a number >= 0");
+        } else if (!v.is_number() && !v.is_null()) {
+          throw bad(k, "a number or null");
+        }
+      }
+    }
     // The cell's network and seed too: labels leave them out, so a file whose networks or seeds changed matched.
     const bool same = i >= 0 && i < int64_t(cells.size()) && label == cells[size_t(i)].label &&
                       (!r.contains("network") || r["network"] == json(cells[size_t(i)].net->label)) &&
@@ -1243,27 +1357,46 @@ void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::
                       "grid of {}; replot with the file the sweep ran",
                       file.string(), i, label, cells.size()));
     }
+    // (twice, its seeds were counted twice in the plots' medians)
+    if (!seen.insert(i).second)
+      throw ConfigError(
+          fmt::format("sweep --replot: {} lists cell {} ({}) twice; allowed: each cell once, as the "
+                      "sweep wrote it",
+                      file.string(), i, label));
+    // What the row says of the cell's network and kind, as this file says it (a file whose network changed its
+    // bandwidth under the same label replotted the old numbers at the new bandwidth).
+    const Cell& c = cells[size_t(i)];
+    const auto differs = [&](const char* key, const json& now) {
+      if (!r.contains(key)) return;
+      const bool equal = now.is_number() ? std::abs(r[key].get<double>() - now.get<double>()) <=
+                                               1e-9 * std::max(1.0, std::abs(now.get<double>()))
+                                         : r[key] == now;
+      if (!equal)
+        throw ConfigError(
+            fmt::format("sweep --replot: {} cell {} ({}): {} is {} there and {} in this file's grid; "
+                        "replot with the file the sweep ran",
+                        file.string(), i, label, key, r[key].dump(), now.dump()));
+    };
+    differs("kind", c.kind);
+    differs("bandwidth_mbit", c.net->rate_bps / 1e6);
+    differs("latency_ms", c.net->latency_s * 1e3);
+    differs("loss_pct", c.net->loss * 100);
+    differs("hosts", s.hosts);
     json row = json::object();
     for (const auto& k : kColumns)
       if (r.contains(k)) row[k] = r[k];
     json detail = json::object();
-    collect(cells[size_t(i)], row, detail);
+    collect(c, row, detail);
     rows.push_back(row);
     details.push_back(detail);
-    done.push_back(cells[size_t(i)]);
+    done.push_back(c);
   }
   write_results(out, rows, details);
+  // (an earlier replot's plots stayed when this one plots nothing)
+  remove_plots(out);
   const auto pngs = plot(out, done, rows, train_target(s));
   fmt::print("replotted {} cells: {}/results.csv, results.json; plots: {}\n", rows.size(), out.string(),
              pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
-}
-
-// A cell folder's name as make_cells writes it: "cell", the index in at least three digits, '-' (cell1000-... too:
-// a test of the fourth digit left those of sweeps past 999 cells behind).
-bool is_cell_folder_name(const std::string& name) {
-  if (name.rfind("cell", 0) != 0) return false;
-  const size_t end = name.find_first_not_of("0123456789", 4);
-  return end != std::string::npos && end >= 7 && name[end] == '-';
 }
 
 void run_sweep(const std::string& file, std::string output, bool dry_run, bool replot) {

@@ -1360,4 +1360,139 @@ TEST(SweepConfig, ReplotCollectsEveryEvaluationInTimeOrder) {
   EXPECT_NE(odd.out.find("lists cell -1 (?)"), std::string::npos) << odd.out;
 }
 
+// --replot refuses a results.json it would misreport, in one line after the grid's headline: a cell listed twice
+// (its seeds were counted twice), a damaged field (a raw JSON exception, exit 1), a row whose network, hosts or kind
+// the sweep file no longer has (the old numbers were plotted at the new bandwidth); it removes an earlier replot's
+// plots when it plots nothing (they stayed, looking current), skips curve points that are no accuracy or time, and
+// waits for no sweep writing the folder: it is refused.
+TEST(SweepConfig, ReplotRefusesWhatItWouldMisreport) {
+  const fs::path dir = fs::temp_directory_path() / unique_name("replotbad");
+  TempDir cleanup(dir);
+  const std::string yaml = (dir / "sweep.yaml").string();
+  const fs::path out = dir / "out";
+  const auto grid = [&](const std::string& bandwidth) {
+    std::ofstream(yaml) << "name: rb\nhosts: 2\nnetworks: [{bandwidth: " << bandwidth
+                        << ", label: net}]\ncompressors: [none]\nbench: {}\n";
+  };
+  grid("100mbit");
+  Result dry = sh(conduit() + " sweep " + yaml + " -o " + out.string() + " --dry-run");
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  const size_t o = dry.out.find("--output ");
+  ASSERT_NE(o, std::string::npos) << dry.out;
+  const fs::path cell0 = dry.out.substr(o + 9, dry.out.find_first_of(" \n", o + 9) - o - 9);
+  fs::create_directories(cell0);
+  const auto replot = [&](const std::string& results) {
+    std::ofstream(out / "results.json") << results;
+    return sh(conduit() + " sweep " + yaml + " -o " + out.string() + " --replot");
+  };
+  const std::string row0 = "{\"cell\": 0, \"label\": \"conduit bsp none\", \"network\": \"net\", ";
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"[" + row0 + "\"status\": \"ok\"}, " + row0 + "\"status\": \"ok\"}]",
+       "lists cell 0 (conduit bsp none) twice; allowed: each cell once"},
+      {"[" + row0 + "\"status\": 5}]", "results.json cell 0: status must be one of ok, failed, timeout, stopped"},
+      {"[" + row0 + "\"status\": \"fine\"}]", "results.json cell 0: status must be one of ok, failed, timeout"},
+      {"[" + row0 + "\"status\": \"ok\", \"seed\": \"42\"}]", "results.json cell 0: seed must be a whole number >= 0"},
+      {"[" + row0 + "\"status\": \"ok\", \"cell_s\": \"x\"}]", "results.json cell 0: cell_s must be a number or null"},
+      {"[{\"cell\": 0, \"label\": \"conduit bsp none\", \"network\": 3}]",
+       "results.json cell 0: network must be a string"},
+      {"[" + row0 + "\"status\": \"ok\", \"hosts\": 4}]",
+       "cell 0 (conduit bsp none): hosts is 4 there and 2 in this file's grid"},
+      {"[" + row0 + "\"status\": \"ok\", \"kind\": \"ddp\"}]",
+       "cell 0 (conduit bsp none): kind is \"ddp\" there and \"train\" in this file's grid"},
+      {"[" + row0 + "\"status\": \"ok\", \"bandwidth_mbit\": 50.0}]",
+       "cell 0 (conduit bsp none): bandwidth_mbit is 50.0 there and 100.0 in this file's grid"}};
+  fs::create_directories(out);
+  for (const auto& [results, expect] : refused) {
+    Result r = replot(results);
+    EXPECT_EQ(r.code, 2) << results << r.out;
+    EXPECT_EQ(count_lines(r.out), 2) << results << r.out;  // the grid's headline, then the error
+    EXPECT_NE(r.out.find(expect), std::string::npos) << results << r.out;
+  }
+  // The file changed since the run: the same label at another bandwidth.
+  const std::string at100 = "[" + row0 + "\"status\": \"ok\", \"bandwidth_mbit\": 100.0, \"latency_ms\": 0.0}]";
+  ASSERT_EQ(replot(at100).code, 0);
+  grid("200mbit");
+  Result moved = replot(at100);
+  EXPECT_EQ(moved.code, 2) << moved.out;
+  EXPECT_NE(moved.out.find("cell 0 (conduit bsp none): bandwidth_mbit is 100.0 there and 200.0 in this file's grid"),
+            std::string::npos)
+      << moved.out;
+  grid("100mbit");
+
+  // Points that are no accuracy (7) or time (-3 s) stay out of the curve.
+  std::ofstream(cell0 / "metrics.jsonl")
+      << "{\"kind\": \"epoch\", \"epoch\": 1, \"time_s\": 1.0, \"test_accuracy\": 7}\n"
+      << "{\"kind\": \"eval\", \"epoch\": 1, \"time_s\": -3.0, \"test_accuracy\": 0.5}\n"
+      << "{\"kind\": \"epoch\", \"epoch\": 2, \"time_s\": 2.0, \"test_accuracy\": 0.6}\n";
+  Result ok = replot("[" + row0 + "\"status\": \"ok\"}]");
+  ASSERT_EQ(ok.code, 0) << ok.out;
+  EXPECT_EQ(read_file(cell0 / "curve.dat"), "# time_s test_accuracy bytes_sent_MB (NaN: not recorded)\n2 0.6 NaN\n");
+
+  // An earlier replot's plots, script and series go when this one plots nothing; other files stay.
+  for (const char* f : {"accuracy_vs_time.png", "accuracy_vs_bytes.png", "throughput_vs_bandwidth.png",
+                        "busbw_vs_bandwidth.png", "plot.gp", "throughput-0.dat", "busbw-3.dat", "figure.png"})
+    std::ofstream(out / f) << "old";
+  Result none = replot("[" + row0 + "\"status\": \"failed\"}]");
+  ASSERT_EQ(none.code, 0) << none.out;
+  EXPECT_NE(none.out.find("plots: none"), std::string::npos) << none.out;
+  for (const char* f : {"accuracy_vs_time.png", "accuracy_vs_bytes.png", "throughput_vs_bandwidth.png",
+                        "busbw_vs_bandwidth.png", "plot.gp", "throughput-0.dat", "busbw-3.dat"})
+    EXPECT_FALSE(fs::exists(out / f)) << f;
+  EXPECT_TRUE(fs::exists(out / "figure.png"));
+
+  // While another sweep holds the folder's lock, a replot is refused in one line naming the folder.
+  if (sh("command -v flock").code == 0) {
+    std::ofstream(out / "results.json") << "[" + row0 + "\"status\": \"ok\"}]";
+    Result locked = sh("flock " + (out / ".sweep.lock").string() + " " + conduit() + " sweep " + yaml + " -o " +
+                       out.string() + " --replot");
+    EXPECT_EQ(locked.code, 2) << locked.out;
+    EXPECT_NE(locked.out.find("output " + out.string() + " is being written by another sweep"), std::string::npos)
+        << locked.out;
+    EXPECT_EQ(count_lines(locked.out), 2) << locked.out;
+  }
+}
+
+// Two networks of one setting under different labels are two lines of the throughput plot, each named by its label
+// (keyed by the setting alone, their cells were one point whose "seeds" were the two networks).
+TEST(SweepConfig, NetworksOfOneSettingAreSeparateSeries) {
+  const fs::path dir = fs::temp_directory_path() / unique_name("twins");
+  TempDir cleanup(dir);
+  const std::string yaml = (dir / "sweep.yaml").string();
+  const fs::path out = dir / "out";
+  std::ofstream(yaml) << "name: tw\nhosts: 2\nnetworks: [{bandwidth: 100mbit, label: a}, {bandwidth: 100mbit, label: "
+                         "b}, {bandwidth: 200mbit}]\ncompressors: [none]\n";
+  Result dry = sh(conduit() + " sweep " + yaml + " -o " + out.string() + " --dry-run");
+  ASSERT_EQ(dry.code, 0) << dry.out;
+  std::vector<fs::path> dirs;
+  for (size_t at = dry.out.find("--output "); at != std::string::npos; at = dry.out.find("--output ", at + 1))
+    dirs.push_back(dry.out.substr(at + 9, dry.out.find_first_of(" \n", at + 9) - at - 9));
+  ASSERT_EQ(dirs.size(), 3u) << dry.out;
+  const char* nets[] = {"a", "b", "200mbit"};
+  const int sps[] = {100, 300, 500};
+  std::ostringstream results;
+  results << "[";
+  for (int k = 0; k < 3; ++k) {
+    fs::create_directories(dirs[k]);
+    std::ofstream(dirs[k] / "metrics.jsonl") << "{\"kind\": \"epoch\", \"epoch\": 1, \"time_s\": 1.0, "
+                                                "\"test_accuracy\": 0.5, \"samples_per_s\": "
+                                             << sps[k] << "}\n";
+    results << (k ? ", " : "") << "{\"cell\": " << k << ", \"label\": \"conduit bsp none\", \"network\": \"" << nets[k]
+            << "\", \"status\": \"ok\"}";
+  }
+  results << "]\n";
+  std::ofstream(out / "results.json") << results.str();
+  Result r = sh(conduit() + " sweep " + yaml + " -o " + out.string() + " --replot");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string gp = read_file(out / "plot.gp");
+  const std::string head = "# bandwidth_mbit median min max seeds\n";
+  EXPECT_NE(gp.find("'throughput-0.dat' using 1:2 with linespoints title 'conduit bsp none'"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("'throughput-1.dat' using 1:2 with linespoints title 'conduit bsp none @a'"), std::string::npos)
+      << gp;
+  EXPECT_NE(gp.find("'throughput-2.dat' using 1:2 with linespoints title 'conduit bsp none @b'"), std::string::npos)
+      << gp;
+  EXPECT_EQ(read_file(out / "throughput-0.dat"), head + "200 500 500 500 1\n");
+  EXPECT_EQ(read_file(out / "throughput-1.dat"), head + "100 100 100 100 1\n");
+  EXPECT_EQ(read_file(out / "throughput-2.dat"), head + "100 300 300 300 1\n");
+}
+
 }  // namespace
