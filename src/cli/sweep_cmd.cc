@@ -732,8 +732,10 @@ std::vector<Cell> make_cells(const SweepSpec& s, const std::string& out_dir) {
         c.index = static_cast<int>(cells.size());
         c.net = &net;
         c.seed = seed;
-        c.dir = (fs::path(out_dir) /
-                 fmt::format("cell{:03d}-{}-{}-s{}", c.index, sanitize(c.label), sanitize(net.label), seed))
+        // (the label's first 100 characters: a long scheme or compressor spec made a name past the file system's
+        // 255 bytes; the index keeps the names apart)
+        c.dir = (fs::path(out_dir) / fmt::format("cell{:03d}-{}-{}-s{}", c.index, sanitize(c.label).substr(0, 100),
+                                                 sanitize(net.label), seed))
                     .string();
         cells.push_back(c);
       };
@@ -912,8 +914,9 @@ std::string csv_field(const json& v) {
   return v.dump();
 }
 
-// Collects what a finished cell wrote: summary and per-epoch curve (train/ddp), JSON records (bench).
-void collect(const Cell& c, json& row, json& detail) {
+// Collects what a finished cell wrote: summary and per-epoch curve (train/ddp), JSON records (bench). Returns whether
+// it wrote its results: a summary.json (train/ddp), a record (bench).
+bool collect(const Cell& c, json& row, json& detail) {
   const fs::path dir = c.dir;
   if (c.kind == "bench") {
     std::ifstream log(dir / "log.txt");
@@ -935,7 +938,7 @@ void collect(const Cell& c, json& row, json& detail) {
       row["busbw_gbs_max"] = best;
       row["busbw_link_frac"] = best * 8e9 / c.net->rate_bps;
     }
-    return;
+    return !recs.empty();
   }
   const json sum = read_json_file(dir / "summary.json");
   if (sum.is_object()) {
@@ -991,6 +994,7 @@ void collect(const Cell& c, json& row, json& detail) {
     else
       dat << "NaN\n";
   }
+  return sum.is_object();
 }
 
 const std::vector<std::string> kColumns = {"cell",
@@ -1005,6 +1009,7 @@ const std::vector<std::string> kColumns = {"cell",
                                            "hosts",
                                            "seed",
                                            "status",
+                                           "reason",
                                            "exit_code",
                                            "cell_s",
                                            "wall_s",
@@ -1474,21 +1479,18 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     }
   }
   make_output_dir(out, "sweep: output");
-  // What an earlier run into this folder wrote goes first: its plots, series and cell folders stayed beside this
-  // run's results (a run whose cells all failed left the last run's accuracy plots looking current).
-  // (the four plots by name: `-o .` or `-o docs` holds other images)
-  static const std::set<std::string> kPlots = {"accuracy_vs_time.png", "accuracy_vs_bytes.png",
-                                               "throughput_vs_bandwidth.png", "busbw_vs_bandwidth.png"};
-  for (const auto& e : fs::directory_iterator(out)) {
-    const std::string name = e.path().filename().string();
-    const bool ours =
-        name == "results.csv" || name == "results.json" || name == "plot.gp" ||
-        (e.is_regular_file() &&
-         (kPlots.count(name) > 0 ||
-          ((name.rfind("throughput-", 0) == 0 || name.rfind("busbw-", 0) == 0) && name.ends_with(".dat")))) ||
-        (e.is_directory() && is_cell_folder_name(name));
-    if (ours) fs::remove_all(e.path());
-  }
+  // One sweep at a time into a folder, for the whole run: two at once removed each other's cell folders.
+  const OutputLock lock(out);
+  // What an earlier run into this folder wrote goes, but only once this run's first cell is about to write (its
+  // cluster up): its plots, series and cell folders stayed beside this run's results (a run whose cells all failed
+  // left the last run's accuracy plots looking current); removed at the start, a run that failed at its first
+  // `cluster up` left the folder empty.
+  bool cleared = false;
+  const auto clear_earlier = [&] {
+    if (cleared) return;
+    cleared = true;
+    remove_earlier_results(out);
+  };
   // SIGHUP and SIGQUIT stop a sweep as SIGINT and SIGTERM do (by default they killed it with its cluster up); one
   // the caller ignores (nohup) stays ignored, as `cluster up` and the launcher keep it.
   struct sigaction sa {};
@@ -1519,9 +1521,45 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       return false;
     }
   };
+  // The columns every row has: what the cell is.
+  const auto cell_row = [&](const Cell& c) {
+    return json{{"cell", c.index},
+                {"label", c.label},
+                {"kind", c.kind},
+                {"scheme", c.kind == "bench" ? json() : json(c.scheme)},
+                {"compressor", c.kind == "bench" ? json() : json(c.compressor)},
+                {"network", c.net->label},
+                {"bandwidth_mbit", c.net->rate_bps / 1e6},
+                {"latency_ms", c.net->latency_s * 1e3},
+                {"loss_pct", c.net->loss * 100},
+                {"hosts", s.hosts},
+                {"seed", c.seed},
+                {"output", fs::relative(c.dir, out).string()}};
+  };
+  // A cell that could not start: failed with the reason, and the sweep goes on (its network's `cluster up` or its
+  // folder failing ended the whole sweep, with no results or plots for the cells that ran).
+  // (announced: its "[i/n] ..." is printed already)
+  const auto fail_cell = [&](const Cell& c, const std::string& why, bool announced = false) {
+    json row = cell_row(c);
+    row["status"] = "failed";
+    row["reason"] = why;
+    rows.push_back(row);
+    details.push_back(json::object());
+    ++failed;
+    if (!announced)
+      fmt::print("[{}/{}] {} @ {} seed {} ... ", c.index + 1, cells.size(), c.label, c.net->label, c.seed);
+    fmt::print("failed: {}\n", why);
+    if (cleared) write_results(out, rows, details);
+  };
+  const Network* failed_net = nullptr;  // the network whose cluster did not come up, and why
+  std::string failed_why;
   try {
     for (const auto& c : cells) {
       if (g_stop) break;
+      if (c.net == failed_net) {
+        fail_cell(c, failed_why);
+        continue;
+      }
       if (up_net != c.net) {
         bringing_up = true;
         if (up_net != nullptr) {
@@ -1529,24 +1567,50 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
           up_net = nullptr;
         }
         if (g_stop) break;  // a stop during the switch: the next cluster is not built for a cell that will not run
-        cl::up(cluster, c.net->links, "sweep");
+        try {
+          cl::up(cluster, c.net->links, "sweep");
+        } catch (const std::exception& e) {
+          if (g_stop) throw;  // (a stop: the sweep ends as a stopped one, below)
+          // (`up` removed what it made) This network's cells fail; the next network's run.
+          bringing_up = false;
+          failed_net = c.net;
+          failed_why = fmt::format("cluster up: {}", e.what());
+          fmt::print(stderr, "sweep: network {}: {}; its cells are marked failed\n", c.net->label, failed_why);
+          fail_cell(c, failed_why);
+          continue;
+        }
         up_net = c.net;
         bringing_up = false;
         // (a signal after `up` gave its handlers back: the cell ran on, and was marked stopped however it ended)
         if (g_stop) break;
       }
+      clear_earlier();
       // A cell's folder starts empty: an earlier sweep's summary.json was read as this cell's result when the cell
       // failed before writing its own.
-      fs::remove_all(c.dir);
-      fs::create_directories(c.dir);
       const auto cmd = cell_command(s, c, cluster, exe);
-      std::ofstream(fs::path(c.dir) / "command.txt") << fmt::format("{}\n", fmt::join(cmd, " "));
+      try {
+        fs::remove_all(c.dir);
+        fs::create_directories(c.dir);
+        std::ofstream f(fs::path(c.dir) / "command.txt");
+        f << fmt::format("{}\n", fmt::join(cmd, " "));
+        f.close();
+        if (!f) throw Error(fmt::format("cannot write {}", (fs::path(c.dir) / "command.txt").string()));
+      } catch (const std::exception& e) {
+        fail_cell(c, fmt::format("its folder: {}", e.what()));
+        continue;
+      }
       fmt::print("[{}/{}] {} @ {} seed {} ... ", c.index + 1, cells.size(), c.label, c.net->label, c.seed);
       std::fflush(stdout);
       const uint64_t rx0 = switch_rx_bytes(cluster);
       const auto t0 = std::chrono::steady_clock::now();
       bool timed_out = false, stopped = false;
-      const int rc = run_logged(cmd, (fs::path(c.dir) / "log.txt").string(), s.timeout_s, &timed_out, &stopped);
+      int rc = 0;
+      try {
+        rc = run_logged(cmd, (fs::path(c.dir) / "log.txt").string(), s.timeout_s, &timed_out, &stopped);
+      } catch (const std::exception& e) {  // (its log not opened, or no fork: nothing started)
+        fail_cell(c, e.what(), true);
+        continue;
+      }
       // What the cell started and left behind (a worker's children after its launcher was killed) must not share
       // the hosts with the next cell: processes that survive SIGKILL end the sweep, after this cell's row is kept.
       std::string leftovers;
@@ -1557,30 +1621,22 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       }
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const uint64_t rx1 = switch_rx_bytes(cluster);
-      json row = {{"cell", c.index},
-                  {"label", c.label},
-                  {"kind", c.kind},
-                  {"scheme", c.kind == "bench" ? json() : json(c.scheme)},
-                  {"compressor", c.kind == "bench" ? json() : json(c.compressor)},
-                  {"network", c.net->label},
-                  {"bandwidth_mbit", c.net->rate_bps / 1e6},
-                  {"latency_ms", c.net->latency_s * 1e3},
-                  {"loss_pct", c.net->loss * 100},
-                  {"hosts", s.hosts},
-                  {"seed", c.seed},
-                  {"status", timed_out ? "timeout"
-                             : stopped ? "stopped"
-                             : rc == 0 ? "ok"
-                                       : "failed"},
-                  {"exit_code", rc},
-                  {"cell_s", secs},
-                  // null when a counter could not be read (0 - x wrapped to ~1.8e19)
-                  {"net_bytes", rx0 != kUnreadable && rx1 != kUnreadable && rx1 >= rx0 ? json(rx1 - rx0) : json()},
-                  {"output", fs::relative(c.dir, out).string()}};
+      json row = cell_row(c);
+      row["status"] = timed_out ? "timeout" : stopped ? "stopped" : rc == 0 ? "ok" : "failed";
+      row["exit_code"] = rc;
+      row["cell_s"] = secs;
+      // null when a counter could not be read (0 - x wrapped to ~1.8e19)
+      row["net_bytes"] = rx0 != kUnreadable && rx1 != kUnreadable && rx1 >= rx0 ? json(rx1 - rx0) : json();
       json detail = json::object();
-      collect(c, row, detail);
+      // A cell that exited 0 and wrote nothing (no summary.json, no bench record) has no results: it was "ok" with
+      // empty columns.
+      if (!collect(c, row, detail) && row["status"] == "ok") {
+        row["status"] = "failed";
+        row["reason"] = "no results";
+      }
       if (row["status"] != "ok") ++failed;
-      fmt::print("{} in {:.1f} s{}\n", row["status"].get<std::string>(), secs,
+      fmt::print("{}{} in {:.1f} s{}\n", row["status"].get<std::string>(),
+                 row.contains("reason") ? fmt::format(" ({})", row["reason"].get<std::string>()) : "", secs,
                  row.contains("final_test_accuracy") && row["final_test_accuracy"].is_number()
                      ? fmt::format(", test acc {:.2f}%", 100 * row["final_test_accuracy"].get<double>())
                  : row.contains("busbw_gbs_max")
@@ -1604,11 +1660,19 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
   }
   const bool down_ok = down_reporting();
   restore_handlers();
-  write_results(out, rows, details);
-  const std::vector<Cell> done(cells.begin(), cells.begin() + static_cast<long>(rows.size()));
-  const auto pngs = plot(out, done, rows, train_target(s));
-  fmt::print("results: {}/results.csv, results.json; plots: {}\n", out.string(),
-             pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
+  // No cell ran (every network's `cluster up` failed, or a stop came first): an earlier run's results stay as they
+  // were, rather than be replaced by rows of cells that never started.
+  std::error_code ec;
+  if (!cleared && (fs::exists(out / "results.json", ec) || fs::exists(out / "results.csv", ec))) {
+    fmt::print(stderr, "sweep: no cell ran; the earlier results in {} are left as they were\n", out.string());
+  } else {
+    clear_earlier();
+    write_results(out, rows, details);
+    const std::vector<Cell> done(cells.begin(), cells.begin() + static_cast<long>(rows.size()));
+    const auto pngs = plot(out, done, rows, train_target(s));
+    fmt::print("results: {}/results.csv, results.json; plots: {}\n", out.string(),
+               pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
+  }
   if (g_stop) {
     set_exit_code(128 + g_stop);
     // (and ends by the signal itself, as conduit launch does: a shell loop of sweeps took exit code 130 for a

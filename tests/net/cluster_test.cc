@@ -799,6 +799,78 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
 }
 
+// A run removes an earlier run's results only once its first cell is about to run: one whose every `cluster up`
+// fails leaves them as they were (they were removed first, and such a run left the folder empty). A network whose
+// cluster does not come up fails its cells with the reason, and the next network's cells run (the sweep ended, with
+// no results); a cell that exits 0 without results is failed, "no results" (it was ok with empty columns). A second
+// sweep into a folder a sweep is writing is refused in one line (the two removed each other's cell folders).
+TEST_F(ClusterTest, SweepKeepsEarlierResultsUntilACellRunsAndGoesOnPastAFailedNetwork) {
+  const std::string name = unique_name("kr");
+  const fs::path dir = fs::temp_directory_path() / (name + "-dir");
+  TempDir cleanup(dir);
+  const fs::path out = dir / "out";
+  const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
+  // An `ip` that cannot make the switch's bridge: always, or the first time only.
+  for (const auto& [sub, once] : {std::pair{"always", false}, std::pair{"once", true}}) {
+    fs::create_directories(dir / sub);
+    const std::string mark = (dir / sub / "failed").string();
+    std::ofstream(dir / sub / "ip") << "#!/bin/sh\ncase \"$*\" in *\"link add br0\"*)\n"
+                                    << (once ? "  [ -e " + mark + " ] && exec " + real_ip + " \"$@\"\n" : "")
+                                    << "  : > " << mark << "; echo 'fake ip: no bridge here' >&2; exit 1;;\nesac\nexec "
+                                    << real_ip << " \"$@\"\n";
+    fs::permissions(dir / sub / "ip", fs::perms::owner_all);
+  }
+  fs::create_directories(out / "cell000-bench_coll-100mbit-s42");
+  std::ofstream(out / "results.csv") << "earlier\n";
+  std::ofstream(out / "results.json") << "[]\n";
+  std::ofstream(out / "accuracy_vs_time.png") << "earlier";
+  const auto sweep = [&](const std::string& path_dir, const std::string& yaml) {
+    std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 2\n" << yaml << "timeout_s: 60\n";
+    return sh("PATH=" + (dir / path_dir).string() + ":$PATH " + conduit() + " sweep " + (dir / "s.yaml").string() +
+                  " -o " + out.string(),
+              120);
+  };
+  Result none = sweep("always", "networks: [{bandwidth: 100mbit}]\nbench: {}\n");
+  EXPECT_EQ(none.code, 1) << none.out;
+  EXPECT_NE(none.out.find("failed: cluster up: "), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("fake ip: no bridge here"), std::string::npos) << none.out;
+  EXPECT_NE(none.out.find("sweep: no cell ran; the earlier results in " + out.string() + " are left as they were"),
+            std::string::npos)
+      << none.out;
+  EXPECT_EQ(read_file(out / "results.csv"), "earlier\n");
+  EXPECT_TRUE(fs::exists(out / "accuracy_vs_time.png"));
+  EXPECT_TRUE(fs::exists(out / "cell000-bench_coll-100mbit-s42"));
+
+  // A sweep already writing the folder (its lock held) refuses a second one, before it changes anything.
+  Result locked = sh("flock " + (out / ".sweep.lock").string() + " " + conduit() + " sweep " +
+                     (dir / "s.yaml").string() + " -o " + out.string());
+  EXPECT_EQ(locked.code, 2) << locked.out;
+  EXPECT_EQ(count_lines(locked.out), 2) << locked.out;  // the grid's headline, then the refusal
+  EXPECT_NE(locked.out.find("sweep: output " + out.string() + " is being written by another sweep"), std::string::npos)
+      << locked.out;
+  EXPECT_EQ(read_file(out / "results.csv"), "earlier\n");
+
+  // The first network's cluster fails, the second's runs a cell that exits 0 and writes nothing.
+  Result two = sweep("once",
+                     "networks: [{bandwidth: 100mbit, label: first}, {bandwidth: 100mbit, label: second}]\n"
+                     "peers: [none]\npython: /bin/true\nddp_script: /bin/true\n");
+  EXPECT_EQ(two.code, 1) << two.out;
+  EXPECT_NE(two.out.find("sweep: 2 of 2 cells failed"), std::string::npos) << two.out;
+  const nlohmann::json rows = nlohmann::json::parse(read_file(out / "results.json"));
+  ASSERT_EQ(rows.size(), 2u) << rows.dump(2);
+  EXPECT_EQ(rows[0]["network"], "first");
+  EXPECT_EQ(rows[0]["status"], "failed");
+  EXPECT_EQ(rows[0]["reason"].get<std::string>().rfind("cluster up: ", 0), 0u) << rows[0].dump();
+  EXPECT_EQ(rows[1]["network"], "second");
+  EXPECT_EQ(rows[1]["status"], "failed");
+  EXPECT_EQ(rows[1]["reason"], "no results");
+  EXPECT_EQ(rows[1]["exit_code"], 0);
+  EXPECT_EQ(count_lines(read_file(out / "results.csv")), 3);
+  // This run's cells ran: the earlier run's files are gone.
+  EXPECT_FALSE(fs::exists(out / "accuracy_vs_time.png"));
+  EXPECT_FALSE(fs::exists(out / "cell000-bench_coll-100mbit-s42"));
+}
+
 // The PyTorch DDP peer as a sweep runs it, with worker 0's model copied every 4 steps: the copies are evaluated
 // after training by every rank on its share of the test set (rank 0 alone took ~8 s a copy on the full test set and
 // kept the others waiting past gloo's timeout), one eval record per copy, and the time to target is the earliest
