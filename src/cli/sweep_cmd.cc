@@ -322,6 +322,11 @@ SweepSpec load_spec(const std::string& path) {
           "network; compressor, scheme and seed from the grid: compressors:, schemes:, seeds:; workers from hosts:; "
           "output per cell; a config file's values); remove it",
           k));
+    // (a cell's train runs under cluster run, which refuses it there: every cell failed at start)
+    if (k == "time-limit-s" && std::strtod(v.c_str(), nullptr) != 0)
+      throw ConfigError(
+          "sweep: train: 'time_limit_s' is conduit train's own deadline, which its workers under cluster run refuse; "
+          "allowed: the sweep's timeout_s (each cell's deadline)");
   }
   // timeout (the peer's) and timeout_s (conduit train's, the peer's --timeout too) both became the peer's --timeout,
   // and the last won.

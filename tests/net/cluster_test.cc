@@ -998,7 +998,9 @@ TEST(SweepConfig, SettingsThatFailOrMisleadOnceCellsRunAreRefused) {
       {net + "peers: [none]\ncompressors: [none]\ntrain: {micro_batches: 2}\n",
        "sweep: train: 'micro-batches' 2 is not something the PyTorch DDP peer (peers:) takes (it steps once a batch)"},
       {net + "peers: [none]\ncompressors: [none]\ntrain: {time_limit_s: 60}\n",
-       "train: 'time-limit-s' 60 is not something the PyTorch DDP peer (peers:) takes"},
+       "train: 'time_limit_s' is conduit train's own deadline, which its workers under cluster run refuse; allowed: "
+       "the "
+       "sweep's timeout_s"},
       {net + "peers: [none]\ncompressors: [none]\ntrain: {first_bucket_mb: 4}\n",
        "train: 'first-bucket-mb' 4 is not something the PyTorch DDP peer (peers:) takes (DDP's first bucket is 1 "
        "MiB), so its cells would run differently from the ones they are compared with; allowed with peers: "
