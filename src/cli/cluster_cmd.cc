@@ -189,6 +189,16 @@ void cmd_status(const ClusterOptions& o) {
   if (o.json) fmt::print("{}\n", out.dump());
 }
 
+// `cluster reap` (hidden): what is left in the first `hosts` hosts by the `cluster run` whose mark this is, stopped
+// (run by that run's launcher watchdog when the run was killed with SIGKILL).
+void cmd_reap(const ClusterOptions& o) {
+  require_root("reap");
+  if (o.host.empty()) throw ConfigError("cluster reap: --mark is required");
+  const auto s = cl::load_state(o.name);
+  const int hosts = o.hosts > 0 ? std::min<int>(o.hosts, static_cast<int>(s.hosts.size())) : int(s.hosts.size());
+  cl::stop_marked_processes(s, hosts, "CONDUIT_CLUSTER_RUN=" + o.host);
+}
+
 void cmd_exec(const ClusterOptions& o) {
   require_root("exec");
   if (o.host.empty() || o.command.empty()) {
@@ -233,6 +243,9 @@ void cmd_run(const ClusterOptions& o) {
   // another run or started by hand (`cluster exec`) is touched. Left, they held CPU and ports for the next run.
   const std::string mark =
       fmt::format("{}-{}", ::getpid(), std::chrono::steady_clock::now().time_since_epoch().count());
+  // Killed with SIGKILL, this process cannot stop what its workers left in the hosts: its launcher's watchdog runs
+  // `cluster reap` for it (they stayed until `cluster down`).
+  spec.orphan_command = {self_exe(), "cluster", "reap", "--name", s.name, "--hosts", std::to_string(n), "--mark", mark};
   spec.extra_env = {{"CONDUIT_TRANSPORT", "tcp"},
                     {"CONDUIT_SOCKET_IFNAME", cl::kHostIfname},
                     {"CONDUIT_RANKS_PER_HOST", std::to_string(o.ranks_per_host)},
@@ -318,6 +331,14 @@ const bool kRegistered = register_command(40, [](CLI::App& app) {
   ce->add_option("command", ex->command,
                  "CMD [ARGS...]: every argument from the first one that is not an option (or after --) is its own");
   ce->callback([ex]() { cmd_exec(*ex); });
+
+  auto rp = std::make_shared<ClusterOptions>();
+  auto* cp = grp->add_subcommand("reap", "");  // (hidden: a killed `cluster run`'s watchdog runs it)
+  cp->group("");
+  add_name(cp, rp);
+  cp->add_option("--hosts", rp->hosts, "the run's first N hosts");
+  cp->add_option("--mark", rp->host, "the run's CONDUIT_CLUSTER_RUN mark");
+  cp->callback([rp]() { cmd_reap(*rp); });
 
   auto rn = std::make_shared<ClusterOptions>();
   auto* cr = grp->add_subcommand(

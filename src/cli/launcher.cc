@@ -254,7 +254,11 @@ class BlockSignals {
 // it SIGKILLs their groups. Best effort: without a pipe or a fork, launches go on as before.
 class Watchdog {
  public:
-  Watchdog() {
+  // `orphan_command`: run (exec'd) by the watchdog when the launcher went without ending the job itself (killed with
+  // SIGKILL), after it has killed the workers' groups (LaunchSpec::orphan_command).
+  explicit Watchdog(const std::vector<std::string>& orphan_command) {
+    for (const auto& a : orphan_command) argv_.push_back(const_cast<char*>(a.c_str()));
+    if (!argv_.empty()) argv_.push_back(nullptr);
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return;
     const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -266,7 +270,7 @@ class Watchdog {
     {
       BlockSignals block;  // (no launcher handler runs in the child)
       pid = ::fork();
-      if (pid == 0) watch(fds[0], fds[1], null_fd, max_fd);
+      if (pid == 0) watch(fds[0], fds[1], null_fd, max_fd, argv_.empty() ? nullptr : argv_.data());
     }
     ::close(fds[0]);
     if (null_fd >= 0) ::close(null_fd);
@@ -278,6 +282,7 @@ class Watchdog {
     fd_ = fds[1];
   }
   ~Watchdog() {
+    send(1);                     // a clean end: no orphan command
     if (fd_ >= 0) ::close(fd_);  // end of file: it exits, with nothing left to kill
     if (pid_ <= 0) return;
     // (at once, normally; should it not see the end, a launch must not wait on it)
@@ -302,7 +307,7 @@ class Watchdog {
     } while (r < 0 && errno == EINTR);
   }
   // In the child: async-signal-safe calls only (the launcher may have threads: libtorch's in `conduit train`).
-  [[noreturn]] static void watch(int rd, int wr, int null_fd, int max_fd) {
+  [[noreturn]] static void watch(int rd, int wr, int null_fd, int max_fd, char* const* orphan_argv) {
     ::close(wr);      // (its own copy of the write end would keep the end of file from coming)
     ::setpgid(0, 0);  // out of the launcher's group: a Ctrl-C or a group kill meant for it leaves this to clean up
     for (int sig : SignalScope::kSignals) ::signal(sig, SIG_IGN);
@@ -322,11 +327,14 @@ class Watchdog {
     pid_t groups[kMaxLocalWorkers];
     int n = 0;
     int32_t v;
+    bool clean = false;  // the launcher said it ends the job itself
     for (;;) {
       const ssize_t r = ::read(3, &v, sizeof v);
       if (r < 0 && errno == EINTR) continue;
       if (r != static_cast<ssize_t>(sizeof v)) break;  // end of file: the launcher is gone
-      if (v > 1 && n < kMaxLocalWorkers) {             // (a process group id; 1 would make kill(-1) signal everything)
+      if (v == 1) {
+        clean = true;
+      } else if (v > 1 && n < kMaxLocalWorkers) {  // (a process group id; 1 would make kill(-1) signal everything)
         groups[n++] = v;
       } else if (v < 0) {
         for (int i = 0; i < n; ++i)
@@ -337,8 +345,16 @@ class Watchdog {
       }
     }
     for (int i = 0; i < n; ++i) ::kill(-groups[i], SIGKILL);
+    if (!clean && orphan_argv != nullptr) {
+      // (default dispositions first: an ignored SIGCHLD is kept across exec, and the command's own children were
+      // reaped before it could wait for them)
+      for (int sig : SignalScope::kSignals) ::signal(sig, SIG_DFL);
+      ::signal(SIGPIPE, SIG_DFL);
+      ::execv(orphan_argv[0], orphan_argv);
+    }
     ::_exit(0);
   }
+  std::vector<char*> argv_;
   pid_t pid_ = -1;
   int fd_ = -1;
 };
@@ -953,7 +969,7 @@ int run_local_workers(const LaunchSpec& spec) {
 
   const std::optional<rlimit> worker_file_limit = ensure_file_limit(spec.nprocs);
   SignalScope signals;
-  Watchdog watchdog;
+  Watchdog watchdog(spec.orphan_command);
   FileDescriptor dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));
 

@@ -38,6 +38,10 @@ struct LaunchSpec {
   // Each worker's share of the work (empty: equal); bound workers are spread by it (spread_over_cpus, core/cpus.h)
   // instead of k mod C: `conduit train` gives a pipeline's stages of unequal work.
   std::vector<double> work;
+  // Run (exec'd, with /dev/null for output) when the launcher is killed with SIGKILL and cannot end the job itself,
+  // once the workers' process groups are killed: `conduit cluster run` removes what its workers started outside
+  // their groups. Empty: nothing. The first element is the program's path.
+  std::vector<std::string> orphan_command;
 };
 
 inline constexpr int kMaxLocalWorkers = 1024;

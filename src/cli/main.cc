@@ -201,7 +201,9 @@ std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
       return fmt::format("{}: unknown option '{}'; allowed: the options `{} --help` lists", path, a, path);
   if (no_command) {
     std::vector<std::string> names;
-    for (const CLI::App* s : at->get_subcommands([](const CLI::App* s) { return !s->get_name().empty(); }))
+    // (hidden ones, of an empty group, left out)
+    for (const CLI::App* s :
+         at->get_subcommands([](const CLI::App* s) { return !s->get_name().empty() && !s->get_group().empty(); }))
       names.push_back(s->get_name());
     const std::string allowed = fmt::format("allowed: {}", fmt::join(names, ", "));
     if (!left.args.empty() && left.args.front().rfind("-", 0) != 0)

@@ -278,6 +278,26 @@ TEST_F(ClusterTest, RunStartsItsRanksInTheirHosts) {
   Result in_hosts = sh("for h in 0 1 2; do ip netns pids conduit-" + name + "-h$h; done | xargs -r ps -o args= -p");
   EXPECT_EQ(in_hosts.out.find("sleep 301"), std::string::npos) << in_hosts.out;
   EXPECT_NE(in_hosts.out.find("sleep 117"), std::string::npos) << in_hosts.out;
+  // Killed with SIGKILL, the run cannot stop what its workers left in the hosts itself: its launcher's watchdog does
+  // (they stayed until `cluster down`).
+  {
+    const fs::path marks = fs::temp_directory_path() / (name + "-marks");
+    fs::create_directories(marks);
+    Result killed = sh("(" + conduit() + " cluster run --name " + name + " --hosts 2 -- sh -c \"setsid sleep 303 " +
+                       "> /dev/null 2>&1 < /dev/null & touch " + marks.string() + "/\\$RANK; sleep 60\" & P=$!; " +
+                       "while [ ! -e " + marks.string() + "/0 ] || [ ! -e " + marks.string() + "/1 ]; do sleep 0.05; " +
+                       "done; kill -KILL $P; wait $P; echo rc=$?)");
+    EXPECT_NE(killed.out.find("rc=137"), std::string::npos) << killed.out;
+    std::string left;
+    for (int i = 0; i < 100; ++i) {  // (the watchdog's reap runs after the launcher is gone: up to 10 s)
+      left = sh("for h in 0 1; do ip netns pids conduit-" + name + "-h$h; done | xargs -r ps -o args= -p").out;
+      if (left.find("sleep 303") == std::string::npos && left.find("sleep 60") == std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(left.find("sleep 303"), std::string::npos) << left;
+    EXPECT_EQ(left.find("sleep 60"), std::string::npos) << left;
+    fs::remove_all(marks);
+  }
   // --timeout: the whole job's deadline, as conduit launch's.
   Result late = sh(conduit() + " cluster run --name " + name + " --hosts 2 --timeout 1 -- sleep 30");
   EXPECT_EQ(late.code, 124) << late.out;
