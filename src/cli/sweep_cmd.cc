@@ -403,9 +403,10 @@ SweepSpec load_spec(const std::string& path) {
       if (const auto it = kPeerDoes.find(k); it != kPeerDoes.end()) {
         const std::string& at = it->second.first;
         // (as conduit train reads the value: 1.0 is 1, yes is true)
-        const auto norm = [](const std::string& x) {
-          if (x == "true" || x == "yes" || x == "on") return std::string("true");
-          if (x == "false" || x == "no" || x == "off") return std::string("false");
+        const bool boolean = at == "true" || at == "false";
+        const auto norm = [boolean](const std::string& x) {
+          if (x == "true" || x == "yes" || x == "on" || (boolean && x == "1")) return std::string("true");
+          if (x == "false" || x == "no" || x == "off" || (boolean && x == "0")) return std::string("false");
           char* end = nullptr;
           const double d = std::strtod(x.c_str(), &end);
           return !x.empty() && *end == '\0' ? fmt::format("{:g}", d) : x;
@@ -613,11 +614,11 @@ SweepSpec load_spec(const std::string& path) {
         if (v.empty() || v.size() > kMaxLabel ||
             std::any_of(v.begin(), v.end(), [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; }))
           throw ConfigError(
-              fmt::format("sweep: {}.label is {}; allowed: 1 to {} characters without control characters "
+              fmt::format("sweep: {}.label is {}; allowed: 1 to {} bytes (UTF-8) without control characters "
                           "(newlines, tabs)",
                           where,
                           v.empty()              ? std::string("empty")
-                          : v.size() > kMaxLabel ? fmt::format("{} characters long", v.size())
+                          : v.size() > kMaxLabel ? fmt::format("{} bytes long", v.size())
                                                  : std::string("a text with control characters"),
                           kMaxLabel));
         n.label = v;
@@ -1285,6 +1286,9 @@ class OutputLock {
   explicit OutputLock(const fs::path& out) {
     const std::string path = (out / ".sweep.lock").string();
     fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // (flock takes a read-only descriptor: a lock file root's sweep left refused a user's replot of a folder the user
+    // can write)
+    if (fd_ < 0 && errno == EACCES) fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0)
       throw ConfigError(fmt::format("sweep: cannot open {}: {}; allowed: an output folder this user can write", path,
                                     std::strerror(errno)));
@@ -1296,7 +1300,10 @@ class OutputLock {
             fmt::format("sweep: output {} is being written by another sweep (it holds {}); allowed: another -o "
                         "folder, or this one once that sweep has ended",
                         out.string(), path));
-      throw ConfigError(fmt::format("sweep: cannot lock {}: {}", path, std::strerror(err)));
+      throw ConfigError(
+          fmt::format("sweep: cannot lock {}: {}; allowed: an output folder on a file system that "
+                      "takes flock",
+                      path, std::strerror(err)));
     }
   }
   ~OutputLock() { close(fd_); }
@@ -1392,17 +1399,34 @@ void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::
     differs("latency_ms", c.net->latency_s * 1e3);
     differs("loss_pct", c.net->loss * 100);
     differs("hosts", s.hosts);
+    // The cell's folder as the run named it (one written before folder names took the first 100 characters of a
+    // label is longer than the name this version makes, and was not found).
+    Cell cell = c;
+    if (r.contains("output") && r["output"].is_string()) {
+      const fs::path own = out / fs::path(r["output"].get<std::string>()).filename();
+      std::error_code ec;
+      if (is_cell_folder_name(own.filename().string()) && fs::is_directory(own, ec)) cell.dir = own.string();
+    }
     json row = json::object();
     for (const auto& k : kColumns)
       if (r.contains(k)) row[k] = r[k];
     json detail = json::object();
-    collect(c, row, detail);
+    collect(cell, row, detail);
     rows.push_back(row);
     details.push_back(detail);
-    done.push_back(c);
+    done.push_back(cell);
   }
   write_results(out, rows, details);
-  // (an earlier replot's plots stayed when this one plots nothing)
+  // (an earlier replot's plots stayed when this one plots nothing; without gnuplot they are kept, as it cannot
+  // redraw them: they went, and the replot ended 0)
+  std::string no_gnuplot;
+  if (!find_program("gnuplot", &no_gnuplot)) {
+    fmt::print(
+        "replotted {} cells: {}/results.csv, results.json; plots: kept as they were (gnuplot: {}; the "
+        "gnuplot-nox package redraws them)\n",
+        rows.size(), out.string(), no_gnuplot);
+    return;
+  }
   remove_plots(out);
   const auto pngs = plot(out, done, rows, train_target(s));
   fmt::print("replotted {} cells: {}/results.csv, results.json; plots: {}\n", rows.size(), out.string(),
@@ -1578,8 +1602,12 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
           if (g_stop) throw;  // (a stop: the sweep ends as a stopped one, below)
           // (`up` removed what it made) This network's cells fail; the next network's run.
           bringing_up = false;
+          // What up could not remove of itself stays under this name, and every later network would fail on "a
+          // cluster named ... exists": removed here, or the sweep ends as before.
+          if (!cl::existing_namespaces(cluster).empty() || fs::exists(cl::state_path(cluster))) cl::down(cluster);
           failed_net = c.net;
-          failed_why = fmt::format("cluster up: {}", e.what());
+          std::string why = e.what();
+          failed_why = why.rfind("cluster up: ", 0) == 0 ? why : "cluster up: " + why;
           fmt::print(stderr, "sweep: network {}: {}; its cells are marked failed\n", c.net->label, failed_why);
           fail_cell(c, failed_why);
           continue;
@@ -1684,7 +1712,10 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     // handled signal and went on to the next)
     set_launcher_stop_signal(g_stop);
   } else if (failed > 0) {
-    fmt::print(stderr, "sweep: {} of {} cells failed; see their log.txt\n", failed, rows.size());
+    fmt::print(stderr,
+               "sweep: {} of {} cells failed (results.csv's status and reason; a cell that ran has its "
+               "log.txt)\n",
+               failed, rows.size());
     set_exit_code(1);
   } else if (!down_ok) {
     set_exit_code(1);

@@ -998,9 +998,9 @@ TEST(SweepConfig, SettingsThatFailOrMisleadOnceCellsRunAreRefused) {
   many_seeds += "]\n";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"hosts: 2\nnetworks: [{bandwidth: 10mbit, label: " + std::string(65, 'x') + "}]\nbench: {}\n",
-       "sweep: networks[0].label is 65 characters long; allowed: 1 to 64 characters without control characters"},
+       "sweep: networks[0].label is 65 bytes long; allowed: 1 to 64 bytes (UTF-8) without control characters"},
       {"hosts: 2\nnetworks: [{bandwidth: 10mbit, label: \"a\\nb\"}]\nbench: {}\n",
-       "sweep: networks[0].label is a text with control characters; allowed: 1 to 64 characters"},
+       "sweep: networks[0].label is a text with control characters; allowed: 1 to 64 bytes (UTF-8)"},
       {"hosts: 2\nnetworks: [{bandwidth: 10mbit, label: \"\"}]\nbench: {}\n", "sweep: networks[0].label is empty"},
       {net + many_seeds + "bench: {}\n",
        "the grid has 10001 cells (1 networks x 10001 seeds x 1 configurations: train cells, peers, bench); allowed: "
@@ -1043,6 +1043,8 @@ TEST(SweepConfig, SettingsThatFailOrMisleadOnceCellsRunAreRefused) {
   for (const std::string& body :
        {"hosts: 2\nnetworks: [{bandwidth: 10mbit, label: " + std::string(64, 'x') + "}]\nbench: {}\ntimeout_s: 1\n",
         net + many_seeds.substr(0, many_seeds.rfind(", ")) + "]\nbench: {}\n",
+        // (booleans as conduit train reads them: 1 is true; they were refused with peers:)
+        net + "peers: [none]\ncompressors: [none]\ntrain: {overlap: 1, recompute: 0}\n",
         net + "seeds: [9223372036854775807]\npeers: [none]\ncompressors: [none]\n"
               "train: {micro_batches: 1, first_bucket_mb: 1.0, overlap: yes, time_limit_s: 0, trace: true}\n"}) {
     std::ofstream(file) << body;
