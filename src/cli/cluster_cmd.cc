@@ -264,6 +264,7 @@ void cmd_run(const ClusterOptions& o) {
                    s.name.c_str());
     }
   };
+  spec.after_workers = stop_leftovers;  // (covered by the watchdog's reap until it is done)
   int rc = 0;
   try {
     rc = run_local_workers(spec);
@@ -271,7 +272,6 @@ void cmd_run(const ClusterOptions& o) {
     stop_leftovers();
     throw;
   }
-  stop_leftovers();
   set_exit_code(rc);
 }
 

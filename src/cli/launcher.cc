@@ -1343,6 +1343,9 @@ int run_local_workers(const LaunchSpec& spec) {
   // once all have mapped them); with every worker gone, none is in use.
   net::remove_shm_segments(job_id, spec.nprocs);
   shm_cleanup.done = true;
+  // The caller's cleanup while the watchdog still watches (it runs the orphan command should this process be killed
+  // meanwhile: a `cluster run` killed during its own removal of what the workers left, left it).
+  if (spec.after_workers) spec.after_workers();
   return have_result ? result : 0;
 }
 

@@ -7,6 +7,7 @@
 // error a peer's exit preceded can still say why; each that fails meanwhile is named) and returns that worker's exit
 // code. Used by `conduit launch` and by
 // subcommands that start their own workers (`conduit train -n N`).
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -42,6 +43,8 @@ struct LaunchSpec {
   // once the workers' process groups are killed: `conduit cluster run` removes what its workers started outside
   // their groups. Empty: nothing. The first element is the program's path.
   std::vector<std::string> orphan_command;
+  // Run when the workers are gone, before the watchdog is told the job ended cleanly (not when the launch throws).
+  std::function<void()> after_workers;
 };
 
 inline constexpr int kMaxLocalWorkers = 1024;

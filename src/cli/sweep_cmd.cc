@@ -323,7 +323,9 @@ SweepSpec load_spec(const std::string& path) {
           "output per cell; a config file's values); remove it",
           k));
     // (a cell's train runs under cluster run, which refuses it there: every cell failed at start)
-    if (k == "time-limit-s" && std::strtod(v.c_str(), nullptr) != 0)
+    char* end = nullptr;
+    if (k == "time-limit-s" && !(!v.empty() && std::strtod(v.c_str(), &end) == 0 && *end == '\0' &&
+                                 v.find_first_of("xX") == std::string::npos))
       throw ConfigError(
           "sweep: train: 'time_limit_s' is conduit train's own deadline, which its workers under cluster run refuse; "
           "allowed: the sweep's timeout_s (each cell's deadline)");
@@ -1288,10 +1290,11 @@ class OutputLock {
     fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     // (flock takes a read-only descriptor: a lock file root's sweep left refused a user's replot of a folder the user
     // can write)
-    if (fd_ < 0 && errno == EACCES) fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int first_err = errno;
+    if (fd_ < 0 && first_err == EACCES) fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0)
       throw ConfigError(fmt::format("sweep: cannot open {}: {}; allowed: an output folder this user can write", path,
-                                    std::strerror(errno)));
+                                    std::strerror(first_err)));
     if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       close(fd_);

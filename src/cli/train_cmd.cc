@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -84,6 +86,57 @@ void print_summary(const std::string& out) {
       s.value("uncompressed_bytes", 0.0) / 1e6, hidden.c_str(), out.c_str());
 }
 
+// One worker's time limit, kept in its own process by a thread: at the limit it says so on stderr (one write, not
+// through stdio, whose lock a main thread blocked on a full stdout pipe holds) and ends the process with 124, as the
+// launcher does for several workers. Time spent stopped (Ctrl-Z) does not count, as for the launcher: a wake much
+// later than asked moves the deadline on. Destroyed (the run over), it stops without a word.
+class SelfDeadline {
+ public:
+  explicit SelfDeadline(double limit_s) {
+    if (limit_s > 0) thread_ = std::thread([this, limit_s] { watch(limit_s); });
+  }
+  ~SelfDeadline() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  SelfDeadline(const SelfDeadline&) = delete;
+  SelfDeadline& operator=(const SelfDeadline&) = delete;
+
+ private:
+  void watch(double limit_s) {
+    using Clock = std::chrono::steady_clock;
+    const auto slice = std::chrono::milliseconds(500);
+    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit_s));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!done_) {
+      const auto before = Clock::now();
+      if (before >= deadline) {
+        const std::string line =
+            fmt::format("conduit train: 1 worker still running at time_limit_s {:g} s; stopping it\n", limit_s);
+        [[maybe_unused]] const ssize_t w = ::write(2, line.data(), line.size());
+        if (::ftrylockfile(stdout) == 0) {  // (what it printed, when stdout is not blocked)
+          std::fflush(stdout);
+          ::funlockfile(stdout);
+        }
+        std::_Exit(124);  // (as timeout(1); no checkpoint is written, as for the workers the launcher stops)
+      }
+      const auto asked = std::min<Clock::duration>(slice, deadline - before);
+      cv_.wait_for(lock, asked);
+      const auto late = Clock::now() - before - asked;
+      if (late > std::chrono::seconds(1)) deadline += late;  // (stopped that long)
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 void run_train(const TrainArgs& a) {
   tr::RawConfig raw;
   if (!a.config.empty()) raw = tr::read_yaml_config(a.config);
@@ -145,22 +198,6 @@ void run_train(const TrainArgs& a) {
     if (!rank_text) rank_text = std::getenv(v);
   const bool notes = env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1;
   torch_api().check_model_config(cfg, tr::training_workers(cfg), notes);
-#ifdef CONDUIT_WITH_COMPRESS
-  // A compressor set to send more than the gradient itself (a sparsifier keeping over half of the values, each with
-  // its index; a quantizer with a scale every element or two) is legal but defeats its purpose: said once.
-  if (notes && cfg.compressor != "none" && tr::zero_int_wire(cfg.compressor).bits != 4) {
-    const auto comp = compress::parse_compressor(cfg.compressor);
-    compress::TensorState st;
-    st.shape = {1024, 1024};
-    const size_t n = size_t{1024} * 1024, plain = n * 4;
-    const size_t wire = comp->fixed_size() ? comp->wire_bytes(n, st) : 0;
-    if (wire > plain)
-      std::fprintf(stderr,
-                   "train: warning: compressor %s sends %.2f MB for a 1024 x 1024 f32 gradient, more than its %.2f MB "
-                   "uncompressed (compressor none)\n",
-                   cfg.compressor.c_str(), wire / 1e6, plain / 1e6);
-  }
-#endif
   // A resume that its checkpoint refuses stops here once, not in every worker after each has loaded libtorch and its
   // data (the workers check their own copies again: under mpirun each node may hold one of its own).
   if (!cfg.resume.empty() && env_world == 0) {
@@ -182,16 +219,28 @@ void run_train(const TrainArgs& a) {
         "another (mpirun, torchrun, conduit launch); allowed: that launcher's own limit (mpirun --timeout, conduit "
         "launch --timeout), or time_limit_s 0",
         cfg.time_limit_s));
-  // One worker runs in this process, and keeps its deadline itself (through the launcher it lost its terminal's
-  // progress bar and gained a rank prefix and a TCP store).
-  if (env_world == 0 && cfg.workers == 1 && cfg.time_limit_s > 0) {
-    std::thread([limit = cfg.time_limit_s] {
-      std::this_thread::sleep_for(std::chrono::duration<double>(limit));
-      std::fprintf(stderr, "conduit train: 1 worker still running at time_limit_s %g s; stopping it\n", limit);
-      std::fflush(nullptr);
-      std::_Exit(124);  // (as timeout(1); no checkpoint is written, as for the workers the launcher stops)
-    }).detach();
+#ifdef CONDUIT_WITH_COMPRESS
+  // A compressor set to send more than the gradient itself (a sparsifier keeping over half of the values, each with
+  // its index; a quantizer with a scale every element or two) is legal but defeats its purpose: said once.
+  // (after every refusal: a refused run says one line; and not with one data-parallel rank, which sends nothing and
+  // is warned of that)
+  const int dp_ranks = tr::training_workers(cfg) / std::max(1, cfg.tp * cfg.pp);
+  if (notes && dp_ranks > 1 && cfg.compressor != "none" && tr::zero_int_wire(cfg.compressor).bits != 4) {
+    const auto comp = compress::parse_compressor(cfg.compressor);
+    compress::TensorState st;
+    st.shape = {1024, 1024};
+    const size_t n = size_t{1024} * 1024, plain = n * 4;
+    const size_t wire = comp->fixed_size() ? comp->wire_bytes(n, st) : 0;
+    if (wire > plain)
+      std::fprintf(stderr,
+                   "train: warning: compressor %s sends %.2f MB for a 1024 x 1024 f32 gradient, more than its %.2f MB "
+                   "uncompressed (compressor none)\n",
+                   cfg.compressor.c_str(), wire / 1e6, plain / 1e6);
   }
+#endif
+  // One worker runs in this process, and keeps its deadline itself (through the launcher it lost its terminal's
+  // progress bar and gained a rank prefix and a TCP store); it ends with this function.
+  SelfDeadline deadline(env_world == 0 && cfg.workers == 1 ? cfg.time_limit_s : 0);
 
   if (env_world > 0 || cfg.workers == 1) {
     // This process is one worker.

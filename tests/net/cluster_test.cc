@@ -1017,6 +1017,9 @@ TEST(SweepConfig, SettingsThatFailOrMisleadOnceCellsRunAreRefused) {
        "sweep: train: 'timeout' and 'timeout_s' are both given, and both are the DDP peer's --timeout"},
       {net + "peers: [none]\ncompressors: [none]\ntrain: {micro_batches: 2}\n",
        "sweep: train: 'micro-batches' 2 is not something the PyTorch DDP peer (peers:) takes (it steps once a batch)"},
+      // (and a value conduit train refuses, which strtod read as 0)
+      {net + "compressors: [none]\ntrain: {time_limit_s: abc}\n",
+       "train: 'time_limit_s' is conduit train's own deadline"},
       {net + "peers: [none]\ncompressors: [none]\ntrain: {time_limit_s: 60}\n",
        "train: 'time_limit_s' is conduit train's own deadline, which its workers under cluster run refuse; allowed: "
        "the "

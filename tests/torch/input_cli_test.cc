@@ -593,7 +593,7 @@ TEST(TrainInputProcesses, ATimeLimitStopsTheWholeRunWithExitCode124) {
 TEST(TrainInputProcesses, ACompressorThatSendsMoreThanTheGradientIsWarnedOf) {
   const fs::path dir = temp_dir("inflating");
   const std::string one =
-      "train --dataset synthetic --model mlp --workers 1 --synthetic-samples 256 --test-limit 64 "
+      "train --dataset synthetic --model mlp --workers 2 --synthetic-samples 256 --test-limit 64 "
       "--progress false --epochs 1 ";
   auto r = run(one + "--compressor topk:ratio=0.6 --output " + (dir / "a").string());
   EXPECT_EQ(r.code, 0) << r.out;
