@@ -1345,7 +1345,16 @@ int run_local_workers(const LaunchSpec& spec) {
   shm_cleanup.done = true;
   // The caller's cleanup while the watchdog still watches (it runs the orphan command should this process be killed
   // meanwhile: a `cluster run` killed during its own removal of what the workers left, left it).
-  if (spec.after_workers) spec.after_workers();
+  if (spec.after_workers) {
+    try {
+      spec.after_workers();
+    } catch (const std::exception& e) {
+      message(spec, fmt::format("cleaning up after the workers: {}", e.what()));
+    }
+    // A stop signal meanwhile (Ctrl-C during the cleanup) still ends this process by it once done: nothing read it.
+    for (int sig : signals.drain())
+      if (sig != SIGCHLD && !passed_through(sig) && !job_control(sig) && g_stop_signal == 0) g_stop_signal = sig;
+  }
   return have_result ? result : 0;
 }
 

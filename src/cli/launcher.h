@@ -43,7 +43,8 @@ struct LaunchSpec {
   // once the workers' process groups are killed: `conduit cluster run` removes what its workers started outside
   // their groups. Empty: nothing. The first element is the program's path.
   std::vector<std::string> orphan_command;
-  // Run when the workers are gone, before the watchdog is told the job ended cleanly (not when the launch throws).
+  // Run when the workers are gone, before the watchdog is told the job ended cleanly (not when the launch throws or
+  // its program cannot be executed); a stop signal meanwhile is kept for launcher_stop_signal().
   std::function<void()> after_workers;
 };
 

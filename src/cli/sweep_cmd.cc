@@ -45,6 +45,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -323,9 +324,10 @@ SweepSpec load_spec(const std::string& path) {
           "output per cell; a config file's values); remove it",
           k));
     // (a cell's train runs under cluster run, which refuses it there: every cell failed at start)
-    char* end = nullptr;
-    if (k == "time-limit-s" && !(!v.empty() && std::strtod(v.c_str(), &end) == 0 && *end == '\0' &&
-                                 v.find_first_of("xX") == std::string::npos))
+    // (0 as conduit train reads it: "-0", "0.0", "0e5"; "abc", " 0", "+0" and "1e-400", which strtod read as 0, are
+    // refused there too)
+    static const std::regex kZero("^-?(0+(\\.0*)?|\\.0+)([eE][+-]?[0-9]+)?$");
+    if (k == "time-limit-s" && !std::regex_match(v, kZero))
       throw ConfigError(
           "sweep: train: 'time_limit_s' is conduit train's own deadline, which its workers under cluster run refuse; "
           "allowed: the sweep's timeout_s (each cell's deadline)");

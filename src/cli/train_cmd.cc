@@ -3,6 +3,7 @@
 // `workers` local workers through the launcher (cli/launcher.h), each running `conduit train --config
 // <output>/config.yaml`, and prints the summary when they are done.
 #include <fmt/format.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -116,12 +118,14 @@ class SelfDeadline {
     while (!done_) {
       const auto before = Clock::now();
       if (before >= deadline) {
+        lock.unlock();  // (a destructor waiting on it is not held up)
+        // Said only where stderr has room within a second (a full pipe it shares with a blocked stdout would hold
+        // the write, and the exit, for ever); stdout's buffered lines are left.
         const std::string line =
             fmt::format("conduit train: 1 worker still running at time_limit_s {:g} s; stopping it\n", limit_s);
-        [[maybe_unused]] const ssize_t w = ::write(2, line.data(), line.size());
-        if (::ftrylockfile(stdout) == 0) {  // (what it printed, when stdout is not blocked)
-          std::fflush(stdout);
-          ::funlockfile(stdout);
+        pollfd p{2, POLLOUT, 0};
+        if (::poll(&p, 1, 1000) == 1 && (p.revents & POLLOUT) != 0) {
+          [[maybe_unused]] const ssize_t w = ::write(2, line.data(), line.size());  // (under PIPE_BUF: whole)
         }
         std::_Exit(124);  // (as timeout(1); no checkpoint is written, as for the workers the launcher stops)
       }
@@ -224,8 +228,8 @@ void run_train(const TrainArgs& a) {
   // its index; a quantizer with a scale every element or two) is legal but defeats its purpose: said once.
   // (after every refusal: a refused run says one line; and not with one data-parallel rank, which sends nothing and
   // is warned of that)
-  const int dp_ranks = tr::training_workers(cfg) / std::max(1, cfg.tp * cfg.pp);
-  if (notes && dp_ranks > 1 && cfg.compressor != "none" && tr::zero_int_wire(cfg.compressor).bits != 4) {
+  const bool one_bsp_rank = tr::effective_sync(cfg).bsp() && cfg.workers / std::max(1, cfg.tp * cfg.pp) == 1;
+  if (notes && !one_bsp_rank && cfg.compressor != "none" && tr::zero_int_wire(cfg.compressor).bits != 4) {
     const auto comp = compress::parse_compressor(cfg.compressor);
     compress::TensorState st;
     st.shape = {1024, 1024};
@@ -240,7 +244,8 @@ void run_train(const TrainArgs& a) {
 #endif
   // One worker runs in this process, and keeps its deadline itself (through the launcher it lost its terminal's
   // progress bar and gained a rank prefix and a TCP store); it ends with this function.
-  SelfDeadline deadline(env_world == 0 && cfg.workers == 1 ? cfg.time_limit_s : 0);
+  std::optional<SelfDeadline> deadline;
+  deadline.emplace(env_world == 0 && cfg.workers == 1 ? cfg.time_limit_s : 0);
 
   if (env_world > 0 || cfg.workers == 1) {
     // This process is one worker.
@@ -263,6 +268,7 @@ void run_train(const TrainArgs& a) {
       cfg.output = name;
     }
     torch_api().train_worker(cfg, comm, tr::WorkerOptions{});
+    deadline.reset();  // (the run is over: its summary is not cut short)
     // Under mpirun/torchrun rank 0 prints the summary; under our own launcher the parent does.
     if (comm->rank() == 0 && !std::getenv("CONDUIT_TRAIN_PARENT")) print_summary(cfg.output);
     return;
