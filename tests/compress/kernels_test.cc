@@ -422,3 +422,65 @@ TEST(Kernels, MomentumSignsEqualScalar) {
       EXPECT_EQ(out, want) << k->name << " n=" << n;
     }
 }
+
+// What every rank must compute alike whatever its CPU (a rank with AVX2 decodes a baseline rank's payload, and the
+// reductions' results go on the wire as scales and headers): each table against the baseline's, bit for bit. (The
+// decoders and reductions had no such comparison: an audit.)
+TEST(Kernels, DecodersAndWireReductionsAgreeAcrossTables) {
+  const kernels::Table& base = kernels::base_table();
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (bits_of(a[i]) != bits_of(b[i])) return false;
+    return true;
+  };
+  std::mt19937_64 g(11);
+  for (auto* k : tables())
+    for (size_t n : kN) {
+      const auto x = data(n, n + 3);
+      // Reductions whose results are sent: max |x| (int8's scales), min and max (uint8's headers).
+      EXPECT_EQ(bits_of(k->abs_max(x.data(), n)), bits_of(base.abs_max(x.data(), n))) << k->name << " n=" << n;
+      float lo = 0, hi = 0, blo = 0, bhi = 0;
+      if (n > 0) {
+        k->min_max(x.data(), n, lo, hi);
+        base.min_max(x.data(), n, blo, bhi);
+        EXPECT_EQ(bits_of(lo), bits_of(blo)) << k->name << " n=" << n;
+        EXPECT_EQ(bits_of(hi), bits_of(bhi)) << k->name << " n=" << n;
+      }
+      // Decoders, replacing and adding.
+      std::vector<uint8_t> signs((n + 7) / 8);
+      for (auto& b : signs) b = static_cast<uint8_t>(g());
+      std::vector<int8_t> q(n);
+      std::vector<uint8_t> uq(n);
+      for (size_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(g()), uq[i] = static_cast<uint8_t>(g());
+      for (size_t chunk : {size_t{7}, size_t{256}}) {
+        const size_t nc = (n + chunk - 1) / chunk;
+        std::vector<float> scales(nc), header(2 * nc);
+        for (size_t c = 0; c < nc; ++c) {
+          scales[c] = c % 3 == 2 ? 3e-40f : 0.01f * float(c + 1);  // (a subnormal scale among them)
+          header[2 * c] = -1.5f + float(c), header[2 * c + 1] = c % 3 == 2 ? 2e-41f : 0.003f * float(c + 1);
+        }
+        for (bool add : {false, true}) {
+          std::vector<float> a = x, b = x;
+          k->dequant_i8_chunks(q.data(), n, chunk, scales.data(), a.data(), add);
+          base.dequant_i8_chunks(q.data(), n, chunk, scales.data(), b.data(), add);
+          EXPECT_TRUE(same_bits(a, b)) << k->name << " dequant_i8_chunks n=" << n << " chunk=" << chunk;
+          a = x, b = x;
+          k->dequant_u8_chunks(uq.data(), n, chunk, header.data(), a.data(), add);
+          base.dequant_u8_chunks(uq.data(), n, chunk, header.data(), b.data(), add);
+          EXPECT_TRUE(same_bits(a, b)) << k->name << " dequant_u8_chunks n=" << n << " chunk=" << chunk;
+        }
+      }
+      for (bool add : {false, true}) {
+        std::vector<float> a = x, b = x;
+        k->unpack_signs(signs.data(), n, 0.75f, -1.25f, a.data(), add);
+        base.unpack_signs(signs.data(), n, 0.75f, -1.25f, b.data(), add);
+        EXPECT_TRUE(same_bits(a, b)) << k->name << " unpack_signs n=" << n << " add=" << add;
+        // and the baseline's as the bits say: bit set, neg; clear, pos
+        for (size_t i = 0; i < n; ++i) {
+          const float v = (signs[i / 8] >> (i % 8)) & 1 ? -1.25f : 0.75f;
+          ASSERT_EQ(bits_of(b[i]), bits_of(add ? x[i] + v : v)) << "base unpack_signs i=" << i;
+        }
+      }
+    }
+}
