@@ -424,8 +424,8 @@ TEST(Kernels, MomentumSignsEqualScalar) {
 }
 
 // What every rank must compute alike whatever its CPU (a rank with AVX2 decodes a baseline rank's payload, and the
-// reductions' results go on the wire as scales and headers): each table against the baseline's, bit for bit. (The
-// decoders and reductions had no such comparison: an audit.)
+// reductions' results go on the wire as scales, headers and norms): each table against the baseline's, bit for bit.
+// (The decoders and reductions had no such comparison: an audit.)
 TEST(Kernels, DecodersAndWireReductionsAgreeAcrossTables) {
   const kernels::Table& base = kernels::base_table();
   auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
@@ -438,8 +438,11 @@ TEST(Kernels, DecodersAndWireReductionsAgreeAcrossTables) {
   for (auto* k : tables())
     for (size_t n : kN) {
       const auto x = data(n, n + 3);
-      // Reductions whose results are sent: max |x| (int8's scales), min and max (uint8's headers).
+      // Reductions whose results are sent: max |x| (int8's scales), min and max (uint8's headers), the sum and the sum
+      // of squares (TernGrad's scale and clip, QSGD's norms).
       EXPECT_EQ(bits_of(k->abs_max(x.data(), n)), bits_of(base.abs_max(x.data(), n))) << k->name << " n=" << n;
+      EXPECT_EQ(k->sum(x.data(), n), base.sum(x.data(), n)) << k->name << " n=" << n;
+      EXPECT_EQ(k->sum_squares(x.data(), n), base.sum_squares(x.data(), n)) << k->name << " n=" << n;
       float lo = 0, hi = 0, blo = 0, bhi = 0;
       if (n > 0) {
         k->min_max(x.data(), n, lo, hi);
