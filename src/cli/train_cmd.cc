@@ -6,24 +6,21 @@
 #include <poll.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "cli/launcher.h"
 #include "cli/registry.h"
 #include "cli/torch_plugin.h"
 #include "coll/communicator.h"
 #include "core/error.h"
+#include "core/expiry.h"
 #include "core/files.h"
 #include "net/mpi_transport.h"
 #include "torch/config.h"
@@ -88,65 +85,28 @@ void print_summary(const std::string& out) {
       s.value("uncompressed_bytes", 0.0) / 1e6, hidden.c_str(), out.c_str());
 }
 
-// One worker's time limit, kept in its own process by a thread: at the limit it says so on stderr (one write, not
-// through stdio, whose lock a main thread blocked on a full stdout pipe holds) and ends the process with 124, as the
-// launcher does for several workers. Time spent stopped (Ctrl-Z) does not count, as for the launcher: a wake much
-// later than asked moves the deadline on. Destroyed (the run over), it stops without a word.
-class SelfDeadline {
- public:
-  explicit SelfDeadline(double limit_s) {
-    if (limit_s > 0) thread_ = std::thread([this, limit_s] { watch(limit_s); });
+// One worker's time limit, kept in its own process: at the limit it says so on stderr (one write, not through stdio,
+// whose lock a main thread blocked on a full stdout pipe holds) and ends the process with 124, as the launcher does
+// for several workers (time stopped by Ctrl-Z does not count, as for the launcher). Said only where stderr has room
+// within a second (a full pipe it shares with a blocked stdout would hold the write, and the exit, for ever);
+// stdout's buffered lines are left.
+[[noreturn]] void stop_single_worker(double limit_s) {
+  const std::string line =
+      fmt::format("conduit train: 1 worker still running at time_limit_s {:g} s; stopping it\n", limit_s);
+  pollfd p{2, POLLOUT, 0};
+  if (::poll(&p, 1, 1000) == 1 && (p.revents & POLLOUT) != 0) {
+    [[maybe_unused]] const ssize_t w = ::write(2, line.data(), line.size());  // (under PIPE_BUF: whole)
   }
-  ~SelfDeadline() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  SelfDeadline(const SelfDeadline&) = delete;
-  SelfDeadline& operator=(const SelfDeadline&) = delete;
-
- private:
-  void watch(double limit_s) {
-    using Clock = std::chrono::steady_clock;
-    const auto slice = std::chrono::milliseconds(500);
-    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit_s));
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!done_) {
-      const auto before = Clock::now();
-      if (before >= deadline) {
-        lock.unlock();  // (a destructor waiting on it is not held up)
-        // Said only where stderr has room within a second (a full pipe it shares with a blocked stdout would hold
-        // the write, and the exit, for ever); stdout's buffered lines are left.
-        const std::string line =
-            fmt::format("conduit train: 1 worker still running at time_limit_s {:g} s; stopping it\n", limit_s);
-        pollfd p{2, POLLOUT, 0};
-        if (::poll(&p, 1, 1000) == 1 && (p.revents & POLLOUT) != 0) {
-          [[maybe_unused]] const ssize_t w = ::write(2, line.data(), line.size());  // (under PIPE_BUF: whole)
-        }
-        std::_Exit(124);  // (as timeout(1); no checkpoint is written, as for the workers the launcher stops)
-      }
-      const auto asked = std::min<Clock::duration>(slice, deadline - before);
-      cv_.wait_for(lock, asked);
-      const auto late = Clock::now() - before - asked;
-      if (late > std::chrono::seconds(1)) deadline += late;  // (stopped that long)
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
+  std::_Exit(124);  // (as timeout(1); no checkpoint is written, as for the workers the launcher stops)
+}
 
 void run_train(const TrainArgs& a) {
   tr::RawConfig raw;
   if (!a.config.empty()) raw = tr::read_yaml_config(a.config);
   for (auto& [k, v] : a.flags) raw[k] = v;
   const int env_world = net::mpi_launched() ? std::max(env_world_size(), 1) : env_world_size();
-  tr::apply_resume_defaults(raw, env_world > 0);
+  nlohmann::json resume_meta;  // (the checkpoint's checkpoint.json, read once)
+  tr::apply_resume_defaults(raw, env_world > 0, &resume_meta);
   const bool workers_given = raw.count("workers") > 0;
   tr::TrainConfig cfg = tr::resolve_config(raw, env_world, workers_given);
   tr::check_dataset(cfg);
@@ -205,15 +165,9 @@ void run_train(const TrainArgs& a) {
   // A resume that its checkpoint refuses stops here once, not in every worker after each has loaded libtorch and its
   // data (the workers check their own copies again: under mpirun each node may hold one of its own).
   if (!cfg.resume.empty() && env_world == 0) {
-    const fs::path dir(cfg.resume);
-    nlohmann::json meta;
-    try {
-      meta = tr::read_json_file((dir / "checkpoint.json").string());
-    } catch (const Error& e) {
-      throw ConfigError(fmt::format("config: resume: {}", e.what()));
-    }
-    tr::check_checkpoint_fields(meta, dir, true);  // (as the workers do: a missing world was "0 ranks")
-    tr::check_resume_against(meta, cfg, cfg.workers);
+    // (as the workers do: a missing world was "0 ranks")
+    tr::check_checkpoint_fields(resume_meta, fs::path(cfg.resume), true);
+    tr::check_resume_against(resume_meta, cfg, cfg.workers);
   }
   // The whole run's deadline is kept by the process that starts the workers (its launcher, which does not write it
   // into the workers' config.yaml): a worker started by another launcher cannot stop its peers.
@@ -244,8 +198,9 @@ void run_train(const TrainArgs& a) {
 #endif
   // One worker runs in this process, and keeps its deadline itself (through the launcher it lost its terminal's
   // progress bar and gained a rank prefix and a TCP store); it ends with this function.
-  std::optional<SelfDeadline> deadline;
-  deadline.emplace(env_world == 0 && cfg.workers == 1 ? cfg.time_limit_s : 0);
+  std::optional<ExpiryThread> deadline;
+  if (env_world == 0 && cfg.workers == 1 && cfg.time_limit_s > 0)
+    deadline.emplace(cfg.time_limit_s, [limit_s = cfg.time_limit_s] { stop_single_worker(limit_s); });
 
   if (env_world > 0 || cfg.workers == 1) {
     // This process is one worker.

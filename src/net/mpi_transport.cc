@@ -61,7 +61,6 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -74,6 +73,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/expiry.h"
 #include "core/log.h"
 #include "net/tags.h"
 #include "net/wire.h"
@@ -875,44 +875,21 @@ bool mpi_launched() {
   return false;
 }
 
-// Ends the process when MPI_Init_thread has not returned within `seconds` (0: no deadline): it waits for every rank
+// Ends the process when MPI_Init_thread has not returned within `seconds` (CONDUIT_TIMEOUT): it waits for every rank
 // of the job, and a rank that never starts MPI (killed, stuck before it, a program that is not an MPI one) left the
 // others there with no word.
-class InitWatchdog {
- public:
-  explicit InitWatchdog(double seconds) {
-    if (seconds <= 0) return;
-    thread_ = std::thread([this, seconds] {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; })) return;
-      const char* rank = nullptr;
-      for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-        if (!rank) rank = std::getenv(v);
-      std::fprintf(stderr,
-                   "conduit: error: mpi: MPI_Init_thread did not return within %g s on rank %s: a rank of this job has "
-                   "not started MPI (gone, stuck before it, or not an MPI program); allowed: every rank starting MPI "
-                   "within CONDUIT_TIMEOUT\n",
-                   seconds, rank ? rank : "?");
-      std::fflush(stderr);
-      ::_exit(2);
-    });
-  }
-  ~InitWatchdog() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
+[[noreturn]] void stop_at_init_deadline(double seconds) {
+  const char* rank = nullptr;
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (!rank) rank = std::getenv(v);
+  std::fprintf(stderr,
+               "conduit: error: mpi: MPI_Init_thread did not return within %g s on rank %s: a rank of this job has "
+               "not started MPI (gone, stuck before it, or not an MPI program); allowed: every rank starting MPI "
+               "within CONDUIT_TIMEOUT\n",
+               seconds, rank ? rank : "?");
+  std::fflush(stderr);
+  ::_exit(2);
+}
 
 void mpi_init_once(double timeout_s) {
   static std::once_flag once;
@@ -925,7 +902,7 @@ void mpi_init_once(double timeout_s) {
       MPI_Query_thread(&provided);
     } else {
       {
-        InitWatchdog watchdog(timeout_s);
+        const ExpiryThread watchdog(timeout_s, [timeout_s] { stop_at_init_deadline(timeout_s); });
         check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       }
       std::atexit(finalize_at_exit);

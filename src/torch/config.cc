@@ -940,7 +940,7 @@ void check_checkpoint_fields(const nlohmann::json& meta, const std::filesystem::
   }
 }
 
-void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
+void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json* meta_out) {
   auto it = raw.find("resume");
   if (it == raw.end() || it->second.empty()) return;
   const std::filesystem::path meta_path = std::filesystem::path(it->second) / "checkpoint.json";
@@ -948,6 +948,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env) {
   const nlohmann::json meta = read_json_file(meta_path.string());
   // (a damaged or hand-edited file is one line here, not one from every worker)
   check_checkpoint_fields(meta, std::filesystem::path(it->second), false);
+  if (meta_out != nullptr) *meta_out = meta;
   auto text = [](const nlohmann::json& v) -> std::optional<std::string> {
     if (v.is_string()) return v.get<std::string>();
     if (v.is_number_integer()) return std::to_string(v.get<int64_t>());

@@ -133,8 +133,9 @@ RawConfig read_yaml_config(const std::string& path);
 // and `raw` does not give: model, compressor, sync scheme and its parameters, optimizer, target accuracy, batch size,
 // seed, dataset and its limits, and (unless `workers_from_env`) the number of workers; and the rest of the run's
 // settings (lr, momentum, weight decay, schedule, warm-up, epochs, test_limit, data_dir with its dataset, the
-// checkpoint and evaluation intervals, buckets, overlap). `--resume DIR --epochs 3` then continues the run.
-void apply_resume_defaults(RawConfig& raw, bool workers_from_env);
+// checkpoint and evaluation intervals, buckets, overlap). `--resume DIR --epochs 3` then continues the run. The
+// checkpoint.json it read goes to `meta` where given (left as it was where raw has no resume or the file is missing).
+void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json* meta = nullptr);
 // A whole-number field of a checkpoint's checkpoint.json (in `dir`), or a one-line ConfigError naming the file and the
 // field.
 int64_t checkpoint_int(const nlohmann::json& meta, const char* key, const std::filesystem::path& dir);

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "temp_dirs.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -38,23 +40,7 @@ Result run(const std::string& args, const std::string& binary = CONDUIT_BINARY) 
   return {WEXITSTATUS(pclose(p.release())), out};
 }
 
-// Removed when the test program ends, passed or failed (a failed ASSERT returns before a test's own removal).
-struct TempDirs {
-  std::vector<fs::path> paths;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& p : paths) fs::remove_all(p, ec);
-  }
-};
-
-fs::path temp_dir(const std::string& name) {
-  static TempDirs made;
-  fs::path p = fs::temp_directory_path() / ("conduit-input-test-" + std::to_string(::getpid()) + "-" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  made.paths.push_back(p);
-  return p;
-}
+fs::path temp_dir(const std::string& name) { return conduit::test::temp_dir("conduit-input-test", name); }
 
 const std::string kTrain =
     "train --dataset synthetic --model mlp --workers 2 --synthetic-samples 1280 --test-limit 64 --progress false "

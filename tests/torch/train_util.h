@@ -15,6 +15,7 @@
 
 #include "coll/communicator.h"
 #include "core/error.h"
+#include "temp_dirs.h"
 #include "torch/config.h"
 #include "torch/trainer.h"
 
@@ -22,24 +23,7 @@ namespace conduit::train::test_util {
 
 namespace fs = std::filesystem;
 
-// Removed when the test program ends, passed or failed (a failed ASSERT returns before a test's own removal, and
-// the folders of training runs stayed in /tmp).
-struct TempDirs {
-  std::vector<fs::path> paths;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const auto& p : paths) fs::remove_all(p, ec);
-  }
-};
-
-inline fs::path temp_dir(const std::string& name) {
-  static TempDirs made;
-  fs::path p = fs::temp_directory_path() / fmt::format("conduit-train-test-{}-{}", ::getpid(), name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  made.paths.push_back(p);
-  return p;
-}
+inline fs::path temp_dir(const std::string& name) { return conduit::test::temp_dir("conduit-train-test", name); }
 
 // The one-line ConfigError message of resolve_config(raw); empty when it passes.
 inline std::string config_error(const RawConfig& raw, int env_world = 0) {
