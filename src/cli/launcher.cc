@@ -97,6 +97,10 @@ volatile sig_atomic_t g_suspend_requested = 0;
 volatile sig_atomic_t g_continued = 0;
 // How long suspend_job's own stops lasted, measured around them (the supervision loop's thread only).
 Clock::duration g_suspended_for{};
+// The supervision loop's next deadline (the job's time limit, the grace before SIGKILL, ...; the loop's thread only,
+// set on each pass): a write blocked on a stalled output past it gives up as after SIGINT, so that the loop acts on
+// it (`--timeout` never fired while the workers' output waited on a reader that did not read).
+std::optional<Clock::time_point> g_output_deadline;
 
 void on_signal(int sig) {
   int saved = errno;
@@ -164,6 +168,7 @@ class SignalScope {
     for (bool& broken : g_output_broken) broken = false;
     for (bool& dropped : g_output_dropped) dropped = false;
     g_stop_signal = 0;
+    g_output_deadline.reset();
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -364,17 +369,21 @@ void suspend_job();
 
 // ---- output forwarding ----
 
-// Writes everything, blocking as the reader requires (back-pressure on the workers). Once SIGINT/SIGTERM arrived,
-// waits at most kStalledOutputWait for the output to take more, so a stalled terminal or pipe cannot keep the
-// launcher from stopping the workers.
+// Writes everything, blocking as the reader requires (back-pressure on the workers). Once SIGINT/SIGTERM arrived, or
+// the supervision loop's next deadline passed, waits at most kStalledOutputWait for the output to take more, so a
+// stalled terminal or pipe cannot keep the launcher from stopping the workers.
 void write_all(int fd, const char* data, size_t size) {
   constexpr int kStalledOutputWaitMs = 1000;
   while (size > 0) {
-    if (fd >= 0 && fd < 3 && g_output_dropped[fd]) return;
+    // (stalled: once given up on, its output stays dropped, also once the deadline that gave up has moved on to the
+    // next one, the grace before SIGKILL: the writes waited that out, and the stopped workers went unreaped)
+    if (fd >= 0 && fd < 3 && (g_output_dropped[fd] || g_output_stalled[fd])) return;
     if (g_suspend_requested) suspend_job();  // (blocked here, the launcher never reached its loop to stop)
+    // (the time suspend_job stopped the job for is not yet added to the loop's deadlines)
+    const bool giving_up =
+        g_stop_requested || (g_output_deadline && Clock::now() >= *g_output_deadline + g_suspended_for);
     size_t chunk = size;
-    if (g_stop_requested) {
-      if (fd >= 0 && fd < 3 && g_output_stalled[fd]) return;
+    if (giving_up) {
       pollfd p{fd, POLLOUT, 0};
       int r = ::poll(&p, 1, kStalledOutputWaitMs);
       if (r < 0 && errno == EINTR) continue;
@@ -409,7 +418,7 @@ void write_all(int fd, const char* data, size_t size) {
         // A non-blocking stdout (shared with a program that set O_NONBLOCK): full for now, not closed. Wait for room
         // (it was dropped as if closed: 864 of 6000 lines arrived, and the launcher said nothing).
         pollfd p{fd, POLLOUT, 0};
-        if (::poll(&p, 1, g_stop_requested ? kStalledOutputWaitMs : 1000) == 0 && g_stop_requested) {
+        if (::poll(&p, 1, kStalledOutputWaitMs) == 0 && giving_up) {
           if (fd >= 0 && fd < 3) g_output_stalled[fd] = true;
           return;
         }
@@ -1259,6 +1268,7 @@ int run_local_workers(const LaunchSpec& spec) {
     if (killed && any_running) wake = abandon_deadline;
     if (drain_deadline) wake = wake ? std::min(*wake, *drain_deadline) : *drain_deadline;
     if (job_deadline && !stopping) wake = wake ? std::min(*wake, *job_deadline) : *job_deadline;
+    g_output_deadline = wake;
     // At most a second between looks at the workers, should a child's exit ever go unsignalled.
     int timeout_ms = 1000;
     if (wake) {

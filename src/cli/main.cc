@@ -164,13 +164,9 @@ std::vector<std::string> mark_program_arguments(CLI::App& app, int argc, char** 
 }
 
 // The arguments no command took (CLI11's own message lists them last first, and names no command).
-struct Leftovers {
-  std::vector<std::string> args;
-};
-
-void collect_leftovers(CLI::App* a, Leftovers& out) {
+void collect_leftovers(CLI::App* a, std::vector<std::string>& out) {
   for (const auto& s : a->remaining(false))
-    if (s != "--") out.args.push_back(s);
+    if (s != "--") out.push_back(s);
   for (CLI::App* sub : a->get_subcommands()) collect_leftovers(sub, out);
 }
 
@@ -191,14 +187,23 @@ std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
   const bool no_command = dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
                           (what.rfind("A subcommand", 0) == 0 || what.rfind("Requires at least", 0) == 0);
   if (!extras && !no_command) return fmt::format("{} (see --help)", e.what());
-  Leftovers left;
+  std::vector<std::string> left;
   collect_leftovers(&app, left);
   std::string path = "conduit";
   CLI::App* at = deepest_command(&app, path);
   // An unknown option is named first wherever the parse stopped (`conduit --bogus` said a command is required).
-  for (const std::string& a : left.args)
-    if (a.size() > 1 && a[0] == '-')
+  for (const std::string& a : left)
+    if (a.size() > 1 && a[0] == '-') {
+      // One the command takes, left over: it was typed before the command's name, where its group does not take it
+      // (`conduit cluster --name x down` said down had no --name).
+      const std::string name = a.substr(0, a.find('='));
+      if (at != &app && at->get_option_no_throw(name) != nullptr)
+        return fmt::format(
+            "{}: option '{}' was given before the command '{}'; allowed: the command's options after "
+            "its name ({} {} ...)",
+            path, name, at->get_name(), path, name);
       return fmt::format("{}: unknown option '{}'; allowed: the options `{} --help` lists", path, a, path);
+    }
   if (no_command) {
     std::vector<std::string> names;
     // (hidden ones, of an empty group, left out)
@@ -206,16 +211,15 @@ std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
          at->get_subcommands([](const CLI::App* s) { return !s->get_name().empty() && !s->get_group().empty(); }))
       names.push_back(s->get_name());
     const std::string allowed = fmt::format("allowed: {}", fmt::join(names, ", "));
-    if (!left.args.empty() && left.args.front().rfind("-", 0) != 0)
-      return fmt::format("{}: '{}' is not one of its commands; {} (see {} --help)", path, left.args.front(), allowed,
-                         path);
+    if (!left.empty())  // (not an option: those were named above)
+      return fmt::format("{}: '{}' is not one of its commands; {} (see {} --help)", path, left.front(), allowed, path);
     return fmt::format("{}: a command is required; {} (see {} --help)", path, allowed, path);
   }
-  if (left.args.empty()) return fmt::format("{} (see --help)", e.what());
+  if (left.empty()) return fmt::format("{} (see --help)", e.what());
   // (options were named above, after the command typed last: CLI11 hands one its subcommand does not know to the
   // parent)
-  return fmt::format("{}: unexpected argument{}: {} (see {} --help)", path, left.args.size() > 1 ? "s" : "",
-                     fmt::join(left.args, " "), path);
+  return fmt::format("{}: unexpected argument{}: {} (see {} --help)", path, left.size() > 1 ? "s" : "",
+                     fmt::join(left, " "), path);
 }
 
 }  // namespace conduit::cli

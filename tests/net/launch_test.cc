@@ -803,6 +803,22 @@ TEST_F(LaunchTest, SignalStopsWorkersEvenWhenStdoutIsStalled) {
   EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
 }
 
+// The job's time limit fires while the launcher is blocked writing the workers' output to a reader that does not
+// read (it waited for room with no end, and the deadline was never looked at).
+TEST_F(LaunchTest, TimeoutStopsWorkersEvenWhenStdoutIsStalled) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t launcher = start({"launch", "-n", "2", "--timeout", "1", "--", "sh", "-c", "exec yes"}, {}, fds[1]);
+  ::close(fds[1]);
+  // (about 2 s: the deadline, then a second of waiting for room; under the 10 s grace before SIGKILL, which the
+  // writes of the stopped workers' last output waited out before they were reaped)
+  auto r = finish(launcher, 9s);
+  ::close(fds[0]);
+  ASSERT_FALSE(r.timed_out) << "a stalled stdout kept the launcher from its --timeout";
+  EXPECT_EQ(r.code, 124) << r.err;
+  EXPECT_NE(r.err.find("still running at --timeout 1 s"), std::string::npos) << r.err;
+}
+
 // The program's options after its name are its own, also without "--" (as torchrun and mpirun take them): `conduit
 // launch -n 1 prog --timeout 1` gave --timeout to the launcher, which stopped the job after 1 s. An option the
 // launcher does not know, before the program, is still refused as typed.
@@ -844,6 +860,10 @@ TEST_F(LaunchTest, UnknownOptionsAndCommandsAreNamedWithTheirCommand) {
       // command)
       {{"--bogus"}, "conduit: error: conduit: unknown option '--bogus'"},
       {{"cluster", "--bogus"}, "conduit: error: conduit cluster: unknown option '--bogus'"},
+      // (an option of the command typed before its name: down does take --name)
+      {{"cluster", "--name", "x", "down"},
+       "conduit: error: conduit cluster down: option '--name' was given before the command 'down'; allowed: the "
+       "command's options after its name (conduit cluster down --name ...)\n"},
       {{"launch", "-n", "subcommand", "--", "true"},
        "conduit: error: --nprocs: 'subcommand': an integer in decimal digits"},
   };
