@@ -366,7 +366,12 @@ class TernGrad : public Compressor {
       // compiler vectorizes, then in double: as fast as the other passes (a serial double loop ran 9x slower). The
       // partials go into the double sum every 4,096 elements: run over a whole 64M-element tensor, each f32 partial
       // summed 4M squares and the clip came out 1.8e-3 low.
-      const double mean = kernels::get().sum(in.data(), d) / static_cast<double>(d);
+      double mean = kernels::get().sum(in.data(), d) / static_cast<double>(d);
+      if (!std::isfinite(mean)) {  // (values near FLT_MAX summed past it in an f32 lane: summed again in double)
+        mean = 0;
+        for (size_t k = 0; k < d; ++k) mean += in[k];
+        mean /= static_cast<double>(d);
+      }
       const float m = static_cast<float>(mean);
       constexpr size_t kBlock = 4096;
       double ss = 0;
@@ -382,6 +387,19 @@ class TernGrad : public Compressor {
         for (float v : part) ss += v;
       }
       for (; i < d; ++i) ss += (in[i] - mean) * (in[i] - mean);
+      if (!std::isfinite(ss)) {
+        // Deviations above ~1.8e19 square past FLT_MAX in the f32 lanes (the clip became inf: no clipping at all):
+        // summed again in double, scaled by the largest deviation.
+        double dmax = 0;
+        for (size_t k = 0; k < d; ++k) dmax = std::max(dmax, std::abs(in[k] - mean));
+        ss = 0;
+        if (dmax > 0 && std::isfinite(dmax))
+          for (size_t k = 0; k < d; ++k) {
+            const double v = (in[k] - mean) / dmax;
+            ss += v * v;
+          }
+        ss *= dmax * dmax;
+      }
       float c = static_cast<float>(2.5 * std::sqrt(ss / static_cast<double>(d)));
       if (c > 0) {
         lo = -c;

@@ -140,7 +140,7 @@ class ScaledSign : public Compressor {
       const float v = g ? x[i] + g[i] : x[i];
       if (!two_)
         a += std::fabs(static_cast<double>(v));
-      else if (v < 0.0f)
+      else if (std::signbit(v))  // (as the kernels group them: by the sign bit sent)
         b += v;
       else
         a += v;

@@ -885,6 +885,27 @@ TEST(TernGrad, ClipOfALargeTensorIsAccurate) {
   EXPECT_NEAR(scale, clip, 2e-6 * clip);
 }
 
+// Deviations whose squares overflow f32 (|x - mean| above ~1.8e19, a diverging run's gradient) still clip: the f32
+// partial sums became inf, and so did the clip (the scale was max|g|, no clipping at all); so do values whose sum
+// overflows f32.
+TEST(TernGrad, ClipOfHugeValuesIsStillTheStandardDeviation) {
+  auto c = make_compressor("terngrad", {{"clip", "1"}});
+  std::vector<float> g(1000, 0.0f);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = (i % 2 ? 1.0f : -1.0f) * 1e20f * static_cast<float>(1 + i % 7);
+  g[0] = g[64] = 3e38f;  // the outliers the clip is for (in one f32 lane of the sums: their sum overflows it)
+  double mean = 0, ss = 0;
+  for (float v : g) mean += v;
+  mean /= static_cast<double>(g.size());
+  for (float v : g) ss += (v - mean) * (v - mean);
+  const double clip = 2.5 * std::sqrt(ss / static_cast<double>(g.size()));
+  ASSERT_LT(clip, 3e38);
+  TensorState st;
+  Bytes p = c->compress(g, st);
+  float scale;
+  std::memcpy(&scale, p.data(), 4);
+  EXPECT_NEAR(scale, clip, 1e-5 * clip);
+}
+
 // Error feedback: sum_t D(C(g_t + e_t)) + e_T = sum_t g_t.
 TEST(ErrorFeedback, SentPlusResidualEqualsSumOfInputs) {
   // (Random-k unscaled and QSGD in small buckets: with the d/k scaling, or buckets of s^2 elements or more, error
