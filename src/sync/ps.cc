@@ -515,6 +515,11 @@ class Shard {
       if (pull_) {
         std::vector<float> delta(params_.size());
         for (size_t i = 0; i < delta.size(); ++i) delta[i] = point[i] - s.replica[i];
+        // (parameters the updates drove to inf or nan: int8's scale of an inf is inf, and the worker's replica
+        // turned nan with no word; the refusal ends the serving, which tells every rank)
+        compress::check_finite_input(
+            delta, pull_->name(),
+            fmt::format("sync ps shard {}: the parameter change pulled by worker {}", index_, w).c_str());
         pull_->compress(delta, s.pull_state, s.reply);
         pull_->decompress_add(s.reply, s.pull_state, s.replica);
         s.reply_header = {s.reply.size(), 0};
@@ -877,6 +882,9 @@ class PsStrategy : public Strategy {
     } catch (const std::exception& e) {
       for (const auto* reqs : {&sends, &rrecv})
         for (const auto& r : *reqs) net::give_up(comm_->transport(), r, e.what());
+      // The other ranks hear the cause (this rank's destructor then aborted with "stopped before finish() by an
+      // error on this rank", and they heard only that); an abort that came first keeps its own.
+      comm_->transport().abort(fmt::format("sync {}: rank {}: {}", name(), comm_->rank(), e.what()));
       throw;
     }
     detail::wait_all(*comm_, sends);

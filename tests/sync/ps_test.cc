@@ -724,6 +724,27 @@ namespace {
 // Found by a review: a peer's malformed request (an unknown kind, a push before the pull, a clock going back, a
 // length no request has) reached the shard, which applied it as a gradient, read out of range or allocated what the
 // header claimed. Each is now refused naming what is allowed, and the worker waiting on the shard hears why.
+// Parameters a server's updates drove past the floats cannot go out through a compressed pull: every rank fails with
+// the line that names it (int8's scale of an inf is inf: the workers' replicas turned nan and the run went on).
+TEST(SyncPs, ACompressedPullOfDivergedParametersIsRefused) {
+  auto comms = harness::make_comms(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        // (lr 1e6 on a quadratic: the parameters grow a millionfold a step, past FLT_MAX within 10 steps)
+        train(r, comms[size_t(r)], "ps-asp", {{"colocate", "1"}, {"lr", "1e6"}, {"pull_compressor", "int8"}}, 40);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[size_t(r)].find("the parameter change pulled by worker"), std::string::npos)
+        << "rank " << r << ": " << errors[size_t(r)] << " / rank " << 1 - r << ": " << errors[size_t(1 - r)];
+}
+
 TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
   struct Case {
     uint64_t kind, bytes, clock;
