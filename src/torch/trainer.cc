@@ -518,6 +518,33 @@ static void remove_old_stages(const fs::path& out, const std::string& stage) {
   }
 }
 
+static nlohmann::json cost_model_json(const coll::CostModel& m) {
+  return {{"intra", {m.intra.alpha, m.intra.beta, m.intra.gamma}},
+          {"inter", {m.inter.alpha, m.inter.beta, m.inter.gamma}}};
+}
+
+// checkpoint.json's cost_model ({"intra": [alpha, beta, gamma], "inter": [...]}, written exactly), or a one-line
+// ConfigError naming the field.
+static coll::CostModel checkpoint_cost_model(const nlohmann::json& v, const fs::path& dir) {
+  coll::CostModel m;
+  m.source = "checkpoint";
+  auto link = [&](const char* name, coll::LinkCost& l) {
+    const auto it = v.is_object() ? v.find(name) : v.end();
+    bool ok = it != v.end() && it->is_array() && it->size() == 3;
+    for (size_t k = 0; ok && k < 3; ++k)
+      ok = (*it)[k].is_number() && std::isfinite((*it)[k].get<double>()) && (*it)[k].get<double>() >= 0;
+    if (!ok)
+      throw ConfigError(fmt::format(
+          "config: resume: {}: cost_model is {}; allowed: {{\"intra\": [alpha, beta, gamma], \"inter\": [...]}} of "
+          "finite numbers 0 or more, as conduit train writes it",
+          (dir / "checkpoint.json").string(), v.dump()));
+    l = {(*it)[0].get<double>(), (*it)[1].get<double>(), (*it)[2].get<double>()};
+  };
+  link("intra", m.intra);
+  link("inter", m.inter);
+  return m;
+}
+
 TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const WorkerOptions& wo) {
   TrainConfig c = given;  // (ZeRO-3's `node` groups resolved below)
   const SyncSpec spec = effective_sync(c);
@@ -696,6 +723,11 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     }
     if (unreadable) std::rethrow_exception(unreadable);
     check_resume_against(meta, c, comm_ptr->size());
+    // The links' cost model the checkpointed run chose its collective algorithms by: measured again at start-up, it
+    // can choose others, whose sums of 3 or more ranks' floats differ in the last bits (a resume was not bit for bit
+    // once in ten). A model given by CONDUIT_COST_MODEL still wins.
+    if (meta.contains("cost_model") && !std::getenv("CONDUIT_COST_MODEL"))
+      comm_ptr->tuner().set_model(checkpoint_cost_model(meta["cost_model"], rd));
     // The mlp's, cnn's and resnet's cut (stage_bounds): a stage's model file holds its units' modules only.
     if (!cut.is_null() && meta.contains("stage_bounds") && !meta["stage_bounds"].is_null() &&
         meta["stage_bounds"] != cut)
@@ -1267,6 +1299,8 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                                     {"step", step},
                                     {"global_step", global_step},
                                     {"world", comm_ptr->size()},
+                                    // (the model the algorithms were chosen by, exactly: a resume chooses the same)
+                                    {"cost_model", cost_model_json(comm_ptr->tuner().model())},
                                     {"model", c.model},
                                     {"compressor", c.compressor},
                                     {"sync", spec.name},

@@ -44,10 +44,14 @@ inline void expect_one_line(const std::string& msg, const std::string& field) {
 
 // Runs train_worker on `world` in-process ranks (threads) and returns every rank's result; `cfg` sets the
 // communicators' options (as `conduit train` sets their deadline from timeout_s).
-// (ranks_per_host: rank r on host r / ranks_per_host; 0: one host)
+// (ranks_per_host: rank r on host r / ranks_per_host; 0: one host; model: the links' cost model the ranks' tuner
+// chooses algorithms by, where not the defaults)
 inline std::vector<TrainResult> train_inproc(const TrainConfig& c, int world, bool outputs = false,
-                                             const coll::CommConfig& cfg = {}, int ranks_per_host = 0) {
+                                             const coll::CommConfig& cfg = {}, int ranks_per_host = 0,
+                                             const coll::CostModel* model = nullptr) {
   auto comms = coll::Communicator::inproc(world, ranks_per_host, cfg);
+  if (model != nullptr)
+    for (auto& comm : comms) comm->tuner().set_model(*model);
   std::vector<TrainResult> res(static_cast<size_t>(world));
   std::vector<std::exception_ptr> errs(static_cast<size_t>(world));
   std::vector<std::thread> ts;
