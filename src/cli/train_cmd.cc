@@ -169,6 +169,15 @@ void run_train(const TrainArgs& a) {
     tr::check_checkpoint_fields(resume_meta, fs::path(cfg.resume), true);
     tr::check_resume_against(resume_meta, cfg, cfg.workers);
   }
+  // (each worker loaded libtorch and its data, then failed saying only that mpi needs mpirun)
+  if (cfg.transport == "mpi" && !net::mpi_launched())
+    throw ConfigError(fmt::format(
+        "config: transport: mpi needs the workers started by mpirun, and {}; allowed: auto, tcp or shm, or the run "
+        "under mpirun (mpirun -n {} conduit train ...)",
+        env_world > 0 ? "this worker was started by another launcher"
+                      : fmt::format("this run starts its own {}",
+                                    cfg.workers == 1 ? "worker" : fmt::format("{} workers", cfg.workers)),
+        cfg.workers));
   // The whole run's deadline is kept by the process that starts the workers (its launcher, which does not write it
   // into the workers' config.yaml): a worker started by another launcher cannot stop its peers.
   if (cfg.time_limit_s > 0 && env_world > 0)

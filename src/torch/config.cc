@@ -940,12 +940,39 @@ void check_checkpoint_fields(const nlohmann::json& meta, const std::filesystem::
   }
 }
 
+// ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0);
+// stages 1 and 2 cut the same slices, so either resumes the other. Stage 3 cuts its slices per layer instead.
+static void check_zero_against(const nlohmann::json& meta, int zero) {
+  const int saved_zero = meta.value("zero", 0);
+  auto zero_kind = [](int z) { return z == 0 ? 0 : z < 3 ? 1 : 2; };
+  if (zero_kind(saved_zero) != zero_kind(zero))
+    throw ConfigError(fmt::format(
+        "config: resume: the checkpoint was written with zero = {}, this run has {}; allowed: {} (its optimizer "
+        "state is {})",
+        saved_zero, zero,
+        saved_zero == 0  ? "zero 0"
+        : saved_zero < 3 ? "zero 1 or 2"
+                         : "zero 3",
+        saved_zero == 0  ? "whole on every rank"
+        : saved_zero < 3 ? "each rank's slices of every bucket"
+                         : "each rank's slices of every layer"));
+}
+
+nlohmann::json read_checkpoint_json(const std::filesystem::path& dir) {
+  try {
+    return read_json_file((dir / "checkpoint.json").string());
+  } catch (const ConfigError& e) {  // (a truncated file said only that it was not valid JSON)
+    throw ConfigError(
+        fmt::format("config: resume: {}; allowed: a checkpoint directory written by conduit train", e.what()));
+  }
+}
+
 void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json* meta_out) {
   auto it = raw.find("resume");
   if (it == raw.end() || it->second.empty()) return;
   const std::filesystem::path meta_path = std::filesystem::path(it->second) / "checkpoint.json";
   if (!std::filesystem::exists(meta_path)) return;  // resolve_config names the missing checkpoint
-  const nlohmann::json meta = read_json_file(meta_path.string());
+  const nlohmann::json meta = read_checkpoint_json(std::filesystem::path(it->second));
   // (a damaged or hand-edited file is one line here, not one from every worker)
   check_checkpoint_fields(meta, std::filesystem::path(it->second), false);
   if (meta_out != nullptr) *meta_out = meta;
@@ -971,6 +998,9 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json
     const auto [end, ec] = std::from_chars(z.data(), z.data() + z.size(), given_zero);
     if (ec != std::errc() || end != z.data() + z.size() || given_zero < 0) given_zero = -2;
   }
+  // A stage the checkpoint cannot resume at is named first: the settings taken below (a compressor of stage 0's)
+  // were refused with the given stage instead, and, given too, refused as the checkpoint's (an audit).
+  if (given_zero >= 0 && given_zero <= 3) check_zero_against(meta, given_zero);
   // A signum run before 2026-12-05 stacked the optimizer's momentum on Signum's: its optimizer state is that
   // momentum, which this version would read as its weight decay's. Such checkpoints do not record the optimizer's
   // own momentum (optimizer_momentum), which every checkpoint since does.
@@ -1244,22 +1274,7 @@ void check_resume_against(const nlohmann::json& meta, const TrainConfig& c, int 
         meta.value("pp_schedule", std::string("1f1b")), c.pp_schedule,
         saved_interleaved ? "interleaved" : "gpipe or 1f1b",
         saved_interleaved ? "its interleaved chunks of blocks" : "consecutive blocks or layers"));
-  // ZeRO's optimizer state is of this rank's slices, cut from buckets of these caps (checkpoints before ZeRO: 0);
-  // stages 1 and 2 cut the same slices, so either resumes the other.
-  // Stage 3 cuts its slices per layer instead.
-  const int saved_zero = meta.value("zero", 0);
-  auto zero_kind = [](int z) { return z == 0 ? 0 : z < 3 ? 1 : 2; };
-  if (zero_kind(saved_zero) != zero_kind(c.zero))
-    throw ConfigError(fmt::format(
-        "config: resume: the checkpoint was written with zero = {}, this run has {}; allowed: {} (its optimizer "
-        "state is {})",
-        saved_zero, c.zero,
-        saved_zero == 0  ? "zero 0"
-        : saved_zero < 3 ? "zero 1 or 2"
-                         : "zero 3",
-        saved_zero == 0  ? "whole on every rank"
-        : saved_zero < 3 ? "each rank's slices of every bucket"
-                         : "each rank's slices of every layer"));
+  check_zero_against(meta, c.zero);
   if (c.zero == 1 || c.zero == 2) {  // (stage 3 cuts them per layer)
     same["bucket_cap_mb"] = c.bucket_cap_mb;
     same["first_bucket_mb"] = c.first_bucket_mb;

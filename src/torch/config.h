@@ -136,6 +136,9 @@ RawConfig read_yaml_config(const std::string& path);
 // checkpoint and evaluation intervals, buckets, overlap). `--resume DIR --epochs 3` then continues the run. The
 // checkpoint.json it read goes to `meta` where given (left as it was where raw has no resume or the file is missing).
 void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json* meta = nullptr);
+// The checkpoint.json of the checkpoint in `dir`, or a one-line ConfigError naming the file, what is wrong with it
+// (unreadable, not JSON) and what is allowed.
+nlohmann::json read_checkpoint_json(const std::filesystem::path& dir);
 // A whole-number field of a checkpoint's checkpoint.json (in `dir`), or a one-line ConfigError naming the file and the
 // field.
 int64_t checkpoint_int(const nlohmann::json& meta, const char* key, const std::filesystem::path& dir);

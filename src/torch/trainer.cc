@@ -691,7 +691,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     std::exception_ptr unreadable;
     int64_t my_step = 0;
     try {
-      meta = read_json_file((rd / "checkpoint.json").string());
+      meta = read_checkpoint_json(rd);
       check_checkpoint_fields(meta, rd);
       my_step = checkpoint_int(meta, "global_step", rd);
     } catch (const std::exception&) {

@@ -232,6 +232,30 @@ TEST(TrainInputProcesses, CheckpointFilesThatAreMissingCorruptOrIncompleteAreNam
     EXPECT_NE(r.out.find("checkpoint.json has no whole number 'epoch' (-3)"), std::string::npos) << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   }
+  // --transport mpi without mpirun: one line before any worker starts (each worker failed after loading libtorch).
+  {
+    r = run(kTrain + " --transport mpi --output " + (dir / "o-mpi").string());
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_EQ(r.out,
+              "conduit: error: config: transport: mpi needs the workers started by mpirun, and this run starts its own "
+              "2 workers; allowed: auto, tcp or shm, or the run under mpirun (mpirun -n 2 conduit train ...)\n");
+  }
+  // A truncated checkpoint.json: one line that says it is the resume's and what is allowed (it said only that the
+  // file was not valid JSON).
+  {
+    const fs::path copy = dir / "truncated";
+    fs::copy(ck, copy, fs::copy_options::recursive);
+    fs::resize_file(copy / "checkpoint.json", 20);
+    r = run(kTrain + " --epochs 2 --resume " + copy.string() + " --output " + (dir / "o-truncated").string());
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_EQ(
+        r.out.rfind("conduit: error: config: resume: '" + (copy / "checkpoint.json").string() + "' is not valid JSON: ",
+                    0),
+        0u)
+        << r.out;
+    EXPECT_NE(r.out.find("; allowed: a checkpoint directory written by conduit train"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  }
   // Bytes after the last tensor's compressor state (not checked), named with the file (the message named none).
   {
     const fs::path copy = dir / "state";

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -29,6 +30,16 @@ inline fs::path temp_dir(const std::string& name) { return conduit::test::temp_d
 inline std::string config_error(const RawConfig& raw, int env_world = 0) {
   try {
     resolve_config(raw, env_world, raw.count("workers") > 0);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The one-line ConfigError message fn() throws; empty when it passes.
+inline std::string config_error_of(const std::function<void()>& fn) {
+  try {
+    fn();
   } catch (const ConfigError& e) {
     return e.what();
   }
