@@ -710,11 +710,16 @@ struct DistributedOptimizer::Core {
   // ZeRO-2: a released bucket buffer back (lk holds mu): the smallest spare that holds it, resized within its
   // capacity (only a grown part is zeroed), or else a new one, allocated and zeroed with mu released (the other
   // threads leave a bucket that is not full alone; the communication thread only needs mu to take the next one).
+  // A spare larger than the second-largest bucket is the largest bucket's alone: a smaller bucket that took it (the
+  // only one that fit while the other was in flight) left the largest to allocate another, and two buffers of the
+  // largest were kept from then on (more than stage 0's gradient memory where one bucket is most of the model).
   void ensure_flat(Bucket& bk, std::unique_lock<std::mutex>& lk) {
     if (!bk.flat.empty() || bk.n == 0) return;
+    const size_t second = second_largest_bucket();
     size_t best = spare.size();
     for (size_t k = 0; k < spare.size(); ++k)
-      if (spare[k].capacity() >= bk.n && (best == spare.size() || spare[k].capacity() < spare[best].capacity()))
+      if (spare[k].capacity() >= bk.n && (bk.n > second || spare[k].capacity() <= second) &&
+          (best == spare.size() || spare[k].capacity() < spare[best].capacity()))
         best = k;
     if (best < spare.size()) {
       bk.flat.swap(spare[best]);
@@ -726,6 +731,17 @@ struct DistributedOptimizer::Core {
     std::vector<float> fresh(bk.n);
     lk.lock();
     if (bk.flat.empty()) bk.flat.swap(fresh);
+  }
+
+  // The elements of the second-largest bucket (the largest's where two share the largest size; 0 for one bucket).
+  size_t second_largest_bucket() const {
+    size_t first = 0, second = 0;
+    for (const auto& b : buckets)
+      if (b.n > first)
+        second = first, first = b.n;
+      else if (b.n > second)
+        second = b.n;
+    return second;
   }
 
   // ZeRO: re-seats the parameters as views of flat_params, bucket after bucket, and cuts every bucket into W slices.
@@ -1037,11 +1053,13 @@ struct DistributedOptimizer::Core {
       if (zero >= 2) {
         std::lock_guard<std::mutex> lk(mu);
         spare.emplace_back().swap(bk.flat);  // (kept at its size: a reuse zeroes only what it grows by)
-        if (spare.size() > 2) {  // the largest two stay (buckets in flight at once: the one sent, the one filling)
-          std::sort(spare.begin(), spare.end(),
-                    [](const auto& a, const auto& b) { return a.capacity() > b.capacity(); });
-          spare.resize(2);
-        }
+        // The largest two stay (buckets in flight at once: the one sent, the one filling), and of those only one
+        // past the second-largest bucket's size (only one bucket needs it): between steps the rank holds its slices
+        // and at most the two largest buckets, never more than stage 0's two copies of the gradients.
+        std::sort(spare.begin(), spare.end(), [](const auto& a, const auto& b) { return a.capacity() > b.capacity(); });
+        const size_t second = second_largest_bucket();
+        if (spare.size() > 1 && spare[1].capacity() > second) spare.erase(spare.begin() + 1);
+        if (spare.size() > 2) spare.resize(2);
       }
       if (opt.trace) {
         // (qgZ: an all-to-all of int blocks; `bytes` every rank's slice on the wire; the replicas' allreduce of this
