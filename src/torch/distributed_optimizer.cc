@@ -707,20 +707,14 @@ struct DistributedOptimizer::Core {
     sec_comm.reset();
   }
 
-  // ZeRO-2: a released bucket buffer back (lk holds mu): the smallest spare that holds it, resized within its
-  // capacity (only a grown part is zeroed), or else a new one, allocated and zeroed with mu released (the other
+  // ZeRO-2: a released bucket buffer back (lk holds mu): a spare that holds it (zero_spares::pick), resized within
+  // its capacity (only a grown part is zeroed), or else a new one, allocated and zeroed with mu released (the other
   // threads leave a bucket that is not full alone; the communication thread only needs mu to take the next one).
-  // A spare larger than the second-largest bucket is the largest bucket's alone: a smaller bucket that took it (the
-  // only one that fit while the other was in flight) left the largest to allocate another, and two buffers of the
-  // largest were kept from then on (more than stage 0's gradient memory where one bucket is most of the model).
   void ensure_flat(Bucket& bk, std::unique_lock<std::mutex>& lk) {
     if (!bk.flat.empty() || bk.n == 0) return;
-    const size_t second = second_largest_bucket();
-    size_t best = spare.size();
-    for (size_t k = 0; k < spare.size(); ++k)
-      if (spare[k].capacity() >= bk.n && (bk.n > second || spare[k].capacity() <= second) &&
-          (best == spare.size() || spare[k].capacity() < spare[best].capacity()))
-        best = k;
+    std::vector<size_t> caps;
+    for (const auto& s : spare) caps.push_back(s.capacity());
+    const size_t best = zero_spares::pick(caps, bk.n, second_largest_bucket());
     if (best < spare.size()) {
       bk.flat.swap(spare[best]);
       spare.erase(spare.begin() + std::ptrdiff_t(best));
@@ -1053,13 +1047,12 @@ struct DistributedOptimizer::Core {
       if (zero >= 2) {
         std::lock_guard<std::mutex> lk(mu);
         spare.emplace_back().swap(bk.flat);  // (kept at its size: a reuse zeroes only what it grows by)
-        // The largest two stay (buckets in flight at once: the one sent, the one filling), and of those only one
-        // past the second-largest bucket's size (only one bucket needs it): between steps the rank holds its slices
-        // and at most the two largest buckets, never more than stage 0's two copies of the gradients.
-        std::sort(spare.begin(), spare.end(), [](const auto& a, const auto& b) { return a.capacity() > b.capacity(); });
-        const size_t second = second_largest_bucket();
-        if (spare.size() > 1 && spare[1].capacity() > second) spare.erase(spare.begin() + 1);
-        if (spare.size() > 2) spare.resize(2);
+        std::vector<size_t> caps;
+        for (const auto& s : spare) caps.push_back(s.capacity());
+        std::vector<std::vector<float>> keep;
+        for (size_t k : zero_spares::kept(caps, second_largest_bucket(), zero >= 3 ? 1 : 2))
+          keep.push_back(std::move(spare[k]));
+        spare.swap(keep);
       }
       if (opt.trace) {
         // (qgZ: an all-to-all of int blocks; `bytes` every rank's slice on the wire; the replicas' allreduce of this
@@ -2065,6 +2058,30 @@ size_t DistributedOptimizer::optimizer_elements() const {
   }
   return n;
 }
+
+namespace zero_spares {
+
+size_t pick(const std::vector<size_t>& capacities, size_t n, size_t second) {
+  size_t best = capacities.size();
+  for (size_t k = 0; k < capacities.size(); ++k)
+    if (capacities[k] >= n && (n > second || capacities[k] <= second) &&
+        (best == capacities.size() || capacities[k] < capacities[best]))
+      best = k;
+  return best;
+}
+
+std::vector<size_t> kept(const std::vector<size_t>& capacities, size_t second, int others) {
+  std::vector<size_t> order(capacities.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return capacities[a] > capacities[b]; });
+  std::vector<size_t> out;
+  int large = 0, small = 0;
+  for (size_t k : order)
+    if (capacities[k] > second ? large++ < 1 : small++ < others) out.push_back(k);
+  return out;
+}
+
+}  // namespace zero_spares
 
 uint64_t DistributedOptimizer::gradient_bytes_held() const {
   std::lock_guard<std::mutex> lk(core_->mu);

@@ -269,4 +269,19 @@ class DistributedOptimizer {
   double last_step_end_ = -1;
 };
 
+// ZeRO-2's released bucket buffers, by their capacities (in elements). `second`: the second-largest bucket's size.
+// Two buckets are in flight at once (the one sent, the one filling), and only one of them can be the largest: a
+// spare past `second` is the largest bucket's alone (a smaller bucket that took it left the largest to allocate
+// another, and two of the largest were kept from then on: more gradient memory than stage 0's), and up to two spares
+// of at most `second` are kept for the others (with one, a pair of them in flight allocated every step).
+namespace zero_spares {
+// The spare a bucket of n elements takes (the smallest that may hold it), or capacities.size(): none, allocate one.
+size_t pick(const std::vector<size_t>& capacities, size_t n, size_t second);
+// The spares kept once one is released (indices into capacities, largest first): at most one past `second` and
+// `others` of at most `second` (2 at stage 2: between steps the rank holds at most the largest bucket and two of the
+// second-largest, never more than stage 0's two copies of the gradients; 1 at stage 3, whose point is memory: a pair
+// of smaller units in flight then allocates, as its gathers do every pass).
+std::vector<size_t> kept(const std::vector<size_t>& capacities, size_t second, int others = 2);
+}  // namespace zero_spares
+
 }  // namespace conduit::train

@@ -16,6 +16,8 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -715,6 +717,55 @@ std::shared_ptr<torch::optim::Optimizer> zero_test_optimizer(const std::string& 
                                              torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01));
 }
 
+// ZeRO-2's spare bucket buffers over steps whose buckets (of these sizes, in this order) are taken each as it fills
+// and released once the next has taken its own (two in flight: the one sent, the one filling): after the first steps
+// no bucket allocates, and between steps they hold at most the largest bucket and two of the second-largest (never
+// more than stage 0's second copy of the gradients). The first policy kept two of the largest (the mlp with small
+// buckets: stage 2 held more gradient memory than stage 0); the next allocated a buffer every step, a memset of up to
+// a 25 MiB bucket on the backward pass's thread.
+TEST(DistributedOptimizerZero, SpareBucketBuffersStopAllocatingAndStayUnderTheGradients) {
+  for (const std::vector<size_t>& order :
+       {std::vector<size_t>{8, 15, 35}, {35, 15, 8}, {100, 90, 80, 70}, {3, 15, 5, 35}, {50, 7, 50, 7, 9}}) {
+    std::vector<size_t> sorted = order;
+    std::sort(sorted.rbegin(), sorted.rend());
+    const size_t second = sorted.size() > 1 ? sorted[1] : 0, total = std::accumulate(order.begin(), order.end(), 0u);
+    std::vector<size_t> spares;  // capacities
+    auto release = [&](size_t cap) {
+      spares.push_back(cap);
+      std::vector<size_t> keep;
+      for (size_t k : zero_spares::kept(spares, second)) keep.push_back(spares[k]);
+      spares = keep;
+    };
+    std::vector<int> allocations;
+    for (int step = 0; step < 6; ++step) {
+      int fresh = 0;
+      std::optional<size_t> in_flight;
+      for (size_t n : order) {
+        size_t cap = n;
+        const size_t k = zero_spares::pick(spares, n, second);
+        if (k < spares.size()) {
+          cap = spares[k];
+          spares.erase(spares.begin() + std::ptrdiff_t(k));
+          EXPECT_GE(cap, n);
+        } else {
+          ++fresh;
+        }
+        if (in_flight) release(*in_flight);
+        in_flight = cap;
+      }
+      release(*in_flight);
+      allocations.push_back(fresh);
+      size_t held = 0;
+      for (size_t c : spares) held += c;
+      const std::string what = fmt::format("{} step {}", fmt::join(order, ","), step);
+      EXPECT_LE(held, sorted[0] + 2 * second) << what;
+      EXPECT_LE(total / 2 + held, 2 * total) << what;  // (2 ranks' slices and the spares, against stage 0's 2G)
+    }
+    for (int step = 2; step < 6; ++step)
+      EXPECT_EQ(allocations[size_t(step)], 0) << fmt::format("{} step {}", fmt::join(order, ","), step);
+  }
+}
+
 struct ZeroRun {
   std::vector<std::vector<float>> params;  // per rank, every parameter flattened
   std::vector<uint64_t> state_bytes, grad_held, sent, received, payload;
@@ -822,10 +873,10 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoTrainAsPlainDataParallelWithAQuart
           // bytes: half a byte for each bucket twice and the allgather once, a step.
           EXPECT_NEAR(double(z.sent[size_t(r)]), double(plain.sent[size_t(r)]), 4 * 4.5) << what;
           // Stage 1 holds what stage 0 holds (its slices' gradients are views of the buckets); stage 2 its slices'
-          // gradients and the two largest buckets' released buffers, 35 and 15 floats (it kept two of the largest,
-          // 35 each: one bucket most of the model, stage 2 held more than stage 0).
+          // gradients and released bucket buffers: the largest bucket's, 35 floats, and two of the others, 15 and 5
+          // (it kept two of the largest: one bucket most of the model, stage 2 held more than stage 0).
           if (stage == 1) EXPECT_EQ(z.grad_held[size_t(r)], plain.grad_held[size_t(r)]) << what;
-          if (stage == 2) EXPECT_EQ(z.grad_held[size_t(r)], 4 * (slices[size_t(r)] + 35 + 15)) << what;
+          if (stage == 2) EXPECT_EQ(z.grad_held[size_t(r)], 4 * (slices[size_t(r)] + 35 + 15 + 5)) << what;
         }
         EXPECT_EQ(state_sum, plain.state_bytes[0]) << what;
         EXPECT_EQ(elements, 58u) << what;
@@ -1842,7 +1893,8 @@ AccumulationRun accumulation_run(bool each_pass, const std::string& compressor =
 
 // Reducing every pass trains as reducing the summed passes once (to the float sums' order), moves the reduce-scatter's
 // bytes once a pass (the allgather's and, with shard groups, the replicas' allreduce's once a step, as MiCS), and
-// holds between passes the slices and two spare buffers where the buckets held the whole gradient.
+// holds between passes the slices and three spare buffers (the largest bucket's and two of the others') where the
+// buckets held the whole gradient.
 TEST(DistributedOptimizerZero, StagesTwoAndThreeReduceEachBackwardPassAndHoldOnlyTheSlices) {
   for (int shard : {0, 2}) {
     const std::string what = fmt::format("shard {}", shard);
@@ -1876,7 +1928,8 @@ TEST(DistributedOptimizerZero, StagesTwoAndThreeReduceEachBackwardPassAndHoldOnl
         EXPECT_EQ(once.sent[size_t(r)], 4 * (116 + 4 * slice + 116)) << r;
       }
       EXPECT_EQ(once.held[size_t(r)], 4 * (slice + 58)) << what << " " << r;
-      EXPECT_EQ(each.held[size_t(r)], 4 * (slice + 50)) << what << " " << r;
+      // (the spares: the largest bucket's, 35 floats, and two of the others', 15 and 5)
+      EXPECT_EQ(each.held[size_t(r)], 4 * (slice + 35 + 15 + 5)) << what << " " << r;
       // Uncompressed, the gradient bytes are the payload's either way: compression ratio 1 (each pass's payload was
       // counted against the step's gradient once, a ratio of 1/3).
       EXPECT_GT(each.payload[size_t(r)], 0u) << what << " " << r;
