@@ -199,6 +199,10 @@ class SignalScope {
     ::sigaction(SIGPIPE, &old_pipe_, nullptr);
     g_signal_write_fd = -1;
     g_running = false;
+    // (the launch's deadlines and given-up outputs are its own: a later launch's messages before its scope, in the
+    // same process, were dropped for them)
+    g_output_deadline.reset();
+    for (bool& stalled : g_output_stalled) stalled = false;
     // (a Ctrl-Z during the last drain: a later write outside a launch must not stop the process)
     g_suspend_requested = 0;
     g_continued = 0;
@@ -1339,6 +1343,8 @@ int run_local_workers(const LaunchSpec& spec) {
     }
     if (child_event || n == 0) reap();
   }
+  // (the loop's deadlines are over: a message after it, the cleanup's error, waits for its reader as any other)
+  g_output_deadline.reset();
   // A stop that came before the first worker started: the loop above had nothing to supervise and never read it (the
   // launch reported success).
   if (!have_result && g_stop_requested)

@@ -180,7 +180,7 @@ CLI::App* deepest_command(CLI::App* a, std::string& path) {
 
 // One line for arguments a command does not take, or a command group given no command or an unknown one: what was
 // given, where, and what is allowed.
-std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
+std::string parse_error_line(CLI::App& app, const CLI::ParseError& e, const std::vector<std::string>& given) {
   const bool extras = dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr;
   // (by its type and CLI11's own words, not by a word anywhere in it: a value typed "subcommand" was taken for one)
   const std::string_view what = e.what();
@@ -196,8 +196,12 @@ std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
     if (a.size() > 1 && a[0] == '-') {
       // One the command takes, left over: it was typed before the command's name, where its group does not take it
       // (`conduit cluster --name x down` said down had no --name).
+      // (as typed: before the command's name and before any "--", after which it is an argument)
       const std::string name = a.substr(0, a.find('='));
-      if (at != &app && at->get_option_no_throw(name) != nullptr)
+      auto first = [&](const std::string& t) { return std::find(given.begin(), given.end(), t) - given.begin(); };
+      const auto typed_at = first(a);
+      if (at != &app && at->get_option_no_throw(name) != nullptr && typed_at < first(at->get_name()) &&
+          typed_at < first("--"))
         return fmt::format(
             "{}: option '{}' was given before the command '{}'; allowed: the command's options after "
             "its name ({} {} ...)",
@@ -255,7 +259,7 @@ int main(int argc, char** argv) {
     // One line and exit code 2, as every other bad input (CLI11 prints two lines and its own codes, e.g. 104).
     std::string line;
     try {
-      line = parse_error_line(app, e);
+      line = parse_error_line(app, e, std::vector<std::string>(argv + 1, argv + argc));
     } catch (const std::exception&) {
       line = fmt::format("{} (see --help)", e.what());
     }

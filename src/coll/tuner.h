@@ -38,7 +38,7 @@ struct LinkCost {
 struct CostModel {
   LinkCost intra;
   LinkCost inter{20e-6, 1e-9, 2.5e-10};
-  std::string source = "defaults";  // "defaults", "measured", "CONDUIT_COST_MODEL", "config"
+  std::string source = "defaults";  // "defaults", "measured", "CONDUIT_COST_MODEL", "config", "checkpoint"
 };
 
 // Parses "intra=a,b,g;inter=a,b,g"; ConfigError naming the part that is wrong.

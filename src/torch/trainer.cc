@@ -726,8 +726,12 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     // The links' cost model the checkpointed run chose its collective algorithms by: measured again at start-up, it
     // can choose others, whose sums of 3 or more ranks' floats differ in the last bits (a resume was not bit for bit
     // once in ten). A model given by CONDUIT_COST_MODEL still wins.
-    if (meta.contains("cost_model") && !std::getenv("CONDUIT_COST_MODEL"))
-      comm_ptr->tuner().set_model(checkpoint_cost_model(meta["cost_model"], rd));
+    // (the data-parallel group's own copy too, where agree_partner_sums gave it one)
+    if (meta.contains("cost_model") && !env_string("CONDUIT_COST_MODEL").has_value()) {
+      const coll::CostModel saved = checkpoint_cost_model(meta["cost_model"], rd);
+      comm_ptr->tuner().set_model(saved);
+      if (&dp_comm->tuner() != &comm_ptr->tuner()) dp_comm->tuner().set_model(saved);
+    }
     // The mlp's, cnn's and resnet's cut (stage_bounds): a stage's model file holds its units' modules only.
     if (!cut.is_null() && meta.contains("stage_bounds") && !meta["stage_bounds"].is_null() &&
         meta["stage_bounds"] != cut)

@@ -864,6 +864,10 @@ TEST_F(LaunchTest, UnknownOptionsAndCommandsAreNamedWithTheirCommand) {
       {{"cluster", "--name", "x", "down"},
        "conduit: error: conduit cluster down: option '--name' was given before the command 'down'; allowed: the "
        "command's options after its name (conduit cluster down --name ...)\n"},
+      // (after "--" it is an argument the command does not take, not an option typed before it)
+      {{"cluster", "down", "--", "--name", "x"},
+       "conduit: error: conduit cluster down: unknown option '--name'; allowed: the options `conduit cluster down "
+       "--help` lists\n"},
       {{"launch", "-n", "subcommand", "--", "true"},
        "conduit: error: --nprocs: 'subcommand': an integer in decimal digits"},
   };

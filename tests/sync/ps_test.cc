@@ -721,9 +721,6 @@ TEST(SyncPs, WeightDecayFollowsTheTrainersLearningRateSchedule) {
 }  // namespace
 
 namespace {
-// Found by a review: a peer's malformed request (an unknown kind, a push before the pull, a clock going back, a
-// length no request has) reached the shard, which applied it as a gradient, read out of range or allocated what the
-// header claimed. Each is now refused naming what is allowed, and the worker waiting on the shard hears why.
 // Parameters a server's updates drove past the floats cannot go out through a compressed pull: every rank fails with
 // the line that names it (int8's scale of an inf is inf: the workers' replicas turned nan and the run went on).
 TEST(SyncPs, ACompressedPullOfDivergedParametersIsRefused) {
@@ -745,6 +742,9 @@ TEST(SyncPs, ACompressedPullOfDivergedParametersIsRefused) {
         << "rank " << r << ": " << errors[size_t(r)] << " / rank " << 1 - r << ": " << errors[size_t(1 - r)];
 }
 
+// Found by a review: a peer's malformed request (an unknown kind, a push before the pull, a clock going back, a
+// length no request has) reached the shard, which applied it as a gradient, read out of range or allocated what the
+// header claimed. Each is now refused naming what is allowed, and the worker waiting on the shard hears why.
 TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
   struct Case {
     uint64_t kind, bytes, clock;
