@@ -725,23 +725,23 @@ uint64_t pair_term(uint64_t from, uint64_t to, uint64_t count) {
 // for rsg's block (at most one element over n/p).
 bool may_pass_limit(size_t bytes) { return double(bytes) + 16 > double(net::max_message_bytes()); }
 
-// The largest single message `algo` sends for this call: the tuner's bound, and with `even` false (reduce_scatter and
-// allgatherv with blocks of different sizes) the whole vector for the halving and doubling algorithms (one of their
-// steps may carry nearly all of it: counts {N, 0, 0, 0}).
-double largest_message(Communicator& c, CollOp op, const std::string& algo, size_t bytes, bool even) {
+// The largest single message `algo` sends for this call of `esz`-byte elements: the tuner's bound, and with `even`
+// false (reduce_scatter and allgatherv with blocks of different sizes) the whole vector for the halving and doubling
+// algorithms (one of their steps may carry nearly all of it: counts {N, 0, 0, 0}).
+double largest_message(Communicator& c, CollOp op, const std::string& algo, size_t bytes, size_t esz, bool even) {
   // (rd off a power of two runs the ring)
   if (!even && (algo == "rh" || (algo == "rd" && (c.size() & (c.size() - 1)) == 0))) return double(bytes);
-  return c.tuner().largest_message(op, algo, double(bytes), c.size(), c.num_hosts(), c.hosts_uniform_multi());
+  return c.tuner().largest_message(op, algo, double(bytes), c.size(), c.num_hosts(), c.hosts_uniform_multi(), esz);
 }
 
 // The first algorithm of `op` (in the tuner's order) whose messages fit the limit; empty when none does.
-std::string fitting_algorithm(Communicator& c, CollOp op, size_t bytes, bool even) {
+std::string fitting_algorithm(Communicator& c, CollOp op, size_t bytes, size_t esz, bool even) {
   for (const auto& a : Tuner::algorithms(op))
-    if (largest_message(c, op, a, bytes, even) <= double(net::max_message_bytes())) return a;
+    if (largest_message(c, op, a, bytes, esz, even) <= double(net::max_message_bytes())) return a;
   return {};
 }
 
-std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t bytes, bool even = true) {
+std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t bytes, size_t esz, bool even = true) {
   if (!forced.empty()) {
     Tuner::check_algorithm(op, forced);
     return forced;
@@ -751,8 +751,8 @@ std::string pick(Communicator& c, CollOp op, const std::string& forced, size_t b
   std::string algo = c.tuner().choose(op, bytes, c.size(), c.num_hosts(), c.hosts_uniform_multi());
   // The tuner passes over algorithms past the limit, from sizes alone; uneven blocks are known here (check_fits
   // refused the call before it was queued when no algorithm fits).
-  if (may_pass_limit(bytes) && largest_message(c, op, algo, bytes, even) > double(net::max_message_bytes())) {
-    const std::string fits = fitting_algorithm(c, op, bytes, even);
+  if (may_pass_limit(bytes) && largest_message(c, op, algo, bytes, esz, even) > double(net::max_message_bytes())) {
+    const std::string fits = fitting_algorithm(c, op, bytes, esz, even);
     if (!fits.empty()) algo = fits;
   }
   return algo;
@@ -858,12 +858,12 @@ void Communicator::run_reduce(const Deadline& d, const void* in, void* out, size
   }
 }
 
-void Communicator::check_fits(CollOp op, const std::string& forced, size_t bytes, bool even) {
+void Communicator::check_fits(CollOp op, const std::string& forced, size_t bytes, size_t esz, bool even) {
   if (!forced.empty()) Tuner::check_algorithm(op, forced);
   if (!may_pass_limit(bytes)) return;  // (every call below the limit: nothing more to do)
   // (refused here, before anything is sent: the message failed mid-operation, and the transport was aborted)
   const uint64_t limit = net::max_message_bytes();
-  const std::string fits = fitting_algorithm(*this, op, bytes, even);
+  const std::string fits = fitting_algorithm(*this, op, bytes, esz, even);
   if (fits.empty())
     throw ConfigError(
         fmt::format("{} of {} bytes over {} ranks: every {} algorithm would send a message over "
@@ -871,7 +871,7 @@ void Communicator::check_fits(CollOp op, const std::string& forced, size_t bytes
                     coll_op_name(op), bytes, size(), coll_op_name(op), limit));
   const std::string algo = forced.empty() ? tuner_->forced_algorithm(op, bytes) : forced;
   if (algo.empty()) return;  // the tuner's pick, which pick() keeps within the limit
-  const double big = largest_message(*this, op, algo, bytes, even);
+  const double big = largest_message(*this, op, algo, bytes, esz, even);
   if (big > double(limit))
     throw ConfigError(fmt::format(
         "{} of {} bytes over {} ranks: algorithm {} sends a message of {:.0f} bytes, over CONDUIT_MAX_MESSAGE_BYTES "
@@ -884,7 +884,7 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
   check_reduce_op(op, "allreduce");
   Signature sig{kSigAllreduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count};
   const std::string forced = o.algorithm;
-  check_fits(CollOp::allreduce, forced, count * dtype_size(dt), true);
+  check_fits(CollOp::allreduce, forced, count * dtype_size(dt), dtype_size(dt), true);
   return submit("allreduce", sig, o, [=, this](Ctx& c) {
     // avg of f16 divides each rank's input first (its sum overflows where the average does not).
     const bool divided = op == ReduceOp::avg && avg_divides_first(dt);
@@ -898,7 +898,7 @@ Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, con
       if (op == ReduceOp::avg && !divided) finalize_avg(buf, count, dt, size());
       return std::string("shm-fast");
     }
-    std::string algo = pick(*this, CollOp::allreduce, forced, count * dtype_size(dt));
+    std::string algo = pick(*this, CollOp::allreduce, forced, count * dtype_size(dt), dtype_size(dt));
     // what runs (and is reported) on one host, or with one member a host
     if (algo == "hier" && (num_hosts() <= 1 || num_hosts() == size())) algo = "ring";
     run_allreduce(c.deadline(), buf, count, dt, op, algo);
@@ -918,9 +918,9 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
   if (debug_) sig.counts_hash = counts_hash(counts);
   const std::string forced = o.algorithm;
   const bool even = std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
-  check_fits(CollOp::reduce_scatter, forced, total * dtype_size(dt), even);
+  check_fits(CollOp::reduce_scatter, forced, total * dtype_size(dt), dtype_size(dt), even);
   return submit("reduce_scatter", sig, o, [=, this](Ctx& c) {
-    std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt), even);
+    std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt), dtype_size(dt), even);
     std::vector<char> divided;
     run_reduce_scatter(c.deadline(), avg_input(in, total, dt, op, size(), divided), out, counts, dt, op, algo);
     if (op == ReduceOp::avg && !avg_divides_first(dt)) finalize_avg(out, counts[rank_], dt, size());
@@ -946,9 +946,9 @@ Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> cou
   if (debug_) sig.counts_hash = counts_hash(counts);
   const std::string forced = o.algorithm;
   const bool even = std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
-  check_fits(CollOp::allgather, forced, total * dtype_size(dt), even);
+  check_fits(CollOp::allgather, forced, total * dtype_size(dt), dtype_size(dt), even);
   return submit("allgather", sig, o, [=, this](Ctx& c) {
-    std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt), even);
+    std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt), dtype_size(dt), even);
     // (recursive doubling needs a power of two ranks and runs the ring elsewhere: reported as what ran)
     if (algo == "rd" && (size() & (size() - 1)) != 0) algo = "ring";
     run_allgatherv(c.deadline(), in, out, counts, dt, algo);
@@ -961,9 +961,9 @@ Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const 
   check_buffer(buf, count, dt, "broadcast");
   Signature sig{kSigBroadcast, static_cast<uint32_t>(dt), 0, root, count};
   const std::string forced = o.algorithm;
-  check_fits(CollOp::broadcast, forced, count * dtype_size(dt), true);
+  check_fits(CollOp::broadcast, forced, count * dtype_size(dt), dtype_size(dt), true);
   return submit("broadcast", sig, o, [=, this](Ctx& c) {
-    std::string algo = pick(*this, CollOp::broadcast, forced, count * dtype_size(dt));
+    std::string algo = pick(*this, CollOp::broadcast, forced, count * dtype_size(dt), dtype_size(dt));
     run_broadcast(c.deadline(), buf, count, dt, root, algo);
     return algo;
   });
@@ -977,9 +977,9 @@ Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, Red
   check_reduce_op(op, "reduce");
   Signature sig{kSigReduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count};
   const std::string forced = o.algorithm;
-  check_fits(CollOp::reduce, forced, count * dtype_size(dt), true);
+  check_fits(CollOp::reduce, forced, count * dtype_size(dt), dtype_size(dt), true);
   return submit("reduce", sig, o, [=, this](Ctx& c) {
-    std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt));
+    std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt), dtype_size(dt));
     std::vector<char> divided;
     run_reduce(c.deadline(), avg_input(in, count, dt, op, size(), divided), out, count, dt, op, root, algo);
     if (op == ReduceOp::avg && rank_ == root && !avg_divides_first(dt)) finalize_avg(out, count, dt, size());

@@ -228,8 +228,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void check_root(int root, const char* op) const;
   // A forced algorithm (`forced` by the call, else a forcing rule for this size) must be known and send no message
   // over the transport's message limit, and some algorithm must fit it: ConfigError naming the algorithm and one that
-  // fits. `even`: every rank's block has the same count (reduce_scatter, allgatherv).
-  void check_fits(CollOp op, const std::string& forced, size_t bytes, bool even);
+  // fits. `esz`: the element size (blocks are whole elements); `even`: every rank's block has the same count
+  // (reduce_scatter, allgatherv).
+  void check_fits(CollOp op, const std::string& forced, size_t bytes, size_t esz, bool even);
   void check_counts(const std::vector<size_t>& counts, const char* what) const;
 
   net::TransportPtr transport_;

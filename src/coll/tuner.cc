@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -138,31 +139,60 @@ std::string Tuner::forced_algorithm(CollOp op, size_t bytes) const {
   return {};
 }
 
-double Tuner::largest_message(CollOp op, const std::string& algo, double bytes, int p, int hosts,
-                              bool uniform_hosts) const {
-  return largest_with(*snapshot(), op, algo, bytes, p, hosts, uniform_hosts);
+double Tuner::largest_message(CollOp op, const std::string& algo, double bytes, int p, int hosts, bool uniform_hosts,
+                              size_t elem_bytes) const {
+  return largest_with(*snapshot(), op, algo, bytes, p, hosts, uniform_hosts, elem_bytes);
 }
 
+namespace {
+constexpr size_t kMaxElementBytes = 8;  // the largest dtype_size (f64, i64)
+
+// The larger half of n bytes split into pp blocks of whole elements (Blocks: the first count % pp blocks one element
+// longer), which a halving step's upper rank sends. Up to pp/4 elements over n/2: 4 ranks and 1,048,578 f32 elements
+// send 2,097,160 bytes, not 2,097,156. With the element size unknown (0), a bound for every dtype (at most 8 bytes).
+double larger_half(double n, int pp, size_t esz) {
+  if (esz == 0) return std::ceil(n / 2) + double(kMaxElementBytes) * pp / 4;
+  const auto count = static_cast<uint64_t>(n) / esz, q = count / pp, r = count % pp;
+  return double((pp / 2) * q + std::min<uint64_t>(r, pp / 2)) * double(esz);
+}
+// The largest of pp blocks of whole elements: one element over n/pp at most.
+double largest_block(double n, int pp, size_t esz) {
+  if (esz == 0) return std::ceil(n / pp) + double(kMaxElementBytes);
+  return std::ceil(double(static_cast<uint64_t>(n) / esz) / pp) * double(esz);
+}
+// The smallest: n/pp rounded down to whole elements.
+double smallest_block(double n, int pp, size_t esz) {
+  if (esz == 0) return std::floor(n / pp);
+  return std::floor(double(static_cast<uint64_t>(n) / esz) / pp) * double(esz);
+}
+}  // namespace
+
 double Tuner::largest_with(const State& s, CollOp op, const std::string& algo, double n, int p, int hosts,
-                           bool uniform_hosts) {
+                           bool uniform_hosts, size_t esz) {
   if (p <= 1) return 0;
   const bool p2 = pow2(p);
   switch (op) {
     case CollOp::allreduce:
-      // rhd's first halving step sends half; off a power of two its fold sends the whole vector first (rd too)
-      if (algo == "rhd") return p2 ? std::ceil(n / 2) : n;
+      // rhd's first halving step sends the larger half; off a power of two its fold sends the whole vector first (rd
+      // too)
+      if (algo == "rhd") return p2 ? larger_half(n, p, esz) : n;
       if (algo == "rd" || algo == "tree") return n;
       if (algo == "hier") {
         if (hosts <= 1 || hosts >= p) return 0;  // it runs the ring (one host, or one member a host)
         if (!uniform_hosts) return n;  // a tree reduce and broadcast inside hosts
-        // The rings inside hosts, and across them the tuner's pick for n/L bytes among H ranks (hierarchical.cc).
-        const double part = std::ceil(n / (double(p) / hosts));
-        std::string cross = choose_with(s, CollOp::allreduce, static_cast<size_t>(part), hosts, hosts, false);
-        if (cross == "hier") cross = "ring";
-        return largest_with(s, CollOp::allreduce, cross, part, hosts, hosts, false);
+        // The rings inside hosts, and across them, for each local rank's block (n/L in whole elements: two sizes at
+        // most), the tuner's pick for that block among H ranks (hierarchical.cc).
+        double most = 0;
+        for (double part : {largest_block(n, p / hosts, esz), smallest_block(n, p / hosts, esz)}) {
+          std::string cross = choose_with(s, CollOp::allreduce, static_cast<size_t>(part), hosts, hosts, false);
+          if (cross == "hier") cross = "ring";
+          most = std::max(most, largest_with(s, CollOp::allreduce, cross, part, hosts, hosts, false, esz));
+        }
+        return most;
       }
       return 0;
     case CollOp::reduce_scatter:
+      // (even blocks: the halves are exact; uneven ones are the caller's to bound, Communicator's largest_message)
       if (algo == "rh") return p2 ? std::ceil(n / 2) : n;
       return 0;
     case CollOp::allgather:
@@ -172,7 +202,7 @@ double Tuner::largest_with(const State& s, CollOp op, const std::string& algo, d
       return algo == "tree" ? n : 0;
     case CollOp::reduce:
       // rsg: every rank's reduced block goes to the root whole (a block is at most one element over n/p)
-      return algo == "tree" ? n : std::ceil(n / p) + 16;
+      return algo == "tree" ? n : largest_block(n, p, esz);
   }
   return 0;
 }
@@ -368,7 +398,7 @@ std::string Tuner::cheapest(const State& s, CollOp op, double bytes, int p, int 
     if (a == "hier" && (hosts <= 1 || !uniform_hosts)) continue;
     // (a 2-rank broadcast took the tree at every size, one message of the whole vector, and failed past the limit
     // where the chain's segments went through)
-    if (largest_with(s, op, a, bytes, p, hosts, uniform_hosts) > limit) continue;
+    if (largest_with(s, op, a, bytes, p, hosts, uniform_hosts, 0) > limit) continue;
     double t = predict_with(s, op, a, bytes, p, hosts);
     if (best.empty() || t < best_t * (1 - kTieMargin)) {
       best_t = t;
@@ -379,7 +409,7 @@ std::string Tuner::cheapest(const State& s, CollOp op, double bytes, int p, int 
   // None fits: the one with the smallest message (the call is refused before it runs, Communicator::check_fits).
   double least = std::numeric_limits<double>::infinity();
   for (const auto& a : algorithms(op)) {
-    const double m = largest_with(s, op, a, bytes, p, hosts, uniform_hosts);
+    const double m = largest_with(s, op, a, bytes, p, hosts, uniform_hosts, 0);
     if (m < least) least = m, best = a;
   }
   return best;

@@ -75,8 +75,10 @@ class Tuner {
   std::string forced_algorithm(CollOp op, size_t bytes) const;
   // The largest single message `algo` sends for `bytes` (as predict()) over p ranks on `hosts` hosts, 0 for those
   // that send in segments of ring_segment_bytes() (checked against the message limit at start-up). choose() passes
-  // over algorithms whose messages are over net::max_message_bytes(): every receiver refuses them.
-  double largest_message(CollOp op, const std::string& algo, double bytes, int p, int hosts, bool uniform_hosts) const;
+  // over algorithms whose messages are over net::max_message_bytes(): every receiver refuses them. Blocks are whole
+  // elements, so the bound depends on `elem_bytes`; 0 (choose(), which sees bytes alone): a bound for every dtype.
+  double largest_message(CollOp op, const std::string& algo, double bytes, int p, int hosts, bool uniform_hosts,
+                         size_t elem_bytes = 0) const;
 
   void set_model(const CostModel& m);
   // A copy: another thread may replace the model meanwhile.
@@ -103,7 +105,7 @@ class Tuner {
   static double predict_with(const State& s, CollOp op, const std::string& algo, double bytes, int p, int hosts);
   static std::string choose_with(const State& s, CollOp op, size_t bytes, int p, int hosts, bool uniform_hosts);
   static double largest_with(const State& s, CollOp op, const std::string& algo, double bytes, int p, int hosts,
-                             bool uniform_hosts);
+                             bool uniform_hosts, size_t elem_bytes);
   // The model's choice, without forcing rules: the cheapest, an earlier-listed algorithm kept unless a later one is
   // more than 10% cheaper; of those whose messages fit the message limit (the first listed when none does).
   static std::string cheapest(const State& s, CollOp op, double bytes, int p, int hosts, bool uniform_hosts);

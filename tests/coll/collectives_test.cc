@@ -1109,6 +1109,56 @@ TEST(AlgorithmShape, AllgathervSentIsWhatEachRankSends) {
   }
 }
 
+// No algorithm sends a message larger than the tuner's bound for its call (given the element size: blocks are whole
+// elements, the first count % p one longer): the message limit is checked against that bound before a call is queued,
+// and a message over it aborted the job. rhd's upper rank sends the larger half, up to p/4 elements over n/2, and
+// hier's cross-host step the largest local block: they were bounded by n/2 and n/L bytes. (Algorithms bounded by 0
+// send ring segments, checked against the limit at start-up.)
+TEST(AlgorithmShape, NoMessageIsLargerThanTheTunersBound) {
+  CommConfig cfg;
+  cfg.timeout_s = 30;
+  const std::pair<CollOp, const char*> cases[] = {
+      {CollOp::allreduce, "rhd"}, {CollOp::allreduce, "rd"},   {CollOp::allreduce, "tree"}, {CollOp::allreduce, "hier"},
+      {CollOp::allgather, "rd"},  {CollOp::broadcast, "tree"}, {CollOp::reduce, "tree"},    {CollOp::reduce, "rsg"}};
+  for (int n : {2, 4, 6, 8}) {
+    auto inner = net::make_inproc_world(n, 2);
+    std::vector<std::shared_ptr<CountingTransport>> ts;
+    for (auto& t : inner) ts.push_back(std::make_shared<CountingTransport>(t));
+    std::vector<std::string> over(n);
+    const auto wrong = on_threads(n, [&](int r) {
+      std::vector<int> members(n);
+      std::iota(members.begin(), members.end(), 0);
+      auto c = Communicator::create(ts[r], members, 0, cfg);
+      size_t bad = 0;
+      for (const auto& [op, algo] : cases)
+        for (DType dt : {DType::u8, DType::f32, DType::f64})
+          for (size_t count : {1, 3, 5, 6, 7, 13, 1029}) {
+            ts[r]->take_largest();
+            const char* name = op == CollOp::allreduce ? "allreduce" : coll_op_name(op);
+            bad += run_and_verify(*c, {name, algo, dt, ReduceOp::sum, count, 0, 0});
+            const size_t esz = dtype_size(dt), largest = ts[r]->take_largest();
+            const size_t bytes = count * esz * (op == CollOp::allgather ? n : 1);  // (allgather: the output)
+            const double bound =
+                c->tuner().largest_message(op, algo, double(bytes), n, c->num_hosts(), c->hosts_uniform_multi(), esz);
+            if (bound > 0 && double(largest) > bound && over[r].empty())
+              over[r] = fmt::format("{} {} of {} x {}: a message of {} bytes, bound {}", coll_op_name(op), algo, count,
+                                    dtype_name(dt), largest, bound);
+            // The bound without the element size (the tuner's own choice) holds for every dtype.
+            const double any =
+                c->tuner().largest_message(op, algo, double(bytes), n, c->num_hosts(), c->hosts_uniform_multi());
+            if (bound > 0 && any < bound && over[r].empty())
+              over[r] = fmt::format("{} {} of {} x {}: {} bytes without the element size, {} with it", coll_op_name(op),
+                                    algo, count, dtype_name(dt), any, bound);
+          }
+      return bad;
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(wrong[r], 0u) << n << " ranks, rank " << r;
+      EXPECT_EQ(over[r], "") << n << " ranks, rank " << r;
+    }
+  }
+}
+
 }  // namespace
 
 namespace {

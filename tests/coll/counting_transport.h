@@ -1,6 +1,7 @@
 #pragma once
-// A transport that counts the bytes each rank sends to each peer, forwarding everything to another (in-process)
-// transport: for tests of what an algorithm puts on the wire.
+// A transport that counts the bytes each rank sends to each peer (and the largest single message), forwarding
+// everything to another (in-process) transport: for tests of what an algorithm puts on the wire.
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -18,10 +19,12 @@ class CountingTransport : public net::Transport {
   const char* name() const override { return "counting"; }
   net::RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     sent_[peer] += bytes;
+    largest_ = std::max(largest_, bytes);
     return inner_->isend(peer, tag, data, bytes);
   }
   net::RequestPtr isend_reduced(int peer, uint64_t tag, const void* data, size_t bytes) override {
     sent_[peer] += bytes;
+    largest_ = std::max(largest_, bytes);
     return inner_->isend_reduced(peer, tag, data, bytes);
   }
   net::RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
@@ -33,10 +36,12 @@ class CountingTransport : public net::Transport {
   void abort(const std::string& reason) override { inner_->abort(reason); }
   bool cancel(const net::RequestPtr& r, std::exception_ptr error) override { return inner_->cancel(r, error); }
   std::vector<size_t> take() { return std::exchange(sent_, std::vector<size_t>(sent_.size(), 0)); }
+  size_t take_largest() { return std::exchange(largest_, 0); }
 
  private:
   net::TransportPtr inner_;
   std::vector<size_t> sent_;
+  size_t largest_ = 0;
 };
 
 }  // namespace conduit::test_util

@@ -98,11 +98,13 @@ TEST(Tuner, AlgorithmsWithMessagesPastTheLimitAreNotPicked) {
   EXPECT_EQ(t.largest_message(CollOp::broadcast, "chain", big, 2, 1, false), 0);
   EXPECT_EQ(t.choose(CollOp::broadcast, 1 << 20, 2, 1, false), "tree");
   EXPECT_EQ(t.choose(CollOp::broadcast, size_t(big), 2, 1, false), "chain");
-  // reduce: the tree sends the whole vector, rsg a block of it to the root
-  EXPECT_EQ(t.largest_message(CollOp::reduce, "rsg", big, 4, 1, false), big / 4 + 16);
+  // reduce: the tree sends the whole vector, rsg a block of it to the root (one element over n/p: 8 bytes, of any
+  // dtype, where the element size is not given)
+  EXPECT_EQ(t.largest_message(CollOp::reduce, "rsg", big, 4, 1, false), big / 4 + 8);
   EXPECT_EQ(t.choose(CollOp::reduce, size_t(big), 4, 1, false), "rsg");
-  // Halving and doubling send half at a power of two; off one, the fold sends the whole vector.
-  EXPECT_EQ(t.largest_message(CollOp::allreduce, "rhd", big, 4, 1, false), big / 2);
+  // Halving and doubling send half at a power of two (up to p/4 elements over it); off one, the fold sends the whole
+  // vector.
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "rhd", big, 4, 1, false), big / 2 + 8);
   EXPECT_EQ(t.largest_message(CollOp::allreduce, "rhd", big, 6, 1, false), big);
   EXPECT_EQ(t.largest_message(CollOp::allgather, "rd", big, 6, 1, false), 0);  // (runs the ring)
   // hier: across hosts the step runs the tuner's pick for n/L bytes, inside them rings; uneven hosts use trees.
@@ -116,6 +118,26 @@ TEST(Tuner, AlgorithmsWithMessagesPastTheLimitAreNotPicked) {
   Tuner tl(latency);
   EXPECT_NE(tl.choose(CollOp::allreduce, 1 << 20, 8, 1, true), "ring");
   EXPECT_EQ(tl.choose(CollOp::allreduce, size_t(big), 8, 1, true), "ring");
+}
+
+// Blocks are whole elements, the first count % p of them one element longer. rhd's upper rank sends the lower, larger
+// half: 4 ranks and 1,048,578 f32 elements send 2,097,160 bytes, not n/2 = 2,097,156 (under a limit of 2,097,156 the
+// call passed the checks and aborted the job). hier's cross-host step takes a local rank's block: 8 ranks on 2 hosts
+// and 4001 f32 elements give blocks of 1001 elements, 4004 bytes, not n/L = 4001.
+TEST(Tuner, LargestMessagesAreWholeElements) {
+  Tuner t;
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "rhd", 4194312, 4, 1, false, 4), 2097160);
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "rhd", 4194304, 4, 1, false, 4), 2097152);
+  EXPECT_EQ(t.largest_message(CollOp::allreduce, "rhd", 7 * 8, 8, 1, false, 8), 4 * 8);  // blocks 1,1,...,1,0
+  EXPECT_EQ(t.largest_message(CollOp::reduce, "rsg", 1001 * 4, 4, 1, false, 4), 251 * 4);
+  for (size_t esz : {1, 2, 4, 8})  // without the element size: a bound for every dtype
+    EXPECT_GE(t.largest_message(CollOp::allreduce, "rhd", 4194312, 4, 1, false),
+              t.largest_message(CollOp::allreduce, "rhd", 4194312, 4, 1, false, esz))
+        << esz;
+  Tuner rd;  // (the cross-host step forced to rd: it sends its whole block)
+  rd.force(CollOp::allreduce, Tuner::parse_rules(CollOp::allreduce, "rd", "X"));
+  EXPECT_EQ(rd.largest_message(CollOp::allreduce, "hier", 4001 * 4, 8, 2, true, 4), 1001 * 4);
+  EXPECT_GE(rd.largest_message(CollOp::allreduce, "hier", 4001 * 4, 8, 2, true), 1001 * 4);
 }
 
 TEST(Tuner, ForcingRulesBySizeRange) {
