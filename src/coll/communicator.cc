@@ -573,6 +573,9 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
     if (dynamic_cast<const ProtocolError*>(&e)) rethrow_as<ProtocolError>(msg);
     if (dynamic_cast<const MismatchError*>(&e)) rethrow_as<MismatchError>(msg);
     if (dynamic_cast<const InvalidArgument*>(&e)) rethrow_as<InvalidArgument>(msg);
+    // (this rank's own setting or platform: a PeerError blamed the other ranks)
+    if (dynamic_cast<const ConfigError*>(&e)) rethrow_as<ConfigError>(msg);
+    if (dynamic_cast<const UnsupportedError*>(&e)) rethrow_as<UnsupportedError>(msg);
     rethrow_as<PeerError>(msg);
   } catch (const std::exception& e) {
     // Not one of ours (std::bad_alloc of a scratch buffer, ...): this rank cannot go on with the operation, and
@@ -701,6 +704,18 @@ void check_buffer(const void* p, size_t count, DType dt, const char* what, size_
                     "{} elements)",
                     what, count, esz, copies > 1 ? fmt::format(" times {} ranks", copies) : "", limit));
   if (p == nullptr && count > 0) throw InvalidArgument(fmt::format("{}: null buffer for {} elements", what, count));
+}
+
+// One message of an operation that sends blocks whole (gather, scatter, alltoall, send/recv) must fit the message
+// limit: refused before the operation is queued, on the sending and the receiving rank alike (the isend failed inside
+// the operation and aborted the transport for every communicator; a receive over it waited out its deadline).
+void check_message(size_t bytes, const std::string& what) {
+  const uint64_t limit = net::max_message_bytes();
+  if (bytes > limit)
+    throw ConfigError(
+        fmt::format("{} is one message of {} bytes, over CONDUIT_MAX_MESSAGE_BYTES = {}; allowed: up to "
+                    "{} bytes (smaller calls), or a larger CONDUIT_MAX_MESSAGE_BYTES on every rank",
+                    what, bytes, limit, limit));
 }
 
 // Debug mode's fingerprints of count vectors (splitmix64 finalizer: a difference anywhere changes the result).
@@ -1016,6 +1031,7 @@ Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int
   check_buffer(in, count, dt, "gather input", size());
   if (rank_ == root) check_buffer(out, count * size(), dt, "gather output");
   if (rank_ == root) check_root_block(in, out, count * dtype_size(dt), root, size(), "gather");
+  if (size() > 1) check_message(count * dtype_size(dt), fmt::format("gather over {} ranks: each rank's block", size()));
   Signature sig{kSigGather, static_cast<uint32_t>(dt), 0, root, count};
   return submit("gather", sig, o, [=](Ctx& c) {
     linear_gather(c, in, out, count * dtype_size(dt), root);
@@ -1029,6 +1045,8 @@ Work Communicator::scatter(const void* in, void* out, size_t count, DType dt, in
   check_buffer(out, count, dt, "scatter output", size());
   if (rank_ == root) check_buffer(in, count * size(), dt, "scatter input");
   if (rank_ == root) check_root_block(out, in, count * dtype_size(dt), root, size(), "scatter");
+  if (size() > 1)
+    check_message(count * dtype_size(dt), fmt::format("scatter over {} ranks: each rank's block", size()));
   Signature sig{kSigScatter, static_cast<uint32_t>(dt), 0, root, count};
   return submit("scatter", sig, o, [=](Ctx& c) {
     linear_scatter(c, in, out, count * dtype_size(dt), root);
@@ -1064,6 +1082,11 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
   const auto* ob = static_cast<const char*>(out);
   if (size() > 1 && st > 0 && rt > 0 && ib < ob + rt && ob < ib + st)
     throw InvalidArgument("alltoall: the input and output buffers overlap; allowed: separate buffers");
+  for (int i = 0; i < size(); ++i) {
+    if (i == rank_) continue;  // (copied, not sent)
+    check_message(sb[i], fmt::format("alltoallv: rank {}'s block for rank {}", rank_, i));
+    check_message(rb[i], fmt::format("alltoallv: rank {}'s block from rank {}", rank_, i));
+  }
   Signature sig{kSigAlltoallv, static_cast<uint32_t>(dt), 0, -1, 0};
   for (int i = 0; debug_ && i < size(); ++i) {
     sig.pairs_sent += pair_term(static_cast<uint64_t>(rank_), static_cast<uint64_t>(i), send_counts[i]);
@@ -1090,6 +1113,8 @@ Work Communicator::p2p(bool is_send, void* buf, size_t count, DType dt, int peer
   if (peer < 0 || peer >= size() || peer == rank_)
     throw InvalidArgument(fmt::format("{}: peer {} is not another rank of [0, {})", what, peer, size()));
   check_buffer(buf, count, dt, what);
+  check_message(count * dtype_size(dt),
+                fmt::format("{} {} rank {} (tag {})", what, is_send ? "to" : "from", peer, tag));
   const double timeout_s = effective_timeout(o);  // (refused before the request is posted on the caller's buffer)
   uint64_t t = net::make_tag(net::kUser, id_, tag);
   size_t bytes = count * dtype_size(dt);

@@ -129,4 +129,97 @@ TEST(MessageLimit, RhdsLargerHalfIsCheckedAgainstTheLimit) {
   expect_communicators_go_on(comms);
 }
 
+// gather, scatter, alltoall(v) and point-to-point send blocks as single messages: one over the limit is refused
+// before the call is queued, on the receiving rank too (the sending rank's isend failed inside the operation and
+// aborted the transport for every communicator; a receive over the limit waited out its deadline).
+TEST(MessageLimit, BlocksOverTheLimitAreRefusedBeforeTheCallIsQueued) {
+  if (!in_child("2M")) return;
+  auto comms = Communicator::inproc(3);
+  const size_t count = (2 << 20) / 4 + 1;  // f32: 2,097,156 bytes
+  std::vector<float> block(count), all(3 * count);
+  const std::string over =
+      "is one message of 2097156 bytes, over CONDUIT_MAX_MESSAGE_BYTES = 2097152; allowed: up to "
+      "2097152 bytes (smaller calls), or a larger CONDUIT_MAX_MESSAGE_BYTES on every rank";
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(error_of<ConfigError>([&] { comms[r]->gather(block.data(), all.data(), count, DType::f32, 0); }),
+              "gather over 3 ranks: each rank's block " + over);
+    EXPECT_EQ(error_of<ConfigError>([&] { comms[r]->scatter(all.data(), block.data(), count, DType::f32, 0); }),
+              "scatter over 3 ranks: each rank's block " + over);
+  }
+  // alltoallv: rank 0 sends rank 1 the large block, every other block is one element
+  std::vector<size_t> send0{1, count, 1}, recv0{1, 1, 1}, send1{1, 1, 1}, recv1{count, 1, 1};
+  std::vector<float> out(count + 2);
+  EXPECT_EQ(error_of<ConfigError>([&] { comms[0]->alltoallv(all.data(), send0, out.data(), recv0, DType::f32); }),
+            "alltoallv: rank 0's block for rank 1 " + over);
+  EXPECT_EQ(error_of<ConfigError>([&] { comms[1]->alltoallv(all.data(), send1, out.data(), recv1, DType::f32); }),
+            "alltoallv: rank 1's block from rank 0 " + over);
+  EXPECT_EQ(error_of<ConfigError>([&] { comms[0]->send(block.data(), count, DType::f32, 1, 7); }),
+            "send to rank 1 (tag 7) " + over);
+  EXPECT_EQ(error_of<ConfigError>([&] { comms[1]->recv(block.data(), count, DType::f32, 0, 7); }),
+            "recv from rank 0 (tag 7) " + over);
+  expect_communicators_go_on(comms);
+}
+
+// A transport that refuses, once told to, every message over 16 bytes, as tcp and shm refuse one over the limit.
+class RefusingTransport : public net::Transport {
+ public:
+  explicit RefusingTransport(net::TransportPtr inner) : inner_(std::move(inner)) {
+    rank_ = inner_->rank();
+    size_ = inner_->size();
+    hosts_ = inner_->hosts();
+  }
+  const char* name() const override { return "refusing"; }
+  net::RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    if (refuse_) net::check_message_size(bytes, 16);  // (a ConfigError, as theirs)
+    return inner_->isend(peer, tag, data, bytes);
+  }
+  net::RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    return inner_->irecv(peer, tag, data, bytes);
+  }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+  bool cancel(const net::RequestPtr& r, std::exception_ptr error) override { return inner_->cancel(r, error); }
+
+ private:
+  net::TransportPtr inner_;
+
+ public:
+  std::atomic<bool> refuse_{false};
+};
+
+// This rank's own error inside an operation keeps its type: a message refused by this rank's setting is a ConfigError
+// (it was raised as a PeerError, which blames the other ranks); the others hear of it as a PeerError.
+TEST(MessageLimit, ARanksOwnErrorInsideAnOperationKeepsItsType) {
+  auto inner = net::make_inproc_world(3, 0);
+  std::vector<std::string> errors(3), types(3);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      CommConfig cfg;
+      cfg.timeout_s = 20;
+      std::vector<float> x(64, 1.0f);
+      try {
+        auto t = std::make_shared<RefusingTransport>(inner[r]);
+        auto c = Communicator::create(t, {0, 1, 2}, 0, cfg);
+        t->refuse_ = r == 0;
+        CollOptions tree;
+        tree.algorithm = "tree";
+        c->allreduce(x.data(), x.size(), DType::f32, ReduceOp::sum, tree).wait();
+      } catch (const ConfigError& e) {
+        types[r] = "ConfigError";
+        errors[r] = e.what();
+      } catch (const PeerError& e) {
+        types[r] = "PeerError";
+        errors[r] = e.what();
+      } catch (const std::exception& e) {
+        types[r] = "other";
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(types[0], "ConfigError") << errors[0];
+  EXPECT_NE(errors[0].find("a message of 256 bytes is over CONDUIT_MAX_MESSAGE_BYTES = 16"), std::string::npos)
+      << errors[0];
+  for (int r = 1; r < 3; ++r) EXPECT_EQ(types[r], "PeerError") << "rank " << r << ": " << errors[r];
+}
+
 }  // namespace
