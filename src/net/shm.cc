@@ -137,6 +137,8 @@ void release_reads_under_yama() {
   if (--g_ptracer_users == 0) ::prctl(PR_SET_PTRACER, 0, 0, 0, 0);
 #endif
 }
+// What a rank that could not set up its segment publishes in the start-up exchange, before its error.
+constexpr std::string_view kFailedMark = "failed: ";
 constexpr size_t kFastBytes = 8192;       // a slot's capacity
 constexpr size_t kFastReadBytes = 16384;  // what one fast allreduce may read (every rank's slot), each rank on a core
 struct alignas(64) FastSlot {
@@ -246,10 +248,6 @@ class ShmTransport : public Transport, public Progressor {
     for (int i = 0; i < size; ++i) all_local_ = all_local_ && (i == rank || serve[i]);
 
     std::string my_name = segment_name(job, rank);
-    int fd = ::shm_open(my_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0)
-      throw Error(fmt::format("shm: cannot create segment {}: {} (is another job using CONDUIT_JOB_ID={}?)", my_name,
-                              std::strerror(errno), job));
     maps_.assign(size, nullptr);
     // On a failure below, the segment's name and every mapping go (the destructor does not run).
     auto undo = [&] {
@@ -260,54 +258,78 @@ class ShmTransport : public Transport, public Progressor {
       if (mine_ != nullptr && mine_ != MAP_FAILED) ::munmap(mine_, seg_bytes_);
       if (opened_reads_) release_reads_under_yama();
     };
-    if (::ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
-      int e = errno;
+    // A failure to set up this rank's segment is published in the exchange below instead of the process id, and
+    // thrown once it is: the peers stop with it at once (they waited for this rank to their start-up deadline).
+    std::exception_ptr failure;
+    std::string failed;
+    try {
+      int fd = ::shm_open(my_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0 && errno == EEXIST)  // (not ours: left as it is)
+        throw ConfigError(fmt::format(
+            "shm: cannot create segment {}: it exists: another job is using CONDUIT_JOB_ID={}, or a run of it crashed "
+            "and left it; allowed: another CONDUIT_JOB_ID, or once no job uses it, rm /dev/shm{}",
+            my_name, job, my_name));
+      if (fd < 0) throw Error(fmt::format("shm: cannot create segment {}: {}", my_name, std::strerror(errno)));
+      if (::ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
+        int e = errno;
+        ::close(fd);
+        undo();
+        throw Error(fmt::format("shm: cannot size segment {} to {} bytes: {}", my_name, seg_bytes_, std::strerror(e)));
+      }
+      // The pages this rank's peers will write (their rings here, every ring header, the fast slots) are reserved
+      // now: a full /dev/shm fails here with what it takes, not with SIGBUS when a ring first wraps mid-run.
+      if (int e = reserve(fd, serve); e != 0) {
+        ::close(fd);
+        undo();
+        struct statvfs vfs {};
+        const std::string free_bytes =
+            ::statvfs("/dev/shm", &vfs) == 0 ? fmt::format("{} bytes", uint64_t{vfs.f_bavail} * vfs.f_frsize) : "?";
+        throw ConfigError(
+            fmt::format("shm: cannot reserve {} bytes of /dev/shm for segment {}: {} ({} free); allowed: lower "
+                        "CONDUIT_SHM_RING_BYTES (now {}: each rank holds a ring per local peer) or enlarge /dev/shm",
+                        reserved_bytes(serve), my_name, std::strerror(e), free_bytes, ring_bytes_));
+      }
+      mine_ = static_cast<char*>(::mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
       ::close(fd);
-      undo();
-      throw Error(fmt::format("shm: cannot size segment {} to {} bytes: {}", my_name, seg_bytes_, std::strerror(e)));
+      if (mine_ == MAP_FAILED) {
+        const int e = errno;
+        undo();
+        throw Error(fmt::format("shm: cannot map segment {}: {}", my_name, std::strerror(e)));
+      }
+      auto* h = new (mine_) SegHeader();
+      h->pid = ::getpid();
+      for (int i = 0; i < size; ++i) new (ring_at(mine_, i)) RingHeader();
+      for (int i = 0; i < 2; ++i) new (fast_slot(mine_, i)) FastSlot();
+      my_seg_ = h;
+    } catch (const Error& e) {
+      failure = std::current_exception();
+      failed = e.what();
     }
-    // The pages this rank's peers will write (their rings here, every ring header, the fast slots) are reserved
-    // now: a full /dev/shm fails here with what it takes, not with SIGBUS when a ring first wraps mid-run.
-    if (int e = reserve(fd, serve); e != 0) {
-      ::close(fd);
-      undo();
-      struct statvfs vfs {};
-      const std::string free_bytes =
-          ::statvfs("/dev/shm", &vfs) == 0 ? fmt::format("{} bytes", uint64_t{vfs.f_bavail} * vfs.f_frsize) : "?";
-      throw ConfigError(
-          fmt::format("shm: cannot reserve {} bytes of /dev/shm for segment {}: {} ({} free); allowed: lower "
-                      "CONDUIT_SHM_RING_BYTES (now {}: each rank holds a ring per local peer) or enlarge /dev/shm",
-                      reserved_bytes(serve), my_name, std::strerror(e), free_bytes, ring_bytes_));
-    }
-    mine_ = static_cast<char*>(::mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    ::close(fd);
-    if (mine_ == MAP_FAILED) {
-      const int e = errno;
-      undo();
-      throw Error(fmt::format("shm: cannot map segment {}: {}", my_name, std::strerror(e)));
-    }
-    auto* h = new (mine_) SegHeader();
-    h->pid = ::getpid();
-    for (int i = 0; i < size; ++i) new (ring_at(mine_, i)) RingHeader();
-    for (int i = 0; i < 2; ++i) new (fast_slot(mine_, i)) FastSlot();
-    my_seg_ = h;
 
     // Each rank's process id, whether it shares CPUs with more ranks than there are (one oversubscribed rank
     // keeps every rank's fast allreduce at the small limit: ranks that disagree on it wait in different places)
     // and, when it wants single-copy messages, the address and value of a word its peers try to read.
-    if (single_copy_bytes_ > 0) {
+    if (single_copy_bytes_ > 0 && !failure) {
       if (g_read_probe == 0) g_read_probe = (static_cast<uint64_t>(::getpid()) << 32) | 0x5c0du;
       opened_reads_ = allow_reads_under_yama();
     }
     std::vector<std::string> pids;
     try {
-      pids = allgather(fmt::format("{} {} {:x} {:x}", ::getpid(), oversubscribed_ ? 1 : 0,
-                                   single_copy_bytes_ > 0 ? reinterpret_cast<uintptr_t>(&g_read_probe) : 0,
-                                   static_cast<uint64_t>(g_read_probe)));  // every segment exists after this
+      pids = allgather(failure ? std::string(kFailedMark) + printable_reason(failed)
+                               : fmt::format("{} {} {:x} {:x}", ::getpid(), oversubscribed_ ? 1 : 0,
+                                             single_copy_bytes_ > 0 ? reinterpret_cast<uintptr_t>(&g_read_probe) : 0,
+                                             static_cast<uint64_t>(g_read_probe)));  // every segment exists after this
     } catch (...) {
+      if (failure) std::rethrow_exception(failure);  // (the cause: the exchange's own error follows from it)
       undo();
       throw;
     }
+    if (failure) std::rethrow_exception(failure);
+    for (int p = 0; p < size; ++p)
+      if (pids[p].rfind(kFailedMark, 0) == 0) {
+        undo();
+        throw PeerError(fmt::format("shm: rank {} could not start: {}", p, pids[p].substr(kFailedMark.size())));
+      }
     std::vector<std::pair<uint64_t, uint64_t>> probes(size, {0, 0});  // address, value
     for (int p = 0; p < size; ++p) {
       const std::vector<std::string> f = split(pids[p], ' ');

@@ -12,6 +12,7 @@
 #include <barrier>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -192,6 +193,55 @@ TEST(ShmSegments, APeerSegmentOfAnotherSizeIsRefused) {
   }
   ::shm_unlink(fake.c_str());
   net::remove_shm_segments(job, 2);
+}
+
+// A segment left in /dev/shm by a crashed run of the job: rank 0 says so and how to remove it, and its peers stop at
+// once with its error (they waited for rank 0 to their start-up deadline: here the exchange's 10 s).
+TEST(ShmSegments, AStaleSegmentStopsEveryRankAtOnceSayingHowToRemoveIt) {
+  const std::string job = fmt::format("staletest{}", ::getpid());
+  const std::string stale = net::shm_segment_name(job, 0);
+  const int fd = ::shm_open(stale.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> slots(2);
+  int arrived = 0, round = 0;
+  std::vector<std::string> errors(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      net::AllgatherFn ag = [&, r](const std::string& mine) {
+        std::unique_lock<std::mutex> lk(mu);
+        slots[r] = mine;
+        const int my_round = round;
+        if (++arrived == 2) {
+          arrived = 0;
+          ++round;
+          cv.notify_all();
+        } else if (!cv.wait_for(lk, std::chrono::seconds(10), [&] { return round != my_round; })) {
+          throw TimeoutError("the other rank never came to the exchange");
+        }
+        return slots;
+      };
+      try {
+        net::make_shm_transport(r, 2, {0, 0}, job, ag);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::shm_unlink(stale.c_str());
+  net::remove_shm_segments(job, 2);
+  const std::string hint =
+      "a run of it crashed and left it; allowed: another CONDUIT_JOB_ID, or once no job uses it, rm /dev/shm" + stale;
+  EXPECT_NE(errors[0].find("shm: cannot create segment " + stale + ": it exists"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find(hint), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("shm: rank 0 could not start: shm: cannot create segment"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find(hint), std::string::npos) << errors[1];
+  EXPECT_LT(took, 5);
 }
 
 // A rank that dies is found while other peers keep writing to the waiting rank: their doorbell rings woke every
