@@ -21,6 +21,7 @@
 #include <charconv>
 #include <chrono>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -46,11 +47,17 @@ namespace {
 // SegHeader::aborted: 0, kAbortClaimed while a rank writes its reason, then that rank + 1.
 constexpr int32_t kAbortClaimed = -1;
 
+// The segment layout's version, checked in every peer's segment: builds of another layout misread each other's
+// segments, and one of the same size passed the size check. 2: the fast slots' data aligned to 64 bytes (it was at
+// offset 14, and every reduction of it took the misaligned path).
+constexpr uint32_t kShmLayout = 2;
+
 struct alignas(64) SegHeader {
   std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> sleepers;
   std::atomic<int32_t> aborted;
   int32_t pid;
+  uint32_t layout;  // kShmLayout
   char reason[kMaxAbortReason + 1];
 };
 
@@ -145,8 +152,9 @@ struct alignas(64) FastSlot {
   std::atomic<uint64_t> seq;
   uint32_t bytes;  // what the contribution is, checked by every reader (a mismatch is an error, not garbage)
   uint8_t dtype, op;
-  char data[kFastBytes];
+  alignas(64) char data[kFastBytes];  // (reduced in place: misaligned, it took reduce_to's slow path, 2x at 4-8 KiB)
 };
+static_assert(offsetof(FastSlot, data) % 64 == 0 && sizeof(FastSlot) % 64 == 0);
 
 struct ShmSend {
   RequestPtr req;
@@ -298,6 +306,7 @@ class ShmTransport : public Transport, public Progressor {
       }
       auto* h = new (mine_) SegHeader();
       h->pid = ::getpid();
+      h->layout = kShmLayout;
       for (int i = 0; i < size; ++i) new (ring_at(mine_, i)) RingHeader();
       for (int i = 0; i < 2; ++i) new (fast_slot(mine_, i)) FastSlot();
       my_seg_ = h;
@@ -374,6 +383,14 @@ class ShmTransport : public Transport, public Progressor {
         throw Error(fmt::format("shm: cannot map segment {} of rank {}: {}", name, p, std::strerror(e)));
       }
       peer.seg = reinterpret_cast<SegHeader*>(maps_[p]);
+      if (peer.seg->layout != kShmLayout) {
+        const uint32_t got = peer.seg->layout;
+        undo();
+        throw ProtocolError(
+            fmt::format("shm: segment {} of rank {} has layout version {}, this rank's is {} (the ranks' builds "
+                        "differ; allowed: the same conduit build on every rank of a host)",
+                        name, p, got, kShmLayout));
+      }
       {
         long pid = 0;
         const std::string& v = pids[p];

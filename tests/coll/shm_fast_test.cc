@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -190,6 +191,35 @@ TEST(ShmSegments, APeerSegmentOfAnotherSizeIsRefused) {
     ADD_FAILURE() << "a 4 KiB peer segment was mapped";
   } catch (const ProtocolError& e) {
     EXPECT_NE(std::string(e.what()).find("of rank 1 is 4096 bytes, this rank's are"), std::string::npos) << e.what();
+  }
+  ::shm_unlink(fake.c_str());
+  net::remove_shm_segments(job, 2);
+}
+
+// A peer segment of this rank's size but another layout (another build's: the fast slots' data moved to offset 64)
+// is refused before it is used (the size check passed it, and the fast path read the peer's data at wrong offsets).
+// Rank 1 is a stand-in: a zeroed segment of rank 0's size under its name.
+TEST(ShmSegments, APeerSegmentOfAnotherLayoutIsRefused) {
+  const std::string job = fmt::format("layouttest{}", ::getpid());
+  const std::string fake = net::shm_segment_name(job, 1);
+  net::AllgatherFn ag = [&](const std::string& mine) {
+    struct stat st {};
+    const int own = ::shm_open(net::shm_segment_name(job, 0).c_str(), O_RDONLY, 0600);
+    EXPECT_GE(own, 0);
+    EXPECT_EQ(::fstat(own, &st), 0);
+    ::close(own);
+    int fd = ::shm_open(fake.c_str(), O_CREAT | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::ftruncate(fd, st.st_size), 0);
+    ::close(fd);
+    return std::vector<std::string>{mine, fmt::format("{} 0", ::getpid())};
+  };
+  try {
+    net::make_shm_transport(0, 2, {0, 0}, job, ag);
+    ADD_FAILURE() << "a segment of another layout was mapped";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("of rank 1 has layout version 0, this rank's is"), std::string::npos)
+        << e.what();
   }
   ::shm_unlink(fake.c_str());
   net::remove_shm_segments(job, 2);
