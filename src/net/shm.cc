@@ -593,7 +593,7 @@ class ShmTransport : public Transport, public Progressor {
         if (src->bytes != bytes || src->dtype != mine->dtype || src->op != mine->op)
           throw MismatchError(fmt::format(
               "shm: fast allreduce #{}: rank {} contributed {} bytes of {} with {}, this rank {} bytes of {} with {}",
-              seq, r, src->bytes, src->dtype < 8 ? dtype_name(static_cast<DType>(src->dtype)) : "?",
+              seq - 1, r, src->bytes, src->dtype < 8 ? dtype_name(static_cast<DType>(src->dtype)) : "?",
               src->op < 5 ? reduce_op_name(static_cast<ReduceOp>(src->op)) : "?", bytes, dtype_name(dtype),
               reduce_op_name(op)));
       }
@@ -693,9 +693,10 @@ class ShmTransport : public Transport, public Progressor {
         for (int q = 0; q < size_; ++q)
           if (q != rank_ && fast_slot(maps_[q], seq & 1)->seq.load(std::memory_order_acquire) != seq)
             silent.push_back(q);
-        throw TimeoutError(fmt::format("shm: fast allreduce #{} did not complete before the deadline; no data yet "
-                                       "from rank(s) {}",
-                                       seq, fmt::join(silent, ", ")));
+        throw TimeoutError(
+            fmt::format("shm: fast allreduce #{} did not complete before the deadline; no data yet "
+                        "from rank(s) {}",
+                        seq - 1, fmt::join(silent, ", ")));
       }
     }
   }
@@ -1297,7 +1298,9 @@ class ShmTransport : public Transport, public Progressor {
   std::atomic<bool> have_deferred_{false};  // some peer has single-copy messages waiting for a receive
   std::mutex mu_;
   bool all_local_ = false;    // every other rank is served here (the fast allreduce needs them all)
-  uint64_t fast_seq_ = 0;     // fast allreduces so far (the same count on every rank)
+  // Fast allreduces so far (the same count on every rank). Errors number them from 0, as the communicator numbers its
+  // operations ("allreduce #5 ... fast allreduce #6" was one operation).
+  uint64_t fast_seq_ = 0;
   std::atomic<int64_t> last_liveness_{0};  // Clock ticks of the last check_liveness()
   static thread_local uint32_t tl_seen_;
   static thread_local uint32_t tl_polls_;

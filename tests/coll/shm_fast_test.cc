@@ -155,7 +155,9 @@ TEST(ShmFastAllreduce, MismatchedCallsAndASilentRankAreErrors) {
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("contributed"), std::string::npos) << errors[r];
-    EXPECT_NE(errors[r].find("allreduce #"), std::string::npos) << errors[r];
+    // (numbered as the communicator numbers its operations: "allreduce #0 ... fast allreduce #1" was one)
+    EXPECT_NE(errors[r].find("allreduce #0 "), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("fast allreduce #0:"), std::string::npos) << errors[r];
   }
   ShmRanks silent(3);
   auto t0 = std::chrono::steady_clock::now();
@@ -171,6 +173,8 @@ TEST(ShmFastAllreduce, MismatchedCallsAndASilentRankAreErrors) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("deadline"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("rank(s) 2"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("allreduce #0 "), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("fast allreduce #0 did not complete"), std::string::npos) << errors[r];
   }
 }
 
