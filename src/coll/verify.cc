@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -117,6 +118,24 @@ double tolerance(int p, size_t i, DType t, ReduceOp op, double want) {
 
 std::vector<char> make(size_t n, DType t) { return std::vector<char>(std::max<size_t>(n, 1) * dtype_size(t)); }
 
+// A value no result of the pattern takes, for output buffers to start as: an element no algorithm wrote is then
+// counted wrong (zeros passed wherever the expected value was 0, often at counts of 1 to 3). Inputs and their sums
+// lie in [-5, 10], products in [-8, 8] and f16 averages in [32768, 47104], but unsigned sums of p ranks near 5p
+// (wrapped): 99 (as broadcast's), or 77 where that window holds it (19 or 20 ranks). Exact in every dtype.
+double unwritten(int p, DType t) {
+  if (!is_unsigned(t)) return 99;
+  const double wrap = std::ldexp(1.0, 8 * static_cast<int>(dtype_size(t)));
+  const double d = std::fmod(std::fabs(5.0 * p - 99), wrap);  // (distance from 5p to 99 around the wrap)
+  return std::min(d, wrap - d) <= 5 ? 77 : 99;
+}
+
+// An output buffer of n elements, each unwritten(p, t).
+std::vector<char> make_out(size_t n, DType t, int p) {
+  auto b = make(n, t);
+  for (size_t i = 0; i < n; ++i) put(b, i, t, unwritten(p, t));
+  return b;
+}
+
 // A rank's count in the v-variants: uneven, some zero.
 size_t vcount(int r, size_t base) { return r % 3 == 1 ? 0 : base + static_cast<size_t>(r); }
 
@@ -153,7 +172,7 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
     std::vector<size_t> counts(p);
     for (int k = 0; k < p; ++k) counts[k] = n + static_cast<size_t>(k % 2);
     size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    auto in = make(total, t), out = make(counts[r], t);
+    auto in = make(total, t), out = make_out(counts[r], t, p);
     for (size_t i = 0; i < total; ++i) put(in, i, t, value(r, i, t, vc.reduce));
     c.reduce_scatter(in.data(), out.data(), counts, t, vc.reduce, o).wait();
     size_t off = std::accumulate(counts.begin(), counts.begin() + r, size_t{0});
@@ -163,7 +182,7 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
     std::vector<size_t> counts(p);
     for (int k = 0; k < p; ++k) counts[k] = v ? vcount(k, n) : n;
     size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    auto in = make(counts[r], t), out = make(total, t);
+    auto in = make(counts[r], t), out = make_out(total, t, p);
     for (size_t i = 0; i < counts[r]; ++i) put(in, i, t, value(r, i, t, ReduceOp::sum));
     if (v) c.allgatherv(in.data(), out.data(), counts, t, o).wait();
     else c.allgather(in.data(), out.data(), n, t, o).wait();
@@ -174,11 +193,11 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
     }
   } else if (vc.op == "broadcast") {
     auto b = make(n, t);
-    for (size_t i = 0; i < n; ++i) put(b, i, t, r == vc.root ? value(vc.root, i, t, ReduceOp::sum) : 99);
+    for (size_t i = 0; i < n; ++i) put(b, i, t, r == vc.root ? value(vc.root, i, t, ReduceOp::sum) : unwritten(p, t));
     c.broadcast(b.data(), n, t, vc.root, o).wait();
     for (size_t i = 0; i < n; ++i) expect(b, i, value(vc.root, i, t, ReduceOp::sum));
   } else if (vc.op == "reduce") {
-    auto in = make(n, t), out = make(n, t);
+    auto in = make(n, t), out = make_out(n, t, p);
     for (size_t i = 0; i < n; ++i) put(in, i, t, value(r, i, t, vc.reduce));
     auto copy = in;
     c.reduce(in.data(), out.data(), n, t, vc.reduce, vc.root, o).wait();
@@ -186,14 +205,14 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
       for (size_t i = 0; i < n; ++i) expect_reduced(out, i, i);
     if (in != copy) wrong += 1;  // the input must not be clobbered
   } else if (vc.op == "gather") {
-    auto in = make(n, t), out = make(n * p, t);
+    auto in = make(n, t), out = make_out(n * p, t, p);
     for (size_t i = 0; i < n; ++i) put(in, i, t, value(r, i, t, ReduceOp::sum));
     c.gather(in.data(), out.data(), n, t, vc.root, o).wait();
     if (r == vc.root)
       for (int k = 0; k < p; ++k)
         for (size_t i = 0; i < n; ++i) expect(out, k * n + i, value(k, i, t, ReduceOp::sum));
   } else if (vc.op == "scatter") {
-    auto in = make(n * p, t), out = make(n, t);
+    auto in = make(n * p, t), out = make_out(n, t, p);
     if (r == vc.root)
       for (int k = 0; k < p; ++k)
         for (size_t i = 0; i < n; ++i) put(in, k * n + i, t, value(k, i, t, ReduceOp::sum));
@@ -209,7 +228,7 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
       rc[k] = cnt(k, r);
     }
     auto in = make(std::accumulate(sc.begin(), sc.end(), size_t{0}), t);
-    auto out = make(std::accumulate(rc.begin(), rc.end(), size_t{0}), t);
+    auto out = make_out(std::accumulate(rc.begin(), rc.end(), size_t{0}), t, p);
     size_t off = 0;
     for (int k = 0; k < p; ++k)
       for (size_t i = 0; i < sc[k]; ++i) put(in, off++, t, value(r * p + k, i, t, ReduceOp::sum));
@@ -252,7 +271,7 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
     if (p == 1) return 0;
     // A ring exchange with several tags in flight.
     int next = (r + 1) % p, prev = (r + p - 1) % p;
-    auto a = make(n, t), b = make(n, t), ra = make(n, t), rb = make(n, t);
+    auto a = make(n, t), b = make(n, t), ra = make_out(n, t, p), rb = make_out(n, t, p);
     for (size_t i = 0; i < n; ++i) {
       put(a, i, t, value(r, i, t, ReduceOp::sum));
       put(b, i, t, value(r + 1, i, t, ReduceOp::sum));

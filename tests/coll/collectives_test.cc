@@ -1159,6 +1159,62 @@ TEST(AlgorithmShape, NoMessageIsLargerThanTheTunersBound) {
   }
 }
 
+// A transport whose receives complete without their data (it lands in a scratch buffer of the transport's).
+class DroppingTransport : public net::Transport {
+ public:
+  explicit DroppingTransport(net::TransportPtr inner) : inner_(std::move(inner)) {
+    rank_ = inner_->rank();
+    size_ = inner_->size();
+    hosts_ = inner_->hosts();
+  }
+  const char* name() const override { return "dropping"; }
+  net::RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    return inner_->isend(peer, tag, data, bytes);
+  }
+  net::RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    scratch_.push_back(std::make_unique<char[]>(std::max<size_t>(bytes, 1)));
+    return inner_->irecv(peer, tag, scratch_.back().get(), bytes);
+  }
+  void abort(const std::string& reason) override { inner_->abort(reason); }
+  bool cancel(const net::RequestPtr& r, std::exception_ptr error) override { return inner_->cancel(r, error); }
+
+ private:
+  net::TransportPtr inner_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<char[]>> scratch_;
+};
+
+// run_and_verify counts every element an algorithm never wrote as wrong, those expected to be 0 too: its outputs
+// started as zeros, and at small counts a block that was never written could pass. Here no received data arrives.
+TEST(Verify, ElementsNoAlgorithmWroteAreCountedWrong) {
+  const int n = 3;
+  const size_t count = 64;
+  auto inner = net::make_inproc_world(n, 0);
+  std::vector<std::shared_ptr<DroppingTransport>> ts;
+  for (auto& t : inner) ts.push_back(std::make_shared<DroppingTransport>(t));
+  CommConfig cfg;
+  cfg.timeout_s = 30;
+  std::vector<CommPtr> comms(n);
+  on_threads(n, [&](int r) {
+    comms[r] = Communicator::create(ts[r], {0, 1, 2}, 0, cfg);
+    return size_t{0};
+  });
+  // What each rank should have received from the others, in elements (root 0).
+  const std::pair<const char*, std::vector<size_t>> cases[] = {{"gather", {(n - 1) * count, 0, 0}},
+                                                               {"scatter", {0, count, count}},
+                                                               {"allgather", std::vector<size_t>(n, (n - 1) * count)},
+                                                               {"alltoall", std::vector<size_t>(n, (n - 1) * count)},
+                                                               {"sendrecv", std::vector<size_t>(n, 2 * count)}};
+  for (const auto& [op, want] : cases)
+    for (DType dt : {DType::f32, DType::u8, DType::i8}) {
+      const auto wrong = on_threads(n, [&](int r) {
+        return run_and_verify(*comms[r], {op, op == std::string("allgather") ? "ring" : "", dt, ReduceOp::sum, count});
+      });
+      EXPECT_EQ(wrong, want) << op << " " << dtype_name(dt);
+    }
+}
+
 }  // namespace
 
 namespace {
