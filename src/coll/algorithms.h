@@ -19,6 +19,10 @@ struct Blocks {
 
 size_t ring_segment_bytes();  // CONDUIT_RING_SEGMENT_BYTES, default 1 MiB
 
+// world.cc: ping-pong between group ranks a and b on a control tag (the start-up measurement); one-way seconds for
+// `bytes`. Exposed for tests.
+double ping_pong(Communicator& c, int a, int b, size_t bytes, int iters, const Deadline& d);
+
 // ring.cc
 void ring_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op);
 // Reduce-scatter in place on `work` (sum(counts) elements); block r ends reduced at rank r.

@@ -17,26 +17,29 @@
 #include "net/tcp.h"
 
 namespace conduit::coll {
-namespace {
 
-// Ping-pong between ranks a and b (group ranks) on a control tag: returns one-way seconds for `bytes`.
 double ping_pong(Communicator& c, int a, int b, size_t bytes, int iters, const Deadline& d) {
   auto& t = c.transport();
   uint64_t tag = net::make_tag(net::kControl, c.id(), static_cast<uint32_t>(bytes));
   std::vector<char> buf(std::max<size_t>(bytes, 1));
+  // (a failed wait gives its request up: `buf` is freed as the failure unwinds, and a send or receive left posted on
+  // it was read or written later by the transport, tcp's progress thread)
+  auto wait = [&](net::RequestPtr r) { net::wait_all_or_give_up(t, {std::move(r)}, d); };
   Stopwatch sw;
   for (int i = 0; i < iters + 1; ++i) {
     if (i == 1) sw.reset();  // the first round trip warms up
     if (c.rank() == a) {
-      t.isend(c.transport_rank(b), tag, buf.data(), bytes)->wait(d);
-      t.irecv(c.transport_rank(b), tag, buf.data(), bytes)->wait(d);
+      wait(t.isend(c.transport_rank(b), tag, buf.data(), bytes));
+      wait(t.irecv(c.transport_rank(b), tag, buf.data(), bytes));
     } else if (c.rank() == b) {
-      t.irecv(c.transport_rank(a), tag, buf.data(), bytes)->wait(d);
-      t.isend(c.transport_rank(a), tag, buf.data(), bytes)->wait(d);
+      wait(t.irecv(c.transport_rank(a), tag, buf.data(), bytes));
+      wait(t.isend(c.transport_rank(a), tag, buf.data(), bytes));
     }
   }
   return sw.seconds() / iters / 2;
 }
+
+namespace {
 
 double measure_gamma() {
   const size_t n = 1 << 18;  // 1 MiB of f32

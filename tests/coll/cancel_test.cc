@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "coll/algorithms.h"
 #include "coll/communicator.h"
 #include "core/error.h"
 #include "net/inproc.h"
@@ -314,6 +315,19 @@ TEST(Communicator, ATimedOutPointToPointReceiveDoesNotTakeTheNextMessage) {
   EXPECT_EQ(fresh, 2.5f);
   EXPECT_EQ(stale, -1.0f);
   EXPECT_EQ(comms[0]->transport().aborted_reason(), "");
+}
+
+// The start-up ping-pong gives its request up when a wait fails: its buffer is freed as the error unwinds, and the
+// send left posted on it was taken later by the peer's receive (read from freed memory; over tcp a receive left so
+// was written into it by the progress thread).
+TEST(Communicator, AFailedPingPongLeavesNothingPostedOnItsBuffer) {
+  auto comms = coll::Communicator::inproc(2);
+  EXPECT_THROW(coll::ping_pong(*comms[0], 0, 1, 8, 1, Deadline::after(0.1)), TimeoutError);
+  auto& t = comms[1]->transport();
+  char got[8];
+  auto r = t.irecv(0, make_tag(kControl, comms[1]->id(), 8), got, 8);
+  EXPECT_THROW(wait_all_or_give_up(t, {r}, Deadline::after(0.2)), TimeoutError) << "the withdrawn send arrived";
+  EXPECT_EQ(comms[0]->transport().aborted_reason(), "");  // withdrawn, not aborted
 }
 
 // A point-to-point Work's seconds() run from its post to the completion seen, however it was waited for (a receive
