@@ -39,8 +39,9 @@ bool in_child(const char* limit) {
     return false;
   }
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string cmd = fmt::format("{}=1 CONDUIT_MAX_MESSAGE_BYTES={} '{}' --gtest_filter='{}.{}' 2>&1", kChild,
-                                      limit, self, info->test_suite_name(), info->name());
+  // (a child that hangs fails the test: 60 s, its operations time out after 5)
+  const std::string cmd = fmt::format("{}=1 CONDUIT_MAX_MESSAGE_BYTES={} timeout 60 '{}' --gtest_filter='{}.{}' 2>&1",
+                                      kChild, limit, self, info->test_suite_name(), info->name());
   FILE* f = ::popen(cmd.c_str(), "r");
   if (f == nullptr) {
     ADD_FAILURE() << "cannot run " << cmd;
@@ -53,6 +54,13 @@ bool in_child(const char* limit) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   EXPECT_NE(out.find("[  PASSED  ] 1 test"), std::string::npos) << out;
   return false;
+}
+
+// (an operation queued by mistake fails in seconds, not after the default deadline)
+CommConfig child_config() {
+  CommConfig cfg;
+  cfg.timeout_s = 5;
+  return cfg;
 }
 
 // The error of f(), or "" when it throws none; fails the test when the error is not an E.
@@ -95,7 +103,7 @@ void expect_communicators_go_on(std::vector<CommPtr>& comms) {
 TEST(MessageLimit, RhdsLargerHalfIsCheckedAgainstTheLimit) {
   if (!in_child("2097156")) return;
   setenv("CONDUIT_COST_MODEL", "intra=1e-3,1e-12,1e-12", 1);  // (latency-bound: rhd where its messages fit)
-  auto comms = Communicator::inproc(4);
+  auto comms = Communicator::inproc(4, 0, child_config());
   const size_t count = 1048578;
   std::vector<std::vector<float>> bufs(4, std::vector<float>(count, 1.0f));
   CollOptions rhd;
@@ -134,7 +142,7 @@ TEST(MessageLimit, RhdsLargerHalfIsCheckedAgainstTheLimit) {
 // aborted the transport for every communicator; a receive over the limit waited out its deadline).
 TEST(MessageLimit, BlocksOverTheLimitAreRefusedBeforeTheCallIsQueued) {
   if (!in_child("2M")) return;
-  auto comms = Communicator::inproc(3);
+  auto comms = Communicator::inproc(3, 0, child_config());
   const size_t count = (2 << 20) / 4 + 1;  // f32: 2,097,156 bytes
   std::vector<float> block(count), all(3 * count);
   const std::string over =
