@@ -55,10 +55,11 @@ def parse_args():
     a = p.parse_args()
     if not 1 <= a.nprocs <= 1024:
         p.error("-n must be between 1 and 1024")
-    if a.iters < 1:
-        p.error("--iters must be at least 1")
-    if a.warmup < 0:
-        p.error("--warmup must be 0 or more")
+    # (conduit bench coll's own bounds: past them every peer ran in full before conduit refused)
+    if not 1 <= a.iters <= 1000000:
+        p.error(f"--iters {a.iters}: allowed: 1 to 1000000")
+    if not 0 <= a.warmup <= 1000000:
+        p.error(f"--warmup {a.warmup}: allowed: 0 to 1000000")
     if not 1 <= a.rounds <= 100:
         p.error(f"--rounds {a.rounds}: allowed: 1 to 100")
     # Sizes checked once, as every implementation reads them: whole f32 elements, K/M/G suffixes (the peers rounded

@@ -49,6 +49,9 @@ def parse_args(argv):
     a = p.parse_args(argv)
     if a.nprocs < 1 or a.iters < 1 or a.warmup < 0:
         p.error("-n and --iters must be at least 1, --warmup at least 0")
+    # (0-3 bytes printed no records and exited 0; 6 or 1.5K were rounded down to whole elements)
+    if a.min_bytes < 4 or a.min_bytes % 4 or a.max_bytes < 4 or a.max_bytes % 4:
+        p.error("--min-bytes and --max-bytes: allowed: positive multiples of 4 bytes (whole f32 elements)")
     if a.max_bytes < a.min_bytes:
         p.error("--max-bytes is smaller than --min-bytes")
     return a

@@ -9,6 +9,7 @@
  * copies the input to the output. After the timed ones the buffer is refilled and one more operation is checked
  * against the exact expected sums; "wrong" is the number of wrong elements over all ranks. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -91,7 +92,12 @@ int main(int argc, char** argv) {
     }
   }
   if (iters < 1) usage_error(rank, "--iters must be at least 1", NULL);
-  if (min_bytes < 4) min_bytes = 4;
+  /* (sizes were rounded down to whole f32 elements, 0-3 bytes raised to 4; past INT_MAX elements MPI's int count
+     wrapped negative) */
+  if (min_bytes < 4 || min_bytes % 4 || max_bytes < 4 || max_bytes % 4)
+    usage_error(rank, "--min-bytes and --max-bytes: allowed: positive multiples of 4 bytes (whole f32 elements)", NULL);
+  if (max_bytes / sizeof(float) > (uint64_t)INT_MAX)
+    usage_error(rank, "--max-bytes: allowed: at most 2^31 - 1 f32 elements (MPI's int count)", NULL);
   if (max_bytes < min_bytes) usage_error(rank, "--max-bytes is smaller than --min-bytes", NULL);
 
   size_t max_count = (size_t)(max_bytes / sizeof(float));

@@ -231,10 +231,13 @@ void run_gemm(const GemmArgs& a) {
     throw ConfigError(
         "--transport applies to the barrier ending each --model step; allowed: give --model too, or leave it out");
   bool batched = !models.empty();
-  for (const auto& s : split(a.shapes, ',')) batched = batched || trim(s) == "cnn" || trim(s) == "mlp";
+  // (a conv: shape is timed at --batch too: refused alone, it could only be timed at 64)
+  for (const auto& s : split(a.shapes, ','))
+    batched = batched || trim(s) == "cnn" || trim(s) == "mlp" || trim(s).rfind("conv:", 0) == 0;
   if (a.batch_given && !batched)
     throw ConfigError(
-        "--batch applies to the cnn and mlp shapes and --model; allowed: one of those too, or leave it out");
+        "--batch applies to the cnn and mlp shapes, conv: shapes and --model; allowed: one of those too, or leave it "
+        "out");
   auto timings = torch_api().time_gemms(mnk, a.threads, a.min_time);
   struct Sums {
     double gemm = 0;   // of the model's step GEMMs
@@ -416,7 +419,8 @@ const bool kRegistered = register_command(32, [](CLI::App& app) {
                 "as convolutions: forward, input and weight gradients, and its max poolings), square (32..1024), "
                 "MxNxK, conv:INxOUTkK@HxW")
       ->capture_default_str();
-  c->add_option("--batch", a->batch, "samples per worker for the cnn/mlp shapes and --model")->capture_default_str();
+  c->add_option("--batch", a->batch, "samples per worker for the cnn/mlp shapes, conv: shapes and --model")
+      ->capture_default_str();
   c->add_option("--threads", a->threads, "intra-op threads (conduit train's workers use 1)")->capture_default_str();
   c->add_option("--min-time", a->min_time, "seconds of timed calls per shape (median call reported)")
       ->capture_default_str();

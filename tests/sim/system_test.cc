@@ -832,12 +832,15 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
            // (an audit: flags for what the run does not time were taken and changed nothing)
            {"--shapes 8x8x8 --model-steps 7", "--model-steps applies to --model's training steps"},
            {"--shapes 8x8x8 --transport tcp", "--transport applies to the barrier ending each --model step"},
-           {"--shapes square --batch 999", "--batch applies to the cnn and mlp shapes and --model"}}) {
+           {"--shapes square --batch 999", "--batch applies to the cnn and mlp shapes, conv: shapes and --model"}}) {
     out = run("bench gemm " + args, &rc);
     EXPECT_EQ(rc, 2) << args << out;
     EXPECT_NE(out.find(want), std::string::npos) << args << out;
     EXPECT_EQ(out.find("GFLOP"), std::string::npos) << args << out;  // nothing timed first
   }
+  // A conv: shape alone is timed at --batch (refused, it could only be timed at 64; an audit).
+  out = run("bench gemm --shapes conv:3x4k3@8x8 --batch 2 --min-time 0.001", &rc);
+  EXPECT_EQ(rc, 0) << out;
   // bench compress times a method's steady state: PowerSGD's calls before start_iter (uncompressed copies) were the
   // fastest and were reported with the compressed ratio (46 GB/s for 3.3); a warm-up too long to run, a tensor past
   // what the sparsifiers index (they threw after the others had run) are refused first.
