@@ -1082,10 +1082,18 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
   const auto* ob = static_cast<const char*>(out);
   if (size() > 1 && st > 0 && rt > 0 && ib < ob + rt && ob < ib + st)
     throw InvalidArgument("alltoall: the input and output buffers overlap; allowed: separate buffers");
-  for (int i = 0; i < size(); ++i) {
-    if (i == rank_) continue;  // (copied, not sent)
-    check_message(sb[i], fmt::format("alltoallv: rank {}'s block for rank {}", rank_, i));
-    check_message(rb[i], fmt::format("alltoallv: rank {}'s block from rank {}", rank_, i));
+  try {
+    for (int i = 0; i < size(); ++i) {
+      if (i == rank_) continue;  // (copied, not sent)
+      check_message(sb[i], fmt::format("alltoallv: rank {}'s block for rank {}", rank_, i));
+      check_message(rb[i], fmt::format("alltoallv: rank {}'s block from rank {}", rank_, i));
+    }
+  } catch (const ConfigError& e) {
+    // Only the two ranks of the block know its size: with more, the others entered the call and waited out their
+    // deadline for this rank (and a caller going on after the refusal could meet their messages in its next call).
+    // They are told now; this rank keeps its own error.
+    if (size() > 2) transport_->abort(fmt::format("rank {}: {}", transport_rank(rank_), e.what()));
+    throw;
   }
   Signature sig{kSigAlltoallv, static_cast<uint32_t>(dt), 0, -1, 0};
   for (int i = 0; debug_ && i < size(); ++i) {

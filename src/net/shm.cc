@@ -49,7 +49,7 @@ constexpr int32_t kAbortClaimed = -1;
 
 // The segment layout's version, checked in every peer's segment: builds of another layout misread each other's
 // segments, and one of the same size passed the size check. 2: the fast slots' data aligned to 64 bytes (it was at
-// offset 14, and every reduction of it took the misaligned path).
+// offset 14, and every reduction of 4- and 8-byte elements took the misaligned path).
 constexpr uint32_t kShmLayout = 2;
 
 struct alignas(64) SegHeader {
@@ -275,8 +275,9 @@ class ShmTransport : public Transport, public Progressor {
       if (fd < 0 && errno == EEXIST)  // (not ours: left as it is)
         throw ConfigError(fmt::format(
             "shm: cannot create segment {}: it exists: another job is using CONDUIT_JOB_ID={}, or a run of it crashed "
-            "and left it; allowed: another CONDUIT_JOB_ID, or once no job uses it, rm /dev/shm{}",
-            my_name, job, my_name));
+            "and left it (and its other ranks' segments); allowed: another CONDUIT_JOB_ID, or once no job uses it, rm "
+            "/dev/shm{}-*",
+            my_name, job, my_name.substr(0, my_name.rfind('-'))));
       if (fd < 0) throw Error(fmt::format("shm: cannot create segment {}: {}", my_name, std::strerror(errno)));
       if (::ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
         int e = errno;
@@ -1298,8 +1299,9 @@ class ShmTransport : public Transport, public Progressor {
   std::atomic<bool> have_deferred_{false};  // some peer has single-copy messages waiting for a receive
   std::mutex mu_;
   bool all_local_ = false;    // every other rank is served here (the fast allreduce needs them all)
-  // Fast allreduces so far (the same count on every rank). Errors number them from 0, as the communicator numbers its
-  // operations ("allreduce #5 ... fast allreduce #6" was one operation).
+  // Fast allreduces so far (the same count on every rank). Errors number them from 0, this transport's own count: the
+  // communicator's number of the operation where all its operations so far were fast allreduces ("allreduce #5 ...
+  // fast allreduce #6" was one operation).
   uint64_t fast_seq_ = 0;
   std::atomic<int64_t> last_liveness_{0};  // Clock ticks of the last check_liveness()
   static thread_local uint32_t tl_seen_;

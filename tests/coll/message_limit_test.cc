@@ -154,18 +154,28 @@ TEST(MessageLimit, BlocksOverTheLimitAreRefusedBeforeTheCallIsQueued) {
     EXPECT_EQ(error_of<ConfigError>([&] { comms[r]->scatter(all.data(), block.data(), count, DType::f32, 0); }),
               "scatter over 3 ranks: each rank's block " + over);
   }
-  // alltoallv: rank 0 sends rank 1 the large block, every other block is one element
-  std::vector<size_t> send0{1, count, 1}, recv0{1, 1, 1}, send1{1, 1, 1}, recv1{count, 1, 1};
-  std::vector<float> out(count + 2);
-  EXPECT_EQ(error_of<ConfigError>([&] { comms[0]->alltoallv(all.data(), send0, out.data(), recv0, DType::f32); }),
-            "alltoallv: rank 0's block for rank 1 " + over);
-  EXPECT_EQ(error_of<ConfigError>([&] { comms[1]->alltoallv(all.data(), send1, out.data(), recv1, DType::f32); }),
-            "alltoallv: rank 1's block from rank 0 " + over);
   EXPECT_EQ(error_of<ConfigError>([&] { comms[0]->send(block.data(), count, DType::f32, 1, 7); }),
             "send to rank 1 (tag 7) " + over);
   EXPECT_EQ(error_of<ConfigError>([&] { comms[1]->recv(block.data(), count, DType::f32, 0, 7); }),
             "recv from rank 0 (tag 7) " + over);
   expect_communicators_go_on(comms);
+  // alltoallv: rank 0 sends rank 1 the large block, every other block is one element. Only ranks 0 and 1 know that
+  // block's size: rank 2, in the call with blocks that fit, hears rank 0's refusal at once (it waited out its
+  // deadline) while rank 0 keeps its own error.
+  auto more = Communicator::inproc(3, 0, child_config());
+  std::vector<size_t> send0{1, count, 1}, recv0{1, 1, 1}, ones{1, 1, 1};
+  std::vector<float> out(count + 2), out2(3);
+  std::string third;
+  std::thread rank2([&] {
+    third = error_of<PeerError>([&] { more[2]->alltoallv(all.data(), ones, out2.data(), ones, DType::f32).wait(); });
+  });
+  EXPECT_EQ(error_of<ConfigError>([&] { more[0]->alltoallv(all.data(), send0, out.data(), recv0, DType::f32); }),
+            "alltoallv: rank 0's block for rank 1 " + over);
+  rank2.join();
+  EXPECT_NE(third.find("rank 0: alltoallv: rank 0's block for rank 1 " + over), std::string::npos) << third;
+  std::vector<size_t> recv1{count, 1, 1};
+  EXPECT_EQ(error_of<ConfigError>([&] { more[1]->alltoallv(all.data(), ones, out.data(), recv1, DType::f32); }),
+            "alltoallv: rank 1's block from rank 0 " + over);
 }
 
 // A transport that refuses, once told to, every message over 16 bytes, as tcp and shm refuse one over the limit.
