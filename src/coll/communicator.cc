@@ -1055,6 +1055,8 @@ Work Communicator::scatter(const void* in, void* out, size_t count, DType dt, in
 }
 
 Work Communicator::alltoall(const void* in, void* out, size_t count, DType dt, const CollOptions& o) {
+  // (every rank knows every block's size here, and refuses alike: no abort, as alltoallv's for a block two ranks see)
+  if (size() > 1) check_message(count * dtype_size(dt), fmt::format("alltoall over {} ranks: each block", size()));
   return alltoallv(in, std::vector<size_t>(size(), count), out, std::vector<size_t>(size(), count), dt, o);
 }
 

@@ -276,8 +276,9 @@ class ShmTransport : public Transport, public Progressor {
         throw ConfigError(fmt::format(
             "shm: cannot create segment {}: it exists: another job is using CONDUIT_JOB_ID={}, or a run of it crashed "
             "and left it (and its other ranks' segments); allowed: another CONDUIT_JOB_ID, or once no job uses it, rm "
-            "/dev/shm{}-*",
-            my_name, job, my_name.substr(0, my_name.rfind('-'))));
+            "-f "
+            "/dev/shm{}-{{0..{}}}",
+            my_name, job, my_name.substr(0, my_name.rfind('-')), size - 1));
       if (fd < 0) throw Error(fmt::format("shm: cannot create segment {}: {}", my_name, std::strerror(errno)));
       if (::ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
         int e = errno;

@@ -270,7 +270,8 @@ class DistributedOptimizer {
 };
 
 // ZeRO-2's released bucket buffers, by their capacities (in elements). `second`: the second-largest bucket's size.
-// Two buckets are in flight at once (the one sent, the one filling), and only one of them can be the largest: a
+// With overlap two buckets are in flight at once (the one sent, the one filling; more where backward outruns the
+// reduce-scatters, or without overlap, and those past three allocate), and only one can be the largest: a
 // spare past `second` is the largest bucket's alone (a smaller bucket that took it left the largest to allocate
 // another, and two of the largest were kept from then on: more gradient memory than stage 0's), and up to two spares
 // of at most `second` are kept for the others (with one, a pair of them in flight allocated every step).

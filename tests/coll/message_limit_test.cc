@@ -154,6 +154,11 @@ TEST(MessageLimit, BlocksOverTheLimitAreRefusedBeforeTheCallIsQueued) {
     EXPECT_EQ(error_of<ConfigError>([&] { comms[r]->scatter(all.data(), block.data(), count, DType::f32, 0); }),
               "scatter over 3 ranks: each rank's block " + over);
   }
+  // (alltoall: every rank sees every block's size and refuses alike, without aborting, as alltoallv must)
+  std::vector<float> blocks(3 * count), got(3 * count);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(error_of<ConfigError>([&] { comms[r]->alltoall(blocks.data(), got.data(), count, DType::f32); }),
+              "alltoall over 3 ranks: each block " + over);
   EXPECT_EQ(error_of<ConfigError>([&] { comms[0]->send(block.data(), count, DType::f32, 1, 7); }),
             "send to rank 1 (tag 7) " + over);
   EXPECT_EQ(error_of<ConfigError>([&] { comms[1]->recv(block.data(), count, DType::f32, 0, 7); }),
