@@ -227,9 +227,16 @@ void run_gemm(const GemmArgs& a) {
   // show them).
   if (models.empty() && a.model_steps_given)
     throw ConfigError("--model-steps applies to --model's training steps; allowed: give --model too, or leave it out");
-  if (models.empty() && a.transport_given)
+  // Under `conduit launch -n N` (or mpirun) the ranks meet in a barrier before each shape and at the end of each
+  // --model step: the records say "concurrent": N, and the ranks' timing windows drifted apart without it (one rank
+  // made 164 calls of a shape in --min-time while another made 627 of the same; an audit), so a rate read as one of N
+  // concurrent workers' was partly measured alone.
+  const long long world =
+      env_int("WORLD_SIZE", 1, 1 << 20).value_or(env_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 20).value_or(1));
+  if (world == 1 && a.transport_given)
     throw ConfigError(
-        "--transport applies to the barrier ending each --model step; allowed: give --model too, or leave it out");
+        "--transport applies to the barriers between the ranks of a launch (before each shape, after each --model "
+        "step); allowed: run under conduit launch -n N, or leave it out");
   bool batched = !models.empty();
   // (a conv: shape is timed at --batch too: refused alone, it could only be timed at 64)
   for (const auto& s : split(a.shapes, ','))
@@ -238,7 +245,24 @@ void run_gemm(const GemmArgs& a) {
     throw ConfigError(
         "--batch applies to the cnn and mlp shapes, conv: shapes and --model; allowed: one of those too, or leave it "
         "out");
-  auto timings = torch_api().time_gemms(mnk, a.threads, a.min_time);
+  coll::CommPtr comm;
+  if (world > 1) {
+    coll::CommConfig cfg;
+    cfg.transport = a.transport;
+    comm = coll::Communicator::from_env(cfg);
+  }
+  // Each shape timed after a barrier of the ranks (alone, the list at once).
+  auto lined_up = [&comm](const auto& shapes, auto&& time) {
+    if (!comm) return time(shapes);
+    decltype(time(shapes)) all;
+    for (const auto& s : shapes) {
+      comm->barrier().wait();
+      auto one = time(std::vector{s});
+      all.insert(all.end(), one.begin(), one.end());
+    }
+    return all;
+  };
+  auto timings = lined_up(mnk, [&](const auto& s) { return torch_api().time_gemms(s, a.threads, a.min_time); });
   struct Sums {
     double gemm = 0;   // of the model's step GEMMs
     double dense = 0;  // of its dense layers' GEMMs
@@ -288,7 +312,7 @@ void run_gemm(const GemmArgs& a) {
   }
   std::vector<train::ConvTiming> cshapes;
   for (const auto& c : convs) cshapes.push_back(c.shape);
-  auto ctimes = torch_api().time_convs(cshapes, a.threads, a.min_time);
+  auto ctimes = lined_up(cshapes, [&](const auto& s) { return torch_api().time_convs(s, a.threads, a.min_time); });
   if (!a.json && !ctimes.empty())
     fmt::print("\n  {:<20} {:>5} {:>4} {:>4} {:>9} {:>3} {:>11} {:>11} {:>11} {:>21}\n", "conv", "batch", "in", "out",
                "HxW", "k", "forward", "input grad", "weight grad", "GFLOP/s (f / i / w)");
@@ -329,7 +353,7 @@ void run_gemm(const GemmArgs& a) {
   }
   std::vector<train::PoolTiming> pshapes;
   for (const auto& p : pools) pshapes.push_back(p.shape);
-  auto ptimes = torch_api().time_pools(pshapes, a.threads, a.min_time);
+  auto ptimes = lined_up(pshapes, [&](const auto& s) { return torch_api().time_pools(s, a.threads, a.min_time); });
   if (!a.json && !ptimes.empty())
     fmt::print("\n  {:<20} {:>5} {:>8} {:>9} {:>3} {:>11} {:>11}\n", "max pool", "batch", "channels", "HxW", "k",
                "forward", "backward");
@@ -360,14 +384,6 @@ void run_gemm(const GemmArgs& a) {
   // Under `conduit launch -n N` the ranks' model steps end in a barrier, as BSP training's steps end in the blocking
   // gradient exchange: each rank's steps are then timed with the same pattern of blocking and waking (which the
   // scheduler of a shared machine treats differently from a process that never blocks).
-  coll::CommPtr comm;
-  const long long world =
-      env_int("WORLD_SIZE", 1, 1 << 20).value_or(env_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 20).value_or(1));
-  if (!models.empty() && world > 1) {
-    coll::CommConfig cfg;
-    cfg.transport = a.transport;
-    comm = coll::Communicator::from_env(cfg);
-  }
   std::function<void()> barrier;
   if (comm) barrier = [&comm] { comm->barrier().wait(); };
   for (const auto& name : models) {

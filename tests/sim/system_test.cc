@@ -831,7 +831,7 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
            {"--shapes cnn,8x8x8,cnn --model cnn", "--shapes: 'cnn' is given twice; allowed: each item once"},
            // (an audit: flags for what the run does not time were taken and changed nothing)
            {"--shapes 8x8x8 --model-steps 7", "--model-steps applies to --model's training steps"},
-           {"--shapes 8x8x8 --transport tcp", "--transport applies to the barrier ending each --model step"},
+           {"--shapes 8x8x8 --transport tcp", "--transport applies to the barriers between the ranks of a launch"},
            {"--shapes square --batch 999", "--batch applies to the cnn and mlp shapes, conv: shapes and --model"}}) {
     out = run("bench gemm " + args, &rc);
     EXPECT_EQ(rc, 2) << args << out;
