@@ -223,6 +223,7 @@ struct DistributedOptimizer::Core {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Bucket> buckets;
+  size_t second_bucket_n = 0;  // the second-largest bucket's elements, set where buckets are built (ZeRO-2's spares)
   std::vector<int> param_bucket;    // bucket of each parameter
   std::vector<int> param_slot;      // position inside its bucket
   std::vector<int> got;             // gradients arrived this step (up to opt.backward_passes)
@@ -264,6 +265,7 @@ struct DistributedOptimizer::Core {
       bytes += b;
     }
     close();
+    note_second_largest_bucket();
     reset_step_locked();
   }
 
@@ -287,6 +289,7 @@ struct DistributedOptimizer::Core {
       unit_bucket[u] = int(buckets.size());
       buckets.push_back(std::move(bk));
     }
+    note_second_largest_bucket();
     reset_step_locked();
   }
 
@@ -712,9 +715,7 @@ struct DistributedOptimizer::Core {
   // threads leave a bucket that is not full alone; the communication thread only needs mu to take the next one).
   void ensure_flat(Bucket& bk, std::unique_lock<std::mutex>& lk) {
     if (!bk.flat.empty() || bk.n == 0) return;
-    std::vector<size_t> caps;
-    for (const auto& s : spare) caps.push_back(s.capacity());
-    const size_t best = zero_spares::pick(caps, bk.n, second_largest_bucket());
+    const size_t best = zero_spares::pick(spare_capacities(), bk.n, second_bucket_n);
     if (best < spare.size()) {
       bk.flat.swap(spare[best]);
       spare.erase(spare.begin() + std::ptrdiff_t(best));
@@ -727,15 +728,22 @@ struct DistributedOptimizer::Core {
     if (bk.flat.empty()) bk.flat.swap(fresh);
   }
 
-  // The elements of the second-largest bucket (the largest's where two share the largest size; 0 for one bucket).
-  size_t second_largest_bucket() const {
+  // second_bucket_n: the elements of the second-largest bucket (the largest's where two share the largest size; 0
+  // for one bucket).
+  void note_second_largest_bucket() {
     size_t first = 0, second = 0;
     for (const auto& b : buckets)
       if (b.n > first)
         second = first, first = b.n;
       else if (b.n > second)
         second = b.n;
-    return second;
+    second_bucket_n = second;
+  }
+
+  std::vector<size_t> spare_capacities() const {
+    std::vector<size_t> caps;
+    for (const auto& s : spare) caps.push_back(s.capacity());
+    return caps;
   }
 
   // ZeRO: re-seats the parameters as views of flat_params, bucket after bucket, and cuts every bucket into W slices.
@@ -1047,10 +1055,8 @@ struct DistributedOptimizer::Core {
       if (zero >= 2) {
         std::lock_guard<std::mutex> lk(mu);
         spare.emplace_back().swap(bk.flat);  // (kept at its size: a reuse zeroes only what it grows by)
-        std::vector<size_t> caps;
-        for (const auto& s : spare) caps.push_back(s.capacity());
         std::vector<std::vector<float>> keep;
-        for (size_t k : zero_spares::kept(caps, second_largest_bucket(), zero >= 3 ? 1 : 2))
+        for (size_t k : zero_spares::kept(spare_capacities(), second_bucket_n, zero >= 3 ? 1 : 2))
           keep.push_back(std::move(spare[k]));
         spare.swap(keep);
       }

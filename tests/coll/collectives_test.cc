@@ -1160,27 +1160,17 @@ TEST(AlgorithmShape, NoMessageIsLargerThanTheTunersBound) {
 }
 
 // A transport whose receives complete without their data (it lands in a scratch buffer of the transport's).
-class DroppingTransport : public net::Transport {
+class DroppingTransport : public test_util::ForwardingTransport {
  public:
-  explicit DroppingTransport(net::TransportPtr inner) : inner_(std::move(inner)) {
-    rank_ = inner_->rank();
-    size_ = inner_->size();
-    hosts_ = inner_->hosts();
-  }
+  using ForwardingTransport::ForwardingTransport;
   const char* name() const override { return "dropping"; }
-  net::RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
-    return inner_->isend(peer, tag, data, bytes);
-  }
   net::RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
     std::lock_guard<std::mutex> lk(mu_);
     scratch_.push_back(std::make_unique<char[]>(std::max<size_t>(bytes, 1)));
     return inner_->irecv(peer, tag, scratch_.back().get(), bytes);
   }
-  void abort(const std::string& reason) override { inner_->abort(reason); }
-  bool cancel(const net::RequestPtr& r, std::exception_ptr error) override { return inner_->cancel(r, error); }
 
  private:
-  net::TransportPtr inner_;
   std::mutex mu_;
   std::vector<std::unique_ptr<char[]>> scratch_;
 };

@@ -5,17 +5,13 @@
 #include <utility>
 #include <vector>
 
-#include "net/transport.h"
+#include "forwarding_transport.h"
 
 namespace conduit::test_util {
 
-class CountingTransport : public net::Transport {
+class CountingTransport : public ForwardingTransport {
  public:
-  explicit CountingTransport(net::TransportPtr inner) : inner_(std::move(inner)), sent_(inner_->size()) {
-    rank_ = inner_->rank();
-    size_ = inner_->size();
-    hosts_ = inner_->hosts();
-  }
+  explicit CountingTransport(net::TransportPtr inner) : ForwardingTransport(std::move(inner)), sent_(size_) {}
   const char* name() const override { return "counting"; }
   net::RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     sent_[peer] += bytes;
@@ -27,19 +23,13 @@ class CountingTransport : public net::Transport {
     largest_ = std::max(largest_, bytes);
     return inner_->isend_reduced(peer, tag, data, bytes);
   }
-  net::RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
-    return inner_->irecv(peer, tag, data, bytes);
-  }
   net::RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
     return inner_->irecv_reduce(peer, tag, dst, count, dtype, op);
   }
-  void abort(const std::string& reason) override { inner_->abort(reason); }
-  bool cancel(const net::RequestPtr& r, std::exception_ptr error) override { return inner_->cancel(r, error); }
   std::vector<size_t> take() { return std::exchange(sent_, std::vector<size_t>(sent_.size(), 0)); }
   size_t take_largest() { return std::exchange(largest_, 0); }
 
  private:
-  net::TransportPtr inner_;
   std::vector<size_t> sent_;
   size_t largest_ = 0;
 };

@@ -16,13 +16,16 @@
 #include <thread>
 #include <vector>
 
+#include "../error_of.h"
 #include "coll/communicator.h"
 #include "core/error.h"
+#include "forwarding_transport.h"
 #include "net/inproc.h"
 #include "net/wire.h"
 
 using namespace conduit;
 using namespace conduit::coll;
+using conduit::test::error_of;
 
 namespace {
 
@@ -61,20 +64,6 @@ CommConfig child_config() {
   CommConfig cfg;
   cfg.timeout_s = 5;
   return cfg;
-}
-
-// The error of f(), or "" when it throws none; fails the test when the error is not an E.
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "another error type: " << e.what();
-    return e.what();
-  }
-  return "";
 }
 
 // The ranks' small allreduce still runs: nothing was queued or aborted.
@@ -184,28 +173,14 @@ TEST(MessageLimit, BlocksOverTheLimitAreRefusedBeforeTheCallIsQueued) {
 }
 
 // A transport that refuses, once told to, every message over 16 bytes, as tcp and shm refuse one over the limit.
-class RefusingTransport : public net::Transport {
+class RefusingTransport : public test_util::ForwardingTransport {
  public:
-  explicit RefusingTransport(net::TransportPtr inner) : inner_(std::move(inner)) {
-    rank_ = inner_->rank();
-    size_ = inner_->size();
-    hosts_ = inner_->hosts();
-  }
+  using ForwardingTransport::ForwardingTransport;
   const char* name() const override { return "refusing"; }
   net::RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     if (refuse_) net::check_message_size(bytes, 16);  // (a ConfigError, as theirs)
     return inner_->isend(peer, tag, data, bytes);
   }
-  net::RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
-    return inner_->irecv(peer, tag, data, bytes);
-  }
-  void abort(const std::string& reason) override { inner_->abort(reason); }
-  bool cancel(const net::RequestPtr& r, std::exception_ptr error) override { return inner_->cancel(r, error); }
-
- private:
-  net::TransportPtr inner_;
-
- public:
   std::atomic<bool> refuse_{false};
 };
 

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "../coll/transport_pair.h"
+#include "../error_of.h"
 #include "coll/communicator.h"
 #include "core/error.h"
-#include "error_of.h"
 #include "fl/checkpoint.h"
 #include "fl/partition.h"
 #include "fl/privacy.h"
@@ -1196,7 +1196,7 @@ TEST(Checkpoint, AValueThatIsNotFiniteIsNamedAtResume) {
       EXPECT_EQ(read_latest_checkpoint(d.path).weights, s.weights);
       continue;
     }
-    const std::string e = fltest::error_of<ProtocolError>([&] { read_latest_checkpoint(d.path); });
+    const std::string e = conduit::test::error_of<ProtocolError>([&] { read_latest_checkpoint(d.path); });
     EXPECT_NE(e.find("server-1.bin' holds a value that is not finite"), std::string::npos) << e;
     EXPECT_NE(e.find("float 1 of a block of 3"), std::string::npos) << e;
   }
@@ -1452,7 +1452,7 @@ TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {
     c.secagg_bits = 8;
     c.clients = 100;
     c.fraction = 1;
-    EXPECT_EQ(conduit::fl::fltest::error_of<ConfigError>([&] { check_config(c); }),
+    EXPECT_EQ(conduit::test::error_of<ConfigError>([&] { check_config(c); }),
               "fl: secagg_bits: 8 bits cannot sum 100 clients a round without wrapping (each needs 2 integer levels "
               "of 2^(bits-1) - 1); allowed: secagg_bits 9 to 32 for 100 clients a round, or fewer clients a round "
               "(--fraction, --clients)");
@@ -1531,7 +1531,7 @@ TEST(FlConfig, ASecureAggregationWhoseShareRelayCannotFitIsRefused) {
   c.secagg = true;
   c.secagg_neighbors = 0;
   check_config(c);
-  const std::string e = conduit::fl::fltest::error_of<ConfigError>([&] { check_secagg_memory(c, 1.0); });
+  const std::string e = conduit::test::error_of<ConfigError>([&] { check_secagg_memory(c, 1.0); });
   EXPECT_NE(e.find("fl: secagg: 65535 clients a round with every pair sharing keys would relay 4.29e+09 key shares"),
             std::string::npos)
       << e;

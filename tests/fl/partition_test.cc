@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "../error_of.h"
 #include "core/error.h"
-#include "error_of.h"
 
 using namespace conduit;
 using namespace conduit::fl;
@@ -40,7 +40,7 @@ void expect_exact_cover(const std::vector<std::vector<int64_t>>& parts, size_t n
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "index " << i;
 }
 
-using fltest::error_of;
+using conduit::test::error_of;
 
 }  // namespace
 

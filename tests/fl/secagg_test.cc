@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "error_of.h"
+#include "../error_of.h"
 
 namespace conduit::fl {
 namespace {
@@ -24,7 +24,7 @@ using ::testing::Not;
 
 uint32_t mask_of(int bits) { return bits == 32 ? 0xFFFFFFFFu : (1u << bits) - 1u; }
 
-using fltest::error_of;
+using conduit::test::error_of;
 
 SecAggConfig config(int n, int t, int bits, size_t length, uint64_t round_id = 7, int neighbors = 0) {
   SecAggConfig c;

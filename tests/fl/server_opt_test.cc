@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "../error_of.h"
 #include "core/error.h"
-#include "error_of.h"
 
 using namespace conduit;
 using namespace conduit::fl;
@@ -24,7 +24,7 @@ ServerOptConfig config(const std::string& name, double lr = 1.0) {
   return c;
 }
 
-using fltest::error_of;
+using conduit::test::error_of;
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 #pragma once
-// The message of the exception a call throws, for the fl tests.
+// The message of the exception a call throws, for the tests that check an error's text.
 #include <gtest/gtest.h>
 
 #include <exception>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace conduit::fl::fltest {
+namespace conduit::test {
 
 // The message of the E thrown by f; a test failure (and "") when f throws nothing or something else.
 template <class E = Error, class F>
@@ -24,4 +24,4 @@ std::string error_of(F&& f) {
   return "";
 }
 
-}  // namespace conduit::fl::fltest
+}  // namespace conduit::test
