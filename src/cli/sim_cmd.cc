@@ -361,6 +361,7 @@ json step_json(const std::string& cluster, const GptModel& m, const StepResult& 
                 {"dp_exposed", b.dp_exposed},
                 {"zero3_exposed", b.zero3_exposed},
                 {"compression", b.compression},
+                {"overlap_slowdown", b.overlap_slowdown},
                 {"optimizer", b.optimizer}}},
               {"stage_per_micro_batch_s", r.config.pp > 1 ? json{{"first", b.stage_first},
                                                                  {"middle", b.stage_middle},
@@ -399,6 +400,7 @@ void print_step(const std::string& cluster, const GptModel& m, const StepResult&
   row("data-parallel comm (exposed)", b.dp_exposed);
   if (b.compression > 0) row("  of which compression", b.compression);  // (a part of the row above)
   row("ZeRO-3 gathers (exposed)", b.zero3_exposed);
+  row("compute slowed by overlap", b.overlap_slowdown);
   row("optimizer step", b.optimizer);
   fmt::print("  {:<32} {:>12}\n", "data-parallel comm (total)", format_seconds(b.dp_comm));
   if (r.config.pp > 1)
@@ -499,6 +501,7 @@ void run_layer_step(const StepArgs& given_args) {
                         {"pp_comm", b.pp_comm},
                         {"rank_wait", b.rank_wait},
                         {"compression", b.compression},
+                        {"overlap_slowdown", b.overlap_slowdown},
                         {"optimizer", b.optimizer}}},
                       {"dp_algorithm", r.dp_algorithm},
                       {"notes", r.notes}}
@@ -513,6 +516,8 @@ void run_layer_step(const StepArgs& given_args) {
   fmt::print("  memory per GPU            {} of {}\n", format_gb(r.memory.total()), format_gb(r.memory_capacity));
   fmt::print("  compute {}  data-parallel exposed {} (total {})  optimizer {}\n", format_seconds(b.compute),
              format_seconds(b.dp_exposed + b.zero3_exposed), format_seconds(b.dp_comm), format_seconds(b.optimizer));
+  if (b.overlap_slowdown > 0)
+    fmt::print("  compute slowed by the collectives it overlaps {}\n", format_seconds(b.overlap_slowdown));
   if (c.pp > 1)
     fmt::print("  pipeline bubble {} (the busiest stage idle; its transfers {})\n", format_seconds(b.bubble),
                format_seconds(b.pp_comm));

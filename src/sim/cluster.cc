@@ -97,9 +97,9 @@ double positive_duration(const YAML::Node& record, const char* key, const std::s
 
 Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
   check_map(n, f,
-            {"name", "peak_bf16", "peak_fp32", "memory", "memory_bandwidth", "sm_count", "gemm_tile", "gemm_efficiency",
-             "memory_efficiency", "kernel_overhead", "calibration", "conv_calibration", "pool_calibration",
-             "model_calibration"});
+            {"name", "peak_bf16", "peak_fp32", "memory", "memory_bandwidth", "sm_count", "comm_sms", "gemm_tile",
+             "gemm_efficiency", "memory_efficiency", "kernel_overhead", "calibration", "conv_calibration",
+             "pool_calibration", "model_calibration"});
   Accelerator a;
   auto req = [&](const char* k) {
     if (!n[k]) throw ConfigError(fmt::format("{}.{} is missing", f, k));
@@ -115,6 +115,12 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
   if (a.peak_flops <= 0 || a.peak_flops_fp32 <= 0 || a.memory_bytes <= 0 || a.memory_bandwidth <= 0)
     throw ConfigError(fmt::format("{}: peak_bf16, peak_fp32, memory and memory_bandwidth must be positive", f));
   if (n["sm_count"]) a.sm_count = get_int(n["sm_count"], f + ".sm_count", 1, 100000);
+  if (n["comm_sms"]) {
+    a.comm_sms = get_int(n["comm_sms"], f + ".comm_sms", 0, 100000);
+    if (a.comm_sms >= a.sm_count)
+      throw ConfigError(fmt::format("{}.comm_sms = {} must be below sm_count = {} (allowed: 0 to {})", f, a.comm_sms,
+                                    a.sm_count, a.sm_count - 1));
+  }
   if (n["gemm_tile"]) {
     auto t = n["gemm_tile"];
     if (!t.IsSequence() || t.size() != 2) throw ConfigError(fmt::format("{}.gemm_tile must be [M, N]", f));

@@ -63,6 +63,10 @@ struct Accelerator {
   double memory_bytes = 0;
   double memory_bandwidth = 0;  // bytes/s
   int sm_count = 1;
+  // The SMs (compute units) a collective's kernels hold while they run (NCCL: one CTA a channel, each on an SM of its
+  // own): compute that overlaps a collective runs on the others, slower by comm_sms / sm_count. 0: collectives take
+  // none of the compute (CPU sockets, copy engines).
+  int comm_sms = 0;
   int tile_m = 128, tile_n = 128;
   double gemm_efficiency = 0.8;     // fraction of peak reached by large, well-shaped GEMMs
   double memory_efficiency = 0.85;  // fraction of memory bandwidth reached by streaming kernels

@@ -223,6 +223,7 @@ std::vector<std::string> explain_plan(const StepResult& best, const StepResult* 
                           {"tensor-parallel comm", b.tp_comm},
                           {"pipeline p2p", b.pp_comm + b.embedding_sync},
                           {"exposed data-parallel comm", b.dp_exposed + b.zero3_exposed},
+                          {"compute slowed by overlap", b.overlap_slowdown},
                           {"optimizer", b.optimizer}};
   std::sort(parts.begin(), parts.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
   std::string top;
@@ -243,6 +244,7 @@ std::vector<std::string> explain_plan(const StepResult& best, const StepResult* 
         {"tensor-parallel comm", o.tp_comm - b.tp_comm},
         {"pipeline p2p", (o.pp_comm + o.embedding_sync) - (b.pp_comm + b.embedding_sync)},
         {"exposed data-parallel comm", (o.dp_exposed + o.zero3_exposed) - (b.dp_exposed + b.zero3_exposed)},
+        {"compute slowed by overlap", o.overlap_slowdown - b.overlap_slowdown},
         {"optimizer", o.optimizer - b.optimizer}};
     std::sort(diffs.begin(), diffs.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
     // (a tie within rounding too: ZeRO-1 and 2 reach the same time by different sums)

@@ -327,6 +327,18 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
   return t;
 }
 
+// The time a step gains because the collectives it hides behind compute slow that compute: while they run, their
+// kernels hold comm_sms of the accelerator's sm_count SMs, and the compute they overlap runs on the rest, so the
+// compute path takes f = comm_sms / sm_count of the hidden time longer. The step ends at the later of that path's end
+// and the communication's (unchanged): the stretch past the time the compute spent waiting for exposed communication.
+// `hidden` is the communication time that overlapped compute (capped at `compute`), `exposed` the time the step
+// waited for communication.
+double overlap_slowdown(const Accelerator& acc, double hidden, double compute, double exposed) {
+  if (acc.comm_sms <= 0 || hidden <= 0) return 0;
+  const double f = static_cast<double>(acc.comm_sms) / acc.sm_count;
+  return std::max(0.0, f * std::min(hidden, compute) - exposed);
+}
+
 // Time of bucketed gradient exchange overlapped with a backward pass of length `window`: buckets become ready
 // uniformly during the window and are exchanged one after another. Returns the time past the window's end.
 // `busy` (when given) receives the total exchange time of all buckets (each pays its own latency).
@@ -1043,7 +1055,19 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
       params_gpu / (cfg.zero >= 1 ? static_cast<double>(shard > 1 ? shard : d) : 1.0);  // (a shard group's)
   r.breakdown.optimizer = memory_time(acc, opt_params * 28, 4);
 
-  r.time = pipe + embedding_sync + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
+  {
+    // (dp_total holds ZeRO-3's gathers; dp_exposed the compression compute that is exposed, not communication)
+    const double waited = dp_exposed - r.breakdown.compression + r.breakdown.zero3_exposed;
+    r.breakdown.overlap_slowdown = overlap_slowdown(acc, dp_total - waited, r.breakdown.compute, waited);
+    if (r.breakdown.overlap_slowdown > 0)
+      r.notes.push_back(fmt::format(
+          "the {} of data-parallel communication hidden behind compute holds {} of the {} SMs (comm_sms): the compute "
+          "it overlaps runs {:.1f}% slower, {} more a step",
+          format_seconds(std::min(dp_total - waited, r.breakdown.compute)), acc.comm_sms, acc.sm_count,
+          100.0 * acc.comm_sms / acc.sm_count, format_seconds(r.breakdown.overlap_slowdown)));
+  }
+  r.time = pipe + embedding_sync + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer +
+           r.breakdown.overlap_slowdown;
 
   // Memory per GPU: the larger of the first stage (the input embeddings and the most micro-batches in flight) and
   // the last (the output layer's copy of the word embeddings, the fewest in flight, and the fp32 logits of the loss).
@@ -1787,7 +1811,12 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
   const double over = static_cast<double>(sharded_over);
   r.breakdown.optimizer =
       measured && measured->optimizer > 0 ? measured->optimizer / over : memory_time(*slow, params / over * 28, 4);
-  r.time = r.breakdown.compute + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer;
+  {
+    const double waited = dp_exposed - r.breakdown.compression + r.breakdown.zero3_exposed;
+    r.breakdown.overlap_slowdown = overlap_slowdown(*slow, dp_total - waited, r.breakdown.compute, waited);
+  }
+  r.time = r.breakdown.compute + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer +
+           r.breakdown.overlap_slowdown;
   ModelState st = zero_model_state(params, sharded_over, cfg.zero, cfg.grad_bytes);
   if (eb == 4) {
     // f32 training (`conduit train`): 4-byte parameters and Adam's two f32 moments, no f32 master copy (the mixed

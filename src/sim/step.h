@@ -116,6 +116,10 @@ struct StepBreakdown {
   double zero3_exposed = 0;
   double compression = 0;  // compress/decompress compute
   double optimizer = 0;
+  // Compute slowed by the data-parallel collectives it hides (their kernels hold comm_sms of the accelerator's SMs):
+  // the step ends no earlier than its compute, stretched by comm_sms / sm_count of the hidden communication time
+  // (sim/step.cc, overlap_slowdown); 0 where nothing overlaps or the collectives take no SMs.
+  double overlap_slowdown = 0;
   // Layer-list models with a measured model step (`model_calibration:`): the framework's time per step beyond the
   // layers' kernels (part of compute; may be negative when the kernels timed alone are slower than in the model),
   // and the wait for the slowest of the data-parallel ranks (part of dp_exposed).

@@ -109,6 +109,11 @@ TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
       << fast;
   // Values the model would quietly drop: NICs beyond one per accelerator (cut to one each), torus settings on a
   // network that is not a torus (ignored).
+  // Collectives cannot hold every SM: the compute they overlap would stop.
+  EXPECT_EQ(cluster_error(preset_with("comm_sms: 16 ", "comm_sms: 108 ")),
+            "x.yaml: nodes[0].accelerator.comm_sms = 108 must be below sm_count = 108 (allowed: 0 to 107)");
+  EXPECT_NE(cluster_error(preset_with("comm_sms: 16 ", "comm_sms: 1.5 ")).find("comm_sms = 1.5 must be an integer"),
+            std::string::npos);
   const std::string nics = cluster_error(preset_with("gpus: 8 ", "gpus: 4 "));
   EXPECT_NE(nics.find("nics (8) is more than gpus (4)"), std::string::npos) << nics;
   const std::string torus =
@@ -2022,7 +2027,7 @@ TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
   auto gpt_sum = [](const StepResult& r) {
     const StepBreakdown& b = r.breakdown;
     return b.compute + b.bubble + b.tp_comm + b.pp_comm + b.embedding_sync + b.dp_exposed + b.zero3_exposed +
-           b.optimizer;  // (compute holds recompute)
+           b.optimizer + b.overlap_slowdown;  // (compute holds recompute)
   };
   ParallelConfig c;
   c.global_batch = 64;

@@ -337,7 +337,8 @@ TEST(Step, PipelineBubbleMatchesTheScheduleItModels) {
       EXPECT_LT(pipe, (r.microbatches + static_cast<double>(k.pp - 1) / k.v) * s.stage_last);
     }
     // ... and the step's time is made of it: the pipeline, then the exchanges and the optimizer after it.
-    EXPECT_NEAR(r.time, pipe + s.embedding_sync + s.dp_exposed + s.zero3_exposed + s.optimizer, 1e-9 * r.time);
+    EXPECT_NEAR(r.time, pipe + s.embedding_sync + s.dp_exposed + s.zero3_exposed + s.optimizer + s.overlap_slowdown,
+                1e-9 * r.time);
   }
 }
 
@@ -372,6 +373,55 @@ TEST(Step, SymmetricAndFullDetailStepsAgree) {
   c.mode = EvalMode::kFull;
   StepResult full = simulate_step(net, m, c);
   EXPECT_LT(rel(sym.time, full.time), 1e-6);
+}
+
+// Compute that hides collectives runs on the SMs their kernels leave (comm_sms of sm_count): the step ends no
+// earlier than its compute stretched by comm_sms / sm_count of the hidden time, nor than it ended before. The FSDP
+// paper's GPT-175B with ZeRO-3 on 128 A100s hides most of its gathers and reduce-scatters behind the compute; an
+// exchange after the backward (--no-overlap) hides nothing; a network slow enough that the compute waits on it longer
+// than the stretch absorbs it.
+TEST(Step, ComputeThatHidesCollectivesRunsOnTheSmsTheyLeave) {
+  const ClusterSpec spec = load_cluster("dgx-a100");
+  ASSERT_EQ(spec.node_kinds[0].accelerator.comm_sms, 16);
+  ASSERT_EQ(spec.node_kinds[0].accelerator.sm_count, 108);
+  ClusterSpec none = spec;
+  none.node_kinds[0].accelerator.comm_sms = 0;
+  auto step = [](const ClusterSpec& s, const ParallelConfig& c) {
+    Topology topo(s, 128);
+    CollectiveModel net(topo);
+    return simulate_step(net, gpt(96, 12288, 96, 2048, 50000), c);
+  };
+  ParallelConfig c = cfg(1, 1, 1, 128);
+  c.zero = 3;
+  c.recompute = Recompute::kFull;
+  const StepResult with = step(spec, c), without = step(none, c);
+  const StepBreakdown& b = without.breakdown;
+  const double waited = b.dp_exposed - b.compression + b.zero3_exposed;
+  const double hidden = std::min(b.dp_comm - waited, b.compute);
+  ASSERT_GT(hidden, 0.5 * b.compute);
+  EXPECT_EQ(b.overlap_slowdown, 0);
+  EXPECT_NEAR(with.breakdown.overlap_slowdown, 16.0 / 108 * hidden - waited, 1e-9 * with.time);
+  EXPECT_GT(with.breakdown.overlap_slowdown, 0.05 * without.time);
+  EXPECT_NEAR(with.time, without.time + with.breakdown.overlap_slowdown, 1e-9 * with.time);
+  EXPECT_DOUBLE_EQ(with.breakdown.compute, b.compute);
+  EXPECT_DOUBLE_EQ(with.breakdown.dp_comm, b.dp_comm);
+  EXPECT_NE(with.notes.back().find("holds 16 of the 108 SMs (comm_sms): the compute it overlaps runs 14.8% slower"),
+            std::string::npos)
+      << with.notes.back();
+
+  ParallelConfig after = cfg(1, 1, 1, 128);
+  after.recompute = Recompute::kFull;
+  after.dp_overlap = false;
+  const StepResult a = step(spec, after);
+  EXPECT_GT(a.breakdown.dp_comm, 0);
+  EXPECT_EQ(a.breakdown.overlap_slowdown, 0);
+  EXPECT_DOUBLE_EQ(a.time, step(none, after).time);
+
+  ClusterSpec slow = spec;
+  slow.node_kinds[0].nic.bandwidth /= 100;
+  const StepResult s = step(slow, c);
+  ASSERT_GT(s.breakdown.zero3_exposed + s.breakdown.dp_exposed, 16.0 / 108 * s.breakdown.compute);
+  EXPECT_EQ(s.breakdown.overlap_slowdown, 0);
 }
 
 TEST(Step, CompressionAndLocalSgdReduceExposedCommunication) {
