@@ -291,7 +291,11 @@ void AdpsgdStrategy::serve_peer(int peer) {
       // deadline of its own; the wait ends with the neighbour (death, lost connection, an abort from any rank).
       auto r = irecv(*comm_, peer, detail::kTagPairReq, req.data(), req.size() * 4);
       r->wait(Deadline::never());
-      if (req[d] == 0) return;  // the active neighbour finished
+      if (req[d] == 0) {  // the active neighbour finished (its stop is a request's size: counted as one received)
+        std::lock_guard<std::mutex> lk(mu_);
+        served_received_ += req.size() * 4;
+        return;
+      }
       {
         std::lock_guard<std::mutex> lk(mu_);
         for (size_t i = 0; i < d; ++i) {
@@ -422,6 +426,7 @@ void AdpsgdStrategy::finish(std::span<float> params) {
     std::vector<net::RequestPtr> reqs;
     for (int p : roles.initiates) reqs.push_back(isend(*comm_, p, detail::kTagPairReq, stop.data(), stop.size() * 4));
     detail::wait_all(*comm_, reqs);
+    stats_.bytes_sent += roles.initiates.size() * stop.size() * 4;  // (on the wire like any request: 4(d+1) bytes)
   }
   if (!roles.answers.empty()) {
     for (auto& t : servers_) t.join();

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace conduit::sync {
@@ -37,8 +38,10 @@ std::map<int, Slowdown> parse_slow(const std::string& spec, int world) {
     const bool too_big = errno == ERANGE || r > INT_MAX;  // (int(r) made 4294967295 the every-rank key, -1)
     double f = std::strtod(fac.c_str(), &e2);
     double p = at == std::string::npos ? 1.0 : std::strtod(prob.c_str(), &e3);
-    if (colon == std::string::npos || who.empty() || (who != "*" && *e1 != '\0') || fac.empty() || *e2 != '\0' ||
-        (at != std::string::npos && (at < colon || prob.empty() || *e3 != '\0')))
+    // (decimal digits only, as the scheme parameters: strtol and strtod took " 1", "+1" and 0x10 for a factor 16)
+    const bool digits = who == "*" || (!who.empty() && who.find_first_not_of("0123456789") == std::string::npos);
+    if (colon == std::string::npos || !digits || (who != "*" && *e1 != '\0') || !is_decimal(fac) || *e2 != '\0' ||
+        (at != std::string::npos && (at < colon || !is_decimal(prob) || *e3 != '\0')))
       throw ConfigError(fmt::format(
           "--slow: '{}' is not RANK:FACTOR[@PROBABILITY] with RANK a number or * (e.g. --slow 1:3, --slow 1:3,2:1.5 "
           "or --slow '*:3@0.25')",

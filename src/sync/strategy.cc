@@ -90,13 +90,19 @@ std::string ParamReader::str(const std::string& key) const { return values_.at(k
 double ParamReader::real(const std::string& key, double lo, double hi) const {
   const std::string& s = values_.at(key);
   char* end = nullptr;
+  errno = 0;
   double v = std::strtod(s.c_str(), &end);
   // (a leading space or sign is refused as the trainer's own readings of these values refuse it: "staleness=+0" ran
-  // with s = 0 while the trainer took it for a stale scheme)
-  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0])) || s[0] == '+' || *end != '\0' || !std::isfinite(v) ||
-      v < lo || v > hi)
+  // with s = 0 while the trainer took it for a stale scheme; hex and inf as everywhere else)
+  if (!is_decimal(s, true) || s[0] == '+' || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
     throw ConfigError(
         fmt::format("sync {}: parameter '{}' = '{}' must be a number in [{}, {}]", scheme_, key, s, lo, hi));
+  // (underflow: easgd:alpha=1e-400 read as 0, which means "the default", and ps-asp:dc=1e-400 turned compensation off)
+  if (errno == ERANGE)
+    throw ConfigError(
+        fmt::format("sync {}: parameter '{}' = '{}' is too small for a double (allowed: 0, or a "
+                    "magnitude of 2.2e-308 or more, within [{}, {}])",
+                    scheme_, key, s, lo, hi));
   return v;
 }
 

@@ -1241,19 +1241,18 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   auto trained_s = [&] { return epoch_trained_before + now_s() - epoch_t0 - (untimed_s + checkpoint_s - paused0); };
   auto save_checkpoint = [&](int epoch, int64_t step, double acc) {
     if (!outputs) return;
-    const double epoch_trained = trained_s();
-    const double clock_at = elapsed();  // (what the checkpoint declares: the training clock, without this checkpoint)
-    const double ck0 = now_s(), untimed0 = untimed_s;
-    checkpointed_at = global_step;
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
     // inside a step), so the saved server shards and replicas are one consistent state.
     // Their workers may be far apart (asynchronous schemes: a straggler's remaining steps), so they meet without a
     // deadline first: before any collective with one (the copies' evaluation below ran first, and a straggler's
-    // lag counted against timeout_s).
-    if (sopt) {
-      if (sopt->workers_drift()) sopt->await_workers();
-      comm.barrier().wait();
-    }
+    // lag counted against timeout_s). The wait is training time, as a synchronous scheme's wait for its straggler
+    // is (it was counted as the checkpoint's, and a run under --slow reported a fraction of its time).
+    if (sopt && sopt->workers_drift()) sopt->await_workers();
+    const double epoch_trained = trained_s();
+    const double clock_at = elapsed();  // (what the checkpoint declares: the training clock, without this checkpoint)
+    const double ck0 = now_s(), untimed0 = untimed_s;
+    checkpointed_at = global_step;
+    if (sopt) comm.barrier().wait();
     evaluate_snapshots();  // their accuracies and time to target belong to the checkpoint
     // Written whole into its own directory (checkpoint-<global step>), then `checkpoint` is switched to it by one
     // rename of a symbolic link: a run killed at any moment leaves `checkpoint` at a complete checkpoint, the last or

@@ -68,6 +68,10 @@ TEST(SyncConfig, BadValuesNameTheParameterAndRange) {
       {"diloco", "momentum", "1", "'momentum'"},
       {"easgd", "alpha", "2", "'alpha'"},
       {"easgd", "alpha", "1e-300", "sync easgd: alpha = 1e-300 is 0 in f32, where it is applied (no elastic force"},
+      // Underflow to 0 (which for alpha means the default, the strongest pull; for dc, no compensation) and hex.
+      {"easgd", "alpha", "1e-400", "sync easgd: parameter 'alpha' = '1e-400' is too small for a double"},
+      {"ps-asp", "dc", "1e-400", "parameter 'dc' = '1e-400' is too small for a double"},
+      {"easgd", "alpha", "0x0.1", "must be a number in"},
       {"dpsgd", "graph", "star", "ring, torus, exponential"},
       {"dpsgd", "rows", "3", "torus rows"},
       {"dpsgd", "compressor", "zip", "sync dpsgd: compressor 'zip': "},
@@ -123,7 +127,9 @@ TEST(SyncConfig, StragglerFlag) {
   EXPECT_EQ(t[kEveryRank], (Slowdown{3.0, 0.25}));
   EXPECT_EQ(t[0], (Slowdown{2.0, 1.0}));
   for (auto bad : {"1", "1:", ":3", "a:3", "1:x", "1:0.5", "-1:2", "9:2", "1:2,1:3", "1:2;2:3", "1:3@", "1:3@0",
-                   "1:3@1.5", "1:3@x", "**:3", "*:3,*:2", "1@0.5:3", "*"}) {
+                   "1:3@1.5", "1:3@x", "**:3", "*:3,*:2", "1@0.5:3", "*",
+                   // (decimal only, as the scheme parameters: these ran, 0x10 as a factor of 16)
+                   " 1:3", "1:3, 2:2", "+1:3", "1:0x10", "1:+3", "1:3@+0.5", "1:inf"}) {
     auto m = config_error([&] { parse_slow(bad, 4); });
     EXPECT_NE(m.find("--slow"), std::string::npos) << bad << ": " << m;
   }

@@ -256,7 +256,7 @@ TEST(SyncSgp, PushSumPreservesSumOfNumeratorsAndWeights) {
     for (int peers : {1, 2}) {
       const size_t d = 10;
       std::vector<double> sum0(d, 0), sum1(d, 0);
-      double w1 = 0;
+      double w0 = 0, w1 = 0;
       std::vector<std::vector<float>> z(n);
       std::mutex mu;
       on_ranks(n, [&](int r, coll::CommPtr c) {
@@ -270,11 +270,12 @@ TEST(SyncSgp, PushSumPreservesSumOfNumeratorsAndWeights) {
         for (int t = 1; t < 40; ++t) s.after_step(t, x);
         std::lock_guard<std::mutex> lk(mu);
         for (size_t i = 0; i < d; ++i) sum0[i] += x1[i], sum1[i] += s.numerator()[i];
-        (void)w;
+        w0 += w;
         w1 += s.weight();
         z[r] = x;
       });
       // Exactly, up to double rounding (the weight sent as f32 drifted by that rounding every step: 1e-7 a step).
+      EXPECT_NEAR(w0, n, 1e-12) << n;  // after the first push too, each rank's own weight no longer 1
       EXPECT_NEAR(w1, n, 1e-12) << n;
       for (size_t i = 0; i < d; ++i) {
         EXPECT_NEAR(sum1[i], sum0[i], 1e-5) << "n=" << n;
