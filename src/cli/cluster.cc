@@ -134,7 +134,11 @@ void write_state(const ClusterState& s) {
   j["name"] = s.name;
   j["switch_ns"] = s.switch_ns;
   j["shaping"] = s.shaping;
-  if (!s.owner.empty()) j["owner"] = s.owner;
+  if (!s.owner.empty()) {
+    j["owner"] = s.owner;
+    j["owner_pid"] = s.owner_pid;
+    j["owner_start"] = s.owner_start;
+  }
   j["hosts"] = nlohmann::json::array();
   for (const auto& h : s.hosts) {
     j["hosts"].push_back({{"ns", h.ns}, {"address", h.address}, {"ifname", kHostIfname}, {"link", link_json(h.link)}});
@@ -604,7 +608,22 @@ std::vector<std::string> existing_namespaces(const std::string& name) {
   return out;
 }
 
-ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, const std::string& owner) {
+unsigned long long process_start_time(long pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (pid <= 0 || !std::getline(f, line)) return 0;
+  // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses, so the fields count from the last ')'.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream in(line.substr(close + 1));
+  std::string field;
+  for (int k = 3; k <= 22 && in >> field; ++k)
+    if (k == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
+}
+
+ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, const std::string& owner, bool* claimed) {
+  if (claimed != nullptr) *claimed = false;
   validate_name(name);
   if (links.empty() || static_cast<int>(links.size()) > kMaxHosts) {
     throw ConfigError(fmt::format("cluster up: --hosts must be between 1 and {}, got {}", kMaxHosts, links.size()));
@@ -626,12 +645,17 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, con
   s.switch_ns = switch_ns(name);
   s.shaping = wants_netem ? "htb+netem" : "tbf";
   s.owner = owner;
+  if (!owner.empty()) {
+    s.owner_pid = static_cast<long>(getpid());
+    s.owner_start = process_start_time(s.owner_pid);
+  }
   for (size_t k = 0; k < links.size(); ++k) {
     s.hosts.push_back({host_ns(name, static_cast<int>(k)), fmt::format("{}{}", kSubnetPrefix, k + 1), links[k]});
   }
   // Record first, so that `down` knows the cluster even when this is interrupted half way.
   UpSignals signals;
   write_state(s);
+  if (claimed != nullptr) *claimed = true;
   const auto check_signal = [] {
     if (g_up_signal != 0) throw Error(fmt::format("cluster up: stopped by signal {}", static_cast<int>(g_up_signal)));
   };
@@ -761,6 +785,8 @@ ClusterState load_state(const std::string& name) {
     s.switch_ns = j.at("switch_ns").get<std::string>();
     s.shaping = j.value("shaping", "tbf");
     s.owner = j.value("owner", "");
+    s.owner_pid = j.value("owner_pid", 0L);
+    s.owner_start = j.value("owner_start", 0ULL);
     for (const auto& h : j.at("hosts")) {
       s.hosts.push_back(
           {h.at("ns").get<std::string>(), h.at("address").get<std::string>(), link_from_json(h.at("link"))});

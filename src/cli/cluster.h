@@ -44,7 +44,15 @@ struct ClusterState {
   std::string shaping;  // "tbf" or "htb+netem"
   std::vector<HostInfo> hosts;
   std::string owner;  // "sweep": made by conduit sweep, which removes it once that sweep's pid is gone; else ""
+  // With an owner: the process that made it and that process's start time (process_start_time; 0: not read), so
+  // that a pid reused by an unrelated process does not keep the cluster alive.
+  long owner_pid = 0;
+  unsigned long long owner_start = 0;
 };
+
+// When process `pid` started (clock ticks after boot, /proc/PID/stat's 22nd field); 0 when that cannot be read (the
+// process is gone, or /proc hides it).
+unsigned long long process_start_time(long pid);
 
 // "100mbit", "1gbit", "1Gbit/s", "500kbit", "2.5G", "1000000" (bit/s) -> bit/s. Throws ConfigError naming `field`.
 double parse_rate(const std::string& text, const std::string& field);
@@ -80,7 +88,11 @@ std::string switch_ns(const std::string& name);
 
 // Creates the cluster; on any failure removes what it made and rethrows. Throws ConfigError when a cluster of that
 // name exists (or left namespaces behind: run down first) and UnsupportedError when latency/loss need netem.
-ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, const std::string& owner = "");
+// *claimed (when given) says whether this call claimed the name (created its state file): only then is what is
+// left under the name after a failure this call's; a cluster it found there is someone else's and not to be removed.
+// With an owner, the calling process's pid and start time are recorded as owner_pid and owner_start.
+ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, const std::string& owner = "",
+                bool* claimed = nullptr);
 // Removes the cluster's namespaces (stopping processes still inside them) and state file. Returns the number of
 // namespaces removed; 0 when there was nothing.
 int down(const std::string& name);

@@ -45,6 +45,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -1438,6 +1439,31 @@ void replot_sweep(const SweepSpec& s, const std::vector<Cell>& cells, const fs::
              pngs.empty() ? std::string("none") : fmt::format("{}", fmt::join(pngs, ", ")));
 }
 
+// This sweep's cluster: sweep<pid>-<6 of a-z0-9, random> (at most 22 characters: cluster names take 24). The pid
+// alone was not unique: a user's cluster named sweep<pid> (a shell's $$ that then `exec`s the sweep) was "this
+// sweep's" name, its `up` failed on it, and the failure path took the user's cluster down (an audit).
+std::string sweep_cluster_name() {
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  std::random_device rd;
+  std::string suffix;
+  for (int k = 0; k < 6; ++k) suffix += kChars[rd() % (sizeof kChars - 1)];
+  return fmt::format("sweep{}-{}", static_cast<long>(getpid()), suffix);
+}
+
+// True when the cluster a sweep marked as its own (owner "sweep") outlived that sweep: its process is gone, or the
+// pid now belongs to a process that started at another time (a reused pid), or it is this process's pid (this sweep
+// has made no cluster yet when it looks). `pid` is the recorded one, else the one in the name.
+bool sweep_cluster_is_stale(const cl::ClusterState& st, long pid) {
+  if (st.owner_pid > 0) pid = st.owner_pid;
+  if (pid <= 0 || pid > INT_MAX) return false;
+  if (pid == static_cast<long>(getpid())) return true;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  // (alive: stale only when its start time is known and differs; unreadable, it is taken as the sweep's own)
+  if (st.owner_start == 0) return false;
+  const unsigned long long now = cl::process_start_time(pid);
+  return now != 0 && now != st.owner_start;
+}
+
 void run_sweep(const std::string& file, std::string output, bool dry_run, bool replot) {
   if (fs::is_directory(file))
     throw ConfigError(fmt::format("sweep: {} is a directory; allowed: a sweep YAML file", file));
@@ -1454,7 +1480,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
                     "gradient compressor, and compressors: has no none; allowed: add none to "
                     "compressors:, a scheme that compresses (bsp, dpsgd, ps-*), or leave schemes: out"));
   const std::string exe = self_exe();
-  const std::string cluster = fmt::format("sweep{}", getpid());
+  const std::string cluster = sweep_cluster_name();
   bool needs_sync = false;
   for (const auto& c : cells) needs_sync = needs_sync || (c.kind == "train" && c.scheme != "bsp");
   if (needs_sync && !train_supports_sync(exe)) {
@@ -1487,27 +1513,30 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
                       "kernel has none (allowed here: bandwidth only)",
                       n.label));
   }
-  // Clusters of sweeps that were killed (SIGKILL, a test's timeout): their namespaces stayed, and a later sweep whose
-  // pid matched failed with "a cluster named 'sweepNNN' exists". Only those whose process is gone.
+  // Clusters of sweeps that were killed (SIGKILL, a test's timeout): their namespaces stayed for good. Only those
+  // whose sweep no longer runs (sweep_cluster_is_stale). Names sweep<pid>-<suffix>, and sweep<pid> of sweeps before
+  // 2026-12-07 (an audit).
+  static const std::regex sweep_name("^sweep([1-9][0-9]{0,9})(-[a-z0-9]+)?$");
   for (const auto& name : cl::list_clusters()) {
-    if (name.size() < 6 || name.rfind("sweep", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos)
-      continue;
-    const long pid = std::strtol(name.c_str() + 5, nullptr, 10);
-    if (pid <= 0 || pid > INT_MAX || pid == static_cast<long>(getpid())) continue;
+    std::smatch m;
+    if (!std::regex_match(name, m, sweep_name)) continue;
+    const long pid = std::strtol(m[1].str().c_str(), nullptr, 10);
     // Only clusters this machine's sweeps recorded (a state file here): namespaces of another container's sweep,
     // whose pid means nothing in this pid namespace, are not ours to judge.
     if (!fs::exists(cl::state_path(name))) continue;
     // Only a sweep's own (its state file says so): a user's cluster named sweep<digits> was taken down with the
     // processes inside it.
+    cl::ClusterState st;
     try {
-      if (cl::load_state(name).owner != "sweep") continue;
+      st = cl::load_state(name);
     } catch (const std::exception&) {
       continue;  // (a damaged state file is not ours to judge either)
     }
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (st.owner != "sweep" || !sweep_cluster_is_stale(st, pid)) continue;
     try {
       cl::down(name);
-      fmt::print(stderr, "sweep: removed cluster {}, left by a sweep (pid {}) that no longer runs\n", name, pid);
+      fmt::print(stderr, "sweep: removed cluster {}, left by a sweep (pid {}) that no longer runs\n", name,
+                 st.owner_pid > 0 ? st.owner_pid : pid);
     } catch (const std::exception& e) {
       fmt::print(stderr, "sweep: cluster {} of a sweep that no longer runs could not be removed: {}\n", name, e.what());
     }
@@ -1601,15 +1630,18 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
           up_net = nullptr;
         }
         if (g_stop) break;  // a stop during the switch: the next cluster is not built for a cell that will not run
+        bool claimed = false;
         try {
-          cl::up(cluster, c.net->links, "sweep");
+          cl::up(cluster, c.net->links, "sweep", &claimed);
         } catch (const std::exception& e) {
           if (g_stop) throw;  // (a stop: the sweep ends as a stopped one, below)
           // (`up` removed what it made) This network's cells fail; the next network's run.
           bringing_up = false;
           // What up could not remove of itself stays under this name, and every later network would fail on "a
-          // cluster named ... exists": removed here, or the sweep ends as before.
-          if (!cl::existing_namespaces(cluster).empty() || fs::exists(cl::state_path(cluster))) cl::down(cluster);
+          // cluster named ... exists": removed here, or the sweep ends as before. Only when this `up` claimed the
+          // name: a cluster it found under the name is someone else's (it took down a user's cluster; an audit).
+          if (claimed && (!cl::existing_namespaces(cluster).empty() || fs::exists(cl::state_path(cluster))))
+            cl::down(cluster);
           failed_net = c.net;
           std::string why = e.what();
           failed_why = why.rfind("cluster up: ", 0) == 0 ? why : "cluster up: " + why;

@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -817,6 +819,93 @@ TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
   char magic[4] = {};
   png.read(magic, 4);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+// Sets the state file of cluster `name` to say a sweep made it: owner "sweep", and (when pid > 0) the sweep's pid and
+// start time, as a sweep's own `up` records them.
+void mark_as_sweeps(const std::string& name, long pid = 0, unsigned long long start = 0) {
+  const std::string state = "/run/conduit/cluster-" + name + ".json";
+  std::ifstream in(state);
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["owner"] = "sweep";
+  if (pid > 0) {
+    j["owner_pid"] = pid;
+    j["owner_start"] = start;
+  }
+  std::ofstream(state) << j.dump();
+}
+
+// /proc/PID/stat's start time (its 22nd field).
+unsigned long long start_time_of(long pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  std::istringstream in(stat.substr(stat.rfind(')') + 1));
+  std::string field;
+  for (int k = 3; k <= 22 && in >> field; ++k)
+    if (k == 22) return std::stoull(field);
+  return 0;
+}
+
+// A sweep's cluster is named sweep<pid>-<random>: a user's cluster named sweep<pid> (a shell's $$ that then `exec`s
+// the sweep) was taken down by the sweep, whose `up` failed on the name and whose failure path removed whatever held
+// it. Of the clusters marked as a sweep's, those of a sweep that no longer runs go: one of this very pid (the sweep
+// has made none yet when it looks; it was skipped), and one whose pid now belongs to a process started at another
+// time (a reused pid; kept for good). One whose sweep still runs stays. (an audit)
+TEST_F(ClusterTest, SweepLeavesAUsersClusterOfItsPidAloneAndRemovesItsStaleOnes) {
+  const std::string name = unique_name("sn");
+  const fs::path dir = fs::temp_directory_path() / (name + "-dir");
+  TempDir cleanup(dir);
+  std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 2\nnetworks: [{bandwidth: 1gbit}]\n"
+                                << "bench: {max_bytes: 1K, iters: 2, warmup: 1}\ntimeout_s: 60\n";
+  // A live process, not a sweep: clusters marked with its pid and another start time are a killed sweep's whose pid
+  // was reused; marked with its own start time, a running sweep's.
+  Result sleeper = sh("sleep 120 >/dev/null 2>&1 & echo $!");
+  const long live = std::stol(sleeper.out);
+  struct Kill {
+    long pid;
+    ~Kill() { ::kill(static_cast<pid_t>(pid), SIGKILL); }
+  } kill_sleeper{live};
+  const std::string reused = "sweep" + std::to_string(live);  // (a name of the sweeps before, pid alone)
+  const std::string running = "sweep" + std::to_string(live) + "-" + name.substr(1);
+  ClusterGuard reused_guard(reused), running_guard(running);
+  ASSERT_EQ(sh(conduit() + " cluster up -q --name " + reused + " --hosts 1 --bandwidth 10mbit").code, 0);
+  ASSERT_EQ(sh(conduit() + " cluster up -q --name " + running + " --hosts 1 --bandwidth 10mbit").code, 0);
+  mark_as_sweeps(reused, live, start_time_of(live) + 1);
+  mark_as_sweeps(running, live, start_time_of(live));
+  // The shell makes a cluster named sweep$$ (a user's) and one marked as a sweep's of its own pid, then becomes the
+  // sweep.
+  std::ofstream(dir / "run.sh") << "set -e\necho pid=$$\n"
+                                << conduit() << " cluster up -q --name sweep$$ --hosts 1 --bandwidth 10mbit\n"
+                                << conduit() << " cluster up -q --name sweep$$-old --hosts 1 --bandwidth 10mbit\n"
+                                << "sed -i 's/\"shaping\"/\"owner\": \"sweep\", \"shaping\"/' "
+                                << "/run/conduit/cluster-sweep$$-old.json\n"
+                                << "exec " << conduit() << " sweep " << (dir / "s.yaml").string() << " -o "
+                                << (dir / "out").string() << "\n";
+  Result r = sh("sh " + (dir / "run.sh").string(), 120);
+  const size_t at = r.out.find("pid=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string pid = r.out.substr(at + 4, r.out.find('\n', at) - at - 4);
+  ClusterGuard users_guard("sweep" + pid), old_guard("sweep" + pid + "-old");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(read_file(dir / "out" / "results.csv").find(",ok,"), std::string::npos) << r.out;
+  const auto has_ns = [](const std::string& cluster, const std::string& ns) {
+    return fs::exists("/run/netns/conduit-" + cluster + "-" + ns);
+  };
+  // The user's, untouched.
+  EXPECT_TRUE(has_ns("sweep" + pid, "h0") && has_ns("sweep" + pid, "sw")) << r.out;
+  EXPECT_TRUE(fs::exists("/run/conduit/cluster-sweep" + pid + ".json")) << r.out;
+  EXPECT_FALSE(has_ns("sweep" + pid + "-old", "h0")) << r.out;
+  EXPECT_NE(r.out.find("removed cluster sweep" + pid + "-old,"), std::string::npos) << r.out;
+  EXPECT_FALSE(has_ns(reused, "h0")) << r.out;
+  EXPECT_NE(r.out.find("removed cluster " + reused + ","), std::string::npos) << r.out;
+  EXPECT_TRUE(has_ns(running, "h0")) << r.out;
+  EXPECT_EQ(r.out.find("removed cluster " + running), std::string::npos) << r.out;
+  // The sweep's own cluster (sweep<pid>-<random>) is gone with it: of sweep<pid>'s names, the user's alone are left.
+  for (const auto& e : fs::directory_iterator("/run/netns")) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("conduit-sweep" + pid + "-", 0) == 0) {
+      EXPECT_TRUE(n == "conduit-sweep" + pid + "-h0" || n == "conduit-sweep" + pid + "-sw") << n << r.out;
+    }
+  }
 }
 
 // A run removes an earlier run's results only once its first cell is about to run: one whose every `cluster up`
