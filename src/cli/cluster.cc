@@ -84,12 +84,12 @@ std::string join(const std::vector<std::string>& v) {
   return out;
 }
 
-// Runs argv; throws Error naming `what` and the command's first line of output when it fails.
+// Runs argv; throws Error naming `what` and the line of the command's output that says what failed.
 void must(const std::vector<std::string>& argv, const std::string& what) {
   std::string out;
   const int rc = run_program(argv, &out);
   if (rc != 0) {
-    throw Error(fmt::format("{}: `{}` failed (exit {}): {}", what, join(argv), rc, first_line(out)));
+    throw Error(fmt::format("{}: `{}` failed (exit {}): {}", what, join(argv), rc, tool_error_line(out)));
   }
 }
 
@@ -173,50 +173,16 @@ void write_state(const ClusterState& s) {
 // exchange between two compute phases crossed a 10 Mbit/s link in 1 ms instead of 54. The 1 ms is what tbf needs to
 // hold high rates on a small VM (at 1 Gbit/s three frames gave 44-72% of the rate, 1 ms 92-96%; docs/cluster.md):
 // after a pause a message crosses up to 1 ms sooner than the rate allows.
-long burst_bytes(double rate_bps) { return std::max<long>(3 * 1514, static_cast<long>(rate_bps / 8 * 0.001)); }
-long limit_bytes(double rate_bps) {
+constexpr long kFrameBytes = 1514;  // a full Ethernet frame (MTU 1500 and its header)
+long burst_bytes(double rate_bps) { return std::max<long>(3 * kFrameBytes, static_cast<long>(rate_bps / 8 * 0.001)); }
+long queue_limit_bytes(double rate_bps) {
   return burst_bytes(rate_bps) + std::max<long>(64 * 1024, static_cast<long>(rate_bps / 8 * 0.05));
 }
 
-// Shapes egress of `dev` in namespace `ns`: rate, plus delay/loss through netem when asked (and available).
+// Shapes egress of `dev` in namespace `ns` (shape_commands).
 void shape(const std::string& ns, const std::string& dev, double rate_bps, double delay_s, double loss) {
-  const std::string rate = fmt::format("{}bit", static_cast<long long>(std::llround(rate_bps)));
   const std::string what = fmt::format("cluster up: shaping {} in {}", dev, ns);
-  const bool netem = delay_s > 0 || loss > 0;
-  std::vector<std::string> netem_args;
-  if (netem) {
-    // The delay line holds rate x delay of full frames (with half again for bursts): a fixed 100,000 dropped what
-    // a long latency at a high rate kept in flight (10 s at 1 gbit: ~413,000 frames), loss nobody asked for.
-    const double frames = 1.5 * rate_bps * delay_s / (1514.0 * 8);
-    const long long limit = std::max<long long>(100000, static_cast<long long>(std::ceil(frames)));
-    netem_args = {"netem", "limit", std::to_string(limit)};
-    if (delay_s > 0) {
-      netem_args.insert(netem_args.end(),
-                        {"delay", fmt::format("{}us", static_cast<long long>(std::llround(delay_s * 1e6)))});
-    }
-    if (loss > 0) netem_args.insert(netem_args.end(), {"loss", fmt::format("{}%", loss * 100)});
-  }
-  if (rate_bps <= 0) {
-    if (!netem) return;
-    std::vector<std::string> a = {"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:"};
-    a.insert(a.end(), netem_args.begin(), netem_args.end());
-    must(a, what);
-    return;
-  }
-  const std::string burst = std::to_string(burst_bytes(rate_bps));
-  if (!netem) {
-    must({"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate, "burst", burst,
-          "limit", std::to_string(limit_bytes(rate_bps))},
-         what);
-    return;
-  }
-  must({"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1"}, what);
-  must({"tc",  "-n",  ns,     "class", "add",  "dev", dev,     "parent", "1:",     "classid",
-        "1:1", "htb", "rate", rate,    "ceil", rate,  "burst", burst,    "cburst", burst},
-       what);
-  std::vector<std::string> a = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:"};
-  a.insert(a.end(), netem_args.begin(), netem_args.end());
-  must(a, what);
+  for (const auto& argv : shape_commands(ns, dev, rate_bps, delay_s, loss)) must(argv, what);
 }
 
 // True when the process's environment holds `entry` (KEY=VALUE) exactly.
@@ -606,6 +572,64 @@ std::vector<std::string> existing_namespaces(const std::string& name) {
     if (std::regex_match(n, m, ns_regex()) && m[1].str() == name) out.push_back(n);
   }
   return out;
+}
+
+std::string tool_error_line(const std::string& output) {
+  std::vector<std::string> lines;
+  std::istringstream in(output);
+  for (std::string l; std::getline(in, l);)
+    if (!trim(l).empty()) lines.push_back(trim(l));
+  for (const auto& l : lines)
+    if (l.rfind("Error", 0) == 0) return l;
+  for (const auto& l : lines)
+    if (l.rfind("Warning", 0) != 0) return l;
+  return lines.empty() ? "" : lines.front();
+}
+
+std::vector<std::vector<std::string>> shape_commands(const std::string& ns, const std::string& dev, double rate_bps,
+                                                     double delay_s, double loss) {
+  const std::string rate = fmt::format("{}bit", static_cast<long long>(std::llround(rate_bps)));
+  const bool netem = delay_s > 0 || loss > 0;
+  if (!netem && rate_bps <= 0) return {};
+  std::vector<std::string> netem_args;
+  if (netem) {
+    // netem's limit counts packets: those in its delay line and, under htb, those whose delay is over but that wait
+    // for htb's tokens: the queue. The delay line holds rate x delay of full frames (with half again for bursts): a
+    // fixed 100,000 dropped what a long latency at a high rate kept in flight (10 s at 1 gbit: ~413,000 frames),
+    // loss nobody asked for. The queue is the tbf path's, in full frames: a minimum of 100,000 packets let a link
+    // with latency queue seconds of its rate where one without queues 50 ms (an audit). Unshaped (no htb, nothing
+    // waits but for the delay), the 100,000 stays as the least.
+    const double line = std::ceil(1.5 * rate_bps * delay_s / (kFrameBytes * 8.0));
+    const long long limit =
+        rate_bps > 0 ? static_cast<long long>(line) + (queue_limit_bytes(rate_bps) + kFrameBytes - 1) / kFrameBytes
+                     : std::max<long long>(100000, static_cast<long long>(line));
+    netem_args = {"netem", "limit", std::to_string(limit)};
+    if (delay_s > 0) {
+      netem_args.insert(netem_args.end(),
+                        {"delay", fmt::format("{}us", static_cast<long long>(std::llround(delay_s * 1e6)))});
+    }
+    if (loss > 0) netem_args.insert(netem_args.end(), {"loss", fmt::format("{}%", loss * 100)});
+  }
+  if (rate_bps <= 0) {
+    std::vector<std::string> a = {"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:"};
+    a.insert(a.end(), netem_args.begin(), netem_args.end());
+    return {a};
+  }
+  const std::string burst = std::to_string(burst_bytes(rate_bps));
+  if (!netem) {
+    return {{"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate, "burst",
+             burst, "limit", std::to_string(queue_limit_bytes(rate_bps))}};
+  }
+  // quantum: what htb would take by default (a tenth of the rate's bytes a second, at most 200,000, and here at
+  // least a frame), given, so that tc does not print "Warning: sch_htb: quantum of class ... is big" above
+  // 16 Mbit/s (one class: the quantum shares nothing out).
+  const long long quantum = std::clamp<long long>(static_cast<long long>(rate_bps / 8 / 10), kFrameBytes, 200000);
+  std::vector<std::string> leaf = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:"};
+  leaf.insert(leaf.end(), netem_args.begin(), netem_args.end());
+  return {{"tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1"},
+          {"tc",  "-n",   ns,   "class", "add", "dev",   dev,   "parent", "1:",  "classid", "1:1",
+           "htb", "rate", rate, "ceil",  rate,  "burst", burst, "cburst", burst, "quantum", std::to_string(quantum)},
+          leaf};
 }
 
 unsigned long long process_start_time(long pid) {

@@ -12,7 +12,8 @@
 // so TCP never stalls; tbf segments a GSO super-packet larger than it), queue of 50 ms of the rate (at least 64 KiB:
 // a super-packet's segments; a second of queue and more below 0.5 Mbit/s). Latency and
 // loss need netem: when the kernel has it, each direction gets htb (rate) with a netem leaf (half the latency each
-// way, the loss on the host's egress); when it does not, asking for them fails with one line naming what is missing.
+// way, the loss on the host's egress) whose limit is its delay line plus the same queue, in full frames
+// (shape_commands); when it does not, asking for them fails with one line naming what is missing.
 // State is kept in /run/conduit/cluster-NAME.json (CONDUIT_CLUSTER_STATE_DIR overrides); `down` also finds
 // namespaces of the cluster by their names, so it cleans up after an interrupted `up`.
 #include <string>
@@ -114,6 +115,15 @@ int resolve_host(const ClusterState& state, const std::string& host);
 // Enters the host's namespace, sets CONDUIT_SOCKET_IFNAME=eth0 and CONDUIT_CLUSTER_HOST, and execs the command
 // (PATH lookup). Returns only on failure (throws Error).
 [[noreturn]] void exec_in_host(const ClusterState& state, int index, const std::vector<std::string>& command);
+
+// The tc commands (argv each, in order) that shape egress of `dev` in namespace `ns`: tbf at rate_bps alone; with a
+// delay or loss, htb at the rate with a netem leaf whose limit (packets) is its delay line plus the tbf path's queue
+// in full frames, so that both paths queue alike; netem alone when unshaped (rate_bps 0); none for neither.
+std::vector<std::vector<std::string>> shape_commands(const std::string& ns, const std::string& dev, double rate_bps,
+                                                     double delay_s, double loss);
+// The line of a failed tool's output that says why: the first starting with "Error", else the first that is not a
+// "Warning" (tc prints "Warning: sch_htb: quantum of class ... is big" first), else the first; trimmed.
+std::string tool_error_line(const std::string& output);
 
 // Runs a program (argv[0] looked up in PATH) and returns its exit status; output captured into *out when given.
 int run_program(const std::vector<std::string>& argv, std::string* out = nullptr);
