@@ -1681,6 +1681,9 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
         fail_cell(c, e.what(), true);
         continue;
       }
+      // The cell's time ends with its program (it also counted stopping what the cell left behind below, up to
+      // seconds of SIGTERM and SIGKILL; an audit).
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // What the cell started and left behind (a worker's children after its launcher was killed) must not share
       // the hosts with the next cell: processes that survive SIGKILL end the sweep, after this cell's row is kept.
       std::string leftovers;
@@ -1689,7 +1692,6 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       } catch (const std::exception& e) {
         leftovers = e.what();
       }
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const uint64_t rx1 = switch_rx_bytes(cluster);
       json row = cell_row(c);
       row["status"] = timed_out ? "timeout" : stopped ? "stopped" : rc == 0 ? "ok" : "failed";

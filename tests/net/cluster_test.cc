@@ -908,6 +908,54 @@ TEST_F(ClusterTest, SweepLeavesAUsersClusterOfItsPidAloneAndRemovesItsStaleOnes)
   }
 }
 
+// A cell's net_bytes is what its hosts sent over their links: 2 MiB sent from host 0 to host 1 read as 2 MiB and
+// the headers (TCP/IP and Ethernet, the ACKs: under 10%). Its cell_s ends with its program: what the cell left in
+// its hosts (here a process in each that ignores SIGTERM, outside the run's process groups and mark, which the sweep
+// stops: 1 s of SIGTERM a host before SIGKILL) was counted too, 3 s of stopping in a cell of well under one (an
+// audit). The program is a stand-in for the DDP peer (python: /bin/sh, ddp_script: the script below).
+TEST_F(ClusterTest, SweepCountsACellsBytesAndTimeUpToItsProgramsEnd) {
+  if (sh("command -v python3").code != 0) GTEST_SKIP() << "needs python3";
+  const std::string name = unique_name("nb");
+  const fs::path dir = fs::temp_directory_path() / (name + "-dir");
+  TempDir cleanup(dir);
+  const long bytes = 2 << 20;
+  std::ofstream(dir / "recv.py") << "import socket\ns = socket.socket()\n"
+                                 << "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                                 << "s.bind(('0.0.0.0', 29555))\ns.listen(1)\nc, _ = s.accept()\nn = 0\n"
+                                 << "while True:\n    b = c.recv(1 << 16)\n    if not b:\n        break\n"
+                                 << "    n += len(b)\nprint(n)\n";
+  std::ofstream(dir / "send.py") << "import socket, time\nfor i in range(400):\n    try:\n"
+                                 << "        c = socket.create_connection(('10.213.0.2', 29555))\n        break\n"
+                                 << "    except OSError:\n        time.sleep(0.05)\n"
+                                 << "c.sendall(b'x' * " << bytes << ")\nc.close()\n";
+  const std::string d = dir.string();
+  std::ofstream(dir / "rank.sh") << "date +%s.%N > " << d << "/start$RANK\n"
+                                 << "setsid env -i sh -c 'trap \"\" TERM; exec sleep 60' </dev/null >/dev/null 2>&1 &\n"
+                                 << "if [ \"$RANK\" = 1 ]; then python3 " << d << "/recv.py > " << d << "/received\n"
+                                 << "elif [ \"$RANK\" = 0 ]; then python3 " << d << "/send.py\nfi\n"
+                                 << "date +%s.%N > " << d << "/end$RANK\n";
+  std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 3\nnetworks: [{bandwidth: 100mbit}]\n"
+                                << "peers: [none]\npython: /bin/sh\nddp_script: " << d << "/rank.sh\ntimeout_s: 60\n";
+  Result r = sh(conduit() + " sweep " + d + "/s.yaml -o " + d + "/out", 120);
+  EXPECT_EQ(r.code, 1) << r.out;  // (the stand-in writes no results)
+  EXPECT_EQ(read_file(dir / "received"), std::to_string(bytes) + "\n") << r.out;
+  const nlohmann::json rows = nlohmann::json::parse(read_file(dir / "out" / "results.json"));
+  ASSERT_EQ(rows.size(), 1u) << r.out;
+  EXPECT_EQ(rows[0]["exit_code"], 0) << rows.dump();
+  ASSERT_TRUE(rows[0]["net_bytes"].is_number()) << rows.dump();
+  const double net = rows[0]["net_bytes"].get<double>();
+  EXPECT_GE(net, bytes) << rows.dump();
+  EXPECT_LE(net, bytes * 1.10 + 64 * 1024) << rows.dump();
+  double first_start = 1e300, last_end = 0;
+  for (int k = 0; k < 3; ++k) {
+    first_start = std::min(first_start, std::stod(read_file(dir / ("start" + std::to_string(k)))));
+    last_end = std::max(last_end, std::stod(read_file(dir / ("end" + std::to_string(k)))));
+  }
+  // (the rest is `cluster run` starting and ending: a fraction of a second; stopping the leftovers took 3 s)
+  EXPECT_LT(rows[0]["cell_s"].get<double>(), last_end - first_start + 2.0) << rows.dump() << r.out;
+  EXPECT_GE(rows[0]["cell_s"].get<double>(), last_end - first_start) << rows.dump();
+}
+
 // A run removes an earlier run's results only once its first cell is about to run: one whose every `cluster up`
 // fails leaves them as they were (they were removed first, and such a run left the folder empty). A network whose
 // cluster does not come up fails its cells with the reason, and the next network's cells run (the sweep ended, with
