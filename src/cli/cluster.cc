@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -123,6 +124,29 @@ LinkSpec link_from_json(const nlohmann::json& j) {
   return l;
 }
 
+// The temporary copies of state files (cluster-NAME.json.tmpPID, below) that an `up` killed between writing and
+// linking one left behind: those whose process is gone and that are over a minute old (a copy lives microseconds;
+// the age spares a copy of a process in another pid namespace sharing the folder). They stayed for good (an audit).
+void remove_stale_temporaries(const std::string& dir) {
+  static const std::regex tmp_re("^cluster-[a-z0-9_-]+\\.json\\.tmp([1-9][0-9]{0,9})$");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  const auto now = std::chrono::system_clock::now();
+  while (dirent* e = readdir(d)) {
+    const std::string n = e->d_name;
+    std::smatch m;
+    if (!std::regex_match(n, m, tmp_re)) continue;
+    const long pid = std::stol(m[1].str());
+    const std::string path = dir + "/" + n;
+    struct stat st {};
+    if (pid > INT_MAX || pid == static_cast<long>(getpid()) || ::lstat(path.c_str(), &st) != 0) continue;
+    if (now - std::chrono::system_clock::from_time_t(st.st_mtime) < std::chrono::minutes(1)) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    ::unlink(path.c_str());
+  }
+  closedir(d);
+}
+
 // Creates the state file, which must not exist yet: creating it claims the name (two `up` of one name at once: the
 // second sees the first's file and stops before it touches anything).
 void write_state(const ClusterState& s) {
@@ -130,6 +154,7 @@ void write_state(const ClusterState& s) {
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     throw Error(fmt::format("cluster: cannot create state directory {}: {}", dir, std::strerror(errno)));
   }
+  remove_stale_temporaries(dir);
   nlohmann::json j;
   j["name"] = s.name;
   j["switch_ns"] = s.switch_ns;

@@ -187,6 +187,27 @@ TEST_F(ClusterTest, DownCleansUpAfterAnInterruptedUp) {
   EXPECT_TRUE(namespaces_of(name).empty());
 }
 
+// The temporary copy of a state file that an `up` killed (SIGKILL) between writing and linking it left behind is
+// removed by the next `up` once it is a minute old and its process gone; it stayed for good (an audit). One of a
+// live process stays, and so does a new one.
+TEST_F(ClusterTest, UpRemovesTheStateFileCopiesOfKilledUps) {
+  const std::string name = unique_name("tm");
+  ClusterGuard guard(name);
+  fs::create_directories("/run/conduit");
+  // (no process has a pid above pid_max, 4194304 at most; this test's own lives)
+  const std::string dead = "/run/conduit/cluster-" + name + "x.json.tmp" + std::to_string(100000000 + ::getpid());
+  const std::string dead_new = "/run/conduit/cluster-" + name + "y.json.tmp" + std::to_string(100000000 + ::getpid());
+  const std::string live = "/run/conduit/cluster-" + name + "z.json.tmp" + std::to_string(::getpid());
+  for (const auto& f : {dead, dead_new, live}) std::ofstream(f) << "{\"name\": \"half\n";
+  ASSERT_EQ(sh("touch -d \"-2 minutes\" " + dead + " " + live).code, 0);
+  Result up = sh(conduit() + " cluster up -q --name " + name + " --hosts 1 --bandwidth 1gbit");
+  EXPECT_EQ(up.code, 0) << up.out;
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(dead_new));
+  EXPECT_TRUE(fs::exists(live));
+  for (const auto& f : {dead, dead_new, live}) fs::remove(f);
+}
+
 TEST_F(ClusterTest, ExecRunsInsideAHost) {
   const std::string name = unique_name("ex");
   ClusterGuard guard(name);
@@ -1171,7 +1192,12 @@ TEST(SweepConfig, SettingsThatFailOrMisleadOnceCellsRunAreRefused) {
        "train: 'zero-allgather-mb' 4 is not something the PyTorch DDP peer (peers:) takes (its --zero is PyTorch's "
        "ZeroRedundancyOptimizer"},
       {net + "peers: [none]\ntrain: {trace: true}\n",
-       "sweep: train: 'trace' applies to Conduit's train cells only and this grid has none"}};
+       "sweep: train: 'trace' applies to Conduit's train cells only and this grid has none"},
+      // (an audit: "hosts must be between 1 and 250, got 2.5" and "bench must be a map of key: value" for a bench:
+      // left empty did not say what was wrong)
+      {"hosts: 2.5\nnetworks: [{bandwidth: 10mbit}]\nbench: {}\n",
+       "sweep: hosts must be a whole number from 1 to 250, got 2.5"},
+      {net + "bench:\n", "sweep: bench has no value; allowed: a map of key: value, or bench: {} for the defaults"}};
   for (const auto& [body, expect] : cases) {
     std::ofstream(file) << body;
     Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
