@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -29,6 +30,7 @@
 #include <sstream>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "core/cpus.h"
 #include "core/env.h"
@@ -147,9 +149,29 @@ void remove_stale_temporaries(const std::string& dir) {
   closedir(d);
 }
 
+// An open file holding an flock, released (closed) when done or destroyed.
+class StateLock {
+ public:
+  explicit StateLock(int fd = -1) : fd_(fd) {}
+  StateLock(const StateLock&) = delete;
+  StateLock& operator=(const StateLock&) = delete;
+  StateLock(StateLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  ~StateLock() { release(); }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
 // Creates the state file, which must not exist yet: creating it claims the name (two `up` of one name at once: the
-// second sees the first's file and stops before it touches anything).
-void write_state(const ClusterState& s) {
+// second sees the first's file and stops before it touches anything). Returns it locked (flock, taken on the
+// temporary copy before it is linked into place, so it is never seen unlocked): `down` waits for the lock, so one
+// run during an `up` of the name waits until the cluster is whole (it removed the namespaces made so far, `up` made
+// the rest and left them without a state file; an audit).
+StateLock write_state(const ClusterState& s) {
   const std::string dir = state_dir();
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     throw Error(fmt::format("cluster: cannot create state directory {}: {}", dir, std::strerror(errno)));
@@ -181,6 +203,10 @@ void write_state(const ClusterState& s) {
       throw Error(fmt::format("cluster: cannot write {}: {}", tmp, err ? std::strerror(err) : "write failed"));
     }
   }
+  // (a lock not taken only loses the wait of a concurrent `down`, as before)
+  const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) ::flock(fd, LOCK_EX);
+  StateLock lock(fd);
   // link() fails when the name exists, atomically, and the file appears whole or not at all.
   const int rc = ::link(tmp.c_str(), path.c_str());
   const int err = errno;
@@ -190,6 +216,7 @@ void write_state(const ClusterState& s) {
                                   s.name, s.name));
   }
   if (rc != 0) throw Error(fmt::format("cluster: cannot write {}: {}", path, std::strerror(err)));
+  return lock;
 }
 
 // tbf burst: three full Ethernet frames or 1 ms of the rate, the larger; queue: 50 ms of the rate on top. tbf splits a
@@ -703,7 +730,7 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, con
   }
   // Record first, so that `down` knows the cluster even when this is interrupted half way.
   UpSignals signals;
-  write_state(s);
+  StateLock lock = write_state(s);
   if (claimed != nullptr) *claimed = true;
   const auto check_signal = [] {
     if (g_up_signal != 0) throw Error(fmt::format("cluster up: stopped by signal {}", static_cast<int>(g_up_signal)));
@@ -729,6 +756,7 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, con
       check_signal();
     }
   } catch (...) {
+    lock.release();  // (down takes it)
     try {
       down(name);
     } catch (const std::exception& e) {  // (said, not dropped: what it left behind needs a `cluster down`)
@@ -742,6 +770,8 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, con
     throw;
   }
   signals.restore();
+  // (the cluster is whole: a waiting `down` goes on)
+  lock.release();
   if (g_up_signal != 0) {  // arrived after the last step: the cluster is whole, but the caller asked to stop
     const int sig = g_up_signal;
     try {
@@ -756,6 +786,14 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, con
 
 int down(const std::string& name) {
   validate_name(name);
+  // An `up` of this name building it holds its state file's lock: wait until the cluster is whole (or removed
+  // again), at most two minutes (an `up` that hangs does not keep the cluster for good).
+  const int fd = ::open(state_path(name).c_str(), O_RDONLY | O_CLOEXEC);
+  const StateLock lock(fd);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && (errno == EWOULDBLOCK || errno == EINTR) &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const auto names = existing_namespaces(name);
   // Hosts first (their processes hold sockets), the switch last.
   const std::string survivors = stop_namespaces_processes(names);

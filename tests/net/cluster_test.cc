@@ -737,6 +737,31 @@ TEST_F(ClusterTest, ASweepUnderNohupIgnoresHangUps) {
   fs::remove_all(dir);
 }
 
+// A `down` while an `up` of the name builds the cluster waits for it, then removes all of it: it removed the
+// namespaces made so far, and `up` either failed on its missing switch or made the rest and left them without a
+// state file (an audit).
+TEST_F(ClusterTest, DownDuringAnUpWaitsForItAndRemovesTheWholeCluster) {
+  const std::string name = unique_name("du");
+  ClusterGuard guard(name);
+  // An `ip` that takes 20 ms a call makes `up` of 12 hosts last ~2.5 s, so the `down` lands inside it.
+  const fs::path bin = fs::temp_directory_path() / (name + "-bin");
+  fs::create_directories(bin);
+  const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
+  const std::string called = (bin / "called").string();
+  std::ofstream(bin / "ip") << "#!/bin/sh\n: > " << called << "\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
+  fs::permissions(bin / "ip", fs::perms::owner_all);
+  Result r = sh("(PATH=" + bin.string() + ":$PATH " + conduit() + " cluster up -q --name " + name +
+                    " --hosts 12 --bandwidth 1gbit & P=$!; while [ ! -e " + called + " ]; do sleep 0.05; done; " +
+                    "sleep 0.5; " + conduit() + " cluster down --name " + name + "; echo down=$?; wait $P; echo up=$?)",
+                120);
+  fs::remove_all(bin);
+  EXPECT_NE(r.out.find("up=0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("down=0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("removed 13 namespaces"), std::string::npos) << r.out;
+  EXPECT_TRUE(namespaces_of(name).empty()) << r.out;
+  EXPECT_FALSE(fs::exists("/run/conduit/cluster-" + name + ".json"));
+}
+
 // Two `down`s of one cluster at once both succeed (the second failed on every namespace the first had removed).
 TEST_F(ClusterTest, ConcurrentDownsOfOneClusterBothSucceed) {
   const std::string name = unique_name("cd");
