@@ -71,7 +71,8 @@ def fsdp_cluster(conduit, directory):
     text = subprocess.run([conduit, "sim", "presets", "--dump", "dgx-a100"], check=True, capture_output=True,
                           text=True).stdout
     for old, new in [("\nname: dgx-a100\n", "\nname: fsdp-a100-roce\n"),
-                     ("bandwidth: 200 Gb/s ", "bandwidth: 250 Gb/s "),
+                     ("bandwidth: 200 Gb/s            # ConnectX-6 HDR InfiniBand 200 Gb/s",
+                      "bandwidth: 250 Gb/s            # 2 Tb/s RoCE a node (Zhao et al. 2023, section 5), 8 NICs"),
                      ("in_network_reduction: true", "in_network_reduction: false")]:
         if text.count(old) != 1:
             sys.exit(f"the dgx-a100 preset no longer holds {old!r} once")

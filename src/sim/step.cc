@@ -331,13 +331,15 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
 // kernels hold comm_sms of the accelerator's sm_count SMs, and the compute they overlap runs on the rest, so the
 // compute path takes f = comm_sms / sm_count of the hidden time longer. The step ends at the later of that path's end
 // and the communication's (unchanged): the stretch past the time the compute spent waiting for exposed communication.
-// `hidden` is the communication time that overlapped compute (capped at `compute`), `exposed` the time the step
-// waited for communication.
-double overlap_slowdown(const Accelerator& acc, double hidden, double compute, double exposed) {
-  if (acc.comm_sms <= 0 || hidden <= 0) return 0;
-  const double f = static_cast<double>(acc.comm_sms) / acc.sm_count;
-  return std::max(0.0, f * std::min(hidden, compute) - exposed);
+// `share` is comm_sms / sm_count, `hidden` the communication time that overlapped compute (capped at `compute`),
+// `exposed` the time the step waited for communication (all of it counted as slack the stretch can fill: a wait that
+// comes strictly before or after the compute, a gather before the first layer, is not, which this leaves out).
+double overlap_slowdown(double share, double hidden, double compute, double exposed) {
+  if (share <= 0 || hidden <= 0) return 0;
+  return std::max(0.0, share * std::min(hidden, compute) - exposed);
 }
+
+double comm_share(const Accelerator& acc) { return static_cast<double>(acc.comm_sms) / acc.sm_count; }
 
 // Time of bucketed gradient exchange overlapped with a backward pass of length `window`: buckets become ready
 // uniformly during the window and are exchanged one after another. Returns the time past the window's end.
@@ -560,7 +562,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   // Compute: the slowest node kind bounds a synchronous step.
   MicroTimes mt;
   const Accelerator* slowest = nullptr;
-  double mem_capacity = 1e300;
+  double mem_capacity = 1e300, largest_share = 0;
   int kinds = 0;
   for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
     if (topo.kind_counts()[i] == 0) continue;
@@ -572,6 +574,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
       slowest = &k.accelerator;
     }
     mem_capacity = std::min(mem_capacity, k.accelerator.memory_bytes);
+    largest_share = std::max(largest_share, comm_share(k.accelerator));
   }
   if (kinds > 1 && cfg.balance) {
     if (t != 1 || p != 1) throw ConfigError("--balance needs --tp 1 and --pp 1 (data parallelism only)");
@@ -1057,14 +1060,17 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
 
   {
     // (dp_total holds ZeRO-3's gathers; dp_exposed the compression compute that is exposed, not communication)
+    // (with --balance every kind finishes together, so the kind whose collectives take the largest share of its SMs
+    // sets the stretch; otherwise the slowest kind, whose compute the step waits for)
+    const double share = kinds > 1 && cfg.balance ? largest_share : comm_share(acc);
     const double waited = dp_exposed - r.breakdown.compression + r.breakdown.zero3_exposed;
-    r.breakdown.overlap_slowdown = overlap_slowdown(acc, dp_total - waited, r.breakdown.compute, waited);
+    r.breakdown.overlap_slowdown = overlap_slowdown(share, dp_total - waited, r.breakdown.compute, waited);
     if (r.breakdown.overlap_slowdown > 0)
       r.notes.push_back(fmt::format(
-          "the {} of data-parallel communication hidden behind compute holds {} of the {} SMs (comm_sms): the compute "
-          "it overlaps runs {:.1f}% slower, {} more a step",
-          format_seconds(std::min(dp_total - waited, r.breakdown.compute)), acc.comm_sms, acc.sm_count,
-          100.0 * acc.comm_sms / acc.sm_count, format_seconds(r.breakdown.overlap_slowdown)));
+          "the {} of data-parallel communication hidden behind compute holds {:.1f}% of the SMs (comm_sms / "
+          "sm_count): the compute it overlaps runs that much slower, {} more a step",
+          format_seconds(std::min(dp_total - waited, r.breakdown.compute)), 100.0 * share,
+          format_seconds(r.breakdown.overlap_slowdown)));
   }
   r.time = pipe + embedding_sync + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer +
            r.breakdown.overlap_slowdown;
@@ -1275,7 +1281,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
                                                                    : memory_time(acc, n * 28, 4);
   };
   double dp_end = makespan, end = 0, dp_total = 0, comp = 0;
-  std::vector<double> exposed_s(P, 0.0);
+  std::vector<double> exposed_s(P, 0.0), stretch(P, 0.0);
   if (d > 1) {
     const std::string& k = cfg.compression.kind;
     // (int8: the runtime's blocks of 256 with an f32 scale, allgathered and decoded by every rank, as the GPT path)
@@ -1298,7 +1304,10 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
                memory_time(acc, 8 * n / per, 1) + (gathered ? memory_time(acc, (d - 1) * (n + 8 * n / per), 1) : 0);
       };
       double total = 0;
-      const double exposed = bucketed_exposed(cfg.dp_overlap ? B[s] : 0.0, wire, cap, tof, &total);
+      const double window = cfg.dp_overlap ? B[s] : 0.0;
+      const double exposed = bucketed_exposed(window, wire, cap, tof, &total);
+      // (the stage's last backward runs beside its buckets' collectives: stretched as in a step of one stage)
+      stretch[s] = overlap_slowdown(comm_share(acc), total - exposed, window, exposed);
       // (quantize, or cast, before sending; error feedback)
       const double c = per != cfg.grad_bytes ? memory_time(acc, params[s] * (cfg.grad_bytes * 2 + per * 2), 2) : 0;
       exposed_s[s] = exposed + c;
@@ -1310,10 +1319,13 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
       comp = std::max(comp, c);
     }
   }
+  double stretched_end = 0;
   for (size_t s = 0; s < P; ++s) {
     dp_end = std::max(dp_end, free_at[s] + exposed_s[s]);
     end = std::max(end, free_at[s] + exposed_s[s] + optimizer_of(params[s]));
+    stretched_end = std::max(stretched_end, free_at[s] + exposed_s[s] + stretch[s] + optimizer_of(params[s]));
   }
+  r.breakdown.overlap_slowdown = stretched_end - end;
   // The wait for the slowest rank, measured at a barrier among as many ranks (the stages meet every micro-batch).
   if (measured)
     r.breakdown.rank_wait =
@@ -1324,7 +1336,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
   r.breakdown.dp_exposed = dp_end - makespan + r.breakdown.rank_wait;
   r.breakdown.compression = std::min(comp, dp_end - makespan);  // (a stage done early hides some)
   r.breakdown.optimizer = end - dp_end;  // (past the last exchange)
-  r.time = makespan + r.breakdown.dp_exposed + r.breakdown.optimizer;
+  r.time = makespan + r.breakdown.dp_exposed + r.breakdown.optimizer + r.breakdown.overlap_slowdown;
   // Memory: the fullest stage's parameters, gradients and optimizer state, and the activations of the micro-batches it
   // holds at once (GPipe all of them, 1F1B at most p - s).
   for (size_t s = 0; s < P; ++s) {
@@ -1812,8 +1824,16 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
   r.breakdown.optimizer =
       measured && measured->optimizer > 0 ? measured->optimizer / over : memory_time(*slow, params / over * 28, 4);
   {
-    const double waited = dp_exposed - r.breakdown.compression + r.breakdown.zero3_exposed;
-    r.breakdown.overlap_slowdown = overlap_slowdown(*slow, dp_total - waited, r.breakdown.compute, waited);
+    // (dp_exposed holds the wait for the slowest rank, whose own compute is stretched too: not slack, and not
+    // communication)
+    const double waited = dp_exposed - r.breakdown.compression - r.breakdown.rank_wait + r.breakdown.zero3_exposed;
+    r.breakdown.overlap_slowdown = overlap_slowdown(comm_share(*slow), dp_total - waited, r.breakdown.compute, waited);
+    if (r.breakdown.overlap_slowdown > 0)
+      r.notes.push_back(fmt::format(
+          "the {} of data-parallel communication hidden behind compute holds {:.1f}% of the SMs (comm_sms / "
+          "sm_count): the compute it overlaps runs that much slower, {} more a step",
+          format_seconds(std::min(dp_total - waited, r.breakdown.compute)), 100.0 * comm_share(*slow),
+          format_seconds(r.breakdown.overlap_slowdown)));
   }
   r.time = r.breakdown.compute + dp_exposed + r.breakdown.zero3_exposed + r.breakdown.optimizer +
            r.breakdown.overlap_slowdown;
