@@ -127,8 +127,19 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
   if (mpi_launched()) {
     mpi_init_once(timeout_s);
     b->method = "mpi";
+    b->size = mpi_world_size();  // (first: a launcher's size that is not MPI's explains a rank that is not either)
     b->rank = mpi_world_rank();
-    b->size = mpi_world_size();
+    // RANK and WORLD_SIZE beside MPI's own (a launcher's variables inherited, or set by hand) must say the same: the
+    // ranks would otherwise form another job than the one meant, silently.
+    for (const auto& [var, mpi] : {std::pair{"RANK", b->rank}, std::pair{"WORLD_SIZE", b->size}}) {
+      const auto given = env_string(var);
+      if (given && *given != std::to_string(mpi))
+        throw ConfigError(fmt::format(
+            "{}={} but mpirun made this process rank {} of {}: two launchers' variables meet here; allowed: "
+            "{} unset (or equal to MPI's) under mpirun, or OMPI_COMM_WORLD_RANK, PMIX_RANK and PMI_RANK unset to meet "
+            "by RANK and WORLD_SIZE (torchrun's workers, which TORCHELASTIC_RUN_ID marks, do)",
+            var, *given, b->rank, b->size, var));
+    }
     b->allgather = [timeout_s](const std::string& mine) {
       return mpi_allgather_strings(mine, Deadline::after(timeout_s));
     };
@@ -158,6 +169,14 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
         throw ConfigError(
             fmt::format("MASTER_ADDR='{}' holds a port or is not an address; allowed: a host name or "
                         "an IPv4/IPv6 address, with the port in MASTER_PORT",
+                        *addr));
+      // (a wildcard was taken as loopback on every rank: ranks on other hosts dialled their own)
+      in_addr v4{};
+      if ((inet_pton(AF_INET, bare.c_str(), &v4) == 1 && v4.s_addr == INADDR_ANY) ||
+          (inet_pton(AF_INET6, bare.c_str(), &v6) == 1 && IN6_IS_ADDR_UNSPECIFIED(&v6)))
+        throw ConfigError(
+            fmt::format("MASTER_ADDR='{}' is the any-address, which names no host to meet at; allowed: rank 0's "
+                        "host name or an address of it the other ranks reach (127.0.0.1 on one host)",
                         *addr));
       int port = required_int("MASTER_PORT", 1, 65535);
       if (path && b->rank == 0)  // (taken silently: the user may have meant the file store)
@@ -334,7 +353,9 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
       }
     }
     if (kind == "mpi" && b.method != "mpi")
-      throw ConfigError("transport 'mpi' needs the program to be started by mpirun (OMPI_COMM_WORLD_RANK is not set)");
+      throw ConfigError(
+          "transport 'mpi' needs the program to be started by mpirun (none of OMPI_COMM_WORLD_RANK, PMIX_RANK and "
+          "PMI_RANK is set, or TORCHELASTIC_RUN_ID marks a torchrun worker)");
     if (kind != "mpi" && kind != "auto" && kind != "tcp" && kind != "shm")
       throw ConfigError(fmt::format("unknown transport '{}': allowed are {}", kind, transport_kinds_allowed()));
   } catch (...) {

@@ -868,6 +868,10 @@ MpiRoute mpi_route_for(uint64_t tag, int tag_ub) {
 }
 
 bool mpi_launched() {
+  // torchrun's workers inherit the variables of an MPI launcher that started torchrun itself (`srun --mpi=pmix
+  // torchrun ...`: Slurm sets PMIX_RANK, not PMIX_SIZE): they are torchrun's ranks, by RANK and WORLD_SIZE (each
+  // ran as MPI's "rank 0 of 1", a job of 2 split into two of 1 that both succeeded).
+  if (const char* t = std::getenv("TORCHELASTIC_RUN_ID"); t != nullptr && *t != '\0') return false;
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
     const char* s = std::getenv(v);
     if (s != nullptr && *s != '\0') return true;
@@ -931,9 +935,26 @@ void mpi_init_once(double timeout_s) {
 
 int mpi_world_rank() {
   mpi_init_once();
-  int r = 0;
-  MpiGuard g;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  int r = 0, n = 1;
+  {
+    MpiGuard g;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+  }
+  // The launcher's rank must be MPI's too: PMI_RANK or PMIX_RANK without a size (which mpi_world_size checks) from a
+  // launcher this library does not speak made every process a singleton, "rank 0 of 1", whatever it was given.
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
+    const char* e = std::getenv(v);
+    if (e == nullptr || *e == '\0') continue;
+    char* end = nullptr;
+    const long declared = std::strtol(e, &end, 10);
+    if (*end == '\0' && declared != r)
+      throw ConfigError(fmt::format(
+          "mpi: the launcher made this process rank {} ({}={}) but this MPI library's world makes it rank {} of {}: "
+          "the launcher is not this library's, or {} was inherited from another launch; allowed: the mpirun of the MPI "
+          "Conduit was built with, or {} unset to meet by RANK and WORLD_SIZE",
+          declared, v, e, r, n, v, v));
+  }
   return r;
 }
 

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -163,6 +164,32 @@ TEST(Processes, RanksAskingForDifferentTransportsStopAtStartUp) {
   EXPECT_NE(r.out.find("mpi: the launcher started 2 ranks (PMI_SIZE=2) but this MPI library's world has 1"),
             std::string::npos)
       << r.out;
+  // A rank without a size (Slurm's PMIx sets PMIX_RANK alone) ran as "rank 0 of 1" too; and RANK/WORLD_SIZE beside
+  // an MPI launch that says otherwise (a 2-rank job split into two of 1, both exiting 0).
+  const std::string root = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
+  r = run_sh(root + "PMI_RANK=1 " + kConduit + " selftest --op barrier --timeout 10", 60);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("mpi: the launcher made this process rank 1 (PMI_RANK=1) but this MPI library's world makes "
+                       "it rank 0 of 1"),
+            std::string::npos)
+      << r.out;
+  r = run_sh(root + "PMIX_RANK=0 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 " + kConduit +
+                 " selftest --op barrier --timeout 10",
+             60);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("RANK=1 but mpirun made this process rank 0 of 1: two launchers' variables meet here"),
+            std::string::npos)
+      << r.out;
+  // torchrun's workers under `srun --mpi=pmix torchrun` inherit PMIX_RANK: TORCHELASTIC_RUN_ID marks them, and they
+  // meet by RANK and WORLD_SIZE.
+  char dir[] = "/tmp/conduit-torchelastic-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  r = run_sh(root + "CONDUIT_LOG_LEVEL=info TORCHELASTIC_RUN_ID=t1 PMIX_RANK=3 RANK=0 WORLD_SIZE=1 " +
+                 "CONDUIT_STORE_PATH=" + dir + " " + kConduit + " selftest --op barrier --timeout 10",
+             60);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("via file-store"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
 }
 
 // Settings whose mix crashed or hung the ranks are compared at start-up: a smaller ring on one rank (its peer wrote
@@ -620,6 +647,12 @@ TEST(Processes, RendezvousEnvironmentIsChecked) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   r = run_sh(rank1 + "CONDUIT_TIMEOUT=0.5 MASTER_ADDR=::1 " + kConduit + " selftest --op allreduce");
   EXPECT_EQ(r.out.find("holds a port"), std::string::npos) << r.out;
+  // The any-address names no host (it was taken as loopback on every rank: ranks on other hosts dialled their own).
+  for (const char* any : {"0.0.0.0", "::", "[::]"}) {
+    r = run_sh(rank1 + "MASTER_ADDR=" + any + " " + kConduit + " selftest --op allreduce");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find(std::string("MASTER_ADDR='") + any + "' is the any-address"), std::string::npos) << r.out;
+  }
   r = run_sh(rank1 + "MASTER_ADDR=127.0.0.1 TORCHELASTIC_USE_AGENT_STORE=True " + kConduit +
              " selftest --op allreduce");
   EXPECT_EQ(r.code, 2) << r.out;
