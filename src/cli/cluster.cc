@@ -185,6 +185,7 @@ StateLock write_state(const ClusterState& s) {
     j["owner"] = s.owner;
     j["owner_pid"] = s.owner_pid;
     j["owner_start"] = s.owner_start;
+    j["owner_pidns"] = s.owner_pidns;
   }
   j["hosts"] = nlohmann::json::array();
   for (const auto& h : s.hosts) {
@@ -684,6 +685,11 @@ std::vector<std::vector<std::string>> shape_commands(const std::string& ns, cons
           leaf};
 }
 
+unsigned long long own_pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
+}
+
 unsigned long long process_start_time(long pid) {
   std::ifstream f(fmt::format("/proc/{}/stat", pid));
   std::string line;
@@ -724,6 +730,7 @@ ClusterState up(const std::string& name, const std::vector<LinkSpec>& links, con
   if (!owner.empty()) {
     s.owner_pid = static_cast<long>(getpid());
     s.owner_start = process_start_time(s.owner_pid);
+    s.owner_pidns = own_pid_namespace();
   }
   for (size_t k = 0; k < links.size(); ++k) {
     s.hosts.push_back({host_ns(name, static_cast<int>(k)), fmt::format("{}{}", kSubnetPrefix, k + 1), links[k]});
@@ -874,6 +881,7 @@ ClusterState load_state(const std::string& name) {
     s.owner = j.value("owner", "");
     s.owner_pid = j.value("owner_pid", 0L);
     s.owner_start = j.value("owner_start", 0ULL);
+    s.owner_pidns = j.value("owner_pidns", 0ULL);
     for (const auto& h : j.at("hosts")) {
       s.hosts.push_back(
           {h.at("ns").get<std::string>(), h.at("address").get<std::string>(), link_from_json(h.at("link"))});

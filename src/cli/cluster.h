@@ -49,11 +49,16 @@ struct ClusterState {
   // that a pid reused by an unrelated process does not keep the cluster alive.
   long owner_pid = 0;
   unsigned long long owner_start = 0;
+  // The owner's pid namespace (the inode of /proc/self/ns/pid; 0: not recorded): its pid means something only to a
+  // process of the same namespace (containers sharing /run see each other's clusters).
+  unsigned long long owner_pidns = 0;
 };
 
 // When process `pid` started (clock ticks after boot, /proc/PID/stat's 22nd field); 0 when that cannot be read (the
 // process is gone, or /proc hides it).
 unsigned long long process_start_time(long pid);
+// The inode of this process's pid namespace (/proc/self/ns/pid); 0 when it cannot be read.
+unsigned long long own_pid_namespace();
 
 // "100mbit", "1gbit", "1Gbit/s", "500kbit", "2.5G", "1000000" (bit/s) -> bit/s. Throws ConfigError naming `field`.
 double parse_rate(const std::string& text, const std::string& field);

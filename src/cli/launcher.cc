@@ -31,6 +31,7 @@
 #include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "net/mpi_transport.h"
 #include "net/shm.h"
 #include "net/tcp_store.h"
 
@@ -816,9 +817,12 @@ int find_free_port(const std::string& addr) {
 }
 
 int env_world_size() {
-  // (strict, as the bootstrap reads them: " 4" and "+4" passed here)
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"})
-    if (auto n = env_int(v, 1, 1 << 20)) return static_cast<int>(*n);
+  // (strict, as the bootstrap reads them: " 4" and "+4" passed here; an MPI launcher's size only where the bootstrap
+  // takes MPI's world: torchrun's workers, TORCHELASTIC_RUN_ID, meet by WORLD_SIZE whatever an outer launcher set)
+  if (net::mpi_launched())
+    for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+      if (auto n = env_int(v, 1, 1 << 20)) return static_cast<int>(*n);
+  if (auto n = env_int("WORLD_SIZE", 1, 1 << 20)) return static_cast<int>(*n);
   if (env_string("RANK"))  // (empty is unset, as everywhere else)
     throw ConfigError("environment: RANK is set but WORLD_SIZE is not; allowed: both (torchrun) or neither");
   return 0;

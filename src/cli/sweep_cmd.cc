@@ -1457,11 +1457,15 @@ std::string sweep_cluster_name() {
 
 // True when the cluster a sweep marked as its own (owner "sweep") outlived that sweep: its process is gone, or the
 // pid now belongs to a process that started at another time (a reused pid), or it is this process's pid (this sweep
-// has made no cluster yet when it looks). `pid` is the recorded one, else the one in the name.
+// has made no cluster yet when it looks). `pid` is the recorded one, else the one in the name. Only a record of this
+// pid namespace is judged: a container sharing /run whose sweep runs as the same pid (often 1) had its live cluster
+// removed; a record without its namespace (before 2026-12-07) is never stale by its pid being this one.
 bool sweep_cluster_is_stale(const cl::ClusterState& st, long pid) {
   if (st.owner_pid > 0) pid = st.owner_pid;
   if (pid <= 0 || pid > INT_MAX) return false;
-  if (pid == static_cast<long>(getpid())) return true;
+  const unsigned long long ns = cl::own_pid_namespace();
+  if (st.owner_pidns != 0 && ns != 0 && st.owner_pidns != ns) return false;
+  if (pid == static_cast<long>(getpid())) return st.owner_pidns != 0 && st.owner_pidns == ns;
   if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
   // (alive: stale only when its start time is known and differs; unreadable, it is taken as the sweep's own)
   if (st.owner_start == 0) return false;

@@ -157,9 +157,9 @@ void run_train(const TrainArgs& a) {
   }
   // (the batch is per training worker: dedicated servers hold no share of the data; notes once: by a single process
   // or the first rank, not by a launching parent and every worker)
-  const char* rank_text = nullptr;
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK"})
-    if (!rank_text) rank_text = std::getenv(v);
+  const char* rank_text = net::mpi_launched() ? nullptr : std::getenv("RANK");  // (torchrun's workers: RANK)
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+    if (!rank_text && net::mpi_launched()) rank_text = std::getenv(v);
   const bool notes = env_world > 0 ? rank_text && std::string(rank_text) == "0" : cfg.workers == 1;
   torch_api().check_model_config(cfg, tr::training_workers(cfg), notes);
   // A resume that its checkpoint refuses stops here once, not in every worker after each has loaded libtorch and its

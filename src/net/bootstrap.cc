@@ -131,14 +131,15 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     b->rank = mpi_world_rank();
     // RANK and WORLD_SIZE beside MPI's own (a launcher's variables inherited, or set by hand) must say the same: the
     // ranks would otherwise form another job than the one meant, silently.
+    // (read as the RANK path reads them: RANK=00 is 0)
     for (const auto& [var, mpi] : {std::pair{"RANK", b->rank}, std::pair{"WORLD_SIZE", b->size}}) {
-      const auto given = env_string(var);
-      if (given && *given != std::to_string(mpi))
+      const auto given = env_int(var, 0, 1 << 20);
+      if (given && *given != mpi)
         throw ConfigError(fmt::format(
             "{}={} but mpirun made this process rank {} of {}: two launchers' variables meet here; allowed: "
             "{} unset (or equal to MPI's) under mpirun, or OMPI_COMM_WORLD_RANK, PMIX_RANK and PMI_RANK unset to meet "
             "by RANK and WORLD_SIZE (torchrun's workers, which TORCHELASTIC_RUN_ID marks, do)",
-            var, *given, b->rank, b->size, var));
+            var, *env_string(var), b->rank, b->size, var));
     }
     b->allgather = [timeout_s](const std::string& mine) {
       return mpi_allgather_strings(mine, Deadline::after(timeout_s));
@@ -170,10 +171,14 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
             fmt::format("MASTER_ADDR='{}' holds a port or is not an address; allowed: a host name or "
                         "an IPv4/IPv6 address, with the port in MASTER_PORT",
                         *addr));
-      // (a wildcard was taken as loopback on every rank: ranks on other hosts dialled their own)
+      // (a wildcard was taken as loopback on every rank: ranks on other hosts dialled their own; inet_aton reads the
+      // forms the resolver takes, "0" and "0x0" among them, and ::ffff:0.0.0.0 is the IPv4 one mapped)
       in_addr v4{};
-      if ((inet_pton(AF_INET, bare.c_str(), &v4) == 1 && v4.s_addr == INADDR_ANY) ||
-          (inet_pton(AF_INET6, bare.c_str(), &v6) == 1 && IN6_IS_ADDR_UNSPECIFIED(&v6)))
+      const bool v6_any =
+          inet_pton(AF_INET6, bare.c_str(), &v6) == 1 &&
+          (IN6_IS_ADDR_UNSPECIFIED(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 0 && v6.s6_addr[13] == 0 &&
+                                            v6.s6_addr[14] == 0 && v6.s6_addr[15] == 0));
+      if ((inet_aton(bare.c_str(), &v4) != 0 && v4.s_addr == INADDR_ANY) || v6_any)
         throw ConfigError(
             fmt::format("MASTER_ADDR='{}' is the any-address, which names no host to meet at; allowed: rank 0's "
                         "host name or an address of it the other ranks reach (127.0.0.1 on one host)",

@@ -648,7 +648,7 @@ TEST(Processes, RendezvousEnvironmentIsChecked) {
   r = run_sh(rank1 + "CONDUIT_TIMEOUT=0.5 MASTER_ADDR=::1 " + kConduit + " selftest --op allreduce");
   EXPECT_EQ(r.out.find("holds a port"), std::string::npos) << r.out;
   // The any-address names no host (it was taken as loopback on every rank: ranks on other hosts dialled their own).
-  for (const char* any : {"0.0.0.0", "::", "[::]"}) {
+  for (const char* any : {"0.0.0.0", "::", "[::]", "0", "0x0", "::ffff:0.0.0.0"}) {
     r = run_sh(rank1 + "MASTER_ADDR=" + any + " " + kConduit + " selftest --op allreduce");
     EXPECT_EQ(r.code, 2) << r.out;
     EXPECT_NE(r.out.find(std::string("MASTER_ADDR='") + any + "' is the any-address"), std::string::npos) << r.out;

@@ -917,20 +917,27 @@ TEST_F(ClusterTest, SweepLeavesAUsersClusterOfItsPidAloneAndRemovesItsStaleOnes)
   ASSERT_EQ(sh(conduit() + " cluster up -q --name " + running + " --hosts 1 --bandwidth 10mbit").code, 0);
   mark_as_sweeps(reused, live, start_time_of(live) + 1);
   mark_as_sweeps(running, live, start_time_of(live));
-  // The shell makes a cluster named sweep$$ (a user's) and one marked as a sweep's of its own pid, then becomes the
-  // sweep.
+  // The shell makes a cluster named sweep$$ (a user's), one marked as a sweep's of its own pid in this pid namespace,
+  // and one of its pid in another pid namespace (a container sharing /run, whose sweep may have the same pid: not
+  // this sweep's to judge), then becomes the sweep.
   std::ofstream(dir / "run.sh") << "set -e\necho pid=$$\n"
                                 << conduit() << " cluster up -q --name sweep$$ --hosts 1 --bandwidth 10mbit\n"
                                 << conduit() << " cluster up -q --name sweep$$-old --hosts 1 --bandwidth 10mbit\n"
-                                << "sed -i 's/\"shaping\"/\"owner\": \"sweep\", \"shaping\"/' "
+                                << conduit() << " cluster up -q --name sweep$$-other --hosts 1 --bandwidth 10mbit\n"
+                                << "ns=$(stat -L -c %i /proc/self/ns/pid)\n"
+                                << "sed -i \"s/\\\"shaping\\\"/\\\"owner\\\": \\\"sweep\\\", "
+                                << "\\\"owner_pidns\\\": $ns, \\\"shaping\\\"/\" "
                                 << "/run/conduit/cluster-sweep$$-old.json\n"
+                                << "sed -i \"s/\\\"shaping\\\"/\\\"owner\\\": \\\"sweep\\\", "
+                                << "\\\"owner_pid\\\": $$, \\\"owner_pidns\\\": $((ns + 1)), \\\"shaping\\\"/\" "
+                                << "/run/conduit/cluster-sweep$$-other.json\n"
                                 << "exec " << conduit() << " sweep " << (dir / "s.yaml").string() << " -o "
                                 << (dir / "out").string() << "\n";
   Result r = sh("sh " + (dir / "run.sh").string(), 120);
   const size_t at = r.out.find("pid=");
   ASSERT_NE(at, std::string::npos) << r.out;
   const std::string pid = r.out.substr(at + 4, r.out.find('\n', at) - at - 4);
-  ClusterGuard users_guard("sweep" + pid), old_guard("sweep" + pid + "-old");
+  ClusterGuard users_guard("sweep" + pid), old_guard("sweep" + pid + "-old"), other_guard("sweep" + pid + "-other");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(read_file(dir / "out" / "results.csv").find(",ok,"), std::string::npos) << r.out;
   const auto has_ns = [](const std::string& cluster, const std::string& ns) {
@@ -941,15 +948,20 @@ TEST_F(ClusterTest, SweepLeavesAUsersClusterOfItsPidAloneAndRemovesItsStaleOnes)
   EXPECT_TRUE(fs::exists("/run/conduit/cluster-sweep" + pid + ".json")) << r.out;
   EXPECT_FALSE(has_ns("sweep" + pid + "-old", "h0")) << r.out;
   EXPECT_NE(r.out.find("removed cluster sweep" + pid + "-old,"), std::string::npos) << r.out;
+  EXPECT_TRUE(has_ns("sweep" + pid + "-other", "h0")) << r.out;
+  EXPECT_EQ(r.out.find("removed cluster sweep" + pid + "-other"), std::string::npos) << r.out;
   EXPECT_FALSE(has_ns(reused, "h0")) << r.out;
   EXPECT_NE(r.out.find("removed cluster " + reused + ","), std::string::npos) << r.out;
   EXPECT_TRUE(has_ns(running, "h0")) << r.out;
   EXPECT_EQ(r.out.find("removed cluster " + running), std::string::npos) << r.out;
-  // The sweep's own cluster (sweep<pid>-<random>) is gone with it: of sweep<pid>'s names, the user's alone are left.
+  // The sweep's own cluster (sweep<pid>-<random>) is gone with it: of sweep<pid>'s names, the user's and the other
+  // namespace's alone are left.
   for (const auto& e : fs::directory_iterator("/run/netns")) {
     const std::string n = e.path().filename().string();
     if (n.rfind("conduit-sweep" + pid + "-", 0) == 0) {
-      EXPECT_TRUE(n == "conduit-sweep" + pid + "-h0" || n == "conduit-sweep" + pid + "-sw") << n << r.out;
+      EXPECT_TRUE(n == "conduit-sweep" + pid + "-h0" || n == "conduit-sweep" + pid + "-sw" ||
+                  n.rfind("conduit-sweep" + pid + "-other-", 0) == 0)
+          << n << r.out;
     }
   }
 }

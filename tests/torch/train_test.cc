@@ -2870,6 +2870,17 @@ TEST(TrainCli, ConfigurationErrorsStopBeforeTrainingWithOneLine) {
   int st = pclose(p);
   EXPECT_NE(WEXITSTATUS(st), 0);
   EXPECT_NE(out.find("workers: 4 does not match WORLD_SIZE=2"), std::string::npos) << out;
+  // A torchrun worker (TORCHELASTIC_RUN_ID) under an outer MPI launch takes torchrun's WORLD_SIZE, as its bootstrap
+  // does (it took OMPI_COMM_WORLD_SIZE, and its own workers were refused as "2 does not match the 1 ranks").
+  p = popen(("env TORCHELASTIC_RUN_ID=t1 OMPI_COMM_WORLD_SIZE=3 OMPI_COMM_WORLD_RANK=1 " + env + CONDUIT_BINARY +
+             " train --workers 4 --dataset synthetic 2>&1")
+                .c_str(),
+            "r");
+  out.clear();
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  st = pclose(p);
+  EXPECT_NE(WEXITSTATUS(st), 0);
+  EXPECT_NE(out.find("workers: 4 does not match WORLD_SIZE=2"), std::string::npos) << out;
   // RANK set, WORLD_SIZE not: refused; an empty RANK is unset, as everywhere else (it was refused as set).
   for (const char* rank : {"1", ""}) {
     p = popen(("env -u WORLD_SIZE RANK=" + std::string(rank) + " " + CONDUIT_BINARY +
