@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +18,26 @@
 #include "core/error.h"
 
 namespace conduit {
+
+uint64_t raise_open_file_limit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
+  if (lim.rlim_cur < lim.rlim_max) {
+    rlimit raised = lim;
+    raised.rlim_cur = lim.rlim_max;
+    // (an infinite hard limit is refused above fs.nr_open: then as far as that allows)
+    if (::setrlimit(RLIMIT_NOFILE, &raised) != 0 && lim.rlim_max == RLIM_INFINITY) {
+      std::ifstream nr("/proc/sys/fs/nr_open");
+      rlim_t most = 0;
+      if (nr >> most && most > lim.rlim_cur) {
+        raised.rlim_cur = most;
+        ::setrlimit(RLIMIT_NOFILE, &raised);
+      }
+    }
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+  }
+  return lim.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<uint64_t>(lim.rlim_cur);
+}
 
 void make_output_dir(const std::string& path, const std::string& what) {
   std::error_code ec;

@@ -1,6 +1,7 @@
 #pragma once
 // Reading the user's input files, and writing output files whole: every layer that leaves a file for the user goes
 // through here.
+#include <cstdint>
 #include <string>
 
 namespace conduit {
@@ -23,5 +24,11 @@ void write_text_file(const std::string& path, const std::string& text);
 void sync_path(const std::string& path);
 // sync_path of every file and directory under `dir`, and of `dir` itself (the files first).
 void sync_tree(const std::string& dir);
+
+// Raises this process's soft limit on open files (RLIMIT_NOFILE) to its hard limit, as far as the kernel allows
+// (fs.nr_open), and returns the soft limit then in force (unchanged where it cannot be raised). For a server of many
+// connections: the rendezvous store of a large job ran out of descriptors at the default 1024. (`conduit launch`
+// raises it only as far as its workers need, and gives them the limit they had: see ensure_file_limit there.)
+uint64_t raise_open_file_limit();
 
 }  // namespace conduit

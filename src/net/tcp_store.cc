@@ -6,6 +6,8 @@
 // followed by the key and the value bytes. Requests: set(key, value), get(key) (the server parks it until the key
 // exists, so a waiting client sleeps in poll(), never spins), add(key, 8-byte delta) (the reply carries the new
 // value; the stored value is its decimal text so get() reads it too), check(key) (status ok / not found).
+// A set of kTcpStoreErrorKey (rank 0 failed) answers every get waiting for a key, and every later get of a key not set,
+// with status failed carrying that value.
 // A reply has op = request op | 0x80 and echoes the request id; a client that timed out on a get may later
 // receive the stale reply on the same connection and skips it by id.
 // Validation: a bad magic, version or op, or a length > kMaxStoreFieldBytes (64 MiB) makes the server drop that
@@ -29,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -40,6 +43,7 @@
 #include "core/clock.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/log.h"
 
 namespace conduit::net {
@@ -77,12 +81,32 @@ std::string store_listen_host(const std::string& master_addr) {
 }
 
 namespace {
+// set_tcp_store_server_limits_for_testing's values (0: the defaults), read as a server starts.
+std::atomic<double> g_stall_seconds_for_testing{0};
+std::atomic<size_t> g_max_clients_for_testing{0};
+}  // namespace
+
+void set_tcp_store_server_limits_for_testing(double stall_seconds, size_t max_clients) {
+  g_stall_seconds_for_testing = stall_seconds;
+  g_max_clients_for_testing = max_clients;
+}
+
+namespace {
+
+// A client that sent part of a request and nothing more for this long is dropped, its bytes given back (found by an
+// audit: a half-sent request held its bytes against CONDUIT_STORE_MAX_BYTES for ever, and the store refused every
+// rank's values for them). Longer than any pause of a live client mid-frame: it writes each request whole at once.
+constexpr double kStallSeconds = 30;
+// The most connections the server keeps, unless the job is larger (8 a rank: a client keeps a few of its own) or the
+// open-file limit is lower: a flood of connections took every descriptor and the server only warned, while the
+// ranks' own connections waited in the backlog until their deadline (found by an audit).
+constexpr size_t kMinMaxClients = 1024;
 
 constexpr uint32_t kMagic = 0x54534443u;  // "CDST" as bytes on the wire
 constexpr uint16_t kVersion = 1;
 constexpr size_t kHeaderBytes = 24;
 enum Op : uint8_t { kOpSet = 1, kOpGet = 2, kOpAdd = 3, kOpCheck = 4, kOpPing = 5, kReplyBit = 0x80 };
-enum Status : uint8_t { kOk = 0, kNotFound = 1, kBadRequest = 2 };
+enum Status : uint8_t { kOk = 0, kNotFound = 1, kBadRequest = 2, kFailed = 3 };
 
 struct Header {
   uint32_t magic = kMagic;
@@ -183,10 +207,21 @@ class TcpStoreServer {
       : host_(store_listen_host(master_addr)),
         loopback_only_(names_localhost(master_addr)),
         max_bytes_(store_max_bytes()) {
+    {
+      const double stall = g_stall_seconds_for_testing.load();
+      stall_ = std::chrono::duration_cast<Clock::duration>(Seconds(stall > 0 ? stall : kStallSeconds));
+      // (descriptors: the server's clients and the rest of the process, its transport's connections and files)
+      const uint64_t files = raise_open_file_limit();
+      const uint64_t world = static_cast<uint64_t>(env_int("WORLD_SIZE", 1, 1 << 20).value_or(1));
+      uint64_t most = std::max<uint64_t>(kMinMaxClients, 8 * world);
+      if (files < UINT64_MAX) most = std::min<uint64_t>(most, files > 512 ? files - 256 : files / 2);
+      const size_t given = g_max_clients_for_testing.load();
+      max_clients_ = given > 0 ? given : static_cast<size_t>(most);
+    }
     const bool any = host_ == "*";
     if (any && !master_addr.empty() && master_addr != "*") {
-      // Listening everywhere needs no address, but rank 0's own client connects to MASTER_ADDR: a name that does not
-      // resolve fails here, at once, not after the connect deadline with a hint about rank 0.
+      // Listening everywhere needs no address, but the other ranks connect to MASTER_ADDR: a name that does not
+      // resolve here (where it most likely resolves) fails at once, not after the other ranks' connect deadline.
       addrinfo hints{};
       hints.ai_socktype = SOCK_STREAM;
       addrinfo* res = nullptr;
@@ -243,6 +278,18 @@ class TcpStoreServer {
     getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len);
     port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
                                      : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    // Rank 0's own client: over loopback where the server listens everywhere (found by an audit: it connected to
+    // MASTER_ADDR, which a Kubernetes service, NAT or a floating IP may not route back to this host). The IPv6
+    // wildcard takes IPv4 too unless the host insists on IPv6 only (net.ipv6.bindv6only).
+    if (!any) {
+      self_host_ = host_;  // (a loopback address, listened on as given)
+    } else {
+      int v6only = 0;
+      socklen_t vl = sizeof v6only;
+      const bool v6_only = ss.ss_family == AF_INET6 &&
+                           (getsockopt(listen_fd_, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &vl) != 0 || v6only != 0);
+      self_host_ = v6_only ? "::1" : "127.0.0.1";
+    }
     set_nonblocking(listen_fd_);
     if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
       close(listen_fd_);
@@ -267,6 +314,8 @@ class TcpStoreServer {
   }
 
   int port() const { return port_; }
+  // Where rank 0's own client connects: a loopback address the server listens on.
+  const std::string& self_host() const { return self_host_; }
 
  private:
   struct Client {
@@ -284,6 +333,7 @@ class TcpStoreServer {
     std::deque<std::pair<std::string, uint64_t>> deferred;
     uint64_t arriving = 0;  // the bytes of requests not served yet it holds, charged against the limit (serve())
     uint64_t skip = 0;      // bytes still to come of a request refused before it was in, read and discarded
+    Clock::time_point last_read{};  // when it last sent bytes, or was last paused (drop_stalled())
     size_t pending() const { return out_bytes - out_off; }
   };
   // A client's requests are not read or served while more than this of its replies waits to be sent: one that
@@ -315,7 +365,7 @@ class TcpStoreServer {
         fds.push_back({c.fd, ev, 0});
         ids.push_back(id);
       }
-      int n = poll(fds.data(), fds.size(), accept_paused ? 100 : -1);
+      int n = poll(fds.data(), fds.size(), poll_wait_ms(accept_paused));
       if (n < 0) {
         if (errno == EINTR) continue;
         CONDUIT_LOG_ERROR("tcp store server {}:{}: poll failed: {}; stopping", host_, port_, std::strerror(errno));
@@ -348,6 +398,7 @@ class TcpStoreServer {
       for (auto& [id, c] : clients_)
         if (!service(id, c)) dead.push_back(id);
       for (uint64_t id : dead) drop(id);
+      drop_stalled();
       // (an answer held back for room that a later client's flush made, or a client dropped: not left to wait for
       // the next poll, which nothing may wake)
       for (bool again = true; again;) {
@@ -357,6 +408,44 @@ class TcpStoreServer {
         for (uint64_t id : dead) drop(id);
         again = !dead.empty();
       }
+    }
+  }
+
+  // Whether `c` holds part of a request that it should be sending: not a client the server paused, whose requests
+  // wait for it to read its replies.
+  static bool mid_request(const Client& c) { return !paused(c) && (c.skip > 0 || !c.in.empty()); }
+
+  // How long poll() may wait: until the first client mid-request may be dropped (else for ever), within 100 ms while
+  // accepting is paused.
+  int poll_wait_ms(bool accept_paused) const {
+    int ms = accept_paused ? 100 : -1;
+    const auto now = Clock::now();
+    for (const auto& [id, c] : clients_) {
+      if (!mid_request(c)) continue;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.last_read + stall_ - now).count();
+      const int wait = static_cast<int>(std::clamp<long long>(left + 1, 1, 1000));
+      ms = ms < 0 ? wait : std::min(ms, wait);
+    }
+    return ms;
+  }
+
+  // Drops every client that sent part of a request and nothing more for stall_: its bytes are given back.
+  void drop_stalled() {
+    const auto now = Clock::now();
+    std::vector<uint64_t> stalled;
+    for (auto& [id, c] : clients_) {
+      if (paused(c))
+        c.last_read = now;  // (not reading it is the server's doing)
+      else if (mid_request(c) && now - c.last_read >= stall_)
+        stalled.push_back(id);
+    }
+    for (uint64_t id : stalled) {
+      const Client& c = clients_.at(id);
+      CONDUIT_LOG_WARN(
+          "tcp store server {}:{}: client {} sent {} bytes of a request and nothing more for {:.0f} s; dropped it and "
+          "released them (allowed: a request sent whole)",
+          host_, port_, c.peer, c.skip > 0 ? c.skip : c.in.size(), std::chrono::duration<double>(stall_).count());
+      drop(id);
     }
   }
 
@@ -397,8 +486,10 @@ class TcpStoreServer {
         if (errno == EINTR) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           if (!accept_warned_)  // once until an accept succeeds again
-            CONDUIT_LOG_WARN("tcp store server {}:{}: accept failed: {}; retrying every 100 ms", host_, port_,
-                             std::strerror(errno));
+            CONDUIT_LOG_WARN(
+                "tcp store server {}:{}: accept failed: {} ({} clients connected, open-file limit {}); retrying every "
+                "100 ms",
+                host_, port_, std::strerror(errno), clients_.size(), raise_open_file_limit());
           accept_warned_ = true;
           accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
         } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -407,6 +498,19 @@ class TcpStoreServer {
         return;
       }
       accept_warned_ = false;
+      if (clients_.size() >= max_clients_) {
+        // (refused at once: left in the backlog, the ranks' own connections waited behind it until their deadline)
+        if (!clients_warned_)  // once until one is taken again
+          CONDUIT_LOG_WARN(
+              "tcp store server {}:{}: refused a connection: {} clients are connected, the most it keeps (allowed: "
+              "at most {}, 8 a rank of WORLD_SIZE or 1024, within the open-file limit; is something else "
+              "connecting to MASTER_PORT?)",
+              host_, port_, clients_.size(), max_clients_);
+        clients_warned_ = true;
+        ::close(fd);
+        continue;
+      }
+      clients_warned_ = false;
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       char name[INET6_ADDRSTRLEN] = "?";
@@ -428,6 +532,7 @@ class TcpStoreServer {
       }
       Client c;
       c.fd = fd;
+      c.last_read = Clock::now();
       c.peer = fmt::format("{}:{}", name, peer_port);
       clients_.emplace(next_client_++, std::move(c));
     }
@@ -440,6 +545,7 @@ class TcpStoreServer {
       if (paused(c)) return true;  // read again once its replies drained and its gets were answered
       ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
       if (n > 0) {
+        c.last_read = Clock::now();
         c.in.append(buf, static_cast<size_t>(n));
         if (!serve(id, c)) return false;
         if (static_cast<size_t>(n) < sizeof(buf)) return true;
@@ -506,10 +612,11 @@ class TcpStoreServer {
       const uint64_t total = kHeaderBytes + uint64_t{h.key_len} + h.value_len;
       if (check_header(h, false).empty() && c.in.size() < total) {
         refuse(c, h, fmt::format("a request of {} bytes", total),
-               fmt::format("the store holds {} bytes besides the {} bytes of this request of {} received so far, "
+               fmt::format("the store holds {} besides the {} bytes of this request of {} received so far, "
                            "which take it past CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: fewer or smaller "
                            "values or keys, or a larger limit",
-                           holding() - c.arriving, c.in.size(), total, max_bytes_));
+                           held_text(holding() - c.arriving, arriving_bytes_ - c.arriving), c.in.size(), total,
+                           max_bytes_));
         c.skip = total - c.in.size();
         c.in.clear();
         set_arriving(c, 0);
@@ -564,12 +671,14 @@ class TcpStoreServer {
         const bool held_back = it != data_.end() && (!c.deferred.empty() || !reply_fits(c, it->second.size()));
         if (it != data_.end() && !held_back) {
           reply(c, h, kOk, it->second);
+        } else if (it == data_.end() && failed()) {
+          reply(c, h, kFailed, data_.at(kTcpStoreErrorKey));
         } else if (holding() + parked_cost(key) > max_bytes_) {
           // (a get waiting for its key or for room holds memory too: one client could park gets without end)
           refuse(c, h, "a waiting get",
-                 fmt::format("the store holds {} bytes of values and waiting gets, and one more waiting get would "
+                 fmt::format("the store holds {} of values and waiting gets, and one more waiting get would "
                              "pass CONDUIT_STORE_MAX_BYTES = {} (rank 0's); allowed: {}, or a larger limit",
-                             holding(), max_bytes_,
+                             held_text(holding(), arriving_bytes_ - c.arriving), max_bytes_,
                              held_back ? "clients that read their answers (this get's waits for room for its reply)"
                                        : "fewer gets of keys not set yet"));
         } else if (held_back) {
@@ -630,6 +739,7 @@ class TcpStoreServer {
     auto& slot = data_[key];
     slot = std::move(value);
     held_bytes_ = held_bytes_ - was + will;  // (once it is in: a failed insert leaves the count as it was)
+    if (key == kTcpStoreErrorKey) fail_waiters();
     auto w = waiters_.find(key);
     if (w == waiters_.end()) return;
     // The waiting gets join their clients' answers in waiting, which run() sends as room allows, in order (answered
@@ -644,6 +754,26 @@ class TcpStoreServer {
       }
       c->second.deferred.emplace_back(key, req_id);  // (still charged: it holds its key until the reply goes)
     }
+  }
+
+  // Rank 0 failed (its error under kTcpStoreErrorKey): no key a get waits for will come.
+  bool failed() const { return data_.count(kTcpStoreErrorKey) != 0; }
+  // Answers every get waiting for a key with rank 0's error (the others learned it only from the lost connection once
+  // rank 0 exited: "did rank 0 exit?", found by an audit).
+  void fail_waiters() {
+    const std::string& why = data_.at(kTcpStoreErrorKey);
+    for (auto& [key, list] : waiters_) {
+      for (auto [client_id, req_id] : list) {
+        parked_bytes_ -= parked_cost(key);
+        auto c = clients_.find(client_id);
+        if (c == clients_.end()) continue;
+        Header req;
+        req.op = kOpGet;
+        req.id = req_id;
+        reply(c->second, req, kFailed, why);
+      }
+    }
+    waiters_.clear();
   }
 
   bool flush(Client& c) {
@@ -695,7 +825,11 @@ class TcpStoreServer {
   int listen_fd_ = -1;
   Clock::time_point accept_paused_until_{};
   bool accept_warned_ = false;
+  bool clients_warned_ = false;  // (the refusal of a connection past max_clients_ logged, until one is taken)
+  Clock::duration stall_{};      // a client mid-request that sends nothing for this long is dropped (kStallSeconds)
+  size_t max_clients_ = kMinMaxClients;
   int wake_[2] = {-1, -1};
+  std::string self_host_;
   std::thread thread_;
   // Owned by the server thread only.
   std::unordered_map<uint64_t, Client> clients_;
@@ -744,12 +878,21 @@ class TcpStoreServer {
       return true;
     }
     refuse(c, h, fmt::format("a set of {} bytes", key.size() + bytes),
-           fmt::format("the store holds {} bytes and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
+           fmt::format("the store holds {} and this value would take it to {}, past CONDUIT_STORE_MAX_BYTES = "
                        "{} (rank 0's); allowed: fewer or smaller values, or a larger limit",
-                       holding(), after, max_bytes_));
+                       held_text(holding(), arriving_bytes_ - c.arriving), after, max_bytes_));
     return false;
   }
   uint64_t holding() const { return held_bytes_ + parked_bytes_ + arriving_bytes_; }
+  // "N bytes", and how many of them are other clients' requests still arriving (found by an audit: one stalled
+  // half-sent request read as values the store held).
+  std::string held_text(uint64_t held, uint64_t arriving) const {
+    if (arriving == 0) return fmt::format("{} bytes", held);
+    return fmt::format(
+        "{} bytes ({} of them requests still arriving, released when they end or after {:.0f} s without "
+        "progress)",
+        held, arriving, std::chrono::duration<double>(stall_).count());
+  }
   // A request the limit refuses: the client's one-line error, and a warning (once until one is taken again).
   void refuse(Client& c, const Header& h, const std::string& what, const std::string& why) {
     if (!warned_)
@@ -773,7 +916,10 @@ struct Conn {
 class TcpStore : public Store {
  public:
   TcpStore(std::shared_ptr<TcpStoreServer> server, const std::string& host, int port, const Deadline& connect_deadline)
-      : server_(std::move(server)), host_(host), port_(port), addr_(fmt::format("{}:{}", host, port)) {
+      : server_(std::move(server)),
+        host_(server_ ? server_->self_host() : host),
+        port_(port),
+        addr_(fmt::format("{}:{}", host, port)) {
     // Connect eagerly so that a wrong address or a missing server surfaces here, within the connect deadline.
     auto c = connect(connect_deadline, /*first=*/true);
     std::lock_guard<std::mutex> lk(mu_);
@@ -1035,6 +1181,11 @@ class TcpStore : public Store {
           release(std::move(c));
           throw InvalidArgument(fmt::format("tcp store {}: {} of key '{}' rejected: {}", addr_, op_name(op),
                                             key.size() > 64 ? key.substr(0, 64) + "..." : key, body.substr(r.key_len)));
+        }
+        if (r.status == kFailed) {
+          release(std::move(c));
+          throw PeerError(fmt::format("rank 0 failed: {} (the answer of its tcp store {} to the {} of key '{}')",
+                                      body.substr(r.key_len), addr_, op_name(op), key));
         }
         if (r.status != kOk && !(op == kOpCheck && r.status == kNotFound)) {
           throw ProtocolError(fmt::format("tcp store {}: unknown status {} in the reply to {} of key '{}'", addr_,

@@ -1,5 +1,6 @@
 #pragma once
 // Extras of the TCP store beyond the Store interface (net/store.h).
+#include <cstddef>
 #include <string>
 
 #include "net/store.h"
@@ -21,5 +22,15 @@ bool names_localhost(const std::string& master_addr);
 // A connected TCP socket whose own address is its peer's: a connect to a port with no listener that the kernel gave
 // that same port as its source (simultaneous open).
 bool connected_to_itself(int fd);
+
+// The key under which rank 0 publishes why it failed (net/bootstrap.cc), before it keeps serving a few seconds: the
+// server answers every get waiting for a key, and every later get of a key not set, with PeerError "rank 0 failed:
+// <its value>" (the other ranks were told only "connection to the server lost ... did rank 0 exit?").
+inline constexpr const char* kTcpStoreErrorKey = "conduit/job/error";
+
+// Test hook: servers started after it drop a client mid-request that sends nothing for `stall_seconds` (30 s by
+// default) and keep at most `max_clients` connections (8 a rank of WORLD_SIZE, at least 1024, within the open-file
+// limit); 0 restores a default.
+void set_tcp_store_server_limits_for_testing(double stall_seconds, size_t max_clients);
 
 }  // namespace conduit::net
