@@ -22,6 +22,7 @@
 #include "net/mpi_transport.h"
 #include "net/routed.h"
 #include "net/shm.h"
+#include "net/tcp_store.h"
 
 namespace conduit::net {
 namespace {
@@ -40,6 +41,27 @@ std::optional<std::string> job_id_from_env() {
                     "digits, '.', '_' or '-'",
                     *v));
   return v;
+}
+
+// The file store's key prefix: CONDUIT_JOB_ID, else the launcher's id of this run, so that two jobs sharing one
+// CONDUIT_STORE_PATH do not mix their ranks and a torchrun restart does not find its previous attempt's values (found
+// by an audit: both met under "job"): TORCHELASTIC_RUN_ID (unless "none", torchrun's default) with
+// TORCHELASTIC_RESTART_COUNT, else SLURM_JOB_ID with SLURM_STEP_ID, else "job". Characters a job id may not hold
+// become '_'.
+std::string file_store_job_prefix() {
+  if (auto id = job_id_from_env()) return *id;
+  auto clean = [](std::string v) {
+    for (char& ch : v)
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-') ch = '_';
+    return v.substr(0, 200);
+  };
+  const auto run = env_string("TORCHELASTIC_RUN_ID");
+  if (run && !run->empty() && *run != "none")
+    return clean(fmt::format("torchelastic-{}-{}", *run, env_string("TORCHELASTIC_RESTART_COUNT").value_or("0")));
+  const auto slurm = env_string("SLURM_JOB_ID");
+  if (slurm && !slurm->empty())
+    return clean(fmt::format("slurm-{}-{}", *slurm, env_string("SLURM_STEP_ID").value_or("0")));
+  return "job";
 }
 
 std::string host_identity() {
@@ -92,37 +114,58 @@ std::string new_job_id() {
 // ConfigError naming both sizes when its WORLD_SIZE is not this rank's (every rank takes rank 0's job id, so segment
 // names agree; the sizes go with it), or both ids when both were given and differ: ranks of two jobs on one
 // MASTER_PORT (two launches given one --master-port: a rank of one joined the other's store and the two ran as one
-// job). `my_job`: this rank's CONDUIT_JOB_ID, empty when unset (a rank without one takes rank 0's). `serves_store`:
-// this is rank 0 serving the TCP store.
-void check_first_value(int rank, int size, const std::string& my_job, int r, const std::string& v, bool serves_store) {
+// job). `my_job`: this rank's CONDUIT_JOB_ID, empty when unset (a rank without one takes rank 0's). `store_path`: the
+// file store's directory (empty for the TCP store), whose values may be an earlier run's.
+void check_first_value(int rank, int size, const std::string& my_job, int r, const std::string& v,
+                       const std::string& store_path) {
   const std::string theirs = v.substr(v.rfind('\x1f') + 1);
   const size_t first = v.find('\x1f');
   const std::string their_job = v.substr(0, first);
   const bool their_given = first != std::string::npos && v.compare(first + 1, 2, "1\x1f") == 0;
   const bool other_job = !my_job.empty() && their_given && their_job != my_job;
   if (theirs == std::to_string(size) && !other_job) return;
-  // Rank 0 serves the TCP store the others still read their values from: it keeps it a while before it goes (a
-  // detached thread keeping the store did not outlive the process, which exits on this error: a rank still reading
-  // lost the connection instead of learning why; stopping at the first mismatch, it may not have met every rank
-  // yet, and a rank coming later retried the refused connection until its deadline).
-  if (serves_store) std::this_thread::sleep_for(std::chrono::seconds(5));
+  // (Rank 0 serving the TCP store keeps it 5 s before it goes, its error published (stop_serving): a rank still
+  // reading lost the connection instead of learning why; stopping at the first mismatch, it may not have met every
+  // rank yet, and a rank coming later retried the refused connection until its deadline.)
   if (other_job)
     throw ConfigError(fmt::format(
         "rank {}: CONDUIT_JOB_ID is '{}' here but '{}' on rank {}: ranks of two jobs met at one store (another job on "
         "this MASTER_PORT?) or were given different ids; allowed: one CONDUIT_JOB_ID on every rank of a job (or none), "
         "and a MASTER_PORT of each job's own",
         rank, my_job, their_job, r));
+  // (a file store outlives its run: a smaller earlier run's rank 0 left its value where this run's looks, found by an
+  // audit: the message blamed this run's WORLD_SIZE)
+  const std::string stale = store_path.empty()
+                                ? std::string()
+                                : fmt::format(
+                                      " (rank {}'s value may be an earlier run's left in CONDUIT_STORE_PATH={}: empty "
+                                      "it, or give each run its own CONDUIT_JOB_ID)",
+                                      r, store_path);
   throw ConfigError(
-      fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on every rank", rank,
-                  size, theirs, r));
+      fmt::format("rank {}: WORLD_SIZE is {} here but {} on rank {}; allowed: the same WORLD_SIZE on every rank{}",
+                  rank, size, theirs, r, stale));
 }
 
 }  // namespace
 
 const char* transport_kinds_allowed() { return "auto, tcp, shm, mpi"; }
 
-std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
-  auto b = std::make_shared<Bootstrap>();
+// Rank 0 serving the TCP store failed with `what` after its store started (its bootstrap or its transport's
+// start-up): the others were told only that the connection was lost ("did rank 0 exit?", found by an audit). Its error
+// goes under kTcpStoreErrorKey, which ends their waiting gets with it, and the store is kept a few seconds for the
+// ranks still to ask (a detached thread keeping it did not outlive the process, which exits on this error).
+static void stop_serving(const Bootstrap& b, const char* what) {
+  if (!b.store || b.rank != 0 || b.method != "tcp-store") return;
+  try {
+    b.store->set(kTcpStoreErrorKey, what, Deadline::after(2));
+  } catch (const Error&) {  // (the store itself failed: the error about to be thrown is what counts)
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+}
+
+static std::shared_ptr<Bootstrap> bootstrap_from_env_unguarded(double timeout_s, std::shared_ptr<Bootstrap>& b) {
+  b = std::make_shared<Bootstrap>();
   Deadline deadline = Deadline::after(timeout_s);
   if (mpi_launched()) {
     mpi_init_once(timeout_s);
@@ -203,14 +246,14 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     // A TCP store is the job's own (its rank 0 serves it): its keys leave the job id out, so ranks given different
     // CONDUIT_JOB_IDs meet and take rank 0's (each waited under its own id until its deadline, then blamed a rank
     // that had published). A file store's directory may be shared by jobs: the id keeps them apart.
-    const std::string job_prefix = b->method == "tcp-store" ? std::string("job") : job_id_from_env().value_or("job");
+    const std::string job_prefix = b->method == "tcp-store" ? std::string("job") : file_store_job_prefix();
     // A file store outlives its job: a rank that finds its own first value already there is in a directory an
     // earlier run of this job id used, and would read that run's addresses (it timed out connecting to old ports).
     if (b->method == "file-store" && b->store->check(fmt::format("conduit/{}/bootstrap/0/{}", job_prefix, b->rank)))
       throw ConfigError(fmt::format(
-          "CONDUIT_STORE_PATH={} already holds rank {}'s values of job '{}' (from an earlier run, or from another "
-          "process given this RANK); allowed: one process a rank, and an empty directory or a CONDUIT_JOB_ID unique "
-          "to each run",
+          "CONDUIT_STORE_PATH={} already holds rank {}'s values of job '{}' (from an earlier run, from another "
+          "process given this RANK, or another job using this directory now); allowed: one process a rank, and an "
+          "empty directory or a CONDUIT_JOB_ID unique to each run",
           *path, b->rank, job_prefix));
     // One process a rank: the first to claim it is counted 1. A second (RANK set alike twice, or ranks of another
     // job whose rank 0 could not listen on this MASTER_PORT) is refused here, before it publishes an address the
@@ -236,15 +279,15 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
     StorePtr store = b->store;
     int rank = b->rank, size = b->size;
     const bool serves = b->method == "tcp-store";
-    b->allgather = [store, counter, rank, size, job_prefix, timeout_s, serves](const std::string& mine) {
+    const std::string store_path = b->method == "file-store" ? *path : std::string();
+    b->allgather = [store, counter, rank, size, job_prefix, timeout_s, serves, store_path](const std::string& mine) {
       const int n = counter->fetch_add(1);
       std::string prefix = fmt::format("conduit/{}/bootstrap/{}", job_prefix, n);
       // The first exchange carries each rank's WORLD_SIZE: checked as each value comes (rank 0's first), so a rank
       // of a larger job stops at once rather than waiting out its deadline for ranks that will never come.
       std::function<void(int, const std::string&)> check;
       const std::string my_job = job_id_from_env().value_or("");
-      if (n == 0)
-        check = [&](int r, const std::string& v) { check_first_value(rank, size, my_job, r, v, rank == 0 && serves); };
+      if (n == 0) check = [&](int r, const std::string& v) { check_first_value(rank, size, my_job, r, v, store_path); };
       // (A rank beyond this world, of a larger job, is stopped by its own check as it reads rank 0's value; this job's
       // ranks do not look for it: one that saw it and one that had looked before would stop apart, the other
       // waiting for its peer until its deadline.)
@@ -261,7 +304,7 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
                         "CONDUIT_JOB_ID, or none)",
                         e.what(),
                         job_id_from_env() ? fmt::format("CONDUIT_JOB_ID '{}'", job_prefix)
-                                          : std::string("no CONDUIT_JOB_ID (the keys of 'job')")));
+                                          : fmt::format("no CONDUIT_JOB_ID (the keys of '{}')", job_prefix)));
       }
     };
     if (serves && rank == 0)
@@ -293,7 +336,17 @@ std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
   return b;
 }
 
-TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double timeout_s) {
+std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s) {
+  std::shared_ptr<Bootstrap> b;
+  try {
+    return bootstrap_from_env_unguarded(timeout_s, b);
+  } catch (const std::exception& e) {
+    if (b) stop_serving(*b, e.what());
+    throw;
+  }
+}
+
+static TransportPtr make_transport_unguarded(const Bootstrap& b, const std::string& kind, double timeout_s) {
   Deadline deadline = Deadline::after(timeout_s);
   // Every rank must ask for the same transport (each reads CONDUIT_TRANSPORT or its flag on its own): mixed, the
   // ranks failed with misleading errors about shm segments or store addresses, or hung in MPI. Exchanged before it
@@ -394,6 +447,15 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
   std::vector<TransportPtr> route(b.size);
   for (int r = 0; r < b.size; ++r) route[r] = local[r] ? shm : (remote[r] ? tcp : nullptr);
   return make_routed_transport(b.rank, b.size, b.hosts, route, "shm+tcp");
+}
+
+TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double timeout_s) {
+  try {
+    return make_transport_unguarded(b, kind, timeout_s);
+  } catch (const std::exception& e) {
+    stop_serving(b, e.what());
+    throw;
+  }
 }
 
 }  // namespace conduit::net

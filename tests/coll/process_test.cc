@@ -271,7 +271,7 @@ TEST(Processes, WorldSizesMustAgree) {
       << r.out;
   EXPECT_NE(r.out.find("rank 0: WORLD_SIZE is 3 here but 2 on rank 1"), std::string::npos) << r.out;
   EXPECT_LT(r.seconds, 15) << r.out;
-  // Over rank 0's TCP store as well (which outlives its own refusal by a second, should the others still read).
+  // Over rank 0's TCP store as well (which outlives its own refusal by 5 s, should the others still read).
   const int port = free_port();
   r = run_sh("for r in 0 1 2; do s=3; [ $r = 1 ] && s=2; RANK=$r WORLD_SIZE=$s MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
              std::to_string(port) + " CONDUIT_JOB_ID=wt" + std::to_string(::getpid()) + " " + kConduit +
