@@ -155,7 +155,7 @@ const char* transport_kinds_allowed() { return "auto, tcp, shm, mpi"; }
 // goes under kTcpStoreErrorKey, which ends their waiting gets with it, and the store is kept a few seconds for the
 // ranks still to ask (a detached thread keeping it did not outlive the process, which exits on this error).
 static void stop_serving(const Bootstrap& b, const char* what) {
-  if (!b.store || b.rank != 0 || b.method != "tcp-store") return;
+  if (!b.store || b.rank != 0 || b.method != "tcp-store" || b.size < 2) return;  // (no one else to tell)
   try {
     b.store->set(kTcpStoreErrorKey, what, Deadline::after(2));
   } catch (const Error&) {  // (the store itself failed: the error about to be thrown is what counts)
