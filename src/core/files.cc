@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -19,18 +20,18 @@
 
 namespace conduit {
 
-uint64_t raise_open_file_limit() {
+uint64_t raise_open_file_limit(uint64_t want) {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
-  if (lim.rlim_cur < lim.rlim_max) {
+  if (lim.rlim_cur < lim.rlim_max && lim.rlim_cur < want) {
     rlimit raised = lim;
-    raised.rlim_cur = lim.rlim_max;
+    raised.rlim_cur = std::min<rlim_t>(lim.rlim_max, static_cast<rlim_t>(want));
     // (an infinite hard limit is refused above fs.nr_open: then as far as that allows)
     if (::setrlimit(RLIMIT_NOFILE, &raised) != 0 && lim.rlim_max == RLIM_INFINITY) {
       std::ifstream nr("/proc/sys/fs/nr_open");
       rlim_t most = 0;
       if (nr >> most && most > lim.rlim_cur) {
-        raised.rlim_cur = most;
+        raised.rlim_cur = std::min<rlim_t>(most, static_cast<rlim_t>(want));
         ::setrlimit(RLIMIT_NOFILE, &raised);
       }
     }

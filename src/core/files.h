@@ -25,10 +25,12 @@ void sync_path(const std::string& path);
 // sync_path of every file and directory under `dir`, and of `dir` itself (the files first).
 void sync_tree(const std::string& dir);
 
-// Raises this process's soft limit on open files (RLIMIT_NOFILE) to its hard limit, as far as the kernel allows
-// (fs.nr_open), and returns the soft limit then in force (unchanged where it cannot be raised). For a server of many
-// connections: the rendezvous store of a large job ran out of descriptors at the default 1024. (`conduit launch`
-// raises it only as far as its workers need, and gives them the limit they had: see ensure_file_limit there.)
-uint64_t raise_open_file_limit();
+// Raises this process's soft limit on open files (RLIMIT_NOFILE) to `want`, at most its hard limit and as far as the
+// kernel allows (fs.nr_open), and returns the soft limit then in force (unchanged where it cannot be raised, or is
+// already at least `want`). For a server of many connections: the rendezvous store of a large job ran out of
+// descriptors at the default 1024. Only as far as wanted: the processes it starts inherit it, and a hard limit of
+// 1e9 made anything that closes every descriptor up to the limit crawl. (`conduit launch` raises it as far as its
+// workers need, and gives them the limit they had: see ensure_file_limit there.)
+uint64_t raise_open_file_limit(uint64_t want);
 
 }  // namespace conduit

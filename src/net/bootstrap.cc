@@ -55,9 +55,10 @@ std::string file_store_job_prefix() {
       if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-') ch = '_';
     return v.substr(0, 200);
   };
+  // (not TORCHELASTIC_RESTART_COUNT: each node's agent counts its own workers' failures, so after another node's
+  // failure or a scaling event the ranks of one attempt hold different counts and split into two jobs)
   const auto run = env_string("TORCHELASTIC_RUN_ID");
-  if (run && !run->empty() && *run != "none")
-    return clean(fmt::format("torchelastic-{}-{}", *run, env_string("TORCHELASTIC_RESTART_COUNT").value_or("0")));
+  if (run && !run->empty() && *run != "none") return clean(fmt::format("torchelastic-{}", *run));
   const auto slurm = env_string("SLURM_JOB_ID");
   if (slurm && !slurm->empty())
     return clean(fmt::format("slurm-{}-{}", *slurm, env_string("SLURM_STEP_ID").value_or("0")));
@@ -161,6 +162,8 @@ static void stop_serving(const Bootstrap& b, const char* what) {
   } catch (const Error&) {  // (the store itself failed: the error about to be thrown is what counts)
     return;
   }
+  // (said now: a launcher that sees the others exit stops this rank within the wait, before its own line)
+  CONDUIT_LOG_ERROR("rank 0: {} (the store stays 5 s for the other ranks to read it)", what);
   std::this_thread::sleep_for(std::chrono::seconds(5));
 }
 

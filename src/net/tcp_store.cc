@@ -211,9 +211,9 @@ class TcpStoreServer {
       const double stall = g_stall_seconds_for_testing.load();
       stall_ = std::chrono::duration_cast<Clock::duration>(Seconds(stall > 0 ? stall : kStallSeconds));
       // (descriptors: the server's clients and the rest of the process, its transport's connections and files)
-      const uint64_t files = raise_open_file_limit();
       const uint64_t world = static_cast<uint64_t>(env_int("WORLD_SIZE", 1, 1 << 20).value_or(1));
       uint64_t most = std::max<uint64_t>(kMinMaxClients, 8 * world);
+      const uint64_t files = raise_open_file_limit(most + 256);
       if (files < UINT64_MAX) most = std::min<uint64_t>(most, files > 512 ? files - 256 : files / 2);
       const size_t given = g_max_clients_for_testing.load();
       max_clients_ = given > 0 ? given : static_cast<size_t>(most);
@@ -458,6 +458,9 @@ class TcpStoreServer {
       const bool was_paused = paused(c);
       if (!c.out.empty() && !flush(c)) return false;
       answer_deferred(c);
+      // (resumed: its stall clock starts now; poll may have waited with every client paused, drop_stalled not
+      // refreshing it, and a client the server had not read was dropped as stalled the moment it resumed)
+      if (was_paused && !paused(c)) c.last_read = Clock::now();
       return !(was_paused && !paused(c) && !c.in.empty() && !serve(id, c));
     } catch (const std::exception& e) {
       CONDUIT_LOG_ERROR("tcp store server {}:{}: serving client {} failed: {}; dropped it", host_, port_, c.peer,
@@ -489,7 +492,7 @@ class TcpStoreServer {
             CONDUIT_LOG_WARN(
                 "tcp store server {}:{}: accept failed: {} ({} clients connected, open-file limit {}); retrying every "
                 "100 ms",
-                host_, port_, std::strerror(errno), clients_.size(), raise_open_file_limit());
+                host_, port_, std::strerror(errno), clients_.size(), raise_open_file_limit(max_clients_ + 256));
           accept_warned_ = true;
           accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
         } else if (errno != EAGAIN && errno != EWOULDBLOCK) {

@@ -16,17 +16,14 @@
 #include <thread>
 #include <vector>
 
+#include "../shell_run.h"
 #include "../test_port.h"
 
 namespace {
 
 const std::string kConduit = CONDUIT_BINARY;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  double seconds = 0;
-};
+using Result = conduit::test::ShellResult;
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path);
@@ -43,17 +40,7 @@ std::string temp_path(const std::string& stem) {
 // this binary sets for its in-process tests (collectives_test.cc): the processes run the default segment size (over
 // shm the only one whose messages reach the single-copy threshold), unless a command sets its own.
 Result run_sh(const std::string& cmd, int limit_s = 240) {
-  std::string out = temp_path("out.txt");
-  std::string full = "timeout -k 5 " + std::to_string(limit_s) + " sh -c 'unset CONDUIT_RING_SEGMENT_BYTES; " + cmd +
-                     "' > " + out + " 2>&1";
-  auto t0 = std::chrono::steady_clock::now();
-  int rc = std::system(full.c_str());
-  Result r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  r.out = slurp(out);
-  std::remove(out.c_str());
-  return r;
+  return conduit::test::run_shell("unset CONDUIT_RING_SEGMENT_BYTES; " + cmd, limit_s);
 }
 
 // A port free a moment ago, and outside the kernel's ephemeral range (tests/test_port.h): rank 0 binds it up to 6 s

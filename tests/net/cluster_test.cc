@@ -50,6 +50,18 @@ std::string conduit() { return CONDUIT_BINARY; }
 
 std::string unique_name(const std::string& tag) { return "t" + std::to_string(getpid()) + tag; }
 
+// Writes into `bin` an `ip` that takes 20 ms a call and then runs the real one: first on PATH, it makes `up` last long
+// enough for a signal or a `down` to land inside it. With `called`, its first call creates that file (the moment to
+// act, not a fixed sleep a loaded machine outlasts).
+void write_slow_ip(const fs::path& bin, const std::string& called = "") {
+  fs::create_directories(bin);
+  const std::string which = sh("command -v ip").out;
+  std::ofstream(bin / "ip") << "#!/bin/sh\n"
+                            << (called.empty() ? std::string() : ": > " + called + "\n") << "sleep 0.02\nexec "
+                            << which.substr(0, which.find('\n')) << " \"$@\"\n";
+  fs::permissions(bin / "ip", fs::perms::owner_all);
+}
+
 std::string read_file(const fs::path& p) {
   std::ifstream f(p);
   std::stringstream ss;
@@ -672,12 +684,9 @@ TEST_F(ClusterTest, SignalDuringUpLeavesNothingBehind) {
   ClusterGuard guard(name);
   // An `ip` that takes 20 ms a call makes `up` of 20 hosts last ~4 s on any machine, so the signal lands inside it.
   const fs::path bin = fs::temp_directory_path() / (name + "-bin");
-  fs::create_directories(bin);
-  const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
   // (it marks its first call: the signal goes once `up` has begun, not after a fixed sleep a loaded machine outlasts)
   const std::string called = (bin / "called").string();
-  std::ofstream(bin / "ip") << "#!/bin/sh\n: > " << called << "\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
-  fs::permissions(bin / "ip", fs::perms::owner_all);
+  write_slow_ip(bin, called);
   // (SIGHUP too, a dropped ssh session: it killed `up` half way and left its namespaces)
   for (const auto& [sig, rc] : {std::pair{"TERM", "rc=143"}, std::pair{"HUP", "rc=129"}}) {
     fs::remove(called);
@@ -698,10 +707,7 @@ TEST_F(ClusterTest, SignalWhileASweepBringsUpItsClusterStopsIt) {
   const std::string name = unique_name("ss");
   const fs::path dir = fs::temp_directory_path() / (name + "-dir");
   const fs::path bin = dir / "bin";
-  fs::create_directories(bin);
-  const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
-  std::ofstream(bin / "ip") << "#!/bin/sh\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
-  fs::permissions(bin / "ip", fs::perms::owner_all);
+  write_slow_ip(bin);
   std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 20\nnetworks: [{bandwidth: 1gbit}]\nbench: {}\n";
   // (once the sweep has made its output folder, which it does before its cluster's `up`: a fixed sleep could end
   // before that on a loaded machine)
@@ -722,10 +728,7 @@ TEST_F(ClusterTest, ASweepUnderNohupIgnoresHangUps) {
   const std::string name = unique_name("nh");
   const fs::path dir = fs::temp_directory_path() / (name + "-dir");
   const fs::path bin = dir / "bin";
-  fs::create_directories(bin);
-  const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
-  std::ofstream(bin / "ip") << "#!/bin/sh\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
-  fs::permissions(bin / "ip", fs::perms::owner_all);
+  write_slow_ip(bin);
   std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 8\nnetworks: [{bandwidth: 1gbit}]\n"
                                 << "bench: {max_bytes: 1K, iters: 2, warmup: 1}\n";
   Result r = sh("(PATH=" + bin.string() + ":$PATH nohup " + conduit() + " sweep " + (dir / "s.yaml").string() + " -o " +
@@ -745,11 +748,8 @@ TEST_F(ClusterTest, DownDuringAnUpWaitsForItAndRemovesTheWholeCluster) {
   ClusterGuard guard(name);
   // An `ip` that takes 20 ms a call makes `up` of 12 hosts last ~2.5 s, so the `down` lands inside it.
   const fs::path bin = fs::temp_directory_path() / (name + "-bin");
-  fs::create_directories(bin);
-  const std::string real_ip = sh("command -v ip").out.substr(0, sh("command -v ip").out.find('\n'));
   const std::string called = (bin / "called").string();
-  std::ofstream(bin / "ip") << "#!/bin/sh\n: > " << called << "\nsleep 0.02\nexec " << real_ip << " \"$@\"\n";
-  fs::permissions(bin / "ip", fs::perms::owner_all);
+  write_slow_ip(bin, called);
   Result r = sh("(PATH=" + bin.string() + ":$PATH " + conduit() + " cluster up -q --name " + name +
                     " --hosts 12 --bandwidth 1gbit & P=$!; while [ ! -e " + called + " ]; do sleep 0.05; done; " +
                     "sleep 0.5; " + conduit() + " cluster down --name " + name + "; echo down=$?; wait $P; echo up=$?)",
