@@ -44,9 +44,8 @@ std::optional<std::string> job_id_from_env() {
 }
 
 // The file store's key prefix: CONDUIT_JOB_ID, else the launcher's id of this run, so that two jobs sharing one
-// CONDUIT_STORE_PATH do not mix their ranks and a torchrun restart does not find its previous attempt's values (found
-// by an audit: both met under "job"): TORCHELASTIC_RUN_ID (unless "none", torchrun's default) with
-// TORCHELASTIC_RESTART_COUNT, else SLURM_JOB_ID with SLURM_STEP_ID, else "job". Characters a job id may not hold
+// CONDUIT_STORE_PATH do not mix their ranks (found by an audit: both met under "job"): TORCHELASTIC_RUN_ID (unless
+// "none", torchrun's default), else SLURM_JOB_ID with SLURM_STEP_ID, else "job". Characters a job id may not hold
 // become '_'.
 std::string file_store_job_prefix() {
   if (auto id = job_id_from_env()) return *id;

@@ -65,8 +65,10 @@
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -933,6 +935,19 @@ void mpi_init_once(double timeout_s) {
   });
 }
 
+// The first of the launcher's variables `vars` that holds a whole number other than MPI's `value`: its name and number.
+static std::optional<std::pair<const char*, long>> launcher_disagrees(std::initializer_list<const char*> vars,
+                                                                      int value) {
+  for (const char* v : vars) {
+    const char* e = std::getenv(v);
+    if (e == nullptr || *e == '\0') continue;
+    char* end = nullptr;
+    const long declared = std::strtol(e, &end, 10);
+    if (*end == '\0' && declared != value) return std::pair{v, declared};
+  }
+  return std::nullopt;
+}
+
 int mpi_world_rank() {
   mpi_init_once();
   int r = 0, n = 1;
@@ -943,18 +958,12 @@ int mpi_world_rank() {
   }
   // The launcher's rank must be MPI's too: PMI_RANK or PMIX_RANK without a size (which mpi_world_size checks) from a
   // launcher this library does not speak made every process a singleton, "rank 0 of 1", whatever it was given.
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}) {
-    const char* e = std::getenv(v);
-    if (e == nullptr || *e == '\0') continue;
-    char* end = nullptr;
-    const long declared = std::strtol(e, &end, 10);
-    if (*end == '\0' && declared != r)
-      throw ConfigError(fmt::format(
-          "mpi: the launcher made this process rank {} ({}={}) but this MPI library's world makes it rank {} of {}: "
-          "the launcher is not this library's, or {} was inherited from another launch; allowed: the mpirun of the MPI "
-          "Conduit was built with, or {} unset to meet by RANK and WORLD_SIZE",
-          declared, v, e, r, n, v, v));
-  }
+  if (auto d = launcher_disagrees({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}, r))
+    throw ConfigError(fmt::format(
+        "mpi: the launcher made this process rank {} ({}={}) but this MPI library's world makes it rank {} of {}: "
+        "the launcher is not this library's, or {} was inherited from another launch; allowed: the mpirun of the MPI "
+        "Conduit was built with, or {} unset to meet by RANK and WORLD_SIZE",
+        d->second, d->first, d->second, r, n, d->first, d->first));
   return r;
 }
 
@@ -969,17 +978,11 @@ int mpi_world_size() {
   }
   // The launcher's own count must be MPI's: an mpiexec of another MPI (MPICH's Hydra, srun's PMI2 with an OpenMPI
   // build) starts processes this library sees as singletons, and each ran alone as "rank 0 of 1".
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
-    const char* e = std::getenv(v);
-    if (e == nullptr || *e == '\0') continue;
-    char* end = nullptr;
-    const long declared = std::strtol(e, &end, 10);
-    if (*end == '\0' && declared != n)
-      throw ConfigError(fmt::format(
-          "mpi: the launcher started {} ranks ({}={}) but this MPI library's world has {}: the launcher is not "
-          "this library's (e.g. another MPI's mpiexec); allowed: the mpirun of the MPI Conduit was built with",
-          declared, v, e, n));
-  }
+  if (auto d = launcher_disagrees({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}, n))
+    throw ConfigError(fmt::format(
+        "mpi: the launcher started {} ranks ({}={}) but this MPI library's world has {}: the launcher is not "
+        "this library's (e.g. another MPI's mpiexec); allowed: the mpirun of the MPI Conduit was built with",
+        d->second, d->first, d->second, n));
   return n;
 }
 
