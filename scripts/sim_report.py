@@ -42,7 +42,22 @@ MEGATRON_TABLE1 = [
     (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
 ]
 
-# Same paper, table 2: ZeRO-3 without model parallelism, GPT-3 175B, global batch 1536.
+# Smith et al., "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B", arXiv 2201.11990, section 2.4: the
+# 530B model (105 layers, hidden 20480, 128 heads, seq 2048; vocabulary padded by Megatron to 51200) at global batch
+# 1920 on 280, 350 and 420 DGX A100 nodes of Selene (8-way tensor, 35-way pipeline, 8-, 10- and 12-way data
+# parallelism), iterations of 60.1, 50.2 and 44.4 s: 126, 121 and 113 TFLOP/s per GPU, which the 96 B s l h^2 formula
+# (recompute counted) reproduces from those times (125.7, 120.4, 113.5). Megatron's tensor parallelism with
+# DeepSpeed's pipeline engine (synchronous 1F1B) and data parallelism; the micro-batch is not in the paper: b = 1, as
+# for table 1's rows. The same model on the same machine, in table 1's last Megatron-LM row but one (2520 GPUs, batch
+# 2520), ran at 163.
+MTNLG_530B = [
+    # gpus, published iteration time (s), published TFLOP/s per GPU
+    (2240, 60.1, 126),
+    (2800, 50.2, 121),
+    (3360, 44.4, 113),
+]
+
+# Same paper as table 1, table 2: ZeRO-3 without model parallelism, GPT-3 175B, global batch 1536.
 ZERO3_TABLE2 = [
     # gpus, micro-batch, published TFLOP/s per GPU
     (384, 4, 144),
@@ -124,6 +139,17 @@ def validation(conduit):
                 "2240", "--tp", "8", "--pp", "35", *flags, *MEGATRON_DP)
         pred = 100 * d["mfu"]
         print(f"| {name} | {pub}% | {pred:.1f}% | {100*(pred-pub)/pub:+.1f}% |")
+    print()
+    print("| MT-NLG 530B, t=8 p=35, batch 1920 | GPUs | published TFLOP/s/GPU | predicted | error | predicted step "
+          "(published) | bubble |")
+    print("|---|---|---|---|---|---|---|")
+    for n, published_s, pub in MTNLG_530B:
+        d = sim(conduit, "step", "--cluster", "dgx-a100", "--gpus", str(n), "--model", "gpt", "--layers", "105",
+                "--hidden", "20480", "--heads", "128", "--seq", "2048", "--vocab", "51200", "--global-batch", "1920",
+                "--micro-batch", "1", "--tp", "8", "--pp", "35", "--recompute", "full", *MEGATRON_DP)
+        pred = d["hardware_tflops_per_gpu"]
+        print(f"| DeepSpeed + Megatron | {n} | {pub} | {pred:.1f} | {100*(pred-pub)/pub:+.1f}% | {d['time_s']:.1f} s "
+              f"({published_s} s) | {100*d['breakdown_s']['bubble']/d['time_s']:.1f}% |")
     print()
     print("| ZeRO-3, GPT-3 175B | GPUs | micro-batch | published TFLOP/s/GPU | predicted | error |")
     print("|---|---|---|---|---|---|")
