@@ -64,6 +64,10 @@ std::string file_store_job_prefix() {
   return "job";
 }
 
+// The key under which a rank of a file-store job publishes why it failed (stop_serving): the other ranks' waiting
+// gets end with it.
+std::string file_store_failure_key() { return fmt::format("conduit/{}/error", file_store_job_prefix()); }
+
 std::string host_identity() {
   if (auto id = env_string("CONDUIT_HOST_ID")) return *id;
   char name[256] = {0};
@@ -155,9 +159,20 @@ const char* transport_kinds_allowed() { return "auto, tcp, shm, mpi"; }
 // goes under kTcpStoreErrorKey, which ends their waiting gets with it, and the store is kept a few seconds for the
 // ranks still to ask (a detached thread keeping it did not outlive the process, which exits on this error).
 static void stop_serving(const Bootstrap& b, const char* what) {
-  if (!b.store || b.rank != 0 || b.method != "tcp-store" || b.size < 2) return;  // (no one else to tell)
+  if (!b.store || b.size < 2) return;  // (no one else to tell)
+  if (b.method == "file-store") {
+    // Any rank's failure, kept in the directory: the others' gets end with it, later ones too (they waited for this
+    // rank's values until their deadline and then named it missing, found by an audit).
+    try {
+      b.store->set(file_store_failure_key(),
+                   fmt::format("rank {} failed: {}", b.rank, std::string(what).substr(0, 16384)), Deadline::after(2));
+    } catch (const Error&) {  // (the error about to be thrown is what counts)
+    }
+    return;
+  }
+  if (b.rank != 0 || b.method != "tcp-store") return;
   try {
-    b.store->set(kTcpStoreErrorKey, what, Deadline::after(2));
+    b.store->set(kTcpStoreErrorKey, std::string(what).substr(0, 16384), Deadline::after(2));
   } catch (const Error&) {  // (the store itself failed: the error about to be thrown is what counts)
     return;
   }
@@ -238,7 +253,7 @@ static std::shared_ptr<Bootstrap> bootstrap_from_env_unguarded(double timeout_s,
       b->store = make_tcp_store(*addr, port, b->rank == 0, deadline);
     } else if (path) {
       b->method = "file-store";
-      b->store = make_file_store(*path);
+      b->store = make_file_store(*path, file_store_failure_key());
     } else {
       throw ConfigError(
           "RANK and WORLD_SIZE are set but neither MASTER_ADDR/MASTER_PORT (TCP store) nor CONDUIT_STORE_PATH (file "

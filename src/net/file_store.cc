@@ -2,7 +2,7 @@
 // Each key is a file "k_<escaped key>"; a value is written to a temporary file of its own (created with O_EXCL,
 // named with 64 random bits) and renamed over the key's file, so readers see either no file or the whole value.
 // add() holds flock() on "<dir>/.lock" around its read-modify-write. get() polls with a growing pause (1 ms to
-// 50 ms) until the key appears or the deadline passes.
+// 50 ms) until the key appears, a rank publishes its failure under the failure key, or the deadline passes.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
@@ -82,7 +82,7 @@ std::string escape_key(const std::string& key) {
 
 class FileStore : public Store {
  public:
-  explicit FileStore(std::string dir) : dir_(std::move(dir)) {
+  FileStore(std::string dir, std::string failure_key) : dir_(std::move(dir)), failure_key_(std::move(failure_key)) {
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
     struct stat st {};
     if (dir_.empty() || stat(dir_.c_str(), &st) != 0) {
@@ -110,6 +110,11 @@ class FileStore : public Store {
     while (true) {
       std::string v;
       if (read(key, &v)) return v;
+      // (a rank that failed said why: the key waited for will not come; found by an audit, the others waited for it
+      // until their deadline and then blamed the rank that was missing)
+      if (!failure_key_.empty() && key != failure_key_ && read(failure_key_, &v))
+        throw PeerError(fmt::format("{} (published in the file store {} while this rank waited for key '{}')", v, dir_,
+                                    key.substr(0, 200)));
       if (deadline.expired()) {
         throw TimeoutError(
             fmt::format("file store {}: key '{}' did not appear within {:.1f}s", dir_, key, sw.seconds()));
@@ -276,6 +281,7 @@ class FileStore : public Store {
   }
 
   std::string dir_;
+  std::string failure_key_;  // where a failed rank publishes why (empty: none)
   std::string host_ = [] {
     char name[256] = {0};
     gethostname(name, sizeof(name) - 1);
@@ -287,7 +293,9 @@ class FileStore : public Store {
 
 }  // namespace
 
-StorePtr make_file_store(const std::string& dir) { return std::make_shared<FileStore>(dir); }
+StorePtr make_file_store(const std::string& dir, const std::string& failure_key) {
+  return std::make_shared<FileStore>(dir, failure_key);
+}
 
 // Test hook (net/store.h): every file store of this process names its
 // temporary files with this host name and pid, as two containers sharing the directory may both have; an empty host

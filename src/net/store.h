@@ -47,8 +47,10 @@ using StorePtr = std::shared_ptr<Store>;
 // Served by rank 0 (is_server) on host:port; clients connect (retrying until the deadline).
 // Wire format: see tcp_store.cc; every request and reply is validated (magic, lengths <= 64 MiB).
 StorePtr make_tcp_store(const std::string& host, int port, bool is_server, const Deadline& connect_deadline);
-// A directory on a shared file system; each key is a file written atomically (write + rename).
-StorePtr make_file_store(const std::string& dir);
+// A directory on a shared file system; each key is a file written atomically (write + rename). `failure_key`, when
+// given, is where a rank that failed publishes why (net/bootstrap.cc): a get waiting for a key that is not there
+// ends at once with PeerError carrying that value, not at its deadline.
+StorePtr make_file_store(const std::string& dir, const std::string& failure_key = {});
 // Test hook: every file store of this process names its temporary files with this host name and pid (as two
 // containers sharing the directory may both have); an empty host restores the real ones.
 void set_file_store_identity_for_testing(const std::string& host, long pid);

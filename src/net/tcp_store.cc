@@ -37,6 +37,7 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -102,11 +103,16 @@ constexpr double kStallSeconds = 30;
 // ranks' own connections waited in the backlog until their deadline (found by an audit).
 constexpr size_t kMinMaxClients = 1024;
 
+// The largest failure (kTcpStoreErrorKey) set past CONDUIT_STORE_MAX_BYTES.
+constexpr size_t kMaxErrorBytes = 64 << 10;
+
 constexpr uint32_t kMagic = 0x54534443u;  // "CDST" as bytes on the wire
 constexpr uint16_t kVersion = 1;
 constexpr size_t kHeaderBytes = 24;
 enum Op : uint8_t { kOpSet = 1, kOpGet = 2, kOpAdd = 3, kOpCheck = 4, kOpPing = 5, kReplyBit = 0x80 };
-enum Status : uint8_t { kOk = 0, kNotFound = 1, kBadRequest = 2, kFailed = 3 };
+// kRefused: the server keeps its most connections; sent unasked (id 0) on a connection it closes at once, whose
+// requests were never read, so the client may send them again on another.
+enum Status : uint8_t { kOk = 0, kNotFound = 1, kBadRequest = 2, kFailed = 3, kRefused = 4 };
 
 struct Header {
   uint32_t magic = kMagic;
@@ -510,6 +516,16 @@ class TcpStoreServer {
               "connecting to MASTER_PORT?)",
               host_, port_, clients_.size(), max_clients_);
         clients_warned_ = true;
+        // (told why, which it retries within its deadline: it read the close as "did rank 0 exit?" and gave up)
+        Header h;
+        h.op = kOpPing | kReplyBit;
+        h.status = kRefused;
+        const std::string f = frame(h, {}, fmt::format("{} clients are connected, the most it keeps", clients_.size()));
+        (void)!::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        ::shutdown(fd, SHUT_WR);
+        char drain[4096];  // (what it sent already, read so the close sends no reset that could drop the frame)
+        while (::recv(fd, drain, sizeof drain, MSG_DONTWAIT) > 0) {
+        }
         ::close(fd);
         continue;
       }
@@ -664,7 +680,10 @@ class TcpStoreServer {
   bool handle(uint64_t id, Client& c, const Header& h, std::string key, std::string value) {
     switch (h.op) {
       case kOpSet:
-        if (!room_for(c, h, key, value.size())) return true;
+        // (a rank's failure goes in whatever the store holds: refused when it was full, the ranks were told only
+        // that the connection was lost; bounded so it cannot be used to pass the limit)
+        if (!(key == kTcpStoreErrorKey && value.size() <= kMaxErrorBytes) && !room_for(c, h, key, value.size()))
+          return true;
         set_key(key, std::move(value));
         reply(c, h, kOk, {});
         return true;
@@ -1158,6 +1177,37 @@ class TcpStore : public Store {
 
   std::pair<uint8_t, std::string> request(uint8_t op, const std::string& key, const std::string& value,
                                           const Deadline& deadline) {
+    // A connection the server refused (it keeps its most) read none of the request: sent again on a new one, with a
+    // growing pause, until the deadline.
+    auto pause = std::chrono::milliseconds(10);
+    std::string refused;
+    auto refused_until_deadline = [&] {
+      return TimeoutError(
+          fmt::format("tcp store {}: {} of key '{}' did not complete before the deadline: the server "
+                      "refused its connections ({}; is something else connecting to MASTER_PORT?)",
+                      addr_, op_name(op), key, refused));
+    };
+    while (true) {
+      std::optional<std::pair<uint8_t, std::string>> got;
+      try {
+        got = request_once(op, key, value, deadline, &refused);
+      } catch (const TimeoutError&) {
+        if (refused.empty()) throw;
+        throw refused_until_deadline();  // (the last try, begun as the deadline came)
+      }
+      if (got) return *got;
+      if (deadline.expired()) throw refused_until_deadline();
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(
+          pause, std::chrono::duration_cast<std::chrono::nanoseconds>(Seconds(deadline.remaining_seconds()))));
+      pause = std::min(pause * 2, std::chrono::milliseconds(500));
+      if (deadline.expired()) throw refused_until_deadline();
+    }
+  }
+
+  // One try of request(): empty when the server refused the connection (`*refused`: why, set then only).
+  std::optional<std::pair<uint8_t, std::string>> request_once(uint8_t op, const std::string& key,
+                                                              const std::string& value, const Deadline& deadline,
+                                                              std::string* refused) {
     auto c = acquire(deadline, op, key);
     Header h;
     h.op = op;
@@ -1175,6 +1225,11 @@ class TcpStore : public Store {
         }
         std::string body(static_cast<size_t>(r.key_len) + r.value_len, '\0');
         recv_all(*c, body.data(), body.size(), op, key, deadline);
+        if (r.status == kRefused && r.id == 0) {
+          *refused = body.substr(r.key_len);
+          if (refused->empty()) *refused = "refused";
+          return std::nullopt;  // (`c` closed)
+        }
         if (r.id < h.id) continue;  // the late reply of an earlier request that timed out
         if (r.id != h.id || (r.op & ~kReplyBit) != op) {
           throw ProtocolError(fmt::format("tcp store {}: reply id {} op {:#04x} does not match request id {} ({})",
@@ -1195,7 +1250,7 @@ class TcpStore : public Store {
                                           r.status, op_name(op), key));
         }
         release(std::move(c));
-        return {r.status, body.substr(r.key_len)};
+        return std::pair{r.status, body.substr(r.key_len)};
       }
     } catch (const Error&) {
       // `c` is closed here, not returned to the pool: after a timeout or an error it may hold half a frame.

@@ -77,6 +77,28 @@ TEST(BootstrapProcess, AStaleFileStoreIsNamedInTheWorldSizeRefusal) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// A rank of a file-store job that fails after its store started publishes why in the directory: the others' waiting
+// ends with it (found by an audit: rank 0 waited for rank 1's value until its deadline, then named it missing). Here
+// rank 1 finds its claim taken, as by an attempt that stopped early.
+TEST(BootstrapProcess, AFileStoreRanksStartUpErrorReachesTheOtherRanks) {
+  const std::string dir = temp_dir();
+  const std::string job = "failed" + std::to_string(::getpid());
+  std::ofstream(dir + "/k_conduit%2F" + job + "%2Fclaimed%2F1.claim").flush();
+  const std::string env = "WORLD_SIZE=2 CONDUIT_STORE_PATH=" + dir + " CONDUIT_JOB_ID=" + job + " CONDUIT_TIMEOUT=60 ";
+  Result r = run_sh("RANK=1 " + env + kConduit + " selftest --op allreduce --timeout 60 & RANK=0 " + env + kConduit +
+                    " selftest --op allreduce --timeout 60; wait");
+  EXPECT_EQ(count(r.out, "rank 1 failed: rank 1: another process already joined CONDUIT_STORE_PATH=" + dir +
+                             " as rank 1 of job '" + job + "'"),
+            1u)
+      << r.out;
+  EXPECT_NE(r.out.find("(published in the file store " + dir + " while this rank waited for key 'conduit/" + job +
+                       "/bootstrap/0/1')"),
+            std::string::npos)
+      << r.out;
+  EXPECT_LT(r.seconds, 30) << r.out;
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // Rank 0 failing after its TCP store started publishes its error there and keeps the store a few seconds: a rank
 // waiting for its value learns why (found by an audit: it was told "connection to the server lost ... did rank 0
 // exit?"). Here rank 0's own CONDUIT_JOB_ID is invalid, which it reads after its store started.

@@ -681,9 +681,10 @@ TEST(TcpStore, AClientStalledMidRequestIsDroppedAndItsBytesReleased) {
   close(a);
 }
 
-// The server keeps at most so many connections (1024, or 8 a rank of WORLD_SIZE; here 3): one more is closed at once
-// with a log line (found by an audit: past the open-file limit it only warned, and the ranks' connections waited in
-// the backlog until their deadline); once one goes, a new one is taken.
+// The server keeps at most so many connections (1024, or 8 a rank of WORLD_SIZE; here 3): one more is told so in a
+// frame of its own (status 4, id 0) and closed at once, with a log line (found by an audit: past the open-file limit
+// it only warned, and the ranks' connections waited in the backlog until their deadline); once one goes, a new one is
+// taken.
 TEST(TcpStore, ConnectionsPastTheLimitAreRefusedAtOnce) {
   set_tcp_store_server_limits_for_testing(0, 3);
   int port = 0;
@@ -694,7 +695,11 @@ TEST(TcpStore, ConnectionsPastTheLimitAreRefusedAtOnce) {
   send_all(b, raw_header(5, 1, 0, 0));
   EXPECT_EQ(std::get<1>(raw_reply(a)), 0);
   EXPECT_EQ(std::get<1>(raw_reply(b)), 0);
-  int d = raw_connect(port);  // the fourth: closed
+  int d = raw_connect(port);  // the fourth: told why, and closed
+  const auto [id, status, why] = raw_reply(d);
+  EXPECT_EQ(id, 0);
+  EXPECT_EQ(status, 4);
+  EXPECT_EQ(why, "3 clients are connected, the most it keeps");
   char byte;
   const timeval wait{20, 0};
   setsockopt(d, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
@@ -707,6 +712,50 @@ TEST(TcpStore, ConnectionsPastTheLimitAreRefusedAtOnce) {
   EXPECT_EQ(std::get<1>(raw_reply(e)), 0);
   close(b);
   close(e);
+}
+
+// A client whose connection the full server refused sends its request again on a new one until its deadline (found by
+// an audit: it read the close as "did rank 0 exit?" and gave up at once): served once a connection goes, and past
+// the deadline told that the server refused it and why.
+TEST(TcpStore, AClientTheServerRefusesRetriesUntilItsDeadline) {
+  set_tcp_store_server_limits_for_testing(0, 2);
+  int port = 0;
+  auto server = start_server(&port);  // (its own client holds the first connection)
+  set_tcp_store_server_limits_for_testing(0, 0);
+  int a = raw_connect(port);
+  send_all(a, raw_header(5, 1, 0, 0));
+  ASSERT_EQ(std::get<1>(raw_reply(a)), 0);  // the second: served, and held
+  auto c = client(port);                    // (connects: the server refuses it once it reads it)
+  Stopwatch sw;
+  try {
+    c->set("k", "v", Deadline::after(1));
+    ADD_FAILURE() << "a refused set went through";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("set of key 'k' did not complete before the deadline: the server refused its "
+                                         "connections (2 clients are connected, the most it keeps; is something "
+                                         "else connecting to MASTER_PORT?)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(sw.seconds(), 10.0);
+  EXPECT_FALSE(server->check("k"));  // (refused, not read)
+  auto later = std::async(std::launch::async, [&] { c->set("k", "v", Deadline::after(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  close(a);  // a connection goes: the retried set is taken
+  later.get();
+  EXPECT_EQ(server->get("k", Deadline::after(5)), "v");
+}
+
+// A rank's failure is kept even when the store is full (found by an audit: refused like any value, the other ranks
+// were told only that the connection was lost).
+TEST(TcpStore, RankZerosErrorIsTakenWhenTheStoreIsFull) {
+  int port = 0;
+  auto server = start_server_limited("1M", &port);
+  auto c = client(port);
+  c->set("a", std::string(900 << 10, 'a'));
+  EXPECT_THROW(c->set("b", std::string(200 << 10, 'b')), InvalidArgument);
+  server->set(kTcpStoreErrorKey, "rank 0: out of memory");
+  EXPECT_THROW(c->get("never", Deadline::after(5)), PeerError);
 }
 
 // A client that sends requests without reading the replies is not read while its replies back up: each get of a
@@ -1042,6 +1091,31 @@ TEST(FileStore, GetBlocksUntilLaterSet) {
   auto a = make_file_store(d.path());
   auto b = make_file_store(d.path());
   get_blocks_until_set(*a, *b);
+}
+
+// A rank's failure published under the store's failure key ends every get waiting for a key not there, at once and
+// later too (found by an audit: the other ranks waited for the failed rank's values until their deadline); keys that
+// are there are still read, and a store without a failure key waits on.
+TEST(FileStore, AFailurePublishedEndsTheWaitingGets) {
+  TempDir d;
+  auto waiting = make_file_store(d.path(), "conduit/j/error");
+  auto plain = make_file_store(d.path());
+  plain->set("there", "v");
+  auto f = std::async(std::launch::async, [&] { return waiting->get("never", Deadline::after(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Stopwatch sw;
+  plain->set("conduit/j/error", "rank 1 failed: something is wrong");
+  try {
+    f.get();
+    ADD_FAILURE() << "the get went on";
+  } catch (const PeerError& e) {
+    EXPECT_EQ(std::string(e.what()), "rank 1 failed: something is wrong (published in the file store " + d.path() +
+                                         " while this rank waited for key 'never')");
+  }
+  EXPECT_LT(sw.seconds(), 5.0);
+  EXPECT_THROW(waiting->get("later", Deadline::after(20)), PeerError);
+  EXPECT_EQ(waiting->get("there", Deadline::after(5)), "v");
+  EXPECT_THROW(plain->get("later", Deadline::after(0.2)), TimeoutError);
 }
 
 TEST(FileStore, GetDeadlineThrowsTimeoutNamingKeyAndDir) {
