@@ -72,7 +72,9 @@ ZERO3_TABLE2 = [
 # equal to 1 and 2", scaling linearly (the 128-GPU run at batch 2 fell short, from memory defragmentation, and is left
 # out). The paper gives no FLOP formula; the FSDP authors' benchmark code counts 96 B s l h^2 (1 + s/6h + V/16lh),
 # recompute included, the convention compared with here. Its network as a file: the dgx-a100 preset with 2 Tb/s a
-# node (8 NICs of 250 Gb/s) and no switch aggregation (RoCE).
+# node (8 NICs of 250 Gb/s) and no switch aggregation (RoCE). The model's attention is minGPT's, PyTorch eager: the
+# scores scaled, masked, soft-maxed and dropped out in four kernels (mrshenli/ptd_benchmark, models.py,
+# CausalSelfAttention.forward), `--attention-kernels eager`.
 FSDP_175B = [
     # gpus, batch per GPU, published TFLOP/s per GPU (a lower bound: "more than")
     (128, 1, 173),
@@ -167,7 +169,8 @@ def validation(conduit):
         for n, b, pub in FSDP_175B:
             d = sim(conduit, "step", "--cluster", cluster, "--gpus", str(n), "--model", "gpt", "--layers", "96",
                     "--hidden", "12288", "--heads", "96", "--seq", "2048", "--vocab", "50000", "--global-batch",
-                    str(n * b), "--micro-batch", str(b), "--zero", "3", "--recompute", "full")
+                    str(n * b), "--micro-batch", str(b), "--zero", "3", "--recompute", "full", "--attention-kernels",
+                    "eager")
             pred = d["hardware_tflops_per_gpu"]
             bd = d["breakdown_s"]
             hidden = bd["dp_comm_total"] - (bd["dp_exposed"] - bd["compression"]) - bd["zero3_exposed"]

@@ -83,6 +83,7 @@ struct StepArgs {
   long long dp = kNotGiven;  // (gpus / (tp pp) when left out; an explicit 0 was taken as that)
   int zero = 0;
   std::string recompute = "none";
+  std::string attention_kernels = "fused";
   std::string schedule = "1f1b";
   int virtual_stages = 0;
   bool sp = false;
@@ -230,6 +231,12 @@ ParallelConfig make_config(const StepArgs& a) {
                                   a.virtual_stages));
   c.virtual_stages = a.virtual_stages > 0 ? a.virtual_stages : (c.schedule == Schedule::kInterleaved ? 2 : 1);
   c.sequence_parallel = a.sp;
+  if (a.attention_kernels != "fused" && a.attention_kernels != "eager")
+    throw ConfigError(fmt::format(
+        "--attention-kernels = '{}' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, mask, "
+        "softmax and dropout one kernel each)",
+        a.attention_kernels));
+  c.eager_attention = a.attention_kernels == "eager";
   c.dp_overlap = !a.no_overlap;
   c.zero_prefetch = !a.no_zero_prefetch;
   c.balance = a.balance;
@@ -317,6 +324,7 @@ json config_json(const ParallelConfig& c) {
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
               {"sequence_parallel", c.sequence_parallel},
+              {"attention_kernels", c.eager_attention ? "eager" : "fused"},
               {"compression", c.compression.kind},
               {"compression_param", c.compression.param},
               {"sync", c.sync.kind},
@@ -1679,6 +1687,10 @@ void setup(CLI::App& app) {
                   is_step ? "model chunks per GPU for --schedule interleaved (default 2)"
                           : "model chunks per GPU for --schedule interleaved (searched: 2 and 4, unless given)");
     c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism" + searched);
+    c->add_option("--attention-kernels", a->attention_kernels,
+                  "the attention's element-wise kernels over the scores: fused (Megatron-LM's scale-mask-softmax, "
+                  "then dropout) or eager (PyTorch's scale, mask, softmax and dropout one kernel each, as minGPT)")
+        ->capture_default_str();
     c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
     c->add_flag("--no-zero-prefetch", a->no_zero_prefetch,
                 "ZeRO-3: every layer's gather blocks it (default: the next layer's starts while one computes); ZeRO-1 "

@@ -302,14 +302,17 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
   // Element-wise kernels, 2-byte elements: two layer norms (read + write), two bias-dropout-adds (two reads, a
   // write, a 1-byte mask), fused scale-mask-softmax (read + write) and attention dropout (read, write, mask) on
   // the b*a/t*s*s scores, fused bias-GeLU (read + write) on the b*s*4h/t MLP activations (SwiGLU reads the gate and up
-  // halves and writes their product).
+  // halves and writes their product); the backward twice the forward's traffic. Eager attention scales and masks the
+  // scores in two kernels more, each a read and a write, and so do their backwards (the gradient scaled, and masked).
   const double hdiv = c.sequence_parallel ? tp : 1;
   const double h_bytes = 2 * (2 * 2 + 2 * 3.5) * b * s * h / hdiv;
   const double s_bytes = 2 * (2 + 2.5) * b * (a / tp) * s * s;
   const double f_bytes = 2 * b * s * (m.mlp_up_width() + m.ffn()) / tp;
-  const double ew_fwd = memory_time(acc, h_bytes + s_bytes + f_bytes, 7);
-  const double ew_bwd = memory_time(acc, 2 * (h_bytes + s_bytes + f_bytes), 14);
-  const double ew_core = memory_time(acc, s_bytes, 2);
+  const double e_bytes = c.eager_attention ? 2 * (2 + 2) * b * (a / tp) * s * s : 0;
+  const int e_kernels = c.eager_attention ? 2 : 0;
+  const double ew_fwd = memory_time(acc, h_bytes + s_bytes + f_bytes + e_bytes, 7 + e_kernels);
+  const double ew_bwd = memory_time(acc, 2 * (h_bytes + s_bytes + f_bytes) + e_bytes, 14 + e_kernels);
+  const double ew_core = memory_time(acc, s_bytes + e_bytes, 2 + e_kernels);
   t.layer_fwd = fwd + ew_fwd;
   t.layer_bwd = bwd + ew_bwd;
   double rec = 0;
@@ -1394,6 +1397,7 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
                          : cfg.sequence_parallel           ? "--sp"
                          : cfg.virtual_stages != 1         ? "--virtual-stages"
                          : cfg.balance                     ? "--balance"
+                         : cfg.eager_attention             ? "--attention-kernels eager"
                                                            : nullptr;
   if (gpt_only)
     throw ConfigError(fmt::format("{} applies to GPT models; allowed with a layer-list model: leave it out", gpt_only));

@@ -58,6 +58,10 @@ struct ParallelConfig {
   Schedule schedule = Schedule::k1F1B;
   int virtual_stages = 1;  // interleaved: model chunks per GPU (v)
   bool sequence_parallel = false;
+  // The attention's element-wise kernels on the b (a/t) s^2 scores: false, Megatron-LM's fused scale-mask-softmax
+  // and a dropout; true, PyTorch eager (minGPT, the FSDP paper's model): the scale, the causal mask, the softmax and
+  // the dropout each a kernel that reads and writes the scores (`--attention-kernels eager`).
+  bool eager_attention = false;
   bool dp_overlap = true;
   // ZeRO-3: each next layer's parameter gather starts while the layer before computes (DeepSpeed's prefetch, `conduit
   // train --zero-prefetch`); false: every gather blocks its layer. ZeRO-1/2: the allgather of the updated parameters

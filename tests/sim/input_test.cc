@@ -647,6 +647,10 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
     EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
               "--sp applies to GPT models; allowed with a layer-list model: leave it out");
     g.sequence_parallel = false;
+    g.eager_attention = true;
+    EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
+              "--attention-kernels eager applies to GPT models; allowed with a layer-list model: leave it out");
+    g.eager_attention = false;
     g.schedule = Schedule::kGpipe;
     EXPECT_NE(error_of([&] { simulate_layer_step(n8, lm, g); }).find("--schedule gpipe: a layer-list model takes"),
               std::string::npos);

@@ -226,6 +226,34 @@ TEST(Step, RecomputeAddsOnlyWhatTheLayerDidNotStore) {
   }
 }
 
+// Eager attention (PyTorch's scale, mask, softmax and dropout, one kernel each: minGPT) scales and masks the b (a/t)
+// s^2 scores in two more kernels than Megatron-LM's fused scale-mask-softmax, each a read and a write of 2-byte
+// elements: the forward pays them, their backwards (the gradient scaled, and masked) as much, full recompute again.
+TEST(Step, EagerAttentionReadsAndWritesTheScoresTwiceMore) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt-7.5b");
+  const Accelerator& acc = topo.spec().node_kinds[0].accelerator;
+  ParallelConfig c;
+  c.tp = 8;
+  c.global_batch = 2;
+  c.micro_batch = 2;
+  for (Recompute rc : {Recompute::kNone, Recompute::kFull}) {
+    c.recompute = rc;
+    c.eager_attention = false;
+    const StepResult fused = simulate_step(net, m, c);
+    c.eager_attention = true;
+    const StepResult eager = simulate_step(net, m, c);
+    const double passes = rc == Recompute::kFull ? 3 : 2;  // forward, backward, recompute
+    const double bytes = 2.0 * 2 * 2 * c.micro_batch * (m.heads / c.tp) * double(m.seq) * double(m.seq);
+    const double want =
+        m.layers * passes * (bytes / (acc.memory_bandwidth * acc.memory_efficiency) + 2 * acc.kernel_overhead);
+    EXPECT_NEAR(eager.breakdown.compute - fused.breakdown.compute, want, 1e-6 * want) << int(rc);
+    EXPECT_GT(want, 0.01 * fused.breakdown.compute);
+    EXPECT_EQ(eager.memory.activations, fused.memory.activations);  // (softmax output, dropout mask and output alike)
+  }
+}
+
 // The last pipeline stage holds the fp32 logits of the loss (4 b s V / t bytes) and one micro-batch: with large
 // micro-batches and full recompute it holds more than the first, and the reported memory is the larger.
 TEST(Step, MemoryIsTheLargerOfTheFirstAndLastStage) {
@@ -1009,6 +1037,9 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--global-batch with --batch-per-gpu: strong and weak scaling; allowed: one of them"},
            {"sim step --model gpt2-small --global-batch 8 --dp 0",
             "--dp = 0 (allowed: a positive data-parallel size, or leave it out for gpus / (tp pp))"},
+           {"sim step --model gpt2-small --global-batch 8 --attention-kernels flash",
+            "--attention-kernels = 'flash' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, "
+            "mask, softmax and dropout one kernel each)"},
            {"sim step --model layers --layers-spec dense:4x4 --hidden 5 --global-batch 8",
             "--hidden: a transformer's shape, and --model layers takes its layers from --layers-spec"},
            {"sim step --model layers --layers-spec dense:4x4 --mlp swiglu --global-batch 8",
