@@ -44,22 +44,34 @@ void allreduce_wire(coll::Communicator& comm, DType wire, std::vector<float>& x,
   else convert_bf16_to_f32(h.data(), x.data(), x.size());
 }
 
+bool all_finite(const std::vector<float>& x) {
+  return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
+}
+
 // The sums of P or Q as every rank received them (bit-identical on all ranks, so all throw together): a sum beyond a
 // 16-bit wire's range arrives as inf, and orthonormalising silently zeroed that column, the layer then sent nothing
-// and its residual grew without end while the run went on.
-void check_factor_sums(const std::vector<float>& x, DType wire, const char* what) {
+// and its residual grew without end while the run went on. `averaged`: each rank's part was divided by W first.
+void check_factor_sums(const std::vector<float>& x, DType wire, bool averaged, const char* what) {
   for (size_t i = 0; i < x.size(); ++i)
     if (!std::isfinite(x[i]))
       throw InvalidArgument(fmt::format(
-          "powersgd: element {} of the summed {} is {} ({} wire): the factors outgrew the wire's range or the run "
-          "diverged; allowed: finite sums — wire=bf16 or f32, a smaller learning rate, or a warm-up",
-          i, what, x[i], dtype_name(wire)));
+          "powersgd: element {} of the {} {} is {} ({} wire): the factors outgrew the wire's range or the run "
+          "diverged; allowed: finite {} — wire=bf16 or f32, a smaller learning rate, or a warm-up",
+          i, averaged ? "averaged" : "summed", what, x[i], dtype_name(wire), averaged ? "means" : "sums"));
 }
 
 size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const std::vector<TensorState*>& states,
                           const std::vector<std::span<float>>& data, const ReduceOptions& o) {
   const int w = comm.size();
   auto co = coll_opts(o);
+  // Averaged over f16, a round whose sum left the range (4 ranks of 20,000: every rank stopped, although the mean
+  // fitted) is sent again with each rank's part divided by W before it is narrowed, as the fp16 compressor's avg
+  // divides it: the mean crosses. Only then: divided at every step, small values (biases, the factors of small
+  // gradients) fell W times further below f16's normal range on the default training path. The sums are the same
+  // on every rank, so all send again together. P's scale drops out when it is orthonormalised; a Q sent as the mean
+  // is not divided again, nor are the uncompressed tensors.
+  const bool may_divide = o.average && ps.wire() == DType::f16 && w > 1;
+  const float part = 1.0f / static_cast<float>(w);
   std::vector<PowerSgd::Plan> plans;
   size_t p_total = 0, raw_total = 0, q_total = 0;
   for (size_t t = 0; t < data.size(); ++t) {
@@ -73,18 +85,33 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
   }
   // Round 1: every P and every uncompressed tensor in one buffer.
   std::vector<float> buf1(p_total + raw_total);
-  size_t po = 0, ro = p_total;
-  for (size_t t = 0; t < data.size(); ++t) {
-    if (plans[t].compressed) {
-      ps.phase_p(data[t], *states[t], std::span<float>(buf1).subspan(po, plans[t].p_len()));
-      po += plans[t].p_len();
-    } else {
+  auto put_raw = [&] {
+    size_t ro = p_total;
+    for (size_t t = 0; t < data.size(); ++t) {
+      if (plans[t].compressed) continue;
       if (!data[t].empty()) std::memcpy(buf1.data() + ro, data[t].data(), 4 * data[t].size());
       ro += data[t].size();
     }
+  };
+  size_t po = 0;
+  for (size_t t = 0; t < data.size(); ++t) {
+    if (!plans[t].compressed) continue;
+    ps.phase_p(data[t], *states[t], std::span<float>(buf1).subspan(po, plans[t].p_len()));
+    po += plans[t].p_len();
   }
+  put_raw();
+  // (kept to send again: this rank's P, small beside the tensors; the uncompressed tensors are still in data)
+  std::vector<float> mine;
+  if (may_divide) mine.assign(buf1.begin(), buf1.begin() + static_cast<std::ptrdiff_t>(p_total));
   allreduce_wire(comm, ps.wire(), buf1, co);
-  check_factor_sums(buf1, ps.wire(), "P factors and uncompressed tensors");
+  const bool p_divided = may_divide && !all_finite(buf1);
+  if (p_divided) {
+    std::copy(mine.begin(), mine.end(), buf1.begin());
+    put_raw();
+    scale(buf1, part);
+    allreduce_wire(comm, ps.wire(), buf1, co);
+  }
+  check_factor_sums(buf1, ps.wire(), p_divided, "P factors and uncompressed tensors");
   // Round 2: every Q.
   std::vector<float> buf2(q_total);
   po = 0;
@@ -96,25 +123,32 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
     po += plans[t].p_len();
     qo += plans[t].q_len();
   }
+  if (may_divide) mine = buf2;
   allreduce_wire(comm, ps.wire(), buf2, co);
-  check_factor_sums(buf2, ps.wire(), "Q factors");
+  const bool q_divided = may_divide && !all_finite(buf2);
+  if (q_divided) {
+    buf2 = mine;
+    scale(buf2, part);
+    allreduce_wire(comm, ps.wire(), buf2, co);
+  }
+  check_factor_sums(buf2, ps.wire(), q_divided, "Q factors");
   po = 0;
   qo = 0;
-  ro = p_total;
+  size_t ro = p_total;
   for (size_t t = 0; t < data.size(); ++t) {
     if (plans[t].compressed) {
       ps.finish(data[t], *states[t], std::span<const float>(buf1).subspan(po, plans[t].p_len()),
-                std::span<const float>(buf2).subspan(qo, plans[t].q_len()), w, o.average, data[t]);
+                std::span<const float>(buf2).subspan(qo, plans[t].q_len()), q_divided ? 1 : w, o.average, data[t]);
       po += plans[t].p_len();
       qo += plans[t].q_len();
     } else {
       if (!data[t].empty()) std::memcpy(data[t].data(), buf1.data() + ro, 4 * data[t].size());
       ro += data[t].size();
-      if (o.average) scale(data[t], 1.0f / static_cast<float>(w));
+      if (o.average && !p_divided) scale(data[t], 1.0f / static_cast<float>(w));
       ps.skip(*states[t]);
     }
   }
-  return ps.wire_size() * (buf1.size() + buf2.size());
+  return ps.wire_size() * ((p_divided ? 2 : 1) * buf1.size() + (q_divided ? 2 : 1) * buf2.size());
 }
 
 }  // namespace

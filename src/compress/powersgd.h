@@ -9,7 +9,9 @@
 //
 // Wire: w*r*(n+m) bytes per compressed matrix (P then Q), w*d otherwise, where w is the wire element size: 4 for
 // `wire=f32` (the default), 2 for `wire=f16` / `wire=bf16` (P, Q and the uncompressed tensors travel as 16-bit floats,
-// summed in f32 at each hop by the runtime's allreduce, as PyTorch's powerSGD hook over an fp16 bucket does). The
+// summed in f32 at each hop by the runtime's allreduce, as PyTorch's powerSGD hook over an fp16 bucket does). Averaged
+// over f16, a round whose sum leaves the range is sent again with each rank's part divided by W before it is narrowed
+// (the mean crosses; P's scale drops out when it is orthonormalised, Q arrives as the mean). The
 // approximation and the residual are computed from the rounded P and Q everyone received, so error feedback also
 // absorbs the rounding.
 // State: "psgd.q" (m x r, kept between steps when warm_start), "psgd.residual" (n x m when error_feedback).
@@ -49,6 +51,7 @@ class PowerSgd : public Compressor {
   void phase_q(std::span<const float> in, TensorState& st, std::span<float> p, std::span<float> q) const;
   // Phase 3: with the summed Q, out = P Q^T (divided by `world` when average), residual = M - P Q^T / world, keeps
   // the summed Q's columns scaled to unit length for the next warm start and advances the step. out may alias in.
+  // A Q that arrived as the mean (each rank's divided by W before the sum) is passed with world 1.
   void finish(std::span<const float> in, TensorState& st, std::span<const float> p, std::span<const float> q_sum,
               int world, bool average, std::span<float> out) const;
   // The element type P, Q and uncompressed tensors travel as (f32, f16 or bf16) and its size in bytes.

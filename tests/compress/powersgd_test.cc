@@ -314,6 +314,56 @@ TEST(PowerSgd, FactorsBeyondTheWireRangeAreAnErrorNotASilentZero) {
   for (const auto& e : errors) EXPECT_NE(e.find("outgrew the wire's range"), std::string::npos) << e;
 }
 
+// Averaged over an f16 wire, a round whose sum leaves the range is sent again with each rank's part divided by W
+// first, as the fp16 compressor's is: 4 ranks of 20,000 summed to 80,000, past f16's 65504, and every rank stopped
+// with "outgrew the wire's range" although the mean fitted. Every element 20,000, in a 1-D tensor (sent uncompressed)
+// and a 4 x 4 matrix of rank 1 (its P and Q, 40,000 on each rank, summed past the range too; seed 1 draws a first Q
+// that makes P 42,599, another's fresh Q can make it exceed f16 on one rank), one call each and batched, over three
+// steps (the warm start and the residual follow from the mean). A step whose sums fit is not divided first (7e-8,
+// rounded to f16's smallest subnormal, arrives; its quarter, below half of it, flushed to zero), and summed instead
+// of averaged, 80,000 is beyond the wire: still refused.
+TEST(PowerSgd, SixteenBitWireAveragesAMeanWithinRangeWhateverTheSum) {
+  auto c = make_compressor("powersgd", {{"rank", "1"}, {"wire", "f16"}});
+  ReduceOptions avg;
+  avg.average = true;
+  for (bool batched : {false, true}) {
+    conduit::compress::testing::on_ranks(4, [&](coll::Communicator& comm) {
+      auto sv = c->make_state({8}, 1, comm.rank()), sm = c->make_state({4, 4}, 1, comm.rank());
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> v(8, 20000.0f), m(16, 20000.0f);
+        if (batched) {
+          compressed_allreduce_many(comm, *c, {&sv, &sm}, {std::span<float>(v), std::span<float>(m)}, avg);
+        } else {
+          EXPECT_EQ(compressed_allreduce(comm, *c, sv, v, avg), 2u * 2 * 8);  // (sent twice)
+          compressed_allreduce(comm, *c, sm, m, avg);
+        }
+        for (float x : v) ASSERT_EQ(x, 20000.0f) << "batched " << batched << " step " << step;  // (20000/4 exact)
+        for (float x : m) ASSERT_NEAR(x, 20000.0f, 20000.0f * 0x1p-9f) << "batched " << batched << " step " << step;
+        for (float e : sm.buffers.at("psgd.residual")) ASSERT_LT(std::fabs(e), 20000.0f * 0x1p-9f) << step;
+      }
+    });
+  }
+  conduit::compress::testing::on_ranks(4, [&](coll::Communicator& comm) {
+    auto st = c->make_state({8}, 1, comm.rank());
+    std::vector<float> v(8, 7e-8f);
+    EXPECT_EQ(compressed_allreduce(comm, *c, st, v, avg), 2u * 8);
+    for (float x : v) ASSERT_EQ(x, 0x1p-24f);  // (f16's smallest subnormal)
+  });
+  std::vector<std::string> errors(4);
+  conduit::compress::testing::on_ranks(4, [&](coll::Communicator& comm) {
+    auto st = c->make_state({8}, 1, comm.rank());
+    std::vector<float> v(8, 20000.0f);
+    try {
+      compressed_allreduce(comm, *c, st, v);
+    } catch (const InvalidArgument& e) {
+      errors[comm.rank()] = e.what();
+    }
+  });
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("element 0 of the summed P factors and uncompressed tensors is inf (f16 wire)"), std::string::npos)
+        << e;
+}
+
 // An uncompressed payload (w x d bytes) holding a nan or inf (a corrupt one, or a value past f16's range at its
 // sender) is refused, as the factors' decoder refuses theirs, not passed on.
 TEST(PowerSgd, AnUncompressedPayloadWithANanIsRefused) {
