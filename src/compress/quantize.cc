@@ -359,6 +359,7 @@ class TernGrad : public Compressor {
     detail::check_u32_elements(name(), d, "the random stream's element numbers");
     out.resize(wire_bytes(d, st));
     float lo = -INFINITY, hi = INFINITY;
+    const float amax = d ? abs_max(in.data(), d) : 0.0f;
     if (clip_ && d > 0) {
       // Two passes in double: E[x^2] - mean^2 in f32 cancelled (x = 1000 + 0.01 N(0,1) clipped at 0.52 instead of
       // 0.025). A constant tensor (or one element) has no spread to clip to: clipping at 0 would send zeros.
@@ -387,9 +388,12 @@ class TernGrad : public Compressor {
         for (float v : part) ss += v;
       }
       for (; i < d; ++i) ss += (in[i] - mean) * (in[i] - mean);
-      if (!std::isfinite(ss)) {
-        // Deviations above ~1.8e19 square past FLT_MAX in the f32 lanes (the clip became inf: no clipping at all):
-        // summed again in double, scaled by the largest deviation.
+      if (!std::isfinite(ss) || (ss < 1e-30 * static_cast<double>(d) && amax > 0)) {
+        // Summed again in double, scaled by the largest deviation: deviations above ~1.8e19 square past FLT_MAX in
+        // the f32 lanes (the clip became inf: no clipping at all), and those below ~1e-19 square under FLT_MIN, to
+        // zero under ~1e-23 (the clip came out at 0.86 sigma for values of 1e-23, and at 0 for 1e-25, which clipped
+        // nothing). Squares under FLT_MIN add at most d * 1.2e-38, so a mean square of 1e-30 or more is kept (off by
+        // 1.2e-8 at most). (An all-zero tensor has nothing to sum again.)
         double dmax = 0;
         for (size_t k = 0; k < d; ++k) dmax = std::max(dmax, std::abs(in[k] - mean));
         ss = 0;
@@ -406,7 +410,7 @@ class TernGrad : public Compressor {
         hi = c;
       }
     }
-    float s = d ? std::min(abs_max(in.data(), d), hi) : 0.0f;
+    float s = std::min(amax, hi);
     put_f32(out.data(), s);
     uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x7465);
     const float* src = in.data();

@@ -843,22 +843,25 @@ TEST(RandK, EveryRankDrawsTheSamePositionsForASeedAndStep) {
 }
 
 // TernGrad's clip=1 clips at 2.5 standard deviations, computed without cancellation (E[x^2] - mean^2 in f32 gave
-// 0.52 for x = 1000 + 0.01 N(0,1), whose 2.5 sigma is 0.025), and a tensor with no spread (constant, or one element)
-// is not clipped to zero.
+// 0.52 for x = 1000 + 0.01 N(0,1), whose 2.5 sigma is 0.025), also for values so small that their deviations square
+// below FLT_MIN in f32 (scaled by 1e-23 the clip was 0.86 sigma; by 1e-25 it was 0 and clipped nothing), and a
+// tensor with no spread (constant, or one element) is not clipped to zero.
 TEST(TernGrad, ClipUsesTheStandardDeviationAndLeavesConstantTensors) {
   auto c = make_compressor("terngrad", {{"clip", "1"}});
   const size_t d = 4096;
-  auto g = gaussian(d, 11);
-  double mean = 0, ss = 0;
-  for (auto& v : g) mean += (v = 1000.0f + 0.01f * v);
-  mean /= d;
-  for (float v : g) ss += (v - mean) * (v - mean);
-  const double clip = 2.5 * std::sqrt(ss / d);
-  TensorState st;
-  Bytes p = c->compress(g, st);
-  float scale;
-  std::memcpy(&scale, p.data(), 4);
-  EXPECT_NEAR(scale, clip, 1e-3 * clip);  // the scale is max|g| clipped at 2.5 sigma
+  for (double by : {1.0, 1e-23, 1e-25}) {
+    auto g = gaussian(d, 11);
+    double mean = 0, ss = 0;
+    for (auto& v : g) mean += (v = static_cast<float>(by * (1000.0 + 0.01 * v)));
+    mean /= d;
+    for (float v : g) ss += (v - mean) * (v - mean);
+    const double clip = 2.5 * std::sqrt(ss / d);
+    TensorState st;
+    Bytes p = c->compress(g, st);
+    float scale;
+    std::memcpy(&scale, p.data(), 4);
+    EXPECT_NEAR(scale, clip, 1e-3 * clip) << "values scaled by " << by;  // the scale is max|g| clipped at 2.5 sigma
+  }
   for (std::vector<float> x : {std::vector<float>(100, 0.25f), std::vector<float>{0.5f}}) {
     TensorState s1;
     std::vector<float> y(x.size());
