@@ -450,6 +450,18 @@ void refuse_divergent_feedback(const std::string& name, const std::string& inner
                     name, g->why, g->fix, inner));
 }
 
+// "ef:" alone names no method to wrap: without this, the empty rest was looked up and refused as "unknown
+// compressor ''", which named nothing the user had typed ("ef:ef:" as already having error feedback).
+void refuse_bare_ef(const std::string& name) {
+  size_t at = 0;
+  while (name.compare(at, 3, "ef:") == 0) at += 3;
+  if (at > 0 && at == name.size())
+    throw ConfigError(
+        fmt::format("compressor spec '{}' names no method after 'ef:'; allowed: ef:<method>, e.g. "
+                    "ef:topk:ratio=0.01",
+                    name));
+}
+
 }  // namespace
 
 std::vector<std::string> compressor_names() {
@@ -459,6 +471,7 @@ std::vector<std::string> compressor_names() {
 }
 
 Params compressor_defaults(const std::string& name) {
+  refuse_bare_ef(name);
   if (name.rfind("ef:", 0) == 0) return compressor_defaults(name.substr(3));
   for (const auto& e : registry())
     if (name == e.name) return e.defaults;
@@ -466,6 +479,7 @@ Params compressor_defaults(const std::string& name) {
 }
 
 CompressorPtr make_compressor(const std::string& name, const Params& params) {
+  refuse_bare_ef(name);
   if (name.rfind("ef:", 0) == 0) {
     std::string inner = name.substr(3);
     if (inner.rfind("ef:", 0) == 0 || inner == "efsignsgd" || inner == "onebit" || inner == "dgc" ||
@@ -495,9 +509,17 @@ std::pair<std::string, Params> split_spec(const std::string& spec) {
                     "name:key=value,...)",
                     spec));
   if (colon != std::string::npos) {
-    p = parse_key_values(spec.substr(colon + 1), [&](const std::string& kv) {
-      return fmt::format("compressor spec '{}': '{}' is not key=value (form: name:key=value,...)", spec, kv);
-    });
+    try {
+      p = parse_key_values(spec.substr(colon + 1), [&](const std::string& kv) {
+        return fmt::format("compressor spec '{}': '{}' is not key=value (form: name:key=value,...)", spec, kv);
+      });
+    } catch (const ConfigError& e) {
+      // The parser's other refusals (a key given twice, an unmatched bracket) name only the parameters: the whole
+      // spec and its form are added, as for a malformed item.
+      const std::string what = e.what();
+      if (what.rfind("compressor spec ", 0) == 0) throw;
+      throw ConfigError(fmt::format("compressor spec '{}': {} (form: name:key=value,...)", spec, what));
+    }
   }
   return {spec.substr(0, colon), std::move(p)};
 }

@@ -3,6 +3,7 @@
 // save/restore continuing bit for bit. Fixed seeds throughout.
 #include "compress/compressor.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -75,6 +76,32 @@ TEST(Factory, RejectsUnknownNamesAndParametersWithOneLine) {
   EXPECT_THROW(parse_compressor("ef:topk:"), ConfigError);
   EXPECT_NO_THROW(parse_compressor("ef:topk"));
   for (const auto& n : compressor_names()) EXPECT_NO_THROW(make_compressor(n)) << n;
+}
+
+// A spec's refusals name the spec and what is allowed: "ef:" with no method after it was "unknown compressor ''", a
+// key given twice named only the parameters.
+TEST(Factory, MalformedSpecsAreNamedWithTheirAllowedForm) {
+  const auto message = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  for (const char* spec : {"ef:", "ef:ef:"}) {
+    EXPECT_EQ(message([&] { parse_compressor(spec); }),
+              fmt::format("compressor spec '{}' names no method after 'ef:'; allowed: ef:<method>, e.g. "
+                          "ef:topk:ratio=0.01",
+                          spec));
+    EXPECT_EQ(message([&] { make_compressor(spec); }), message([&] { parse_compressor(spec); })) << spec;
+    EXPECT_EQ(message([&] { compressor_defaults(spec); }), message([&] { parse_compressor(spec); })) << spec;
+  }
+  EXPECT_EQ(message([] { parse_compressor("topk:ratio=0.1,ratio=0.2"); }),
+            "compressor spec 'topk:ratio=0.1,ratio=0.2': 'ratio' is given twice in 'ratio=0.1,ratio=0.2'; give each "
+            "key once (form: name:key=value,...)");
+  EXPECT_EQ(message([] { parse_compressor("ef:topk:ratio"); }),
+            "compressor spec 'ef:topk:ratio': 'ratio' is not key=value (form: name:key=value,...)");  // (as before)
 }
 
 // Bytes on the wire equal each method's formula (see the comment blocks in src/compress/*.cc).
