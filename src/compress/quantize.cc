@@ -20,7 +20,9 @@
 // the input is finite (the exchanges refuse inf and NaN) and a payload with exponent 255 is refused.
 // The kernels (kernels.inc) draw 16-bit uniforms (detail::random_block) and compare them with each probability kept
 // to 16 fractional bits (rounded to nearest): each Bernoulli above is exact for a probability within 2^-17 of the
-// stated.
+// stated as computed in f32. QSGD's r is |v_i| times scale = s / norm, the quotient and the product each rounded to
+// f32 (the norm as sent), within a relative 2^-23 of the exact s|v_i|/norm: that much of r is bias too, up to
+// s 2^-23 of a level, more than 2^-17 for s above 64 (TernGrad's |g_i| / s likewise, at most 2^-23 of s).
 #include <fmt/format.h>
 
 #include <algorithm>
