@@ -275,6 +275,11 @@ void PowerSgd::decompress(std::span<const uint8_t> payload, const TensorState& s
               1.0f, p, static_cast<int>(n), q, static_cast<int>(m), 0.0f, out.data(), static_cast<int>(m));
 }
 
+std::vector<float> PowerSgd::residual(const TensorState& st) const {
+  const auto it = st.buffers.find(kResidual);
+  return it == st.buffers.end() ? std::vector<float>{} : it->second;
+}
+
 namespace methods {
 CompressorPtr make_powersgd(const ParamReader& p) {
   const std::string& w = p.text("wire");

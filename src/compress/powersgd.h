@@ -37,6 +37,9 @@ class PowerSgd : public Compressor {
   size_t wire_bytes(size_t numel, const TensorState& st) const override;
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override;
   void decompress(std::span<const uint8_t> payload, const TensorState& st, std::span<float> out) const override;
+  // "psgd.residual": empty without error_feedback, for a tensor sent uncompressed, and before its first compressed
+  // step (start_iter).
+  std::vector<float> residual(const TensorState& st) const override;
 
   struct Plan {
     bool compressed = false;

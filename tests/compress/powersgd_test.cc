@@ -158,6 +158,7 @@ TEST(PowerSgd, ErrorFeedbackWarmStartAndStartIteration) {
     EXPECT_EQ(y, g);
   }
   EXPECT_FALSE(st.buffers.count("psgd.residual"));
+  EXPECT_TRUE(c->residual(st).empty());
   // Then: sent + residual = inputs (error feedback), and Q is carried over (warm start), at unit length.
   double worst = 0;
   std::vector<double> sent(n * m, 0), given(n * m, 0);
@@ -174,9 +175,15 @@ TEST(PowerSgd, ErrorFeedbackWarmStartAndStartIteration) {
     ASSERT_EQ(kept.size(), m);
     for (size_t k = 0; k < m; ++k) ASSERT_NEAR(kept[k], q[k] / std::sqrt(qq), 1e-6) << t << " " << k;
   }
-  const auto& e = st.buffers.at("psgd.residual");
+  // (Compressor::residual returns it, as for the other methods with error feedback: it returned nothing.)
+  const auto e = c->residual(st);
+  ASSERT_EQ(e, st.buffers.at("psgd.residual"));
   for (size_t i = 0; i < e.size(); ++i) worst = std::max(worst, std::fabs(sent[i] + e[i] - given[i]));
   EXPECT_LT(worst, 1e-3);
+  auto plain = make_compressor("powersgd", {{"rank", "1"}, {"error_feedback", "0"}});
+  auto ps = plain->make_state({n, m}, 3, 0);
+  plain->compress(g, ps);
+  EXPECT_TRUE(plain->residual(ps).empty());
   // With error feedback, the average of what was sent approaches g although each step is rank 1.
   double err = 0;
   for (size_t i = 0; i < g.size(); ++i) err = std::max(err, std::fabs(sent[i] / steps - g[i]));
