@@ -161,11 +161,16 @@ const char* transport_kinds_allowed() { return "auto, tcp, shm, mpi"; }
 static void stop_serving(const Bootstrap& b, const char* what) {
   if (!b.store || b.size < 2) return;  // (no one else to tell)
   if (b.method == "file-store") {
-    // Any rank's failure, kept in the directory: the others' gets end with it, later ones too (they waited for this
-    // rank's values until their deadline and then named it missing, found by an audit).
+    // A rank's failure, kept in the directory: the others' gets end with it, later ones too (they waited for this
+    // rank's values until their deadline and then named it missing, found by an audit). Only a rank of the job
+    // (`met`), and the first failure only: the ranks it stops fail in turn, and each wrote its own "rank R failed:
+    // rank Q failed: ..." over the cause (found by a review).
+    if (!b.met->load()) return;
     try {
-      b.store->set(file_store_failure_key(),
-                   fmt::format("rank {} failed: {}", b.rank, std::string(what).substr(0, 16384)), Deadline::after(2));
+      const std::string key = file_store_failure_key();
+      if (!b.store->check(key, Deadline::after(2)))
+        b.store->set(key, fmt::format("rank {} failed: {}", b.rank, std::string(what).substr(0, 16384)),
+                     Deadline::after(2));
     } catch (const Error&) {  // (the error about to be thrown is what counts)
     }
     return;
@@ -297,7 +302,9 @@ static std::shared_ptr<Bootstrap> bootstrap_from_env_unguarded(double timeout_s,
     int rank = b->rank, size = b->size;
     const bool serves = b->method == "tcp-store";
     const std::string store_path = b->method == "file-store" ? *path : std::string();
-    b->allgather = [store, counter, rank, size, job_prefix, timeout_s, serves, store_path](const std::string& mine) {
+    auto met = b->met;
+    b->allgather = [store, counter, rank, size, job_prefix, timeout_s, serves, store_path,
+                    met](const std::string& mine) {
       const int n = counter->fetch_add(1);
       std::string prefix = fmt::format("conduit/{}/bootstrap/{}", job_prefix, n);
       // The first exchange carries each rank's WORLD_SIZE: checked as each value comes (rank 0's first), so a rank
@@ -311,6 +318,7 @@ static std::shared_ptr<Bootstrap> bootstrap_from_env_unguarded(double timeout_s,
       try {
         auto all = store_allgather(*store, prefix, rank, size, mine, Deadline::after(timeout_s), check);
         if (serves) store->add(prefix + "/read", 1, Deadline::after(timeout_s));  // (wait_readers counts them)
+        met->store(true);
         return all;
       } catch (const TimeoutError& e) {
         if (serves) throw;

@@ -6,6 +6,7 @@
 //   - otherwise: a single rank.
 // Then a transport: CONDUIT_TRANSPORT=auto (default: shm to peers on the same host, tcp to the others), tcp, shm
 // or mpi.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -32,6 +33,10 @@ struct Bootstrap {
   std::vector<int> hosts;   // host index of every rank
   StorePtr store;           // null under mpi and single
   AllgatherFn allgather;    // exchanges one string per rank
+  // Set once the first exchange has checked every rank's value: this process is one of the job's ranks. A file
+  // store's rank publishes a failure only then (a process refused as a second RANK, or as a rank of a larger job,
+  // stopped the job it was refused from, found by a review).
+  std::shared_ptr<std::atomic<bool>> met = std::make_shared<std::atomic<bool>>(false);
   // Rank 0 serving the TCP store: waits, at most `seconds`, until every rank has read the last exchange, before an
   // error ends the process and the store with it (the ranks still reading lost the connection and said "did rank 0
   // exit?", not the error they would each have found). Empty elsewhere.

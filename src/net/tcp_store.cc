@@ -523,8 +523,10 @@ class TcpStoreServer {
         const std::string f = frame(h, {}, fmt::format("{} clients are connected, the most it keeps", clients_.size()));
         (void)!::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         ::shutdown(fd, SHUT_WR);
-        char drain[4096];  // (what it sent already, read so the close sends no reset that could drop the frame)
-        while (::recv(fd, drain, sizeof drain, MSG_DONTWAIT) > 0) {
+        // (what it sent already, read so the close sends no reset that could drop the frame; at most 64 KiB, the
+        // server's one thread not held by a peer that keeps sending)
+        char drain[4096];
+        for (int i = 0; i < 16 && ::recv(fd, drain, sizeof drain, MSG_DONTWAIT) > 0; ++i) {
         }
         ::close(fd);
         continue;
@@ -1197,11 +1199,28 @@ class TcpStore : public Store {
       }
       if (got) return *got;
       if (deadline.expired()) throw refused_until_deadline();
-      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(
-          pause, std::chrono::duration_cast<std::chrono::nanoseconds>(Seconds(deadline.remaining_seconds()))));
+      // (the remaining time clamped before its cast: a distant deadline's overflowed to a negative pause)
+      std::this_thread::sleep_for(
+          std::min<std::chrono::nanoseconds>(pause, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                        Seconds(std::clamp(deadline.remaining_seconds(), 0.0, 1.0)))));
       pause = std::min(pause * 2, std::chrono::milliseconds(500));
       if (deadline.expired()) throw refused_until_deadline();
     }
+  }
+
+  // The server's refusal frame, when it is what `c` holds: true, and why in `*refused`. Reads without waiting.
+  static bool read_refusal(Conn& c, std::string* refused) {
+    char hb[kHeaderBytes];
+    if (::recv(c.fd, hb, kHeaderBytes, MSG_DONTWAIT | MSG_PEEK) != static_cast<ssize_t>(kHeaderBytes)) return false;
+    const Header r = decode_header(hb);
+    if (!check_header(r, true).empty() || r.status != kRefused || r.id != 0 || r.key_len != 0 || r.value_len > 4096)
+      return false;
+    std::string frame_bytes(kHeaderBytes + r.value_len, '\0');
+    if (::recv(c.fd, frame_bytes.data(), frame_bytes.size(), MSG_DONTWAIT) != static_cast<ssize_t>(frame_bytes.size()))
+      return false;
+    *refused = frame_bytes.substr(kHeaderBytes);
+    if (refused->empty()) *refused = "refused";
+    return true;
   }
 
   // One try of request(): empty when the server refused the connection (`*refused`: why, set then only).
@@ -1213,7 +1232,13 @@ class TcpStore : public Store {
     h.op = op;
     h.id = c->next_id++;
     try {
-      send_all(*c, frame(h, key, value), op, key, deadline);
+      try {
+        send_all(*c, frame(h, key, value), op, key, deadline);
+      } catch (const PeerError&) {
+        // (a request longer than what the refusing server drained met its reset mid-send: the refusal is read first)
+        if (read_refusal(*c, refused)) return std::nullopt;
+        throw;
+      }
       while (true) {
         char hb[kHeaderBytes];
         recv_all(*c, hb, kHeaderBytes, op, key, deadline);

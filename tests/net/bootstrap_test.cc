@@ -77,25 +77,32 @@ TEST(BootstrapProcess, AStaleFileStoreIsNamedInTheWorldSizeRefusal) {
   std::system(("rm -rf " + dir).c_str());
 }
 
-// A rank of a file-store job that fails after its store started publishes why in the directory: the others' waiting
-// ends with it (found by an audit: rank 0 waited for rank 1's value until its deadline, then named it missing). Here
-// rank 1 finds its claim taken, as by an attempt that stopped early.
+// A rank of a file-store job that fails once the ranks have met publishes why in the directory: the others' waiting
+// ends with it (found by an audit: rank 0 waited for rank 1's address until its deadline, then named it missing);
+// the first failure only (each rank it stopped wrote its own over it). Here rank 1's tcp transport is given an
+// interface that does not exist. A process refused before it met the others (a second RANK 1 here) publishes nothing:
+// it would stop the job it was refused from (found by a review).
 TEST(BootstrapProcess, AFileStoreRanksStartUpErrorReachesTheOtherRanks) {
   const std::string dir = temp_dir();
   const std::string job = "failed" + std::to_string(::getpid());
-  std::ofstream(dir + "/k_conduit%2F" + job + "%2Fclaimed%2F1.claim").flush();
-  const std::string env = "WORLD_SIZE=2 CONDUIT_STORE_PATH=" + dir + " CONDUIT_JOB_ID=" + job + " CONDUIT_TIMEOUT=60 ";
-  Result r = run_sh("RANK=1 " + env + kConduit + " selftest --op allreduce --timeout 60 & RANK=0 " + env + kConduit +
+  const std::string env = "WORLD_SIZE=2 CONDUIT_STORE_PATH=" + dir + " CONDUIT_JOB_ID=" + job +
+                          " CONDUIT_TIMEOUT=60 CONDUIT_TRANSPORT=tcp ";
+  Result r = run_sh("RANK=1 CONDUIT_SOCKET_IFNAME=nosuch0 " + env + kConduit +
+                    " selftest --op allreduce --timeout 60 & RANK=0 " + env + kConduit +
                     " selftest --op allreduce --timeout 60; wait");
-  EXPECT_EQ(count(r.out, "rank 1 failed: rank 1: another process already joined CONDUIT_STORE_PATH=" + dir +
-                             " as rank 1 of job '" + job + "'"),
-            1u)
-      << r.out;
-  EXPECT_NE(r.out.find("(published in the file store " + dir + " while this rank waited for key 'conduit/" + job +
-                       "/bootstrap/0/1')"),
+  EXPECT_EQ(count(r.out, "rank 1 failed: "), 1u) << r.out;
+  EXPECT_NE(r.out.find("nosuch0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(published in the file store " + dir + " while this rank waited for key 'conduit/"),
             std::string::npos)
       << r.out;
   EXPECT_LT(r.seconds, 30) << r.out;
+  const std::string failure = dir + "/k_conduit%2F" + job + "%2Ferror";
+  EXPECT_TRUE(std::ifstream(failure).good()) << failure;
+  // A process refused before it met the others (rank 1 again: its values are there) publishes nothing.
+  std::system(("rm -f " + failure).c_str());
+  r = run_sh("RANK=1 " + env + kConduit + " selftest --op allreduce --timeout 60");
+  EXPECT_NE(r.out.find("CONDUIT_STORE_PATH=" + dir + " already holds rank 1's values"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::ifstream(failure).good()) << failure;
   std::system(("rm -rf " + dir).c_str());
 }
 

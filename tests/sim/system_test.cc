@@ -238,13 +238,13 @@ TEST(Step, EagerAttentionReadsAndWritesTheScoresTwiceMore) {
   c.tp = 8;
   c.global_batch = 2;
   c.micro_batch = 2;
-  for (Recompute rc : {Recompute::kNone, Recompute::kFull}) {
+  for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     c.recompute = rc;
     c.eager_attention = false;
     const StepResult fused = simulate_step(net, m, c);
     c.eager_attention = true;
     const StepResult eager = simulate_step(net, m, c);
-    const double passes = rc == Recompute::kFull ? 3 : 2;  // forward, backward, recompute
+    const double passes = rc == Recompute::kNone ? 2 : 3;  // forward, backward, recompute (the core's, selective)
     const double bytes = 2.0 * 2 * 2 * c.micro_batch * (m.heads / c.tp) * double(m.seq) * double(m.seq);
     const double want =
         m.layers * passes * (bytes / (acc.memory_bandwidth * acc.memory_efficiency) + 2 * acc.kernel_overhead);
