@@ -98,6 +98,18 @@ volatile sig_atomic_t g_suspend_requested = 0;
 volatile sig_atomic_t g_continued = 0;
 // How long suspend_job's own stops lasted, measured around them (the supervision loop's thread only).
 Clock::duration g_suspended_for{};
+// How long the supervision loop's current pass waited as it asked to: its poll and write_all's waits for room on an
+// output, each up to the timeout it gave, and its writes (the loop's thread only). What else a pass took is its own
+// work, well under a second, unless the process was stopped meanwhile (see allow_for_a_stop).
+Clock::duration g_waited{};
+
+// poll(2), adding the time it waited, up to the timeout it was given, to g_waited.
+int timed_poll(pollfd* fds, nfds_t n, int timeout_ms) {
+  const auto before = Clock::now();
+  const int r = ::poll(fds, n, timeout_ms);
+  g_waited += std::min<Clock::duration>(Clock::now() - before, std::chrono::milliseconds(timeout_ms));
+  return r;
+}
 // The supervision loop's next deadline (the job's time limit, the grace before SIGKILL, ...; the loop's thread only,
 // set on each pass): a write blocked on a stalled output past it gives up as after SIGINT, so that the loop acts on
 // it (`--timeout` never fired while the workers' output waited on a reader that did not read).
@@ -390,7 +402,7 @@ void write_all(int fd, const char* data, size_t size) {
     size_t chunk = size;
     if (giving_up) {
       pollfd p{fd, POLLOUT, 0};
-      int r = ::poll(&p, 1, kStalledOutputWaitMs);
+      int r = timed_poll(&p, 1, kStalledOutputWaitMs);
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0 || (p.revents & (POLLERR | POLLNVAL)) != 0) {
         if (fd >= 0 && fd < 3) g_output_stalled[fd] = true;
@@ -401,7 +413,7 @@ void write_all(int fd, const char* data, size_t size) {
       // Room first, waited for in slices, then no more than that room: a Ctrl-Z that came between the check above
       // and a write that blocks (on a reader stopped by the same Ctrl-Z) was never acted on.
       pollfd p{fd, POLLOUT, 0};
-      const int r = ::poll(&p, 1, 100);
+      const int r = timed_poll(&p, 1, 100);
       // (POLLOUT never comes: a pipe whose reader went away, as EPIPE below; a descriptor not open, or open for
       // reading only (`1<file`), whose output is dropped)
       if (r > 0 && (p.revents & POLLERR) != 0) {
@@ -416,14 +428,16 @@ void write_all(int fd, const char* data, size_t size) {
       if (r > 0 && (p.revents & POLLOUT) != 0) chunk = std::min<size_t>(size, PIPE_BUF);
     }
     if (fd >= 0 && fd < 3 && g_output_broken[fd]) return;
+    const auto write_started = Clock::now();
     ssize_t w = ::write(fd, data, chunk);
+    g_waited += Clock::now() - write_started;  // (a stop lands after it: a write to a file is not interrupted)
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         // A non-blocking stdout (shared with a program that set O_NONBLOCK): full for now, not closed. Wait for room
         // (it was dropped as if closed: 864 of 6000 lines arrived, and the launcher said nothing).
         pollfd p{fd, POLLOUT, 0};
-        if (::poll(&p, 1, kStalledOutputWaitMs) == 0 && giving_up) {
+        if (timed_poll(&p, 1, kStalledOutputWaitMs) == 0 && giving_up) {
           if (fd >= 0 && fd < 3) g_output_stalled[fd] = true;
           return;
         }
@@ -1049,9 +1063,12 @@ int run_local_workers(const LaunchSpec& spec) {
   std::optional<Clock::time_point> drain_deadline;
   // The time the job spent stopped (Ctrl-Z, SIGSTOP) passes on the steady clock too: the deadlines move by it, so that
   // a job continued after its grace period had passed is not killed for it. A Ctrl-Z's stop is measured; a stop by
-  // SIGSTOP from elsewhere is not seen, so a SIGCONT without one of ours counts the last pass of the loop below (up to
-  // a second, more while output is written).
+  // SIGSTOP from elsewhere is not seen, only the SIGCONT that ends it: the time the last pass of the loop below took
+  // beyond its waits (g_waited), when that is over a second (as ExpiryThread: a pass's own work is shorter). The
+  // whole pass was counted on any SIGCONT, so that one sent every 0.3 s without a stop put `--timeout` off for ever.
+  // (Up to a second of a long stop goes uncounted: the part of the poll it cut short.)
   Clock::time_point last_pass = Clock::now();
+  g_waited = Clock::duration::zero();
   // (a worker hung outside its collectives, or waiting on something else, kept the launcher waiting without end)
   std::optional<Clock::time_point> job_deadline;
   if (spec.timeout_seconds > 0)
@@ -1059,7 +1076,11 @@ int run_local_workers(const LaunchSpec& spec) {
         last_pass + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.timeout_seconds));
   g_suspended_for = Clock::duration::zero();
   auto allow_for_a_stop = [&](Clock::time_point now) {
-    const auto stopped = g_suspended_for > Clock::duration::zero() ? g_suspended_for : now - last_pass;
+    auto stopped = g_suspended_for;
+    if (stopped == Clock::duration::zero()) {
+      const auto unexplained = now - last_pass - g_waited;
+      if (unexplained > std::chrono::seconds(1)) stopped = unexplained;
+    }
     g_suspended_for = Clock::duration::zero();
     kill_deadline += stopped;
     abandon_deadline += stopped;
@@ -1226,6 +1247,7 @@ int run_local_workers(const LaunchSpec& spec) {
       allow_for_a_stop(now);
     }
     last_pass = now;
+    g_waited = Clock::duration::zero();
     bool any_running = running_count() > 0;
     bool any_open = false;
     for (auto& w : workers)
@@ -1294,7 +1316,7 @@ int run_local_workers(const LaunchSpec& spec) {
         polled.emplace_back(&s, &w.prefix);
       }
     }
-    int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    int n = timed_poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       throw Error(fmt::format("launch: poll failed: {}", std::strerror(errno)));

@@ -666,6 +666,47 @@ TEST_F(LaunchTest, TimeSpentStoppedDoesNotCountAgainstTheGracePeriod) {
   EXPECT_NE(r.out.find("[rank 1] cleaned-1"), std::string::npos) << r.out;
 }
 
+// A SIGCONT that ends no stop moves no deadline: sent every 0.3 s, each one put `--timeout` off by the time since the
+// loop's last pass, and the job ran its full 8 s and exited 0.
+TEST_F(LaunchTest, SigcontWithoutAStopDoesNotPutTheTimeoutOff) {
+  pid_t launcher = start({"launch", "-n", "2", "--timeout", "2", "--", "sleep", "8"});
+  for (auto end = Clock::now() + 20s; Clock::now() < end;) {
+    std::this_thread::sleep_for(300ms);
+    siginfo_t info{};
+    // (WNOWAIT: left for finish to reap)
+    if (::waitid(P_PID, id_t(launcher), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == launcher) break;
+    ::kill(launcher, SIGCONT);
+  }
+  auto r = finish(launcher, 1s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 124) << r.err;
+  EXPECT_LT(r.seconds, 6.0) << r.err;
+  EXPECT_NE(r.err.find("2 workers still running at --timeout 2 s"), std::string::npos) << r.err;
+}
+
+// A stop by SIGSTOP from elsewhere (not Ctrl-Z, which the launcher times itself) still does not count against
+// `--timeout`: the SIGCONT that ends it finds the loop's last pass longer than its waits by about the time stopped.
+TEST_F(LaunchTest, TimeStoppedBySigstopDoesNotCountAgainstTheTimeout) {
+  const std::string script = "echo $$ > " + path("pid") + ".$RANK; exec sleep 60";
+  pid_t launcher = start({"launch", "-n", "2", "--timeout", "3", "--", "sh", "-c", script});
+  if (wait_pid_file("pid.0") <= 0 || wait_pid_file("pid.1") <= 0) {
+    ::kill(launcher, SIGKILL);
+    finish(launcher);
+    FAIL() << "the workers did not start";
+  }
+  std::this_thread::sleep_for(300ms);
+  ASSERT_EQ(::kill(launcher, SIGSTOP), 0);
+  EXPECT_TRUE(wait_stopped({launcher}, true, 5s)) << process_state(launcher);
+  std::this_thread::sleep_for(3500ms);  // (past the deadline: uncounted, the timeout would fire on SIGCONT)
+  const auto continued = Clock::now();
+  ASSERT_EQ(::kill(launcher, SIGCONT), 0);
+  auto r = finish(launcher, 20s);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 124) << r.err;
+  // The ~2.5 s left before the stop, less at most the second of the poll the stop cut short.
+  EXPECT_GT(std::chrono::duration<double>(Clock::now() - continued).count(), 1.0) << r.err;
+}
+
 // Started with SIGHUP ignored (nohup), the launcher keeps it ignored and so do its workers: a hang-up does not stop
 // the job (the launcher forwarded it and the job died on logout).
 TEST_F(LaunchTest, ASignalIgnoredAtStartStaysIgnored) {
