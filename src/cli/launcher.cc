@@ -455,7 +455,7 @@ struct Stream {
   FileDescriptor fd;    // read end of the worker's stdout or stderr pipe
   int out_fd = 1;       // where its lines go
   std::string pending;  // an incomplete last line
-  bool raw = false;     // bytes pass through as they come (one worker, no prefix): nothing held back or added
+  bool raw = false;     // bytes pass through as they come (one worker, no prefix): nothing held back
 };
 
 struct Worker {
@@ -504,7 +504,9 @@ void forward(Stream& s, const std::string& prefix, const char* data, size_t size
   size_t last = s.pending.rfind('\n');
   if (last == std::string::npos) {
     if (s.pending.size() >= kMaxPendingLine) {
-      std::string out = prefix + s.pending + "\n";  // a line of its own (raw streams never get here)
+      // Tagged, a line of its own (raw streams never get here); untagged, the bytes as they are (a newline added
+      // there changed a worker's binary output: 3,000,000 bytes came out as 3,000,003).
+      std::string out = prefix.empty() ? std::move(s.pending) : prefix + s.pending + "\n";
       write_all(s.out_fd, out.data(), out.size());
       s.pending.clear();
     }
@@ -527,11 +529,11 @@ void forward(Stream& s, const std::string& prefix, const char* data, size_t size
   s.pending.erase(0, last + 1);
 }
 
-// Writes an unterminated last line (with a newline added, so that another worker's output starts a line of its own)
-// and closes the stream.
+// Writes an unterminated last line and closes the stream. Tagged, with a newline added, so that another worker's
+// output starts a line of its own; untagged (--no-tag-output), as it is: the workers' bytes are passed on unchanged.
 void finish(Stream& s, const std::string& prefix) {
   if (!s.pending.empty()) {
-    std::string out = prefix + s.pending + "\n";
+    std::string out = prefix.empty() ? s.pending : prefix + s.pending + "\n";
     write_all(s.out_fd, out.data(), out.size());
     s.pending.clear();
   }
@@ -1145,7 +1147,8 @@ int run_local_workers(const LaunchSpec& spec) {
     w.streams[0].out_fd = 1;
     w.streams[1].fd = std::move(err_r);
     w.streams[1].out_fd = 2;
-    // One worker untagged: nothing to keep apart, its bytes go through as they come.
+    // One worker untagged: nothing to keep apart, its bytes go through as they come. (Several untagged are held back
+    // to whole lines, or pieces of 1 MiB, so that one's lines are not cut into by another's; nothing is added.)
     w.streams[0].raw = w.streams[1].raw = !spec.tag_output && spec.nprocs == 1;
     // The report pipe closes on a successful exec; an errno arrives when exec failed.
     int exec_errno = 0;
