@@ -110,11 +110,22 @@ void write_text_file(const std::string& path, const std::string& text) {
       throw Error(fmt::format("output: writing '{}' failed (a full disk?)", path));
     }
   }
+  // On disk before its name is, and the rename after: a power loss or kernel crash could leave the new name on an
+  // empty file (the rename reached the disk before the data), or the old text, under files that a resume trusts
+  // (metrics.jsonl trimmed to the checkpoint, checkpoint.json).
+  try {
+    sync_path(tmp);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;
     std::remove(tmp.c_str());
     throw Error(fmt::format("output: cannot put '{}' in place: {}", path, std::strerror(e)));
   }
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  sync_path(dir.empty() ? "." : dir);
 }
 
 void sync_path(const std::string& path) {

@@ -15,8 +15,10 @@ std::string read_input_file(const std::string& path, const std::string& what, co
 // naming it when it cannot be made (a regular file on its path: "not a directory"; no permission).
 void make_output_dir(const std::string& path, const std::string& what);
 
-// Writes `text` to path.tmp and renames it into place: whole or failing with one line naming the path (a full disk
-// never leaves a cut file in place of the old one).
+// Writes `text` to a temporary file beside `path`, syncs it (fsync), renames it into place and syncs the directory:
+// whole or failing with one line naming the path (a full disk never leaves a cut file in place of the old one), and
+// once it returns, on disk, surviving a power loss or a kernel crash (two fsyncs a file: for files written now and
+// then, not a stream of records).
 void write_text_file(const std::string& path, const std::string& text);
 
 // fsync(2) of one file or directory (a directory's entries: a rename or a new file in it), so that it survives a
