@@ -852,6 +852,9 @@ std::string make_job_id() {
 
 namespace {
 std::string_view key_of(std::string_view entry) { return entry.substr(0, entry.find('=')); }
+// An entry that gives its variable a value: an empty one is unset, as everywhere else (`OMP_NUM_THREADS=` left the
+// workers of several without the 1 they get when it is unset).
+bool has_value(std::string_view entry) { return entry.find('=') + 1 < entry.size(); }
 bool sets(const LaunchSpec& spec, std::string_view key) {
   for (const auto& [k, v] : spec.extra_env)
     if (k == key) return true;
@@ -862,29 +865,30 @@ bool sets(const LaunchSpec& spec, std::string_view key) {
 bool unpins_openmp(const std::vector<std::string>& base, const LaunchSpec& spec, bool bound) {
   if (spec.nprocs < 2 || bound || sets(spec, "OMP_PROC_BIND")) return false;
   for (const auto& entry : base)
-    if (key_of(entry) == "OMP_PROC_BIND" || key_of(entry) == "OMP_PLACES") return true;
+    if ((key_of(entry) == "OMP_PROC_BIND" || key_of(entry) == "OMP_PLACES") && has_value(entry)) return true;
   return false;
 }
 
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, const LaunchSpec& spec, int rank,
                                             int master_port, const std::string& job_id, bool bound) {
   const bool unpin = unpins_openmp(base, spec, bound);
+  const int n = spec.nprocs;
+  // As torchrun: several workers each running a full OpenMP pool would oversubscribe the cores.
+  // (once: given in extra_env as well, the first of two entries won for getenv, the last for Python's os.environ)
+  bool one_omp_thread = n > 1 && !sets(spec, "OMP_NUM_THREADS");
+  for (const auto& entry : base)
+    if (key_of(entry) == "OMP_NUM_THREADS" && has_value(entry)) one_omp_thread = false;
   auto dropped = [&](std::string_view key) {
     for (auto p : kDroppedPrefixes)
       if (key.starts_with(p)) return true;
     for (auto k : kOwnedVariables)
       if (key == k) return true;
-    return sets(spec, key) || (unpin && key == "OMP_PROC_BIND");
+    return sets(spec, key) || (unpin && key == "OMP_PROC_BIND") || (one_omp_thread && key == "OMP_NUM_THREADS");
   };
   std::vector<std::string> env;
   env.reserve(base.size() + 16);
-  bool has_omp_threads = false;
-  for (const auto& entry : base) {
-    auto key = key_of(entry);
-    if (key == "OMP_NUM_THREADS") has_omp_threads = true;
-    if (!dropped(key)) env.push_back(entry);
-  }
-  const int n = spec.nprocs;
+  for (const auto& entry : base)
+    if (!dropped(key_of(entry))) env.push_back(entry);
   auto set = [&](std::string_view key, const std::string& value) { env.push_back(fmt::format("{}={}", key, value)); };
   set("MASTER_ADDR", spec.master_addr);
   set("MASTER_PORT", std::to_string(master_port));
@@ -900,9 +904,7 @@ std::vector<std::string> worker_environment(const std::vector<std::string>& base
   // The CPUs the workers share (the launcher's affinity and CPU quota, before any binding): the shm transport sizes
   // its spinning and fast path by ranks per CPU, and a bound worker alone would see one CPU.
   set("CONDUIT_LOCAL_CPUS", std::to_string(usable_cpus()));
-  // As torchrun: several workers each running a full OpenMP pool would oversubscribe the cores.
-  // (once: given in extra_env as well, the first of two entries won for getenv, the last for Python's os.environ)
-  if (!has_omp_threads && n > 1 && !sets(spec, "OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
+  if (one_omp_thread) set("OMP_NUM_THREADS", "1");  // (an empty inherited one dropped above)
   if (unpin) set("OMP_PROC_BIND", "false");
   for (const auto& [k, v] : spec.extra_env) set(k, v);
   return env;

@@ -86,7 +86,8 @@ int env_world_size();
 // from an outer mpirun and without the variables set here, then the rendezvous variables for `rank`, then extra_env.
 // Workers of several (spec.nprocs > 1) that the launcher does not bind (`bound` false) get OMP_PROC_BIND=false in
 // place of an inherited OMP_PROC_BIND or OMP_PLACES, unless extra_env sets it: each one's OpenMP runtime pinned its
-// threads to the first CPU, all of them to the same one.
+// threads to the first CPU, all of them to the same one. Workers of several get OMP_NUM_THREADS=1 unless it is set
+// (in `base` or extra_env). An empty variable counts as unset.
 std::vector<std::string> worker_environment(const std::vector<std::string>& base, const LaunchSpec& spec, int rank,
                                             int master_port, const std::string& job_id, bool bound = false);
 // Whether worker_environment replaces an inherited OMP_PROC_BIND or OMP_PLACES for unbound workers.

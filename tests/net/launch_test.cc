@@ -20,6 +20,8 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/cpus.h"
@@ -1086,6 +1088,29 @@ TEST_F(LaunchTest, UnboundWorkersAreNotAllPinnedToOneCpuByOpenMp) {
   for (const auto& line : lines_of(r.out)) EXPECT_NE(line.find(" unset unset"), std::string::npos) << r.out;
   EXPECT_EQ(lines_of(r.out).size(), 3u) << r.out;
   EXPECT_EQ(r.err, "");
+}
+
+// Workers of several get OMP_NUM_THREADS=1 unless it is set, as torchrun's, and an empty one is unset, as every other
+// variable (found by an audit: `OMP_NUM_THREADS=` was passed on empty, and each worker's OpenMP runtime took every
+// core); an empty OMP_PROC_BIND is unset too (the workers got OMP_PROC_BIND=false, with a note, for it).
+TEST_F(LaunchTest, AnEmptyOpenMpVariableCountsAsUnset) {
+  if (std::getenv("OMP_PLACES") != nullptr) GTEST_SKIP() << "OMP_PLACES is set for the test itself";
+  auto launch = [&](std::map<std::string, std::string> env) {
+    auto r = run({"launch", "-n", "2", "--bind", "none", "--no-tag-output", "--", "sh", "-c",
+                  "echo \"$RANK ${OMP_NUM_THREADS-unset} $(env | grep -c '^OMP_NUM_THREADS=') "
+                  "${OMP_PROC_BIND-unset}\""},
+                 env);
+    EXPECT_EQ(r.code, 0) << r.err;
+    auto lines = lines_of(r.out);
+    std::sort(lines.begin(), lines.end());
+    return std::make_pair(lines, r.err);
+  };
+  auto [lines, err] = launch({{"OMP_NUM_THREADS", ""}, {"OMP_PROC_BIND", ""}});
+  EXPECT_EQ(lines, (std::vector<std::string>{"0 1 1 ", "1 1 1 "}));
+  EXPECT_EQ(err, "");
+  // (one that is set is kept)
+  std::tie(lines, err) = launch({{"OMP_NUM_THREADS", "3"}, {"OMP_PROC_BIND", "true"}});
+  EXPECT_EQ(lines, (std::vector<std::string>{"0 3 1 false", "1 3 1 false"}));
 }
 
 TEST_F(LaunchTest, ProgramThatCannotRunIsReportedWith127) {
