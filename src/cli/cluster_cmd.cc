@@ -265,6 +265,7 @@ void cmd_run(const ClusterOptions& o) {
     }
   };
   spec.after_workers = stop_leftovers;  // (covered by the watchdog's reap until it is done)
+  spec.stop_escaped = false;            // (stop_leftovers does, by the mark, and names the hosts)
   int rc = 0;
   try {
     rc = run_local_workers(spec);

@@ -1,5 +1,6 @@
 #include "cli/launcher.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netdb.h>
@@ -319,6 +320,7 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
   void started(pid_t pgid) { send(static_cast<int32_t>(pgid)); }
   void reaped(pid_t pgid) { send(-static_cast<int32_t>(pgid)); }
+  pid_t pid() const { return pid_; }
 
  private:
   void send(int32_t v) {
@@ -574,6 +576,86 @@ void pump_all(Stream& s, const std::string& prefix, std::vector<char>& buf) {
       return;
     }
   }
+}
+
+// ---- what the workers start outside their process groups ----
+
+// Makes this process the subreaper of its descendants for its lifetime (PR_SET_CHILD_SUBREAPER): what a worker starts
+// outside its process group (setsid, a daemon's double fork), which the launcher's signals to the groups never reach,
+// is re-parented here instead of to init once the process that started it exits, and can be found and stopped when
+// the job ends (a `setsid sleep` of each worker ran on after the launch).
+class SubreaperScope {
+ public:
+  explicit SubreaperScope(bool on) {
+    if (on && ::prctl(PR_GET_CHILD_SUBREAPER, &before_) == 0) set_ = ::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0;
+  }
+  ~SubreaperScope() {
+    if (set_) ::prctl(PR_SET_CHILD_SUBREAPER, before_);
+  }
+  SubreaperScope(const SubreaperScope&) = delete;
+  SubreaperScope& operator=(const SubreaperScope&) = delete;
+  bool active() const { return set_; }
+
+ private:
+  int before_ = 0;
+  bool set_ = false;
+};
+
+// This process's children but `skip` (the watchdog, the workers), from the parent pid in /proc/PID/stat: with the
+// launcher their subreaper, what its workers left outside their process groups once their parents exited.
+std::vector<pid_t> adopted_children(const std::vector<pid_t>& skip) {
+  std::vector<pid_t> kids;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return kids;
+  const pid_t self = ::getpid();
+  while (const dirent* e = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0' || std::find(skip.begin(), skip.end(), pid_t(pid)) != skip.end()) continue;
+    std::ifstream in(fmt::format("/proc/{}/stat", pid));
+    std::string stat;
+    std::getline(in, stat);
+    // pid (comm) state ppid ...: the name may hold spaces and parentheses, the last ')' ends it.
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(stat.c_str() + paren + 1, " %c %ld", &state, &ppid) == 2 && ppid == self)
+      kids.push_back(pid_t(pid));
+  }
+  ::closedir(proc);
+  return kids;
+}
+
+// SIGKILLs the adopted children (and what they started, re-parented here as each goes) and reaps them, for up to
+// two seconds: one stuck in uninterruptible sleep is left. Only this process's own children are signalled, not yet
+// reaped: their pids cannot have been reused. Returns how many were stopped, not counting those still in one of
+// `groups` (the workers' process groups, SIGKILLed already as each worker exited: those are still dying).
+int stop_adopted(const std::vector<pid_t>& skip, const std::vector<pid_t>& groups) {
+  int stopped = 0;
+  const auto end = Clock::now() + std::chrono::seconds(2);
+  std::vector<pid_t> left;
+  while (Clock::now() < end) {
+    std::vector<pid_t> kids = adopted_children(skip);
+    kids.erase(std::remove_if(kids.begin(), kids.end(),
+                              [&](pid_t k) { return std::find(left.begin(), left.end(), k) != left.end(); }),
+               kids.end());
+    if (kids.empty()) break;
+    for (pid_t k : kids) {
+      siginfo_t info{};
+      // (one that already exited, a zombie, is only reaped)
+      const bool exited = ::waitid(P_PID, id_t(k), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == k;
+      if (!exited) {
+        if (std::find(groups.begin(), groups.end(), ::getpgid(k)) == groups.end()) ++stopped;
+        ::kill(k, SIGKILL);
+      }
+    }
+    for (pid_t k : kids) {
+      while (::waitpid(k, nullptr, WNOHANG) == 0 && Clock::now() < end) ::usleep(2000);
+      if (::waitpid(k, nullptr, WNOHANG) == 0) left.push_back(k);
+    }
+  }
+  return stopped;
 }
 
 // ---- program lookup ----
@@ -1005,6 +1087,8 @@ int run_local_workers(const LaunchSpec& spec) {
   const std::optional<rlimit> worker_file_limit = ensure_file_limit(spec.nprocs);
   SignalScope signals;
   Watchdog watchdog(spec.orphan_command);
+  const SubreaperScope subreaper(spec.stop_escaped);
+  int escaped_stopped = 0;  // what the workers left outside their process groups, stopped when they were gone
   FileDescriptor dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));
 
@@ -1096,6 +1180,17 @@ int run_local_workers(const LaunchSpec& spec) {
     signal_all(SIGKILL);
     killed = true;
     abandon_deadline = Clock::now() + kKilledWait;
+  };
+  // Once the workers are gone: what they left outside their process groups goes too (it held the job's pipes open
+  // through the drain below, and ran on after the launch).
+  auto stop_escaped = [&]() {
+    if (!subreaper.active()) return;
+    std::vector<pid_t> workers_pids;
+    for (const auto& w : workers)
+      if (w.pid > 0) workers_pids.push_back(w.pid);
+    std::vector<pid_t> skip = workers_pids;
+    skip.push_back(watchdog.pid());
+    escaped_stopped += stop_adopted(skip, workers_pids);  // (a worker's pid is its group's id)
   };
 
   // ---- start the workers ----
@@ -1203,6 +1298,18 @@ int run_local_workers(const LaunchSpec& spec) {
       w.running = false;
       exits.push_back({&w, info, code, std::move(what)});
     }
+    // What the workers left outside their process groups and was re-parented here, reaped as it exits (no zombie
+    // waits for the end of the job). WNOWAIT: a worker's exit found first is the loop's above, at the next pass (the
+    // watchdog's, should it end early, waits for the end).
+    while (subreaper.active()) {
+      siginfo_t info{};
+      if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) break;
+      const pid_t pid = info.si_pid;
+      if (pid == watchdog.pid() ||
+          std::any_of(workers.begin(), workers.end(), [pid](const Worker& w) { return w.running && w.pid == pid; }))
+        break;
+      ::waitpid(pid, nullptr, 0);
+    }
     const Exit* first = nullptr;
     std::vector<std::string> also;
     const bool settling = settle_deadline.has_value();
@@ -1258,7 +1365,10 @@ int run_local_workers(const LaunchSpec& spec) {
     for (auto& w : workers)
       for (auto& s : w.streams) any_open = any_open || s.fd.valid();
     if (!any_running && !any_open) break;
-    if (!any_running && !drain_deadline) drain_deadline = now + kDrainTime;
+    if (!any_running && !drain_deadline) {
+      stop_escaped();  // (a pipe that they held open closes now, and the drain ends)
+      drain_deadline = now + kDrainTime;
+    }
     if (drain_deadline && now >= *drain_deadline) {
       for (auto& w : workers)
         for (auto& s : w.streams)
@@ -1376,6 +1486,11 @@ int run_local_workers(const LaunchSpec& spec) {
   }
   // (the loop's deadlines are over: a message after it, the cleanup's error, waits for its reader as any other)
   g_output_deadline.reset();
+  stop_escaped();  // (also where the loop ended without a drain: no pipe held open)
+  if (escaped_stopped > 0)
+    message(spec, fmt::format(
+                      "stopped {} the workers left running outside their process groups",
+                      escaped_stopped == 1 ? std::string("1 process") : fmt::format("{} processes", escaped_stopped)));
   // A stop that came before the first worker started: the loop above had nothing to supervise and never read it (the
   // launch reported success).
   if (!have_result && g_stop_requested)

@@ -43,6 +43,11 @@ struct LaunchSpec {
   // once the workers' process groups are killed: `conduit cluster run` removes what its workers started outside
   // their groups. Empty: nothing. The first element is the program's path.
   std::vector<std::string> orphan_command;
+  // What the workers start outside their process groups (setsid, a daemon), which the signals to the groups do not
+  // reach, is re-parented to the launcher (PR_SET_CHILD_SUBREAPER) and SIGKILLed once the workers are gone, with a
+  // line saying how many; not when the launcher itself is killed with SIGKILL (the watchdog kills the groups alone).
+  // false: left to the caller (`conduit cluster run` stops them by their mark in the hosts, and says how many).
+  bool stop_escaped = true;
   // Run when the workers are gone, before the watchdog is told the job ended cleanly (not when the launch throws or
   // its program cannot be executed); a stop signal meanwhile is kept for launcher_stop_signal().
   std::function<void()> after_workers;

@@ -818,6 +818,40 @@ TEST_F(LaunchTest, ASucceedingWorkersLeftoversGoWithIt) {
   EXPECT_TRUE(wait_gone(child, 2s)) << "the worker's child " << child << " still runs";
 }
 
+// What a worker starts outside its process group (setsid), which the signals to the groups never reach, goes too once
+// the workers are gone (found by an audit: each worker's `setsid sleep` ran on after the launch), with a line saying
+// so; the launcher, its subreaper, reaps it.
+TEST_F(LaunchTest, WhatWorkersStartOutsideTheirProcessGroupsGoesWithThem) {
+  // (a duration of this test's own, to find its sleeps among the machine's processes)
+  const std::string duration = "77." + std::to_string(::getpid());
+  auto sleeps = [&]() {
+    std::vector<pid_t> found;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string cmdline = read_file(e.path() / "cmdline");
+      if (cmdline == "sleep" + std::string(1, '\0') + duration + std::string(1, '\0') && !process_gone(std::stoi(name)))
+        found.push_back(std::stoi(name));
+    }
+    return found;
+  };
+  // (each worker exits once its child is in a session of its own: killed with the worker's group before, it would not
+  // have escaped)
+  const std::string ready = path("ready") + ".$RANK";
+  auto r = run({"launch", "-n", "2", "--", "sh", "-c",
+                "setsid sh -c 'touch " + ready + "; exec sleep " + duration + "' & while [ ! -e " + ready +
+                    " ]; do sleep 0.02; done; echo started"});
+  const std::vector<pid_t> left = sleeps();
+  for (pid_t pid : left) ::kill(pid, SIGKILL);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(left.empty()) << left.size() << " setsid sleep(s) of the job still running";
+  EXPECT_NE(r.err.find("conduit launch: stopped 2 processes the workers left running outside their process groups"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(lines_of(r.out).size(), 2u) << r.out;
+}
+
 // Started with stdout or stderr closed (`>&-`, a daemon's descriptors): the launch runs and ends as usual (the
 // signal pipe took the free descriptor 1 or 2, the workers' output was written into its read end, waited on for
 // room forever, and the launcher never returned); the output goes nowhere.
