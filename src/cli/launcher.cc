@@ -745,9 +745,11 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
 // In the child between fork and exec: async-signal-safe calls only.
 // `cpu` >= 0: bound to that CPU; else given `start_mask` when there is one (the launcher's thread may have been
 // narrowed since the program started: an unbound worker inherited it).
+// `script_argv`: /bin/sh, path and argv's arguments, run when the kernel does not know the file's format (ENOEXEC):
+// a script without a "#!" line, as execvp runs one.
 [[noreturn]] void exec_child(int out_fd, int err_fd, int null_fd, int report_fd, pid_t parent, const char* path,
-                             char* const* argv, char* const* envp, const rlimit* file_limit, int cpu,
-                             const cpu_set_t* start_mask) {
+                             char* const* argv, char* const* script_argv, char* const* envp, const rlimit* file_limit,
+                             int cpu, const cpu_set_t* start_mask) {
   if (cpu >= 0) {
     cpu_set_t one;
     CPU_ZERO(&one);
@@ -785,6 +787,7 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   sigemptyset(&none);
   ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
   ::execve(path, argv, envp);
+  if (errno == ENOEXEC) ::execve(script_argv[0], script_argv, envp);  // (refused as "Exec format error", exit 127)
   int e = errno;
   ssize_t r = ::write(report_fd, &e, sizeof e);
   (void)r;
@@ -1107,6 +1110,9 @@ int run_local_workers(const LaunchSpec& spec) {
   const cpu_set_t* unbound_mask = start_cpus.empty() ? nullptr : &start_mask;
   std::vector<std::string> args = spec.command;
   std::vector<char*> argv = c_strings(args);
+  std::vector<std::string> script_args = {"/bin/sh", *resolved};
+  script_args.insert(script_args.end(), args.begin() + 1, args.end());
+  std::vector<char*> script_argv = c_strings(script_args);
   std::vector<Worker> workers(static_cast<size_t>(spec.nprocs));
   struct WorkersScope {
     explicit WorkersScope(std::vector<Worker>* w) { g_workers = w; }
@@ -1220,7 +1226,7 @@ int run_local_workers(const LaunchSpec& spec) {
       pid = ::fork();
       if (pid == 0) {
         exec_child(out_w.get(), err_w.get(), dev_null.get(), rep_w.get(), parent, resolved->c_str(), argv.data(),
-                   envp.data(), worker_file_limit ? &*worker_file_limit : nullptr,
+                   script_argv.data(), envp.data(), worker_file_limit ? &*worker_file_limit : nullptr,
                    bind_cpus.empty() ? -1 : bind_cpus[size_t(cpu_slot[size_t(rank)])], unbound_mask);
       }
     }

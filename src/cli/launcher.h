@@ -19,7 +19,9 @@ struct LaunchSpec {
   int nprocs = 1;                         // 1..kMaxLocalWorkers
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR
   int master_port = 0;                    // MASTER_PORT; 0 = a free port found by binding port 0 on master_addr
-  std::vector<std::string> command;       // program (looked up in PATH when it has no '/') and its arguments
+  // program (looked up in PATH when it has no '/'; an executable file without a "#!" line runs under /bin/sh, as
+  // execvp runs it) and its arguments
+  std::vector<std::string> command;
   // Variables set in every worker after the launcher's own (they win over inherited and rendezvous ones).
   std::vector<std::pair<std::string, std::string>> extra_env;
   bool tag_output = true;               // prefix each output line with "[rank K] "

@@ -1160,4 +1160,18 @@ TEST_F(LaunchTest, ProgramThatCannotRunIsReportedWith127) {
   EXPECT_NE(not_executable.err.find("Permission denied"), std::string::npos) << not_executable.err;
 }
 
+// An executable script without a "#!" line runs under /bin/sh with its arguments, as execvp (and a shell) runs it
+// (found by an audit: refused with "Exec format error" and exit code 127), found by path or in PATH.
+TEST_F(LaunchTest, AScriptWithoutAShebangRunsUnderSh) {
+  { std::ofstream(dir_ / "no-shebang") << "echo \"no shebang $RANK: $1 $2\"\n"; }
+  fs::permissions(dir_ / "no-shebang", fs::perms::owner_all);
+  auto r = run({"launch", "-n", "2", "--", path("no-shebang"), "a b", "c"}, {}, 10s);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank 0] no shebang 0: a b c\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank 1] no shebang 1: a b c\n"), std::string::npos) << r.out;
+  r = run({"launch", "-n", "1", "--", "no-shebang", "d"}, {{"PATH", dir_.string() + ":/usr/bin:/bin"}}, 10s);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] no shebang 0: d \n") << r.out;
+}
+
 }  // namespace
