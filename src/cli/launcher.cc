@@ -32,6 +32,7 @@
 #include "core/cpus.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "net/bootstrap.h"
 #include "net/mpi_transport.h"
 #include "net/shm.h"
 #include "net/tcp_store.h"
@@ -1029,6 +1030,10 @@ int run_local_workers(const LaunchSpec& spec) {
                                   spec.master_port));
   }
   if (spec.master_addr.empty()) throw ConfigError("launch: --master-addr is empty; give a host name or IP address");
+  // (accepted, it reached the workers, whose bootstrap refused it, each rank after it started: refused here first, in
+  // the same words)
+  if (net::is_any_address(spec.master_addr))
+    throw ConfigError("launch: " + net::any_address_refusal(fmt::format("--master-addr '{}'", spec.master_addr)));
   if (spec.command.empty()) throw ConfigError("launch: no program given; usage: conduit launch -n N -- PROGRAM [ARGS]");
   for (const auto& [k, v] : spec.extra_env) {
     if (k.empty() || k.find('=') != std::string::npos) {

@@ -145,6 +145,13 @@ std::vector<std::string> mark_program_arguments(CLI::App& app, int argc, char** 
       const CLI::Option* o = cur->get_option_no_throw(a.substr(0, a.find('=')));
       if (o == nullptr && !(a.size() > 2 && a[1] != '-' && cur->get_option_no_throw(a.substr(0, 2)) != nullptr))
         break;  // an unknown option: refused as typed (not with a "--" the user never wrote beside it)
+      // CLI11 takes the next argument for the value left out after '=' (`launch --master-addr= prog` said "master
+      // address '--' cannot be resolved", the "--" put in front of prog).
+      if (o != nullptr && a.starts_with("--") && a.find('=') == a.size() - 1) {
+        const std::string name = a.substr(0, a.size() - 1);
+        throw ConfigError(fmt::format("{}option '{}' has no value after '='; allowed: {}=VALUE or {} VALUE",
+                                      path.empty() ? "" : path + ": ", a, name, name));
+      }
       if (o != nullptr && a.find('=') == std::string::npos) {
         // Its values: one always (-1 is a value), more while they do not look like options.
         const int most = o->get_items_expected_max();

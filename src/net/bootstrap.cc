@@ -236,18 +236,8 @@ static std::shared_ptr<Bootstrap> bootstrap_from_env_unguarded(double timeout_s,
             fmt::format("MASTER_ADDR='{}' holds a port or is not an address; allowed: a host name or "
                         "an IPv4/IPv6 address, with the port in MASTER_PORT",
                         *addr));
-      // (a wildcard was taken as loopback on every rank: ranks on other hosts dialled their own; inet_aton reads the
-      // forms the resolver takes, "0" and "0x0" among them, and ::ffff:0.0.0.0 is the IPv4 one mapped)
-      in_addr v4{};
-      const bool v6_any =
-          inet_pton(AF_INET6, bare.c_str(), &v6) == 1 &&
-          (IN6_IS_ADDR_UNSPECIFIED(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 0 && v6.s6_addr[13] == 0 &&
-                                            v6.s6_addr[14] == 0 && v6.s6_addr[15] == 0));
-      if ((inet_aton(bare.c_str(), &v4) != 0 && v4.s_addr == INADDR_ANY) || v6_any)
-        throw ConfigError(
-            fmt::format("MASTER_ADDR='{}' is the any-address, which names no host to meet at; allowed: rank 0's "
-                        "host name or an address of it the other ranks reach (127.0.0.1 on one host)",
-                        *addr));
+      // (a wildcard was taken as loopback on every rank: ranks on other hosts dialled their own)
+      if (is_any_address(*addr)) throw ConfigError(any_address_refusal(fmt::format("MASTER_ADDR='{}'", *addr)));
       int port = required_int("MASTER_PORT", 1, 65535);
       if (path && b->rank == 0)  // (taken silently: the user may have meant the file store)
         CONDUIT_LOG_WARN(
@@ -481,6 +471,27 @@ TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double 
     stop_serving(b, e.what());
     throw;
   }
+}
+
+bool is_any_address(const std::string& addr) {
+  std::string bare = addr;
+  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') bare = bare.substr(1, bare.size() - 2);
+  if (const size_t zone = bare.find('%'); zone != std::string::npos) bare.resize(zone);
+  // (inet_aton reads the forms the resolver takes, "0" and "0x0" among them; ::ffff:0.0.0.0 is the IPv4 one mapped)
+  in_addr v4{};
+  in6_addr v6{};
+  const bool v6_any =
+      inet_pton(AF_INET6, bare.c_str(), &v6) == 1 &&
+      (IN6_IS_ADDR_UNSPECIFIED(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 0 && v6.s6_addr[13] == 0 &&
+                                        v6.s6_addr[14] == 0 && v6.s6_addr[15] == 0));
+  return (inet_aton(bare.c_str(), &v4) != 0 && v4.s_addr == INADDR_ANY) || v6_any;
+}
+
+std::string any_address_refusal(const std::string& given) {
+  return fmt::format(
+      "{} is the any-address, which names no host to meet at; allowed: rank 0's host name or an address of it the "
+      "other ranks reach (127.0.0.1 on one host)",
+      given);
 }
 
 }  // namespace conduit::net

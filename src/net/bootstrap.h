@@ -47,6 +47,13 @@ struct Bootstrap {
 // CONDUIT_STORE_PATH). Waits at most `timeout_s` for the peers.
 std::shared_ptr<Bootstrap> bootstrap_from_env(double timeout_s);
 
+// Whether a master address (MASTER_ADDR, `conduit launch --master-addr`: a host name or address, an IPv6 one maybe in
+// brackets or with a zone) is the any-address, 0.0.0.0 in any form the resolver takes ("0" among them), :: or
+// ::ffff:0.0.0.0: a store can listen there, but it names no host for the other ranks to meet at.
+bool is_any_address(const std::string& addr);
+// The refusal of the any-address, one line: `given` says where it was given ("MASTER_ADDR='0.0.0.0'").
+std::string any_address_refusal(const std::string& given);
+
 // kind: "auto", "tcp", "shm", "mpi". ConfigError for anything else, or for shm across hosts, or mpi without mpirun.
 TransportPtr make_transport(const Bootstrap& b, const std::string& kind, double timeout_s);
 const char* transport_kinds_allowed();

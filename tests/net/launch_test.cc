@@ -1001,6 +1001,17 @@ TEST_F(LaunchTest, RejectsBadFlagsWithOneClearLine) {
       // (1e-300 stopped the job at once)
       {{"launch", "-n", "1", "--timeout", "1e-300", "--", "true"},
        "--timeout 1e-300 is invalid: allowed: 0 (none) or seconds from 0.001 up to 1e7"},
+      // A value left out after '=': CLI11 took the next argument, the "--" put before the program, and said "master
+      // address '--' cannot be resolved".
+      {{"launch", "-n", "2", "--master-addr=", "true"},
+       "option '--master-addr=' has no value after '='; allowed: --master-addr=VALUE or --master-addr VALUE"},
+      // The any-address, in the words of the workers' bootstrap, which refused it in every rank after they started.
+      {{"launch", "-n", "2", "--master-addr", "0.0.0.0", "--", "true"},
+       "--master-addr '0.0.0.0' is the any-address, which names no host to meet at; allowed: rank 0's host name or an "
+       "address of it the other ranks reach (127.0.0.1 on one host)"},
+      {{"launch", "-n", "2", "--master-addr", "::", "--", "true"}, "--master-addr '::' is the any-address"},
+      {{"launch", "-n", "2", "--master-addr", "[::]", "--", "true"}, "--master-addr '[::]' is the any-address"},
+      {{"launch", "-n", "2", "--master-addr=0", "--", "true"}, "--master-addr '0' is the any-address"},
   };
   for (const auto& c : cases) {
     auto r = run(c.args, {}, 10s);
