@@ -1398,7 +1398,7 @@ int run_local_workers(const LaunchSpec& spec) {
       begin_stop(SIGTERM);
     }
     if (stopping && !killed && any_running && now >= kill_deadline) {
-      message(spec, fmt::format("{} still running {:.3g} s after {}; sending SIGKILL", plural_workers(running_count()),
+      message(spec, fmt::format("{} still running {:g} s after {}; sending SIGKILL", plural_workers(running_count()),
                                 grace, signal_name(stop_signal)));
       kill_all();
     }

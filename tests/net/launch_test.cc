@@ -532,12 +532,15 @@ TEST_F(LaunchTest, WorkerIgnoringSigtermIsKilledAfterGracePeriod) {
   const std::string ready = path("ready");
   const std::string script = "if [ \"$RANK\" = 0 ]; then trap '' TERM; touch " + ready +
                              "; exec sleep 60; fi; while [ ! -e " + ready + " ]; do sleep 0.02; done; exit 1";
-  auto r = run({"launch", "-n", "2", "--", "sh", "-c", script}, {{"CONDUIT_LAUNCH_GRACE", "0.5"}});
+  auto r = run({"launch", "-n", "2", "--", "sh", "-c", script}, {{"CONDUIT_LAUNCH_GRACE", "0.5125"}});
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_LT(r.seconds, 8.0);
   EXPECT_NE(r.err.find("rank 1 (pid "), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("sending SIGKILL"), std::string::npos) << r.err;
+  // The grace as given (three digits said 0.512 here, and 3.6e+03 for 3600).
+  EXPECT_NE(r.err.find("conduit launch: 1 worker still running 0.5125 s after SIGTERM; sending SIGKILL"),
+            std::string::npos)
+      << r.err;
 }
 
 class LaunchSignalTest : public LaunchTest, public ::testing::WithParamInterface<int> {};
