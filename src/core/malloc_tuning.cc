@@ -20,8 +20,10 @@ MallocTuning tune_malloc(const std::function<const char*(const char*)>& getenv) 
       t.reason = "CONDUIT_MALLOC_TUNING=" + s;
       return t;
     }
+    // (as given, in env_flag's words: 'maybe' for Maybe named a value nobody typed)
     if (s != "1" && s != "true" && s != "yes" && s != "on")
-      throw ConfigError("CONDUIT_MALLOC_TUNING='" + s + "' is not a switch (allowed: 1, true, yes, on, 0, false, no, off)");
+      throw ConfigError(std::string("environment variable CONDUIT_MALLOC_TUNING='") + v +
+                        "' is invalid: expected 1/0, true/false, yes/no or on/off");
   }
   if (const char* v = getenv("GLIBC_TUNABLES"); v != nullptr && std::strstr(v, "glibc.malloc.") != nullptr) {
     t.reason = "GLIBC_TUNABLES sets glibc.malloc parameters";
