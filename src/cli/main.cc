@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -249,9 +250,20 @@ int main(int argc, char** argv) {
   std::stable_sort(es.begin(), es.end(), [](const Entry& a, const Entry& b) { return a.order < b.order; });
   for (auto& e : es) e.setup(app);
   refuse_malformed_numbers(app);
+  // A bad CONDUIT_MALLOC_TUNING or CONDUIT_LOG_LEVEL is reported once the arguments are parsed, before any command
+  // runs (CLI11 calls the main app's parse-complete callback ahead of the commands'): --help and --version, which
+  // stop the parse before it, still answer (both failed on it).
+  std::exception_ptr bad_environment;
   try {
     conduit::tune_malloc();  // before any large allocation: see core/malloc_tuning.h
     conduit::log_level_from_env();
+  } catch (...) {
+    bad_environment = std::current_exception();
+  }
+  app.parse_complete_callback([&bad_environment] {
+    if (bad_environment) std::rethrow_exception(bad_environment);
+  });
+  try {
     std::vector<std::string> args = mark_program_arguments(app, argc, argv);
     std::reverse(args.begin(), args.end());  // (CLI11 takes them last first)
     app.name(argc > 0 ? argv[0] : "conduit");  // (what parse(argc, argv) names the usage lines with)

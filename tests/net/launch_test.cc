@@ -970,6 +970,26 @@ TEST_F(LaunchTest, UnknownOptionsAndCommandsAreNamedWithTheirCommand) {
   }
 }
 
+// A bad CONDUIT_MALLOC_TUNING or CONDUIT_LOG_LEVEL stops every command before it runs, but not --help and --version
+// (found by an audit: they failed on it too, as they were checked before the arguments were read).
+TEST_F(LaunchTest, ABadEnvironmentVariableStillLetsHelpAndVersionAnswer) {
+  for (const auto& [var, value] : std::vector<std::pair<std::string, std::string>>{{"CONDUIT_MALLOC_TUNING", "Maybe"},
+                                                                                   {"CONDUIT_LOG_LEVEL", "loud"}}) {
+    auto version = run({"--version"}, {{var, value}}, 10s);
+    EXPECT_EQ(version.code, 0) << var << ": " << version.err;
+    EXPECT_NE(version.out.find("conduit 0.1.0"), std::string::npos) << version.out;
+    auto help = run({"launch", "--help"}, {{var, value}}, 10s);
+    EXPECT_EQ(help.code, 0) << var << ": " << help.err;
+    EXPECT_NE(help.out.find("--master-addr"), std::string::npos) << help.out;
+    auto launch = run({"launch", "-n", "1", "--", "touch", path("ran")}, {{var, value}}, 10s);
+    EXPECT_EQ(launch.code, 2) << var;
+    EXPECT_EQ(launch.err.rfind("conduit: error: environment variable " + var + "='" + value + "' is invalid", 0), 0u)
+        << launch.err;
+    EXPECT_EQ(lines_of(launch.err).size(), 1u) << launch.err;
+    EXPECT_FALSE(fs::exists(path("ran"))) << var << ": the command ran";
+  }
+}
+
 TEST_F(LaunchTest, ExitCodesOfCleanRuns) {
   auto ok = run({"launch", "-n", "3", "--", "true"});
   EXPECT_EQ(ok.code, 0) << ok.err;
