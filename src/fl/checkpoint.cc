@@ -1,9 +1,10 @@
-// Checkpoints of a federation (checkpoint.h): two file kinds, each magic, version, fields, and an end mark that a cut
-// file lacks.
+// Checkpoints of a federation (checkpoint.h): two file kinds (and the DP ledger), each magic, version, fields, an end
+// mark that a cut file lacks, and the CRC-32 (zlib's) of every byte before it, checked before the fields are read.
 #include "fl/checkpoint.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,18 +19,41 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "fl/server_opt.h"
 
 namespace conduit::fl {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint64_t kVersion = 1;
+// 2: the CRC-32 trailer (version 1 files have none and are refused: nothing in them could be told from damage).
+constexpr uint64_t kVersion = 2;
 constexpr char kServerMagic[8] = {'C', 'D', 'F', 'L', 'S', 'R', 'V', '1'};
 constexpr char kHostMagic[8] = {'C', 'D', 'F', 'L', 'H', 'S', 'T', '1'};
 constexpr char kEndMagic[8] = {'C', 'D', 'F', 'L', 'E', 'N', 'D', '1'};
 constexpr char kLedgerMagic[8] = {'C', 'D', 'F', 'L', 'D', 'P', 'L', '1'};
 constexpr const char* kLedgerName = "dp-ledger.bin";
+
+// (zlib takes a null buffer as a request for the initial value, whatever crc is: an empty block, whose data() may be
+// null, would restart the sum)
+uint32_t crc_update(uint32_t crc, const void* p, size_t n) {
+  return n == 0 ? crc : uint32_t(::crc32_z(crc, static_cast<const Bytef*>(p), n));
+}
+
+// A file being written, and the CRC-32 of what went into it (computed from the bytes handed over, not read back).
+class Sink {
+ public:
+  explicit Sink(std::ofstream& f) : f_(f) {}
+  void write(const void* p, size_t n) {
+    f_.write(static_cast<const char*>(p), std::streamsize(n));
+    crc_ = crc_update(crc_, p, n);
+  }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  std::ofstream& f_;
+  uint32_t crc_ = 0;  // (CRC-32's initial value)
+};
 
 // Writes through `fill` to a temporary name, then renames it into place (whole, or an Error naming the path).
 template <class F>
@@ -39,8 +63,11 @@ void write_whole(const fs::path& path, F&& fill) {
   try {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) throw Error(fmt::format("fl: checkpoint: cannot write '{}': {}", path.string(), std::strerror(errno)));
-    fill(f);
-    f.write(kEndMagic, 8);
+    Sink o(f);
+    fill(o);
+    o.write(kEndMagic, 8);
+    const uint32_t crc = o.crc();
+    f.write(reinterpret_cast<const char*>(&crc), 4);
     f.close();
     if (!f) throw Error(fmt::format("fl: checkpoint: writing '{}' failed (a full disk?)", path.string()));
     sync_path(tmp);  // (on disk before its name is: a power loss leaves the old generation, not a cut file)
@@ -57,12 +84,12 @@ void write_whole(const fs::path& path, F&& fill) {
 }
 
 template <class T>
-void put(std::ostream& o, const T& v) {
-  o.write(reinterpret_cast<const char*>(&v), sizeof v);
+void put(Sink& o, const T& v) {
+  o.write(&v, sizeof v);
 }
-void put_bytes(std::ostream& o, const void* p, size_t n) {
+void put_bytes(Sink& o, const void* p, size_t n) {
   put(o, uint64_t(n));
-  o.write(static_cast<const char*>(p), std::streamsize(n));
+  o.write(p, n);
 }
 
 // Reads a file's fields in order, every read checked against what is left.
@@ -81,8 +108,37 @@ class Reader {
       throw ConfigError(fmt::format("fl: resume: cannot read '{}': {}; allowed: a readable checkpoint folder", path_,
                                     std::strerror(errno)));
     f_.seekg(0, std::ios::end);
-    left_ = uint64_t(f_.tellg());
+    size_ = left_ = uint64_t(f_.tellg());
     f_.seekg(0);
+  }
+  // The magic and the version, then the checksum of the whole file, before any field is read.
+  void header(const char (&m)[8], const char* what) {
+    magic(m, what);
+    if (const uint64_t v = get<uint64_t>(); v != kVersion)
+      bad(v < kVersion ? fmt::format("has format version {}, an earlier conduit's without a checksum", v)
+                       : fmt::format("has format version {}, a later conduit's", v));
+    if (left_ < 8 + 4) bad(fmt::format("is cut short ({} bytes)", size_));
+    const uint64_t body = size_ - 4;
+    f_.seekg(0);
+    std::vector<char> buf(size_t(1) << 20);
+    uint32_t crc = 0;
+    for (uint64_t done = 0; done < body;) {
+      const size_t k = size_t(std::min<uint64_t>(buf.size(), body - done));
+      f_.read(buf.data(), std::streamsize(k));
+      if (!f_) bad("could not be read to its end");
+      crc = crc_update(crc, buf.data(), k);
+      done += k;
+    }
+    uint32_t written = 0;
+    f_.read(reinterpret_cast<char*>(&written), 4);
+    if (!f_) bad("could not be read to its end");
+    if (crc != written)
+      bad(
+          fmt::format("fails its checksum (CRC-32 {:08x}, written {:08x}): it changed after it was written (a "
+                      "damaged disk or copy, a cut file)",
+                      crc, written));
+    f_.seekg(std::streamoff(size_ - left_));
+    left_ -= 4;  // (the checksum: the fields end at the end mark)
   }
   void magic(const char (&m)[8], const char* what) {
     char b[8];
@@ -121,7 +177,7 @@ class Reader {
  private:
   std::string path_;
   std::ifstream f_;
-  uint64_t left_ = 0;
+  uint64_t size_ = 0, left_ = 0;
 };
 
 std::vector<float> floats(Reader& r) {
@@ -175,8 +231,7 @@ bool hosts_complete(const fs::path& dir, int64_t round, int64_t host_files) {
 
 ServerCheckpoint read_server(const fs::path& p) {
   Reader r(p);
-  r.magic(kServerMagic, "server checkpoint");
-  if (const uint64_t v = r.get<uint64_t>(); v != kVersion) r.bad(fmt::format("has version {}", v));
+  r.header(kServerMagic, "server checkpoint");
   ServerCheckpoint s;
   s.round = r.get<int64_t>();
   const uint64_t cfg = r.length(1 << 24);
@@ -195,10 +250,10 @@ ServerCheckpoint read_server(const fs::path& p) {
   s.data_hash = r.get<uint64_t>();
   r.end();
   if (s.round < 1 || s.accountant_steps < 0 || s.rounds_applied < 0 || s.rounds_applied > s.round || s.host_files < 0 ||
-      s.host_files > 4096 || !(s.step_s >= 0) || s.weights.empty() ||
+      s.host_files > 4096 || !(std::isfinite(s.step_s) && s.step_s >= 0) || s.weights.empty() ||
       (!s.control.empty() && s.control.size() != s.weights.size()))
-    r.bad(fmt::format("holds inconsistent fields (round {}, {} weights, {} control, {} host files)", s.round,
-                      s.weights.size(), s.control.size(), s.host_files));
+    r.bad(fmt::format("holds inconsistent fields (round {}, {} weights, {} control, {} host files, step {} s)", s.round,
+                      s.weights.size(), s.control.size(), s.host_files, s.step_s));
   return s;
 }
 
@@ -216,7 +271,7 @@ std::string resume_checkpoint_dir(const std::string& resume) {
 
 void write_dp_ledger(const std::string& dir, int64_t accountant_steps) {
   fs::create_directories(dir);
-  write_whole(fs::path(dir) / kLedgerName, [&](std::ostream& o) {
+  write_whole(fs::path(dir) / kLedgerName, [&](Sink& o) {
     o.write(kLedgerMagic, 8);
     put(o, kVersion);
     put(o, accountant_steps);
@@ -228,8 +283,7 @@ int64_t read_dp_ledger(const std::string& dir) {
   const fs::path p = fs::path(dir) / kLedgerName;
   if (!fs::exists(p, ec)) return 0;
   Reader r(p);
-  r.magic(kLedgerMagic, "differential privacy ledger");
-  if (r.get<uint64_t>() != kVersion) r.bad("has another version");
+  r.header(kLedgerMagic, "differential privacy ledger");
   const int64_t steps = r.get<int64_t>();
   if (steps < 0) r.bad(fmt::format("counts {} rounds", steps));
   r.end();
@@ -238,7 +292,7 @@ int64_t read_dp_ledger(const std::string& dir) {
 
 void write_server_checkpoint(const std::string& dir, const ServerCheckpoint& s) {
   fs::create_directories(dir);
-  write_whole(fs::path(dir) / fmt::format("server-{}.bin", s.round), [&](std::ostream& o) {
+  write_whole(fs::path(dir) / fmt::format("server-{}.bin", s.round), [&](Sink& o) {
     o.write(kServerMagic, 8);
     put(o, kVersion);
     put(o, s.round);
@@ -266,7 +320,7 @@ void write_server_checkpoint(const std::string& dir, const ServerCheckpoint& s) 
 void write_host_checkpoint(const std::string& dir, int rank, int64_t round,
                            const std::map<int, std::vector<float>>& control, size_t n) {
   fs::create_directories(dir);
-  write_whole(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(rank), round), [&](std::ostream& o) {
+  write_whole(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(rank), round), [&](Sink& o) {
     o.write(kHostMagic, 8);
     put(o, kVersion);
     put(o, round);
@@ -278,7 +332,7 @@ void write_host_checkpoint(const std::string& dir, int rank, int64_t round,
         throw Error(
             fmt::format("fl: checkpoint: client {}'s control variate has {} elements, not {}", client, v.size(), n));
       put(o, int64_t(client));
-      o.write(reinterpret_cast<const char*>(v.data()), std::streamsize(n * 4));
+      o.write(v.data(), n * 4);
     }
   });
   const std::vector<int64_t> servers = rounds_of(dir, "server-");
@@ -318,8 +372,7 @@ std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, 
         dir, round));
   for (int64_t h = 1; h <= host_files; ++h) {
     Reader r(fs::path(dir) / fmt::format("{}{}.bin", host_prefix(h), round));
-    r.magic(kHostMagic, "host checkpoint");
-    if (const uint64_t v = r.get<uint64_t>(); v != kVersion) r.bad(fmt::format("has version {}", v));
+    r.header(kHostMagic, "host checkpoint");
     const int64_t rd = r.get<int64_t>(), rank = r.get<int64_t>();
     const uint64_t width = r.get<uint64_t>(), count = r.get<uint64_t>();
     if (rd != round || rank != h || width != n)
@@ -332,6 +385,11 @@ std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, 
       if (client < 0 || client >= clients || out.count(int(client)))
         r.bad(fmt::format("names client {} (of {}, or twice)", client, clients));
       r.raw(v.data(), n * 4);
+      // (a c_i is finite when written: a damaged one would correct every gradient of its client with it)
+      for (size_t i = 0; i < n; ++i)
+        if (!std::isfinite(v[i]))
+          r.bad(fmt::format("holds a value that is not finite ({}, float {} of client {}'s control variate)", v[i], i,
+                            client));
       if (keep(int(client))) out[int(client)] = v;
     }
     r.end();

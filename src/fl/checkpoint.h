@@ -12,7 +12,8 @@
 // takes the newest R whose server file and every host file (as many as the server file says) are there. Every other
 // input a round needs (partition, speeds, sampling without DP, dropouts, batch order) is a function of the seed and the
 // round, so a resumed run repeats an uninterrupted one exactly (under DP the secret sampling and noise seeds are new).
-// Native byte order.
+// Native byte order. Every file ends with the CRC-32 of its bytes (format version 2; version 1 had none and is
+// refused), checked before its fields are read.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -50,10 +51,12 @@ void write_host_checkpoint(const std::string& dir, int rank, int64_t round,
                            const std::map<int, std::vector<float>>& control, size_t n);
 
 // The newest complete generation in dir. ConfigError naming dir when it holds none (or no such folder);
-// ProtocolError naming the file when one is not a checkpoint (bad magic, version, lengths).
+// ProtocolError naming the file when one is not a checkpoint (bad magic, version, checksum, lengths, a value that is
+// not finite).
 ServerCheckpoint read_latest_checkpoint(const std::string& dir);
 // Reads the host files of `round` (host-1-<round>.bin, host-2-..., as many as there are) and keeps the entries
-// `keep` accepts (each model-sized: n; client ids below `clients`).
+// `keep` accepts (each model-sized: n; client ids below `clients`). Every file is read whole and checked (checksum,
+// header, width, clients, finite values) whatever `keep` says.
 std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, size_t n, int clients,
                                                         const std::function<bool(int)>& keep);
 // Differential privacy's ledger, dp-ledger.bin: the accountant's rounds once a round's noisy model is made, written

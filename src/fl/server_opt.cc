@@ -76,6 +76,7 @@ class Adaptive final : public ServerOptimizer {
   }
 
  protected:
+  bool nonnegative_buffer(size_t k) const override { return k == 1; }  // v
   void apply(float* w, const float* d) override {
     float* m = state_[0].data();
     float* v = state_[1].data();
@@ -257,8 +258,19 @@ void ServerOptimizer::load_state(const std::vector<uint8_t>& bytes) {
     throw ProtocolError(fmt::format("{}: load_state: {} bytes of buffers; allowed: exactly {}", name_, r.left(),
                                     static_cast<size_t>(buffers) * n_ * sizeof(float)));
   }
+  std::vector<std::vector<float>> state(state_.size(), std::vector<float>(n_));
+  for (size_t k = 0; k < state.size(); ++k) {
+    r.get(state[k].data(), n_ * sizeof(float), "buffer");
+    // (step() keeps them finite, and the adaptive second moments >= 0: a damaged state would move every weight it
+    // touches to nan, or take the square root of a negative moment)
+    const bool moment = nonnegative_buffer(k);
+    for (size_t i = 0; i < n_; ++i)
+      if (!std::isfinite(state[k][i]) || (moment && state[k][i] < 0))
+        throw ProtocolError(fmt::format("{}: load_state: element {} of state buffer {} is {}; allowed: finite{}", name_,
+                                        i, k, state[k][i], moment ? " and >= 0 (a second moment)" : ""));
+  }
   // Everything checked: now overwrite.
-  for (auto& b : state_) r.get(b.data(), b.size() * sizeof(float), "buffer");
+  state_ = std::move(state);
   rounds_ = rounds;
 }
 

@@ -54,8 +54,9 @@ class ServerOptimizer {
   // The optimizer's state (name, size, rounds taken and its f32 buffers) as bytes, for checkpoints. Native byte
   // order: a checkpoint moves between machines of the same endianness.
   std::vector<uint8_t> save_state() const;
-  // Restores save_state()'s bytes. ProtocolError for bytes that are not such a state (bad magic, version, length);
-  // ConfigError for the state of another optimizer or of another size.
+  // Restores save_state()'s bytes. ProtocolError for bytes that are not such a state (bad magic, version, length, a
+  // value that is not finite, a negative second moment); ConfigError for the state of another optimizer or of
+  // another size. Nothing changes unless it succeeds.
   void load_state(const std::vector<uint8_t>& bytes);
 
   const std::string& name() const { return name_; }
@@ -68,6 +69,8 @@ class ServerOptimizer {
   ServerOptimizer(std::string name, size_t n, size_t num_buffers, float init);
   // The rule itself, called after the arguments were checked.
   virtual void apply(float* weights, const float* delta) = 0;
+  // Whether state buffer k holds values that are never negative (the adaptive rules' second moment v).
+  virtual bool nonnegative_buffer(size_t k) const { return false; }
 
   std::string name_;
   size_t n_;

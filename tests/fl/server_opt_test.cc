@@ -2,9 +2,11 @@
 // checkpoint round trips, and rejection of bad configs and non-finite pseudo-gradients.
 #include "fl/server_opt.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -175,6 +177,45 @@ TEST(FlServerOpt, LoadRejectsForeignOrDamagedState) {
   const auto before = keep->save_state();
   EXPECT_ANY_THROW(keep->load_state(longer));
   EXPECT_EQ(keep->save_state(), before);
+}
+
+// A checkpoint's state is what step() leaves: finite buffers, and the adaptive rules' second moment v >= 0. A
+// damaged one (a nan, an infinity, a negative v, whose square root is nan) is refused naming the element, and the
+// optimizer keeps its state; FedAdam's first moment and FedAvgM's velocity may be negative.
+TEST(FlServerOpt, LoadRejectsANonFiniteStateOrANegativeSecondMoment) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const auto& name : server_optimizer_names()) {
+    SCOPED_TRACE(name);
+    auto src = make_server_optimizer(config(name), 3);
+    const auto bytes = src->save_state();
+    const size_t buffers = src->state().size(), first = bytes.size() - buffers * 3 * sizeof(float);
+    // Element 2 of buffer k set to x (buffer 1 of an adaptive rule is v).
+    auto with = [&](size_t k, float x) {
+      auto b = bytes;
+      std::memcpy(b.data() + first + (k * 3 + 2) * sizeof(float), &x, sizeof x);
+      return b;
+    };
+    for (size_t k = 0; k < buffers; ++k) {
+      const bool moment = k == 1;
+      for (const float bad : {nan, inf, -inf}) {
+        auto dst = make_server_optimizer(config(name), 3);
+        const auto before = dst->save_state();
+        const std::string msg = error_of<ProtocolError>([&] { dst->load_state(with(k, bad)); });
+        EXPECT_NE(msg.find(fmt::format("element 2 of state buffer {} is", k)), std::string::npos) << msg;
+        EXPECT_EQ(dst->save_state(), before);
+      }
+      auto dst = make_server_optimizer(config(name), 3);
+      if (moment) {
+        const std::string msg = error_of<ProtocolError>([&] { dst->load_state(with(k, -0.5f)); });
+        EXPECT_NE(msg.find("element 2 of state buffer 1 is -0.5; allowed: finite and >= 0 (a second moment)"),
+                  std::string::npos)
+            << msg;
+      } else {
+        dst->load_state(with(k, -0.5f));
+        EXPECT_EQ(dst->state()[k][2], -0.5f);
+      }
+    }
+  }
 }
 
 TEST(FlServerOpt, NonFiniteDeltaIsRejectedWithoutTouchingWeightsOrState) {
