@@ -107,8 +107,9 @@ void print_summary(const std::string& out) {
 
 #ifdef CONDUIT_WITH_TORCH
 // Every rank must run the same federation: rank 0's configuration (its output folder included, where the others
-// defaulted theirs from their own clocks) is broadcast and compared, and rank 0 checks its output folder; then every
-// rank learns whether any refused, so all stop (each with its own line, or naming the ranks that refused).
+// defaulted theirs from their own clocks) is broadcast and compared, and rank 0 checks its output folder and the files
+// a resume reads; then every rank learns whether any refused, so all stop (each with its own line, or naming the ranks
+// that refused).
 void agree_on_config(coll::Communicator& comm, fl::FlConfig& c, bool output_given, bool writes_output) {
   // (under start-up's deadline, as the ranks' meeting after it: a rank still starting is not a failed step)
   coll::CollOptions meet;
@@ -117,7 +118,9 @@ void agree_on_config(coll::Communicator& comm, fl::FlConfig& c, bool output_give
   if (comm.rank() == 0 && writes_output) {
     try {
       refuse_used_output(c.output);
-    } catch (const ConfigError& e) {
+      // (what a resume reads, before the output folder is written: a retry into it is not refused)
+      if (!c.resume.empty()) fl::check_resume_files(c);
+    } catch (const Error& e) {
       why = e.what();
     }
   }
@@ -256,8 +259,9 @@ void run_fl(const FlArgs& a) {
 #endif
   fl::check_secagg_memory(c, 1.0);  // (every host on this machine)
   refuse_used_output(c.output);
-  // (a checkpoint that is missing or of other settings stops here rather than in the started ranks)
-  if (!c.resume.empty()) fl::check_resume(c, fl::read_latest_checkpoint(fl::resume_checkpoint_dir(c.resume)));
+  // (a checkpoint that is missing, damaged or of other settings, its host files included, stops here rather than in
+  // the started ranks, before the output folder is made: a retry into it is not refused)
+  if (!c.resume.empty()) fl::check_resume_files(c);
   // Start the ranks: they read the resolved configuration from the output folder.
   make_output_dir(c.output, "--output");
   const fs::path cfg_path = fs::path(c.output) / "config.json";

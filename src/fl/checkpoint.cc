@@ -397,6 +397,21 @@ std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, 
   return out;
 }
 
+ServerCheckpoint check_resume_files(const FlConfig& c) {
+  const std::string dir = resume_checkpoint_dir(c.resume);
+  ServerCheckpoint s = read_latest_checkpoint(dir);
+  check_resume(c, s);
+  try {
+    make_server_optimizer(server_opt_config(c), s.weights.size())->load_state(s.optimizer);
+  } catch (const ProtocolError& e) {
+    throw ProtocolError(fmt::format("fl: resume: '{}/server-{}.bin' holds a server optimizer state that is not one: {}",
+                                    dir, s.round, e.what()));
+  }
+  // (the hosts' width is the model's: the server file's weights, which the server compares with its model)
+  if (c.scaffold) read_host_checkpoints(dir, s.round, s.weights.size(), c.clients, [](int) { return false; });
+  return s;
+}
+
 void check_resume(const FlConfig& c, const ServerCheckpoint& s) {
   static const std::set<std::string> free_keys = {"rounds",   "output",     "resume",    "checkpoint_every",
                                                   "progress", "eval_every", "timeout_s", "transport",

@@ -59,6 +59,13 @@ ServerCheckpoint read_latest_checkpoint(const std::string& dir);
 // header, width, clients, finite values) whatever `keep` says.
 std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, size_t n, int clients,
                                                         const std::function<bool(int)>& keep);
+// Everything a resume will read, checked before anything starts or is written (conduit fl's parent before it starts
+// the ranks, or rank 0 under an outer launcher before the output folder is written), so that a bad file stops the
+// command with one line rather than a rank mid-start: the newest complete generation in c.resume against the
+// settings (check_resume), its server optimizer state as the server will load it, and with SCAFFOLD every host file
+// of it as the hosts will read them (read_host_checkpoints: header, width, clients, checksum, finite values; they are
+// read twice, here and by the hosts). Returns the generation. Errors as those functions', naming the file.
+ServerCheckpoint check_resume_files(const FlConfig& c);
 // Differential privacy's ledger, dp-ledger.bin: the accountant's rounds once a round's noisy model is made, written
 // (synced, renamed into place) before that model leaves the server. A run that stops between checkpoints released
 // rounds the checkpoint does not count; its resume repeats them with new noise, a second release of each, so it

@@ -18,6 +18,7 @@
 
 #include "../error_of.h"
 #include "core/error.h"
+#include "fl/server_opt.h"
 
 namespace conduit::fl {
 namespace {
@@ -126,6 +127,54 @@ TEST(Checkpoint, AnInfiniteStepTimeOrANonFiniteControlVariateIsRefused) {
     EXPECT_NE(e.find("host-1-1.bin' holds a value that is not finite"), std::string::npos) << e;
     EXPECT_NE(e.find("float 1 of client 2's control variate"), std::string::npos) << e;
   }
+}
+
+// What a resume reads is checked whole before anything starts (conduit fl's parent, rank 0 under an outer launcher):
+// the hosts' files too, which the ranks read only once started (a bad one stopped a host mid-start, after the server
+// had opened the output's metrics.jsonl, so that a retry into it was refused), and the server optimizer's state.
+TEST(Checkpoint, EverythingAResumeReadsIsCheckedBeforeAnythingStarts) {
+  TempDir d;
+  FlConfig c;
+  c.scaffold = true;
+  c.server_opt = "fedadam";
+  c.server_lr = 0.01;
+  c.rounds = 5;
+  ServerCheckpoint s = small_server(2);
+  s.config_json = config_to_json(c);
+  s.control = {0.0f, 0.0f, 0.0f};
+  auto opt = make_server_optimizer(server_opt_config(c), 3);
+  s.optimizer = opt->save_state();
+  s.host_files = 2;
+  c.resume = d.path;
+  auto write_all = [&](const std::vector<float>& host2, size_t width) {
+    write_server_checkpoint(d.path, s);
+    write_host_checkpoint(d.path, 1, 2, {{0, {0.1f, 0.2f, 0.3f}}}, 3);
+    write_host_checkpoint(d.path, 2, 2, {{1, host2}}, width);
+  };
+  write_all({0.4f, 0.5f, 0.6f}, 3);
+  EXPECT_EQ(check_resume_files(c).round, 2);
+  write_all({0.4f, 0.5f, 0.6f, 0.7f}, 4);
+  std::string e = error_of<ProtocolError>([&] { check_resume_files(c); });
+  EXPECT_NE(e.find("host-2-2.bin' is of round 2, rank 2, 4 weights; expected round 2, rank 2, 3"), std::string::npos)
+      << e;
+  write_all({0.4f, std::nanf(""), 0.6f}, 3);
+  e = error_of<ProtocolError>([&] { check_resume_files(c); });
+  EXPECT_NE(e.find("host-2-2.bin' holds a value that is not finite (nan, float 1 of client 1's"), std::string::npos)
+      << e;
+  write_all({0.4f, 0.5f, 0.6f}, 3);
+  flip(d.path + "/host-1-2.bin", 30);
+  e = error_of<ProtocolError>([&] { check_resume_files(c); });
+  EXPECT_NE(e.find("host-1-2.bin' fails its checksum"), std::string::npos) << e;
+  // A second moment below 0 (FedAdam's v: the second of its two buffers, the last 3 floats of its state).
+  write_all({0.4f, 0.5f, 0.6f}, 3);
+  const float negative = -1.0f;
+  std::memcpy(s.optimizer.data() + s.optimizer.size() - 4, &negative, 4);
+  write_server_checkpoint(d.path, s);
+  e = error_of<ProtocolError>([&] { check_resume_files(c); });
+  EXPECT_NE(e.find("server-2.bin' holds a server optimizer state that is not one: fedadam: load_state: element 2 of "
+                   "state buffer 1 is -1"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace
