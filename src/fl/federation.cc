@@ -361,6 +361,9 @@ struct Federation {
   double tv_distance = 0;
   int64_t samples = 0;     // training samples
   uint64_t data_hash = 0;  // FNV-1a of their labels (a resume checks the data are the checkpoint's)
+  // FNV-1a of the partition (each client's count and indices), and of the speed factors and the first round's dropout
+  // draws: the ranks compare them at start-up (std's distributions are implementation-defined).
+  uint64_t partition_hash = 0, draws_hash = 0;
   size_t n = 0;          // model weights
   size_t len = 0;        // elements of a client's update: n, or 2n with SCAFFOLD (its control variate's change)
   double control_scale = 1;  // SCAFFOLD: s, the control variates' scale on the wire
@@ -401,6 +404,8 @@ int64_t full_steps(const FlConfig& c, int64_t examples) {
 
 bool dp_on(const FlConfig& c) { return c.dp_noise > 0 || c.dp_clip > 0; }
 
+double dropout_draw(const FlConfig& c, int client, int round);
+
 Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
   Federation f;
   const std::vector<int64_t> labels = t.train_labels();
@@ -420,6 +425,29 @@ Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
     std::normal_distribution<double> n(0.0, c.speed_sigma);
     for (auto& s : f.speed) s = std::exp(n(g));
   }
+  // (what the ranks compare at start-up: a partition, speed or dropout that a rank draws otherwise than the server
+  // would move clients' samples or outcomes without a word; std's gamma, normal and uniform_real distributions are
+  // implementation-defined, so ranks built on other standard libraries can draw otherwise from the same seed)
+  auto fnv = [](uint64_t h, uint64_t x) {
+    for (int b = 0; b < 64; b += 8) h = (h ^ ((x >> b) & 0xff)) * 0x100000001b3ull;
+    return h;
+  };
+  auto bits = [](double x) {
+    uint64_t u;
+    std::memcpy(&u, &x, 8);
+    return u;
+  };
+  f.partition_hash = 0xcbf29ce484222325ull;
+  for (const auto& part : f.parts) {
+    f.partition_hash = fnv(f.partition_hash, part.size());
+    for (int64_t i : part) f.partition_hash = fnv(f.partition_hash, uint64_t(i));
+  }
+  f.draws_hash = 0xcbf29ce484222325ull;
+  for (double s : f.speed) f.draws_hash = fnv(f.draws_hash, bits(s));
+  // (the first round's draws of at most 1024 clients: another implementation differs in nearly every draw, and a
+  // million clients' generators would take seconds to seed)
+  if (c.dropout > 0)
+    for (int k = 0; k < std::min(c.clients, 1024); ++k) f.draws_hash = fnv(f.draws_hash, bits(dropout_draw(c, k, 0)));
   f.n = t.initial_weights().size();
   f.len = c.scaffold ? 2 * f.n : f.n;
   f.control_scale = c.lr * double(f.reference_steps);
@@ -431,6 +459,12 @@ Federation make_federation(const FlConfig& c, LocalTrainer& t, int world) {
 // What happens to a sampled client this round.
 enum class Fate : uint64_t { sent = 0, straggler = 1, dropout = 2 };
 
+// The uniform draw in [0, 1) that decides whether `client` drops out of `round` (below the dropout probability).
+double dropout_draw(const FlConfig& c, int client, int round) {
+  std::mt19937_64 g(c.seed ^ (uint64_t(round) * 0x9e3779b97f4a7c15ull) ^ (uint64_t(client) << 20) ^ 0xd20);
+  return std::uniform_real_distribution<double>(0, 1)(g);
+}
+
 struct Plan {
   Fate fate = Fate::sent;
   int64_t max_steps = 0;  // > 0: partial work
@@ -441,12 +475,9 @@ Plan plan_client(const FlConfig& c, const Federation& f, int client, int round) 
   Plan p;
   const int64_t steps = full_steps(c, int64_t(f.parts[size_t(client)].size()));
   p.steps = steps;
-  if (c.dropout > 0) {
-    std::mt19937_64 g(c.seed ^ (uint64_t(round) * 0x9e3779b97f4a7c15ull) ^ (uint64_t(client) << 20) ^ 0xd20);
-    if (std::uniform_real_distribution<double>(0, 1)(g) < c.dropout) {
-      p.fate = Fate::dropout;
-      return p;
-    }
+  if (c.dropout > 0 && dropout_draw(c, client, round) < c.dropout) {
+    p.fate = Fate::dropout;
+    return p;
   }
   if (c.deadline > 0) {
     const double budget = c.deadline * double(f.reference_steps);
@@ -1421,24 +1452,40 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
     // under start-up's deadline, so that the first round's waits, of a step or a few, do not fail behind a slow
     // loader (a send that completes only once received, as MPI's large ones, would fail at its first step). They
     // compare what they loaded: a host that read another copy of the data (another folder on another machine) would
-    // split the clients otherwise than the server without a word.
+    // split the clients otherwise than the server without a word; and what they drew from the seed (the partition,
+    // the speed factors, the dropouts), which a rank on another standard library can draw otherwise.
     {
       coll::CollOptions meet;
       meet.timeout_s = startup_timeout_seconds(c.timeout_s);
-      const int64_t mine[3] = {f.samples, int64_t(f.data_hash), int64_t(f.n)};
-      std::vector<int64_t> all(3 * size_t(comm->size()));
-      comm->allgather(mine, all.data(), 3, DType::i64, meet).wait();
-      std::vector<int> differ;
-      for (int r = 1; r < comm->size(); ++r)
-        if (!std::equal(all.begin(), all.begin() + 3, all.begin() + 3 * r)) differ.push_back(r);
-      if (!differ.empty()) {
-        const size_t r = 3 * size_t(differ[0]);
+      constexpr size_t kFacts = 5;
+      const int64_t mine[kFacts] = {f.samples, int64_t(f.data_hash), int64_t(f.n), int64_t(f.partition_hash),
+                                    int64_t(f.draws_hash)};
+      std::vector<int64_t> all(kFacts * size_t(comm->size()));
+      comm->allgather(mine, all.data(), kFacts, DType::i64, meet).wait();
+      // (the data first: other labels split otherwise as a matter of course)
+      for (size_t first : {size_t(0), size_t(3)}) {
+        const size_t count = first == 0 ? 3 : 2;
+        std::vector<int> differ;
+        for (int r = 1; r < comm->size(); ++r)
+          if (!std::equal(all.begin() + long(first), all.begin() + long(first + count),
+                          all.begin() + long(kFacts * size_t(r) + first)))
+            differ.push_back(r);
+        if (differ.empty()) continue;
+        const size_t r = kFacts * size_t(differ[0]);
+        if (first == 0)
+          throw ConfigError(fmt::format(
+              "fl: rank(s) {} loaded other training labels or a model of another size than rank 0 (rank 0: {} "
+              "samples, labels checksum {:016x}, {} weights; rank {}: {}, {:016x}, {}); allowed: the same data set, "
+              "--train-limit and --model on every rank",
+              fmt::join(differ, ", "), all[0], uint64_t(all[1]), all[2], differ[0], all[r], uint64_t(all[r + 1]),
+              all[r + 2]));
         throw ConfigError(fmt::format(
-            "fl: rank(s) {} loaded other training labels or a model of another size than rank 0 (rank 0: {} samples, "
-            "labels checksum {:016x}, {} weights; rank {}: {}, {:016x}, {}); allowed: the same data set, --train-limit and "
-            "--model on every rank",
-            fmt::join(differ, ", "), all[0], uint64_t(all[1]), all[2], differ[0], all[r], uint64_t(all[r + 1]),
-            all[r + 2]));
+            "fl: rank(s) {} drew another partition of the clients, or other speed factors or dropouts, than rank 0 "
+            "from the same seed and settings (rank 0: partition {:016x}, speeds and dropouts {:016x}; rank {}: "
+            "{:016x}, {:016x}): the ranks were likely built on different C++ standard libraries, whose gamma, normal "
+            "and uniform distributions differ; allowed: one conduit build (one standard library) on every machine",
+            fmt::join(differ, ", "), uint64_t(all[3]), uint64_t(all[4]), differ[0], uint64_t(all[r + 3]),
+            uint64_t(all[r + 4])));
       }
     }
     if (dp_on(c) && c.secagg) {

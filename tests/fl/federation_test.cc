@@ -124,8 +124,9 @@ struct RunResult {
   std::vector<std::string> errors;
 };
 
+// per_rank: changes a rank's own settings (ranks that drew otherwise from one seed, as on another standard library).
 RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0, int slow_rank = -1, int slow_load_ms = 0,
-              int odd_data_rank = -1) {
+              int odd_data_rank = -1, const std::function<void(int, FlConfig&)>& per_rank = {}) {
   coll::CommConfig cc;
   cc.timeout_s = c.timeout_s;
   cc.measure_cost_model = false;
@@ -135,13 +136,16 @@ RunResult run(const FlConfig& c, int fail_rank = -1, int fail_after = 0, int slo
   std::vector<std::thread> ts;
   for (int r = 0; r < c.workers; ++r)
     ts.emplace_back([&, r] {
-      ToyTrainer t(c);
+      FlConfig mine = c;
+      if (per_rank) per_rank(r, mine);
+      ToyTrainer t(mine);
       t.fail_ = r == fail_rank;
       t.fail_after_ = fail_after;
       if (r == slow_rank) t.load_ms_ = slow_load_ms;
       if (r == odd_data_rank) t.label_shift_ = 3;
       try {
-        FlResult res = run_federation(c, comms[size_t(r)], t, [&](const RoundRecord& x) { out.records.push_back(x); });
+        FlResult res =
+            run_federation(mine, comms[size_t(r)], t, [&](const RoundRecord& x) { out.records.push_back(x); });
         if (r == 0) out.server = std::move(res);
       } catch (const std::exception& e) {
         out.errors[size_t(r)] = e.what();
@@ -409,6 +413,42 @@ TEST(Federation, AHostWithOtherDataStopsEveryRankNamingIt) {
         << "rank " << i << ": " << r.errors[i];
   }
   EXPECT_TRUE(r.records.empty());
+}
+
+// The partition, the speed factors and the dropouts come from std's gamma, normal and uniform_real distributions,
+// whose algorithms are implementation-defined: ranks built on other standard libraries can draw them otherwise from
+// one seed, and the clients' samples and outcomes would differ between the server and their hosts without a word.
+// Every rank stops at start-up naming both hashes. (A rank given another Dirichlet concentration, or another speed
+// spread, stands in for another library's draws.)
+TEST(Federation, ARankThatDrewAnotherPartitionOrOtherSpeedsStopsEveryRankNamingBothHashes) {
+  for (int which : {0, 1}) {
+    SCOPED_TRACE(which == 0 ? "partition" : "speeds");
+    FlConfig c = base_config();
+    c.partition = "dirichlet:0.5";
+    c.speed_sigma = 0.5;
+    c.dropout = 0.1;
+    RunResult r = run(c, -1, 0, -1, 0, -1, [&](int rank, FlConfig& mine) {
+      if (rank != 2) return;
+      if (which == 0) mine.partition = "dirichlet:0.6";
+      if (which == 1) mine.speed_sigma = 0.6;
+    });
+    for (size_t i = 0; i < r.errors.size(); ++i) {
+      const std::string& e = r.errors[i];
+      EXPECT_NE(e.find("fl: rank(s) 2 drew another partition of the clients, or other speed factors or dropouts, than "
+                       "rank 0 from the same seed and settings (rank 0: partition "),
+                std::string::npos)
+          << "rank " << i << ": " << e;
+      EXPECT_NE(e.find("; rank 2: "), std::string::npos) << "rank " << i << ": " << e;
+      EXPECT_NE(e.find("different C++ standard libraries"), std::string::npos) << "rank " << i << ": " << e;
+    }
+    EXPECT_TRUE(r.records.empty());
+  }
+  // The same draws on every rank: the run goes on.
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";
+  c.speed_sigma = 0.5;
+  c.dropout = 0.1;
+  expect_ok(run(c));
 }
 
 TEST(Federation, TooFewSurvivorsAbandonTheRoundAndTheWeightsStay) {
