@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -33,6 +35,7 @@ constexpr char kHostMagic[8] = {'C', 'D', 'F', 'L', 'H', 'S', 'T', '1'};
 constexpr char kEndMagic[8] = {'C', 'D', 'F', 'L', 'E', 'N', 'D', '1'};
 constexpr char kLedgerMagic[8] = {'C', 'D', 'F', 'L', 'D', 'P', 'L', '1'};
 constexpr const char* kLedgerName = "dp-ledger.bin";
+std::atomic<double> g_host_read_delay_for_testing{0};  // (set_host_checkpoint_read_delay_for_testing)
 
 // (zlib takes a null buffer as a request for the initial value, whatever crc is: an empty block, whose data() may be
 // null, would restart the sum)
@@ -359,8 +362,12 @@ ServerCheckpoint read_latest_checkpoint(const std::string& dir) {
       dir));
 }
 
+void set_host_checkpoint_read_delay_for_testing(double seconds) { g_host_read_delay_for_testing = seconds; }
+
 std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, int64_t round, size_t n, int clients,
                                                         const std::function<bool(int)>& keep) {
+  if (const double d = g_host_read_delay_for_testing.load(); d > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(d));
   std::map<int, std::vector<float>> out;
   int64_t host_files = 0;
   std::error_code ec;

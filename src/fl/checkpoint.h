@@ -66,6 +66,8 @@ std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, 
 // of it as the hosts will read them (read_host_checkpoints: header, width, clients, checksum, finite values; they are
 // read twice, here and by the hosts). Returns the generation. Errors as those functions', naming the file.
 ServerCheckpoint check_resume_files(const FlConfig& c);
+// Tests only: read_host_checkpoints first waits this many seconds (a slow disk, a large file; 0: none).
+void set_host_checkpoint_read_delay_for_testing(double seconds);
 // Differential privacy's ledger, dp-ledger.bin: the accountant's rounds once a round's noisy model is made, written
 // (synced, renamed into place) before that model leaves the server. A run that stops between checkpoints released
 // rounds the checkpoint does not count; its resume repeats them with new noise, a second release of each, so it

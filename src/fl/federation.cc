@@ -563,14 +563,38 @@ void check_finite(const std::vector<float>& v, int client) {
 // ---------------------------------------------------------------------------------------------------------------
 // Hosts
 
-void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f, Wire& w);
+// SCAFFOLD resumed: the c_i of a host's clients, from the generation the server resumes from.
+struct HostResume {
+  int64_t round = -1;  // the generation's rounds (-1: not resumed)
+  std::string dir;
+  std::map<int, std::vector<float>> control;
+};
+
+// Read before the ranks meet, under start-up's deadline: once the rounds start every wait has a step's deadline (the
+// server's send of the first round's weights among them: over MPI, and in-process, a send completes only once its
+// receive is posted), which reading large files could outlast. The generation is the one the server takes, the newest
+// complete one (the first round's header says which the server took).
+HostResume read_host_resume(const FlConfig& c, coll::Communicator& comm, const Federation& f) {
+  HostResume h;
+  h.dir = resume_checkpoint_dir(c.resume);
+  h.round = read_latest_checkpoint(h.dir).round;
+  const int me = comm.rank(), world = comm.size();
+  // (another --workers regroups the clients: each host keeps its own)
+  h.control = read_host_checkpoints(h.dir, h.round, f.n, c.clients,
+                                    [&](int client) { return host_of_client(client, world) == me; });
+  return h;
+}
+
+void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f, Wire& w,
+                 HostResume resumed);
 
 // Returns the most bytes of updates it held posted at once.
-uint64_t run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f) {
+uint64_t run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f,
+                  HostResume resumed) {
   Wire w(comm);
   try {
     if (c.scaffold) check_control_memory(c, comm, f);
-    host_rounds(c, comm, trainer, f, w);
+    host_rounds(c, comm, trainer, f, w, std::move(resumed));
     return w.peak_posted;
   } catch (const std::exception& e) {
     // Before the Wire gives up its posted sends (which may abort the transport with a reason of its own): the
@@ -580,7 +604,8 @@ uint64_t run_host(const FlConfig& c, coll::Communicator& comm, LocalTrainer& tra
   }
 }
 
-void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f, Wire& w) {
+void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trainer, const Federation& f, Wire& w,
+                 HostResume resumed) {
   const int me = comm.rank(), world = comm.size();
   const size_t n = f.n, len = f.len;
   const uint64_t max_sampled = uint64_t(c.clients);
@@ -607,11 +632,15 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
     };
     if (first < 0) {
       first = round;
-      if (!c.resume.empty() && c.scaffold) {
-        // The server resumed after `round` rounds (its choice of generation): this host's clients' c_i from that
-        // generation's host files (another --workers regroups them).
-        control = read_host_checkpoints(resume_checkpoint_dir(c.resume), round, n, c.clients,
-                                        [&](int client) { return host_of_client(client, world) == me; });
+      if (resumed.round >= 0) {
+        // The server resumed after `round` rounds (its choice of generation): this host read that generation's c_i.
+        if (resumed.round != round)
+          throw ProtocolError(fmt::format(
+              "fl: resume: the server resumed after round {}, and rank {} read its clients' control variates of "
+              "round {} from '{}' (a newer checkpoint written there in between?); allowed: a checkpoint folder no "
+              "run writes to while a run resumes from it",
+              round, me, resumed.round, resumed.dir));
+        control = std::move(resumed.control);
       }
     } else {
       save = c.scaffold && checkpoint_after(c, round);
@@ -1448,6 +1477,8 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
   FlResult res;
   try {
     const Federation f = make_federation(c, trainer, comm->size());
+    HostResume resumed;  // (read_host_resume: before the meeting)
+    if (comm->rank() != 0 && c.scaffold && !c.resume.empty()) resumed = read_host_resume(c, *comm, f);
     // Every rank has loaded its data (make_federation reads the labels and the model) at its own pace: they meet here
     // under start-up's deadline, so that the first round's waits, of a step or a few, do not fail behind a slow
     // loader (a send that completes only once received, as MPI's large ones, would fail at its first step). They
@@ -1527,7 +1558,7 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
                   : "");
     }
     if (comm->rank() != 0) {
-      res.host_peak_posted_bytes = run_host(c, *comm, trainer, f);
+      res.host_peak_posted_bytes = run_host(c, *comm, trainer, f, std::move(resumed));
       return res;
     }
     check_secagg_memory_here(c, *comm);

@@ -1369,6 +1369,32 @@ TEST(Federation, ResumeTakesTheNewestCompleteCheckpointAndRefusesBadOnes) {
   EXPECT_NE(error_of_resume([](FlConfig&) {}).find("holds no complete checkpoint"), std::string::npos);
 }
 
+// A resumed SCAFFOLD host reads its clients' c_i before the ranks meet, under start-up's deadline: read at the first
+// round's header, it held up the server's send of the weights, which has a step's deadline (in-process, as over MPI,
+// a send completes only once its receive is posted), and a large file's read failed the run. A read slower than a
+// step (a delay standing in for a large file) no longer does.
+TEST(Federation, AResumedScaffoldHostReadsItsControlVariatesOutsideTheRoundsDeadlines) {
+  TempDir d;
+  FlConfig c = base_config();
+  c.partition = "dirichlet:0.5";
+  c.scaffold = true;
+  c.rounds = 2;
+  c.checkpoint_every = 2;
+  c.output = d.path + "/first";
+  expect_ok(run(c));
+  c.rounds = 3;
+  c.checkpoint_every = 0;
+  c.resume = d.path + "/first";
+  c.output = "";
+  c.timeout_s = 1;
+  set_host_checkpoint_read_delay_for_testing(2.5);
+  RunResult r = run(c);
+  set_host_checkpoint_read_delay_for_testing(0);
+  expect_ok(r);
+  ASSERT_EQ(r.server.rounds.size(), 1u);
+  EXPECT_EQ(r.server.rounds[0].round, 3);
+}
+
 // Under DP the accountant goes on from the checkpoint's rounds: epsilon after 2 + 2 rounds is that of 4.
 TEST(Federation, AResumedDpRunAccountsForTheRoundsBeforeTheCheckpoint) {
   TempDir d;
