@@ -2,6 +2,7 @@
 // mark that a cut file lacks, and the CRC-32 (zlib's) of every byte before it, checked before the fields are read.
 #include "fl/checkpoint.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -293,6 +294,21 @@ int64_t read_dp_ledger(const std::string& dir) {
   return steps;
 }
 
+void check_dp_ledger_writable(const std::string& dir) {
+  // (a file made and removed: the ledger's own write makes a temporary file there and renames it over the ledger)
+  static std::atomic<uint64_t> serial{0};
+  const fs::path probe = fs::path(dir) / fmt::format(".{}.probe{}-{}", kLedgerName, long(::getpid()), serial++);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw ConfigError(fmt::format(
+        "fl: resume: cannot write in '{}' ({}): a resume under differential privacy raises the privacy ledger of the "
+        "checkpoints it resumed from ({}), so that another resume from them counts this run's releases; allowed: a "
+        "writable checkpoint folder (a writable copy of a read-only one)",
+        dir, std::strerror(errno), kLedgerName));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 void write_server_checkpoint(const std::string& dir, const ServerCheckpoint& s) {
   fs::create_directories(dir);
   write_whole(fs::path(dir) / fmt::format("server-{}.bin", s.round), [&](Sink& o) {
@@ -416,6 +432,7 @@ ServerCheckpoint check_resume_files(const FlConfig& c) {
   }
   // (the hosts' width is the model's: the server file's weights, which the server compares with its model)
   if (c.scaffold) read_host_checkpoints(dir, s.round, s.weights.size(), c.clients, [](int) { return false; });
+  if (c.dp_noise > 0) check_dp_ledger_writable(dir);
   return s;
 }
 

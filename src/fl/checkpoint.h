@@ -64,7 +64,8 @@ std::map<int, std::vector<float>> read_host_checkpoints(const std::string& dir, 
 // command with one line rather than a rank mid-start: the newest complete generation in c.resume against the
 // settings (check_resume), its server optimizer state as the server will load it, and with SCAFFOLD every host file
 // of it as the hosts will read them (read_host_checkpoints: header, width, clients, checksum, finite values; they are
-// read twice, here and by the hosts). Returns the generation. Errors as those functions', naming the file.
+// read twice, here and by the hosts), and under DP noise that the folder's ledger can be written
+// (check_dp_ledger_writable). Returns the generation. Errors as those functions', naming the file.
 ServerCheckpoint check_resume_files(const FlConfig& c);
 // Tests only: read_host_checkpoints first waits this many seconds (a slow disk, a large file; 0: none).
 void set_host_checkpoint_read_delay_for_testing(double seconds);
@@ -76,6 +77,10 @@ void set_host_checkpoint_read_delay_for_testing(double seconds);
 void write_dp_ledger(const std::string& dir, int64_t accountant_steps);
 // The ledger's count; 0 without one. ProtocolError naming the file when it is not a ledger.
 int64_t read_dp_ledger(const std::string& dir);
+// A resume under DP noise raises the ledger of the checkpoints it resumed from (after each round: another resume from
+// them then counts its releases too). ConfigError with one line naming dir when no file can be made there (a
+// read-only copy, another user's folder): checked before round 1, not found once the first round's model is out.
+void check_dp_ledger_writable(const std::string& dir);
 
 // Whether dir holds a server checkpoint (a new run's folder must not: its pruning would take the old files for its
 // own).

@@ -1015,6 +1015,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     server_control = std::move(s.control);
     opt->load_state(s.optimizer);
     if (accountant) {
+      check_dp_ledger_writable(dir);  // (raised after every round below: before round 1, not after its release)
       // Rounds released after this checkpoint by the run that wrote it are released again below, with new noise:
       // both releases count.
       const int64_t released = std::max<int64_t>(s.accountant_steps, read_dp_ledger(dir));

@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1456,6 +1459,54 @@ TEST(Federation, AResumedDpRunAccountsForTheRoundsBeforeTheCheckpoint) {
     EXPECT_NE(std::string(e.what()).find("dp-ledger.bin' is not a differential privacy ledger"), std::string::npos)
         << e.what();
   }
+}
+
+// A DP resume raises the ledger of the folder it resumed from after every round: a folder it cannot write (a read-only
+// copy) stopped the run after its first round's model was released. It is refused before round 1, naming the folder.
+// (In a child process that cannot write there: mode 0555, and root, whom the mode does not bind, becomes nobody.)
+TEST(Federation, ADpResumeFromAFolderItCannotWriteStopsBeforeRoundOne) {
+  TempDir d;
+  FlConfig c = base_config();
+  c.dp_clip = 1.0;
+  c.dp_noise = 1.0;
+  c.dp_secret_seed_for_testing = 5;
+  c.rounds = 2;
+  c.checkpoint_every = 2;
+  c.output = d.path + "/first";
+  expect_ok(run(c));
+  c.rounds = 3;
+  c.checkpoint_every = 0;
+  c.resume = d.path + "/first";
+  c.output = "";
+  const std::string ck = d.path + "/first/checkpoints";
+  ASSERT_EQ(::chmod(d.path.c_str(), 0755), 0);  // (mkdtemp's 0700: nobody could not reach the checkpoints)
+  ASSERT_EQ(::chmod(ck.c_str(), 0555), 0);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::geteuid() == 0 && ::setuid(65534) != 0) ::_exit(3);
+    RunResult r = run(c);
+    const std::string out = fmt::format("{} records; {}", r.records.size(), r.errors[0]);
+    ::_exit(::write(fds[1], out.data(), out.size()) == ssize_t(out.size()) ? 0 : 4);
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t k; (k = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(k));
+  ::close(fds[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  ::chmod(ck.c_str(), 0755);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the child could not run: " << st;
+  EXPECT_NE(out.find("0 records; fl: resume: cannot write in '" + ck +
+                     "' (Permission denied): a resume under "
+                     "differential privacy raises the privacy ledger"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(read_dp_ledger(ck), 2);
 }
 
 TEST(FlConfig, BadValuesAreRejectedWithTheFieldNamed) {

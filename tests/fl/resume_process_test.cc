@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -17,10 +18,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string run_cli(const std::string& args, int* rc) {
+// wrap: a shell command's start that the command completes, closed by a quote ("sh -c '... && exec ").
+std::string run_cli(const std::string& args, int* rc, const std::string& wrap = "") {
   // (as a launcher: an outer launcher's variables would make it one rank)
-  const std::string cmd = "env -u WORLD_SIZE -u RANK -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_SIZE " +
-                          std::string(CONDUIT_BINARY) + " fl " + args + " 2>&1";
+  const std::string cmd = wrap + "env -u WORLD_SIZE -u RANK -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_SIZE " +
+                          std::string(CONDUIT_BINARY) + " fl " + args + (wrap.empty() ? "" : "'") + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -80,6 +82,39 @@ TEST(FlResumeProcess, ADamagedHostFileStopsTheCommandBeforeAnyProcessStartsAndTh
   o = run_cli(resume, &rc);
   EXPECT_EQ(rc, 0) << o;
   EXPECT_TRUE(fs::exists(dir / "b" / "summary.json")) << o;
+  fs::remove_all(dir);
+}
+
+// A DP resume raises the ledger of the folder it resumed from: one it cannot write (a read-only copy) failed the run
+// once the ranks had started, after the first round's release, leaving metrics.jsonl in the new output. It stops the
+// command with one line before any process starts. (Read-only: a bind mount of its own for root, whom a mode does
+// not bind; the mode 0555 otherwise.)
+TEST(FlResumeProcess, ADpResumeFromAFolderItCannotWriteStopsBeforeAnyProcessStarts) {
+  const fs::path dir = fs::temp_directory_path() / ("conduit-fl-resume-dp-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string flags =
+      "--model mlp --dataset synthetic --synthetic-samples 512 --clients 20 --fraction 0.5 --batch-size 32 "
+      "--secagg false --dp-clip 1 --dp-noise 1 --progress false ";
+  int rc = 0;
+  std::string o = run_cli(flags + "--rounds 2 --checkpoint-every 2 --output " + (dir / "a").string(), &rc);
+  if (o.find("built without libtorch") != std::string::npos) GTEST_SKIP() << o;
+  ASSERT_EQ(rc, 0) << o;
+  const fs::path ck = dir / "a" / "checkpoints";
+  const std::string resume =
+      flags + "--rounds 3 --resume " + (dir / "a").string() + " --output " + (dir / "b").string();
+  if (::geteuid() == 0) {
+    if (std::system("unshare -m true 2>/dev/null") != 0) GTEST_SKIP() << "a read-only mount needs unshare -m";
+    o = run_cli(resume, &rc, "unshare -m sh -c 'mount --bind -o ro " + ck.string() + " " + ck.string() + " && exec ");
+  } else {
+    fs::permissions(ck, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec);
+    o = run_cli(resume, &rc);
+    fs::permissions(ck, fs::perms::owner_all, fs::perm_options::add);
+  }
+  EXPECT_EQ(rc, 2) << o;
+  EXPECT_NE(o.find("fl: resume: cannot write in '" + ck.string() + "' ("), std::string::npos) << o;
+  EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << o;
+  EXPECT_FALSE(fs::exists(dir / "b")) << "the refused start made its output folder";
   fs::remove_all(dir);
 }
 
