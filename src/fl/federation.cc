@@ -1321,7 +1321,9 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
           "fl: round {}: {:.1f}% of the update elements exceeded --secagg-clip {} and were clipped (the average is "
           "biased towards zero); allowed: a larger --secagg-clip (with more --secagg-bits to keep the resolution)",
           rec.round, 100.0 * double(rec.clipped) / (double(rec.aggregated) * double(len)), c.secagg_clip);
-    if (rec.abandoned) rec.aggregated = 0;
+    // (nothing of an abandoned round is applied: no client's update, partial work included, counts as aggregated;
+    // its stragglers and dropouts stay, outcomes of the clients sampled)
+    if (rec.abandoned) rec.aggregated = rec.partial = 0;
 
     // Under DP the noisy update is applied whoever sent (an empty sum included): skipping it would tell an observer
     // that nobody took part.

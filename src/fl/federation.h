@@ -155,6 +155,7 @@ class LocalTrainer {
 // One round's record (the server's metrics.jsonl line).
 struct RoundRecord {
   int round = 0;  // 1-based
+  // (partial: of the aggregated, those that did partial work; an abandoned round aggregates none)
   int sampled = 0, aggregated = 0, stragglers = 0, dropouts = 0, partial = 0;
   // secagg: nothing applied, as fewer than 2 were sampled, more than DP's codec holds, or fewer than the threshold
   // sent (in all, or near one client under SecAgg+); abandon_reason says which

@@ -507,6 +507,46 @@ TEST(Federation, SecureAggregationAppliesARoundOfExactlyTSendersAndAbandonsOneOf
   EXPECT_TRUE(seen_t && seen_below) << "no seed gave both a round of t senders and one of t - 1";
 }
 
+// A round secure aggregation abandons aggregates nobody: it reported 0 aggregated and still counted the clients of it
+// that did partial work (partial > aggregated). The seeds are tried in order until an abandoned round held one.
+TEST(Federation, AnAbandonedRoundReportsNoPartialWork) {
+  bool seen = false;
+  for (uint64_t seed = 1; seed <= 30 && !seen; ++seed) {
+    FlConfig c = base_config();
+    c.seed = seed;
+    c.secagg = true;
+    c.secagg_clip = 4.0;
+    c.secagg_threshold = 1.0;  // (every sampled client must send: a dropout abandons the round)
+    c.dropout = 0.15;
+    c.batch_size = 4;  // several steps a client, so a limit cuts some
+    c.speed_sigma = 1.0;
+    c.deadline = 1.0;
+    c.stragglers = "partial";
+    c.rounds = 4;
+    {
+      std::lock_guard<std::mutex> lk(g_limits_mu);
+      g_limits.clear();
+    }
+    RunResult r = run(c);
+    ASSERT_EQ(r.records.size(), 4u) << "seed " << seed << ": " << r.errors[0];
+    std::map<int, int> cut;  // round (from 0) -> clients that trained with a step limit (sent partial work)
+    {
+      std::lock_guard<std::mutex> lk(g_limits_mu);
+      for (auto& [key, limit] : g_limits) cut[key.first] += limit > 0 ? 1 : 0;
+    }
+    for (const RoundRecord& x : r.records) {
+      if (!x.abandoned) {
+        EXPECT_EQ(x.partial, cut[x.round - 1]) << "seed " << seed << " round " << x.round;
+        continue;
+      }
+      EXPECT_EQ(x.aggregated, 0) << "seed " << seed << " round " << x.round;
+      EXPECT_EQ(x.partial, 0) << "seed " << seed << " round " << x.round;
+      seen = seen || cut[x.round - 1] > 0;
+    }
+  }
+  EXPECT_TRUE(seen) << "no seed gave an abandoned round with partial work in it: the test checks nothing";
+}
+
 TEST(Federation, StragglersPastTheDeadlineDropOrDoPartialWork) {
   FlConfig c = base_config();
   c.speed_sigma = 1.0;
