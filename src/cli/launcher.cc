@@ -1096,6 +1096,10 @@ int run_local_workers(const LaunchSpec& spec) {
   SignalScope signals;
   Watchdog watchdog(spec.orphan_command);
   const SubreaperScope subreaper(spec.stop_escaped);
+  // This process's children from before the workers (a shell's `cmd & exec conduit launch ...`, the `tee` of `exec >
+  // >(tee log)`): not the workers', never stopped or reaped here (found by a review: they were killed as escaped,
+  // and a job's log through a tee was cut short).
+  const std::vector<pid_t> children_before = subreaper.active() ? adopted_children({}) : std::vector<pid_t>{};
   int escaped_stopped = 0;  // what the workers left outside their process groups, stopped when they were gone
   FileDescriptor dev_null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null.valid()) throw Error(fmt::format("launch: cannot open /dev/null: {}", std::strerror(errno)));
@@ -1201,6 +1205,7 @@ int run_local_workers(const LaunchSpec& spec) {
       if (w.pid > 0) workers_pids.push_back(w.pid);
     std::vector<pid_t> skip = workers_pids;
     skip.push_back(watchdog.pid());
+    skip.insert(skip.end(), children_before.begin(), children_before.end());
     escaped_stopped += stop_adopted(skip, workers_pids);  // (a worker's pid is its group's id)
   };
 
@@ -1317,6 +1322,7 @@ int run_local_workers(const LaunchSpec& spec) {
       if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) break;
       const pid_t pid = info.si_pid;
       if (pid == watchdog.pid() ||
+          std::find(children_before.begin(), children_before.end(), pid) != children_before.end() ||
           std::any_of(workers.begin(), workers.end(), [pid](const Worker& w) { return w.running && w.pid == pid; }))
         break;
       ::waitpid(pid, nullptr, 0);
@@ -1378,7 +1384,7 @@ int run_local_workers(const LaunchSpec& spec) {
     if (!any_running && !any_open) break;
     if (!any_running && !drain_deadline) {
       stop_escaped();  // (a pipe that they held open closes now, and the drain ends)
-      drain_deadline = now + kDrainTime;
+      drain_deadline = Clock::now() + kDrainTime;  // (after the stopping, which may take up to 2 s)
     }
     if (drain_deadline && now >= *drain_deadline) {
       for (auto& w : workers)

@@ -148,7 +148,8 @@ std::vector<std::string> mark_program_arguments(CLI::App& app, int argc, char** 
         break;  // an unknown option: refused as typed (not with a "--" the user never wrote beside it)
       // CLI11 takes the next argument for the value left out after '=' (`launch --master-addr= prog` said "master
       // address '--' cannot be resolved", the "--" put in front of prog).
-      if (o != nullptr && a.starts_with("--") && a.find('=') == a.size() - 1) {
+      // (only where a value is required: a flag's `--overlap=` reads as the bare flag, as CLI11 takes it)
+      if (o != nullptr && o->get_items_expected_min() > 0 && a.starts_with("--") && a.find('=') == a.size() - 1) {
         const std::string name = a.substr(0, a.size() - 1);
         throw ConfigError(fmt::format("{}option '{}' has no value after '='; allowed: {}=VALUE or {} VALUE",
                                       path.empty() ? "" : path + ": ", a, name, name));

@@ -119,8 +119,11 @@ class Reader {
   void header(const char (&m)[8], const char* what) {
     magic(m, what);
     if (const uint64_t v = get<uint64_t>(); v != kVersion)
-      bad(v < kVersion ? fmt::format("has format version {}, an earlier conduit's without a checksum", v)
-                       : fmt::format("has format version {}, a later conduit's", v));
+      // (the version is read before the checksum can be: a damaged one reads as another conduit's, said so)
+      bad(v < kVersion ? fmt::format("has format version {}, an earlier conduit's without a checksum (or the file is "
+                                     "damaged)",
+                                     v)
+                       : fmt::format("has format version {}, a later conduit's (or the file is damaged)", v));
     if (left_ < 8 + 4) bad(fmt::format("is cut short ({} bytes)", size_));
     const uint64_t body = size_ - 4;
     f_.seekg(0);
