@@ -169,7 +169,7 @@ static void stop_serving(const Bootstrap& b, const char* what) {
     try {
       const std::string key = file_store_failure_key();
       if (!b.store->check(key, Deadline::after(2)))
-        b.store->set(key, fmt::format("rank {} failed: {}", b.rank, std::string(what).substr(0, 16384)),
+        b.store->set(key, fmt::format("rank {} failed: {}", b.rank, std::string(what).substr(0, kStoredFailureBytes)),
                      Deadline::after(2));
     } catch (const Error&) {  // (the error about to be thrown is what counts)
     }
@@ -177,7 +177,7 @@ static void stop_serving(const Bootstrap& b, const char* what) {
   }
   if (b.rank != 0 || b.method != "tcp-store") return;
   try {
-    b.store->set(kTcpStoreErrorKey, std::string(what).substr(0, 16384), Deadline::after(2));
+    b.store->set(kTcpStoreErrorKey, std::string(what).substr(0, kStoredFailureBytes), Deadline::after(2));
   } catch (const Error&) {  // (the store itself failed: the error about to be thrown is what counts)
     return;
   }

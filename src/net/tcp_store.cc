@@ -103,8 +103,9 @@ constexpr double kStallSeconds = 30;
 // ranks' own connections waited in the backlog until their deadline (found by an audit).
 constexpr size_t kMinMaxClients = 1024;
 
-// The largest failure (kTcpStoreErrorKey) set past CONDUIT_STORE_MAX_BYTES.
+// The largest failure (kTcpStoreErrorKey) set past CONDUIT_STORE_MAX_BYTES (writers keep to kStoredFailureBytes).
 constexpr size_t kMaxErrorBytes = 64 << 10;
+static_assert(kStoredFailureBytes <= kMaxErrorBytes);
 
 constexpr uint32_t kMagic = 0x54534443u;  // "CDST" as bytes on the wire
 constexpr uint16_t kVersion = 1;
@@ -1218,10 +1219,12 @@ class TcpStore : public Store {
     std::string frame_bytes(kHeaderBytes + r.value_len, '\0');
     if (::recv(c.fd, frame_bytes.data(), frame_bytes.size(), MSG_DONTWAIT) != static_cast<ssize_t>(frame_bytes.size()))
       return false;
-    *refused = frame_bytes.substr(kHeaderBytes);
-    if (refused->empty()) *refused = "refused";
+    *refused = refusal_reason(frame_bytes.substr(kHeaderBytes));
     return true;
   }
+
+  // The refusal frame's text (its value), "refused" where it has none.
+  static std::string refusal_reason(std::string value) { return value.empty() ? "refused" : value; }
 
   // One try of request(): empty when the server refused the connection (`*refused`: why, set then only).
   std::optional<std::pair<uint8_t, std::string>> request_once(uint8_t op, const std::string& key,
@@ -1251,8 +1254,7 @@ class TcpStore : public Store {
         std::string body(static_cast<size_t>(r.key_len) + r.value_len, '\0');
         recv_all(*c, body.data(), body.size(), op, key, deadline);
         if (r.status == kRefused && r.id == 0) {
-          *refused = body.substr(r.key_len);
-          if (refused->empty()) *refused = "refused";
+          *refused = refusal_reason(body.substr(r.key_len));
           return std::nullopt;  // (`c` closed)
         }
         if (r.id < h.id) continue;  // the late reply of an earlier request that timed out

@@ -27,6 +27,9 @@ bool connected_to_itself(int fd);
 // server answers every get waiting for a key, and every later get of a key not set, with PeerError "rank 0 failed:
 // <its value>" (the other ranks were told only "connection to the server lost ... did rank 0 exit?").
 inline constexpr const char* kTcpStoreErrorKey = "conduit/job/error";
+// The most of its error a failing rank writes there (or under the file store's failure key): the store takes up to
+// 64 KiB of that key past CONDUIT_STORE_MAX_BYTES.
+inline constexpr size_t kStoredFailureBytes = 16 << 10;
 
 // Test hook: servers started after it drop a client mid-request that sends nothing for `stall_seconds` (30 s by
 // default) and keep at most `max_clients` connections (8 a rank of WORLD_SIZE, at least 1024, within the open-file

@@ -163,6 +163,20 @@ void expect_ok(const RunResult& r) {
   for (size_t i = 0; i < r.errors.size(); ++i) EXPECT_EQ(r.errors[i], "") << "rank " << i;
 }
 
+// Runs `c` for 2 rounds, checkpointed after round 2 in `dir`/first, and returns it set to resume from there for
+// `rounds` rounds in all, without checkpoints or an output folder of its own.
+FlConfig resuming_after_two_rounds(FlConfig c, const std::string& dir, int rounds) {
+  c.rounds = 2;
+  c.checkpoint_every = 2;
+  c.output = dir + "/first";
+  expect_ok(run(c));
+  c.rounds = rounds;
+  c.checkpoint_every = 0;
+  c.resume = dir + "/first";
+  c.output = "";
+  return c;
+}
+
 // The plain FedAvg of one round from `global`: sum_k n_k delta_k / sum_k n_k over the sampled clients that send.
 std::vector<float> fedavg_round(const FlConfig& c, const std::vector<float>& global, int round,
                                 const std::vector<int>& excluded = {}) {
@@ -1421,14 +1435,7 @@ TEST(Federation, AResumedScaffoldHostReadsItsControlVariatesOutsideTheRoundsDead
   FlConfig c = base_config();
   c.partition = "dirichlet:0.5";
   c.scaffold = true;
-  c.rounds = 2;
-  c.checkpoint_every = 2;
-  c.output = d.path + "/first";
-  expect_ok(run(c));
-  c.rounds = 3;
-  c.checkpoint_every = 0;
-  c.resume = d.path + "/first";
-  c.output = "";
+  c = resuming_after_two_rounds(c, d.path, 3);
   c.timeout_s = 1;
   set_host_checkpoint_read_delay_for_testing(2.5);
   RunResult r = run(c);
@@ -1510,14 +1517,7 @@ TEST(Federation, ADpResumeFromAFolderItCannotWriteStopsBeforeRoundOne) {
   c.dp_clip = 1.0;
   c.dp_noise = 1.0;
   c.dp_secret_seed_for_testing = 5;
-  c.rounds = 2;
-  c.checkpoint_every = 2;
-  c.output = d.path + "/first";
-  expect_ok(run(c));
-  c.rounds = 3;
-  c.checkpoint_every = 0;
-  c.resume = d.path + "/first";
-  c.output = "";
+  c = resuming_after_two_rounds(c, d.path, 3);
   const std::string ck = d.path + "/first/checkpoints";
   ASSERT_EQ(::chmod(d.path.c_str(), 0755), 0);  // (mkdtemp's 0700: nobody could not reach the checkpoints)
   ASSERT_EQ(::chmod(ck.c_str(), 0555), 0);

@@ -120,7 +120,7 @@ void basic_semantics(Store& s) {
   EXPECT_EQ(s.get("n", Deadline::after(5)), "3");
   EXPECT_THROW(s.add("a", 1), InvalidArgument);
   // Only a whole decimal integer counts (strtoll took " +7" as 7, and "5\0x" as 5, stopping at the NUL).
-  for (const std::string v : {std::string(" +7"), std::string("+7"), std::string("5\0x", 3), std::string("7 ")}) {
+  for (const std::string& v : {std::string(" +7"), std::string("+7"), std::string("5\0x", 3), std::string("7 ")}) {
     s.set("odd", v);
     EXPECT_THROW(s.add("odd", 1), InvalidArgument) << v;
     EXPECT_EQ(s.get("odd", Deadline::after(5)), v);
