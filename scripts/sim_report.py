@@ -84,6 +84,37 @@ FSDP_175B = [
 ]
 
 
+# BLOOM-176B (BigScience 2022), as bigscience-workshop/bigscience train/tr11-176B-ml (tr11-176B-ml.slurm, README.md,
+# chronicles.md) records it: 70 layers, hidden 14336, 112 heads, seq 2048, vocabulary padded to 250880; TP 4, PP 12,
+# DP 8 on 48 nodes of Jean Zay (384 A100 80GB, 8 a node, "4 OmniPath links" a node, Omni-Path 100 Gb/s, a
+# non-blocking fat tree per the HF blog "The Technology Behind BLOOM Training"); micro-batch 2, global batch 2048 (after
+# the ramp-up); full activation recompute; bf16 with DeepSpeed's BF16_Optimizer (ZeRO-1-like sharding, gradients
+# accumulated and reduced in fp32); DeepSpeed's pipeline engine (1F1B), which reduces the gradients after the last
+# micro-batch and gathers the parameters in the step; `--pp-partition-method type:transformer|embedding`: stages of
+# 5, 6 x 10, 5 layers. Logged: 104.70 s an iteration and 149.77 TFLOP/s per GPU at the end of the first epoch
+# (README), 149.02 at 105.22 s (chronicles, 2022-03-18); the 96 B s l h^2 (1 + s/6h + V/16lh) formula (recompute
+# counted, the padded vocabulary) reproduces both from the times.
+BLOOM_176B = (104.70, 149.77)
+
+
+def bloom_cluster(conduit, directory):
+    text = subprocess.run([conduit, "sim", "presets", "--dump", "dgx-a100"], check=True, capture_output=True,
+                          text=True).stdout
+    for old, new in [("\nname: dgx-a100\n", "\nname: jean-zay-a100\n"),
+                     ("nics: 8 ", "nics: 4 "),
+                     ("bandwidth: 200 Gb/s            # ConnectX-6 HDR InfiniBand 200 Gb/s",
+                      "bandwidth: 100 Gb/s            # Omni-Path 100 Gb/s, 4 a node (bigscience tr11-176B-ml README)"),
+                     ("topology: rail-optimized", "topology: fat-tree"),
+                     ("in_network_reduction: true", "in_network_reduction: false")]:
+        if text.count(old) != 1:
+            sys.exit(f"the dgx-a100 preset no longer holds {old!r} once")
+        text = text.replace(old, new)
+    path = os.path.join(directory, "jean-zay-a100.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def fsdp_cluster(conduit, directory):
     text = subprocess.run([conduit, "sim", "presets", "--dump", "dgx-a100"], check=True, capture_output=True,
                           text=True).stdout
@@ -152,6 +183,21 @@ def validation(conduit):
         pred = d["hardware_tflops_per_gpu"]
         print(f"| DeepSpeed + Megatron | {n} | {pub} | {pred:.1f} | {100*(pred-pub)/pub:+.1f}% | {d['time_s']:.1f} s "
               f"({published_s} s) | {100*d['breakdown_s']['bubble']/d['time_s']:.1f}% |")
+    print()
+    print("| BLOOM-176B, t=4 p=12 d=8, batch 2048 | GPUs | logged TFLOP/s/GPU | predicted | error | predicted step "
+          "(logged) | bubble | DP exposed |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        logged_s, pub = BLOOM_176B
+        d = sim(conduit, "step", "--cluster", bloom_cluster(conduit, tmp), "--gpus", "384", "--model", "gpt",
+                "--layers", "70", "--hidden", "14336", "--heads", "112", "--seq", "2048", "--vocab", "250880",
+                "--global-batch", "2048", "--micro-batch", "2", "--tp", "4", "--pp", "12", "--first-stage-layers",
+                "5", "--last-stage-layers", "5", "--recompute", "full", "--zero", "1", "--grad-bytes", "4",
+                "--no-overlap", "--no-zero-prefetch", "--bucket", "1T", "--dp-algorithm", "hierarchical")
+        pred = d["hardware_tflops_per_gpu"]
+        bd = d["breakdown_s"]
+        print(f"| Megatron-DeepSpeed | 384 | {pub} | {pred:.1f} | {100*(pred-pub)/pub:+.1f}% | {d['time_s']:.1f} s "
+              f"({logged_s} s) | {100*bd['bubble']/d['time_s']:.1f}% | {100*bd['dp_exposed']/d['time_s']:.1f}% |")
     print()
     print("| ZeRO-3, GPT-3 175B | GPUs | micro-batch | published TFLOP/s/GPU | predicted | error |")
     print("|---|---|---|---|---|---|")

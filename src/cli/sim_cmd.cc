@@ -86,6 +86,7 @@ struct StepArgs {
   std::string attention_kernels = "fused";
   std::string schedule = "1f1b";
   int virtual_stages = 0;
+  int first_stage_layers = -1, last_stage_layers = -1;  // (sim step: an uneven pipeline split; -1: not given)
   bool sp = false;
   bool no_overlap = false;
   bool no_zero_prefetch = false;
@@ -230,6 +231,12 @@ ParallelConfig make_config(const StepArgs& a) {
     throw ConfigError(fmt::format("--virtual-stages = {} must be positive (2 or more with --schedule interleaved)",
                                   a.virtual_stages));
   c.virtual_stages = a.virtual_stages > 0 ? a.virtual_stages : (c.schedule == Schedule::kInterleaved ? 2 : 1);
+  for (auto [value, flag] :
+       {std::pair{a.first_stage_layers, "--first-stage-layers"}, std::pair{a.last_stage_layers, "--last-stage-layers"}})
+    if (a.given.count(flag) && value < 0)
+      throw ConfigError(fmt::format("{} = {} (allowed: 0 or more transformer layers)", flag, value));
+  c.first_stage_layers = a.given.count("--first-stage-layers") ? a.first_stage_layers : -1;
+  c.last_stage_layers = a.given.count("--last-stage-layers") ? a.last_stage_layers : -1;
   c.sequence_parallel = a.sp;
   if (a.attention_kernels != "fused" && a.attention_kernels != "eager")
     throw ConfigError(fmt::format(
@@ -323,6 +330,8 @@ json config_json(const ParallelConfig& c) {
               {"recompute", recompute_name(c.recompute)},
               {"schedule", schedule_name(c.schedule)},
               {"virtual_stages", c.virtual_stages},
+              {"first_stage_layers", c.first_stage_layers >= 0 ? json(c.first_stage_layers) : json(nullptr)},
+              {"last_stage_layers", c.last_stage_layers >= 0 ? json(c.last_stage_layers) : json(nullptr)},
               {"sequence_parallel", c.sequence_parallel},
               {"attention_kernels", c.eager_attention ? "eager" : "fused"},
               {"compression", c.compression.kind},
@@ -333,54 +342,60 @@ json config_json(const ParallelConfig& c) {
 
 json step_json(const std::string& cluster, const GptModel& m, const StepResult& r) {
   const StepBreakdown& b = r.breakdown;
-  return json{{"kind", "sim.step"},
-              {"cluster", cluster},
-              {"gpus", r.gpus},
-              {"model",
-               {{"name", m.name},
-                {"layers", m.layers},
-                {"hidden", m.hidden},
-                {"heads", m.heads},
-                {"seq", m.seq},
-                {"vocab", m.vocab},
-                {"parameters", gpt_parameters(m)}}},
-              {"config", config_json(r.config)},
-              {"microbatches", r.microbatches},
-              {"time_s", r.time},
-              {"model_tflops_per_gpu", r.model_tflops_per_gpu},
-              {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
-              {"mfu", r.mfu},
-              {"memory_gb",
-               {{"params", r.memory.params / 1e9},
-                {"grads", r.memory.grads / 1e9},
-                {"optimizer", r.memory.optimizer / 1e9},
-                {"activations", r.memory.activations / 1e9},
-                {"total", r.memory.total() / 1e9},
-                {"capacity", r.memory_capacity / 1e9}}},
-              {"fits", r.fits},
-              {"breakdown_s",
-               {{"compute", b.compute - b.recompute},
-                {"recompute", b.recompute},
-                {"bubble", b.bubble},
-                {"tp_comm", b.tp_comm},
-                {"pp_comm", b.pp_comm},
-                {"embedding_sync", b.embedding_sync},
-                {"dp_comm_total", b.dp_comm},
-                {"dp_exposed", b.dp_exposed},
-                {"zero3_exposed", b.zero3_exposed},
-                {"compression", b.compression},
-                {"overlap_slowdown", b.overlap_slowdown},
-                {"optimizer", b.optimizer}}},
-              {"stage_per_micro_batch_s", r.config.pp > 1 ? json{{"first", b.stage_first},
-                                                                 {"middle", b.stage_middle},
-                                                                 {"last", b.stage_last},
-                                                                 {"first_forward", b.stage_first_forward},
-                                                                 {"middle_forward", b.stage_middle_forward},
-                                                                 {"last_forward", b.stage_last_forward}}
-                                                          : json(nullptr)},
-              {"dp_algorithm", r.dp_algorithm},
-              {"tp_algorithm", r.tp_algorithm},
-              {"notes", r.notes}};
+  const StageLayers split = stage_layers(m, r.config);
+  return json{
+      {"kind", "sim.step"},
+      {"cluster", cluster},
+      {"gpus", r.gpus},
+      {"model",
+       {{"name", m.name},
+        {"layers", m.layers},
+        {"hidden", m.hidden},
+        {"heads", m.heads},
+        {"seq", m.seq},
+        {"vocab", m.vocab},
+        {"parameters", gpt_parameters(m)}}},
+      {"config", config_json(r.config)},
+      {"microbatches", r.microbatches},
+      {"time_s", r.time},
+      {"model_tflops_per_gpu", r.model_tflops_per_gpu},
+      {"hardware_tflops_per_gpu", r.hardware_tflops_per_gpu},
+      {"mfu", r.mfu},
+      {"memory_gb",
+       {{"params", r.memory.params / 1e9},
+        {"grads", r.memory.grads / 1e9},
+        {"optimizer", r.memory.optimizer / 1e9},
+        {"activations", r.memory.activations / 1e9},
+        {"total", r.memory.total() / 1e9},
+        {"capacity", r.memory_capacity / 1e9}}},
+      {"fits", r.fits},
+      {"breakdown_s",
+       {{"compute", b.compute - b.recompute},
+        {"recompute", b.recompute},
+        {"bubble", b.bubble},
+        {"tp_comm", b.tp_comm},
+        {"pp_comm", b.pp_comm},
+        {"embedding_sync", b.embedding_sync},
+        {"dp_comm_total", b.dp_comm},
+        {"dp_exposed", b.dp_exposed},
+        {"zero3_exposed", b.zero3_exposed},
+        {"compression", b.compression},
+        {"overlap_slowdown", b.overlap_slowdown},
+        {"optimizer", b.optimizer}}},
+      {"stage_layers",
+       r.config.pp > 1
+           ? json{{"first", split.first}, {"middle", split.middle}, {"last", split.last}, {"uneven", split.uneven}}
+           : json(nullptr)},
+      {"stage_per_micro_batch_s", r.config.pp > 1 ? json{{"first", b.stage_first},
+                                                         {"middle", b.stage_middle},
+                                                         {"last", b.stage_last},
+                                                         {"first_forward", b.stage_first_forward},
+                                                         {"middle_forward", b.stage_middle_forward},
+                                                         {"last_forward", b.stage_last_forward}}
+                                                  : json(nullptr)},
+      {"dp_algorithm", r.dp_algorithm},
+      {"tp_algorithm", r.tp_algorithm},
+      {"notes", r.notes}};
 }
 
 void print_step(const std::string& cluster, const GptModel& m, const StepResult& r) {
@@ -1686,6 +1701,14 @@ void setup(CLI::App& app) {
     c->add_option("--virtual-stages", a->virtual_stages,
                   is_step ? "model chunks per GPU for --schedule interleaved (default 2)"
                           : "model chunks per GPU for --schedule interleaved (searched: 2 and 4, unless given)");
+    if (is_step) {
+      c->add_option("--first-stage-layers", a->first_stage_layers,
+                    "an uneven pipeline split: the first stage's transformer layers (Megatron-LM's "
+                    "--decoder-first-pipeline-num-layers); the stages without a count share the rest evenly");
+      c->add_option("--last-stage-layers", a->last_stage_layers,
+                    "an uneven pipeline split: the last stage's transformer layers (with the output layer and the "
+                    "loss)");
+    }
     c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism" + searched);
     c->add_option("--attention-kernels", a->attention_kernels,
                   "the attention's element-wise kernels over the scores: fused (Megatron-LM's scale-mask-softmax, "
@@ -1740,7 +1763,8 @@ void setup(CLI::App& app) {
     c->add_flag("--json", a->json, "one JSON record instead of the table");
     if (is_step) {
       c->callback([a, c]() {
-        for (const char* f : {"--virtual-stages", "--zero-reduce", "--gather-bytes", "--bucket"})
+        for (const char* f : {"--virtual-stages", "--zero-reduce", "--gather-bytes", "--bucket", "--first-stage-layers",
+                              "--last-stage-layers"})
           if (c->get_option(f)->count() > 0) a->given.insert(f);
         run_step(*a);
       });

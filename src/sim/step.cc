@@ -120,6 +120,56 @@ void check_data_parallel_flags(const ParallelConfig& c, long long dp) {
         algorithm_name(c.dp_algorithm)));
 }
 
+StageLayers stage_layers(const GptModel& m, const ParallelConfig& c) {
+  const int p = c.pp, v = c.schedule == Schedule::kInterleaved ? c.virtual_stages : 1;
+  const bool has_first = c.first_stage_layers >= 0, has_last = c.last_stage_layers >= 0;
+  if (!has_first && !has_last) {
+    const long long stages = static_cast<long long>(p) * v;  // (an int product overflowed: a crash, or 8 / 3)
+    if (p < 1 || m.layers % stages != 0)
+      throw ConfigError(fmt::format(
+          "--layers ({}) must be a multiple of --pp x virtual stages ({}); or give the first and last stages their "
+          "own layers (--first-stage-layers, --last-stage-layers; not interleaved)",
+          m.layers, stages));
+    const int each = m.layers / p;
+    return {each, each, each, false};
+  }
+  const char* named = has_first && has_last ? "--first-stage-layers and --last-stage-layers"
+                      : has_first           ? "--first-stage-layers"
+                                            : "--last-stage-layers";
+  if (p < 2)
+    throw ConfigError(
+        fmt::format("{}: an uneven split of a pipeline's layers, this step has --pp {}; allowed: --pp 2 "
+                    "or more, or leave it out",
+                    named, p));
+  if (v > 1)
+    throw ConfigError(
+        fmt::format("{} with --schedule interleaved: its model chunks hold equal layers; allowed: "
+                    "--schedule 1f1b or gpipe, or leave {} out",
+                    named, has_first && has_last ? "them" : "it"));
+  for (auto [given, value, flag] : {std::tuple{has_first, c.first_stage_layers, "--first-stage-layers"},
+                                    std::tuple{has_last, c.last_stage_layers, "--last-stage-layers"}})
+    if (given && value > m.layers)
+      throw ConfigError(
+          fmt::format("{} = {} exceeds --layers = {} (allowed: 0 to {})", flag, value, m.layers, m.layers));
+  const long long rest =
+      static_cast<long long>(m.layers) - std::max(c.first_stage_layers, 0) - std::max(c.last_stage_layers, 0);
+  const int sharing = p - (has_first ? 1 : 0) - (has_last ? 1 : 0);
+  if (rest < 0)
+    throw ConfigError(fmt::format("--first-stage-layers ({}) + --last-stage-layers ({}) exceed --layers ({})",
+                                  c.first_stage_layers, c.last_stage_layers, m.layers));
+  if (sharing == 0 && rest != 0)
+    throw ConfigError(fmt::format(
+        "--first-stage-layers ({}) + --last-stage-layers ({}) must be --layers ({}): --pp 2 has no other stages",
+        c.first_stage_layers, c.last_stage_layers, m.layers));
+  if (sharing > 0 && (rest < sharing || rest % sharing != 0))
+    throw ConfigError(fmt::format(
+        "{} leave{} {} layers to the other {} stage{}, which share them evenly, a layer each at least; allowed: "
+        "counts that leave a positive multiple of {}",
+        named, has_first && has_last ? "" : "s", rest, sharing, sharing == 1 ? "" : "s", sharing));
+  const int each = sharing > 0 ? static_cast<int>(rest / sharing) : 0;
+  return {has_first ? c.first_stage_layers : each, p > 2 ? each : 0, has_last ? c.last_stage_layers : each, true};
+}
+
 void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus) {
   m.validate();
   if (c.tp < 1) throw ConfigError(fmt::format("--tp = {} must be at least 1", c.tp));
@@ -139,7 +189,6 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
         fmt::format("--global-batch ({}) must be a multiple of --micro-batch ({}) x data-parallel size ({})",
                     c.global_batch, c.micro_batch, dp));
   const long long mb = c.global_batch / (static_cast<long long>(c.micro_batch) * dp);
-  const int v = c.schedule == Schedule::kInterleaved ? c.virtual_stages : 1;
   check_data_parallel_flags(c, dp);
   if (c.schedule == Schedule::kInterleaved) {
     if (c.virtual_stages < 2) throw ConfigError("--schedule interleaved needs --virtual-stages >= 2");
@@ -150,9 +199,7 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
   } else if (c.virtual_stages != 1) {
     throw ConfigError("--virtual-stages > 1 needs --schedule interleaved");
   }
-  const long long stages = static_cast<long long>(c.pp) * v;  // (an int product overflowed: a crash, or 8 / 3)
-  if (m.layers % stages != 0)
-    throw ConfigError(fmt::format("--layers ({}) must be a multiple of --pp x virtual stages ({})", m.layers, stages));
+  stage_layers(m, c);  // (the layers split over the stages: evenly, or as given)
   if (c.zero < 0 || c.zero > 3) throw ConfigError(fmt::format("--zero = {} (allowed: 0, 1, 2, 3)", c.zero));
   if (c.zero >= 2 && c.pp > 1)
     throw ConfigError("--zero 2 and 3 with --pp > 1 are not modelled (DeepSpeed does not combine them either)");
@@ -286,6 +333,43 @@ struct MicroTimes {
 GemmShape dgrad(const GemmShape& g) { return {g.m, g.k, g.n, g.batch}; }
 GemmShape wgrad(const GemmShape& g) { return {g.k, g.n, g.m, g.batch}; }
 
+// A 1F1B pipeline played out operation by operation: stage i (of p) runs min(p - 1 - i, m) forwards, then a
+// forward and a backward in turn, then the backwards left; a forward waits for the stage before's forward of its
+// micro-batch, a backward for the stage after's backward (the last stage's for its own forward). `fwd` and `bwd`: each
+// stage's time per micro-batch. Returns the time the last operation ends.
+double played_1f1b(const std::vector<double>& fwd, const std::vector<double>& bwd, long long m) {
+  const size_t p = fwd.size();
+  std::vector<std::vector<std::pair<bool, long long>>> ops(p);  // (backward?, micro-batch)
+  for (size_t i = 0; i < p; ++i) {
+    const long long warm = std::min(static_cast<long long>(p - 1 - i), m);
+    for (long long j = 0; j < warm; ++j) ops[i].push_back({false, j});
+    for (long long j = warm; j < m; ++j) {
+      ops[i].push_back({false, j});
+      ops[i].push_back({true, j - warm});
+    }
+    for (long long j = m - warm; j < m; ++j) ops[i].push_back({true, j});
+  }
+  std::vector<std::vector<double>> fdone(p, std::vector<double>(static_cast<size_t>(m), -1.0)), bdone = fdone;
+  std::vector<size_t> next(p, 0);
+  std::vector<double> free_at(p, 0.0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < p; ++i)
+      for (; next[i] < ops[i].size(); ++next[i]) {
+        const auto [back, j] = ops[i][next[i]];
+        const size_t jj = static_cast<size_t>(j);
+        const double ready = !back ? (i > 0 ? fdone[i - 1][jj] : 0.0) : i + 1 < p ? bdone[i + 1][jj] : fdone[i][jj];
+        if (ready < 0) break;  // (its input is not there yet)
+        free_at[i] = std::max(free_at[i], ready) + (back ? bwd[i] : fwd[i]);
+        (back ? bdone : fdone)[i][jj] = free_at[i];
+        moved = true;
+      }
+  }
+  for (size_t i = 0; i < p; ++i)
+    if (next[i] < ops[i].size()) throw std::logic_error("played_1f1b: the schedule deadlocked");
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
 MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const ParallelConfig& c, int layers_per_stage,
                        bool last_stage) {
   MicroTimes t;
@@ -384,7 +468,6 @@ std::string wake_note(double wake) {
   return wake > 0 ? fmt::format("; each call includes {} of waking peers (network.wake_latency)", format_seconds(wake))
                   : std::string();
 }
-
 
 // The accelerator's measured step of exactly these layers (kind, sizes, kernel, map), or nullptr.
 const ModelStepSample* find_model_step(const Accelerator& acc, const LayerModel& m) {
@@ -558,7 +641,9 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   r.microbatches = mb;
   const ZeroReduce z2 = zero_reduce_mode(cfg, mb, ZeroReduce::kEveryMicroBatch);
   r.config.zero_reduce = z2;
-  const int lps = m.layers / p;
+  // Each stage's transformer layers (the first's also the embedding, the last's the output layer and the loss).
+  const StageLayers split = stage_layers(m, cfg);
+  const int lps_first = split.first, lps_mid = split.middle, lps_last = split.last;
   const double b = cfg.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
   const double V = static_cast<double>(m.vocab);
 
@@ -571,7 +656,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     if (topo.kind_counts()[i] == 0) continue;
     ++kinds;
     const NodeKind& k = topo.spec().node_kinds[i];
-    MicroTimes x = micro_times(k.accelerator, m, cfg, lps, true);
+    MicroTimes x = micro_times(k.accelerator, m, cfg, lps_last, true);
     if (!slowest || x.fwd_compute + x.bwd_compute > mt.fwd_compute + mt.bwd_compute) {
       mt = x;
       slowest = &k.accelerator;
@@ -587,7 +672,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     for (size_t i = 0; i < topo.kind_counts().size(); ++i) {
       if (topo.kind_counts()[i] == 0) continue;
       const NodeKind& k = topo.spec().node_kinds[i];
-      MicroTimes x = micro_times(k.accelerator, m, cfg, lps, true);
+      MicroTimes x = micro_times(k.accelerator, m, cfg, lps_last, true);
       rate += static_cast<double>(topo.kind_counts()[i] * k.gpus) / (x.fwd_compute + x.bwd_compute);
     }
     const double total_mb = static_cast<double>(cfg.global_batch) / cfg.micro_batch;
@@ -661,15 +746,22 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     return StageTime{x.fwd_compute + tp_f + p2p_mb / 2, x.bwd_compute + tp_b + p2p_mb / 2,
                      x.fwd_compute + x.bwd_compute, x.recompute, tp_f + tp_b};
   };
-  const MicroTimes inner = p > 1 ? micro_times(acc, m, cfg, lps, false) : mt;
-  const StageTime last = stage(mt, lps * tp_fwd + tp_last_fwd + (p == 1 ? tp_first : 0.0), lps * tp_bwd + tp_last_bwd);
-  const StageTime first = stage(inner, lps * tp_fwd + tp_first, lps * tp_bwd);
-  const StageTime middle = stage(inner, lps * tp_fwd, lps * tp_bwd);
-  const double slot = last.total();
+  const MicroTimes inner = p > 1 ? micro_times(acc, m, cfg, lps_first, false) : mt;
+  const MicroTimes inner_mid = lps_mid == lps_first ? inner : micro_times(acc, m, cfg, lps_mid, false);
+  const StageTime last =
+      stage(mt, lps_last * tp_fwd + tp_last_fwd + (p == 1 ? tp_first : 0.0), lps_last * tp_bwd + tp_last_bwd);
+  const StageTime first = stage(inner, lps_first * tp_fwd + tp_first, lps_first * tp_bwd);
+  const StageTime middle = stage(inner_mid, lps_mid * tp_fwd, lps_mid * tp_bwd);
+  // The slowest stage, whose m micro-batches the pipeline runs back to back: the last with an even split (the output
+  // layer and the loss), any with an uneven one (BLOOM's middle stages, a layer more than the ends).
+  const StageTime* slowest_stage = &last;
+  if (split.uneven && first.total() > slowest_stage->total()) slowest_stage = &first;
+  if (split.uneven && p > 2 && middle.total() > slowest_stage->total()) slowest_stage = &middle;
+  const double slot = slowest_stage->total();
   const double stages_sum = p == 1 ? slot : first.total() + static_cast<double>(p - 2) * middle.total() + last.total();
-  r.breakdown.compute = mb * last.compute;
-  r.breakdown.recompute = mb * last.recompute;
-  r.breakdown.tp_comm = mb * last.tp;
+  r.breakdown.compute = mb * slowest_stage->compute;
+  r.breakdown.recompute = mb * slowest_stage->recompute;
+  r.breakdown.tp_comm = mb * slowest_stage->tp;
   r.breakdown.pp_comm = mb * p2p_mb;
   if (p > 1) {
     r.breakdown.stage_first = first.total(), r.breakdown.stage_first_forward = first.fwd;
@@ -683,6 +775,11 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     const double max_f = std::max({first.fwd, p > 2 ? middle.fwd : 0.0, last.fwd});
     const double max_b = std::max({first.bwd, p > 2 ? middle.bwd : 0.0, last.bwd});
     r.breakdown.bubble = stages_sum + (mf - 1) * (max_f + max_b) - mf * slot;
+  } else if (split.uneven) {
+    // (1F1B with a stage slower than the last: its warm-up can wait less than the closed form's sum, so played out)
+    std::vector<double> fwd(static_cast<size_t>(p), middle.fwd), bwd(static_cast<size_t>(p), middle.bwd);
+    fwd.front() = first.fwd, bwd.front() = first.bwd, fwd.back() = last.fwd, bwd.back() = last.bwd;
+    r.breakdown.bubble = played_1f1b(fwd, bwd, mb) - mf * slot;
   } else {
     const double skew = v > 1 ? (static_cast<double>(p) - 1.0 / v) * (first.total() - middle.total()) : 0.0;
     r.breakdown.bubble = (stages_sum - slot) / v + skew;
@@ -695,7 +792,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   // The embeddings on one GPU: the word embeddings split over the t ranks (vocab-parallel), the position embeddings
   // whole on each (Megatron-LM replicates them; they were divided by t as well).
   const double emb_gpu = V * h / t + s * h;
-  const double params_gpu = lps * layer_params / t + emb_gpu;
+  const double params_gpu = lps_first * layer_params / t + emb_gpu;
 
   // Data-parallel exchange. Each data-parallel call also pays the wake-up of peers that arrived first and stopped
   // polling (calibrated CPU clusters; 0 elsewhere): the ranks reach a gradient exchange apart.
@@ -705,7 +802,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   // The data-parallel exchange overlaps the first stage's last backward (p = 1: the whole model's), the pipeline's
   // last operation, whose gradients (with the embeddings) are the most; the last stage's backward, with the output
   // layer's, ended a drain earlier.
-  const double bwd_window = inner.bwd_compute + lps * tp_bwd;
+  const double bwd_window = inner.bwd_compute + lps_first * tp_bwd;
   if (d > 1) {
     const Group dg{d, static_cast<long long>(t), 0};
     const double grad_bytes = params_gpu * cfg.grad_bytes;
@@ -757,6 +854,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
                             "then each part's partial sums across nodes",
                             qgz.k, qgz.least)));
     if (cfg.zero == 3) {
+      const int lps = lps_first;                                    // (--pp 1: every layer)
       const double gb = gather_element_bytes(cfg.gather_bytes, 2);  // (the parameters are held in 16 bits)
       const double layer_bytes = layer_params / t * gb;
       auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, layer_bytes);
@@ -856,7 +954,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
           bucketed_exposed(
               0.0, grad_bytes, cfg.bucket_bytes, [&](double n) { return rs_time(n) - replicas(n / cfg.grad_bytes); },
               &each);
-        const double hidden = cfg.dp_overlap ? bwd_window + inner.fwd_compute + lps * tp_fwd : 0.0;
+        const double hidden = cfg.dp_overlap ? bwd_window + inner.fwd_compute + lps_first * tp_fwd : 0.0;
         dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
         dp_total += static_cast<double>(mb - 1) * each;
       }
@@ -882,7 +980,8 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
         // and V of replicated KV heads, so that they sum to a rank's layer)
         const double qkv = qkv_width_per_rank(m, t), up = m.mlp_up_width() / t, f = m.ffn(), n = h / t;
         std::vector<std::vector<double>> units{{V * h / t, s * h}};
-        units.resize(static_cast<size_t>(lps) + 1, {n, n, qkv * h, qkv, h * n, n, n, n, up * h, up, f * h / t, n});
+        units.resize(static_cast<size_t>(lps_first) + 1,
+                     {n, n, qkv * h, qkv, h * n, n, n, n, up * h, up, f * h / t, n});
         const auto calls =
             deferred_allgather_calls(units, cfg.bucket_bytes / cfg.grad_bytes, cfg.zero_allgather_bytes / 2);
         std::vector<double> fwd(units.size(), mt.layer_fwd + tp_fwd);
@@ -935,7 +1034,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
       // The runtime runs int8 and top-k tensor by tensor (compress/collectives.cc: a call per tensor of a bucket, the
       // bucket's once it is full): a bucket's share of the tensors, 12 a layer and the embeddings' and final norm's
       // 4, and at least one.
-      const double tensors = 12.0 * lps + 4;
+      const double tensors = 12.0 * lps_first + 4;
       if (cp.kind == "none" || cp.kind == "fp16") {
         // (local SGD averages the f32 parameters: sync/collective.cc)
         double bytes_per = local ? 4 : cp.kind == "none" ? cfg.grad_bytes : 2;
@@ -1005,7 +1104,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
           factors += copies * rank * (rows + cols);
           gemm += copies * 3 * gemm_time(acc, {rows, rank, cols, 1});  // P = MQ, Q = M^T P, decompress P Q^T
         };
-        for (auto [rows, cols] : mats) add(rows, cols, lps);
+        for (auto [rows, cols] : mats) add(rows, cols, lps_first);
         add(V / t, h, 1);
         add(static_cast<double>(m.seq), h, 1);
         raw += std::max(0.0, elems - matrix_elems);  // the vectors
@@ -1114,7 +1213,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   const double gathered =
       zero3 ? ((cfg.dp_overlap && cfg.zero_prefetch ? 2 : 1) * layer_params / t + emb_gpu) * 2 : 0.0;
   const double unsharded_grads = zero3 ? (layer_params / t + emb_gpu) * cfg.grad_bytes : 0.0;
-  auto stage_memory = [&](double params, double inflight, bool loss) {
+  auto stage_memory = [&](double params, double inflight, bool loss, int layers) {
     // (sharded within groups: over the group's ranks only)
     const ModelState st = zero_model_state(params, shard > 1 ? shard : d, cfg.zero, cfg.grad_bytes);
     MemoryBreakdown mem;
@@ -1124,18 +1223,34 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     const bool whole = cfg.zero >= 2 && mbs > 1 && z2 == ZeroReduce::kOncePerStep;
     mem.grads = whole ? params * cfg.grad_bytes : st.grads + unsharded_grads;
     mem.optimizer = st.optimizer;
-    mem.activations = layer_act * lps * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
+    mem.activations = layer_act * layers * inflight + recomputing + (loss ? 4 * b * s * V / t * loss_copies : 0.0);
     return mem;
   };
-  r.memory = stage_memory(params_gpu, first_inflight, p == 1);
+  r.memory = stage_memory(params_gpu, first_inflight, p == 1, lps_first);
   if (p > 1) {
-    const MemoryBreakdown last = stage_memory((lps * layer_params + V * h) / t, last_inflight, true);
+    const MemoryBreakdown last = stage_memory((lps_last * layer_params + V * h) / t, last_inflight, true, lps_last);
+    const MemoryBreakdown first_memory = r.memory;
     if (last.total() > r.memory.total()) {
       r.memory = last;
-      r.notes.push_back(
-          fmt::format("memory: the last pipeline stage holds the most ({} with the fp32 logits of the "
-                      "loss, against {} on the first)",
-                      format_gb(last.total()), format_gb(stage_memory(params_gpu, first_inflight, false).total())));
+      r.notes.push_back(fmt::format(
+          "memory: the last pipeline stage holds the most ({} with the fp32 logits of the loss, against {} on the "
+          "first)",
+          format_gb(last.total()), format_gb(first_memory.total())));
+    }
+    // An uneven split's second stage: a middle stage's layers with one micro-batch fewer in flight than the first
+    // (1F1B; GPipe all m), which holds the most where the middle stages have more layers (BLOOM's 6 to the ends' 5).
+    // With an even split it never does: the first holds as many layers, the embeddings and more in flight.
+    if (split.uneven && p > 2) {
+      const double second_inflight = cfg.schedule == Schedule::kGpipe ? mbs : std::min<double>(p - 1, mbs);
+      const MemoryBreakdown second = stage_memory(lps_mid * layer_params / t, second_inflight, false, lps_mid);
+      if (second.total() > r.memory.total()) {
+        r.memory = second;
+        r.notes.push_back(fmt::format(
+            "memory: the second pipeline stage holds the most ({} for {} layers and {:g} micro-batches in flight, "
+            "against {} on the first and {} on the last)",
+            format_gb(second.total()), lps_mid, second_inflight, format_gb(first_memory.total()),
+            format_gb(last.total())));
+      }
     }
   }
   r.memory_capacity = mem_capacity;
@@ -1150,12 +1265,23 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   r.hardware_tflops_per_gpu = r.hardware_flops / r.time / gpus / 1e12;
   r.mfu = r.model_flops / r.time / gpus / mean_peak_flops(topo);
 
+  if (split.uneven)
+    r.notes.push_back(fmt::format(
+        "uneven pipeline split: {} layers on the first stage, {}{} on the last (forward and backward a micro-batch: "
+        "{} first, {}{} last)",
+        lps_first, p > 2 ? fmt::format("{} on each of the {} middle ones, ", lps_mid, p - 2) : std::string(), lps_last,
+        format_seconds(r.breakdown.stage_first),
+        p > 2 ? fmt::format("{} middle, ", format_seconds(r.breakdown.stage_middle)) : std::string(),
+        format_seconds(r.breakdown.stage_last)));
   if (p > 1)
     r.notes.push_back(fmt::format(
         "pipeline bubble {:.1f}% of the slowest stage's m micro-batches ((p-1)/(v m) = {:.1f}% were the stages "
-        "equal; the last runs the output layer) with p={}, v={}, m={}",
-        100 * r.breakdown.bubble / (static_cast<double>(mb) * slot), 100 * pipeline_bubble_fraction(p, mb, v), p, v,
-        mb));
+        "equal; {}) with p={}, v={}, m={}",
+        100 * r.breakdown.bubble / (static_cast<double>(mb) * slot), 100 * pipeline_bubble_fraction(p, mb, v),
+        slowest_stage == &last    ? "the last runs the output layer"
+        : slowest_stage == &first ? "the slowest is the first"
+                                  : "the slowest is a middle one",
+        p, v, mb));
   if (d > 1 && cfg.zero != 3)
     r.notes.push_back(fmt::format("data-parallel exchange {} ({}, bottleneck {}), {} exposed{}",
                                   format_seconds(dp_total), r.dp_algorithm, r.dp_bottleneck, format_seconds(dp_exposed),
@@ -1338,7 +1464,7 @@ StepResult layer_pipeline(CollectiveModel& net, const LayerModel& m, const Paral
   r.breakdown.dp_comm = dp_total;
   r.breakdown.dp_exposed = dp_end - makespan + r.breakdown.rank_wait;
   r.breakdown.compression = std::min(comp, dp_end - makespan);  // (a stage done early hides some)
-  r.breakdown.optimizer = end - dp_end;  // (past the last exchange)
+  r.breakdown.optimizer = end - dp_end;                         // (past the last exchange)
   r.time = makespan + r.breakdown.dp_exposed + r.breakdown.optimizer + r.breakdown.overlap_slowdown;
   // Memory: the fullest stage's parameters, gradients and optimizer state, and the activations of the micro-batches it
   // holds at once (GPipe all of them, 1F1B at most p - s).
@@ -1398,6 +1524,8 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
                          : cfg.virtual_stages != 1         ? "--virtual-stages"
                          : cfg.balance                     ? "--balance"
                          : cfg.eager_attention             ? "--attention-kernels eager"
+                         : cfg.first_stage_layers >= 0     ? "--first-stage-layers"
+                         : cfg.last_stage_layers >= 0      ? "--last-stage-layers"
                                                            : nullptr;
   if (gpt_only)
     throw ConfigError(fmt::format("{} applies to GPT models; allowed with a layer-list model: leave it out", gpt_only));

@@ -57,6 +57,11 @@ struct ParallelConfig {
   Recompute recompute = Recompute::kNone;
   Schedule schedule = Schedule::k1F1B;
   int virtual_stages = 1;  // interleaved: model chunks per GPU (v)
+  // An uneven pipeline split (GPT models, --pp 2 or more, not interleaved): the transformer layers of the first and
+  // of the last stage (Megatron-LM's --decoder-first/last-pipeline-num-layers; Megatron-DeepSpeed's
+  // partition_method type:transformer|embedding gives the ends one fewer, BLOOM-176B's 5, 6 x 10, 5). The stages
+  // without a count share the rest evenly. -1: not given (an even split when neither is).
+  int first_stage_layers = -1, last_stage_layers = -1;
   bool sequence_parallel = false;
   // The attention's element-wise kernels on the b (a/t) s^2 scores: false, Megatron-LM's fused scale-mask-softmax
   // and a dropout; true, PyTorch eager (minGPT, the FSDP paper's model): the scale, the causal mask, the softmax and
@@ -75,7 +80,7 @@ struct ParallelConfig {
   // to its speed instead of equal shares (the slowest kind then no longer bounds the step).
   bool balance = false;
   double bucket_bytes = 25.0 * 1024 * 1024;  // 25 MiB, as `--bucket 25M` and PyTorch DDP's bucket_cap_mb = 25
-  double grad_bytes = 2;  // bytes per gradient element on the wire
+  double grad_bytes = 2;                     // bytes per gradient element on the wire
   // ZeRO-3: bytes per parameter element its gathers move (0: as the parameters are held: a layer-list model's at
   // grad_bytes, a GPT model's 16-bit ones; 2 for `conduit train --zero-gather bf16|fp16`; 1 for int8 blocks,
   // `--zero-gather int8` and ZeRO++'s qwZ, which also move a 4-byte scale per 256 elements: gather_element_bytes).
@@ -103,6 +108,17 @@ struct ParallelConfig {
   EvalMode mode = EvalMode::kSymmetric;
 };
 
+// A GPT model's transformer layers per pipeline stage: the first stage's, each middle one's and the last's (with an
+// even split all the same, with an uneven one the middle's 0 where p < 3: there is none); `uneven` where
+// --first-stage-layers or --last-stage-layers gave them. ConfigError for a split that does not add up (the stages
+// without a count must share the rest evenly, a layer each at least), or where there is no pipeline (p = 1) or an
+// interleaved schedule (chunks of equal layers).
+struct StageLayers {
+  int first = 0, middle = 0, last = 0;
+  bool uneven = false;
+};
+StageLayers stage_layers(const GptModel& m, const ParallelConfig& c);
+
 // Bytes a ZeRO-3 gather moves per parameter element: gather_bytes (1: int8 and its blocks' scales), else `held`.
 inline double gather_element_bytes(double gather_bytes, double held) {
   return gather_bytes == 1 ? 1 + 4.0 / 256 : gather_bytes > 0 ? gather_bytes : held;
@@ -115,7 +131,7 @@ struct StepBreakdown {
   double tp_comm = 0;  // exposed (Megatron does not overlap it)
   double pp_comm = 0;
   double embedding_sync = 0;  // tied embeddings' gradients between the first and last stage (p > 1), exposed
-  double dp_comm = 0;  // total data-parallel exchange time
+  double dp_comm = 0;         // total data-parallel exchange time
   double dp_exposed = 0;
   double zero3_exposed = 0;
   double compression = 0;  // compress/decompress compute

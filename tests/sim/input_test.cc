@@ -312,6 +312,34 @@ TEST(Inputs, ContradictoryStepFlagsAreRefused) {
             }).find("the rank must not exceed the smallest weight matrix side (hidden / tp = 2304)"),
             std::string::npos);
   EXPECT_EQ(step_error([](ParallelConfig& c) { c.compression = parse_compression("powersgd:4"); }), "no error");
+  // An uneven pipeline split (24 layers): only with a pipeline, not interleaved, adding up, the rest shared evenly.
+  EXPECT_EQ(step_error([](ParallelConfig& c) { c.first_stage_layers = 3; }),
+            "--first-stage-layers: an uneven split of a pipeline's layers, this step has --pp 1; allowed: --pp 2 or "
+            "more, or leave it out");
+  auto split_error = [&](int p, int first, int last, Schedule sched = Schedule::k1F1B) {
+    return step_error([&](ParallelConfig& c) {
+      c.pp = p;
+      c.first_stage_layers = first;
+      c.last_stage_layers = last;
+      c.schedule = sched;
+      if (sched == Schedule::kInterleaved) c.virtual_stages = 2;
+    });
+  };
+  EXPECT_EQ(split_error(4, 4, 8, Schedule::kInterleaved),
+            "--first-stage-layers and --last-stage-layers with --schedule interleaved: its model chunks hold equal "
+            "layers; allowed: --schedule 1f1b or gpipe, or leave them out");
+  EXPECT_EQ(split_error(4, 25, -1), "--first-stage-layers = 25 exceeds --layers = 24 (allowed: 0 to 24)");
+  EXPECT_EQ(split_error(4, 12, 13), "--first-stage-layers (12) + --last-stage-layers (13) exceed --layers (24)");
+  EXPECT_EQ(split_error(2, 10, 10),
+            "--first-stage-layers (10) + --last-stage-layers (10) must be --layers (24): --pp 2 has no other stages");
+  EXPECT_EQ(split_error(4, 3, 4),
+            "--first-stage-layers and --last-stage-layers leave 17 layers to the other 2 stages, which share them "
+            "evenly, a layer each at least; allowed: counts that leave a positive multiple of 2");
+  EXPECT_EQ(split_error(4, -1, 24),
+            "--last-stage-layers leaves 0 layers to the other 3 stages, which share them evenly, a layer each at "
+            "least; allowed: counts that leave a positive multiple of 3");
+  EXPECT_EQ(split_error(4, -1, 3), "no error");                    // (7 each on the other three)
+  EXPECT_EQ(split_error(2, 0, 24, Schedule::kGpipe), "no error");  // (the first stage the embedding alone)
   EXPECT_EQ(error_of([] { Topology(load_cluster("dgx-a100"), 1LL << 20); }),
             "--gpus = 1048576 is beyond the simulator's limit of 262144 accelerators");
 }
@@ -651,6 +679,10 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
     EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
               "--attention-kernels eager applies to GPT models; allowed with a layer-list model: leave it out");
     g.eager_attention = false;
+    g.first_stage_layers = 1;
+    EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
+              "--first-stage-layers applies to GPT models; allowed with a layer-list model: leave it out");
+    g.first_stage_layers = -1;
     g.schedule = Schedule::kGpipe;
     EXPECT_NE(error_of([&] { simulate_layer_step(n8, lm, g); }).find("--schedule gpipe: a layer-list model takes"),
               std::string::npos);

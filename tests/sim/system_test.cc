@@ -1037,6 +1037,8 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--global-batch with --batch-per-gpu: strong and weak scaling; allowed: one of them"},
            {"sim step --model gpt2-small --global-batch 8 --dp 0",
             "--dp = 0 (allowed: a positive data-parallel size, or leave it out for gpus / (tp pp))"},
+           {"sim step --model gpt2-small --global-batch 8 --pp 2 --first-stage-layers -2",
+            "--first-stage-layers = -2 (allowed: 0 or more transformer layers)"},
            {"sim step --model gpt2-small --global-batch 8 --attention-kernels flash",
             "--attention-kernels = 'flash' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, "
             "mask, softmax and dropout one kernel each)"},

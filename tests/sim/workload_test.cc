@@ -342,6 +342,80 @@ TEST(Step, PipelineBubbleMatchesTheScheduleItModels) {
   }
 }
 
+// An uneven pipeline split (--first-stage-layers, --last-stage-layers): the stages' times from their own layers, the
+// pipeline the schedule played out with them (the slowest stage a middle one here, where the closed form that holds
+// when the last is slowest does not), the memory of the stage that holds the most. BLOOM-176B ran 70 layers on 12
+// stages as 5, 6 x 10, 5; the even split it could not have is refused naming the flags.
+TEST(Step, UnevenPipelineSplitsAreTheirStagesPlayedOut) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  const GptModel m = gpt(32, 4096, 32);
+  // Spelled out, the even split is the even split (the last stage the slowest: the same pipeline).
+  ParallelConfig even = cfg(8, 4, 1, 64);
+  ParallelConfig spelled = even;
+  spelled.first_stage_layers = 8;
+  spelled.last_stage_layers = 8;
+  const StageLayers sl = stage_layers(m, spelled);
+  EXPECT_EQ(std::tuple(sl.first, sl.middle, sl.last, sl.uneven), std::tuple(8, 8, 8, true));
+  const StepResult re = simulate_step(net, m, even), rs = simulate_step(net, m, spelled);
+  EXPECT_NEAR(rs.time, re.time, 1e-9 * re.time);
+  EXPECT_DOUBLE_EQ(rs.memory.total(), re.memory.total());
+  // The ends with 2 layers, the middle stages 14 each: a middle one is the slowest and sets the pipeline's pace.
+  for (Schedule sched : {Schedule::k1F1B, Schedule::kGpipe}) {
+    ParallelConfig c = even;
+    c.schedule = sched;
+    c.first_stage_layers = 2;
+    c.last_stage_layers = 2;
+    const StepResult r = simulate_step(net, m, c);
+    const StepBreakdown& s = r.breakdown;
+    EXPECT_GT(s.stage_middle, 2 * s.stage_last);
+    EXPECT_GT(s.stage_middle, 2 * s.stage_first);
+    const double pipe = s.compute + s.tp_comm + s.pp_comm + s.bubble;
+    EXPECT_NEAR(pipe,
+                played_stages(4, 1, r.microbatches, sched == Schedule::kGpipe, {s.stage_first, s.stage_first_forward},
+                              {s.stage_middle, s.stage_middle_forward}, {s.stage_last, s.stage_last_forward}),
+                1e-9 * pipe)
+        << static_cast<int>(sched);
+    // (the pipeline runs the middle stage's m micro-batches: its compute, not the last stage's)
+    EXPECT_NEAR(s.compute + s.tp_comm + s.pp_comm, static_cast<double>(r.microbatches) * s.stage_middle, 1e-9 * pipe);
+    // 1F1B: the closed form (m max S + sum S - max S) overstates it, the slow stage's warm-up hiding the others'.
+    if (sched == Schedule::k1F1B) {
+      EXPECT_LT(pipe, (static_cast<double>(r.microbatches) - 1) * s.stage_middle + s.stage_first + 2 * s.stage_middle +
+                          s.stage_last - 1e-9 * pipe);
+    }
+    EXPECT_NEAR(r.time, pipe + s.embedding_sync + s.dp_exposed + s.zero3_exposed + s.optimizer + s.overlap_slowdown,
+                1e-9 * r.time);
+    // Memory: the second stage, 14 layers with p - 1 = 3 micro-batches in flight under 1F1B (all 8 under GPipe),
+    // holds more than the first (2 layers, 4 in flight, the embeddings) and the last.
+    const double in_flight = sched == Schedule::kGpipe ? static_cast<double>(r.microbatches) : 3.0;
+    EXPECT_NEAR(r.memory.activations, gpt_layer_activation_bytes(m, 1, 8, false, Recompute::kNone) * 14 * in_flight,
+                1e-9 * r.memory.activations);
+    EXPECT_NE(std::find_if(
+                  r.notes.begin(), r.notes.end(),
+                  [](const std::string& n) { return n.find("memory: the second pipeline stage holds the most") == 0; }),
+              r.notes.end());
+    EXPECT_NE(std::find_if(r.notes.begin(), r.notes.end(),
+                           [](const std::string& n) {
+                             return n.find(
+                                        "uneven pipeline split: 2 layers on the first stage, 14 on each of the 2 "
+                                        "middle ones, 2 on the last") == 0;
+                           }),
+              r.notes.end());
+  }
+  // One end given: the other stages share the rest (32 - 5 = 27 over 3).
+  ParallelConfig one = even;
+  one.first_stage_layers = 5;
+  const StageLayers so = stage_layers(m, one);
+  EXPECT_EQ(std::tuple(so.first, so.middle, so.last), std::tuple(5, 9, 9));
+  // BLOOM-176B's split (Megatron-DeepSpeed's partition_method type:transformer|embedding).
+  ParallelConfig bloom = cfg(4, 12, 2, 2048);
+  bloom.first_stage_layers = 5;
+  bloom.last_stage_layers = 5;
+  const StageLayers sb = stage_layers(gpt(70, 14336, 112, 2048, 250880), bloom);
+  EXPECT_EQ(std::tuple(sb.first, sb.middle, sb.last), std::tuple(5, 6, 5));
+  EXPECT_THROW(stage_layers(gpt(70, 14336, 112, 2048, 250880), cfg(4, 12, 2, 2048)), ConfigError);
+}
+
 TEST(Step, ThroughputAndMemoryAreSane) {
   Topology topo(load_cluster("dgx-a100"), 128);
   CollectiveModel net(topo);
