@@ -1804,6 +1804,11 @@ void setup(CLI::App& app) {
         c->add_option("--virtual-stages", a->virtual_stages,
                       "model chunks per GPU for --schedule interleaved (with --fixed; default 2)"),
         c->add_flag("--sp", a->sp, "sequence parallelism (with --fixed)")};
+    // (the model's kernels, so for every size, planned or fixed)
+    c->add_option("--attention-kernels", a->attention_kernels,
+                  "the attention's element-wise kernels over the scores: fused (Megatron-LM's) or eager (PyTorch's, "
+                  "as minGPT)")
+        ->capture_default_str();
     c->add_option("--plot", sa->plot, "write a PNG of the curve with gnuplot");
     c->add_flag("--json", a->json, "one JSON record per size");
     c->callback([a, sa, fixed, with_fixed]() {

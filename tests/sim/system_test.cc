@@ -714,6 +714,19 @@ TEST(Cli, StepPlanAndErrors) {
       run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --virtual-stages 3", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("--virtual-stages applies with --fixed only"), std::string::npos) << out;
+  // The attention's kernels apply at every size, planned or fixed (sim scale had no --attention-kernels: the FSDP
+  // rows of docs/sim.md §10 could not be drawn as a curve).
+  for (const char* fixed : {" --fixed", ""}) {
+    const std::string cmd =
+        std::string("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32 --json") + fixed;
+    const std::string fused = run(cmd, &rc);
+    EXPECT_EQ(rc, 0) << fused;
+    const std::string eager = run(cmd + " --attention-kernels eager", &rc);
+    EXPECT_EQ(rc, 0) << eager;
+    EXPECT_NE(eager.find("\"attention_kernels\":\"eager\""), std::string::npos) << eager;
+    const auto time_of = [](const std::string& j) { return nlohmann::json::parse(j)["time_s"].get<double>(); };
+    EXPECT_GT(time_of(eager), time_of(fused)) << fixed;
+  }
   // The efficiency is relative to the smallest size, whatever the list's order (it was the first listed's).
   out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --global-batch 256 --gpus-list 64,32 --json", &rc);
   EXPECT_EQ(rc, 0) << out;
