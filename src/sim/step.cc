@@ -127,9 +127,10 @@ StageLayers stage_layers(const GptModel& m, const ParallelConfig& c) {
     const long long stages = static_cast<long long>(p) * v;  // (an int product overflowed: a crash, or 8 / 3)
     if (p < 1 || m.layers % stages != 0)
       throw ConfigError(fmt::format(
-          "--layers ({}) must be a multiple of --pp x virtual stages ({}); or give the first and last stages their "
-          "own layers (--first-stage-layers, --last-stage-layers; not interleaved)",
-          m.layers, stages));
+          "--layers ({}) must be a multiple of --pp x virtual stages ({}){}", m.layers, stages,
+          v > 1 ? ""
+                : "; or, with `sim step`, give the first and last stages their own layers (--first-stage-layers, "
+                  "--last-stage-layers)"));
     const int each = m.layers / p;
     return {each, each, each, false};
   }
@@ -161,13 +162,27 @@ StageLayers stage_layers(const GptModel& m, const ParallelConfig& c) {
     throw ConfigError(fmt::format(
         "--first-stage-layers ({}) + --last-stage-layers ({}) must be --layers ({}): --pp 2 has no other stages",
         c.first_stage_layers, c.last_stage_layers, m.layers));
+  if (sharing == 1 && rest < 1) {
+    if (has_first && has_last)
+      throw ConfigError(fmt::format(
+          "--first-stage-layers ({}) + --last-stage-layers ({}) leave no layers to the middle stage; allowed: counts "
+          "that leave it one at least (below --layers = {} together)",
+          c.first_stage_layers, c.last_stage_layers, m.layers));
+    throw ConfigError(fmt::format("{} = {} leaves no layers to the {} stage; allowed: at most {}, or give {} 0 as well",
+                                  named, has_first ? c.first_stage_layers : c.last_stage_layers,
+                                  has_first ? "last" : "first", m.layers - 1,
+                                  has_first ? "--last-stage-layers" : "--first-stage-layers"));
+  }
   if (sharing > 0 && (rest < sharing || rest % sharing != 0))
     throw ConfigError(fmt::format(
         "{} leave{} {} layers to the other {} stage{}, which share them evenly, a layer each at least; allowed: "
         "counts that leave a positive multiple of {}",
         named, has_first && has_last ? "" : "s", rest, sharing, sharing == 1 ? "" : "s", sharing));
   const int each = sharing > 0 ? static_cast<int>(rest / sharing) : 0;
-  return {has_first ? c.first_stage_layers : each, p > 2 ? each : 0, has_last ? c.last_stage_layers : each, true};
+  const StageLayers s{has_first ? c.first_stage_layers : each, p > 2 ? each : 0, has_last ? c.last_stage_layers : each,
+                      true};
+  if (s.first == s.last && (p < 3 || s.middle == s.first)) return {s.first, s.first, s.first, false};  // (even)
+  return s;
 }
 
 void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus) {
@@ -333,40 +348,47 @@ struct MicroTimes {
 GemmShape dgrad(const GemmShape& g) { return {g.m, g.k, g.n, g.batch}; }
 GemmShape wgrad(const GemmShape& g) { return {g.k, g.n, g.m, g.batch}; }
 
-// A 1F1B pipeline played out operation by operation: stage i (of p) runs min(p - 1 - i, m) forwards, then a
+// A 1F1B pipeline played out operation by operation: stage i (of p) runs w = min(p - 1 - i, m) forwards, then a
 // forward and a backward in turn, then the backwards left; a forward waits for the stage before's forward of its
 // micro-batch, a backward for the stage after's backward (the last stage's for its own forward). `fwd` and `bwd`: each
-// stage's time per micro-batch. Returns the time the last operation ends.
+// stage's time per micro-batch. Returns the time the last operation ends. Each stage's order is generated as it goes
+// and the finish times kept for the last 2p + 2 micro-batches only (a stage is never further ahead of its neighbours
+// than its w + 1 micro-batches in flight): O(p) memory a stage, O(p m) time (it held every operation: 3 GB and 18 s
+// at p 64 and a million micro-batches, found by a review).
 double played_1f1b(const std::vector<double>& fwd, const std::vector<double>& bwd, long long m) {
-  const size_t p = fwd.size();
-  std::vector<std::vector<std::pair<bool, long long>>> ops(p);  // (backward?, micro-batch)
-  for (size_t i = 0; i < p; ++i) {
-    const long long warm = std::min(static_cast<long long>(p - 1 - i), m);
-    for (long long j = 0; j < warm; ++j) ops[i].push_back({false, j});
-    for (long long j = warm; j < m; ++j) {
-      ops[i].push_back({false, j});
-      ops[i].push_back({true, j - warm});
-    }
-    for (long long j = m - warm; j < m; ++j) ops[i].push_back({true, j});
-  }
-  std::vector<std::vector<double>> fdone(p, std::vector<double>(static_cast<size_t>(m), -1.0)), bdone = fdone;
-  std::vector<size_t> next(p, 0);
+  const size_t p = fwd.size(), window = 2 * p + 2;
+  struct Done {
+    long long mb = -1;  // (the micro-batch whose finish time `at` is, -1: none yet)
+    double at = 0;
+  };
+  std::vector<std::vector<Done>> fdone(p, std::vector<Done>(window)), bdone = fdone;
+  std::vector<long long> next(p, 0);  // each stage's next operation
   std::vector<double> free_at(p, 0.0);
+  auto op = [&](size_t i, long long k) {  // stage i's k-th operation: (backward?, micro-batch)
+    const long long w = std::min(static_cast<long long>(p - 1 - i), m);
+    if (k < w) return std::pair{false, k};
+    if (k < w + 2 * (m - w)) return (k - w) % 2 == 0 ? std::pair{false, w + (k - w) / 2} : std::pair{true, (k - w) / 2};
+    return std::pair{true, k - w - (m - w)};
+  };
+  auto finished = [&](const std::vector<Done>& d, long long j) -> const Done* {
+    const Done& x = d[static_cast<size_t>(j) % window];
+    return x.mb == j ? &x : nullptr;
+  };
   for (bool moved = true; moved;) {
     moved = false;
     for (size_t i = 0; i < p; ++i)
-      for (; next[i] < ops[i].size(); ++next[i]) {
-        const auto [back, j] = ops[i][next[i]];
-        const size_t jj = static_cast<size_t>(j);
-        const double ready = !back ? (i > 0 ? fdone[i - 1][jj] : 0.0) : i + 1 < p ? bdone[i + 1][jj] : fdone[i][jj];
-        if (ready < 0) break;  // (its input is not there yet)
-        free_at[i] = std::max(free_at[i], ready) + (back ? bwd[i] : fwd[i]);
-        (back ? bdone : fdone)[i][jj] = free_at[i];
+      for (; next[i] < 2 * m; ++next[i]) {
+        const auto [back, j] = op(i, next[i]);
+        const Done* in =
+            !back ? (i > 0 ? finished(fdone[i - 1], j) : nullptr) : finished(i + 1 < p ? bdone[i + 1] : fdone[i], j);
+        if (!in && (back || i > 0)) break;  // (its input is not there yet)
+        free_at[i] = std::max(free_at[i], in ? in->at : 0.0) + (back ? bwd[i] : fwd[i]);
+        (back ? bdone : fdone)[i][static_cast<size_t>(j) % window] = {j, free_at[i]};
         moved = true;
       }
   }
   for (size_t i = 0; i < p; ++i)
-    if (next[i] < ops[i].size()) throw std::logic_error("played_1f1b: the schedule deadlocked");
+    if (next[i] < 2 * m) throw std::logic_error("played_1f1b: the schedule deadlocked");
   return *std::max_element(free_at.begin(), free_at.end());
 }
 
@@ -647,7 +669,9 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   const double b = cfg.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
   const double V = static_cast<double>(m.vocab);
 
-  // Compute: the slowest node kind bounds a synchronous step.
+  // Compute: the slowest node kind bounds a synchronous step (ranked on the last stage, the output layer's, or with
+  // an uneven split on the most layers a stage holds: the output layer alone ranked them with --last-stage-layers 0).
+  const int rank_layers = split.uneven ? std::max({lps_first, lps_mid, lps_last}) : lps_last;
   MicroTimes mt;
   const Accelerator* slowest = nullptr;
   double mem_capacity = 1e300, largest_share = 0;
@@ -656,7 +680,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     if (topo.kind_counts()[i] == 0) continue;
     ++kinds;
     const NodeKind& k = topo.spec().node_kinds[i];
-    MicroTimes x = micro_times(k.accelerator, m, cfg, lps_last, true);
+    MicroTimes x = micro_times(k.accelerator, m, cfg, rank_layers, true);
     if (!slowest || x.fwd_compute + x.bwd_compute > mt.fwd_compute + mt.bwd_compute) {
       mt = x;
       slowest = &k.accelerator;
@@ -664,6 +688,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     mem_capacity = std::min(mem_capacity, k.accelerator.memory_bytes);
     largest_share = std::max(largest_share, comm_share(k.accelerator));
   }
+  if (rank_layers != lps_last) mt = micro_times(*slowest, m, cfg, lps_last, true);  // (the last stage's, as ranked)
   if (kinds > 1 && cfg.balance) {
     if (t != 1 || p != 1) throw ConfigError("--balance needs --tp 1 and --pp 1 (data parallelism only)");
     // Shares proportional to speed: all ranks finish their micro-batches together after
@@ -784,6 +809,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     const double skew = v > 1 ? (static_cast<double>(p) - 1.0 / v) * (first.total() - middle.total()) : 0.0;
     r.breakdown.bubble = (stages_sum - slot) / v + skew;
   }
+  r.breakdown.bubble = std::max(0.0, r.breakdown.bubble);  // (rounding left -2e-16, printed as -0.0%)
   const double pipe = mf * slot + r.breakdown.bubble;
 
   // Parameters per GPU on the largest stage (the first holds the embeddings; with p = 1 everything).
@@ -792,7 +818,21 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   // The embeddings on one GPU: the word embeddings split over the t ranks (vocab-parallel), the position embeddings
   // whole on each (Megatron-LM replicates them; they were divided by t as well).
   const double emb_gpu = V * h / t + s * h;
-  const double params_gpu = lps_first * layer_params / t + emb_gpu;
+  const double params_gpu = lps_first * layer_params / t + emb_gpu;  // (the first stage's)
+  // The stage whose data-parallel exchange and optimizer step the step waits for: the first, whose last backward is
+  // the schedule's last operation and which holds the most (its layers and the embeddings), unless an uneven split
+  // gives another stage more: a middle one its layers, the last its layers and the output layer's copy of the word
+  // embeddings. That stage's exchange is charged as if it too ended last (its lead over the first stage, a drain's
+  // worth of backwards, is not credited: an over-estimate where its exchange is exposed).
+  enum class DpStage { kFirst, kMiddle, kLast };
+  DpStage dp_stage = DpStage::kFirst;
+  double dp_params = params_gpu;
+  int dp_layers = lps_first;
+  if (split.uneven && p > 2 && lps_mid * layer_params / t > dp_params)
+    dp_stage = DpStage::kMiddle, dp_params = lps_mid * layer_params / t, dp_layers = lps_mid;
+  if (split.uneven && (lps_last * layer_params + V * h) / t > dp_params)
+    dp_stage = DpStage::kLast, dp_params = (lps_last * layer_params + V * h) / t, dp_layers = lps_last;
+  const MicroTimes& dp_micro = dp_stage == DpStage::kFirst ? inner : dp_stage == DpStage::kMiddle ? inner_mid : mt;
 
   // Data-parallel exchange. Each data-parallel call also pays the wake-up of peers that arrived first and stopped
   // polling (calibrated CPU clusters; 0 elsewhere): the ranks reach a gradient exchange apart.
@@ -802,10 +842,11 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   // The data-parallel exchange overlaps the first stage's last backward (p = 1: the whole model's), the pipeline's
   // last operation, whose gradients (with the embeddings) are the most; the last stage's backward, with the output
   // layer's, ended a drain earlier.
-  const double bwd_window = inner.bwd_compute + lps_first * tp_bwd;
+  const double bwd_window =
+      dp_micro.bwd_compute + dp_layers * tp_bwd + (dp_stage == DpStage::kLast && p > 1 ? tp_last_bwd : 0.0);
   if (d > 1) {
     const Group dg{d, static_cast<long long>(t), 0};
-    const double grad_bytes = params_gpu * cfg.grad_bytes;
+    const double grad_bytes = dp_params * cfg.grad_bytes;
     // ZeRO's reduce-scatter of n gradient elements (each cfg.grad_bytes): a reduce-scatter, of 2-byte elements with
     // --compression fp16; with int8 or int4 (ZeRO++'s qgZ, `conduit train --compressor int8`) an all-to-all of
     // blocks of 256 with a 4-byte scale each, every rank's part of each other rank's slice sent once, in two hops
@@ -935,8 +976,8 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
       }
     } else if (cfg.zero >= 1) {
       // (sharded within groups: the stepped slices allgathered within the group, zg, as its reduce-scatter)
-      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, params_gpu * 2);
-      const double t_ag = ctime(Collective::kAllGather, ag, zg, params_gpu * 2) + wake;
+      auto ag = net.profile(Collective::kAllGather, cfg.dp_algorithm, zg, dp_params * 2);
+      const double t_ag = ctime(Collective::kAllGather, ag, zg, dp_params * 2) + wake;
       auto rs_time = [&](double n) { return zero_rs(n / cfg.grad_bytes, cfg.bucket_bytes); };
       // Bucket by bucket; without overlap all of them after the backward pass (a window of 0).
       double busy = 0;
@@ -954,7 +995,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
           bucketed_exposed(
               0.0, grad_bytes, cfg.bucket_bytes, [&](double n) { return rs_time(n) - replicas(n / cfg.grad_bytes); },
               &each);
-        const double hidden = cfg.dp_overlap ? bwd_window + inner.fwd_compute + lps_first * tp_fwd : 0.0;
+        const double hidden = cfg.dp_overlap ? bwd_window + dp_micro.fwd_compute + dp_layers * tp_fwd : 0.0;
         dp_exposed += static_cast<double>(mb - 1) * std::max(0.0, each - hidden);
         dp_total += static_cast<double>(mb - 1) * each;
       }
@@ -979,13 +1020,18 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
         // over-estimate). (each a rank's share as gpt_layer_parameters_per_rank counts it: all of them over t but the K
         // and V of replicated KV heads, so that they sum to a rank's layer)
         const double qkv = qkv_width_per_rank(m, t), up = m.mlp_up_width() / t, f = m.ffn(), n = h / t;
-        std::vector<std::vector<double>> units{{V * h / t, s * h}};
-        units.resize(static_cast<size_t>(lps_first) + 1,
-                     {n, n, qkv * h, qkv, h * n, n, n, n, up * h, up, f * h / t, n});
+        // (the exchanging stage's units: the first stage's embeddings, its layers, the last stage's output layer's
+        // copy of the word embeddings, none of them computing anything the next one's gather could hide behind)
+        const size_t lead = dp_stage == DpStage::kFirst ? 1 : 0;
+        std::vector<std::vector<double>> units(lead + static_cast<size_t>(dp_layers),
+                                               {n, n, qkv * h, qkv, h * n, n, n, n, up * h, up, f * h / t, n});
+        if (lead) units.front() = {V * h / t, s * h};
+        if (dp_stage == DpStage::kLast && p > 1) units.push_back({V * h / t});
         const auto calls =
             deferred_allgather_calls(units, cfg.bucket_bytes / cfg.grad_bytes, cfg.zero_allgather_bytes / 2);
         std::vector<double> fwd(units.size(), mt.layer_fwd + tp_fwd);
-        fwd[0] = 0;                     // (the embeddings' lookup)
+        if (lead) fwd.front() = 0;  // (the embeddings' lookup)
+        if (dp_stage == DpStage::kLast && p > 1) fwd.back() = 0;
         std::map<double, double> took;  // each call size's time
         double busy = 0;
         dp_exposed += deferred_allgather_exposed(
@@ -1027,14 +1073,15 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
       }
     } else {
       const Compression& cp = cfg.compression;
-      const double elems = params_gpu;
+      const double elems = dp_params;
       // Local SGD averages the parameters after the step (the runtime's parameter averaging): nothing to hide behind.
       const bool local = cfg.sync.kind == "local-sgd";
       const double window = cfg.dp_overlap && !local ? bwd_window : 0.0;
       // The runtime runs int8 and top-k tensor by tensor (compress/collectives.cc: a call per tensor of a bucket, the
       // bucket's once it is full): a bucket's share of the tensors, 12 a layer and the embeddings' and final norm's
       // 4, and at least one.
-      const double tensors = 12.0 * lps_first + 4;
+      // (a middle stage's layers only; the last stage's also the output layer's copy and the final norm's 2)
+      const double tensors = 12.0 * dp_layers + (dp_stage == DpStage::kFirst ? 4 : dp_stage == DpStage::kLast ? 3 : 0);
       if (cp.kind == "none" || cp.kind == "fp16") {
         // (local SGD averages the f32 parameters: sync/collective.cc)
         double bytes_per = local ? 4 : cp.kind == "none" ? cfg.grad_bytes : 2;
@@ -1104,9 +1151,9 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
           factors += copies * rank * (rows + cols);
           gemm += copies * 3 * gemm_time(acc, {rows, rank, cols, 1});  // P = MQ, Q = M^T P, decompress P Q^T
         };
-        for (auto [rows, cols] : mats) add(rows, cols, lps_first);
-        add(V / t, h, 1);
-        add(static_cast<double>(m.seq), h, 1);
+        for (auto [rows, cols] : mats) add(rows, cols, dp_layers);
+        if (dp_stage != DpStage::kMiddle) add(V / t, h, 1);
+        if (dp_stage == DpStage::kFirst) add(static_cast<double>(m.seq), h, 1);
         raw += std::max(0.0, elems - matrix_elems);  // the vectors
         // Bucket by bucket behind the backward, as the runtime (powersgd_allreduce, per bucket): its matrices' P
         // with its raw tensors in one allreduce, then their Q, in fp16 (P and Q each about half of the factors).
@@ -1157,7 +1204,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
 
   // Optimizer: Adam over this GPU's (sharded) parameters: ~28 bytes of memory traffic per parameter.
   const double opt_params =
-      params_gpu / (cfg.zero >= 1 ? static_cast<double>(shard > 1 ? shard : d) : 1.0);  // (a shard group's)
+      dp_params / (cfg.zero >= 1 ? static_cast<double>(shard > 1 ? shard : d) : 1.0);  // (a shard group's)
   r.breakdown.optimizer = memory_time(acc, opt_params * 28, 4);
 
   {
@@ -1230,27 +1277,26 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   if (p > 1) {
     const MemoryBreakdown last = stage_memory((lps_last * layer_params + V * h) / t, last_inflight, true, lps_last);
     const MemoryBreakdown first_memory = r.memory;
-    if (last.total() > r.memory.total()) {
+    // An uneven split's second stage: a middle stage's layers with one micro-batch fewer in flight than the first
+    // (1F1B; GPipe all m), which holds the most where the middle stages have more layers (BLOOM's 6 to the ends' 5).
+    // With an even split it never does: the first holds as many layers, the embeddings and more in flight.
+    const double second_inflight = cfg.schedule == Schedule::kGpipe ? mbs : std::min<double>(p - 1, mbs);
+    const MemoryBreakdown second = split.uneven && p > 2
+                                       ? stage_memory(lps_mid * layer_params / t, second_inflight, false, lps_mid)
+                                       : MemoryBreakdown{};
+    if (second.total() > std::max(first_memory.total(), last.total())) {
+      r.memory = second;
+      r.notes.push_back(fmt::format(
+          "memory: the second pipeline stage holds the most ({} for {} layers and {:g} micro-batches in flight, "
+          "against {} on the first and {} on the last)",
+          format_gb(second.total()), lps_mid, second_inflight, format_gb(first_memory.total()),
+          format_gb(last.total())));
+    } else if (last.total() > first_memory.total()) {
       r.memory = last;
       r.notes.push_back(fmt::format(
           "memory: the last pipeline stage holds the most ({} with the fp32 logits of the loss, against {} on the "
           "first)",
           format_gb(last.total()), format_gb(first_memory.total())));
-    }
-    // An uneven split's second stage: a middle stage's layers with one micro-batch fewer in flight than the first
-    // (1F1B; GPipe all m), which holds the most where the middle stages have more layers (BLOOM's 6 to the ends' 5).
-    // With an even split it never does: the first holds as many layers, the embeddings and more in flight.
-    if (split.uneven && p > 2) {
-      const double second_inflight = cfg.schedule == Schedule::kGpipe ? mbs : std::min<double>(p - 1, mbs);
-      const MemoryBreakdown second = stage_memory(lps_mid * layer_params / t, second_inflight, false, lps_mid);
-      if (second.total() > r.memory.total()) {
-        r.memory = second;
-        r.notes.push_back(fmt::format(
-            "memory: the second pipeline stage holds the most ({} for {} layers and {:g} micro-batches in flight, "
-            "against {} on the first and {} on the last)",
-            format_gb(second.total()), lps_mid, second_inflight, format_gb(first_memory.total()),
-            format_gb(last.total())));
-      }
     }
   }
   r.memory_capacity = mem_capacity;

@@ -338,6 +338,18 @@ TEST(Inputs, ContradictoryStepFlagsAreRefused) {
   EXPECT_EQ(split_error(4, -1, 24),
             "--last-stage-layers leaves 0 layers to the other 3 stages, which share them evenly, a layer each at "
             "least; allowed: counts that leave a positive multiple of 3");
+  EXPECT_EQ(split_error(2, 24, -1),
+            "--first-stage-layers = 24 leaves no layers to the last stage; allowed: at most 23, or give "
+            "--last-stage-layers 0 as well");
+  EXPECT_EQ(split_error(2, 24, 0), "no error");
+  EXPECT_EQ(error_of([&] {
+              ParallelConfig c;  // (3 stages: on 8 GPUs the split itself, as sim step checks it)
+              c.pp = 3;
+              c.first_stage_layers = c.last_stage_layers = 12;
+              stage_layers(m, c);
+            }),
+            "--first-stage-layers (12) + --last-stage-layers (12) leave no layers to the middle stage; allowed: counts "
+            "that leave it one at least (below --layers = 24 together)");
   EXPECT_EQ(split_error(4, -1, 3), "no error");                    // (7 each on the other three)
   EXPECT_EQ(split_error(2, 0, 24, Schedule::kGpipe), "no error");  // (the first stage the embedding alone)
   EXPECT_EQ(error_of([] { Topology(load_cluster("dgx-a100"), 1LL << 20); }),

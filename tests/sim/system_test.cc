@@ -727,6 +727,20 @@ TEST(Cli, StepPlanAndErrors) {
     const auto time_of = [](const std::string& j) { return nlohmann::json::parse(j)["time_s"].get<double>(); };
     EXPECT_GT(time_of(eager), time_of(fused)) << fixed;
   }
+  // An uneven split in the JSON record: the counts used, a middle stage's figures null where there is none (p = 2: a
+  // middle stage's time was printed for a stage that does not exist).
+  out =
+      run("sim step --cluster dgx-a100 --gpus 8 --model gpt-1.7b --global-batch 8 --pp 2 --first-stage-layers 10 "
+          "--json",
+          &rc);
+  EXPECT_EQ(rc, 0) << out;
+  {
+    const auto j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["stage_layers"].dump(), R"({"first":10,"last":14,"middle":null,"uneven":true})");
+    EXPECT_TRUE(j["stage_per_micro_batch_s"]["middle"].is_null()) << out;
+    EXPECT_EQ(j["config"]["first_stage_layers"], 10);
+    EXPECT_TRUE(j["config"]["last_stage_layers"].is_null()) << out;
+  }
   // The efficiency is relative to the smallest size, whatever the list's order (it was the first listed's).
   out = run("sim scale --cluster dgx-a100 --model gpt-1.7b --global-batch 256 --gpus-list 64,32 --json", &rc);
   EXPECT_EQ(rc, 0) << out;
