@@ -15,6 +15,8 @@ namespace conduit::sim {
 std::string describe_config(const ParallelConfig& c) {
   std::string s = fmt::format("dp={} tp={} pp={} b={} zero={} recompute={}", c.dp, c.tp, c.pp, c.micro_batch, c.zero,
                               recompute_name(c.recompute));
+  if (c.first_stage_layers >= 0) s += fmt::format(" first-stage-layers={}", c.first_stage_layers);
+  if (c.last_stage_layers >= 0) s += fmt::format(" last-stage-layers={}", c.last_stage_layers);
   if (c.pp > 1) {
     s += fmt::format(" schedule={}", schedule_name(c.schedule));
     if (c.schedule == Schedule::kInterleaved) s += fmt::format(" v={}", c.virtual_stages);
@@ -52,9 +54,9 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
         fmt::format("--sp (sequence parallelism) needs a tensor-parallel size above 1, and none is "
                     "searched here (heads {}, GPUs per node {}); leave --sp out or give --tp",
                     m.heads, topo.gpus_per_node()));
+  // Every size up to the layers (and 128): one that does not divide the layers with an uneven split (below).
   if (space.pp.empty())
-    for (int p = 1; p <= std::min(m.layers, 128); ++p)
-      if (m.layers % p == 0) space.pp.push_back(p);
+    for (int p = 1; p <= std::min(m.layers, 128); ++p) space.pp.push_back(p);
   // Every size from 1 to 16, then 24, 32, 48, ... (powers of two and 1.5 times them) to 1024; those that do not
   // divide a rank's share of the batch are skipped. (Up to 16 only, GPT-2 small on 16 dgx-a100 GPUs at batch 1024
   // missed micro-batch 64, 2.3% faster: small models fill the GPU only with large micro-batches.)
@@ -132,8 +134,28 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                     else
                       scheds.push_back({s, 1});
                   }
+                // A pipeline size that does not divide the layers: the middle stages ceil(l / p) each (floor where
+                // that leaves the ends too few) and the ends the rest, the first the smaller half (BLOOM's 70 layers
+                // on 12 stages: 5, 6 x 10, 5); not interleaved, whose chunks hold equal layers.
+                const bool uneven = p > 1 && m.layers % p != 0;
+                int first_layers = -1, last_layers = -1;
+                if (uneven) {
+                  int mid = (m.layers + p - 1) / p;
+                  if (static_cast<long long>(p - 2) * mid > m.layers) mid = m.layers / p;
+                  const int rest = m.layers - (p - 2) * mid;
+                  first_layers = rest / 2, last_layers = rest - rest / 2;
+                }
                 for (auto [sched, v] : scheds) {
+                  if (uneven && sched == Schedule::kInterleaved) {
+                    skip(
+                        fmt::format("--schedule interleaved: pp ({}) does not divide the {} layers, which only an "
+                                    "uneven split (1f1b, gpipe) cuts",
+                                    p, m.layers));
+                    continue;
+                  }
                   ParallelConfig c = space.base;
+                  c.first_stage_layers = first_layers;
+                  c.last_stage_layers = last_layers;
                   c.tp = t;
                   c.pp = p;
                   c.dp = 0;

@@ -13,7 +13,7 @@ namespace conduit::sim {
 struct PlanSpace {
   std::vector<int> tp;           // empty: powers of two up to min(heads, 2 x GPUs per node)
   bool sp_required = false;      // sequence_parallel {true} means every plan: tp = 1 is skipped (else it runs without)
-  std::vector<int> pp;           // empty: divisors of the layer count up to 128
+  std::vector<int> pp;  // empty: 1 to the layer count (at most 128); one not dividing the layers with an uneven split
   std::vector<int>
       micro_batch;  // empty: 1 to 16, then 24, 32, 48, ... 1024 (those not dividing the batch per replica skipped)
   std::vector<int> zero{0, 1, 2, 3};

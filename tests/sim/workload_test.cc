@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "sim/compute.h"
+#include "sim/plan.h"
 #include "sim/step.h"
 
 namespace conduit::sim {
@@ -443,6 +444,42 @@ TEST(Step, UnevenPipelineSplitsAreTheirStagesPlayedOut) {
   const StageLayers sb = stage_layers(gpt(70, 14336, 112, 2048, 250880), bloom);
   EXPECT_EQ(std::tuple(sb.first, sb.middle, sb.last), std::tuple(5, 6, 5));
   EXPECT_THROW(stage_layers(gpt(70, 14336, 112, 2048, 250880), cfg(4, 12, 2, 2048)), ConfigError);
+}
+
+// The planner tries pipeline sizes that do not divide the layers, with the uneven split BLOOM ran (the middle stages
+// ceil(l / p), the ends the rest): a 30-layer model on 4 stages (it searched only p = 1, 2, 3, 5, 6, ... of them).
+TEST(Plan, PipelineSizesThatDoNotDivideTheLayersAreSplitUnevenly) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel net(topo);
+  const GptModel m = gpt(30, 2048, 16);
+  PlanSpace space;
+  space.tp = {1};
+  space.pp = {4};
+  space.micro_batch = {1};
+  space.zero = {0};
+  space.recompute = {Recompute::kFull};
+  space.sequence_parallel = {false};
+  const PlanResult pr = plan(net, m, 256, space, 5);
+  ASSERT_FALSE(pr.ranked.empty()) << pr.first_error;
+  for (const StepResult& r : pr.ranked) {
+    EXPECT_EQ(r.config.pp, 4);
+    EXPECT_EQ(r.config.first_stage_layers, 7);  // (8 + 8 on the middle ones)
+    EXPECT_EQ(r.config.last_stage_layers, 7);
+    EXPECT_NE(r.config.schedule, Schedule::kInterleaved);
+    EXPECT_DOUBLE_EQ(r.time, simulate_step(net, m, r.config).time);
+  }
+  EXPECT_NE(describe_config(pr.ranked[0].config).find("first-stage-layers=7 last-stage-layers=7"), std::string::npos)
+      << describe_config(pr.ranked[0].config);
+  // 31 layers: 8 on each middle stage, the first the smaller half of the rest (7 and 8); 10 on 8 stages: a layer
+  // each in the middle (2 each would leave the ends none), 2 on each end.
+  for (auto [layers, p, first, last] : {std::tuple{31, 4, 7, 8}, std::tuple{10, 8, 2, 2}}) {
+    space.pp = {p};
+    const PlanResult q = plan(net, gpt(layers, 2048, 16), 256, space, 1);
+    ASSERT_FALSE(q.ranked.empty()) << q.first_error;
+    EXPECT_EQ(std::pair(q.ranked[0].config.first_stage_layers, q.ranked[0].config.last_stage_layers),
+              std::pair(first, last))
+        << layers << " on " << p;
+  }
 }
 
 TEST(Step, ThroughputAndMemoryAreSane) {
