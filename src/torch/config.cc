@@ -992,6 +992,24 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json
   // 999 images). Not taken: max_steps (a run it stopped continues past it), where and how this run runs (output,
   // transport, timeout_s, time_limit_s, progress, trace, slow).
   // The ZeRO stage this run gives, as a number (-1: none given, -2: not a stage number, which resolve_config names).
+  // A given setting's value as a whole number or a bool, as resolve_config will read it (nullopt: not given, or not
+  // one): compared as text, pp 01 or overlap no carried a checkpoint's schedule or zero_reduce into a run that then
+  // refused it, naming a key nobody set (an audit).
+  auto whole = [](const std::string& s) -> std::optional<long long> {
+    long long v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+    return v;
+  };
+  auto given_int = [&](const char* key) { return raw.count(key) ? whole(raw.at(key)) : std::nullopt; };
+  auto given_bool = [&](const char* key) -> std::optional<bool> {
+    if (!raw.count(key)) return std::nullopt;
+    try {
+      return to_bool(key, raw.at(key));
+    } catch (const ConfigError&) {  // (resolve_config names it)
+      return std::nullopt;
+    }
+  };
   int given_zero = -1;
   if (raw.count("zero")) {
     const std::string& z = raw.at("zero");
@@ -1072,12 +1090,13 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json
     }
     // (a pipeline's schedule and recomputation, not taken by a run without one: pp 1 given, or a checkpoint of pp 1
     // written before its schedule was refused; the pp mismatch, or nothing, is the error to report)
-    if ((std::string(k) == "pp_schedule" || std::string(k) == "recompute") && (!raw.count("pp") || raw.at("pp") == "1"))
+    if ((std::string(k) == "pp_schedule" || std::string(k) == "recompute") &&
+        (!raw.count("pp") || given_int("pp") == 1))
       continue;
     // (sequence parallelism, not taken by a run that cannot have it: tp 1 or pp above 1 given, or another model;
     // the tp, pp or model mismatch is the error to report)
     if (std::string(k) == "sequence_parallel" &&
-        ((raw.count("tp") && raw.at("tp") == "1") || (raw.count("pp") && raw.at("pp") != "1") ||
+        (given_int("tp") == 1 || (raw.count("pp") && given_int("pp") != 1) ||
          (raw.count("model") && meta.contains("model") && meta["model"] != raw.at("model"))))
       continue;
     // (the secondary partition's group size, not taken by a run given other workers or tp than the checkpoint's:
@@ -1087,7 +1106,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json
       for (auto [given, saved] : {std::pair<const char*, const char*>{"workers", "world"}, {"tp", "tp"}, {"pp", "pp"}})
         if (raw.count(given) && meta.contains(saved)) {
           const auto t = text(meta[saved]);
-          other = other || !t || *t != raw.at(given);
+          other = other || !t || !whole(*t) || whole(*t) != given_int(given);
         }
       if (other) continue;
     }
@@ -1102,7 +1121,7 @@ void apply_resume_defaults(RawConfig& raw, bool workers_from_env, nlohmann::json
     // checkpoint's not taken: carried before this key) or overlap off, which refuse it)
     if (std::string(k) == "zero_reduce" &&
         ((given_zero != -1 && given_zero != 2 && given_zero != 3) || !raw.count("micro_batches") ||
-         raw.at("micro_batches") == "1" || (raw.count("overlap") && raw.at("overlap") == "false")))
+         given_int("micro_batches") == 1 || given_bool("overlap") == false))
       continue;
     // (ZeRO's prefetch, not taken by a run given stage 0, which refuses it: the zero mismatch is the error to
     // report)

@@ -6,8 +6,10 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/types.h>
 
@@ -1548,6 +1550,17 @@ void DistributedOptimizer::check_zero_optimizer() {
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_stage {} steps slices that span several parameters, so a parameter no rank used "
         "cannot be left out; allowed: find_unused_parameters false, or zero_stage 0",
+        c.zero));
+  // Each rank steps its slice alone: right for an optimizer whose update of an element reads only that element's
+  // gradient and state (an audit: LBFGS, whose line search spans the whole parameter vector, stepped each slice on
+  // its own and was taken, silently wrong).
+  torch::optim::Optimizer* o = optimizer_.get();
+  if (!dynamic_cast<torch::optim::SGD*>(o) && !dynamic_cast<torch::optim::Adam*>(o) &&
+      !dynamic_cast<torch::optim::AdamW*>(o) && !dynamic_cast<torch::optim::Adagrad*>(o) &&
+      !dynamic_cast<torch::optim::RMSprop*>(o))
+    throw InvalidArgument(fmt::format(
+        "DistributedOptimizer: zero_stage {} steps each rank's slice of the parameters alone, which only an "
+        "element-wise optimizer does right; allowed: SGD, Adam, AdamW, Adagrad or RMSprop, or zero_stage 0",
         c.zero));
   auto& groups = optimizer_->param_groups();
   std::set<const void*> trainable, given;

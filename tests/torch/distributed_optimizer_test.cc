@@ -1133,6 +1133,17 @@ TEST(DistributedOptimizerZero, WhatItCannotPartitionIsRefusedWithOneLine) {
            opt->step();
          }),
          "has state");
+  // Each rank steps its slice alone: an optimizer that is not element-wise (LBFGS's line search spans the whole
+  // vector) was taken and stepped each slice on its own.
+  expect(attempt([](TwoLayers& m, auto& opt, DistOptions&) {
+           opt = std::make_shared<torch::optim::LBFGS>(m.parameters(), torch::optim::LBFGSOptions(0.1));
+         }),
+         "zero_stage 1 steps each rank's slice of the parameters alone, which only an element-wise optimizer does "
+         "right; allowed: SGD, Adam, AdamW, Adagrad or RMSprop, or zero_stage 0");
+  EXPECT_EQ(attempt([](TwoLayers& m, auto& opt, DistOptions&) {
+              opt = std::make_shared<torch::optim::RMSprop>(m.parameters(), torch::optim::RMSpropOptions(0.01));
+            }),
+            "");
   // Stage 0 takes all of those it allows.
   EXPECT_EQ(attempt([](auto&, auto&, DistOptions& o) { o.zero_stage = 0; }), "");
 }
