@@ -238,12 +238,7 @@ ParallelConfig make_config(const StepArgs& a) {
   c.first_stage_layers = a.given.count("--first-stage-layers") ? a.first_stage_layers : -1;
   c.last_stage_layers = a.given.count("--last-stage-layers") ? a.last_stage_layers : -1;
   c.sequence_parallel = a.sp;
-  if (a.attention_kernels != "fused" && a.attention_kernels != "eager")
-    throw ConfigError(fmt::format(
-        "--attention-kernels = '{}' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, mask, "
-        "softmax and dropout one kernel each)",
-        a.attention_kernels));
-  c.eager_attention = a.attention_kernels == "eager";
+  c.attention = parse_attention_kernels(a.attention_kernels);
   c.dp_overlap = !a.no_overlap;
   c.zero_prefetch = !a.no_zero_prefetch;
   c.balance = a.balance;
@@ -333,7 +328,7 @@ json config_json(const ParallelConfig& c) {
               {"first_stage_layers", c.first_stage_layers >= 0 ? json(c.first_stage_layers) : json(nullptr)},
               {"last_stage_layers", c.last_stage_layers >= 0 ? json(c.last_stage_layers) : json(nullptr)},
               {"sequence_parallel", c.sequence_parallel},
-              {"attention_kernels", c.eager_attention ? "eager" : "fused"},
+              {"attention_kernels", attention_kernels_name(c.attention)},
               {"compression", c.compression.kind},
               {"compression_param", c.compression.param},
               {"sync", c.sync.kind},
@@ -1713,8 +1708,9 @@ void setup(CLI::App& app) {
     }
     c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism" + searched);
     c->add_option("--attention-kernels", a->attention_kernels,
-                  "the attention's element-wise kernels over the scores: fused (Megatron-LM's scale-mask-softmax, "
-                  "then dropout) or eager (PyTorch's scale, mask, softmax and dropout one kernel each, as minGPT)")
+                  "the attention's kernels over the scores: fused (Megatron-LM's scale-mask-softmax, then dropout), "
+                  "eager (PyTorch's scale, mask, softmax and dropout one kernel each, as minGPT) or flash "
+                  "(FlashAttention: the scores never in memory, recomputed in the backward)")
         ->capture_default_str();
     c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
     c->add_flag("--no-zero-prefetch", a->no_zero_prefetch,
@@ -1808,8 +1804,8 @@ void setup(CLI::App& app) {
         c->add_flag("--sp", a->sp, "sequence parallelism (with --fixed)")};
     // (the model's kernels, so for every size, planned or fixed)
     c->add_option("--attention-kernels", a->attention_kernels,
-                  "the attention's element-wise kernels over the scores: fused (Megatron-LM's) or eager (PyTorch's, "
-                  "as minGPT)")
+                  "the attention's kernels over the scores: fused (Megatron-LM's), eager (PyTorch's, as minGPT) or "
+                  "flash (FlashAttention)")
         ->capture_default_str();
     c->add_option("--plot", sa->plot, "write a PNG of the curve with gnuplot");
     c->add_flag("--json", a->json, "one JSON record per size");

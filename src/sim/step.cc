@@ -405,6 +405,10 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
     if (g.attention_core) core += tf;
     bwd += gemm_time(acc, dgrad(g.shape)) + gemm_time(acc, wgrad(g.shape));
   }
+  // FlashAttention's backward recomputes the scores: QK^T once more (the core's two GEMMs, QK^T and AV, do as many
+  // multiply-adds: half its forward).
+  const bool flash = c.attention == AttentionKernels::kFlash;
+  if (flash) bwd += core / 2;
   // Element-wise kernels, 2-byte elements: two layer norms (read + write), two bias-dropout-adds (two reads, a
   // write, a 1-byte mask), fused scale-mask-softmax (read + write) and attention dropout (read, write, mask) on
   // the b*a/t*s*s scores, fused bias-GeLU (read + write) on the b*s*4h/t MLP activations (SwiGLU reads the gate and up
@@ -412,13 +416,16 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
   // scores in two kernels more, each a read and a write, and so do their backwards (the gradient scaled, and masked).
   const double hdiv = c.sequence_parallel ? tp : 1;
   const double h_bytes = 2 * (2 * 2 + 2 * 3.5) * b * s * h / hdiv;
-  const double s_bytes = 2 * (2 + 2.5) * b * (a / tp) * s * s;
+  // FlashAttention keeps the scores on chip: no softmax or dropout kernels over them, forward or backward.
+  const double s_bytes = flash ? 0 : 2 * (2 + 2.5) * b * (a / tp) * s * s;
+  const int s_kernels = flash ? 0 : 2;
   const double f_bytes = 2 * b * s * (m.mlp_up_width() + m.ffn()) / tp;
-  const double e_bytes = c.eager_attention ? 2 * (2 + 2) * b * (a / tp) * s * s : 0;
-  const int e_kernels = c.eager_attention ? 2 : 0;
-  const double ew_fwd = memory_time(acc, h_bytes + s_bytes + f_bytes + e_bytes, 7 + e_kernels);
-  const double ew_bwd = memory_time(acc, 2 * (h_bytes + s_bytes + f_bytes) + e_bytes, 14 + e_kernels);
-  const double ew_core = memory_time(acc, s_bytes + e_bytes, 2 + e_kernels);
+  const bool eager = c.attention == AttentionKernels::kEager;
+  const double e_bytes = eager ? 2 * (2 + 2) * b * (a / tp) * s * s : 0;
+  const int e_kernels = eager ? 2 : 0;
+  const double ew_fwd = memory_time(acc, h_bytes + s_bytes + f_bytes + e_bytes, 5 + s_kernels + e_kernels);
+  const double ew_bwd = memory_time(acc, 2 * (h_bytes + s_bytes + f_bytes) + e_bytes, 10 + 2 * s_kernels + e_kernels);
+  const double ew_core = memory_time(acc, s_bytes + e_bytes, s_kernels + e_kernels);
   t.layer_fwd = fwd + ew_fwd;
   t.layer_bwd = bwd + ew_bwd;
   double rec = 0;
@@ -1241,12 +1248,13 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     first_inflight = std::min(mbs, (pv + p - 1) / v);
     last_inflight = std::min(mbs, (pv - p + 1) / v);
   }
-  const double layer_act = gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, cfg.recompute);
+  const bool flash = cfg.attention == AttentionKernels::kFlash;
+  const double layer_act = gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, cfg.recompute, flash);
   // The layer being recomputed holds its full activations, of which what it stored is counted already (selective
   // recompute stores all but the attention core: counting its whole layer again overcounted 34 sbh/t).
   const double recomputing =
       cfg.recompute != Recompute::kNone
-          ? gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, Recompute::kNone) - layer_act
+          ? gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, Recompute::kNone, flash) - layer_act
           : 0.0;
   // The loss's fp32 logits stay until that micro-batch's backward: GPipe runs every forward first, so the last
   // stage holds all m of them (it counted one); 1F1B and interleaving take each backward soon after.
@@ -1565,14 +1573,15 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
   if (p < 1 || gpus % p != 0)
     throw ConfigError(fmt::format("--pp ({}) must divide --gpus ({}) for a layer-list model", p, gpus));
   // (each named: one line listed four flags, whichever was given)
-  const char* gpt_only = cfg.recompute != Recompute::kNone ? "--recompute"
-                         : cfg.sequence_parallel           ? "--sp"
-                         : cfg.virtual_stages != 1         ? "--virtual-stages"
-                         : cfg.balance                     ? "--balance"
-                         : cfg.eager_attention             ? "--attention-kernels eager"
-                         : cfg.first_stage_layers >= 0     ? "--first-stage-layers"
-                         : cfg.last_stage_layers >= 0      ? "--last-stage-layers"
-                                                           : nullptr;
+  const char* gpt_only = cfg.recompute != Recompute::kNone           ? "--recompute"
+                         : cfg.sequence_parallel                     ? "--sp"
+                         : cfg.virtual_stages != 1                   ? "--virtual-stages"
+                         : cfg.balance                               ? "--balance"
+                         : cfg.attention == AttentionKernels::kEager ? "--attention-kernels eager"
+                         : cfg.attention == AttentionKernels::kFlash ? "--attention-kernels flash"
+                         : cfg.first_stage_layers >= 0               ? "--first-stage-layers"
+                         : cfg.last_stage_layers >= 0                ? "--last-stage-layers"
+                                                                     : nullptr;
   if (gpt_only)
     throw ConfigError(fmt::format("{} applies to GPT models; allowed with a layer-list model: leave it out", gpt_only));
   if (cfg.schedule == Schedule::kInterleaved || (p == 1 && cfg.schedule != Schedule::k1F1B))

@@ -63,10 +63,12 @@ struct ParallelConfig {
   // without a count share the rest evenly. -1: not given (an even split when neither is).
   int first_stage_layers = -1, last_stage_layers = -1;
   bool sequence_parallel = false;
-  // The attention's element-wise kernels on the b (a/t) s^2 scores: false, Megatron-LM's fused scale-mask-softmax
-  // and a dropout; true, PyTorch eager (minGPT, the FSDP paper's model): the scale, the causal mask, the softmax and
-  // the dropout each a kernel that reads and writes the scores (`--attention-kernels eager`).
-  bool eager_attention = false;
+  // The attention's kernels over the b (a/t) s^2 scores (`--attention-kernels`): kFused, Megatron-LM's fused
+  // scale-mask-softmax and a dropout; kEager, PyTorch eager (minGPT, the FSDP paper's model): the scale, the causal
+  // mask, the softmax and the dropout each a kernel that reads and writes the scores; kFlash, FlashAttention (Dao et
+  // al. 2022; FA2 2023): the scores never reach memory, the backward recomputes them (one GEMM of QK^T more), and a
+  // layer stores the softmax's log-sum-exp instead of the scores and their mask.
+  AttentionKernels attention = AttentionKernels::kFused;
   bool dp_overlap = true;
   // ZeRO-3: each next layer's parameter gather starts while the layer before computes (DeepSpeed's prefetch, `conduit
   // train --zero-prefetch`); false: every gather blocks its layer. ZeRO-1/2: the allgather of the updated parameters

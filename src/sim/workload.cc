@@ -214,7 +214,21 @@ ModelState zero_model_state(double psi, long long dp, int stage, double grad_byt
   return s;
 }
 
-double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sp, Recompute r) {
+AttentionKernels parse_attention_kernels(const std::string& s) {
+  if (s == "fused") return AttentionKernels::kFused;
+  if (s == "eager") return AttentionKernels::kEager;
+  if (s == "flash") return AttentionKernels::kFlash;
+  throw ConfigError(fmt::format(
+      "--attention-kernels = '{}' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, mask, "
+      "softmax and dropout one kernel each; flash, FlashAttention's, the scores never in memory)",
+      s));
+}
+
+const char* attention_kernels_name(AttentionKernels k) {
+  return k == AttentionKernels::kEager ? "eager" : k == AttentionKernels::kFlash ? "flash" : "fused";
+}
+
+double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sp, Recompute r, bool flash) {
   const double s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads);
   const double sbh = s * b * h;
   if (r == Recompute::kFull) return 2 * sbh / (sp ? t : 1);
@@ -224,7 +238,7 @@ double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sp, R
   // recomputed.
   const double replicated = 10.0 / (sp ? t : 1);
   const double split = (4 + (m.gated_mlp ? 6 : 4) * m.ffn() / h) / t + 4 * kv_width_per_rank(m, t) / h;
-  const double scores = r == Recompute::kSelective ? 0 : 5 * a * s / (h * t);
+  const double scores = r == Recompute::kSelective ? 0 : flash ? 4 * a / (h * t) : 5 * a * s / (h * t);
   return sbh * (replicated + split + scores);
 }
 

@@ -28,6 +28,9 @@
 namespace conduit::sim {
 
 enum class Recompute { kNone, kSelective, kFull };
+enum class AttentionKernels { kFused, kEager, kFlash };
+AttentionKernels parse_attention_kernels(const std::string& s);  // "fused", "eager", "flash"
+const char* attention_kernels_name(AttentionKernels k);
 enum class Schedule { kGpipe, k1F1B, kInterleaved };
 Recompute parse_recompute(const std::string& s);
 Schedule parse_schedule(const std::string& s);
@@ -101,8 +104,10 @@ struct ModelState {
 };
 ModelState zero_model_state(double params, long long dp, int stage, double grad_bytes = 2);
 
-// Activation bytes of one layer for one micro-batch.
-double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sequence_parallel, Recompute r);
+// Activation bytes of one layer for one micro-batch (flash: FlashAttention's, the scores' log-sum-exp in fp32 in
+// place of the scores and their dropout mask).
+double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sequence_parallel, Recompute r,
+                                  bool flash = false);
 
 // Pipeline bubble as a fraction of the ideal (bubble-free) time: (p-1)/m, or (p-1)/(v m) interleaved.
 double pipeline_bubble_fraction(int p, long long m, int v);

@@ -687,10 +687,10 @@ TEST(Inputs, StageProductsVocabPaddingAndLayerListFlags) {
     EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
               "--sp applies to GPT models; allowed with a layer-list model: leave it out");
     g.sequence_parallel = false;
-    g.eager_attention = true;
+    g.attention = AttentionKernels::kEager;
     EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
               "--attention-kernels eager applies to GPT models; allowed with a layer-list model: leave it out");
-    g.eager_attention = false;
+    g.attention = AttentionKernels::kFused;
     g.first_stage_layers = 1;
     EXPECT_EQ(error_of([&] { simulate_layer_step(n8, lm, g); }),
               "--first-stage-layers applies to GPT models; allowed with a layer-list model: leave it out");

@@ -240,9 +240,9 @@ TEST(Step, EagerAttentionReadsAndWritesTheScoresTwiceMore) {
   c.micro_batch = 2;
   for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     c.recompute = rc;
-    c.eager_attention = false;
+    c.attention = AttentionKernels::kFused;
     const StepResult fused = simulate_step(net, m, c);
-    c.eager_attention = true;
+    c.attention = AttentionKernels::kEager;
     const StepResult eager = simulate_step(net, m, c);
     const double passes = rc == Recompute::kNone ? 2 : 3;  // forward, backward, recompute (the core's, selective)
     const double bytes = 2.0 * 2 * 2 * c.micro_batch * (m.heads / c.tp) * double(m.seq) * double(m.seq);
@@ -252,6 +252,47 @@ TEST(Step, EagerAttentionReadsAndWritesTheScoresTwiceMore) {
     EXPECT_GT(want, 0.01 * fused.breakdown.compute);
     EXPECT_EQ(eager.memory.activations, fused.memory.activations);  // (softmax output, dropout mask and output alike)
   }
+}
+
+// FlashAttention keeps the scores on chip: none of the fused path's softmax and dropout traffic over the b (a/t) s^2
+// scores (9 bytes an element: read and write, then a dropout's read, write and mask) in the forward, the backward
+// (twice) and a full recompute, nor their kernels; its backward recomputes QK^T (half the core's forward GEMMs); a
+// layer stores the softmax's fp32 log-sum-exp (4 b a s / t bytes) in place of the scores and their mask (5 b a s^2 /
+// t).
+TEST(Step, FlashAttentionKeepsTheScoresOnChip) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  GptModel m = named("gpt-7.5b");
+  const Accelerator& acc = topo.spec().node_kinds[0].accelerator;
+  ParallelConfig c;
+  c.tp = 8;
+  c.global_batch = 2;
+  c.micro_batch = 2;
+  double core = 0;
+  for (const auto& g : gpt_layer_gemms(m, c.micro_batch, c.tp))
+    if (g.attention_core) core += gemm_time(acc, g.shape);
+  ASSERT_GT(core, 0);
+  const double elems = c.micro_batch * double(m.heads / c.tp) * double(m.seq) * double(m.seq);
+  for (Recompute rc : {Recompute::kNone, Recompute::kFull}) {
+    c.recompute = rc;
+    c.attention = AttentionKernels::kFused;
+    const StepResult fused = simulate_step(net, m, c);
+    c.attention = AttentionKernels::kFlash;
+    const StepResult flash = simulate_step(net, m, c);
+    const double passes = rc == Recompute::kNone ? 3 : 4;  // forward, backward twice, recompute
+    const double saved =
+        m.layers *
+        (passes * (9 * elems / (acc.memory_bandwidth * acc.memory_efficiency) + 2 * acc.kernel_overhead) - core / 2);
+    EXPECT_NEAR(fused.breakdown.compute - flash.breakdown.compute, saved, 1e-6 * saved) << int(rc);
+    EXPECT_GT(saved, 0.02 * fused.breakdown.compute);
+    const double sbh = double(m.seq) * c.micro_batch * double(m.hidden);
+    const double per_layer = sbh * (5.0 * m.heads * double(m.seq) - 4.0 * m.heads) / (double(m.hidden) * c.tp);
+    // (stored in every layer without recompute; with full recompute only the one recomputing holds them)
+    EXPECT_NEAR(fused.memory.activations - flash.memory.activations,
+                (rc == Recompute::kNone ? m.layers : 1) * per_layer, 1e-9 * fused.memory.activations)
+        << int(rc);
+  }
+  EXPECT_EQ(parse_attention_kernels("flash"), AttentionKernels::kFlash);
 }
 
 // The last pipeline stage holds the fp32 logits of the loss (4 b s V / t bytes) and one micro-batch: with large
@@ -1066,9 +1107,9 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--dp = 0 (allowed: a positive data-parallel size, or leave it out for gpus / (tp pp))"},
            {"sim step --model gpt2-small --global-batch 8 --pp 2 --first-stage-layers -2",
             "--first-stage-layers = -2 (allowed: 0 or more transformer layers)"},
-           {"sim step --model gpt2-small --global-batch 8 --attention-kernels flash",
-            "--attention-kernels = 'flash' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, "
-            "mask, softmax and dropout one kernel each)"},
+           {"sim step --model gpt2-small --global-batch 8 --attention-kernels flash2",
+            "--attention-kernels = 'flash2' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, "
+            "mask, softmax and dropout one kernel each; flash, FlashAttention's, the scores never in memory)"},
            {"sim step --model layers --layers-spec dense:4x4 --hidden 5 --global-batch 8",
             "--hidden: a transformer's shape, and --model layers takes its layers from --layers-spec"},
            {"sim step --model layers --layers-spec dense:4x4 --mlp swiglu --global-batch 8",
