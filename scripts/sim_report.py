@@ -115,6 +115,98 @@ def bloom_cluster(conduit, directory):
     return path
 
 
+# MosaicML llm-foundry, scripts/train/benchmarking/README.md (mosaicml/llm-foundry @ c90b9b31): MPT models trained with
+# Composer's FSDP (FULL_SHARD, limit_all_gathers), FlashAttention (flash or its Triton version), on "A100 80GB with
+# 1600 Gbps node-node interconnect (RoCE)" and "A100 40GB with 1600 Gbps ..."; tokens/s per GPU as published. The
+# benchmarked models have biases and learned positions (no ALiBi: their parameter counts match with them), vocab
+# 50368, MLP 4 x d_model: the simulator's GPT. Activation checkpointing (AC) is full recompute. Precision: amp_bf16
+# with FSDP's DEFAULT mixed precision (16-bit gathers, fp32 reduce-scatters: --grad-bytes 4) or bf16 PURE (16-bit
+# both). The network: the dgx-a100 preset without switch aggregation (RoCE; 8 NICs of 200 Gb/s = 1600 Gb/s), NVSwitch
+# inside the node assumed (the README does not say); the 40GB rows with 40 GiB at 1555 GB/s (A100 40GB datasheet).
+MPT = {"1b": (24, 2048, 16), "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56),
+       "70b": (80, 8192, 64)}
+MPT_A100_80GB = [
+    # model, seq, gpus, micro-batch, global batch, published tokens/s/GPU, activation checkpointing, PURE (else DEFAULT)
+    ("70b", 2048, 64, 8, 2048, 410, True, True), ("70b", 2048, 32, 2, 1024, 373, True, True),
+    ("30b", 8192, 8, 1, 168, 574, True, False), ("30b", 4096, 8, 1, 168, 814, True, False),
+    ("30b", 2048, 8, 3, 504, 916, True, False), ("30b", 1024, 8, 6, 1008, 946, True, False),
+    ("30b", 512, 8, 12, 2016, 967, True, False),
+    ("13b", 32768, 8, 1, 24, 1016, True, False), ("13b", 16384, 8, 3, 72, 1431, True, False),
+    ("13b", 8192, 8, 5, 120, 1795, True, False), ("13b", 4096, 8, 10, 240, 2060, True, False),
+    ("13b", 2048, 8, 2, 48, 2262, False, False), ("13b", 1024, 8, 40, 960, 2330, True, False),
+    ("7b", 65536, 8, 1, 16, 1013, True, False), ("7b", 32768, 8, 2, 32, 1672, True, False),
+    ("7b", 16384, 8, 4, 64, 2453, True, False), ("7b", 8192, 8, 8, 128, 3206, True, False),
+    ("7b", 4096, 8, 16, 256, 3684, True, False), ("7b", 2048, 8, 6, 96, 4641, False, False),
+    ("7b", 1024, 8, 64, 1024, 4357, True, False),
+    ("3b", 65536, 8, 1, 16, 1767, True, False), ("3b", 32768, 8, 3, 144, 3029, True, False),
+    ("3b", 16384, 8, 1, 48, 5529, False, False), ("3b", 8192, 8, 3, 144, 7695, False, False),
+    ("3b", 4096, 8, 5, 240, 9457, False, False), ("3b", 2048, 8, 10, 160, 10811, False, False),
+    ("3b", 1024, 8, 20, 960, 11580, False, False), ("3b", 512, 8, 40, 1920, 12127, False, False),
+    ("1b", 65536, 8, 1, 16, 3044, True, False), ("1b", 32768, 8, 1, 32, 6275, False, False),
+    ("1b", 16384, 8, 2, 64, 9956, False, False), ("1b", 8192, 8, 3, 96, 13814, False, False),
+    ("1b", 4096, 8, 7, 224, 17807, False, False), ("1b", 2048, 8, 14, 448, 20513, False, False),
+    ("1b", 1024, 8, 18, 576, 22112, False, False), ("1b", 512, 8, 56, 1792, 23148, False, False),
+]
+# The A100 40GB table's rows at sequence 2048 (all bf16 PURE): the same models on 8 to 128 GPUs.
+MPT_A100_40GB = [
+    ("70b", 2048, 128, 4, 512, 376, True, True), ("70b", 2048, 64, 2, 128, 276, True, True),
+    ("30b", 2048, 128, 6, 768, 865, True, True), ("30b", 2048, 32, 4, 128, 857, True, True),
+    ("13b", 2048, 128, 16, 2048, 1972, True, True), ("13b", 2048, 64, 16, 1024, 1976, True, True),
+    ("13b", 2048, 32, 14, 448, 1998, True, True), ("13b", 2048, 16, 10, 160, 1993, True, True),
+    ("13b", 2048, 8, 4, 512, 1668, True, True),
+    ("7b", 2048, 128, 18, 2304, 3623, True, True), ("7b", 2048, 64, 18, 1152, 3665, True, True),
+    ("7b", 2048, 32, 18, 576, 3725, True, True), ("7b", 2048, 16, 16, 256, 3645, True, True),
+    ("7b", 2048, 8, 12, 384, 3679, True, True),
+    ("3b", 2048, 128, 6, 768, 9538, False, True), ("3b", 2048, 64, 6, 384, 9736, False, True),
+    ("3b", 2048, 32, 6, 192, 9914, False, True), ("3b", 2048, 16, 5, 80, 9750, False, True),
+    ("3b", 2048, 8, 5, 320, 10065, False, True),
+    ("1b", 2048, 128, 10, 1280, 18647, False, True), ("1b", 2048, 64, 10, 640, 19001, False, True),
+    ("1b", 2048, 32, 10, 320, 15555, False, True), ("1b", 2048, 16, 8, 128, 19085, False, True),
+    ("1b", 2048, 8, 8, 512, 19271, False, True),
+]
+
+
+def mpt_cluster(conduit, directory, gb40):
+    text = subprocess.run([conduit, "sim", "presets", "--dump", "dgx-a100"], check=True, capture_output=True,
+                          text=True).stdout
+    edits = [("\nname: dgx-a100\n", "\nname: a100-40gb-roce\n" if gb40 else "\nname: a100-80gb-roce\n"),
+             ("in_network_reduction: true", "in_network_reduction: false")]
+    if gb40:
+        edits += [("memory: 80 GiB                 # NVIDIA A100 datasheet: 80GB HBM2e",
+                   "memory: 40 GiB                 # NVIDIA A100 datasheet: 40GB HBM2"),
+                  ("memory_bandwidth: 2039 GB/s    # NVIDIA A100 datasheet: 2,039 GB/s (SXM 80GB)",
+                   "memory_bandwidth: 1555 GB/s    # NVIDIA A100 datasheet: 1,555 GB/s (SXM 40GB)")]
+    for old, new in edits:
+        if text.count(old) != 1:
+            sys.exit(f"the dgx-a100 preset no longer holds {old!r} once")
+        text = text.replace(old, new)
+    path = os.path.join(directory, "a100-40gb-roce.yaml" if gb40 else "a100-80gb-roce.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def mpt_rows(conduit, cluster, rows):
+    """Prints a table of the rows; returns the absolute errors."""
+    print("| MPT | seq | GPUs | micro-batch | AC | published tokens/s/GPU | predicted | error | memory |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    errs = []
+    for name, seq, n, mb, gbs, pub, ac, pure in rows:
+        l, h, a = MPT[name]
+        d = sim(conduit, "step", "--cluster", cluster, "--gpus", str(n), "--model", "gpt", "--layers", str(l),
+                "--hidden", str(h), "--heads", str(a), "--seq", str(seq), "--vocab", "50368", "--global-batch",
+                str(gbs), "--micro-batch", str(mb), "--zero", "3", "--recompute", "full" if ac else "none",
+                "--attention-kernels", "flash", "--grad-bytes", "2" if pure else "4")
+        pred = gbs * seq / d["time_s"] / n
+        err = (pred - pub) / pub
+        errs.append(abs(err))
+        print(f"| {name} | {seq} | {n} | {mb} | {'yes' if ac else 'no'} | {pub} | {pred:.0f} | {100*err:+.1f}% | "
+              f"{d['memory_gb']['total']:.1f} GB |")
+    print(f"\nmean |error| {100*statistics.mean(errs):.1f}%, max {100*max(errs):.1f}%, "
+          f"{sum(e <= 0.10 for e in errs)}/{len(errs)} rows within 10%\n")
+    return errs
+
+
 def fsdp_cluster(conduit, directory):
     text = subprocess.run([conduit, "sim", "presets", "--dump", "dgx-a100"], check=True, capture_output=True,
                           text=True).stdout
@@ -199,6 +291,9 @@ def validation(conduit):
         print(f"| Megatron-DeepSpeed | 384 | {pub} | {pred:.1f} | {100*(pred-pub)/pub:+.1f}% | {d['time_s']:.1f} s "
               f"({logged_s} s) | {100*bd['bubble']/d['time_s']:.1f}% | {100*bd['dp_exposed']/d['time_s']:.1f}% |")
     print()
+    with tempfile.TemporaryDirectory() as tmp:
+        mpt_rows(conduit, mpt_cluster(conduit, tmp, False), MPT_A100_80GB)
+        mpt_rows(conduit, mpt_cluster(conduit, tmp, True), MPT_A100_40GB)
     print("| ZeRO-3, GPT-3 175B | GPUs | micro-batch | published TFLOP/s/GPU | predicted | error |")
     print("|---|---|---|---|---|---|")
     for n, mb, pub in ZERO3_TABLE2:
