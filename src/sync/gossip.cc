@@ -104,11 +104,11 @@ void DpsgdStrategy::choco_gossip(std::span<float> params) {
       c.transport().abort(why);
       throw ProtocolError(why);
     }
+  // Every buffer before the first receive: an allocation that failed between two left the first posted into a buffer
+  // the exception freed.
   std::vector<compress::Bytes> in(m);
-  for (size_t k = 0; k < m; ++k) {
-    in[k].resize(lens[k]);
-    reqs.push_back(irecv(c, nbrs_[k], detail::kTagGossip, in[k].data(), lens[k]));
-  }
+  for (size_t k = 0; k < m; ++k) in[k].resize(lens[k]);
+  for (size_t k = 0; k < m; ++k) reqs.push_back(irecv(c, nbrs_[k], detail::kTagGossip, in[k].data(), lens[k]));
   for (int p : nbrs_) reqs.push_back(isend(c, p, detail::kTagGossip, q.data(), q.size()));
   detail::wait_all(c, reqs);
   stats_.bytes_sent += m * (q.size() + 8);

@@ -841,104 +841,117 @@ class PsStrategy : public Strategy {
     std::vector<Bytes> payloads(S);
     std::vector<ReplyHeader> rhs(S);
     std::vector<Bytes> replies(S);
-    std::vector<net::RequestPtr> sends, rrecv;
-    for (int64_t s = 0; s < S; ++s) {
-      auto [lo, hi] = shard_range(d_, s, S);
-      if (kind == kPush) {
-        if (push_) {
-          compress::check_finite_or_abort(
-              *comm_, grads.subspan(lo, hi - lo), push_->name(),
-              fmt::format("parameter-server push to shard {} (elements from {})", s, lo).c_str());
-          push_->compress(grads.subspan(lo, hi - lo), push_states_[s], payloads[s]);
-        } else {
-          payloads[s].resize((hi - lo) * 4);
-          std::memcpy(payloads[s].data(), grads.data() + lo, (hi - lo) * 4);
-        }
-      }
-      hs[s] = {kind, payloads[s].size(), kind == kPush ? clock_ : 0,  // = the push state's step after compress
-               kind == kPush ? lr_scale_ : 1.0};
-      // Every push is a payload, its own rank's shard's too (it does not cross the wire, but leaving it out made an
-      // uncompressed exchange's compression_ratio W/(W-1)); the stop message is none.
-      if (kind == kPush) stats_.payload_bytes += sizeof(Header) + payloads[s].size();
-      if (host_of(s) == me) continue;
-      int h = host_of(s);
-      sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
-      if (!payloads[s].empty())
-        sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsPayload, s), payloads[s].data(), payloads[s].size()));
-      if (kind != kStop || !cfg_.colocate)  // (dedicated servers answer a stop with the final model)
-        rrecv.push_back(irecv(*comm_, h, tag_of(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
-      stats_.bytes_sent += sizeof(Header) + payloads[s].size();
-    }
-    // Local shards (co-located) are served on this thread, after the remote pushes left. When that throws (an ssp
-    // wait past the deadline), the sends from `payloads` and the receives into `rhs` go first: both are freed with
-    // the exception.
+    std::vector<net::RequestPtr> sends, rrecv, precv;
+    // Every request posted here reads or writes the buffers above, which an exception frees: whatever ends the
+    // exchange early gives up all of them first. (The wait for the sends gave up only the sends: a server's death or
+    // its deadline left the receives of the other servers' reply headers posted into `rhs`, where a later reply
+    // landed in freed memory.)
+    auto give_up_all = [&](const std::string& why) {
+      for (const auto* reqs : {&sends, &rrecv, &precv})
+        for (const auto& r : *reqs) net::give_up(comm_->transport(), r, why);
+    };
     try {
       for (int64_t s = 0; s < S; ++s) {
-        if (host_of(s) != me) continue;
-        auto [rh, reply] = shards_.at(s)->handle(me, hs[s], payloads[s], comm_->timeout_s());
-        rhs[s] = rh;
-        replies[s] = std::move(reply);
+        auto [lo, hi] = shard_range(d_, s, S);
+        if (kind == kPush) {
+          if (push_) {
+            compress::check_finite_or_abort(
+                *comm_, grads.subspan(lo, hi - lo), push_->name(),
+                fmt::format("parameter-server push to shard {} (elements from {})", s, lo).c_str());
+            push_->compress(grads.subspan(lo, hi - lo), push_states_[s], payloads[s]);
+          } else {
+            payloads[s].resize((hi - lo) * 4);
+            std::memcpy(payloads[s].data(), grads.data() + lo, (hi - lo) * 4);
+          }
+        }
+        hs[s] = {kind, payloads[s].size(), kind == kPush ? clock_ : 0,  // = the push state's step after compress
+                 kind == kPush ? lr_scale_ : 1.0};
+        // Every push is a payload, its own rank's shard's too (it does not cross the wire, but leaving it out made an
+        // uncompressed exchange's compression_ratio W/(W-1)); the stop message is none.
+        if (kind == kPush) stats_.payload_bytes += sizeof(Header) + payloads[s].size();
+        if (host_of(s) == me) continue;
+        int h = host_of(s);
+        sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsHeader, s), &hs[s], sizeof(Header)));
+        if (!payloads[s].empty())
+          sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsPayload, s), payloads[s].data(), payloads[s].size()));
+        if (kind != kStop || !cfg_.colocate)  // (dedicated servers answer a stop with the final model)
+          rrecv.push_back(irecv(*comm_, h, tag_of(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
+        stats_.bytes_sent += sizeof(Header) + payloads[s].size();
       }
+      // Local shards (co-located) are served on this thread, after the remote pushes left. When that throws (an ssp
+      // wait past the deadline), the other ranks hear why.
+      try {
+        for (int64_t s = 0; s < S; ++s) {
+          if (host_of(s) != me) continue;
+          auto [rh, reply] = shards_.at(s)->handle(me, hs[s], payloads[s], comm_->timeout_s());
+          rhs[s] = rh;
+          replies[s] = std::move(reply);
+        }
+      } catch (const std::exception& e) {
+        give_up_all(e.what());
+        // The other ranks hear the cause (this rank's destructor then aborted with "stopped before finish() by an
+        // error on this rank", and they heard only that); an abort that came first keeps its own.
+        comm_->transport().abort(fmt::format("sync {}: rank {}: {}", name(), comm_->rank(), e.what()));
+        throw;
+      }
+      detail::wait_all(*comm_, sends);
+      if (kind == kStop && cfg_.colocate) {
+        stats_.comm_seconds += sw.seconds();
+        return;
+      }
+      // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
+      // worker aborts the transport, which ends the wait); so does the final model under asp and ssp, sent once every
+      // worker stopped (bsp's workers stop together: the deadline holds).
+      if (ssp_drifts(cfg_) || (kind == kStop && workers_drift()))  // (asp replies at once: its wait keeps the deadline)
+        net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
+      else
+        detail::wait_all(*comm_, rrecv);
+      // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most
+      // compressed_cap): every header is checked before any receive is posted (a receive posted for an earlier shard
+      // would be left writing into a reply buffer freed by the error).
+      for (int64_t s = 0; s < S; ++s) {
+        if (host_of(s) == me) continue;
+        auto [lo, hi] = shard_range(d_, s, S);
+        const uint64_t raw_bytes = 4 * static_cast<uint64_t>(hi - lo);
+        // (The starting point at setup comes raw, before the pull states exist.)
+        const bool compressed = pull_ && size_t(s) < pull_states_.size() && kind != kStop;
+        const uint64_t cap = compressed ? compress::max_payload_bytes(*pull_, hi - lo, pull_states_[size_t(s)]) : 0;
+        const bool ok =
+            rhs[s].raw == 1 ? rhs[s].bytes == raw_bytes : rhs[s].raw == 0 && compressed && rhs[s].bytes <= cap;
+        if (!ok)
+          throw ProtocolError(
+              fmt::format("sync {}: shard {} replied {} bytes, raw = {}; allowed: {} bytes raw{}", name(), s,
+                          rhs[s].bytes, rhs[s].raw, raw_bytes,
+                          compressed ? fmt::format(", or compressed (raw = 0) at most {}", cap) : std::string()));
+      }
+      for (int64_t s = 0; s < S; ++s) {
+        if (host_of(s) == me) continue;
+        replies[s].resize(rhs[s].bytes);
+        precv.push_back(irecv(*comm_, host_of(s), tag_of(detail::kTagPsReply, s), replies[s].data(), rhs[s].bytes));
+        stats_.bytes_received += sizeof(ReplyHeader) + rhs[s].bytes;
+      }
+      detail::wait_all(*comm_, precv);
+      for (int64_t s = 0; s < S; ++s) {
+        auto [lo, hi] = shard_range(d_, s, S);
+        auto dst = params.subspan(lo, hi - lo);
+        if (rhs[s].raw) {
+          if (replies[s].size() != dst.size_bytes())
+            throw ProtocolError(fmt::format("sync {}: shard {} sent {} bytes, expected {}", name(), s,
+                                            replies[s].size(), dst.size_bytes()));
+          std::memcpy(dst.data(), replies[s].data(), dst.size_bytes());
+        } else {
+          pull_states_[s].step++;  // in step with the server's state after its compress
+          pull_->decompress_add(replies[s], pull_states_[s], dst);
+        }
+      }
+      if (kind != kStop) stats_.rounds++;
     } catch (const std::exception& e) {
-      for (const auto* reqs : {&sends, &rrecv})
-        for (const auto& r : *reqs) net::give_up(comm_->transport(), r, e.what());
-      // The other ranks hear the cause (this rank's destructor then aborted with "stopped before finish() by an
-      // error on this rank", and they heard only that); an abort that came first keeps its own.
-      comm_->transport().abort(fmt::format("sync {}: rank {}: {}", name(), comm_->rank(), e.what()));
+      give_up_all(e.what());
+      throw;
+    } catch (...) {
+      give_up_all(fmt::format("sync {}: rank {}: the exchange ended with an exception", name(), me));
       throw;
     }
-    detail::wait_all(*comm_, sends);
-    if (kind == kStop && cfg_.colocate) {
-      stats_.comm_seconds += sw.seconds();
-      return;
-    }
-    // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
-    // worker aborts the transport, which ends the wait); so does the final model under asp and ssp, sent once every
-    // worker stopped (bsp's workers stop together: the deadline holds).
-    if (ssp_drifts(cfg_) || (kind == kStop && workers_drift()))  // (asp replies at once: its wait keeps the deadline)
-      net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
-    else
-      detail::wait_all(*comm_, rrecv);
-    // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most
-    // compressed_cap): every header is checked before any receive is posted (a receive posted for an earlier shard
-    // would be left writing into a reply buffer freed by the error).
-    for (int64_t s = 0; s < S; ++s) {
-      if (host_of(s) == me) continue;
-      auto [lo, hi] = shard_range(d_, s, S);
-      const uint64_t raw_bytes = 4 * static_cast<uint64_t>(hi - lo);
-      // (The starting point at setup comes raw, before the pull states exist.)
-      const bool compressed = pull_ && size_t(s) < pull_states_.size() && kind != kStop;
-      const uint64_t cap = compressed ? compress::max_payload_bytes(*pull_, hi - lo, pull_states_[size_t(s)]) : 0;
-      const bool ok =
-          rhs[s].raw == 1 ? rhs[s].bytes == raw_bytes : rhs[s].raw == 0 && compressed && rhs[s].bytes <= cap;
-      if (!ok)
-        throw ProtocolError(
-            fmt::format("sync {}: shard {} replied {} bytes, raw = {}; allowed: {} bytes raw{}", name(), s,
-                        rhs[s].bytes, rhs[s].raw, raw_bytes,
-                        compressed ? fmt::format(", or compressed (raw = 0) at most {}", cap) : std::string()));
-    }
-    std::vector<net::RequestPtr> precv;
-    for (int64_t s = 0; s < S; ++s) {
-      if (host_of(s) == me) continue;
-      replies[s].resize(rhs[s].bytes);
-      precv.push_back(irecv(*comm_, host_of(s), tag_of(detail::kTagPsReply, s), replies[s].data(), rhs[s].bytes));
-      stats_.bytes_received += sizeof(ReplyHeader) + rhs[s].bytes;
-    }
-    detail::wait_all(*comm_, precv);
-    for (int64_t s = 0; s < S; ++s) {
-      auto [lo, hi] = shard_range(d_, s, S);
-      auto dst = params.subspan(lo, hi - lo);
-      if (rhs[s].raw) {
-        if (replies[s].size() != dst.size_bytes())
-          throw ProtocolError(fmt::format("sync {}: shard {} sent {} bytes, expected {}", name(), s, replies[s].size(),
-                                          dst.size_bytes()));
-        std::memcpy(dst.data(), replies[s].data(), dst.size_bytes());
-      } else {
-        pull_states_[s].step++;  // in step with the server's state after its compress
-        pull_->decompress_add(replies[s], pull_states_[s], dst);
-      }
-    }
-    if (kind != kStop) stats_.rounds++;
     stats_.comm_seconds += sw.seconds();
   }
 

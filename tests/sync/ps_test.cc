@@ -522,6 +522,57 @@ TEST(SyncPs, DestroyingStrategiesWithoutFinishJoinsTheirServingThreads) {
   }
 }
 
+// Found by an audit: when a worker's requests to the servers failed (a server that died, or the deadline), its
+// exchange gave up the sends alone: the receives of every server's reply header stayed posted into a buffer the
+// exception freed, where a later reply from another server landed. Here server rank 2 takes worker 0's pull, then
+// server rank 1 refuses it (a receive of another size fails the send); once setup() has thrown, rank 2 sends on the
+// reply header's tag, and no receive of the worker's may take it (in-process, a send meets a posted receive at once).
+// Ranks 1 and 2 speak the protocol by hand.
+TEST(SyncPs, AFailedRequestGivesUpTheReceivesOfEveryServersReply) {
+  const size_t d = 8;  // 4 parameters a shard
+  std::promise<void> took, failed, probed;
+  auto took_f = took.get_future();
+  auto failed_f = failed.get_future();
+  auto probed_f = probed.get_future();
+  std::string error;
+  bool taken = false;
+  on_ranks(3, [&](int r, coll::CommPtr c) {
+    if (r == 0) {
+      auto s = make_strategy("ps-bsp", {{"servers", "2"}, {"colocate", "0"}}, c);
+      auto x = harness::initial(0, d);
+      try {
+        s->setup(x);
+        error = "no error";
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      failed.set_value();
+      // The strategy, and whatever its exchange left posted, lives until the probe was sent.
+      probed_f.wait_for(std::chrono::seconds(10));
+      return;
+    }
+    uint64_t header[4];  // a request's header: kind, bytes, clock, lr scale
+    float shard[d / 2];
+    detail::wait(*c, detail::irecv(*c, 0, detail::kTagPsInit, header, sizeof header));
+    detail::wait(*c, detail::irecv(*c, 0, detail::kTagPsInit, shard, sizeof shard));
+    if (r == 1) {  // once rank 2 has the request (a failed exchange withdraws the requests not taken yet)
+      EXPECT_EQ(took_f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+      EXPECT_THROW(detail::wait(*c, detail::irecv(*c, 0, detail::kTagPsHeader, header, 8)), ProtocolError);
+      return;
+    }
+    detail::wait(*c, detail::irecv(*c, 0, detail::kTagPsHeader, header, sizeof header));
+    took.set_value();
+    EXPECT_EQ(failed_f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    const uint8_t probe = 0;
+    auto req = detail::isend(*c, 0, detail::kTagPsReplyHeader, &probe, 1);
+    taken = req->done();  // (by a receive of another size: it failed both, and wrote nothing)
+    if (!taken) c->transport().cancel(req, std::make_exception_ptr(TimeoutError("test: the probe is withdrawn")));
+    probed.set_value();
+  });
+  EXPECT_NE(error.find("message size mismatch"), std::string::npos) << error;
+  EXPECT_FALSE(taken) << "a receive of worker 0's failed exchange was still posted";
+}
+
 TEST(SyncPs, AWorkerWaitingInItsOwnShardFailsAtOnceWhenAPeerGoesAway) {
   // ps-ssp with s = 0: ranks 0 and 1 push and wait in their own shards for rank 2's clock; rank 2 goes away
   // (destroyed without finish(), as an error unwinding its trainer does). Their steps must fail with the cause now,
