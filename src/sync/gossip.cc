@@ -296,6 +296,12 @@ void AdpsgdStrategy::serve_peer(int peer) {
         served_received_ += req.size() * 4;
         return;
       }
+      // (any other flag, a NaN or a 2 from a corrupt peer, was averaged in as a request)
+      if (req[d] != 1)
+        throw ProtocolError(
+            fmt::format("sync adpsgd: rank {} sent rank {} a pair request flagged {}; "
+                        "allowed: 1 (a request) or 0 (a stop)",
+                        peer, comm_->rank(), req[d]));
       {
         std::lock_guard<std::mutex> lk(mu_);
         for (size_t i = 0; i < d; ++i) {
@@ -313,10 +319,23 @@ void AdpsgdStrategy::serve_peer(int peer) {
       exchanges_++;
       detail::wait(*comm_, isend(*comm_, peer, detail::kTagPairRep, rep.data(), d * 4));
     }
+  } catch (const std::exception& e) {
+    stop_serving(peer, e.what());
   } catch (...) {
+    stop_serving(peer, "unknown error");
+  }
+}
+
+// Called from serve_peer's handler: this rank no longer answers `peer`, which waits for the reply to its request (it
+// waited out its whole deadline and then reported a bare timeout): the transport is aborted with the cause, as
+// PsStrategy's serving threads do. This rank hears it at its next step (apply_pending).
+void AdpsgdStrategy::stop_serving(int peer, const char* what) {
+  {
     std::lock_guard<std::mutex> lk(mu_);
     if (!error_) error_ = std::current_exception();
   }
+  comm_->transport().abort(
+      fmt::format("sync adpsgd: rank {} stopped answering rank {}: {}", comm_->rank(), peer, what));
 }
 
 void AdpsgdStrategy::apply_pending(std::span<float> params) {

@@ -163,6 +163,7 @@ class AdpsgdStrategy : public Strategy {
 
  private:
   void serve_peer(int peer);
+  void stop_serving(int peer, const char* what);
   void apply_pending(std::span<float> params);
   std::vector<int> nbrs_;
   std::mt19937_64 rng_;

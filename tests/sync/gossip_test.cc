@@ -466,6 +466,63 @@ TEST(SyncAdpsgd, AnOddRingUsesEveryEdgeIncludingTheWrapEdge) {
   }
 }
 
+// Found by an audit: a passive rank whose answering thread failed only kept the error for its own next step, so the
+// active neighbour waiting for the reply waited out its whole deadline (300 s by default) and reported a bare timeout;
+// and a request's flag was read as "stop" when 0 and as a request otherwise, so a NaN or a 2 from a corrupt peer was
+// averaged in. Rank 0 speaks the protocol by hand: a request flagged 2 or NaN, or one of another size. Its wait for
+// the reply must end at once with the cause (the test's 10 s deadline is half the communicator's), and rank 1's next
+// step must raise it.
+TEST(SyncAdpsgd, AFailedAnswerEndsTheAskersWaitWithTheCause) {
+  const size_t d = 6;
+  struct Case {
+    float flag;
+    size_t floats;
+    std::string cause;
+  };
+  for (const Case& k : std::vector<Case>{
+           {2.0f, d + 1,
+            "sync adpsgd: rank 0 sent rank 1 a pair request flagged 2; allowed: 1 (a request) or 0 (a stop)"},
+           {std::nanf(""), d + 1, "sync adpsgd: rank 0 sent rank 1 a pair request flagged nan; allowed: 1"},
+           {1.0f, d, "message size mismatch"}}) {
+    on_ranks(2, [&](int r, coll::CommPtr c) {
+      std::vector<float> x(d, 0.5f);
+      if (r == 1) {
+        auto s = make_strategy("adpsgd", {}, c);
+        s->setup(x);
+        const Deadline until = Deadline::after(10);
+        while (c->transport().aborted_reason().empty() && !until.expired())
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        try {
+          s->after_step(0, x);
+          ADD_FAILURE() << "rank 1 stepped on after its answering thread failed (" << k.cause << ")";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find(k.cause), std::string::npos) << e.what();
+        }
+        return;  // (destroyed without finish(), as an error unwinding the trainer does)
+      }
+      c->broadcast(x.data(), x.size(), DType::f32, 0, detail::blocking_opts()).wait();  // setup's
+      std::vector<float> req(k.floats, 0.25f), rep(d);
+      req.back() = k.flag;
+      auto in = detail::irecv(*c, 1, detail::kTagPairRep, rep.data(), d * 4);
+      auto out = detail::isend(*c, 1, detail::kTagPairReq, req.data(), req.size() * 4);
+      try {
+        in->wait(Deadline::after(10));
+        ADD_FAILURE() << "rank 1 answered a request flagged " << k.flag;
+      } catch (const PeerError& e) {
+        EXPECT_NE(std::string(e.what()).find("sync adpsgd: rank 1 stopped answering rank 0: " + k.cause),
+                  std::string::npos)
+            << e.what();
+      } catch (const Error& e) {
+        ADD_FAILURE() << "not the cause: " << e.what();
+      }
+      try {
+        out->wait(Deadline::after(1));
+      } catch (const Error&) {  // (of another size: it failed with the receive)
+      }
+    });
+  }
+}
+
 TEST(SyncAdpsgd, ACheckpointBetweenStepsKeepsThePassiveRanksPendingAverage) {
   // The active rank averages with the passive one, whose share waits in pending_ until its next step. A checkpoint
   // taken there (the trainer saves params and save_state()) and restored into a fresh strategy must give the same
