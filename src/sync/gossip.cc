@@ -278,12 +278,12 @@ void AdpsgdStrategy::setup(std::span<float> params) {
   shadow_.assign(params.begin(), params.end());
   pending_.assign(d, 0.f);
   set_up_ = true;
+  // (the size handed over: read in the thread, shadow_ is under mu_, which load_state takes to replace it)
   for (int p : adpsgd_ring_roles(comm_->rank(), comm_->size()).answers)
-    servers_.emplace_back([this, p] { serve_peer(p); });
+    servers_.emplace_back([this, p, d] { serve_peer(p, d); });
 }
 
-void AdpsgdStrategy::serve_peer(int peer) {
-  const size_t d = shadow_.size();
+void AdpsgdStrategy::serve_peer(int peer, size_t d) {
   std::vector<float> req(d + 1), rep(d);
   try {
     for (;;) {

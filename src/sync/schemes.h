@@ -162,7 +162,8 @@ class AdpsgdStrategy : public Strategy {
   uint64_t exchanges() const { return exchanges_; }
 
  private:
-  void serve_peer(int peer);
+  // Answers `peer`'s requests for a model of d parameters (on its own thread).
+  void serve_peer(int peer, size_t d);
   void stop_serving(int peer, const char* what);
   void apply_pending(std::span<float> params);
   std::vector<int> nbrs_;
