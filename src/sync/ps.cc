@@ -23,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "compress/collectives.h"
@@ -101,6 +102,11 @@ compress::CompressorPtr ps_compressor(const std::string& spec, const char* what)
 // 64 shards on one rank (PsStrategy::tag_of).
 
 constexpr int64_t kMaxShardsPerRank = 64;
+
+// Serving threads on one rank: one per (shard it holds, worker other than itself), each with its stack, blocked on a
+// receive. Unbounded, co-located shards started up to 64 (n - 1) of them, and a process that ran out of threads failed
+// setup() with std::system_error "Resource temporarily unavailable", naming nothing.
+constexpr int64_t kMaxServingThreads = 1024;
 
 // ssp with s > 0 lets workers drift apart: a worker s clocks ahead may rightly wait for the slowest longer than any
 // timeout (worker 0 evaluating alone, a straggler), at its shard and for the reply.
@@ -574,6 +580,23 @@ class PsStrategy : public Strategy {
           "sync ps-{}: servers = {} puts {} shards on a rank of {}; allowed: at most {} a "
           "rank (servers <= {})",
           cfg_.mode, cfg_.servers, (cfg_.servers + n - 1) / n, n, kMaxShardsPerRank, int64_t{kMaxShardsPerRank} * n));
+    // Refused before any thread starts, on every rank alike (the rank holding the most shards counts).
+    const int64_t threads = cfg_.colocate ? (cfg_.servers + n - 1) / n * (n - 1) : n - cfg_.servers;
+    if (threads > kMaxServingThreads) {
+      if (cfg_.colocate) {
+        const int64_t per_rank = std::min(kMaxShardsPerRank, kMaxServingThreads / (n - 1));
+        throw ConfigError(fmt::format(
+            "sync ps-{}: servers = {} co-located on {} ranks start {} shards x {} other workers = {} serving threads "
+            "on a rank; allowed: at most {} a rank ({})",
+            cfg_.mode, cfg_.servers, n, (cfg_.servers + n - 1) / n, n - 1, threads, kMaxServingThreads,
+            per_rank > 0 ? fmt::format("servers <= {}", per_rank * n)
+                         : fmt::format("colocate=0 with servers >= {}", n - kMaxServingThreads)));
+      }
+      throw ConfigError(fmt::format(
+          "sync ps-{}: servers = {} dedicated of {} ranks serve {} workers each, a thread per worker; allowed: at most "
+          "{} serving threads a rank (servers >= {})",
+          cfg_.mode, cfg_.servers, n, threads, kMaxServingThreads, n - kMaxServingThreads));
+    }
     workers_ = cfg_.colocate ? n : n - int(cfg_.servers);
     push_ = ps_compressor(cfg_.push_compressor, "push_compressor");
     pull_ = ps_compressor(cfg_.pull_compressor, "pull_compressor");
@@ -742,9 +765,18 @@ class PsStrategy : public Strategy {
   void start_threads() {
     if (started_) return;
     started_ = true;
-    for (auto& [s, sh] : shards_)
-      for (int w = 0; w < workers_; ++w)
-        if (w != comm_->rank()) threads_.emplace_back([this, s = s, w] { serve_worker(s, w); });
+    // Below kMaxServingThreads, the process may still run out (its limit on threads, ulimit -u; the ranks of other
+    // jobs): said naming the setting. Those started are stopped and joined by the destructor.
+    try {
+      for (auto& [s, sh] : shards_)
+        for (int w = 0; w < workers_; ++w)
+          if (w != comm_->rank()) threads_.emplace_back([this, s = s, w] { serve_worker(s, w); });
+    } catch (const std::system_error& e) {
+      throw Error(fmt::format(
+          "sync {}: rank {} could not start serving thread {} ({} shards here x {} other workers): "
+          "{}; allowed: fewer servers or workers, or a higher limit on threads (ulimit -u)",
+          name(), comm_->rank(), threads_.size() + 1, shards_.size(), is_worker() ? workers_ - 1 : workers_, e.what()));
+    }
   }
 
   void join_threads() {

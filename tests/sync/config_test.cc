@@ -240,6 +240,32 @@ TEST(SyncConfig, EasgdAlphaThatDivergesAndPowerSgdForGossipAreRefused) {
   EXPECT_NO_THROW(make_strategy("dpsgd", {{"compressor", "topk:ratio=0.1"}}, kComms[0]));
 }
 
+// Found by an audit: parameter servers start a thread per (shard on the rank, other worker), with no limit but the 64
+// shards a rank: up to 64 (n - 1), and a process out of threads failed setup() with std::system_error "Resource
+// temporarily unavailable", naming nothing. Refused when built, before any thread starts; the largest allowed passes.
+TEST(SyncConfig, ParameterServersServingThreadsARankAreBounded) {
+  const auto forty = harness::make_comms(40);  // 27 shards a rank x 39 others = 1053; 26 x 39 = 1014
+  std::string m = config_error([&] { make_strategy("ps-asp", {{"servers", "1080"}, {"colocate", "1"}}, forty[0]); });
+  EXPECT_NE(m.find("sync ps-asp: servers = 1080 co-located on 40 ranks start 27 shards x 39 other workers = 1053 "
+                   "serving threads on a rank; allowed: at most 1024 a rank (servers <= 1040)"),
+            std::string::npos)
+      << m;
+  EXPECT_NO_THROW(make_strategy("ps-asp", {{"servers", "1040"}, {"colocate", "1"}}, forty[0]));
+  // Dedicated servers: a thread per worker, whatever the number of servers.
+  const auto many = harness::make_comms(1030);
+  m = config_error([&] { make_strategy("ps-bsp", {{"servers", "5"}}, many[0]); });
+  EXPECT_NE(m.find("sync ps-bsp: servers = 5 dedicated of 1030 ranks serve 1025 workers each, a thread per worker; "
+                   "allowed: at most 1024 serving threads a rank (servers >= 6)"),
+            std::string::npos)
+      << m;
+  EXPECT_NO_THROW(make_strategy("ps-bsp", {{"servers", "6"}}, many[0]));
+  // Co-located on more ranks than that: not even one shard a rank.
+  m = config_error([&] { make_strategy("ps-bsp", {{"servers", "1030"}, {"colocate", "1"}}, many[0]); });
+  EXPECT_NE(m.find("= 1029 serving threads on a rank; allowed: at most 1024 a rank (colocate=0 with servers >= 6)"),
+            std::string::npos)
+      << m;
+}
+
 // Found by a review of the gossip schemes: CHOCO-gossip with a compressor whose error exceeds its input (signs
 // without a scale, unbiased random-k, QSGD over the whole buffer, TernGrad) or that keeps error feedback of its own
 // diverged (signsgd: loss 2.3 to 51016 in one step; ef:topk: 2725 after 3 epochs); sgp's peers above the distinct
