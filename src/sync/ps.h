@@ -6,6 +6,11 @@
 
 namespace conduit::sync {
 
+// The servers' SGD settings the schemes take (lr, momentum): a trainer that fills them in from its own settings checks
+// those against these, naming its own.
+inline constexpr double kPsMinLr = 1e-9, kPsMaxLr = 1e6;  // (0 would never train)
+inline constexpr double kPsMaxMomentum = 0.9999;
+
 struct PsConfig {
   std::string mode = "ssp";  // asp | ssp | bsp
   int64_t staleness = 3;     // ssp: a worker more than this many clocks ahead of the slowest waits; asp: -1

@@ -397,8 +397,8 @@ const std::map<std::string, Entry>& registry() {
                                mode == "ssp" ? p.integer("staleness", 0, 1 << 30) : (mode == "bsp" ? 0 : -1);
                            cfg.servers = p.integer("servers", 1, 65536);
                            cfg.colocate = p.flag("colocate");
-                           cfg.lr = p.real("lr", 1e-9, 1e6);  // 0 would never train
-                           cfg.momentum = p.real("momentum", 0, 0.9999);
+                           cfg.lr = p.real("lr", kPsMinLr, kPsMaxLr);
+                           cfg.momentum = p.real("momentum", 0, kPsMaxMomentum);
                            cfg.weight_decay = p.real("weight_decay", 0, 1e6);
                            if (mode != "bsp") {
                              cfg.dc = p.real("dc", 0, 1e6);

@@ -18,6 +18,7 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "core/yaml_file.h"
+#include "sync/ps.h"
 #include "sync/straggler.h"
 #include "sync/strategy.h"
 #include "torch/metrics.h"
@@ -100,7 +101,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"lr",
        "learning rate for the global batch (> 0, default 0.1 with sgd, 0.001 with adam and adamw: PyTorch's "
        "Adam default)"},
-      {"momentum", "SGD momentum in [0, 1) (default 0.9)"},
+      {"momentum", "SGD momentum in [0, 0.999999] (default 0.9)"},
       {"weight_decay", "L2 weight decay, in [0, 1]"},
       {"lr_schedule", "constant | step | cosine (default cosine)"},
       {"warmup_epochs", "linear warm-up length in epochs (>= 0)"},
@@ -342,7 +343,7 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
     c.lr = to_double("lr", *v, 0, 1e3, true, "a number > 0 and <= 1000");
   else if (c.optimizer != "sgd")  // (sgd's 0.1 took Adam's cnn to 10% accuracy in one epoch)
     c.lr = 0.001;
-  if (auto v = get("momentum")) c.momentum = to_double("momentum", *v, 0, 0.999999, false, "a number in [0, 1)");
+  if (auto v = get("momentum")) c.momentum = to_double("momentum", *v, 0, 0.999999, false, "a number in [0, 0.999999]");
   if (get("momentum") && c.optimizer != "sgd")  // (adam's betas are its own; the value was dropped without a word)
     throw ConfigError(fmt::format("config: momentum: applies to optimizer sgd, not {}; allowed with {}: leave it unset",
                                   c.optimizer, c.optimizer));
@@ -791,6 +792,27 @@ SyncSpec effective_sync(const TrainConfig& c) {
     }
     derive("lr", fmt::format("{:.6g}", lr));
     derive("momentum", fmt::format("{:.6g}", momentum));
+    // The servers' range, checked here where their values are the trainer's: the scheme's own check named its
+    // parameter, which the user never set ("sync: ps-bsp: parameter 'momentum' = '0.99995' must be a number in [0,
+    // 0.9999]" for --momentum 0.99995). (As written for the scheme, which is what it reads.)
+    if (s.derived.count("momentum") && std::stod(s.params.at("momentum")) > sync::kPsMaxMomentum)
+      throw ConfigError(
+          fmt::format("config: momentum: {} with sync {}: the parameter servers' momentum is at most {}; "
+                      "allowed with {}: a momentum in [0, {}]",
+                      c.momentum, s.name, sync::kPsMaxMomentum, s.name, sync::kPsMaxMomentum));
+    if (const double servers_lr = s.derived.count("lr") ? std::stod(s.params.at("lr")) : sync::kPsMinLr;
+        !(servers_lr >= sync::kPsMinLr && servers_lr <= sync::kPsMaxLr)) {
+      if (lr == c.lr)  // (the trainer's lr is at most 1000)
+        throw ConfigError(
+            fmt::format("config: lr: {} with sync {}: the parameter servers' lr is at least {:g}; "
+                        "allowed with {}: an lr in [{:g}, 1000]",
+                        c.lr, s.name, sync::kPsMinLr, s.name, sync::kPsMinLr));
+      throw ConfigError(fmt::format(
+          "config: lr: {} with momentum {} under sync {} (dana=0) gives the parameter servers lr {:g} (scaled by "
+          "0.25 / (1 - momentum) to keep the step at their momentum 0.5); allowed: a servers' lr in [{:g}, {:g}]: "
+          "another lr or momentum, or the scheme's own lr",
+          c.lr, c.momentum, s.name, servers_lr, sync::kPsMinLr, sync::kPsMaxLr));
+    }
     derive("weight_decay", fmt::format("{}", c.weight_decay));
     s.params.try_emplace("colocate", "1");
     // (true and false are the scheme's flags too: colocate=true left servers at 1, all the work on rank 0, and

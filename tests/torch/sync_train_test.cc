@@ -505,6 +505,35 @@ TEST(TrainSync, ConfigurationErrorsAreOneLine) {
   expect_one_line(config_error({{"sync", "local:period=08"}, {"sync_period", "9"}}), "sync_period");
 }
 
+// Found by an audit: a trainer setting the parameter servers take from the trainer, inside the trainer's range and
+// outside theirs, was refused naming the scheme's parameter, which the user never set ("config: sync: ps-bsp:
+// parameter 'momentum' = '0.99995' must be a number in [0, 0.9999]" for --momentum 0.99995); and the trainer's own
+// momentum refusal said [0, 1) where 0.9999996 is refused.
+TEST(TrainSync, ATrainerSettingOutsideTheServersRangeIsNamedAsSet) {
+  std::string m = config_error({{"sync", "ps-bsp"}, {"workers", "3"}, {"momentum", "0.99995"}});
+  expect_one_line(m,
+                  "config: momentum: 0.99995 with sync ps-bsp: the parameter servers' momentum is at most 0.9999; "
+                  "allowed with ps-bsp: a momentum in [0, 0.9999]");
+  m = config_error({{"sync", "ps-asp"}, {"workers", "3"}, {"lr", "1e-10"}});
+  expect_one_line(m,
+                  "config: lr: 1e-10 with sync ps-asp: the parameter servers' lr is at least 1e-09; allowed with "
+                  "ps-asp: an lr in [1e-09, 1000]");
+  // dana=0's rule for stale gradients scales the lr it gives the servers (here by 0.25 / 1e-6).
+  m = config_error({{"sync", "ps-asp:dana=0"}, {"workers", "3"}, {"lr", "1000"}, {"momentum", "0.999999"}});
+  expect_one_line(m,
+                  "config: lr: 1000 with momentum 0.999999 under sync ps-asp (dana=0) gives the parameter servers "
+                  "lr 2.5e+08");
+  // The servers' own values, given in the spec, are theirs: the trainer's are not held to their range then.
+  TrainConfig own = resolve_config(
+      {{"sync", "ps-bsp:momentum=0.9,lr=0.1"}, {"workers", "3"}, {"momentum", "0.99995"}, {"lr", "1e-10"}});
+  EXPECT_NO_THROW(check_sync_config(own));
+  EXPECT_NO_THROW(check_sync_config(resolve_config({{"sync", "ps-bsp"}, {"workers", "3"}, {"momentum", "0.9999"}})));
+  // The trainer's own bound, as it is.
+  expect_one_line(config_error({{"momentum", "0.9999996"}}),
+                  "'0.9999996' is not allowed; allowed: a number in [0, 0.999999]");
+  EXPECT_EQ(config_error({{"momentum", "0.999999"}}), "");
+}
+
 // A scheme parameter holding a compressor spec with parameters, in brackets (its second parameter was read as the
 // scheme's and refused); YAML mappings, the spec written back and a resume's spec bracket it themselves.
 TEST(TrainSync, ACompressorSpecWithParametersGoesInBrackets) {
