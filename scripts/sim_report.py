@@ -147,8 +147,19 @@ MPT_A100_80GB = [
     ("1b", 4096, 8, 7, 224, 17807, False, False), ("1b", 2048, 8, 14, 448, 20513, False, False),
     ("1b", 1024, 8, 18, 576, 22112, False, False), ("1b", 512, 8, 56, 1792, 23148, False, False),
 ]
-# The A100 40GB table's rows at sequence 2048 (all bf16 PURE): the same models on 8 to 128 GPUs.
+# The A100 40GB table (all bf16 PURE): the same models on 8 to 128 GPUs at sequence 2048, on 8 at the others.
 MPT_A100_40GB = [
+    ("13b", 8192, 8, 1, 128, 1407, True, True), ("13b", 4096, 8, 2, 256, 1603, True, True),
+    ("13b", 1024, 8, 8, 1024, 1727, True, True), ("13b", 512, 8, 16, 2048, 1763, True, True),
+    ("7b", 16384, 8, 1, 32, 2249, True, True), ("7b", 8192, 8, 3, 96, 2887, True, True),
+    ("7b", 4096, 8, 6, 192, 3366, True, True), ("7b", 1024, 8, 24, 768, 3854, True, True),
+    ("7b", 512, 8, 48, 1536, 3895, True, True),
+    ("3b", 32768, 8, 1, 32, 2955, True, True), ("3b", 16384, 8, 2, 128, 4465, True, True),
+    ("3b", 8192, 8, 1, 64, 7149, False, True), ("3b", 4096, 8, 2, 128, 8777, False, True),
+    ("3b", 1024, 8, 10, 640, 10731, False, True), ("3b", 512, 8, 20, 1280, 11324, False, True),
+    ("1b", 32768, 8, 1, 32, 5095, True, True), ("1b", 16384, 8, 1, 64, 9715, False, True),
+    ("1b", 8192, 8, 2, 128, 13474, False, True), ("1b", 4096, 8, 4, 256, 16856, False, True),
+    ("1b", 1024, 8, 16, 1024, 20959, False, True), ("1b", 512, 8, 32, 2048, 21782, False, True),
     ("70b", 2048, 128, 4, 512, 376, True, True), ("70b", 2048, 64, 2, 128, 276, True, True),
     ("30b", 2048, 128, 6, 768, 865, True, True), ("30b", 2048, 32, 4, 128, 857, True, True),
     ("13b", 2048, 128, 16, 2048, 1972, True, True), ("13b", 2048, 64, 16, 1024, 1976, True, True),

@@ -1045,7 +1045,7 @@ void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& 
   // Every row before any output: a refused configuration printed the table's header, then its error.
   std::vector<InferenceResult> rows;
   for (int b : batches)
-    rows.push_back(simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate, ia.attention == "fused")));
+    rows.push_back(simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate, ia.attention != "unfused")));
   if (!a.json)
     fmt::print(
         "cluster {}  model {}  tp={} pp={}  prompt {}  generate {}  {} attention{}\n\n  {:>6} {:>12} {:>14} {:>12} "
@@ -1073,8 +1073,10 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
   // Unset lengths fit the model's context: 256 generated tokens (a quarter of it at most) after a 1024-token prompt
   // (what is left, at most).
   InferArgs ia = given;
-  if (ia.attention != "fused" && ia.attention != "unfused")
-    throw ConfigError(fmt::format("--attention = '{}' (allowed: fused, unfused)", ia.attention));
+  // (flash: the same kernels `sim step --attention-kernels flash` names, whose `fused` is Megatron-LM's other kernel)
+  if (ia.attention != "fused" && ia.attention != "flash" && ia.attention != "unfused")
+    throw ConfigError(
+        fmt::format("--attention = '{}' (allowed: fused or flash, FlashAttention's; unfused)", ia.attention));
   if (ia.prompt_given && ia.prompt < 1)
     throw ConfigError(fmt::format("--prompt = {} must be at least 1 token", ia.prompt));
   if (ia.generate_given && ia.generate < 1)
@@ -1110,7 +1112,7 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
     return;
   }
   InferenceResult r =
-      simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate, ia.attention == "fused"));
+      simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate, ia.attention != "unfused"));
   if (a.json) {
     std::cout << infer_json(a, ia, spec, m, ia.batch, r).dump() << "\n";
     return;
@@ -1838,7 +1840,7 @@ void setup(CLI::App& app) {
     auto* generate =
         c->add_option("--generate", ia->generate, "generated tokens (default: 256, at most a quarter of the context)");
     c->add_option("--attention", ia->attention,
-                  "fused (FlashAttention: no s x s scores in memory, the causal half skipped) or unfused")
+                  "fused or flash (FlashAttention: no s x s scores in memory, the causal half skipped) or unfused")
         ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
     c->callback([a, ia, prompt, generate, batch, batch_list]() {

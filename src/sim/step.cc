@@ -231,6 +231,12 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
         algorithm_name(c.tp_algorithm)));
   if (c.sequence_parallel && c.tp == 1)
     throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
+  // (Megatron-LM's selective recompute drops the attention core's s^2 scores and recomputes them; FlashAttention
+  // never stores them, so there is nothing to drop: Megatron-LM does not checkpoint the core with flash)
+  if (c.recompute == Recompute::kSelective && c.attention == AttentionKernels::kFlash)
+    throw ConfigError(
+        "--recompute selective recomputes the attention core to drop its s^2 scores, which --attention-kernels flash "
+        "never stores; allowed with flash: --recompute none or full");
   if (c.sequence_parallel && m.seq % c.tp != 0)
     throw ConfigError(fmt::format(
         "--sp splits the sequence over the tensor-parallel ranks: --tp = {} must divide --seq = {}", c.tp, m.seq));

@@ -6,7 +6,6 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/rmsprop.h>
@@ -1555,12 +1554,13 @@ void DistributedOptimizer::check_zero_optimizer() {
   // gradient and state (an audit: LBFGS, whose line search spans the whole parameter vector, stepped each slice on
   // its own and was taken, silently wrong).
   torch::optim::Optimizer* o = optimizer_.get();
+  // (Adagrad is element-wise too, but libtorch's makes its state for the whole parameters when constructed: the
+  // state check below refuses it)
   if (!dynamic_cast<torch::optim::SGD*>(o) && !dynamic_cast<torch::optim::Adam*>(o) &&
-      !dynamic_cast<torch::optim::AdamW*>(o) && !dynamic_cast<torch::optim::Adagrad*>(o) &&
-      !dynamic_cast<torch::optim::RMSprop*>(o))
+      !dynamic_cast<torch::optim::AdamW*>(o) && !dynamic_cast<torch::optim::RMSprop*>(o))
     throw InvalidArgument(fmt::format(
         "DistributedOptimizer: zero_stage {} steps each rank's slice of the parameters alone, which only an "
-        "element-wise optimizer does right; allowed: SGD, Adam, AdamW, Adagrad or RMSprop, or zero_stage 0",
+        "element-wise optimizer does right; allowed: SGD, Adam, AdamW or RMSprop, or zero_stage 0",
         c.zero));
   auto& groups = optimizer_->param_groups();
   std::set<const void*> trainable, given;

@@ -564,6 +564,19 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
   // The mlp's, cnn's or resnet's cut into stages (stage_bounds; null: the vit's blocks, or no pipeline): checked
   // against a resumed checkpoint's and recorded in checkpoints and the summary.
   nlohmann::json cut;
+  // (all of resolve_config's refusals of the interleaved schedule: at pp 4 the vit's chunks came out one a stage
+  // and the Pipeline refused them with an InvalidArgument after the collective set-up, and micro-batches that are
+  // not a multiple of pp failed at the first step; found by an audit; also at pp 1, which has no pipeline at all)
+  if (c.pp_schedule == "interleaved" && (pp != 2 || c.model != "vit"))
+    throw ConfigError(
+        fmt::format("config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 "
+                    "blocks, this run has model {} and pp {}; allowed: model vit and pp 2, or gpipe or 1f1b",
+                    c.model, pp));
+  if (c.pp_schedule == "interleaved" && c.micro_batches % pp != 0)
+    throw ConfigError(
+        fmt::format("config: micro_batches: {} is not a multiple of pp ({}): the interleaved schedule "
+                    "takes micro-batches in groups of the stages; allowed: a multiple of {}",
+                    c.micro_batches, pp, pp));
   if (pp > 1 || c.micro_batches > 1) {
     // (resolve_config refuses these with the same words; a caller of train_worker may not have run it)
     if (!spec.bsp())
@@ -572,19 +585,6 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                       "them: pp 1 and micro_batches 1",
                       pp, c.micro_batches, spec.name));
     if (pp > 1 && c.model != "vit") cut = stage_bounds(c.model, pp);  // (more stages than units: its one line)
-    // (all of resolve_config's refusals of the interleaved schedule: at pp 4 the vit's chunks came out one a stage
-    // and the Pipeline refused them with an InvalidArgument after the collective set-up, and micro-batches that are
-    // not a multiple of pp failed at the first step; found by an audit)
-    if (c.pp_schedule == "interleaved" && (pp != 2 || c.model != "vit"))
-      throw ConfigError(
-          fmt::format("config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 "
-                      "blocks, this run has model {} and pp {}; allowed: model vit and pp 2, or gpipe or 1f1b",
-                      c.model, pp));
-    if (c.pp_schedule == "interleaved" && c.micro_batches % pp != 0)
-      throw ConfigError(
-          fmt::format("config: micro_batches: {} is not a multiple of pp ({}): the interleaved schedule "
-                      "takes micro-batches in groups of the stages; allowed: a multiple of {}",
-                      c.micro_batches, pp, pp));
     if (comm_ptr->size() % mp != 0 || c.micro_batches < 1 || c.micro_batches > c.batch_size)
       throw ConfigError(
           fmt::format("config: pp: {} stages of {} ranks with {} micro-batches of a batch of {} on {} ranks; "

@@ -293,6 +293,16 @@ TEST(Step, FlashAttentionKeepsTheScoresOnChip) {
         << int(rc);
   }
   EXPECT_EQ(parse_attention_kernels("flash"), AttentionKernels::kFlash);
+  // Selective recompute drops the scores flash never stores: refused (it charged the core's recompute for nothing).
+  c.recompute = Recompute::kSelective;
+  try {
+    simulate_step(net, m, c);
+    ADD_FAILURE() << "selective recompute with flash was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--recompute selective recomputes the attention core to drop its s^2 scores, which "
+              "--attention-kernels flash never stores; allowed with flash: --recompute none or full");
+  }
 }
 
 // The last pipeline stage holds the fp32 logits of the loss (4 b s V / t bytes) and one micro-batch: with large

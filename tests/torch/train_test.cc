@@ -1768,7 +1768,10 @@ TEST(Train, PipelineStagesTrainTheVitAsTheWholeModelTrains) {
        {std::tuple{4, 4,
                    "config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 blocks, "
                    "this run has model vit and pp 4"},
-        std::tuple{2, 3, "config: micro_batches: 3 is not a multiple of pp (2)"}}) {
+        std::tuple{2, 3, "config: micro_batches: 3 is not a multiple of pp (2)"},
+        std::tuple{1, 1,
+                   "config: pp_schedule: interleaved gives each stage 2 or more chunks of the vit's 4 blocks, "
+                   "this run has model vit and pp 1"}}) {
     TrainConfig bad = il;
     bad.pp = stages;
     bad.micro_batches = mbs;
