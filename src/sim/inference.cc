@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 
@@ -45,9 +46,13 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   const double s = static_cast<double>(c.prompt);
   const double f = m0.ffn(), up = m0.mlp_up_width();
 
-  // One replica on accelerators `acc`: prefill, decode per token, and what bounds the decode.
+  // One replica on accelerators `acc`: prefill, decode per token, what bounds the decode, and each pipeline stage's
+  // share of a request.
   struct Timing {
     double prefill = 0, decode = 0, latency = 0;
+    // The busiest stage's time on one batch's request (its prefill and generate - 1 decode steps): with p batches in
+    // flight it serves each of them in turn, so it sets the steady-state rate (b generate tokens per `interval`).
+    double interval = 0;
     std::string bound;
   };
   auto timing = [&](const Accelerator& acc, CollectiveModel& kind_net) {
@@ -68,15 +73,21 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     double p2p = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * s * h * 2 / t) : 0;
     double logits = gemm_time(acc, {b, V / t, h, 1});
     // Megatron's vocab-parallel embedding: its output allreduced over the t ranks (first stage); the last token's
-    // logits, a 1/t slice of the vocabulary on each rank, gathered whole for sampling (bf16); with pipeline stages
-    // the sampled token (4 bytes a sequence) back from the last stage to the first, for the next step.
-    auto vocab_exchanges = [&](double tokens) {
-      if (t == 1) return 0.0;
-      return kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * tokens * h * 2) +
-             kind_net.time(Collective::kAllGather, Algorithm::kAuto, tg, b * V * 2);
+    // logits, a 1/t slice of the vocabulary on each rank, gathered whole for sampling (bf16; last stage); with
+    // pipeline stages the sampled token (4 bytes a sequence) back from the last stage to the first, for the next step.
+    auto embedding_exchange = [&](double tokens) {
+      return t > 1 ? kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * tokens * h * 2) : 0.0;
     };
+    const double logits_gather = t > 1 ? kind_net.time(Collective::kAllGather, Algorithm::kAuto, tg, b * V * 2) : 0;
     const double token_back = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * 4) : 0;
-    tm.prefill = p * lps * (layer + tp_layer) + (p - 1) * p2p + logits + vocab_exchanges(s);
+    // Each stage's share: its layers, the first stage the embedding's exchange, every stage but the last its send to
+    // the next, the last the logits, their gather and (decode) the sampled token's return. The shares add up to the
+    // pass, so a request's latency is their sum.
+    std::vector<double> stage_prefill(p, lps * (layer + tp_layer));
+    for (int i = 0; i + 1 < p; ++i) stage_prefill[i] += p2p;
+    stage_prefill.front() += embedding_exchange(s);
+    stage_prefill.back() += logits + logits_gather;
+    tm.prefill = p * lps * (layer + tp_layer) + (p - 1) * p2p + logits + embedding_exchange(s) + logits_gather;
 
     // Decode at the average context length. What bounds it: the time of the memory-bound kernels (their traffic),
     // of the arithmetic-bound ones, or of the launches and the tensor- and pipeline-parallel exchanges (`latency`),
@@ -110,13 +121,26 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     double dp2p = p > 1 ? kind_net.time(Collective::kShift, Algorithm::kDirect, pg, b * h * 2 / t) : 0;
     const double layers = static_cast<double>(p) * lps;
     mem *= layers, arith *= layers;
-    const double vocab = vocab_exchanges(1) + token_back;
+    const double vocab = embedding_exchange(1) + logits_gather + token_back;
     launches = launches * layers + layers * dtp + (p - 1) * dp2p + vocab;
-    tm.decode = layers * (dlayer + dtp) + (p - 1) * dp2p + kernel({b, V / t, h, 1}) + vocab;
+    const double dlogits = kernel({b, V / t, h, 1});
+    tm.decode = layers * (dlayer + dtp) + (p - 1) * dp2p + dlogits + vocab;
     tm.bound = mem >= arith && mem >= launches ? "memory" : arith >= launches ? "compute" : "latency";
+    std::vector<double> stage_decode(p, lps * (dlayer + dtp));
+    for (int i = 0; i + 1 < p; ++i) stage_decode[i] += dp2p;
+    stage_decode.front() += embedding_exchange(1);
+    stage_decode.back() += dlogits + logits_gather + token_back;
     // The prefill gives each sequence its first token; the other generate - 1 take a decode step each (vLLM's
     // end-to-end latency: time to first token + (n - 1) time per output token).
-    tm.latency = tm.prefill + static_cast<double>(c.generate - 1) * tm.decode;
+    const double steps = static_cast<double>(c.generate - 1);
+    tm.latency = tm.prefill + steps * tm.decode;
+    // Steady state with p batches in flight: a batch's next step waits for its previous one to pass every stage (the
+    // latency), and each stage serves the p batches in turn, so a stage with more than its 1/p share of the work
+    // (the last, with a large vocabulary's logits) is busy all the time and the others wait on it. Its work per
+    // request is at least latency / p (the shares add up to the latency), so p batches keep it busy: the throughput is
+    // b generate tokens per its interval (p b generate over the latency only when the stages are equal; it was that
+    // always, and a 256,000-token vocabulary's logits on the last of 4 stages served 1.5x what that stage can).
+    for (int i = 0; i < p; ++i) tm.interval = std::max(tm.interval, stage_prefill[i] + steps * stage_decode[i]);
     return tm;
   };
 
@@ -158,11 +182,13 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   for (long long rep = 0; rep < r.replicas; ++rep) {
     const Timing* tm = nullptr;
     const long long n0 = topo.node_of(rep * width), n1 = topo.node_of((rep + 1) * width - 1);
+    double interval = 0;  // (the replica's busiest stage at its slowest kind's pace)
     for (long long n = n0; n <= n1; ++n) {
       const Timing& k = per_kind[static_cast<size_t>(&topo.kind_of_node(n) - kinds.data())];
       if (!tm || k.latency > tm->latency) tm = &k;
+      interval = std::max(interval, k.interval);
     }
-    throughput += p * b * static_cast<double>(c.generate) / tm->latency;
+    throughput += b * static_cast<double>(c.generate) / interval;
     if (tm->latency > slowest.latency) slowest = *tm;
   }
   r.prefill = slowest.prefill;

@@ -13,7 +13,9 @@
 //             p batches x batch x (prompt + generate) tokens + the prefill's largest transient (activations, the
 //             logits; with unfused attention the b (a/t) s^2 scores)
 //   pipeline  p stages serve p batches at once (each stage another batch's step): a request's latency runs the p
-//             stages one after another, the throughput is p batches over it
+//             stages one after another; each stage has its layers, the first also the embedding's exchange, the last
+//             the logits, their gather and the sampled token's return, and the busiest stage sets the throughput (b
+//             generate tokens per its time on one request; p batches over the latency when the stages are equal)
 // Replicas: accelerators / (t p) independent copies serve requests in parallel.
 #include <string>
 

@@ -363,7 +363,7 @@ TEST(Inference, PipelineStagesAddLatencyButSplitTheWeights) {
   EXPECT_DOUBLE_EQ(two.kv_bytes, one.kv_bytes);
   EXPECT_GT(two.max_batch, one.max_batch);
   // The stages serve as many sequences as two replicas (one batch in flight made it half), short of them by the
-  // transfers between the stages.
+  // transfers between the stages and the last stage's share of the output layer, which sets the pace.
   EXPECT_LE(two.tokens_per_second, one.tokens_per_second);
   EXPECT_GT(two.tokens_per_second, 0.9 * one.tokens_per_second);
   GptModel twelve = m;
@@ -374,6 +374,39 @@ TEST(Inference, PipelineStagesAddLatencyButSplitTheWeights) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--tp = 8 must divide --heads = 12"), std::string::npos) << e.what();
   }
+}
+
+// With a 256,000-token vocabulary the output layer runs on the last of 4 stages alone and takes more than its layers:
+// that stage sets the steady-state rate, which no faster stage can lift. The throughput was p batches over the
+// latency, as if the stages shared the work evenly: 31,404 tokens/s, as much as --pp 1, where the last stage alone
+// serves about 21,000.
+TEST(Inference, TheBusiestPipelineStageSetsTheThroughput) {
+  Topology topo(load_cluster("dgx-h100"), 8);
+  CollectiveModel net(topo);
+  const GptModel m = gpt(16, 2048, 16, 4096, 256000);
+  InferenceConfig c;
+  c.pp = 4;
+  c.batch = 8;
+  c.prompt = 512;
+  c.generate = 128;
+  const InferenceResult four = simulate_inference(net, m, c);
+  EXPECT_EQ(four.replicas, 2);
+  // The last stage's work on one request: its 4 layers and the logits, as a 4-layer model on one GPU (which sends
+  // no sampled token back to a first stage: its latency is a little under the stage's time).
+  GptModel last = m;
+  last.layers = 4;
+  c.pp = 1;
+  const InferenceResult alone = simulate_inference(net, last, c);
+  const double ceiling = 2 * 8 * 128 / alone.request_latency;  // two replicas at the last stage's pace
+  EXPECT_LE(four.tokens_per_second, ceiling);
+  EXPECT_GT(four.tokens_per_second, 0.97 * ceiling);
+  // p batches over the latency (the stages' work spread evenly) is well above it.
+  EXPECT_LT(four.tokens_per_second, 0.75 * 2 * 4 * 8 * 128 / four.request_latency);
+  // One stage holds the whole model: its rate is p batches over the latency, as before.
+  const InferenceResult one = simulate_inference(net, m, c);
+  EXPECT_NEAR(one.tokens_per_second, 8 * 8 * 128 / one.request_latency, 1e-9 * one.tokens_per_second);
+  // The latency still runs the stages one after another: the stages add up to it.
+  EXPECT_GT(four.request_latency, one.request_latency);
 }
 
 // Fused attention (FlashAttention, the serving default): a 32,000-token prompt of a 7B model keeps no s x s scores
