@@ -86,8 +86,8 @@ struct ScheduleResult {
   double mean_queued = 0;       // mean of the jobs' queueing delays (JobOutcome::queued)
   double utilization = 0;       // accelerator-time spent on iterations / (accelerators x makespan)
   // Accelerator-time the jobs' iterations need at their best placement's speed (packed in one leaf, on the fastest
-  // kind they fit) / (accelerators x makespan): unlike utilization, a placement that slows jobs lowers it (their
-  // extra time counts as busy, not as work).
+  // kind they fit; the pace a job ran at where that was faster) / (accelerators x makespan): unlike utilization, a
+  // placement that slows jobs lowers it (their extra time counts as busy, not as work); at most the utilization.
   double goodput = 0;
   double restart_overhead = 0;  // accelerator-time preempted jobs spent reloading (the restart penalty), same base
   double makespan = 0;  // from the first submission to the last finish

@@ -220,8 +220,38 @@ TEST(Inputs, AJobAloneRunsAtItsBestPlacementsPace) {
           EXPECT_GE(r.jobs[0].slowdown, 1.0 - 1e-12) << what << " spread";
         }
         EXPECT_NEAR(r.utilization, static_cast<double>(c.job) / static_cast<double>(c.gpus), 1e-9) << what;
+        // A job never counts more work than it trained (17 GPUs spread over edge's kinds, 0.91 of the base's time,
+        // had a goodput of 1.1x the utilization).
+        EXPECT_LE(r.goodput, r.utilization) << what;
       }
   }
+}
+
+// The utilization and the goodput are shares of the accelerators' time, at most 1 by construction, not cut to 1: a
+// trace that keeps edge's 64 accelerators busy with a 17-GPU job spread over a faster mix of kinds than its base (16
+// AGX Orins and an Orin Nano against 17 Orin Nanos) and a 47-GPU job on the other Orin Nanos, both ending together,
+// needed 1.03x the cluster's time at the bases' pace; min(1, x) printed 100% goodput over 99% utilization.
+TEST(Inputs, TheGoodputIsAtMostTheUtilizationAndOneWithoutACap) {
+  const ClusterSpec edge = load_cluster("edge");
+  SchedulerOptions o;
+  o.placement = Placement::kSpread;
+  auto run = [&](long long a, long long b) {
+    return simulate_cluster(
+        edge, 64,
+        parse_job_trace(fmt::format("id,submit_s,gpus,model,iterations\na,0,17,gpt2-small,{}\nb,0,47,gpt2-small,{}\n",
+                                    a, b),
+                        "t"),
+        o);
+  };
+  const ScheduleResult probe = run(1000, 1000);
+  ASSERT_LT(probe.jobs[0].slowdown, 0.95);  // the faster mix
+  const long long b = std::llround(1000 * probe.jobs[0].iteration_time / probe.jobs[1].iteration_time);
+  const ScheduleResult r = run(1000, b);
+  EXPECT_GT(r.utilization, 0.99);
+  EXPECT_LE(r.utilization, 1.0);
+  EXPECT_LE(r.goodput, r.utilization);
+  // Job a counts at the pace it ran, b at its base (where it ran): all their training is work.
+  EXPECT_NEAR(r.goodput, r.utilization, 1e-9);
 }
 
 // Late in a long trace `now + dt` rounds to `now`, and remaining iterations to a sliver that never reached zero:
