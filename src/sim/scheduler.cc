@@ -285,8 +285,8 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     long long room = 0;
     for (size_t k : fastest[i]) room += topo.kind_counts()[k] * gpn;
     if (jobs[i].gpus > room)
-      throw ConfigError(fmt::format("job {} asks for {} accelerators; the node kinds it fits in memory have {}",
-                                    jobs[i].id, jobs[i].gpus, room));
+      throw ConfigError(fmt::format("{}job {} asks for {} accelerators; the node kinds it fits in memory have {}",
+                                    job_where(jobs[i]), jobs[i].id, jobs[i].gpus, room));
   }
   std::vector<Running> running;
   double now = 0, busy = 0, useful = 0;

@@ -177,6 +177,16 @@ TEST(Inputs, JobTracesNeedWholeBoundedNumbersAndUniqueIds) {
             "t.csv:3: job b: gpus = 12 must be at most 8 or a multiple of it (whole nodes)");
   EXPECT_EQ(error_of([&] { simulate_cluster(spec, 8, odd, {}); }),
             "t.csv:3: job b: gpus = 12, and the cluster has 8 accelerators (--gpus)");
+  // 32 accelerators of llama2-7b-like fit only edge's AGX Orins (64 GB; the Orin Nanos have 8), which are 16: the
+  // error names the trace's line as the others do (it named the job alone).
+  EXPECT_EQ(error_of([&] {
+              simulate_cluster(load_cluster("edge"), 64,
+                               parse_job_trace("id,submit_s,gpus,model,iterations\na,0,1,gpt2-small,10\n"
+                                               "x,0,32,llama2-7b-like,10\n",
+                                               "t.csv"),
+                               {});
+            }),
+            "t.csv:3: job x asks for 32 accelerators; the node kinds it fits in memory have 16");
   // LAS thresholds grow tenfold a queue: one past a double's range put every job that had run in the last queue.
   SchedulerOptions las;
   las.policy = Policy::kLas;
