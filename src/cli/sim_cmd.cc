@@ -1894,7 +1894,10 @@ void setup(CLI::App& app) {
     c->add_option("--gpus", a->gpus, "accelerators in the cluster (default: the file's nodes' count when it gives one)")
         ->capture_default_str()
         ->each([a](const std::string&) { a->gpus_given = true; });
-    c->add_option("--jobs", a->jobs, "job trace (CSV: id,submit_s,gpus,model,iterations[,global_batch])")->required();
+    c->add_option("--jobs", a->jobs,
+                  "job trace (CSV: id,submit_s,gpus,model,iterations[,global_batch]; global_batch empty or left out: "
+                  "8 sequences per accelerator)")
+        ->required();
     c->add_option("--scheduler", a->scheduler, "fifo, las (Tiresias-style) or srtf (shortest predicted remaining time)")
         ->capture_default_str();
     c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")

@@ -119,7 +119,15 @@ std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string&
       throw ConfigError(
           fmt::format("{}:{}: model = '{}' (allowed: {})", origin, lineno, j.model, join(named_gpt_names(), ", ")));
     j.iterations = whole(f[4], "iterations", 1e12);
-    if (f.size() == 6) j.global_batch = whole(f[5], "global_batch", 1e9);
+    // An empty cell asks for the default, 8 sequences per accelerator (JobSpec::global_batch 0), as a trace without
+    // the column does: a trace giving some jobs' batches could not leave the others' at it.
+    if (f.size() == 6 && !f[5].empty()) {
+      try {
+        j.global_batch = whole(f[5], "global_batch", 1e9);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}, or empty for 8 sequences per accelerator", e.what()));
+      }
+    }
     jobs.push_back(j);
   }
   if (jobs.empty()) throw ConfigError(fmt::format("{}: no jobs", origin));

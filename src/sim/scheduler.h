@@ -40,7 +40,8 @@ struct JobSpec {
   std::string where;           // "file:line" of a trace's job (empty: made in code), for the errors found later
 };
 
-// CSV with a header: id,submit_s,gpus,model,iterations[,global_batch]. ConfigError naming the line and field.
+// CSV with a header: id,submit_s,gpus,model,iterations[,global_batch] (global_batch left out or an empty cell: 8
+// sequences per accelerator). ConfigError naming the line and field.
 std::vector<JobSpec> load_job_trace(const std::string& path);
 std::vector<JobSpec> parse_job_trace(const std::string& text, const std::string& origin);
 

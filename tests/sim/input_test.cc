@@ -166,8 +166,27 @@ TEST(Inputs, JobTracesNeedWholeBoundedNumbersAndUniqueIds) {
   EXPECT_NE(trace_error("a,0,8,gpt-1.7b,10", "id,submit_s,gpus,model,iterations,global_batch")
                 .find("expected 6 comma-separated fields (as the header), got 5"),
             std::string::npos);
+  // An empty global_batch cell asks for the default, 8 sequences per accelerator, as a trace without the column (it
+  // was refused, and so was 0, so a trace giving some jobs' batches could not leave the others' at the default).
+  const std::string batched = "id,submit_s,gpus,model,iterations,global_batch";
+  EXPECT_EQ(trace_error("a,0,8,gpt-1.7b,10,0", batched),
+            "t.csv:2: global_batch = '0' must be a number in [1, 1e+09], or empty for 8 sequences per accelerator");
+  EXPECT_EQ(trace_error("a,0,8,gpt-1.7b,10,x", batched),
+            "t.csv:2: global_batch = 'x' must be a number in [1, 1e+09], or empty for 8 sequences per accelerator");
+  const auto mixed = parse_job_trace(batched + "\na,0,8,gpt-1.7b,10,\nb,0,8,gpt-1.7b,10,128\n", "t.csv");
+  ASSERT_EQ(mixed.size(), 2u);
+  EXPECT_EQ(mixed[0].global_batch, 0);
+  EXPECT_EQ(mixed[1].global_batch, 128);
   const ClusterSpec spec = load_cluster("dgx-a100");
   const auto jobs = parse_job_trace("id,submit_s,gpus,model,iterations\na,0,8,gpt-1.7b,10\n", "t");
+  // The default is 8 sequences per accelerator: the empty cell's job runs as one given 64, and as a trace without the
+  // column.
+  const auto r_default = simulate_cluster(spec, 8, mixed, {});
+  const auto r_given = simulate_cluster(
+      spec, 8, parse_job_trace(batched + "\na,0,8,gpt-1.7b,10,64\nb,0,8,gpt-1.7b,10,128\n", "t.csv"), {});
+  EXPECT_DOUBLE_EQ(r_default.jobs[0].iteration_time, r_given.jobs[0].iteration_time);
+  EXPECT_DOUBLE_EQ(r_default.jobs[0].iteration_time, simulate_cluster(spec, 8, jobs, {}).jobs[0].iteration_time);
+  EXPECT_NE(r_default.jobs[0].iteration_time, r_default.jobs[1].iteration_time);
   EXPECT_EQ(error_of([&] { simulate_cluster(spec, -1600, jobs, {}); }), "--gpus = -1600 (allowed: 1..262144)");
   EXPECT_THROW(simulate_cluster(spec, 8, {}, {}), InvalidArgument);  // (read past an empty list's end)
   // What only the cluster can refuse names the trace's line too (it named the job alone).
