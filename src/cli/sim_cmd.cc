@@ -1898,7 +1898,9 @@ void setup(CLI::App& app) {
                   "job trace (CSV: id,submit_s,gpus,model,iterations[,global_batch]; global_batch empty or left out: "
                   "8 sequences per accelerator)")
         ->required();
-    c->add_option("--scheduler", a->scheduler, "fifo, las (Tiresias-style) or srtf (shortest predicted remaining time)")
+    c->add_option("--scheduler", a->scheduler,
+                  "fifo, las (Tiresias-style) or srtf (shortest predicted remaining GPU-time first: remaining "
+                  "iterations x iteration time x accelerators)")
         ->capture_default_str();
     c->add_option("--placement", a->placement, "topology (fewest leaves) or spread (round-robin over leaves)")
         ->capture_default_str();
