@@ -89,11 +89,22 @@ std::vector<BenchSample> parse_bench_lines(const std::string& text, const std::s
         throw ConfigError(fmt::format("{}: stagger_us = {} (allowed: a number >= 0)", where, j["stagger_us"].dump()));
       s.stagger = j["stagger_us"].get<double>() * 1e-6;
     }
-    if (j.contains("wrong") && j["wrong"].is_number() && j["wrong"].get<double>() != 0)
-      throw ConfigError(
-          fmt::format("{}: the collective gave wrong results in this run (wrong = {}); calibrating on it "
-                      "would fit a broken run: rerun the benchmark",
-                      where, j["wrong"].dump()));
+    // bench coll writes the count of wrong elements, or null when it did not check; true says the run was wrong too,
+    // anything else ("yes", false) is not its record (only a non-zero number was refused: `"wrong": true` and
+    // `"wrong": "yes"` let a broken run into the fit).
+    if (j.contains("wrong")) {
+      const auto& w = j["wrong"];
+      if ((w.is_number() && w.get<double>() != 0) || w == true)
+        throw ConfigError(
+            fmt::format("{}: the collective gave wrong results in this run (wrong = {}); calibrating on it "
+                        "would fit a broken run: rerun the benchmark",
+                        where, w.dump()));
+      if (!w.is_null() && !w.is_number())
+        throw ConfigError(
+            fmt::format("{}: wrong = {} (allowed: a number, the count of wrong elements bench coll writes; null or no "
+                        "field when it did not check)",
+                        where, w.dump()));
+    }
     if (s.world == 1) {  // nothing moves between ranks
       ++one_rank;
       continue;

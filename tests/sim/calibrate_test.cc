@@ -193,6 +193,19 @@ TEST(Calibrate, BadBenchRecordsNameTheLineAndFieldAndSkipsAreCounted) {
       std::string::npos);
   EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3,\"wrong\":2}").find("wrong results"),
             std::string::npos);
+  // `wrong` is bench coll's count of wrong elements, or null when it did not check: true is a broken run too, and a
+  // value of another type is refused (both went into the fit; only a non-zero number was refused).
+  const std::string rec = "{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3,\"wrong\":";
+  EXPECT_EQ(error(rec + "true}"),
+            "b.jsonl:2: the collective gave wrong results in this run (wrong = true); calibrating on it would fit a "
+            "broken run: rerun the benchmark");
+  for (const char* w : {"\"yes\"", "false", "[0]", "{}"})
+    EXPECT_EQ(error(rec + w + "}"),
+              fmt::format("b.jsonl:2: wrong = {} (allowed: a number, the count of wrong elements bench coll writes; "
+                          "null or no field when it did not check)",
+                          w));
+  EXPECT_EQ(error(rec + "null}"), "no error");
+  EXPECT_EQ(error(rec + "0}"), "no error");
   std::string skipped;
   auto s = parse_bench_lines(good +
                                  "{\"impl\":\"gloo\",\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3}\n"
