@@ -166,7 +166,7 @@ TEST(Calibrate, BadBenchRecordsNameTheLineAndFieldAndSkipsAreCounted) {
   EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":1e300,\"time_us\":3}").find("(allowed: 0 to 1 TiB"),
             std::string::npos);
   EXPECT_NE(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":1e-300}")
-                .find("(allowed: a finite time of 0.001 us or more)"),
+                .find("(allowed: 0.001 us to 1e9 us, what a benchmark measures)"),
             std::string::npos);
   EXPECT_NE(error("{\"op\":\"broadcast\",\"world\":2,\"bytes\":4,\"time_us\":3,\"segment_bytes\":0}")
                 .find("segment_bytes = 0 (allowed: a whole number of bytes, 64 to 1 GiB)"),
@@ -206,6 +206,13 @@ TEST(Calibrate, BadBenchRecordsNameTheLineAndFieldAndSkipsAreCounted) {
                           w));
   EXPECT_EQ(error(rec + "null}"), "no error");
   EXPECT_EQ(error(rec + "0}"), "no error");
+  // Times and staggers past any benchmark's (1e300 us passed and spoiled the fit).
+  EXPECT_EQ(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":1e300}"),
+            "b.jsonl:2: time_us = 1e+300 (allowed: 0.001 us to 1e9 us, what a benchmark measures)");
+  EXPECT_EQ(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":1e9}"), "no error");
+  EXPECT_EQ(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3,\"stagger_us\":1e300}"),
+            "b.jsonl:2: stagger_us = 1e+300 (allowed: 0 to 1000000 us, what bench coll --stagger-us takes)");
+  EXPECT_EQ(error("{\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3,\"stagger_us\":1000000}"), "no error");
   std::string skipped;
   auto s = parse_bench_lines(good +
                                  "{\"impl\":\"gloo\",\"op\":\"allreduce\",\"world\":2,\"bytes\":4,\"time_us\":3}\n"
