@@ -439,8 +439,34 @@ bool Communicator::try_run_inline(const std::shared_ptr<Work::State>& state) {
   return true;
 }
 
+namespace {
+// The signature of a refused call (refuse()): debug mode's comparison is skipped (the call fails at once; comparing
+// it named a mismatch where the arguments were at fault).
+constexpr uint32_t kSigRefused = 0xffffffffu;
+}  // namespace
+
+template <typename F>
+void Communicator::own_checks(const char* op_name, F&& checks) {
+  try {
+    checks();
+  } catch (const Error& e) {
+    if (size() > 1) refuse(op_name, e);
+    throw;
+  }
+}
+
+void Communicator::refuse(const char* op_name, const std::exception& e) {
+  // (queued behind the operations called before it, which run as they would have; a default CollOptions: this
+  // call's own may be what was refused)
+  Signature sig;
+  sig.op = kSigRefused;
+  const std::string why = fmt::format("refused on this rank: {}", e.what());
+  submit(op_name, sig, CollOptions{}, [why](Ctx&) -> std::string { throw InvalidArgument(why); });
+}
+
 Work Communicator::submit(const char* op_name, const Signature& sig_in, const CollOptions& o, Body body) {
-  double timeout_s = effective_timeout(o);
+  double timeout_s = 0;
+  own_checks(op_name, [&] { timeout_s = effective_timeout(o); });
   // Debug mode compares the algorithm a call forces too: ranks that ran different algorithms under one tag finished
   // with different results (rd on one rank, tree on the others) or waited for their deadline.
   Signature sig = sig_in;
@@ -563,7 +589,7 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
   };
   stop = [&](const std::exception& e) { stop_with(e); };
   try {
-    if (debug_ && size() > 1) check_signature(seq, sig, d, op_name);
+    if (debug_ && size() > 1 && sig.op != kSigRefused) check_signature(seq, sig, d, op_name);
     return body(ctx);
   } catch (const Error& e) {
     // An argument error found inside the operation too (the arguments were checked before it was queued: what
@@ -696,14 +722,26 @@ void check_reduce_op(ReduceOp op, const char* what) {
                                       static_cast<uint32_t>(op)));
 }
 
-void check_buffer(const void* p, size_t count, DType dt, const char* what, size_t copies = 1) {
+// A count whose bytes (times `copies`) no buffer can hold: every rank refuses it alike (the ranks agree on counts).
+void check_count(size_t count, DType dt, const char* what, size_t copies = 1) {
   const size_t esz = dtype_size(dt), limit = static_cast<size_t>(PTRDIFF_MAX) / esz / copies;
   if (count > limit)
     throw InvalidArgument(
         fmt::format("{}: {} elements of {} bytes{} are more than a buffer can hold (allowed: up to "
                     "{} elements)",
                     what, count, esz, copies > 1 ? fmt::format(" times {} ranks", copies) : "", limit));
-  if (p == nullptr && count > 0) throw InvalidArgument(fmt::format("{}: null buffer for {} elements", what, count));
+}
+
+// A null buffer: this rank's alone (collectives check it inside own_checks).
+void check_not_null(const void* p, size_t count, const char* what) {
+  if (p == nullptr && count > 0)
+    throw InvalidArgument(fmt::format(
+        "{}: null buffer for {} elements (allowed: a buffer of that many, or null with a count of 0)", what, count));
+}
+
+void check_buffer(const void* p, size_t count, DType dt, const char* what) {
+  check_count(count, dt, what);
+  check_not_null(p, count, what);
 }
 
 // One message of an operation that sends blocks whole (gather, scatter, alltoall, send/recv) must fit the message
@@ -895,11 +933,12 @@ void Communicator::check_fits(CollOp op, const std::string& forced, size_t bytes
 }
 
 Work Communicator::allreduce(void* buf, size_t count, DType dt, ReduceOp op, const CollOptions& o) {
-  check_buffer(buf, count, dt, "allreduce");
+  check_count(count, dt, "allreduce");
   check_reduce_op(op, "allreduce");
   Signature sig{kSigAllreduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count};
   const std::string forced = o.algorithm;
   check_fits(CollOp::allreduce, forced, count * dtype_size(dt), dtype_size(dt), true);
+  own_checks("allreduce", [&] { check_not_null(buf, count, "allreduce"); });
   return submit("allreduce", sig, o, [=, this](Ctx& c) {
     // avg of f16 divides each rank's input first (its sum overflows where the average does not).
     const bool divided = op == ReduceOp::avg && avg_divides_first(dt);
@@ -926,14 +965,16 @@ Work Communicator::reduce_scatter(const void* in, void* out, std::vector<size_t>
                                   const CollOptions& o) {
   check_counts(counts, "reduce_scatter");
   size_t total = checked_total(counts, dt, "reduce_scatter input");
-  check_buffer(in, total, dt, "reduce_scatter input");
-  check_buffer(out, counts[rank_], dt, "reduce_scatter output");
   check_reduce_op(op, "reduce_scatter");
   Signature sig{kSigReduceScatter, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, total};
   if (debug_) sig.counts_hash = counts_hash(counts);
   const std::string forced = o.algorithm;
   const bool even = std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
   check_fits(CollOp::reduce_scatter, forced, total * dtype_size(dt), dtype_size(dt), even);
+  own_checks("reduce_scatter", [&] {
+    check_not_null(in, total, "reduce_scatter input");
+    check_not_null(out, counts[rank_], "reduce_scatter output");
+  });
   return submit("reduce_scatter", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce_scatter, forced, total * dtype_size(dt), dtype_size(dt), even);
     std::vector<char> divided;
@@ -955,13 +996,15 @@ Work Communicator::allgather(const void* in, void* out, size_t count, DType dt, 
 Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> counts, DType dt, const CollOptions& o) {
   check_counts(counts, "allgatherv");
   size_t total = checked_total(counts, dt, "allgather output");
-  check_buffer(in, counts[rank_], dt, "allgather input");
-  check_buffer(out, total, dt, "allgather output");
   Signature sig{kSigAllgatherv, static_cast<uint32_t>(dt), 0, -1, total};
   if (debug_) sig.counts_hash = counts_hash(counts);
   const std::string forced = o.algorithm;
   const bool even = std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
   check_fits(CollOp::allgather, forced, total * dtype_size(dt), dtype_size(dt), even);
+  own_checks("allgather", [&] {
+    check_not_null(in, counts[rank_], "allgather input");
+    check_not_null(out, total, "allgather output");
+  });
   return submit("allgather", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::allgather, forced, total * dtype_size(dt), dtype_size(dt), even);
     // (recursive doubling needs a power of two ranks and runs the ring elsewhere: reported as what ran)
@@ -973,10 +1016,11 @@ Work Communicator::allgatherv(const void* in, void* out, std::vector<size_t> cou
 
 Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const CollOptions& o) {
   check_root(root, "broadcast");
-  check_buffer(buf, count, dt, "broadcast");
+  check_count(count, dt, "broadcast");
   Signature sig{kSigBroadcast, static_cast<uint32_t>(dt), 0, root, count};
   const std::string forced = o.algorithm;
   check_fits(CollOp::broadcast, forced, count * dtype_size(dt), dtype_size(dt), true);
+  own_checks("broadcast", [&] { check_not_null(buf, count, "broadcast"); });
   return submit("broadcast", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::broadcast, forced, count * dtype_size(dt), dtype_size(dt));
     run_broadcast(c.deadline(), buf, count, dt, root, algo);
@@ -987,12 +1031,15 @@ Work Communicator::broadcast(void* buf, size_t count, DType dt, int root, const 
 Work Communicator::reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op, int root,
                           const CollOptions& o) {
   check_root(root, "reduce");
-  check_buffer(in, count, dt, "reduce input");
-  if (rank_ == root) check_buffer(out, count, dt, "reduce output");
+  check_count(count, dt, "reduce input");
   check_reduce_op(op, "reduce");
   Signature sig{kSigReduce, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count};
   const std::string forced = o.algorithm;
   check_fits(CollOp::reduce, forced, count * dtype_size(dt), dtype_size(dt), true);
+  own_checks("reduce", [&] {
+    check_not_null(in, count, "reduce input");
+    if (rank_ == root) check_not_null(out, count, "reduce output");
+  });
   return submit("reduce", sig, o, [=, this](Ctx& c) {
     std::string algo = pick(*this, CollOp::reduce, forced, count * dtype_size(dt), dtype_size(dt));
     std::vector<char> divided;
@@ -1028,10 +1075,13 @@ static void check_only_algorithm(const CollOptions& o, const char* op, const cha
 Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
   check_only_algorithm(o, "gather", "linear");
   check_root(root, "gather");
-  check_buffer(in, count, dt, "gather input", size());
-  if (rank_ == root) check_buffer(out, count * size(), dt, "gather output");
-  if (rank_ == root) check_root_block(in, out, count * dtype_size(dt), root, size(), "gather");
+  check_count(count, dt, "gather input", size());  // (and the root's count x size(): its whole output)
   if (size() > 1) check_message(count * dtype_size(dt), fmt::format("gather over {} ranks: each rank's block", size()));
+  own_checks("gather", [&] {
+    check_not_null(in, count, "gather input");
+    if (rank_ == root) check_not_null(out, count * size(), "gather output");
+    if (rank_ == root) check_root_block(in, out, count * dtype_size(dt), root, size(), "gather");
+  });
   Signature sig{kSigGather, static_cast<uint32_t>(dt), 0, root, count};
   return submit("gather", sig, o, [=](Ctx& c) {
     linear_gather(c, in, out, count * dtype_size(dt), root);
@@ -1042,11 +1092,14 @@ Work Communicator::gather(const void* in, void* out, size_t count, DType dt, int
 Work Communicator::scatter(const void* in, void* out, size_t count, DType dt, int root, const CollOptions& o) {
   check_only_algorithm(o, "scatter", "linear");
   check_root(root, "scatter");
-  check_buffer(out, count, dt, "scatter output", size());
-  if (rank_ == root) check_buffer(in, count * size(), dt, "scatter input");
-  if (rank_ == root) check_root_block(out, in, count * dtype_size(dt), root, size(), "scatter");
+  check_count(count, dt, "scatter output", size());  // (and the root's count x size(): its whole input)
   if (size() > 1)
     check_message(count * dtype_size(dt), fmt::format("scatter over {} ranks: each rank's block", size()));
+  own_checks("scatter", [&] {
+    check_not_null(out, count, "scatter output");
+    if (rank_ == root) check_not_null(in, count * size(), "scatter input");
+    if (rank_ == root) check_root_block(out, in, count * dtype_size(dt), root, size(), "scatter");
+  });
   Signature sig{kSigScatter, static_cast<uint32_t>(dt), 0, root, count};
   return submit("scatter", sig, o, [=](Ctx& c) {
     linear_scatter(c, in, out, count * dtype_size(dt), root);
@@ -1063,27 +1116,33 @@ Work Communicator::alltoall(const void* in, void* out, size_t count, DType dt, c
 Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, void* out,
                              std::vector<size_t> recv_counts, DType dt, const CollOptions& o) {
   check_only_algorithm(o, "alltoall", "pairwise");
-  check_counts(send_counts, "alltoallv send_counts");
-  check_counts(recv_counts, "alltoallv recv_counts");
-  if (send_counts[rank_] != recv_counts[rank_])
-    throw InvalidArgument(fmt::format("alltoallv: rank {} sends {} elements to itself but expects {}", rank_,
-                                      send_counts[rank_], recv_counts[rank_]));
+  // (every count here is this rank's own: each rank sends and receives blocks of its own sizes)
   const size_t esz = dtype_size(dt);
-  checked_total(send_counts, dt, "alltoallv input");
-  checked_total(recv_counts, dt, "alltoallv output");
   std::vector<size_t> sb(size()), rb(size());
-  for (int i = 0; i < size(); ++i) {
-    sb[i] = send_counts[i] * esz;
-    rb[i] = recv_counts[i] * esz;
-  }
-  size_t st = std::accumulate(sb.begin(), sb.end(), size_t{0}), rt = std::accumulate(rb.begin(), rb.end(), size_t{0});
-  check_buffer(in, st / esz, dt, "alltoallv input");
-  check_buffer(out, rt / esz, dt, "alltoallv output");
-  // Receives land in out while sends still read in: overlapping buffers would be overwritten before they are sent.
-  const auto* ib = static_cast<const char*>(in);
-  const auto* ob = static_cast<const char*>(out);
-  if (size() > 1 && st > 0 && rt > 0 && ib < ob + rt && ob < ib + st)
-    throw InvalidArgument("alltoall: the input and output buffers overlap; allowed: separate buffers");
+  size_t st = 0, rt = 0;
+  own_checks("alltoall", [&] {
+    check_counts(send_counts, "alltoallv send_counts");
+    check_counts(recv_counts, "alltoallv recv_counts");
+    if (send_counts[rank_] != recv_counts[rank_])
+      throw InvalidArgument(
+          fmt::format("alltoallv: rank {} sends {} elements to itself but expects {}; allowed: the same count", rank_,
+                      send_counts[rank_], recv_counts[rank_]));
+    checked_total(send_counts, dt, "alltoallv input");
+    checked_total(recv_counts, dt, "alltoallv output");
+    for (int i = 0; i < size(); ++i) {
+      sb[i] = send_counts[i] * esz;
+      rb[i] = recv_counts[i] * esz;
+    }
+    st = std::accumulate(sb.begin(), sb.end(), size_t{0});
+    rt = std::accumulate(rb.begin(), rb.end(), size_t{0});
+    check_not_null(in, st / esz, "alltoallv input");
+    check_not_null(out, rt / esz, "alltoallv output");
+    // Receives land in out while sends still read in: overlapping buffers would be overwritten before they are sent.
+    const auto* ib = static_cast<const char*>(in);
+    const auto* ob = static_cast<const char*>(out);
+    if (size() > 1 && st > 0 && rt > 0 && ib < ob + rt && ob < ib + st)
+      throw InvalidArgument("alltoall: the input and output buffers overlap; allowed: separate buffers");
+  });
   try {
     for (int i = 0; i < size(); ++i) {
       if (i == rank_) continue;  // (copied, not sent)
@@ -1091,10 +1150,9 @@ Work Communicator::alltoallv(const void* in, std::vector<size_t> send_counts, vo
       check_message(rb[i], fmt::format("alltoallv: rank {}'s block from rank {}", rank_, i));
     }
   } catch (const ConfigError& e) {
-    // Only the two ranks of the block know its size: with more, the others entered the call and waited out their
-    // deadline for this rank (and a caller going on after the refusal could meet their messages in its next call).
-    // They are told now; this rank keeps its own error.
-    if (size() > 2) transport_->abort(fmt::format("rank {}: {}", transport_rank(rank_), e.what()));
+    // Only the two ranks of the block know its size: with more, the others would wait in the call for this rank (and
+    // a caller going on after the refusal could meet their messages in its next call); refused as own_checks does.
+    if (size() > 2) refuse("alltoall", e);
     throw;
   }
   Signature sig{kSigAlltoallv, static_cast<uint32_t>(dt), 0, -1, 0};

@@ -3,7 +3,10 @@
 // communicator's worker thread (in call order, which must be the same on every rank) and returns a Work handle.
 // Every collective has a deadline (CollOptions::timeout_s, else the communicator's, else CONDUIT_TIMEOUT, else
 // 300 s); on timeout or a peer's failure every rank raises an error naming the operation, its sequence number and
-// the ranks it has not heard from, and the communicator is aborted (later calls fail at once).
+// the ranks it has not heard from, and the communicator is aborted (later calls fail at once). Bad arguments are
+// refused by the call (InvalidArgument, ConfigError); one refused for what only its own rank sees (a null or
+// overlapping buffer, alltoallv's counts of its own blocks, CollOptions::timeout_s) aborts the communicator and its
+// transport too where there are other ranks, which fail at once naming it (they would wait in the call for this rank).
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -210,6 +213,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     uint64_t pairs_sent = 0, pairs_received = 0;
   };
   Work submit(const char* op_name, const Signature& sig, const CollOptions& o, Body body);
+  // Runs `checks`, the refusals of what only this rank can see of its call (its buffers' addresses and overlaps,
+  // alltoallv's counts of its own blocks, its CollOptions::timeout_s): a refusal there left the other ranks in the
+  // call until their deadline, and a caller going on after it took the refused call's tag for its next collective,
+  // where it could take a peer's message of the refused one as its own (a wrong result, returned as success). With
+  // other ranks, a refusal takes the call's place in the order of operations: the call is queued as one that fails
+  // at once, consuming its sequence number, failing this communicator and stopping the transport with the reason
+  // (the other ranks in the call fail with it, not at their deadline). The caller gets the refusal itself. Checks
+  // every rank makes alike on the arguments the ranks must agree on (counts, dtype, root, op, algorithm) stay local.
+  template <typename F>
+  void own_checks(const char* op_name, F&& checks);
+  void refuse(const char* op_name, const std::exception& e);
   Work p2p(bool is_send, void* buf, size_t count, DType dt, int peer, uint32_t tag, const CollOptions& o);
   std::string run_op(const char* op_name, uint64_t seq, const Signature& sig, const Deadline& d, Body& body);
   void check_signature(uint64_t seq, const Signature& sig, const Deadline& d, const char* op_name);
