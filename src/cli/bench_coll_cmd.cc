@@ -195,6 +195,7 @@ void run_bench(const BenchArgs& a) {
     t_max = slowest[2];
     uint64_t wrong = 0;
     if (a.check) {
+      // (the form timed: launch_op's reduce_scatter has equal blocks, verify's "reduce_scatter" too)
       coll::VerifyCase vc{a.op, a.algo, dt, rop, count, a.root, a.timeout, a.blocking};
       wrong = coll::run_and_verify(c, vc);
       c.allreduce(&wrong, 1, DType::i64, ReduceOp::sum).wait();
@@ -258,6 +259,7 @@ struct SelftestCase {
 const std::vector<SelftestCase>& selftest_cases() {
   static const std::vector<SelftestCase> cases = {{"allreduce", {"", "ring", "rhd", "rd", "tree", "hier"}},
                                                   {"reduce_scatter", {"ring", "rh"}},
+                                                  {"reduce_scatterv", {"ring", "rh"}},
                                                   {"allgather", {"ring", "rd"}},
                                                   {"allgatherv", {"ring", "rd"}},
                                                   {"broadcast", {"tree", "chain"}},
@@ -315,7 +317,7 @@ void run_selftest(const SelftestArgs& a) {
         }
     // The reductions with the other dtypes and operations, over the real transport (f16's divide-first average,
     // integer averages and products, the narrow integer kernels: only the in-process tests ran them).
-    if (cs.op == "allreduce" || cs.op == "reduce_scatter" || cs.op == "reduce")
+    if (cs.op == "allreduce" || cs.op == "reduce_scatter" || cs.op == "reduce_scatterv" || cs.op == "reduce")
       for (auto& algo : cs.algos)
         for (auto [t, rop] : {std::pair{DType::f16, ReduceOp::avg}, std::pair{DType::u8, ReduceOp::prod},
                               std::pair{DType::i8, ReduceOp::min}, std::pair{DType::i32, ReduceOp::avg},

@@ -10,8 +10,8 @@
 namespace conduit::coll {
 
 struct VerifyCase {
-  std::string op;         // allreduce, reduce_scatter, allgather, allgatherv, broadcast, reduce, gather, scatter,
-                          // alltoall, alltoallv, barrier, sendrecv
+  std::string op;         // allreduce, reduce_scatter, reduce_scatterv, allgather, allgatherv, broadcast, reduce,
+                          // gather, scatter, alltoall, alltoallv, barrier, sendrecv (the v forms: uneven blocks)
   std::string algorithm;  // empty: tuner
   DType dtype = DType::f32;
   ReduceOp reduce = ReduceOp::sum;

@@ -103,8 +103,12 @@ TEST_P(WorldSize, ReduceScatterAllgatherBroadcastReduce) {
     size_t w = 0;
     for (DType t : {DType::f32, DType::bf16, DType::i32})
       for (size_t count : kCounts) {
+        // (equal blocks, as bench coll times them, and blocks of n and n + 1 elements)
         for (const std::string a : {"ring", "rh"})
-          for (ReduceOp op : kAllOps) w += run_and_verify(c, {"reduce_scatter", a, t, op, count, 0, 0});
+          for (ReduceOp op : kAllOps) {
+            w += run_and_verify(c, {"reduce_scatter", a, t, op, count, 0, 0});
+            w += run_and_verify(c, {"reduce_scatterv", a, t, op, count, 0, 0});
+          }
         for (const std::string a : {"ring", "rd"}) {
           w += run_and_verify(c, {"allgather", a, t, ReduceOp::sum, count, 0, 0});
           w += run_and_verify(c, {"allgatherv", a, t, ReduceOp::sum, count, 0, 0});
@@ -866,8 +870,10 @@ TEST_P(Shapes, EveryCollectiveIsCorrect) {
                 w += e;
               }
         for (size_t count : kCounts) {
-          for (const std::string a : {"ring", "rh"})
+          for (const std::string a : {"ring", "rh"}) {
             w += run_and_verify(c, {"reduce_scatter", a, DType::f32, ReduceOp::sum, count, 0, 0});
+            w += run_and_verify(c, {"reduce_scatterv", a, DType::f32, ReduceOp::sum, count, 0, 0});
+          }
           for (const std::string a : {"ring", "rd"}) {
             w += run_and_verify(c, {"allgather", a, DType::f32, ReduceOp::sum, count, 0, 0});
             w += run_and_verify(c, {"allgatherv", a, DType::i32, ReduceOp::sum, count, 0, 0});
@@ -976,6 +982,7 @@ TEST_P(TwelveRanks, EveryPatternIsCorrect) {
       for (const std::string a : {"ring", "rhd", "rd", "tree"})
         bad += run_and_verify(*c, {"allreduce", a, DType::f32, ReduceOp::sum, count, 0, 0});
       bad += run_and_verify(*c, {"reduce_scatter", "", DType::bf16, ReduceOp::avg, count, 0, 0});
+      bad += run_and_verify(*c, {"reduce_scatterv", "", DType::bf16, ReduceOp::avg, count, 0, 0});
       bad += run_and_verify(*c, {"allgather", "", DType::i32, ReduceOp::sum, count, 0, 0});
       bad += run_and_verify(*c, {"broadcast", "", DType::f64, ReduceOp::sum, count, 7, 0});
       bad += run_and_verify(*c, {"reduce", "", DType::f32, ReduceOp::max, count, 11, 0});
