@@ -148,6 +148,8 @@ const char* verify_ops_allowed() {
 
 size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
   const int p = c.size(), r = c.rank();
+  if (vc.in_place && vc.op != "reduce")
+    throw ConfigError(fmt::format("verify: in place applies to reduce, not to '{}'", vc.op));
   const DType t = vc.dtype;
   const size_t n = vc.count;
   CollOptions o;
@@ -206,10 +208,11 @@ size_t run_and_verify(Communicator& c, const VerifyCase& vc) {
     auto in = make(n, t), out = make_out(n, t, p);
     for (size_t i = 0; i < n; ++i) put(in, i, t, value(r, i, t, vc.reduce));
     auto copy = in;
-    c.reduce(in.data(), out.data(), n, t, vc.reduce, vc.root, o).wait();
+    const bool in_place = vc.in_place && r == vc.root;  // (the other ranks have no output)
+    c.reduce(in.data(), in_place ? in.data() : out.data(), n, t, vc.reduce, vc.root, o).wait();
     if (r == vc.root)
-      for (size_t i = 0; i < n; ++i) expect_reduced(out, i, i);
-    if (in != copy) wrong += 1;  // the input must not be clobbered
+      for (size_t i = 0; i < n; ++i) expect_reduced(in_place ? in : out, i, i);
+    if (!in_place && in != copy) wrong += 1;  // the input must not be clobbered
   } else if (vc.op == "gather") {
     auto in = make(n, t), out = make_out(n * p, t, p);
     for (size_t i = 0; i < n; ++i) put(in, i, t, value(r, i, t, ReduceOp::sum));

@@ -19,6 +19,7 @@ struct VerifyCase {
   int root = 0;
   double timeout_s = 0;
   bool blocking = false;  // CollOptions::blocking (its default): a benchmark checks the path it timed
+  bool in_place = false;  // reduce only: the root passes its input as the output (out == in, communicator.h)
 };
 
 const char* verify_ops_allowed();

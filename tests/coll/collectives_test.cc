@@ -116,9 +116,19 @@ TEST_P(WorldSize, ReduceScatterAllgatherBroadcastReduce) {
         for (int root = 0; root < c.size(); ++root) {
           for (const std::string a : {"tree", "chain"})
             w += run_and_verify(c, {"broadcast", a, t, ReduceOp::sum, count, root, 0});
+          // (every reduction, and the root's output in place of its input: out == in, which communicator.h allows)
           for (const std::string a : {"tree", "rsg"})
-            for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg})
-              w += run_and_verify(c, {"reduce", a, t, op, count, root, 0});
+            for (ReduceOp op : kAllOps)
+              for (const bool in_place : {false, true}) {
+                VerifyCase vc{"reduce", a, t, op, count, root, 0};
+                vc.in_place = in_place;
+                const size_t e = run_and_verify(c, vc);
+                if (e)
+                  ADD_FAILURE() << "reduce " << a << " " << dtype_name(t) << " " << reduce_op_name(op) << " count "
+                                << count << " root " << root << (in_place ? " in place" : "") << ": " << e
+                                << " wrong on rank " << c.rank();
+                w += e;
+              }
         }
       }
     return w;
