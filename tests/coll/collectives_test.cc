@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "../error_of.h"
+#include "coll/algorithms.h"
 #include "coll/communicator.h"
 #include "coll/verify.h"
 #include "core/dtype.h"
@@ -1136,14 +1137,20 @@ TEST(AlgorithmShape, AllgathervSentIsWhatEachRankSends) {
 // No algorithm sends a message larger than the tuner's bound for its call (given the element size: blocks are whole
 // elements, the first count % p one longer): the message limit is checked against that bound before a call is queued,
 // and a message over it aborted the job. rhd's upper rank sends the larger half, up to p/4 elements over n/2, and
-// hier's cross-host step the largest local block: they were bounded by n/2 and n/L bytes. (Algorithms bounded by 0
-// send ring segments, checked against the limit at start-up.)
+// hier's cross-host step the largest local block: they were bounded by n/2 and n/L bytes. Algorithms bounded by 0
+// send ring segments (tuner.h), checked against the limit at start-up: none of their messages may be larger than
+// ring_segment_bytes() (4 KiB here, under the largest calls' 8 KiB). (Only bounds over 0 were checked, and the
+// segmented algorithms were not among the cases.)
 TEST(AlgorithmShape, NoMessageIsLargerThanTheTunersBound) {
   CommConfig cfg;
   cfg.timeout_s = 30;
   const std::pair<CollOp, const char*> cases[] = {
-      {CollOp::allreduce, "rhd"}, {CollOp::allreduce, "rd"},   {CollOp::allreduce, "tree"}, {CollOp::allreduce, "hier"},
-      {CollOp::allgather, "rd"},  {CollOp::broadcast, "tree"}, {CollOp::reduce, "tree"},    {CollOp::reduce, "rsg"}};
+      {CollOp::allreduce, "rhd"},     {CollOp::allreduce, "rd"},    {CollOp::allreduce, "tree"},
+      {CollOp::allreduce, "hier"},    {CollOp::allreduce, "ring"},  {CollOp::reduce_scatter, "ring"},
+      {CollOp::reduce_scatter, "rh"}, {CollOp::allgather, "rd"},    {CollOp::allgather, "ring"},
+      {CollOp::broadcast, "tree"},    {CollOp::broadcast, "chain"}, {CollOp::reduce, "tree"},
+      {CollOp::reduce, "rsg"}};
+  ASSERT_EQ(ring_segment_bytes(), 4096u);
   for (int n : {2, 4, 6, 8}) {
     auto inner = net::make_inproc_world(n, 2);
     std::vector<std::shared_ptr<CountingTransport>> ts;
@@ -1161,12 +1168,16 @@ TEST(AlgorithmShape, NoMessageIsLargerThanTheTunersBound) {
             const char* name = op == CollOp::allreduce ? "allreduce" : coll_op_name(op);
             bad += run_and_verify(*c, {name, algo, dt, ReduceOp::sum, count, 0, 0});
             const size_t esz = dtype_size(dt), largest = ts[r]->take_largest();
-            const size_t bytes = count * esz * (op == CollOp::allgather ? n : 1);  // (allgather: the output)
+            // (allgather: the output; reduce_scatter: the input, count elements a rank's block)
+            const bool whole = op == CollOp::allgather || op == CollOp::reduce_scatter;
+            const size_t bytes = count * esz * (whole ? n : 1);
             const double bound =
                 c->tuner().largest_message(op, algo, double(bytes), n, c->num_hosts(), c->hosts_uniform_multi(), esz);
-            if (bound > 0 && double(largest) > bound && over[r].empty())
-              over[r] = fmt::format("{} {} of {} x {}: a message of {} bytes, bound {}", coll_op_name(op), algo, count,
-                                    dtype_name(dt), largest, bound);
+            const double most = bound > 0 ? bound : double(ring_segment_bytes());  // (0: ring segments)
+            if (double(largest) > most && over[r].empty())
+              over[r] = fmt::format("{} {} of {} x {}: a message of {} bytes, bound {}{}", coll_op_name(op), algo,
+                                    count, dtype_name(dt), largest, bound,
+                                    bound > 0 ? "" : fmt::format(" (ring segments of {})", ring_segment_bytes()));
             // The bound without the element size (the tuner's own choice) holds for every dtype.
             const double any =
                 c->tuner().largest_message(op, algo, double(bytes), n, c->num_hosts(), c->hosts_uniform_multi());
