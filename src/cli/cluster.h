@@ -9,7 +9,8 @@
 //
 // Each host's link is shaped in both directions at its rate: tbf on the host's eth0 (host -> switch) and on the
 // switch's pK (switch -> host), burst of three full frames or 1 ms of the rate, whichever is larger (above the MTU,
-// so TCP never stalls; tbf segments a GSO super-packet larger than it), queue of 50 ms of the rate (at least 64 KiB:
+// so TCP never stalls; tbf segments a GSO super-packet larger than it), and where three frames are the larger (below
+// 36 Mbit/s) a peak rate 1.1x the rate over a one-frame bucket, queue of 50 ms of the rate (at least 64 KiB:
 // a super-packet's segments; a second of queue and more below 0.5 Mbit/s). Latency and
 // loss need netem: when the kernel has it, each direction gets htb (rate) with a netem leaf (half the latency each
 // way, the loss on the host's egress) whose limit is its delay line plus the same queue, in full frames

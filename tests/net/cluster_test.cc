@@ -550,6 +550,25 @@ TEST_F(ClusterTest, AMessageAfterAPauseIsShapedToo) {
   EXPECT_GT(s, 0.85 * link_s) << s * 1e3 << " ms";
 }
 
+// The same at a rate where the burst of three frames is more than 1 ms of it: at 200 kbit/s it is 182 ms, and a
+// 4,000-byte message after a pause crossed in 0.2-0.6 ms where the link takes 168 (an audit). With the peak rate
+// (1.1x over one frame) one frame goes at once and the rest at 220 kbit/s: ~98 ms.
+TEST_F(ClusterTest, AMessageAfterAPauseIsShapedAtLowRatesToo) {
+  const std::string name = unique_name("bl");
+  ClusterGuard guard(name);
+  ASSERT_EQ(sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 200kbit").code, 0);
+  for (const auto& [ns, dev] : {std::pair{"-h0", "eth0"}, std::pair{"-sw", "p1"}}) {
+    const std::string qd = sh("tc -n conduit-" + name + ns + " qdisc show dev " + dev).out;
+    EXPECT_NE(qd.find("rate 200Kbit burst 4542b peakrate 220Kbit"), std::string::npos) << qd;
+  }
+  const size_t bytes = 4000;
+  const double s = seconds_after_idle(name, bytes, 1.0);
+  ASSERT_GT(s, 0) << "transfer failed";
+  const double link_s = (bytes + 3 * 66.0) * 8 / 200e3;  // (three frames' headers: 168 ms)
+  std::printf("4,000 bytes after 1 s idle at 200 kbit/s: %.1f ms (%.1f ms on the link)\n", s * 1e3, link_s * 1e3);
+  EXPECT_GT(s, 0.4 * link_s) << s * 1e3 << " ms";
+}
+
 TEST_F(ClusterTest, HostsFileGivesHeterogeneousLinks) {
   const std::string name = unique_name("hf");
   ClusterGuard guard(name);

@@ -33,6 +33,38 @@ TEST(LinkShaping, RateAloneIsOneTbfWithFiftyMillisecondsOfQueue) {
   EXPECT_TRUE(cl::shape_commands("ns", "eth0", 0, 0, 0).empty());
 }
 
+// Below 36.3 Mbit/s the burst of three frames is more than 1 ms of the rate (4.5 s at 8 kbit/s), and tbf let it
+// through at the veth's speed after every pause: a 4,000-byte message crossed 200 kbit/s in 0.3 ms instead of 167.
+// There tbf gets a peak rate a tenth above the rate over a bucket of one full frame (tc's `mtu`: a frame larger than
+// it would be dropped); from 36.3 Mbit/s, where the burst is 1 ms of the rate, none (a peak rate held 39-55% of
+// 1 Gbit/s).
+TEST(LinkShaping, SlowLinksGetAPeakRateOverOneFrame) {
+  for (const double rate : {8e3, 200e3, 1e6, 10e6, 36e6}) {
+    const auto cmds = cl::shape_commands("ns", "eth0", rate, 0, 0);
+    ASSERT_EQ(cmds.size(), 1u) << rate;
+    EXPECT_EQ(arg_after(cmds[0], "burst"), 3 * 1514) << rate;
+    const auto peak = std::find(cmds[0].begin(), cmds[0].end(), "peakrate");
+    ASSERT_NE(peak, cmds[0].end()) << rate;
+    ASSERT_NE(peak + 1, cmds[0].end()) << rate;
+    const std::string p = *(peak + 1);
+    ASSERT_EQ(p.substr(p.size() - 3), "bit") << p;
+    const double peak_bps = std::stod(p.substr(0, p.size() - 3));
+    EXPECT_GT(peak_bps, rate) << p;  // (tc refuses a peak rate at or below the rate)
+    EXPECT_LE(peak_bps, 1.1 * rate + 1) << p;
+    EXPECT_EQ(arg_after(cmds[0], "mtu"), 1514) << rate;
+    // A message after a pause: one frame at the veth's speed, the rest at most at the peak rate, so 4,000 bytes
+    // (2,486 past the frame) take at least 90% of what they take past that frame at the rate.
+    EXPECT_GE((4000.0 - 1514) * 8 / peak_bps, 0.9 * (4000.0 - 1514) * 8 / rate) << rate;
+  }
+  for (const double rate : {36.4e6, 100e6, 1e9, 10e9}) {
+    const auto cmds = cl::shape_commands("ns", "eth0", rate, 0, 0);
+    ASSERT_EQ(cmds.size(), 1u) << rate;
+    EXPECT_FALSE(holds(cmds[0], "peakrate")) << rate;
+    EXPECT_FALSE(holds(cmds[0], "mtu")) << rate;
+    EXPECT_GE(arg_after(cmds[0], "burst") * 8, static_cast<long long>(rate * 0.001)) << rate;
+  }
+}
+
 // With latency, the backlog waiting for htb's tokens sits in the netem leaf: its limit (packets) is the delay line
 // plus the tbf path's queue in full frames. A floor of 100,000 packets let a 100 Mbit/s link with latency queue
 // 151 MB, 12 s of its rate, where the tbf path queues 50 ms (an audit).
