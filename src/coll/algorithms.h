@@ -20,8 +20,15 @@ struct Blocks {
 size_t ring_segment_bytes();  // CONDUIT_RING_SEGMENT_BYTES, default 1 MiB
 
 // world.cc: ping-pong between group ranks a and b on a control tag (the start-up measurement); one-way seconds for
-// `bytes`. Exposed for tests.
-double ping_pong(Communicator& c, int a, int b, size_t bytes, int iters, const Deadline& d);
+// `bytes`: a warm-up round trip (unless warm_up is false), then `iters` timed ones, or with a budget_s > 0 (and
+// bytes > 0) fewer once they would take longer than it (two at least), rank a deciding and telling b. Exposed for
+// tests.
+double ping_pong(Communicator& c, int a, int b, size_t bytes, int iters, const Deadline& d, double budget_s = 0,
+                 bool warm_up = true);
+// world.cc: the start-up measurement of the cost model (alpha and beta of an intra-host and an inter-host pair of
+// rank 0's, gamma on rank 0), given to every rank's tuner; `start_up_s` bounds it (and at most 60 s). Every rank
+// calls it. Exposed for tests.
+void measure_cost_model(Communicator& c, double start_up_s);
 
 // ring.cc
 void ring_allreduce(Ctx& c, void* buf, size_t count, DType dt, ReduceOp op);
