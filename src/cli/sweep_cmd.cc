@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -792,9 +793,17 @@ bool train_supports_sync(const std::string& exe) {
   return out.find("--sync") != std::string::npos;
 }
 
+// What a cell's `cluster run` is given past the sweep's own deadline for the cell (its SIGTERM at timeout_s, SIGKILL
+// 15 s later): its own --timeout, which only acts when the sweep is not there to enforce the cell's.
+constexpr double kCellTimeoutGraceS = 30;
+
 std::vector<std::string> cell_command(const SweepSpec& s, const Cell& c, const std::string& cluster,
                                       const std::string& exe) {
-  std::vector<std::string> cmd = {exe, "cluster", "run", "--name", cluster, "--"};
+  // The cell's deadline travels with it: enforced by the sweep's polling alone, a cell whose sweep was killed with
+  // SIGKILL ran on without one, in a cluster nobody owned (an audit). (run_logged also has it sent SIGTERM when the
+  // sweep dies.)
+  std::vector<std::string> cmd = {
+      exe, "cluster", "run", "--name", cluster, "--timeout", fmt::format("{}", s.timeout_s + kCellTimeoutGraceS), "--"};
   if (c.kind == "train") {
     cmd.insert(cmd.end(), {exe, "train", "--transport", "tcp", "--compressor", c.compressor, "--seed",
                            std::to_string(c.seed), "--output", c.dir, "--progress", "false"});
@@ -860,8 +869,14 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, dou
   sigemptyset(&stops);
   for (int sig : kStops) sigaddset(&stops, sig);
   sigprocmask(SIG_BLOCK, &stops, &before);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
+    // SIGTERM when the sweep dies (SIGKILL, the OOM killer): `cluster run` then stops its workers as on any SIGTERM,
+    // instead of running on with nobody to enforce the cell's deadline or take its cluster down. (Kept across the
+    // exec; a sweep gone before the prctl is seen by the parent pid's change.)
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(128 + SIGTERM);
     setpgid(0, 0);
     dup2(fd, 1);
     dup2(fd, 2);

@@ -1033,6 +1033,68 @@ TEST_F(ClusterTest, SweepCountsACellsBytesAndTimeUpToItsProgramsEnd) {
   EXPECT_GE(rows[0]["cell_s"].get<double>(), last_end - first_start) << rows.dump();
 }
 
+// True while process `pid` runs (a zombie has ended).
+bool running(long pid) {
+  const std::string st = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = st.rfind(')');
+  return close != std::string::npos && close + 2 < st.size() && st[close + 2] != 'Z';
+}
+
+// A sweep killed with SIGKILL (a CI job's timeout, the OOM killer) takes its running cell with it: its `cluster run`
+// gets SIGTERM when the sweep dies and stops the workers. It ran on, with the cell's deadline enforced by the sweep
+// alone, in a cluster nobody owned (an audit). The cell's `cluster run` also carries that deadline itself
+// (--timeout: the cell's timeout_s and 30 s). The program is a stand-in for the DDP peer that sleeps.
+TEST_F(ClusterTest, SweepKilledWithSigkillTakesItsCellWithIt) {
+  const std::string name = unique_name("sk");
+  const fs::path dir = fs::temp_directory_path() / (name + "-dir");
+  TempDir cleanup(dir);
+  const std::string d = dir.string();
+  std::ofstream(dir / "rank.sh") << "echo $$ > " << d << "/pid$RANK.tmp && mv " << d << "/pid$RANK.tmp " << d
+                                 << "/pid$RANK\nexec sleep 120\n";
+  std::ofstream(dir / "s.yaml") << "name: " << name << "\nhosts: 2\nnetworks: [{bandwidth: 100mbit}]\n"
+                                << "peers: [none]\npython: /bin/sh\nddp_script: " << d << "/rank.sh\ntimeout_s: 100\n";
+  Result started = sh(conduit() + " sweep " + d + "/s.yaml -o " + d + "/out > " + d + "/log 2>&1 & echo $!");
+  const long sweep = std::stol(started.out);
+  std::vector<long> workers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (workers.size() < 2 && std::chrono::steady_clock::now() < deadline && running(sweep)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    workers.clear();
+    for (const char* k : {"0", "1"})
+      if (fs::exists(dir / (std::string("pid") + k)))
+        workers.push_back(std::stol(read_file(dir / ("pid" + std::string(k)))));
+  }
+  // (its cluster, whatever happens below: sweep<pid>-<random>)
+  std::string cluster;
+  for (const auto& e : fs::directory_iterator("/run/netns")) {
+    const std::string n = e.path().filename().string();
+    const std::string prefix = "conduit-sweep" + std::to_string(sweep) + "-";
+    if (n.rfind(prefix, 0) == 0 && n.size() > 3 && n.substr(n.size() - 3) == "-sw")
+      cluster = n.substr(8, n.size() - 8 - 3);
+  }
+  ClusterGuard guard(cluster.empty() ? name + "-none" : cluster);
+  struct KillAll {
+    std::vector<long> pids;
+    ~KillAll() {
+      for (long p : pids) ::kill(static_cast<pid_t>(p), SIGKILL);
+    }
+  } kill_all{{sweep}};
+  ASSERT_EQ(workers.size(), 2u) << read_file(dir / "log");
+  kill_all.pids.insert(kill_all.pids.end(), workers.begin(), workers.end());
+  // The cell's command carries its deadline.
+  std::string command;
+  for (const auto& e : fs::directory_iterator(dir / "out"))
+    if (e.is_directory() && fs::exists(e.path() / "command.txt")) command = read_file(e.path() / "command.txt");
+  EXPECT_NE(command.find(" cluster run --name " + cluster + " --timeout 130 -- /bin/sh "), std::string::npos)
+      << command;
+  ASSERT_EQ(::kill(static_cast<pid_t>(sweep), SIGKILL), 0);
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < gone_by && (running(workers[0]) || running(workers[1])))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(running(workers[0])) << "the cell's worker 0 outlived its sweep by 20 s";
+  EXPECT_FALSE(running(workers[1])) << "the cell's worker 1 outlived its sweep by 20 s";
+}
+
 // A run removes an earlier run's results only once its first cell is about to run: one whose every `cluster up`
 // fails leaves them as they were (they were removed first, and such a run left the folder empty). A network whose
 // cluster does not come up fails its cells with the reason, and the next network's cells run (the sweep ended, with
@@ -1195,6 +1257,25 @@ TEST(SweepConfig, PeerCellsTakeTheDeadlineAndBucketSize) {
             std::string::npos)
       << r.out;
   fs::remove(file);
+}
+
+// Every cell's `cluster run` carries the cell's deadline and 30 s of grace (--timeout): the sweep's own polling alone
+// enforced it, and a cell whose sweep was killed ran on without one (an audit).
+TEST(SweepConfig, CellsCarryTheirDeadlineToClusterRun) {
+  const fs::path file = fs::temp_directory_path() / (unique_name("deadline") + ".yaml");
+  std::ofstream(file) << "name: p\nhosts: 2\nnetworks: [{bandwidth: 10mbit}]\ncompressors: [none]\npeers: [none]\n"
+                         "bench: {}\nddp_script: /bin/true\ntimeout_s: 77.5\n";
+  Result r = sh(conduit() + " sweep " + file.string() + " --dry-run");
+  fs::remove(file);
+  ASSERT_EQ(r.code, 0) << r.out;
+  int cells = 0;
+  for (size_t at = r.out.find("cell "); at != std::string::npos; at = r.out.find("\ncell ", at + 1)) {
+    const std::string line = r.out.substr(at, r.out.find('\n', at + 1) - at);
+    EXPECT_NE(line.find(" cluster run --name sweep"), std::string::npos) << line;
+    EXPECT_NE(line.find(" --timeout 107.5 -- "), std::string::npos) << line;
+    ++cells;
+  }
+  EXPECT_EQ(cells, 3) << r.out;
 }
 
 // What passed the file's checks and then failed or misled once cells ran is refused when the file is read, in one
