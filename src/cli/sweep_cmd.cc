@@ -1516,10 +1516,37 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
       if (!compressor_applies(sc, comp))
         fmt::print("sweep: left out {} with {}: {} averages parameters and takes no gradient compressor\n", sc, comp,
                    sc.substr(0, sc.find(':')));
+  // Latency and loss need netem: a kernel without it refuses the sweep, --dry-run too once it has listed the cells
+  // (it passed, and the run then failed; an audit). The probe makes a namespace, which needs root: without it
+  // --dry-run says it did not look.
+  auto needs_netem = [](const Network& n) {
+    return std::any_of(n.links.begin(), n.links.end(),
+                       [](const cl::LinkSpec& l) { return l.latency_s > 0 || l.loss > 0; });
+  };
+  auto check_netem = [&] {
+    for (const auto& n : s.networks) {
+      if (needs_netem(n) && !cl::kernel_has_netem())
+        throw ConfigError(
+            fmt::format("sweep: network {} asks for latency or loss, which need the netem qdisc; this "
+                        "kernel has none (allowed here: bandwidth only)",
+                        n.label));
+    }
+  };
   if (dry_run) {
     for (const auto& c : cells) {
       fmt::print("cell {}: {} @ {} seed {}: {}\n", c.index, c.label, c.net->label, c.seed,
                  fmt::join(cell_command(s, c, cluster, exe), " "));
+    }
+    std::fflush(stdout);
+    if (geteuid() == 0) {
+      check_netem();
+    } else {
+      for (const auto& n : s.networks)
+        if (needs_netem(n))
+          fmt::print(stderr,
+                     "sweep: network {} asks for latency or loss, which need the netem qdisc: not probed "
+                     "(that needs root); the run refuses it on a kernel without netem\n",
+                     n.label);
     }
     return;
   }
@@ -1528,15 +1555,7 @@ void run_sweep(const std::string& file, std::string output, bool dry_run, bool r
     return;
   }
   if (geteuid() != 0) throw ConfigError("sweep: needs root (emulated clusters); run it with sudo");
-  for (const auto& n : s.networks) {
-    bool netem = false;
-    for (const auto& l : n.links) netem = netem || l.latency_s > 0 || l.loss > 0;
-    if (netem && !cl::kernel_has_netem())
-      throw ConfigError(
-          fmt::format("sweep: network {} asks for latency or loss, which need the netem qdisc; this "
-                      "kernel has none (allowed here: bandwidth only)",
-                      n.label));
-  }
+  check_netem();
   // Clusters of sweeps that were killed (SIGKILL, a test's timeout): their namespaces stayed for good. Only those
   // whose sweep no longer runs (sweep_cluster_is_stale). Names sweep<pid>-<suffix>, and sweep<pid> of sweeps before
   // 2026-12-07 (an audit).
