@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -479,7 +480,9 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
   const YAML::Node root = load_yaml_file(path, "--hosts-file", "a YAML file");
   if (!root.IsMap())
     throw ConfigError(fmt::format("--hosts-file {}: expected a map with 'hosts' and 'defaults'", path));
-  const auto apply = [&](const YAML::Node& n, LinkSpec l, const std::string& where) {
+  // (`set`, when given, gets what the map sets: bandwidth, latency, loss)
+  const auto apply = [&](const YAML::Node& n, LinkSpec l, const std::string& where,
+                         std::set<std::string>* set = nullptr) {
     if (!n.IsMap()) throw ConfigError(fmt::format("--hosts-file {}: {} must be a map", path, where));
     std::set<std::string> seen;
     for (const auto& kv : n) {
@@ -505,6 +508,7 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
         throw ConfigError(fmt::format("{}: unknown key; allowed bandwidth, latency, loss", field));
       }
     }
+    if (set != nullptr) set->insert(seen.begin(), seen.end());
     return l;
   };
   LinkSpec defaults = base;
@@ -537,12 +541,24 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
     if (!list.IsSequence() || list.size() == 0) {
       throw ConfigError(fmt::format("--hosts-file {}: hosts must be a non-empty list", path));
     }
+    // A value given (a flag, a sweep network's key) only fills in what the defaults and a host leave out: set by
+    // every host, it applied to none, and nothing said so (an audit).
+    std::map<std::string, int> set_by;  // hosts that set each of bandwidth, latency, loss themselves
     for (size_t i = 0; i < list.size(); ++i) {
-      out.push_back(list[i].IsNull() ? defaults : apply(list[i], defaults, fmt::format("hosts[{}]", i)));
+      std::set<std::string> set;
+      out.push_back(list[i].IsNull() ? defaults : apply(list[i], defaults, fmt::format("hosts[{}]", i), &set));
+      for (const auto& k : set) ++set_by[k];
     }
     if (hosts > 0 && static_cast<int>(out.size()) != hosts) {
       throw ConfigError(fmt::format("--hosts {} does not match the {} hosts listed in {}", hosts, out.size(), path));
     }
+    for (const auto& [flag, key] :
+         {std::pair{given.bandwidth, "bandwidth"}, std::pair{given.latency, "latency"}, std::pair{given.loss, "loss"}})
+      if (!flag.empty() && set_by[key] == static_cast<int>(list.size()))
+        throw ConfigError(fmt::format(
+            "{} applies to no host: every host in --hosts-file {} sets its own {}; allowed: leave {} out, or leave "
+            "{} out of a host there",
+            flag, path, key, flag, key));
   } else {
     if (hosts <= 0) throw ConfigError(fmt::format("--hosts-file {} lists no hosts; give --hosts N", path));
     out.assign(static_cast<size_t>(hosts), defaults);

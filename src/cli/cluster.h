@@ -84,7 +84,7 @@ struct LinkGiven {
 //     - {bandwidth: 1gbit, latency: 2ms}
 // `hosts` (> 0) must equal the number of entries when the file lists any; with no `hosts` list, `hosts` copies
 // of the defaults. Unknown keys are ConfigErrors, and so is a value `given` names that the file's defaults also set
-// (which one applies would be a guess).
+// (which one applies would be a guess), or that every host listed sets (it would apply to none).
 std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const LinkSpec& base, const LinkGiven& given);
 
 bool kernel_has_netem();
