@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -578,7 +579,10 @@ std::vector<LinkSpec> load_hosts_file(const std::string& path, int hosts, const 
 bool kernel_has_netem() {
   static int cached = -1;
   if (cached >= 0) return cached == 1;
-  const std::string ns = fmt::format("conduit-probe{}", getpid());
+  // Named by this process's pid and pid namespace: containers that share /run/netns but not their pids (where one's
+  // pid is another's too) judge only their own probes by their pids.
+  const unsigned long long pidns = own_pid_namespace();
+  const std::string ns = fmt::format("conduit-probe{}-{}", getpid(), pidns);
   std::string out;
   bool ok = false;
   // A stop signal waits until the probe's namespace is gone (killed in between, it was left behind, and no
@@ -596,13 +600,21 @@ bool kernel_has_netem() {
   std::string failed;
   bool made = false;
   // A probe's namespace outlives a process killed with SIGKILL during the probe (which no blocking stops), and no
-  // `cluster down` matches its name: each probe removes those whose process is gone.
-  static const std::regex stale_probe("^conduit-probe([1-9][0-9]{0,8})$");
+  // `cluster down` matches its name: each probe removes those whose process is gone, judged by its pid only in its
+  // own pid namespace (a pid of another container's, found gone here, deleted a live probe there; an audit), and
+  // any other once a minute old (a probe lasts well under a second). Those named by the pid alone (before
+  // 2026-12-07) have no namespace to judge them in: by their age.
+  static const std::regex stale_probe("^conduit-probe([1-9][0-9]{0,9})(-([0-9]{1,20}))?$");
   for (const std::string& e : netns_entries()) {
     std::smatch m;
-    if (!std::regex_match(e, m, stale_probe)) continue;
-    const pid_t owner = static_cast<pid_t>(std::stol(m[1].str()));
-    if (owner != getpid() && ::kill(owner, 0) != 0 && errno == ESRCH) run_program({"ip", "netns", "del", e}, &out);
+    if (e == ns || !std::regex_match(e, m, stale_probe)) continue;
+    const long owner = std::stol(m[1].str());
+    const bool here = pidns != 0 && m[3].matched && m[3].str() == std::to_string(pidns);
+    const bool gone = here && owner <= INT_MAX && ::kill(static_cast<pid_t>(owner), 0) != 0 && errno == ESRCH;
+    struct stat st {};
+    const bool old = ::stat((std::string(kNetnsDir) + "/" + e).c_str(), &st) == 0 &&
+                     std::difftime(std::time(nullptr), st.st_mtime) > 60;
+    if (gone || old) run_program({"ip", "netns", "del", e}, &out);
   }
   try {
     made = run_program({"ip", "netns", "add", ns}, &out) == 0;

@@ -805,11 +805,22 @@ TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
   const std::string name = unique_name("nm");
   ClusterGuard guard(name);
   // The probe's namespace of an `up` killed with SIGKILL (no process has a pid above pid_max, 4194304 at most) is
-  // removed by the next probe; one whose process lives (this test's) is not. (Names of this test process's own: a
-  // second run of the suite on the machine has its own.)
-  const std::string dead = "conduit-probe" + std::to_string(100000000 + ::getpid());
-  const std::string live = "conduit-probe" + std::to_string(::getpid());
-  ASSERT_EQ(sh("ip netns add " + dead + " && ip netns add " + live).code, 0);
+  // removed by the next probe; one whose process lives (this test's) is not. Probes are named by their pid and pid
+  // namespace: one of another pid namespace (a container sharing /run/netns, where that pid may live) is not judged
+  // by its pid, and neither is one named by its pid alone (before 2026-12-07; it was removed, an audit): those go
+  // once a minute old. (Names of this test process's own: a second run of the suite on the machine has its own.)
+  const std::string stat = sh("stat -L -c %i /proc/self/ns/pid").out;
+  const std::string pidns = stat.substr(0, stat.find('\n'));
+  ASSERT_FALSE(pidns.empty());
+  const std::string probe = "conduit-probe" + std::to_string(100000000 + ::getpid());
+  const std::string dead = probe + "-" + std::to_string(std::stoull(pidns));
+  const std::string live = "conduit-probe" + std::to_string(::getpid()) + "-" + std::to_string(std::stoull(pidns));
+  const std::string elsewhere = probe + "-" + std::to_string(std::stoull(pidns) + 1);
+  const std::string unnamed = probe;
+  ASSERT_EQ(sh("ip netns add " + dead + " && ip netns add " + live + " && ip netns add " + elsewhere +
+               " && ip netns add " + unnamed)
+                .code,
+            0);
   Result r =
       sh(conduit() + " cluster up -q --name " + name + " --hosts 2 --bandwidth 100mbit --latency 10ms --loss 1%");
   if (r.code == 0) {
@@ -824,7 +835,9 @@ TEST_F(ClusterTest, LatencyAndLossUseNetemOrFailClearly) {
   }
   EXPECT_FALSE(fs::exists("/run/netns/" + dead));
   EXPECT_TRUE(fs::exists("/run/netns/" + live));
-  sh("ip netns del " + live + "; ip netns del " + dead + " 2>/dev/null");
+  EXPECT_TRUE(fs::exists("/run/netns/" + elsewhere));
+  EXPECT_TRUE(fs::exists("/run/netns/" + unnamed));
+  for (const auto& ns : {live, dead, elsewhere, unnamed}) sh("ip netns del " + ns + " 2>/dev/null");
 }
 
 TEST_F(ClusterTest, SweepOfTwoCellsWritesCsvJsonAndPlot) {
