@@ -97,22 +97,27 @@ FSDP_175B = [
 BLOOM_176B = (104.70, 149.77)
 
 
-def bloom_cluster(conduit, directory):
+def edited_preset(conduit, directory, name, edits):
+    """Writes the dgx-a100 preset, renamed to `name` and with each (old, new) edit made once, as a cluster file."""
     text = subprocess.run([conduit, "sim", "presets", "--dump", "dgx-a100"], check=True, capture_output=True,
                           text=True).stdout
-    for old, new in [("\nname: dgx-a100\n", "\nname: jean-zay-a100\n"),
-                     ("nics: 8 ", "nics: 4 "),
-                     ("bandwidth: 200 Gb/s            # ConnectX-6 HDR InfiniBand 200 Gb/s",
-                      "bandwidth: 100 Gb/s            # Omni-Path 100 Gb/s, 4 a node (bigscience tr11-176B-ml README)"),
-                     ("topology: rail-optimized", "topology: fat-tree"),
-                     ("in_network_reduction: true", "in_network_reduction: false")]:
+    for old, new in [("\nname: dgx-a100\n", f"\nname: {name}\n")] + edits:
         if text.count(old) != 1:
             sys.exit(f"the dgx-a100 preset no longer holds {old!r} once")
         text = text.replace(old, new)
-    path = os.path.join(directory, "jean-zay-a100.yaml")
+    path = os.path.join(directory, name + ".yaml")
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+def bloom_cluster(conduit, directory):
+    return edited_preset(conduit, directory, "jean-zay-a100", [
+        ("nics: 8 ", "nics: 4 "),
+        ("bandwidth: 200 Gb/s            # ConnectX-6 HDR InfiniBand 200 Gb/s",
+         "bandwidth: 100 Gb/s            # Omni-Path 100 Gb/s, 4 a node (bigscience tr11-176B-ml README)"),
+        ("topology: rail-optimized", "topology: fat-tree"),
+        ("in_network_reduction: true", "in_network_reduction: false")])
 
 
 # MosaicML llm-foundry, scripts/train/benchmarking/README.md (mosaicml/llm-foundry @ c90b9b31): MPT models trained with
@@ -178,23 +183,13 @@ MPT_A100_40GB = [
 
 
 def mpt_cluster(conduit, directory, gb40):
-    text = subprocess.run([conduit, "sim", "presets", "--dump", "dgx-a100"], check=True, capture_output=True,
-                          text=True).stdout
-    edits = [("\nname: dgx-a100\n", "\nname: a100-40gb-roce\n" if gb40 else "\nname: a100-80gb-roce\n"),
-             ("in_network_reduction: true", "in_network_reduction: false")]
+    edits = [("in_network_reduction: true", "in_network_reduction: false")]
     if gb40:
         edits += [("memory: 80 GiB                 # NVIDIA A100 datasheet: 80GB HBM2e",
                    "memory: 40 GiB                 # NVIDIA A100 datasheet: 40GB HBM2"),
                   ("memory_bandwidth: 2039 GB/s    # NVIDIA A100 datasheet: 2,039 GB/s (SXM 80GB)",
                    "memory_bandwidth: 1555 GB/s    # NVIDIA A100 datasheet: 1,555 GB/s (SXM 40GB)")]
-    for old, new in edits:
-        if text.count(old) != 1:
-            sys.exit(f"the dgx-a100 preset no longer holds {old!r} once")
-        text = text.replace(old, new)
-    path = os.path.join(directory, "a100-40gb-roce.yaml" if gb40 else "a100-80gb-roce.yaml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    return edited_preset(conduit, directory, "a100-40gb-roce" if gb40 else "a100-80gb-roce", edits)
 
 
 def mpt_rows(conduit, cluster, rows):
@@ -219,19 +214,10 @@ def mpt_rows(conduit, cluster, rows):
 
 
 def fsdp_cluster(conduit, directory):
-    text = subprocess.run([conduit, "sim", "presets", "--dump", "dgx-a100"], check=True, capture_output=True,
-                          text=True).stdout
-    for old, new in [("\nname: dgx-a100\n", "\nname: fsdp-a100-roce\n"),
-                     ("bandwidth: 200 Gb/s            # ConnectX-6 HDR InfiniBand 200 Gb/s",
-                      "bandwidth: 250 Gb/s            # 2 Tb/s RoCE a node (Zhao et al. 2023, section 5), 8 NICs"),
-                     ("in_network_reduction: true", "in_network_reduction: false")]:
-        if text.count(old) != 1:
-            sys.exit(f"the dgx-a100 preset no longer holds {old!r} once")
-        text = text.replace(old, new)
-    path = os.path.join(directory, "fsdp-a100-roce.yaml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    return edited_preset(conduit, directory, "fsdp-a100-roce", [
+        ("bandwidth: 200 Gb/s            # ConnectX-6 HDR InfiniBand 200 Gb/s",
+         "bandwidth: 250 Gb/s            # 2 Tb/s RoCE a node (Zhao et al. 2023, section 5), 8 NICs"),
+        ("in_network_reduction: true", "in_network_reduction: false")])
 
 
 # Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys'23, abstract: GPT

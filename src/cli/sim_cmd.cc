@@ -337,7 +337,7 @@ json config_json(const ParallelConfig& c) {
 
 json step_json(const std::string& cluster, const GptModel& m, const StepResult& r) {
   const StepBreakdown& b = r.breakdown;
-  const StageLayers split = stage_layers(m, r.config);
+  const StageLayers& split = r.stage_layers;
   // (a middle stage's figures, null where there is none: p = 2)
   auto middle = [&](auto value) { return r.config.pp > 2 ? json(value) : json(nullptr); };
   return json{{"kind", "sim.step"},
@@ -1711,8 +1711,9 @@ void setup(CLI::App& app) {
     c->add_flag("--sp", a->sp, "sequence parallelism with tensor parallelism" + searched);
     c->add_option("--attention-kernels", a->attention_kernels,
                   "the attention's kernels over the scores: fused (Megatron-LM's scale-mask-softmax, then dropout), "
-                  "eager (PyTorch's scale, mask, softmax and dropout one kernel each, as minGPT) or flash "
-                  "(FlashAttention: the scores never in memory, recomputed in the backward)")
+                  "eager (PyTorch's scale, mask, softmax and dropout one kernel each, as minGPT), flash "
+                  "(FlashAttention: the scores never in memory, recomputed in the backward; the core at the GEMM "
+                  "rate), flash2 or flash3 (the same, the core at the cluster file's attention_calibration rate)")
         ->capture_default_str();
     c->add_flag("--no-overlap", a->no_overlap, "do not overlap the data-parallel exchange with backward");
     c->add_flag("--no-zero-prefetch", a->no_zero_prefetch,
@@ -1803,11 +1804,15 @@ void setup(CLI::App& app) {
         c->add_option("--schedule", a->schedule, "gpipe, 1f1b, interleaved (with --fixed)")->capture_default_str(),
         c->add_option("--virtual-stages", a->virtual_stages,
                       "model chunks per GPU for --schedule interleaved (with --fixed; default 2)"),
-        c->add_flag("--sp", a->sp, "sequence parallelism (with --fixed)")};
+        c->add_flag("--sp", a->sp, "sequence parallelism (with --fixed)"),
+        c->add_option("--first-stage-layers", a->first_stage_layers,
+                      "an uneven pipeline split: the first stage's transformer layers (with --fixed)"),
+        c->add_option("--last-stage-layers", a->last_stage_layers,
+                      "an uneven pipeline split: the last stage's transformer layers (with --fixed)")};
     // (the model's kernels, so for every size, planned or fixed)
     c->add_option("--attention-kernels", a->attention_kernels,
-                  "the attention's kernels over the scores: fused (Megatron-LM's), eager (PyTorch's, as minGPT) or "
-                  "flash (FlashAttention)")
+                  "the attention's kernels over the scores: fused (Megatron-LM's), eager (PyTorch's, as minGPT), "
+                  "flash (FlashAttention), flash2 or flash3 (at the cluster file's attention_calibration rate)")
         ->capture_default_str();
     c->add_option("--plot", sa->plot, "write a PNG of the curve with gnuplot");
     c->add_flag("--json", a->json, "one JSON record per size");
@@ -1819,7 +1824,9 @@ void setup(CLI::App& app) {
               fmt::format("{} applies with --fixed only (allowed: add --fixed to simulate that "
                           "configuration at every size, or leave it out to plan each size)",
                           o->get_name()));
-      if (with_fixed[6]->count() > 0) a->given.insert("--virtual-stages");
+      for (auto* o : with_fixed)  // (the flags whose value counts only when given)
+        for (const char* f : {"--virtual-stages", "--first-stage-layers", "--last-stage-layers"})
+          if (o->count() > 0 && o->get_name() == f) a->given.insert(f);
       // (add_model_flags registers --gpus for every command; scale took it and ignored it)
       if (a->gpus_given) throw ConfigError("--gpus: sim scale takes its sizes from --gpus-list; allowed: leave it out");
       run_scale(*a, *sa, *fixed);

@@ -99,7 +99,7 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
   check_map(n, f,
             {"name", "peak_bf16", "peak_fp32", "memory", "memory_bandwidth", "sm_count", "comm_sms", "gemm_tile",
              "gemm_efficiency", "memory_efficiency", "kernel_overhead", "calibration", "conv_calibration",
-             "pool_calibration", "model_calibration"});
+             "pool_calibration", "model_calibration", "attention_calibration"});
   Accelerator a;
   auto req = [&](const char* k) {
     if (!n[k]) throw ConfigError(fmt::format("{}.{} is missing", f, k));
@@ -196,6 +196,35 @@ Accelerator parse_accelerator(const YAML::Node& n, const std::string& f) {
       s.forward_s = positive_duration(c[i], "forward", fi);
       s.backward_s = positive_duration(c[i], "backward", fi);
       a.pool_calibration.push_back(s);
+    }
+  }
+  if (auto c = n["attention_calibration"]) {
+    if (!c.IsSequence())
+      throw ConfigError(
+          fmt::format("{}.attention_calibration must be a list of {{kernel, seq, head_dim, achieved}}", f));
+    for (size_t i = 0; i < c.size(); ++i) {
+      std::string fi = fmt::format("{}.attention_calibration[{}]", f, i);
+      check_map(c[i], fi, {"kernel", "seq", "head_dim", "achieved"});
+      AttentionSample s;
+      s.kernel = get_string(require(c[i], "kernel", fi), fi + ".kernel");
+      if (s.kernel != "flash2" && s.kernel != "flash3")
+        throw ConfigError(fmt::format(
+            "{}.kernel = '{}' (allowed: flash2, flash3; FlashAttention's first version runs at the GEMM rate)", fi,
+            s.kernel));
+      s.seq = get_number(require(c[i], "seq", fi), fi + ".seq", 1, kMaxCalibratedDim);
+      s.head_dim = get_number(require(c[i], "head_dim", fi), fi + ".head_dim", 1, kMaxCalibratedDim);
+      s.achieved = parse_flops(get_string(require(c[i], "achieved", fi), fi + ".achieved"), fi + ".achieved");
+      if (!(s.achieved > 0)) throw ConfigError(fmt::format("{}.achieved must be positive", fi));
+      if (s.achieved > a.peak_flops * (1 + 1e-9))
+        throw ConfigError(
+            fmt::format("{}.achieved ({:.4g} TFLOP/s) is above the accelerator's peak_bf16 ({:.4g} "
+                        "TFLOP/s): a measured kernel cannot beat the peak",
+                        fi, s.achieved / 1e12, a.peak_flops / 1e12));
+      for (const auto& o : a.attention_calibration)
+        if (o.kernel == s.kernel && o.seq == s.seq && o.head_dim == s.head_dim)
+          throw ConfigError(fmt::format("{}: a second {} sample at seq {} and head_dim {} (allowed: one each)", fi,
+                                        s.kernel, s.seq, s.head_dim));
+      a.attention_calibration.push_back(s);
     }
   }
   if (auto c = n["model_calibration"]) {

@@ -34,6 +34,15 @@ struct PoolSample {
   double forward_s = 0, backward_s = 0;
 };
 
+// A measured (or published) FlashAttention kernel: its forward and backward over causal attention of `seq` tokens and
+// heads `head_dim` wide reached `achieved` FLOP/s, counted as FlashAttention's benchmarks count them (the forward
+// 4 s^2 d FLOPs a head and sequence, halved by the causal mask; the backward, which recomputes the scores, 2.5 times
+// the forward: 3.5 times in all). `kernel`: flash2 or flash3 (`--attention-kernels`).
+struct AttentionSample {
+  std::string kernel;
+  double seq = 0, head_dim = 0, achieved = 0;
+};
+
 // A measured training step of a layer-list model (`conduit bench gemm --model` "bench.model_step" records, through
 // `conduit sim calibrate`): what one worker does from zeroing its gradients to the gradient exchange (zero grads,
 // build the batch, forward with the loss, backward with the hooks that copy gradients into the exchange buffer), at
@@ -74,6 +83,7 @@ struct Accelerator {
   std::vector<GemmSample> calibration;
   std::vector<ConvSample> conv_calibration;
   std::vector<PoolSample> pool_calibration;
+  std::vector<AttentionSample> attention_calibration;
   std::vector<ModelStepSample> model_calibration;
 };
 

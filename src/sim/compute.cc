@@ -1,8 +1,12 @@
 #include "sim/compute.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "core/error.h"
 
 namespace conduit::sim {
 namespace {
@@ -153,6 +157,31 @@ double pool_time(const Accelerator& acc, const PoolShape& p, bool backward, doub
 double gemm_efficiency(const Accelerator& acc, const GemmShape& g) {
   double t = gemm_time(acc, g);
   return t > 0 ? g.flops() / t / acc.peak_flops : 0;
+}
+
+double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim) {
+  double best = std::numeric_limits<double>::infinity(), width = 0;
+  for (const auto& s : acc.attention_calibration)
+    if (s.kernel == kernel && std::abs(std::log(s.head_dim / head_dim)) < best) {
+      best = std::abs(std::log(s.head_dim / head_dim));
+      width = s.head_dim;
+    }
+  if (width == 0)
+    throw ConfigError(fmt::format(
+        "--attention-kernels {0}: the accelerator {1} has no {0} rate (its cluster file's attention_calibration "
+        "holds no sample with kernel: {0}); allowed: flash (FlashAttention at the GEMM rate), fused, eager, or a "
+        "cluster file with {0} samples (docs/sim.md section 3)",
+        kernel, acc.name));
+  const AttentionSample *below = nullptr, *above = nullptr;
+  for (const auto& s : acc.attention_calibration) {
+    if (s.kernel != kernel || s.head_dim != width) continue;
+    if (s.seq <= seq && (!below || s.seq > below->seq)) below = &s;
+    if (s.seq >= seq && (!above || s.seq < above->seq)) above = &s;
+  }
+  if (!below) return above->achieved;
+  if (!above || above->seq == below->seq) return below->achieved;
+  const double f = std::log(seq / below->seq) / std::log(above->seq / below->seq);
+  return below->achieved + f * (above->achieved - below->achieved);
 }
 
 double memory_time(const Accelerator& acc, double bytes, int kernels) {

@@ -56,4 +56,10 @@ const ConvSample* nearest_conv_sample(const Accelerator& acc, const ConvShape& c
 double gemm_efficiency(const Accelerator& acc, const GemmShape& g);  // achieved / peak
 double memory_time(const Accelerator& acc, double bytes, int kernels = 1);
 
+// FlashAttention-2 or -3's (`kernel`: "flash2", "flash3") forward + backward FLOP/s over causal attention of `seq`
+// tokens and heads `head_dim` wide, from the accelerator's attention_calibration: the samples of the nearest head
+// width (log distance), interpolated linearly in log seq between the two around it (the nearest end's beyond them:
+// the rate levels off at long sequences). ConfigError naming the accelerator when it has no sample of the kernel.
+double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim);
+
 }  // namespace conduit::sim

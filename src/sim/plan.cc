@@ -76,6 +76,22 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
         continue;
       }
       const long long d = gpus / (static_cast<long long>(t) * p);
+      // A pipeline size that does not divide the layers: the middle stages ceil(l / p) each (floor where
+      // that would leave the ends fewer than none) and the ends the rest, the last the smaller half, as it
+      // also runs the output layer and the loss (BLOOM's 70 layers on 12 stages: 5, 6 x 10, 5; 31 on 4:
+      // 8, 8, 8, 7, 9% faster than 7 first and 8 last); not interleaved, whose chunks hold equal layers.
+      const bool uneven = p > 1 && m.layers % p != 0;
+      int first_layers = -1, last_layers = -1;
+      if (uneven) {
+        if (p - 2 >= m.layers) {  // (a middle stage would hold none)
+          skip(fmt::format("pp ({}) leaves a pipeline stage without layers: the model has {}", p, m.layers));
+          continue;
+        }
+        int mid = (m.layers + p - 1) / p;
+        if (static_cast<long long>(p - 2) * mid > m.layers) mid = m.layers / p;
+        const int rest = m.layers - (p - 2) * mid;
+        first_layers = rest - rest / 2, last_layers = rest / 2;
+      }
       for (int b : space.micro_batch) {
         if (global_batch % (static_cast<long long>(b) * d) != 0) {
           skip(
@@ -92,9 +108,11 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
             continue;
           }
           for (Recompute rc : space.recompute) {
-            if (rc == Recompute::kSelective && space.base.attention == AttentionKernels::kFlash) {
+            if (rc == Recompute::kSelective && scores_on_chip(space.base.attention)) {
               skip(
-                  "--recompute selective with --attention-kernels flash: nothing to recompute, flash stores no scores");
+                  fmt::format("--recompute selective with --attention-kernels {0}: nothing to recompute, {0} stores "
+                              "no scores",
+                              attention_kernels_name(space.base.attention)));
               continue;
             }
             const bool has_none = std::any_of(space.compression.begin(), space.compression.end(),
@@ -139,22 +157,6 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                     else
                       scheds.push_back({s, 1});
                   }
-                // A pipeline size that does not divide the layers: the middle stages ceil(l / p) each (floor where
-                // that would leave the ends fewer than none) and the ends the rest, the last the smaller half, as it
-                // also runs the output layer and the loss (BLOOM's 70 layers on 12 stages: 5, 6 x 10, 5; 31 on 4:
-                // 8, 8, 8, 7, 9% faster than 7 first and 8 last); not interleaved, whose chunks hold equal layers.
-                const bool uneven = p > 1 && m.layers % p != 0;
-                int first_layers = -1, last_layers = -1;
-                if (uneven) {
-                  if (p - 2 >= m.layers) {  // (a middle stage would hold none)
-                    skip(fmt::format("pp ({}) leaves a pipeline stage without layers: the model has {}", p, m.layers));
-                    continue;
-                  }
-                  int mid = (m.layers + p - 1) / p;
-                  if (static_cast<long long>(p - 2) * mid > m.layers) mid = m.layers / p;
-                  const int rest = m.layers - (p - 2) * mid;
-                  first_layers = rest - rest / 2, last_layers = rest / 2;
-                }
                 for (auto [sched, v] : scheds) {
                   if (uneven && sched == Schedule::kInterleaved) {
                     skip(

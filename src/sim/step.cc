@@ -233,10 +233,11 @@ void validate_config(const GptModel& m, const ParallelConfig& c, long long gpus)
     throw ConfigError("--sp (sequence parallelism) needs --tp > 1: it splits the tensor-parallel activations");
   // (Megatron-LM's selective recompute drops the attention core's s^2 scores and recomputes them; FlashAttention
   // never stores them, so there is nothing to drop: Megatron-LM does not checkpoint the core with flash)
-  if (c.recompute == Recompute::kSelective && c.attention == AttentionKernels::kFlash)
-    throw ConfigError(
-        "--recompute selective recomputes the attention core to drop its s^2 scores, which --attention-kernels flash "
-        "never stores; allowed with flash: --recompute none or full");
+  if (c.recompute == Recompute::kSelective && scores_on_chip(c.attention))
+    throw ConfigError(fmt::format(
+        "--recompute selective recomputes the attention core to drop its s^2 scores, which --attention-kernels {0} "
+        "never stores; allowed with {0}: --recompute none or full",
+        attention_kernels_name(c.attention)));
   if (c.sequence_parallel && m.seq % c.tp != 0)
     throw ConfigError(fmt::format(
         "--sp splits the sequence over the tensor-parallel ranks: --tp = {} must divide --seq = {}", c.tp, m.seq));
@@ -404,17 +405,35 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
   const int tp = c.tp;
   const double b = c.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
   const double a = static_cast<double>(m.heads);
+  // FlashAttention-2 and -3 run the core (QK^T, the softmax and AV, forward and backward) at the accelerator's
+  // measured rate for them; every other kernel choice runs its GEMMs at the GEMM model's.
+  const bool measured_core = c.attention == AttentionKernels::kFlash2 || c.attention == AttentionKernels::kFlash3;
   double fwd = 0, core = 0, bwd = 0;
   for (const auto& g : gpt_layer_gemms(m, b, tp)) {
+    if (measured_core && g.attention_core) continue;
     double tf = gemm_time(acc, g.shape);
     fwd += tf;
     if (g.attention_core) core += tf;
     bwd += gemm_time(acc, dgrad(g.shape)) + gemm_time(acc, wgrad(g.shape));
   }
-  // FlashAttention's backward recomputes the scores: QK^T once more (the core's two GEMMs, QK^T and AV, do as many
-  // multiply-adds: half its forward).
-  const bool flash = c.attention == AttentionKernels::kFlash;
-  if (flash) bwd += core / 2;
+  const bool flash = scores_on_chip(c.attention);
+  if (measured_core) {
+    // FlashAttention's FLOPs, as its benchmarks count them: the forward 4 s^2 d a head, halved by the causal mask,
+    // the backward (which recomputes the scores) 2.5 times that. The measured rate is of both passes; they split it
+    // as FlashAttention-2's peaks on the A100 do, 73% of peak forward and 63% backward (Dao 2023, section 1):
+    // 3.5 F / rate = F / r_fwd + 2.5 F / r_bwd with r_bwd = r_fwd 63 / 73.
+    const double head_dim = h / a;
+    const double rate = flash_attention_rate(acc, attention_kernels_name(c.attention), s, head_dim);
+    const double flops = 2 * b * (a / tp) * s * s * head_dim;
+    const double r_fwd = rate * (1 + 2.5 * 73 / 63) / 3.5, r_bwd = r_fwd * 63 / 73;
+    core = flops / r_fwd;
+    fwd += core;
+    bwd += 2.5 * flops / r_bwd;
+  } else if (flash) {
+    // FlashAttention's backward recomputes the scores: QK^T once more (the core's two GEMMs, QK^T and AV, do as many
+    // multiply-adds: half its forward).
+    bwd += core / 2;
+  }
   // Element-wise kernels, 2-byte elements: two layer norms (read + write), two bias-dropout-adds (two reads, a
   // write, a 1-byte mask), fused scale-mask-softmax (read + write) and attention dropout (read, write, mask) on
   // the b*a/t*s*s scores, fused bias-GeLU (read + write) on the b*s*4h/t MLP activations (SwiGLU reads the gate and up
@@ -678,6 +697,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   r.config.zero_reduce = z2;
   // Each stage's transformer layers (the first's also the embedding, the last's the output layer and the loss).
   const StageLayers split = stage_layers(m, cfg);
+  r.stage_layers = split;
   const int lps_first = split.first, lps_mid = split.middle, lps_last = split.last;
   const double b = cfg.micro_batch, s = static_cast<double>(m.seq), h = static_cast<double>(m.hidden);
   const double V = static_cast<double>(m.vocab);
@@ -1254,7 +1274,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     first_inflight = std::min(mbs, (pv + p - 1) / v);
     last_inflight = std::min(mbs, (pv - p + 1) / v);
   }
-  const bool flash = cfg.attention == AttentionKernels::kFlash;
+  const bool flash = scores_on_chip(cfg.attention);
   const double layer_act = gpt_layer_activation_bytes(m, b, t, cfg.sequence_parallel, cfg.recompute, flash);
   // The layer being recomputed holds its full activations, of which what it stored is counted already (selective
   // recompute stores all but the attention core: counting its whole layer again overcounted 34 sbh/t).
@@ -1579,12 +1599,12 @@ StepResult layer_step(CollectiveModel& net, const LayerModel& m, const ParallelC
   if (p < 1 || gpus % p != 0)
     throw ConfigError(fmt::format("--pp ({}) must divide --gpus ({}) for a layer-list model", p, gpus));
   // (each named: one line listed four flags, whichever was given)
+  const std::string kernels = fmt::format("--attention-kernels {}", attention_kernels_name(cfg.attention));
   const char* gpt_only = cfg.recompute != Recompute::kNone           ? "--recompute"
                          : cfg.sequence_parallel                     ? "--sp"
                          : cfg.virtual_stages != 1                   ? "--virtual-stages"
                          : cfg.balance                               ? "--balance"
-                         : cfg.attention == AttentionKernels::kEager ? "--attention-kernels eager"
-                         : cfg.attention == AttentionKernels::kFlash ? "--attention-kernels flash"
+                         : cfg.attention != AttentionKernels::kFused ? kernels.c_str()
                          : cfg.first_stage_layers >= 0               ? "--first-stage-layers"
                          : cfg.last_stage_layers >= 0                ? "--last-stage-layers"
                                                                      : nullptr;

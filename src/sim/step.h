@@ -168,6 +168,7 @@ struct StepResult {
   double time = 0;  // seconds per iteration
   StepBreakdown breakdown;
   MemoryBreakdown memory;  // per GPU (the most loaded: first pipeline stage)
+  StageLayers stage_layers;  // each pipeline stage's transformer layers (GPT steps)
   double memory_capacity = 0;
   bool fits = true;
   double model_flops = 0;     // per iteration, no recompute (72 formula terms from the GEMMs)

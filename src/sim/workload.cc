@@ -218,14 +218,29 @@ AttentionKernels parse_attention_kernels(const std::string& s) {
   if (s == "fused") return AttentionKernels::kFused;
   if (s == "eager") return AttentionKernels::kEager;
   if (s == "flash") return AttentionKernels::kFlash;
+  if (s == "flash2") return AttentionKernels::kFlash2;
+  if (s == "flash3") return AttentionKernels::kFlash3;
   throw ConfigError(fmt::format(
       "--attention-kernels = '{}' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, mask, "
-      "softmax and dropout one kernel each; flash, FlashAttention's, the scores never in memory)",
+      "softmax and dropout one kernel each; flash, FlashAttention's, the scores never in memory; flash2 or flash3, "
+      "FlashAttention-2 or -3 at the rates the cluster file's attention_calibration gives)",
       s));
 }
 
 const char* attention_kernels_name(AttentionKernels k) {
-  return k == AttentionKernels::kEager ? "eager" : k == AttentionKernels::kFlash ? "flash" : "fused";
+  switch (k) {
+    case AttentionKernels::kEager:
+      return "eager";
+    case AttentionKernels::kFlash:
+      return "flash";
+    case AttentionKernels::kFlash2:
+      return "flash2";
+    case AttentionKernels::kFlash3:
+      return "flash3";
+    case AttentionKernels::kFused:
+      break;
+  }
+  return "fused";
 }
 
 double gpt_layer_activation_bytes(const GptModel& m, double b, int t, bool sp, Recompute r, bool flash) {

@@ -28,8 +28,13 @@
 namespace conduit::sim {
 
 enum class Recompute { kNone, kSelective, kFull };
-enum class AttentionKernels { kFused, kEager, kFlash };
-AttentionKernels parse_attention_kernels(const std::string& s);  // "fused", "eager", "flash"
+enum class AttentionKernels { kFused, kEager, kFlash, kFlash2, kFlash3 };
+// "fused", "eager", "flash", "flash2", "flash3"
+AttentionKernels parse_attention_kernels(const std::string& s);
+// FlashAttention, any version: the scores stay on chip (none in memory, none stored, recomputed in the backward).
+inline bool scores_on_chip(AttentionKernels k) {
+  return k == AttentionKernels::kFlash || k == AttentionKernels::kFlash2 || k == AttentionKernels::kFlash3;
+}
 const char* attention_kernels_name(AttentionKernels k);
 enum class Schedule { kGpipe, k1F1B, kInterleaved };
 Recompute parse_recompute(const std::string& s);

@@ -37,14 +37,7 @@ GptModel named_model(const char* n) {
   return m;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test_util::error_of;
 
 std::string cluster_error(const std::string& yaml) {
   return error_of([&] { parse_cluster_yaml(yaml, "x.yaml"); });
@@ -107,6 +100,25 @@ TEST(Inputs, ClusterFilesRejectUnknownDuplicateMisshapenAndAbsurdValues) {
                                 "      kernel_overhead:"));
   EXPECT_NE(fast.find("calibration[0].achieved (1000 TFLOP/s) is above the accelerator's peak_bf16"), std::string::npos)
       << fast;
+  // So would a FlashAttention rate; its kernel is one with a measured rate, its sample one a shape.
+  const std::string row = "{kernel: flash2, head_dim: 64, seq: 512, achieved: 88 TFLOP/s}";
+  auto attention = [&](const std::string& to) { return cluster_error(preset_with(row, to)); };
+  EXPECT_EQ(attention("{kernel: flash2, head_dim: 64, seq: 512, achieved: 400 TFLOP/s}"),
+            "x.yaml: nodes[0].accelerator.attention_calibration[0].achieved (400 TFLOP/s) is above the accelerator's "
+            "peak_bf16 (312 TFLOP/s): a measured kernel cannot beat the peak");
+  EXPECT_EQ(attention("{kernel: flash1, head_dim: 64, seq: 512, achieved: 88 TFLOP/s}"),
+            "x.yaml: nodes[0].accelerator.attention_calibration[0].kernel = 'flash1' (allowed: flash2, flash3; "
+            "FlashAttention's first version runs at the GEMM rate)");
+  EXPECT_EQ(attention("{kernel: flash2, head_dim: 64, seq: 1024, achieved: 88 TFLOP/s}"),
+            "x.yaml: nodes[0].accelerator.attention_calibration[1]: a second flash2 sample at seq 1024 and head_dim 64 "
+            "(allowed: one each)");
+  EXPECT_NE(attention("{kernel: flash2, head_dim: 64, achieved: 88 TFLOP/s}")
+                .find("attention_calibration[0].seq is "
+                      "missing"),
+            std::string::npos)
+      << attention("{kernel: flash2, head_dim: 64, achieved: 88 TFLOP/s}");
+  EXPECT_NE(attention("{kernel: flash2, head_dim: 0, seq: 512, achieved: 88 TFLOP/s}").find("head_dim"),
+            std::string::npos);
   // Values the model would quietly drop: NICs beyond one per accelerator (cut to one each), torus settings on a
   // network that is not a torus (ignored).
   // Collectives cannot hold every SM: the compute they overlap would stop.

@@ -39,6 +39,8 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+using test_util::error_of;
+
 GptModel named(const char* n) {
   GptModel m;
   EXPECT_TRUE(named_gpt(n, m));
@@ -226,18 +228,26 @@ TEST(Step, RecomputeAddsOnlyWhatTheLayerDidNotStore) {
   }
 }
 
+// The attention kernels' steps: GPT 7.5B on one dgx-a100 node, tp 8, one micro-batch of two sequences.
+class AttentionSteps : public ::testing::Test {
+ protected:
+  Topology topo{load_cluster("dgx-a100"), 8};
+  CollectiveModel net{topo};
+  GptModel m = named("gpt-7.5b");
+  const Accelerator& acc = topo.spec().node_kinds[0].accelerator;
+  ParallelConfig c = [] {
+    ParallelConfig one_node;
+    one_node.tp = 8;
+    one_node.global_batch = 2;
+    one_node.micro_batch = 2;
+    return one_node;
+  }();
+};
+
 // Eager attention (PyTorch's scale, mask, softmax and dropout, one kernel each: minGPT) scales and masks the b (a/t)
 // s^2 scores in two more kernels than Megatron-LM's fused scale-mask-softmax, each a read and a write of 2-byte
 // elements: the forward pays them, their backwards (the gradient scaled, and masked) as much, full recompute again.
-TEST(Step, EagerAttentionReadsAndWritesTheScoresTwiceMore) {
-  Topology topo(load_cluster("dgx-a100"), 8);
-  CollectiveModel net(topo);
-  GptModel m = named("gpt-7.5b");
-  const Accelerator& acc = topo.spec().node_kinds[0].accelerator;
-  ParallelConfig c;
-  c.tp = 8;
-  c.global_batch = 2;
-  c.micro_batch = 2;
+TEST_F(AttentionSteps, EagerAttentionReadsAndWritesTheScoresTwiceMore) {
   for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     c.recompute = rc;
     c.attention = AttentionKernels::kFused;
@@ -254,20 +264,69 @@ TEST(Step, EagerAttentionReadsAndWritesTheScoresTwiceMore) {
   }
 }
 
+// FlashAttention-2 runs the core (QK^T, softmax, AV, forward and backward) at the dgx-a100 preset's published rate for
+// it: 140 TFLOP/s at 2048 tokens (Dao 2023, fig. 4c), its FLOPs counted as FlashAttention's benchmark counts them (4
+// s^2 d a head forward, halved by the causal mask, the backward 2.5 times that) and split 73 : 63 between the passes;
+// in place of the first version's GEMMs at the GEMM model's rate (the forward's, the backward's and its QK^T again).
+// Everything else, memory too, as with FlashAttention's first version.
+TEST_F(AttentionSteps, FlashAttention2RunsTheCoreAtItsPublishedRate) {
+  const double head_dim = double(m.hidden) / m.heads;
+  ASSERT_EQ(head_dim, 128);
+  EXPECT_DOUBLE_EQ(flash_attention_rate(acc, "flash2", double(m.seq), head_dim), 140e12);  // (head dim 64's: nearest)
+  double gemm_core_fwd = 0, gemm_core_bwd = 0;
+  for (const auto& g : gpt_layer_gemms(m, c.micro_batch, c.tp))
+    if (g.attention_core) {
+      gemm_core_fwd += gemm_time(acc, g.shape);
+      const GemmShape& s = g.shape;  // (the input and weight gradients' GEMMs)
+      gemm_core_bwd += gemm_time(acc, {s.m, s.k, s.n, s.batch}) + gemm_time(acc, {s.k, s.n, s.m, s.batch});
+    }
+  ASSERT_GT(gemm_core_fwd, 0);
+  const double flops = 2.0 * c.micro_batch * (m.heads / c.tp) * double(m.seq) * double(m.seq) * head_dim;
+  const double r_fwd = 140e12 * (1 + 2.5 * 73 / 63) / 3.5;
+  for (Recompute rc : {Recompute::kNone, Recompute::kFull}) {
+    c.recompute = rc;
+    c.attention = AttentionKernels::kFlash;
+    const StepResult flash = simulate_step(net, m, c);
+    c.attention = AttentionKernels::kFlash2;
+    const StepResult flash2 = simulate_step(net, m, c);
+    const bool again = rc == Recompute::kFull;  // (full recompute runs the forward's core once more)
+    const double first = gemm_core_fwd * (again ? 2 : 1) + gemm_core_bwd + gemm_core_fwd / 2;
+    const double second = 3.5 * flops / 140e12 + (again ? flops / r_fwd : 0);
+    EXPECT_NEAR(flash.breakdown.compute - flash2.breakdown.compute, m.layers * (first - second),
+                1e-6 * flash.breakdown.compute)
+        << int(rc);
+    EXPECT_NE(first, second);
+    EXPECT_EQ(flash2.memory.activations, flash.memory.activations);
+  }
+  // The rate between samples: linear in log seq; beyond them, the nearest end's.
+  EXPECT_NEAR(flash_attention_rate(acc, "flash2", 3000, 128), 140e12 + 16e12 * std::log2(3000.0 / 2048), 1e3);
+  EXPECT_DOUBLE_EQ(flash_attention_rate(acc, "flash2", 256, 64), 88e12);
+  EXPECT_DOUBLE_EQ(flash_attention_rate(acc, "flash2", 65536, 256), 171e12);
+  // An accelerator without the kernel's rates refuses it, naming what is allowed (flash3 on the A100; flash2 on the
+  // H100, whose preset cites no published causal forward + backward figures).
+  c.recompute = Recompute::kNone;
+  c.attention = AttentionKernels::kFlash3;
+  EXPECT_EQ(error_of([&] { simulate_step(net, m, c); }),
+            "--attention-kernels flash3: the accelerator A100-SXM4-80GB has no flash3 rate (its cluster file's "
+            "attention_calibration holds no sample with kernel: flash3); allowed: flash (FlashAttention at the GEMM "
+            "rate), fused, eager, or a cluster file with flash3 samples (docs/sim.md section 3)");
+  Topology h100(load_cluster("dgx-h100"), 8);
+  CollectiveModel h100_net(h100);
+  c.attention = AttentionKernels::kFlash2;
+  EXPECT_NE(error_of([&] { simulate_step(h100_net, m, c); }).find("has no flash2 rate"), std::string::npos);
+  // Selective recompute is refused as with the first version (no scores stored), naming the kernel given.
+  c.recompute = Recompute::kSelective;
+  EXPECT_EQ(error_of([&] { simulate_step(net, m, c); }),
+            "--recompute selective recomputes the attention core to drop its s^2 scores, which --attention-kernels "
+            "flash2 never stores; allowed with flash2: --recompute none or full");
+}
+
 // FlashAttention keeps the scores on chip: none of the fused path's softmax and dropout traffic over the b (a/t) s^2
 // scores (9 bytes an element: read and write, then a dropout's read, write and mask) in the forward, the backward
 // (twice) and a full recompute, nor their kernels; its backward recomputes QK^T (half the core's forward GEMMs); a
 // layer stores the softmax's fp32 log-sum-exp (4 b a s / t bytes) in place of the scores and their mask (5 b a s^2 /
 // t).
-TEST(Step, FlashAttentionKeepsTheScoresOnChip) {
-  Topology topo(load_cluster("dgx-a100"), 8);
-  CollectiveModel net(topo);
-  GptModel m = named("gpt-7.5b");
-  const Accelerator& acc = topo.spec().node_kinds[0].accelerator;
-  ParallelConfig c;
-  c.tp = 8;
-  c.global_batch = 2;
-  c.micro_batch = 2;
+TEST_F(AttentionSteps, FlashAttentionKeepsTheScoresOnChip) {
   double core = 0;
   for (const auto& g : gpt_layer_gemms(m, c.micro_batch, c.tp))
     if (g.attention_core) core += gemm_time(acc, g.shape);
@@ -293,6 +352,7 @@ TEST(Step, FlashAttentionKeepsTheScoresOnChip) {
         << int(rc);
   }
   EXPECT_EQ(parse_attention_kernels("flash"), AttentionKernels::kFlash);
+  EXPECT_EQ(parse_attention_kernels("flash3"), AttentionKernels::kFlash3);
   // Selective recompute drops the scores flash never stores: refused (it charged the core's recompute for nothing).
   c.recompute = Recompute::kSelective;
   try {
@@ -765,6 +825,22 @@ TEST(Cli, StepPlanAndErrors) {
       run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --virtual-stages 3", &rc);
   EXPECT_EQ(rc, 2);
   EXPECT_NE(out.find("--virtual-stages applies with --fixed only"), std::string::npos) << out;
+  // So does an uneven pipeline split (sim scale had no stage-layer flags: `sim step`'s BLOOM split had no curve).
+  out =
+      run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32,64 --fixed --pp 4 "
+          "--first-stage-layers 5 --last-stage-layers 5 --json",
+          &rc);
+  EXPECT_EQ(rc, 0) << out;
+  size_t split = 0;
+  for (size_t at = 0;
+       (at = out.find(R"("stage_layers":{"first":5,"last":5,"middle":7,"uneven":true})", at)) != std::string::npos;
+       ++at)
+    ++split;
+  EXPECT_EQ(split, 2u) << out;
+  out =
+      run("sim scale --cluster dgx-a100 --model gpt-1.7b --batch-per-gpu 4 --gpus-list 32 --last-stage-layers 5", &rc);
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("--last-stage-layers applies with --fixed only"), std::string::npos) << out;
   // The attention's kernels apply at every size, planned or fixed (sim scale had no --attention-kernels: the FSDP
   // rows of docs/sim.md §10 could not be drawn as a curve).
   for (const char* fixed : {" --fixed", ""}) {
@@ -777,6 +853,13 @@ TEST(Cli, StepPlanAndErrors) {
     EXPECT_NE(eager.find("\"attention_kernels\":\"eager\""), std::string::npos) << eager;
     const auto time_of = [](const std::string& j) { return nlohmann::json::parse(j)["time_s"].get<double>(); };
     EXPECT_GT(time_of(eager), time_of(fused)) << fixed;
+    // FlashAttention-2 at the preset's published rate: faster than the first version's GEMM-rate core.
+    const std::string flash = run(cmd + " --attention-kernels flash", &rc);
+    EXPECT_EQ(rc, 0) << flash;
+    const std::string flash2 = run(cmd + " --attention-kernels flash2", &rc);
+    EXPECT_EQ(rc, 0) << flash2;
+    EXPECT_NE(flash2.find("\"attention_kernels\":\"flash2\""), std::string::npos) << flash2;
+    EXPECT_LT(time_of(flash2), time_of(flash)) << fixed;
   }
   // An uneven split in the JSON record: the counts used, a middle stage's figures null where there is none (p = 2: a
   // middle stage's time was printed for a stage that does not exist).
@@ -1117,9 +1200,10 @@ TEST(Cli, OutOfRangeZeroAndIgnoredFlagsAreRefusedInOneLine) {
             "--dp = 0 (allowed: a positive data-parallel size, or leave it out for gpus / (tp pp))"},
            {"sim step --model gpt2-small --global-batch 8 --pp 2 --first-stage-layers -2",
             "--first-stage-layers = -2 (allowed: 0 or more transformer layers)"},
-           {"sim step --model gpt2-small --global-batch 8 --attention-kernels flash2",
-            "--attention-kernels = 'flash2' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, "
-            "mask, softmax and dropout one kernel each; flash, FlashAttention's, the scores never in memory)"},
+           {"sim step --model gpt2-small --global-batch 8 --attention-kernels flash4",
+            "--attention-kernels = 'flash4' (allowed: fused, Megatron-LM's scale-mask-softmax; eager, PyTorch's scale, "
+            "mask, softmax and dropout one kernel each; flash, FlashAttention's, the scores never in memory; flash2 or "
+            "flash3, FlashAttention-2 or -3 at the rates the cluster file's attention_calibration gives)"},
            {"sim step --model layers --layers-spec dense:4x4 --hidden 5 --global-batch 8",
             "--hidden: a transformer's shape, and --model layers takes its layers from --layers-spec"},
            {"sim step --model layers --layers-spec dense:4x4 --mlp swiglu --global-batch 8",
