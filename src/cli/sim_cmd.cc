@@ -635,6 +635,13 @@ void run_plan(const StepArgs& given_args) {
       if (std::find(space.recompute.begin(), space.recompute.end(), rc) != space.recompute.end())
         throw ConfigError(fmt::format("--recompute-options = '{}' lists {} twice (allowed: each value once)",
                                       a.recompute_options, trim(r)));
+      // (with FlashAttention each selective candidate was skipped: a list naming it came back without it)
+      if (rc == Recompute::kSelective && scores_on_chip(space.base.attention))
+        throw ConfigError(fmt::format(
+            "--recompute-options = '{}' lists selective, which recomputes the attention scores --attention-kernels "
+            "{} never stores; allowed with {}: none, full",
+            a.recompute_options, attention_kernels_name(space.base.attention),
+            attention_kernels_name(space.base.attention)));
       space.recompute.push_back(rc);
     }
   }

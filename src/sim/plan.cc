@@ -40,6 +40,13 @@ std::string describe_config(const ParallelConfig& c) {
   return s;
 }
 
+double ranking_time(double t) {
+  if (!std::isfinite(t) || t == 0) return t;
+  int e = 0;
+  const double mantissa = std::frexp(t, &e);
+  return std::ldexp(std::round(std::ldexp(mantissa, 30)), e - 30);
+}
+
 PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space_in,
                 size_t top) {
   m.validate();
@@ -111,7 +118,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
             if (rc == Recompute::kSelective && scores_on_chip(space.base.attention)) {
               skip(
                   fmt::format("--recompute selective with --attention-kernels {0}: nothing to recompute, {0} stores "
-                              "no scores",
+                              "no scores; allowed: --recompute none or full",
                               attention_kernels_name(space.base.attention)));
               continue;
             }
@@ -232,9 +239,12 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   // Fastest first; equal times (plans that differ only where nothing is charged) by memory, then by description, so
   // the ranking, the --top cut and the runner-up explain_plan names are the same on every run (std::sort on the time
   // alone left ties in no defined order). A time that is not a number ranks last.
+  // Times are compared to 30 bits (about 1e-9): the same schedule summed in another order (GPipe's closed form,
+  // 1F1B's, its play-out) differs in the last bits, which ranked a GPipe plan of 3-8x the memory above its equal 1F1B.
   std::sort(all.begin(), all.end(), [&](const StepResult& a, const StepResult& b) {
     if (std::isnan(a.time) != std::isnan(b.time)) return std::isnan(b.time);
-    if (!std::isnan(a.time) && a.time != b.time) return a.time < b.time;
+    const double ta = ranking_time(a.time), tb = ranking_time(b.time);
+    if (!std::isnan(a.time) && ta != tb) return ta < tb;
     if (a.memory.total() != b.memory.total()) return a.memory.total() < b.memory.total();
     return describe_config(a.config) < describe_config(b.config);
   });
@@ -281,8 +291,8 @@ std::vector<std::string> explain_plan(const StepResult& best, const StepResult* 
         {"compute slowed by overlap", o.overlap_slowdown - b.overlap_slowdown},
         {"optimizer", o.optimizer - b.optimizer}};
     std::sort(diffs.begin(), diffs.end(), [](const Part& x, const Part& y) { return x.v > y.v; });
-    // (a tie within rounding too: ZeRO-1 and 2 reach the same time by different sums)
-    const bool tie = other->time <= best.time * (1 + 1e-9);
+    // (a tie within rounding too, as the ranking counts one: ZeRO-1 and 2 reach the same time by different sums)
+    const bool tie = ranking_time(other->time) == ranking_time(best.time);
     if (!tie && diffs.front().v > 0)
       out.push_back(fmt::format("beats the next plan ({}) by {:.1f}% mostly through {} ({} less)",
                                 describe_config(other->config), 100 * (other->time - best.time) / other->time,

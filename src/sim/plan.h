@@ -40,6 +40,9 @@ struct PlanResult {
   std::string first_untimeable;
 };
 
+// A step time rounded to 30 significant bits (about 1e-9 relative), as the planner ranks and ties plans: equal
+// schedules summed in different orders differ in their last bits.
+double ranking_time(double t);
 PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space, size_t top);
 
 // One line per reason the plan wins (or loses) against `other`.

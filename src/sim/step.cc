@@ -129,8 +129,8 @@ StageLayers stage_layers(const GptModel& m, const ParallelConfig& c) {
       throw ConfigError(fmt::format(
           "--layers ({}) must be a multiple of --pp x virtual stages ({}){}", m.layers, stages,
           v > 1 ? ""
-                : "; or, with `sim step`, give the first and last stages their own layers (--first-stage-layers, "
-                  "--last-stage-layers)"));
+                : "; or, with `sim step` or `sim scale --fixed`, give the first and last stages their own layers "
+                  "(--first-stage-layers, --last-stage-layers)"));
     const int each = m.layers / p;
     return {each, each, each, false};
   }
@@ -362,8 +362,10 @@ GemmShape wgrad(const GemmShape& g) { return {g.k, g.n, g.m, g.batch}; }
 // and the finish times kept for the last 2p + 2 micro-batches only (a stage is never further ahead of its neighbours
 // than its w + 1 micro-batches in flight): O(p) memory a stage, O(p m) time (it held every operation: 3 GB and 18 s
 // at p 64 and a million micro-batches, found by a review).
+constexpr long long kMaxPlayedOps = 25000000, kMaxPlayedWindow = 1LL << 22;
+
 double played_1f1b(const std::vector<double>& fwd, const std::vector<double>& bwd, long long m) {
-  const size_t p = fwd.size(), window = 2 * p + 2;
+  const size_t p = fwd.size(), window = static_cast<size_t>(std::min<long long>(2 * p + 2, std::max(m, 1LL)));
   struct Done {
     long long mb = -1;  // (the micro-batch whose finish time `at` is, -1: none yet)
     double at = 0;
@@ -835,6 +837,14 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     r.breakdown.bubble = stages_sum + (mf - 1) * (max_f + max_b) - mf * slot;
   } else if (split.uneven) {
     // (1F1B with a stage slower than the last: its warm-up can wait less than the closed form's sum, so played out)
+    // (O(p m) time and O(p min(2p + 2, m)) memory: bounded, p 16384 asked for 17 GB)
+    const long long pl = p, window = std::min(2 * pl + 2, mb);
+    if (pl * mb > kMaxPlayedOps || pl * window > kMaxPlayedWindow)
+      throw ConfigError(fmt::format(
+          "an uneven pipeline split is played out micro-batch by micro-batch on each stage: pp ({}) x {} "
+          "micro-batches is {} (allowed: up to {}, and pp x min(2 pp + 2, micro-batches) up to {}); allowed: fewer "
+          "stages or micro-batches (--global-batch, --micro-batch), or an even split",
+          p, mb, pl * mb, kMaxPlayedOps, kMaxPlayedWindow));
     std::vector<double> fwd(static_cast<size_t>(p), middle.fwd), bwd(static_cast<size_t>(p), middle.bwd);
     fwd.front() = first.fwd, bwd.front() = first.bwd, fwd.back() = last.fwd, bwd.back() = last.bwd;
     r.breakdown.bubble = played_1f1b(fwd, bwd, mb) - mf * slot;

@@ -2360,6 +2360,16 @@ TEST(Inputs, PlanListsAndFlagsSayWhatTheyMean) {
   EXPECT_EQ(out,
             "conduit: error: --recompute-options = 'none,foo' (allowed: a comma-separated list of none, selective, "
             "full)\n");
+  // Selective recompute listed with FlashAttention: refused (every selective candidate was skipped: the list came
+  // back without it, exit 0); fixed, the refusal names what is allowed (it was told to change --gpus).
+  out = test_util::run(plan + "--attention-kernels flash --recompute-options selective,full", &rc);
+  EXPECT_EQ(out,
+            "conduit: error: --recompute-options = 'selective,full' lists selective, which recomputes the attention "
+            "scores --attention-kernels flash never stores; allowed with flash: none, full\n");
+  out = test_util::run(plan + "--attention-kernels flash2 --recompute selective", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("flash2 stores no scores; allowed: --recompute none or full"), std::string::npos) << out;
+  EXPECT_EQ(out.find("--gpus, --global-batch"), std::string::npos) << out;
   out = test_util::run(plan + "--balance", &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("this cluster has one kind; allowed: a cluster with several node kinds, or leave --balance out"),

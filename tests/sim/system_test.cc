@@ -1139,6 +1139,18 @@ TEST(Cli, PipesDevicesEndlessSchedulesAndEventsAreRefused) {
   EXPECT_EQ(rc, 2) << out.substr(0, 300);
   EXPECT_NE(out.find("makes 10000 micro-batches a step on each of the 4096 stages"), std::string::npos)
       << out.substr(0, 300);
+  // So is a GPT pipeline split unevenly (played out too): bounded in its operations and memory (p 16384 asked for 17
+  // GB), its window no longer than its micro-batches (one micro-batch over 8192 stages ran out of a 3 GB limit).
+  const std::string uneven =
+      "sim step --cluster dgx-a100 --gpus 4096 --pp 4096 --model gpt --layers 4097 --hidden 512 --heads 8 --seq 128 "
+      "--vocab 1024 --first-stage-layers 2";
+  out = run(uneven + " --global-batch 10000", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("pp (4096) x 10000 micro-batches is 40960000 (allowed: up to 25000000"), std::string::npos) << out;
+  out = run(uneven + " --global-batch 1 --json", &rc);
+  EXPECT_EQ(rc, 0) << out.substr(0, 300);
+  EXPECT_NE(out.find(R"("stage_layers":{"first":2,"last":1,"middle":1,"uneven":true})"), std::string::npos)
+      << out.substr(0, 300);
   // A file over 1 GiB (sparse: nothing written) is refused before it is read.
   ASSERT_EQ(std::system(("truncate -s 1100M " + dir + "/big.csv").c_str()), 0);
   out = run("sim cluster --jobs " + dir + "/big.csv --gpus 8", &rc);
