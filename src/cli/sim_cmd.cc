@@ -996,9 +996,11 @@ void run_coll(const CollArgs& given_args) {
         "placement's own link loads: the time can be well under the truth\n");
 }
 
-InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long long gen, bool fused) {
+InferenceConfig make_infer(const StepArgs& a, int batch, long long prompt, long long gen,
+                           const std::string& attention) {
   InferenceConfig c;
-  c.fused_attention = fused;
+  c.fused_attention = attention != "unfused";
+  if (attention == "flash2" || attention == "flash3") c.flash_kernel = attention;
   c.tp = a.tp;
   c.pp = a.pp;
   c.batch = batch;
@@ -1052,7 +1054,7 @@ void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& 
   // Every row before any output: a refused configuration printed the table's header, then its error.
   std::vector<InferenceResult> rows;
   for (int b : batches)
-    rows.push_back(simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate, ia.attention != "unfused")));
+    rows.push_back(simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate, ia.attention)));
   if (!a.json)
     fmt::print(
         "cluster {}  model {}  tp={} pp={}  prompt {}  generate {}  {} attention{}\n\n  {:>6} {:>12} {:>14} {:>12} "
@@ -1081,9 +1083,12 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
   // (what is left, at most).
   InferArgs ia = given;
   // (flash: the same kernels `sim step --attention-kernels flash` names, whose `fused` is Megatron-LM's other kernel)
-  if (ia.attention != "fused" && ia.attention != "flash" && ia.attention != "unfused")
-    throw ConfigError(
-        fmt::format("--attention = '{}' (allowed: fused or flash, FlashAttention's; unfused)", ia.attention));
+  if (ia.attention != "fused" && ia.attention != "flash" && ia.attention != "flash2" && ia.attention != "flash3" &&
+      ia.attention != "unfused")
+    throw ConfigError(fmt::format(
+        "--attention = '{}' (allowed: fused or flash, FlashAttention's at the GEMM rate; flash2 or flash3, at the "
+        "cluster file's attention_calibration rate; unfused)",
+        ia.attention));
   if (ia.prompt_given && ia.prompt < 1)
     throw ConfigError(fmt::format("--prompt = {} must be at least 1 token", ia.prompt));
   if (ia.generate_given && ia.generate < 1)
@@ -1118,8 +1123,7 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
     run_infer_sweep(a, ia, spec, m, net);
     return;
   }
-  InferenceResult r =
-      simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate, ia.attention != "unfused"));
+  InferenceResult r = simulate_inference(net, m, make_infer(a, ia.batch, ia.prompt, ia.generate, ia.attention));
   if (a.json) {
     std::cout << infer_json(a, ia, spec, m, ia.batch, r).dump() << "\n";
     return;
@@ -1854,7 +1858,8 @@ void setup(CLI::App& app) {
     auto* generate =
         c->add_option("--generate", ia->generate, "generated tokens (default: 256, at most a quarter of the context)");
     c->add_option("--attention", ia->attention,
-                  "fused or flash (FlashAttention: no s x s scores in memory, the causal half skipped) or unfused")
+                  "fused or flash (FlashAttention: no s x s scores in memory, the causal half skipped, at the GEMM "
+                  "rate), flash2 or flash3 (the same at the cluster file's attention_calibration rate) or unfused")
         ->capture_default_str();
     c->add_flag("--json", a->json, "one JSON record");
     c->callback([a, ia, prompt, generate, batch, batch_list]() {

@@ -184,6 +184,14 @@ double flash_attention_rate(const Accelerator& acc, const std::string& kernel, d
   return below->achieved + f * (above->achieved - below->achieved);
 }
 
+FlashRates flash_attention_rates(const Accelerator& acc, const std::string& kernel, double seq, double head_dim) {
+  const double rate = flash_attention_rate(acc, kernel, seq, head_dim);
+  FlashRates r;
+  r.forward = rate * (1 + 2.5 * 73 / 63) / 3.5;
+  r.backward = r.forward * 63 / 73;
+  return r;
+}
+
 double memory_time(const Accelerator& acc, double bytes, int kernels) {
   if (bytes <= 0) return 0;
   return bytes / (acc.memory_bandwidth * acc.memory_efficiency) + kernels * acc.kernel_overhead;

@@ -61,5 +61,12 @@ double memory_time(const Accelerator& acc, double bytes, int kernels = 1);
 // width (log distance), interpolated linearly in log seq between the two around it (the nearest end's beyond them:
 // the rate levels off at long sequences). ConfigError naming the accelerator when it has no sample of the kernel.
 double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim);
+// That rate split between the passes as FlashAttention-2's peaks on the A100 are, "up to 73% of the theoretical max
+// throughput in the forward pass, and up to 63% ... in the backward pass" (Dao 2023, section 1): 3.5 F / rate =
+// F / forward + 2.5 F / backward, backward = forward 63 / 73 (F: the forward's FLOPs, FlashAttention's count).
+struct FlashRates {
+  double forward = 0, backward = 0;
+};
+FlashRates flash_attention_rates(const Accelerator& acc, const std::string& kernel, double seq, double head_dim);
 
 }  // namespace conduit::sim

@@ -61,12 +61,18 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     GptModel pm = m0;
     pm.seq = c.prompt;
     double layer = 0;
+    const bool measured_core = c.fused_attention && !c.flash_kernel.empty();
     for (auto g : gpt_layer_gemms(pm, b, t)) {
+      if (measured_core && g.attention_core) continue;
       // (fused and causal: FlashAttention skips the blocks above the diagonal, half the scores and the context)
       if (c.fused_attention && g.attention_core)
         (std::string(g.name) == "attention scores" ? g.shape.n : g.shape.k) /= 2;
       layer += gemm_time(acc, g.shape);
     }
+    // (FlashAttention-2 or -3 at its measured rate: the causal forward's 2 b (a/t) s^2 d FLOPs, as sim step counts
+    // them)
+    if (measured_core)
+      layer += 2 * b * (a / t) * s * s * (h / a) / flash_attention_rates(acc, c.flash_kernel, s, h / a).forward;
     const double scores_traffic = c.fused_attention ? 0 : 2 * b * (a / t) * s * s;
     layer += memory_time(acc, 2 * (11 * b * s * h + scores_traffic) + 2 * b * s * (up + f) / t, 6);
     double tp_layer = t > 1 ? 2 * kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;

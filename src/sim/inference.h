@@ -32,6 +32,10 @@ struct InferenceConfig {
   // reach memory, and the causal mask's upper half is skipped (half the attention FLOPs). Unfused: the scores and
   // their softmax written and read, the whole s x s computed.
   bool fused_attention = true;
+  // FlashAttention-2 or -3 ("flash2", "flash3"; with fused_attention): the prefill's attention core at the
+  // accelerator's attention_calibration forward rate (compute.h) instead of its causal half at the GEMM rate. Empty:
+  // the GEMM rate.
+  std::string flash_kernel;
 };
 
 struct InferenceResult {

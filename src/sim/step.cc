@@ -421,16 +421,13 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
   const bool flash = scores_on_chip(c.attention);
   if (measured_core) {
     // FlashAttention's FLOPs, as its benchmarks count them: the forward 4 s^2 d a head, halved by the causal mask,
-    // the backward (which recomputes the scores) 2.5 times that. The measured rate is of both passes; they split it
-    // as FlashAttention-2's peaks on the A100 do, 73% of peak forward and 63% backward (Dao 2023, section 1):
-    // 3.5 F / rate = F / r_fwd + 2.5 F / r_bwd with r_bwd = r_fwd 63 / 73.
+    // the backward (which recomputes the scores) 2.5 times that, each at its share of the measured rate.
     const double head_dim = h / a;
-    const double rate = flash_attention_rate(acc, attention_kernels_name(c.attention), s, head_dim);
+    const FlashRates rate = flash_attention_rates(acc, attention_kernels_name(c.attention), s, head_dim);
     const double flops = 2 * b * (a / tp) * s * s * head_dim;
-    const double r_fwd = rate * (1 + 2.5 * 73 / 63) / 3.5, r_bwd = r_fwd * 63 / 73;
-    core = flops / r_fwd;
+    core = flops / rate.forward;
     fwd += core;
-    bwd += 2.5 * flops / r_bwd;
+    bwd += 2.5 * flops / rate.backward;
   } else if (flash) {
     // FlashAttention's backward recomputes the scores: QK^T once more (the core's two GEMMs, QK^T and AV, do as many
     // multiply-adds: half its forward).

@@ -2376,8 +2376,14 @@ TEST(Inputs, PlanListsAndFlagsSayWhatTheyMean) {
             std::string::npos)
       << out;
   EXPECT_EQ(out.find("--gpus, --global-batch"), std::string::npos) << out;
+  out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model gpt2-small --attention flash4", &rc);
+  EXPECT_EQ(out,
+            "conduit: error: --attention = 'flash4' (allowed: fused or flash, FlashAttention's at the GEMM rate; "
+            "flash2 or flash3, at the cluster file's attention_calibration rate; unfused)\n");
+  // FlashAttention-2 needs its rates: the dgx-h100 preset has none (refused, naming them), dgx-a100's its paper's.
   out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model gpt2-small --attention flash2", &rc);
-  EXPECT_EQ(out, "conduit: error: --attention = 'flash2' (allowed: fused or flash, FlashAttention's; unfused)\n");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("the accelerator H100-SXM5-80GB has no flash2 rate"), std::string::npos) << out;
   // (flash: FlashAttention, as sim step's --attention-kernels names it; the same prediction as fused)
   const std::string fused_out =
       test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model gpt2-small --attention fused --json", &rc);

@@ -502,6 +502,42 @@ TEST(Inference, DecodeIsBoundByWhatTakesMostOfItAndKvCacheMatchesItsFormula) {
   EXPECT_NEAR(fused.memory_total - fused.weight_bytes - fused.kv_bytes, mlp + logits, 1e3);
 }
 
+// FlashAttention-2 in serving: the prefill's attention core at the accelerator's forward rate for it (the causal
+// forward's 2 b (a/t) s^2 d FLOPs, as sim step counts them) in place of its causal half at the GEMM rate; the decode
+// as before.
+TEST(Inference, FlashAttention2PrefillsAtItsPublishedRate) {
+  Topology topo(load_cluster("dgx-a100"), 8);
+  CollectiveModel net(topo);
+  const GptModel m = named("llama2-70b-like");
+  const Accelerator& acc = topo.spec().node_kinds[0].accelerator;
+  InferenceConfig c;
+  c.tp = 8;
+  c.batch = 4;
+  c.prompt = 2048;
+  c.generate = 64;
+  const InferenceResult flash = simulate_inference(net, m, c);
+  c.flash_kernel = "flash2";
+  const InferenceResult flash2 = simulate_inference(net, m, c);
+  GptModel pm = m;
+  pm.seq = c.prompt;
+  double half = 0;  // (the causal half of the core's two GEMMs at the GEMM rate)
+  for (auto g : gpt_layer_gemms(pm, c.batch, c.tp))
+    if (g.attention_core) {
+      (std::string(g.name) == "attention scores" ? g.shape.n : g.shape.k) /= 2;
+      half += gemm_time(acc, g.shape);
+    }
+  const double d = double(m.hidden) / m.heads, s = double(c.prompt);
+  const double own = 2.0 * c.batch * (m.heads / c.tp) * s * s * d / flash_attention_rates(acc, "flash2", s, d).forward;
+  EXPECT_NE(half, own);
+  EXPECT_NEAR(flash.prefill - flash2.prefill, m.layers * (half - own), 1e-6 * flash.prefill);
+  EXPECT_EQ(flash2.decode_per_token, flash.decode_per_token);
+  EXPECT_EQ(flash2.memory_total, flash.memory_total);
+  // Its rates split 73 : 63 between the passes, their mean the measured one (3.5 F / rate = F / fwd + 2.5 F / bwd).
+  const FlashRates r = flash_attention_rates(acc, "flash2", s, d);
+  EXPECT_NEAR(3.5 / flash_attention_rate(acc, "flash2", s, d), 1 / r.forward + 2.5 / r.backward, 1e-20);
+  EXPECT_NEAR(r.backward / r.forward, 63.0 / 73, 1e-12);
+}
+
 TEST(Scheduler, LasBeatsFifoOnMeanJctWithAHeadOfLineJob) {
   // A long 512-GPU job arrives first; short jobs queue behind it under FIFO; LAS lets them through.
   std::string trace =
