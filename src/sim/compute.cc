@@ -160,15 +160,19 @@ double gemm_efficiency(const Accelerator& acc, const GemmShape& g) {
 }
 
 double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim) {
+  // (the nearest head width; of two as near, the narrower, the slower: the file's order decided)
   double best = std::numeric_limits<double>::infinity(), width = 0;
-  for (const auto& s : acc.attention_calibration)
-    if (s.kernel == kernel && std::abs(std::log(s.head_dim / head_dim)) < best) {
-      best = std::abs(std::log(s.head_dim / head_dim));
+  for (const auto& s : acc.attention_calibration) {
+    if (s.kernel != kernel) continue;
+    const double d = std::abs(std::log(s.head_dim / head_dim));
+    if (d < best - 1e-12 || (d <= best + 1e-12 && s.head_dim < width)) {
+      best = std::min(best, d);
       width = s.head_dim;
     }
+  }
   if (width == 0)
     throw ConfigError(fmt::format(
-        "--attention-kernels {0}: the accelerator {1} has no {0} rate (its cluster file's attention_calibration "
+        "{0} (FlashAttention): the accelerator {1} has no {0} rate (its cluster file's attention_calibration "
         "holds no sample with kernel: {0}); allowed: flash (FlashAttention at the GEMM rate), fused, eager, or a "
         "cluster file with {0} samples (docs/sim.md section 3)",
         kernel, acc.name));
@@ -178,7 +182,19 @@ double flash_attention_rate(const Accelerator& acc, const std::string& kernel, d
     if (s.seq <= seq && (!below || s.seq > below->seq)) below = &s;
     if (s.seq >= seq && (!above || s.seq < above->seq)) above = &s;
   }
-  if (!below) return above->achieved;
+  if (!below) {
+    // Shorter than every sample: the rate keeps falling (88 TFLOP/s at 512 tokens, 119 at 1024 on the A100), so
+    // the two shortest samples' slope in log seq carries on, floored at the shortest's rate scaled by seq (its time
+    // a token held: launch-bound) and never above it.
+    const AttentionSample* next = nullptr;
+    for (const auto& s : acc.attention_calibration)
+      if (s.kernel == kernel && s.head_dim == width && s.seq > above->seq && (!next || s.seq < next->seq)) next = &s;
+    double rate = above->achieved * seq / above->seq;
+    if (next)
+      rate = std::max(rate, above->achieved + (next->achieved - above->achieved) * std::log(seq / above->seq) /
+                                                  std::log(next->seq / above->seq));
+    return std::min(rate, above->achieved);
+  }
   if (!above || above->seq == below->seq) return below->achieved;
   const double f = std::log(seq / below->seq) / std::log(above->seq / below->seq);
   return below->achieved + f * (above->achieved - below->achieved);

@@ -58,8 +58,9 @@ double memory_time(const Accelerator& acc, double bytes, int kernels = 1);
 
 // FlashAttention-2 or -3's (`kernel`: "flash2", "flash3") forward + backward FLOP/s over causal attention of `seq`
 // tokens and heads `head_dim` wide, from the accelerator's attention_calibration: the samples of the nearest head
-// width (log distance), interpolated linearly in log seq between the two around it (the nearest end's beyond them:
-// the rate levels off at long sequences). ConfigError naming the accelerator when it has no sample of the kernel.
+// width (log distance; the narrower of two as near), interpolated linearly in log seq between the two around it; the
+// longest's rate beyond them (it levels off), below the shortest the two shortest's slope carried on, floored at
+// the shortest's rate times seq / its seq. ConfigError naming the accelerator when it has no sample of the kernel.
 double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim);
 // That rate split between the passes as FlashAttention-2's peaks on the A100 are, "up to 73% of the theoretical max
 // throughput in the forward pass, and up to 63% ... in the backward pass" (Dao 2023, section 1): 3.5 F / rate =

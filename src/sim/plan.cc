@@ -47,6 +47,14 @@ double ranking_time(double t) {
   return std::ldexp(std::round(std::ldexp(mantissa, 30)), e - 30);
 }
 
+bool ranks_before(const StepResult& a, const StepResult& b) {
+  if (std::isnan(a.time) != std::isnan(b.time)) return std::isnan(b.time);
+  const double ta = ranking_time(a.time), tb = ranking_time(b.time);
+  if (!std::isnan(a.time) && ta != tb) return ta < tb;
+  if (a.memory.total() != b.memory.total()) return a.memory.total() < b.memory.total();
+  return describe_config(a.config) < describe_config(b.config);
+}
+
 PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space_in,
                 size_t top) {
   m.validate();
@@ -241,13 +249,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   // alone left ties in no defined order). A time that is not a number ranks last.
   // Times are compared to 30 bits (about 1e-9): the same schedule summed in another order (GPipe's closed form,
   // 1F1B's, its play-out) differs in the last bits, which ranked a GPipe plan of 3-8x the memory above its equal 1F1B.
-  std::sort(all.begin(), all.end(), [&](const StepResult& a, const StepResult& b) {
-    if (std::isnan(a.time) != std::isnan(b.time)) return std::isnan(b.time);
-    const double ta = ranking_time(a.time), tb = ranking_time(b.time);
-    if (!std::isnan(a.time) && ta != tb) return ta < tb;
-    if (a.memory.total() != b.memory.total()) return a.memory.total() < b.memory.total();
-    return describe_config(a.config) < describe_config(b.config);
-  });
+  std::sort(all.begin(), all.end(), ranks_before);
   if (all.size() > top) all.resize(top);
   res.ranked = std::move(all);
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -43,6 +43,8 @@ struct PlanResult {
 // A step time rounded to 30 significant bits (about 1e-9 relative), as the planner ranks and ties plans: equal
 // schedules summed in different orders differ in their last bits.
 double ranking_time(double t);
+// The planner's order: the faster (by ranking_time; not a number last), then the smaller memory, then the name.
+bool ranks_before(const StepResult& a, const StepResult& b);
 PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch, const PlanSpace& space, size_t top);
 
 // One line per reason the plan wins (or loses) against `other`.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -835,13 +836,18 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
   } else if (split.uneven) {
     // (1F1B with a stage slower than the last: its warm-up can wait less than the closed form's sum, so played out)
     // (O(p m) time and O(p min(2p + 2, m)) memory: bounded, p 16384 asked for 17 GB)
+    // (the quotients, not the products: a batch of 3e18 wrapped the product negative and ran for ever)
     const long long pl = p, window = std::min(2 * pl + 2, mb);
-    if (pl * mb > kMaxPlayedOps || pl * window > kMaxPlayedWindow)
+    const bool too_many = mb > kMaxPlayedOps / pl;
+    if (too_many || window > kMaxPlayedWindow / pl)
       throw ConfigError(fmt::format(
-          "an uneven pipeline split is played out micro-batch by micro-batch on each stage: pp ({}) x {} "
-          "micro-batches is {} (allowed: up to {}, and pp x min(2 pp + 2, micro-batches) up to {}); allowed: fewer "
-          "stages or micro-batches (--global-batch, --micro-batch), or an even split",
-          p, mb, pl * mb, kMaxPlayedOps, kMaxPlayedWindow));
+          "an uneven pipeline split is played out micro-batch by micro-batch on each stage: {} (allowed: up to {}); "
+          "allowed: fewer stages or micro-batches (--global-batch, --micro-batch), or an even split",
+          too_many ? fmt::format("pp ({}) x {} micro-batches is {}", p, mb,
+                                 mb > std::numeric_limits<long long>::max() / pl ? std::string("over 2^63")
+                                                                                 : std::to_string(pl * mb))
+                   : fmt::format("pp ({}) x min(2 pp + 2, {} micro-batches) is {}", p, mb, pl * window),
+          too_many ? kMaxPlayedOps : kMaxPlayedWindow));
     std::vector<double> fwd(static_cast<size_t>(p), middle.fwd), bwd(static_cast<size_t>(p), middle.bwd);
     fwd.front() = first.fwd, bwd.front() = first.bwd, fwd.back() = last.fwd, bwd.back() = last.bwd;
     r.breakdown.bubble = played_1f1b(fwd, bwd, mb) - mf * slot;

@@ -300,14 +300,25 @@ TEST_F(AttentionSteps, FlashAttention2RunsTheCoreAtItsPublishedRate) {
   }
   // The rate between samples: linear in log seq; beyond them, the nearest end's.
   EXPECT_NEAR(flash_attention_rate(acc, "flash2", 3000, 128), 140e12 + 16e12 * std::log2(3000.0 / 2048), 1e3);
-  EXPECT_DOUBLE_EQ(flash_attention_rate(acc, "flash2", 256, 64), 88e12);
+  // Below the shortest: the two shortest's slope carried on (31 TFLOP/s a doubling: 57 at 256), floored at the
+  // shortest's rate times seq / its seq (11 at 64, where the slope would go below 0); it held 88 at any length.
+  EXPECT_NEAR(flash_attention_rate(acc, "flash2", 256, 64), 57e12, 1e3);
+  EXPECT_NEAR(flash_attention_rate(acc, "flash2", 64, 64), 11e12, 1e3);
+  // Of two head widths as near, the narrower (slower): the file's order decided.
+  for (bool wide_first : {false, true}) {
+    Accelerator two = acc;
+    two.attention_calibration.clear();
+    const AttentionSample narrow{"flash2", 2048, 64, 100e12}, wide{"flash2", 2048, 256, 200e12};
+    two.attention_calibration = wide_first ? std::vector{wide, narrow} : std::vector{narrow, wide};
+    EXPECT_DOUBLE_EQ(flash_attention_rate(two, "flash2", 2048, 128), 100e12) << wide_first;
+  }
   EXPECT_DOUBLE_EQ(flash_attention_rate(acc, "flash2", 65536, 256), 171e12);
   // An accelerator without the kernel's rates refuses it, naming what is allowed (flash3 on the A100; flash2 on the
   // H100, whose preset cites no published causal forward + backward figures).
   c.recompute = Recompute::kNone;
   c.attention = AttentionKernels::kFlash3;
   EXPECT_EQ(error_of([&] { simulate_step(net, m, c); }),
-            "--attention-kernels flash3: the accelerator A100-SXM4-80GB has no flash3 rate (its cluster file's "
+            "flash3 (FlashAttention): the accelerator A100-SXM4-80GB has no flash3 rate (its cluster file's "
             "attention_calibration holds no sample with kernel: flash3); allowed: flash (FlashAttention at the GEMM "
             "rate), fused, eager, or a cluster file with flash3 samples (docs/sim.md section 3)");
   Topology h100(load_cluster("dgx-h100"), 8);
@@ -1182,7 +1193,23 @@ TEST(Cli, PipesDevicesEndlessSchedulesAndEventsAreRefused) {
       "--vocab 1024 --first-stage-layers 2";
   out = run(uneven + " --global-batch 10000", &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find("pp (4096) x 10000 micro-batches is 40960000 (allowed: up to 25000000"), std::string::npos) << out;
+  EXPECT_NE(out.find("pp (4096) x 10000 micro-batches is 40960000 (allowed: up to 25000000)"), std::string::npos)
+      << out;
+  // (the memory bound alone: p x min(2p + 2, m); and a batch whose product with p passes 2^63, which wrapped
+  // negative, passed the bound and ran for ever)
+  out = run(uneven + " --global-batch 1500", &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("pp (4096) x min(2 pp + 2, 1500 micro-batches) is 6144000 (allowed: up to 4194304)"),
+            std::string::npos)
+      << out;
+  out =
+      run("sim step --cluster dgx-a100 --gpus 8 --tp 2 --pp 4 --model gpt --layers 12 --hidden 768 --heads 12 "
+          "--first-stage-layers 3 --last-stage-layers 1 --global-batch 3000000000000000000",
+          &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("pp (4) x 3000000000000000000 micro-batches is over 2^63 (allowed: up to 25000000)"),
+            std::string::npos)
+      << out;
   out = run(uneven + " --global-batch 1 --json", &rc);
   EXPECT_EQ(rc, 0) << out.substr(0, 300);
   EXPECT_NE(out.find(R"("stage_layers":{"first":2,"last":1,"middle":1,"uneven":true})"), std::string::npos)
