@@ -8,7 +8,7 @@ PACKAGES=(
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev zlib1g-dev libsodium-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
-  iproute2 python3 python3-torch gnuplot-nox shellcheck
+  iproute2 sudo python3 python3-torch gnuplot-nox shellcheck
   libopenblas-dev
   libtorch-dev libopenblas0-pthread dataset-fashion-mnist
 )
