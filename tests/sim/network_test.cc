@@ -435,12 +435,44 @@ TEST_P(AgreeTest, SymmetricMatchesFullDetail) {
   het.node_kinds[1].intra = {300e9, 1e-6};
   het.node_kinds[1].nic = {1.25e9, 25e-6};
   const ClusterSpec railhet = rail_het(4);
+  // "rail5": rail-optimized, 4:1 oversubscribed, 8 nodes of 8 GPUs and 4 NICs then 8 of 2 NICs, 6 nodes a pod: the
+  // middle pod mixes the kinds, so copies of a group on one local index sit on unlike rails there (local 2: rail 1 on
+  // the 4-NIC nodes, rail 0 on the 2-NIC ones), and the ranks a copy puts behind a rail leaf differ from copy to copy.
+  // Symmetric mode scaled each copy's leaf load by accelerators behind the leaf / its ranks behind it (16 ranks 8
+  // apart, in-network: 17.9 ms against 10.8 ms in full detail on 64 MiB; 8 ranks 16 apart, 35.8 ms against 21.5 ms),
+  // as if every copy put as many there.
+  const std::string rail5_yaml = R"(name: rail5
+nodes:
+  - name: four-nics
+    count: 8
+    gpus: 8
+    accelerator: {name: A100, peak_bf16: 312 TFLOP/s, memory: 80 GiB, memory_bandwidth: 2039 GB/s}
+    intra: {kind: nvswitch, bandwidth: 300 GB/s, latency: 0.7 us}
+    nics: 4
+    nic: {bandwidth: 200 Gb/s, latency: 2.7 us}
+  - name: two-nics
+    count: 8
+    gpus: 8
+    accelerator: {name: A100, peak_bf16: 312 TFLOP/s, memory: 80 GiB, memory_bandwidth: 2039 GB/s}
+    intra: {kind: nvswitch, bandwidth: 300 GB/s, latency: 0.7 us}
+    nics: 2
+    nic: {bandwidth: 200 Gb/s, latency: 2.7 us}
+network:
+  topology: rail-optimized
+  nodes_per_leaf: 6
+  oversubscription: 4
+  switch_latency: 0.13 us
+  software_overhead: 5 us
+  reduction_bandwidth: 500 GB/s
+  in_network_reduction: true
+)";
   Topology topo(preset == "torus"     ? torus_cluster()
                 : preset == "ring8"   ? ring
                 : preset == "flat8"   ? flat8
                 : preset == "rail4"   ? rail4
                 : preset == "het"     ? het
                 : preset == "railhet" ? railhet
+                : preset == "rail5"   ? parse_cluster_yaml(rail5_yaml, "rail5")
                                       : load_cluster(a.preset),
                 a.gpus);
   CollectiveModel m(topo);
@@ -519,7 +551,13 @@ INSTANTIATE_TEST_SUITE_P(
                       // (full detail's first latency is the last flow's, a switch hop under the slowest copy's).
                       Agree{"dgx-a100", 224, 28, 4, Algorithm::kInNetwork, Collective::kAllReduce, 1e-3},
                       Agree{"railhet", 40, 10, 2, Algorithm::kInNetwork, Collective::kAllReduce, 1e-3},
-                      Agree{"railhet", 40, 2, 4, Algorithm::kRing, Collective::kReduce}));
+                      Agree{"railhet", 40, 2, 4, Algorithm::kRing, Collective::kReduce},
+                      // Pods mixing node kinds of 4 and 2 NICs: copies on one local index each put unlike numbers
+                      // of ranks behind a rail leaf (the middle pod's rail 1 carries four copies' 2-NIC ranks and
+                      // two others' 4-NIC ranks), which the scaled shares took to be g's count everywhere.
+                      Agree{"rail5", 128, 16, 8, Algorithm::kInNetwork, Collective::kAllReduce, 1e-3},
+                      Agree{"rail5", 128, 32, 4, Algorithm::kInNetwork, Collective::kAllReduce, 1e-3},
+                      Agree{"rail5", 128, 8, 16, Algorithm::kInNetwork, Collective::kAllReduce, 1e-3}));
 
 // In-network aggregation across leaves: each way up (and down) passes the NIC, the leaf and the spine switch (a review
 // found the step's latency was the larger of the NIC's and the two switches', a NIC's short; inside a leaf it left the
