@@ -1148,6 +1148,9 @@ double CollectiveModel::time_full(Collective c, Algorithm a, const Group& g, dou
   // Every copy's every transfer becomes a flow: bounded before they are built (an all-to-all over 4,096 accelerators
   // took 58 s and 5.2 GB, over 8,192 it ran out of memory).
   const std::vector<Step> one = make_pattern(topo_, c, a, g);
+  // Nothing to move costs nothing, as CollectiveCost::time(0) (the group and algorithm still checked above; full
+  // detail charged each step's latencies and overheads for n = 0).
+  if (n <= 0) return 0.0;
   {
     double transfers = 0;
     for (const Step& s : one) transfers += static_cast<double>(s.transfers.size());

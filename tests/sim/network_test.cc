@@ -585,6 +585,24 @@ TEST(Topology, OversubscribedUplinkSlowsCrossLeafRings) {
   EXPECT_NEAR(c.per_byte, 2.0 * 63 / 64 * 4 / (25e9 / 8), 1e-15);
 }
 
+// Nothing to move costs nothing in either mode (full detail charged every step's latencies and software overheads for
+// n = 0, 110 us for a ring of 8, where symmetric mode's time is 0); a group that does not tile is still refused.
+TEST(Topology, FullDetailOfNothingIsZeroAsSymmetrics) {
+  Topology topo(load_cluster("dgx-a100"), 64);
+  CollectiveModel m(topo);
+  const Group g{8, 8, 0};
+  for (Algorithm a : {Algorithm::kRing, Algorithm::kInNetwork, Algorithm::kAuto}) {
+    EXPECT_EQ(m.time(Collective::kAllReduce, a, g, 0), 0.0) << algorithm_name(a);
+    EXPECT_EQ(m.time_full(Collective::kAllReduce, a, g, 0), 0.0) << algorithm_name(a);
+    EXPECT_EQ(m.time_full(Collective::kAllReduce, a, g, -1), 0.0) << algorithm_name(a);
+    // (one byte still pays the latencies, in both modes alike)
+    const double one = m.time_full(Collective::kAllReduce, a, g, 1);
+    EXPECT_GT(one, 0) << algorithm_name(a);
+    EXPECT_LT(rel(one, m.time(Collective::kAllReduce, a, g, 1)), 1e-3) << algorithm_name(a);
+  }
+  EXPECT_THROW(m.time_full(Collective::kAllReduce, Algorithm::kRing, Group{3, 1, 0}, 0), InvalidArgument);
+}
+
 TEST(Topology, RoutesAndErrors) {
   Topology topo(load_cluster("dgx-a100"), 64);
   std::vector<int> path;
