@@ -114,9 +114,11 @@ void run_bench(const BenchArgs& a) {
     coll::Tuner::check_algorithm(*op, a.algo);
   }
   const size_t esz = dtype_size(dt);
+  // (allgather, broadcast, alltoall, gather and scatter reduce nothing: their rows and header said sum)
+  const char* redop = bench_coll_op_reduces(a.op) ? reduce_op_name(rop) : "-";
   if (c.rank() == 0 && !a.json) {
-    std::printf("# conduit bench coll: op %s, %d ranks, transport %s, dtype %s, reduce %s, iters %d\n", a.op.c_str(),
-                n, c.transport().name(), dtype_name(dt), reduce_op_name(rop), a.iters);
+    std::printf("# conduit bench coll: op %s, %d ranks, transport %s, dtype %s, reduce %s, iters %d\n", a.op.c_str(), n,
+                c.transport().name(), dtype_name(dt), redop, a.iters);
     if (a.stagger_us > 0)
       std::printf("# rank %d calls %g us after the others; time(us) and p50(us) are its median call\n", n - 1,
                   a.stagger_us);
@@ -232,8 +234,8 @@ void run_bench(const BenchArgs& a) {
       } else {
         const std::string checked = a.check ? std::to_string(wrong) : "-";  // (--no-check read as 0 wrong)
         std::printf("%12.0f %12zu %6s %8s %10.2f %10.2f %10.2f %10.3f %10.3f %7s  %s\n", size_bytes,
-                    per_rank_block ? count * n : count, dtype_name(dt), reduce_op_name(rop), t * 1e6, t_median * 1e6,
-                    t_max * 1e6, algbw, busbw, checked.c_str(), algo_used.c_str());
+                    per_rank_block ? count * n : count, dtype_name(dt), redop, t * 1e6, t_median * 1e6, t_max * 1e6,
+                    algbw, busbw, checked.c_str(), algo_used.c_str());
         std::fflush(stdout);
       }
     }

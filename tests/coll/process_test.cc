@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../shell_run.h"
@@ -577,6 +578,36 @@ TEST(Processes, BenchCollReportsTheMedianAndSlowestCall) {
   auto table = run_sh(kConduit + " launch -n 2 -- " + kConduit + " bench coll --transport shm -b 1K -e 1K -n 5");
   EXPECT_EQ(table.code, 0) << table.out;
   EXPECT_NE(table.out.find("time(us)    p50(us)    max(us)"), std::string::npos) << table.out;
+}
+
+// The redop column and the header's reduce name the reduction where the operation has one, and `-` where it reduces
+// nothing (allgather, broadcast, ... printed `sum`, as if they summed).
+TEST(Processes, BenchCollNamesAReductionOnlyWhereOneRuns) {
+  // The redop column of the table's one row (size, count, type, redop, ...).
+  auto redop = [](const std::string& out) {
+    std::istringstream lines(out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty() || line[0] == '#' || line.find("size(B)") != std::string::npos) continue;
+      std::istringstream cols(line);
+      std::string size, count, type, op;
+      if (cols >> size >> count >> type >> op) return op;
+    }
+    return std::string("no row");
+  };
+  for (const char* op : {"allgather", "broadcast", "alltoall", "gather", "scatter"}) {
+    auto r = run_sh(kConduit + " bench coll --op " + op + " -b 1K -e 1K -n 2 -w 0");
+    EXPECT_EQ(r.code, 0) << op << ": " << r.out;
+    EXPECT_NE(r.out.find("dtype f32, reduce -, iters 2"), std::string::npos) << op << ": " << r.out;
+    EXPECT_EQ(redop(r.out), "-") << op << ": " << r.out;
+  }
+  for (auto [op, rop] :
+       {std::pair{"allreduce", "sum"}, std::pair{"reduce_scatter", "max"}, std::pair{"reduce", "min"}}) {
+    auto r = run_sh(kConduit + " bench coll --op " + op + " --reduce " + rop + " -b 1K -e 1K -n 2 -w 0");
+    EXPECT_EQ(r.code, 0) << op << ": " << r.out;
+    EXPECT_NE(r.out.find(std::string("dtype f32, reduce ") + rop + ", iters 2"), std::string::npos) << op << r.out;
+    EXPECT_EQ(redop(r.out), rop) << op << ": " << r.out;
+  }
 }
 
 // Flags of bench coll and selftest that once passed silently: --timeout 0/nan (the default was used), an unknown
