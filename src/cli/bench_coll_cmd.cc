@@ -15,8 +15,10 @@
 #include "coll/algorithms.h"
 #include "coll/communicator.h"
 #include "coll/verify.h"
+#include "core/dtype.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/reduce.h"
 #include "core/stats.h"
 
 namespace conduit::cli {
@@ -71,8 +73,20 @@ coll::Work launch_op(Communicator& c, const BenchArgs& a, DType dt, ReduceOp rop
 void run_bench(const BenchArgs& a) {
   if (!is_bench_coll_op(a.op))
     throw ConfigError(fmt::format("--op '{}' is not supported: allowed are {}", a.op, bench_coll_ops_list()));
-  DType dt = parse_dtype(a.dtype);
-  ReduceOp rop = parse_reduce_op(a.reduce);
+  // (the core parsers' messages named the value but not the flag it came from)
+  DType dt;
+  try {
+    dt = parse_dtype(a.dtype);
+  } catch (const ConfigError&) {
+    throw ConfigError(fmt::format("--dtype = '{}': unknown dtype; allowed: {}", a.dtype, dtype_names_allowed()));
+  }
+  ReduceOp rop;
+  try {
+    rop = parse_reduce_op(a.reduce);
+  } catch (const ConfigError&) {
+    throw ConfigError(
+        fmt::format("--reduce = '{}': unknown reduction; allowed: {}", a.reduce, reduce_op_names_allowed()));
+  }
   uint64_t lo = parse_bytes(a.min_bytes, "--min-bytes"), hi = parse_bytes(a.max_bytes, "--max-bytes");
   if (lo == 0) lo = dtype_size(dt);
   if (lo % dtype_size(dt) != 0)
@@ -91,6 +105,19 @@ void run_bench(const BenchArgs& a) {
   if (a.warmup < 0 || a.warmup > 1000000) throw ConfigError("--warmup must be in [0, 1000000]");
   if (!(a.stagger_us >= 0) || a.stagger_us > 1e6)
     throw ConfigError(fmt::format("--stagger-us = {} (allowed: 0..1000000 microseconds)", a.stagger_us));
+  // (checked before the communicator comes up: it needs none)
+  if (!a.algo.empty()) {
+    const auto op = tunable_coll_op(a.op);
+    if (!op)
+      throw ConfigError(fmt::format(
+          "--algo applies to allreduce, reduce_scatter, allgather, broadcast and reduce, not to --op {}", a.op));
+    try {
+      coll::Tuner::check_algorithm(*op, a.algo);
+    } catch (const ConfigError&) {
+      throw ConfigError(fmt::format("--algo = '{}': unknown {} algorithm; allowed: {}", a.algo, coll::coll_op_name(*op),
+                                    join(coll::Tuner::algorithms(*op), ", ")));
+    }
+  }
   coll::CommConfig cfg;
   cfg.timeout_s = a.timeout;
   cfg.transport = a.transport;
@@ -106,13 +133,6 @@ void run_bench(const BenchArgs& a) {
   CollOptions o;
   o.algorithm = a.algo;
   o.blocking = a.blocking;
-  if (!a.algo.empty()) {
-    const auto op = tunable_coll_op(a.op);
-    if (!op)
-      throw ConfigError(fmt::format(
-          "--algo applies to allreduce, reduce_scatter, allgather, broadcast and reduce, not to --op {}", a.op));
-    coll::Tuner::check_algorithm(*op, a.algo);
-  }
   const size_t esz = dtype_size(dt);
   // (allgather, broadcast, alltoall, gather and scatter reduce nothing: their rows and header said sum)
   const char* redop = bench_coll_op_reduces(a.op) ? reduce_op_name(rop) : "-";

@@ -24,13 +24,15 @@ const char* reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+const char* reduce_op_names_allowed() { return "sum, avg, min, max, prod"; }
+
 ReduceOp parse_reduce_op(std::string_view n) {
   if (n == "sum") return ReduceOp::sum;
   if (n == "avg" || n == "mean") return ReduceOp::avg;
   if (n == "min") return ReduceOp::min;
   if (n == "max") return ReduceOp::max;
   if (n == "prod" || n == "product") return ReduceOp::prod;
-  throw ConfigError(fmt::format("unknown reduction '{}': allowed are sum, avg, min, max, prod", n));
+  throw ConfigError(fmt::format("unknown reduction '{}': allowed are {}", n, reduce_op_names_allowed()));
 }
 
 namespace {

@@ -11,6 +11,7 @@ enum class ReduceOp : uint8_t { sum = 0, avg, min, max, prod };
 
 const char* reduce_op_name(ReduceOp op);
 ReduceOp parse_reduce_op(std::string_view name);  // ConfigError listing sum, avg, min, max, prod
+const char* reduce_op_names_allowed();            // "sum, avg, min, max, prod"
 
 // acc[i] = op(acc[i], in[i]) for i < count. avg reduces as sum; call finalize_avg once at the end.
 void reduce_into(void* acc, const void* in, size_t count, DType dtype, ReduceOp op);

@@ -628,6 +628,12 @@ TEST(Processes, BenchAndSelftestFlagsAreChecked) {
         Case{"bench coll -b 3 -e 3", "--min-bytes 3 is not a whole number of f32 elements (4 bytes each)"},
         Case{"bench coll -b 0 -e 0", "--max-bytes 0 is not a message size; allowed: at least one f32 element"},
         Case{"bench coll -b 1000G -e 1000G", "--max-bytes 1000G needs about"},
+        // The core parsers' messages named the value, not the flag it came from.
+        Case{"bench coll --dtype f8", "--dtype = 'f8': unknown dtype; allowed: f32, f64, f16, bf16, i8, u8, i32, i64"},
+        Case{"bench coll --reduce xor", "--reduce = 'xor': unknown reduction; allowed: sum, avg, min, max, prod"},
+        Case{"bench coll --algo foo",
+             "--algo = 'foo': unknown allreduce algorithm; allowed: ring, rhd, rd, tree, hier"},
+        Case{"bench coll --op allgather --algo rhd", "--algo = 'rhd': unknown allgather algorithm; allowed: ring, rd"},
         // Every rank on the host needs its buffers (1 GiB passed for 64 ranks on this 24 GB machine).
         Case{"env LOCAL_WORLD_SIZE=64 " + kConduit + " bench coll -e 1G", "GB per rank, 64 ranks on this host"},
         // A conv shape's error names the flag it came from (it named --layers-spec).
