@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 
@@ -35,6 +36,15 @@ class Deadline {
   double remaining_seconds() const {
     if (is_never()) return 1e18;
     return std::chrono::duration<double>(at_ - Clock::now()).count();
+  }
+  // The time left, but at least zero and at most `cap`, as a D: for a pause between polls. Cast to an integer
+  // duration as it is, remaining_seconds() overflows for never() (1e18 s is past any int64 count of nanoseconds or
+  // microseconds: undefined, in practice a negative pause, so a poll loop without a deadline spun a core).
+  template <class D>
+  D remaining_at_most(D cap) const {
+    const double cap_s = std::chrono::duration<double>(cap).count();
+    const double left = std::max(0.0, std::min(remaining_seconds(), cap_s));
+    return std::chrono::duration_cast<D>(Seconds(left));
   }
   Deadline min(const Deadline& o) const { return at_ < o.at_ ? *this : o; }
 

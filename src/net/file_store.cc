@@ -123,9 +123,9 @@ class FileStore : public Store {
         throw TimeoutError(
             fmt::format("file store {}: key '{}' did not appear within {:.1f}s", dir_, key, sw.seconds()));
       }
-      auto left =
-          std::chrono::duration_cast<std::chrono::microseconds>(Seconds(std::max(0.0, deadline.remaining_seconds())));
-      std::this_thread::sleep_for(std::min(pause, left));
+      // (clamped before the cast: Deadline::never()'s remaining time overflowed the microseconds, undefined; where
+      // that gave a negative pause (GCC -O0, clang), a get without a deadline spun a core on open())
+      std::this_thread::sleep_for(deadline.remaining_at_most(pause));
       pause = std::min(pause * 2, std::chrono::microseconds(50000));
     }
   }

@@ -568,9 +568,7 @@ class MpiEngine : public Progressor {
     while (!until.expired()) {
       // (clamped before the cast: Deadline::never()'s 1e18 s overflowed the microseconds to a negative sleep, and a
       // wait without a deadline spun a core)
-      auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-          Seconds(std::clamp(until.remaining_seconds(), 0.0, 1.0)));
-      std::this_thread::sleep_for(std::min(pause, left));
+      std::this_thread::sleep_for(until.remaining_at_most(pause));
       if (progress()) return;
       pause = std::min(pause * 2, std::chrono::microseconds(1000));
     }

@@ -1027,9 +1027,9 @@ class TcpStore : public Store {
         d = deadline.min(Deadline::after(1.0));
       }
       if (d.expired()) break;
-      auto wait = std::min<std::chrono::nanoseconds>(
-          backoff, std::chrono::duration_cast<std::chrono::nanoseconds>(Seconds(std::max(0.0, d.remaining_seconds()))));
-      std::this_thread::sleep_for(wait);
+      // (clamped before the cast: Deadline::never()'s remaining time overflowed the nanoseconds, undefined; where
+      // that gave a negative pause, a connection retried without a deadline spun a core)
+      std::this_thread::sleep_for(d.remaining_at_most(std::chrono::nanoseconds(backoff)));
       backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(500));
       if (d.expired()) break;
     }
@@ -1201,9 +1201,7 @@ class TcpStore : public Store {
       if (got) return *got;
       if (deadline.expired()) throw refused_until_deadline();
       // (the remaining time clamped before its cast: a distant deadline's overflowed to a negative pause)
-      std::this_thread::sleep_for(
-          std::min<std::chrono::nanoseconds>(pause, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                        Seconds(std::clamp(deadline.remaining_seconds(), 0.0, 1.0)))));
+      std::this_thread::sleep_for(deadline.remaining_at_most(std::chrono::nanoseconds(pause)));
       pause = std::min(pause * 2, std::chrono::milliseconds(500));
       if (deadline.expired()) throw refused_until_deadline();
     }

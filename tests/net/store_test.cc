@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -1090,6 +1091,63 @@ TEST(FileStore, AKeyIsClaimedOnceWithoutALockFile) {
   EXPECT_FALSE(a->claim("conduit/j/claimed/1", Deadline::after(1)));
   EXPECT_TRUE(b->claim("conduit/j/claimed/2", Deadline::after(1)));
   EXPECT_FALSE(std::filesystem::exists(d.path() + "/.lock"));
+}
+
+// The pause between polls is the time left, clamped to [0, cap] before it becomes an integer duration: cast as it was,
+// Deadline::never()'s remaining time (1e18 s) overflowed to a negative pause.
+TEST(StorePolling, APauseIsClampedToTheTimeLeftAndTheCap) {
+  using std::chrono::microseconds;
+  using std::chrono::milliseconds;
+  using std::chrono::nanoseconds;
+  EXPECT_EQ(Deadline::never().remaining_at_most(microseconds(50000)), microseconds(50000));
+  EXPECT_EQ(Deadline::never().remaining_at_most(nanoseconds(500000000)), nanoseconds(500000000));
+  EXPECT_EQ(Deadline::never().remaining_at_most(milliseconds(0)), milliseconds(0));
+  // Not never, but 292 years away: in picoseconds past any int64. (GCC folds never()'s constant 1e18 s to a
+  // saturated count, which hid the overflow above in optimized builds; this one is computed at run time.)
+  const Deadline far(Clock::time_point::max() - std::chrono::hours(1));
+  using Picoseconds = std::chrono::duration<int64_t, std::pico>;
+  EXPECT_EQ(far.remaining_at_most(Picoseconds(7)), Picoseconds(7));
+  EXPECT_EQ(far.remaining_at_most(nanoseconds(7)), nanoseconds(7));
+  EXPECT_EQ(Deadline::after(1e6).remaining_at_most(microseconds(1000)), microseconds(1000));
+  EXPECT_EQ(Deadline::after(0).remaining_at_most(microseconds(1000)), microseconds(0));
+  EXPECT_EQ(Deadline(Clock::now() - std::chrono::seconds(5)).remaining_at_most(milliseconds(10)), milliseconds(0));
+  const auto soon = Deadline::after(0.002).remaining_at_most(milliseconds(50));
+  EXPECT_GE(soon, milliseconds(0));
+  EXPECT_LE(soon, milliseconds(2));
+}
+
+// Found by an audit: a get with Deadline::never() computed a negative pause (above) and spun a core on open() until
+// the key came, in builds where the undefined conversion gave INT64_MIN (GCC -O0, clang -O3; GCC -O1 and above fold
+// it to a saturated count, and did not spin). It sleeps between polls: the waiting thread uses a small part of one
+// core (well under 1% here; a spinning one used all it was given).
+TEST(FileStore, AGetWithoutADeadlineSleepsBetweenPolls) {
+  TempDir d;
+  auto s = make_file_store(d.path());
+  struct Waited {
+    std::string value;
+    double cpu = 0, wall = 0;
+  };
+  auto thread_cpu = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  };
+  auto f = std::async(std::launch::async, [&] {
+    Waited w;
+    const double cpu0 = thread_cpu();
+    Stopwatch sw;
+    w.value = s->get("later", Deadline::never());
+    w.wall = sw.seconds();
+    w.cpu = thread_cpu() - cpu0;
+    return w;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  s->set("later", "here", Deadline::after(5));
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "the get did not see the key";
+  const Waited w = f.get();
+  EXPECT_EQ(w.value, "here");
+  EXPECT_GE(w.wall, 0.25);
+  EXPECT_LT(w.cpu, 0.25 * w.wall) << "the waiting thread used " << w.cpu << " s of CPU in " << w.wall << " s";
 }
 
 TEST(FileStore, GetBlocksUntilLaterSet) {
