@@ -1,8 +1,9 @@
 // File rendezvous store: a directory on a file system every rank sees (a shared mount, or /tmp on one host).
-// Each key is a file "k_<escaped key>"; a value is written to a temporary file of its own (created with O_EXCL,
-// named with 64 random bits) and renamed over the key's file, so readers see either no file or the whole value.
-// add() holds flock() on "<dir>/.lock" around its read-modify-write. get() polls with a growing pause (1 ms to
-// 50 ms) until the key appears, a rank publishes its failure under the failure key, or the deadline passes.
+// Each key is a file "k_<escaped key>", and a claim on a key the empty file "c_<escaped key>"; a value is written to a
+// temporary file of its own (created with O_EXCL, named with 64 random bits) and renamed over the key's file, so
+// readers see either no file or the whole value. add() holds flock() on "<dir>/.lock" around its read-modify-write.
+// get() polls with a growing pause (1 ms to 50 ms) until the key appears, a rank publishes its failure under the
+// failure key, or the deadline passes.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
@@ -65,10 +66,12 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-// Letters, digits, '-', '_' and '.' stay; every other byte becomes %XX. Very long names keep their head and get
-// a hash of the whole key appended, so distinct keys stay distinct files.
-std::string escape_key(const std::string& key) {
-  std::string out = "k_";
+// `prefix` then the key: letters, digits, '-', '_' and '.' stay; every other byte becomes %XX. Very long names keep
+// their head and get a hash of the whole key appended, so distinct keys stay distinct files. Values are "k_" files,
+// claims "c_" files: a claim named by a suffix ("k_<key>.claim") was the value file of the key "<key>.claim", so a
+// set of that key made the claim fail and a claim made that key appear, empty.
+std::string escape_key(const std::string& key, const char* prefix = "k_") {
+  std::string out = prefix;
   for (unsigned char c : key) {
     if (std::isalnum(c) || c == '-' || c == '_' || c == '.') {
       out += static_cast<char>(c);
@@ -131,7 +134,7 @@ class FileStore : public Store {
   }
 
   bool claim(const std::string& key, const Deadline&) override {
-    const std::string path = dir_ + "/" + escape_key(key) + ".claim";
+    const std::string path = dir_ + "/" + escape_key(key, "c_");
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd >= 0) {
       ::close(fd);

@@ -1093,6 +1093,27 @@ TEST(FileStore, AKeyIsClaimedOnceWithoutALockFile) {
   EXPECT_FALSE(std::filesystem::exists(d.path() + "/.lock"));
 }
 
+// Found by an audit: a claim on key K was the file of K's value with ".claim" appended ('.' is not escaped), which is
+// the value file of the key "K.claim": setting that key made the claim on K fail, and claiming K made that key
+// appear, empty. Claims have files of their own now.
+TEST(FileStore, AClaimAndTheKeyNamedLikeItsOldFileAreIndependent) {
+  TempDir d;
+  auto s = make_file_store(d.path());
+  EXPECT_TRUE(s->claim("a", Deadline::after(1)));
+  EXPECT_FALSE(s->check("a.claim", Deadline::after(1)));
+  EXPECT_FALSE(s->check("a", Deadline::after(1)));
+  EXPECT_THROW(s->get("a.claim", Deadline::after(0.1)), TimeoutError);
+  s->set("a.claim", "v", Deadline::after(1));
+  EXPECT_EQ(s->get("a.claim", Deadline::after(1)), "v");
+  EXPECT_FALSE(s->claim("a", Deadline::after(1)));
+  EXPECT_EQ(s->get("a.claim", Deadline::after(1)), "v");
+  // The other way round: the key first, then the claim.
+  s->set("b.claim", "w", Deadline::after(1));
+  EXPECT_TRUE(s->claim("b", Deadline::after(1)));
+  EXPECT_FALSE(s->claim("b", Deadline::after(1)));
+  EXPECT_EQ(s->get("b.claim", Deadline::after(1)), "w");
+}
+
 // The pause between polls is the time left, clamped to [0, cap] before it becomes an integer duration: cast as it was,
 // Deadline::never()'s remaining time (1e18 s) overflowed to a negative pause.
 TEST(StorePolling, APauseIsClampedToTheTimeLeftAndTheCap) {
