@@ -97,6 +97,7 @@ class InprocTransport : public Transport {
   const char* name() const override { return "inproc"; }
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
+    check_tag("inproc", "isend", tag);
     InprocOp op;
     op.req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
     op.src = data;
@@ -107,6 +108,7 @@ class InprocTransport : public Transport {
   }
 
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    check_tag("inproc", "irecv", tag);
     InprocOp op;
     op.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, bytes);
     op.dst = data;
@@ -116,6 +118,7 @@ class InprocTransport : public Transport {
   }
 
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp rop) override {
+    check_tag("inproc", "irecv_reduce", tag);
     InprocOp op;
     op.bytes = count * dtype_size(dtype);
     op.req = std::make_shared<Request>(Request::Kind::recv, peer, tag, op.bytes);

@@ -443,12 +443,7 @@ class MpiEngine : public Progressor {
       throw InvalidArgument(
           fmt::format("mpi transport: {} to rank {} is invalid: expected 0 <= peer < {}", what, peer, size_));
     }
-    if (!tag_valid(tag)) {
-      throw InvalidArgument(
-          fmt::format("mpi transport: {} with tag {:#x} is invalid: its kind byte must be 1..4 "
-                      "(see net/tags.h)",
-                      what, tag));
-    }
+    check_tag("mpi transport", what, tag);
     if (bytes > 0 && data == nullptr) {
       throw InvalidArgument(fmt::format("mpi transport: {} of {} bytes with a null buffer", what, bytes));
     }

@@ -490,6 +490,7 @@ class ShmTransport : public Transport, public Progressor {
 
   RequestPtr post_send(int peer, uint64_t tag, const void* data, size_t bytes, bool may_single_copy) {
     check_peer(peer);
+    check_tag("shm", may_single_copy ? "isend" : "isend_reduced", tag);
     check_message_size(bytes, max_len_);
     auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
     req->set_progressor(this);
@@ -516,10 +517,12 @@ class ShmTransport : public Transport, public Progressor {
   }
 
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    check_tag("shm", "irecv", tag);
     return post_recv(peer, tag, make_recv(Request::Kind::recv, peer, tag, data, bytes));
   }
 
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
+    check_tag("shm", "irecv_reduce", tag);
     return post_recv(peer, tag, make_reduce_recv(peer, tag, dst, count, dtype, op));
   }
 

@@ -284,6 +284,7 @@ class TcpTransport : public Transport {
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes) override {
     check_peer(peer);
+    check_tag("tcp", "isend", tag);
     check_message_size(bytes, max_len_);
     auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
     Peer& p = peers_[peer];
@@ -305,10 +306,12 @@ class TcpTransport : public Transport {
   }
 
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes) override {
+    check_tag("tcp", "irecv", tag);
     return post_recv(peer, tag, make_recv(Request::Kind::recv, peer, tag, data, bytes));
   }
 
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* dst, size_t count, DType dtype, ReduceOp op) override {
+    check_tag("tcp", "irecv_reduce", tag);
     return post_recv(peer, tag, make_reduce_recv(peer, tag, dst, count, dtype, op));
   }
 

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "net/tags.h"
 
 namespace conduit::net {
 
@@ -66,6 +67,14 @@ void Request::fail(std::exception_ptr error) {
 void Transport::fast_allreduce(void*, size_t, DType, ReduceOp, const Deadline&) {
   throw InvalidArgument(fmt::format("{}: no shared-memory fast allreduce (check fast_allreduce_max_bytes first)",
                                     name()));
+}
+
+void check_tag(const char* transport, const char* op, uint64_t tag) {
+  if (tag_valid(tag)) return;
+  throw InvalidArgument(fmt::format(
+      "{}: {} with tag {:#x} is invalid: its kind byte (bits 56..63) is {}; allowed: {} to {} (collective, user, "
+      "debug, control; see net/tags.h)",
+      transport, op, tag, tag_kind(tag), static_cast<int>(kCollective), static_cast<int>(kControl)));
 }
 
 int Transport::num_hosts() const {

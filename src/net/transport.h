@@ -160,6 +160,11 @@ class Transport {
 
 using TransportPtr = std::shared_ptr<Transport>;
 
+// Refuses, with InvalidArgument, a tag whose kind byte (its top 8 bits, tags.h) is not one of the kinds: every
+// transport checks it when a request is posted (`transport` and `op` name where, as "tcp" and "isend"). Queued, such a
+// tag reached the receiver, whose frame check failed the whole link from this rank as a protocol error.
+void check_tag(const char* transport, const char* op, uint64_t tag);
+
 // Waits for the requests in order and rethrows the first failure (or the deadline's TimeoutError) at once: the rest
 // may still be pending with their buffers, which the caller then gives up (wait_all_or_give_up) or aborts.
 void wait_all(const std::vector<RequestPtr>& reqs, const Deadline& deadline);
