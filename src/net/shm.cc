@@ -542,7 +542,10 @@ class ShmTransport : public Transport, public Progressor {
       });
       removed = !r->done() && !taking && !(p.target == Target::posted && p.cur.req == r) && p.q.cancel(r.get());
     }
-    if (removed) r->fail(std::move(error));
+    if (removed) {
+      r->fail(std::move(error));
+      wake_local_waiters();  // (another thread of this process may be waiting on it)
+    }
     return removed;
   }
 
@@ -618,7 +621,7 @@ class ShmTransport : public Transport, public Progressor {
     return progress_locked();
   }
 
-  void notify() override { ring_doorbell(my_seg_); }
+  void notify() override { wake_local_waiters(); }
 
   void wait_for_activity(const Deadline& until) override {
     uint32_t seen = tl_seen_;
@@ -752,7 +755,9 @@ class ShmTransport : public Transport, public Progressor {
       return req;
     }
     p.q.post(tag, std::move(r));
-    read_some(p, false);  // the message may already sit in the ring
+    // The message may already sit in the ring. Taking it may also take messages stalled behind it (over the budget
+    // for unexpected bytes) into receives other threads wait on: no peer rings for those.
+    if (read_some(p, false)) wake_local_waiters();
     return req;
   }
 
@@ -1240,6 +1245,16 @@ class ShmTransport : public Transport, public Progressor {
     p.target = Target::none;
     p.have_hdr = false;
     p.cur_unexp.reset();
+    // Whatever failed them here (this rank's abort, a peer's abort seen by another thread, a peer found dead, a
+    // protocol error), this process's threads waiting on them sleep on its own doorbell, which only a peer's write
+    // rang: they slept on up to their 50 ms timeout.
+    wake_local_waiters();
+  }
+
+  // Wakes this process's threads waiting on this transport: they sleep on this rank's own doorbell (and spin on it
+  // first), which peers ring when they write; a request completed or failed here, by another thread, rings nothing.
+  void wake_local_waiters() {
+    if (my_seg_ != nullptr) ring_doorbell(my_seg_);
   }
 
   void fail_all(std::exception_ptr err) {
