@@ -747,17 +747,27 @@ class ShmTransport : public Transport, public Progressor {
     check_peer(peer);
     r.req->set_progressor(this);
     RequestPtr req = r.req;
-    std::lock_guard<std::mutex> lk(mu_);
-    ShmPeer& p = peers_[peer];
-    if (p.q.take_unexpected(tag, r, "shm")) return req;
-    if (p.failed) {
-      req->fail(p.error);
-      return req;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ShmPeer& p = peers_[peer];
+      completed_other_ = false;
+      posting_ = req.get();
+      if (p.q.take_unexpected(tag, r, "shm")) {
+        // (the budget it frees may let a frame stalled in the ring go on)
+        if (!p.failed && p.have_hdr && p.target == Target::none) read_some(p, false);
+      } else if (p.failed) {
+        req->fail(p.error);
+      } else {
+        p.q.post(tag, std::move(r));
+        read_some(p, false);  // (the message may already sit in the ring)
+      }
+      posting_ = nullptr;
+      if (!completed_other_) return req;
     }
-    p.q.post(tag, std::move(r));
-    // The message may already sit in the ring. Taking it may also take messages stalled behind it (over the budget
-    // for unexpected bytes) into receives other threads wait on: no peer rings for those.
-    if (read_some(p, false)) wake_local_waiters();
+    // Taking it took messages stalled behind it (over the budget for unexpected bytes) into receives other threads
+    // wait on, for which no peer rings: wake them (only then: a doorbell add and a futex call on every receive that
+    // found its message waiting cost the ring's hot path), after the lock, which they take next.
+    wake_local_waiters();
     return req;
   }
 
@@ -1210,6 +1220,7 @@ class ShmTransport : public Transport, public Progressor {
     if (t == Target::posted) {
       RequestPtr r = p.cur.req;
       p.cur = PostedRecv{};
+      if (r.get() != posting_) completed_other_ = true;
       r->complete();
     } else if (t == Target::unexpected) {
       auto u = p.cur_unexp;
@@ -1315,7 +1326,10 @@ class ShmTransport : public Transport, public Progressor {
   bool single_copy_ = false;                // every local rank can read every other's memory
   bool opened_reads_ = false;               // counted in g_ptracer_users (allow_reads_under_yama)
   std::vector<uint64_t> scratch_;           // a reducing single-copy receive's chunk
-  std::atomic<bool> have_deferred_{false};  // some peer has single-copy messages waiting for a receive
+  std::atomic<bool> have_deferred_{false};
+  // (under mu_: the receive post_recv is posting, and whether a read there completed another request)
+  const Request* posting_ = nullptr;
+  bool completed_other_ = false;  // some peer has single-copy messages waiting for a receive
   std::mutex mu_;
   bool all_local_ = false;    // every other rank is served here (the fast allreduce needs them all)
   // Fast allreduces so far (the same count on every rank). Errors number them from 0, this transport's own count: the
