@@ -638,10 +638,9 @@ void run_plan(const StepArgs& given_args) {
       // (with FlashAttention each selective candidate was skipped: a list naming it came back without it)
       if (rc == Recompute::kSelective && scores_on_chip(space.base.attention))
         throw ConfigError(fmt::format(
-            "--recompute-options = '{}' lists selective, which recomputes the attention scores --attention-kernels "
-            "{} never stores; allowed with {}: none, full",
-            a.recompute_options, attention_kernels_name(space.base.attention),
-            attention_kernels_name(space.base.attention)));
+            "--recompute-options = '{0}' lists selective, which recomputes the attention scores --attention-kernels "
+            "{1} never stores; allowed with {1}: none, full",
+            a.recompute_options, attention_kernels_name(space.base.attention)));
       space.recompute.push_back(rc);
     }
   }

@@ -69,5 +69,9 @@ struct FlashRates {
   double forward = 0, backward = 0;
 };
 FlashRates flash_attention_rates(const Accelerator& acc, const std::string& kernel, double seq, double head_dim);
+// The forward's FLOPs as FlashAttention counts them: 4 s^2 d a head and sequence, halved by the causal mask.
+inline double flash_attention_forward_flops(double batch, double heads, double seq, double head_dim) {
+  return 2 * batch * heads * seq * seq * head_dim;
+}
 
 }  // namespace conduit::sim

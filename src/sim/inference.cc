@@ -72,7 +72,8 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     // (FlashAttention-2 or -3 at its measured rate: the causal forward's 2 b (a/t) s^2 d FLOPs, as sim step counts
     // them)
     if (measured_core)
-      layer += 2 * b * (a / t) * s * s * (h / a) / flash_attention_rates(acc, c.flash_kernel, s, h / a).forward;
+      layer += flash_attention_forward_flops(b, a / t, s, h / a) /
+               flash_attention_rates(acc, c.flash_kernel, s, h / a).forward;
     const double scores_traffic = c.fused_attention ? 0 : 2 * b * (a / t) * s * s;
     layer += memory_time(acc, 2 * (11 * b * s * h + scores_traffic) + 2 * b * s * (up + f) / t, 6);
     double tp_layer = t > 1 ? 2 * kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;

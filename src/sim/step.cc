@@ -425,7 +425,7 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
     // the backward (which recomputes the scores) 2.5 times that, each at its share of the measured rate.
     const double head_dim = h / a;
     const FlashRates rate = flash_attention_rates(acc, attention_kernels_name(c.attention), s, head_dim);
-    const double flops = 2 * b * (a / tp) * s * s * head_dim;
+    const double flops = flash_attention_forward_flops(b, a / tp, s, head_dim);
     core = flops / rate.forward;
     fwd += core;
     bwd += 2.5 * flops / rate.backward;
