@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
+#include <limits>
+#include <set>
+#include <string_view>
 #include <utility>
 
 #include "core/error.h"
@@ -47,6 +51,69 @@ double ranking_time(double t) {
   return std::ldexp(std::round(std::ldexp(mantissa, 30)), e - 30);
 }
 
+namespace {
+
+// A pipeline's layers split over its stages: the first's, each middle one's and the last's.
+struct Split {
+  int first = 0, middle = 0, last = 0;
+};
+
+// Other splits of a planned pipeline's layers (1F1B or GPipe; interleaved chunks hold equal layers) that its own
+// stage times say are faster, the fastest first (at most two), each with the time it is expected to save. A stage's
+// time is linear in its layers (the step's `stage_layer` a layer), so the plan's three stage times give every other
+// split's; the step time is 1F1B's m max S + (sum S - max S) or GPipe's sum S + (m - 1)(max F + max B). The sum is
+// the same for every split, so the search wants the slowest stage as fast as it can be: for each middle stages'
+// count, the first and last stage's split where their times cross (and its neighbours).
+std::vector<std::pair<Split, double>> faster_splits(const StepResult& r, int layers) {
+  const ParallelConfig& c = r.config;
+  const StepBreakdown& b = r.breakdown;
+  const int p = c.pp;
+  const double per = b.stage_layer, per_fwd = b.stage_layer_forward;
+  if (p < 2 || c.schedule == Schedule::kInterleaved || !(per > 0) || r.microbatches < 1) return {};
+  const Split now{r.stage_layers.first, p > 2 ? r.stage_layers.middle : 0, r.stage_layers.last};
+  const double mb = static_cast<double>(r.microbatches);
+  auto time_of = [&](const Split& s) {
+    const double first = b.stage_first + (s.first - now.first) * per;
+    const double middle = b.stage_middle + (s.middle - now.middle) * per;
+    const double last = b.stage_last + (s.last - now.last) * per;
+    const double first_fwd = b.stage_first_forward + (s.first - now.first) * per_fwd;
+    const double middle_fwd = b.stage_middle_forward + (s.middle - now.middle) * per_fwd;
+    const double last_fwd = b.stage_last_forward + (s.last - now.last) * per_fwd;
+    const double sum = first + (p - 2) * middle + last;
+    if (c.schedule == Schedule::kGpipe) {
+      const double max_f = std::max({first_fwd, p > 2 ? middle_fwd : 0.0, last_fwd});
+      const double max_b = std::max({first - first_fwd, p > 2 ? middle - middle_fwd : 0.0, last - last_fwd});
+      return sum + (mb - 1) * (max_f + max_b);
+    }
+    const double slowest = std::max({first, p > 2 ? middle : 0.0, last});
+    return mb * slowest + (sum - slowest);
+  };
+  const double base = time_of(now);
+  std::vector<std::pair<Split, double>> found;
+  auto consider = [&](int middle, int rest) {
+    // where the first stage's time (rest - l layers) meets the last's (l layers)
+    const double cross = (b.stage_first - b.stage_last + (rest - now.first + now.last) * per) / (2 * per);
+    const long long lo = static_cast<long long>(std::floor(cross));
+    for (long long l = lo - 1; l <= lo + 2; ++l) {
+      if (l < 0 || l > rest) continue;
+      const Split s{rest - static_cast<int>(l), middle, static_cast<int>(l)};
+      if (s.first == now.first && s.middle == now.middle && s.last == now.last) continue;
+      const double gain = base - time_of(s);
+      if (gain > 1e-9 * base) found.push_back({s, gain});
+    }
+  };
+  if (p == 2)
+    consider(0, layers);
+  else
+    for (int middle = 1; static_cast<long long>(p - 2) * middle <= layers; ++middle)
+      consider(middle, layers - (p - 2) * middle);
+  std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  if (found.size() > 2) found.resize(2);
+  return found;
+}
+
+}  // namespace
+
 bool ranks_before(const StepResult& a, const StepResult& b) {
   if (std::isnan(a.time) != std::isnan(b.time)) return std::isnan(b.time);
   const double ta = ranking_time(a.time), tb = ranking_time(b.time);
@@ -80,7 +147,13 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
     for (int b = 16; b < 1024; b *= 2) space.micro_batch.insert(space.micro_batch.end(), {b + b / 2, 2 * b});
   }
   PlanResult res;
+  auto note_dp1 = [&](StepResult& r) {
+    if (space.base.sync.kind != "bsp")
+      r.notes.push_back(
+          fmt::format("dp = 1: no data-parallel exchange, so --sync {} does not apply", space.base.sync.kind));
+  };
   std::vector<StepResult> all;
+  std::vector<ParallelConfig> asked;  // (each plan's configuration as simulated, before the step resolved it)
   for (int t : space.tp) {
     for (int p : space.pp) {
       auto skip = [&](std::string why) {
@@ -221,9 +294,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                     continue;
                   }
                   ++res.valid;
-                  if (d == 1 && space.base.sync.kind != "bsp")
-                    r.notes.push_back(fmt::format("dp = 1: no data-parallel exchange, so --sync {} does not apply",
-                                                  space.base.sync.kind));
+                  if (d == 1) note_dp1(r);
                   if (!r.fits) {
                     // (the nearest to fitting: how far the search is from a plan says more than the fastest
                     // failure's memory, which may be far off)
@@ -236,6 +307,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                   }
                   ++res.fitting;
                   all.push_back(std::move(r));
+                  asked.push_back(c);
                 }
               }
             }
@@ -249,9 +321,70 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   // alone left ties in no defined order). A time that is not a number ranks last.
   // Times are compared to 30 bits (about 1e-9): the same schedule summed in another order (GPipe's closed form,
   // 1F1B's, its play-out) differs in the last bits, which ranked a GPipe plan of 3-8x the memory above its equal 1F1B.
-  std::sort(all.begin(), all.end(), ranks_before);
-  if (all.size() > top) all.resize(top);
-  res.ranked = std::move(all);
+  std::vector<size_t> order(all.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto by_rank = [&](size_t x, size_t y) { return ranks_before(all[x], all[y]); };
+  std::sort(order.begin(), order.end(), by_rank);
+
+  // A second pass: each pipeline's layers split otherwise (the first pass cut them evenly, or with the one uneven
+  // split above), where the plan's own stage times say another split is faster (faster_splits) and that could bring
+  // it into the `top` shown; each such split simulated in full (it may not fit, or its played-out bubble differ),
+  // and the plan replaced by it when it fits and is faster. A last stage with a large output layer (Gemma's vocabulary
+  // of 256k over a hidden size of 2048) runs fewer layers than the others. Plans are taken in order of their expected
+  // times, up to the first that could not reach the `top` any more. (Plans that would fit only with another split
+  // are not looked for: those that do not fit are not kept.)
+  std::multiset<double> times;
+  for (const auto& r : all)
+    if (std::isfinite(r.time)) times.insert(r.time);  // (a time that is not a number has no place in an order)
+  auto cut = [&] {                                    // the time a plan needs to be in the top shown
+    if (top == 0) return -std::numeric_limits<double>::infinity();  // (nothing shown)
+    if (times.size() < top) return std::numeric_limits<double>::infinity();
+    return *std::next(times.begin(), static_cast<long>(top) - 1);
+  };
+  struct Resplit {
+    double expected;
+    size_t plan;
+    std::vector<std::pair<Split, double>> splits;
+  };
+  std::vector<Resplit> resplits;
+  for (size_t i : order) {
+    auto splits = faster_splits(all[i], m.layers);
+    if (!splits.empty()) resplits.push_back({all[i].time - splits.front().second, i, std::move(splits)});
+  }
+  std::stable_sort(resplits.begin(), resplits.end(),
+                   [](const Resplit& x, const Resplit& y) { return x.expected < y.expected; });
+  for (const Resplit& rs : resplits) {
+    if (!(rs.expected < cut())) break;
+    StepResult& now = all[rs.plan];
+    for (const auto& [s, gain] : rs.splits) {
+      ParallelConfig c = asked[rs.plan];
+      const bool even = s.first == s.last && (c.pp == 2 || s.middle == s.first);
+      c.first_stage_layers = even ? -1 : s.first;
+      c.last_stage_layers = even ? -1 : s.last;
+      ++res.candidates;
+      StepResult r;
+      try {
+        r = simulate_step(net, m, c);
+      } catch (const ConfigError&) {
+        continue;  // (a split whose play-out is past its bounds)
+      } catch (const UnsupportedError& e) {
+        if (!std::string_view(e.what()).starts_with("full-detail mode")) throw;
+        continue;
+      }
+      ++res.valid;
+      if (!r.fits) continue;
+      ++res.fitting;
+      if (!ranks_before(r, now)) continue;
+      if (auto it = times.find(now.time); it != times.end()) times.erase(it);
+      if (std::isfinite(r.time)) times.insert(r.time);
+      if (r.config.dp == 1) note_dp1(r);
+      now = std::move(r);
+      ++res.resplit;
+      break;
+    }
+  }
+  std::sort(order.begin(), order.end(), by_rank);
+  for (size_t i = 0; i < order.size() && i < top; ++i) res.ranked.push_back(std::move(all[order[i]]));
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return res;
 }

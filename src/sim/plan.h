@@ -30,6 +30,7 @@ struct PlanResult {
   long long candidates = 0;        // configurations generated
   long long valid = 0;             // passed validation (divisibility etc.)
   long long fitting = 0;           // fit in memory
+  long long resplit = 0;           // pipelines whose layers the second pass split otherwise (faster)
   double seconds = 0;              // wall time of the search
   StepResult best_oom;             // the plan nearest to fitting, the least memory (when none fits)
   bool any_oom = false;

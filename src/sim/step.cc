@@ -351,6 +351,7 @@ void check_finite(const StepResult& r) {
 struct MicroTimes {
   double fwd_compute = 0, bwd_compute = 0, recompute = 0;  // per micro-batch on the last stage
   double layer_fwd = 0, layer_bwd = 0;                     // one layer (for ZeRO-3 overlap)
+  double layer_recompute = 0;                              // one layer's recompute (in its backward)
 };
 
 GemmShape dgrad(const GemmShape& g) { return {g.m, g.k, g.n, g.batch}; }
@@ -456,6 +457,7 @@ MicroTimes micro_times(const Accelerator& acc, const GptModel& m, const Parallel
   double rec = 0;
   if (c.recompute == Recompute::kFull) rec = fwd + ew_fwd;
   if (c.recompute == Recompute::kSelective) rec = core + ew_core;
+  t.layer_recompute = rec;
   t.fwd_compute = layers_per_stage * t.layer_fwd;
   t.bwd_compute = layers_per_stage * (t.layer_bwd + rec);
   t.recompute = layers_per_stage * rec;
@@ -740,6 +742,7 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
     mt.recompute *= ratio;
     mt.layer_fwd *= ratio;
     mt.layer_bwd *= ratio;
+    mt.layer_recompute *= ratio;
     r.notes.push_back(
         fmt::format("heterogeneous cluster, batch shares proportional to speed: compute {:.0f}% of the "
                     "equal-share time bounded by {}",
@@ -810,6 +813,8 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
       stage(mt, lps_last * tp_fwd + tp_last_fwd + (p == 1 ? tp_first : 0.0), lps_last * tp_bwd + tp_last_bwd);
   const StageTime first = stage(inner, lps_first * tp_fwd + tp_first, lps_first * tp_bwd);
   const StageTime middle = stage(inner_mid, lps_mid * tp_fwd, lps_mid * tp_bwd);
+  r.breakdown.stage_layer_forward = inner.layer_fwd + tp_fwd;
+  r.breakdown.stage_layer = inner.layer_fwd + inner.layer_bwd + inner.layer_recompute + tp_fwd + tp_bwd;
   // The slowest stage, whose m micro-batches the pipeline runs back to back: the last with an even split (the output
   // layer and the loss), any with an uneven one (BLOOM's middle stages, a layer more than the ends).
   const StageTime* slowest_stage = &last;

@@ -154,6 +154,10 @@ struct StepBreakdown {
   // largest forward + the largest backward); sim/step.cc says why.
   double stage_first = 0, stage_middle = 0, stage_last = 0;
   double stage_first_forward = 0, stage_middle_forward = 0, stage_last_forward = 0;
+  // One transformer layer's share of a stage's time above (its compute, recompute and tensor-parallel collectives),
+  // and of its forward: each stage's time moves by it with each layer the stage gains or loses, which is how the
+  // planner weighs other splits of the layers before it simulates them (0 for layer lists).
+  double stage_layer = 0, stage_layer_forward = 0;
 };
 
 struct MemoryBreakdown {

@@ -369,7 +369,10 @@ TEST(Inference, PipelineStagesAddLatencyButSplitTheWeights) {
   GptModel twelve = m;
   twelve.heads = 12;
   try {
-    simulate_inference(net, twelve, InferenceConfig{8, 1, 1, 16, 16});
+    InferenceConfig tp8;
+    tp8.tp = 8;
+    tp8.prompt = tp8.generate = 16;
+    simulate_inference(net, twelve, tp8);
     ADD_FAILURE() << "tp 8 of 12 heads passed";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--tp = 8 must divide --heads = 12"), std::string::npos) << e.what();
