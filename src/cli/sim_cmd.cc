@@ -1038,6 +1038,8 @@ json infer_json(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec,
               {"decode_token_s", r.decode_per_token},
               {"time_to_first_token_s", r.prefill},
               {"request_latency_s", r.request_latency},
+              {"decode_token_loaded_s", r.loaded_decode_per_token},
+              {"request_latency_loaded_s", r.loaded_request_latency},
               {"tokens_per_s", r.tokens_per_second},
               {"weights_gb", r.weight_bytes / 1e9},
               {"kv_cache_gb", r.kv_bytes / 1e9},
@@ -1045,6 +1047,7 @@ json infer_json(const StepArgs& a, const InferArgs& ia, const ClusterSpec& spec,
               {"capacity_gb", r.memory_capacity / 1e9},
               {"fits", r.fits},
               {"max_batch", r.max_batch},
+              {"max_batch_capped", r.max_batch_capped},
               {"decode_bound", r.decode_bound}};
 }
 
@@ -1059,19 +1062,20 @@ void run_infer_sweep(const StepArgs& a, const InferArgs& ia, const ClusterSpec& 
     rows.push_back(simulate_inference(net, m, make_infer(a, b, ia.prompt, ia.generate, ia.attention)));
   if (!a.json)
     fmt::print(
-        "cluster {}  model {}  tp={} pp={}  prompt {}  generate {}  {} attention{}\n\n  {:>6} {:>12} {:>14} {:>12} "
+        "cluster {}  model {}  tp={} pp={}  prompt {}  generate {}  {} attention{}\n\n  {:>6} {:>12} {:>14} {:>12}{} "
         "{:>14} {:>10}\n",
         spec.name, m.name, a.tp, a.pp, ia.prompt, ia.generate, ia.attention,
         a.pp > 1 ? fmt::format("  {} batches in flight", a.pp) : "", "batch", "TTFT", "per token", "request",
-        "tokens/s", "memory");
+        a.pp > 1 ? fmt::format(" {:>14}", "loaded request") : "", "tokens/s", "memory");
   for (size_t i = 0; i < batches.size(); ++i) {
     const int b = batches[i];
     const InferenceResult& r = rows[i];
     if (a.json) {
       std::cout << infer_json(a, ia, spec, m, b, r).dump() << "\n";
     } else {
-      fmt::print("  {:>6} {:>12} {:>14} {:>12} {:>14.0f} {:>10}{}\n", b, format_seconds(r.prefill),
-                 format_seconds(r.decode_per_token), format_seconds(r.request_latency), r.tokens_per_second,
+      fmt::print("  {:>6} {:>12} {:>14} {:>12}{} {:>14.0f} {:>10}{}\n", b, format_seconds(r.prefill),
+                 format_seconds(r.decode_per_token), format_seconds(r.request_latency),
+                 a.pp > 1 ? fmt::format(" {:>14}", format_seconds(r.loaded_request_latency)) : "", r.tokens_per_second,
                  format_gb(r.memory_total), r.fits ? "" : "  does not fit");
     }
   }
@@ -1096,8 +1100,8 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
   if (ia.generate_given && ia.generate < 1)
     throw ConfigError(fmt::format("--generate = {} must be at least 1 token", ia.generate));
   // (the same range as --batch-list's: 2^31 - 1 was taken, a decode step of 5e5 s)
-  if (ia.batch < 1 || ia.batch > (1 << 20))
-    throw ConfigError(fmt::format("--batch = {} (allowed: 1 to 1048576 sequences)", ia.batch));
+  if (ia.batch < 1 || ia.batch > kMaxInferBatch)
+    throw ConfigError(fmt::format("--batch = {} (allowed: 1 to {} sequences)", ia.batch, kMaxInferBatch));
   if (!ia.prompt_given) ia.prompt = -1;
   if (!ia.generate_given) ia.generate = -1;
   if (ia.generate >= m.seq)
@@ -1136,13 +1140,23 @@ void run_infer(const StepArgs& given_args, const InferArgs& given) {
              r.batches_in_flight > 1 ? fmt::format(" x {} in flight (one a stage)", r.batches_in_flight) : "",
              ia.prompt, ia.generate, ia.attention);
   fmt::print("  prefill (time to first token)   {}\n", format_seconds(r.prefill));
-  fmt::print("  decode per token                {}  ({}-bound)\n", format_seconds(r.decode_per_token), r.decode_bound);
-  fmt::print("  request latency                 {}\n", format_seconds(r.request_latency));
+  // (with p batches in flight, a batch alone in the pipeline and at the throughput below, where they differ)
+  const bool loaded =
+      r.batches_in_flight > 1 && ranking_time(r.loaded_request_latency) != ranking_time(r.request_latency);
+  fmt::print("  decode per token                {}  ({}-bound){}\n", format_seconds(r.decode_per_token), r.decode_bound,
+             loaded ? fmt::format("; {} with {} batches in flight", format_seconds(r.loaded_decode_per_token),
+                                  r.batches_in_flight)
+                    : "");
+  fmt::print("  request latency                 {}{}\n", format_seconds(r.request_latency),
+             loaded ? fmt::format(" a batch alone; {} with {} batches in flight (at the throughput below)",
+                                  format_seconds(r.loaded_request_latency), r.batches_in_flight)
+                    : "");
   fmt::print("  throughput (all replicas)       {:.0f} generated tokens/s\n", r.tokens_per_second);
   fmt::print("  memory per GPU                  {} of {} (weights {}, KV cache {}){}\n", format_gb(r.memory_total),
              format_gb(r.memory_capacity), format_gb(r.weight_bytes), format_gb(r.kv_bytes),
              r.fits ? "" : "  DOES NOT FIT");
-  fmt::print("  largest batch that fits         {}\n", r.max_batch);
+  fmt::print("  largest batch that fits         {}{}\n", r.max_batch,
+             r.max_batch_capped ? " or more (--batch's limit)" : "");
 }
 
 struct ClusterArgs {

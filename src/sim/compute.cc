@@ -159,7 +159,8 @@ double gemm_efficiency(const Accelerator& acc, const GemmShape& g) {
   return t > 0 ? g.flops() / t / acc.peak_flops : 0;
 }
 
-double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim) {
+double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim,
+                            const char* instead) {
   // (the nearest head width; of two as near, the narrower, the slower: the file's order decided)
   double best = std::numeric_limits<double>::infinity(), width = 0;
   for (const auto& s : acc.attention_calibration) {
@@ -173,9 +174,8 @@ double flash_attention_rate(const Accelerator& acc, const std::string& kernel, d
   if (width == 0)
     throw ConfigError(fmt::format(
         "{0} (FlashAttention): the accelerator {1} has no {0} rate (its cluster file's attention_calibration "
-        "holds no sample with kernel: {0}); allowed: flash (FlashAttention at the GEMM rate), fused, eager, or a "
-        "cluster file with {0} samples (docs/sim.md section 3)",
-        kernel, acc.name));
+        "holds no sample with kernel: {0}); allowed: {2}, or a cluster file with {0} samples (docs/sim.md section 3)",
+        kernel, acc.name, instead));
   const AttentionSample *below = nullptr, *above = nullptr;
   for (const auto& s : acc.attention_calibration) {
     if (s.kernel != kernel || s.head_dim != width) continue;
@@ -200,8 +200,9 @@ double flash_attention_rate(const Accelerator& acc, const std::string& kernel, d
   return below->achieved + f * (above->achieved - below->achieved);
 }
 
-FlashRates flash_attention_rates(const Accelerator& acc, const std::string& kernel, double seq, double head_dim) {
-  const double rate = flash_attention_rate(acc, kernel, seq, head_dim);
+FlashRates flash_attention_rates(const Accelerator& acc, const std::string& kernel, double seq, double head_dim,
+                                 const char* instead) {
+  const double rate = flash_attention_rate(acc, kernel, seq, head_dim, instead);
   FlashRates r;
   r.forward = rate * (1 + 2.5 * 73 / 63) / 3.5;
   r.backward = r.forward * 63 / 73;

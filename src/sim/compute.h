@@ -60,15 +60,20 @@ double memory_time(const Accelerator& acc, double bytes, int kernels = 1);
 // tokens and heads `head_dim` wide, from the accelerator's attention_calibration: the samples of the nearest head
 // width (log distance; the narrower of two as near), interpolated linearly in log seq between the two around it; the
 // longest's rate beyond them (it levels off), below the shortest the two shortest's slope carried on, floored at
-// the shortest's rate times seq / its seq. ConfigError naming the accelerator when it has no sample of the kernel.
-double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim);
+// the shortest's rate times seq / its seq. ConfigError naming the accelerator when it has no sample of the kernel,
+// and `instead`, the command's other choices (sim step's by default; sim infer takes others).
+inline constexpr const char* kStepAttentionInstead =
+    "--attention-kernels flash (FlashAttention at the GEMM rate), fused, eager";
+double flash_attention_rate(const Accelerator& acc, const std::string& kernel, double seq, double head_dim,
+                            const char* instead = kStepAttentionInstead);
 // That rate split between the passes as FlashAttention-2's peaks on the A100 are, "up to 73% of the theoretical max
 // throughput in the forward pass, and up to 63% ... in the backward pass" (Dao 2023, section 1): 3.5 F / rate =
 // F / forward + 2.5 F / backward, backward = forward 63 / 73 (F: the forward's FLOPs, FlashAttention's count).
 struct FlashRates {
   double forward = 0, backward = 0;
 };
-FlashRates flash_attention_rates(const Accelerator& acc, const std::string& kernel, double seq, double head_dim);
+FlashRates flash_attention_rates(const Accelerator& acc, const std::string& kernel, double seq, double head_dim,
+                                 const char* instead = kStepAttentionInstead);
 // The forward's FLOPs as FlashAttention counts them: 4 s^2 d a head and sequence, halved by the causal mask.
 inline double flash_attention_forward_flops(double batch, double heads, double seq, double head_dim) {
   return 2 * batch * heads * seq * seq * head_dim;

@@ -53,6 +53,7 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     // The busiest stage's time on one batch's request (its prefill and generate - 1 decode steps): with p batches in
     // flight it serves each of them in turn, so it sets the steady-state rate (b generate tokens per `interval`).
     double interval = 0;
+    double decode_interval = 0;  // the busiest stage's time on one decode step of a batch
     std::string bound;
   };
   auto timing = [&](const Accelerator& acc, CollectiveModel& kind_net) {
@@ -73,7 +74,9 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     // them)
     if (measured_core)
       layer += flash_attention_forward_flops(b, a / t, s, h / a) /
-               flash_attention_rates(acc, c.flash_kernel, s, h / a).forward;
+               flash_attention_rates(acc, c.flash_kernel, s, h / a,
+                                     "--attention flash or fused (FlashAttention at the GEMM rate), unfused")
+                   .forward;
     const double scores_traffic = c.fused_attention ? 0 : 2 * b * (a / t) * s * s;
     layer += memory_time(acc, 2 * (11 * b * s * h + scores_traffic) + 2 * b * s * (up + f) / t, 6);
     double tp_layer = t > 1 ? 2 * kind_net.time(Collective::kAllReduce, Algorithm::kAuto, tg, b * s * h * 2) : 0;
@@ -147,7 +150,10 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
     // request is at least latency / p (the shares add up to the latency), so p batches keep it busy: the throughput is
     // b generate tokens per its interval (p b generate over the latency only when the stages are equal; it was that
     // always, and a 256,000-token vocabulary's logits on the last of 4 stages served 1.5x what that stage can).
-    for (int i = 0; i < p; ++i) tm.interval = std::max(tm.interval, stage_prefill[i] + steps * stage_decode[i]);
+    for (int i = 0; i < p; ++i) {
+      tm.interval = std::max(tm.interval, stage_prefill[i] + steps * stage_decode[i]);
+      tm.decode_interval = std::max(tm.decode_interval, stage_decode[i]);
+    }
     return tm;
   };
 
@@ -189,13 +195,20 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   for (long long rep = 0; rep < r.replicas; ++rep) {
     const Timing* tm = nullptr;
     const long long n0 = topo.node_of(rep * width), n1 = topo.node_of((rep + 1) * width - 1);
-    double interval = 0;  // (the replica's busiest stage at its slowest kind's pace)
+    double interval = 0, decode_interval = 0;  // (the replica's busiest stage at its slowest kind's pace)
     for (long long n = n0; n <= n1; ++n) {
       const Timing& k = per_kind[static_cast<size_t>(&topo.kind_of_node(n) - kinds.data())];
       if (!tm || k.latency > tm->latency) tm = &k;
       interval = std::max(interval, k.interval);
+      decode_interval = std::max(decode_interval, k.decode_interval);
     }
     throughput += b * static_cast<double>(c.generate) / interval;
+    // At that throughput the p batches in flight each wait for their turn on the busiest stage: a request takes p of
+    // its intervals (Little's law: p b sequences in flight, b requests an interval) and a decode step p of its steps,
+    // the same as alone when the stages are equal (p max = sum), more when one is busier (a batch alone passed the
+    // stages in their sum: 0.26 s a request where 4 in flight take 0.40 s, an audit).
+    r.loaded_request_latency = std::max(r.loaded_request_latency, std::max(p * interval, tm->latency));
+    r.loaded_decode_per_token = std::max(r.loaded_decode_per_token, std::max(p * decode_interval, tm->decode));
     if (tm->latency > slowest.latency) slowest = *tm;
   }
   r.prefill = slowest.prefill;
@@ -230,9 +243,11 @@ InferenceResult simulate_inference(CollectiveModel& net, const GptModel& given, 
   r.memory_capacity = capacity;
   r.fits = r.memory_total <= r.memory_capacity;
   const double per_seq = p * kv_cache_bytes(m0, t, p, tokens, 1) + act / b;
-  // (at most what --batch takes: a tiny model on a large memory fitted more sequences than an int holds)
-  r.max_batch = static_cast<long long>(
-      std::clamp(std::floor((r.memory_capacity - r.weight_bytes) / per_seq), 0.0, double(INT_MAX)));
+  // (at most what --batch takes, 2^20: a tiny model on a large memory fitted more sequences than an int holds, and
+  // up to INT_MAX was printed, which --batch then refused)
+  const double fitting = std::floor((r.memory_capacity - r.weight_bytes) / per_seq);
+  r.max_batch = static_cast<long long>(std::clamp(fitting, 0.0, static_cast<double>(kMaxInferBatch)));
+  r.max_batch_capped = fitting > static_cast<double>(kMaxInferBatch);
   return r;
 }
 

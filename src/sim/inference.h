@@ -38,18 +38,26 @@ struct InferenceConfig {
   std::string flash_kernel;
 };
 
+// The largest batch `sim infer --batch` takes (and the largest that fits reports).
+inline constexpr long long kMaxInferBatch = 1LL << 20;
+
 struct InferenceResult {
   long long replicas = 1;
   double prefill = 0;           // seconds (time to first token)
   double decode_per_token = 0;  // seconds per generated token (whole batch)
-  double request_latency = 0;
+  double request_latency = 0;   // prefill + (generate - 1) decode steps, a batch alone in the pipeline
   double tokens_per_second = 0;  // generated tokens/s over all replicas
+  // A request's latency and a decode step's time at that throughput, the p batches in flight each waiting for its
+  // turn on the busiest stage (p of its intervals); the same as alone with equal stages (and at p = 1). The slowest
+  // replica's.
+  double loaded_request_latency = 0, loaded_decode_per_token = 0;
   // Batches in flight per replica: with p pipeline stages each works on another batch (vLLM's pipeline-parallel
   // virtual engines), so p batches share the stages and each stage holds their KV caches.
   int batches_in_flight = 1;
   double weight_bytes = 0, kv_bytes = 0, memory_total = 0, memory_capacity = 0;
   bool fits = true;
-  long long max_batch = 0;
+  long long max_batch = 0;        // the largest batch that fits, at most kMaxInferBatch
+  bool max_batch_capped = false;  // (more would fit)
   // What bounds a decode step: "memory" (memory-bound kernels' traffic), "compute" (arithmetic-bound kernels), or
   // "latency" (kernel launches and the tensor- and pipeline-parallel exchanges), whichever takes the most of it.
   std::string decode_bound;

@@ -2318,7 +2318,8 @@ TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
   deep.layers = 1000001;
   EXPECT_EQ(error_of([&] { deep.validate(); }), "--layers = 1000001 (allowed: 1 to 1000000)");
 
-  // The largest batch that fits, at most what --batch takes.
+  // The largest batch that fits, at most what --batch takes (2^20: up to INT_MAX was printed, which --batch refused),
+  // and said to be capped; the text says "or more".
   GptModel tiny = m;
   tiny.layers = 1;
   tiny.hidden = 1;
@@ -2328,7 +2329,15 @@ TEST(Inputs, BreakdownsAddUpAndFlagsOfNoEffectAreRefused) {
   InferenceConfig ic;
   ic.prompt = 1;
   ic.generate = 1;
-  EXPECT_EQ(simulate_inference(n8, tiny, ic).max_batch, 2147483647);
+  const InferenceResult capped = simulate_inference(n8, tiny, ic);
+  EXPECT_EQ(capped.max_batch, 1048576);
+  EXPECT_TRUE(capped.max_batch_capped);
+  EXPECT_FALSE(simulate_inference(n8, m, ic).max_batch_capped);
+  const std::string tiny_out = test_util::run(
+      "sim infer --cluster dgx-h100 --gpus 8 --model gpt --layers 1 --hidden 8 --heads 1 --seq 2 --vocab 8", &rc);
+  EXPECT_EQ(rc, 0) << tiny_out;
+  EXPECT_NE(tiny_out.find("largest batch that fits         1048576 or more (--batch's limit)"), std::string::npos)
+      << tiny_out;
 }
 
 // An audit's plan and infer findings (2026-12-06): --sp=false forced sequence parallelism on every plan; an empty
@@ -2384,6 +2393,11 @@ TEST(Inputs, PlanListsAndFlagsSayWhatTheyMean) {
   out = test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model gpt2-small --attention flash2", &rc);
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("the accelerator H100-SXM5-80GB has no flash2 rate"), std::string::npos) << out;
+  // (naming the choices sim infer takes: it named sim step's, eager among them, which --attention refuses)
+  EXPECT_NE(out.find("allowed: --attention flash or fused (FlashAttention at the GEMM rate), unfused, or a cluster "
+                     "file with flash2 samples"),
+            std::string::npos)
+      << out;
   // (flash: FlashAttention, as sim step's --attention-kernels names it; the same prediction as fused)
   const std::string fused_out =
       test_util::run("sim infer --cluster dgx-h100 --gpus 8 --model gpt2-small --attention fused --json", &rc);

@@ -319,8 +319,9 @@ TEST_F(AttentionSteps, FlashAttention2RunsTheCoreAtItsPublishedRate) {
   c.attention = AttentionKernels::kFlash3;
   EXPECT_EQ(error_of([&] { simulate_step(net, m, c); }),
             "flash3 (FlashAttention): the accelerator A100-SXM4-80GB has no flash3 rate (its cluster file's "
-            "attention_calibration holds no sample with kernel: flash3); allowed: flash (FlashAttention at the GEMM "
-            "rate), fused, eager, or a cluster file with flash3 samples (docs/sim.md section 3)");
+            "attention_calibration holds no sample with kernel: flash3); allowed: --attention-kernels flash "
+            "(FlashAttention at the GEMM rate), fused, eager, or a cluster file with flash3 samples (docs/sim.md "
+            "section 3)");
   Topology h100(load_cluster("dgx-h100"), 8);
   CollectiveModel h100_net(h100);
   c.attention = AttentionKernels::kFlash2;

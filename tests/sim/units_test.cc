@@ -410,6 +410,20 @@ TEST(Inference, TheBusiestPipelineStageSetsTheThroughput) {
   EXPECT_NEAR(one.tokens_per_second, 8 * 8 * 128 / one.request_latency, 1e-9 * one.tokens_per_second);
   // The latency still runs the stages one after another: the stages add up to it.
   EXPECT_GT(four.request_latency, one.request_latency);
+  // At that throughput the 4 batches in flight wait for the busiest stage in turn: a request takes what Little's law
+  // says (4 x 8 sequences in flight a replica over its sequences a second), 1.5x the latency of a batch alone (which
+  // the throughput was paired with), and a decode step 4 of the last stage's; at p = 1 both are the latency alone.
+  const double sequences_per_s = four.tokens_per_second / 128 / four.replicas;
+  EXPECT_NEAR(four.loaded_request_latency, 4 * 8 / sequences_per_s, 1e-9 * four.loaded_request_latency);
+  EXPECT_GT(four.loaded_request_latency, 1.4 * four.request_latency);
+  EXPECT_GT(four.loaded_decode_per_token, 1.2 * four.decode_per_token);
+  EXPECT_LT(four.loaded_decode_per_token, 4 * four.decode_per_token);
+  EXPECT_EQ(one.loaded_request_latency, one.request_latency);
+  EXPECT_EQ(one.loaded_decode_per_token, one.decode_per_token);
+  // Equal stages (a vocabulary too small to weigh): as alone, to rounding.
+  c.pp = 4;
+  const InferenceResult even = simulate_inference(net, gpt(16, 2048, 16, 4096, 16), c);
+  EXPECT_NEAR(even.loaded_request_latency, even.request_latency, 0.05 * even.request_latency);
 }
 
 // Fused attention (FlashAttention, the serving default): a 32,000-token prompt of a 7B model keeps no s x s scores
