@@ -59,11 +59,14 @@ struct Split {
 };
 
 // Other splits of a planned pipeline's layers (1F1B or GPipe; interleaved chunks hold equal layers) that its own
-// stage times say are faster, the fastest first (at most two), each with the time it is expected to save. A stage's
+// stage times say are faster, the fastest first (at most four), each with the time it is expected to save. A stage's
 // time is linear in its layers (the step's `stage_layer` a layer), so the plan's three stage times give every other
-// split's; the step time is 1F1B's m max S + (sum S - max S) or GPipe's sum S + (m - 1)(max F + max B). The sum is
-// the same for every split, so the search wants the slowest stage as fast as it can be: for each middle stages'
-// count, the first and last stage's split where their times cross (and its neighbours).
+// split's, and with them the schedule's: GPipe's sum S + (m - 1)(max F + max B) (its closed form, exact), and for
+// 1F1B the bound max over stages i of m S_i + sum_{j<i} S_j (stage i starts after the stages ahead ran micro-batch 0's
+// forward, runs m forwards and backwards, and they run the last backward after it), the played-out schedule's time
+// when the last stage is the slowest. (m max S + (sum S - max S), exact only then, overcharged splits whose first
+// stage was the slowest by 5.5%, a review.) Both are convex in the last stage's layers for a given middle count (a
+// maximum of linear terms, and a sum of two), so a binary search finds each count's best.
 std::vector<std::pair<Split, double>> faster_splits(const StepResult& r, int layers) {
   const ParallelConfig& c = r.config;
   const StepBreakdown& b = r.breakdown;
@@ -76,31 +79,37 @@ std::vector<std::pair<Split, double>> faster_splits(const StepResult& r, int lay
     const double first = b.stage_first + (s.first - now.first) * per;
     const double middle = b.stage_middle + (s.middle - now.middle) * per;
     const double last = b.stage_last + (s.last - now.last) * per;
-    const double first_fwd = b.stage_first_forward + (s.first - now.first) * per_fwd;
-    const double middle_fwd = b.stage_middle_forward + (s.middle - now.middle) * per_fwd;
-    const double last_fwd = b.stage_last_forward + (s.last - now.last) * per_fwd;
-    const double sum = first + (p - 2) * middle + last;
     if (c.schedule == Schedule::kGpipe) {
+      const double first_fwd = b.stage_first_forward + (s.first - now.first) * per_fwd;
+      const double middle_fwd = b.stage_middle_forward + (s.middle - now.middle) * per_fwd;
+      const double last_fwd = b.stage_last_forward + (s.last - now.last) * per_fwd;
       const double max_f = std::max({first_fwd, p > 2 ? middle_fwd : 0.0, last_fwd});
       const double max_b = std::max({first - first_fwd, p > 2 ? middle - middle_fwd : 0.0, last - last_fwd});
-      return sum + (mb - 1) * (max_f + max_b);
+      return first + (p - 2) * middle + last + (mb - 1) * (max_f + max_b);
     }
-    const double slowest = std::max({first, p > 2 ? middle : 0.0, last});
-    return mb * slowest + (sum - slowest);
+    double bound = mb * first, ahead = first;
+    if (p > 2) {  // (of the middle stages, the last has the most ahead of it)
+      bound = std::max(bound, mb * middle + ahead + (p - 3) * middle);
+      ahead += (p - 2) * middle;
+    }
+    return std::max(bound, mb * last + ahead);
   };
   const double base = time_of(now);
   std::vector<std::pair<Split, double>> found;
   auto consider = [&](int middle, int rest) {
-    // where the first stage's time (rest - l layers) meets the last's (l layers)
-    const double cross = (b.stage_first - b.stage_last + (rest - now.first + now.last) * per) / (2 * per);
-    const long long lo = static_cast<long long>(std::floor(cross));
-    for (long long l = lo - 1; l <= lo + 2; ++l) {
-      if (l < 0 || l > rest) continue;
-      const Split s{rest - static_cast<int>(l), middle, static_cast<int>(l)};
-      if (s.first == now.first && s.middle == now.middle && s.last == now.last) continue;
-      const double gain = base - time_of(s);
-      if (gain > 1e-9 * base) found.push_back({s, gain});
+    auto at = [&](int l) { return time_of(Split{rest - l, middle, l}); };
+    int lo = 0, hi = rest;  // the first l whose next is no faster
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (at(mid + 1) >= at(mid))
+        hi = mid;
+      else
+        lo = mid + 1;
     }
+    const Split s{rest - lo, middle, lo};
+    if (s.first == now.first && s.middle == now.middle && s.last == now.last) return;
+    const double gain = base - at(lo);
+    if (gain > 1e-9 * base) found.push_back({s, gain});
   };
   if (p == 2)
     consider(0, layers);
@@ -108,7 +117,7 @@ std::vector<std::pair<Split, double>> faster_splits(const StepResult& r, int lay
     for (int middle = 1; static_cast<long long>(p - 2) * middle <= layers; ++middle)
       consider(middle, layers - (p - 2) * middle);
   std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
-  if (found.size() > 2) found.resize(2);
+  if (found.size() > 4) found.resize(4);
   return found;
 }
 
@@ -329,10 +338,10 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   // A second pass: each pipeline's layers split otherwise (the first pass cut them evenly, or with the one uneven
   // split above), where the plan's own stage times say another split is faster (faster_splits) and that could bring
   // it into the `top` shown; each such split simulated in full (it may not fit, or its played-out bubble differ),
-  // and the plan replaced by it when it fits and is faster. A last stage with a large output layer (Gemma's vocabulary
-  // of 256k over a hidden size of 2048) runs fewer layers than the others. Plans are taken in order of their expected
-  // times, up to the first that could not reach the `top` any more. (Plans that would fit only with another split
-  // are not looked for: those that do not fit are not kept.)
+  // and the plan replaced by the fastest of them that fits, where that is faster. A last stage with a large output
+  // layer (Gemma's vocabulary of 256k over a hidden size of 2048) runs fewer layers than the others. Plans are taken in
+  // order of their expected times, up to the first that could not reach the `top` any more. (Plans that would fit only
+  // with another split are not looked for: those that do not fit are not kept.)
   std::multiset<double> times;
   for (const auto& r : all)
     if (std::isfinite(r.time)) times.insert(r.time);  // (a time that is not a number has no place in an order)
@@ -356,6 +365,8 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   for (const Resplit& rs : resplits) {
     if (!(rs.expected < cut())) break;
     StepResult& now = all[rs.plan];
+    StepResult better;
+    bool found = false;
     for (const auto& [s, gain] : rs.splits) {
       ParallelConfig c = asked[rs.plan];
       const bool even = s.first == s.last && (c.pp == 2 || s.middle == s.first);
@@ -374,14 +385,16 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
       ++res.valid;
       if (!r.fits) continue;
       ++res.fitting;
-      if (!ranks_before(r, now)) continue;
-      if (auto it = times.find(now.time); it != times.end()) times.erase(it);
-      if (std::isfinite(r.time)) times.insert(r.time);
-      if (r.config.dp == 1) note_dp1(r);
-      now = std::move(r);
-      ++res.resplit;
-      break;
+      if (!ranks_before(r, found ? better : now)) continue;
+      better = std::move(r);
+      found = true;
     }
+    if (!found) continue;
+    if (auto it = times.find(now.time); it != times.end()) times.erase(it);
+    if (std::isfinite(better.time)) times.insert(better.time);
+    if (better.config.dp == 1) note_dp1(better);
+    now = std::move(better);
+    ++res.resplit;
   }
   std::sort(order.begin(), order.end(), by_rank);
   for (size_t i = 0; i < order.size() && i < top; ++i) res.ranked.push_back(std::move(all[order[i]]));
