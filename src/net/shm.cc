@@ -1326,10 +1326,10 @@ class ShmTransport : public Transport, public Progressor {
   bool single_copy_ = false;                // every local rank can read every other's memory
   bool opened_reads_ = false;               // counted in g_ptracer_users (allow_reads_under_yama)
   std::vector<uint64_t> scratch_;           // a reducing single-copy receive's chunk
-  std::atomic<bool> have_deferred_{false};
+  std::atomic<bool> have_deferred_{false};  // some peer has single-copy messages waiting for a receive
   // (under mu_: the receive post_recv is posting, and whether a read there completed another request)
   const Request* posting_ = nullptr;
-  bool completed_other_ = false;  // some peer has single-copy messages waiting for a receive
+  bool completed_other_ = false;
   std::mutex mu_;
   bool all_local_ = false;    // every other rank is served here (the fast allreduce needs them all)
   // Fast allreduces so far (the same count on every rank). Errors number them from 0, this transport's own count: the
