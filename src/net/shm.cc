@@ -110,6 +110,7 @@ constexpr uint64_t kMaxRingBytes = uint64_t{1} << 30;  // CONDUIT_SHM_RING_BYTES
 constexpr uint64_t kDefaultSingleCopyBytes = 256 << 10;  // CONDUIT_SHM_SINGLE_COPY_BYTES
 uint64_t shm_ring_bytes();
 uint64_t shm_single_copy_bytes();
+uint64_t shm_unexpected_budget();
 constexpr size_t kReadChunk = 128 << 10;  // a reducing single-copy receive reads and reduces this much at a time
 // A single-copy message that found no receive is read into a buffer after this long without one: the sender's send
 // completes only once it is read, and a program may wait for that before posting the receive.
@@ -236,7 +237,7 @@ class ShmTransport : public Transport, public Progressor {
     hosts_ = std::move(hosts);
     if (serve.empty()) serve.assign(size, 1);
     ring_bytes_ = shm_ring_bytes();
-    unexpected_budget_ = 64ull << 20;
+    unexpected_budget_ = shm_unexpected_budget();
     max_len_ = max_message_bytes();
     int local = 0;
     for (int i = 0; i < size; ++i) local += (serve[i] || i == rank) ? 1 : 0;
@@ -1367,11 +1368,15 @@ uint64_t shm_single_copy_bytes() {
   return b;
 }
 
+// CONDUIT_SHM_UNEXPECTED_BYTES: the bytes of messages without a receive yet buffered per peer (default 64M; as tcp's).
+uint64_t shm_unexpected_budget() { return unexpected_budget("CONDUIT_SHM_UNEXPECTED_BYTES"); }
+
 }  // namespace
 
 void check_shm_environment() {
   (void)shm_ring_bytes();
   (void)shm_single_copy_bytes();
+  (void)shm_unexpected_budget();
   (void)env_int("CONDUIT_LOCAL_CPUS", 1, 1 << 20);
   (void)env_int("CONDUIT_SHM_SPIN_US", 0, 1000000);
 }

@@ -5,7 +5,9 @@
 // ring per sending peer (CONDUIT_SHM_RING_BYTES, default 2 MiB). Frames are the tcp frames (net/wire.h), checked
 // the same way. Progress happens in the waiting thread (no helper thread competes for cores): a waiter moves
 // data, spins briefly, then sleeps on a futex doorbell that peers ring when they write or free ring space.
-// Receives that reduce read straight out of the ring. A dead peer is detected by its pid while waiting.
+// Receives that reduce read straight out of the ring. A dead peer is detected by its pid while waiting. Messages
+// that arrive before their receive is posted are buffered up to CONDUIT_SHM_UNEXPECTED_BYTES per peer (default
+// 64 MiB, 0 to 1T, as tcp's); past that they wait in the ring (the sender waits for space) until a receive is posted.
 #include <string>
 #include <vector>
 
@@ -24,9 +26,9 @@ std::string shm_segment_name(const std::string& job, int rank);
 // Removes the segments of ranks [0, ranks) of `job` that are still there: a rank killed while the ranks met leaves
 // its segment (conduit launch calls this once its workers have exited). Returns how many it removed.
 int remove_shm_segments(const std::string& job, int ranks);
-// Checks the shm settings (CONDUIT_SHM_RING_BYTES, CONDUIT_SHM_SINGLE_COPY_BYTES, CONDUIT_SHM_SPIN_US,
-// CONDUIT_LOCAL_CPUS): ConfigError naming the variable and what is allowed. Called at start-up whatever the
-// transport (read only where shm runs, they passed unchecked in a tcp job or one rank a host).
+// Checks the shm settings (CONDUIT_SHM_RING_BYTES, CONDUIT_SHM_SINGLE_COPY_BYTES, CONDUIT_SHM_UNEXPECTED_BYTES,
+// CONDUIT_SHM_SPIN_US, CONDUIT_LOCAL_CPUS): ConfigError naming the variable and what is allowed. Called at start-up
+// whatever the transport (read only where shm runs, they passed unchecked in a tcp job or one rank a host).
 void check_shm_environment();
 
 }  // namespace conduit::net

@@ -1083,14 +1083,7 @@ class TcpTransport : public Transport {
 
 }  // namespace
 
-uint64_t tcp_unexpected_budget() {
-  auto s = env_string("CONDUIT_TCP_UNEXPECTED_BYTES");
-  if (!s) return 64ull << 20;
-  const uint64_t v = parse_bytes(*s, "CONDUIT_TCP_UNEXPECTED_BYTES", "0 to 1T");
-  if (v > (uint64_t{1} << 40))
-    throw ConfigError(fmt::format("CONDUIT_TCP_UNEXPECTED_BYTES={} is more than 1T; allowed: 0 to 1T", *s));
-  return v;
-}
+uint64_t tcp_unexpected_budget() { return unexpected_budget("CONDUIT_TCP_UNEXPECTED_BYTES"); }
 
 TransportPtr make_tcp_transport(int rank, int size, std::vector<int> hosts, const AllgatherFn& allgather,
                                 const Deadline& connect_deadline, std::vector<char> serve) {

@@ -53,6 +53,14 @@ uint64_t max_message_bytes() {
   return v;
 }
 
+uint64_t unexpected_budget(const char* variable) {
+  auto s = env_string(variable);
+  if (!s) return uint64_t{64} << 20;
+  const uint64_t v = parse_bytes(*s, variable, "0 to 1T");
+  if (v > (uint64_t{1} << 40)) throw ConfigError(fmt::format("{}={} is more than 1T; allowed: 0 to 1T", variable, *s));
+  return v;
+}
+
 void check_message_size(uint64_t bytes, uint64_t limit) {
   // A ConfigError, not an InvalidArgument: raised inside an operation on the sending rank only, it must abort the
   // transport so that the receiving ranks fail at once rather than at their deadline.

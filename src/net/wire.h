@@ -37,6 +37,9 @@ FrameHeader make_frame(FrameType type, uint64_t tag, uint64_t length, int src);
 // `shm_read`: kFrameShmRead is allowed (the shm transport's rings).
 std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_length, bool shm_read = false);
 uint64_t max_message_bytes();
+// A transport's per-peer budget for messages that arrive before their receive, from environment variable `variable`
+// (CONDUIT_TCP_UNEXPECTED_BYTES, CONDUIT_SHM_UNEXPECTED_BYTES): default 64M, 0 to 1T, else ConfigError naming it.
+uint64_t unexpected_budget(const char* variable);
 // Throws ConfigError when a message of `bytes` is over `limit` (max_message_bytes()): its receiver would refuse the
 // frame and blame the sender.
 void check_message_size(uint64_t bytes, uint64_t limit);

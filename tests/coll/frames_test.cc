@@ -487,14 +487,17 @@ TEST(Transports, ATcpSendThatFailsOnItsOwnBufferEndsTheConnection) {
 // Messages are ordered per tag only (transport.h): a receiver may take a small message sent after a large one first.
 // When the large one has no receive yet and exceeds the unexpected budget, the connection used to stall and the small
 // one behind it was never read (a valid program deadlocked until the deadline); with a receive of another tag
-// waiting, the large message is buffered past the budget instead. tcp with a 1 MiB budget, shm with its 64 MiB one.
+// waiting, the large message is buffered past the budget instead. Each with a 1 MiB budget (shm's was fixed at
+// 64 MiB: the test sent 65 MiB).
 TEST(Transports, ASmallMessageOvertakesALargeUnmatchedOne) {
   for (std::string kind : {"tcp", "shm"}) {
     setenv("CONDUIT_TCP_UNEXPECTED_BYTES", "1M", 1);
+    setenv("CONDUIT_SHM_UNEXPECTED_BYTES", "1M", 1);
     setenv("CONDUIT_SHM_SINGLE_COPY_BYTES", "off", 1);  // the large message goes through the ring
-    const size_t big = kind == "tcp" ? (size_t{2} << 20) : (size_t{65} << 20);
+    const size_t big = size_t{2} << 20;
     auto pair = test_util::make_transport_pair(kind);
     unsetenv("CONDUIT_TCP_UNEXPECTED_BYTES");
+    unsetenv("CONDUIT_SHM_UNEXPECTED_BYTES");
     unsetenv("CONDUIT_SHM_SINGLE_COPY_BYTES");
     std::vector<std::string> errors(2);
     std::vector<std::thread> ts;

@@ -696,6 +696,11 @@ TEST(Processes, RendezvousEnvironmentIsChecked) {
                        "of 1024), e.g. 4096, 64K, 4M, 1G; allowed: 'off' or a size from 4K"),
             std::string::npos)
       << r.out;
+  r = run_sh("CONDUIT_SHM_UNEXPECTED_BYTES=-1 " + kConduit + " launch -n 2 -- " + kConduit +
+             " selftest --op barrier --transport tcp --timeout 20");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("CONDUIT_SHM_UNEXPECTED_BYTES '-1' is not a size"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; allowed: 0 to 1T"), std::string::npos) << r.out;
   // A file store's path beside MASTER_ADDR is not taken, and rank 0 says so (it was dropped without a word).
   r = run_sh("RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
              " CONDUIT_STORE_PATH=/nonexistent/store " + kConduit + " selftest --op barrier --timeout 20");
