@@ -134,6 +134,21 @@ void run_bench(const BenchArgs& a) {
   o.algorithm = a.algo;
   o.blocking = a.blocking;
   const size_t esz = dtype_size(dt);
+  // size = the bytes each rank contributes (allreduce, broadcast, reduce) or the full vector (gather-like). A
+  // gather-like op moves a block of whole elements a rank, so its sizes are multiples of n x esz: each size of the
+  // sweep is rounded down to one, and up to the first at or above --min-bytes, so that every row lies within
+  // [--min-bytes, --max-bytes] (-b 4 -e 8 on 4 ranks printed a row of 16 bytes, and -b 20 on 4 ranks one of 16).
+  const bool per_rank_block =
+      a.op == "reduce_scatter" || a.op == "allgather" || a.op == "alltoall" || a.op == "gather" || a.op == "scatter";
+  const uint64_t unit = per_rank_block ? static_cast<uint64_t>(n) * esz : esz;
+  const uint64_t first_blocks = (lo + unit - 1) / unit;  // the smallest size in the range, in units
+  // (a range that holds none is refused on every rank alike, before the table begins)
+  if (first_blocks * unit > hi)
+    throw ConfigError(fmt::format(
+        "--min-bytes {} to --max-bytes {} ({} to {} bytes) holds no size of --op {} on {} ranks: its sizes are "
+        "whole {} elements a rank, multiples of {} bytes, the smallest {} bytes; allowed: a range that holds one, "
+        "e.g. --max-bytes {}",
+        a.min_bytes, a.max_bytes, lo, hi, a.op, n, dtype_name(dt), unit, unit, first_blocks * unit));
   // (allgather, broadcast, alltoall, gather and scatter reduce nothing: their rows and header said sum)
   const char* redop = bench_coll_op_reduces(a.op) ? reduce_op_name(rop) : "-";
   if (c.rank() == 0 && !a.json) {
@@ -149,13 +164,10 @@ void run_bench(const BenchArgs& a) {
     std::printf("%12s %12s %6s %8s %10s %10s %10s %10s %10s %7s  %s\n", "size(B)", "count", "type", "redop", "time(us)",
                 "p50(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "algo");
   }
-  size_t last_count = 0;  // sizes below ranks x element size give a gather-like op the same block: one row
+  size_t last_count = 0;  // sweep sizes that round to the same block give one row
   for (uint64_t bytes = lo; bytes <= hi; bytes *= 2) {
-    // size = the bytes each rank contributes (allreduce, broadcast, reduce) or the full vector (gather-like).
     size_t count = bytes / esz;
-    bool per_rank_block = a.op == "reduce_scatter" || a.op == "allgather" || a.op == "alltoall" ||
-                          a.op == "gather" || a.op == "scatter";
-    if (per_rank_block) count = std::max<size_t>(1, bytes / esz / n);
+    if (per_rank_block) count = static_cast<size_t>(std::max(bytes / unit, first_blocks));
     if (count == last_count) continue;
     last_count = count;
     size_t in_elems = (a.op == "reduce_scatter" || a.op == "alltoall" || a.op == "scatter") ? count * n : count;

@@ -453,6 +453,41 @@ TEST(Processes, BenchCollPrintsEachBlockSizeOnce) {
   EXPECT_EQ(r.out.find("\"root\""), std::string::npos) << r.out;  // (an allreduce has none)
 }
 
+// Every row lies within [--min-bytes, --max-bytes]: a gather-like op's sizes are whole blocks a rank (multiples of
+// ranks x element size), so a sweep size is rounded down to one, and up to the first at or above --min-bytes (on 3
+// ranks, -b 20 printed 12 bytes; on 4, -b 4 -e 8 printed 16). A range that holds none is refused in one line naming the
+// smallest size there is.
+TEST(Processes, BenchCollRowsLieWithinTheSizeRange) {
+  auto r = run_sh(kConduit + " launch -n 3 -- " + kConduit +
+                  " bench coll --op allgather -b 20 -e 40 --iters 2 --warmup 0 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::vector<std::string> sizes;
+  for (size_t at = r.out.find("\"bytes\":"); at != std::string::npos; at = r.out.find("\"bytes\":", at + 1))
+    sizes.push_back(r.out.substr(at, r.out.find(',', at) - at));
+  EXPECT_EQ(sizes, (std::vector<std::string>{"\"bytes\":24", "\"bytes\":36"})) << r.out;
+  for (const char* op : {"allgather", "reduce_scatter", "alltoall", "gather", "scatter"}) {
+    r = run_sh(kConduit + " launch -n 4 -- " + kConduit + " bench coll --op " + op + " -b 4 -e 8 --iters 2 --warmup 0");
+    EXPECT_EQ(r.code, 2) << op << ": " << r.out;
+    EXPECT_NE(r.out.find(std::string("--min-bytes 4 to --max-bytes 8 (4 to 8 bytes) holds no size of --op ") + op +
+                         " on 4 ranks: its sizes are whole f32 elements a rank, multiples of 16 bytes, the smallest 16 "
+                         "bytes; allowed: a range that holds one, e.g. --max-bytes 16"),
+              std::string::npos)
+        << op << ": " << r.out;
+    EXPECT_EQ(r.out.find("size(B)"), std::string::npos) << op << ": " << r.out;  // (no table begun)
+  }
+  // Sizes between two multiples: -b 20 -e 30 holds none of 16 and 32.
+  r = run_sh(kConduit + " launch -n 4 -- " + kConduit + " bench coll --op allgather -b 20 -e 30 --json");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("the smallest 16 bytes; allowed: a range that holds one, e.g. --max-bytes 32"),
+            std::string::npos)
+      << r.out;
+  // An op of whole vectors takes any whole number of elements.
+  r = run_sh(kConduit + " launch -n 4 -- " + kConduit +
+             " bench coll --op allreduce -b 4 -e 8 --iters 2 --warmup 0 --json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"bytes\":4,"), std::string::npos) << r.out;
+}
+
 // Small allreduces over shm take the shared-memory fast path (checked results), larger ones an algorithm; a forced
 // algorithm or CONDUIT_SHM_FAST_BYTES=0 turns the fast path off.
 TEST(Processes, SmallShmAllreducesTakeTheFastPath) {
