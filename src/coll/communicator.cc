@@ -582,6 +582,12 @@ std::string Communicator::run_op(const char* op_name, uint64_t seq, const Signat
       for (int r : silent) theirs.push_back(members_[r]);
       quiet = fmt::format("; no data yet from rank(s) {}", join_ints(silent));
       if (theirs != silent) quiet += fmt::format(" ({} rank(s) {})", transport_->name(), join_ints(theirs));
+      // Why the transport holds a silent peer's messages, when it knows (the wait that timed out may have named
+      // another peer's request, whose note it carried)
+      for (int r : theirs) {
+        const std::string note = transport_->peer_note(r);
+        if (!note.empty() && std::string_view(e.what()).find(note) == std::string_view::npos) quiet += "; " + note;
+      }
     }
     stopped = fail(e.what(), quiet);
     transport_->abort(stopped);

@@ -50,6 +50,8 @@ class MatchQueues {
   // Room for one more buffered message of `bytes` within `budget`? (The messages held count with their overhead; one
   // message within the budget always fits an empty queue, so a budget under the overhead still buffers one.)
   bool can_buffer(size_t bytes, size_t budget) const { return unexpected_bytes_ + bytes <= budget; }
+  // What the buffered messages count against the budget now (with their overhead).
+  size_t unexpected_bytes() const { return unexpected_bytes_; }
   std::shared_ptr<Unexpected> add_unexpected(uint64_t tag, size_t bytes);
   // A message whose bytes stay in its sender's memory for now (shm single copy): its data is empty and only its
   // overhead counts against the budget until the transport reads them into the receive that takes it (take_waiter), or

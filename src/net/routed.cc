@@ -76,6 +76,9 @@ class RoutedTransport : public Transport {
     for (size_t i = 0; why.empty() && i < inner_.size(); ++i) why = inner_[i]->aborted_reason();
     return why;
   }
+  std::string peer_note(int peer) const override {
+    return peer >= 0 && peer < size_ && route_[peer] ? route_[peer]->peer_note(peer) : std::string();
+  }
   void abort(const std::string& reason) override {
     set_aborted(reason);
     std::set<Transport*> seen;

@@ -198,6 +198,8 @@ struct ShmPeer {
   FrameHeader hdr{};
   size_t hdr_got = 0;
   bool have_hdr = false;
+  bool noted = false;   // the transport's note says why this peer is held (stall_note)
+  bool warned = false;  // a stall of this peer was logged (once)
   Target target = Target::none;
   PostedRecv cur;
   std::shared_ptr<Unexpected> cur_unexp;
@@ -495,6 +497,7 @@ class ShmTransport : public Transport, public Progressor {
     check_message_size(bytes, max_len_);
     auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
     req->set_progressor(this);
+    req->set_notes(notes_);
     std::lock_guard<std::mutex> lk(mu_);
     ShmPeer& p = peers_[peer];
     if (p.failed) {
@@ -747,6 +750,7 @@ class ShmTransport : public Transport, public Progressor {
   RequestPtr post_recv(int peer, uint64_t tag, PostedRecv r) {
     check_peer(peer);
     r.req->set_progressor(this);
+    r.req->set_notes(notes_);
     RequestPtr req = r.req;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -925,7 +929,14 @@ class ShmTransport : public Transport, public Progressor {
         p.target = Target::none;
       }
       if (p.target == Target::none) {
-        if (!choose_target(p)) break;  // stalled: wait for a receive to be posted
+        if (!choose_target(p)) {  // stalled: wait for a receive to be posted
+          note_stall(p);
+          break;
+        }
+        if (p.noted) {  // (the held frame goes on)
+          notes_->clear(p.rank);
+          p.noted = false;
+        }
         if (p.failed) break;
         if (p.hdr.length == 0 && p.hdr.type != kFrameShmRead) {
           finish_payload(p);
@@ -1212,6 +1223,19 @@ class ShmTransport : public Transport, public Progressor {
     return true;
   }
 
+  // The ring from p stalls on its header (choose_target): a wait on p that reaches its deadline says why, and the
+  // first stall of p is logged.
+  void note_stall(ShmPeer& p) {
+    std::string note = stall_note("shm", p.rank, p.hdr.tag, p.hdr.length, p.q.unexpected_bytes(), unexpected_budget_,
+                                  p.q.has_posted(), "CONDUIT_SHM_UNEXPECTED_BYTES");
+    if (!p.warned) {
+      p.warned = true;
+      CONDUIT_LOG_WARN("rank {}: {}", rank_, note);
+    }
+    notes_->set(p.rank, std::move(note));
+    p.noted = true;
+  }
+
   void finish_payload(ShmPeer& p) {
     Target t = p.target;
     p.target = Target::none;
@@ -1254,6 +1278,8 @@ class ShmTransport : public Transport, public Progressor {
     p.deferred.clear();  // their entries leave the match queues below
     if (p.target == Target::posted && p.cur.req) p.cur.req->fail(err);
     p.q.fail_all(err, keep_arrived);
+    if (p.noted) notes_->clear(p.rank);
+    p.noted = false;
     p.target = Target::none;
     p.have_hdr = false;
     p.cur_unexp.reset();

@@ -128,6 +128,8 @@ struct Peer {
   uint32_t interest = 0;
   std::atomic<bool> want_out{false};  // sendq is not empty (updated under send_mu)
   std::atomic<bool> stalled{false};   // a header waits for a receive to be posted (updated under mu_)
+  bool noted = false;                 // under mu_: the transport's note says why this peer is held (stall_note)
+  bool warned = false;                // under mu_: a stall of this peer was logged (once)
   // The peer shut its side (or the connection broke): nothing more will come (set under mu_; read by update_interest
   // on a sender's thread too).
   std::atomic<bool> peer_closed{false};
@@ -287,6 +289,7 @@ class TcpTransport : public Transport {
     check_tag("tcp", "isend", tag);
     check_message_size(bytes, max_len_);
     auto req = std::make_shared<Request>(Request::Kind::send, peer, tag, bytes);
+    req->set_notes(notes_);
     Peer& p = peers_[peer];
     std::lock_guard<std::mutex> lk(p.send_mu);
     if (p.failed || p.send_error) {
@@ -423,6 +426,7 @@ class TcpTransport : public Transport {
   RequestPtr post_recv(int peer, uint64_t tag, PostedRecv r) {
     check_peer(peer);
     RequestPtr req = r.req;
+    req->set_notes(notes_);
     std::lock_guard<std::mutex> lk(mu_);
     Peer& p = peers_[peer];
     if (!p.q.take_unexpected(tag, r, "tcp")) {
@@ -481,6 +485,8 @@ class TcpTransport : public Transport {
     }
     if (p.target == Target::posted) p.cur.req->fail(err);
     p.q.fail_all(err, keep_arrived);
+    if (p.noted) notes_->clear(p.rank);  // (its requests fail with err: the stall no longer explains anything)
+    p.noted = false;
     p.target = Target::none;
     p.have_hdr = false;
     p.cur_unexp.reset();
@@ -585,12 +591,27 @@ class TcpTransport : public Transport {
         }
       } else {
         p.target = Target::none;
+        note_stall(p);
         return false;
       }
     }
     p.cur_unexp = p.q.add_unexpected(h.tag, h.length);
     p.target = Target::unexpected;
     return true;
+  }
+
+  // Under mu_: the connection from p stalls on its header (choose_target). A wait on p that reaches its deadline says
+  // why (the frame is in the socket, behind nothing this rank reads), and the first stall of p is logged.
+  void note_stall(Peer& p) {
+    const bool widened = p.q.has_posted();
+    std::string note = stall_note("tcp", p.rank, p.hdr.tag, p.hdr.length, p.q.unexpected_bytes(), unexpected_budget_,
+                                  widened, "CONDUIT_TCP_UNEXPECTED_BYTES");
+    if (!p.warned) {
+      p.warned = true;
+      CONDUIT_LOG_WARN("rank {}: {}", rank_, note);
+    }
+    notes_->set(p.rank, std::move(note));
+    p.noted = true;
   }
 
   void finish_payload(Peer& p) {
@@ -654,6 +675,10 @@ class TcpTransport : public Transport {
       }
       if (p.target == Target::none) {
         if (!choose_target(p)) return refresh_read_interest(p);
+        if (p.noted) {  // (the held frame goes on)
+          notes_->clear(p.rank);
+          p.noted = false;
+        }
         if (p.failed) return;
         if (p.hdr.length == 0) {
           finish_payload(p);

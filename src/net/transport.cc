@@ -38,9 +38,27 @@ void Request::wait(const Deadline& deadline) {
   int s = state_.load(std::memory_order_acquire);
   if (s == kFailed) std::rethrow_exception(error_);
   if (s != kDone) {
-    throw TimeoutError(fmt::format("{} of {} bytes with rank {} (tag {:#x}) did not complete before the deadline",
-                                   kind_ == Kind::send ? "send" : "receive", bytes_, peer_, tag_));
+    const std::string note = notes_ ? notes_->get(peer_) : std::string();
+    throw TimeoutError(fmt::format("{} of {} bytes with rank {} (tag {:#x}) did not complete before the deadline{}{}",
+                                   kind_ == Kind::send ? "send" : "receive", bytes_, peer_, tag_,
+                                   note.empty() ? "" : "; ", note));
   }
+}
+
+void PeerNotes::set(int peer, std::string note) {
+  std::lock_guard<std::mutex> lk(mu_);
+  notes_[peer] = std::move(note);
+}
+
+void PeerNotes::clear(int peer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  notes_.erase(peer);
+}
+
+std::string PeerNotes::get(int peer) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = notes_.find(peer);
+  return it == notes_.end() ? std::string() : it->second;
 }
 
 void Request::complete() {

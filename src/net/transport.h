@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -35,6 +36,20 @@ class Progressor {
   virtual void wait_for_activity(const Deadline& until) = 0;
   // Wakes the threads blocked in wait_for_activity (called when another transport completes a request).
   virtual void notify() {}
+};
+
+// Why a peer's messages are not moving, kept by a transport while it knows (a connection held over its budget for
+// unexpected messages): a request with that peer appends it to its timeout, which otherwise says only that nothing
+// came. Shared by the transport and its requests (a request may outlive its transport).
+class PeerNotes {
+ public:
+  void set(int peer, std::string note);
+  void clear(int peer);
+  std::string get(int peer) const;  // empty when none
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, std::string> notes_;
 };
 
 class Request {
@@ -60,6 +75,8 @@ class Request {
   void fail(std::exception_ptr error);
   void set_progressor(Progressor* p) { progressor_ = p; }
   bool has_progressor() const { return progressor_ != nullptr; }
+  // Where the timeout looks for a note on its peer (PeerNotes).
+  void set_notes(std::shared_ptr<const PeerNotes> n) { notes_ = std::move(n); }
   // Runs when the request completes successfully, in the completing thread, before waiters wake.
   virtual void on_complete() {}
 
@@ -74,6 +91,7 @@ class Request {
   std::mutex mu_;
   std::condition_variable cv_;
   Progressor* progressor_ = nullptr;
+  std::shared_ptr<const PeerNotes> notes_;
 };
 
 using RequestPtr = std::shared_ptr<Request>;
@@ -122,6 +140,9 @@ class Transport {
   // Empty when healthy, else why it was aborted (a routed transport: also why one of the transports it routes
   // over was, by a peer's abort).
   virtual std::string aborted_reason() const;
+  // Why messages from `peer` are held back now (a stall over the transport's budget for unexpected messages, naming
+  // the variable that sets it), or empty: for a timeout that waited on that peer.
+  virtual std::string peer_note(int peer) const { return notes_->get(peer); }
   // Called (from the transport's own thread) after it completes or fails requests; lets a routed transport wake
   // waiters that sleep in another transport's progressor.
   void set_activity_target(Progressor* p) { activity_target_.store(p, std::memory_order_release); }
@@ -156,6 +177,7 @@ class Transport {
   std::atomic<bool> aborted_flag_{false};  // aborted_ is set
   std::function<void(const std::string&)> abort_listener_;
   std::atomic<uint32_t> comm_id_floor_{1};  // 0 is the world communicator
+  std::shared_ptr<PeerNotes> notes_ = std::make_shared<PeerNotes>();  // (peer_note; given to this transport's requests)
 };
 
 using TransportPtr = std::shared_ptr<Transport>;

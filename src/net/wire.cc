@@ -61,6 +61,16 @@ uint64_t unexpected_budget(const char* variable) {
   return v;
 }
 
+std::string stall_note(const char* transport, int peer, uint64_t tag, uint64_t length, uint64_t buffered,
+                       uint64_t budget, bool widened, const char* variable) {
+  return fmt::format(
+      "{}: the messages from rank {} are held: its next message ({} bytes, tag {:#x}) has no receive posted and {} "
+      "bytes of its earlier messages already wait for their receives, the most {}={}{} allows; the messages sent after "
+      "it wait behind it unread. Post the receives of the earlier messages first, or raise {}",
+      transport, peer, length, tag, buffered, variable, budget,
+      widened ? " (x4 while receives of other tags wait)" : "", variable);
+}
+
 void check_message_size(uint64_t bytes, uint64_t limit) {
   // A ConfigError, not an InvalidArgument: raised inside an operation on the sending rank only, it must abort the
   // transport so that the receiving ranks fail at once rather than at their deadline.

@@ -40,6 +40,11 @@ uint64_t max_message_bytes();
 // A transport's per-peer budget for messages that arrive before their receive, from environment variable `variable`
 // (CONDUIT_TCP_UNEXPECTED_BYTES, CONDUIT_SHM_UNEXPECTED_BYTES): default 64M, 0 to 1T, else ConfigError naming it.
 uint64_t unexpected_budget(const char* variable);
+// The note (PeerNotes) a transport keeps while the messages from `peer` are held because the next one, `length` bytes
+// of `tag`, has no receive and `buffered` bytes of earlier messages already wait for theirs: over `budget` (from
+// `variable`), or 4x it while receives of other tags wait on that peer (`widened`).
+std::string stall_note(const char* transport, int peer, uint64_t tag, uint64_t length, uint64_t buffered,
+                       uint64_t budget, bool widened, const char* variable);
 // Throws ConfigError when a message of `bytes` is over `limit` (max_message_bytes()): its receiver would refuse the
 // frame and blame the sender.
 void check_message_size(uint64_t bytes, uint64_t limit);
