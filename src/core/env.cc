@@ -82,7 +82,11 @@ uint64_t parse_bytes(std::string_view text, std::string_view what, std::string_v
   try {
     return parse_bytes(text, what);
   } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("{}; allowed: {}", e.what(), allowed));
+    // One "allowed" clause, the caller's: the general one a message carries (up to 10^18, a size in bytes) read
+    // beside it as a second, contradictory range.
+    std::string_view msg = e.what();
+    msg = msg.substr(0, msg.find("; allowed: "));
+    throw ConfigError(fmt::format("{}; allowed: {}", msg, allowed));
   }
 }
 

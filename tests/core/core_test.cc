@@ -391,6 +391,24 @@ TEST(Env, ParseBytesAcceptsSuffixesAndRejectsGarbage) {
           << e.what();
     }
   }
+  // With the caller's range (as CONDUIT_TCP_UNEXPECTED_BYTES reads it), one "allowed" clause: an overflowing value
+  // said "allowed: up to 10^18 (about 909494T); allowed: 0 to 1T".
+  for (const char* v : {"99999999999999999999999", "64Mb", "abc"}) {
+    try {
+      parse_bytes(v, "CONDUIT_TCP_UNEXPECTED_BYTES", "0 to 1T");
+      ADD_FAILURE() << v;
+    } catch (const ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find("allowed:"), m.rfind("allowed:")) << m;
+      EXPECT_EQ(m.substr(m.size() - std::string("; allowed: 0 to 1T").size()), "; allowed: 0 to 1T") << m;
+    }
+  }
+  try {
+    parse_bytes("99999999999999999999999", "CONDUIT_TCP_UNEXPECTED_BYTES", "0 to 1T");
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "CONDUIT_TCP_UNEXPECTED_BYTES '99999999999999999999999' is more than 10^18 bytes; allowed: 0 to 1T");
+  }
   for (const char* bad :
        {"", "-1", "4X", "abc", "1e30", "0x10", "1e3", "inf", ".5K", "1.2.3", "0.4", "0.1K", "1.", "1.K"}) {
     try {
