@@ -340,7 +340,8 @@ class TcpStoreServer {
     std::deque<std::pair<std::string, uint64_t>> deferred;
     uint64_t arriving = 0;  // the bytes of requests not served yet it holds, charged against the limit (serve())
     uint64_t skip = 0;      // bytes still to come of a request refused before it was in, read and discarded
-    Clock::time_point last_read{};  // when it last sent bytes, or was last paused (drop_stalled())
+    Clock::time_point last_read{};  // when it last sent bytes, or was last paused (drop_stalled()), or was accepted
+    bool spoke = false;             // it has sent a byte
     size_t pending() const { return out_bytes - out_off; }
   };
   // A client's requests are not read or served while more than this of its replies waits to be sent: one that
@@ -422,13 +423,19 @@ class TcpStoreServer {
   // wait for it to read its replies.
   static bool mid_request(const Client& c) { return !paused(c) && (c.skip > 0 || !c.in.empty()); }
 
-  // How long poll() may wait: until the first client mid-request may be dropped (else for ever), within 100 ms while
-  // accepting is paused.
+  // A connection that has sent nothing since it was accepted (last_read). Dropped after stall_ as one stalled
+  // mid-request is: 1024 connections that never spoke were kept for ever, and the server refused the ranks' own.
+  // A client may leave its first connection idle for longer (TcpStore connects eagerly, and sends its first request
+  // when it has one): it is told, as a refused connection is, and sends the request again on a new one.
+  static bool silent(const Client& c) { return !c.spoke; }
+
+  // How long poll() may wait: until the first client mid-request or silent may be dropped (else for ever), within
+  // 100 ms while accepting is paused.
   int poll_wait_ms(bool accept_paused) const {
     int ms = accept_paused ? 100 : -1;
     const auto now = Clock::now();
     for (const auto& [id, c] : clients_) {
-      if (!mid_request(c)) continue;
+      if (!mid_request(c) && !silent(c)) continue;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(c.last_read + stall_ - now).count();
       const int wait = static_cast<int>(std::clamp<long long>(left + 1, 1, 1000));
       ms = ms < 0 ? wait : std::min(ms, wait);
@@ -436,15 +443,32 @@ class TcpStoreServer {
     return ms;
   }
 
-  // Drops every client that sent part of a request and nothing more for stall_: its bytes are given back.
+  // Drops every client that sent part of a request and nothing more for stall_: its bytes are given back. And every
+  // one that sent nothing at all for stall_ after it connected (silent()), telling it why as a refusal.
   void drop_stalled() {
     const auto now = Clock::now();
-    std::vector<uint64_t> stalled;
+    std::vector<uint64_t> stalled, quiet;
     for (auto& [id, c] : clients_) {
       if (paused(c))
         c.last_read = now;  // (not reading it is the server's doing)
       else if (mid_request(c) && now - c.last_read >= stall_)
         stalled.push_back(id);
+      else if (silent(c) && now - c.last_read >= stall_)
+        quiet.push_back(id);
+    }
+    if (!quiet.empty())
+      CONDUIT_LOG_WARN(
+          "tcp store server {}:{}: dropped {} connection(s) (the first from {}) that sent nothing for {:.0f} s after "
+          "connecting ({} clients were connected, at most {} are kept; allowed: a client that sends its requests; is "
+          "something else connecting to MASTER_PORT?)",
+          host_, port_, quiet.size(), clients_.at(quiet.front()).peer, std::chrono::duration<double>(stall_).count(),
+          clients_.size(), max_clients_);
+    for (uint64_t id : quiet) {
+      Client& c = clients_.at(id);
+      refuse(c.fd, fmt::format("the connection sent nothing for {:.0f} s after connecting",
+                               std::chrono::duration<double>(stall_).count()));
+      c.fd = -1;  // (closed by refuse)
+      drop(id);
     }
     for (uint64_t id : stalled) {
       const Client& c = clients_.at(id);
@@ -487,6 +511,23 @@ class TcpStoreServer {
     }
   }
 
+  // Tells the client on `fd` why in a refusal frame (status kRefused, id 0), which it retries within its deadline (it
+  // read a bare close as "did rank 0 exit?" and gave up), and closes `fd`.
+  static void refuse(int fd, const std::string& why) {
+    Header h;
+    h.op = kOpPing | kReplyBit;
+    h.status = kRefused;
+    const std::string f = frame(h, {}, why);
+    (void)!::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::shutdown(fd, SHUT_WR);
+    // (what it sent already, read so the close sends no reset that could drop the frame; at most 64 KiB, the
+    // server's one thread not held by a peer that keeps sending)
+    char drain[4096];
+    for (int i = 0; i < 16 && ::recv(fd, drain, sizeof drain, MSG_DONTWAIT) > 0; ++i) {
+    }
+    ::close(fd);
+  }
+
   void accept_all() {
     while (true) {
       sockaddr_storage ss{};
@@ -517,19 +558,7 @@ class TcpStoreServer {
               "connecting to MASTER_PORT?)",
               host_, port_, clients_.size(), max_clients_);
         clients_warned_ = true;
-        // (told why, which it retries within its deadline: it read the close as "did rank 0 exit?" and gave up)
-        Header h;
-        h.op = kOpPing | kReplyBit;
-        h.status = kRefused;
-        const std::string f = frame(h, {}, fmt::format("{} clients are connected, the most it keeps", clients_.size()));
-        (void)!::send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        ::shutdown(fd, SHUT_WR);
-        // (what it sent already, read so the close sends no reset that could drop the frame; at most 64 KiB, the
-        // server's one thread not held by a peer that keeps sending)
-        char drain[4096];
-        for (int i = 0; i < 16 && ::recv(fd, drain, sizeof drain, MSG_DONTWAIT) > 0; ++i) {
-        }
-        ::close(fd);
+        refuse(fd, fmt::format("{} clients are connected, the most it keeps", clients_.size()));
         continue;
       }
       clients_warned_ = false;
@@ -568,6 +597,7 @@ class TcpStoreServer {
       ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
       if (n > 0) {
         c.last_read = Clock::now();
+        c.spoke = true;
         c.in.append(buf, static_cast<size_t>(n));
         if (!serve(id, c)) return false;
         if (static_cast<size_t>(n) < sizeof(buf)) return true;
@@ -827,7 +857,7 @@ class TcpStoreServer {
   void drop(uint64_t id) {
     auto it = clients_.find(id);
     if (it == clients_.end()) return;
-    close(it->second.fd);
+    if (it->second.fd >= 0) close(it->second.fd);
     for (const auto& d : it->second.deferred) parked_bytes_ -= parked_cost(d.first);  // (answers it never took)
     arriving_bytes_ -= it->second.arriving;
     replying_bytes_ -= it->second.out_bytes;

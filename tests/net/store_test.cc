@@ -715,6 +715,35 @@ TEST(TcpStore, ConnectionsPastTheLimitAreRefusedAtOnce) {
   close(e);
 }
 
+// Connections that never send a byte are dropped after the stall limit (30 s; here 2 s), each told why in a refusal
+// frame (found by an audit: kept for ever, 1024 of them locked every rank out). A real client whose first connection
+// idled that long (TcpStore connects eagerly) is refused on it and sends its request again on a new one.
+TEST(TcpStore, ConnectionsThatNeverSpeakAreDroppedSoTheRanksGetIn) {
+  set_tcp_store_server_limits_for_testing(2, 3);
+  int port = 0;
+  auto server = start_server(&port);  // (its own client holds the first connection, silent until it is used)
+  set_tcp_store_server_limits_for_testing(0, 0);
+  int a = raw_connect(port), b = raw_connect(port);  // silent: the server is full
+  int d = raw_connect(port);
+  EXPECT_EQ(std::get<1>(raw_reply(d)), 4);  // refused while they are kept
+  close(d);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  for (int fd : {a, b}) {
+    const auto [id, status, why] = raw_reply(fd);
+    EXPECT_EQ(id, 0);
+    EXPECT_EQ(status, 4);
+    EXPECT_EQ(why, "the connection sent nothing for 2 s after connecting");
+    char byte;
+    EXPECT_EQ(recv(fd, &byte, 1, 0), 0);  // closed by the server (raw_connect's 5 s receive timeout bounds it)
+    close(fd);
+  }
+  auto c = client(port);
+  EXPECT_NO_THROW(c->set("k", "v", Deadline::after(5)));
+  EXPECT_NO_THROW(server->set("s", "w", Deadline::after(5)));  // (its idle first connection was dropped: retried)
+  EXPECT_EQ(server->get("k", Deadline::after(5)), "v");
+  EXPECT_EQ(c->get("s", Deadline::after(5)), "w");
+}
+
 // A client whose connection the full server refused sends its request again on a new one until its deadline (found by
 // an audit: it read the close as "did rank 0 exit?" and gave up at once): served once a connection goes, and past
 // the deadline told that the server refused it and why.
