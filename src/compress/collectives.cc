@@ -337,15 +337,48 @@ constexpr uint32_t kRingTagBase = 0xFFF00000u;
 
 struct Ring {
   coll::Communicator& comm;
+  const Compressor& codec;
   Deadline deadline;
   int w, r, right, left;
+  bool byte_codec;  // int8, uint8: a scale per chunk, which cannot carry an inf
 
-  Ring(coll::Communicator& c, const ReduceOptions& o)
-      : comm(c), deadline(Deadline::after(o.timeout_s > 0 ? o.timeout_s : c.timeout_s())) {
+  Ring(coll::Communicator& c, const Compressor& cd, const ReduceOptions& o)
+      : comm(c), codec(cd), deadline(Deadline::after(o.timeout_s > 0 ? o.timeout_s : c.timeout_s())) {
     w = c.size();
     r = c.rank();
     right = (r + 1) % w;
     left = (r - 1 + w) % w;
+    byte_codec = cd.name() == "int8" || cd.name() == "uint8";
+  }
+  // This rank's own encoding and decoding (the owner's final chunk): an error ends the collective on every rank, as
+  // a refused payload does (it threw on this rank alone, and the others waited for their deadline).
+  template <typename F>
+  void own_or_abort(F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      comm.transport().abort(fmt::format("rank {}: quantized ring: {}", r, e.what()));
+      throw;
+    }
+  }
+  // The partial sums a hop's add left in `x` (elements [offset, offset + x.size()) of d), before they are encoded
+  // for the next hop or kept: the input was checked finite, so a non-finite one is a sum of finite values past
+  // f32's range. int8 and uint8 wrote its chunk an inf scale: the next rank refused that payload as corrupt,
+  // blaming its sender, or the owner's own decode threw on it alone while the others waited for their deadline.
+  // This rank stops every rank at once with one line (in a reduce-scatter, a rank already holding its own finished,
+  // finite block may return it first; its next operation fails with the line). (fp16 carries the inf on, and
+  // refuse_f16_overflow answers it at the end on every rank together.)
+  void check_sums(std::span<const float> x, size_t offset, size_t d) {
+    if (!byte_codec) return;
+    const size_t i = first_nonfinite(x);
+    if (i == x.size()) return;
+    const std::string why = fmt::format(
+        "{} ring: a partial sum overflowed f32 from finite inputs: element {} of {} came out {} on rank {}, which "
+        "{} cannot encode; allowed: inputs whose sum stays within +-3.4e38 (or average, which divides each rank's "
+        "part before the ring; or a smaller learning rate)",
+        codec.name(), offset + i, d, x[i], r, codec.name());
+    comm.transport().abort(fmt::format("rank {}: {}", r, why));
+    throw InvalidArgument(why);
   }
   // A payload the codec refuses ends the collective on every rank (only this one would see it; the others waited
   // for their deadline).
@@ -380,6 +413,7 @@ void ring_reduce_scatter_inplace(Ring& ring, const Compressor& codec, std::span<
     recv.resize(codec.wire_bytes(rc.count, st));
     ring.exchange(send, recv, static_cast<uint32_t>(s));
     ring.decode_or_abort([&] { codec.decompress_add(recv, st, data.subspan(rc.offset, rc.count)); });
+    ring.check_sums(data.subspan(rc.offset, rc.count), rc.offset, d);
   }
 }
 
@@ -403,15 +437,16 @@ void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const flo
   const bool f16 = codec_name == "fp16";
   const bool input_nonfinite = f16 && first_nonfinite(in) < in.size();
   std::vector<float> work(in.begin(), in.end());
-  // (fp16 averaging: divided before the ring, whose partial sums are encoded at every hop: it turned a sum past 65504
-  // into inf where the mean fitted, and nothing said so; the byte codecs' per-chunk scales take any range)
-  if (o.average && f16) scale(work, 1.0f / static_cast<float>(comm.size()));
+  // Averaging: each rank's part divided before the ring (as the communicator's avg), whose partial sums are encoded
+  // at every hop. Divided after, a sum past the codec's range where the mean fitted came out inf: fp16's past 65504,
+  // without a word; int8's and uint8's past f32's 3.4e38, whose scales cannot carry it. The division's own rounding
+  // (half an f32 ulp) is far below the codecs' (int8: half of 1/127 of a chunk's largest).
+  if (o.average) scale(work, 1.0f / static_cast<float>(comm.size()));
   if (comm.size() > 1) {
-    Ring ring(comm, o);
+    Ring ring(comm, *codec, o);
     ring_reduce_scatter_inplace(ring, *codec, work);
   }
   std::copy(work.begin() + mine.offset, work.begin() + mine.offset + mine.count, out.begin());
-  if (o.average && !f16) scale(out, 1.0f / static_cast<float>(comm.size()));
   if (f16) refuse_f16_overflow(comm, *codec, input_nonfinite, out, coll_opts(o), true);
 }
 
@@ -421,17 +456,19 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
   check_ring_input(comm, data, codec_name);
   const bool f16 = codec_name == "fp16";
   const bool input_nonfinite = f16 && first_nonfinite(data) < data.size();
-  if (o.average && f16) scale(data, 1.0f / static_cast<float>(comm.size()));  // (before the ring: as reduce-scatter's)
+  if (o.average) scale(data, 1.0f / static_cast<float>(comm.size()));  // (before the ring: as reduce-scatter's)
   if (comm.size() > 1) {
-    Ring ring(comm, o);
+    Ring ring(comm, *codec, o);
     ring_reduce_scatter_inplace(ring, *codec, data);
     size_t d = data.size();
     TensorState st;
     // Allgather of encoded final chunks: encode mine once, decode it too so that every rank holds the same values.
     Bytes cur, next;
     Chunk mine = ring_chunk(d, ring.w, ring.r);
-    codec->compress(data.subspan(mine.offset, mine.count), st, cur);
-    codec->decompress(cur, st, data.subspan(mine.offset, mine.count));
+    ring.own_or_abort([&] {
+      codec->compress(data.subspan(mine.offset, mine.count), st, cur);
+      codec->decompress(cur, st, data.subspan(mine.offset, mine.count));
+    });
     for (int s = 0; s < ring.w - 1; ++s) {
       Chunk rc = ring_chunk(d, ring.w, ring.mod(ring.r - s - 1));
       next.resize(codec->wire_bytes(rc.count, st));
@@ -440,7 +477,6 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
       std::swap(cur, next);
     }
   }
-  if (o.average && !f16) scale(data, 1.0f / static_cast<float>(comm.size()));
   if (f16) refuse_f16_overflow(comm, *codec, input_nonfinite, data, coll_opts(o));
 }
 

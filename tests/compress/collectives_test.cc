@@ -921,6 +921,75 @@ TEST(NonFinite, QuantizedRingRefusesWhatItsByteCodecsCannotCarry) {
   });
 }
 
+// int8 and uint8 cannot encode a partial sum of finite inputs past f32's range (3e38 + 3e38): its chunk's scale came
+// out inf, the owner's own decode threw on that rank alone, and the others waited out their deadline (300 s by
+// default); with 3 ranks the next rank refused the payload as a ProtocolError blaming its sender. Now the rank whose
+// add overflowed aborts the ring, and every rank stops at once with one line. Averaged, each rank's part is divided
+// before the ring, so a mean within range is carried. (A deadline of 5 s, which the waiting rank took before.)
+TEST(NonFinite, QuantizedRingStopsEveryRankWhenAPartialSumOverflows) {
+  for (const std::string codec : {"int8", "uint8"})
+    for (auto [n, one] : {std::pair{2, false}, std::pair{2, true}, std::pair{3, true}})
+      for (bool reduce_scatter : {false, true}) {
+        std::vector<std::string> errors(size_t(n), "(none)");
+        const auto t0 = std::chrono::steady_clock::now();
+        conduit::compress::testing::on_ranks(n, [&](coll::Communicator& comm) {
+          // Two ranks: every element overflows, or only element 0 (chunk 0, rank 0's: its own decode threw, and
+          // rank 1 waited for the chunk until its deadline; a reduce-scatter returned inf without a word). Three:
+          // only element 500 (chunk 1, whose first add is rank 0's), so ranks 1 and 2 learn it from the abort.
+          std::vector<float> x(n == 2 ? 64 : 999, one ? 0.25f : 3e38f);
+          x[n == 3 ? 500 : 0] = 3e38f;
+          std::vector<float> out(ring_chunk(x.size(), n, comm.rank()).count);
+          ReduceOptions o;
+          o.timeout_s = 5;
+          try {
+            if (reduce_scatter)
+              quantized_ring_reduce_scatter(comm, x, out, codec, o);
+            else
+              quantized_ring_allreduce(comm, x, codec, o);
+          } catch (const Error& e) {
+            errors[size_t(comm.rank())] = e.what();
+            return;
+          }
+          // A reduce-scatter rank whose own block was done and finite before the abort reached it returns it (two
+          // ranks, rank 1 there); its next operation fails with the line at once.
+          EXPECT_TRUE(reduce_scatter) << "rank " << comm.rank();
+          for (float v : out) ASSERT_TRUE(std::isfinite(v)) << "rank " << comm.rank();
+          coll::CollOptions co;
+          co.timeout_s = 5;
+          try {
+            comm.barrier(co).wait();
+          } catch (const Error& e) {
+            errors[size_t(comm.rank())] = e.what();
+          }
+        });
+        const std::string what = codec + " ring: a partial sum overflowed f32 from finite inputs";
+        for (int r = 0; r < n; ++r)
+          EXPECT_NE(errors[size_t(r)].find(what), std::string::npos)
+              << codec << " n=" << n << " one=" << one << " rs=" << reduce_scatter << " rank " << r << ": "
+              << errors[size_t(r)];
+        if (one)
+          EXPECT_NE(errors[0].find(n == 2 ? "element 0 of 64 came out inf on rank 0"
+                                          : "element 500 of 999 came out inf on rank 0"),
+                    std::string::npos)
+              << errors[0];
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.5)
+            << codec << " n=" << n << " one=" << one << " rs=" << reduce_scatter;
+      }
+  // Averaged: the mean, 3e38, fits.
+  for (const std::string codec : {"int8", "uint8"})
+    for (int n : {2, 3})
+      conduit::compress::testing::on_ranks(n, [&](coll::Communicator& comm) {
+        std::vector<float> x(300, 3e38f);
+        x[7] = -1e38f;
+        ReduceOptions o;
+        o.average = true;
+        o.timeout_s = 5;
+        quantized_ring_allreduce(comm, x, codec, o);
+        for (size_t i = 0; i < x.size(); ++i)
+          ASSERT_NEAR(x[i], i == 7 ? -1e38 : 3e38, 0.02 * 3e38) << codec << " n=" << n << " i=" << i;
+      });
+}
+
 // A nan or an inf in a compressed exchange's input is an error naming the element and the compressor: most methods
 // cannot carry it and returned a finite, silently wrong result (TernGrad turned one inf into an all-zero tensor,
 // top-k rarely selected a nan, int8 decoded it as a finite value). The casts pass them on, as an uncompressed
