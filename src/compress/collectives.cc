@@ -56,8 +56,11 @@ void check_factor_sums(const std::vector<float>& x, DType wire, bool averaged, c
     if (!std::isfinite(x[i]))
       throw InvalidArgument(fmt::format(
           "powersgd: element {} of the {} {} is {} ({} wire): the factors outgrew the wire's range or the run "
-          "diverged; allowed: finite {} — wire=bf16 or f32, a smaller learning rate, or a warm-up",
-          i, averaged ? "averaged" : "summed", what, x[i], dtype_name(wire), averaged ? "means" : "sums"));
+          "diverged; allowed: finite {} — {}, a smaller learning rate, or a warm-up",
+          i, averaged ? "averaged" : "summed", what, x[i], dtype_name(wire), averaged ? "means" : "sums",
+          wire == DType::f16    ? "wire=bf16 (f32's exponent range, up to about 3.39e38) or f32"
+          : wire == DType::bf16 ? "wire=f32 (bf16 tops out at about 3.39e38)"
+                                : "values within f32's range"));
 }
 
 size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const std::vector<TensorState*>& states,
@@ -198,23 +201,30 @@ static size_t first_nonfinite(std::span<const float> x) {
   return i;
 }
 
-// fp16 passes nan and inf on, as an uncompressed allreduce does; but finite values beyond its range (a rank's own
-// above 65504, or a sum, or averaged a mean, beyond it) turned into inf on the way, where f32 would have carried them,
-// without a word. The result is the same on every rank, so every rank sees one and asks whether any rank's input
-// held a nan or inf: if none did, each stops with the same line. `per_rank`: each rank holds another block (a
-// reduce-scatter), so every rank takes part whether or not its own block overflowed, and all stop together.
-static void refuse_f16_overflow(coll::Communicator& comm, const Compressor& c, bool input_nonfinite,
-                                std::span<const float> result, const coll::CollOptions& co, bool per_rank = false) {
+// fp16 and bf16 pass nan and inf on, as an uncompressed allreduce does; but finite values beyond their range (a
+// rank's own above fp16's 65504, or a sum, or averaged a mean, beyond it; bf16's largest is about 3.39e38, and f32
+// values from about 3.3962e38 round to inf) turned into inf on the way, where f32 would have carried them, without a
+// word. The result is the same on every rank, so every rank sees one and asks whether any rank's input held a nan or
+// inf: if none did, each stops with the same line. `per_rank`: each rank holds another block (a reduce-scatter), so
+// every rank takes part whether or not its own block overflowed, and all stop together.
+static void refuse_half_overflow(coll::Communicator& comm, const Compressor& c, bool input_nonfinite,
+                                 std::span<const float> result, const coll::CollOptions& co, bool per_rank = false) {
   const size_t i = first_nonfinite(result);
   if (i == result.size() && !per_rank) return;
   int64_t flags[2] = {i < result.size() ? 1 : 0, input_nonfinite ? 1 : 0};  // (an overflow somewhere, any input's)
   if (comm.size() > 1) comm.allreduce(flags, 2, DType::i64, ReduceOp::max, co).wait();
   if (!flags[0] || flags[1]) return;
+  const bool bf = c.linear_dtype() == DType::bf16;
   throw InvalidArgument(fmt::format(
-      "{}: {} came out {} from finite values on all {} ranks: beyond f16's largest, 65504 (one rank's value, or their "
-      "sum or mean); allowed: values within +-65504 (bf16 keeps f32's range; or a smaller learning rate)",
+      "{}: {} came out {} from finite values on all {} ranks: {} (one rank's value, or their sum or mean); allowed: "
+      "{}",
       c.name(), i < result.size() ? fmt::format("element {} of {}", i, result.size()) : "another rank's block",
-      i < result.size() ? result[i] : std::numeric_limits<float>::infinity(), comm.size()));
+      i < result.size() ? result[i] : std::numeric_limits<float>::infinity(), comm.size(),
+      bf ? "beyond bf16's largest, about 3.39e38 (f32 values from about 3.3962e38 round to inf)"
+         : "beyond f16's largest, 65504",
+      bf ? "values within +-3.39e38 (f32, `none`, carries up to 3.4e38; or a smaller learning rate)"
+         : "values within +-65504 (bf16 keeps f32's exponent range, up to about 3.39e38; or a smaller learning "
+           "rate)"));
 }
 
 size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
@@ -230,7 +240,8 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
     }
     case Collective::allreduce: {
       const bool f16 = c.linear_dtype() == DType::f16;
-      const bool input_nonfinite = f16 && first_nonfinite(data) < data.size();
+      const bool half = f16 || c.linear_dtype() == DType::bf16;
+      const bool input_nonfinite = half && first_nonfinite(data) < data.size();
       Bytes payload = compress_or_abort(comm, c, data, st);
       size_t es = dtype_size(c.linear_dtype());
       if (payload.size() % es)
@@ -244,7 +255,7 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
                        pre_divided ? ReduceOp::avg : ReduceOp::sum, co)
             .wait();
       c.decompress(payload, st, data);
-      if (f16) refuse_f16_overflow(comm, c, input_nonfinite, data, co);
+      if (half) refuse_half_overflow(comm, c, input_nonfinite, data, co);
       if (o.average && !pre_divided) scale(data, 1.0f / static_cast<float>(w));
       return payload.size();
     }
@@ -366,8 +377,8 @@ struct Ring {
   // f32's range. int8 and uint8 wrote its chunk an inf scale: the next rank refused that payload as corrupt,
   // blaming its sender, or the owner's own decode threw on it alone while the others waited for their deadline.
   // This rank stops every rank at once with one line (in a reduce-scatter, a rank already holding its own finished,
-  // finite block may return it first; its next operation fails with the line). (fp16 carries the inf on, and
-  // refuse_f16_overflow answers it at the end on every rank together.)
+  // finite block may return it first; its next operation fails with the line). (fp16 and bf16 carry the inf on, and
+  // refuse_half_overflow answers it at the end on every rank together.)
   void check_sums(std::span<const float> x, size_t offset, size_t d) {
     if (!byte_codec) return;
     const size_t i = first_nonfinite(x);
@@ -434,8 +445,8 @@ void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const flo
   if (out.size() != mine.count)
     throw InvalidArgument(fmt::format("quantized_ring_reduce_scatter: output of {} elements, rank {} owns {} of {}",
                                       out.size(), comm.rank(), mine.count, in.size()));
-  const bool f16 = codec_name == "fp16";
-  const bool input_nonfinite = f16 && first_nonfinite(in) < in.size();
+  const bool half = codec_name == "fp16" || codec_name == "bf16";
+  const bool input_nonfinite = half && first_nonfinite(in) < in.size();
   std::vector<float> work(in.begin(), in.end());
   // Averaging: each rank's part divided before the ring (as the communicator's avg), whose partial sums are encoded
   // at every hop. Divided after, a sum past the codec's range where the mean fitted came out inf: fp16's past 65504,
@@ -447,15 +458,15 @@ void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const flo
     ring_reduce_scatter_inplace(ring, *codec, work);
   }
   std::copy(work.begin() + mine.offset, work.begin() + mine.offset + mine.count, out.begin());
-  if (f16) refuse_f16_overflow(comm, *codec, input_nonfinite, out, coll_opts(o), true);
+  if (half) refuse_half_overflow(comm, *codec, input_nonfinite, out, coll_opts(o), true);
 }
 
 void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, const std::string& codec_name,
                               const ReduceOptions& o) {
   auto codec = make_ring_codec(codec_name);
   check_ring_input(comm, data, codec_name);
-  const bool f16 = codec_name == "fp16";
-  const bool input_nonfinite = f16 && first_nonfinite(data) < data.size();
+  const bool half = codec_name == "fp16" || codec_name == "bf16";
+  const bool input_nonfinite = half && first_nonfinite(data) < data.size();
   if (o.average) scale(data, 1.0f / static_cast<float>(comm.size()));  // (before the ring: as reduce-scatter's)
   if (comm.size() > 1) {
     Ring ring(comm, *codec, o);
@@ -477,7 +488,7 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
       std::swap(cur, next);
     }
   }
-  if (f16) refuse_f16_overflow(comm, *codec, input_nonfinite, data, coll_opts(o));
+  if (half) refuse_half_overflow(comm, *codec, input_nonfinite, data, coll_opts(o));
 }
 
 namespace {

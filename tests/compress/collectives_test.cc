@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -1043,7 +1044,7 @@ TEST(NonFinite, CompressedExchangesRefuseWhatTheyCannotCarry) {
 
 // fp16's range ends at 65504: a sum of finite values beyond it (or one rank's value) came out inf without a word,
 // where f32 carried it. Every rank now stops with the same line; an inf or nan a rank put in still passes through,
-// as in an uncompressed allreduce, and bf16 (f32's range) carries the sum.
+// as in an uncompressed allreduce, and bf16 (f32's exponent range) carries the sum.
 TEST(NonFinite, Fp16RefusesASumBeyondItsRangeButPassesNonFiniteInputsOn) {
   auto run = [](const std::string& name, float rank1, float others, bool average = false) {
     auto c = make_compressor(name);
@@ -1094,6 +1095,84 @@ TEST(NonFinite, Fp16RefusesASumBeyondItsRangeButPassesNonFiniteInputsOn) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(wide[r], "") << r;
     EXPECT_NEAR(bf[r][100], 90000.0f, 1000.0f) << r;
+  }
+}
+
+// bf16 keeps f32's exponent range but not its top: its largest is 0x7F7F, about 3.3895e38, and round to nearest even
+// sends f32 values from 0x7F7F8000 (about 3.3962e38) to inf. Such a value, or a sum past it, went on as inf without a
+// word (while the fp16 refusal's line suggested bf16 as keeping f32's range); it now stops every rank as fp16's
+// overflow does, in compressed_allreduce and the quantized ring. PowerSGD's wire=bf16 refuses it too, and suggests
+// wire=f32, not bf16.
+TEST(NonFinite, Bf16RefusesWhatRoundsPastItsLargest) {
+  uint16_t h;
+  const float top = std::bit_cast<float>(0x7F7F8000u), below = std::nextafter(top, 0.0f);
+  convert_f32_to_bf16(&top, &h, 1);
+  ASSERT_EQ(h, 0x7F80) << top << " rounds to bf16's inf";
+  convert_f32_to_bf16(&below, &h, 1);
+  ASSERT_EQ(h, 0x7F7F) << below << " rounds to bf16's largest";
+  const std::string line = "came out inf from finite values on all 3 ranks: beyond bf16's largest, about 3.39e38";
+  auto run = [&](float rank1, float others) {
+    auto c = make_compressor("bf16");
+    std::vector<std::string> errors(3);
+    std::vector<float> got;
+    conduit::compress::testing::on_ranks(3, [&](coll::Communicator& comm) {
+      auto st = c->make_state({256}, 1, comm.rank());
+      std::vector<float> x(256, 0.0f);
+      x[100] = comm.rank() == 1 ? rank1 : others;
+      try {
+        compressed_allreduce(comm, *c, st, x);
+      } catch (const InvalidArgument& e) {
+        errors[size_t(comm.rank())] = e.what();
+      }
+      if (comm.rank() == 0) got = x;
+    });
+    return std::make_pair(errors, got);
+  };
+  for (auto [rank1, others] : {std::pair{top, 0.0f}, std::pair{2e38f, 1e38f}}) {  // one rank's value; a sum
+    auto [errors, unused] = run(rank1, others);
+    for (int r = 0; r < 3; ++r)
+      EXPECT_NE(errors[size_t(r)].find("bf16: element 100 of 256 " + line), std::string::npos)
+          << rank1 << " rank " << r << ": " << errors[size_t(r)];
+  }
+  auto [fine, sum] = run(below, 0.0f);  // bf16's largest, and below: carried
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(fine[size_t(r)], "") << r;
+  EXPECT_NEAR(sum[100], 3.3895e38, 1e35);
+  // The quantized ring with bf16: a partial sum past bf16's largest, in the allreduce and the reduce-scatter.
+  for (bool reduce_scatter : {false, true}) {
+    std::vector<std::string> errors(3);
+    conduit::compress::testing::on_ranks(3, [&](coll::Communicator& comm) {
+      std::vector<float> x(66, 2e38f), out(22);
+      try {
+        if (reduce_scatter)
+          quantized_ring_reduce_scatter(comm, x, out, "bf16");
+        else
+          quantized_ring_allreduce(comm, x, "bf16");
+      } catch (const InvalidArgument& e) {
+        errors[size_t(comm.rank())] = e.what();
+      }
+    });
+    for (int r = 0; r < 3; ++r)
+      EXPECT_NE(errors[size_t(r)].find(line), std::string::npos)
+          << reduce_scatter << " " << r << ": " << errors[size_t(r)];
+  }
+  // PowerSGD over a bf16 wire: an uncompressed tensor's value that rounds to inf.
+  auto ps = make_compressor("powersgd", {{"wire", "bf16"}});
+  std::vector<std::string> errors(3);
+  conduit::compress::testing::on_ranks(3, [&](coll::Communicator& comm) {
+    auto st = ps->make_state({64}, 1, comm.rank());
+    std::vector<float> x(64, 1.0f);
+    if (comm.rank() == 2) x[5] = top;
+    try {
+      compressed_allreduce(comm, *ps, st, x);
+    } catch (const InvalidArgument& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[size_t(r)].find("element 5 of the summed P factors and uncompressed tensors is inf (bf16 wire)"),
+              std::string::npos)
+        << r << ": " << errors[size_t(r)];
+    EXPECT_NE(errors[size_t(r)].find("wire=f32 (bf16 tops out at about 3.39e38)"), std::string::npos) << r;
   }
 }
 
