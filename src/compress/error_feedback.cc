@@ -49,6 +49,15 @@ class ErrorFeedback : public Compressor {
       // tensor's buffer on to the residuals of small ones.)
       thread_local std::vector<float> p;
       p.assign(e.begin(), e.end());
+      // A state last used by a one-pass sign method (efsignsgd, onebit, ef:scaled_sign; a method changed between
+      // steps) holds p with its decode still pending: applied here first, as residual() applies it, and dropped
+      // once this step succeeds. (Read as it was, the last decode was added back, and left pending for the next
+      // reader to apply again.)
+      const auto pend = st.buffers.find("ef.pending");
+      if (pend != st.buffers.end() && pend->second.size() == 3 && pend->second[2] != 0) {
+        const float pos = pend->second[0], neg = pend->second[1];
+        for (auto& v : p) v = v + (std::signbit(v) ? neg : pos);
+      }
       kernels::get().add_to(p.data(), in.data(), d);
       const std::span<float> ps(p.data(), d);
       // A finite g and e can sum past the floats: qsgd clamped the norm and sent a finite payload, randk sent the
@@ -61,6 +70,7 @@ class ErrorFeedback : public Compressor {
                          "the error-feedback residual after this step's decode (a value past the method's range, e.g. "
                          "fp16's 65504, or a diverged run)");
       std::copy(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(d), e.begin());
+      st.buffers.erase("ef.pending");
     } catch (...) {
       if (fresh) {
         st.buffers.erase("ef.residual");

@@ -1036,6 +1036,29 @@ TEST(ErrorFeedback, OnePassSignFeedbackEqualsThePlainSteps) {
   }
 }
 
+// A state carried from a one-pass sign method (its residual's buffer holds p with the last decode pending in
+// "ef.pending") to the generic error feedback of another method: the generic path read the buffer as it was, adding
+// the last decode back into p, and left it pending, so residual() applied it once more. It now applies the pending
+// decode first and drops it: the same payloads and residual as a state holding the applied residual.
+TEST(ErrorFeedback, AStateFromAOnePassSignMethodHasItsPendingDecodeApplied) {
+  for (const char* from : {"efsignsgd", "onebit", "ef:scaled_sign"}) {
+    auto sign = make_compressor(from, {});
+    auto topk = make_compressor("ef:topk", {{"ratio", "0.1"}});
+    auto st = sign->make_state(1000, 4, 1);
+    for (int t = 0; t < 3; ++t) sign->compress(gaussian(1000, 40 + t), st);
+    ASSERT_NE(st.buffers.at("ef.pending")[2], 0.0f) << from;
+    auto ref = topk->make_state(1000, 4, 1);
+    ref.buffers["ef.residual"] = sign->residual(st);
+    ASSERT_NE(ref.buffers["ef.residual"], st.buffers.at("ef.residual")) << from;  // (the decode is pending)
+    for (int t = 0; t < 2; ++t) {
+      const auto g = gaussian(1000, 90 + t);
+      EXPECT_EQ(topk->compress(g, st), topk->compress(g, ref)) << from << " step " << t;
+      EXPECT_EQ(topk->residual(st), topk->residual(ref)) << from << " step " << t;
+    }
+    EXPECT_FALSE(st.buffers.count("ef.pending")) << from;
+  }
+}
+
 // Finite g and e whose sum passes the floats: qsgd clamped the norm and sent a finite payload, randk sent the inf, and
 // both kept an inf or nan residual for good (int8 and top-k threw, with the state kept). Every inner method now
 // refuses it naming the element, and the state stays as it was.
