@@ -1084,6 +1084,14 @@ TEST(Cli, GemmBenchFeedsCalibrate) {
   out = run("bench compress --method 'powersgd:rank=4,start_iter=3' --size 64K --min-time 0.002 --json", &rc);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"warmup_calls\":3"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"empty_payload\":false"), std::string::npos) << out;
+  // A method that sends nothing (threshold above every value: the payload is empty) has an infinite ratio, which
+  // JSON cannot hold: null, with "empty_payload": true saying why (it was a bare null).
+  out = run("bench compress --method 'threshold:threshold=2.5' --size 4 --min-time 0.002 --json", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("\"ratio\":null"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"empty_payload\":true"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"wire_bytes\":0"), std::string::npos) << out;
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"bench compress --method 'dgc:warmup_steps=5000' --size 1M",
             "warms up for 5000 calls; allowed in a benchmark: at most 1000"},
