@@ -19,11 +19,26 @@ namespace conduit::compress {
 
 namespace {
 
-coll::CollOptions coll_opts(const ReduceOptions& o) {
-  coll::CollOptions c;
-  c.timeout_s = o.timeout_s;
-  return c;
-}
+// One deadline for a whole public call (ReduceOptions.timeout_s, 0: the communicator's), each inner collective
+// given the time left: each had the full timeout, so PowerSGD's up to four allreduces (and a refusal's vote) could
+// wait four times it, while the quantized ring shared one. A negative or nan timeout is refused as the communicator
+// refuses its own (it quietly became the default).
+class CallDeadline {
+ public:
+  CallDeadline(const coll::Communicator& comm, const ReduceOptions& o)
+      : at_(Deadline::after(coll::checked_timeout(o.timeout_s, "ReduceOptions.timeout_s") > 0 ? o.timeout_s
+                                                                                              : comm.timeout_s())) {}
+  const Deadline& deadline() const { return at_; }
+  // For the next collective (computed as it is submitted; each is waited for before the next).
+  coll::CollOptions opts() const {
+    coll::CollOptions c;
+    c.timeout_s = std::max(at_.remaining_seconds(), 1e-3);  // (spent: fails at once, naming the operation)
+    return c;
+  }
+
+ private:
+  Deadline at_;
+};
 
 void scale(std::span<float> x, float f) {
   for (auto& v : x) v *= f;
@@ -64,9 +79,8 @@ void check_factor_sums(const std::vector<float>& x, DType wire, bool averaged, c
 }
 
 size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const std::vector<TensorState*>& states,
-                          const std::vector<std::span<float>>& data, const ReduceOptions& o) {
+                          const std::vector<std::span<float>>& data, const ReduceOptions& o, const CallDeadline& dl) {
   const int w = comm.size();
-  auto co = coll_opts(o);
   // Averaged over f16, a round whose sum left the range (4 ranks of 20,000: every rank stopped, although the mean
   // fitted) is sent again with each rank's part divided by W before it is narrowed, as the fp16 compressor's avg
   // divides it: the mean crosses. Only then: divided at every step, small values (biases, the factors of small
@@ -106,13 +120,13 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
   // (kept to send again: this rank's P, small beside the tensors; the uncompressed tensors are still in data)
   std::vector<float> mine;
   if (may_divide) mine.assign(buf1.begin(), buf1.begin() + static_cast<std::ptrdiff_t>(p_total));
-  allreduce_wire(comm, ps.wire(), buf1, co);
+  allreduce_wire(comm, ps.wire(), buf1, dl.opts());
   const bool p_divided = may_divide && !all_finite(buf1);
   if (p_divided) {
     std::copy(mine.begin(), mine.end(), buf1.begin());
     put_raw();
     scale(buf1, part);
-    allreduce_wire(comm, ps.wire(), buf1, co);
+    allreduce_wire(comm, ps.wire(), buf1, dl.opts());
   }
   check_factor_sums(buf1, ps.wire(), p_divided, "P factors and uncompressed tensors");
   // Round 2: every Q.
@@ -127,12 +141,12 @@ size_t powersgd_allreduce(coll::Communicator& comm, const PowerSgd& ps, const st
     qo += plans[t].q_len();
   }
   if (may_divide) mine = buf2;
-  allreduce_wire(comm, ps.wire(), buf2, co);
+  allreduce_wire(comm, ps.wire(), buf2, dl.opts());
   const bool q_divided = may_divide && !all_finite(buf2);
   if (q_divided) {
     buf2 = mine;
     scale(buf2, part);
-    allreduce_wire(comm, ps.wire(), buf2, co);
+    allreduce_wire(comm, ps.wire(), buf2, dl.opts());
   }
   check_factor_sums(buf2, ps.wire(), q_divided, "Q factors");
   po = 0;
@@ -227,16 +241,15 @@ static void refuse_half_overflow(coll::Communicator& comm, const Compressor& c, 
            "rate)"));
 }
 
-size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
-                            const ReduceOptions& o) {
+static size_t allreduce_one(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
+                            const ReduceOptions& o, const CallDeadline& dl) {
   check_finite_or_abort(comm, data, c.name(), "compressed allreduce");
   const int w = comm.size();
-  auto co = coll_opts(o);
   switch (c.collective()) {
     case Collective::powersgd: {
       const auto* ps = dynamic_cast<const PowerSgd*>(&c);
       if (!ps) throw InvalidArgument(fmt::format("compressor {} claims the powersgd collective", c.name()));
-      return powersgd_allreduce(comm, *ps, {&st}, {data}, o);
+      return powersgd_allreduce(comm, *ps, {&st}, {data}, o, dl);
     }
     case Collective::allreduce: {
       const bool f16 = c.linear_dtype() == DType::f16;
@@ -252,10 +265,10 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       const bool pre_divided = f16 && o.average;
       if (!payload.empty())
         comm.allreduce(payload.data(), payload.size() / es, c.linear_dtype(),
-                       pre_divided ? ReduceOp::avg : ReduceOp::sum, co)
+                       pre_divided ? ReduceOp::avg : ReduceOp::sum, dl.opts())
             .wait();
       c.decompress(payload, st, data);
-      if (half) refuse_half_overflow(comm, c, input_nonfinite, data, co);
+      if (half) refuse_half_overflow(comm, c, input_nonfinite, data, dl.opts());
       if (o.average && !pre_divided) scale(data, 1.0f / static_cast<float>(w));
       return payload.size();
     }
@@ -266,7 +279,7 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       if (!c.fixed_size()) {
         std::vector<uint64_t> sizes(w);
         uint64_t mine = payload.size();
-        comm.allgather(&mine, sizes.data(), 1, DType::i64, co).wait();
+        comm.allgather(&mine, sizes.data(), 1, DType::i64, dl.opts()).wait();
         // Before anything is allocated for them: a size no encoder writes (a corrupt or foreign peer) was allocated
         // as announced, or wrapped the total.
         const uint64_t most = max_payload_bytes(c, data.size(), st);
@@ -284,7 +297,7 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
       size_t total = 0;
       for (auto n : counts) total += n;
       Bytes all(total);
-      coll::Work gather = comm.allgatherv(payload.data(), all.data(), counts, DType::u8, co);
+      coll::Work gather = comm.allgatherv(payload.data(), all.data(), counts, DType::u8, dl.opts());
       gather.wait();
       if (o.received) *o.received += total - payload.size();
       if (o.sent) *o.sent += coll::allgatherv_sent(gather.algorithm(), counts, comm.rank());
@@ -309,20 +322,27 @@ size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, Tenso
   return 0;
 }
 
+size_t compressed_allreduce(coll::Communicator& comm, const Compressor& c, TensorState& st, std::span<float> data,
+                            const ReduceOptions& o) {
+  const CallDeadline dl(comm, o);
+  return allreduce_one(comm, c, st, data, o, dl);
+}
+
 size_t compressed_allreduce_many(coll::Communicator& comm, const Compressor& c, const std::vector<TensorState*>& states,
                                  const std::vector<std::span<float>>& data, const ReduceOptions& o) {
   if (states.size() != data.size())
     throw InvalidArgument(fmt::format("compressed_allreduce_many: {} states for {} tensors", states.size(),
                                       data.size()));
+  const CallDeadline dl(comm, o);  // (one for all the tensors)
   if (c.collective() == Collective::powersgd) {
     const auto* ps = dynamic_cast<const PowerSgd*>(&c);
     if (!ps) throw InvalidArgument(fmt::format("compressor {} claims the powersgd collective", c.name()));
     for (size_t t = 0; t < data.size(); ++t)
       check_finite_or_abort(comm, data[t], c.name(), fmt::format("compressed allreduce, tensor {}", t).c_str());
-    return powersgd_allreduce(comm, *ps, states, data, o);
+    return powersgd_allreduce(comm, *ps, states, data, o, dl);
   }
   size_t bytes = 0;
-  for (size_t t = 0; t < data.size(); ++t) bytes += compressed_allreduce(comm, c, *states[t], data[t], o);
+  for (size_t t = 0; t < data.size(); ++t) bytes += allreduce_one(comm, c, *states[t], data[t], o, dl);
   return bytes;
 }
 
@@ -353,8 +373,7 @@ struct Ring {
   int w, r, right, left;
   bool byte_codec;  // int8, uint8: a scale per chunk, which cannot carry an inf
 
-  Ring(coll::Communicator& c, const Compressor& cd, const ReduceOptions& o)
-      : comm(c), codec(cd), deadline(Deadline::after(o.timeout_s > 0 ? o.timeout_s : c.timeout_s())) {
+  Ring(coll::Communicator& c, const Compressor& cd, const Deadline& d) : comm(c), codec(cd), deadline(d) {
     w = c.size();
     r = c.rank();
     right = (r + 1) % w;
@@ -439,6 +458,7 @@ void check_ring_input(coll::Communicator& comm, std::span<const float> in, const
 
 void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const float> in, std::span<float> out,
                                    const std::string& codec_name, const ReduceOptions& o) {
+  const CallDeadline dl(comm, o);
   auto codec = make_ring_codec(codec_name);
   check_ring_input(comm, in, codec_name);
   Chunk mine = ring_chunk(in.size(), comm.size(), comm.rank());
@@ -454,22 +474,23 @@ void quantized_ring_reduce_scatter(coll::Communicator& comm, std::span<const flo
   // (half an f32 ulp) is far below the codecs' (int8: half of 1/127 of a chunk's largest).
   if (o.average) scale(work, 1.0f / static_cast<float>(comm.size()));
   if (comm.size() > 1) {
-    Ring ring(comm, *codec, o);
+    Ring ring(comm, *codec, dl.deadline());
     ring_reduce_scatter_inplace(ring, *codec, work);
   }
   std::copy(work.begin() + mine.offset, work.begin() + mine.offset + mine.count, out.begin());
-  if (half) refuse_half_overflow(comm, *codec, input_nonfinite, out, coll_opts(o), true);
+  if (half) refuse_half_overflow(comm, *codec, input_nonfinite, out, dl.opts(), true);
 }
 
 void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, const std::string& codec_name,
                               const ReduceOptions& o) {
+  const CallDeadline dl(comm, o);
   auto codec = make_ring_codec(codec_name);
   check_ring_input(comm, data, codec_name);
   const bool half = codec_name == "fp16" || codec_name == "bf16";
   const bool input_nonfinite = half && first_nonfinite(data) < data.size();
   if (o.average) scale(data, 1.0f / static_cast<float>(comm.size()));  // (before the ring: as reduce-scatter's)
   if (comm.size() > 1) {
-    Ring ring(comm, *codec, o);
+    Ring ring(comm, *codec, dl.deadline());
     ring_reduce_scatter_inplace(ring, *codec, data);
     size_t d = data.size();
     TensorState st;
@@ -488,7 +509,7 @@ void quantized_ring_allreduce(coll::Communicator& comm, std::span<float> data, c
       std::swap(cur, next);
     }
   }
-  if (half) refuse_half_overflow(comm, *codec, input_nonfinite, data, coll_opts(o));
+  if (half) refuse_half_overflow(comm, *codec, input_nonfinite, data, dl.opts());
 }
 
 namespace {
@@ -618,6 +639,7 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
                             const std::vector<size_t>& counts, std::span<float> out, int bits, const ReduceOptions& o,
                             std::span<float> residual, std::span<const size_t> bounds) {
   if (bits != 8 && bits != 4) throw InvalidArgument(fmt::format("int_reduce_scatter: {} bits; allowed: 8 or 4", bits));
+  const CallDeadline dl(comm, o);
   const int w = comm.size(), me = comm.rank();
   size_t total = 0;
   for (size_t c : counts) total += c;
@@ -675,7 +697,7 @@ uint64_t int_reduce_scatter(coll::Communicator& comm, const IntReduceGroups& gro
   };
   uint64_t sent = 0;
   std::vector<float> sum;
-  const Deadline deadline = Deadline::after(o.timeout_s > 0 ? o.timeout_s : comm.timeout_s());
+  const Deadline& deadline = dl.deadline();
   if (!groups.hierarchical()) {
     std::vector<Spans> to(static_cast<size_t>(w));
     for (int r = 0; r < w; ++r) slice(r, to[size_t(r)]);

@@ -30,7 +30,10 @@ namespace conduit::compress {
 
 struct ReduceOptions {
   bool average = false;  // divide by the number of ranks (majority vote ignores it)
-  double timeout_s = 0;  // 0: the communicator's
+  // One deadline for the whole call, each inner collective (PowerSGD's allreduces, the tensors of
+  // compressed_allreduce_many, the ring's hops) given what is left; 0: the communicator's timeout. Negative, nan or
+  // positive under 0.001 s: InvalidArgument, as coll::checked_timeout refuses the communicator's own.
+  double timeout_s = 0;
   // When set, the allgathered methods add the payload bytes this rank received (the other ranks' payloads, whose
   // sizes differ for threshold and DGC); the allreduced ones add nothing (their traffic follows from the payload).
   uint64_t* received = nullptr;

@@ -11,6 +11,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <thread>
@@ -989,6 +990,72 @@ TEST(NonFinite, QuantizedRingStopsEveryRankWhenAPartialSumOverflows) {
         for (size_t i = 0; i < x.size(); ++i)
           ASSERT_NEAR(x[i], i == 7 ? -1e38 : 3e38, 0.02 * 3e38) << codec << " n=" << n << " i=" << i;
       });
+}
+
+// ReduceOptions.timeout_s: a negative or nan value quietly became the default (the quantized ring's and the int8
+// reduce-scatter's deadline), as the communicator refuses its own; and it is one deadline for the whole call, each
+// inner collective given what is left (each had the whole timeout: PowerSGD's up to four allreduces, or the tensors
+// of compressed_allreduce_many, could take that many times it).
+TEST(Timeouts, ReduceOptionsTimeoutIsCheckedAndOneDeadlineForTheCall) {
+  for (double bad : {-1.0, std::numeric_limits<double>::quiet_NaN(), 1e-9}) {
+    conduit::compress::testing::on_ranks(2, [&](coll::Communicator& comm) {
+      ReduceOptions o;
+      o.timeout_s = bad;
+      std::vector<float> x(64, 1.0f), out(32);
+      auto c = make_compressor("int8");
+      auto st = c->make_state({64}, 1, comm.rank());
+      std::vector<TensorState*> sts{&st};
+      std::vector<std::span<float>> data{x};
+      const auto groups = int_reduce_groups(comm);
+      const std::vector<std::function<void()>> calls = {[&] { compressed_allreduce(comm, *c, st, x, o); },
+                                                        [&] { compressed_allreduce_many(comm, *c, sts, data, o); },
+                                                        [&] { quantized_ring_allreduce(comm, x, "int8", o); },
+                                                        [&] { quantized_ring_reduce_scatter(comm, x, out, "int8", o); },
+                                                        [&] {
+                                                          int_reduce_scatter(comm, groups, x, {32, 32}, out, 8, o);
+                                                        }};
+      for (size_t k = 0; k < calls.size(); ++k) {
+        try {
+          calls[k]();
+          ADD_FAILURE() << "call " << k << " took timeout_s = " << bad;
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("ReduceOptions.timeout_s = "), std::string::npos) << k << e.what();
+          EXPECT_NE(std::string(e.what()).find("allowed: 0 (the default timeout) or a number of seconds from 0.001"),
+                    std::string::npos)
+              << k << e.what();
+        }
+      }
+    });
+  }
+  // Three tensors, whose allgathers rank 1 joins 0.7 s apart (one call each): rank 0's one call of 1.5 s runs out
+  // in the third (each allgather had 1.5 s of its own, and the call took 2.1 s).
+  auto c = make_compressor("int8");
+  std::vector<std::string> errors(2);
+  conduit::compress::testing::on_ranks(2, [&](coll::Communicator& comm) {
+    std::vector<std::vector<float>> xs(3, std::vector<float>(64, 1.0f));
+    std::vector<TensorState> sts(3, c->make_state({64}, 1, comm.rank()));
+    ReduceOptions o;
+    try {
+      if (comm.rank() == 0) {
+        o.timeout_s = 1.5;
+        std::vector<TensorState*> ps;
+        std::vector<std::span<float>> data;
+        for (size_t t = 0; t < 3; ++t) ps.push_back(&sts[t]), data.emplace_back(xs[t]);
+        compressed_allreduce_many(comm, *c, ps, data, o);
+      } else {
+        o.timeout_s = 3;
+        for (size_t t = 0; t < 3; ++t) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(700));
+          compressed_allreduce(comm, *c, sts[t], xs[t], o);
+        }
+      }
+    } catch (const TimeoutError& e) {
+      errors[size_t(comm.rank())] = std::string("timeout: ") + e.what();
+    } catch (const Error& e) {
+      errors[size_t(comm.rank())] = e.what();
+    }
+  });
+  EXPECT_EQ(errors[0].rfind("timeout: ", 0), 0u) << errors[0];
 }
 
 // A nan or an inf in a compressed exchange's input is an error naming the element and the compressor: most methods
