@@ -24,10 +24,11 @@
 // another host to reach its next wait; within the same deadline.)
 //
 // A client's vector is its delta times its weight w_k = n_k / mean partition size (1 under differential privacy);
-// under secure aggregation two more elements carry its training loss and the count of its elements the codec clipped,
-// scaled into the codec's range, so the server learns their sums only. The server knows the sample counts (the
-// partition) and divides by the summed weights of the clients that sent (McMahan et al.'s sample-weighted average).
-// The steps and seconds are the simulation's own measurement (for the modelled round time), not client data.
+// under secure aggregation more elements carry its training loss (scaled into the codec's range) and, exactly, the
+// count of its elements the codec clipped (count_digits), so the server learns their sums only. The server knows the
+// sample counts (the partition) and divides by the summed weights of the clients that sent (McMahan et al.'s
+// sample-weighted average). The steps and seconds are the simulation's own measurement (for the modelled round time),
+// not client data.
 //
 // SCAFFOLD (Karimireddy et al. 2020, option II): the weights message also carries the server's control variate c, and
 // each hosted client keeps its own c_i (zero until it first trains). A client trains with the gradient corrected by
@@ -85,8 +86,8 @@ enum FlTag : uint32_t {
   kTagUnmask = 0x46000009,
 };
 
-// Under secure aggregation the loss and the clipped count are non-negative elements scaled into [0, kTop * clip]
-// (kTop < 1: float rounding stays inside the clip); losses above kLossCap count as kLossCap.
+// Under secure aggregation the loss is a non-negative element scaled into [0, kTop * clip] (kTop < 1: float rounding
+// stays inside the clip); losses above kLossCap count as kLossCap.
 constexpr double kLossCap = 20.0, kTop = 0.999;
 // A framed blob's length (the secure-aggregation messages' sizes are secagg.h's).
 constexpr uint64_t kLen = 8;
@@ -513,6 +514,20 @@ int round_neighbors(const FlConfig& c, int sampled) {
   return k > 0 && k <= sampled - 2 ? k : 0;
 }
 
+// Under secure aggregation a client's count of the elements its codec clipped travels exactly, as count_digits
+// digits in base L + 1 (L the codec's max_level), least significant first, each an integer element of the masked
+// vector after the loss: no digit exceeds L, so the codec's most clients' digits sum without wrapping, as their
+// elements do. (Scaled into one element, as the loss is, one codec level was 9% of a client's elements at 8 bits and
+// 10 clients: the sum's rounding hid the >1% clipped that the warning is for.)
+int64_t count_base(const FlConfig& c, int sampled) {
+  return FixedPointCodec(c.secagg_bits, c.secagg_clip, codec_summands(c, sampled)).max_level() + 1;
+}
+size_t count_digits(int64_t base, size_t len) {  // (a count is at most len)
+  size_t d = 1;
+  for (uint64_t rest = len; rest >= uint64_t(base); rest /= uint64_t(base)) ++d;
+  return d;
+}
+
 SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round,
                            const std::array<uint8_t, 32>& graph_seed, int neighbors) {
   SecAggConfig s;
@@ -520,7 +535,7 @@ SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round
   s.neighbors = neighbors;
   s.threshold = threshold_for(group_size(s), c.secagg_threshold);
   s.bits = c.secagg_bits;
-  s.length = len + 2;
+  s.length = len + 1 + count_digits(count_base(c, sampled), len);  // the vector, the loss, the clipped count
   s.round_id = uint64_t(round);
   if (s.neighbors > 0) s.graph_seed = graph_seed;
   return s;
@@ -798,14 +813,14 @@ void host_rounds(const FlConfig& c, coll::Communicator& comm, LocalTrainer& trai
       }
       std::vector<float> sent;  // SCAFFOLD: w_k s (c_i+ - c_i) as the server will add it
       if (c.secagg) {
-        // Two more elements: the loss and the clipped count, each scaled into [0, kTop * clip].
+        // More elements: the loss scaled into [0, kTop * clip], then the clipped count's digits, exact.
         const double top = kTop * c.secagg_clip;
         v.push_back(float(top * std::min(std::max(r.loss, 0.0), kLossCap) / kLossCap));
-        v.push_back(0.0f);
-        std::vector<uint32_t> x(len + 2);
-        const size_t clipped = codec->encode(v.data(), len + 1, x.data(), work.seed ^ 0xc0dec);
-        v[len + 1] = float(top * double(clipped) / double(len));
-        codec->encode(v.data() + len + 1, 1, x.data() + len + 1, work.seed ^ 0xc1);
+        const int64_t base = codec->max_level() + 1;
+        std::vector<uint32_t> x(len + 1 + count_digits(base, len));
+        uint64_t clipped = codec->encode(v.data(), len + 1, x.data(), work.seed ^ 0xc0dec);
+        for (size_t j = len + 1; j < x.size(); ++j, clipped /= uint64_t(base))
+          x[j] = uint32_t(clipped % uint64_t(base));
         if (c.scaffold) {  // (the codec's clipped and rounded value)
           sent.resize(n);
           codec->decode(x.data() + n, n, sent.data());
@@ -1087,18 +1102,18 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       w.send_to_clients(active, kTagWeights, std::vector<const Bytes*>(active.size(), &wb), clients_of(active));
     }
 
-    std::vector<double> sum(len + 2, 0.0);  // the clients' vectors, then the losses (and the clipped count)
-    double clipped_slack = 0;
+    std::vector<double> sum(len + 1, 0.0);  // the clients' vectors, then the losses
     std::vector<ClientReport> reports;
     int64_t steps_measured = 0;
     double seconds_measured = 0;
     const bool masked = c.secagg;
     std::unique_ptr<SecAggServer> srv;
+    size_t masked_len = 0;  // the masked vector's elements (secagg_config)
     // One message a client, in turns of one from each host (a host's in its order): each is summed (or added to
     // secure aggregation's running sum) and released before the next is taken, so the server holds one update at a
     // time, not the round's, and a host's oldest posted update is never behind another host's whole list.
     auto collect_updates = [&] {
-      const uint64_t cap = 2 * kLen + 16 + (masked ? (len + 2) * 4 : 8 + len * 4) + 16;
+      const uint64_t cap = 2 * kLen + 16 + (masked ? masked_len * 4 : 8 + len * 4) + 16;
       const double steps = 1.0 + double(most);
       const Deadline d = Deadline::after(comm.timeout_s() * steps);
       for (size_t turn = 0; turn < most; ++turn)
@@ -1113,7 +1128,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
           steps_measured += st;
           seconds_measured += sec;
           if (x.fate == Fate::sent && masked) {
-            srv->add_masked_input(x.pos, unpack_elements(u.first, u.second, c.secagg_bits, len + 2));
+            srv->add_masked_input(x.pos, unpack_elements(u.first, u.second, c.secagg_bits, masked_len));
           } else if (x.fate == Fate::sent) {
             if (u.second != len * 4)
               throw ProtocolError(fmt::format("fl: rank {} sent an update of {} bytes for client {}; expected {}", h,
@@ -1150,6 +1165,7 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     if (masked && m > 0) {
       const SecAggConfig scfg = secagg_config(c, int(m), f.len, round, graph_seed, neighbors);
       rec.secagg_neighbors = scfg.neighbors;
+      masked_len = scfg.length;
       srv = std::make_unique<SecAggServer>(scfg);
       codec = std::make_unique<FixedPointCodec>(c.secagg_bits, c.secagg_clip, codec_summands(c, int(m)));
       std::vector<Bytes> ab =
@@ -1273,14 +1289,15 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
         // (Every survivor in U3 answers: its host committed SCAFFOLD's c_i on U3, so the unmasking completes the round
         // or fails the run; too few answers is a host breaking the protocol.)
         const std::vector<uint32_t> total = srv->finish();
-        std::vector<float> dec(len + 2);
-        codec->decode(total.data(), len + 2, dec.data());
+        std::vector<float> dec(len + 1);
+        codec->decode(total.data(), len + 1, dec.data());
         for (size_t i = 0; i < len; ++i) sum[i] = double(dec[i]);
         const double top = kTop * c.secagg_clip;
         sum[len] = double(dec[len]) / top * kLossCap;  // the losses' sum
-        rec.clipped = uint64_t(std::llround(std::max(0.0, double(dec[len + 1]) / top * double(len))));
-        // (one codec level of each client's count, the sum's uncertainty)
-        clipped_slack = double(m) * double(len) / (top * codec->scale());
+        // The clipped counts' digit sums (each below half the modulus: no wrap), most significant first.
+        const uint64_t base = uint64_t(codec->max_level() + 1);
+        rec.clipped = 0;
+        for (size_t j = total.size(); j-- > len + 1;) rec.clipped = rec.clipped * base + total[j];
       }
     } else if (m > 0) {
       collect_updates();
@@ -1315,8 +1332,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
     if (rec.stragglers > 0) slowest = std::max(slowest, down_s + c.deadline * double(f.reference_steps) * step_s);
     rec.modelled_s = slowest;
     if (rec.aggregated > 0 && !rec.abandoned && !dp) rec.train_loss = sum[len] / rec.aggregated;
-    if (rec.aggregated > 0 && !rec.abandoned &&
-        (double(rec.clipped) - clipped_slack) * 100 > double(rec.aggregated) * double(len))
+    // (the count is exact: the warning fires at more than 1% at any --secagg-bits)
+    if (rec.aggregated > 0 && !rec.abandoned && rec.clipped * 100 > uint64_t(rec.aggregated) * len)
       CONDUIT_LOG_WARN(
           "fl: round {}: {:.1f}% of the update elements exceeded --secagg-clip {} and were clipped (the average is "
           "biased towards zero); allowed: a larger --secagg-clip (with more --secagg-bits to keep the resolution)",

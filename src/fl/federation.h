@@ -13,7 +13,7 @@
 // the steps that fit (FedProx's partial work); a dropout leaves after the key exchange, before sending its update.
 //
 // Secure aggregation (secagg.h, Bonawitz et al. 2017): with it the server learns only the sum of the surviving
-// clients' updates (and of their training losses and clipped-element counts, carried as two more masked elements);
+// clients' updates (and of their training losses and clipped-element counts, carried as more masked elements);
 // the hosts route the protocol's messages through the server, as clients of one do. The clients' sample counts are
 // known to the server (as Flower's clients report num_examples), so it divides by the exact summed weight. With
 // secagg_neighbors = k (SecAgg+, Bell et al. 2020) each client shares keys and masks with k others of a random
