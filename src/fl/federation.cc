@@ -541,6 +541,18 @@ SecAggConfig secagg_config(const FlConfig& c, int sampled, size_t len, int round
   return s;
 }
 
+// What shrinks secure aggregation's rounding under DP, for its messages: a level is secagg_clip / (L - 1), and a
+// secagg_clip above dp_clip is range no element uses (an update of L2 norm dp_clip has none above dp_clip), so the
+// first remedy is --secagg-clip down to dp_clip; a larger dp_clip raises the noise with it.
+std::string dp_rounding_remedy(const FlConfig& c) {
+  return c.secagg_clip > c.dp_clip
+             ? fmt::format(
+                   "a --secagg-clip of at most --dp-clip {} (it is {}: an update clipped to L2 norm {} has no "
+                   "element above it, so the rest of the range only coarsens the rounding), or more --secagg-bits",
+                   c.dp_clip, c.secagg_clip, c.dp_clip)
+             : "more --secagg-bits, or a smaller --secagg-clip (elements above it are clipped)";
+}
+
 // The L2 bound a DP client clips its delta to: dp_clip, less what secure aggregation's stochastic rounding can add
 // (up to one level, 1/scale, per element), so the encoded update's norm stays within dp_clip (the sensitivity the
 // noise and the accountant assume).
@@ -549,9 +561,9 @@ double dp_clip_bound(const FlConfig& c, size_t n, const FixedPointCodec* codec) 
   const double bound = c.dp_clip - std::sqrt(double(n)) / codec->scale();
   if (!(bound > 0))
     throw ConfigError(fmt::format(
-        "fl: dp_clip: {} leaves no room for secure aggregation's rounding ({:.3g} in L2 for {} weights at {} bits); "
-        "allowed: a larger --dp-clip or more --secagg-bits",
-        c.dp_clip, std::sqrt(double(n)) / codec->scale(), n, c.secagg_bits));
+        "fl: dp_clip: {} leaves no room for secure aggregation's rounding ({:.3g} in L2 for {} weights at {} bits "
+        "and --secagg-clip {}); allowed: {}",
+        c.dp_clip, std::sqrt(double(n)) / codec->scale(), n, c.secagg_bits, c.secagg_clip, dp_rounding_remedy(c)));
   return bound;
 }
 
@@ -1546,9 +1558,9 @@ FlResult run_federation(const FlConfig& c, coll::CommPtr comm, LocalTrainer& tra
       const double bound = dp_clip_bound(c, f.n, &codec);
       if (comm->rank() == 0 && bound < 0.9 * c.dp_clip)
         CONDUIT_LOG_WARN(
-            "fl: dp_clip: updates are clipped to {:.3g}, not {} (secure aggregation's rounding at {} bits "
-            "takes the rest of the bound); allowed: more --secagg-bits keep more of it",
-            bound, c.dp_clip, c.secagg_bits);
+            "fl: dp_clip: updates are clipped to {:.3g}, not {} (secure aggregation's rounding at {} bits and "
+            "--secagg-clip {} takes the rest of the bound); to keep more of it, allowed: {}",
+            bound, c.dp_clip, c.secagg_bits, c.secagg_clip, dp_rounding_remedy(c));
       // The accountant takes one client to change a round's released update by at most dp_clip. A round that secure
       // aggregation abandons (fewer than 2 sampled, more than the codec's most, fewer than its threshold sent)
       // releases noise alone, and one client's presence can decide that, and with it whether the other clients'

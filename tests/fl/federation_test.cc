@@ -1013,6 +1013,38 @@ TEST(Federation, DpRefusesAnUpdateAboveTheClip) {
   EXPECT_NE(r.errors[0].find("allowed: at most --dp-clip 0.0001"), std::string::npos) << r.errors[0];
 }
 
+// Under DP a client clips to dp_clip less secure aggregation's rounding (sqrt(n) levels of secagg_clip / (L - 1) in
+// L2). A secagg_clip above dp_clip is range no element of an update of norm dp_clip uses: the error and the warning
+// name it first (they named only a larger --dp-clip, which raises the noise, or more bits).
+TEST(Federation, DpUnderSecureAggregationNamesTheSecaggClipWhenRoundingTakesTheBound) {
+  FlConfig c = base_config();
+  c.secagg = true;
+  c.secagg_bits = 8;
+  c.dp_clip = 0.5;
+  c.dp_noise = 1.0;
+  c.rounds = 1;
+  c.dp_secret_seed_for_testing = 7;
+  // 8 bits for the 12 clients a Poisson round may hold: L = 127 / 12 = 10 levels, a step of secagg_clip / 9, and
+  // sqrt(37) steps of secagg_clip 1 are 0.676 in L2, more than dp_clip.
+  c.secagg_clip = 1.0;
+  RunResult r = run(c);
+  EXPECT_NE(r.errors[0].find("fl: dp_clip: 0.5 leaves no room for secure aggregation's rounding (0.676 in L2 for 37 "
+                             "weights at 8 bits and --secagg-clip 1); allowed: a --secagg-clip of at most --dp-clip "
+                             "0.5 (it is 1: an update clipped to L2 norm 0.5 has no element above it, so the rest of "
+                             "the range only coarsens the rounding), or more --secagg-bits"),
+            std::string::npos)
+      << r.errors[0];
+  c.secagg_clip = 0.5;  // 0.338 of rounding: 0.162 left, under nine tenths of dp_clip
+  LoggedLines log;
+  r = run(c);
+  expect_ok(r);
+  EXPECT_NE(log.text().find("fl: dp_clip: updates are clipped to 0.162, not 0.5 (secure aggregation's rounding at 8 "
+                            "bits and --secagg-clip 0.5 takes the rest of the bound); to keep more of it, allowed: "
+                            "more --secagg-bits, or a smaller --secagg-clip (elements above it are clipped)"),
+            std::string::npos)
+      << log.text();
+}
+
 // The noise is N(0, (z S)^2) on the sum, divided by the expected number of clients q N (not by how many sent).
 void check_dp_noise(bool secagg) {
   struct Dim {
