@@ -1325,7 +1325,9 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
 
     // Who sent, their summed weight, and the modelled round time: each client downloads the weights, computes its
     // steps at its speed (at the seconds a step took here, measured) and uploads its update; the server waits for the
-    // slowest it aggregates, and until the deadline when it drops stragglers.
+    // slowest it aggregates, and until the deadline when someone was dropped: a straggler, or a dropout (a departed
+    // client looks to the server like a slow one; it learns who left only when the deadline passes), an abandoned
+    // round's included.
     double wsum = 0, slowest = 0;
     if (steps_measured > 0) step_s = seconds_measured / double(steps_measured);
     const double down_s = double((n + server_control.size()) * 4) * 8 / (c.downlink_mbps * 1e6);
@@ -1341,7 +1343,8 @@ FlResult run_server(const FlConfig& c, coll::Communicator& comm, LocalTrainer& t
       const double up_s = double(r.update_bytes) * 8 / (c.uplink_mbps * 1e6);
       slowest = std::max(slowest, down_s + double(p.steps) * f.speed[size_t(client)] * step_s + up_s);
     }
-    if (rec.stragglers > 0) slowest = std::max(slowest, down_s + c.deadline * double(f.reference_steps) * step_s);
+    if (c.deadline > 0 && rec.stragglers + rec.dropouts > 0)
+      slowest = std::max(slowest, down_s + c.deadline * double(f.reference_steps) * step_s);
     rec.modelled_s = slowest;
     if (rec.aggregated > 0 && !rec.abandoned && !dp) rec.train_loss = sum[len] / rec.aggregated;
     // (the count is exact: the warning fires at more than 1% at any --secagg-bits)

@@ -1045,6 +1045,34 @@ TEST(Federation, DpUnderSecureAggregationNamesTheSecaggClipWhenRoundingTakesTheB
       << log.text();
 }
 
+// A dropout keeps the server waiting until the deadline, as a straggler does (it cannot tell who left before then),
+// and so does a round abandoned for its dropouts: the modelled time was the slowest sender's.
+TEST(Federation, ModelledRoundTimeRunsToTheDeadlineWhenAClientDropsOut) {
+  FlConfig c = base_config();
+  c.secagg = true;   // (t = 4 of 6: three dropouts abandon a round)
+  c.deadline = 3.0;  // 3 x 5 reference steps x 1e-4 s; every client does 5 steps at speed 1: nobody straggles
+  c.dropout = 0.25;
+  c.rounds = 10;
+  c.downlink_mbps = c.uplink_mbps = 1e9;  // (the links' terms vanish)
+  RunResult r = run(c);
+  expect_ok(r);
+  ASSERT_EQ(r.records.size(), 10u);
+  int dropped = 0, abandoned = 0, full = 0;
+  for (const auto& x : r.records) {
+    EXPECT_EQ(x.stragglers, 0) << x.round;
+    if (x.dropouts == 0) {
+      ++full;
+      EXPECT_NEAR(x.modelled_s, 5 * 1e-4, 1e-8) << x.round;
+    } else if (x.dropouts < x.sampled) {  // (someone sent: the round measured a step's seconds)
+      ++(x.abandoned ? abandoned : dropped);
+      EXPECT_NEAR(x.modelled_s, 3.0 * 5 * 1e-4, 1e-8) << x.round;
+    }
+  }
+  EXPECT_GT(full, 0);
+  EXPECT_GT(dropped, 0);
+  EXPECT_GT(abandoned, 0);
+}
+
 // The noise is N(0, (z S)^2) on the sum, divided by the expected number of clients q N (not by how many sent).
 void check_dp_noise(bool secagg) {
   struct Dim {
