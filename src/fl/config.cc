@@ -5,6 +5,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -85,6 +86,48 @@ void int_in(const char* field, int64_t v, int64_t lo, int64_t hi) {
     throw ConfigError(fmt::format("fl: {}: {} is out of range; allowed: an integer in [{}, {}]", field, v, lo, hi));
 }
 
+// The integer keys' fixed ranges: check_config holds each key to its own, and a value that is no integer at all (a
+// flag's '2.5', a JSON file's "abc") is refused naming the same range, not the C++ type's.
+struct IntRange {
+  const char* key;
+  int64_t lo, hi;
+};
+constexpr IntRange kIntRanges[] = {
+    {"train_limit", 0, int64_t(1) << 40},
+    {"test_limit", 0, int64_t(1) << 40},
+    {"synthetic_samples", 1, int64_t(1) << 22},  // (784 bytes each, on every rank)
+    {"clients", 1, 1000000},
+    {"rounds", 1, 1000000},
+    {"local_epochs", 1, 100000},
+    {"batch_size", 1, 1 << 20},
+    {"secagg_bits", 8, 32},
+    {"workers", 2, 4096},
+    {"eval_every", 0, 1000000},
+    {"checkpoint_every", 0, 1000000},
+};
+
+const IntRange* int_range(const std::string& key) {
+  for (const IntRange& r : kIntRanges)
+    if (key == r.key) return &r;
+  return nullptr;
+}
+
+void int_key(const char* key, int64_t v) {
+  const IntRange* r = int_range(key);
+  if (!r) throw std::logic_error(fmt::format("fl: no integer range for key '{}'", key));
+  int_in(key, v, r->lo, r->hi);
+}
+
+// What an integer key allows, in words (the values no range holds: min_clients' top is the clients, seed takes any
+// 64-bit value, secagg_neighbors is 0, even, or auto).
+std::string int_allowed(const std::string& key, int64_t lo, uint64_t hi) {
+  if (const IntRange* r = int_range(key)) return fmt::format("an integer in [{}, {}]", r->lo, r->hi);
+  if (key == "min_clients") return "an integer in [1, clients]";
+  if (key == "secagg_neighbors")
+    return fmt::format("0 (every pair), an even integer in 2..{}, or auto (or -1)", kMaxClients - 1);
+  return fmt::format("an integer in [{}, {}]", lo, hi);
+}
+
 void one_of(const char* field, const std::string& v, std::initializer_list<const char*> allowed) {
   std::string list;
   for (const char* a : allowed) {
@@ -141,16 +184,16 @@ void check_config(const FlConfig& c) {
   // them; FedBN-style local statistics are not built)
   one_of("model", c.model, {"mlp", "cnn"});
   one_of("dataset", c.dataset, {"fashion-mnist", "mnist", "synthetic"});
-  int_in("train_limit", c.train_limit, 0, int64_t(1) << 40);
-  int_in("test_limit", c.test_limit, 0, int64_t(1) << 40);
-  int_in("synthetic_samples", c.synthetic_samples, 1, int64_t(1) << 22);  // (784 bytes each, on every rank)
-  int_in("clients", c.clients, 1, 1000000);
+  int_key("train_limit", c.train_limit);
+  int_key("test_limit", c.test_limit);
+  int_key("synthetic_samples", c.synthetic_samples);
+  int_key("clients", c.clients);
   real_in("fraction", c.fraction, 0, 1, true, false);
   int_in("min_clients", c.min_clients, 1, c.clients);
-  int_in("rounds", c.rounds, 1, 1000000);
+  int_key("rounds", c.rounds);
   parse_partition(c.partition);
-  int_in("local_epochs", c.local_epochs, 1, 100000);
-  int_in("batch_size", c.batch_size, 1, 1 << 20);
+  int_key("local_epochs", c.local_epochs);
+  int_key("batch_size", c.batch_size);
   real_in("lr", c.lr, 0, 1e6, true, false);
   real_in("momentum", c.momentum, 0, 1, false, true);
   real_in("weight_decay", c.weight_decay, 0, 1e6, false, false);
@@ -185,7 +228,7 @@ void check_config(const FlConfig& c) {
   // most a round may have.
   const int sampled = dp ? dp_max_sampled(c) : clients_per_round(c);
   // (the ranges whether or not secure aggregation is on: the values are recorded, and a resume compares them)
-  int_in("secagg_bits", c.secagg_bits, 8, 32);
+  int_key("secagg_bits", c.secagg_bits);
   real_in("secagg_clip", c.secagg_clip, 1e-20, 1e30, false, false);  // (the codec's scale is levels / clip)
   real_in("secagg_threshold", c.secagg_threshold, 0.5, 1, false, false);
   if (c.secagg_neighbors < -1 || (c.secagg_neighbors > 0 && c.secagg_neighbors % 2 != 0) ||
@@ -228,7 +271,7 @@ void check_config(const FlConfig& c) {
           c.secagg_bits, sampled, need, sampled));
     FixedPointCodec(c.secagg_bits, c.secagg_clip, sampled);  // (the codec's own checks, as a backstop)
   }
-  int_in("workers", c.workers, 2, 4096);
+  int_key("workers", c.workers);
   if (c.workers - 1 > c.clients)
     throw ConfigError(
         fmt::format("fl: workers: {} processes host {} clients (one host would have none); allowed: at "
@@ -236,8 +279,8 @@ void check_config(const FlConfig& c) {
                     c.workers, c.clients, c.clients + 1));
   one_of("transport", c.transport, {"auto", "tcp", "shm", "mpi"});
   real_in("timeout_s", c.timeout_s, 0.001, 1e7, false, false);  // (as train's)
-  int_in("eval_every", c.eval_every, 0, 1000000);
-  int_in("checkpoint_every", c.checkpoint_every, 0, 1000000);
+  int_key("eval_every", c.eval_every);
+  int_key("checkpoint_every", c.checkpoint_every);
   if (c.checkpoint_every > 0 && c.output.empty())
     throw ConfigError("fl: checkpoint_every: checkpoints go to the output folder; allowed: an --output with it");
 }
@@ -334,8 +377,7 @@ void set_config_value(FlConfig& c, const std::string& key, const std::string& va
       if (pos != value.size()) throw bad("a number");
     } else {
       const std::string range =
-          fmt::format("an integer from {} to {}{}", std::numeric_limits<T>::min(), std::numeric_limits<T>::max(),
-                      key == "secagg_neighbors" ? ", or auto" : "");
+          int_allowed(key, int64_t(std::numeric_limits<T>::min()), uint64_t(std::numeric_limits<T>::max()));
       size_t pos = 0;
       try {
         // (digits, a leading - where signed: stoull skipped the spaces of ' -1' and wrapped it to 2^64 - 1)
@@ -415,13 +457,15 @@ FlConfig config_from_json(const std::string& text, const std::string& what) {
       const std::string s = v.dump();
       return s.size() > 80 ? s.substr(0, 77) + "..." : s;
     };
-    if (!ok)
-      throw ConfigError(fmt::format("fl: {}: key '{}' has a value of the wrong type ({}); allowed: {}", what, k,
-                                    shown(x),
-                                    std::is_same_v<T, std::string> ? "a string"
-                                    : std::is_same_v<T, bool>      ? "true or false"
-                                    : std::is_floating_point_v<T>  ? "a number"
-                                                                   : "an integer of the key's range"));
+    if (!ok) {
+      std::string allowed = std::is_same_v<T, std::string> ? "a string"
+                            : std::is_same_v<T, bool>      ? "true or false"
+                                                           : "a number";
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+        allowed = int_allowed(k, int64_t(std::numeric_limits<T>::min()), uint64_t(std::numeric_limits<T>::max()));
+      throw ConfigError(
+          fmt::format("fl: {}: key '{}' has a value of the wrong type ({}); allowed: {}", what, k, shown(x), allowed));
+    }
     v = x.get<T>();
   });
   if (known != j.size()) {

@@ -366,7 +366,9 @@ TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
            {"--config " + (dir / "deep.json").string(), "key 'model' has a value of the wrong type (an array)"},
            {"--config " + (dir / "twice.json").string(), "key 'rounds' is given twice; give it once"},
-           {"--seed ' -1'", "fl: seed: ' -1' is not an integer from 0 to 18446744073709551615"},
+           {"--seed ' -1'", "fl: seed: ' -1' is not an integer in [0, 18446744073709551615]"},
+           // (a key's own range, not int's)
+           {"--rounds 2.5", "fl: rounds: '2.5' is not an integer in [1, 1000000]"},
            {"--fraction ''", "fl: fraction: '' is not a number"},
            {"--lr 0x1p-3", "fl: lr: '0x1p-3' is not a number"},
            {"--dataset synthetic --resume " + (dir / "ck").string() + " --output " + (dir / "out").string(),
