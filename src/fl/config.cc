@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -235,7 +236,7 @@ void check_config(const FlConfig& c) {
       c.secagg_neighbors > kMaxClients - 1)
     throw ConfigError(
         fmt::format("fl: secagg_neighbors: {} is not allowed; allowed: 0 (every pair of a round's clients), an "
-                    "even number in 2..{} (SecAgg+'s graph: k/2 on each side of a ring) or auto (-1 in JSON)",
+                    "even number in 2..{} (SecAgg+'s graph: k/2 on each side of a ring) or auto (or -1)",
                     c.secagg_neighbors, kMaxClients - 1));
   real_in("secagg_max_corrupt", c.secagg_max_corrupt, 0, 0.5, false, true);
   real_in("secagg_max_dropout", c.secagg_max_dropout, 0, 1, false, true);
@@ -437,6 +438,13 @@ FlConfig config_from_json(const std::string& text, const std::string& what) {
     ++known;
     using T = std::remove_reference_t<decltype(v)>;
     const nlohmann::json& x = j.at(k);
+    // secagg_neighbors' auto, as its flag takes it (every flag is a key): -1, which config_to_json writes
+    if constexpr (std::is_same_v<T, int>) {
+      if (std::string_view(k) == "secagg_neighbors" && x.is_string() && x.get<std::string>() == "auto") {
+        v = -1;
+        return;
+      }
+    }
     // No coercion: 2.7 is not a number of rounds, -1 not a seed, "3" not a number.
     bool ok = false;
     if constexpr (std::is_same_v<T, std::string>)

@@ -1855,6 +1855,13 @@ TEST(FlConfig, JsonRoundTripsEveryKeyAndRefusesUnknownOnes) {
   EXPECT_EQ(big.seed, 18446744073709551615ull);
   EXPECT_THROW(set_config_value(big, "rounds", "-3000000000"), ConfigError);
   EXPECT_THROW(config_from_json("[1]", "test"), ConfigError);
+  // Every flag is a key: secagg_neighbors' auto too (it was refused as a string, where the flag took it).
+  EXPECT_EQ(config_from_json(R"({"secagg_neighbors": "auto"})", "test").secagg_neighbors, -1);
+  EXPECT_EQ(config_from_json(R"({"secagg_neighbors": -1})", "test").secagg_neighbors, -1);
+  EXPECT_EQ(config_from_json(R"({"secagg_neighbors": 8})", "test").secagg_neighbors, 8);
+  EXPECT_EQ(error_of<ConfigError>([] { config_from_json(R"({"secagg_neighbors": "autox"})", "test"); }),
+            "fl: test: key 'secagg_neighbors' has a value of the wrong type (\"autox\"); allowed: 0 (every pair), an "
+            "even integer in 2..65534, or auto (or -1)");
   EXPECT_EQ(error_of<ConfigError>([] { config_from_json(R"({"rounds": 2.7})", "test"); }),
             "fl: test: key 'rounds' has a value of the wrong type (2.7); allowed: an integer in [1, 1000000]");
 }
