@@ -204,7 +204,7 @@ void check_config(const FlConfig& c) {
         "fl: momentum: {} with scaffold (its control variates are estimated from plain SGD steps); allowed: "
         "--momentum 0 with --scaffold true",
         c.momentum));
-  validate(server_opt_config(c));  // ConfigError naming the field
+  validate(server_opt_config(c), {"fl: ", "server_opt", "server_lr", "server_momentum", "beta1", "beta2", "tau"});
   real_in("speed_sigma", c.speed_sigma, 0, 4, false, false);
   real_in("deadline", c.deadline, 0, 1e6, false, false);
   one_of("stragglers", c.stragglers, {"drop", "partial"});

@@ -20,14 +20,14 @@ constexpr uint32_t kStateVersion = 1;
 
 std::string allowed_names() { return fmt::format("{}", fmt::join(server_optimizer_names(), ", ")); }
 
-void check_unit(const char* field, double v) {
-  if (!(v >= 0 && v < 1)) throw ConfigError(fmt::format("server optimizer: {} is {}; allowed: [0, 1)", field, v));
+void check_unit(const char* prefix, const char* field, double v) {
+  if (!(v >= 0 && v < 1))
+    throw ConfigError(fmt::format("{}{}: {} is out of range; allowed: a number in [0, 1)", prefix, field, v));
 }
 
-void check_positive(const char* field, double v) {
-  if (!(std::isfinite(v) && v > 0)) {
-    throw ConfigError(fmt::format("server optimizer: {} is {}; allowed: finite and > 0", field, v));
-  }
+void check_positive(const char* prefix, const char* field, double v) {
+  if (!(std::isfinite(v) && v > 0))
+    throw ConfigError(fmt::format("{}{}: {} is out of range; allowed: a finite number > 0", prefix, field, v));
 }
 
 class FedAvg final : public ServerOptimizer {
@@ -141,17 +141,16 @@ const std::vector<std::string>& server_optimizer_names() {
   return names;
 }
 
-void validate(const ServerOptConfig& c) {
+void validate(const ServerOptConfig& c, const ServerOptKeys& k) {
   bool known = false;
   for (const auto& n : server_optimizer_names()) known = known || n == c.name;
-  if (!known) {
-    throw ConfigError(fmt::format("server optimizer '{}' is unknown; allowed: {}", c.name, allowed_names()));
-  }
-  check_positive("lr", c.lr);
-  check_unit("momentum", c.momentum);
-  check_unit("beta1", c.beta1);
-  check_unit("beta2", c.beta2);
-  check_positive("tau", c.tau);
+  if (!known)
+    throw ConfigError(fmt::format("{}{}: '{}' is not known; allowed: {}", k.prefix, k.name, c.name, allowed_names()));
+  check_positive(k.prefix, k.lr, c.lr);
+  check_unit(k.prefix, k.momentum, c.momentum);
+  check_unit(k.prefix, k.beta1, c.beta1);
+  check_unit(k.prefix, k.beta2, c.beta2);
+  check_positive(k.prefix, k.tau, c.tau);
 }
 
 ServerOptConfig parse_server_opt(const std::string& name, const std::map<std::string, std::string>& fields) {

@@ -36,8 +36,21 @@ struct ServerOptConfig {
 // The names make_server_optimizer accepts, in a fixed order.
 const std::vector<std::string>& server_optimizer_names();
 
-// ConfigError (one line naming the field and what is allowed) for an unknown name or an out-of-range field.
-void validate(const ServerOptConfig& config);
+// How a caller's messages name the fields: by default "server optimizer: lr: ..."; `conduit fl` names its own keys
+// ("fl: server_lr: ..."), as its other checks do.
+struct ServerOptKeys {
+  const char* prefix = "server optimizer: ";
+  const char* name = "name";
+  const char* lr = "lr";
+  const char* momentum = "momentum";
+  const char* beta1 = "beta1";
+  const char* beta2 = "beta2";
+  const char* tau = "tau";
+};
+
+// ConfigError (one line naming the field as `keys` spell it, and what is allowed) for an unknown name or an
+// out-of-range field.
+void validate(const ServerOptConfig& config, const ServerOptKeys& keys = {});
 
 // A config from a name and string fields (keys lr, momentum, beta1, beta2, tau; unset keys keep their defaults),
 // validated. ConfigError for an unknown key, a value that is not a number, or anything validate() rejects.

@@ -1884,5 +1884,31 @@ TEST(FlConfig, AnIntegerKeyNamesItsOwnRange) {
             "fl: rounds: 1000001 is out of range; allowed: an integer in [1, 1000000]");
 }
 
+// The server optimizer's settings are named as the keys (and flags) spell them, as every other fl check names its
+// own ("server optimizer: lr is 0" named no flag).
+TEST(FlConfig, ServerOptimizerSettingsAreNamedAsTheirKeys) {
+  auto refused = [](const std::function<void(FlConfig&)>& f) {
+    FlConfig c = base_config();
+    f(c);
+    return error_of<ConfigError>([&] { check_config(c); });
+  };
+  EXPECT_EQ(refused([](FlConfig& c) { c.server_lr = 0; }),
+            "fl: server_lr: 0 is out of range; allowed: a finite number > 0");
+  EXPECT_EQ(refused([](FlConfig& c) { c.server_momentum = 1; }),
+            "fl: server_momentum: 1 is out of range; allowed: a number in [0, 1)");
+  EXPECT_EQ(refused([](FlConfig& c) { c.beta1 = -0.1; }),
+            "fl: beta1: -0.1 is out of range; allowed: a number in [0, 1)");
+  EXPECT_EQ(refused([](FlConfig& c) { c.beta2 = 1.5; }), "fl: beta2: 1.5 is out of range; allowed: a number in [0, 1)");
+  EXPECT_EQ(refused([](FlConfig& c) { c.tau = std::nan(""); }),
+            "fl: tau: nan is out of range; allowed: a finite number > 0");
+  EXPECT_EQ(refused([](FlConfig& c) { c.server_opt = "sgd"; }),
+            "fl: server_opt: 'sgd' is not known; allowed: fedavg, fedavgm, fedadagrad, fedadam, fedyogi");
+  // (the optimizer's own validation, outside fl's keys, names its fields)
+  ServerOptConfig oc;
+  oc.lr = 0;
+  EXPECT_EQ(error_of<ConfigError>([&] { validate(oc); }),
+            "server optimizer: lr: 0 is out of range; allowed: a finite number > 0");
+}
+
 }  // namespace
 }  // namespace conduit::fl
