@@ -225,6 +225,15 @@ void check_config(const FlConfig& c) {
     throw ConfigError(
         "fl: scaffold: its control-variate updates are not clipped or noised, so differential privacy would not "
         "cover them; allowed: --scaffold false with --dp-clip/--dp-noise");
+  // Under DP every client is drawn on its own with probability fraction (Poisson sampling, which the accountant
+  // assumes): a floor on the round's clients would change the mechanism the epsilon is for, so a min_clients other
+  // than the default, which was ignored, is refused (the value cannot tell a given default from the default).
+  if (dp && c.min_clients != FlConfig{}.min_clients)
+    throw ConfigError(fmt::format(
+        "fl: min_clients: {} does not apply under differential privacy (each client is sampled on its own with "
+        "probability --fraction, as the accountant assumes: no floor); allowed: min_clients {} (the default) with "
+        "--dp-clip/--dp-noise, and a larger --fraction for more clients a round",
+        c.min_clients, FlConfig{}.min_clients));
   // Under DP each client is sampled independently: about fraction * clients a round; the codec is sized for the
   // most a round may have.
   const int sampled = dp ? dp_max_sampled(c) : clients_per_round(c);

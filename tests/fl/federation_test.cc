@@ -1910,5 +1910,22 @@ TEST(FlConfig, ServerOptimizerSettingsAreNamedAsTheirKeys) {
             "server optimizer: lr: 0 is out of range; allowed: a finite number > 0");
 }
 
+// Under DP every client is sampled on its own (Poisson sampling, what the accountant assumes): a --min-clients,
+// ignored before, is refused naming both; the default passes.
+TEST(FlConfig, MinClientsIsRefusedUnderDifferentialPrivacy) {
+  FlConfig c = base_config();
+  c.dp_clip = 1.0;
+  c.min_clients = 4;
+  EXPECT_EQ(error_of<ConfigError>([&] { check_config(c); }),
+            "fl: min_clients: 4 does not apply under differential privacy (each client is sampled on its own with "
+            "probability --fraction, as the accountant assumes: no floor); allowed: min_clients 2 (the default) with "
+            "--dp-clip/--dp-noise, and a larger --fraction for more clients a round");
+  c.dp_clip = 0;
+  EXPECT_NO_THROW(check_config(c));  // (without DP it is a floor)
+  c.dp_clip = 1.0;
+  c.min_clients = FlConfig{}.min_clients;
+  EXPECT_NO_THROW(check_config(c));
+}
+
 }  // namespace
 }  // namespace conduit::fl

@@ -370,6 +370,7 @@ TEST(FlProcess, BadFlagsStopBeforeAnyProcessStartsWithOneLine) {
            // (a key's own range, not int's)
            {"--rounds 2.5", "fl: rounds: '2.5' is not an integer in [1, 1000000]"},
            {"--server-lr 0", "fl: server_lr: 0 is out of range; allowed: a finite number > 0"},
+           {"--dp-clip 1 --min-clients 5", "fl: min_clients: 5 does not apply under differential privacy"},
            {"--fraction ''", "fl: fraction: '' is not a number"},
            {"--lr 0x1p-3", "fl: lr: '0x1p-3' is not a number"},
            {"--dataset synthetic --resume " + (dir / "ck").string() + " --output " + (dir / "out").string(),
