@@ -255,6 +255,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   JobTimeCache times;  // iteration times on this cluster, by model, size, batch and placement
   std::vector<JobOutcome> out(n);
   std::vector<double> remaining(n), attained(n, 0.0), packed(n, 0);
+  std::vector<double> queued(n, 0.0);  // JobOutcome::queued (apart: adding to every waiting job's, strided, was slow)
   // The shortest iteration time each job ran at (the goodput counts a job at its base or at this, whichever is faster).
   std::vector<double> fastest_run(n, std::numeric_limits<double>::infinity());
   std::vector<int> state(n, 0);  // 0 not arrived, 1 waiting, 2 running, 3 done
@@ -297,6 +298,9 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
                                     job_where(jobs[i]), jobs[i].id, jobs[i].gpus, room));
   }
   std::vector<Running> running;
+  // Each job's index in `running` (npos when it is not running): preempting a job found it by a scan of `running`.
+  constexpr size_t npos = std::numeric_limits<size_t>::max();
+  std::vector<size_t> run_idx(n, npos);
   double now = 0, busy = 0, useful = 0;
   // When running job j's lease ends (--min-lease: it trains that long after its reload before it can be preempted),
   // and whether it still holds it.
@@ -429,12 +433,51 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
         throw ConfigError(fmt::format("{}job {}: {}", job_where(jobs[i]), jobs[i].id, why));
     }
   }
+  long long free_total = gpus;  // the sum of free_node
   auto place = [&](size_t job, std::vector<std::pair<long long, long long>>& alloc) {
-    return place_in(free_node, job, alloc);
+    if (!place_in(free_node, job, alloc)) return false;
+    free_total -= jobs[job].gpus;
+    return true;
   };
   auto release = [&](const Running& r) {
-    for (auto [nd, g] : r.alloc) free_node[nd] += g;
+    for (auto [nd, g] : r.alloc) {
+      free_node[nd] += g;
+      free_total += g;
+    }
   };
+  // Running job k stops (preempted or done): it leaves `running`, whose order (that of the jobs' starts) the sums of
+  // busy and useful time follow, and the jobs after it move up one.
+  auto stop_running = [&](size_t k) {
+    run_idx[running[k].job] = npos;
+    running.erase(running.begin() + static_cast<long>(k));
+    for (size_t m = k; m < running.size(); ++m) run_idx[running[m].job] = m;
+  };
+  // Whether `job` fits on the free accelerators `free` describes: what place_in decides, without placing it (a part
+  // of one node needs a node with that much free, whole nodes need as many whole free nodes, of the kinds allowed).
+  auto fits_in = [&](const std::vector<long long>& free, size_t job) {
+    const long long need = jobs[job].gpus;
+    for (const auto& allowed : passes[job]) {
+      long long whole = 0;
+      for (long long nd = 0; nd < nnodes; ++nd) {
+        if (!allowed[kind_of[nd]]) continue;
+        if (need < gpn && free[nd] >= need) return true;
+        if (free[nd] == gpn) ++whole;
+      }
+      if (need >= gpn && whole >= need / gpn) return true;
+    }
+    return false;
+  };
+  // Jobs that place alike (as many accelerators, on the same kinds of nodes in the same passes) share a class: within a
+  // pass of las or srtf, once one fails to find room even by preempting every job it may, the later ones of its class
+  // fail too (see schedule()).
+  std::vector<size_t> fit_class(n);
+  size_t nclasses = 0;
+  {
+    std::map<std::pair<long long, std::vector<size_t>>, size_t> classes;
+    for (size_t i = 0; i < n; ++i)
+      fit_class[i] = classes.try_emplace({jobs[i].gpus, fastest[i]}, classes.size()).first->second;
+    nclasses = classes.size();
+  }
   // LAS keeps each queue in the order jobs entered it, as Tiresias's simulator does: a job arriving, demoted or
   // promoted joins the end of its queue, and after each pass the waiting jobs move behind the running ones (keeping
   // their order), so a waiting job goes ahead only of jobs that entered its queue after it. (Ordered by submission
@@ -462,6 +505,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
     if (!std::isfinite(it))  // (kinds it fits on one by one hold it together too: the smallest memory decides)
       throw Error(
           fmt::format("cluster simulation: job {} has no configuration on the nodes it was placed on", jobs[i].id));
+    run_idx[i] = running.size();
     running.push_back({i, alloc, it});
     fastest_run[i] = std::min(fastest_run[i], it);
     run_start[i] = now;
@@ -481,6 +525,16 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return jobs[a].submit < jobs[b].submit; });
   size_t arrived = 0;
   std::vector<size_t> live;
+  // las and srtf: the live jobs in the last pass's priority order (and this pass's), the jobs of `order` ranked so far,
+  // the jobs whose keys moved since, and the failed placement classes (failed_gen[c] == pass_gen).
+  std::vector<size_t> ranked, ranking;
+  size_t ranked_upto = 0;
+  std::vector<char> is_moved(n, 0);
+  std::vector<double> srtf_key(n, 0.0);  // srtf: a job's predicted remaining GPU time, as of its last move
+  std::vector<size_t> arrival_rank(n);   // (a job's place in `order`, as in `live`)
+  for (size_t k = 0; k < n; ++k) arrival_rank[order[k]] = k;
+  std::vector<uint64_t> failed_gen(nclasses, 0);
+  uint64_t pass_gen = 0;
   auto schedule = [&]() {
     if (opt.policy == Policy::kFifo) {
       for (size_t i : live) {
@@ -492,101 +546,165 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       return;
     }
     // LAS / SRTF: rank every active job; keep the running ones that still rank inside the capacity, preempt others.
+    // The active jobs are ranked by las: queue, then the order they entered it; srtf: predicted remaining GPU time,
+    // then submission, then trace order (as a stable sort of the jobs in arrival order ranked them). Only some jobs'
+    // keys move between passes: the new arrivals; under srtf the jobs that ran (their remaining time); under las the
+    // jobs that entered a queue, which only arrivals, the jobs that ran (demoted) and promoted jobs can. The others
+    // keep the last pass's order (`ranked`), and the moved ones, sorted, merge into it: sorting the whole backlog
+    // and looking up every job's queue at every event made an overloaded trace's run quadratic.
+    std::vector<size_t> moved;
     if (guard)
       for (size_t i : live)  // (the event loop stops at each promotion time; the margin absorbs its rounding)
         if (promotion_in(i) <= 1e-9 * (1 + waited[i])) {
           attained[i] = 0;
           waited[i] = 0;
           out[i].promotions++;
+          moved.push_back(i);  // (a waiting job: one running is not promoted)
         }
+    for (const auto& r : running) moved.push_back(r.job);
     if (opt.policy == Policy::kLas) {
       // New arrivals join the first queue before jobs moved between queues at the same time, then those in arrival
       // order, as Tiresias's simulator does.
-      for (size_t i : live)
-        if (in_queue[i] < 0) {
+      std::sort(moved.begin(), moved.end(), [&](size_t a, size_t b) { return arrival_rank[a] < arrival_rank[b]; });
+      const size_t ran = moved.size();
+      for (size_t k = ranked_upto; k < arrived; ++k) {
+        const size_t i = order[k];
+        in_queue[i] = queue_of(i);
+        queue_seq[i] = next_seq++;
+        moved.push_back(i);
+      }
+      size_t kept = 0;
+      for (size_t k = 0; k < ran; ++k)
+        if (const size_t i = moved[k]; queue_of(i) != in_queue[i]) {
           in_queue[i] = queue_of(i);
           queue_seq[i] = next_seq++;
+          moved[kept++] = i;
         }
-      for (size_t i : live)
-        if (const int q = queue_of(i); q != in_queue[i]) {
-          in_queue[i] = q;
-          queue_seq[i] = next_seq++;
-        }
-    }
-    std::vector<size_t> active = live;
-    if (opt.policy == Policy::kSrtf) {
-      std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
-        double ra = remaining[a] * packed[a] * static_cast<double>(jobs[a].gpus);
-        double rb = remaining[b] * packed[b] * static_cast<double>(jobs[b].gpus);
-        if (ra != rb) return ra < rb;
-        return jobs[a].submit < jobs[b].submit;
-      });
+      moved.erase(moved.begin() + static_cast<long>(kept), moved.begin() + static_cast<long>(ran));
     } else {
-      std::stable_sort(active.begin(), active.end(), [&](size_t a, size_t b) {
-        if (in_queue[a] != in_queue[b]) return in_queue[a] < in_queue[b];
-        return queue_seq[a] < queue_seq[b];
-      });
+      for (size_t k = ranked_upto; k < arrived; ++k) moved.push_back(order[k]);
     }
+    ranked_upto = arrived;
+    for (size_t i : moved) {
+      is_moved[i] = 1;
+      if (opt.policy == Policy::kSrtf) srtf_key[i] = remaining[i] * packed[i] * static_cast<double>(jobs[i].gpus);
+    }
+    auto before = [&](size_t a, size_t b) {
+      if (opt.policy == Policy::kSrtf) {
+        if (srtf_key[a] != srtf_key[b]) return srtf_key[a] < srtf_key[b];
+        if (jobs[a].submit != jobs[b].submit) return jobs[a].submit < jobs[b].submit;
+      } else {
+        if (in_queue[a] != in_queue[b]) return in_queue[a] < in_queue[b];
+        if (queue_seq[a] != queue_seq[b]) return queue_seq[a] < queue_seq[b];
+      }
+      return a < b;
+    };
+    std::sort(moved.begin(), moved.end(), before);
+    // The positions (in priority order) of the jobs running when this pass began: the only possible victims (a job
+    // started in this pass ranks above the ones still to come). Scanning the whole backlog instead was quadratic.
+    std::vector<size_t>& active = ranking;
+    active.resize(live.size());
+    std::vector<size_t> run_pos;
+    size_t last_victim = 0;  // past the last position that may be preempted (a lease protects a job)
+    {
+      size_t at = 0, m = 0;
+      auto put = [&](size_t i) {
+        if (state[i] == 2) {
+          run_pos.push_back(at);
+          if (!leased(i)) last_victim = at + 1;
+        }
+        active[at++] = i;
+      };
+      for (size_t i : ranked) {
+        if (state[i] == 3 || is_moved[i]) continue;
+        for (; m < moved.size() && before(moved[m], i); ++m) put(moved[m]);
+        put(i);
+      }
+      for (; m < moved.size(); ++m) put(moved[m]);
+      if (at != active.size()) throw std::logic_error("cluster simulation: the ranking lost or repeated a job");
+    }
+    for (size_t i : moved) is_moved[i] = 0;
     // In priority order, a waiting job starts where it fits; one that does not fit preempts running jobs of lower
     // priority, the lowest first, only if that makes room for it (placement is per node, so a count of free
     // accelerators is not enough: deciding by counts kept a job that fragmentation left unplaced, idled its share,
     // and preempted jobs for nothing). Lower-priority jobs then backfill what is left.
-    auto running_at = [&](size_t job) {
-      for (size_t k = 0; k < running.size(); ++k)
-        if (running[k].job == job) return k;
-      return running.size();
-    };
-    // The positions (in priority order) of the jobs running when this pass began: the only possible victims (a job
-    // started in this pass ranks above the ones still to come). Scanning the whole backlog instead was quadratic.
-    std::vector<size_t> run_pos;
-    for (size_t ai = 0; ai < active.size(); ++ai)
-      if (state[active[ai]] == 2) run_pos.push_back(ai);
-    auto fits_in = [&](const std::vector<long long>& free, size_t job) {
-      std::vector<long long> scratch = free;
-      std::vector<std::pair<long long, long long>> probe;
-      return place_in(scratch, job, probe);
-    };
+    // A job that found no room, even with every running job it may preempt stopped, marks its class failed for the
+    // rest of the pass (or until a preemption frees accelerators): later jobs of the class have no more room, since
+    // starts only take free accelerators and their possible victims are fewer (those ranked below them), and placing
+    // is monotone (a job that fits on some free accelerators fits on more). Trying each of thousands of waiting jobs
+    // made an overloaded trace's run quadratic. Once every class failed and no job is left to preempt, nothing more
+    // starts in this pass.
+    ++pass_gen;
+    size_t failed = 0;  // classes failed since pass_gen last moved
+    std::vector<std::pair<long long, long long>> alloc;
+    std::vector<long long> trial;
+    std::vector<size_t> victims;
     for (size_t ai = 0; ai < active.size(); ++ai) {
       const size_t i = active[ai];
       if (state[i] != 1) continue;
-      std::vector<std::pair<long long, long long>> alloc;
+      if (ai + 1 >= last_victim && (free_total == 0 || failed == nclasses)) break;  // (none left to preempt)
+      if (failed_gen[fit_class[i]] == pass_gen) continue;
       if (place(i, alloc)) {
         start_job(i, alloc);
         continue;
       }
-      std::vector<long long> trial = free_node;
-      std::vector<size_t> victims;
+      trial = free_node;
+      victims.clear();
       bool fits = false;
       for (size_t r = run_pos.size(); r-- > 0 && run_pos[r] > ai && !fits;) {
         const size_t j = active[run_pos[r]];
         if (state[j] != 2 || leased(j)) continue;
-        for (auto [nd, g] : running[running_at(j)].alloc) trial[nd] += g;
+        for (auto [nd, g] : running[run_idx[j]].alloc) trial[nd] += g;
         victims.push_back(j);
         fits = fits_in(trial, i);
       }
-      if (!fits) continue;
+      if (!fits) {
+        failed_gen[fit_class[i]] = pass_gen;
+        ++failed;
+        continue;
+      }
       // Keep the victims whose room turned out not to be needed (most recently added, i.e. highest priority,
       // first): a job preempted for nothing lost its restart penalty.
       for (size_t v = victims.size(); v-- > 0;) {
-        std::vector<long long> without = trial;
-        for (auto [nd, g] : running[running_at(victims[v])].alloc) without[nd] -= g;
-        if (fits_in(without, i)) {
-          trial = std::move(without);
+        const auto& a = running[run_idx[victims[v]]].alloc;
+        for (auto [nd, g] : a) trial[nd] -= g;
+        if (fits_in(trial, i)) {
           victims.erase(victims.begin() + static_cast<long>(v));
+        } else {
+          for (auto [nd, g] : a) trial[nd] += g;
         }
       }
       for (size_t j : victims) {
-        const size_t k = running_at(j);
+        const size_t k = run_idx[j];
         release(running[k]);
         state[j] = 1;
         out[j].preemptions++;
-        running.erase(running.begin() + static_cast<long>(k));
+        stop_running(k);
       }
+      ++pass_gen;  // (the preemptions freed accelerators: the classes that failed may fit now)
+      failed = 0;
       if (place(i, alloc)) start_job(i, alloc);
     }
-    if (opt.policy == Policy::kLas)
-      for (size_t i : active)
-        if (state[i] == 1) queue_seq[i] = next_seq++;
+    // The next pass starts from this order, the keys of the jobs that did not move being the same. Under las the
+    // waiting jobs then move behind the running ones of their queue, keeping their order.
+    ranked.resize(active.size());
+    if (opt.policy == Policy::kLas) {
+      size_t at = 0;
+      for (size_t s = 0; s < active.size();) {
+        size_t e = s;
+        while (e < active.size() && in_queue[active[e]] == in_queue[active[s]]) ++e;
+        for (size_t k = s; k < e; ++k)
+          if (state[active[k]] == 2) ranked[at++] = active[k];
+        for (size_t k = s; k < e; ++k)
+          if (const size_t i = active[k]; state[i] == 1) {
+            queue_seq[i] = next_seq++;
+            ranked[at++] = i;
+          }
+        s = e;
+      }
+    } else {
+      std::swap(ranked, active);
+    }
   };
 
   size_t done = 0;
@@ -639,7 +757,7 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       for (size_t i : live)
         if (state[i] == 1 && attained[i] > 0) waited[i] += dt;
     for (size_t i : live)
-      if (state[i] == 1) out[i].queued += dt;
+      if (state[i] == 1) queued[i] += dt;
     for (const auto& r : running) {
       size_t i = r.job;
       const double begin = std::max(now, restart_at[i]);
@@ -663,20 +781,24 @@ ScheduleResult simulate_cluster(const ClusterSpec& spec, long long gpus, const s
       }
     }
     now = next;
-    for (size_t k = 0; k < running.size();) {
-      size_t i = running[k].job;
+    size_t kept = 0;  // (the running jobs keep their order)
+    for (size_t k = 0; k < running.size(); ++k) {
+      const size_t i = running[k].job;
       if (remaining[i] <= 0) {
         release(running[k]);
         state[i] = 3;
         out[i].finish = now;
         ++done;
-        running.erase(running.begin() + static_cast<long>(k));
+        run_idx[i] = npos;
       } else {
-        ++k;
+        if (kept != k) running[kept] = std::move(running[k]);
+        run_idx[i] = kept++;
       }
     }
+    running.resize(kept);
     live.erase(std::remove_if(live.begin(), live.end(), [&](size_t i) { return state[i] == 3; }), live.end());
   }
+  for (size_t i = 0; i < n; ++i) out[i].queued = queued[i];
   ScheduleResult res;
   res.jobs = out;
   std::vector<double> jct;

@@ -2135,6 +2135,35 @@ TEST(Inputs, SchedulerPlacesByNodeKindAndChecksTheCluster) {
   EXPECT_LT(p.utilization + p.restart_overhead, 1 + 1e-9);
 }
 
+// las and srtf skip, for the rest of a scheduling pass, the jobs that place as one that found no room even by
+// preempting (an overloaded trace tried each of thousands of waiting jobs at every event): jobs place alike only on
+// the same node kinds as well as sizes. Here a one-GPU gpt2-xl job, which fits only the AGX nodes (all busy), finds no
+// room; the one-GPU gpt2-small job behind it must still start on a free Orin Nano, at once.
+TEST(Inputs, SchedulerSkipsOnlyJobsThatPlaceAsOneThatFailed) {
+  const ClusterSpec edge = load_cluster("edge");
+  std::string trace = "id,submit_s,gpus,model,iterations\n";
+  for (int i = 0; i < 16; ++i) trace += fmt::format("j{},0,1,gpt2-xl,100\n", i);  // (srtf: shorter than x)
+  trace += "x,1,1,gpt2-xl,1000\ns,1,1,gpt2-small,100000\n";                       // (srtf: x ranks above s)
+  const auto jobs = parse_job_trace(trace, "t");
+  for (Policy p : {Policy::kLas, Policy::kSrtf})
+    for (Placement where : {Placement::kTopology, Placement::kSpread}) {
+      SchedulerOptions o;
+      o.policy = p;
+      o.placement = where;
+      const ScheduleResult r = simulate_cluster(edge, 64, jobs, o);
+      double first_done = std::numeric_limits<double>::infinity();
+      for (size_t i = 0; i < 16; ++i) {
+        EXPECT_EQ(r.jobs[i].start, 0) << r.jobs[i].id;
+        first_done = std::min(first_done, r.jobs[i].finish);
+      }
+      ASSERT_GT(first_done, 1);
+      EXPECT_EQ(r.jobs[16].start, first_done) << static_cast<int>(p);  // x waits for an AGX node
+      EXPECT_EQ(r.jobs[16].preemptions + r.jobs[17].preemptions, 0);
+      EXPECT_EQ(r.jobs[17].start, 1) << static_cast<int>(p);  // s starts on an Orin Nano
+      EXPECT_EQ(r.jobs[17].queued, 0);
+    }
+}
+
 // A step's breakdown adds up to its time (the JSON counted compression twice: it is inside the exposed exchange);
 // fp16 of 16-bit gradients is the exchange without compression (it charged cast passes for sending the same bytes);
 // flags of a data-parallel exchange are refused where there is none (they were taken and ignored); --layers is
