@@ -175,6 +175,10 @@ CommPtr Communicator::from_env(const CommConfig& cfg) {
   // (mid-run, or never where shm's fast path served), a bad tcp budget until a run over tcp.
   (void)ring_segment_bytes();
   (void)net::tcp_unexpected_budget();
+  // Conduit's own interface variable names one for Conduit alone: a name that is wrong here is wrong whatever the
+  // transport (it passed until a run over tcp). Gloo's and NCCL's may hold their own list syntax for those libraries,
+  // read only when tcp is used.
+  if (env_string("CONDUIT_SOCKET_IFNAME")) (void)net::tcp_listen_address();
   net::check_shm_environment();
   auto boot = net::bootstrap_from_env(start_up);
   std::string kind = cfg.transport;

@@ -50,9 +50,13 @@ std::string tcp_listen_address(std::string* why) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) throw Error(fmt::format("getifaddrs failed: {}", std::strerror(errno)));
   std::string found, found_if, names;
-  bool down = false;  // the named interface is down
+  std::vector<std::string> others;  // interfaces without an IPv4 address (IPv6 only, or none)
+  bool down = false;                // the named interface is down
   for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) {
+      if (std::find(others.begin(), others.end(), a->ifa_name) == others.end()) others.emplace_back(a->ifa_name);
+      continue;
+    }
     if (!names.empty()) names += ", ";
     names += a->ifa_name;
     char buf[INET_ADDRSTRLEN];
@@ -72,12 +76,19 @@ std::string tcp_listen_address(std::string* why) {
     }
   }
   freeifaddrs(list);
+  // (an interface listed with IPv4 is not one without)
+  std::string without;
+  for (const std::string& o : others)
+    if ((", " + names + ", ").find(", " + o + ", ") == std::string::npos) without += (without.empty() ? "" : ", ") + o;
   if (down)
     throw ConfigError(fmt::format("{}={}: the interface is down; allowed: an interface that is up", var, wanted));
   std::string reason;
   if (!wanted.empty() && found.empty()) {
     throw ConfigError(
-        fmt::format("{}={} names no interface with an IPv4 address; interfaces here: {}", var, wanted, names));
+        fmt::format("{}={} names no interface with an IPv4 address (the tcp transport speaks IPv4 only); allowed "
+                    "here: {}{}",
+                    var, wanted, names.empty() ? "none" : names,
+                    without.empty() ? "" : fmt::format(" (without an IPv4 address: {})", without)));
   }
   if (!wanted.empty())
     reason = fmt::format("interface {} ({}) from {}", found_if, found, var);
@@ -85,12 +96,31 @@ std::string tcp_listen_address(std::string* why) {
     reason = fmt::format("interface {} ({}): first up non-loopback interface", found_if, found);
   else {
     found = "127.0.0.1";
-    reason =
-        "loopback 127.0.0.1: no other interface with an IPv4 address is up (ranks on other hosts cannot reach "
-        "it; set CONDUIT_SOCKET_IFNAME)";
+    reason = fmt::format(
+        "loopback 127.0.0.1: no other interface with an IPv4 address is up (ranks on other hosts cannot reach it; "
+        "the tcp transport speaks IPv4 only{})",
+        without.empty() ? "; set CONDUIT_SOCKET_IFNAME to an interface that has one"
+                        : fmt::format("; interfaces without an IPv4 address here: {}", without));
   }
   if (why) *why = reason;
   return found;
+}
+
+uint64_t tcp_job_fingerprint(const std::vector<std::string>& addresses) {
+  // FNV-1a 64 over the count and each address with its length (so that no two books hash alike by concatenation).
+  uint64_t x = 14695981039346656037ull;
+  auto mix = [&x](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) x = (x ^ p[i]) * 1099511628211ull;
+  };
+  const uint64_t count = addresses.size();
+  mix(&count, sizeof count);
+  for (const std::string& a : addresses) {
+    const uint64_t n = a.size();
+    mix(&n, sizeof n);
+    mix(a.data(), a.size());
+  }
+  return x;
 }
 
 namespace {
@@ -814,6 +844,7 @@ class TcpTransport : public Transport {
       ::close(lfd);
       throw;
     }
+    job_ = tcp_job_fingerprint(all);
     try {
       // Higher ranks connect to lower ones and introduce themselves with a hello frame.
       for (int j = 0; j < rank_; ++j)
@@ -858,6 +889,7 @@ class TcpTransport : public Transport {
         const FrameHeader& h = p.h;
         std::string bad = validate_frame(h, -1, 0);
         if (bad.empty() && h.type != kFrameHello) bad = "first frame is not a hello";
+        if (bad.empty()) bad = hello_job_mismatch(h);
         if (bad.empty() && h.src >= static_cast<uint32_t>(size_))
           bad = fmt::format("hello from rank {}, outside this job of {} ranks", h.src, size_);
         else if (bad.empty() && h.src <= static_cast<uint32_t>(rank_))
@@ -887,7 +919,7 @@ class TcpTransport : public Transport {
         }
         try {
           // The hello is answered with this rank's own.
-          FrameHeader ack = make_frame(kFrameHello, 0, 0, rank_);
+          FrameHeader ack = make_frame(kFrameHello, job_, static_cast<uint64_t>(size_), rank_);
           write_all_blocking(p.fd, &ack, sizeof ack, deadline.min(Deadline::after(kHelloSeconds)));
         } catch (const Error& e) {
           drop(p, e.what());
@@ -1002,6 +1034,21 @@ class TcpTransport : public Transport {
     }
   }
 
+  // Empty when a hello (or its answer) comes from a rank of this job, else why not.
+  std::string hello_job_mismatch(const FrameHeader& h) const {
+    if (h.length != static_cast<uint64_t>(size_))
+      return fmt::format(
+          "hello from rank {} of a job of {} ranks, not this job's {} (another job, or a rank of an "
+          "earlier run, reached this port)",
+          h.src, h.length, size_);
+    if (h.tag != job_)
+      return fmt::format(
+          "hello from rank {} of another job: its ranks published other addresses than this job's (a "
+          "rank of another or an earlier run reached this port; is the store shared with another job?)",
+          h.src);
+    return {};
+  }
+
   void read_hello_answer(int peer, const Deadline& deadline) {
     const int fd = peers_[peer].fd;
     FrameHeader h{};
@@ -1027,6 +1074,7 @@ class TcpTransport : public Transport {
                       peer, rank_, printable_reason(why)));
     }
     if (bad.empty() && h.type != kFrameHello) bad = "the answer to its hello is not a hello";
+    if (bad.empty()) bad = hello_job_mismatch(h);
     if (!bad.empty())
       throw ProtocolError(fmt::format("tcp: rank {} got a bad handshake from rank {}: {}", rank_, peer, bad));
   }
@@ -1065,7 +1113,7 @@ class TcpTransport : public Transport {
       }
       if (e == 0) {
         try {
-          FrameHeader h = make_frame(kFrameHello, 0, 0, rank_);
+          FrameHeader h = make_frame(kFrameHello, job_, static_cast<uint64_t>(size_), rank_);
           write_all_blocking(fd, &h, sizeof h, deadline);
         } catch (const Error& e) {
           ::close(fd);
@@ -1104,6 +1152,7 @@ class TcpTransport : public Transport {
   std::atomic<bool> running_{true};
   uint64_t unexpected_budget_;
   uint64_t max_len_;
+  uint64_t job_ = 0;  // tcp_job_fingerprint of the rendezvous' addresses: what every hello names
 };
 
 }  // namespace

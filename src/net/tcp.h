@@ -23,6 +23,10 @@ std::string tcp_listen_address(std::string* why = nullptr);
 // transport, so that a bad value does not pass until a run over tcp.)
 uint64_t tcp_unexpected_budget();
 
+// The job a tcp hello names (wire version 3): a hash of every rank's published address, in rank order, as the
+// bootstrap's allgather returned them (the same on every rank of one rendezvous, another for another job or run).
+uint64_t tcp_job_fingerprint(const std::vector<std::string>& addresses);
+
 // `serve` marks the peers this transport connects to (empty: all); the others are served by another transport.
 TransportPtr make_tcp_transport(int rank, int size, std::vector<int> hosts, const AllgatherFn& allgather,
                                 const Deadline& connect_deadline, std::vector<char> serve = {});

@@ -32,6 +32,7 @@ std::string validate_frame(const FrameHeader& h, int expected_src, uint64_t max_
     return fmt::format("invalid tag {:#x} (unknown tag kind)", h.tag);
   if (expected_src >= 0 && h.src != static_cast<uint32_t>(expected_src))
     return fmt::format("frame claims source rank {} on the connection of rank {}", h.src, expected_src);
+  if (h.type == kFrameHello) return {};  // (its length is the world size, no payload: the handshake checks it)
   uint64_t limit = h.type == kFrameAbort ? kMaxAbortReason : max_length;
   if (h.length > limit) return fmt::format("frame length {} exceeds the limit of {} bytes", h.length, limit);
   return {};

@@ -4,7 +4,7 @@
 //   u32 magic 'CNDT' | u16 version | u16 type | u64 tag | u64 length | u32 src rank | u32 header checksum
 // A frame is rejected (ProtocolError on that connection, never a crash) when the magic, version, type, tag kind,
 // source rank or checksum is wrong, or when the length exceeds the limit (CONDUIT_MAX_MESSAGE_BYTES, default 16 GiB;
-// abort frames at most 4 KiB).
+// abort frames at most 4 KiB; a hello's length is its job's world size, checked by the tcp handshake).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -14,7 +14,10 @@ namespace conduit::net {
 inline constexpr uint32_t kFrameMagic = 0x54444e43u;  // "CNDT"
 // 2: the lower rank answers each tcp hello (with its own, or an abort frame with the reason it refused); a build
 // speaking 1 is refused at the handshake, naming both versions, instead of waiting for an answer that never comes.
-inline constexpr uint16_t kWireVersion = 2;
+// 3: a tcp hello (and its answer) carries the job's fingerprint in `tag` (a hash of every rank's published address,
+// the same on each rank of one rendezvous) and its world size in `length` (no bytes follow a hello): a rank of
+// another job or an earlier run that reaches this job's port is refused naming why, not adopted as a peer.
+inline constexpr uint16_t kWireVersion = 3;
 // kFrameShmRead: shm only (refused on tcp): a data message the receiver copies straight out of the sender's memory
 // (process_vm_readv); the frame is followed by the sender's address and sequence number, not by the payload.
 enum FrameType : uint16_t { kFrameData = 1, kFrameAbort = 2, kFrameHello = 3, kFrameShmRead = 4 };

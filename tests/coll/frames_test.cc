@@ -94,13 +94,16 @@ std::unique_ptr<RawPeer> connect_raw() {
   auto p = std::make_unique<RawPeer>();
   p->fd = ::socket(AF_INET, SOCK_STREAM, 0);
   EXPECT_EQ(::connect(p->fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
-  FrameHeader hello = make_frame(kFrameHello, 0, 0, 1);
+  const uint64_t job = tcp_job_fingerprint({a, "unused:1"});
+  FrameHeader hello = make_frame(kFrameHello, job, 2, 1);
   EXPECT_EQ(::send(p->fd, &hello, sizeof hello, 0), static_cast<ssize_t>(sizeof hello));
   p->t = made.get();
   FrameHeader answer{};  // rank 0 answers the hello with its own (left unread, closing would reset the connection)
   EXPECT_EQ(::recv(p->fd, &answer, sizeof answer, MSG_WAITALL), static_cast<ssize_t>(sizeof answer));
   EXPECT_EQ(validate_frame(answer, 0, 0), "");
   EXPECT_EQ(answer.type, kFrameHello);
+  EXPECT_EQ(answer.tag, job);  // the job it belongs to and its size
+  EXPECT_EQ(answer.length, 2u);
   return p;
 }
 
@@ -262,8 +265,9 @@ sockaddr_in parse_address(const std::string& a) {
   return sa;
 }
 
-// Rank 0 of 2 on loopback making its transport in the background (rank 1 is the test's), `*sa` its listening address.
-std::future<TransportPtr> listening_rank0(double seconds, sockaddr_in* sa) {
+// Rank 0 of 2 on loopback making its transport in the background (rank 1 is the test's), `*sa` its listening address
+// and `*hello` the hello rank 1 of its job says.
+std::future<TransportPtr> listening_rank0(double seconds, sockaddr_in* sa, FrameHeader* hello = nullptr) {
   setenv("CONDUIT_SOCKET_IFNAME", "lo", 1);
   auto addr = std::make_shared<std::promise<std::string>>();
   auto fut = addr->get_future();
@@ -276,7 +280,9 @@ std::future<TransportPtr> listening_rank0(double seconds, sockaddr_in* sa) {
         },
         Deadline::after(seconds));
   });
-  *sa = parse_address(fut.get());
+  const std::string a = fut.get();
+  *sa = parse_address(a);
+  if (hello) *hello = make_frame(kFrameHello, tcp_job_fingerprint({a, "unused:1"}), 2, 1);
   return made;
 }
 
@@ -289,9 +295,9 @@ std::future<TransportPtr> listening_rank0(double seconds, sockaddr_in* sa) {
 TEST(TcpRendezvous, SilentConnectionsDoNotKeepTheRealPeerOut) {
   const auto t0 = std::chrono::steady_clock::now();
   sockaddr_in sa;
-  auto made = listening_rank0(9, &sa);
+  FrameHeader hello;
+  auto made = listening_rank0(9, &sa, &hello);
   std::vector<int> silent;
-  FrameHeader hello = make_frame(kFrameHello, 0, 0, 1);
   for (int i = 0; i < 4; ++i) {
     silent.push_back(::socket(AF_INET, SOCK_STREAM, 0));
     ASSERT_EQ(::connect(silent.back(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
@@ -377,8 +383,8 @@ TEST(TcpRendezvous, ASecondProcessWithTheSameRankIsToldWhyItWasRefused) {
   auto rank1 = [&] {
     return make_tcp_transport(
         1, 3, {0, 0, 0},
-        [&](const std::string& mine) {
-          return std::vector<std::string>{addr0.get(), mine, "unused:1"};
+        [&](const std::string&) {
+          return std::vector<std::string>{addr0.get(), "unused:1", "unused:1"};  // (both: rank 0's book)
         },
         Deadline::after(6));
   };
@@ -396,6 +402,91 @@ TEST(TcpRendezvous, ASecondProcessWithTheSameRankIsToldWhyItWasRefused) {
   EXPECT_LT(second_refused ? t2 : t1, 3.0) << e_refused;  // at once, not at the deadline
   EXPECT_NE(e_kept.find("timed out waiting for 1 more peers"), std::string::npos) << e_kept;
   EXPECT_NE(e0.find("the last connection refused: a second hello from rank 1"), std::string::npos) << e0;
+}
+
+// A hello from a rank of another job (its ranks published other addresses, or it has another world size: a rank of an
+// earlier run, or of a job sharing the store, that reached this port) is refused with the reason, not adopted as rank
+// 1 (before wire version 3 a hello named only its rank), and the real rank 1 still joins.
+TEST(TcpRendezvous, AHelloFromAnotherJobIsRefusedAndTheRealPeerStillJoins) {
+  sockaddr_in sa;
+  FrameHeader hello;
+  auto made = listening_rank0(9, &sa, &hello);
+  auto refusal = [&](const FrameHeader& h) {
+    RawPeer stranger;
+    stranger.fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_EQ(::connect(stranger.fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+    EXPECT_EQ(::send(stranger.fd, &h, sizeof h, 0), static_cast<ssize_t>(sizeof h));
+    FrameHeader r{};
+    if (::recv(stranger.fd, &r, sizeof r, MSG_WAITALL) != static_cast<ssize_t>(sizeof r)) return std::string("closed");
+    EXPECT_EQ(validate_frame(r, 0, 0), "");
+    EXPECT_EQ(r.type, kFrameAbort);
+    std::string why(r.length, '\0');
+    EXPECT_EQ(::recv(stranger.fd, why.data(), why.size(), MSG_WAITALL), static_cast<ssize_t>(why.size()));
+    return why;
+  };
+  const std::string other = refusal(make_frame(kFrameHello, hello.tag ^ 1, 2, 1));
+  EXPECT_NE(other.find("hello from rank 1 of another job: its ranks published other addresses"), std::string::npos)
+      << other;
+  const std::string bigger = refusal(make_frame(kFrameHello, hello.tag, 3, 1));
+  EXPECT_NE(bigger.find("hello from rank 1 of a job of 3 ranks, not this job's 2"), std::string::npos) << bigger;
+  RawPeer real;
+  real.fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(real.fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::send(real.fd, &hello, sizeof hello, 0), static_cast<ssize_t>(sizeof hello));
+  EXPECT_NO_THROW(made.get());
+}
+
+// The connecting rank checks the answer too: a lower "rank" of another job that answers its hello (a port of this
+// job's book now held by another run) ends the rendezvous at once naming it.
+TEST(TcpRendezvous, AnAnswerFromAnotherJobIsAProtocolError) {
+  setenv("CONDUIT_SOCKET_IFNAME", "lo", 1);
+  RawPeer rank0;  // a listener speaking raw bytes
+  rank0.fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ASSERT_EQ(::bind(rank0.fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ASSERT_EQ(::listen(rank0.fd, 4), 0);
+  socklen_t len = sizeof sa;
+  ASSERT_EQ(::getsockname(rank0.fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::vector<std::string> book = {fmt::format("127.0.0.1:{}", ntohs(sa.sin_port)), "unused:1"};
+  auto made = std::async(std::launch::async, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string error = "no error";
+    try {
+      make_tcp_transport(
+          1, 2, {0, 0}, [&](const std::string&) { return book; }, Deadline::after(8));
+    } catch (const ProtocolError& e) {
+      error = e.what();
+    }
+    return std::make_pair(error, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  });
+  RawPeer conn;
+  conn.fd = ::accept(rank0.fd, nullptr, nullptr);
+  ASSERT_GE(conn.fd, 0);
+  FrameHeader h{};
+  ASSERT_EQ(::recv(conn.fd, &h, sizeof h, MSG_WAITALL), static_cast<ssize_t>(sizeof h));
+  EXPECT_EQ(validate_frame(h, 1, 0), "");
+  EXPECT_EQ(h.type, kFrameHello);
+  EXPECT_EQ(h.tag, tcp_job_fingerprint(book));  // rank 1 names its job and size
+  EXPECT_EQ(h.length, 2u);
+  const FrameHeader answer = make_frame(kFrameHello, h.tag + 1, 2, 0);
+  ASSERT_EQ(::send(conn.fd, &answer, sizeof answer, 0), static_cast<ssize_t>(sizeof answer));
+  auto [error, seconds] = made.get();
+  EXPECT_NE(error.find("tcp: rank 1 got a bad handshake from rank 0: hello from rank 0 of another job"),
+            std::string::npos)
+      << error;
+  EXPECT_LT(seconds, 5.0) << error;  // at once, not at the deadline
+}
+
+// The job fingerprint tells books apart that concatenate alike, and depends on the order of the ranks.
+TEST(Wire, TheJobFingerprintTellsAddressBooksApart) {
+  const uint64_t a = tcp_job_fingerprint({"10.0.0.1:5000", "10.0.0.2:5000"});
+  EXPECT_EQ(a, tcp_job_fingerprint({"10.0.0.1:5000", "10.0.0.2:5000"}));
+  EXPECT_NE(a, tcp_job_fingerprint({"10.0.0.2:5000", "10.0.0.1:5000"}));
+  EXPECT_NE(a, tcp_job_fingerprint({"10.0.0.1:5000", "10.0.0.2:5001"}));
+  EXPECT_NE(tcp_job_fingerprint({"ab", "c"}), tcp_job_fingerprint({"a", "bc"}));
+  EXPECT_NE(tcp_job_fingerprint({"a"}), tcp_job_fingerprint({"a", ""}));
 }
 
 // The address a peer published is checked: a port that is not a number 1..65535 is a protocol error naming the

@@ -80,16 +80,17 @@ TEST(BootstrapProcess, AStaleFileStoreIsNamedInTheWorldSizeRefusal) {
 // A rank of a file-store job that fails once the ranks have met publishes why in the directory: the others' waiting
 // ends with it (found by an audit: rank 0 waited for rank 1's address until its deadline, then named it missing);
 // the first failure only (each rank it stopped wrote its own over it). Here rank 1's tcp transport is given an
-// interface that does not exist. A process refused before it met the others (a second RANK 1 here) publishes nothing:
+// interface that does not exist (by Gloo's variable: Conduit's own is checked at start-up, before the ranks meet). A
+// process refused before it met the others (a second RANK 1 here) publishes nothing:
 // it would stop the job it was refused from (found by a review).
 TEST(BootstrapProcess, AFileStoreRanksStartUpErrorReachesTheOtherRanks) {
   const std::string dir = temp_dir();
   const std::string job = "failed" + std::to_string(::getpid());
   const std::string env = "WORLD_SIZE=2 CONDUIT_STORE_PATH=" + dir + " CONDUIT_JOB_ID=" + job +
                           " CONDUIT_TIMEOUT=60 CONDUIT_TRANSPORT=tcp ";
-  Result r = run_sh("RANK=1 CONDUIT_SOCKET_IFNAME=nosuch0 " + env + kConduit +
-                    " selftest --op allreduce --timeout 60 & RANK=0 " + env + kConduit +
-                    " selftest --op allreduce --timeout 60; wait");
+  Result r =
+      run_sh("RANK=1 GLOO_SOCKET_IFNAME=nosuch0 " + env + kConduit + " selftest --op allreduce --timeout 60 & RANK=0 " +
+             env + kConduit + " selftest --op allreduce --timeout 60; wait");
   EXPECT_EQ(count(r.out, "rank 1 failed: "), 1u) << r.out;
   EXPECT_NE(r.out.find("nosuch0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(published in the file store " + dir + " while this rank waited for key 'conduit/"),

@@ -1374,12 +1374,14 @@ TEST(Cli, DamagedClusterStateAndHostsFilesAndTheGracePeriodAreRefused) {
             std::string::npos)
       << out;
   // Settings read when first used are checked at start-up: a bad ring segment size passed where shm's fast
-  // allreduce served (and failed mid-run where a ring ran), a bad tcp budget unless the run was over tcp.
+  // allreduce served (and failed mid-run where a ring ran), a bad tcp budget or interface unless the run was over tcp.
   for (const auto& [var, value, want] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"CONDUIT_RING_SEGMENT_BYTES", "63",
             "CONDUIT_RING_SEGMENT_BYTES='63' is 63 bytes (allowed: 64 bytes to 1G)"},
-           {"CONDUIT_TCP_UNEXPECTED_BYTES", "2T",
-            "CONDUIT_TCP_UNEXPECTED_BYTES=2T is more than 1T; allowed: 0 to 1T"}}) {
+           {"CONDUIT_TCP_UNEXPECTED_BYTES", "2T", "CONDUIT_TCP_UNEXPECTED_BYTES=2T is more than 1T; allowed: 0 to 1T"},
+           {"CONDUIT_SOCKET_IFNAME", "nosuch0",
+            "CONDUIT_SOCKET_IFNAME=nosuch0 names no interface with an IPv4 address (the tcp transport speaks IPv4 "
+            "only); allowed here: lo"}}) {
     ASSERT_EQ(::setenv(var.c_str(), value.c_str(), 1), 0);
     const std::string o = run("bench coll --op allreduce -b 1K -e 1K -n 1 -w 0 --transport shm", &rc);
     ::unsetenv(var.c_str());
