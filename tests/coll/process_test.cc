@@ -433,15 +433,20 @@ TEST(Processes, ForcedAlgorithmsFromTheEnvironment) {
   EXPECT_EQ(bad.out.find("aborted"), std::string::npos) << bad.out;
 }
 
+// The "bytes" field of each JSON row `bench coll` printed, in order.
+std::vector<std::string> row_sizes(const std::string& out) {
+  std::vector<std::string> sizes;
+  for (size_t at = out.find("\"bytes\":"); at != std::string::npos; at = out.find("\"bytes\":", at + 1))
+    sizes.push_back(out.substr(at, out.find(',', at) - at));
+  return sizes;
+}
+
 // Sizes below ranks x element size give reduce_scatter the same one-element block: it is timed and printed once.
 TEST(Processes, BenchCollPrintsEachBlockSizeOnce) {
   auto r = run_sh(kConduit + " launch -n 3 -- " + kConduit +
                   " bench coll --op reduce_scatter --min-bytes 4 --max-bytes 32 --iters 2 --warmup 0 --json");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::vector<std::string> sizes;
-  for (size_t at = r.out.find("\"bytes\":"); at != std::string::npos; at = r.out.find("\"bytes\":", at + 1))
-    sizes.push_back(r.out.substr(at, r.out.find(',', at) - at));
-  EXPECT_EQ(sizes, (std::vector<std::string>{"\"bytes\":12", "\"bytes\":24"})) << r.out;
+  EXPECT_EQ(row_sizes(r.out), (std::vector<std::string>{"\"bytes\":12", "\"bytes\":24"})) << r.out;
   // The record says what else was measured (a --reduce max or --async run read as the default), and an --async run
   // is checked on the path it timed.
   r = run_sh(
@@ -461,10 +466,7 @@ TEST(Processes, BenchCollRowsLieWithinTheSizeRange) {
   auto r = run_sh(kConduit + " launch -n 3 -- " + kConduit +
                   " bench coll --op allgather -b 20 -e 40 --iters 2 --warmup 0 --json");
   ASSERT_EQ(r.code, 0) << r.out;
-  std::vector<std::string> sizes;
-  for (size_t at = r.out.find("\"bytes\":"); at != std::string::npos; at = r.out.find("\"bytes\":", at + 1))
-    sizes.push_back(r.out.substr(at, r.out.find(',', at) - at));
-  EXPECT_EQ(sizes, (std::vector<std::string>{"\"bytes\":24", "\"bytes\":36"})) << r.out;
+  EXPECT_EQ(row_sizes(r.out), (std::vector<std::string>{"\"bytes\":24", "\"bytes\":36"})) << r.out;
   for (const char* op : {"allgather", "reduce_scatter", "alltoall", "gather", "scatter"}) {
     r = run_sh(kConduit + " launch -n 4 -- " + kConduit + " bench coll --op " + op + " -b 4 -e 8 --iters 2 --warmup 0");
     EXPECT_EQ(r.code, 2) << op << ": " << r.out;

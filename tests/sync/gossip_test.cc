@@ -595,8 +595,11 @@ TEST(SyncAwaitWorkers, AStragglerLongerThanTheTimeoutIsAwaited) {
       });
     for (auto& t : ts) t.join();
     for (int r = 0; r < 3; ++r) EXPECT_EQ(errors[r], "") << "late " << late << ", rank " << r;
-    for (int r = 0; r < 3; ++r)
-      if (r != late) EXPECT_GT(waited[r], 1.6) << "late " << late << ", rank " << r;
+    for (int r = 0; r < 3; ++r) {
+      if (r != late) {
+        EXPECT_GT(waited[r], 1.6) << "late " << late << ", rank " << r;
+      }
+    }
   }
 }
 
