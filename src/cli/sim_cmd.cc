@@ -780,6 +780,7 @@ void run_plan(const StepArgs& given_args) {
              {"valid", pr.valid},
              {"fitting", pr.fitting},
              {"resplit", pr.resplit},
+             {"refit", pr.refit},
              {"search_s", pr.seconds},
              {"candidates_per_s", pr.candidates / std::max(pr.seconds, 1e-9)},
              {"untimeable", pr.untimeable},
@@ -796,9 +797,10 @@ void run_plan(const StepArgs& given_args) {
   }
   fmt::print("cluster {}  gpus {}  model {} ({:.2f}B params)  global batch {}\n", spec.name, a.gpus, m.name,
              gpt_parameters(m) / 1e9, a.global_batch);
-  fmt::print("searched {} candidates ({} valid, {} fit in memory{}) in {} ({:.0f} candidates/s)\n", pr.candidates,
+  fmt::print("searched {} candidates ({} valid, {} fit in memory{}{}) in {} ({:.0f} candidates/s)\n", pr.candidates,
              pr.valid, pr.fitting,
              pr.resplit > 0 ? fmt::format("; {} pipeline(s) split otherwise, faster", pr.resplit) : std::string(),
+             pr.refit > 0 ? fmt::format("; {} pipeline(s) that fit only split otherwise", pr.refit) : std::string(),
              format_seconds(pr.seconds), pr.candidates / std::max(pr.seconds, 1e-9));
   if (pr.untimeable > 0)
     fmt::print("left out: {} valid candidate(s) full-detail mode cannot time (e.g. {}); --mode symmetric times them\n",

@@ -58,6 +58,57 @@ struct Split {
   int first = 0, middle = 0, last = 0;
 };
 
+// The plan's split of its layers, and whether other splits can be estimated from its stage times.
+Split split_of(const StepResult& r) {
+  const int p = r.config.pp;
+  return {r.stage_layers.first, p > 2 ? r.stage_layers.middle : 0, r.stage_layers.last};
+}
+bool resplittable(const StepResult& r) {
+  return r.config.pp >= 2 && r.config.schedule != Schedule::kInterleaved && r.breakdown.stage_layer > 0 &&
+         r.microbatches >= 1;
+}
+
+// The time of the plan `r` with its layers split as `s` (see faster_splits).
+double split_time(const StepResult& r, const Split& s) {
+  const ParallelConfig& c = r.config;
+  const StepBreakdown& b = r.breakdown;
+  const int p = c.pp;
+  const double per = b.stage_layer, per_fwd = b.stage_layer_forward;
+  const Split now = split_of(r);
+  const double mb = static_cast<double>(r.microbatches);
+  const double first = b.stage_first + (s.first - now.first) * per;
+  const double middle = b.stage_middle + (s.middle - now.middle) * per;
+  const double last = b.stage_last + (s.last - now.last) * per;
+  if (c.schedule == Schedule::kGpipe) {
+    const double first_fwd = b.stage_first_forward + (s.first - now.first) * per_fwd;
+    const double middle_fwd = b.stage_middle_forward + (s.middle - now.middle) * per_fwd;
+    const double last_fwd = b.stage_last_forward + (s.last - now.last) * per_fwd;
+    const double max_f = std::max({first_fwd, p > 2 ? middle_fwd : 0.0, last_fwd});
+    const double max_b = std::max({first - first_fwd, p > 2 ? middle - middle_fwd : 0.0, last - last_fwd});
+    return first + (p - 2) * middle + last + (mb - 1) * (max_f + max_b);
+  }
+  double bound = mb * first, ahead = first;
+  if (p > 2) {  // (of the middle stages, the last has the most ahead of it)
+    bound = std::max(bound, mb * middle + ahead + (p - 3) * middle);
+    ahead += (p - 2) * middle;
+  }
+  return std::max(bound, mb * last + ahead);
+}
+
+// The fastest of the splits whose last stage holds lo..hi layers (the first the rest of `rest`), by the estimate,
+// which is convex in the last stage's layers: binary search for the first l whose next is no faster.
+std::pair<Split, double> best_in_range(const StepResult& r, int middle, int rest, int lo, int hi) {
+  auto at = [&](int l) { return split_time(r, Split{rest - l, middle, l}); };
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (at(mid + 1) >= at(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return {Split{rest - lo, middle, lo}, at(lo)};
+}
+
 // Other splits of a planned pipeline's layers (1F1B or GPipe; interleaved chunks hold equal layers) that its own
 // stage times say are faster, the fastest first (at most four), each with the time it is expected to save. A stage's
 // time is linear in its layers (the step's `stage_layer` a layer), so the plan's three stage times give every other
@@ -68,47 +119,15 @@ struct Split {
 // stage was the slowest by 5.5%, a review.) Both are convex in the last stage's layers for a given middle count (a
 // maximum of linear terms, and a sum of two), so a binary search finds each count's best.
 std::vector<std::pair<Split, double>> faster_splits(const StepResult& r, int layers) {
-  const ParallelConfig& c = r.config;
-  const StepBreakdown& b = r.breakdown;
-  const int p = c.pp;
-  const double per = b.stage_layer, per_fwd = b.stage_layer_forward;
-  if (p < 2 || c.schedule == Schedule::kInterleaved || !(per > 0) || r.microbatches < 1) return {};
-  const Split now{r.stage_layers.first, p > 2 ? r.stage_layers.middle : 0, r.stage_layers.last};
-  const double mb = static_cast<double>(r.microbatches);
-  auto time_of = [&](const Split& s) {
-    const double first = b.stage_first + (s.first - now.first) * per;
-    const double middle = b.stage_middle + (s.middle - now.middle) * per;
-    const double last = b.stage_last + (s.last - now.last) * per;
-    if (c.schedule == Schedule::kGpipe) {
-      const double first_fwd = b.stage_first_forward + (s.first - now.first) * per_fwd;
-      const double middle_fwd = b.stage_middle_forward + (s.middle - now.middle) * per_fwd;
-      const double last_fwd = b.stage_last_forward + (s.last - now.last) * per_fwd;
-      const double max_f = std::max({first_fwd, p > 2 ? middle_fwd : 0.0, last_fwd});
-      const double max_b = std::max({first - first_fwd, p > 2 ? middle - middle_fwd : 0.0, last - last_fwd});
-      return first + (p - 2) * middle + last + (mb - 1) * (max_f + max_b);
-    }
-    double bound = mb * first, ahead = first;
-    if (p > 2) {  // (of the middle stages, the last has the most ahead of it)
-      bound = std::max(bound, mb * middle + ahead + (p - 3) * middle);
-      ahead += (p - 2) * middle;
-    }
-    return std::max(bound, mb * last + ahead);
-  };
-  const double base = time_of(now);
+  const int p = r.config.pp;
+  if (!resplittable(r)) return {};
+  const Split now = split_of(r);
+  const double base = split_time(r, now);
   std::vector<std::pair<Split, double>> found;
   auto consider = [&](int middle, int rest) {
-    auto at = [&](int l) { return time_of(Split{rest - l, middle, l}); };
-    int lo = 0, hi = rest;  // the first l whose next is no faster
-    while (lo < hi) {
-      const int mid = lo + (hi - lo) / 2;
-      if (at(mid + 1) >= at(mid))
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    const Split s{rest - lo, middle, lo};
+    const auto [s, t] = best_in_range(r, middle, rest, 0, rest);
     if (s.first == now.first && s.middle == now.middle && s.last == now.last) return;
-    const double gain = base - at(lo);
+    const double gain = base - t;
     if (gain > 1e-9 * base) found.push_back({s, gain});
   };
   if (p == 2)
@@ -119,6 +138,50 @@ std::vector<std::pair<Split, double>> faster_splits(const StepResult& r, int lay
   std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
   if (found.size() > 4) found.resize(4);
   return found;
+}
+
+// Splits of a pipeline that does not fit under which each stage would (a stage's memory is linear in its layers:
+// StepResult.stage_memory; of the middle stages the second holds the most, one micro-batch fewer in flight than the
+// first under 1F1B, and bounds them all), the fastest by the estimate first (at most four), each with its estimated
+// time: per count of the middle stages' layers, the fastest split within the range the first and last stages' memory
+// leave (the estimate is convex there too).
+std::vector<std::pair<Split, double>> fitting_splits(const StepResult& r, int layers) {
+  if (!resplittable(r)) return {};
+  const int p = r.config.pp;
+  const StageMemory& sm = r.stage_memory;
+  if (!(sm.first_layer > 0) || !(sm.last_layer > 0) || (p > 2 && !(sm.second_layer > 0))) return {};
+  const Split now = split_of(r);
+  // The most layers a stage holds within the capacity (-1: not even none).
+  auto most = [&](double at_now, double per, int layers_now) -> long long {
+    const double room = std::floor((r.memory_capacity - at_now) / per) + layers_now;
+    return room < 0 ? -1 : room > layers ? layers : static_cast<long long>(room);
+  };
+  const long long first_max = most(sm.first, sm.first_layer, now.first);
+  const long long last_max = most(sm.last, sm.last_layer, now.last);
+  std::vector<std::pair<Split, double>> found;
+  if (first_max < 0 || last_max < 0) return found;
+  auto consider = [&](int middle, int rest) {
+    const long long lo = std::max<long long>(0, rest - first_max), hi = std::min<long long>(rest, last_max);
+    if (lo <= hi) found.push_back(best_in_range(r, middle, rest, static_cast<int>(lo), static_cast<int>(hi)));
+  };
+  if (p == 2) {
+    consider(0, layers);
+  } else {
+    const long long middle_max = most(sm.second, sm.second_layer, now.middle);
+    for (int middle = 1; middle <= middle_max && static_cast<long long>(p - 2) * middle <= layers; ++middle)
+      consider(middle, layers - (p - 2) * middle);
+  }
+  std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+  if (found.size() > 4) found.resize(4);
+  return found;
+}
+
+// The configuration that runs `asked` with its layers split as `s` (an even split as the default).
+ParallelConfig with_split(ParallelConfig c, const Split& s) {
+  const bool even = s.first == s.last && (c.pp == 2 || s.middle == s.first);
+  c.first_stage_layers = even ? -1 : s.first;
+  c.last_stage_layers = even ? -1 : s.last;
+  return c;
 }
 
 }  // namespace
@@ -163,6 +226,12 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   };
   std::vector<StepResult> all;
   std::vector<ParallelConfig> asked;  // (each plan's configuration as simulated, before the step resolved it)
+  struct Unfit {                      // a pipeline that does not fit as split, and the splits under which it would
+    double expected;
+    ParallelConfig asked;
+    std::vector<std::pair<Split, double>> splits;
+  };
+  std::vector<Unfit> unfit;
   for (int t : space.tp) {
     for (int p : space.pp) {
       auto skip = [&](std::string why) {
@@ -312,6 +381,8 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
                       res.best_oom = r;
                       res.any_oom = true;
                     }
+                    if (auto splits = fitting_splits(r, m.layers); !splits.empty())
+                      unfit.push_back({splits.front().second, c, std::move(splits)});
                     continue;
                   }
                   ++res.fitting;
@@ -341,7 +412,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   // and the plan replaced by the fastest of them that fits, where that is faster. A last stage with a large output
   // layer (Gemma's vocabulary of 256k over a hidden size of 2048) runs fewer layers than the others. Plans are taken in
   // order of their expected times, up to the first that could not reach the `top` any more. (Plans that would fit only
-  // with another split are not looked for: those that do not fit are not kept.)
+  // with another split are added first, just below.)
   std::multiset<double> times;
   for (const auto& r : all)
     if (std::isfinite(r.time)) times.insert(r.time);  // (a time that is not a number has no place in an order)
@@ -350,6 +421,45 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
     if (times.size() < top) return std::numeric_limits<double>::infinity();
     return *std::next(times.begin(), static_cast<long>(top) - 1);
   };
+  // Pipelines that do not fit as the first pass split them but would with fewer layers on a stage that holds the most
+  // (the first, with the most micro-batches in flight under 1F1B; the last, with the output layer and the logits), by
+  // their stages' memory (fitting_splits): the fastest of those splits by the estimate are simulated in full, and the
+  // fastest that fits joins the plans; taken in the order of their expected times, up to the first that could not
+  // enter the plans shown. (Until 2026-12-08 a plan that did not fit was dropped, whatever split would have fitted.)
+  std::stable_sort(unfit.begin(), unfit.end(), [](const Unfit& x, const Unfit& y) { return x.expected < y.expected; });
+  for (const Unfit& u : unfit) {
+    if (!(u.expected < cut())) break;
+    StepResult best;
+    ParallelConfig best_asked;
+    bool found = false;
+    for (const auto& [s, expected] : u.splits) {
+      const ParallelConfig c = with_split(u.asked, s);
+      ++res.candidates;
+      StepResult r;
+      try {
+        r = simulate_step(net, m, c);
+      } catch (const ConfigError&) {
+        continue;  // (a split whose play-out is past its bounds)
+      } catch (const UnsupportedError& e) {
+        if (!std::string_view(e.what()).starts_with("full-detail mode")) throw;
+        continue;
+      }
+      ++res.valid;
+      if (!r.fits) continue;
+      ++res.fitting;
+      if (found && !ranks_before(r, best)) continue;
+      best = std::move(r);
+      best_asked = c;
+      found = true;
+    }
+    if (!found) continue;
+    if (best.config.dp == 1) note_dp1(best);
+    if (std::isfinite(best.time)) times.insert(best.time);
+    all.push_back(std::move(best));
+    asked.push_back(best_asked);
+    order.push_back(all.size() - 1);
+    ++res.refit;
+  }
   struct Resplit {
     double expected;
     size_t plan;
@@ -368,10 +478,7 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
     StepResult better;
     bool found = false;
     for (const auto& [s, gain] : rs.splits) {
-      ParallelConfig c = asked[rs.plan];
-      const bool even = s.first == s.last && (c.pp == 2 || s.middle == s.first);
-      c.first_stage_layers = even ? -1 : s.first;
-      c.last_stage_layers = even ? -1 : s.last;
+      const ParallelConfig c = with_split(asked[rs.plan], s);
       ++res.candidates;
       StepResult r;
       try {

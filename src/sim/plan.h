@@ -31,6 +31,7 @@ struct PlanResult {
   long long valid = 0;             // passed validation (divisibility etc.)
   long long fitting = 0;           // fit in memory
   long long resplit = 0;           // pipelines whose layers the second pass split otherwise (faster)
+  long long refit = 0;             // pipelines that fit only with another split than the first pass's, added
   double seconds = 0;              // wall time of the search
   StepResult best_oom;             // the plan nearest to fitting, the least memory (when none fits)
   bool any_oom = false;

@@ -1351,6 +1351,23 @@ StepResult gpt_step(CollectiveModel& net, const GptModel& given, const ParallelC
           format_gb(last.total()), format_gb(first_memory.total())));
     }
   }
+  if (p > 1 && cfg.schedule != Schedule::kInterleaved) {
+    const double second_inflight = cfg.schedule == Schedule::kGpipe ? mbs : std::min<double>(p - 1, mbs);
+    auto first_of = [&](int l) {
+      return stage_memory(l * layer_params / t + emb_gpu, first_inflight, false, l).total();
+    };
+    auto second_of = [&](int l) { return stage_memory(l * layer_params / t, second_inflight, false, l).total(); };
+    auto last_of = [&](int l) { return stage_memory((l * layer_params + V * h) / t, last_inflight, true, l).total(); };
+    StageMemory& sm = r.stage_memory;
+    sm.first = first_of(lps_first);
+    sm.first_layer = first_of(lps_first + 1) - sm.first;
+    if (p > 2) {
+      sm.second = second_of(lps_mid);
+      sm.second_layer = second_of(lps_mid + 1) - sm.second;
+    }
+    sm.last = last_of(lps_last);
+    sm.last_layer = last_of(lps_last + 1) - sm.last;
+  }
   r.memory_capacity = mem_capacity;
   r.fits = r.memory.total() <= mem_capacity;
   if (!r.fits)

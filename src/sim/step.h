@@ -165,6 +165,13 @@ struct MemoryBreakdown {
   double total() const { return params + grads + optimizer + activations; }
 };
 
+// A pipeline's memory per GPU on its first, second and last stages, and the bytes one transformer layer more adds to
+// each (a stage's memory is linear in its layers).
+struct StageMemory {
+  double first = 0, second = 0, last = 0;
+  double first_layer = 0, second_layer = 0, last_layer = 0;
+};
+
 struct StepResult {
   ParallelConfig config;
   long long gpus = 0;
@@ -173,6 +180,9 @@ struct StepResult {
   StepBreakdown breakdown;
   MemoryBreakdown memory;  // per GPU (the most loaded: first pipeline stage)
   StageLayers stage_layers;  // each pipeline stage's transformer layers (GPT steps)
+  // GPT steps with pp > 1, GPipe or 1F1B (else zeros): the second stage is the most loaded middle one (one micro-batch
+  // fewer in flight than the first under 1F1B; 0 where p = 2). The planner's search for a split that fits.
+  StageMemory stage_memory;
   double memory_capacity = 0;
   bool fits = true;
   double model_flops = 0;     // per iteration, no recompute (72 formula terms from the GEMMs)
