@@ -21,6 +21,11 @@ namespace conduit::sync::detail {
 void check_difference_compressor(std::string_view field, std::string_view method, const std::string& spec,
                                  const compress::Compressor& c);
 
+// "<field> is empty; allowed: none or a compressor spec (...the methods...)": a scheme's compressor given as an empty
+// value (`push_compressor=`, YAML's ''), which ran uncompressed without a word. `field` names it ("sync dpsgd:
+// compressor").
+std::string empty_compressor_message(std::string_view field);
+
 // Reads a scheme's parameters: unknown keys raise ConfigError listing the allowed ones; values are range-checked.
 class ParamReader {
  public:

@@ -60,7 +60,9 @@ int64_t checked_clock(uint64_t v, const char* what) {
 }
 
 compress::CompressorPtr ps_compressor(const std::string& spec, const char* what) {
-  if (spec.empty() || spec == "none") return nullptr;
+  // (an empty value, `push_compressor=` or YAML's '', ran uncompressed without a word)
+  if (spec.empty()) throw ConfigError(detail::empty_compressor_message(fmt::format("sync ps: {}", what)));
+  if (spec == "none") return nullptr;
   compress::CompressorPtr c;
   try {
     c = compress::parse_compressor(spec);

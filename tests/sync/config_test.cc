@@ -326,3 +326,21 @@ TEST(SyncConfig, GossipCompressorsMustShrinkTheirInputAndParametersMustApply) {
   m = config_error([] { make_strategy("dpsgd", {{"graph", "torus"}, {"rows", "3"}}, four[0]); });
   EXPECT_NE(m.find("allowed: 0 (the most square grid) or 1, 2, 4"), std::string::npos) << m;
 }
+
+// Found by an audit: an empty compressor (`ps-asp:push_compressor=`, `dpsgd:compressor=`, YAML's '') ran uncompressed
+// without a word, as if it said none.
+TEST(SyncConfig, AnEmptyCompressorIsRefusedNotTakenForNone) {
+  const std::string allowed = "is empty; allowed: none or a compressor spec (";
+  for (const char* field : {"push_compressor", "pull_compressor"}) {
+    auto m = config_error([field] { make_strategy("ps-asp", {{"colocate", "1"}, {field, ""}}, kComms[0]); });
+    EXPECT_NE(m.find(fmt::format("sync ps: {} {}", field, allowed)), std::string::npos) << m;
+    EXPECT_NE(m.find("topk"), std::string::npos) << m;
+  }
+  auto m = config_error([] { make_strategy("dpsgd", {{"compressor", ""}}, kComms[0]); });
+  EXPECT_NE(m.find("sync dpsgd: compressor " + allowed), std::string::npos) << m;
+  // The spec form a command line gives, and none still meaning none.
+  m = config_error([] { parse_strategy("ps-ssp:colocate=1,push_compressor=", kComms[0]); });
+  EXPECT_NE(m.find("push_compressor " + allowed), std::string::npos) << m;
+  EXPECT_NO_THROW(make_strategy("ps-asp", {{"colocate", "1"}, {"push_compressor", "none"}}, kComms[0]));
+  EXPECT_NO_THROW(make_strategy("dpsgd", {{"compressor", "none"}}, kComms[0]));
+}
