@@ -892,3 +892,171 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
     });
 }
 }  // namespace
+
+namespace {
+// Found by an audit: under ps-ssp with s > 0 a peer frozen rather than dead (SIGSTOP: its connections stay open) kept
+// every rank waiting without end (41 s, until SIGCONT). The waits that may outlast the timeout (a fast worker's for
+// the straggler, at its shard and for the reply; the final model's for the workers' stops) fail once an awaited peer
+// has sent nothing for stall_bound_s(timeout_s), naming it; a straggler that keeps pushing is waited for however long
+// its whole lag (past that bound here).
+constexpr double kStallTimeout = 0.4;  // (a bound of 4 s; every other wait ends within the timeout on a loaded machine)
+
+struct StallRun {
+  std::vector<std::string> errors;
+  std::vector<double> seconds;  // from the frozen rank's freeze to the error
+};
+
+// `frozen` (a worker rank, or -1) takes one step, then stops taking part without closing anything until every other
+// rank has ended; worker 1 sleeps `slow_s` before each step. A rank that fails aborts its transport, as a failing
+// process would (its exit closes the connections).
+StallRun stall_run(const std::string& scheme, const Params& p, int n, int frozen, double slow_s, int steps) {
+  coll::CommConfig cfg;
+  cfg.timeout_s = kStallTimeout;
+  cfg.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(n, 0, cfg);
+  StallRun out;
+  out.errors.assign(size_t(n), "");
+  out.seconds.assign(size_t(n), 0);
+  std::mutex mu;
+  std::condition_variable cv;
+  int ended = 0;
+  std::chrono::steady_clock::time_point frozen_at{};
+  const bool colocated = p.count("colocate") && p.at("colocate") == "1";
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto s = make_strategy(scheme, p, comms[size_t(r)]);
+        if (s->is_worker()) {
+          auto x = harness::initial(r, 16);
+          std::vector<float> g(x.size(), 0.01f);
+          s->setup(x);
+          for (int t = 0; t < steps; ++t) {
+            if (r == frozen && t == 1) {
+              std::unique_lock<std::mutex> lk(mu);
+              frozen_at = std::chrono::steady_clock::now();
+              cv.wait_for(lk, std::chrono::seconds(30), [&] { return ended == n - 1; });
+              return;  // (the strategy goes away: its destructor aborts, as the process would at SIGCONT)
+            }
+            if (r == 1 && slow_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s));
+            if (s->before_step(uint64_t(t), x, g))
+              for (float& v : x) v -= 0.01f;
+            s->after_step(uint64_t(t), x);
+          }
+          if (colocated) await_workers(*comms[size_t(r)]);  // as the trainer does before finishing
+          s->finish(x);
+        } else {
+          s->serve();
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(mu);
+        out.errors[size_t(r)] = e.what();
+        out.seconds[size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen_at).count();
+        comms[size_t(r)]->transport().abort(e.what());
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      if (r != frozen) ++ended;
+      cv.notify_all();
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+TEST(SyncPs, AFrozenWorkerEndsTheOthersWaitsWithinTheBoundNamingIt) {
+  const double bound = stall_bound_s(kStallTimeout);
+  struct Case {
+    const char* scheme;
+    Params p;
+    int n, frozen;
+  };
+  // ssp: the others wait for the frozen worker at its shard (dedicated, and co-located: their own shard); asp: the
+  // server waits for its stop before the final model.
+  const Case cases[] = {{"ps-ssp", {{"staleness", "1"}, {"colocate", "0"}, {"servers", "1"}}, 3, 1},
+                        {"ps-ssp", {{"staleness", "1"}, {"colocate", "1"}, {"servers", "3"}}, 3, 2},
+                        {"ps-asp", {{"colocate", "0"}, {"servers", "1"}}, 3, 1}};
+  for (const Case& c : cases) {
+    const auto r = stall_run(c.scheme, c.p, c.n, c.frozen, 0, 20);
+    const std::string who = fmt::format("rank {} (clock 1), which sent nothing for", c.frozen);
+    for (int k = 0; k < c.n; ++k) {
+      if (k == c.frozen) continue;
+      const std::string& e = r.errors[size_t(k)];
+      EXPECT_NE(e.find(who), std::string::npos) << c.scheme << " rank " << k << ": " << e;
+      EXPECT_NE(e.find(fmt::format("allowed: {:.1f} s of silence from an awaited worker", bound)), std::string::npos)
+          << e;
+      EXPECT_GE(r.seconds[size_t(k)], bound - 0.5) << c.scheme << " rank " << k << ": " << e;
+      EXPECT_LE(r.seconds[size_t(k)], bound + 3.0) << c.scheme << " rank " << k << ": " << e;
+    }
+  }
+}
+
+TEST(SyncPs, AStragglerThatKeepsPushingIsWaitedForPastTheStallBound) {
+  // Worker 1 takes 1 s a step, 5 steps: 5 s in all, past the 4 s bound, each step well within it.
+  const std::pair<const char*, Params> cases[] = {
+      {"ps-ssp", {{"staleness", "1"}, {"colocate", "0"}, {"servers", "1"}}},
+      {"ps-ssp", {{"staleness", "1"}, {"colocate", "1"}, {"servers", "3"}}},
+      {"ps-asp", {{"colocate", "0"}, {"servers", "1"}}}};  // (the final model waits for its stop: 5 s)
+  for (const auto& [scheme, p] : cases) {
+    const auto r = stall_run(scheme, p, 3, -1, 1.0, 5);
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(r.errors[size_t(k)], "") << scheme << " rank " << k;
+  }
+}
+
+TEST(SyncPs, AFrozenServerEndsTheWorkersWaitForItsReplyNamingIt) {
+  // Rank 1 is a dedicated server spoken by hand: it takes worker 0's upload, answers its pull, takes its first push,
+  // and then answers nothing, its connection open. Worker 0's wait for the reply ends after the servers' bound on a
+  // silent worker plus a timeout, naming the server.
+  const size_t d = 16;
+  coll::CommConfig cfg;
+  cfg.timeout_s = kStallTimeout;
+  cfg.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(2, 0, cfg);
+  std::string error = "no error";
+  double seconds = 0;
+  std::promise<void> failed;
+  std::thread worker([&] {
+    auto x = harness::initial(0, d);
+    std::vector<float> g(d, 0.5f);
+    try {
+      auto s = make_strategy("ps-ssp", {{"staleness", "1"}, {"colocate", "0"}, {"servers", "1"}}, comms[0]);
+      s->setup(x);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        s->before_step(0, x, g);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } catch (const Error& e) {
+      error = std::string("outside the step: ") + e.what();
+    }
+    failed.set_value();
+  });
+  struct Header {
+    uint64_t kind, bytes, clock;
+    double lr_scale;
+  } h{};
+  std::vector<float> buf(d);
+  auto& c = *comms[1];
+  try {
+    detail::wait(c, detail::irecv(c, 0, detail::kTagPsInit, &h, sizeof h));
+    detail::wait(c, detail::irecv(c, 0, detail::kTagPsInit, buf.data(), 4 * d));
+    detail::wait(c, detail::irecv(c, 0, detail::kTagPsHeader, &h, sizeof h));  // the pull
+    const uint64_t reply[2] = {4 * d, 1};
+    detail::wait(c, detail::isend(c, 0, detail::kTagPsReplyHeader, reply, sizeof reply));
+    detail::wait(c, detail::isend(c, 0, detail::kTagPsReply, buf.data(), 4 * d));
+    detail::wait(c, detail::irecv(c, 0, detail::kTagPsHeader, &h, sizeof h));  // the push
+    detail::wait(c, detail::irecv(c, 0, detail::kTagPsPayload, buf.data(), 4 * d));
+  } catch (const Error& e) {
+    ADD_FAILURE() << "the hand-spoken server: " << e.what();
+  }
+  failed.get_future().wait_for(std::chrono::seconds(30));  // frozen until the worker gives up
+  worker.join();
+  comms[1]->transport().abort("test over");
+  const double bound = stall_bound_s(kStallTimeout) + kStallTimeout;
+  EXPECT_NE(error.find(fmt::format("rank 0 at clock 1 had no reply from server rank 1 (shard 0) for {:.1f} s", bound)),
+            std::string::npos)
+      << error;
+  EXPECT_GE(seconds, bound - 0.1) << error;
+  EXPECT_LE(seconds, bound + 3.0) << error;
+}
+}  // namespace
