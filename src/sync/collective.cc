@@ -41,8 +41,9 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
   if (static_cast<int64_t>(step) < warmup_) return;
   if (++since_avg_ < period_) return;
   since_avg_ = 0;
+  const double t = detail::period_timeout_s(*comm_, period_);  // (the workers drifted up to a period apart)
   if (!adaptive_) {
-    allreduce_avg(*comm_, params, stats_);
+    allreduce_avg(*comm_, params, stats_, t);
     return;
   }
   // Relative divergence sum_i |x_i - xbar|^2 / sum_i |x_i|^2 = 1 - n|xbar|^2 / sum_i |x_i|^2, from one extra
@@ -51,8 +52,8 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
   for (float v : params) own += double(v) * v;
   float sq = static_cast<float>(own);
   // (counted as every exchange is: it added its bytes to bytes_sent only, none to received, time or rounds)
-  detail::allreduce_f32(*comm_, std::span<float>(&sq, 1), ReduceOp::sum, stats_);
-  allreduce_avg(*comm_, params, stats_);
+  detail::allreduce_f32(*comm_, std::span<float>(&sq, 1), ReduceOp::sum, stats_, t);
+  allreduce_avg(*comm_, params, stats_);  // (met at the one above: the normal deadline)
   double mean = 0;
   for (float v : params) mean += double(v) * v;
   double div = sq > 0 ? std::max(0.0, 1.0 - comm_->size() * mean / sq) : 0;
@@ -63,7 +64,7 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
 }
 
 void LocalSgdStrategy::finish(std::span<float> params) {
-  if (since_avg_ > 0) allreduce_avg(*comm_, params, stats_);
+  if (since_avg_ > 0) allreduce_avg(*comm_, params, stats_, detail::period_timeout_s(*comm_, since_avg_));
   since_avg_ = 0;
 }
 
@@ -115,9 +116,10 @@ void DilocoStrategy::finish(std::span<float> params) {
 }
 
 void DilocoStrategy::outer_step(std::span<float> params) {
+  const int64_t steps = since_sync_;  // (up to a period: the workers drifted that far apart)
   since_sync_ = 0;
   for (size_t i = 0; i < params.size(); ++i) delta_[i] = outer_[i] - params[i];  // outer gradient
-  allreduce_avg(*comm_, delta_, stats_);
+  allreduce_avg(*comm_, delta_, stats_, detail::period_timeout_s(*comm_, steps));
   const float lr = static_cast<float>(outer_lr_), mu = static_cast<float>(momentum_);
   for (size_t i = 0; i < params.size(); ++i) {
     float g = delta_[i];
@@ -166,13 +168,14 @@ void EasgdStrategy::finish(std::span<float> params) {
 }
 
 void EasgdStrategy::elastic_step(std::span<float> params) {
+  const int64_t steps = since_sync_;  // (up to a period: the workers drifted that far apart)
   since_sync_ = 0;
   const float a = static_cast<float>(alpha_);
   for (size_t i = 0; i < params.size(); ++i) {
     diff_[i] = params[i] - center_[i];
     params[i] -= a * diff_[i];
   }
-  allreduce_avg(*comm_, diff_, stats_);  // mean of the differences
+  allreduce_avg(*comm_, diff_, stats_, detail::period_timeout_s(*comm_, steps));  // mean of the differences
   const float an = a * comm_->size();
   for (size_t i = 0; i < params.size(); ++i) center_[i] += an * diff_[i];
 }

@@ -1,5 +1,6 @@
 #pragma once
 // Internals shared by the strategies: parameter parsing and point-to-point helpers over a communicator's transport.
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -73,10 +74,20 @@ inline coll::CollOptions blocking_opts() {
   return o;
 }
 
-// Blocking average of buf over the communicator (ReduceOp::avg), with stats accounting.
-void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats);
+// Blocking average of buf over the communicator (ReduceOp::avg), with stats accounting. `timeout_s`: its deadline
+// (0: the communicator's).
+void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats, double timeout_s = 0);
 // The same with any reduction.
-void allreduce_f32(coll::Communicator& c, std::span<float> buf, ReduceOp op, SyncStats& stats);
+void allreduce_f32(coll::Communicator& c, std::span<float> buf, ReduceOp op, SyncStats& stats, double timeout_s = 0);
+
+// The deadline of a synchronization every `period` steps (local SGD's average, DiLoCo's outer step, EASGD's elastic
+// step): the workers meet there after up to `period` steps apart, so a straggler's lag at it is up to `period` times
+// its lag a step, which bsp tolerates up to the communicator's timeout. period x timeout_s keeps that tolerance a
+// step (a 2-worker run with a 150x straggler, timeout 1 s and period 20 failed where bsp finished); a frozen or
+// hung peer still fails the sync within it, and a dead one at once.
+inline double period_timeout_s(const coll::Communicator& c, int64_t period) {
+  return c.timeout_s() * double(std::max<int64_t>(period, 1));
+}
 
 // Byte (de)serialization for save_state/load_state.
 class Writer {

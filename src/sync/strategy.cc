@@ -144,14 +144,16 @@ void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs) {
 }
 void wait(coll::Communicator& c, const net::RequestPtr& r) { wait_all(c, {r}); }
 
-void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats) {
-  allreduce_f32(c, buf, ReduceOp::avg, stats);
+void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats, double timeout_s) {
+  allreduce_f32(c, buf, ReduceOp::avg, stats, timeout_s);
 }
 
-void allreduce_f32(coll::Communicator& c, std::span<float> buf, ReduceOp op, SyncStats& stats) {
+void allreduce_f32(coll::Communicator& c, std::span<float> buf, ReduceOp op, SyncStats& stats, double timeout_s) {
   if (c.size() <= 1) return;
   Stopwatch sw;
-  c.allreduce(buf.data(), buf.size(), DType::f32, op, detail::blocking_opts()).wait();
+  coll::CollOptions o = detail::blocking_opts();
+  o.timeout_s = timeout_s;
+  c.allreduce(buf.data(), buf.size(), DType::f32, op, o).wait();
   stats.comm_seconds += sw.seconds();
   uint64_t b = 2ull * (c.size() - 1) * buf.size_bytes() / c.size();
   stats.bytes_sent += b;

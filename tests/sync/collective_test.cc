@@ -1,7 +1,11 @@
 // bsp, local SGD, DiLoCo and EASGD on in-process ranks.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "harness.h"
@@ -298,6 +302,81 @@ TEST(SyncCollective, EasgdPreservesSumOfWorkersPlusCenterWithZeroGradients) {
     EXPECT_NEAR(after, before[i], 1e-4) << i;
   }
   EXPECT_LT(spread, 1e-2);  // the elastic force pulled workers and center together
+}
+
+// Found by an audit: local, diloco and easgd met at their sync point with the collectives' deadline, while the
+// workers rightly drift up to `period` steps apart between syncs: a straggler that bsp waits for (its lag a step
+// within the timeout) failed them ("allreduce #6 ... did not complete before the deadline"). The sync's deadline is
+// period x timeout_s: that straggler syncs; a frozen one still fails the sync within it.
+struct PeriodRun {
+  std::string error0, error1;
+  double seconds0 = 0;  // rank 0: from rank 1's freeze to its error
+};
+
+PeriodRun period_run(const std::string& scheme, double timeout_s, int period, double slow_s, bool frozen, int steps) {
+  coll::CommConfig cfg;
+  cfg.timeout_s = timeout_s;
+  cfg.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(2, 0, cfg);
+  PeriodRun out;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool ended0 = false;
+  std::chrono::steady_clock::time_point frozen_at = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      std::string error;
+      try {
+        auto s = make_strategy(scheme, {{"period", std::to_string(period)}}, comms[size_t(r)]);
+        auto x = harness::initial(r, 16);
+        std::vector<float> g(x.size());
+        s->setup(x);
+        for (int t = 0; t < steps; ++t) {
+          if (r == 1 && frozen && t == 1) {  // takes no further part, its connections open, until rank 0 has ended
+            std::unique_lock<std::mutex> lk(mu);
+            frozen_at = std::chrono::steady_clock::now();
+            cv.wait_for(lk, std::chrono::seconds(30), [&] { return ended0; });
+            comms[1]->transport().abort("test: the frozen rank goes away");
+            return;
+          }
+          if (r == 1) std::this_thread::sleep_for(std::chrono::duration<double>(slow_s));
+          for (size_t i = 0; i < x.size(); ++i) g[i] = harness::curvature(r) * (x[i] - harness::target(r, i));
+          if (s->before_step(uint64_t(t), x, g))
+            for (size_t i = 0; i < x.size(); ++i) x[i] -= 0.1f * g[i];
+          s->after_step(uint64_t(t), x);
+        }
+        s->finish(x);
+      } catch (const std::exception& e) {
+        error = e.what();
+        comms[size_t(r)]->transport().abort(e.what());
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      (r == 0 ? out.error0 : out.error1) = error;
+      if (r == 0) {
+        out.seconds0 = std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen_at).count();
+        ended0 = true;
+        cv.notify_all();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+TEST(SyncCollective, APeriodicSyncWaitsForAStragglersWholePeriodLagButNotForAFrozenPeer) {
+  const double timeout = 0.3;
+  const int period = 8;
+  for (const char* scheme : {"local", "diloco", "easgd"}) {
+    // 0.12 s a step behind (bsp would wait for it: within the timeout), 0.96 s a period (past it).
+    const auto slow = period_run(scheme, timeout, period, 0.12, false, 2 * period);
+    EXPECT_EQ(slow.error0, "") << scheme;
+    EXPECT_EQ(slow.error1, "") << scheme;
+    // Rank 1 stops after its first step: rank 0's sync at step 8 fails within period x timeout.
+    const auto stuck = period_run(scheme, timeout, period, 0, true, 2 * period);
+    EXPECT_NE(stuck.error0.find("deadline"), std::string::npos) << scheme << ": " << stuck.error0;
+    EXPECT_GE(stuck.seconds0, period * timeout - 0.3) << scheme << ": " << stuck.error0;
+    EXPECT_LE(stuck.seconds0, period * timeout + 3.0) << scheme << ": " << stuck.error0;
+  }
 }
 
 }  // namespace
