@@ -115,8 +115,8 @@ class DpsgdStrategy : public Strategy {
 };
 
 // sgp: Stochastic Gradient Push (PushSum) over a directed time-varying exponential graph: at step t rank i sends
-// 1/(k+1) of (x_i, w_i) to each of its k peers (i + 2^(t mod log2 n) with one peer) and keeps 1/(k+1); params hold the
-// de-biased z_i = x_i / w_i.
+// 1/(k+1) of (x_i, w_i) to each of its k peers (i + 2^((t k + p) mod ceil(log2 n)), p < k: the offsets 1, 2, 4, ...
+// below n, ceil(log2 n) of them) and keeps 1/(k+1); params hold the de-biased z_i = x_i / w_i.
 class SgpStrategy : public Strategy {
  public:
   SgpStrategy(coll::CommPtr comm, int peers_per_step);

@@ -106,8 +106,6 @@ struct SyncSpec {
   // weight decay; the compressor), not given in the sync spec: they follow those settings, as they do for bsp.
   std::set<std::string> derived;
   bool bsp() const { return name == "bsp"; }
-  // Schemes whose workers never wait for a slower one at every step (ps-asp, ps-ssp, adpsgd).
-  bool asynchronous() const { return name == "ps-asp" || name == "ps-ssp" || name == "adpsgd"; }
   bool parameter_server() const { return name.rfind("ps-", 0) == 0; }
   std::string to_string() const;
 };

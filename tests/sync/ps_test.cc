@@ -256,7 +256,8 @@ TEST(SyncPs, SspTrainingConvergesWithCompressionBothWays) {
 namespace {
 
 // Co-located servers: a run resumed from save_state (after a barrier) continues as the uninterrupted one: bit for
-// bit with 2 workers (ps-bsp sums gradients in arrival order, which is exact for two); within rounding otherwise.
+// bit with 2 workers (ps-bsp sums a clock's gradients in worker order, whatever order they arrived in); within rounding
+// otherwise (asp and ssp apply each push as it arrives).
 TEST(SyncPs, ColocatedStateResumes) {
   for (std::string mode : {"ps-bsp", "plain", "ps-ssp", "dana"}) {
     const int n = mode == "ps-bsp" ? 2 : 3;
