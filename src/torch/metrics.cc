@@ -44,43 +44,112 @@ void Trace::complete(const std::string& name, int tid, double start_s, double en
   nlohmann::json e = {{"name", name}, {"ph", "X"},  {"pid", rank_}, {"tid", tid},
                       {"ts", start_s * 1e6}, {"dur", std::max(0.0, end_s - start_s) * 1e6}};
   if (!args.is_null()) e["args"] = std::move(args);
-  std::lock_guard<std::mutex> lk(mu_);
-  events_.push_back(std::move(e));
+  record(std::move(e));
 }
 
 void Trace::instant(const std::string& name, int tid, double at_s, nlohmann::json args) {
   if (!on_) return;
   nlohmann::json e = {{"name", name}, {"ph", "i"}, {"s", "t"}, {"pid", rank_}, {"tid", tid}, {"ts", at_s * 1e6}};
   if (!args.is_null()) e["args"] = std::move(args);
+  record(std::move(e));
+}
+
+void Trace::record(nlohmann::json e) {
   std::lock_guard<std::mutex> lk(mu_);
-  events_.push_back(std::move(e));
+  ++count_;
+  if (f_)
+    put(e);
+  else
+    events_.push_back(std::move(e));
+}
+
+void Trace::put(const nlohmann::json& e) {
+  if (!failed_.empty()) return;
+  pending_ += ",\n";
+  pending_ += e.dump();
+  if (pending_.size() >= (1u << 20)) flush();  // (else the flusher's, within 0.5 s)
+}
+
+void Trace::flush() {
+  // Whole events only, in one write (an unbuffered stream): a run killed between two leaves no event cut in half
+  // (stdio's 4 KiB buffer went out mid-event, and the file did not parse).
+  if (failed_.empty() && !pending_.empty() && std::fwrite(pending_.data(), 1, pending_.size(), f_) != pending_.size())
+    failed_ = std::strerror(errno);
+  pending_.clear();
+}
+
+void Trace::open(const std::string& path) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (f_) return;
+  f_ = std::fopen(path.c_str(), "w");
+  if (!f_) throw ConfigError(fmt::format("output: cannot write the trace '{}': {}", path, std::strerror(errno)));
+  std::setvbuf(f_, nullptr, _IONBF, 0);
+  path_ = path;
+  // (the metadata first: each event after it starts with its comma)
+  const nlohmann::json process = {
+      {"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", fmt::format("rank {}", rank_)}}}};
+  pending_ = "[\n" + process.dump();
+  const char* threads[] = {"compute", "communication", "parameter gathers"};
+  for (int tid = 0; tid < 3; ++tid)
+    pending_ +=
+        ",\n" +
+        nlohmann::json{
+            {"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", tid}, {"args", {{"name", threads[tid]}}}}
+            .dump();
+  for (const auto& e : events_) put(e);
+  events_.clear();
+  events_.shrink_to_fit();
+  flush();
+  // Every 0.5 s what came since, also while the run waits (a stall's last events are what a timeline is for).
+  stop_ = false;
+  flusher_ = std::thread([this] {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!stop_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(500));
+      if (f_ && !pending_.empty()) flush();
+    }
+  });
+}
+
+void Trace::close() {
+  if (flusher_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    flusher_.join();
+  }
+  std::string failed;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!f_) return;
+    pending_ += "\n]\n";
+    flush();
+    if (std::fclose(f_) != 0 && failed_.empty()) failed_ = std::strerror(errno);
+    f_ = nullptr;
+    failed = failed_;
+  }
+  // A full disk is an error, not a trace that silently stops.
+  if (!failed.empty()) throw Error(fmt::format("output: writing the trace '{}' failed: {}", path_, failed));
+}
+
+Trace::~Trace() {
+  try {
+    close();
+  } catch (const Error&) {
+    // (unwinding already: the run's own error is the one reported)
+  }
 }
 
 size_t Trace::size() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return events_.size();
+  return count_;
 }
 
 std::vector<nlohmann::json> Trace::events() const {
   std::lock_guard<std::mutex> lk(mu_);
   return events_;
-}
-
-void Trace::write(const std::string& path) const {
-  nlohmann::json out;
-  out["displayTimeUnit"] = "ms";
-  auto& ev = out["traceEvents"];
-  ev = nlohmann::json::array();
-  ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"args", {{"name", fmt::format("rank {}", rank_)}}}});
-  ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 0}, {"args", {{"name", "compute"}}}});
-  ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 1}, {"args", {{"name", "communication"}}}});
-  ev.push_back(
-      {{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 2}, {"args", {{"name", "parameter gathers"}}}});
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto& e : events_) ev.push_back(e);
-  }
-  write_json_file(path, out);
 }
 
 JsonlWriter::JsonlWriter(const std::string& path, bool append) : path_(path) {

@@ -1043,6 +1043,11 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
                  "train: warning: compressor {} runs with one data-parallel rank (workers {} / (tp {} x pp {})): "
                  "it changes the gradients but sends nothing (its default gives way to none here)\n",
                  c.compressor, c.workers, c.tp, c.pp);
+    if (c.zero > 0 && c.workers / (c.tp * c.pp) == 1)  // (found by an audit: it reported zero N, sharding nothing)
+      fmt::print(stderr,
+                 "train: warning: zero {} runs with one data-parallel rank (workers {} / (tp {} x pp {})): it "
+                 "partitions nothing, every rank holds its whole optimizer state\n",
+                 c.zero, c.workers, c.tp, c.pp);
   }
   if (!period_text.empty() && lead && outputs) {
     const int64_t period = std::strtoll(period_text.c_str(), nullptr, 10);
@@ -1065,6 +1070,8 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     if (ec || !fs::is_directory(out))
       throw ConfigError(fmt::format("config: output: cannot create the directory '{}' ({}); allowed: a writable path",
                                     c.output, ec ? ec.message() : "a file is in the way"));
+    // (written as the events come from here on: flat memory, and a run stopped mid-way keeps its timeline)
+    if (c.trace) trace.open((out / fmt::format("trace-rank{}.json", global_rank)).string());
   }
 
   int start_epoch = 0;
@@ -1656,7 +1663,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       res.buffers.insert(res.buffers.end(), f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
     }
   }
-  if (outputs && c.trace) trace.write((out / fmt::format("trace-rank{}.json", global_rank)).string());
+  if (outputs && c.trace) trace.close();
   if (outputs && lead) {
     write_json_file(
         (out / "summary.json").string(),

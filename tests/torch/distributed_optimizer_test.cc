@@ -1710,13 +1710,16 @@ DeferredRun deferred_run(int stage, int world, bool units, bool tiny_buckets, si
         auto v = p.detach().contiguous().view(-1);
         out.params[size_t(r)].insert(out.params[size_t(r)].end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
       }
-      if (r == 0) trace.write(path);
+      if (r == 0) {  // (the events held until the file opens, written then)
+        trace.open(path);
+        trace.close();
+      }
     });
   for (auto& t : ts) t.join();
   std::ifstream in(path);
   const nlohmann::json j = nlohmann::json::parse(in);
   std::remove(path.c_str());
-  for (auto& e : j["traceEvents"])
+  for (auto& e : j)
     if (e.contains("args") && e["args"].value("deferred", false)) out.allgathers.push_back(e["args"]);
   return out;
 }

@@ -2,6 +2,7 @@
 // file compiles in a second): a diverged run whose test loss is nan, image files of the wrong shape, an images file
 // where the labels belong, a checkpoint with a missing, corrupt or incomplete rank file, a key given twice, and a
 // bad CONDUIT_LOG_LEVEL under several ranks. Each must end with exit code 2 and one line naming what is wrong.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -527,9 +529,15 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("warning: pp 2 with one micro-batch runs the stages one after another"), std::string::npos)
       << r.out;
-  r = run(kTrain + " --epochs 1 --max-steps 2 --pp 2 --micro-batches 2 --output " + (dir / "pp2").string());
+  EXPECT_EQ(r.out.find("warning: zero"), std::string::npos) << r.out;
+  // ZeRO with one data-parallel rank (2 workers as 2 stages) is kept, and named as partitioning nothing.
+  r = run(kTrain + " --epochs 1 --max-steps 2 --pp 2 --micro-batches 2 --zero 1 --output " + (dir / "pp2").string());
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("with one micro-batch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("warning: zero 1 runs with one data-parallel rank (workers 2 / (tp 1 x pp 2)): it partitions "
+                       "nothing"),
+            std::string::npos)
+      << r.out;
   // A compressor asked for with one data-parallel rank is kept, and named as saving nothing.
   r = run(kTrain + " --epochs 1 --max-steps 2 --workers 1 --compressor fp16 --output " + (dir / "one").string());
   ASSERT_EQ(r.code, 0) << r.out;
@@ -555,11 +563,22 @@ TEST(TrainInputProcesses, EpochBoundariesAndPeriodsLongerThanTheRun) {
 }
 
 // The whole run's deadline (time_limit_s): kept by conduit train's own launcher, for one worker too, and refused in a
-// worker of another launcher, which has its own.
+// worker of another launcher, which has its own. The workers it stopped keep their traces (written as the events
+// came; a run that did not end normally wrote none): the Trace Event Format's array without its closing "]".
 TEST(TrainInputProcesses, ATimeLimitStopsTheWholeRunWithExitCode124) {
   const fs::path dir = temp_dir("time-limit");
   // (1280 samples a worker: 10000 epochs take hours)
-  auto r = run(kTrain + " --epochs 10000 --time-limit-s 4 --output " + (dir / "two").string());
+  auto r = run(kTrain + " --epochs 10000 --time-limit-s 4 --trace true --output " + (dir / "two").string());
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string text = slurp(dir / "two" / fmt::format("trace-rank{}.json", rank));
+    ASSERT_EQ(text.rfind("[\n", 0), 0u) << text.substr(0, 200);
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    if (text.back() != ']') text += "]";  // (killed: as a viewer reads it)
+    const auto events = nlohmann::json::parse(text);
+    size_t forward = 0;
+    for (const auto& e : events) forward += e["name"] == "forward";
+    EXPECT_GT(forward, 10u) << "rank " << rank;
+  }
   EXPECT_EQ(r.code, 124) << r.out;
   EXPECT_NE(r.out.find("conduit train: 2 workers still running at time_limit_s 4 s; stopping them"), std::string::npos)
       << r.out;

@@ -357,7 +357,7 @@ TEST(TrainSync, StragglerSleepsOnlyOnItsRankAndOutputsNameTheScheme) {
   auto names = [&](int rank) {
     std::set<std::string> n;
     auto t = read_json_file((dir / fmt::format("trace-rank{}.json", rank)).string());
-    for (auto& e : t["traceEvents"]) n.insert(e["name"].get<std::string>());
+    for (auto& e : t) n.insert(e["name"].get<std::string>());
     return n;
   };
   EXPECT_FALSE(names(0).count("straggler sleep"));
@@ -404,7 +404,7 @@ TEST(TrainSync, AsynchronousWorkersMeetAStragglerPastTheirTimeout) {
     // counted before: a trainer that never slept passed this test without a straggler to meet).
     double slept_us = 0;
     auto t = read_json_file((dir / "trace-rank1.json").string());
-    for (auto& e : t["traceEvents"])
+    for (auto& e : t)
       if (e["name"] == "straggler sleep") slept_us += e["dur"].get<double>();
     EXPECT_GT(slept_us, 2 * c.timeout_s * 1e6) << sync;
     // The fast worker's run lasts until the straggler's last step: its wait at the end-of-run checkpoint is training
@@ -427,7 +427,7 @@ TEST(TrainSync, TransientStragglersSlowTheStepsTheirSeedDrawsOnEveryRank) {
   for (int rank = 0; rank < 2; ++rank) {
     int traced = 0;
     auto t = read_json_file((dir / fmt::format("trace-rank{}.json", rank)).string());
-    for (auto& e : t["traceEvents"]) traced += e["name"] == "straggler sleep";
+    for (auto& e : t) traced += e["name"] == "straggler sleep";
     // The trainer slows exactly the steps that this rank's draws from the run's seed select (about half of 20).
     sync::Straggler replay(sync::parse_slow(c.slow), rank, c.seed);
     for (int i = 0; i < 20; ++i) replay.begin();
