@@ -472,9 +472,13 @@ TEST(PipelineStages, EveryCutChainsBackIntoTheWholeModel) {
         torch::manual_seed(5);
         auto stage = make_model_stage(model, s, pp);
         stage->eval();
-        if (s > 0) EXPECT_EQ(h.sizes().slice(1).vec(), stage->chunk_input_shape(0)) << "stage " << s;
+        if (s > 0) {
+          EXPECT_EQ(h.sizes().slice(1).vec(), stage->chunk_input_shape(0)) << "stage " << s;
+        }
         h = stage->forward(h);
-        if (s < pp - 1) EXPECT_EQ(h.sizes().slice(1).vec(), stage->chunk_output_shape(0)) << "stage " << s;
+        if (s < pp - 1) {
+          EXPECT_EQ(h.sizes().slice(1).vec(), stage->chunk_output_shape(0)) << "stage " << s;
+        }
         for (auto& q : stage->parameters()) {
           ASSERT_LT(p, whole_params.size());
           EXPECT_TRUE(torch::equal(q, whole_params[p++])) << "stage " << s;
@@ -875,8 +879,12 @@ TEST(DistributedOptimizerZero, StagesOneAndTwoTrainAsPlainDataParallelWithAQuart
           // Stage 1 holds what stage 0 holds (its slices' gradients are views of the buckets); stage 2 its slices'
           // gradients and released bucket buffers: the largest bucket's, 35 floats, and two of the others, 15 and 5
           // (it kept two of the largest: one bucket most of the model, stage 2 held more than stage 0).
-          if (stage == 1) EXPECT_EQ(z.grad_held[size_t(r)], plain.grad_held[size_t(r)]) << what;
-          if (stage == 2) EXPECT_EQ(z.grad_held[size_t(r)], 4 * (slices[size_t(r)] + 35 + 15 + 5)) << what;
+          if (stage == 1) {
+            EXPECT_EQ(z.grad_held[size_t(r)], plain.grad_held[size_t(r)]) << what;
+          }
+          if (stage == 2) {
+            EXPECT_EQ(z.grad_held[size_t(r)], 4 * (slices[size_t(r)] + 35 + 15 + 5)) << what;
+          }
         }
         EXPECT_EQ(state_sum, plain.state_bytes[0]) << what;
         EXPECT_EQ(elements, 58u) << what;
@@ -1247,7 +1255,9 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
         d.step();
         // (the evaluation's gathers before zero_grad() are not taken from the step's compute time)
         EXPECT_GE(d.last_stats().compute_s, 0.0) << "step " << step;
-        if (stage == 3 && world > 1) EXPECT_GT(d.last_stats().exposed_comm_s, 0.0) << "step " << step;
+        if (stage == 3 && world > 1) {
+          EXPECT_GT(d.last_stats().exposed_comm_s, 0.0) << "step " << step;
+        }
       }
       out.held_between[size_t(r)] = d.parameter_bytes_held();
       out.grad_held[size_t(r)] = d.gradient_bytes_held();
@@ -1271,7 +1281,9 @@ Zero3Run zero3_run(int stage, const std::string& optimizer, bool overlap, int wo
       out.elements[size_t(r)] = d.optimizer_elements();
       for (auto& e : trace.events())
         if (e["name"] == "communicate") out.communicated[size_t(r)].push_back(e["args"]);
-      if (stage == 3) EXPECT_EQ(d.parameter_bytes_held(), out.held_between[size_t(r)]) << "released again";
+      if (stage == 3) {
+        EXPECT_EQ(d.parameter_bytes_held(), out.held_between[size_t(r)]) << "released again";
+      }
     });
   for (auto& t : ts) t.join();
   return out;
@@ -1607,7 +1619,9 @@ TEST(DistributedOptimizerZero, ASecondaryPartitionGathersTheBackwardWithinItsGro
             << what << " rank " << r;
         EXPECT_EQ(hpz.held_between[size_t(r)], plain.held_between[size_t(r)]) << what << " rank " << r;
       }
-      if (g != DType::i8) EXPECT_GT(less, 0) << what;  // (int8's gathers move fewer bytes than f32 parts)
+      if (g != DType::i8) {  // (int8's gathers move fewer bytes than f32 parts)
+        EXPECT_GT(less, 0) << what;
+      }
       // Inside each unit's training forward a rank also holds its kept parts of the units before it in this pass
       // (unit 0's 20 elements, unit 1's 12, on the kept wire); none inside the evaluation's forward (step 2's
       // first), and none left from a pass whose backward gathered them.

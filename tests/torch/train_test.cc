@@ -1269,7 +1269,9 @@ std::vector<double> eval_accuracies(const fs::path& run) {
   for (std::string line; std::getline(m, line);) {
     auto j = nlohmann::json::parse(line);
     if (j["kind"] == "eval") acc.push_back(j["test_accuracy"].get<double>());
-    if (j["kind"] == "step") EXPECT_GE(j["compute_s"].get<double>(), 0.0) << line;
+    if (j["kind"] == "step") {
+      EXPECT_GE(j["compute_s"].get<double>(), 0.0) << line;
+    }
   }
   return acc;
 }
@@ -1483,9 +1485,10 @@ TEST(Train, ZeroThreeShardsTheParametersAndTrainsAsPlainBsp) {
       EXPECT_LE(v_three[size_t(r)].parameter_bytes_held, v_plain[size_t(r)].parameter_bytes_held / 2 + 4 * 6);
     }
     // Micro-batches: 2 gathers forward and 2 backward (but the last unit's) a step, one reduce-scatter.
-    if (micro == 2)
+    if (micro == 2) {
       EXPECT_NEAR(double(v_three[0].world_bytes_sent) / double(v_plain[0].world_bytes_sent),
                   2.5 - 2 * 778.0 / (2 * 138890), 1e-5);
+    }
   }
   fs::remove_all(dir);
 }
@@ -1697,7 +1700,9 @@ TEST(Train, TensorParallelGroupsTrainTheVitAsTheWholeModelTrains) {
         for (size_t i = 0; i < n; ++i) {
           ASSERT_EQ(r[0].params[off + i], r[1].params[off + i]) << "parameter " << p;
           const float w = whole[0].params[whole_off + i];
-          if (exact) ASSERT_NEAR(r[0].params[off + i], w, 1e-4 + 1e-3 * std::abs(w)) << "parameter " << p;
+          if (exact) {
+            ASSERT_NEAR(r[0].params[off + i], w, 1e-4 + 1e-3 * std::abs(w)) << "parameter " << p;
+          }
         }
       } else {
         EXPECT_EQ(2 * n, whole[0].param_numel[p]) << "parameter " << p;
