@@ -427,13 +427,13 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
   // fastest that fits joins the plans; taken in the order of their expected times, up to the first that could not
   // enter the plans shown. (Until 2026-12-08 a plan that did not fit was dropped, whatever split would have fitted.)
   std::stable_sort(unfit.begin(), unfit.end(), [](const Unfit& x, const Unfit& y) { return x.expected < y.expected; });
-  for (const Unfit& u : unfit) {
-    if (!(u.expected < cut())) break;
-    StepResult best;
-    ParallelConfig best_asked;
+  // The fastest of `splits` of `base` that fits, each simulated in full (and counted), where it ranks before `than`
+  // when one is given: into `best` and the configuration asked for, `best_asked`.
+  auto fastest_fitting = [&](const ParallelConfig& base, const std::vector<std::pair<Split, double>>& splits,
+                             const StepResult* than, StepResult* best, ParallelConfig* best_asked) {
     bool found = false;
-    for (const auto& [s, expected] : u.splits) {
-      const ParallelConfig c = with_split(u.asked, s);
+    for (const auto& [s, estimate] : splits) {
+      const ParallelConfig c = with_split(base, s);
       ++res.candidates;
       StepResult r;
       try {
@@ -447,12 +447,18 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
       ++res.valid;
       if (!r.fits) continue;
       ++res.fitting;
-      if (found && !ranks_before(r, best)) continue;
-      best = std::move(r);
-      best_asked = c;
+      if (found ? !ranks_before(r, *best) : than != nullptr && !ranks_before(r, *than)) continue;
+      *best = std::move(r);
+      *best_asked = c;
       found = true;
     }
-    if (!found) continue;
+    return found;
+  };
+  for (const Unfit& u : unfit) {
+    if (!(u.expected < cut())) break;
+    StepResult best;
+    ParallelConfig best_asked;
+    if (!fastest_fitting(u.asked, u.splits, nullptr, &best, &best_asked)) continue;
     if (best.config.dp == 1) note_dp1(best);
     if (std::isfinite(best.time)) times.insert(best.time);
     all.push_back(std::move(best));
@@ -476,31 +482,13 @@ PlanResult plan(CollectiveModel& net, const GptModel& m, long long global_batch,
     if (!(rs.expected < cut())) break;
     StepResult& now = all[rs.plan];
     StepResult better;
-    bool found = false;
-    for (const auto& [s, gain] : rs.splits) {
-      const ParallelConfig c = with_split(asked[rs.plan], s);
-      ++res.candidates;
-      StepResult r;
-      try {
-        r = simulate_step(net, m, c);
-      } catch (const ConfigError&) {
-        continue;  // (a split whose play-out is past its bounds)
-      } catch (const UnsupportedError& e) {
-        if (!std::string_view(e.what()).starts_with("full-detail mode")) throw;
-        continue;
-      }
-      ++res.valid;
-      if (!r.fits) continue;
-      ++res.fitting;
-      if (!ranks_before(r, found ? better : now)) continue;
-      better = std::move(r);
-      found = true;
-    }
-    if (!found) continue;
+    ParallelConfig better_asked;
+    if (!fastest_fitting(asked[rs.plan], rs.splits, &now, &better, &better_asked)) continue;
     if (auto it = times.find(now.time); it != times.end()) times.erase(it);
     if (std::isfinite(better.time)) times.insert(better.time);
     if (better.config.dp == 1) note_dp1(better);
     now = std::move(better);
+    asked[rs.plan] = better_asked;
     ++res.resplit;
   }
   std::sort(order.begin(), order.end(), by_rank);
