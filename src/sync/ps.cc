@@ -137,14 +137,12 @@ class Shard {
         pull_(pull),
         clocks_(workers, 0),
         stopped_(workers, false),
-        heard_(workers, Clock::now()),
         slots_(workers) {}
 
   void init(std::span<const float> p) {
     std::lock_guard<std::mutex> lk(mu_);
     params_.assign(p.begin(), p.end());
     initial_ = params_;
-    std::fill(heard_.begin(), heard_.end(), Clock::now());  // (the silence counts from the start)
     momentum_.assign(p.size(), 0.f);
     agg_.assign(p.size(), 0.f);
     if (dana()) vsum_.assign(p.size(), 0.f);
@@ -164,7 +162,6 @@ class Shard {
     if (!wait_or_abort(lk, timeout_s, [&] { return initialized_; }))
       throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
     if (shutdown_) throw PeerError(shutdown_message());
-    heard_[w] = Clock::now();
     auto& slot = slots_[w];
     check_order(w, h, slot);
     if (h.kind == kStop) {
@@ -226,16 +223,9 @@ class Shard {
     cv_.notify_all();
     if (!slot.ready) {
       waited = true;
-      // No deadline where workers drift (it waited 300 s and then stopped every rank) while the workers it waits for
-      // (those more than s clocks behind) push; one silent for stall_bound_s ends it (frozen: SIGSTOP kept every rank
-      // waiting until SIGCONT), as a worker that dies does (the transport aborts). bsp (and ssp with s = 0) keeps the
-      // collectives' deadline.
-      if (ssp_drifts(cfg_))
-        wait_for_workers(
-            lk, timeout_s, [&] { return slot.ready; },
-            [&](int b) { return !stopped_[b] && static_cast<int64_t>(h.clock) - clocks_[b] > cfg_.staleness; },
-            fmt::format("worker {} at clock {} waited for", w, h.clock));
-      else if (!wait_or_abort(lk, timeout_s, [&] { return slot.ready; }))
+      // No deadline where workers drift (it waited 300 s and then stopped every rank); a worker that dies still ends
+      // the wait (the transport aborts). bsp (and ssp with s = 0) keeps the collectives' deadline.
+      if (!wait_or_abort(lk, ssp_drifts(cfg_) ? 1e18 : timeout_s, [&] { return slot.ready; }))
         throw TimeoutError(
             fmt::format("sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})",
                         index_, w, h.clock, timeout_s, min_clock()));
@@ -272,34 +262,6 @@ class Shard {
     return true;
   }
 
-  // Waits under lk until done() or a shutdown, with no deadline while the workers it depends on (awaited(w) true)
-  // are heard from: TimeoutError when one of them has sent this shard nothing for stall_bound_s(timeout_s) (a
-  // frozen peer keeps its connections open; a dead one ends the wait through the transport). `what` begins the
-  // error ("worker 1 at clock 7 waited for").
-  template <typename Done, typename Awaited>
-  void wait_for_workers(std::unique_lock<std::mutex>& lk, double timeout_s, Done done, Awaited awaited,
-                        const std::string& what) {
-    const double bound = stall_bound_s(timeout_s);
-    while (!wait_or_abort(lk, std::min(0.25, bound), done)) {
-      const auto now = Clock::now();
-      std::string silent;
-      double longest = 0;
-      for (int b = 0; b < workers_; ++b) {
-        if (!awaited(b)) continue;
-        const double quiet = std::chrono::duration<double>(now - heard_[b]).count();
-        if (quiet < bound) continue;
-        silent += fmt::format("{}rank {} (clock {})", silent.empty() ? "" : ", ", b, clocks_[b]);
-        longest = std::max(longest, quiet);
-      }
-      if (!silent.empty())
-        throw TimeoutError(fmt::format(
-            "sync ps shard {}: {} {}, which sent nothing for {:.1f} s; allowed: {:.1f} s of silence from an awaited "
-            "worker ({:g} x timeout_s {:g} s): a frozen or hung process? (a longer pause, e.g. an evaluation, "
-            "needs a longer --timeout-s)",
-            index_, what, silent, longest, bound, kStallTimeouts, timeout_s));
-    }
-  }
-
   // Under mu_.
   std::string shutdown_message() const {
     return why_.empty() ? fmt::format("sync ps shard {}: shut down", index_)
@@ -307,16 +269,12 @@ class Shard {
   }
 
   // The shard's final parameters, once every worker has stopped (every push applied), within timeout_s (a worker
-  // under asp or ssp may rightly train on long after the others stopped: with `drift`, the wait has no deadline
-  // while the workers still running push, and fails when one is silent for stall_bound_s; an error anywhere ends the
-  // wait).
-  std::vector<float> final_params(double timeout_s, bool drift) {
+  // under asp or ssp may rightly train on long after the others stopped: those pass an unbounded one; an error
+  // anywhere ends the wait).
+  std::vector<float> final_params(double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
-    auto all_stopped = [&] { return std::find(stopped_.begin(), stopped_.end(), false) == stopped_.end(); };
-    if (drift)
-      wait_for_workers(
-          lk, timeout_s, all_stopped, [&](int b) { return !stopped_[b]; }, "the final model waited for the stop of");
-    else if (!wait_or_abort(lk, timeout_s, all_stopped)) {
+    if (!wait_or_abort(lk, timeout_s,
+                       [&] { return std::find(stopped_.begin(), stopped_.end(), false) == stopped_.end(); })) {
       std::string running;
       for (int w = 0; w < workers_; ++w)
         if (!stopped_[w]) running += (running.empty() ? "" : ", ") + std::to_string(w);
@@ -390,7 +348,6 @@ class Shard {
     agg_.assign(params_.size(), 0.f);
     for (auto& g : clock_grads_) g.clear();
     bsp_count_ = 0;
-    std::fill(heard_.begin(), heard_.end(), Clock::now());  // (a resume: the silence counts from here)
     initialized_ = true;
     cv_.notify_all();
   }
@@ -601,7 +558,6 @@ class Shard {
   int initial_pulls_ = 0;
   std::vector<int64_t> clocks_;
   std::vector<bool> stopped_;
-  std::vector<Clock::time_point> heard_;  // when each worker's last message came (wait_for_workers)
   std::vector<Slot> slots_;
   int bsp_count_ = 0;
   int64_t bsp_clock_ = 0, applied_clock_ = 0;
@@ -880,7 +836,7 @@ class PsStrategy : public Strategy {
           // The servers' final model to the worker (raw), once every worker's pushes are in: what it held was its
           // last pull, without the pushes that came after it (other workers' under asp/ssp) and, with dana, the
           // look-ahead point rather than the parameters.
-          const std::vector<float> last = shard.final_params(t, workers_drift());
+          const std::vector<float> last = shard.final_params(workers_drift() ? 1e18 : t);
           rh = ReplyHeader{last.size() * 4, 1};
           detail::wait_all(*comm_, {isend(*comm_, w, tag_of(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
                                     isend(*comm_, w, tag_of(detail::kTagPsReply, s), last.data(), rh.bytes)});
@@ -920,7 +876,6 @@ class PsStrategy : public Strategy {
     std::vector<ReplyHeader> rhs(S);
     std::vector<Bytes> replies(S);
     std::vector<net::RequestPtr> sends, rrecv, precv;
-    std::vector<int64_t> rrecv_shard;  // rrecv[i] is shard rrecv_shard[i]'s reply header
     // Every request posted here reads or writes the buffers above, which an exception frees: whatever ends the
     // exchange early gives up all of them first. (The wait for the sends gave up only the sends: a server's death or
     // its deadline left the receives of the other servers' reply headers posted into `rhs`, where a later reply
@@ -954,10 +909,7 @@ class PsStrategy : public Strategy {
         if (!payloads[s].empty())
           sends.push_back(isend(*comm_, h, tag_of(detail::kTagPsPayload, s), payloads[s].data(), payloads[s].size()));
         if (kind != kStop || !cfg_.colocate)  // (dedicated servers answer a stop with the final model)
-        {
           rrecv.push_back(irecv(*comm_, h, tag_of(detail::kTagPsReplyHeader, s), &rhs[s], sizeof(ReplyHeader)));
-          rrecv_shard.push_back(s);
-        }
         stats_.bytes_sent += sizeof(Header) + payloads[s].size();
       }
       // Local shards (co-located) are served on this thread, after the remote pushes left. When that throws (an ssp
@@ -982,31 +934,12 @@ class PsStrategy : public Strategy {
         return;
       }
       // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
-      // worker aborts the transport, which ends the wait), but one on silence: the shard gives up on a worker silent
-      // for stall_bound_s, so a reply later than that plus a timeout is a server that is frozen or hung (SIGSTOP kept
-      // every worker waiting until SIGCONT). The final model under asp and ssp is sent once every worker stopped,
-      // which a straggler's remaining steps may put off without bound (the server's own wait fails on a silent
-      // worker). bsp's workers stop together, and asp replies at once: the deadline holds.
-      if (kind == kStop && workers_drift()) {
+      // worker aborts the transport, which ends the wait); so does the final model under asp and ssp, sent once every
+      // worker stopped (bsp's workers stop together: the deadline holds).
+      if (ssp_drifts(cfg_) || (kind == kStop && workers_drift()))  // (asp replies at once: its wait keeps the deadline)
         net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
-      } else if (ssp_drifts(cfg_)) {
-        const double t = comm_->timeout_s(), bound = stall_bound_s(t) + t;
-        try {
-          net::wait_all(rrecv, Deadline::after(bound));
-        } catch (const TimeoutError&) {
-          std::string silent;
-          for (size_t i = 0; i < rrecv.size(); ++i)
-            if (!rrecv[i]->done())
-              silent += fmt::format("{}rank {} (shard {})", silent.empty() ? "" : ", ", host_of(rrecv_shard[i]),
-                                    rrecv_shard[i]);
-          throw TimeoutError(fmt::format(
-              "sync {}: rank {} at clock {} had no reply from server {} for {:.1f} s; allowed: {:.1f} s ({:g} x "
-              "timeout_s {:g} s, the servers' bound on a silent worker, + timeout_s): a frozen or hung server?",
-              name(), me, clock_, silent, bound, bound, kStallTimeouts, t));
-        }
-      } else {
+      else
         detail::wait_all(*comm_, rrecv);
-      }
       // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most
       // compressed_cap): every header is checked before any receive is posted (a receive posted for an earlier shard
       // would be left writing into a reply buffer freed by the error).

@@ -40,14 +40,6 @@ struct SyncStats {
   double comm_seconds = 0;      // time spent blocked in communication
 };
 
-// Waits that rightly outlast the communicator's timeout (ps-ssp's fast workers waiting for a straggler, the
-// parameter servers' final model under asp and ssp) have no deadline of their own, but one on silence: they fail
-// when a worker or server they wait for has sent nothing for stall_bound_s(timeout_s), kStallTimeouts times the
-// communicator's timeout (a process stopped with SIGSTOP, or hung, keeps its connections open: its death would have
-// ended the wait at once). A straggler that pushes at least once in that time is waited for however long it lags.
-constexpr double kStallTimeouts = 10;
-inline double stall_bound_s(double timeout_s) { return kStallTimeouts * timeout_s; }
-
 // A rendezvous of every rank of `workers` without a deadline, for the points where an asynchronous scheme's workers
 // meet (checkpoints, the end): a fast worker waits there for a straggler's remaining steps, which may rightly take
 // longer than any timeout. It still fails at once when a peer dies or any rank aborts the transport (as the
