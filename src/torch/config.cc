@@ -195,8 +195,7 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"synthetic_samples", "training samples of the synthetic dataset"},
       {"progress", "rank 0 shows a progress bar (default true)"},
       {"timeout_s",
-       "deadline of each collective in seconds (default 300); a local/diloco/easgd sync's is period times it, and "
-       "ps-ssp's waits for a straggler end when an awaited peer is silent for 10 times it"},
+       "deadline of each collective in seconds (default 300); a local/diloco/easgd sync's is period times it"},
       {"time_limit_s",
        "the whole run's deadline in seconds, from the workers' start (mpirun's --timeout): workers still running "
        "then are stopped as on SIGTERM (no checkpoint is written) and conduit train exits 124; kept by conduit "

@@ -1262,7 +1262,9 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     // deadline first: before any collective with one (the copies' evaluation below ran first, and a straggler's
     // lag counted against timeout_s). The wait is training time, as a synchronous scheme's wait for its straggler
     // is (it was counted as the checkpoint's, and a run under --slow reported a fraction of its time).
-    if (sopt && sopt->workers_drift()) sopt->await_workers();
+    // Periodic schemes (local, diloco, easgd) too: their workers are up to a period apart between syncs (a checkpoint
+    // mid-period met them at a barrier of one timeout, and a straggler bsp waits for failed it; a review).
+    if (sopt && world > 1) sopt->await_workers();
     const double epoch_trained = trained_s();
     const double clock_at = elapsed();  // (what the checkpoint declares: the training clock, without this checkpoint)
     const double ck0 = now_s(), untimed0 = untimed_s;

@@ -412,6 +412,25 @@ TEST(TrainSync, AsynchronousWorkersMeetAStragglerPastTheirTimeout) {
     EXPECT_GT(res[0].wall_s, 0.8 * slept_us / 1e6) << sync;
     fs::remove_all(dir);
   }
+  // A periodic scheme's workers are up to a period apart between its syncs: a checkpoint mid-period met them at a
+  // barrier of one timeout, which a straggler that bsp waits for failed (a review: local and diloco, period 20, a
+  // 150x straggler, --checkpoint-every 25, "barrier #3 ... failed after 1.0 s").
+  for (std::string sync : {"local:period=6", "diloco:period=6"}) {
+    auto dir = temp_dir("periodic-checkpoint");
+    TrainConfig c = tiny_sync(sync);
+    c.slow = "1:100";  // (~0.6 s a step behind here: 3 steps apart at the checkpoint)
+    c.max_steps = 6;
+    c.checkpoint_every = 3;
+    c.timeout_s = 1.0;
+    c.output = dir.string();
+    coll::CommConfig cc;
+    cc.timeout_s = c.timeout_s;
+    auto res = train_inproc(c, 2, true, cc);
+    EXPECT_EQ(res[0].steps, 6) << sync;
+    EXPECT_EQ(res[1].steps, 6) << sync;
+    EXPECT_TRUE(fs::exists(dir / "checkpoint" / "checkpoint.json")) << sync;
+    fs::remove_all(dir);
+  }
 }
 
 TEST(TrainSync, TransientStragglersSlowTheStepsTheirSeedDrawsOnEveryRank) {
