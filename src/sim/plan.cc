@@ -109,15 +109,6 @@ std::pair<Split, double> best_in_range(const StepResult& r, int middle, int rest
   return {Split{rest - lo, middle, lo}, at(lo)};
 }
 
-// Other splits of a planned pipeline's layers (1F1B or GPipe; interleaved chunks hold equal layers) that its own
-// stage times say are faster, the fastest first (at most four), each with the time it is expected to save. A stage's
-// time is linear in its layers (the step's `stage_layer` a layer), so the plan's three stage times give every other
-// split's, and with them the schedule's: GPipe's sum S + (m - 1)(max F + max B) (its closed form, exact), and for
-// 1F1B the bound max over stages i of m S_i + sum_{j<i} S_j (stage i starts after the stages ahead ran micro-batch 0's
-// forward, runs m forwards and backwards, and they run the last backward after it), the played-out schedule's time
-// when the last stage is the slowest. (m max S + (sum S - max S), exact only then, overcharged splits whose first
-// stage was the slowest by 5.5%, a review.) Both are convex in the last stage's layers for a given middle count (a
-// maximum of linear terms, and a sum of two), so a binary search finds each count's best.
 // The most layers each stage holds within the memory capacity (the first's, each middle one's, the last's; -1: not
 // even none), from its memory linear in its layers (StepResult.stage_memory; no bound without it).
 struct FitBounds {
@@ -136,44 +127,10 @@ FitBounds fit_bounds(const StepResult& r, int layers) {
           most(sm.last, sm.last_layer, now.last)};
 }
 
-std::vector<std::pair<Split, double>> faster_splits(const StepResult& r, int layers) {
+// Per count of the middle stages' layers, the fastest split by the estimate among those whose stages fit
+// (fit_bounds; the estimate is convex in the last stage's layers there too).
+std::vector<std::pair<Split, double>> best_fitting_splits(const StepResult& r, int layers) {
   const int p = r.config.pp;
-  if (!resplittable(r)) return {};
-  const Split now = split_of(r);
-  const double base = split_time(r, now);
-  std::vector<std::pair<Split, double>> found;
-  // Within the splits that fit (the estimate's fastest of a count that does not fit hid one that does, 14% faster
-  // than the plan: a review).
-  const FitBounds fit = fit_bounds(r, layers);
-  auto consider = [&](int middle, int rest) {
-    if (middle > fit.middle) return;
-    const long long lo = std::max<long long>(0, rest - fit.first), hi = std::min<long long>(rest, fit.last);
-    if (lo > hi) return;
-    const auto [s, t] = best_in_range(r, middle, rest, static_cast<int>(lo), static_cast<int>(hi));
-    if (s.first == now.first && s.middle == now.middle && s.last == now.last) return;
-    const double gain = base - t;
-    if (gain > 1e-9 * base) found.push_back({s, gain});
-  };
-  if (p == 2)
-    consider(0, layers);
-  else
-    for (int middle = 1; static_cast<long long>(p - 2) * middle <= layers; ++middle)
-      consider(middle, layers - (p - 2) * middle);
-  std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
-  if (found.size() > 4) found.resize(4);
-  return found;
-}
-
-// Splits of a pipeline that does not fit under which each stage would (a stage's memory is linear in its layers:
-// StepResult.stage_memory; of the middle stages the second holds the most, one micro-batch fewer in flight than the
-// first under 1F1B, and bounds them all), the fastest by the estimate first (at most four), each with its estimated
-// time: per count of the middle stages' layers, the fastest split within the range the first and last stages' memory
-// leave (the estimate is convex there too).
-std::vector<std::pair<Split, double>> fitting_splits(const StepResult& r, int layers) {
-  if (!resplittable(r)) return {};
-  const int p = r.config.pp;
-  const StageMemory& sm = r.stage_memory;
-  if (!(sm.first_layer > 0) || !(sm.last_layer > 0) || (p > 2 && !(sm.second_layer > 0))) return {};
   const FitBounds fit = fit_bounds(r, layers);
   std::vector<std::pair<Split, double>> found;
   if (fit.first < 0 || fit.last < 0) return found;
@@ -187,6 +144,44 @@ std::vector<std::pair<Split, double>> fitting_splits(const StepResult& r, int la
     for (int middle = 1; middle <= fit.middle && static_cast<long long>(p - 2) * middle <= layers; ++middle)
       consider(middle, layers - (p - 2) * middle);
   }
+  return found;
+}
+
+// Other splits of a planned pipeline's layers (1F1B or GPipe; interleaved chunks hold equal layers) that its own
+// stage times say are faster, the fastest first (at most four), each with the time it is expected to save. A stage's
+// time is linear in its layers (the step's `stage_layer` a layer), so the plan's three stage times give every other
+// split's, and with them the schedule's: GPipe's sum S + (m - 1)(max F + max B) (its closed form, exact), and for
+// 1F1B the bound max over stages i of m S_i + sum_{j<i} S_j (stage i starts after the stages ahead ran micro-batch 0's
+// forward, runs m forwards and backwards, and they run the last backward after it), the played-out schedule's time
+// when the last stage is the slowest. (m max S + (sum S - max S), exact only then, overcharged splits whose first
+// stage was the slowest by 5.5%, a review.) Both are convex in the last stage's layers for a given middle count (a
+// maximum of linear terms, and a sum of two), so a binary search finds each count's best.
+std::vector<std::pair<Split, double>> faster_splits(const StepResult& r, int layers) {
+  if (!resplittable(r)) return {};
+  const Split now = split_of(r);
+  const double base = split_time(r, now);
+  std::vector<std::pair<Split, double>> found;
+  // Within the splits that fit (the estimate's fastest of a count that does not fit hid one that does, 14% faster
+  // than the plan: a review).
+  for (const auto& [s, t] : best_fitting_splits(r, layers)) {
+    if (s.first == now.first && s.middle == now.middle && s.last == now.last) continue;
+    const double gain = base - t;
+    if (gain > 1e-9 * base) found.push_back({s, gain});
+  }
+  std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  if (found.size() > 4) found.resize(4);
+  return found;
+}
+
+// Splits of a pipeline that does not fit under which each stage would (a stage's memory is linear in its layers:
+// StepResult.stage_memory; of the middle stages the second holds the most, one micro-batch fewer in flight than the
+// first under 1F1B, and bounds them all), the fastest by the estimate first (at most four), each with its estimated
+// time.
+std::vector<std::pair<Split, double>> fitting_splits(const StepResult& r, int layers) {
+  if (!resplittable(r)) return {};
+  const StageMemory& sm = r.stage_memory;
+  if (!(sm.first_layer > 0) || !(sm.last_layer > 0) || (r.config.pp > 2 && !(sm.second_layer > 0))) return {};
+  std::vector<std::pair<Split, double>> found = best_fitting_splits(r, layers);
   std::stable_sort(found.begin(), found.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
   if (found.size() > 4) found.resize(4);
   return found;
