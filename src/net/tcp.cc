@@ -156,7 +156,7 @@ struct Peer {
   bool ended = false;                    // under send_mu: an abort ended the connection (a second one leaves it)
   std::mutex interest_mu;
   uint32_t interest = 0;
-  std::atomic<bool> want_out{false};  // sendq is not empty (updated under send_mu)
+  std::atomic<bool> want_out{false};  // sendq has sends to write (updated under send_mu)
   std::atomic<bool> stalled{false};   // a header waits for a receive to be posted (updated under mu_)
   bool noted = false;                 // under mu_: the transport's note says why this peer is held (stall_note)
   bool warned = false;                // under mu_: a stall of this peer was logged (once)
@@ -322,10 +322,12 @@ class TcpTransport : public Transport {
     req->set_notes(notes_);
     Peer& p = peers_[peer];
     std::lock_guard<std::mutex> lk(p.send_mu);
-    if (p.failed || p.send_error) {
-      req->fail(p.failed ? p.error : p.send_error);
+    if (p.failed) {
+      req->fail(p.error);
       return req;
     }
+    // After a failed write (send_error) the send queues, unwritten, and fails with the queue (fail_peer, under this
+    // lock after failed is set) when the read side has seen the end: with the peer's abort reason if it sent one.
     TcpSend s;
     s.req = req;
     s.hdr = make_frame(kFrameData, tag, bytes, rank_);
@@ -333,7 +335,7 @@ class TcpTransport : public Transport {
     s.bytes = bytes;
     p.sendq.push_back(std::move(s));
     if (p.sendq.size() == 1) handle_write(p);  // try to send from the caller's thread right away
-    p.want_out = !p.sendq.empty();
+    p.want_out = !p.sendq.empty() && !p.send_error;
     update_interest(p);
     return req;
   }
@@ -438,7 +440,7 @@ class TcpTransport : public Transport {
     if (r->kind() == Request::Kind::send) {
       std::lock_guard<std::mutex> sl(p.send_mu);
       removed = !r->done() && cancel_unstarted_send(p.sendq, r.get());
-      p.want_out = !p.sendq.empty();
+      p.want_out = !p.sendq.empty() && !p.send_error;
       update_interest(p);
     } else {
       removed = !r->done() && !(p.target == Target::posted && p.cur.req == r) && p.q.cancel(r.get());
@@ -550,17 +552,17 @@ class TcpTransport : public Transport {
       ssize_t w = ::sendmsg(p.fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w < 0) {
         if (errno == EAGAIN || errno == EINTR) return;
-        // The sends fail here; the receives fail when the progress thread sees the connection end (it is woken). A
-        // send that fails part-way leaves the stream mid-frame, so the connection ends whatever the cause; only a
-        // reset or a broken pipe means the peer went (a bad buffer was blamed on it).
+        // The sends fail with the receives, when the progress thread (woken) has read what the peer sent before its
+        // end: a peer that aborted wrote its reason first, and a send failed here at once said only "broken pipe"
+        // (the caller met that before the progress thread read the abort frame). A send that fails part-way leaves
+        // the stream mid-frame, so the connection ends whatever the cause; only a reset or a broken pipe means the
+        // peer went (a bad buffer was blamed on it).
         const int e = errno;
         const bool gone = e == EPIPE || e == ECONNRESET || e == ETIMEDOUT || e == ENOTCONN || e == EHOSTUNREACH;
         p.send_error = std::make_exception_ptr(PeerError(fmt::format(
             "tcp: sending to rank {} failed: {} ({})", p.rank, std::strerror(e),
             gone ? "the peer died or closed its connection" : "this rank's send failed; the connection ends")));
         p.send_failed = true;
-        for (auto& q : p.sendq) q.req->fail(p.send_error);
-        p.sendq.clear();
         // Ended here, so that the peer sees it (not half a frame it would wait on until its deadline) and this
         // rank's reads end too: EFAULT or ENOBUFS left the socket open.
         ::shutdown(p.fd, SHUT_RDWR);
@@ -749,6 +751,7 @@ class TcpTransport : public Transport {
                               : fmt::format("connection error: {}", std::strerror(errno));
     std::string why = aborted_reason();
     auto err = std::make_exception_ptr(PeerError(!why.empty() ? why : fmt::format("tcp: rank {} {}", p.rank, what)));
+    if (why.empty() && p.send_failed) err = p.send_error;  // (this rank's failed write told more: "broken pipe")
     if (p.have_hdr && r == 0) {
       fail_peer_protocol(p, fmt::format("truncated frame: the connection closed {} bytes into a {}-byte payload",
                                         p.pay_got, p.hdr.length));
@@ -809,7 +812,7 @@ class TcpTransport : public Transport {
         if (evs[i].events & EPOLLOUT) {
           std::lock_guard<std::mutex> sl(p.send_mu);
           handle_write(p);
-          p.want_out = !p.sendq.empty();
+          p.want_out = !p.sendq.empty() && !p.send_error;
           update_interest(p);
         }
       }
