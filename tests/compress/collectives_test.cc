@@ -637,7 +637,9 @@ TEST(IntReduceScatter, ErrorFeedbackKeepsTheRunningSumWithinOneCallsRounding) {
             for (int t = 0; t < calls; ++t) {
               int_reduce_scatter(c, groups, data[size_t(me)], counts, out, bits, {}, residual);
               int_reduce_scatter(c, groups, data[size_t(me)], counts, plain, bits);
-              if (t == 0) ASSERT_EQ(out, plain) << what;
+              if (t == 0) {
+                ASSERT_EQ(out, plain) << what;
+              }
               for (size_t i = 0; i < out.size(); ++i) run[i] += out[i], run_plain[i] += plain[i];
             }
             residuals[size_t(me)] = residual;
@@ -704,7 +706,9 @@ TEST(IntReduceScatter, ErrorFeedbackRefusesAResidualOfAnotherLengthAndCarriesNot
     std::vector<float> bad = in;
     if (c.rank() == 3) bad[7] = std::numeric_limits<float>::infinity();
     int_reduce_scatter(c, groups, bad, counts, out, 4, {}, r1);
-    if (c.rank() == 0) EXPECT_TRUE(std::isnan(out[7]));
+    if (c.rank() == 0) {
+      EXPECT_TRUE(std::isnan(out[7]));
+    }
     for (float e : r1) ASSERT_TRUE(std::isfinite(e));
     int_reduce_scatter(c, groups, in, counts, out, 4, {}, r1);
     for (float v : out) ASSERT_TRUE(std::isfinite(v));
@@ -969,11 +973,12 @@ TEST(NonFinite, QuantizedRingStopsEveryRankWhenAPartialSumOverflows) {
           EXPECT_NE(errors[size_t(r)].find(what), std::string::npos)
               << codec << " n=" << n << " one=" << one << " rs=" << reduce_scatter << " rank " << r << ": "
               << errors[size_t(r)];
-        if (one)
+        if (one) {
           EXPECT_NE(errors[0].find(n == 2 ? "element 0 of 64 came out inf on rank 0"
                                           : "element 500 of 999 came out inf on rank 0"),
                     std::string::npos)
               << errors[0];
+        }
         EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.5)
             << codec << " n=" << n << " one=" << one << " rs=" << reduce_scatter;
       }

@@ -290,12 +290,16 @@ TEST(Reduce, MinMaxAreSymmetricForNanAndSignedZerosAndIntegersWrap) {
         for (size_t k = 0; k < n; ++k) {
           const std::string at = std::string(reduce_op_name(op)) + (in_place ? " in place" : "") +
                                  (swap ? " swapped" : "") + " at " + std::to_string(k);
-          if (k % 4 < 2) EXPECT_TRUE(std::isnan(o[k])) << at;
+          if (k % 4 < 2) {
+            EXPECT_TRUE(std::isnan(o[k])) << at;
+          }
           if (k % 4 == 2) {
             EXPECT_EQ(o[k], 0.0f) << at;
             EXPECT_EQ(std::signbit(o[k]), op == ReduceOp::min) << at;
           }
-          if (k % 4 == 3) EXPECT_EQ(o[k], 2.0f) << at;
+          if (k % 4 == 3) {
+            EXPECT_EQ(o[k], 2.0f) << at;
+          }
         }
       }
     }

@@ -87,7 +87,9 @@ TEST(MpiTags, UcxTagBoundKeepsTheCommunicatorWhole) {
   EXPECT_FALSE(same_route(make_tag(kCollective, 0x800005u, 0), make_tag(kCollective, 5, 0), ub));
   for (uint32_t a : {1u, 64u, 0x100000u, 0x7fffc0u, 0x800000u, 0xffffffu})
     for (uint32_t b : {2u, 128u, 0x200000u, 0x400000u, 0x800040u})
-      if (a != b) ASSERT_FALSE(same_route(make_tag(kUser, a, 9), make_tag(kUser, b, 9), ub)) << a << " " << b;
+      if (a != b) {
+        ASSERT_FALSE(same_route(make_tag(kUser, a, 9), make_tag(kUser, b, 9), ub)) << a << " " << b;
+      }
   EXPECT_TRUE(same_route(make_tag(kCollective, 1, 5), make_tag(kCollective, 1, 5 + 8), ub));
   EXPECT_FALSE(same_route(make_tag(kCollective, 1, 5), make_tag(kCollective, 1, 6), ub));
 }
