@@ -41,7 +41,8 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
   if (static_cast<int64_t>(step) < warmup_) return;
   if (++since_avg_ < period_) return;
   since_avg_ = 0;
-  const double t = detail::period_timeout_s(*comm_, period_);  // (the workers drifted up to a period apart)
+  const double t =
+      detail::period_timeout_s(*comm_, period_, drift_timeout_s_);  // (the workers drifted up to a period apart)
   if (!adaptive_) {
     allreduce_avg(*comm_, params, stats_, t);
     return;
@@ -64,7 +65,8 @@ void LocalSgdStrategy::after_step(uint64_t step, std::span<float> params) {
 }
 
 void LocalSgdStrategy::finish(std::span<float> params) {
-  if (since_avg_ > 0) allreduce_avg(*comm_, params, stats_, detail::period_timeout_s(*comm_, since_avg_));
+  if (since_avg_ > 0)
+    allreduce_avg(*comm_, params, stats_, detail::period_timeout_s(*comm_, since_avg_, drift_timeout_s_));
   since_avg_ = 0;
 }
 
@@ -119,7 +121,7 @@ void DilocoStrategy::outer_step(std::span<float> params) {
   const int64_t steps = since_sync_;  // (up to a period: the workers drifted that far apart)
   since_sync_ = 0;
   for (size_t i = 0; i < params.size(); ++i) delta_[i] = outer_[i] - params[i];  // outer gradient
-  allreduce_avg(*comm_, delta_, stats_, detail::period_timeout_s(*comm_, steps));
+  allreduce_avg(*comm_, delta_, stats_, detail::period_timeout_s(*comm_, steps, drift_timeout_s_));
   const float lr = static_cast<float>(outer_lr_), mu = static_cast<float>(momentum_);
   for (size_t i = 0; i < params.size(); ++i) {
     float g = delta_[i];
@@ -175,7 +177,8 @@ void EasgdStrategy::elastic_step(std::span<float> params) {
     diff_[i] = params[i] - center_[i];
     params[i] -= a * diff_[i];
   }
-  allreduce_avg(*comm_, diff_, stats_, detail::period_timeout_s(*comm_, steps));  // mean of the differences
+  allreduce_avg(*comm_, diff_, stats_,
+                detail::period_timeout_s(*comm_, steps, drift_timeout_s_));  // mean of the differences
   const float an = a * comm_->size();
   for (size_t i = 0; i < params.size(); ++i) center_[i] += an * diff_[i];
 }

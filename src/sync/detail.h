@@ -67,6 +67,12 @@ net::RequestPtr isend(coll::Communicator& c, int peer, uint32_t tag, const void*
 net::RequestPtr irecv(coll::Communicator& c, int peer, uint32_t tag, void* data, size_t bytes);
 void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs);
 void wait(coll::Communicator& c, const net::RequestPtr& r);
+// Waits for reqs where the workers may rightly drift apart by more than a step: up to `limit_s` (drift_timeout_s),
+// not the communicator's timeout, with a warning after every timeout (at least 10 s) of waiting. `what` says what is
+// awaited ("sync ps-ssp: rank 2: the servers' replies"). On any failure (the limit: TimeoutError naming `what`, the
+// global ranks still awaited and drift_timeout_s; a peer's error) every request is given up first.
+void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs, double limit_s,
+                   const std::string& what);
 
 inline coll::CollOptions blocking_opts() {
   coll::CollOptions o;
@@ -85,8 +91,10 @@ void allreduce_f32(coll::Communicator& c, std::span<float> buf, ReduceOp op, Syn
 // its lag a step, which bsp tolerates up to the communicator's timeout. period x timeout_s keeps that tolerance a
 // step (a 2-worker run with a 150x straggler, timeout 1 s and period 20 failed where bsp finished); a frozen or
 // hung peer still fails the sync within it, and a dead one at once.
-inline double period_timeout_s(const coll::Communicator& c, int64_t period) {
-  return c.timeout_s() * double(std::max<int64_t>(period, 1));
+// Capped at drift_timeout_s (`cap_s`) but never below the timeout: DiLoCo's period of 500 at the default 300 s gave its
+// outer step a deadline of 42 hours.
+inline double period_timeout_s(const coll::Communicator& c, int64_t period, double cap_s) {
+  return std::min(c.timeout_s() * double(std::max<int64_t>(period, 1)), std::max(c.timeout_s(), cap_s));
 }
 
 // Byte (de)serialization for save_state/load_state.

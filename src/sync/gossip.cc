@@ -260,8 +260,8 @@ AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed, bool final_ave
 AdpsgdStrategy::~AdpsgdStrategy() {
   // finish() was not called (an error stopped this rank): the serving threads block on receives from peers and use
   // this object, so abort the transport (their waits fail at once) and join them before the members go away.
-  // An active rank has no threads, but its passive neighbours serve it without a deadline: one that set up and did
-  // not end cleanly aborts either way (across processes its exit closes the sockets).
+  // An active rank has no threads, but its passive neighbours serve it up to the drift timeout: one that set up and
+  // did not end cleanly aborts either way (across processes its exit closes the sockets).
   if (std::none_of(servers_.begin(), servers_.end(), [](const std::thread& t) { return t.joinable(); }) &&
       (!set_up_ || ended_))
     return;
@@ -287,10 +287,12 @@ void AdpsgdStrategy::serve_peer(int peer, size_t d) {
   std::vector<float> req(d + 1), rep(d);
   try {
     for (;;) {
-      // The next request may rightly take longer than the timeout (the neighbour evaluating or checkpointing): no
-      // deadline of its own; the wait ends with the neighbour (death, lost connection, an abort from any rank).
+      // The next request may rightly take longer than the timeout (the neighbour evaluating, checkpointing, or
+      // waiting up to drift_timeout_s for the others at a checkpoint): that and a timeout more; the wait ends at once
+      // with the neighbour (death, lost connection, an abort from any rank).
       auto r = irecv(*comm_, peer, detail::kTagPairReq, req.data(), req.size() * 4);
-      r->wait(Deadline::never());
+      detail::wait_drifting(*comm_, {r}, drift_timeout_s_ + comm_->timeout_s(),
+                            fmt::format("sync adpsgd: rank {}: neighbour {}'s next request", comm_->rank(), peer));
       if (req[d] == 0) {  // the active neighbour finished (its stop is a request's size: counted as one received)
         std::lock_guard<std::mutex> lk(mu_);
         served_received_ += req.size() * 4;

@@ -157,7 +157,9 @@ class Shard {
   }
 
   // Handles one message from worker w; returns the reply (header + payload), empty for stop.
-  std::pair<ReplyHeader, Bytes> handle(int w, const Header& h, std::span<const uint8_t> payload, double timeout_s) {
+  // drift_s: the wait for slower workers where the workers drift (ssp with s > 0), drift_timeout_s.
+  std::pair<ReplyHeader, Bytes> handle(int w, const Header& h, std::span<const uint8_t> payload, double timeout_s,
+                                       double drift_s) {
     std::unique_lock<std::mutex> lk(mu_);
     if (!wait_or_abort(lk, timeout_s, [&] { return initialized_; }))
       throw TimeoutError(fmt::format("sync ps shard {}: worker 0 never sent the initial parameters", index_));
@@ -223,12 +225,17 @@ class Shard {
     cv_.notify_all();
     if (!slot.ready) {
       waited = true;
-      // No deadline where workers drift (it waited 300 s and then stopped every rank); a worker that dies still ends
-      // the wait (the transport aborts). bsp (and ssp with s = 0) keeps the collectives' deadline.
-      if (!wait_or_abort(lk, ssp_drifts(cfg_) ? 1e18 : timeout_s, [&] { return slot.ready; }))
-        throw TimeoutError(
-            fmt::format("sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {})",
-                        index_, w, h.clock, timeout_s, min_clock()));
+      // drift_timeout_s where workers drift (the collectives' deadline waited 300 s and then stopped every rank);
+      // a worker that dies still ends the wait (the transport aborts). bsp (and ssp with s = 0) keeps the
+      // collectives' deadline.
+      const double limit = ssp_drifts(cfg_) ? drift_s : timeout_s;
+      if (!wait_or_abort(lk, limit, [&] { return slot.ready; }))
+        throw TimeoutError(fmt::format(
+            "sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {}){}", index_,
+            w, h.clock, limit, min_clock(),
+            ssp_drifts(cfg_) ? ", its drift_timeout_s: a worker frozen or hung, or a straggler slower than that, "
+                               "for which raise drift_timeout_s"
+                             : ""));
     }
     if (!slot.ready) throw PeerError(shutdown_message());
     if (waited) stats_.waits++;
@@ -611,8 +618,8 @@ class PsStrategy : public Strategy {
     // finish() was not called (an error stopped this rank): the serving threads block on receives from workers, or
     // wait for slower workers inside a shard, and use this object. Abort the transport (their receives fail at once),
     // wake the shards, and join them before the members go away.
-    // A worker of dedicated servers has no threads, but its servers wait for its requests without a deadline: a
-    // rank that set up and did not end cleanly aborts either way (across processes its exit closes the sockets).
+    // A worker of dedicated servers has no threads, but its servers wait for its requests up to the drift timeout:
+    // a rank that set up and did not end cleanly aborts either way (across processes its exit closes the sockets).
     if (threads_.empty() && (!started_ || ended_)) return;
     comm_->transport().abort(fmt::format("sync {}: stopped before finish() by an error on this rank", name()));
     for (auto& [s, sh] : shards_) sh->shutdown();
@@ -820,23 +827,25 @@ class PsStrategy : public Strategy {
       Bytes payload;
       for (;;) {
         Header h;
-        // Waiting for the worker's next request has no deadline of its own: a worker may rightly send none for
-        // longer than the timeout (evaluating, writing a checkpoint, waiting in a barrier for worker 0's
-        // evaluations). The wait still ends when the worker does: its death or lost connection fails the receive,
-        // and an error on any rank aborts the transports (this rank's too, in ~PsStrategy), as every worker
-        // operation has its deadline.
+        // Waiting for the worker's next request has the drift timeout and a timeout more: a worker may rightly send
+        // none for longer than the timeout (evaluating, writing a checkpoint, waiting up to the drift timeout for
+        // the others at a checkpoint). The wait ends at once when the worker does: its death or lost connection
+        // fails the receive, and an error on any rank aborts the transports (this rank's too, in ~PsStrategy).
         net::RequestPtr r = irecv(*comm_, w, tag_of(detail::kTagPsHeader, s), &h, sizeof h);
-        r->wait(Deadline::never());
+        detail::wait_drifting(*comm_, {r}, drift_timeout_s_ + t,
+                              fmt::format("sync {}: rank {}: shard {}: worker {}'s next request (a worker may wait "
+                                          "up to drift_timeout_s for the others before it, and a timeout more)",
+                                          name(), comm_->rank(), s, w));
         shard.check_request(w, h, t);
         payload.resize(h.bytes);
         if (h.bytes) detail::wait(*comm_, irecv(*comm_, w, tag_of(detail::kTagPsPayload, s), payload.data(), h.bytes));
-        auto [rh, reply] = shard.handle(w, h, payload, t);
+        auto [rh, reply] = shard.handle(w, h, payload, t, drift_timeout_s_);
         if (h.kind == kStop && cfg_.colocate) return;  // (finish() allreduces the final model)
         if (h.kind == kStop) {
           // The servers' final model to the worker (raw), once every worker's pushes are in: what it held was its
           // last pull, without the pushes that came after it (other workers' under asp/ssp) and, with dana, the
           // look-ahead point rather than the parameters.
-          const std::vector<float> last = shard.final_params(workers_drift() ? 1e18 : t);
+          const std::vector<float> last = shard.final_params(workers_drift() ? drift_timeout_s_ : t);
           rh = ReplyHeader{last.size() * 4, 1};
           detail::wait_all(*comm_, {isend(*comm_, w, tag_of(detail::kTagPsReplyHeader, s), &rh, sizeof rh),
                                     isend(*comm_, w, tag_of(detail::kTagPsReply, s), last.data(), rh.bytes)});
@@ -917,7 +926,7 @@ class PsStrategy : public Strategy {
       try {
         for (int64_t s = 0; s < S; ++s) {
           if (host_of(s) != me) continue;
-          auto [rh, reply] = shards_.at(s)->handle(me, hs[s], payloads[s], comm_->timeout_s());
+          auto [rh, reply] = shards_.at(s)->handle(me, hs[s], payloads[s], comm_->timeout_s(), drift_timeout_s_);
           rhs[s] = rh;
           replies[s] = std::move(reply);
         }
@@ -933,11 +942,13 @@ class PsStrategy : public Strategy {
         stats_.comm_seconds += sw.seconds();
         return;
       }
-      // The replies to a push wait for slower workers under ssp: no deadline there, as at the shard (a dead shard or
-      // worker aborts the transport, which ends the wait); so does the final model under asp and ssp, sent once every
-      // worker stopped (bsp's workers stop together: the deadline holds).
+      // The replies to a push wait for slower workers under ssp: drift_timeout_s there, as at the shard (a dead shard
+      // or worker aborts the transport, which ends the wait at once); so does the final model under asp and ssp, sent
+      // once every worker stopped (bsp's workers stop together: the deadline holds).
       if (ssp_drifts(cfg_) || (kind == kStop && workers_drift()))  // (asp replies at once: its wait keeps the deadline)
-        net::wait_all_or_give_up(comm_->transport(), rrecv, Deadline::never());
+        detail::wait_drifting(*comm_, rrecv, drift_timeout_s_,
+                              fmt::format("sync {}: rank {}: the servers' {}", name(), comm_->rank(),
+                                          kind == kStop ? "final model" : "replies to its push"));
       else
         detail::wait_all(*comm_, rrecv);
       // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most

@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -12,6 +14,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "sync/detail.h"
 #include "sync/ps.h"
 #include "sync/schemes.h"
@@ -19,6 +22,13 @@
 namespace conduit::sync {
 
 int Strategy::worker_rank() const { return comm_->rank(); }
+void Strategy::set_drift_timeout(double seconds) {
+  if (!(seconds >= comm_->timeout_s()) || !std::isfinite(seconds))
+    throw InvalidArgument(
+        fmt::format("sync {}: drift timeout {} s; allowed: at least the communicator's timeout ({} s)", name(), seconds,
+                    comm_->timeout_s()));
+  drift_timeout_s_ = seconds;
+}
 int Strategy::num_workers() const { return comm_->size(); }
 void Strategy::serve() {
   throw InvalidArgument(fmt::format("sync {}: serve() is only for dedicated parameter-server ranks", name()));
@@ -36,7 +46,7 @@ void Strategy::load_state(std::span<const uint8_t> bytes) {
         fmt::format("sync {}: load_state got {} bytes but this scheme keeps no state", name(), bytes.size()));
 }
 
-void await_workers(coll::Communicator& workers) {
+void await_workers(coll::Communicator& workers, double drift_timeout_s) {
   const int n = workers.size(), me = workers.rank();
   if (n <= 1) return;
   uint8_t token = 1;
@@ -44,16 +54,18 @@ void await_workers(coll::Communicator& workers) {
   std::vector<net::RequestPtr> reqs;
   if (me == 0) {
     for (int r = 1; r < n; ++r) reqs.push_back(detail::irecv(workers, r, detail::kTagArrive, &tokens[size_t(r)], 1));
-    net::wait_all_or_give_up(workers.transport(), reqs, Deadline::never());
+    detail::wait_drifting(workers, reqs, drift_timeout_s, "sync: worker 0: the other workers' arrival");
     reqs.clear();
     for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagRelease, &token, 1));
     detail::wait_all(workers, reqs);  // the others are all waiting: the normal deadline
   } else {
-    // The arrival too waits without a deadline: a transport that completes a send only once it is matched
+    // The arrival too waits up to the drift timeout: a transport that completes a send only once it is matched
     // (inproc) holds it until worker 0 arrives, and worker 0 (which evaluates alone) is often the last.
     auto release = detail::irecv(workers, 0, detail::kTagRelease, &tokens[0], 1);
     auto arrive = detail::isend(workers, 0, detail::kTagArrive, &token, 1);
-    net::wait_all_or_give_up(workers.transport(), {arrive, release}, Deadline::never());
+    detail::wait_drifting(
+        workers, {arrive, release}, drift_timeout_s,
+        fmt::format("sync: worker {}: worker 0's release (it is the last to arrive, or evaluating)", me));
   }
 }
 
@@ -143,6 +155,45 @@ void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs) {
   net::wait_all_or_give_up(c.transport(), reqs, Deadline::after(c.timeout_s()));
 }
 void wait(coll::Communicator& c, const net::RequestPtr& r) { wait_all(c, {r}); }
+
+void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs, double limit_s,
+                   const std::string& what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto awaited = [&] {  // the global ranks of the requests still pending
+    std::string ranks;
+    for (const auto& r : reqs)
+      if (!r->done()) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r->peer());
+    return ranks;
+  };
+  const double note_every = std::max(c.timeout_s(), 10.0);
+  try {
+    for (;;) {
+      try {
+        net::wait_all(reqs, Deadline::after(std::max(0.0, std::min(note_every, limit_s - waited()))));
+        return;
+      } catch (const TimeoutError&) {
+        for (const auto& r : reqs)  // (a request that failed with a timeout of its own: that failure, not a wait)
+          if (r->done() && !r->succeeded()) throw;
+        const double w = waited();
+        if (w >= limit_s)
+          throw TimeoutError(fmt::format(
+              "{}: nothing came from global rank(s) {} within drift_timeout_s {:g} s (the workers may drift apart by "
+              "more than a step, but not this far: a peer frozen or hung, or a straggler slower than that, for which "
+              "raise drift_timeout_s)",
+              what, awaited(), limit_s));
+        CONDUIT_LOG_WARN("{}: still waiting on global rank(s) {} after {:.0f} s (gives up at drift_timeout_s {:g} s)",
+                         what, awaited(), w, limit_s);
+      }
+    }
+  } catch (const Error& e) {
+    for (const auto& r : reqs) net::give_up(c.transport(), r, e.what());
+    throw;
+  } catch (...) {
+    for (const auto& r : reqs) net::give_up(c.transport(), r, "the wait ended with an exception");
+    throw;
+  }
+}
 
 void allreduce_avg(coll::Communicator& c, std::span<float> buf, SyncStats& stats, double timeout_s) {
   allreduce_f32(c, buf, ReduceOp::avg, stats, timeout_s);

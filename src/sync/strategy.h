@@ -40,11 +40,17 @@ struct SyncStats {
   double comm_seconds = 0;      // time spent blocked in communication
 };
 
-// A rendezvous of every rank of `workers` without a deadline, for the points where an asynchronous scheme's workers
-// meet (checkpoints, the end): a fast worker waits there for a straggler's remaining steps, which may rightly take
-// longer than any timeout. It still fails at once when a peer dies or any rank aborts the transport (as the
-// parameter servers' and AD-PSGD's serving waits). Collective over `workers`.
-void await_workers(coll::Communicator& workers);
+// How long a rank waits where the workers may rightly drift apart by more than a step (drift_timeout_s): an
+// asynchronous scheme's waits for slower workers and for their next request, the workers' meetings at checkpoints
+// and at the end, and (as a cap on period x timeout) a periodic scheme's sync. PyTorch's default collective timeout.
+inline constexpr double kDefaultDriftTimeoutS = 1800;
+
+// A rendezvous of every rank of `workers` for the points where the workers meet out of step (checkpoints, the end,
+// worker 0's evaluations): a fast worker waits there for a straggler's remaining steps, which may rightly take longer
+// than the collectives' timeout, so the wait's deadline is `drift_timeout_s` (a frozen or hung peer fails it then;
+// worker 0 names the workers that did not arrive). It fails at once when a peer dies or any rank aborts the
+// transport. Collective over `workers`.
+void await_workers(coll::Communicator& workers, double drift_timeout_s = kDefaultDriftTimeoutS);
 
 class Strategy {
  public:
@@ -69,7 +75,7 @@ class Strategy {
 
   // True where the workers may drift apart by more than a step (asynchronous schemes: ps-asp, ps-ssp with a
   // staleness above 0, adpsgd): a worker that is done, or at a checkpoint, may wait for a straggler's remaining
-  // steps, which no timeout bounds. The trainer meets the other workers there with await_workers().
+  // steps, up to drift_timeout_s. The trainer meets the other workers there with await_workers().
   virtual bool workers_drift() const { return false; }
   // The trainer's learning rate at this step over its base rate, before before_step. Parameter servers own the
   // optimizer: the trainer scales the gradients it pushes by this, and the servers scale their weight decay by it.
@@ -81,10 +87,16 @@ class Strategy {
 
   const SyncStats& stats() const { return stats_; }
 
+  // The deadline of the waits where the workers drift apart (kDefaultDriftTimeoutS's list): before setup(), at least
+  // the communicator's timeout (InvalidArgument otherwise).
+  void set_drift_timeout(double seconds);
+  double drift_timeout_s() const { return drift_timeout_s_; }
+
  protected:
   explicit Strategy(coll::CommPtr comm) : comm_(std::move(comm)) {}
   coll::CommPtr comm_;
   SyncStats stats_;
+  double drift_timeout_s_ = kDefaultDriftTimeoutS;  // (set before setup starts any serving thread)
 };
 
 using StrategyPtr = std::unique_ptr<Strategy>;

@@ -196,6 +196,11 @@ const std::vector<std::pair<std::string, std::string>>& config_keys() {
       {"progress", "rank 0 shows a progress bar (default true)"},
       {"timeout_s",
        "deadline of each collective in seconds (default 300); a local/diloco/easgd sync's is period times it"},
+      {"drift_timeout_s",
+       "the longest a worker waits for the others where they rightly drift apart by more than a step: ps-asp, "
+       "ps-ssp (s > 0) and adpsgd's waits for slower workers, every scheme's meetings at checkpoints, the end and "
+       "worker 0's evaluations, and a local/diloco/easgd sync (period x timeout_s, capped at it); a frozen or hung "
+       "peer fails the run then; at least timeout_s (default 1800 or timeout_s, whichever is longer)"},
       {"time_limit_s",
        "the whole run's deadline in seconds, from the workers' start (mpirun's --timeout): workers still running "
        "then are stopped as on SIGTERM (no checkpoint is written) and conduit train exits 124; kept by conduit "
@@ -534,6 +539,17 @@ TrainConfig resolve_config(const RawConfig& raw, int env_world, bool workers_giv
   if (auto v = get("progress")) c.progress = to_bool("progress", *v);
   if (auto v = get("timeout_s"))
     c.timeout_s = to_double("timeout_s", *v, 0.001, 1e7, false, "seconds from 0.001 to 10000000");
+  if (auto v = get("drift_timeout_s")) {
+    c.drift_timeout_s =
+        to_double("drift_timeout_s", *v, 0.001, 1e7, false, "seconds from 0.001 to 10000000, at least timeout_s");
+    if (c.drift_timeout_s < c.timeout_s)
+      bad("drift_timeout_s", *v,
+          fmt::format("allowed: at least timeout_s ({:g} s): where workers drift apart they wait at least as long as "
+                      "in step",
+                      c.timeout_s));
+  } else {
+    c.drift_timeout_s = std::max(c.drift_timeout_s, c.timeout_s);  // (the default under a longer timeout_s)
+  }
   if (auto v = get("time_limit_s")) {
     const char* allowed = "0 (none) or seconds from 0.001 to 10000000";
     c.time_limit_s = to_double("time_limit_s", *v, 0, 1e7, false, allowed);
@@ -836,6 +852,7 @@ SyncSpec effective_sync(const TrainConfig& c) {
                                   "apply; allowed: none, or a scheme that compresses (bsp, dpsgd, ps-*)",
                                   s.name, c.compressor));
   }
+  s.drift_timeout_s = c.drift_timeout_s;
   return s;
 }
 
@@ -1221,6 +1238,7 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "synthetic_samples" << YAML::Value << c.synthetic_samples;
   e << YAML::Key << "progress" << YAML::Value << (c.progress ? "true" : "false");
   e << YAML::Key << "timeout_s" << YAML::Value << fmt::format("{}", c.timeout_s);
+  e << YAML::Key << "drift_timeout_s" << YAML::Value << fmt::format("{}", c.drift_timeout_s);
   e << YAML::Key << "sync" << YAML::Value << c.sync;
   e << YAML::Key << "sync_period" << YAML::Value << c.sync_period;
   e << YAML::Key << "staleness" << YAML::Value << c.staleness;

@@ -84,6 +84,9 @@ struct TrainConfig {
   int64_t synthetic_samples = 4096;       // training samples of the synthetic dataset (test: a quarter)
   bool progress = true;                   // rank 0 prints a progress bar
   double timeout_s = 300;                 // deadline of every collective
+  // Deadline of the waits where the workers rightly drift apart by more than a step (sync::kDefaultDriftTimeoutS's
+  // list), at least timeout_s.
+  double drift_timeout_s = 1800;
   // > 0: the whole run's deadline in seconds (mpirun's --timeout), kept by the parent that starts the workers: those
   // still running then are stopped as on SIGTERM and conduit train exits 124; 0: none.
   double time_limit_s = 0;
@@ -105,6 +108,8 @@ struct SyncSpec {
   // Keys of params that effective_sync filled in from the trainer's own settings (the servers' lr, momentum and
   // weight decay; the compressor), not given in the sync spec: they follow those settings, as they do for bsp.
   std::set<std::string> derived;
+  // TrainConfig::drift_timeout_s: where the run runs, not a parameter of the scheme (not in params or checkpoints).
+  double drift_timeout_s = 1800;
   bool bsp() const { return name == "bsp"; }
   bool parameter_server() const { return name.rfind("ps-", 0) == 0; }
   std::string to_string() const;

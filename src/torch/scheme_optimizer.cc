@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "torch/distributed_optimizer.h"
 
@@ -19,6 +21,7 @@ SchemeOptimizer::SchemeOptimizer(std::shared_ptr<torch::nn::Module> model,
       base_lr_(base_lr),
       trace_(trace) {
   strategy_ = sync::make_strategy(spec_.name, spec_.params, comm_);
+  strategy_->set_drift_timeout(std::max(spec_.drift_timeout_s, comm_->timeout_s()));
   workers_ = comm_->size() == 1 ? comm_ : comm_->split(strategy_->is_worker() ? 0 : 1, comm_->rank());
 
   // Re-seat every trainable parameter (and its gradient) as a view of one flat tensor: the layout is registration

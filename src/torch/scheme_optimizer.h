@@ -41,10 +41,10 @@ class SchemeOptimizer {
   coll::CommPtr worker_comm() const { return workers_; }
   const std::string& name() const { return spec_.name; }
   // Asynchronous schemes (sync::Strategy::workers_drift): the workers meet at checkpoints and at the end through
-  // await_workers(), which has no deadline (a straggler's remaining steps may take longer than any timeout) but
-  // fails when a worker dies.
+  // await_workers(), whose deadline is drift_timeout_s (a straggler's remaining steps may take longer than the
+  // collectives' timeout); it fails at once when a worker dies.
   bool workers_drift() const { return strategy_->workers_drift(); }
-  void await_workers() { sync::await_workers(*workers_); }
+  void await_workers() { sync::await_workers(*workers_, strategy_->drift_timeout_s()); }
 
   // Once before the first step (collective over the workers): worker 0's parameters and buffers everywhere.
   // resuming: keep a copy of this rank's own parameters for resume().

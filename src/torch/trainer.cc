@@ -1258,12 +1258,12 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     if (!outputs) return;
     // Asynchronous schemes: nothing is in flight once every worker is here (pushes and pairwise averages complete
     // inside a step), so the saved server shards and replicas are one consistent state.
-    // Their workers may be far apart (asynchronous schemes: a straggler's remaining steps), so they meet without a
-    // deadline first: before any collective with one (the copies' evaluation below ran first, and a straggler's
-    // lag counted against timeout_s). The wait is training time, as a synchronous scheme's wait for its straggler
-    // is (it was counted as the checkpoint's, and a run under --slow reported a fraction of its time).
-    // Periodic schemes (local, diloco, easgd) too: their workers are up to a period apart between syncs (a checkpoint
-    // mid-period met them at a barrier of one timeout, and a straggler bsp waits for failed it; a review).
+    // Their workers may be far apart (asynchronous schemes: a straggler's remaining steps), so they meet first with
+    // the drift timeout (drift_timeout_s) as the deadline: before any collective with one (the copies' evaluation below
+    // ran first, and a straggler's lag counted against timeout_s). The wait is training time, as a synchronous scheme's
+    // wait for its straggler is (it was counted as the checkpoint's, and a run under --slow reported a fraction of its
+    // time). Periodic schemes (local, diloco, easgd) too: their workers are up to a period apart between syncs (a
+    // checkpoint mid-period met them at a barrier of one timeout, and a straggler bsp waits for failed it; a review).
     if (sopt && world > 1) sopt->await_workers();
     const double epoch_trained = trained_s();
     const double clock_at = elapsed();  // (what the checkpoint declares: the training clock, without this checkpoint)
@@ -1554,7 +1554,7 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
       std::tie(acc, test_loss) = run_eval();
       res.test_accuracy = acc;
       // Worker 0 evaluated alone: the others, in step with it, met it at their next exchange under the collectives'
-      // deadline, which a long evaluation outlasts (--timeout-s). They meet it here without one. (Drifting
+      // deadline, which a long evaluation outlasts (--timeout-s). They meet it here, up to drift_timeout_s. (Drifting
       // schemes' workers are not in step; they meet at checkpoints and the end.)
       if (sopt && world > 1 && !sopt->workers_drift()) sopt->await_workers();
     } else if (data_lead && (snapshots.empty() || snapshots.back().global_step != global_step)) {
@@ -1611,12 +1611,13 @@ TrainResult train_worker(const TrainConfig& given, coll::CommPtr comm_ptr, const
     if (checkpointed_at != global_step && global_step > start_global_step)
       save_checkpoint(int(end_epoch_pos), end_step_pos, res.test_accuracy);
     // Then the scheme's last word and worker 0's final accuracy for all. Asynchronous workers end apart (a
-    // straggler's remaining steps, which no timeout bounds): they meet first, without a deadline.
+    // straggler's remaining steps, which the collectives' timeout does not bound): they meet first, up to
+    // drift_timeout_s.
     if (sopt->workers_drift()) sopt->await_workers();
     sopt->finish();
     double acc[2] = {0, 0};
     if (lead) std::tie(acc[0], acc[1]) = run_eval();
-    if (world > 1) sopt->await_workers();  // (as at an epoch's end: worker 0's evaluation has no deadline)
+    if (world > 1) sopt->await_workers();  // (as at an epoch's end: worker 0's evaluation, up to drift_timeout_s)
     if (world > 1) comm.broadcast(acc, 2, DType::f64, 0).wait();
     res.test_accuracy = acc[0];
     if (metrics)

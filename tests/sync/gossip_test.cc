@@ -603,4 +603,81 @@ TEST(SyncAwaitWorkers, AStragglerLongerThanTheTimeoutIsAwaited) {
   }
 }
 
+// A frozen rank (alive, its connections open, sending nothing) never arrives: the others fail at the drift timeout,
+// not at the communicator's (0.3 s) and not never (they waited without a deadline). Worker 0 names the rank that did
+// not arrive; worker 1 the worker 0 that never released it. The frozen rank wakes after 20 s at most, so that the
+// test fails, rather than hangs, where the wait has no deadline.
+TEST(SyncAwaitWorkers, AFrozenWorkerFailsTheOthersAtTheDriftTimeout) {
+  coll::CommConfig cfg;
+  cfg.timeout_s = 0.3;
+  cfg.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(3, 0, cfg);
+  std::vector<std::string> errors(3);
+  std::vector<double> waited(3);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool thaw = false;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      if (r == 2) {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait_for(lk, std::chrono::seconds(20), [&] { return thaw; });
+        if (thaw) return;
+      }
+      auto t0 = std::chrono::steady_clock::now();
+      try {
+        await_workers(*comms[r], 1.5);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+      waited[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  ts[0].join();
+  ts[1].join();
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    thaw = true;
+  }
+  cv.notify_all();
+  ts[2].join();
+  EXPECT_NE(errors[0].find("sync: worker 0: the other workers' arrival: nothing came from global rank(s) 2 within "
+                           "drift_timeout_s 1.5 s"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("sync: worker 1: worker 0's release"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("nothing came from global rank(s) 0 within drift_timeout_s 1.5 s"), std::string::npos)
+      << errors[1];
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(waited[r], 1.4) << "rank " << r << ": " << errors[r];
+    EXPECT_LT(waited[r], 10.0) << "rank " << r << ": " << errors[r];
+  }
+}
+
+// A periodic scheme's sync waits period x timeout for workers up to a period apart, capped at the drift timeout
+// (DiLoCo's period 500 at the default 300 s waited 42 hours), but never below one timeout.
+TEST(SyncPeriodTimeout, PeriodTimesTheTimeoutCappedAtTheDriftTimeout) {
+  coll::CommConfig cfg;
+  cfg.timeout_s = 300;
+  cfg.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(1, 0, cfg);
+  EXPECT_EQ(detail::period_timeout_s(*comms[0], 4, 1800), 1200);
+  EXPECT_EQ(detail::period_timeout_s(*comms[0], 500, 1800), 1800);
+  EXPECT_EQ(detail::period_timeout_s(*comms[0], 0, 1800), 300);
+  EXPECT_EQ(detail::period_timeout_s(*comms[0], 20, 100), 300);
+  auto s = make_strategy("diloco", {{"period", "500"}}, comms[0]);
+  EXPECT_EQ(s->drift_timeout_s(), kDefaultDriftTimeoutS);
+  s->set_drift_timeout(600);
+  EXPECT_EQ(s->drift_timeout_s(), 600);
+  for (double bad : {299.0, std::nan("")}) {
+    try {
+      s->set_drift_timeout(bad);
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("allowed: at least the communicator's timeout (300 s)"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace

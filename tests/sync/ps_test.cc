@@ -221,6 +221,66 @@ TEST(SyncPs, SspWaitsForAStragglerPastTheTimeout) {
   }
 }
 
+// A frozen worker (alive, its connections open, pushing nothing) under ps-ssp with s > 0: the others wait for it at
+// the shard and for the servers' replies up to the drift timeout (1.5 s), not the communicator's (0.3 s), and then fail
+// naming drift_timeout_s (they waited without a deadline). The frozen rank wakes after 20 s at most and trains on, so
+// that the test fails, rather than hangs, where the waits have no deadline.
+TEST(SyncPs, SspFailsAFrozenWorkerAtTheDriftTimeout) {
+  for (const char* colocate : {"1", "0"}) {
+    SCOPED_TRACE(fmt::format("colocate={}", colocate));
+    const int n = 3;
+    coll::CommConfig cfg;
+    cfg.timeout_s = 0.3;
+    cfg.measure_cost_model = false;
+    auto comms = coll::Communicator::inproc(n, 0, cfg);
+    // colocate=0: one dedicated server (rank 2), workers 0 and 1.
+    const Params p{{"staleness", "1"}, {"colocate", colocate}, {"servers", colocate[0] == '1' ? "3" : "1"}};
+    std::vector<std::string> errors(n);
+    std::vector<double> seconds(n, 0);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool thaw = false;
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        std::unique_ptr<Strategy> s;
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          s = make_strategy("ps-ssp", p, comms[size_t(r)]);
+          s->set_drift_timeout(1.5);
+          if (!s->is_worker()) return s->serve();
+          auto x = harness::initial(r, 16);
+          std::vector<float> g(x.size(), 0.1f);
+          s->setup(x);
+          t0 = std::chrono::steady_clock::now();
+          if (r == 1) {
+            std::unique_lock<std::mutex> lk(mu);
+            cv.wait_for(lk, std::chrono::seconds(20), [&] { return thaw; });
+          }
+          for (int t = 0; t < 4; ++t) {
+            if (s->before_step(uint64_t(t), x, g))
+              for (float& v : x) v -= 0.1f;
+            s->after_step(uint64_t(t), x);
+          }
+          s->finish(x);
+        } catch (const std::exception& e) {
+          errors[size_t(r)] = e.what();
+          seconds[size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (r == 0) {  // the frozen worker thaws once the others failed (it then fails on their abort)
+            std::lock_guard<std::mutex> lk(mu);
+            thaw = true;
+            cv.notify_all();
+          }
+          comms[size_t(r)]->transport().abort(e.what());  // as a failing process would
+        }
+      });
+    for (auto& t : ts) t.join();
+    EXPECT_NE(errors[0].find("drift_timeout_s"), std::string::npos) << errors[0];
+    EXPECT_GT(seconds[0], 1.4) << errors[0];
+    EXPECT_LT(seconds[0], 10.0) << errors[0];
+  }
+}
+
 TEST(SyncPs, WorkersEndWithTheServersFinalModel) {
   // Under asp a slow worker's last pushes land after the fast workers' last pulls; finish() hands every worker the
   // servers' final model, so all replicas agree: co-located shards by an allreduce, dedicated servers in reply to

@@ -361,6 +361,14 @@ TEST(TrainConfig, BadValuesGiveOneLineNamingTheField) {
   // Below CONDUIT_TIMEOUT's least (0.0001 s was taken, and every rank then failed at rendezvous).
   expect_one_line(config_error({{"timeout_s", "0.0001"}}), "timeout_s");
   EXPECT_EQ(config_error({{"timeout_s", "0.001"}}), "");
+  // The drift timeout is at least the collectives' (where workers drift apart they wait at least as long as in step);
+  // left out, it follows a longer timeout_s.
+  expect_one_line(config_error({{"drift_timeout_s", "100"}}), "drift_timeout_s");
+  expect_one_line(config_error({{"drift_timeout_s", "20"}, {"timeout_s", "30"}}), "drift_timeout_s");
+  EXPECT_EQ(config_error({{"drift_timeout_s", "30"}, {"timeout_s", "30"}}), "");
+  EXPECT_EQ(resolve_config({{"timeout_s", "3600"}}).drift_timeout_s, 3600);
+  EXPECT_EQ(resolve_config({}).drift_timeout_s, 1800);
+  EXPECT_EQ(effective_sync(resolve_config({{"drift_timeout_s", "400"}})).drift_timeout_s, 400);
   // A warm-up longer than the run (the learning rate never reached lr).
   expect_one_line(config_error({{"warmup_epochs", "4"}, {"epochs", "3"}}), "warmup_epochs");
   EXPECT_EQ(config_error({{"warmup_epochs", "3"}, {"epochs", "3"}}), "");
