@@ -400,7 +400,7 @@ SweepSpec load_spec(const std::string& path) {
           {"zero-shard-group", {"0", "its --zero is PyTorch's ZeroRedundancyOptimizer, without that setting"}},
           {"zero-allgather-mb", {"0", "its --zero is PyTorch's ZeroRedundancyOptimizer, without that setting"}},
           {"zero-reduce", {"step", "its --zero is PyTorch's ZeroRedundancyOptimizer, without that setting"}}};
-      static const std::set<std::string> kConduitOnly = {"trace", "checkpoint-every"};
+      static const std::set<std::string> kConduitOnly = {"trace", "checkpoint-every", "drift-timeout-s"};
       // (zero-gather f32 and zero: the peer's ZeRO gathers f32 weights; zero 1-3 is its --zero)
       const bool passed = ddp_keys().count(k) > 0 || k == "timeout-s" || k == "zero" || k == "zero-gather";
       bool conduit_key = false;  // (one that is none is refused below as such)
@@ -429,10 +429,10 @@ SweepSpec load_spec(const std::string& path) {
                           "{} {}, or leave it out",
                           k, v, it->second.second, k, at));
       } else if (!passed && !kConduitOnly.count(k) && conduit_key) {
-        throw ConfigError(
-            fmt::format("sweep: train: '{}' is not something the PyTorch DDP peer (peers:) takes; allowed with "
-                        "peers: {}, timeout_s, zero, and trace and checkpoint_every (Conduit cells only)",
-                        k, join(std::vector<std::string>(ddp_keys().begin(), ddp_keys().end()), ", ")));
+        throw ConfigError(fmt::format(
+            "sweep: train: '{}' is not something the PyTorch DDP peer (peers:) takes; allowed with "
+            "peers: {}, timeout_s, zero, and trace, checkpoint_every and drift_timeout_s (Conduit cells only)",
+            k, join(std::vector<std::string>(ddp_keys().begin(), ddp_keys().end()), ", ")));
       }
       if (kConduitOnly.count(k) && s.schemes.empty())
         throw ConfigError(

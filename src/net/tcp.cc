@@ -150,7 +150,7 @@ struct Peer {
   std::exception_ptr error;
   std::mutex send_mu;
   std::deque<TcpSend> sendq;
-  std::exception_ptr send_error;         // a write failed: later sends fail at once (the read side fails the rest)
+  std::exception_ptr send_error;         // a write failed: sends queue unwritten until the read side fails them all
   std::atomic<bool> send_failed{false};  // send_error is set (readable without send_mu)
   bool dropped_mid_frame = false;        // under send_mu: fail_peer cleared a partly written send
   bool ended = false;                    // under send_mu: an abort ended the connection (a second one leaves it)
@@ -393,8 +393,8 @@ class TcpTransport : public Transport {
       Peer& p = *pp;
       std::lock_guard<std::mutex> sl(p.send_mu);
       if (p.ended) continue;  // (a second abort: its write failed on the closed stream, and a reset lost the first's)
-      // (A failed write ended the stream mid-frame and cleared the queue, or a failure dropped a partly written
-      // send: nothing more goes on it.)
+      // (A failed write ended the stream, mid-frame perhaps, and its queue waits to be failed, or a failure dropped a
+      // partly written send: nothing more goes on it.)
       bool stuck = false;  // the peer took nothing more within the deadline: its window is shut
       if (!p.send_failed && !p.dropped_mid_frame) {
         try {
@@ -751,7 +751,12 @@ class TcpTransport : public Transport {
                               : fmt::format("connection error: {}", std::strerror(errno));
     std::string why = aborted_reason();
     auto err = std::make_exception_ptr(PeerError(!why.empty() ? why : fmt::format("tcp: rank {} {}", p.rank, what)));
-    if (why.empty() && p.send_failed) err = p.send_error;  // (this rank's failed write told more: "broken pipe")
+    if (why.empty() && p.send_failed) {
+      // This rank's failed write told more ("broken pipe": the peer died or closed), also where the stream ended
+      // inside a frame (a peer killed while sending: its "truncated frame" blamed the protocol).
+      fail_peer(p, p.send_error, /*keep_arrived=*/true);
+      return false;
+    }
     if (p.have_hdr && r == 0) {
       fail_peer_protocol(p, fmt::format("truncated frame: the connection closed {} bytes into a {}-byte payload",
                                         p.pay_got, p.hdr.length));

@@ -67,12 +67,13 @@ net::RequestPtr isend(coll::Communicator& c, int peer, uint32_t tag, const void*
 net::RequestPtr irecv(coll::Communicator& c, int peer, uint32_t tag, void* data, size_t bytes);
 void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs);
 void wait(coll::Communicator& c, const net::RequestPtr& r);
-// Waits for reqs where the workers may rightly drift apart by more than a step: up to `limit_s` (drift_timeout_s),
-// not the communicator's timeout, with a warning after every timeout (at least 10 s) of waiting. `what` says what is
-// awaited ("sync ps-ssp: rank 2: the servers' replies"). On any failure (the limit: TimeoutError naming `what`, the
-// global ranks still awaited and drift_timeout_s; a peer's error) every request is given up first.
+// Waits for reqs where the workers may rightly drift apart by more than a step: up to `limit_s` (from the drift
+// timeout, as `limit_name` says: "drift_timeout_s", "drift_timeout_s + timeout_s"), not the communicator's timeout,
+// with a warning after every timeout (at least 10 s) of waiting. `what` says what is awaited ("sync ps-ssp: rank 2:
+// the servers' replies"). A request that fails ends the wait at once with its own error; at the limit, TimeoutError
+// names `what`, the global ranks still awaited and the limit. On any failure every request is given up first.
 void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs, double limit_s,
-                   const std::string& what);
+                   const std::string& what, const char* limit_name = "drift_timeout_s");
 
 inline coll::CollOptions blocking_opts() {
   coll::CollOptions o;

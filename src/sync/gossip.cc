@@ -287,12 +287,13 @@ void AdpsgdStrategy::serve_peer(int peer, size_t d) {
   std::vector<float> req(d + 1), rep(d);
   try {
     for (;;) {
-      // The next request may rightly take longer than the timeout (the neighbour evaluating, checkpointing, or
-      // waiting up to drift_timeout_s for the others at a checkpoint): that and a timeout more; the wait ends at once
-      // with the neighbour (death, lost connection, an abort from any rank).
+      // The next request may rightly take longer than the timeout (the neighbour evaluating alone, or at a
+      // checkpoint waiting up to drift_timeout_s for the others, then writing it): twice that and a timeout more;
+      // the wait ends at once with the neighbour (death, lost connection, an abort from any rank).
       auto r = irecv(*comm_, peer, detail::kTagPairReq, req.data(), req.size() * 4);
-      detail::wait_drifting(*comm_, {r}, drift_timeout_s_ + comm_->timeout_s(),
-                            fmt::format("sync adpsgd: rank {}: neighbour {}'s next request", comm_->rank(), peer));
+      detail::wait_drifting(*comm_, {r}, 2 * drift_timeout_s_ + comm_->timeout_s(),
+                            fmt::format("sync adpsgd: rank {}: neighbour {}'s next request", comm_->rank(), peer),
+                            "2 x drift_timeout_s + timeout_s");
       if (req[d] == 0) {  // the active neighbour finished (its stop is a request's size: counted as one received)
         std::lock_guard<std::mutex> lk(mu_);
         served_received_ += req.size() * 4;

@@ -229,13 +229,19 @@ class Shard {
       // a worker that dies still ends the wait (the transport aborts). bsp (and ssp with s = 0) keeps the
       // collectives' deadline.
       const double limit = ssp_drifts(cfg_) ? drift_s : timeout_s;
-      if (!wait_or_abort(lk, limit, [&] { return slot.ready; }))
+      if (!wait_or_abort(lk, limit, [&] { return slot.ready; })) {
+        const int64_t slowest = min_clock();
+        std::string behind;  // the workers holding it back (it named only itself)
+        for (int v = 0; v < workers_; ++v)
+          if (!stopped_[v] && clocks_[v] == slowest) behind += fmt::format("{}{}", behind.empty() ? "" : ", ", v);
         throw TimeoutError(fmt::format(
-            "sync ps shard {}: worker {} at clock {} waited {:.0f} s for slower workers (slowest clock {}){}", index_,
-            w, h.clock, limit, min_clock(),
-            ssp_drifts(cfg_) ? ", its drift_timeout_s: a worker frozen or hung, or a straggler slower than that, "
-                               "for which raise drift_timeout_s"
+            "sync ps shard {}: worker {} at clock {} waited {:g} s ({}) for slower workers: worker(s) {} at clock "
+            "{}{}",
+            index_, w, h.clock, limit, ssp_drifts(cfg_) ? "drift_timeout_s" : "the timeout", behind, slowest,
+            ssp_drifts(cfg_) ? " (a worker frozen or hung, or a straggler slower than that, for which raise "
+                               "drift_timeout_s)"
                              : ""));
+      }
     }
     if (!slot.ready) throw PeerError(shutdown_message());
     if (waited) stats_.waits++;
@@ -276,7 +282,7 @@ class Shard {
   }
 
   // The shard's final parameters, once every worker has stopped (every push applied), within timeout_s (a worker
-  // under asp or ssp may rightly train on long after the others stopped: those pass an unbounded one; an error
+  // under asp or ssp may rightly train on long after the others stopped: those pass the drift timeout; an error
   // anywhere ends the wait).
   std::vector<float> final_params(double timeout_s) {
     std::unique_lock<std::mutex> lk(mu_);
@@ -285,8 +291,10 @@ class Shard {
       std::string running;
       for (int w = 0; w < workers_; ++w)
         if (!stopped_[w]) running += (running.empty() ? "" : ", ") + std::to_string(w);
-      throw TimeoutError(fmt::format("sync ps shard {}: worker(s) {} did not stop within {} s of the others", index_,
-                                     running, timeout_s));
+      throw TimeoutError(
+          fmt::format("sync ps shard {}: worker(s) {} did not stop within {:g} s of the others (the timeout under bsp, "
+                      "drift_timeout_s under asp and ssp)",
+                      index_, running, timeout_s));
     }
     if (shutdown_) throw PeerError(shutdown_message());
     return params_;
@@ -827,15 +835,17 @@ class PsStrategy : public Strategy {
       Bytes payload;
       for (;;) {
         Header h;
-        // Waiting for the worker's next request has the drift timeout and a timeout more: a worker may rightly send
-        // none for longer than the timeout (evaluating, writing a checkpoint, waiting up to the drift timeout for
-        // the others at a checkpoint). The wait ends at once when the worker does: its death or lost connection
-        // fails the receive, and an error on any rank aborts the transports (this rank's too, in ~PsStrategy).
+        // Waiting for the worker's next request has twice the drift timeout and a timeout more: a worker may rightly
+        // send none for longer than the timeout (evaluating alone, up to the drift timeout; at a checkpoint, waiting
+        // up to the drift timeout for the others, then a barrier, the copies' evaluation and the files). The other
+        // workers' waits for this one, not this, are what find a frozen worker first. The wait ends at once when the
+        // worker does: its death or lost connection fails the receive, and an error on any rank aborts the transports
+        // (this rank's too, in ~PsStrategy).
         net::RequestPtr r = irecv(*comm_, w, tag_of(detail::kTagPsHeader, s), &h, sizeof h);
-        detail::wait_drifting(*comm_, {r}, drift_timeout_s_ + t,
-                              fmt::format("sync {}: rank {}: shard {}: worker {}'s next request (a worker may wait "
-                                          "up to drift_timeout_s for the others before it, and a timeout more)",
-                                          name(), comm_->rank(), s, w));
+        detail::wait_drifting(
+            *comm_, {r}, 2 * drift_timeout_s_ + t,
+            fmt::format("sync {}: rank {}: shard {}: worker {}'s next request", name(), comm_->rank(), s, w),
+            "2 x drift_timeout_s + timeout_s");
         shard.check_request(w, h, t);
         payload.resize(h.bytes);
         if (h.bytes) detail::wait(*comm_, irecv(*comm_, w, tag_of(detail::kTagPsPayload, s), payload.data(), h.bytes));
@@ -945,11 +955,19 @@ class PsStrategy : public Strategy {
       // The replies to a push wait for slower workers under ssp: drift_timeout_s there, as at the shard (a dead shard
       // or worker aborts the transport, which ends the wait at once); so does the final model under asp and ssp, sent
       // once every worker stopped (bsp's workers stop together: the deadline holds).
-      if (ssp_drifts(cfg_) || (kind == kStop && workers_drift()))  // (asp replies at once: its wait keeps the deadline)
-        detail::wait_drifting(*comm_, rrecv, drift_timeout_s_,
-                              fmt::format("sync {}: rank {}: the servers' {}", name(), comm_->rank(),
-                                          kind == kStop ? "final model" : "replies to its push"));
-      else
+      if (ssp_drifts(cfg_) || (kind == kStop && workers_drift())) {  // (asp replies at once: it keeps the deadline)
+        // (a timeout past the shards' own waits, so that a shard, which knows which workers are behind, says so)
+        try {
+          detail::wait_drifting(*comm_, rrecv, drift_timeout_s_ + comm_->timeout_s(),
+                                fmt::format("sync {}: rank {}: the servers' {}", name(), comm_->rank(),
+                                            kind == kStop ? "final model" : "replies to its push"),
+                                "drift_timeout_s + timeout_s");
+        } catch (const TimeoutError& e) {  // (as above: the others hear which rank went silent, not only that
+                                           // this one stopped)
+          comm_->transport().abort(e.what());
+          throw;
+        }
+      } else
         detail::wait_all(*comm_, rrecv);
       // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most
       // compressed_cap): every header is checked before any receive is posted (a receive posted for an earlier shard

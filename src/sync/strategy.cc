@@ -59,13 +59,16 @@ void await_workers(coll::Communicator& workers, double drift_timeout_s) {
     for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagRelease, &token, 1));
     detail::wait_all(workers, reqs);  // the others are all waiting: the normal deadline
   } else {
-    // The arrival too waits up to the drift timeout: a transport that completes a send only once it is matched
-    // (inproc) holds it until worker 0 arrives, and worker 0 (which evaluates alone) is often the last.
+    // The arrival too waits past the drift timeout: a transport that completes a send only once it is matched
+    // (inproc) holds it until worker 0 arrives, and worker 0 (which evaluates alone) is often the last. A timeout
+    // more than worker 0's wait, so that worker 0, which knows who did not arrive, is the one that says so (these
+    // timed out first, naming worker 0).
     auto release = detail::irecv(workers, 0, detail::kTagRelease, &tokens[0], 1);
     auto arrive = detail::isend(workers, 0, detail::kTagArrive, &token, 1);
     detail::wait_drifting(
-        workers, {arrive, release}, drift_timeout_s,
-        fmt::format("sync: worker {}: worker 0's release (it is the last to arrive, or evaluating)", me));
+        workers, {arrive, release}, drift_timeout_s + workers.timeout_s(),
+        fmt::format("sync: worker {}: worker 0's release (it is the last to arrive, or evaluating)", me),
+        "drift_timeout_s + timeout_s");
   }
 }
 
@@ -157,7 +160,7 @@ void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs) {
 void wait(coll::Communicator& c, const net::RequestPtr& r) { wait_all(c, {r}); }
 
 void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs, double limit_s,
-                   const std::string& what) {
+                   const std::string& what, const char* limit_name) {
   const auto t0 = std::chrono::steady_clock::now();
   auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   auto awaited = [&] {  // the global ranks of the requests still pending
@@ -167,23 +170,32 @@ void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& re
     return ranks;
   };
   const double note_every = std::max(c.timeout_s(), 10.0);
+  double next_note = note_every;
   try {
     for (;;) {
-      try {
-        net::wait_all(reqs, Deadline::after(std::max(0.0, std::min(note_every, limit_s - waited()))));
-        return;
-      } catch (const TimeoutError&) {
-        for (const auto& r : reqs)  // (a request that failed with a timeout of its own: that failure, not a wait)
-          if (r->done() && !r->succeeded()) throw;
-        const double w = waited();
-        if (w >= limit_s)
-          throw TimeoutError(fmt::format(
-              "{}: nothing came from global rank(s) {} within drift_timeout_s {:g} s (the workers may drift apart by "
-              "more than a step, but not this far: a peer frozen or hung, or a straggler slower than that, for which "
-              "raise drift_timeout_s)",
-              what, awaited(), limit_s));
-        CONDUIT_LOG_WARN("{}: still waiting on global rank(s) {} after {:.0f} s (gives up at drift_timeout_s {:g} s)",
-                         what, awaited(), w, limit_s);
+      // A request that failed (a peer's death, behind one still pending, or a timeout of its own) ends the wait at
+      // once with its own error (waited for in order, it was seen only when the ones before it completed, and a
+      // timeout then blamed a pending one's healthy rank).
+      const net::RequestPtr* pending = nullptr;
+      for (const auto& r : reqs) {
+        if (!r->test() && !pending) pending = &r;  // (test() rethrows a failure)
+      }
+      if (!pending) return;
+      const double w = waited();
+      if (w >= limit_s)
+        throw TimeoutError(fmt::format(
+            "{}: nothing came from global rank(s) {} within {:g} s ({}; the workers may drift apart by more than a "
+            "step, but not this far: a peer frozen or hung, or a straggler slower than that, for which raise "
+            "drift_timeout_s)",
+            what, awaited(), limit_s, limit_name));
+      if (w >= next_note) {
+        CONDUIT_LOG_WARN("{}: still waiting on global rank(s) {} after {:.0f} s (gives up at {:g} s, {})", what,
+                         awaited(), w, limit_s, limit_name);
+        next_note += note_every;
+      }
+      try {  // a short look at the first pending one: the others' failures are seen within it
+        (*pending)->wait(Deadline::after(std::min(0.05, limit_s - w)));
+      } catch (const TimeoutError&) {  // (a failure of its own is rethrown by test() above)
       }
     }
   } catch (const Error& e) {

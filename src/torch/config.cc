@@ -1238,7 +1238,10 @@ std::string config_to_yaml(const TrainConfig& c) {
   e << YAML::Key << "synthetic_samples" << YAML::Value << c.synthetic_samples;
   e << YAML::Key << "progress" << YAML::Value << (c.progress ? "true" : "false");
   e << YAML::Key << "timeout_s" << YAML::Value << fmt::format("{}", c.timeout_s);
-  e << YAML::Key << "drift_timeout_s" << YAML::Value << fmt::format("{}", c.drift_timeout_s);
+  // (only where it is not the default: a config.yaml reused with a longer --timeout-s refused the drift timeout it
+  // had derived from the shorter one)
+  if (c.drift_timeout_s != std::max(TrainConfig{}.drift_timeout_s, c.timeout_s))
+    e << YAML::Key << "drift_timeout_s" << YAML::Value << fmt::format("{}", c.drift_timeout_s);
   e << YAML::Key << "sync" << YAML::Value << c.sync;
   e << YAML::Key << "sync_period" << YAML::Value << c.sync_period;
   e << YAML::Key << "staleness" << YAML::Value << c.staleness;

@@ -134,6 +134,17 @@ TEST(TrainSync, LearningRateScheduleReachesTheServers) {
   EXPECT_GT(max_rel_diff(k[0].params, ref[0].params), 1e-3);
 }
 
+// |a - b| / |b| (Euclidean norms).
+double rel_distance(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  EXPECT_EQ(a.size(), b.size());
+  return std::sqrt(d / std::max(n, 1e-30));
+}
+
 TEST(TrainSync, EverySchemeTrains) {
   for (std::string spec : {"local:period=4", "local:period=2,warmup=6", "local:adaptive=1,period=2", "diloco:period=4",
                            "easgd:period=2", "dpsgd", "dpsgd:graph=exponential", "sgp", "adpsgd", "ps-asp",
@@ -145,6 +156,13 @@ TEST(TrainSync, EverySchemeTrains) {
       EXPECT_EQ(r[size_t(w)].steps, 16) << spec;  // 384 samples / (3 workers x 8)
       EXPECT_GT(r[size_t(w)].bytes_sent + r[size_t(w)].bytes_recv, 0u) << spec << " rank " << w;
       EXPECT_DOUBLE_EQ(r[size_t(w)].test_accuracy, r[0].test_accuracy) << spec;  // worker 0's, for everyone
+      // One model at the end where the scheme ends with one (an average, the servers' or the center's); gossip
+      // without a final average (D-PSGD, SGP) near consensus: with 3 workers D-PSGD's ring averages all three every
+      // step (f32 rounding apart); SGP's replicas ended 1% apart (0.0098 on 2026-12-07).
+      if (spec.rfind("sgp", 0) == 0 || spec.rfind("dpsgd", 0) == 0)
+        EXPECT_LT(rel_distance(r[size_t(w)].params, r[0].params), spec == "sgp" ? 0.05 : 1e-6) << spec << " rank " << w;
+      else
+        EXPECT_EQ(r[size_t(w)].params, r[0].params) << spec << " rank " << w;
     }
     EXPECT_GT(r[0].test_accuracy, 0.5) << spec;  // the synthetic classes are easy; chance is 0.1
   }
