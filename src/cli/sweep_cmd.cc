@@ -356,8 +356,8 @@ SweepSpec load_spec(const std::string& path) {
   // lacks would make the peer train something else than the cells it is compared with (weight_decay was dropped; tp
   // and pp divide the workers into fewer data-parallel replicas, a smaller global batch than the peer's). A key of
   // conduit train's the peer has no flag for is taken only at the value that is what the peer does (micro_batches
-  // 2, time_limit_s and first_bucket_mb were passed to the Conduit cells alone, silently); trace and
-  // checkpoint_every, which change nothing that is compared, go to the Conduit cells alone.
+  // 2, time_limit_s and first_bucket_mb were passed to the Conduit cells alone, silently); trace, checkpoint_every
+  // and drift_timeout_s, which change nothing that is compared, go to the Conduit cells alone.
   if (!s.peers.empty())
     for (const auto& [k, v] : s.train) {
       if (k == "model" && v != "cnn" && v != "mlp")

@@ -260,8 +260,8 @@ AdpsgdStrategy::AdpsgdStrategy(coll::CommPtr comm, uint64_t seed, bool final_ave
 AdpsgdStrategy::~AdpsgdStrategy() {
   // finish() was not called (an error stopped this rank): the serving threads block on receives from peers and use
   // this object, so abort the transport (their waits fail at once) and join them before the members go away.
-  // An active rank has no threads, but its passive neighbours serve it up to the drift timeout: one that set up and
-  // did not end cleanly aborts either way (across processes its exit closes the sockets).
+  // An active rank has no threads, but its passive neighbours serve it up to twice the drift timeout and a timeout:
+  // one that set up and did not end cleanly aborts either way (across processes its exit closes the sockets).
   if (std::none_of(servers_.begin(), servers_.end(), [](const std::thread& t) { return t.joinable(); }) &&
       (!set_up_ || ended_))
     return;

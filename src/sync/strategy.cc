@@ -54,7 +54,12 @@ void await_workers(coll::Communicator& workers, double drift_timeout_s) {
   std::vector<net::RequestPtr> reqs;
   if (me == 0) {
     for (int r = 1; r < n; ++r) reqs.push_back(detail::irecv(workers, r, detail::kTagArrive, &tokens[size_t(r)], 1));
-    detail::wait_drifting(workers, reqs, drift_timeout_s, "sync: worker 0: the other workers' arrival");
+    try {
+      detail::wait_drifting(workers, reqs, drift_timeout_s, "sync: worker 0: the other workers' arrival");
+    } catch (const TimeoutError& e) {  // the others hear which workers did not arrive (not only that this one went)
+      workers.transport().abort(e.what());
+      throw;
+    }
     reqs.clear();
     for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagRelease, &token, 1));
     detail::wait_all(workers, reqs);  // the others are all waiting: the normal deadline
@@ -67,7 +72,9 @@ void await_workers(coll::Communicator& workers, double drift_timeout_s) {
     auto arrive = detail::isend(workers, 0, detail::kTagArrive, &token, 1);
     detail::wait_drifting(
         workers, {arrive, release}, drift_timeout_s + workers.timeout_s(),
-        fmt::format("sync: worker {}: worker 0's release (it is the last to arrive, or evaluating)", me),
+        fmt::format("sync: worker {}: worker 0's release (worker 0 is the last to arrive, evaluating, or awaiting "
+                    "another worker)",
+                    me),
         "drift_timeout_s + timeout_s");
   }
 }
@@ -177,8 +184,14 @@ void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& re
       // once with its own error (waited for in order, it was seen only when the ones before it completed, and a
       // timeout then blamed a pending one's healthy rank).
       const net::RequestPtr* pending = nullptr;
+      // (test(), which drives a transport's progress and rethrows a failure, up to the first pending request; past
+      // it a failure only: one full progress pass per request every 50 ms was n^2 work for worker 0's n arrivals)
       for (const auto& r : reqs) {
-        if (!r->test() && !pending) pending = &r;  // (test() rethrows a failure)
+        if (!pending) {
+          if (!r->test()) pending = &r;
+        } else if (r->done() && !r->succeeded()) {
+          r->test();
+        }
       }
       if (!pending) return;
       const double w = waited();

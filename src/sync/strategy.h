@@ -47,9 +47,10 @@ inline constexpr double kDefaultDriftTimeoutS = 1800;
 
 // A rendezvous of every rank of `workers` for the points where the workers meet out of step (checkpoints, the end,
 // worker 0's evaluations): a fast worker waits there for a straggler's remaining steps, which may rightly take longer
-// than the collectives' timeout, so the wait's deadline is `drift_timeout_s` (a frozen or hung peer fails it then;
-// worker 0 names the workers that did not arrive). It fails at once when a peer dies or any rank aborts the
-// transport. Collective over `workers`.
+// than the collectives' timeout, so worker 0's wait has `drift_timeout_s` as its deadline (a frozen or hung peer fails
+// it then, and worker 0 aborts the transport naming the workers that did not arrive) and the others' wait for its
+// release a timeout more. It fails at once when a peer dies or any rank aborts the transport. Collective over
+// `workers`.
 void await_workers(coll::Communicator& workers, double drift_timeout_s = kDefaultDriftTimeoutS);
 
 class Strategy {

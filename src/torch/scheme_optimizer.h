@@ -41,8 +41,8 @@ class SchemeOptimizer {
   coll::CommPtr worker_comm() const { return workers_; }
   const std::string& name() const { return spec_.name; }
   // Asynchronous schemes (sync::Strategy::workers_drift): the workers meet at checkpoints and at the end through
-  // await_workers(), whose deadline is drift_timeout_s (a straggler's remaining steps may take longer than the
-  // collectives' timeout); it fails at once when a worker dies.
+  // await_workers(), whose deadline is drift_timeout_s (a timeout more for the workers other than 0: a straggler's
+  // remaining steps may take longer than the collectives' timeout); it fails at once when a worker dies.
   bool workers_drift() const { return strategy_->workers_drift(); }
   void await_workers() { sync::await_workers(*workers_, strategy_->drift_timeout_s()); }
 

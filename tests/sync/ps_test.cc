@@ -410,7 +410,7 @@ TEST(SyncPs, ACorruptCheckpointClockIsRefused) {
 namespace {
 // DC-ASGD: the compensation is g*g*(w - w_bak); with one worker nothing else moves w between its pull and its push,
 // so dc changes nothing (bit for bit); with several asynchronous workers it changes the updates and still converges.
-TEST(SyncPs, DelayCompensationIsZeroWithoutStalenessAndConvergesWithIt) {
+TEST(SyncPs, DelayCompensationIsZeroWithoutStalenessChangesStaleUpdatesAndStaysBounded) {
   auto plain = run(2, "ps-asp", {{"momentum", "0"}, {"servers", "1"}}, 15);
   auto dc = run(2, "ps-asp", {{"momentum", "0"}, {"servers", "1"}, {"dc", "2"}}, 15);
   EXPECT_EQ(dc.x[0], plain.x[0]);  // rank 0 the only worker, rank 1 the server
