@@ -45,6 +45,8 @@ class SchemeOptimizer {
   // remaining steps may take longer than the collectives' timeout); it fails at once when a worker dies.
   bool workers_drift() const { return strategy_->workers_drift(); }
   void await_workers() { sync::await_workers(*workers_, strategy_->drift_timeout_s()); }
+  // SyncSpec::drift_timeout_s, raised to the communicator's timeout where it is below it.
+  double drift_timeout_s() const { return strategy_->drift_timeout_s(); }
 
   // Once before the first step (collective over the workers): worker 0's parameters and buffers everywhere.
   // resuming: keep a copy of this rank's own parameters for resume().

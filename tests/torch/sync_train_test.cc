@@ -3,6 +3,8 @@
 // every scheme trains; checkpoints resume; configuration errors are one line; straggler injection slows one rank.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include "sync/straggler.h"
 #include "torch/config.h"
 #include "torch/metrics.h"
+#include "torch/scheme_optimizer.h"
 #include "torch/trainer.h"
 #include "train_util.h"
 
@@ -132,6 +135,23 @@ TEST(TrainSync, LearningRateScheduleReachesTheServers) {
   constant.lr_schedule = "constant";
   auto k = train_inproc(constant, 2);
   EXPECT_GT(max_rel_diff(k[0].params, ref[0].params), 1e-3);
+}
+
+// The trainer's drift_timeout_s reaches the scheme (through SyncSpec), raised to the communicator's timeout where
+// below.
+TEST(TrainSync, TheDriftTimeoutReachesTheScheme) {
+  coll::CommConfig cfg;
+  cfg.timeout_s = 2;
+  cfg.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(1, 0, cfg);
+  auto model = std::make_shared<torch::nn::LinearImpl>(4, 2);
+  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+  SyncSpec spec = effective_sync(tiny_sync("local:period=2"));
+  EXPECT_EQ(spec.drift_timeout_s, 1800);
+  spec.drift_timeout_s = 42;
+  EXPECT_EQ(SchemeOptimizer(model, opt, comms[0], spec, 0.1).drift_timeout_s(), 42);
+  spec.drift_timeout_s = 1;
+  EXPECT_EQ(SchemeOptimizer(model, opt, comms[0], spec, 0.1).drift_timeout_s(), 2);
 }
 
 // |a - b| / |b| (Euclidean norms).
