@@ -626,8 +626,9 @@ class PsStrategy : public Strategy {
     // finish() was not called (an error stopped this rank): the serving threads block on receives from workers, or
     // wait for slower workers inside a shard, and use this object. Abort the transport (their receives fail at once),
     // wake the shards, and join them before the members go away.
-    // A worker of dedicated servers has no threads, but its servers wait for its requests up to the drift timeout:
-    // a rank that set up and did not end cleanly aborts either way (across processes its exit closes the sockets).
+    // A worker of dedicated servers has no threads, but its servers wait for its requests up to twice the drift
+    // timeout and a timeout: a rank that set up and did not end cleanly aborts either way (across processes its exit
+    // closes the sockets).
     if (threads_.empty() && (!started_ || ended_)) return;
     comm_->transport().abort(fmt::format("sync {}: stopped before finish() by an error on this rank", name()));
     for (auto& [s, sh] : shards_) sh->shutdown();
