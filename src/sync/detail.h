@@ -61,6 +61,8 @@ enum SyncTag : uint32_t {
   kTagPsInit = 0x51000014,
   kTagArrive = 0x51000020,  // await_workers
   kTagRelease = 0x51000021,
+  kTagZeroArrived =
+      0x51000022,  // await_workers: worker 0's arrival, which the others' wait for the release counts from
 };
 
 net::RequestPtr isend(coll::Communicator& c, int peer, uint32_t tag, const void* data, size_t bytes);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <set>
 
 #include "core/env.h"
 #include "core/error.h"
@@ -53,6 +54,11 @@ void await_workers(coll::Communicator& workers, double drift_timeout_s) {
   std::vector<uint8_t> tokens(size_t(n), 0);
   std::vector<net::RequestPtr> reqs;
   if (me == 0) {
+    // Worker 0 tells the others it arrived (it often comes last, after evaluating alone): their wait for its release
+    // counts from then, so that worker 0's wait for the arrivals ends first and it names the workers that did not
+    // come (counted from their own arrival, the others' timed out first when worker 0's evaluation outlasted a
+    // timeout, naming worker 0).
+    for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagZeroArrived, &token, 1));
     for (int r = 1; r < n; ++r) reqs.push_back(detail::irecv(workers, r, detail::kTagArrive, &tokens[size_t(r)], 1));
     try {
       detail::wait_drifting(workers, reqs, drift_timeout_s, "sync: worker 0: the other workers' arrival");
@@ -68,14 +74,23 @@ void await_workers(coll::Communicator& workers, double drift_timeout_s) {
     // (inproc) holds it until worker 0 arrives, and worker 0 (which evaluates alone) is often the last. A timeout
     // more than worker 0's wait, so that worker 0, which knows who did not arrive, is the one that says so (these
     // timed out first, naming worker 0).
+    uint8_t zero_arrived = 0;
+    auto zero = detail::irecv(workers, 0, detail::kTagZeroArrived, &zero_arrived, 1);
     auto release = detail::irecv(workers, 0, detail::kTagRelease, &tokens[0], 1);
     auto arrive = detail::isend(workers, 0, detail::kTagArrive, &token, 1);
-    detail::wait_drifting(
-        workers, {arrive, release}, drift_timeout_s + workers.timeout_s(),
-        fmt::format("sync: worker {}: worker 0's release (worker 0 is the last to arrive, evaluating, or awaiting "
-                    "another worker)",
-                    me),
-        "drift_timeout_s + timeout_s");
+    try {
+      detail::wait_drifting(
+          workers, {zero}, drift_timeout_s + workers.timeout_s(),
+          fmt::format("sync: worker {}: worker 0's arrival (it comes last when it evaluates alone)", me),
+          "drift_timeout_s + timeout_s");
+    } catch (...) {
+      net::give_up(workers.transport(), release, "await_workers gave up");
+      net::give_up(workers.transport(), arrive, "await_workers gave up");
+      throw;
+    }
+    detail::wait_drifting(workers, {arrive, release}, drift_timeout_s + workers.timeout_s(),
+                          fmt::format("sync: worker {}: worker 0's release (worker 0 awaits another worker)", me),
+                          "drift_timeout_s + timeout_s from worker 0's arrival");
   }
 }
 
@@ -171,9 +186,11 @@ void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& re
   const auto t0 = std::chrono::steady_clock::now();
   auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   auto awaited = [&] {  // the global ranks of the requests still pending
-    std::string ranks;
+    std::set<int> peers;
     for (const auto& r : reqs)
-      if (!r->done()) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", r->peer());
+      if (!r->done()) peers.insert(r->peer());
+    std::string ranks;
+    for (int p : peers) ranks += fmt::format("{}{}", ranks.empty() ? "" : ", ", p);
     return ranks;
   };
   const double note_every = std::max(c.timeout_s(), 10.0);

@@ -657,6 +657,49 @@ TEST(SyncAwaitWorkers, AFrozenWorkerFailsTheOthersAtTheDriftTimeout) {
   }
 }
 
+// Worker 0 evaluating alone comes last, by more than a timeout, while rank 2 is frozen: worker 1's wait for the
+// release counts from worker 0's arrival, so worker 0's wait for the arrivals ends first and names rank 2 (counted
+// from worker 1's own arrival, worker 1 timed out first, naming the healthy worker 0).
+TEST(SyncAwaitWorkers, WorkerZeroArrivingLateStillNamesTheFrozenWorker) {
+  coll::CommConfig cfg;
+  cfg.timeout_s = 0.3;
+  cfg.measure_cost_model = false;
+  auto comms = coll::Communicator::inproc(3, 0, cfg);
+  std::vector<std::string> errors(3);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool thaw = false;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      if (r == 2) {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait_for(lk, std::chrono::seconds(20), [&] { return thaw; });
+        return;
+      }
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // evaluating
+      try {
+        await_workers(*comms[r], 1.5);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        comms[r]->transport().abort(e.what());  // as a failing process would
+      }
+    });
+  ts[0].join();
+  ts[1].join();
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    thaw = true;
+  }
+  cv.notify_all();
+  ts[2].join();
+  EXPECT_NE(errors[0].find("nothing came from global rank(s) 2 within 1.5 s"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 0 aborted: sync: worker 0: the other workers' arrival: nothing came from global "
+                           "rank(s) 2"),
+            std::string::npos)
+      << errors[1];
+}
+
 // A request that fails behind one still pending ends the wait at once with its own error (waited for in order, the
 // failure was seen only after a slice of max(timeout, 10 s), and the timeout then blamed the pending one's rank).
 TEST(SyncWaitDrifting, AFailureBehindAPendingRequestEndsTheWaitAtOnce) {
