@@ -603,17 +603,20 @@ TEST(SyncAwaitWorkers, AStragglerLongerThanTheTimeoutIsAwaited) {
   }
 }
 
-// A frozen rank (alive, its connections open, sending nothing) never arrives: the others fail at the drift timeout,
-// not at the communicator's (0.3 s) and not never (they waited without a deadline). Worker 0 names the rank that did
-// not arrive, and worker 1 hears it from worker 0. The frozen rank wakes after 20 s at most, so that the
-// test fails, rather than hangs, where the wait has no deadline.
-TEST(SyncAwaitWorkers, AFrozenWorkerFailsTheOthersAtTheDriftTimeout) {
+// Three ranks meet in await_workers (drift timeout 1.5 s, the communicator's 0.3 s) while rank 2 is frozen (alive,
+// its connections open, sending nothing). It thaws once the others are done, or after 20 s and then arrives, so that
+// a wait without a deadline fails the test rather than hangs it. Worker 0 arrives `zero_late_ms` late (evaluating).
+// A rank that fails aborts its transport, as a failing process would. Each rank's error and seconds in the call.
+struct AwaitOutcome {
+  std::vector<std::string> errors = std::vector<std::string>(3);
+  std::vector<double> waited = std::vector<double>(3);
+};
+AwaitOutcome await_with_a_frozen_rank(int zero_late_ms) {
   coll::CommConfig cfg;
   cfg.timeout_s = 0.3;
   cfg.measure_cost_model = false;
   auto comms = coll::Communicator::inproc(3, 0, cfg);
-  std::vector<std::string> errors(3);
-  std::vector<double> waited(3);
+  AwaitOutcome out;
   std::mutex mu;
   std::condition_variable cv;
   bool thaw = false;
@@ -625,13 +628,15 @@ TEST(SyncAwaitWorkers, AFrozenWorkerFailsTheOthersAtTheDriftTimeout) {
         cv.wait_for(lk, std::chrono::seconds(20), [&] { return thaw; });
         if (thaw) return;
       }
+      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(zero_late_ms));
       auto t0 = std::chrono::steady_clock::now();
       try {
         await_workers(*comms[r], 1.5);
       } catch (const std::exception& e) {
-        errors[r] = e.what();
+        out.errors[r] = e.what();
+        comms[r]->transport().abort(e.what());
       }
-      waited[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      out.waited[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     });
   ts[0].join();
   ts[1].join();
@@ -641,6 +646,14 @@ TEST(SyncAwaitWorkers, AFrozenWorkerFailsTheOthersAtTheDriftTimeout) {
   }
   cv.notify_all();
   ts[2].join();
+  return out;
+}
+
+// The frozen rank never arrives: the others fail at the drift timeout, not at the communicator's (0.3 s) and not
+// never (they waited without a deadline). Worker 0 names the rank that did not arrive, and worker 1 hears it from
+// worker 0.
+TEST(SyncAwaitWorkers, AFrozenWorkerFailsTheOthersAtTheDriftTimeout) {
+  const auto [errors, waited] = await_with_a_frozen_rank(0);
   EXPECT_NE(errors[0].find("sync: worker 0: the other workers' arrival: nothing came from global rank(s) 2 within "
                            "1.5 s (drift_timeout_s;"),
             std::string::npos)
@@ -657,42 +670,11 @@ TEST(SyncAwaitWorkers, AFrozenWorkerFailsTheOthersAtTheDriftTimeout) {
   }
 }
 
-// Worker 0 evaluating alone comes last, by more than a timeout, while rank 2 is frozen: worker 1's wait for the
-// release counts from worker 0's arrival, so worker 0's wait for the arrivals ends first and names rank 2 (counted
-// from worker 1's own arrival, worker 1 timed out first, naming the healthy worker 0).
+// Worker 0 evaluating alone comes last, by more than a timeout: worker 1's wait for the release counts from worker
+// 0's arrival, so worker 0's wait for the arrivals ends first and names rank 2 (counted from worker 1's own arrival,
+// worker 1 timed out first, naming the healthy worker 0).
 TEST(SyncAwaitWorkers, WorkerZeroArrivingLateStillNamesTheFrozenWorker) {
-  coll::CommConfig cfg;
-  cfg.timeout_s = 0.3;
-  cfg.measure_cost_model = false;
-  auto comms = coll::Communicator::inproc(3, 0, cfg);
-  std::vector<std::string> errors(3);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool thaw = false;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 3; ++r)
-    ts.emplace_back([&, r] {
-      if (r == 2) {
-        std::unique_lock<std::mutex> lk(mu);
-        cv.wait_for(lk, std::chrono::seconds(20), [&] { return thaw; });
-        return;
-      }
-      if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // evaluating
-      try {
-        await_workers(*comms[r], 1.5);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-        comms[r]->transport().abort(e.what());  // as a failing process would
-      }
-    });
-  ts[0].join();
-  ts[1].join();
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    thaw = true;
-  }
-  cv.notify_all();
-  ts[2].join();
+  const auto [errors, waited] = await_with_a_frozen_rank(1000);
   EXPECT_NE(errors[0].find("nothing came from global rank(s) 2 within 1.5 s"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("rank 0 aborted: sync: worker 0: the other workers' arrival: nothing came from global "
                            "rank(s) 2"),
