@@ -8,11 +8,18 @@
 //   uint8     (f32 min, f32 scale)[c] , u8[d]  (min-max per chunk)      d + 8*ceil(d/chunk)      allgather
 //   qsgd      f32 norm[c] , b-bit codes (level<<1 | sign), b=1+ceil(log2(s+1))
 //                                                                        4*c + ceil(d*b/8)        allgather
+//   qsgd      f32 norm[c] , Elias omega codes: nnz+1, then per nonzero     4*c + the codes' bytes   allgather
+//   (coding=elias)        gap, sign bit, level; zero bits to a byte       (data-dependent)
 //   terngrad  f32 scale , 2-bit codes (0, +1, -1)                        4 + ceil(d/4)            allgather
 //   natural   sign bits[ceil(d/8)] , u8 exponent[d]                      d + ceil(d/8)            allgather
 //
 // QSGD (Alistarh et al. 2017): with norm = ||v||_2 of a bucket and r = s|v_i|/norm, the level is floor(r) + 1 with
 // probability r - floor(r), else floor(r); Q(v_i) = norm * sign(v_i) * level / s is unbiased.
+// coding=elias sends the same levels as the paper's section 3.1 codes them: only the nonzero levels, each as the
+// Elias omega code of its distance from the previous nonzero element (the first's from position 0, 1-based), a sign
+// bit and the omega code of its level (1..s), after the omega code of their count + 1; most significant bit first,
+// the last byte padded with zero bits. At few levels most levels are 0 (s = 1 sends at most sqrt(d) nonzeros of a
+// bucket of d in expectation) and the codes take a few bits a nonzero instead of b bits an element.
 // TernGrad (Wen et al. 2017): s = max|g| (after optional clipping to 2.5 sigma), Q(g_i) = s sign(g_i) b_i with
 // b_i ~ Bernoulli(|g_i|/s): unbiased when not clipped.
 // Natural compression (Horvath et al. 2019): |x| in [2^e, 2^(e+1)) rounds up to 2^(e+1) with probability
@@ -26,6 +33,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -206,18 +214,196 @@ class ByteQuantizer : public Compressor {
 
 constexpr size_t kBlock = 1024;  // codes are staged per block of this many elements (a multiple of 8)
 
+// Elias omega codes (Elias 1975), most significant bit first: the code of v >= 1 is the groups v, bit_width(v) - 1,
+// ... down to a group of 2 bits, written innermost first, then a 0 bit (1 is the 0 bit alone).
+struct OmegaCode {
+  uint32_t bits = 0;  // the code, right-aligned
+  uint8_t len = 0;
+};
+OmegaCode omega_code(uint64_t v) {  // v < 2^26 (the code fits 32 bits)
+  OmegaCode c{0, 1};
+  int shift = 1;  // where the next group goes: above the trailing 0 and the groups inside it
+  while (v > 1) {
+    const int len = std::bit_width(v);
+    c.bits |= static_cast<uint32_t>(v << shift);
+    shift += len;
+    v = static_cast<uint64_t>(len - 1);
+  }
+  c.len = static_cast<uint8_t>(shift);
+  return c;
+}
+constexpr int kOmegaPeek = 12;  // a table decodes every code of at most this many bits (the values below 64)
+struct OmegaTables {
+  OmegaCode encode[256];                // the codes of 0..255 (0 unused)
+  uint8_t value[1 << kOmegaPeek] = {};  // the value a 12-bit window starts with, 0: a code longer than the window
+  uint8_t len[1 << kOmegaPeek] = {};
+  OmegaTables() {
+    for (uint32_t v = 1; v < 256; ++v) {
+      encode[v] = omega_code(v);
+      const OmegaCode c = encode[v];
+      if (c.len > kOmegaPeek) continue;
+      const uint32_t first = c.bits << (kOmegaPeek - c.len), n = 1u << (kOmegaPeek - c.len);
+      for (uint32_t w = first; w < first + n; ++w) value[w] = static_cast<uint8_t>(v), len[w] = c.len;
+    }
+  }
+};
+const OmegaTables& omega_tables() {
+  static const OmegaTables t;
+  return t;
+}
+
+// Bits written most significant first into a byte vector, 32 at a time; flush() pads the last byte with zero bits
+// and cuts the vector to the bytes written.
+class BitWriter {
+ public:
+  explicit BitWriter(Bytes& out) : out_(out), size_(out.size()) {}
+  void put(uint64_t v, int len) {  // the low len (<= 64) bits of v
+    if (len > 32) {
+      put(v >> 32, len - 32);
+      len = 32;
+    }
+    acc_ = (acc_ << len) | (v & ((uint64_t{1} << len) - 1));  // (n_ < 32 before: at most 63 bits)
+    n_ += len;
+    if (n_ >= 32) {
+      n_ -= 32;
+      const uint32_t word = __builtin_bswap32(static_cast<uint32_t>(acc_ >> n_));
+      if (size_ + 4 > out_.size()) out_.resize(std::max<size_t>(2 * out_.size(), size_ + 64));
+      std::memcpy(out_.data() + size_, &word, 4);
+      size_ += 4;
+      acc_ &= (uint64_t{1} << n_) - 1;
+    }
+  }
+  void omega(uint64_t v) {
+    if (v < 256) {
+      const OmegaCode c = omega_tables().encode[v];
+      return put(c.bits, c.len);
+    }
+    uint64_t groups[8];
+    int lens[8], k = 0;
+    while (v > 1) {
+      const int len = std::bit_width(v);
+      groups[k] = v;
+      lens[k++] = len;
+      v = static_cast<uint64_t>(len - 1);
+    }
+    while (k > 0) --k, put(groups[k], lens[k]);
+    put(0, 1);
+  }
+  // A nonzero element: its gap's code, its sign bit and its level's code, in one put where both codes are short.
+  void element(uint64_t gap, bool negative, uint32_t level) {
+    if (gap < 256 && level < 256) {
+      const OmegaCode g = omega_tables().encode[gap], l = omega_tables().encode[level];
+      return put((uint64_t{g.bits} << (l.len + 1)) | (uint64_t{negative} << l.len) | l.bits, g.len + 1 + l.len);
+    }
+    omega(gap);
+    put(negative, 1);
+    omega(level);
+  }
+  void flush() {
+    out_.resize(size_ + (n_ + 7) / 8);
+    for (int left = n_; left > 0; left -= 8)
+      out_[size_++] = static_cast<uint8_t>(left >= 8 ? acc_ >> (left - 8) : acc_ << (8 - left));
+    acc_ = 0;
+    n_ = 0;
+  }
+
+ private:
+  Bytes& out_;
+  size_t size_;
+  uint64_t acc_ = 0;
+  int n_ = 0;
+};
+
+// The reader of BitWriter's bits; get() and omega() return false where the bits end first.
+class BitReader {
+ public:
+  BitReader(const uint8_t* p, size_t bytes) : p_(p), bits_(8 * bytes), bytes_(bytes) {}
+  size_t position() const { return pos_; }
+  // The next 57 bits or more at the top of a word (zeros past the end).
+  uint64_t window() const {
+    const size_t at = pos_ / 8;
+    uint64_t w = 0;
+    if (at + 8 <= bytes_) {
+      std::memcpy(&w, p_ + at, 8);
+      w = __builtin_bswap64(w);
+    } else {
+      for (size_t i = 0; i < 8; ++i) w = (w << 8) | (at + i < bytes_ ? p_[at + i] : 0u);
+    }
+    return w << (pos_ % 8);
+  }
+  bool get(int len, uint64_t& v) {  // len <= 56
+    if (pos_ + static_cast<size_t>(len) > bits_) return false;
+    v = len == 0 ? 0 : window() >> (64 - len);
+    pos_ += static_cast<size_t>(len);
+    return true;
+  }
+  // A nonzero element whose gap and level codes the table decodes, read from one window; false (nothing read) for
+  // any other.
+  bool short_element(uint64_t& gap, uint64_t& sign, uint64_t& level) {
+    const OmegaTables& t = omega_tables();
+    const uint64_t w = window();
+    const uint64_t g = w >> (64 - kOmegaPeek);
+    const int gl = t.len[g];
+    if (gl == 0) return false;
+    const uint64_t rest = w << (gl + 1);
+    const uint64_t l = rest >> (64 - kOmegaPeek);
+    const int ll = t.len[l];
+    if (ll == 0 || pos_ + static_cast<size_t>(gl + 1 + ll) > bits_) return false;
+    gap = t.value[g];
+    sign = (w << gl) >> 63;
+    level = t.value[l];
+    pos_ += static_cast<size_t>(gl + 1 + ll);
+    return true;
+  }
+  // An omega code; `too_long` is set (and false returned) for a group wider than max_bits.
+  bool omega(uint64_t& v, int max_bits, bool& too_long) {
+    too_long = false;
+    const OmegaTables& t = omega_tables();
+    const uint64_t peek = window() >> (64 - kOmegaPeek);
+    if (const int len = t.len[peek]; len > 0) {
+      if (pos_ + static_cast<size_t>(len) > bits_) return false;
+      pos_ += static_cast<size_t>(len);
+      v = t.value[peek];
+      return true;
+    }
+    uint64_t n = 1, b = 0;
+    for (;;) {
+      if (!get(1, b)) return false;
+      if (b == 0) {
+        v = n;
+        return true;
+      }
+      if (n + 1 > static_cast<uint64_t>(max_bits)) {
+        too_long = true;
+        return false;
+      }
+      uint64_t rest = 0;
+      if (!get(static_cast<int>(n), rest)) return false;
+      n = (uint64_t{1} << n) | rest;
+    }
+  }
+
+ private:
+  const uint8_t* p_;
+  size_t bits_, bytes_, pos_ = 0;
+};
+
 class Qsgd : public Compressor {
  public:
-  Qsgd(int levels, size_t bucket) : s_(levels), bucket_(bucket) {
+  Qsgd(int levels, size_t bucket, bool elias) : s_(levels), bucket_(bucket), elias_(elias) {
     int lb = 0;
     while ((1 << lb) < s_ + 1) ++lb;
     bits_ = 1 + lb;
   }
   std::string name() const override { return "qsgd"; }
   Collective collective() const override { return Collective::allgather; }
+  bool fixed_size() const override { return !elias_; }
   size_t bucket(size_t d) const { return bucket_ == 0 ? std::max<size_t>(d, 1) : bucket_; }
   size_t buckets(size_t d) const { return d == 0 ? 0 : ceil_div(d, bucket(d)); }
-  size_t wire_bytes(size_t d, const TensorState&) const override { return 4 * buckets(d) + ceil_div(d * bits_, 8); }
+  size_t wire_bytes(size_t d, const TensorState&) const override {
+    if (elias_) throw InvalidArgument("qsgd: with coding=elias the payload size depends on the data; use its length");
+    return 4 * buckets(d) + ceil_div(d * bits_, 8);
+  }
   int bits() const { return bits_; }
   // Whether the top level decodes within the floats: decode computes unit = norm / s, then unit x level (level <= s).
   bool decodes_finite(float norm) const {
@@ -227,9 +413,32 @@ class Qsgd : public Compressor {
   bool byte_aligned(size_t d) const {
     return (bits_ == 2 || bits_ == 4 || bits_ == 8) && (buckets(d) <= 1 || bucket(d) * bits_ % 8 == 0);
   }
+  // A bucket's norm as sent, the scale s / norm its codes are computed with and the elements they are computed from.
+  struct BucketScale {
+    float norm, scale;
+    const float* src;
+  };
+  BucketScale bucket_scale(const float* x, size_t n) const {
+    // The wire carries the norm as an f32: a norm above FLT_MAX (values near it) is sent as FLT_MAX, whose codes
+    // then saturate at s (inf made the scale 0 and every value decode as 0 * inf = NaN).
+    float norm = static_cast<float>(std::min(std::sqrt(sum_squares(x, n)), 3.4028234663852886e38));
+    // The decoder's unit = norm / s times a level up to s, in f32, rounded past FLT_MAX for a norm of FLT_MAX
+    // (s = 127: a saturated element decoded as inf); decode refuses such a norm, so the encoder sends the largest
+    // norm below it whose top level decodes finite (one ulp less; the codes follow from the norm sent).
+    for (int i = 0; i < 8 && std::isfinite(norm) && !decodes_finite(norm); ++i) norm = std::nextafter(norm, 0.0f);
+    float scale = norm > 0 ? static_cast<float>(s_) / norm : 0.0f;
+    if (!std::isfinite(scale)) {
+      // s / norm overflows for norms below ~s / FLT_MAX: the codes come from the bucket scaled by 2^64 (exact) and
+      // the scale that then fits (0 * inf made the zeros NaN, and every element decoded as +-norm).
+      x = scaled_up(x, n);
+      scale = static_cast<float>(static_cast<double>(s_) / std::ldexp(static_cast<double>(norm), 64));
+    }
+    return {norm, scale, x};
+  }
   void compress(std::span<const float> in, TensorState& st, Bytes& out) const override {
     size_t d = in.size();
     detail::check_u32_elements(name(), d, "the random stream's element numbers");
+    if (elias_) return compress_elias(in, st, out);
     bool packed = byte_aligned(d);
     if (packed)
       out.resize(wire_bytes(d, st));  // every byte is written
@@ -243,22 +452,8 @@ class Qsgd : public Compressor {
     // Blocks never straddle buckets when bucket is a multiple of 8; pack per block of whole bytes.
     for (size_t b = 0; b < nb; ++b) {
       size_t off = b * bk, n = std::min(bk, d - off);
-      // The wire carries the norm as an f32: a norm above FLT_MAX (values near it) is sent as FLT_MAX, whose codes
-      // then saturate at s (inf made the scale 0 and every value decode as 0 * inf = NaN).
-      float norm = static_cast<float>(std::min(std::sqrt(sum_squares(in.data() + off, n)), 3.4028234663852886e38));
-      // The decoder's unit = norm / s times a level up to s, in f32, rounded past FLT_MAX for a norm of FLT_MAX
-      // (s = 127: a saturated element decoded as inf); decode refuses such a norm, so the encoder sends the largest
-      // norm below it whose top level decodes finite (one ulp less; the codes follow from the norm sent).
-      for (int i = 0; i < 8 && std::isfinite(norm) && !decodes_finite(norm); ++i) norm = std::nextafter(norm, 0.0f);
+      const auto [norm, scale, src] = bucket_scale(in.data() + off, n);
       put_f32(out.data() + 4 * b, norm);
-      float scale = norm > 0 ? static_cast<float>(s_) / norm : 0.0f;
-      const float* src = in.data() + off;
-      if (!std::isfinite(scale)) {
-        // s / norm overflows for norms below ~s / FLT_MAX: the codes come from the bucket scaled by 2^64 (exact) and
-        // the scale that then fits (0 * inf made the zeros NaN, and every element decoded as +-norm).
-        src = scaled_up(src, n);
-        scale = static_cast<float>(static_cast<double>(s_) / std::ldexp(static_cast<double>(norm), 64));
-      }
       if (packed) {
         kernels::get().qsgd_pack(src, n, scale, static_cast<uint32_t>(s_), bits_, static_cast<uint32_t>(off), k_lo,
                                  k_hi, codes_out + off * bits_ / 8);
@@ -272,11 +467,8 @@ class Qsgd : public Compressor {
     }
     ++st.step;
   }
-  void decode(std::span<const uint8_t> p, std::span<float> out, bool add) const {
-    size_t d = out.size();
-    TensorState none;
-    check_payload("qsgd", p.size(), wire_bytes(d, none));
-    size_t bk = bucket(d), nb = buckets(d);
+  // The checks of the norms both codings send first.
+  void check_norms(std::span<const uint8_t> p, size_t nb) const {
     detail::check_scales("qsgd", p.data(), nb, 1);
     for (size_t b = 0; b < nb; ++b)
       if (const float norm = get_f32(p.data() + 4 * b); !decodes_finite(norm))
@@ -284,6 +476,14 @@ class Qsgd : public Compressor {
             fmt::format("qsgd: bucket {}'s norm {} decodes past the floats at level {}; allowed: a "
                         "norm whose norm / {} x {} stays within 3.4e38 in f32",
                         b, norm, s_, s_, s_));
+  }
+  void decode(std::span<const uint8_t> p, std::span<float> out, bool add) const {
+    if (elias_) return decode_elias(p, out, add);
+    size_t d = out.size();
+    TensorState none;
+    check_payload("qsgd", p.size(), wire_bytes(d, none));
+    size_t bk = bucket(d), nb = buckets(d);
+    check_norms(p, nb);
     const uint8_t* codes_in = p.data() + 4 * nb;
     if (size_t e = detail::first_code_above(codes_in, d, bits_, 2 * static_cast<uint32_t>(s_) + 1); e < d)
       throw InvalidArgument(
@@ -322,6 +522,117 @@ class Qsgd : public Compressor {
   }
 
  private:
+  void compress_elias(std::span<const float> in, TensorState& st, Bytes& out) const {
+    const size_t d = in.size(), bk = bucket(d), nb = buckets(d);
+    if (d == 0) {  // (nothing to count: an empty tensor sends nothing, as the fixed coding)
+      out.clear();
+      ++st.step;
+      return;
+    }
+    const uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x5153);
+    const uint32_t k_lo = static_cast<uint32_t>(key), k_hi = static_cast<uint32_t>(key >> 32);
+    // The levels are drawn as the fixed coding draws them (the same random stream), all of them first: their count
+    // leads the codes.
+    thread_local std::vector<uint16_t> codes;
+    codes.resize(d);
+    out.assign(4 * nb, 0);
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t off = b * bk, n = std::min(bk, d - off);
+      const auto [norm, scale, src] = bucket_scale(in.data() + off, n);
+      put_f32(out.data() + 4 * b, norm);
+      for (size_t o = 0; o < n; o += kBlock)
+        qsgd_codes(src + o, std::min(kBlock, n - o), scale, static_cast<uint32_t>(s_), static_cast<uint32_t>(off + o),
+                   k_lo, k_hi, codes.data() + off + o);
+    }
+    size_t nonzero = 0;
+    for (size_t i = 0; i < d; ++i) nonzero += codes[i] > 1;
+    BitWriter w(out);
+    w.omega(nonzero + 1);
+    size_t last = 0;  // 1-based position of the last nonzero written
+    for (size_t i = 0; i < d; ++i) {
+      if (codes[i] <= 1) continue;
+      w.element(i + 1 - last, codes[i] & 1, codes[i] >> 1u);
+      last = i + 1;
+    }
+    w.flush();
+    ++st.step;
+  }
+  void decode_elias(std::span<const uint8_t> p, std::span<float> out, bool add) const {
+    const size_t d = out.size(), bk = bucket(d), nb = buckets(d);
+    if (p.size() < 4 * nb + (d > 0 ? 1 : 0))
+      throw InvalidArgument(fmt::format(
+          "qsgd: a payload of {} bytes for {} elements is shorter than its {} bucket norms and codes ({} bytes at "
+          "least; compressed with another configuration or tensor size?)",
+          p.size(), d, nb, 4 * nb + (d > 0 ? 1 : 0)));
+    if (d == 0) return check_payload("qsgd", p.size(), 0);
+    check_norms(p, nb);
+    const uint8_t* codes = p.data() + 4 * nb;
+    const size_t bytes = p.size() - 4 * nb;
+    BitReader r(codes, bytes);
+    // Values no encoder writes: positions up to d + 1 take 33 bits, levels 15.
+    constexpr int kMaxBits = 40;
+    auto ended = [&](const std::string& where, bool too_long) {
+      return InvalidArgument(
+          too_long ? fmt::format("qsgd: {} is an Elias code wider than {} bits; allowed: counts and positions up to "
+                                 "the tensor's {} elements and levels up to {}",
+                                 where, kMaxBits, d, s_)
+                   : fmt::format("qsgd: the payload's {} bytes of Elias codes end inside {}; allowed: a count of "
+                                 "nonzero elements then a gap, a sign bit and a level for each",
+                                 bytes, where));
+    };
+    uint64_t count = 0;
+    bool too_long = false;
+    if (!r.omega(count, kMaxBits, too_long)) throw ended("the count of nonzero elements", too_long);
+    if (count - 1 > d)
+      throw InvalidArgument(
+          fmt::format("qsgd: the payload announces {} nonzero elements of {}; allowed: at most the tensor's elements",
+                      count - 1, d));
+    if (!add) std::fill(out.begin(), out.end(), 0.0f);
+    // The bucket of the element being decoded: [end - bk, end), its norm and unit = norm / s as the fixed coding's
+    // decoder computes them (in double where the unit is below the normal floats).
+    size_t end = 0;
+    float norm = 0, unit = 0;
+    bool tiny = false;
+    uint64_t last = 0;
+    for (uint64_t k = 0; k + 1 < count; ++k) {
+      uint64_t gap = 0, sign = 0, level = 0;
+      auto what = [k](const char* part) { return fmt::format("nonzero element {}'s {}", k, part); };
+      const bool short_codes = r.short_element(gap, sign, level);
+      if (!short_codes && !r.omega(gap, kMaxBits, too_long)) throw ended(what("gap"), too_long);
+      if (gap > d - last)
+        throw InvalidArgument(
+            fmt::format("qsgd: nonzero element {} of the payload lies at position {}, past the "
+                        "tensor's {} elements",
+                        k, last + gap - 1, d));
+      last += gap;
+      if (!short_codes && !r.get(1, sign)) throw ended(what("sign"), false);
+      if (!short_codes && !r.omega(level, kMaxBits, too_long)) throw ended(what("level"), too_long);
+      const size_t e = static_cast<size_t>(last - 1);
+      if (level > static_cast<uint64_t>(s_))
+        throw InvalidArgument(
+            fmt::format("qsgd: element {} of the payload has a level above {}; allowed: levels 0 to {}", e, s_, s_));
+      if (e >= end) {
+        const size_t b = e / bk;
+        end = (b + 1) * bk;
+        norm = get_f32(p.data() + 4 * b);
+        unit = norm / static_cast<float>(s_);
+        tiny = unit != 0 && std::abs(unit) < std::numeric_limits<float>::min();
+      }
+      float v = tiny ? static_cast<float>(static_cast<double>(norm) * static_cast<double>(level) / s_)
+                     : unit * static_cast<float>(level);
+      v = sign != 0 ? -v : v;
+      out[e] = add ? out[e] + v : v;
+    }
+    // The encoder pads the last byte with zero bits and writes nothing after it.
+    uint64_t pad = 0;
+    const int pad_bits = static_cast<int>((8 - r.position() % 8) % 8);
+    const size_t used = ceil_div(r.position(), size_t{8});
+    if (used != bytes || (r.get(pad_bits, pad) && pad != 0))
+      throw InvalidArgument(fmt::format(
+          "qsgd: the payload holds {} bytes of Elias codes, of which its {} nonzero elements take {} (padded with "
+          "zero bits); allowed: exactly those bytes",
+          bytes, count - 1, used));
+  }
   // Codes of elements [first, first+m) at bit offset first*bits_; byte-aligned fast path when possible.
   void write_codes(const uint16_t* codes, size_t m, size_t first, uint8_t* out) const {
     size_t bit = first * bits_;
@@ -347,6 +658,7 @@ class Qsgd : public Compressor {
   }
   int s_;
   size_t bucket_;
+  bool elias_;
   int bits_;
 };
 
@@ -495,8 +807,14 @@ CompressorPtr make_uint8(const ParamReader& p) {
   return std::make_unique<ByteQuantizer>(false, static_cast<size_t>(p.integer("chunk", 1, 1 << 30)));
 }
 CompressorPtr make_qsgd(const ParamReader& p) {
+  const std::string& coding = p.text("coding");
+  if (coding != "fixed" && coding != "elias")
+    throw ConfigError(fmt::format(
+        "compressor qsgd: parameter coding='{}' must be one of fixed (b bits an element), elias (Elias codes of "
+        "the nonzero levels)",
+        coding));
   return std::make_unique<Qsgd>(static_cast<int>(p.integer("levels", 1, 32767)),
-                                static_cast<size_t>(p.integer("bucket", 0, int64_t(1) << 40)));
+                                static_cast<size_t>(p.integer("bucket", 0, int64_t(1) << 40)), coding == "elias");
 }
 CompressorPtr make_terngrad(const ParamReader& p) { return std::make_unique<TernGrad>(p.boolean("clip")); }
 CompressorPtr make_natural(const ParamReader&) { return std::make_unique<Natural>(); }

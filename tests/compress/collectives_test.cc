@@ -42,13 +42,25 @@ struct Method {
   Params p;
 };
 
-const std::vector<Method> kMethods = {
-    {"none", {}},        {"fp16", {}},      {"bf16", {}},       {"int8", {}},
-    {"uint8", {}},       {"qsgd", {{"levels", "3"}}},           {"terngrad", {}},
-    {"natural", {}},     {"signsgd", {}},   {"signum", {}},     {"scaled_sign", {}},
-    {"efsignsgd", {}},   {"onebit", {}},    {"topk", {{"ratio", "0.05"}}},
-    {"randk", {{"ratio", "0.1"}}},          {"threshold", {{"threshold", "1.5"}}},
-    {"dgc", {{"ratio", "0.05"}}},           {"ef:topk", {{"ratio", "0.02"}}}};
+const std::vector<Method> kMethods = {{"none", {}},
+                                      {"fp16", {}},
+                                      {"bf16", {}},
+                                      {"int8", {}},
+                                      {"uint8", {}},
+                                      {"qsgd", {{"levels", "3"}}},
+                                      {"terngrad", {}},
+                                      {"natural", {}},
+                                      {"signsgd", {}},
+                                      {"signum", {}},
+                                      {"scaled_sign", {}},
+                                      {"efsignsgd", {}},
+                                      {"onebit", {}},
+                                      {"topk", {{"ratio", "0.05"}}},
+                                      {"randk", {{"ratio", "0.1"}}},
+                                      {"threshold", {{"threshold", "1.5"}}},
+                                      {"dgc", {{"ratio", "0.05"}}},
+                                      {"ef:topk", {{"ratio", "0.02"}}},
+                                      {"qsgd", {{"levels", "3"}, {"coding", "elias"}}}};
 
 // Tolerance of a linear method's allreduce against f32 decode-then-sum: n roundings to the payload dtype.
 // Unit roundoff of a payload dtype's sums (round to nearest: half an ulp, relative).

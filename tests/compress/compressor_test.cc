@@ -1275,3 +1275,120 @@ TEST(Dgc, WarmupMomentumCorrectionAndFactorMasking) {
   EXPECT_NEAR(y[2], 0.6, 1e-6);
   EXPECT_NEAR(y[3], 0.8, 1e-6);
 }
+
+// QSGD's coding=elias sends the levels the fixed coding sends (the same random stream), so both decode to the same
+// floats, at every size, bucket and level count, for decompress and decompress_add; a whole tensor's zeros cost it
+// nothing but the count.
+TEST(QsgdElias, DecodesToWhatTheFixedCodingDecodesTo) {
+  for (const char* levels : {"1", "3", "127", "32767"})
+    for (const char* bucket : {"0", "7", "64"})
+      for (size_t d : {size_t{0}, size_t{1}, size_t{9}, size_t{1000}, size_t{4099}}) {
+        const Params fixed_p = {{"levels", levels}, {"bucket", bucket}};
+        Params elias_p = fixed_p;
+        elias_p["coding"] = "elias";
+        auto fixed = make_compressor("qsgd", fixed_p), elias = make_compressor("qsgd", elias_p);
+        EXPECT_FALSE(elias->fixed_size());
+        auto fs = fixed->make_state(d, 11, 2), es = elias->make_state(d, 11, 2);
+        std::vector<float> x = gaussian(d, d + 5);
+        if (d > 4) x[3] = 0.0f;
+        for (int step = 0; step < 3; ++step) {
+          const Bytes fp = fixed->compress(x, fs), ep = elias->compress(x, es);
+          const std::string where = fmt::format("levels {} bucket {} d {} step {}", levels, bucket, d, step);
+          if (d == 0) {
+            EXPECT_TRUE(ep.empty()) << where;
+          }
+          const auto want = decode(*fixed, fp, fs, d), got = decode(*elias, ep, es, d);
+          for (size_t i = 0; i < d; ++i) ASSERT_EQ(got[i], want[i]) << where << " element " << i;
+          std::vector<float> acc_f(d, 0.5f), acc_e(d, 0.5f);
+          fixed->decompress_add(fp, fs, acc_f);
+          elias->decompress_add(ep, es, acc_e);
+          for (size_t i = 0; i < d; ++i) ASSERT_EQ(acc_e[i], acc_f[i]) << where << " element " << i;
+        }
+        EXPECT_EQ(es.step, 3u);
+      }
+}
+
+// The codes of one input, bit by bit: d = 10, s = 1, one element -2 at position 3 (level 1 exactly, the rest 0):
+// omega(1 nonzero + 1) = 100, omega(gap 4) = 10 100 0, sign 1, omega(level 1) = 0, then zero bits to the byte.
+TEST(QsgdElias, WritesTheCountThenGapSignAndLevelOfEachNonzeroAsEliasOmegaCodes) {
+  auto c = parse_compressor("qsgd:levels=1,coding=elias");
+  std::vector<float> x(10, 0.0f);
+  x[3] = -2.0f;
+  auto st = c->make_state(x.size(), 1, 0);
+  const Bytes p = c->compress(x, st);
+  ASSERT_EQ(p.size(), 6u);
+  float norm;
+  std::memcpy(&norm, p.data(), 4);
+  EXPECT_EQ(norm, 2.0f);
+  EXPECT_EQ(p[4], 0x94);  // 1001 0100
+  EXPECT_EQ(p[5], 0x40);  // 010 then five zero bits
+  const auto y = decode(*c, p, st, x.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], x[i]) << i;
+  EXPECT_THROW(c->wire_bytes(10, st), InvalidArgument);  // (the size is the payload's)
+}
+
+// At one level most of a large bucket's levels are 0 (in expectation at most sqrt(d) are not): the fixed coding sends
+// 2 bits an element, the Elias codes a few bits a nonzero. At 127 levels almost every level is nonzero, and the codes
+// stay near the fixed coding's 8 bits an element.
+TEST(QsgdElias, SendsFarFewerBytesThanTheFixedCodingAtFewLevels) {
+  const size_t d = 100000;
+  const auto x = gaussian(d, 9);
+  auto bytes = [&](const std::string& spec) {
+    auto c = parse_compressor(spec);
+    auto st = c->make_state(d, 4, 1);
+    return c->compress(x, st).size();
+  };
+  const size_t fixed1 = bytes("qsgd:levels=1"), elias1 = bytes("qsgd:levels=1,coding=elias");
+  EXPECT_EQ(fixed1, 4 + d / 4);
+  EXPECT_LT(elias1 * 20, fixed1) << elias1;
+  EXPECT_GT(elias1, 4 + 200u * 2) << elias1;  // about 0.8 sqrt(d) = 252 nonzeros of 10+ bits each
+  const size_t fixed127 = bytes("qsgd:levels=127,bucket=128"),
+               elias127 = bytes("qsgd:levels=127,bucket=128,coding=elias");
+  EXPECT_LT(elias127, fixed127 * 16 / 10) << elias127;
+  EXPECT_GT(elias127, fixed127 * 7 / 10) << elias127;
+  // Within max_payload_bytes at the widest codes: a level of 32767 in every element of buckets of one.
+  auto widest = parse_compressor("qsgd:levels=32767,bucket=1,coding=elias");
+  auto st = widest->make_state(d, 1, 0);
+  EXPECT_LE(widest->compress(x, st).size(), max_payload_bytes(*widest, d, st));
+}
+
+// Codes no encoder writes are refused naming what is wrong, by decompress and decompress_add alike.
+TEST(QsgdElias, RefusesCodesNoEncoderWrites) {
+  auto c = parse_compressor("qsgd:levels=1,coding=elias");
+  auto st = c->make_state(4, 1, 0);
+  auto payload = [](std::initializer_list<uint8_t> codes) {
+    Bytes p(4);
+    const float norm = 1.0f;
+    std::memcpy(p.data(), &norm, 4);
+    p.insert(p.end(), codes);
+    return p;
+  };
+  auto refused = [&](const Bytes& p, size_t d, const std::string& want) {
+    for (bool add : {false, true}) {
+      std::vector<float> out(d);
+      try {
+        add ? c->decompress_add(p, st, out) : c->decompress(p, st, out);
+        ADD_FAILURE() << want << ": decoded";
+      } catch (const InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+        EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+      }
+    }
+  };
+  refused(payload({0x84}), 4, "element 0 of the payload has a level above 1");            // 100 0 0 100: level 2
+  refused(payload({0x95, 0x00}), 4, "lies at position 4, past the tensor's 4 elements");  // gap 5
+  refused(payload({0xB0}), 4, "announces 5 nonzero elements of 4");                       // count 6 - 1
+  refused(payload({0xFF, 0xFF, 0xFF, 0xFF}), 4, "wider than 40 bits");
+  refused(payload({0x94}), 4, "end inside nonzero element 0's gap");  // 100 10100: gap 4's code cut short
+  refused(payload({0x94, 0x41}), 4, "exactly those bytes");           // a padding bit set
+  refused(payload({0x94, 0x40, 0x00}), 4, "exactly those bytes");     // a byte after the codes
+  refused(payload({}), 4, "shorter than its 1 bucket norms and codes");
+  EXPECT_NO_THROW(decode(*c, payload({0x94, 0x40}), st, 4));
+  EXPECT_EQ(decode(*c, payload({0x94, 0x40}), st, 4)[3], -1.0f);
+  try {
+    parse_compressor("qsgd:coding=huffman");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("coding='huffman' must be one of fixed"), std::string::npos) << e.what();
+  }
+}
