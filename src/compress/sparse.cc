@@ -419,6 +419,11 @@ class Dgc : public Compressor {
   void decompress_sub(std::span<const uint8_t> p, const TensorState&, std::span<float> acc) const override {
     read_sparse("dgc", p, acc, true, true, SIZE_MAX, least(acc.size()), most(acc.size()));
   }
+  // The local accumulation v: what the momentum-corrected updates added and no payload has sent yet.
+  std::vector<float> residual(const TensorState& st) const override {
+    const auto it = st.buffers.find("dgc.v");
+    return it == st.buffers.end() ? std::vector<float>{} : it->second;
+  }
 
  private:
   double ratio_;
