@@ -428,6 +428,8 @@ std::optional<Growth> input_growth(const std::string& name, const std::string& i
     const double s = static_cast<double>(p.integer("levels", 1, INT64_MAX)),
                  b = static_cast<double>(p.integer("bucket", 0, INT64_MAX));
     const double w = b > 0 ? std::min(b / (s * s), std::sqrt(b) / s) : 0;
+    // (the example keeps a coding that was given)
+    const std::string coding = p.text("coding") == "fixed" ? "" : ",coding=" + p.text("coding");
     if (b == 0 || w >= 1) {
       // An example that passes: the largest power of two below s^2 (none when s = 1: more levels are needed).
       double example = 1;
@@ -435,8 +437,9 @@ std::optional<Growth> input_growth(const std::string& name, const std::string& i
       return Growth{
           fmt::format("QSGD's variance bound min(b/s^2, sqrt(b)/s) is not below 1 (b = bucket = {}{}, s = levels = {})",
                       b, b == 0 ? ": the whole tensor" : "", s),
-          s * s > 1 ? fmt::format("a bucket below s^2 = {} (e.g. {}:levels={},bucket={})", s * s, name, s, example)
-                    : fmt::format("more levels (e.g. {}:levels=127,bucket=1024)", name)};
+          s * s > 1
+              ? fmt::format("a bucket below s^2 = {} (e.g. {}:levels={},bucket={}{})", s * s, name, s, example, coding)
+              : fmt::format("more levels (e.g. {}:levels=127,bucket=1024{})", name, coding)};
     }
   }
   if (inner == "signsgd" || inner == "signum")

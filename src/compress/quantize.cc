@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "compress/kernels.h"
 #include "compress/methods.h"
@@ -220,7 +221,7 @@ struct OmegaCode {
   uint32_t bits = 0;  // the code, right-aligned
   uint8_t len = 0;
 };
-OmegaCode omega_code(uint64_t v) {  // v < 2^26 (the code fits 32 bits)
+OmegaCode omega_code(uint64_t v) {  // v < 2^21 (the code fits 32 bits; it is called below 256)
   OmegaCode c{0, 1};
   int shift = 1;  // where the next group goes: above the trailing 0 and the groups inside it
   while (v > 1) {
@@ -531,34 +532,44 @@ class Qsgd : public Compressor {
     }
     const uint64_t key = detail::call_key(st.seed, st.stream, st.step, 0x5153);
     const uint32_t k_lo = static_cast<uint32_t>(key), k_hi = static_cast<uint32_t>(key >> 32);
-    // The levels are drawn as the fixed coding draws them (the same random stream), all of them first: their count
-    // leads the codes.
-    thread_local std::vector<uint16_t> codes;
-    codes.resize(d);
+    // The levels are drawn as the fixed coding draws them (the same random stream), a block at a time, twice: their
+    // count leads the codes (the second pass draws the same levels again; the codes kernel runs at 10+ GB/s, the
+    // coder at under 1).
+    uint16_t codes[kBlock];
+    auto levels = [&](auto&& each_block) {
+      for (size_t b = 0; b < nb; ++b) {
+        const size_t off = b * bk, n = std::min(bk, d - off);
+        const auto [norm, scale, src] = bucket_scale(in.data() + off, n);
+        each_block(b, norm, [&, scale, src](auto&& each_code) {
+          for (size_t o = 0; o < n; o += kBlock) {
+            const size_t m = std::min(kBlock, n - o);
+            qsgd_codes(src + o, m, scale, static_cast<uint32_t>(s_), static_cast<uint32_t>(off + o), k_lo, k_hi, codes);
+            for (size_t i = 0; i < m; ++i)
+              if (codes[i] > 1) each_code(off + o + i, codes[i]);
+          }
+        });
+      }
+    };
     out.assign(4 * nb, 0);
-    for (size_t b = 0; b < nb; ++b) {
-      const size_t off = b * bk, n = std::min(bk, d - off);
-      const auto [norm, scale, src] = bucket_scale(in.data() + off, n);
-      put_f32(out.data() + 4 * b, norm);
-      for (size_t o = 0; o < n; o += kBlock)
-        qsgd_codes(src + o, std::min(kBlock, n - o), scale, static_cast<uint32_t>(s_), static_cast<uint32_t>(off + o),
-                   k_lo, k_hi, codes.data() + off + o);
-    }
     size_t nonzero = 0;
-    for (size_t i = 0; i < d; ++i) nonzero += codes[i] > 1;
+    levels([&](size_t b, float norm, auto&& codes_of) {
+      put_f32(out.data() + 4 * b, norm);
+      codes_of([&](size_t, uint16_t) { ++nonzero; });
+    });
     BitWriter w(out);
     w.omega(nonzero + 1);
     size_t last = 0;  // 1-based position of the last nonzero written
-    for (size_t i = 0; i < d; ++i) {
-      if (codes[i] <= 1) continue;
-      w.element(i + 1 - last, codes[i] & 1, codes[i] >> 1u);
-      last = i + 1;
-    }
+    levels([&](size_t, float, auto&& codes_of) {
+      codes_of([&](size_t i, uint16_t code) {
+        w.element(i + 1 - last, code & 1, code >> 1u);
+        last = i + 1;
+      });
+    });
     w.flush();
     ++st.step;
   }
   void decode_elias(std::span<const uint8_t> p, std::span<float> out, bool add) const {
-    const size_t d = out.size(), bk = bucket(d), nb = buckets(d);
+    const size_t d = out.size(), nb = buckets(d);
     if (p.size() < 4 * nb + (d > 0 ? 1 : 0))
       throw InvalidArgument(fmt::format(
           "qsgd: a payload of {} bytes for {} elements is shorter than its {} bucket norms and codes ({} bytes at "
@@ -566,6 +577,31 @@ class Qsgd : public Compressor {
           p.size(), d, nb, 4 * nb + (d > 0 ? 1 : 0)));
     if (d == 0) return check_payload("qsgd", p.size(), 0);
     check_norms(p, nb);
+    // Every code is checked before anything is written (as the fixed coding's decoder checks every level first): a
+    // refused payload leaves the output or the sum it adds to as it was. Where at most an eighth of the elements
+    // are nonzero the codes are read twice, checked then decoded; where more are, reading them costs more than three
+    // passes over the tensor, and they are decoded once into a buffer of the tensor's size, copied or added to the
+    // output once the last is checked.
+    uint64_t count = 0;
+    bool too_long = false;
+    BitReader r(p.data() + 4 * nb, p.size() - 4 * nb);
+    if (r.omega(count, 40, too_long) && count - 1 > d / 8) {
+      std::unique_ptr<float[]> buffer(new float[d]);
+      elias_codes(p, std::span<float>(buffer.get(), d), false, true);
+      if (!add) {
+        std::memcpy(out.data(), buffer.get(), 4 * d);
+        return;
+      }
+      for (size_t i = 0; i < d; ++i) out[i] += buffer[i];
+      return;
+    }
+    elias_codes(p, out, add, false);
+    elias_codes(p, out, add, true);
+  }
+  // One pass over a payload's Elias codes (the norms checked): refuses what no encoder writes, and with `write`
+  // decodes into out (adding where `add`).
+  void elias_codes(std::span<const uint8_t> p, std::span<float> out, bool add, bool write) const {
+    const size_t d = out.size(), bk = bucket(d), nb = buckets(d);
     const uint8_t* codes = p.data() + 4 * nb;
     const size_t bytes = p.size() - 4 * nb;
     BitReader r(codes, bytes);
@@ -587,7 +623,7 @@ class Qsgd : public Compressor {
       throw InvalidArgument(
           fmt::format("qsgd: the payload announces {} nonzero elements of {}; allowed: at most the tensor's elements",
                       count - 1, d));
-    if (!add) std::fill(out.begin(), out.end(), 0.0f);
+    if (write && !add) std::fill(out.begin(), out.end(), 0.0f);
     // The bucket of the element being decoded: [end - bk, end), its norm and unit = norm / s as the fixed coding's
     // decoder computes them (in double where the unit is below the normal floats).
     size_t end = 0;
@@ -611,6 +647,7 @@ class Qsgd : public Compressor {
       if (level > static_cast<uint64_t>(s_))
         throw InvalidArgument(
             fmt::format("qsgd: element {} of the payload has a level above {}; allowed: levels 0 to {}", e, s_, s_));
+      if (!write) continue;
       if (e >= end) {
         const size_t b = e / bk;
         end = (b + 1) * bk;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -988,6 +989,9 @@ TEST(ErrorFeedback, RefusesCompressorsWhoseResidualGrows) {
   const std::string four = message("ef:qsgd:levels=4,bucket=1024");
   EXPECT_NE(four.find("a bucket below s^2 = 16 (e.g. ef:qsgd:levels=4,bucket=8)"), std::string::npos) << four;
   EXPECT_NO_THROW(parse_compressor("ef:qsgd:levels=4,bucket=8"));
+  // The example keeps a coding that was given.
+  const std::string elias = message("ef:qsgd:levels=4,bucket=1024,coding=elias");
+  EXPECT_NE(elias.find("(e.g. ef:qsgd:levels=4,bucket=8,coding=elias)"), std::string::npos) << elias;
   // Every spelling of the boolean the inner compressor takes (stod threw on "false").
   EXPECT_NO_THROW(parse_compressor("ef:randk:unbiased=false"));
   EXPECT_NE(message("ef:randk:unbiased=true").find("diverges"), std::string::npos);
@@ -1279,8 +1283,9 @@ TEST(Dgc, WarmupMomentumCorrectionAndFactorMasking) {
 }
 
 // QSGD's coding=elias sends the levels the fixed coding sends (the same random stream), so both decode to the same
-// floats, at every size, bucket and level count, for decompress and decompress_add; a whole tensor's zeros cost it
-// nothing but the count.
+// floats bit for bit, at every size, bucket and level count, for decompress and decompress_add, except the sign of
+// zero: a negative element whose level is 0 decodes as -0 from the fixed codes (which carry its sign) and as +0 from
+// the Elias codes (which send only nonzero levels).
 TEST(QsgdElias, DecodesToWhatTheFixedCodingDecodesTo) {
   for (const char* levels : {"1", "3", "127", "32767"})
     for (const char* bucket : {"0", "7", "64"})
@@ -1300,11 +1305,13 @@ TEST(QsgdElias, DecodesToWhatTheFixedCodingDecodesTo) {
             EXPECT_TRUE(ep.empty()) << where;
           }
           const auto want = decode(*fixed, fp, fs, d), got = decode(*elias, ep, es, d);
-          for (size_t i = 0; i < d; ++i) ASSERT_EQ(got[i], want[i]) << where << " element " << i;
+          auto bits = [](float v) { return std::bit_cast<uint32_t>(v); };
+          for (size_t i = 0; i < d; ++i)
+            ASSERT_EQ(bits(got[i]), want[i] == 0.0f ? 0u : bits(want[i])) << where << " element " << i;
           std::vector<float> acc_f(d, 0.5f), acc_e(d, 0.5f);
           fixed->decompress_add(fp, fs, acc_f);
           elias->decompress_add(ep, es, acc_e);
-          for (size_t i = 0; i < d; ++i) ASSERT_EQ(acc_e[i], acc_f[i]) << where << " element " << i;
+          for (size_t i = 0; i < d; ++i) ASSERT_EQ(bits(acc_e[i]), bits(acc_f[i])) << where << " element " << i;
         }
         EXPECT_EQ(es.step, 3u);
       }
@@ -1327,6 +1334,17 @@ TEST(QsgdElias, WritesTheCountThenGapSignAndLevelOfEachNonzeroAsEliasOmegaCodes)
   const auto y = decode(*c, p, st, x.size());
   for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(y[i], x[i]) << i;
   EXPECT_THROW(c->wire_bytes(10, st), InvalidArgument);  // (the size is the payload's)
+
+  // Gaps of 256 and more take the coder's general path (its table holds the codes below 256, the decoder's below 64);
+  // buckets of one make every nonzero level s, exactly, and at s = 1 each decodes to its element.
+  auto wide = parse_compressor("qsgd:levels=1,bucket=1,coding=elias");
+  std::vector<float> sparse(70000, 0.0f);
+  for (size_t i : {size_t{0}, size_t{63}, size_t{64}, size_t{320}, size_t{65000}, size_t{69999}})
+    sparse[i] = (i % 2 ? -1.0f : 1.0f) * static_cast<float>(i + 1);
+  auto wst = wide->make_state(sparse.size(), 1, 0);
+  const Bytes wp = wide->compress(sparse, wst);
+  const auto wy = decode(*wide, wp, wst, sparse.size());
+  for (size_t i = 0; i < sparse.size(); ++i) ASSERT_EQ(wy[i], sparse[i]) << i;
 }
 
 // At one level most of a large bucket's levels are 0 (in expectation at most sqrt(d) are not): the fixed coding sends
@@ -1385,8 +1403,24 @@ TEST(QsgdElias, RefusesCodesNoEncoderWrites) {
   refused(payload({0x94, 0x41}), 4, "exactly those bytes");           // a padding bit set
   refused(payload({0x94, 0x40, 0x00}), 4, "exactly those bytes");     // a byte after the codes
   refused(payload({}), 4, "shorter than its 1 bucket norms and codes");
+  refused(payload({0x96, 0x80}), 100, "end inside nonzero element 0's sign");  // 100 | omega(64), 13 bits
+  refused(payload({0x87}), 4, "end inside nonzero element 0's level");         // 100 0 0 | 111: cut
+  // A level's code whose groups grow past 40 bits: 100 0 0 then 1 1 1 111 1 <15 ones> 1 ...
+  refused(payload({0x87, 0xFF, 0xFF, 0xFF, 0xFF}), 4, "nonzero element 0's level is an Elias code wider than 40 bits");
+  refused(payload({0x00}), 0, "payload of 5 bytes, expected 0");  // no elements, no bytes
   EXPECT_NO_THROW(decode(*c, payload({0x94, 0x40}), st, 4));
   EXPECT_EQ(decode(*c, payload({0x94, 0x40}), st, 4)[3], -1.0f);
+  // Every code is checked before anything is written: a payload refused at its second element (level 2 of 1) left
+  // its first in the output, and the zeros before it. (Of 4 elements most are nonzero, decoded into a buffer first;
+  // of 100 few, read twice.)
+  for (size_t d : {size_t{4}, size_t{100}})
+    for (bool add : {false, true}) {
+      std::vector<float> out(d, 7.0f);
+      // 110 (2 nonzeros + 1 = 3) | 0 0 0 (gap 1, +, level 1) | 0 0 100 (gap 1, +, level 2)
+      const Bytes bad = payload({0xC0, 0x80});
+      EXPECT_THROW(add ? c->decompress_add(bad, st, out) : c->decompress(bad, st, out), InvalidArgument);
+      EXPECT_EQ(out, std::vector<float>(d, 7.0f)) << (add ? "decompress_add" : "decompress") << " of " << d;
+    }
   try {
     parse_compressor("qsgd:coding=huffman");
     FAIL();
