@@ -83,10 +83,27 @@ std::vector<std::string> split_list(const std::string& s, char sep, const char* 
 
 // The methods of a default run: each with the parameters the README quotes.
 std::vector<std::string> default_methods() {
-  return {"none",    "fp16",        "bf16",      "int8",       "uint8",          "qsgd:levels=127",
-          "qsgd:levels=7", "terngrad", "natural",   "signsgd",    "signum",         "scaled_sign",
-          "efsignsgd", "onebit",    "topk:ratio=0.01", "topk:ratio=0.001", "randk:ratio=0.01",
-          "threshold:threshold=2.5", "dgc:ratio=0.001", "powersgd:rank=4"};
+  return {"none",
+          "fp16",
+          "bf16",
+          "int8",
+          "uint8",
+          "qsgd:levels=127",
+          "qsgd:levels=7",
+          "qsgd:levels=7,bucket=512,coding=elias",
+          "terngrad",
+          "natural",
+          "signsgd",
+          "signum",
+          "scaled_sign",
+          "efsignsgd",
+          "onebit",
+          "topk:ratio=0.01",
+          "topk:ratio=0.001",
+          "randk:ratio=0.01",
+          "threshold:threshold=2.5",
+          "dgc:ratio=0.001",
+          "powersgd:rank=4"};
 }
 
 template <typename Fn>
@@ -280,9 +297,23 @@ void run_selftest_compress(const std::string& transport, double timeout) {
   cfg.timeout_s = timeout;
   auto world = coll::Communicator::from_env(cfg);
   coll::Communicator& c = *world;
-  std::vector<std::string> specs = {"none", "fp16", "bf16", "int8", "uint8", "qsgd:levels=7", "terngrad",
-                                    "natural", "signsgd", "signum", "efsignsgd", "onebit", "topk:ratio=0.01",
-                                    "randk:ratio=0.01", "threshold:threshold=2", "dgc:ratio=0.01",
+  std::vector<std::string> specs = {"none",
+                                    "fp16",
+                                    "bf16",
+                                    "int8",
+                                    "uint8",
+                                    "qsgd:levels=7",
+                                    "qsgd:levels=7,coding=elias",
+                                    "terngrad",
+                                    "natural",
+                                    "signsgd",
+                                    "signum",
+                                    "efsignsgd",
+                                    "onebit",
+                                    "topk:ratio=0.01",
+                                    "randk:ratio=0.01",
+                                    "threshold:threshold=2",
+                                    "dgc:ratio=0.01",
                                     "powersgd:rank=2,error_feedback=0"};
   size_t wrong = 0, cases = 0;
   auto run_all = [&](coll::Communicator& comm, const char* label) {
