@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "coll/communicator.h"
+#include "sync/defaults.h"
 
 namespace conduit::sync {
 
@@ -39,11 +40,6 @@ struct SyncStats {
   uint64_t rounds = 0;          // communication rounds this rank took part in
   double comm_seconds = 0;      // time spent blocked in communication
 };
-
-// How long a rank waits where the workers may rightly drift apart by more than a step (drift_timeout_s): an
-// asynchronous scheme's waits for slower workers and for their next request, the workers' meetings at checkpoints
-// and at the end, and (as a cap on period x timeout) a periodic scheme's sync. PyTorch's default collective timeout.
-inline constexpr double kDefaultDriftTimeoutS = 1800;
 
 // A rendezvous of every rank of `workers` for the points where the workers meet out of step (checkpoints, the end,
 // worker 0's evaluations): a fast worker waits there for a straggler's remaining steps, which may rightly take longer

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "sync/defaults.h"
+
 namespace conduit::train {
 
 // ZeRO's reduce-scatter in int blocks by all-to-all (ZeRO++'s qgZ) from a compressor spec: int8 or int4, with ef:
@@ -86,7 +88,7 @@ struct TrainConfig {
   double timeout_s = 300;                 // deadline of every collective
   // Deadline of the waits where the workers rightly drift apart by more than a step (sync::kDefaultDriftTimeoutS's
   // list), at least timeout_s.
-  double drift_timeout_s = 1800;
+  double drift_timeout_s = sync::kDefaultDriftTimeoutS;
   // > 0: the whole run's deadline in seconds (mpirun's --timeout), kept by the parent that starts the workers: those
   // still running then are stopped as on SIGTERM and conduit train exits 124; 0: none.
   double time_limit_s = 0;
@@ -109,7 +111,7 @@ struct SyncSpec {
   // weight decay; the compressor), not given in the sync spec: they follow those settings, as they do for bsp.
   std::set<std::string> derived;
   // TrainConfig::drift_timeout_s: where the run runs, not a parameter of the scheme (not in params or checkpoints).
-  double drift_timeout_s = 1800;
+  double drift_timeout_s = sync::kDefaultDriftTimeoutS;
   bool bsp() const { return name == "bsp"; }
   bool parameter_server() const { return name.rfind("ps-", 0) == 0; }
   std::string to_string() const;
