@@ -8,7 +8,7 @@
 //   uint8     (f32 min, f32 scale)[c] , u8[d]  (min-max per chunk)      d + 8*ceil(d/chunk)      allgather
 //   qsgd      f32 norm[c] , b-bit codes (level<<1 | sign), b=1+ceil(log2(s+1))
 //                                                                        4*c + ceil(d*b/8)        allgather
-//   qsgd      f32 norm[c] , Elias omega codes: nnz+1, then per nonzero     4*c + the codes' bytes   allgather
+//   qsgd      f32 norm[c] , Elias omega codes: nnz+1, then per nonzero     4*c + the codes' bytes   allgatherv
 //   (coding=elias)        gap, sign bit, level; zero bits to a byte       (data-dependent)
 //   terngrad  f32 scale , 2-bit codes (0, +1, -1)                        4 + ceil(d/4)            allgather
 //   natural   sign bits[ceil(d/8)] , u8 exponent[d]                      d + ceil(d/8)            allgather
@@ -234,6 +234,9 @@ OmegaCode omega_code(uint64_t v) {  // v < 2^21 (the code fits 32 bits; it is ca
   return c;
 }
 constexpr int kOmegaPeek = 12;  // a table decodes every code of at most this many bits (the values below 64)
+// The widest group of an omega code a decoder reads: no encoder writes one wider (positions up to 2^32 take 33 bits,
+// levels 15).
+constexpr int kMaxEliasBits = 40;
 struct OmegaTables {
   OmegaCode encode[256];                // the codes of 0..255 (0 unused)
   uint8_t value[1 << kOmegaPeek] = {};  // the value a 12-bit window starts with, 0: a code longer than the window
@@ -585,7 +588,7 @@ class Qsgd : public Compressor {
     uint64_t count = 0;
     bool too_long = false;
     BitReader r(p.data() + 4 * nb, p.size() - 4 * nb);
-    if (r.omega(count, 40, too_long) && count - 1 > d / 8) {
+    if (r.omega(count, kMaxEliasBits, too_long) && count - 1 > d / 8) {
       std::unique_ptr<float[]> buffer(new float[d]);
       elias_codes(p, std::span<float>(buffer.get(), d), false, true);
       if (!add) {
@@ -605,20 +608,18 @@ class Qsgd : public Compressor {
     const uint8_t* codes = p.data() + 4 * nb;
     const size_t bytes = p.size() - 4 * nb;
     BitReader r(codes, bytes);
-    // Values no encoder writes: positions up to d + 1 take 33 bits, levels 15.
-    constexpr int kMaxBits = 40;
     auto ended = [&](const std::string& where, bool too_long) {
       return InvalidArgument(
           too_long ? fmt::format("qsgd: {} is an Elias code wider than {} bits; allowed: counts and positions up to "
                                  "the tensor's {} elements and levels up to {}",
-                                 where, kMaxBits, d, s_)
+                                 where, kMaxEliasBits, d, s_)
                    : fmt::format("qsgd: the payload's {} bytes of Elias codes end inside {}; allowed: a count of "
                                  "nonzero elements then a gap, a sign bit and a level for each",
                                  bytes, where));
     };
     uint64_t count = 0;
     bool too_long = false;
-    if (!r.omega(count, kMaxBits, too_long)) throw ended("the count of nonzero elements", too_long);
+    if (!r.omega(count, kMaxEliasBits, too_long)) throw ended("the count of nonzero elements", too_long);
     if (count - 1 > d)
       throw InvalidArgument(
           fmt::format("qsgd: the payload announces {} nonzero elements of {}; allowed: at most the tensor's elements",
@@ -634,7 +635,7 @@ class Qsgd : public Compressor {
       uint64_t gap = 0, sign = 0, level = 0;
       auto what = [k](const char* part) { return fmt::format("nonzero element {}'s {}", k, part); };
       const bool short_codes = r.short_element(gap, sign, level);
-      if (!short_codes && !r.omega(gap, kMaxBits, too_long)) throw ended(what("gap"), too_long);
+      if (!short_codes && !r.omega(gap, kMaxEliasBits, too_long)) throw ended(what("gap"), too_long);
       if (gap > d - last)
         throw InvalidArgument(
             fmt::format("qsgd: nonzero element {} of the payload lies at position {}, past the "
@@ -642,7 +643,7 @@ class Qsgd : public Compressor {
                         k, last + gap - 1, d));
       last += gap;
       if (!short_codes && !r.get(1, sign)) throw ended(what("sign"), false);
-      if (!short_codes && !r.omega(level, kMaxBits, too_long)) throw ended(what("level"), too_long);
+      if (!short_codes && !r.omega(level, kMaxEliasBits, too_long)) throw ended(what("level"), too_long);
       const size_t e = static_cast<size_t>(last - 1);
       if (level > static_cast<uint64_t>(s_))
         throw InvalidArgument(
