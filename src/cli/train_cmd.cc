@@ -215,7 +215,8 @@ void run_train(const TrainArgs& a) {
       std::fprintf(stderr,
                    "train: warning: compressor %s sends %.2f MB for a 1024 x 1024 f32 gradient%s, more than its %.2f "
                    "MB uncompressed (compressor none)\n",
-                   cfg.compressor.c_str(), wire / 1e6, comp->fixed_size() ? "" : " of Gaussian values", plain / 1e6);
+                   cfg.compressor.c_str(), wire / 1e6, comp->fixed_size() ? "" : " of Gaussian values (sd 0.001)",
+                   plain / 1e6);
   }
 #endif
   // One worker runs in this process, and keeps its deadline itself (through the launcher it lost its terminal's

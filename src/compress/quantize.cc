@@ -588,13 +588,18 @@ class Qsgd : public Compressor {
     uint64_t count = 0;
     bool too_long = false;
     BitReader r(p.data() + 4 * nb, p.size() - 4 * nb);
-    if (r.omega(count, kMaxEliasBits, too_long) && count - 1 > d / 8) {
+    if (r.omega(count, kMaxEliasBits, too_long) && count - 1 > d / 8 && count - 1 <= d) {
       std::unique_ptr<float[]> buffer(new float[d]);
-      elias_codes(p, std::span<float>(buffer.get(), d), false, true);
+      const std::span<float> decoded(buffer.get(), d);
       if (!add) {
+        elias_codes(p, decoded, false, true);
         std::memcpy(out.data(), buffer.get(), 4 * d);
         return;
       }
+      // The elements no code names are -0, which adds nothing (x + -0 is x, -0 too), as the two-pass path adds
+      // nothing to them.
+      std::fill(decoded.begin(), decoded.end(), -0.0f);
+      elias_codes(p, decoded, true, true);
       for (size_t i = 0; i < d; ++i) out[i] += buffer[i];
       return;
     }

@@ -1410,6 +1410,15 @@ TEST(QsgdElias, RefusesCodesNoEncoderWrites) {
   refused(payload({0x00}), 0, "payload of 5 bytes, expected 0");  // no elements, no bytes
   EXPECT_NO_THROW(decode(*c, payload({0x94, 0x40}), st, 4));
   EXPECT_EQ(decode(*c, payload({0x94, 0x40}), st, 4)[3], -1.0f);
+  // decompress_add leaves the elements no code names as they were, -0 too, whether the codes are read twice (one
+  // nonzero of 16) or decoded into a buffer first (three): 100 | 000 (element 0), and 101000 | 000 | 000 | 000.
+  for (const Bytes& p : {payload({0x80}), payload({0xA0, 0x00})}) {
+    auto sixteen = parse_compressor("qsgd:levels=1,bucket=16,coding=elias");
+    std::vector<float> acc(16, -0.0f);
+    sixteen->decompress_add(p, sixteen->make_state(16), acc);
+    EXPECT_EQ(std::bit_cast<uint32_t>(acc[15]), 0x80000000u) << p.size();
+    EXPECT_EQ(acc[0], 1.0f);
+  }
   // Every code is checked before anything is written: a payload refused at its second element (level 2 of 1) left
   // its first in the output, and the zeros before it. (Of 4 elements most are nonzero, decoded into a buffer first;
   // of 100 few, read twice.)

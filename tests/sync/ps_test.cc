@@ -942,11 +942,12 @@ TEST(SyncPs, MalformedRequestsAreRefusedNamingWhatIsAllowed) {
   }
   // What a compressor may rightly send passes the length checks both ways: uint8 with one scale pair an element
   // takes 9 bytes an element (a first bound of 8 refused it once a shard passed 4096 elements); a payload whose size
-  // depends on the data (threshold, qsgd's Elias codes) is bounded by 8 bytes an element without asking its wire size
-  // (it has none: asking threw at the first push).
+  // depends on the data (threshold, qsgd's Elias codes: 7 bytes an element at 32767 levels in buckets of one) is
+  // bounded by 8 bytes an element without asking its wire size (it has none: asking threw at the first push).
   for (const auto& [spec, d] : {std::pair<std::string, size_t>{"uint8:chunk=1", 10000},
                                 {"threshold:threshold=0.001", 1000},
-                                {"qsgd:levels=7,bucket=32,coding=elias", 1000}})
+                                {"qsgd:levels=7,bucket=32,coding=elias", 1000},
+                                {"qsgd:levels=32767,bucket=1,coding=elias", 1000}})
     on_ranks(2, [&](int r, coll::CommPtr c) {
       const auto x =
           train(r, c, "ps-bsp",

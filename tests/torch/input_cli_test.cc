@@ -637,8 +637,9 @@ TEST(TrainInputProcesses, ACompressorThatSendsMoreThanTheGradientIsWarnedOf) {
   // in every element (buckets of one) take 4 bytes of norm and 3 of codes an element.
   r = run(one + "--compressor qsgd:levels=32767,bucket=1,coding=elias --output " + (dir / "c").string());
   EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("sends 7.34 MB for a 1024 x 1024 f32 gradient of Gaussian values, more than its 4.19 MB"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("sends 7.34 MB for a 1024 x 1024 f32 gradient of Gaussian values (sd 0.001), more than its 4.19 MB"),
+      std::string::npos)
       << r.out;
   fs::remove_all(dir);
 }
