@@ -73,9 +73,11 @@ void wait(coll::Communicator& c, const net::RequestPtr& r);
 // timeout, as `limit_name` says: "drift_timeout_s", "drift_timeout_s + timeout_s"), not the communicator's timeout,
 // with a warning after every timeout (at least 10 s) of waiting. `what` says what is awaited ("sync ps-ssp: rank 2:
 // the servers' replies"). A request that fails ends the wait at once with its own error; at the limit, TimeoutError
-// names `what`, the global ranks still awaited and the limit. On any failure every request is given up first.
+// names `what`, the global ranks still awaited and the limit. On any failure every request is given up first; with
+// `abort_on_timeout`, a timeout then aborts the transport with its text too (the rank that knows who is behind says
+// so to every rank, not only that it stopped).
 void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs, double limit_s,
-                   const std::string& what, const char* limit_name = "drift_timeout_s");
+                   const std::string& what, const char* limit_name = "drift_timeout_s", bool abort_on_timeout = false);
 
 inline coll::CollOptions blocking_opts() {
   coll::CollOptions o;

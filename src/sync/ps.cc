@@ -957,17 +957,12 @@ class PsStrategy : public Strategy {
       // or worker aborts the transport, which ends the wait at once); so does the final model under asp and ssp, sent
       // once every worker stopped (bsp's workers stop together: the deadline holds).
       if (ssp_drifts(cfg_) || (kind == kStop && workers_drift())) {  // (asp replies at once: it keeps the deadline)
-        // (a timeout past the shards' own waits, so that a shard, which knows which workers are behind, says so)
-        try {
-          detail::wait_drifting(*comm_, rrecv, drift_timeout_s_ + comm_->timeout_s(),
-                                fmt::format("sync {}: rank {}: the servers' {}", name(), comm_->rank(),
-                                            kind == kStop ? "final model" : "replies to its push"),
-                                "drift_timeout_s + timeout_s");
-        } catch (const TimeoutError& e) {  // (as above: the others hear which rank went silent, not only that
-                                           // this one stopped)
-          comm_->transport().abort(e.what());
-          throw;
-        }
+        // (a timeout past the shards' own waits, so that a shard, which knows which workers are behind, says so; at
+        // the limit the others hear which rank went silent, not only that this one stopped)
+        detail::wait_drifting(*comm_, rrecv, drift_timeout_s_ + comm_->timeout_s(),
+                              fmt::format("sync {}: rank {}: the servers' {}", name(), comm_->rank(),
+                                          kind == kStop ? "final model" : "replies to its push"),
+                              "drift_timeout_s + timeout_s", /*abort_on_timeout=*/true);
       } else
         detail::wait_all(*comm_, rrecv);
       // A reply is the shard raw (its size in f32) or, with a pull compressor, that compressor's payload (at most

@@ -60,12 +60,9 @@ void await_workers(coll::Communicator& workers, double drift_timeout_s) {
     // timeout, naming worker 0).
     for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagZeroArrived, &token, 1));
     for (int r = 1; r < n; ++r) reqs.push_back(detail::irecv(workers, r, detail::kTagArrive, &tokens[size_t(r)], 1));
-    try {
-      detail::wait_drifting(workers, reqs, drift_timeout_s, "sync: worker 0: the other workers' arrival");
-    } catch (const TimeoutError& e) {  // the others hear which workers did not arrive (not only that this one went)
-      workers.transport().abort(e.what());
-      throw;
-    }
+    // (at the limit the others hear which workers did not arrive, not only that this one went)
+    detail::wait_drifting(workers, reqs, drift_timeout_s, "sync: worker 0: the other workers' arrival",
+                          "drift_timeout_s", /*abort_on_timeout=*/true);
     reqs.clear();
     for (int r = 1; r < n; ++r) reqs.push_back(detail::isend(workers, r, detail::kTagRelease, &token, 1));
     detail::wait_all(workers, reqs);  // the others are all waiting: the normal deadline
@@ -182,7 +179,7 @@ void wait_all(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs) {
 void wait(coll::Communicator& c, const net::RequestPtr& r) { wait_all(c, {r}); }
 
 void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& reqs, double limit_s,
-                   const std::string& what, const char* limit_name) {
+                   const std::string& what, const char* limit_name, bool abort_on_timeout) {
   const auto t0 = std::chrono::steady_clock::now();
   auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   auto awaited = [&] {  // the global ranks of the requests still pending
@@ -230,6 +227,7 @@ void wait_drifting(coll::Communicator& c, const std::vector<net::RequestPtr>& re
     }
   } catch (const Error& e) {
     for (const auto& r : reqs) net::give_up(c.transport(), r, e.what());
+    if (abort_on_timeout && dynamic_cast<const TimeoutError*>(&e)) c.transport().abort(e.what());
     throw;
   } catch (...) {
     for (const auto& r : reqs) net::give_up(c.transport(), r, "the wait ended with an exception");
